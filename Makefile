@@ -1,0 +1,108 @@
+# GPT-2 training in C++/CUDA.
+#
+#   make                  CPU programs, tools and unit tests
+#   make train_gpt2cu     the CUDA trainer (PRECISION=BF16 by default, or FP32)
+#   make test             every test: CPU tests, all CUDA builds, GPU tests when a GPU is present
+#
+# Variables: PRECISION=BF16|FP32, GPU_COMPUTE_CAPABILITY=90 (read from nvidia-smi when a GPU is
+# visible), USE_MPI=0 to build without OpenMPI, PYTHON=python with torch for the reference.
+
+CXX ?= g++
+CXXFLAGS ?= -O3 -std=c++17 -Wall -Wextra
+OMPFLAGS = -fopenmp
+BUILD = build
+
+NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+PRECISION ?= BF16
+GPU_COMPUTE_CAPABILITY ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
+ifeq ($(strip $(GPU_COMPUTE_CAPABILITY)),)
+  override GPU_COMPUTE_CAPABILITY = 90
+endif
+
+ifeq ($(PRECISION),BF16)
+  PRECISION_FLAG = -DENABLE_BF16
+else ifeq ($(PRECISION),FP32)
+  PRECISION_FLAG = -DENABLE_FP32
+else
+  $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
+endif
+
+NVCC_FLAGS = -O3 -std=c++17 -lineinfo --expt-relaxed-constexpr \
+  -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY) \
+  -Xcompiler -fopenmp -Xcompiler -Wall
+NVCC_LDLIBS = -lcublas -lcublasLt -lnccl -lgomp
+
+# OpenMPI is compiled in when mpi.h is found (USE_MPI=0 leaves it out).
+USE_MPI ?= 1
+MPI_INCLUDE := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/openmpi/include /usr/include/openmpi /usr/local/include/openmpi))
+ifeq ($(USE_MPI),1)
+  ifneq ($(MPI_INCLUDE),)
+    NVCC_FLAGS += -DUSE_MPI -I$(MPI_INCLUDE)
+    NVCC_LDLIBS += -L$(abspath $(MPI_INCLUDE)/../lib) -lmpi
+  endif
+endif
+
+PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c 'import torch' 2>/dev/null && echo $$p && break; done)
+
+LLMC_HEADERS = $(wildcard llmc/*.h)
+UNIT_TEST_SOURCES = $(wildcard dev/test/test_*.cpp)
+UNIT_TESTS = $(patsubst dev/test/%.cpp,$(BUILD)/%,$(UNIT_TEST_SOURCES))
+TOOL_SOURCES = $(wildcard dev/data/*.cpp)
+TOOLS = $(patsubst dev/data/%.cpp,$(BUILD)/%,$(TOOL_SOURCES))
+KERNEL_TEST_SOURCES = $(wildcard dev/cuda/test_*.cu)
+KERNEL_TESTS = $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(KERNEL_TEST_SOURCES))
+KERNEL_TESTS_FP32 = $(patsubst dev/cuda/%.cu,$(BUILD)/%_fp32,$(KERNEL_TEST_SOURCES))
+CUDA_TARGETS = train_gpt2cu test_gpt2cu profile_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
+
+.PHONY: all cpu cuda test clean
+.DEFAULT_GOAL := all
+
+all: cpu
+cpu: train_gpt2 test_gpt2 $(UNIT_TESTS) $(TOOLS)
+cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32)
+
+train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
+	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+
+test_gpt2: test_gpt2.cpp train_gpt2.cpp $(LLMC_HEADERS) dev/test/testing.h
+	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+
+$(BUILD)/test_%: dev/test/test_%.cpp $(LLMC_HEADERS) dev/test/testing.h | $(BUILD)
+	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+
+$(BUILD)/%: dev/data/%.cpp $(LLMC_HEADERS) | $(BUILD)
+	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+# CUDA programs. train_gpt2.cu holds everything; test and profile mains include it.
+train_gpt2cu: train_gpt2.cu $(LLMC_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@
+
+test_gpt2cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@
+
+profile_gpt2cu: profile_gpt2.cu train_gpt2.cu $(LLMC_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@
+
+# FP32 builds under their own names, so one `make test` checks both precisions.
+train_gpt2fp32cu: train_gpt2.cu $(LLMC_HEADERS)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@
+
+test_gpt2fp32cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@
+
+KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h $(LLMC_HEADERS) dev/test/testing.h
+
+$(BUILD)/test_%: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+
+$(BUILD)/test_%_fp32: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@
+
+test: cpu cuda
+	PYTHON="$(PYTHON)" bash scripts/run_tests.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt2 test_gpt2 $(CUDA_TARGETS)

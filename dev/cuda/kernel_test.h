@@ -1,0 +1,184 @@
+// Shared by the kernel tests in dev/cuda/: brings in the whole CUDA trainer (TESTING leaves out
+// its main) and, in namespace cpu, the FP32 CPU trainer whose layer functions are the reference;
+// then device arrays that upload and download FP32 host vectors, random inputs rounded to the
+// storage type (so the CPU sees exactly what the GPU sees), NaN poisoning, the tolerances of
+// each build, and checks that print what they compared: check_close for values,
+// check_same_bits for two runs of a kernel, which the trainer promises are bitwise identical.
+#pragma once
+
+#ifndef TESTING
+#define TESTING
+#endif
+
+// train_gpt2.cpp's standard headers that train_gpt2.cu does not pull in. Included here, at global
+// scope, so that train_gpt2.cpp's own #includes inside namespace cpu are skipped by their guards
+// instead of declaring parts of std inside cpu::.
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "train_gpt2.cu"
+namespace cpu {
+#include "train_gpt2.cpp"
+}  // namespace cpu
+
+#include "dev/test/testing.h"
+
+// Tolerances, as `tol` in check_close: |got - ref| <= tol * (|ref| + rms(ref)).
+#if defined(ENABLE_FP32)
+// The GPU evaluates the same FP32 expressions as the CPU; only the order of additions, FMA
+// contraction and the math library differ (a few units of 6e-8 per operation).
+constexpr float kTolStore = 1e-5f;  // one result per element, computed from a few inputs
+constexpr float kTolSum = 1e-4f;    // sums over up to thousands of terms in another order
+#else
+// BF16 keeps 8 significant bits. Round to nearest is within 2^-8 = 3.9e-3 of the value, stochastic
+// rounding within one ulp, at most 2^-7 = 7.8e-3. Each bound is doubled to leave room for the
+// FP32 arithmetic before the rounding.
+constexpr float kTolStore = 8e-3f;  // an FP32 result rounded to nearest once
+constexpr float kTolSum = 1.6e-2f;  // an FP32 sum written with stochastic rounding
+#endif
+// Results kept in FP32 in both builds (layernorm statistics, losses, norms, AdamW state and
+// master weights), computed from the same stored inputs: a few FP32 roundings apart.
+constexpr float kTolFP32 = 1e-5f;
+
+// x rounded to the storage type (to nearest, as the kernels' plain stores and upload do).
+inline std::vector<float> stored(std::vector<float> x) {
+  for (float& v : x) v = (float)(floatX)v;
+  return x;
+}
+
+// n values of N(mean, std) rounded to the storage type: exactly the values the GPU will see.
+inline std::vector<float> random_stored(llmc::Rng& rng, size_t n, float mean, float std) {
+  std::vector<float> x(n);
+  rng.normal(x.data(), n, mean, std);
+  return stored(std::move(x));
+}
+
+inline std::vector<int> random_ints(llmc::Rng& rng, size_t n, int lo, int hi) {
+  std::vector<int> x(n);
+  for (int& v : x) v = lo + (int)(rng.u32() % (uint32_t)(hi - lo));
+  return x;
+}
+
+// A device buffer of n elements of T; converts to T* for the launchers.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n), ptr_(device_alloc<T>(n, "a test tensor")) {}
+  template <class U>
+  explicit DeviceArray(const std::vector<U>& host) : DeviceArray(host.size()) {
+    upload(host);
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  operator T*() const { return ptr_; }
+  size_t size() const { return n_; }
+
+  // Converts each host value to T (rounding FP32 to BF16 to nearest).
+  template <class U>
+  void upload(const std::vector<U>& host) {
+    REQUIRE(host.size() == n_, "upload of %zu values into a device array of %zu", host.size(), n_);
+    const std::vector<T> converted(host.begin(), host.end());
+    cudaCheck(cudaMemcpy(ptr_, converted.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> raw() const {
+    std::vector<T> host(n_);
+    cudaCheck(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  std::vector<float> download() const {
+    const std::vector<T> host = raw();
+    return std::vector<float>(host.begin(), host.end());
+  }
+  // All bits set: NaN in FP32 and BF16, so an element a kernel leaves unwritten fails any check.
+  void poison() { cudaCheck(cudaMemset(ptr_, 0xff, n_ * sizeof(T))); }
+
+ private:
+  size_t n_;
+  T* ptr_;
+};
+
+// Elementwise |got - ref| <= tol * (|ref| + rms(ref)): relative for ordinary elements, relative to
+// the tensor's typical size for elements near zero, whose own relative error cancellation makes
+// meaningless. tol = 0 asks for exact equality. NaN (a poisoned, unwritten element) always fails.
+inline bool check_close(const std::string& name, const std::vector<float>& got,
+                        const std::vector<float>& ref, float tol) {
+  REQUIRE(got.size() == ref.size(), "%s: %zu values compared with %zu", name.c_str(), got.size(),
+          ref.size());
+  double squares = 0.0;
+  for (float r : ref) squares += (double)r * r;
+  const float rms = (float)std::sqrt(squares / std::max<size_t>(1, ref.size()));
+  return testing::check_tensor(name, got.data(), ref.data(), got.size(), tol * rms, tol);
+}
+
+// The raw bytes of some device arrays, to check that a second run reproduces the first.
+class Snapshot {
+ public:
+  template <class... T>
+  explicit Snapshot(const DeviceArray<T>&... arrays) {
+    (add(arrays), ...);
+  }
+  size_t count() const { return bytes_.size(); }
+  const std::vector<unsigned char>& bytes(size_t i) const { return bytes_[i]; }
+  size_t element_size(size_t i) const { return element_sizes_[i]; }
+
+ private:
+  template <class T>
+  void add(const DeviceArray<T>& a) {
+    bytes_.emplace_back(a.size() * sizeof(T));
+    std::vector<unsigned char>& b = bytes_.back();
+    cudaCheck(cudaMemcpy(b.data(), (T*)a, b.size(), cudaMemcpyDeviceToHost));
+    element_sizes_.push_back(sizeof(T));
+  }
+  std::vector<std::vector<unsigned char>> bytes_;
+  std::vector<size_t> element_sizes_;
+};
+
+// Passes when every array holds the same bits in both snapshots; otherwise names the first
+// array that differs (by its position in the snapshot), how many elements and the first index.
+inline bool check_same_bits(const std::string& what, const Snapshot& first,
+                            const Snapshot& second) {
+  std::string detail;
+  for (size_t a = 0; a < first.count() && detail.empty(); a++) {
+    const size_t size = first.element_size(a), n = first.bytes(a).size() / size;
+    size_t differ = 0, first_index = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (memcmp(&first.bytes(a)[i * size], &second.bytes(a)[i * size], size) != 0) {
+        if (differ++ == 0) first_index = i;
+      }
+    }
+    if (differ > 0) {
+      detail = llmc::strformat("array %zu: %zu of %zu elements differ, the first at [%zu]", a,
+                               differ, n, first_index);
+    }
+  }
+  if (detail.empty()) printf("ok   %-24s bitwise identical to the first run\n", what.c_str());
+  return testing::check(detail.empty(), what + ": " + detail);
+}
+
+// main() of a kernel test: names the build and the GPU, sets up cuBLAS (TF32 off, so FP32 builds
+// compare exact FP32 products), runs the tests, turns an llmc::Error into a failure, and ends
+// with testing::summary's line and exit status.
+inline int run_kernel_tests(const char* program, const std::function<void()>& tests) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    testing::check(false, "a CUDA device is needed to run the kernel tests");
+    return testing::summary(program);
+  }
+  cudaDeviceProp prop;
+  cudaCheck(cudaGetDeviceProperties(&prop, 0));
+  printf("%s: %s build on %s\n", program, PRECISION_NAME, prop.name);
+  try {
+    matmul_setup(false);
+    tests();
+    matmul_teardown();
+  } catch (const llmc::Error& e) {
+    testing::check(false, std::string("error: ") + e.what());
+  }
+  return testing::summary(program);
+}

@@ -1,0 +1,99 @@
+// Tests attention_forward and attention_backward against cpu::attention_forward /
+// cpu::attention_backward: GPT-2 small (NH=12), the d48 width (C=1600, NH=25, head size 64),
+// T = 1000 and other T that are not powers of two, and a shape whose rows fill no launch block;
+// the permuted q, k, v must be exact copies, the attention matrix exactly zero above the
+// diagonal, every output poisoned first, and each pass run twice for identical bits. The
+// backward gets the GPU forward's att on both sides, so only the backward's own rounding shows.
+#include "dev/cuda/kernel_test.h"
+
+#if defined(ENABLE_FP32)
+// FP32 products and softmax sums over up to T=1000 terms, in another order than the CPU's.
+constexpr float kTolAttention = 1e-4f;
+constexpr double kTolAttentionNorm = 1e-5;
+#else
+// The GPU stores preatt, att and y (forward) and datt, dpreatt, dq, dk, dv (backward) in BF16.
+// Storing preatt = q.k (about 8 for unit scores at head size 64) moves a score by up to 2^-8 of
+// it, which moves att by the same relative amount; outputs are att-weighted sums with
+// cancellation, and dq, dk are heavy-tailed (max ~35x their rms). Emulating these roundings on
+// the CPU for these shapes (5 seeds) gave elementwise errors (in check_close's measure) up to
+// 6.4e-2 and whole-tensor errors up to 3.7e-3: the elementwise bound only catches gross local
+// errors, the norm bound (about 3x the measured) is the sharp one.
+constexpr float kTolAttention = 1e-1f;
+constexpr double kTolAttentionNorm = 1e-2;
+#endif
+
+struct AttentionShape {
+  int B, T, C, NH;
+};
+
+void test_attention(const AttentionShape& s, llmc::Rng& rng) {
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
+  printf("\nattention B=%d T=%d C=%d NH=%d (head size %d)\n", B, T, C, NH, HS);
+  const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+  // Unit q and k give scores q.k/sqrt(HS) of unit size: softmax rows far from uniform and from
+  // one-hot, so scaling, masking or indexing errors all show.
+  const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_qkv(qkv), out(n), qkvr(3 * n), att(n_att), preatt(n_att), y(n);
+
+  // The CPU leaves att above the diagonal unwritten; the GPU must write zeros there.
+  std::vector<float> ref_out(n), ref_att(n_att, 0.0f);
+  cpu::attention_forward(ref_out.data(), ref_att.data(), qkv.data(), B, T, C, NH);
+  // qkvr[i][b][h][t][d] = qkv[b][t][i][h][d] for i = q, k, v
+  std::vector<float> ref_qkvr(3 * n);
+  for (int i = 0; i < 3; i++) {
+    for (int b = 0; b < B; b++) {
+      for (int h = 0; h < NH; h++) {
+        for (int t = 0; t < T; t++) {
+          for (int d = 0; d < HS; d++) {
+            ref_qkvr[i * n + (((size_t)b * NH + h) * T + t) * HS + d] =
+                qkv[(((size_t)b * T + t) * 3 + i) * C + h * HS + d];
+          }
+        }
+      }
+    }
+  }
+  auto forward = [&] {
+    out.poison();
+    qkvr.poison();
+    att.poison();
+    attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, 0);
+  };
+  forward();
+  const std::vector<float> got_out = out.download(), got_att = att.download();
+  check_close("forward qkvr", qkvr.download(), ref_qkvr, 0.0f);
+  check_close("forward att", got_att, ref_att, kTolAttention);
+  testing::check_tensor_norm("forward att", got_att.data(), ref_att.data(), n_att,
+                             kTolAttentionNorm);
+  check_close("forward out", got_out, ref_out, kTolAttention);
+  testing::check_tensor_norm("forward out", got_out.data(), ref_out.data(), n, kTolAttentionNorm);
+  const Snapshot forward_bits(out, qkvr, att);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(out, qkvr, att));
+
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_dout(dout), dqkv(3 * n), scratch_dqkvr(4 * n), scratch_datt(n_att);
+  auto backward = [&] {
+    dqkv.poison();
+    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, 0);
+  };
+  backward();
+  std::vector<float> ref_dqkv(3 * n, 0.0f);
+  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH);
+  const std::vector<float> got_dqkv = dqkv.download();
+  check_close("backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
+  testing::check_tensor_norm("backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
+                             kTolAttentionNorm);
+  const Snapshot backward_bits(dqkv);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(dqkv));
+}
+
+int main() {
+  return run_kernel_tests("test_attention", [] {
+    llmc::Rng rng(3);
+    test_attention({4, 64, 768, 12}, rng);   // GPT-2 small
+    test_attention({2, 100, 1600, 25}, rng); // d48 width, head size 64
+    test_attention({1, 1000, 768, 12}, rng); // long T, not a power of two
+    test_attention({3, 37, 128, 2}, rng);    // 222 softmax rows: the last launch block is partial
+  });
+}

@@ -1,0 +1,69 @@
+// Tests encoder_forward and encoder_backward (with its CPU half, encoder_backward_plan) against
+// cpu::encoder_forward / cpu::encoder_backward: the full GPT-2 vocabulary, the d48 width
+// C=1600 (whose last channel group covers only part of a warp), T not a power of two, batches in
+// which one to three token ids fill every position, gradients accumulated onto random non-zero
+// ones, forward outputs poisoned first, and every kernel run twice for identical bits.
+#include "dev/cuda/kernel_test.h"
+
+struct EncoderShape {
+  int B, T, C, V;
+  int distinct;  // token ids are drawn from the last `distinct` ids of the vocabulary
+};
+
+void test_encoder(const EncoderShape& s, llmc::Rng& rng) {
+  const int B = s.B, T = s.T, C = s.C, V = s.V, BT = B * T;
+  printf("\nencoder B=%d T=%d C=%d V=%d, token ids from the last %d\n", B, T, C, V, s.distinct);
+  const std::vector<int> tokens = random_ints(rng, BT, V - s.distinct, V);
+  const std::vector<float> wte = random_stored(rng, (size_t)V * C, 0.0f, 1.0f);
+  const std::vector<float> wpe = random_stored(rng, (size_t)T * C, 0.0f, 1.0f);
+  DeviceArray<int> d_tokens(tokens);
+  DeviceArray<floatX> d_wte(wte), d_wpe(wpe), out((size_t)BT * C);
+
+  std::vector<float> ref((size_t)BT * C);
+  cpu::encoder_forward(ref.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  auto forward = [&] {
+    out.poison();
+    encoder_forward(out, d_tokens, d_wte, d_wpe, B, T, C, 0);
+  };
+  forward();
+  // The same FP32 sum rounded to nearest on both sides: exact.
+  check_close("forward out", out.download(), stored(ref), 0.0f);
+  const Snapshot forward_bits(out);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(out));
+
+  const std::vector<float> dout = random_stored(rng, (size_t)BT * C, 0.0f, 1.0f);
+  const std::vector<float> dwte0 = random_stored(rng, (size_t)V * C, 0.0f, 1.0f);
+  const std::vector<float> dwpe0 = random_stored(rng, (size_t)T * C, 0.0f, 1.0f);
+  DeviceArray<floatX> d_dout(dout), dwte(dwte0.size()), dwpe(dwpe0.size());
+  const int groups = ceil_div(C, WARP_SIZE * x128::size);
+  DeviceArray<int4> buckets((size_t)BT * groups);
+  DeviceArray<int> positions(BT);
+  EncoderBackwardBuffers buffers{buckets, positions};
+  EncoderBackwardPlan plan;
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    dwte.upload(dwte0);
+    dwpe.upload(dwpe0);
+    encoder_backward_plan(&plan, tokens.data(), BT, C);
+    encoder_backward(dwte, dwpe, plan, buffers, d_dout, B, T, C, seed, 0);
+  };
+  backward();
+  std::vector<float> ref_dwte = dwte0, ref_dwpe = dwpe0;
+  cpu::encoder_backward(ref_dwte.data(), ref_dwpe.data(), dout.data(), tokens.data(), B, T, C);
+  check_close("backward dwte", dwte.download(), ref_dwte, kTolSum);
+  check_close("backward dwpe", dwpe.download(), ref_dwpe, kTolSum);
+  const Snapshot backward_bits(dwte, dwpe);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(dwte, dwpe));
+}
+
+int main() {
+  return run_kernel_tests("test_encoder", [] {
+    llmc::Rng rng(1337);
+    test_encoder({4, 64, 768, 50257, 50257}, rng);  // GPT-2 small, every token id possible
+    test_encoder({3, 100, 1600, 1000, 1000}, rng);  // d48 width
+    test_encoder({4, 1000, 768, 5000, 3}, rng);     // three ids, ~1300 positions each
+    test_encoder({2, 777, 64, 50257, 1}, rng);      // one id everywhere; C < one warp's group
+  });
+}

@@ -1,0 +1,109 @@
+// Tests global_norm_squared against cpu::global_norm and adamw_update against cpu::adamw_update
+// (with the clipping factor applied to the CPU's gradients first): sizes from a few elements
+// to more than the norm's fixed grid covers in one pass, with and without FP32 master weights,
+// with and without weight decay, from random non-zero moments at step 3. Each runs twice with
+// the same seed for identical bits; in BF16 builds another seed must change some roundings and
+// the stochastic rounding of the parameters must be unbiased.
+#include "dev/cuda/kernel_test.h"
+
+void test_global_norm(size_t n, llmc::Rng& rng) {
+  printf("\nglobal_norm_squared n=%zu\n", n);
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 0.1f);
+  DeviceArray<floatX> d_x(x);
+  DeviceArray<float> out(1), partials(kNormBlocks);
+  auto run = [&] {
+    out.poison();
+    global_norm_squared(out, partials, d_x, n, 0);
+  };
+  run();
+  // Compared as norms: the CPU sums the squares in double and returns the square root.
+  check_close("norm", {std::sqrt(out.download()[0])}, {cpu::global_norm(x.data(), n)}, kTolFP32);
+  const Snapshot bits(out);
+  run();
+  check_same_bits("twice", bits, Snapshot(out));
+}
+
+void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
+  printf("\nadamw n=%zu, %s master weights, %s weight decay\n", n, master ? "with" : "without",
+         decay ? "with" : "without");
+  AdamWParams hp;
+  hp.lr = 1e-3f;
+  hp.beta1 = 0.9f;
+  hp.beta2 = 0.95f;
+  hp.eps = 1e-8f;
+  hp.weight_decay = 0.1f;
+  hp.grad_scale = 0.5f;  // clipping in effect
+  hp.step = 3;
+  // GPT-2-like weights, std 0.02: the update (about lr) is several BF16 ulps of a weight.
+  const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f);
+  const std::vector<float> grads = random_stored(rng, n, 0.0f, 1.0f);
+  std::vector<float> m0(n), v0(n);
+  rng.normal(m0.data(), n, 0.0, 0.1);
+  for (float& v : v0) v = 0.01f + 0.1f * rng.uniform_float();
+  // Master weights are not storage-rounded on the GPU; perturb them below BF16 resolution.
+  std::vector<float> master_values = master0;
+  for (float& p : master_values) p *= 1.0f + 1e-3f * (rng.uniform_float() - 0.5f);
+  const std::vector<float>& start = master ? master_values : master0;
+
+  std::vector<float> ref_params = start, ref_m = m0, ref_v = v0, scaled(n);
+  for (size_t i = 0; i < n; i++) scaled[i] = grads[i] * hp.grad_scale;
+  cpu::AdamWConfig config;
+  config.beta1 = hp.beta1;
+  config.beta2 = hp.beta2;
+  config.eps = hp.eps;
+  config.weight_decay = hp.weight_decay;
+  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, hp.lr, config,
+                    decay ? hp.weight_decay : 0.0f, hp.step);
+
+  DeviceArray<floatX> params(n), d_grads(grads);
+  DeviceArray<float> d_master(n), m(n), v(n);
+  auto run = [&](uint32_t seed) {
+    params.upload(master0);
+    d_master.upload(master_values);
+    m.upload(m0);
+    v.upload(v0);
+    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, n, hp, decay, seed, 0);
+  };
+  const uint32_t seed = rng.u32();
+  run(seed);
+  const std::vector<float> got_params = params.download();
+  check_close("m", m.download(), ref_m, kTolFP32);
+  check_close("v", v.download(), ref_v, kTolFP32);
+  if (master) check_close("master", d_master.download(), ref_params, kTolFP32);
+  // Stochastic rounding of the FP32 result: within one ulp (kTolSum).
+  check_close("params", got_params, ref_params, kTolSum);
+  const Snapshot bits(params, d_master, m, v);
+  run(seed);
+  check_same_bits("twice", bits, Snapshot(params, d_master, m, v));
+
+  if (sizeof(floatX) == sizeof(float) || n < 1000) return;
+  // Rounding error in ulps, signed towards larger magnitude: unbiased rounding averages to 0
+  // (std ~0.4 per element), truncation to -0.5, round-half-up to a positive value.
+  double sum_ulps = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const float ulp = std::ldexp(1.0f, std::ilogb(ref_params[i]) - 7);
+    sum_ulps += (got_params[i] - ref_params[i]) / ulp * (ref_params[i] < 0 ? -1.0 : 1.0);
+  }
+  const double mean_ulps = sum_ulps / n;
+  testing::check_verbose(std::fabs(mean_ulps) < 0.01,
+                         llmc::strformat("unbiased rounding: mean error %+.4f ulp", mean_ulps));
+  run(seed + 1);
+  const std::vector<float> other = params.download();
+  size_t changed = 0;
+  for (size_t i = 0; i < n; i++) changed += other[i] != got_params[i];
+  // Two independent stochastic roundings disagree for about a third of the elements.
+  testing::check_verbose(changed > n / 10,
+                         llmc::strformat("another seed changes %zu of %zu roundings", changed, n));
+}
+
+int main() {
+  return run_kernel_tests("test_optimizer", [] {
+    llmc::Rng rng(9);
+    test_global_norm(7, rng);                   // fewer elements than one block's threads
+    test_global_norm(100003, rng);              // less than the grid's one pass
+    test_global_norm(12345679, rng);            // ~24 elements per thread
+    test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
+    test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
+    test_adamw(5, true, false, rng);            // a partial block only
+  });
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Prepares tiny shakespeare as llm.c's dev/data/tinyshakespeare.py does: the text is cut into
+# documents at each blank line ("\n\n", kept with the document before it), every document is
+# preceded by the EOT token, the first 32768 tokens are the val split and the rest train. Writes
+#   DIR/tiny_shakespeare_val_000000.bin    (32768 tokens)
+#   DIR/tiny_shakespeare_train_000000.bin  (305260 tokens)
+#   DIR/gpt2_tokenizer.bin                 (the vocabulary, for decoding)
+# with DIR dev/data/tinyshakespeare by default (git-ignored: the text is never committed).
+#
+#   dev/data/tinyshakespeare.sh [--input FILE] [--output_dir DIR]
+#
+# Without --input the text is downloaded (curl or wget) into DIR/input.txt, once. The tools are
+# built with make (MAKE=... to use another make command).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+URL=https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt
+EXPECTED_BYTES=1115394
+VAL_TOKENS=32768
+
+usage() {
+  echo "usage: dev/data/tinyshakespeare.sh [--input FILE] [--output_dir DIR]"
+  echo "  --input FILE      a local copy of tiny shakespeare's input.txt (default: download it)"
+  echo "  --output_dir DIR  where the shards go (default dev/data/tinyshakespeare)"
+}
+
+input=""
+output_dir=dev/data/tinyshakespeare
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --input) [ $# -ge 2 ] || { usage; exit 1; }; input=$2; shift 2 ;;
+    --output_dir) [ $# -ge 2 ] || { usage; exit 1; }; output_dir=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "error: unknown argument '$1'"; usage; exit 1 ;;
+  esac
+done
+
+mkdir -p "$output_dir" || { echo "error: cannot create --output_dir $output_dir"; exit 1; }
+if [ -z "$input" ]; then
+  input="$output_dir/input.txt"
+  if [ ! -f "$input" ]; then
+    echo "downloading $URL"
+    if command -v curl >/dev/null; then
+      download=(curl -fsSL -o "$input.part" "$URL")
+    elif command -v wget >/dev/null; then
+      download=(wget -q -O "$input.part" "$URL")
+    else
+      echo "error: neither curl nor wget is installed: install one, or pass --input FILE"
+      exit 1
+    fi
+    if ! "${download[@]}"; then
+      rm -f "$input.part"
+      echo "error: downloading $URL failed: check the network, or pass --input FILE"
+      exit 1
+    fi
+    mv "$input.part" "$input"
+  fi
+fi
+[ -r "$input" ] || { echo "error: cannot read --input $input"; exit 1; }
+bytes=$(wc -c < "$input")
+if [ "$bytes" -ne "$EXPECTED_BYTES" ]; then
+  echo "error: $input has $bytes bytes, tiny shakespeare has $EXPECTED_BYTES: delete it and" \
+       "download it again, or pass the right --input"
+  exit 1
+fi
+
+# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+MAKEFLAGS= ${MAKE:-make} -s build/prepare_shards build/write_tokenizer
+build/prepare_shards --input "$input" --output_dir "$output_dir" --name tiny_shakespeare \
+  --documents blank_lines --val_tokens "$VAL_TOKENS"
+build/write_tokenizer --output "$output_dir/gpt2_tokenizer.bin"

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Tests the data tools end to end: build/prepare_shards (shard format and names, val/train split,
+# document modes, stale shards, error messages), build/write_tokenizer (the vocabulary file) and,
+# with TINYSHAKESPEARE set, dev/data/tinyshakespeare.sh against llm.c's token counts. Files are
+# read back with a small Python reader written from dev/SPEC.md, independent of the C++ code.
+# Scratch files go to build/scratch/test_data_tools.
+#
+#   bash dev/test/test_data_tools.sh        (MAKE=... to use another make command)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+MAKEFLAGS= ${MAKE:-make} -s build/prepare_shards build/write_tokenizer build/encode_text || exit 1
+SCRATCH=build/scratch/test_data_tools
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+EOT=50256
+
+passed=0
+failed=0
+check() {  # check DESCRIPTION GOT EXPECTED
+  if [ "$2" = "$3" ]; then
+    passed=$((passed + 1))
+    echo "ok   $1"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $1"
+    echo "     got:      $2"
+    echo "     expected: $3"
+  fi
+}
+
+# read_shards DIR PREFIX prints "NAME count" per shard of DIR named PREFIX_*.bin, then
+# "tokens: ..." with all their tokens in order; a shard whose header or size is wrong prints
+# "bad NAME: why". shard_names and shard_tokens print only the one part or the other.
+read_shards() {
+  python3 - "$1" "$2" <<'PY'
+import glob, os, struct, sys
+directory, prefix = sys.argv[1], sys.argv[2]
+tokens = []
+for path in sorted(glob.glob(os.path.join(directory, prefix + "_*.bin"))):
+    data = open(path, "rb").read()
+    magic, version, count = struct.unpack_from("<3i", data)
+    name = os.path.basename(path)
+    if magic != 20240520 or version != 1 or len(data) != 1024 + 2 * count:
+        print(f"bad {name}: magic {magic} version {version} count {count} size {len(data)}")
+        continue
+    print(name, count)
+    tokens += struct.unpack_from(f"<{count}H", data, 1024)
+print("tokens:", *tokens)
+PY
+}
+shard_names() { read_shards "$1" "$2" | grep -v '^tokens:'; }
+shard_tokens() { read_shards "$1" "$2" | grep '^tokens:' | cut -d' ' -f2-; }
+
+# Ids of a text as the encoder gives them (itself tested against tiktoken elsewhere).
+ids_of() {
+  printf '%s' "$1" > "$SCRATCH/text.txt"
+  build/encode_text "$SCRATCH/text.txt" 2>/dev/null
+}
+
+# Runs a command that must fail; checks that its error message contains NEEDLE.
+check_error() {  # check_error DESCRIPTION NEEDLE COMMAND...
+  local description=$1 needle=$2
+  shift 2
+  local output
+  if output=$("$@" 2>&1); then
+    check "$description fails" "exit 0: $output" "a non-zero exit"
+  elif [[ "$output" == *"$needle"* ]]; then
+    check "$description fails mentioning '$needle'" yes yes
+  else
+    check "$description fails mentioning '$needle'" "$output" "a message with '$needle'"
+  fi
+}
+
+# --- file mode, two inputs, small shards: names, headers and the token stream
+printf 'Hello world\n\nSecond paragraph.' > "$SCRATCH/a.txt"
+printf 'Another file, caf\xc3\xa9 \xf0\x9f\x98\x80!' > "$SCRATCH/b.txt"
+stream="$EOT $(ids_of "$(cat "$SCRATCH/a.txt")") $EOT $(ids_of "$(cat "$SCRATCH/b.txt")")"
+read -r -a all <<< "$stream"
+out="$SCRATCH/files"
+build/prepare_shards --input "$SCRATCH/a.txt" --input "$SCRATCH/b.txt" --output_dir "$out" \
+  --name mini --shard_size 8 --val_tokens 5 > /dev/null
+train_count=$(( ${#all[@]} - 5 ))
+expected_train=""
+for ((i = 0; i * 8 < train_count; i++)); do
+  n=$(( train_count - i * 8 < 8 ? train_count - i * 8 : 8 ))
+  expected_train+="$(printf 'mini_train_%06d.bin %d' "$i" "$n")"$'\n'
+done
+check "val split: one shard of the first 5 tokens" \
+  "$(read_shards "$out" mini_val)" "mini_val_000000.bin 5"$'\n'"tokens: ${all[*]:0:5}"
+check "train split: shards of 8 tokens, the last one shorter" \
+  "$(read_shards "$out" mini_train)" "${expected_train}tokens: ${all[*]:5}"
+check "no other files are written" \
+  "$(ls "$out" | grep -vc '^mini_\(val\|train\)_[0-9]\{6\}\.bin$')" 0
+
+# --- rerun with bigger shards: the earlier run's extra train shards are removed
+build/prepare_shards --input "$SCRATCH/a.txt" --input "$SCRATCH/b.txt" --output_dir "$out" \
+  --name mini --shard_size 100 --val_tokens 5 > /dev/null
+check "a rerun removes the stale shards of the earlier run" "$(ls "$out" | tr '\n' ' ')" \
+  "mini_train_000000.bin mini_val_000000.bin "
+
+# --- blank_lines mode: documents as llm.c's tinyshakespeare.py cuts them
+printf 'First.\n\nSecond\n\n\nthird\n\n' > "$SCRATCH/c.txt"
+expected="$EOT $(ids_of $'First.\n\n') $EOT $(ids_of $'Second\n\n')"
+expected+=" $EOT $(ids_of $'\nthird\n\n') $EOT"
+build/prepare_shards --input "$SCRATCH/c.txt" --output_dir "$SCRATCH/blank" --name doc \
+  --documents blank_lines --val_tokens 2 > /dev/null
+check "blank_lines: EOT before each document, the separator kept, a final empty document" \
+  "$(shard_tokens "$SCRATCH/blank" doc_val) $(shard_tokens "$SCRATCH/blank" doc_train)" \
+  "$expected"
+
+# --- default val split: exactly the first shard
+build/prepare_shards --input "$SCRATCH/a.txt" --output_dir "$SCRATCH/default" --name d \
+  --shard_size 3 > /dev/null
+check "default --val_tokens is one shard" "$(shard_names "$SCRATCH/default" d_val)" \
+  "d_val_000000.bin 3"
+
+# --- errors
+printf 'ok\xff' > "$SCRATCH/bad_utf8.txt"
+touch "$SCRATCH/a_file"
+base=(build/prepare_shards --output_dir "$SCRATCH/errors" --name e)
+check_error "a missing input" "cannot open $SCRATCH/missing.txt" \
+  "${base[@]}" --input "$SCRATCH/missing.txt"
+check_error "invalid UTF-8" "bad_utf8.txt: invalid UTF-8 at byte 2" \
+  "${base[@]}" --input "$SCRATCH/bad_utf8.txt"
+check_error "an output dir that is a file" "cannot create directory $SCRATCH/a_file" \
+  build/prepare_shards --input "$SCRATCH/a.txt" --output_dir "$SCRATCH/a_file/x" --name e
+check_error "a non-numeric --shard_size" "--shard_size 'big' must be an integer" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --shard_size big
+check_error "--shard_size 0" "--shard_size '0' must be an integer from 1" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --shard_size 0
+check_error "an unknown --documents mode" "use file or blank_lines" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --documents lines
+check_error "an unknown flag" "unknown flag '--shards'" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --shards 3
+check_error "no --input" "no --input FILE given" "${base[@]}"
+check_error "no --name" "--name must be" \
+  build/prepare_shards --input "$SCRATCH/a.txt" --output_dir "$SCRATCH/errors"
+check_error "a flag without its value" "--val_tokens needs a value" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --val_tokens
+check_error "every token in val" "all 8 tokens went to the val split" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --val_tokens 1000
+check_error "a missing --encoder_dir" "nowhere/encoder.json" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --encoder_dir nowhere
+
+# --- the vocabulary file, read with the format of dev/SPEC.md
+build/write_tokenizer --output "$SCRATCH/gpt2_tokenizer.bin" > /dev/null
+vocabulary=$(python3 - "$SCRATCH/gpt2_tokenizer.bin" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+magic, version, vocab_size, eot = struct.unpack_from("<4i", data)
+tokens, pos = [], 1024
+while pos < len(data):
+    tokens.append(data[pos + 1:pos + 1 + data[pos]])
+    pos += 1 + data[pos]
+print(magic, version, vocab_size, eot, len(tokens), pos == len(data))
+print(tokens[0], tokens[15496], tokens[50256])
+PY
+)
+check "write_tokenizer: header, size, and tokens 0, 15496, 50256" "$vocabulary" \
+  "20240328 2 50257 50256 50257 True"$'\n'"b'!' b'Hello' b'<|endoftext|>'"
+check_error "write_tokenizer without --output" "--output FILE is required" build/write_tokenizer
+
+# --- tiny shakespeare as llm.c prepares it
+if [ -n "${TINYSHAKESPEARE:-}" ]; then
+  dev/data/tinyshakespeare.sh --input "$TINYSHAKESPEARE" --output_dir "$SCRATCH/tinyshakespeare" \
+    > /dev/null
+  shards="$SCRATCH/tinyshakespeare"
+  check "tiny shakespeare val: llm.c's 32768 tokens" \
+    "$(shard_names "$shards" tiny_shakespeare_val)" "tiny_shakespeare_val_000000.bin 32768"
+  check "tiny shakespeare val starts with EOT and the text's first words" \
+    "$(shard_tokens "$shards" tiny_shakespeare_val | cut -d' ' -f1-5)" "$EOT 5962 22307 25 198"
+  check "tiny shakespeare train: llm.c's 305260 tokens" \
+    "$(shard_names "$shards" tiny_shakespeare_train)" "tiny_shakespeare_train_000000.bin 305260"
+  check "tiny shakespeare: the vocabulary file is written beside the shards" \
+    "$(cmp -s "$shards/gpt2_tokenizer.bin" "$SCRATCH/gpt2_tokenizer.bin" && echo same)" same
+else
+  echo "skipped tiny shakespeare: TINYSHAKESPEARE is not set (the path of its input.txt)"
+fi
+
+echo "test_data_tools: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

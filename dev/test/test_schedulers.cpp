@@ -1,0 +1,169 @@
+// Tests llmc/schedulers.h: warmup, endpoints, monotonicity, the wsd phases,
+// name parsing, and bit-exact agreement with train_gpt2.py's learning_rate().
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dev/test/testing.h"
+#include "llmc/schedulers.h"
+
+using llmc::LrSchedule;
+using llmc::make_lr_schedule;
+using testing::check;
+using testing::check_throws;
+using testing::check_verbose;
+
+namespace {
+
+bool close(double a, double b) { return std::fabs(a - b) <= 1e-12 * std::fmax(1.0, std::fabs(b)); }
+
+void test_warmup() {
+  for (const char* name : {"cosine", "linear", "constant", "wsd"}) {
+    const LrSchedule s = make_lr_schedule(name, "-k", 6e-4, 10, 100, 0.1);
+    bool rising = true;
+    for (long step = 0; step < 10; step++) {
+      rising = rising && close(s.at(step), 6e-4 * (step + 1) / 10);
+    }
+    check_verbose(
+        rising && close(s.at(0), 6e-5) && close(s.at(9), 6e-4) && close(s.at(10), 6e-4),
+        llmc::strformat("%s: warmup rises linearly from lr/W at step 0 to lr at W-1 and W", name));
+  }
+  const LrSchedule no_warmup = make_lr_schedule("cosine", "-k", 1e-3, 0, 50, 0.0);
+  check_verbose(no_warmup.at(0) == 1e-3, "without warmup step 0 runs at the peak lr");
+}
+
+void test_endpoints_and_monotonicity() {
+  const double lr = 6e-4, frac = 0.1, min_lr = lr * frac;
+  const long W = 10, N = 210;
+  for (const char* name : {"cosine", "linear", "constant", "wsd"}) {
+    const LrSchedule s = make_lr_schedule(name, "-k", lr, W, N, frac);
+    bool non_increasing = true, bounded = true;
+    for (long step = W; step < N; step++) {
+      non_increasing = non_increasing && s.at(step + 1) <= s.at(step);
+      bounded = bounded && s.at(step) <= lr && s.at(step) >= min_lr;
+    }
+    const bool constant = std::string(name) == "constant";
+    const double end = s.at(N);
+    check_verbose(non_increasing && bounded && close(end, constant ? lr : min_lr) &&
+                      s.at(N - 1) > (constant ? 0.0 : min_lr),
+                  llmc::strformat("%s: after warmup non-increasing within [min_lr, lr]; step N-1 "
+                                  "%.4e, step N %.4e", name, s.at(N - 1), end));
+  }
+  const LrSchedule cosine = make_lr_schedule("cosine", "-k", lr, W, N, frac);
+  check_verbose(close(cosine.at(W + (N - W) / 2), (lr + min_lr) / 2),
+                "cosine: half way through the decay it is half way between lr and min_lr");
+  const LrSchedule linear = make_lr_schedule("linear", "-k", lr, W, N, frac);
+  check_verbose(close(linear.at(W + (N - W) / 4), lr - (lr - min_lr) / 4),
+                "linear: a quarter of the way through the decay it has dropped a quarter");
+  check_verbose(close(make_lr_schedule("cosine", "-k", lr, W, N, frac).at(N + 50), min_lr),
+                "steps past N stay at min_lr");
+}
+
+void test_wsd_phases() {
+  const double lr = 1e-3;
+  const LrSchedule s = make_lr_schedule("wsd", "-k", lr, 20, 1000, 0.0);
+  bool stable = true;
+  for (long step = 20; step <= 800; step++) stable = stable && s.at(step) == lr;
+  check_verbose(stable && s.at(801) < lr && close(s.at(900), lr / 2) && close(s.at(1000), 0.0),
+                "wsd: stable at lr through step 800, then linear to min_lr over the last fifth");
+  const LrSchedule long_warmup = make_lr_schedule("wsd", "-k", lr, 900, 1000, 0.0);
+  check_verbose(long_warmup.at(899) == lr && close(long_warmup.at(950), lr / 2),
+                "wsd: a warmup longer than the stable phase decays straight after warmup");
+  const LrSchedule tiny = make_lr_schedule("wsd", "-k", lr, 0, 3, 0.0);
+  check_verbose(tiny.at(0) == lr && tiny.at(2) == lr,
+                "wsd: a run shorter than 5 steps has no decay (and no division by zero)");
+}
+
+// Values printed by train_gpt2.py's learning_rate(step, args) as float.hex, for a few
+// schedules at the steps around each phase change.
+struct PythonCase {
+  const char* name;
+  double lr;
+  long warmup, total;
+  double frac;
+  std::vector<std::pair<long, double>> values;
+};
+
+void test_matches_train_gpt2_py() {
+  const std::vector<PythonCase> cases = {
+      {"cosine", 0.0006, 700, 18865, 0.0,
+       {{0, 0x1.cc2cd138104f1p-21}, {350, 0x1.3b78b96def2e3p-12}, {699, 0x1.3a92a30553261p-11},
+        {700, 0x1.3a92a30553261p-11}, {701, 0x1.3a92a2dddc285p-11}, {9782, 0x1.3a9999c0346e3p-12},
+        {15091, 0x1.02a619671e49bp-14}, {15092, 0x1.028444a4085d6p-14},
+        {15093, 0x1.026271d6a7a6dp-14}, {18863, 0x1.3bb7edf6fd21fp-36},
+        {18864, 0x1.3bb7ee147ae14p-38}}},
+      {"cosine", 0.0003, 10, 100, 0.1,
+       {{0, 0x1.f75104d551d68p-16}, {5, 0x1.797cc39ffd60ep-13}, {9, 0x1.3a92a30553261p-12},
+        {10, 0x1.3a92a30553260p-12}, {11, 0x1.3a7c8fa4edd34p-12}, {55, 0x1.5a07b352a8437p-13},
+        {79, 0x1.0f44bbee55484p-14}, {80, 0x1.024d511207660p-14}, {81, 0x1.ebba5fb5954dcp-15},
+        {98, 0x1.fcd56ec454e13p-16}, {99, 0x1.f8b23adba7040p-16}}},
+      {"linear", 0.001, 5, 50, 0.25,
+       {{0, 0x1.a36e2eb1c432dp-13}, {2, 0x1.3a92a30553262p-11}, {4, 0x1.0624dd2f1a9fcp-10},
+        {5, 0x1.0624dd2f1a9fcp-10}, {6, 0x1.01c66207eb3f4p-10}, {27, 0x1.4c0c8fa210a84p-11},
+        {39, 0x1.c66207eb3f370p-12}, {40, 0x1.b4e81b4e81b4ep-12}, {41, 0x1.a36e2eb1c432cp-12},
+        {48, 0x1.2918b66895a40p-12}, {49, 0x1.179ec9cbd821ep-12}}},
+      {"wsd", 0.0006, 20, 1000, 0.0,
+       {{0, 0x1.f75104d551d68p-16}, {10, 0x1.5a07b352a8437p-12}, {19, 0x1.3a92a30553261p-11},
+        {20, 0x1.3a92a30553261p-11}, {21, 0x1.3a92a30553261p-11}, {510, 0x1.3a92a30553261p-11},
+        {799, 0x1.3a92a30553261p-11}, {800, 0x1.3a92a30553261p-11}, {801, 0x1.38fffbce4217dp-11},
+        {998, 0x1.92a737110e480p-18}, {999, 0x1.92a737110e400p-19}}},
+      {"wsd", 0.001, 2, 13, 0.5,
+       {{0, 0x1.0624dd2f1a9fcp-11}, {1, 0x1.0624dd2f1a9fcp-10}, {2, 0x1.0624dd2f1a9fcp-10},
+        {3, 0x1.0624dd2f1a9fcp-10}, {7, 0x1.0624dd2f1a9fcp-10}, {10, 0x1.0624dd2f1a9fcp-10},
+        {11, 0x1.0624dd2f1a9fcp-10}, {12, 0x1.89374bc6a7efap-11}}},
+      {"constant", 0.0002, 3, 10, 0.3,
+       {{0, 0x1.179ec9cbd821ep-14}, {1, 0x1.179ec9cbd821ep-13}, {2, 0x1.a36e2eb1c432dp-13},
+        {3, 0x1.a36e2eb1c432dp-13}, {4, 0x1.a36e2eb1c432dp-13}, {6, 0x1.a36e2eb1c432dp-13},
+        {7, 0x1.a36e2eb1c432dp-13}, {8, 0x1.a36e2eb1c432dp-13}, {9, 0x1.a36e2eb1c432dp-13}}},
+  };
+  int compared = 0, equal = 0;
+  for (const PythonCase& c : cases) {
+    const LrSchedule s = make_lr_schedule(c.name, "-k", c.lr, c.warmup, c.total, c.frac);
+    for (const auto& [step, expected] : c.values) {
+      compared++;
+      equal += s.at(step) == expected;
+      check(s.at(step) == expected,
+            llmc::strformat("%s lr=%g W=%ld N=%ld frac=%g step %ld: %a, train_gpt2.py %a", c.name,
+                            c.lr, c.warmup, c.total, c.frac, step, s.at(step), expected));
+    }
+  }
+  check_verbose(equal == compared,
+                llmc::strformat("%d of %d values of 6 schedules equal train_gpt2.py's bit for bit",
+                                equal, compared));
+}
+
+void test_parsing() {
+  check(llmc::parse_lr_schedule("cosine", "-k") == llmc::LrScheduleKind::kCosine &&
+            llmc::parse_lr_schedule("linear", "-k") == llmc::LrScheduleKind::kLinear &&
+            llmc::parse_lr_schedule("constant", "-k") == llmc::LrScheduleKind::kConstant &&
+            llmc::parse_lr_schedule("wsd", "-k") == llmc::LrScheduleKind::kWsd,
+        "every schedule name parses");
+  check_throws(
+      [] { llmc::parse_lr_schedule("cosin", "-k"); },
+      "unknown learning-rate schedule 'cosin' for -k: use one of cosine, linear, constant, wsd",
+      "a misspelt schedule name");
+  check_throws([] { make_lr_schedule("cosine", "-k", 1e-3, -1, 10, 0.0); }, "warmup steps -1",
+               "negative warmup");
+  check_throws([] { make_lr_schedule("cosine", "-k", 1e-3, 0, 0, 0.0); }, "total steps 0",
+               "zero total steps");
+  check_throws([] { make_lr_schedule("cosine", "-k", 1e-3, 0, 10, 1.5); }, "within [0, 1]",
+               "final fraction above 1");
+  check_throws([] { make_lr_schedule("cosine", "-k", -1.0, 0, 10, 0.0); }, "must be >= 0",
+               "negative learning rate");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    test_warmup();
+    test_endpoints_and_monotonicity();
+    test_wsd_phases();
+    test_matches_train_gpt2_py();
+    test_parsing();
+  } catch (const llmc::Error& e) {
+    check(false, std::string("unexpected error: ") + e.what());
+  }
+  return testing::summary("test_schedulers");
+}

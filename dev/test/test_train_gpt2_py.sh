@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# Tests of train_gpt2.py on its default device (a GPU where one is present): the MT19937
+# self-check, seeded init, the debug state read back and recomputed, checkpoint round trips (FP32
+# and BF16), the AdamW formula, the data order, training on small shards (one process and two),
+# the LR schedules, the benchmark mode and the error messages. PYTHON names a python with torch and
+# numpy (default: the first of python3, /usr/bin/python3 that has them).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in python3 /usr/bin/python3; do
+    "$candidate" -c 'import torch, numpy' 2>/dev/null && PYTHON=$candidate && break
+  done
+fi
+PYTHON=${PYTHON:-python3}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export WORK
+TINY=(--model tiny --vocab_size 512)  # a small vocabulary keeps the classifier cheap
+
+check() {  # check NAME: runs the python on stdin with train_gpt2 importable
+  echo "--- $1"
+  PYTHONPATH=. "$PYTHON" -
+}
+
+expect_error() {  # expect_error TEXT ARGS...: the script must exit non-zero with an error naming TEXT
+  local text=$1
+  shift
+  if "$PYTHON" train_gpt2.py "$@" >"$WORK/out" 2>&1; then
+    echo "FAIL: expected an error for: $*"
+    exit 1
+  fi
+  if ! grep -q "^error: .*$text" "$WORK/out"; then
+    echo "FAIL: the error for '$*' does not mention '$text':"
+    cat "$WORK/out"
+    exit 1
+  fi
+  echo "ok: $(tail -n1 "$WORK/out")"
+}
+
+echo "--- help"
+"$PYTHON" train_gpt2.py --help >/dev/null
+
+check "MT19937 matches torch's CPU generator" <<'EOF'
+import torch, train_gpt2 as tg
+tg.mt19937_self_check()
+for seed in (0, 42, 1337):
+    rng = tg.MT19937(seed)
+    ours = [rng.u32() % 1000003 for _ in range(2000)]
+    torch.manual_seed(seed)
+    theirs = torch.randint(0, 1000003, (2000,)).tolist()  # small ranges take one u32 per value
+    assert ours == theirs, f"seed {seed}: MT19937 differs from torch.manual_seed's generator"
+print("seed 5489 -> 3499211612; seeds 0, 42, 1337 agree with torch for 2000 draws")
+EOF
+
+"$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/a" -b 2 -t 32 --debug_steps 4 --seed 7 >/dev/null
+"$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/b" -b 2 -t 32 --debug_steps 4 --seed 7 >/dev/null
+"$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/c" -b 2 -t 32 --debug_steps 4 --seed 8 >/dev/null
+echo "--- init is deterministic for a seed"
+cmp "$WORK/a/gpt2_l2h4c128t64v512.bin" "$WORK/b/gpt2_l2h4c128t64v512.bin"
+cmp "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin" "$WORK/b/gpt2_l2h4c128t64v512_debug_state.bin"
+if cmp -s "$WORK/a/gpt2_l2h4c128t64v512.bin" "$WORK/c/gpt2_l2h4c128t64v512.bin"; then
+  echo "FAIL: seeds 7 and 8 gave the same model"
+  exit 1
+fi
+echo "seed 7 twice: identical files; seed 8: different"
+
+check "initial weights follow SPEC.md" <<'EOF'
+import math, os, torch, train_gpt2 as tg
+m = tg.read_checkpoint(os.environ["WORK"] + "/a/gpt2_l2h4c128t64v512.bin")
+c, t = m.config, m.transformer
+assert c.padded_vocab_size == 512 and tg.GPTConfig(12, 12, 768, 1024, 50257).padded_vocab_size == 50304
+assert c.num_parameters() == sum(p.numel() for p in m.parameters())
+ref = tg.GPT(c)
+torch.manual_seed(7)
+expected = [torch.empty(c.padded_vocab_size, c.channels).normal_(0, 0.02),
+            torch.empty(c.max_seq_len, c.channels).normal_(0, 0.02)]
+for _ in range(c.num_layers):
+    for shape, std in [((3 * c.channels, c.channels), 0.02), ((c.channels, c.channels), 0.02 / math.sqrt(4)),
+                       ((4 * c.channels, c.channels), 0.02), ((c.channels, 4 * c.channels), 0.02 / math.sqrt(4))]:
+        expected.append(torch.empty(shape).normal_(0, std))
+got = [t.wte.weight, t.wpe.weight] + [w for b in t.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight,
+                                                              b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+assert torch.equal(got[0], expected[0]), "wte differs from one normal_ call"
+for g, e in zip(got[1:], expected[1:]):
+    assert torch.equal(g, e), "a matrix differs from the SPEC.md draw order"
+for name, p in m.named_parameters():
+    if name.endswith("bias"):
+        assert not p.any(), name
+    elif "ln_" in name:
+        assert (p == 1).all(), name
+print("matrices equal fresh normal_ draws in SPEC.md order; biases 0, layernorm weights 1")
+EOF
+
+check "debug state read back and recomputed" <<'EOF'
+import os, numpy as np, torch, train_gpt2 as tg
+d = os.environ["WORK"] + "/a"
+m = tg.read_checkpoint(d + "/gpt2_l2h4c128t64v512.bin")
+raw = open(d + "/gpt2_l2h4c128t64v512_debug_state.bin", "rb").read()
+h = np.frombuffer(raw, np.int32, 256)
+B, T, steps, V = h[2:6]
+assert list(h[:6]) == [20240327, 3, 2, 32, 4, 512], h[:6]
+hyper = np.frombuffer(h[6:12].tobytes(), np.float32)
+assert np.array_equal(hyper, np.array([1e-4, 0.9, 0.95, 1e-8, 0.1, 1.0], np.float32)), hyper
+o = 1024
+x = np.frombuffer(raw, np.int32, B * T, o); o += 4 * B * T
+y = np.frombuffer(raw, np.int32, B * T, o); o += 4 * B * T
+logits = np.frombuffer(raw, np.float32, B * T * V, o); o += 4 * B * T * V
+loss = np.frombuffer(raw, np.float32, 1, o)[0]; o += 4
+params = tg.params_in_file_order(m)
+n = sum(p.numel() for p in params)
+grads = np.frombuffer(raw, np.float32, n, o); o += 4 * n
+losses = np.frombuffer(raw, np.float32, steps, o); o += 4 * steps
+assert o == len(raw), f"debug state has {len(raw)} bytes, expected {o}"
+assert x.max() < V and np.array_equal(x.reshape(B, T)[:, 1:], y.reshape(B, T)[:, :-1])
+X, Y = (torch.from_numpy(a.astype(np.int64)).view(int(B), int(T)) for a in (x, y))
+lg, ls = m(X, Y)
+ls.backward()
+ours = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
+for name, a, b in [("logits", lg.detach().numpy().reshape(-1), logits), ("loss", ls.item(), loss),
+                   ("grads", ours, grads)]:
+    print(f"{name:7s} max abs diff {np.abs(np.asarray(a) - b).max():.3e}")
+    assert np.allclose(a, b, rtol=1e-5, atol=1e-6), name
+assert losses[0] == loss and losses[-1] < losses[0], losses
+Vp = m.config.padded_vocab_size
+assert m.transformer.wte.weight[V:].abs().sum() == 0 and not m.transformer.wte.weight.grad[V:].any()
+print("losses", " ".join(f"{v:.6f}" for v in losses))
+EOF
+
+check "checkpoint round trips (FP32, BF16 rounded to nearest even)" <<'EOF'
+import os, numpy as np, train_gpt2 as tg
+d = os.environ["WORK"] + "/a/"
+m = tg.read_checkpoint(d + "gpt2_l2h4c128t64v512.bin")
+tg.write_checkpoint(m, d + "again.bin", tg.CHECKPOINT_FP32)
+assert open(d + "again.bin", "rb").read() == open(d + "gpt2_l2h4c128t64v512.bin", "rb").read()
+bits = np.fromfile(d + "gpt2_l2h4c128t64v512.bin", np.uint32, offset=1024).astype(np.uint64)
+rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+bf16 = np.fromfile(d + "gpt2_l2h4c128t64v512_bf16.bin", np.uint16, offset=1024)
+assert np.array_equal(rounded, bf16), "BF16 checkpoint is not the FP32 one rounded to nearest even"
+mb = tg.read_checkpoint(d + "gpt2_l2h4c128t64v512_bf16.bin")
+tg.write_checkpoint(mb, d + "again_bf16.bin", tg.CHECKPOINT_BF16)
+assert open(d + "again_bf16.bin", "rb").read() == open(d + "gpt2_l2h4c128t64v512_bf16.bin", "rb").read()
+print("FP32 read/write identical; BF16 == RNE(FP32) bit for bit; BF16 read/write identical")
+EOF
+
+check "AdamW: adamw_step equals torch.optim.AdamW" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+ours = [torch.randn(64, 32, requires_grad=True), torch.randn(32, requires_grad=True)]
+theirs = [p.detach().clone().requires_grad_() for p in ours]
+opt = torch.optim.AdamW([{"params": theirs[:1], "weight_decay": 0.1}, {"params": theirs[1:], "weight_decay": 0.0}],
+                        lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in ours]
+for t in range(1, 6):
+    grads = [torch.randn_like(p) for p in ours]
+    for p, q, g in zip(ours, theirs, grads):
+        p.grad, q.grad = g.clone(), g.clone()
+    tg.adamw_step(ours, moments, t, 1e-3, 0.1)
+    opt.step()
+diff = max(((p - q).abs() / q.abs().clamp(min=1e-3)).max().item() for p, q in zip(ours, theirs))
+print(f"5 steps: max relative difference {diff:.2e}")
+assert diff < 1e-5
+EOF
+
+check "learning rate schedules" <<'EOF'
+import math, argparse, train_gpt2 as tg
+a = argparse.Namespace(learning_rate=1.0, warmup_iters=2, num_iterations=12, final_lr_frac=0.1)
+lr = lambda s, k: tg.learning_rate(s, argparse.Namespace(**vars(a), lr_schedule=k))
+assert [lr(s, "cosine") for s in (0, 1)] == [0.5, 1.0]
+assert lr(2, "cosine") == 1.0 and abs(lr(7, "cosine") - (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))) < 1e-12
+assert lr(7, "linear") == 0.55 and lr(11, "constant") == 1.0
+assert [lr(s, "wsd") for s in (9, 10, 11)] == [1.0, 1.0, 1.0 - 0.9 * 0.5]
+for k in ("cosine", "linear", "wsd", "constant"):
+    print(k.ljust(8), " ".join(f"{lr(s, k):.3f}" for s in range(12)))
+EOF
+
+check "data order" <<'EOF'
+import os, numpy as np, train_gpt2 as tg
+d = os.environ["WORK"]
+def write_shard(path, tokens):
+    header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes()); f.write(np.asarray(tokens, np.uint16).tobytes())
+for s, n in enumerate([4 * 8 + 1, 3 * 8 + 5]):
+    write_shard(f"{d}/order_{s}.bin", [s * 100 + i for i in range(n)])
+def starts(shuffle, world=1, rank=0, count=7):
+    loader = tg.ShardLoader(d + "/order_*.bin", "--input_bin", 2, 4 // world, rank, world, shuffle, 42, 512)
+    return [int(loader.next_batch()[0][0, 0]) for _ in range(count)]
+assert starts(0) == [0, 8, 16, 24, 100, 108, 116], starts(0)
+assert starts(0, 2, 1, 4) == [4, 12, 20, 28]
+order = starts(1, count=14)
+assert sorted(order[:7]) == sorted(starts(0)) and sorted(order[7:]) == sorted(starts(0)) and order[:7] != order[7:]
+rng = tg.MT19937(42)
+shards = rng.permutation(2)
+batches = [rng.permutation([4, 3][shards[0]]), rng.permutation([4, 3][shards[1]])]
+assert order[:7] == [s * 100 + 8 * b for k, s in enumerate(shards) for b in batches[k]]
+print("no shuffle:", starts(0), "| shuffled epochs:", order[:7], order[7:])
+EOF
+
+check "training on shards (one process)" <<'EOF'
+import os, numpy as np
+d = os.environ["WORK"]
+def write_shard(path, tokens):
+    header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes()); f.write(np.asarray(tokens, np.uint16).tobytes())
+pattern = np.arange(20000) % 97 * 5 % 512  # a cycle a model learns within a few steps
+for s in range(2):
+    write_shard(f"{d}/train_{s}.bin", np.roll(pattern, 1000 * s))
+write_shard(f"{d}/val_0.bin", pattern[:5000])
+EOF
+"$PYTHON" train_gpt2.py "${TINY[@]}" --input_bin "$WORK/train_*.bin" --input_val_bin "$WORK/val_*.bin" \
+  -b 4 -t 32 --total_batch_size 256 --num_iterations 8 --val_every 4 --val_steps 2 \
+  --learning_rate 3e-3 --warmup_iters 2 --output_dir "$WORK/run" | tee "$WORK/train.out" | grep -E '^step'
+grep -q '^peak memory: [0-9]* MiB' "$WORK/train.out"
+[ "$(grep -c 'tel:' "$WORK/run/main.log")" = 3 ] && [ "$(grep -c 'trl:' "$WORK/run/main.log")" = 8 ]
+check "the loss falls and the final checkpoint loads" <<'EOF'
+import os, train_gpt2 as tg
+d = os.environ["WORK"]
+log = [line.split() for line in open(d + "/run/main.log")]
+val = [float(v.split(":")[1]) for _, v in log if v.startswith("tel")]
+assert val[-1] < val[0] - 1.0, val
+tg.read_checkpoint(d + "/run/model_00000008.bin")
+print("val loss", " -> ".join(f"{v:.3f}" for v in val))
+EOF
+
+if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
+  echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
+  common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
+    --num_iterations 3 --device cpu)
+  "$PYTHON" train_gpt2.py "${common[@]}" | grep -E '^step' | cut -d'|' -f2 >"$WORK/one"
+  # The variables torchrun would set, so the test does not depend on the launcher.
+  port=$((20000 + RANDOM % 20000))
+  for rank in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 \
+      "$PYTHON" train_gpt2.py "${common[@]}" >"$WORK/rank$rank" 2>&1 &
+  done
+  wait
+  grep -E '^step' "$WORK/rank0" | cut -d'|' -f2 >"$WORK/two"
+  [ ! -s "$WORK/rank1" ] || { echo "FAIL: rank 1 printed:"; cat "$WORK/rank1"; exit 1; }
+  paste "$WORK/one" "$WORK/two"
+  "$PYTHON" -c "import sys; a, b = ([float(l.split()[1]) for l in open(f)] for f in sys.argv[1:]); \
+assert len(a) == 3 and all(abs(x - y) < 1e-4 for x, y in zip(a, b)), (a, b)" "$WORK/one" "$WORK/two"
+fi
+
+echo "--- benchmark mode"
+"$PYTHON" train_gpt2.py "${TINY[@]}" --bench -b 2 -t 32 --num_iterations 4 --device cpu | tee "$WORK/bench.out" \
+  | grep -E "^(step|average|peak memory)"
+grep -qE '^step    4/4 \| loss [0-9.]+ \| norm [0-9.]+ \| lr [0-9.e+-]+ \| [0-9.]+ ms \| MFU [0-9.]+% \| [0-9]+ tok/s$' \
+  "$WORK/bench.out"
+grep -qE '^peak memory: [0-9]+ MiB$' "$WORK/bench.out"
+
+echo "--- error messages"
+"$PYTHON" -c "import numpy as np; h = np.zeros(256, np.int32); h[:3] = [20240520, 1, 100]; \
+open('$WORK/short.bin', 'wb').write(h.tobytes() + np.zeros(99, np.uint16).tobytes()); \
+open('$WORK/big.bin', 'wb').write(h.tobytes() + np.full(100, 600, np.uint16).tobytes()); \
+h[0] = 1; open('$WORK/magic.bin', 'wb').write(h.tobytes() + np.zeros(100, np.uint16).tobytes())"
+head -c 5000 "$WORK/a/gpt2_l2h4c128t64v512.bin" >"$WORK/truncated.bin"
+expect_error "no files match" "${TINY[@]}" --input_bin "$WORK/missing_*.bin"
+expect_error "should be 1224 bytes" "${TINY[@]}" --input_bin "$WORK/short.bin" -b 1 -t 8
+expect_error "token id 600" "${TINY[@]}" --input_bin "$WORK/big.bin" -b 1 -t 8
+expect_error "not a token shard" "${TINY[@]}" --input_bin "$WORK/magic.bin" -b 1 -t 8
+expect_error "too few for one batch" "${TINY[@]}" --input_bin "$WORK/train_0.bin" -b 400 -t 64
+expect_error "total_batch_size 100" "${TINY[@]}" --input_bin "$WORK/train_*.bin" -b 4 -t 32 --total_batch_size 100
+expect_error "truncated" --init_from "$WORK/truncated.bin" --bench
+expect_error "no such file" --init_from "$WORK/nothing.bin" --bench
+expect_error "not a GPT-2 checkpoint" --init_from "$WORK/magic.bin" --bench
+expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
+expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench
+expect_error "not divisible" --model tiny --num_heads 3 --bench
+expect_error "nothing to do" --model tiny
+echo "all train_gpt2.py tests passed"

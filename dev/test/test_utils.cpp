@@ -1,0 +1,290 @@
+// Tests llmc/utils.h (checked file I/O whose errors name the path, glob,
+// make_dirs, small helpers) and llmc/gpt2.h (configs, the parameter table,
+// checkpoint and debug-state header validation, BF16 rounding). Files go to
+// build/test_tmp/utils/.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dev/test/testing.h"
+#include "llmc/gpt2.h"
+#include "llmc/utils.h"
+
+using testing::check;
+using testing::check_throws;
+using testing::check_verbose;
+
+namespace {
+
+const std::string kDir = "build/test_tmp/utils";
+
+void write_bytes(const std::string& path, const void* data, size_t bytes) {
+  llmc::File f(path, "wb");
+  if (bytes > 0) f.write(data, bytes, "test bytes");
+  f.close();
+}
+
+void test_strformat_and_helpers() {
+  const std::string long_text(5000, 'x');
+  check(llmc::strformat("%s|%d", long_text.c_str(), 7) == long_text + "|7",
+        "strformat formats a string longer than any fixed buffer");
+  check(llmc::strformat("%s", "").empty(), "strformat of an empty string");
+  check(llmc::round_up(50257, 128) == 50304 && llmc::round_up(128, 128) == 128 &&
+            llmc::round_up(0, 128) == 0,
+        "round_up");
+  check_throws([] { llmc::fail("plain message"); }, "plain message", "fail throws llmc::Error");
+  check_throws([] { LLMC_FAIL("value %d of %s", 3, "x"); }, "value 3 of x", "LLMC_FAIL formats");
+  void* p = llmc::malloc_checked(16, "a small buffer");
+  check(p != nullptr, "malloc_checked allocates");
+  free(p);
+  check_throws([] { llmc::malloc_checked((size_t)1 << 62, "a huge buffer"); },
+               "out of host memory allocating 4611686018427387904 bytes for a huge buffer",
+               "malloc_checked of 2^62 bytes");
+}
+
+void test_file() {
+  const std::string path = kDir + "/data.bin";
+  const int values[4] = {1, 2, 3, 4};
+  write_bytes(path, values, sizeof(values));
+  {
+    llmc::File f(path, "rb");
+    int back[4] = {};
+    check_verbose(f.size() == 16 && f.path() == path, "File::size and File::path");
+    f.read(back, sizeof(back), "four ints");
+    check_verbose(memcmp(back, values, sizeof(values)) == 0, "File write then read round trip");
+    f.seek(8);
+    int third = 0;
+    f.read(&third, sizeof(third), "the third int");
+    check(third == 3, "File::seek then read");
+    f.seek(12);
+    check(f.size() == 16 && ftell(f.handle()) == 12, "File::size leaves the position alone");
+    int two[2];
+    check_throws(
+        [&] { f.read(two, sizeof(two), "two ints"); },
+        path + ": file is truncated: reading two ints at byte 12 needs 8 bytes, only 4 remain",
+        "reading past the end names the file, what, where and how much");
+    check_throws([&] { f.seek(-5); }, path + ": cannot seek to byte -5",
+                 "a bad seek names the file");
+  }
+  check_throws([&] { llmc::File f(kDir + "/no_such_file.bin", "rb"); },
+               "cannot open " + kDir + "/no_such_file.bin for reading: No such file or directory",
+               "opening a missing file names it");
+  check_throws([&] { llmc::File f(kDir + "/no_such_dir/out.bin", "wb"); },
+               "cannot open " + kDir + "/no_such_dir/out.bin for writing",
+               "writing into a missing directory");
+  check_throws([&] { llmc::File f(kDir + "/no_such_dir/out.log", "a"); }, "for writing",
+               "appending into a missing directory is reported as writing");
+
+  write_bytes(kDir + "/text.txt", "hello\nworld", 11);
+  write_bytes(kDir + "/empty.txt", "", 0);
+  check_verbose(llmc::read_text_file(kDir + "/text.txt") == "hello\nworld" &&
+                    llmc::read_text_file(kDir + "/empty.txt").empty(),
+                "read_text_file, including an empty file");
+  check_throws([&] { llmc::read_text_file(kDir + "/missing.txt"); }, kDir + "/missing.txt",
+               "read_text_file of a missing file names it");
+  check(llmc::file_exists(kDir + "/text.txt") && !llmc::file_exists(kDir + "/missing.txt"),
+        "file_exists");
+
+  llmc::File closing(kDir + "/closed.bin", "wb");
+  closing.write(values, sizeof(values), "ints");
+  closing.close(true);
+  closing.close();
+  check(llmc::File(kDir + "/closed.bin", "rb").size() == 16,
+        "close(sync) flushes; a second close is a no-op");
+}
+
+void test_glob_and_make_dirs() {
+  const std::string dir = kDir + "/glob";
+  llmc::make_dirs(dir);
+  for (const char* name : {"b_002.bin", "b_000.bin", "b_010.bin", "b_001.bin", "other.txt"}) {
+    write_bytes(dir + "/" + name, "x", 1);
+  }
+  const std::vector<std::string> got = llmc::glob_files(dir + "/b_*.bin", "-i");
+  const std::vector<std::string> expected = {dir + "/b_000.bin", dir + "/b_001.bin",
+                                             dir + "/b_002.bin", dir + "/b_010.bin"};
+  check_verbose(got == expected, "glob_files matches only the pattern, sorted by name");
+  check_verbose(llmc::glob_files(dir + "/other.txt", "-i").size() == 1,
+                "glob_files of a plain existing path returns it");
+  check_throws([&] { llmc::glob_files(dir + "/c_*.bin", "-j"); },
+               "no files match -j '" + dir + "/c_*.bin'",
+               "a pattern matching nothing names flag and pattern");
+  check_throws([&] { llmc::glob_files(dir + "/absent.bin", "-e"); },
+               "no files match -e '" + dir + "/absent.bin'", "a missing plain path");
+
+  const std::string nested = kDir + "/dirs/a/b/c";
+  llmc::make_dirs(nested);
+  llmc::make_dirs(nested);
+  llmc::make_dirs(kDir + "/dirs/trailing/");
+  write_bytes(nested + "/probe", "x", 1);
+  check_verbose(llmc::file_exists(nested + "/probe") && llmc::file_exists(kDir + "/dirs/trailing"),
+                "make_dirs creates nested directories, again without error, and with a trailing /");
+  write_bytes(kDir + "/dirs/plain_file", "x", 1);
+  check_throws([&] { llmc::make_dirs(kDir + "/dirs/plain_file/sub"); },
+               "cannot create directory " + kDir + "/dirs/plain_file/sub: Not a directory",
+               "make_dirs below a file names the directory and the reason");
+}
+
+void test_configs() {
+  llmc::GPT2Config d12;
+  const bool found = llmc::config_from_preset("d12", &d12);
+  check_verbose(found && d12.num_layers == 12 &&
+                    d12.num_heads == 12 && d12.channels == 768 && d12.max_seq_len == 1024 &&
+                    d12.vocab_size == 50257 && d12.padded_vocab_size == 50304,
+                "preset d12: " + d12.describe());
+  check_verbose(llmc::num_parameters(d12) == 124475904,
+                llmc::strformat("d12 has %zu parameters with the padded vocabulary (124475904)",
+                                llmc::num_parameters(d12)));
+  llmc::GPT2Config other;
+  check(!llmc::config_from_preset("d13", &other), "an unknown preset is refused");
+  for (const char* name : {"d24", "d36", "d48", "tiny"}) {
+    check(llmc::config_from_preset(name, &other) && other.channels % other.num_heads == 0,
+          std::string("preset ") + name);
+  }
+  check_throws([] { llmc::make_config(2, 3, 128, 64, 100); },
+               "channels 128 is not divisible by heads 3", "heads must divide channels");
+  check_throws([] { llmc::make_config(0, 4, 128, 64, 100); }, "every value must be positive",
+               "zero layers");
+  check(llmc::pad_vocab(50257) == 50304 && llmc::pad_vocab(128) == 128, "pad_vocab");
+
+  const llmc::GPT2Config tiny = llmc::make_config(2, 4, 64, 16, 300);
+  llmc::ParamSpec table[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(tiny, table);
+  llmc::param_offsets(tiny, offsets);
+  bool contiguous = offsets[0] == 0, decay_on_matrices = true;
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (i > 0) contiguous = contiguous && offsets[i] == offsets[i - 1] + table[i - 1].size;
+    const bool matrix = i == llmc::kWte || i == llmc::kWpe || i == llmc::kQkvw ||
+                        i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw;
+    decay_on_matrices = decay_on_matrices && table[i].decayed == matrix;
+  }
+  check_verbose(
+      contiguous && offsets[15] + table[15].size == llmc::num_parameters(tiny) &&
+          table[llmc::kWte].size == 384u * 64 && decay_on_matrices &&
+          table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
+      "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
+}
+
+void test_bf16() {
+  const float three_quarters_ulp = 1.0f + 3.0f * std::ldexp(1.0f, -9);  // bf16 ulp at 1 is 2^-7
+  check_verbose(
+      llmc::bf16_bits_to_float(llmc::float_to_bf16_bits(1.0f)) == 1.0f &&
+          llmc::float_to_bf16_bits(1.0f + std::ldexp(1.0f, -8)) == 0x3f80 &&         // tie to even
+          llmc::float_to_bf16_bits(1.0f + 3.0f * std::ldexp(1.0f, -8)) == 0x3f82 &&  // tie to even
+          llmc::float_to_bf16_bits(three_quarters_ulp) == 0x3f81 &&
+          std::isnan(llmc::bf16_bits_to_float(llmc::float_to_bf16_bits(NAN))) &&
+          std::isinf(llmc::bf16_bits_to_float(llmc::float_to_bf16_bits(INFINITY))),
+      "bf16 rounding: nearest, ties to even, NaN stays NaN, inf stays inf");
+}
+
+void test_checkpoints() {
+  const llmc::GPT2Config c = llmc::make_config(2, 4, 64, 16, 300);
+  const size_t n = llmc::num_parameters(c);
+  std::vector<float> params(n);
+  for (size_t i = 0; i < n; i++) params[i] = std::sin((float)i) * 0.1f;
+  const std::string fp32 = kDir + "/model.bin", bf16 = kDir + "/model_bf16.bin";
+  llmc::checkpoint_save(fp32, c, params.data(), llmc::kCheckpointVersionFP32);
+  llmc::checkpoint_save(bf16, c, params.data(), llmc::kCheckpointVersionBF16);
+  std::vector<float> back;
+  const llmc::GPT2Config loaded = llmc::checkpoint_load(fp32, &back);
+  check_verbose(loaded == c && back == params, "FP32 checkpoint round trip: " + loaded.describe());
+  std::vector<float> back_bf16;
+  const llmc::GPT2Config loaded_bf16 = llmc::checkpoint_load(bf16, &back_bf16);
+  bool rounded = loaded_bf16 == c && back_bf16.size() == n;
+  for (size_t i = 0; rounded && i < n; i++) {
+    rounded = back_bf16[i] == llmc::bf16_bits_to_float(llmc::float_to_bf16_bits(params[i]));
+  }
+  check_verbose(rounded, "BF16 checkpoint round trip holds the bf16-rounded values");
+  check(!llmc::file_exists(fp32 + ".tmp"), "checkpoint_save leaves no temporary file");
+
+  // Corrupt copies of the FP32 checkpoint, each with one thing wrong.
+  const std::string good_text = llmc::read_text_file(fp32);
+  const std::vector<char> good(good_text.begin(), good_text.end());
+  auto corrupt = [&](const std::string& name, int header_index, int value, long new_size) {
+    std::vector<char> bytes = good;
+    if (header_index >= 0) memcpy(bytes.data() + 4 * header_index, &value, 4);
+    bytes.resize(new_size);
+    const std::string path = kDir + "/" + name;
+    write_bytes(path, bytes.data(), bytes.size());
+    return path;
+  };
+  auto load = [](const std::string& path) {
+    return [path] {
+      std::vector<float> p;
+      llmc::checkpoint_load(path, &p);
+    };
+  };
+  const long size = (long)good.size();
+  std::string p = corrupt("magic.bin", 0, 20240520, size);
+  check_throws(load(p), p + ": not a GPT-2 checkpoint (magic 20240520, expected 20240326)",
+               "checkpoint with a wrong magic");
+  p = corrupt("version.bin", 1, 4, size);
+  check_throws(load(p), p + ": unsupported checkpoint version 4",
+               "checkpoint with a wrong version");
+  p = corrupt("padded.bin", 7, 320, size);
+  check_throws(load(p), p + ": padded vocab size 320 does not match vocab 300 padded",
+               "checkpoint with a wrong padded vocab");
+  p = corrupt("heads.bin", 5, 3, size);
+  check_throws(load(p), "channels 64 is not divisible by heads 3",
+               "checkpoint with an invalid config");
+  p = corrupt("truncated.bin", -1, 0, size - 4);
+  check_throws(load(p),
+               llmc::strformat("%s: checkpoint for %s should be %ld bytes but is %ld (truncated)",
+                               p.c_str(), c.describe().c_str(), size, size - 4),
+               "truncated checkpoint");
+  p = corrupt("trailing.bin", -1, 0, size + 2);
+  check_throws(load(p), "(trailing data)", "checkpoint with trailing bytes");
+  p = corrupt("short_header.bin", -1, 0, 100);
+  check_throws(load(p), p + ": file is truncated: reading the checkpoint header at byte 0",
+               "checkpoint shorter than its header");
+  p = corrupt("bf16_size.bin", 1, llmc::kCheckpointVersionBF16, size);
+  check_throws(load(p), "(trailing data)", "an FP32 body under a BF16 header");
+}
+
+void test_debug_state_header() {
+  const llmc::GPT2Config c = llmc::make_config(2, 4, 64, 16, 300);
+  int h[llmc::kHeaderInts] = {};
+  h[0] = llmc::kDebugStateMagic;
+  h[1] = llmc::kDebugStateVersion;
+  h[2] = 1;
+  h[3] = 4;
+  h[4] = 0;
+  h[5] = 300;
+  auto with = [&](const std::string& name, int index, int value) {
+    int copy[llmc::kHeaderInts];
+    memcpy(copy, h, sizeof(h));
+    copy[index] = value;
+    const std::string path = kDir + "/" + name;
+    write_bytes(path, copy, sizeof(copy));
+    return [path, c] { llmc::debug_state_load(path, c); };
+  };
+  check_throws(with("debug_magic.bin", 0, 1), "not a debug-state file (magic 1, expected 20240327)",
+               "debug state with a wrong magic");
+  check_throws(with("debug_version.bin", 1, 2), "debug-state version 2, expected 3",
+               "debug state with a wrong version");
+  check_throws(with("debug_vocab.bin", 5, 299), "does not fit the model",
+               "debug state for another vocab");
+  check_throws(with("debug_t.bin", 3, 17), "does not fit the model", "debug state with T > maxT");
+  check_throws(with("debug_body.bin", 4, 0), "file is truncated: reading the inputs",
+               "debug state without its body");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    llmc::make_dirs(kDir);
+    test_strformat_and_helpers();
+    test_file();
+    test_glob_and_make_dirs();
+    test_configs();
+    test_bf16();
+    test_checkpoints();
+    test_debug_state_header();
+  } catch (const llmc::Error& e) {
+    check(false, std::string("unexpected error: ") + e.what());
+  }
+  return testing::summary("test_utils");
+}

@@ -1,0 +1,289 @@
+// Token shards and the data loader (SPEC.md "Token shard" and "Data order").
+//
+// A shard is a 256-int32 header [0]=20240520 [1]=1 [2]=token count, then that
+// many uint16 tokens; the file is exactly 1024 + 2*count bytes.
+//
+// DataLoader hands each rank micro batches of B*T int32 inputs and targets
+// (targets are the inputs shifted by one token). With chunk = B*T, a shard of
+// n tokens has num_batches = (n - 1) / (world*chunk) batches; batch b gives
+// rank r the tokens at o = (b*world + r)*chunk. One MT19937 seeded with `seed`
+// (the same on every rank) orders the data: each epoch starts with
+// permutation(num_shards) for the shard order, and each shard, when opened,
+// draws permutation(num_batches) for its batch order (both identity without
+// shuffle). After a shard's last batch the next shard of the epoch's order is
+// opened; after the last shard a new epoch begins.
+//
+// Every shard's header and size are checked when the loader is built, so a
+// bad file fails at start-up; token ids are checked against the vocabulary
+// when a shard is loaded, because that is the only time its tokens are read.
+// Only one shard is held in memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rand.h"
+#include "utils.h"
+
+namespace llmc {
+
+constexpr int kShardMagic = 20240520;
+constexpr int kShardVersion = 1;
+constexpr int kShardHeaderInts = 256;
+constexpr long kShardHeaderBytes = kShardHeaderInts * 4;
+
+// Writes a token shard (used by the data tools and the tests).
+inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  if (tokens.size() > (size_t)INT32_MAX) {
+    LLMC_FAIL("%s: %zu tokens do not fit one shard (at most %d); split them over several shards",
+              path.c_str(), tokens.size(), INT32_MAX);
+  }
+  int32_t header[kShardHeaderInts] = {};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = (int32_t)tokens.size();
+  File f(path, "wb");
+  f.write(header, sizeof(header), "the shard header");
+  if (!tokens.empty()) f.write(tokens.data(), tokens.size() * sizeof(uint16_t), "the tokens");
+  f.close();
+}
+
+// Checks a shard's header against its size and returns its token count.
+inline long read_shard_header(File& f) {
+  const long size = f.size();
+  const char* path = f.path().c_str();
+  if (size == 0) LLMC_FAIL("%s: the file is empty, not a token shard; re-create it", path);
+  if (size < kShardHeaderBytes) {
+    LLMC_FAIL("%s: %ld bytes is shorter than the %ld-byte token shard header; re-create it", path,
+              size, kShardHeaderBytes);
+  }
+  int32_t header[kShardHeaderInts];
+  f.seek(0);
+  f.read(header, sizeof(header), "the shard header");
+  if (header[0] != kShardMagic) {
+    LLMC_FAIL("%s: not a token shard (magic %d, expected %d); point the data flag at .bin "
+              "token shards", path, header[0], kShardMagic);
+  }
+  if (header[1] != kShardVersion) {
+    LLMC_FAIL("%s: unsupported token shard version %d (expected %d: uint16 tokens); re-create "
+              "it with this project's data tools", path, header[1], kShardVersion);
+  }
+  const long count = header[2];
+  const long expected = kShardHeaderBytes + 2 * count;
+  if (count < 0 || size != expected) {
+    LLMC_FAIL("%s: header says %ld tokens, so the file should be %ld bytes, but it is %ld bytes "
+              "(%s); re-create it", path, count, expected, size,
+              size < expected ? "truncated" : "trailing bytes");
+  }
+  return count;
+}
+
+// Reads a whole shard, checking every token against the vocabulary.
+inline void read_token_shard(const std::string& path, int vocab_size,
+                             std::vector<uint16_t>* tokens) {
+  File f(path, "rb");
+  const long count = read_shard_header(f);
+  tokens->resize(count);
+  if (count > 0) f.read(tokens->data(), count * sizeof(uint16_t), "the tokens");
+  for (long i = 0; i < count; i++) {
+    if ((*tokens)[i] >= vocab_size) {
+      LLMC_FAIL("%s: token %d at position %ld is >= vocab size %d; the shard was made with "
+                "another tokenizer, re-create it", path.c_str(), (*tokens)[i], i, vocab_size);
+    }
+  }
+}
+
+// Everything needed to continue a loader exactly where it was: the position
+// and the generator as it was when the current epoch began (restore() replays
+// the epoch's permutations from there, so no shard has to be re-read). The
+// remaining fields describe the data and settings it belongs to, so that a
+// resume with different ones fails instead of silently reading other data.
+// Plain fixed-size data: a checkpoint can store it byte for byte.
+struct DataLoaderState {
+  int64_t epoch;
+  int64_t shard_position;  // index into the epoch's shard order
+  int64_t batch_position;  // batches already taken from that shard
+  int64_t num_shards;
+  int64_t batches_per_epoch;
+  int64_t batch_size;
+  int64_t seq_len;
+  int64_t world;
+  int64_t shuffle;
+  RngState rng_at_epoch_start;
+};
+
+class DataLoader {
+ public:
+  // `flag` names the command-line flag the pattern came from, for error messages.
+  DataLoader(const std::string& pattern, const char* flag, int B, int T, int rank, int world,
+             bool shuffle, uint64_t seed, int vocab_size)
+      : B_(B), T_(T), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed),
+        vocab_size_(vocab_size), rng_(seed) {
+    if (B <= 0 || T <= 0) {
+      LLMC_FAIL("data loader for %s: batch size %d and sequence length %d must be positive", flag,
+                B, T);
+    }
+    if (world <= 0 || rank < 0 || rank >= world) {
+      LLMC_FAIL("data loader for %s: rank %d is not in [0, %d); check the process count", flag,
+                rank, world);
+    }
+    if (vocab_size <= 0) {
+      LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
+    }
+    const long stride = (long)world * chunk();  // tokens one batch index covers over all ranks
+    for (const std::string& path : glob_files(pattern, flag)) {
+      File f(path, "rb");
+      const long count = read_shard_header(f);
+      if (count < stride + 1) {
+        LLMC_FAIL("%s: %ld tokens are too few for one batch: B=%d x T=%d x %d processes needs at "
+                  "least %ld; use smaller batches or a longer shard", path.c_str(), count, B, T,
+                  world, stride + 1);
+      }
+      shards_.push_back({path, count, (count - 1) / stride});
+      total_tokens_ += count;
+      batches_per_epoch_ += (count - 1) / stride;
+    }
+    reset();
+  }
+
+  // Back to the first batch of the first epoch, generator reseeded.
+  void reset() {
+    rng_.seed(seed_);
+    epoch_ = 0;
+    begin_epoch();
+    open_shard(0);
+  }
+
+  // Fills inputs and targets, B*T int32 each.
+  void next_batch(int* inputs, int* targets) {
+    if (batch_position_ == shards_[shard_order_[shard_position_]].num_batches) {
+      if (shard_position_ + 1 == (long)shards_.size()) {
+        epoch_++;
+        begin_epoch();
+        open_shard(0);
+      } else {
+        open_shard(shard_position_ + 1);
+      }
+    }
+    const long b = batch_order_[batch_position_++];
+    const long offset = (b * world_ + rank_) * chunk();
+    const uint16_t* x = tokens_.data() + offset;
+    for (long i = 0; i < chunk(); i++) {
+      inputs[i] = x[i];
+      targets[i] = x[i + 1];
+    }
+  }
+
+  DataLoaderState state() const {
+    DataLoaderState s;
+    s.epoch = epoch_;
+    s.shard_position = shard_position_;
+    s.batch_position = batch_position_;
+    s.num_shards = (int64_t)shards_.size();
+    s.batches_per_epoch = batches_per_epoch_;
+    s.batch_size = B_;
+    s.seq_len = T_;
+    s.world = world_;
+    s.shuffle = shuffle_ ? 1 : 0;
+    s.rng_at_epoch_start = rng_at_epoch_start_;
+    return s;
+  }
+
+  void restore(const DataLoaderState& s) {
+    if (s.num_shards != (int64_t)shards_.size() || s.batches_per_epoch != batches_per_epoch_ ||
+        s.batch_size != B_ || s.seq_len != T_ || s.world != world_ ||
+        s.shuffle != (shuffle_ ? 1 : 0)) {
+      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, %lld "
+                "batches per epoch, B=%lld T=%lld, %lld processes, shuffle %lld, but this run has "
+                "%zu, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
+                (long long)s.num_shards, (long long)s.batches_per_epoch, (long long)s.batch_size,
+                (long long)s.seq_len, (long long)s.world, (long long)s.shuffle, shards_.size(),
+                batches_per_epoch_, B_, T_, world_, shuffle_ ? 1 : 0);
+    }
+    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards) {
+      LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld); "
+                "the checkpoint is damaged", (long long)s.epoch, (long long)s.shard_position,
+                (long long)s.num_shards);
+    }
+    rng_.restore(s.rng_at_epoch_start);
+    epoch_ = (long)s.epoch;
+    begin_epoch();
+    // Replay the batch permutations of the shards already opened this epoch.
+    for (long p = 0; p < (long)s.shard_position; p++) {
+      if (shuffle_) random_permutation(rng_, (int)shards_[shard_order_[p]].num_batches);
+    }
+    open_shard((long)s.shard_position);
+    if (s.batch_position < 0 || s.batch_position > batch_position_limit()) {
+      LLMC_FAIL("cannot resume the data loader: corrupt position (batch %lld of %ld in %s); the "
+                "checkpoint is damaged", (long long)s.batch_position, batch_position_limit(),
+                shards_[shard_order_[shard_position_]].path.c_str());
+    }
+    batch_position_ = (long)s.batch_position;
+  }
+
+  long total_tokens() const { return total_tokens_; }          // in all shards
+  long batches_per_epoch() const { return batches_per_epoch_; }  // next_batch calls per epoch
+  long tokens_per_batch() const { return chunk(); }
+  int num_shards() const { return (int)shards_.size(); }
+  long epoch() const { return epoch_; }
+  const std::string& current_shard() const { return shards_[shard_order_[shard_position_]].path; }
+
+ private:
+  struct Shard {
+    std::string path;
+    long num_tokens;
+    long num_batches;
+  };
+
+  long chunk() const { return (long)B_ * T_; }
+  long batch_position_limit() const { return shards_[shard_order_[shard_position_]].num_batches; }
+
+  void begin_epoch() {
+    rng_at_epoch_start_ = rng_.state();
+    shard_order_ = identity_or_permutation((int)shards_.size());
+  }
+
+  // Opens the shard at `position` of the epoch's order and draws its batch order.
+  void open_shard(long position) {
+    shard_position_ = position;
+    const long index = shard_order_[position];
+    if (index != loaded_shard_) {
+      read_token_shard(shards_[index].path, vocab_size_, &tokens_);
+      if ((long)tokens_.size() != shards_[index].num_tokens) {
+        LLMC_FAIL("%s: the shard changed while training (%ld tokens, was %ld); keep the data "
+                  "fixed during a run", shards_[index].path.c_str(), (long)tokens_.size(),
+                  shards_[index].num_tokens);
+      }
+      loaded_shard_ = index;
+    }
+    batch_order_ = identity_or_permutation((int)shards_[index].num_batches);
+    batch_position_ = 0;
+  }
+
+  std::vector<int> identity_or_permutation(int n) {
+    if (shuffle_) return random_permutation(rng_, n);
+    std::vector<int> order(n);
+    for (int i = 0; i < n; i++) order[i] = i;
+    return order;
+  }
+
+  int B_, T_, rank_, world_;
+  bool shuffle_;
+  uint64_t seed_;
+  int vocab_size_;
+  Rng rng_;
+  RngState rng_at_epoch_start_;
+  std::vector<Shard> shards_;
+  long total_tokens_ = 0;
+  long batches_per_epoch_ = 0;
+  long epoch_ = 0;
+  std::vector<int> shard_order_;
+  long shard_position_ = 0;
+  std::vector<int> batch_order_;
+  long batch_position_ = 0;
+  long loaded_shard_ = -1;
+  std::vector<uint16_t> tokens_;
+};
+
+}  // namespace llmc

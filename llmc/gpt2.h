@@ -1,0 +1,366 @@
+// The GPT-2 model description shared by every program: configuration, presets,
+// the parameter table (one order for sizes, offsets, the checkpoint layout, the
+// CPU trainer, the CUDA trainer and train_gpt2.py), and the headers of the
+// checkpoint and debug-state files.
+//
+// Checkpoint file (llm.c compatible): 256 int32 header
+//   [0] magic 20240326  [1] version (3 = FP32 params, 5 = BF16 params)
+//   [2] max_seq_len  [3] vocab_size  [4] num_layers  [5] num_heads  [6] channels
+//   [7] padded_vocab_size
+// followed by the parameters in table order, wte padded to padded_vocab_size rows.
+//
+// Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
+//   [0] magic 20240327  [1] version 3  [2] B  [3] T  [4] number of AdamW steps
+//   [5] vocab_size  [6..11] float bits of lr, beta1, beta2, eps, weight_decay, grad_clip
+// then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded),
+// loss (float32), every parameter gradient (float32, table order, padded wte),
+// and the losses of the AdamW steps on that batch (float32 each; the first is
+// the loss before any update).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "rand.h"
+#include "utils.h"
+
+namespace llmc {
+
+constexpr int kCheckpointMagic = 20240326;
+constexpr int kCheckpointVersionFP32 = 3;
+constexpr int kCheckpointVersionBF16 = 5;
+constexpr int kDebugStateMagic = 20240327;
+constexpr int kDebugStateVersion = 3;
+constexpr int kHeaderInts = 256;
+constexpr int kVocabPadMultiple = 128;
+
+struct GPT2Config {
+  int max_seq_len = 0;        // maxT
+  int vocab_size = 0;         // V, real tokens
+  int padded_vocab_size = 0;  // Vp, V rounded up to kVocabPadMultiple
+  int num_layers = 0;         // L
+  int num_heads = 0;          // NH
+  int channels = 0;           // C
+
+  bool operator==(const GPT2Config& o) const {
+    return max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
+           padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
+           num_heads == o.num_heads && channels == o.channels;
+  }
+  bool operator!=(const GPT2Config& o) const { return !(*this == o); }
+
+  std::string describe() const {
+    return strformat("L=%d NH=%d C=%d maxT=%d V=%d Vp=%d", num_layers, num_heads, channels,
+                     max_seq_len, vocab_size, padded_vocab_size);
+  }
+};
+
+inline int pad_vocab(int vocab_size) {
+  return (int)round_up((size_t)vocab_size, kVocabPadMultiple);
+}
+
+inline GPT2Config make_config(int num_layers, int num_heads, int channels, int max_seq_len,
+                              int vocab_size) {
+  if (num_layers <= 0 || num_heads <= 0 || channels <= 0 || max_seq_len <= 0 || vocab_size <= 0) {
+    LLMC_FAIL("invalid model config L=%d NH=%d C=%d maxT=%d V=%d: every value must be positive",
+              num_layers, num_heads, channels, max_seq_len, vocab_size);
+  }
+  if (channels % num_heads != 0) {
+    LLMC_FAIL("invalid model config: channels %d is not divisible by heads %d", channels,
+              num_heads);
+  }
+  GPT2Config c;
+  c.num_layers = num_layers;
+  c.num_heads = num_heads;
+  c.channels = channels;
+  c.max_seq_len = max_seq_len;
+  c.vocab_size = vocab_size;
+  c.padded_vocab_size = pad_vocab(vocab_size);
+  return c;
+}
+
+// "d12", "d24", "d36", "d48" are GPT-2 124M/350M/774M/1.5B; "tiny" is a small
+// model for fast tests (head size 32, so it also exercises the non-64 paths).
+inline bool config_from_preset(const std::string& name, GPT2Config* out) {
+  if (name == "d12") { *out = make_config(12, 12, 768, 1024, 50257); return true; }
+  if (name == "d24") { *out = make_config(24, 16, 1024, 1024, 50257); return true; }
+  if (name == "d36") { *out = make_config(36, 20, 1280, 1024, 50257); return true; }
+  if (name == "d48") { *out = make_config(48, 25, 1600, 1024, 50257); return true; }
+  if (name == "tiny") { *out = make_config(2, 4, 128, 64, 50257); return true; }
+  return false;
+}
+
+// ----------------------------------------------------------------------------
+// Parameter table
+
+constexpr int kNumParamTensors = 16;
+
+enum ParamIndex {
+  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+};
+
+struct ParamSpec {
+  const char* name;
+  size_t size;      // elements
+  bool per_layer;   // stacked over layers: size = L * layer_size
+  bool decayed;     // weight decay applies (2-D matrices only)
+  bool residual_projection;  // init std scaled by 1/sqrt(2L)
+};
+
+// Shapes follow PyTorch: linear weights are [out, in].
+inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) {
+  const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
+  ParamSpec t[kNumParamTensors] = {
+      {"wte", Vp * C, false, true, false},
+      {"wpe", T * C, false, true, false},
+      {"ln1w", L * C, true, false, false},
+      {"ln1b", L * C, true, false, false},
+      {"qkvw", L * 3 * C * C, true, true, false},
+      {"qkvb", L * 3 * C, true, false, false},
+      {"attprojw", L * C * C, true, true, true},
+      {"attprojb", L * C, true, false, false},
+      {"ln2w", L * C, true, false, false},
+      {"ln2b", L * C, true, false, false},
+      {"fcw", L * 4 * C * C, true, true, false},
+      {"fcb", L * 4 * C, true, false, false},
+      {"fcprojw", L * C * 4 * C, true, true, true},
+      {"fcprojb", L * C, true, false, false},
+      {"lnfw", C, false, false, false},
+      {"lnfb", C, false, false, false},
+  };
+  for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
+}
+
+inline size_t num_parameters(const GPT2Config& c) {
+  ParamSpec t[kNumParamTensors];
+  param_table(c, t);
+  size_t n = 0;
+  for (int i = 0; i < kNumParamTensors; i++) n += t[i].size;
+  return n;
+}
+
+// Offsets of each tensor in the flat parameter buffer (elements).
+inline void param_offsets(const GPT2Config& c, size_t offsets[kNumParamTensors]) {
+  ParamSpec t[kNumParamTensors];
+  param_table(c, t);
+  size_t o = 0;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    offsets[i] = o;
+    o += t[i].size;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// File headers
+
+inline GPT2Config config_from_header(const int* h, const std::string& path) {
+  if (h[0] != kCheckpointMagic) {
+    LLMC_FAIL("%s: not a GPT-2 checkpoint (magic %d, expected %d)", path.c_str(), h[0],
+              kCheckpointMagic);
+  }
+  if (h[1] != kCheckpointVersionFP32 && h[1] != kCheckpointVersionBF16) {
+    LLMC_FAIL("%s: unsupported checkpoint version %d (expected %d for FP32 or %d for BF16)",
+              path.c_str(), h[1], kCheckpointVersionFP32, kCheckpointVersionBF16);
+  }
+  GPT2Config c = make_config(h[4], h[5], h[6], h[2], h[3]);
+  if (h[7] != c.padded_vocab_size) {
+    LLMC_FAIL("%s: padded vocab size %d does not match vocab %d padded to a multiple of %d (%d)",
+              path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
+  }
+  return c;
+}
+
+inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderInts]) {
+  memset(h, 0, kHeaderInts * sizeof(int));
+  h[0] = kCheckpointMagic;
+  h[1] = version;
+  h[2] = c.max_seq_len;
+  h[3] = c.vocab_size;
+  h[4] = c.num_layers;
+  h[5] = c.num_heads;
+  h[6] = c.channels;
+  h[7] = c.padded_vocab_size;
+}
+
+// Reads the header of a checkpoint and checks that the file holds exactly the
+// parameters it describes. Leaves the file positioned at the first parameter.
+inline GPT2Config checkpoint_read_header(File& f, int* version) {
+  int h[kHeaderInts];
+  f.read(h, sizeof(h), "the checkpoint header");
+  GPT2Config c = config_from_header(h, f.path());
+  *version = h[1];
+  size_t elem = (*version == kCheckpointVersionFP32) ? 4 : 2;
+  long expected = (long)(sizeof(h) + num_parameters(c) * elem);
+  long actual = f.size();
+  if (actual != expected) {
+    LLMC_FAIL("%s: checkpoint for %s should be %ld bytes but is %ld (%s); re-create it",
+              f.path().c_str(), c.describe().c_str(), expected, actual,
+              actual < expected ? "truncated" : "trailing data");
+  }
+  return c;
+}
+
+// ----------------------------------------------------------------------------
+// BF16 on the host (checkpoint conversion): round to nearest even, NaN kept NaN.
+
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+inline float bf16_bits_to_float(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// Loads a checkpoint of either precision into FP32 values.
+inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* params) {
+  File f(path, "rb");
+  int version = 0;
+  GPT2Config c = checkpoint_read_header(f, &version);
+  size_t n = num_parameters(c);
+  params->resize(n);
+  if (version == kCheckpointVersionFP32) {
+    f.read(params->data(), n * sizeof(float), "the FP32 parameters");
+  } else {
+    std::vector<uint16_t> bits(n);
+    f.read(bits.data(), n * sizeof(uint16_t), "the BF16 parameters");
+    for (size_t i = 0; i < n; i++) (*params)[i] = bf16_bits_to_float(bits[i]);
+  }
+  return c;
+}
+
+// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even).
+// The file is written under a temporary name and renamed, so an interrupted write never leaves a
+// truncated checkpoint under the final name.
+inline void checkpoint_save(const std::string& path, const GPT2Config& c, const float* params,
+                            int version) {
+  int h[kHeaderInts];
+  header_from_config(c, version, h);
+  std::string tmp = path + ".tmp";
+  {
+    File f(tmp, "wb");
+    f.write(h, sizeof(h), "the checkpoint header");
+    size_t n = num_parameters(c);
+    if (version == kCheckpointVersionFP32) {
+      f.write(params, n * sizeof(float), "the FP32 parameters");
+    } else {
+      std::vector<uint16_t> bits(n);
+      for (size_t i = 0; i < n; i++) bits[i] = float_to_bf16_bits(params[i]);
+      f.write(bits.data(), n * sizeof(uint16_t), "the BF16 parameters");
+    }
+    f.close(/*sync=*/true);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Debug state (see the top of this file): one batch and PyTorch's answers for it.
+
+struct DebugState {
+  int B = 0, T = 0, steps = 0, vocab_size = 0;
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_clip = 0;
+  std::vector<int> inputs, targets;
+  std::vector<float> logits;  // B*T*vocab_size
+  float loss = 0;
+  std::vector<float> grads;   // num_parameters(config), table order
+  std::vector<float> losses;  // steps
+};
+
+inline float float_from_bits(int bits) {
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline DebugState debug_state_load(const std::string& path, const GPT2Config& c) {
+  File f(path, "rb");
+  int h[kHeaderInts];
+  f.read(h, sizeof(h), "the debug-state header");
+  if (h[0] != kDebugStateMagic) {
+    LLMC_FAIL("%s: not a debug-state file (magic %d, expected %d)", path.c_str(), h[0],
+              kDebugStateMagic);
+  }
+  if (h[1] != kDebugStateVersion) {
+    LLMC_FAIL("%s: debug-state version %d, expected %d: re-create it with train_gpt2.py",
+              path.c_str(), h[1], kDebugStateVersion);
+  }
+  DebugState d;
+  d.B = h[2];
+  d.T = h[3];
+  d.steps = h[4];
+  d.vocab_size = h[5];
+  d.lr = float_from_bits(h[6]);
+  d.beta1 = float_from_bits(h[7]);
+  d.beta2 = float_from_bits(h[8]);
+  d.eps = float_from_bits(h[9]);
+  d.weight_decay = float_from_bits(h[10]);
+  d.grad_clip = float_from_bits(h[11]);
+  if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
+    LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),
+              d.B, d.T, d.steps, d.vocab_size, c.describe().c_str());
+  }
+  size_t BT = (size_t)d.B * d.T;
+  d.inputs.resize(BT);
+  d.targets.resize(BT);
+  d.logits.resize(BT * d.vocab_size);
+  d.grads.resize(num_parameters(c));
+  d.losses.resize(d.steps);
+  f.read(d.inputs.data(), BT * sizeof(int), "the inputs");
+  f.read(d.targets.data(), BT * sizeof(int), "the targets");
+  f.read(d.logits.data(), d.logits.size() * sizeof(float), "the logits");
+  f.read(&d.loss, sizeof(float), "the loss");
+  f.read(d.grads.data(), d.grads.size() * sizeof(float), "the gradients");
+  f.read(d.losses.data(), d.losses.size() * sizeof(float), "the step losses");
+  if (f.size() != (long)(sizeof(h) + (2 * BT + d.logits.size() + 1 + d.grads.size() + d.steps) * 4)) {
+    LLMC_FAIL("%s: trailing data after the step losses: the file does not match its header",
+              path.c_str());
+  }
+  return d;
+}
+
+// ----------------------------------------------------------------------------
+// Initialisation from a seed (SPEC.md): the same values train_gpt2.py draws after
+// torch.manual_seed(seed), in the same order.
+
+inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed) {
+  ParamSpec table[kNumParamTensors];
+  size_t offsets[kNumParamTensors];
+  param_table(c, table);
+  param_offsets(c, offsets);
+  std::vector<float> params(num_parameters(c), 0.0f);
+  const size_t L = c.num_layers, C = c.channels;
+  for (int layer = 0; layer < c.num_layers; layer++) {
+    for (int i : {kLn1w, kLn2w}) {
+      std::fill_n(params.begin() + offsets[i] + layer * C, C, 1.0f);
+    }
+  }
+  std::fill_n(params.begin() + offsets[kLnfw], C, 1.0f);
+  Rng rng(seed);
+  const double std_base = 0.02, std_residual = 0.02 / std::sqrt(2.0 * L);
+  rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, std_base);
+  std::fill(params.begin() + offsets[kWte] + (size_t)c.vocab_size * C,
+            params.begin() + offsets[kWte] + table[kWte].size, 0.0f);
+  rng.normal(params.data() + offsets[kWpe], table[kWpe].size, 0.0, std_base);
+  for (size_t layer = 0; layer < L; layer++) {
+    for (int i : {kQkvw, kAttprojw, kFcw, kFcprojw}) {
+      const size_t per_layer = table[i].size / L;
+      rng.normal(params.data() + offsets[i] + layer * per_layer, per_layer, 0.0,
+                 table[i].residual_projection ? std_residual : std_base);
+    }
+  }
+  return params;
+}
+
+}  // namespace llmc

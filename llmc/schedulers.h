@@ -1,0 +1,96 @@
+// Learning-rate schedules, the same formulas as train_gpt2.py's learning_rate()
+// and evaluated in double in the same order, so both give identical values.
+//
+// For step s (0-based) of N total steps, warmup W, peak lr and
+// min_lr = lr * final_lr_frac:
+//   s < W:      lr * (s + 1) / W                                  (every schedule)
+//   otherwise, with f = (s - S) / (N - S) clamped to [0, 1] (f = 0 when N <= S;
+//   train_gpt2.py clamps only at 0, which gives the same value for every step
+//   s < N of the run):
+//     cosine:   min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * f)),  S = W
+//     linear:   lr - (lr - min_lr) * f,                            S = W
+//     wsd:      lr - (lr - min_lr) * f,                            S = max(W, N - N/5)
+//               (warmup, then stable at lr, then a linear decay over the last
+//               fifth of the run; N/5 is integer division)
+//     constant: lr
+// No schedule reaches min_lr inside the run: its last step s = N - 1 has f < 1.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "utils.h"
+
+namespace llmc {
+
+enum class LrScheduleKind { kCosine, kLinear, kConstant, kWsd };
+
+inline const char* lr_schedule_name(LrScheduleKind kind) {
+  switch (kind) {
+    case LrScheduleKind::kCosine: return "cosine";
+    case LrScheduleKind::kLinear: return "linear";
+    case LrScheduleKind::kConstant: return "constant";
+    case LrScheduleKind::kWsd: return "wsd";
+  }
+  return "unknown";
+}
+
+// `flag` names the command-line flag the name came from, for the error message.
+inline LrScheduleKind parse_lr_schedule(const std::string& name, const char* flag) {
+  for (LrScheduleKind kind : {LrScheduleKind::kCosine, LrScheduleKind::kLinear,
+                              LrScheduleKind::kConstant, LrScheduleKind::kWsd}) {
+    if (name == lr_schedule_name(kind)) return kind;
+  }
+  LLMC_FAIL("unknown learning-rate schedule '%s' for %s: use one of cosine, linear, constant, wsd",
+            name.c_str(), flag);
+}
+
+struct LrSchedule {
+  static constexpr double kPi = 3.14159265358979323846;  // Python's math.pi
+
+  LrScheduleKind kind = LrScheduleKind::kCosine;
+  double learning_rate = 0.0;  // peak
+  long warmup_steps = 0;
+  long total_steps = 0;
+  double final_lr_frac = 0.0;
+
+  double at(long step) const {
+    const double lr = learning_rate;
+    if (step < warmup_steps) return lr * (double)(step + 1) / (double)warmup_steps;
+    if (kind == LrScheduleKind::kConstant) return lr;
+    const double min_lr = lr * final_lr_frac;
+    const long start = kind == LrScheduleKind::kWsd
+                           ? std::max(warmup_steps, total_steps - total_steps / 5)
+                           : warmup_steps;
+    const double f =
+        total_steps > start
+            ? std::min(1.0, std::max(0.0, (double)(step - start) / (double)(total_steps - start)))
+            : 0.0;
+    if (kind == LrScheduleKind::kCosine) {
+      return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(kPi * f));
+    }
+    return lr - (lr - min_lr) * f;
+  }
+};
+
+// Checks the settings; each flag name is used in the message for its value.
+inline LrSchedule make_lr_schedule(const std::string& name, const char* name_flag,
+                                   double learning_rate, long warmup_steps, long total_steps,
+                                   double final_lr_frac) {
+  LrSchedule s;
+  s.kind = parse_lr_schedule(name, name_flag);
+  if (!(learning_rate >= 0.0)) LLMC_FAIL("learning rate %g must be >= 0", learning_rate);
+  if (warmup_steps < 0) LLMC_FAIL("warmup steps %ld must be >= 0", warmup_steps);
+  if (total_steps <= 0) LLMC_FAIL("total steps %ld must be positive", total_steps);
+  if (!(final_lr_frac >= 0.0 && final_lr_frac <= 1.0)) {
+    LLMC_FAIL("final learning-rate fraction %g must be within [0, 1]", final_lr_frac);
+  }
+  s.learning_rate = learning_rate;
+  s.warmup_steps = warmup_steps;
+  s.total_steps = total_steps;
+  s.final_lr_frac = final_lr_frac;
+  return s;
+}
+
+}  // namespace llmc

@@ -1,0 +1,202 @@
+// Host-side helpers shared by every program: errors that name the file and the
+// problem, checked file I/O, and small filesystem utilities.
+//
+// Errors are thrown as llmc::Error (one line, already naming the file and the
+// fix where there is one); each main catches it, prints "error: <message>" and
+// exits non-zero. Throwing instead of exiting lets the unit tests check the
+// messages in-process.
+#pragma once
+
+#include <cerrno>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <glob.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+namespace llmc {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// printf-style formatting into a std::string.
+inline std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string strformat(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  va_list copy;
+  va_copy(copy, args);
+  int n = vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  std::string out(n > 0 ? n : 0, '\0');
+  if (n > 0) vsnprintf(&out[0], n + 1, fmt, args);
+  va_end(args);
+  return out;
+}
+
+[[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
+
+#define LLMC_FAIL(...) ::llmc::fail(::llmc::strformat(__VA_ARGS__))
+
+// A FILE* that knows its path and turns every failure into an Error naming the
+// path, what was being read or written, and the byte offset.
+class File {
+ public:
+  File(const std::string& path, const char* mode) : path_(path), mode_(mode) {
+    f_ = fopen(path.c_str(), mode);
+    if (!f_) {
+      const bool writing = strchr(mode, 'w') || strchr(mode, 'a');
+      LLMC_FAIL("cannot open %s for %s: %s", path.c_str(), writing ? "writing" : "reading",
+                strerror(errno));
+    }
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (f_) fclose(f_);
+  }
+
+  const std::string& path() const { return path_; }
+  FILE* handle() { return f_; }
+
+  // Reads exactly `bytes` bytes or fails, naming what was being read.
+  void read(void* dst, size_t bytes, const char* what) {
+    long offset = ftell(f_);
+    size_t got = fread(dst, 1, bytes, f_);
+    if (got != bytes) {
+      if (ferror(f_)) {
+        LLMC_FAIL("%s: read error while reading %s at byte %ld: %s", path_.c_str(), what, offset,
+                  strerror(errno));
+      }
+      LLMC_FAIL("%s: file is truncated: reading %s at byte %ld needs %zu bytes, only %zu remain",
+                path_.c_str(), what, offset, bytes, got);
+    }
+  }
+
+  void write(const void* src, size_t bytes, const char* what) {
+    size_t put = fwrite(src, 1, bytes, f_);
+    if (put != bytes) {
+      LLMC_FAIL("%s: writing %s failed after %zu of %zu bytes: %s (is the disk full?)",
+                path_.c_str(), what, put, bytes, strerror(errno));
+    }
+  }
+
+  void seek(long offset) {
+    if (fseek(f_, offset, SEEK_SET) != 0) {
+      LLMC_FAIL("%s: cannot seek to byte %ld: %s", path_.c_str(), offset, strerror(errno));
+    }
+  }
+
+  // Size in bytes; leaves the position where it was.
+  long size() {
+    long here = ftell(f_);
+    if (fseek(f_, 0, SEEK_END) != 0) {
+      LLMC_FAIL("%s: cannot determine the file size: %s", path_.c_str(), strerror(errno));
+    }
+    long end = ftell(f_);
+    seek(here);
+    return end;
+  }
+
+  // Flushes to the OS and, with sync, to the disk; reports failures that only
+  // surface at close (a full disk often shows up here, not in fwrite).
+  void close(bool sync = false) {
+    if (!f_) return;
+    bool ok = fflush(f_) == 0;
+    if (ok && sync) ok = fsync(fileno(f_)) == 0;
+    int saved_errno = errno;
+    ok = (fclose(f_) == 0) && ok;
+    f_ = nullptr;
+    if (!ok) {
+      LLMC_FAIL("%s: closing the file failed: %s (is the disk full?)", path_.c_str(),
+                strerror(saved_errno ? saved_errno : errno));
+    }
+  }
+
+ private:
+  std::string path_;
+  std::string mode_;
+  FILE* f_ = nullptr;
+};
+
+inline std::string read_text_file(const std::string& path) {
+  File f(path, "rb");
+  long n = f.size();
+  std::string text(n, '\0');
+  if (n > 0) f.read(&text[0], n, "the text");
+  return text;
+}
+
+inline bool file_exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// Expands a shell glob pattern, sorted; fails with a message naming the
+// pattern when nothing matches.
+inline std::vector<std::string> glob_files(const std::string& pattern, const char* flag) {
+  glob_t result;
+  std::vector<std::string> paths;
+  int rc = glob(pattern.c_str(), 0, nullptr, &result);
+  if (rc == 0) {
+    for (size_t i = 0; i < result.gl_pathc; i++) paths.emplace_back(result.gl_pathv[i]);
+  }
+  globfree(&result);
+  if (paths.empty()) {
+    LLMC_FAIL("no files match %s '%s': check the path, or prepare the data first "
+              "(see README.md)", flag, pattern.c_str());
+  }
+  return paths;
+}
+
+// mkdir -p; fails with the path and reason.
+inline void make_dirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); i++) {
+    if (i == path.size() || path[i] == '/') {
+      partial = path.substr(0, i);
+      if (!partial.empty() && mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        LLMC_FAIL("cannot create directory %s: %s", partial.c_str(), strerror(errno));
+      }
+    }
+  }
+}
+
+inline void* malloc_checked(size_t bytes, const char* what) {
+  void* p = malloc(bytes);
+  if (!p && bytes > 0) LLMC_FAIL("out of host memory allocating %zu bytes for %s", bytes, what);
+  return p;
+}
+
+// Rounds a up to a multiple of b.
+inline size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
+
+// A program's main: runs body and turns any error into one line "error: <message>" on stderr
+// and exit status 1.
+inline int run_main(int (*body)(int, char**), int argc, char** argv) {
+  try {
+    return body(argc, argv);
+  } catch (const std::bad_alloc&) {
+    fflush(stdout);
+    fprintf(stderr, "error: out of host memory: use a smaller model (-e), micro batch (-b) or "
+                    "sequence length (-t)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fflush(stdout);
+    fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace llmc

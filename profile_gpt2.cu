@@ -1,0 +1,72 @@
+// One full training step of GPT-2 inside NVTX ranges, for nsys and ncu:
+//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset]
+//   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
+// Random tokens, a model initialised from a seed; prints the time of each phase.
+#define TESTING
+#include "train_gpt2.cu"
+
+int profile_main(int argc, char** argv) {
+  int B = 8, T = 1024, layers = -1;
+  std::string preset = "d12";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "-b") B = atoi(argv[i + 1]);
+    else if (flag == "-t") T = atoi(argv[i + 1]);
+    else if (flag == "-l") layers = atoi(argv[i + 1]);
+    else if (flag == "-e") preset = argv[i + 1];
+    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset", flag.c_str());
+  }
+  if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
+  llmc::GPT2Config config;
+  REQUIRE(llmc::config_from_preset(preset, &config), "-e %s: not a preset (d12 d24 d36 d48 tiny)",
+          preset.c_str());
+  if (layers > 0) config.num_layers = layers;
+  REQUIRE(B > 0 && T > 0 && T <= config.max_seq_len, "need B > 0 and 0 < T <= %d", config.max_seq_len);
+
+  matmul_setup(true);
+  GPT2 m;
+  cudaCheck(cudaStreamCreate(&m.stream));
+  gpt2_init(m, config, llmc::init_params_from_seed(config, 42), true, 42);
+  gpt2_allocate(m, B, T, 0);
+  llmc::Rng rng(1234);
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  for (size_t i = 0; i < inputs.size(); i++) {
+    inputs[i] = rng.u32() % config.vocab_size;
+    targets[i] = rng.u32() % config.vocab_size;
+  }
+  cudaEvent_t events[5];
+  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
+  // One warm-up step so that library setup stays out of the profiled one.
+  for (int step = 0; step < 2; step++) {
+    nvtxRangePush(step == 0 ? "warmup" : "step");
+    cudaCheck(cudaEventRecord(events[0], m.stream));
+    gpt2_zero_grad(m);
+    gpt2_forward(m, inputs.data(), B, T);
+    cudaCheck(cudaEventRecord(events[1], m.stream));
+    gpt2_classifier(m, targets.data(), B, T, 1.0f / (B * T));
+    cudaCheck(cudaEventRecord(events[2], m.stream));
+    gpt2_backward(m, B, T, true);
+    cudaCheck(cudaEventRecord(events[3], m.stream));
+    const float norm = gpt2_grad_norm(m);
+    gpt2_update(m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, norm);
+    cudaCheck(cudaEventRecord(events[4], m.stream));
+    cudaCheck(cudaEventSynchronize(events[4]));
+    nvtxRangePop();
+  }
+  const char* names[4] = {"forward", "classifier", "backward", "norm + update"};
+  float total = 0.0f;
+  printf("%s, %s B=%d T=%d:\n", PRECISION_NAME, config.describe().c_str(), B, T);
+  for (int i = 0; i < 4; i++) {
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+    total += ms;
+    printf("  %-14s %9.2f ms\n", names[i], ms);
+  }
+  printf("  %-14s %9.2f ms, %.0f tok/s\n", "step", total, B * T / (total / 1e3));
+  for (cudaEvent_t& e : events) cudaCheck(cudaEventDestroy(e));
+  gpt2_free(m);
+  matmul_teardown();
+  return 0;
+}
+
+int main(int argc, char** argv) { return llmc::run_main(profile_main, argc, argv); }

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs what building and testing need on Debian/Ubuntu: a C++ compiler, OpenMPI, PyTorch (CPU,
+# for the reference tensors), numpy, and node/npm (for the independent tokenizer reference).
+# The CUDA toolkit (nvcc, cuBLAS, NCCL) is expected under /usr/local/cuda or on the PATH.
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  build-essential curl ca-certificates python3 python3-numpy python3-torch libopenblas0-pthread python3-matplotlib \
+  libopenmpi-dev openmpi-bin nodejs npm >/dev/null
+echo "dependencies installed"

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Runs every test of the project (called by `make test` after the builds) and ends with the line
+# "N passed, N failed". Each test's output goes to the terminal and to build/test_logs/NAME.log.
+#
+# Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
+# the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
+# downloaded), GPU=0 to skip the GPU tests on a GPU machine.
+# `scripts/run_tests.sh --gpu-only` runs only the GPU tests, with binaries already built.
+set -u
+cd "$(dirname "$0")/.."
+GPU_ONLY=0
+[ "${1:-}" = --gpu-only ] && GPU_ONLY=1
+
+PYTHON=${PYTHON:-python3}
+if [ -z "${TINYSHAKESPEARE:-}" ] && [ -f dev/data/tinyshakespeare/input.txt ]; then
+  TINYSHAKESPEARE=dev/data/tinyshakespeare/input.txt
+fi
+export TINYSHAKESPEARE=${TINYSHAKESPEARE:-}
+REF=build/ref
+LOGS=build/test_logs
+mkdir -p "$REF" "$LOGS"
+
+passed=0
+failed=0
+failures=()
+
+run() {
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  local start=$SECONDS
+  "$@" > >(tee "$LOGS/$name.log") 2>&1
+  local status=$?
+  wait
+  if [ $status -eq 0 ]; then
+    echo "--- PASS $name ($((SECONDS - start)) s)"
+    passed=$((passed + 1))
+  else
+    echo "--- FAIL $name (exit $status, $((SECONDS - start)) s; log in $LOGS/$name.log)"
+    failed=$((failed + 1))
+    failures+=("$name")
+  fi
+}
+
+have_torch() { "$PYTHON" -c 'import torch' 2>/dev/null; }
+
+cpu_tests() {
+# --- CPU: unit tests of llmc/ and the data tools
+for t in build/test_*; do
+  case "$t" in
+    *_fp32|*.log) continue ;;
+  esac
+  [ -f "dev/test/$(basename "$t").cpp" ] || continue
+  if [ "$(basename "$t")" = test_rand ] && have_torch; then
+    "$PYTHON" dev/test/rand_reference.py "$REF/rand_reference.bin" >/dev/null && export RAND_REFERENCE="$REF/rand_reference.bin"
+  fi
+  run "$(basename "$t")" "$t"
+done
+for s in dev/test/test_*.sh; do
+  [ -f "$s" ] && run "$(basename "$s" .sh)" bash "$s"
+done
+run tokenizer_reference bash dev/test/tokenizer_reference.sh
+
+# --- CPU: the reference trainer against PyTorch
+if have_torch; then
+  run reference_tiny "$PYTHON" train_gpt2.py --model tiny --write_debug_state "$REF" \
+    --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+  run reference_d12 "$PYTHON" train_gpt2.py --model d12 --write_debug_state "$REF" \
+    --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+else
+  echo "=== no python with torch ($PYTHON): install python3-torch (apt-get install python3-torch) to make the reference tensors"
+  failed=$((failed + 1))
+  failures+=("reference (torch missing)")
+fi
+run test_gpt2_tiny ./test_gpt2 "$REF/gpt2_tiny.bin" "$REF/gpt2_tiny_debug_state.bin" --init-seed 42 \
+    --bf16 "$REF/gpt2_tiny_bf16.bin"
+run test_gpt2_d12 ./test_gpt2 "$REF/gpt2_d12.bin" "$REF/gpt2_d12_debug_state.bin"
+
+}
+
+# Two runs of a trainer command must print the same loss lines and parameter checksum.
+same_losses() {
+  local a=$1 b=$2
+  # -a: samples may hold bytes that make grep treat the log as binary
+  grep -aE "^step .*loss|checksum" "$a" | sed 's/ | [0-9.]* ms .*//' > "$a.losses"
+  grep -aE "^step .*loss|checksum" "$b" | sed 's/ | [0-9.]* ms .*//' > "$b.losses"
+  [ -s "$a.losses" ] && diff "$a.losses" "$b.losses" && echo "identical: $(wc -l < "$a.losses") lines"
+}
+
+# The validation loss at the last evaluation is below the first one by at least $2.
+val_loss_falls() {
+  awk -v margin="$2" '/val loss/ {v[n++] = $NF} END {
+    if (n < 2) { print "fewer than two validation losses"; exit 1 }
+    printf "val loss %.4f -> %.4f\n", v[0], v[n-1]; exit !(v[n-1] < v[0] - margin) }' "$1"
+}
+
+gpu_tests() {
+  local data=dev/data/tinyshakespeare
+  if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
+    if [ -n "$TINYSHAKESPEARE" ]; then
+      run prepare_tinyshakespeare bash dev/data/tinyshakespeare.sh --input "$TINYSHAKESPEARE"
+    else
+      run prepare_tinyshakespeare bash dev/data/tinyshakespeare.sh
+    fi
+  fi
+  # PyTorch references beyond the CPU ones: the d48 width with a sequence length that is not a
+  # power of two, and a full 1024-token sequence.
+  local device=cpu
+  "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
+  for spec in "tiny:--model tiny --batch_size 4 --seq_len 64" \
+              "d12:--model d12 --batch_size 4 --seq_len 64" \
+              "wide:--num_layers 2 --num_heads 25 --channels 1600 --max_seq_len 1024 --batch_size 1 --seq_len 1000" \
+              "d12_t1024:--model d12 --batch_size 1 --seq_len 1024"; do
+    local name=${spec%%:*} args=${spec#*:}
+    local dir="$REF/gpu_$name"
+    if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
+      run "reference_$name" "$PYTHON" train_gpt2.py $args --write_debug_state "$dir" \
+        --debug_steps 10 --seed 42 --device $device
+    fi
+    local state=$(ls "$dir"/gpt2_*_debug_state.bin 2>/dev/null | head -n1)
+    local model=${state%_debug_state.bin}.bin
+    run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
+    run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
+  done
+  for t in build/test_*; do
+    case "$t" in *.losses) continue ;; esac
+    local base=$(basename "$t")
+    [ -f "dev/cuda/${base%_fp32}.cu" ] && run "$base" "$t"
+  done
+  # Gradient accumulation: two micro steps of the same batch equal one (FP32, TF32 off).
+  local common="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
+  run accumulate_1 ./train_gpt2fp32cu $common -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0
+  run accumulate_2 ./train_gpt2fp32cu $common -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0 -z 512
+  run accumulate_same_losses same_losses "$LOGS/accumulate_1.log" "$LOGS/accumulate_2.log"
+  # Determinism: the same seed and configuration give bitwise-identical losses and parameters.
+  for i in 1 2; do
+    run "determinism_$i" ./train_gpt2cu $common -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
+  done
+  run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
+  # Training from random initialisation learns: the validation loss falls, samples are printed.
+  run train_d12 ./train_gpt2cu $common -e d12 -b 16 -t 256 -x 150 -v 50 -m 8 -s 150 -g 48 -l 6e-4 -u 20
+  run train_d12_val_loss_falls val_loss_falls "$LOGS/train_d12.log" 2.0
+}
+
+[ $GPU_ONLY = 0 ] && cpu_tests
+# --- GPU tests, when a GPU is present
+if [ "${GPU:-1}" != 0 ] && nvidia-smi -L >/dev/null 2>&1; then
+  gpu_tests
+else
+  echo "=== no GPU visible: the CUDA targets were built, the GPU tests are not run"
+fi
+
+echo
+[ ${#failures[@]} -gt 0 ] && echo "failed: ${failures[*]}"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,1824 @@
+// GPT-2 training in one CUDA file: every forward and backward kernel, the model, AdamW,
+// gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu,
+// profile_gpt2.cu and the kernel tests in dev/cuda/ #define TESTING and #include this file.
+//
+// Contents
+//   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
+//   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
+//   3. Encoder                    token + position embedding, bucketed deterministic backward
+//   4. LayerNorm                  forward, fused residual + forward, fused backward
+//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient
+//   6. Attention                  causal multi-head attention through batched GEMMs
+//   7. GELU                       tanh approximation, forward and backward
+//   8. Classifier                 fused softmax + cross-entropy + dlogits
+//   9. Norms and optimizer        global gradient norm, AdamW with stochastic rounding
+//  10. Model                      parameter and activation tables, forward, backward, update
+//  11. Multi-GPU                  NCCL data parallel, launched by MPI or by hand
+//  12. Command line and main      (#ifndef TESTING)
+//
+// Determinism: no kernel uses atomics or a launch shape derived from the GPU's SM count for a
+// reduction, so the same seed and configuration give bitwise-identical results on any GPU of
+// the same architecture and library versions.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+#include <omp.h>
+
+#include "llmc/dataloader.h"
+#include "llmc/gpt2.h"
+#include "llmc/logger.h"
+#include "llmc/rand.h"
+#include "llmc/schedulers.h"
+#include "llmc/tokenizer.h"
+#include "llmc/utils.h"
+
+// ============================================================================
+// 1. Utilities and precision
+// ============================================================================
+
+#if defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "FP32"
+constexpr cudaDataType_t kCudaFloatX = CUDA_R_32F;
+constexpr int kCheckpointVersionFloatX = llmc::kCheckpointVersionFP32;
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "BF16"
+constexpr cudaDataType_t kCudaFloatX = CUDA_R_16BF;
+constexpr int kCheckpointVersionFloatX = llmc::kCheckpointVersionBF16;
+#endif
+
+constexpr int WARP_SIZE = 32;
+
+inline void cuda_check(cudaError_t error, const char* file, int line) {
+  if (error != cudaSuccess) {
+    LLMC_FAIL("CUDA error at %s:%d: %s", file, line, cudaGetErrorString(error));
+  }
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+// After every kernel launch: catches bad launch configurations at the launch site.
+#define cudaCheckLaunch() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    LLMC_FAIL("cuBLAS error %d at %s:%d", (int)status, file, line);
+  }
+}
+#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
+
+#define REQUIRE(cond, ...) \
+  do {                     \
+    if (!(cond)) LLMC_FAIL(__VA_ARGS__); \
+  } while (0)
+
+// Device allocations go through here so that running out of memory says how much was asked
+// for, how much is free, and what to change.
+template <class T>
+T* device_alloc(size_t count, const char* what) {
+  void* p = nullptr;
+  size_t bytes = count * sizeof(T);
+  cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    LLMC_FAIL("not enough GPU memory for %s: needs %.1f MiB, %.1f MiB free of %.1f MiB; "
+              "reduce the micro batch (-b) or sequence length (-t), or recompute more (-r 1)",
+              what, bytes / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0);
+  }
+  cudaCheck(err);
+  return (T*)p;
+}
+
+__host__ __device__ inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
+
+// 16 bytes of T, loaded and stored with one instruction.
+template <class T>
+struct alignas(16) Packed128 {
+  static constexpr int size = 16 / sizeof(T);
+  T payload[size];
+  __device__ T& operator[](int i) { return payload[i]; }
+  __device__ const T& operator[](int i) const { return payload[i]; }
+};
+typedef Packed128<floatX> x128;
+typedef Packed128<float> f128;
+
+template <class T>
+__device__ __forceinline__ Packed128<T> load128(const T* p) {
+  return *reinterpret_cast<const Packed128<T>*>(p);
+}
+// Streaming load for data read exactly once (keeps it from evicting reused data).
+template <class T>
+__device__ __forceinline__ Packed128<T> load128cs(const T* p) {
+  Packed128<T> out;
+  *reinterpret_cast<int4*>(&out) = __ldcs(reinterpret_cast<const int4*>(p));
+  return out;
+}
+template <class T>
+__device__ __forceinline__ void store128(T* p, const Packed128<T>& v) {
+  *reinterpret_cast<Packed128<T>*>(p) = v;
+}
+
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_reduce_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+  return v;
+}
+
+// Sum over the block in a fixed tree; every thread gets the result. `shared` holds 32 floats.
+__device__ float block_reduce_sum(float v, float* shared) {
+  const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+  const int num_warps = blockDim.x / WARP_SIZE;
+  v = warp_reduce_sum(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < num_warps ? shared[lane] : 0.0f;
+  return warp_reduce_sum(v);
+}
+
+// Stochastic rounding to the storage type: adds 16 random bits below the BF16 mantissa and
+// truncates, so the expected value of the rounded number equals the FP32 input. The random bits
+// are a hash of (seed, element index), not of the thread, so results do not depend on the launch
+// shape. In FP32 builds this is a plain store.
+__device__ __forceinline__ uint32_t hash_u32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+__device__ __forceinline__ floatX round_stochastic(float x, uint32_t seed, size_t index) {
+#if defined(ENABLE_FP32)
+  return x;
+#else
+  uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // Inf and NaN
+  uint32_t r = hash_u32((uint32_t)index ^ hash_u32(seed ^ (uint32_t)(index >> 32) * 0x9e3779b9u));
+  bits += r & 0xffffu;
+  return __ushort_as_bfloat16((unsigned short)(bits >> 16));
+#endif
+}
+
+// Host-side conversions between the storage type and FP32.
+void floatX_to_float(float* dst, const floatX* src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
+}
+void float_to_floatX(floatX* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = (floatX)src[i];
+}
+
+// Copies n device values of the storage type into a host FP32 vector.
+std::vector<float> device_to_host_float(const floatX* d, size_t n) {
+  std::vector<floatX> tmp(n);
+  cudaCheck(cudaMemcpy(tmp.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  floatX_to_float(out.data(), tmp.data(), n);
+  return out;
+}
+
+// dst[i] = round(dst[i] + src[i]) with stochastic rounding. Floor: 3 passes over n elements.
+__global__ void add_inplace_kernel(floatX* dst, const floatX* src, size_t n, uint32_t seed) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const x128 a = load128(dst + i), b = load128cs(src + i);
+  x128 out;
+  for (int k = 0; k < x128::size; k++) out[k] = round_stochastic((float)a[k] + (float)b[k], seed, i + k);
+  store128(dst + i, out);
+}
+
+void add_inplace(floatX* dst, const floatX* src, size_t n, uint32_t seed, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "add_inplace: n=%zu must be a multiple of %d", n, x128::size);
+  add_inplace_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(dst, src, n, seed);
+  cudaCheckLaunch();
+}
+
+// ============================================================================
+// 2. Column reduction
+// ============================================================================
+// Bias gradients and layernorm dgamma/dbeta are sums over all B*T rows. They are reduced in two
+// fixed-order stages: each of kRowBlocks row blocks writes FP32 partial sums, then a finalize
+// kernel adds the partials in block order and adds the total into the gradient with one
+// stochastic rounding. kRowBlocks is a constant (not the SM count) so results do not depend on
+// which GPU runs them. Floor: one read of the N x C input, C writes.
+
+constexpr int kRowBlocks = 256;
+
+__host__ __device__ inline int rows_per_block(int N) { return ceil_div(N, kRowBlocks); }
+
+// partials[block][c] = sum of inp[r][c] over the rows r of the block. grid (ceil(C/256), kRowBlocks)
+__global__ void column_sum_partials_kernel(float* partials, const floatX* inp, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int rpb = rows_per_block(N);
+  const int r0 = blockIdx.y * rpb, r1 = min(N, r0 + rpb);
+  float sum = 0.0f;
+  for (int r = r0; r < r1; r++) sum += (float)inp[(size_t)r * C + c];
+  partials[(size_t)blockIdx.y * C + c] = sum;
+}
+
+// dst[c] = round(dst[c] + sum over blocks of partials[block * stride + c])
+__global__ void column_sum_finalize_kernel(floatX* dst, const float* partials, int stride, int C,
+                                           uint32_t seed) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sum = 0.0f;
+  for (int b = 0; b < kRowBlocks; b++) sum += partials[(size_t)b * stride + c];
+  dst[c] = round_stochastic((float)dst[c] + sum, seed, c);
+}
+
+void column_sum_finalize(floatX* dst, const float* partials, int stride, int C, uint32_t seed,
+                         cudaStream_t stream) {
+  column_sum_finalize_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(dst, partials, stride, C, seed);
+  cudaCheckLaunch();
+}
+
+// ============================================================================
+// 3. Encoder
+// ============================================================================
+// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]. Floor: read B*T*C of each table, write B*T*C.
+// Backward, deterministic and without atomics:
+//  - dwpe[t,:] += sum over b of dout[b,t,:], each (t, channel) summed over b in order;
+//  - dwte by buckets: a bucket is (token id, group of channels one warp covers); the CPU plans
+//    the buckets from the inputs (positions in increasing order, buckets sorted largest first so
+//    the long ones start early), each warp sums its bucket in FP32 and writes the row once.
+
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte,
+                                       const floatX* wpe, int B, int T, int C) {
+  const size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (idx >= (size_t)B * T * C) return;
+  const int bt = idx / C, c = idx % C, t = bt % T;
+  const x128 w = load128(wte + (size_t)inp[bt] * C + c);
+  const x128 p = load128(wpe + (size_t)t * C + c);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)w[k] + (float)p[k]);
+  store128(out + idx, o);
+}
+
+void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B,
+                     int T, int C, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "encoder_forward: C=%d must be a multiple of %d", C, x128::size);
+  const int threads = 256;
+  encoder_forward_kernel<<<ceil_div((long)B * T * C / x128::size, threads), threads, 0, stream>>>(
+      out, inp, wte, wpe, B, T, C);
+  cudaCheckLaunch();
+}
+
+__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C,
+                                            uint32_t seed) {
+  const int idx = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (idx >= T * C) return;
+  float acc[x128::size] = {};
+  for (int b = 0; b < B; b++) {
+    const x128 d = load128cs(dout + (size_t)b * T * C + idx);
+    for (int k = 0; k < x128::size; k++) acc[k] += (float)d[k];
+  }
+  x128 w = load128(dwpe + idx);
+  for (int k = 0; k < x128::size; k++) w[k] = round_stochastic((float)w[k] + acc[k], seed, idx + k);
+  store128(dwpe + idx, w);
+}
+
+// One warp per bucket. bucket = {first position index, count, token id, channel group}.
+__global__ void encoder_backward_wte_kernel(floatX* dwte, const int4* buckets, int num_buckets,
+                                            const int* positions, const floatX* dout, int C,
+                                            uint32_t seed) {
+  const int bucket = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (bucket >= num_buckets) return;
+  const int lane = threadIdx.x % WARP_SIZE;
+  const int4 bk = buckets[bucket];
+  const int c = bk.w * WARP_SIZE * x128::size + lane * x128::size;
+  if (c >= C) return;
+  float acc[x128::size] = {};
+  for (int i = 0; i < bk.y; i++) {
+    const x128 d = load128(dout + (size_t)positions[bk.x + i] * C + c);
+    for (int k = 0; k < x128::size; k++) acc[k] += (float)d[k];
+  }
+  const size_t row = (size_t)bk.z * C + c;
+  x128 w = load128(dwte + row);
+  for (int k = 0; k < x128::size; k++) w[k] = round_stochastic((float)w[k] + acc[k], seed, row + k);
+  store128(dwte + row, w);
+}
+
+// The CPU half of the wte backward: groups the positions of each token into buckets.
+struct EncoderBackwardPlan {
+  std::vector<int4> buckets;
+  std::vector<int> positions;
+};
+
+void encoder_backward_plan(EncoderBackwardPlan* plan, const int* inputs, int BT, int C) {
+  const int groups = ceil_div(C, WARP_SIZE * x128::size);
+  std::vector<int> order(BT);
+  for (int i = 0; i < BT; i++) order[i] = i;
+  // Positions grouped by token id, increasing position within a token: a fixed summation order.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return inputs[a] < inputs[b]; });
+  plan->positions = order;
+  plan->buckets.clear();
+  for (int start = 0; start < BT;) {
+    int end = start;
+    while (end < BT && inputs[order[end]] == inputs[order[start]]) end++;
+    for (int g = 0; g < groups; g++) {
+      plan->buckets.push_back(make_int4(start, end - start, inputs[order[start]], g));
+    }
+    start = end;
+  }
+  std::stable_sort(plan->buckets.begin(), plan->buckets.end(),
+                   [](const int4& a, const int4& b) { return a.y > b.y; });
+}
+
+// Device buffers for the plan, sized for B*T positions.
+struct EncoderBackwardBuffers {
+  int4* buckets = nullptr;
+  int* positions = nullptr;
+};
+
+void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& plan,
+                      EncoderBackwardBuffers& buffers, const floatX* dout, int B, int T, int C,
+                      uint32_t seed, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "encoder_backward: C=%d must be a multiple of %d", C, x128::size);
+  const int threads = 256;
+  encoder_backward_wpe_kernel<<<ceil_div(T * C / x128::size, threads), threads, 0, stream>>>(
+      dwpe, dout, B, T, C, seed);
+  cudaCheckLaunch();
+  const int num_buckets = (int)plan.buckets.size();
+  cudaCheck(cudaMemcpyAsync(buffers.buckets, plan.buckets.data(), num_buckets * sizeof(int4),
+                            cudaMemcpyHostToDevice, stream));
+  cudaCheck(cudaMemcpyAsync(buffers.positions, plan.positions.data(), B * T * sizeof(int),
+                            cudaMemcpyHostToDevice, stream));
+  const int warps_per_block = threads / WARP_SIZE;
+  encoder_backward_wte_kernel<<<ceil_div(num_buckets, warps_per_block), threads, 0, stream>>>(
+      dwte, buffers.buckets, num_buckets, buffers.positions, dout, C, seed ^ 0x5bd1e995u);
+  cudaCheckLaunch();
+  // The plan's host memory is reused next step: wait until the copies have read it.
+  cudaCheck(cudaStreamSynchronize(stream));
+}
+
+// ============================================================================
+// 4. LayerNorm
+// ============================================================================
+// Forward: one warp per row of C; mean and rstd kept in FP32 for the backward pass; variance by
+// a second pass over the row (not E[x^2]-E[x]^2) for accuracy. Floor: read N*C, write N*C.
+// The fused variant first writes residual = a + b (rounded to the storage type) and normalises
+// the rounded values, so forward and backward see the same residual.
+// Backward: one warp per row computes dx and adds it into the residual-stream gradient dresidual
+// (in place); dgamma/dbeta partial sums go to per-warp shared-memory rows, are added in warp
+// order per row block, and finalized over the fixed kRowBlocks blocks.
+
+constexpr float kLayerNormEps = 1e-5f;
+
+__device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
+                              const floatX* weight, const floatX* bias, int C, int lane) {
+  float sum = 0.0f;
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 v = load128(x + c);
+    for (int k = 0; k < x128::size; k++) sum += (float)v[k];
+  }
+  const float mean = warp_reduce_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 v = load128(x + c);
+    for (int k = 0; k < x128::size; k++) {
+      const float d = (float)v[k] - mean;
+      var += d * d;
+    }
+  }
+  const float rstd = rsqrtf(warp_reduce_sum(var) / C + kLayerNormEps);
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 v = load128(x + c), w = load128(weight + c), b = load128(bias + c);
+    x128 o;
+    for (int k = 0; k < x128::size; k++) {
+      o[k] = (floatX)(((float)v[k] - mean) * rstd * (float)w[k] + (float)b[k]);
+    }
+    store128(out + c, o);
+  }
+  if (lane == 0) {
+    *mean_out = mean;
+    *rstd_out = rstd;
+  }
+}
+
+__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                         const floatX* weight, const floatX* bias, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= N) return;
+  layernorm_row(out + (size_t)row * C, mean + row, rstd + row, inp + (size_t)row * C, weight,
+                bias, C, threadIdx.x % WARP_SIZE);
+}
+
+__global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean,
+                                                        float* rstd, const floatX* a,
+                                                        const floatX* b, const floatX* weight,
+                                                        const floatX* bias, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= N) return;
+  const int lane = threadIdx.x % WARP_SIZE;
+  const size_t base = (size_t)row * C;
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 va = load128(a + base + c), vb = load128(b + base + c);
+    x128 r;
+    for (int k = 0; k < x128::size; k++) r[k] = (floatX)((float)va[k] + (float)vb[k]);
+    store128(residual + base + c, r);
+  }
+  // Each lane reads back only what it wrote, so no barrier is needed before normalising.
+  layernorm_row(out + base, mean + row, rstd + row, residual + base, weight, bias, C, lane);
+}
+
+void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
+                       const floatX* weight, const floatX* bias, int N, int C,
+                       cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "layernorm_forward: C=%d must be a multiple of %d", C, x128::size);
+  const int threads = 256, rows_per_launch_block = threads / WARP_SIZE;
+  layernorm_forward_kernel<<<ceil_div(N, rows_per_launch_block), threads, 0, stream>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
+  cudaCheckLaunch();
+}
+
+void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
+                                      const floatX* a, const floatX* b, const floatX* weight,
+                                      const floatX* bias, int N, int C, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "fused_residual_layernorm_forward: C=%d must be a multiple of %d",
+          C, x128::size);
+  const int threads = 256, rows_per_launch_block = threads / WARP_SIZE;
+  fused_residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_launch_block), threads, 0,
+                                            stream>>>(residual, out, mean, rstd, a, b, weight,
+                                                      bias, N, C);
+  cudaCheckLaunch();
+}
+
+constexpr int kLayerNormBackwardWarps = 4;
+
+// grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
+// kLayerNormBackwardWarps * 2 * C floats. partials: [kRowBlocks][2C] (dweight, then dbias).
+__global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
+                                          const floatX* inp, const floatX* weight,
+                                          const float* mean, const float* rstd, int N, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  float* dweight_acc = shared + warp * 2 * C;
+  float* dbias_acc = dweight_acc + C;
+  for (int c = lane; c < 2 * C; c += WARP_SIZE) dweight_acc[c] = 0.0f;
+  __syncwarp();  // lanes zero one layout of the row and accumulate into another
+  const int rpb = rows_per_block(N);
+  const int r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kLayerNormBackwardWarps) {
+    const size_t base = (size_t)row * C;
+    const float m = mean[row], s = rstd[row];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 d = load128(dout + base + c), x = load128(inp + base + c), w = load128(weight + c);
+      for (int k = 0; k < x128::size; k++) {
+        const float norm = ((float)x[k] - m) * s;
+        const float dnorm = (float)w[k] * (float)d[k];
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * norm;
+        // Each lane owns channels c..c+size-1 of its warp's accumulator row: no races.
+        dbias_acc[c + k] += (float)d[k];
+        dweight_acc[c + k] += norm * (float)d[k];
+      }
+    }
+    const float dnorm_mean = warp_reduce_sum(dnorm_sum) / C;
+    const float dnorm_norm_mean = warp_reduce_sum(dnorm_norm_sum) / C;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 d = load128(dout + base + c), x = load128(inp + base + c), w = load128(weight + c);
+      x128 r = load128(dresidual + base + c);
+      for (int k = 0; k < x128::size; k++) {
+        const float norm = ((float)x[k] - m) * s;
+        const float dnorm = (float)w[k] * (float)d[k];
+        const float dx = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        r[k] = (floatX)((float)r[k] + dx);
+      }
+      store128(dresidual + base + c, r);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kLayerNormBackwardWarps; w++) sum += shared[w * 2 * C + c];
+    partials[(size_t)blockIdx.x * 2 * C + c] = sum;
+  }
+}
+
+size_t layernorm_backward_shared_bytes(int C) {
+  return (size_t)kLayerNormBackwardWarps * 2 * C * sizeof(float);
+}
+
+// dresidual += dx; dweight += sum(norm * dout); dbias += sum(dout). partials: kRowBlocks*2C floats.
+void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float* partials,
+                        const floatX* dout, const floatX* inp, const floatX* weight,
+                        const float* mean, const float* rstd, int N, int C, uint32_t seed,
+                        cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "layernorm_backward: C=%d must be a multiple of %d", C, x128::size);
+  const size_t shared = layernorm_backward_shared_bytes(C);
+  cudaCheck(cudaFuncSetAttribute(layernorm_backward_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  layernorm_backward_kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
+      dresidual, partials, dout, inp, weight, mean, rstd, N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dweight, partials, 2 * C, C, seed, stream);
+  column_sum_finalize(dbias, partials + C, 2 * C, C, seed ^ 0x68e31da4u, stream);
+}
+
+// ============================================================================
+// 5. Matmul
+// ============================================================================
+// Linear layers out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias through cuBLASLt, in
+// column-major terms out^T = weight^T(op T) x inp^T. Epilogues fuse the bias, and GELU (keeping
+// the pre-activation in an aux buffer for the backward pass) or the GELU gradient. Weight
+// gradients accumulate with beta = 1: cuBLASLt adds the new product to the old gradient in FP32
+// and rounds once. cuBLASLt picks the same algorithm for the same problem, and none of its
+// algorithms uses atomics, so the products are deterministic. Floor: 2*N*C*OC FLOPs.
+
+cublasLtHandle_t cublaslt_handle;
+cublasHandle_t cublas_handle;
+void* cublaslt_workspace = nullptr;
+constexpr size_t kCublasWorkspaceBytes = 32 << 20;
+cublasComputeType_t cublas_compute_type = CUBLAS_COMPUTE_32F;
+
+void matmul_setup(bool allow_tf32) {
+  cublasCheck(cublasLtCreate(&cublaslt_handle));
+  cublasCheck(cublasCreate(&cublas_handle));
+  cublaslt_workspace = device_alloc<char>(kCublasWorkspaceBytes, "the cuBLASLt workspace");
+  // TF32 only matters for FP32 builds; BF16 products always accumulate in FP32.
+  cublas_compute_type = allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+void matmul_teardown() {
+  cudaCheck(cudaFree(cublaslt_workspace));
+  cublasCheck(cublasDestroy(cublas_handle));
+  cublasCheck(cublasLtDestroy(cublaslt_handle));
+}
+
+// Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
+// A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B. Returns false when
+// cuBLASLt has no algorithm for this epilogue (the callers then fall back to separate kernels).
+bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
+                     int n, int k, bool trans_a, bool trans_b, float beta,
+                     cublasLtEpilogue_t epilogue, floatX* aux, cudaStream_t stream) {
+  REQUIRE(((uintptr_t)a % 16) == 0 && ((uintptr_t)b % 16) == 0 && ((uintptr_t)d % 16) == 0,
+          "matmul: operands must be 16-byte aligned");
+  cublasLtMatmulDesc_t desc;
+  cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute_type, CUDA_R_32F));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (bias) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof(bias)));
+  }
+  if (aux) {
+    const int64_t ld_aux = m;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                               &aux, sizeof(aux)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
+                                               sizeof(ld_aux)));
+  }
+  cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                             sizeof(epilogue)));
+  cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, kCudaFloatX, trans_a ? k : m, trans_a ? m : k,
+                                         trans_a ? k : m));
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, kCudaFloatX, trans_b ? n : k, trans_b ? k : n,
+                                         trans_b ? n : k));
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, kCudaFloatX, m, n, m));
+  cublasLtMatmulPreference_t pref;
+  cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+  cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &kCublasWorkspaceBytes,
+                                                   sizeof(kCublasWorkspaceBytes)));
+  cublasLtMatmulHeuristicResult_t heuristic;
+  int found = 0;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, layout_a, layout_b,
+                                                         layout_d, layout_d, pref, 1, &heuristic,
+                                                         &found);
+  bool ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (ok) {
+    const float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d,
+                               layout_d, d, layout_d, &heuristic.algo, cublaslt_workspace,
+                               kCublasWorkspaceBytes, stream));
+  }
+  cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+  cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
+  cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
+  cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
+  cublasCheck(cublasLtMatmulDescDestroy(desc));
+  return ok;
+}
+
+void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
+void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
+
+// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+  if (pre_gelu) {
+    const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream)) {
+      return;
+    }
+    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC, nullptr, stream);
+    gelu_forward(out, pre_gelu, (size_t)N * OC, stream);
+    return;
+  }
+  const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  REQUIRE(matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream),
+          "cuBLASLt found no algorithm for the %dx%dx%d forward product", N, OC, C);
+}
+
+// dinp[N, C] = dout[N, OC] @ weight[OC, C] (times GELU'(pre_gelu) when given);
+// dweight[OC, C] += dout^T @ inp; dbias[OC] += column sums of dout (deterministic, section 2).
+void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
+                     const floatX* dout, const floatX* inp, const floatX* weight,
+                     const floatX* pre_gelu, int N, int C, int OC, uint32_t seed,
+                     cudaStream_t stream) {
+  if (dbias) {
+    column_sum_partials_kernel<<<dim3(ceil_div(OC, 256), kRowBlocks), 256, 0, stream>>>(
+        partials, dout, N, OC);
+    cudaCheckLaunch();
+    column_sum_finalize(dbias, partials, OC, OC, seed, stream);
+  }
+  REQUIRE(matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f,
+                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
+          "cuBLASLt found no algorithm for the %dx%dx%d weight-gradient product", C, OC, N);
+  if (pre_gelu &&
+      matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
+                      CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream)) {
+    return;
+  }
+  REQUIRE(matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
+                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
+          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
+  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
+}
+
+// ============================================================================
+// 6. Attention
+// ============================================================================
+// Causal multi-head attention from qkv[B, T, 3, NH, HS]: q, k, v are permuted to [B, NH, T, HS],
+// preatt = q k^T by strided batched GEMMs, a fused causal softmax (scale 1/sqrt(HS), FP32 math,
+// one warp per row) gives att[B, NH, T, T] (kept for the backward pass), y = att v, and y is
+// permuted back to [B, T, C]. FLOPs: 4*B*NH*T*T*HS forward (half of it masked), 8*... backward;
+// bytes: dominated by the B*NH*T*T attention matrix.
+
+__global__ void attention_permute_kernel(floatX* q, floatX* k, floatX* v, const floatX* qkv, int B,
+                                         int T, int NH, int HS) {
+  const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (size_t)B * NH * T * HS) return;
+  // idx indexes [b][h][t][d] of the permuted tensors.
+  const int d = idx % HS, t = (idx / HS) % T, h = (idx / HS / T) % NH, b = idx / HS / T / NH;
+  const size_t src = (((size_t)b * T + t) * 3 * NH + h) * HS + d;
+  const size_t C = (size_t)NH * HS;
+  q[idx] = qkv[src];
+  k[idx] = qkv[src + C];
+  v[idx] = qkv[src + 2 * C];
+}
+
+// Inverse of the permute for the gradients: dq, dk, dv [B, NH, T, HS] -> dqkv [B, T, 3, NH, HS].
+__global__ void attention_permute_backward_kernel(floatX* dqkv, const floatX* dq, const floatX* dk,
+                                                  const floatX* dv, int B, int T, int NH, int HS) {
+  const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (size_t)B * NH * T * HS) return;
+  const int d = idx % HS, t = (idx / HS) % T, h = (idx / HS / T) % NH, b = idx / HS / T / NH;
+  const size_t dst = (((size_t)b * T + t) * 3 * NH + h) * HS + d;
+  const size_t C = (size_t)NH * HS;
+  dqkv[dst] = dq[idx];
+  dqkv[dst + C] = dk[idx];
+  dqkv[dst + 2 * C] = dv[idx];
+}
+
+// y [B, NH, T, HS] -> out [B, T, NH, HS], and its inverse for the gradient.
+__global__ void attention_unpermute_kernel(floatX* out, const floatX* y, int B, int T, int NH,
+                                           int HS, bool inverse) {
+  const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (size_t)B * NH * T * HS) return;
+  const int d = idx % HS, t = (idx / HS) % T, h = (idx / HS / T) % NH, b = idx / HS / T / NH;
+  const size_t other = (((size_t)b * T + t) * NH + h) * HS + d;
+  if (inverse) {
+    out[idx] = y[other];
+  } else {
+    out[other] = y[idx];
+  }
+}
+
+// One warp per row (b, h, t): att[j] = softmax over j <= t of scale * preatt[j]; 0 for j > t.
+__global__ void attention_softmax_forward_kernel(floatX* att, const floatX* preatt, int rows,
+                                                 int T, float scale) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % WARP_SIZE, t = row % T;
+  const floatX* x = preatt + (size_t)row * T;
+  floatX* y = att + (size_t)row * T;
+  float maxval = -FLT_MAX;
+  for (int j = lane; j <= t; j += WARP_SIZE) maxval = fmaxf(maxval, scale * (float)x[j]);
+  maxval = warp_reduce_max(maxval);
+  float sum = 0.0f;
+  for (int j = lane; j <= t; j += WARP_SIZE) sum += expf(scale * (float)x[j] - maxval);
+  const float inv_sum = 1.0f / warp_reduce_sum(sum);
+  for (int j = lane; j < T; j += WARP_SIZE) {
+    y[j] = j <= t ? (floatX)(expf(scale * (float)x[j] - maxval) * inv_sum) : (floatX)0.0f;
+  }
+}
+
+// dpreatt[j] = scale * att[j] * (datt[j] - sum_i att[i] datt[i]) for j <= t, 0 above. In place.
+__global__ void attention_softmax_backward_kernel(floatX* datt_to_dpreatt, const floatX* att,
+                                                  int rows, int T, float scale) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % WARP_SIZE, t = row % T;
+  floatX* d = datt_to_dpreatt + (size_t)row * T;
+  const floatX* a = att + (size_t)row * T;
+  float dot = 0.0f;
+  for (int j = lane; j <= t; j += WARP_SIZE) dot += (float)a[j] * (float)d[j];
+  dot = warp_reduce_sum(dot);
+  for (int j = lane; j < T; j += WARP_SIZE) {
+    d[j] = j <= t ? (floatX)(scale * (float)a[j] * ((float)d[j] - dot)) : (floatX)0.0f;
+  }
+}
+
+// Row-major batched C[M, N] = alpha * op(A)[M, K] op(B)[K, N] + beta * C over `batch` matrices.
+void batched_matmul(floatX* c, const floatX* a, const floatX* b, int M, int N, int K, bool trans_a,
+                    bool trans_b, long stride_a, long stride_b, long stride_c, int batch,
+                    float alpha, float beta, cudaStream_t stream) {
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T; a row-major matrix is its
+  // own transpose in column-major terms, so the operands swap and keep their op flags.
+  cublasCheck(cublasSetStream(cublas_handle, stream));
+  cublasCheck(cublasGemmStridedBatchedEx(
+      cublas_handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+      M, K, &alpha, b, kCudaFloatX, trans_b ? K : N, stride_b, a, kCudaFloatX, trans_a ? M : K,
+      stride_a, &beta, c, kCudaFloatX, N, stride_c, batch, cublas_compute_type,
+      CUBLAS_GEMM_DEFAULT));
+}
+
+// out [B, T, C]; qkvr [3, B, NH, T, HS] receives q, k, v (kept for backward); att [B, NH, T, T]
+// is kept too; preatt (B*NH*T*T) and y (B*T*C) are scratch.
+void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* y,
+                       const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+  const int HS = C / NH;
+  const size_t n = (size_t)B * T * C;
+  floatX *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
+  const int threads = 256;
+  attention_permute_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(q, k, v, qkv, B, T, NH, HS);
+  cudaCheckLaunch();
+  const long tt = (long)T * T, ths = (long)T * HS;
+  batched_matmul(preatt, q, k, T, T, HS, false, true, ths, ths, tt, B * NH, 1.0f, 0.0f, stream);
+  const int rows = B * NH * T, warps_per_block = threads / WARP_SIZE;
+  attention_softmax_forward_kernel<<<ceil_div(rows, warps_per_block), threads, 0, stream>>>(
+      att, preatt, rows, T, 1.0f / sqrtf((float)HS));
+  cudaCheckLaunch();
+  batched_matmul(y, att, v, T, HS, T, false, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
+  attention_unpermute_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(out, y, B, T, NH, HS,
+                                                                           false);
+  cudaCheckLaunch();
+}
+
+// dqkv [B, T, 3C] from dout [B, T, C]. scratch_datt: B*NH*T*T; scratch_dqkvr: 3*B*T*C + B*T*C.
+void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_datt,
+                        const floatX* dout, const floatX* qkvr, const floatX* att, int B, int T,
+                        int C, int NH, cudaStream_t stream) {
+  const int HS = C / NH;
+  const size_t n = (size_t)B * T * C;
+  const floatX *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
+  floatX *dq = scratch_dqkvr, *dk = dq + n, *dv = dq + 2 * n, *dy = dq + 3 * n;
+  const int threads = 256;
+  attention_unpermute_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(dy, dout, B, T, NH, HS,
+                                                                           true);
+  cudaCheckLaunch();
+  const long tt = (long)T * T, ths = (long)T * HS;
+  // datt = dy v^T; dv = att^T dy
+  batched_matmul(scratch_datt, dy, v, T, T, HS, false, true, ths, ths, tt, B * NH, 1.0f, 0.0f, stream);
+  batched_matmul(dv, att, dy, T, HS, T, true, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
+  const int rows = B * NH * T, warps_per_block = threads / WARP_SIZE;
+  attention_softmax_backward_kernel<<<ceil_div(rows, warps_per_block), threads, 0, stream>>>(
+      scratch_datt, att, rows, T, 1.0f / sqrtf((float)HS));
+  cudaCheckLaunch();
+  // dq = dpreatt k; dk = dpreatt^T q
+  batched_matmul(dq, scratch_datt, k, T, HS, T, false, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
+  batched_matmul(dk, scratch_datt, q, T, HS, T, true, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
+  attention_permute_backward_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(dqkv, dq, dk, dv,
+                                                                                  B, T, NH, HS);
+  cudaCheckLaunch();
+}
+
+// ============================================================================
+// 7. GELU
+// ============================================================================
+// tanh approximation, as GPT-2 and PyTorch's gelu(approximate="tanh"). Used where cuBLASLt's
+// GELU epilogues are unavailable and when recomputing activations. Floor: one read, one write.
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__device__ __forceinline__ float gelu(float x) {
+  const float cube = 0.044715f * x * x * x;
+  return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + cube)));
+}
+
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float cube = 0.044715f * x * x * x;
+  const float t = tanhf(kGeluScale * (x + cube));
+  const float sech2 = 1.0f - t * t;
+  return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const x128 x = load128(inp + i);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)gelu((float)x[k]);
+  store128(out + i, o);
+}
+
+__global__ void gelu_backward_inplace_kernel(floatX* d, const floatX* inp, size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const x128 x = load128(inp + i);
+  x128 g = load128(d + i);
+  for (int k = 0; k < x128::size; k++) g[k] = (floatX)((float)g[k] * gelu_grad((float)x[k]));
+  store128(d + i, g);
+}
+
+void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "gelu_forward: n=%zu must be a multiple of %d", n, x128::size);
+  gelu_forward_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, inp, n);
+  cudaCheckLaunch();
+}
+
+void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "gelu_backward: n=%zu must be a multiple of %d", n, x128::size);
+  gelu_backward_inplace_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
+  cudaCheckLaunch();
+}
+
+// ============================================================================
+// 8. Classifier
+// ============================================================================
+// One block per row of logits [N, Vp]: softmax over the first V columns (the padding is not part
+// of the vocabulary), loss = logsumexp - logit[target] into losses[row], and, when dloss != 0,
+// the logits are overwritten in place by dlogits = (softmax - onehot(target)) * dloss, zero in
+// the padding. Only one logits-sized buffer ever exists. Each thread keeps a running (max, sum)
+// over its columns in a fixed order, combined in a fixed tree: deterministic. Floor: read and
+// write N*Vp once (the row is re-read from L2 for the gradient).
+
+constexpr int kClassifierThreads = 1024;
+
+// Merges running softmax statistics (max m, sum of exp(x - m)) across a warp in a fixed tree.
+__device__ __forceinline__ void warp_reduce_max_sum(float& m, float& s) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffff, m, offset);
+    const float os = __shfl_xor_sync(0xffffffff, s, offset);
+    const float new_m = fmaxf(m, om);
+    s = s * expf(m - new_m) + os * expf(om - new_m);
+    m = new_m;
+  }
+}
+
+__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, int V,
+                                        int Vp, float dloss) {
+  __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
+  const size_t row = blockIdx.x;
+  floatX* x = logits + row * Vp;
+  const int target = targets[row];
+  // Read before any thread can overwrite the row with gradients below.
+  const float target_logit = (float)x[target];
+  float m = -FLT_MAX, s = 0.0f;
+  for (int i = threadIdx.x * x128::size; i < Vp; i += blockDim.x * x128::size) {
+    const x128 v = load128(x + i);
+    for (int k = 0; k < x128::size && i + k < V; k++) {
+      const float f = (float)v[k];
+      const float new_m = fmaxf(m, f);
+      s = s * expf(m - new_m) + expf(f - new_m);
+      m = new_m;
+    }
+  }
+  // Combine the per-thread (max, sum) pairs: a warp tree, then warp 0 over the warps.
+  const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+  warp_reduce_max_sum(m, s);
+  if (lane == 0) {
+    shared_max[warp] = m;
+    shared_sum[warp] = s;
+  }
+  __syncthreads();
+  const int num_warps = blockDim.x / WARP_SIZE;
+  m = lane < num_warps ? shared_max[lane] : -FLT_MAX;
+  s = lane < num_warps ? shared_sum[lane] : 0.0f;
+  warp_reduce_max_sum(m, s);
+  if (threadIdx.x == 0) losses[row] = logf(s) + m - target_logit;
+  if (dloss == 0.0f) return;
+  const float inv_s = 1.0f / s;
+  for (int i = threadIdx.x * x128::size; i < Vp; i += blockDim.x * x128::size) {
+    x128 v = load128(x + i);
+    for (int k = 0; k < x128::size; k++) {
+      const int col = i + k;
+      const float p = col < V ? expf((float)v[k] - m) * inv_s : 0.0f;
+      const float indicator = col == target ? 1.0f : 0.0f;
+      v[k] = (floatX)((p - indicator) * dloss);
+    }
+    store128(x + i, v);
+  }
+}
+
+// dloss = 0 computes the losses only (validation) and leaves the logits intact.
+void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
+                      float dloss, cudaStream_t stream) {
+  REQUIRE(Vp % x128::size == 0, "fused_classifier: Vp=%d must be a multiple of %d", Vp, x128::size);
+  fused_classifier_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, V, Vp,
+                                                               dloss);
+  cudaCheckLaunch();
+}
+
+// ============================================================================
+// 9. Norms and optimizer
+// ============================================================================
+// The global gradient norm is a sum of squares over every gradient: a fixed grid of kNormBlocks
+// blocks, each thread a fixed strided subset, fixed block trees, then one block adds the
+// kNormBlocks partials in a fixed tree. AdamW updates each tensor with FP32 m, v and master
+// weights and writes the storage-type parameters with stochastic rounding. Floors: norm reads
+// every gradient once; AdamW reads/writes p, m, v, master and reads g (18 bytes/param in BF16).
+
+constexpr int kNormBlocks = 1024;
+constexpr int kNormThreads = 512;
+
+__global__ void norm_squared_partials_kernel(float* partials, const floatX* x, size_t n) {
+  __shared__ float shared[WARP_SIZE];
+  float sum = 0.0f;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const float v = (float)x[i];
+    sum += v * v;
+  }
+  sum = block_reduce_sum(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__global__ void norm_squared_finalize_kernel(float* out, const float* partials, int n) {
+  __shared__ float shared[WARP_SIZE];
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) sum += partials[i];
+  sum = block_reduce_sum(sum, shared);
+  if (threadIdx.x == 0) *out = sum;
+}
+
+// out (device, one float) = sum of squares of x. partials: kNormBlocks floats.
+void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
+                         cudaStream_t stream) {
+  norm_squared_partials_kernel<<<kNormBlocks, kNormThreads, 0, stream>>>(partials, x, n);
+  cudaCheckLaunch();
+  norm_squared_finalize_kernel<<<1, kNormBlocks, 0, stream>>>(out, partials, kNormBlocks);
+  cudaCheckLaunch();
+}
+
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  float grad_scale;  // clipping factor applied to every gradient
+  int step;          // 1-based, for bias correction
+};
+
+// master may be null (FP32 builds, or BF16 without master weights: the parameter is the master).
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                             size_t n, AdamWParams hp, float weight_decay, float beta1_correction,
+                             float beta2_correction, uint32_t seed) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = (float)grads[i] * hp.grad_scale;
+  const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g;
+  const float vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  const float mhat = mi / beta1_correction, vhat = vi / beta2_correction;
+  const float old = master ? master[i] : (float)params[i];
+  const float p = old - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
+  if (master) master[i] = p;
+  params[i] = round_stochastic(p, seed, i);
+}
+
+void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                  const AdamWParams& hp, bool decay, uint32_t seed, cudaStream_t stream) {
+  const float c1 = 1.0f - powf(hp.beta1, (float)hp.step);
+  const float c2 = 1.0f - powf(hp.beta2, (float)hp.step);
+  adamw_kernel<<<ceil_div(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, hp,
+                                                     decay ? hp.weight_decay : 0.0f, c1, c2, seed);
+  cudaCheckLaunch();
+}
+
+// ============================================================================
+// 10. Model
+// ============================================================================
+// Parameters follow llmc/gpt2.h's table (one flat buffer; the checkpoint layout). Activations
+// are described by the table below, from which sizes and offsets are derived. Gradients of the
+// parameters live in a second flat buffer with the same offsets and accumulate over micro steps.
+
+enum ActIndex {
+  kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvr, kAtt, kAtty, kResidual2, kLn2, kLn2Mean, kLn2Rstd,
+  kFch, kFchGelu, kResidual3, kLnf, kLnfMean, kLnfRstd, kLosses, kOutput, kNumActTensors
+};
+
+struct ActSpec {
+  const char* name;
+  size_t count;  // elements
+  bool fp32;     // float, else floatX
+};
+
+// recompute 1: GELU outputs are recomputed in the backward pass, so one layer's worth is kept.
+void activation_table(const llmc::GPT2Config& c, int B, int T, int recompute,
+                      ActSpec t[kNumActTensors]) {
+  const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
+  const ActSpec table[kNumActTensors] = {
+      {"encoded", BT * C, false},
+      {"ln1", L * BT * C, false},
+      {"ln1_mean", L * BT, true},
+      {"ln1_rstd", L * BT, true},
+      {"qkvr", L * 3 * BT * C, false},
+      {"att", L * B * NH * T * T, false},
+      {"atty", L * BT * C, false},
+      {"residual2", L * BT * C, false},
+      {"ln2", L * BT * C, false},
+      {"ln2_mean", L * BT, true},
+      {"ln2_rstd", L * BT, true},
+      {"fch", L * BT * 4 * C, false},
+      {"fch_gelu", (recompute >= 1 ? 1 : L) * BT * 4 * C, false},
+      {"residual3", L * BT * C, false},
+      {"lnf", BT * C, false},
+      {"lnf_mean", BT, true},
+      {"lnf_rstd", BT, true},
+      {"losses", BT, true},
+      {"output", BT * c.padded_vocab_size, false},
+  };
+  for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
+}
+
+struct GPT2 {
+  llmc::GPT2Config config;
+  llmc::ParamSpec param_specs[llmc::kNumParamTensors];
+  size_t param_offsets[llmc::kNumParamTensors];
+  size_t num_params = 0;
+  floatX* params = nullptr;
+  floatX* grads = nullptr;
+  // wte is tied to the lm head: its gradient has two contributions per micro step. The encoder's
+  // part accumulates here over the micro steps and is added to grads once, on the last one, so
+  // that k micro steps of a batch sum in the same order as one step of k times the batch.
+  floatX* wte_grad_encoder = nullptr;
+  float* master = nullptr;  // FP32 master weights (BF16 builds with -w 1)
+  float* adam_m = nullptr;
+  float* adam_v = nullptr;
+  bool use_master_weights = true;
+  int optimizer_steps = 0;
+
+  // activations, sized for B x T
+  int B = 0, T = 0, recompute = 0;
+  ActSpec act_specs[kNumActTensors];
+  char* act_memory = nullptr;
+  void* acts[kNumActTensors];
+
+  // scratch shared by the passes
+  floatX* scratch_btc = nullptr;     // B*T*C: attention y, projection outputs, dln, datty
+  floatX* scratch_bt4c = nullptr;    // B*T*4C: qkv in the forward pass, dfch / dqkv backward
+  floatX* dresidual = nullptr;       // B*T*C residual-stream gradient
+  floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward
+  floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy
+  float* partials = nullptr;         // kRowBlocks * 4C column-reduction partials
+  float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
+  int* inputs = nullptr;
+  int* targets = nullptr;
+  float* losses_host = nullptr;      // pinned, B*T
+  std::vector<int> inputs_host;      // the last forward's inputs, for the encoder backward plan
+  EncoderBackwardPlan encoder_plan;
+  EncoderBackwardBuffers encoder_buffers;
+
+  llmc::Rng rng{0};                  // seeds for stochastic rounding
+  cudaStream_t stream = 0;
+
+  floatX* param(int i, int layer = 0) {
+    const llmc::ParamSpec& s = param_specs[i];
+    const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
+    return params + param_offsets[i] + layer * per_layer;
+  }
+  floatX* grad(int i, int layer = 0) { return grads + (param(i, layer) - params); }
+  size_t act_layer_stride[kNumActTensors];  // elements between layers; 0 for single tensors
+  floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
+  float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
+};
+
+// Parameters from FP32 values (a checkpoint or a seeded initialisation).
+void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>& values,
+               bool use_master_weights, uint64_t seed) {
+  m.config = config;
+  llmc::param_table(config, m.param_specs);
+  llmc::param_offsets(config, m.param_offsets);
+  m.num_params = llmc::num_parameters(config);
+  REQUIRE(values.size() == m.num_params, "gpt2_init: %zu values for %zu parameters", values.size(),
+          m.num_params);
+  REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
+          "model channels %d must be a multiple of 8", config.channels);
+  m.use_master_weights = use_master_weights && sizeof(floatX) < sizeof(float);
+  m.params = device_alloc<floatX>(m.num_params, "the parameters");
+  m.grads = device_alloc<floatX>(m.num_params, "the gradients");
+  m.adam_m = device_alloc<float>(m.num_params, "AdamW's first moments");
+  m.adam_v = device_alloc<float>(m.num_params, "AdamW's second moments");
+  m.wte_grad_encoder = device_alloc<floatX>(m.param_specs[llmc::kWte].size, "the encoder's wte gradient");
+  cudaCheck(cudaMemset(m.grads, 0, m.num_params * sizeof(floatX)));
+  cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
+  cudaCheck(cudaMemset(m.adam_m, 0, m.num_params * sizeof(float)));
+  cudaCheck(cudaMemset(m.adam_v, 0, m.num_params * sizeof(float)));
+  std::vector<floatX> converted(m.num_params);
+  float_to_floatX(converted.data(), values.data(), m.num_params);
+  cudaCheck(cudaMemcpy(m.params, converted.data(), m.num_params * sizeof(floatX),
+                       cudaMemcpyHostToDevice));
+  if (m.use_master_weights) {
+    m.master = device_alloc<float>(m.num_params, "the FP32 master weights");
+    cudaCheck(cudaMemcpy(m.master, values.data(), m.num_params * sizeof(float),
+                         cudaMemcpyHostToDevice));
+  }
+  m.rng.seed(seed);
+}
+
+void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
+  const llmc::GPT2Config& c = m.config;
+  REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
+          T, c.max_seq_len, c.max_seq_len);
+  REQUIRE(recompute == 0 || recompute == 1, "-r %d: the recompute level must be 0 or 1", recompute);
+  m.B = B;
+  m.T = T;
+  m.recompute = recompute;
+  activation_table(c, B, T, recompute, m.act_specs);
+  size_t bytes = 0;
+  for (int i = 0; i < kNumActTensors; i++) {
+    bytes += llmc::round_up(m.act_specs[i].count * (m.act_specs[i].fp32 ? 4 : sizeof(floatX)), 256);
+  }
+  m.act_memory = device_alloc<char>(bytes, "the activations");
+  size_t offset = 0;
+  for (int i = 0; i < kNumActTensors; i++) {
+    m.acts[i] = m.act_memory + offset;
+    const bool stacked = i >= kLn1 && i <= kResidual3 && !(i == kFchGelu && recompute >= 1);
+    m.act_layer_stride[i] = stacked ? m.act_specs[i].count / c.num_layers : 0;
+    offset += llmc::round_up(m.act_specs[i].count * (m.act_specs[i].fp32 ? 4 : sizeof(floatX)), 256);
+  }
+  const size_t BT = (size_t)B * T, C = c.channels;
+  m.scratch_btc = device_alloc<floatX>(BT * C, "a B*T*C scratch buffer");
+  m.scratch_bt4c = device_alloc<floatX>(BT * 4 * C, "a B*T*4C scratch buffer");
+  m.dresidual = device_alloc<floatX>(BT * C, "the residual gradient");
+  m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
+  m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
+  m.partials = device_alloc<float>((size_t)kRowBlocks * 4 * C, "the column-reduction partials");
+  m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
+  m.inputs = device_alloc<int>(BT, "the inputs");
+  m.targets = device_alloc<int>(BT, "the targets");
+  const int groups = ceil_div(C, WARP_SIZE * x128::size);
+  m.encoder_buffers.buckets = device_alloc<int4>(BT * groups, "the encoder backward plan");
+  m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
+  cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
+  m.inputs_host.resize(BT);
+}
+
+void gpt2_free(GPT2& m) {
+  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.master, (void*)m.adam_m,
+                  (void*)m.adam_v, (void*)m.act_memory, (void*)m.scratch_btc,
+                  (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
+                  (void*)m.scratch_dqkvr, (void*)m.partials, (void*)m.norm_partials,
+                  (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
+                  (void*)m.encoder_buffers.positions}) {
+    if (p) cudaCheck(cudaFree(p));
+  }
+  if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
+  m = GPT2();
+}
+
+// Logits of the B x T inputs into act(kOutput) [B, T, Vp].
+void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
+  REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
+          B, T, m.B, m.T);
+  nvtxRangePush("forward");
+  const llmc::GPT2Config& c = m.config;
+  const int L = c.num_layers, C = c.channels, NH = c.num_heads, N = B * T;
+  cudaStream_t s = m.stream;
+  std::copy(inputs, inputs + N, m.inputs_host.begin());
+  cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
+  encoder_forward(m.act(kEncoded), m.inputs, m.param(llmc::kWte), m.param(llmc::kWpe), B, T, C, s);
+  layernorm_forward(m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd), m.act(kEncoded),
+                    m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
+  for (int l = 0; l < L; l++) {
+    const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
+    floatX* qkv = m.scratch_bt4c;
+    matmul_forward(qkv, m.act(kLn1, l), m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), N, C,
+                   3 * C, nullptr, s);
+    attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
+                      m.scratch_btc, qkv, B, T, C, NH, s);
+    matmul_forward(m.scratch_btc, m.act(kAtty, l), m.param(llmc::kAttprojw, l),
+                   m.param(llmc::kAttprojb, l), N, C, C, nullptr, s);
+    fused_residual_layernorm_forward(m.act(kResidual2, l), m.act(kLn2, l), m.act_f(kLn2Mean, l),
+                                     m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
+                                     m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
+    matmul_forward(m.act(kFchGelu, l), m.act(kLn2, l), m.param(llmc::kFcw, l),
+                   m.param(llmc::kFcb, l), N, C, 4 * C, m.act(kFch, l), s);
+    matmul_forward(m.scratch_btc, m.act(kFchGelu, l), m.param(llmc::kFcprojw, l),
+                   m.param(llmc::kFcprojb, l), N, 4 * C, C, nullptr, s);
+    const bool last = l == L - 1;
+    fused_residual_layernorm_forward(
+        m.act(kResidual3, l), last ? m.act(kLnf) : m.act(kLn1, l + 1),
+        last ? m.act_f(kLnfMean) : m.act_f(kLn1Mean, l + 1),
+        last ? m.act_f(kLnfRstd) : m.act_f(kLn1Rstd, l + 1), m.act(kResidual2, l), m.scratch_btc,
+        last ? m.param(llmc::kLnfw) : m.param(llmc::kLn1w, l + 1),
+        last ? m.param(llmc::kLnfb) : m.param(llmc::kLn1b, l + 1), N, C, s);
+  }
+  matmul_forward(m.act(kOutput), m.act(kLnf), m.param(llmc::kWte), nullptr, N, C,
+                 c.padded_vocab_size, nullptr, s);
+  nvtxRangePop();
+}
+
+// Losses of the last forward against `targets`; returns their mean. With dloss != 0 the logits
+// are replaced by dlogits scaled by dloss (1 / (B*T*micro steps) for training).
+float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
+  const int N = B * T;
+  cudaStream_t s = m.stream;
+  cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
+  fused_classifier(m.act(kOutput), m.act_f(kLosses), m.targets, N, m.config.vocab_size,
+                   m.config.padded_vocab_size, dloss, s);
+  cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float),
+                            cudaMemcpyDeviceToHost, s));
+  cudaCheck(cudaStreamSynchronize(s));
+  double sum = 0.0;  // fixed order on the host
+  for (int i = 0; i < N; i++) sum += m.losses_host[i];
+  return (float)(sum / N);
+}
+
+void gpt2_zero_grad(GPT2& m) {
+  cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params * sizeof(floatX), m.stream));
+  cudaCheck(cudaMemsetAsync(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX),
+                            m.stream));
+}
+
+// Adds this micro step's gradients (from the dlogits left by gpt2_classifier) into m.grads.
+// m.grads is complete after the call with last_micro_step set.
+void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step) {
+  nvtxRangePush("backward");
+  const llmc::GPT2Config& c = m.config;
+  const int L = c.num_layers, C = c.channels, NH = c.num_heads, N = B * T;
+  cudaStream_t s = m.stream;
+  // One seed per micro step; each kernel derives its own from it.
+  const uint32_t seed = m.rng.u32();
+  uint32_t kernel_index = 0;
+  auto next_seed = [&]() { return seed + 0x9e3779b9u * ++kernel_index; };
+
+  cudaCheck(cudaMemsetAsync(m.dresidual, 0, (size_t)N * C * sizeof(floatX), s));
+  floatX* dlogits = m.act(kOutput);
+  matmul_backward(m.scratch_btc, m.grad(llmc::kWte), nullptr, m.partials, dlogits, m.act(kLnf),
+                  m.param(llmc::kWte), nullptr, N, C, c.padded_vocab_size, next_seed(), s);
+  layernorm_backward(m.dresidual, m.grad(llmc::kLnfw), m.grad(llmc::kLnfb), m.partials,
+                     m.scratch_btc, m.act(kResidual3, L - 1), m.param(llmc::kLnfw),
+                     m.act_f(kLnfMean), m.act_f(kLnfRstd), N, C, next_seed(), s);
+  for (int l = L - 1; l >= 0; l--) {
+    const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
+    if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
+    // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...)
+    matmul_backward(m.scratch_bt4c, m.grad(llmc::kFcprojw, l), m.grad(llmc::kFcprojb, l),
+                    m.partials, m.dresidual, m.act(kFchGelu, l), m.param(llmc::kFcprojw, l),
+                    m.act(kFch, l), N, 4 * C, C, next_seed(), s);
+    matmul_backward(m.scratch_btc, m.grad(llmc::kFcw, l), m.grad(llmc::kFcb, l), m.partials,
+                    m.scratch_bt4c, m.act(kLn2, l), m.param(llmc::kFcw, l), nullptr, N, C, 4 * C,
+                    next_seed(), s);
+    layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l), m.partials,
+                       m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),
+                       m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), N, C, next_seed(), s);
+    // dresidual is now the gradient of residual2[l] = residual + attproj(...)
+    matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), m.grad(llmc::kAttprojb, l),
+                    m.partials, m.dresidual, m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr,
+                    N, C, C, next_seed(), s);
+    attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
+                       m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
+    matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), m.grad(llmc::kQkvb, l), m.partials,
+                    m.scratch_bt4c, m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C,
+                    next_seed(), s);
+    layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l), m.partials,
+                       m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
+                       m.act_f(kLn1Rstd, l), N, C, next_seed(), s);
+  }
+  encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
+  encoder_backward(m.wte_grad_encoder, m.grad(llmc::kWpe), m.encoder_plan, m.encoder_buffers,
+                   m.dresidual, B, T, C, next_seed(), s);
+  if (last_micro_step) {
+    add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size,
+                next_seed(), s);
+  }
+  nvtxRangePop();
+}
+
+// Global L2 norm of the gradients (deterministic; see section 9).
+float gpt2_grad_norm(GPT2& m) {
+  global_norm_squared(m.norm_partials + kNormBlocks, m.norm_partials, m.grads, m.num_params,
+                      m.stream);
+  float norm_squared = 0.0f;
+  cudaCheck(cudaMemcpyAsync(&norm_squared, m.norm_partials + kNormBlocks, sizeof(float),
+                            cudaMemcpyDeviceToHost, m.stream));
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  return sqrtf(norm_squared);
+}
+
+// One AdamW step with gradient clipping at grad_clip (<= 0: no clipping), given the gradient
+// norm. Weight decay applies to the 2-D matrices only.
+void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float weight_decay,
+                 float grad_clip, float grad_norm) {
+  nvtxRangePush("update");
+  m.optimizer_steps++;
+  AdamWParams hp;
+  hp.lr = lr;
+  hp.beta1 = beta1;
+  hp.beta2 = beta2;
+  hp.eps = eps;
+  hp.weight_decay = weight_decay;
+  hp.grad_scale = (grad_clip > 0.0f && grad_norm > grad_clip) ? grad_clip / (grad_norm + 1e-6f) : 1.0f;
+  hp.step = m.optimizer_steps;
+  const uint32_t seed = m.rng.u32();
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    const size_t o = m.param_offsets[i];
+    adamw_update(m.params + o, m.master ? m.master + o : nullptr, m.grads + o, m.adam_m + o,
+                 m.adam_v + o, m.param_specs[i].size, hp, m.param_specs[i].decayed,
+                 seed + 0x9e3779b9u * (i + 1), m.stream);
+  }
+  nvtxRangePop();
+}
+
+// FP32 copy of the parameters: the master weights where they exist, else the stored values.
+std::vector<float> gpt2_params_to_host(GPT2& m) {
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  return device_to_host_float(m.params, m.num_params);
+}
+
+// A checksum of the parameter bits, for determinism checks.
+uint64_t gpt2_params_checksum(GPT2& m) {
+  std::vector<floatX> bits(m.num_params);
+  cudaCheck(cudaMemcpy(bits.data(), m.params, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
+  const unsigned char* p = (const unsigned char*)bits.data();
+  for (size_t i = 0; i < m.num_params * sizeof(floatX); i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+void gpt2_save_checkpoint(GPT2& m, const std::string& path) {
+  std::vector<float> values = gpt2_params_to_host(m);
+  llmc::checkpoint_save(path, m.config, values.data(), kCheckpointVersionFloatX);
+}
+
+// ============================================================================
+// 11. Multi-GPU
+// ============================================================================
+// Data parallel, one process per GPU. Under mpirun (OpenMPI, compiled in when mpi.h is found)
+// rank 0 makes the NCCL id and MPI broadcasts it. Gradients are averaged with one NCCL
+// all-reduce after the last micro step; the loss is averaged the same way.
+
+#include <nccl.h>
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+
+inline void nccl_check(ncclResult_t r, const char* file, int line) {
+  if (r != ncclSuccess) LLMC_FAIL("NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
+}
+#define ncclCheck(call) nccl_check((call), __FILE__, __LINE__)
+
+struct MultiGpu {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  ncclComm_t comm = nullptr;
+  float* scratch = nullptr;  // one float on the device for reducing scalars
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = getenv(name);
+  return v ? atoi(v) : fallback;
+}
+
+MultiGpu multi_gpu_init(int* argc, char*** argv) {
+  MultiGpu mg;
+  const int mpi_world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+  if (mpi_world > 1) {
+#ifdef USE_MPI
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_SINGLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &mg.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &mg.world);
+    mg.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    cudaCheck(cudaSetDevice(mg.local_rank));
+    ncclUniqueId id;
+    if (mg.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclCheck(ncclCommInitRank(&mg.comm, mg.world, id, mg.rank));
+    mg.scratch = device_alloc<float>(1, "the multi-GPU scratch");
+#else
+    (void)argc;
+    (void)argv;
+    LLMC_FAIL("launched by mpirun with %d processes, but this build has no MPI: install "
+              "libopenmpi-dev and rebuild (make USE_MPI=1)", mpi_world);
+#endif
+  }
+  return mg;
+}
+
+void multi_gpu_finish(MultiGpu& mg) {
+  if (mg.world == 1) return;
+  ncclCheck(ncclCommDestroy(mg.comm));
+  cudaCheck(cudaFree(mg.scratch));
+#ifdef USE_MPI
+  MPI_Finalize();
+#endif
+}
+
+void multi_gpu_average_grads(MultiGpu& mg, GPT2& m) {
+  if (mg.world == 1) return;
+  const ncclDataType_t type = sizeof(floatX) == 4 ? ncclFloat32 : ncclBfloat16;
+  ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, type, ncclAvg, mg.comm, m.stream));
+}
+
+float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
+  if (mg.world == 1) return value;
+  cudaCheck(cudaMemcpyAsync(mg.scratch, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+  ncclCheck(ncclAllReduce(mg.scratch, mg.scratch, 1, ncclFloat32, ncclAvg, mg.comm, stream));
+  cudaCheck(cudaMemcpyAsync(&value, mg.scratch, sizeof(float), cudaMemcpyDeviceToHost, stream));
+  cudaCheck(cudaStreamSynchronize(stream));
+  return value;
+}
+
+// ============================================================================
+// 12. Command line and main
+// ============================================================================
+
+// Dense BF16 peak of an H100/H200 SXM, the denominator of MFU (SPEC.md).
+constexpr double kPeakFlops = 989e12;
+
+double flops_per_token(const GPT2& m, int T) {
+  const llmc::GPT2Config& c = m.config;
+  return 6.0 * (double)m.num_params + 6.0 * c.num_layers * c.channels * (double)T;
+}
+
+// Loads -e: a checkpoint file, or a preset name (d12, d24, d36, d48, tiny) initialised from seed.
+llmc::GPT2Config load_or_init_params(const std::string& model, uint64_t seed,
+                                     std::vector<float>* values) {
+  llmc::GPT2Config config;
+  if (llmc::config_from_preset(model, &config)) {
+    *values = llmc::init_params_from_seed(config, seed);
+    return config;
+  }
+  if (!llmc::file_exists(model)) {
+    LLMC_FAIL("-e %s: no such checkpoint file, and not a model preset (d12, d24, d36, d48, tiny)",
+              model.c_str());
+  }
+  return llmc::checkpoint_load(model, values);
+}
+
+#ifndef TESTING
+
+struct TrainArgs {
+  std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
+  std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
+  std::string model = "d12";
+  std::string output_dir;
+  std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
+  std::string schedule = "cosine";
+  int B = 4, T = 1024;
+  long total_batch = -1;
+  float lr = 3e-4f, final_lr_frac = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
+  int warmup = 0, max_steps = -1, val_every = 20, val_batches = 20, sample_every = 20;
+  int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
+  int checkpoint_every = 0, resume = 0, hellaswag = 0, seed = 42, shuffle = 1;
+};
+
+struct Flag {
+  const char* name;
+  char type;  // 's' string, 'i' int, 'l' long, 'f' float
+  void* value;
+  const char* help;
+};
+
+std::vector<Flag> train_flags(TrainArgs& a) {
+  return {
+      {"-i", 's', &a.train_pattern, "train token shards (glob pattern)"},
+      {"-j", 's', &a.val_pattern, "validation token shards (glob pattern)"},
+      {"-e", 's', &a.model, "checkpoint file, or random init: d12 d24 d36 d48 tiny"},
+      {"-o", 's', &a.output_dir, "output directory for the log and checkpoints (none: no output)"},
+      {"-tk", 's', &a.tokenizer, "GPT-2 vocabulary .bin for printing samples"},
+      {"-b", 'i', &a.B, "micro batch size per GPU"},
+      {"-t", 'i', &a.T, "sequence length"},
+      {"-z", 'l', &a.total_batch, "total batch size in tokens (-1: B*T*processes, no accumulation)"},
+      {"-l", 'f', &a.lr, "peak learning rate"},
+      {"-u", 'i', &a.warmup, "learning-rate warmup steps"},
+      {"-q", 'f', &a.final_lr_frac, "final learning rate as a fraction of the peak"},
+      {"-k", 's', &a.schedule, "learning-rate schedule: cosine linear constant wsd"},
+      {"-c", 'f', &a.weight_decay, "weight decay (2-D matrices only)"},
+      {"-gc", 'f', &a.grad_clip, "gradient clipping norm (0: off)"},
+      {"-x", 'i', &a.max_steps, "training steps (-1: one epoch of the training data)"},
+      {"-v", 'i', &a.val_every, "validation loss every N steps (0: never)"},
+      {"-m", 'i', &a.val_batches, "validation batches per evaluation"},
+      {"-s", 'i', &a.sample_every, "sample from the model every N steps (0: never)"},
+      {"-g", 'i', &a.gen_len, "tokens per sample"},
+      {"-a", 'i', &a.overfit, "1: overfit the first batch (debugging)"},
+      {"-f", 'i', &a.tf32, "1: TF32 matmuls in FP32 builds"},
+      {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
+      {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
+      {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
+      {"-y", 'i', &a.resume, "1: resume from the newest checkpoint in -o"},
+      {"-h", 'i', &a.hellaswag, "1: HellaSwag evaluation (not available yet)"},
+      {"-S", 'i', &a.seed, "seed for initialisation, data order and sampling"},
+      {"-sh", 'i', &a.shuffle, "1: shuffle the training data"},
+  };
+}
+
+void print_usage(const std::vector<Flag>& flags) {
+  printf("usage: ./train_gpt2cu [flags]  (precision %s)\n", PRECISION_NAME);
+  for (const Flag& f : flags) printf("  %-4s %s\n", f.name, f.help);
+  printf("  -h or --help alone prints this\n");
+}
+
+// Returns false when help was asked for.
+bool parse_flags(int argc, char** argv, std::vector<Flag>& flags) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string name = argv[i];
+    if (name == "--help" || (name == "-h" && i + 1 >= argc)) return false;
+    Flag* flag = nullptr;
+    for (Flag& f : flags) {
+      if (name == f.name) flag = &f;
+    }
+    if (!flag) LLMC_FAIL("unknown flag '%s': ./train_gpt2cu --help lists the flags", name.c_str());
+    if (i + 1 >= argc) LLMC_FAIL("flag %s needs a value (%s)", flag->name, flag->help);
+    const char* text = argv[i + 1];
+    char* end = nullptr;
+    errno = 0;
+    switch (flag->type) {
+      case 's': *(std::string*)flag->value = text; continue;
+      case 'i': {
+        const long v = strtol(text, &end, 10);
+        if (*text && !*end && !errno && v >= INT32_MIN && v <= INT32_MAX) {
+          *(int*)flag->value = (int)v;
+          continue;
+        }
+        break;
+      }
+      case 'l': {
+        const long v = strtol(text, &end, 10);
+        if (*text && !*end && !errno) {
+          *(long*)flag->value = v;
+          continue;
+        }
+        break;
+      }
+      case 'f': {
+        const float v = strtof(text, &end);
+        if (*text && !*end && !errno && std::isfinite(v)) {
+          *(float*)flag->value = v;
+          continue;
+        }
+        break;
+      }
+    }
+    LLMC_FAIL("flag %s: '%s' is not a valid %s (%s)", flag->name, text,
+              flag->type == 'f' ? "number" : "integer", flag->help);
+  }
+  return true;
+}
+
+void validate_args(const TrainArgs& a, int world) {
+  REQUIRE(a.B > 0, "-b %d: the micro batch size must be positive", a.B);
+  REQUIRE(a.T > 0, "-t %d: the sequence length must be positive", a.T);
+  const long tokens_per_micro_step = (long)a.B * a.T * world;
+  if (a.total_batch != -1) {
+    REQUIRE(a.total_batch > 0 && a.total_batch % tokens_per_micro_step == 0,
+            "-z %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use -z %ld or another "
+            "multiple", a.total_batch, a.B, a.T, world, tokens_per_micro_step,
+            tokens_per_micro_step * std::max(1L, a.total_batch / tokens_per_micro_step));
+  }
+  REQUIRE(a.lr >= 0.0f, "-l %g: the learning rate must not be negative", a.lr);
+  REQUIRE(a.warmup >= 0, "-u %d: warmup steps must not be negative", a.warmup);
+  REQUIRE(a.final_lr_frac >= 0.0f && a.final_lr_frac <= 1.0f, "-q %g: must be in [0, 1]",
+          a.final_lr_frac);
+  REQUIRE(a.val_every >= 0 && a.val_batches >= 0 && a.sample_every >= 0 && a.gen_len >= 0,
+          "-v, -m, -s and -g must not be negative");
+  REQUIRE(a.checkpoint_every >= 0, "-n %d must not be negative", a.checkpoint_every);
+  REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
+  REQUIRE(a.hellaswag == 0, "-h %d: HellaSwag evaluation is not available in this version; use -h 0",
+          a.hellaswag);
+  REQUIRE(a.resume == 0, "-y %d: resuming is not available in this version; use -y 0", a.resume);
+}
+
+// Samples gen_len tokens after an end-of-text token with the model (B = 1), printing them.
+void sample_and_print(GPT2& m, llmc::Rng& rng, const llmc::Tokenizer* tokenizer, int gen_len,
+                      int eot) {
+  const int T = std::min(m.T, gen_len + 1);
+  std::vector<int> tokens(T, eot);
+  std::vector<floatX> row(m.config.padded_vocab_size);
+  std::vector<float> probs(m.config.vocab_size);
+  printf("sample: ");
+  for (int t = 1; t < T; t++) {
+    gpt2_forward(m, tokens.data(), 1, t);
+    cudaCheck(cudaMemcpy(row.data(), m.act(kOutput) + (size_t)(t - 1) * m.config.padded_vocab_size,
+                         row.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    float maxval = -FLT_MAX;
+    for (int v = 0; v < m.config.vocab_size; v++) maxval = std::max(maxval, (float)row[v]);
+    double sum = 0.0;
+    for (int v = 0; v < m.config.vocab_size; v++) sum += (probs[v] = expf((float)row[v] - maxval));
+    const double u = rng.uniform_double() * sum;
+    double cdf = 0.0;
+    int next = m.config.vocab_size - 1;
+    for (int v = 0; v < m.config.vocab_size; v++) {
+      cdf += probs[v];
+      if (u < cdf) {
+        next = v;
+        break;
+      }
+    }
+    tokens[t] = next;
+    if (tokenizer) {
+      printf("%s", tokenizer->decode(next).c_str());
+    } else {
+      printf("%d ", next);
+    }
+    fflush(stdout);
+  }
+  printf("\n");
+}
+
+float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int batches, int B,
+                          int T) {
+  loader.reset();
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  double sum = 0.0;
+  for (int i = 0; i < batches; i++) {
+    loader.next_batch(inputs.data(), targets.data());
+    gpt2_forward(m, inputs.data(), B, T);
+    sum += gpt2_classifier(m, targets.data(), B, T, 0.0f);
+  }
+  return multi_gpu_average(mg, (float)(sum / batches), m.stream);
+}
+
+void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, int accum_steps,
+                        long total_batch, int train_steps, size_t train_tokens) {
+  cudaDeviceProp prop;
+  cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
+  const auto row = [](const char* k, const std::string& v) { printf("| %-24s | %-44s |\n", k, v.c_str()); };
+  printf("+--------------------------+----------------------------------------------+\n");
+  row("device", prop.name);
+  row("precision", PRECISION_NAME);
+  row("processes", std::to_string(mg.world));
+  row("model", a.model + " (" + m.config.describe() + ")");
+  row("parameters", std::to_string(m.num_params));
+  row("train data", a.train_pattern + " (" + std::to_string(train_tokens) + " tokens)");
+  row("val data", a.val_pattern);
+  row("output dir", a.output_dir.empty() ? "(none)" : a.output_dir);
+  row("micro batch B x T", std::to_string(a.B) + " x " + std::to_string(a.T));
+  row("total batch (tokens)", std::to_string(total_batch) + " = " + std::to_string(accum_steps) + " micro steps");
+  row("steps", std::to_string(train_steps));
+  row("learning rate", llmc::strformat("%g, %s, warmup %d, final x%g", a.lr, a.schedule.c_str(), a.warmup, a.final_lr_frac));
+  row("weight decay / clip", llmc::strformat("%g / %g", a.weight_decay, a.grad_clip));
+  row("val every / batches", llmc::strformat("%d / %d", a.val_every, a.val_batches));
+  row("sample every / length", llmc::strformat("%d / %d", a.sample_every, a.gen_len));
+  row("overfit one batch", a.overfit ? "yes" : "no");
+  row("TF32 / master weights", llmc::strformat("%d / %d", a.tf32, (int)m.use_master_weights));
+  row("recompute", std::to_string(a.recompute));
+  row("checkpoint every", std::to_string(a.checkpoint_every));
+  row("seed", std::to_string(a.seed));
+  printf("+--------------------------+----------------------------------------------+\n");
+}
+
+int train_main(int argc, char** argv) {
+  TrainArgs a;
+  std::vector<Flag> flags = train_flags(a);
+  if (!parse_flags(argc, argv, flags)) {
+    print_usage(flags);
+    return 0;
+  }
+  MultiGpu mg = multi_gpu_init(&argc, &argv);
+  validate_args(a, mg.world);
+
+  std::vector<float> values;
+  const llmc::GPT2Config config = load_or_init_params(a.model, a.seed, &values);
+  REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
+          a.T, config.max_seq_len, config.max_seq_len);
+  matmul_setup(a.tf32 != 0);
+  GPT2 m;
+  cudaCheck(cudaStreamCreate(&m.stream));
+  gpt2_init(m, config, values, a.master_weights != 0, a.seed);
+  values.clear();
+  gpt2_allocate(m, a.B, a.T, a.recompute);
+
+  llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
+                                a.seed, config.vocab_size);
+  const bool run_val = a.val_every > 0 && a.val_batches > 0;
+  llmc::DataLoader* val_loader = nullptr;
+  if (run_val) {
+    val_loader = new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, mg.rank, mg.world, false,
+                                      a.seed, config.vocab_size);
+  }
+  const long tokens_per_micro_step = (long)a.B * a.T * mg.world;
+  const long total_batch = a.total_batch == -1 ? tokens_per_micro_step : a.total_batch;
+  const int accum_steps = (int)(total_batch / tokens_per_micro_step);
+  const int train_steps = a.max_steps > 0
+      ? a.max_steps
+      : (int)std::max<long>(1, train_loader.batches_per_epoch() / accum_steps);
+  const llmc::LrSchedule schedule =
+      llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, train_steps, a.final_lr_frac);
+  llmc::Tokenizer* tokenizer = nullptr;
+  if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) tokenizer = new llmc::Tokenizer(a.tokenizer);
+  llmc::Logger* logger = nullptr;
+  if (!a.output_dir.empty() && mg.rank == 0) {
+    llmc::make_dirs(a.output_dir);
+    logger = new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew);
+  }
+  if (mg.rank == 0) print_config_table(a, m, mg, accum_steps, total_batch, train_steps,
+                                       train_loader.total_tokens());
+  llmc::Rng sample_rng(a.seed + 1);
+
+  std::vector<int> inputs((size_t)a.B * a.T), targets((size_t)a.B * a.T);
+  if (a.overfit) train_loader.next_batch(inputs.data(), targets.data());
+  cudaEvent_t start, end;
+  cudaCheck(cudaEventCreate(&start));
+  cudaCheck(cudaEventCreate(&end));
+  double total_ms = 0.0;
+  int timed_steps = 0;
+  for (int step = 0; step <= train_steps; step++) {
+    const bool last = step == train_steps;
+    if (run_val && (step % a.val_every == 0 || last)) {
+      const float val_loss = evaluate_validation(m, mg, *val_loader, a.val_batches, a.B, a.T);
+      if (mg.rank == 0) {
+        printf("step %4d/%d | val loss %.6f\n", step, train_steps, val_loss);
+        if (logger) logger->val(step, val_loss);
+      }
+    }
+    if (mg.rank == 0 && a.sample_every > 0 && step > 0 && (step % a.sample_every == 0 || last)) {
+      sample_and_print(m, sample_rng, tokenizer, a.gen_len, config.vocab_size - 1);
+    }
+    if (!a.output_dir.empty() && mg.rank == 0 && step > 0 &&
+        (last || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
+      const std::string path = llmc::strformat("%s/model_%08d.bin", a.output_dir.c_str(), step);
+      gpt2_save_checkpoint(m, path);
+      printf("checkpoint: %s\n", path.c_str());
+    }
+    if (last) break;
+
+    cudaCheck(cudaEventRecord(start, m.stream));
+    gpt2_zero_grad(m);
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < accum_steps; micro++) {
+      if (!a.overfit) train_loader.next_batch(inputs.data(), targets.data());
+      gpt2_forward(m, inputs.data(), a.B, a.T);
+      loss_sum += gpt2_classifier(m, targets.data(), a.B, a.T,
+                                  1.0f / ((float)a.B * a.T * accum_steps));
+      gpt2_backward(m, a.B, a.T, micro == accum_steps - 1);
+    }
+    multi_gpu_average_grads(mg, m);
+    const float loss = multi_gpu_average(mg, (float)(loss_sum / accum_steps), m.stream);
+    const float norm = gpt2_grad_norm(m);
+    const float lr = (float)schedule.at(step);
+    gpt2_update(m, lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, norm);
+    cudaCheck(cudaEventRecord(end, m.stream));
+    cudaCheck(cudaEventSynchronize(end));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, start, end));
+    if (step > 0) {  // the first step includes one-time setup
+      total_ms += ms;
+      timed_steps++;
+    }
+    const double tokens_per_s = total_batch / (ms / 1e3);
+    const double mfu = tokens_per_s * flops_per_token(m, a.T) / kPeakFlops * 100.0;
+    if (mg.rank == 0) {
+      printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s\n",
+             step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s);
+      fflush(stdout);
+      if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
+    }
+  }
+  if (mg.rank == 0 && timed_steps > 0) {
+    printf("average %.2f ms per step, %.0f tok/s\n", total_ms / timed_steps,
+           total_batch * timed_steps / (total_ms / 1e3));
+  }
+  if (mg.rank == 0) {
+    printf("parameter checksum %016llx\n", (unsigned long long)gpt2_params_checksum(m));
+  }
+  delete logger;
+  delete tokenizer;
+  delete val_loader;
+  cudaCheck(cudaEventDestroy(start));
+  cudaCheck(cudaEventDestroy(end));
+  gpt2_free(m);
+  matmul_teardown();
+  multi_gpu_finish(mg);
+  return 0;
+}
+
+int main(int argc, char** argv) { return llmc::run_main(train_main, argc, argv); }
+#endif  // TESTING
