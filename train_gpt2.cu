@@ -13,8 +13,9 @@
 //   8. Classifier                 fused softmax + cross-entropy + dlogits
 //   9. Norms and optimizer        global gradient norm, AdamW with stochastic rounding
 //  10. Model                      parameter and activation tables, forward, backward, update
-//  11. Multi-GPU                  NCCL data parallel, launched by MPI or by hand
-//  12. Command line and main      (#ifndef TESTING)
+//  11. Checkpoints                model, optimizer state, RNGs and data position; exact resume
+//  12. Multi-GPU                  NCCL data parallel, launched by MPI or by hand
+//  13. Command line and main      (#ifndef TESTING)
 //
 // Determinism: no kernel uses atomics or a launch shape derived from the GPU's SM count for a
 // reduction, so the same seed and configuration give bitwise-identical results on any GPU of
@@ -28,6 +29,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <glob.h>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -1377,7 +1380,145 @@ void gpt2_save_checkpoint(GPT2& m, const std::string& path) {
 }
 
 // ============================================================================
-// 11. Multi-GPU
+// 11. Checkpoints
+// ============================================================================
+// A checkpoint at step s in the output directory is: model_<s>.bin (llm.c format, written by
+// rank 0), state_<s>_<rank>.bin per rank (optimizer moments, FP32 master weights, the step, every
+// RNG and the data loader's position), and DONE_<s>, written last, once every file is complete.
+// Each file is written under a temporary name, flushed to disk and renamed. The state file's
+// header holds a checksum of its payload, verified on load. Resuming from one gives exactly the
+// bits the uninterrupted run would have had.
+
+constexpr int kStateMagic = 20240528;
+constexpr int kStateVersion = 1;
+
+std::string checkpoint_path(const std::string& dir, const char* kind, int step, int rank = -1) {
+  return rank < 0 ? llmc::strformat("%s/%s_%08d.bin", dir.c_str(), kind, step)
+                  : llmc::strformat("%s/%s_%08d_%05d.bin", dir.c_str(), kind, step, rank);
+}
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
+  const unsigned char* p = (const unsigned char*)data;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// The host-side part of a rank's training state.
+struct HostTrainState {
+  llmc::RngState model_rng;   // stochastic-rounding seeds
+  llmc::RngState sample_rng;  // sampling
+  llmc::DataLoaderState train_loader;
+};
+
+void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
+                const HostTrainState& host) {
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  const size_t n = m.num_params;
+  std::vector<float> adam_m(n), adam_v(n), master(m.master ? n : 0);
+  cudaCheck(cudaMemcpy(adam_m.data(), m.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
+  cudaCheck(cudaMemcpy(adam_v.data(), m.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
+  if (m.master) cudaCheck(cudaMemcpy(master.data(), m.master, n * sizeof(float), cudaMemcpyDeviceToHost));
+  uint64_t sum = 1469598103934665603ull;
+  sum = fnv1a(sum, &host, sizeof(host));
+  sum = fnv1a(sum, adam_m.data(), n * sizeof(float));
+  sum = fnv1a(sum, adam_v.data(), n * sizeof(float));
+  sum = fnv1a(sum, master.data(), master.size() * sizeof(float));
+  int h[llmc::kHeaderInts] = {};
+  h[0] = kStateMagic;
+  h[1] = kStateVersion;
+  h[2] = step;
+  h[3] = rank;
+  h[4] = world;
+  h[5] = m.optimizer_steps;
+  h[6] = m.master ? 1 : 0;
+  memcpy(&h[8], &n, sizeof(n));
+  memcpy(&h[10], &sum, sizeof(sum));
+  const std::string tmp = path + ".tmp";
+  {
+    llmc::File f(tmp, "wb");
+    f.write(h, sizeof(h), "the state header");
+    f.write(&host, sizeof(host), "the RNG and data loader state");
+    f.write(adam_m.data(), n * sizeof(float), "AdamW's first moments");
+    f.write(adam_v.data(), n * sizeof(float), "AdamW's second moments");
+    if (m.master) f.write(master.data(), n * sizeof(float), "the master weights");
+    f.close(/*sync=*/true);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
+  }
+}
+
+// Loads a state file into the model (which holds the checkpoint's parameters already).
+HostTrainState load_state(GPT2& m, const std::string& path, int step, int rank, int world) {
+  llmc::File f(path, "rb");
+  int h[llmc::kHeaderInts];
+  f.read(h, sizeof(h), "the state header");
+  size_t n = 0;
+  uint64_t expected_sum = 0;
+  memcpy(&n, &h[8], sizeof(n));
+  memcpy(&expected_sum, &h[10], sizeof(expected_sum));
+  if (h[0] != kStateMagic || h[1] != kStateVersion) {
+    LLMC_FAIL("%s: not a training-state file of version %d (magic %d, version %d)", path.c_str(),
+              kStateVersion, h[0], h[1]);
+  }
+  if (h[2] != step || h[3] != rank || h[4] != world) {
+    LLMC_FAIL("%s: state of step %d rank %d of %d, expected step %d rank %d of %d: resume with "
+              "the process count the checkpoint was written with", path.c_str(), h[2], h[3], h[4],
+              step, rank, world);
+  }
+  if (n != m.num_params || (h[6] == 1) != (m.master != nullptr)) {
+    LLMC_FAIL("%s: state for %zu parameters %s master weights, but the model has %zu %s: resume "
+              "with the same model and -w setting", path.c_str(), n, h[6] ? "with" : "without",
+              m.num_params, m.master ? "with" : "without");
+  }
+  HostTrainState host;
+  std::vector<float> adam_m(n), adam_v(n), master(m.master ? n : 0);
+  f.read(&host, sizeof(host), "the RNG and data loader state");
+  f.read(adam_m.data(), n * sizeof(float), "AdamW's first moments");
+  f.read(adam_v.data(), n * sizeof(float), "AdamW's second moments");
+  if (m.master) f.read(master.data(), n * sizeof(float), "the master weights");
+  if (f.size() != (long)(sizeof(h) + sizeof(host) + (2 + (m.master ? 1 : 0)) * n * sizeof(float))) {
+    LLMC_FAIL("%s: trailing data after the state: the file is damaged", path.c_str());
+  }
+  uint64_t sum = 1469598103934665603ull;
+  sum = fnv1a(sum, &host, sizeof(host));
+  sum = fnv1a(sum, adam_m.data(), n * sizeof(float));
+  sum = fnv1a(sum, adam_v.data(), n * sizeof(float));
+  sum = fnv1a(sum, master.data(), master.size() * sizeof(float));
+  if (sum != expected_sum) {
+    LLMC_FAIL("%s: checksum mismatch: the file is damaged; resume from an earlier checkpoint",
+              path.c_str());
+  }
+  cudaCheck(cudaMemcpy(m.adam_m, adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  cudaCheck(cudaMemcpy(m.adam_v, adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  if (m.master) cudaCheck(cudaMemcpy(m.master, master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  m.optimizer_steps = h[5];
+  m.rng.restore(host.model_rng);
+  return host;
+}
+
+// The newest step with a DONE marker in dir, or -1.
+int latest_checkpoint_step(const std::string& dir) {
+  int latest = -1;
+  glob_t g;
+  if (glob((dir + "/DONE_*").c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+      int step = -1;
+      const char* name = strrchr(g.gl_pathv[i], '/') + 1;
+      if (sscanf(name, "DONE_%d", &step) == 1) latest = std::max(latest, step);
+    }
+  }
+  globfree(&g);
+  return latest;
+}
+
+void write_done_marker(const std::string& dir, int step) {
+  llmc::File f(llmc::strformat("%s/DONE_%08d", dir.c_str(), step), "wb");
+  f.close(/*sync=*/true);
+}
+
+// ============================================================================
+// 12. Multi-GPU
 // ============================================================================
 // Data parallel, one process per GPU. Under mpirun (OpenMPI, compiled in when mpi.h is found)
 // rank 0 makes the NCCL id and MPI broadcasts it. Gradients are averaged with one NCCL
@@ -1447,6 +1588,15 @@ void multi_gpu_average_grads(MultiGpu& mg, GPT2& m) {
   ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, type, ncclAvg, mg.comm, m.stream));
 }
 
+// Every rank reaches this point before any continues (a checkpoint is complete on all ranks).
+void multi_gpu_barrier(MultiGpu& mg) {
+#ifdef USE_MPI
+  if (mg.world > 1) MPI_Barrier(MPI_COMM_WORLD);
+#else
+  (void)mg;
+#endif
+}
+
 float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
   if (mg.world == 1) return value;
   cudaCheck(cudaMemcpyAsync(mg.scratch, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
@@ -1457,7 +1607,7 @@ float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
 }
 
 // ============================================================================
-// 12. Command line and main
+// 13. Command line and main
 // ============================================================================
 
 // Dense BF16 peak of an H100/H200 SXM, the denominator of MFU (SPEC.md).
@@ -1497,7 +1647,7 @@ struct TrainArgs {
   float lr = 3e-4f, final_lr_frac = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
   int warmup = 0, max_steps = -1, val_every = 20, val_batches = 20, sample_every = 20;
   int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
-  int checkpoint_every = 0, resume = 0, hellaswag = 0, seed = 42, shuffle = 1;
+  int checkpoint_every = 0, resume = 0, halt_after = -1, hellaswag = 0, seed = 42, shuffle = 1;
 };
 
 struct Flag {
@@ -1533,7 +1683,8 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
       {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
       {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
-      {"-y", 'i', &a.resume, "1: resume from the newest checkpoint in -o"},
+      {"-y", 'i', &a.resume, "1: resume from the newest complete checkpoint in -o"},
+      {"-halt", 'i', &a.halt_after, "stop after this step's checkpoint, resumable (-1: never)"},
       {"-h", 'i', &a.hellaswag, "1: HellaSwag evaluation (not available yet)"},
       {"-S", 'i', &a.seed, "seed for initialisation, data order and sampling"},
       {"-sh", 'i', &a.shuffle, "1: shuffle the training data"},
@@ -1613,7 +1764,9 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
   REQUIRE(a.hellaswag == 0, "-h %d: HellaSwag evaluation is not available in this version; use -h 0",
           a.hellaswag);
-  REQUIRE(a.resume == 0, "-y %d: resuming is not available in this version; use -y 0", a.resume);
+  REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
+  REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
+  REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
 }
 
 // Samples gen_len tokens after an end-of-text token with the model (B = 1), printing them.
@@ -1705,8 +1858,24 @@ int train_main(int argc, char** argv) {
   MultiGpu mg = multi_gpu_init(&argc, &argv);
   validate_args(a, mg.world);
 
+  const int resume_step = a.resume ? latest_checkpoint_step(a.output_dir) : -1;
+  if (a.resume && resume_step < 0) {
+    LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
+              "a new run", a.output_dir.c_str());
+  }
   std::vector<float> values;
-  const llmc::GPT2Config config = load_or_init_params(a.model, a.seed, &values);
+  llmc::GPT2Config config;
+  if (resume_step >= 0) {
+    const std::string path = checkpoint_path(a.output_dir, "model", resume_step);
+    config = llmc::checkpoint_load(path, &values);
+    llmc::GPT2Config requested;
+    if (llmc::config_from_preset(a.model, &requested) && requested != config) {
+      LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
+                path.c_str(), config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
+    }
+  } else {
+    config = load_or_init_params(a.model, a.seed, &values);
+  }
   REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
           a.T, config.max_seq_len, config.max_seq_len);
   matmul_setup(a.tf32 != 0);
@@ -1737,7 +1906,10 @@ int train_main(int argc, char** argv) {
   llmc::Logger* logger = nullptr;
   if (!a.output_dir.empty() && mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
-    logger = new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew);
+    // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
+    logger = resume_step >= 0
+        ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
+        : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew);
   }
   if (mg.rank == 0) print_config_table(a, m, mg, accum_steps, total_batch, train_steps,
                                        train_loader.total_tokens());
@@ -1745,28 +1917,52 @@ int train_main(int argc, char** argv) {
 
   std::vector<int> inputs((size_t)a.B * a.T), targets((size_t)a.B * a.T);
   if (a.overfit) train_loader.next_batch(inputs.data(), targets.data());
+  const int first_step = std::max(0, resume_step);
+  if (resume_step >= 0) {
+    const HostTrainState host = load_state(m, checkpoint_path(a.output_dir, "state", resume_step, mg.rank),
+                                           resume_step, mg.rank, mg.world);
+    sample_rng.restore(host.sample_rng);
+    train_loader.restore(host.train_loader);
+    if (mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
+  }
   cudaEvent_t start, end;
   cudaCheck(cudaEventCreate(&start));
   cudaCheck(cudaEventCreate(&end));
   double total_ms = 0.0;
   int timed_steps = 0;
-  for (int step = 0; step <= train_steps; step++) {
+  for (int step = first_step; step <= train_steps; step++) {
     const bool last = step == train_steps;
-    if (run_val && (step % a.val_every == 0 || last)) {
+    // The checkpoint a run resumes from was written after this step's evaluation and sample.
+    const bool resumed_here = resume_step >= 0 && step == resume_step;
+    if (run_val && !resumed_here && (step % a.val_every == 0 || last)) {
       const float val_loss = evaluate_validation(m, mg, *val_loader, a.val_batches, a.B, a.T);
       if (mg.rank == 0) {
         printf("step %4d/%d | val loss %.6f\n", step, train_steps, val_loss);
         if (logger) logger->val(step, val_loss);
       }
     }
-    if (mg.rank == 0 && a.sample_every > 0 && step > 0 && (step % a.sample_every == 0 || last)) {
+    if (mg.rank == 0 && !resumed_here && a.sample_every > 0 && step > 0 &&
+        (step % a.sample_every == 0 || last)) {
       sample_and_print(m, sample_rng, tokenizer, a.gen_len, config.vocab_size - 1);
     }
-    if (!a.output_dir.empty() && mg.rank == 0 && step > 0 &&
-        (last || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
-      const std::string path = llmc::strformat("%s/model_%08d.bin", a.output_dir.c_str(), step);
-      gpt2_save_checkpoint(m, path);
-      printf("checkpoint: %s\n", path.c_str());
+    const bool halt = step == a.halt_after;
+    if (!a.output_dir.empty() && !resumed_here && step > 0 &&
+        (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
+      if (mg.rank == 0) gpt2_save_checkpoint(m, checkpoint_path(a.output_dir, "model", step));
+      HostTrainState host;
+      host.model_rng = m.rng.state();
+      host.sample_rng = sample_rng.state();
+      host.train_loader = train_loader.state();
+      save_state(m, checkpoint_path(a.output_dir, "state", step, mg.rank), step, mg.rank, mg.world, host);
+      multi_gpu_barrier(mg);
+      if (mg.rank == 0) {
+        write_done_marker(a.output_dir, step);
+        printf("checkpoint: %s\n", checkpoint_path(a.output_dir, "model", step).c_str());
+      }
+    }
+    if (halt && !last) {
+      if (mg.rank == 0) printf("halted after step %d: continue with -y 1\n", step);
+      break;
     }
     if (last) break;
 

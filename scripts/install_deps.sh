@@ -6,8 +6,10 @@ set -euo pipefail
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
+packages="build-essential curl ca-certificates python3 python3-numpy python3-torch
+  libopenblas0-pthread python3-matplotlib libopenmpi-dev openmpi-bin"
+# A node from another source (with its own npm) conflicts with Debian's npm package.
+command -v npm >/dev/null || packages="$packages nodejs npm"
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential curl ca-certificates python3 python3-numpy python3-torch libopenblas0-pthread python3-matplotlib \
-  libopenmpi-dev openmpi-bin nodejs npm >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends $packages >/dev/null
 echo "dependencies installed"

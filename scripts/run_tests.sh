@@ -94,6 +94,26 @@ val_loss_falls() {
     printf "val loss %.4f -> %.4f\n", v[0], v[n-1]; exit !(v[n-1] < v[0] - margin) }' "$1"
 }
 
+# Two run logs agree on every line but the timings.
+same_log() {
+  local strip='s/ ms=[^ ]*//; s/ tok_per_s=[^ ]*//'
+  diff <(sed "$strip" "$1") <(sed "$strip" "$2") && echo "identical: $(wc -l < "$1") lines"
+}
+
+# 20 straight steps against 10 steps, a resume from the checkpoint and 10 more steps: the same
+# log (losses, norms, validation) and bitwise-identical final checkpoint files.
+resume_test() {
+  local binary=$1 name=$2 dir=build/test_resume/$2
+  rm -rf "$dir"
+  local args="$COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0 -n 10"
+  run "${name}_straight" "$binary" $args -o "$dir/straight"
+  run "${name}_halt" "$binary" $args -o "$dir/resumed" -halt 10
+  run "${name}_continue" "$binary" $args -o "$dir/resumed" -y 1
+  run "${name}_same_log" same_log "$dir/straight/main.log" "$dir/resumed/main.log"
+  run "${name}_same_files" bash -c "cmp $dir/straight/model_00000020.bin $dir/resumed/model_00000020.bin \
+    && cmp $dir/straight/state_00000020_00000.bin $dir/resumed/state_00000020_00000.bin && echo identical"
+}
+
 gpu_tests() {
   local data=dev/data/tinyshakespeare
   if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
@@ -128,7 +148,8 @@ gpu_tests() {
     [ -f "dev/cuda/${base%_fp32}.cu" ] && run "$base" "$t"
   done
   # Gradient accumulation: two micro steps of the same batch equal one (FP32, TF32 off).
-  local common="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
+  COMMON="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
+  local common=$COMMON
   run accumulate_1 ./train_gpt2fp32cu $common -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0
   run accumulate_2 ./train_gpt2fp32cu $common -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0 -z 512
   run accumulate_same_losses same_losses "$LOGS/accumulate_1.log" "$LOGS/accumulate_2.log"
@@ -137,6 +158,8 @@ gpu_tests() {
     run "determinism_$i" ./train_gpt2cu $common -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
   done
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
+  resume_test ./train_gpt2cu resume_bf16
+  resume_test ./train_gpt2fp32cu resume_fp32
   # Training from random initialisation learns: the validation loss falls, samples are printed.
   run train_d12 ./train_gpt2cu $common -e d12 -b 16 -t 256 -x 150 -v 50 -m 8 -s 150 -g 48 -l 6e-4 -u 20
   run train_d12_val_loss_falls val_loss_falls "$LOGS/train_d12.log" 2.0
