@@ -84,6 +84,22 @@ int test_main(int argc, char** argv) {
   testing::check_verbose(memcmp(first.data(), second.data(), m.num_params * sizeof(floatX)) == 0,
                          "a repeated forward/backward gives bitwise-identical gradients");
 
+  // Decoding with the KV cache gives the logits of a full forward pass, position by position.
+  const int decode_T = std::min(T, 32);
+  gpt2_forward(m, ref.inputs.data(), 1, decode_T);
+  const std::vector<float> full = device_to_host_float(m.act(kOutput), (size_t)decode_T * Vp);
+  std::vector<float> decoded((size_t)decode_T * Vp);
+  GPT2Decoder decoder;
+  decoder_init(decoder, m);
+  for (int t = 0; t < decode_T; t++) {
+    const floatX* row = decoder_step(decoder, m, ref.inputs[t]);
+    const std::vector<float> values = device_to_host_float(row, Vp);
+    std::copy(values.begin(), values.end(), decoded.begin() + (size_t)t * Vp);
+  }
+  decoder_free(decoder);
+  testing::check_tensor("kv-cache decode logits", decoded.data(), full.data(), decoded.size(),
+                        kLogitsAbsTol, 0.0f);
+
   // AdamW steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
   GPT2 fresh;

@@ -13,9 +13,10 @@
 //   8. Classifier                 fused softmax + cross-entropy + dlogits
 //   9. Norms and optimizer        global gradient norm, AdamW with stochastic rounding
 //  10. Model                      parameter and activation tables, forward, backward, update
-//  11. Checkpoints                model, optimizer state, RNGs and data position; exact resume
-//  12. Multi-GPU                  NCCL data parallel, launched by MPI or by hand
-//  13. Command line and main      (#ifndef TESTING)
+//  11. Generation                 decoding with a KV cache, temperature and top-k sampling
+//  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
+//  13. Multi-GPU                  NCCL data parallel, launched by MPI or by hand
+//  14. Command line and main      (#ifndef TESTING)
 //
 // Determinism: no kernel uses atomics or a launch shape derived from the GPU's SM count for a
 // reduction, so the same seed and configuration give bitwise-identical results on any GPU of
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -1380,7 +1382,181 @@ void gpt2_save_checkpoint(GPT2& m, const std::string& path) {
 }
 
 // ============================================================================
-// 11. Checkpoints
+// 11. Generation with a KV cache
+// ============================================================================
+// Autoregressive decoding one token at a time: each layer keeps the keys and values of the
+// positions seen so far ([NH, maxT, HS] each), so a new token costs one row through every matmul
+// and one query against the cache, instead of a forward pass over the whole sequence. The other
+// kernels are the training ones with N = 1 row. The attention of one query: one block per head
+// writes the new key and value into the cache, scores all positions up to t, softmaxes them with
+// fixed-order block reductions and sums the values. Floor per token: reading the weights once.
+
+constexpr int kDecodeThreads = 128;
+
+// qkv: [3, NH, HS] of the new token at position t; out: [NH, HS]. k_cache, v_cache [NH, maxT, HS].
+// Dynamic shared memory: (t + 1) floats of scores.
+__global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_cache,
+                                        const floatX* qkv, int t, int max_t, int NH, int HS,
+                                        float scale) {
+  extern __shared__ float scores[];
+  __shared__ float reduce[WARP_SIZE];
+  const int h = blockIdx.x, C = NH * HS;
+  const floatX* q = qkv + h * HS;
+  floatX* keys = k_cache + (size_t)h * max_t * HS;
+  floatX* values = v_cache + (size_t)h * max_t * HS;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    keys[(size_t)t * HS + d] = qkv[C + h * HS + d];
+    values[(size_t)t * HS + d] = qkv[2 * C + h * HS + d];
+  }
+  __syncthreads();
+  float local_max = -FLT_MAX;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    float dot = 0.0f;
+    for (int d = 0; d < HS; d++) dot += (float)q[d] * (float)keys[(size_t)j * HS + d];
+    scores[j] = dot * scale;
+    local_max = fmaxf(local_max, scores[j]);
+  }
+  local_max = warp_reduce_max(local_max);
+  __syncthreads();
+  if (threadIdx.x % WARP_SIZE == 0) reduce[threadIdx.x / WARP_SIZE] = local_max;
+  __syncthreads();
+  float max_score = -FLT_MAX;
+  for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) max_score = fmaxf(max_score, reduce[w]);
+  float local_sum = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    scores[j] = expf(scores[j] - max_score);
+    local_sum += scores[j];
+  }
+  const float inv_sum = 1.0f / block_reduce_sum(local_sum, reduce);
+  __syncthreads();
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= t; j++) acc += scores[j] * (float)values[(size_t)j * HS + d];
+    out[h * HS + d] = (floatX)(acc * inv_sum);
+  }
+}
+
+struct GPT2Decoder {
+  floatX* k_cache = nullptr;  // [L, NH, maxT, HS]
+  floatX* v_cache = nullptr;
+  floatX* buffers = nullptr;  // one row each of the activations below
+  float* stats = nullptr;     // layernorm mean and rstd of the row (not needed afterwards)
+  int* token = nullptr;
+  int position = 0;           // tokens in the cache
+};
+
+void decoder_init(GPT2Decoder& d, const GPT2& m) {
+  const llmc::GPT2Config& c = m.config;
+  const size_t cache = (size_t)c.num_layers * c.max_seq_len * c.channels;
+  d.k_cache = device_alloc<floatX>(cache, "the key cache");
+  d.v_cache = device_alloc<floatX>(cache, "the value cache");
+  // residual, ln, qkv (3C), atty, proj, fch (4C), fch_gelu (4C), logits (Vp)
+  d.buffers = device_alloc<floatX>((size_t)16 * c.channels + c.padded_vocab_size, "the decoder rows");
+  d.stats = device_alloc<float>(2, "the decoder statistics");
+  d.token = device_alloc<int>(1, "the decoder token");
+  d.position = 0;
+}
+
+void decoder_free(GPT2Decoder& d) {
+  cudaCheck(cudaFree(d.k_cache));
+  cudaCheck(cudaFree(d.v_cache));
+  cudaCheck(cudaFree(d.buffers));
+  cudaCheck(cudaFree(d.stats));
+  cudaCheck(cudaFree(d.token));
+  d = GPT2Decoder();
+}
+
+// Feeds one token at the next position; returns the device row of its logits [Vp].
+const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
+  const llmc::GPT2Config& c = m.config;
+  const int C = c.channels, NH = c.num_heads, HS = C / NH, t = d.position;
+  REQUIRE(t < c.max_seq_len, "generation reached the model's maximum sequence length %d",
+          c.max_seq_len);
+  cudaStream_t s = m.stream;
+  floatX *residual = d.buffers, *ln = residual + C, *qkv = ln + C, *atty = qkv + 3 * C;
+  floatX *proj = atty + C, *fch = proj + C, *fch_gelu = fch + 4 * C, *logits = fch_gelu + 4 * C;
+  float* stats = d.stats;
+  int* token_d = d.token;
+  cudaCheck(cudaMemcpyAsync(token_d, &token, sizeof(int), cudaMemcpyHostToDevice, s));
+  // wpe shifted to this position, so the encoder's position 0 is t.
+  encoder_forward(residual, token_d, m.param(llmc::kWte), m.param(llmc::kWpe) + (size_t)t * C, 1, 1, C, s);
+  layernorm_forward(ln, stats, stats + 1, residual, m.param(llmc::kLn1w), m.param(llmc::kLn1b), 1, C, s);
+  const size_t layer_cache = (size_t)c.max_seq_len * C;
+  for (int l = 0; l < c.num_layers; l++) {
+    matmul_forward(qkv, ln, m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), 1, C, 3 * C, nullptr, s);
+    attention_decode_kernel<<<NH, kDecodeThreads, (t + 1) * sizeof(float), s>>>(
+        atty, d.k_cache + l * layer_cache, d.v_cache + l * layer_cache, qkv, t, c.max_seq_len, NH,
+        HS, 1.0f / sqrtf((float)HS));
+    cudaCheckLaunch();
+    matmul_forward(proj, atty, m.param(llmc::kAttprojw, l), m.param(llmc::kAttprojb, l), 1, C, C, nullptr, s);
+    fused_residual_layernorm_forward(residual, ln, stats, stats + 1, residual, proj,
+                                     m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), 1, C, s);
+    matmul_forward(fch_gelu, ln, m.param(llmc::kFcw, l), m.param(llmc::kFcb, l), 1, C, 4 * C, fch, s);
+    matmul_forward(proj, fch_gelu, m.param(llmc::kFcprojw, l), m.param(llmc::kFcprojb, l), 1, 4 * C, C, nullptr, s);
+    const bool last = l == c.num_layers - 1;
+    fused_residual_layernorm_forward(residual, ln, stats, stats + 1, residual, proj,
+                                     last ? m.param(llmc::kLnfw) : m.param(llmc::kLn1w, l + 1),
+                                     last ? m.param(llmc::kLnfb) : m.param(llmc::kLn1b, l + 1), 1, C, s);
+  }
+  matmul_forward(logits, ln, m.param(llmc::kWte), nullptr, 1, C, c.padded_vocab_size, nullptr, s);
+  d.position++;
+  return logits;
+}
+
+// Samples from logits [V] with a temperature (0: greedy) and top-k (0: all tokens).
+int sample_token(const std::vector<float>& logits, float temperature, int top_k, llmc::Rng& rng) {
+  const int V = (int)logits.size();
+  std::vector<int> order(V);
+  for (int i = 0; i < V; i++) order[i] = i;
+  const int k = top_k > 0 && top_k < V ? top_k : V;
+  // Ties broken by the lower id, so the choice does not depend on the sort's implementation.
+  const auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (temperature <= 0.0f) return *std::min_element(order.begin(), order.end(), by_logit);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
+  std::vector<double> probs(k);
+  double sum = 0.0;
+  for (int i = 0; i < k; i++) sum += (probs[i] = exp((logits[order[i]] - logits[order[0]]) / temperature));
+  const double u = rng.uniform_double() * sum;
+  double cdf = 0.0;
+  for (int i = 0; i < k; i++) {
+    cdf += probs[i];
+    if (u < cdf) return order[i];
+  }
+  return order[k - 1];
+}
+
+// Feeds `prompt` and generates `length` tokens, calling on_token(id) for each new one as soon as
+// it is sampled. Returns the generated ids.
+template <class OnToken>
+std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, float temperature,
+                          int top_k, llmc::Rng& rng, OnToken on_token) {
+  REQUIRE(!prompt.empty(), "generation needs at least one prompt token");
+  REQUIRE((int)prompt.size() + length <= m.config.max_seq_len,
+          "prompt (%zu tokens) plus %d generated tokens exceed the model's maximum sequence "
+          "length %d: shorten the prompt or -g", prompt.size(), length, m.config.max_seq_len);
+  GPT2Decoder d;
+  decoder_init(d, m);
+  std::vector<floatX> row(m.config.vocab_size);
+  std::vector<float> logits(m.config.vocab_size);
+  std::vector<int> out;
+  const floatX* device_logits = nullptr;
+  for (int token : prompt) device_logits = decoder_step(d, m, token);
+  for (int i = 0; i < length; i++) {
+    cudaCheck(cudaMemcpyAsync(row.data(), device_logits, row.size() * sizeof(floatX),
+                              cudaMemcpyDeviceToHost, m.stream));
+    cudaCheck(cudaStreamSynchronize(m.stream));
+    floatX_to_float(logits.data(), row.data(), row.size());
+    const int next = sample_token(logits, temperature, top_k, rng);
+    out.push_back(next);
+    on_token(next);
+    if (i + 1 < length) device_logits = decoder_step(d, m, next);
+  }
+  decoder_free(d);
+  return out;
+}
+
+// ============================================================================
+// 12. Checkpoints
 // ============================================================================
 // A checkpoint at step s in the output directory is: model_<s>.bin (llm.c format, written by
 // rank 0), state_<s>_<rank>.bin per rank (optimizer moments, FP32 master weights, the step, every
@@ -1518,7 +1694,7 @@ void write_done_marker(const std::string& dir, int step) {
 }
 
 // ============================================================================
-// 12. Multi-GPU
+// 13. Multi-GPU
 // ============================================================================
 // Data parallel, one process per GPU. Under mpirun (OpenMPI, compiled in when mpi.h is found)
 // rank 0 makes the NCCL id and MPI broadcasts it. Gradients are averaged with one NCCL
@@ -1607,7 +1783,7 @@ float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
 }
 
 // ============================================================================
-// 13. Command line and main
+// 14. Command line and main
 // ============================================================================
 
 // Dense BF16 peak of an H100/H200 SXM, the denominator of MFU (SPEC.md).
@@ -1642,6 +1818,10 @@ struct TrainArgs {
   std::string output_dir;
   std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
   std::string schedule = "cosine";
+  std::string prompt;
+  std::string encoder_dir = "dev/data/gpt2";
+  float temperature = 1.0f;
+  int top_k = 0;
   int B = 4, T = 1024;
   long total_batch = -1;
   float lr = 3e-4f, final_lr_frac = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
@@ -1678,6 +1858,10 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-m", 'i', &a.val_batches, "validation batches per evaluation"},
       {"-s", 'i', &a.sample_every, "sample from the model every N steps (0: never)"},
       {"-g", 'i', &a.gen_len, "tokens per sample"},
+      {"-temp", 'f', &a.temperature, "sampling temperature (0: greedy)"},
+      {"-topk", 'i', &a.top_k, "sample among the k most likely tokens (0: all)"},
+      {"-p", 's', &a.prompt, "generate from this prompt text with -e's model and exit (no training)"},
+      {"-bpe", 's', &a.encoder_dir, "directory of encoder.json and vocab.bpe, for -p"},
       {"-a", 'i', &a.overfit, "1: overfit the first batch (debugging)"},
       {"-f", 'i', &a.tf32, "1: TF32 matmuls in FP32 builds"},
       {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
@@ -1761,6 +1945,8 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.val_every >= 0 && a.val_batches >= 0 && a.sample_every >= 0 && a.gen_len >= 0,
           "-v, -m, -s and -g must not be negative");
   REQUIRE(a.checkpoint_every >= 0, "-n %d must not be negative", a.checkpoint_every);
+  REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
+          a.temperature, a.top_k);
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
   REQUIRE(a.hellaswag == 0, "-h %d: HellaSwag evaluation is not available in this version; use -h 0",
           a.hellaswag);
@@ -1769,41 +1955,16 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
 }
 
-// Samples gen_len tokens after an end-of-text token with the model (B = 1), printing them.
-void sample_and_print(GPT2& m, llmc::Rng& rng, const llmc::Tokenizer* tokenizer, int gen_len,
-                      int eot) {
-  const int T = std::min(m.T, gen_len + 1);
-  std::vector<int> tokens(T, eot);
-  std::vector<floatX> row(m.config.padded_vocab_size);
-  std::vector<float> probs(m.config.vocab_size);
-  printf("sample: ");
-  for (int t = 1; t < T; t++) {
-    gpt2_forward(m, tokens.data(), 1, t);
-    cudaCheck(cudaMemcpy(row.data(), m.act(kOutput) + (size_t)(t - 1) * m.config.padded_vocab_size,
-                         row.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
-    float maxval = -FLT_MAX;
-    for (int v = 0; v < m.config.vocab_size; v++) maxval = std::max(maxval, (float)row[v]);
-    double sum = 0.0;
-    for (int v = 0; v < m.config.vocab_size; v++) sum += (probs[v] = expf((float)row[v] - maxval));
-    const double u = rng.uniform_double() * sum;
-    double cdf = 0.0;
-    int next = m.config.vocab_size - 1;
-    for (int v = 0; v < m.config.vocab_size; v++) {
-      cdf += probs[v];
-      if (u < cdf) {
-        next = v;
-        break;
-      }
-    }
-    tokens[t] = next;
-    if (tokenizer) {
-      printf("%s", tokenizer->decode(next).c_str());
-    } else {
-      printf("%d ", next);
-    }
+// Generates `length` tokens after `prompt` and prints them as they come; token_text gives the
+// bytes of a token (held back by the joiner until they form whole UTF-8 characters).
+void print_generation(GPT2& m, const std::vector<int>& prompt, int length, float temperature,
+                      int top_k, llmc::Rng& rng, const std::function<std::string(int)>& token_text) {
+  llmc::Utf8Joiner joiner;
+  generate(m, prompt, length, temperature, top_k, rng, [&](int id) {
+    printf("%s", joiner.push(token_text(id)).c_str());
     fflush(stdout);
-  }
-  printf("\n");
+  });
+  printf("%s\n", joiner.finish().c_str());
 }
 
 float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int batches, int B,
@@ -1883,6 +2044,18 @@ int train_main(int argc, char** argv) {
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, values, a.master_weights != 0, a.seed);
   values.clear();
+  if (!a.prompt.empty()) {
+    llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(a.encoder_dir);
+    const std::vector<int> prompt = encoder.encode(a.prompt);
+    llmc::Rng rng(a.seed);
+    printf("%s", a.prompt.c_str());
+    print_generation(m, prompt, a.gen_len, a.temperature, a.top_k, rng,
+                     [&](int id) { return encoder.decode({id}); });
+    gpt2_free(m);
+    matmul_teardown();
+    multi_gpu_finish(mg);
+    return 0;
+  }
   gpt2_allocate(m, a.B, a.T, a.recompute);
 
   llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
@@ -1943,7 +2116,11 @@ int train_main(int argc, char** argv) {
     }
     if (mg.rank == 0 && !resumed_here && a.sample_every > 0 && step > 0 &&
         (step % a.sample_every == 0 || last)) {
-      sample_and_print(m, sample_rng, tokenizer, a.gen_len, config.vocab_size - 1);
+      printf("sample: ");
+      print_generation(m, {config.vocab_size - 1}, std::min(a.gen_len, config.max_seq_len - 1),
+                       a.temperature, a.top_k, sample_rng, [&](int id) {
+                         return tokenizer ? tokenizer->decode(id) : llmc::strformat("%d ", id);
+                       });
     }
     const bool halt = step == a.halt_after;
     if (!a.output_dir.empty() && !resumed_here && step > 0 &&
