@@ -100,6 +100,26 @@ int test_main(int argc, char** argv) {
   testing::check_tensor("kv-cache decode logits", decoded.data(), full.data(), decoded.size(),
                         kLogitsAbsTol, 0.0f);
 
+  // Sampling: greedy and top-1 take the most likely token; temperature 1 follows the softmax;
+  // top-k never picks outside the k most likely.
+  {
+    const std::vector<float> logits = {logf(0.2f), logf(0.5f), logf(0.3f)};
+    llmc::Rng rng(7);
+    testing::check_verbose(sample_token(logits, 0.0f, 0, rng) == 1, "greedy sampling picks the argmax");
+    testing::check_verbose(sample_token(logits, 2.0f, 1, rng) == 1, "top-1 sampling picks the argmax");
+    int counts[3] = {0, 0, 0}, top2_misses = 0;
+    const int draws = 20000;
+    for (int i = 0; i < draws; i++) counts[sample_token(logits, 1.0f, 0, rng)]++;
+    for (int i = 0; i < draws; i++) top2_misses += sample_token(logits, 1.0f, 2, rng) == 0;
+    testing::check_verbose(std::fabs(counts[0] / (double)draws - 0.2) < 0.02 &&
+                               std::fabs(counts[1] / (double)draws - 0.5) < 0.02 &&
+                               std::fabs(counts[2] / (double)draws - 0.3) < 0.02,
+                           llmc::strformat("temperature-1 frequencies %.3f %.3f %.3f follow 0.2 0.5 0.3",
+                                           counts[0] / (double)draws, counts[1] / (double)draws,
+                                           counts[2] / (double)draws));
+    testing::check_verbose(top2_misses == 0, "top-2 sampling never picks the least likely token");
+  }
+
   // AdamW steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
   GPT2 fresh;

@@ -43,6 +43,7 @@
 
 #include "llmc/dataloader.h"
 #include "llmc/gpt2.h"
+#include "llmc/hellaswag.h"
 #include "llmc/logger.h"
 #include "llmc/rand.h"
 #include "llmc/schedulers.h"
@@ -1710,12 +1711,14 @@ inline void nccl_check(ncclResult_t r, const char* file, int line) {
 }
 #define ncclCheck(call) nccl_check((call), __FILE__, __LINE__)
 
+constexpr int kMultiGpuScratch = 8;
+
 struct MultiGpu {
   int rank = 0;
   int world = 1;
   int local_rank = 0;
   ncclComm_t comm = nullptr;
-  float* scratch = nullptr;  // one float on the device for reducing scalars
+  double* scratch = nullptr;  // kMultiGpuScratch doubles on the device for reducing scalars
 };
 
 int env_int(const char* name, int fallback) {
@@ -1738,7 +1741,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv) {
     if (mg.rank == 0) ncclCheck(ncclGetUniqueId(&id));
     MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
     ncclCheck(ncclCommInitRank(&mg.comm, mg.world, id, mg.rank));
-    mg.scratch = device_alloc<float>(1, "the multi-GPU scratch");
+    mg.scratch = device_alloc<double>(kMultiGpuScratch, "the multi-GPU scratch");
 #else
     (void)argc;
     (void)argv;
@@ -1764,6 +1767,16 @@ void multi_gpu_average_grads(MultiGpu& mg, GPT2& m) {
   ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, type, ncclAvg, mg.comm, m.stream));
 }
 
+// Sums n doubles over the ranks, in place (n <= kMultiGpuScratch).
+void multi_gpu_sum(MultiGpu& mg, double* values, int n, cudaStream_t stream) {
+  if (mg.world == 1) return;
+  REQUIRE(n <= kMultiGpuScratch, "multi_gpu_sum: %d values, at most %d", n, kMultiGpuScratch);
+  cudaCheck(cudaMemcpyAsync(mg.scratch, values, n * sizeof(double), cudaMemcpyHostToDevice, stream));
+  ncclCheck(ncclAllReduce(mg.scratch, mg.scratch, n, ncclFloat64, ncclSum, mg.comm, stream));
+  cudaCheck(cudaMemcpyAsync(values, mg.scratch, n * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  cudaCheck(cudaStreamSynchronize(stream));
+}
+
 // Every rank reaches this point before any continues (a checkpoint is complete on all ranks).
 void multi_gpu_barrier(MultiGpu& mg) {
 #ifdef USE_MPI
@@ -1774,12 +1787,9 @@ void multi_gpu_barrier(MultiGpu& mg) {
 }
 
 float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
-  if (mg.world == 1) return value;
-  cudaCheck(cudaMemcpyAsync(mg.scratch, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
-  ncclCheck(ncclAllReduce(mg.scratch, mg.scratch, 1, ncclFloat32, ncclAvg, mg.comm, stream));
-  cudaCheck(cudaMemcpyAsync(&value, mg.scratch, sizeof(float), cudaMemcpyDeviceToHost, stream));
-  cudaCheck(cudaStreamSynchronize(stream));
-  return value;
+  double sum = value;
+  multi_gpu_sum(mg, &sum, 1, stream);
+  return (float)(sum / mg.world);
 }
 
 // ============================================================================
@@ -1820,6 +1830,7 @@ struct TrainArgs {
   std::string schedule = "cosine";
   std::string prompt;
   std::string encoder_dir = "dev/data/gpt2";
+  std::string hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
   float temperature = 1.0f;
   int top_k = 0;
   int B = 4, T = 1024;
@@ -1853,7 +1864,7 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-k", 's', &a.schedule, "learning-rate schedule: cosine linear constant wsd"},
       {"-c", 'f', &a.weight_decay, "weight decay (2-D matrices only)"},
       {"-gc", 'f', &a.grad_clip, "gradient clipping norm (0: off)"},
-      {"-x", 'i', &a.max_steps, "training steps (-1: one epoch of the training data)"},
+      {"-x", 'i', &a.max_steps, "training steps (-1: one epoch of the training data, 0: evaluate only)"},
       {"-v", 'i', &a.val_every, "validation loss every N steps (0: never)"},
       {"-m", 'i', &a.val_batches, "validation batches per evaluation"},
       {"-s", 'i', &a.sample_every, "sample from the model every N steps (0: never)"},
@@ -1869,7 +1880,8 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
       {"-y", 'i', &a.resume, "1: resume from the newest complete checkpoint in -o"},
       {"-halt", 'i', &a.halt_after, "stop after this step's checkpoint, resumable (-1: never)"},
-      {"-h", 'i', &a.hellaswag, "1: HellaSwag evaluation (not available yet)"},
+      {"-h", 'i', &a.hellaswag, "1: HellaSwag accuracy at every validation (-x 0: evaluate only)"},
+      {"-hs", 's', &a.hellaswag_path, "HellaSwag eval file (made by build/hellaswag)"},
       {"-S", 'i', &a.seed, "seed for initialisation, data order and sampling"},
       {"-sh", 'i', &a.shuffle, "1: shuffle the training data"},
   };
@@ -1948,8 +1960,8 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
           a.temperature, a.top_k);
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
-  REQUIRE(a.hellaswag == 0, "-h %d: HellaSwag evaluation is not available in this version; use -h 0",
-          a.hellaswag);
+  REQUIRE(a.hellaswag == 0 || a.hellaswag == 1, "-h %d: use 0 or 1", a.hellaswag);
+  REQUIRE(a.max_steps >= -1, "-x %d: use -1 (one epoch), 0 (evaluate only) or a step count", a.max_steps);
   REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
@@ -1978,6 +1990,28 @@ float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int b
     sum += gpt2_classifier(m, targets.data(), B, T, 0.0f);
   }
   return multi_gpu_average(mg, (float)(sum / batches), m.stream);
+}
+
+// HellaSwag accuracy (acc_norm) over this rank's share of the examples, summed over the ranks.
+// Each example is one forward pass of its 4 rows (context + ending, padded to T).
+llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::HellaSwagSet& set, int T) {
+  REQUIRE(m.B >= llmc::kHellaSwagEndings, "HellaSwag evaluates %d rows at once: use -b %d or more",
+          llmc::kHellaSwagEndings, llmc::kHellaSwagEndings);
+  REQUIRE(set.longest_row <= T, "HellaSwag examples take up to %d tokens: use -t %d or more",
+          set.longest_row, set.longest_row);
+  llmc::HellaSwagCounts counts;
+  for (int i : llmc::hellaswag_rank_examples((int)set.examples.size(), mg.rank, mg.world)) {
+    const llmc::HellaSwagRows rows = llmc::hellaswag_rows(set.examples[i], T);
+    gpt2_forward(m, rows.inputs.data(), llmc::kHellaSwagEndings, T);
+    gpt2_classifier(m, rows.targets.data(), llmc::kHellaSwagEndings, T, 0.0f);
+    counts.add(llmc::hellaswag_score(rows, m.losses_host));
+  }
+  double totals[3] = {(double)counts.examples, (double)counts.correct, (double)counts.correct_norm};
+  multi_gpu_sum(mg, totals, 3, m.stream);
+  counts.examples = (long long)totals[0];
+  counts.correct = (long long)totals[1];
+  counts.correct_norm = (long long)totals[2];
+  return counts;
 }
 
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, int accum_steps,
@@ -2069,11 +2103,13 @@ int train_main(int argc, char** argv) {
   const long tokens_per_micro_step = (long)a.B * a.T * mg.world;
   const long total_batch = a.total_batch == -1 ? tokens_per_micro_step : a.total_batch;
   const int accum_steps = (int)(total_batch / tokens_per_micro_step);
-  const int train_steps = a.max_steps > 0
+  const int train_steps = a.max_steps >= 0
       ? a.max_steps
       : (int)std::max<long>(1, train_loader.batches_per_epoch() / accum_steps);
   const llmc::LrSchedule schedule =
-      llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, train_steps, a.final_lr_frac);
+      llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, train_steps), a.final_lr_frac);
+  llmc::HellaSwagSet hellaswag;
+  if (a.hellaswag) hellaswag = llmc::hellaswag_read(a.hellaswag_path, config.vocab_size);
   llmc::Tokenizer* tokenizer = nullptr;
   if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) tokenizer = new llmc::Tokenizer(a.tokenizer);
   llmc::Logger* logger = nullptr;
@@ -2112,6 +2148,14 @@ int train_main(int argc, char** argv) {
       if (mg.rank == 0) {
         printf("step %4d/%d | val loss %.6f\n", step, train_steps, val_loss);
         if (logger) logger->val(step, val_loss);
+      }
+    }
+    if (a.hellaswag && !resumed_here && ((a.val_every > 0 && step % a.val_every == 0) || last)) {
+      const llmc::HellaSwagCounts counts = evaluate_hellaswag(m, mg, hellaswag, a.T);
+      if (mg.rank == 0) {
+        printf("step %4d/%d | hellaswag acc_norm %.4f (%lld/%lld), acc %.4f\n", step, train_steps,
+               counts.acc_norm(), counts.correct_norm, counts.examples, counts.acc());
+        if (logger) logger->eval(step, "hellaswag", counts.acc_norm());
       }
     }
     if (mg.rank == 0 && !resumed_here && a.sample_every > 0 && step > 0 &&

@@ -657,7 +657,8 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
             val_loss = evaluate(model, val_loader, args.val_steps, device, autocast, world)
             log(f"step {step:4d}/{N} | val loss {val_loss:.6f}")
             if log_file:
-                log_file.write(f"s:{step} tel:{val_loss:.6f}\n")
+                log_file.write(f"step={step} kind=val loss={val_loss:.6f}\n")
+                log_file.flush()
         if step == N:
             break
         t0 = time.perf_counter()
@@ -686,7 +687,10 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         log(f"step {step + 1:4d}/{N} | loss {train_loss:.6f} | norm {norm.item():.4f} | lr {lr:.3e} | "
             f"{1000 * step_times[-1]:.2f} ms | MFU {mfu:.1f}% | {tokens_per_s:.0f} tok/s")
         if log_file:
-            log_file.write(f"s:{step + 1} trl:{train_loss:.6f}\n")
+            # The run-log format of llmc/logger.h, so both trainers' logs plot and compare alike.
+            log_file.write(f"step={step + 1} kind=train loss={train_loss:.6f} norm={norm.item():.4f} "
+                           f"lr={lr:.4e} ms={1000 * step_times[-1]:.2f} tok_per_s={tokens_per_s:.0f}\n")
+            log_file.flush()
 
     skip = min(WARMUP_STEPS_UNTIMED, N - 1)
     average = sum(step_times[skip:]) / (N - skip)

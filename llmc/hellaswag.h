@@ -2,7 +2,7 @@
 // evaluation that does not depend on the model (the rows to run, scoring their losses, the split
 // across ranks).
 //
-// Eval file (llm.c's, as written by its dev/data/hellaswag.py):
+// Eval file (llm.c's, as its dev/data/hellaswag.py writes it with data_common.write_evalfile):
 //   256 int32 header: [0] magic 20240522  [1] version 1  [2] number of examples
 //                     [3] the longest example's byte length (llm.c sizes its read buffer by it;
 //                         HellaSwagSet::longest_row gives the longest row in tokens)
@@ -106,7 +106,7 @@ class JsonParser {
     skip_space();
     JsonValue value = parse_value(0);
     skip_space();
-    if (pos_ != text_.size()) fail_here("unexpected text after the JSON value");
+    if (pos_ != text_.size()) fail_syntax("unexpected text after the JSON value");
     return value;
   }
 
@@ -115,14 +115,17 @@ class JsonParser {
   static constexpr int kMaxDepth = 64;
 
   [[noreturn]] void fail_here(const std::string& problem) const {
-    LLMC_FAIL("%s:%zu: %s: each line must be one JSON object", where_.c_str(), pos_ + 1,
-              problem.c_str());
+    LLMC_FAIL("%s:%zu: %s", where_.c_str(), pos_ + 1, problem.c_str());
+  }
+
+  [[noreturn]] void fail_syntax(const std::string& problem) const {
+    fail_here(problem + " (not valid JSON: each line must be one JSON object)");
   }
 
   int peek() const { return pos_ < text_.size() ? (unsigned char)text_[pos_] : -1; }
 
   void expect(char c, const char* context) {
-    if (peek() != c) fail_here(strformat("expected '%c' %s", c, context));
+    if (peek() != c) fail_syntax(strformat("expected '%c' %s", c, context));
     pos_++;
   }
 
@@ -158,7 +161,7 @@ class JsonParser {
     } else if (take_word("false")) {
       value.type = JsonValue::Type::kBool;
     } else if (!take_word("null")) {
-      fail_here(c < 0 ? "the line ends where a value should start" : "expected a value");
+      fail_syntax(c < 0 ? "the line ends where a value should start" : "expected a value");
     }
     return value;
   }
@@ -172,7 +175,7 @@ class JsonParser {
     }
     for (;;) {
       skip_space();
-      if (peek() != '"') fail_here("expected a string key in an object");
+      if (peek() != '"') fail_syntax("expected a string key in an object");
       std::string key = parse_string();
       skip_space();
       expect(':', "after an object key");
@@ -212,13 +215,13 @@ class JsonParser {
   double parse_number() {
     const size_t start = pos_;
     auto digits = [&](const char* after) {
-      if (!(peek() >= '0' && peek() <= '9')) fail_here(strformat("expected a digit %s", after));
+      if (!(peek() >= '0' && peek() <= '9')) fail_syntax(strformat("expected a digit %s", after));
       while (peek() >= '0' && peek() <= '9') pos_++;
     };
     if (peek() == '-') pos_++;
     if (peek() == '0') {
       pos_++;
-      if (peek() >= '0' && peek() <= '9') fail_here("a number cannot have a leading zero");
+      if (peek() >= '0' && peek() <= '9') fail_syntax("a number cannot have a leading zero");
     } else {
       digits("in a number");
     }
@@ -241,7 +244,7 @@ class JsonParser {
       const int digit = c >= '0' && c <= '9' ? c - '0'
                         : c >= 'a' && c <= 'f' ? c - 'a' + 10
                         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (digit < 0) fail_here("expected four hex digits after \\u");
+      if (digit < 0) fail_syntax("expected four hex digits after \\u");
       value = value * 16 + digit;
       pos_++;
     }
@@ -253,17 +256,17 @@ class JsonParser {
     const uint32_t unit = parse_hex4();
     if (unit >= 0xDC00 && unit <= 0xDFFF) {
       fail_here(strformat("\\u%04X is a low surrogate without a high one before it: the string "
-                          "is not valid Unicode", unit));
+                          "is not valid Unicode, so it cannot be tokenized", unit));
     }
     if (unit < 0xD800 || unit > 0xDBFF) return unit;
     if (!take_word("\\u")) {
       fail_here(strformat("\\u%04X is a high surrogate not followed by a \\u low surrogate: the "
-                          "string is not valid Unicode", unit));
+                          "string is not valid Unicode, so it cannot be tokenized", unit));
     }
     const uint32_t low = parse_hex4();
     if (low < 0xDC00 || low > 0xDFFF) {
       fail_here(strformat("\\u%04X is a high surrogate followed by \\u%04X, not a low surrogate: "
-                          "the string is not valid Unicode", unit, low));
+                          "the string is not valid Unicode, so it cannot be tokenized", unit, low));
     }
     return 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
   }
@@ -273,18 +276,20 @@ class JsonParser {
     std::string out;
     for (;;) {
       const int c = peek();
-      if (c < 0) fail_here("the line ends inside a string (a missing closing quote?)");
+      if (c < 0) fail_syntax("the line ends inside a string (a missing closing quote?)");
       if (c == '"') {
         pos_++;
         return out;
       }
-      if (c < 0x20) fail_here(strformat("raw control character 0x%02X inside a string (write it "
-                                        "as an escape)", c));
+      if (c < 0x20) {
+        fail_syntax(strformat("raw control character 0x%02X inside a string (write it as an "
+                              "escape)", c));
+      }
       if (c >= 0x80) {
         const auto* bytes = reinterpret_cast<const unsigned char*>(text_.data()) + pos_;
         const Utf8CodePoint decoded = utf8_decode(bytes, text_.size() - pos_);
         if (decoded.status != Utf8Status::kValid) {
-          fail_here("invalid UTF-8 inside a string: the file must be UTF-8");
+          fail_here("invalid UTF-8 inside a string: convert the file to UTF-8");
         }
         out.append(text_.substr(pos_, decoded.length));
         pos_ += decoded.length;
@@ -310,8 +315,8 @@ class JsonParser {
         case 'u': utf8_append(parse_unicode_escape(), &out); break;
         default:
           pos_--;
-          fail_here(escape < 0 ? "the line ends inside an escape"
-                               : strformat("\\%c is not a JSON escape", escape));
+          fail_syntax(escape < 0 ? "the line ends inside an escape"
+                                 : strformat("\\%c is not a JSON escape", escape));
       }
     }
   }
@@ -647,6 +652,8 @@ struct HellaSwagRows {
   std::vector<uint8_t> mask;  // 1 where targets[t] is a token of the row's ending
 };
 
+// Fails when a context + ending is longer than T; compare HellaSwagSet::longest_row with T once
+// up front for a single clear error before evaluating.
 inline HellaSwagRows hellaswag_rows(const HellaSwagExample& example, int T) {
   // Every row needs a context token to predict its ending's first token from, and an ending to
   // score; examples from hellaswag_read() always pass.
@@ -752,8 +759,8 @@ struct HellaSwagCounts {
   }
 
   // 0 when nothing was counted.
-  double acc() const { return examples ? (double)correct / examples : 0.0; }
-  double acc_norm() const { return examples ? (double)correct_norm / examples : 0.0; }
+  double acc() const { return examples ? (double)correct / (double)examples : 0.0; }
+  double acc_norm() const { return examples ? (double)correct_norm / (double)examples : 0.0; }
 };
 
 // ----------------------------------------------------------------------------------------------

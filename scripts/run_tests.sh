@@ -114,6 +114,43 @@ resume_test() {
     && cmp $dir/straight/state_00000020_00000.bin $dir/resumed/state_00000020_00000.bin && echo identical"
 }
 
+# HellaSwag and generation: a tiny model trained on the right endings of the sample set picks
+# them (acc_norm at least 0.75, chance is 0.25), and greedy decoding with the KV cache continues
+# a context with its memorized ending.
+hellaswag_and_generation_test() {
+  local dir=build/test_hellaswag
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "$PYTHON" - "$dir" <<'PY'
+import json, sys
+records = [json.loads(line) for line in open("dev/test/hellaswag_sample.jsonl") if line.strip()]
+text = "".join(f"{r['ctx']} {r['endings'][r['label']]}\n\n" for r in records)
+open(sys.argv[1] + "/correct.txt", "w").write(text * 200)
+open(sys.argv[1] + "/prompt.txt", "w").write(records[0]["ctx"])
+open(sys.argv[1] + "/answer.txt", "w").write(" " + records[0]["endings"][records[0]["label"]])
+PY
+  run hellaswag_prepare bash -c "./build/prepare_shards --input $dir/correct.txt --output_dir $dir \
+    --name hs --val_tokens 2048 --documents blank_lines && ./build/hellaswag \
+    --input dev/test/hellaswag_sample.jsonl --output $dir/hellaswag.bin"
+  run hellaswag_train ./train_gpt2cu -e tiny -i "$dir/hs_train_*.bin" -j "$dir/hs_val_*.bin" -b 4 \
+    -t 64 -x 300 -l 1e-3 -u 10 -v 100 -m 2 -s 0 -h 1 -hs "$dir/hellaswag.bin" -o "$dir/run"
+  run hellaswag_accuracy awk '/hellaswag acc_norm/ {a = $6} END {print "final acc_norm", a; exit !(a >= 0.75)}' \
+    "$LOGS/hellaswag_train.log"
+  run generate_memorized generate_continues "$dir"
+  for i in 1 2; do
+    run "generate_seeded_$i" ./train_gpt2cu -e "$dir/run/model_00000300.bin" -p "The" -g 24 -temp 0.9 -topk 40 -S 7
+  done
+  run generate_same same_text "$LOGS/generate_seeded_1.log" "$LOGS/generate_seeded_2.log"
+}
+
+# Greedy decoding of the first example's context gives (the start of) its right ending.
+generate_continues() {
+  ./train_gpt2cu -e "$1/run/model_00000300.bin" -p "$(cat "$1/prompt.txt")" -g 6 -temp 0 | tee "$1/generated.txt" &&
+    grep -qF "$(head -c 12 "$1/answer.txt")" "$1/generated.txt" && echo "continues with the memorized ending"
+}
+
+same_text() { cmp "$1" "$2" && echo "identical: $(wc -c < "$1") bytes"; }
+
 gpu_tests() {
   local data=dev/data/tinyshakespeare
   if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
@@ -158,6 +195,7 @@ gpu_tests() {
     run "determinism_$i" ./train_gpt2cu $common -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
   done
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
+  hellaswag_and_generation_test
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2fp32cu resume_fp32
   # Training from random initialisation learns: the validation loss falls, samples are printed.

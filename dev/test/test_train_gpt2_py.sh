@@ -212,12 +212,12 @@ EOF
   -b 4 -t 32 --total_batch_size 256 --num_iterations 8 --val_every 4 --val_steps 2 \
   --learning_rate 3e-3 --warmup_iters 2 --output_dir "$WORK/run" | tee "$WORK/train.out" | grep -E '^step'
 grep -q '^peak memory: [0-9]* MiB' "$WORK/train.out"
-[ "$(grep -c 'tel:' "$WORK/run/main.log")" = 3 ] && [ "$(grep -c 'trl:' "$WORK/run/main.log")" = 8 ]
+[ "$(grep -c 'kind=val' "$WORK/run/main.log")" = 3 ] && [ "$(grep -c 'kind=train' "$WORK/run/main.log")" = 8 ]
 check "the loss falls and the final checkpoint loads" <<'EOF'
 import os, train_gpt2 as tg
 d = os.environ["WORK"]
-log = [line.split() for line in open(d + "/run/main.log")]
-val = [float(v.split(":")[1]) for _, v in log if v.startswith("tel")]
+log = [dict(kv.split("=") for kv in line.split()) for line in open(d + "/run/main.log")]
+val = [float(r["loss"]) for r in log if r["kind"] == "val"]
 assert val[-1] < val[0] - 1.0, val
 tg.read_checkpoint(d + "/run/model_00000008.bin")
 print("val loss", " -> ".join(f"{v:.3f}" for v in val))

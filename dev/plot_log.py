@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Plots training runs from their logs and prints their val losses side by side.
+
+    python3 dev/plot_log.py DIR_OR_LOG [DIR_OR_LOG ...] -o plot.png [--labels a,b]
+
+A directory stands for DIR/main.log. Two log formats are read, line by line:
+  ours (llmc/logger.h):  step=12 kind=train loss=3.45 norm=1.2 lr=6e-04 ms=123.4 tok_per_s=532100
+                         step=12 kind=val loss=3.51
+                         step=12 kind=eval hellaswag=0.295
+  llm.c's (its trainers, and train_gpt2.py's logs before it took ours):
+                         s:12 trl:3.45 lr:0.0006 norm:1.2   (train; lr and norm optional)
+                         s:12 tel:3.51                      (val loss)
+                         s:12 eval:0.295                    (HellaSwag)
+Both number steps alike: a train line's step counts the optimizer steps done (1 after the
+first), a val line's the steps done before it (0 is the initial model). Keys and kinds not
+listed are skipped, so newer logs still plot; a line that breaks the format is an error naming
+the file and line. A last line without its newline is left out, as llmc/logger.h does: the run
+was writing it when it stopped.
+
+The figure overlays every run on six panels: train loss, val loss, learning rate, grad norm,
+tokens/s and HellaSwag, against step. The table on stdout gives the val loss of each run at the
+steps where every run has one, and each run's relative difference to the first run,
+(run - first) / first, as a markdown table.
+"""
+import argparse
+import importlib.util
+import math
+import os
+import sys
+
+# The series a run can have, in panel order: (key, panel title).
+PANELS = [
+    ("train_loss", "train loss"),
+    ("val_loss", "val loss"),
+    ("lr", "learning rate"),
+    ("norm", "grad norm"),
+    ("tok_per_s", "tokens/s"),
+    ("hellaswag", "HellaSwag acc_norm"),
+]
+# Our format: kind -> {log key: series}.
+OURS = {
+    "train": {"loss": "train_loss", "norm": "norm", "lr": "lr", "tok_per_s": "tok_per_s"},
+    "val": {"loss": "val_loss"},
+    "eval": {"hellaswag": "hellaswag"},
+}
+REQUIRED = {"train": "loss", "val": "loss"}
+# llm.c's format: key -> series.
+LLMC = {"trl": "train_loss", "tel": "val_loss", "lr": "lr", "norm": "norm", "eval": "hellaswag"}
+FORMATS = "lines read 'step=N kind=K key=value ...' (llmc/logger.h) or 's:N trl:X' (llm.c)"
+
+
+class LogError(Exception):
+    pass
+
+
+class Run:
+    def __init__(self, label, path):
+        self.label = label
+        self.path = path
+        self.series = {key: {} for key, _ in PANELS}  # key -> {step: value}
+
+
+def parse_number(text, where, key):
+    try:
+        return float(text)  # also "nan" and "inf", which the logger writes for a diverged run
+    except ValueError:
+        raise LogError(f"{where}: {key}={text!r} is not a number; {FORMATS}") from None
+
+
+def parse_step(text, where):
+    try:
+        return int(text)
+    except ValueError:
+        raise LogError(f"{where}: step {text!r} is not an integer; {FORMATS}") from None
+
+
+def parse_ours(line, where, series):
+    pairs = []
+    for token in line.split():
+        key, eq, value = token.partition("=")
+        if not eq or not key or not value or "=" in value:
+            raise LogError(f"{where}: {token!r} is not key=value; {FORMATS}")
+        pairs.append((key, value))
+    if len(pairs) < 2 or pairs[0][0] != "step" or pairs[1][0] != "kind":
+        raise LogError(f"{where}: a line must start with step=N kind=K; {FORMATS}")
+    step = parse_step(pairs[0][1], where)
+    kind = pairs[1][1]
+    fields = dict(pairs[2:])
+    if kind in REQUIRED and REQUIRED[kind] not in fields:
+        raise LogError(f"{where}: a kind={kind} line needs {REQUIRED[kind]}=...; {FORMATS}")
+    for key, target in OURS.get(kind, {}).items():
+        if key in fields:
+            series[target][step] = parse_number(fields[key], where, key)
+
+
+def parse_llmc(line, where, series):
+    pairs = []
+    for token in line.split():
+        key, colon, value = token.partition(":")
+        if not colon or not key or not value:
+            raise LogError(f"{where}: {token!r} is not key:value; {FORMATS}")
+        pairs.append((key, value))
+    step = parse_step(pairs[0][1], where)
+    for key, value in pairs[1:]:
+        if key in LLMC:
+            series[LLMC[key]][step] = parse_number(value, where, key)
+
+
+def read_run(path, label):
+    """Reads one log; a later line for the same step and series replaces an earlier one."""
+    log_path = os.path.join(path, "main.log") if os.path.isdir(path) else path
+    try:
+        with open(log_path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        hint = "the directory has no main.log" if os.path.isdir(path) else "no such file"
+        raise LogError(f"{log_path}: {hint}: give a run directory (-o of a trainer) or its "
+                       "main.log") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise LogError(f"{log_path}: cannot read the log: {e}") from None
+    run = Run(label, log_path)
+    lines = text.split("\n")[:-1]  # the last piece has no newline: cut off by the run stopping
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{log_path}:{number}"
+        if line.startswith("step="):
+            parse_ours(line, where, run.series)
+        elif line.startswith("s:"):
+            parse_llmc(line, where, run.series)
+        else:
+            raise LogError(f"{where}: {line[:60]!r} is not a log line; {FORMATS}")
+    if not any(run.series.values()):
+        raise LogError(f"{log_path}: no log lines: is this a run's main.log?")
+    return run
+
+
+def default_labels(paths):
+    """The run directory's name for each log; the paths as given where names repeat."""
+    names = []
+    for path in paths:
+        path = os.path.normpath(path)
+        if not os.path.isdir(path) and os.path.basename(path) == "main.log":
+            path = os.path.dirname(path) or "."
+        names.append(os.path.basename(os.path.abspath(path)))
+    return names if len(set(names)) == len(names) else list(paths)
+
+
+def val_loss_table(runs):
+    """The markdown table of val losses at the steps every run has one, as a list of lines."""
+    common = set(runs[0].series["val_loss"])
+    for run in runs[1:]:
+        common &= set(run.series["val_loss"])
+    if not common:
+        return ["no step has a val loss in every run: nothing to compare"]
+    first = runs[0]
+    header = ["step"] + [run.label for run in runs] + [f"{run.label} vs {first.label}"
+                                                        for run in runs[1:]]
+    title = f"val loss at the {len(common)} steps common to all runs"
+    if len(runs) > 1:
+        title += f"; relative difference = (run - {first.label}) / {first.label}"
+    lines = [title,
+             "| " + " | ".join(header) + " |",
+             "|" + "|".join(["---:"] * len(header)) + "|"]
+    worst = [0.0] * (len(runs) - 1)
+    for step in sorted(common):
+        base = first.series["val_loss"][step]
+        losses = [run.series["val_loss"][step] for run in runs]
+        cells = [str(step)] + [f"{loss:.6f}" for loss in losses]
+        for i, loss in enumerate(losses[1:]):
+            if base == 0 or not math.isfinite(base) or not math.isfinite(loss):
+                cells.append("n/a")
+                worst[i] = math.nan
+            else:
+                relative = (loss - base) / base
+                cells.append(f"{relative:+.3e}")
+                worst[i] = max(worst[i], abs(relative))
+        lines.append("| " + " | ".join(cells) + " |")
+    for run, value in zip(runs[1:], worst):
+        lines.append(f"max |relative difference| {run.label} vs {first.label}: {value:.3e}")
+    return lines
+
+
+def plot(runs, output):
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    for ax, (key, title) in zip(axes.flat, PANELS):
+        drawn = False
+        for run in runs:
+            points = sorted(run.series[key].items())
+            if not points:
+                continue
+            steps, values = zip(*points)
+            # Sparse series (val, HellaSwag) get markers so single points still show.
+            marker = "o" if len(points) < 50 else None
+            ax.plot(steps, values, label=run.label, marker=marker, markersize=3, linewidth=1)
+            drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not in these logs", ha="center", va="center",
+                    transform=ax.transAxes, color="gray")
+    fig.tight_layout()
+    try:
+        fig.savefig(output, dpi=100)
+    except (OSError, ValueError) as e:
+        raise LogError(f"-o {output}: cannot write the figure: {e}") from None
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("logs", nargs="+", metavar="DIR_OR_LOG",
+                        help="a run directory (its main.log) or a log file")
+    parser.add_argument("-o", "--output", required=True, help="the figure to write (e.g. plot.png)")
+    parser.add_argument("--labels", help="comma-separated legend labels, one per log")
+    args = parser.parse_args(argv)
+    # Checked first: the figure is the point of the run.
+    if importlib.util.find_spec("matplotlib") is None:
+        print("error: dev/plot_log.py needs matplotlib: apt-get install python3-matplotlib "
+              "(or pip install matplotlib)", file=sys.stderr)
+        return 1
+    try:
+        if args.labels is None:
+            labels = default_labels(args.logs)
+        else:
+            labels = args.labels.split(",")
+            if len(labels) != len(args.logs) or not all(labels):
+                raise LogError(f"--labels {args.labels!r} gives {len(labels)} labels for "
+                               f"{len(args.logs)} logs: give one non-empty label per log, "
+                               "comma-separated")
+        runs = [read_run(path, label) for path, label in zip(args.logs, labels)]
+        print("\n".join(val_loss_table(runs)))
+        plot(runs, args.output)
+    except LogError as e:
+        sys.stdout.flush()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
