@@ -2071,8 +2071,6 @@ int train_main(int argc, char** argv) {
   } else {
     config = load_or_init_params(a.model, a.seed, &values);
   }
-  REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
-          a.T, config.max_seq_len, config.max_seq_len);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
@@ -2090,6 +2088,8 @@ int train_main(int argc, char** argv) {
     multi_gpu_finish(mg);
     return 0;
   }
+  REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
+          a.T, config.max_seq_len, config.max_seq_len);
   gpt2_allocate(m, a.B, a.T, a.recompute);
 
   llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
