@@ -32,7 +32,9 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
 #include <glob.h>
+#include <unistd.h>
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -1694,6 +1696,59 @@ void write_done_marker(const std::string& dir, int step) {
   f.close(/*sync=*/true);
 }
 
+// Deletes complete checkpoints other than the newest keep_last and those whose step is a
+// multiple of keep_every (0: none kept that way). keep_last 0 keeps everything. The DONE marker
+// goes first, so a checkpoint being deleted is never taken for a complete one.
+void prune_checkpoints(const std::string& dir, int keep_last, int keep_every) {
+  if (keep_last <= 0) return;
+  std::vector<int> steps;
+  glob_t g;
+  if (glob((dir + "/DONE_*").c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+      int step = -1;
+      if (sscanf(strrchr(g.gl_pathv[i], '/') + 1, "DONE_%d", &step) == 1) steps.push_back(step);
+    }
+  }
+  globfree(&g);
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + keep_last < steps.size(); i++) {
+    const int step = steps[i];
+    if (keep_every > 0 && step % keep_every == 0) continue;
+    std::vector<std::string> files = {llmc::strformat("%s/DONE_%08d", dir.c_str(), step),
+                                      checkpoint_path(dir, "model", step)};
+    if (glob(llmc::strformat("%s/state_%08d_*.bin", dir.c_str(), step).c_str(), 0, nullptr, &g) == 0) {
+      for (size_t k = 0; k < g.gl_pathc; k++) files.emplace_back(g.gl_pathv[k]);
+    }
+    globfree(&g);
+    for (const std::string& f : files) {
+      if (remove(f.c_str()) != 0 && errno != ENOENT) {
+        LLMC_FAIL("cannot delete the old checkpoint file %s: %s", f.c_str(), strerror(errno));
+      }
+    }
+  }
+}
+
+// SIGTERM and SIGINT (preemption): the first asks the training loop to finish its step, write a
+// checkpoint and exit with kExitInterrupted; a second exits at once with 128 + the signal. Files
+// only ever appear under their final names complete (written to .tmp, then renamed), so leaving
+// at any moment loses at most the checkpoint in progress.
+constexpr int kExitInterrupted = 3;
+volatile sig_atomic_t stop_requests = 0;
+
+void on_stop_signal(int signum) {
+  if (stop_requests > 0) _exit(128 + signum);
+  stop_requests = 1;
+}
+
+void install_stop_handlers() {
+  struct sigaction action;
+  memset(&action, 0, sizeof(action));
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
 // ============================================================================
 // 13. Multi-GPU
 // ============================================================================
@@ -1838,7 +1893,8 @@ struct TrainArgs {
   float lr = 3e-4f, final_lr_frac = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
   int warmup = 0, max_steps = -1, val_every = 20, val_batches = 20, sample_every = 20;
   int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
-  int checkpoint_every = 0, resume = 0, halt_after = -1, hellaswag = 0, seed = 42, shuffle = 1;
+  int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
+  int hellaswag = 0, seed = 42, shuffle = 1;
 };
 
 struct Flag {
@@ -1878,6 +1934,8 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
       {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
       {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
+      {"-nk", 'i', &a.keep_last, "keep only the newest K checkpoints (0: keep all)"},
+      {"-nm", 'i', &a.keep_every, "with -nk, also keep every checkpoint whose step is a multiple of M"},
       {"-y", 'i', &a.resume, "1: resume from the newest complete checkpoint in -o"},
       {"-halt", 'i', &a.halt_after, "stop after this step's checkpoint, resumable (-1: never)"},
       {"-h", 'i', &a.hellaswag, "1: HellaSwag accuracy at every validation (-x 0: evaluate only)"},
@@ -1956,7 +2014,8 @@ void validate_args(const TrainArgs& a, int world) {
           a.final_lr_frac);
   REQUIRE(a.val_every >= 0 && a.val_batches >= 0 && a.sample_every >= 0 && a.gen_len >= 0,
           "-v, -m, -s and -g must not be negative");
-  REQUIRE(a.checkpoint_every >= 0, "-n %d must not be negative", a.checkpoint_every);
+  REQUIRE(a.checkpoint_every >= 0 && a.keep_last >= 0 && a.keep_every >= 0,
+          "-n %d, -nk %d and -nm %d must not be negative", a.checkpoint_every, a.keep_last, a.keep_every);
   REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
           a.temperature, a.top_k);
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
@@ -2138,7 +2197,8 @@ int train_main(int argc, char** argv) {
   cudaCheck(cudaEventCreate(&start));
   cudaCheck(cudaEventCreate(&end));
   double total_ms = 0.0;
-  int timed_steps = 0;
+  int timed_steps = 0, skipped_updates = 0, halt_for_signal = -1, exit_status = 0;
+  install_stop_handlers();
   for (int step = first_step; step <= train_steps; step++) {
     const bool last = step == train_steps;
     // The checkpoint a run resumes from was written after this step's evaluation and sample.
@@ -2166,7 +2226,7 @@ int train_main(int argc, char** argv) {
                          return tokenizer ? tokenizer->decode(id) : llmc::strformat("%d ", id);
                        });
     }
-    const bool halt = step == a.halt_after;
+    const bool halt = step == a.halt_after || step == halt_for_signal;
     if (!a.output_dir.empty() && !resumed_here && step > 0 &&
         (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
       if (mg.rank == 0) gpt2_save_checkpoint(m, checkpoint_path(a.output_dir, "model", step));
@@ -2179,7 +2239,16 @@ int train_main(int argc, char** argv) {
       if (mg.rank == 0) {
         write_done_marker(a.output_dir, step);
         printf("checkpoint: %s\n", checkpoint_path(a.output_dir, "model", step).c_str());
+        prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
       }
+    }
+    if (step == halt_for_signal && !last) {
+      if (mg.rank == 0) {
+        printf("stopped by a signal after step %d%s\n", step,
+               a.output_dir.empty() ? " (no -o: nothing saved)" : "; continue with -y 1");
+      }
+      exit_status = kExitInterrupted;
+      break;
     }
     if (halt && !last) {
       if (mg.rank == 0) printf("halted after step %d: continue with -y 1\n", step);
@@ -2201,7 +2270,13 @@ int train_main(int argc, char** argv) {
     const float loss = multi_gpu_average(mg, (float)(loss_sum / accum_steps), m.stream);
     const float norm = gpt2_grad_norm(m);
     const float lr = (float)schedule.at(step);
-    gpt2_update(m, lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, norm);
+    // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
+    const bool finite = std::isfinite(loss) && std::isfinite(norm);
+    if (finite) {
+      gpt2_update(m, lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, norm);
+    } else {
+      skipped_updates++;
+    }
     cudaCheck(cudaEventRecord(end, m.stream));
     cudaCheck(cudaEventSynchronize(end));
     float ms = 0.0f;
@@ -2217,13 +2292,20 @@ int train_main(int argc, char** argv) {
              step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s);
       fflush(stdout);
       if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
+      if (!finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
+                          step + 1, skipped_updates);
     }
+    // Every rank stops after the same step: the request is summed over the ranks.
+    double stop = stop_requests;
+    multi_gpu_sum(mg, &stop, 1, m.stream);
+    if (stop > 0 && halt_for_signal < 0) halt_for_signal = step + 1;
   }
   if (mg.rank == 0 && timed_steps > 0) {
     printf("average %.2f ms per step, %.0f tok/s\n", total_ms / timed_steps,
            total_batch * timed_steps / (total_ms / 1e3));
   }
   if (mg.rank == 0) {
+    if (skipped_updates > 0) printf("%d updates skipped for a non-finite loss or norm\n", skipped_updates);
     printf("parameter checksum %016llx\n", (unsigned long long)gpt2_params_checksum(m));
   }
   delete logger;
@@ -2234,7 +2316,7 @@ int train_main(int argc, char** argv) {
   gpt2_free(m);
   matmul_teardown();
   multi_gpu_finish(mg);
-  return 0;
+  return exit_status;
 }
 
 int main(int argc, char** argv) { return llmc::run_main(train_main, argc, argv); }

@@ -151,6 +151,54 @@ generate_continues() {
 
 same_text() { [ -s "$1" ] && ! grep -q "^error" "$1" && cmp "$1" "$2" && echo "identical: $(wc -c < "$1") bytes"; }
 
+# Starts a trainer in the background, sends it `signals` SIGTERMs once it has printed step n,
+# and checks its exit status: 3 after one signal (step finished, checkpoint written), 143 after two.
+interrupt_at_step() {
+  local n=$1 signals=$2 expected=$3 log=$4
+  shift 4
+  "$@" > "$log" 2>&1 &
+  local pid=$!
+  until grep -qaE "^step +$n/" "$log"; do
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  for _ in $(seq "$signals"); do kill -TERM $pid; sleep 0.3; done  # apart: pending signals merge
+  wait $pid
+  local status=$?
+  cat "$log"
+  echo "exit status $status (expected $expected)"
+  [ $status -eq "$expected" ]
+}
+
+# Every model file in a directory has its DONE marker: nothing half-written under a final name.
+checkpoints_complete() {
+  local f ok=0
+  for f in "$1"/model_*.bin; do
+    [ -e "$f" ] || continue
+    local step=${f##*model_}
+    [ -e "$1/DONE_${step%.bin}" ] || { echo "$f has no DONE marker"; ok=1; }
+  done
+  [ $ok -eq 0 ] && echo "every checkpoint in $1 is complete"
+}
+
+# Preemption: a SIGTERM mid-run finishes the step, writes a checkpoint and exits with status 3,
+# and resuming gives the log and final checkpoint of a run never interrupted. Two SIGTERMs exit
+# at once (143), leaving only complete checkpoints, and the newest of them resumes.
+signal_test() {
+  local dir=build/test_signal
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local args="$COMMON -e d12 -b 4 -t 256 -x 30 -v 10 -m 2 -s 0 -n 100"
+  run signal_straight ./train_gpt2cu $args -o "$dir/straight"
+  run signal_interrupt interrupt_at_step 7 1 3 "$dir/interrupt.txt" ./train_gpt2cu $args -o "$dir/resumed"
+  run signal_resume ./train_gpt2cu $args -o "$dir/resumed" -y 1
+  run signal_same_log same_log "$dir/straight/main.log" "$dir/resumed/main.log"
+  run signal_same_model cmp "$dir/straight/model_00000030.bin" "$dir/resumed/model_00000030.bin"
+  run signal_twice interrupt_at_step 5 2 143 "$dir/twice.txt" ./train_gpt2cu $args -n 2 -nk 2 -o "$dir/twice"
+  run signal_twice_complete checkpoints_complete "$dir/twice"
+  run signal_twice_resume ./train_gpt2cu $args -n 2 -nk 2 -o "$dir/twice" -y 1 -x 30
+}
+
 gpu_tests() {
   local data=dev/data/tinyshakespeare
   if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
@@ -196,6 +244,7 @@ gpu_tests() {
   done
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
   hellaswag_and_generation_test
+  signal_test
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2fp32cu resume_fp32
   # Training from random initialisation learns: the validation loss falls, samples are printed.
