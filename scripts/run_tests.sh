@@ -162,7 +162,7 @@ interrupt_at_step() {
     kill -0 $pid 2>/dev/null || break
     sleep 0.1
   done
-  for _ in $(seq "$signals"); do kill -TERM $pid; sleep 0.3; done  # apart: pending signals merge
+  for _ in $(seq "$signals"); do kill -TERM $pid; sleep 0.05; done  # apart: pending signals merge
   wait $pid
   local status=$?
   cat "$log"
