@@ -47,6 +47,7 @@
 #include "llmc/gpt2.h"
 #include "llmc/hellaswag.h"
 #include "llmc/logger.h"
+#include "llmc/outlier.h"
 #include "llmc/rand.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
@@ -1569,7 +1570,7 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // bits the uninterrupted run would have had.
 
 constexpr int kStateMagic = 20240528;
-constexpr int kStateVersion = 1;
+constexpr int kStateVersion = 2;
 
 std::string checkpoint_path(const std::string& dir, const char* kind, int step, int rank = -1) {
   return rank < 0 ? llmc::strformat("%s/%s_%08d.bin", dir.c_str(), kind, step)
@@ -1587,6 +1588,8 @@ struct HostTrainState {
   llmc::RngState model_rng;   // stochastic-rounding seeds
   llmc::RngState sample_rng;  // sampling
   llmc::DataLoaderState train_loader;
+  llmc::OutlierState loss_window;  // the spike detectors' recent values
+  llmc::OutlierState norm_window;
 };
 
 void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
@@ -1895,6 +1898,7 @@ struct TrainArgs {
   int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int hellaswag = 0, seed = 42, shuffle = 1;
+  float loss_z = 0.0f, norm_z = 0.0f;
 };
 
 struct Flag {
@@ -1920,6 +1924,8 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-k", 's', &a.schedule, "learning-rate schedule: cosine linear constant wsd"},
       {"-c", 'f', &a.weight_decay, "weight decay (2-D matrices only)"},
       {"-gc", 'f', &a.grad_clip, "gradient clipping norm (0: off)"},
+      {"-sl", 'f', &a.loss_z, "skip the update when the loss's rolling z-score exceeds this (0: never)"},
+      {"-sg", 'f', &a.norm_z, "skip the update when the grad norm's rolling z-score exceeds this (0: never)"},
       {"-x", 'i', &a.max_steps, "training steps (-1: one epoch of the training data, 0: evaluate only)"},
       {"-v", 'i', &a.val_every, "validation loss every N steps (0: never)"},
       {"-m", 'i', &a.val_batches, "validation batches per evaluation"},
@@ -2016,6 +2022,7 @@ void validate_args(const TrainArgs& a, int world) {
           "-v, -m, -s and -g must not be negative");
   REQUIRE(a.checkpoint_every >= 0 && a.keep_last >= 0 && a.keep_every >= 0,
           "-n %d, -nk %d and -nm %d must not be negative", a.checkpoint_every, a.keep_last, a.keep_every);
+  REQUIRE(a.loss_z >= 0.0f && a.norm_z >= 0.0f, "-sl %g and -sg %g must not be negative", a.loss_z, a.norm_z);
   REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
           a.temperature, a.top_k);
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
@@ -2185,12 +2192,19 @@ int train_main(int argc, char** argv) {
 
   std::vector<int> inputs((size_t)a.B * a.T), targets((size_t)a.B * a.T);
   if (a.overfit) train_loader.next_batch(inputs.data(), targets.data());
+  // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
+  llmc::OutlierDetector loss_outliers(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
+                                      a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
+  llmc::OutlierDetector norm_outliers(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
+                                      a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
   const int first_step = std::max(0, resume_step);
   if (resume_step >= 0) {
     const HostTrainState host = load_state(m, checkpoint_path(a.output_dir, "state", resume_step, mg.rank),
                                            resume_step, mg.rank, mg.world);
     sample_rng.restore(host.sample_rng);
     train_loader.restore(host.train_loader);
+    loss_outliers.restore(host.loss_window);
+    norm_outliers.restore(host.norm_window);
     if (mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
   }
   cudaEvent_t start, end;
@@ -2234,6 +2248,8 @@ int train_main(int argc, char** argv) {
       host.model_rng = m.rng.state();
       host.sample_rng = sample_rng.state();
       host.train_loader = train_loader.state();
+      host.loss_window = loss_outliers.state();
+      host.norm_window = norm_outliers.state();
       save_state(m, checkpoint_path(a.output_dir, "state", step, mg.rank), step, mg.rank, mg.world, host);
       multi_gpu_barrier(mg);
       if (mg.rank == 0) {
@@ -2272,7 +2288,11 @@ int train_main(int argc, char** argv) {
     const float lr = (float)schedule.at(step);
     // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
-    if (finite) {
+    const double loss_score = loss_outliers.update_and_score(loss);
+    const double norm_score = norm_outliers.update_and_score(norm);
+    const bool spike = finite && ((a.loss_z > 0 && loss_outliers.is_spike(loss_score)) ||
+                                  (a.norm_z > 0 && norm_outliers.is_spike(norm_score)));
+    if (finite && !spike) {
       gpt2_update(m, lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, norm);
     } else {
       skipped_updates++;
@@ -2294,6 +2314,10 @@ int train_main(int argc, char** argv) {
       if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
       if (!finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
                           step + 1, skipped_updates);
+      if (finite && (loss_outliers.is_spike(loss_score) || norm_outliers.is_spike(norm_score))) {
+        printf("step %d: spike, loss z-score %.1f, grad norm z-score %.1f%s\n", step + 1, loss_score,
+               norm_score, spike ? llmc::strformat(": update skipped (%d so far)", skipped_updates).c_str() : "");
+      }
     }
     // Every rank stops after the same step: the request is summed over the ranks.
     double stop = stop_requests;
@@ -2305,7 +2329,7 @@ int train_main(int argc, char** argv) {
            total_batch * timed_steps / (total_ms / 1e3));
   }
   if (mg.rank == 0) {
-    if (skipped_updates > 0) printf("%d updates skipped for a non-finite loss or norm\n", skipped_updates);
+    if (skipped_updates > 0) printf("%d updates skipped (non-finite or spiking loss or norm)\n", skipped_updates);
     printf("parameter checksum %016llx\n", (unsigned long long)gpt2_params_checksum(m));
   }
   delete logger;
