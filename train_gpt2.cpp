@@ -985,7 +985,14 @@ TrainConfig parse_args(const std::vector<std::string>& args) {
     for (const FlagSpec& f : flags) {
       if (args[i] == f.name) flag = &f;
     }
-    if (!flag) LLMC_FAIL("unknown flag '%s': -h lists the flags", args[i].c_str());
+    if (!flag) {
+      if (args[i][0] != '-') {
+        LLMC_FAIL("'%s' is not a flag: flags start with '-' and take one value each (quote a glob "
+                  "pattern, -i 'dir/*.bin', or the shell expands it into several words)",
+                  args[i].c_str());
+      }
+      LLMC_FAIL("unknown flag '%s': -h lists the flags", args[i].c_str());
+    }
     if (i + 1 >= args.size()) LLMC_FAIL("flag %s needs a value: %s", flag->name, flag->help);
     flag->set(args[i + 1].c_str());
   }
@@ -1008,6 +1015,10 @@ void validate_config(const TrainConfig& c, const GPT2Config& model) {
     LLMC_FAIL("-z %ld is not a positive multiple of B*T = %d*%d = %ld: use -z %ld or another "
               "multiple", c.total_batch, c.B, c.T, micro_batch,
               micro_batch * std::max(1L, c.total_batch / micro_batch));
+  }
+  if (c.total_batch / micro_batch > INT_MAX) {
+    LLMC_FAIL("-z %ld is %ld micro steps of B*T = %ld tokens, more than the %d one step can take: "
+              "use a smaller -z", c.total_batch, c.total_batch / micro_batch, micro_batch, INT_MAX);
   }
 }
 

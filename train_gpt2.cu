@@ -1616,7 +1616,7 @@ void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
   memcpy(&h[8], &n, sizeof(n));
   memcpy(&h[10], &sum, sizeof(sum));
   const std::string tmp = path + ".tmp";
-  {
+  try {
     llmc::File f(tmp, "wb");
     f.write(h, sizeof(h), "the state header");
     f.write(&host, sizeof(host), "the RNG and data loader state");
@@ -1624,6 +1624,9 @@ void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
     f.write(adam_v.data(), n * sizeof(float), "AdamW's second moments");
     if (m.master) f.write(master.data(), n * sizeof(float), "the master weights");
     f.close(/*sync=*/true);
+  } catch (const llmc::Error&) {
+    remove(tmp.c_str());  // a full disk keeps the space of the earlier checkpoints free
+    throw;
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
     LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
@@ -2013,6 +2016,10 @@ void validate_args(const TrainArgs& a, int world) {
             "-z %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use -z %ld or another "
             "multiple", a.total_batch, a.B, a.T, world, tokens_per_micro_step,
             tokens_per_micro_step * std::max(1L, a.total_batch / tokens_per_micro_step));
+    REQUIRE(a.total_batch / tokens_per_micro_step <= INT32_MAX,
+            "-z %ld is %ld micro steps of B*T*processes = %ld tokens, more than the %d one step "
+            "can take: use a smaller -z", a.total_batch, a.total_batch / tokens_per_micro_step,
+            tokens_per_micro_step, INT32_MAX);
   }
   REQUIRE(a.lr >= 0.0f, "-l %g: the learning rate must not be negative", a.lr);
   REQUIRE(a.warmup >= 0, "-u %d: warmup steps must not be negative", a.warmup);

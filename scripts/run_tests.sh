@@ -245,6 +245,7 @@ gpu_tests() {
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
   hellaswag_and_generation_test
   signal_test
+  run bad_input_cuda env TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2fp32cu resume_fp32
   # Training from random initialisation learns: the validation loss falls, samples are printed.

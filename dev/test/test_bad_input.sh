@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# Tests how a trainer fails on bad input: missing or damaged token shards and checkpoints, bad
+# flags, an output directory it cannot or must not write, a disk that fills up while a checkpoint
+# is written. Every case must exit non-zero with exactly one line on stderr, "error: ..." naming
+# the file or flag at fault, and must leave the files already in the output directory (a
+# checkpoint, main.log, a DONE marker) byte for byte as they were.
+# The flags used are common to both trainers. A case that needs a flag the trainer lacks (its
+# --help decides) is adapted (-n) or skipped with a printed note (-y), as are the cases that need
+# a tmpfs where mounting is not permitted (only root may mount).
+# Scratch files go to build/test_tmp/bad_input_<trainer>.
+#
+#   bash dev/test/test_bad_input.sh                          (the CPU trainer, ./train_gpt2)
+#   TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh   (the CUDA trainer, on a GPU machine)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+if [ -z "${TRAINER:-}" ]; then
+  # MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+  MAKEFLAGS= ${MAKE:-make} -s train_gpt2 || exit 1
+  TRAINER=./train_gpt2
+fi
+if [ ! -x "$TRAINER" ]; then
+  echo "test_bad_input: $TRAINER is not an executable: build it first"
+  exit 1
+fi
+DIR=build/test_tmp/bad_input_$(basename "$TRAINER")
+LOGS=$DIR/logs
+MOUNTS=()
+cleanup() {
+  local m
+  for m in "${MOUNTS[@]}"; do umount "$m"; done
+}
+trap cleanup EXIT
+for m in "$DIR/full" "$DIR/readonly"; do
+  mountpoint -q "$m" 2>/dev/null && umount "$m"  # left mounted by an interrupted run
+done
+chmod -R u+w "$DIR" 2>/dev/null
+rm -rf "$DIR"
+mkdir -p "$LOGS"
+
+passed=0
+failed=0
+skipped=0
+skip() {  # skip CASE WHY
+  skipped=$((skipped + 1))
+  echo "skip $1: $2"
+}
+finish() {
+  echo "test_bad_input: $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+  exit
+}
+
+help=$("$TRAINER" --help 2>&1)
+has_flag() { grep -qE -- "^ +$1 " <<< "$help"; }
+
+# mount_tmpfs DIR OPTIONS: a tmpfs at DIR, unmounted at exit; fails (quietly) where mounting is
+# not permitted.
+mount_tmpfs() {
+  mkdir -p "$1"
+  mount -t tmpfs -o "$2" bad_input "$1" 2>/dev/null || return 1
+  MOUNTS+=("$1")
+}
+
+# --- tiny shards: 256 int32 header (magic, version, count), then uint16 tokens (dev/SPEC.md)
+python3 - "$DIR" <<'PY' || { echo "FAIL writing the test shards"; failed=$((failed + 1)); finish; }
+import random, struct, sys
+directory = sys.argv[1]
+rng = random.Random(0)
+VOCAB = 50257
+
+def shard(name, tokens, magic=20240520, version=1, count=None, trailing=b""):
+    header = struct.pack("<256i", magic, version, len(tokens) if count is None else count, *[0] * 253)
+    with open(f"{directory}/{name}", "wb") as f:
+        f.write(header + struct.pack(f"<{len(tokens)}H", *tokens) + trailing)
+
+tokens = [rng.randrange(VOCAB) for _ in range(2048)]
+shard("train.bin", tokens)
+shard("val.bin", tokens[:1024])
+open(f"{directory}/empty.bin", "wb").close()
+shard("truncated.bin", tokens[:1000], count=2048)
+shard("trailing.bin", tokens, trailing=b"\x01\x02\x03")
+shard("magic.bin", tokens, magic=20240326)
+shard("version.bin", tokens, version=2)
+shard("token.bin", tokens[:100] + [VOCAB] + tokens[101:])
+PY
+
+COMMON=(-i "$DIR/train.bin" -j "$DIR/val.bin" -e tiny -b 4 -t 64 -v 0 -s 0 -k constant -l 1e-3)
+
+# --- a finished run to protect: its checkpoint, main.log and DONE marker (the CPU trainer
+# writes no DONE marker: one is put there, as the file a resume would look for)
+FIXTURE=$DIR/fixture
+if ! "$TRAINER" "${COMMON[@]}" -x 2 -o "$FIXTURE" > "$LOGS/fixture.out" 2>&1 ||
+   [ ! -f "$FIXTURE/model_00000002.bin" ] || [ ! -f "$FIXTURE/main.log" ]; then
+  echo "FAIL a good 2-step run into $FIXTURE (log in $LOGS/fixture.out):"
+  tail -n 5 "$LOGS/fixture.out" | sed 's/^/     /'
+  failed=$((failed + 1))
+  finish
+fi
+[ -f "$FIXTURE/DONE_00000002" ] || : > "$FIXTURE/DONE_00000002"
+KEEP=$DIR/keep
+cp -a "$FIXTURE" "$KEEP"
+
+# Names and checksums of every file under the given paths.
+snapshot() {
+  local p
+  for p in "$@"; do
+    if [ -e "$p" ]; then
+      find "$p" -type f -print0 | sort -z | xargs -0 -r sha256sum
+    else
+      echo "absent: $p"
+    fi
+  done
+}
+
+# attempt PATTERN ARGS...: runs the trainer with ARGS and puts into `problems` each way it did
+# not fail as it should: exit status 0 (or a signal), stderr other than one "error:" line matching
+# the extended regex PATTERN, or a change to the files under the paths in WATCH.
+WATCH=()
+case_number=0
+attempt() {
+  local pattern=$1
+  shift
+  cmdline="$TRAINER$(printf " %q" "$@")"
+  case_number=$((case_number + 1))
+  out=$LOGS/case_$case_number.out
+  err=$LOGS/case_$case_number.err
+  local before after status
+  before=$(snapshot "${WATCH[@]}")
+  timeout 300 "$TRAINER" "$@" > "$out" 2> "$err"
+  status=$?
+  after=$(snapshot "${WATCH[@]}")
+  problems=()
+  if [ $status -eq 0 ]; then
+    problems+=("exit status 0")
+  elif [ $status -eq 124 ]; then
+    problems+=("no exit within 300 s")
+  elif [ $status -gt 128 ]; then
+    problems+=("killed by signal $((status - 128))")
+  fi
+  local lines
+  lines=$(wc -l < "$err")
+  if [ "$lines" -ne 1 ] || ! grep -q '^error: ' "$err"; then
+    problems+=("stderr should be one line starting with 'error:', it has $lines line(s)")
+  elif ! grep -qE -- "$pattern" "$err"; then
+    problems+=("the error does not match: $pattern")
+  fi
+  if [ "$before" != "$after" ]; then
+    problems+=("files changed under ${WATCH[*]}:")
+    while IFS= read -r line; do problems+=("  $line"); done < <(diff <(echo "$before") <(echo "$after"))
+  fi
+}
+
+# report CASE: one line for the case; on failure the problems, stderr and the end of stdout.
+report() {
+  if [ ${#problems[@]} -eq 0 ]; then
+    passed=$((passed + 1))
+    echo "ok   $1"
+    return
+  fi
+  failed=$((failed + 1))
+  echo "FAIL $1"
+  echo "     $cmdline"
+  printf '     %s\n' "${problems[@]}"
+  sed 's/^/     stderr: /' "$err"
+  tail -n 3 "$out" | sed 's/^/     stdout: /'
+  if ! diff -r -q "$KEEP" "$FIXTURE" > /dev/null; then  # the next cases start clean
+    rm -rf "$KEEP"
+    cp -a "$FIXTURE" "$KEEP"
+  fi
+}
+
+# expect CASE PATTERN ARGS...: a training run into $KEEP with ARGS added (later flags win).
+expect() {
+  local name=$1 pattern=$2
+  shift 2
+  WATCH=("$KEEP")
+  attempt "$pattern" "${COMMON[@]}" -x 2 -o "$KEEP" "$@"
+  report "$name"
+}
+
+# --- token shards (every shard is checked at start-up, before the output directory is touched)
+expect "missing shard pattern (no match)" "no files match -i '$DIR/nothing_\*\.bin'" \
+  -i "$DIR/nothing_*.bin"
+expect "empty shard" "empty\.bin: the file is empty" -i "$DIR/empty.bin"
+expect "truncated shard (fewer tokens than the header says)" \
+  "truncated\.bin: header says 2048 tokens.*\(truncated\)" -i "$DIR/truncated.bin"
+expect "trailing bytes after the tokens" "trailing\.bin: header says 2048 tokens.*\(trailing bytes\)" \
+  -i "$DIR/trailing.bin"
+expect "wrong shard magic" "magic\.bin: not a token shard \(magic 20240326, expected 20240520\)" \
+  -i "$DIR/magic.bin"
+expect "wrong shard version" "version\.bin: unsupported token shard version 2" -i "$DIR/version.bin"
+expect "token id >= vocab size" "token\.bin: token 50257 at position 100 is >= vocab size 50257" \
+  -i "$DIR/token.bin"
+expect "bad validation shard (-j, wrong magic)" "magic\.bin: not a token shard" \
+  -v 1 -m 1 -j "$DIR/magic.bin"
+
+# --- flags checked against each other and the model
+expect "-t above the model's max sequence length" "-t 128 is above the model's max" -t 128
+expect "-z not a multiple of B*T*processes" "-z 100 is not a (positive )?multiple of B\*T" -z 100
+expect "-z of more than INT_MAX micro steps (2^32 x B*T)" "-z 1099511627776" -z 1099511627776
+
+# --- checkpoints given with -e
+cp "$FIXTURE/model_00000002.bin" "$DIR/bad_magic.bin"
+printf '\x00\x00\x00\x00' | dd of="$DIR/bad_magic.bin" bs=4 count=1 conv=notrunc status=none
+head -c 1000000 "$FIXTURE/model_00000002.bin" > "$DIR/cut.bin"
+expect "missing checkpoint (-e path that does not exist)" \
+  "-e $DIR/missing\.bin: no such checkpoint file" -e "$DIR/missing.bin"
+expect "corrupt checkpoint (bad magic)" "bad_magic\.bin: not a GPT-2 checkpoint \(magic 0" \
+  -e "$DIR/bad_magic.bin"
+expect "truncated checkpoint" "cut\.bin: checkpoint for .* should be [0-9]+ bytes but is 1000000 \(truncated\)" \
+  -e "$DIR/cut.bin"
+if has_flag -y; then
+  expect "resume with a checkpoint of another configuration (-y 1 -e d12, a tiny model in -o)" \
+    "-y 1: $KEEP/model_00000002\.bin holds a model L=2 .*-e d12" -y 1 -e d12
+else
+  skip "resume with a checkpoint of another configuration" "$TRAINER has no -y (no resume)"
+fi
+
+# --- the output directory
+expect "existing main.log in -o for a new run" \
+  "$KEEP/main\.log already holds a run log: .*give -o another directory"
+
+echo "a file, not a directory" > "$DIR/not_a_dir"
+WATCH=("$DIR/not_a_dir")
+attempt "not_a_dir.*Not a directory" "${COMMON[@]}" -x 2 -o "$DIR/not_a_dir"
+report "unwritable -o: a file where a directory is expected"
+
+mkdir -p "$DIR/readonly"
+chmod 555 "$DIR/readonly"
+if [ -w "$DIR/readonly" ] && ! mount_tmpfs "$DIR/readonly" ro,size=64k; then
+  skip "unwritable -o: a directory under a read-only one" \
+    "root writes through the permissions and a read-only tmpfs cannot be mounted here"
+else
+  WATCH=("$DIR/readonly")
+  attempt "readonly/run.*(Read-only file system|Permission denied)" \
+    "${COMMON[@]}" -x 2 -o "$DIR/readonly/run"
+  report "unwritable -o: a directory under a read-only one"
+fi
+
+# --- bad command lines
+expect "-b x (not a number)" "-b.*'x'.*integer" -b x
+expect "-l abc (not a number)" "-l.*'abc'.*number" -l abc
+expect "unknown flag" "unknown flag '-bogus'" -bogus 1
+expect "flag without a value" "flag -l needs a value" -l
+expect "a stray word (an unquoted glob that the shell expanded)" "'$DIR/val\.bin'" \
+  -i "$DIR/train.bin" "$DIR/val.bin"
+
+# --- the disk fills up while a checkpoint is written: the checkpoint before it stays complete
+# and no incomplete one takes a final name. With -n the trainer writes the step-2 checkpoint
+# (it fits) and fails on the step-4 one; without -n (the CPU trainer saves only at the end) the
+# directory starts with a copy of a step-2 checkpoint and the final step-4 one does not fit.
+checkpoint_bytes=$(cat "$FIXTURE"/model_*.bin "$FIXTURE"/state_*.bin 2>/dev/null | wc -c)
+run=$DIR/full/run
+WATCH=()  # what must stay is compared with the fixture below
+if ! mount_tmpfs "$DIR/full" "size=$((checkpoint_bytes * 3 / 2))"; then
+  skip "disk full while a checkpoint is written" "cannot mount a tmpfs here (needs root)"
+else
+  mkdir -p "$run"
+  if has_flag -n; then
+    # A checkpoint is complete when its DONE marker is there: model_00000004.bin may be.
+    attempt "$run/.*disk full" "${COMMON[@]}" -x 4 -n 2 -o "$run"
+    incomplete=DONE_00000004
+  else
+    cp "$FIXTURE/model_00000002.bin" "$FIXTURE/DONE_00000002" "$run/"
+    attempt "$run/.*disk full" "${COMMON[@]}" -x 4 -o "$run"
+    incomplete=model_00000004.bin
+  fi
+  for f in model_00000002.bin state_00000002_00000.bin DONE_00000002; do
+    if [ -e "$FIXTURE/$f" ] && ! cmp -s "$FIXTURE/$f" "$run/$f"; then
+      problems+=("$run/$f is not the step-2 checkpoint's file (compared with $FIXTURE/$f)")
+    fi
+  done
+  [ -e "$run/$incomplete" ] && problems+=("$run/$incomplete exists: an incomplete checkpoint looks complete")
+  report "disk full while a checkpoint is written"
+fi
+
+[ $skipped -gt 0 ] && echo "($skipped case(s) skipped, see above)"
+finish
