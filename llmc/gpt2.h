@@ -62,11 +62,25 @@ inline int pad_vocab(int vocab_size) {
   return (int)round_up((size_t)vocab_size, kVocabPadMultiple);
 }
 
+// Limits far beyond any GPT-2-like model, chosen so that no count derived from a config (the
+// parameter count, a file's size in bytes) can overflow 64 bits: a damaged checkpoint header then
+// fails here instead of wrapping around to a size that seems to match its file.
+constexpr int kMaxLayers = 1 << 16;
+constexpr int kMaxChannels = 1 << 20;
+constexpr int kMaxSeqLen = 1 << 24;
+constexpr int kMaxVocabSize = 1 << 30;
+
 inline GPT2Config make_config(int num_layers, int num_heads, int channels, int max_seq_len,
                               int vocab_size) {
   if (num_layers <= 0 || num_heads <= 0 || channels <= 0 || max_seq_len <= 0 || vocab_size <= 0) {
     LLMC_FAIL("invalid model config L=%d NH=%d C=%d maxT=%d V=%d: every value must be positive",
               num_layers, num_heads, channels, max_seq_len, vocab_size);
+  }
+  if (num_layers > kMaxLayers || channels > kMaxChannels || max_seq_len > kMaxSeqLen ||
+      vocab_size > kMaxVocabSize) {
+    LLMC_FAIL("invalid model config L=%d C=%d maxT=%d V=%d: the limits are L %d, C %d, maxT %d, "
+              "V %d", num_layers, channels, max_seq_len, vocab_size, kMaxLayers, kMaxChannels,
+              kMaxSeqLen, kMaxVocabSize);
   }
   if (channels % num_heads != 0) {
     LLMC_FAIL("invalid model config: channels %d is not divisible by heads %d", channels,
@@ -311,7 +325,25 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),
               d.B, d.T, d.steps, d.vocab_size, c.describe().c_str());
   }
-  size_t BT = (size_t)d.B * d.T;
+  // The body's size follows from the header; it is checked against the file before anything is
+  // allocated, so that a damaged B, T or step count fails here instead of asking for absurd
+  // amounts of memory. B*T is compared by division first so that the product cannot overflow.
+  const size_t body_bytes = (size_t)f.size() - sizeof(h);
+  const size_t body_floats = body_bytes / sizeof(float);
+  const size_t BT = (size_t)d.B * d.T;
+  const size_t floats_per_position = 2 + (size_t)d.vocab_size;  // input, target, logits
+  const size_t needed_floats = BT <= body_floats / floats_per_position
+                                   ? BT * floats_per_position + 1 + num_parameters(c) + d.steps
+                                   : SIZE_MAX;
+  if (needed_floats > body_floats) {
+    LLMC_FAIL("%s: file is truncated: reading the inputs, targets, logits, loss, gradients and "
+              "step losses of B=%d T=%d V=%d and %d steps needs more than the %zu bytes after "
+              "the header", path.c_str(), d.B, d.T, d.vocab_size, d.steps, body_bytes);
+  }
+  if (body_bytes != needed_floats * sizeof(float)) {
+    LLMC_FAIL("%s: trailing data after the step losses: the file does not match its header",
+              path.c_str());
+  }
   d.inputs.resize(BT);
   d.targets.resize(BT);
   d.logits.resize(BT * d.vocab_size);
@@ -323,10 +355,6 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
   f.read(&d.loss, sizeof(float), "the loss");
   f.read(d.grads.data(), d.grads.size() * sizeof(float), "the gradients");
   f.read(d.losses.data(), d.losses.size() * sizeof(float), "the step losses");
-  if (f.size() != (long)(sizeof(h) + (2 * BT + d.logits.size() + 1 + d.grads.size() + d.steps) * 4)) {
-    LLMC_FAIL("%s: trailing data after the step losses: the file does not match its header",
-              path.c_str());
-  }
   return d;
 }
 

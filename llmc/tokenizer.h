@@ -700,6 +700,13 @@ class Tokenizer {
       LLMC_FAIL("%s: vocabulary size %d in the header is implausible: the file is damaged",
                 path.c_str(), vocab_size);
     }
+    // Every token takes at least two bytes (its length and one byte). Checked before the tokens
+    // are allocated, so that a damaged size fails here instead of allocating for it.
+    const long body_bytes = file_size - (long)sizeof(header);
+    if (vocab_size > body_bytes / 2) {
+      LLMC_FAIL("%s: the file is truncated: %d tokens need at least %ld bytes after the header, "
+                "it has %ld", path.c_str(), vocab_size, 2 * (long)vocab_size, body_bytes);
+    }
     if (version == 1) {
       if (vocab_size != kGpt2VocabSize) {
         LLMC_FAIL("%s: a version 1 file has no EOT id, so it must be GPT-2's %d tokens, not %d: "
