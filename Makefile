@@ -106,3 +106,19 @@ test: cpu cuda
 
 clean:
 	rm -rf $(BUILD) train_gpt2 test_gpt2 $(CUDA_TARGETS)
+
+# Fuzz targets: libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer (any UB report
+# aborts), built with clang and its fuzzer runtime (Debian: clang, libclang-rt-14-dev).
+# `make fuzz` builds build/fuzz_NAME from each dev/fuzz/fuzz_NAME.cpp; dev/test/test_fuzz.sh
+# builds and runs them (see dev/fuzz/README.md).
+FUZZ_CXX ?= clang++
+FUZZ_FLAGS = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -std=c++17 \
+  -Wall -Wextra
+FUZZ_SOURCES = $(wildcard dev/fuzz/fuzz_*.cpp)
+FUZZ_TARGETS = $(patsubst dev/fuzz/%.cpp,$(BUILD)/%,$(FUZZ_SOURCES))
+
+.PHONY: fuzz
+fuzz: $(FUZZ_TARGETS)
+
+$(BUILD)/fuzz_%: dev/fuzz/fuzz_%.cpp dev/fuzz/fuzz_file.h $(LLMC_HEADERS) | $(BUILD)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -I. $< -o $@

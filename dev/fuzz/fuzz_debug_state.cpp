@@ -1,0 +1,30 @@
+// Fuzzes debug_state_load with the input as a debug-state file for a fixed tiny model (below; the
+// seeds that dev/test/test_fuzz.sh writes are for the same model). An accepted file's arrays must
+// have the sizes its header gives.
+#include <cstdint>
+
+#include "dev/fuzz/fuzz_file.h"
+#include "llmc/gpt2.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static fuzz::ScratchFile state("debug_state.bin");
+  static const llmc::GPT2Config config = llmc::make_config(/*num_layers=*/1, /*num_heads=*/1,
+                                                           /*channels=*/4, /*max_seq_len=*/4,
+                                                           /*vocab_size=*/8);
+  const std::string& path = state.write(data, size);
+  try {
+    const llmc::DebugState d = llmc::debug_state_load(path, config);
+    const size_t BT = (size_t)d.B * d.T;
+    fuzz::require(d.T <= config.max_seq_len && d.inputs.size() == BT && d.targets.size() == BT &&
+                      d.logits.size() == BT * config.vocab_size &&
+                      d.grads.size() == llmc::num_parameters(config) &&
+                      d.losses.size() == (size_t)d.steps,
+                  "an accepted debug state has the sizes of its header");
+    fuzz::require(size == llmc::kHeaderInts * sizeof(int) +
+                              sizeof(float) * (2 * BT + d.logits.size() + 1 + d.grads.size() +
+                                               d.losses.size()),
+                  "an accepted debug state has no bytes beyond its arrays");
+  } catch (const llmc::Error&) {
+  }
+  return 0;
+}
