@@ -38,17 +38,11 @@ chmod -R u+w "$DIR" 2>/dev/null
 rm -rf "$DIR"
 mkdir -p "$LOGS"
 
-passed=0
-failed=0
+source "$(dirname "$0")/lib.sh"
 skipped=0
 skip() {  # skip CASE WHY
   skipped=$((skipped + 1))
   echo "skip $1: $2"
-}
-finish() {
-  echo "test_bad_input: $passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit
 }
 
 help=$("$TRAINER" --help 2>&1)
@@ -63,7 +57,7 @@ mount_tmpfs() {
 }
 
 # --- tiny shards: 256 int32 header (magic, version, count), then uint16 tokens (dev/SPEC.md)
-python3 - "$DIR" <<'PY' || { echo "FAIL writing the test shards"; failed=$((failed + 1)); finish; }
+python3 - "$DIR" <<'PY' || { echo "FAIL writing the test shards"; failed=$((failed + 1)); finish test_bad_input; }
 import random, struct, sys
 directory = sys.argv[1]
 rng = random.Random(0)
@@ -95,7 +89,7 @@ if ! "$TRAINER" "${COMMON[@]}" -x 2 -o "$FIXTURE" > "$LOGS/fixture.out" 2>&1 ||
   echo "FAIL a good 2-step run into $FIXTURE (log in $LOGS/fixture.out):"
   tail -n 5 "$LOGS/fixture.out" | sed 's/^/     /'
   failed=$((failed + 1))
-  finish
+  finish test_bad_input
 fi
 [ -f "$FIXTURE/DONE_00000002" ] || : > "$FIXTURE/DONE_00000002"
 KEEP=$DIR/keep
@@ -276,4 +270,4 @@ else
 fi
 
 [ $skipped -gt 0 ] && echo "($skipped case(s) skipped, see above)"
-finish
+finish test_bad_input

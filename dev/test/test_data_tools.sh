@@ -16,19 +16,7 @@ rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 EOT=50256
 
-passed=0
-failed=0
-check() {  # check DESCRIPTION GOT EXPECTED
-  if [ "$2" = "$3" ]; then
-    passed=$((passed + 1))
-    echo "ok   $1"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $1"
-    echo "     got:      $2"
-    echo "     expected: $3"
-  fi
-}
+source "$(dirname "$0")/lib.sh"
 
 # read_shards DIR PREFIX prints "NAME count" per shard of DIR named PREFIX_*.bin, then
 # "tokens: ..." with all their tokens in order; a shard whose header or size is wrong prints
@@ -179,5 +167,4 @@ else
   echo "skipped tiny shakespeare: TINYSHAKESPEARE is not set (the path of its input.txt)"
 fi
 
-echo "test_data_tools: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish test_data_tools

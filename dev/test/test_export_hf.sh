@@ -15,24 +15,7 @@ DIR=build/test_tmp/export_hf
 rm -rf "$DIR"
 mkdir -p "$DIR"
 
-passed=0
-failed=0
-check() {  # check DESCRIPTION GOT EXPECTED
-  if [ "$2" = "$3" ]; then
-    passed=$((passed + 1))
-    echo "ok   $1"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $1"
-    echo "     got:      $2"
-    echo "     expected: $3"
-  fi
-}
-finish() {
-  echo "test_export_hf: $passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit
-}
+source "$(dirname "$0")/lib.sh"
 
 PY=
 for candidate in ${PYTHON:-} python3 /usr/bin/python3; do
@@ -43,7 +26,7 @@ for candidate in ${PYTHON:-} python3 /usr/bin/python3; do
 done
 if [ -z "$PY" ]; then
   check "a python with torch and numpy (apt-get install python3-torch, or set PYTHON)" "none found" "found"
-  finish
+  finish test_export_hf
 fi
 echo "using $PY"
 
@@ -390,4 +373,4 @@ cat "$DIR/python.log"
 passed=$((passed + $(grep -c '^ok ' "$DIR/python.log")))
 failed=$((failed + $(grep -c '^FAIL' "$DIR/python.log")))
 check "the python checks ran to the end" "$status" "0"
-finish
+finish test_export_hf

@@ -11,24 +11,7 @@ DIR=build/test_tmp/plot_log
 rm -rf "$DIR"
 mkdir -p "$DIR/ours" "$DIR/bad" "$DIR/empty_dir"
 
-passed=0
-failed=0
-check() {  # check DESCRIPTION GOT EXPECTED
-  if [ "$2" = "$3" ]; then
-    passed=$((passed + 1))
-    echo "ok   $1"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $1"
-    echo "     got:      $2"
-    echo "     expected: $3"
-  fi
-}
-finish() {
-  echo "test_plot_log: $passed passed, $failed failed"
-  [ "$failed" -eq 0 ]
-  exit
-}
+source "$(dirname "$0")/lib.sh"
 
 # The first python that has matplotlib (a python with torch often lacks it).
 PY=
@@ -41,7 +24,7 @@ done
 if [ -z "$PY" ]; then
   check "a python with matplotlib (apt-get install python3-matplotlib, or set PLOT_PYTHON)" \
     "none found" "found"
-  finish
+  finish test_plot_log
 fi
 echo "using $PY"
 
@@ -162,4 +145,4 @@ expect_error "-o into a missing directory" \
   "error: -o $missing: cannot write the figure: [Errno 2] No such file or directory: '$missing'" \
   "$DIR/ours" -o "$missing"
 
-finish
+finish test_plot_log
