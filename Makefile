@@ -59,7 +59,7 @@ CUDA_TARGETS = train_gpt2cu test_gpt2cu profile_gpt2cu train_gpt2fp32cu test_gpt
 
 all: cpu
 cpu: train_gpt2 test_gpt2 $(UNIT_TESTS) $(TOOLS)
-cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32)
+cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/bench_attention
 
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
 	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
@@ -96,6 +96,10 @@ test_gpt2fp32cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
 KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h $(LLMC_HEADERS) dev/test/testing.h
 
 $(BUILD)/test_%: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+
+# Flash attention timings (BF16 only: the flash kernels are not built in FP32).
+$(BUILD)/bench_attention: dev/cuda/bench_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
 
 $(BUILD)/test_%_fp32: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)

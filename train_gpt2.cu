@@ -8,7 +8,7 @@
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
 //   4. LayerNorm                  forward, fused residual + forward, fused backward
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient
-//   6. Attention                  causal multi-head attention through batched GEMMs
+//   6. Attention                  causal multi-head attention: flash kernels (BF16), batched GEMMs
 //   7. GELU                       tanh approximation, forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits
 //   9. Norms and optimizer        global gradient norm, AdamW with stochastic rounding
@@ -22,6 +22,7 @@
 // reduction, so the same seed and configuration give bitwise-identical results on any GPU of
 // the same architecture and library versions.
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,8 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <csignal>
@@ -93,7 +96,13 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
   } while (0)
 
 // Device allocations go through here so that running out of memory says how much was asked
-// for, how much is free, and what to change.
+// for, how much is free, and what to change. The sizes are kept so that the trainer can report
+// its peak memory, the figure PyTorch's max_memory_allocated gives for the peer.
+struct DeviceMemoryStats {
+  std::unordered_map<void*, size_t> sizes;
+  size_t current = 0, peak = 0;
+} g_device_memory;
+
 template <class T>
 T* device_alloc(size_t count, const char* what) {
   void* p = nullptr;
@@ -108,7 +117,20 @@ T* device_alloc(size_t count, const char* what) {
               what, bytes / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0);
   }
   cudaCheck(err);
+  g_device_memory.sizes[p] = bytes;
+  g_device_memory.current += bytes;
+  g_device_memory.peak = std::max(g_device_memory.peak, g_device_memory.current);
   return (T*)p;
+}
+
+void device_free(void* p) {
+  if (!p) return;
+  auto it = g_device_memory.sizes.find(p);
+  if (it != g_device_memory.sizes.end()) {
+    g_device_memory.current -= it->second;
+    g_device_memory.sizes.erase(it);
+  }
+  cudaCheck(cudaFree(p));
 }
 
 __host__ __device__ inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
@@ -471,10 +493,13 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean
   cudaCheckLaunch();
 }
 
-constexpr int kLayerNormBackwardWarps = 4;
+constexpr int kLayerNormBackwardWarps = 8;
 
 // grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
 // kLayerNormBackwardWarps * 2 * C floats. partials: [kRowBlocks][2C] (dweight, then dbias).
+// Each lane keeps its CHUNKS 16-byte pieces of the row (C <= CHUNKS * 256 elements) in registers,
+// so dout, inp and dresidual are read once, all loads of a row in flight together.
+template <int CHUNKS>
 __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
                                           const floatX* inp, const floatX* weight,
                                           const float* mean, const float* rstd, int N, int C) {
@@ -484,36 +509,55 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
   float* dbias_acc = dweight_acc + C;
   for (int c = lane; c < 2 * C; c += WARP_SIZE) dweight_acc[c] = 0.0f;
   __syncwarp();  // lanes zero one layout of the row and accumulate into another
+  x128 w[CHUNKS];
+#pragma unroll
+  for (int i = 0; i < CHUNKS; i++) {
+    const int c = (i * WARP_SIZE + lane) * x128::size;
+    if (c < C) w[i] = load128(weight + c);
+  }
   const int rpb = rows_per_block(N);
   const int r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
   for (int row = r0 + warp; row < r1; row += kLayerNormBackwardWarps) {
     const size_t base = (size_t)row * C;
+    x128 d[CHUNKS], x[CHUNKS], r[CHUNKS];
+#pragma unroll
+    for (int i = 0; i < CHUNKS; i++) {
+      const int c = (i * WARP_SIZE + lane) * x128::size;
+      if (c < C) {
+        d[i] = load128(dout + base + c);
+        x[i] = load128(inp + base + c);
+        r[i] = load128(dresidual + base + c);
+      }
+    }
     const float m = mean[row], s = rstd[row];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
-    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-      const x128 d = load128(dout + base + c), x = load128(inp + base + c), w = load128(weight + c);
+#pragma unroll
+    for (int i = 0; i < CHUNKS; i++) {
+      const int c = (i * WARP_SIZE + lane) * x128::size;
+      if (c >= C) continue;
       for (int k = 0; k < x128::size; k++) {
-        const float norm = ((float)x[k] - m) * s;
-        const float dnorm = (float)w[k] * (float)d[k];
+        const float norm = ((float)x[i][k] - m) * s;
+        const float dnorm = (float)w[i][k] * (float)d[i][k];
         dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
         // Each lane owns channels c..c+size-1 of its warp's accumulator row: no races.
-        dbias_acc[c + k] += (float)d[k];
-        dweight_acc[c + k] += norm * (float)d[k];
+        dbias_acc[c + k] += (float)d[i][k];
+        dweight_acc[c + k] += norm * (float)d[i][k];
       }
     }
     const float dnorm_mean = warp_reduce_sum(dnorm_sum) / C;
     const float dnorm_norm_mean = warp_reduce_sum(dnorm_norm_sum) / C;
-    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-      const x128 d = load128(dout + base + c), x = load128(inp + base + c), w = load128(weight + c);
-      x128 r = load128(dresidual + base + c);
+#pragma unroll
+    for (int i = 0; i < CHUNKS; i++) {
+      const int c = (i * WARP_SIZE + lane) * x128::size;
+      if (c >= C) continue;
       for (int k = 0; k < x128::size; k++) {
-        const float norm = ((float)x[k] - m) * s;
-        const float dnorm = (float)w[k] * (float)d[k];
+        const float norm = ((float)x[i][k] - m) * s;
+        const float dnorm = (float)w[i][k] * (float)d[i][k];
         const float dx = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-        r[k] = (floatX)((float)r[k] + dx);
+        r[i][k] = (floatX)((float)r[i][k] + dx);
       }
-      store128(dresidual + base + c, r);
+      store128(dresidual + base + c, r[i]);
     }
   }
   __syncthreads();
@@ -522,6 +566,15 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
     for (int w = 0; w < kLayerNormBackwardWarps; w++) sum += shared[w * 2 * C + c];
     partials[(size_t)blockIdx.x * 2 * C + c] = sum;
   }
+}
+
+constexpr int kLayerNormBackwardMaxChunks = 2048 / (WARP_SIZE * x128::size);
+
+template <int... I>
+constexpr auto layernorm_backward_kernels(std::integer_sequence<int, I...>) {
+  using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*,
+                          const float*, const float*, int, int);
+  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1>...};
 }
 
 size_t layernorm_backward_shared_bytes(int C) {
@@ -535,9 +588,14 @@ void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float
                         cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "layernorm_backward: C=%d must be a multiple of %d", C, x128::size);
   const size_t shared = layernorm_backward_shared_bytes(C);
-  cudaCheck(cudaFuncSetAttribute(layernorm_backward_kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  layernorm_backward_kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
+  const int chunks = ceil_div(C, WARP_SIZE * x128::size);
+  // One instantiation per register footprint, for C up to 2048 (GPT-2's widths go to 1600).
+  REQUIRE(chunks <= kLayerNormBackwardMaxChunks,
+          "layernorm_backward: C=%d is above the largest supported width 2048", C);
+  const auto kernel = layernorm_backward_kernels(
+      std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>())[chunks - 1];
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
       dresidual, partials, dout, inp, weight, mean, rstd, N, C);
   cudaCheckLaunch();
   column_sum_finalize(dweight, partials, 2 * C, C, seed, stream);
@@ -569,7 +627,7 @@ void matmul_setup(bool allow_tf32) {
 }
 
 void matmul_teardown() {
-  cudaCheck(cudaFree(cublaslt_workspace));
+  device_free(cublaslt_workspace);
   cublasCheck(cublasDestroy(cublas_handle));
   cublasCheck(cublasLtDestroy(cublaslt_handle));
 }
@@ -827,6 +885,538 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
   cudaCheckLaunch();
 }
 
+// ---- Flash attention (BF16 builds, head size 64 or 128) ----
+// The same causal attention without the T x T matrix: each block takes 64 query rows (16 per
+// warp) against 64-row key/value tiles through BF16 tensor-core MMAs (m16n8k16, FP32
+// accumulation), with an online softmax in registers. q, k, v are read straight from qkv
+// [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no permutes. The forward
+// keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward rebuilds each
+// probability exactly as the forward made it. The backward avoids atomics with two kernels: one
+// per key/value tile (dK, dV, looping over the query tiles at or below the diagonal) and one per
+// query tile (dQ, looping over the key tiles), so every sum has a fixed order. FLOPs (causal):
+// 2*B*NH*T*T*HS forward, 7/2 of that backward (S and dP are computed in both kernels); bytes:
+// qkv, out and their gradients once, plus the K/V (or Q/dO) tiles re-read by each block.
+#if !defined(ENABLE_FP32)
+namespace flash {
+
+constexpr int kThreads = 128;  // 4 warps, each owning 16 rows of the block's 64-row tile
+constexpr int kTileRows = 64;
+// Shared-memory rows are padded by 16 bytes: the 8 rows a fragment load touches then start in 8
+// different 4-bank groups, so neither 32-bit loads nor ldmatrix conflict.
+constexpr int kPad = 8;
+
+// Query rows per iteration of the dK/dV kernel: 32 at head size 128 keeps its accumulators
+// (dK and dV, 16 x HS each per warp) and score tiles within the register file.
+template <int HS>
+constexpr int dkdv_query_rows() { return HS == 64 ? 64 : 32; }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// c[16x8] += a[16x16] b[16x8]; the fragment layouts are PTX's (row g = lane/4, column pair
+// 2*(lane%4)): a holds rows g, g+8 at columns 2t and 2t+8, b columns g at rows 2t and 2t+8.
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The four 8x8 blocks of a 16x16 tile at `tile` (row stride `stride`), in the order of an A
+// fragment: (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). Each lane gives one
+// row address.
+__device__ __forceinline__ const floatX* ldmatrix_row(const floatX* tile, int stride) {
+  const int lane = threadIdx.x % WARP_SIZE;
+  return tile + ((lane % 8) + ((lane / 8) % 2) * 8) * stride + (lane / 16) * 8;
+}
+
+// An A fragment of the 16x16 tile at `tile`.
+__device__ __forceinline__ void load_a_fragment(uint32_t a[4], const floatX* tile, int stride) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(ldmatrix_row(tile, stride));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+// B fragments of the product with a row-major [n][k] tile at `tile` (16 n rows, 16 k columns),
+// that is, with the tile's transpose: b[0], b[1] for rows 0-7 and b[2], b[3] for rows 8-15.
+__device__ __forceinline__ void load_b_fragments_nk(uint32_t b[4], const floatX* tile, int stride) {
+  const int lane = threadIdx.x % WARP_SIZE;
+  const floatX* row = tile + ((lane % 8) + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8;
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
+// B fragments of the product with a row-major [k][n] tile at `tile` (16 k rows, 16 n columns):
+// b[0], b[1] for columns 0-7 and b[2], b[3] for columns 8-15 (ldmatrix transposes on the way).
+__device__ __forceinline__ void load_b_fragments_kn(uint32_t b[4], const floatX* tile, int stride) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(ldmatrix_row(tile, stride));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
+// 16 bytes global -> shared without passing through registers; rows past the end read nothing
+// and are filled with zeros.
+__device__ __forceinline__ void copy_async_16(floatX* dst, const floatX* src, bool valid) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into shared memory.
+template <int HS, int ROWS>
+__device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, size_t ld, int r0, int T) {
+  constexpr int kChunks = HS / 8;
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const bool valid = r0 + r < T;
+    copy_async_16(dst + r * (HS + kPad) + c, src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
+  }
+}
+
+// The C fragments of a 16x16 block of scores (two 16x8 tiles), as the A fragment that multiplies
+// them into the next product: P stays in registers between P = softmax(S) and O += P V.
+__device__ __forceinline__ void scores_to_a_fragment(uint32_t a[4], const float lo[4], const float hi[4]) {
+  a[0] = pack_bf16x2(lo[0], lo[1]);
+  a[1] = pack_bf16x2(lo[2], lo[3]);
+  a[2] = pack_bf16x2(hi[0], hi[1]);
+  a[3] = pack_bf16x2(hi[2], hi[3]);
+}
+
+// s[N/8][4] = rows of a (as A fragments, K = HS) times the N rows of b_tile (row-major [n][k]).
+template <int HS, int N>
+__device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32_t a[HS / 16][4],
+                                                 const floatX* b_tile) {
+  constexpr int kStride = HS + kPad;
+#pragma unroll
+  for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int n = 0; n < N / 16; n++) {
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+      uint32_t b[4];
+      load_b_fragments_nk(b, b_tile + n * 16 * kStride + kk * 16, kStride);
+      mma_16816(s[2 * n], a[kk], b[0], b[1]);
+      mma_16816(s[2 * n + 1], a[kk], b[2], b[3]);
+    }
+  }
+}
+
+// acc[HS/8][4] += p (16 x K, score C fragments) times the row-major [K][HS] tile.
+template <int HS, int K>
+__device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const float p[K / 8][4],
+                                                   const floatX* tile) {
+  constexpr int kStride = HS + kPad;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    uint32_t a[4];
+    scores_to_a_fragment(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+    for (int dn = 0; dn < HS / 16; dn++) {
+      uint32_t b[4];
+      load_b_fragments_kn(b, tile + kk * 16 * kStride + dn * 16, kStride);
+      mma_16816(acc[2 * dn], a, b[0], b[1]);
+      mma_16816(acc[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// One warp's 16 rows of a tile as A fragments (K = HS).
+template <int HS>
+__device__ __forceinline__ void load_row_fragments(uint32_t a[HS / 16][4], const floatX* tile) {
+  const int warp = threadIdx.x / WARP_SIZE;
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) load_a_fragment(a[kk], tile + warp * 16 * (HS + kPad) + kk * 16, HS + kPad);
+}
+
+// Writes a warp's 16 x HS accumulator, times `scale`, as rows r0 + (0..15) of a [T, ld] matrix.
+template <int HS>
+__device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T, const float acc[HS / 8][4],
+                                           float scale_lo, float scale_hi) {
+  const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dn = 0; dn < HS / 8; dn++) {
+    if (r0 + g < T) {
+      *reinterpret_cast<uint32_t*>(dst + (size_t)(r0 + g) * ld + dn * 8 + 2 * t) =
+          pack_bf16x2(acc[dn][0] * scale_lo, acc[dn][1] * scale_lo);
+    }
+    if (r0 + g + 8 < T) {
+      *reinterpret_cast<uint32_t*>(dst + (size_t)(r0 + g + 8) * ld + dn * 8 + 2 * t) =
+          pack_bf16x2(acc[dn][2] * scale_hi, acc[dn][3] * scale_hi);
+    }
+  }
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
+    floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
+  constexpr int kStride = HS + kPad, kTile = kTileRows * kStride;
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* k_s = q_s + kTile;      // two buffers
+  floatX* v_s = k_s + 2 * kTile;  // two buffers
+  // The longest rows (most key tiles) are launched first so the tail of the grid is short.
+  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int g = lane / 4, t = lane % 4, q0 = q_tile * kTileRows;
+  const size_t ld = 3 * (size_t)C;
+  const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
+  const floatX* k_g = q_g + C;
+  const floatX* v_g = q_g + 2 * C;
+
+  load_tile<HS, kTileRows>(q_s, q_g, ld, q0, T);
+  load_tile<HS, kTileRows>(k_s, k_g, ld, 0, T);
+  load_tile<HS, kTileRows>(v_s, v_g, ld, 0, T);
+  copy_async_commit();
+  uint32_t q_frag[HS / 16][4];
+  float o[HS / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  for (int j = 0; j <= q_tile; j++) {
+    const int buf = j % 2;
+    if (j < q_tile) {
+      load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
+      load_tile<HS, kTileRows>(v_s + (1 - buf) * kTile, v_g, ld, (j + 1) * kTileRows, T);
+      copy_async_commit();
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) load_row_fragments<HS>(q_frag, q_s);
+    float s[kTileRows / 8][4];
+    multiply_by_rows<HS, kTileRows>(s, q_frag, k_s + buf * kTile);
+    // Scale to base 2, mask above the diagonal, and rescale what was summed so far to the new
+    // row maximum. Every row has its key 0 in tile 0, so the maximum is finite from the start.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int col = j * kTileRows + n * 8 + 2 * t + e;
+          float v = s[n][2 * r + e] * scale_log2;
+          if (j == q_tile && col > row[r]) v = -INFINITY;
+          s[n][2 * r + e] = v;
+          tile_max = fmaxf(tile_max, v);
+        }
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max);
+      const float correction = exp2f(row_max[r] - new_max);
+      row_max[r] = new_max;
+      row_sum[r] *= correction;
+#pragma unroll
+      for (int dn = 0; dn < HS / 8; dn++) {
+        o[dn][2 * r] *= correction;
+        o[dn][2 * r + 1] *= correction;
+      }
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const float p = exp2f(s[n][2 * r + e] - new_max);
+          s[n][2 * r + e] = p;
+          row_sum[r] += p;
+        }
+      }
+    }
+    accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
+    __syncthreads();  // the next iteration's copies overwrite the other buffer
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
+    if (t == 0 && row[r] < T) lse[(size_t)bh * T + row[r]] = row_max[r] + log2f(row_sum[r]);
+  }
+  store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0],
+                 1.0f / row_sum[1]);
+}
+
+// d[b, h, t] = sum over the head's channels of dout * out: the rowwise term of the softmax
+// gradient, computed once for both backward kernels. One warp per (b, t, h).
+template <int HS>
+__global__ void attention_backward_flash_dot_kernel(float* d, const floatX* dout, const floatX* out,
+                                                    int B, int T, int NH) {
+  const size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
+  if (w >= (size_t)B * T * NH) return;
+  const int lane = threadIdx.x % WARP_SIZE, h = w % NH;
+  const size_t bt = w / NH;
+  const floatX* x = dout + w * HS;
+  const floatX* y = out + w * HS;
+  float sum = 0.0f;
+  for (int i = 2 * lane; i < HS; i += 2 * WARP_SIZE) {
+    sum += (float)x[i] * (float)y[i] + (float)x[i + 1] * (float)y[i + 1];
+  }
+  sum = warp_reduce_sum(sum);
+  const int b = bt / T, t = bt % T;
+  if (lane == 0) d[((size_t)b * NH + h) * T + t] = sum;
+}
+
+// Query tile i of the dK/dV kernel: the q and dout rows (row strides 3C and C) and their lse
+// and dot. Rows past T get lse = +inf, so their probabilities are exactly zero.
+template <int HS>
+__device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float* lse_s, float* dot_s,
+                                                const floatX* q_g, const floatX* do_g, const float* lse_g,
+                                                const float* dot_g, int C, int i, int T) {
+  constexpr int kQRows = dkdv_query_rows<HS>();
+  load_tile<HS, kQRows>(q_s, q_g, 3 * (size_t)C, i * kQRows, T);
+  load_tile<HS, kQRows>(do_s, do_g, C, i * kQRows, T);
+  for (int r = threadIdx.x; r < kQRows; r += kThreads) {
+    const int q = i * kQRows + r;
+    lse_s[r] = q < T ? lse_g[q] : INFINITY;
+    dot_s[r] = q < T ? dot_g[q] : 0.0f;
+  }
+}
+
+// dK and dV of one 64-row key tile: the transposed scores S^T = K Q^T are formed directly, so
+// the probabilities P^T are in the layout that multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
+template <int HS>
+__global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel(
+    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* dot, int T,
+    int NH, float scale_log2, float scale) {
+  constexpr int kQRows = dkdv_query_rows<HS>(), kStride = HS + kPad;
+  constexpr int kKTile = kTileRows * kStride, kQTile = kQRows * kStride;
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  floatX* k_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* v_s = k_s + kKTile;
+  floatX* q_s = v_s + kKTile;        // two buffers
+  floatX* do_s = q_s + 2 * kQTile;   // two buffers
+  float* lse_s = reinterpret_cast<float*>(do_s + 2 * kQTile);  // two buffers of kQRows
+  float* dot_s = lse_s + 2 * kQRows;                           // two buffers of kQRows
+  const int kv_tile = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int g = lane / 4, t = lane % 4, kv0 = kv_tile * kTileRows;
+  const size_t ld = 3 * (size_t)C;
+  const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
+  const floatX* k_g = q_g + C;
+  const floatX* v_g = q_g + 2 * C;
+  const floatX* do_g = dout + (size_t)b * T * C + h * HS;
+  const float* lse_g = lse + (size_t)bh * T;
+  const float* dot_g = dot + (size_t)bh * T;
+  const int first = kv0 / kQRows, last = ceil_div(T, kQRows) - 1;
+  load_tile<HS, kTileRows>(k_s, k_g, ld, kv0, T);
+  load_tile<HS, kTileRows>(v_s, v_g, ld, kv0, T);
+  load_query_tile<HS>(q_s, do_s, lse_s, dot_s, q_g, do_g, lse_g, dot_g, C, first, T);
+  copy_async_commit();
+  uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const int kv_row[2] = {kv0 + warp * 16 + g, kv0 + warp * 16 + g + 8};
+  for (int i = first; i <= last; i++) {
+    const int buf = (i - first) % 2;
+    if (i < last) {
+      load_query_tile<HS>(q_s + (1 - buf) * kQTile, do_s + (1 - buf) * kQTile, lse_s + (1 - buf) * kQRows,
+                          dot_s + (1 - buf) * kQRows, q_g, do_g, lse_g, dot_g, C, i + 1, T);
+      copy_async_commit();
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();
+    if (i == first) {
+      load_row_fragments<HS>(k_frag, k_s);
+      load_row_fragments<HS>(v_frag, v_s);
+    }
+    const floatX* q_tile = q_s + buf * kQTile;
+    const floatX* do_tile = do_s + buf * kQTile;
+    const float* lse_tile = lse_s + buf * kQRows;
+    const float* dot_tile = dot_s + buf * kQRows;
+    // Only tiles that reach above the diagonal need the mask.
+    const bool on_diagonal = i * kQRows < kv0 + kTileRows;
+    float p[kQRows / 8][4], dp[kQRows / 8][4];
+    multiply_by_rows<HS, kQRows>(p, k_frag, q_tile);
+    multiply_by_rows<HS, kQRows>(dp, v_frag, do_tile);
+#pragma unroll
+    for (int n = 0; n < kQRows / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int c = n * 8 + 2 * t + (e % 2), q = i * kQRows + c;
+        const bool visible = !on_diagonal || q >= kv_row[e / 2];
+        const float prob = visible ? exp2f(p[n][e] * scale_log2 - lse_tile[c]) : 0.0f;
+        p[n][e] = prob;
+        dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
+      }
+    }
+    accumulate_product<HS, kQRows>(dv, p, do_tile);
+    accumulate_product<HS, kQRows>(dk, dp, q_tile);
+    __syncthreads();  // the next iteration's copies overwrite the other buffer
+  }
+  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
+  store_rows<HS>(dk_g, ld, kv0 + warp * 16, T, dk, scale, scale);
+  store_rows<HS>(dk_g + C, ld, kv0 + warp * 16, T, dv, 1.0f, 1.0f);
+}
+
+// dQ of one 64-row query tile, looping over the key tiles at or below the diagonal.
+template <int HS>
+__global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
+    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* dot, int T,
+    int NH, float scale_log2, float scale) {
+  constexpr int kStride = HS + kPad, kTile = kTileRows * kStride;
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* do_s = q_s + kTile;
+  floatX* k_s = do_s + kTile;     // two buffers
+  floatX* v_s = k_s + 2 * kTile;  // two buffers
+  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int g = lane / 4, t = lane % 4, q0 = q_tile * kTileRows;
+  const size_t ld = 3 * (size_t)C;
+  const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
+  const floatX* k_g = q_g + C;
+  const floatX* v_g = q_g + 2 * C;
+  const floatX* do_g = dout + (size_t)b * T * C + h * HS;
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float row_lse[2], row_dot[2];
+  for (int r = 0; r < 2; r++) {
+    row_lse[r] = row[r] < T ? lse[(size_t)bh * T + row[r]] : 0.0f;
+    row_dot[r] = row[r] < T ? dot[(size_t)bh * T + row[r]] : 0.0f;
+  }
+  load_tile<HS, kTileRows>(q_s, q_g, ld, q0, T);
+  load_tile<HS, kTileRows>(do_s, do_g, C, q0, T);
+  load_tile<HS, kTileRows>(k_s, k_g, ld, 0, T);
+  load_tile<HS, kTileRows>(v_s, v_g, ld, 0, T);
+  copy_async_commit();
+  uint32_t q_frag[HS / 16][4], do_frag[HS / 16][4];
+  float dq[HS / 8][4] = {};
+  for (int j = 0; j <= q_tile; j++) {
+    const int buf = j % 2;
+    if (j < q_tile) {
+      load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
+      load_tile<HS, kTileRows>(v_s + (1 - buf) * kTile, v_g, ld, (j + 1) * kTileRows, T);
+      copy_async_commit();
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+      load_row_fragments<HS>(q_frag, q_s);
+      load_row_fragments<HS>(do_frag, do_s);
+    }
+    float p[kTileRows / 8][4], dp[kTileRows / 8][4];
+    multiply_by_rows<HS, kTileRows>(p, q_frag, k_s + buf * kTile);
+    multiply_by_rows<HS, kTileRows>(dp, do_frag, v_s + buf * kTile);
+#pragma unroll
+    for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = j * kTileRows + n * 8 + 2 * t + (e % 2), r = e / 2;
+        const float prob = j < q_tile || col <= row[r] ? exp2f(p[n][e] * scale_log2 - row_lse[r]) : 0.0f;
+        dp[n][e] = prob * (dp[n][e] - row_dot[r]);
+      }
+    }
+    accumulate_product<HS, kTileRows>(dq, dp, k_s + buf * kTile);
+    __syncthreads();  // the next iteration's copies overwrite the other buffer
+  }
+  store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
+}
+
+template <int HS>
+constexpr size_t forward_smem_bytes() { return 5 * kTileRows * (HS + kPad) * sizeof(floatX); }
+template <int HS>
+constexpr size_t dkdv_smem_bytes() {
+  return (2 * kTileRows + 4 * dkdv_query_rows<HS>()) * (HS + kPad) * sizeof(floatX) +
+         4 * dkdv_query_rows<HS>() * sizeof(float);
+}
+template <int HS>
+constexpr size_t dq_smem_bytes() { return 6 * kTileRows * (HS + kPad) * sizeof(floatX); }
+
+// Raises each kernel's dynamic shared-memory limit once (above 48 KiB needs an opt-in).
+template <int HS>
+void set_smem_limits() {
+  static bool done = false;
+  if (done) return;
+  cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)forward_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
+  done = true;
+}
+
+template <int HS>
+void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+  set_smem_limits<HS>();
+  const dim3 grid(ceil_div(T, kTileRows), B * NH);
+  const float scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
+  attention_forward_flash_kernel<HS><<<grid, kThreads, forward_smem_bytes<HS>(), stream>>>(
+      out, lse, qkv, T, NH, scale_log2);
+  cudaCheckLaunch();
+}
+
+template <int HS>
+void backward(floatX* dqkv, float* scratch_dot, const floatX* dout, const floatX* qkv,
+              const floatX* out, const float* lse, int B, int T, int NH, cudaStream_t stream) {
+  set_smem_limits<HS>();
+  const size_t warps = (size_t)B * T * NH;
+  attention_backward_flash_dot_kernel<HS><<<ceil_div(warps * WARP_SIZE, 256), 256, 0, stream>>>(
+      scratch_dot, dout, out, B, T, NH);
+  cudaCheckLaunch();
+  const float scale = (float)(1.0 / sqrt((double)HS)), scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
+  const dim3 grid(ceil_div(T, kTileRows), B * NH);
+  attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
+      dqkv, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+  cudaCheckLaunch();
+  attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
+      dqkv, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+  cudaCheckLaunch();
+}
+
+}  // namespace flash
+#endif  // !ENABLE_FP32
+
+// Whether attention runs through the flash kernels: BF16 builds at head size 64 or 128. Other
+// head sizes, and FP32 builds (whose tests hold attention to FP32 accuracy), take the GEMM path.
+inline bool attention_flash_supported(int head_size) {
+#if defined(ENABLE_FP32)
+  (void)head_size;
+  return false;
+#else
+  return head_size == 64 || head_size == 128;
+#endif
+}
+
+// out [B, T, C] and lse [B, NH, T] from qkv [B, T, 3C]; needs attention_flash_supported(C / NH).
+void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                             cudaStream_t stream) {
+  const int HS = C / NH;
+  REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
+#if !defined(ENABLE_FP32)
+  if (HS == 64) flash::forward<64>(out, lse, qkv, B, T, NH, stream);
+  else flash::forward<128>(out, lse, qkv, B, T, NH, stream);
+#else
+  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)stream;
+#endif
+}
+
+// dqkv [B, T, 3C] from dout [B, T, C], with the forward's qkv, out and lse; scratch_dot holds
+// B*NH*T floats.
+void attention_backward_flash(floatX* dqkv, float* scratch_dot, const floatX* dout, const floatX* qkv,
+                              const floatX* out, const float* lse, int B, int T, int C, int NH,
+                              cudaStream_t stream) {
+  const int HS = C / NH;
+  REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
+#if !defined(ENABLE_FP32)
+  if (HS == 64) flash::backward<64>(dqkv, scratch_dot, dout, qkv, out, lse, B, T, NH, stream);
+  else flash::backward<128>(dqkv, scratch_dot, dout, qkv, out, lse, B, T, NH, stream);
+#else
+  (void)dqkv, (void)scratch_dot, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)stream;
+#endif
+}
+
 // ============================================================================
 // 7. GELU
 // ============================================================================
@@ -1047,16 +1637,19 @@ struct ActSpec {
 };
 
 // recompute 1: GELU outputs are recomputed in the backward pass, so one layer's worth is kept.
+// With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
+// logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
 void activation_table(const llmc::GPT2Config& c, int B, int T, int recompute,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
+  const bool flash = attention_flash_supported(c.channels / c.num_heads);
   const ActSpec table[kNumActTensors] = {
       {"encoded", BT * C, false},
       {"ln1", L * BT * C, false},
       {"ln1_mean", L * BT, true},
       {"ln1_rstd", L * BT, true},
       {"qkvr", L * 3 * BT * C, false},
-      {"att", L * B * NH * T * T, false},
+      {flash ? "att_lse" : "att", L * B * NH * (flash ? 1 : T) * T, flash},
       {"atty", L * BT * C, false},
       {"residual2", L * BT * C, false},
       {"ln2", L * BT * C, false},
@@ -1101,8 +1694,10 @@ struct GPT2 {
   floatX* scratch_btc = nullptr;     // B*T*C: attention y, projection outputs, dln, datty
   floatX* scratch_bt4c = nullptr;    // B*T*4C: qkv in the forward pass, dfch / dqkv backward
   floatX* dresidual = nullptr;       // B*T*C residual-stream gradient
-  floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward
-  floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy
+  bool flash_attention = false;      // attention_flash_supported(head size)
+  floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward (GEMM attention)
+  floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
+  float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
   float* partials = nullptr;         // kRowBlocks * 4C column-reduction partials
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
@@ -1184,8 +1779,13 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
   m.scratch_btc = device_alloc<floatX>(BT * C, "a B*T*C scratch buffer");
   m.scratch_bt4c = device_alloc<floatX>(BT * 4 * C, "a B*T*4C scratch buffer");
   m.dresidual = device_alloc<floatX>(BT * C, "the residual gradient");
-  m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
-  m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
+  m.flash_attention = attention_flash_supported(C / c.num_heads);
+  if (m.flash_attention) {
+    m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
+  } else {
+    m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
+    m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
+  }
   m.partials = device_alloc<float>((size_t)kRowBlocks * 4 * C, "the column-reduction partials");
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
@@ -1201,10 +1801,10 @@ void gpt2_free(GPT2& m) {
   for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.master, (void*)m.adam_m,
                   (void*)m.adam_v, (void*)m.act_memory, (void*)m.scratch_btc,
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
-                  (void*)m.scratch_dqkvr, (void*)m.partials, (void*)m.norm_partials,
+                  (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions}) {
-    if (p) cudaCheck(cudaFree(p));
+    device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
   m = GPT2();
@@ -1225,11 +1825,15 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
                     m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
   for (int l = 0; l < L; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
-    floatX* qkv = m.scratch_bt4c;
+    floatX* qkv = m.flash_attention ? m.act(kQkvr, l) : m.scratch_bt4c;
     matmul_forward(qkv, m.act(kLn1, l), m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), N, C,
                    3 * C, nullptr, s);
-    attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
-                      m.scratch_btc, qkv, B, T, C, NH, s);
+    if (m.flash_attention) {
+      attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, s);
+    } else {
+      attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
+                        m.scratch_btc, qkv, B, T, C, NH, s);
+    }
     matmul_forward(m.scratch_btc, m.act(kAtty, l), m.param(llmc::kAttprojw, l),
                    m.param(llmc::kAttprojb, l), N, C, C, nullptr, s);
     fused_residual_layernorm_forward(m.act(kResidual2, l), m.act(kLn2, l), m.act_f(kLn2Mean, l),
@@ -1310,8 +1914,13 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step) {
     matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), m.grad(llmc::kAttprojb, l),
                     m.partials, m.dresidual, m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr,
                     N, C, C, next_seed(), s);
-    attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
-                       m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
+    if (m.flash_attention) {
+      attention_backward_flash(m.scratch_bt4c, m.attention_dot, m.scratch_btc, m.act(kQkvr, l),
+                               m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH, s);
+    } else {
+      attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
+                         m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
+    }
     matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), m.grad(llmc::kQkvb, l), m.partials,
                     m.scratch_bt4c, m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C,
                     next_seed(), s);
@@ -1462,11 +2071,11 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
 }
 
 void decoder_free(GPT2Decoder& d) {
-  cudaCheck(cudaFree(d.k_cache));
-  cudaCheck(cudaFree(d.v_cache));
-  cudaCheck(cudaFree(d.buffers));
-  cudaCheck(cudaFree(d.stats));
-  cudaCheck(cudaFree(d.token));
+  device_free(d.k_cache);
+  device_free(d.v_cache);
+  device_free(d.buffers);
+  device_free(d.stats);
+  device_free(d.token);
   d = GPT2Decoder();
 }
 
@@ -1816,7 +2425,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv) {
 void multi_gpu_finish(MultiGpu& mg) {
   if (mg.world == 1) return;
   ncclCheck(ncclCommDestroy(mg.comm));
-  cudaCheck(cudaFree(mg.scratch));
+  device_free(mg.scratch);
 #ifdef USE_MPI
   MPI_Finalize();
 #endif
@@ -2335,6 +2944,7 @@ int train_main(int argc, char** argv) {
     printf("average %.2f ms per step, %.0f tok/s\n", total_ms / timed_steps,
            total_batch * timed_steps / (total_ms / 1e3));
   }
+  if (mg.rank == 0) printf("peak memory: %zu MiB\n", g_device_memory.peak >> 20);
   if (mg.rank == 0) {
     if (skipped_updates > 0) printf("%d updates skipped (non-finite or spiking loss or norm)\n", skipped_updates);
     printf("parameter checksum %016llx\n", (unsigned long long)gpt2_params_checksum(m));

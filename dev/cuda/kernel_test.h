@@ -72,7 +72,7 @@ class DeviceArray {
   explicit DeviceArray(const std::vector<U>& host) : DeviceArray(host.size()) {
     upload(host);
   }
-  ~DeviceArray() { cudaFree(ptr_); }
+  ~DeviceArray() { device_free(ptr_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
 

@@ -1,9 +1,12 @@
-// Tests attention_forward and attention_backward against cpu::attention_forward /
+// Tests attention_forward and attention_backward (the GEMM path) and, in BF16 builds,
+// attention_forward_flash and attention_backward_flash against cpu::attention_forward /
 // cpu::attention_backward: GPT-2 small (NH=12), the d48 width (C=1600, NH=25, head size 64),
 // T = 1000 and other T that are not powers of two, and a shape whose rows fill no launch block;
 // the permuted q, k, v must be exact copies, the attention matrix exactly zero above the
 // diagonal, every output poisoned first, and each pass run twice for identical bits. The
 // backward gets the GPU forward's att on both sides, so only the backward's own rounding shows.
+// The flash kernels are also run at head size 128 and against the CPU's FP32 att; their
+// logsumexp is checked against one computed in double precision.
 #include "dev/cuda/kernel_test.h"
 
 #if defined(ENABLE_FP32)
@@ -88,6 +91,75 @@ void test_attention(const AttentionShape& s, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dqkv));
 }
 
+#if !defined(ENABLE_FP32)
+// The flash kernels keep scores and the softmax statistics in FP32 and round only P (and dS in
+// the backward) to BF16 before each product, and the stored out/dqkv: fewer roundings than the
+// GEMM path, held to the same bounds.
+void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
+  printf("\nflash attention B=%d T=%d C=%d NH=%d (head size %d)\n", B, T, C, NH, HS);
+  const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+  const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_qkv(qkv), out(n);
+  DeviceArray<float> lse(n_lse);
+  std::vector<float> ref_out(n), ref_att((size_t)B * NH * T * T, 0.0f);
+  cpu::attention_forward(ref_out.data(), ref_att.data(), qkv.data(), B, T, C, NH);
+  // lse in base 2 of the scaled scores, in double precision.
+  std::vector<float> ref_lse(n_lse);
+  const double scale = 1.0 / std::sqrt((double)HS);
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < NH; h++) {
+      for (int t = 0; t < T; t++) {
+        const float* q = &qkv[((size_t)b * T + t) * 3 * C + h * HS];
+        std::vector<double> scores(t + 1);
+        double max_score = -INFINITY;
+        for (int u = 0; u <= t; u++) {
+          const float* k = &qkv[((size_t)b * T + u) * 3 * C + C + h * HS];
+          double dot = 0.0;
+          for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
+          scores[u] = dot * scale;
+          max_score = std::max(max_score, scores[u]);
+        }
+        double sum = 0.0;
+        for (double v : scores) sum += std::exp(v - max_score);
+        ref_lse[((size_t)b * NH + h) * T + t] = (float)((max_score + std::log(sum)) / std::log(2.0));
+      }
+    }
+  }
+  auto forward = [&] {
+    out.poison();
+    lse.poison();
+    attention_forward_flash(out, lse, d_qkv, B, T, C, NH, 0);
+  };
+  forward();
+  const std::vector<float> got_out = out.download();
+  check_close("flash forward out", got_out, ref_out, kTolAttention);
+  testing::check_tensor_norm("flash forward out", got_out.data(), ref_out.data(), n, kTolAttentionNorm);
+  check_close("flash forward lse", lse.download(), ref_lse, kTolFP32);
+  const Snapshot forward_bits(out, lse);
+  forward();
+  check_same_bits("flash forward twice", forward_bits, Snapshot(out, lse));
+
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_dout(dout), dqkv(3 * n);
+  DeviceArray<float> dot(n_lse);
+  auto backward = [&] {
+    dqkv.poison();
+    attention_backward_flash(dqkv, dot, d_dout, d_qkv, out, lse, B, T, C, NH, 0);
+  };
+  backward();
+  std::vector<float> ref_dqkv(3 * n, 0.0f);
+  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_att.data(), B, T, C, NH);
+  const std::vector<float> got_dqkv = dqkv.download();
+  check_close("flash backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
+  testing::check_tensor_norm("flash backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
+                             kTolAttentionNorm);
+  const Snapshot backward_bits(dqkv);
+  backward();
+  check_same_bits("flash backward twice", backward_bits, Snapshot(dqkv));
+}
+#endif
+
 int main() {
   return run_kernel_tests("test_attention", [] {
     llmc::Rng rng(3);
@@ -95,5 +167,12 @@ int main() {
     test_attention({2, 100, 1600, 25}, rng); // d48 width, head size 64
     test_attention({1, 1000, 768, 12}, rng); // long T, not a power of two
     test_attention({3, 37, 128, 2}, rng);    // 222 softmax rows: the last launch block is partial
+#if !defined(ENABLE_FP32)
+    test_attention_flash({4, 64, 768, 12}, rng);   // GPT-2 small: one 64-row tile
+    test_attention_flash({2, 100, 1600, 25}, rng); // d48 width; a partial second tile
+    test_attention_flash({1, 1000, 768, 12}, rng); // 16 tiles, the last partial
+    test_attention_flash({3, 37, 256, 2}, rng);    // head size 128, a single partial tile
+    test_attention_flash({2, 200, 512, 4}, rng);   // head size 128, several tiles
+#endif
   });
 }

@@ -1,0 +1,169 @@
+"""Tokens/s of train_gpt2cu against the PyTorch peer (train_gpt2.py --benchmark: torch.compile,
+flash attention, fused AdamW, bf16 autocast), side by side, in one run on one machine.
+
+    python3 dev/bench.py OUTDIR [--configs d12:64,d48:8] [--steps 20] [--gpus 1] [--peer 1]
+
+For each config PRESET:B (micro batch B at T=1024 unless --seq_len says otherwise) it trains both
+on the same random-token shard for --steps steps with no gradient accumulation, and prints one
+table: tokens/s of each, their ratio, ms/step, MFU against the dense BF16 peak, and peak GPU memory
+(ours: every byte the trainer allocated; the peer's: torch.cuda.max_memory_allocated). With
+--gpus N, ours runs under mpirun on N GPUs (the peer stays on one) and the table adds the scaling
+over our one-GPU run. Each program's output is kept in OUTDIR.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
+VOCAB_SIZE = 50257
+PEAK_FLOPS = 989e12  # dense BF16 of an H100/H200 SXM, as in train_gpt2.cu
+PRESET_LAYERS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": (48, 1600)}
+
+
+def fail(message):
+    print(f"bench.py: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def write_random_shard(path, num_tokens, seed):
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, num_tokens)
+    tokens = np.random.default_rng(seed).integers(0, VOCAB_SIZE, num_tokens, dtype=np.uint16)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
+def parameter_count(preset):
+    layers, channels = PRESET_LAYERS[preset]
+    vocab_padded, max_t = 50304, 1024
+    per_layer = 12 * channels * channels + 13 * channels
+    return vocab_padded * channels + max_t * channels + layers * per_layer + 2 * channels
+
+
+def flops_per_token(preset, T):
+    layers, channels = PRESET_LAYERS[preset]
+    return 6 * parameter_count(preset) + 6 * layers * channels * T
+
+
+def run_logged(cmd, log_path, env=None):
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        status = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+    with open(log_path) as log:
+        text = log.read()
+    if status != 0:
+        tail = "\n".join(text.splitlines()[-5:])
+        print(f"bench.py: {cmd[0]} exited with {status} (log {log_path}):\n{tail}", file=sys.stderr)
+        return None
+    return text
+
+
+def parse_ours(text):
+    speed = re.search(r"average ([\d.]+) ms per step, (\d+) tok/s", text)
+    memory = re.search(r"peak memory: (\d+) MiB", text)
+    if not speed:
+        return None
+    return float(speed.group(1)), float(speed.group(2)), int(memory.group(1)) if memory else None
+
+
+def parse_peer(text):
+    speed = re.search(r"average over steps [\d-]+: ([\d.]+) ms \| MFU [\d.]+% \| (\d+) tok/s", text)
+    memory = re.search(r"peak memory: (\d+) MiB", text)
+    if not speed:
+        return None
+    return float(speed.group(1)), float(speed.group(2)), int(memory.group(1)) if memory else None
+
+
+def run_ours(args, preset, B, shard, gpus, log_path):
+    T = args.seq_len
+    cmd = [args.trainer, "-i", shard, "-j", shard, "-e", preset, "-b", str(B), "-t", str(T),
+           "-z", str(B * T * gpus), "-x", str(args.steps), "-v", "0", "-s", "0", "-n", "0",
+           "-u", "0", "-r", str(args.recompute)]
+    env = None
+    if gpus > 1:
+        cmd = ["mpirun", "-np", str(gpus), "--allow-run-as-root", "--bind-to", "none"] + cmd
+        env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+    text = run_logged(cmd, log_path, env)
+    return parse_ours(text) if text else None
+
+
+def run_peer(args, preset, B, log_path):
+    cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--model", preset, "--batch_size", str(B),
+           "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps)]
+    text = run_logged(cmd, log_path)
+    return parse_peer(text) if text else None
+
+
+def fmt(value, pattern):
+    return "-" if value is None else pattern.format(value)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("outdir", help="folder for the shard and every program's log")
+    p.add_argument("--configs", default="d12:64,d48:8", help="comma-separated PRESET:MICRO_BATCH")
+    p.add_argument("--seq_len", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--gpus", type=int, default=1, help="also run ours on this many GPUs (mpirun)")
+    p.add_argument("--peer", type=int, default=1, choices=[0, 1], help="run the PyTorch peer")
+    p.add_argument("--recompute", type=int, default=0, help="train_gpt2cu -r level")
+    p.add_argument("--trainer", default="./train_gpt2cu")
+    p.add_argument("--python", default=sys.executable)
+    args = p.parse_args()
+    configs = []
+    for item in args.configs.split(","):
+        preset, _, batch = item.partition(":")
+        if preset not in PRESET_LAYERS or not batch.isdigit() or int(batch) <= 0:
+            fail(f"--configs {item}: give PRESET:MICRO_BATCH with PRESET one of {' '.join(PRESET_LAYERS)}, e.g. d12:64")
+        configs.append((preset, int(batch)))
+    if args.steps < 3:
+        fail(f"--steps {args.steps}: need at least 3 (the first steps are not timed)")
+    if not os.access(args.trainer, os.X_OK):
+        fail(f"{args.trainer} is not an executable: build it with `make train_gpt2cu` or pass --trainer")
+    os.makedirs(args.outdir, exist_ok=True)
+    shard = os.path.join(args.outdir, "random_tokens.bin")
+    largest = max(B for _, B in configs) * args.seq_len * max(args.gpus, 1)
+    write_random_shard(shard, largest * 4 + 1, seed=1234)
+
+    rows = []
+    for preset, B in configs:
+        name = f"{preset}_b{B}"
+        ours = run_ours(args, preset, B, shard, 1, os.path.join(args.outdir, f"ours_{name}.log"))
+        multi = None
+        if args.gpus > 1:
+            multi = run_ours(args, preset, B, shard, args.gpus, os.path.join(args.outdir, f"ours_{name}_x{args.gpus}.log"))
+        peer = run_peer(args, preset, B, os.path.join(args.outdir, f"peer_{name}.log")) if args.peer else None
+        rows.append((preset, B, ours, peer, multi))
+
+    print(f"\nT={args.seq_len}, {args.steps} steps per run; MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s dense BF16")
+    head = (f"{'config':>10} {'ours tok/s':>11} {'peer tok/s':>11} {'ratio':>6} {'ours ms':>8} {'peer ms':>8} "
+            f"{'ours MFU':>8} {'peer MFU':>8} {'ours MiB':>9} {'peer MiB':>9}")
+    if args.gpus > 1:
+        head += f" {f'x{args.gpus} tok/s':>11} {'scaling':>7}"
+    print(head)
+    for preset, B, ours, peer, multi in rows:
+        fpt = flops_per_token(preset, args.seq_len)
+        o_ms, o_tps, o_mem = ours or (None, None, None)
+        p_ms, p_tps, p_mem = peer or (None, None, None)
+        ratio = o_tps / p_tps if o_tps and p_tps else None
+        line = (f"{preset + ':' + str(B):>10} {fmt(o_tps, '{:.0f}'):>11} {fmt(p_tps, '{:.0f}'):>11} "
+                f"{fmt(ratio, '{:.2f}'):>6} {fmt(o_ms, '{:.1f}'):>8} {fmt(p_ms, '{:.1f}'):>8} "
+                f"{fmt(o_tps and 100 * o_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
+                f"{fmt(p_tps and 100 * p_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
+                f"{fmt(o_mem, '{}'):>9} {fmt(p_mem, '{}'):>9}")
+        if args.gpus > 1:
+            m_tps = multi[1] if multi else None
+            line += f" {fmt(m_tps, '{:.0f}'):>11} {fmt(m_tps and o_tps and m_tps / o_tps, '{:.3f}'):>7}"
+        print(line)
+    if any(r[2] is None or (args.peer and r[3] is None) for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

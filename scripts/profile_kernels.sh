@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Per-kernel time table of one training step: runs profile_gpt2cu under ncu (one metric, the
+# kernel's duration, clocks left as they are), keeps the raw CSV in OUTDIR and prints the kernels
+# grouped by name, slowest first, with their share of the step.
+#   scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ] || [ "${1:0:1}" = - ]; then
+  echo "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers]" >&2
+  exit 2
+fi
+out=$1
+shift
+command -v ncu >/dev/null || { echo "profile_kernels.sh: ncu (Nsight Compute) is not on PATH; install it or add its bin folder to PATH" >&2; exit 1; }
+[ -x ./profile_gpt2cu ] || { echo "profile_kernels.sh: ./profile_gpt2cu is missing: build it with 'make profile_gpt2cu'" >&2; exit 1; }
+mkdir -p "$out"
+ncu --clock-control none --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum \
+    --csv --page raw --log-file "$out/kernels.csv" ./profile_gpt2cu "$@" | tee "$out/profile.log"
+"${PYTHON:-python3}" dev/cuda/kernel_table.py "$out/kernels.csv" | tee "$out/kernel_table.txt"
