@@ -2112,6 +2112,9 @@ int train_main(int argc, char** argv) {
   if (a.hellaswag) hellaswag = llmc::hellaswag_read(a.hellaswag_path, config.vocab_size);
   llmc::Tokenizer* tokenizer = nullptr;
   if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) tokenizer = new llmc::Tokenizer(a.tokenizer);
+  // The state is read before the run log is touched, so a damaged state file leaves -o as it was.
+  llmc::HostTrainState resumed_host;
+  if (resume_step >= 0) resumed_host = load_state(m, a.output_dir, resume_step, mg.rank, mg.world);
   llmc::Logger* logger = nullptr;
   if (!a.output_dir.empty() && mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
@@ -2133,11 +2136,10 @@ int train_main(int argc, char** argv) {
                                       a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
   const int first_step = std::max(0, resume_step);
   if (resume_step >= 0) {
-    const llmc::HostTrainState host = load_state(m, a.output_dir, resume_step, mg.rank, mg.world);
-    sample_rng.restore(host.sample_rng);
-    train_loader.restore(host.train_loader);
-    loss_outliers.restore(host.loss_window);
-    norm_outliers.restore(host.norm_window);
+    sample_rng.restore(resumed_host.sample_rng);
+    train_loader.restore(resumed_host.train_loader);
+    loss_outliers.restore(resumed_host.loss_window);
+    norm_outliers.restore(resumed_host.norm_window);
     if (mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
   }
   cudaEvent_t start, end;
