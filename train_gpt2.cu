@@ -54,6 +54,7 @@
 #include "llmc/rand.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
+#include "llmc/train_state.h"
 #include "llmc/utils.h"
 
 // ============================================================================
@@ -1979,14 +1980,11 @@ std::vector<float> gpt2_params_to_host(GPT2& m) {
   return device_to_host_float(m.params, m.num_params);
 }
 
-// A checksum of the parameter bits, for determinism checks.
-uint64_t gpt2_params_checksum(GPT2& m) {
+// The CRC-32 of the parameter bits, for determinism checks.
+uint32_t gpt2_params_checksum(GPT2& m) {
   std::vector<floatX> bits(m.num_params);
   cudaCheck(cudaMemcpy(bits.data(), m.params, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the bytes
-  const unsigned char* p = (const unsigned char*)bits.data();
-  for (size_t i = 0; i < m.num_params * sizeof(floatX); i++) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return llmc::crc32_update(0, bits.data(), m.num_params * sizeof(floatX));
 }
 
 void gpt2_save_checkpoint(GPT2& m, const std::string& path) {
@@ -2174,121 +2172,50 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // A checkpoint at step s in the output directory is: model_<s>.bin (llm.c format, written by
 // rank 0), state_<s>_<rank>.bin per rank (optimizer moments, FP32 master weights, the step, every
 // RNG and the data loader's position), and DONE_<s>, written last, once every file is complete.
-// Each file is written under a temporary name, flushed to disk and renamed. The state file's
-// header holds a checksum of its payload, verified on load. Resuming from one gives exactly the
-// bits the uninterrupted run would have had.
-
-constexpr int kStateMagic = 20240528;
-constexpr int kStateVersion = 2;
+// Each file is written under a temporary name, flushed to disk and renamed; each header holds a
+// CRC-32 of its file, verified on load (llmc/file_header.h, llmc/train_state.h). Resuming from
+// one gives exactly the bits the uninterrupted run would have had.
 
 std::string checkpoint_path(const std::string& dir, const char* kind, int step, int rank = -1) {
   return rank < 0 ? llmc::strformat("%s/%s_%08d.bin", dir.c_str(), kind, step)
                   : llmc::strformat("%s/%s_%08d_%05d.bin", dir.c_str(), kind, step, rank);
 }
 
-uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
-  const unsigned char* p = (const unsigned char*)data;
-  for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) {
+  llmc::TrainStateId id;
+  id.step = step;
+  id.rank = rank;
+  id.world = world;
+  id.num_params = m.num_params;
+  id.master_weights = m.master != nullptr;
+  return id;
 }
 
-// The host-side part of a rank's training state.
-struct HostTrainState {
-  llmc::RngState model_rng;   // stochastic-rounding seeds
-  llmc::RngState sample_rng;  // sampling
-  llmc::DataLoaderState train_loader;
-  llmc::OutlierState loss_window;  // the spike detectors' recent values
-  llmc::OutlierState norm_window;
-};
-
 void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
-                const HostTrainState& host) {
+                const llmc::HostTrainState& host) {
   cudaCheck(cudaStreamSynchronize(m.stream));
   const size_t n = m.num_params;
   std::vector<float> adam_m(n), adam_v(n), master(m.master ? n : 0);
   cudaCheck(cudaMemcpy(adam_m.data(), m.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
   cudaCheck(cudaMemcpy(adam_v.data(), m.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
   if (m.master) cudaCheck(cudaMemcpy(master.data(), m.master, n * sizeof(float), cudaMemcpyDeviceToHost));
-  uint64_t sum = 1469598103934665603ull;
-  sum = fnv1a(sum, &host, sizeof(host));
-  sum = fnv1a(sum, adam_m.data(), n * sizeof(float));
-  sum = fnv1a(sum, adam_v.data(), n * sizeof(float));
-  sum = fnv1a(sum, master.data(), master.size() * sizeof(float));
-  int h[llmc::kHeaderInts] = {};
-  h[0] = kStateMagic;
-  h[1] = kStateVersion;
-  h[2] = step;
-  h[3] = rank;
-  h[4] = world;
-  h[5] = m.optimizer_steps;
-  h[6] = m.master ? 1 : 0;
-  memcpy(&h[8], &n, sizeof(n));
-  memcpy(&h[10], &sum, sizeof(sum));
-  const std::string tmp = path + ".tmp";
-  try {
-    llmc::File f(tmp, "wb");
-    f.write(h, sizeof(h), "the state header");
-    f.write(&host, sizeof(host), "the RNG and data loader state");
-    f.write(adam_m.data(), n * sizeof(float), "AdamW's first moments");
-    f.write(adam_v.data(), n * sizeof(float), "AdamW's second moments");
-    if (m.master) f.write(master.data(), n * sizeof(float), "the master weights");
-    f.close(/*sync=*/true);
-  } catch (const llmc::Error&) {
-    remove(tmp.c_str());  // a full disk keeps the space of the earlier checkpoints free
-    throw;
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
-  }
+  llmc::train_state_save(path, train_state_id(m, step, rank, world), m.optimizer_steps, host,
+                         adam_m.data(), adam_v.data(), m.master ? master.data() : nullptr);
 }
 
 // Loads a state file into the model (which holds the checkpoint's parameters already).
-HostTrainState load_state(GPT2& m, const std::string& path, int step, int rank, int world) {
-  llmc::File f(path, "rb");
-  int h[llmc::kHeaderInts];
-  f.read(h, sizeof(h), "the state header");
-  size_t n = 0;
-  uint64_t expected_sum = 0;
-  memcpy(&n, &h[8], sizeof(n));
-  memcpy(&expected_sum, &h[10], sizeof(expected_sum));
-  if (h[0] != kStateMagic || h[1] != kStateVersion) {
-    LLMC_FAIL("%s: not a training-state file of version %d (magic %d, version %d)", path.c_str(),
-              kStateVersion, h[0], h[1]);
-  }
-  if (h[2] != step || h[3] != rank || h[4] != world) {
-    LLMC_FAIL("%s: state of step %d rank %d of %d, expected step %d rank %d of %d: resume with "
-              "the process count the checkpoint was written with", path.c_str(), h[2], h[3], h[4],
-              step, rank, world);
-  }
-  if (n != m.num_params || (h[6] == 1) != (m.master != nullptr)) {
-    LLMC_FAIL("%s: state for %zu parameters %s master weights, but the model has %zu %s: resume "
-              "with the same model and -w setting", path.c_str(), n, h[6] ? "with" : "without",
-              m.num_params, m.master ? "with" : "without");
-  }
-  HostTrainState host;
-  std::vector<float> adam_m(n), adam_v(n), master(m.master ? n : 0);
-  f.read(&host, sizeof(host), "the RNG and data loader state");
-  f.read(adam_m.data(), n * sizeof(float), "AdamW's first moments");
-  f.read(adam_v.data(), n * sizeof(float), "AdamW's second moments");
-  if (m.master) f.read(master.data(), n * sizeof(float), "the master weights");
-  if (f.size() != (long)(sizeof(h) + sizeof(host) + (2 + (m.master ? 1 : 0)) * n * sizeof(float))) {
-    LLMC_FAIL("%s: trailing data after the state: the file is damaged", path.c_str());
-  }
-  uint64_t sum = 1469598103934665603ull;
-  sum = fnv1a(sum, &host, sizeof(host));
-  sum = fnv1a(sum, adam_m.data(), n * sizeof(float));
-  sum = fnv1a(sum, adam_v.data(), n * sizeof(float));
-  sum = fnv1a(sum, master.data(), master.size() * sizeof(float));
-  if (sum != expected_sum) {
-    LLMC_FAIL("%s: checksum mismatch: the file is damaged; resume from an earlier checkpoint",
-              path.c_str());
-  }
-  cudaCheck(cudaMemcpy(m.adam_m, adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  cudaCheck(cudaMemcpy(m.adam_v, adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  if (m.master) cudaCheck(cudaMemcpy(m.master, master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  m.optimizer_steps = h[5];
-  m.rng.restore(host.model_rng);
-  return host;
+llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int rank, int world) {
+  const std::string remedy = llmc::strformat(
+      "delete %s/DONE_%08d to resume from the checkpoint before it", dir.c_str(), step);
+  llmc::TrainState s = llmc::train_state_load(checkpoint_path(dir, "state", step, rank),
+                                              train_state_id(m, step, rank, world), remedy.c_str());
+  const size_t n = m.num_params;
+  cudaCheck(cudaMemcpy(m.adam_m, s.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  cudaCheck(cudaMemcpy(m.adam_v, s.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  if (m.master) cudaCheck(cudaMemcpy(m.master, s.master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  m.optimizer_steps = s.optimizer_steps;
+  m.rng.restore(s.host.model_rng);
+  return s.host;
 }
 
 // The newest step with a DONE marker in dir, or -1.
@@ -2794,6 +2721,9 @@ int train_main(int argc, char** argv) {
   if (a.hellaswag) hellaswag = llmc::hellaswag_read(a.hellaswag_path, config.vocab_size);
   llmc::Tokenizer* tokenizer = nullptr;
   if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) tokenizer = new llmc::Tokenizer(a.tokenizer);
+  // The state is read before the run log is touched, so a damaged state file leaves -o as it was.
+  llmc::HostTrainState resumed_host;
+  if (resume_step >= 0) resumed_host = load_state(m, a.output_dir, resume_step, mg.rank, mg.world);
   llmc::Logger* logger = nullptr;
   if (!a.output_dir.empty() && mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
@@ -2815,12 +2745,10 @@ int train_main(int argc, char** argv) {
                                       a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
   const int first_step = std::max(0, resume_step);
   if (resume_step >= 0) {
-    const HostTrainState host = load_state(m, checkpoint_path(a.output_dir, "state", resume_step, mg.rank),
-                                           resume_step, mg.rank, mg.world);
-    sample_rng.restore(host.sample_rng);
-    train_loader.restore(host.train_loader);
-    loss_outliers.restore(host.loss_window);
-    norm_outliers.restore(host.norm_window);
+    sample_rng.restore(resumed_host.sample_rng);
+    train_loader.restore(resumed_host.train_loader);
+    loss_outliers.restore(resumed_host.loss_window);
+    norm_outliers.restore(resumed_host.norm_window);
     if (mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
   }
   cudaEvent_t start, end;
@@ -2860,7 +2788,7 @@ int train_main(int argc, char** argv) {
     if (!a.output_dir.empty() && !resumed_here && step > 0 &&
         (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
       if (mg.rank == 0) gpt2_save_checkpoint(m, checkpoint_path(a.output_dir, "model", step));
-      HostTrainState host;
+      llmc::HostTrainState host;
       host.model_rng = m.rng.state();
       host.sample_rng = sample_rng.state();
       host.train_loader = train_loader.state();
@@ -2947,7 +2875,7 @@ int train_main(int argc, char** argv) {
   if (mg.rank == 0) printf("peak memory: %zu MiB\n", g_device_memory.peak >> 20);
   if (mg.rank == 0) {
     if (skipped_updates > 0) printf("%d updates skipped (non-finite or spiking loss or norm)\n", skipped_updates);
-    printf("parameter checksum %016llx\n", (unsigned long long)gpt2_params_checksum(m));
+    printf("parameter checksum %08x\n", gpt2_params_checksum(m));
   }
   delete logger;
   delete tokenizer;

@@ -21,6 +21,7 @@ import os
 import resource
 import sys
 import time
+import zlib
 from contextlib import nullcontext
 from dataclasses import astuple, dataclass
 
@@ -34,6 +35,10 @@ from torch.nn.parallel import DistributedDataParallel
 # File headers (llmc/gpt2.h, dev/SPEC.md).
 HEADER_INTS = 256
 CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
+# The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
+# the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
+HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
+CHECKSUM_NONE, CHECKSUM_CRC32 = 0, 1
 DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION = 20240327, 3
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 VOCAB_PAD_MULTIPLE = 128
@@ -201,21 +206,39 @@ def init_weights(model, seed):
 # Checkpoints (llm.c format)
 
 
+def header_checksum_start(header):
+    """The CRC-32 of a checksummed header with its checksum slot read as 0: where the file's starts."""
+    start = header.copy()
+    start[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
+    start[HEADER_CHECKSUM_SLOT] = 0
+    return zlib.crc32(start.tobytes())
+
+
 def write_checkpoint(model, path, version):
-    """Writes FP32 (version 3) or BF16 (version 5, rounded to nearest even) parameters."""
+    """Writes FP32 (version 3) or BF16 (version 5, rounded to nearest even) parameters, with a
+    checksum."""
     c = model.config
     header = np.zeros(HEADER_INTS, np.int32)
     header[:8] = [CHECKPOINT_MAGIC, version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
+    header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
+    crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
     with open(partial, "wb") as f:
-        f.write(header.tobytes())
+        f.write(header.tobytes())  # again at the end, with the checksum
         for p in params_in_file_order(model):
             values = p.detach().float().cpu()
             if version == CHECKPOINT_BF16:
                 # PyTorch's float -> bfloat16 conversion rounds to nearest even.
                 values = values.to(torch.bfloat16).view(torch.int16)
-            f.write(values.numpy().tobytes())
+            payload = values.numpy().tobytes()
+            crc = zlib.crc32(payload, crc)
+            f.write(payload)
+        header[HEADER_CHECKSUM_SLOT] = np.array([crc], np.uint32).view(np.int32)[0]
+        f.seek(0)
+        f.write(header.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(partial, path)
 
 
@@ -236,6 +259,11 @@ def read_checkpoint(path, flash=False):
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
+    checksum_kind = int(header[HEADER_CHECKSUM_KIND_SLOT])
+    if checksum_kind not in (CHECKSUM_NONE, CHECKSUM_CRC32):
+        fail(f"{path}: unknown checksum kind {checksum_kind} in header slot {HEADER_CHECKSUM_KIND_SLOT} "
+             f"(0 none, {CHECKSUM_CRC32} CRC-32): the header is damaged or the file comes from a newer "
+             f"version; re-create it")
     bytes_per_value = 4 if version == CHECKPOINT_FP32 else 2
     expected = HEADER_INTS * 4 + config.num_parameters() * bytes_per_value
     actual = os.path.getsize(path)
@@ -244,6 +272,12 @@ def read_checkpoint(path, flash=False):
              f"V={vocab_size} should be {expected} bytes but is {actual} "
              f"({'truncated' if actual < expected else 'trailing data'}); re-create it")
     raw = np.fromfile(path, np.float32 if version == CHECKPOINT_FP32 else np.int16, offset=HEADER_INTS * 4)
+    if checksum_kind == CHECKSUM_CRC32:  # files without one (llm.c's) load unchecked
+        stored = int(header[HEADER_CHECKSUM_SLOT]) & 0xFFFFFFFF
+        computed = zlib.crc32(raw, header_checksum_start(header))
+        if stored != computed:
+            fail(f"{path}: checksum mismatch (CRC-32 {stored:08x} in the header, {computed:08x} "
+                 f"computed): the file is damaged; re-create it, or use an earlier checkpoint")
     values = torch.from_numpy(raw)
     if version == CHECKPOINT_BF16:
         values = values.view(torch.bfloat16).float()

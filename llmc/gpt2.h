@@ -6,8 +6,9 @@
 // Checkpoint file (llm.c compatible): 256 int32 header
 //   [0] magic 20240326  [1] version (3 = FP32 params, 5 = BF16 params)
 //   [2] max_seq_len  [3] vocab_size  [4] num_layers  [5] num_heads  [6] channels
-//   [7] padded_vocab_size
-// followed by the parameters in table order, wte padded to padded_vocab_size rows.
+//   [7] padded_vocab_size  [254] [255] checksum kind and CRC-32 (llmc/file_header.h)
+// followed by the parameters in table order, wte padded to padded_vocab_size rows. Files without
+// a checksum (llm.c's, [254] = 0) load unchecked; every file written here carries one.
 //
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
 //   [0] magic 20240327  [1] version 3  [2] B  [3] T  [4] number of AdamW steps
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "file_header.h"
 #include "rand.h"
 #include "utils.h"
 
@@ -34,7 +36,6 @@ constexpr int kCheckpointVersionFP32 = 3;
 constexpr int kCheckpointVersionBF16 = 5;
 constexpr int kDebugStateMagic = 20240327;
 constexpr int kDebugStateVersion = 3;
-constexpr int kHeaderInts = 256;
 constexpr int kVocabPadMultiple = 128;
 
 struct GPT2Config {
@@ -200,15 +201,14 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[7] = c.padded_vocab_size;
 }
 
-// Reads the header of a checkpoint and checks that the file holds exactly the
-// parameters it describes. Leaves the file positioned at the first parameter.
-inline GPT2Config checkpoint_read_header(File& f, int* version) {
-  int h[kHeaderInts];
-  f.read(h, sizeof(h), "the checkpoint header");
+// Reads the header of a checkpoint into h and checks that the file holds exactly the parameters
+// it describes. Leaves the file positioned at the first parameter.
+inline GPT2Config checkpoint_read_header(File& f, int h[kHeaderInts]) {
+  f.read(h, kHeaderInts * sizeof(int), "the checkpoint header");
   GPT2Config c = config_from_header(h, f.path());
-  *version = h[1];
-  size_t elem = (*version == kCheckpointVersionFP32) ? 4 : 2;
-  long expected = (long)(sizeof(h) + num_parameters(c) * elem);
+  header_has_checksum(h, f.path());
+  size_t elem = (h[1] == kCheckpointVersionFP32) ? 4 : 2;
+  long expected = (long)(kHeaderInts * sizeof(int) + num_parameters(c) * elem);
   long actual = f.size();
   if (actual != expected) {
     LLMC_FAIL("%s: checkpoint for %s should be %ld bytes but is %ld (%s); re-create it",
@@ -236,47 +236,47 @@ inline float bf16_bits_to_float(uint16_t b) {
   return f;
 }
 
-// Loads a checkpoint of either precision into FP32 values.
+// Loads a checkpoint of either precision into FP32 values, verifying its checksum when it has one.
 inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* params) {
   File f(path, "rb");
-  int version = 0;
-  GPT2Config c = checkpoint_read_header(f, &version);
+  int h[kHeaderInts];
+  GPT2Config c = checkpoint_read_header(f, h);
   size_t n = num_parameters(c);
   params->resize(n);
-  if (version == kCheckpointVersionFP32) {
-    f.read(params->data(), n * sizeof(float), "the FP32 parameters");
+  std::vector<uint16_t> bits(h[1] == kCheckpointVersionBF16 ? n : 0);
+  const void* payload = params->data();
+  size_t payload_bytes = n * sizeof(float);
+  if (h[1] == kCheckpointVersionFP32) {
+    f.read(params->data(), payload_bytes, "the FP32 parameters");
   } else {
-    std::vector<uint16_t> bits(n);
-    f.read(bits.data(), n * sizeof(uint16_t), "the BF16 parameters");
+    payload = bits.data();
+    payload_bytes = n * sizeof(uint16_t);
+    f.read(bits.data(), payload_bytes, "the BF16 parameters");
     for (size_t i = 0; i < n; i++) (*params)[i] = bf16_bits_to_float(bits[i]);
+  }
+  if (header_has_checksum(h, path)) {
+    header_verify_checksum(h, crc32_update(header_checksum_start(h), payload, payload_bytes), path,
+                           "re-create it, or use an earlier checkpoint");
   }
   return c;
 }
 
-// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even).
-// The file is written under a temporary name and renamed, so an interrupted write never leaves a
-// truncated checkpoint under the final name.
+// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even),
+// with a checksum, through write_file_atomically (never a truncated checkpoint under its name).
 inline void checkpoint_save(const std::string& path, const GPT2Config& c, const float* params,
                             int version) {
   int h[kHeaderInts];
   header_from_config(c, version, h);
-  std::string tmp = path + ".tmp";
-  {
-    File f(tmp, "wb");
+  const size_t n = num_parameters(c);
+  std::vector<uint16_t> bits(version == kCheckpointVersionBF16 ? n : 0);
+  for (size_t i = 0; i < bits.size(); i++) bits[i] = float_to_bf16_bits(params[i]);
+  const void* payload = bits.empty() ? (const void*)params : (const void*)bits.data();
+  const size_t payload_bytes = bits.empty() ? n * sizeof(float) : n * sizeof(uint16_t);
+  header_store_checksum(h, crc32_update(header_checksum_begin(h), payload, payload_bytes));
+  write_file_atomically(path, [&](File& f) {
     f.write(h, sizeof(h), "the checkpoint header");
-    size_t n = num_parameters(c);
-    if (version == kCheckpointVersionFP32) {
-      f.write(params, n * sizeof(float), "the FP32 parameters");
-    } else {
-      std::vector<uint16_t> bits(n);
-      for (size_t i = 0; i < n; i++) bits[i] = float_to_bf16_bits(params[i]);
-      f.write(bits.data(), n * sizeof(uint16_t), "the BF16 parameters");
-    }
-    f.close(/*sync=*/true);
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
-  }
+    f.write(payload, payload_bytes, bits.empty() ? "the FP32 parameters" : "the BF16 parameters");
+  });
 }
 
 // ----------------------------------------------------------------------------

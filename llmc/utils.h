@@ -130,6 +130,25 @@ class File {
   FILE* f_ = nullptr;
 };
 
+// Writes path through write(File&) under the name path + ".tmp", flushes it to disk and renames
+// it: an interrupted write never leaves a partial file under the final name, and a failed one
+// removes its temporary file (so a full disk keeps the space of the earlier files free).
+template <class WriteBody>
+void write_file_atomically(const std::string& path, WriteBody write_body) {
+  const std::string tmp = path + ".tmp";
+  try {
+    File f(tmp, "wb");
+    write_body(f);
+    f.close(/*sync=*/true);
+  } catch (const Error&) {
+    remove(tmp.c_str());
+    throw;
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
+  }
+}
+
 inline std::string read_text_file(const std::string& path) {
   File f(path, "rb");
   long n = f.size();

@@ -3,6 +3,7 @@
 #  - rank equivalence: 2 ranks x micro batch B against 1 rank x B with 2 accumulation steps, on
 #    unshuffled data so both see the same tokens: FP32 losses within 1e-5 over 10 steps, BF16
 #    within 2e-2 (each rank rounds its own gradient to BF16 before they are averaged);
+#  - resume: 10 steps, a resume and 10 more against 20 straight steps on 2 ranks, bit for bit;
 #  - speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch.
 # Ends with "N passed, N failed". Usage: scripts/multi_gpu_tests.sh [OUTDIR]
 set -u
@@ -41,6 +42,19 @@ for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
   check "${binary}_two_ranks" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 $extra
   check "${binary}_equivalent" losses_close "$out/${binary}_one_rank.log" "$out/${binary}_two_ranks.log" "$tol"
 done
+
+# --- Resume on two GPUs: 20 straight steps against 10, a resume (-y 1) and 10 more give the same
+# run log and bitwise-identical model and per-rank state files, in FP32 and BF16, with shuffled data
+# (each rank's loader position and the shared shuffle state come back from its state file).
+multi_gpu_resume_tests() {
+  source dev/test/compare_runs.sh
+  local binary
+  for binary in train_gpt2fp32cu train_gpt2cu; do
+    resume_equivalence check "${binary}_resume_two_ranks" "$out/resume_$binary" 2 \
+      $mpi ./$binary $common -b 4 -v 10 -m 4 -sh 1
+  done
+}
+multi_gpu_resume_tests
 
 check speed_one_gpu ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
 check speed_two_gpus $mpi ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1

@@ -42,6 +42,8 @@ run() {
   fi
 }
 
+source dev/test/compare_runs.sh
+
 have_torch() { "$PYTHON" -c 'import torch' 2>/dev/null; }
 
 cpu_tests() {
@@ -94,24 +96,9 @@ val_loss_falls() {
     printf "val loss %.4f -> %.4f\n", v[0], v[n-1]; exit !(v[n-1] < v[0] - margin) }' "$1"
 }
 
-# Two run logs agree on every line but the timings.
-same_log() {
-  local strip='s/ ms=[^ ]*//; s/ tok_per_s=[^ ]*//'
-  diff <(sed "$strip" "$1") <(sed "$strip" "$2") && echo "identical: $(wc -l < "$1") lines"
-}
-
-# 20 straight steps against 10 steps, a resume from the checkpoint and 10 more steps: the same
-# log (losses, norms, validation) and bitwise-identical final checkpoint files.
+# Resume on one GPU: the shared comparison of dev/test/compare_runs.sh.
 resume_test() {
-  local binary=$1 name=$2 dir=build/test_resume/$2
-  rm -rf "$dir"
-  local args="$COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0 -n 10"
-  run "${name}_straight" "$binary" $args -o "$dir/straight"
-  run "${name}_halt" "$binary" $args -o "$dir/resumed" -halt 10
-  run "${name}_continue" "$binary" $args -o "$dir/resumed" -y 1
-  run "${name}_same_log" same_log "$dir/straight/main.log" "$dir/resumed/main.log"
-  run "${name}_same_files" bash -c "cmp $dir/straight/model_00000020.bin $dir/resumed/model_00000020.bin \
-    && cmp $dir/straight/state_00000020_00000.bin $dir/resumed/state_00000020_00000.bin && echo identical"
+  resume_equivalence run "$2" "build/test_resume/$2" 1 "$1" $COMMON -e d12 -b 4 -t 256 -v 10 -m 4 -s 0
 }
 
 # HellaSwag and generation: a tiny model trained on the right endings of the sample set picks

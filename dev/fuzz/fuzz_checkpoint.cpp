@@ -25,8 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = checkpoint.write(data, size);
   try {
     llmc::File f(path, "rb");
-    int version = 0;
-    const llmc::GPT2Config header_config = llmc::checkpoint_read_header(f, &version);
+    int header[llmc::kHeaderInts];
+    const llmc::GPT2Config header_config = llmc::checkpoint_read_header(f, header);
+    const int version = header[1];
     std::vector<float> params;
     const llmc::GPT2Config config = llmc::checkpoint_load(path, &params);
     fuzz::require(config == header_config, "checkpoint_load reads the config of the header");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Tests how a trainer fails on bad input: missing or damaged token shards and checkpoints, bad
-# flags, an output directory it cannot or must not write, a disk that fills up while a checkpoint
-# is written. Every case must exit non-zero with exactly one line on stderr, "error: ..." naming
+# Tests how a trainer fails on bad input: missing or damaged token shards, checkpoints and state
+# files (a wrong checksum), bad flags, an output directory it cannot or must not write, a disk that
+# fills up while a checkpoint is written, a model too large for the GPU. Every case must exit non-zero with exactly one line on stderr, "error: ..." naming
 # the file or flag at fault, and must leave the files already in the output directory (a
 # checkpoint, main.log, a DONE marker) byte for byte as they were.
 # The flags used are common to both trainers. A case that needs a flag the trainer lacks (its
@@ -209,6 +209,51 @@ if has_flag -y; then
     "-y 1: $KEEP/model_00000002\.bin holds a model L=2 .*-e d12" -y 1 -e d12
 else
   skip "resume with a checkpoint of another configuration" "$TRAINER has no -y (no resume)"
+fi
+
+# --- checksums (llmc/file_header.h): the CRC-32 in header slots 254-255 catches one flipped bit
+# of the parameters; a checkpoint without one (llm.c's: both slots zero) loads as before.
+# flip_byte FILE OFFSET XOR / zero_bytes FILE OFFSET COUNT change a copy in place.
+flip_byte() { python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ int(sys.argv[3])]))' "$@"; }
+zero_bytes() { dd if=/dev/zero of="$1" bs=1 seek="$2" count="$3" conv=notrunc status=none; }
+cp "$FIXTURE/model_00000002.bin" "$DIR/payload_bit.bin"
+flip_byte "$DIR/payload_bit.bin" 5000 16
+WATCH=("$KEEP" "$DIR/payload_bit.bin")
+attempt "payload_bit\.bin: checksum mismatch \(CRC-32 [0-9a-f]{8} in the header, [0-9a-f]{8} computed\): the file is damaged; re-create it" \
+  "${COMMON[@]}" -x 2 -o "$KEEP" -e "$DIR/payload_bit.bin"
+report "damaged checkpoint (one parameter bit flipped)"
+cp "$FIXTURE/model_00000002.bin" "$DIR/no_checksum.bin"
+zero_bytes "$DIR/no_checksum.bin" 1016 8
+"$TRAINER" "${COMMON[@]}" -x 1 -e "$DIR/no_checksum.bin" > "$LOGS/no_checksum.out" 2>&1
+check "a checkpoint without a checksum (llm.c's) trains: exit status" "$?" 0
+if has_flag -y; then
+  # A state file whose header says more AdamW updates than steps: caught before the checksum,
+  # with the way back to the checkpoint before it.
+  cp -a "$FIXTURE" "$DIR/state_header"
+  printf '\x63\x00\x00\x00' | dd of="$DIR/state_header/state_00000002_00000.bin" bs=4 seek=5 count=1 \
+    conv=notrunc status=none
+  WATCH=("$DIR/state_header")
+  attempt "state_00000002_00000\.bin: 99 AdamW updates recorded at step 2 \(must be 0\.\.2\): the header is damaged; delete $DIR/state_header/DONE_00000002" \
+    "${COMMON[@]}" -x 4 -o "$DIR/state_header" -y 1
+  report "resume from a state file with a damaged header (AdamW updates > step)"
+  cp -a "$FIXTURE" "$DIR/state_payload"
+  flip_byte "$DIR/state_payload/state_00000002_00000.bin" 30000 1
+  WATCH=("$DIR/state_payload")
+  attempt "state_00000002_00000\.bin: checksum mismatch .*delete $DIR/state_payload/DONE_00000002" \
+    "${COMMON[@]}" -x 4 -o "$DIR/state_payload" -y 1
+  report "resume from a state file with one damaged byte"
+else
+  skip "resume from a damaged state file" "$TRAINER has no -y (no state files)"
+fi
+
+# --- a model and batch too large for the GPU: the error says how much was needed and what to
+# change, before anything in -o is touched (-r is the CUDA trainer's: the CPU trainer has no GPU)
+if has_flag -r; then
+  expect "not enough GPU memory (-e d48 -b 512 -t 1024)" \
+    "not enough GPU memory for [a-zA-Z0-9* -]+: needs [0-9.]+ MiB, [0-9.]+ MiB free of [0-9.]+ MiB; reduce the micro batch \(-b\) or sequence length \(-t\), or recompute more \(-r 1\)" \
+    -e d48 -b 512 -t 1024
+else
+  skip "not enough GPU memory" "$TRAINER has no -r (not a GPU trainer)"
 fi
 
 # --- the output directory

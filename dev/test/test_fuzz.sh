@@ -52,7 +52,7 @@ fi
 
 # --- Seeds: SEEDS/<target>/<name>
 python3 - "$SCRATCH/seeds" <<'PY'
-import json, math, os, struct, sys
+import json, math, os, struct, sys, zlib
 
 root = sys.argv[1]
 
@@ -85,7 +85,14 @@ def checkpoint(version, L, NH, C, T, V):
         body = struct.pack("<%dH" % n, *[0x3C00 + i % 17 for i in range(n)])
     return header(20240326, version, T, V, L, NH, C, Vp) + body
 
+def with_checksum(data):  # the CRC-32 of llmc/file_header.h in header slots 254 and 255
+    data = bytearray(data)
+    data[254 * 4:256 * 4] = struct.pack("<iI", 1, 0)
+    data[255 * 4:256 * 4] = struct.pack("<I", zlib.crc32(data))
+    return bytes(data)
+
 seed("checkpoint", "fp32", checkpoint(3, L=1, NH=1, C=4, T=2, V=1))
+seed("checkpoint", "fp32_checksum", with_checksum(checkpoint(3, L=1, NH=1, C=4, T=2, V=1)))
 seed("checkpoint", "bf16", checkpoint(5, L=2, NH=2, C=4, T=3, V=130))
 # Regression: V = maxT = 2^31-1 padded to a negative Vp made the parameter count wrap around to 26,
 # so this 26-parameter file was accepted.
@@ -179,6 +186,19 @@ seed("bpe_encode", "invalid", b"abc \xff\xfe def \xed\xa0\x80 \xc3")
 # all zero, so each seed restores an undamaged state.
 for k in (0, 7, 27, 45, 150):
     seed("resume_state", "k%d" % k, bytes([k]) + bytes(2584 + 8216))
+
+# Training state for fuzz_train_state (step 3, rank 0 of 1, 4 parameters; llmc/train_state.h):
+# header [0]=20240528 [1]=3 [2]=step [3]=rank [4]=world [5]=AdamW updates [6]=master weights
+# [8..9]=n, checksummed; then the host state (two RngStates of 2512 bytes, a DataLoaderState, two
+# OutlierStates), m, v and the master weights.
+def train_state(master, updates):
+    n, host_bytes = 4, 2 * 2512 + 2584 + 2 * 8216
+    head = header(20240528, 3, 3, 0, 1, updates, int(master), 0, n)
+    moments = struct.pack("<%df" % ((3 if master else 2) * n), *[0.25 * i for i in range((3 if master else 2) * n)])
+    return with_checksum(head + bytes(host_bytes) + moments)
+
+seed("train_state", "master", train_state(True, 3))
+seed("train_state", "no_master", train_state(False, 0))
 
 # Outlier: a series of doubles, falling, with a spike, a NaN and an Inf.
 series = [3.0 + 5.0 / (1 + i) + 0.1 * math.sin(i) for i in range(48)]

@@ -255,6 +255,9 @@ open('$WORK/short.bin', 'wb').write(h.tobytes() + np.zeros(99, np.uint16).tobyte
 open('$WORK/big.bin', 'wb').write(h.tobytes() + np.full(100, 600, np.uint16).tobytes()); \
 h[0] = 1; open('$WORK/magic.bin', 'wb').write(h.tobytes() + np.zeros(100, np.uint16).tobytes())"
 head -c 5000 "$WORK/a/gpt2_l2h4c128t64v512.bin" >"$WORK/truncated.bin"
+"$PYTHON" -c "
+d = bytearray(open('$WORK/a/gpt2_l2h4c128t64v512.bin', 'rb').read()); d[-7] ^= 4
+open('$WORK/damaged.bin', 'wb').write(d)"
 expect_error "no files match" "${TINY[@]}" --input_bin "$WORK/missing_*.bin"
 expect_error "should be 1224 bytes" "${TINY[@]}" --input_bin "$WORK/short.bin" -b 1 -t 8
 expect_error "token id 600" "${TINY[@]}" --input_bin "$WORK/big.bin" -b 1 -t 8
@@ -263,6 +266,7 @@ expect_error "too few for one batch" "${TINY[@]}" --input_bin "$WORK/train_0.bin
 expect_error "total_batch_size 100" "${TINY[@]}" --input_bin "$WORK/train_*.bin" -b 4 -t 32 --total_batch_size 100
 expect_error "truncated" --init_from "$WORK/truncated.bin" --bench
 expect_error "no such file" --init_from "$WORK/nothing.bin" --bench
+expect_error "damaged.bin: checksum mismatch (CRC-32" --init_from "$WORK/damaged.bin" --bench
 expect_error "not a GPT-2 checkpoint" --init_from "$WORK/magic.bin" --bench
 expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
 expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench

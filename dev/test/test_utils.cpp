@@ -1,7 +1,7 @@
 // Tests llmc/utils.h (checked file I/O whose errors name the path, glob,
-// make_dirs, small helpers) and llmc/gpt2.h (configs, the parameter table,
-// checkpoint and debug-state header validation, BF16 rounding). Files go to
-// build/test_tmp/utils/.
+// make_dirs, small helpers), llmc/file_header.h (CRC-32) and llmc/gpt2.h (configs,
+// the parameter table, checkpoint and debug-state header validation, checkpoint
+// checksums, BF16 rounding). Files go to build/test_tmp/utils/.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dev/test/testing.h"
+#include "llmc/file_header.h"
 #include "llmc/gpt2.h"
 #include "llmc/utils.h"
 
@@ -179,6 +180,36 @@ void test_bf16() {
       "bf16 rounding: nearest, ties to even, NaN stays NaN, inf stays inf");
 }
 
+// The CRC-32 against its standard check value and a bit-at-a-time reference, over every length and
+// alignment around the 8-byte stride, and continued over pieces as zlib's crc32 is.
+void test_crc32() {
+  check_verbose(llmc::crc32_update(0, "123456789", 9) == 0xCBF43926u &&
+                    llmc::crc32_update(0, "", 0) == 0,
+                "CRC-32 of \"123456789\" is cbf43926 (the standard check value), of nothing 0");
+  auto bitwise = [](const unsigned char* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+      c ^= p[i];
+      for (int bit = 0; bit < 8; bit++) c = (c & 1u) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+    }
+    return ~c;
+  };
+  std::vector<unsigned char> bytes(64);
+  for (size_t i = 0; i < bytes.size(); i++) bytes[i] = (unsigned char)(i * 151 + 7);
+  bool same = true, chained = true;
+  for (size_t start = 0; start < 8; start++) {
+    for (size_t n = 0; start + n <= bytes.size(); n++) {
+      const uint32_t whole = llmc::crc32_update(0, bytes.data() + start, n);
+      same = same && whole == bitwise(bytes.data() + start, n);
+      const size_t half = n / 3;
+      chained = chained && whole == llmc::crc32_update(llmc::crc32_update(0, bytes.data() + start, half),
+                                                       bytes.data() + start + half, n - half);
+    }
+  }
+  check_verbose(same, "CRC-32 slicing-by-8 equals the bit-at-a-time CRC at every length and offset");
+  check_verbose(chained, "CRC-32 continued over two pieces equals the CRC of the whole");
+}
+
 void test_checkpoints() {
   const llmc::GPT2Config c = llmc::make_config(2, 4, 64, 16, 300);
   const size_t n = llmc::num_parameters(c);
@@ -241,6 +272,35 @@ void test_checkpoints() {
                "checkpoint shorter than its header");
   p = corrupt("bf16_size.bin", 1, llmc::kCheckpointVersionBF16, size);
   check_throws(load(p), "(trailing data)", "an FP32 body under a BF16 header");
+  p = corrupt("checksum_kind.bin", llmc::kHeaderChecksumKindSlot, 7, size);
+  check_throws(load(p), p + ": unknown checksum kind 7 in header slot 254",
+               "checkpoint with an unknown checksum kind");
+
+  // The checksum: damage anywhere in the file is caught, a file without one (llm.c's) loads.
+  check(good[4 * llmc::kHeaderChecksumKindSlot] == llmc::kChecksumCrc32,
+        "checkpoint_save writes a checksum");
+  const uint32_t empty_slot_value = 1u << 20;
+  p = corrupt("header_bit.bin", 100, (int)empty_slot_value, size);
+  check_throws(load(p), p + ": checksum mismatch (CRC-32 ",
+               "checkpoint with a flipped bit in an unused header slot");
+  for (const std::string& model : {fp32, bf16}) {
+    const std::string text = llmc::read_text_file(model);
+    std::vector<char> bytes(text.begin(), text.end());
+    bytes[bytes.size() - 3] ^= 0x10;
+    p = model + ".payload_bit.bin";
+    write_bytes(p, bytes.data(), bytes.size());
+    check_throws(load(p), p + ": checksum mismatch (CRC-32 ",
+                 "checkpoint with a flipped bit in the parameters (" + model + ")");
+    bytes[bytes.size() - 3] ^= 0x10;
+    memset(bytes.data() + 4 * llmc::kHeaderChecksumKindSlot, 0, 8);
+    p = model + ".no_checksum.bin";
+    write_bytes(p, bytes.data(), bytes.size());
+    std::vector<float> unchecked, checked;
+    llmc::checkpoint_load(p, &unchecked);
+    llmc::checkpoint_load(model, &checked);
+    check_verbose(unchecked == checked,
+                  "a checkpoint without a checksum (llm.c's) loads the same values: " + p);
+  }
 }
 
 void test_debug_state_header() {
@@ -281,6 +341,7 @@ int main() {
     test_glob_and_make_dirs();
     test_configs();
     test_bf16();
+    test_crc32();
     test_checkpoints();
     test_debug_state_header();
   } catch (const llmc::Error& e) {

@@ -1,0 +1,41 @@
+# Comparisons of two training runs, shared by scripts/run_tests.sh and scripts/multi_gpu_tests.sh
+# (source it).
+
+# Two run logs agree on every line but the timings.
+same_log() {
+  local strip='s/ ms=[^ ]*//; s/ tok_per_s=[^ ]*//'
+  diff <(sed "$strip" "$1") <(sed "$strip" "$2") && echo "identical: $(wc -l < "$1") lines"
+}
+
+# same_checkpoint DIR_A DIR_B STEP RANKS: the model file and the RANKS state files of STEP are
+# there in both directories and byte for byte the same.
+same_checkpoint() {
+  local a=$1 b=$2 step rank f
+  step=$(printf %08d "$3")
+  local files=("model_$step.bin")
+  for ((rank = 0; rank < $4; rank++)); do files+=("$(printf "state_%s_%05d.bin" "$step" "$rank")"); done
+  for f in "${files[@]}"; do
+    cmp "$a/$f" "$b/$f" || return 1
+  done
+  if [ -e "$a/$(printf "state_%s_%05d.bin" "$step" "$4")" ]; then
+    echo "$a has state files of more than $4 ranks"
+    return 1
+  fi
+  echo "identical: ${files[*]}"
+}
+
+# resume_equivalence RUNNER NAME DIR RANKS TRAINER_COMMAND...: 20 straight steps against 10
+# steps, a resume from their checkpoint (-y 1) and 10 more give the same run log (losses, norms,
+# validation) and bitwise-identical final model and per-rank state files. `RUNNER NAME COMMAND...`
+# runs and counts one check (run_tests.sh's run, multi_gpu_tests.sh's check); TRAINER_COMMAND is
+# the trainer and its flags, behind a launcher (mpirun) where RANKS > 1.
+resume_equivalence() {
+  local runner=$1 name=$2 dir=$3 ranks=$4
+  shift 4
+  rm -rf "$dir"
+  "$runner" "${name}_straight" "$@" -x 20 -n 10 -o "$dir/straight"
+  "$runner" "${name}_halt" "$@" -x 20 -n 10 -o "$dir/resumed" -halt 10
+  "$runner" "${name}_continue" "$@" -x 20 -n 10 -o "$dir/resumed" -y 1
+  "$runner" "${name}_same_log" same_log "$dir/straight/main.log" "$dir/resumed/main.log"
+  "$runner" "${name}_same_files" same_checkpoint "$dir/straight" "$dir/resumed" 20 "$ranks"
+}

@@ -1,0 +1,168 @@
+// Tests llmc/train_state.h, the training-state file a resume reads: a round trip gives back every
+// byte, and a file damaged anywhere (each header field, an unused header slot, a payload byte, its
+// length) fails with an error naming the file and the problem, before anything is restored. Files
+// go to build/test_tmp/train_state/.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dev/test/testing.h"
+#include "llmc/train_state.h"
+
+using testing::check;
+using testing::check_throws;
+using testing::check_verbose;
+
+namespace {
+
+const std::string kDir = "build/test_tmp/train_state";
+const char* kRemedy = "resume from an earlier checkpoint";
+constexpr size_t kParams = 1000;
+constexpr int kStep = 10;
+
+struct Saved {
+  llmc::TrainStateId id;
+  llmc::HostTrainState host;
+  std::vector<float> adam_m, adam_v, master;
+  std::vector<char> bytes;  // the file as written
+};
+
+int32_t read_int(const std::vector<char>& bytes, int slot) {
+  int32_t value;
+  memcpy(&value, bytes.data() + 4L * slot, sizeof(value));
+  return value;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  const std::string text = llmc::read_text_file(path);
+  return std::vector<char>(text.begin(), text.end());
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  llmc::File f(path, "wb");
+  f.write(bytes.data(), bytes.size(), "test bytes");
+  f.close();
+}
+
+Saved save(const std::string& path, bool master_weights) {
+  Saved s;
+  s.id.step = kStep;
+  s.id.rank = 1;
+  s.id.world = 2;
+  s.id.num_params = kParams;
+  s.id.master_weights = master_weights;
+  memset(&s.host, 0, sizeof(s.host));
+  llmc::Rng rng(5);
+  rng.u32();
+  s.host.model_rng = rng.state();
+  s.host.train_loader.epoch = 3;
+  s.host.loss_window.count = 2;
+  s.host.loss_window.values[1] = 4.5;
+  for (size_t i = 0; i < kParams; i++) {
+    s.adam_m.push_back(0.001f * i);
+    s.adam_v.push_back(1e-6f * i);
+    if (master_weights) s.master.push_back(-0.5f + 0.001f * i);
+  }
+  llmc::train_state_save(path, s.id, /*optimizer_steps=*/kStep - 1, s.host, s.adam_m.data(),
+                         s.adam_v.data(), master_weights ? s.master.data() : nullptr);
+  s.bytes = read_bytes(path);
+  return s;
+}
+
+void test_round_trip() {
+  for (bool master : {true, false}) {
+    const std::string path = kDir + (master ? "/state_master.bin" : "/state.bin");
+    const Saved saved = save(path, master);
+    const llmc::TrainState loaded = llmc::train_state_load(path, saved.id, kRemedy);
+    check_verbose(loaded.optimizer_steps == kStep - 1 &&
+                      memcmp(&loaded.host, &saved.host, sizeof(saved.host)) == 0 &&
+                      loaded.adam_m == saved.adam_m && loaded.adam_v == saved.adam_v &&
+                      loaded.master == saved.master,
+                  std::string("state round trip ") + (master ? "with" : "without") +
+                      " master weights: every byte back");
+    check(!llmc::file_exists(path + ".tmp"), "train_state_save leaves no temporary file");
+  }
+}
+
+void test_damaged() {
+  const std::string good_path = kDir + "/good.bin";
+  const Saved saved = save(good_path, true);
+  // Writes a copy of the good file with one int32 changed (at a byte offset) or a new length.
+  auto damaged = [&](const std::string& name, long offset, int32_t value, long size) {
+    std::vector<char> bytes = saved.bytes;
+    if (offset >= 0) memcpy(bytes.data() + offset, &value, sizeof(value));
+    bytes.resize(size);
+    const std::string path = kDir + "/" + name;
+    write_bytes(path, bytes);
+    return path;
+  };
+  auto load = [&](const std::string& path, const llmc::TrainStateId& id) {
+    return [path, id] { llmc::train_state_load(path, id, kRemedy); };
+  };
+  const long size = (long)saved.bytes.size();
+  struct HeaderCase {
+    const char* what;
+    int slot;
+    int32_t value;
+    std::string needle;
+  };
+  const std::vector<HeaderCase> cases = {
+      {"a wrong magic", 0, 20240326, "not a training-state file of version 3 (magic 20240326"},
+      {"the state version of an earlier format", 1, 2,
+       "not a training-state file of version 3 (magic 20240528, version 2;"},
+      {"another step", 2, kStep + 1, "state of step 11 in the file of step 10: the header is damaged"},
+      {"another rank", 3, 0, "state of rank 0 of 2, expected rank 1 of 2: resume with the process"},
+      {"AdamW updates above the step", 5, kStep + 1,
+       "11 AdamW updates recorded at step 10 (must be 0..10): the header is damaged; " +
+           std::string(kRemedy)},
+      {"negative AdamW updates", 5, -1, "-1 AdamW updates recorded at step 10 (must be 0..10)"},
+      {"a master-weights flag of 2", 6, 2,
+       "master-weights flag 2 (must be 0 or 1): the header is damaged; " + std::string(kRemedy)},
+      {"no master weights", 6, 0, "state for 1000 parameters without master weights, but the model"},
+      {"another parameter count", 8, (int32_t)kParams + 1, "state for 1001 parameters"},
+      {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
+      {"a flipped bit in an unused slot", 100, 1 << 12, "checksum mismatch (CRC-32 "},
+      {"a flipped bit in the checksum", llmc::kHeaderChecksumSlot,
+       (int32_t)(read_int(saved.bytes, llmc::kHeaderChecksumSlot) ^ 1), "checksum mismatch"},
+  };
+  for (const HeaderCase& c : cases) {
+    const std::string path = damaged(std::string("slot_") + std::to_string(c.slot) + "_" +
+                                         std::to_string(c.value) + ".bin",
+                                     4L * c.slot, c.value, size);
+    check_throws(load(path, saved.id), path + ": " + c.needle, std::string("state file with ") + c.what);
+  }
+  const long payload = 4L * llmc::kHeaderInts;
+  std::string p = damaged("host_byte.bin", payload + 8, 12345, size);
+  check_throws(load(p, saved.id), p + ": checksum mismatch", "state file with a damaged RNG state");
+  p = damaged("moment_byte.bin", size - 4 * (long)kParams - 8, 1, size);
+  check_throws(load(p, saved.id), p + ": checksum mismatch (CRC-32 ",
+               "state file with a damaged AdamW moment");
+  p = damaged("truncated.bin", -1, 0, size - 4);
+  check_throws(load(p, saved.id), "should be " + std::to_string(size) + " bytes but is " +
+                                      std::to_string(size - 4) + " (truncated): " + kRemedy,
+               "truncated state file");
+  p = damaged("trailing.bin", -1, 0, size + 1);
+  check_throws(load(p, saved.id), "(trailing data)", "state file with trailing bytes");
+  p = damaged("short.bin", -1, 0, 100);
+  check_throws(load(p, saved.id), p + ": file is truncated: reading the state header",
+               "state file shorter than its header");
+  llmc::TrainStateId other = saved.id;
+  other.world = 1;
+  other.rank = 0;
+  check_throws(load(good_path, other), "resume with the process count",
+               "a state file of two processes read by one");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    llmc::make_dirs(kDir);
+    test_round_trip();
+    test_damaged();
+  } catch (const llmc::Error& e) {
+    check(false, std::string("unexpected error: ") + e.what());
+  }
+  return testing::summary("test_train_state");
+}

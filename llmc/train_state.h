@@ -1,0 +1,158 @@
+// The training-state file a rank writes beside each checkpoint (state_<step>_<rank>.bin): what a
+// resume needs besides the parameters, so that it continues bit for bit.
+//
+// 256 int32 header (llmc/file_header.h)
+//   [0] magic 20240528  [1] version 3  [2] step  [3] rank  [4] world size
+//   [5] AdamW updates applied so far (0..step: non-finite and skipped steps apply none)
+//   [6] 1 with FP32 master weights, 0 without  [8..9] parameter count n (uint64)
+//   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
+// then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
+// each) and, when [6] is 1, the FP32 master weights (n float32).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dataloader.h"
+#include "file_header.h"
+#include "outlier.h"
+#include "rand.h"
+#include "utils.h"
+
+namespace llmc {
+
+constexpr int kStateMagic = 20240528;
+constexpr int kStateVersion = 3;
+
+// The host-side part of a rank's training state.
+struct HostTrainState {
+  RngState model_rng;   // stochastic-rounding seeds
+  RngState sample_rng;  // sampling
+  DataLoaderState train_loader;
+  OutlierState loss_window;  // the spike detectors' recent values
+  OutlierState norm_window;
+};
+
+// Who a state file belongs to; load checks the file against the run resuming from it.
+struct TrainStateId {
+  int step = 0;
+  int rank = 0;
+  int world = 1;
+  size_t num_params = 0;
+  bool master_weights = false;
+};
+
+struct TrainState {
+  int optimizer_steps = 0;
+  HostTrainState host;
+  std::vector<float> adam_m, adam_v, master;  // master is empty without master weights
+};
+
+namespace train_state_detail {
+
+inline uint32_t payload_crc32(uint32_t crc, const HostTrainState& host, const float* adam_m,
+                              const float* adam_v, const float* master, size_t n) {
+  crc = crc32_update(crc, &host, sizeof(host));
+  crc = crc32_update(crc, adam_m, n * sizeof(float));
+  crc = crc32_update(crc, adam_v, n * sizeof(float));
+  return master ? crc32_update(crc, master, n * sizeof(float)) : crc;
+}
+
+}  // namespace train_state_detail
+
+// Writes a state file through write_file_atomically. master is null without master weights.
+inline void train_state_save(const std::string& path, const TrainStateId& id, int optimizer_steps,
+                             const HostTrainState& host, const float* adam_m, const float* adam_v,
+                             const float* master) {
+  int h[kHeaderInts] = {};
+  h[0] = kStateMagic;
+  h[1] = kStateVersion;
+  h[2] = id.step;
+  h[3] = id.rank;
+  h[4] = id.world;
+  h[5] = optimizer_steps;
+  h[6] = master ? 1 : 0;
+  const uint64_t n = id.num_params;
+  memcpy(&h[8], &n, sizeof(n));
+  header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), host,
+                                                             adam_m, adam_v, master, n));
+  write_file_atomically(path, [&](File& f) {
+    f.write(h, sizeof(h), "the state header");
+    f.write(&host, sizeof(host), "the RNG and data loader state");
+    f.write(adam_m, n * sizeof(float), "AdamW's first moments");
+    f.write(adam_v, n * sizeof(float), "AdamW's second moments");
+    if (master) f.write(master, n * sizeof(float), "the master weights");
+  });
+}
+
+// Reads and checks the state file of `expected` (its step, rank, world, model size and master
+// weights); `remedy` says what to do when the file is damaged. Every header field is checked and
+// the file's size is compared with the header before anything is allocated.
+inline TrainState train_state_load(const std::string& path, const TrainStateId& expected,
+                                   const char* remedy) {
+  File f(path, "rb");
+  int h[kHeaderInts];
+  f.read(h, sizeof(h), "the state header");
+  if (h[0] != kStateMagic || h[1] != kStateVersion) {
+    LLMC_FAIL("%s: not a training-state file of version %d (magic %d, version %d; expected %d, "
+              "%d): %s", path.c_str(), kStateVersion, h[0], h[1], kStateMagic, kStateVersion,
+              remedy);
+  }
+  if (h[3] != expected.rank || h[4] != expected.world) {
+    LLMC_FAIL("%s: state of rank %d of %d, expected rank %d of %d: resume with the process count "
+              "the checkpoint was written with", path.c_str(), h[3], h[4], expected.rank,
+              expected.world);
+  }
+  if (h[2] != expected.step) {
+    LLMC_FAIL("%s: state of step %d in the file of step %d: the header is damaged; %s",
+              path.c_str(), h[2], expected.step, remedy);
+  }
+  if (h[5] < 0 || h[5] > expected.step) {
+    LLMC_FAIL("%s: %d AdamW updates recorded at step %d (must be 0..%d): the header is damaged; "
+              "%s", path.c_str(), h[5], expected.step, expected.step, remedy);
+  }
+  if (h[6] != 0 && h[6] != 1) {
+    LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s",
+              path.c_str(), h[6], remedy);
+  }
+  uint64_t n = 0;
+  memcpy(&n, &h[8], sizeof(n));
+  const bool master = h[6] == 1;
+  if (n != expected.num_params || master != expected.master_weights) {
+    LLMC_FAIL("%s: state for %llu parameters %s master weights, but the model has %zu %s: resume "
+              "with the same model and -w setting", path.c_str(), (unsigned long long)n,
+              master ? "with" : "without", expected.num_params,
+              expected.master_weights ? "with" : "without");
+  }
+  if (!header_has_checksum(h, path)) {
+    LLMC_FAIL("%s: the header has no checksum, which every state file of version %d has: the "
+              "header is damaged; %s", path.c_str(), kStateVersion, remedy);
+  }
+  TrainState s;
+  const long expected_bytes =
+      (long)(sizeof(h) + sizeof(s.host) + (2 + (master ? 1 : 0)) * n * sizeof(float));
+  const long actual = f.size();
+  if (actual != expected_bytes) {
+    LLMC_FAIL("%s: a state for %llu parameters %s master weights should be %ld bytes but is %ld "
+              "(%s): %s", path.c_str(), (unsigned long long)n, master ? "with" : "without",
+              expected_bytes, actual, actual < expected_bytes ? "truncated" : "trailing data",
+              remedy);
+  }
+  s.optimizer_steps = h[5];
+  s.adam_m.resize(n);
+  s.adam_v.resize(n);
+  s.master.resize(master ? n : 0);
+  f.read(&s.host, sizeof(s.host), "the RNG and data loader state");
+  f.read(s.adam_m.data(), n * sizeof(float), "AdamW's first moments");
+  f.read(s.adam_v.data(), n * sizeof(float), "AdamW's second moments");
+  if (master) f.read(s.master.data(), n * sizeof(float), "the master weights");
+  header_verify_checksum(h, train_state_detail::payload_crc32(header_checksum_start(h), s.host,
+                                                              s.adam_m.data(), s.adam_v.data(),
+                                                              master ? s.master.data() : nullptr, n),
+                         path, remedy);
+  return s;
+}
+
+}  // namespace llmc
