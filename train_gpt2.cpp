@@ -38,6 +38,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/gpt2.h"
 #include "llmc/logger.h"
+#include "llmc/progress.h"
 #include "llmc/rand.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
@@ -1091,6 +1092,7 @@ void print_sample(GPT2& model, Rng& rng, const Tokenizer* tokenizer, int length)
 }
 
 int train_main(int argc, char** argv) {
+  const double run_start = wall_seconds();
   TrainConfig c = parse_args(std::vector<std::string>(argv + 1, argv + argc));
   if (c.help) {
     print_usage(c);
@@ -1128,12 +1130,15 @@ int train_main(int argc, char** argv) {
   std::vector<int> inputs(micro_batch), targets(micro_batch);
   if (c.overfit) train_loader.next_batch(inputs.data(), targets.data());
   double total_seconds = 0.0;
+  RunSummary summary(run_start, total_batch);
+  EtaEstimator eta(kEtaWindow, wall_seconds());
   for (int step = 0; step <= steps; step++) {
     const bool last = step == steps;
     if (run_val && (step % c.val_every == 0 || last)) {
       const float val_loss = evaluate_validation(model, *val_loader, c.val_batches, c.B, c.T);
       printf("step %4d/%d | val loss %.6f\n", step, steps, val_loss);
       if (logger) logger->val(step, val_loss);
+      summary.val_loss(step, val_loss);
     }
     if (c.sample_every > 0 && step > 0 && (step % c.sample_every == 0 || last)) {
       print_sample(model, sample_rng, tokenizer.get(), c.gen_len);
@@ -1156,8 +1161,10 @@ int train_main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     total_seconds += seconds;
     const double tokens_per_s = total_batch / seconds;
-    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU n/a | %.0f tok/s\n",
-           step + 1, steps, loss, norm, lr, 1e3 * seconds, tokens_per_s);
+    eta.step_finished(wall_seconds());
+    printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU n/a | %.0f tok/s | ETA %s\n",
+           step + 1, steps, loss, norm, lr, 1e3 * seconds, tokens_per_s,
+           format_duration(eta.seconds_left(steps - step - 1)).c_str());
     fflush(stdout);
     if (logger) logger->train(step + 1, loss, norm, lr, 1e3 * seconds, tokens_per_s);
   }
@@ -1170,7 +1177,9 @@ int train_main(int argc, char** argv) {
     const std::string path = strformat("%s/model_%08d.bin", c.output_dir.c_str(), steps);
     gpt2_save_checkpoint(model, path);
     printf("wrote %s\n", path.c_str());
+    summary.checkpoint(path);
   }
+  summary.print(wall_seconds(), steps);
   return 0;
 }
 

@@ -51,6 +51,7 @@
 #include "llmc/hellaswag.h"
 #include "llmc/logger.h"
 #include "llmc/outlier.h"
+#include "llmc/progress.h"
 #include "llmc/rand.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
@@ -2653,6 +2654,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, i
 }
 
 int train_main(int argc, char** argv) {
+  const double run_start = llmc::wall_seconds();
   TrainArgs a;
   std::vector<Flag> flags = train_flags(a);
   if (!parse_flags(argc, argv, flags)) {
@@ -2734,6 +2736,8 @@ int train_main(int argc, char** argv) {
   }
   if (mg.rank == 0) print_config_table(a, m, mg, accum_steps, total_batch, train_steps,
                                        train_loader.total_tokens());
+  llmc::RunSummary summary(run_start, total_batch);
+  if (logger && resume_step >= 0) summary.add_logged(llmc::read_run_log(logger->path()));
   llmc::Rng sample_rng(a.seed + 1);
 
   std::vector<int> inputs((size_t)a.B * a.T), targets((size_t)a.B * a.T);
@@ -2757,7 +2761,10 @@ int train_main(int argc, char** argv) {
   double total_ms = 0.0;
   int timed_steps = 0, skipped_updates = 0, halt_for_signal = -1, exit_status = 0;
   install_stop_handlers();
+  llmc::EtaEstimator eta(llmc::kEtaWindow, llmc::wall_seconds());
+  int final_step = first_step;
   for (int step = first_step; step <= train_steps; step++) {
+    final_step = step;
     const bool last = step == train_steps;
     // The checkpoint a run resumes from was written after this step's evaluation and sample.
     const bool resumed_here = resume_step >= 0 && step == resume_step;
@@ -2766,6 +2773,7 @@ int train_main(int argc, char** argv) {
       if (mg.rank == 0) {
         printf("step %4d/%d | val loss %.6f\n", step, train_steps, val_loss);
         if (logger) logger->val(step, val_loss);
+        summary.val_loss(step, val_loss);
       }
     }
     if (a.hellaswag && !resumed_here && ((a.val_every > 0 && step % a.val_every == 0) || last)) {
@@ -2799,6 +2807,7 @@ int train_main(int argc, char** argv) {
       if (mg.rank == 0) {
         write_done_marker(a.output_dir, step);
         printf("checkpoint: %s\n", checkpoint_path(a.output_dir, "model", step).c_str());
+        summary.checkpoint(checkpoint_path(a.output_dir, "model", step));
         prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
       }
     }
@@ -2851,9 +2860,11 @@ int train_main(int argc, char** argv) {
     }
     const double tokens_per_s = total_batch / (ms / 1e3);
     const double mfu = tokens_per_s * flops_per_token(m, a.T) / kPeakFlops * 100.0;
+    eta.step_finished(llmc::wall_seconds());
     if (mg.rank == 0) {
-      printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s\n",
-             step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s);
+      printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
+             step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s,
+             llmc::format_duration(eta.seconds_left(train_steps - step - 1)).c_str());
       fflush(stdout);
       if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
       if (!finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
@@ -2876,6 +2887,7 @@ int train_main(int argc, char** argv) {
   if (mg.rank == 0) {
     if (skipped_updates > 0) printf("%d updates skipped (non-finite or spiking loss or norm)\n", skipped_updates);
     printf("parameter checksum %08x\n", gpt2_params_checksum(m));
+    summary.print(llmc::wall_seconds(), final_step);
   }
   delete logger;
   delete tokenizer;

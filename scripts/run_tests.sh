@@ -233,6 +233,7 @@ gpu_tests() {
   hellaswag_and_generation_test
   signal_test
   run bad_input_cuda env TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh
+  run run_output_cuda env TRAINER=./train_gpt2cu bash dev/test/test_run_output.sh
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2fp32cu resume_fp32
   # Training from random initialisation learns: the validation loss falls, samples are printed.

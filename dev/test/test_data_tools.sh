@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests the data tools end to end: build/prepare_shards (shard format and names, val/train split,
-# document modes, stale shards, error messages), build/write_tokenizer (the vocabulary file) and,
+# document modes, stale shards, error messages), dev/data/shard_dump.py with build/shard_documents
+# (a jsonl dump into FineWeb-style shards), build/write_tokenizer (the vocabulary file) and,
 # with TINYSHAKESPEARE set, dev/data/tinyshakespeare.sh against llm.c's token counts. Files are
 # read back with a small Python reader written from dev/SPEC.md, independent of the C++ code.
 # Scratch files go to build/scratch/test_data_tools.
@@ -10,7 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 # MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
-MAKEFLAGS= ${MAKE:-make} -s build/prepare_shards build/write_tokenizer build/encode_text || exit 1
+MAKEFLAGS= ${MAKE:-make} -s build/prepare_shards build/write_tokenizer build/encode_text \
+  build/shard_documents || exit 1
 SCRATCH=build/scratch/test_data_tools
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
@@ -131,6 +133,65 @@ check_error "every token in val" "all 8 tokens went to the val split" \
   "${base[@]}" --input "$SCRATCH/a.txt" --val_tokens 1000
 check_error "a missing --encoder_dir" "nowhere/encoder.json" \
   "${base[@]}" --input "$SCRATCH/a.txt" --encoder_dir nowhere
+
+# --- shard_dump.py: a jsonl dump into FineWeb-style shards. 60 documents (unicode, newlines, an
+# empty one, one longer than a shard) in field "body", tokenized on 2 threads, shards of 40 tokens:
+# the shards hold EOT + tokens of each document in order, cut every 40 tokens, shard 0 being val.
+dump="$SCRATCH/dump"
+mkdir -p "$dump/documents"
+python3 - "$dump" <<'PY'
+import json, sys
+directory = sys.argv[1]
+texts = [f"Document {i}: caf\u00e9 \U0001F600\nsecond line {'word ' * (i % 7)}" for i in range(57)]
+texts[5] = ""
+texts[9] = "A long one. " * 30
+texts += ["last\n\n", " spaces  ", "\u4e2d\u6587"]
+with open(f"{directory}/dump.jsonl", "w", encoding="utf-8") as f:
+    for i, text in enumerate(texts):
+        f.write(json.dumps({"id": i, "body": text}) + "\n")
+        open(f"{directory}/documents/{i:03d}.txt", "w", encoding="utf-8").write(text)
+PY
+expected=""
+for document in "$dump"/documents/*.txt; do
+  expected+=" $EOT $(build/encode_text "$document" 2>/dev/null)"
+done
+read -r -a all <<< "$expected"
+python3 dev/data/shard_dump.py --input "$dump/dump.jsonl" --field body --output_dir "$dump/shards" \
+  --shard_size 40 --threads 2 > /dev/null
+expected_names="fineweb_val_000000.bin 40"
+for ((i = 1; i * 40 < ${#all[@]}; i++)); do
+  n=$(( ${#all[@]} - i * 40 < 40 ? ${#all[@]} - i * 40 : 40 ))
+  expected_names+=$'\n'"$(printf 'fineweb_train_%06d.bin %d' "$i" "$n")"
+done
+check "shard_dump: shard 0 is val, train shards numbered from 1, 40 tokens each but the last" \
+  "$(shard_names "$dump/shards" fineweb_val; shard_names "$dump/shards" fineweb_train)" \
+  "$expected_names"
+check "shard_dump: the shards hold EOT + the tokens of each document, in order (${#all[@]} tokens)" \
+  "$(shard_tokens "$dump/shards" fineweb_val) $(shard_tokens "$dump/shards" fineweb_train)" \
+  "${all[*]}"
+check "shard_dump: the vocabulary file is written beside the shards" \
+  "$(build/write_tokenizer --output "$SCRATCH/vocab.bin" >/dev/null &&
+     cmp -s "$dump/shards/gpt2_tokenizer.bin" "$SCRATCH/vocab.bin" && echo same)" same
+check_error "shard_dump into a directory that has shards" "already holds shards" \
+  python3 dev/data/shard_dump.py --input "$dump/dump.jsonl" --field body --output_dir "$dump/shards"
+printf '{"text": "fine"}\n{"text": "also fine"}\n{"text": broken}\n' > "$dump/bad.jsonl"
+check_error "shard_dump of a line that is not JSON" "bad.jsonl:3: not a JSON object" \
+  python3 dev/data/shard_dump.py --input "$dump/bad.jsonl" --output_dir "$dump/bad" --shard_size 2
+check "shard_dump of bad input keeps no shards" "$(ls "$dump/bad" | wc -l)" 0
+check_error "shard_dump without the text field" "dump.jsonl:1: no string field 'text'" \
+  python3 dev/data/shard_dump.py --input "$dump/dump.jsonl" --output_dir "$dump/bad"
+check_error "shard_dump of a missing file" "--input $dump/none.jsonl: no such readable file" \
+  python3 dev/data/shard_dump.py --input "$dump/none.jsonl" --output_dir "$dump/bad"
+check_error "shard_dump with --shard_size 0" "--shard_size 0 must be at least 1" \
+  python3 dev/data/shard_dump.py --input "$dump/dump.jsonl" --output_dir "$dump/bad" --shard_size 0
+if ! python3 -c 'import pyarrow' 2>/dev/null; then
+  touch "$dump/dump.parquet"
+  check_error "shard_dump of parquet without pyarrow" "reading parquet needs pyarrow: pip install pyarrow" \
+    python3 dev/data/shard_dump.py --input "$dump/dump.parquet" --output_dir "$dump/bad"
+fi
+check_error "shard_documents when the input stops without the end mark" "without the end mark" \
+  bash -c "printf '\x02\x00\x00\x00hi' | build/shard_documents --output_dir $dump/bad --shard_size 1"
+check "shard_documents removes the shards of a failed run" "$(ls "$dump/bad" | wc -l)" 0
 
 # --- the vocabulary file, read with the format of dev/SPEC.md
 build/write_tokenizer --output "$SCRATCH/gpt2_tokenizer.bin" > /dev/null

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Tests scripts/run_gpt2_*.sh without a GPU: argument errors (one line, non-zero exit), the exact
+# trainer command each model size runs (--dry-run), and the resume-until-done loop with fake
+# trainers given through --trainer: one interrupted twice (exit status 3), one that always
+# crashes, and one stopped by a signal to the script. Scratch files go to build/scratch/.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source dev/test/lib.sh
+SCRATCH=build/scratch/test_run_scripts
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH/data"
+data=$SCRATCH/data
+touch "$data/fineweb_val_000000.bin" "$data/fineweb_train_000001.bin"
+
+# Runs a command that must fail; checks that it prints exactly one line, starting "error:" and
+# containing NEEDLE.
+check_error() {  # check_error DESCRIPTION NEEDLE COMMAND...
+  local description=$1 needle=$2
+  shift 2
+  local output status
+  output=$("$@" 2>&1)
+  status=$?
+  local verdict=ok
+  [ $status -ne 0 ] || verdict="exit status 0"
+  [ "$(printf '%s\n' "$output" | wc -l)" -eq 1 ] || verdict="more than one line"
+  [[ "$output" == "error: "*"$needle"* ]] || verdict="no 'error: ...$needle...'"
+  check "$description: one error line mentioning '$needle'" "$verdict ($output)" "ok ($output)"
+}
+
+run=scripts/run_gpt2_124M.sh
+check_error "an unknown flag" "unknown argument '--bogus'" $run --data "$data" --bogus
+check_error "a flag without its value" "--gpus needs a value" $run --data "$data" --gpus
+check_error "a non-numeric --micro-batch" "--micro-batch 'big' must be a whole number" \
+  $run --data "$data" --micro-batch big
+check_error "--gpus 0" "--gpus '0' must be a whole number of at least 1" $run --data "$data" --gpus 0
+check_error "--max-attempts 0" "--max-attempts '0'" $run --data "$data" --max-attempts 0
+check_error "a GPU count that does not divide the batch" "does not divide the 524288-token batch" \
+  $run --data "$data" --gpus 3
+check_error "a data directory without shards" "--data $SCRATCH/none has no fineweb_train_*.bin" \
+  $run --data "$SCRATCH/none"
+mkdir -p "$SCRATCH/no_val"
+touch "$SCRATCH/no_val/fineweb_train_000001.bin"
+check_error "a data directory without the val shard" "no fineweb_val_*.bin shard" \
+  $run --data "$SCRATCH/no_val"
+check_error "a missing trainer" "--trainer $SCRATCH/none is not an executable file" \
+  $run --data "$data" --gpus 1 --trainer "$SCRATCH/none"
+
+# --- the trainer command of each size
+for spec in "124M d12 6e-4 64" "350M d24 3e-4 32" "774M d36 2.5e-4 16" "1558M d48 2e-4 8"; do
+  read -r size model lr micro_batch <<< "$spec"
+  check "run_gpt2_$size.sh --dry-run: the trainer command" \
+    "$(scripts/run_gpt2_$size.sh --data "$data" --out "$SCRATCH/out" --gpus 1 --dry-run)" \
+    "./train_gpt2cu -e $model -i $data/fineweb_train_\\*.bin -j $data/fineweb_val_\\*.bin -o $SCRATCH/out -b $micro_batch -t 1024 -z 524288 -x 19073 -l $lr -u 700 -k cosine -q 0.1 -c 0.1 -gc 1.0 -v 250 -m 20 -s 5000 -tk $data/gpt2_tokenizer.bin -n 1000 -nk 2"
+done
+check "several GPUs run under mpirun, flags after -- go to the trainer" \
+  "$($run --data "$data" --out o --gpus 4 --micro-batch 16 --trainer bin/t --dry-run -- -r 1 |
+    sed 's/ --allow-run-as-root//; s/ -e d12 .*-nk 2//')" "mpirun -np 4 bin/t -r 1"
+check "--help prints the flags" "$($run --help | grep -c -- '--max-attempts')" 1
+
+# --- the resume loop. A fake trainer logs its arguments to DIR/calls, writes a DONE marker into
+# its -o directory as a checkpoint would, and exits with the status its name holds for each call.
+make_fake_trainer() {  # make_fake_trainer PATH STATUS...: the n-th call exits with the n-th status
+  cat > "$1" <<FAKE
+#!/usr/bin/env bash
+statuses=(${*:2})
+echo "\$*" >> "\$(dirname "\$0")/calls"
+calls=\$(wc -l < "\$(dirname "\$0")/calls")
+while [ \$# -gt 0 ]; do [ "\$1" = -o ] && out=\$2; shift; done
+mkdir -p "\$out" && echo "step=1 kind=val loss=1" >> "\$out/main.log"
+[ "\${statuses[calls - 1]}" = 3 ] && touch "\$out/DONE_00001000"
+exit "\${statuses[calls - 1]}"
+FAKE
+  chmod +x "$1"
+}
+
+mkdir -p "$SCRATCH/interrupted"
+make_fake_trainer "$SCRATCH/interrupted/trainer" 3 3 0
+$run --data "$data" --out "$SCRATCH/interrupted/out" --gpus 1 --steps 10 \
+  --trainer "$SCRATCH/interrupted/trainer" > "$SCRATCH/interrupted/output" 2>&1
+check "interrupted twice, then done: exit status 0" $? 0
+check "three calls, the second and third with -y 1" \
+  "$(grep -o -- '-nk 2.*' "$SCRATCH/interrupted/calls")" $'-nk 2\n-nk 2 -y 1\n-nk 2 -y 1'
+check "the loop says it resumed and finished" \
+  "$(grep -c 'interrupted (exit status 3); resuming' "$SCRATCH/interrupted/output") $(tail -n1 "$SCRATCH/interrupted/output")" \
+  "2 run_gpt2: training finished after 3 attempt(s); log and checkpoints in $SCRATCH/interrupted/out"
+
+mkdir -p "$SCRATCH/crashing"
+make_fake_trainer "$SCRATCH/crashing/trainer" 1 1 1 1
+$run --data "$data" --out "$SCRATCH/crashing/out" --gpus 1 --max-attempts 3 \
+  --trainer "$SCRATCH/crashing/trainer" > "$SCRATCH/crashing/output" 2> "$SCRATCH/crashing/errors"
+check "always crashing: non-zero exit" "$([ $? -ne 0 ] && echo non-zero)" non-zero
+check "always crashing: three attempts, none with -y 1" \
+  "$(wc -l < "$SCRATCH/crashing/calls") $(grep -c -- '-y 1' "$SCRATCH/crashing/calls")" "3 0"
+check "always crashing: one error line saying it gave up" \
+  "$(cat "$SCRATCH/crashing/errors")" \
+  "error: gave up after 3 attempts (last trainer exit status 1); fix the error printed above and run the same command again to continue from $SCRATCH/crashing/out"
+check "a log without a checkpoint is moved aside, not lost" \
+  "$(ls "$SCRATCH/crashing/out" | tr '\n' ' ')" \
+  "main.log main.log.before_attempt_2 main.log.before_attempt_3 "
+
+# A signal to the script goes to the trainer, which checkpoints and exits 3; the script then stops.
+mkdir -p "$SCRATCH/signal"
+cat > "$SCRATCH/signal/trainer" <<'FAKE'
+#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/calls"
+sleep 30 &
+trap 'kill $!; exit 3' TERM
+wait
+FAKE
+chmod +x "$SCRATCH/signal/trainer"
+$run --data "$data" --out "$SCRATCH/signal/out" --gpus 1 --trainer "$SCRATCH/signal/trainer" \
+  > "$SCRATCH/signal/output" 2>&1 &
+script=$!
+for _ in $(seq 100); do [ -s "$SCRATCH/signal/calls" ] && break; sleep 0.1; done
+sleep 0.2
+kill -TERM $script
+wait $script
+check "a SIGTERM to the script: exit status 3, no restart" "$? $(wc -l < "$SCRATCH/signal/calls")" "3 1"
+
+finish test_run_scripts
