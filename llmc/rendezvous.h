@@ -352,6 +352,14 @@ inline void rendezvous_tcp_receive(const std::string& host, int port, const Laun
   }
 }
 
+// Fails unless a launch of several processes has a rendezvous to meet through.
+inline void require_rendezvous(const RendezvousSpec& spec, const Launch& l) {
+  if (l.world > 1 && spec.kind == RendezvousSpec::kNone) {
+    LLMC_FAIL("%d processes (%s) without mpirun need -rv fs:DIR or -rv tcp:HOST:PORT so rank 0 can "
+              "hand out the NCCL id", l.world, l.source.c_str());
+  }
+}
+
 // Rank 0 passes its id in; every other rank gets rank 0's id out.
 inline void rendezvous_exchange(const RendezvousSpec& spec, const Launch& l, void* id, double timeout_s) {
   if (spec.kind == RendezvousSpec::kFs) {
@@ -361,8 +369,7 @@ inline void rendezvous_exchange(const RendezvousSpec& spec, const Launch& l, voi
     if (l.rank == 0) rendezvous_tcp_serve(spec.port, l, id, timeout_s);
     else rendezvous_tcp_receive(spec.host, spec.port, l, id, timeout_s);
   } else {
-    LLMC_FAIL("%d processes (%s) without mpirun need -rv fs:DIR or -rv tcp:HOST:PORT so rank 0 can "
-              "hand out the NCCL id", l.world, l.source.c_str());
+    require_rendezvous(spec, l);
   }
 }
 
