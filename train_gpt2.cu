@@ -15,7 +15,8 @@
 //  10. Model                      parameter and activation tables, forward, backward, update
 //  11. Generation                 decoding with a KV cache, temperature and top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
-//  13. Multi-GPU                  NCCL data parallel, launched by MPI or by hand
+//  13. Multi-GPU                  NCCL data parallel (overlapped reduction, ZeRO-1), launched by
+//                                 mpirun, srun or by hand (rendezvous), no-progress watchdog
 //  14. Command line and main      (#ifndef TESTING)
 //
 // Determinism: no kernel uses atomics or a launch shape derived from the GPU's SM count for a
@@ -23,14 +24,18 @@
 // the same architecture and library versions.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -53,10 +58,12 @@
 #include "llmc/outlier.h"
 #include "llmc/progress.h"
 #include "llmc/rand.h"
+#include "llmc/rendezvous.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_state.h"
 #include "llmc/utils.h"
+#include "llmc/watchdog.h"
 
 // ============================================================================
 // 1. Utilities and precision
@@ -1594,9 +1601,11 @@ struct AdamWParams {
 };
 
 // master may be null (FP32 builds, or BF16 without master weights: the parameter is the master).
+// index_offset is the position of element 0 in its tensor: a ZeRO shard may start mid-tensor, and
+// the rounding bits must not depend on where the shards are cut.
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
                              size_t n, AdamWParams hp, float weight_decay, float beta1_correction,
-                             float beta2_correction, uint32_t seed) {
+                             float beta2_correction, uint32_t seed, size_t index_offset) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float g = (float)grads[i] * hp.grad_scale;
@@ -1608,15 +1617,17 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
   const float old = master ? master[i] : (float)params[i];
   const float p = old - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
   if (master) master[i] = p;
-  params[i] = round_stochastic(p, seed, i);
+  params[i] = round_stochastic(p, seed, index_offset + i);
 }
 
 void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
-                  const AdamWParams& hp, bool decay, uint32_t seed, cudaStream_t stream) {
+                  const AdamWParams& hp, bool decay, uint32_t seed, cudaStream_t stream,
+                  size_t index_offset = 0) {
   const float c1 = 1.0f - powf(hp.beta1, (float)hp.step);
   const float c2 = 1.0f - powf(hp.beta2, (float)hp.step);
   adamw_kernel<<<ceil_div(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, hp,
-                                                     decay ? hp.weight_decay : 0.0f, c1, c2, seed);
+                                                     decay ? hp.weight_decay : 0.0f, c1, c2, seed,
+                                                     index_offset);
   cudaCheckLaunch();
 }
 
@@ -1626,6 +1637,8 @@ void adamw_update(floatX* params, float* master, const floatX* grads, float* m, 
 // Parameters follow llmc/gpt2.h's table (one flat buffer; the checkpoint layout). Activations
 // are described by the table below, from which sizes and offsets are derived. Gradients of the
 // parameters live in a second flat buffer with the same offsets and accumulate over micro steps.
+// With ZeRO stage 1 the flat buffer is cut into equal shards, one per rank: a rank keeps AdamW's
+// moments and the master weights of its shard only and updates only that part of the parameters.
 
 enum ActIndex {
   kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvr, kAtt, kAtty, kResidual2, kLn2, kLn2Mean, kLn2Rstd,
@@ -1685,6 +1698,11 @@ struct GPT2 {
   float* adam_v = nullptr;
   bool use_master_weights = true;
   int optimizer_steps = 0;
+  // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
+  // params and grads hold num_params_padded = shard_size * shard_count elements (zeros past
+  // num_params), so that every shard has the same length for NCCL's reduce-scatter / all-gather.
+  int shard_count = 1;
+  size_t shard_offset = 0, shard_size = 0, num_params_padded = 0;
 
   // activations, sized for B x T
   int B = 0, T = 0, recompute = 0;
@@ -1723,9 +1741,10 @@ struct GPT2 {
   float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
 };
 
-// Parameters from FP32 values (a checkpoint or a seeded initialisation).
+// Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
+// stage 1, this process keeps the optimizer state of shard shard_rank only.
 void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>& values,
-               bool use_master_weights, uint64_t seed) {
+               bool use_master_weights, uint64_t seed, int shard_rank = 0, int shard_count = 1) {
   m.config = config;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
@@ -1735,22 +1754,32 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
   m.use_master_weights = use_master_weights && sizeof(floatX) < sizeof(float);
-  m.params = device_alloc<floatX>(m.num_params, "the parameters");
-  m.grads = device_alloc<floatX>(m.num_params, "the gradients");
-  m.adam_m = device_alloc<float>(m.num_params, "AdamW's first moments");
-  m.adam_v = device_alloc<float>(m.num_params, "AdamW's second moments");
+  m.shard_count = shard_count;
+  // Shards are whole multiples of 64 elements, so each one starts 256-byte aligned.
+  m.shard_size = shard_count == 1 ? m.num_params
+                                  : llmc::round_up((m.num_params + shard_count - 1) / shard_count, 64);
+  m.shard_offset = (size_t)shard_rank * m.shard_size;
+  m.num_params_padded = m.shard_size * shard_count;
+  m.params = device_alloc<floatX>(m.num_params_padded, "the parameters");
+  m.grads = device_alloc<floatX>(m.num_params_padded, "the gradients");
+  m.adam_m = device_alloc<float>(m.shard_size, "AdamW's first moments");
+  m.adam_v = device_alloc<float>(m.shard_size, "AdamW's second moments");
   m.wte_grad_encoder = device_alloc<floatX>(m.param_specs[llmc::kWte].size, "the encoder's wte gradient");
-  cudaCheck(cudaMemset(m.grads, 0, m.num_params * sizeof(floatX)));
+  cudaCheck(cudaMemset(m.params, 0, m.num_params_padded * sizeof(floatX)));
+  cudaCheck(cudaMemset(m.grads, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
-  cudaCheck(cudaMemset(m.adam_m, 0, m.num_params * sizeof(float)));
-  cudaCheck(cudaMemset(m.adam_v, 0, m.num_params * sizeof(float)));
+  cudaCheck(cudaMemset(m.adam_m, 0, m.shard_size * sizeof(float)));
+  cudaCheck(cudaMemset(m.adam_v, 0, m.shard_size * sizeof(float)));
   std::vector<floatX> converted(m.num_params);
   float_to_floatX(converted.data(), values.data(), m.num_params);
   cudaCheck(cudaMemcpy(m.params, converted.data(), m.num_params * sizeof(floatX),
                        cudaMemcpyHostToDevice));
   if (m.use_master_weights) {
-    m.master = device_alloc<float>(m.num_params, "the FP32 master weights");
-    cudaCheck(cudaMemcpy(m.master, values.data(), m.num_params * sizeof(float),
+    m.master = device_alloc<float>(m.shard_size, "the FP32 master weights");
+    cudaCheck(cudaMemset(m.master, 0, m.shard_size * sizeof(float)));
+    const size_t real = m.shard_offset < m.num_params
+                            ? std::min(m.shard_size, m.num_params - m.shard_offset) : 0;
+    cudaCheck(cudaMemcpy(m.master, values.data() + m.shard_offset, real * sizeof(float),
                          cudaMemcpyHostToDevice));
   }
   m.rng.seed(seed);
@@ -1875,14 +1904,18 @@ float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
 }
 
 void gpt2_zero_grad(GPT2& m) {
-  cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params * sizeof(floatX), m.stream));
+  cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params_padded * sizeof(floatX), m.stream));
   cudaCheck(cudaMemsetAsync(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX),
                             m.stream));
 }
 
 // Adds this micro step's gradients (from the dlogits left by gpt2_classifier) into m.grads.
-// m.grads is complete after the call with last_micro_step set.
-void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step) {
+// m.grads is complete after the call with last_micro_step set. On that call, grads_final (when
+// given) is called with each layer as soon as that layer's gradients are enqueued for the last
+// time, and with -1 at the end for the tensors outside the layers (wte, wpe, lnf): the multi-GPU
+// reduction starts there while the backward pass continues.
+void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
+                   const std::function<void(int layer)>& grads_final = nullptr) {
   nvtxRangePush("backward");
   const llmc::GPT2Config& c = m.config;
   const int L = c.num_layers, C = c.channels, NH = c.num_heads, N = B * T;
@@ -1929,6 +1962,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step) {
     layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l), m.partials,
                        m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
                        m.act_f(kLn1Rstd, l), N, C, next_seed(), s);
+    if (last_micro_step && grads_final) grads_final(l);
   }
   encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
   encoder_backward(m.wte_grad_encoder, m.grad(llmc::kWpe), m.encoder_plan, m.encoder_buffers,
@@ -1936,14 +1970,18 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step) {
   if (last_micro_step) {
     add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size,
                 next_seed(), s);
+    if (grads_final) grads_final(-1);
   }
   nvtxRangePop();
 }
 
-// Global L2 norm of the gradients (deterministic; see section 9).
-float gpt2_grad_norm(GPT2& m) {
-  global_norm_squared(m.norm_partials + kNormBlocks, m.norm_partials, m.grads, m.num_params,
-                      m.stream);
+// Global L2 norm of the gradients (deterministic; see section 9). With ZeRO a rank holds the
+// reduced gradient of its shard only; sum_over_ranks adds the shards' sums of squares (a device
+// float) over the ranks.
+float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ranks = nullptr) {
+  global_norm_squared(m.norm_partials + kNormBlocks, m.norm_partials, m.grads + m.shard_offset,
+                      m.shard_size, m.stream);
+  if (sum_over_ranks) sum_over_ranks(m.norm_partials + kNormBlocks);
   float norm_squared = 0.0f;
   cudaCheck(cudaMemcpyAsync(&norm_squared, m.norm_partials + kNormBlocks, sizeof(float),
                             cudaMemcpyDeviceToHost, m.stream));
@@ -1952,7 +1990,8 @@ float gpt2_grad_norm(GPT2& m) {
 }
 
 // One AdamW step with gradient clipping at grad_clip (<= 0: no clipping), given the gradient
-// norm. Weight decay applies to the 2-D matrices only.
+// norm, on this rank's shard (each tensor's part inside it). Weight decay applies to the 2-D
+// matrices only.
 void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float weight_decay,
                  float grad_clip, float grad_norm) {
   nvtxRangePush("update");
@@ -1968,9 +2007,13 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
   const uint32_t seed = m.rng.u32();
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const size_t o = m.param_offsets[i];
-    adamw_update(m.params + o, m.master ? m.master + o : nullptr, m.grads + o, m.adam_m + o,
-                 m.adam_v + o, m.param_specs[i].size, hp, m.param_specs[i].decayed,
-                 seed + 0x9e3779b9u * (i + 1), m.stream);
+    const size_t begin = std::max(o, m.shard_offset);
+    const size_t end = std::min(o + m.param_specs[i].size, m.shard_offset + m.shard_size);
+    if (begin >= end) continue;
+    const size_t s = begin - m.shard_offset;  // into the shard's optimizer state
+    adamw_update(m.params + begin, m.master ? m.master + s : nullptr, m.grads + begin, m.adam_m + s,
+                 m.adam_v + s, end - begin, hp, m.param_specs[i].decayed,
+                 seed + 0x9e3779b9u * (i + 1), m.stream, begin - o);
   }
   nvtxRangePop();
 }
@@ -2175,7 +2218,9 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // RNG and the data loader's position), and DONE_<s>, written last, once every file is complete.
 // Each file is written under a temporary name, flushed to disk and renamed; each header holds a
 // CRC-32 of its file, verified on load (llmc/file_header.h, llmc/train_state.h). Resuming from
-// one gives exactly the bits the uninterrupted run would have had.
+// one gives exactly the bits the uninterrupted run would have had. With ZeRO a state file holds
+// the rank's shard of the optimizer state only, so it resumes with the same process count and
+// -zs setting alone.
 
 std::string checkpoint_path(const std::string& dir, const char* kind, int step, int rank = -1) {
   return rank < 0 ? llmc::strformat("%s/%s_%08d.bin", dir.c_str(), kind, step)
@@ -2187,15 +2232,16 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
   id.step = step;
   id.rank = rank;
   id.world = world;
-  id.num_params = m.num_params;
+  id.num_params = m.shard_size;
   id.master_weights = m.master != nullptr;
+  id.zero_stage = m.shard_count > 1 ? 1 : 0;
   return id;
 }
 
 void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
                 const llmc::HostTrainState& host) {
   cudaCheck(cudaStreamSynchronize(m.stream));
-  const size_t n = m.num_params;
+  const size_t n = m.shard_size;
   std::vector<float> adam_m(n), adam_v(n), master(m.master ? n : 0);
   cudaCheck(cudaMemcpy(adam_m.data(), m.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
   cudaCheck(cudaMemcpy(adam_v.data(), m.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -2210,7 +2256,7 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
       "delete %s/DONE_%08d to resume from the checkpoint before it", dir.c_str(), step);
   llmc::TrainState s = llmc::train_state_load(checkpoint_path(dir, "state", step, rank),
                                               train_state_id(m, step, rank, world), remedy.c_str());
-  const size_t n = m.num_params;
+  const size_t n = m.shard_size;
   cudaCheck(cudaMemcpy(m.adam_m, s.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   cudaCheck(cudaMemcpy(m.adam_v, s.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   if (m.master) cudaCheck(cudaMemcpy(m.master, s.master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -2296,8 +2342,22 @@ void install_stop_handlers() {
 // 13. Multi-GPU
 // ============================================================================
 // Data parallel, one process per GPU. Under mpirun (OpenMPI, compiled in when mpi.h is found)
-// rank 0 makes the NCCL id and MPI broadcasts it. Gradients are averaged with one NCCL
-// all-reduce after the last micro step; the loss is averaged the same way.
+// rank 0 makes the NCCL id and MPI broadcasts it; without MPI (Slurm's srun, or by hand with
+// -pr/-pn) it goes through the rendezvous of -rv (llmc/rendezvous.h).
+//
+// Gradients are averaged over the ranks. On the last micro step each layer's 12 gradient slices
+// are reduced on a second stream as soon as the backward pass has written them (-ov 1), so the
+// communication overlaps the layers below; an element's average does not depend on how the
+// buffer is cut into messages, so this equals one reduction after the backward pass (bitwise
+// with 2 ranks, where each element is one addition; with more, NCCL may order the additions
+// differently for differently sized messages). With ZeRO stage 1 (-zs 1) each piece goes to the
+// rank owning it (a reduce-scatter when not overlapped), the rank runs AdamW on its shard, and
+// an all-gather on the same stream, after the optimizer kernels, gives every rank the new
+// parameters. The loss and the gradient norm are reduced over the ranks.
+//
+// Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
+// peer died or hangs, so a collective never completes): one line naming the rank and -ct, the
+// communicator aborted, exit status kExitPeerLost; every rank is gone within 1.1 x -ct + 10 s.
 
 #include <nccl.h>
 #ifdef USE_MPI
@@ -2305,18 +2365,40 @@ void install_stop_handlers() {
 #endif
 
 inline void nccl_check(ncclResult_t r, const char* file, int line) {
-  if (r != ncclSuccess) LLMC_FAIL("NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
+  if (r != ncclSuccess) {
+    LLMC_FAIL("NCCL error at %s:%d: %s (when another process failed first, its output says why)",
+              file, line, ncclGetErrorString(r));
+  }
 }
 #define ncclCheck(call) nccl_check((call), __FILE__, __LINE__)
 
 constexpr int kMultiGpuScratch = 8;
+constexpr int kExitPeerLost = 4;
+// Seconds the watchdog gives ncclCommAbort before exiting without it (a wedged GPU can block it).
+constexpr int kAbortGraceSeconds = 10;
+
+// Command-line settings of the multi-GPU run.
+struct MultiGpuOptions {
+  llmc::LaunchFlags launch;
+  int timeout_s = 300;  // -ct
+  int zero_stage = 0;   // -zs
+  int overlap = 1;      // -ov
+};
 
 struct MultiGpu {
   int rank = 0;
   int world = 1;
   int local_rank = 0;
+  int zero_stage = 0;
+  bool overlap = true;
+  bool by_mpi = false;
+  std::string launched_by = "single process";
   ncclComm_t comm = nullptr;
   double* scratch = nullptr;  // kMultiGpuScratch doubles on the device for reducing scalars
+  cudaStream_t reduce_stream = nullptr;  // the overlapped gradient reduction
+  cudaEvent_t grads_ready = nullptr;     // recorded on the model's stream before each layer's reduction
+  cudaEvent_t reduce_done = nullptr;
+  std::unique_ptr<llmc::Watchdog> watchdog;
 };
 
 int env_int(const char* name, int fallback) {
@@ -2324,45 +2406,188 @@ int env_int(const char* name, int fallback) {
   return v ? atoi(v) : fallback;
 }
 
-MultiGpu multi_gpu_init(int* argc, char*** argv) {
+// The communicator the watchdog aborts (null while there is none).
+std::atomic<ncclComm_t> watched_comm{nullptr};
+
+[[noreturn]] void exit_for_lost_peer(int rank, int timeout_s) {
+  fflush(stdout);
+  fprintf(stderr, "error: rank %d made no progress for %d s: another process died or hangs, so a "
+                  "collective cannot complete; exiting (raise -ct if a step or checkpoint "
+                  "legitimately takes longer)\n", rank, timeout_s);
+  fflush(stderr);
+  const ncclComm_t comm = watched_comm.exchange(nullptr);
+  if (comm) {
+    static std::atomic<bool> aborted{false};
+    std::thread([comm] {
+      ncclCommAbort(comm);
+      aborted = true;
+    }).detach();
+    for (int i = 0; i < kAbortGraceSeconds * 10 && !aborted; i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  _exit(kExitPeerLost);
+}
+
+MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options) {
   MultiGpu mg;
-  const int mpi_world = env_int("OMPI_COMM_WORLD_SIZE", 1);
-  if (mpi_world > 1) {
+  const bool by_mpi = env_int("OMPI_COMM_WORLD_SIZE", 1) > 1;
+  llmc::Launch launch;
+  llmc::RendezvousSpec rendezvous;
+  if (by_mpi) {
 #ifdef USE_MPI
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_SINGLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &mg.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &mg.world);
     mg.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    cudaCheck(cudaSetDevice(mg.local_rank));
-    ncclUniqueId id;
-    if (mg.rank == 0) ncclCheck(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
-    ncclCheck(ncclCommInitRank(&mg.comm, mg.world, id, mg.rank));
-    mg.scratch = device_alloc<double>(kMultiGpuScratch, "the multi-GPU scratch");
+    mg.by_mpi = true;
+    mg.launched_by = "mpirun";
 #else
     (void)argc;
     (void)argv;
     LLMC_FAIL("launched by mpirun with %d processes, but this build has no MPI: install "
-              "libopenmpi-dev and rebuild (make USE_MPI=1)", mpi_world);
+              "libopenmpi-dev and rebuild (make USE_MPI=1), or launch with -pr/-pn and -rv",
+              env_int("OMPI_COMM_WORLD_SIZE", 1));
 #endif
+  } else {
+    launch = llmc::resolve_launch(options.launch, [](const char* name) -> const char* { return getenv(name); });
+    rendezvous = llmc::parse_rendezvous(options.launch.rendezvous);
+    llmc::require_rendezvous(rendezvous, launch);
+    mg.rank = launch.rank;
+    mg.world = launch.world;
+    mg.local_rank = launch.local_rank;
+    mg.launched_by = launch.source;
   }
+  if (mg.world == 1) return mg;
+  mg.zero_stage = options.zero_stage;
+  mg.overlap = options.overlap != 0;
+  int devices = 0;
+  cudaCheck(cudaGetDeviceCount(&devices));
+  REQUIRE(mg.local_rank < devices, "rank %d has local rank %d, but only %d GPUs are visible: give "
+          "each process of a node its own GPU (-pl, SLURM_LOCALID or CUDA_VISIBLE_DEVICES)",
+          mg.rank, mg.local_rank, devices);
+  cudaCheck(cudaSetDevice(mg.local_rank));
+  const int rank = mg.rank, timeout_s = options.timeout_s;
+  mg.watchdog.reset(new llmc::Watchdog(timeout_s, [rank, timeout_s] { exit_for_lost_peer(rank, timeout_s); }));
+  ncclUniqueId id;
+  static_assert(sizeof(id) == llmc::kRendezvousIdBytes, "the rendezvous moves NCCL's unique id");
+  if (mg.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+  if (by_mpi) {
+#ifdef USE_MPI
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+  } else {
+    llmc::rendezvous_exchange(rendezvous, launch, &id, timeout_s);
+  }
+  ncclCheck(ncclCommInitRank(&mg.comm, mg.world, id, mg.rank));
+  // Every rank has joined, so none still needs the id file.
+  if (mg.rank == 0 && rendezvous.kind == llmc::RendezvousSpec::kFs) {
+    llmc::rendezvous_fs_remove(rendezvous.dir, launch);
+  }
+  watched_comm = mg.comm;
+  mg.scratch = device_alloc<double>(kMultiGpuScratch, "the multi-GPU scratch");
+  cudaCheck(cudaStreamCreate(&mg.reduce_stream));
+  cudaCheck(cudaEventCreateWithFlags(&mg.grads_ready, cudaEventDisableTiming));
+  cudaCheck(cudaEventCreateWithFlags(&mg.reduce_done, cudaEventDisableTiming));
+  mg.watchdog->pause();  // loading the model and the data is local work of any length
   return mg;
+}
+
+// The run moves: restarts the watchdog's clock (and arms it after a pause).
+void multi_gpu_progress(MultiGpu& mg) {
+  if (mg.watchdog) mg.watchdog->progress();
+}
+
+// Local work of unbounded length follows (writing a checkpoint).
+void multi_gpu_pause(MultiGpu& mg) {
+  if (mg.watchdog) mg.watchdog->pause();
 }
 
 void multi_gpu_finish(MultiGpu& mg) {
   if (mg.world == 1) return;
+  multi_gpu_progress(mg);  // destroying the communicator may wait for the peers
+  watched_comm = nullptr;
   ncclCheck(ncclCommDestroy(mg.comm));
   device_free(mg.scratch);
+  cudaCheck(cudaStreamDestroy(mg.reduce_stream));
+  cudaCheck(cudaEventDestroy(mg.grads_ready));
+  cudaCheck(cudaEventDestroy(mg.reduce_done));
+  mg.watchdog.reset();
 #ifdef USE_MPI
-  MPI_Finalize();
+  if (mg.by_mpi) MPI_Finalize();
 #endif
 }
 
-void multi_gpu_average_grads(MultiGpu& mg, GPT2& m) {
+constexpr ncclDataType_t kNcclFloatX = sizeof(floatX) == 4 ? ncclFloat32 : ncclBfloat16;
+
+// Averages grads[begin, end) over the ranks on `stream` (inside an NCCL group). With ZeRO only
+// the rank whose shard holds an element needs its average: the range is cut at the shard
+// boundaries and each piece reduced to its owner.
+void reduce_grad_range(MultiGpu& mg, GPT2& m, size_t begin, size_t end, cudaStream_t stream) {
+  if (mg.zero_stage == 0) {
+    ncclCheck(ncclAllReduce(m.grads + begin, m.grads + begin, end - begin, kNcclFloatX, ncclAvg,
+                            mg.comm, stream));
+    return;
+  }
+  while (begin < end) {
+    const int owner = (int)(begin / m.shard_size);
+    const size_t piece_end = std::min(end, (owner + 1) * m.shard_size);
+    ncclCheck(ncclReduce(m.grads + begin, m.grads + begin, piece_end - begin, kNcclFloatX, ncclAvg,
+                         owner, mg.comm, stream));
+    begin = piece_end;
+  }
+}
+
+// gpt2_backward's grads_final for the last micro step (null when there is nothing to overlap):
+// enqueues the reduction of a layer's gradient slices (layer -1: wte, wpe, lnf) on the
+// reduction stream once the model's stream has written them.
+std::function<void(int)> multi_gpu_overlapped_reduction(MultiGpu& mg, GPT2& m) {
+  if (mg.world == 1 || !mg.overlap) return nullptr;
+  return [&mg, &m](int layer) {
+    cudaCheck(cudaEventRecord(mg.grads_ready, m.stream));
+    cudaCheck(cudaStreamWaitEvent(mg.reduce_stream, mg.grads_ready, 0));
+    ncclCheck(ncclGroupStart());
+    for (int i = 0; i < llmc::kNumParamTensors; i++) {
+      const llmc::ParamSpec& spec = m.param_specs[i];
+      if (spec.per_layer != (layer >= 0)) continue;
+      const size_t begin = m.grad(i, std::max(layer, 0)) - m.grads;
+      const size_t count = spec.per_layer ? spec.size / m.config.num_layers : spec.size;
+      reduce_grad_range(mg, m, begin, begin + count, mg.reduce_stream);
+    }
+    ncclCheck(ncclGroupEnd());
+  };
+}
+
+// After the backward pass: the gradients the optimizer reads (the shard with ZeRO) are the
+// averages over the ranks, ordered before anything later on the model's stream.
+void multi_gpu_reduce_grads(MultiGpu& mg, GPT2& m) {
   if (mg.world == 1) return;
-  const ncclDataType_t type = sizeof(floatX) == 4 ? ncclFloat32 : ncclBfloat16;
-  ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, type, ncclAvg, mg.comm, m.stream));
+  if (mg.overlap) {
+    cudaCheck(cudaEventRecord(mg.reduce_done, mg.reduce_stream));
+    cudaCheck(cudaStreamWaitEvent(m.stream, mg.reduce_done, 0));
+  } else if (mg.zero_stage == 1) {
+    ncclCheck(ncclReduceScatter(m.grads, m.grads + m.shard_offset, m.shard_size, kNcclFloatX,
+                                ncclAvg, mg.comm, m.stream));
+  } else {
+    ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, kNcclFloatX, ncclAvg, mg.comm, m.stream));
+  }
+}
+
+// The norm of the whole averaged gradient: with ZeRO the shards' sums of squares are added.
+float multi_gpu_grad_norm(MultiGpu& mg, GPT2& m) {
+  if (mg.world == 1 || mg.zero_stage == 0) return gpt2_grad_norm(m);
+  return gpt2_grad_norm(m, [&](float* sum) {
+    ncclCheck(ncclAllReduce(sum, sum, 1, ncclFloat32, ncclSum, mg.comm, m.stream));
+  });
+}
+
+// ZeRO: every rank takes the shards the others just updated. On the model's stream, so it runs
+// after this rank's optimizer kernels and before the next forward pass.
+void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
+  if (mg.world == 1 || mg.zero_stage == 0) return;
+  ncclCheck(ncclAllGather(m.params + m.shard_offset, m.params, m.shard_size, kNcclFloatX, mg.comm,
+                          m.stream));
 }
 
 // Sums n doubles over the ranks, in place (n <= kMultiGpuScratch).
@@ -2376,12 +2601,10 @@ void multi_gpu_sum(MultiGpu& mg, double* values, int n, cudaStream_t stream) {
 }
 
 // Every rank reaches this point before any continues (a checkpoint is complete on all ranks).
-void multi_gpu_barrier(MultiGpu& mg) {
-#ifdef USE_MPI
-  if (mg.world > 1) MPI_Barrier(MPI_COMM_WORLD);
-#else
-  (void)mg;
-#endif
+// Through NCCL, so that it works without MPI and under the watchdog.
+void multi_gpu_barrier(MultiGpu& mg, cudaStream_t stream) {
+  double arrived = 1.0;
+  multi_gpu_sum(mg, &arrived, 1, stream);
 }
 
 float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
@@ -2439,6 +2662,7 @@ struct TrainArgs {
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int hellaswag = 0, seed = 42, shuffle = 1;
   float loss_z = 0.0f, norm_z = 0.0f;
+  MultiGpuOptions multi_gpu;
 };
 
 struct Flag {
@@ -2488,6 +2712,14 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-hs", 's', &a.hellaswag_path, "HellaSwag eval file (made by build/hellaswag)"},
       {"-S", 'i', &a.seed, "seed for initialisation, data order and sampling"},
       {"-sh", 'i', &a.shuffle, "1: shuffle the training data"},
+      {"-pr", 'i', &a.multi_gpu.launch.rank, "this process's rank, when launched by hand without mpirun or srun"},
+      {"-pn", 'i', &a.multi_gpu.launch.world, "process count, when launched by hand (with -pr, -rv and -rt)"},
+      {"-pl", 'i', &a.multi_gpu.launch.local_rank, "GPU of this process on its node, by hand (-1: the rank)"},
+      {"-rv", 's', &a.multi_gpu.launch.rendezvous, "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)"},
+      {"-rt", 's', &a.multi_gpu.launch.token, "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)"},
+      {"-ct", 'i', &a.multi_gpu.timeout_s, "seconds without progress (a peer died or hangs) before a process exits"},
+      {"-zs", 'i', &a.multi_gpu.zero_stage, "ZeRO stage: 0 off, 1 optimizer state sharded over the processes"},
+      {"-ov", 'i', &a.multi_gpu.overlap, "1: reduce each layer's gradients while the backward pass continues"},
   };
 }
 
@@ -2575,6 +2807,11 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
+  REQUIRE(a.multi_gpu.timeout_s > 0, "-ct %d: the timeout must be a positive number of seconds",
+          a.multi_gpu.timeout_s);
+  REQUIRE(a.multi_gpu.zero_stage == 0 || a.multi_gpu.zero_stage == 1, "-zs %d: use 0 or 1",
+          a.multi_gpu.zero_stage);
+  REQUIRE(a.multi_gpu.overlap == 0 || a.multi_gpu.overlap == 1, "-ov %d: use 0 or 1", a.multi_gpu.overlap);
 }
 
 // Generates `length` tokens after `prompt` and prints them as they come; token_text gives the
@@ -2595,6 +2832,7 @@ float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int b
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double sum = 0.0;
   for (int i = 0; i < batches; i++) {
+    multi_gpu_progress(mg);
     loader.next_batch(inputs.data(), targets.data());
     gpt2_forward(m, inputs.data(), B, T);
     sum += gpt2_classifier(m, targets.data(), B, T, 0.0f);
@@ -2611,6 +2849,7 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
           set.longest_row, set.longest_row);
   llmc::HellaSwagCounts counts;
   for (int i : llmc::hellaswag_rank_examples((int)set.examples.size(), mg.rank, mg.world)) {
+    multi_gpu_progress(mg);
     const llmc::HellaSwagRows rows = llmc::hellaswag_rows(set.examples[i], T);
     gpt2_forward(m, rows.inputs.data(), llmc::kHellaSwagEndings, T);
     gpt2_classifier(m, rows.targets.data(), llmc::kHellaSwagEndings, T, 0.0f);
@@ -2632,7 +2871,11 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, i
   printf("+--------------------------+----------------------------------------------+\n");
   row("device", prop.name);
   row("precision", PRECISION_NAME);
-  row("processes", std::to_string(mg.world));
+  row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
+  if (mg.world > 1) {
+    row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
+    row("no-progress timeout", llmc::strformat("%d s", a.multi_gpu.timeout_s));
+  }
   row("model", a.model + " (" + m.config.describe() + ")");
   row("parameters", std::to_string(m.num_params));
   row("train data", a.train_pattern + " (" + std::to_string(train_tokens) + " tokens)");
@@ -2661,7 +2904,8 @@ int train_main(int argc, char** argv) {
     print_usage(flags);
     return 0;
   }
-  MultiGpu mg = multi_gpu_init(&argc, &argv);
+  validate_args(a, 1);  // the multi-GPU flags are used before the process count is known
+  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
   validate_args(a, mg.world);
 
   const int resume_step = a.resume ? latest_checkpoint_step(a.output_dir) : -1;
@@ -2685,7 +2929,8 @@ int train_main(int argc, char** argv) {
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
-  gpt2_init(m, config, values, a.master_weights != 0, a.seed);
+  gpt2_init(m, config, values, a.master_weights != 0, a.seed, mg.zero_stage ? mg.rank : 0,
+            mg.zero_stage ? mg.world : 1);
   values.clear();
   if (!a.prompt.empty()) {
     llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(a.encoder_dir);
@@ -2760,11 +3005,13 @@ int train_main(int argc, char** argv) {
   cudaCheck(cudaEventCreate(&end));
   double total_ms = 0.0;
   int timed_steps = 0, skipped_updates = 0, halt_for_signal = -1, exit_status = 0;
+  const std::function<void(int)> grads_final = multi_gpu_overlapped_reduction(mg, m);
   install_stop_handlers();
   llmc::EtaEstimator eta(llmc::kEtaWindow, llmc::wall_seconds());
   int final_step = first_step;
   for (int step = first_step; step <= train_steps; step++) {
     final_step = step;
+    multi_gpu_progress(mg);
     const bool last = step == train_steps;
     // The checkpoint a run resumes from was written after this step's evaluation and sample.
     const bool resumed_here = resume_step >= 0 && step == resume_step;
@@ -2795,6 +3042,7 @@ int train_main(int argc, char** argv) {
     const bool halt = step == a.halt_after || step == halt_for_signal;
     if (!a.output_dir.empty() && !resumed_here && step > 0 &&
         (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
+      multi_gpu_pause(mg);
       if (mg.rank == 0) gpt2_save_checkpoint(m, checkpoint_path(a.output_dir, "model", step));
       llmc::HostTrainState host;
       host.model_rng = m.rng.state();
@@ -2803,7 +3051,8 @@ int train_main(int argc, char** argv) {
       host.loss_window = loss_outliers.state();
       host.norm_window = norm_outliers.state();
       save_state(m, checkpoint_path(a.output_dir, "state", step, mg.rank), step, mg.rank, mg.world, host);
-      multi_gpu_barrier(mg);
+      multi_gpu_progress(mg);
+      multi_gpu_barrier(mg, m.stream);
       if (mg.rank == 0) {
         write_done_marker(a.output_dir, step);
         printf("checkpoint: %s\n", checkpoint_path(a.output_dir, "model", step).c_str());
@@ -2829,15 +3078,16 @@ int train_main(int argc, char** argv) {
     gpt2_zero_grad(m);
     double loss_sum = 0.0;
     for (int micro = 0; micro < accum_steps; micro++) {
+      multi_gpu_progress(mg);
       if (!a.overfit) train_loader.next_batch(inputs.data(), targets.data());
       gpt2_forward(m, inputs.data(), a.B, a.T);
       loss_sum += gpt2_classifier(m, targets.data(), a.B, a.T,
                                   1.0f / ((float)a.B * a.T * accum_steps));
-      gpt2_backward(m, a.B, a.T, micro == accum_steps - 1);
+      gpt2_backward(m, a.B, a.T, micro == accum_steps - 1, grads_final);
     }
-    multi_gpu_average_grads(mg, m);
+    multi_gpu_reduce_grads(mg, m);
     const float loss = multi_gpu_average(mg, (float)(loss_sum / accum_steps), m.stream);
-    const float norm = gpt2_grad_norm(m);
+    const float norm = multi_gpu_grad_norm(mg, m);
     const float lr = (float)schedule.at(step);
     // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
     const bool finite = std::isfinite(loss) && std::isfinite(norm);
@@ -2847,6 +3097,7 @@ int train_main(int argc, char** argv) {
                                   (a.norm_z > 0 && norm_outliers.is_spike(norm_score)));
     if (finite && !spike) {
       gpt2_update(m, lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, norm);
+      multi_gpu_gather_params(mg, m);
     } else {
       skipped_updates++;
     }

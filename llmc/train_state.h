@@ -4,7 +4,8 @@
 // 256 int32 header (llmc/file_header.h)
 //   [0] magic 20240528  [1] version 3  [2] step  [3] rank  [4] world size
 //   [5] AdamW updates applied so far (0..step: non-finite and skipped steps apply none)
-//   [6] 1 with FP32 master weights, 0 without  [8..9] parameter count n (uint64)
+//   [6] 1 with FP32 master weights, 0 without  [7] ZeRO stage (0, or 1: the file holds this
+//   rank's shard of the optimizer state only)  [8..9] parameter count n of the file (uint64)
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each) and, when [6] is 1, the FP32 master weights (n float32).
@@ -40,8 +41,9 @@ struct TrainStateId {
   int step = 0;
   int rank = 0;
   int world = 1;
-  size_t num_params = 0;
+  size_t num_params = 0;  // of this rank's optimizer shard
   bool master_weights = false;
+  int zero_stage = 0;
 };
 
 struct TrainState {
@@ -74,6 +76,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[4] = id.world;
   h[5] = optimizer_steps;
   h[6] = master ? 1 : 0;
+  h[7] = id.zero_stage;
   const uint64_t n = id.num_params;
   memcpy(&h[8], &n, sizeof(n));
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), host,
@@ -116,6 +119,10 @@ inline TrainState train_state_load(const std::string& path, const TrainStateId& 
   if (h[6] != 0 && h[6] != 1) {
     LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s",
               path.c_str(), h[6], remedy);
+  }
+  if (h[7] != expected.zero_stage) {
+    LLMC_FAIL("%s: written with ZeRO stage %d, but this run has -zs %d: resume with -zs %d",
+              path.c_str(), h[7], expected.zero_stage, h[7]);
   }
   uint64_t n = 0;
   memcpy(&n, &h[8], sizeof(n));
