@@ -628,6 +628,12 @@ constexpr size_t kCublasWorkspaceBytes = 32 << 20;
 cublasComputeType_t cublas_compute_type = CUBLAS_COMPUTE_32F;
 
 void matmul_setup(bool allow_tf32) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    LLMC_FAIL("no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); the CPU "
+              "trainer ./train_gpt2 runs without one");
+  }
   cublasCheck(cublasLtCreate(&cublaslt_handle));
   cublasCheck(cublasCreate(&cublas_handle));
   cublaslt_workspace = device_alloc<char>(kCublasWorkspaceBytes, "the cuBLASLt workspace");

@@ -17,30 +17,8 @@ set -u
 cd "$(dirname "$0")/.."
 out=${1:-build/test_multi_gpu}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off
-mpi="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE"
-[ "$(id -u)" -ne 0 ] && mpi="mpirun --oversubscribe -np 2 -x NCCL_NVLS_ENABLE"
-data=dev/data/tinyshakespeare
-common="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin -e d12 -t 256 -s 0 -sh 0 -l 1e-4"
-passed=0
-failed=0
-
-check() {  # name, command...
-  local name=$1
-  shift
-  if "$@" > "$out/$name.log" 2>&1; then
-    echo "PASS $name"; passed=$((passed + 1))
-  else
-    echo "FAIL $name (log: $out/$name.log)"; tail -5 "$out/$name.log"; failed=$((failed + 1))
-  fi
-}
-
-# Step and validation losses of two logs, within an absolute tolerance.
-losses_close() {
-  paste <(grep -aoE "(val )?loss [0-9.]+" "$1") <(grep -aoE "(val )?loss [0-9.]+" "$2") | awk -v tol="$3" '
-    { d = $NF - $(NF/2); if (d < 0) d = -d; if (d > worst) worst = d; n++ }
-    END { printf "%d losses, largest difference %.3g (tolerance %g)\n", n, worst, tol; exit !(n >= 10 && worst <= tol) }'
-}
+ranks=2
+source dev/test/multi_gpu_lib.sh
 
 for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
   IFS=: read -r binary tol extra <<< "$build"

@@ -91,7 +91,7 @@ same_losses() {
 
 # The validation loss at the last evaluation is below the first one by at least $2.
 val_loss_falls() {
-  awk -v margin="$2" '/val loss/ {v[n++] = $NF} END {
+  awk -v margin="$2" '/^step .*[|] val loss/ {v[n++] = $NF} END {
     if (n < 2) { print "fewer than two validation losses"; exit 1 }
     printf "val loss %.4f -> %.4f\n", v[0], v[n-1]; exit !(v[n-1] < v[0] - margin) }' "$1"
 }
