@@ -26,7 +26,7 @@
 // Rank r of world evaluates the examples hellaswag_rank_examples() gives it (i % world == r);
 // the ranks' counts are then summed (HellaSwagCounts::add) and acc_norm() is the score reported.
 //
-// Contents: JSON (a small parser) -> jsonl records -> tokenized examples -> file writer and
+// Contents: jsonl records (parsed with llmc/json.h) -> tokenized examples -> file writer and
 // reader -> rows -> scoring and counts -> ranks.
 #pragma once
 
@@ -34,7 +34,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -42,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "json.h"
 #include "tokenizer.h"
 #include "utils.h"
 
@@ -60,271 +60,6 @@ constexpr int kHellaSwagExampleHeaderFields = 6;
 // Fills the rows past each ending's last token: a valid id in every vocabulary. Attention is
 // causal and the mask leaves those positions out, so the choice cannot change a score.
 constexpr int kHellaSwagPadToken = 0;
-
-// ----------------------------------------------------------------------------------------------
-// JSON: enough of RFC 8259 for one jsonl line (objects, arrays, strings with every escape,
-// numbers, true/false/null). Strings come out as UTF-8; invalid UTF-8 and unpaired surrogates
-// are errors, as the tokenizer could not encode them.
-
-struct JsonValue {
-  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
-  Type type = Type::kNull;
-  bool boolean = false;
-  double number = 0.0;
-  std::string text;                                         // kString
-  std::vector<JsonValue> items;                             // kArray
-  std::vector<std::pair<std::string, JsonValue>> members;  // kObject, in text order
-
-  // The member named key, or nullptr; the last one when a key repeats, as Python's json does.
-  const JsonValue* find(const std::string& key) const {
-    const JsonValue* found = nullptr;
-    for (const auto& member : members) {
-      if (member.first == key) found = &member.second;
-    }
-    return found;
-  }
-};
-
-inline const char* json_type_name(JsonValue::Type type) {
-  switch (type) {
-    case JsonValue::Type::kNull: return "null";
-    case JsonValue::Type::kBool: return "a boolean";
-    case JsonValue::Type::kNumber: return "a number";
-    case JsonValue::Type::kString: return "a string";
-    case JsonValue::Type::kArray: return "an array";
-    case JsonValue::Type::kObject: return "an object";
-  }
-  return "?";
-}
-
-// Parses one JSON text; errors read "WHERE:COLUMN: problem" (column in bytes, from 1).
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const std::string& where) : text_(text), where_(where) {}
-
-  JsonValue parse() {
-    skip_space();
-    JsonValue value = parse_value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail_syntax("unexpected text after the JSON value");
-    return value;
-  }
-
- private:
-  // Deeper nesting is no HellaSwag line; the limit keeps a hostile line from exhausting the stack.
-  static constexpr int kMaxDepth = 64;
-
-  [[noreturn]] void fail_here(const std::string& problem) const {
-    LLMC_FAIL("%s:%zu: %s", where_.c_str(), pos_ + 1, problem.c_str());
-  }
-
-  [[noreturn]] void fail_syntax(const std::string& problem) const {
-    fail_here(problem + " (not valid JSON: each line must be one JSON object)");
-  }
-
-  int peek() const { return pos_ < text_.size() ? (unsigned char)text_[pos_] : -1; }
-
-  void expect(char c, const char* context) {
-    if (peek() != c) fail_syntax(strformat("expected '%c' %s", c, context));
-    pos_++;
-  }
-
-  void skip_space() {
-    while (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r') pos_++;
-  }
-
-  bool take_word(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return false;
-    pos_ += word.size();
-    return true;
-  }
-
-  JsonValue parse_value(int depth) {
-    if (depth > kMaxDepth) fail_here(strformat("nested deeper than %d levels", kMaxDepth));
-    JsonValue value;
-    const int c = peek();
-    if (c == '{') {
-      value.type = JsonValue::Type::kObject;
-      parse_object(depth, &value);
-    } else if (c == '[') {
-      value.type = JsonValue::Type::kArray;
-      parse_array(depth, &value);
-    } else if (c == '"') {
-      value.type = JsonValue::Type::kString;
-      value.text = parse_string();
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
-      value.type = JsonValue::Type::kNumber;
-      value.number = parse_number();
-    } else if (take_word("true")) {
-      value.type = JsonValue::Type::kBool;
-      value.boolean = true;
-    } else if (take_word("false")) {
-      value.type = JsonValue::Type::kBool;
-    } else if (!take_word("null")) {
-      fail_syntax(c < 0 ? "the line ends where a value should start" : "expected a value");
-    }
-    return value;
-  }
-
-  void parse_object(int depth, JsonValue* object) {
-    pos_++;
-    skip_space();
-    if (peek() == '}') {
-      pos_++;
-      return;
-    }
-    for (;;) {
-      skip_space();
-      if (peek() != '"') fail_syntax("expected a string key in an object");
-      std::string key = parse_string();
-      skip_space();
-      expect(':', "after an object key");
-      skip_space();
-      object->members.emplace_back(std::move(key), parse_value(depth + 1));
-      skip_space();
-      if (peek() == ',') {
-        pos_++;
-        continue;
-      }
-      expect('}', "or ',' in an object");
-      return;
-    }
-  }
-
-  void parse_array(int depth, JsonValue* array) {
-    pos_++;
-    skip_space();
-    if (peek() == ']') {
-      pos_++;
-      return;
-    }
-    for (;;) {
-      skip_space();
-      array->items.push_back(parse_value(depth + 1));
-      skip_space();
-      if (peek() == ',') {
-        pos_++;
-        continue;
-      }
-      expect(']', "or ',' in an array");
-      return;
-    }
-  }
-
-  // The strict JSON number grammar -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, then strtod.
-  double parse_number() {
-    const size_t start = pos_;
-    auto digits = [&](const char* after) {
-      if (!(peek() >= '0' && peek() <= '9')) fail_syntax(strformat("expected a digit %s", after));
-      while (peek() >= '0' && peek() <= '9') pos_++;
-    };
-    if (peek() == '-') pos_++;
-    if (peek() == '0') {
-      pos_++;
-      if (peek() >= '0' && peek() <= '9') fail_syntax("a number cannot have a leading zero");
-    } else {
-      digits("in a number");
-    }
-    if (peek() == '.') {
-      pos_++;
-      digits("after a decimal point");
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      pos_++;
-      if (peek() == '+' || peek() == '-') pos_++;
-      digits("in an exponent");
-    }
-    return strtod(std::string(text_.substr(start, pos_ - start)).c_str(), nullptr);
-  }
-
-  uint32_t parse_hex4() {
-    uint32_t value = 0;
-    for (int i = 0; i < 4; i++) {
-      const int c = peek();
-      const int digit = c >= '0' && c <= '9' ? c - '0'
-                        : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                        : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (digit < 0) fail_syntax("expected four hex digits after \\u");
-      value = value * 16 + digit;
-      pos_++;
-    }
-    return value;
-  }
-
-  // A \u escape (the "\u" already read): one code point, or a UTF-16 surrogate pair.
-  uint32_t parse_unicode_escape() {
-    const uint32_t unit = parse_hex4();
-    if (unit >= 0xDC00 && unit <= 0xDFFF) {
-      fail_here(strformat("\\u%04X is a low surrogate without a high one before it: the string "
-                          "is not valid Unicode, so it cannot be tokenized", unit));
-    }
-    if (unit < 0xD800 || unit > 0xDBFF) return unit;
-    if (!take_word("\\u")) {
-      fail_here(strformat("\\u%04X is a high surrogate not followed by a \\u low surrogate: the "
-                          "string is not valid Unicode, so it cannot be tokenized", unit));
-    }
-    const uint32_t low = parse_hex4();
-    if (low < 0xDC00 || low > 0xDFFF) {
-      fail_here(strformat("\\u%04X is a high surrogate followed by \\u%04X, not a low surrogate: "
-                          "the string is not valid Unicode, so it cannot be tokenized", unit, low));
-    }
-    return 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
-  }
-
-  std::string parse_string() {
-    pos_++;  // the opening quote
-    std::string out;
-    for (;;) {
-      const int c = peek();
-      if (c < 0) fail_syntax("the line ends inside a string (a missing closing quote?)");
-      if (c == '"') {
-        pos_++;
-        return out;
-      }
-      if (c < 0x20) {
-        fail_syntax(strformat("raw control character 0x%02X inside a string (write it as an "
-                              "escape)", c));
-      }
-      if (c >= 0x80) {
-        const auto* bytes = reinterpret_cast<const unsigned char*>(text_.data()) + pos_;
-        const Utf8CodePoint decoded = utf8_decode(bytes, text_.size() - pos_);
-        if (decoded.status != Utf8Status::kValid) {
-          fail_here("invalid UTF-8 inside a string: convert the file to UTF-8");
-        }
-        out.append(text_.substr(pos_, decoded.length));
-        pos_ += decoded.length;
-        continue;
-      }
-      if (c != '\\') {
-        out.push_back((char)c);
-        pos_++;
-        continue;
-      }
-      pos_++;
-      const int escape = peek();
-      pos_++;
-      switch (escape) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': utf8_append(parse_unicode_escape(), &out); break;
-        default:
-          pos_--;
-          fail_syntax(escape < 0 ? "the line ends inside an escape"
-                                 : strformat("\\%c is not a JSON escape", escape));
-      }
-    }
-  }
-
-  std::string_view text_;
-  std::string where_;
-  size_t pos_ = 0;
-};
 
 // ----------------------------------------------------------------------------------------------
 // The official jsonl: one object per line with "ctx" (string), "endings" (4 strings) and "label"
@@ -378,13 +113,9 @@ inline HellaSwagText hellaswag_text_from_json(const JsonValue& object, const std
     LLMC_FAIL("%s: no \"label\" field: %s (the test split has no labels: use the val split)",
               where.c_str(), kNeeds);
   }
-  if (label->type != JsonValue::Type::kNumber || label->number != std::floor(label->number) ||
-      label->number < 0 || label->number >= kHellaSwagEndings) {
-    const std::string shown = label->type == JsonValue::Type::kNumber
-                                  ? strformat("%g", label->number)
-                                  : std::string(json_type_name(label->type));
+  if (!json_is_integer(*label) || label->number < 0 || label->number >= kHellaSwagEndings) {
     LLMC_FAIL("%s: \"label\" is %s: it must be an integer from 0 to %d", where.c_str(),
-              shown.c_str(), kHellaSwagEndings - 1);
+              json_describe(*label).c_str(), kHellaSwagEndings - 1);
   }
   record.label = (int)label->number;
   return record;
@@ -401,8 +132,10 @@ inline std::vector<HellaSwagText> hellaswag_parse_jsonl(std::string_view text,
     const std::string_view content = text.substr(start, end - start);
     start = end + 1;
     if (content.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = strformat("%s:%d", path.c_str(), line);
-    records.push_back(hellaswag_text_from_json(JsonParser(content, where).parse(), where, line));
+    const JsonValue object =
+        JsonParser(content, path, line, "each line must be one JSON object").parse();
+    records.push_back(
+        hellaswag_text_from_json(object, strformat("%s:%d", path.c_str(), line), line));
   }
   return records;
 }

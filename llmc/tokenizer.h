@@ -2,10 +2,10 @@
 // tiktoken's "gpt2" (r50k_base) encoding exactly.
 //
 // Contents:
-//   UTF-8            strict decoding of one code point; Utf8Joiner for printing token bytes
 //   character class  \s, \p{L}, \p{N} from the generated llmc/unicode_tables.h
 //   pre-tokenization gpt2_piece_end / gpt2_split: the GPT-2 pattern, by hand
-//   BpeEncoder       encoder.json + vocab.bpe -> byte-level BPE by rank, with a cache
+//   BpeEncoder       encoder.json (read with llmc/json.h) + vocab.bpe -> byte-level BPE by rank,
+//                    with a cache
 //   vocabulary file  write_tokenizer_bin and Tokenizer (decoding)
 //
 // Vocabulary file (llm.c): 256 int32 header [0] magic 20240328 [1] version (1 or 2)
@@ -32,7 +32,9 @@
 #include <utility>
 #include <vector>
 
+#include "json.h"
 #include "unicode_tables.h"
+#include "utf8.h"
 #include "utils.h"
 
 namespace llmc {
@@ -42,132 +44,6 @@ constexpr int kTokenizerHeaderInts = 256;
 constexpr int kGpt2VocabSize = 50257;
 constexpr int kGpt2EotToken = 50256;
 constexpr const char* kEndOfTextText = "<|endoftext|>";
-
-// ----------------------------------------------------------------------------------------------
-// UTF-8
-
-enum class Utf8Status { kValid, kIncomplete, kInvalid };
-
-struct Utf8CodePoint {
-  Utf8Status status;
-  uint32_t code_point;  // meaningful when kValid
-  int length;           // bytes consumed when kValid
-};
-
-// Decodes the code point at the start of bytes[0, available). kIncomplete means the bytes so far
-// are a valid prefix that runs out before the sequence ends. Overlong forms, surrogates and
-// values above U+10FFFF are kInvalid, as in every strict decoder (Python's, Rust's).
-inline Utf8CodePoint utf8_decode(const unsigned char* bytes, size_t available) {
-  const unsigned char lead = bytes[0];
-  if (lead < 0x80) return {Utf8Status::kValid, lead, 1};
-  int length;
-  uint32_t code_point;
-  unsigned char second_min = 0x80, second_max = 0xBF;
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-    code_point = lead & 0x1F;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    code_point = lead & 0x0F;
-    if (lead == 0xE0) second_min = 0xA0;  // below: overlong
-    if (lead == 0xED) second_max = 0x9F;  // above: surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    code_point = lead & 0x07;
-    if (lead == 0xF0) second_min = 0x90;  // below: overlong
-    if (lead == 0xF4) second_max = 0x8F;  // above: beyond U+10FFFF
-  } else {
-    return {Utf8Status::kInvalid, 0, 0};
-  }
-  for (int i = 1; i < length; i++) {
-    if ((size_t)i >= available) return {Utf8Status::kIncomplete, 0, 0};
-    const unsigned char low = i == 1 ? second_min : 0x80;
-    const unsigned char high = i == 1 ? second_max : 0xBF;
-    if (bytes[i] < low || bytes[i] > high) return {Utf8Status::kInvalid, 0, 0};
-    code_point = (code_point << 6) | (bytes[i] & 0x3F);
-  }
-  return {Utf8Status::kValid, code_point, length};
-}
-
-// The code point at byte `pos` of text, or an Error naming the offset.
-inline Utf8CodePoint utf8_decode_at(std::string_view text, size_t pos) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data()) + pos;
-  Utf8CodePoint decoded = utf8_decode(bytes, text.size() - pos);
-  if (decoded.status != Utf8Status::kValid) {
-    std::string shown;
-    for (size_t i = pos; i < text.size() && i < pos + 4; i++) {
-      shown += strformat(" %02X", (unsigned char)text[i]);
-    }
-    LLMC_FAIL("invalid UTF-8 at byte %zu (bytes%s%s): the text to encode must be UTF-8; "
-              "convert it to UTF-8 first", pos, shown.c_str(),
-              decoded.status == Utf8Status::kIncomplete ? ", a sequence cut off by the end" : "");
-  }
-  return decoded;
-}
-
-// Checks a whole text up front, so a tool can reject a bad file before writing any output.
-inline void utf8_validate(std::string_view text) {
-  for (size_t pos = 0; pos < text.size();) {
-    pos += (unsigned char)text[pos] < 0x80 ? 1 : utf8_decode_at(text, pos).length;
-  }
-}
-
-inline void utf8_append(uint32_t code_point, std::string* out) {
-  if (code_point < 0x80) {
-    out->push_back((char)code_point);
-  } else if (code_point < 0x800) {
-    out->push_back((char)(0xC0 | (code_point >> 6)));
-    out->push_back((char)(0x80 | (code_point & 0x3F)));
-  } else if (code_point < 0x10000) {
-    out->push_back((char)(0xE0 | (code_point >> 12)));
-    out->push_back((char)(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back((char)(0x80 | (code_point & 0x3F)));
-  } else {
-    out->push_back((char)(0xF0 | (code_point >> 18)));
-    out->push_back((char)(0x80 | ((code_point >> 12) & 0x3F)));
-    out->push_back((char)(0x80 | ((code_point >> 6) & 0x3F)));
-    out->push_back((char)(0x80 | (code_point & 0x3F)));
-  }
-}
-
-// Joins the bytes of decoded tokens into printable UTF-8. A token may end in the middle of a
-// character (an emoji is often several byte tokens), so push() returns only the complete
-// characters and keeps a cut-off sequence until the next token completes it. Bytes that can never
-// become valid UTF-8 come out as U+FFFD, so the result is always safe to print.
-class Utf8Joiner {
- public:
-  std::string push(std::string_view token_bytes) {
-    pending_.append(token_bytes.data(), token_bytes.size());
-    std::string out;
-    size_t pos = 0;
-    while (pos < pending_.size()) {
-      const auto* bytes = reinterpret_cast<const unsigned char*>(pending_.data()) + pos;
-      Utf8CodePoint decoded = utf8_decode(bytes, pending_.size() - pos);
-      if (decoded.status == Utf8Status::kIncomplete) break;
-      if (decoded.status == Utf8Status::kInvalid) {
-        utf8_append(kReplacement, &out);
-        pos += 1;
-      } else {
-        out.append(pending_, pos, decoded.length);
-        pos += decoded.length;
-      }
-    }
-    pending_.erase(0, pos);
-    return out;
-  }
-
-  // Whatever is still pending can no longer be completed.
-  std::string finish() {
-    std::string out;
-    if (!pending_.empty()) utf8_append(kReplacement, &out);
-    pending_.clear();
-    return out;
-  }
-
- private:
-  static constexpr uint32_t kReplacement = 0xFFFD;
-  std::string pending_;
-};
 
 // ----------------------------------------------------------------------------------------------
 // Character classes of the pre-tokenization pattern
@@ -309,135 +185,6 @@ inline std::string gpt2_symbol_bytes(std::string_view symbol, const std::string&
   return bytes;
 }
 
-// Parses encoder.json: one flat JSON object of string -> non-negative integer.
-class VocabularyJsonParser {
- public:
-  VocabularyJsonParser(const std::string& path, std::string text)
-      : path_(path), text_(std::move(text)) {}
-
-  std::vector<std::pair<std::string, int>> parse() {
-    std::vector<std::pair<std::string, int>> entries;
-    skip_space();
-    expect('{');
-    skip_space();
-    if (peek() == '}') {
-      pos_++;
-    } else {
-      for (;;) {
-        skip_space();
-        std::string key = parse_string();
-        skip_space();
-        expect(':');
-        skip_space();
-        int value = parse_int();
-        entries.emplace_back(std::move(key), value);
-        skip_space();
-        if (peek() == ',') { pos_++; continue; }
-        expect('}');
-        break;
-      }
-    }
-    skip_space();
-    if (pos_ != text_.size()) fail_here("unexpected text after the closing '}'");
-    return entries;
-  }
-
- private:
-  [[noreturn]] void fail_here(const std::string& problem) const {
-    size_t line = 1, column = 1;
-    for (size_t i = 0; i < pos_ && i < text_.size(); i++) {
-      if (text_[i] == '\n') { line++; column = 1; } else { column++; }
-    }
-    LLMC_FAIL("%s:%zu:%zu: %s: the file must be GPT-2's encoder.json (a JSON object of "
-              "token -> id)", path_.c_str(), line, column, problem.c_str());
-  }
-
-  int peek() const { return pos_ < text_.size() ? (unsigned char)text_[pos_] : -1; }
-
-  void expect(char c) {
-    if (peek() != c) fail_here(strformat("expected '%c'", c));
-    pos_++;
-  }
-
-  void skip_space() {
-    while (peek() == ' ' || peek() == '\n' || peek() == '\r' || peek() == '\t') pos_++;
-  }
-
-  uint32_t parse_hex4() {
-    uint32_t value = 0;
-    for (int i = 0; i < 4; i++) {
-      int c = peek();
-      int digit = c >= '0' && c <= '9' ? c - '0'
-                  : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                  : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-      if (digit < 0) fail_here("expected four hex digits after \\u");
-      value = value * 16 + digit;
-      pos_++;
-    }
-    return value;
-  }
-
-  std::string parse_string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      int c = peek();
-      if (c < 0) fail_here("unterminated string");
-      pos_++;
-      if (c == '"') return out;
-      if (c < 0x20) fail_here("control character inside a string");
-      if (c != '\\') {
-        out.push_back((char)c);
-        continue;
-      }
-      int escape = peek();
-      pos_++;
-      switch (escape) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          uint32_t unit = parse_hex4();
-          if (unit >= 0xDC00 && unit <= 0xDFFF) fail_here("\\u escape is a lone low surrogate");
-          if (unit >= 0xD800 && unit <= 0xDBFF) {
-            if (peek() != '\\') fail_here("high surrogate without a following \\u low surrogate");
-            pos_++;
-            expect('u');
-            uint32_t low = parse_hex4();
-            if (low < 0xDC00 || low > 0xDFFF) fail_here("high surrogate not followed by a low one");
-            unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
-          }
-          utf8_append(unit, &out);
-          break;
-        }
-        default:
-          pos_--;
-          fail_here("unknown escape sequence");
-      }
-    }
-  }
-
-  int parse_int() {
-    if (peek() < '0' || peek() > '9') fail_here("expected a non-negative integer token id");
-    long long value = 0;
-    while (peek() >= '0' && peek() <= '9') {
-      value = value * 10 + (peek() - '0');
-      if (value > (1 << 30)) fail_here("token id is too large");
-      pos_++;
-    }
-    return (int)value;
-  }
-
-  std::string path_;
-  std::string text_;
-  size_t pos_ = 0;
-};
-
 // ----------------------------------------------------------------------------------------------
 // BpeEncoder
 
@@ -504,17 +251,27 @@ class BpeEncoder {
   static constexpr size_t kMaxCachedPieceBytes = 256;
 
   void load_encoder_json(const std::string& path) {
-    auto entries = VocabularyJsonParser(path, read_text_file(path)).parse();
+    const char* kEncoderJson =
+        "the file must be GPT-2's encoder.json, a JSON object of token -> id";
+    const std::string text = read_text_file(path);
+    const JsonValue vocabulary = JsonParser(text, path, 1, kEncoderJson).parse();
+    if (vocabulary.type != JsonValue::Type::kObject) {
+      LLMC_FAIL("%s: the file holds %s: %s", path.c_str(), json_type_name(vocabulary.type),
+                kEncoderJson);
+    }
+    const auto& entries = vocabulary.members;
     if (entries.empty()) {
       LLMC_FAIL("%s: the vocabulary is empty: use GPT-2's encoder.json", path.c_str());
     }
     tokens_.assign(entries.size(), std::string());
     std::vector<bool> seen(entries.size(), false);
-    for (const auto& [symbol, id] : entries) {
-      if (id >= (int)entries.size() || seen[id]) {
-        LLMC_FAIL("%s: token ids must be 0..%zu, each once; '%s' has id %d: the file is damaged",
-                  path.c_str(), entries.size() - 1, symbol.c_str(), id);
+    for (const auto& [symbol, value] : entries) {
+      if (!json_is_integer(value) || value.number < 0 || value.number >= (double)entries.size() ||
+          seen[(size_t)value.number]) {
+        LLMC_FAIL("%s: token ids must be 0..%zu, each once; '%s' has id %s: the file is damaged",
+                  path.c_str(), entries.size() - 1, symbol.c_str(), json_describe(value).c_str());
       }
+      const int id = (int)value.number;
       seen[id] = true;
       tokens_[id] = gpt2_symbol_bytes(symbol, path);
       if (tokens_[id] == kEndOfTextText) eot_token_ = id;

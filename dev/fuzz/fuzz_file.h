@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <unistd.h>
 
+#include "llmc/utf8.h"
 #include "llmc/utils.h"
 
 namespace fuzz {
@@ -25,6 +27,15 @@ namespace fuzz {
 
 inline void require(bool ok, const char* what) {
   if (!ok) fail_property(what);
+}
+
+inline bool is_utf8(std::string_view text) {
+  try {
+    llmc::utf8_validate(text);
+  } catch (const llmc::Error&) {
+    return false;
+  }
+  return true;
 }
 
 // A file under $TMPDIR (or /tmp) named after the process, so that parallel fuzzing jobs do not

@@ -18,15 +18,6 @@ bool decode_fails(const llmc::Tokenizer& tokenizer, int id) {
   return false;
 }
 
-bool is_utf8(const std::string& text) {
-  try {
-    llmc::utf8_validate(text);
-  } catch (const llmc::Error&) {
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -45,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       printed += joiner.push(bytes);
     }
     printed += joiner.finish();
-    fuzz::require(is_utf8(printed), "Utf8Joiner prints valid UTF-8");
+    fuzz::require(fuzz::is_utf8(printed), "Utf8Joiner prints valid UTF-8");
     fuzz::require(decode_fails(tokenizer, -1) && decode_fails(tokenizer, n),
                   "ids outside the vocabulary are refused");
   } catch (const llmc::Error&) {

@@ -150,6 +150,11 @@ seed("hellaswag", "two", hellaswag([(3, [1, 2, 3], [[4], [5, 6], [7, 8, 9], [10]
 for number, line in enumerate(open("dev/test/hellaswag_sample.jsonl", "rb")):
     seed("hellaswag_jsonl", "line%d" % number, line)
 
+# JSON: escapes of every kind, numbers, and nesting to the depth limit.
+seed("json", "values", b'{"s": "a\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00", '
+                       b'"n": [0, -1.5e+3, 2E-2], "b": [true, false, null, {}, []]}')
+seed("json", "nested", b"[" * 64 + b"1" + b"]" * 64)
+
 # BPE files: encoder.json, NUL, vocab.bpe. GPT-2's alphabet spells the 188 printable bytes as
 # themselves and the other 68, in order, as U+0100 onwards; ids 0-255 are the bytes (printable
 # ones first), then one id per merge, then <|endoftext|>.

@@ -246,7 +246,7 @@ void test_jsonl_errors() {
       {"{\"ctx\" \"c\"}", "expected ':' after an object key"},
       {"{\"ctx\": \"c\" \"label\": 1}", "expected '}' or ',' in an object"},
       {"{\"endings\": [\"a\" \"b\"]}", "expected ']' or ',' in an array"},
-      {"{\"ctx\": \"unterminated}", "the line ends inside a string"},
+      {"{\"ctx\": \"unterminated}", "the text ends inside a string"},
       {"{\"ctx\": \"bad \\x escape\"}", "\\x is not a JSON escape"},
       {"{\"ctx\": \"\\u12G4\"}", "expected four hex digits after \\u"},
       {"{\"ctx\": \"\\ud83d alone\"}", "high surrogate not followed by a \\u low surrogate"},
@@ -260,7 +260,7 @@ void test_jsonl_errors() {
       {"{\"n\": 1e}", "expected a digit in an exponent"},
       {"{\"n\": -}", "expected a digit in a number"},
       {"{\"n\": tru}", "expected a value"},
-      {"{\"ctx\": ", "the line ends where a value should start"},
+      {"{\"ctx\": ", "the text ends where a value should start"},
       {std::string(100, '[') + std::string(100, ']'), "nested deeper than 64 levels"},
   };
   for (const Case& c : cases) {

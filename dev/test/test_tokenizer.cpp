@@ -1,6 +1,6 @@
 // Tests llmc/tokenizer.h: GPT-2 encodings known from tiktoken, the pre-tokenization pattern,
 // round trips, the vocabulary file (write, read back, malformed files), UTF-8 handling and the
-// encoder file parsers. With TINYSHAKESPEARE set (the path of its input.txt) it also encodes the
+// encoder files. With TINYSHAKESPEARE set (the path of its input.txt) it also encodes the
 // whole text, timing it. Run from the repository root; scratch files go to build/.
 #include <chrono>
 #include <cstdio>
@@ -276,25 +276,6 @@ void test_utf8() {
                 "Utf8Joiner holds cut-off characters and replaces invalid bytes: " + quoted(out));
 }
 
-void test_json_parser() {
-  auto parse = [](const std::string& json) {
-    return llmc::VocabularyJsonParser("test.json", json).parse();
-  };
-  auto entries = parse(" {\"a\\u00e9\\ud83d\\ude00\\n\\\"\\\\\\/\": 5, \"b\":0}\n");
-  check_verbose(entries.size() == 2 && entries[0].first == "a\xC3\xA9\xF0\x9F\x98\x80\n\"\\/" &&
-                    entries[0].second == 5 && entries[1].first == "b" && entries[1].second == 0,
-                "JSON parser: escapes and a surrogate pair decode to UTF-8");
-  check_verbose(parse("{}").empty(), "JSON parser: empty object");
-  check_throws([&] { parse("{\"a\": 1,\n \"b\" 2}"); }, "test.json:2:6: expected ':'",
-               "JSON without a colon");
-  check_throws([&] { parse("{\"\\ud83d\": 1}"); }, "high surrogate", "JSON lone high surrogate");
-  check_throws([&] { parse("{\"\\ude00\": 1}"); }, "lone low surrogate", "JSON lone low surrogate");
-  check_throws([&] { parse("{\"\\q\": 1}"); }, "unknown escape", "JSON unknown escape");
-  check_throws([&] { parse("{\"a\": -1}"); }, "non-negative integer", "JSON negative id");
-  check_throws([&] { parse("{\"a\": 1} x"); }, "after the closing", "JSON trailing text");
-  check_throws([&] { parse("{\"a\": 1"); }, "expected '}'", "JSON unterminated object");
-}
-
 void test_encoder_files() {
   const std::string encoder_json = std::string(kEncoderDir) + "/encoder.json";
   const std::string vocab_bpe = std::string(kEncoderDir) + "/vocab.bpe";
@@ -316,6 +297,21 @@ void test_encoder_files() {
   write_bytes(scratch_path("gap.json"), "{\"!\": 0, \"<|endoftext|>\": 2}");
   check_throws([&] { llmc::BpeEncoder e(scratch_path("gap.json"), vocab_bpe); },
                "token ids must be 0..1", "encoder.json with a gap in the ids");
+  // The JSON itself is tested in test_json; here, that its errors name encoder.json.
+  write_bytes(scratch_path("no_colon.json"), "{\"!\": 0,\n \"<|endoftext|>\" 1}");
+  check_throws([&] { llmc::BpeEncoder e(scratch_path("no_colon.json"), vocab_bpe); },
+               "no_colon.json:2:18: expected ':' after an object key (the file must be GPT-2's "
+               "encoder.json", "encoder.json that is not JSON");
+  write_bytes(scratch_path("array.json"), "[\"!\", \"<|endoftext|>\"]");
+  check_throws([&] { llmc::BpeEncoder e(scratch_path("array.json"), vocab_bpe); },
+               "array.json: the file holds an array", "encoder.json that is not an object");
+  for (const char* id : {"-1", "0.5", "\"1\"", "1e9"}) {
+    write_bytes(scratch_path("bad_id.json"),
+                std::string("{\"!\": 0, \"<|endoftext|>\": ") + id + "}");
+    check_throws([&] { llmc::BpeEncoder e(scratch_path("bad_id.json"), vocab_bpe); },
+                 "token ids must be 0..1, each once; '<|endoftext|>' has id",
+                 std::string("encoder.json with the id ") + id);
+  }
   check_throws([&] { llmc::BpeEncoder::from_dir("no/such/dir"); }, "no/such/dir/encoder.json",
                "missing encoder directory");
 }
@@ -338,7 +334,6 @@ int main() {
     test_long_pieces(encoder);
     test_vocabulary_file(encoder, vocabulary_path);
     test_utf8();
-    test_json_parser();
     test_encoder_files();
     test_tiny_shakespeare(encoder, tokenizer);
   } catch (const llmc::Error& e) {
