@@ -190,6 +190,19 @@ inline std::string record_mismatch(const RendezvousRecord& r, const Launch& l) {
   return "";
 }
 
+// Rank 0: whether a peer's hello belongs to this launch and names a rank that has not joined yet.
+inline bool hello_accepted(const RendezvousRecord& hello, const Launch& l, const std::set<int>& joined) {
+  return record_mismatch(hello, l).empty() && (int)hello.rank > 0 && (int)hello.rank < l.world &&
+         !joined.count((int)hello.rank);
+}
+
+// A peer: why rank 0's reply does not hand this launch an id, or "" when it does.
+inline std::string reply_mismatch(const RendezvousRecord& reply, const Launch& l) {
+  const std::string why = record_mismatch(reply, l);
+  if (why.empty() && reply.status != 0) return "duplicate rank or different token";
+  return why;
+}
+
 inline std::string rendezvous_fs_path(const std::string& dir, const std::string& token) {
   return dir + "/nccl_id_" + token;
 }
@@ -211,6 +224,19 @@ inline void rendezvous_fs_publish(const std::string& dir, const Launch& l, const
   }
 }
 
+// Takes the id out of rank 0's file; fails unless the file is one record of this launch.
+inline void rendezvous_fs_read(const std::string& path, const Launch& l, void* id) {
+  RendezvousRecord r;
+  File f(path, "rb");
+  if (f.size() != (long)sizeof(r)) LLMC_FAIL("%s: not a rendezvous file (size %ld)", path.c_str(), f.size());
+  f.read(&r, sizeof(r), "the rendezvous id");
+  const std::string why = record_mismatch(r, l);
+  if (!why.empty()) {
+    LLMC_FAIL("%s: %s: start every process of a launch with the same -pn and -rt", path.c_str(), why.c_str());
+  }
+  memcpy(id, r.id, kRendezvousIdBytes);
+}
+
 inline void rendezvous_fs_receive(const std::string& dir, const Launch& l, void* id, double timeout_s) {
   const std::string path = rendezvous_fs_path(dir, l.token);
   const RendezvousClock::time_point deadline = deadline_after(timeout_s);
@@ -221,15 +247,7 @@ inline void rendezvous_fs_receive(const std::string& dir, const Launch& l, void*
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  RendezvousRecord r;
-  File f(path, "rb");
-  if (f.size() != (long)sizeof(r)) LLMC_FAIL("%s: not a rendezvous file (size %ld)", path.c_str(), f.size());
-  f.read(&r, sizeof(r), "the rendezvous id");
-  const std::string why = record_mismatch(r, l);
-  if (!why.empty()) {
-    LLMC_FAIL("%s: %s: start every process of a launch with the same -pn and -rt", path.c_str(), why.c_str());
-  }
-  memcpy(id, r.id, kRendezvousIdBytes);
+  rendezvous_fs_read(path, l, id);
 }
 
 // Rank 0, once every rank has joined: later launches must never find this id.
@@ -302,8 +320,7 @@ inline void rendezvous_tcp_serve(int port, const Launch& l, const void* id, doub
     RendezvousRecord hello;
     if (!socket_transfer(peer.fd(), &hello, sizeof(hello), false, peer_deadline)) continue;
     RendezvousRecord reply = make_record(l, id);
-    const bool accepted = record_mismatch(hello, l).empty() && (int)hello.rank > 0 &&
-                          (int)hello.rank < l.world && !joined.count((int)hello.rank);
+    const bool accepted = hello_accepted(hello, l, joined);
     reply.status = accepted ? 0 : 1;
     if (!accepted) memset(reply.id, 0, sizeof(reply.id));
     if (socket_transfer(peer.fd(), &reply, sizeof(reply), true, peer_deadline) && accepted) {
@@ -334,11 +351,11 @@ inline void rendezvous_tcp_receive(const std::string& host, int port, const Laun
       RendezvousRecord hello = make_record(l, nullptr), reply;
       if (socket_transfer(s.fd(), &hello, sizeof(hello), true, deadline) &&
           socket_transfer(s.fd(), &reply, sizeof(reply), false, deadline)) {
-        const std::string why = record_mismatch(reply, l);
-        if (reply.status != 0 || !why.empty()) {
+        const std::string why = reply_mismatch(reply, l);
+        if (!why.empty()) {
           LLMC_FAIL("-rv tcp:%s:%d: rank 0 there belongs to another launch or refused rank %d "
                     "(%s): start every rank with the same -pn and a new, shared -rt", host.c_str(),
-                    port, l.rank, why.empty() ? "duplicate rank or different token" : why.c_str());
+                    port, l.rank, why.c_str());
         }
         memcpy(id, reply.id, kRendezvousIdBytes);
         return;

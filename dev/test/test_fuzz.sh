@@ -205,6 +205,17 @@ def train_state(master, updates):
 seed("train_state", "master", train_state(True, 3))
 seed("train_state", "no_master", train_state(False, 0))
 
+# Rendezvous record for fuzz_rendezvous (4 processes, run token 1234.0.0; llmc/rendezvous.h):
+# uint32 magic "RDV1", process count, sender's rank, status; the token in 65 bytes, NUL-padded;
+# the 128-byte id; 3 bytes of padding.
+def rendezvous_record(rank, status, token=b"1234.0.0"):
+    return struct.pack("<4I65s128s3x", 0x52445631, 4, rank, status, token, bytes(range(128)))
+
+seed("rendezvous", "rank0", rendezvous_record(0, 0))
+seed("rendezvous", "hello_rank3", rendezvous_record(3, 0))
+seed("rendezvous", "refusal", rendezvous_record(0, 1))
+seed("rendezvous", "other_token", rendezvous_record(1, 0, token=b"1234.0.1"))
+
 # Outlier: a series of doubles, falling, with a spike, a NaN and an Inf.
 series = [3.0 + 5.0 / (1 + i) + 0.1 * math.sin(i) for i in range(48)]
 series[20], series[30], series[40] = 9.0, float("nan"), float("inf")
