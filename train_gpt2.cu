@@ -1071,6 +1071,23 @@ __device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T
   }
 }
 
+// Starts copying key/value tile j + 1 of [0, last] into the other buffer, then waits for tile j:
+// the copy of the next tile overlaps the products of this one.
+template <int HS>
+__device__ __forceinline__ void prefetch_next_kv_tile(floatX* k_s, floatX* v_s, const floatX* k_g,
+                                                      const floatX* v_g, size_t ld, int j, int last, int T) {
+  constexpr int kTile = kTileRows * (HS + kPad);
+  if (j < last) {
+    const int next = 1 - j % 2;
+    load_tile<HS, kTileRows>(k_s + next * kTile, k_g, ld, (j + 1) * kTileRows, T);
+    load_tile<HS, kTileRows>(v_s + next * kTile, v_g, ld, (j + 1) * kTileRows, T);
+    copy_async_commit();
+    copy_async_wait<1>();
+  } else {
+    copy_async_wait<0>();
+  }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
     floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
@@ -1098,14 +1115,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   for (int j = 0; j <= q_tile; j++) {
     const int buf = j % 2;
-    if (j < q_tile) {
-      load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
-      load_tile<HS, kTileRows>(v_s + (1 - buf) * kTile, v_g, ld, (j + 1) * kTileRows, T);
-      copy_async_commit();
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
+    prefetch_next_kv_tile<HS>(k_s, v_s, k_g, v_g, ld, j, q_tile, T);
     __syncthreads();
     if (j == 0) load_row_fragments<HS>(q_frag, q_s);
     float s[kTileRows / 8][4];
@@ -1307,14 +1317,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
   float dq[HS / 8][4] = {};
   for (int j = 0; j <= q_tile; j++) {
     const int buf = j % 2;
-    if (j < q_tile) {
-      load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
-      load_tile<HS, kTileRows>(v_s + (1 - buf) * kTile, v_g, ld, (j + 1) * kTileRows, T);
-      copy_async_commit();
-      copy_async_wait<1>();
-    } else {
-      copy_async_wait<0>();
-    }
+    prefetch_next_kv_tile<HS>(k_s, v_s, k_g, v_g, ld, j, q_tile, T);
     __syncthreads();
     if (j == 0) {
       load_row_fragments<HS>(q_frag, q_s);
