@@ -64,16 +64,14 @@ def run_logged(cmd, log_path, env=None):
     return text
 
 
-def parse_ours(text):
-    speed = re.search(r"average ([\d.]+) ms per step, (\d+) tok/s", text)
-    memory = re.search(r"peak memory: (\d+) MiB", text)
-    if not speed:
-        return None
-    return float(speed.group(1)), float(speed.group(2)), int(memory.group(1)) if memory else None
+# The summary line each program prints: ours, then the peer's; both capture ms/step and tokens/s.
+OURS_AVERAGE = r"average ([\d.]+) ms per step, (\d+) tok/s"
+PEER_AVERAGE = r"average over steps [\d-]+: ([\d.]+) ms \| MFU [\d.]+% \| (\d+) tok/s"
 
 
-def parse_peer(text):
-    speed = re.search(r"average over steps [\d-]+: ([\d.]+) ms \| MFU [\d.]+% \| (\d+) tok/s", text)
+def parse_run(text, average_pattern):
+    """(ms/step, tokens/s, peak MiB or None) from a program's output, or None without its summary."""
+    speed = re.search(average_pattern, text)
     memory = re.search(r"peak memory: (\d+) MiB", text)
     if not speed:
         return None
@@ -90,14 +88,14 @@ def run_ours(args, preset, B, shard, gpus, log_path):
         cmd = ["mpirun", "-np", str(gpus), "--allow-run-as-root", "--bind-to", "none"] + cmd
         env = dict(os.environ, NCCL_NVLS_ENABLE="0")
     text = run_logged(cmd, log_path, env)
-    return parse_ours(text) if text else None
+    return parse_run(text, OURS_AVERAGE) if text else None
 
 
 def run_peer(args, preset, B, log_path):
     cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--model", preset, "--batch_size", str(B),
            "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps)]
     text = run_logged(cmd, log_path)
-    return parse_peer(text) if text else None
+    return parse_run(text, PEER_AVERAGE) if text else None
 
 
 def fmt(value, pattern):

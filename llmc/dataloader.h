@@ -33,6 +33,13 @@ constexpr int kShardVersion = 1;
 constexpr int kShardHeaderInts = 256;
 constexpr long kShardHeaderBytes = kShardHeaderInts * 4;
 
+// Shards hold uint16 ids: a vocabulary (read from `source`) must fit them.
+inline void require_vocabulary_fits_shards(int vocab_size, const std::string& source) {
+  if (vocab_size > 65536) {
+    LLMC_FAIL("%s: %d tokens do not fit the shards' uint16 ids", source.c_str(), vocab_size);
+  }
+}
+
 // Writes a token shard (used by the data tools and the tests).
 inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   if (tokens.size() > (size_t)INT32_MAX) {

@@ -192,6 +192,15 @@ inline void make_dirs(const std::string& path) {
   }
 }
 
+// make_dirs, then a check that files can be written there, before any work is done; `flag`
+// names where the path came from.
+inline void make_writable_dirs(const std::string& path, const char* flag) {
+  make_dirs(path);
+  if (access(path.c_str(), W_OK) != 0) {
+    LLMC_FAIL("%s %s is not writable: %s", flag, path.c_str(), strerror(errno));
+  }
+}
+
 inline void* malloc_checked(size_t bytes, const char* what) {
   void* p = malloc(bytes);
   if (!p && bytes > 0) LLMC_FAIL("out of host memory allocating %zu bytes for %s", bytes, what);

@@ -6,7 +6,6 @@
 // --shard_size tokens: NAME_val_000000.bin, NAME_train_000000.bin, NAME_train_000001.bin, ...
 // With the defaults the val split is exactly the first shard, as in FineWeb's distribution.
 // Each input file is read into memory whole.
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -178,14 +177,8 @@ int run(int argc, char** argv) {
   // An unreadable input fails now, before any shard is written.
   for (const std::string& input : options.inputs) llmc::File(input, "rb");
   llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(options.encoder_dir);
-  if (encoder.vocab_size() > 65536) {
-    LLMC_FAIL("%s: %d tokens do not fit the shards' uint16 ids", options.encoder_dir.c_str(),
-              encoder.vocab_size());
-  }
-  llmc::make_dirs(options.output_dir);
-  if (access(options.output_dir.c_str(), W_OK) != 0) {
-    LLMC_FAIL("--output_dir %s is not writable: %s", options.output_dir.c_str(), strerror(errno));
-  }
+  llmc::require_vocabulary_fits_shards(encoder.vocab_size(), options.encoder_dir);
+  llmc::make_writable_dirs(options.output_dir, "--output_dir");
 
   ShardWriter val(options, "val");
   ShardWriter train(options, "train");

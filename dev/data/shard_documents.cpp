@@ -11,7 +11,6 @@
 // encoder (an encoder's cache is not shared), and written in input order.
 #include <glob.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
@@ -189,14 +188,8 @@ std::vector<std::string> read_batch(size_t first_document, bool* ended) {
 int run(int argc, char** argv) {
   const Options options = parse_options(argc, argv);
   const llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(options.encoder_dir);
-  if (encoder.vocab_size() > 65536) {
-    LLMC_FAIL("%s: %d tokens do not fit the shards' uint16 ids", options.encoder_dir.c_str(),
-              encoder.vocab_size());
-  }
-  llmc::make_dirs(options.output_dir);
-  if (access(options.output_dir.c_str(), W_OK) != 0) {
-    LLMC_FAIL("--output_dir %s is not writable: %s", options.output_dir.c_str(), strerror(errno));
-  }
+  llmc::require_vocabulary_fits_shards(encoder.vocab_size(), options.encoder_dir);
+  llmc::make_writable_dirs(options.output_dir, "--output_dir");
   require_no_shards(options);
 
   std::vector<llmc::BpeEncoder> encoders(options.threads, encoder);
