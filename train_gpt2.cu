@@ -171,6 +171,18 @@ __device__ __forceinline__ void store128(T* p, const Packed128<T>& v) {
   *reinterpret_cast<Packed128<T>*>(p) = v;
 }
 
+// 16 bytes global -> shared without passing through registers (cp.async, cached in L2 only);
+// with valid false nothing is read and the 16 bytes are filled with zeros.
+template <class T>
+__device__ __forceinline__ void copy_async_16(T* dst, const T* src, bool valid) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 __device__ __forceinline__ float warp_reduce_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
   return v;
@@ -263,30 +275,72 @@ constexpr int kRowBlocks = 256;
 
 __host__ __device__ inline int rows_per_block(int N) { return ceil_div(N, kRowBlocks); }
 
-// partials[block][c] = sum of inp[r][c] over the rows r of the block. grid (ceil(C/256), kRowBlocks)
+// partials[block][c] = sum of inp[r][c] over the rows r of the block, C a multiple of 8.
+// grid (ceil(C / 256), kRowBlocks), block (32, kColumnSumRowLanes): thread (x, y) reads 16-byte
+// pieces (8 columns) x of rows y, y + kColumnSumRowLanes, ... of the row block, four rows' loads in
+// flight at a time, and adds them in row order; the row lanes' sums are then added in lane order.
+constexpr int kColumnSumRowLanes = 8;
+
 __global__ void column_sum_partials_kernel(float* partials, const floatX* inp, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float lane_sums[kColumnSumRowLanes][x128::size][WARP_SIZE];
+  const int c = (blockIdx.x * WARP_SIZE + threadIdx.x) * x128::size;
   const int rpb = rows_per_block(N);
   const int r0 = blockIdx.y * rpb, r1 = min(N, r0 + rpb);
-  float sum = 0.0f;
-  for (int r = r0; r < r1; r++) sum += (float)inp[(size_t)r * C + c];
-  partials[(size_t)blockIdx.y * C + c] = sum;
+  float sum[x128::size] = {};
+  if (c < C) {
+    constexpr int kInFlight = 4;
+    int row = r0 + threadIdx.y;
+    for (; row + (kInFlight - 1) * kColumnSumRowLanes < r1; row += kInFlight * kColumnSumRowLanes) {
+      x128 v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; u++) v[u] = load128(inp + (size_t)(row + u * kColumnSumRowLanes) * C + c);
+#pragma unroll
+      for (int u = 0; u < kInFlight; u++) {
+        for (int k = 0; k < x128::size; k++) sum[k] += (float)v[u][k];
+      }
+    }
+    for (; row < r1; row += kColumnSumRowLanes) {
+      const x128 v = load128(inp + (size_t)row * C + c);
+      for (int k = 0; k < x128::size; k++) sum[k] += (float)v[k];
+    }
+  }
+  for (int k = 0; k < x128::size; k++) lane_sums[threadIdx.y][k][threadIdx.x] = sum[k];
+  __syncthreads();
+  // Thread t adds up piece t % 32's element t / 32 over the row lanes.
+  const int t = threadIdx.y * WARP_SIZE + threadIdx.x;
+  if (t >= x128::size * WARP_SIZE) return;
+  const int piece = t % WARP_SIZE, k = t / WARP_SIZE;
+  const int col = (blockIdx.x * WARP_SIZE + piece) * x128::size + k;
+  if (col >= C) return;
+  float total = 0.0f;
+  for (int y = 0; y < kColumnSumRowLanes; y++) total += lane_sums[y][k][piece];
+  partials[(size_t)blockIdx.y * C + col] = total;
 }
 
-// dst[c] = round(dst[c] + sum over blocks of partials[block * stride + c])
+// dst[c] = round(dst[c] + sum over blocks of partials[block * stride + c]). grid ceil(C / 32),
+// block (32, kColumnSumRowLanes): lane y adds blocks y, y + kColumnSumRowLanes, ... in order,
+// then the lanes' sums are added in lane order.
 __global__ void column_sum_finalize_kernel(floatX* dst, const float* partials, int stride, int C,
                                            uint32_t seed) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float lane_sums[kColumnSumRowLanes][WARP_SIZE];
+  const int c = blockIdx.x * WARP_SIZE + threadIdx.x;
   float sum = 0.0f;
-  for (int b = 0; b < kRowBlocks; b++) sum += partials[(size_t)b * stride + c];
-  dst[c] = round_stochastic((float)dst[c] + sum, seed, c);
+  if (c < C) {
+#pragma unroll 8
+    for (int b = threadIdx.y; b < kRowBlocks; b += kColumnSumRowLanes) sum += partials[(size_t)b * stride + c];
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  float total = 0.0f;
+  for (int y = 0; y < kColumnSumRowLanes; y++) total += lane_sums[y][threadIdx.x];
+  dst[c] = round_stochastic((float)dst[c] + total, seed, c);
 }
 
 void column_sum_finalize(floatX* dst, const float* partials, int stride, int C, uint32_t seed,
                          cudaStream_t stream) {
-  column_sum_finalize_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(dst, partials, stride, C, seed);
+  column_sum_finalize_kernel<<<ceil_div(C, WARP_SIZE), dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(
+      dst, partials, stride, C, seed);
   cudaCheckLaunch();
 }
 
@@ -505,19 +559,25 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean
 constexpr int kLayerNormBackwardWarps = 8;
 
 // grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
-// kLayerNormBackwardWarps * 2 * C floats. partials: [kRowBlocks][2C] (dweight, then dbias).
+// layernorm_backward_shared_bytes(C). partials: [kRowBlocks][2C] (dweight, then dbias).
 // Each lane keeps its CHUNKS 16-byte pieces of the row (C <= CHUNKS * 256 elements) in registers,
 // so dout, inp and dresidual are read once, all loads of a row in flight together.
+// Each warp accumulates dweight and dbias over its rows in its own shared-memory rows of
+// CHUNKS * 256 slots. Element k of lane `lane`'s chunk i lives in slot (i * 8 + k) * 32 + lane:
+// for each (i, k) the 32 lanes touch 32 consecutive words, one per bank. (Indexing the slots by
+// channel instead puts every fourth lane on the same bank: an 8-way conflict on each of the 32
+// shared-memory updates per chunk and row, which was most of this kernel's time.)
 template <int CHUNKS>
 __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
                                           const floatX* inp, const floatX* weight,
                                           const float* mean, const float* rstd, int N, int C) {
+  constexpr int kSlots = CHUNKS * WARP_SIZE * x128::size;
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  float* dweight_acc = shared + warp * 2 * C;
-  float* dbias_acc = dweight_acc + C;
-  for (int c = lane; c < 2 * C; c += WARP_SIZE) dweight_acc[c] = 0.0f;
-  __syncwarp();  // lanes zero one layout of the row and accumulate into another
+  float* dweight_acc = shared + warp * 2 * kSlots;
+  float* dbias_acc = dweight_acc + kSlots;
+  for (int j = lane; j < 2 * kSlots; j += WARP_SIZE) dweight_acc[j] = 0.0f;
+  __syncwarp();
   x128 w[CHUNKS];
 #pragma unroll
   for (int i = 0; i < CHUNKS; i++) {
@@ -544,14 +604,15 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
     for (int i = 0; i < CHUNKS; i++) {
       const int c = (i * WARP_SIZE + lane) * x128::size;
       if (c >= C) continue;
+#pragma unroll
       for (int k = 0; k < x128::size; k++) {
         const float norm = ((float)x[i][k] - m) * s;
         const float dnorm = (float)w[i][k] * (float)d[i][k];
         dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
-        // Each lane owns channels c..c+size-1 of its warp's accumulator row: no races.
-        dbias_acc[c + k] += (float)d[i][k];
-        dweight_acc[c + k] += norm * (float)d[i][k];
+        const int slot = (i * x128::size + k) * WARP_SIZE + lane;
+        dbias_acc[slot] += (float)d[i][k];
+        dweight_acc[slot] += norm * (float)d[i][k];
       }
     }
     const float dnorm_mean = warp_reduce_sum(dnorm_sum) / C;
@@ -570,10 +631,13 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+  // Add the warps' rows in warp order, slot by slot, and write each slot's channel.
+  for (int j = threadIdx.x; j < 2 * kSlots; j += blockDim.x) {
     float sum = 0.0f;
-    for (int w = 0; w < kLayerNormBackwardWarps; w++) sum += shared[w * 2 * C + c];
-    partials[(size_t)blockIdx.x * 2 * C + c] = sum;
+    for (int w = 0; w < kLayerNormBackwardWarps; w++) sum += shared[w * 2 * kSlots + j];
+    const int slot = j % kSlots, piece = slot / WARP_SIZE, slot_lane = slot % WARP_SIZE;
+    const int c = ((piece / x128::size) * WARP_SIZE + slot_lane) * x128::size + piece % x128::size;
+    if (c < C) partials[(size_t)blockIdx.x * 2 * C + (j < kSlots ? 0 : C) + c] = sum;
   }
 }
 
@@ -587,7 +651,8 @@ constexpr auto layernorm_backward_kernels(std::integer_sequence<int, I...>) {
 }
 
 size_t layernorm_backward_shared_bytes(int C) {
-  return (size_t)kLayerNormBackwardWarps * 2 * C * sizeof(float);
+  const int slots = ceil_div(C, WARP_SIZE * x128::size) * WARP_SIZE * x128::size;
+  return (size_t)kLayerNormBackwardWarps * 2 * slots * sizeof(float);
 }
 
 // dresidual += dx; dweight += sum(norm * dout); dbias += sum(dout). partials: kRowBlocks*2C floats.
@@ -733,8 +798,9 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
                      const floatX* pre_gelu, int N, int C, int OC, uint32_t seed,
                      cudaStream_t stream) {
   if (dbias) {
-    column_sum_partials_kernel<<<dim3(ceil_div(OC, 256), kRowBlocks), 256, 0, stream>>>(
-        partials, dout, N, OC);
+    REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
+    column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
+                                 dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
     cudaCheckLaunch();
     column_sum_finalize(dbias, partials, OC, OC, seed, stream);
   }
@@ -907,10 +973,12 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no permutes. The forward
 // keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward rebuilds each
 // probability exactly as the forward made it. The backward avoids atomics with two kernels: one
-// per key/value tile (dK, dV, looping over the query tiles at or below the diagonal) and one per
-// query tile (dQ, looping over the key tiles), so every sum has a fixed order. FLOPs (causal):
-// 2*B*NH*T*T*HS forward, 7/2 of that backward (S and dP are computed in both kernels); bytes:
-// qkv, out and their gradients once, plus the K/V (or Q/dO) tiles re-read by each block.
+// per key/value tile (dK, dV, looping over the query tiles at or below the diagonal), which also
+// writes each 64x64 tile of dS = P * (dP - rowsum(dO * O)) it forms to a scratch buffer, and one
+// per query tile (dQ = dS K, looping over the key tiles), so every sum has a fixed order. FLOPs
+// (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
+// once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once
+// (B*NH*T*T BF16 over the tiles at or below the diagonal).
 #if !defined(ENABLE_FP32)
 namespace flash {
 
@@ -967,6 +1035,46 @@ __device__ __forceinline__ void load_b_fragments_nk(uint32_t b[4], const floatX*
                : "r"(addr));
 }
 
+// The dS scratch holds, for each head, the 64x64 tiles (query tile i, key tile j <= i) in row
+// order of the lower triangle. A tile is dS^T (keys by queries) cut into 16x8 blocks, key block
+// major, each block's 16 rows of 8 queries contiguous: the C fragments of the dK/dV kernel's
+// dS^T are then stored as whole 128-byte lines, and each 8x8 matrix the dQ kernel loads with
+// ldmatrix is 128 contiguous bytes (no bank conflicts without padding).
+constexpr int kDsTileElements = kTileRows * kTileRows;
+
+__device__ __forceinline__ size_t ds_tile_offset(int bh, int i, int j, int tiles) {
+  return ((size_t)bh * (tiles * (tiles + 1) / 2) + i * (i + 1) / 2 + j) * kDsTileElements;
+}
+
+// Element (key row r of 16-key block kb, query column c of 8-query block qb) of a dS tile.
+__device__ __forceinline__ int ds_block_index(int kb, int qb, int r, int c) {
+  return ((kb * (kTileRows / 8) + qb) * 16 + r) * 8 + c;
+}
+
+// Stores a warp's 16 key rows of dS^T (C fragments over N query columns, starting at query
+// column q0 of the tile) into a dS tile.
+template <int N>
+__device__ __forceinline__ void store_ds_rows(floatX* tile, int q0, const float ds[N / 8][4]) {
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < N / 8; n++) {
+    const int qb = q0 / 8 + n;
+    *reinterpret_cast<uint32_t*>(tile + ds_block_index(warp, qb, g, 2 * t)) = pack_bf16x2(ds[n][0], ds[n][1]);
+    *reinterpret_cast<uint32_t*>(tile + ds_block_index(warp, qb, g + 8, 2 * t)) = pack_bf16x2(ds[n][2], ds[n][3]);
+  }
+}
+
+// The A fragment of dS (queries 16w..16w+15 by keys 16kk..16kk+15) from a dS tile in shared
+// memory: ldmatrix transposes the stored dS^T 8x8 matrices on the way.
+__device__ __forceinline__ void load_ds_a_fragment(uint32_t a[4], const floatX* tile, int kk) {
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, matrix = lane / 8;
+  const floatX* row = tile + ds_block_index(kk, 2 * warp + matrix % 2, (matrix / 2) * 8 + lane % 8, 0);
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
 // B fragments of the product with a row-major [k][n] tile at `tile` (16 k rows, 16 n columns):
 // b[0], b[1] for columns 0-7 and b[2], b[3] for columns 8-15 (ldmatrix transposes on the way).
 __device__ __forceinline__ void load_b_fragments_kn(uint32_t b[4], const floatX* tile, int stride) {
@@ -975,17 +1083,6 @@ __device__ __forceinline__ void load_b_fragments_kn(uint32_t b[4], const floatX*
                : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(addr));
 }
-
-// 16 bytes global -> shared without passing through registers; rows past the end read nothing
-// and are filled with zeros.
-__device__ __forceinline__ void copy_async_16(floatX* dst, const floatX* src, bool valid) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into shared memory.
 template <int HS, int ROWS>
@@ -1171,23 +1268,28 @@ __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
 }
 
 // d[b, h, t] = sum over the head's channels of dout * out: the rowwise term of the softmax
-// gradient, computed once for both backward kernels. One warp per (b, t, h).
+// gradient, computed once for both backward kernels. HS/8 lanes per (b, t, h) row, each with one
+// 16-byte piece of dout and of out, then a fixed shuffle tree over those lanes.
 template <int HS>
 __global__ void attention_backward_flash_dot_kernel(float* d, const floatX* dout, const floatX* out,
                                                     int B, int T, int NH) {
-  const size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
-  if (w >= (size_t)B * T * NH) return;
-  const int lane = threadIdx.x % WARP_SIZE, h = w % NH;
-  const size_t bt = w / NH;
-  const floatX* x = dout + w * HS;
-  const floatX* y = out + w * HS;
+  constexpr int kLanes = HS / x128::size;
+  const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t w = thread / kLanes, rows = (size_t)B * T * NH;
+  const int piece = thread % kLanes;
   float sum = 0.0f;
-  for (int i = 2 * lane; i < HS; i += 2 * WARP_SIZE) {
-    sum += (float)x[i] * (float)y[i] + (float)x[i + 1] * (float)y[i + 1];
+  if (w < rows) {  // the lanes past the end still take part in the shuffles
+    const x128 x = load128(dout + w * HS + piece * x128::size);
+    const x128 y = load128(out + w * HS + piece * x128::size);
+    for (int k = 0; k < x128::size; k++) sum += (float)x[k] * (float)y[k];
   }
-  sum = warp_reduce_sum(sum);
-  const int b = bt / T, t = bt % T;
-  if (lane == 0) d[((size_t)b * NH + h) * T + t] = sum;
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (piece == 0 && w < rows) {
+    const int h = w % NH;
+    const size_t bt = w / NH;
+    const int b = bt / T, t = bt % T;
+    d[((size_t)b * NH + h) * T + t] = sum;
+  }
 }
 
 // Query tile i of the dK/dV kernel: the q and dout rows (row strides 3C and C) and their lse
@@ -1210,8 +1312,8 @@ __device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float
 // the probabilities P^T are in the layout that multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel(
-    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* dot, int T,
-    int NH, float scale_log2, float scale) {
+    floatX* dqkv, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
+    const float* dot, int T, int NH, float scale_log2, float scale) {
   constexpr int kQRows = dkdv_query_rows<HS>(), kStride = HS + kPad;
   constexpr int kKTile = kTileRows * kStride, kQTile = kQRows * kStride;
   extern __shared__ __align__(16) unsigned char flash_smem[];
@@ -1274,6 +1376,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
         dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
       }
     }
+    store_ds_rows<kQRows>(ds + ds_tile_offset(bh, i * kQRows / kTileRows, kv_tile, gridDim.x),
+                          i * kQRows % kTileRows, dp);
     accumulate_product<HS, kQRows>(dv, p, do_tile);
     accumulate_product<HS, kQRows>(dk, dp, q_tile);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
@@ -1283,59 +1387,54 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
   store_rows<HS>(dk_g + C, ld, kv0 + warp * 16, T, dv, 1.0f, 1.0f);
 }
 
-// dQ of one 64-row query tile, looping over the key tiles at or below the diagonal.
+// A dS tile (8 KiB, contiguous) global -> shared.
+__device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
+  for (int i = threadIdx.x; i < kDsTileElements / 8; i += kThreads) copy_async_16(dst + i * 8, src + i * 8, true);
+}
+
+// dQ = dS K of one 64-row query tile, looping over the key tiles at or below the diagonal with
+// the dS tiles the dK/dV kernel wrote.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
-    floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* dot, int T,
-    int NH, float scale_log2, float scale) {
+    floatX* dqkv, const floatX* qkv, const floatX* ds, int T, int NH, float scale) {
   constexpr int kStride = HS + kPad, kTile = kTileRows * kStride;
   extern __shared__ __align__(16) unsigned char flash_smem[];
-  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
-  floatX* do_s = q_s + kTile;
-  floatX* k_s = do_s + kTile;     // two buffers
-  floatX* v_s = k_s + 2 * kTile;  // two buffers
+  floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // two buffers
+  floatX* ds_s = k_s + 2 * kTile;                        // two buffers
   const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  const int g = lane / 4, t = lane % 4, q0 = q_tile * kTileRows;
+  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, q0 = q_tile * kTileRows;
   const size_t ld = 3 * (size_t)C;
-  const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
-  const floatX* k_g = q_g + C;
-  const floatX* v_g = q_g + 2 * C;
-  const floatX* do_g = dout + (size_t)b * T * C + h * HS;
-  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  float row_lse[2], row_dot[2];
-  for (int r = 0; r < 2; r++) {
-    row_lse[r] = row[r] < T ? lse[(size_t)bh * T + row[r]] : 0.0f;
-    row_dot[r] = row[r] < T ? dot[(size_t)bh * T + row[r]] : 0.0f;
-  }
-  load_tile<HS, kTileRows>(q_s, q_g, ld, q0, T);
-  load_tile<HS, kTileRows>(do_s, do_g, C, q0, T);
+  const floatX* k_g = qkv + (size_t)b * T * ld + C + h * HS;
+  const floatX* ds_g = ds + ds_tile_offset(bh, q_tile, 0, gridDim.x);  // tiles j = 0..q_tile follow
   load_tile<HS, kTileRows>(k_s, k_g, ld, 0, T);
-  load_tile<HS, kTileRows>(v_s, v_g, ld, 0, T);
+  load_ds_tile(ds_s, ds_g);
   copy_async_commit();
-  uint32_t q_frag[HS / 16][4], do_frag[HS / 16][4];
   float dq[HS / 8][4] = {};
   for (int j = 0; j <= q_tile; j++) {
     const int buf = j % 2;
-    prefetch_next_kv_tile<HS>(k_s, v_s, k_g, v_g, ld, j, q_tile, T);
-    __syncthreads();
-    if (j == 0) {
-      load_row_fragments<HS>(q_frag, q_s);
-      load_row_fragments<HS>(do_frag, do_s);
+    if (j < q_tile) {
+      load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
+      load_ds_tile(ds_s + (1 - buf) * kDsTileElements, ds_g + (size_t)(j + 1) * kDsTileElements);
+      copy_async_commit();
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
     }
-    float p[kTileRows / 8][4], dp[kTileRows / 8][4];
-    multiply_by_rows<HS, kTileRows>(p, q_frag, k_s + buf * kTile);
-    multiply_by_rows<HS, kTileRows>(dp, do_frag, v_s + buf * kTile);
+    __syncthreads();
+    const floatX* ds_tile = ds_s + buf * kDsTileElements;
+    const floatX* k_tile = k_s + buf * kTile;
 #pragma unroll
-    for (int n = 0; n < kTileRows / 8; n++) {
+    for (int kk = 0; kk < kTileRows / 16; kk++) {
+      uint32_t a[4];
+      load_ds_a_fragment(a, ds_tile, kk);
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int col = j * kTileRows + n * 8 + 2 * t + (e % 2), r = e / 2;
-        const float prob = j < q_tile || col <= row[r] ? exp2f(p[n][e] * scale_log2 - row_lse[r]) : 0.0f;
-        dp[n][e] = prob * (dp[n][e] - row_dot[r]);
+      for (int dn = 0; dn < HS / 16; dn++) {
+        uint32_t bf[4];
+        load_b_fragments_kn(bf, k_tile + kk * 16 * kStride + dn * 16, kStride);
+        mma_16816(dq[2 * dn], a, bf[0], bf[1]);
+        mma_16816(dq[2 * dn + 1], a, bf[2], bf[3]);
       }
     }
-    accumulate_product<HS, kTileRows>(dq, dp, k_s + buf * kTile);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
   store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
@@ -1349,7 +1448,9 @@ constexpr size_t dkdv_smem_bytes() {
          4 * dkdv_query_rows<HS>() * sizeof(float);
 }
 template <int HS>
-constexpr size_t dq_smem_bytes() { return 6 * kTileRows * (HS + kPad) * sizeof(floatX); }
+constexpr size_t dq_smem_bytes() {
+  return 2 * (kTileRows * (HS + kPad) + kDsTileElements) * sizeof(floatX);
+}
 
 // Raises each kernel's dynamic shared-memory limit once (above 48 KiB needs an opt-in).
 template <int HS>
@@ -1376,20 +1477,21 @@ void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, c
 }
 
 template <int HS>
-void backward(floatX* dqkv, float* scratch_dot, const floatX* dout, const floatX* qkv,
-              const floatX* out, const float* lse, int B, int T, int NH, cudaStream_t stream) {
+void backward(floatX* dqkv, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
+              const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH,
+              cudaStream_t stream) {
   set_smem_limits<HS>();
-  const size_t warps = (size_t)B * T * NH;
-  attention_backward_flash_dot_kernel<HS><<<ceil_div(warps * WARP_SIZE, 256), 256, 0, stream>>>(
+  const size_t dot_threads = (size_t)B * T * NH * (HS / x128::size);
+  attention_backward_flash_dot_kernel<HS><<<ceil_div(dot_threads, 256), 256, 0, stream>>>(
       scratch_dot, dout, out, B, T, NH);
   cudaCheckLaunch();
   const float scale = (float)(1.0 / sqrt((double)HS)), scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
   attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
-      dqkv, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+      dqkv, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
   cudaCheckLaunch();
   attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-      dqkv, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+      dqkv, qkv, scratch_ds, T, NH, scale);
   cudaCheckLaunch();
 }
 
@@ -1420,18 +1522,24 @@ void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, 
 #endif
 }
 
+// Elements of the flash backward's dS scratch: the 64x64 tiles at or below the diagonal.
+size_t attention_flash_ds_count(int B, int T, int NH) {
+  const size_t tiles = ceil_div(T, 64);
+  return (size_t)B * NH * (tiles * (tiles + 1) / 2) * 64 * 64;
+}
+
 // dqkv [B, T, 3C] from dout [B, T, C], with the forward's qkv, out and lse; scratch_dot holds
-// B*NH*T floats.
-void attention_backward_flash(floatX* dqkv, float* scratch_dot, const floatX* dout, const floatX* qkv,
-                              const floatX* out, const float* lse, int B, int T, int C, int NH,
-                              cudaStream_t stream) {
+// B*NH*T floats, scratch_ds attention_flash_ds_count(B, T, NH) elements.
+void attention_backward_flash(floatX* dqkv, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
+                              const floatX* qkv, const floatX* out, const float* lse, int B, int T,
+                              int C, int NH, cudaStream_t stream) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
 #if !defined(ENABLE_FP32)
-  if (HS == 64) flash::backward<64>(dqkv, scratch_dot, dout, qkv, out, lse, B, T, NH, stream);
-  else flash::backward<128>(dqkv, scratch_dot, dout, qkv, out, lse, B, T, NH, stream);
+  if (HS == 64) flash::backward<64>(dqkv, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
+  else flash::backward<128>(dqkv, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
 #else
-  (void)dqkv, (void)scratch_dot, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)stream;
+  (void)dqkv, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)stream;
 #endif
 }
 
@@ -1491,11 +1599,15 @@ void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t 
 // One block per row of logits [N, Vp]: softmax over the first V columns (the padding is not part
 // of the vocabulary), loss = logsumexp - logit[target] into losses[row], and, when dloss != 0,
 // the logits are overwritten in place by dlogits = (softmax - onehot(target)) * dloss, zero in
-// the padding. Only one logits-sized buffer ever exists. Each thread keeps a running (max, sum)
-// over its columns in a fixed order, combined in a fixed tree: deterministic. Floor: read and
-// write N*Vp once (the row is re-read from L2 for the gradient).
+// the padding. Only one logits-sized buffer ever exists. The row is copied into shared memory
+// (cp.async: no registers held), so two blocks per SM keep one row in flight while the other
+// computes. Each thread takes its 16-byte pieces in turn: the piece's max, the running sum
+// rescaled when the max grows, the piece's exponentials; the block then merges the threads'
+// (max, sum) pairs in a fixed tree: deterministic, and two exponentials per logit. Floors: read
+// and write N*Vp once; about ten instructions per logit.
 
-constexpr int kClassifierThreads = 1024;
+constexpr int kClassifierThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Merges running softmax statistics (max m, sum of exp(x - m)) across a warp in a fixed tree.
 __device__ __forceinline__ void warp_reduce_max_sum(float& m, float& s) {
@@ -1508,23 +1620,57 @@ __device__ __forceinline__ void warp_reduce_max_sum(float& m, float& s) {
   }
 }
 
-__global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets, int V,
-                                        int Vp, float dloss) {
+// 2^x in one instruction (MUFU.EX2). Results below 2^-126 flush to zero, which a probability
+// summed in FP32 never notices; exp2f would add a denormal-range fix-up around it.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Folds the 8 (or 4) logits of one 16-byte piece into a thread's running (max m, sum s).
+__device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, const float f[x128::size]) {
+  float piece_max = f[0];
+#pragma unroll
+  for (int k = 1; k < x128::size; k++) piece_max = fmaxf(piece_max, f[k]);
+  if (piece_max > m) {
+    s *= exp2_ftz((m - piece_max) * kLog2e);
+    m = piece_max;
+  }
+  const float m_log2 = m * kLog2e;
+#pragma unroll
+  for (int k = 0; k < x128::size; k++) s += exp2_ftz(fmaf(f[k], kLog2e, -m_log2));
+}
+
+// Dynamic shared memory: one row, Vp elements.
+__global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss) {
+  extern __shared__ __align__(16) unsigned char classifier_shared[];
+  floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
   __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
   const size_t row = blockIdx.x;
   floatX* x = logits + row * Vp;
+  constexpr int kStep = kClassifierThreads * x128::size;
+  for (int col = threadIdx.x * x128::size; col < Vp; col += kStep) copy_async_16(row_s + col, x + col, true);
+  copy_async_commit();
   const int target = targets[row];
-  // Read before any thread can overwrite the row with gradients below.
-  const float target_logit = (float)x[target];
+  copy_async_wait<0>();
+  __syncthreads();
+  // Whole pieces below V first; then at most one piece straddles V and needs per-column checks.
   float m = -FLT_MAX, s = 0.0f;
-  for (int i = threadIdx.x * x128::size; i < Vp; i += blockDim.x * x128::size) {
-    const x128 v = load128(x + i);
-    for (int k = 0; k < x128::size && i + k < V; k++) {
-      const float f = (float)v[k];
-      const float new_m = fmaxf(m, f);
-      s = s * expf(m - new_m) + expf(f - new_m);
-      m = new_m;
-    }
+  int col = threadIdx.x * x128::size;
+  for (; col + x128::size <= V; col += kStep) {
+    const x128 v = load128(row_s + col);
+    float f[x128::size];
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) f[k] = (float)v[k];
+    softmax_accumulate_piece(m, s, f);
+  }
+  if (col < V) {
+    const x128 v = load128(row_s + col);
+    float f[x128::size];
+    for (int k = 0; k < x128::size; k++) f[k] = col + k < V ? (float)v[k] : -FLT_MAX;  // exp -> 0
+    softmax_accumulate_piece(m, s, f);
   }
   // Combine the per-thread (max, sum) pairs: a warp tree, then warp 0 over the warps.
   const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -1534,22 +1680,32 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
     shared_sum[warp] = s;
   }
   __syncthreads();
-  const int num_warps = blockDim.x / WARP_SIZE;
-  m = lane < num_warps ? shared_max[lane] : -FLT_MAX;
-  s = lane < num_warps ? shared_sum[lane] : 0.0f;
+  constexpr int kWarps = kClassifierThreads / WARP_SIZE;
+  m = lane < kWarps ? shared_max[lane] : -FLT_MAX;
+  s = lane < kWarps ? shared_sum[lane] : 0.0f;
   warp_reduce_max_sum(m, s);
-  if (threadIdx.x == 0) losses[row] = logf(s) + m - target_logit;
+  if (threadIdx.x == 0) losses[row] = logf(s) + m - (float)row_s[target];
   if (dloss == 0.0f) return;
-  const float inv_s = 1.0f / s;
-  for (int i = threadIdx.x * x128::size; i < Vp; i += blockDim.x * x128::size) {
-    x128 v = load128(x + i);
-    for (int k = 0; k < x128::size; k++) {
-      const int col = i + k;
-      const float p = col < V ? expf((float)v[k] - m) * inv_s : 0.0f;
-      const float indicator = col == target ? 1.0f : 0.0f;
-      v[k] = (floatX)((p - indicator) * dloss);
+  // dlogits = softmax * dloss everywhere, then the target's column gets (softmax - 1) * dloss from
+  // the thread that wrote its piece (so the two stores are in program order).
+  const float row_max_log2 = m * kLog2e, scale = dloss / s;
+  for (col = threadIdx.x * x128::size; col < Vp; col += kStep) {
+    const x128 v = load128(row_s + col);
+    x128 d;
+    if (col + x128::size <= V) {
+#pragma unroll
+      for (int k = 0; k < x128::size; k++) d[k] = (floatX)(exp2_ftz(fmaf((float)v[k], kLog2e, -row_max_log2)) * scale);
+    } else {
+#pragma unroll
+      for (int k = 0; k < x128::size; k++) {
+        d[k] = (floatX)(col + k < V ? exp2_ftz(fmaf((float)v[k], kLog2e, -row_max_log2)) * scale : 0.0f);
+      }
     }
-    store128(x + i, v);
+    store128(x + col, d);
+    if (target >= col && target < col + x128::size) {
+      const float p = exp2_ftz(fmaf((float)row_s[target], kLog2e, -row_max_log2)) / s;
+      x[target] = (floatX)((p - 1.0f) * dloss);
+    }
   }
 }
 
@@ -1557,8 +1713,20 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
 void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
                       float dloss, cudaStream_t stream) {
   REQUIRE(Vp % x128::size == 0, "fused_classifier: Vp=%d must be a multiple of %d", Vp, x128::size);
-  fused_classifier_kernel<<<N, kClassifierThreads, 0, stream>>>(logits, losses, targets, V, Vp,
-                                                               dloss);
+  static int max_shared = 0;
+  if (max_shared == 0) {
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  }
+  const size_t shared = (size_t)Vp * sizeof(floatX);
+  REQUIRE(shared <= (size_t)max_shared,
+          "fused_classifier: a row of the padded vocabulary (%d) needs %zu bytes of shared memory, "
+          "above this GPU's %d", Vp, shared, max_shared);
+  cudaCheck(cudaFuncSetAttribute(fused_classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shared));
+  fused_classifier_kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp,
+                                                                     dloss);
   cudaCheckLaunch();
 }
 
@@ -1727,6 +1895,7 @@ struct GPT2 {
   floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward (GEMM attention)
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
+  floatX* attention_ds = nullptr;    // the flash backward's dS tiles
   float* partials = nullptr;         // kRowBlocks * 4C column-reduction partials
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
@@ -1822,6 +1991,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
   m.flash_attention = attention_flash_supported(C / c.num_heads);
   if (m.flash_attention) {
     m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
+    m.attention_ds = device_alloc<floatX>(attention_flash_ds_count(B, T, c.num_heads),
+                                          "the attention score-gradient scratch");
   } else {
     m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
     m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
@@ -1841,7 +2012,7 @@ void gpt2_free(GPT2& m) {
   for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.master, (void*)m.adam_m,
                   (void*)m.adam_v, (void*)m.act_memory, (void*)m.scratch_btc,
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
-                  (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.partials, (void*)m.norm_partials,
+                  (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions}) {
     device_free(p);
@@ -1959,7 +2130,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
                     m.partials, m.dresidual, m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr,
                     N, C, C, next_seed(), s);
     if (m.flash_attention) {
-      attention_backward_flash(m.scratch_bt4c, m.attention_dot, m.scratch_btc, m.act(kQkvr, l),
+      attention_backward_flash(m.scratch_bt4c, m.attention_dot, m.attention_ds, m.scratch_btc, m.act(kQkvr, l),
                                m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH, s);
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,

@@ -29,6 +29,7 @@ void bench(const BenchShape& s) {
   }
   DeviceArray<floatX> out(n), dqkv(3 * n);
   DeviceArray<float> lse(n_lse), dot(n_lse);
+  DeviceArray<floatX> ds(attention_flash_ds_count(s.B, s.T, s.NH));
   cudaEvent_t start, mid, end;
   cudaCheck(cudaEventCreate(&start));
   cudaCheck(cudaEventCreate(&mid));
@@ -39,7 +40,7 @@ void bench(const BenchShape& s) {
     cudaCheck(cudaEventRecord(start));
     attention_forward_flash(out, lse, *qkv[k], s.B, s.T, C, s.NH, 0);
     cudaCheck(cudaEventRecord(mid));
-    attention_backward_flash(dqkv, dot, *dout[k], *qkv[k], out, lse, s.B, s.T, C, s.NH, 0);
+    attention_backward_flash(dqkv, dot, ds, *dout[k], *qkv[k], out, lse, s.B, s.T, C, s.NH, 0);
     cudaCheck(cudaEventRecord(end));
     cudaCheck(cudaEventSynchronize(end));
     if (rep < 3) continue;  // warm-up

@@ -143,9 +143,11 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
   DeviceArray<floatX> d_dout(dout), dqkv(3 * n);
   DeviceArray<float> dot(n_lse);
+  DeviceArray<floatX> ds(attention_flash_ds_count(B, T, NH));
   auto backward = [&] {
     dqkv.poison();
-    attention_backward_flash(dqkv, dot, d_dout, d_qkv, out, lse, B, T, C, NH, 0);
+    ds.poison();
+    attention_backward_flash(dqkv, dot, ds, d_dout, d_qkv, out, lse, B, T, C, NH, 0);
   };
   backward();
   std::vector<float> ref_dqkv(3 * n, 0.0f);
