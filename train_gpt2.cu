@@ -183,6 +183,14 @@ __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.com
 template <int N>
 __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// 2^x in one instruction (MUFU.EX2). Results below 2^-126 flush to zero, which a softmax
+// probability summed in FP32 never notices; exp2f adds a denormal-range fix-up around it.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float warp_reduce_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
   return v;
@@ -1236,7 +1244,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max);
-      const float correction = exp2f(row_max[r] - new_max);
+      const float correction = exp2_ftz(row_max[r] - new_max);
       row_max[r] = new_max;
       row_sum[r] *= correction;
 #pragma unroll
@@ -1248,7 +1256,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
       for (int n = 0; n < kTileRows / 8; n++) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-          const float p = exp2f(s[n][2 * r + e] - new_max);
+          const float p = exp2_ftz(s[n][2 * r + e] - new_max);
           s[n][2 * r + e] = p;
           row_sum[r] += p;
         }
@@ -1371,7 +1379,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
       for (int e = 0; e < 4; e++) {
         const int c = n * 8 + 2 * t + (e % 2), q = i * kQRows + c;
         const bool visible = !on_diagonal || q >= kv_row[e / 2];
-        const float prob = visible ? exp2f(p[n][e] * scale_log2 - lse_tile[c]) : 0.0f;
+        const float prob = visible ? exp2_ftz(p[n][e] * scale_log2 - lse_tile[c]) : 0.0f;
         p[n][e] = prob;
         dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
       }
@@ -1618,14 +1626,6 @@ __device__ __forceinline__ void warp_reduce_max_sum(float& m, float& s) {
     s = s * expf(m - new_m) + os * expf(om - new_m);
     m = new_m;
   }
-}
-
-// 2^x in one instruction (MUFU.EX2). Results below 2^-126 flush to zero, which a probability
-// summed in FP32 never notices; exp2f would add a denormal-range fix-up around it.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Folds the 8 (or 4) logits of one 16-byte piece into a thread's running (max m, sum s).
