@@ -69,10 +69,10 @@ zero_test() {
   local build binary tol extra
   for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
     IFS=: read -r binary tol extra <<< "$build"
-    check "${binary}_zs0_noclip" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 -gc 0 $extra
+    check "${binary}_zs0_noclip" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 -gc 0 -zs 0 $extra
     check "${binary}_zs1_noclip" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 -gc 0 -zs 1 $extra
     check "${binary}_zero_identical" same_steps "$out/${binary}_zs0_noclip.log" "$out/${binary}_zs1_noclip.log" no-norm
-    check "${binary}_zs0_clip" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 $extra
+    check "${binary}_zs0_clip" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 -zs 0 $extra
     check "${binary}_zs1_clip" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 -zs 1 $extra
     check "${binary}_zero_close" losses_close "$out/${binary}_zs0_clip.log" "$out/${binary}_zs1_clip.log" "$tol"
   done
