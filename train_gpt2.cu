@@ -985,8 +985,8 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // writes each 64x64 tile of dS = P * (dP - rowsum(dO * O)) it forms to a scratch buffer, and one
 // per query tile (dQ = dS K, looping over the key tiles), so every sum has a fixed order. FLOPs
 // (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
-// once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once
-// (B*NH*T*T BF16 over the tiles at or below the diagonal).
+// once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64
+// tiles at or below the diagonal: about B*NH*T*T/2 BF16 values).
 #if !defined(ENABLE_FP32)
 namespace flash {
 
