@@ -1131,22 +1131,29 @@ __device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32
   }
 }
 
+// acc[HS/8][4] += a (one 16x16 A fragment) times 16 rows of a row-major [K][HS] shared tile.
+template <int HS>
+__device__ __forceinline__ void accumulate_fragment(float acc[HS / 8][4], const uint32_t a[4],
+                                                    const floatX* rows) {
+  constexpr int kStride = HS + kPad;
+#pragma unroll
+  for (int dn = 0; dn < HS / 16; dn++) {
+    uint32_t b[4];
+    load_b_fragments_kn(b, rows + dn * 16, kStride);
+    mma_16816(acc[2 * dn], a, b[0], b[1]);
+    mma_16816(acc[2 * dn + 1], a, b[2], b[3]);
+  }
+}
+
 // acc[HS/8][4] += p (16 x K, score C fragments) times the row-major [K][HS] tile.
 template <int HS, int K>
 __device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const float p[K / 8][4],
                                                    const floatX* tile) {
-  constexpr int kStride = HS + kPad;
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
     uint32_t a[4];
     scores_to_a_fragment(a, p[2 * kk], p[2 * kk + 1]);
-#pragma unroll
-    for (int dn = 0; dn < HS / 16; dn++) {
-      uint32_t b[4];
-      load_b_fragments_kn(b, tile + kk * 16 * kStride + dn * 16, kStride);
-      mma_16816(acc[2 * dn], a, b[0], b[1]);
-      mma_16816(acc[2 * dn + 1], a, b[2], b[3]);
-    }
+    accumulate_fragment<HS>(acc, a, tile + kk * 16 * (HS + kPad));
   }
 }
 
@@ -1435,13 +1442,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     for (int kk = 0; kk < kTileRows / 16; kk++) {
       uint32_t a[4];
       load_ds_a_fragment(a, ds_tile, kk);
-#pragma unroll
-      for (int dn = 0; dn < HS / 16; dn++) {
-        uint32_t bf[4];
-        load_b_fragments_kn(bf, k_tile + kk * 16 * kStride + dn * 16, kStride);
-        mma_16816(dq[2 * dn], a, bf[0], bf[1]);
-        mma_16816(dq[2 * dn + 1], a, bf[2], bf[3]);
-      }
+      accumulate_fragment<HS>(dq, a, k_tile + kk * 16 * kStride);
     }
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
