@@ -27,8 +27,10 @@ else
   $(error PRECISION must be BF16 or FP32, not '$(PRECISION)')
 endif
 
-NVCC_FLAGS = -O3 -std=c++17 -lineinfo --expt-relaxed-constexpr \
-  -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY) \
+# Hopper (compute capability 90) builds for sm_90a: the flash attention kernels use its wgmma.
+GPU_ARCH = $(GPU_COMPUTE_CAPABILITY)$(if $(filter 90,$(GPU_COMPUTE_CAPABILITY)),a)
+GENCODE = -gencode arch=compute_$(GPU_ARCH),code=sm_$(GPU_ARCH)
+NVCC_FLAGS = -O3 -std=c++17 -lineinfo --expt-relaxed-constexpr $(GENCODE) \
   -Xcompiler -fopenmp -Xcompiler -Wall
 NVCC_LDLIBS = -lcublas -lcublasLt -lnccl -lgomp
 
@@ -59,7 +61,7 @@ CUDA_TARGETS = train_gpt2cu test_gpt2cu profile_gpt2cu train_gpt2fp32cu test_gpt
 
 all: cpu
 cpu: train_gpt2 test_gpt2 $(UNIT_TESTS) $(TOOLS)
-cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/bench_attention
+cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/test_attention_mma_sync $(BUILD)/bench_attention
 
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
 	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
@@ -96,6 +98,12 @@ test_gpt2fp32cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
 KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h $(LLMC_HEADERS) dev/test/testing.h
 
 $(BUILD)/test_%: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+
+# The flash kernels' mma.sync path (GPUs before Hopper), which any GPU can test: the same test
+# built for the plain compute capability, without sm_90a's wgmma.
+$(BUILD)/test_attention_mma_sync: GENCODE = -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY)
+$(BUILD)/test_attention_mma_sync: dev/cuda/test_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
 
 # Flash attention timings (BF16 only: the flash kernels are not built in FP32).

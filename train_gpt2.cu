@@ -976,8 +976,8 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 
 // ---- Flash attention (BF16 builds, head size 64 or 128) ----
 // The same causal attention without the T x T matrix: each block takes 64 query rows (16 per
-// warp) against 64-row key/value tiles through BF16 tensor-core MMAs (m16n8k16, FP32
-// accumulation), with an online softmax in registers. q, k, v are read straight from qkv
+// warp) against 64-row key/value tiles through BF16 tensor-core MMAs (wgmma on Hopper, mma.sync
+// m16n8k16 elsewhere; FP32 accumulation), with an online softmax in registers. q, k, v are read straight from qkv
 // [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no permutes. The forward
 // keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward rebuilds each
 // probability exactly as the forward made it. The backward avoids atomics with two kernels: one
@@ -992,20 +992,147 @@ namespace flash {
 
 constexpr int kThreads = 128;  // 4 warps, each owning 16 rows of the block's 64-row tile
 constexpr int kTileRows = 64;
-// Shared-memory rows are padded by 16 bytes: the 8 rows a fragment load touches then start in 8
-// different 4-bank groups, so neither 32-bit loads nor ldmatrix conflict.
-constexpr int kPad = 8;
 
 // Query rows per iteration of the dK/dV kernel: 32 at head size 128 keeps its accumulators
 // (dK and dV, 16 x HS each per warp) and score tiles within the register file.
 template <int HS>
 constexpr int dkdv_query_rows() { return HS == 64 ? 64 : 32; }
 
+// Hopper builds (sm_90a) multiply through wgmma, the warpgroup's asynchronous MMA: the block's 4
+// warps issue one m64nNk16 product together, A from registers (the same fragments mma.sync
+// takes), B read by the tensor cores straight from a shared-memory tile. Other GPUs use mma.sync
+// with B fragments loaded by ldmatrix. Both read the same tile layout, and both keep each warp's
+// 16 rows of a result as mma.sync C fragments, so the softmax code is shared.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASH_WGMMA 1
+#else
+#define FLASH_WGMMA 0
+#endif
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Shared-memory tiles of R rows by HS columns are made of 1024-byte atoms of 8 rows by 64
+// columns, 8-row group major, in which 16-byte piece p of row r sits at piece p ^ r: wgmma's
+// 128-byte swizzle, which it reads as a K-major operand (rows of an [N][K] tile) or an MN-major
+// one (rows of a [K][N] tile). The 8 rows of any 8x8 matrix fall in 8 different bank groups, so
+// neither the row-wise 16-byte copies into a tile nor ldmatrix conflict.
+template <int HS>
+__device__ __forceinline__ int tile_offset(int r, int c) {
+  return (r / 8) * 8 * HS + (c / 64) * 512 + (r % 8) * 64 + (((c % 64) / 8) ^ (r % 8)) * 8 + c % 8;
+}
+
+// rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into a tile.
+template <int HS, int ROWS>
+__device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, size_t ld, int r0, int T) {
+  constexpr int kChunks = HS / 8;
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const bool valid = r0 + r < T;
+    copy_async_16(dst + tile_offset<HS>(r, c), src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
+  }
+}
+
+// Waits for this thread's tile copies (all but the newest N groups). wgmma reads shared memory
+// through the async proxy, so the copies are ordered before it by a proxy fence; the
+// __syncthreads that follows publishes them to the other warps.
+template <int N>
+__device__ __forceinline__ void wait_tile_copies() {
+  copy_async_wait<N>();
+#if FLASH_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Four 8x8 matrices of a tile through ldmatrix (kTranspose: each one transposed); each lane gives
+// row lane % 8 of matrix lane / 8, whose top-left element is (r, c).
+template <int HS, bool kTranspose>
+__device__ __forceinline__ void load_matrices(uint32_t x[4], const floatX* tile, int r, int c) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(tile + tile_offset<HS>(r + threadIdx.x % 8, c));
+  if (kTranspose) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(addr));
+  }
+}
+
+// The A fragment of the 16x16 block of a tile at (r0, c0), in mma.sync's order: (rows 0-7,
+// cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+template <int HS>
+__device__ __forceinline__ void load_a_fragment(uint32_t a[4], const floatX* tile, int r0, int c0) {
+  const int matrix = (threadIdx.x % WARP_SIZE) / 8;
+  load_matrices<HS, false>(a, tile, r0 + (matrix % 2) * 8, c0 + (matrix / 2) * 8);
+}
+
+// One warp's 16 rows of a tile as A fragments (K = HS).
+template <int HS>
+__device__ __forceinline__ void load_row_fragments(uint32_t a[HS / 16][4], const floatX* tile) {
+  const int warp = threadIdx.x / WARP_SIZE;
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) load_a_fragment<HS>(a[kk], tile, warp * 16, kk * 16);
+}
+
+#if FLASH_WGMMA
+// A wgmma shared-memory descriptor of part of a tile (128-byte swizzle): its address, the byte
+// distance between atoms along the leading dimension (N for an MN-major operand; unused for a
+// K-major one) and between 8-row groups.
+__device__ __forceinline__ uint64_t wgmma_descriptor(const floatX* tile, uint32_t leading_bytes,
+                                                     uint32_t stride_bytes) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(tile);
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(leading_bytes >> 4) << 16 |
+         (uint64_t)(stride_bytes >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// d[64 x N] += a[64 x 16] b[16 x N] over the warpgroup, for N = 32 or 64. kTransposeB: b is
+// N-major (16 rows of a [K][N] tile) rather than K-major (a [N][K] tile).
+template <int N, int kTransposeB>
+__device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a[4], uint64_t b) {
+  static_assert(N == 32 || N == 64, "wgmma_m64k16 is written for N = 32 and 64");
+  if constexpr (N == 64) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, %21;\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB));
+  }
+}
+
+// A batch of wgmma products is opened by a fence (the registers they read are ready) and closed
+// by waiting for it; the empty asm statements after the wait keep the compiler from reading the
+// accumulators before it.
+__device__ __forceinline__ void wgmma_open() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+template <int M>
+__device__ __forceinline__ void wgmma_close(float d[M][4]) {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < M; i++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+  }
+}
+#else
 // c[16x8] += a[16x16] b[16x8]; the fragment layouts are PTX's (row g = lane/4, column pair
 // 2*(lane%4)): a holds rows g, g+8 at columns 2t and 2t+8, b columns g at rows 2t and 2t+8.
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -1015,32 +1142,85 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint3
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 
-// The four 8x8 blocks of a 16x16 tile at `tile` (row stride `stride`), in the order of an A
-// fragment: (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). Each lane gives one
-// row address.
-__device__ __forceinline__ const floatX* ldmatrix_row(const floatX* tile, int stride) {
-  const int lane = threadIdx.x % WARP_SIZE;
-  return tile + ((lane % 8) + ((lane / 8) % 2) * 8) * stride + (lane / 16) * 8;
+// s[N/8][4] = rows of a (as A fragments, K = HS) times the N rows of b_tile (an [N][HS] tile).
+template <int HS, int N>
+__device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32_t a[HS / 16][4],
+                                                 const floatX* b_tile) {
+#pragma unroll
+  for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#if FLASH_WGMMA
+  wgmma_open();
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) {
+    // K columns 16kk.. start 32 bytes further into their atom's rows; the swizzle is applied to
+    // the addresses wgmma forms, as it was to the copies.
+    const floatX* b = b_tile + (kk / 4) * 512 + (kk % 4) * 16;
+    wgmma_m64k16<N, 0>(s, a[kk], wgmma_descriptor(b, 16, HS * 16));
+  }
+  wgmma_close<N / 8>(s);
+#else
+  const int matrix = (threadIdx.x % WARP_SIZE) / 8;
+#pragma unroll
+  for (int n = 0; n < N / 16; n++) {
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+      // b[0], b[1]: k rows 0-15 of columns n*16 + 0-7; b[2], b[3]: of columns n*16 + 8-15.
+      uint32_t b[4];
+      load_matrices<HS, false>(b, b_tile, n * 16 + (matrix / 2) * 8, kk * 16 + (matrix % 2) * 8);
+      mma_16816(s[2 * n], a[kk], b[0], b[1]);
+      mma_16816(s[2 * n + 1], a[kk], b[2], b[3]);
+    }
+  }
+#endif
 }
 
-// An A fragment of the 16x16 tile at `tile`.
-__device__ __forceinline__ void load_a_fragment(uint32_t a[4], const floatX* tile, int stride) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(ldmatrix_row(tile, stride));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
+// acc[HS/8][4] += a (16 x K per warp, as A fragments) times a [K][HS] tile.
+template <int HS, int K>
+__device__ __forceinline__ void accumulate_fragments(float acc[HS / 8][4], const uint32_t a[K / 16][4],
+                                                     const floatX* tile) {
+#if FLASH_WGMMA
+  wgmma_open();
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+#pragma unroll
+    for (int n = 0; n < HS / 64; n++) {
+      const floatX* b = tile + tile_offset<HS>(kk * 16, n * 64);
+      wgmma_m64k16<64, 1>(acc + n * 8, a[kk], wgmma_descriptor(b, 1024, HS * 16));
+    }
+  }
+  wgmma_close<HS / 8>(acc);
+#else
+  const int matrix = (threadIdx.x % WARP_SIZE) / 8;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+#pragma unroll
+    for (int dn = 0; dn < HS / 16; dn++) {
+      // Transposed loads: b[0], b[1] for columns dn*16 + 0-7, b[2], b[3] for columns dn*16 + 8-15.
+      uint32_t b[4];
+      load_matrices<HS, true>(b, tile, kk * 16 + (matrix % 2) * 8, dn * 16 + (matrix / 2) * 8);
+      mma_16816(acc[2 * dn], a[kk], b[0], b[1]);
+      mma_16816(acc[2 * dn + 1], a[kk], b[2], b[3]);
+    }
+  }
+#endif
 }
 
-// B fragments of the product with a row-major [n][k] tile at `tile` (16 n rows, 16 k columns),
-// that is, with the tile's transpose: b[0], b[1] for rows 0-7 and b[2], b[3] for rows 8-15.
-__device__ __forceinline__ void load_b_fragments_nk(uint32_t b[4], const floatX* tile, int stride) {
-  const int lane = threadIdx.x % WARP_SIZE;
-  const floatX* row = tile + ((lane % 8) + (lane / 16) * 8) * stride + ((lane / 8) % 2) * 8;
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(addr));
+// acc[HS/8][4] += p (16 x K per warp, score C fragments) times a [K][HS] tile: the C fragments of
+// each 16x16 block of scores are the A fragment that multiplies them, so P stays in registers.
+template <int HS, int K>
+__device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const float p[K / 8][4],
+                                                   const floatX* tile) {
+  uint32_t a[K / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    a[kk][0] = pack_bf16x2(p[2 * kk][0], p[2 * kk][1]);
+    a[kk][1] = pack_bf16x2(p[2 * kk][2], p[2 * kk][3]);
+    a[kk][2] = pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[kk][3] = pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  }
+  accumulate_fragments<HS, K>(acc, a, tile);
 }
 
 // The dS scratch holds, for each head, the 64x64 tiles (query tile i, key tile j <= i) in row
@@ -1083,88 +1263,6 @@ __device__ __forceinline__ void load_ds_a_fragment(uint32_t a[4], const floatX* 
                : "r"(addr));
 }
 
-// B fragments of the product with a row-major [k][n] tile at `tile` (16 k rows, 16 n columns):
-// b[0], b[1] for columns 0-7 and b[2], b[3] for columns 8-15 (ldmatrix transposes on the way).
-__device__ __forceinline__ void load_b_fragments_kn(uint32_t b[4], const floatX* tile, int stride) {
-  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(ldmatrix_row(tile, stride));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(addr));
-}
-
-// rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into shared memory.
-template <int HS, int ROWS>
-__device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, size_t ld, int r0, int T) {
-  constexpr int kChunks = HS / 8;
-  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const bool valid = r0 + r < T;
-    copy_async_16(dst + r * (HS + kPad) + c, src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
-  }
-}
-
-// The C fragments of a 16x16 block of scores (two 16x8 tiles), as the A fragment that multiplies
-// them into the next product: P stays in registers between P = softmax(S) and O += P V.
-__device__ __forceinline__ void scores_to_a_fragment(uint32_t a[4], const float lo[4], const float hi[4]) {
-  a[0] = pack_bf16x2(lo[0], lo[1]);
-  a[1] = pack_bf16x2(lo[2], lo[3]);
-  a[2] = pack_bf16x2(hi[0], hi[1]);
-  a[3] = pack_bf16x2(hi[2], hi[3]);
-}
-
-// s[N/8][4] = rows of a (as A fragments, K = HS) times the N rows of b_tile (row-major [n][k]).
-template <int HS, int N>
-__device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32_t a[HS / 16][4],
-                                                 const floatX* b_tile) {
-  constexpr int kStride = HS + kPad;
-#pragma unroll
-  for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-  for (int n = 0; n < N / 16; n++) {
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-      uint32_t b[4];
-      load_b_fragments_nk(b, b_tile + n * 16 * kStride + kk * 16, kStride);
-      mma_16816(s[2 * n], a[kk], b[0], b[1]);
-      mma_16816(s[2 * n + 1], a[kk], b[2], b[3]);
-    }
-  }
-}
-
-// acc[HS/8][4] += a (one 16x16 A fragment) times 16 rows of a row-major [K][HS] shared tile.
-template <int HS>
-__device__ __forceinline__ void accumulate_fragment(float acc[HS / 8][4], const uint32_t a[4],
-                                                    const floatX* rows) {
-  constexpr int kStride = HS + kPad;
-#pragma unroll
-  for (int dn = 0; dn < HS / 16; dn++) {
-    uint32_t b[4];
-    load_b_fragments_kn(b, rows + dn * 16, kStride);
-    mma_16816(acc[2 * dn], a, b[0], b[1]);
-    mma_16816(acc[2 * dn + 1], a, b[2], b[3]);
-  }
-}
-
-// acc[HS/8][4] += p (16 x K, score C fragments) times the row-major [K][HS] tile.
-template <int HS, int K>
-__device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const float p[K / 8][4],
-                                                   const floatX* tile) {
-#pragma unroll
-  for (int kk = 0; kk < K / 16; kk++) {
-    uint32_t a[4];
-    scores_to_a_fragment(a, p[2 * kk], p[2 * kk + 1]);
-    accumulate_fragment<HS>(acc, a, tile + kk * 16 * (HS + kPad));
-  }
-}
-
-// One warp's 16 rows of a tile as A fragments (K = HS).
-template <int HS>
-__device__ __forceinline__ void load_row_fragments(uint32_t a[HS / 16][4], const floatX* tile) {
-  const int warp = threadIdx.x / WARP_SIZE;
-#pragma unroll
-  for (int kk = 0; kk < HS / 16; kk++) load_a_fragment(a[kk], tile + warp * 16 * (HS + kPad) + kk * 16, HS + kPad);
-}
-
 // Writes a warp's 16 x HS accumulator, times `scale`, as rows r0 + (0..15) of a [T, ld] matrix.
 template <int HS>
 __device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T, const float acc[HS / 8][4],
@@ -1188,23 +1286,23 @@ __device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T
 template <int HS>
 __device__ __forceinline__ void prefetch_next_kv_tile(floatX* k_s, floatX* v_s, const floatX* k_g,
                                                       const floatX* v_g, size_t ld, int j, int last, int T) {
-  constexpr int kTile = kTileRows * (HS + kPad);
+  constexpr int kTile = kTileRows * HS;
   if (j < last) {
     const int next = 1 - j % 2;
     load_tile<HS, kTileRows>(k_s + next * kTile, k_g, ld, (j + 1) * kTileRows, T);
     load_tile<HS, kTileRows>(v_s + next * kTile, v_g, ld, (j + 1) * kTileRows, T);
     copy_async_commit();
-    copy_async_wait<1>();
+    wait_tile_copies<1>();
   } else {
-    copy_async_wait<0>();
+    wait_tile_copies<0>();
   }
 }
 
 template <int HS>
-__global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 3) attention_forward_flash_kernel(
     floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
-  constexpr int kStride = HS + kPad, kTile = kTileRows * kStride;
-  extern __shared__ __align__(16) unsigned char flash_smem[];
+  constexpr int kTile = kTileRows * HS;
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
   floatX* k_s = q_s + kTile;      // two buffers
   floatX* v_s = k_s + 2 * kTile;  // two buffers
@@ -1221,7 +1319,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
   load_tile<HS, kTileRows>(k_s, k_g, ld, 0, T);
   load_tile<HS, kTileRows>(v_s, v_g, ld, 0, T);
   copy_async_commit();
-  uint32_t q_frag[HS / 16][4];
   float o[HS / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -1229,7 +1326,11 @@ __global__ void __launch_bounds__(kThreads, 4) attention_forward_flash_kernel(
     const int buf = j % 2;
     prefetch_next_kv_tile<HS>(k_s, v_s, k_g, v_g, ld, j, q_tile, T);
     __syncthreads();
-    if (j == 0) load_row_fragments<HS>(q_frag, q_s);
+    // The A fragments an asynchronous wgmma reads are loaded in the iteration that uses them:
+    // Q's fragments carried over from the first iteration were found overwritten by the second
+    // (head size 64, sm_90a build).
+    uint32_t q_frag[HS / 16][4];
+    load_row_fragments<HS>(q_frag, q_s);
     float s[kTileRows / 8][4];
     multiply_by_rows<HS, kTileRows>(s, q_frag, k_s + buf * kTile);
     // Scale to base 2, mask above the diagonal, and rescale what was summed so far to the new
@@ -1329,9 +1430,9 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel(
     floatX* dqkv, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
     const float* dot, int T, int NH, float scale_log2, float scale) {
-  constexpr int kQRows = dkdv_query_rows<HS>(), kStride = HS + kPad;
-  constexpr int kKTile = kTileRows * kStride, kQTile = kQRows * kStride;
-  extern __shared__ __align__(16) unsigned char flash_smem[];
+  constexpr int kQRows = dkdv_query_rows<HS>();
+  constexpr int kKTile = kTileRows * HS, kQTile = kQRows * HS;
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* k_s = reinterpret_cast<floatX*>(flash_smem);
   floatX* v_s = k_s + kKTile;
   floatX* q_s = v_s + kKTile;        // two buffers
@@ -1353,7 +1454,6 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
   load_tile<HS, kTileRows>(v_s, v_g, ld, kv0, T);
   load_query_tile<HS>(q_s, do_s, lse_s, dot_s, q_g, do_g, lse_g, dot_g, C, first, T);
   copy_async_commit();
-  uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int kv_row[2] = {kv0 + warp * 16 + g, kv0 + warp * 16 + g + 8};
   for (int i = first; i <= last; i++) {
@@ -1362,15 +1462,11 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
       load_query_tile<HS>(q_s + (1 - buf) * kQTile, do_s + (1 - buf) * kQTile, lse_s + (1 - buf) * kQRows,
                           dot_s + (1 - buf) * kQRows, q_g, do_g, lse_g, dot_g, C, i + 1, T);
       copy_async_commit();
-      copy_async_wait<1>();
+      wait_tile_copies<1>();
     } else {
-      copy_async_wait<0>();
+      wait_tile_copies<0>();
     }
     __syncthreads();
-    if (i == first) {
-      load_row_fragments<HS>(k_frag, k_s);
-      load_row_fragments<HS>(v_frag, v_s);
-    }
     const floatX* q_tile = q_s + buf * kQTile;
     const floatX* do_tile = do_s + buf * kQTile;
     const float* lse_tile = lse_s + buf * kQRows;
@@ -1378,8 +1474,11 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
     // Only tiles that reach above the diagonal need the mask.
     const bool on_diagonal = i * kQRows < kv0 + kTileRows;
     float p[kQRows / 8][4], dp[kQRows / 8][4];
-    multiply_by_rows<HS, kQRows>(p, k_frag, q_tile);
-    multiply_by_rows<HS, kQRows>(dp, v_frag, do_tile);
+    uint32_t kv_frag[HS / 16][4];  // loaded where used, as in the forward kernel
+    load_row_fragments<HS>(kv_frag, k_s);
+    multiply_by_rows<HS, kQRows>(p, kv_frag, q_tile);
+    load_row_fragments<HS>(kv_frag, v_s);
+    multiply_by_rows<HS, kQRows>(dp, kv_frag, do_tile);
 #pragma unroll
     for (int n = 0; n < kQRows / 8; n++) {
 #pragma unroll
@@ -1412,8 +1511,8 @@ __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     floatX* dqkv, const floatX* qkv, const floatX* ds, int T, int NH, float scale) {
-  constexpr int kStride = HS + kPad, kTile = kTileRows * kStride;
-  extern __shared__ __align__(16) unsigned char flash_smem[];
+  constexpr int kTile = kTileRows * HS;
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // two buffers
   floatX* ds_s = k_s + 2 * kTile;                        // two buffers
   const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -1431,34 +1530,32 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
       load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
       load_ds_tile(ds_s + (1 - buf) * kDsTileElements, ds_g + (size_t)(j + 1) * kDsTileElements);
       copy_async_commit();
-      copy_async_wait<1>();
+      wait_tile_copies<1>();
     } else {
-      copy_async_wait<0>();
+      wait_tile_copies<0>();
     }
     __syncthreads();
     const floatX* ds_tile = ds_s + buf * kDsTileElements;
     const floatX* k_tile = k_s + buf * kTile;
+    uint32_t a[kTileRows / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kTileRows / 16; kk++) {
-      uint32_t a[4];
-      load_ds_a_fragment(a, ds_tile, kk);
-      accumulate_fragment<HS>(dq, a, k_tile + kk * 16 * kStride);
-    }
+    for (int kk = 0; kk < kTileRows / 16; kk++) load_ds_a_fragment(a[kk], ds_tile, kk);
+    accumulate_fragments<HS, kTileRows>(dq, a, k_tile);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
   store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
 }
 
 template <int HS>
-constexpr size_t forward_smem_bytes() { return 5 * kTileRows * (HS + kPad) * sizeof(floatX); }
+constexpr size_t forward_smem_bytes() { return 5 * kTileRows * HS * sizeof(floatX); }
 template <int HS>
 constexpr size_t dkdv_smem_bytes() {
-  return (2 * kTileRows + 4 * dkdv_query_rows<HS>()) * (HS + kPad) * sizeof(floatX) +
+  return (2 * kTileRows + 4 * dkdv_query_rows<HS>()) * HS * sizeof(floatX) +
          4 * dkdv_query_rows<HS>() * sizeof(float);
 }
 template <int HS>
 constexpr size_t dq_smem_bytes() {
-  return 2 * (kTileRows * (HS + kPad) + kDsTileElements) * sizeof(floatX);
+  return 2 * (kTileRows * HS + kDsTileElements) * sizeof(floatX);
 }
 
 // Raises each kernel's dynamic shared-memory limit once (above 48 KiB needs an opt-in).

@@ -219,6 +219,7 @@ gpu_tests() {
     local base=$(basename "$t")
     [ -f "dev/cuda/${base%_fp32}.cu" ] && run "$base" "$t"
   done
+  run test_attention_mma_sync build/test_attention_mma_sync
   # Gradient accumulation: two micro steps of the same batch equal one (FP32, TF32 off).
   COMMON="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
   local common=$COMMON
