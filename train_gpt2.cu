@@ -1117,21 +1117,6 @@ __device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a
   }
 }
 
-// A batch of wgmma products is opened by a fence (the registers they read are ready) and closed
-// by waiting for it; the empty asm statements after the wait keep the compiler from reading the
-// accumulators before it.
-__device__ __forceinline__ void wgmma_open() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-
-template <int M>
-__device__ __forceinline__ void wgmma_close(float d[M][4]) {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < M; i++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
-  }
-}
 #else
 // c[16x8] += a[16x16] b[16x8]; the fragment layouts are PTX's (row g = lane/4, column pair
 // 2*(lane%4)): a holds rows g, g+8 at columns 2t and 2t+8, b columns g at rows 2t and 2t+8.
@@ -1144,14 +1129,45 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint3
 }
 #endif
 
+// Products are issued in batches: mma_batch_begin(), the issue_* calls, mma_batch_end(), then
+// mma_result(d) for each result before it is read. With wgmma the batch is one asynchronous
+// group: a fence opens it (the registers it reads are ready), the end waits for all of it, and
+// the empty asm statements of mma_result keep the compiler from reading a result before that
+// wait. Independent products in one batch overlap on the tensor cores. With mma.sync each issue_*
+// call computes its product at once and the batch calls do nothing.
+__device__ __forceinline__ void mma_batch_begin() {
+#if FLASH_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mma_batch_end() {
+#if FLASH_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+template <int M>
+__device__ __forceinline__ void mma_result(float d[M][4]) {
+#if FLASH_WGMMA
+#pragma unroll
+  for (int i = 0; i < M; i++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+  }
+#else
+  (void)d;
+#endif
+}
+
 // s[N/8][4] = rows of a (as A fragments, K = HS) times the N rows of b_tile (an [N][HS] tile).
 template <int HS, int N>
-__device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32_t a[HS / 16][4],
-                                                 const floatX* b_tile) {
+__device__ __forceinline__ void issue_rows_product(float s[N / 8][4], const uint32_t a[HS / 16][4],
+                                                   const floatX* b_tile) {
 #pragma unroll
   for (int n = 0; n < N / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #if FLASH_WGMMA
-  wgmma_open();
 #pragma unroll
   for (int kk = 0; kk < HS / 16; kk++) {
     // K columns 16kk.. start 32 bytes further into their atom's rows; the swizzle is applied to
@@ -1159,7 +1175,6 @@ __device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32
     const floatX* b = b_tile + (kk / 4) * 512 + (kk % 4) * 16;
     wgmma_m64k16<N, 0>(s, a[kk], wgmma_descriptor(b, 16, HS * 16));
   }
-  wgmma_close<N / 8>(s);
 #else
   const int matrix = (threadIdx.x % WARP_SIZE) / 8;
 #pragma unroll
@@ -1178,10 +1193,9 @@ __device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32
 
 // acc[HS/8][4] += a (16 x K per warp, as A fragments) times a [K][HS] tile.
 template <int HS, int K>
-__device__ __forceinline__ void accumulate_fragments(float acc[HS / 8][4], const uint32_t a[K / 16][4],
-                                                     const floatX* tile) {
+__device__ __forceinline__ void issue_accumulate(float acc[HS / 8][4], const uint32_t a[K / 16][4],
+                                                 const floatX* tile) {
 #if FLASH_WGMMA
-  wgmma_open();
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
 #pragma unroll
@@ -1190,7 +1204,6 @@ __device__ __forceinline__ void accumulate_fragments(float acc[HS / 8][4], const
       wgmma_m64k16<64, 1>(acc + n * 8, a[kk], wgmma_descriptor(b, 1024, HS * 16));
     }
   }
-  wgmma_close<HS / 8>(acc);
 #else
   const int matrix = (threadIdx.x % WARP_SIZE) / 8;
 #pragma unroll
@@ -1207,12 +1220,10 @@ __device__ __forceinline__ void accumulate_fragments(float acc[HS / 8][4], const
 #endif
 }
 
-// acc[HS/8][4] += p (16 x K per warp, score C fragments) times a [K][HS] tile: the C fragments of
-// each 16x16 block of scores are the A fragment that multiplies them, so P stays in registers.
-template <int HS, int K>
-__device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const float p[K / 8][4],
-                                                   const floatX* tile) {
-  uint32_t a[K / 16][4];
+// The A fragments of p (16 x K per warp, score C fragments): the C fragments of each 16x16 block
+// of scores are the A fragment that multiplies them, so P stays in registers.
+template <int K>
+__device__ __forceinline__ void scores_to_fragments(uint32_t a[K / 16][4], const float p[K / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
     a[kk][0] = pack_bf16x2(p[2 * kk][0], p[2 * kk][1]);
@@ -1220,6 +1231,32 @@ __device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const f
     a[kk][2] = pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     a[kk][3] = pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
   }
+}
+
+// One-product batches.
+template <int HS, int N>
+__device__ __forceinline__ void multiply_by_rows(float s[N / 8][4], const uint32_t a[HS / 16][4],
+                                                 const floatX* b_tile) {
+  mma_batch_begin();
+  issue_rows_product<HS, N>(s, a, b_tile);
+  mma_batch_end();
+  mma_result<N / 8>(s);
+}
+
+template <int HS, int K>
+__device__ __forceinline__ void accumulate_fragments(float acc[HS / 8][4], const uint32_t a[K / 16][4],
+                                                     const floatX* tile) {
+  mma_batch_begin();
+  issue_accumulate<HS, K>(acc, a, tile);
+  mma_batch_end();
+  mma_result<HS / 8>(acc);
+}
+
+template <int HS, int K>
+__device__ __forceinline__ void accumulate_product(float acc[HS / 8][4], const float p[K / 8][4],
+                                                   const floatX* tile) {
+  uint32_t a[K / 16][4];
+  scores_to_fragments<K>(a, p);
   accumulate_fragments<HS, K>(acc, a, tile);
 }
 
@@ -1426,8 +1463,10 @@ __device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float
 
 // dK and dV of one 64-row key tile: the transposed scores S^T = K Q^T are formed directly, so
 // the probabilities P^T are in the layout that multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
+// At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and serialises
+// some wgmma, but the extra warps hide more latency (H200, d12 shape: 201 -> 216 TFLOP/s).
 template <int HS>
-__global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel(
+__global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward_flash_dkdv_kernel(
     floatX* dqkv, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
     const float* dot, int T, int NH, float scale_log2, float scale) {
   constexpr int kQRows = dkdv_query_rows<HS>();
@@ -1473,12 +1512,17 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
     const float* dot_tile = dot_s + buf * kQRows;
     // Only tiles that reach above the diagonal need the mask.
     const bool on_diagonal = i * kQRows < kv0 + kTileRows;
+    // S^T and dP^T, then dV and dK, are independent pairs: one batch each.
     float p[kQRows / 8][4], dp[kQRows / 8][4];
-    uint32_t kv_frag[HS / 16][4];  // loaded where used, as in the forward kernel
-    load_row_fragments<HS>(kv_frag, k_s);
-    multiply_by_rows<HS, kQRows>(p, kv_frag, q_tile);
-    load_row_fragments<HS>(kv_frag, v_s);
-    multiply_by_rows<HS, kQRows>(dp, kv_frag, do_tile);
+    uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];  // loaded where used, as in the forward kernel
+    load_row_fragments<HS>(k_frag, k_s);
+    load_row_fragments<HS>(v_frag, v_s);
+    mma_batch_begin();
+    issue_rows_product<HS, kQRows>(p, k_frag, q_tile);
+    issue_rows_product<HS, kQRows>(dp, v_frag, do_tile);
+    mma_batch_end();
+    mma_result<kQRows / 8>(p);
+    mma_result<kQRows / 8>(dp);
 #pragma unroll
     for (int n = 0; n < kQRows / 8; n++) {
 #pragma unroll
@@ -1492,8 +1536,15 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dkdv_kernel
     }
     store_ds_rows<kQRows>(ds + ds_tile_offset(bh, i * kQRows / kTileRows, kv_tile, gridDim.x),
                           i * kQRows % kTileRows, dp);
-    accumulate_product<HS, kQRows>(dv, p, do_tile);
-    accumulate_product<HS, kQRows>(dk, dp, q_tile);
+    uint32_t p_frag[kQRows / 16][4], ds_frag[kQRows / 16][4];
+    scores_to_fragments<kQRows>(p_frag, p);
+    scores_to_fragments<kQRows>(ds_frag, dp);
+    mma_batch_begin();
+    issue_accumulate<HS, kQRows>(dv, p_frag, do_tile);
+    issue_accumulate<HS, kQRows>(dk, ds_frag, q_tile);
+    mma_batch_end();
+    mma_result<HS / 8>(dv);
+    mma_result<HS / 8>(dk);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
   floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
