@@ -1018,7 +1018,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // columns, 8-row group major, in which 16-byte piece p of row r sits at piece p ^ r: wgmma's
 // 128-byte swizzle, which it reads as a K-major operand (rows of an [N][K] tile) or an MN-major
 // one (rows of a [K][N] tile). The 8 rows of any 8x8 matrix fall in 8 different bank groups, so
-// neither the row-wise 16-byte copies into a tile nor ldmatrix conflict.
+// neither the row-wise 16-byte copies into a tile nor ldmatrix conflict. wgmma applies the swizzle
+// to address bits, so every tile starts on a 1024-byte boundary (the kernels' shared memory is
+// 1024-byte aligned and each tile a multiple of 8 KiB).
 template <int HS>
 __device__ __forceinline__ int tile_offset(int r, int c) {
   return (r / 8) * 8 * HS + (c / 64) * 512 + (r % 8) * 64 + (((c % 64) / 8) ^ (r % 8)) * 8 + c % 8;
