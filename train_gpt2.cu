@@ -990,8 +990,11 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 #if !defined(ENABLE_FP32)
 namespace flash {
 
-constexpr int kThreads = 128;  // 4 warps, each owning 16 rows of the block's 64-row tile
+constexpr int kThreads = 128;  // one warpgroup: 4 warps, each owning 16 rows of a 64-row tile
 constexpr int kTileRows = 64;
+
+// The warp's index within its warpgroup: the 16-row slice of the warpgroup's 64-row tile it owns.
+__device__ __forceinline__ int warp_in_group() { return (threadIdx.x / WARP_SIZE) % 4; }
 
 // Query rows per iteration of the dK/dV kernel: 32 at head size 128 keeps its accumulators
 // (dK and dV, 16 x HS each per warp) and score tiles within the register file.
@@ -1026,14 +1029,21 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
   return (r / 8) * 8 * HS + (c / 64) * 512 + (r % 8) * 64 + (((c % 64) / 8) ^ (r % 8)) * 8 + c % 8;
 }
 
-// rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into a tile.
-template <int HS, int ROWS>
+// rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into a tile; the
+// block's THREADS threads share the copies.
+template <int HS, int ROWS, int THREADS = kThreads>
 __device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, size_t ld, int r0, int T) {
   constexpr int kChunks = HS / 8;
-  for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const bool valid = r0 + r < T;
-    copy_async_16(dst + tile_offset<HS>(r, c), src + (size_t)(valid ? r0 + r : 0) * ld + c, valid);
+  static_assert(ROWS * kChunks % THREADS == 0 && THREADS % (8 * kChunks) == 0,
+                "each thread copies the same columns of rows 8 apart");
+  // A thread's pieces share their column and row % 8, so their tile offsets differ by a constant.
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * 8;
+  const int offset = tile_offset<HS>(r, c);
+#pragma unroll
+  for (int k = 0; k < ROWS * kChunks / THREADS; k++) {
+    const int row = r + k * (THREADS / kChunks);
+    const bool valid = r0 + row < T;
+    copy_async_16(dst + offset + k * (THREADS / kChunks) * HS, src + (size_t)(valid ? r0 + row : 0) * ld + c, valid);
   }
 }
 
@@ -1075,7 +1085,7 @@ __device__ __forceinline__ void load_a_fragment(uint32_t a[4], const floatX* til
 // One warp's 16 rows of a tile as A fragments (K = HS).
 template <int HS>
 __device__ __forceinline__ void load_row_fragments(uint32_t a[HS / 16][4], const floatX* tile) {
-  const int warp = threadIdx.x / WARP_SIZE;
+  const int warp = warp_in_group();
 #pragma unroll
   for (int kk = 0; kk < HS / 16; kk++) load_a_fragment<HS>(a[kk], tile, warp * 16, kk * 16);
 }
@@ -1320,6 +1330,14 @@ __device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T
   }
 }
 
+// Query rows per forward block are 64 per warpgroup: two warpgroups at head size 64 share each
+// key/value tile (half the copies and barriers per product of one-warpgroup blocks); at head
+// size 128 one warpgroup per block, so that 3 blocks fit an SM's registers.
+template <int HS>
+constexpr int forward_groups() { return HS == 64 ? 2 : 1; }
+template <int HS>
+constexpr int forward_threads() { return forward_groups<HS>() * kThreads; }
+
 // Starts copying key/value tile j + 1 of [0, last] into the other buffer, then waits for tile j:
 // the copy of the next tile overlaps the products of this one.
 template <int HS>
@@ -1328,8 +1346,8 @@ __device__ __forceinline__ void prefetch_next_kv_tile(floatX* k_s, floatX* v_s, 
   constexpr int kTile = kTileRows * HS;
   if (j < last) {
     const int next = 1 - j % 2;
-    load_tile<HS, kTileRows>(k_s + next * kTile, k_g, ld, (j + 1) * kTileRows, T);
-    load_tile<HS, kTileRows>(v_s + next * kTile, v_g, ld, (j + 1) * kTileRows, T);
+    load_tile<HS, kTileRows, forward_threads<HS>()>(k_s + next * kTile, k_g, ld, (j + 1) * kTileRows, T);
+    load_tile<HS, kTileRows, forward_threads<HS>()>(v_s + next * kTile, v_g, ld, (j + 1) * kTileRows, T);
     copy_async_commit();
     wait_tile_copies<1>();
   } else {
@@ -1337,79 +1355,89 @@ __device__ __forceinline__ void prefetch_next_kv_tile(floatX* k_s, floatX* v_s, 
   }
 }
 
+// Block i takes the query rows of 64-row tiles G*i .. G*i + G-1 (G warpgroups, one tile each) and
+// runs over the key/value tiles up to its last query tile; a warpgroup sits out the tiles past its
+// own diagonal.
 template <int HS>
-__global__ void __launch_bounds__(kThreads, HS == 64 ? 4 : 3) attention_forward_flash_kernel(
+__global__ void __launch_bounds__(forward_threads<HS>(), HS == 64 ? 2 : 3) attention_forward_flash_kernel(
     floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2) {
-  constexpr int kTile = kTileRows * HS;
+  constexpr int kTile = kTileRows * HS, kGroups = forward_groups<HS>();
   extern __shared__ __align__(1024) unsigned char flash_smem[];
-  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
-  floatX* k_s = q_s + kTile;      // two buffers
-  floatX* v_s = k_s + 2 * kTile;  // two buffers
+  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);  // one tile per warpgroup
+  floatX* k_s = q_s + kGroups * kTile;                  // two buffers
+  floatX* v_s = k_s + 2 * kTile;                        // two buffers
   // The longest rows (most key tiles) are launched first so the tail of the grid is short.
-  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int block_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q_tile = kGroups * block_tile + threadIdx.x / kThreads;
+  const int C = NH * HS, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int g = lane / 4, t = lane % 4, q0 = q_tile * kTileRows;
+  const int last = min(kGroups * block_tile + kGroups - 1, ceil_div(T, kTileRows) - 1);
   const size_t ld = 3 * (size_t)C;
   const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
   const floatX* k_g = q_g + C;
   const floatX* v_g = q_g + 2 * C;
 
-  load_tile<HS, kTileRows>(q_s, q_g, ld, q0, T);
-  load_tile<HS, kTileRows>(k_s, k_g, ld, 0, T);
-  load_tile<HS, kTileRows>(v_s, v_g, ld, 0, T);
+  load_tile<HS, kGroups * kTileRows, forward_threads<HS>()>(q_s, q_g, ld, kGroups * block_tile * kTileRows, T);
+  load_tile<HS, kTileRows, forward_threads<HS>()>(k_s, k_g, ld, 0, T);
+  load_tile<HS, kTileRows, forward_threads<HS>()>(v_s, v_g, ld, 0, T);
   copy_async_commit();
+  const floatX* q_group = q_s + (threadIdx.x / kThreads) * kTile;
   float o[HS / 8][4] = {};
+  // The running maximum is kept in base-2 units (scores times scale_log2), the scores unscaled:
+  // the scale is applied inside the exponent's multiply-add.
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  for (int j = 0; j <= q_tile; j++) {
+  for (int j = 0; j <= last; j++) {
     const int buf = j % 2;
-    prefetch_next_kv_tile<HS>(k_s, v_s, k_g, v_g, ld, j, q_tile, T);
+    prefetch_next_kv_tile<HS>(k_s, v_s, k_g, v_g, ld, j, last, T);
     __syncthreads();
-    // The A fragments an asynchronous wgmma reads are loaded in the iteration that uses them:
-    // Q's fragments carried over from the first iteration were found overwritten by the second
-    // (head size 64, sm_90a build).
-    uint32_t q_frag[HS / 16][4];
-    load_row_fragments<HS>(q_frag, q_s);
-    float s[kTileRows / 8][4];
-    multiply_by_rows<HS, kTileRows>(s, q_frag, k_s + buf * kTile);
-    // Scale to base 2, mask above the diagonal, and rescale what was summed so far to the new
-    // row maximum. Every row has its key 0 in tile 0, so the maximum is finite from the start.
+    if (j <= q_tile) {
+      // The A fragments an asynchronous wgmma reads are loaded in the iteration that uses them:
+      // Q's fragments carried over from the first iteration were found overwritten by the second
+      // (head size 64, sm_90a build).
+      uint32_t q_frag[HS / 16][4];
+      load_row_fragments<HS>(q_frag, q_group);
+      float s[kTileRows / 8][4];
+      multiply_by_rows<HS, kTileRows>(s, q_frag, k_s + buf * kTile);
+      if (j == q_tile) {  // the diagonal tile: mask the keys after each query
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float tile_max = -INFINITY;
+        for (int n = 0; n < kTileRows / 8; n++) {
 #pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int col = j * kTileRows + n * 8 + 2 * t + e;
-          float v = s[n][2 * r + e] * scale_log2;
-          if (j == q_tile && col > row[r]) v = -INFINITY;
-          s[n][2 * r + e] = v;
-          tile_max = fmaxf(tile_max, v);
+          for (int e = 0; e < 4; e++) {
+            if (j * kTileRows + n * 8 + 2 * t + e % 2 > row[e / 2]) s[n][e] = -INFINITY;
+          }
         }
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max);
-      const float correction = exp2_ftz(row_max[r] - new_max);
-      row_max[r] = new_max;
-      row_sum[r] *= correction;
+      // Rescale what was summed so far to the new row maximum. Every row has its key 0 in tile 0,
+      // so the maximum is finite from the start.
 #pragma unroll
-      for (int dn = 0; dn < HS / 8; dn++) {
-        o[dn][2 * r] *= correction;
-        o[dn][2 * r + 1] *= correction;
-      }
+      for (int r = 0; r < 2; r++) {
+        float tile_max = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
+        for (int n = 0; n < kTileRows / 8; n++) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
+        const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
+        const float correction = exp2_ftz(row_max[r] - new_max);
+        row_max[r] = new_max;
+        row_sum[r] *= correction;
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const float p = exp2_ftz(s[n][2 * r + e] - new_max);
-          s[n][2 * r + e] = p;
-          row_sum[r] += p;
+        for (int dn = 0; dn < HS / 8; dn++) {
+          o[dn][2 * r] *= correction;
+          o[dn][2 * r + 1] *= correction;
+        }
+#pragma unroll
+        for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const float p = exp2_ftz(fmaf(s[n][2 * r + e], scale_log2, -new_max));
+            s[n][2 * r + e] = p;
+            row_sum[r] += p;
+          }
         }
       }
+      accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
     }
-    accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
 #pragma unroll
@@ -1525,13 +1553,21 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
     mma_batch_end();
     mma_result<kQRows / 8>(p);
     mma_result<kQRows / 8>(dp);
+    if (on_diagonal) {  // a key is hidden from the queries before it: score -inf, probability 0
+#pragma unroll
+      for (int n = 0; n < kQRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          if (i * kQRows + n * 8 + 2 * t + e % 2 < kv_row[e / 2]) p[n][e] = -INFINITY;
+        }
+      }
+    }
 #pragma unroll
     for (int n = 0; n < kQRows / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int c = n * 8 + 2 * t + (e % 2), q = i * kQRows + c;
-        const bool visible = !on_diagonal || q >= kv_row[e / 2];
-        const float prob = visible ? exp2_ftz(p[n][e] * scale_log2 - lse_tile[c]) : 0.0f;
+        const int c = n * 8 + 2 * t + (e % 2);
+        const float prob = exp2_ftz(fmaf(p[n][e], scale_log2, -lse_tile[c]));
         p[n][e] = prob;
         dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
       }
@@ -1556,7 +1592,11 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
 
 // A dS tile (8 KiB, contiguous) global -> shared.
 __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
-  for (int i = threadIdx.x; i < kDsTileElements / 8; i += kThreads) copy_async_16(dst + i * 8, src + i * 8, true);
+#pragma unroll
+  for (int k = 0; k < kDsTileElements / 8 / kThreads; k++) {
+    const int i = threadIdx.x + k * kThreads;
+    copy_async_16(dst + i * 8, src + i * 8, true);
+  }
 }
 
 // dQ = dS K of one 64-row query tile, looping over the key tiles at or below the diagonal with
@@ -1600,7 +1640,9 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
 }
 
 template <int HS>
-constexpr size_t forward_smem_bytes() { return 5 * kTileRows * HS * sizeof(floatX); }
+constexpr size_t forward_smem_bytes() {
+  return (forward_groups<HS>() + 4) * kTileRows * HS * sizeof(floatX);
+}
 template <int HS>
 constexpr size_t dkdv_smem_bytes() {
   return (2 * kTileRows + 4 * dkdv_query_rows<HS>()) * HS * sizeof(floatX) +
@@ -1628,9 +1670,9 @@ void set_smem_limits() {
 template <int HS>
 void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
   set_smem_limits<HS>();
-  const dim3 grid(ceil_div(T, kTileRows), B * NH);
+  const dim3 grid(ceil_div(T, forward_groups<HS>() * kTileRows), B * NH);
   const float scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
-  attention_forward_flash_kernel<HS><<<grid, kThreads, forward_smem_bytes<HS>(), stream>>>(
+  attention_forward_flash_kernel<HS><<<grid, forward_threads<HS>(), forward_smem_bytes<HS>(), stream>>>(
       out, lse, qkv, T, NH, scale_log2);
   cudaCheckLaunch();
 }
