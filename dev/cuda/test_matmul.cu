@@ -3,7 +3,8 @@
 // cpu::matmul_forward / cpu::matmul_backward and cpu::gelu_forward / cpu::gelu_backward: the
 // GPT-2 small and d48 layer shapes, the lm head over the padded vocabulary (Vp = 50304), and a
 // small odd shape; weight and bias gradients accumulated onto random non-zero ones, dinp and
-// the forward outputs poisoned first, and every call run twice for identical bits.
+// the forward outputs poisoned first, every call run twice for identical bits, and once more
+// with cuBLASLt's first heuristic in place of the algorithm tuning chose, for the same bits.
 #include "dev/cuda/kernel_test.h"
 
 // Products are FP32 sums of up to 50304 terms in cuBLAS's own order, held to kTolSum. cuBLASLt's
@@ -59,6 +60,11 @@ void test_matmul(const MatmulCase& m, llmc::Rng& rng) {
   const Snapshot forward_bits(out, pre);
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(out, pre));
+  // The first call chose among cuBLASLt's candidates by time: its bits are the first heuristic's.
+  matmul_tuning = false;
+  forward();
+  matmul_tuning = true;
+  check_same_bits("forward tuned = heuristic", forward_bits, Snapshot(out, pre));
 
   const std::vector<float> dout = random_stored(rng, (size_t)N * OC, 0.0f, 1.0f);
   const std::vector<float> pre_gelu = random_stored(rng, (size_t)N * C, 0.0f, 1.5f);
@@ -91,6 +97,32 @@ void test_matmul(const MatmulCase& m, llmc::Rng& rng) {
   const Snapshot backward_bits(dinp, dweight, dbias);
   backward();
   check_same_bits("backward twice", backward_bits, Snapshot(dinp, dweight, dbias));
+  matmul_tuning = false;
+  backward();
+  matmul_tuning = true;
+  check_same_bits("backward tuned = heuristic", backward_bits, Snapshot(dinp, dweight, dbias));
+}
+
+// At training sizes cuBLASLt offers several candidates (8 for GPT-2 small's fc products): the
+// choice tuning makes among them keeps the first heuristic's bits.
+void test_tuned_bits(const char* name, int N, int C, int OC, llmc::Rng& rng) {
+  printf("\ntuned algorithms, %s: N=%d C=%d OC=%d\n", name, N, C, OC);
+  DeviceArray<floatX> inp(random_stored(rng, (size_t)N * C, 0.0f, 1.0f));
+  DeviceArray<floatX> weight(random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C)));
+  DeviceArray<floatX> bias(random_stored(rng, OC, 0.0f, 1.0f));
+  DeviceArray<floatX> dout(random_stored(rng, (size_t)N * OC, 0.0f, 1.0f));
+  DeviceArray<floatX> out((size_t)N * OC), pre((size_t)N * OC), dinp((size_t)N * C), dweight((size_t)OC * C);
+  DeviceArray<float> partials((size_t)kRowBlocks * OC);
+  auto run = [&](bool tuning) {
+    matmul_tuning = tuning;
+    matmul_forward(out, inp, weight, bias, N, C, OC, pre, 0);
+    // The input gradient of a product whose input was a GELU output, with its pre-activation.
+    matmul_backward(dinp, dweight, nullptr, partials, out, inp, weight, inp, N, C, OC, 0, 0);
+    matmul_tuning = true;
+    return Snapshot(out, pre, dinp);
+  };
+  const Snapshot tuned = run(true);
+  check_same_bits("tuned = heuristic", tuned, run(false));
 }
 
 int main() {
@@ -106,5 +138,7 @@ int main() {
         {"odd, no bias", 37, 136, 72, false, true, true},
     };
     for (const MatmulCase& m : cases) test_matmul(m, rng);
+    test_tuned_bits("fc, GPT-2 small", 16384, 768, 4 * 768, rng);
+    test_tuned_bits("fcproj, GPT-2 small", 16384, 4 * 768, 768, rng);
   });
 }
