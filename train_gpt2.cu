@@ -1066,9 +1066,10 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 }
 
 // ---- Flash attention (BF16 builds, head size 64 or 128) ----
-// The same causal attention without the T x T matrix: each block takes 64 query rows (16 per
+// The same causal attention without the T x T matrix: each warpgroup takes 64 query rows (16 per
 // warp) against 64-row key/value tiles through BF16 tensor-core MMAs (wgmma on Hopper, mma.sync
-// m16n8k16 elsewhere; FP32 accumulation), with an online softmax in registers. q, k, v are read straight from qkv
+// m16n8k16 elsewhere; FP32 accumulation), with an online softmax in registers (a forward block
+// is one or two warpgroups sharing each key/value tile). q, k, v are read straight from qkv
 // [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no permutes. The forward
 // keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward rebuilds each
 // probability exactly as the forward made it. The backward avoids atomics with two kernels: one
@@ -1092,8 +1093,8 @@ __device__ __forceinline__ int warp_in_group() { return (threadIdx.x / WARP_SIZE
 template <int HS>
 constexpr int dkdv_query_rows() { return HS == 64 ? 64 : 32; }
 
-// Hopper builds (sm_90a) multiply through wgmma, the warpgroup's asynchronous MMA: the block's 4
-// warps issue one m64nNk16 product together, A from registers (the same fragments mma.sync
+// Hopper builds (sm_90a) multiply through wgmma, the warpgroup's asynchronous MMA: a warpgroup's
+// 4 warps issue one m64nNk16 product together, A from registers (the same fragments mma.sync
 // takes), B read by the tensor cores straight from a shared-memory tile. Other GPUs use mma.sync
 // with B fragments loaded by ldmatrix. Both read the same tile layout, and both keep each warp's
 // 16 rows of a result as mma.sync C fragments, so the softmax code is shared.
