@@ -765,6 +765,48 @@ unsigned long long bits_checksum(const floatX* d, size_t count, cudaStream_t str
   return host;
 }
 
+// Of cuBLASLt's candidates for one product (the first is its heuristic's choice), the fastest
+// whose split of K matches the first's and whose output has the first's bits. run(algo) computes
+// the product into d (count elements); d is left holding some candidate's output.
+template <class Run>
+cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulHeuristicResult_t* candidates,
+                                           int found, const floatX* d, size_t count, cudaStream_t stream) {
+  auto split = [](const cublasLtMatmulAlgo_t& algo) {
+    int splits = 0, scheme = 0;
+    size_t size = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &size);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &size);
+    return std::make_pair(splits, scheme);
+  };
+  cudaEvent_t start, stop;
+  cudaCheck(cudaEventCreate(&start));
+  cudaCheck(cudaEventCreate(&stop));
+  unsigned long long first_bits = 0;
+  int best = 0;
+  float best_ms = INFINITY;
+  for (int i = 0; i < found; i++) {
+    const cublasLtMatmulAlgo_t& algo = candidates[i].algo;
+    if (i > 0 && split(algo) != split(candidates[0].algo)) continue;
+    const cublasStatus_t status = run(algo);
+    if (i == 0) cublasCheck(status);
+    if (status != CUBLAS_STATUS_SUCCESS) continue;
+    const unsigned long long bits = bits_checksum(d, count, stream);
+    if (i == 0) first_bits = bits;
+    if (bits != first_bits) continue;
+    constexpr int kTimedRuns = 3;
+    cudaCheck(cudaEventRecord(start, stream));
+    for (int r = 0; r < kTimedRuns; r++) cublasCheck(run(algo));
+    cudaCheck(cudaEventRecord(stop, stream));
+    cudaCheck(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, start, stop));
+    if (ms < best_ms) best_ms = ms, best = i;
+  }
+  cudaCheck(cudaEventDestroy(start));
+  cudaCheck(cudaEventDestroy(stop));
+  return candidates[best].algo;
+}
+
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
 // A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B. Returns false when
 // cuBLASLt has no algorithm for this epilogue (the callers then fall back to separate kernels).
@@ -803,12 +845,12 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
     return cublasLtMatmul(cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d,
                           d, layout_d, &algo, cublaslt_workspace, kCublasWorkspaceBytes, stream);
   };
-  bool ok = true;
   const bool tune = matmul_tuning && beta == 0.0f;
   auto known = std::find_if(matmul_choices.begin(), matmul_choices.end(), [&](const MatmulChoice& c) {
     return c.m == m && c.n == n && c.k == k && c.trans_a == trans_a && c.trans_b == trans_b &&
            c.bias == (bias != nullptr) && c.epilogue == epilogue;
   });
+  bool ok = true;
   if (tune && known != matmul_choices.end()) {
     cublasCheck(run(known->algo));
   } else {
@@ -826,40 +868,12 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     ok = status == CUBLAS_STATUS_SUCCESS && found > 0;
     if (ok) {
-      cublasCheck(run(heuristics[0].algo));
+      cublasLtMatmulAlgo_t algo = heuristics[0].algo;
       if (tune) {
-        auto split = [](const cublasLtMatmulAlgo_t& algo) {
-          int splits = 0, scheme = 0;
-          size_t size = 0;
-          cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &size);
-          cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme), &size);
-          return std::make_pair(splits, scheme);
-        };
-        const size_t count = (size_t)m * n;
-        const unsigned long long first_bits = bits_checksum(d, count, stream);
-        cudaEvent_t start, stop;
-        cudaCheck(cudaEventCreate(&start));
-        cudaCheck(cudaEventCreate(&stop));
-        int best = 0;
-        float best_ms = INFINITY;
-        for (int i = 0; i < found; i++) {
-          if (split(heuristics[i].algo) != split(heuristics[0].algo)) continue;
-          if (run(heuristics[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
-          if (bits_checksum(d, count, stream) != first_bits) continue;
-          constexpr int kTimedRuns = 3;
-          cudaCheck(cudaEventRecord(start, stream));
-          for (int r = 0; r < kTimedRuns; r++) cublasCheck(run(heuristics[i].algo));
-          cudaCheck(cudaEventRecord(stop, stream));
-          cudaCheck(cudaEventSynchronize(stop));
-          float ms = 0.0f;
-          cudaCheck(cudaEventElapsedTime(&ms, start, stop));
-          if (ms < best_ms) best_ms = ms, best = i;
-        }
-        cudaCheck(cudaEventDestroy(start));
-        cudaCheck(cudaEventDestroy(stop));
-        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, epilogue, heuristics[best].algo});
-        cublasCheck(run(heuristics[best].algo));
+        algo = fastest_matching_algo(run, heuristics, found, d, (size_t)m * n, stream);
+        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, epilogue, algo});
       }
+      cublasCheck(run(algo));
     }
   }
   cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
