@@ -277,7 +277,10 @@ void add_inplace(floatX* dst, const floatX* src, size_t n, uint32_t seed, cudaSt
 // fixed-order stages: each of kRowBlocks row blocks writes FP32 partial sums, then a finalize
 // kernel adds the partials in block order and adds the total into the gradient with one
 // stochastic rounding. kRowBlocks is a constant (not the SM count) so results do not depend on
-// which GPU runs them. Floor: one read of the N x C input, C writes.
+// which GPU runs them. Floor: one read of the N x C input, C writes. Where a kernel already holds
+// the rows it writes, it writes the partials itself and the finalize is all that remains: the
+// layernorm backward for the projections' bias gradients (section 4), the flash backward per
+// 64-row tile for the qkv bias (section 6).
 
 constexpr int kRowBlocks = 256;
 
@@ -325,17 +328,17 @@ __global__ void column_sum_partials_kernel(float* partials, const floatX* inp, i
   partials[(size_t)blockIdx.y * C + col] = total;
 }
 
-// dst[c] = round(dst[c] + sum over blocks of partials[block * stride + c]). grid ceil(C / 32),
-// block (32, kColumnSumRowLanes): lane y adds blocks y, y + kColumnSumRowLanes, ... in order,
-// then the lanes' sums are added in lane order.
+// dst[c] = round(dst[c] + sum over blocks of partials[block * stride + c]), blocks 0..rows-1.
+// grid ceil(C / 32), block (32, kColumnSumRowLanes): lane y adds blocks y, y + kColumnSumRowLanes,
+// ... in order, then the lanes' sums are added in lane order.
 __global__ void column_sum_finalize_kernel(floatX* dst, const float* partials, int stride, int C,
-                                           uint32_t seed) {
+                                           int rows, uint32_t seed) {
   __shared__ float lane_sums[kColumnSumRowLanes][WARP_SIZE];
   const int c = blockIdx.x * WARP_SIZE + threadIdx.x;
   float sum = 0.0f;
   if (c < C) {
 #pragma unroll 8
-    for (int b = threadIdx.y; b < kRowBlocks; b += kColumnSumRowLanes) sum += partials[(size_t)b * stride + c];
+    for (int b = threadIdx.y; b < rows; b += kColumnSumRowLanes) sum += partials[(size_t)b * stride + c];
   }
   lane_sums[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
@@ -345,10 +348,10 @@ __global__ void column_sum_finalize_kernel(floatX* dst, const float* partials, i
   dst[c] = round_stochastic((float)dst[c] + total, seed, c);
 }
 
-void column_sum_finalize(floatX* dst, const float* partials, int stride, int C, uint32_t seed,
-                         cudaStream_t stream) {
+void column_sum_finalize(floatX* dst, const float* partials, int stride, int C, int rows,
+                         uint32_t seed, cudaStream_t stream) {
   column_sum_finalize_kernel<<<ceil_div(C, WARP_SIZE), dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(
-      dst, partials, stride, C, seed);
+      dst, partials, stride, C, rows, seed);
   cudaCheckLaunch();
 }
 
@@ -567,7 +570,9 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean
 constexpr int kLayerNormBackwardWarps = 8;
 
 // grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
-// layernorm_backward_shared_bytes(C). partials: [kRowBlocks][2C] (dweight, then dbias).
+// layernorm_backward_shared_bytes(C, SUM_DRESIDUAL). partials: [kRowBlocks][2C] (dweight, then
+// dbias), or [kRowBlocks][3C] with SUM_DRESIDUAL: then also the column sums of the updated
+// dresidual, which are the bias gradient of the projection that produced the residual branch.
 // Each lane keeps its CHUNKS 16-byte pieces of the row (C <= CHUNKS * 256 elements) in registers,
 // so dout, inp and dresidual are read once, all loads of a row in flight together.
 // Each warp accumulates dweight and dbias over its rows in its own shared-memory rows of
@@ -575,16 +580,18 @@ constexpr int kLayerNormBackwardWarps = 8;
 // for each (i, k) the 32 lanes touch 32 consecutive words, one per bank. (Indexing the slots by
 // channel instead puts every fourth lane on the same bank: an 8-way conflict on each of the 32
 // shared-memory updates per chunk and row, which was most of this kernel's time.)
-template <int CHUNKS>
+template <int CHUNKS, bool SUM_DRESIDUAL>
 __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
                                           const floatX* inp, const floatX* weight,
                                           const float* mean, const float* rstd, int N, int C) {
   constexpr int kSlots = CHUNKS * WARP_SIZE * x128::size;
+  constexpr int kSums = SUM_DRESIDUAL ? 3 : 2;
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  float* dweight_acc = shared + warp * 2 * kSlots;
+  float* dweight_acc = shared + warp * kSums * kSlots;
   float* dbias_acc = dweight_acc + kSlots;
-  for (int j = lane; j < 2 * kSlots; j += WARP_SIZE) dweight_acc[j] = 0.0f;
+  float* dresidual_acc = dbias_acc + kSlots;
+  for (int j = lane; j < kSums * kSlots; j += WARP_SIZE) dweight_acc[j] = 0.0f;
   __syncwarp();
   x128 w[CHUNKS];
 #pragma unroll
@@ -634,54 +641,65 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
         const float dnorm = (float)w[i][k] * (float)d[i][k];
         const float dx = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         r[i][k] = (floatX)((float)r[i][k] + dx);
+        if (SUM_DRESIDUAL) dresidual_acc[(i * x128::size + k) * WARP_SIZE + lane] += (float)r[i][k];
       }
       store128(dresidual + base + c, r[i]);
     }
   }
   __syncthreads();
   // Add the warps' rows in warp order, slot by slot, and write each slot's channel.
-  for (int j = threadIdx.x; j < 2 * kSlots; j += blockDim.x) {
+  for (int j = threadIdx.x; j < kSums * kSlots; j += blockDim.x) {
     float sum = 0.0f;
-    for (int w = 0; w < kLayerNormBackwardWarps; w++) sum += shared[w * 2 * kSlots + j];
+    for (int w = 0; w < kLayerNormBackwardWarps; w++) sum += shared[w * kSums * kSlots + j];
     const int slot = j % kSlots, piece = slot / WARP_SIZE, slot_lane = slot % WARP_SIZE;
     const int c = ((piece / x128::size) * WARP_SIZE + slot_lane) * x128::size + piece % x128::size;
-    if (c < C) partials[(size_t)blockIdx.x * 2 * C + (j < kSlots ? 0 : C) + c] = sum;
+    if (c < C) partials[(size_t)blockIdx.x * kSums * C + (j / kSlots) * C + c] = sum;
   }
 }
 
 constexpr int kLayerNormBackwardMaxChunks = 2048 / (WARP_SIZE * x128::size);
 
-template <int... I>
+template <bool SUM_DRESIDUAL, int... I>
 constexpr auto layernorm_backward_kernels(std::integer_sequence<int, I...>) {
   using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*,
                           const float*, const float*, int, int);
-  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1>...};
+  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL>...};
 }
 
-size_t layernorm_backward_shared_bytes(int C) {
+size_t layernorm_backward_shared_bytes(int C, bool sum_dresidual) {
   const int slots = ceil_div(C, WARP_SIZE * x128::size) * WARP_SIZE * x128::size;
-  return (size_t)kLayerNormBackwardWarps * 2 * slots * sizeof(float);
+  return (size_t)kLayerNormBackwardWarps * (sum_dresidual ? 3 : 2) * slots * sizeof(float);
 }
 
-// dresidual += dx; dweight += sum(norm * dout); dbias += sum(dout). partials: kRowBlocks*2C floats.
-void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float* partials,
-                        const floatX* dout, const floatX* inp, const floatX* weight,
+// dresidual += dx; dweight += sum(norm * dout); dbias += sum(dout); and, when given,
+// dresidual_dbias += column sums of the updated dresidual: the bias gradient of the projection
+// whose output is added to the residual stream here, so that projection's backward need not read
+// dresidual again. partials: kRowBlocks * 3C floats.
+void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, floatX* dresidual_dbias,
+                        float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
                         const float* mean, const float* rstd, int N, int C, uint32_t seed,
                         cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "layernorm_backward: C=%d must be a multiple of %d", C, x128::size);
-  const size_t shared = layernorm_backward_shared_bytes(C);
+  const bool sum_dresidual = dresidual_dbias != nullptr;
+  const size_t shared = layernorm_backward_shared_bytes(C, sum_dresidual);
   const int chunks = ceil_div(C, WARP_SIZE * x128::size);
   // One instantiation per register footprint, for C up to 2048 (GPT-2's widths go to 1600).
   REQUIRE(chunks <= kLayerNormBackwardMaxChunks,
           "layernorm_backward: C=%d is above the largest supported width 2048", C);
-  const auto kernel = layernorm_backward_kernels(
-      std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>())[chunks - 1];
+  constexpr auto chunk_counts = std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>();
+  const auto kernel = sum_dresidual ? layernorm_backward_kernels<true>(chunk_counts)[chunks - 1]
+                                    : layernorm_backward_kernels<false>(chunk_counts)[chunks - 1];
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
       dresidual, partials, dout, inp, weight, mean, rstd, N, C);
   cudaCheckLaunch();
-  column_sum_finalize(dweight, partials, 2 * C, C, seed, stream);
-  column_sum_finalize(dbias, partials + C, 2 * C, C, seed ^ 0x68e31da4u, stream);
+  const int stride = (sum_dresidual ? 3 : 2) * C;
+  column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
+  column_sum_finalize(dbias, partials + C, stride, C, kRowBlocks, seed ^ 0x68e31da4u, stream);
+  if (sum_dresidual) {
+    column_sum_finalize(dresidual_dbias, partials + 2 * C, stride, C, kRowBlocks, seed ^ 0x3c6ef372u,
+                        stream);
+  }
 }
 
 // ============================================================================
@@ -915,7 +933,7 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
     column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
                                  dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
     cudaCheckLaunch();
-    column_sum_finalize(dbias, partials, OC, OC, seed, stream);
+    column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
   }
   REQUIRE(matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f,
                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
@@ -1436,6 +1454,35 @@ __device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T
   }
 }
 
+// The column sums of the 64 stored rows of one block's tile (rows r >= T left out), as stored (rounded
+// to BF16), in a fixed order: each lane adds its two rows, the lanes of a column add theirs by a
+// shuffle tree, then the block's four warps add in warp order. warp_sums: 4 * HS floats of shared
+// memory that no thread still reads; the caller synchronises before reusing it.
+template <int HS>
+__device__ __forceinline__ void store_tile_column_sums(float* dst, float* warp_sums, int r0, int T,
+                                                       const float acc[HS / 8][4], float scale) {
+  const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dn = 0; dn < HS / 8; dn++) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      float sum = 0.0f;
+      if (r0 + g < T) sum += (float)(floatX)(acc[dn][e] * scale);
+      if (r0 + g + 8 < T) sum += (float)(floatX)(acc[dn][2 + e] * scale);
+      sum += __shfl_xor_sync(0xffffffff, sum, 4);
+      sum += __shfl_xor_sync(0xffffffff, sum, 8);
+      sum += __shfl_xor_sync(0xffffffff, sum, 16);
+      if (g == 0) warp_sums[warp * HS + dn * 8 + 2 * t + e] = sum;
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < HS; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kThreads / WARP_SIZE; w++) sum += warp_sums[w * HS + c];
+    dst[c] = sum;
+  }
+}
+
 // Query rows per forward block are 64 per warpgroup: two warpgroups at head size 64 share each
 // key/value tile (half the copies and barriers per product of one-warpgroup blocks); at head
 // size 128 one warpgroup per block, so that 3 blocks fit an SM's registers.
@@ -1599,11 +1646,12 @@ __device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float
 
 // dK and dV of one 64-row key tile: the transposed scores S^T = K Q^T are formed directly, so
 // the probabilities P^T are in the layout that multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
+// tile_sums (optional, [B * gridDim.x][3C]): the column sums of the tile's dK and dV rows.
 // At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and serialises
 // some wgmma, but the extra warps hide more latency (H200, d12 shape: 201 -> 216 TFLOP/s).
 template <int HS>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward_flash_dkdv_kernel(
-    floatX* dqkv, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
+    floatX* dqkv, float* tile_sums, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
     const float* dot, int T, int NH, float scale_log2, float scale) {
   constexpr int kQRows = dkdv_query_rows<HS>();
   constexpr int kKTile = kTileRows * HS, kQTile = kQRows * HS;
@@ -1694,6 +1742,12 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
   floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
   store_rows<HS>(dk_g, ld, kv0 + warp * 16, T, dk, scale, scale);
   store_rows<HS>(dk_g + C, ld, kv0 + warp * 16, T, dv, 1.0f, 1.0f);
+  if (tile_sums) {  // the loop's last barrier freed the shared memory
+    float* sums = tile_sums + ((size_t)b * gridDim.x + kv_tile) * ld + C + h * HS;
+    float* warp_sums = reinterpret_cast<float*>(flash_smem);
+    store_tile_column_sums<HS>(sums, warp_sums, kv0 + warp * 16, T, dk, scale);
+    store_tile_column_sums<HS>(sums + C, warp_sums + 4 * HS, kv0 + warp * 16, T, dv, 1.0f);
+  }
 }
 
 // A dS tile (8 KiB, contiguous) global -> shared.
@@ -1706,10 +1760,10 @@ __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 }
 
 // dQ = dS K of one 64-row query tile, looping over the key tiles at or below the diagonal with
-// the dS tiles the dK/dV kernel wrote.
+// the dS tiles the dK/dV kernel wrote. tile_sums as in the dK/dV kernel, for the dQ rows.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
-    floatX* dqkv, const floatX* qkv, const floatX* ds, int T, int NH, float scale) {
+    floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale) {
   constexpr int kTile = kTileRows * HS;
   extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // two buffers
@@ -1743,6 +1797,10 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
   store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
+  if (tile_sums) {  // the loop's last barrier freed the shared memory
+    store_tile_column_sums<HS>(tile_sums + ((size_t)b * gridDim.x + q_tile) * ld + h * HS,
+                               reinterpret_cast<float*>(flash_smem), q0 + warp * 16, T, dq, scale);
+  }
 }
 
 template <int HS>
@@ -1784,7 +1842,7 @@ void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, c
 }
 
 template <int HS>
-void backward(floatX* dqkv, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
+void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
               const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH,
               cudaStream_t stream) {
   set_smem_limits<HS>();
@@ -1795,10 +1853,10 @@ void backward(floatX* dqkv, float* scratch_dot, floatX* scratch_ds, const floatX
   const float scale = (float)(1.0 / sqrt((double)HS)), scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
   attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
-      dqkv, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+      dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
   cudaCheckLaunch();
   attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-      dqkv, qkv, scratch_ds, T, NH, scale);
+      dqkv, tile_sums, qkv, scratch_ds, T, NH, scale);
   cudaCheckLaunch();
 }
 
@@ -1835,18 +1893,23 @@ size_t attention_flash_ds_count(int B, int T, int NH) {
   return (size_t)B * NH * (tiles * (tiles + 1) / 2) * 64 * 64;
 }
 
+// Rows of the flash backward's dqkv tile sums: one per 64-row tile of each sequence.
+int attention_flash_tile_rows(int B, int T) { return B * ceil_div(T, 64); }
+
 // dqkv [B, T, 3C] from dout [B, T, C], with the forward's qkv, out and lse; scratch_dot holds
-// B*NH*T floats, scratch_ds attention_flash_ds_count(B, T, NH) elements.
-void attention_backward_flash(floatX* dqkv, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
-                              const floatX* qkv, const floatX* out, const float* lse, int B, int T,
-                              int C, int NH, cudaStream_t stream) {
+// B*NH*T floats, scratch_ds attention_flash_ds_count(B, T, NH) elements. tile_sums (optional,
+// attention_flash_tile_rows(B, T) x 3C floats): row b * ceil(T / 64) + i holds the column sums of
+// dqkv's rows 64i.. of sequence b, the partials of the qkv bias gradient (column_sum_finalize).
+void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
+                              const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                              int B, int T, int C, int NH, cudaStream_t stream) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
 #if !defined(ENABLE_FP32)
-  if (HS == 64) flash::backward<64>(dqkv, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
-  else flash::backward<128>(dqkv, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
+  if (HS == 64) flash::backward<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
+  else flash::backward<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
 #else
-  (void)dqkv, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)stream;
+  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)stream;
 #endif
 }
 
@@ -2195,7 +2258,7 @@ struct GPT2 {
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
   floatX* attention_ds = nullptr;    // the flash backward's dS tiles
-  float* partials = nullptr;         // kRowBlocks * 4C column-reduction partials
+  float* partials = nullptr;         // column-reduction partials (gpt2_allocate)
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
   int* targets = nullptr;
@@ -2296,7 +2359,10 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
     m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
     m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
   }
-  m.partials = device_alloc<float>((size_t)kRowBlocks * 4 * C, "the column-reduction partials");
+  // Column sums of up to 4C columns in kRowBlocks blocks, or the flash backward's dqkv tile sums.
+  const size_t partials = std::max((size_t)kRowBlocks * 4 * C,
+                                   m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
+  m.partials = device_alloc<float>(partials, "the column-reduction partials");
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -2408,37 +2474,47 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   floatX* dlogits = m.act(kOutput);
   matmul_backward(m.scratch_btc, m.grad(llmc::kWte), nullptr, m.partials, dlogits, m.act(kLnf),
                   m.param(llmc::kWte), nullptr, N, C, c.padded_vocab_size, next_seed(), s);
-  layernorm_backward(m.dresidual, m.grad(llmc::kLnfw), m.grad(llmc::kLnfb), m.partials,
+  layernorm_backward(m.dresidual, m.grad(llmc::kLnfw), m.grad(llmc::kLnfb),
+                     m.grad(llmc::kFcprojb, L - 1), m.partials,
                      m.scratch_btc, m.act(kResidual3, L - 1), m.param(llmc::kLnfw),
                      m.act_f(kLnfMean), m.act_f(kLnfRstd), N, C, next_seed(), s);
   for (int l = L - 1; l >= 0; l--) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
     if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
-    // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...)
-    matmul_backward(m.scratch_bt4c, m.grad(llmc::kFcprojw, l), m.grad(llmc::kFcprojb, l),
-                    m.partials, m.dresidual, m.act(kFchGelu, l), m.param(llmc::kFcprojw, l),
-                    m.act(kFch, l), N, 4 * C, C, next_seed(), s);
+    // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
+    // backward that wrote it has added its column sums into fcproj's bias gradient.
+    matmul_backward(m.scratch_bt4c, m.grad(llmc::kFcprojw, l), nullptr, m.partials, m.dresidual,
+                    m.act(kFchGelu, l), m.param(llmc::kFcprojw, l), m.act(kFch, l), N, 4 * C, C,
+                    next_seed(), s);
     matmul_backward(m.scratch_btc, m.grad(llmc::kFcw, l), m.grad(llmc::kFcb, l), m.partials,
                     m.scratch_bt4c, m.act(kLn2, l), m.param(llmc::kFcw, l), nullptr, N, C, 4 * C,
                     next_seed(), s);
-    layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l), m.partials,
+    layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l),
+                       m.grad(llmc::kAttprojb, l), m.partials,
                        m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),
                        m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), N, C, next_seed(), s);
-    // dresidual is now the gradient of residual2[l] = residual + attproj(...)
-    matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), m.grad(llmc::kAttprojb, l),
-                    m.partials, m.dresidual, m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr,
-                    N, C, C, next_seed(), s);
+    // dresidual is now the gradient of residual2[l] = residual + attproj(...), its column sums
+    // already in attproj's bias gradient.
+    matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), nullptr, m.partials, m.dresidual,
+                    m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr, N, C, C, next_seed(), s);
+    floatX* dqkv_bias = m.grad(llmc::kQkvb, l);
     if (m.flash_attention) {
-      attention_backward_flash(m.scratch_bt4c, m.attention_dot, m.attention_ds, m.scratch_btc, m.act(kQkvr, l),
-                               m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH, s);
+      // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient
+      // is then a small reduction instead of another read of dqkv.
+      attention_backward_flash(m.scratch_bt4c, m.partials, m.attention_dot, m.attention_ds,
+                               m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
+                               T, C, NH, s);
+      column_sum_finalize(dqkv_bias, m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
+                          next_seed(), s);
+      dqkv_bias = nullptr;
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
                          m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
     }
-    matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), m.grad(llmc::kQkvb, l), m.partials,
-                    m.scratch_bt4c, m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C,
-                    next_seed(), s);
-    layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l), m.partials,
+    matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), dqkv_bias, m.partials, m.scratch_bt4c,
+                    m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C, next_seed(), s);
+    layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l),
+                       l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.partials,
                        m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
                        m.act_f(kLn1Rstd, l), N, C, next_seed(), s);
     if (last_micro_step && grads_final) grads_final(l);

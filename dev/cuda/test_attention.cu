@@ -144,21 +144,38 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
   DeviceArray<floatX> d_dout(dout), dqkv(3 * n);
   DeviceArray<float> dot(n_lse);
   DeviceArray<floatX> ds(attention_flash_ds_count(B, T, NH));
-  auto backward = [&] {
+  const int tile_rows = attention_flash_tile_rows(B, T);
+  DeviceArray<float> tile_sums((size_t)tile_rows * 3 * C);
+  auto backward = [&](bool sums) {
     dqkv.poison();
     ds.poison();
-    attention_backward_flash(dqkv, dot, ds, d_dout, d_qkv, out, lse, B, T, C, NH, 0);
+    tile_sums.poison();
+    attention_backward_flash(dqkv, sums ? (float*)tile_sums : nullptr, dot, ds, d_dout, d_qkv, out, lse,
+                             B, T, C, NH, 0);
   };
-  backward();
+  backward(false);
+  const Snapshot no_sums_bits(dqkv);
+  backward(true);
   std::vector<float> ref_dqkv(3 * n, 0.0f);
   cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_att.data(), B, T, C, NH);
   const std::vector<float> got_dqkv = dqkv.download();
   check_close("flash backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
   testing::check_tensor_norm("flash backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
                              kTolAttentionNorm);
-  const Snapshot backward_bits(dqkv);
-  backward();
-  check_same_bits("flash backward twice", backward_bits, Snapshot(dqkv));
+  // Tile sums: the column sums of the stored dqkv over each 64-row tile of each sequence.
+  std::vector<float> ref_sums((size_t)tile_rows * 3 * C, 0.0f);
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      float* sums = ref_sums.data() + ((size_t)b * ceil_div(T, 64) + t / 64) * 3 * C;
+      const float* row = got_dqkv.data() + ((size_t)b * T + t) * 3 * C;
+      for (int c = 0; c < 3 * C; c++) sums[c] += row[c];
+    }
+  }
+  check_close("flash backward dqkv tile sums", tile_sums.download(), ref_sums, kTolFP32);
+  check_same_bits("flash backward dqkv without tile sums", no_sums_bits, Snapshot(dqkv));
+  const Snapshot backward_bits(dqkv, tile_sums);
+  backward(true);
+  check_same_bits("flash backward twice", backward_bits, Snapshot(dqkv, tile_sums));
 }
 #endif
 

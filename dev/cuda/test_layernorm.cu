@@ -2,7 +2,9 @@
 // cpu::layernorm_forward / cpu::layernorm_backward (and cpu::residual_forward): row counts that
 // fill neither the 8-row launch blocks nor the 256 fixed row blocks of the backward's column sums,
 // C = 768 and 1600 and a C narrower than one warp's pass, gradients accumulated onto random
-// non-zero ones, outputs poisoned first, and every kernel run twice for identical bits.
+// non-zero ones, outputs poisoned first, and every kernel run twice for identical bits. The
+// backward also sums the columns of the dresidual it writes (the bias gradient of the projection
+// below) when asked, and must give the same other outputs either way.
 #include "dev/cuda/kernel_test.h"
 
 void test_layernorm(int N, int C, llmc::Rng& rng) {
@@ -70,26 +72,38 @@ void test_layernorm(int N, int C, llmc::Rng& rng) {
   const std::vector<float> dresidual0 = random_stored(rng, n, 0.0f, 1.0f);
   const std::vector<float> dweight0 = random_stored(rng, C, 0.0f, 1.0f);
   const std::vector<float> dbias0 = random_stored(rng, C, 0.0f, 1.0f);
-  DeviceArray<floatX> d_dout(dout), dresidual(n), dweight(C), dbias(C);
-  DeviceArray<float> partials((size_t)kRowBlocks * 2 * C);
+  const std::vector<float> dresidual_dbias0 = random_stored(rng, C, 0.0f, 1.0f);
+  DeviceArray<floatX> d_dout(dout), dresidual(n), dweight(C), dbias(C), dresidual_dbias(C);
+  DeviceArray<float> partials((size_t)kRowBlocks * 3 * C);
   const uint32_t seed = rng.u32();
-  auto backward = [&] {
+  auto backward = [&](bool sum_dresidual) {
     dresidual.upload(dresidual0);
     dweight.upload(dweight0);
     dbias.upload(dbias0);
-    layernorm_backward(dresidual, dweight, dbias, partials, d_dout, d_inp, d_weight, mean, rstd,
-                       N, C, seed, 0);
+    dresidual_dbias.upload(dresidual_dbias0);
+    layernorm_backward(dresidual, dweight, dbias, sum_dresidual ? (floatX*)dresidual_dbias : nullptr,
+                       partials, d_dout, d_inp, d_weight, mean, rstd, N, C, seed, 0);
   };
-  backward();
+  backward(false);
+  const Snapshot no_sums_bits(dresidual, dweight, dbias);
+  backward(true);
   std::vector<float> ref_dresidual = dresidual0, ref_dweight = dweight0, ref_dbias = dbias0;
   cpu::layernorm_backward(ref_dresidual.data(), ref_dweight.data(), ref_dbias.data(), dout.data(),
                           inp.data(), weight.data(), ref_mean.data(), ref_rstd.data(), N, C);
   check_close("backward dresidual", dresidual.download(), ref_dresidual, kTolStore);
   check_close("backward dweight", dweight.download(), ref_dweight, kTolSum);
   check_close("backward dbias", dbias.download(), ref_dbias, kTolSum);
-  const Snapshot backward_bits(dresidual, dweight, dbias);
-  backward();
-  check_same_bits("backward twice", backward_bits, Snapshot(dresidual, dweight, dbias));
+  // The column sums of the updated dresidual (as stored), added onto dresidual_dbias0.
+  const std::vector<float> got_dresidual = dresidual.download();
+  std::vector<double> column_sums(C, 0.0);
+  for (size_t i = 0; i < n; i++) column_sums[i % C] += got_dresidual[i];
+  std::vector<float> ref_dresidual_dbias(C);
+  for (int c = 0; c < C; c++) ref_dresidual_dbias[c] = (float)(dresidual_dbias0[c] + column_sums[c]);
+  check_close("backward dresidual column sums", dresidual_dbias.download(), ref_dresidual_dbias, kTolSum);
+  check_same_bits("backward without the column sums", no_sums_bits, Snapshot(dresidual, dweight, dbias));
+  const Snapshot backward_bits(dresidual, dweight, dbias, dresidual_dbias);
+  backward(true);
+  check_same_bits("backward twice", backward_bits, Snapshot(dresidual, dweight, dbias, dresidual_dbias));
 }
 
 int main() {
