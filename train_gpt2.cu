@@ -2139,34 +2139,108 @@ struct AdamWParams {
   int step;          // 1-based, for bias correction
 };
 
-// master may be null (FP32 builds, or BF16 without master weights: the parameter is the master).
-// index_offset is the position of element 0 in its tensor: a ZeRO shard may start mid-tensor, and
-// the rounding bits must not depend on where the shards are cut.
-__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
-                             size_t n, AdamWParams hp, float weight_decay, float beta1_correction,
-                             float beta2_correction, uint32_t seed, size_t index_offset) {
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float g = (float)grads[i] * hp.grad_scale;
-  const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g;
-  const float vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
-  m[i] = mi;
-  v[i] = vi;
-  const float mhat = mi / beta1_correction, vhat = vi / beta2_correction;
-  const float old = master ? master[i] : (float)params[i];
-  const float p = old - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
-  if (master) master[i] = p;
-  params[i] = round_stochastic(p, seed, index_offset + i);
+// The tensors (or, with ZeRO, the parts of them in this rank's shard) that one AdamW launch
+// updates. Each slice has its own weight decay and rounding seed; index_offset is the position of
+// the slice's first element in its tensor, so that the rounding bits do not depend on where the
+// shards are cut. The launch gives each slice whole blocks, first_block[i] onwards.
+constexpr int kMaxAdamWSlices = llmc::kNumParamTensors;
+constexpr int kAdamWThreads = 256;
+constexpr int kAdamWBlockElements = kAdamWThreads * x128::size;
+
+struct AdamWSlices {
+  int count = 0;
+  int first_block[kMaxAdamWSlices + 1] = {};
+  size_t begin[kMaxAdamWSlices] = {};  // first element, in params and grads
+  size_t size[kMaxAdamWSlices] = {};
+  size_t index_offset[kMaxAdamWSlices] = {};
+  float weight_decay[kMaxAdamWSlices] = {};
+  uint32_t seed[kMaxAdamWSlices] = {};
+
+  void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, float decay, uint32_t slice_seed) {
+    REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
+    begin[count] = slice_begin;
+    size[count] = slice_size;
+    index_offset[count] = slice_index_offset;
+    weight_decay[count] = decay;
+    seed[count] = slice_seed;
+    first_block[count + 1] = first_block[count] + (int)ceil_div(slice_size, (size_t)kAdamWBlockElements);
+    count++;
+  }
+};
+
+__device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWParams& hp,
+                                               float weight_decay, float beta1_correction,
+                                               float beta2_correction) {
+  m = hp.beta1 * m + (1.0f - hp.beta1) * g;
+  v = hp.beta2 * v + (1.0f - hp.beta2) * g * g;
+  const float mhat = m / beta1_correction, vhat = v / beta2_correction;
+  return old - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
 }
 
-void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
-                  const AdamWParams& hp, bool decay, uint32_t seed, cudaStream_t stream,
-                  size_t index_offset = 0) {
+// Thread t of a slice's block b updates its x128::size elements at (b * kAdamWThreads + t) *
+// x128::size: 16-byte loads and stores where the slice's alignment allows, one element at a time
+// otherwise. Optimizer state (m, v, master) is indexed from state_offset, the shard's first
+// element. master may be null (FP32 builds, or BF16 without master weights: the parameter is the
+// master).
+__global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
+    floatX* params, float* master, const floatX* grads, float* m, float* v, size_t state_offset,
+    AdamWSlices slices, AdamWParams hp, float beta1_correction, float beta2_correction) {
+  int s = 0;
+  while (s + 1 < slices.count && slices.first_block[s + 1] <= (int)blockIdx.x) s++;
+  const size_t local = ((size_t)(blockIdx.x - slices.first_block[s]) * kAdamWThreads + threadIdx.x) * x128::size;
+  if (local >= slices.size[s]) return;
+  const size_t p = slices.begin[s] + local, st = p - state_offset;
+  const float decay = slices.weight_decay[s];
+  const uint32_t seed = slices.seed[s];
+  const size_t index = slices.index_offset[s] + local;
+  const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0;
+  if (!vector) {
+    for (size_t i = 0; i < x128::size && local + i < slices.size[s]; i++) {
+      float mi = m[st + i], vi = v[st + i];
+      const float old = master ? master[st + i] : (float)params[p + i];
+      const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, decay,
+                                          beta1_correction, beta2_correction);
+      m[st + i] = mi;
+      v[st + i] = vi;
+      if (master) master[st + i] = updated;
+      params[p + i] = round_stochastic(updated, seed, index + i);
+    }
+    return;
+  }
+  constexpr int kPieces = x128::size / f128::size;
+  const x128 g = load128cs(grads + p);
+  x128 stored;
+  if (!master) stored = load128(params + p);
+  x128 out;
+#pragma unroll
+  for (int piece = 0; piece < kPieces; piece++) {
+    const size_t q = st + piece * f128::size;
+    f128 mi = load128cs(m + q), vi = load128cs(v + q), old;
+    if (master) old = load128cs(master + q);
+#pragma unroll
+    for (int k = 0; k < f128::size; k++) {
+      const int e = piece * f128::size + k;
+      const float previous = master ? old[k] : (float)stored[e];
+      old[k] = adamw_element((float)g[e] * hp.grad_scale, mi[k], vi[k], previous, hp, decay,
+                             beta1_correction, beta2_correction);
+      out[e] = round_stochastic(old[k], seed, index + e);
+    }
+    store128(m + q, mi);
+    store128(v + q, vi);
+    if (master) store128(master + q, old);
+  }
+  store128(params + p, out);
+}
+
+// One launch for every slice. The state arrays m, v (and master) start at element state_offset.
+void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                  size_t state_offset, const AdamWSlices& slices, const AdamWParams& hp,
+                  cudaStream_t stream) {
+  if (slices.count == 0) return;
   const float c1 = 1.0f - powf(hp.beta1, (float)hp.step);
   const float c2 = 1.0f - powf(hp.beta2, (float)hp.step);
-  adamw_kernel<<<ceil_div(n, 512), 512, 0, stream>>>(params, master, grads, m, v, n, hp,
-                                                     decay ? hp.weight_decay : 0.0f, c1, c2, seed,
-                                                     index_offset);
+  adamw_kernel<<<slices.first_block[slices.count], kAdamWThreads, 0, stream>>>(
+      params, master, grads, m, v, state_offset, slices, hp, c1, c2);
   cudaCheckLaunch();
 }
 
@@ -2560,16 +2634,16 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
   hp.grad_scale = (grad_clip > 0.0f && grad_norm > grad_clip) ? grad_clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
   const uint32_t seed = m.rng.u32();
+  AdamWSlices slices;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const size_t o = m.param_offsets[i];
     const size_t begin = std::max(o, m.shard_offset);
     const size_t end = std::min(o + m.param_specs[i].size, m.shard_offset + m.shard_size);
     if (begin >= end) continue;
-    const size_t s = begin - m.shard_offset;  // into the shard's optimizer state
-    adamw_update(m.params + begin, m.master ? m.master + s : nullptr, m.grads + begin, m.adam_m + s,
-                 m.adam_v + s, end - begin, hp, m.param_specs[i].decayed,
-                 seed + 0x9e3779b9u * (i + 1), m.stream, begin - o);
+    slices.add(begin, end - begin, begin - o, m.param_specs[i].decayed ? weight_decay : 0.0f,
+               seed + 0x9e3779b9u * (i + 1));
   }
+  adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream);
   nvtxRangePop();
 }
 

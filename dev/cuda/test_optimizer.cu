@@ -1,5 +1,6 @@
 // Tests global_norm_squared against cpu::global_norm and adamw_update against cpu::adamw_update
-// (with the clipping factor applied to the CPU's gradients first): sizes from a few elements
+// (with the clipping factor applied to the CPU's gradients first), one tensor per launch and
+// several tensors of a shard in one launch: sizes from a few elements
 // to more than the norm's fixed grid covers in one pass, with and without FP32 master weights,
 // with and without weight decay, from random non-zero moments at step 3. Each runs twice with
 // the same seed for identical bits; in BF16 builds another seed must change some roundings and
@@ -62,7 +63,9 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
     d_master.upload(master_values);
     m.upload(m0);
     v.upload(v0);
-    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, n, hp, decay, seed, 0);
+    AdamWSlices slices;
+    slices.add(0, n, 0, decay ? hp.weight_decay : 0.0f, seed);
+    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0);
   };
   const uint32_t seed = rng.u32();
   run(seed);
@@ -96,6 +99,81 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
                          llmc::strformat("another seed changes %zu of %zu roundings", changed, n));
 }
 
+// One launch over several tensors of a ZeRO-like shard (starting and ending mid-tensor, slices of
+// odd sizes and alignments, each with its own decay and seed) against the CPU per tensor, and bit
+// for bit against one launch per slice.
+void test_adamw_slices(llmc::Rng& rng) {
+  const std::vector<size_t> sizes = {1000003, 4096, 77, 5, 300001};
+  const std::vector<bool> decayed = {true, false, true, false, true};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  const size_t shard_offset = 640, shard_end = total - 1000;
+  printf("\nadamw over %zu tensors, shard [%zu, %zu) of %zu\n", sizes.size(), shard_offset, shard_end, total);
+  AdamWParams hp;
+  hp.lr = 1e-3f;
+  hp.beta1 = 0.9f;
+  hp.beta2 = 0.95f;
+  hp.eps = 1e-8f;
+  hp.weight_decay = 0.1f;
+  hp.grad_scale = 0.7f;
+  hp.step = 5;
+  const size_t shard = shard_end - shard_offset;
+  const std::vector<float> params0 = random_stored(rng, total, 0.0f, 0.02f);
+  const std::vector<float> grads = random_stored(rng, total, 0.0f, 1.0f);
+  std::vector<float> m0(shard), v0(shard), master0(params0.begin() + shard_offset, params0.begin() + shard_end);
+  rng.normal(m0.data(), shard, 0.0, 0.1);
+  for (float& v : v0) v = 0.01f + 0.1f * rng.uniform_float();
+  AdamWSlices slices;
+  std::vector<float> ref_master = master0, ref_m = m0, ref_v = v0;
+  cpu::AdamWConfig config;
+  config.beta1 = hp.beta1;
+  config.beta2 = hp.beta2;
+  config.eps = hp.eps;
+  config.weight_decay = hp.weight_decay;
+  size_t o = 0;
+  for (size_t i = 0; i < sizes.size(); o += sizes[i], i++) {
+    const size_t begin = std::max(o, shard_offset), end = std::min(o + sizes[i], shard_end);
+    if (begin >= end) continue;
+    const float decay = decayed[i] ? hp.weight_decay : 0.0f;
+    slices.add(begin, end - begin, begin - o, decay, rng.u32());
+    const size_t st = begin - shard_offset, n = end - begin;
+    std::vector<float> scaled(grads.begin() + begin, grads.begin() + end);
+    for (float& g : scaled) g *= hp.grad_scale;
+    cpu::adamw_update(ref_master.data() + st, scaled.data(), ref_m.data() + st, ref_v.data() + st, n,
+                      hp.lr, config, decayed[i], hp.step);
+  }
+  DeviceArray<floatX> params(total), d_grads(grads);
+  DeviceArray<float> master(shard), m(shard), v(shard);
+  auto run = [&](bool one_launch) {
+    params.upload(params0);
+    master.upload(master0);
+    m.upload(m0);
+    v.upload(v0);
+    if (one_launch) {
+      adamw_update(params, master, d_grads, m, v, shard_offset, slices, hp, 0);
+      return;
+    }
+    for (int i = 0; i < slices.count; i++) {
+      AdamWSlices one;
+      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.weight_decay[i], slices.seed[i]);
+      adamw_update(params, master, d_grads, m, v, shard_offset, one, hp, 0);
+    }
+  };
+  run(true);
+  check_close("m", m.download(), ref_m, kTolFP32);
+  check_close("v", v.download(), ref_v, kTolFP32);
+  check_close("master", master.download(), ref_master, kTolFP32);
+  const std::vector<float> got = params.download();
+  check_close("params in the shard", std::vector<float>(got.begin() + shard_offset, got.begin() + shard_end),
+              ref_master, kTolSum);
+  check_close("params outside the shard untouched",
+              std::vector<float>(got.begin(), got.begin() + shard_offset),
+              std::vector<float>(params0.begin(), params0.begin() + shard_offset), 0.0f);
+  const Snapshot bits(params, master, m, v);
+  run(false);
+  check_same_bits("one launch = one launch per tensor", bits, Snapshot(params, master, m, v));
+}
+
 int main() {
   return run_kernel_tests("test_optimizer", [] {
     llmc::Rng rng(9);
@@ -105,5 +183,6 @@ int main() {
     test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
     test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
     test_adamw(5, true, false, rng);            // a partial block only
+    test_adamw_slices(rng);
   });
 }
