@@ -2097,8 +2097,8 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
 // ============================================================================
 // The global gradient norm is a sum of squares over every gradient: a fixed grid of kNormBlocks
 // blocks, each thread a fixed strided subset, fixed block trees, then one block adds the
-// kNormBlocks partials in a fixed tree. AdamW updates each tensor with FP32 m, v and master
-// weights and writes the storage-type parameters with stochastic rounding. Floors: norm reads
+// kNormBlocks partials in a fixed tree. AdamW updates every tensor in one launch with FP32 m, v
+// and master weights and writes the storage-type parameters with stochastic rounding. Floors: norm reads
 // every gradient once; AdamW reads/writes p, m, v, master and reads g (18 bytes/param in BF16).
 
 constexpr int kNormBlocks = 1024;

@@ -24,23 +24,43 @@ void test_global_norm(size_t n, llmc::Rng& rng) {
   check_same_bits("twice", bits, Snapshot(out));
 }
 
-void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
-  printf("\nadamw n=%zu, %s master weights, %s weight decay\n", n, master ? "with" : "without",
-         decay ? "with" : "without");
+// GPT-2's AdamW settings at a later step, with gradient clipping in effect (grad_scale < 1).
+AdamWParams test_hyperparameters(float grad_scale, int step) {
   AdamWParams hp;
   hp.lr = 1e-3f;
   hp.beta1 = 0.9f;
   hp.beta2 = 0.95f;
   hp.eps = 1e-8f;
   hp.weight_decay = 0.1f;
-  hp.grad_scale = 0.5f;  // clipping in effect
-  hp.step = 3;
+  hp.grad_scale = grad_scale;
+  hp.step = step;
+  return hp;
+}
+
+cpu::AdamWConfig cpu_config(const AdamWParams& hp) {
+  cpu::AdamWConfig config;
+  config.beta1 = hp.beta1;
+  config.beta2 = hp.beta2;
+  config.eps = hp.eps;
+  config.weight_decay = hp.weight_decay;
+  return config;
+}
+
+// Moments as after a few steps: m around zero, v positive.
+void random_moments(llmc::Rng& rng, std::vector<float>& m, std::vector<float>& v) {
+  rng.normal(m.data(), m.size(), 0.0, 0.1);
+  for (float& x : v) x = 0.01f + 0.1f * rng.uniform_float();
+}
+
+void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
+  printf("\nadamw n=%zu, %s master weights, %s weight decay\n", n, master ? "with" : "without",
+         decay ? "with" : "without");
+  const AdamWParams hp = test_hyperparameters(0.5f, 3);
   // GPT-2-like weights, std 0.02: the update (about lr) is several BF16 ulps of a weight.
   const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f);
   const std::vector<float> grads = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> m0(n), v0(n);
-  rng.normal(m0.data(), n, 0.0, 0.1);
-  for (float& v : v0) v = 0.01f + 0.1f * rng.uniform_float();
+  random_moments(rng, m0, v0);
   // Master weights are not storage-rounded on the GPU; perturb them below BF16 resolution.
   std::vector<float> master_values = master0;
   for (float& p : master_values) p *= 1.0f + 1e-3f * (rng.uniform_float() - 0.5f);
@@ -48,13 +68,8 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
 
   std::vector<float> ref_params = start, ref_m = m0, ref_v = v0, scaled(n);
   for (size_t i = 0; i < n; i++) scaled[i] = grads[i] * hp.grad_scale;
-  cpu::AdamWConfig config;
-  config.beta1 = hp.beta1;
-  config.beta2 = hp.beta2;
-  config.eps = hp.eps;
-  config.weight_decay = hp.weight_decay;
-  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, hp.lr, config,
-                    decay ? hp.weight_decay : 0.0f, hp.step);
+  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, hp.lr,
+                    cpu_config(hp), decay, hp.step);
 
   DeviceArray<floatX> params(n), d_grads(grads);
   DeviceArray<float> d_master(n), m(n), v(n);
@@ -109,27 +124,15 @@ void test_adamw_slices(llmc::Rng& rng) {
   for (size_t n : sizes) total += n;
   const size_t shard_offset = 640, shard_end = total - 1000;
   printf("\nadamw over %zu tensors, shard [%zu, %zu) of %zu\n", sizes.size(), shard_offset, shard_end, total);
-  AdamWParams hp;
-  hp.lr = 1e-3f;
-  hp.beta1 = 0.9f;
-  hp.beta2 = 0.95f;
-  hp.eps = 1e-8f;
-  hp.weight_decay = 0.1f;
-  hp.grad_scale = 0.7f;
-  hp.step = 5;
+  const AdamWParams hp = test_hyperparameters(0.7f, 5);
   const size_t shard = shard_end - shard_offset;
   const std::vector<float> params0 = random_stored(rng, total, 0.0f, 0.02f);
   const std::vector<float> grads = random_stored(rng, total, 0.0f, 1.0f);
   std::vector<float> m0(shard), v0(shard), master0(params0.begin() + shard_offset, params0.begin() + shard_end);
-  rng.normal(m0.data(), shard, 0.0, 0.1);
-  for (float& v : v0) v = 0.01f + 0.1f * rng.uniform_float();
+  random_moments(rng, m0, v0);
   AdamWSlices slices;
   std::vector<float> ref_master = master0, ref_m = m0, ref_v = v0;
-  cpu::AdamWConfig config;
-  config.beta1 = hp.beta1;
-  config.beta2 = hp.beta2;
-  config.eps = hp.eps;
-  config.weight_decay = hp.weight_decay;
+  const cpu::AdamWConfig config = cpu_config(hp);
   size_t o = 0;
   for (size_t i = 0; i < sizes.size(); o += sizes[i], i++) {
     const size_t begin = std::max(o, shard_offset), end = std::min(o + sizes[i], shard_end);
