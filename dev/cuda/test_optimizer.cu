@@ -7,18 +7,21 @@
 // the stochastic rounding of the parameters must be unbiased.
 #include "dev/cuda/kernel_test.h"
 
-void test_global_norm(size_t n, llmc::Rng& rng) {
-  printf("\nglobal_norm_squared n=%zu\n", n);
-  const std::vector<float> x = random_stored(rng, n, 0.0f, 0.1f);
+// offset: x starts that many elements into its allocation (a shard's gradients need not start on
+// a 16-byte boundary).
+void test_global_norm(size_t n, size_t offset, llmc::Rng& rng) {
+  printf("\nglobal_norm_squared n=%zu offset=%zu\n", n, offset);
+  const std::vector<float> x = random_stored(rng, n + offset, 0.0f, 0.1f);
   DeviceArray<floatX> d_x(x);
   DeviceArray<float> out(1), partials(kNormBlocks);
   auto run = [&] {
     out.poison();
-    global_norm_squared(out, partials, d_x, n, 0);
+    global_norm_squared(out, partials, (floatX*)d_x + offset, n, 0);
   };
   run();
   // Compared as norms: the CPU sums the squares in double and returns the square root.
-  check_close("norm", {std::sqrt(out.download()[0])}, {cpu::global_norm(x.data(), n)}, kTolFP32);
+  check_close("norm", {std::sqrt(out.download()[0])}, {cpu::global_norm(x.data() + offset, n)},
+              kTolFP32);
   const Snapshot bits(out);
   run();
   check_same_bits("twice", bits, Snapshot(out));
@@ -180,9 +183,10 @@ void test_adamw_slices(llmc::Rng& rng) {
 int main() {
   return run_kernel_tests("test_optimizer", [] {
     llmc::Rng rng(9);
-    test_global_norm(7, rng);                   // fewer elements than one block's threads
-    test_global_norm(100003, rng);              // less than the grid's one pass
-    test_global_norm(12345679, rng);            // ~24 elements per thread
+    test_global_norm(7, 0, rng);                // fewer elements than one block's threads
+    test_global_norm(100003, 0, rng);           // less than the grid's one pass
+    test_global_norm(12345679, 0, rng);         // ~24 elements per thread, and a tail
+    test_global_norm(100003, 3, rng);           // not 16-byte aligned: one element at a time
     test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
     test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
     test_adamw(5, true, false, rng);            // a partial block only
