@@ -46,6 +46,8 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -1603,6 +1605,313 @@ __global__ void __launch_bounds__(forward_threads<HS>(), HS == 64 ? 2 : 3) atten
                  1.0f / row_sum[1]);
 }
 
+// ---- Flash forward on Hopper: bulk tensor copies, barriers in shared memory, 128-key tiles ----
+// The kernel above spends about 400 instructions a warp on each 64x64 tile, more than half of
+// them outside the softmax: every thread's share of the tile copies, two block barriers, and
+// descriptors built anew for each product. Here one thread starts each tile's copies with the
+// tensor memory accelerator (TMA: one instruction a 64 x 64 box, the 128-byte swizzle applied on
+// the way in), each stage of the copy ring has an mbarrier that completes when its bytes have
+// landed, and the warps read a stage as soon as it is full, with no block barrier: the last warp
+// done with a stage starts its refill. Key tiles of 128 rows halve the per-tile costs that
+// remain (the barrier waits, the two waits for the products, the row-maximum shuffles and the
+// rescale of O) per key. A shared-memory tile holds 64-column chunks of R rows one after another,
+// each row 128 bytes with 16-byte piece p at p ^ (row % 8): the TMA's 128-byte swizzle, which wgmma
+// reads with 1024 bytes between 8-row groups. At head size 64 this is the layout of tile_offset.
+#if FLASH_WGMMA
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count));
+}
+
+// Arrives on bar and sets the bytes the copies of its current phase will deliver.
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
+               : "memory");
+}
+
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// One 64 x 64 box of qkv (column, row, sequence) into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_box(floatX* dst, const CUtensorMap* map, int column, int row, int seq,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(shared_address(dst)),
+      "l"((uint64_t)map), "r"(column), "r"(row), "r"(seq), "r"(shared_address(bar))
+      : "memory");
+}
+
+// d[64 x N] (+)= a[64 x 16] b[16 x N] over the warpgroup, both operands K-major in shared
+// memory, for N = 64 or 128. kAccumulate false ignores d's old values, so d needs no zeroing.
+template <int N, bool kAccumulate>
+__device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t a, uint64_t b) {
+  static_assert(N == 64 || N == 128, "wgmma_shared_m64k16 is written for N = 64 and 128");
+  if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a), "l"(b), "n"((int)kAccumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, "
+        "accumulate, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(a), "l"(b), "n"((int)kAccumulate));
+  }
+}
+#endif
+
+// Query rows per block (two warpgroups of 64), keys per tile, and copy-ring stages (3 stages
+// measured 2-3% slower at head size 64: 2 blocks of 112 KiB barely fit an SM).
+constexpr int kTmaForwardGroups = 2;
+constexpr int kTmaForwardThreads = kTmaForwardGroups * kThreads;
+constexpr int kTmaForwardKeys = 128;
+constexpr int kTmaForwardStages = 2;
+
+// Shared memory: the query tiles, the stages (a key and a value tile each), a full barrier per
+// stage and one for the query tiles, and per stage the count of warps done reading it.
+template <int HS>
+constexpr size_t tma_forward_tile_bytes() { return (size_t)kTmaForwardKeys * HS * sizeof(floatX); }
+template <int HS>
+constexpr size_t tma_forward_smem_bytes() {
+  return kTmaForwardGroups * kTileRows * HS * sizeof(floatX) + kTmaForwardStages * 2 * tma_forward_tile_bytes<HS>() +
+         (kTmaForwardStages + 1) * sizeof(uint64_t) + kTmaForwardStages * sizeof(int);
+}
+
+#if FLASH_WGMMA
+// One key tile of the Hopper forward for a warpgroup: S = Q K^T over the tile's first KEYS keys
+// (of kTileKeys rows in shared memory), the online softmax update of the warp's 16 rows, and
+// O += P V. The maxima are in base-2 units (scores times scale_log2), the scale applied inside the
+// exponent's multiply-add; every row has its key 0 in tile 0, so the maximum is finite from the
+// start. kMask: the diagonal tile, whose keys after each query (key0 is its first key) are masked.
+template <int HS, int kTileKeys, int KEYS, bool kMask>
+__device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2], float row_sum[2], uint64_t q_desc,
+                                             uint64_t k_desc, uint64_t v_desc, int key0, const int row[2],
+                                             float scale_log2) {
+  constexpr int kChunks = HS / 64;
+  const int t = threadIdx.x % 4;
+  float s[KEYS / 8][4];
+  mma_batch_begin();
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) {
+    // K columns 16kk.. : chunk kk / 4, 32 bytes further into the rows per step within it.
+    const uint64_t q_step = (kk / 4) * (kTileRows * 128 / 16) + (kk % 4) * 2;
+    const uint64_t k_step = (kk / 4) * (kTileKeys * 128 / 16) + (kk % 4) * 2;
+    if (kk == 0) wgmma_shared_m64k16<KEYS, false>(s, q_desc + q_step, k_desc + k_step);
+    else wgmma_shared_m64k16<KEYS, true>(s, q_desc + q_step, k_desc + k_step);
+  }
+  mma_batch_end();
+  mma_result<KEYS / 8>(s);
+  if (kMask) {  // the diagonal tile: mask the keys after each query
+#pragma unroll
+    for (int n = 0; n < KEYS / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        if (key0 + n * 8 + 2 * t + e % 2 > row[e / 2]) s[n][e] = -INFINITY;
+      }
+    }
+  }
+  // The online softmax, maxima in base-2 units (scores times scale_log2). Every row has its key
+  // 0 in tile 0, so the maximum is finite from the start. Maxima and sums by four partial
+  // results each: short dependence chains, in a fixed order.
+  float tile_max[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float m[4] = {s[0][2 * r], s[0][2 * r + 1], s[1][2 * r], s[1][2 * r + 1]};
+#pragma unroll
+    for (int n = 2; n < KEYS / 8; n++) {
+      m[n % 2 * 2] = fmaxf(m[n % 2 * 2], s[n][2 * r]);
+      m[n % 2 * 2 + 1] = fmaxf(m[n % 2 * 2 + 1], s[n][2 * r + 1]);
+    }
+    tile_max[r] = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+  }
+  // The quad's lanes hold the rest of each row: both rows' shuffles go out together.
+#pragma unroll
+  for (int lanes = 1; lanes <= 2; lanes *= 2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], lanes));
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
+    const float correction = exp2_ftz(row_max[r] - new_max);
+    row_max[r] = new_max;
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; dn++) {
+      o[dn][2 * r] *= correction;
+      o[dn][2 * r + 1] *= correction;
+    }
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < KEYS / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const float p = exp2_ftz(fmaf(s[n][2 * r + e], scale_log2, -new_max));
+        s[n][2 * r + e] = p;
+        part[(2 * n + e) % 4] += p;
+      }
+    }
+    row_sum[r] = row_sum[r] * correction + ((part[0] + part[1]) + (part[2] + part[3]));
+  }
+  uint32_t p_frag[KEYS / 16][4];
+  scores_to_fragments<KEYS>(p_frag, s);
+  mma_batch_begin();
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; kk++) {
+#pragma unroll
+    for (int c = 0; c < kChunks; c++) {
+      // Value rows 16kk.. of chunk c: two 8-row groups of 1024 bytes each per step.
+      wgmma_m64k16<64, 1>(o + c * 8, p_frag[kk], v_desc + (c * kTileKeys * 128 + kk * 2048) / 16);
+    }
+  }
+  mma_batch_end();
+  mma_result<HS / 8>(o);
+}
+#endif
+
+// Block i takes query rows 128i .. 128i + 127 of one head (64 per warpgroup) and runs over the
+// key tiles up to its rows' last key; a warpgroup stops at the tile of its own last row. Every
+// warp of the block reads each tile that is refilled (the warpgroups' last tiles differ by at
+// most one, and a stage is refilled kStages >= 2 tiles on), so each stage counts the warps done
+// with it, and the warp that completes a tile's count starts the copies of the tile kStages
+// further on.
+template <int HS>
+__global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attention_forward_flash_tma_kernel(
+    const __grid_constant__ CUtensorMap qkv_map, floatX* out, float* lse, int T, int NH, float scale_log2) {
+#if FLASH_WGMMA
+  constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages, kChunks = HS / 64;
+  constexpr int kBlockRows = kTmaForwardGroups * kTileRows;
+  constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
+  static_assert(kStages >= 2 && kKeys >= kTileRows, "every warp reads each tile that is refilled");
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);          // a 64-row tile per warpgroup
+  floatX* kv_s = q_s + kTmaForwardGroups * kTileRows * HS;       // stage s: key tile, value tile
+  uint64_t* full = reinterpret_cast<uint64_t*>(kv_s + kStages * 2 * kKeys * HS);  // per stage
+  uint64_t* q_full = full + kStages;
+  int* done_warps = reinterpret_cast<int*>(q_full + 1);  // per stage, over all its fills
+  const int block_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int g = lane / 4, t = lane % 4, C = NH * HS;
+  const int block_q0 = block_tile * kBlockRows, q0 = block_q0 + group * kTileRows;
+  // Key tile j holds keys j*kKeys ..; a warpgroup's last is the one with its last row's key
+  // (rows past T have none of their own: they stop with the block's last valid row).
+  const int last_key_tile = (min(T, block_q0 + kBlockRows) - 1) / kKeys;
+  const int group_last_tile = min((min(T, q0 + kTileRows) - 1) / kKeys, last_key_tile);
+  // Starts the copies of key and value tile j into stage j % kStages.
+  auto load_kv_tile = [&](int j) {
+    const int stage = j % kStages;
+    floatX* k_tile = kv_s + stage * 2 * kKeys * HS;
+    floatX* v_tile = k_tile + kKeys * HS;
+    barrier_expect_bytes(&full[stage], 2 * kTileBytes);
+#pragma unroll
+    for (int c = 0; c < kChunks; c++) {
+#pragma unroll
+      for (int r = 0; r < kKeys; r += 64) {
+        tma_load_box(k_tile + (c * kKeys + r) * 64, &qkv_map, C + h * HS + c * 64, j * kKeys + r, b, &full[stage]);
+        tma_load_box(v_tile + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, j * kKeys + r, b, &full[stage]);
+      }
+    }
+  };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) {
+      barrier_init(&full[s], 1);
+      done_warps[s] = 0;
+    }
+    barrier_init(q_full, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    barrier_expect_bytes(q_full, kTmaForwardGroups * kTileRows * HS * sizeof(floatX));
+#pragma unroll
+    for (int gr = 0; gr < kTmaForwardGroups; gr++) {
+#pragma unroll
+      for (int c = 0; c < kChunks; c++) {
+        tma_load_box(q_s + (gr * kChunks + c) * kTileRows * 64, &qkv_map, h * HS + c * 64, block_q0 + gr * kTileRows, b,
+                     q_full);
+      }
+    }
+    for (int j = 0; j < kStages && j <= last_key_tile; j++) load_kv_tile(j);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  float o[HS / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  // Descriptors (128-byte swizzle, 1024 bytes between 8-row groups), advanced by adding byte
+  // offsets / 16 to their address field. Value tiles are MN-major, their 64-column chunks
+  // kKeys * 128 bytes apart.
+  const uint64_t q_desc = wgmma_descriptor(q_s + group * kTileRows * HS, 16, 1024);
+  const uint64_t kv_desc = wgmma_descriptor(kv_s, 16, 1024);
+  const uint64_t v_desc0 = wgmma_descriptor(kv_s + kKeys * HS, kKeys * 128, 1024);
+  barrier_wait(q_full, 0);
+  for (int j = 0; j <= group_last_tile; j++) {
+    const int stage = j % kStages;
+    barrier_wait(&full[stage], (j / kStages) & 1);
+    const uint64_t k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+    // Warpgroup 0's diagonal tile has keys for its rows in its first 64 rows only.
+    if (j < group_last_tile) {
+      forward_tile<HS, kKeys, kKeys, false>(o, row_max, row_sum, q_desc, k_desc, v_desc, j * kKeys, row, scale_log2);
+    } else if (min(T, q0 + kTileRows) - 1 - j * kKeys < 64) {
+      forward_tile<HS, kKeys, 64, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, j * kKeys, row, scale_log2);
+    } else {
+      forward_tile<HS, kKeys, kKeys, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, j * kKeys, row, scale_log2);
+    }
+    // This warp is done with the stage; the last of its readers starts the tile kStages further.
+    if (lane == 0 && j + kStages <= last_key_tile) {
+      __threadfence_block();
+      if (atomicAdd(&done_warps[stage], 1) + 1 == (j / kStages + 1) * kTmaForwardThreads / WARP_SIZE) {
+        load_kv_tile(j + kStages);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
+    if (t == 0 && row[r] < T) lse[(size_t)bh * T + row[r]] = row_max[r] + log2f(row_sum[r]);
+  }
+  store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0],
+                 1.0f / row_sum[1]);
+#else
+  __trap();  // launched only where hopper_support().usable
+#endif
+}
+
 // d[b, h, t] = sum over the head's channels of dout * out: the rowwise term of the softmax
 // gradient, computed once for both backward kernels. HS/8 lanes per (b, t, h) row, each with one
 // 16-byte piece of dout and of out, then a fixed shuffle tree over those lanes.
@@ -1824,6 +2133,8 @@ void set_smem_limits() {
   if (done) return;
   cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HS>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)forward_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_forward_flash_tma_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
   cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
   cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS>,
@@ -1831,11 +2142,69 @@ void set_smem_limits() {
   done = true;
 }
 
+__global__ void hopper_build_probe_kernel(int* built) { *built = FLASH_WGMMA; }
+
+// Whether this build's device code has the Hopper kernels (an sm_90a build), and the driver's
+// tensor-map encoder, fetched through the runtime (no link against libcuda): found on first use.
+// Without either the forward takes the kernel that copies with every thread.
+struct HopperSupport {
+  bool usable = false;
+  PFN_cuTensorMapEncodeTiled_v12000 encode_tensor_map = nullptr;
+};
+
+const HopperSupport& hopper_support() {
+  static const HopperSupport support = [] {
+    HopperSupport s;
+    int* flag = nullptr;
+    int built = 0;
+    cudaCheck(cudaMalloc(&flag, sizeof(int)));
+    hopper_build_probe_kernel<<<1, 1>>>(flag);
+    cudaCheckLaunch();
+    cudaCheck(cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(flag));
+    if (!built) return s;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&s.encode_tensor_map, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return s;
+    }
+    s.usable = true;
+    return s;
+  }();
+  return support;
+}
+
+// qkv [B, T, 3C] as a 3D tensor (column, row, sequence) read in 64 x 64 boxes with the 128-byte
+// swizzle; rows past T read zeros.
+CUtensorMap qkv_tensor_map(const floatX* qkv, int B, int T, int C) {
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {(cuuint64_t)3 * C, (cuuint64_t)T, (cuuint64_t)B};
+  const cuuint64_t strides[2] = {(cuuint64_t)3 * C * sizeof(floatX), (cuuint64_t)T * 3 * C * sizeof(floatX)};
+  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result = hopper_support().encode_tensor_map(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<floatX*>(qkv), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for qkv [%d, %d, %d]", (int)result, B,
+          T, 3 * C);
+  return map;
+}
+
 template <int HS>
 void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
   set_smem_limits<HS>();
-  const dim3 grid(ceil_div(T, forward_groups<HS>() * kTileRows), B * NH);
   const float scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
+  if (hopper_support().usable) {
+    const dim3 grid(ceil_div(T, kTmaForwardGroups * kTileRows), B * NH);
+    attention_forward_flash_tma_kernel<HS><<<grid, kTmaForwardThreads, tma_forward_smem_bytes<HS>(), stream>>>(
+        qkv_tensor_map(qkv, B, T, NH * HS), out, lse, T, NH, scale_log2);
+    cudaCheckLaunch();
+    return;
+  }
+  const dim3 grid(ceil_div(T, forward_groups<HS>() * kTileRows), B * NH);
   attention_forward_flash_kernel<HS><<<grid, forward_threads<HS>(), forward_smem_bytes<HS>(), stream>>>(
       out, lse, qkv, T, NH, scale_log2);
   cudaCheckLaunch();
