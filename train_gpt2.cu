@@ -1102,17 +1102,18 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // ---- Flash attention (BF16 builds, head size 64 or 128) ----
 // The same causal attention without the T x T matrix: each warpgroup takes 64 query rows (16 per
 // warp) against 64-row key/value tiles through BF16 tensor-core MMAs (wgmma on Hopper, mma.sync
-// m16n8k16 elsewhere; FP32 accumulation), with an online softmax in registers (a forward block
-// is one or two warpgroups sharing each key/value tile). q, k, v are read straight from qkv
+// m16n8k16 elsewhere; FP32 accumulation), with an online softmax in registers (a forward block is
+// one or two warpgroups sharing each key/value tile; on Hopper the forward is a kernel of its own,
+// with bulk tensor copies and 128-row key tiles, further below). q, k, v are read straight from qkv
 // [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no permutes. The forward
 // keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward rebuilds each
-// probability exactly as the forward made it. The backward avoids atomics with two kernels: one
-// per key/value tile (dK, dV, looping over the query tiles at or below the diagonal), which also
-// writes each 64x64 tile of dS = P * (dP - rowsum(dO * O)) it forms to a scratch buffer, and one
-// per query tile (dQ = dS K, looping over the key tiles), so every sum has a fixed order. FLOPs
-// (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
-// once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64
-// tiles at or below the diagonal: about B*NH*T*T/2 BF16 values).
+// probability exactly as the forward made it. The backward avoids atomics with two kernels: one per
+// key/value tile (dK, dV, looping over the query tiles at or below the diagonal), which also writes
+// each 64x64 tile of dS = P * (dP - rowsum(dO * O)) it forms to a scratch buffer, and one per query
+// tile (dQ = dS K, looping over the key tiles), so every sum has a fixed order. FLOPs (causal):
+// 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients once, the K/V
+// (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64 tiles at or below
+// the diagonal: about B*NH*T*T/2 BF16 values).
 #if !defined(ENABLE_FP32)
 namespace flash {
 
@@ -1510,6 +1511,8 @@ __device__ __forceinline__ void prefetch_next_kv_tile(floatX* k_s, floatX* v_s, 
   }
 }
 
+// The forward of GPUs without sm_90a's bulk tensor copies and mbarrier waits (and of builds
+// for them); Hopper builds launch attention_forward_flash_tma_kernel below.
 // Block i takes the query rows of 64-row tiles G*i .. G*i + G-1 (G warpgroups, one tile each) and
 // runs over the key/value tiles up to its last query tile; a warpgroup sits out the tiles past its
 // own diagonal.
