@@ -1103,17 +1103,17 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // The same causal attention without the T x T matrix: each warpgroup takes 64 query rows (16 per
 // warp) against 64-row key/value tiles through BF16 tensor-core MMAs (wgmma on Hopper, mma.sync
 // m16n8k16 elsewhere; FP32 accumulation), with an online softmax in registers (a forward block is
-// one or two warpgroups sharing each key/value tile; on Hopper the forward is a kernel of its own,
-// with bulk tensor copies and 128-row key tiles, further below). q, k, v are read straight from qkv
-// [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no permutes. The forward
-// keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward rebuilds each
-// probability exactly as the forward made it. The backward avoids atomics with two kernels: one per
-// key/value tile (dK, dV, looping over the query tiles at or below the diagonal), which also writes
-// each 64x64 tile of dS = P * (dP - rowsum(dO * O)) it forms to a scratch buffer, and one per query
-// tile (dQ = dS K, looping over the key tiles), so every sum has a fixed order. FLOPs (causal):
-// 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients once, the K/V
-// (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64 tiles at or below
-// the diagonal: about B*NH*T*T/2 BF16 values).
+// one or two warpgroups sharing each key/value tile; on Hopper the forward, and at head size 64 the
+// backward, are kernels of their own with bulk tensor copies, further below). q, k, v are read
+// straight from qkv [B, T, 3, NH, HS] and the output written straight to [B, T, NH, HS]: no
+// permutes. The forward keeps the base-2 logsumexp of every row, lse [B, NH, T], so the backward
+// rebuilds each probability exactly as the forward made it. The backward avoids atomics with two
+// kernels: one per key/value tile (dK, dV, looping over the query tiles at or below the diagonal),
+// which also writes each 64x64 tile of dS = P * (dP - rowsum(dO * O)) it forms to a scratch buffer,
+// and one per query tile (dQ = dS K, looping over the key tiles), so every sum has a fixed order.
+// FLOPs (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
+// once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64
+// tiles at or below the diagonal: about B*NH*T*T/2 BF16 values).
 #if !defined(ENABLE_FP32)
 namespace flash {
 
@@ -1956,8 +1956,10 @@ __device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float
   }
 }
 
-// dK and dV of one 64-row key tile: the transposed scores S^T = K Q^T are formed directly, so
-// the probabilities P^T are in the layout that multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
+// dK and dV of one 64-row key tile (GPUs without sm_90a's bulk tensor copies, and head size 128;
+// Hopper at head size 64 launches attention_backward_flash_dkdv_tma_kernel below): the transposed
+// scores S^T = K Q^T are formed directly, so the probabilities P^T are in the layout that
+// multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
 // tile_sums (optional, [B * gridDim.x][3C]): the column sums of the tile's dK and dV rows.
 // At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and serialises
 // some wgmma, but the extra warps hide more latency (H200, d12 shape: 201 -> 216 TFLOP/s).
@@ -2062,6 +2064,152 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
   }
 }
 
+// ---- dK/dV on Hopper: the forward's bulk tensor copies and barriers in shared memory ----
+// The same work as attention_backward_flash_dkdv_kernel at head size 64, with the forward's
+// structure: one thread starts each query tile's copies (q, dout, lse and dot) through the TMA into
+// a ring of stages, each with an mbarrier that completes when its bytes land, and S^T = K Q^T and
+// dP^T = V dO^T read K and V from shared memory (no fragment registers). The block is one
+// warpgroup, whose 4 warps meet at every product, so once thread 0's wait for a tile's last
+// products returns, every warp is done with its stage and thread 0 refills it: no block barrier.
+// lse and dot rows past T read zeros; those queries are masked instead.
+constexpr int kTmaDkdvStages = 3;
+constexpr int kTmaDkdvStageBytes = 17 * 1024;  // q and dout tiles (8 KiB each), lse, dot, padding
+
+constexpr size_t tma_dkdv_smem_bytes() {
+  return 2 * kTileRows * 64 * sizeof(floatX) + kTmaDkdvStages * kTmaDkdvStageBytes + (kTmaDkdvStages + 1) * sizeof(uint64_t);
+}
+
+#if FLASH_WGMMA
+// A box of a 2D FP32 tensor map (inner coordinate first) into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_box_2d(void* dst, const CUtensorMap* map, int inner, int outer,
+                                                uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          shared_address(dst)),
+      "l"((uint64_t)map), "r"(inner), "r"(outer), "r"(shared_address(bar))
+      : "memory");
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma_kernel(
+    const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dout_map,
+    const __grid_constant__ CUtensorMap lse_map, const __grid_constant__ CUtensorMap dot_map, floatX* dqkv,
+    float* tile_sums, floatX* ds, int T, int NH, float scale_log2, float scale) {
+#if FLASH_WGMMA
+  constexpr int HS = 64, kQRows = 64, kStages = kTmaDkdvStages, kTileBytes = kTileRows * HS * sizeof(floatX);
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  floatX* k_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* v_s = k_s + kTileRows * HS;
+  unsigned char* stages = flash_smem + 2 * kTileBytes;  // stage s: q, dout, lse, dot
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kTmaDkdvStageBytes);
+  uint64_t* kv_full = full + kStages;
+  const int kv_tile = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int g = lane / 4, t = lane % 4, kv0 = kv_tile * kTileRows;
+  const int first = kv0 / kQRows, last = ceil_div(T, kQRows) - 1;
+  auto stage_q = [&](int i) { return reinterpret_cast<floatX*>(stages + (i - first) % kStages * kTmaDkdvStageBytes); };
+  // Starts the copies of query tile i into its stage.
+  auto load_query_tile = [&](int i) {
+    const int stage = (i - first) % kStages;
+    floatX* q_tile = stage_q(i);
+    floatX* do_tile = q_tile + kQRows * HS;
+    float* lse_tile = reinterpret_cast<float*>(do_tile + kQRows * HS);
+    barrier_expect_bytes(&full[stage], 2 * kTileBytes + 2 * kQRows * sizeof(float));
+    tma_load_box(q_tile, &qkv_map, h * HS, i * kQRows, b, &full[stage]);
+    tma_load_box(do_tile, &dout_map, h * HS, i * kQRows, b, &full[stage]);
+    tma_load_box_2d(lse_tile, &lse_map, i * kQRows, bh, &full[stage]);
+    tma_load_box_2d(lse_tile + kQRows, &dot_map, i * kQRows, bh, &full[stage]);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) barrier_init(&full[s], 1);
+    barrier_init(kv_full, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    barrier_expect_bytes(kv_full, 2 * kTileBytes);
+    tma_load_box(k_s, &qkv_map, C + h * HS, kv0, b, kv_full);
+    tma_load_box(v_s, &qkv_map, 2 * C + h * HS, kv0, b, kv_full);
+    for (int i = first; i < first + kStages && i <= last; i++) load_query_tile(i);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  const uint64_t k_desc = wgmma_descriptor(k_s, 16, 1024), v_desc = wgmma_descriptor(v_s, 16, 1024);
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const int kv_row[2] = {kv0 + warp * 16 + g, kv0 + warp * 16 + g + 8};
+  barrier_wait(kv_full, 0);
+  for (int i = first; i <= last; i++) {
+    const int n_tile = i - first;
+    barrier_wait(&full[n_tile % kStages], (n_tile / kStages) & 1);
+    const floatX* q_tile = stage_q(i);
+    const floatX* do_tile = q_tile + kQRows * HS;
+    const float* lse_tile = reinterpret_cast<const float*>(do_tile + kQRows * HS);
+    const float* dot_tile = lse_tile + kQRows;
+    const uint64_t q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
+    // S^T and dP^T, then dV and dK, are independent pairs: one batch each.
+    float p[kQRows / 8][4], dp[kQRows / 8][4];
+    mma_batch_begin();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+      if (kk == 0) {
+        wgmma_shared_m64k16<kQRows, false>(p, k_desc, q_desc);
+        wgmma_shared_m64k16<kQRows, false>(dp, v_desc, do_desc);
+      } else {
+        wgmma_shared_m64k16<kQRows, true>(p, k_desc + kk * 2, q_desc + kk * 2);
+        wgmma_shared_m64k16<kQRows, true>(dp, v_desc + kk * 2, do_desc + kk * 2);
+      }
+    }
+    mma_batch_end();
+    mma_result<kQRows / 8>(p);
+    mma_result<kQRows / 8>(dp);
+    // A key is hidden from the queries before it (score -inf, probability 0); queries past T
+    // (zeros from the copies) are dropped the same way.
+    if (i * kQRows < kv0 + kTileRows || (i + 1) * kQRows > T) {
+#pragma unroll
+      for (int n = 0; n < kQRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int q = i * kQRows + n * 8 + 2 * t + e % 2;
+          if (q < kv_row[e / 2] || q >= T) p[n][e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kQRows / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int c = n * 8 + 2 * t + (e % 2);
+        const float prob = exp2_ftz(fmaf(p[n][e], scale_log2, -lse_tile[c]));
+        p[n][e] = prob;
+        dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
+      }
+    }
+    store_ds_rows<kQRows>(ds + ds_tile_offset(bh, i, kv_tile, gridDim.x), 0, dp);
+    uint32_t p_frag[kQRows / 16][4], ds_frag[kQRows / 16][4];
+    scores_to_fragments<kQRows>(p_frag, p);
+    scores_to_fragments<kQRows>(ds_frag, dp);
+    mma_batch_begin();
+    issue_accumulate<HS, kQRows>(dv, p_frag, do_tile);
+    issue_accumulate<HS, kQRows>(dk, ds_frag, q_tile);
+    mma_batch_end();
+    mma_result<HS / 8>(dv);
+    mma_result<HS / 8>(dk);
+    if (threadIdx.x == 0 && i + kStages <= last) load_query_tile(i + kStages);
+  }
+  const size_t ld = 3 * (size_t)C;
+  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
+  store_rows<HS>(dk_g, ld, kv0 + warp * 16, T, dk, scale, scale);
+  store_rows<HS>(dk_g + C, ld, kv0 + warp * 16, T, dv, 1.0f, 1.0f);
+  if (tile_sums) {
+    __syncthreads();  // every warp is done with the stages before their memory holds the sums
+    float* sums = tile_sums + ((size_t)b * gridDim.x + kv_tile) * ld + C + h * HS;
+    float* warp_sums = reinterpret_cast<float*>(flash_smem);
+    store_tile_column_sums<HS>(sums, warp_sums, kv0 + warp * 16, T, dk, scale);
+    store_tile_column_sums<HS>(sums + C, warp_sums + 4 * HS, kv0 + warp * 16, T, dv, 1.0f);
+  }
+#else
+  __trap();  // launched only where hopper_support().usable
+#endif
+}
+
 // A dS tile (8 KiB, contiguous) global -> shared.
 __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 #pragma unroll
@@ -2072,7 +2220,8 @@ __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 }
 
 // dQ = dS K of one 64-row query tile, looping over the key tiles at or below the diagonal with
-// the dS tiles the dK/dV kernel wrote. tile_sums as in the dK/dV kernel, for the dQ rows.
+// the dS tiles the dK/dV kernel wrote. tile_sums as in the dK/dV kernel, for the dQ rows. Hopper
+// at head size 64 launches attention_backward_flash_dq_tma_kernel below.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale) {
@@ -2115,6 +2264,67 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
   }
 }
 
+// dQ on Hopper (head size 64): attention_backward_flash_dq_kernel's work with the dK/dV kernel's
+// structure. Thread 0 starts each step's copies (the key tile through the TMA, the dS tile, 8 KiB
+// contiguous, as one bulk copy) into a ring of stages with an mbarrier each, and refills a stage
+// once its own wait for the step's product returns (the warps meet at every product).
+constexpr int kTmaDqStages = 3;
+constexpr size_t tma_dq_smem_bytes() {
+  return kTmaDqStages * (kTileRows * 64 + kDsTileElements) * sizeof(floatX) + kTmaDqStages * sizeof(uint64_t);
+}
+
+__global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_tma_kernel(
+    const __grid_constant__ CUtensorMap qkv_map, floatX* dqkv, float* tile_sums, const floatX* ds, int T, int NH,
+    float scale) {
+#if FLASH_WGMMA
+  constexpr int HS = 64, kStages = kTmaDqStages, kTile = kTileRows * HS;
+  constexpr uint32_t kStageBytes = (kTile + kDsTileElements) * sizeof(floatX);
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(flash_smem + kStages * kStageBytes);
+  const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, q0 = q_tile * kTileRows;
+  const floatX* ds_g = ds + ds_tile_offset(bh, q_tile, 0, gridDim.x);  // tiles j = 0..q_tile follow
+  auto stage_k = [&](int j) { return reinterpret_cast<floatX*>(flash_smem + j % kStages * kStageBytes); };
+  auto load_step = [&](int j) {
+    uint64_t* bar = &full[j % kStages];
+    floatX* k_tile = stage_k(j);
+    barrier_expect_bytes(bar, kStageBytes);
+    tma_load_box(k_tile, &qkv_map, C + h * HS, j * kTileRows, b, bar);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     shared_address(k_tile + kTile)),
+                 "l"(ds_g + (size_t)j * kDsTileElements), "r"((uint32_t)(kDsTileElements * sizeof(floatX))),
+                 "r"(shared_address(bar))
+                 : "memory");
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) barrier_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    for (int j = 0; j < kStages && j <= q_tile; j++) load_step(j);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  float dq[HS / 8][4] = {};
+  for (int j = 0; j <= q_tile; j++) {
+    barrier_wait(&full[j % kStages], (j / kStages) & 1);
+    const floatX* k_tile = stage_k(j);
+    uint32_t a[kTileRows / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kTileRows / 16; kk++) load_ds_a_fragment(a[kk], k_tile + kTile, kk);
+    accumulate_fragments<HS, kTileRows>(dq, a, k_tile);
+    if (threadIdx.x == 0 && j + kStages <= q_tile) load_step(j + kStages);
+  }
+  const size_t ld = 3 * (size_t)C;
+  store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
+  if (tile_sums) {
+    __syncthreads();  // every warp is done with the stages before their memory holds the sums
+    store_tile_column_sums<HS>(tile_sums + ((size_t)b * gridDim.x + q_tile) * ld + h * HS,
+                               reinterpret_cast<float*>(flash_smem), q0 + warp * 16, T, dq, scale);
+  }
+#else
+  __trap();  // launched only where hopper_support().usable
+#endif
+}
+
 template <int HS>
 constexpr size_t forward_smem_bytes() {
   return (forward_groups<HS>() + 4) * kTileRows * HS * sizeof(floatX);
@@ -2140,6 +2350,10 @@ void set_smem_limits() {
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
   cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dq_smem_bytes()));
   cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
   done = true;
@@ -2179,20 +2393,37 @@ const HopperSupport& hopper_support() {
   return support;
 }
 
-// qkv [B, T, 3C] as a 3D tensor (column, row, sequence) read in 64 x 64 boxes with the 128-byte
-// swizzle; rows past T read zeros.
-CUtensorMap qkv_tensor_map(const floatX* qkv, int B, int T, int C) {
+// A [B, T, width] BF16 tensor (qkv, width 3C, or dout, width C) as a 3D tensor map (column, row,
+// sequence) read in 64 x 64 boxes with the 128-byte swizzle; rows past T read zeros.
+CUtensorMap sequence_tensor_map(const floatX* x, int B, int T, int width) {
   CUtensorMap map;
-  const cuuint64_t dims[3] = {(cuuint64_t)3 * C, (cuuint64_t)T, (cuuint64_t)B};
-  const cuuint64_t strides[2] = {(cuuint64_t)3 * C * sizeof(floatX), (cuuint64_t)T * 3 * C * sizeof(floatX)};
+  const cuuint64_t dims[3] = {(cuuint64_t)width, (cuuint64_t)T, (cuuint64_t)B};
+  const cuuint64_t strides[2] = {(cuuint64_t)width * sizeof(floatX), (cuuint64_t)T * width * sizeof(floatX)};
   const cuuint32_t box[3] = {64, 64, 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult result = hopper_support().encode_tensor_map(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<floatX*>(qkv), dims, strides, box, element_strides,
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<floatX*>(x), dims, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for qkv [%d, %d, %d]", (int)result, B,
-          T, 3 * C);
+  REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for a [%d, %d, %d] tensor", (int)result,
+          B, T, width);
+  return map;
+}
+
+// A [rows, T] FP32 tensor (lse or dot, rows B*NH) read in boxes of 64 of a row; entries past T
+// read zeros. The row stride must be a multiple of 16 bytes: T % 4 == 0.
+CUtensorMap row_tensor_map(const float* x, int rows, int T) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {(cuuint64_t)T, (cuuint64_t)rows};
+  const cuuint64_t strides[1] = {(cuuint64_t)T * sizeof(float)};
+  const cuuint32_t box[2] = {64, 1};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = hopper_support().encode_tensor_map(
+      &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(x), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for a [%d, %d] tensor", (int)result,
+          rows, T);
   return map;
 }
 
@@ -2203,7 +2434,7 @@ void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, c
   if (hopper_support().usable) {
     const dim3 grid(ceil_div(T, kTmaForwardGroups * kTileRows), B * NH);
     attention_forward_flash_tma_kernel<HS><<<grid, kTmaForwardThreads, tma_forward_smem_bytes<HS>(), stream>>>(
-        qkv_tensor_map(qkv, B, T, NH * HS), out, lse, T, NH, scale_log2);
+        sequence_tensor_map(qkv, B, T, 3 * NH * HS), out, lse, T, NH, scale_log2);
     cudaCheckLaunch();
     return;
   }
@@ -2224,11 +2455,23 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
   cudaCheckLaunch();
   const float scale = (float)(1.0 / sqrt((double)HS)), scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
-  attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
-      dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+  if (HS == 64 && T % 4 == 0 && hopper_support().usable) {
+    attention_backward_flash_dkdv_tma_kernel<<<grid, kThreads, tma_dkdv_smem_bytes(), stream>>>(
+        sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
+        row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, tile_sums, scratch_ds, T, NH,
+        scale_log2, scale);
+  } else {
+    attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
+        dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+  }
   cudaCheckLaunch();
-  attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-      dqkv, tile_sums, qkv, scratch_ds, T, NH, scale);
+  if (HS == 64 && hopper_support().usable) {
+    attention_backward_flash_dq_tma_kernel<<<grid, kThreads, tma_dq_smem_bytes(), stream>>>(
+        sequence_tensor_map(qkv, B, T, 3 * NH * HS), dqkv, tile_sums, scratch_ds, T, NH, scale);
+  } else {
+    attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
+        dqkv, tile_sums, qkv, scratch_ds, T, NH, scale);
+  }
   cudaCheckLaunch();
 }
 

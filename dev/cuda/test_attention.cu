@@ -190,6 +190,7 @@ int main() {
     test_attention_flash({4, 64, 768, 12}, rng);   // GPT-2 small: one 64-row tile
     test_attention_flash({2, 100, 1600, 25}, rng); // d48 width; a partial second tile
     test_attention_flash({1, 1000, 768, 12}, rng); // 16 tiles, the last partial
+    test_attention_flash({2, 30, 256, 4}, rng);    // T % 4 != 0: Hopper's dK/dV falls back
     test_attention_flash({3, 37, 256, 2}, rng);    // head size 128, a single partial tile
     test_attention_flash({2, 200, 512, 4}, rng);   // head size 128, several tiles
 #endif
