@@ -2339,31 +2339,11 @@ constexpr size_t dq_smem_bytes() {
   return 2 * (kTileRows * HS + kDsTileElements) * sizeof(floatX);
 }
 
-// Raises each kernel's dynamic shared-memory limit once (above 48 KiB needs an opt-in).
-template <int HS>
-void set_smem_limits() {
-  static bool done = false;
-  if (done) return;
-  cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)forward_smem_bytes<HS>()));
-  cudaCheck(cudaFuncSetAttribute(attention_forward_flash_tma_kernel<HS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
-  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
-  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
-  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dq_smem_bytes()));
-  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
-  done = true;
-}
-
 __global__ void hopper_build_probe_kernel(int* built) { *built = FLASH_WGMMA; }
 
 // Whether this build's device code has the Hopper kernels (an sm_90a build), and the driver's
 // tensor-map encoder, fetched through the runtime (no link against libcuda): found on first use.
-// Without either the forward takes the kernel that copies with every thread.
+// Without either, attention takes the kernels that copy with every thread.
 struct HopperSupport {
   bool usable = false;
   PFN_cuTensorMapEncodeTiled_v12000 encode_tensor_map = nullptr;
@@ -2391,6 +2371,29 @@ const HopperSupport& hopper_support() {
     return s;
   }();
   return support;
+}
+
+// Raises each kernel's dynamic shared-memory limit once (above 48 KiB needs an opt-in).
+template <int HS>
+void set_smem_limits() {
+  static bool done = false;
+  if (done) return;
+  cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)forward_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
+  // The Hopper kernels' shared memory is more than some other GPUs allow a block.
+  if (hopper_support().usable) {
+    cudaCheck(cudaFuncSetAttribute(attention_forward_flash_tma_kernel<HS>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dq_smem_bytes()));
+  }
+  done = true;
 }
 
 // A [B, T, width] BF16 tensor (qkv, width 3C, or dout, width C) as a 3D tensor map (column, row,
