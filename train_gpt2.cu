@@ -1228,6 +1228,13 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(const floatX* tile, uint32_
          (uint64_t)(stride_bytes >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+// The asm operands of accumulator fragments d[i] .. d[i + 3] (16 floats, in wgmma's order).
+#define FLASH_WGMMA_ACC4(d, i)                                                                     \
+  "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3]), "+f"(d[(i) + 1][0]),                 \
+      "+f"(d[(i) + 1][1]), "+f"(d[(i) + 1][2]), "+f"(d[(i) + 1][3]), "+f"(d[(i) + 2][0]),          \
+      "+f"(d[(i) + 2][1]), "+f"(d[(i) + 2][2]), "+f"(d[(i) + 2][3]), "+f"(d[(i) + 3][0]),          \
+      "+f"(d[(i) + 3][1]), "+f"(d[(i) + 3][2]), "+f"(d[(i) + 3][3])
+
 // d[64 x N] += a[64 x 16] b[16 x N] over the warpgroup, for N = 32 or 64. kTransposeB: b is
 // N-major (16 rows of a [K][N] tile) rather than K-major (a [N][K] tile).
 template <int N, int kTransposeB>
@@ -1238,20 +1245,13 @@ __device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
         "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3])
+        : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB));
   } else {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, %21;\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : FLASH_WGMMA_ACC4(d, 0)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB));
   }
 }
@@ -1625,8 +1625,14 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)), "r"(count));
+// Initialises n mbarriers, each completed by one arrival and the bytes it expects, and makes
+// them visible to the copy engine before any copy is started on them.
+__device__ __forceinline__ void copy_barriers_init(uint64_t* bars, int n) {
+  for (int i = 0; i < n; i++) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(&bars[i])), "r"(1));
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Arrives on bar and sets the bytes the copies of its current phase will deliver.
@@ -1668,12 +1674,7 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t 
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
         "%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3])
+        : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4)
         : "l"(a), "l"(b), "n"((int)kAccumulate));
   } else {
     asm volatile(
@@ -1683,17 +1684,7 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t 
         "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
         "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, "
         "accumulate, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-          "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
-          "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4), FLASH_WGMMA_ACC4(d, 8), FLASH_WGMMA_ACC4(d, 12)
         : "l"(a), "l"(b), "n"((int)kAccumulate));
   }
 }
@@ -1852,13 +1843,8 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
   };
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; s++) {
-      barrier_init(&full[s], 1);
-      done_warps[s] = 0;
-    }
-    barrier_init(q_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    for (int s = 0; s < kStages; s++) done_warps[s] = 0;
+    copy_barriers_init(full, kStages + 1);  // and q_full
     barrier_expect_bytes(q_full, kTmaForwardGroups * kTileRows * HS * sizeof(floatX));
 #pragma unroll
     for (int gr = 0; gr < kTmaForwardGroups; gr++) {
@@ -2121,10 +2107,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
     tma_load_box_2d(lse_tile + kQRows, &dot_map, i * kQRows, bh, &full[stage]);
   };
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; s++) barrier_init(&full[s], 1);
-    barrier_init(kv_full, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    copy_barriers_init(full, kStages + 1);  // and kv_full
     barrier_expect_bytes(kv_full, 2 * kTileBytes);
     tma_load_box(k_s, &qkv_map, C + h * HS, kv0, b, kv_full);
     tma_load_box(v_s, &qkv_map, 2 * C + h * HS, kv0, b, kv_full);
@@ -2297,9 +2280,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_tma_kern
                  : "memory");
   };
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; s++) barrier_init(&full[s], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    copy_barriers_init(full, kStages);
     for (int j = 0; j < kStages && j <= q_tile; j++) load_step(j);
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
@@ -2458,19 +2439,20 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
   cudaCheckLaunch();
   const float scale = (float)(1.0 / sqrt((double)HS)), scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
-  if (HS == 64 && T % 4 == 0 && hopper_support().usable) {
+  const bool hopper = HS == 64 && hopper_support().usable;
+  const CUtensorMap qkv_map = hopper ? sequence_tensor_map(qkv, B, T, 3 * NH * HS) : CUtensorMap{};
+  if (hopper && T % 4 == 0) {
     attention_backward_flash_dkdv_tma_kernel<<<grid, kThreads, tma_dkdv_smem_bytes(), stream>>>(
-        sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
-        row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, tile_sums, scratch_ds, T, NH,
-        scale_log2, scale);
+        qkv_map, sequence_tensor_map(dout, B, T, NH * HS), row_tensor_map(lse, B * NH, T),
+        row_tensor_map(scratch_dot, B * NH, T), dqkv, tile_sums, scratch_ds, T, NH, scale_log2, scale);
   } else {
     attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
         dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
   }
   cudaCheckLaunch();
-  if (HS == 64 && hopper_support().usable) {
+  if (hopper) {
     attention_backward_flash_dq_tma_kernel<<<grid, kThreads, tma_dq_smem_bytes(), stream>>>(
-        sequence_tensor_map(qkv, B, T, 3 * NH * HS), dqkv, tile_sums, scratch_ds, T, NH, scale);
+        qkv_map, dqkv, tile_sums, scratch_ds, T, NH, scale);
   } else {
     attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
         dqkv, tile_sums, qkv, scratch_ds, T, NH, scale);
