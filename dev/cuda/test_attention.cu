@@ -6,7 +6,8 @@
 // diagonal, every output poisoned first, and each pass run twice for identical bits. The
 // backward gets the GPU forward's att on both sides, so only the backward's own rounding shows.
 // The flash kernels are also run at head size 128 and against the CPU's FP32 att; their
-// logsumexp is checked against one computed in double precision.
+// logsumexp is checked against one computed in double precision, and the order in which their
+// blocks take the (tile, head) pairs is checked to cover each pair once.
 #include "dev/cuda/kernel_test.h"
 
 #if defined(ENABLE_FP32)
@@ -179,6 +180,29 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
 }
 #endif
 
+#if !defined(ENABLE_FP32)
+// Every (tile rank, head) pair of a causal grid is the work of exactly one block, for tails of
+// none, some and all of the heads.
+void test_causal_block_order() {
+  for (int tiles : {1, 3, 16}) {
+    for (int heads : {1, 7, 100}) {
+      for (int tail : {1, 5, 100, 1000}) {
+        std::vector<int> taken((size_t)tiles * heads, 0);
+        bool in_range = true;
+        for (int block = 0; block < tiles * heads; block++) {
+          const flash::CausalBlockWork w = flash::causal_block_work(block, tiles, heads, tail);
+          if (w.rank < 0 || w.rank >= tiles || w.bh < 0 || w.bh >= heads) in_range = false;
+          else taken[(size_t)w.bh * tiles + w.rank]++;
+        }
+        const bool once = in_range && std::all_of(taken.begin(), taken.end(), [](int n) { return n == 1; });
+        testing::check(once, "causal block order, " + std::to_string(tiles) + " tiles, " + std::to_string(heads) +
+                                 " heads, tail " + std::to_string(tail) + ": each pair once");
+      }
+    }
+  }
+}
+#endif
+
 int main() {
   return run_kernel_tests("test_attention", [] {
     llmc::Rng rng(3);
@@ -193,6 +217,10 @@ int main() {
     test_attention_flash({2, 30, 256, 4}, rng);    // T % 4 != 0: Hopper's dK/dV falls back
     test_attention_flash({3, 37, 256, 2}, rng);    // head size 128, a single partial tile
     test_attention_flash({2, 200, 512, 4}, rng);   // head size 128, several tiles
+    // 480 heads, more than the tail that goes heaviest first (forward, Hopper dK/dV) on a GPU of
+    // up to 132 SMs: the heads before it go head by head.
+    test_attention_flash({40, 256, 768, 12}, rng);
+    test_causal_block_order();
 #endif
   });
 }
