@@ -1306,10 +1306,16 @@ __device__ __forceinline__ void mma_batch_begin() {
 #endif
 }
 
+#if FLASH_WGMMA
+// The two halves of mma_batch_end, for a kernel with work between issuing a batch and its results.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+#endif
+
 __device__ __forceinline__ void mma_batch_end() {
 #if FLASH_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  wgmma_commit();
+  wgmma_wait_all();
 #endif
 }
 
@@ -1759,9 +1765,6 @@ struct ProductTurns {
   }
 };
 
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
 // One key tile of the Hopper forward for a warpgroup: S = Q K^T over the tile's first KEYS keys
 // (of kTileKeys rows in shared memory), the online softmax update of the warp's 16 rows, and
 // O += P V. The maxima are in base-2 units (scores times scale_log2), the scale applied inside the
@@ -2013,6 +2016,58 @@ __device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float
   }
 }
 
+// The rest of a dK/dV step once S^T (p, masked) and dP^T (dp) of a query tile are formed: P and
+// dS = P * (dP - dot) from the forward's lse, dS stored to its scratch tile (at query column q0 of
+// ds_tile), then dV += P^T dO and dK += dS^T Q in one batch.
+template <int HS, int kQRows>
+__device__ __forceinline__ void dkdv_step(float dk[HS / 8][4], float dv[HS / 8][4], float p[kQRows / 8][4],
+                                          float dp[kQRows / 8][4], const float* lse_tile, const float* dot_tile,
+                                          float scale_log2, floatX* ds_tile, int q0, const floatX* q_tile,
+                                          const floatX* do_tile) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < kQRows / 8; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = n * 8 + 2 * t + (e % 2);
+      const float prob = exp2_ftz(fmaf(p[n][e], scale_log2, -lse_tile[c]));
+      p[n][e] = prob;
+      dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
+    }
+  }
+  store_ds_rows<kQRows>(ds_tile, q0, dp);
+  uint32_t p_frag[kQRows / 16][4], ds_frag[kQRows / 16][4];
+  scores_to_fragments<kQRows>(p_frag, p);
+  scores_to_fragments<kQRows>(ds_frag, dp);
+  mma_batch_begin();
+  issue_accumulate<HS, kQRows>(dv, p_frag, do_tile);
+  issue_accumulate<HS, kQRows>(dk, ds_frag, q_tile);
+  mma_batch_end();
+  mma_result<HS / 8>(dv);
+  mma_result<HS / 8>(dk);
+}
+
+// A dK/dV block's end: its key tile's dK (times scale) and dV rows into dqkv, and their column
+// sums into tile_sums (if given; tiles per sequence in a row of it) through the block's shared
+// memory, which every warp must be done reading: the barrier waits for them.
+template <int HS>
+__device__ __forceinline__ void store_dkdv(floatX* dqkv, float* tile_sums, unsigned char* smem, const float dk[HS / 8][4],
+                                           const float dv[HS / 8][4], int b, int h, int kv_tile, int tiles, int T,
+                                           int NH, float scale) {
+  const int C = NH * HS, r0 = kv_tile * kTileRows + threadIdx.x / WARP_SIZE * 16;
+  const size_t ld = 3 * (size_t)C;
+  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
+  store_rows<HS>(dk_g, ld, r0, T, dk, scale, scale);
+  store_rows<HS>(dk_g + C, ld, r0, T, dv, 1.0f, 1.0f);
+  if (tile_sums) {
+    __syncthreads();
+    float* sums = tile_sums + ((size_t)b * tiles + kv_tile) * ld + C + h * HS;
+    float* warp_sums = reinterpret_cast<float*>(smem);
+    store_tile_column_sums<HS>(sums, warp_sums, r0, T, dk, scale);
+    store_tile_column_sums<HS>(sums + C, warp_sums + 4 * HS, r0, T, dv, 1.0f);
+  }
+}
+
 // dK and dV of one 64-row key tile (GPUs without sm_90a's bulk tensor copies, and head size 128;
 // Hopper at head size 64 launches attention_backward_flash_dkdv_tma_kernel below): the transposed
 // scores S^T = K Q^T are formed directly, so the probabilities P^T are in the layout that
@@ -2087,38 +2142,12 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
         }
       }
     }
-#pragma unroll
-    for (int n = 0; n < kQRows / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int c = n * 8 + 2 * t + (e % 2);
-        const float prob = exp2_ftz(fmaf(p[n][e], scale_log2, -lse_tile[c]));
-        p[n][e] = prob;
-        dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
-      }
-    }
-    store_ds_rows<kQRows>(ds + ds_tile_offset(bh, i * kQRows / kTileRows, kv_tile, gridDim.x),
-                          i * kQRows % kTileRows, dp);
-    uint32_t p_frag[kQRows / 16][4], ds_frag[kQRows / 16][4];
-    scores_to_fragments<kQRows>(p_frag, p);
-    scores_to_fragments<kQRows>(ds_frag, dp);
-    mma_batch_begin();
-    issue_accumulate<HS, kQRows>(dv, p_frag, do_tile);
-    issue_accumulate<HS, kQRows>(dk, ds_frag, q_tile);
-    mma_batch_end();
-    mma_result<HS / 8>(dv);
-    mma_result<HS / 8>(dk);
+    dkdv_step<HS, kQRows>(dk, dv, p, dp, lse_tile, dot_tile, scale_log2,
+                          ds + ds_tile_offset(bh, i * kQRows / kTileRows, kv_tile, gridDim.x),
+                          i * kQRows % kTileRows, q_tile, do_tile);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
-  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
-  store_rows<HS>(dk_g, ld, kv0 + warp * 16, T, dk, scale, scale);
-  store_rows<HS>(dk_g + C, ld, kv0 + warp * 16, T, dv, 1.0f, 1.0f);
-  if (tile_sums) {  // the loop's last barrier freed the shared memory
-    float* sums = tile_sums + ((size_t)b * gridDim.x + kv_tile) * ld + C + h * HS;
-    float* warp_sums = reinterpret_cast<float*>(flash_smem);
-    store_tile_column_sums<HS>(sums, warp_sums, kv0 + warp * 16, T, dk, scale);
-    store_tile_column_sums<HS>(sums + C, warp_sums + 4 * HS, kv0 + warp * 16, T, dv, 1.0f);
-  }
+  store_dkdv<HS>(dqkv, tile_sums, flash_smem, dk, dv, b, h, kv_tile, gridDim.x, T, NH, scale);
 }
 
 // ---- dK/dV on Hopper: the forward's bulk tensor copies and barriers in shared memory ----
@@ -2227,39 +2256,11 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
         }
       }
     }
-#pragma unroll
-    for (int n = 0; n < kQRows / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int c = n * 8 + 2 * t + (e % 2);
-        const float prob = exp2_ftz(fmaf(p[n][e], scale_log2, -lse_tile[c]));
-        p[n][e] = prob;
-        dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
-      }
-    }
-    store_ds_rows<kQRows>(ds + ds_tile_offset(bh, i, kv_tile, gridDim.x), 0, dp);
-    uint32_t p_frag[kQRows / 16][4], ds_frag[kQRows / 16][4];
-    scores_to_fragments<kQRows>(p_frag, p);
-    scores_to_fragments<kQRows>(ds_frag, dp);
-    mma_batch_begin();
-    issue_accumulate<HS, kQRows>(dv, p_frag, do_tile);
-    issue_accumulate<HS, kQRows>(dk, ds_frag, q_tile);
-    mma_batch_end();
-    mma_result<HS / 8>(dv);
-    mma_result<HS / 8>(dk);
+    dkdv_step<HS, kQRows>(dk, dv, p, dp, lse_tile, dot_tile, scale_log2,
+                          ds + ds_tile_offset(bh, i, kv_tile, gridDim.x), 0, q_tile, do_tile);
     if (threadIdx.x == 0 && i + kStages <= last) load_query_tile(i + kStages);
   }
-  const size_t ld = 3 * (size_t)C;
-  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
-  store_rows<HS>(dk_g, ld, kv0 + warp * 16, T, dk, scale, scale);
-  store_rows<HS>(dk_g + C, ld, kv0 + warp * 16, T, dv, 1.0f, 1.0f);
-  if (tile_sums) {
-    __syncthreads();  // every warp is done with the stages before their memory holds the sums
-    float* sums = tile_sums + ((size_t)b * gridDim.x + kv_tile) * ld + C + h * HS;
-    float* warp_sums = reinterpret_cast<float*>(flash_smem);
-    store_tile_column_sums<HS>(sums, warp_sums, kv0 + warp * 16, T, dk, scale);
-    store_tile_column_sums<HS>(sums + C, warp_sums + 4 * HS, kv0 + warp * 16, T, dv, 1.0f);
-  }
+  store_dkdv<HS>(dqkv, tile_sums, flash_smem, dk, dv, b, h, kv_tile, gridDim.x, T, NH, scale);
 #else
   __trap();  // launched only where hopper_support().usable
 #endif
