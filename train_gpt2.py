@@ -53,6 +53,12 @@ PRESETS = {
 }
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
+COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "efficient": "EFFICIENT_ATTENTION"}
+# The benchmark's defaults: the fastest PyTorch recipe measured on an H100 (dev/cuda/NOTES.md,
+# "The PyTorch peer"), so the trainers are compared against the best PyTorch does.
+BENCHMARK_RECIPE = {"compile_mode": "default", "sdpa_backend": "auto", "compile_optimizer": 0}
 
 
 def fail(message):
@@ -153,18 +159,31 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.channels, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight
 
-    def forward(self, idx, targets=None):
-        """Returns the logits over the real vocabulary, [B, T, vocab_size], and the mean loss."""
+    def final_hidden(self, idx):
+        """The blocks' output after the final layernorm, [B, T, C]: the classifier's input."""
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, targets=None):
+        """Returns the logits over the real vocabulary, [B, T, vocab_size], and the mean loss."""
         # The padded columns are dropped before the loss, so padded wte rows get zero gradient.
-        logits = self.lm_head(self.transformer.ln_f(x))[:, :, :self.config.vocab_size]
+        logits = self.lm_head(self.final_hidden(idx))[:, :, :self.config.vocab_size]
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def padded_vocab_loss(self, idx, targets):
+        """The benchmark's loss, as nanoGPT computes it: cross-entropy over all padded_vocab_size
+        logits, which are neither sliced nor returned, so the compiled graph keeps no logits beyond
+        what its backward needs. The padded columns' logits are 0 while their wte rows are (at
+        initialisation), so this is the reference loss with padded_vocab_size - vocab_size zero
+        logits added to each softmax."""
+        logits = self.lm_head(self.final_hidden(idx))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
 BLOCK_PARAMS = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
@@ -465,16 +484,17 @@ def adamw_step(params, moments, t, lr, weight_decay):
             p.sub_(lr * (mhat / (vhat.sqrt() + ADAMW_EPS) + decay * p))
 
 
-def make_optimizer(model, args, device_type):
+def make_optimizer(model, args, device_type, tensor_lr=False):
     """torch AdamW: the same update as adamw_step (decoupled decay lr*wd*p, bias-corrected m and v,
-    eps added to sqrt(vhat)), fused on CUDA where this PyTorch has it."""
+    eps added to sqrt(vhat)), fused on CUDA where this PyTorch has it. tensor_lr keeps the learning
+    rate in a device tensor, so a compiled step does not recompile when the rate changes."""
     params = params_in_file_order(model)
     groups = [{"params": [p for p in params if p.dim() == 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() != 2], "weight_decay": 0.0}]
     fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     extra = {"fused": True} if fused else {}
-    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(ADAMW_BETA1, ADAMW_BETA2),
-                             eps=ADAMW_EPS, **extra), fused
+    lr = torch.tensor(args.learning_rate, device=device_type) if tensor_lr else args.learning_rate
+    return torch.optim.AdamW(groups, lr=lr, betas=(ADAMW_BETA1, ADAMW_BETA2), eps=ADAMW_EPS, **extra), fused
 
 
 # ------------------------------------------------------------------------------------------------
@@ -562,6 +582,13 @@ def parse_args(argv=None):
     a.add_argument("--compile", type=int, choices=[0, 1], help="torch.compile (default 1 in benchmark mode)")
     a.add_argument("--flash", type=int, choices=[0, 1], help="F.scaled_dot_product_attention "
                    "(default 1 in benchmark mode)")
+    a.add_argument("--sdpa_backend", choices=sorted(SDPA_BACKENDS), help="the one kernel family "
+                   "F.scaled_dot_product_attention may use with --flash 1 (default: PyTorch picks; "
+                   f"{BENCHMARK_RECIPE['sdpa_backend']} in benchmark mode)")
+    a.add_argument("--compile_mode", choices=COMPILE_MODES, help="torch.compile mode (default: "
+                   f"default; {BENCHMARK_RECIPE['compile_mode']} in benchmark mode)")
+    a.add_argument("--compile_optimizer", type=int, choices=[0, 1], help="benchmark mode: compile the "
+                   f"clipping and AdamW step into one graph (default {BENCHMARK_RECIPE['compile_optimizer']})")
     a.add_argument("--output_dir", help="write main.log and the final checkpoint here")
     a.add_argument("--checkpoint_dtype", choices=["float32", "bfloat16"], default="float32")
     a = p.add_argument_group("modes")
@@ -589,6 +616,8 @@ def check_args(args):
                         ("--debug_steps", args.debug_steps)]:
         if value <= 0:
             fail(f"{flag} must be positive, not {value}")
+    if args.compile_optimizer is not None and not args.benchmark:
+        fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
 
@@ -652,6 +681,22 @@ def evaluate(model, loader, steps, device, autocast, world):
     return mean_over_ranks(total, world)
 
 
+def log_average_and_peak_memory(log, step_ms, tokens_per_step, flops_per_token, peak_flops, cuda):
+    """The closing lines of a run (SPEC.md): the average step after the untimed warm-up steps, and
+    the peak memory (the GPU's allocations, or the process's resident set on the CPU)."""
+    N = len(step_ms)
+    skip = min(WARMUP_STEPS_UNTIMED, N - 1)
+    average_ms = sum(step_ms[skip:]) / (N - skip)
+    tokens_per_s = 1000 * tokens_per_step / average_ms
+    log(f"average over steps {skip + 1}-{N}: {average_ms:.2f} ms | "
+        f"MFU {100.0 * flops_per_token * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
+    if cuda:
+        peak_mib = torch.cuda.max_memory_allocated() // 2**20
+    else:
+        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
+    log(f"peak memory: {peak_mib} MiB")
+
+
 def train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile):
     """Runs num_iterations optimizer steps, printing the SPEC.md line per step; validates at step 0,
     every val_every steps and at the end; writes main.log and the final checkpoint to output_dir."""
@@ -666,7 +711,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
     raw_model = model.to(device)
     optimizer, fused = make_optimizer(raw_model, args, device_type)
     if use_compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
@@ -726,16 +771,8 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
                            f"lr={lr:.4e} ms={1000 * step_times[-1]:.2f} tok_per_s={tokens_per_s:.0f}\n")
             log_file.flush()
 
-    skip = min(WARMUP_STEPS_UNTIMED, N - 1)
-    average = sum(step_times[skip:]) / (N - skip)
-    tokens_per_s = total_batch_size / average
-    log(f"average over steps {skip + 1}-{N}: {1000 * average:.2f} ms | "
-        f"MFU {100.0 * flops_per_token * tokens_per_s / args.peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
-    if device_type == "cuda":
-        peak_mib = torch.cuda.max_memory_allocated() // 2**20
-    else:
-        peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # Linux reports KiB
-    log(f"peak memory: {peak_mib} MiB")
+    log_average_and_peak_memory(log, [1000 * t for t in step_times], total_batch_size, flops_per_token,
+                                args.peak_flops, device_type == "cuda")
     if log_file:
         log_file.close()
         path = os.path.join(args.output_dir, f"model_{N:08d}.bin")
@@ -743,7 +780,110 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         log(f"wrote {path}")
 
 
-def main(argv=None):
+def select_sdpa_backend(name, device):
+    """Leaves only the named kernel family on for F.scaled_dot_product_attention. These are global
+    switches, which torch.compile's traces follow as eager calls do."""
+    if name == "auto":
+        return
+    if not device.startswith("cuda") or not hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        fail(f"--sdpa_backend {name} needs a CUDA device and PyTorch 2.2 or newer; use --sdpa_backend auto")
+    switches = torch.backends.cuda
+    switches.enable_flash_sdp(name == "flash")
+    switches.enable_cudnn_sdp(name == "cudnn")
+    switches.enable_mem_efficient_sdp(name == "efficient")
+    switches.enable_math_sdp(False)
+
+
+def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer, log=print, step_hook=None):
+    """Times num_iterations training steps on one batch of random tokens as a strong PyTorch user
+    runs them: the batch is copied to the device once; forward and loss are one compiled graph
+    (padded_vocab_loss: no logits sliced or returned); fused AdamW, optionally compiled with the
+    clipping; nothing waits for the GPU inside the timed steps (CUDA events time them, and the
+    losses are read after the last step). Prints the per-step lines of SPEC.md, the average and the
+    peak memory; returns the per-step (loss, norm) as floats. step_hook, when given, is called after
+    each step's work is queued (a profiler's step())."""
+    config, (B, T), N = model.config, (args.batch_size, args.seq_len), args.num_iterations
+    cuda = device.startswith("cuda")
+    total_batch_size = B * T if args.total_batch_size == -1 else args.total_batch_size
+    if total_batch_size <= 0 or total_batch_size % (B * T) != 0:
+        fail(f"--total_batch_size {total_batch_size} is not a positive multiple of B*T = {B}*{T}; "
+             f"pick a multiple or change -b/-t")
+    grad_accum_steps = total_batch_size // (B * T)
+    if cuda:
+        torch.set_float32_matmul_precision("high")  # what a benchmark user sets; bf16 products are unaffected
+    model.to(device)
+    optimizer, fused = make_optimizer(model, args, "cuda" if cuda else "cpu", tensor_lr=compile_optimizer)
+    x, y = (t.to(device) for t in batch)
+    loss_fn = model.padded_vocab_loss
+    mode = args.compile_mode or BENCHMARK_RECIPE["compile_mode"]
+    if use_compile:
+        loss_fn = torch.compile(loss_fn, mode=None if mode == "default" else mode)
+
+    def clip_and_step():
+        norm = clip_gradients(model.parameters(), args.grad_clip)
+        optimizer.step()
+        return norm
+
+    if compile_optimizer:
+        clip_and_step = torch.compile(clip_and_step)
+
+    def update(lr):
+        for group in optimizer.param_groups:
+            if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        return clip_and_step()
+
+    autocast = torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    flops_per_token = 6 * config.num_parameters() + 6 * config.num_layers * config.channels * T
+    sdpa = args.sdpa_backend or BENCHMARK_RECIPE["sdpa_backend"]
+    recipe = (f"torch {torch.__version__} | torch.compile {mode if use_compile else 'off'} | "
+              f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype} | "
+              f"AdamW{' fused' if fused else ''}{', compiled with clipping' if compile_optimizer else ''} | "
+              f"loss over the padded vocabulary ({config.padded_vocab_size})")
+    log(f"peer recipe: {recipe}")
+
+    uses_cudagraphs = use_compile and mode in ("reduce-overhead", "max-autotune")
+    marks, results, clock = [], [], []
+    for step in range(N):
+        if uses_cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        if cuda:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
+        clock.append(time.perf_counter())
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(grad_accum_steps):
+            with autocast:
+                loss = loss_fn(x, y) / grad_accum_steps
+            loss_sum += loss.detach().float()
+            loss.backward()
+        norm = update(learning_rate(step, args))
+        results.append((loss_sum, norm.detach().clone()))
+        if step_hook:
+            step_hook()
+    if cuda:
+        marks.append(torch.cuda.Event(enable_timing=True))
+        marks[-1].record()
+        torch.cuda.synchronize()
+        step_ms = [start.elapsed_time(end) for start, end in zip(marks, marks[1:])]
+    else:
+        clock.append(time.perf_counter())
+        step_ms = [1000 * (end - start) for start, end in zip(clock, clock[1:])]
+
+    losses = [(loss.item(), norm.item()) for loss, norm in results]
+    for step, ((loss, norm), ms) in enumerate(zip(losses, step_ms)):
+        tokens_per_s = 1000 * total_batch_size / ms
+        log(f"step {step + 1:4d}/{N} | loss {loss:.6f} | norm {norm:.4f} | lr {learning_rate(step, args):.3e} | "
+            f"{ms:.2f} ms | MFU {100.0 * flops_per_token * tokens_per_s / args.peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
+    log_average_and_peak_memory(log, step_ms, total_batch_size, flops_per_token, args.peak_flops, cuda)
+    return losses
+
+
+def main(argv=None, step_hook=None):
+    """Runs the mode the flags name; in benchmark mode returns its per-step (loss, norm)."""
     args = parse_args(argv)
     mt19937_self_check()
     check_args(args)
@@ -753,6 +893,10 @@ def main(argv=None):
     use_compile = feature_flag(args, "compile", hasattr(torch, "compile"), "PyTorch 2.0 or newer (torch.compile)")
     dtype = args.dtype or ("bfloat16" if args.benchmark else "float32")
     device, rank, world = setup_processes(args)
+    if args.benchmark and world > 1:
+        fail("--benchmark times one process; run it without torchrun")
+    if flash:
+        select_sdpa_backend(args.sdpa_backend or (BENCHMARK_RECIPE["sdpa_backend"] if args.benchmark else "auto"), device)
     if config is None:
         model = read_checkpoint(args.init_from, flash)
         config = model.config
@@ -769,6 +913,11 @@ def main(argv=None):
     if args.write_debug_state:
         write_debug_state(model, train_loader.next_batch(), args, device, args.write_debug_state)
         return
+    if args.benchmark:
+        compile_optimizer = use_compile and bool(BENCHMARK_RECIPE["compile_optimizer"]
+                                                 if args.compile_optimizer is None else args.compile_optimizer)
+        return benchmark(args, model, train_loader.next_batch(), device, dtype, use_compile, compile_optimizer,
+                         step_hook=step_hook)
     val_loader = None
     if args.input_val_bin:
         val_loader = ShardLoader(args.input_val_bin, "--input_val_bin", B, T, rank, world, 0,

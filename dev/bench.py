@@ -1,7 +1,8 @@
-"""Tokens/s of train_gpt2cu against the PyTorch peer (train_gpt2.py --benchmark: torch.compile,
-flash attention, fused AdamW, bf16 autocast), side by side, in one run on one machine.
+"""Tokens/s of train_gpt2cu against the PyTorch peer (train_gpt2.py --benchmark: the fastest PyTorch
+recipe measured for this model, which the table's header line spells out), side by side, in one
+run on one machine.
 
-    python3 dev/bench.py OUTDIR [--configs d12:64,d48:8] [--steps 20] [--gpus 1] [--peer 1]
+    python3 dev/bench.py OUTDIR [--configs d12:64,d48:8] [--steps 20] [--gpus 1] [--peer 1] [--peer_flags F]
 
 For each config PRESET:B (micro batch B at T=1024 unless --seq_len says otherwise) it trains both
 on the same random-token shard for --steps steps with no gradient accumulation, and prints one
@@ -92,10 +93,14 @@ def run_ours(args, preset, B, shard, gpus, log_path):
 
 
 def run_peer(args, preset, B, log_path):
+    """(ms/step, tokens/s, peak MiB) as parse_run, and the recipe line the peer prints."""
     cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--model", preset, "--batch_size", str(B),
-           "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps)]
+           "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps)] + args.peer_flags.split()
     text = run_logged(cmd, log_path)
-    return parse_run(text, PEER_AVERAGE) if text else None
+    if not text:
+        return None, None
+    recipe = re.search(r"^peer recipe: (.*)$", text, re.MULTILINE)
+    return parse_run(text, PEER_AVERAGE), recipe.group(1) if recipe else None
 
 
 def fmt(value, pattern):
@@ -110,6 +115,8 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--gpus", type=int, default=1, help="also run ours on this many GPUs (mpirun)")
     p.add_argument("--peer", type=int, default=1, choices=[0, 1], help="run the PyTorch peer")
+    p.add_argument("--peer_flags", default="", help="extra train_gpt2.py flags for the peer, e.g. "
+                   "'--compile_mode max-autotune' (default: its benchmark recipe)")
     p.add_argument("--recompute", type=int, default=0, help="train_gpt2cu -r level")
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--python", default=sys.executable)
@@ -129,17 +136,20 @@ def main():
     largest = max(B for _, B in configs) * args.seq_len * max(args.gpus, 1)
     write_random_shard(shard, largest * 4 + 1, seed=1234)
 
-    rows = []
+    rows, recipes = [], set()
     for preset, B in configs:
         name = f"{preset}_b{B}"
         ours = run_ours(args, preset, B, shard, 1, os.path.join(args.outdir, f"ours_{name}.log"))
         multi = None
         if args.gpus > 1:
             multi = run_ours(args, preset, B, shard, args.gpus, os.path.join(args.outdir, f"ours_{name}_x{args.gpus}.log"))
-        peer = run_peer(args, preset, B, os.path.join(args.outdir, f"peer_{name}.log")) if args.peer else None
+        peer, recipe = run_peer(args, preset, B, os.path.join(args.outdir, f"peer_{name}.log")) if args.peer else (None, None)
+        recipes.add(recipe)
         rows.append((preset, B, ours, peer, multi))
 
     print(f"\nT={args.seq_len}, {args.steps} steps per run; MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s dense BF16")
+    for recipe in sorted(r for r in recipes if r):
+        print(f"peer: train_gpt2.py --benchmark 1 {args.peer_flags}".rstrip() + f" ({recipe})")
     head = (f"{'config':>10} {'ours tok/s':>11} {'peer tok/s':>11} {'ratio':>6} {'ours ms':>8} {'peer ms':>8} "
             f"{'ours MFU':>8} {'peer MFU':>8} {'ours MiB':>9} {'peer MiB':>9}")
     if args.gpus > 1:

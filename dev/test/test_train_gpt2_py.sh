@@ -249,6 +249,38 @@ grep -qE '^step    4/4 \| loss [0-9.]+ \| norm [0-9.]+ \| lr [0-9.e+-]+ \| [0-9.
   "$WORK/bench.out"
 grep -qE '^peak memory: [0-9]+ MiB$' "$WORK/bench.out"
 
+check "benchmark mode computes the reference's loss, with the padded columns in the softmax" <<'EOF'
+import torch, train_gpt2 as tg
+from torch.nn import functional as F
+# vocab 400 pads to 512, so the benchmark's softmax has 112 columns the reference's drops (they
+# move the loss by about 0.24, ten times the bound below). On a GPU the benchmark runs its full
+# recipe (torch.compile, the chosen SDPA kernels, bf16 autocast).
+flags = ["--model", "tiny", "--vocab_size", "400", "-b", "4", "-t", "64", "--seed", "11"]
+losses = tg.main(flags + ["--benchmark", "1", "--num_iterations", "1"])
+config = tg.resolve_config(tg.parse_args(flags))
+model = tg.GPT(config)
+tg.init_weights(model, 11)
+x, y = tg.RandomTokens(4, 64, config.vocab_size, 11).next_batch()
+with torch.no_grad():
+    reference = model(x, y)[1].item()  # the reference mode: float32, padded columns sliced off
+    full = model.lm_head(model.final_hidden(x)).double()
+assert full[:, :, config.vocab_size:].abs().max().item() == 0.0, "padded logits must start at 0"
+padded = F.cross_entropy(full.view(-1, config.padded_vocab_size), y.view(-1)).item()
+# The padded columns add exp(0) = 1 each to every softmax sum, and nothing else.
+real = full[:, :, :config.vocab_size]
+sums = torch.logsumexp(real, -1)
+expected = (sums + torch.log1p((config.padded_vocab_size - config.vocab_size) / sums.exp())).mean() \
+    - real.gather(-1, y.unsqueeze(-1)).mean()
+assert abs(expected.item() - padded) < 1e-9, (expected.item(), padded)
+assert abs(reference - F.cross_entropy(real.view(-1, config.vocab_size), y.view(-1)).item()) < 1e-5
+bench = losses[0][0]
+bound = padded * 2.0 ** -8  # one BF16 rounding of the loss (relative 2^-8)
+print(f"first-step loss: reference {reference:.6f} (float32, {config.vocab_size} columns); with the "
+      f"{config.padded_vocab_size - config.vocab_size} padded columns {padded:.6f}; benchmark {bench:.6f} "
+      f"(|difference| {abs(bench - padded):.2e}, bound {bound:.2e})")
+assert abs(bench - padded) <= bound
+EOF
+
 echo "--- error messages"
 "$PYTHON" -c "import numpy as np; h = np.zeros(256, np.int32); h[:3] = [20240520, 1, 100]; \
 open('$WORK/short.bin', 'wb').write(h.tobytes() + np.zeros(99, np.uint16).tobytes()); \
@@ -272,4 +304,5 @@ expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
 expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench
 expect_error "not divisible" --model tiny --num_heads 3 --bench
 expect_error "nothing to do" --model tiny
+expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 echo "all train_gpt2.py tests passed"
