@@ -261,22 +261,32 @@ inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* p
   return c;
 }
 
-// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even),
-// with a checksum, through write_file_atomically (never a truncated checkpoint under its name).
-inline void checkpoint_save(const std::string& path, const GPT2Config& c, const float* params,
-                            int version) {
+// Writes a checkpoint whose parameters are in the file's precision already: version 3 takes the
+// FP32 values, version 5 their BF16 bit patterns. With a checksum, through write_file_atomically
+// (never a truncated checkpoint under its name).
+inline void checkpoint_save_payload(const std::string& path, const GPT2Config& c, int version,
+                                    const void* payload) {
   int h[kHeaderInts];
   header_from_config(c, version, h);
-  const size_t n = num_parameters(c);
-  std::vector<uint16_t> bits(version == kCheckpointVersionBF16 ? n : 0);
-  for (size_t i = 0; i < bits.size(); i++) bits[i] = float_to_bf16_bits(params[i]);
-  const void* payload = bits.empty() ? (const void*)params : (const void*)bits.data();
-  const size_t payload_bytes = bits.empty() ? n * sizeof(float) : n * sizeof(uint16_t);
+  const bool bf16 = version == kCheckpointVersionBF16;
+  const size_t payload_bytes = num_parameters(c) * (bf16 ? sizeof(uint16_t) : sizeof(float));
   header_store_checksum(h, crc32_update(header_checksum_begin(h), payload, payload_bytes));
   write_file_atomically(path, [&](File& f) {
     f.write(h, sizeof(h), "the checkpoint header");
-    f.write(payload, payload_bytes, bits.empty() ? "the FP32 parameters" : "the BF16 parameters");
+    f.write(payload, payload_bytes, bf16 ? "the BF16 parameters" : "the FP32 parameters");
   });
+}
+
+// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even).
+inline void checkpoint_save(const std::string& path, const GPT2Config& c, const float* params,
+                            int version) {
+  if (version != kCheckpointVersionBF16) {
+    checkpoint_save_payload(path, c, version, params);
+    return;
+  }
+  std::vector<uint16_t> bits(num_parameters(c));
+  for (size_t i = 0; i < bits.size(); i++) bits[i] = float_to_bf16_bits(params[i]);
+  checkpoint_save_payload(path, c, version, bits.data());
 }
 
 // ----------------------------------------------------------------------------
