@@ -4188,6 +4188,291 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, i
   printf("+--------------------------+----------------------------------------------+\n");
 }
 
+// The parameters a run starts from: those of -y 1's checkpoint (whose model must be -e's when -e
+// names a preset), else -e's checkpoint file or preset.
+llmc::GPT2Config load_start_params(const TrainArgs& a, int resume_step, std::vector<float>* values) {
+  if (resume_step < 0) return load_or_init_params(a.model, a.seed, values);
+  const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
+  const llmc::GPT2Config config = llmc::checkpoint_load(path, values);
+  llmc::GPT2Config requested;
+  if (llmc::config_from_preset(a.model, &requested) && requested != config) {
+    LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
+              path.c_str(), config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
+  }
+  return config;
+}
+
+// -p: prints the prompt and -e's continuation of it.
+void generate_from_prompt(const TrainArgs& a, GPT2& m) {
+  llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(a.encoder_dir);
+  const std::vector<int> prompt = encoder.encode(a.prompt);
+  llmc::Rng rng(a.seed);
+  printf("%s", a.prompt.c_str());
+  print_generation(m, prompt, a.gen_len, a.temperature, a.top_k, rng,
+                   [&](int id) { return encoder.decode({id}); });
+}
+
+// What the training loop carries from step to step (train_setup fills it in).
+struct TrainRun {
+  TrainRun(const TrainArgs& args, MultiGpu& multi_gpu, GPT2& model) : a(args), mg(multi_gpu), m(model) {}
+  const TrainArgs& a;
+  MultiGpu& mg;
+  GPT2& m;
+  int resume_step = -1;  // the step of the checkpoint resumed from; -1 for a new run
+  long total_batch = 0;
+  int accum_steps = 0, train_steps = 0;
+  std::unique_ptr<llmc::DataLoader> train_loader, val_loader;  // no val_loader without validation
+  llmc::LrSchedule schedule;
+  llmc::HellaSwagSet hellaswag;
+  std::unique_ptr<llmc::Tokenizer> tokenizer;  // none: samples are printed as token ids
+  std::unique_ptr<llmc::Logger> logger;        // rank 0, with -o
+  std::unique_ptr<llmc::RunSummary> summary;
+  llmc::Rng sample_rng{0};
+  llmc::OutlierDetector loss_outliers, norm_outliers;
+  std::vector<int> inputs, targets;
+  std::function<void(int)> grads_final;
+  cudaEvent_t start = nullptr, end = nullptr;  // around each step
+  double total_ms = 0.0;
+  int timed_steps = 0, skipped_updates = 0;
+  std::unique_ptr<llmc::EtaEstimator> eta;
+};
+
+// The data, schedule, evaluation sets and log of a run; with -y 1 the rest of the checkpoint's
+// state (the parameters are in the model already).
+void train_setup(TrainRun& r, int resume_step, double run_start) {
+  const TrainArgs& a = r.a;
+  const int vocab_size = r.m.config.vocab_size;
+  r.resume_step = resume_step;
+  r.train_loader.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, r.mg.rank, r.mg.world,
+                                            a.shuffle != 0, a.seed, vocab_size));
+  if (a.val_every > 0 && a.val_batches > 0) {
+    r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, r.mg.rank, r.mg.world,
+                                            false, a.seed, vocab_size));
+  }
+  const long tokens_per_micro_step = (long)a.B * a.T * r.mg.world;
+  r.total_batch = a.total_batch == -1 ? tokens_per_micro_step : a.total_batch;
+  r.accum_steps = (int)(r.total_batch / tokens_per_micro_step);
+  r.train_steps = a.max_steps >= 0
+      ? a.max_steps
+      : (int)std::max<long>(1, r.train_loader->batches_per_epoch() / r.accum_steps);
+  r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
+                                      a.final_lr_frac);
+  if (a.hellaswag) r.hellaswag = llmc::hellaswag_read(a.hellaswag_path, vocab_size);
+  if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
+  // The state is read before the run log is touched, so a damaged state file leaves -o as it was.
+  llmc::HostTrainState resumed_host;
+  if (resume_step >= 0) resumed_host = load_state(r.m, a.output_dir, resume_step, r.mg.rank, r.mg.world);
+  if (!a.output_dir.empty() && r.mg.rank == 0) {
+    llmc::make_dirs(a.output_dir);
+    // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
+    r.logger.reset(resume_step >= 0
+        ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
+        : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew));
+  }
+  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, r.accum_steps, r.total_batch, r.train_steps,
+                                         r.train_loader->total_tokens());
+  r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
+  if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
+  r.sample_rng = llmc::Rng(a.seed + 1);
+  r.inputs.resize((size_t)a.B * a.T);
+  r.targets.resize((size_t)a.B * a.T);
+  if (a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
+  // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
+  r.loss_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
+                                          a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
+  r.norm_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
+                                          a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
+  if (resume_step >= 0) {
+    r.sample_rng.restore(resumed_host.sample_rng);
+    r.train_loader->restore(resumed_host.train_loader);
+    r.loss_outliers.restore(resumed_host.loss_window);
+    r.norm_outliers.restore(resumed_host.norm_window);
+    if (r.mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
+  }
+  cudaCheck(cudaEventCreate(&r.start));
+  cudaCheck(cudaEventCreate(&r.end));
+  r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
+  install_stop_handlers();
+  r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow, llmc::wall_seconds()));
+}
+
+// The validation loss, HellaSwag and a sample, each at its interval and at the last step. The
+// checkpoint a run resumes from was written after them, so they are not repeated at its step.
+void evaluate_at_step(TrainRun& r, int step) {
+  const TrainArgs& a = r.a;
+  const bool last = step == r.train_steps;
+  if (step == r.resume_step) return;
+  if (r.val_loader && (step % a.val_every == 0 || last)) {
+    const float val_loss = evaluate_validation(r.m, r.mg, *r.val_loader, a.val_batches, a.B, a.T);
+    if (r.mg.rank == 0) {
+      printf("step %4d/%d | val loss %.6f\n", step, r.train_steps, val_loss);
+      if (r.logger) r.logger->val(step, val_loss);
+      r.summary->val_loss(step, val_loss);
+    }
+  }
+  if (a.hellaswag && ((a.val_every > 0 && step % a.val_every == 0) || last)) {
+    const llmc::HellaSwagCounts counts = evaluate_hellaswag(r.m, r.mg, r.hellaswag, a.T);
+    if (r.mg.rank == 0) {
+      printf("step %4d/%d | hellaswag acc_norm %.4f (%lld/%lld), acc %.4f\n", step, r.train_steps,
+             counts.acc_norm(), counts.correct_norm, counts.examples, counts.acc());
+      if (r.logger) r.logger->eval(step, "hellaswag", counts.acc_norm());
+    }
+  }
+  if (r.mg.rank == 0 && a.sample_every > 0 && step > 0 && (step % a.sample_every == 0 || last)) {
+    const int vocab_size = r.m.config.vocab_size;
+    printf("sample: ");
+    print_generation(r.m, {vocab_size - 1}, std::min(a.gen_len, r.m.config.max_seq_len - 1),
+                     a.temperature, a.top_k, r.sample_rng, [&](int id) {
+                       return r.tokenizer ? r.tokenizer->decode(id) : llmc::strformat("%d ", id);
+                     });
+  }
+}
+
+// Writes the checkpoint of `step` into -o: the model (rank 0), each rank's state, then DONE.
+void checkpoint_at_step(TrainRun& r, int step) {
+  const TrainArgs& a = r.a;
+  multi_gpu_pause(r.mg);
+  if (r.mg.rank == 0) gpt2_save_checkpoint(r.m, llmc::checkpoint_path(a.output_dir, "model", step));
+  llmc::HostTrainState host;
+  host.model_rng = r.m.rng.state();
+  host.sample_rng = r.sample_rng.state();
+  host.train_loader = r.train_loader->state();
+  host.loss_window = r.loss_outliers.state();
+  host.norm_window = r.norm_outliers.state();
+  save_state(r.m, llmc::checkpoint_path(a.output_dir, "state", step, r.mg.rank), step, r.mg.rank,
+             r.mg.world, host);
+  multi_gpu_progress(r.mg);
+  multi_gpu_barrier(r.mg, r.m.stream);
+  if (r.mg.rank == 0) {
+    llmc::write_done_marker(a.output_dir, step);
+    printf("checkpoint: %s\n", llmc::checkpoint_path(a.output_dir, "model", step).c_str());
+    r.summary->checkpoint(llmc::checkpoint_path(a.output_dir, "model", step));
+    llmc::prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
+  }
+}
+
+// What one training step measured, for its line of output.
+struct StepResult {
+  float loss = 0.0f, norm = 0.0f, lr = 0.0f, ms = 0.0f;
+  double loss_score = 0.0, norm_score = 0.0;  // z-scores against the recent steps
+  bool finite = true, spike = false;          // the update is skipped unless finite and no spike
+};
+
+// Rank 0's line for a step, in the run log too, and a note when its update was skipped or spiked.
+void print_step(TrainRun& r, int step, const StepResult& s) {
+  const double tokens_per_s = r.total_batch / (s.ms / 1e3);
+  const double mfu = tokens_per_s * flops_per_token(r.m, r.a.T) / kPeakFlops * 100.0;
+  r.eta->step_finished(llmc::wall_seconds());
+  if (r.mg.rank != 0) return;
+  printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
+         step + 1, r.train_steps, s.loss, s.norm, s.lr, s.ms, mfu, tokens_per_s,
+         llmc::format_duration(r.eta->seconds_left(r.train_steps - step - 1)).c_str());
+  fflush(stdout);
+  if (r.logger) r.logger->train(step + 1, s.loss, s.norm, s.lr, s.ms, tokens_per_s);
+  if (!s.finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
+                        step + 1, r.skipped_updates);
+  if (s.finite && (r.loss_outliers.is_spike(s.loss_score) || r.norm_outliers.is_spike(s.norm_score))) {
+    printf("step %d: spike, loss z-score %.1f, grad norm z-score %.1f%s\n", step + 1, s.loss_score,
+           s.norm_score, s.spike ? llmc::strformat(": update skipped (%d so far)", r.skipped_updates).c_str() : "");
+  }
+}
+
+// One optimizer step from `step` to step + 1: the micro steps' forward and backward passes, the
+// reduction over the ranks and the update. Returns whether any rank was asked to stop (a signal).
+bool train_step(TrainRun& r, int step) {
+  const TrainArgs& a = r.a;
+  GPT2& m = r.m;
+  cudaCheck(cudaEventRecord(r.start, m.stream));
+  gpt2_zero_grad(m);
+  double loss_sum = 0.0;
+  for (int micro = 0; micro < r.accum_steps; micro++) {
+    multi_gpu_progress(r.mg);
+    if (!a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
+    gpt2_forward(m, r.inputs.data(), a.B, a.T);
+    loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T,
+                                1.0f / ((float)a.B * a.T * r.accum_steps));
+    gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
+  }
+  multi_gpu_reduce_grads(r.mg, m);
+  StepResult s;
+  s.loss = multi_gpu_average(r.mg, (float)(loss_sum / r.accum_steps), m.stream);
+  s.norm = multi_gpu_grad_norm(r.mg, m);
+  s.lr = (float)r.schedule.at(step);
+  // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
+  s.finite = std::isfinite(s.loss) && std::isfinite(s.norm);
+  s.loss_score = r.loss_outliers.update_and_score(s.loss);
+  s.norm_score = r.norm_outliers.update_and_score(s.norm);
+  s.spike = s.finite && ((a.loss_z > 0 && r.loss_outliers.is_spike(s.loss_score)) ||
+                         (a.norm_z > 0 && r.norm_outliers.is_spike(s.norm_score)));
+  if (s.finite && !s.spike) {
+    gpt2_update(m, s.lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, s.norm);
+    multi_gpu_gather_params(r.mg, m);
+  } else {
+    r.skipped_updates++;
+  }
+  cudaCheck(cudaEventRecord(r.end, m.stream));
+  cudaCheck(cudaEventSynchronize(r.end));
+  cudaCheck(cudaEventElapsedTime(&s.ms, r.start, r.end));
+  if (step > 0) {  // the first step includes one-time setup
+    r.total_ms += s.ms;
+    r.timed_steps++;
+  }
+  print_step(r, step, s);
+  // Every rank stops after the same step: the request is summed over the ranks.
+  double stop = stop_requests;
+  multi_gpu_sum(r.mg, &stop, 1, m.stream);
+  return stop > 0;
+}
+
+// The steps from the first (0, or the resumed checkpoint's) to the last: at each its evaluations,
+// its checkpoint when one is due, then the step to the next. Returns the exit status;
+// *final_step is the last step reached.
+int train_loop(TrainRun& r, int* final_step) {
+  const TrainArgs& a = r.a;
+  int halt_for_signal = -1;
+  const int first_step = std::max(0, r.resume_step);
+  *final_step = first_step;
+  for (int step = first_step; step <= r.train_steps; step++) {
+    *final_step = step;
+    multi_gpu_progress(r.mg);
+    evaluate_at_step(r, step);
+    const bool last = step == r.train_steps;
+    const bool halt = step == a.halt_after || step == halt_for_signal;
+    if (!a.output_dir.empty() && step != r.resume_step && step > 0 &&
+        (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
+      checkpoint_at_step(r, step);
+    }
+    if (step == halt_for_signal && !last) {
+      if (r.mg.rank == 0) {
+        printf("stopped by a signal after step %d%s\n", step,
+               a.output_dir.empty() ? " (no -o: nothing saved)" : "; continue with -y 1");
+      }
+      return kExitInterrupted;
+    }
+    if (halt && !last) {
+      if (r.mg.rank == 0) printf("halted after step %d: continue with -y 1\n", step);
+      return 0;
+    }
+    if (last) return 0;
+    if (train_step(r, step) && halt_for_signal < 0) halt_for_signal = step + 1;
+  }
+  return 0;
+}
+
+void print_run_end(TrainRun& r, int final_step) {
+  if (r.mg.rank != 0) return;
+  if (r.timed_steps > 0) {
+    printf("average %.2f ms per step, %.0f tok/s\n", r.total_ms / r.timed_steps,
+           r.total_batch * r.timed_steps / (r.total_ms / 1e3));
+  }
+  printf("peak memory: %zu MiB\n", g_device_memory.peak >> 20);
+  if (r.skipped_updates > 0) {
+    printf("%d updates skipped (non-finite or spiking loss or norm)\n", r.skipped_updates);
+  }
+  printf("parameter checksum %08x\n", gpt2_params_checksum(r.m));
+  r.summary->print(llmc::wall_seconds(), final_step);
+}
+
 int train_main(int argc, char** argv) {
   const double run_start = llmc::wall_seconds();
   TrainArgs a;
@@ -4206,237 +4491,28 @@ int train_main(int argc, char** argv) {
               "a new run", a.output_dir.c_str());
   }
   std::vector<float> values;
-  llmc::GPT2Config config;
-  if (resume_step >= 0) {
-    const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
-    config = llmc::checkpoint_load(path, &values);
-    llmc::GPT2Config requested;
-    if (llmc::config_from_preset(a.model, &requested) && requested != config) {
-      LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
-                path.c_str(), config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
-    }
-  } else {
-    config = load_or_init_params(a.model, a.seed, &values);
-  }
+  const llmc::GPT2Config config = load_start_params(a, resume_step, &values);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, values, a.master_weights != 0, a.seed, mg.zero_stage ? mg.rank : 0,
             mg.zero_stage ? mg.world : 1);
   values.clear();
+  int exit_status = 0;
   if (!a.prompt.empty()) {
-    llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(a.encoder_dir);
-    const std::vector<int> prompt = encoder.encode(a.prompt);
-    llmc::Rng rng(a.seed);
-    printf("%s", a.prompt.c_str());
-    print_generation(m, prompt, a.gen_len, a.temperature, a.top_k, rng,
-                     [&](int id) { return encoder.decode({id}); });
-    gpt2_free(m);
-    matmul_teardown();
-    multi_gpu_finish(mg);
-    return 0;
+    generate_from_prompt(a, m);
+  } else {
+    REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
+            a.T, config.max_seq_len, config.max_seq_len);
+    gpt2_allocate(m, a.B, a.T, a.recompute);
+    TrainRun r(a, mg, m);
+    train_setup(r, resume_step, run_start);
+    int final_step;
+    exit_status = train_loop(r, &final_step);
+    print_run_end(r, final_step);
+    cudaCheck(cudaEventDestroy(r.start));
+    cudaCheck(cudaEventDestroy(r.end));
   }
-  REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
-          a.T, config.max_seq_len, config.max_seq_len);
-  gpt2_allocate(m, a.B, a.T, a.recompute);
-
-  llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
-                                a.seed, config.vocab_size);
-  const bool run_val = a.val_every > 0 && a.val_batches > 0;
-  llmc::DataLoader* val_loader = nullptr;
-  if (run_val) {
-    val_loader = new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, mg.rank, mg.world, false,
-                                      a.seed, config.vocab_size);
-  }
-  const long tokens_per_micro_step = (long)a.B * a.T * mg.world;
-  const long total_batch = a.total_batch == -1 ? tokens_per_micro_step : a.total_batch;
-  const int accum_steps = (int)(total_batch / tokens_per_micro_step);
-  const int train_steps = a.max_steps >= 0
-      ? a.max_steps
-      : (int)std::max<long>(1, train_loader.batches_per_epoch() / accum_steps);
-  const llmc::LrSchedule schedule =
-      llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, train_steps), a.final_lr_frac);
-  llmc::HellaSwagSet hellaswag;
-  if (a.hellaswag) hellaswag = llmc::hellaswag_read(a.hellaswag_path, config.vocab_size);
-  llmc::Tokenizer* tokenizer = nullptr;
-  if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) tokenizer = new llmc::Tokenizer(a.tokenizer);
-  // The state is read before the run log is touched, so a damaged state file leaves -o as it was.
-  llmc::HostTrainState resumed_host;
-  if (resume_step >= 0) resumed_host = load_state(m, a.output_dir, resume_step, mg.rank, mg.world);
-  llmc::Logger* logger = nullptr;
-  if (!a.output_dir.empty() && mg.rank == 0) {
-    llmc::make_dirs(a.output_dir);
-    // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
-    logger = resume_step >= 0
-        ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
-        : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew);
-  }
-  if (mg.rank == 0) print_config_table(a, m, mg, accum_steps, total_batch, train_steps,
-                                       train_loader.total_tokens());
-  llmc::RunSummary summary(run_start, total_batch);
-  if (logger && resume_step >= 0) summary.add_logged(llmc::read_run_log(logger->path()));
-  llmc::Rng sample_rng(a.seed + 1);
-
-  std::vector<int> inputs((size_t)a.B * a.T), targets((size_t)a.B * a.T);
-  if (a.overfit) train_loader.next_batch(inputs.data(), targets.data());
-  // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
-  llmc::OutlierDetector loss_outliers(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
-                                      a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
-  llmc::OutlierDetector norm_outliers(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
-                                      a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
-  const int first_step = std::max(0, resume_step);
-  if (resume_step >= 0) {
-    sample_rng.restore(resumed_host.sample_rng);
-    train_loader.restore(resumed_host.train_loader);
-    loss_outliers.restore(resumed_host.loss_window);
-    norm_outliers.restore(resumed_host.norm_window);
-    if (mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
-  }
-  cudaEvent_t start, end;
-  cudaCheck(cudaEventCreate(&start));
-  cudaCheck(cudaEventCreate(&end));
-  double total_ms = 0.0;
-  int timed_steps = 0, skipped_updates = 0, halt_for_signal = -1, exit_status = 0;
-  const std::function<void(int)> grads_final = multi_gpu_overlapped_reduction(mg, m);
-  install_stop_handlers();
-  llmc::EtaEstimator eta(llmc::kEtaWindow, llmc::wall_seconds());
-  int final_step = first_step;
-  for (int step = first_step; step <= train_steps; step++) {
-    final_step = step;
-    multi_gpu_progress(mg);
-    const bool last = step == train_steps;
-    // The checkpoint a run resumes from was written after this step's evaluation and sample.
-    const bool resumed_here = resume_step >= 0 && step == resume_step;
-    if (run_val && !resumed_here && (step % a.val_every == 0 || last)) {
-      const float val_loss = evaluate_validation(m, mg, *val_loader, a.val_batches, a.B, a.T);
-      if (mg.rank == 0) {
-        printf("step %4d/%d | val loss %.6f\n", step, train_steps, val_loss);
-        if (logger) logger->val(step, val_loss);
-        summary.val_loss(step, val_loss);
-      }
-    }
-    if (a.hellaswag && !resumed_here && ((a.val_every > 0 && step % a.val_every == 0) || last)) {
-      const llmc::HellaSwagCounts counts = evaluate_hellaswag(m, mg, hellaswag, a.T);
-      if (mg.rank == 0) {
-        printf("step %4d/%d | hellaswag acc_norm %.4f (%lld/%lld), acc %.4f\n", step, train_steps,
-               counts.acc_norm(), counts.correct_norm, counts.examples, counts.acc());
-        if (logger) logger->eval(step, "hellaswag", counts.acc_norm());
-      }
-    }
-    if (mg.rank == 0 && !resumed_here && a.sample_every > 0 && step > 0 &&
-        (step % a.sample_every == 0 || last)) {
-      printf("sample: ");
-      print_generation(m, {config.vocab_size - 1}, std::min(a.gen_len, config.max_seq_len - 1),
-                       a.temperature, a.top_k, sample_rng, [&](int id) {
-                         return tokenizer ? tokenizer->decode(id) : llmc::strformat("%d ", id);
-                       });
-    }
-    const bool halt = step == a.halt_after || step == halt_for_signal;
-    if (!a.output_dir.empty() && !resumed_here && step > 0 &&
-        (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
-      multi_gpu_pause(mg);
-      if (mg.rank == 0) gpt2_save_checkpoint(m, llmc::checkpoint_path(a.output_dir, "model", step));
-      llmc::HostTrainState host;
-      host.model_rng = m.rng.state();
-      host.sample_rng = sample_rng.state();
-      host.train_loader = train_loader.state();
-      host.loss_window = loss_outliers.state();
-      host.norm_window = norm_outliers.state();
-      save_state(m, llmc::checkpoint_path(a.output_dir, "state", step, mg.rank), step, mg.rank, mg.world, host);
-      multi_gpu_progress(mg);
-      multi_gpu_barrier(mg, m.stream);
-      if (mg.rank == 0) {
-        llmc::write_done_marker(a.output_dir, step);
-        printf("checkpoint: %s\n", llmc::checkpoint_path(a.output_dir, "model", step).c_str());
-        summary.checkpoint(llmc::checkpoint_path(a.output_dir, "model", step));
-        llmc::prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
-      }
-    }
-    if (step == halt_for_signal && !last) {
-      if (mg.rank == 0) {
-        printf("stopped by a signal after step %d%s\n", step,
-               a.output_dir.empty() ? " (no -o: nothing saved)" : "; continue with -y 1");
-      }
-      exit_status = kExitInterrupted;
-      break;
-    }
-    if (halt && !last) {
-      if (mg.rank == 0) printf("halted after step %d: continue with -y 1\n", step);
-      break;
-    }
-    if (last) break;
-
-    cudaCheck(cudaEventRecord(start, m.stream));
-    gpt2_zero_grad(m);
-    double loss_sum = 0.0;
-    for (int micro = 0; micro < accum_steps; micro++) {
-      multi_gpu_progress(mg);
-      if (!a.overfit) train_loader.next_batch(inputs.data(), targets.data());
-      gpt2_forward(m, inputs.data(), a.B, a.T);
-      loss_sum += gpt2_classifier(m, targets.data(), a.B, a.T,
-                                  1.0f / ((float)a.B * a.T * accum_steps));
-      gpt2_backward(m, a.B, a.T, micro == accum_steps - 1, grads_final);
-    }
-    multi_gpu_reduce_grads(mg, m);
-    const float loss = multi_gpu_average(mg, (float)(loss_sum / accum_steps), m.stream);
-    const float norm = multi_gpu_grad_norm(mg, m);
-    const float lr = (float)schedule.at(step);
-    // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
-    const bool finite = std::isfinite(loss) && std::isfinite(norm);
-    const double loss_score = loss_outliers.update_and_score(loss);
-    const double norm_score = norm_outliers.update_and_score(norm);
-    const bool spike = finite && ((a.loss_z > 0 && loss_outliers.is_spike(loss_score)) ||
-                                  (a.norm_z > 0 && norm_outliers.is_spike(norm_score)));
-    if (finite && !spike) {
-      gpt2_update(m, lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, norm);
-      multi_gpu_gather_params(mg, m);
-    } else {
-      skipped_updates++;
-    }
-    cudaCheck(cudaEventRecord(end, m.stream));
-    cudaCheck(cudaEventSynchronize(end));
-    float ms = 0.0f;
-    cudaCheck(cudaEventElapsedTime(&ms, start, end));
-    if (step > 0) {  // the first step includes one-time setup
-      total_ms += ms;
-      timed_steps++;
-    }
-    const double tokens_per_s = total_batch / (ms / 1e3);
-    const double mfu = tokens_per_s * flops_per_token(m, a.T) / kPeakFlops * 100.0;
-    eta.step_finished(llmc::wall_seconds());
-    if (mg.rank == 0) {
-      printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
-             step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s,
-             llmc::format_duration(eta.seconds_left(train_steps - step - 1)).c_str());
-      fflush(stdout);
-      if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
-      if (!finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
-                          step + 1, skipped_updates);
-      if (finite && (loss_outliers.is_spike(loss_score) || norm_outliers.is_spike(norm_score))) {
-        printf("step %d: spike, loss z-score %.1f, grad norm z-score %.1f%s\n", step + 1, loss_score,
-               norm_score, spike ? llmc::strformat(": update skipped (%d so far)", skipped_updates).c_str() : "");
-      }
-    }
-    // Every rank stops after the same step: the request is summed over the ranks.
-    double stop = stop_requests;
-    multi_gpu_sum(mg, &stop, 1, m.stream);
-    if (stop > 0 && halt_for_signal < 0) halt_for_signal = step + 1;
-  }
-  if (mg.rank == 0 && timed_steps > 0) {
-    printf("average %.2f ms per step, %.0f tok/s\n", total_ms / timed_steps,
-           total_batch * timed_steps / (total_ms / 1e3));
-  }
-  if (mg.rank == 0) printf("peak memory: %zu MiB\n", g_device_memory.peak >> 20);
-  if (mg.rank == 0) {
-    if (skipped_updates > 0) printf("%d updates skipped (non-finite or spiking loss or norm)\n", skipped_updates);
-    printf("parameter checksum %08x\n", gpt2_params_checksum(m));
-    summary.print(llmc::wall_seconds(), final_step);
-  }
-  delete logger;
-  delete tokenizer;
-  delete val_loader;
-  cudaCheck(cudaEventDestroy(start));
-  cudaCheck(cudaEventDestroy(end));
   gpt2_free(m);
   matmul_teardown();
   multi_gpu_finish(mg);
