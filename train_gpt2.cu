@@ -3363,22 +3363,11 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
   nvtxRangePop();
 }
 
-// FP32 copy of the parameters: the master weights where they exist, else the stored values.
-std::vector<float> gpt2_params_to_host(GPT2& m) {
-  cudaCheck(cudaStreamSynchronize(m.stream));
-  return device_to_host_float(m.params, m.num_params);
-}
-
 // The CRC-32 of the parameter bits, for determinism checks.
 uint32_t gpt2_params_checksum(GPT2& m) {
   std::vector<floatX> bits(m.num_params);
   cudaCheck(cudaMemcpy(bits.data(), m.params, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
   return llmc::crc32_update(0, bits.data(), m.num_params * sizeof(floatX));
-}
-
-void gpt2_save_checkpoint(GPT2& m, const std::string& path) {
-  std::vector<float> values = gpt2_params_to_host(m);
-  llmc::checkpoint_save(path, m.config, values.data(), kCheckpointVersionFloatX);
 }
 
 // ============================================================================
@@ -3566,6 +3555,28 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // one gives exactly the bits the uninterrupted run would have had. With ZeRO a state file holds
 // the rank's shard of the optimizer state only, so it resumes with the same process count and
 // -zs setting alone. File names, DONE markers and pruning: llmc/checkpoint_writer.h.
+//
+// Writes happen on a background thread (llmc::CheckpointWriter), one checkpoint at a time:
+//  - The step that checkpoints enqueues copies of what it saves (rank 0: the parameters as
+//    stored; every rank: its AdamW moments and master weights) into host buffers, on a stream of
+//    their own after the step's update, and hands the writer a job; training goes on. The copies
+//    run beside the next step's forward and backward passes, and that step's update, which
+//    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
+//    the copies, then writes, syncs and renames each file.
+//  - DONE_<s> comes after every file of every rank: with one process the job writes it (and
+//    prunes) after its files. With several, each rank's job writes its files only; each step's
+//    reduction of the stop requests also sums the ranks' writers that are not done, and once
+//    that sum is 0 rank 0's writer writes the marker and prunes (checkpoint_advance).
+//  - A failed write (the first failure, naming the file and the reason) is in the same
+//    reduction: every rank stops with status 1, the step gets no marker and no older checkpoint
+//    is pruned.
+//  - The next checkpoint (which reuses the buffers), the end of the run, -halt and a stop signal
+//    first wait for every write in flight and its marker (checkpoint_settle, section 14).
+// With -ac 1 (and -n N, so the run goes on after a checkpoint) the buffers are pinned once for
+// the run, so the copies overlap computing; -ac 0, or host memory that cannot be pinned, copies
+// into pageable buffers for each checkpoint and settles at once, which is the synchronous write
+// of the same bytes. The model file of a BF16 build holds the parameters' BF16 bits as stored,
+// the bytes of rounding their FP32 values to nearest even (exact for every value but NaN).
 
 llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) {
   llmc::TrainStateId id;
@@ -3576,18 +3587,6 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
   id.master_weights = m.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
   return id;
-}
-
-void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
-                const llmc::HostTrainState& host) {
-  cudaCheck(cudaStreamSynchronize(m.stream));
-  const size_t n = m.shard_size;
-  std::vector<float> adam_m(n), adam_v(n), master(m.master ? n : 0);
-  cudaCheck(cudaMemcpy(adam_m.data(), m.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
-  cudaCheck(cudaMemcpy(adam_v.data(), m.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
-  if (m.master) cudaCheck(cudaMemcpy(master.data(), m.master, n * sizeof(float), cudaMemcpyDeviceToHost));
-  llmc::train_state_save(path, train_state_id(m, step, rank, world), m.optimizer_steps, host,
-                         adam_m.data(), adam_v.data(), m.master ? master.data() : nullptr);
 }
 
 // Loads a state file into the model (which holds the checkpoint's parameters already).
@@ -3603,6 +3602,187 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
   m.optimizer_steps = s.optimizer_steps;
   m.rng.restore(s.host.model_rng);
   return s.host;
+}
+
+struct Checkpointer {
+  std::string dir;  // -o; empty: no checkpoints
+  int keep_last = 0, keep_every = 0;
+  bool async = false;  // pinned buffers, settled at the next checkpoint
+  int device = 0;
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t state_ready = nullptr;  // on the model's stream, after the checkpoint step's update
+  cudaEvent_t copied = nullptr;       // on copy_stream, after the copies
+  floatX* params_host = nullptr;      // rank 0: the parameters as stored
+  float* optimizer_host = nullptr;    // AdamW's first moments, second moments, master weights
+  int unmarked_step = -1;  // several ranks: a checkpoint whose marker is not asked for yet
+  int marking_step = -1;   // rank 0: the checkpoint whose marker its writer writes
+  llmc::CheckpointWriter writer;  // last: destroyed first, so a job in flight ends before the rest
+};
+
+size_t checkpoint_param_bytes(const GPT2& m, int rank) { return rank == 0 ? m.num_params * sizeof(floatX) : 0; }
+size_t checkpoint_optimizer_bytes(const GPT2& m) { return (m.master ? 3 : 2) * m.shard_size * sizeof(float); }
+
+// Pins the host buffers for the run; on failure nothing stays allocated.
+cudaError_t checkpoint_pin_buffers(Checkpointer& ck, const GPT2& m, int rank) {
+  void* params = nullptr;
+  void* optimizer = nullptr;
+  cudaError_t error = cudaSuccess;
+  if (checkpoint_param_bytes(m, rank) > 0) error = cudaMallocHost(&params, checkpoint_param_bytes(m, rank));
+  if (error == cudaSuccess) error = cudaMallocHost(&optimizer, checkpoint_optimizer_bytes(m));
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // a refused allocation is not an error for the next launch check to report
+    if (params) cudaCheck(cudaFreeHost(params));
+    return error;
+  }
+  ck.params_host = (floatX*)params;
+  ck.optimizer_host = (float*)optimizer;
+  return cudaSuccess;
+}
+
+void checkpoint_free_buffers(Checkpointer& ck) {
+  if (ck.async) {
+    if (ck.params_host) cudaCheck(cudaFreeHost(ck.params_host));
+    if (ck.optimizer_host) cudaCheck(cudaFreeHost(ck.optimizer_host));
+  } else {
+    free(ck.params_host);
+    free(ck.optimizer_host);
+  }
+  ck.params_host = nullptr;
+  ck.optimizer_host = nullptr;
+}
+
+// With pin, the buffers are pinned for the run and checkpoints written in the background, unless
+// host memory cannot be pinned (a note says so, and they are written synchronously).
+void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, int keep_every,
+                      bool pin, const GPT2& m, int rank) {
+  ck.dir = dir;
+  ck.keep_last = keep_last;
+  ck.keep_every = keep_every;
+  cudaCheck(cudaGetDevice(&ck.device));
+  cudaCheck(cudaStreamCreateWithFlags(&ck.copy_stream, cudaStreamNonBlocking));
+  cudaCheck(cudaEventCreateWithFlags(&ck.state_ready, cudaEventDisableTiming));
+  cudaCheck(cudaEventCreateWithFlags(&ck.copied, cudaEventDisableTiming | cudaEventBlockingSync));
+  if (!pin) return;
+  const cudaError_t pinned = checkpoint_pin_buffers(ck, m, rank);
+  ck.async = pinned == cudaSuccess;
+  if (!ck.async) {
+    printf("rank %d: cannot pin %zu MiB of host memory for checkpoints (%s): they are written "
+           "synchronously, as with -ac 0\n", rank,
+           (checkpoint_param_bytes(m, rank) + checkpoint_optimizer_bytes(m)) >> 20,
+           cudaGetErrorString(pinned));
+  }
+}
+
+void checkpoint_teardown(Checkpointer& ck) {
+  checkpoint_free_buffers(ck);
+  cudaCheck(cudaStreamDestroy(ck.copy_stream));
+  cudaCheck(cudaEventDestroy(ck.state_ready));
+  cudaCheck(cudaEventDestroy(ck.copied));
+}
+
+// Enqueues the copies of what the checkpoint saves into the host buffers (allocated here without
+// -ac), after everything queued so far on the model's stream.
+void checkpoint_copy_to_host(Checkpointer& ck, const GPT2& m, int rank) {
+  if (!ck.async) {
+    ck.params_host = (floatX*)llmc::malloc_checked(checkpoint_param_bytes(m, rank), "a checkpoint's parameters");
+    ck.optimizer_host = (float*)llmc::malloc_checked(checkpoint_optimizer_bytes(m), "a checkpoint's optimizer state");
+  }
+  const size_t n = m.shard_size;
+  const cudaMemcpyKind kind = cudaMemcpyDeviceToHost;
+  cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
+  cudaCheck(cudaStreamWaitEvent(ck.copy_stream, ck.state_ready, 0));
+  if (rank == 0) {
+    cudaCheck(cudaMemcpyAsync(ck.params_host, m.params, checkpoint_param_bytes(m, rank), kind, ck.copy_stream));
+  }
+  cudaCheck(cudaMemcpyAsync(ck.optimizer_host, m.adam_m, n * sizeof(float), kind, ck.copy_stream));
+  cudaCheck(cudaMemcpyAsync(ck.optimizer_host + n, m.adam_v, n * sizeof(float), kind, ck.copy_stream));
+  if (m.master) {
+    cudaCheck(cudaMemcpyAsync(ck.optimizer_host + 2 * n, m.master, n * sizeof(float), kind, ck.copy_stream));
+  }
+  cudaCheck(cudaEventRecord(ck.copied, ck.copy_stream));
+}
+
+// The next update overwrites what the copies read.
+void checkpoint_before_update(Checkpointer& ck, GPT2& m) {
+  cudaCheck(cudaStreamWaitEvent(m.stream, ck.copied, 0));
+}
+
+llmc::CheckpointJob checkpoint_job(const Checkpointer& ck, int step) {
+  llmc::CheckpointJob job;
+  job.dir = ck.dir;
+  job.step = step;
+  job.keep_last = ck.keep_last;
+  job.keep_every = ck.keep_every;
+  job.remedy = llmc::strformat("the earlier checkpoints in %s are intact: free space there (or give "
+                               "another -o) and resume with -y 1", ck.dir.c_str());
+  return job;
+}
+
+// Hands the writer the files of the checkpoint of `step` (host: this rank's host-side state),
+// once checkpoint_copy_to_host has enqueued their copies.
+void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int step,
+                       const llmc::HostTrainState& host) {
+  llmc::CheckpointJob job = checkpoint_job(ck, step);
+  const int device = ck.device;
+  const cudaEvent_t copied = ck.copied;
+  job.wait_for_data = [device, copied] {
+    cudaCheck(cudaSetDevice(device));  // this thread's CUDA calls go to the run's GPU
+    cudaCheck(cudaEventSynchronize(copied));
+  };
+  if (rank == 0) {
+    job.write_files.push_back([path = llmc::checkpoint_path(ck.dir, "model", step),
+                               config = m.config, params = ck.params_host] {
+      llmc::checkpoint_save_payload(path, config, kCheckpointVersionFloatX, params);
+    });
+  }
+  const size_t n = m.shard_size;
+  const float* moments = ck.optimizer_host;
+  job.write_files.push_back([path = llmc::checkpoint_path(ck.dir, "state", step, rank),
+                             id = train_state_id(m, step, rank, world),
+                             optimizer_steps = m.optimizer_steps, host, moments, n,
+                             master = m.master ? moments + 2 * n : nullptr] {
+    llmc::train_state_save(path, id, optimizer_steps, host, moments, moments + n, master);
+  });
+  job.mark_done = world == 1;
+  ck.writer.submit(std::move(job));
+  if (world == 1) {
+    ck.marking_step = step;
+  } else {
+    ck.unmarked_step = step;
+  }
+}
+
+// The writer's state for checkpoint_advance: {not done (busy, or failed), failed}.
+std::array<double, 2> checkpoint_writer_state(const Checkpointer& ck) {
+  return {ck.writer.done() ? 0.0 : 1.0, ck.writer.failed() ? 1.0 : 0.0};
+}
+
+// Given checkpoint_writer_state summed over the ranks: a failure stops every rank; rank 0 reports
+// the checkpoint its writer has marked complete, and once every writer is done, has the
+// checkpoint all ranks have written marked.
+void checkpoint_advance(Checkpointer& ck, int rank, double not_done, double failed,
+                        llmc::RunSummary& summary) {
+  if (failed > 0) {
+    ck.writer.check();  // this rank's failure, naming its file
+    LLMC_FAIL("checkpoint write failed on another rank (its error names the file and the reason); "
+              "the earlier checkpoints in %s are intact: resume with -y 1 once it is fixed",
+              ck.dir.c_str());
+  }
+  if (ck.marking_step >= 0 && ck.writer.done()) {
+    const std::string path = llmc::checkpoint_path(ck.dir, "model", ck.marking_step);
+    printf("checkpoint: %s\n", path.c_str());
+    summary.checkpoint(path);
+    ck.marking_step = -1;
+  }
+  if (not_done == 0 && ck.unmarked_step >= 0) {
+    if (rank == 0) {
+      llmc::CheckpointJob marker = checkpoint_job(ck, ck.unmarked_step);
+      marker.mark_done = true;
+      ck.writer.submit(std::move(marker));
+      ck.marking_step = ck.unmarked_step;
+    }
+    ck.unmarked_step = -1;
+  }
 }
 
 // SIGTERM and SIGINT (preemption): the first asks the training loop to finish its step, write a
@@ -3892,13 +4072,6 @@ void multi_gpu_sum(MultiGpu& mg, double* values, int n, cudaStream_t stream) {
   cudaCheck(cudaStreamSynchronize(stream));
 }
 
-// Every rank reaches this point before any continues (a checkpoint is complete on all ranks).
-// Through NCCL, so that it works without MPI and under the watchdog.
-void multi_gpu_barrier(MultiGpu& mg, cudaStream_t stream) {
-  double arrived = 1.0;
-  multi_gpu_sum(mg, &arrived, 1, stream);
-}
-
 float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
   double sum = value;
   multi_gpu_sum(mg, &sum, 1, stream);
@@ -3952,6 +4125,7 @@ struct TrainArgs {
   int warmup = 0, max_steps = -1, val_every = 20, val_batches = 20, sample_every = 20;
   int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
+  int async_checkpoints = 1;
   int hellaswag = 0, seed = 42, shuffle = 1;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
@@ -3998,6 +4172,7 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
       {"-nk", 'i', &a.keep_last, "keep only the newest K checkpoints (0: keep all)"},
       {"-nm", 'i', &a.keep_every, "with -nk, also keep every checkpoint whose step is a multiple of M"},
+      {"-ac", 'i', &a.async_checkpoints, "1: write checkpoints in the background while training goes on (0: wait)"},
       {"-y", 'i', &a.resume, "1: resume from the newest complete checkpoint in -o"},
       {"-halt", 'i', &a.halt_after, "stop after this step's checkpoint, resumable (-1: never)"},
       {"-h", 'i', &a.hellaswag, "1: HellaSwag accuracy at every validation (-x 0: evaluate only)"},
@@ -4097,6 +4272,7 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.hellaswag == 0 || a.hellaswag == 1, "-h %d: use 0 or 1", a.hellaswag);
   REQUIRE(a.max_steps >= -1, "-x %d: use -1 (one epoch), 0 (evaluate only) or a step count", a.max_steps);
   REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
+  REQUIRE(a.async_checkpoints == 0 || a.async_checkpoints == 1, "-ac %d: use 0 or 1", a.async_checkpoints);
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
   REQUIRE(a.multi_gpu.timeout_s > 0, "-ct %d: the timeout must be a positive number of seconds",
@@ -4156,7 +4332,8 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 }
 
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, int accum_steps,
-                        long total_batch, int train_steps, size_t train_tokens) {
+                        long total_batch, int train_steps, size_t train_tokens,
+                        bool async_checkpoints) {
   cudaDeviceProp prop;
   cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
   const auto row = [](const char* k, const std::string& v) { printf("| %-24s | %-44s |\n", k, v.c_str()); };
@@ -4183,7 +4360,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, i
   row("overfit one batch", a.overfit ? "yes" : "no");
   row("TF32 / master weights", llmc::strformat("%d / %d", a.tf32, (int)m.use_master_weights));
   row("recompute", std::to_string(a.recompute));
-  row("checkpoint every", std::to_string(a.checkpoint_every));
+  row("checkpoint every / async", llmc::strformat("%d / %d", a.checkpoint_every, (int)async_checkpoints));
   row("seed", std::to_string(a.seed));
   printf("+--------------------------+----------------------------------------------+\n");
 }
@@ -4231,11 +4408,27 @@ struct TrainRun {
   llmc::OutlierDetector loss_outliers, norm_outliers;
   std::vector<int> inputs, targets;
   std::function<void(int)> grads_final;
+  Checkpointer checkpoints;
   cudaEvent_t start = nullptr, end = nullptr;  // around each step
   double total_ms = 0.0;
   int timed_steps = 0, skipped_updates = 0;
   std::unique_ptr<llmc::EtaEstimator> eta;
 };
+
+// -o's checkpoints are written in the background with -ac 1 and -n N (so that the run goes on
+// after them) when every rank can pin its host buffers: the ranks settle their writes together.
+void train_checkpoint_setup(TrainRun& r) {
+  const TrainArgs& a = r.a;
+  Checkpointer& ck = r.checkpoints;
+  const bool pin = !a.output_dir.empty() && a.async_checkpoints && a.checkpoint_every > 0;
+  checkpoint_setup(ck, a.output_dir, a.keep_last, a.keep_every, pin, r.m, r.mg.rank);
+  double unpinned = pin && !ck.async ? 1.0 : 0.0;
+  multi_gpu_sum(r.mg, &unpinned, 1, r.m.stream);
+  if (unpinned > 0 && ck.async) {
+    checkpoint_free_buffers(ck);
+    ck.async = false;
+  }
+}
 
 // The data, schedule, evaluation sets and log of a run; with -y 1 the rest of the checkpoint's
 // state (the parameters are in the model already).
@@ -4269,8 +4462,9 @@ void train_setup(TrainRun& r, int resume_step, double run_start) {
         ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
         : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew));
   }
+  train_checkpoint_setup(r);
   if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, r.accum_steps, r.total_batch, r.train_steps,
-                                         r.train_loader->total_tokens());
+                                         r.train_loader->total_tokens(), r.checkpoints.async);
   r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   r.sample_rng = llmc::Rng(a.seed + 1);
@@ -4328,27 +4522,40 @@ void evaluate_at_step(TrainRun& r, int step) {
   }
 }
 
-// Writes the checkpoint of `step` into -o: the model (rank 0), each rank's state, then DONE.
+// Waits for every rank's checkpoint writes and the marker of the checkpoint they wrote: in two
+// rounds when rank 0 has that marker still to write (the same on every rank).
+void checkpoint_settle(TrainRun& r) {
+  Checkpointer& ck = r.checkpoints;
+  if (ck.dir.empty()) return;
+  const int rounds = ck.unmarked_step >= 0 ? 2 : 1;
+  for (int round = 0; round < rounds; round++) {
+    multi_gpu_pause(r.mg);  // a write takes as long as it takes
+    ck.writer.drain();
+    multi_gpu_progress(r.mg);
+    std::array<double, 2> state = checkpoint_writer_state(ck);
+    multi_gpu_sum(r.mg, state.data(), 2, r.m.stream);
+    checkpoint_advance(ck, r.mg.rank, state[0], state[1], *r.summary);
+  }
+}
+
+// The checkpoint of `step` in -o: once the writes of the one before are settled (their buffers
+// are reused), its copies are enqueued and its files handed to the writer; without -ac 1 they
+// are settled at once.
 void checkpoint_at_step(TrainRun& r, int step) {
-  const TrainArgs& a = r.a;
-  multi_gpu_pause(r.mg);
-  if (r.mg.rank == 0) gpt2_save_checkpoint(r.m, llmc::checkpoint_path(a.output_dir, "model", step));
+  Checkpointer& ck = r.checkpoints;
+  multi_gpu_pause(r.mg);  // copies from the GPU into pageable memory hold this thread
+  if (ck.async) checkpoint_settle(r);
+  checkpoint_copy_to_host(ck, r.m, r.mg.rank);
   llmc::HostTrainState host;
   host.model_rng = r.m.rng.state();
   host.sample_rng = r.sample_rng.state();
   host.train_loader = r.train_loader->state();
   host.loss_window = r.loss_outliers.state();
   host.norm_window = r.norm_outliers.state();
-  save_state(r.m, llmc::checkpoint_path(a.output_dir, "state", step, r.mg.rank), step, r.mg.rank,
-             r.mg.world, host);
-  multi_gpu_progress(r.mg);
-  multi_gpu_barrier(r.mg, r.m.stream);
-  if (r.mg.rank == 0) {
-    llmc::write_done_marker(a.output_dir, step);
-    printf("checkpoint: %s\n", llmc::checkpoint_path(a.output_dir, "model", step).c_str());
-    r.summary->checkpoint(llmc::checkpoint_path(a.output_dir, "model", step));
-    llmc::prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
-  }
+  checkpoint_submit(ck, r.m, r.mg.rank, r.mg.world, step, host);
+  if (ck.async) return;
+  checkpoint_settle(r);
+  checkpoint_free_buffers(ck);
 }
 
 // What one training step measured, for its line of output.
@@ -4405,6 +4612,7 @@ bool train_step(TrainRun& r, int step) {
   s.spike = s.finite && ((a.loss_z > 0 && r.loss_outliers.is_spike(s.loss_score)) ||
                          (a.norm_z > 0 && r.norm_outliers.is_spike(s.norm_score)));
   if (s.finite && !s.spike) {
+    checkpoint_before_update(r.checkpoints, m);
     gpt2_update(m, s.lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, s.norm);
     multi_gpu_gather_params(r.mg, m);
   } else {
@@ -4418,10 +4626,13 @@ bool train_step(TrainRun& r, int step) {
     r.timed_steps++;
   }
   print_step(r, step, s);
-  // Every rank stops after the same step: the request is summed over the ranks.
-  double stop = stop_requests;
-  multi_gpu_sum(r.mg, &stop, 1, m.stream);
-  return stop > 0;
+  // Every rank stops after the same step: the request is summed over the ranks, and with it the
+  // state of their checkpoint writers, so that every rank sees a failed write at the same step.
+  const std::array<double, 2> writer = checkpoint_writer_state(r.checkpoints);
+  double shared[3] = {(double)stop_requests, writer[0], writer[1]};
+  multi_gpu_sum(r.mg, shared, 3, m.stream);
+  checkpoint_advance(r.checkpoints, r.mg.rank, shared[1], shared[2], *r.summary);
+  return shared[0] > 0;
 }
 
 // The steps from the first (0, or the resumed checkpoint's) to the last: at each its evaluations,
@@ -4509,7 +4720,9 @@ int train_main(int argc, char** argv) {
     train_setup(r, resume_step, run_start);
     int final_step;
     exit_status = train_loop(r, &final_step);
+    checkpoint_settle(r);
     print_run_end(r, final_step);
+    checkpoint_teardown(r.checkpoints);
     cudaCheck(cudaEventDestroy(r.start));
     cudaCheck(cudaEventDestroy(r.end));
   }

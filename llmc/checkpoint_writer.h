@@ -149,6 +149,13 @@ class CheckpointWriter {
     return !failure_.empty();
   }
 
+  // Every job submitted so far has written all it had to: none in flight and none failed (asked
+  // at once, so a job that fails between two questions never passes for one that succeeded).
+  bool done() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !job_ && failure_.empty();
+  }
+
   // Returns once no job is in flight.
   void drain() {
     std::unique_lock<std::mutex> lock(mutex_);

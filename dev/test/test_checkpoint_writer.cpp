@@ -190,13 +190,13 @@ void test_one_job_in_flight() {
     second_submitted = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  check_verbose(writer.busy() && !second_submitted,
-                "while a job is in flight the writer is busy and the next submit waits");
+  check_verbose(writer.busy() && !writer.done() && !second_submitted,
+                "while a job is in flight the writer is busy, not done, and the next submit waits");
   gate.release();
   submitter.join();
   writer.wait();
-  check_verbose(second_submitted && order == std::vector<int>({1, 2}) && !writer.busy(),
-                "the next job starts once the one in flight is done; wait() leaves the writer idle");
+  check_verbose(second_submitted && order == std::vector<int>({1, 2}) && !writer.busy() && writer.done(),
+                "the next job starts once the one in flight is done; wait() leaves the writer done");
 }
 
 void test_wait_drains() {
@@ -240,7 +240,8 @@ void test_failure() {
                                llmc::checkpoint_path(blocker, "state", 2, 0) +
                                ".tmp for writing: Not a directory; " + kRemedy;
   check_throws([&] { writer.wait(); }, expected, "a job whose state file cannot be opened");
-  check_verbose(writer.failed() && !writer.busy(), "the writer keeps the failure");
+  check_verbose(writer.failed() && !writer.busy() && !writer.done(),
+                "the writer keeps the failure: idle, but not done");
   check_throws([&] { writer.check(); }, expected, "check() after the failure");
   bool third_ran = false;
   llmc::CheckpointJob later = third.job(dir);
