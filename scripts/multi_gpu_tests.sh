@@ -4,6 +4,8 @@
 #    unshuffled data so both see the same tokens: FP32 losses within 1e-5 over 10 steps, BF16
 #    within 2e-2 (each rank rounds its own gradient to BF16 before they are averaged);
 #  - resume: 10 steps, a resume and 10 more against 20 straight steps on 2 ranks, bit for bit;
+#  - checkpoints written in the background (-ac 1) against before training goes on (-ac 0), one
+#    at every step: the same losses and the same bytes in every file;
 #  - speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch;
 #  - overlap: gradients reduced per layer during the backward pass (-ov 1) give the bits of one
 #    reduction after it (-ov 0), with ZeRO off and on;
@@ -38,6 +40,22 @@ multi_gpu_resume_tests() {
     resume_equivalence check "${binary}_resume_two_ranks" "$out/resume_$binary" 2 \
       $mpi ./$binary $common -b 4 -v 10 -m 4 -sh 1
   done
+}
+
+# Checkpoints written in the background against before training goes on, on two ranks with ZeRO
+# (each rank writes its state file, rank 0 the DONE marker once both are written): the same
+# losses, and at every step the same bytes in the model and both state files.
+async_checkpoint_test() {
+  source dev/test/compare_runs.sh
+  local dir=$out/async_checkpoints ac
+  rm -rf "$dir"
+  for ac in 1 0; do
+    check "async_checkpoints_ac$ac" $mpi ./train_gpt2cu $common -e tiny -t 64 -b 4 -x 6 -v 3 -m 2 \
+      -n 1 -ac $ac -o "$dir/ac$ac"
+  done
+  check async_checkpoints_on grep -aE "^\| checkpoint every / async +\| 1 / 1 " "$out/async_checkpoints_ac1.log"
+  check async_checkpoints_same_steps same_steps "$out/async_checkpoints_ac1.log" "$out/async_checkpoints_ac0.log"
+  check async_checkpoints_same_files same_checkpoints_every_step "$dir/ac1" "$dir/ac0" 6 2
 }
 
 # The step and validation lines (up to the timing; with a third argument "no-norm", up to the
@@ -176,6 +194,7 @@ zero_test
 by_hand_test
 lost_rank_test
 multi_gpu_resume_tests
+async_checkpoint_test
 
 check speed_one_gpu ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
 check speed_two_gpus $mpi ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1

@@ -157,20 +157,49 @@ interrupt_at_step() {
   [ $status -eq "$expected" ]
 }
 
-# Every model file in a directory has its DONE marker: nothing half-written under a final name.
-checkpoints_complete() {
-  local f ok=0
-  for f in "$1"/model_*.bin; do
-    [ -e "$f" ] || continue
-    local step=${f##*model_}
-    [ -e "$1/DONE_${step%.bin}" ] || { echo "$f has no DONE marker"; ok=1; }
+# every_marked_checkpoint_loads DIR TRAINER_COMMAND...: each checkpoint in DIR with a DONE marker,
+# copied alone into a directory of its own, resumes (-y 1) for no steps: its model and state files
+# load and pass their checksums. A model file without a marker (a checkpoint cut short) is left
+# alone. Fails when there is no marker at all.
+every_marked_checkpoint_loads() {
+  local dir=$1 marker step copy count=0 out
+  shift
+  for marker in "$dir"/DONE_*; do
+    [ -e "$marker" ] || continue
+    step=$((10#${marker##*DONE_}))
+    copy="$dir.load_$step"
+    rm -rf "$copy"
+    mkdir -p "$copy"
+    cp "$marker" "$dir/model_${marker##*DONE_}.bin" "$dir/state_${marker##*DONE_}"_*.bin "$copy/" || return 1
+    out=$("$@" -o "$copy" -y 1 -x "$step" 2>&1)
+    if ! grep -q "^resumed from the checkpoint of step $step in " <<< "$out"; then
+      echo "the checkpoint of step $step does not load:"
+      tail -3 <<< "$out"
+      return 1
+    fi
+    count=$((count + 1))
   done
-  [ $ok -eq 0 ] && echo "every checkpoint in $1 is complete"
+  echo "$count checkpoint(s) with a DONE marker in $dir, each loads"
+  [ $count -gt 0 ]
+}
+
+# resumes_from_newest DIR TRAINER_COMMAND...: the command (a resume, -y 1) succeeds and starts
+# from the newest checkpoint with a DONE marker in DIR.
+resumes_from_newest() {
+  local dir=$1 newest out status
+  shift
+  newest=$(ls "$dir" | sed -n 's/^DONE_0*//p' | sort -n | tail -1)
+  out=$("$@" 2>&1)
+  status=$?
+  echo "$out"
+  echo "exit status $status; the newest checkpoint with a DONE marker was step ${newest:-none}"
+  [ $status -eq 0 ] && [ -n "$newest" ] && grep -q "^resumed from the checkpoint of step $newest in " <<< "$out"
 }
 
 # Preemption: a SIGTERM mid-run finishes the step, writes a checkpoint and exits with status 3,
 # and resuming gives the log and final checkpoint of a run never interrupted. Two SIGTERMs exit
-# at once (143), leaving only complete checkpoints, and the newest of them resumes.
+# at once (143), which can cut a checkpoint short; every one with a DONE marker loads, and the
+# newest resumes.
 signal_test() {
   local dir=build/test_signal
   rm -rf "$dir"
@@ -182,8 +211,103 @@ signal_test() {
   run signal_same_log same_log "$dir/straight/main.log" "$dir/resumed/main.log"
   run signal_same_model cmp "$dir/straight/model_00000030.bin" "$dir/resumed/model_00000030.bin"
   run signal_twice interrupt_at_step 5 2 143 "$dir/twice.txt" ./train_gpt2cu $args -n 2 -nk 2 -o "$dir/twice"
-  run signal_twice_complete checkpoints_complete "$dir/twice"
+  run signal_twice_complete every_marked_checkpoint_loads "$dir/twice" ./train_gpt2cu $args -n 2 -nk 2
   run signal_twice_resume ./train_gpt2cu $args -n 2 -nk 2 -o "$dir/twice" -y 1 -x 30
+}
+
+# Checkpoints written in the background (-ac 1, the default: copies into pinned memory beside the
+# next step) and before training goes on (-ac 0), one at every step: the same losses, and the same
+# bytes in every file of every step.
+async_checkpoint_test() {
+  local binary=$1 name=$2 dir=build/test_async_checkpoints/$2
+  rm -rf "$dir"
+  local args="$COMMON -e tiny -b 4 -t 64 -x 8 -v 4 -m 2 -s 0 -n 1"
+  run "${name}_background" ./$binary $args -o "$dir/background" -ac 1
+  run "${name}_background_on" grep -aE "^\| checkpoint every / async +\| 1 / 1 " "$LOGS/${name}_background.log"
+  run "${name}_synchronous" ./$binary $args -o "$dir/synchronous" -ac 0
+  run "${name}_same_losses" same_losses "$LOGS/${name}_background.log" "$LOGS/${name}_synchronous.log"
+  run "${name}_same_files" same_checkpoints_every_step "$dir/background" "$dir/synchronous" 8 1
+}
+
+# kill_while_writing DIR STEP TRAINER_COMMAND...: starts the trainer in the background and kills it
+# (SIGKILL) once the checkpoint of STEP has its DONE marker and a later one is being written (a
+# temporary file in DIR).
+kill_while_writing() {
+  local dir=$1 step=$2
+  shift 2
+  "$@" > "$dir.out" 2>&1 &
+  local pid=$!
+  until [ -e "$dir/$(printf DONE_%08d "$step")" ] && compgen -G "$dir/*.tmp" > /dev/null; do
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.01
+  done
+  kill -KILL $pid
+  wait $pid
+  local status=$?
+  tail -3 "$dir.out"
+  echo "files left: $(ls "$dir" | xargs)"
+  echo "exit status $status (expected 137, killed)"
+  [ $status -eq 137 ]
+}
+
+# SIGKILL while a checkpoint is written in the background (one at every step of the tiny model, so
+# one is always being written): every checkpoint with a DONE marker loads, -y 1 resumes from the
+# newest, and the run ends as one never killed (its log, its last checkpoint).
+kill_during_write_test() {
+  local dir=build/test_kill_write
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local args="$COMMON -e tiny -b 4 -t 64 -x 60 -v 20 -m 2 -s 0 -n 1 -nk 3"
+  run kill_write_straight ./train_gpt2cu $args -o "$dir/straight"
+  run kill_write_killed kill_while_writing "$dir/killed" 5 ./train_gpt2cu $args -o "$dir/killed"
+  run kill_write_marked_load every_marked_checkpoint_loads "$dir/killed" ./train_gpt2cu $args
+  run kill_write_resume resumes_from_newest "$dir/killed" ./train_gpt2cu $args -o "$dir/killed" -y 1
+  run kill_write_same_log same_log "$dir/straight/main.log" "$dir/killed/main.log"
+  run kill_write_same_files same_checkpoint "$dir/straight" "$dir/killed" 60 1
+}
+
+# fails_with REGEX COMMAND...: the command exits with status 1 and one line on stderr,
+# "error: ..." matching REGEX.
+fails_with() {
+  local pattern=$1 err status
+  shift
+  { err=$("$@" 2>&1 1>&3 3>&-); status=$?; } 3>&1
+  echo "stderr: $err"
+  echo "exit status $status (expected 1)"
+  [ $status -eq 1 ] && [ "$(wc -l <<< "$err")" -eq 1 ] && grep -qE "^error: .*$pattern" <<< "$err"
+}
+
+# marked_steps_are DIR "STEP ...": the steps with a DONE marker in DIR are these, and no temporary
+# file is left there.
+marked_steps_are() {
+  local steps
+  steps=$(ls "$1" | sed -n 's/^DONE_0*//p' | sort -n | xargs)
+  echo "steps with a DONE marker: $steps (expected $2); temporary files: $(ls "$1" | grep -c '\.tmp$')"
+  [ "$steps" = "$2" ] && ! compgen -G "$1/*.tmp" > /dev/null
+}
+
+# A checkpoint write that fails in the background stops the run with status 1 and one line naming
+# the file and the reason; the checkpoints before it stay complete and resume. Two failures that
+# need no privileges (root writes through permissions and may not mount a small tmpfs): a directory
+# where the step-3 state file's temporary file goes, so opening it fails while the run trains on;
+# and a file size limit (ulimit -f, SIGXFSZ ignored) under which writes past 32 MiB fail part-way
+# as on a full disk (EFBIG for ENOSPC): the tiny model's file (14 MB) fits, its state file
+# (82 MB) does not.
+failed_write_test() {
+  local dir=build/test_failed_write
+  rm -rf "$dir"
+  local args="$COMMON -e tiny -b 4 -t 64 -x 8 -v 0 -s 0 -n 1"
+  mkdir -p "$dir/blocked/state_00000003_00000.bin.tmp"
+  run failed_write_open fails_with "checkpoint write failed \(step 3\): cannot open $dir/blocked/state_00000003_00000\.bin\.tmp for writing: Is a directory; the earlier checkpoints in $dir/blocked are intact" \
+    ./train_gpt2cu $args -o "$dir/blocked"
+  rm -rf "$dir/blocked/state_00000003_00000.bin.tmp"
+  run failed_write_open_intact marked_steps_are "$dir/blocked" "1 2"
+  run failed_write_open_resume resumes_from_newest "$dir/blocked" ./train_gpt2cu $args -o "$dir/blocked" -y 1
+  run failed_write_limit_first ./train_gpt2cu $args -o "$dir/limited" -halt 2
+  run failed_write_limit fails_with "checkpoint write failed \(step 3\): $dir/limited/state_00000003_00000\.bin\.tmp: writing .* failed after .*: File too large" \
+    bash -c 'trap "" XFSZ; ulimit -f 32768; exec "$@"' limited ./train_gpt2cu $args -o "$dir/limited" -y 1
+  run failed_write_limit_intact marked_steps_are "$dir/limited" "1 2"
+  run failed_write_limit_resume resumes_from_newest "$dir/limited" ./train_gpt2cu $args -o "$dir/limited" -y 1
 }
 
 gpu_tests() {
@@ -237,6 +361,10 @@ gpu_tests() {
   run run_output_cuda env TRAINER=./train_gpt2cu bash dev/test/test_run_output.sh
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2fp32cu resume_fp32
+  async_checkpoint_test train_gpt2cu async_checkpoints_bf16
+  async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
+  kill_during_write_test
+  failed_write_test
   # Training from random initialisation learns: the validation loss falls, samples are printed.
   run train_d12 ./train_gpt2cu $common -e d12 -b 16 -t 256 -x 150 -v 50 -m 8 -s 150 -g 48 -l 6e-4 -u 20
   run train_d12_val_loss_falls val_loss_falls "$LOGS/train_d12.log" 2.0

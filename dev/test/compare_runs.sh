@@ -24,6 +24,20 @@ same_checkpoint() {
   echo "identical: ${files[*]}"
 }
 
+# same_checkpoints_every_step DIR_A DIR_B STEPS RANKS: steps 1 to STEPS each have a DONE marker in
+# both directories and the same bytes in their model and RANKS state files.
+same_checkpoints_every_step() {
+  local step marker
+  for ((step = 1; step <= $3; step++)); do
+    marker=$(printf DONE_%08d "$step")
+    if [ ! -e "$1/$marker" ] || [ ! -e "$2/$marker" ]; then
+      echo "step $step: $marker is missing in $1 or $2"
+      return 1
+    fi
+    same_checkpoint "$1" "$2" "$step" "$4" || return 1
+  done
+}
+
 # resume_equivalence RUNNER NAME DIR RANKS TRAINER_COMMAND...: 20 straight steps against 10
 # steps, a resume from their checkpoint (-y 1) and 10 more give the same run log (losses, norms,
 # validation) and bitwise-identical final model and per-rank state files. `RUNNER NAME COMMAND...`
