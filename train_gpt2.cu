@@ -726,6 +726,7 @@ bool matmul_tuning = true;  // off: always cuBLASLt's first heuristic
 struct MatmulChoice {
   int m, n, k;
   bool trans_a, trans_b, bias;
+  cudaDataType_t type_a, type_b;
   cublasLtEpilogue_t epilogue;
   cublasLtMatmulAlgo_t algo;
 };
@@ -827,20 +828,43 @@ cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulH
   return candidates[best].algo;
 }
 
+// A and B of another type than the storage type (FP8 products):
+// their types and dequantisation scales, device floats by which cuBLASLt multiplies the product.
+// The scales must be 16-byte aligned: cuBLASLt 13.1 accepts others in its heuristic, then refuses
+// to run with CUBLAS_STATUS_NOT_SUPPORTED.
+struct MatmulOperands {
+  cudaDataType_t type_a = kCudaFloatX, type_b = kCudaFloatX;
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
+};
+
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
 // A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B. Returns false when
 // cuBLASLt has no algorithm for this epilogue (the callers then fall back to separate kernels).
-bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
-                     int n, int k, bool trans_a, bool trans_b, float beta,
-                     cublasLtEpilogue_t epilogue, floatX* aux, cudaStream_t stream) {
+bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias, int m, int n,
+                     int k, bool trans_a, bool trans_b, float beta, cublasLtEpilogue_t epilogue,
+                     floatX* aux, cudaStream_t stream, const MatmulOperands& ops = MatmulOperands()) {
   REQUIRE(((uintptr_t)a % 16) == 0 && ((uintptr_t)b % 16) == 0 && ((uintptr_t)d % 16) == 0,
           "matmul: operands must be 16-byte aligned");
+  REQUIRE((uintptr_t)ops.scale_a % 16 == 0 && (uintptr_t)ops.scale_b % 16 == 0,
+          "matmul: the operands' scales must be 16-byte aligned");
+  // FP8 products accumulate in FP32 (cuBLASLt has no TF32 variant of them).
+  const bool storage_type = ops.type_a == kCudaFloatX && ops.type_b == kCudaFloatX;
   cublasLtMatmulDesc_t desc;
-  cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute_type, CUDA_R_32F));
+  cublasCheck(cublasLtMatmulDescCreate(&desc, storage_type ? cublas_compute_type : CUBLAS_COMPUTE_32F,
+                                       CUDA_R_32F));
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (ops.scale_a) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ops.scale_a,
+                                               sizeof(ops.scale_a)));
+  }
+  if (ops.scale_b) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.scale_b,
+                                               sizeof(ops.scale_b)));
+  }
   if (bias) {
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof(bias)));
@@ -855,9 +879,9 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                              sizeof(epilogue)));
   cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, kCudaFloatX, trans_a ? k : m, trans_a ? m : k,
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, ops.type_a, trans_a ? k : m, trans_a ? m : k,
                                          trans_a ? k : m));
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, kCudaFloatX, trans_b ? n : k, trans_b ? k : n,
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, ops.type_b, trans_b ? n : k, trans_b ? k : n,
                                          trans_b ? n : k));
   cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, kCudaFloatX, m, n, m));
   const float alpha = 1.0f;
@@ -868,7 +892,8 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
   const bool tune = matmul_tuning && beta == 0.0f;
   auto known = std::find_if(matmul_choices.begin(), matmul_choices.end(), [&](const MatmulChoice& c) {
     return c.m == m && c.n == n && c.k == k && c.trans_a == trans_a && c.trans_b == trans_b &&
-           c.bias == (bias != nullptr) && c.epilogue == epilogue;
+           c.bias == (bias != nullptr) && c.type_a == ops.type_a && c.type_b == ops.type_b &&
+           c.epilogue == epilogue;
   });
   bool ok = true;
   if (tune && known != matmul_choices.end()) {
@@ -891,7 +916,8 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
       cublasLtMatmulAlgo_t algo = heuristics[0].algo;
       if (tune) {
         algo = fastest_matching_algo(run, heuristics, found, d, (size_t)m * n, stream);
-        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, epilogue, algo});
+        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, ops.type_a, ops.type_b,
+                                  epilogue, algo});
       }
       cublasCheck(run(algo));
     }
@@ -906,22 +932,53 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
 
-// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
-void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
-  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+// The forward product out[N, OC] = b[N, C] @ a[OC, C]^T + bias of the storage-type or the FP8
+// operands: with pre_gelu, pre_gelu = that and out = GELU(it), in cuBLASLt's epilogue or after it.
+void matmul_forward_product(floatX* out, const void* a, const void* b, const floatX* bias, int N,
+                            int C, int OC, floatX* pre_gelu, const MatmulOperands& ops,
+                            cudaStream_t stream) {
   if (pre_gelu) {
     const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    if (matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream)) {
-      return;
-    }
-    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC, nullptr, stream);
+    if (matmul_cublaslt(out, a, b, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream, ops)) return;
+    matmul_forward_product(pre_gelu, a, b, bias, N, C, OC, nullptr, ops, stream);
     gelu_forward(out, pre_gelu, (size_t)N * OC, stream);
     return;
   }
   const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  REQUIRE(matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream),
+  REQUIRE(matmul_cublaslt(out, a, b, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream, ops),
           "cuBLASLt found no algorithm for the %dx%dx%d forward product", N, OC, C);
+}
+
+// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+  matmul_forward_product(out, weight, inp, bias, N, C, OC, pre_gelu, MatmulOperands(), stream);
+}
+
+// dbias[OC] += column sums of dout[N, OC] (deterministic, section 2).
+void matmul_dbias(floatX* dbias, float* partials, const floatX* dout, int N, int OC, uint32_t seed,
+                  cudaStream_t stream) {
+  REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
+  column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
+                               dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
+  cudaCheckLaunch();
+  column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
+}
+
+// dinp[N, C] = the product of a and b over k = OC (the column-major C x N result of op(a) b),
+// times GELU'(pre_gelu) when given: in cuBLASLt's DGELU epilogue, or after it.
+void matmul_dinp_product(floatX* dinp, const void* a, bool trans_a, const void* b,
+                         const floatX* pre_gelu, int N, int C, int OC, const MatmulOperands& ops,
+                         cudaStream_t stream) {
+  if (pre_gelu && matmul_cublaslt(dinp, a, b, nullptr, C, N, OC, trans_a, false, 0.0f,
+                                  CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream, ops)) {
+    return;
+  }
+  REQUIRE(matmul_cublaslt(dinp, a, b, nullptr, C, N, OC, trans_a, false, 0.0f,
+                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream, ops),
+          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
+  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
 }
 
 // dinp[N, C] = dout[N, OC] @ weight[OC, C] (times GELU'(pre_gelu) when given);
@@ -930,25 +987,11 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
                      const floatX* dout, const floatX* inp, const floatX* weight,
                      const floatX* pre_gelu, int N, int C, int OC, uint32_t seed,
                      cudaStream_t stream) {
-  if (dbias) {
-    REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
-    column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
-                                 dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
-    cudaCheckLaunch();
-    column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
-  }
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   REQUIRE(matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f,
                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
           "cuBLASLt found no algorithm for the %dx%dx%d weight-gradient product", C, OC, N);
-  if (pre_gelu &&
-      matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
-                      CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream)) {
-    return;
-  }
-  REQUIRE(matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
-                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
-          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
-  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
+  matmul_dinp_product(dinp, weight, false, dout, pre_gelu, N, C, OC, MatmulOperands(), stream);
 }
 
 // ============================================================================
