@@ -7,7 +7,8 @@
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
 //   4. LayerNorm                  forward, fused residual + forward, fused backward
-//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient
+//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
+//                                 layers (amax, casts, cast-transpose, scaled FP8 products)
 //   6. Attention                  causal multi-head attention: flash kernels (BF16), batched GEMMs
 //   7. GELU                       tanh approximation, forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits
@@ -49,6 +50,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
@@ -828,7 +830,7 @@ cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulH
   return candidates[best].algo;
 }
 
-// A and B of another type than the storage type (FP8 products):
+// A and B of another type than the storage type (the FP8 products at the end of this section):
 // their types and dequantisation scales, device floats by which cuBLASLt multiplies the product.
 // The scales must be 16-byte aligned: cuBLASLt 13.1 accepts others in its heuristic, then refuses
 // to run with CUBLAS_STATUS_NOT_SUPPORTED.
@@ -992,6 +994,285 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
           "cuBLASLt found no algorithm for the %dx%dx%d weight-gradient product", C, OC, N);
   matmul_dinp_product(dinp, weight, false, dout, pre_gelu, N, C, OC, MatmulOperands(), stream);
+}
+
+// ---- FP8 linear layers (-fp8 1: BF16 builds, compute capability 8.9 or newer) ----
+// The blocks' linear layers can run their three products in FP8 on the tensor cores (cuBLASLt,
+// FP32 accumulation, BF16 outputs): weights and activations in E4M3, output gradients in
+// kFp8GradFormat. Each FP8 tensor has one scale from the amax of the BF16 tensor it is cast from
+// ("current" scaling): s = 2^floor(log2(fp8_max / amax)), the largest power of two with
+// amax * s <= fp8_max, and q = fp8(x * s) rounded to nearest even. A power of two makes x * s and
+// q / s exact, so that a reference reproduces every cast bit for bit. The products read 1/s, their
+// dequantisation scale, from device memory: nothing waits for the host. cuBLASLt's FP8 kernels
+// take only the "TN" layout (both operands contiguous along the summed dimension, leading
+// dimensions multiples of 16 bytes), so the backward products read transposed copies: the
+// weight's, cast once per update, and the output gradient's and the input's along the tokens,
+// padded with zero tokens to a multiple of 16.
+
+enum class Fp8Format { kE4M3, kE5M2 };
+// Output gradients: E5M2's range (up to 57344 against E4M3's 448) is the usual choice; E4M3's
+// extra mantissa bit can be measured by changing this constant.
+constexpr Fp8Format kFp8GradFormat = Fp8Format::kE5M2;
+constexpr int kFp8TokenAlign = 16;  // FP8 leading dimensions: multiples of 16 one-byte elements
+
+inline const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "E4M3" : "E5M2"; }
+inline cudaDataType_t fp8_cuda_type(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+inline int fp8_padded(int tokens) { return ceil_div(tokens, kFp8TokenAlign) * kFp8TokenAlign; }
+
+// One FP8 tensor's scale, on the device. inv_scale comes first, 16-byte aligned, as cuBLASLt's
+// scale pointers must be.
+struct alignas(16) Fp8Scale {
+  float inv_scale;     // 1/s, the products' dequantisation scale
+  uint32_t amax_bits;  // max |x| as FP32 bits: an integer maximum, NaN above Inf above all numbers
+};
+static_assert(offsetof(Fp8Scale, inv_scale) == 0, "cuBLASLt reads inv_scale at a 16-byte boundary");
+
+// The exponent e of s = 2^e for a given amax: the largest e with amax * 2^e <= fp8_max, where
+// fp8_max = 1.75 * 2^emax (448 = 1.75 * 2^8, 57344 = 1.75 * 2^15), at most 126 so that s and 1/s
+// are normal floats. An amax of 0 or not finite gives s = 1: the casts keep NaN and Inf as NaN
+// (fp8_pair), so a non-finite tensor shows in the loss and the trainer skips the step.
+__host__ __device__ inline int fp8_scale_exponent(float amax, Fp8Format f) {
+  if (!(amax > 0.0f && amax <= FLT_MAX)) return 0;
+  const int emax = f == Fp8Format::kE4M3 ? 8 : 15;
+  int exponent = 0;
+  const float mantissa = 2.0f * frexpf(amax, &exponent);  // amax = mantissa * 2^(exponent - 1)
+  const int e = (mantissa <= 1.75f ? emax : emax - 1) - (exponent - 1);
+  return e < 126 ? e : 126;
+}
+
+// s from the amax the scale holds; the first thread of the grid stores 1/s.
+__device__ __forceinline__ float fp8_scale_and_store_inverse(Fp8Scale* scale, Fp8Format f) {
+  const int e = fp8_scale_exponent(__uint_as_float(scale->amax_bits), f);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale->inv_scale = ldexpf(1.0f, -e);
+  return ldexpf(1.0f, e);
+}
+
+// Two values to FP8, x in the low byte, rounded to nearest even. The conversion saturates: finite
+// values beyond fp8_max, which a scaled value never is, become +-fp8_max, and so would Inf, so
+// non-finite values are made NaN first.
+template <Fp8Format F>
+__device__ __forceinline__ uint16_t fp8_pair(float x, float y) {
+  if (!isfinite(x)) x = NAN;
+  if (!isfinite(y)) y = NAN;
+  return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE,
+                                  F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// The FP8 values of one 16-byte piece of the storage type: 8 bytes (BF16) or 4 (FP32).
+struct alignas(x128::size) Fp8Piece {
+  uint8_t v[x128::size];
+};
+
+template <Fp8Format F>
+__device__ __forceinline__ Fp8Piece fp8_piece(const x128& x, float s) {
+  Fp8Piece out;
+#pragma unroll
+  for (int k = 0; k < x128::size; k += 2) {
+    const uint16_t pair = fp8_pair<F>((float)x[k] * s, (float)x[k + 1] * s);
+    out.v[k] = pair & 0xff;
+    out.v[k + 1] = pair >> 8;
+  }
+  return out;
+}
+
+// ---- FP8 amax: scale->amax_bits = max |x| over n values ----
+// A fixed grid strides over x in 16-byte pieces; each block's maximum goes into amax_bits with one
+// atomicMax on the FP32 bits of |x|. An integer maximum is exact in any order, so the result does
+// not depend on scheduling or on the grid. The launcher zeroes amax_bits first. Floor: one read.
+constexpr int kFp8Threads = 256;
+constexpr int kFp8AmaxBlocks = 1024;
+
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_amax_kernel(Fp8Scale* scale, const floatX* x, size_t pieces) {
+  __shared__ uint32_t warp_max[kFp8Threads / WARP_SIZE];
+  uint32_t m = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += stride) {
+    const x128 v = load128(x + i * x128::size);
+    for (int k = 0; k < x128::size; k++) m = max(m, __float_as_uint((float)v[k]) & 0x7fffffffu);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffff, m, offset));
+  if (threadIdx.x % WARP_SIZE == 0) warp_max[threadIdx.x / WARP_SIZE] = m;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kFp8Threads / WARP_SIZE; w++) m = max(m, warp_max[w]);
+  atomicMax(&scale->amax_bits, m);
+}
+
+void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0,
+          "fp8_amax: n=%zu must be a multiple of %d and x 16-byte aligned", n, x128::size);
+  cudaCheck(cudaMemsetAsync(&scale->amax_bits, 0, sizeof(scale->amax_bits), stream));
+  const size_t pieces = n / x128::size;
+  const int blocks = std::max(1, std::min(kFp8AmaxBlocks, ceil_div(pieces, kFp8Threads)));
+  fp8_amax_kernel<<<blocks, kFp8Threads, 0, stream>>>(scale, x, pieces);
+  cudaCheckLaunch();
+}
+
+// ---- FP8 cast: out[i] = fp8(x[i] * s), s from scale->amax_bits; scale->inv_scale = 1/s ----
+// Elementwise, one 16-byte piece of x per thread; deterministic (no reduction). Floor: reads 2
+// bytes and writes 1 per value (BF16).
+template <Fp8Format F>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_kernel(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t pieces) {
+  const float s = fp8_scale_and_store_inverse(scale, F);
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= pieces) return;
+  *reinterpret_cast<Fp8Piece*>(out + i * x128::size) = fp8_piece<F>(load128(x + i * x128::size), s);
+}
+
+void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Format f,
+              cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0,
+          "fp8_cast: n=%zu must be a multiple of %d, x and out 16-byte aligned", n, x128::size);
+  const size_t pieces = n / x128::size;
+  const int blocks = std::max(1, ceil_div(pieces, kFp8Threads));
+  if (f == Fp8Format::kE4M3) {
+    fp8_cast_kernel<Fp8Format::kE4M3><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  } else {
+    fp8_cast_kernel<Fp8Format::kE5M2><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  }
+  cudaCheckLaunch();
+}
+
+// ---- FP8 cast-transpose: x [R, C] -> out [R, C] (optional) and out_t [C, fp8_padded(R)] ----
+// One read of x writes the FP8 values and their transpose, whose columns R and up are zeros (the
+// padding tokens of the weight-gradient product); scale->inv_scale = 1/s as in fp8_cast. A block
+// casts a tile of 128 rows x 64 columns into shared memory, transposed as it goes (each piece's
+// bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
+// writes 128-byte rows of out_t. Deterministic (no reduction). Floor: reads 2 bytes and writes 2
+// per value (BF16).
+constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
+constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
+
+template <Fp8Format F>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R, int C,
+                              int ld_t) {
+  __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
+  const float s = fp8_scale_and_store_inverse(scale, F);
+  constexpr int kPieces = kFp8TileCols / x128::size;  // pieces per tile row
+  const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
+  for (int id = threadIdx.x; id < kFp8TileRows * kPieces; id += kFp8Threads) {
+    const int piece = id % kPieces, r = id / kPieces;
+    const int row = row0 + r, col = col0 + piece * x128::size;
+    x128 v;
+    for (int k = 0; k < x128::size; k++) v[k] = (floatX)0.0f;
+    if (row < R && col < C) v = load128(x + (size_t)row * C + col);
+    const Fp8Piece q = fp8_piece<F>(v, s);
+    if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
+    uint64_t bytes = 0;
+    memcpy(&bytes, q.v, sizeof(q.v));
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+      const int c = (k + piece) % x128::size;
+      tile[(piece * x128::size + c) * kFp8TilePitch + r] = (uint8_t)(bytes >> (8 * c));
+    }
+  }
+  __syncthreads();
+  constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
+  for (int id = threadIdx.x; id < kFp8TileCols * kSegments; id += kFp8Threads) {
+    const int segment = id % kSegments, c = id / kSegments;
+    const int col = col0 + c, trow = row0 + segment * 16;
+    if (col >= C || trow >= ld_t) continue;
+    *reinterpret_cast<uint4*>(out_t + (size_t)col * ld_t + trow) =
+        *reinterpret_cast<const uint4*>(tile + c * kFp8TilePitch + segment * 16);
+  }
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
+                        int C, Fp8Format f, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
+              (uintptr_t)out_t % 16 == 0,
+          "fp8_cast_transpose: C=%d must be a multiple of %d, x, out and out_t 16-byte aligned", C,
+          x128::size);
+  const int ld_t = fp8_padded(R);
+  const dim3 grid(ceil_div(C, kFp8TileCols), ceil_div(ld_t, kFp8TileRows));
+  REQUIRE(grid.y <= 65535, "fp8_cast_transpose: R=%d rows are more than one launch takes", R);
+  if (f == Fp8Format::kE4M3) {
+    fp8_cast_transpose_kernel<Fp8Format::kE4M3>
+        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+  } else {
+    fp8_cast_transpose_kernel<Fp8Format::kE5M2>
+        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+  }
+  cudaCheckLaunch();
+}
+
+// ---- FP8 linear layers: the products of matmul_forward and matmul_backward on FP8 copies ----
+// The FP8 copies of a weight [OC, C], cast by fp8_weight_cast after each update: w8 [OC, C] and
+// its transpose w8t [C, OC], one scale.
+struct Fp8Weight {
+  uint8_t* w8;
+  uint8_t* w8t;
+  Fp8Scale* scale;
+};
+
+// Scratch of the FP8 layers, sized for the widest layer of N tokens (in bytes, N padded to
+// fp8_padded(N) in the transposed ones): rows holds the forward's input [N, C] or the backward's
+// output gradient [N, OC], dout_t its transpose [OC, N], inp_t the input's [C, N]; dout_scale is
+// the output gradient's scale.
+struct Fp8Buffers {
+  uint8_t* rows = nullptr;
+  uint8_t* dout_t = nullptr;
+  uint8_t* inp_t = nullptr;
+  Fp8Scale* dout_scale = nullptr;
+};
+
+inline MatmulOperands fp8_operands(Fp8Format fa, const Fp8Scale* a, Fp8Format fb, const Fp8Scale* b) {
+  MatmulOperands ops;
+  ops.type_a = fp8_cuda_type(fa);
+  ops.type_b = fp8_cuda_type(fb);
+  ops.scale_a = &a->inv_scale;
+  ops.scale_b = &b->inv_scale;
+  return ops;
+}
+
+void fp8_require_layer(int C, int OC) {
+  REQUIRE(sizeof(floatX) == 2, "FP8 linear layers need the BF16 build (their outputs are BF16)");
+  REQUIRE(C % kFp8TokenAlign == 0 && OC % kFp8TokenAlign == 0,
+          "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
+}
+
+void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_amax(w.scale, weight, (size_t)OC * C, stream);
+  fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, stream);
+}
+
+// matmul_forward with out = fp8(inp) @ w8^T: inp's amax goes into inp_scale, which the backward
+// pass reuses for its transposed cast of the same input; inp8 receives the cast.
+void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
+                        int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
+                        cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_amax(inp_scale, inp, (size_t)N * C, stream);
+  fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, stream);
+  matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
+                         fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
+}
+
+// matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed), inp to
+// E4M3 transposed with the scale of its forward cast (inp_scale); dweight += fp8(dout)^T fp8(inp)
+// over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
+// BF16 dout as in matmul_backward.
+void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
+                         const floatX* dout, const floatX* inp, const Fp8Weight& w,
+                         const floatX* pre_gelu, Fp8Scale* inp_scale, const Fp8Buffers& buffers,
+                         int N, int C, int OC, uint32_t seed, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
+  fp8_amax(buffers.dout_scale, dout, (size_t)N * OC, stream);
+  fp8_cast_transpose(buffers.rows, buffers.dout_t, buffers.dout_scale, dout, N, OC, kFp8GradFormat, stream);
+  fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, stream);
+  REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
+                          false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
+                          fp8_operands(Fp8Format::kE4M3, inp_scale, kFp8GradFormat, buffers.dout_scale)),
+          "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
+  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, pre_gelu, N, C, OC,
+                      fp8_operands(Fp8Format::kE4M3, w.scale, kFp8GradFormat, buffers.dout_scale), stream);
 }
 
 // ============================================================================
