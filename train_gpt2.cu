@@ -3335,6 +3335,18 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, int recompute,
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
 }
 
+// The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
+enum BlockLinear { kLinearQkv, kLinearAttproj, kLinearFc, kLinearFcproj, kNumBlockLinears };
+struct LinearSpec {
+  int weight, bias, in, out;
+};
+constexpr LinearSpec kBlockLinears[kNumBlockLinears] = {
+    {llmc::kQkvw, llmc::kQkvb, 1, 3},
+    {llmc::kAttprojw, llmc::kAttprojb, 1, 1},
+    {llmc::kFcw, llmc::kFcb, 1, 4},
+    {llmc::kFcprojw, llmc::kFcprojb, 4, 1},
+};
+
 struct GPT2 {
   llmc::GPT2Config config;
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
@@ -3384,6 +3396,15 @@ struct GPT2 {
   llmc::Rng rng{0};                  // seeds for stochastic rounding
   cudaStream_t stream = 0;
 
+  // -fp8 1 (gpt2_allocate): the blocks' linear layers run FP8 products (section 5). The weights
+  // are cast by the first forward pass after the parameters change (gpt2_init, gpt2_update; with
+  // ZeRO that is after the all-gather that follows the update). Decoding (section 11) stays BF16.
+  bool fp8 = false;
+  bool fp8_weights_stale = true;
+  uint8_t* fp8_weights = nullptr;    // per layer, per linear: w8 [OC, C], then w8t [C, OC]
+  Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: weight, input; then Fp8Buffers's
+  Fp8Buffers fp8_buffers;
+
   floatX* param(int i, int layer = 0) {
     const llmc::ParamSpec& s = param_specs[i];
     const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
@@ -3393,6 +3414,16 @@ struct GPT2 {
   size_t act_layer_stride[kNumActTensors];  // elements between layers; 0 for single tensors
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
   float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
+
+  Fp8Weight fp8_weight(int linear, int layer) {
+    const size_t C2 = (size_t)config.channels * config.channels;
+    size_t offset = (size_t)layer * 2 * 12 * C2;  // the four weights hold 12 C^2 values
+    for (int i = 0; i < linear; i++) offset += 2 * kBlockLinears[i].in * kBlockLinears[i].out * C2;
+    const size_t size = kBlockLinears[linear].in * kBlockLinears[linear].out * C2;
+    Fp8Scale* scales = fp8_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
+    return {fp8_weights + offset, fp8_weights + offset + size, scales};
+  }
+  Fp8Scale* fp8_input_scale(int linear, int layer) { return fp8_weight(linear, layer).scale + 1; }
 };
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
@@ -3439,7 +3470,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   m.rng.seed(seed);
 }
 
-void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
+// fp8: the blocks' linear layers in FP8 (-fp8 1), which needs the BF16 build and a GPU of compute
+// capability 8.9 or newer.
+void gpt2_allocate(GPT2& m, int B, int T, int recompute, bool fp8 = false) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -3485,6 +3518,29 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
+  m.fp8 = fp8;
+  if (fp8) {
+    REQUIRE(sizeof(floatX) == 2,
+            "-fp8 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", PRECISION_NAME);
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    REQUIRE(prop.major * 10 + prop.minor >= 89,
+            "-fp8 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use -fp8 0",
+            prop.name, prop.major, prop.minor);
+    fp8_require_layer((int)C, (int)C);
+    const size_t L = c.num_layers, Np = fp8_padded(B * T);
+    m.fp8_weights = device_alloc<uint8_t>(L * 2 * 12 * C * C, "the FP8 weights");
+    const size_t scales = L * kNumBlockLinears * 2 + 1;
+    m.fp8_scales = device_alloc<Fp8Scale>(scales, "the FP8 scales");
+    cudaCheck(cudaMemset(m.fp8_scales, 0, scales * sizeof(Fp8Scale)));
+    m.fp8_buffers.rows = device_alloc<uint8_t>(BT * 4 * C, "the FP8 activations");
+    m.fp8_buffers.dout_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed gradients");
+    m.fp8_buffers.inp_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed activations");
+    m.fp8_buffers.dout_scale = m.fp8_scales + scales - 1;
+    m.fp8_weights_stale = true;
+  }
 }
 
 void gpt2_free(GPT2& m) {
@@ -3493,11 +3549,57 @@ void gpt2_free(GPT2& m) {
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
                   (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
-                  (void*)m.encoder_buffers.positions}) {
+                  (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
+                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_buffers.inp_t}) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
   m = GPT2();
+}
+
+// The FP8 copies of every block weight, from the current parameters.
+void gpt2_fp8_cast_weights(GPT2& m) {
+  const int C = m.config.channels;
+  for (int l = 0; l < m.config.num_layers; l++) {
+    for (int i = 0; i < kNumBlockLinears; i++) {
+      const LinearSpec& spec = kBlockLinears[i];
+      fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
+    }
+  }
+  m.fp8_weights_stale = false;
+}
+
+// out = inp @ weight^T + bias of a block's linear layer (GELU of it into out with pre_gelu kept,
+// for the fc layer), in BF16 or FP8.
+void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* inp, int N,
+                         floatX* pre_gelu) {
+  const LinearSpec& spec = kBlockLinears[linear];
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  const floatX* bias = m.param(spec.bias, l);
+  if (m.fp8) {
+    matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
+                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.stream);
+  } else {
+    matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
+  }
+}
+
+// The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
+// the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
+void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum,
+                          const floatX* dout, const floatX* inp, const floatX* pre_gelu, int N,
+                          uint32_t seed) {
+  const LinearSpec& spec = kBlockLinears[linear];
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  floatX* dweight = m.grad(spec.weight, l);
+  floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
+  if (m.fp8) {
+    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
+                        m.fp8_input_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.stream);
+  } else {
+    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
+                    C, OC, seed, m.stream);
+  }
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp].
@@ -3510,29 +3612,26 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   cudaStream_t s = m.stream;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
+  if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   encoder_forward(m.act(kEncoded), m.inputs, m.param(llmc::kWte), m.param(llmc::kWpe), B, T, C, s);
   layernorm_forward(m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd), m.act(kEncoded),
                     m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
   for (int l = 0; l < L; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
     floatX* qkv = m.flash_attention ? m.act(kQkvr, l) : m.scratch_bt4c;
-    matmul_forward(qkv, m.act(kLn1, l), m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), N, C,
-                   3 * C, nullptr, s);
+    gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
     if (m.flash_attention) {
       attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, s);
     } else {
       attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
                         m.scratch_btc, qkv, B, T, C, NH, s);
     }
-    matmul_forward(m.scratch_btc, m.act(kAtty, l), m.param(llmc::kAttprojw, l),
-                   m.param(llmc::kAttprojb, l), N, C, C, nullptr, s);
+    gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
     fused_residual_layernorm_forward(m.act(kResidual2, l), m.act(kLn2, l), m.act_f(kLn2Mean, l),
                                      m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
                                      m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
-    matmul_forward(m.act(kFchGelu, l), m.act(kLn2, l), m.param(llmc::kFcw, l),
-                   m.param(llmc::kFcb, l), N, C, 4 * C, m.act(kFch, l), s);
-    matmul_forward(m.scratch_btc, m.act(kFchGelu, l), m.param(llmc::kFcprojw, l),
-                   m.param(llmc::kFcprojb, l), N, 4 * C, C, nullptr, s);
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
     const bool last = l == L - 1;
     fused_residual_layernorm_forward(
         m.act(kResidual3, l), last ? m.act(kLnf) : m.act(kLn1, l + 1),
@@ -3597,36 +3696,32 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
     if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
     // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
     // backward that wrote it has added its column sums into fcproj's bias gradient.
-    matmul_backward(m.scratch_bt4c, m.grad(llmc::kFcprojw, l), nullptr, m.partials, m.dresidual,
-                    m.act(kFchGelu, l), m.param(llmc::kFcprojw, l), m.act(kFch, l), N, 4 * C, C,
-                    next_seed(), s);
-    matmul_backward(m.scratch_btc, m.grad(llmc::kFcw, l), m.grad(llmc::kFcb, l), m.partials,
-                    m.scratch_bt4c, m.act(kLn2, l), m.param(llmc::kFcw, l), nullptr, N, C, 4 * C,
-                    next_seed(), s);
+    gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l),
+                         m.act(kFch, l), N, next_seed());
+    gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), nullptr,
+                         N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l),
                        m.grad(llmc::kAttprojb, l), m.partials,
                        m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),
                        m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), N, C, next_seed(), s);
     // dresidual is now the gradient of residual2[l] = residual + attproj(...), its column sums
     // already in attproj's bias gradient.
-    matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), nullptr, m.partials, m.dresidual,
-                    m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr, N, C, C, next_seed(), s);
-    floatX* dqkv_bias = m.grad(llmc::kQkvb, l);
+    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l),
+                         nullptr, N, next_seed());
     if (m.flash_attention) {
       // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient
       // is then a small reduction instead of another read of dqkv.
       attention_backward_flash(m.scratch_bt4c, m.partials, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
                                T, C, NH, s);
-      column_sum_finalize(dqkv_bias, m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
-                          next_seed(), s);
-      dqkv_bias = nullptr;
+      column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
+                          attention_flash_tile_rows(B, T), next_seed(), s);
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
                          m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
     }
-    matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), dqkv_bias, m.partials, m.scratch_bt4c,
-                    m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C, next_seed(), s);
+    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention, m.scratch_bt4c,
+                         m.act(kLn1, l), nullptr, N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l),
                        l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.partials,
                        m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
@@ -3684,6 +3779,7 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
                seed + 0x9e3779b9u * (i + 1));
   }
   adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream);
+  m.fp8_weights_stale = true;
   nvtxRangePop();
 }
 
@@ -4334,6 +4430,7 @@ struct TrainArgs {
   int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int hellaswag = 0, seed = 42, shuffle = 1;
+  int fp8 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
 };
@@ -4376,6 +4473,7 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-f", 'i', &a.tf32, "1: TF32 matmuls in FP32 builds"},
       {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
       {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
+      {"-fp8", 'i', &a.fp8, "1: FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+)"},
       {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
       {"-nk", 'i', &a.keep_last, "keep only the newest K checkpoints (0: keep all)"},
       {"-nm", 'i', &a.keep_every, "with -nk, also keep every checkpoint whose step is a multiple of M"},
@@ -4475,6 +4573,7 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
           a.temperature, a.top_k);
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
+  REQUIRE(a.fp8 == 0 || a.fp8 == 1, "-fp8 %d: use 0 or 1", a.fp8);
   REQUIRE(a.hellaswag == 0 || a.hellaswag == 1, "-h %d: use 0 or 1", a.hellaswag);
   REQUIRE(a.max_steps >= -1, "-x %d: use -1 (one epoch), 0 (evaluate only) or a step count", a.max_steps);
   REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
@@ -4564,6 +4663,10 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, i
   row("overfit one batch", a.overfit ? "yes" : "no");
   row("TF32 / master weights", llmc::strformat("%d / %d", a.tf32, (int)m.use_master_weights));
   row("recompute", std::to_string(a.recompute));
+  row("FP8 linear layers", a.fp8 ? llmc::strformat("on: %s weights/activations, %s gradients",
+                                                   fp8_format_name(Fp8Format::kE4M3),
+                                                   fp8_format_name(kFp8GradFormat))
+                                 : "off");
   row("checkpoint every", std::to_string(a.checkpoint_every));
   row("seed", std::to_string(a.seed));
   printf("+--------------------------+----------------------------------------------+\n");
@@ -4619,7 +4722,7 @@ int train_main(int argc, char** argv) {
   }
   REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
           a.T, config.max_seq_len, config.max_seq_len);
-  gpt2_allocate(m, a.B, a.T, a.recompute);
+  gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8 != 0);
 
   llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
                                 a.seed, config.vocab_size);
