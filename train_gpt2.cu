@@ -7,7 +7,8 @@
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
 //   4. LayerNorm                  forward, fused residual + forward, fused backward
-//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient
+//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
+//                                 layers (amax, casts, cast-transpose, scaled FP8 products)
 //   6. Attention                  causal multi-head attention: flash kernels (BF16), batched GEMMs
 //   7. GELU                       tanh approximation, forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits
@@ -49,6 +50,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
@@ -726,6 +728,7 @@ bool matmul_tuning = true;  // off: always cuBLASLt's first heuristic
 struct MatmulChoice {
   int m, n, k;
   bool trans_a, trans_b, bias;
+  cudaDataType_t type_a, type_b;
   cublasLtEpilogue_t epilogue;
   cublasLtMatmulAlgo_t algo;
 };
@@ -827,20 +830,43 @@ cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulH
   return candidates[best].algo;
 }
 
+// A and B of another type than the storage type (the FP8 products at the end of this section):
+// their types and dequantisation scales, device floats by which cuBLASLt multiplies the product.
+// The scales must be 16-byte aligned: cuBLASLt 13.1 accepts others in its heuristic, then refuses
+// to run with CUBLAS_STATUS_NOT_SUPPORTED.
+struct MatmulOperands {
+  cudaDataType_t type_a = kCudaFloatX, type_b = kCudaFloatX;
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
+};
+
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
 // A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B. Returns false when
 // cuBLASLt has no algorithm for this epilogue (the callers then fall back to separate kernels).
-bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
-                     int n, int k, bool trans_a, bool trans_b, float beta,
-                     cublasLtEpilogue_t epilogue, floatX* aux, cudaStream_t stream) {
+bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias, int m, int n,
+                     int k, bool trans_a, bool trans_b, float beta, cublasLtEpilogue_t epilogue,
+                     floatX* aux, cudaStream_t stream, const MatmulOperands& ops = MatmulOperands()) {
   REQUIRE(((uintptr_t)a % 16) == 0 && ((uintptr_t)b % 16) == 0 && ((uintptr_t)d % 16) == 0,
           "matmul: operands must be 16-byte aligned");
+  REQUIRE((uintptr_t)ops.scale_a % 16 == 0 && (uintptr_t)ops.scale_b % 16 == 0,
+          "matmul: the operands' scales must be 16-byte aligned");
+  // FP8 products accumulate in FP32 (cuBLASLt has no TF32 variant of them).
+  const bool storage_type = ops.type_a == kCudaFloatX && ops.type_b == kCudaFloatX;
   cublasLtMatmulDesc_t desc;
-  cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute_type, CUDA_R_32F));
+  cublasCheck(cublasLtMatmulDescCreate(&desc, storage_type ? cublas_compute_type : CUBLAS_COMPUTE_32F,
+                                       CUDA_R_32F));
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (ops.scale_a) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ops.scale_a,
+                                               sizeof(ops.scale_a)));
+  }
+  if (ops.scale_b) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.scale_b,
+                                               sizeof(ops.scale_b)));
+  }
   if (bias) {
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof(bias)));
@@ -855,9 +881,9 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                              sizeof(epilogue)));
   cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, kCudaFloatX, trans_a ? k : m, trans_a ? m : k,
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, ops.type_a, trans_a ? k : m, trans_a ? m : k,
                                          trans_a ? k : m));
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, kCudaFloatX, trans_b ? n : k, trans_b ? k : n,
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, ops.type_b, trans_b ? n : k, trans_b ? k : n,
                                          trans_b ? n : k));
   cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, kCudaFloatX, m, n, m));
   const float alpha = 1.0f;
@@ -868,7 +894,8 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
   const bool tune = matmul_tuning && beta == 0.0f;
   auto known = std::find_if(matmul_choices.begin(), matmul_choices.end(), [&](const MatmulChoice& c) {
     return c.m == m && c.n == n && c.k == k && c.trans_a == trans_a && c.trans_b == trans_b &&
-           c.bias == (bias != nullptr) && c.epilogue == epilogue;
+           c.bias == (bias != nullptr) && c.type_a == ops.type_a && c.type_b == ops.type_b &&
+           c.epilogue == epilogue;
   });
   bool ok = true;
   if (tune && known != matmul_choices.end()) {
@@ -891,7 +918,8 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
       cublasLtMatmulAlgo_t algo = heuristics[0].algo;
       if (tune) {
         algo = fastest_matching_algo(run, heuristics, found, d, (size_t)m * n, stream);
-        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, epilogue, algo});
+        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, ops.type_a, ops.type_b,
+                                  epilogue, algo});
       }
       cublasCheck(run(algo));
     }
@@ -906,22 +934,53 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
 
-// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
-void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
-  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+// The forward product out[N, OC] = b[N, C] @ a[OC, C]^T + bias of the storage-type or the FP8
+// operands: with pre_gelu, pre_gelu = that and out = GELU(it), in cuBLASLt's epilogue or after it.
+void matmul_forward_product(floatX* out, const void* a, const void* b, const floatX* bias, int N,
+                            int C, int OC, floatX* pre_gelu, const MatmulOperands& ops,
+                            cudaStream_t stream) {
   if (pre_gelu) {
     const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    if (matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream)) {
-      return;
-    }
-    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC, nullptr, stream);
+    if (matmul_cublaslt(out, a, b, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream, ops)) return;
+    matmul_forward_product(pre_gelu, a, b, bias, N, C, OC, nullptr, ops, stream);
     gelu_forward(out, pre_gelu, (size_t)N * OC, stream);
     return;
   }
   const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  REQUIRE(matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream),
+  REQUIRE(matmul_cublaslt(out, a, b, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream, ops),
           "cuBLASLt found no algorithm for the %dx%dx%d forward product", N, OC, C);
+}
+
+// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+  matmul_forward_product(out, weight, inp, bias, N, C, OC, pre_gelu, MatmulOperands(), stream);
+}
+
+// dbias[OC] += column sums of dout[N, OC] (deterministic, section 2).
+void matmul_dbias(floatX* dbias, float* partials, const floatX* dout, int N, int OC, uint32_t seed,
+                  cudaStream_t stream) {
+  REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
+  column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
+                               dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
+  cudaCheckLaunch();
+  column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
+}
+
+// dinp[N, C] = the product of a and b over k = OC (the column-major C x N result of op(a) b),
+// times GELU'(pre_gelu) when given: in cuBLASLt's DGELU epilogue, or after it.
+void matmul_dinp_product(floatX* dinp, const void* a, bool trans_a, const void* b,
+                         const floatX* pre_gelu, int N, int C, int OC, const MatmulOperands& ops,
+                         cudaStream_t stream) {
+  if (pre_gelu && matmul_cublaslt(dinp, a, b, nullptr, C, N, OC, trans_a, false, 0.0f,
+                                  CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream, ops)) {
+    return;
+  }
+  REQUIRE(matmul_cublaslt(dinp, a, b, nullptr, C, N, OC, trans_a, false, 0.0f,
+                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream, ops),
+          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
+  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
 }
 
 // dinp[N, C] = dout[N, OC] @ weight[OC, C] (times GELU'(pre_gelu) when given);
@@ -930,25 +989,290 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
                      const floatX* dout, const floatX* inp, const floatX* weight,
                      const floatX* pre_gelu, int N, int C, int OC, uint32_t seed,
                      cudaStream_t stream) {
-  if (dbias) {
-    REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
-    column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
-                                 dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
-    cudaCheckLaunch();
-    column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
-  }
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   REQUIRE(matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f,
                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
           "cuBLASLt found no algorithm for the %dx%dx%d weight-gradient product", C, OC, N);
-  if (pre_gelu &&
-      matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
-                      CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream)) {
-    return;
+  matmul_dinp_product(dinp, weight, false, dout, pre_gelu, N, C, OC, MatmulOperands(), stream);
+}
+
+// ---- FP8 linear layers (-fp8 1: BF16 builds, compute capability 8.9 or newer) ----
+// The blocks' linear layers can run their three products in FP8 on the tensor cores (cuBLASLt,
+// FP32 accumulation, BF16 outputs): weights and activations in E4M3, output gradients in
+// kFp8GradFormat. Each FP8 tensor has one scale from the amax of the BF16 tensor it is cast from
+// ("current" scaling): s = 2^floor(log2(fp8_max / amax)), the largest power of two with
+// amax * s <= fp8_max, and q = fp8(x * s) rounded to nearest even. A power of two makes x * s and
+// q / s exact, so that a reference reproduces every cast bit for bit. The products read 1/s, their
+// dequantisation scale, from device memory: nothing waits for the host. cuBLASLt's FP8 kernels
+// take only the "TN" layout (both operands contiguous along the summed dimension, leading
+// dimensions multiples of 16 bytes), so the backward products read transposed copies: the
+// weight's, cast once per update, and the output gradient's and the input's along the tokens,
+// padded with zero tokens to a multiple of 16.
+
+enum class Fp8Format { kE4M3, kE5M2 };
+// Output gradients: E5M2's range (up to 57344 against E4M3's 448) is the usual choice; E4M3's
+// extra mantissa bit can be measured by changing this constant.
+constexpr Fp8Format kFp8GradFormat = Fp8Format::kE5M2;
+constexpr int kFp8TokenAlign = 16;  // FP8 leading dimensions: multiples of 16 one-byte elements
+
+inline const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "E4M3" : "E5M2"; }
+inline cudaDataType_t fp8_cuda_type(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+inline int fp8_padded(int tokens) { return ceil_div(tokens, kFp8TokenAlign) * kFp8TokenAlign; }
+
+// One FP8 tensor's scale, on the device. inv_scale comes first, 16-byte aligned, as cuBLASLt's
+// scale pointers must be.
+struct alignas(16) Fp8Scale {
+  float inv_scale;     // 1/s, the products' dequantisation scale
+  uint32_t amax_bits;  // max |x| as FP32 bits: an integer maximum, NaN above Inf above all numbers
+};
+static_assert(offsetof(Fp8Scale, inv_scale) == 0, "cuBLASLt reads inv_scale at a 16-byte boundary");
+
+// The exponent e of s = 2^e for a given amax: the largest e with amax * 2^e <= fp8_max, where
+// fp8_max = 1.75 * 2^emax (448 = 1.75 * 2^8, 57344 = 1.75 * 2^15), at most 126 so that s and 1/s
+// are normal floats. An amax of 0 or not finite gives s = 1: the casts keep NaN and Inf as NaN
+// (fp8_pair), so a non-finite tensor shows in the loss and the trainer skips the step.
+__host__ __device__ inline int fp8_scale_exponent(float amax, Fp8Format f) {
+  if (!(amax > 0.0f && amax <= FLT_MAX)) return 0;
+  const int emax = f == Fp8Format::kE4M3 ? 8 : 15;
+  int exponent = 0;
+  const float mantissa = 2.0f * frexpf(amax, &exponent);  // amax = mantissa * 2^(exponent - 1)
+  const int e = (mantissa <= 1.75f ? emax : emax - 1) - (exponent - 1);
+  return e < 126 ? e : 126;
+}
+
+// s from the amax the scale holds; the first thread of the grid stores 1/s.
+__device__ __forceinline__ float fp8_scale_and_store_inverse(Fp8Scale* scale, Fp8Format f) {
+  const int e = fp8_scale_exponent(__uint_as_float(scale->amax_bits), f);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale->inv_scale = ldexpf(1.0f, -e);
+  return ldexpf(1.0f, e);
+}
+
+// Two values to FP8, x in the low byte, rounded to nearest even. The conversion saturates: finite
+// values beyond fp8_max, which a scaled value never is, become +-fp8_max, and so would Inf, so
+// non-finite values are made NaN first.
+template <Fp8Format F>
+__device__ __forceinline__ uint16_t fp8_pair(float x, float y) {
+  if (!isfinite(x)) x = NAN;
+  if (!isfinite(y)) y = NAN;
+  return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE,
+                                  F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// The FP8 values of one 16-byte piece of the storage type: 8 bytes (BF16) or 4 (FP32).
+struct alignas(x128::size) Fp8Piece {
+  uint8_t v[x128::size];
+};
+
+template <Fp8Format F>
+__device__ __forceinline__ Fp8Piece fp8_piece(const x128& x, float s) {
+  Fp8Piece out;
+#pragma unroll
+  for (int k = 0; k < x128::size; k += 2) {
+    const uint16_t pair = fp8_pair<F>((float)x[k] * s, (float)x[k + 1] * s);
+    out.v[k] = pair & 0xff;
+    out.v[k + 1] = pair >> 8;
   }
-  REQUIRE(matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
-                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
-          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
-  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
+  return out;
+}
+
+// ---- FP8 amax: scale->amax_bits = max |x| over n values ----
+// A fixed grid strides over x in 16-byte pieces; each block's maximum goes into amax_bits with one
+// atomicMax on the FP32 bits of |x|. An integer maximum is exact in any order, so the result does
+// not depend on scheduling or on the grid. The launcher zeroes amax_bits first. Floor: one read.
+constexpr int kFp8Threads = 256;
+constexpr int kFp8AmaxBlocks = 1024;
+
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_amax_kernel(Fp8Scale* scale, const floatX* x, size_t pieces) {
+  __shared__ uint32_t warp_max[kFp8Threads / WARP_SIZE];
+  uint32_t m = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += stride) {
+    const x128 v = load128(x + i * x128::size);
+    for (int k = 0; k < x128::size; k++) m = max(m, __float_as_uint((float)v[k]) & 0x7fffffffu);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffff, m, offset));
+  if (threadIdx.x % WARP_SIZE == 0) warp_max[threadIdx.x / WARP_SIZE] = m;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kFp8Threads / WARP_SIZE; w++) m = max(m, warp_max[w]);
+  atomicMax(&scale->amax_bits, m);
+}
+
+void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0,
+          "fp8_amax: n=%zu must be a multiple of %d and x 16-byte aligned", n, x128::size);
+  cudaCheck(cudaMemsetAsync(&scale->amax_bits, 0, sizeof(scale->amax_bits), stream));
+  const size_t pieces = n / x128::size;
+  const int blocks = std::max(1, std::min(kFp8AmaxBlocks, ceil_div(pieces, kFp8Threads)));
+  fp8_amax_kernel<<<blocks, kFp8Threads, 0, stream>>>(scale, x, pieces);
+  cudaCheckLaunch();
+}
+
+// ---- FP8 cast: out[i] = fp8(x[i] * s), s from scale->amax_bits; scale->inv_scale = 1/s ----
+// Elementwise, one 16-byte piece of x per thread; deterministic (no reduction). Floor: reads 2
+// bytes and writes 1 per value (BF16).
+template <Fp8Format F>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_kernel(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t pieces) {
+  const float s = fp8_scale_and_store_inverse(scale, F);
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= pieces) return;
+  *reinterpret_cast<Fp8Piece*>(out + i * x128::size) = fp8_piece<F>(load128(x + i * x128::size), s);
+}
+
+void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Format f,
+              cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0,
+          "fp8_cast: n=%zu must be a multiple of %d, x and out 16-byte aligned", n, x128::size);
+  const size_t pieces = n / x128::size;
+  const int blocks = std::max(1, ceil_div(pieces, kFp8Threads));
+  if (f == Fp8Format::kE4M3) {
+    fp8_cast_kernel<Fp8Format::kE4M3><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  } else {
+    fp8_cast_kernel<Fp8Format::kE5M2><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  }
+  cudaCheckLaunch();
+}
+
+// ---- FP8 cast-transpose: x [R, C] -> out [R, C] (optional) and out_t [C, fp8_padded(R)] ----
+// One read of x writes the FP8 values and their transpose, whose columns R and up are zeros (the
+// padding tokens of the weight-gradient product); scale->inv_scale = 1/s as in fp8_cast. A block
+// casts a tile of 128 rows x 64 columns into shared memory, transposed as it goes (each piece's
+// bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
+// writes 128-byte rows of out_t. Deterministic (no reduction). Floor: reads 2 bytes and writes 2
+// per value (BF16).
+constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
+constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
+
+template <Fp8Format F>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R, int C,
+                              int ld_t) {
+  __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
+  const float s = fp8_scale_and_store_inverse(scale, F);
+  constexpr int kPieces = kFp8TileCols / x128::size;  // pieces per tile row
+  const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
+  for (int id = threadIdx.x; id < kFp8TileRows * kPieces; id += kFp8Threads) {
+    const int piece = id % kPieces, r = id / kPieces;
+    const int row = row0 + r, col = col0 + piece * x128::size;
+    x128 v;
+    for (int k = 0; k < x128::size; k++) v[k] = (floatX)0.0f;
+    if (row < R && col < C) v = load128(x + (size_t)row * C + col);
+    const Fp8Piece q = fp8_piece<F>(v, s);
+    if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
+    uint64_t bytes = 0;
+    memcpy(&bytes, q.v, sizeof(q.v));
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+      const int c = (k + piece) % x128::size;
+      tile[(piece * x128::size + c) * kFp8TilePitch + r] = (uint8_t)(bytes >> (8 * c));
+    }
+  }
+  __syncthreads();
+  constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
+  for (int id = threadIdx.x; id < kFp8TileCols * kSegments; id += kFp8Threads) {
+    const int segment = id % kSegments, c = id / kSegments;
+    const int col = col0 + c, trow = row0 + segment * 16;
+    if (col >= C || trow >= ld_t) continue;
+    *reinterpret_cast<uint4*>(out_t + (size_t)col * ld_t + trow) =
+        *reinterpret_cast<const uint4*>(tile + c * kFp8TilePitch + segment * 16);
+  }
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
+                        int C, Fp8Format f, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
+              (uintptr_t)out_t % 16 == 0,
+          "fp8_cast_transpose: C=%d must be a multiple of %d, x, out and out_t 16-byte aligned", C,
+          x128::size);
+  const int ld_t = fp8_padded(R);
+  const dim3 grid(ceil_div(C, kFp8TileCols), ceil_div(ld_t, kFp8TileRows));
+  REQUIRE(grid.y <= 65535, "fp8_cast_transpose: R=%d rows are more than one launch takes", R);
+  if (f == Fp8Format::kE4M3) {
+    fp8_cast_transpose_kernel<Fp8Format::kE4M3>
+        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+  } else {
+    fp8_cast_transpose_kernel<Fp8Format::kE5M2>
+        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+  }
+  cudaCheckLaunch();
+}
+
+// ---- FP8 linear layers: the products of matmul_forward and matmul_backward on FP8 copies ----
+// The FP8 copies of a weight [OC, C], cast by fp8_weight_cast after each update: w8 [OC, C] and
+// its transpose w8t [C, OC], one scale.
+struct Fp8Weight {
+  uint8_t* w8;
+  uint8_t* w8t;
+  Fp8Scale* scale;
+};
+
+// Scratch of the FP8 layers, sized for the widest layer of N tokens (in bytes, N padded to
+// fp8_padded(N) in the transposed ones): rows holds the forward's input [N, C] or the backward's
+// output gradient [N, OC], dout_t its transpose [OC, N], inp_t the input's [C, N]; dout_scale is
+// the output gradient's scale.
+struct Fp8Buffers {
+  uint8_t* rows = nullptr;
+  uint8_t* dout_t = nullptr;
+  uint8_t* inp_t = nullptr;
+  Fp8Scale* dout_scale = nullptr;
+};
+
+inline MatmulOperands fp8_operands(Fp8Format fa, const Fp8Scale* a, Fp8Format fb, const Fp8Scale* b) {
+  MatmulOperands ops;
+  ops.type_a = fp8_cuda_type(fa);
+  ops.type_b = fp8_cuda_type(fb);
+  ops.scale_a = &a->inv_scale;
+  ops.scale_b = &b->inv_scale;
+  return ops;
+}
+
+void fp8_require_layer(int C, int OC) {
+  REQUIRE(sizeof(floatX) == 2, "FP8 linear layers need the BF16 build (their outputs are BF16)");
+  REQUIRE(C % kFp8TokenAlign == 0 && OC % kFp8TokenAlign == 0,
+          "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
+}
+
+void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_amax(w.scale, weight, (size_t)OC * C, stream);
+  fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, stream);
+}
+
+// matmul_forward with out = fp8(inp) @ w8^T: inp's amax goes into inp_scale, which the backward
+// pass reuses for its transposed cast of the same input; inp8 receives the cast.
+void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
+                        int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
+                        cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_amax(inp_scale, inp, (size_t)N * C, stream);
+  fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, stream);
+  matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
+                         fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
+}
+
+// matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed), inp to
+// E4M3 transposed with the scale of its forward cast (inp_scale); dweight += fp8(dout)^T fp8(inp)
+// over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
+// BF16 dout as in matmul_backward.
+void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
+                         const floatX* dout, const floatX* inp, const Fp8Weight& w,
+                         const floatX* pre_gelu, Fp8Scale* inp_scale, const Fp8Buffers& buffers,
+                         int N, int C, int OC, uint32_t seed, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
+  fp8_amax(buffers.dout_scale, dout, (size_t)N * OC, stream);
+  fp8_cast_transpose(buffers.rows, buffers.dout_t, buffers.dout_scale, dout, N, OC, kFp8GradFormat, stream);
+  fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, stream);
+  REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
+                          false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
+                          fp8_operands(Fp8Format::kE4M3, inp_scale, kFp8GradFormat, buffers.dout_scale)),
+          "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
+  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, pre_gelu, N, C, OC,
+                      fp8_operands(Fp8Format::kE4M3, w.scale, kFp8GradFormat, buffers.dout_scale), stream);
 }
 
 // ============================================================================
@@ -3011,6 +3335,18 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, int recompute,
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
 }
 
+// The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
+enum BlockLinear { kLinearQkv, kLinearAttproj, kLinearFc, kLinearFcproj, kNumBlockLinears };
+struct LinearSpec {
+  int weight, bias, in, out;
+};
+constexpr LinearSpec kBlockLinears[kNumBlockLinears] = {
+    {llmc::kQkvw, llmc::kQkvb, 1, 3},
+    {llmc::kAttprojw, llmc::kAttprojb, 1, 1},
+    {llmc::kFcw, llmc::kFcb, 1, 4},
+    {llmc::kFcprojw, llmc::kFcprojb, 4, 1},
+};
+
 struct GPT2 {
   llmc::GPT2Config config;
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
@@ -3060,6 +3396,15 @@ struct GPT2 {
   llmc::Rng rng{0};                  // seeds for stochastic rounding
   cudaStream_t stream = 0;
 
+  // -fp8 1 (gpt2_allocate): the blocks' linear layers run FP8 products (section 5). The weights
+  // are cast by the first forward pass after the parameters change (gpt2_init, gpt2_update; with
+  // ZeRO that is after the all-gather that follows the update). Decoding (section 11) stays BF16.
+  bool fp8 = false;
+  bool fp8_weights_stale = true;
+  uint8_t* fp8_weights = nullptr;    // per layer, per linear: w8 [OC, C], then w8t [C, OC]
+  Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: weight, input; then Fp8Buffers's
+  Fp8Buffers fp8_buffers;
+
   floatX* param(int i, int layer = 0) {
     const llmc::ParamSpec& s = param_specs[i];
     const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
@@ -3069,6 +3414,16 @@ struct GPT2 {
   size_t act_layer_stride[kNumActTensors];  // elements between layers; 0 for single tensors
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
   float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
+
+  Fp8Weight fp8_weight(int linear, int layer) {
+    const size_t C2 = (size_t)config.channels * config.channels;
+    size_t offset = (size_t)layer * 2 * 12 * C2;  // the four weights hold 12 C^2 values
+    for (int i = 0; i < linear; i++) offset += 2 * kBlockLinears[i].in * kBlockLinears[i].out * C2;
+    const size_t size = kBlockLinears[linear].in * kBlockLinears[linear].out * C2;
+    Fp8Scale* scales = fp8_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
+    return {fp8_weights + offset, fp8_weights + offset + size, scales};
+  }
+  Fp8Scale* fp8_input_scale(int linear, int layer) { return fp8_weight(linear, layer).scale + 1; }
 };
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
@@ -3115,7 +3470,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   m.rng.seed(seed);
 }
 
-void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
+// fp8: the blocks' linear layers in FP8 (-fp8 1), which needs the BF16 build and a GPU of compute
+// capability 8.9 or newer.
+void gpt2_allocate(GPT2& m, int B, int T, int recompute, bool fp8 = false) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -3161,6 +3518,29 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
+  m.fp8 = fp8;
+  if (fp8) {
+    REQUIRE(sizeof(floatX) == 2,
+            "-fp8 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", PRECISION_NAME);
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    REQUIRE(prop.major * 10 + prop.minor >= 89,
+            "-fp8 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use -fp8 0",
+            prop.name, prop.major, prop.minor);
+    fp8_require_layer((int)C, (int)C);
+    const size_t L = c.num_layers, Np = fp8_padded(B * T);
+    m.fp8_weights = device_alloc<uint8_t>(L * 2 * 12 * C * C, "the FP8 weights");
+    const size_t scales = L * kNumBlockLinears * 2 + 1;
+    m.fp8_scales = device_alloc<Fp8Scale>(scales, "the FP8 scales");
+    cudaCheck(cudaMemset(m.fp8_scales, 0, scales * sizeof(Fp8Scale)));
+    m.fp8_buffers.rows = device_alloc<uint8_t>(BT * 4 * C, "the FP8 activations");
+    m.fp8_buffers.dout_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed gradients");
+    m.fp8_buffers.inp_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed activations");
+    m.fp8_buffers.dout_scale = m.fp8_scales + scales - 1;
+    m.fp8_weights_stale = true;
+  }
 }
 
 void gpt2_free(GPT2& m) {
@@ -3169,11 +3549,57 @@ void gpt2_free(GPT2& m) {
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
                   (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
-                  (void*)m.encoder_buffers.positions}) {
+                  (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
+                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_buffers.inp_t}) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
   m = GPT2();
+}
+
+// The FP8 copies of every block weight, from the current parameters.
+void gpt2_fp8_cast_weights(GPT2& m) {
+  const int C = m.config.channels;
+  for (int l = 0; l < m.config.num_layers; l++) {
+    for (int i = 0; i < kNumBlockLinears; i++) {
+      const LinearSpec& spec = kBlockLinears[i];
+      fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
+    }
+  }
+  m.fp8_weights_stale = false;
+}
+
+// out = inp @ weight^T + bias of a block's linear layer (GELU of it into out with pre_gelu kept,
+// for the fc layer), in BF16 or FP8.
+void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* inp, int N,
+                         floatX* pre_gelu) {
+  const LinearSpec& spec = kBlockLinears[linear];
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  const floatX* bias = m.param(spec.bias, l);
+  if (m.fp8) {
+    matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
+                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.stream);
+  } else {
+    matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
+  }
+}
+
+// The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
+// the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
+void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum,
+                          const floatX* dout, const floatX* inp, const floatX* pre_gelu, int N,
+                          uint32_t seed) {
+  const LinearSpec& spec = kBlockLinears[linear];
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  floatX* dweight = m.grad(spec.weight, l);
+  floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
+  if (m.fp8) {
+    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
+                        m.fp8_input_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.stream);
+  } else {
+    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
+                    C, OC, seed, m.stream);
+  }
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp].
@@ -3186,29 +3612,26 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   cudaStream_t s = m.stream;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
+  if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   encoder_forward(m.act(kEncoded), m.inputs, m.param(llmc::kWte), m.param(llmc::kWpe), B, T, C, s);
   layernorm_forward(m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd), m.act(kEncoded),
                     m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
   for (int l = 0; l < L; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
     floatX* qkv = m.flash_attention ? m.act(kQkvr, l) : m.scratch_bt4c;
-    matmul_forward(qkv, m.act(kLn1, l), m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), N, C,
-                   3 * C, nullptr, s);
+    gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
     if (m.flash_attention) {
       attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, s);
     } else {
       attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
                         m.scratch_btc, qkv, B, T, C, NH, s);
     }
-    matmul_forward(m.scratch_btc, m.act(kAtty, l), m.param(llmc::kAttprojw, l),
-                   m.param(llmc::kAttprojb, l), N, C, C, nullptr, s);
+    gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
     fused_residual_layernorm_forward(m.act(kResidual2, l), m.act(kLn2, l), m.act_f(kLn2Mean, l),
                                      m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
                                      m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
-    matmul_forward(m.act(kFchGelu, l), m.act(kLn2, l), m.param(llmc::kFcw, l),
-                   m.param(llmc::kFcb, l), N, C, 4 * C, m.act(kFch, l), s);
-    matmul_forward(m.scratch_btc, m.act(kFchGelu, l), m.param(llmc::kFcprojw, l),
-                   m.param(llmc::kFcprojb, l), N, 4 * C, C, nullptr, s);
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
     const bool last = l == L - 1;
     fused_residual_layernorm_forward(
         m.act(kResidual3, l), last ? m.act(kLnf) : m.act(kLn1, l + 1),
@@ -3273,36 +3696,32 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
     if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
     // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
     // backward that wrote it has added its column sums into fcproj's bias gradient.
-    matmul_backward(m.scratch_bt4c, m.grad(llmc::kFcprojw, l), nullptr, m.partials, m.dresidual,
-                    m.act(kFchGelu, l), m.param(llmc::kFcprojw, l), m.act(kFch, l), N, 4 * C, C,
-                    next_seed(), s);
-    matmul_backward(m.scratch_btc, m.grad(llmc::kFcw, l), m.grad(llmc::kFcb, l), m.partials,
-                    m.scratch_bt4c, m.act(kLn2, l), m.param(llmc::kFcw, l), nullptr, N, C, 4 * C,
-                    next_seed(), s);
+    gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l),
+                         m.act(kFch, l), N, next_seed());
+    gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), nullptr,
+                         N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l),
                        m.grad(llmc::kAttprojb, l), m.partials,
                        m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),
                        m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), N, C, next_seed(), s);
     // dresidual is now the gradient of residual2[l] = residual + attproj(...), its column sums
     // already in attproj's bias gradient.
-    matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), nullptr, m.partials, m.dresidual,
-                    m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr, N, C, C, next_seed(), s);
-    floatX* dqkv_bias = m.grad(llmc::kQkvb, l);
+    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l),
+                         nullptr, N, next_seed());
     if (m.flash_attention) {
       // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient
       // is then a small reduction instead of another read of dqkv.
       attention_backward_flash(m.scratch_bt4c, m.partials, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
                                T, C, NH, s);
-      column_sum_finalize(dqkv_bias, m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
-                          next_seed(), s);
-      dqkv_bias = nullptr;
+      column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
+                          attention_flash_tile_rows(B, T), next_seed(), s);
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
                          m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
     }
-    matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), dqkv_bias, m.partials, m.scratch_bt4c,
-                    m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C, next_seed(), s);
+    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention, m.scratch_bt4c,
+                         m.act(kLn1, l), nullptr, N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l),
                        l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.partials,
                        m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
@@ -3360,6 +3779,7 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
                seed + 0x9e3779b9u * (i + 1));
   }
   adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream);
+  m.fp8_weights_stale = true;
   nvtxRangePop();
 }
 
@@ -4010,6 +4430,7 @@ struct TrainArgs {
   int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int hellaswag = 0, seed = 42, shuffle = 1;
+  int fp8 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
 };
@@ -4052,6 +4473,7 @@ std::vector<Flag> train_flags(TrainArgs& a) {
       {"-f", 'i', &a.tf32, "1: TF32 matmuls in FP32 builds"},
       {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
       {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
+      {"-fp8", 'i', &a.fp8, "1: FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+)"},
       {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
       {"-nk", 'i', &a.keep_last, "keep only the newest K checkpoints (0: keep all)"},
       {"-nm", 'i', &a.keep_every, "with -nk, also keep every checkpoint whose step is a multiple of M"},
@@ -4151,6 +4573,7 @@ void validate_args(const TrainArgs& a, int world) {
   REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
           a.temperature, a.top_k);
   REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
+  REQUIRE(a.fp8 == 0 || a.fp8 == 1, "-fp8 %d: use 0 or 1", a.fp8);
   REQUIRE(a.hellaswag == 0 || a.hellaswag == 1, "-h %d: use 0 or 1", a.hellaswag);
   REQUIRE(a.max_steps >= -1, "-x %d: use -1 (one epoch), 0 (evaluate only) or a step count", a.max_steps);
   REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
@@ -4240,6 +4663,10 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, i
   row("overfit one batch", a.overfit ? "yes" : "no");
   row("TF32 / master weights", llmc::strformat("%d / %d", a.tf32, (int)m.use_master_weights));
   row("recompute", std::to_string(a.recompute));
+  row("FP8 linear layers", a.fp8 ? llmc::strformat("on: %s weights/activations, %s gradients",
+                                                   fp8_format_name(Fp8Format::kE4M3),
+                                                   fp8_format_name(kFp8GradFormat))
+                                 : "off");
   row("checkpoint every", std::to_string(a.checkpoint_every));
   row("seed", std::to_string(a.seed));
   printf("+--------------------------+----------------------------------------------+\n");
@@ -4295,7 +4722,7 @@ int train_main(int argc, char** argv) {
   }
   REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
           a.T, config.max_seq_len, config.max_seq_len);
-  gpt2_allocate(m, a.B, a.T, a.recompute);
+  gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8 != 0);
 
   llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
                                 a.seed, config.vocab_size);

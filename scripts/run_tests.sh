@@ -89,6 +89,13 @@ same_losses() {
   [ -s "$a.losses" ] && diff "$a.losses" "$b.losses" && echo "identical: $(wc -l < "$a.losses") lines"
 }
 
+# The training losses of two runs differ by at most $3 at every step.
+losses_track() {
+  paste <(grep -aE "^step .*[|] loss" "$1" | awk '{print $5}') <(grep -aE "^step .*[|] loss" "$2" | awk '{print $5}') |
+    awk -v tol="$3" '{d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++} END {
+      printf "%d steps, largest loss difference %.4f (at most %s)\n", n, max, tol; exit !(n > 0 && max <= tol) }'
+}
+
 # The validation loss at the last evaluation is below the first one by at least $2.
 val_loss_falls() {
   awk -v margin="$2" '/^step .*[|] val loss/ {v[n++] = $NF} END {
@@ -186,6 +193,11 @@ signal_test() {
   run signal_twice_resume ./train_gpt2cu $args -n 2 -nk 2 -o "$dir/twice" -y 1 -x 30
 }
 
+# The GPU's compute capability is 8.9 or newer (Ada, Hopper): cuBLASLt runs FP8 products there.
+fp8_gpu() {
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | awk '{exit !($1 >= 8.9)}'
+}
+
 gpu_tests() {
   local data=dev/data/tinyshakespeare
   if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
@@ -217,7 +229,12 @@ gpu_tests() {
   for t in build/test_*; do
     case "$t" in *.losses) continue ;; esac
     local base=$(basename "$t")
-    [ -f "dev/cuda/${base%_fp32}.cu" ] && run "$base" "$t"
+    [ -f "dev/cuda/${base%_fp32}.cu" ] || continue
+    if [ "$base" = test_fp8 ] && ! fp8_gpu; then
+      echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
+      continue
+    fi
+    run "$base" "$t"
   done
   run test_attention_mma_sync build/test_attention_mma_sync
   # Gradient accumulation: two micro steps of the same batch equal one (FP32, TF32 off).
@@ -231,6 +248,15 @@ gpu_tests() {
     run "determinism_$i" ./train_gpt2cu $common -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
   done
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
+  # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
+  # step (a guard against a broken layer, whose losses part by far more).
+  if fp8_gpu; then
+    for i in 1 2; do
+      run "determinism_fp8_$i" ./train_gpt2cu $common -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0 -fp8 1
+    done
+    run determinism_fp8_same_losses same_losses "$LOGS/determinism_fp8_1.log" "$LOGS/determinism_fp8_2.log"
+    run fp8_losses_track losses_track "$LOGS/determinism_1.log" "$LOGS/determinism_fp8_1.log" 0.1
+  fi
   hellaswag_and_generation_test
   signal_test
   run bad_input_cuda env TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh

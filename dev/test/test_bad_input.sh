@@ -256,6 +256,13 @@ else
   skip "not enough GPU memory" "$TRAINER has no -r (not a GPU trainer)"
 fi
 
+# --- -fp8 takes 0 or 1 (the CUDA trainer's flag)
+if has_flag -fp8; then
+  expect "-fp8 2" "-fp8 2: use 0 or 1" -fp8 2
+else
+  skip "-fp8 2" "$TRAINER has no -fp8"
+fi
+
 # --- the output directory
 expect "existing main.log in -o for a new run" \
   "$KEEP/main\.log already holds a run log: .*give -o another directory"
