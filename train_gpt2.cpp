@@ -954,7 +954,7 @@ int train_main(int argc, char** argv) {
   if (c.sample_every > 0 && file_exists(c.tokenizer)) tokenizer.reset(new Tokenizer(c.tokenizer));
   std::unique_ptr<Logger> logger;
   if (!c.output_dir.empty()) {
-    logger.reset(new Logger(c.output_dir, "-o", LogMode::kNew));
+    logger.reset(new Logger(c.output_dir, "-o", nullptr, LogMode::kNew));
   }
   AdamWConfig adamw;
   adamw.weight_decay = c.weight_decay;

@@ -4201,8 +4201,8 @@ int train_main(int argc, char** argv) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
     logger = resume_step >= 0
-        ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
-        : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew);
+        ? new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kResume, resume_step + 1)
+        : new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kNew);
   }
   if (mg.rank == 0) print_config_table(a, m, mg, batch, train_steps, train_loader.total_tokens());
   llmc::RunSummary summary(run_start, total_batch);
