@@ -965,7 +965,7 @@ int train_main(int argc, char** argv) {
   if (c.overfit) train_loader.next_batch(inputs.data(), targets.data());
   double total_seconds = 0.0;
   RunSummary summary(run_start, batch.tokens);
-  EtaEstimator eta(kEtaWindow, wall_seconds());
+  EtaEstimator eta(kEtaWindow);
   for (int step = 0; step <= steps; step++) {
     const bool last = step == steps;
     if (run_val && (step % c.val_every == 0 || last)) {
@@ -998,7 +998,7 @@ int train_main(int argc, char** argv) {
     eta.step_finished(wall_seconds());
     printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU n/a | %.0f tok/s | ETA %s\n",
            step + 1, steps, loss, norm, lr, 1e3 * seconds, tokens_per_s,
-           format_duration(eta.seconds_left(steps - step - 1)).c_str());
+           eta.time_left(step + 1, steps - step - 1).c_str());
     fflush(stdout);
     if (logger) logger->train(step + 1, loss, norm, lr, 1e3 * seconds, tokens_per_s);
   }

@@ -4231,7 +4231,7 @@ int train_main(int argc, char** argv) {
   int timed_steps = 0, skipped_updates = 0, halt_for_signal = -1, exit_status = 0;
   const std::function<void(int)> grads_final = multi_gpu_overlapped_reduction(mg, m);
   install_stop_handlers();
-  llmc::EtaEstimator eta(llmc::kEtaWindow, llmc::wall_seconds());
+  llmc::EtaEstimator eta(llmc::kEtaWindow);
   int final_step = first_step;
   for (int step = first_step; step <= train_steps; step++) {
     final_step = step;
@@ -4339,7 +4339,7 @@ int train_main(int argc, char** argv) {
     if (mg.rank == 0) {
       printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
              step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s,
-             llmc::format_duration(eta.seconds_left(train_steps - step - 1)).c_str());
+             eta.time_left(step + 1, train_steps - step - 1).c_str());
       fflush(stdout);
       if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
       if (!finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
