@@ -867,6 +867,9 @@ TrainConfig parse_args(const std::vector<std::string>& args) {
 constexpr const char* kQuickStart =
     "./train_gpt2 -e tiny -b 8 -t 64 -x 100 -v 25 -s 50   (the tiny model: minutes on a few cores)";
 
+// From about this size (d12 has 124M parameters) a step on a few cores takes many seconds.
+constexpr size_t kSlowOnCpuParameters = 50000000;
+
 void print_startup_table(TrainConfig& c, const GPT2& model, const AdamWConfig& adamw,
                          const StepBatch& batch, int steps, const DataLoader& train_loader) {
   StartupTable table;
@@ -959,6 +962,10 @@ int train_main(int argc, char** argv) {
   AdamWConfig adamw;
   adamw.weight_decay = c.weight_decay;
   print_startup_table(c, model, adamw, batch, steps, train_loader);
+  if (steps > 0 && model.num_parameters >= kSlowOnCpuParameters) {
+    printf("note: %.0fM parameters train slowly on the CPU (the ETA comes after step 2); a quick "
+           "first run: %s\n", model.num_parameters / 1e6, kQuickStart);
+  }
 
   Rng sample_rng((uint64_t)c.seed + 1);
   std::vector<int> inputs((size_t)c.B * c.T), targets((size_t)c.B * c.T);
