@@ -56,6 +56,7 @@
 #include <omp.h>
 
 #include "llmc/dataloader.h"
+#include "llmc/flags.h"
 #include "llmc/gpt2.h"
 #include "llmc/hellaswag.h"
 #include "llmc/logger.h"
@@ -4411,179 +4412,64 @@ llmc::GPT2Config load_or_init_params(const std::string& model, uint64_t seed,
 
 #ifndef TESTING
 
-struct TrainArgs {
-  std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
-  std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
-  std::string model = "d12";
-  std::string output_dir;
-  std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
-  std::string schedule = "cosine";
+// The flags both trainers share (llmc/flags.h), and this trainer's own.
+struct TrainArgs : llmc::TrainFlags {
   std::string prompt;
   std::string encoder_dir = "dev/data/gpt2";
   std::string hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
   float temperature = 1.0f;
   int top_k = 0;
-  int B = 4, T = 1024;
-  long total_batch = -1;
-  float lr = 3e-4f, final_lr_frac = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
-  int warmup = 0, max_steps = -1, val_every = 20, val_batches = 20, sample_every = 20;
-  int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
+  int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
-  int hellaswag = 0, seed = 42, shuffle = 1;
-  int fp8 = 0;
+  int hellaswag = 0, shuffle = 1, fp8 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
 };
 
-struct Flag {
-  const char* name;
-  char type;  // 's' string, 'i' int, 'l' long, 'f' float
-  void* value;
-  const char* help;
-};
+constexpr const char* kQuickStart =
+    "./train_gpt2cu -e d12 -b 16 -t 256 -x 300 -v 50 -s 100 -l 6e-4 -u 20 -o log_d12   (on tiny "
+    "shakespeare: bash dev/data/tinyshakespeare.sh)";
 
-std::vector<Flag> train_flags(TrainArgs& a) {
-  return {
-      {"-i", 's', &a.train_pattern, "train token shards (glob pattern)"},
-      {"-j", 's', &a.val_pattern, "validation token shards (glob pattern)"},
-      {"-e", 's', &a.model, "checkpoint file, or random init: d12 d24 d36 d48 tiny"},
-      {"-o", 's', &a.output_dir, "output directory for the log and checkpoints (none: no output)"},
-      {"-tk", 's', &a.tokenizer, "GPT-2 vocabulary .bin for printing samples"},
-      {"-b", 'i', &a.B, "micro batch size per GPU"},
-      {"-t", 'i', &a.T, "sequence length"},
-      {"-z", 'l', &a.total_batch, "total batch size in tokens (-1: B*T*processes, no accumulation)"},
-      {"-l", 'f', &a.lr, "peak learning rate"},
-      {"-u", 'i', &a.warmup, "learning-rate warmup steps"},
-      {"-q", 'f', &a.final_lr_frac, "final learning rate as a fraction of the peak"},
-      {"-k", 's', &a.schedule, "learning-rate schedule: cosine linear constant wsd"},
-      {"-c", 'f', &a.weight_decay, "weight decay (2-D matrices only)"},
-      {"-gc", 'f', &a.grad_clip, "gradient clipping norm (0: off)"},
-      {"-sl", 'f', &a.loss_z, "skip the update when the loss's rolling z-score exceeds this (0: never)"},
-      {"-sg", 'f', &a.norm_z, "skip the update when the grad norm's rolling z-score exceeds this (0: never)"},
-      {"-x", 'i', &a.max_steps, "training steps (-1: one epoch of the training data, 0: evaluate only)"},
-      {"-v", 'i', &a.val_every, "validation loss every N steps (0: never)"},
-      {"-m", 'i', &a.val_batches, "validation batches per evaluation"},
-      {"-s", 'i', &a.sample_every, "sample from the model every N steps (0: never)"},
-      {"-g", 'i', &a.gen_len, "tokens per sample"},
-      {"-temp", 'f', &a.temperature, "sampling temperature (0: greedy)"},
-      {"-topk", 'i', &a.top_k, "sample among the k most likely tokens (0: all)"},
-      {"-p", 's', &a.prompt, "generate from this prompt text with -e's model and exit (no training)"},
-      {"-bpe", 's', &a.encoder_dir, "directory of encoder.json and vocab.bpe, for -p"},
-      {"-a", 'i', &a.overfit, "1: overfit the first batch (debugging)"},
-      {"-f", 'i', &a.tf32, "1: TF32 matmuls in FP32 builds"},
-      {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
-      {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
-      {"-fp8", 'i', &a.fp8, "1: FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+)"},
-      {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
-      {"-nk", 'i', &a.keep_last, "keep only the newest K checkpoints (0: keep all)"},
-      {"-nm", 'i', &a.keep_every, "with -nk, also keep every checkpoint whose step is a multiple of M"},
-      {"-y", 'i', &a.resume, "1: resume from the newest complete checkpoint in -o"},
-      {"-halt", 'i', &a.halt_after, "stop after this step's checkpoint, resumable (-1: never)"},
-      {"-h", 'i', &a.hellaswag, "1: HellaSwag accuracy at every validation (-x 0: evaluate only)"},
-      {"-hs", 's', &a.hellaswag_path, "HellaSwag eval file (made by build/hellaswag)"},
-      {"-S", 'i', &a.seed, "seed for initialisation, data order and sampling"},
-      {"-sh", 'i', &a.shuffle, "1: shuffle the training data"},
-      {"-pr", 'i', &a.multi_gpu.launch.rank, "this process's rank, when launched by hand without mpirun or srun"},
-      {"-pn", 'i', &a.multi_gpu.launch.world, "process count, when launched by hand (with -pr, -rv and -rt)"},
-      {"-pl", 'i', &a.multi_gpu.launch.local_rank, "GPU of this process on its node, by hand (-1: the rank)"},
-      {"-rv", 's', &a.multi_gpu.launch.rendezvous, "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)"},
-      {"-rt", 's', &a.multi_gpu.launch.token, "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)"},
-      {"-ct", 'i', &a.multi_gpu.timeout_s, "seconds without progress (a peer died or hangs) before a process exits"},
-      {"-zs", 'i', &a.multi_gpu.zero_stage, "ZeRO stage: 0 off, 1 optimizer state sharded over the processes"},
-      {"-ov", 'i', &a.multi_gpu.overlap, "1: reduce each layer's gradients while the backward pass continues"},
-  };
+std::vector<llmc::Flag> train_flags(TrainArgs& a) {
+  using llmc::float_flag;
+  using llmc::int_flag;
+  using llmc::text_flag;
+  constexpr long kIntMax = INT32_MAX;
+  llmc::LaunchFlags& launch = a.multi_gpu.launch;
+  return llmc::train_flags(a, {
+      float_flag("-sl", "skip: loss z-score", "skip the update when the loss's rolling z-score exceeds this (0: never)", &a.loss_z, 0.0f, FLT_MAX),
+      float_flag("-sg", "skip: norm z-score", "skip the update when the grad norm's rolling z-score exceeds this (0: never)", &a.norm_z, 0.0f, FLT_MAX),
+      float_flag("-temp", "temperature", "sampling temperature (0: greedy)", &a.temperature, 0.0f, FLT_MAX),
+      int_flag("-topk", "top-k", "sample among the k most likely tokens (0: all)", &a.top_k, 0, kIntMax),
+      text_flag("-p", "prompt", "generate from this prompt text with -e's model and exit (no training)", &a.prompt),
+      text_flag("-bpe", "BPE files", "directory of encoder.json and vocab.bpe, for -p", &a.encoder_dir),
+      int_flag("-f", "TF32 matmuls", "1: TF32 matmuls in FP32 builds", &a.tf32, 0, 1),
+      int_flag("-w", "master weights", "1: keep FP32 master weights (BF16 builds)", &a.master_weights, 0, 1),
+      int_flag("-r", "recompute", "recompute level: 0 none, 1 GELU", &a.recompute, 0, 1),
+      int_flag("-fp8", "FP8 linear layers", "1: FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+)", &a.fp8, 0, 1),
+      int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
+      int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
+      int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
+      int_flag("-y", "resume", "1: resume from the newest complete checkpoint in -o", &a.resume, 0, 1),
+      int_flag("-halt", "halt after step", "stop after this step's checkpoint, resumable (-1: never)", &a.halt_after, -1, kIntMax),
+      int_flag("-h", "HellaSwag", "1: HellaSwag accuracy at every validation (-x 0: evaluate only)", &a.hellaswag, 0, 1),
+      text_flag("-hs", "HellaSwag file", "HellaSwag eval file (made by build/hellaswag)", &a.hellaswag_path),
+      int_flag("-sh", "shuffle", "1: shuffle the training data", &a.shuffle, 0, 1),
+      int_flag("-pr", "rank (by hand)", "this process's rank, when launched by hand without mpirun or srun", &launch.rank, 0, kIntMax),
+      int_flag("-pn", "processes (by hand)", "process count, when launched by hand (with -pr, -rv and -rt)", &launch.world, 1, kIntMax),
+      int_flag("-pl", "GPU on node (by hand)", "GPU of this process on its node, by hand (-1: the rank)", &launch.local_rank, 0, kIntMax),
+      text_flag("-rv", "rendezvous", "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)", &launch.rendezvous),
+      text_flag("-rt", "run token", "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)", &launch.token),
+      int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
+      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
+      int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
+  });
 }
 
-void print_usage(const std::vector<Flag>& flags) {
-  printf("usage: ./train_gpt2cu [flags]  (precision %s)\n", PRECISION_NAME);
-  for (const Flag& f : flags) printf("  %-4s %s\n", f.name, f.help);
-  printf("  -h or --help alone prints this\n");
-}
-
-// Returns false when help was asked for.
-bool parse_flags(int argc, char** argv, std::vector<Flag>& flags) {
-  for (int i = 1; i < argc; i += 2) {
-    const std::string name = argv[i];
-    if (name == "--help" || (name == "-h" && i + 1 >= argc)) return false;
-    Flag* flag = nullptr;
-    for (Flag& f : flags) {
-      if (name == f.name) flag = &f;
-    }
-    if (!flag) LLMC_FAIL("unknown flag '%s': ./train_gpt2cu --help lists the flags", name.c_str());
-    if (i + 1 >= argc) LLMC_FAIL("flag %s needs a value (%s)", flag->name, flag->help);
-    const char* text = argv[i + 1];
-    char* end = nullptr;
-    errno = 0;
-    switch (flag->type) {
-      case 's': *(std::string*)flag->value = text; continue;
-      case 'i': {
-        const long v = strtol(text, &end, 10);
-        if (*text && !*end && !errno && v >= INT32_MIN && v <= INT32_MAX) {
-          *(int*)flag->value = (int)v;
-          continue;
-        }
-        break;
-      }
-      case 'l': {
-        const long v = strtol(text, &end, 10);
-        if (*text && !*end && !errno) {
-          *(long*)flag->value = v;
-          continue;
-        }
-        break;
-      }
-      case 'f': {
-        const float v = strtof(text, &end);
-        if (*text && !*end && !errno && std::isfinite(v)) {
-          *(float*)flag->value = v;
-          continue;
-        }
-        break;
-      }
-    }
-    LLMC_FAIL("flag %s: '%s' is not a valid %s (%s)", flag->name, text,
-              flag->type == 'f' ? "number" : "integer", flag->help);
-  }
-  return true;
-}
-
-void validate_args(const TrainArgs& a, int world) {
-  REQUIRE(a.B > 0, "-b %d: the micro batch size must be positive", a.B);
-  REQUIRE(a.T > 0, "-t %d: the sequence length must be positive", a.T);
-  const long tokens_per_micro_step = (long)a.B * a.T * world;
-  if (a.total_batch != -1) {
-    REQUIRE(a.total_batch > 0 && a.total_batch % tokens_per_micro_step == 0,
-            "-z %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use -z %ld or another "
-            "multiple", a.total_batch, a.B, a.T, world, tokens_per_micro_step,
-            tokens_per_micro_step * std::max(1L, a.total_batch / tokens_per_micro_step));
-    REQUIRE(a.total_batch / tokens_per_micro_step <= INT32_MAX,
-            "-z %ld is %ld micro steps of B*T*processes = %ld tokens, more than the %d one step "
-            "can take: use a smaller -z", a.total_batch, a.total_batch / tokens_per_micro_step,
-            tokens_per_micro_step, INT32_MAX);
-  }
-  REQUIRE(a.lr >= 0.0f, "-l %g: the learning rate must not be negative", a.lr);
-  REQUIRE(a.warmup >= 0, "-u %d: warmup steps must not be negative", a.warmup);
-  REQUIRE(a.final_lr_frac >= 0.0f && a.final_lr_frac <= 1.0f, "-q %g: must be in [0, 1]",
-          a.final_lr_frac);
-  REQUIRE(a.val_every >= 0 && a.val_batches >= 0 && a.sample_every >= 0 && a.gen_len >= 0,
-          "-v, -m, -s and -g must not be negative");
-  REQUIRE(a.checkpoint_every >= 0 && a.keep_last >= 0 && a.keep_every >= 0,
-          "-n %d, -nk %d and -nm %d must not be negative", a.checkpoint_every, a.keep_last, a.keep_every);
-  REQUIRE(a.loss_z >= 0.0f && a.norm_z >= 0.0f, "-sl %g and -sg %g must not be negative", a.loss_z, a.norm_z);
-  REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
-          a.temperature, a.top_k);
-  REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
-  REQUIRE(a.fp8 == 0 || a.fp8 == 1, "-fp8 %d: use 0 or 1", a.fp8);
-  REQUIRE(a.hellaswag == 0 || a.hellaswag == 1, "-h %d: use 0 or 1", a.hellaswag);
-  REQUIRE(a.max_steps >= -1, "-x %d: use -1 (one epoch), 0 (evaluate only) or a step count", a.max_steps);
-  REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
+// The checks that involve several flags; each flag's own range is checked as it is parsed.
+void validate_args(const TrainArgs& a) {
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
-  REQUIRE(a.multi_gpu.timeout_s > 0, "-ct %d: the timeout must be a positive number of seconds",
-          a.multi_gpu.timeout_s);
-  REQUIRE(a.multi_gpu.zero_stage == 0 || a.multi_gpu.zero_stage == 1, "-zs %d: use 0 or 1",
-          a.multi_gpu.zero_stage);
-  REQUIRE(a.multi_gpu.overlap == 0 || a.multi_gpu.overlap == 1, "-ov %d: use 0 or 1", a.multi_gpu.overlap);
 }
 
 // Generates `length` tokens after `prompt` and prints them as they come; token_text gives the
@@ -4635,54 +4521,43 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
   return counts;
 }
 
-void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, int accum_steps,
-                        long total_batch, int train_steps, size_t train_tokens) {
+// Every flag, then what follows from them, the GPU and the launch.
+void print_config_table(TrainArgs& a, const GPT2& m, const MultiGpu& mg, const llmc::StepBatch& batch,
+                        int train_steps, size_t train_tokens) {
   cudaDeviceProp prop;
   cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
-  const auto row = [](const char* k, const std::string& v) { printf("| %-24s | %-44s |\n", k, v.c_str()); };
-  printf("+--------------------------+----------------------------------------------+\n");
-  row("device", prop.name);
-  row("precision", PRECISION_NAME);
-  row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
-  if (mg.world > 1) {
-    row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
-    row("no-progress timeout", llmc::strformat("%d s", a.multi_gpu.timeout_s));
+  llmc::StartupTable table;
+  table.flag_rows(train_flags(a));
+  table.rule();
+  table.row("device", prop.name);
+  table.row("precision", PRECISION_NAME);
+  table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
+  if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
+  table.row("model", m.config.describe());
+  table.row("parameters", std::to_string(m.num_params));
+  table.row("master weights", m.use_master_weights ? "FP32" : "none");
+  if (m.fp8) {
+    table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
+                                             fp8_format_name(Fp8Format::kE4M3), fp8_format_name(kFp8GradFormat)));
   }
-  row("model", a.model + " (" + m.config.describe() + ")");
-  row("parameters", std::to_string(m.num_params));
-  row("train data", a.train_pattern + " (" + std::to_string(train_tokens) + " tokens)");
-  row("val data", a.val_pattern);
-  row("output dir", a.output_dir.empty() ? "(none)" : a.output_dir);
-  row("micro batch B x T", std::to_string(a.B) + " x " + std::to_string(a.T));
-  row("total batch (tokens)", std::to_string(total_batch) + " = " + std::to_string(accum_steps) + " micro steps");
-  row("steps", std::to_string(train_steps));
-  row("learning rate", llmc::strformat("%g, %s, warmup %d, final x%g", a.lr, a.schedule.c_str(), a.warmup, a.final_lr_frac));
-  row("weight decay / clip", llmc::strformat("%g / %g", a.weight_decay, a.grad_clip));
-  row("val every / batches", llmc::strformat("%d / %d", a.val_every, a.val_batches));
-  row("sample every / length", llmc::strformat("%d / %d", a.sample_every, a.gen_len));
-  row("overfit one batch", a.overfit ? "yes" : "no");
-  row("TF32 / master weights", llmc::strformat("%d / %d", a.tf32, (int)m.use_master_weights));
-  row("recompute", std::to_string(a.recompute));
-  row("FP8 linear layers", a.fp8 ? llmc::strformat("on: %s weights/activations, %s gradients",
-                                                   fp8_format_name(Fp8Format::kE4M3),
-                                                   fp8_format_name(kFp8GradFormat))
-                                 : "off");
-  row("checkpoint every", std::to_string(a.checkpoint_every));
-  row("seed", std::to_string(a.seed));
-  printf("+--------------------------+----------------------------------------------+\n");
+  table.row("train tokens", std::to_string(train_tokens));
+  table.row("total batch", llmc::strformat("%ld tokens = %d micro step(s) of %d x %d x %d processes",
+                                           batch.tokens, batch.micro_steps, a.B, a.T, mg.world));
+  table.row("steps", std::to_string(train_steps));
+  table.print();
 }
 
 int train_main(int argc, char** argv) {
   const double run_start = llmc::wall_seconds();
   TrainArgs a;
-  std::vector<Flag> flags = train_flags(a);
-  if (!parse_flags(argc, argv, flags)) {
-    print_usage(flags);
+  if (!llmc::parse_flags(std::vector<std::string>(argv + 1, argv + argc), train_flags(a),
+                         "./train_gpt2cu")) {
+    llmc::print_usage("./train_gpt2cu", "GPT-2 training on the GPU, precision " PRECISION_NAME,
+                      kQuickStart, train_flags(a));
     return 0;
   }
-  validate_args(a, 1);  // the multi-GPU flags are used before the process count is known
+  validate_args(a);
   MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
-  validate_args(a, mg.world);
 
   const int resume_step = a.resume ? latest_checkpoint_step(a.output_dir) : -1;
   if (a.resume && resume_step < 0) {
@@ -4720,8 +4595,8 @@ int train_main(int argc, char** argv) {
     multi_gpu_finish(mg);
     return 0;
   }
-  REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
-          a.T, config.max_seq_len, config.max_seq_len);
+  llmc::resolve_sequence_length(a, config.max_seq_len);
+  const llmc::StepBatch batch = llmc::step_batch(a, mg.world);
   gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8 != 0);
 
   llmc::DataLoader train_loader(a.train_pattern, "-i", a.B, a.T, mg.rank, mg.world, a.shuffle != 0,
@@ -4732,9 +4607,8 @@ int train_main(int argc, char** argv) {
     val_loader = new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, mg.rank, mg.world, false,
                                       a.seed, config.vocab_size);
   }
-  const long tokens_per_micro_step = (long)a.B * a.T * mg.world;
-  const long total_batch = a.total_batch == -1 ? tokens_per_micro_step : a.total_batch;
-  const int accum_steps = (int)(total_batch / tokens_per_micro_step);
+  const long total_batch = batch.tokens;
+  const int accum_steps = batch.micro_steps;
   const int train_steps = a.max_steps >= 0
       ? a.max_steps
       : (int)std::max<long>(1, train_loader.batches_per_epoch() / accum_steps);
@@ -4752,11 +4626,10 @@ int train_main(int argc, char** argv) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
     logger = resume_step >= 0
-        ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
-        : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew);
+        ? new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kResume, resume_step + 1)
+        : new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kNew);
   }
-  if (mg.rank == 0) print_config_table(a, m, mg, accum_steps, total_batch, train_steps,
-                                       train_loader.total_tokens());
+  if (mg.rank == 0) print_config_table(a, m, mg, batch, train_steps, train_loader.total_tokens());
   llmc::RunSummary summary(run_start, total_batch);
   if (logger && resume_step >= 0) summary.add_logged(llmc::read_run_log(logger->path()));
   llmc::Rng sample_rng(a.seed + 1);
@@ -4783,7 +4656,7 @@ int train_main(int argc, char** argv) {
   int timed_steps = 0, skipped_updates = 0, halt_for_signal = -1, exit_status = 0;
   const std::function<void(int)> grads_final = multi_gpu_overlapped_reduction(mg, m);
   install_stop_handlers();
-  llmc::EtaEstimator eta(llmc::kEtaWindow, llmc::wall_seconds());
+  llmc::EtaEstimator eta(llmc::kEtaWindow);
   int final_step = first_step;
   for (int step = first_step; step <= train_steps; step++) {
     final_step = step;
@@ -4891,7 +4764,7 @@ int train_main(int argc, char** argv) {
     if (mg.rank == 0) {
       printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
              step + 1, train_steps, loss, norm, lr, ms, mfu, tokens_per_s,
-             llmc::format_duration(eta.seconds_left(train_steps - step - 1)).c_str());
+             eta.time_left(step + 1, train_steps - step - 1).c_str());
       fflush(stdout);
       if (logger) logger->train(step + 1, loss, norm, lr, ms, tokens_per_s);
       if (!finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",

@@ -271,6 +271,19 @@ def read_checkpoint(path, flash=False):
     magic, version, max_seq_len, vocab_size, num_layers, num_heads, channels, padded = header[:8].tolist()
     if magic != CHECKPOINT_MAGIC:
         fail(f"{path}: not a GPT-2 checkpoint (magic {magic}, expected {CHECKPOINT_MAGIC})")
+    # The checksum before the rest of the header: a damaged header is a damaged file, by name.
+    checksum_kind = int(header[HEADER_CHECKSUM_KIND_SLOT])
+    if checksum_kind not in (CHECKSUM_NONE, CHECKSUM_CRC32):
+        fail(f"{path}: unknown checksum kind {checksum_kind} in header slot {HEADER_CHECKSUM_KIND_SLOT} "
+             f"(0 none, {CHECKSUM_CRC32} CRC-32): the header is damaged or the file comes from a newer "
+             f"version; re-create it")
+    payload = np.fromfile(path, np.uint8, offset=HEADER_INTS * 4)
+    if checksum_kind == CHECKSUM_CRC32:  # files without one (llm.c's) load unchecked
+        stored = int(header[HEADER_CHECKSUM_SLOT]) & 0xFFFFFFFF
+        computed = zlib.crc32(payload, header_checksum_start(header))
+        if stored != computed:
+            fail(f"{path}: checksum mismatch (CRC-32 {stored:08x} in the header, {computed:08x} "
+                 f"computed): the file is damaged; re-create it, or use an earlier checkpoint")
     if version not in (CHECKPOINT_FP32, CHECKPOINT_BF16):
         fail(f"{path}: unsupported checkpoint version {version} "
              f"(expected {CHECKPOINT_FP32} for FP32 or {CHECKPOINT_BF16} for BF16)")
@@ -278,11 +291,6 @@ def read_checkpoint(path, flash=False):
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
-    checksum_kind = int(header[HEADER_CHECKSUM_KIND_SLOT])
-    if checksum_kind not in (CHECKSUM_NONE, CHECKSUM_CRC32):
-        fail(f"{path}: unknown checksum kind {checksum_kind} in header slot {HEADER_CHECKSUM_KIND_SLOT} "
-             f"(0 none, {CHECKSUM_CRC32} CRC-32): the header is damaged or the file comes from a newer "
-             f"version; re-create it")
     bytes_per_value = 4 if version == CHECKPOINT_FP32 else 2
     expected = HEADER_INTS * 4 + config.num_parameters() * bytes_per_value
     actual = os.path.getsize(path)
@@ -290,13 +298,7 @@ def read_checkpoint(path, flash=False):
         fail(f"{path}: checkpoint for L={num_layers} NH={num_heads} C={channels} maxT={max_seq_len} "
              f"V={vocab_size} should be {expected} bytes but is {actual} "
              f"({'truncated' if actual < expected else 'trailing data'}); re-create it")
-    raw = np.fromfile(path, np.float32 if version == CHECKPOINT_FP32 else np.int16, offset=HEADER_INTS * 4)
-    if checksum_kind == CHECKSUM_CRC32:  # files without one (llm.c's) load unchecked
-        stored = int(header[HEADER_CHECKSUM_SLOT]) & 0xFFFFFFFF
-        computed = zlib.crc32(raw, header_checksum_start(header))
-        if stored != computed:
-            fail(f"{path}: checksum mismatch (CRC-32 {stored:08x} in the header, {computed:08x} "
-                 f"computed): the file is damaged; re-create it, or use an earlier checkpoint")
+    raw = payload.view(np.float32 if version == CHECKPOINT_FP32 else np.int16)
     values = torch.from_numpy(raw)
     if version == CHECKPOINT_BF16:
         values = values.view(torch.bfloat16).float()

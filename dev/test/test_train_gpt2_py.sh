@@ -287,18 +287,27 @@ open('$WORK/short.bin', 'wb').write(h.tobytes() + np.zeros(99, np.uint16).tobyte
 open('$WORK/big.bin', 'wb').write(h.tobytes() + np.full(100, 600, np.uint16).tobytes()); \
 h[0] = 1; open('$WORK/magic.bin', 'wb').write(h.tobytes() + np.zeros(100, np.uint16).tobytes())"
 head -c 5000 "$WORK/a/gpt2_l2h4c128t64v512.bin" >"$WORK/truncated.bin"
+# One byte of the header (the head count, 4 -> 127), with the checksum and without one (llm.c's),
+# and a file cut short without one.
 "$PYTHON" -c "
 d = bytearray(open('$WORK/a/gpt2_l2h4c128t64v512.bin', 'rb').read()); d[-7] ^= 4
-open('$WORK/damaged.bin', 'wb').write(d)"
+open('$WORK/damaged.bin', 'wb').write(d); d[-7] ^= 4
+d[20] ^= 0x7b; open('$WORK/header_byte.bin', 'wb').write(d)
+d[254 * 4:256 * 4] = bytes(8); open('$WORK/header_byte_unchecked.bin', 'wb').write(d)
+d[20] ^= 0x7b; open('$WORK/truncated_unchecked.bin', 'wb').write(d[:5000])"
 expect_error "no files match" "${TINY[@]}" --input_bin "$WORK/missing_*.bin"
 expect_error "should be 1224 bytes" "${TINY[@]}" --input_bin "$WORK/short.bin" -b 1 -t 8
 expect_error "token id 600" "${TINY[@]}" --input_bin "$WORK/big.bin" -b 1 -t 8
 expect_error "not a token shard" "${TINY[@]}" --input_bin "$WORK/magic.bin" -b 1 -t 8
 expect_error "too few for one batch" "${TINY[@]}" --input_bin "$WORK/train_0.bin" -b 400 -t 64
 expect_error "total_batch_size 100" "${TINY[@]}" --input_bin "$WORK/train_*.bin" -b 4 -t 32 --total_batch_size 100
-expect_error "truncated" --init_from "$WORK/truncated.bin" --bench
+expect_error "truncated.bin: checksum mismatch (CRC-32" --init_from "$WORK/truncated.bin" --bench
+expect_error "truncated_unchecked.bin: checkpoint for .* (truncated)" --init_from "$WORK/truncated_unchecked.bin" --bench
 expect_error "no such file" --init_from "$WORK/nothing.bin" --bench
 expect_error "damaged.bin: checksum mismatch (CRC-32" --init_from "$WORK/damaged.bin" --bench
+expect_error "header_byte.bin: checksum mismatch (CRC-32" --init_from "$WORK/header_byte.bin" --bench
+expect_error "header_byte_unchecked.bin: channels 128 is not divisible by num_heads 127" \
+  --init_from "$WORK/header_byte_unchecked.bin" --bench
 expect_error "not a GPT-2 checkpoint" --init_from "$WORK/magic.bin" --bench
 expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
 expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench
