@@ -235,6 +235,13 @@ gpu_against_pytorch() {
     run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
     run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
   done
+  # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve.
+  if fp8_gpu; then
+    local fp8_dir="$REF/gpu_d12_fp8"
+    run reference_d12_fp8 "$PYTHON" train_gpt2.py --model d12 --batch_size 4 --seq_len 64 --fp8 1 \
+      --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
+    run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$fp8_dir/gpt2_d12.bin" "$fp8_dir/gpt2_d12_fp8_debug_state.bin"
+  fi
 }
 
 gpu_kernel_tests() {
