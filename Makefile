@@ -120,7 +120,8 @@ clean:
 	rm -rf $(BUILD) train_gpt2 test_gpt2 $(CUDA_TARGETS)
 
 # Fuzz targets: libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer (any UB report
-# aborts), built with clang and its fuzzer runtime (Debian: clang, libclang-rt-14-dev).
+# aborts), built with clang and its fuzzer runtime (Debian: clang and, for clang N, libclang-rt-N-dev,
+# which scripts/install_deps.sh installs).
 # `make fuzz` builds build/fuzz_NAME from each dev/fuzz/fuzz_NAME.cpp; dev/test/test_fuzz.sh
 # builds and runs them (see dev/fuzz/README.md).
 FUZZ_CXX ?= clang++

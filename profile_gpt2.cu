@@ -1,12 +1,12 @@
 // One full training step of GPT-2 inside NVTX ranges, for nsys and ncu:
-//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset]
+//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // Random tokens, a model initialised from a seed; prints the time of each phase.
 #define TESTING
 #include "train_gpt2.cu"
 
 int profile_main(int argc, char** argv) {
-  int B = 8, T = 1024, layers = -1;
+  int B = 8, T = 1024, layers = -1, fp8 = 0;
   std::string preset = "d12";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -14,7 +14,8 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-t") T = atoi(argv[i + 1]);
     else if (flag == "-l") layers = atoi(argv[i + 1]);
     else if (flag == "-e") preset = argv[i + 1];
-    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset", flag.c_str());
+    else if (flag == "-fp8") fp8 = atoi(argv[i + 1]);
+    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   llmc::GPT2Config config;
@@ -27,7 +28,7 @@ int profile_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), true, 42);
-  gpt2_allocate(m, B, T, 0);
+  gpt2_allocate(m, B, T, 0, fp8 != 0);
   llmc::Rng rng(1234);
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   for (size_t i = 0; i < inputs.size(); i++) {
@@ -55,7 +56,8 @@ int profile_main(int argc, char** argv) {
   }
   const char* names[4] = {"forward", "classifier", "backward", "norm + update"};
   float total = 0.0f;
-  printf("%s, %s B=%d T=%d:\n", PRECISION_NAME, config.describe().c_str(), B, T);
+  printf("%s%s, %s B=%d T=%d:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
+         config.describe().c_str(), B, T);
   for (int i = 0; i < 4; i++) {
     float ms = 0.0f;
     cudaCheck(cudaEventElapsedTime(&ms, events[i], events[i + 1]));

@@ -197,18 +197,21 @@ void check_save_load(const GPT2& model, const std::string& path) {
 void check_errors(const std::string& checkpoint, GPT2& model) {
   testing::check_throws([] { gpt2_build("no/such/checkpoint.bin", 42); }, "no such checkpoint",
                         "-e with a missing file");
-  testing::check_throws([&] { parse_args({"-b", "0"}); }, "-b", "-b 0");
-  testing::check_throws([&] { parse_args({"-l", "abc"}); }, "-l", "-l abc");
+  testing::check_throws([&] { parse_args({"-b", "0"}); }, "-b 0: must be at least 1", "-b 0");
+  testing::check_throws([&] { parse_args({"-l", "abc"}); }, "-l 'abc': not a number", "-l abc");
   testing::check_throws([&] { parse_args({"-b"}); }, "needs a value", "a flag without its value");
-  testing::check_throws([&] { parse_args({"--bogus", "1"}); }, "--bogus", "an unknown flag");
-  testing::check_throws([&] { parse_args({"-q", "2"}); }, "-q", "-q outside [0, 1]");
+  testing::check_throws([&] { parse_args({"--bogus", "1"}); },
+                        "unknown flag '--bogus': ./train_gpt2 --help", "an unknown flag");
+  testing::check_throws([&] { parse_args({"-q", "2"}); }, "-q 2: must be within [0, 1]",
+                        "-q outside [0, 1]");
+  testing::check(parse_args({"-h", "1"}).help, "-h asks for the usage (the CPU trainer has no -h flag)");
   TrainConfig config =
       parse_args({"-e", checkpoint, "-t", std::to_string(model.config.max_seq_len + 1)});
-  testing::check_throws([&] { validate_config(config, model.config); }, "max_seq_len",
+  testing::check_throws([&] { resolve_sequence_length(config, model.config.max_seq_len); },
+                        "above the model's maximum sequence length",
                         "-t above the model's max_seq_len");
   config = parse_args({"-b", "4", "-t", "8", "-z", "100"});
-  testing::check_throws([&] { validate_config(config, model.config); }, "-z",
-                        "-z not a multiple of B*T");
+  testing::check_throws([&] { step_batch(config, 1); }, "-z", "-z not a multiple of B*T");
   const int bad_token = model.config.vocab_size;
   testing::check_throws([&] { gpt2_forward(model, &bad_token, 1, 1); },
                         "outside the model's vocabulary", "an input token past the vocabulary");

@@ -2,6 +2,9 @@
 // The debug state (written by train_gpt2.py --write_debug_state) holds one batch with PyTorch's
 // logits, loss and every parameter gradient, and the losses of a few AdamW steps on that batch.
 // Compares all of them, then checks that the same step twice gives bitwise-identical gradients.
+// ./test_gpt2cu --fp8 CHECKPOINT FP8_DEBUG_STATE compares -fp8 1 with PyTorch's FP8 recipe
+// (train_gpt2.py --fp8 1 --write_debug_state): the AdamW steps' losses only, since cuBLASLt's and
+// PyTorch's FP8 products accumulate in different orders and no tensor matches bit for bit.
 #define TESTING
 #include "train_gpt2.cu"
 
@@ -23,14 +26,54 @@ constexpr float kLossTol = 0.05f;
 constexpr float kStepLossTol = 0.05f;
 constexpr double kGradRelNorm = 4e-2;
 #endif
+// PROVISIONAL, not yet measured on a GPU: the bound on -fp8 1's step losses against PyTorch's FP8
+// recipe. Both sides compute in BF16, so their layer inputs differ by about a BF16 rounding
+// (relative d = 2^-9); a value that moves by d crosses an FP8 rounding boundary with probability
+// d / u and then moves by u, one FP8 step (u = 2^-3 for E4M3, 2^-2 for E5M2), so the FP8 operands
+// differ by sqrt(d * u) rms: 8 to 11 times the BF16 difference. BF16 against FP32 gave step losses
+// within 6.3e-3 (above), so about 0.05-0.07 is expected at worst; the bound doubles the lower end.
+// (-fp8 1 against -fp8 0 stayed within 0.0009 over 20 d12 steps, but on random tokens, where the
+// loss hardly moves; these steps overfit one batch and the loss falls fast.)
+constexpr float kFp8StepLossTol = 0.1f;
+
+// The debug state's AdamW steps on its batch from the checkpoint's values (fp8: with -fp8 1), each
+// step's loss within tol of PyTorch's; prints the largest difference.
+void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
+                       const llmc::DebugState& ref, bool fp8, float tol) {
+  GPT2 m;
+  gpt2_init(m, config, values, true, 42);
+  gpt2_allocate(m, ref.B, ref.T, 0, fp8);
+  float max_diff = 0.0f;
+  for (int step = 0; step < ref.steps; step++) {
+    gpt2_zero_grad(m);
+    gpt2_forward(m, ref.inputs.data(), ref.B, ref.T);
+    const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, 1.0f / (ref.B * ref.T));
+    gpt2_backward(m, ref.B, ref.T, true);
+    const float norm = gpt2_grad_norm(m);
+    gpt2_update(m, ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, norm);
+    const float diff = std::fabs(step_loss - ref.losses[step]);
+    max_diff = std::max(max_diff, diff);
+    testing::check_verbose(diff <= tol,
+                           llmc::strformat("step %2d loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
+                                           step, step_loss, ref.losses[step], diff, tol));
+  }
+  printf("step losses%s: largest difference %.2e over %d steps (tolerance %.0e)\n",
+         fp8 ? " (-fp8 1)" : "", max_diff, ref.steps, tol);
+  gpt2_free(m);
+}
 
 int test_main(int argc, char** argv) {
+  const bool fp8 = argc == 4 && std::string(argv[1]) == "--fp8";
+  if (fp8) {
+    argv++;
+    argc--;
+  }
   // Without arguments: GPT-2 124M at B=4 T=64, the reference that `make test` writes.
   const std::string model_path = argc == 3 ? argv[1] : "build/ref/gpt2_d12.bin";
   const std::string state_path = argc == 3 ? argv[2] : "build/ref/gpt2_d12_debug_state.bin";
   if (argc != 1 && argc != 3) {
-    LLMC_FAIL("usage: %s [CHECKPOINT DEBUG_STATE] (written by train_gpt2.py --write_debug_state)",
-              argv[0]);
+    LLMC_FAIL("usage: %s [[--fp8] CHECKPOINT DEBUG_STATE] (written by train_gpt2.py "
+              "--write_debug_state, with --fp8 1 for --fp8)", argv[0]);
   }
   if (!llmc::file_exists(model_path) || !llmc::file_exists(state_path)) {
     LLMC_FAIL("%s or %s is missing: make them with python3 train_gpt2.py --model d12 "
@@ -41,10 +84,15 @@ int test_main(int argc, char** argv) {
   const llmc::GPT2Config config = llmc::checkpoint_load(model_path, &values);
   const llmc::DebugState ref = llmc::debug_state_load(state_path, config);
   const int B = ref.B, T = ref.T, V = config.vocab_size, Vp = config.padded_vocab_size;
-  printf("%s build, model %s, B=%d T=%d, %d steps\n", PRECISION_NAME, config.describe().c_str(), B,
-         T, ref.steps);
+  printf("%s build%s, model %s, B=%d T=%d, %d steps\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
+         config.describe().c_str(), B, T, ref.steps);
 
   matmul_setup(/*allow_tf32=*/false);
+  if (fp8) {
+    check_step_losses(config, values, ref, true, kFp8StepLossTol);
+    matmul_teardown();
+    return testing::summary("test_gpt2cu --fp8");
+  }
   GPT2 m;
   gpt2_init(m, config, values, true, 42);
   gpt2_allocate(m, B, T, 0);
@@ -122,22 +170,7 @@ int test_main(int argc, char** argv) {
 
   // AdamW steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
-  GPT2 fresh;
-  gpt2_init(fresh, config, values, true, 42);
-  gpt2_allocate(fresh, B, T, 0);
-  for (int step = 0; step < ref.steps; step++) {
-    gpt2_zero_grad(fresh);
-    gpt2_forward(fresh, ref.inputs.data(), B, T);
-    const float step_loss = gpt2_classifier(fresh, ref.targets.data(), B, T, 1.0f / (B * T));
-    gpt2_backward(fresh, B, T, true);
-    const float norm = gpt2_grad_norm(fresh);
-    gpt2_update(fresh, ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, norm);
-    testing::check_verbose(std::fabs(step_loss - ref.losses[step]) <= kStepLossTol,
-                           llmc::strformat("step %2d loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
-                                           step, step_loss, ref.losses[step],
-                                           std::fabs(step_loss - ref.losses[step]), kStepLossTol));
-  }
-  gpt2_free(fresh);
+  check_step_losses(config, values, ref, false, kStepLossTol);
   matmul_teardown();
   return testing::summary("test_gpt2cu");
 }

@@ -21,14 +21,11 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -36,6 +33,7 @@
 #include <vector>
 
 #include "llmc/dataloader.h"
+#include "llmc/flags.h"
 #include "llmc/gpt2.h"
 #include "llmc/logger.h"
 #include "llmc/progress.h"
@@ -853,215 +851,50 @@ std::vector<int> gpt2_generate(GPT2& model, Rng& rng, int first_token, int lengt
 // ------------------------------------------------------------------------------------------------
 // 6. CLI and main
 
-struct TrainConfig {
-  std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
-  std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
-  std::string model = "d12";
-  std::string output_dir;
-  std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
-  std::string schedule = "cosine";
-  int B = 4;
-  int T = 64;
-  long total_batch = -1;
-  float lr = 3e-4f;
-  int warmup = 0;
-  float final_lr_frac = 0.0f;
-  float weight_decay = 0.1f;
-  float grad_clip = 1.0f;
-  int max_steps = -1;
-  int val_every = 20;
-  int val_batches = 20;
-  int sample_every = 20;
-  int gen_len = 64;
-  int overfit = 0;
-  int seed = 42;
-  bool help = false;
+// The CPU trainer takes the flags both trainers share (llmc/flags.h) and no others.
+struct TrainConfig : TrainFlags {
+  bool help = false;  // --help or -h: print the usage and exit
 };
-
-long parse_int(const char* flag, const char* text, long min, long max) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = strtol(text, &end, 10);
-  if (!*text || *end || errno) LLMC_FAIL("%s '%s': not an integer", flag, text);
-  if (v < min || v > max) LLMC_FAIL("%s %ld: must be within [%ld, %ld]", flag, v, min, max);
-  return v;
-}
-
-float parse_float(const char* flag, const char* text, float min, float max) {
-  char* end = nullptr;
-  errno = 0;
-  const float v = strtof(text, &end);
-  if (!*text || *end || errno || !std::isfinite(v)) LLMC_FAIL("%s '%s': not a number", flag, text);
-  if (v < min || v > max) LLMC_FAIL("%s %g: must be within [%g, %g]", flag, v, min, max);
-  return v;
-}
-
-// One table drives parsing, the help text and the start-up table: each flag's setter checks the
-// value's range and names the flag in its error.
-struct FlagSpec {
-  const char* name;
-  const char* label;  // for the start-up table
-  const char* help;
-  std::function<void(const char* text)> set;
-  std::function<std::string()> show;
-};
-
-FlagSpec text_flag(const char* name, const char* label, const char* help, std::string* value) {
-  return {name, label, help, [value](const char* text) { *value = text; },
-          [value] { return value->empty() ? std::string("none") : *value; }};
-}
-
-template <typename Int>
-FlagSpec int_flag(const char* name, const char* label, const char* help, Int* value, long min,
-                  long max) {
-  return {name, label, help,
-          [=](const char* text) { *value = (Int)parse_int(name, text, min, max); },
-          [value] { return std::to_string(*value); }};
-}
-
-FlagSpec float_flag(const char* name, const char* label, const char* help, float* value, float min,
-                    float max) {
-  return {name, label, help, [=](const char* text) { *value = parse_float(name, text, min, max); },
-          [value] { return strformat("%g", *value); }};
-}
-
-std::vector<FlagSpec> flag_table(TrainConfig& c) {
-  constexpr long kIntMax = INT32_MAX;
-  constexpr float kHuge = 3.4e38f;
-  FlagSpec schedule = text_flag("-k", "lr schedule",
-                                "learning-rate schedule: cosine linear constant wsd", &c.schedule);
-  schedule.set = [&c](const char* text) {
-    parse_lr_schedule(text, "-k");
-    c.schedule = text;
-  };
-  return {
-      text_flag("-i", "train data", "train token shards (a glob pattern: quote it)",
-                &c.train_pattern),
-      text_flag("-j", "val data", "validation token shards (a glob pattern)", &c.val_pattern),
-      text_flag("-e", "model", "checkpoint file, or a preset for random init: d12 d24 d36 d48 tiny",
-                &c.model),
-      text_flag("-o", "output dir", "directory for main.log and the final checkpoint",
-                &c.output_dir),
-      text_flag("-tk", "tokenizer",
-                "GPT-2 vocabulary file to print samples as text (token ids when it is missing)",
-                &c.tokenizer),
-      int_flag("-b", "micro batch B", "micro batch size", &c.B, 1, kIntMax),
-      int_flag("-t", "sequence length T", "sequence length", &c.T, 1, kIntMax),
-      int_flag("-z", "total batch (tokens)",
-               "tokens per step, a multiple of B*T (-1: B*T, no accumulation)", &c.total_batch, -1,
-               LONG_MAX),
-      float_flag("-l", "learning rate", "peak learning rate", &c.lr, 0.0f, kHuge),
-      int_flag("-u", "warmup steps", "learning-rate warmup steps", &c.warmup, 0, kIntMax),
-      float_flag("-q", "final lr fraction", "final learning rate as a fraction of the peak",
-                 &c.final_lr_frac, 0.0f, 1.0f),
-      schedule,
-      float_flag("-c", "weight decay", "weight decay of the 2-D matrices", &c.weight_decay, 0.0f,
-                 kHuge),
-      float_flag("-gc", "grad clip", "gradient clipping norm (0: off)", &c.grad_clip, 0.0f, kHuge),
-      int_flag("-x", "steps", "training steps (-1: one epoch of the training data)", &c.max_steps,
-               -1, kIntMax),
-      int_flag("-v", "val every", "validation loss every N steps (0: never)", &c.val_every, 0,
-               kIntMax),
-      int_flag("-m", "val batches", "validation batches per evaluation", &c.val_batches, 1,
-               kIntMax),
-      int_flag("-s", "sample every", "sample from the model every N steps (0: never)",
-               &c.sample_every, 0, kIntMax),
-      int_flag("-g", "sample length", "tokens per sample, the first being end-of-text", &c.gen_len,
-               2, kIntMax),
-      int_flag("-a", "overfit one batch", "1: train on the first batch over and over", &c.overfit,
-               0, 1),
-      int_flag("-S", "seed", "seed of the init, the data order and sampling", &c.seed, 0, kIntMax),
-  };
-}
 
 TrainConfig parse_args(const std::vector<std::string>& args) {
   TrainConfig c;
-  std::vector<FlagSpec> flags = flag_table(c);
-  for (size_t i = 0; i < args.size(); i += 2) {
-    if (args[i] == "-h" || args[i] == "--help") {
-      c.help = true;
-      return c;
-    }
-    const FlagSpec* flag = nullptr;
-    for (const FlagSpec& f : flags) {
-      if (args[i] == f.name) flag = &f;
-    }
-    if (!flag) {
-      if (args[i][0] != '-') {
-        LLMC_FAIL("'%s' is not a flag: flags start with '-' and take one value each (quote a glob "
-                  "pattern, -i 'dir/*.bin', or the shell expands it into several words)",
-                  args[i].c_str());
-      }
-      LLMC_FAIL("unknown flag '%s': -h lists the flags", args[i].c_str());
-    }
-    if (i + 1 >= args.size()) LLMC_FAIL("flag %s needs a value: %s", flag->name, flag->help);
-    flag->set(args[i + 1].c_str());
-  }
+  c.help = !parse_flags(args, train_flags(c), "./train_gpt2");
   return c;
-}
-
-// The checks that involve several flags or the model.
-void validate_config(const TrainConfig& c, const GPT2Config& model) {
-  if (c.max_steps == 0) LLMC_FAIL("-x 0: give a positive number of steps, or -1 for one epoch");
-  if (c.T > model.max_seq_len) {
-    LLMC_FAIL("-t %d is above the model's max_seq_len %d: use -t %d or less", c.T,
-              model.max_seq_len, model.max_seq_len);
-  }
-  if (c.gen_len > model.max_seq_len) {
-    LLMC_FAIL("-g %d is above the model's max_seq_len %d: use -g %d or less", c.gen_len,
-              model.max_seq_len, model.max_seq_len);
-  }
-  const long micro_batch = (long)c.B * c.T;
-  if (c.total_batch != -1 && (c.total_batch <= 0 || c.total_batch % micro_batch != 0)) {
-    LLMC_FAIL("-z %ld is not a positive multiple of B*T = %d*%d = %ld: use -z %ld or another "
-              "multiple", c.total_batch, c.B, c.T, micro_batch,
-              micro_batch * std::max(1L, c.total_batch / micro_batch));
-  }
-  if (c.total_batch / micro_batch > INT_MAX) {
-    LLMC_FAIL("-z %ld is %ld micro steps of B*T = %ld tokens, more than the %d one step can take: "
-              "use a smaller -z", c.total_batch, c.total_batch / micro_batch, micro_batch, INT_MAX);
-  }
 }
 
 #ifndef TESTING
 
-void print_usage(TrainConfig& defaults) {
-  printf("usage: ./train_gpt2 [flags]   (GPT-2 training in FP32 on the CPU)\n");
-  for (const FlagSpec& f : flag_table(defaults)) {
-    printf("  %-4s %s (default %s)\n", f.name, f.help, f.show().c_str());
-  }
-  printf("  -h   this help\n");
-}
+constexpr const char* kQuickStart =
+    "./train_gpt2 -e tiny -b 8 -t 64 -x 100 -v 25 -s 50   (the tiny model: minutes on a few cores)";
+
+// From about this size (d12 has 124M parameters) a step on a few cores takes many seconds.
+constexpr size_t kSlowOnCpuParameters = 50000000;
 
 void print_startup_table(TrainConfig& c, const GPT2& model, const AdamWConfig& adamw,
-                         int accum_steps, long total_batch, int steps,
-                         const DataLoader& train_loader) {
-  const auto row = [](const std::string& key, const std::string& value) {
-    printf("| %-28s | %-56s |\n", key.c_str(), value.c_str());
-  };
-  const std::string rule = "+" + std::string(30, '-') + "+" + std::string(58, '-') + "+";
-  printf("%s\n", rule.c_str());
-  for (const FlagSpec& f : flag_table(c)) row(strformat("%-4s%s", f.name, f.label), f.show());
-  printf("%s\n", rule.c_str());
-  row("model", model.config.describe());
-  row("parameters", strformat("%zu (%.0f MiB each for params, grads, AdamW m and v)",
-                              model.num_parameters, model.num_parameters * 4.0 / (1 << 20)));
+                         const StepBatch& batch, int steps, const DataLoader& train_loader) {
+  StartupTable table;
+  table.flag_rows(train_flags(c));
+  table.rule();
+  table.row("model", model.config.describe());
+  table.row("parameters", strformat("%zu (%.0f MiB each: params, grads, AdamW m, v)",
+                                    model.num_parameters, model.num_parameters * 4.0 / (1 << 20)));
   int largest = 0;
   for (int i = 0; i < kNumActivations; i++) {
     if (model.act_specs[i].size > model.act_specs[largest].size) largest = i;
   }
-  row("activations", strformat("%.0f MiB (largest: %s, %.0f MiB)",
-                               model.acts.size() * 4.0 / (1 << 20), model.act_specs[largest].name,
-                               model.act_specs[largest].size * 4.0 / (1 << 20)));
-  row("train tokens / batches", strformat("%ld / %ld per epoch", train_loader.total_tokens(),
-                                          train_loader.batches_per_epoch()));
-  row("total batch",
-      strformat("%ld tokens = %d micro step(s) of %d x %d", total_batch, accum_steps, c.B, c.T));
-  row("steps", std::to_string(steps));
-  row("AdamW", strformat("beta1 %g, beta2 %g, eps %g", adamw.beta1, adamw.beta2, adamw.eps));
-  row("OpenMP threads", std::to_string(omp_get_max_threads()));
-  row("MFU", "n/a on the CPU (printed as 'MFU n/a')");
-  printf("%s\n", rule.c_str());
+  table.row("activations", strformat("%.0f MiB (largest: %s, %.0f MiB)",
+                                     model.acts.size() * 4.0 / (1 << 20),
+                                     model.act_specs[largest].name,
+                                     model.act_specs[largest].size * 4.0 / (1 << 20)));
+  table.row("train tokens / batches", strformat("%ld / %ld per epoch", train_loader.total_tokens(),
+                                                train_loader.batches_per_epoch()));
+  table.row("total batch", strformat("%ld tokens = %d micro step(s) of %d x %d", batch.tokens,
+                                     batch.micro_steps, c.B, c.T));
+  table.row("steps", std::to_string(steps));
+  table.row("AdamW", strformat("beta1 %g, beta2 %g, eps %g", adamw.beta1, adamw.beta2, adamw.eps));
+  table.row("OpenMP threads", std::to_string(omp_get_max_threads()));
+  table.row("MFU", "n/a on the CPU (printed as 'MFU n/a')");
+  table.print();
 }
 
 float evaluate_validation(GPT2& model, DataLoader& loader, int batches, int B, int T) {
@@ -1075,10 +908,13 @@ float evaluate_validation(GPT2& model, DataLoader& loader, int batches, int B, i
   return (float)(sum / batches);
 }
 
+// Samples `length` tokens after the end-of-text token, as many as the model's sequence length
+// leaves room for.
 void print_sample(GPT2& model, Rng& rng, const Tokenizer* tokenizer, int length) {
   // GPT-2's end-of-text token is the last of its vocabulary.
   const int eot = tokenizer ? tokenizer->eot_token() : model.config.vocab_size - 1;
-  const std::vector<int> tokens = gpt2_generate(model, rng, eot, length);
+  const std::vector<int> tokens =
+      gpt2_generate(model, rng, eot, std::min(length, model.config.max_seq_len - 1) + 1);
   printf("sample:");
   if (tokenizer) {
     Utf8Joiner joiner;
@@ -1095,43 +931,48 @@ int train_main(int argc, char** argv) {
   const double run_start = wall_seconds();
   TrainConfig c = parse_args(std::vector<std::string>(argv + 1, argv + argc));
   if (c.help) {
-    print_usage(c);
+    print_usage("./train_gpt2", "GPT-2 training in FP32 on the CPU", kQuickStart, train_flags(c));
     return 0;
   }
   glob_files(c.train_pattern, "-i");  // fail before a multi-second random init
   GPT2 model = gpt2_build(c.model, (uint64_t)c.seed);
-  validate_config(c, model.config);
+  resolve_sequence_length(c, model.config.max_seq_len);
+  const StepBatch batch = step_batch(c, 1);
   gpt2_reserve_activations(model, c.B, c.T);
   const int V = model.config.vocab_size;
   DataLoader train_loader(c.train_pattern, "-i", c.B, c.T, 0, 1, true, (uint64_t)c.seed, V);
-  const bool run_val = c.val_every > 0;
+  const bool run_val = c.val_every > 0 && c.val_batches > 0;
   std::unique_ptr<DataLoader> val_loader;
   if (run_val) {
     val_loader.reset(
         new DataLoader(c.val_pattern, "-j", c.B, c.T, 0, 1, false, (uint64_t)c.seed, V));
   }
-  const long micro_batch = (long)c.B * c.T;
-  const long total_batch = c.total_batch == -1 ? micro_batch : c.total_batch;
-  const int accum_steps = (int)(total_batch / micro_batch);
-  const int steps = c.max_steps > 0
-                        ? c.max_steps
-                        : (int)std::max<long>(1, train_loader.batches_per_epoch() / accum_steps);
+  const int steps =
+      c.max_steps >= 0
+          ? c.max_steps
+          : (int)std::max<long>(1, train_loader.batches_per_epoch() / batch.micro_steps);
   const LrSchedule schedule =
-      make_lr_schedule(c.schedule, "-k", c.lr, c.warmup, steps, c.final_lr_frac);
+      make_lr_schedule(c.schedule, "-k", c.lr, c.warmup, std::max(1, steps), c.final_lr_frac);
   std::unique_ptr<Tokenizer> tokenizer;
   if (c.sample_every > 0 && file_exists(c.tokenizer)) tokenizer.reset(new Tokenizer(c.tokenizer));
   std::unique_ptr<Logger> logger;
-  if (!c.output_dir.empty()) logger.reset(new Logger(c.output_dir, "-o", LogMode::kNew));
+  if (!c.output_dir.empty()) {
+    logger.reset(new Logger(c.output_dir, "-o", nullptr, LogMode::kNew));
+  }
   AdamWConfig adamw;
   adamw.weight_decay = c.weight_decay;
-  print_startup_table(c, model, adamw, accum_steps, total_batch, steps, train_loader);
+  print_startup_table(c, model, adamw, batch, steps, train_loader);
+  if (steps > 0 && model.num_parameters >= kSlowOnCpuParameters) {
+    printf("note: %.0fM parameters train slowly on the CPU (the ETA comes after step 2); a quick "
+           "first run: %s\n", model.num_parameters / 1e6, kQuickStart);
+  }
 
   Rng sample_rng((uint64_t)c.seed + 1);
-  std::vector<int> inputs(micro_batch), targets(micro_batch);
+  std::vector<int> inputs((size_t)c.B * c.T), targets((size_t)c.B * c.T);
   if (c.overfit) train_loader.next_batch(inputs.data(), targets.data());
   double total_seconds = 0.0;
-  RunSummary summary(run_start, total_batch);
-  EtaEstimator eta(kEtaWindow, wall_seconds());
+  RunSummary summary(run_start, batch.tokens);
+  EtaEstimator eta(kEtaWindow);
   for (int step = 0; step <= steps; step++) {
     const bool last = step == steps;
     if (run_val && (step % c.val_every == 0 || last)) {
@@ -1148,32 +989,34 @@ int train_main(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     gpt2_zero_grad(model);
     double loss_sum = 0.0;
-    for (int micro_step = 0; micro_step < accum_steps; micro_step++) {
+    for (int micro_step = 0; micro_step < batch.micro_steps; micro_step++) {
       if (!c.overfit) train_loader.next_batch(inputs.data(), targets.data());
       loss_sum += gpt2_forward(model, inputs.data(), targets.data(), c.B, c.T);
-      gpt2_backward(model, 1.0f / accum_steps);
+      gpt2_backward(model, 1.0f / batch.micro_steps);
     }
-    const float loss = (float)(loss_sum / accum_steps);
+    const float loss = (float)(loss_sum / batch.micro_steps);
     const float norm = gpt2_clip_gradients(model, c.grad_clip);
     const float lr = (float)schedule.at(step);
     gpt2_update(model, lr, adamw);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     total_seconds += seconds;
-    const double tokens_per_s = total_batch / seconds;
+    const double tokens_per_s = batch.tokens / seconds;
     eta.step_finished(wall_seconds());
     printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU n/a | %.0f tok/s | ETA %s\n",
            step + 1, steps, loss, norm, lr, 1e3 * seconds, tokens_per_s,
-           format_duration(eta.seconds_left(steps - step - 1)).c_str());
+           eta.time_left(step + 1, steps - step - 1).c_str());
     fflush(stdout);
     if (logger) logger->train(step + 1, loss, norm, lr, 1e3 * seconds, tokens_per_s);
   }
-  printf("average %.2f ms per step, %.0f tok/s\n", 1e3 * total_seconds / steps,
-         total_batch * steps / total_seconds);
+  if (steps > 0) {
+    printf("average %.2f ms per step, %.0f tok/s\n", 1e3 * total_seconds / steps,
+           batch.tokens * steps / total_seconds);
+  }
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   printf("peak memory: %ld MiB\n", usage.ru_maxrss / 1024);  // Linux reports KiB
-  if (!c.output_dir.empty()) {
+  if (!c.output_dir.empty() && steps > 0) {
     const std::string path = strformat("%s/model_%08d.bin", c.output_dir.c_str(), steps);
     gpt2_save_checkpoint(model, path);
     printf("wrote %s\n", path.c_str());

@@ -7,7 +7,8 @@
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
 //   4. LayerNorm                  forward, fused residual + forward, fused backward
-//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient
+//   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
+//                                 layers (amax, casts, cast-transpose, scaled FP8 products)
 //   6. Attention                  causal multi-head attention: flash kernels (BF16), batched GEMMs
 //   7. GELU                       tanh approximation, forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits
@@ -48,12 +49,14 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
 
 #include "llmc/checkpoint_writer.h"
 #include "llmc/dataloader.h"
+#include "llmc/flags.h"
 #include "llmc/gpt2.h"
 #include "llmc/hellaswag.h"
 #include "llmc/logger.h"
@@ -726,6 +729,7 @@ bool matmul_tuning = true;  // off: always cuBLASLt's first heuristic
 struct MatmulChoice {
   int m, n, k;
   bool trans_a, trans_b, bias;
+  cudaDataType_t type_a, type_b;
   cublasLtEpilogue_t epilogue;
   cublasLtMatmulAlgo_t algo;
 };
@@ -827,20 +831,43 @@ cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulH
   return candidates[best].algo;
 }
 
+// A and B of another type than the storage type (the FP8 products at the end of this section):
+// their types and dequantisation scales, device floats by which cuBLASLt multiplies the product.
+// The scales must be 16-byte aligned: cuBLASLt 13.1 accepts others in its heuristic, then refuses
+// to run with CUBLAS_STATUS_NOT_SUPPORTED.
+struct MatmulOperands {
+  cudaDataType_t type_a = kCudaFloatX, type_b = kCudaFloatX;
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
+};
+
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
 // A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B. Returns false when
 // cuBLASLt has no algorithm for this epilogue (the callers then fall back to separate kernels).
-bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
-                     int n, int k, bool trans_a, bool trans_b, float beta,
-                     cublasLtEpilogue_t epilogue, floatX* aux, cudaStream_t stream) {
+bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias, int m, int n,
+                     int k, bool trans_a, bool trans_b, float beta, cublasLtEpilogue_t epilogue,
+                     floatX* aux, cudaStream_t stream, const MatmulOperands& ops = MatmulOperands()) {
   REQUIRE(((uintptr_t)a % 16) == 0 && ((uintptr_t)b % 16) == 0 && ((uintptr_t)d % 16) == 0,
           "matmul: operands must be 16-byte aligned");
+  REQUIRE((uintptr_t)ops.scale_a % 16 == 0 && (uintptr_t)ops.scale_b % 16 == 0,
+          "matmul: the operands' scales must be 16-byte aligned");
+  // FP8 products accumulate in FP32 (cuBLASLt has no TF32 variant of them).
+  const bool storage_type = ops.type_a == kCudaFloatX && ops.type_b == kCudaFloatX;
   cublasLtMatmulDesc_t desc;
-  cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute_type, CUDA_R_32F));
+  cublasCheck(cublasLtMatmulDescCreate(&desc, storage_type ? cublas_compute_type : CUBLAS_COMPUTE_32F,
+                                       CUDA_R_32F));
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (ops.scale_a) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ops.scale_a,
+                                               sizeof(ops.scale_a)));
+  }
+  if (ops.scale_b) {
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.scale_b,
+                                               sizeof(ops.scale_b)));
+  }
   if (bias) {
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof(bias)));
@@ -855,9 +882,9 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
   cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                              sizeof(epilogue)));
   cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, kCudaFloatX, trans_a ? k : m, trans_a ? m : k,
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, ops.type_a, trans_a ? k : m, trans_a ? m : k,
                                          trans_a ? k : m));
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, kCudaFloatX, trans_b ? n : k, trans_b ? k : n,
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, ops.type_b, trans_b ? n : k, trans_b ? k : n,
                                          trans_b ? n : k));
   cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, kCudaFloatX, m, n, m));
   const float alpha = 1.0f;
@@ -868,7 +895,8 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
   const bool tune = matmul_tuning && beta == 0.0f;
   auto known = std::find_if(matmul_choices.begin(), matmul_choices.end(), [&](const MatmulChoice& c) {
     return c.m == m && c.n == n && c.k == k && c.trans_a == trans_a && c.trans_b == trans_b &&
-           c.bias == (bias != nullptr) && c.epilogue == epilogue;
+           c.bias == (bias != nullptr) && c.type_a == ops.type_a && c.type_b == ops.type_b &&
+           c.epilogue == epilogue;
   });
   bool ok = true;
   if (tune && known != matmul_choices.end()) {
@@ -891,7 +919,8 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
       cublasLtMatmulAlgo_t algo = heuristics[0].algo;
       if (tune) {
         algo = fastest_matching_algo(run, heuristics, found, d, (size_t)m * n, stream);
-        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, epilogue, algo});
+        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, ops.type_a, ops.type_b,
+                                  epilogue, algo});
       }
       cublasCheck(run(algo));
     }
@@ -906,22 +935,53 @@ bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* 
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
 
-// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
-void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
-  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+// The forward product out[N, OC] = b[N, C] @ a[OC, C]^T + bias of the storage-type or the FP8
+// operands: with pre_gelu, pre_gelu = that and out = GELU(it), in cuBLASLt's epilogue or after it.
+void matmul_forward_product(floatX* out, const void* a, const void* b, const floatX* bias, int N,
+                            int C, int OC, floatX* pre_gelu, const MatmulOperands& ops,
+                            cudaStream_t stream) {
   if (pre_gelu) {
     const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    if (matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream)) {
-      return;
-    }
-    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC, nullptr, stream);
+    if (matmul_cublaslt(out, a, b, bias, OC, N, C, true, false, 0.0f, ep, pre_gelu, stream, ops)) return;
+    matmul_forward_product(pre_gelu, a, b, bias, N, C, OC, nullptr, ops, stream);
     gelu_forward(out, pre_gelu, (size_t)N * OC, stream);
     return;
   }
   const cublasLtEpilogue_t ep = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  REQUIRE(matmul_cublaslt(out, weight, inp, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream),
+  REQUIRE(matmul_cublaslt(out, a, b, bias, OC, N, C, true, false, 0.0f, ep, nullptr, stream, ops),
           "cuBLASLt found no algorithm for the %dx%dx%d forward product", N, OC, C);
+}
+
+// out[N, OC] = inp[N, C] @ weight[OC, C]^T + bias. With pre_gelu: pre_gelu = that, out = GELU(it).
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+  REQUIRE(C % 8 == 0 && OC % 8 == 0, "matmul_forward: C=%d and OC=%d must be multiples of 8", C, OC);
+  matmul_forward_product(out, weight, inp, bias, N, C, OC, pre_gelu, MatmulOperands(), stream);
+}
+
+// dbias[OC] += column sums of dout[N, OC] (deterministic, section 2).
+void matmul_dbias(floatX* dbias, float* partials, const floatX* dout, int N, int OC, uint32_t seed,
+                  cudaStream_t stream) {
+  REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
+  column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
+                               dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
+  cudaCheckLaunch();
+  column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
+}
+
+// dinp[N, C] = the product of a and b over k = OC (the column-major C x N result of op(a) b),
+// times GELU'(pre_gelu) when given: in cuBLASLt's DGELU epilogue, or after it.
+void matmul_dinp_product(floatX* dinp, const void* a, bool trans_a, const void* b,
+                         const floatX* pre_gelu, int N, int C, int OC, const MatmulOperands& ops,
+                         cudaStream_t stream) {
+  if (pre_gelu && matmul_cublaslt(dinp, a, b, nullptr, C, N, OC, trans_a, false, 0.0f,
+                                  CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream, ops)) {
+    return;
+  }
+  REQUIRE(matmul_cublaslt(dinp, a, b, nullptr, C, N, OC, trans_a, false, 0.0f,
+                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream, ops),
+          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
+  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
 }
 
 // dinp[N, C] = dout[N, OC] @ weight[OC, C] (times GELU'(pre_gelu) when given);
@@ -930,25 +990,290 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
                      const floatX* dout, const floatX* inp, const floatX* weight,
                      const floatX* pre_gelu, int N, int C, int OC, uint32_t seed,
                      cudaStream_t stream) {
-  if (dbias) {
-    REQUIRE(OC % x128::size == 0, "matmul_backward: OC=%d must be a multiple of %d", OC, x128::size);
-    column_sum_partials_kernel<<<dim3(ceil_div(OC, WARP_SIZE * x128::size), kRowBlocks),
-                                 dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(partials, dout, N, OC);
-    cudaCheckLaunch();
-    column_sum_finalize(dbias, partials, OC, OC, kRowBlocks, seed, stream);
-  }
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   REQUIRE(matmul_cublaslt(dweight, inp, dout, nullptr, C, OC, N, false, true, 1.0f,
                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
           "cuBLASLt found no algorithm for the %dx%dx%d weight-gradient product", C, OC, N);
-  if (pre_gelu &&
-      matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
-                      CUBLASLT_EPILOGUE_DGELU, const_cast<floatX*>(pre_gelu), stream)) {
-    return;
+  matmul_dinp_product(dinp, weight, false, dout, pre_gelu, N, C, OC, MatmulOperands(), stream);
+}
+
+// ---- FP8 linear layers (-fp8 1: BF16 builds, compute capability 8.9 or newer) ----
+// The blocks' linear layers can run their three products in FP8 on the tensor cores (cuBLASLt,
+// FP32 accumulation, BF16 outputs): weights and activations in E4M3, output gradients in
+// kFp8GradFormat. Each FP8 tensor has one scale from the amax of the BF16 tensor it is cast from
+// ("current" scaling): s = 2^floor(log2(fp8_max / amax)), the largest power of two with
+// amax * s <= fp8_max, and q = fp8(x * s) rounded to nearest even. A power of two makes x * s and
+// q / s exact, so that a reference reproduces every cast bit for bit. The products read 1/s, their
+// dequantisation scale, from device memory: nothing waits for the host. cuBLASLt's FP8 kernels
+// take only the "TN" layout (both operands contiguous along the summed dimension, leading
+// dimensions multiples of 16 bytes), so the backward products read transposed copies: the
+// weight's, cast once per update, and the output gradient's and the input's along the tokens,
+// padded with zero tokens to a multiple of 16.
+
+enum class Fp8Format { kE4M3, kE5M2 };
+// Output gradients: E5M2's range (up to 57344 against E4M3's 448) is the usual choice; E4M3's
+// extra mantissa bit can be measured by changing this constant.
+constexpr Fp8Format kFp8GradFormat = Fp8Format::kE5M2;
+constexpr int kFp8TokenAlign = 16;  // FP8 leading dimensions: multiples of 16 one-byte elements
+
+inline const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "E4M3" : "E5M2"; }
+inline cudaDataType_t fp8_cuda_type(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+inline int fp8_padded(int tokens) { return ceil_div(tokens, kFp8TokenAlign) * kFp8TokenAlign; }
+
+// One FP8 tensor's scale, on the device. inv_scale comes first, 16-byte aligned, as cuBLASLt's
+// scale pointers must be.
+struct alignas(16) Fp8Scale {
+  float inv_scale;     // 1/s, the products' dequantisation scale
+  uint32_t amax_bits;  // max |x| as FP32 bits: an integer maximum, NaN above Inf above all numbers
+};
+static_assert(offsetof(Fp8Scale, inv_scale) == 0, "cuBLASLt reads inv_scale at a 16-byte boundary");
+
+// The exponent e of s = 2^e for a given amax: the largest e with amax * 2^e <= fp8_max, where
+// fp8_max = 1.75 * 2^emax (448 = 1.75 * 2^8, 57344 = 1.75 * 2^15), at most 126 so that s and 1/s
+// are normal floats. An amax of 0 or not finite gives s = 1: the casts keep NaN and Inf as NaN
+// (fp8_pair), so a non-finite tensor shows in the loss and the trainer skips the step.
+__host__ __device__ inline int fp8_scale_exponent(float amax, Fp8Format f) {
+  if (!(amax > 0.0f && amax <= FLT_MAX)) return 0;
+  const int emax = f == Fp8Format::kE4M3 ? 8 : 15;
+  int exponent = 0;
+  const float mantissa = 2.0f * frexpf(amax, &exponent);  // amax = mantissa * 2^(exponent - 1)
+  const int e = (mantissa <= 1.75f ? emax : emax - 1) - (exponent - 1);
+  return e < 126 ? e : 126;
+}
+
+// s from the amax the scale holds; the first thread of the grid stores 1/s.
+__device__ __forceinline__ float fp8_scale_and_store_inverse(Fp8Scale* scale, Fp8Format f) {
+  const int e = fp8_scale_exponent(__uint_as_float(scale->amax_bits), f);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale->inv_scale = ldexpf(1.0f, -e);
+  return ldexpf(1.0f, e);
+}
+
+// Two values to FP8, x in the low byte, rounded to nearest even. The conversion saturates: finite
+// values beyond fp8_max, which a scaled value never is, become +-fp8_max, and so would Inf, so
+// non-finite values are made NaN first.
+template <Fp8Format F>
+__device__ __forceinline__ uint16_t fp8_pair(float x, float y) {
+  if (!isfinite(x)) x = NAN;
+  if (!isfinite(y)) y = NAN;
+  return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE,
+                                  F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// The FP8 values of one 16-byte piece of the storage type: 8 bytes (BF16) or 4 (FP32).
+struct alignas(x128::size) Fp8Piece {
+  uint8_t v[x128::size];
+};
+
+template <Fp8Format F>
+__device__ __forceinline__ Fp8Piece fp8_piece(const x128& x, float s) {
+  Fp8Piece out;
+#pragma unroll
+  for (int k = 0; k < x128::size; k += 2) {
+    const uint16_t pair = fp8_pair<F>((float)x[k] * s, (float)x[k + 1] * s);
+    out.v[k] = pair & 0xff;
+    out.v[k + 1] = pair >> 8;
   }
-  REQUIRE(matmul_cublaslt(dinp, weight, dout, nullptr, C, N, OC, false, false, 0.0f,
-                          CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream),
-          "cuBLASLt found no algorithm for the %dx%dx%d input-gradient product", N, C, OC);
-  if (pre_gelu) gelu_backward_inplace(dinp, pre_gelu, (size_t)N * C, stream);
+  return out;
+}
+
+// ---- FP8 amax: scale->amax_bits = max |x| over n values ----
+// A fixed grid strides over x in 16-byte pieces; each block's maximum goes into amax_bits with one
+// atomicMax on the FP32 bits of |x|. An integer maximum is exact in any order, so the result does
+// not depend on scheduling or on the grid. The launcher zeroes amax_bits first. Floor: one read.
+constexpr int kFp8Threads = 256;
+constexpr int kFp8AmaxBlocks = 1024;
+
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_amax_kernel(Fp8Scale* scale, const floatX* x, size_t pieces) {
+  __shared__ uint32_t warp_max[kFp8Threads / WARP_SIZE];
+  uint32_t m = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += stride) {
+    const x128 v = load128(x + i * x128::size);
+    for (int k = 0; k < x128::size; k++) m = max(m, __float_as_uint((float)v[k]) & 0x7fffffffu);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffff, m, offset));
+  if (threadIdx.x % WARP_SIZE == 0) warp_max[threadIdx.x / WARP_SIZE] = m;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kFp8Threads / WARP_SIZE; w++) m = max(m, warp_max[w]);
+  atomicMax(&scale->amax_bits, m);
+}
+
+void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0,
+          "fp8_amax: n=%zu must be a multiple of %d and x 16-byte aligned", n, x128::size);
+  cudaCheck(cudaMemsetAsync(&scale->amax_bits, 0, sizeof(scale->amax_bits), stream));
+  const size_t pieces = n / x128::size;
+  const int blocks = std::max(1, std::min(kFp8AmaxBlocks, ceil_div(pieces, kFp8Threads)));
+  fp8_amax_kernel<<<blocks, kFp8Threads, 0, stream>>>(scale, x, pieces);
+  cudaCheckLaunch();
+}
+
+// ---- FP8 cast: out[i] = fp8(x[i] * s), s from scale->amax_bits; scale->inv_scale = 1/s ----
+// Elementwise, one 16-byte piece of x per thread; deterministic (no reduction). Floor: reads 2
+// bytes and writes 1 per value (BF16).
+template <Fp8Format F>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_kernel(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t pieces) {
+  const float s = fp8_scale_and_store_inverse(scale, F);
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= pieces) return;
+  *reinterpret_cast<Fp8Piece*>(out + i * x128::size) = fp8_piece<F>(load128(x + i * x128::size), s);
+}
+
+void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Format f,
+              cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0,
+          "fp8_cast: n=%zu must be a multiple of %d, x and out 16-byte aligned", n, x128::size);
+  const size_t pieces = n / x128::size;
+  const int blocks = std::max(1, ceil_div(pieces, kFp8Threads));
+  if (f == Fp8Format::kE4M3) {
+    fp8_cast_kernel<Fp8Format::kE4M3><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  } else {
+    fp8_cast_kernel<Fp8Format::kE5M2><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  }
+  cudaCheckLaunch();
+}
+
+// ---- FP8 cast-transpose: x [R, C] -> out [R, C] (optional) and out_t [C, fp8_padded(R)] ----
+// One read of x writes the FP8 values and their transpose, whose columns R and up are zeros (the
+// padding tokens of the weight-gradient product); scale->inv_scale = 1/s as in fp8_cast. A block
+// casts a tile of 128 rows x 64 columns into shared memory, transposed as it goes (each piece's
+// bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
+// writes 128-byte rows of out_t. Deterministic (no reduction). Floor: reads 2 bytes and writes 2
+// per value (BF16).
+constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
+constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
+
+template <Fp8Format F>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R, int C,
+                              int ld_t) {
+  __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
+  const float s = fp8_scale_and_store_inverse(scale, F);
+  constexpr int kPieces = kFp8TileCols / x128::size;  // pieces per tile row
+  const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
+  for (int id = threadIdx.x; id < kFp8TileRows * kPieces; id += kFp8Threads) {
+    const int piece = id % kPieces, r = id / kPieces;
+    const int row = row0 + r, col = col0 + piece * x128::size;
+    x128 v;
+    for (int k = 0; k < x128::size; k++) v[k] = (floatX)0.0f;
+    if (row < R && col < C) v = load128(x + (size_t)row * C + col);
+    const Fp8Piece q = fp8_piece<F>(v, s);
+    if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
+    uint64_t bytes = 0;
+    memcpy(&bytes, q.v, sizeof(q.v));
+#pragma unroll
+    for (int k = 0; k < x128::size; k++) {
+      const int c = (k + piece) % x128::size;
+      tile[(piece * x128::size + c) * kFp8TilePitch + r] = (uint8_t)(bytes >> (8 * c));
+    }
+  }
+  __syncthreads();
+  constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
+  for (int id = threadIdx.x; id < kFp8TileCols * kSegments; id += kFp8Threads) {
+    const int segment = id % kSegments, c = id / kSegments;
+    const int col = col0 + c, trow = row0 + segment * 16;
+    if (col >= C || trow >= ld_t) continue;
+    *reinterpret_cast<uint4*>(out_t + (size_t)col * ld_t + trow) =
+        *reinterpret_cast<const uint4*>(tile + c * kFp8TilePitch + segment * 16);
+  }
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
+                        int C, Fp8Format f, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
+              (uintptr_t)out_t % 16 == 0,
+          "fp8_cast_transpose: C=%d must be a multiple of %d, x, out and out_t 16-byte aligned", C,
+          x128::size);
+  const int ld_t = fp8_padded(R);
+  const dim3 grid(ceil_div(C, kFp8TileCols), ceil_div(ld_t, kFp8TileRows));
+  REQUIRE(grid.y <= 65535, "fp8_cast_transpose: R=%d rows are more than one launch takes", R);
+  if (f == Fp8Format::kE4M3) {
+    fp8_cast_transpose_kernel<Fp8Format::kE4M3>
+        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+  } else {
+    fp8_cast_transpose_kernel<Fp8Format::kE5M2>
+        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+  }
+  cudaCheckLaunch();
+}
+
+// ---- FP8 linear layers: the products of matmul_forward and matmul_backward on FP8 copies ----
+// The FP8 copies of a weight [OC, C], cast by fp8_weight_cast after each update: w8 [OC, C] and
+// its transpose w8t [C, OC], one scale.
+struct Fp8Weight {
+  uint8_t* w8;
+  uint8_t* w8t;
+  Fp8Scale* scale;
+};
+
+// Scratch of the FP8 layers, sized for the widest layer of N tokens (in bytes, N padded to
+// fp8_padded(N) in the transposed ones): rows holds the forward's input [N, C] or the backward's
+// output gradient [N, OC], dout_t its transpose [OC, N], inp_t the input's [C, N]; dout_scale is
+// the output gradient's scale.
+struct Fp8Buffers {
+  uint8_t* rows = nullptr;
+  uint8_t* dout_t = nullptr;
+  uint8_t* inp_t = nullptr;
+  Fp8Scale* dout_scale = nullptr;
+};
+
+inline MatmulOperands fp8_operands(Fp8Format fa, const Fp8Scale* a, Fp8Format fb, const Fp8Scale* b) {
+  MatmulOperands ops;
+  ops.type_a = fp8_cuda_type(fa);
+  ops.type_b = fp8_cuda_type(fb);
+  ops.scale_a = &a->inv_scale;
+  ops.scale_b = &b->inv_scale;
+  return ops;
+}
+
+void fp8_require_layer(int C, int OC) {
+  REQUIRE(sizeof(floatX) == 2, "FP8 linear layers need the BF16 build (their outputs are BF16)");
+  REQUIRE(C % kFp8TokenAlign == 0 && OC % kFp8TokenAlign == 0,
+          "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
+}
+
+void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_amax(w.scale, weight, (size_t)OC * C, stream);
+  fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, stream);
+}
+
+// matmul_forward with out = fp8(inp) @ w8^T: inp's amax goes into inp_scale, which the backward
+// pass reuses for its transposed cast of the same input; inp8 receives the cast.
+void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
+                        int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
+                        cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_amax(inp_scale, inp, (size_t)N * C, stream);
+  fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, stream);
+  matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
+                         fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
+}
+
+// matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed), inp to
+// E4M3 transposed with the scale of its forward cast (inp_scale); dweight += fp8(dout)^T fp8(inp)
+// over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
+// BF16 dout as in matmul_backward.
+void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
+                         const floatX* dout, const floatX* inp, const Fp8Weight& w,
+                         const floatX* pre_gelu, Fp8Scale* inp_scale, const Fp8Buffers& buffers,
+                         int N, int C, int OC, uint32_t seed, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
+  fp8_amax(buffers.dout_scale, dout, (size_t)N * OC, stream);
+  fp8_cast_transpose(buffers.rows, buffers.dout_t, buffers.dout_scale, dout, N, OC, kFp8GradFormat, stream);
+  fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, stream);
+  REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
+                          false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
+                          fp8_operands(Fp8Format::kE4M3, inp_scale, kFp8GradFormat, buffers.dout_scale)),
+          "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
+  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, pre_gelu, N, C, OC,
+                      fp8_operands(Fp8Format::kE4M3, w.scale, kFp8GradFormat, buffers.dout_scale), stream);
 }
 
 // ============================================================================
@@ -3011,6 +3336,18 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, int recompute,
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
 }
 
+// The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
+enum BlockLinear { kLinearQkv, kLinearAttproj, kLinearFc, kLinearFcproj, kNumBlockLinears };
+struct LinearSpec {
+  int weight, bias, in, out;
+};
+constexpr LinearSpec kBlockLinears[kNumBlockLinears] = {
+    {llmc::kQkvw, llmc::kQkvb, 1, 3},
+    {llmc::kAttprojw, llmc::kAttprojb, 1, 1},
+    {llmc::kFcw, llmc::kFcb, 1, 4},
+    {llmc::kFcprojw, llmc::kFcprojb, 4, 1},
+};
+
 struct GPT2 {
   llmc::GPT2Config config;
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
@@ -3060,6 +3397,15 @@ struct GPT2 {
   llmc::Rng rng{0};                  // seeds for stochastic rounding
   cudaStream_t stream = 0;
 
+  // -fp8 1 (gpt2_allocate): the blocks' linear layers run FP8 products (section 5). The weights
+  // are cast by the first forward pass after the parameters change (gpt2_init, gpt2_update; with
+  // ZeRO that is after the all-gather that follows the update). Decoding (section 11) stays BF16.
+  bool fp8 = false;
+  bool fp8_weights_stale = true;
+  uint8_t* fp8_weights = nullptr;    // per layer, per linear: w8 [OC, C], then w8t [C, OC]
+  Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: weight, input; then Fp8Buffers's
+  Fp8Buffers fp8_buffers;
+
   floatX* param(int i, int layer = 0) {
     const llmc::ParamSpec& s = param_specs[i];
     const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
@@ -3069,6 +3415,16 @@ struct GPT2 {
   size_t act_layer_stride[kNumActTensors];  // elements between layers; 0 for single tensors
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
   float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
+
+  Fp8Weight fp8_weight(int linear, int layer) {
+    const size_t C2 = (size_t)config.channels * config.channels;
+    size_t offset = (size_t)layer * 2 * 12 * C2;  // the four weights hold 12 C^2 values
+    for (int i = 0; i < linear; i++) offset += 2 * kBlockLinears[i].in * kBlockLinears[i].out * C2;
+    const size_t size = kBlockLinears[linear].in * kBlockLinears[linear].out * C2;
+    Fp8Scale* scales = fp8_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
+    return {fp8_weights + offset, fp8_weights + offset + size, scales};
+  }
+  Fp8Scale* fp8_input_scale(int linear, int layer) { return fp8_weight(linear, layer).scale + 1; }
 };
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
@@ -3115,7 +3471,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   m.rng.seed(seed);
 }
 
-void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
+// fp8: the blocks' linear layers in FP8 (-fp8 1), which needs the BF16 build and a GPU of compute
+// capability 8.9 or newer.
+void gpt2_allocate(GPT2& m, int B, int T, int recompute, bool fp8 = false) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -3161,6 +3519,29 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute) {
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
+  m.fp8 = fp8;
+  if (fp8) {
+    REQUIRE(sizeof(floatX) == 2,
+            "-fp8 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", PRECISION_NAME);
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    REQUIRE(prop.major * 10 + prop.minor >= 89,
+            "-fp8 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use -fp8 0",
+            prop.name, prop.major, prop.minor);
+    fp8_require_layer((int)C, (int)C);
+    const size_t L = c.num_layers, Np = fp8_padded(B * T);
+    m.fp8_weights = device_alloc<uint8_t>(L * 2 * 12 * C * C, "the FP8 weights");
+    const size_t scales = L * kNumBlockLinears * 2 + 1;
+    m.fp8_scales = device_alloc<Fp8Scale>(scales, "the FP8 scales");
+    cudaCheck(cudaMemset(m.fp8_scales, 0, scales * sizeof(Fp8Scale)));
+    m.fp8_buffers.rows = device_alloc<uint8_t>(BT * 4 * C, "the FP8 activations");
+    m.fp8_buffers.dout_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed gradients");
+    m.fp8_buffers.inp_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed activations");
+    m.fp8_buffers.dout_scale = m.fp8_scales + scales - 1;
+    m.fp8_weights_stale = true;
+  }
 }
 
 void gpt2_free(GPT2& m) {
@@ -3169,11 +3550,57 @@ void gpt2_free(GPT2& m) {
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
                   (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
-                  (void*)m.encoder_buffers.positions}) {
+                  (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
+                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_buffers.inp_t}) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
   m = GPT2();
+}
+
+// The FP8 copies of every block weight, from the current parameters.
+void gpt2_fp8_cast_weights(GPT2& m) {
+  const int C = m.config.channels;
+  for (int l = 0; l < m.config.num_layers; l++) {
+    for (int i = 0; i < kNumBlockLinears; i++) {
+      const LinearSpec& spec = kBlockLinears[i];
+      fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
+    }
+  }
+  m.fp8_weights_stale = false;
+}
+
+// out = inp @ weight^T + bias of a block's linear layer (GELU of it into out with pre_gelu kept,
+// for the fc layer), in BF16 or FP8.
+void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* inp, int N,
+                         floatX* pre_gelu) {
+  const LinearSpec& spec = kBlockLinears[linear];
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  const floatX* bias = m.param(spec.bias, l);
+  if (m.fp8) {
+    matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
+                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.stream);
+  } else {
+    matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
+  }
+}
+
+// The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
+// the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
+void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum,
+                          const floatX* dout, const floatX* inp, const floatX* pre_gelu, int N,
+                          uint32_t seed) {
+  const LinearSpec& spec = kBlockLinears[linear];
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  floatX* dweight = m.grad(spec.weight, l);
+  floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
+  if (m.fp8) {
+    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
+                        m.fp8_input_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.stream);
+  } else {
+    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
+                    C, OC, seed, m.stream);
+  }
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp].
@@ -3186,29 +3613,26 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   cudaStream_t s = m.stream;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
+  if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   encoder_forward(m.act(kEncoded), m.inputs, m.param(llmc::kWte), m.param(llmc::kWpe), B, T, C, s);
   layernorm_forward(m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd), m.act(kEncoded),
                     m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
   for (int l = 0; l < L; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
     floatX* qkv = m.flash_attention ? m.act(kQkvr, l) : m.scratch_bt4c;
-    matmul_forward(qkv, m.act(kLn1, l), m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), N, C,
-                   3 * C, nullptr, s);
+    gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
     if (m.flash_attention) {
       attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, s);
     } else {
       attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
                         m.scratch_btc, qkv, B, T, C, NH, s);
     }
-    matmul_forward(m.scratch_btc, m.act(kAtty, l), m.param(llmc::kAttprojw, l),
-                   m.param(llmc::kAttprojb, l), N, C, C, nullptr, s);
+    gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
     fused_residual_layernorm_forward(m.act(kResidual2, l), m.act(kLn2, l), m.act_f(kLn2Mean, l),
                                      m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
                                      m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
-    matmul_forward(m.act(kFchGelu, l), m.act(kLn2, l), m.param(llmc::kFcw, l),
-                   m.param(llmc::kFcb, l), N, C, 4 * C, m.act(kFch, l), s);
-    matmul_forward(m.scratch_btc, m.act(kFchGelu, l), m.param(llmc::kFcprojw, l),
-                   m.param(llmc::kFcprojb, l), N, 4 * C, C, nullptr, s);
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
     const bool last = l == L - 1;
     fused_residual_layernorm_forward(
         m.act(kResidual3, l), last ? m.act(kLnf) : m.act(kLn1, l + 1),
@@ -3273,36 +3697,32 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
     if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
     // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
     // backward that wrote it has added its column sums into fcproj's bias gradient.
-    matmul_backward(m.scratch_bt4c, m.grad(llmc::kFcprojw, l), nullptr, m.partials, m.dresidual,
-                    m.act(kFchGelu, l), m.param(llmc::kFcprojw, l), m.act(kFch, l), N, 4 * C, C,
-                    next_seed(), s);
-    matmul_backward(m.scratch_btc, m.grad(llmc::kFcw, l), m.grad(llmc::kFcb, l), m.partials,
-                    m.scratch_bt4c, m.act(kLn2, l), m.param(llmc::kFcw, l), nullptr, N, C, 4 * C,
-                    next_seed(), s);
+    gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l),
+                         m.act(kFch, l), N, next_seed());
+    gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), nullptr,
+                         N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l),
                        m.grad(llmc::kAttprojb, l), m.partials,
                        m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),
                        m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), N, C, next_seed(), s);
     // dresidual is now the gradient of residual2[l] = residual + attproj(...), its column sums
     // already in attproj's bias gradient.
-    matmul_backward(m.scratch_btc, m.grad(llmc::kAttprojw, l), nullptr, m.partials, m.dresidual,
-                    m.act(kAtty, l), m.param(llmc::kAttprojw, l), nullptr, N, C, C, next_seed(), s);
-    floatX* dqkv_bias = m.grad(llmc::kQkvb, l);
+    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l),
+                         nullptr, N, next_seed());
     if (m.flash_attention) {
       // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient
       // is then a small reduction instead of another read of dqkv.
       attention_backward_flash(m.scratch_bt4c, m.partials, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
                                T, C, NH, s);
-      column_sum_finalize(dqkv_bias, m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
-                          next_seed(), s);
-      dqkv_bias = nullptr;
+      column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
+                          attention_flash_tile_rows(B, T), next_seed(), s);
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
                          m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
     }
-    matmul_backward(m.scratch_btc, m.grad(llmc::kQkvw, l), dqkv_bias, m.partials, m.scratch_bt4c,
-                    m.act(kLn1, l), m.param(llmc::kQkvw, l), nullptr, N, C, 3 * C, next_seed(), s);
+    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention, m.scratch_bt4c,
+                         m.act(kLn1, l), nullptr, N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l),
                        l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.partials,
                        m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
@@ -3360,6 +3780,7 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
                seed + 0x9e3779b9u * (i + 1));
   }
   adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream);
+  m.fp8_weights_stale = true;
   nvtxRangePop();
 }
 
@@ -4107,179 +4528,66 @@ llmc::GPT2Config load_or_init_params(const std::string& model, uint64_t seed,
 
 #ifndef TESTING
 
-struct TrainArgs {
-  std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
-  std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
-  std::string model = "d12";
-  std::string output_dir;
-  std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
-  std::string schedule = "cosine";
+// The flags both trainers share (llmc/flags.h), and this trainer's own.
+struct TrainArgs : llmc::TrainFlags {
   std::string prompt;
   std::string encoder_dir = "dev/data/gpt2";
   std::string hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
   float temperature = 1.0f;
   int top_k = 0;
-  int B = 4, T = 1024;
-  long total_batch = -1;
-  float lr = 3e-4f, final_lr_frac = 0.0f, weight_decay = 0.1f, grad_clip = 1.0f;
-  int warmup = 0, max_steps = -1, val_every = 20, val_batches = 20, sample_every = 20;
-  int gen_len = 64, overfit = 0, tf32 = 1, master_weights = 1, recompute = 0;
+  int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
-  int hellaswag = 0, seed = 42, shuffle = 1;
+  int hellaswag = 0, shuffle = 1, fp8 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
 };
 
-struct Flag {
-  const char* name;
-  char type;  // 's' string, 'i' int, 'l' long, 'f' float
-  void* value;
-  const char* help;
-};
+constexpr const char* kQuickStart =
+    "./train_gpt2cu -e d12 -b 16 -t 256 -x 300 -v 50 -s 100 -l 6e-4 -u 20 -o log_d12   (on tiny "
+    "shakespeare: bash dev/data/tinyshakespeare.sh)";
 
-std::vector<Flag> train_flags(TrainArgs& a) {
-  return {
-      {"-i", 's', &a.train_pattern, "train token shards (glob pattern)"},
-      {"-j", 's', &a.val_pattern, "validation token shards (glob pattern)"},
-      {"-e", 's', &a.model, "checkpoint file, or random init: d12 d24 d36 d48 tiny"},
-      {"-o", 's', &a.output_dir, "output directory for the log and checkpoints (none: no output)"},
-      {"-tk", 's', &a.tokenizer, "GPT-2 vocabulary .bin for printing samples"},
-      {"-b", 'i', &a.B, "micro batch size per GPU"},
-      {"-t", 'i', &a.T, "sequence length"},
-      {"-z", 'l', &a.total_batch, "total batch size in tokens (-1: B*T*processes, no accumulation)"},
-      {"-l", 'f', &a.lr, "peak learning rate"},
-      {"-u", 'i', &a.warmup, "learning-rate warmup steps"},
-      {"-q", 'f', &a.final_lr_frac, "final learning rate as a fraction of the peak"},
-      {"-k", 's', &a.schedule, "learning-rate schedule: cosine linear constant wsd"},
-      {"-c", 'f', &a.weight_decay, "weight decay (2-D matrices only)"},
-      {"-gc", 'f', &a.grad_clip, "gradient clipping norm (0: off)"},
-      {"-sl", 'f', &a.loss_z, "skip the update when the loss's rolling z-score exceeds this (0: never)"},
-      {"-sg", 'f', &a.norm_z, "skip the update when the grad norm's rolling z-score exceeds this (0: never)"},
-      {"-x", 'i', &a.max_steps, "training steps (-1: one epoch of the training data, 0: evaluate only)"},
-      {"-v", 'i', &a.val_every, "validation loss every N steps (0: never)"},
-      {"-m", 'i', &a.val_batches, "validation batches per evaluation"},
-      {"-s", 'i', &a.sample_every, "sample from the model every N steps (0: never)"},
-      {"-g", 'i', &a.gen_len, "tokens per sample"},
-      {"-temp", 'f', &a.temperature, "sampling temperature (0: greedy)"},
-      {"-topk", 'i', &a.top_k, "sample among the k most likely tokens (0: all)"},
-      {"-p", 's', &a.prompt, "generate from this prompt text with -e's model and exit (no training)"},
-      {"-bpe", 's', &a.encoder_dir, "directory of encoder.json and vocab.bpe, for -p"},
-      {"-a", 'i', &a.overfit, "1: overfit the first batch (debugging)"},
-      {"-f", 'i', &a.tf32, "1: TF32 matmuls in FP32 builds"},
-      {"-w", 'i', &a.master_weights, "1: keep FP32 master weights (BF16 builds)"},
-      {"-r", 'i', &a.recompute, "recompute level: 0 none, 1 GELU"},
-      {"-n", 'i', &a.checkpoint_every, "checkpoint every N steps (0: only at the end, with -o)"},
-      {"-nk", 'i', &a.keep_last, "keep only the newest K checkpoints (0: keep all)"},
-      {"-nm", 'i', &a.keep_every, "with -nk, also keep every checkpoint whose step is a multiple of M"},
-      {"-ac", 'i', &a.async_checkpoints, "1: write checkpoints in the background while training goes on (0: wait)"},
-      {"-y", 'i', &a.resume, "1: resume from the newest complete checkpoint in -o"},
-      {"-halt", 'i', &a.halt_after, "stop after this step's checkpoint, resumable (-1: never)"},
-      {"-h", 'i', &a.hellaswag, "1: HellaSwag accuracy at every validation (-x 0: evaluate only)"},
-      {"-hs", 's', &a.hellaswag_path, "HellaSwag eval file (made by build/hellaswag)"},
-      {"-S", 'i', &a.seed, "seed for initialisation, data order and sampling"},
-      {"-sh", 'i', &a.shuffle, "1: shuffle the training data"},
-      {"-pr", 'i', &a.multi_gpu.launch.rank, "this process's rank, when launched by hand without mpirun or srun"},
-      {"-pn", 'i', &a.multi_gpu.launch.world, "process count, when launched by hand (with -pr, -rv and -rt)"},
-      {"-pl", 'i', &a.multi_gpu.launch.local_rank, "GPU of this process on its node, by hand (-1: the rank)"},
-      {"-rv", 's', &a.multi_gpu.launch.rendezvous, "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)"},
-      {"-rt", 's', &a.multi_gpu.launch.token, "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)"},
-      {"-ct", 'i', &a.multi_gpu.timeout_s, "seconds without progress (a peer died or hangs) before a process exits"},
-      {"-zs", 'i', &a.multi_gpu.zero_stage, "ZeRO stage: 0 off, 1 optimizer state sharded over the processes"},
-      {"-ov", 'i', &a.multi_gpu.overlap, "1: reduce each layer's gradients while the backward pass continues"},
-  };
+std::vector<llmc::Flag> train_flags(TrainArgs& a) {
+  using llmc::float_flag;
+  using llmc::int_flag;
+  using llmc::text_flag;
+  constexpr long kIntMax = INT32_MAX;
+  llmc::LaunchFlags& launch = a.multi_gpu.launch;
+  return llmc::train_flags(a, {
+      float_flag("-sl", "skip: loss z-score", "skip the update when the loss's rolling z-score exceeds this (0: never)", &a.loss_z, 0.0f, FLT_MAX),
+      float_flag("-sg", "skip: norm z-score", "skip the update when the grad norm's rolling z-score exceeds this (0: never)", &a.norm_z, 0.0f, FLT_MAX),
+      float_flag("-temp", "temperature", "sampling temperature (0: greedy)", &a.temperature, 0.0f, FLT_MAX),
+      int_flag("-topk", "top-k", "sample among the k most likely tokens (0: all)", &a.top_k, 0, kIntMax),
+      text_flag("-p", "prompt", "generate from this prompt text with -e's model and exit (no training)", &a.prompt),
+      text_flag("-bpe", "BPE files", "directory of encoder.json and vocab.bpe, for -p", &a.encoder_dir),
+      int_flag("-f", "TF32 matmuls", "1: TF32 matmuls in FP32 builds", &a.tf32, 0, 1),
+      int_flag("-w", "master weights", "1: keep FP32 master weights (BF16 builds)", &a.master_weights, 0, 1),
+      int_flag("-r", "recompute", "recompute level: 0 none, 1 GELU", &a.recompute, 0, 1),
+      int_flag("-fp8", "FP8 linear layers", "1: FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+)", &a.fp8, 0, 1),
+      int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
+      int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
+      int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
+      int_flag("-ac", "async checkpoints", "1: write checkpoints in the background while training goes on (0: wait)", &a.async_checkpoints, 0, 1),
+      int_flag("-y", "resume", "1: resume from the newest complete checkpoint in -o", &a.resume, 0, 1),
+      int_flag("-halt", "halt after step", "stop after this step's checkpoint, resumable (-1: never)", &a.halt_after, -1, kIntMax),
+      int_flag("-h", "HellaSwag", "1: HellaSwag accuracy at every validation (-x 0: evaluate only)", &a.hellaswag, 0, 1),
+      text_flag("-hs", "HellaSwag file", "HellaSwag eval file (made by build/hellaswag)", &a.hellaswag_path),
+      int_flag("-sh", "shuffle", "1: shuffle the training data", &a.shuffle, 0, 1),
+      int_flag("-pr", "rank (by hand)", "this process's rank, when launched by hand without mpirun or srun", &launch.rank, 0, kIntMax),
+      int_flag("-pn", "processes (by hand)", "process count, when launched by hand (with -pr, -rv and -rt)", &launch.world, 1, kIntMax),
+      int_flag("-pl", "GPU on node (by hand)", "GPU of this process on its node, by hand (-1: the rank)", &launch.local_rank, 0, kIntMax),
+      text_flag("-rv", "rendezvous", "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)", &launch.rendezvous),
+      text_flag("-rt", "run token", "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)", &launch.token),
+      int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
+      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
+      int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
+  });
 }
 
-void print_usage(const std::vector<Flag>& flags) {
-  printf("usage: ./train_gpt2cu [flags]  (precision %s)\n", PRECISION_NAME);
-  for (const Flag& f : flags) printf("  %-4s %s\n", f.name, f.help);
-  printf("  -h or --help alone prints this\n");
-}
-
-// Returns false when help was asked for.
-bool parse_flags(int argc, char** argv, std::vector<Flag>& flags) {
-  for (int i = 1; i < argc; i += 2) {
-    const std::string name = argv[i];
-    if (name == "--help" || (name == "-h" && i + 1 >= argc)) return false;
-    Flag* flag = nullptr;
-    for (Flag& f : flags) {
-      if (name == f.name) flag = &f;
-    }
-    if (!flag) LLMC_FAIL("unknown flag '%s': ./train_gpt2cu --help lists the flags", name.c_str());
-    if (i + 1 >= argc) LLMC_FAIL("flag %s needs a value (%s)", flag->name, flag->help);
-    const char* text = argv[i + 1];
-    char* end = nullptr;
-    errno = 0;
-    switch (flag->type) {
-      case 's': *(std::string*)flag->value = text; continue;
-      case 'i': {
-        const long v = strtol(text, &end, 10);
-        if (*text && !*end && !errno && v >= INT32_MIN && v <= INT32_MAX) {
-          *(int*)flag->value = (int)v;
-          continue;
-        }
-        break;
-      }
-      case 'l': {
-        const long v = strtol(text, &end, 10);
-        if (*text && !*end && !errno) {
-          *(long*)flag->value = v;
-          continue;
-        }
-        break;
-      }
-      case 'f': {
-        const float v = strtof(text, &end);
-        if (*text && !*end && !errno && std::isfinite(v)) {
-          *(float*)flag->value = v;
-          continue;
-        }
-        break;
-      }
-    }
-    LLMC_FAIL("flag %s: '%s' is not a valid %s (%s)", flag->name, text,
-              flag->type == 'f' ? "number" : "integer", flag->help);
-  }
-  return true;
-}
-
-void validate_args(const TrainArgs& a, int world) {
-  REQUIRE(a.B > 0, "-b %d: the micro batch size must be positive", a.B);
-  REQUIRE(a.T > 0, "-t %d: the sequence length must be positive", a.T);
-  const long tokens_per_micro_step = (long)a.B * a.T * world;
-  if (a.total_batch != -1) {
-    REQUIRE(a.total_batch > 0 && a.total_batch % tokens_per_micro_step == 0,
-            "-z %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use -z %ld or another "
-            "multiple", a.total_batch, a.B, a.T, world, tokens_per_micro_step,
-            tokens_per_micro_step * std::max(1L, a.total_batch / tokens_per_micro_step));
-    REQUIRE(a.total_batch / tokens_per_micro_step <= INT32_MAX,
-            "-z %ld is %ld micro steps of B*T*processes = %ld tokens, more than the %d one step "
-            "can take: use a smaller -z", a.total_batch, a.total_batch / tokens_per_micro_step,
-            tokens_per_micro_step, INT32_MAX);
-  }
-  REQUIRE(a.lr >= 0.0f, "-l %g: the learning rate must not be negative", a.lr);
-  REQUIRE(a.warmup >= 0, "-u %d: warmup steps must not be negative", a.warmup);
-  REQUIRE(a.final_lr_frac >= 0.0f && a.final_lr_frac <= 1.0f, "-q %g: must be in [0, 1]",
-          a.final_lr_frac);
-  REQUIRE(a.val_every >= 0 && a.val_batches >= 0 && a.sample_every >= 0 && a.gen_len >= 0,
-          "-v, -m, -s and -g must not be negative");
-  REQUIRE(a.checkpoint_every >= 0 && a.keep_last >= 0 && a.keep_every >= 0,
-          "-n %d, -nk %d and -nm %d must not be negative", a.checkpoint_every, a.keep_last, a.keep_every);
-  REQUIRE(a.loss_z >= 0.0f && a.norm_z >= 0.0f, "-sl %g and -sg %g must not be negative", a.loss_z, a.norm_z);
-  REQUIRE(a.temperature >= 0.0f && a.top_k >= 0, "-temp %g and -topk %d must not be negative",
-          a.temperature, a.top_k);
-  REQUIRE(a.overfit == 0 || a.overfit == 1, "-a %d: use 0 or 1", a.overfit);
-  REQUIRE(a.hellaswag == 0 || a.hellaswag == 1, "-h %d: use 0 or 1", a.hellaswag);
-  REQUIRE(a.max_steps >= -1, "-x %d: use -1 (one epoch), 0 (evaluate only) or a step count", a.max_steps);
-  REQUIRE(a.resume == 0 || a.resume == 1, "-y %d: use 0 or 1", a.resume);
-  REQUIRE(a.async_checkpoints == 0 || a.async_checkpoints == 1, "-ac %d: use 0 or 1", a.async_checkpoints);
+// The checks that involve several flags; each flag's own range is checked as it is parsed.
+void validate_args(const TrainArgs& a) {
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
-  REQUIRE(a.multi_gpu.timeout_s > 0, "-ct %d: the timeout must be a positive number of seconds",
-          a.multi_gpu.timeout_s);
-  REQUIRE(a.multi_gpu.zero_stage == 0 || a.multi_gpu.zero_stage == 1, "-zs %d: use 0 or 1",
-          a.multi_gpu.zero_stage);
-  REQUIRE(a.multi_gpu.overlap == 0 || a.multi_gpu.overlap == 1, "-ov %d: use 0 or 1", a.multi_gpu.overlap);
 }
 
 // Generates `length` tokens after `prompt` and prints them as they come; token_text gives the
@@ -4331,38 +4639,39 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
   return counts;
 }
 
-void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg, int accum_steps,
-                        long total_batch, int train_steps, size_t train_tokens,
+// Every flag, then what follows from them, the GPU and the launch. async_checkpoints: whether
+// checkpoints are written in the background (-ac 1 with -n, and host memory pinned on every rank).
+void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
+                        const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
                         bool async_checkpoints) {
   cudaDeviceProp prop;
   cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
-  const auto row = [](const char* k, const std::string& v) { printf("| %-24s | %-44s |\n", k, v.c_str()); };
-  printf("+--------------------------+----------------------------------------------+\n");
-  row("device", prop.name);
-  row("precision", PRECISION_NAME);
-  row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
-  if (mg.world > 1) {
-    row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
-    row("no-progress timeout", llmc::strformat("%d s", a.multi_gpu.timeout_s));
+  llmc::StartupTable table;
+  TrainArgs shown = a;  // the flags' table points at the settings it shows
+  table.flag_rows(train_flags(shown));
+  table.rule();
+  table.row("device", prop.name);
+  table.row("precision", PRECISION_NAME);
+  table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
+  if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
+  table.row("model", m.config.describe());
+  table.row("parameters", std::to_string(m.num_params));
+  table.row("master weights", m.use_master_weights ? "FP32" : "none");
+  if (m.fp8) {
+    table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
+                                             fp8_format_name(Fp8Format::kE4M3), fp8_format_name(kFp8GradFormat)));
   }
-  row("model", a.model + " (" + m.config.describe() + ")");
-  row("parameters", std::to_string(m.num_params));
-  row("train data", a.train_pattern + " (" + std::to_string(train_tokens) + " tokens)");
-  row("val data", a.val_pattern);
-  row("output dir", a.output_dir.empty() ? "(none)" : a.output_dir);
-  row("micro batch B x T", std::to_string(a.B) + " x " + std::to_string(a.T));
-  row("total batch (tokens)", std::to_string(total_batch) + " = " + std::to_string(accum_steps) + " micro steps");
-  row("steps", std::to_string(train_steps));
-  row("learning rate", llmc::strformat("%g, %s, warmup %d, final x%g", a.lr, a.schedule.c_str(), a.warmup, a.final_lr_frac));
-  row("weight decay / clip", llmc::strformat("%g / %g", a.weight_decay, a.grad_clip));
-  row("val every / batches", llmc::strformat("%d / %d", a.val_every, a.val_batches));
-  row("sample every / length", llmc::strformat("%d / %d", a.sample_every, a.gen_len));
-  row("overfit one batch", a.overfit ? "yes" : "no");
-  row("TF32 / master weights", llmc::strformat("%d / %d", a.tf32, (int)m.use_master_weights));
-  row("recompute", std::to_string(a.recompute));
-  row("checkpoint every / async", llmc::strformat("%d / %d", a.checkpoint_every, (int)async_checkpoints));
-  row("seed", std::to_string(a.seed));
-  printf("+--------------------------+----------------------------------------------+\n");
+  table.row("train tokens", std::to_string(train_tokens));
+  table.row("total batch", llmc::strformat("%ld tokens = %d micro step(s) of %d x %d x %d processes",
+                                           batch.tokens, batch.micro_steps, a.B, a.T, mg.world));
+  table.row("steps", std::to_string(train_steps));
+  if (!a.output_dir.empty()) {
+    const bool pin_asked = a.async_checkpoints && a.checkpoint_every > 0;
+    table.row("checkpoints", async_checkpoints ? "written in the background (pinned host memory)"
+                             : pin_asked ? "written before training goes on (host memory not pinned)"
+                                         : "written before training goes on");
+  }
+  table.print();
 }
 
 // The parameters a run starts from: those of -y 1's checkpoint (whose model must be -e's when -e
@@ -4432,7 +4741,7 @@ void train_checkpoint_setup(TrainRun& r) {
 
 // The data, schedule, evaluation sets and log of a run; with -y 1 the rest of the checkpoint's
 // state (the parameters are in the model already).
-void train_setup(TrainRun& r, int resume_step, double run_start) {
+void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, double run_start) {
   const TrainArgs& a = r.a;
   const int vocab_size = r.m.config.vocab_size;
   r.resume_step = resume_step;
@@ -4442,9 +4751,8 @@ void train_setup(TrainRun& r, int resume_step, double run_start) {
     r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, r.mg.rank, r.mg.world,
                                             false, a.seed, vocab_size));
   }
-  const long tokens_per_micro_step = (long)a.B * a.T * r.mg.world;
-  r.total_batch = a.total_batch == -1 ? tokens_per_micro_step : a.total_batch;
-  r.accum_steps = (int)(r.total_batch / tokens_per_micro_step);
+  r.total_batch = batch.tokens;
+  r.accum_steps = batch.micro_steps;
   r.train_steps = a.max_steps >= 0
       ? a.max_steps
       : (int)std::max<long>(1, r.train_loader->batches_per_epoch() / r.accum_steps);
@@ -4459,12 +4767,12 @@ void train_setup(TrainRun& r, int resume_step, double run_start) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
     r.logger.reset(resume_step >= 0
-        ? new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kResume, resume_step + 1)
-        : new llmc::Logger(a.output_dir, "-o", llmc::LogMode::kNew));
+        ? new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kResume, resume_step + 1)
+        : new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kNew));
   }
   train_checkpoint_setup(r);
-  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, r.accum_steps, r.total_batch, r.train_steps,
-                                         r.train_loader->total_tokens(), r.checkpoints.async);
+  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader->total_tokens(),
+                                         r.checkpoints.async);
   r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   r.sample_rng = llmc::Rng(a.seed + 1);
@@ -4487,7 +4795,7 @@ void train_setup(TrainRun& r, int resume_step, double run_start) {
   cudaCheck(cudaEventCreate(&r.end));
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
   install_stop_handlers();
-  r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow, llmc::wall_seconds()));
+  r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow));
 }
 
 // The validation loss, HellaSwag and a sample, each at its interval and at the last step. The
@@ -4573,7 +4881,7 @@ void print_step(TrainRun& r, int step, const StepResult& s) {
   if (r.mg.rank != 0) return;
   printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
          step + 1, r.train_steps, s.loss, s.norm, s.lr, s.ms, mfu, tokens_per_s,
-         llmc::format_duration(r.eta->seconds_left(r.train_steps - step - 1)).c_str());
+         r.eta->time_left(step + 1, r.train_steps - step - 1).c_str());
   fflush(stdout);
   if (r.logger) r.logger->train(step + 1, s.loss, s.norm, s.lr, s.ms, tokens_per_s);
   if (!s.finite) printf("step %d: loss or gradient norm is not finite: update skipped (%d so far)\n",
@@ -4687,14 +4995,14 @@ void print_run_end(TrainRun& r, int final_step) {
 int train_main(int argc, char** argv) {
   const double run_start = llmc::wall_seconds();
   TrainArgs a;
-  std::vector<Flag> flags = train_flags(a);
-  if (!parse_flags(argc, argv, flags)) {
-    print_usage(flags);
+  if (!llmc::parse_flags(std::vector<std::string>(argv + 1, argv + argc), train_flags(a),
+                         "./train_gpt2cu")) {
+    llmc::print_usage("./train_gpt2cu", "GPT-2 training on the GPU, precision " PRECISION_NAME,
+                      kQuickStart, train_flags(a));
     return 0;
   }
-  validate_args(a, 1);  // the multi-GPU flags are used before the process count is known
+  validate_args(a);
   MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
-  validate_args(a, mg.world);
 
   const int resume_step = a.resume ? llmc::latest_checkpoint_step(a.output_dir) : -1;
   if (a.resume && resume_step < 0) {
@@ -4713,11 +5021,11 @@ int train_main(int argc, char** argv) {
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
   } else {
-    REQUIRE(a.T <= config.max_seq_len, "-t %d is above the model's maximum sequence length %d: use -t %d or less",
-            a.T, config.max_seq_len, config.max_seq_len);
-    gpt2_allocate(m, a.B, a.T, a.recompute);
+    llmc::resolve_sequence_length(a, config.max_seq_len);
+    const llmc::StepBatch batch = llmc::step_batch(a, mg.world);
+    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8 != 0);
     TrainRun r(a, mg, m);
-    train_setup(r, resume_step, run_start);
+    train_setup(r, resume_step, batch, run_start);
     int final_step;
     exit_status = train_loop(r, &final_step);
     checkpoint_settle(r);

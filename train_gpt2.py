@@ -7,11 +7,12 @@ parameter order follows param_table() in llmc/gpt2.h.
   python3 train_gpt2.py --model d12 --input_bin "data/train_*.bin" --input_val_bin "data/val_*.bin" \
       -b 16 -t 1024 --total_batch_size 524288 --learning_rate 6e-4 --warmup_iters 700 \
       --num_iterations 10000 --val_every 250 --dtype bfloat16 --output_dir out
-  python3 train_gpt2.py --bench -b 16 -t 1024 --num_iterations 20
+  python3 train_gpt2.py --bench -b 16 -t 1024 --num_iterations 20 [--fp8 1]
   torchrun --nproc_per_node 8 train_gpt2.py ...        (data parallel over 8 GPUs)
 
 Runs on PyTorch 1.13 (CPU) and 2.x (CUDA); torch.compile, F.scaled_dot_product_attention and fused
-AdamW are used only where this PyTorch has them.
+AdamW are used only where this PyTorch has them. --fp8 1 (the CUDA trainer's FP8 linear layers)
+needs PyTorch 2.1+ and a GPU of compute capability 8.9+.
 """
 import argparse
 import glob
@@ -59,6 +60,12 @@ SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTEN
 # The benchmark's defaults: the fastest PyTorch recipe measured on an H100 (dev/cuda/NOTES.md,
 # "The PyTorch peer"), so the trainers are compared against the best PyTorch does.
 BENCHMARK_RECIPE = {"compile_mode": "default", "sdpa_backend": "auto", "compile_optimizer": 0}
+# FP8 linear layers (--fp8 1; train_gpt2.cu section 5): each format's largest exponent emax, its
+# largest value being 1.75 * 2^emax (448, 57344); the scale exponent's cap, so that s and 1/s are
+# normal floats; _scaled_mm's dimensions are multiples of this.
+FP8_E4M3_EMAX, FP8_E5M2_EMAX = 8, 15
+FP8_SCALE_EXPONENT_CAP = 126
+FP8_DIM_MULTIPLE = 16
 
 
 def fail(message):
@@ -102,11 +109,82 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     return config
 
 
+# FP8 linear layers (--fp8 1): the recipe of the CUDA trainer's -fp8 1 (train_gpt2.cu section 5,
+# "FP8 linear layers") with PyTorch's own FP8 product, torch._scaled_mm: weights and layer inputs
+# cast from BF16 to E4M3, output gradients to E5M2, each tensor with one power-of-two scale from
+# its own amax; FP32 accumulation, BF16 outputs. Everything stays on the device: no scale is read
+# by the host, and torch.compile traces the layer with the rest of the model.
+
+
+def fp8_scale(amax, emax):
+    """s = 2^e for max |x| = amax (a float32 tensor, elementwise), as fp8_scale_exponent in
+    train_gpt2.cu: the largest e with amax * 2^e <= 1.75 * 2^emax, at most FP8_SCALE_EXPONENT_CAP;
+    s = 1 when amax is 0 or not finite."""
+    mantissa, exponent = torch.frexp(amax)  # amax = (2 * mantissa) * 2^(exponent - 1)
+    e = emax - (exponent - 1) - (2 * mantissa > 1.75).to(exponent.dtype)
+    e = e.clamp(max=FP8_SCALE_EXPONENT_CAP)
+    e = torch.where((amax > 0) & torch.isfinite(amax), e, torch.zeros_like(e))
+    return ((e + 127) << 23).view(torch.float32)  # the float32 bits of 2^e: exact
+
+
+def fp8_cast(x, dtype, emax):
+    """(fp8(x * s), 1/s): x in float8 `dtype`, rounded to nearest even, with its scale's inverse
+    (the product's dequantisation scale). x * s and q / s are exact: s is a power of two."""
+    s = fp8_scale(x.abs().amax().float(), emax)
+    return (x.float() * s).to(dtype), s.reciprocal()
+
+
+def scaled_mm(a, b, inv_a, inv_b, out_dtype, bias=None):
+    """a @ b on FP8 operands (a row-major, b column-major) dequantised by inv_a * inv_b, FP32
+    accumulation (no fast accumulation, as cuBLASLt's default in the CUDA trainer)."""
+    out = torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, bias=bias, out_dtype=out_dtype)
+    return out[0] if isinstance(out, tuple) else out  # PyTorch before 2.4 also returned the amax
+
+
+def column_major(t):
+    return t.t().contiguous().t()
+
+
+class Fp8LinearFunction(torch.autograd.Function):
+    """y = x @ w^T + b with FP8 products; x, w, b in BF16. The backward pass reuses the forward's
+    FP8 input and weight, as the CUDA trainer does."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x2 = x.reshape(-1, x.size(-1))
+        xq, x_inv = fp8_cast(x2, torch.float8_e4m3fn, FP8_E4M3_EMAX)
+        wq, w_inv = fp8_cast(weight, torch.float8_e4m3fn, FP8_E4M3_EMAX)
+        ctx.save_for_backward(xq, x_inv, wq, w_inv)
+        y = scaled_mm(xq, wq.t(), x_inv, w_inv, torch.bfloat16, bias)
+        return y.view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx, dy):
+        xq, x_inv, wq, w_inv = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.size(-1))
+        dyq, dy_inv = fp8_cast(dy2, torch.float8_e5m2, FP8_E5M2_EMAX)
+        dx = scaled_mm(dyq, column_major(wq), dy_inv, w_inv, torch.bfloat16)
+        # BF16, as the CUDA trainer's weight gradients (and autocast's BF16 linear layers): FP32
+        # sums rounded once.
+        dweight = scaled_mm(dyq.t().contiguous(), column_major(xq), dy_inv, x_inv, torch.bfloat16)
+        dbias = dy2.float().sum(0).to(torch.bfloat16)
+        return dx.view(*dy.shape[:-1], wq.size(1)), dweight, dbias
+
+
+class Fp8Linear(nn.Linear):
+    """nn.Linear (the same parameters, in float32) whose product is Fp8LinearFunction on the
+    parameters and the input rounded to BF16, the values the CUDA trainer casts from."""
+
+    def forward(self, x):
+        bf16 = torch.bfloat16
+        return Fp8LinearFunction.apply(x.to(bf16), self.weight.to(bf16), self.bias.to(bf16))
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config, flash):
+    def __init__(self, config, flash, linear):
         super().__init__()
-        self.c_attn = nn.Linear(config.channels, 3 * config.channels)  # q, k, v stacked as [3C, C]
-        self.c_proj = nn.Linear(config.channels, config.channels)
+        self.c_attn = linear(config.channels, 3 * config.channels)  # q, k, v stacked as [3C, C]
+        self.c_proj = linear(config.channels, config.channels)
         self.num_heads = config.num_heads
         self.flash = flash
 
@@ -124,22 +202,22 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, linear):
         super().__init__()
-        self.c_fc = nn.Linear(config.channels, 4 * config.channels)
-        self.c_proj = nn.Linear(4 * config.channels, config.channels)
+        self.c_fc = linear(config.channels, 4 * config.channels)
+        self.c_proj = linear(4 * config.channels, config.channels)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
-    def __init__(self, config, flash):
+    def __init__(self, config, flash, linear):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.channels)
-        self.attn = CausalSelfAttention(config, flash)
+        self.attn = CausalSelfAttention(config, flash, linear)
         self.ln_2 = nn.LayerNorm(config.channels)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, linear)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -147,13 +225,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config, flash=False):
+    def __init__(self, config, flash=False, fp8=False):
+        """fp8: the blocks' linear layers are Fp8Linear (a CUDA GPU of compute capability 8.9+)."""
         super().__init__()
         self.config = config
+        linear = Fp8Linear if fp8 else nn.Linear
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.padded_vocab_size, config.channels),
             wpe=nn.Embedding(config.max_seq_len, config.channels),
-            h=nn.ModuleList([Block(config, flash) for _ in range(config.num_layers)]),
+            h=nn.ModuleList([Block(config, flash, linear) for _ in range(config.num_layers)]),
             ln_f=nn.LayerNorm(config.channels),
         ))
         self.lm_head = nn.Linear(config.channels, config.padded_vocab_size, bias=False)
@@ -261,7 +341,7 @@ def write_checkpoint(model, path, version):
     os.replace(partial, path)
 
 
-def read_checkpoint(path, flash=False):
+def read_checkpoint(path, flash=False, fp8=False):
     """Returns a CPU model holding the parameters of a version 3 or 5 checkpoint."""
     if not os.path.isfile(path):
         fail(f"--init_from {path}: no such file; check the path")
@@ -271,6 +351,19 @@ def read_checkpoint(path, flash=False):
     magic, version, max_seq_len, vocab_size, num_layers, num_heads, channels, padded = header[:8].tolist()
     if magic != CHECKPOINT_MAGIC:
         fail(f"{path}: not a GPT-2 checkpoint (magic {magic}, expected {CHECKPOINT_MAGIC})")
+    # The checksum before the rest of the header: a damaged header is a damaged file, by name.
+    checksum_kind = int(header[HEADER_CHECKSUM_KIND_SLOT])
+    if checksum_kind not in (CHECKSUM_NONE, CHECKSUM_CRC32):
+        fail(f"{path}: unknown checksum kind {checksum_kind} in header slot {HEADER_CHECKSUM_KIND_SLOT} "
+             f"(0 none, {CHECKSUM_CRC32} CRC-32): the header is damaged or the file comes from a newer "
+             f"version; re-create it")
+    payload = np.fromfile(path, np.uint8, offset=HEADER_INTS * 4)
+    if checksum_kind == CHECKSUM_CRC32:  # files without one (llm.c's) load unchecked
+        stored = int(header[HEADER_CHECKSUM_SLOT]) & 0xFFFFFFFF
+        computed = zlib.crc32(payload, header_checksum_start(header))
+        if stored != computed:
+            fail(f"{path}: checksum mismatch (CRC-32 {stored:08x} in the header, {computed:08x} "
+                 f"computed): the file is damaged; re-create it, or use an earlier checkpoint")
     if version not in (CHECKPOINT_FP32, CHECKPOINT_BF16):
         fail(f"{path}: unsupported checkpoint version {version} "
              f"(expected {CHECKPOINT_FP32} for FP32 or {CHECKPOINT_BF16} for BF16)")
@@ -278,11 +371,6 @@ def read_checkpoint(path, flash=False):
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
-    checksum_kind = int(header[HEADER_CHECKSUM_KIND_SLOT])
-    if checksum_kind not in (CHECKSUM_NONE, CHECKSUM_CRC32):
-        fail(f"{path}: unknown checksum kind {checksum_kind} in header slot {HEADER_CHECKSUM_KIND_SLOT} "
-             f"(0 none, {CHECKSUM_CRC32} CRC-32): the header is damaged or the file comes from a newer "
-             f"version; re-create it")
     bytes_per_value = 4 if version == CHECKPOINT_FP32 else 2
     expected = HEADER_INTS * 4 + config.num_parameters() * bytes_per_value
     actual = os.path.getsize(path)
@@ -290,17 +378,11 @@ def read_checkpoint(path, flash=False):
         fail(f"{path}: checkpoint for L={num_layers} NH={num_heads} C={channels} maxT={max_seq_len} "
              f"V={vocab_size} should be {expected} bytes but is {actual} "
              f"({'truncated' if actual < expected else 'trailing data'}); re-create it")
-    raw = np.fromfile(path, np.float32 if version == CHECKPOINT_FP32 else np.int16, offset=HEADER_INTS * 4)
-    if checksum_kind == CHECKSUM_CRC32:  # files without one (llm.c's) load unchecked
-        stored = int(header[HEADER_CHECKSUM_SLOT]) & 0xFFFFFFFF
-        computed = zlib.crc32(raw, header_checksum_start(header))
-        if stored != computed:
-            fail(f"{path}: checksum mismatch (CRC-32 {stored:08x} in the header, {computed:08x} "
-                 f"computed): the file is damaged; re-create it, or use an earlier checkpoint")
+    raw = payload.view(np.float32 if version == CHECKPOINT_FP32 else np.int16)
     values = torch.from_numpy(raw)
     if version == CHECKPOINT_BF16:
         values = values.view(torch.bfloat16).float()
-    model = GPT(config, flash)
+    model = GPT(config, flash, fp8)
     offset = 0
     with torch.no_grad():
         for p in params_in_file_order(model):
@@ -504,8 +586,15 @@ def make_optimizer(model, args, device_type, tensor_lr=False):
 def write_debug_state(model, batch, args, device, out_dir):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
     gradient of the first step, then the losses of debug_steps AdamW steps on the same batch at a
-    constant learning rate (the first loss is the one before any update)."""
+    constant learning rate (the first loss is the one before any update).
+
+    The debug state is float32, the reference the C++ builds are checked against, except with
+    --fp8 1 (gpt2_<name>_fp8_debug_state.bin): float32 has no FP8 products to compare with, so
+    that one is the FP8 recipe itself, bfloat16 autocast with FP8 block linear layers as the CUDA
+    trainer's -fp8 1 runs, and its loss curve is what test_gpt2cu --fp8 compares."""
     name = model.config.name()
+    kind = "_fp8" if args.fp8 else ""
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}.bin"), CHECKPOINT_FP32)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}_bf16.bin"), CHECKPOINT_BF16)
@@ -515,7 +604,8 @@ def write_debug_state(model, batch, args, device, out_dir):
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     losses = []
     for step in range(args.debug_steps):
-        logits, loss = model(x, y)
+        with autocast:
+            logits, loss = model(x, y)
         model.zero_grad(set_to_none=True)
         loss.backward()
         if step == 0:
@@ -530,7 +620,7 @@ def write_debug_state(model, batch, args, device, out_dir):
     header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, B, T, args.debug_steps, model.config.vocab_size]
     hyper = [args.learning_rate, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, args.weight_decay, args.grad_clip]
     header[6:12] = np.array(hyper, np.float32).view(np.int32)
-    path = os.path.join(out_dir, f"gpt2_{name}_debug_state.bin")
+    path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
         for t in batch:
@@ -538,7 +628,7 @@ def write_debug_state(model, batch, args, device, out_dir):
         for t in first:
             f.write(t.float().numpy().tobytes())
         f.write(np.array(losses, np.float32).tobytes())
-    print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}_debug_state.bin")
+    print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}{kind}_debug_state.bin")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -580,6 +670,8 @@ def parse_args(argv=None):
     a.add_argument("--dtype", choices=["float32", "bfloat16"], help="bfloat16 = bf16 autocast; "
                    "default float32 (bfloat16 in benchmark mode)")
     a.add_argument("--compile", type=int, choices=[0, 1], help="torch.compile (default 1 in benchmark mode)")
+    a.add_argument("--fp8", type=int, choices=[0, 1], default=0, help="1: the blocks' linear layers in FP8 "
+                   "with torch._scaled_mm, the CUDA trainer's -fp8 1 (bfloat16; CUDA, compute capability 8.9+)")
     a.add_argument("--flash", type=int, choices=[0, 1], help="F.scaled_dot_product_attention "
                    "(default 1 in benchmark mode)")
     a.add_argument("--sdpa_backend", choices=sorted(SDPA_BACKENDS), help="the one kernel family "
@@ -609,8 +701,13 @@ def check_args(args):
         fail("nothing to do: give --input_bin PATTERN to train, --write_debug_state DIR, or --benchmark 1")
     if args.benchmark and args.input_bin:
         fail("--benchmark trains on random tokens; drop --input_bin")
-    if args.write_debug_state and args.dtype == "bfloat16":
+    if args.write_debug_state and args.dtype == "bfloat16" and not args.fp8:
         fail("--write_debug_state computes in float32; drop --dtype bfloat16")
+    if args.fp8 and args.dtype == "float32":
+        fail("--fp8 1 runs under bfloat16 autocast, as the CUDA trainer's BF16 build; drop --dtype float32")
+    if args.fp8 and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
+        fail(f"--fp8 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
+             f"(torch._scaled_mm's dimensions); change -b/-t")
     for flag, value in [("-b/--batch_size", args.batch_size), ("-t/--seq_len", args.seq_len),
                         ("--num_iterations", args.num_iterations), ("--val_steps", args.val_steps),
                         ("--debug_steps", args.debug_steps)]:
@@ -631,6 +728,23 @@ def resolve_config(args):
         return None
     shape = [v if v is not None else base for v, base in zip(overrides, PRESETS[args.model or "d12"])]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size")
+
+
+def check_fp8(config, device):
+    """--fp8 1 needs torch._scaled_mm and the float8 dtypes, a CUDA GPU of compute capability 8.9+
+    and channels that are a multiple of FP8_DIM_MULTIPLE."""
+    if not (hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn")):
+        fail(f"--fp8 1 needs PyTorch 2.1 or newer (torch._scaled_mm, torch.float8_e4m3fn); this is "
+             f"{torch.__version__}: upgrade PyTorch or use --fp8 0")
+    if not device.startswith("cuda"):
+        fail(f"--fp8 1 needs a CUDA device (torch._scaled_mm); --device is {device}: use --device cuda or --fp8 0")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        fail(f"--fp8 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+             f"{torch.cuda.get_device_name(device)} is {major}.{minor}: use --fp8 0")
+    if config.channels % FP8_DIM_MULTIPLE != 0:
+        fail(f"--fp8 1 needs channels {config.channels} to be a multiple of {FP8_DIM_MULTIPLE} "
+             f"(torch._scaled_mm's dimensions); use --fp8 0")
 
 
 def feature_flag(args, name, available, requirement):
@@ -839,7 +953,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     flops_per_token = 6 * config.num_parameters() + 6 * config.num_layers * config.channels * T
     sdpa = args.sdpa_backend or BENCHMARK_RECIPE["sdpa_backend"]
     recipe = (f"torch {torch.__version__} | torch.compile {mode if use_compile else 'off'} | "
-              f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype} | "
+              f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype}"
+              f"{' with FP8 block linear layers (torch._scaled_mm)' if args.fp8 else ''} | "
               f"AdamW{' fused' if fused else ''}{', compiled with clipping' if compile_optimizer else ''} | "
               f"loss over the padded vocabulary ({config.padded_vocab_size})")
     log(f"peer recipe: {recipe}")
@@ -891,21 +1006,23 @@ def main(argv=None, step_hook=None):
     flash = feature_flag(args, "flash", hasattr(F, "scaled_dot_product_attention"),
                          "PyTorch 2.0 or newer (F.scaled_dot_product_attention)")
     use_compile = feature_flag(args, "compile", hasattr(torch, "compile"), "PyTorch 2.0 or newer (torch.compile)")
-    dtype = args.dtype or ("bfloat16" if args.benchmark else "float32")
+    dtype = args.dtype or ("bfloat16" if args.benchmark or args.fp8 else "float32")
     device, rank, world = setup_processes(args)
     if args.benchmark and world > 1:
         fail("--benchmark times one process; run it without torchrun")
     if flash:
         select_sdpa_backend(args.sdpa_backend or (BENCHMARK_RECIPE["sdpa_backend"] if args.benchmark else "auto"), device)
     if config is None:
-        model = read_checkpoint(args.init_from, flash)
+        model = read_checkpoint(args.init_from, flash, args.fp8)
         config = model.config
     else:
-        model = GPT(config, flash)
+        model = GPT(config, flash, args.fp8)
         init_weights(model, args.seed)
     B, T = args.batch_size, args.seq_len
     if T > config.max_seq_len:
         fail(f"-t/--seq_len {T} exceeds the model's max_seq_len {config.max_seq_len}; lower -t")
+    if args.fp8:
+        check_fp8(config, device)
     train_loader = RandomTokens(B, T, config.vocab_size, args.seed)
     if args.input_bin:
         train_loader = ShardLoader(args.input_bin, "--input_bin", B, T, rank, world, args.shuffle,

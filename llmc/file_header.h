@@ -12,11 +12,13 @@
 // the 6 GB of a 1.5B-parameter FP32 checkpoint.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "utils.h"
 
@@ -113,6 +115,26 @@ inline void header_verify_checksum(const int h[kHeaderInts], uint32_t computed,
     LLMC_FAIL("%s: checksum mismatch (CRC-32 %08x in the header, %08x computed): the file is "
               "damaged; %s", path.c_str(), stored, computed, remedy);
   }
+}
+
+// header_verify_checksum over the file behind f: its header h (as read) and every byte after it,
+// read to the end in pieces; leaves f positioned after the header. Readers call it before they
+// trust anything else in the header, so that damage anywhere, a changed size or shape included,
+// is reported as damage to this file.
+inline void header_verify_file_checksum(File& f, const int h[kHeaderInts], const char* remedy) {
+  const long header_bytes = kHeaderInts * sizeof(int);
+  long remaining = f.size() - header_bytes;
+  f.seek(header_bytes);
+  std::vector<unsigned char> piece((size_t)std::min(remaining, 16L << 20));
+  uint32_t crc = header_checksum_start(h);
+  while (remaining > 0) {
+    const size_t bytes = (size_t)std::min<long>(remaining, (long)piece.size());
+    f.read(piece.data(), bytes, "the file for its checksum");
+    crc = crc32_update(crc, piece.data(), bytes);
+    remaining -= (long)bytes;
+  }
+  f.seek(header_bytes);
+  header_verify_checksum(h, crc, f.path(), remedy);
 }
 
 }  // namespace llmc

@@ -172,16 +172,19 @@ inline void param_offsets(const GPT2Config& c, size_t offsets[kNumParamTensors])
 // ----------------------------------------------------------------------------
 // File headers
 
+// The config a checkpoint header describes, from its version on (the magic and the checksum are
+// checked before); an impossible one names the file.
 inline GPT2Config config_from_header(const int* h, const std::string& path) {
-  if (h[0] != kCheckpointMagic) {
-    LLMC_FAIL("%s: not a GPT-2 checkpoint (magic %d, expected %d)", path.c_str(), h[0],
-              kCheckpointMagic);
-  }
   if (h[1] != kCheckpointVersionFP32 && h[1] != kCheckpointVersionBF16) {
     LLMC_FAIL("%s: unsupported checkpoint version %d (expected %d for FP32 or %d for BF16)",
               path.c_str(), h[1], kCheckpointVersionFP32, kCheckpointVersionBF16);
   }
-  GPT2Config c = make_config(h[4], h[5], h[6], h[2], h[3]);
+  GPT2Config c;
+  try {
+    c = make_config(h[4], h[5], h[6], h[2], h[3]);
+  } catch (const Error& e) {
+    LLMC_FAIL("%s: %s: the header is damaged; re-create the file", path.c_str(), e.what());
+  }
   if (h[7] != c.padded_vocab_size) {
     LLMC_FAIL("%s: padded vocab size %d does not match vocab %d padded to a multiple of %d (%d)",
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
@@ -201,12 +204,21 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[7] = c.padded_vocab_size;
 }
 
-// Reads the header of a checkpoint into h and checks that the file holds exactly the parameters
-// it describes. Leaves the file positioned at the first parameter.
+// Reads the header of a checkpoint into h, verifies the file's checksum when it has one, and
+// checks that the file holds exactly the parameters the header describes. The magic comes first
+// (in a file of another kind the checksum slots mean nothing), then the checksum, and only then the
+// config: a damaged header is reported as a damaged file, by name, not as the odd model config it
+// seems to describe. Leaves the file positioned at the first parameter.
 inline GPT2Config checkpoint_read_header(File& f, int h[kHeaderInts]) {
   f.read(h, kHeaderInts * sizeof(int), "the checkpoint header");
+  if (h[0] != kCheckpointMagic) {
+    LLMC_FAIL("%s: not a GPT-2 checkpoint (magic %d, expected %d)", f.path().c_str(), h[0],
+              kCheckpointMagic);
+  }
+  if (header_has_checksum(h, f.path())) {
+    header_verify_file_checksum(f, h, "re-create it, or use an earlier checkpoint");
+  }
   GPT2Config c = config_from_header(h, f.path());
-  header_has_checksum(h, f.path());
   size_t elem = (h[1] == kCheckpointVersionFP32) ? 4 : 2;
   long expected = (long)(kHeaderInts * sizeof(int) + num_parameters(c) * elem);
   long actual = f.size();
@@ -243,20 +255,12 @@ inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* p
   GPT2Config c = checkpoint_read_header(f, h);
   size_t n = num_parameters(c);
   params->resize(n);
-  std::vector<uint16_t> bits(h[1] == kCheckpointVersionBF16 ? n : 0);
-  const void* payload = params->data();
-  size_t payload_bytes = n * sizeof(float);
   if (h[1] == kCheckpointVersionFP32) {
-    f.read(params->data(), payload_bytes, "the FP32 parameters");
+    f.read(params->data(), n * sizeof(float), "the FP32 parameters");
   } else {
-    payload = bits.data();
-    payload_bytes = n * sizeof(uint16_t);
-    f.read(bits.data(), payload_bytes, "the BF16 parameters");
+    std::vector<uint16_t> bits(n);
+    f.read(bits.data(), n * sizeof(uint16_t), "the BF16 parameters");
     for (size_t i = 0; i < n; i++) (*params)[i] = bf16_bits_to_float(bits[i]);
-  }
-  if (header_has_checksum(h, path)) {
-    header_verify_checksum(h, crc32_update(header_checksum_start(h), payload, payload_bytes), path,
-                           "re-create it, or use an earlier checkpoint");
   }
   return c;
 }

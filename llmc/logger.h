@@ -124,14 +124,18 @@ inline std::vector<LogRecord> read_run_log(const std::string& path) {
 
 class Logger {
  public:
-  // `flag` names the command-line flag DIR came from, for error messages.
-  Logger(const std::string& dir, const char* flag, LogMode mode, long first_step = 0)
+  // `flag` names the command-line flag DIR came from, and `resume_with` the flags that resume a
+  // run in this program (nullptr where it cannot), for the message about an existing log.
+  Logger(const std::string& dir, const char* flag, const char* resume_with, LogMode mode,
+         long first_step = 0)
       : path_(dir + "/main.log") {
     make_dirs(dir);
     const bool has_lines = file_exists(path_) && File(path_, "rb").size() > 0;
     if (mode == LogMode::kNew && has_lines) {
-      LLMC_FAIL("%s already holds a run log: resume that run, give %s another directory, or "
-                "delete the log", path_.c_str(), flag);
+      const std::string resume =
+          resume_with ? strformat("resume that run with %s, ", resume_with) : std::string();
+      LLMC_FAIL("%s already holds a run log: %sgive %s another directory, or delete the log",
+                path_.c_str(), resume.c_str(), flag);
     }
     if (mode == LogMode::kResume && has_lines) keep_lines_before(first_step);
     file_.reset(new File(path_, mode == LogMode::kResume ? "a" : "w"));

@@ -2,8 +2,9 @@
 // summary at the end of a run.
 //
 // EtaEstimator: the time left is the remaining steps times the mean wall-clock time of the last
-// `window` steps. Wall-clock intervals between finished steps include validation, sampling and
-// checkpoints, so the estimate covers them too; the window lets it follow speed changes.
+// `window` steps, the first step (warm-up) left out. Wall-clock intervals between finished steps
+// include validation, sampling and checkpoints, so the estimate covers them too; the window lets
+// it follow speed changes.
 // Times are passed in (wall_seconds() in the trainers) so that the tests can give their own.
 //
 // RunSummary collects what the closing lines report:
@@ -42,15 +43,18 @@ inline std::string format_duration(double seconds) {
 
 class EtaEstimator {
  public:
-  EtaEstimator(size_t window, double start_seconds) : window_(window), last_(start_seconds) {}
+  explicit EtaEstimator(size_t window) : window_(window) {}
 
-  // Called when a step has finished, at time now_seconds.
+  // Called when a step has finished, at time now_seconds. The first step only starts the clock:
+  // it includes one-time warm-up (allocation, the first touch of every buffer, library set-up).
   void step_finished(double now_seconds) {
-    intervals_.push_back(now_seconds - last_);
-    sum_ += intervals_.back();
-    if (intervals_.size() > window_) {
-      sum_ -= intervals_.front();
-      intervals_.pop_front();
+    if (steps_finished_++ > 0) {
+      intervals_.push_back(now_seconds - last_);
+      sum_ += intervals_.back();
+      if (intervals_.size() > window_) {
+        sum_ -= intervals_.front();
+        intervals_.pop_front();
+      }
     }
     last_ = now_seconds;
   }
@@ -60,9 +64,17 @@ class EtaEstimator {
     return sum_ / intervals_.size() * (double)remaining_steps;
   }
 
+  // What the line of step `step` says after "ETA": the time left for `remaining_steps` more
+  // steps, or "after step N" (the next one) while no step after the first has finished.
+  std::string time_left(long step, long remaining_steps) const {
+    if (remaining_steps > 0 && intervals_.empty()) return strformat("after step %ld", step + 1);
+    return format_duration(seconds_left(remaining_steps));
+  }
+
  private:
   size_t window_;
-  double last_;
+  long steps_finished_ = 0;
+  double last_ = 0.0;
   double sum_ = 0.0;
   std::deque<double> intervals_;
 };

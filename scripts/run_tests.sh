@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project (called by `make test` after the builds) and ends with the line
-# "N passed, N failed". Each test's output goes to the terminal and to build/test_logs/NAME.log.
+# "N passed, N failed, N skipped": tests passed and failed, and groups of GPU tests not run (named
+# on the line before). Each test's output goes to the terminal and to build/test_logs/NAME.log.
 #
 # Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
@@ -87,6 +88,13 @@ same_losses() {
   grep -aE "^step .*loss|checksum" "$a" | sed 's/ | [0-9.]* ms .*//' > "$a.losses"
   grep -aE "^step .*loss|checksum" "$b" | sed 's/ | [0-9.]* ms .*//' > "$b.losses"
   [ -s "$a.losses" ] && diff "$a.losses" "$b.losses" && echo "identical: $(wc -l < "$a.losses") lines"
+}
+
+# The training losses of two runs differ by at most $3 at every step.
+losses_track() {
+  paste <(grep -aE "^step .*[|] loss" "$1" | awk '{print $5}') <(grep -aE "^step .*[|] loss" "$2" | awk '{print $5}') |
+    awk -v tol="$3" '{d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++} END {
+      printf "%d steps, largest loss difference %.4f (at most %s)\n", n, max, tol; exit !(n > 0 && max <= tol) }'
 }
 
 # The validation loss at the last evaluation is below the first one by at least $2.
@@ -223,7 +231,7 @@ async_checkpoint_test() {
   rm -rf "$dir"
   local args="$COMMON -e tiny -b 4 -t 64 -x 8 -v 4 -m 2 -s 0 -n 1"
   run "${name}_background" ./$binary $args -o "$dir/background" -ac 1
-  run "${name}_background_on" grep -aE "^\| checkpoint every / async +\| 1 / 1 " "$LOGS/${name}_background.log"
+  run "${name}_background_on" grep -aE "^\| checkpoints +\| written in the background " "$LOGS/${name}_background.log"
   run "${name}_synchronous" ./$binary $args -o "$dir/synchronous" -ac 0
   run "${name}_same_losses" same_losses "$LOGS/${name}_background.log" "$LOGS/${name}_synchronous.log"
   run "${name}_same_files" same_checkpoints_every_step "$dir/background" "$dir/synchronous" 8 1
@@ -310,7 +318,16 @@ failed_write_test() {
   run failed_write_limit_resume resumes_from_newest "$dir/limited" ./train_gpt2cu $args -o "$dir/limited" -y 1
 }
 
-gpu_tests() {
+# The GPU's compute capability is 8.9 or newer (Ada, Hopper): cuBLASLt runs FP8 products there.
+fp8_gpu() {
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | awk '{exit !($1 >= 8.9)}'
+}
+
+# The GPU tests, in groups; without a GPU each group is named as skipped.
+GPU_GROUPS=(gpu_against_pytorch gpu_kernel_tests gpu_accumulation gpu_determinism
+  gpu_hellaswag_generation gpu_preemption gpu_bad_input_output gpu_resume gpu_training)
+
+gpu_setup() {
   local data=dev/data/tinyshakespeare
   if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
     if [ -n "$TINYSHAKESPEARE" ]; then
@@ -319,8 +336,12 @@ gpu_tests() {
       run prepare_tinyshakespeare bash dev/data/tinyshakespeare.sh
     fi
   fi
-  # PyTorch references beyond the CPU ones: the d48 width with a sequence length that is not a
-  # power of two, and a full 1024-token sequence.
+  COMMON="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
+}
+
+# Both CUDA builds against PyTorch references beyond the CPU ones: the d48 width with a sequence
+# length that is not a power of two, and a full 1024-token sequence.
+gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
   for spec in "tiny:--model tiny --batch_size 4 --seq_len 64" \
@@ -338,47 +359,96 @@ gpu_tests() {
     run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
     run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
   done
+  # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve.
+  if fp8_gpu; then
+    local fp8_dir="$REF/gpu_d12_fp8"
+    run reference_d12_fp8 "$PYTHON" train_gpt2.py --model d12 --batch_size 4 --seq_len 64 --fp8 1 \
+      --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
+    run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$fp8_dir/gpt2_d12.bin" "$fp8_dir/gpt2_d12_fp8_debug_state.bin"
+  fi
+}
+
+gpu_kernel_tests() {
   for t in build/test_*; do
     case "$t" in *.losses) continue ;; esac
     local base=$(basename "$t")
-    [ -f "dev/cuda/${base%_fp32}.cu" ] && run "$base" "$t"
+    [ -f "dev/cuda/${base%_fp32}.cu" ] || continue
+    if [ "$base" = test_fp8 ] && ! fp8_gpu; then
+      echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
+      continue
+    fi
+    run "$base" "$t"
   done
   run test_attention_mma_sync build/test_attention_mma_sync
-  # Gradient accumulation: two micro steps of the same batch equal one (FP32, TF32 off).
-  COMMON="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
-  local common=$COMMON
-  run accumulate_1 ./train_gpt2fp32cu $common -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0
-  run accumulate_2 ./train_gpt2fp32cu $common -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0 -z 512
+}
+
+# Gradient accumulation: two micro steps of the same batch equal one (FP32, TF32 off).
+gpu_accumulation() {
+  run accumulate_1 ./train_gpt2fp32cu $COMMON -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0
+  run accumulate_2 ./train_gpt2fp32cu $COMMON -b 4 -t 64 -l 1e-4 -v 200 -s 200 -a 1 -x 10 -f 0 -z 512
   run accumulate_same_losses same_losses "$LOGS/accumulate_1.log" "$LOGS/accumulate_2.log"
-  # Determinism: the same seed and configuration give bitwise-identical losses and parameters.
+}
+
+# Determinism: the same seed and configuration give bitwise-identical losses and parameters.
+gpu_determinism() {
   for i in 1 2; do
-    run "determinism_$i" ./train_gpt2cu $common -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
+    run "determinism_$i" ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
   done
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
-  hellaswag_and_generation_test
-  signal_test
+  # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
+  # step (a guard against a broken layer, whose losses part by far more).
+  if fp8_gpu; then
+    for i in 1 2; do
+      run "determinism_fp8_$i" ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0 -fp8 1
+    done
+    run determinism_fp8_same_losses same_losses "$LOGS/determinism_fp8_1.log" "$LOGS/determinism_fp8_2.log"
+    run fp8_losses_track losses_track "$LOGS/determinism_1.log" "$LOGS/determinism_fp8_1.log" 0.1
+  fi
+}
+
+gpu_hellaswag_generation() { hellaswag_and_generation_test; }
+
+gpu_preemption() { signal_test; }
+
+gpu_bad_input_output() {
   run bad_input_cuda env TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh
   run run_output_cuda env TRAINER=./train_gpt2cu bash dev/test/test_run_output.sh
+}
+
+gpu_resume() {
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2fp32cu resume_fp32
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test
   failed_write_test
-  # Training from random initialisation learns: the validation loss falls, samples are printed.
-  run train_d12 ./train_gpt2cu $common -e d12 -b 16 -t 256 -x 150 -v 50 -m 8 -s 150 -g 48 -l 6e-4 -u 20
+}
+
+# Training from random initialisation learns: the validation loss falls, samples are printed.
+gpu_training() {
+  run train_d12 ./train_gpt2cu $COMMON -e d12 -b 16 -t 256 -x 150 -v 50 -m 8 -s 150 -g 48 -l 6e-4 -u 20
   run train_d12_val_loss_falls val_loss_falls "$LOGS/train_d12.log" 2.0
 }
 
 [ $GPU_ONLY = 0 ] && cpu_tests
-# --- GPU tests, when a GPU is present
-if [ "${GPU:-1}" != 0 ] && nvidia-smi -L >/dev/null 2>&1; then
-  gpu_tests
+skipped_groups=()
+if [ "${GPU:-1}" = 0 ]; then
+  skip_reason="GPU=0"
+elif ! nvidia-smi -L >/dev/null 2>&1; then
+  skip_reason="no GPU visible"
 else
-  echo "=== no GPU visible: the CUDA targets were built, the GPU tests are not run"
+  skip_reason=""
+fi
+if [ -z "$skip_reason" ]; then
+  gpu_setup
+  for group in "${GPU_GROUPS[@]}"; do "$group"; done
+else
+  skipped_groups=("${GPU_GROUPS[@]}")
+  echo "=== $skip_reason: the ${#skipped_groups[@]} groups of GPU tests are not run"
 fi
 
 echo
 [ ${#failures[@]} -gt 0 ] && echo "failed: ${failures[*]}"
-echo "$passed passed, $failed failed"
+[ ${#skipped_groups[@]} -gt 0 ] && echo "skipped ($skip_reason): ${skipped_groups[*]}"
+echo "$passed passed, $failed failed, ${#skipped_groups[@]} skipped"
 [ $failed -eq 0 ]

@@ -63,6 +63,20 @@ inline std::vector<int> random_ints(llmc::Rng& rng, size_t n, int lo, int hi) {
   return x;
 }
 
+// One linear layer of the matmul tests: out[N, OC] = inp[N, C] @ weight[OC, C]^T (+ bias).
+struct MatmulCase {
+  const char* name;
+  int N, C, OC;
+  bool bias;
+  bool gelu_out;  // forward: out = GELU(inp @ weight^T + bias), pre_gelu kept
+  bool gelu_in;   // backward: dinp multiplied by GELU'(pre_gelu) of the input
+
+  void print(const char* what) const {
+    printf("\n%s %s: N=%d C=%d OC=%d%s%s%s\n", what, name, N, C, OC, bias ? ", bias" : "",
+           gelu_out ? ", GELU epilogue" : "", gelu_in ? ", GELU gradient" : "");
+  }
+};
+
 // A device buffer of n elements of T; converts to T* for the launchers.
 template <class T>
 class DeviceArray {

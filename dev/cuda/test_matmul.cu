@@ -19,18 +19,9 @@ constexpr float kTolGelu = 1e-2f;
 constexpr float kTolGelu = 2e-2f;
 #endif
 
-struct MatmulCase {
-  const char* name;
-  int N, C, OC;
-  bool bias;
-  bool gelu_out;  // forward: out = GELU(inp @ weight^T + bias), pre_gelu kept
-  bool gelu_in;   // backward: dinp multiplied by GELU'(pre_gelu) of the input
-};
-
 void test_matmul(const MatmulCase& m, llmc::Rng& rng) {
   const int N = m.N, C = m.C, OC = m.OC;
-  printf("\nmatmul %s: N=%d C=%d OC=%d%s%s%s\n", m.name, N, C, OC, m.bias ? ", bias" : "",
-         m.gelu_out ? ", GELU epilogue" : "", m.gelu_in ? ", GELU gradient" : "");
+  m.print("matmul");
   // Weights of std 1/sqrt(C) keep the outputs near unit size, where GELU is curved.
   const std::vector<float> inp = random_stored(rng, (size_t)N * C, 0.0f, 1.0f);
   const std::vector<float> weight = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C));

@@ -36,6 +36,7 @@ while [ $# -gt 0 ]; do
 done
 
 mkdir -p "$output_dir" || { echo "error: cannot create --output_dir $output_dir"; exit 1; }
+given_input=$input
 if [ -z "$input" ]; then
   input="$output_dir/input.txt"
   if [ ! -f "$input" ]; then
@@ -59,8 +60,13 @@ fi
 [ -r "$input" ] || { echo "error: cannot read --input $input"; exit 1; }
 bytes=$(wc -c < "$input")
 if [ "$bytes" -ne "$EXPECTED_BYTES" ]; then
-  echo "error: $input has $bytes bytes, tiny shakespeare has $EXPECTED_BYTES: delete it and" \
-       "download it again, or pass the right --input"
+  if [ -n "$given_input" ]; then
+    echo "error: --input $input has $bytes bytes, tiny shakespeare's input.txt has $EXPECTED_BYTES:" \
+         "pass that file, or leave out --input to download it"
+  else
+    echo "error: $input (downloaded earlier) has $bytes bytes, tiny shakespeare has" \
+         "$EXPECTED_BYTES: delete it and run this script again to download it again"
+  fi
   exit 1
 fi
 

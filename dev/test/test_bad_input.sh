@@ -202,7 +202,7 @@ expect "missing checkpoint (-e path that does not exist)" \
   "-e $DIR/missing\.bin: no such checkpoint file" -e "$DIR/missing.bin"
 expect "corrupt checkpoint (bad magic)" "bad_magic\.bin: not a GPT-2 checkpoint \(magic 0" \
   -e "$DIR/bad_magic.bin"
-expect "truncated checkpoint" "cut\.bin: checkpoint for .* should be [0-9]+ bytes but is 1000000 \(truncated\)" \
+expect "truncated checkpoint" "cut\.bin: checksum mismatch \(CRC-32 [0-9a-f]{8} in the header, [0-9a-f]{8} computed\): the file is damaged" \
   -e "$DIR/cut.bin"
 if has_flag -y; then
   expect "resume with a checkpoint of another configuration (-y 1 -e d12, a tiny model in -o)" \
@@ -212,7 +212,8 @@ else
 fi
 
 # --- checksums (llmc/file_header.h): the CRC-32 in header slots 254-255 catches one flipped bit
-# of the parameters; a checkpoint without one (llm.c's: both slots zero) loads as before.
+# of the parameters or the header, and a file cut short; a checkpoint without one (llm.c's: both
+# slots zero) loads as before.
 # flip_byte FILE OFFSET XOR / zero_bytes FILE OFFSET COUNT change a copy in place.
 flip_byte() { python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1)[0]; f.seek(int(sys.argv[2])); f.write(bytes([b ^ int(sys.argv[3])]))' "$@"; }
 zero_bytes() { dd if=/dev/zero of="$1" bs=1 seek="$2" count="$3" conv=notrunc status=none; }
@@ -222,8 +223,24 @@ WATCH=("$KEEP" "$DIR/payload_bit.bin")
 attempt "payload_bit\.bin: checksum mismatch \(CRC-32 [0-9a-f]{8} in the header, [0-9a-f]{8} computed\): the file is damaged; re-create it" \
   "${COMMON[@]}" -x 2 -o "$KEEP" -e "$DIR/payload_bit.bin"
 report "damaged checkpoint (one parameter bit flipped)"
+# One byte of the header changed (the head count, 4 -> 127): the checksum, checked before the
+# config, names the damaged file; without a checksum the config check names it too.
+cp "$FIXTURE/model_00000002.bin" "$DIR/header_byte.bin"
+flip_byte "$DIR/header_byte.bin" 20 123
+expect "damaged checkpoint (one header byte changed)" \
+  "header_byte\.bin: checksum mismatch \(CRC-32 [0-9a-f]{8} in the header, [0-9a-f]{8} computed\): the file is damaged" \
+  -e "$DIR/header_byte.bin"
+cp "$DIR/header_byte.bin" "$DIR/header_byte_unchecked.bin"
+zero_bytes "$DIR/header_byte_unchecked.bin" 1016 8
+expect "damaged checkpoint without a checksum (one header byte changed)" \
+  "header_byte_unchecked\.bin: invalid model config: channels 128 is not divisible by heads 127: the header is damaged" \
+  -e "$DIR/header_byte_unchecked.bin"
 cp "$FIXTURE/model_00000002.bin" "$DIR/no_checksum.bin"
 zero_bytes "$DIR/no_checksum.bin" 1016 8
+head -c 1000000 "$DIR/no_checksum.bin" > "$DIR/cut_unchecked.bin"
+expect "truncated checkpoint without a checksum" \
+  "cut_unchecked\.bin: checkpoint for .* should be [0-9]+ bytes but is 1000000 \(truncated\)" \
+  -e "$DIR/cut_unchecked.bin"
 "$TRAINER" "${COMMON[@]}" -x 1 -e "$DIR/no_checksum.bin" > "$LOGS/no_checksum.out" 2>&1
 check "a checkpoint without a checksum (llm.c's) trains: exit status" "$?" 0
 if has_flag -y; then
@@ -254,6 +271,20 @@ if has_flag -r; then
     -e d48 -b 512 -t 1024
 else
   skip "not enough GPU memory" "$TRAINER has no -r (not a GPU trainer)"
+fi
+
+# --- -fp8 takes 0 or 1 (the CUDA trainer's flag)
+if has_flag -fp8; then
+  expect "-fp8 2" "-fp8 2: must be 0 or 1" -fp8 2
+else
+  skip "-fp8 2" "$TRAINER has no -fp8"
+fi
+
+# --- -ac takes 0 or 1 (the CUDA trainer's flag)
+if has_flag -ac; then
+  expect "-ac 2" "-ac 2: must be 0 or 1" -ac 2
+else
+  skip "-ac 2" "$TRAINER has no -ac"
 fi
 
 # --- the output directory

@@ -211,6 +211,18 @@ check "write_tokenizer: header, size, and tokens 0, 15496, 50256" "$vocabulary" 
   "20240328 2 50257 50256 50257 True"$'\n'"b'!' b'Hello' b'<|endoftext|>'"
 check_error "write_tokenizer without --output" "--output FILE is required" build/write_tokenizer
 
+# --- tiny shakespeare: a file of the wrong size, the user's own (--input) or one downloaded
+# earlier into the output directory; only the downloaded one is the script's to delete.
+printf 'not tiny shakespeare' > "$SCRATCH/wrong_input.txt"
+check_error "tinyshakespeare.sh --input of the wrong size" \
+  "error: --input $SCRATCH/wrong_input.txt has 20 bytes, tiny shakespeare's input.txt has 1115394: pass that file, or leave out --input to download it" \
+  dev/data/tinyshakespeare.sh --input "$SCRATCH/wrong_input.txt" --output_dir "$SCRATCH/ts_given"
+mkdir -p "$SCRATCH/ts_downloaded"
+cp "$SCRATCH/wrong_input.txt" "$SCRATCH/ts_downloaded/input.txt"
+check_error "tinyshakespeare.sh with a bad download from an earlier run" \
+  "error: $SCRATCH/ts_downloaded/input.txt (downloaded earlier) has 20 bytes, tiny shakespeare has 1115394: delete it and run this script again" \
+  dev/data/tinyshakespeare.sh --output_dir "$SCRATCH/ts_downloaded"
+
 # --- tiny shakespeare as llm.c prepares it
 if [ -n "${TINYSHAKESPEARE:-}" ]; then
   dev/data/tinyshakespeare.sh --input "$TINYSHAKESPEARE" --output_dir "$SCRATCH/tinyshakespeare" \

@@ -324,10 +324,15 @@ bad_magic = np.zeros(256, np.int32)
 bad_magic[:2] = [1, 3]
 open(f"{out}/magic.bin", "wb").write(bad_magic.tobytes() + b"\0" * 1024)
 open(f"{out}/truncated.bin", "wb").write(open(f"{out}/tiny.bin", "rb").read(100000))
+unchecked = bytearray(open(f"{out}/tiny.bin", "rb").read(100000))
+unchecked[254 * 4:256 * 4] = bytes(8)  # no checksum, as llm.c writes them
+open(f"{out}/truncated_unchecked.bin", "wb").write(unchecked)
 open(f"{out}/a_file", "w").write("x")
 for description, checkpoint, out_dir, text in [
         ("bad magic", "magic.bin", "x", "not a GPT-2 checkpoint (magic 1, expected 20240326)"),
-        ("truncated checkpoint", "truncated.bin", "x", "should be 27376640 bytes but is 100000 (truncated)"),
+        ("truncated checkpoint", "truncated.bin", "x", "truncated.bin: checksum mismatch (CRC-32"),
+        ("truncated checkpoint without a checksum", "truncated_unchecked.bin", "x",
+         "should be 27376640 bytes but is 100000 (truncated)"),
         ("vocabulary not GPT-2's", "v512.bin", "x", "vocab_size 512 is not GPT-2's 50257"),
         ("OUT_DIR is a file", "tiny.bin", "a_file", "a_file: exists and is not a directory")]:
     expect_error(f"export: {description}", [f"{out}/{checkpoint}", f"{out}/{out_dir}"], text)

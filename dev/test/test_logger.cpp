@@ -28,7 +28,7 @@ void write_text(const std::string& path, const std::string& text) {
 void test_format_and_parse() {
   const std::string dir = kDir + "/format";
   {
-    Logger log(dir, "-o", LogMode::kOverwrite);
+    Logger log(dir, "-o", nullptr, LogMode::kOverwrite);
     log.train(12, 3.4567891, 1.23451, 6e-4, 123.454, 532100.4);
     log.val(12, 3.5123449);
     log.eval(12, "hellaswag", 0.295);
@@ -61,19 +61,23 @@ void test_format_and_parse() {
 
 void test_modes() {
   const std::string dir = kDir + "/modes";
-  { Logger log(dir, "-o", LogMode::kOverwrite); }
+  { Logger log(dir, "-o", nullptr, LogMode::kOverwrite); }
   {
-    Logger log(dir, "-o", LogMode::kNew);  // an empty log may be reused
+    Logger log(dir, "-o", nullptr, LogMode::kNew);  // an empty log may be reused
     for (long step = 0; step < 6; step++) {
       log.train(step, 5.0 - step, 1.0, 1e-3, 10.0, 1000.0);
       if (step % 2 == 0) log.val(step, 6.0 - step);
     }
   }
-  check_throws([&] { Logger log(dir, "-o", LogMode::kNew); },
-               "modes/main.log already holds a run log: resume that run, give -o another directory",
-               "a new run refuses to clobber an existing log");
+  check_throws([&] { Logger log(dir, "-o", "-y 1", LogMode::kNew); },
+               "modes/main.log already holds a run log: resume that run with -y 1, give -o "
+               "another directory, or delete the log",
+               "a new run refuses to clobber an existing log, in a program that resumes");
+  check_throws([&] { Logger log(dir, "-o", nullptr, LogMode::kNew); },
+               "modes/main.log already holds a run log: give -o another directory, or delete the log",
+               "the same in a program that cannot resume: no word of resuming");
   {
-    Logger log(dir, "-o", LogMode::kResume, 3);
+    Logger log(dir, "-o", nullptr, LogMode::kResume, 3);
     log.train(3, 0.5, 1.0, 1e-3, 10.0, 1000.0);
   }
   std::vector<LogRecord> records = llmc::read_run_log(dir + "/main.log");
@@ -86,18 +90,18 @@ void test_modes() {
 
   write_text(dir + "/main.log",
              "step=0 kind=train loss=1.0\nstep=1 kind=train loss=0.9\nstep=2 kin");
-  { Logger log(dir, "-o", LogMode::kResume, 5); }
+  { Logger log(dir, "-o", nullptr, LogMode::kResume, 5); }
   records = llmc::read_run_log(dir + "/main.log");
   check_verbose(records.size() == 2 && llmc::read_text_file(dir + "/main.log").back() == '\n',
                 "resume drops a last line cut short by the interruption");
 
-  { Logger log(dir, "-o", LogMode::kOverwrite); }
+  { Logger log(dir, "-o", nullptr, LogMode::kOverwrite); }
   check_verbose(llmc::read_text_file(dir + "/main.log").empty(), "overwrite starts an empty log");
 
   const std::string fresh = kDir + "/resume_without_log";
   std::remove((fresh + "/main.log").c_str());
   {
-    Logger log(fresh, "-o", LogMode::kResume, 10);
+    Logger log(fresh, "-o", nullptr, LogMode::kResume, 10);
     log.val(10, 2.0);
   }
   check_verbose(llmc::read_run_log(fresh + "/main.log").size() == 1,
@@ -117,21 +121,21 @@ void test_errors() {
                "x.log:5: 'step=1' is not a log line", "a line with only a step");
 
   const std::string dir = kDir + "/errors";
-  { Logger log(dir, "-o", LogMode::kOverwrite); }
+  { Logger log(dir, "-o", nullptr, LogMode::kOverwrite); }
   write_text(dir + "/main.log", "step=0 kind=train loss=1.0\nthis is not a log\n");
-  check_throws([&] { Logger log(dir, "-o", LogMode::kResume, 1); },
+  check_throws([&] { Logger log(dir, "-o", nullptr, LogMode::kResume, 1); },
                "errors/main.log:2: 'this' is not key=value",
                "resume over a damaged log names the line");
-  Logger log(dir, "-o", LogMode::kOverwrite);
+  Logger log(dir, "-o", nullptr, LogMode::kOverwrite);
   check_throws([&] { log.eval(1, "hella swag", 0.1); },
                "eval name 'hella swag' cannot be a log key", "an eval name with a space");
   check_throws([&] { log.eval(1, "step", 0.1); }, "cannot be a log key", "an eval named step");
 
   write_text(kDir + "/a_file", "x");
-  check_throws([] { Logger l(kDir + "/a_file", "-o", LogMode::kNew); },
+  check_throws([] { Logger l(kDir + "/a_file", "-o", nullptr, LogMode::kNew); },
                "cannot open build/test_tmp/logger/a_file/main.log for writing",
                "a directory that is a file");
-  check_throws([] { Logger l(kDir + "/a_file/sub", "-o", LogMode::kNew); },
+  check_throws([] { Logger l(kDir + "/a_file/sub", "-o", nullptr, LogMode::kNew); },
                "cannot create directory build/test_tmp/logger/a_file/sub",
                "a directory below a file");
   check_throws([] { llmc::read_run_log(kDir + "/missing/main.log"); },

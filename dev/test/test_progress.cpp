@@ -1,5 +1,6 @@
-// Tests llmc/progress.h: duration formatting, the time-left estimate over a window of steps, and
-// the summary lines (including validation losses taken from a resumed run's log).
+// Tests llmc/progress.h: duration formatting, the time-left estimate over a window of steps (the
+// first left out), and the summary lines (including validation losses taken from a resumed run's
+// log).
 #include <string>
 #include <vector>
 
@@ -24,15 +25,19 @@ void test_format_duration() {
 }
 
 void test_eta() {
-  llmc::EtaEstimator eta(3, 100.0);
-  check_verbose(eta.seconds_left(10) == 0.0, "no step finished: no estimate");
-  eta.step_finished(110.0);  // the first step, with its setup: 10 s
-  check_verbose(eta.seconds_left(4) == 40.0, "one step of 10 s, 4 left: 40 s");
+  llmc::EtaEstimator eta(3);
+  eta.step_finished(110.0);  // the first step, with its warm-up: left out
+  check_verbose(eta.seconds_left(10) == 0.0, "only the first step finished: no estimate");
+  check_equal(eta.time_left(1, 9), "after step 2", "the first step's line names the step that gives one");
+  check_equal(eta.time_left(1, 0), "0s", "nothing left after a one-step run");
   eta.step_finished(112.0);
-  eta.step_finished(114.0);
-  check_verbose(eta.seconds_left(3) == 14.0, "steps of 10, 2, 2 s, 3 left: 14 s");
-  eta.step_finished(116.0);  // the 10 s step leaves the window of 3
-  check_verbose(eta.seconds_left(5) == 10.0, "the window keeps the last 3 steps: 2 s each, 5 left: 10 s");
+  check_verbose(eta.seconds_left(4) == 8.0, "one step of 2 s after the first, 4 left: 8 s");
+  check_equal(eta.time_left(2, 4), "8s", "the second step's line has the time left");
+  eta.step_finished(120.0);
+  eta.step_finished(122.0);
+  check_verbose(eta.seconds_left(3) == 12.0, "steps of 2, 8, 2 s, 3 left: 12 s");
+  eta.step_finished(124.0);  // the 2 s step after the first leaves the window of 3
+  check_verbose(eta.seconds_left(5) == 20.0, "the window keeps the last 3 steps: 8, 2, 2 s, 5 left: 20 s");
 }
 
 void test_summary() {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests a trainer's output for people on a 4-step run of the tiny model: the start-up table, the
-# per-step lines (the fields scripts parse, then the time left), the average line and the closing
-# summary (tokens seen, the best of the printed validation losses, the last checkpoint), and
-# main.log's train lines. Scratch files go to build/test_tmp/run_output_<trainer>.
+# per-step lines (the fields scripts parse, then the time left, estimated from step 2 on), the
+# average line and the closing summary (tokens seen, the best of the printed validation losses, the
+# last checkpoint), and main.log's train lines. Scratch files go to
+# build/test_tmp/run_output_<trainer>.
 #
 #   bash dev/test/test_run_output.sh                          (the CPU trainer, ./train_gpt2)
 #   TRAINER=./train_gpt2cu bash dev/test/test_run_output.sh   (the CUDA trainer, on a GPU machine)
@@ -34,8 +35,10 @@ check "a 4-step run succeeds" $? 0
 out=$DIR/run.out
 check "the start-up table comes before the first step" \
   "$(awk '/^\+-+\+-+\+$/ { print "table"; exit } /^step/ { print "step"; exit }' "$out")" table
-step_line='^step +[1-4]/4 \| loss [0-9.]+ \| norm [0-9.]+ \| lr [0-9.e+-]+ \| [0-9.]+ ms \| MFU (n/a|[0-9.]+%) \| [0-9]+ tok/s \| ETA [0-9]+[dhms]([0-9]{2}[hms])?$'
+step_line='^step +[1-4]/4 \| loss [0-9.]+ \| norm [0-9.]+ \| lr [0-9.e+-]+ \| [0-9.]+ ms \| MFU (n/a|[0-9.]+%) \| [0-9]+ tok/s \| ETA ([0-9]+[dhms]([0-9]{2}[hms])?|after step 2)$'
 check "4 step lines with the time left at the end" "$(grep -acE "$step_line" "$out")" 4
+check "the first step (warm-up) gives no estimate yet" "$(grep -aE '^step +1/4 \| loss' "$out" | grep -o 'ETA .*')" \
+  "ETA after step 2"
 check "the last step has no time left" "$(grep -aE '^step +4/4 \| loss' "$out" | grep -o 'ETA .*')" "ETA 0s"
 check "the average line" "$(grep -acE '^average [0-9.]+ ms per step, [0-9]+ tok/s$' "$out")" 1
 check "summary: wall time" "$(grep -acE '^summary: wall time [0-9]+[dhms]([0-9]{2}[hms])? \([0-9.]+ s\), 4 steps$' "$out")" 1

@@ -2,8 +2,9 @@
 # Tests of train_gpt2.py on its default device (a GPU where one is present): the MT19937
 # self-check, seeded init, the debug state read back and recomputed, checkpoint round trips (FP32
 # and BF16), the AdamW formula, the data order, training on small shards (one process and two),
-# the LR schedules, the benchmark mode and the error messages. PYTHON names a python with torch and
-# numpy (default: the first of python3, /usr/bin/python3 that has them).
+# the LR schedules, the benchmark mode, the FP8 recipe (its scales on any PyTorch, its casts from
+# 2.1, its products on a GPU of compute capability 8.9+) and the error messages. PYTHON names a
+# python with torch and numpy (default: the first of python3, /usr/bin/python3 that has them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -z "${PYTHON:-}" ]; then
@@ -281,28 +282,115 @@ print(f"first-step loss: reference {reference:.6f} (float32, {config.vocab_size}
 assert abs(bench - padded) <= bound
 EOF
 
+check "FP8 scales: fp8_scale against a brute-force search" <<'EOF'
+import numpy as np, torch, train_gpt2 as tg
+# Random positive floats over the whole finite range, each format's boundaries 1.75 * 2^k and
+# their neighbours, 0, Inf, NaN, the largest float and denormals (whose scales hit the cap).
+rng = np.random.default_rng(0)
+values = list(rng.integers(1, 0x7F800000, 20000, dtype=np.int64).astype(np.uint32).view(np.float32))
+for emax in (tg.FP8_E4M3_EMAX, tg.FP8_E5M2_EMAX):
+    for k in range(-160, 128 - emax):
+        v = np.float32(1.75 * 2.0 ** (emax + k))
+        values += [v, np.nextafter(v, np.float32(np.inf)), np.nextafter(v, np.float32(0))]
+f32 = np.finfo(np.float32)
+values += [np.float32(0), np.float32(np.inf), np.float32(np.nan), f32.max, f32.tiny, np.float32(1e-45)]
+amax = np.array(values, np.float32)
+
+def brute_force(a, emax):
+    """The largest e with a * 2^e <= 1.75 * 2^emax (exact in double), at most the cap."""
+    if not (a > 0 and np.isfinite(a)):
+        return 0
+    e = 300
+    while float(a) * 2.0 ** e > 1.75 * 2.0 ** emax:
+        e -= 1
+    return min(e, tg.FP8_SCALE_EXPONENT_CAP)
+
+for name, emax in [("E4M3", tg.FP8_E4M3_EMAX), ("E5M2", tg.FP8_E5M2_EMAX)]:
+    s = tg.fp8_scale(torch.from_numpy(amax), emax).numpy().astype(np.float64)
+    expected = np.array([2.0 ** brute_force(a, emax) for a in amax])
+    wrong = np.nonzero(s != expected)[0]
+    assert len(wrong) == 0, [(amax[i], s[i], expected[i]) for i in wrong[:5]]
+    print(f"{name}: {len(amax)} amax values, every scale the brute force's power of two")
+EOF
+
+check "FP8 linear layer: casts and products against float64 on the dequantised values" <<'EOF'
+import torch, train_gpt2 as tg
+if not hasattr(torch, "float8_e4m3fn"):
+    print(f"skip: PyTorch {torch.__version__} has no float8 dtypes (2.1+)")
+    raise SystemExit
+torch.manual_seed(0)
+e4m3, e5m2 = (torch.float8_e4m3fn, tg.FP8_E4M3_EMAX), (torch.float8_e5m2, tg.FP8_E5M2_EMAX)
+for dtype, emax in (e4m3, e5m2):  # the scale is the largest: |q| reaches past half of fp8_max
+    x = (torch.randn(1000) * 3e-3).to(torch.bfloat16)
+    q, inv = tg.fp8_cast(x, dtype, emax)
+    top = q.float().abs().max().item()
+    assert 1.75 * 2.0 ** (emax - 1) < top <= 1.75 * 2.0 ** emax, (dtype, top)
+    print(f"{dtype}: max |q| {top} of {1.75 * 2.0 ** emax}, 1/s = 2^{int(inv.log2().item())}")
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)):
+    print("skip the products: torch._scaled_mm needs a CUDA GPU of compute capability 8.9+")
+    raise SystemExit
+N, C, OC = 64, 128, 384
+x = torch.randn(N, C, device="cuda").to(torch.bfloat16)
+w = (0.02 * torch.randn(OC, C, device="cuda")).to(torch.bfloat16)
+b = (0.1 * torch.randn(OC, device="cuda")).to(torch.bfloat16)
+dy = (1e-3 * torch.randn(N, OC, device="cuda")).to(torch.bfloat16)
+
+def dequantised(t, dtype, emax):
+    q, inv = tg.fp8_cast(t, dtype, emax)
+    return q.double() * inv.double()
+
+xd, wd, dyd = dequantised(x, *e4m3), dequantised(w, *e4m3), dequantised(dy, *e5m2)
+expected = [xd @ wd.T + b.double(), dyd @ wd, dyd.T @ xd, dy.double().sum(0)]
+
+def run(fn):
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = fn(*leaves)
+    y.backward(dy)
+    return [y.detach()] + [t.grad for t in leaves]
+
+eager = run(tg.Fp8LinearFunction.apply)
+compiled = run(torch.compile(lambda *a: tg.Fp8LinearFunction.apply(*a), fullgraph=True))  # no graph break
+for name, e, ours, theirs in zip(["y", "dx", "dw", "db"], expected, eager, compiled):
+    error = ((ours.double() - e).abs().max() / e.abs().max()).item()
+    compile_error = ((theirs.double() - ours.double()).abs().max() / e.abs().max()).item()
+    print(f"{name}: {ours.dtype}, max error {error:.2e} of the largest value; compiled vs eager {compile_error:.2e}")
+    assert ours.dtype == torch.bfloat16 and error <= 2.0 ** -8 and compile_error <= 2.0 ** -8, name
+EOF
+
 echo "--- error messages"
 "$PYTHON" -c "import numpy as np; h = np.zeros(256, np.int32); h[:3] = [20240520, 1, 100]; \
 open('$WORK/short.bin', 'wb').write(h.tobytes() + np.zeros(99, np.uint16).tobytes()); \
 open('$WORK/big.bin', 'wb').write(h.tobytes() + np.full(100, 600, np.uint16).tobytes()); \
 h[0] = 1; open('$WORK/magic.bin', 'wb').write(h.tobytes() + np.zeros(100, np.uint16).tobytes())"
 head -c 5000 "$WORK/a/gpt2_l2h4c128t64v512.bin" >"$WORK/truncated.bin"
+# One byte of the header (the head count, 4 -> 127), with the checksum and without one (llm.c's),
+# and a file cut short without one.
 "$PYTHON" -c "
 d = bytearray(open('$WORK/a/gpt2_l2h4c128t64v512.bin', 'rb').read()); d[-7] ^= 4
-open('$WORK/damaged.bin', 'wb').write(d)"
+open('$WORK/damaged.bin', 'wb').write(d); d[-7] ^= 4
+d[20] ^= 0x7b; open('$WORK/header_byte.bin', 'wb').write(d)
+d[254 * 4:256 * 4] = bytes(8); open('$WORK/header_byte_unchecked.bin', 'wb').write(d)
+d[20] ^= 0x7b; open('$WORK/truncated_unchecked.bin', 'wb').write(d[:5000])"
 expect_error "no files match" "${TINY[@]}" --input_bin "$WORK/missing_*.bin"
 expect_error "should be 1224 bytes" "${TINY[@]}" --input_bin "$WORK/short.bin" -b 1 -t 8
 expect_error "token id 600" "${TINY[@]}" --input_bin "$WORK/big.bin" -b 1 -t 8
 expect_error "not a token shard" "${TINY[@]}" --input_bin "$WORK/magic.bin" -b 1 -t 8
 expect_error "too few for one batch" "${TINY[@]}" --input_bin "$WORK/train_0.bin" -b 400 -t 64
 expect_error "total_batch_size 100" "${TINY[@]}" --input_bin "$WORK/train_*.bin" -b 4 -t 32 --total_batch_size 100
-expect_error "truncated" --init_from "$WORK/truncated.bin" --bench
+expect_error "truncated.bin: checksum mismatch (CRC-32" --init_from "$WORK/truncated.bin" --bench
+expect_error "truncated_unchecked.bin: checkpoint for .* (truncated)" --init_from "$WORK/truncated_unchecked.bin" --bench
 expect_error "no such file" --init_from "$WORK/nothing.bin" --bench
 expect_error "damaged.bin: checksum mismatch (CRC-32" --init_from "$WORK/damaged.bin" --bench
+expect_error "header_byte.bin: checksum mismatch (CRC-32" --init_from "$WORK/header_byte.bin" --bench
+expect_error "header_byte_unchecked.bin: channels 128 is not divisible by num_heads 127" \
+  --init_from "$WORK/header_byte_unchecked.bin" --bench
 expect_error "not a GPT-2 checkpoint" --init_from "$WORK/magic.bin" --bench
 expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
 expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench
 expect_error "not divisible" --model tiny --num_heads 3 --bench
 expect_error "nothing to do" --model tiny
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
+expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
+expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1
+expect_error "fp8 1 runs under bfloat16 autocast" "${TINY[@]}" --bench --fp8 1 --dtype float32
 echo "all train_gpt2.py tests passed"

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dev/test/testing.h"
@@ -230,16 +231,27 @@ void test_checkpoints() {
   check_verbose(rounded, "BF16 checkpoint round trip holds the bf16-rounded values");
   check(!llmc::file_exists(fp32 + ".tmp"), "checkpoint_save leaves no temporary file");
 
-  // Corrupt copies of the FP32 checkpoint, each with one thing wrong.
+  // Corrupt copies of the FP32 checkpoint, each with one thing wrong: of the checkpoint as written
+  // (with a checksum), and of the same file without its checksum (llm.c's kind), where the header
+  // checks speak for themselves.
   const std::string good_text = llmc::read_text_file(fp32);
   const std::vector<char> good(good_text.begin(), good_text.end());
-  auto corrupt = [&](const std::string& name, int header_index, int value, long new_size) {
-    std::vector<char> bytes = good;
+  std::vector<char> unchecked_good = good;
+  memset(unchecked_good.data() + 4 * llmc::kHeaderChecksumKindSlot, 0, 8);
+  auto corrupt_from = [&](const std::vector<char>& original, const std::string& name,
+                          int header_index, int value, long new_size) {
+    std::vector<char> bytes = original;
     if (header_index >= 0) memcpy(bytes.data() + 4 * header_index, &value, 4);
     bytes.resize(new_size);
     const std::string path = kDir + "/" + name;
     write_bytes(path, bytes.data(), bytes.size());
     return path;
+  };
+  auto corrupt = [&](const std::string& name, int header_index, int value, long new_size) {
+    return corrupt_from(good, name, header_index, value, new_size);
+  };
+  auto corrupt_unchecked = [&](const std::string& name, int header_index, int value, long new_size) {
+    return corrupt_from(unchecked_good, name, header_index, value, new_size);
   };
   auto load = [](const std::string& path) {
     return [path] {
@@ -251,30 +263,42 @@ void test_checkpoints() {
   std::string p = corrupt("magic.bin", 0, 20240520, size);
   check_throws(load(p), p + ": not a GPT-2 checkpoint (magic 20240520, expected 20240326)",
                "checkpoint with a wrong magic");
-  p = corrupt("version.bin", 1, 4, size);
+  p = corrupt("short_header.bin", -1, 0, 100);
+  check_throws(load(p), p + ": file is truncated: reading the checkpoint header at byte 0",
+               "checkpoint shorter than its header");
+  p = corrupt("checksum_kind.bin", llmc::kHeaderChecksumKindSlot, 7, size);
+  check_throws(load(p), p + ": unknown checksum kind 7 in header slot 254",
+               "checkpoint with an unknown checksum kind");
+  // With a checksum, damage to the header's config or to the size is damage to the file, named.
+  for (const auto& damage : {std::make_tuple("heads.bin", 5, 3, size),
+                             std::make_tuple("version.bin", 1, 4, size),
+                             std::make_tuple("padded.bin", 7, 320, size),
+                             std::make_tuple("truncated.bin", -1, 0, size - 4),
+                             std::make_tuple("trailing.bin", -1, 0, size + 2)}) {
+    p = corrupt(std::get<0>(damage), std::get<1>(damage), std::get<2>(damage), std::get<3>(damage));
+    check_throws(load(p), p + ": checksum mismatch (CRC-32 ",
+                 std::string("checksummed checkpoint damaged: ") + std::get<0>(damage));
+  }
+  p = corrupt_unchecked("unchecked_version.bin", 1, 4, size);
   check_throws(load(p), p + ": unsupported checkpoint version 4",
                "checkpoint with a wrong version");
-  p = corrupt("padded.bin", 7, 320, size);
+  p = corrupt_unchecked("unchecked_padded.bin", 7, 320, size);
   check_throws(load(p), p + ": padded vocab size 320 does not match vocab 300 padded",
                "checkpoint with a wrong padded vocab");
-  p = corrupt("heads.bin", 5, 3, size);
-  check_throws(load(p), "channels 64 is not divisible by heads 3",
-               "checkpoint with an invalid config");
-  p = corrupt("truncated.bin", -1, 0, size - 4);
+  p = corrupt_unchecked("unchecked_heads.bin", 5, 3, size);
+  check_throws(load(p),
+               p + ": invalid model config: channels 64 is not divisible by heads 3: the header is "
+                   "damaged; re-create the file",
+               "checkpoint with an invalid config names the file and says it is damaged");
+  p = corrupt_unchecked("unchecked_truncated.bin", -1, 0, size - 4);
   check_throws(load(p),
                llmc::strformat("%s: checkpoint for %s should be %ld bytes but is %ld (truncated)",
                                p.c_str(), c.describe().c_str(), size, size - 4),
                "truncated checkpoint");
-  p = corrupt("trailing.bin", -1, 0, size + 2);
+  p = corrupt_unchecked("unchecked_trailing.bin", -1, 0, size + 2);
   check_throws(load(p), "(trailing data)", "checkpoint with trailing bytes");
-  p = corrupt("short_header.bin", -1, 0, 100);
-  check_throws(load(p), p + ": file is truncated: reading the checkpoint header at byte 0",
-               "checkpoint shorter than its header");
-  p = corrupt("bf16_size.bin", 1, llmc::kCheckpointVersionBF16, size);
+  p = corrupt_unchecked("unchecked_bf16_size.bin", 1, llmc::kCheckpointVersionBF16, size);
   check_throws(load(p), "(trailing data)", "an FP32 body under a BF16 header");
-  p = corrupt("checksum_kind.bin", llmc::kHeaderChecksumKindSlot, 7, size);
-  check_throws(load(p), p + ": unknown checksum kind 7 in header slot 254",
-               "checkpoint with an unknown checksum kind");
 
   // The checksum: damage anywhere in the file is caught, a file without one (llm.c's) loads.
   check(good[4 * llmc::kHeaderChecksumKindSlot] == llmc::kChecksumCrc32,

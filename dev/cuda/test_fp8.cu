@@ -1,0 +1,309 @@
+// Tests the FP8 kernels and linear layers of section 5 (-fp8 1).
+// Kernels, bitwise: fp8_amax, fp8_cast and fp8_cast_transpose in both formats against a CPU
+// reference of the same rounding (itself checked against cuda_fp8.h's host conversion on every
+// BF16 value and on random floats), with the power-of-two scale checked against an independent
+// search; shapes with R = 1000 tokens (not a multiple of 16: padded transposes) and C = 1600, odd
+// small ones, zeros, NaN and Inf, magnitudes that clamp the scale; every kernel run twice for
+// identical bits. Layers (BF16 builds): matmul_forward_fp8 / matmul_backward_fp8 against the BF16
+// layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
+// GELU epilogues included; run twice, and with cuBLASLt's first heuristic, for identical bits.
+#include "dev/cuda/kernel_test.h"
+
+// ---- CPU reference of the casts ----
+
+struct Fp8Spec {
+  int bias, mantissa_bits;
+  double max;
+  uint8_t max_code;
+};
+
+Fp8Spec fp8_spec(Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? Fp8Spec{7, 3, 448.0, 0x7e} : Fp8Spec{15, 2, 57344.0, 0x7b};
+}
+
+// x to FP8, rounded to nearest with ties to even, saturating at +-fp8_max; NaN and Inf to NaN
+// (0x7f), as the kernels write them. Computed in double, where every step is exact.
+uint8_t fp8_reference(float x, Fp8Format f) {
+  const Fp8Spec spec = fp8_spec(f);
+  if (!std::isfinite(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs((double)x);
+  const double min_normal = std::ldexp(1.0, 1 - spec.bias);
+  int exponent = 0;  // a = m * 2^exponent, m in [1, 2)
+  std::frexp(a, &exponent);
+  exponent -= 1;
+  const double quantum = a < min_normal ? std::ldexp(min_normal, -spec.mantissa_bits)
+                                        : std::ldexp(1.0, exponent - spec.mantissa_bits);
+  const double rounded = std::nearbyint(a / quantum) * quantum;  // the default mode: ties to even
+  if (rounded == 0.0) return sign;
+  if (rounded >= spec.max) return sign | spec.max_code;
+  if (rounded < min_normal) return sign | (uint8_t)(rounded / std::ldexp(min_normal, -spec.mantissa_bits));
+  std::frexp(rounded, &exponent);
+  exponent -= 1;
+  const int mantissa = (int)((rounded / std::ldexp(1.0, exponent) - 1.0) * (1 << spec.mantissa_bits));
+  return sign | (uint8_t)((exponent + spec.bias) << spec.mantissa_bits) | (uint8_t)mantissa;
+}
+
+// The scale's exponent by search, independent of fp8_scale_exponent: the largest e <= 126 with
+// amax * 2^e <= fp8_max; 0 for an amax of 0, NaN or Inf.
+int scale_exponent_reference(float amax, Fp8Format f) {
+  if (amax == 0.0f || !std::isfinite(amax)) return 0;
+  int e = 126;
+  while ((double)amax * std::ldexp(1.0, e) > fp8_spec(f).max) e--;
+  return e;
+}
+
+uint32_t abs_bits(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  return bits & 0x7fffffffu;
+}
+
+float float_of_bits(uint32_t bits) {
+  float x;
+  memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+bool check_bytes(const std::string& name, const std::vector<uint8_t>& got, const std::vector<uint8_t>& ref) {
+  REQUIRE(got.size() == ref.size(), "%s: %zu bytes compared with %zu", name.c_str(), got.size(), ref.size());
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (got[i] != ref[i] && differ++ == 0) first = i;
+  }
+  if (differ == 0) {
+    printf("ok   %-34s n=%-10zu bitwise equal to the CPU reference\n", name.c_str(), got.size());
+  } else {
+    printf("FAIL %-34s n=%-10zu %zu differ, the first [%zu] got %02x ref %02x\n", name.c_str(), got.size(),
+           differ, first, got[first], ref[first]);
+  }
+  return testing::check(differ == 0, name);
+}
+
+// The CPU reference against cuda_fp8.h's host conversion (round to nearest even, saturating) on
+// every finite BF16 value and on a million finite random bit patterns.
+void test_reference_conversion(llmc::Rng& rng) {
+  printf("\nCPU reference conversion against cuda_fp8.h\n");
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    const __nv_fp8_interpretation_t kind = f == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
+    size_t compared = 0, differ = 0;
+    auto compare = [&](float x) {
+      if (!std::isfinite(x)) return;
+      compared++;
+      if (fp8_reference(x, f) != (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, kind) && differ++ < 5) {
+        printf("     %s %.9g: reference %02x, cuda_fp8.h %02x\n", fp8_format_name(f), x, fp8_reference(x, f),
+               (unsigned)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, kind));
+      }
+    };
+    for (uint32_t b = 0; b < 65536; b++) compare(float_of_bits(b << 16));
+    for (int i = 0; i < 1000000; i++) compare(float_of_bits(rng.u32()));
+    testing::check_verbose(differ == 0, llmc::strformat("%s reference = cuda_fp8.h on %zu values (%zu differ)",
+                                                        fp8_format_name(f), compared, differ));
+  }
+}
+
+// ---- the kernels, bitwise ----
+
+// x: the stored values of an R x C tensor. Checks fp8_amax, then fp8_cast and fp8_cast_transpose
+// (with and without the row-major output) in both formats, each twice.
+void test_casts(const std::string& name, int R, int C, const std::vector<float>& x) {
+  printf("\ncasts, %s: R=%d C=%d\n", name.c_str(), R, C);
+  const size_t n = (size_t)R * C;
+  const int ld_t = fp8_padded(R);
+  DeviceArray<floatX> d_x(x);
+  DeviceArray<Fp8Scale> scale(1);
+  DeviceArray<uint8_t> out(n), out_t((size_t)C * ld_t);
+  uint32_t amax_bits = 0;
+  for (float v : x) amax_bits = std::max(amax_bits, abs_bits(v));
+  auto amax = [&] {
+    scale.poison();
+    fp8_amax(scale, d_x, n, 0);
+    return scale.raw()[0].amax_bits;
+  };
+  const uint32_t got_amax = amax();
+  testing::check_verbose(got_amax == amax_bits, llmc::strformat("amax bits %08x = CPU's %08x (%g)", got_amax,
+                                                                amax_bits, float_of_bits(amax_bits)));
+  testing::check_verbose(amax() == got_amax, "amax twice: the same bits");
+
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    const char* fmt = fp8_format_name(f);
+    const int e = scale_exponent_reference(float_of_bits(amax_bits), f);
+    testing::check_verbose(fp8_scale_exponent(float_of_bits(amax_bits), f) == e,
+                           llmc::strformat("%s scale 2^%d = the search's", fmt, e));
+    std::vector<uint8_t> ref(n), ref_t((size_t)C * ld_t, 0);
+    for (int r = 0; r < R; r++) {
+      for (int c = 0; c < C; c++) {
+        const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
+        ref[(size_t)r * C + c] = q;
+        ref_t[(size_t)c * ld_t + r] = q;
+      }
+    }
+    auto inv_scale_ok = [&](const char* what) {
+      const float got = scale.raw()[0].inv_scale;
+      return testing::check(got == (float)std::ldexp(1.0, -e),
+                            llmc::strformat("%s %s: inv_scale %g, expected 2^%d", fmt, what, got, -e));
+    };
+    auto cast = [&] {
+      out.poison();
+      fp8_cast(out, scale, d_x, n, f, 0);
+      return out.raw();
+    };
+    const std::vector<uint8_t> cast_bytes = cast();
+    check_bytes(llmc::strformat("%s cast", fmt), cast_bytes, ref);
+    inv_scale_ok("cast");
+    testing::check_verbose(cast() == cast_bytes, llmc::strformat("%s cast twice: the same bits", fmt));
+
+    auto cast_transpose = [&](bool rows) {
+      out.poison();
+      out_t.poison();
+      fp8_cast_transpose(rows ? (uint8_t*)out : nullptr, out_t, scale, d_x, R, C, f, 0);
+      return std::make_pair(out.raw(), out_t.raw());
+    };
+    const auto both = cast_transpose(true);
+    check_bytes(llmc::strformat("%s cast-transpose rows", fmt), both.first, ref);
+    check_bytes(llmc::strformat("%s cast-transpose, transposed", fmt), both.second, ref_t);
+    inv_scale_ok("cast-transpose");
+    const auto transposed_only = cast_transpose(false);
+    check_bytes(llmc::strformat("%s transpose alone", fmt), transposed_only.second, ref_t);
+    testing::check_verbose(cast_transpose(true) == both,
+                           llmc::strformat("%s cast-transpose twice: the same bits", fmt));
+  }
+}
+
+// ---- the layers, against the BF16 layer ----
+
+// Bounds on ||fp8 - bf16|| / ||bf16|| for the layers' outputs. Rounding to a format of p
+// mantissa bits has relative error u with E[u^2] = 2^-2p / 12 * E[1/m^2] = 0.0451 * 2^-2p for a
+// mantissa m spread log-uniformly over [1, 2): rms 0.0265 for E4M3 (p = 3), 0.0531 for E5M2
+// (p = 2). A product's error adds both operands' independent errors, so its relative norm error
+// is sqrt(u_a^2 + u_b^2): 0.0375 forward (E4M3 x E4M3), 0.0594 backward (E4M3 x E5M2 for dinp and
+// dweight; GELU and its derivative scale each element's error with the element). The bounds leave
+// a third on top; the BF16 reference's own rounding (2^-9) is far below it.
+constexpr double kBoundForward = 0.05, kBoundBackward = 0.08;
+// Each element's error is a sum of many such terms, near-Gaussian with sigma of about 0.06 of the
+// tensor's rms: the elementwise check (relative to |ref| + rms, as check_close) only catches
+// outliers far beyond the ~5.5 sigma a million-element tensor reaches.
+constexpr float kTolElement = 0.5f;
+
+bool check_layer_tensor(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
+                        double bound) {
+  const bool norm = testing::check_tensor_norm(name, got.data(), ref.data(), got.size(), bound);
+  return check_close(name + " (elements)", got, ref, kTolElement) && norm;
+}
+
+void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
+  const int N = lc.N, C = lc.C, OC = lc.OC, Np = fp8_padded(N);
+  lc.print("FP8 layer");
+  const std::vector<float> inp = random_stored(rng, (size_t)N * C, 0.0f, 1.0f);
+  const std::vector<float> weight = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C));
+  const std::vector<float> bias = random_stored(rng, OC, 0.0f, 1.0f);
+  const std::vector<float> dout = random_stored(rng, (size_t)N * OC, 0.0f, 1.0f);
+  const std::vector<float> pre_gelu = random_stored(rng, (size_t)N * C, 0.0f, 1.5f);
+  const std::vector<float> dweight0 = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f);
+  DeviceArray<floatX> d_inp(inp), d_weight(weight), d_bias(bias), d_dout(dout), d_pre_gelu(pre_gelu);
+  floatX* bias_ptr = lc.bias ? (floatX*)d_bias : nullptr;
+  const floatX* pre_in = lc.gelu_in ? (floatX*)d_pre_gelu : nullptr;
+  DeviceArray<float> partials((size_t)kRowBlocks * OC);
+  const uint32_t seed = rng.u32();
+
+  // The BF16 layer.
+  DeviceArray<floatX> ref_out((size_t)N * OC), ref_pre((size_t)N * OC), ref_dinp((size_t)N * C);
+  DeviceArray<floatX> ref_dweight((size_t)OC * C), ref_dbias(OC);
+  matmul_forward(ref_out, d_inp, d_weight, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)ref_pre : nullptr, 0);
+  ref_dweight.upload(std::vector<float>((size_t)OC * C, 0.0f));
+  ref_dbias.upload(std::vector<float>(OC, 0.0f));
+  matmul_backward(ref_dinp, ref_dweight, lc.bias ? (floatX*)ref_dbias : nullptr, partials, d_dout, d_inp,
+                  d_weight, pre_in, N, C, OC, seed, 0);
+
+  // The FP8 layer: scales 0 weight, 1 input, 2 output gradient.
+  DeviceArray<uint8_t> w8((size_t)OC * C), w8t((size_t)OC * C);
+  DeviceArray<uint8_t> rows((size_t)N * std::max(C, OC)), dout_t((size_t)OC * Np), inp_t((size_t)C * Np);
+  DeviceArray<Fp8Scale> scales(3);
+  scales.poison();
+  const Fp8Weight w = {w8, w8t, (Fp8Scale*)scales};
+  Fp8Buffers buffers;
+  buffers.rows = rows;
+  buffers.dout_t = dout_t;
+  buffers.inp_t = inp_t;
+  buffers.dout_scale = (Fp8Scale*)scales + 2;
+  fp8_weight_cast(w, d_weight, OC, C, 0);
+  DeviceArray<floatX> out((size_t)N * OC), pre((size_t)N * OC), dinp((size_t)N * C);
+  DeviceArray<floatX> dweight((size_t)OC * C), dbias(OC);
+  auto forward = [&] {
+    out.poison();
+    pre.poison();
+    matmul_forward_fp8(out, d_inp, w, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)pre : nullptr,
+                       (Fp8Scale*)scales + 1, rows, 0);
+    return Snapshot(out, pre);
+  };
+  auto backward = [&](const std::vector<float>& dweight_start) {
+    dinp.poison();
+    dweight.upload(dweight_start);
+    dbias.upload(std::vector<float>(OC, 0.0f));
+    matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, d_dout, d_inp, w, pre_in,
+                        (Fp8Scale*)scales + 1, buffers, N, C, OC, seed, 0);
+    return Snapshot(dinp, dweight, dbias);
+  };
+
+  const Snapshot forward_bits = forward();
+  if (lc.gelu_out) {
+    check_layer_tensor("forward pre_gelu", pre.download(), ref_pre.download(), kBoundForward);
+    check_layer_tensor("forward out = GELU", out.download(), ref_out.download(), kBoundForward);
+  } else {
+    check_layer_tensor("forward out", out.download(), ref_out.download(), kBoundForward);
+  }
+  check_same_bits("forward twice", forward_bits, forward());
+  matmul_tuning = false;
+  check_same_bits("forward tuned = heuristic", forward_bits, forward());
+  matmul_tuning = true;
+
+  const std::vector<float> zeros((size_t)OC * C, 0.0f);
+  const Snapshot backward_bits = backward(zeros);
+  check_layer_tensor(lc.gelu_in ? "backward dinp (dGELU)" : "backward dinp", dinp.download(), ref_dinp.download(),
+                     kBoundBackward);
+  const std::vector<float> product = dweight.download();
+  check_layer_tensor("backward dweight", product, ref_dweight.download(), kBoundBackward);
+  // The bias gradient is the BF16 layer's code on the same BF16 dout.
+  if (lc.bias) check_close("backward dbias = BF16's", dbias.download(), ref_dbias.download(), 0.0f);
+  check_same_bits("backward twice", backward_bits, backward(zeros));
+  matmul_tuning = false;
+  check_same_bits("backward tuned = heuristic", backward_bits, backward(zeros));
+  matmul_tuning = true;
+  // Accumulation (beta = 1): the old gradient plus the product, rounded once.
+  backward(dweight0);
+  std::vector<float> expected(product.size());
+  for (size_t i = 0; i < expected.size(); i++) expected[i] = dweight0[i] + product[i];
+  check_close("dweight += (beta = 1)", dweight.download(), expected, kTolStore);
+}
+
+int main() {
+  return run_kernel_tests("test_fp8", [] {
+    llmc::Rng rng(21);
+    test_reference_conversion(rng);
+    test_casts("T=1000, d48 width", 1000, 1600, random_stored(rng, (size_t)1000 * 1600, 0.0f, 1.0f));
+    test_casts("GPT-2 small fc weight", 4 * 768, 768, random_stored(rng, (size_t)4 * 768 * 768, 0.0f, 0.02f));
+    test_casts("odd", 37, 136, random_stored(rng, (size_t)37 * 136, 0.5f, 3.0f));
+    test_casts("one row", 1, 8, random_stored(rng, 8, 0.0f, 1.0f));
+    test_casts("large values", 129, 72, random_stored(rng, (size_t)129 * 72, 0.0f, 1e30f));
+    test_casts("tiny values (scale clamped at 2^126)", 64, 64, random_stored(rng, 64 * 64, 0.0f, 1e-37f));
+    test_casts("zeros", 48, 64, std::vector<float>(48 * 64, 0.0f));
+    std::vector<float> with_nan = random_stored(rng, (size_t)100 * 96, 0.0f, 1.0f);
+    with_nan[1234] = NAN;
+    test_casts("a NaN", 100, 96, stored(with_nan));  // the NaN the GPU sees (BF16's own)
+    std::vector<float> with_inf = random_stored(rng, (size_t)100 * 96, 0.0f, 1.0f);
+    with_inf[4321] = -INFINITY;
+    test_casts("an Inf", 100, 96, with_inf);
+#if defined(ENABLE_FP32)
+    printf("\nskip FP8 linear layers: they need the BF16 build (their outputs and bias are BF16)\n");
+#else
+    const MatmulCase layers[] = {
+        {"qkv, GPT-2 small, T=1000", 1000, 768, 3 * 768, true, false, false},
+        {"attproj, GPT-2 small", 4 * 1024, 768, 768, true, false, false},
+        {"fc, d48, T=1000", 1000, 1600, 4 * 1600, true, true, false},
+        {"fcproj, d48, T=1000", 1000, 4 * 1600, 1600, true, false, true},
+        {"odd, no bias", 37, 144, 80, false, true, true},
+    };
+    for (const MatmulCase& lc : layers) test_layer(lc, rng);
+#endif
+  });
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Tests the trainers' --help: each names a quick first run, and every flag line of the CPU
+# trainer's (the flags both share, llmc/flags.h: name, help and default) is in the CUDA trainer's
+# word for word; and the first screen of a CPU run of a large model names the quick first run.
+# The CUDA trainers are checked where they are built (`make test` builds them, and --help needs
+# no GPU); a missing one is named as skipped.
+#
+#   bash dev/test/test_trainer_help.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source "$(dirname "$0")/lib.sh"
+
+# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+MAKEFLAGS= ${MAKE:-make} -s train_gpt2 || exit 1
+cpu_help=$(./train_gpt2 --help)
+check "./train_gpt2 --help: exit status" "$?" 0
+check "./train_gpt2 -h prints the same" "$(./train_gpt2 -h)" "$cpu_help"
+check "./train_gpt2 --help names the quick first run" \
+  "$(grep -c '^a quick first run: ./train_gpt2 -e tiny ' <<< "$cpu_help")" 1
+shared_lines=$(grep -E '^  -[a-zA-Z]+ ' <<< "$cpu_help")
+check "./train_gpt2 --help: one line per shared flag" "$(wc -l <<< "$shared_lines")" 21
+
+# The first screen of a CPU run of a large model names the quick first run (one step of d12 at T=8
+# on random tokens); the tiny model's does not.
+DIR=build/test_tmp/trainer_help
+rm -rf "$DIR"
+mkdir -p "$DIR"
+python3 - "$DIR/train.bin" <<'PY'
+import random, struct, sys
+tokens = [random.Random(2).randrange(50257) for _ in range(1024)]
+open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, len(tokens), *[0] * 253) +
+                              struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+one_step=(-i "$DIR/train.bin" -b 1 -t 8 -x 1 -v 0 -s 0)
+./train_gpt2 -e d12 "${one_step[@]}" > "$DIR/d12.out" 2>&1
+check "one step of d12: exit status" "$?" 0
+check "d12 on the CPU: the note with the quick first run comes before the first step" \
+  "$(grep -aE '^(note: |step )' "$DIR/d12.out" | head -n 1 | grep -o 'a quick first run: ./train_gpt2 -e tiny ')" \
+  "a quick first run: ./train_gpt2 -e tiny "
+./train_gpt2 -e tiny "${one_step[@]}" > "$DIR/tiny.out" 2>&1
+check "the tiny model: no note" "$(grep -c '^note: ' "$DIR/tiny.out")" 0
+
+for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
+  if [ ! -x "$trainer" ]; then
+    echo "skip $trainer: not built (make $(basename "$trainer"))"
+    continue
+  fi
+  cuda_help=$("$trainer" --help)
+  check "$trainer --help: exit status" "$?" 0
+  check "$trainer -h alone prints the same" "$("$trainer" -h)" "$cuda_help"
+  check "$trainer --help names the quick first run" \
+    "$(grep -c '^a quick first run: ./train_gpt2cu ' <<< "$cuda_help")" 1
+  missing=$(grep -vxF -f <(grep -E '^  -' <<< "$cuda_help") <<< "$shared_lines")
+  check "$trainer --help has every shared flag line of ./train_gpt2 --help" "$missing" ""
+done
+
+finish test_trainer_help

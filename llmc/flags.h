@@ -1,0 +1,290 @@
+// The command line both trainers share. One table of flags drives parsing (each flag's setter
+// checks its range and names the flag in its error), the --help text with every default, and the
+// start-up table of every setting. train_flags() holds the flags both trainers take, with their
+// defaults (TrainFlags), ranges and help; a program appends its own flags to them, so the shared
+// ones cannot drift apart between the CPU and the CUDA trainer.
+//
+// Every flag takes one value: "-x 100". --help prints the usage, and so does -h where the program
+// has no -h flag or nothing follows it (the CUDA trainer's -h 1 turns on HellaSwag).
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "schedulers.h"
+#include "utils.h"
+
+namespace llmc {
+
+struct Flag {
+  const char* name;   // "-b"
+  const char* label;  // its row in the start-up table
+  const char* help;   // its line in --help
+  std::function<void(const char* text)> set;  // parses and range-checks the value, or fails
+  std::function<std::string()> show;          // the current value
+};
+
+// "0 or 1", "within [0, 1]", "at least 1", "at most 2147483647": the range that `value` is
+// outside of, for error messages; a range up to the type's limit is named by the bound it breaks.
+inline std::string range_text(long value, long min, long max) {
+  if (min == 0 && max == 1) return "0 or 1";
+  if (max != INT32_MAX && max != LONG_MAX) return strformat("within [%ld, %ld]", min, max);
+  return value < min ? strformat("at least %ld", min) : strformat("at most %ld", max);
+}
+
+inline long parse_int(const char* flag, const char* text, long min, long max) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = strtol(text, &end, 10);
+  if (!*text || *end || errno) LLMC_FAIL("%s '%s': not an integer", flag, text);
+  if (v < min || v > max) LLMC_FAIL("%s %ld: must be %s", flag, v, range_text(v, min, max).c_str());
+  return v;
+}
+
+inline float parse_float(const char* flag, const char* text, float min, float max) {
+  char* end = nullptr;
+  errno = 0;
+  const float v = strtof(text, &end);
+  if (!*text || *end || errno || !std::isfinite(v)) LLMC_FAIL("%s '%s': not a number", flag, text);
+  if (v < min || v > max) {
+    const std::string range =
+        max == FLT_MAX ? strformat("at least %g", min) : strformat("within [%g, %g]", min, max);
+    LLMC_FAIL("%s %g: must be %s", flag, v, range.c_str());
+  }
+  return v;
+}
+
+inline Flag text_flag(const char* name, const char* label, const char* help, std::string* value) {
+  return {name, label, help, [value](const char* text) { *value = text; },
+          [value] { return value->empty() ? std::string("none") : *value; }};
+}
+
+template <typename Int>
+Flag int_flag(const char* name, const char* label, const char* help, Int* value, long min,
+              long max) {
+  return {name, label, help,
+          [=](const char* text) { *value = (Int)parse_int(name, text, min, max); },
+          [value] { return std::to_string(*value); }};
+}
+
+inline Flag float_flag(const char* name, const char* label, const char* help, float* value,
+                       float min, float max) {
+  return {name, label, help, [=](const char* text) { *value = parse_float(name, text, min, max); },
+          [value] { return strformat("%g", *value); }};
+}
+
+// The settings of the shared flags, with their defaults.
+struct TrainFlags {
+  std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
+  std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
+  std::string model = "d12";
+  std::string output_dir;
+  std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
+  std::string schedule = "cosine";
+  int B = 4;
+  int T = 0;  // 0 until resolve_sequence_length: the model's maximum
+  long total_batch = -1;
+  float lr = 3e-4f;
+  int warmup = 0;
+  float final_lr_frac = 0.0f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;
+  int max_steps = -1;
+  int val_every = 20;
+  int val_batches = 20;
+  int sample_every = 20;
+  int gen_len = 64;
+  int overfit = 0;
+  int seed = 42;
+};
+
+// The shared flags, then the program's own (`own`); a name in both is a programming error.
+inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
+  constexpr long kIntMax = INT32_MAX;
+  Flag schedule = text_flag("-k", "lr schedule",
+                            "learning-rate schedule: cosine linear constant wsd", &f.schedule);
+  schedule.set = [&f](const char* text) {
+    parse_lr_schedule(text, "-k");
+    f.schedule = text;
+  };
+  std::vector<Flag> flags = {
+      text_flag("-i", "train data", "train token shards (a glob pattern: quote it)",
+                &f.train_pattern),
+      text_flag("-j", "val data", "validation token shards (a glob pattern: quote it)",
+                &f.val_pattern),
+      text_flag("-e", "model",
+                "checkpoint file, or a preset initialised from the seed: d12 d24 d36 d48 tiny",
+                &f.model),
+      text_flag("-o", "output dir",
+                "output directory for main.log and checkpoints (none: no output)", &f.output_dir),
+      text_flag("-tk", "tokenizer",
+                "GPT-2 vocabulary file, to print samples as text (token ids without it)",
+                &f.tokenizer),
+      int_flag("-b", "micro batch B", "micro batch size: sequences per process and micro step",
+               &f.B, 1, kIntMax),
+      int_flag("-t", "sequence length T",
+               "sequence length (0: the model's maximum, 1024 for d12 to d48, 64 for tiny)", &f.T,
+               0, kIntMax),
+      int_flag("-z", "total batch (tokens)",
+               "tokens per step, a multiple of B*T*processes (-1: B*T*processes, no accumulation)",
+               &f.total_batch, -1, LONG_MAX),
+      float_flag("-l", "learning rate", "peak learning rate", &f.lr, 0.0f, FLT_MAX),
+      int_flag("-u", "warmup steps", "learning-rate warmup steps", &f.warmup, 0, kIntMax),
+      float_flag("-q", "final lr fraction", "final learning rate as a fraction of the peak",
+                 &f.final_lr_frac, 0.0f, 1.0f),
+      schedule,
+      float_flag("-c", "weight decay", "weight decay of the 2-D matrices", &f.weight_decay, 0.0f,
+                 FLT_MAX),
+      float_flag("-gc", "grad clip", "gradient clipping norm (0: off)", &f.grad_clip, 0.0f,
+                 FLT_MAX),
+      int_flag("-x", "steps",
+               "training steps (-1: one epoch of the training data, 0: evaluate only)",
+               &f.max_steps, -1, kIntMax),
+      int_flag("-v", "val every", "validation loss every N steps (0: never)", &f.val_every, 0,
+               kIntMax),
+      int_flag("-m", "val batches", "validation batches per evaluation (0: no validation)",
+               &f.val_batches, 0, kIntMax),
+      int_flag("-s", "sample every", "sample from the model every N steps (0: never)",
+               &f.sample_every, 0, kIntMax),
+      int_flag("-g", "sample length",
+               "tokens generated per sample (no more than the model's maximum sequence length - 1)",
+               &f.gen_len, 1, kIntMax),
+      int_flag("-a", "overfit one batch", "1: train on the first batch over and over (debugging)",
+               &f.overfit, 0, 1),
+      int_flag("-S", "seed", "seed of the initialisation, the data order and sampling", &f.seed, 0,
+               kIntMax),
+  };
+  for (const Flag& extra : own) {
+    for (const Flag& existing : flags) {
+      if (std::string(extra.name) == existing.name) {
+        LLMC_FAIL("flag %s is defined twice: it is one of the shared flags of llmc/flags.h",
+                  extra.name);
+      }
+    }
+    flags.push_back(extra);
+  }
+  return flags;
+}
+
+// Parses args (the words after the program name) into the flags' settings. Returns false when
+// the usage was asked for. `program` names the program in the message about an unknown flag.
+inline bool parse_flags(const std::vector<std::string>& args, const std::vector<Flag>& flags,
+                        const char* program) {
+  for (size_t i = 0; i < args.size(); i += 2) {
+    const std::string& name = args[i];
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags) {
+      if (name == f.name) flag = &f;
+    }
+    const bool has_value = i + 1 < args.size();
+    if (name == "--help" || (name == "-h" && (!flag || !has_value))) return false;
+    if (!flag) {
+      if (name.empty() || name[0] != '-') {
+        LLMC_FAIL("'%s' is not a flag: flags start with '-' and take one value each (quote a glob "
+                  "pattern, -i 'dir/*.bin', or the shell expands it into several words)",
+                  name.c_str());
+      }
+      LLMC_FAIL("unknown flag '%s': %s --help lists the flags", name.c_str(), program);
+    }
+    if (!has_value) LLMC_FAIL("flag %s needs a value: %s", flag->name, flag->help);
+    flag->set(args[i + 1].c_str());
+  }
+  return true;
+}
+
+// `about` says what the program is; `quick_start`, a first command to try.
+inline void print_usage(const char* program, const char* about, const char* quick_start,
+                        const std::vector<Flag>& flags) {
+  printf("usage: %s [flags]   (%s)\n", program, about);
+  printf("a quick first run: %s\n", quick_start);
+  for (const Flag& f : flags) printf("  %-5s %s (default %s)\n", f.name, f.help, f.show().c_str());
+  printf("  --help (or -h with no value) prints this\n");
+}
+
+// -t 0 becomes the model's maximum sequence length; a longer -t fails.
+inline void resolve_sequence_length(TrainFlags& f, int max_seq_len) {
+  if (f.T == 0) f.T = max_seq_len;
+  if (f.T > max_seq_len) {
+    LLMC_FAIL("-t %d is above the model's maximum sequence length %d: use -t %d or less", f.T,
+              max_seq_len, max_seq_len);
+  }
+}
+
+// The tokens of one optimizer step and the micro steps of B*T tokens per process that make it.
+struct StepBatch {
+  long tokens;
+  int micro_steps;
+};
+
+// From -z (or B*T*processes without it), once -t is resolved; fails unless -z is a multiple of
+// B*T*processes that one step can take.
+inline StepBatch step_batch(const TrainFlags& f, int processes) {
+  const long per_micro_step = (long)f.B * f.T * processes;
+  if (f.total_batch == -1) return {per_micro_step, 1};
+  if (f.total_batch <= 0 || f.total_batch % per_micro_step != 0) {
+    LLMC_FAIL("-z %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use -z %ld or another "
+              "multiple", f.total_batch, f.B, f.T, processes, per_micro_step,
+              per_micro_step * std::max(1L, f.total_batch / per_micro_step));
+  }
+  if (f.total_batch / per_micro_step > INT32_MAX) {
+    LLMC_FAIL("-z %ld is %ld micro steps of B*T*processes = %ld tokens, more than the %d one step "
+              "can take: use a smaller -z", f.total_batch, f.total_batch / per_micro_step,
+              per_micro_step, INT32_MAX);
+  }
+  return {f.total_batch, (int)(f.total_batch / per_micro_step)};
+}
+
+// The start-up table: rows of a setting and its value in a box as wide as its longest key and
+// value; rule() separates groups of rows.
+class StartupTable {
+ public:
+  void row(const std::string& key, const std::string& value) {
+    rows_.push_back({false, key, value});
+  }
+  void rule() { rows_.push_back({true, "", ""}); }
+
+  // One row per flag, "-b    micro batch B", with its value.
+  void flag_rows(const std::vector<Flag>& flags) {
+    for (const Flag& f : flags) row(strformat("%-5s %s", f.name, f.label), f.show());
+  }
+
+  std::vector<std::string> lines() const {
+    size_t key_width = 0, value_width = 0;
+    for (const Row& r : rows_) {
+      key_width = std::max(key_width, r.key.size());
+      value_width = std::max(value_width, r.value.size());
+    }
+    const std::string rule_line =
+        "+" + std::string(key_width + 2, '-') + "+" + std::string(value_width + 2, '-') + "+";
+    std::vector<std::string> out = {rule_line};
+    for (const Row& r : rows_) {
+      out.push_back(r.is_rule ? rule_line
+                              : strformat("| %-*s | %-*s |", (int)key_width, r.key.c_str(),
+                                          (int)value_width, r.value.c_str()));
+    }
+    out.push_back(rule_line);
+    return out;
+  }
+
+  void print() const {
+    for (const std::string& line : lines()) printf("%s\n", line.c_str());
+  }
+
+ private:
+  struct Row {
+    bool is_rule;
+    std::string key, value;
+  };
+  std::vector<Row> rows_;
+};
+
+}  // namespace llmc
