@@ -3441,10 +3441,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
           "model channels %d must be a multiple of 8", config.channels);
   m.use_master_weights = use_master_weights && sizeof(floatX) < sizeof(float);
   m.shard_count = shard_count;
-  // Shards are whole multiples of 64 elements, so each one starts 256-byte aligned.
-  m.shard_size = shard_count == 1 ? m.num_params
-                                  : llmc::round_up((m.num_params + shard_count - 1) / shard_count, 64);
-  m.shard_offset = (size_t)shard_rank * m.shard_size;
+  const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
+  m.shard_size = shard.size;
+  m.shard_offset = shard.offset;
   m.num_params_padded = m.shard_size * shard_count;
   m.params = device_alloc<floatX>(m.num_params_padded, "the parameters");
   m.grads = device_alloc<floatX>(m.num_params_padded, "the gradients");
@@ -3463,9 +3462,7 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   if (m.use_master_weights) {
     m.master = device_alloc<float>(m.shard_size, "the FP32 master weights");
     cudaCheck(cudaMemset(m.master, 0, m.shard_size * sizeof(float)));
-    const size_t real = m.shard_offset < m.num_params
-                            ? std::min(m.shard_size, m.num_params - m.shard_offset) : 0;
-    cudaCheck(cudaMemcpy(m.master, values.data() + m.shard_offset, real * sizeof(float),
+    cudaCheck(cudaMemcpy(m.master, values.data() + m.shard_offset, shard.real * sizeof(float),
                          cudaMemcpyHostToDevice));
   }
   m.rng.seed(seed);
@@ -4580,8 +4577,9 @@ int train_main(int argc, char** argv) {
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
-  gpt2_init(m, config, values, a.master_weights != 0, a.seed, mg.zero_stage ? mg.rank : 0,
-            mg.zero_stage ? mg.world : 1);
+  const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
+  gpt2_init(m, config, values, a.master_weights != 0, a.seed, shard_count == 1 ? 0 : mg.rank,
+            shard_count);
   values.clear();
   if (!a.prompt.empty()) {
     llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(a.encoder_dir);

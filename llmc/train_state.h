@@ -11,6 +11,7 @@
 // each) and, when [6] is 1, the FP32 master weights (n float32).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -52,6 +53,28 @@ struct TrainState {
   std::vector<float> adam_m, adam_v, master;  // master is empty without master weights
 };
 
+// ZeRO stage 1 splits the parameter-ordered optimizer state (AdamW's moments, the master weights)
+// over the processes: shard r is [offset, offset + size) of that order. Every shard has the same
+// size, a whole multiple of 64 elements so that each starts 256-byte aligned on the GPU; the last
+// shards extend past the parameters (or lie wholly past them) and are zero there. One shard is
+// the whole state, unpadded.
+struct ZeroShard {
+  size_t offset = 0;
+  size_t size = 0;
+  size_t real = 0;  // elements below the parameter count: [offset, offset + real)
+};
+
+// The number of shards of a run of `world` processes with -zs `zero_stage`.
+inline int zero_shard_count(int world, int zero_stage) { return zero_stage == 1 ? world : 1; }
+
+inline ZeroShard zero_shard(size_t num_params, int shard_count, int shard_rank) {
+  ZeroShard s;
+  s.size = shard_count == 1 ? num_params : round_up((num_params + shard_count - 1) / shard_count, 64);
+  s.offset = (size_t)shard_rank * s.size;
+  s.real = s.offset < num_params ? std::min(s.size, num_params - s.offset) : 0;
+  return s;
+}
+
 namespace train_state_detail {
 
 inline uint32_t payload_crc32(uint32_t crc, const HostTrainState& host, const float* adam_m,
@@ -90,11 +113,20 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   });
 }
 
-// Reads and checks the state file of `expected` (its step, rank, world, model size and master
-// weights); `remedy` says what to do when the file is damaged. Every header field is checked and
-// the file's size is compared with the header before anything is allocated.
-inline TrainState train_state_load(const std::string& path, const TrainStateId& expected,
-                                   const char* remedy) {
+// A state file as read: where from, whose, and what it holds.
+struct TrainStateFile {
+  std::string path;
+  TrainStateId id;
+  TrainState state;
+};
+
+namespace train_state_detail {
+
+// Reads and checks a state file; with `expected`, against it (its step, rank, world, ZeRO stage,
+// shard size and master weights), else only for a header in range. Every header field is checked
+// and the file's size is compared with the header before anything is allocated.
+inline TrainStateFile read(const std::string& path, const TrainStateId* expected,
+                           const char* remedy) {
   File f(path, "rb");
   int h[kHeaderInts];
   f.read(h, sizeof(h), "the state header");
@@ -103,41 +135,55 @@ inline TrainState train_state_load(const std::string& path, const TrainStateId& 
               "%d): %s", path.c_str(), kStateVersion, h[0], h[1], kStateMagic, kStateVersion,
               remedy);
   }
-  if (h[3] != expected.rank || h[4] != expected.world) {
+  if (expected && (h[3] != expected->rank || h[4] != expected->world)) {
     LLMC_FAIL("%s: state of rank %d of %d, expected rank %d of %d: resume with the process count "
-              "the checkpoint was written with", path.c_str(), h[3], h[4], expected.rank,
-              expected.world);
+              "the checkpoint was written with", path.c_str(), h[3], h[4], expected->rank,
+              expected->world);
   }
-  if (h[2] != expected.step) {
+  if (h[4] < 1 || h[3] < 0 || h[3] >= h[4]) {
+    LLMC_FAIL("%s: state of rank %d of %d: the header is damaged; %s", path.c_str(), h[3], h[4],
+              remedy);
+  }
+  if (expected && h[2] != expected->step) {
     LLMC_FAIL("%s: state of step %d in the file of step %d: the header is damaged; %s",
-              path.c_str(), h[2], expected.step, remedy);
+              path.c_str(), h[2], expected->step, remedy);
   }
-  if (h[5] < 0 || h[5] > expected.step) {
+  const int step = h[2];
+  if (step < 0) {
+    LLMC_FAIL("%s: state of step %d: the header is damaged; %s", path.c_str(), step, remedy);
+  }
+  if (h[5] < 0 || h[5] > step) {
     LLMC_FAIL("%s: %d AdamW updates recorded at step %d (must be 0..%d): the header is damaged; "
-              "%s", path.c_str(), h[5], expected.step, expected.step, remedy);
+              "%s", path.c_str(), h[5], step, step, remedy);
   }
   if (h[6] != 0 && h[6] != 1) {
     LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s",
               path.c_str(), h[6], remedy);
   }
-  if (h[7] != expected.zero_stage) {
+  if (expected && h[7] != expected->zero_stage) {
     LLMC_FAIL("%s: written with ZeRO stage %d, but this run has -zs %d: resume with -zs %d",
-              path.c_str(), h[7], expected.zero_stage, h[7]);
+              path.c_str(), h[7], expected->zero_stage, h[7]);
+  }
+  if (h[7] != 0 && h[7] != 1) {
+    LLMC_FAIL("%s: ZeRO stage %d (must be 0 or 1): the header is damaged; %s", path.c_str(), h[7],
+              remedy);
   }
   uint64_t n = 0;
   memcpy(&n, &h[8], sizeof(n));
   const bool master = h[6] == 1;
-  if (n != expected.num_params || master != expected.master_weights) {
+  if (expected && (n != expected->num_params || master != expected->master_weights)) {
     LLMC_FAIL("%s: state for %llu parameters %s master weights, but the model has %zu %s: resume "
               "with the same model and -w setting", path.c_str(), (unsigned long long)n,
-              master ? "with" : "without", expected.num_params,
-              expected.master_weights ? "with" : "without");
+              master ? "with" : "without", expected->num_params,
+              expected->master_weights ? "with" : "without");
   }
   if (!header_has_checksum(h, path)) {
     LLMC_FAIL("%s: the header has no checksum, which every state file of version %d has: the "
               "header is damaged; %s", path.c_str(), kStateVersion, remedy);
   }
-  TrainState s;
+  TrainStateFile file;
+  file.path = path;
+  TrainState& s = file.state;
   const long expected_bytes =
       (long)(sizeof(h) + sizeof(s.host) + (2 + (master ? 1 : 0)) * n * sizeof(float));
   const long actual = f.size();
@@ -155,11 +201,29 @@ inline TrainState train_state_load(const std::string& path, const TrainStateId& 
   f.read(s.adam_m.data(), n * sizeof(float), "AdamW's first moments");
   f.read(s.adam_v.data(), n * sizeof(float), "AdamW's second moments");
   if (master) f.read(s.master.data(), n * sizeof(float), "the master weights");
-  header_verify_checksum(h, train_state_detail::payload_crc32(header_checksum_start(h), s.host,
-                                                              s.adam_m.data(), s.adam_v.data(),
-                                                              master ? s.master.data() : nullptr, n),
+  header_verify_checksum(h, payload_crc32(header_checksum_start(h), s.host, s.adam_m.data(),
+                                          s.adam_v.data(), master ? s.master.data() : nullptr, n),
                          path, remedy);
-  return s;
+  file.id.step = step;
+  file.id.rank = h[3];
+  file.id.world = h[4];
+  file.id.num_params = n;
+  file.id.master_weights = master;
+  file.id.zero_stage = h[7];
+  return file;
+}
+
+}  // namespace train_state_detail
+
+// Reads and checks the state file of `expected`; `remedy` says what to do when the file is damaged.
+inline TrainState train_state_load(const std::string& path, const TrainStateId& expected,
+                                   const char* remedy) {
+  return train_state_detail::read(path, &expected, remedy).state;
+}
+
+// Reads and checks a state file of any step, rank, process count and ZeRO stage (to reshard it).
+inline TrainStateFile train_state_read(const std::string& path, const char* remedy) {
+  return train_state_detail::read(path, nullptr, remedy);
 }
 
 }  // namespace llmc
