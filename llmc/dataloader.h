@@ -107,6 +107,19 @@ inline void read_token_shard(const std::string& path, int vocab_size,
 // remaining fields describe the data and settings it belongs to, so that a
 // resume with different ones fails instead of silently reading other data.
 // Plain fixed-size data: a checkpoint can store it byte for byte.
+//
+// A state saved by `world` = P processes restores into a loader of P' processes (a checkpoint
+// resharded for another process count, llmc/reshard.h) by this rule: the same epoch, the same
+// generator state at its start (so the same shard order), the same shard, and of that shard's
+// batches k*P/P' (rounded down) taken, where the P processes had taken k. Without shuffle batch b
+// of P processes holds the shard's chunks b*P .. b*P+P-1 in order, so when P' divides k*P (P' a
+// divisor of P, for one) the next batch holds exactly the tokens a P-process run would have read
+// next, else it starts fewer than P' chunks before them (re-read, none skipped). Either way the
+// shard then goes on in order, but P and P' processes drop a different tail of each shard (its
+// chunks past a multiple of the process count), so from the next shard on the order is that of
+// P' processes. With shuffle a shard's batch order is a permutation of its batch count, which
+// depends on the process count, so the P' order of the current shard (and the generator after
+// it) is its own: the fraction of the shard taken is kept, not which tokens were read.
 struct DataLoaderState {
   int64_t epoch;
   int64_t shard_position;  // index into the epoch's shard order
@@ -197,16 +210,21 @@ class DataLoader {
     return s;
   }
 
+  // `s` may be of another process count: see DataLoaderState.
   void restore(const DataLoaderState& s) {
-    if (s.num_shards != (int64_t)shards_.size() || s.batches_per_epoch != batches_per_epoch_ ||
-        s.batch_size != B_ || s.seq_len != T_ || s.world != world_ ||
-        s.shuffle != (shuffle_ ? 1 : 0)) {
+    if (s.world < 1 || s.world > INT32_MAX) {
+      LLMC_FAIL("cannot resume the data loader: corrupt process count %lld; the checkpoint is "
+                "damaged", (long long)s.world);
+    }
+    if (s.num_shards != (int64_t)shards_.size() ||
+        s.batches_per_epoch != batches_per_epoch_of((int)s.world) || s.batch_size != B_ ||
+        s.seq_len != T_ || s.shuffle != (shuffle_ ? 1 : 0)) {
       LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, %lld "
                 "batches per epoch, B=%lld T=%lld, %lld processes, shuffle %lld, but this run has "
                 "%zu, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
                 (long long)s.num_shards, (long long)s.batches_per_epoch, (long long)s.batch_size,
                 (long long)s.seq_len, (long long)s.world, (long long)s.shuffle, shards_.size(),
-                batches_per_epoch_, B_, T_, world_, shuffle_ ? 1 : 0);
+                batches_per_epoch_of((int)s.world), B_, T_, world_, shuffle_ ? 1 : 0);
     }
     if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards) {
       LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld); "
@@ -221,12 +239,14 @@ class DataLoader {
       if (shuffle_) random_permutation(rng_, (int)shards_[shard_order_[p]].num_batches);
     }
     open_shard((long)s.shard_position);
-    if (s.batch_position < 0 || s.batch_position > batch_position_limit()) {
+    const Shard& shard = shards_[shard_order_[shard_position_]];
+    const long saved_limit = batches_of(shard, (int)s.world);
+    if (s.batch_position < 0 || s.batch_position > saved_limit) {
       LLMC_FAIL("cannot resume the data loader: corrupt position (batch %lld of %ld in %s); the "
-                "checkpoint is damaged", (long long)s.batch_position, batch_position_limit(),
-                shards_[shard_order_[shard_position_]].path.c_str());
+                "checkpoint is damaged", (long long)s.batch_position, saved_limit,
+                shard.path.c_str());
     }
-    batch_position_ = (long)s.batch_position;
+    batch_position_ = (long)(s.batch_position * s.world / world_);
   }
 
   long total_tokens() const { return total_tokens_; }          // in all shards
@@ -244,7 +264,14 @@ class DataLoader {
   };
 
   long chunk() const { return (long)B_ * T_; }
-  long batch_position_limit() const { return shards_[shard_order_[shard_position_]].num_batches; }
+  long batches_of(const Shard& shard, int world) const {
+    return (shard.num_tokens - 1) / (world * chunk());
+  }
+  long batches_per_epoch_of(int world) const {
+    long total = 0;
+    for (const Shard& shard : shards_) total += batches_of(shard, world);
+    return total;
+  }
 
   void begin_epoch() {
     rng_at_epoch_start_ = rng_.state();

@@ -1,6 +1,6 @@
 // Tests llmc/dataloader.h: shard writing and validation, the data order of
 // SPEC.md (plain, shuffled, split over ranks, over epochs), reset and
-// state/restore. Shards go to build/test_tmp/dataloader/.
+// state/restore (also from another process count). Shards go to build/test_tmp/dataloader/.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -226,6 +226,68 @@ void test_state_restore() {
   check_throws([&] { loader.restore(s); }, "corrupt position", "restore of a bad batch position");
 }
 
+// The chunks (shard, position) the ranks of `world` processes read in their next `steps` batches.
+std::vector<Batch> take_all_ranks(std::vector<DataLoader>& ranks, int steps, bool* contiguous) {
+  std::vector<Batch> out;
+  for (int step = 0; step < steps; step++) {
+    for (DataLoader& rank : ranks) out.push_back(take(rank, kChunk, contiguous));
+  }
+  return out;
+}
+
+std::vector<DataLoader> loaders(const std::string& pattern, int world, bool shuffle) {
+  std::vector<DataLoader> ranks;
+  for (int r = 0; r < world; r++) ranks.emplace_back(pattern, "-i", kB, kT, r, world, shuffle, 21, kVocab);
+  return ranks;
+}
+
+// A state of P processes restored by P' (a resharded checkpoint): DataLoaderState's rule.
+void test_restore_other_world() {
+  // 10 chunks in shard 0 and 7 in shard 1: 5 and 3 batches of 2 processes, 3 and 2 of 3.
+  const std::string pattern = write_shards("reshard", {8 * 10 + 1, 8 * 7 + 1});
+  bool contiguous = true;
+  std::vector<DataLoader> two = loaders(pattern, 2, false);
+  take_all_ranks(two, 2, &contiguous);  // chunks 0..3 of shard 0
+  std::vector<DataLoader> one = loaders(pattern, 1, false);
+  one[0].restore(two[0].state());
+  check_verbose(take_all_ranks(one, 7, &contiguous) ==
+                    batches({{0, 4}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}, {1, 0}}, kChunk),
+                "2 processes -> 1: the next chunk is the one 2 processes would have read next, "
+                "then the shard in order");
+  std::vector<DataLoader> three = loaders(pattern, 3, false);
+  for (DataLoader& rank : three) rank.restore(two[1].state());
+  check_verbose(take_all_ranks(three, 2, &contiguous) ==
+                    batches({{0, 3}, {0, 4}, {0, 5}, {0, 6}, {0, 7}, {0, 8}}, kChunk),
+                "2 processes (4 chunks taken) -> 3: from chunk 3, one chunk re-read, none skipped");
+  for (DataLoader& rank : two) rank.restore(three[0].state());
+  check_verbose(take_all_ranks(two, 2, &contiguous) ==
+                    batches({{0, 8}, {0, 9}, {1, 0}, {1, 1}}, kChunk),
+                "3 processes (shard 0 done: 9 chunks) -> 2: chunks 8 and 9 (the tail 3 processes "
+                "drop), then the next shard");
+  check(contiguous, "every batch restored from another process count is contiguous");
+
+  std::vector<DataLoader> shuffled = loaders(pattern, 3, true);
+  take_all_ranks(shuffled, 4, &contiguous);  // shard 0's 3 batches and the first of shard 1
+  std::vector<DataLoader> shuffled_two = loaders(pattern, 2, true);
+  shuffled_two[0].restore(shuffled[0].state());
+  const llmc::DataLoaderState moved = shuffled_two[0].state();
+  check_verbose(moved.shard_position == 1 && moved.batch_position == 1 && moved.world == 2 &&
+                    moved.epoch == 0,
+                "shuffled, 3 processes -> 2: the same shard, 1 of its 3 batches taken (1*3/2)");
+  llmc::DataLoaderState s = shuffled[0].state();
+  s.batch_position = 3;
+  check_throws([&] { shuffled_two[0].restore(s); }, "corrupt position (batch 3 of 2 in",
+               "a batch position past the saved process count's batches");
+  s = shuffled[0].state();
+  s.world = 0;
+  check_throws([&] { shuffled_two[0].restore(s); }, "corrupt process count 0",
+               "a state of no processes");
+  s = shuffled[0].state();
+  s.batches_per_epoch++;
+  check_throws([&] { shuffled_two[0].restore(s); }, "same data and settings",
+               "a state of 3 processes over other data");
+}
+
 void write_raw(const std::string& path, const std::vector<int32_t>& header_ints, long header_bytes,
                const std::vector<uint16_t>& tokens) {
   std::vector<char> bytes(header_bytes, 0);
@@ -333,6 +395,7 @@ int main() {
     test_rank_splits(false);
     test_rank_splits(true);
     test_state_restore();
+    test_restore_other_world();
     test_malformed_shards();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
