@@ -55,6 +55,7 @@
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
 
+#include "llmc/checkpoint_files.h"
 #include "llmc/dataloader.h"
 #include "llmc/flags.h"
 #include "llmc/gpt2.h"
@@ -64,6 +65,7 @@
 #include "llmc/progress.h"
 #include "llmc/rand.h"
 #include "llmc/rendezvous.h"
+#include "llmc/reshard.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_state.h"
@@ -3982,13 +3984,9 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // Each file is written under a temporary name, flushed to disk and renamed; each header holds a
 // CRC-32 of its file, verified on load (llmc/file_header.h, llmc/train_state.h). Resuming from
 // one gives exactly the bits the uninterrupted run would have had. With ZeRO a state file holds
-// the rank's shard of the optimizer state only, so it resumes with the same process count and
-// -zs setting alone.
-
-std::string checkpoint_path(const std::string& dir, const char* kind, int step, int rank = -1) {
-  return rank < 0 ? llmc::strformat("%s/%s_%08d.bin", dir.c_str(), kind, step)
-                  : llmc::strformat("%s/%s_%08d_%05d.bin", dir.c_str(), kind, step, rank);
-}
+// the rank's shard of the optimizer state only; a resume with another process count or -zs
+// reshards the state as it loads (llmc/reshard.h), and continues the run as that layout would
+// have, within the rounding of summing the gradient in another order.
 
 llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) {
   llmc::TrainStateId id;
@@ -4013,12 +4011,19 @@ void save_state(GPT2& m, const std::string& path, int step, int rank, int world,
                          adam_m.data(), adam_v.data(), m.master ? master.data() : nullptr);
 }
 
-// Loads a state file into the model (which holds the checkpoint's parameters already).
+// Loads the checkpoint's training state into the model (which holds its parameters already),
+// resharded when the checkpoint was written by another process count or ZeRO stage.
 llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int rank, int world) {
   const std::string remedy = llmc::strformat(
       "delete %s/DONE_%08d to resume from the checkpoint before it", dir.c_str(), step);
-  llmc::TrainState s = llmc::train_state_load(checkpoint_path(dir, "state", step, rank),
-                                              train_state_id(m, step, rank, world), remedy.c_str());
+  const llmc::TrainStateId id = train_state_id(m, step, rank, world);
+  llmc::TrainStateId written;
+  llmc::TrainState s = llmc::checkpoint_train_state(dir, id, m.num_params, remedy.c_str(), &written);
+  if (rank == 0 && (written.world != world || written.zero_stage != id.zero_stage)) {
+    printf("resharded: the checkpoint of %d process%s with ZeRO stage %d resumes on %d with stage "
+           "%d\n", written.world, written.world == 1 ? "" : "es", written.zero_stage, world,
+           id.zero_stage);
+  }
   const size_t n = m.shard_size;
   cudaCheck(cudaMemcpy(m.adam_m, s.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   cudaCheck(cudaMemcpy(m.adam_v, s.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -4026,58 +4031,6 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
   m.optimizer_steps = s.optimizer_steps;
   m.rng.restore(s.host.model_rng);
   return s.host;
-}
-
-// The newest step with a DONE marker in dir, or -1.
-int latest_checkpoint_step(const std::string& dir) {
-  int latest = -1;
-  glob_t g;
-  if (glob((dir + "/DONE_*").c_str(), 0, nullptr, &g) == 0) {
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-      int step = -1;
-      const char* name = strrchr(g.gl_pathv[i], '/') + 1;
-      if (sscanf(name, "DONE_%d", &step) == 1) latest = std::max(latest, step);
-    }
-  }
-  globfree(&g);
-  return latest;
-}
-
-void write_done_marker(const std::string& dir, int step) {
-  llmc::File f(llmc::strformat("%s/DONE_%08d", dir.c_str(), step), "wb");
-  f.close(/*sync=*/true);
-}
-
-// Deletes complete checkpoints other than the newest keep_last and those whose step is a
-// multiple of keep_every (0: none kept that way). keep_last 0 keeps everything. The DONE marker
-// goes first, so a checkpoint being deleted is never taken for a complete one.
-void prune_checkpoints(const std::string& dir, int keep_last, int keep_every) {
-  if (keep_last <= 0) return;
-  std::vector<int> steps;
-  glob_t g;
-  if (glob((dir + "/DONE_*").c_str(), 0, nullptr, &g) == 0) {
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-      int step = -1;
-      if (sscanf(strrchr(g.gl_pathv[i], '/') + 1, "DONE_%d", &step) == 1) steps.push_back(step);
-    }
-  }
-  globfree(&g);
-  std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + keep_last < steps.size(); i++) {
-    const int step = steps[i];
-    if (keep_every > 0 && step % keep_every == 0) continue;
-    std::vector<std::string> files = {llmc::strformat("%s/DONE_%08d", dir.c_str(), step),
-                                      checkpoint_path(dir, "model", step)};
-    if (glob(llmc::strformat("%s/state_%08d_*.bin", dir.c_str(), step).c_str(), 0, nullptr, &g) == 0) {
-      for (size_t k = 0; k < g.gl_pathc; k++) files.emplace_back(g.gl_pathv[k]);
-    }
-    globfree(&g);
-    for (const std::string& f : files) {
-      if (remove(f.c_str()) != 0 && errno != ENOENT) {
-        LLMC_FAIL("cannot delete the old checkpoint file %s: %s", f.c_str(), strerror(errno));
-      }
-    }
-  }
 }
 
 // SIGTERM and SIGINT (preemption): the first asks the training loop to finish its step, write a
@@ -4556,7 +4509,7 @@ int train_main(int argc, char** argv) {
   validate_args(a);
   MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
 
-  const int resume_step = a.resume ? latest_checkpoint_step(a.output_dir) : -1;
+  const int resume_step = a.resume ? llmc::latest_checkpoint_step(a.output_dir) : -1;
   if (a.resume && resume_step < 0) {
     LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
               "a new run", a.output_dir.c_str());
@@ -4564,7 +4517,7 @@ int train_main(int argc, char** argv) {
   std::vector<float> values;
   llmc::GPT2Config config;
   if (resume_step >= 0) {
-    const std::string path = checkpoint_path(a.output_dir, "model", resume_step);
+    const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     config = llmc::checkpoint_load(path, &values);
     llmc::GPT2Config requested;
     if (llmc::config_from_preset(a.model, &requested) && requested != config) {
@@ -4690,21 +4643,21 @@ int train_main(int argc, char** argv) {
     if (!a.output_dir.empty() && !resumed_here && step > 0 &&
         (last || halt || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0))) {
       multi_gpu_pause(mg);
-      if (mg.rank == 0) gpt2_save_checkpoint(m, checkpoint_path(a.output_dir, "model", step));
+      if (mg.rank == 0) gpt2_save_checkpoint(m, llmc::checkpoint_path(a.output_dir, "model", step));
       llmc::HostTrainState host;
       host.model_rng = m.rng.state();
       host.sample_rng = sample_rng.state();
       host.train_loader = train_loader.state();
       host.loss_window = loss_outliers.state();
       host.norm_window = norm_outliers.state();
-      save_state(m, checkpoint_path(a.output_dir, "state", step, mg.rank), step, mg.rank, mg.world, host);
+      save_state(m, llmc::checkpoint_path(a.output_dir, "state", step, mg.rank), step, mg.rank, mg.world, host);
       multi_gpu_progress(mg);
       multi_gpu_barrier(mg, m.stream);
       if (mg.rank == 0) {
-        write_done_marker(a.output_dir, step);
-        printf("checkpoint: %s\n", checkpoint_path(a.output_dir, "model", step).c_str());
-        summary.checkpoint(checkpoint_path(a.output_dir, "model", step));
-        prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
+        llmc::write_done_marker(a.output_dir, step);
+        printf("checkpoint: %s\n", llmc::checkpoint_path(a.output_dir, "model", step).c_str());
+        summary.checkpoint(llmc::checkpoint_path(a.output_dir, "model", step));
+        llmc::prune_checkpoints(a.output_dir, a.keep_last, a.keep_every);
       }
     }
     if (step == halt_for_signal && !last) {
