@@ -49,8 +49,8 @@ PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c 'import torch' 2>
 LLMC_HEADERS = $(wildcard llmc/*.h)
 UNIT_TEST_SOURCES = $(wildcard dev/test/test_*.cpp)
 UNIT_TESTS = $(patsubst dev/test/%.cpp,$(BUILD)/%,$(UNIT_TEST_SOURCES))
-TOOL_SOURCES = $(wildcard dev/data/*.cpp)
-TOOLS = $(patsubst dev/data/%.cpp,$(BUILD)/%,$(TOOL_SOURCES))
+TOOL_SOURCES = $(wildcard dev/data/*.cpp dev/tools/*.cpp)
+TOOLS = $(patsubst %.cpp,$(BUILD)/%,$(notdir $(TOOL_SOURCES)))
 KERNEL_TEST_SOURCES = $(wildcard dev/cuda/test_*.cu)
 KERNEL_TESTS = $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(KERNEL_TEST_SOURCES))
 KERNEL_TESTS_FP32 = $(patsubst dev/cuda/%.cu,$(BUILD)/%_fp32,$(KERNEL_TEST_SOURCES))
@@ -73,6 +73,9 @@ $(BUILD)/test_%: dev/test/test_%.cpp $(LLMC_HEADERS) dev/test/testing.h | $(BUIL
 	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
 
 $(BUILD)/%: dev/data/%.cpp $(LLMC_HEADERS) | $(BUILD)
+	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+
+$(BUILD)/%: dev/tools/%.cpp $(LLMC_HEADERS) | $(BUILD)
 	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
 
 $(BUILD):

@@ -54,6 +54,7 @@
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
 
+#include "llmc/checkpoint_files.h"
 #include "llmc/checkpoint_writer.h"
 #include "llmc/dataloader.h"
 #include "llmc/flags.h"
@@ -64,6 +65,7 @@
 #include "llmc/progress.h"
 #include "llmc/rand.h"
 #include "llmc/rendezvous.h"
+#include "llmc/reshard.h"
 #include "llmc/schedulers.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_state.h"
@@ -3971,8 +3973,10 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // Each file is written under a temporary name, flushed to disk and renamed; each header holds a
 // CRC-32 of its file, verified on load (llmc/file_header.h, llmc/train_state.h). Resuming from
 // one gives exactly the bits the uninterrupted run would have had. With ZeRO a state file holds
-// the rank's shard of the optimizer state only, so it resumes with the same process count and
-// -zs setting alone. File names, DONE markers and pruning: llmc/checkpoint_writer.h.
+// the rank's shard of the optimizer state only; a resume with another process count or -zs
+// reshards the state as it loads (llmc/reshard.h), and continues the run as that layout would
+// have, within the rounding of summing the gradient in another order. File names, DONE markers
+// and pruning: llmc/checkpoint_files.h.
 //
 // Writes happen on a background thread (llmc::CheckpointWriter), one checkpoint at a time:
 //  - The step that checkpoints enqueues copies of what it saves (rank 0: the parameters as
@@ -4007,12 +4011,19 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
   return id;
 }
 
-// Loads a state file into the model (which holds the checkpoint's parameters already).
+// Loads the checkpoint's training state into the model (which holds its parameters already),
+// resharded when the checkpoint was written by another process count or ZeRO stage.
 llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int rank, int world) {
   const std::string remedy = llmc::strformat(
       "delete %s/DONE_%08d to resume from the checkpoint before it", dir.c_str(), step);
-  llmc::TrainState s = llmc::train_state_load(llmc::checkpoint_path(dir, "state", step, rank),
-                                              train_state_id(m, step, rank, world), remedy.c_str());
+  const llmc::TrainStateId id = train_state_id(m, step, rank, world);
+  llmc::TrainStateId written;
+  llmc::TrainState s = llmc::checkpoint_train_state(dir, id, m.num_params, remedy.c_str(), &written);
+  if (rank == 0 && (written.world != world || written.zero_stage != id.zero_stage)) {
+    printf("resharded: the checkpoint of %d process%s with ZeRO stage %d resumes on %d with stage "
+           "%d\n", written.world, written.world == 1 ? "" : "es", written.zero_stage, world,
+           id.zero_stage);
+  }
   const size_t n = m.shard_size;
   cudaCheck(cudaMemcpy(m.adam_m, s.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   cudaCheck(cudaMemcpy(m.adam_v, s.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice));

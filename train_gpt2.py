@@ -93,6 +93,10 @@ class GPTConfig:
         C, L = self.channels, self.num_layers
         return (self.padded_vocab_size + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
 
+    def flops_per_token(self, T):
+        """SPEC.md's MFU count: 6*N + 6*L*C*T FLOPs per token, N = all parameters (padded vocabulary)."""
+        return 6 * self.num_parameters() + 6 * self.num_layers * self.channels * T
+
     def name(self):
         """The preset name when the shape is a preset's, else one spelling out the shape."""
         presets = [name for name, shape in PRESETS.items() if shape == astuple(self)]
@@ -795,6 +799,13 @@ def evaluate(model, loader, steps, device, autocast, world):
     return mean_over_ranks(total, world)
 
 
+def step_line(step, N, loss, norm, lr, ms, tokens_per_step, flops_per_token, peak_flops):
+    """SPEC.md's per-step line, for step `step` (0-based) that took ms milliseconds."""
+    tokens_per_s = 1000 * tokens_per_step / ms
+    return (f"step {step + 1:4d}/{N} | loss {loss:.6f} | norm {norm:.4f} | lr {lr:.3e} | {ms:.2f} ms | "
+            f"MFU {100.0 * flops_per_token * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
+
+
 def log_average_and_peak_memory(log, step_ms, tokens_per_step, flops_per_token, peak_flops, cuda):
     """The closing lines of a run (SPEC.md): the average step after the untimed warm-up steps, and
     the peak memory (the GPU's allocations, or the process's resident set on the CPU)."""
@@ -830,7 +841,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     num_params = config.num_parameters()
-    flops_per_token = 6 * num_params + 6 * config.num_layers * config.channels * T
+    flops_per_token = config.flops_per_token(T)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     settings = dict(vars(args), model=config.name(), device=device, dtype=dtype, compile=use_compile,
@@ -876,9 +887,8 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
         tokens_per_s = total_batch_size / step_times[-1]
-        mfu = 100.0 * flops_per_token * tokens_per_s / args.peak_flops
-        log(f"step {step + 1:4d}/{N} | loss {train_loss:.6f} | norm {norm.item():.4f} | lr {lr:.3e} | "
-            f"{1000 * step_times[-1]:.2f} ms | MFU {mfu:.1f}% | {tokens_per_s:.0f} tok/s")
+        log(step_line(step, N, train_loss, norm.item(), lr, 1000 * step_times[-1], total_batch_size,
+                      flops_per_token, args.peak_flops))
         if log_file:
             # The run-log format of llmc/logger.h, so both trainers' logs plot and compare alike.
             log_file.write(f"step={step + 1} kind=train loss={train_loss:.6f} norm={norm.item():.4f} "
@@ -950,7 +960,7 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
         return clip_and_step()
 
     autocast = torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
-    flops_per_token = 6 * config.num_parameters() + 6 * config.num_layers * config.channels * T
+    flops_per_token = config.flops_per_token(T)
     sdpa = args.sdpa_backend or BENCHMARK_RECIPE["sdpa_backend"]
     recipe = (f"torch {torch.__version__} | torch.compile {mode if use_compile else 'off'} | "
               f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype}"
@@ -990,9 +1000,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
 
     losses = [(loss.item(), norm.item()) for loss, norm in results]
     for step, ((loss, norm), ms) in enumerate(zip(losses, step_ms)):
-        tokens_per_s = 1000 * total_batch_size / ms
-        log(f"step {step + 1:4d}/{N} | loss {loss:.6f} | norm {norm:.4f} | lr {learning_rate(step, args):.3e} | "
-            f"{ms:.2f} ms | MFU {100.0 * flops_per_token * tokens_per_s / args.peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
+        log(step_line(step, N, loss, norm, learning_rate(step, args), ms, total_batch_size, flops_per_token,
+                      args.peak_flops))
     log_average_and_peak_memory(log, step_ms, total_batch_size, flops_per_token, args.peak_flops, cuda)
     return losses
 

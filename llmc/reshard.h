@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_files.h"
+#include "file_header.h"
+#include "gpt2.h"
 #include "train_state.h"
 #include "utils.h"
 
@@ -24,51 +27,105 @@ namespace llmc {
 
 namespace reshard_detail {
 
-// Checks that `inputs` are the state files of every rank of one checkpoint of a model of
-// num_params parameters, in rank order.
-inline void check_inputs(const std::vector<TrainStateFile>& inputs, size_t num_params) {
-  if (inputs.empty()) LLMC_FAIL("reshard: no state files given");
-  const TrainStateFile& first = inputs[0];
+// Checks that `in` is the state file of rank r of the checkpoint whose rank 0 file is `first`,
+// for a model of num_params parameters; with host, that it carries the same host state (which
+// every rank of one run shares).
+inline void check_input(const TrainStateFile& first, const TrainStateFile& in, int r,
+                        size_t num_params, bool host) {
   const int world = first.id.world;
-  if ((int)inputs.size() != world) {
-    LLMC_FAIL("%s: state of a run of %d processes, but %zu state files were given: give one per "
-              "rank", first.path.c_str(), world, inputs.size());
-  }
   const ZeroShard shard = zero_shard(num_params, zero_shard_count(world, first.id.zero_stage), 0);
-  for (int r = 0; r < world; r++) {
-    const TrainStateFile& in = inputs[r];
-    const char* path = in.path.c_str();
-    if (in.id.world != world || in.id.rank != r) {
-      LLMC_FAIL("%s: state of rank %d of %d, expected rank %d of %d: give the state files of one "
-                "checkpoint in rank order", path, in.id.rank, in.id.world, r, world);
+  const char* path = in.path.c_str();
+  if (in.id.world != world || in.id.rank != r) {
+    LLMC_FAIL("%s: state of rank %d of %d, expected rank %d of %d: give the state files of one "
+              "checkpoint in rank order", path, in.id.rank, in.id.world, r, world);
+  }
+  if (in.id.step != first.id.step || in.state.optimizer_steps != first.state.optimizer_steps) {
+    LLMC_FAIL("%s: state of step %d after %d AdamW updates, but %s is of step %d after %d: give "
+              "the state files of one checkpoint", path, in.id.step, in.state.optimizer_steps,
+              first.path.c_str(), first.id.step, first.state.optimizer_steps);
+  }
+  if (in.id.zero_stage != first.id.zero_stage || in.id.master_weights != first.id.master_weights) {
+    LLMC_FAIL("%s: ZeRO stage %d %s master weights, but %s has stage %d %s: give the state files "
+              "of one checkpoint", path, in.id.zero_stage,
+              in.id.master_weights ? "with" : "without", first.path.c_str(), first.id.zero_stage,
+              first.id.master_weights ? "with" : "without");
+  }
+  if (in.id.num_params != shard.size) {
+    LLMC_FAIL("%s: state of %zu parameters, but a model of %zu parameters over %d processes with "
+              "ZeRO stage %d has %zu per rank: give the model the checkpoint was written for",
+              path, in.id.num_params, num_params, world, first.id.zero_stage, shard.size);
+  }
+  if (!host) return;
+  const HostTrainState& a = in.state.host;
+  const HostTrainState& b = first.state.host;
+  if (memcmp(&a.train_loader, &b.train_loader, sizeof(a.train_loader)) != 0 ||
+      memcmp(&a.loss_window, &b.loss_window, sizeof(a.loss_window)) != 0 ||
+      memcmp(&a.norm_window, &b.norm_window, sizeof(a.norm_window)) != 0) {
+    LLMC_FAIL("%s: its data position or spike-detector windows differ from those of %s, which "
+              "every rank of one run shares: give the state files of one checkpoint", path,
+              first.path.c_str());
+  }
+}
+
+// Copies the parameters that shards `from` (of `in`) and `to` (of `out`) have in common.
+inline void copy_overlap(const TrainState& in, const ZeroShard& from, TrainState& out,
+                         const ZeroShard& to) {
+  const size_t begin = std::max(from.offset, to.offset);
+  const size_t end = std::min(from.offset + from.real, to.offset + to.real);
+  if (begin >= end) return;
+  auto copy = [&](const std::vector<float>& src, std::vector<float>& dst) {
+    std::copy(src.begin() + (begin - from.offset), src.begin() + (end - from.offset),
+              dst.begin() + (begin - to.offset));
+  };
+  copy(in.adam_m, out.adam_m);
+  copy(in.adam_v, out.adam_v);
+  if (!out.master.empty()) copy(in.master, out.master);
+}
+
+// The state file of rank new_rank of new_world processes with ZeRO stage new_zero_stage, from
+// the checkpoint whose rank 0 file is `first`. read_rank(r) gives rank r's file; it is called
+// only for the shards that hold part of the new rank's, in rank order, and what it returns is
+// checked against `first` and dropped before the next, so one input is held at a time.
+template <class ReadRank>
+TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int new_world,
+                            int new_zero_stage, int new_rank, ReadRank read_rank) {
+  if (new_world < 1) LLMC_FAIL("reshard: %d processes (must be at least 1)", new_world);
+  if (new_zero_stage != 0 && new_zero_stage != 1) {
+    LLMC_FAIL("reshard: ZeRO stage %d (must be 0 or 1)", new_zero_stage);
+  }
+  if (new_rank < 0 || new_rank >= new_world) {
+    LLMC_FAIL("reshard: rank %d of %d processes", new_rank, new_world);
+  }
+  check_input(first, first, 0, num_params, false);
+  const int new_shard_count = zero_shard_count(new_world, new_zero_stage);
+  const ZeroShard to = zero_shard(num_params, new_shard_count, new_shard_count == 1 ? 0 : new_rank);
+  TrainStateFile out;
+  out.id = first.id;
+  out.id.rank = new_rank;
+  out.id.world = new_world;
+  out.id.num_params = to.size;
+  out.id.zero_stage = new_shard_count > 1 ? 1 : 0;
+  out.state.optimizer_steps = first.state.optimizer_steps;
+  out.state.host = first.state.host;
+  out.state.adam_m.assign(to.size, 0.0f);
+  out.state.adam_v.assign(to.size, 0.0f);
+  out.state.master.assign(first.id.master_weights ? to.size : 0, 0.0f);
+  // Without ZeRO every rank holds the whole arrays, the same on all: rank 0's are taken.
+  const int shard_count = zero_shard_count(first.id.world, first.id.zero_stage);
+  for (int r = 0; r < shard_count; r++) {
+    const ZeroShard from = zero_shard(num_params, shard_count, r);
+    if (std::max(from.offset, to.offset) >= std::min(from.offset + from.real, to.offset + to.real)) {
+      continue;
     }
-    if (in.id.step != first.id.step || in.state.optimizer_steps != first.state.optimizer_steps) {
-      LLMC_FAIL("%s: state of step %d after %d AdamW updates, but %s is of step %d after %d: give "
-                "the state files of one checkpoint", path, in.id.step, in.state.optimizer_steps,
-                first.path.c_str(), first.id.step, first.state.optimizer_steps);
-    }
-    if (in.id.zero_stage != first.id.zero_stage ||
-        in.id.master_weights != first.id.master_weights) {
-      LLMC_FAIL("%s: ZeRO stage %d %s master weights, but %s has stage %d %s: give the state files "
-                "of one checkpoint", path, in.id.zero_stage,
-                in.id.master_weights ? "with" : "without", first.path.c_str(),
-                first.id.zero_stage, first.id.master_weights ? "with" : "without");
-    }
-    if (in.id.num_params != shard.size) {
-      LLMC_FAIL("%s: state of %zu parameters, but a model of %zu parameters over %d processes with "
-                "ZeRO stage %d has %zu per rank: give the model the checkpoint was written for",
-                path, in.id.num_params, num_params, world, first.id.zero_stage, shard.size);
-    }
-    const HostTrainState& a = in.state.host;
-    const HostTrainState& b = first.state.host;
-    if (memcmp(&a.train_loader, &b.train_loader, sizeof(a.train_loader)) != 0 ||
-        memcmp(&a.loss_window, &b.loss_window, sizeof(a.loss_window)) != 0 ||
-        memcmp(&a.norm_window, &b.norm_window, sizeof(a.norm_window)) != 0) {
-      LLMC_FAIL("%s: its data position or spike-detector windows differ from those of %s, which "
-                "every rank of one run shares: give the state files of one checkpoint", path,
-                first.path.c_str());
+    if (r == 0) {
+      copy_overlap(first.state, from, out.state, to);
+    } else {
+      const TrainStateFile in = read_rank(r);
+      check_input(first, in, r, num_params, true);
+      copy_overlap(in.state, from, out.state, to);
     }
   }
+  return out;
 }
 
 }  // namespace reshard_detail
@@ -79,46 +136,110 @@ inline void check_inputs(const std::vector<TrainStateFile>& inputs, size_t num_p
 inline std::vector<TrainStateFile> reshard_train_state(const std::vector<TrainStateFile>& inputs,
                                                        size_t num_params, int new_world,
                                                        int new_zero_stage) {
-  if (new_world < 1) LLMC_FAIL("reshard: %d processes (must be at least 1)", new_world);
-  if (new_zero_stage != 0 && new_zero_stage != 1) {
-    LLMC_FAIL("reshard: ZeRO stage %d (must be 0 or 1)", new_zero_stage);
-  }
-  reshard_detail::check_inputs(inputs, num_params);
+  if (inputs.empty()) LLMC_FAIL("reshard: no state files given");
   const TrainStateFile& first = inputs[0];
-  const bool master = first.id.master_weights;
-  TrainState whole;
-  whole.adam_m.assign(num_params, 0.0f);
-  whole.adam_v.assign(num_params, 0.0f);
-  whole.master.assign(master ? num_params : 0, 0.0f);
-  const int shard_count = zero_shard_count(first.id.world, first.id.zero_stage);
-  // Without ZeRO every rank holds the whole arrays, the same on all: rank 0's are taken.
-  for (int r = 0; r < shard_count; r++) {
-    const ZeroShard shard = zero_shard(num_params, shard_count, r);
-    const TrainState& in = inputs[r].state;
-    std::copy_n(in.adam_m.begin(), shard.real, whole.adam_m.begin() + shard.offset);
-    std::copy_n(in.adam_v.begin(), shard.real, whole.adam_v.begin() + shard.offset);
-    if (master) std::copy_n(in.master.begin(), shard.real, whole.master.begin() + shard.offset);
+  if ((int)inputs.size() != first.id.world) {
+    LLMC_FAIL("%s: state of a run of %d processes, but %zu state files were given: give one per "
+              "rank", first.path.c_str(), first.id.world, inputs.size());
   }
-  const int new_shard_count = zero_shard_count(new_world, new_zero_stage);
-  std::vector<TrainStateFile> outputs(new_world);
-  for (int r = 0; r < new_world; r++) {
-    const ZeroShard shard = zero_shard(num_params, new_shard_count, new_shard_count == 1 ? 0 : r);
-    TrainStateFile& out = outputs[r];
-    out.id = first.id;
-    out.id.rank = r;
-    out.id.world = new_world;
-    out.id.num_params = shard.size;
-    out.id.zero_stage = new_shard_count > 1 ? 1 : 0;
-    out.state.optimizer_steps = first.state.optimizer_steps;
-    out.state.host = first.state.host;
-    out.state.adam_m.assign(shard.size, 0.0f);
-    out.state.adam_v.assign(shard.size, 0.0f);
-    out.state.master.assign(master ? shard.size : 0, 0.0f);
-    std::copy_n(whole.adam_m.begin() + shard.offset, shard.real, out.state.adam_m.begin());
-    std::copy_n(whole.adam_v.begin() + shard.offset, shard.real, out.state.adam_v.begin());
-    if (master) std::copy_n(whole.master.begin() + shard.offset, shard.real, out.state.master.begin());
+  for (int r = 0; r < first.id.world; r++) {
+    reshard_detail::check_input(first, inputs[r], r, num_params, true);
+  }
+  std::vector<TrainStateFile> outputs;
+  for (int r = 0; r < std::max(new_world, 1); r++) {
+    outputs.push_back(reshard_detail::reshard_rank(first, num_params, new_world, new_zero_stage, r,
+                                                   [&](int k) { return inputs[k]; }));
   }
   return outputs;
+}
+
+// The state of rank new_rank of new_world processes with ZeRO stage new_zero_stage from the
+// state files of a checkpoint, state_path(r) for each of its ranks r (as many as rank 0's file
+// says), for a model of num_params parameters. Every file's header is checked first; then only
+// the files whose shard overlaps the new rank's are read whole (and their checksums verified),
+// one at a time. `remedy` says what to do when a file is damaged.
+template <class StatePath>
+TrainStateFile reshard_state_files(StatePath state_path, size_t num_params, int new_world,
+                                   int new_zero_stage, int new_rank, const char* remedy) {
+  TrainStateFile first = train_state_read(state_path(0), remedy);
+  for (int r = 1; r < first.id.world; r++) {
+    TrainStateFile header;
+    header.path = state_path(r);
+    header.id = train_state_read_id(header.path, &header.state.optimizer_steps, remedy);
+    reshard_detail::check_input(first, header, r, num_params, false);
+  }
+  return reshard_detail::reshard_rank(first, num_params, new_world, new_zero_stage, new_rank,
+                                      [&](int r) { return train_state_read(state_path(r), remedy); });
+}
+
+// The training state of the run `expected` describes (its step, rank, process count, ZeRO stage,
+// shard size and master weights) from the checkpoint of that step in dir: the rank's own state
+// file when the checkpoint was written with the same process count and ZeRO stage, else the state
+// resharded from the files of the layout it was written with (reshard_state_files). `written`
+// gets the id of rank 0's file, whose world and zero_stage say which layout that was.
+inline TrainState checkpoint_train_state(const std::string& dir, const TrainStateId& expected,
+                                         size_t num_params, const char* remedy,
+                                         TrainStateId* written) {
+  auto state_path = [&](int rank) { return checkpoint_path(dir, "state", expected.step, rank); };
+  int updates = 0;
+  *written = train_state_read_id(state_path(0), &updates, remedy);
+  if (written->world == expected.world && written->zero_stage == expected.zero_stage) {
+    return train_state_load(state_path(expected.rank), expected, remedy);
+  }
+  if (written->master_weights != expected.master_weights) {
+    LLMC_FAIL("%s: state %s master weights, but this run has %s: resume with the same -w setting",
+              state_path(0).c_str(), written->master_weights ? "with" : "without",
+              expected.master_weights ? "them" : "none");
+  }
+  TrainStateFile f = reshard_state_files(state_path, num_params, expected.world,
+                                         expected.zero_stage, expected.rank, remedy);
+  if (f.id.num_params != expected.num_params) {
+    LLMC_FAIL("%s: resharded to %zu parameters per rank, but this run has %zu: resume with the "
+              "model of the checkpoint", state_path(0).c_str(), f.id.num_params,
+              expected.num_params);
+  }
+  return std::move(f.state);
+}
+
+// Writes the checkpoint of `step` in dir to new_dir for `processes` processes with ZeRO stage
+// zero_stage: the model file as it is, each new rank's state file (reshard_state_files), the run
+// log (main.log) as it is, and the DONE marker last, so a conversion cut short leaves nothing that
+// -y 1 takes for a checkpoint. dir is only read; new_dir must hold no checkpoint and no run log.
+// Returns the process count the checkpoint was written by.
+inline int reshard_checkpoint(const std::string& dir, const std::string& new_dir, int step,
+                              int processes, int zero_stage) {
+  if (!file_exists(done_marker_path(dir, step))) {
+    LLMC_FAIL("%s has no complete checkpoint of step %d (no %s)", dir.c_str(), step,
+              done_marker_path(dir, step).c_str());
+  }
+  if (latest_checkpoint_step(new_dir) >= 0 || file_exists(new_dir + "/main.log")) {
+    LLMC_FAIL("%s already holds a checkpoint or a run log (main.log): give a new directory",
+              new_dir.c_str());
+  }
+  const std::string model = checkpoint_path(dir, "model", step);
+  size_t num_params = 0;
+  {
+    File f(model, "rb");
+    int h[kHeaderInts];
+    num_params = num_parameters(checkpoint_read_header(f, h));
+  }
+  const char* remedy = "convert an earlier checkpoint";
+  auto state_path = [&](int rank) { return checkpoint_path(dir, "state", step, rank); };
+  int updates = 0;
+  const int old_world = train_state_read_id(state_path(0), &updates, remedy).world;
+  make_dirs(new_dir);
+  for (int rank = 0; rank < processes; rank++) {
+    const TrainStateFile out =
+        reshard_state_files(state_path, num_params, processes, zero_stage, rank, remedy);
+    const TrainState& s = out.state;
+    train_state_save(checkpoint_path(new_dir, "state", step, rank), out.id, s.optimizer_steps,
+                     s.host, s.adam_m.data(), s.adam_v.data(),
+                     s.master.empty() ? nullptr : s.master.data());
+  }
+  copy_file_atomically(model, checkpoint_path(new_dir, "model", step));
+  if (file_exists(dir + "/main.log")) copy_file_atomically(dir + "/main.log", new_dir + "/main.log");
+  write_done_marker(new_dir, step);
+  return old_world;
 }
 
 }  // namespace llmc

@@ -122,94 +122,101 @@ struct TrainStateFile {
 
 namespace train_state_detail {
 
-// Reads and checks a state file; with `expected`, against it (its step, rank, world, ZeRO stage,
-// shard size and master weights), else only for a header in range. Every header field is checked
-// and the file's size is compared with the header before anything is allocated.
-inline TrainStateFile read(const std::string& path, const TrainStateId* expected,
-                           const char* remedy) {
-  File f(path, "rb");
-  int h[kHeaderInts];
-  f.read(h, sizeof(h), "the state header");
+// Reads and checks a state file's header (which leaves f at the payload); with `expected`, against
+// it (its step, rank, world, ZeRO stage, shard size and master weights), else only for a header
+// in range. Every field is checked, and the file's size is compared with the header before
+// anything is allocated.
+inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId* expected,
+                                const char* remedy) {
+  const char* path = f.path().c_str();
+  f.read(h, kHeaderInts * sizeof(int), "the state header");
   if (h[0] != kStateMagic || h[1] != kStateVersion) {
     LLMC_FAIL("%s: not a training-state file of version %d (magic %d, version %d; expected %d, "
-              "%d): %s", path.c_str(), kStateVersion, h[0], h[1], kStateMagic, kStateVersion,
-              remedy);
+              "%d): %s", path, kStateVersion, h[0], h[1], kStateMagic, kStateVersion, remedy);
   }
   if (expected && (h[3] != expected->rank || h[4] != expected->world)) {
     LLMC_FAIL("%s: state of rank %d of %d, expected rank %d of %d: resume with the process count "
-              "the checkpoint was written with", path.c_str(), h[3], h[4], expected->rank,
+              "the checkpoint was written with", path, h[3], h[4], expected->rank,
               expected->world);
   }
   if (h[4] < 1 || h[3] < 0 || h[3] >= h[4]) {
-    LLMC_FAIL("%s: state of rank %d of %d: the header is damaged; %s", path.c_str(), h[3], h[4],
-              remedy);
+    LLMC_FAIL("%s: state of rank %d of %d: the header is damaged; %s", path, h[3], h[4], remedy);
   }
   if (expected && h[2] != expected->step) {
-    LLMC_FAIL("%s: state of step %d in the file of step %d: the header is damaged; %s",
-              path.c_str(), h[2], expected->step, remedy);
+    LLMC_FAIL("%s: state of step %d in the file of step %d: the header is damaged; %s", path, h[2],
+              expected->step, remedy);
   }
   const int step = h[2];
-  if (step < 0) {
-    LLMC_FAIL("%s: state of step %d: the header is damaged; %s", path.c_str(), step, remedy);
-  }
+  if (step < 0) LLMC_FAIL("%s: state of step %d: the header is damaged; %s", path, step, remedy);
   if (h[5] < 0 || h[5] > step) {
     LLMC_FAIL("%s: %d AdamW updates recorded at step %d (must be 0..%d): the header is damaged; "
-              "%s", path.c_str(), h[5], step, step, remedy);
+              "%s", path, h[5], step, step, remedy);
   }
   if (h[6] != 0 && h[6] != 1) {
-    LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s",
-              path.c_str(), h[6], remedy);
+    LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s", path, h[6],
+              remedy);
   }
   if (expected && h[7] != expected->zero_stage) {
-    LLMC_FAIL("%s: written with ZeRO stage %d, but this run has -zs %d: resume with -zs %d",
-              path.c_str(), h[7], expected->zero_stage, h[7]);
+    LLMC_FAIL("%s: written with ZeRO stage %d, but this run has -zs %d: resume with -zs %d", path,
+              h[7], expected->zero_stage, h[7]);
   }
   if (h[7] != 0 && h[7] != 1) {
-    LLMC_FAIL("%s: ZeRO stage %d (must be 0 or 1): the header is damaged; %s", path.c_str(), h[7],
-              remedy);
+    LLMC_FAIL("%s: ZeRO stage %d (must be 0 or 1): the header is damaged; %s", path, h[7], remedy);
   }
   uint64_t n = 0;
   memcpy(&n, &h[8], sizeof(n));
   const bool master = h[6] == 1;
   if (expected && (n != expected->num_params || master != expected->master_weights)) {
     LLMC_FAIL("%s: state for %llu parameters %s master weights, but the model has %zu %s: resume "
-              "with the same model and -w setting", path.c_str(), (unsigned long long)n,
+              "with the same model and -w setting", path, (unsigned long long)n,
               master ? "with" : "without", expected->num_params,
               expected->master_weights ? "with" : "without");
   }
-  if (!header_has_checksum(h, path)) {
+  if (!header_has_checksum(h, f.path())) {
     LLMC_FAIL("%s: the header has no checksum, which every state file of version %d has: the "
-              "header is damaged; %s", path.c_str(), kStateVersion, remedy);
+              "header is damaged; %s", path, kStateVersion, remedy);
   }
-  TrainStateFile file;
-  file.path = path;
-  TrainState& s = file.state;
-  const long expected_bytes =
-      (long)(sizeof(h) + sizeof(s.host) + (2 + (master ? 1 : 0)) * n * sizeof(float));
+  const long expected_bytes = (long)(kHeaderInts * sizeof(int) + sizeof(HostTrainState) +
+                                     (2 + (master ? 1 : 0)) * n * sizeof(float));
   const long actual = f.size();
   if (actual != expected_bytes) {
     LLMC_FAIL("%s: a state for %llu parameters %s master weights should be %ld bytes but is %ld "
-              "(%s): %s", path.c_str(), (unsigned long long)n, master ? "with" : "without",
+              "(%s): %s", path, (unsigned long long)n, master ? "with" : "without",
               expected_bytes, actual, actual < expected_bytes ? "truncated" : "trailing data",
               remedy);
   }
+  TrainStateId id;
+  id.step = step;
+  id.rank = h[3];
+  id.world = h[4];
+  id.num_params = n;
+  id.master_weights = master;
+  id.zero_stage = h[7];
+  return id;
+}
+
+// Reads and checks a whole state file (read_header, then the payload and its checksum).
+inline TrainStateFile read(const std::string& path, const TrainStateId* expected,
+                           const char* remedy) {
+  File f(path, "rb");
+  int h[kHeaderInts];
+  TrainStateFile file;
+  file.path = path;
+  file.id = read_header(f, h, expected, remedy);
+  const size_t n = file.id.num_params;
+  TrainState& s = file.state;
   s.optimizer_steps = h[5];
   s.adam_m.resize(n);
   s.adam_v.resize(n);
-  s.master.resize(master ? n : 0);
+  s.master.resize(file.id.master_weights ? n : 0);
   f.read(&s.host, sizeof(s.host), "the RNG and data loader state");
   f.read(s.adam_m.data(), n * sizeof(float), "AdamW's first moments");
   f.read(s.adam_v.data(), n * sizeof(float), "AdamW's second moments");
-  if (master) f.read(s.master.data(), n * sizeof(float), "the master weights");
+  if (file.id.master_weights) f.read(s.master.data(), n * sizeof(float), "the master weights");
   header_verify_checksum(h, payload_crc32(header_checksum_start(h), s.host, s.adam_m.data(),
-                                          s.adam_v.data(), master ? s.master.data() : nullptr, n),
+                                          s.adam_v.data(),
+                                          file.id.master_weights ? s.master.data() : nullptr, n),
                          path, remedy);
-  file.id.step = step;
-  file.id.rank = h[3];
-  file.id.world = h[4];
-  file.id.num_params = n;
-  file.id.master_weights = master;
-  file.id.zero_stage = h[7];
   return file;
 }
 
@@ -224,6 +231,17 @@ inline TrainState train_state_load(const std::string& path, const TrainStateId& 
 // Reads and checks a state file of any step, rank, process count and ZeRO stage (to reshard it).
 inline TrainStateFile train_state_read(const std::string& path, const char* remedy) {
   return train_state_detail::read(path, nullptr, remedy);
+}
+
+// Reads and checks only the header of a state file (whose it is), and that the file has the size
+// the header gives; optimizer_steps is the header's too. The payload's checksum is not verified.
+inline TrainStateId train_state_read_id(const std::string& path, int* optimizer_steps,
+                                        const char* remedy) {
+  File f(path, "rb");
+  int h[kHeaderInts];
+  const TrainStateId id = train_state_detail::read_header(f, h, nullptr, remedy);
+  *optimizer_steps = h[5];
+  return id;
 }
 
 }  // namespace llmc

@@ -7,6 +7,7 @@
 // messages in-process.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdint>
@@ -147,6 +148,21 @@ void write_file_atomically(const std::string& path, WriteBody write_body) {
   if (rename(tmp.c_str(), path.c_str()) != 0) {
     LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
   }
+}
+
+// Copies src to dst through write_file_atomically, in chunks of 64 MiB.
+inline void copy_file_atomically(const std::string& src, const std::string& dst) {
+  File in(src, "rb");
+  const long size = in.size();
+  std::vector<char> chunk((size_t)std::min<long>(size, 64l << 20));
+  write_file_atomically(dst, [&](File& out) {
+    for (long done = 0; done < size;) {
+      const size_t n = (size_t)std::min<long>((long)chunk.size(), size - done);
+      in.read(chunk.data(), n, "the file to copy");
+      out.write(chunk.data(), n, "the copy");
+      done += (long)n;
+    }
+  });
 }
 
 inline std::string read_text_file(const std::string& path) {

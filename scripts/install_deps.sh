@@ -70,10 +70,16 @@ fi
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [ -x "$nvcc" ] || fail "no CUDA toolkit: nvcc is neither on the PATH nor in /usr/local/cuda/bin;" \
   "install CUDA 13 (developer.nvidia.com/cuda-downloads), or run with --cpu-only for the CPU programs"
-cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
-[ -f "$cuda_root/include/cublasLt.h" ] || [ -f /usr/include/cublasLt.h ] ||
-  fail "cublasLt.h is neither in $cuda_root/include nor in /usr/include: install the CUDA toolkit's cuBLAS"
-[ -f "$cuda_root/include/nccl.h" ] || [ -f /usr/include/nccl.h ] ||
-  fail "nccl.h is neither in $cuda_root/include nor in /usr/include: install NCCL (libnccl-dev from" \
+# nvcc may be a wrapper script outside the toolkit (/usr/local/bin/nvcc), so its own dry run,
+# not its path, says which include folder it compiles against.
+nvcc_dryrun=$("$nvcc" --dryrun -c -x cu /dev/null -o /dev/null 2>&1) ||
+  fail "$nvcc --dryrun failed: reinstall the CUDA toolkit"
+cuda_root=$(readlink -f "$(sed -n 's/^#\$ TOP=\(.*\)$/\1/p' <<<"$nvcc_dryrun")")
+cuda_include=$(sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' <<<"$nvcc_dryrun")
+[ -n "$cuda_include" ] || cuda_include=$cuda_root/include
+[ -f "$cuda_include/cublasLt.h" ] || [ -f /usr/include/cublasLt.h ] ||
+  fail "cublasLt.h is neither in $cuda_include nor in /usr/include: install the CUDA toolkit's cuBLAS"
+[ -f "$cuda_include/nccl.h" ] || [ -f /usr/include/nccl.h ] ||
+  fail "nccl.h is neither in $cuda_include nor in /usr/include: install NCCL (libnccl-dev from" \
     "NVIDIA's CUDA repository)"
 echo "CUDA toolkit: $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p') at $cuda_root"

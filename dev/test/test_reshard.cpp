@@ -3,6 +3,7 @@
 // 1 gives back the same files; 3 shards of a size not divisible by 3; stage 0 -> stage 1), the
 // host state is rank 0's, and state files that are not one checkpoint fail with one line naming
 // the file. Files go to build/test_tmp/reshard/.
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -21,11 +22,11 @@ constexpr size_t kParams = 1000;  // not a multiple of 64, 2 or 3: every layout 
 constexpr int kStep = 7;
 
 // Random whole arrays of the parameters' state: value i of each array differs from every other.
-llmc::TrainState random_whole_state(bool master) {
+llmc::TrainState random_whole_state(bool master, size_t num_params = kParams) {
   llmc::TrainState s;
   llmc::Rng rng(42);
   auto fill = [&](std::vector<float>& v) {
-    v.resize(kParams);
+    v.resize(num_params);
     for (float& x : v) x = (float)rng.u32() / 4294967296.0f - 0.5f;
   };
   fill(s.adam_m);
@@ -42,13 +43,16 @@ llmc::TrainState random_whole_state(bool master) {
 }
 
 // The state files a run of `world` processes with `zero_stage` writes for `whole`.
-std::vector<llmc::TrainStateFile> files_of(const llmc::TrainState& whole, int world, int zero_stage) {
+std::vector<llmc::TrainStateFile> files_of(const llmc::TrainState& whole, int world, int zero_stage,
+                                          const std::string& dir = "") {
   std::vector<llmc::TrainStateFile> files(world);
   const int shard_count = llmc::zero_shard_count(world, zero_stage);
+  const size_t num_params = whole.adam_m.size();
   for (int r = 0; r < world; r++) {
-    const llmc::ZeroShard shard = llmc::zero_shard(kParams, shard_count, shard_count == 1 ? 0 : r);
+    const llmc::ZeroShard shard = llmc::zero_shard(num_params, shard_count, shard_count == 1 ? 0 : r);
     llmc::TrainStateFile& f = files[r];
-    f.path = llmc::strformat("%s/state_%d_of_%d.bin", kDir.c_str(), r, world);
+    f.path = dir.empty() ? llmc::strformat("%s/state_%d_of_%d.bin", kDir.c_str(), r, world)
+                         : llmc::checkpoint_path(dir, "state", kStep, r);
     f.id.step = kStep;
     f.id.rank = r;
     f.id.world = world;
@@ -77,6 +81,11 @@ bool same_file(const llmc::TrainStateFile& a, const llmc::TrainStateFile& b) {
          memcmp(&a.state.host, &b.state.host, sizeof(a.state.host)) == 0 &&
          a.state.adam_m == b.state.adam_m && a.state.adam_v == b.state.adam_v &&
          a.state.master == b.state.master;  // float ==: no NaN here, so equal means equal bits
+}
+
+void save(const llmc::TrainStateFile& f) {
+  llmc::train_state_save(f.path, f.id, f.state.optimizer_steps, f.state.host, f.state.adam_m.data(),
+                         f.state.adam_v.data(), f.state.master.empty() ? nullptr : f.state.master.data());
 }
 
 bool same_files(const std::vector<llmc::TrainStateFile>& a,
@@ -116,8 +125,7 @@ void test_file_round_trip() {
   const llmc::TrainState whole = random_whole_state(true);
   std::vector<llmc::TrainStateFile> read;
   for (const llmc::TrainStateFile& f : files_of(whole, 3, 1)) {
-    llmc::train_state_save(f.path, f.id, f.state.optimizer_steps, f.state.host,
-                           f.state.adam_m.data(), f.state.adam_v.data(), f.state.master.data());
+    save(f);
     read.push_back(llmc::train_state_read(f.path, "re-create it"));
   }
   check_verbose(same_files(read, files_of(whole, 3, 1)),
@@ -167,14 +175,153 @@ void test_mismatched_inputs() {
                "an unknown ZeRO stage");
 }
 
+// Every byte of a file, for comparisons.
+std::string bytes_of(const std::string& path) { return llmc::read_text_file(path); }
+
+// reshard_state_files reads every header but only the files whose shard the new rank needs.
+void test_state_files() {
+  const llmc::TrainState whole = random_whole_state(true);
+  const std::string dir = kDir + "/three";
+  llmc::make_dirs(dir);
+  for (const llmc::TrainStateFile& f : files_of(whole, 3, 1, dir)) save(f);
+  auto state_path = [&](int r) { return llmc::checkpoint_path(dir, "state", kStep, r); };
+  auto resharded = [&](int world, int zero_stage, int rank) {
+    llmc::TrainStateFile f = llmc::reshard_state_files(state_path, kParams, world, zero_stage, rank,
+                                                       "re-create it");
+    f.path.clear();
+    return f;
+  };
+  auto unnamed = [](std::vector<llmc::TrainStateFile> files) {
+    for (llmc::TrainStateFile& f : files) f.path.clear();
+    return files;
+  };
+  const auto two = unnamed(files_of(whole, 2, 1));
+  check_verbose(same_file(resharded(2, 1, 0), two[0]) && same_file(resharded(2, 1, 1), two[1]),
+                "the state files of 3 processes read for each rank of 2 (ZeRO 1)");
+  check_verbose(same_file(resharded(1, 0, 0), unnamed(files_of(whole, 1, 0))[0]),
+                "... and for 1 process");
+  // Rank 0 of 2 holds [0, 512), which shards 0 and 1 of 3 ([0, 384), [384, 768)) hold.
+  const std::string third = state_path(2);
+  const std::string good = bytes_of(third);
+  std::string damaged = good;
+  damaged[damaged.size() - 1] ^= 1;
+  llmc::write_file_atomically(third, [&](llmc::File& f) { f.write(damaged.data(), damaged.size(), "x"); });
+  check_verbose(same_file(resharded(2, 1, 0), two[0]),
+                "a damaged payload in rank 2's file: rank 0 of 2, which needs none of it, is read");
+  check_throws([&] { resharded(2, 1, 1); }, third + ": checksum mismatch",
+               "... rank 1 of 2, which needs part of it, fails naming it");
+  llmc::write_file_atomically(third, [&](llmc::File& f) { f.write(good.data(), good.size() - 4, "x"); });
+  check_throws([&] { resharded(2, 1, 0); }, third + ": a state for 384 parameters with master weights",
+               "a truncated file fails every rank (every header is checked)");
+  remove(third.c_str());
+  check_throws([&] { resharded(2, 1, 0); }, "cannot open " + third, "a missing rank's file");
+}
+
+// checkpoint_train_state: a rank's own file for the layout the checkpoint was written with, the
+// resharded state for any other, and one line for a -w setting that cannot resume from it.
+void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState& whole) {
+  const size_t n = whole.adam_m.size();
+  auto expected_id = [&](int world, int zero_stage, int rank) {
+    const int shard_count = llmc::zero_shard_count(world, zero_stage);
+    llmc::TrainStateId id;
+    id.step = kStep;
+    id.rank = rank;
+    id.world = world;
+    id.num_params = llmc::zero_shard(n, shard_count, 0).size;
+    id.master_weights = true;
+    id.zero_stage = shard_count > 1 ? 1 : 0;
+    return id;
+  };
+  auto same_state = [](const llmc::TrainState& a, const llmc::TrainState& b) {
+    return a.optimizer_steps == b.optimizer_steps && a.adam_m == b.adam_m && a.adam_v == b.adam_v &&
+           a.master == b.master && memcmp(&a.host, &b.host, sizeof(a.host)) == 0;
+  };
+  llmc::TrainStateId written;
+  struct Layout { int world, zero_stage, rank; const char* what; };
+  const Layout layouts[] = {
+      {2, 1, 1, "the layout it was written with (2 processes, ZeRO 1): rank 1's own file"},
+      {1, 0, 0, "1 process: the whole arrays"},
+      {3, 1, 2, "3 processes, ZeRO 1: rank 2's shard"},
+      {2, 0, 1, "2 processes, ZeRO 0: the whole arrays on rank 1"},
+  };
+  for (const Layout& l : layouts) {
+    const llmc::TrainState got = llmc::checkpoint_train_state(
+        dir, expected_id(l.world, l.zero_stage, l.rank), n, "re-create it", &written);
+    const llmc::TrainState want = files_of(whole, l.world, l.zero_stage)[l.rank].state;
+    check_verbose(same_state(got, want) && written.world == 2 && written.zero_stage == 1,
+                  std::string("checkpoint_train_state, ") + l.what);
+  }
+  llmc::TrainStateId no_master = expected_id(1, 0, 0);
+  no_master.master_weights = false;
+  check_throws([&] { llmc::checkpoint_train_state(dir, no_master, n, "re-create it", &written); },
+               llmc::checkpoint_path(dir, "state", kStep, 0) +
+                   ": state with master weights, but this run has none: resume with the same -w setting",
+               "a run without master weights from a checkpoint with them, on another layout");
+  llmc::TrainStateId other_model = expected_id(2, 1, 0);
+  other_model.num_params += 64;
+  check_throws([&] { llmc::checkpoint_train_state(dir, other_model, n + 128, "re-create it", &written); },
+               "resume with the same model and -w setting",
+               "another model on the layout the checkpoint was written with");
+}
+
+// reshard_checkpoint: a checkpoint directory of 2 processes (ZeRO 1) converted for 1 and back
+// gives every file back byte for byte; the input directory is never written.
+void test_checkpoint_dir() {
+  const llmc::GPT2Config config = llmc::make_config(1, 2, 32, 16, 200);
+  const size_t n = llmc::num_parameters(config);
+  const llmc::TrainState whole = random_whole_state(true, n);
+  const std::string dir = kDir + "/run", one = kDir + "/run_on_1", back = kDir + "/run_on_2";
+  llmc::make_dirs(dir);
+  const std::vector<float> params(whole.master);
+  llmc::checkpoint_save(llmc::checkpoint_path(dir, "model", kStep), config, params.data(),
+                        llmc::kCheckpointVersionBF16);
+  for (const llmc::TrainStateFile& f : files_of(whole, 2, 1, dir)) save(f);
+  llmc::write_file_atomically(dir + "/main.log", [](llmc::File& f) { f.write("step=0 kind=train\n", 18, "x"); });
+  llmc::write_done_marker(dir, kStep);
+  const std::vector<std::string> names = {"model_00000007.bin", "state_00000007_00000.bin",
+                                          "state_00000007_00001.bin", "main.log", "DONE_00000007"};
+  std::vector<std::string> before;
+  for (const std::string& name : names) before.push_back(bytes_of(dir + "/" + name));
+
+  test_checkpoint_train_state(dir, whole);
+  check_verbose(llmc::reshard_checkpoint(dir, one, kStep, 1, 1) == 2,
+                "2 processes -> 1: the process count of the input is returned");
+  llmc::TrainStateFile read_back = llmc::train_state_read(llmc::checkpoint_path(one, "state", kStep, 0), "");
+  read_back.path.clear();
+  llmc::TrainStateFile expected = files_of(whole, 1, 0)[0];
+  expected.path.clear();
+  check_verbose(same_file(read_back, expected) &&
+                    bytes_of(one + "/model_00000007.bin") == before[0] &&
+                    bytes_of(one + "/main.log") == before[3] &&
+                    llmc::latest_checkpoint_step(one) == kStep &&
+                    !llmc::file_exists(llmc::checkpoint_path(one, "state", kStep, 1)),
+                "... one state file of the whole arrays; the model file, the log and DONE as they were");
+  llmc::reshard_checkpoint(one, back, kStep, 2, 1);
+  bool same = true;
+  for (size_t i = 0; i < names.size(); i++) same = same && bytes_of(back + "/" + names[i]) == before[i];
+  check_verbose(same, "... -> 2 processes again: every file byte for byte the original");
+  check_throws([&] { llmc::reshard_checkpoint(dir, one, kStep, 3, 1); },
+               one + " already holds a checkpoint or a run log (main.log): give a new directory",
+               "a directory with a checkpoint is not written into");
+  check_throws([&] { llmc::reshard_checkpoint(dir, kDir + "/run_on_3", kStep + 1, 3, 1); },
+               dir + " has no complete checkpoint of step 8 (no " + dir + "/DONE_00000008)",
+               "a step without a DONE marker");
+  bool untouched = true;
+  for (size_t i = 0; i < names.size(); i++) untouched = untouched && bytes_of(dir + "/" + names[i]) == before[i];
+  check_verbose(untouched, "the input directory is as it was");
+}
+
 }  // namespace
 
 int main() {
   try {
+    if (system(("rm -rf " + kDir).c_str()) != 0) check(false, "cannot clear " + kDir);
     llmc::make_dirs(kDir);
     test_layouts();
     test_file_round_trip();
     test_mismatched_inputs();
+    test_state_files();
+    test_checkpoint_dir();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }
