@@ -67,15 +67,22 @@ inline void check_input(const TrainStateFile& first, const TrainStateFile& in, i
   }
 }
 
-// Copies the parameters that shards `from` (of `in`) and `to` (of `out`) have in common.
+// The parameters [begin, end) that shards `from` and `to` both hold (begin >= end: none).
+struct ShardOverlap {
+  size_t begin, end;
+  bool empty() const { return begin >= end; }
+};
+
+inline ShardOverlap shard_overlap(const ZeroShard& from, const ZeroShard& to) {
+  return {std::max(from.offset, to.offset), std::min(from.offset + from.real, to.offset + to.real)};
+}
+
+// Copies the overlap of shards `from` (of `in`) and `to` (of `out`).
 inline void copy_overlap(const TrainState& in, const ZeroShard& from, TrainState& out,
-                         const ZeroShard& to) {
-  const size_t begin = std::max(from.offset, to.offset);
-  const size_t end = std::min(from.offset + from.real, to.offset + to.real);
-  if (begin >= end) return;
+                         const ZeroShard& to, const ShardOverlap& o) {
   auto copy = [&](const std::vector<float>& src, std::vector<float>& dst) {
-    std::copy(src.begin() + (begin - from.offset), src.begin() + (end - from.offset),
-              dst.begin() + (begin - to.offset));
+    std::copy(src.begin() + (o.begin - from.offset), src.begin() + (o.end - from.offset),
+              dst.begin() + (o.begin - to.offset));
   };
   copy(in.adam_m, out.adam_m);
   copy(in.adam_v, out.adam_v);
@@ -114,15 +121,14 @@ TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int 
   const int shard_count = zero_shard_count(first.id.world, first.id.zero_stage);
   for (int r = 0; r < shard_count; r++) {
     const ZeroShard from = zero_shard(num_params, shard_count, r);
-    if (std::max(from.offset, to.offset) >= std::min(from.offset + from.real, to.offset + to.real)) {
-      continue;
-    }
+    const ShardOverlap overlap = shard_overlap(from, to);
+    if (overlap.empty()) continue;
     if (r == 0) {
-      copy_overlap(first.state, from, out.state, to);
+      copy_overlap(first.state, from, out.state, to, overlap);
     } else {
       const TrainStateFile in = read_rank(r);
       check_input(first, in, r, num_params, true);
-      copy_overlap(in.state, from, out.state, to);
+      copy_overlap(in.state, from, out.state, to, overlap);
     }
   }
   return out;
@@ -153,6 +159,25 @@ inline std::vector<TrainStateFile> reshard_train_state(const std::vector<TrainSt
   return outputs;
 }
 
+namespace reshard_detail {
+
+// The rank 0 state file of a checkpoint whose ranks' files are state_path(r), read whole, with
+// every other rank's header checked against it (for a model of num_params parameters).
+template <class StatePath>
+TrainStateFile read_first_checking_headers(StatePath state_path, size_t num_params,
+                                           const char* remedy) {
+  TrainStateFile first = train_state_read(state_path(0), remedy);
+  for (int r = 1; r < first.id.world; r++) {
+    TrainStateFile header;
+    header.path = state_path(r);
+    header.id = train_state_read_id(header.path, &header.state.optimizer_steps, remedy);
+    check_input(first, header, r, num_params, false);
+  }
+  return first;
+}
+
+}  // namespace reshard_detail
+
 // The state of rank new_rank of new_world processes with ZeRO stage new_zero_stage from the
 // state files of a checkpoint, state_path(r) for each of its ranks r (as many as rank 0's file
 // says), for a model of num_params parameters. Every file's header is checked first; then only
@@ -161,13 +186,7 @@ inline std::vector<TrainStateFile> reshard_train_state(const std::vector<TrainSt
 template <class StatePath>
 TrainStateFile reshard_state_files(StatePath state_path, size_t num_params, int new_world,
                                    int new_zero_stage, int new_rank, const char* remedy) {
-  TrainStateFile first = train_state_read(state_path(0), remedy);
-  for (int r = 1; r < first.id.world; r++) {
-    TrainStateFile header;
-    header.path = state_path(r);
-    header.id = train_state_read_id(header.path, &header.state.optimizer_steps, remedy);
-    reshard_detail::check_input(first, header, r, num_params, false);
-  }
+  const TrainStateFile first = reshard_detail::read_first_checking_headers(state_path, num_params, remedy);
   return reshard_detail::reshard_rank(first, num_params, new_world, new_zero_stage, new_rank,
                                       [&](int r) { return train_state_read(state_path(r), remedy); });
 }
@@ -225,12 +244,13 @@ inline int reshard_checkpoint(const std::string& dir, const std::string& new_dir
   }
   const char* remedy = "convert an earlier checkpoint";
   auto state_path = [&](int rank) { return checkpoint_path(dir, "state", step, rank); };
-  int updates = 0;
-  const int old_world = train_state_read_id(state_path(0), &updates, remedy).world;
+  // Rank 0's file (which every new rank needs) is read once; the others as each new rank needs them.
+  const TrainStateFile first = reshard_detail::read_first_checking_headers(state_path, num_params, remedy);
   make_dirs(new_dir);
   for (int rank = 0; rank < processes; rank++) {
-    const TrainStateFile out =
-        reshard_state_files(state_path, num_params, processes, zero_stage, rank, remedy);
+    const TrainStateFile out = reshard_detail::reshard_rank(
+        first, num_params, processes, zero_stage, rank,
+        [&](int r) { return train_state_read(state_path(r), remedy); });
     const TrainState& s = out.state;
     train_state_save(checkpoint_path(new_dir, "state", step, rank), out.id, s.optimizer_steps,
                      s.host, s.adam_m.data(), s.adam_v.data(),
@@ -239,7 +259,7 @@ inline int reshard_checkpoint(const std::string& dir, const std::string& new_dir
   copy_file_atomically(model, checkpoint_path(new_dir, "model", step));
   if (file_exists(dir + "/main.log")) copy_file_atomically(dir + "/main.log", new_dir + "/main.log");
   write_done_marker(new_dir, step);
-  return old_world;
+  return first.id.world;
 }
 
 }  // namespace llmc
