@@ -106,6 +106,22 @@ void test_reference_conversion(llmc::Rng& rng) {
 
 // ---- the kernels, bitwise ----
 
+// The R x C values x cast with scale 2^e: ref row-major, ref_t transposed with fp8_padded(R)
+// columns (zeros past R), as the cast and cast-transpose kernels write them.
+void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format f,
+                    std::vector<uint8_t>* ref, std::vector<uint8_t>* ref_t) {
+  const int ld_t = fp8_padded(R);
+  ref->assign((size_t)R * C, 0);
+  ref_t->assign((size_t)C * ld_t, 0);
+  for (int r = 0; r < R; r++) {
+    for (int c = 0; c < C; c++) {
+      const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
+      (*ref)[(size_t)r * C + c] = q;
+      (*ref_t)[(size_t)c * ld_t + r] = q;
+    }
+  }
+}
+
 // x: the stored values of an R x C tensor. Checks fp8_amax, then fp8_cast and fp8_cast_transpose
 // (with and without the row-major output) in both formats, each twice.
 void test_casts(const std::string& name, int R, int C, const std::vector<float>& x) {
@@ -132,14 +148,8 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
     const int e = scale_exponent_reference(float_of_bits(amax_bits), f);
     testing::check_verbose(fp8_scale_exponent(float_of_bits(amax_bits), f) == e,
                            llmc::strformat("%s scale 2^%d = the search's", fmt, e));
-    std::vector<uint8_t> ref(n), ref_t((size_t)C * ld_t, 0);
-    for (int r = 0; r < R; r++) {
-      for (int c = 0; c < C; c++) {
-        const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
-        ref[(size_t)r * C + c] = q;
-        ref_t[(size_t)c * ld_t + r] = q;
-      }
-    }
+    std::vector<uint8_t> ref, ref_t;
+    cast_reference(x, R, C, e, f, &ref, &ref_t);
     auto inv_scale_ok = [&](const char* what) {
       const float got = scale.raw()[0].inv_scale;
       return testing::check(got == (float)std::ldexp(1.0, -e),
@@ -188,14 +198,8 @@ void test_delayed_casts(const std::string& name, int R, int C, const std::vector
     const char* fmt = fp8_format_name(f);
     const int e = scale_exponent_reference(float_of_bits(amax_bits), f) + shift;
     const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
-    std::vector<uint8_t> ref(n), ref_t((size_t)C * ld_t, 0);
-    for (int r = 0; r < R; r++) {
-      for (int c = 0; c < C; c++) {
-        const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
-        ref[(size_t)r * C + c] = q;
-        ref_t[(size_t)c * ld_t + r] = q;
-      }
-    }
+    std::vector<uint8_t> ref, ref_t;
+    cast_reference(x, R, C, e, f, &ref, &ref_t);
     auto scale_ok = [&](const char* what) {
       const Fp8Scale got = scale.raw()[0];
       return testing::check(got.amax_bits == amax_bits && got.inv_scale == given.inv_scale &&
