@@ -1,5 +1,5 @@
 // One full training step of GPT-2 inside NVTX ranges, for nsys and ncu:
-//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1]
+//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // Random tokens, a model initialised from a seed; prints the time of each phase.
 #define TESTING
@@ -15,7 +15,7 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-l") layers = atoi(argv[i + 1]);
     else if (flag == "-e") preset = argv[i + 1];
     else if (flag == "-fp8") fp8 = atoi(argv[i + 1]);
-    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1", flag.c_str());
+    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   llmc::GPT2Config config;
@@ -28,7 +28,7 @@ int profile_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), true, 42);
-  gpt2_allocate(m, B, T, 0, fp8 != 0);
+  gpt2_allocate(m, B, T, 0, fp8);
   llmc::Rng rng(1234);
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   for (size_t i = 0; i < inputs.size(); i++) {
@@ -50,6 +50,7 @@ int profile_main(int argc, char** argv) {
     cudaCheck(cudaEventRecord(events[3], m.stream));
     const float norm = gpt2_grad_norm(m);
     gpt2_update(m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, norm);
+    gpt2_fp8_end_step(m, true);  // -fp8 2: the profiled step casts with the warm-up's history
     cudaCheck(cudaEventRecord(events[4], m.stream));
     cudaCheck(cudaEventSynchronize(events[4]));
     nvtxRangePop();

@@ -999,7 +999,7 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
   matmul_dinp_product(dinp, weight, false, dout, pre_gelu, N, C, OC, MatmulOperands(), stream);
 }
 
-// ---- FP8 linear layers (-fp8 1: BF16 builds, compute capability 8.9 or newer) ----
+// ---- FP8 linear layers (-fp8 1 or 2: BF16 builds, compute capability 8.9 or newer) ----
 // The blocks' linear layers can run their three products in FP8 on the tensor cores (cuBLASLt,
 // FP32 accumulation, BF16 outputs): weights and activations in E4M3, output gradients in
 // kFp8GradFormat. Each FP8 tensor has one scale from the amax of the BF16 tensor it is cast from
@@ -1029,6 +1029,8 @@ inline int fp8_padded(int tokens) { return ceil_div(tokens, kFp8TokenAlign) * kF
 struct alignas(16) Fp8Scale {
   float inv_scale;     // 1/s, the products' dequantisation scale
   uint32_t amax_bits;  // max |x| as FP32 bits: an integer maximum, NaN above Inf above all numbers
+  float scale;         // s, with delayed scaling: set from the amax history (fp8_update_scales)
+  int emax;            // with delayed scaling: the format's largest exponent (fp8_scale_exponent)
 };
 static_assert(offsetof(Fp8Scale, inv_scale) == 0, "cuBLASLt reads inv_scale at a 16-byte boundary");
 
@@ -1036,17 +1038,25 @@ static_assert(offsetof(Fp8Scale, inv_scale) == 0, "cuBLASLt reads inv_scale at a
 // fp8_max = 1.75 * 2^emax (448 = 1.75 * 2^8, 57344 = 1.75 * 2^15), at most 126 so that s and 1/s
 // are normal floats. An amax of 0 or not finite gives s = 1: the casts keep NaN and Inf as NaN
 // (fp8_pair), so a non-finite tensor shows in the loss and the trainer skips the step.
-__host__ __device__ inline int fp8_scale_exponent(float amax, Fp8Format f) {
+__host__ __device__ inline int fp8_emax(Fp8Format f) { return f == Fp8Format::kE4M3 ? 8 : 15; }
+
+__host__ __device__ inline int fp8_scale_exponent_for(float amax, int emax) {
   if (!(amax > 0.0f && amax <= FLT_MAX)) return 0;
-  const int emax = f == Fp8Format::kE4M3 ? 8 : 15;
   int exponent = 0;
   const float mantissa = 2.0f * frexpf(amax, &exponent);  // amax = mantissa * 2^(exponent - 1)
   const int e = (mantissa <= 1.75f ? emax : emax - 1) - (exponent - 1);
   return e < 126 ? e : 126;
 }
 
-// s from the amax the scale holds; the first thread of the grid stores 1/s.
-__device__ __forceinline__ float fp8_scale_and_store_inverse(Fp8Scale* scale, Fp8Format f) {
+__host__ __device__ inline int fp8_scale_exponent(float amax, Fp8Format f) {
+  return fp8_scale_exponent_for(amax, fp8_emax(f));
+}
+
+// The cast's s. Current scaling: from the amax the scale holds (this tensor's), and the first
+// thread of the grid stores 1/s. Delayed scaling: the s fp8_update_scales set, 1/s stored with it.
+template <bool kDelayed>
+__device__ __forceinline__ float fp8_cast_scale(Fp8Scale* scale, Fp8Format f) {
+  if (kDelayed) return scale->scale;
   const int e = fp8_scale_exponent(__uint_as_float(scale->amax_bits), f);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) scale->inv_scale = ldexpf(1.0f, -e);
   return ldexpf(1.0f, e);
@@ -1087,21 +1097,32 @@ __device__ __forceinline__ Fp8Piece fp8_piece(const x128& x, float s) {
 constexpr int kFp8Threads = 256;
 constexpr int kFp8AmaxBlocks = 1024;
 
-__global__ void __launch_bounds__(kFp8Threads)
-    fp8_amax_kernel(Fp8Scale* scale, const floatX* x, size_t pieces) {
+// max(m, |v[k]|) over a piece, as FP32 bits.
+__device__ __forceinline__ uint32_t fp8_piece_amax(uint32_t m, const x128& v) {
+  for (int k = 0; k < x128::size; k++) m = max(m, __float_as_uint((float)v[k]) & 0x7fffffffu);
+  return m;
+}
+
+// The block's maximum of every thread's m, into *amax_bits with one atomicMax. Every thread of
+// the block (kFp8Threads) must call it.
+__device__ __forceinline__ void fp8_block_amax(uint32_t m, uint32_t* amax_bits) {
   __shared__ uint32_t warp_max[kFp8Threads / WARP_SIZE];
-  uint32_t m = 0;
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += stride) {
-    const x128 v = load128(x + i * x128::size);
-    for (int k = 0; k < x128::size; k++) m = max(m, __float_as_uint((float)v[k]) & 0x7fffffffu);
-  }
   for (int offset = 16; offset > 0; offset >>= 1) m = max(m, __shfl_xor_sync(0xffffffff, m, offset));
   if (threadIdx.x % WARP_SIZE == 0) warp_max[threadIdx.x / WARP_SIZE] = m;
   __syncthreads();
   if (threadIdx.x != 0) return;
   for (int w = 1; w < kFp8Threads / WARP_SIZE; w++) m = max(m, warp_max[w]);
-  atomicMax(&scale->amax_bits, m);
+  atomicMax(amax_bits, m);
+}
+
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_amax_kernel(Fp8Scale* scale, const floatX* x, size_t pieces) {
+  uint32_t m = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += stride) {
+    m = fp8_piece_amax(m, load128(x + i * x128::size));
+  }
+  fp8_block_amax(m, &scale->amax_bits);
 }
 
 void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream) {
@@ -1114,48 +1135,68 @@ void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream) {
   cudaCheckLaunch();
 }
 
-// ---- FP8 cast: out[i] = fp8(x[i] * s), s from scale->amax_bits; scale->inv_scale = 1/s ----
-// Elementwise, one 16-byte piece of x per thread; deterministic (no reduction). Floor: reads 2
-// bytes and writes 1 per value (BF16).
-template <Fp8Format F>
-__global__ void __launch_bounds__(kFp8Threads)
-    fp8_cast_kernel(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t pieces) {
-  const float s = fp8_scale_and_store_inverse(scale, F);
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= pieces) return;
-  *reinterpret_cast<Fp8Piece*>(out + i * x128::size) = fp8_piece<F>(load128(x + i * x128::size), s);
+// Calls launch(format, delayed) with both as compile-time constants (std::integral_constant), for
+// launching the kernel template of a format and scaling.
+template <class Launch>
+void fp8_dispatch(Fp8Format f, bool delayed, Launch&& launch) {
+  using E4M3 = std::integral_constant<Fp8Format, Fp8Format::kE4M3>;
+  using E5M2 = std::integral_constant<Fp8Format, Fp8Format::kE5M2>;
+  if (f == Fp8Format::kE4M3) {
+    delayed ? launch(E4M3(), std::true_type()) : launch(E4M3(), std::false_type());
+  } else {
+    delayed ? launch(E5M2(), std::true_type()) : launch(E5M2(), std::false_type());
+  }
 }
 
-void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Format f,
+// ---- FP8 cast: out[i] = fp8(x[i] * s) ----
+// Current scaling: s from scale->amax_bits, scale->inv_scale = 1/s. Delayed scaling: s is
+// scale->scale, and max |x| goes into scale->amax_bits (an integer atomicMax, exact in any order)
+// for the history. Elementwise, one 16-byte piece of x per thread; deterministic. Floor: reads 2
+// bytes and writes 1 per value (BF16).
+template <Fp8Format F, bool kDelayed>
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_cast_kernel(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t pieces) {
+  const float s = fp8_cast_scale<kDelayed>(scale, F);
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  uint32_t m = 0;
+  if (i < pieces) {
+    const x128 v = load128(x + i * x128::size);
+    *reinterpret_cast<Fp8Piece*>(out + i * x128::size) = fp8_piece<F>(v, s);
+    if (kDelayed) m = fp8_piece_amax(m, v);
+  }
+  if (kDelayed) fp8_block_amax(m, &scale->amax_bits);
+}
+
+void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Format f, bool delayed,
               cudaStream_t stream) {
   REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0,
           "fp8_cast: n=%zu must be a multiple of %d, x and out 16-byte aligned", n, x128::size);
   const size_t pieces = n / x128::size;
   const int blocks = std::max(1, ceil_div(pieces, kFp8Threads));
-  if (f == Fp8Format::kE4M3) {
-    fp8_cast_kernel<Fp8Format::kE4M3><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
-  } else {
-    fp8_cast_kernel<Fp8Format::kE5M2><<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
-  }
+  fp8_dispatch(f, delayed, [&](auto format, auto is_delayed) {
+    fp8_cast_kernel<decltype(format)::value, decltype(is_delayed)::value>
+        <<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
+  });
   cudaCheckLaunch();
 }
 
 // ---- FP8 cast-transpose: x [R, C] -> out [R, C] (optional) and out_t [C, fp8_padded(R)] ----
 // One read of x writes the FP8 values and their transpose, whose columns R and up are zeros (the
-// padding tokens of the weight-gradient product); scale->inv_scale = 1/s as in fp8_cast. A block
+// padding tokens of the weight-gradient product); s and the amax as in fp8_cast. A block
 // casts a tile of 128 rows x 64 columns into shared memory, transposed as it goes (each piece's
 // bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
-// writes 128-byte rows of out_t. Deterministic (no reduction). Floor: reads 2 bytes and writes 2
-// per value (BF16).
+// writes 128-byte rows of out_t. Deterministic (the amax is an integer maximum). Floor: reads 2
+// bytes and writes 2 per value (BF16).
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
-template <Fp8Format F>
+template <Fp8Format F, bool kDelayed>
 __global__ void __launch_bounds__(kFp8Threads)
     fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R, int C,
                               int ld_t) {
   __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
-  const float s = fp8_scale_and_store_inverse(scale, F);
+  const float s = fp8_cast_scale<kDelayed>(scale, F);
+  uint32_t m = 0;
   constexpr int kPieces = kFp8TileCols / x128::size;  // pieces per tile row
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
   for (int id = threadIdx.x; id < kFp8TileRows * kPieces; id += kFp8Threads) {
@@ -1164,6 +1205,7 @@ __global__ void __launch_bounds__(kFp8Threads)
     x128 v;
     for (int k = 0; k < x128::size; k++) v[k] = (floatX)0.0f;
     if (row < R && col < C) v = load128(x + (size_t)row * C + col);
+    if (kDelayed) m = fp8_piece_amax(m, v);
     const Fp8Piece q = fp8_piece<F>(v, s);
     if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
     uint64_t bytes = 0;
@@ -1174,6 +1216,7 @@ __global__ void __launch_bounds__(kFp8Threads)
       tile[(piece * x128::size + c) * kFp8TilePitch + r] = (uint8_t)(bytes >> (8 * c));
     }
   }
+  if (kDelayed) fp8_block_amax(m, &scale->amax_bits);
   __syncthreads();
   constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
   for (int id = threadIdx.x; id < kFp8TileCols * kSegments; id += kFp8Threads) {
@@ -1186,7 +1229,7 @@ __global__ void __launch_bounds__(kFp8Threads)
 }
 
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
-                        int C, Fp8Format f, cudaStream_t stream) {
+                        int C, Fp8Format f, bool delayed, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
               (uintptr_t)out_t % 16 == 0,
           "fp8_cast_transpose: C=%d must be a multiple of %d, x, out and out_t 16-byte aligned", C,
@@ -1194,13 +1237,53 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const flo
   const int ld_t = fp8_padded(R);
   const dim3 grid(ceil_div(C, kFp8TileCols), ceil_div(ld_t, kFp8TileRows));
   REQUIRE(grid.y <= 65535, "fp8_cast_transpose: R=%d rows are more than one launch takes", R);
-  if (f == Fp8Format::kE4M3) {
-    fp8_cast_transpose_kernel<Fp8Format::kE4M3>
+  fp8_dispatch(f, delayed, [&](auto format, auto is_delayed) {
+    fp8_cast_transpose_kernel<decltype(format)::value, decltype(is_delayed)::value>
         <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
-  } else {
-    fp8_cast_transpose_kernel<Fp8Format::kE5M2>
-        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
-  }
+  });
+  cudaCheckLaunch();
+}
+
+// ---- Delayed scaling: the scales of a step from the amaxes of the steps before it ----
+// With -fp8 2 the activations' and output gradients' casts use a scale known before the tensor
+// exists, s = 2^e from the largest amax of the last kFp8History steps (fp8_scale_exponent), and
+// record the tensor's amax as they cast: no separate amax pass. Values beyond what the history
+// foresaw saturate at +-fp8_max. After each step, once for all tensors: the step's amax goes into
+// the history (slot `slot`) unless the step's update was skipped or the amax is not finite, then s
+// and 1/s are set from the history and the amax restarts at 0. Every operation is an integer
+// maximum or a power of two, so the scales are the same bits in any order and on any GPU.
+constexpr int kFp8History = 16;
+constexpr uint32_t kFp8MaxFiniteBits = 0x7f7fffffu;  // FLT_MAX: |x| bits above it are Inf or NaN
+
+__global__ void fp8_update_scales_kernel(Fp8Scale* scales, uint32_t* history, int count, int slot,
+                                         bool record) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  Fp8Scale& sc = scales[i];
+  if (record && sc.amax_bits <= kFp8MaxFiniteBits) history[(size_t)slot * count + i] = sc.amax_bits;
+  uint32_t amax = 0;
+  for (int k = 0; k < kFp8History; k++) amax = max(amax, history[(size_t)k * count + i]);
+  const int e = fp8_scale_exponent_for(__uint_as_float(amax), sc.emax);
+  sc.scale = ldexpf(1.0f, e);
+  sc.inv_scale = ldexpf(1.0f, -e);
+  sc.amax_bits = 0;
+}
+
+__global__ void fp8_clear_amax_kernel(Fp8Scale* scales, int count) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < count) scales[i].amax_bits = 0;
+}
+
+void fp8_clear_amax(Fp8Scale* scales, int count, cudaStream_t stream) {
+  fp8_clear_amax_kernel<<<ceil_div(count, 256), 256, 0, stream>>>(scales, count);
+  cudaCheckLaunch();
+}
+
+// history: kFp8History x count amaxes (FP32 bits), zero before the first step.
+void fp8_update_scales(Fp8Scale* scales, uint32_t* history, int count, int slot, bool record,
+                       cudaStream_t stream) {
+  REQUIRE(slot >= 0 && slot < kFp8History, "fp8_update_scales: slot %d of %d", slot, kFp8History);
+  fp8_update_scales_kernel<<<ceil_div(count, 256), 256, 0, stream>>>(scales, history, count, slot, record);
   cudaCheckLaunch();
 }
 
@@ -1215,13 +1298,11 @@ struct Fp8Weight {
 
 // Scratch of the FP8 layers, sized for the widest layer of N tokens (in bytes, N padded to
 // fp8_padded(N) in the transposed ones): rows holds the forward's input [N, C] or the backward's
-// output gradient [N, OC], dout_t its transpose [OC, N], inp_t the input's [C, N]; dout_scale is
-// the output gradient's scale.
+// output gradient [N, OC], dout_t its transpose [OC, N], inp_t the input's [C, N].
 struct Fp8Buffers {
   uint8_t* rows = nullptr;
   uint8_t* dout_t = nullptr;
   uint8_t* inp_t = nullptr;
-  Fp8Scale* dout_scale = nullptr;
 };
 
 inline MatmulOperands fp8_operands(Fp8Format fa, const Fp8Scale* a, Fp8Format fb, const Fp8Scale* b) {
@@ -1242,40 +1323,43 @@ void fp8_require_layer(int C, int OC) {
 void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cudaStream_t stream) {
   fp8_require_layer(C, OC);
   fp8_amax(w.scale, weight, (size_t)OC * C, stream);
-  fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, stream);
+  fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, false, stream);
 }
 
-// matmul_forward with out = fp8(inp) @ w8^T: inp's amax goes into inp_scale, which the backward
-// pass reuses for its transposed cast of the same input; inp8 receives the cast.
+// matmul_forward with out = fp8(inp) @ w8^T, inp8 receiving the cast. Current scaling (delayed
+// false): inp's amax goes into inp_scale, which the backward pass reuses for its transposed cast
+// of the same input. Delayed: the cast uses inp_scale's s and records the amax.
 void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
                         int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
-                        cudaStream_t stream) {
+                        bool delayed, cudaStream_t stream) {
   fp8_require_layer(C, OC);
-  fp8_amax(inp_scale, inp, (size_t)N * C, stream);
-  fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, stream);
+  if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream);
+  fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, delayed, stream);
   matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
                          fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
 }
 
-// matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed), inp to
-// E4M3 transposed with the scale of its forward cast (inp_scale); dweight += fp8(dout)^T fp8(inp)
+// matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed) with
+// dout_scale, inp to E4M3 transposed with the scale of its forward cast (inp_scale), both current
+// or delayed as `delayed` says; dweight += fp8(dout)^T fp8(inp)
 // over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
 // BF16 dout as in matmul_backward.
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
                          const floatX* dout, const floatX* inp, const Fp8Weight& w,
-                         const floatX* pre_gelu, Fp8Scale* inp_scale, const Fp8Buffers& buffers,
-                         int N, int C, int OC, uint32_t seed, cudaStream_t stream) {
+                         const floatX* pre_gelu, Fp8Scale* inp_scale, Fp8Scale* dout_scale,
+                         const Fp8Buffers& buffers, int N, int C, int OC, uint32_t seed, bool delayed,
+                         cudaStream_t stream) {
   fp8_require_layer(C, OC);
   if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
-  fp8_amax(buffers.dout_scale, dout, (size_t)N * OC, stream);
-  fp8_cast_transpose(buffers.rows, buffers.dout_t, buffers.dout_scale, dout, N, OC, kFp8GradFormat, stream);
-  fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, stream);
+  if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream);
+  fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, kFp8GradFormat, delayed, stream);
+  fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
   REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
                           false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
-                          fp8_operands(Fp8Format::kE4M3, inp_scale, kFp8GradFormat, buffers.dout_scale)),
+                          fp8_operands(Fp8Format::kE4M3, inp_scale, kFp8GradFormat, dout_scale)),
           "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
   matmul_dinp_product(dinp, w.w8t, true, buffers.rows, pre_gelu, N, C, OC,
-                      fp8_operands(Fp8Format::kE4M3, w.scale, kFp8GradFormat, buffers.dout_scale), stream);
+                      fp8_operands(Fp8Format::kE4M3, w.scale, kFp8GradFormat, dout_scale), stream);
 }
 
 // ============================================================================
@@ -3399,13 +3483,20 @@ struct GPT2 {
   llmc::Rng rng{0};                  // seeds for stochastic rounding
   cudaStream_t stream = 0;
 
-  // -fp8 1 (gpt2_allocate): the blocks' linear layers run FP8 products (section 5). The weights
-  // are cast by the first forward pass after the parameters change (gpt2_init, gpt2_update; with
-  // ZeRO that is after the all-gather that follows the update). Decoding (section 11) stays BF16.
+  // -fp8 1 or 2 (gpt2_allocate): the blocks' linear layers run FP8 products (section 5). The
+  // weights are cast by the first forward pass after the parameters change (gpt2_init,
+  // gpt2_update; with ZeRO that is after the all-gather that follows the update), with current
+  // scaling. The inputs and output gradients: current scaling with -fp8 1; delayed with -fp8 2,
+  // once the history holds a step (gpt2_fp8_end_step), current before. Decoding (section 11)
+  // stays BF16.
   bool fp8 = false;
+  bool fp8_delayed = false;
   bool fp8_weights_stale = true;
+  int fp8_recorded_steps = 0;        // delayed scaling: steps whose amaxes the history holds
   uint8_t* fp8_weights = nullptr;    // per layer, per linear: w8 [OC, C], then w8t [C, OC]
-  Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: weight, input; then Fp8Buffers's
+  Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: the weight's
+  Fp8Scale* fp8_act_scales = nullptr;  // per layer, per linear: the input's, the output gradient's
+  uint32_t* fp8_history = nullptr;     // delayed scaling: kFp8History x fp8_act_scale_count()
   Fp8Buffers fp8_buffers;
 
   floatX* param(int i, int layer = 0) {
@@ -3423,10 +3514,15 @@ struct GPT2 {
     size_t offset = (size_t)layer * 2 * 12 * C2;  // the four weights hold 12 C^2 values
     for (int i = 0; i < linear; i++) offset += 2 * kBlockLinears[i].in * kBlockLinears[i].out * C2;
     const size_t size = kBlockLinears[linear].in * kBlockLinears[linear].out * C2;
-    Fp8Scale* scales = fp8_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
-    return {fp8_weights + offset, fp8_weights + offset + size, scales};
+    Fp8Scale* scale = fp8_scales + (size_t)layer * kNumBlockLinears + linear;
+    return {fp8_weights + offset, fp8_weights + offset + size, scale};
   }
-  Fp8Scale* fp8_input_scale(int linear, int layer) { return fp8_weight(linear, layer).scale + 1; }
+  int fp8_act_scale_count() const { return config.num_layers * kNumBlockLinears * 2; }
+  Fp8Scale* fp8_input_scale(int linear, int layer) {
+    return fp8_act_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
+  }
+  Fp8Scale* fp8_dout_scale(int linear, int layer) { return fp8_input_scale(linear, layer) + 1; }
+  bool fp8_use_delayed() const { return fp8_delayed && fp8_recorded_steps > 0; }
 };
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
@@ -3470,9 +3566,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   m.rng.seed(seed);
 }
 
-// fp8: the blocks' linear layers in FP8 (-fp8 1), which needs the BF16 build and a GPU of compute
-// capability 8.9 or newer.
-void gpt2_allocate(GPT2& m, int B, int T, int recompute, bool fp8 = false) {
+// fp8: the blocks' linear layers in FP8 (-fp8: 1 current scaling, 2 delayed), which needs the
+// BF16 build and a GPU of compute capability 8.9 or newer.
+void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -3518,27 +3614,38 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, bool fp8 = false) {
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
-  m.fp8 = fp8;
+  m.fp8 = fp8 != 0;
+  m.fp8_delayed = fp8 == 2;
   if (fp8) {
     REQUIRE(sizeof(floatX) == 2,
-            "-fp8 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", PRECISION_NAME);
+            "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", fp8,
+            PRECISION_NAME);
     int device = 0;
     cudaCheck(cudaGetDevice(&device));
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, device));
     REQUIRE(prop.major * 10 + prop.minor >= 89,
-            "-fp8 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use -fp8 0",
-            prop.name, prop.major, prop.minor);
+            "-fp8 %d needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use -fp8 0",
+            fp8, prop.name, prop.major, prop.minor);
     fp8_require_layer((int)C, (int)C);
     const size_t L = c.num_layers, Np = fp8_padded(B * T);
     m.fp8_weights = device_alloc<uint8_t>(L * 2 * 12 * C * C, "the FP8 weights");
-    const size_t scales = L * kNumBlockLinears * 2 + 1;
-    m.fp8_scales = device_alloc<Fp8Scale>(scales, "the FP8 scales");
-    cudaCheck(cudaMemset(m.fp8_scales, 0, scales * sizeof(Fp8Scale)));
+    m.fp8_scales = device_alloc<Fp8Scale>(L * kNumBlockLinears, "the FP8 weight scales");
+    cudaCheck(cudaMemset(m.fp8_scales, 0, L * kNumBlockLinears * sizeof(Fp8Scale)));
+    const int count = m.fp8_act_scale_count();
+    std::vector<Fp8Scale> act_scales(count);
+    for (int i = 0; i < count; i++) {
+      act_scales[i] = {1.0f, 0u, 1.0f, fp8_emax(i % 2 == 0 ? Fp8Format::kE4M3 : kFp8GradFormat)};
+    }
+    m.fp8_act_scales = device_alloc<Fp8Scale>(count, "the FP8 activation scales");
+    cudaCheck(cudaMemcpy(m.fp8_act_scales, act_scales.data(), count * sizeof(Fp8Scale),
+                         cudaMemcpyHostToDevice));
+    m.fp8_history = device_alloc<uint32_t>((size_t)kFp8History * count, "the FP8 amax history");
+    cudaCheck(cudaMemset(m.fp8_history, 0, (size_t)kFp8History * count * sizeof(uint32_t)));
+    m.fp8_recorded_steps = 0;
     m.fp8_buffers.rows = device_alloc<uint8_t>(BT * 4 * C, "the FP8 activations");
     m.fp8_buffers.dout_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed gradients");
     m.fp8_buffers.inp_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed activations");
-    m.fp8_buffers.dout_scale = m.fp8_scales + scales - 1;
     m.fp8_weights_stale = true;
   }
 }
@@ -3550,6 +3657,7 @@ void gpt2_free(GPT2& m) {
                   (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
+                  (void*)m.fp8_act_scales, (void*)m.fp8_history,
                   (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_buffers.inp_t}) {
     device_free(p);
   }
@@ -3569,6 +3677,52 @@ void gpt2_fp8_cast_weights(GPT2& m) {
   m.fp8_weights_stale = false;
 }
 
+// Delayed scaling, after each step's update (or its skip, applied false): the step's amaxes go
+// into the history when the update was applied, and the next step's scales come from it
+// (fp8_update_scales). Several processes first take each amax's maximum over the ranks
+// (multi_gpu_fp8_end_step), so every rank casts with the same scales.
+void gpt2_fp8_end_step(GPT2& m, bool applied) {
+  if (!m.fp8_delayed) return;
+  fp8_update_scales(m.fp8_act_scales, m.fp8_history, m.fp8_act_scale_count(),
+                    m.fp8_recorded_steps % kFp8History, applied, m.stream);
+  if (applied) m.fp8_recorded_steps++;
+}
+
+// Delayed scaling's state for a state file: the history and the steps it recorded (none without
+// -fp8 2).
+llmc::Fp8History gpt2_fp8_history(const GPT2& m) {
+  llmc::Fp8History h;
+  if (!m.fp8_delayed) return h;
+  h.recorded_steps = m.fp8_recorded_steps;
+  h.amax.resize((size_t)kFp8History * m.fp8_act_scale_count());
+  cudaCheck(cudaMemcpy(h.amax.data(), m.fp8_history, h.amax.size() * sizeof(uint32_t),
+                       cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Restores the history of a state file (path), and the scales of the next step from it, as the
+// run that wrote it had them. A state without one (-fp8 0 or 1, or a version 3 file) leaves the
+// history empty: the first step casts with current scaling, as a new run's.
+void gpt2_fp8_restore_history(GPT2& m, const llmc::Fp8History& h, const std::string& path) {
+  if (!m.fp8_delayed || h.amax.empty()) return;
+  const int count = m.fp8_act_scale_count();
+  if (h.amax.size() != (size_t)kFp8History * count) {
+    LLMC_FAIL("%s: an FP8 amax history of %zu entries, but this model keeps %zu: resume with the "
+              "model of the checkpoint", path.c_str(), h.amax.size(), (size_t)kFp8History * count);
+  }
+  cudaCheck(cudaMemcpy(m.fp8_history, h.amax.data(), h.amax.size() * sizeof(uint32_t),
+                       cudaMemcpyHostToDevice));
+  m.fp8_recorded_steps = h.recorded_steps;
+  fp8_update_scales(m.fp8_act_scales, m.fp8_history, count, 0, false, m.stream);
+}
+
+// Forward passes that are not training steps (validation, HellaSwag) leave the amaxes as they
+// found them (zero: each step ends with fp8_update_scales), so only training steps feed the history.
+void gpt2_fp8_forget_eval_amax(GPT2& m) {
+  if (!m.fp8_delayed) return;
+  fp8_clear_amax(m.fp8_act_scales, m.fp8_act_scale_count(), m.stream);
+}
+
 // out = inp @ weight^T + bias of a block's linear layer (GELU of it into out with pre_gelu kept,
 // for the fc layer), in BF16 or FP8.
 void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* inp, int N,
@@ -3578,7 +3732,7 @@ void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* 
   const floatX* bias = m.param(spec.bias, l);
   if (m.fp8) {
     matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
-                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.stream);
+                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_use_delayed(), m.stream);
   } else {
     matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
   }
@@ -3595,7 +3749,8 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
   if (m.fp8) {
     matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
-                        m.fp8_input_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.stream);
+                        m.fp8_input_scale(linear, l), m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C,
+                        OC, seed, m.fp8_use_delayed(), m.stream);
   } else {
     matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
                     C, OC, seed, m.stream);
@@ -4030,6 +4185,7 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
   if (m.master) cudaCheck(cudaMemcpy(m.master, s.master.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   m.optimizer_steps = s.optimizer_steps;
   m.rng.restore(s.host.model_rng);
+  gpt2_fp8_restore_history(m, s.fp8, llmc::checkpoint_path(dir, "state", step, 0));
   return s.host;
 }
 
@@ -4169,8 +4325,9 @@ void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int
   job.write_files.push_back([path = llmc::checkpoint_path(ck.dir, "state", step, rank),
                              id = train_state_id(m, step, rank, world),
                              optimizer_steps = m.optimizer_steps, host, moments, n,
-                             master = m.master ? moments + 2 * n : nullptr] {
-    llmc::train_state_save(path, id, optimizer_steps, host, moments, moments + n, master);
+                             master = m.master ? moments + 2 * n : nullptr,
+                             fp8 = gpt2_fp8_history(m)] {
+    llmc::train_state_save(path, id, optimizer_steps, host, moments, moments + n, master, fp8);
   });
   job.mark_done = world == 1;
   ck.writer.submit(std::move(job));
@@ -4491,6 +4648,19 @@ void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
                           m.stream));
 }
 
+// Delayed FP8 scaling at the end of a step (gpt2_fp8_end_step), with each amax the maximum over
+// the ranks. The scales are reduced whole as unsigned words: s, 1/s and emax are the same on
+// every rank (one history), and the amax bits of non-negative floats order as the floats do.
+void multi_gpu_fp8_end_step(MultiGpu& mg, GPT2& m, bool applied) {
+  if (!m.fp8_delayed) return;
+  if (mg.world > 1) {
+    const size_t words = (size_t)m.fp8_act_scale_count() * sizeof(Fp8Scale) / sizeof(uint32_t);
+    ncclCheck(ncclAllReduce(m.fp8_act_scales, m.fp8_act_scales, words, ncclUint32, ncclMax, mg.comm,
+                            m.stream));
+  }
+  gpt2_fp8_end_step(m, applied);
+}
+
 // Sums n doubles over the ranks, in place (n <= kMultiGpuScratch).
 void multi_gpu_sum(MultiGpu& mg, double* values, int n, cudaStream_t stream) {
   if (mg.world == 1) return;
@@ -4571,7 +4741,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-f", "TF32 matmuls", "1: TF32 matmuls in FP32 builds", &a.tf32, 0, 1),
       int_flag("-w", "master weights", "1: keep FP32 master weights (BF16 builds)", &a.master_weights, 0, 1),
       int_flag("-r", "recompute", "recompute level: 0 none, 1 GELU", &a.recompute, 0, 1),
-      int_flag("-fp8", "FP8 linear layers", "1: FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+)", &a.fp8, 0, 1),
+      int_flag("-fp8", "FP8 linear layers", "FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+): 1 current scaling, 2 delayed (amax history)", &a.fp8, 0, 2),
       int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
       int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
       int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
@@ -4621,6 +4791,7 @@ float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int b
     gpt2_forward(m, inputs.data(), B, T);
     sum += gpt2_classifier(m, targets.data(), B, T, 0.0f);
   }
+  gpt2_fp8_forget_eval_amax(m);
   return multi_gpu_average(mg, (float)(sum / batches), m.stream);
 }
 
@@ -4639,6 +4810,7 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
     gpt2_classifier(m, rows.targets.data(), llmc::kHellaSwagEndings, T, 0.0f);
     counts.add(llmc::hellaswag_score(rows, m.losses_host));
   }
+  gpt2_fp8_forget_eval_amax(m);
   double totals[3] = {(double)counts.examples, (double)counts.correct, (double)counts.correct_norm};
   multi_gpu_sum(mg, totals, 3, m.stream);
   counts.examples = (long long)totals[0];
@@ -4668,6 +4840,9 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   if (m.fp8) {
     table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
                                              fp8_format_name(Fp8Format::kE4M3), fp8_format_name(kFp8GradFormat)));
+    table.row("FP8 scaling", m.fp8_delayed
+                                 ? llmc::strformat("delayed: activations and gradients from the amaxes of the last %d steps", kFp8History)
+                                 : std::string("current: each tensor's own amax"));
   }
   table.row("train tokens", std::to_string(train_tokens));
   table.row("total batch", llmc::strformat("%ld tokens = %d micro step(s) of %d x %d x %d processes",
@@ -4934,6 +5109,7 @@ bool train_step(TrainRun& r, int step) {
   } else {
     r.skipped_updates++;
   }
+  multi_gpu_fp8_end_step(r.mg, m, s.finite && !s.spike);
   cudaCheck(cudaEventRecord(r.end, m.stream));
   cudaCheck(cudaEventSynchronize(r.end));
   cudaCheck(cudaEventElapsedTime(&s.ms, r.start, r.end));
@@ -5032,7 +5208,7 @@ int train_main(int argc, char** argv) {
   } else {
     llmc::resolve_sequence_length(a, config.max_seq_len);
     const llmc::StepBatch batch = llmc::step_batch(a, mg.world);
-    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8 != 0);
+    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8);
     TrainRun r(a, mg, m);
     train_setup(r, resume_step, batch, run_start);
     int final_step;

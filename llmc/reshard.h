@@ -7,8 +7,9 @@
 // values are moved, never recomputed, so a round trip gives back every bit.
 //
 // The host state is the same on every rank (one seed for the generators, one data order, the
-// spike detectors see the global loss and norm), so rank 0's is carried to every new rank; the
-// inputs must agree on it. Its data loader position stays that of P processes: DataLoader::restore
+// spike detectors see the global loss and norm), and so is the FP8 amax history (the amaxes are
+// reduced over the ranks), so rank 0's are carried to every new rank; the inputs must agree on
+// the host state. Its data loader position stays that of P processes: DataLoader::restore
 // continues it with P' (the rule is at DataLoaderState in llmc/dataloader.h).
 #pragma once
 
@@ -114,6 +115,7 @@ TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int 
   out.id.zero_stage = new_shard_count > 1 ? 1 : 0;
   out.state.optimizer_steps = first.state.optimizer_steps;
   out.state.host = first.state.host;
+  out.state.fp8 = first.state.fp8;
   out.state.adam_m.assign(to.size, 0.0f);
   out.state.adam_v.assign(to.size, 0.0f);
   out.state.master.assign(first.id.master_weights ? to.size : 0, 0.0f);
@@ -254,7 +256,7 @@ inline int reshard_checkpoint(const std::string& dir, const std::string& new_dir
     const TrainState& s = out.state;
     train_state_save(checkpoint_path(new_dir, "state", step, rank), out.id, s.optimizer_steps,
                      s.host, s.adam_m.data(), s.adam_v.data(),
-                     s.master.empty() ? nullptr : s.master.data());
+                     s.master.empty() ? nullptr : s.master.data(), s.fp8);
   }
   copy_file_atomically(model, checkpoint_path(new_dir, "model", step));
   if (file_exists(dir + "/main.log")) copy_file_atomically(dir + "/main.log", new_dir + "/main.log");

@@ -2,13 +2,16 @@
 // resume needs besides the parameters, so that it continues bit for bit.
 //
 // 256 int32 header (llmc/file_header.h)
-//   [0] magic 20240528  [1] version 3  [2] step  [3] rank  [4] world size
+//   [0] magic 20240528  [1] version 4  [2] step  [3] rank  [4] world size
 //   [5] AdamW updates applied so far (0..step: non-finite and skipped steps apply none)
 //   [6] 1 with FP32 master weights, 0 without  [7] ZeRO stage (0, or 1: the file holds this
 //   rank's shard of the optimizer state only)  [8..9] parameter count n of the file (uint64)
+//   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
-// each) and, when [6] is 1, the FP32 master weights (n float32).
+// each), when [6] is 1 the FP32 master weights (n float32), and the FP8 amax history (h uint32,
+// the trainer's delayed scaling state, the same on every rank). Version 3 files (no [10], [11]
+// or history) still load.
 #pragma once
 
 #include <algorithm>
@@ -26,7 +29,8 @@
 namespace llmc {
 
 constexpr int kStateMagic = 20240528;
-constexpr int kStateVersion = 3;
+constexpr int kStateVersion = 4;
+constexpr int kStateVersionNoFp8 = 3;  // still read: the same without the FP8 history
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -47,10 +51,18 @@ struct TrainStateId {
   int zero_stage = 0;
 };
 
+// Delayed FP8 scaling's state: the amaxes of the last steps (FP32 bits, as the trainer lays them
+// out) and how many steps it has recorded. Empty without -fp8 2.
+struct Fp8History {
+  int recorded_steps = 0;
+  std::vector<uint32_t> amax;
+};
+
 struct TrainState {
   int optimizer_steps = 0;
   HostTrainState host;
   std::vector<float> adam_m, adam_v, master;  // master is empty without master weights
+  Fp8History fp8;
 };
 
 // ZeRO stage 1 splits the parameter-ordered optimizer state (AdamW's moments, the master weights)
@@ -78,11 +90,13 @@ inline ZeroShard zero_shard(size_t num_params, int shard_count, int shard_rank) 
 namespace train_state_detail {
 
 inline uint32_t payload_crc32(uint32_t crc, const HostTrainState& host, const float* adam_m,
-                              const float* adam_v, const float* master, size_t n) {
+                              const float* adam_v, const float* master, size_t n,
+                              const Fp8History& fp8) {
   crc = crc32_update(crc, &host, sizeof(host));
   crc = crc32_update(crc, adam_m, n * sizeof(float));
   crc = crc32_update(crc, adam_v, n * sizeof(float));
-  return master ? crc32_update(crc, master, n * sizeof(float)) : crc;
+  if (master) crc = crc32_update(crc, master, n * sizeof(float));
+  return crc32_update(crc, fp8.amax.data(), fp8.amax.size() * sizeof(uint32_t));
 }
 
 }  // namespace train_state_detail
@@ -90,7 +104,7 @@ inline uint32_t payload_crc32(uint32_t crc, const HostTrainState& host, const fl
 // Writes a state file through write_file_atomically. master is null without master weights.
 inline void train_state_save(const std::string& path, const TrainStateId& id, int optimizer_steps,
                              const HostTrainState& host, const float* adam_m, const float* adam_v,
-                             const float* master) {
+                             const float* master, const Fp8History& fp8 = Fp8History()) {
   int h[kHeaderInts] = {};
   h[0] = kStateMagic;
   h[1] = kStateVersion;
@@ -102,14 +116,17 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[7] = id.zero_stage;
   const uint64_t n = id.num_params;
   memcpy(&h[8], &n, sizeof(n));
+  h[10] = (int)fp8.amax.size();
+  h[11] = fp8.recorded_steps;
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), host,
-                                                             adam_m, adam_v, master, n));
+                                                             adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
     f.write(h, sizeof(h), "the state header");
     f.write(&host, sizeof(host), "the RNG and data loader state");
     f.write(adam_m, n * sizeof(float), "AdamW's first moments");
     f.write(adam_v, n * sizeof(float), "AdamW's second moments");
     if (master) f.write(master, n * sizeof(float), "the master weights");
+    if (!fp8.amax.empty()) f.write(fp8.amax.data(), fp8.amax.size() * sizeof(uint32_t), "the FP8 amax history");
   });
 }
 
@@ -130,9 +147,17 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
                                 const char* remedy) {
   const char* path = f.path().c_str();
   f.read(h, kHeaderInts * sizeof(int), "the state header");
-  if (h[0] != kStateMagic || h[1] != kStateVersion) {
-    LLMC_FAIL("%s: not a training-state file of version %d (magic %d, version %d; expected %d, "
-              "%d): %s", path, kStateVersion, h[0], h[1], kStateMagic, kStateVersion, remedy);
+  if (h[0] != kStateMagic || (h[1] != kStateVersion && h[1] != kStateVersionNoFp8)) {
+    LLMC_FAIL("%s: not a training-state file of version %d or %d (magic %d, version %d; expected "
+              "%d): %s", path, kStateVersionNoFp8, kStateVersion, h[0], h[1], kStateMagic, remedy);
+  }
+  if (h[1] == kStateVersionNoFp8 && (h[10] != 0 || h[11] != 0)) {
+    LLMC_FAIL("%s: version %d with FP8 history fields set: the header is damaged; %s", path, h[1],
+              remedy);
+  }
+  if (h[10] < 0 || h[11] < 0 || h[11] > h[2]) {
+    LLMC_FAIL("%s: an FP8 history of %d entries over %d steps at step %d: the header is damaged; "
+              "%s", path, h[10], h[11], h[2], remedy);
   }
   if (expected && (h[3] != expected->rank || h[4] != expected->world)) {
     LLMC_FAIL("%s: state of rank %d of %d, expected rank %d of %d: resume with the process count "
@@ -174,16 +199,17 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   }
   if (!header_has_checksum(h, f.path())) {
     LLMC_FAIL("%s: the header has no checksum, which every state file of version %d has: the "
-              "header is damaged; %s", path, kStateVersion, remedy);
+              "header is damaged; %s", path, h[1], remedy);
   }
   const long expected_bytes = (long)(kHeaderInts * sizeof(int) + sizeof(HostTrainState) +
-                                     (2 + (master ? 1 : 0)) * n * sizeof(float));
+                                     (2 + (master ? 1 : 0)) * n * sizeof(float) +
+                                     (size_t)h[10] * sizeof(uint32_t));
   const long actual = f.size();
   if (actual != expected_bytes) {
-    LLMC_FAIL("%s: a state for %llu parameters %s master weights should be %ld bytes but is %ld "
-              "(%s): %s", path, (unsigned long long)n, master ? "with" : "without",
-              expected_bytes, actual, actual < expected_bytes ? "truncated" : "trailing data",
-              remedy);
+    LLMC_FAIL("%s: a state for %llu parameters %s master weights (and %d FP8 history entries) "
+              "should be %ld bytes but is %ld (%s): %s", path, (unsigned long long)n,
+              master ? "with" : "without", h[10], expected_bytes, actual,
+              actual < expected_bytes ? "truncated" : "trailing data", remedy);
   }
   TrainStateId id;
   id.step = step;
@@ -213,9 +239,13 @@ inline TrainStateFile read(const std::string& path, const TrainStateId* expected
   f.read(s.adam_m.data(), n * sizeof(float), "AdamW's first moments");
   f.read(s.adam_v.data(), n * sizeof(float), "AdamW's second moments");
   if (file.id.master_weights) f.read(s.master.data(), n * sizeof(float), "the master weights");
+  s.fp8.recorded_steps = h[11];
+  s.fp8.amax.resize((size_t)h[10]);
+  if (h[10] > 0) f.read(s.fp8.amax.data(), s.fp8.amax.size() * sizeof(uint32_t), "the FP8 amax history");
   header_verify_checksum(h, payload_crc32(header_checksum_start(h), s.host, s.adam_m.data(),
                                           s.adam_v.data(),
-                                          file.id.master_weights ? s.master.data() : nullptr, n),
+                                          file.id.master_weights ? s.master.data() : nullptr, n,
+                                          s.fp8),
                          path, remedy);
   return file;
 }

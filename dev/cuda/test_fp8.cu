@@ -1,10 +1,12 @@
-// Tests the FP8 kernels and linear layers of section 5 (-fp8 1).
+// Tests the FP8 kernels and linear layers of section 5 (-fp8 1 and 2).
 // Kernels, bitwise: fp8_amax, fp8_cast and fp8_cast_transpose in both formats against a CPU
 // reference of the same rounding (itself checked against cuda_fp8.h's host conversion on every
 // BF16 value and on random floats), with the power-of-two scale checked against an independent
 // search; shapes with R = 1000 tokens (not a multiple of 16: padded transposes) and C = 1600, odd
 // small ones, zeros, NaN and Inf, magnitudes that clamp the scale; every kernel run twice for
-// identical bits. Layers (BF16 builds): matmul_forward_fp8 / matmul_backward_fp8 against the BF16
+// identical bits. Delayed scaling (-fp8 2): the casts with a given scale (saturating and
+// underflowing ones included) and their recorded amax, bitwise; fp8_update_scales against a CPU
+// reference of the history. Layers (BF16 builds): matmul_forward_fp8 / matmul_backward_fp8 against the BF16
 // layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
 // GELU epilogues included; run twice, and with cuBLASLt's first heuristic, for identical bits.
 #include "dev/cuda/kernel_test.h"
@@ -104,6 +106,22 @@ void test_reference_conversion(llmc::Rng& rng) {
 
 // ---- the kernels, bitwise ----
 
+// The R x C values x cast with scale 2^e: ref row-major, ref_t transposed with fp8_padded(R)
+// columns (zeros past R), as the cast and cast-transpose kernels write them.
+void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format f,
+                    std::vector<uint8_t>* ref, std::vector<uint8_t>* ref_t) {
+  const int ld_t = fp8_padded(R);
+  ref->assign((size_t)R * C, 0);
+  ref_t->assign((size_t)C * ld_t, 0);
+  for (int r = 0; r < R; r++) {
+    for (int c = 0; c < C; c++) {
+      const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
+      (*ref)[(size_t)r * C + c] = q;
+      (*ref_t)[(size_t)c * ld_t + r] = q;
+    }
+  }
+}
+
 // x: the stored values of an R x C tensor. Checks fp8_amax, then fp8_cast and fp8_cast_transpose
 // (with and without the row-major output) in both formats, each twice.
 void test_casts(const std::string& name, int R, int C, const std::vector<float>& x) {
@@ -130,14 +148,8 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
     const int e = scale_exponent_reference(float_of_bits(amax_bits), f);
     testing::check_verbose(fp8_scale_exponent(float_of_bits(amax_bits), f) == e,
                            llmc::strformat("%s scale 2^%d = the search's", fmt, e));
-    std::vector<uint8_t> ref(n), ref_t((size_t)C * ld_t, 0);
-    for (int r = 0; r < R; r++) {
-      for (int c = 0; c < C; c++) {
-        const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
-        ref[(size_t)r * C + c] = q;
-        ref_t[(size_t)c * ld_t + r] = q;
-      }
-    }
+    std::vector<uint8_t> ref, ref_t;
+    cast_reference(x, R, C, e, f, &ref, &ref_t);
     auto inv_scale_ok = [&](const char* what) {
       const float got = scale.raw()[0].inv_scale;
       return testing::check(got == (float)std::ldexp(1.0, -e),
@@ -145,7 +157,7 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
     };
     auto cast = [&] {
       out.poison();
-      fp8_cast(out, scale, d_x, n, f, 0);
+      fp8_cast(out, scale, d_x, n, f, false, 0);
       return out.raw();
     };
     const std::vector<uint8_t> cast_bytes = cast();
@@ -156,7 +168,7 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
     auto cast_transpose = [&](bool rows) {
       out.poison();
       out_t.poison();
-      fp8_cast_transpose(rows ? (uint8_t*)out : nullptr, out_t, scale, d_x, R, C, f, 0);
+      fp8_cast_transpose(rows ? (uint8_t*)out : nullptr, out_t, scale, d_x, R, C, f, false, 0);
       return std::make_pair(out.raw(), out_t.raw());
     };
     const auto both = cast_transpose(true);
@@ -167,6 +179,101 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
     check_bytes(llmc::strformat("%s transpose alone", fmt), transposed_only.second, ref_t);
     testing::check_verbose(cast_transpose(true) == both,
                            llmc::strformat("%s cast-transpose twice: the same bits", fmt));
+  }
+}
+
+// Delayed scaling: the casts use the scale they are given (here 2^shift times the one current
+// scaling would pick: shift > 0 saturates the largest values, shift < 0 underflows the smallest),
+// leave 1/s as it was and record max |x| in amax_bits; each twice, for the same bits.
+void test_delayed_casts(const std::string& name, int R, int C, const std::vector<float>& x, int shift) {
+  printf("\ndelayed-scaling casts, %s: R=%d C=%d, scale 2^%d x current's\n", name.c_str(), R, C, shift);
+  const size_t n = (size_t)R * C;
+  const int ld_t = fp8_padded(R);
+  DeviceArray<floatX> d_x(x);
+  DeviceArray<Fp8Scale> scale(1);
+  DeviceArray<uint8_t> out(n), out_t((size_t)C * ld_t);
+  uint32_t amax_bits = 0;
+  for (float v : x) amax_bits = std::max(amax_bits, abs_bits(v));
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    const char* fmt = fp8_format_name(f);
+    const int e = scale_exponent_reference(float_of_bits(amax_bits), f) + shift;
+    const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
+    std::vector<uint8_t> ref, ref_t;
+    cast_reference(x, R, C, e, f, &ref, &ref_t);
+    auto scale_ok = [&](const char* what) {
+      const Fp8Scale got = scale.raw()[0];
+      return testing::check(got.amax_bits == amax_bits && got.inv_scale == given.inv_scale &&
+                                got.scale == given.scale,
+                            llmc::strformat("%s %s: amax %08x (CPU %08x), s and 1/s as given", fmt, what,
+                                            got.amax_bits, amax_bits));
+    };
+    auto cast = [&] {
+      scale.upload(std::vector<Fp8Scale>{given});
+      out.poison();
+      fp8_cast(out, scale, d_x, n, f, true, 0);
+      return out.raw();
+    };
+    const std::vector<uint8_t> cast_bytes = cast();
+    check_bytes(llmc::strformat("%s delayed cast", fmt), cast_bytes, ref);
+    scale_ok("delayed cast");
+    testing::check_verbose(cast() == cast_bytes, llmc::strformat("%s delayed cast twice: the same bits", fmt));
+    auto cast_transpose = [&] {
+      scale.upload(std::vector<Fp8Scale>{given});
+      out.poison();
+      out_t.poison();
+      fp8_cast_transpose(out, out_t, scale, d_x, R, C, f, true, 0);
+      return std::make_pair(out.raw(), out_t.raw());
+    };
+    const auto both = cast_transpose();
+    check_bytes(llmc::strformat("%s delayed cast-transpose rows", fmt), both.first, ref);
+    check_bytes(llmc::strformat("%s delayed cast-transpose, transposed", fmt), both.second, ref_t);
+    scale_ok("delayed cast-transpose");
+    testing::check_verbose(cast_transpose() == both,
+                           llmc::strformat("%s delayed cast-transpose twice: the same bits", fmt));
+  }
+}
+
+// fp8_update_scales against a CPU reference: a history of random amaxes (some slots still zero),
+// the step's amaxes recorded or not (a skipped update), a non-finite amax never recorded, s from
+// the history's maximum by the independent search, the amax restarted at 0.
+void test_update_scales(llmc::Rng& rng) {
+  printf("\ndelayed scaling: fp8_update_scales\n");
+  const int count = 37;
+  std::vector<uint32_t> history((size_t)kFp8History * count, 0);
+  for (int k = 0; k < kFp8History - 3; k++) {
+    for (int i = 0; i < count; i++) {
+      history[(size_t)k * count + i] = abs_bits(std::ldexp((float)rng.u32() / 4294967296.0f + 0.01f, (int)(rng.u32() % 40) - 30));
+    }
+  }
+  std::vector<Fp8Scale> scales(count);
+  for (int i = 0; i < count; i++) {
+    const float amax = std::ldexp((float)rng.u32() / 4294967296.0f + 0.01f, (int)(rng.u32() % 40) - 20);
+    scales[i] = {0.5f, abs_bits(amax), 2.0f, fp8_emax(i % 2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3)};
+  }
+  scales[3].amax_bits = 0x7f800000u;  // Inf
+  scales[4].amax_bits = 0x7fc00000u;  // NaN
+  const int slot = kFp8History - 2;
+  for (bool record : {true, false}) {
+    DeviceArray<Fp8Scale> d_scales(scales);
+    DeviceArray<uint32_t> d_history(history);
+    fp8_update_scales(d_scales, d_history, count, slot, record, 0);
+    const std::vector<Fp8Scale> got = d_scales.raw();
+    const std::vector<uint32_t> got_history = d_history.raw();
+    std::vector<uint32_t> want_history = history;
+    bool ok = true;
+    for (int i = 0; i < count; i++) {
+      if (record && scales[i].amax_bits <= kFp8MaxFiniteBits) want_history[(size_t)slot * count + i] = scales[i].amax_bits;
+      uint32_t amax = 0;
+      for (int k = 0; k < kFp8History; k++) amax = std::max(amax, want_history[(size_t)k * count + i]);
+      const Fp8Format f = i % 2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+      const int e = scale_exponent_reference(float_of_bits(amax), f);
+      ok = ok && got[i].scale == (float)std::ldexp(1.0, e) && got[i].inv_scale == (float)std::ldexp(1.0, -e) &&
+           got[i].amax_bits == 0 && got[i].emax == scales[i].emax;
+    }
+    testing::check_verbose(ok && got_history == want_history,
+                           llmc::strformat("%s: the history %s, s = 2^e of its maximum, amax restarted",
+                                           record ? "recorded" : "not recorded (a skipped update)",
+                                           record ? "takes the step's finite amaxes" : "unchanged"));
   }
 }
 
@@ -225,23 +332,24 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
   buffers.rows = rows;
   buffers.dout_t = dout_t;
   buffers.inp_t = inp_t;
-  buffers.dout_scale = (Fp8Scale*)scales + 2;
+  Fp8Scale* inp_scale = (Fp8Scale*)scales + 1;
+  Fp8Scale* dout_scale = (Fp8Scale*)scales + 2;
   fp8_weight_cast(w, d_weight, OC, C, 0);
   DeviceArray<floatX> out((size_t)N * OC), pre((size_t)N * OC), dinp((size_t)N * C);
   DeviceArray<floatX> dweight((size_t)OC * C), dbias(OC);
-  auto forward = [&] {
+  auto forward = [&](bool delayed = false) {
     out.poison();
     pre.poison();
     matmul_forward_fp8(out, d_inp, w, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)pre : nullptr,
-                       (Fp8Scale*)scales + 1, rows, 0);
+                       inp_scale, rows, delayed, 0);
     return Snapshot(out, pre);
   };
-  auto backward = [&](const std::vector<float>& dweight_start) {
+  auto backward = [&](const std::vector<float>& dweight_start, bool delayed = false) {
     dinp.poison();
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
     matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, d_dout, d_inp, w, pre_in,
-                        (Fp8Scale*)scales + 1, buffers, N, C, OC, seed, 0);
+                        inp_scale, dout_scale, buffers, N, C, OC, seed, delayed, 0);
     return Snapshot(dinp, dweight, dbias);
   };
 
@@ -269,6 +377,24 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
   matmul_tuning = false;
   check_same_bits("backward tuned = heuristic", backward_bits, backward(zeros));
   matmul_tuning = true;
+  // Delayed scaling with the scales current scaling picked gives the same bits, and records the
+  // same amaxes.
+  {
+    const std::vector<Fp8Scale> current = scales.raw();
+    std::vector<Fp8Scale> given = current;
+    for (int i : {1, 2}) {
+      given[i].scale = 1.0f / current[i].inv_scale;
+      given[i].amax_bits = 0;
+    }
+    scales.upload(given);
+    check_same_bits("delayed forward, current's scale", forward_bits, forward(true));
+    check_same_bits("delayed backward, current's scales", backward_bits, backward(zeros, true));
+    const std::vector<Fp8Scale> recorded = scales.raw();
+    testing::check_verbose(recorded[1].amax_bits == current[1].amax_bits &&
+                               recorded[2].amax_bits == current[2].amax_bits,
+                           "delayed: the input's and the output gradient's amaxes recorded");
+    scales.upload(current);
+  }
   // Accumulation (beta = 1): the old gradient plus the product, rounded once.
   backward(dweight0);
   std::vector<float> expected(product.size());
@@ -293,6 +419,10 @@ int main() {
     std::vector<float> with_inf = random_stored(rng, (size_t)100 * 96, 0.0f, 1.0f);
     with_inf[4321] = -INFINITY;
     test_casts("an Inf", 100, 96, with_inf);
+    test_delayed_casts("T=1000, d48 width", 1000, 1600, random_stored(rng, (size_t)1000 * 1600, 0.0f, 1.0f), 0);
+    test_delayed_casts("saturating", 129, 72, random_stored(rng, (size_t)129 * 72, 0.0f, 2.0f), 3);
+    test_delayed_casts("underflowing", 37, 136, random_stored(rng, (size_t)37 * 136, 0.0f, 1e-3f), -6);
+    test_update_scales(rng);
 #if defined(ENABLE_FP32)
     printf("\nskip FP8 linear layers: they need the BF16 build (their outputs and bias are BF16)\n");
 #else

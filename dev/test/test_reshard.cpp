@@ -1,8 +1,8 @@
 // Tests llmc/reshard.h: the optimizer state of P processes and ZeRO stage s resharded for P' and
 // s' holds the same value for every parameter, bit for bit (P=2 stage 1 -> 1 process -> P=2 stage
 // 1 gives back the same files; 3 shards of a size not divisible by 3; stage 0 -> stage 1), the
-// host state is rank 0's, and state files that are not one checkpoint fail with one line naming
-// the file. Files go to build/test_tmp/reshard/.
+// host state and the FP8 amax history are rank 0's, and state files that are not one checkpoint
+// fail with one line naming the file. Files go to build/test_tmp/reshard/.
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -39,6 +39,8 @@ llmc::TrainState random_whole_state(bool master, size_t num_params = kParams) {
   s.host.loss_window.count = 3;
   s.host.loss_window.values[2] = 3.25;
   s.host.norm_window.next = 1;
+  s.fp8.recorded_steps = 3;
+  s.fp8.amax = {0x3f800000u, 0x40000000u, 0x3e000000u, 0x41200000u};
   return s;
 }
 
@@ -80,12 +82,14 @@ bool same_file(const llmc::TrainStateFile& a, const llmc::TrainStateFile& b) {
          a.state.optimizer_steps == b.state.optimizer_steps &&
          memcmp(&a.state.host, &b.state.host, sizeof(a.state.host)) == 0 &&
          a.state.adam_m == b.state.adam_m && a.state.adam_v == b.state.adam_v &&
-         a.state.master == b.state.master;  // float ==: no NaN here, so equal means equal bits
+         a.state.master == b.state.master &&  // float ==: no NaN here, so equal means equal bits
+         a.state.fp8.recorded_steps == b.state.fp8.recorded_steps && a.state.fp8.amax == b.state.fp8.amax;
 }
 
 void save(const llmc::TrainStateFile& f) {
   llmc::train_state_save(f.path, f.id, f.state.optimizer_steps, f.state.host, f.state.adam_m.data(),
-                         f.state.adam_v.data(), f.state.master.empty() ? nullptr : f.state.master.data());
+                         f.state.adam_v.data(), f.state.master.empty() ? nullptr : f.state.master.data(),
+                         f.state.fp8);
 }
 
 bool same_files(const std::vector<llmc::TrainStateFile>& a,
@@ -234,7 +238,8 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
   };
   auto same_state = [](const llmc::TrainState& a, const llmc::TrainState& b) {
     return a.optimizer_steps == b.optimizer_steps && a.adam_m == b.adam_m && a.adam_v == b.adam_v &&
-           a.master == b.master && memcmp(&a.host, &b.host, sizeof(a.host)) == 0;
+           a.master == b.master && memcmp(&a.host, &b.host, sizeof(a.host)) == 0 &&
+           a.fp8.amax == b.fp8.amax && a.fp8.recorded_steps == b.fp8.recorded_steps;
   };
   llmc::TrainStateId written;
   struct Layout { int world, zero_stage, rank; const char* what; };

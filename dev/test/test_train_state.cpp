@@ -85,6 +85,35 @@ void test_round_trip() {
   }
 }
 
+// -fp8 2's amax history comes back with the rest; a version 3 file (the format before it: the
+// same bytes without the history and [10], [11]) still loads, with an empty history.
+void test_fp8_history_and_version_3() {
+  const std::string path = kDir + "/state_fp8.bin";
+  const Saved plain = save(kDir + "/state_plain.bin", true);
+  llmc::Fp8History fp8;
+  fp8.recorded_steps = kStep - 2;
+  for (uint32_t i = 0; i < 40; i++) fp8.amax.push_back(0x3f800000u + 977u * i);
+  llmc::train_state_save(path, plain.id, kStep - 1, plain.host, plain.adam_m.data(), plain.adam_v.data(),
+                         plain.master.data(), fp8);
+  const llmc::TrainState loaded = llmc::train_state_load(path, plain.id, kRemedy);
+  check_verbose(loaded.fp8.recorded_steps == fp8.recorded_steps && loaded.fp8.amax == fp8.amax &&
+                    loaded.adam_m == plain.adam_m && loaded.master == plain.master,
+                "the FP8 amax history and its step count come back with the state");
+  std::vector<char> bytes = plain.bytes;
+  int h[llmc::kHeaderInts];
+  memcpy(h, bytes.data(), sizeof(h));
+  h[1] = 3;
+  llmc::header_store_checksum(h, llmc::crc32_update(llmc::header_checksum_begin(h), bytes.data() + sizeof(h),
+                                                    bytes.size() - sizeof(h)));
+  memcpy(bytes.data(), h, sizeof(h));
+  const std::string v3 = kDir + "/state_v3.bin";
+  write_bytes(v3, bytes);
+  const llmc::TrainState old = llmc::train_state_load(v3, plain.id, kRemedy);
+  check_verbose(old.fp8.amax.empty() && old.fp8.recorded_steps == 0 && old.adam_v == plain.adam_v &&
+                    old.master == plain.master,
+                "a version 3 state file loads, with no FP8 history");
+}
+
 void test_damaged() {
   const std::string good_path = kDir + "/good.bin";
   const Saved saved = save(good_path, true);
@@ -108,9 +137,14 @@ void test_damaged() {
     std::string needle;
   };
   const std::vector<HeaderCase> cases = {
-      {"a wrong magic", 0, 20240326, "not a training-state file of version 3 (magic 20240326"},
+      {"a wrong magic", 0, 20240326, "not a training-state file of version 3 or 4 (magic 20240326"},
       {"the state version of an earlier format", 1, 2,
-       "not a training-state file of version 3 (magic 20240528, version 2;"},
+       "not a training-state file of version 3 or 4 (magic 20240528, version 2;"},
+      {"a negative FP8 history", 10, -1, "an FP8 history of -1 entries over 0 steps at step 10"},
+      {"an FP8 history of more steps than the run's", 11, kStep + 1,
+       "an FP8 history of 0 entries over 11 steps at step 10: the header is damaged"},
+      {"FP8 history entries the file does not hold", 10, 4,
+       "a state for 1000 parameters with master weights (and 4 FP8 history entries) should be"},
       {"another step", 2, kStep + 1, "state of step 11 in the file of step 10: the header is damaged"},
       {"another rank", 3, 0, "state of rank 0 of 2, expected rank 1 of 2: resume with the process"},
       {"AdamW updates above the step", 5, kStep + 1,
@@ -161,6 +195,7 @@ int main() {
     llmc::make_dirs(kDir);
     test_round_trip();
     test_damaged();
+    test_fp8_history_and_version_3();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }
