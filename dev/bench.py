@@ -3,13 +3,17 @@ recipe measured for this model, which the table's header line spells out), side 
 run on one machine.
 
     python3 dev/bench.py OUTDIR [--configs d12:64,d48:8] [--steps 20] [--gpus 1] [--peer 1] [--peer_flags F]
+                         [--fp8 MODE]
 
 For each config PRESET:B (micro batch B at T=1024 unless --seq_len says otherwise) it trains both
 on the same random-token shard for --steps steps with no gradient accumulation, and prints one
 table: tokens/s of each, their ratio, ms/step, MFU against the dense BF16 peak, and peak GPU memory
 (ours: every byte the trainer allocated; the peer's: torch.cuda.max_memory_allocated). With
 --gpus N, ours runs under mpirun on N GPUs (the peer stays on one) and the table adds the scaling
-over our one-GPU run. Each program's output is kept in OUTDIR.
+over our one-GPU run. With --fp8 MODE each config gets a second row: ours with -fp8 MODE against
+the peer's FP8 recipe (train_gpt2.py --fp8 1: torch._scaled_mm in the same layers), with a column
+for ours against the BF16 peer too; MFU stays counted on the BF16 FLOPs. Each program's output is
+kept in OUTDIR.
 """
 import argparse
 import os
@@ -79,11 +83,11 @@ def parse_run(text, average_pattern):
     return float(speed.group(1)), float(speed.group(2)), int(memory.group(1)) if memory else None
 
 
-def run_ours(args, preset, B, shard, gpus, log_path):
+def run_ours(args, preset, B, shard, gpus, log_path, fp8=0):
     T = args.seq_len
     cmd = [args.trainer, "-i", shard, "-j", shard, "-e", preset, "-b", str(B), "-t", str(T),
            "-z", str(B * T * gpus), "-x", str(args.steps), "-v", "0", "-s", "0", "-n", "0",
-           "-u", "0", "-r", str(args.recompute)]
+           "-u", "0", "-r", str(args.recompute), "-fp8", str(fp8)]
     env = None
     if gpus > 1:
         cmd = ["mpirun", "-np", str(gpus), "--allow-run-as-root", "--bind-to", "none"] + cmd
@@ -92,10 +96,11 @@ def run_ours(args, preset, B, shard, gpus, log_path):
     return parse_run(text, OURS_AVERAGE) if text else None
 
 
-def run_peer(args, preset, B, log_path):
+def run_peer(args, preset, B, log_path, fp8=0):
     """(ms/step, tokens/s, peak MiB) as parse_run, and the recipe line the peer prints."""
     cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--model", preset, "--batch_size", str(B),
-           "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps)] + args.peer_flags.split()
+           "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps), "--fp8", str(fp8)]
+    cmd += args.peer_flags.split()
     text = run_logged(cmd, log_path)
     if not text:
         return None, None
@@ -118,6 +123,8 @@ def main():
     p.add_argument("--peer_flags", default="", help="extra train_gpt2.py flags for the peer, e.g. "
                    "'--compile_mode max-autotune' (default: its benchmark recipe)")
     p.add_argument("--recompute", type=int, default=0, help="train_gpt2cu -r level")
+    p.add_argument("--fp8", type=int, default=0, choices=[0, 1, 2], help="also run ours with -fp8 MODE "
+                   "(1 current, 2 delayed scaling) and the peer's FP8 recipe, a row each config")
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--python", default=sys.executable)
     args = p.parse_args()
@@ -138,38 +145,51 @@ def main():
 
     rows, recipes = [], set()
     for preset, B in configs:
-        name = f"{preset}_b{B}"
-        ours = run_ours(args, preset, B, shard, 1, os.path.join(args.outdir, f"ours_{name}.log"))
-        multi = None
-        if args.gpus > 1:
-            multi = run_ours(args, preset, B, shard, args.gpus, os.path.join(args.outdir, f"ours_{name}_x{args.gpus}.log"))
-        peer, recipe = run_peer(args, preset, B, os.path.join(args.outdir, f"peer_{name}.log")) if args.peer else (None, None)
-        recipes.add(recipe)
-        rows.append((preset, B, ours, peer, multi))
+        for fp8 in ([0, args.fp8] if args.fp8 else [0]):
+            name = f"{preset}_b{B}" + (f"_fp8_{fp8}" if fp8 else "")
+            log = lambda who: os.path.join(args.outdir, f"{who}_{name}.log")
+            ours = run_ours(args, preset, B, shard, 1, log("ours"), fp8)
+            multi = None
+            if args.gpus > 1:
+                multi = run_ours(args, preset, B, shard, args.gpus, log(f"ours_x{args.gpus}"), fp8)
+            peer, recipe = run_peer(args, preset, B, log("peer"), 1 if fp8 else 0) if args.peer else (None, None)
+            recipes.add(recipe)
+            rows.append((preset, B, fp8, ours, peer, multi))
 
     print(f"\nT={args.seq_len}, {args.steps} steps per run; MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s dense BF16")
     for recipe in sorted(r for r in recipes if r):
         print(f"peer: train_gpt2.py --benchmark 1 {args.peer_flags}".rstrip() + f" ({recipe})")
-    head = (f"{'config':>10} {'ours tok/s':>11} {'peer tok/s':>11} {'ratio':>6} {'ours ms':>8} {'peer ms':>8} "
+    head = (f"{'config':>16} {'ours tok/s':>11} {'peer tok/s':>11} {'ratio':>6} {'ours ms':>8} {'peer ms':>8} "
             f"{'ours MFU':>8} {'peer MFU':>8} {'ours MiB':>9} {'peer MiB':>9}")
+    if args.fp8:
+        head += f" {'vs BF16 peer':>12}"
     if args.gpus > 1:
         head += f" {f'x{args.gpus} tok/s':>11} {'scaling':>7}"
     print(head)
-    for preset, B, ours, peer, multi in rows:
+    bf16_peer = {}  # (preset, B): the BF16 peer's tokens/s, for the FP8 rows' last column
+    for preset, B, fp8, ours, peer, multi in rows:
         fpt = flops_per_token(preset, args.seq_len)
         o_ms, o_tps, o_mem = ours or (None, None, None)
         p_ms, p_tps, p_mem = peer or (None, None, None)
         ratio = o_tps / p_tps if o_tps and p_tps else None
-        line = (f"{preset + ':' + str(B):>10} {fmt(o_tps, '{:.0f}'):>11} {fmt(p_tps, '{:.0f}'):>11} "
+        if not fp8:
+            bf16_peer[(preset, B)] = p_tps
+        config = f"{preset}:{B}" + (f" fp8 {fp8}" if fp8 else "")
+        line = (f"{config:>16} {fmt(o_tps, '{:.0f}'):>11} {fmt(p_tps, '{:.0f}'):>11} "
                 f"{fmt(ratio, '{:.2f}'):>6} {fmt(o_ms, '{:.1f}'):>8} {fmt(p_ms, '{:.1f}'):>8} "
                 f"{fmt(o_tps and 100 * o_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
                 f"{fmt(p_tps and 100 * p_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
                 f"{fmt(o_mem, '{}'):>9} {fmt(p_mem, '{}'):>9}")
+        if args.fp8:
+            against = bf16_peer.get((preset, B))
+            line += f" {fmt(o_tps and against and o_tps / against, '{:.2f}'):>12}"
         if args.gpus > 1:
             m_tps = multi[1] if multi else None
             line += f" {fmt(m_tps, '{:.0f}'):>11} {fmt(m_tps and o_tps and m_tps / o_tps, '{:.3f}'):>7}"
         print(line)
-    if any(r[2] is None or (args.peer and r[3] is None) for r in rows):
+    if args.fp8:
+        print("fp8 rows: ours with -fp8 MODE, the peer with --fp8 1; MFU on the BF16 FLOPs")
+    if any(r[3] is None or (args.peer and r[4] is None) for r in rows):
         sys.exit(1)
 
 
