@@ -50,9 +50,13 @@ inline int latest_checkpoint_step(const std::string& dir) {
   return steps.empty() ? -1 : steps.back();
 }
 
+// The checkpoint's files were renamed into dir; the directory is synced first so that, after a
+// power loss too, a marker on disk means the renames before it are.
 inline void write_done_marker(const std::string& dir, int step) {
+  sync_directory(dir);
   File f(done_marker_path(dir, step), "wb");
   f.close(/*sync=*/true);
+  sync_directory(dir);
 }
 
 // Deletes complete checkpoints other than the newest keep_last and those whose step is a multiple

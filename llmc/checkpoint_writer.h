@@ -38,13 +38,30 @@ struct CheckpointJob {
   std::string remedy;  // what to do after a failure, the end of its message
 };
 
-// Runs a job on the calling thread; throws the first failure as it comes.
-inline void checkpoint_job_run(const CheckpointJob& job) {
+// Runs a job on the calling thread, up to its DONE marker; throws the first failure as it comes.
+inline void checkpoint_job_write(const CheckpointJob& job) {
   if (job.wait_for_data) job.wait_for_data();
   for (const std::function<void()>& write_file : job.write_files) write_file();
-  if (!job.mark_done) return;
-  write_done_marker(job.dir, job.step);
-  prune_checkpoints(job.dir, job.keep_last, job.keep_every);
+  if (job.mark_done) write_done_marker(job.dir, job.step);
+}
+
+// The message of a job's failure, "" when it succeeded. Pruning comes after the marker: a failure
+// there leaves the job's checkpoint complete, and says so.
+inline std::string checkpoint_job_run(const CheckpointJob& job) {
+  try {
+    checkpoint_job_write(job);
+  } catch (const std::exception& e) {
+    return strformat("checkpoint write failed (step %d): %s; %s", job.step, e.what(), job.remedy.c_str());
+  }
+  if (!job.mark_done) return "";
+  try {
+    prune_checkpoints(job.dir, job.keep_last, job.keep_every);
+  } catch (const std::exception& e) {
+    return strformat("the checkpoint of step %d is complete, but deleting an older one (-nk) failed: "
+                     "%s; fix the permissions in %s and resume with -y 1", job.step, e.what(),
+                     job.dir.c_str());
+  }
+  return "";
 }
 
 class CheckpointWriter {
@@ -115,22 +132,11 @@ class CheckpointWriter {
       job_ready_.wait(lock, [this] { return job_ || stopping_; });
       if (!job_) return;
       lock.unlock();
-      const std::string failure = run_and_describe_failure(*job_);
+      const std::string failure = checkpoint_job_run(*job_);
       lock.lock();
       if (failure_.empty()) failure_ = failure;
       job_.reset();
       idle_.notify_all();
-    }
-  }
-
-  // The failure message of a job, "" when it succeeded.
-  static std::string run_and_describe_failure(const CheckpointJob& job) {
-    try {
-      checkpoint_job_run(job);
-      return "";
-    } catch (const std::exception& e) {
-      return strformat("checkpoint write failed (step %d): %s; %s", job.step, e.what(),
-                       job.remedy.c_str());
     }
   }
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -148,6 +149,16 @@ void write_file_atomically(const std::string& path, WriteBody write_body) {
   if (rename(tmp.c_str(), path.c_str()) != 0) {
     LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
   }
+}
+
+// Makes the entries of dir (files created or renamed there) durable.
+inline void sync_directory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) LLMC_FAIL("cannot open the directory %s to sync it: %s", dir.c_str(), strerror(errno));
+  const int synced = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (synced != 0) LLMC_FAIL("cannot sync the directory %s: %s", dir.c_str(), strerror(err));
 }
 
 // Copies src to dst through write_file_atomically, in chunks of 64 MiB.

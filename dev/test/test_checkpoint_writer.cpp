@@ -296,6 +296,35 @@ void test_prune_and_latest() {
         "pruning deletes every rank's state file");
 }
 
+// A file of an old checkpoint that cannot be deleted (a directory with a file in it, where a
+// state file was): the new checkpoint is complete and the failure says so, not that it failed.
+void test_prune_failure() {
+  const std::string dir = fresh_dir("prune_failure");
+  const std::string undeletable = llmc::checkpoint_path(dir, "state", 1, 1);
+  const std::string inside = undeletable + "/file";
+  remove(inside.c_str());
+  rmdir(undeletable.c_str());
+  const Checkpoint first(1), second(2);
+  llmc::CheckpointWriter writer;
+  writer.submit(first.job(dir));
+  writer.wait();
+  llmc::make_dirs(undeletable);
+  llmc::File(inside, "wb").close();
+  writer.submit(second.job(dir, /*keep_last=*/1));
+  check_throws([&] { writer.wait(); },
+               "the checkpoint of step 2 is complete, but deleting an older one (-nk) failed: "
+               "cannot delete the old checkpoint file " + undeletable + ": Directory not empty; "
+               "fix the permissions in " + dir + " and resume with -y 1",
+               "a file pruning cannot delete");
+  check_verbose(llmc::latest_checkpoint_step(dir) == 2 &&
+                    llmc::file_exists(llmc::checkpoint_path(dir, "state", 2, 0)),
+                "the new checkpoint is complete: the newest to resume from");
+  check_verbose(llmc::checkpoint_done_steps(dir) == std::vector<int>({2}),
+                "the old checkpoint's marker went first: it is not taken for a complete one");
+  remove(inside.c_str());
+  rmdir(undeletable.c_str());
+}
+
 }  // namespace
 
 int main() {
@@ -307,6 +336,7 @@ int main() {
     test_wait_drains();
     test_failure();
     test_prune_and_latest();
+    test_prune_failure();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }
