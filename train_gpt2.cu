@@ -139,6 +139,23 @@ T* device_alloc(size_t count, const char* what) {
   return (T*)p;
 }
 
+// As device_alloc, for memory the trainer can do without: nullptr when the GPU has less than
+// `bytes` free beyond `spare` (for what is allocated later: the decoder's cache, libraries).
+void* device_try_alloc(size_t bytes, size_t spare) {
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < bytes + spare) return nullptr;
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();  // a refused allocation is not an error for the next launch check to report
+    return nullptr;
+  }
+  g_device_memory.sizes[p] = bytes;
+  g_device_memory.current += bytes;
+  g_device_memory.peak = std::max(g_device_memory.peak, g_device_memory.current);
+  return p;
+}
+
 void device_free(void* p) {
   if (!p) return;
   auto it = g_device_memory.sizes.find(p);
@@ -1062,13 +1079,14 @@ __device__ __forceinline__ float fp8_cast_scale(Fp8Scale* scale, Fp8Format f) {
   return ldexpf(1.0f, e);
 }
 
-// Two values to FP8, x in the low byte, rounded to nearest even. The conversion saturates: finite
-// values beyond fp8_max, which a scaled value never is, become +-fp8_max, and so would Inf, so
-// non-finite values are made NaN first.
+// Two values times s to FP8, x in the low byte, rounded to nearest even. The conversion saturates:
+// values beyond fp8_max become +-fp8_max (with delayed scaling, those the history did not foresee,
+// even where x * s overflows FP32 under a scale far above the tensor's), and so would Inf, so
+// non-finite inputs are made NaN first.
 template <Fp8Format F>
-__device__ __forceinline__ uint16_t fp8_pair(float x, float y) {
-  if (!isfinite(x)) x = NAN;
-  if (!isfinite(y)) y = NAN;
+__device__ __forceinline__ uint16_t fp8_pair(float x, float y, float s) {
+  x = isfinite(x) ? x * s : NAN;
+  y = isfinite(y) ? y * s : NAN;
   return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE,
                                   F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
 }
@@ -1083,7 +1101,7 @@ __device__ __forceinline__ Fp8Piece fp8_piece(const x128& x, float s) {
   Fp8Piece out;
 #pragma unroll
   for (int k = 0; k < x128::size; k += 2) {
-    const uint16_t pair = fp8_pair<F>((float)x[k] * s, (float)x[k + 1] * s);
+    const uint16_t pair = fp8_pair<F>((float)x[k], (float)x[k + 1], s);
     out.v[k] = pair & 0xff;
     out.v[k + 1] = pair >> 8;
   }
@@ -1125,10 +1143,11 @@ __global__ void __launch_bounds__(kFp8Threads)
   fp8_block_amax(m, &scale->amax_bits);
 }
 
-void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream) {
+// keep_max: amax_bits becomes the maximum of its value and x's (not zeroed first).
+void fp8_amax(Fp8Scale* scale, const floatX* x, size_t n, cudaStream_t stream, bool keep_max = false) {
   REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0,
           "fp8_amax: n=%zu must be a multiple of %d and x 16-byte aligned", n, x128::size);
-  cudaCheck(cudaMemsetAsync(&scale->amax_bits, 0, sizeof(scale->amax_bits), stream));
+  if (!keep_max) cudaCheck(cudaMemsetAsync(&scale->amax_bits, 0, sizeof(scale->amax_bits), stream));
   const size_t pieces = n / x128::size;
   const int blocks = std::max(1, std::min(kFp8AmaxBlocks, ceil_div(pieces, kFp8Threads)));
   fp8_amax_kernel<<<blocks, kFp8Threads, 0, stream>>>(scale, x, pieces);
@@ -1249,8 +1268,8 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const flo
 // exists, s = 2^e from the largest amax of the last kFp8History steps (fp8_scale_exponent), and
 // record the tensor's amax as they cast: no separate amax pass. Values beyond what the history
 // foresaw saturate at +-fp8_max. After each step, once for all tensors: the step's amax goes into
-// the history (slot `slot`) unless the step's update was skipped or the amax is not finite, then s
-// and 1/s are set from the history and the amax restarts at 0. Every operation is an integer
+// the history (slot `slot`, the oldest; 0 for an amax that is not finite) unless the step's update
+// was skipped, then s and 1/s are set from the history and the amax restarts at 0. Every operation is an integer
 // maximum or a power of two, so the scales are the same bits in any order and on any GPU.
 constexpr int kFp8History = 16;
 constexpr uint32_t kFp8MaxFiniteBits = 0x7f7fffffu;  // FLT_MAX: |x| bits above it are Inf or NaN
@@ -1260,7 +1279,9 @@ __global__ void fp8_update_scales_kernel(Fp8Scale* scales, uint32_t* history, in
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
   Fp8Scale& sc = scales[i];
-  if (record && sc.amax_bits <= kFp8MaxFiniteBits) history[(size_t)slot * count + i] = sc.amax_bits;
+  // A non-finite amax on a recorded step (its loss would be NaN, so not seen in training) takes
+  // the slot as 0, so that no slot outlives the kFp8History steps.
+  if (record) history[(size_t)slot * count + i] = sc.amax_bits <= kFp8MaxFiniteBits ? sc.amax_bits : 0u;
   uint32_t amax = 0;
   for (int k = 0; k < kFp8History; k++) amax = max(amax, history[(size_t)k * count + i]);
   const int e = fp8_scale_exponent_for(__uint_as_float(amax), sc.emax);
@@ -1320,38 +1341,48 @@ void fp8_require_layer(int C, int OC) {
           "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
 }
 
+// How a layer's input and output-gradient casts scale.
+enum class Fp8Scaling {
+  kCurrent,         // -fp8 1: from each tensor's own amax, an amax pass before its cast
+  kCurrentStepMax,  // -fp8 2's first step: as kCurrent, from the largest amax of the step's micro
+                    // steps so far (the step's amax, which the history then records)
+  kDelayed,         // -fp8 2: the scale the history set; the cast records the amax
+};
+
 void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cudaStream_t stream) {
   fp8_require_layer(C, OC);
   fp8_amax(w.scale, weight, (size_t)OC * C, stream);
   fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, false, stream);
 }
 
-// matmul_forward with out = fp8(inp) @ w8^T, inp8 receiving the cast. Current scaling (delayed
-// false): inp's amax goes into inp_scale, which the backward pass reuses for its transposed cast
-// of the same input. Delayed: the cast uses inp_scale's s and records the amax.
+// matmul_forward with out = fp8(inp) @ w8^T, inp8 receiving the cast. Current scaling: inp's
+// amax goes into inp_scale, which the backward pass reuses for its transposed cast of the same
+// input. Delayed: the cast uses inp_scale's s and records the amax.
 void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
                         int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
-                        bool delayed, cudaStream_t stream) {
+                        Fp8Scaling scaling, cudaStream_t stream) {
   fp8_require_layer(C, OC);
-  if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream);
+  const bool delayed = scaling == Fp8Scaling::kDelayed;
+  if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream, scaling == Fp8Scaling::kCurrentStepMax);
   fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, delayed, stream);
   matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
                          fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
 }
 
 // matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed) with
-// dout_scale, inp to E4M3 transposed with the scale of its forward cast (inp_scale), both current
-// or delayed as `delayed` says; dweight += fp8(dout)^T fp8(inp)
+// dout_scale, inp to E4M3 transposed with the scale of its forward cast (inp_scale), both as
+// `scaling` says; dweight += fp8(dout)^T fp8(inp)
 // over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
 // BF16 dout as in matmul_backward.
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
                          const floatX* dout, const floatX* inp, const Fp8Weight& w,
                          const floatX* pre_gelu, Fp8Scale* inp_scale, Fp8Scale* dout_scale,
-                         const Fp8Buffers& buffers, int N, int C, int OC, uint32_t seed, bool delayed,
-                         cudaStream_t stream) {
+                         const Fp8Buffers& buffers, int N, int C, int OC, uint32_t seed,
+                         Fp8Scaling scaling, cudaStream_t stream) {
   fp8_require_layer(C, OC);
   if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
-  if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream);
+  const bool delayed = scaling == Fp8Scaling::kDelayed;
+  if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
   fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, kFp8GradFormat, delayed, stream);
   fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
   REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
@@ -3522,7 +3553,10 @@ struct GPT2 {
     return fp8_act_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
   }
   Fp8Scale* fp8_dout_scale(int linear, int layer) { return fp8_input_scale(linear, layer) + 1; }
-  bool fp8_use_delayed() const { return fp8_delayed && fp8_recorded_steps > 0; }
+  Fp8Scaling fp8_scaling() const {
+    if (!fp8_delayed) return Fp8Scaling::kCurrent;
+    return fp8_recorded_steps > 0 ? Fp8Scaling::kDelayed : Fp8Scaling::kCurrentStepMax;
+  }
 };
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
@@ -3732,7 +3766,7 @@ void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* 
   const floatX* bias = m.param(spec.bias, l);
   if (m.fp8) {
     matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
-                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_use_delayed(), m.stream);
+                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_scaling(), m.stream);
   } else {
     matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
   }
@@ -3750,7 +3784,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   if (m.fp8) {
     matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
                         m.fp8_input_scale(linear, l), m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C,
-                        OC, seed, m.fp8_use_delayed(), m.stream);
+                        OC, seed, m.fp8_scaling(), m.stream);
   } else {
     matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
                     C, OC, seed, m.stream);
@@ -4140,6 +4174,10 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 //    run beside the next step's forward and backward passes, and that step's update, which
 //    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
 //    the copies, then writes, syncs and renames each file.
+//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB, about 0.5 s
+//    against a 180 ms step), so where the GPU has the memory to spare they go first into a
+//    snapshot on the GPU (a copy at device bandwidth, about 15 ms), which the update waits for,
+//    and from there to the host during the steps that follow.
 //  - DONE_<s> comes after every file of every rank: with one process the job writes it (and
 //    prunes) after its files. With several, each rank's job writes its files only; each step's
 //    reduction of the stop requests also sums the ranks' writers that are not done, and once
@@ -4199,6 +4237,10 @@ struct Checkpointer {
   cudaEvent_t copied = nullptr;       // on copy_stream, after the copies
   floatX* params_host = nullptr;      // rank 0: the parameters as stored
   float* optimizer_host = nullptr;    // AdamW's first moments, second moments, master weights
+  // The snapshot on the GPU, laid out as the host buffers (none where memory is short).
+  float* optimizer_snapshot = nullptr;
+  floatX* params_snapshot = nullptr;
+  cudaEvent_t snapshot_taken = nullptr;  // on copy_stream, after the copies into the snapshot
   int unmarked_step = -1;  // several ranks: a checkpoint whose marker is not asked for yet
   int marking_step = -1;   // rank 0: the checkpoint whose marker its writer writes
   llmc::CheckpointWriter writer;  // last: destroyed first, so a job in flight ends before the rest
@@ -4206,6 +4248,23 @@ struct Checkpointer {
 
 size_t checkpoint_param_bytes(const GPT2& m, int rank) { return rank == 0 ? m.num_params * sizeof(floatX) : 0; }
 size_t checkpoint_optimizer_bytes(const GPT2& m) { return (m.master ? 3 : 2) * m.shard_size * sizeof(float); }
+
+// The GPU memory left free beside a snapshot: the decoder's cache of a sample, the libraries'
+// allocations after setup, and headroom.
+size_t checkpoint_snapshot_spare() {
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return (1ul << 30) + total_bytes / 20;
+}
+
+// One allocation: the optimizer state, then (rank 0) the parameters.
+void checkpoint_take_snapshot_memory(Checkpointer& ck, const GPT2& m, int rank) {
+  const size_t optimizer = checkpoint_optimizer_bytes(m);
+  void* p = device_try_alloc(optimizer + checkpoint_param_bytes(m, rank), checkpoint_snapshot_spare());
+  if (!p) return;
+  ck.optimizer_snapshot = (float*)p;
+  if (rank == 0) ck.params_snapshot = (floatX*)((char*)p + optimizer);
+}
 
 // Pins the host buffers for the run; on failure nothing stays allocated.
 cudaError_t checkpoint_pin_buffers(Checkpointer& ck, const GPT2& m, int rank) {
@@ -4225,6 +4284,9 @@ cudaError_t checkpoint_pin_buffers(Checkpointer& ck, const GPT2& m, int rank) {
 }
 
 void checkpoint_free_buffers(Checkpointer& ck) {
+  device_free(ck.optimizer_snapshot);
+  ck.optimizer_snapshot = nullptr;
+  ck.params_snapshot = nullptr;
   if (ck.async) {
     if (ck.params_host) cudaCheck(cudaFreeHost(ck.params_host));
     if (ck.optimizer_host) cudaCheck(cudaFreeHost(ck.optimizer_host));
@@ -4237,9 +4299,10 @@ void checkpoint_free_buffers(Checkpointer& ck) {
 }
 
 // With pin, the buffers are pinned for the run and checkpoints written in the background, unless
-// host memory cannot be pinned (a note says so, and they are written synchronously).
+// host memory cannot be pinned (a note says so, and they are written synchronously); with
+// snapshot too, through a snapshot on the GPU where its memory allows.
 void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, int keep_every,
-                      bool pin, const GPT2& m, int rank) {
+                      bool pin, bool snapshot, const GPT2& m, int rank) {
   ck.dir = dir;
   ck.keep_last = keep_last;
   ck.keep_every = keep_every;
@@ -4247,9 +4310,11 @@ void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, i
   cudaCheck(cudaStreamCreateWithFlags(&ck.copy_stream, cudaStreamNonBlocking));
   cudaCheck(cudaEventCreateWithFlags(&ck.state_ready, cudaEventDisableTiming));
   cudaCheck(cudaEventCreateWithFlags(&ck.copied, cudaEventDisableTiming | cudaEventBlockingSync));
+  cudaCheck(cudaEventCreateWithFlags(&ck.snapshot_taken, cudaEventDisableTiming));
   if (!pin) return;
   const cudaError_t pinned = checkpoint_pin_buffers(ck, m, rank);
   ck.async = pinned == cudaSuccess;
+  if (ck.async && snapshot) checkpoint_take_snapshot_memory(ck, m, rank);
   if (!ck.async) {
     printf("rank %d: cannot pin %zu MiB of host memory for checkpoints (%s): they are written "
            "synchronously, as with -ac 0\n", rank,
@@ -4263,33 +4328,49 @@ void checkpoint_teardown(Checkpointer& ck) {
   cudaCheck(cudaStreamDestroy(ck.copy_stream));
   cudaCheck(cudaEventDestroy(ck.state_ready));
   cudaCheck(cudaEventDestroy(ck.copied));
+  cudaCheck(cudaEventDestroy(ck.snapshot_taken));
+}
+
+// Enqueues on copy_stream the copies of the model's parameters (rank 0) and optimizer state into
+// params and optimizer, laid out as the files hold them.
+void checkpoint_copy_state(Checkpointer& ck, const GPT2& m, int rank, floatX* params, float* optimizer,
+                           cudaMemcpyKind kind) {
+  const size_t n = m.shard_size;
+  if (rank == 0) cudaCheck(cudaMemcpyAsync(params, m.params, checkpoint_param_bytes(m, rank), kind, ck.copy_stream));
+  cudaCheck(cudaMemcpyAsync(optimizer, m.adam_m, n * sizeof(float), kind, ck.copy_stream));
+  cudaCheck(cudaMemcpyAsync(optimizer + n, m.adam_v, n * sizeof(float), kind, ck.copy_stream));
+  if (m.master) cudaCheck(cudaMemcpyAsync(optimizer + 2 * n, m.master, n * sizeof(float), kind, ck.copy_stream));
 }
 
 // Enqueues the copies of what the checkpoint saves into the host buffers (allocated here without
-// -ac), after everything queued so far on the model's stream.
+// -ac), through the snapshot where there is one, after everything queued so far on the model's
+// stream.
 void checkpoint_copy_to_host(Checkpointer& ck, const GPT2& m, int rank) {
   if (!ck.async) {
     ck.params_host = (floatX*)llmc::malloc_checked(checkpoint_param_bytes(m, rank), "a checkpoint's parameters");
     ck.optimizer_host = (float*)llmc::malloc_checked(checkpoint_optimizer_bytes(m), "a checkpoint's optimizer state");
   }
-  const size_t n = m.shard_size;
-  const cudaMemcpyKind kind = cudaMemcpyDeviceToHost;
   cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
   cudaCheck(cudaStreamWaitEvent(ck.copy_stream, ck.state_ready, 0));
-  if (rank == 0) {
-    cudaCheck(cudaMemcpyAsync(ck.params_host, m.params, checkpoint_param_bytes(m, rank), kind, ck.copy_stream));
-  }
-  cudaCheck(cudaMemcpyAsync(ck.optimizer_host, m.adam_m, n * sizeof(float), kind, ck.copy_stream));
-  cudaCheck(cudaMemcpyAsync(ck.optimizer_host + n, m.adam_v, n * sizeof(float), kind, ck.copy_stream));
-  if (m.master) {
-    cudaCheck(cudaMemcpyAsync(ck.optimizer_host + 2 * n, m.master, n * sizeof(float), kind, ck.copy_stream));
+  const bool snapshot = ck.optimizer_snapshot != nullptr;
+  checkpoint_copy_state(ck, m, rank, snapshot ? ck.params_snapshot : ck.params_host,
+                        snapshot ? ck.optimizer_snapshot : ck.optimizer_host,
+                        snapshot ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost);
+  if (snapshot) {
+    cudaCheck(cudaEventRecord(ck.snapshot_taken, ck.copy_stream));
+    if (rank == 0) {
+      cudaCheck(cudaMemcpyAsync(ck.params_host, ck.params_snapshot, checkpoint_param_bytes(m, rank),
+                                cudaMemcpyDeviceToHost, ck.copy_stream));
+    }
+    cudaCheck(cudaMemcpyAsync(ck.optimizer_host, ck.optimizer_snapshot, checkpoint_optimizer_bytes(m),
+                              cudaMemcpyDeviceToHost, ck.copy_stream));
   }
   cudaCheck(cudaEventRecord(ck.copied, ck.copy_stream));
 }
 
-// The next update overwrites what the copies read.
+// The next update overwrites what the copies read: the snapshot's, where there is one.
 void checkpoint_before_update(Checkpointer& ck, GPT2& m) {
-  cudaCheck(cudaStreamWaitEvent(m.stream, ck.copied, 0));
+  cudaCheck(cudaStreamWaitEvent(m.stream, ck.optimizer_snapshot ? ck.snapshot_taken : ck.copied, 0));
 }
 
 llmc::CheckpointJob checkpoint_job(const Checkpointer& ck, int step) {
@@ -4298,8 +4379,9 @@ llmc::CheckpointJob checkpoint_job(const Checkpointer& ck, int step) {
   job.step = step;
   job.keep_last = ck.keep_last;
   job.keep_every = ck.keep_every;
-  job.remedy = llmc::strformat("the earlier checkpoints in %s are intact: free space there (or give "
-                               "another -o) and resume with -y 1", ck.dir.c_str());
+  job.remedy = llmc::strformat("the earlier checkpoints in %s are intact: fix the cause (free space "
+                               "there, or its permissions; or give another -o) and resume with -y 1",
+                               ck.dir.c_str());
   return job;
 }
 
@@ -4649,8 +4731,10 @@ void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
 }
 
 // Delayed FP8 scaling at the end of a step (gpt2_fp8_end_step), with each amax the maximum over
-// the ranks. The scales are reduced whole as unsigned words: s, 1/s and emax are the same on
-// every rank (one history), and the amax bits of non-negative floats order as the floats do.
+// the ranks. The scales are reduced whole as unsigned words (a few KB): the amax bits of
+// non-negative floats order as the floats do, emax is the same on every rank, and s and 1/s,
+// which can differ after the first step's current scaling, are set anew from the history by
+// gpt2_fp8_end_step right after.
 void multi_gpu_fp8_end_step(MultiGpu& mg, GPT2& m, bool applied) {
   if (!m.fp8_delayed) return;
   if (mg.world > 1) {
@@ -4745,7 +4829,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
       int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
       int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
-      int_flag("-ac", "async checkpoints", "1: write checkpoints in the background while training goes on (0: wait)", &a.async_checkpoints, 0, 1),
+      int_flag("-ac", "async checkpoints", "write checkpoints in the background while training goes on: 1 through a snapshot on the GPU where its memory allows, 2 from pinned host memory only (0: wait)", &a.async_checkpoints, 0, 2),
       int_flag("-y", "resume", "1: resume from the newest complete checkpoint in -o", &a.resume, 0, 1),
       int_flag("-halt", "halt after step", "stop after this step's checkpoint, resumable (-1: never)", &a.halt_after, -1, kIntMax),
       int_flag("-h", "HellaSwag", "1: HellaSwag accuracy at every validation (-x 0: evaluate only)", &a.hellaswag, 0, 1),
@@ -4819,11 +4903,11 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
   return counts;
 }
 
-// Every flag, then what follows from them, the GPU and the launch. async_checkpoints: whether
-// checkpoints are written in the background (-ac 1 with -n, and host memory pinned on every rank).
+// Every flag, then what follows from them, the GPU and the launch; checkpoints: how they are
+// written (checkpoint_mode).
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
-                        bool async_checkpoints) {
+                        const std::string& checkpoints) {
   cudaDeviceProp prop;
   cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
   llmc::StartupTable table;
@@ -4848,12 +4932,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("total batch", llmc::strformat("%ld tokens = %d micro step(s) of %d x %d x %d processes",
                                            batch.tokens, batch.micro_steps, a.B, a.T, mg.world));
   table.row("steps", std::to_string(train_steps));
-  if (!a.output_dir.empty()) {
-    const bool pin_asked = a.async_checkpoints && a.checkpoint_every > 0;
-    table.row("checkpoints", async_checkpoints ? "written in the background (pinned host memory)"
-                             : pin_asked ? "written before training goes on (host memory not pinned)"
-                                         : "written before training goes on");
-  }
+  if (!a.output_dir.empty()) table.row("checkpoints", checkpoints);
   table.print();
 }
 
@@ -4907,15 +4986,32 @@ struct TrainRun {
   std::unique_ptr<llmc::EtaEstimator> eta;
 };
 
+// Only the checkpoint at the end (or at a halt) gains nothing from buffers pinned for the run.
+bool checkpoint_pin_asked(const TrainArgs& a, int train_steps) {
+  return !a.output_dir.empty() && a.async_checkpoints && a.checkpoint_every > 0 &&
+         a.checkpoint_every < train_steps;
+}
+
+// How this rank writes checkpoints, for the startup table.
+std::string checkpoint_mode(const Checkpointer& ck, bool pin_asked) {
+  if (ck.async && ck.optimizer_snapshot) return "written in the background (a snapshot on the GPU, then pinned host memory)";
+  if (ck.async) return "written in the background (pinned host memory)";
+  return pin_asked ? "written before training goes on (host memory not pinned)" : "written before training goes on";
+}
+
 // -o's checkpoints are written in the background with -ac 1 and -n N (so that the run goes on
 // after them) when every rank can pin its host buffers: the ranks settle their writes together.
 void train_checkpoint_setup(TrainRun& r) {
   const TrainArgs& a = r.a;
   Checkpointer& ck = r.checkpoints;
-  const bool pin = !a.output_dir.empty() && a.async_checkpoints && a.checkpoint_every > 0;
-  checkpoint_setup(ck, a.output_dir, a.keep_last, a.keep_every, pin, r.m, r.mg.rank);
+  const bool pin = checkpoint_pin_asked(a, r.train_steps);
+  checkpoint_setup(ck, a.output_dir, a.keep_last, a.keep_every, pin, a.async_checkpoints == 1, r.m,
+                   r.mg.rank);
   double unpinned = pin && !ck.async ? 1.0 : 0.0;
+  // A rank that failed in its setup never comes to this sum: the watchdog ends the others.
+  multi_gpu_progress(r.mg);
   multi_gpu_sum(r.mg, &unpinned, 1, r.m.stream);
+  multi_gpu_pause(r.mg);
   if (unpinned > 0 && ck.async) {
     checkpoint_free_buffers(ck);
     ck.async = false;
@@ -4955,7 +5051,7 @@ void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, dou
   }
   train_checkpoint_setup(r);
   if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader->total_tokens(),
-                                         r.checkpoints.async);
+                                         checkpoint_mode(r.checkpoints, checkpoint_pin_asked(a, r.train_steps)));
   r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   r.sample_rng = llmc::Rng(a.seed + 1);
@@ -5025,6 +5121,7 @@ void checkpoint_settle(TrainRun& r) {
     multi_gpu_progress(r.mg);
     std::array<double, 2> state = checkpoint_writer_state(ck);
     multi_gpu_sum(r.mg, state.data(), 2, r.m.stream);
+    if (state[1] > 0) multi_gpu_pause(r.mg);  // leaving finishes this rank's write in flight
     checkpoint_advance(ck, r.mg.rank, state[0], state[1], *r.summary);
   }
 }
@@ -5123,6 +5220,7 @@ bool train_step(TrainRun& r, int step) {
   const std::array<double, 2> writer = checkpoint_writer_state(r.checkpoints);
   double shared[3] = {(double)stop_requests, writer[0], writer[1]};
   multi_gpu_sum(r.mg, shared, 3, m.stream);
+  if (shared[2] > 0) multi_gpu_pause(r.mg);  // leaving finishes this rank's write in flight
   checkpoint_advance(r.checkpoints, r.mg.rank, shared[1], shared[2], *r.summary);
   return shared[0] > 0;
 }

@@ -66,6 +66,10 @@ inline void check_input(const TrainStateFile& first, const TrainStateFile& in, i
               "every rank of one run shares: give the state files of one checkpoint", path,
               first.path.c_str());
   }
+  if (in.state.fp8.recorded_steps != first.state.fp8.recorded_steps || in.state.fp8.amax != first.state.fp8.amax) {
+    LLMC_FAIL("%s: its FP8 amax history differs from that of %s, which every rank of one run "
+              "shares: give the state files of one checkpoint", path, first.path.c_str());
+  }
 }
 
 // The parameters [begin, end) that shards `from` and `to` both hold (begin >= end: none).

@@ -13,6 +13,8 @@
 #    BF16), close with clipping; its checkpoint resumes exactly;
 #  - resharded resume: a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 (-y 1), and
 #    -zs 1 converted for -zs 0 by build/reshard_checkpoint;
+#  - delayed FP8 scaling (-fp8 2, compute capability 8.9+), with the amaxes reduced over the
+#    ranks: two runs bit for bit, within 0.1 of BF16, and a resume bit for bit;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
@@ -229,6 +231,27 @@ lost_rank_test() {
   check lost_rank_stopped lost_rank STOP
 }
 
+# Delayed FP8 scaling on two ranks: the step's amaxes are reduced over the ranks (ncclMax) before
+# they enter the history, so the runs are deterministic, track BF16, and resume bit for bit
+# (each rank's state file holds the reduced history).
+fp8_delayed_test() {
+  local cap
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1)
+  if ! awk -v c="$cap" 'BEGIN { exit !(c >= 8.9) }'; then
+    echo "skip fp8_delayed_test: compute capability $cap, FP8 needs 8.9+"
+    return
+  fi
+  source dev/test/compare_runs.sh
+  local args="$common -b 4 -x 20 -v 10 -m 4"
+  check fp8_delayed_first $mpi ./train_gpt2cu $args -fp8 2
+  check fp8_delayed_second $mpi ./train_gpt2cu $args -fp8 2
+  check fp8_delayed_deterministic losses_close "$out/fp8_delayed_first.log" "$out/fp8_delayed_second.log" 0
+  check fp8_delayed_bf16 $mpi ./train_gpt2cu $args
+  check fp8_delayed_tracks_bf16 losses_close "$out/fp8_delayed_first.log" "$out/fp8_delayed_bf16.log" 0.1
+  resume_equivalence check fp8_delayed_resume "$out/resume_fp8_delayed" 2 \
+    $mpi ./train_gpt2cu $common -b 4 -v 10 -m 4 -sh 1 -fp8 2
+}
+
 overlap_test
 zero_test
 reshard_test
@@ -236,6 +259,7 @@ by_hand_test
 lost_rank_test
 multi_gpu_resume_tests
 async_checkpoint_test
+fp8_delayed_test
 
 check speed_one_gpu ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
 check speed_two_gpus $mpi ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1

@@ -225,18 +225,22 @@ signal_test() {
   run signal_twice_resume ./train_gpt2cu $args -n 2 -nk 2 -o "$dir/twice" -y 1 -x 30
 }
 
-# Checkpoints written in the background (-ac 1, the default: copies into pinned memory beside the
-# next step) and before training goes on (-ac 0), one at every step: the same losses, and the same
-# bytes in every file of every step.
+# Checkpoints written in the background through a snapshot on the GPU (-ac 1, the default), from
+# pinned host memory only (-ac 2) and before training goes on (-ac 0), one at every step: the same
+# losses, and the same bytes in every file of every step.
 async_checkpoint_test() {
   local binary=$1 name=$2 dir=build/test_async_checkpoints/$2
   rm -rf "$dir"
   local args="$COMMON -e tiny -b 4 -t 64 -x 8 -v 4 -m 2 -s 0 -n 1"
-  run "${name}_background" ./$binary $args -o "$dir/background" -ac 1
-  run "${name}_background_on" grep -aE "^\| checkpoints +\| written in the background " "$LOGS/${name}_background.log"
+  run "${name}_snapshot" ./$binary $args -o "$dir/snapshot" -ac 1
+  run "${name}_snapshot_on" grep -aE "^\| checkpoints +\| written in the background \(a snapshot on the GPU" "$LOGS/${name}_snapshot.log"
+  run "${name}_pinned" ./$binary $args -o "$dir/pinned" -ac 2
+  run "${name}_pinned_on" grep -aE "^\| checkpoints +\| written in the background \(pinned host memory\)" "$LOGS/${name}_pinned.log"
   run "${name}_synchronous" ./$binary $args -o "$dir/synchronous" -ac 0
-  run "${name}_same_losses" same_losses "$LOGS/${name}_background.log" "$LOGS/${name}_synchronous.log"
-  run "${name}_same_files" same_checkpoints_every_step "$dir/background" "$dir/synchronous" 8 1
+  for mode in snapshot pinned; do
+    run "${name}_${mode}_same_losses" same_losses "$LOGS/${name}_${mode}.log" "$LOGS/${name}_synchronous.log"
+    run "${name}_${mode}_same_files" same_checkpoints_every_step "$dir/$mode" "$dir/synchronous" 8 1
+  done
 }
 
 # kill_while_writing DIR STEP TRAINER_COMMAND...: starts the trainer in the background and kills it

@@ -4,10 +4,11 @@
 // BF16 value and on random floats), with the power-of-two scale checked against an independent
 // search; shapes with R = 1000 tokens (not a multiple of 16: padded transposes) and C = 1600, odd
 // small ones, zeros, NaN and Inf, magnitudes that clamp the scale; every kernel run twice for
-// identical bits. Delayed scaling (-fp8 2): the casts with a given scale (saturating and
-// underflowing ones included) and their recorded amax, bitwise; fp8_update_scales against a CPU
-// reference of the history. Layers (BF16 builds): matmul_forward_fp8 / matmul_backward_fp8 against the BF16
-// layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
+// identical bits. Delayed scaling (-fp8 2): the casts with a given scale (saturating,
+// underflowing and FP32-overflowing ones included) and their recorded amax, bitwise;
+// fp8_update_scales against a CPU reference of the history, partly empty and full; the first
+// step's amax kept over micro steps. Layers (BF16 builds): matmul_forward_fp8 /
+// matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
 // GELU epilogues included; run twice, and with cuBLASLt's first heuristic, for identical bits.
 #include "dev/cuda/kernel_test.h"
 
@@ -107,7 +108,8 @@ void test_reference_conversion(llmc::Rng& rng) {
 // ---- the kernels, bitwise ----
 
 // The R x C values x cast with scale 2^e: ref row-major, ref_t transposed with fp8_padded(R)
-// columns (zeros past R), as the cast and cast-transpose kernels write them.
+// columns (zeros past R), as the cast and cast-transpose kernels write them: NaN and Inf to NaN,
+// and a finite value whose product with the scale overflows FP32 saturated as any beyond fp8_max.
 void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format f,
                     std::vector<uint8_t>* ref, std::vector<uint8_t>* ref_t) {
   const int ld_t = fp8_padded(R);
@@ -115,7 +117,10 @@ void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format 
   ref_t->assign((size_t)C * ld_t, 0);
   for (int r = 0; r < R; r++) {
     for (int c = 0; c < C; c++) {
-      const uint8_t q = fp8_reference((float)((double)x[(size_t)r * C + c] * std::ldexp(1.0, e)), f);
+      const float v = x[(size_t)r * C + c];
+      const float scaled = (float)((double)v * std::ldexp(1.0, e));  // x * s in FP32: Inf past FLT_MAX
+      const uint8_t saturated = (std::signbit(v) ? 0x80 : 0) | fp8_spec(f).max_code;
+      const uint8_t q = !std::isfinite(v) ? 0x7f : std::isinf(scaled) ? saturated : fp8_reference(scaled, f);
       (*ref)[(size_t)r * C + c] = q;
       (*ref_t)[(size_t)c * ld_t + r] = q;
     }
@@ -183,8 +188,8 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
 }
 
 // Delayed scaling: the casts use the scale they are given (here 2^shift times the one current
-// scaling would pick: shift > 0 saturates the largest values, shift < 0 underflows the smallest),
-// leave 1/s as it was and record max |x| in amax_bits; each twice, for the same bits.
+// scaling would pick, at most 2^126: shift > 0 saturates the largest values, shift < 0 underflows
+// the smallest), leave 1/s as it was and record max |x| in amax_bits; each twice, for the same bits.
 void test_delayed_casts(const std::string& name, int R, int C, const std::vector<float>& x, int shift) {
   printf("\ndelayed-scaling casts, %s: R=%d C=%d, scale 2^%d x current's\n", name.c_str(), R, C, shift);
   const size_t n = (size_t)R * C;
@@ -196,7 +201,7 @@ void test_delayed_casts(const std::string& name, int R, int C, const std::vector
   for (float v : x) amax_bits = std::max(amax_bits, abs_bits(v));
   for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
     const char* fmt = fp8_format_name(f);
-    const int e = scale_exponent_reference(float_of_bits(amax_bits), f) + shift;
+    const int e = std::min(126, scale_exponent_reference(float_of_bits(amax_bits), f) + shift);
     const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
     std::vector<uint8_t> ref, ref_t;
     cast_reference(x, R, C, e, f, &ref, &ref_t);
@@ -233,18 +238,23 @@ void test_delayed_casts(const std::string& name, int R, int C, const std::vector
   }
 }
 
-// fp8_update_scales against a CPU reference: a history of random amaxes (some slots still zero),
-// the step's amaxes recorded or not (a skipped update), a non-finite amax never recorded, s from
-// the history's maximum by the independent search, the amax restarted at 0.
-void test_update_scales(llmc::Rng& rng) {
-  printf("\ndelayed scaling: fp8_update_scales\n");
+// fp8_update_scales against a CPU reference: a history of random amaxes, the step's amaxes
+// recorded or not (a skipped update), s from the history's maximum by the independent search, the
+// amax restarted at 0. The step's amax replaces the oldest entry (slot): where that entry is the
+// history's largest and the new amax smaller, the scale grows, which a history that only ever
+// takes maxima would miss. A non-finite amax leaves 0 in its slot. Once with slots still zero (the
+// first steps of a run), once full.
+void test_update_scales(llmc::Rng& rng, bool full) {
+  printf("\ndelayed scaling: fp8_update_scales, %s history\n", full ? "a full" : "a partly empty");
   const int count = 37;
+  const int slot = full ? 5 : kFp8History - 2;
   std::vector<uint32_t> history((size_t)kFp8History * count, 0);
-  for (int k = 0; k < kFp8History - 3; k++) {
+  for (int k = 0; k < (full ? kFp8History : kFp8History - 3); k++) {
     for (int i = 0; i < count; i++) {
       history[(size_t)k * count + i] = abs_bits(std::ldexp((float)rng.u32() / 4294967296.0f + 0.01f, (int)(rng.u32() % 40) - 30));
     }
   }
+  for (int i = 0; i < count; i += 3) history[(size_t)slot * count + i] = abs_bits(1e12f);  // the largest, replaced
   std::vector<Fp8Scale> scales(count);
   for (int i = 0; i < count; i++) {
     const float amax = std::ldexp((float)rng.u32() / 4294967296.0f + 0.01f, (int)(rng.u32() % 40) - 20);
@@ -252,7 +262,6 @@ void test_update_scales(llmc::Rng& rng) {
   }
   scales[3].amax_bits = 0x7f800000u;  // Inf
   scales[4].amax_bits = 0x7fc00000u;  // NaN
-  const int slot = kFp8History - 2;
   for (bool record : {true, false}) {
     DeviceArray<Fp8Scale> d_scales(scales);
     DeviceArray<uint32_t> d_history(history);
@@ -262,7 +271,9 @@ void test_update_scales(llmc::Rng& rng) {
     std::vector<uint32_t> want_history = history;
     bool ok = true;
     for (int i = 0; i < count; i++) {
-      if (record && scales[i].amax_bits <= kFp8MaxFiniteBits) want_history[(size_t)slot * count + i] = scales[i].amax_bits;
+      if (record) {
+        want_history[(size_t)slot * count + i] = scales[i].amax_bits <= kFp8MaxFiniteBits ? scales[i].amax_bits : 0u;
+      }
       uint32_t amax = 0;
       for (int k = 0; k < kFp8History; k++) amax = std::max(amax, want_history[(size_t)k * count + i]);
       const Fp8Format f = i % 2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
@@ -273,7 +284,7 @@ void test_update_scales(llmc::Rng& rng) {
     testing::check_verbose(ok && got_history == want_history,
                            llmc::strformat("%s: the history %s, s = 2^e of its maximum, amax restarted",
                                            record ? "recorded" : "not recorded (a skipped update)",
-                                           record ? "takes the step's finite amaxes" : "unchanged"));
+                                           record ? "takes the step's amaxes (0 for a non-finite one)" : "unchanged"));
   }
 }
 
@@ -337,19 +348,19 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
   fp8_weight_cast(w, d_weight, OC, C, 0);
   DeviceArray<floatX> out((size_t)N * OC), pre((size_t)N * OC), dinp((size_t)N * C);
   DeviceArray<floatX> dweight((size_t)OC * C), dbias(OC);
-  auto forward = [&](bool delayed = false) {
+  auto forward = [&](Fp8Scaling scaling = Fp8Scaling::kCurrent) {
     out.poison();
     pre.poison();
     matmul_forward_fp8(out, d_inp, w, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)pre : nullptr,
-                       inp_scale, rows, delayed, 0);
+                       inp_scale, rows, scaling, 0);
     return Snapshot(out, pre);
   };
-  auto backward = [&](const std::vector<float>& dweight_start, bool delayed = false) {
+  auto backward = [&](const std::vector<float>& dweight_start, Fp8Scaling scaling = Fp8Scaling::kCurrent) {
     dinp.poison();
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
     matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, d_dout, d_inp, w, pre_in,
-                        inp_scale, dout_scale, buffers, N, C, OC, seed, delayed, 0);
+                        inp_scale, dout_scale, buffers, N, C, OC, seed, scaling, 0);
     return Snapshot(dinp, dweight, dbias);
   };
 
@@ -387,12 +398,33 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
       given[i].amax_bits = 0;
     }
     scales.upload(given);
-    check_same_bits("delayed forward, current's scale", forward_bits, forward(true));
-    check_same_bits("delayed backward, current's scales", backward_bits, backward(zeros, true));
+    check_same_bits("delayed forward, current's scale", forward_bits, forward(Fp8Scaling::kDelayed));
+    check_same_bits("delayed backward, current's scales", backward_bits, backward(zeros, Fp8Scaling::kDelayed));
     const std::vector<Fp8Scale> recorded = scales.raw();
     testing::check_verbose(recorded[1].amax_bits == current[1].amax_bits &&
                                recorded[2].amax_bits == current[2].amax_bits,
                            "delayed: the input's and the output gradient's amaxes recorded");
+    // The first step of delayed scaling: an earlier micro step's larger amax stays (the step's
+    // amax, for the history), a smaller one gives way; with amaxes no larger than this micro
+    // step's, the bits of current scaling.
+    std::vector<Fp8Scale> earlier = current;
+    for (int i : {1, 2}) earlier[i].amax_bits = abs_bits(4.0f * float_of_bits(current[i].amax_bits));
+    scales.upload(earlier);
+    forward(Fp8Scaling::kCurrentStepMax);
+    backward(zeros, Fp8Scaling::kCurrentStepMax);
+    const std::vector<Fp8Scale> kept = scales.raw();
+    testing::check_verbose(kept[1].amax_bits == earlier[1].amax_bits && kept[2].amax_bits == earlier[2].amax_bits,
+                           "first delayed step: a larger amax of an earlier micro step is kept");
+    std::vector<Fp8Scale> smaller = current;
+    for (int i : {1, 2}) smaller[i].amax_bits = abs_bits(0.25f * float_of_bits(current[i].amax_bits));
+    scales.upload(smaller);
+    check_same_bits("first delayed step, smaller earlier amaxes: forward = current's", forward_bits,
+                    forward(Fp8Scaling::kCurrentStepMax));
+    check_same_bits("first delayed step, smaller earlier amaxes: backward = current's", backward_bits,
+                    backward(zeros, Fp8Scaling::kCurrentStepMax));
+    const std::vector<Fp8Scale> grown = scales.raw();
+    testing::check_verbose(grown[1].amax_bits == current[1].amax_bits && grown[2].amax_bits == current[2].amax_bits,
+                           "first delayed step: this micro step's larger amax replaces a smaller one");
     scales.upload(current);
   }
   // Accumulation (beta = 1): the old gradient plus the product, rounded once.
@@ -422,7 +454,15 @@ int main() {
     test_delayed_casts("T=1000, d48 width", 1000, 1600, random_stored(rng, (size_t)1000 * 1600, 0.0f, 1.0f), 0);
     test_delayed_casts("saturating", 129, 72, random_stored(rng, (size_t)129 * 72, 0.0f, 2.0f), 3);
     test_delayed_casts("underflowing", 37, 136, random_stored(rng, (size_t)37 * 136, 0.0f, 1e-3f), -6);
-    test_update_scales(rng);
+    // A scale of 2^126 (a history of tiny amaxes) on values up to about 8: x * s overflows FP32
+    // and must saturate, not become NaN; NaN, -Inf and -0 as in current scaling.
+    std::vector<float> overflowing = random_stored(rng, (size_t)100 * 96, 0.0f, 2.0f);
+    overflowing[17] = NAN;
+    overflowing[4000] = -INFINITY;
+    overflowing[5000] = -0.0f;
+    test_delayed_casts("overflowing FP32, NaN, -Inf, -0", 100, 96, stored(overflowing), 200);
+    test_update_scales(rng, false);
+    test_update_scales(rng, true);
 #if defined(ENABLE_FP32)
     printf("\nskip FP8 linear layers: they need the BF16 build (their outputs and bias are BF16)\n");
 #else

@@ -273,18 +273,18 @@ else
   skip "not enough GPU memory" "$TRAINER has no -r (not a GPU trainer)"
 fi
 
-# --- -fp8 takes 0 or 1 (the CUDA trainer's flag)
+# --- -fp8 takes 0, 1 or 2 (the CUDA trainer's flag)
 if has_flag -fp8; then
-  expect "-fp8 2" "-fp8 2: must be 0 or 1" -fp8 2
+  expect "-fp8 3" "-fp8 3: must be within \[0, 2\]" -fp8 3
 else
-  skip "-fp8 2" "$TRAINER has no -fp8"
+  skip "-fp8 3" "$TRAINER has no -fp8"
 fi
 
-# --- -ac takes 0 or 1 (the CUDA trainer's flag)
+# --- -ac takes 0, 1 or 2 (the CUDA trainer's flag)
 if has_flag -ac; then
-  expect "-ac 2" "-ac 2: must be 0 or 1" -ac 2
+  expect "-ac 3" "-ac 3: must be within \[0, 2\]" -ac 3
 else
-  skip "-ac 2" "$TRAINER has no -ac"
+  skip "-ac 3" "$TRAINER has no -ac"
 fi
 
 # --- the output directory

@@ -63,6 +63,7 @@ std::vector<llmc::TrainStateFile> files_of(const llmc::TrainState& whole, int wo
     f.id.zero_stage = shard_count > 1 ? 1 : 0;
     f.state.optimizer_steps = whole.optimizer_steps;
     f.state.host = whole.host;
+    f.state.fp8 = whole.fp8;  // every rank's, reduced over the ranks at each step
     auto slice = [&](const std::vector<float>& v) {
       std::vector<float> out(shard.size, 0.0f);
       std::copy_n(v.begin() + shard.offset, shard.real, out.begin());
@@ -173,6 +174,11 @@ void test_mismatched_inputs() {
   check_throws(reshard(changed([](llmc::TrainStateFile& f) { f.state.host.norm_window.count++; }),
                        kParams),
                second + ": its data position or spike-detector windows differ", "two norm windows");
+  check_throws(reshard(changed([](llmc::TrainStateFile& f) { f.state.fp8.amax[2]++; }), kParams),
+               second + ": its FP8 amax history differs from that of " + good[0].path,
+               "two FP8 histories");
+  check_throws(reshard(changed([](llmc::TrainStateFile& f) { f.state.fp8.recorded_steps++; }), kParams),
+               second + ": its FP8 amax history differs", "two FP8 recorded-step counts");
   check_throws([&] { llmc::reshard_train_state(good, kParams, 0, 0); }, "reshard: 0 processes",
                "no processes");
   check_throws([&] { llmc::reshard_train_state(good, kParams, 2, 2); }, "reshard: ZeRO stage 2",
