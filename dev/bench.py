@@ -30,7 +30,7 @@ PRESET_LAYERS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": 
 
 
 def fail(message):
-    print(f"bench.py: {message}", file=sys.stderr)
+    print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr)
     sys.exit(1)
 
 
@@ -41,6 +41,17 @@ def write_random_shard(path, num_tokens, seed):
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.tobytes())
+
+
+def parse_configs(text):
+    """[(preset, micro batch)] from --configs' PRESET:MICRO_BATCH,...; fails naming a bad item."""
+    configs = []
+    for item in text.split(","):
+        preset, _, batch = item.partition(":")
+        if preset not in PRESET_LAYERS or not batch.isdigit() or int(batch) <= 0:
+            fail(f"--configs {item}: give PRESET:MICRO_BATCH with PRESET one of {' '.join(PRESET_LAYERS)}, e.g. d12:64")
+        configs.append((preset, int(batch)))
+    return configs
 
 
 def parameter_count(preset):
@@ -128,12 +139,7 @@ def main():
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--python", default=sys.executable)
     args = p.parse_args()
-    configs = []
-    for item in args.configs.split(","):
-        preset, _, batch = item.partition(":")
-        if preset not in PRESET_LAYERS or not batch.isdigit() or int(batch) <= 0:
-            fail(f"--configs {item}: give PRESET:MICRO_BATCH with PRESET one of {' '.join(PRESET_LAYERS)}, e.g. d12:64")
-        configs.append((preset, int(batch)))
+    configs = parse_configs(args.configs)
     if args.steps < 3:
         fail(f"--steps {args.steps}: need at least 3 (the first steps are not timed)")
     if not os.access(args.trainer, os.X_OK):

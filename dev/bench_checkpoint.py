@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import PRESET_LAYERS, fail, write_random_shard  # noqa: E402
+from bench import fail, parse_configs, write_random_shard  # noqa: E402
 
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss ")
 MODES = [("-ac 0", "0"), ("-ac 2", "2"), ("-ac 1", "1")]  # (label, -ac value)
@@ -97,12 +97,7 @@ def main():
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--flags", default="", help="more train_gpt2cu flags for every run, e.g. '-fp8 1'")
     args = p.parse_args()
-    configs = []
-    for item in args.configs.split(","):
-        preset, _, batch = item.partition(":")
-        if preset not in PRESET_LAYERS or not batch.isdigit() or int(batch) <= 0:
-            fail(f"--configs {item}: give PRESET:MICRO_BATCH with PRESET one of {' '.join(PRESET_LAYERS)}, e.g. d12:64")
-        configs.append((preset, int(batch)))
+    configs = parse_configs(args.configs)
     if args.every < 3 or args.steps < 2 * args.every:
         fail(f"--every {args.every} --steps {args.steps}: need --every at least 3 and two checkpoints "
              "within --steps (the first steps are not timed)")

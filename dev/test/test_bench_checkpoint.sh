@@ -12,13 +12,7 @@ mkdir -p "$DIR"
 
 source "$(dirname "$0")/lib.sh"
 
-PY=
-for candidate in ${BENCH_PYTHON:-} python3 /usr/bin/python3; do
-  if "$candidate" -c 'import numpy' 2>/dev/null; then
-    PY=$candidate
-    break
-  fi
-done
+PY=$(python_with numpy "${BENCH_PYTHON:-}")
 if [ -z "$PY" ]; then
   check "a python with numpy (apt-get install python3-numpy, or set BENCH_PYTHON)" "none found" "found"
   finish test_bench_checkpoint
