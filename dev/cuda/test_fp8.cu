@@ -7,7 +7,8 @@
 // identical bits. Delayed scaling (-fp8 2): the casts with a given scale (saturating,
 // underflowing and FP32-overflowing ones included) and their recorded amax, bitwise;
 // fp8_update_scales against a CPU reference of the history, partly empty and full; the first
-// step's amax kept over micro steps. Layers (BF16 builds): matmul_forward_fp8 /
+// step's amax kept over micro steps; the model's history over 22 steps with skips, restored from
+// a state file's copy, and evaluation's amaxes forgotten. Layers (BF16 builds): matmul_forward_fp8 /
 // matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
 // GELU epilogues included; run twice, and with cuBLASLt's first heuristic, for identical bits.
 #include "dev/cuda/kernel_test.h"
@@ -288,6 +289,97 @@ void test_update_scales(llmc::Rng& rng, bool full) {
   }
 }
 
+// The model's side of delayed scaling over 22 steps against a CPU model of it: the step's amaxes
+// go into slot (recorded steps mod 16) of the history only when the update was applied (a
+// non-finite one as 0), so the 17th recorded step replaces the first; s = 2^e from the history's
+// maximum; a run is on current scaling (keeping each step's amax over its micro steps) until its
+// first applied step, a skipped first step included. Then the history through a state file's
+// Fp8History into a second model gives the same scales, a history of another model's size is
+// refused, and evaluation's amaxes are forgotten with the scales left alone. BF16 builds.
+void test_delayed_steps(llmc::Rng& rng) {
+  printf("\ndelayed scaling over 22 steps: gpt2_fp8_end_step against a CPU model of the history\n");
+  const llmc::GPT2Config config = llmc::make_config(2, 2, 64, 32, 96);
+  auto make_model = [&](GPT2& m) {
+    gpt2_init(m, config, llmc::init_params_from_seed(config, 5), true, 5);
+    gpt2_allocate(m, 2, 32, 0, 2);
+  };
+  GPT2 m;
+  make_model(m);
+  const int count = m.fp8_act_scale_count();
+  auto format = [](int i) { return i % 2 == 0 ? Fp8Format::kE4M3 : kFp8GradFormat; };
+  std::vector<uint32_t> history((size_t)kFp8History * count, 0);
+  int recorded = 0;
+  bool ok = m.fp8_scaling() == Fp8Scaling::kCurrentStepMax;
+  std::string first_failure;
+  for (int step = 0; step < 22; step++) {
+    const bool applied = step != 0 && step % 7 != 3;  // the first step and steps 3, 10, 17 skipped
+    std::vector<Fp8Scale> scales(count);
+    cudaCheck(cudaMemcpy(scales.data(), m.fp8_act_scales, count * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < count; i++) {
+      scales[i].amax_bits = abs_bits(std::ldexp((float)rng.u32() / 4294967296.0f + 0.01f, (int)(rng.u32() % 30) - 15));
+    }
+    if (step == 12) scales[5].amax_bits = 0x7f800000u;  // an Inf on an applied step
+    cudaCheck(cudaMemcpy(m.fp8_act_scales, scales.data(), count * sizeof(Fp8Scale), cudaMemcpyHostToDevice));
+    gpt2_fp8_end_step(m, applied);
+    if (applied) {
+      for (int i = 0; i < count; i++) {
+        const uint32_t a = scales[i].amax_bits;
+        history[(size_t)(recorded % kFp8History) * count + i] = a <= kFp8MaxFiniteBits ? a : 0u;
+      }
+      recorded++;
+    }
+    std::vector<Fp8Scale> got(count);
+    std::vector<uint32_t> got_history(history.size());
+    cudaCheck(cudaMemcpy(got.data(), m.fp8_act_scales, count * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(got_history.data(), m.fp8_history, history.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    bool step_ok = got_history == history && m.fp8_recorded_steps == recorded &&
+                   m.fp8_scaling() == (recorded > 0 ? Fp8Scaling::kDelayed : Fp8Scaling::kCurrentStepMax);
+    for (int i = 0; i < count; i++) {
+      uint32_t amax = 0;
+      for (int k = 0; k < kFp8History; k++) amax = std::max(amax, history[(size_t)k * count + i]);
+      const int e = scale_exponent_reference(float_of_bits(amax), format(i));
+      step_ok = step_ok && got[i].scale == (float)std::ldexp(1.0, e) &&
+                got[i].inv_scale == (float)std::ldexp(1.0, -e) && got[i].amax_bits == 0;
+    }
+    if (!step_ok && first_failure.empty()) first_failure = llmc::strformat(" (first wrong at step %d)", step);
+    ok = ok && step_ok;
+  }
+  testing::check_verbose(ok && recorded == kFp8History + 2, "22 steps, 3 of them and the first skipped (18 recorded): the history, "
+                         "the recorded steps, current scaling until the first applied step, s = 2^e of "
+                         "the history's maximum" + first_failure);
+
+  const llmc::Fp8History saved = gpt2_fp8_history(m);
+  GPT2 resumed;
+  make_model(resumed);
+  gpt2_fp8_restore_history(resumed, saved, "state.bin");
+  std::vector<Fp8Scale> a(count), b(count);
+  cudaCheck(cudaMemcpy(a.data(), m.fp8_act_scales, count * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+  cudaCheck(cudaMemcpy(b.data(), resumed.fp8_act_scales, count * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+  testing::check_verbose(memcmp(a.data(), b.data(), count * sizeof(Fp8Scale)) == 0 &&
+                             saved.recorded_steps == recorded && resumed.fp8_recorded_steps == recorded &&
+                             gpt2_fp8_history(resumed).amax == saved.amax &&
+                             resumed.fp8_scaling() == Fp8Scaling::kDelayed,
+                         "the history restored into a new model: the same scales, history and step count");
+  llmc::Fp8History short_history = saved;
+  short_history.amax.pop_back();
+  testing::check_throws([&] { gpt2_fp8_restore_history(resumed, short_history, "state.bin"); },
+                        llmc::strformat("state.bin: an FP8 amax history of %zu entries, but this model keeps %zu",
+                                        short_history.amax.size(), saved.amax.size()),
+                        "a history of another model's size");
+
+  for (Fp8Scale& sc : a) sc.amax_bits = abs_bits(3.0f);
+  cudaCheck(cudaMemcpy(m.fp8_act_scales, a.data(), count * sizeof(Fp8Scale), cudaMemcpyHostToDevice));
+  gpt2_fp8_forget_eval_amax(m);
+  cudaCheck(cudaMemcpy(b.data(), m.fp8_act_scales, count * sizeof(Fp8Scale), cudaMemcpyDeviceToHost));
+  bool forgotten = true;
+  for (int i = 0; i < count; i++) {
+    forgotten = forgotten && b[i].amax_bits == 0 && b[i].scale == a[i].scale && b[i].inv_scale == a[i].inv_scale;
+  }
+  testing::check_verbose(forgotten, "evaluation's amaxes forgotten, the scales left as they were");
+  gpt2_free(m);
+  gpt2_free(resumed);
+}
+
 // ---- the layers, against the BF16 layer ----
 
 // Bounds on ||fp8 - bf16|| / ||bf16|| for the layers' outputs. Rounding to a format of p
@@ -474,6 +566,7 @@ int main() {
         {"odd, no bias", 37, 144, 80, false, true, true},
     };
     for (const MatmulCase& lc : layers) test_layer(lc, rng);
+    test_delayed_steps(rng);
 #endif
   });
 }
