@@ -1018,8 +1018,8 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
 
 // ---- FP8 linear layers (-fp8 1 or 2: BF16 builds, compute capability 8.9 or newer) ----
 // The blocks' linear layers can run their three products in FP8 on the tensor cores (cuBLASLt,
-// FP32 accumulation, BF16 outputs): weights and activations in E4M3, output gradients in
-// kFp8GradFormat. Each FP8 tensor has one scale from the amax of the BF16 tensor it is cast from
+// FP32 accumulation, BF16 outputs): weights and activations in E4M3, output gradients in E5M2
+// (or E4M3 with -fp8g 1). Each FP8 tensor has one scale from the amax of the BF16 tensor it is cast from
 // ("current" scaling): s = 2^floor(log2(fp8_max / amax)), the largest power of two with
 // amax * s <= fp8_max, and q = fp8(x * s) rounded to nearest even. A power of two makes x * s and
 // q / s exact, so that a reference reproduces every cast bit for bit. The products read 1/s, their
@@ -1030,9 +1030,6 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* partia
 // padded with zero tokens to a multiple of 16.
 
 enum class Fp8Format { kE4M3, kE5M2 };
-// Output gradients: E5M2's range (up to 57344 against E4M3's 448) is the usual choice; E4M3's
-// extra mantissa bit can be measured by changing this constant.
-constexpr Fp8Format kFp8GradFormat = Fp8Format::kE5M2;
 constexpr int kFp8TokenAlign = 16;  // FP8 leading dimensions: multiples of 16 one-byte elements
 
 inline const char* fp8_format_name(Fp8Format f) { return f == Fp8Format::kE4M3 ? "E4M3" : "E5M2"; }
@@ -1369,7 +1366,7 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
                          fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
 }
 
-// matmul_backward with FP8 products: dout is cast to kFp8GradFormat (rows and transposed) with
+// matmul_backward with FP8 products: dout is cast to grad_format (rows and transposed) with
 // dout_scale, inp to E4M3 transposed with the scale of its forward cast (inp_scale), both as
 // `scaling` says; dweight += fp8(dout)^T fp8(inp)
 // over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
@@ -1378,19 +1375,19 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
                          const floatX* dout, const floatX* inp, const Fp8Weight& w,
                          const floatX* pre_gelu, Fp8Scale* inp_scale, Fp8Scale* dout_scale,
                          const Fp8Buffers& buffers, int N, int C, int OC, uint32_t seed,
-                         Fp8Scaling scaling, cudaStream_t stream) {
+                         Fp8Format grad_format, Fp8Scaling scaling, cudaStream_t stream) {
   fp8_require_layer(C, OC);
   if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
   if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
-  fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, kFp8GradFormat, delayed, stream);
+  fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
   fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
   REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
                           false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
-                          fp8_operands(Fp8Format::kE4M3, inp_scale, kFp8GradFormat, dout_scale)),
+                          fp8_operands(Fp8Format::kE4M3, inp_scale, grad_format, dout_scale)),
           "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
   matmul_dinp_product(dinp, w.w8t, true, buffers.rows, pre_gelu, N, C, OC,
-                      fp8_operands(Fp8Format::kE4M3, w.scale, kFp8GradFormat, dout_scale), stream);
+                      fp8_operands(Fp8Format::kE4M3, w.scale, grad_format, dout_scale), stream);
 }
 
 // ============================================================================
@@ -3522,6 +3519,7 @@ struct GPT2 {
   // stays BF16.
   bool fp8 = false;
   bool fp8_delayed = false;
+  Fp8Format fp8_grad_format = Fp8Format::kE5M2;  // the output gradients' (-fp8g)
   bool fp8_weights_stale = true;
   int fp8_recorded_steps = 0;        // delayed scaling: steps whose amaxes the history holds
   uint8_t* fp8_weights = nullptr;    // per layer, per linear: w8 [OC, C], then w8t [C, OC]
@@ -3602,7 +3600,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
 
 // fp8: the blocks' linear layers in FP8 (-fp8: 1 current scaling, 2 delayed), which needs the
 // BF16 build and a GPU of compute capability 8.9 or newer.
-void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0) {
+// fp8: -fp8 (0 none, 1 current scaling, 2 delayed); grad_format: the output gradients' format.
+void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
+                   Fp8Format grad_format = Fp8Format::kE5M2) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -3650,6 +3650,7 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0) {
   m.inputs_host.resize(BT);
   m.fp8 = fp8 != 0;
   m.fp8_delayed = fp8 == 2;
+  m.fp8_grad_format = grad_format;
   if (fp8) {
     REQUIRE(sizeof(floatX) == 2,
             "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", fp8,
@@ -3669,7 +3670,7 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0) {
     const int count = m.fp8_act_scale_count();
     std::vector<Fp8Scale> act_scales(count);
     for (int i = 0; i < count; i++) {
-      act_scales[i] = {1.0f, 0u, 1.0f, fp8_emax(i % 2 == 0 ? Fp8Format::kE4M3 : kFp8GradFormat)};
+      act_scales[i] = {1.0f, 0u, 1.0f, fp8_emax(i % 2 == 0 ? Fp8Format::kE4M3 : grad_format)};
     }
     m.fp8_act_scales = device_alloc<Fp8Scale>(count, "the FP8 activation scales");
     cudaCheck(cudaMemcpy(m.fp8_act_scales, act_scales.data(), count * sizeof(Fp8Scale),
@@ -3784,7 +3785,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   if (m.fp8) {
     matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
                         m.fp8_input_scale(linear, l), m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C,
-                        OC, seed, m.fp8_scaling(), m.stream);
+                        OC, seed, m.fp8_grad_format, m.fp8_scaling(), m.stream);
   } else {
     matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
                     C, OC, seed, m.stream);
@@ -4800,7 +4801,7 @@ struct TrainArgs : llmc::TrainFlags {
   int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
-  int hellaswag = 0, shuffle = 1, fp8 = 0;
+  int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
 };
@@ -4826,6 +4827,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-w", "master weights", "1: keep FP32 master weights (BF16 builds)", &a.master_weights, 0, 1),
       int_flag("-r", "recompute", "recompute level: 0 none, 1 GELU", &a.recompute, 0, 1),
       int_flag("-fp8", "FP8 linear layers", "FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+): 1 current scaling, 2 delayed (amax history)", &a.fp8, 0, 2),
+      int_flag("-fp8g", "FP8 gradient format", "with -fp8: the output gradients in 0 E5M2 (range), 1 E4M3 (precision)", &a.fp8_grad_e4m3, 0, 1),
       int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
       int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
       int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
@@ -4850,6 +4852,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
 void validate_args(const TrainArgs& a) {
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
+  REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
 }
 
 // Generates `length` tokens after `prompt` and prints them as they come; token_text gives the
@@ -4923,7 +4926,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   if (m.fp8) {
     table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
-                                             fp8_format_name(Fp8Format::kE4M3), fp8_format_name(kFp8GradFormat)));
+                                             fp8_format_name(Fp8Format::kE4M3), fp8_format_name(m.fp8_grad_format)));
     table.row("FP8 scaling", m.fp8_delayed
                                  ? llmc::strformat("delayed: activations and gradients from the amaxes of the last %d steps", kFp8History)
                                  : std::string("current: each tensor's own amax"));
@@ -5306,7 +5309,7 @@ int train_main(int argc, char** argv) {
   } else {
     llmc::resolve_sequence_length(a, config.max_seq_len);
     const llmc::StepBatch batch = llmc::step_batch(a, mg.world);
-    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8);
+    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2);
     TrainRun r(a, mg, m);
     train_setup(r, resume_step, batch, run_start);
     int final_step;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # FP8 against BF16 on tiny shakespeare, the loss curves side by side: one model from one seed,
-# trained on the same data order with -fp8 0 (BF16), 1 (current scaling) and 2 (delayed scaling),
-# validated every --val-every steps on the whole validation split (2 batches of 16 x 1024).
+# trained on the same data order with -fp8 0 (BF16), 1 (current scaling), 2 (delayed scaling) and,
+# as mode 3, 2 with E4M3 output gradients (-fp8g 1, against E5M2's range), validated every --val-every steps on the whole validation split (2 batches of 16 x 1024).
 #
-#   usage: scripts/fp8_convergence.sh OUTDIR [--model d12] [--steps 2000] [--modes "0 1 2"]
+#   usage: scripts/fp8_convergence.sh OUTDIR [--model d12] [--steps 2000] [--modes "0 1 2 3"]
 #          [--micro-batch 16] [--batch-tokens 65536] [--val-every 100] [--checkpoint-every 250]
 #          [--trainer ./train_gpt2cu] [--data dev/data/tinyshakespeare]
 #
@@ -21,10 +21,10 @@ fail() {
   exit 1
 }
 
-[ $# -ge 1 ] && [[ "$1" != -* ]] || fail "usage: $0 OUTDIR [--model d12] [--steps 2000] [--modes \"0 1 2\"] [--micro-batch 16] [--batch-tokens 65536] [--val-every 100] [--checkpoint-every 250] [--trainer ./train_gpt2cu] [--data DIR]"
+[ $# -ge 1 ] && [[ "$1" != -* ]] || fail "usage: $0 OUTDIR [--model d12] [--steps 2000] [--modes \"0 1 2 3\"] [--micro-batch 16] [--batch-tokens 65536] [--val-every 100] [--checkpoint-every 250] [--trainer ./train_gpt2cu] [--data DIR]"
 out=$1
 shift
-model=d12 steps=2000 modes="0 1 2" micro_batch=16 batch_tokens=65536 val_every=100 checkpoint_every=250
+model=d12 steps=2000 modes="0 1 2 3" micro_batch=16 batch_tokens=65536 val_every=100 checkpoint_every=250
 trainer=./train_gpt2cu data=dev/data/tinyshakespeare
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || fail "$1 needs a value"
@@ -47,9 +47,9 @@ for count in "--steps:$steps" "--micro-batch:$micro_batch" "--batch-tokens:$batc
   [[ "${count#*:}" =~ ^[1-9][0-9]*$ ]] || fail "${count%%:*} '${count#*:}' must be a whole number of at least 1"
 done
 for mode in $modes; do
-  [[ "$mode" =~ ^[012]$ ]] || fail "--modes '$modes': each must be 0, 1 or 2 (the trainer's -fp8)"
+  [[ "$mode" =~ ^[0-3]$ ]] || fail "--modes '$modes': each must be 0, 1, 2 (the trainer's -fp8) or 3 (-fp8 2 -fp8g 1)"
 done
-[ -n "$modes" ] || fail "--modes is empty: give some of 0 1 2"
+[ -n "$modes" ] || fail "--modes is empty: give some of 0 1 2 3"
 [ -x "$trainer" ] || fail "$trainer is not an executable: build it with make train_gpt2cu, or give --trainer"
 
 if [ ! -f "$data/tiny_shakespeare_val_000000.bin" ]; then
@@ -57,7 +57,8 @@ if [ ! -f "$data/tiny_shakespeare_val_000000.bin" ]; then
   bash dev/data/tinyshakespeare.sh ${TINYSHAKESPEARE:+--input "$TINYSHAKESPEARE"} || fail "cannot prepare tiny shakespeare"
 fi
 mkdir -p "$out"
-name_of() { case $1 in 0) echo bf16 ;; 1) echo fp8_current ;; 2) echo fp8_delayed ;; esac; }
+name_of() { case $1 in 0) echo bf16 ;; 1) echo fp8_current ;; 2) echo fp8_delayed ;; 3) echo fp8_delayed_e4m3grad ;; esac; }
+fp8_flags() { case $1 in 3) echo "-fp8 2 -fp8g 1" ;; *) echo "-fp8 $1" ;; esac; }
 finished() { grep -qE "^step=$steps kind=val " "$1/main.log" 2>/dev/null; }
 
 for mode in $modes; do
@@ -72,7 +73,7 @@ for mode in $modes; do
   echo "$(name_of "$mode"): $([ $resume = 1 ] && echo "continuing" || echo "starting") ($dir)"
   "$trainer" -e "$model" -i "$data/tiny_shakespeare_train_*.bin" -j "$data/tiny_shakespeare_val_*.bin" \
     -b "$micro_batch" -t 1024 -z "$batch_tokens" -x "$steps" -l 6e-4 -u 100 -q 0 -k cosine -c 0.1 \
-    -gc 1.0 -S 42 -sh 1 -v "$val_every" -m 2 -s 0 -n "$checkpoint_every" -nk 1 -fp8 "$mode" -o "$dir" -y "$resume" \
+    -gc 1.0 -S 42 -sh 1 -v "$val_every" -m 2 -s 0 -n "$checkpoint_every" -nk 1 $(fp8_flags "$mode") -o "$dir" -y "$resume" \
     > "$dir.out" 2>&1
   status=$?
   tail -2 "$dir.out"
@@ -92,9 +93,9 @@ bf16=
 for mode in $modes; do
   loss=$(last_val "$out/$(name_of "$mode")")
   if [ -n "$bf16" ] && [ "$mode" != 0 ]; then
-    awk -v n="$(name_of "$mode")" -v l="$loss" -v b="$bf16" 'BEGIN { printf "%-12s %.6f  %+.2f%% against BF16\n", n, l, 100 * (l - b) / b }'
+    awk -v n="$(name_of "$mode")" -v l="$loss" -v b="$bf16" 'BEGIN { printf "%-20s %.6f  %+.2f%% against BF16\n", n, l, 100 * (l - b) / b }'
   else
-    printf "%-12s %.6f\n" "$(name_of "$mode")" "$loss"
+    printf "%-20s %.6f\n" "$(name_of "$mode")" "$loss"
   fi
 done
 "${PYTHON:-python3}" dev/plot_log.py "${logs[@]}" --labels "$(IFS=,; echo "${labels[*]}")" \

@@ -416,6 +416,11 @@ gpu_determinism() {
         "$LOGS/determinism_fp8_${scaling}_2.log"
       run "fp8_${scaling}_losses_track" losses_track "$LOGS/determinism_1.log" "$LOGS/determinism_fp8_${scaling}_1.log" 0.1
     done
+    # E4M3 output gradients (-fp8g 1): the startup table says so, and the losses track BF16's too.
+    run fp8_e4m3_gradients ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0 -fp8 2 -fp8g 1
+    run fp8_e4m3_gradients_shown grep -aE "^\| FP8 formats +\| E4M3 weights and activations, E4M3 gradients" \
+      "$LOGS/fp8_e4m3_gradients.log"
+    run fp8_e4m3_gradients_track losses_track "$LOGS/determinism_1.log" "$LOGS/fp8_e4m3_gradients.log" 0.1
   fi
 }
 

@@ -306,7 +306,7 @@ void test_delayed_steps(llmc::Rng& rng) {
   GPT2 m;
   make_model(m);
   const int count = m.fp8_act_scale_count();
-  auto format = [](int i) { return i % 2 == 0 ? Fp8Format::kE4M3 : kFp8GradFormat; };
+  auto format = [&](int i) { return i % 2 == 0 ? Fp8Format::kE4M3 : m.fp8_grad_format; };
   std::vector<uint32_t> history((size_t)kFp8History * count, 0);
   int recorded = 0;
   bool ok = m.fp8_scaling() == Fp8Scaling::kCurrentStepMax;
@@ -401,9 +401,9 @@ bool check_layer_tensor(const std::string& name, const std::vector<float>& got, 
   return check_close(name + " (elements)", got, ref, kTolElement) && norm;
 }
 
-void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
+void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp8Format::kE5M2) {
   const int N = lc.N, C = lc.C, OC = lc.OC, Np = fp8_padded(N);
-  lc.print("FP8 layer");
+  lc.print(grad_format == Fp8Format::kE5M2 ? "FP8 layer" : "FP8 layer, E4M3 output gradients (-fp8g 1)");
   const std::vector<float> inp = random_stored(rng, (size_t)N * C, 0.0f, 1.0f);
   const std::vector<float> weight = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C));
   const std::vector<float> bias = random_stored(rng, OC, 0.0f, 1.0f);
@@ -452,7 +452,7 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng) {
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
     matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, d_dout, d_inp, w, pre_in,
-                        inp_scale, dout_scale, buffers, N, C, OC, seed, scaling, 0);
+                        inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling, 0);
     return Snapshot(dinp, dweight, dbias);
   };
 
@@ -566,6 +566,7 @@ int main() {
         {"odd, no bias", 37, 144, 80, false, true, true},
     };
     for (const MatmulCase& lc : layers) test_layer(lc, rng);
+    test_layer(layers[3], rng, Fp8Format::kE4M3);  // the GELU gradient's range in E4M3
     test_delayed_steps(rng);
 #endif
   });

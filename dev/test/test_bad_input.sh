@@ -280,6 +280,13 @@ else
   skip "-fp8 3" "$TRAINER has no -fp8"
 fi
 
+# --- -fp8g sets the format of -fp8's gradients: refused without -fp8
+if has_flag -fp8g; then
+  expect "-fp8g without -fp8" "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it" -fp8g 1
+else
+  skip "-fp8g without -fp8" "$TRAINER has no -fp8g"
+fi
+
 # --- -ac takes 0, 1 or 2 (the CUDA trainer's flag)
 if has_flag -ac; then
   expect "-ac 3" "-ac 3: must be within \[0, 2\]" -ac 3

@@ -18,7 +18,7 @@ cat > "$DIR/trainer" <<EOF
 #!/bin/bash
 echo "\$*" >> "$DIR/calls.txt"
 while [ \$# -gt 0 ]; do
-  case "\$1" in -x) x=\$2;; -o) o=\$2;; -y) y=\$2;; -v) v=\$2;; -n) n=\$2;; -fp8) mode=\$2;; esac
+  case "\$1" in -x) x=\$2;; -o) o=\$2;; -y) y=\$2;; -v) v=\$2;; -n) n=\$2;; -fp8) mode=\$2;; -fp8g) mode=3;; esac
   shift
 done
 mkdir -p "\$o"
@@ -42,7 +42,7 @@ mkdir -p "$DIR/data"
 touch "$DIR/data/tiny_shakespeare_val_000000.bin"
 converge() { PYTHON=true scripts/fp8_convergence.sh "$DIR/out" --trainer "$DIR/trainer" --data "$DIR/data" --steps 5 --val-every 2 --checkpoint-every 2 "$@"; }
 
-out=$(STOP_MODE=1 converge 2>&1)
+out=$(STOP_MODE=1 converge --modes "0 1 2" 2>&1)
 status=$?
 echo "$out"
 check "a run stopped midway: exit 1" "$status" 1
@@ -51,7 +51,7 @@ check "... one error line naming the run and how to continue" \
 check "... the runs before it finished, the one after not started" \
   "$(ls "$DIR/out" | grep -v '\.out$' | xargs)" "bf16 fp8_current"
 
-out=$(converge 2>&1)
+out=$(converge --modes "0 1 2" 2>&1)
 status=$?
 echo "$out"
 check "run again: exit 0" "$status" 0
@@ -70,12 +70,18 @@ check "d12, 64K tokens a step in micro batches of 16, the whole validation split
 check "the last validation losses, against BF16's" \
   "$(echo "$out" | sed -n '/the last validation loss/,$p' | tail -3 | tr -s ' ' | tr '\n' ,)" \
   "bf16 3.166667,fp8_current 3.176667 +0.32% against BF16,fp8_delayed 3.186667 +0.63% against BF16,"
+
+out=$(converge 2>&1)
+check "the default modes add E4M3 gradients (-fp8 2 -fp8g 1) to the three finished" \
+  "$(tail -1 "$DIR/calls.txt" | grep -oE -- "-fp8 2 -fp8g 1 -o $DIR/out/fp8_delayed_e4m3grad -y 0"):$(echo "$out" | grep -c 'finished earlier')" \
+  "-fp8 2 -fp8g 1 -o $DIR/out/fp8_delayed_e4m3grad -y 0:3"
+check "... and its last validation loss" "$(echo "$out" | tail -1 | tr -s ' ')" "fp8_delayed_e4m3grad 3.196667 +0.95% against BF16"
 check "the resumed run's log: every validation step once" \
   "$(grep -oE '^step=[0-9]+' "$DIR/out/fp8_current/main.log" | tr '\n' ,)" "step=0,step=2,step=4,step=5,"
 check "finished runs keep main.log only" "$(ls "$DIR/out/bf16" "$DIR/out/fp8_current" "$DIR/out/fp8_delayed" | grep -vc 'main.log\|^$\|:$')" 0
 
-out=$(converge --modes "1 3" 2>&1)
-check "--modes 3 is refused" "$?:$(echo "$out" | grep -c "^error: --modes '1 3': each must be 0, 1 or 2")" "1:1"
+out=$(converge --modes "1 4" 2>&1)
+check "--modes 4 is refused" "$?:$(echo "$out" | grep -c "^error: --modes '1 4': each must be 0, 1, 2 (the trainer's -fp8) or 3 (-fp8 2 -fp8g 1)")" "1:1"
 out=$(converge --steps 0 2>&1)
 check "--steps 0 is refused" "$?:$(echo "$out" | grep -c "^error: --steps '0' must be a whole number of at least 1")" "1:1"
 out=$(scripts/fp8_convergence.sh "$DIR/out" --trainer "$DIR/missing" --data "$DIR/data" 2>&1)
