@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Per-kernel time table of one training step: runs profile_gpt2cu under ncu (one metric, the
 # kernel's duration, clocks left as they are), keeps the raw CSV in OUTDIR and prints the kernels
-# grouped by name, slowest first, with their share of the step.
-#   scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers]
+# grouped by name, slowest first, with their share of the step. Two modes side by side: profile
+# each into its own OUTDIR, then dev/cuda/kernel_table.py A/kernels.csv B/kernels.csv --labels A,B.
+#   scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers -fp8 1|2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ "${1:0:1}" = - ]; then
-  echo "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers]" >&2
+  echo "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2]" >&2
   exit 2
 fi
 out=$1
