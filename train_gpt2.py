@@ -142,7 +142,7 @@ def scaled_mm(a, b, inv_a, inv_b, out_dtype, bias=None):
     """a @ b on FP8 operands (a row-major, b column-major) dequantised by inv_a * inv_b, FP32
     accumulation (no fast accumulation, as cuBLASLt's default in the CUDA trainer)."""
     out = torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, bias=bias, out_dtype=out_dtype)
-    return out[0] if isinstance(out, tuple) else out  # PyTorch before 2.4 also returned the amax
+    return out[0] if isinstance(out, tuple) else out  # PyTorch before 2.5 also returned the amax
 
 
 def column_major(t):
@@ -155,7 +155,7 @@ class Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        x2 = x.reshape(-1, x.size(-1))
+        x2 = x.reshape(-1, x.size(-1)).contiguous()  # _scaled_mm's first operand is row-major
         xq, x_inv = fp8_cast(x2, torch.float8_e4m3fn, FP8_E4M3_EMAX)
         wq, w_inv = fp8_cast(weight, torch.float8_e4m3fn, FP8_E4M3_EMAX)
         ctx.save_for_backward(xq, x_inv, wq, w_inv)
@@ -165,7 +165,7 @@ class Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         xq, x_inv, wq, w_inv = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.size(-1))
+        dy2 = dy.reshape(-1, dy.size(-1)).contiguous()
         dyq, dy_inv = fp8_cast(dy2, torch.float8_e5m2, FP8_E5M2_EMAX)
         dx = scaled_mm(dyq, column_major(wq), dy_inv, w_inv, torch.bfloat16)
         # BF16, as the CUDA trainer's weight gradients (and autocast's BF16 linear layers): FP32

@@ -365,8 +365,9 @@ gpu_against_pytorch() {
     run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
     run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
   done
-  # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve.
-  if fp8_gpu; then
+  # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve
+  # (the recipe needs PyTorch on the GPU).
+  if fp8_gpu && [ "$device" = cuda ]; then
     local fp8_dir="$REF/gpu_d12_fp8"
     run reference_d12_fp8 "$PYTHON" train_gpt2.py --model d12 --batch_size 4 --seq_len 64 --fp8 1 \
       --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
