@@ -128,15 +128,51 @@ void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format 
   }
 }
 
-// x: the stored values of an R x C tensor. Checks fp8_amax, then fp8_cast and fp8_cast_transpose
-// (with and without the row-major output) in both formats, each twice.
-void test_casts(const std::string& name, int R, int C, const std::vector<float>& x) {
-  printf("\ncasts, %s: R=%d C=%d\n", name.c_str(), R, C);
+// The casts of x (stored values, R x C) in format f against the CPU reference of scale 2^e:
+// fp8_cast, fp8_cast_transpose with and without the row-major output, each twice for the same
+// bits. reset() sets the scale each launch starts from (delayed: the given s; current: the amax,
+// which the cast turns into its s); scale_ok(what) checks what a launch left in it.
+void check_cast_kernels(const std::string& label, const std::vector<float>& x, int R, int C, Fp8Format f,
+                        int e, bool delayed, DeviceArray<Fp8Scale>& scale,
+                        const std::function<void()>& reset, const std::function<bool(const char*)>& scale_ok) {
   const size_t n = (size_t)R * C;
   const int ld_t = fp8_padded(R);
   DeviceArray<floatX> d_x(x);
-  DeviceArray<Fp8Scale> scale(1);
   DeviceArray<uint8_t> out(n), out_t((size_t)C * ld_t);
+  std::vector<uint8_t> ref, ref_t;
+  cast_reference(x, R, C, e, f, &ref, &ref_t);
+  auto cast = [&] {
+    reset();
+    out.poison();
+    fp8_cast(out, scale, d_x, n, f, delayed, 0);
+    return out.raw();
+  };
+  const std::vector<uint8_t> cast_bytes = cast();
+  check_bytes(label + " cast", cast_bytes, ref);
+  scale_ok("cast");
+  testing::check_verbose(cast() == cast_bytes, label + " cast twice: the same bits");
+  auto cast_transpose = [&](bool rows) {
+    reset();
+    out.poison();
+    out_t.poison();
+    fp8_cast_transpose(rows ? (uint8_t*)out : nullptr, out_t, scale, d_x, R, C, f, delayed, 0);
+    return std::make_pair(out.raw(), out_t.raw());
+  };
+  const auto both = cast_transpose(true);
+  check_bytes(label + " cast-transpose rows", both.first, ref);
+  check_bytes(label + " cast-transpose, transposed", both.second, ref_t);
+  scale_ok("cast-transpose");
+  check_bytes(label + " transpose alone", cast_transpose(false).second, ref_t);
+  testing::check_verbose(cast_transpose(true) == both, label + " cast-transpose twice: the same bits");
+}
+
+// x: the stored values of an R x C tensor. Checks fp8_amax, then the casts with current scaling
+// (the scale from that amax) in both formats.
+void test_casts(const std::string& name, int R, int C, const std::vector<float>& x) {
+  printf("\ncasts, %s: R=%d C=%d\n", name.c_str(), R, C);
+  const size_t n = (size_t)R * C;
+  DeviceArray<floatX> d_x(x);
+  DeviceArray<Fp8Scale> scale(1);
   uint32_t amax_bits = 0;
   for (float v : x) amax_bits = std::max(amax_bits, abs_bits(v));
   auto amax = [&] {
@@ -148,43 +184,18 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
   testing::check_verbose(got_amax == amax_bits, llmc::strformat("amax bits %08x = CPU's %08x (%g)", got_amax,
                                                                 amax_bits, float_of_bits(amax_bits)));
   testing::check_verbose(amax() == got_amax, "amax twice: the same bits");
+  const std::vector<Fp8Scale> measured = scale.raw();  // the amax, which each cast scales from
 
   for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
     const char* fmt = fp8_format_name(f);
     const int e = scale_exponent_reference(float_of_bits(amax_bits), f);
     testing::check_verbose(fp8_scale_exponent(float_of_bits(amax_bits), f) == e,
                            llmc::strformat("%s scale 2^%d = the search's", fmt, e));
-    std::vector<uint8_t> ref, ref_t;
-    cast_reference(x, R, C, e, f, &ref, &ref_t);
-    auto inv_scale_ok = [&](const char* what) {
+    check_cast_kernels(fmt, x, R, C, f, e, false, scale, [&] { scale.upload(measured); }, [&](const char* what) {
       const float got = scale.raw()[0].inv_scale;
       return testing::check(got == (float)std::ldexp(1.0, -e),
                             llmc::strformat("%s %s: inv_scale %g, expected 2^%d", fmt, what, got, -e));
-    };
-    auto cast = [&] {
-      out.poison();
-      fp8_cast(out, scale, d_x, n, f, false, 0);
-      return out.raw();
-    };
-    const std::vector<uint8_t> cast_bytes = cast();
-    check_bytes(llmc::strformat("%s cast", fmt), cast_bytes, ref);
-    inv_scale_ok("cast");
-    testing::check_verbose(cast() == cast_bytes, llmc::strformat("%s cast twice: the same bits", fmt));
-
-    auto cast_transpose = [&](bool rows) {
-      out.poison();
-      out_t.poison();
-      fp8_cast_transpose(rows ? (uint8_t*)out : nullptr, out_t, scale, d_x, R, C, f, false, 0);
-      return std::make_pair(out.raw(), out_t.raw());
-    };
-    const auto both = cast_transpose(true);
-    check_bytes(llmc::strformat("%s cast-transpose rows", fmt), both.first, ref);
-    check_bytes(llmc::strformat("%s cast-transpose, transposed", fmt), both.second, ref_t);
-    inv_scale_ok("cast-transpose");
-    const auto transposed_only = cast_transpose(false);
-    check_bytes(llmc::strformat("%s transpose alone", fmt), transposed_only.second, ref_t);
-    testing::check_verbose(cast_transpose(true) == both,
-                           llmc::strformat("%s cast-transpose twice: the same bits", fmt));
+    });
   }
 }
 
@@ -193,49 +204,22 @@ void test_casts(const std::string& name, int R, int C, const std::vector<float>&
 // the smallest), leave 1/s as it was and record max |x| in amax_bits; each twice, for the same bits.
 void test_delayed_casts(const std::string& name, int R, int C, const std::vector<float>& x, int shift) {
   printf("\ndelayed-scaling casts, %s: R=%d C=%d, scale 2^%d x current's\n", name.c_str(), R, C, shift);
-  const size_t n = (size_t)R * C;
-  const int ld_t = fp8_padded(R);
-  DeviceArray<floatX> d_x(x);
   DeviceArray<Fp8Scale> scale(1);
-  DeviceArray<uint8_t> out(n), out_t((size_t)C * ld_t);
   uint32_t amax_bits = 0;
   for (float v : x) amax_bits = std::max(amax_bits, abs_bits(v));
   for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
     const char* fmt = fp8_format_name(f);
     const int e = std::min(126, scale_exponent_reference(float_of_bits(amax_bits), f) + shift);
     const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
-    std::vector<uint8_t> ref, ref_t;
-    cast_reference(x, R, C, e, f, &ref, &ref_t);
-    auto scale_ok = [&](const char* what) {
-      const Fp8Scale got = scale.raw()[0];
-      return testing::check(got.amax_bits == amax_bits && got.inv_scale == given.inv_scale &&
-                                got.scale == given.scale,
-                            llmc::strformat("%s %s: amax %08x (CPU %08x), s and 1/s as given", fmt, what,
-                                            got.amax_bits, amax_bits));
-    };
-    auto cast = [&] {
-      scale.upload(std::vector<Fp8Scale>{given});
-      out.poison();
-      fp8_cast(out, scale, d_x, n, f, true, 0);
-      return out.raw();
-    };
-    const std::vector<uint8_t> cast_bytes = cast();
-    check_bytes(llmc::strformat("%s delayed cast", fmt), cast_bytes, ref);
-    scale_ok("delayed cast");
-    testing::check_verbose(cast() == cast_bytes, llmc::strformat("%s delayed cast twice: the same bits", fmt));
-    auto cast_transpose = [&] {
-      scale.upload(std::vector<Fp8Scale>{given});
-      out.poison();
-      out_t.poison();
-      fp8_cast_transpose(out, out_t, scale, d_x, R, C, f, true, 0);
-      return std::make_pair(out.raw(), out_t.raw());
-    };
-    const auto both = cast_transpose();
-    check_bytes(llmc::strformat("%s delayed cast-transpose rows", fmt), both.first, ref);
-    check_bytes(llmc::strformat("%s delayed cast-transpose, transposed", fmt), both.second, ref_t);
-    scale_ok("delayed cast-transpose");
-    testing::check_verbose(cast_transpose() == both,
-                           llmc::strformat("%s delayed cast-transpose twice: the same bits", fmt));
+    const std::string label = llmc::strformat("%s delayed", fmt);
+    check_cast_kernels(label, x, R, C, f, e, true, scale, [&] { scale.upload(std::vector<Fp8Scale>{given}); },
+                       [&](const char* what) {
+                         const Fp8Scale got = scale.raw()[0];
+                         return testing::check(got.amax_bits == amax_bits && got.inv_scale == given.inv_scale &&
+                                                   got.scale == given.scale,
+                                               llmc::strformat("%s %s: amax %08x (CPU %08x), s and 1/s as given",
+                                                               label.c_str(), what, got.amax_bits, amax_bits));
+                       });
   }
 }
 
