@@ -6,11 +6,20 @@
 # Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
 # downloaded), GPU=0 to skip the GPU tests on a GPU machine.
-# `scripts/run_tests.sh --gpu-only` runs only the GPU tests, with binaries already built.
+# `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
+# that order, when some are), with binaries already built.
 set -u
 cd "$(dirname "$0")/.."
 GPU_ONLY=0
-[ "${1:-}" = --gpu-only ] && GPU_ONLY=1
+SELECTED_GROUPS=()
+if [ "${1:-}" = --gpu-only ]; then
+  GPU_ONLY=1
+  shift
+  SELECTED_GROUPS=("$@")
+elif [ $# -gt 0 ]; then
+  echo "error: unknown argument '$1': give no arguments, or --gpu-only [GROUP...]" >&2
+  exit 2
+fi
 
 PYTHON=${PYTHON:-python3}
 if [ -z "${TINYSHAKESPEARE:-}" ] && [ -f dev/data/tinyshakespeare/input.txt ]; then
@@ -451,6 +460,15 @@ gpu_training() {
   run train_d12_val_loss_falls val_loss_falls "$LOGS/train_d12.log" 2.0
 }
 
+if [ ${#SELECTED_GROUPS[@]} -gt 0 ]; then
+  for group in "${SELECTED_GROUPS[@]}"; do
+    if [[ " ${GPU_GROUPS[*]} " != *" $group "* ]]; then
+      echo "error: --gpu-only $group: not a group of GPU tests; the groups are ${GPU_GROUPS[*]}" >&2
+      exit 2
+    fi
+  done
+  GPU_GROUPS=("${SELECTED_GROUPS[@]}")
+fi
 [ $GPU_ONLY = 0 ] && cpu_tests
 skipped_groups=()
 if [ "${GPU:-1}" = 0 ]; then

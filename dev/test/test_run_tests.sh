@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests the closing lines of scripts/run_tests.sh where the GPU tests do not run (GPU=0, as on a
 # machine without a GPU): every group of GPU tests is named as skipped, and the count line says how
-# many, so a CI log shows what did not run.
+# many, so a CI log shows what did not run; --gpu-only with group names keeps only those, and an
+# unknown group or argument is one error line.
 #
 #   bash dev/test/test_run_tests.sh
 set -uo pipefail
@@ -15,5 +16,17 @@ skipped_line=$(grep '^skipped (GPU=0): ' <<< "$out")
 groups=$(sed 's/^skipped (GPU=0): //' <<< "$skipped_line" | wc -w)
 check "the skipped GPU groups are named" "$([ "$groups" -gt 0 ] && echo named)" named
 check "the last line counts them" "$(tail -n 1 <<< "$out")" "0 passed, 0 failed, $groups skipped"
+
+out=$(GPU=0 bash scripts/run_tests.sh --gpu-only gpu_resume gpu_training)
+check "--gpu-only with two groups: only those, in that order" "$(grep '^skipped' <<< "$out")" \
+  "skipped (GPU=0): gpu_resume gpu_training"
+check "... counted" "$(tail -n 1 <<< "$out")" "0 passed, 0 failed, 2 skipped"
+out=$(GPU=0 bash scripts/run_tests.sh --gpu-only gpu_resume gpu_nothing 2>&1)
+check "an unknown group: exit status 2" "$?" 2
+check "... one line naming it and the groups" \
+  "$(wc -l <<< "$out"):$(grep -c '^error: --gpu-only gpu_nothing: not a group of GPU tests; the groups are gpu_against_pytorch ' <<< "$out")" "1:1"
+out=$(bash scripts/run_tests.sh --all 2>&1)
+check "an unknown argument: exit status 2, one line" "$?:$out" \
+  "2:error: unknown argument '--all': give no arguments, or --gpu-only [GROUP...]"
 
 finish test_run_tests
