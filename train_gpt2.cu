@@ -951,6 +951,7 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
   return ok;
 }
 
+__device__ __forceinline__ float gelu_grad(float x);
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
 
@@ -1203,13 +1204,16 @@ void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Forma
 // bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
 // writes 128-byte rows of out_t. Deterministic (the amax is an integer maximum). Floor: reads 2
 // bytes and writes 2 per value (BF16).
+// With kGeluGrad, x is a gradient of GELU's output, and what is cast is x * GELU'(pre_gelu), in
+// FP32 and rounded to BF16 as gelu_backward_inplace does (the same bits), also written over x:
+// the fc layer's output gradient in the pass that casts it (reads 4 bytes a value, writes 4).
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
-template <Fp8Format F, bool kDelayed>
+template <Fp8Format F, bool kDelayed, bool kGeluGrad>
 __global__ void __launch_bounds__(kFp8Threads)
-    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R, int C,
-                              int ld_t) {
+    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* x,
+                              const floatX* pre_gelu, int R, int C, int ld_t) {
   __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
   const float s = fp8_cast_scale<kDelayed>(scale, F);
   uint32_t m = 0;
@@ -1220,7 +1224,15 @@ __global__ void __launch_bounds__(kFp8Threads)
     const int row = row0 + r, col = col0 + piece * x128::size;
     x128 v;
     for (int k = 0; k < x128::size; k++) v[k] = (floatX)0.0f;
-    if (row < R && col < C) v = load128(x + (size_t)row * C + col);
+    if (row < R && col < C) {
+      const size_t at = (size_t)row * C + col;
+      v = load128(x + at);
+      if (kGeluGrad) {
+        const x128 p = load128(pre_gelu + at);
+        for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)p[k]));
+        store128(x + at, v);
+      }
+    }
     if (kDelayed) m = fp8_piece_amax(m, v);
     const Fp8Piece q = fp8_piece<F>(v, s);
     if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
@@ -1244,20 +1256,42 @@ __global__ void __launch_bounds__(kFp8Threads)
   }
 }
 
-void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
-                        int C, Fp8Format f, bool delayed, cudaStream_t stream) {
+void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* x,
+                               const floatX* pre_gelu, int R, int C, Fp8Format f, bool delayed,
+                               cudaStream_t stream) {
   REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
-              (uintptr_t)out_t % 16 == 0,
-          "fp8_cast_transpose: C=%d must be a multiple of %d, x, out and out_t 16-byte aligned", C,
-          x128::size);
+              (uintptr_t)out_t % 16 == 0 && (uintptr_t)pre_gelu % 16 == 0,
+          "fp8_cast_transpose: C=%d must be a multiple of %d, x, pre_gelu, out and out_t 16-byte aligned",
+          C, x128::size);
   const int ld_t = fp8_padded(R);
   const dim3 grid(ceil_div(C, kFp8TileCols), ceil_div(ld_t, kFp8TileRows));
   REQUIRE(grid.y <= 65535, "fp8_cast_transpose: R=%d rows are more than one launch takes", R);
   fp8_dispatch(f, delayed, [&](auto format, auto is_delayed) {
-    fp8_cast_transpose_kernel<decltype(format)::value, decltype(is_delayed)::value>
-        <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, R, C, ld_t);
+    constexpr Fp8Format kFormat = decltype(format)::value;
+    constexpr bool kDelayed = decltype(is_delayed)::value;
+    if (pre_gelu) {
+      fp8_cast_transpose_kernel<kFormat, kDelayed, true>
+          <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, R, C, ld_t);
+    } else {
+      fp8_cast_transpose_kernel<kFormat, kDelayed, false>
+          <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, R, C, ld_t);
+    }
   });
   cudaCheckLaunch();
+}
+
+void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
+                        int C, Fp8Format f, bool delayed, cudaStream_t stream) {
+  // Without kGeluGrad the kernel only reads x.
+  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(x), nullptr, R, C, f, delayed, stream);
+}
+
+// dx [R, C] *= GELU'(pre_gelu) in place, cast and transposed as by fp8_cast_transpose in the same
+// pass: with delayed scaling only, whose scale is known before the product exists.
+void fp8_gelu_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* dx,
+                                      const floatX* pre_gelu, int R, int C, Fp8Format f,
+                                      cudaStream_t stream) {
+  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, R, C, f, true, stream);
 }
 
 // ---- Delayed scaling: the scales of a step from the amaxes of the steps before it ----
@@ -1368,25 +1402,35 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 
 // matmul_backward with FP8 products: dout is cast to grad_format (rows and transposed) with
 // dout_scale, inp to E4M3 transposed with the scale of its forward cast (inp_scale), both as
-// `scaling` says; dweight += fp8(dout)^T fp8(inp)
-// over the padded tokens (beta = 1, as in BF16), dinp = fp8(dout) w8t^T. dbias is summed from the
-// BF16 dout as in matmul_backward.
-void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials,
-                         const floatX* dout, const floatX* inp, const Fp8Weight& w,
-                         const floatX* pre_gelu, Fp8Scale* inp_scale, Fp8Scale* dout_scale,
-                         const Fp8Buffers& buffers, int N, int C, int OC, uint32_t seed,
-                         Fp8Format grad_format, Fp8Scaling scaling, cudaStream_t stream) {
+// `scaling` says; dweight += fp8(dout)^T fp8(inp) over the padded tokens (beta = 1, as in BF16),
+// dinp = fp8(dout) w8t^T. dbias is summed from the BF16 dout as in matmul_backward.
+// With dout_pre_gelu, dout holds the gradient of GELU(dout_pre_gelu) (the fc layer's output), and
+// the layer's output gradient dout * GELU'(dout_pre_gelu) is first written over it: by the
+// cast-transpose that reads dout anyway (delayed scaling), or before the amax (current). The BF16
+// layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an FP8
+// product cuBLASLt runs that epilogue as a kernel of its own (1.3 ms a layer at d12 B=64).
+void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, floatX* dout,
+                         const floatX* inp, const Fp8Weight& w, const floatX* dout_pre_gelu,
+                         Fp8Scale* inp_scale, Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N,
+                         int C, int OC, uint32_t seed, Fp8Format grad_format, Fp8Scaling scaling,
+                         cudaStream_t stream) {
   fp8_require_layer(C, OC);
-  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
-  if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
-  fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
+  if (delayed && dout_pre_gelu) {
+    fp8_gelu_backward_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, dout_pre_gelu, N, OC,
+                                     grad_format, stream);
+  } else {
+    if (dout_pre_gelu) gelu_backward_inplace(dout, dout_pre_gelu, (size_t)N * OC, stream);
+    if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
+    fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
+  }
+  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
   REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
                           false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
                           fp8_operands(Fp8Format::kE4M3, inp_scale, grad_format, dout_scale)),
           "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
-  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, pre_gelu, N, C, OC,
+  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, nullptr, N, C, OC,
                       fp8_operands(Fp8Format::kE4M3, w.scale, grad_format, dout_scale), stream);
 }
 
@@ -3775,20 +3819,23 @@ void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* 
 
 // The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
 // the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
-void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum,
-                          const floatX* dout, const floatX* inp, const floatX* pre_gelu, int N,
-                          uint32_t seed) {
+// mlp_pre_gelu, for the MLP's two layers: the GELU's input between them (act kFch), whose
+// derivative BF16 applies to fcproj's input gradient and FP8 to fc's output gradient, in place in
+// dout (see matmul_backward_fp8).
+void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum, floatX* dout,
+                          const floatX* inp, const floatX* mlp_pre_gelu, int N, uint32_t seed) {
   const LinearSpec& spec = kBlockLinears[linear];
   const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
   floatX* dweight = m.grad(spec.weight, l);
   floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
   if (m.fp8) {
-    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l), pre_gelu,
-                        m.fp8_input_scale(linear, l), m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C,
-                        OC, seed, m.fp8_grad_format, m.fp8_scaling(), m.stream);
+    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l),
+                        linear == kLinearFc ? mlp_pre_gelu : nullptr, m.fp8_input_scale(linear, l),
+                        m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.fp8_grad_format,
+                        m.fp8_scaling(), m.stream);
   } else {
-    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l), pre_gelu, N,
-                    C, OC, seed, m.stream);
+    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l),
+                    linear == kLinearFcproj ? mlp_pre_gelu : nullptr, N, C, OC, seed, m.stream);
   }
 }
 
@@ -3885,11 +3932,12 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
     if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
     // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
-    // backward that wrote it has added its column sums into fcproj's bias gradient.
+    // backward that wrote it has added its column sums into fcproj's bias gradient. Between the
+    // two MLP layers scratch_bt4c holds the gradient of GELU's input (BF16) or output (FP8).
     gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l),
                          m.act(kFch, l), N, next_seed());
-    gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), nullptr,
-                         N, next_seed());
+    gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l),
+                         m.act(kFch, l), N, next_seed());
     layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l),
                        m.grad(llmc::kAttprojb, l), m.partials,
                        m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),

@@ -70,10 +70,12 @@ struct MatmulCase {
   bool bias;
   bool gelu_out;  // forward: out = GELU(inp @ weight^T + bias), pre_gelu kept
   bool gelu_in;   // backward: dinp multiplied by GELU'(pre_gelu) of the input
+  bool gelu_dout = false;  // backward (FP8): dout multiplied by GELU'(pre_gelu) of the output first
 
   void print(const char* what) const {
-    printf("\n%s %s: N=%d C=%d OC=%d%s%s%s\n", what, name, N, C, OC, bias ? ", bias" : "",
-           gelu_out ? ", GELU epilogue" : "", gelu_in ? ", GELU gradient" : "");
+    printf("\n%s %s: N=%d C=%d OC=%d%s%s%s%s\n", what, name, N, C, OC, bias ? ", bias" : "",
+           gelu_out ? ", GELU epilogue" : "", gelu_in ? ", GELU gradient" : "",
+           gelu_dout ? ", GELU gradient into dout" : "");
   }
 };
 

@@ -10,7 +10,9 @@
 // step's amax kept over micro steps; the model's history over 22 steps with skips, restored from
 // a state file's copy, and evaluation's amaxes forgotten. Layers (BF16 builds): matmul_forward_fp8 /
 // matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
-// GELU epilogues included; run twice, and with cuBLASLt's first heuristic, for identical bits.
+// GELU epilogue included, and the fc layer's GELU' taken into its output gradient (in the
+// delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast); run twice, and with
+// cuBLASLt's first heuristic, for identical bits.
 #include "dev/cuda/kernel_test.h"
 
 // ---- CPU reference of the casts ----
@@ -392,22 +394,25 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   const std::vector<float> weight = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C));
   const std::vector<float> bias = random_stored(rng, OC, 0.0f, 1.0f);
   const std::vector<float> dout = random_stored(rng, (size_t)N * OC, 0.0f, 1.0f);
-  const std::vector<float> pre_gelu = random_stored(rng, (size_t)N * C, 0.0f, 1.5f);
+  // The FP8 layers take GELU's gradient into their output gradient (the fc layer's), not into dinp.
+  REQUIRE(!lc.gelu_in, "test_layer: the FP8 layers apply GELU' to dout (gelu_dout), not to dinp");
+  const std::vector<float> pre_gelu = random_stored(rng, (size_t)N * OC, 0.0f, 1.5f);
   const std::vector<float> dweight0 = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f);
   DeviceArray<floatX> d_inp(inp), d_weight(weight), d_bias(bias), d_dout(dout), d_pre_gelu(pre_gelu);
   floatX* bias_ptr = lc.bias ? (floatX*)d_bias : nullptr;
-  const floatX* pre_in = lc.gelu_in ? (floatX*)d_pre_gelu : nullptr;
+  const floatX* pre_dout = lc.gelu_dout ? (floatX*)d_pre_gelu : nullptr;
   DeviceArray<float> partials((size_t)kRowBlocks * OC);
   const uint32_t seed = rng.u32();
 
-  // The BF16 layer.
+  // The BF16 layer, on dout * GELU'(pre_gelu) from gelu_backward_inplace with gelu_dout.
   DeviceArray<floatX> ref_out((size_t)N * OC), ref_pre((size_t)N * OC), ref_dinp((size_t)N * C);
-  DeviceArray<floatX> ref_dweight((size_t)OC * C), ref_dbias(OC);
+  DeviceArray<floatX> ref_dweight((size_t)OC * C), ref_dbias(OC), ref_dout(dout);
+  if (pre_dout) gelu_backward_inplace(ref_dout, pre_dout, (size_t)N * OC, 0);
   matmul_forward(ref_out, d_inp, d_weight, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)ref_pre : nullptr, 0);
   ref_dweight.upload(std::vector<float>((size_t)OC * C, 0.0f));
   ref_dbias.upload(std::vector<float>(OC, 0.0f));
-  matmul_backward(ref_dinp, ref_dweight, lc.bias ? (floatX*)ref_dbias : nullptr, partials, d_dout, d_inp,
-                  d_weight, pre_in, N, C, OC, seed, 0);
+  matmul_backward(ref_dinp, ref_dweight, lc.bias ? (floatX*)ref_dbias : nullptr, partials, ref_dout, d_inp,
+                  d_weight, nullptr, N, C, OC, seed, 0);
 
   // The FP8 layer: scales 0 weight, 1 input, 2 output gradient.
   DeviceArray<uint8_t> w8((size_t)OC * C), w8t((size_t)OC * C);
@@ -423,7 +428,7 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   Fp8Scale* dout_scale = (Fp8Scale*)scales + 2;
   fp8_weight_cast(w, d_weight, OC, C, 0);
   DeviceArray<floatX> out((size_t)N * OC), pre((size_t)N * OC), dinp((size_t)N * C);
-  DeviceArray<floatX> dweight((size_t)OC * C), dbias(OC);
+  DeviceArray<floatX> dweight((size_t)OC * C), dbias(OC), layer_dout((size_t)N * OC);
   auto forward = [&](Fp8Scaling scaling = Fp8Scaling::kCurrent) {
     out.poison();
     pre.poison();
@@ -435,9 +440,10 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
     dinp.poison();
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
-    matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, d_dout, d_inp, w, pre_in,
-                        inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling, 0);
-    return Snapshot(dinp, dweight, dbias);
+    layer_dout.upload(dout);  // GELU' is applied in place
+    matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, layer_dout, d_inp, w,
+                        pre_dout, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling, 0);
+    return Snapshot(dinp, dweight, dbias, layer_dout);
   };
 
   const Snapshot forward_bits = forward();
@@ -454,11 +460,11 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
 
   const std::vector<float> zeros((size_t)OC * C, 0.0f);
   const Snapshot backward_bits = backward(zeros);
-  check_layer_tensor(lc.gelu_in ? "backward dinp (dGELU)" : "backward dinp", dinp.download(), ref_dinp.download(),
-                     kBoundBackward);
+  if (pre_dout) check_same_bits("backward dout * GELU' = gelu_backward_inplace's", Snapshot(ref_dout), Snapshot(layer_dout));
+  check_layer_tensor("backward dinp", dinp.download(), ref_dinp.download(), kBoundBackward);
   const std::vector<float> product = dweight.download();
   check_layer_tensor("backward dweight", product, ref_dweight.download(), kBoundBackward);
-  // The bias gradient is the BF16 layer's code on the same BF16 dout.
+  // The bias gradient is the BF16 layer's code on the same BF16 dout (GELU' applied).
   if (lc.bias) check_close("backward dbias = BF16's", dbias.download(), ref_dbias.download(), 0.0f);
   check_same_bits("backward twice", backward_bits, backward(zeros));
   matmul_tuning = false;
@@ -545,12 +551,12 @@ int main() {
     const MatmulCase layers[] = {
         {"qkv, GPT-2 small, T=1000", 1000, 768, 3 * 768, true, false, false},
         {"attproj, GPT-2 small", 4 * 1024, 768, 768, true, false, false},
-        {"fc, d48, T=1000", 1000, 1600, 4 * 1600, true, true, false},
-        {"fcproj, d48, T=1000", 1000, 4 * 1600, 1600, true, false, true},
-        {"odd, no bias", 37, 144, 80, false, true, true},
+        {"fc, d48, T=1000", 1000, 1600, 4 * 1600, true, true, false, true},
+        {"fcproj, d48, T=1000", 1000, 4 * 1600, 1600, true, false, false},
+        {"odd, no bias", 37, 144, 80, false, true, false, true},
     };
     for (const MatmulCase& lc : layers) test_layer(lc, rng);
-    test_layer(layers[3], rng, Fp8Format::kE4M3);  // the GELU gradient's range in E4M3
+    test_layer(layers[2], rng, Fp8Format::kE4M3);  // the GELU gradient's range in E4M3
     test_delayed_steps(rng);
 #endif
   });
