@@ -1165,41 +1165,11 @@ void fp8_dispatch(Fp8Format f, bool delayed, Launch&& launch) {
   }
 }
 
-// ---- FP8 cast: out[i] = fp8(x[i] * s) ----
-// Current scaling: s from scale->amax_bits, scale->inv_scale = 1/s. Delayed scaling: s is
-// scale->scale, and max |x| goes into scale->amax_bits (an integer atomicMax, exact in any order)
-// for the history. Elementwise, one 16-byte piece of x per thread; deterministic. Floor: reads 2
-// bytes and writes 1 per value (BF16).
-template <Fp8Format F, bool kDelayed>
-__global__ void __launch_bounds__(kFp8Threads)
-    fp8_cast_kernel(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t pieces) {
-  const float s = fp8_cast_scale<kDelayed>(scale, F);
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  uint32_t m = 0;
-  if (i < pieces) {
-    const x128 v = load128(x + i * x128::size);
-    *reinterpret_cast<Fp8Piece*>(out + i * x128::size) = fp8_piece<F>(v, s);
-    if (kDelayed) m = fp8_piece_amax(m, v);
-  }
-  if (kDelayed) fp8_block_amax(m, &scale->amax_bits);
-}
-
-void fp8_cast(uint8_t* out, Fp8Scale* scale, const floatX* x, size_t n, Fp8Format f, bool delayed,
-              cudaStream_t stream) {
-  REQUIRE(n % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0,
-          "fp8_cast: n=%zu must be a multiple of %d, x and out 16-byte aligned", n, x128::size);
-  const size_t pieces = n / x128::size;
-  const int blocks = std::max(1, ceil_div(pieces, kFp8Threads));
-  fp8_dispatch(f, delayed, [&](auto format, auto is_delayed) {
-    fp8_cast_kernel<decltype(format)::value, decltype(is_delayed)::value>
-        <<<blocks, kFp8Threads, 0, stream>>>(out, scale, x, pieces);
-  });
-  cudaCheckLaunch();
-}
-
 // ---- FP8 cast-transpose: x [R, C] -> out [R, C] (optional) and out_t [C, fp8_padded(R)] ----
-// One read of x writes the FP8 values and their transpose, whose columns R and up are zeros (the
-// padding tokens of the weight-gradient product); s and the amax as in fp8_cast. A block
+// out = fp8(x * s). Current scaling: s from scale->amax_bits, scale->inv_scale = 1/s. Delayed
+// scaling: s is scale->scale, and max |x| goes into scale->amax_bits (an integer atomicMax, exact
+// in any order) for the history. One read of x writes the FP8 values and their transpose, whose
+// columns R and up are zeros (the padding tokens of the weight-gradient product). A block
 // casts a tile of 128 rows x 64 columns into shared memory, transposed as it goes (each piece's
 // bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
 // writes 128-byte rows of out_t. Deterministic (the amax is an integer maximum). Floor: reads 2
@@ -1349,12 +1319,11 @@ struct Fp8Weight {
 };
 
 // Scratch of the FP8 layers, sized for the widest layer of N tokens (in bytes, N padded to
-// fp8_padded(N) in the transposed ones): rows holds the forward's input [N, C] or the backward's
-// output gradient [N, OC], dout_t its transpose [OC, N], inp_t the input's [C, N].
+// fp8_padded(N) in the transposed one): rows holds the forward's input [N, C] or the backward's
+// output gradient [N, OC], dout_t its transpose [OC, N].
 struct Fp8Buffers {
   uint8_t* rows = nullptr;
   uint8_t* dout_t = nullptr;
-  uint8_t* inp_t = nullptr;
 };
 
 inline MatmulOperands fp8_operands(Fp8Format fa, const Fp8Scale* a, Fp8Format fb, const Fp8Scale* b) {
@@ -1386,23 +1355,24 @@ void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cu
   fp8_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, false, stream);
 }
 
-// matmul_forward with out = fp8(inp) @ w8^T, inp8 receiving the cast. Current scaling: inp's
-// amax goes into inp_scale, which the backward pass reuses for its transposed cast of the same
-// input. Delayed: the cast uses inp_scale's s and records the amax.
+// matmul_forward with out = fp8(inp) @ w8^T: inp is cast into inp8 for the product and into its
+// transpose inp8_t [C, fp8_padded(N)], which the backward pass's weight-gradient product reads (the
+// same bytes that pass would cast from inp: one read of inp fewer). Current scaling: inp's amax
+// goes into inp_scale first. Delayed: the cast uses inp_scale's s and records the amax.
 void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
                         int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
-                        Fp8Scaling scaling, cudaStream_t stream) {
+                        uint8_t* inp8_t, Fp8Scaling scaling, cudaStream_t stream) {
   fp8_require_layer(C, OC);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
   if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream, scaling == Fp8Scaling::kCurrentStepMax);
-  fp8_cast(inp8, inp_scale, inp, (size_t)N * C, Fp8Format::kE4M3, delayed, stream);
+  fp8_cast_transpose(inp8, inp8_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
   matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
                          fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
 }
 
 // matmul_backward with FP8 products: dout is cast to grad_format (rows and transposed) with
-// dout_scale, inp to E4M3 transposed with the scale of its forward cast (inp_scale), both as
-// `scaling` says; dweight += fp8(dout)^T fp8(inp) over the padded tokens (beta = 1, as in BF16),
+// dout_scale as `scaling` says; dweight += fp8(dout)^T inp8_t^T over the padded tokens (beta = 1, as
+// in BF16), with inp8_t the forward's transposed cast of the input (scale inp_scale), and
 // dinp = fp8(dout) w8t^T. dbias is summed from the BF16 dout as in matmul_backward.
 // With dout_pre_gelu, dout holds the gradient of GELU(dout_pre_gelu) (the fc layer's output), and
 // the layer's output gradient dout * GELU'(dout_pre_gelu) is first written over it: by the
@@ -1410,7 +1380,7 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 // layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an FP8
 // product cuBLASLt runs that epilogue as a kernel of its own (1.3 ms a layer at d12 B=64).
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, floatX* dout,
-                         const floatX* inp, const Fp8Weight& w, const floatX* dout_pre_gelu,
+                         const uint8_t* inp8_t, const Fp8Weight& w, const floatX* dout_pre_gelu,
                          Fp8Scale* inp_scale, Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N,
                          int C, int OC, uint32_t seed, Fp8Format grad_format, Fp8Scaling scaling,
                          cudaStream_t stream) {
@@ -1425,8 +1395,7 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
     fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
   }
   if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
-  fp8_cast_transpose(nullptr, buffers.inp_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
-  REQUIRE(matmul_cublaslt(dweight, buffers.inp_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
+  REQUIRE(matmul_cublaslt(dweight, inp8_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
                           false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
                           fp8_operands(Fp8Format::kE4M3, inp_scale, grad_format, dout_scale)),
           "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
@@ -3505,6 +3474,7 @@ constexpr LinearSpec kBlockLinears[kNumBlockLinears] = {
     {llmc::kFcw, llmc::kFcb, 1, 4},
     {llmc::kFcprojw, llmc::kFcprojb, 4, 1},
 };
+constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units of C: 1 + 1 + 1 + 4
 
 struct GPT2 {
   llmc::GPT2Config config;
@@ -3570,6 +3540,8 @@ struct GPT2 {
   Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: the weight's
   Fp8Scale* fp8_act_scales = nullptr;  // per layer, per linear: the input's, the output gradient's
   uint32_t* fp8_history = nullptr;     // delayed scaling: kFp8History x fp8_act_scale_count()
+  uint8_t* fp8_inputs_t = nullptr;  // per layer, per linear: the forward's input cast, transposed
+  size_t fp8_tokens_t = 0;          // the transposes' row length: fp8_padded(B * T)
   Fp8Buffers fp8_buffers;
 
   floatX* param(int i, int layer = 0) {
@@ -3589,6 +3561,12 @@ struct GPT2 {
     const size_t size = kBlockLinears[linear].in * kBlockLinears[linear].out * C2;
     Fp8Scale* scale = fp8_scales + (size_t)layer * kNumBlockLinears + linear;
     return {fp8_weights + offset, fp8_weights + offset + size, scale};
+  }
+  // [C_in, fp8_tokens_t]: written by the linear layer's forward, read by its backward.
+  uint8_t* fp8_input_t(int linear, int layer) {
+    size_t rows = (size_t)layer * kBlockInputWidths;  // in units of C
+    for (int i = 0; i < linear; i++) rows += kBlockLinears[i].in;
+    return fp8_inputs_t + rows * config.channels * fp8_tokens_t;
   }
   int fp8_act_scale_count() const { return config.num_layers * kNumBlockLinears * 2; }
   Fp8Scale* fp8_input_scale(int linear, int layer) {
@@ -3724,7 +3702,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
     m.fp8_recorded_steps = 0;
     m.fp8_buffers.rows = device_alloc<uint8_t>(BT * 4 * C, "the FP8 activations");
     m.fp8_buffers.dout_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed gradients");
-    m.fp8_buffers.inp_t = device_alloc<uint8_t>(Np * 4 * C, "the FP8 transposed activations");
+    m.fp8_tokens_t = Np;
+    m.fp8_inputs_t = device_alloc<uint8_t>(L * kBlockInputWidths * C * Np, "the FP8 transposed activations");
     m.fp8_weights_stale = true;
   }
 }
@@ -3737,7 +3716,7 @@ void gpt2_free(GPT2& m) {
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
                   (void*)m.fp8_act_scales, (void*)m.fp8_history,
-                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_buffers.inp_t}) {
+                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t}) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
@@ -3811,7 +3790,8 @@ void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* 
   const floatX* bias = m.param(spec.bias, l);
   if (m.fp8) {
     matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
-                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_scaling(), m.stream);
+                       m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_input_t(linear, l),
+                       m.fp8_scaling(), m.stream);
   } else {
     matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
   }
@@ -3829,7 +3809,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   floatX* dweight = m.grad(spec.weight, l);
   floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
   if (m.fp8) {
-    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, inp, m.fp8_weight(linear, l),
+    matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, m.fp8_input_t(linear, l), m.fp8_weight(linear, l),
                         linear == kLinearFc ? mlp_pre_gelu : nullptr, m.fp8_input_scale(linear, l),
                         m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.fp8_grad_format,
                         m.fp8_scaling(), m.stream);
@@ -3930,7 +3910,8 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
                      m.act_f(kLnfMean), m.act_f(kLnfRstd), N, C, next_seed(), s);
   for (int l = L - 1; l >= 0; l--) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
-    if (m.recompute >= 1) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
+    // FP8's fcproj backward reads the transposed cast its forward kept, not the GELU output.
+    if (m.recompute >= 1 && !m.fp8) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
     // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
     // backward that wrote it has added its column sums into fcproj's bias gradient. Between the
     // two MLP layers scratch_bt4c holds the gradient of GELU's input (BF16) or output (FP8).

@@ -1,5 +1,5 @@
 // Tests the FP8 kernels and linear layers of section 5 (-fp8 1 and 2).
-// Kernels, bitwise: fp8_amax, fp8_cast and fp8_cast_transpose in both formats against a CPU
+// Kernels, bitwise: fp8_amax and fp8_cast_transpose in both formats against a CPU
 // reference of the same rounding (itself checked against cuda_fp8.h's host conversion on every
 // BF16 value and on random floats), with the power-of-two scale checked against an independent
 // search; shapes with R = 1000 tokens (not a multiple of 16: padded transposes) and C = 1600, odd
@@ -131,7 +131,7 @@ void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format 
 }
 
 // The casts of x (stored values, R x C) in format f against the CPU reference of scale 2^e:
-// fp8_cast, fp8_cast_transpose with and without the row-major output, each twice for the same
+// fp8_cast_transpose with and without the row-major output, each twice for the same
 // bits. reset() sets the scale each launch starts from (delayed: the given s; current: the amax,
 // which the cast turns into its s); scale_ok(what) checks what a launch left in it.
 void check_cast_kernels(const std::string& label, const std::vector<float>& x, int R, int C, Fp8Format f,
@@ -143,16 +143,6 @@ void check_cast_kernels(const std::string& label, const std::vector<float>& x, i
   DeviceArray<uint8_t> out(n), out_t((size_t)C * ld_t);
   std::vector<uint8_t> ref, ref_t;
   cast_reference(x, R, C, e, f, &ref, &ref_t);
-  auto cast = [&] {
-    reset();
-    out.poison();
-    fp8_cast(out, scale, d_x, n, f, delayed, 0);
-    return out.raw();
-  };
-  const std::vector<uint8_t> cast_bytes = cast();
-  check_bytes(label + " cast", cast_bytes, ref);
-  scale_ok("cast");
-  testing::check_verbose(cast() == cast_bytes, label + " cast twice: the same bits");
   auto cast_transpose = [&](bool rows) {
     reset();
     out.poison();
@@ -423,7 +413,6 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   Fp8Buffers buffers;
   buffers.rows = rows;
   buffers.dout_t = dout_t;
-  buffers.inp_t = inp_t;
   Fp8Scale* inp_scale = (Fp8Scale*)scales + 1;
   Fp8Scale* dout_scale = (Fp8Scale*)scales + 2;
   fp8_weight_cast(w, d_weight, OC, C, 0);
@@ -432,16 +421,17 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   auto forward = [&](Fp8Scaling scaling = Fp8Scaling::kCurrent) {
     out.poison();
     pre.poison();
+    inp_t.poison();
     matmul_forward_fp8(out, d_inp, w, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)pre : nullptr,
-                       inp_scale, rows, scaling, 0);
-    return Snapshot(out, pre);
+                       inp_scale, rows, inp_t, scaling, 0);
+    return Snapshot(out, pre, inp_t);
   };
   auto backward = [&](const std::vector<float>& dweight_start, Fp8Scaling scaling = Fp8Scaling::kCurrent) {
     dinp.poison();
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
     layer_dout.upload(dout);  // GELU' is applied in place
-    matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, layer_dout, d_inp, w,
+    matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, layer_dout, inp_t, w,
                         pre_dout, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling, 0);
     return Snapshot(dinp, dweight, dbias, layer_dout);
   };
