@@ -26,15 +26,14 @@ constexpr float kLossTol = 0.05f;
 constexpr float kStepLossTol = 0.05f;
 constexpr double kGradRelNorm = 4e-2;
 #endif
-// PROVISIONAL, not yet measured on a GPU: the bound on -fp8 1's step losses against PyTorch's FP8
-// recipe. Both sides compute in BF16, so their layer inputs differ by about a BF16 rounding
-// (relative d = 2^-9); a value that moves by d crosses an FP8 rounding boundary with probability
-// d / u and then moves by u, one FP8 step (u = 2^-3 for E4M3, 2^-2 for E5M2), so the FP8 operands
-// differ by sqrt(d * u) rms: 8 to 11 times the BF16 difference. BF16 against FP32 gave step losses
-// within 6.3e-3 (above), so about 0.05-0.07 is expected at worst; the bound doubles the lower end.
-// (-fp8 1 against -fp8 0 stayed within 0.0009 over 20 d12 steps, but on random tokens, where the
-// loss hardly moves; these steps overfit one batch and the loss falls fast.)
-constexpr float kFp8StepLossTol = 0.1f;
+// The bound on -fp8 1's step losses against PyTorch's FP8 recipe. These steps overfit one batch
+// and the loss falls fast, so a small difference in one step's update grows for a few steps.
+// Measured on an H100 (the 10 steps, largest difference, at step 6 each time): ours against
+// PyTorch's recipe 0.114; ours in BF16 against PyTorch's recipe 0.065; ours in FP8 against
+// PyTorch in BF16 0.077. Two FP8 implementations round differently and each moves about as far
+// from BF16, so their differences add: the bound is 1.75x the largest. A broken layer, or one in
+// the wrong format, stops the loss falling, differences of 1 and more.
+constexpr float kFp8StepLossTol = 0.2f;
 
 // The debug state's AdamW steps on its batch from the checkpoint's values (fp8: with -fp8 1), each
 // step's loss within tol of PyTorch's; prints the largest difference.
