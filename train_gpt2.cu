@@ -4204,10 +4204,12 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 //    run beside the next step's forward and backward passes, and that step's update, which
 //    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
 //    the copies, then writes, syncs and renames each file.
-//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB, about 0.5 s
-//    against a 180 ms step), so where the GPU has the memory to spare they go first into a
-//    snapshot on the GPU (a copy at device bandwidth, about 15 ms), which the update waits for,
-//    and from there to the host during the steps that follow.
+//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB, about 0.4 s
+//    against a 175 ms step), so where the GPU has the memory to spare they go first into a
+//    snapshot on the GPU, copied in stream order before the next step (at device bandwidth:
+//    about 15 ms at d48), and from there the writer's thread copies them to the host a piece at
+//    a time during the steps that follow, which no longer wait for them
+//    (checkpoint_snapshot_to_host).
 //  - DONE_<s> comes after every file of every rank: with one process the job writes it (and
 //    prunes) after its files. With several, each rank's job writes its files only; each step's
 //    reduction of the stop requests also sums the ranks' writers that are not done, and once
@@ -4270,7 +4272,6 @@ struct Checkpointer {
   // The snapshot on the GPU, laid out as the host buffers (none where memory is short).
   float* optimizer_snapshot = nullptr;
   floatX* params_snapshot = nullptr;
-  cudaEvent_t snapshot_taken = nullptr;  // on copy_stream, after the copies into the snapshot
   int unmarked_step = -1;  // several ranks: a checkpoint whose marker is not asked for yet
   int marking_step = -1;   // rank 0: the checkpoint whose marker its writer writes
   llmc::CheckpointWriter writer;  // last: destroyed first, so a job in flight ends before the rest
@@ -4338,9 +4339,8 @@ void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, i
   ck.keep_every = keep_every;
   cudaCheck(cudaGetDevice(&ck.device));
   cudaCheck(cudaStreamCreateWithFlags(&ck.copy_stream, cudaStreamNonBlocking));
-  cudaCheck(cudaEventCreateWithFlags(&ck.state_ready, cudaEventDisableTiming));
+  cudaCheck(cudaEventCreateWithFlags(&ck.state_ready, cudaEventDisableTiming | cudaEventBlockingSync));
   cudaCheck(cudaEventCreateWithFlags(&ck.copied, cudaEventDisableTiming | cudaEventBlockingSync));
-  cudaCheck(cudaEventCreateWithFlags(&ck.snapshot_taken, cudaEventDisableTiming));
   if (!pin) return;
   const cudaError_t pinned = checkpoint_pin_buffers(ck, m, rank);
   ck.async = pinned == cudaSuccess;
@@ -4358,49 +4358,66 @@ void checkpoint_teardown(Checkpointer& ck) {
   cudaCheck(cudaStreamDestroy(ck.copy_stream));
   cudaCheck(cudaEventDestroy(ck.state_ready));
   cudaCheck(cudaEventDestroy(ck.copied));
-  cudaCheck(cudaEventDestroy(ck.snapshot_taken));
 }
 
-// Enqueues on copy_stream the copies of the model's parameters (rank 0) and optimizer state into
+// Enqueues on `stream` the copies of the model's parameters (rank 0) and optimizer state into
 // params and optimizer, laid out as the files hold them.
-void checkpoint_copy_state(Checkpointer& ck, const GPT2& m, int rank, floatX* params, float* optimizer,
-                           cudaMemcpyKind kind) {
+void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optimizer, cudaMemcpyKind kind,
+                           cudaStream_t stream) {
   const size_t n = m.shard_size;
-  if (rank == 0) cudaCheck(cudaMemcpyAsync(params, m.params, checkpoint_param_bytes(m, rank), kind, ck.copy_stream));
-  cudaCheck(cudaMemcpyAsync(optimizer, m.adam_m, n * sizeof(float), kind, ck.copy_stream));
-  cudaCheck(cudaMemcpyAsync(optimizer + n, m.adam_v, n * sizeof(float), kind, ck.copy_stream));
-  if (m.master) cudaCheck(cudaMemcpyAsync(optimizer + 2 * n, m.master, n * sizeof(float), kind, ck.copy_stream));
+  if (rank == 0) cudaCheck(cudaMemcpyAsync(params, m.params, checkpoint_param_bytes(m, rank), kind, stream));
+  cudaCheck(cudaMemcpyAsync(optimizer, m.adam_m, n * sizeof(float), kind, stream));
+  cudaCheck(cudaMemcpyAsync(optimizer + n, m.adam_v, n * sizeof(float), kind, stream));
+  if (m.master) cudaCheck(cudaMemcpyAsync(optimizer + 2 * n, m.master, n * sizeof(float), kind, stream));
 }
 
-// Enqueues the copies of what the checkpoint saves into the host buffers (allocated here without
-// -ac), through the snapshot where there is one, after everything queued so far on the model's
-// stream.
+// Enqueues the copies of what the checkpoint saves, after everything queued so far on the model's
+// stream: into the snapshot where there is one (the writer takes it to the host,
+// checkpoint_snapshot_to_host), else into the host buffers (allocated here without -ac).
 void checkpoint_copy_to_host(Checkpointer& ck, const GPT2& m, int rank) {
+  if (ck.optimizer_snapshot) {
+    // In stream order, before the next step begins: 21.8 GB at d48 is about 15 ms at the 1.5 TB/s
+    // a device copy measured on an H100.
+    checkpoint_copy_state(m, rank, ck.params_snapshot, ck.optimizer_snapshot, cudaMemcpyDeviceToDevice,
+                          m.stream);
+    cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
+    return;
+  }
   if (!ck.async) {
     ck.params_host = (floatX*)llmc::malloc_checked(checkpoint_param_bytes(m, rank), "a checkpoint's parameters");
     ck.optimizer_host = (float*)llmc::malloc_checked(checkpoint_optimizer_bytes(m), "a checkpoint's optimizer state");
   }
   cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
   cudaCheck(cudaStreamWaitEvent(ck.copy_stream, ck.state_ready, 0));
-  const bool snapshot = ck.optimizer_snapshot != nullptr;
-  checkpoint_copy_state(ck, m, rank, snapshot ? ck.params_snapshot : ck.params_host,
-                        snapshot ? ck.optimizer_snapshot : ck.optimizer_host,
-                        snapshot ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost);
-  if (snapshot) {
-    cudaCheck(cudaEventRecord(ck.snapshot_taken, ck.copy_stream));
-    if (rank == 0) {
-      cudaCheck(cudaMemcpyAsync(ck.params_host, ck.params_snapshot, checkpoint_param_bytes(m, rank),
-                                cudaMemcpyDeviceToHost, ck.copy_stream));
-    }
-    cudaCheck(cudaMemcpyAsync(ck.optimizer_host, ck.optimizer_snapshot, checkpoint_optimizer_bytes(m),
-                              cudaMemcpyDeviceToHost, ck.copy_stream));
-  }
+  checkpoint_copy_state(m, rank, ck.params_host, ck.optimizer_host, cudaMemcpyDeviceToHost, ck.copy_stream);
   cudaCheck(cudaEventRecord(ck.copied, ck.copy_stream));
 }
 
-// The next update overwrites what the copies read: the snapshot's, where there is one.
+// On the writer's thread: the snapshot into the host buffers, a piece at a time. The GPU's copy
+// engine runs copies to the host in the order they were queued, whatever their stream (an H100
+// measurement: a 64-byte read on another stream waited for all of 4 GiB queued before it, in one
+// copy or in 16 MiB pieces). With the whole snapshot queued at once, each loss and norm the next
+// steps read waited for all of it: 0.4 s at d48 (21.8 GB over PCIe at 55 GB/s). One piece in
+// flight at a time, such a read waits for a piece at most (64 MiB: about 1.2 ms).
+constexpr size_t kSnapshotPieceBytes = 64ul << 20;
+
+void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, size_t optimizer_bytes) {
+  cudaCheck(cudaEventSynchronize(ck.state_ready));
+  auto copy = [&](void* host, const void* snapshot, size_t bytes) {
+    for (size_t at = 0; at < bytes; at += kSnapshotPieceBytes) {
+      cudaCheck(cudaMemcpyAsync((char*)host + at, (const char*)snapshot + at,
+                                std::min(kSnapshotPieceBytes, bytes - at), cudaMemcpyDeviceToHost,
+                                ck.copy_stream));
+      cudaCheck(cudaStreamSynchronize(ck.copy_stream));
+    }
+  };
+  copy(ck.params_host, ck.params_snapshot, param_bytes);
+  copy(ck.optimizer_host, ck.optimizer_snapshot, optimizer_bytes);
+}
+
+// The next update overwrites what the copies to the host read, unless they read the snapshot.
 void checkpoint_before_update(Checkpointer& ck, GPT2& m) {
-  cudaCheck(cudaStreamWaitEvent(m.stream, ck.optimizer_snapshot ? ck.snapshot_taken : ck.copied, 0));
+  if (!ck.optimizer_snapshot) cudaCheck(cudaStreamWaitEvent(m.stream, ck.copied, 0));
 }
 
 llmc::CheckpointJob checkpoint_job(const Checkpointer& ck, int step) {
@@ -4420,11 +4437,15 @@ llmc::CheckpointJob checkpoint_job(const Checkpointer& ck, int step) {
 void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int step,
                        const llmc::HostTrainState& host) {
   llmc::CheckpointJob job = checkpoint_job(ck, step);
-  const int device = ck.device;
-  const cudaEvent_t copied = ck.copied;
-  job.wait_for_data = [device, copied] {
-    cudaCheck(cudaSetDevice(device));  // this thread's CUDA calls go to the run's GPU
-    cudaCheck(cudaEventSynchronize(copied));
+  // ck outlives the job (its writer is destroyed first), and its buffers stay while a job is in flight.
+  job.wait_for_data = [&ck, param_bytes = checkpoint_param_bytes(m, rank),
+                       optimizer_bytes = checkpoint_optimizer_bytes(m)] {
+    cudaCheck(cudaSetDevice(ck.device));  // this thread's CUDA calls go to the run's GPU
+    if (ck.optimizer_snapshot) {
+      checkpoint_snapshot_to_host(ck, param_bytes, optimizer_bytes);
+    } else {
+      cudaCheck(cudaEventSynchronize(ck.copied));
+    }
   };
   if (rank == 0) {
     job.write_files.push_back([path = llmc::checkpoint_path(ck.dir, "model", step),
