@@ -1,6 +1,7 @@
 """The stall a checkpoint adds to its step, and the time to resume, of train_gpt2cu.
 
     python3 dev/bench_checkpoint.py OUTDIR [--configs d12:64,d48:8] [--steps 16] [--every 5]
+                                    [--modes 0,2,1] [--resume 1]
 
 For each config PRESET:B (micro batch B at T=1024) it trains on a random-token shard with a
 checkpoint every --every steps, once per way of writing them: before training goes on (-ac 0),
@@ -12,7 +13,8 @@ the last checkpoint, so the time from the last step line to the exit is shown to
 resumes the last run from its newest checkpoint (-y 1, one more step) and times the start to the
 first step line, against the same for a fresh start. Every program's output is kept in OUTDIR;
 each run keeps its newest checkpoint only (-nk 1), and a run's checkpoints are deleted once the
-next run starts.
+next run starts. --modes picks the ways of writing (-ac values, in that order) and --resume 0
+leaves out the resume: a large model's runs may be split over several calls.
 
 A background write that has not ended by the next checkpoint makes that checkpoint wait for it: to
 measure the stall of the copies alone, give --every enough steps for a write (the end wait column
@@ -30,7 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import fail, parse_configs, write_random_shard  # noqa: E402
 
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss ")
-MODES = [("-ac 0", "0"), ("-ac 2", "2"), ("-ac 1", "1")]  # (label, -ac value)
 
 
 def timed_run(cmd, log_path):
@@ -96,7 +97,12 @@ def main():
     p.add_argument("--every", type=int, default=5, help="a checkpoint every this many steps")
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--flags", default="", help="more train_gpt2cu flags for every run, e.g. '-fp8 1'")
+    p.add_argument("--modes", default="0,2,1", help="comma-separated -ac values, run in this order")
+    p.add_argument("--resume", type=int, default=1, choices=[0, 1], help="time the resume from the last run")
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if not modes or any(mode not in ("0", "1", "2") for mode in modes) or len(set(modes)) != len(modes):
+        fail(f"--modes {args.modes}: give distinct -ac values among 0, 1, 2, comma-separated (e.g. 0,2,1)")
     configs = parse_configs(args.configs)
     if args.every < 3 or args.steps < 2 * args.every:
         fail(f"--every {args.every} --steps {args.steps}: need --every at least 3 and two checkpoints "
@@ -114,7 +120,8 @@ def main():
                 "-z", str(B * args.seq_len), "-v", "0", "-s", "0", "-u", "0"] + args.flags.split()
         name = f"{preset}_b{B}"
         run_dir = None
-        for label, ac in MODES:
+        for ac in modes:
+            label = f"-ac {ac}"
             if run_dir:
                 remove_files(run_dir)  # the large models' checkpoints fill a disk quickly
             run_dir = os.path.join(args.outdir, f"{name}_ac{ac}")
@@ -130,6 +137,12 @@ def main():
             size = checkpoint_bytes(run_dir, args.steps)
             rows.append((f"{preset}:{B}", label, step, statistics.mean(stalls), max(stalls),
                          total - times[max(times)], size))
+            # At once too, for a run that a time limit stops before the table.
+            print(f"{preset}:{B} {label}: step {step * 1e3:.1f} ms, stall {statistics.mean(stalls) * 1e3:.1f} ms a "
+                  f"checkpoint", flush=True)
+        if not args.resume:
+            remove_files(run_dir)
+            continue
         # The resume: from the newest checkpoint of the last run, one step more, against a fresh start.
         fresh_log = os.path.join(args.outdir, f"{name}_fresh.log")
         resume_log = os.path.join(args.outdir, f"{name}_resume.log")

@@ -96,6 +96,20 @@ check "... naming the way of writing and the log" \
   "$(echo "$out" | grep -c -- "-ac 2 at d12:4 failed (exit 1; log $DIR/out/d12_b4_ac2.log)")" 1
 check "... the other rows still shown" "$(echo "$out" | grep -cE '^ +d12:4 +-ac [01] ')" 2
 
+: > "$DIR/calls.txt"
+out=$(bench --steps 10 --every 3 --modes 1,0 --resume 0 2>&1)
+check "--modes 1,0 --resume 0: exit 0" "$?" 0
+check "... the runs of those modes, in that order, and no resume" \
+  "$(grep -oE -- '-ac [0-9]|-y 1|-x 1$' "$DIR/calls.txt" | tr '\n' ,)" "-ac 1,-ac 0,"
+check "... their rows" "$(echo "$out" | grep -oE '^ +d12:4 +-ac [0-9]' | tr -s ' ' | sed 's/^ //' | tr '\n' ,)" \
+  "d12:4 -ac 1,d12:4 -ac 0,"
+check "... each run's line as it ends" "$(echo "$out" | grep -cE '^d12:4 -ac [01]: step [0-9.]+ ms, stall [0-9.-]+ ms a checkpoint$')" 2
+check "... no checkpoint left behind" "$(find "$DIR/out" -name '*.bin' ! -name random_tokens.bin | wc -l)" 0
+for modes in 3 1,1 ""; do
+  out=$(bench --steps 10 --every 3 --modes "$modes" 2>&1)
+  check "--modes '$modes' is refused" "$?:$(echo "$out" | grep -c -- "--modes $modes: give distinct -ac values")" "1:1"
+done
+
 out=$(bench --steps 5 --every 3 2>&1)
 check "fewer than two checkpoints in --steps is refused" \
   "$?:$(echo "$out" | grep -c 'need --every at least 3 and two checkpoints within --steps')" "1:1"
