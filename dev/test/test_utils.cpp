@@ -209,6 +209,27 @@ void test_crc32() {
   }
   check_verbose(same, "CRC-32 slicing-by-8 equals the bit-at-a-time CRC at every length and offset");
   check_verbose(chained, "CRC-32 continued over two pieces equals the CRC of the whole");
+
+  // Combined from the pieces' CRCs, and in pieces on threads: the same values.
+  std::vector<unsigned char> big(100003);
+  for (size_t i = 0; i < big.size(); i++) big[i] = (unsigned char)((i * 2654435761u) >> 13);
+  bool combined = true;
+  for (size_t split : {(size_t)0, (size_t)1, (size_t)7, (size_t)4096, (size_t)99999, big.size()}) {
+    const uint32_t a = llmc::crc32_update(0, big.data(), split);
+    const uint32_t b = llmc::crc32_update(0, big.data() + split, big.size() - split);
+    combined = combined && llmc::crc32_combine(a, b, big.size() - split) == llmc::crc32_update(0, big.data(), big.size());
+  }
+  check_verbose(combined, "crc32_combine of two pieces' CRCs equals the CRC of the whole, empty pieces included");
+  bool pieces = true;
+  for (size_t piece : {(size_t)1000, (size_t)4099, (size_t)50000}) {
+    for (int threads : {2, 3, 4}) {
+      for (uint32_t start : {0u, 0x12345678u}) {
+        pieces = pieces && llmc::crc32_detail::update_in_pieces(start, big.data(), big.size(), piece, threads) ==
+                               llmc::crc32_detail::update_serial(start, big.data(), big.size());
+      }
+    }
+  }
+  check_verbose(pieces, "CRC-32 in pieces on 2-4 threads equals one thread's, from 0 and continued");
 }
 
 void test_checkpoints() {
