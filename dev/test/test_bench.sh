@@ -14,11 +14,7 @@ mkdir -p "$DIR"
 
 source "$(dirname "$0")/lib.sh"
 
-PY=$(python_with numpy "${BENCH_PYTHON:-}")
-if [ -z "$PY" ]; then
-  check "a python with numpy (apt-get install python3-numpy, or set BENCH_PYTHON)" "none found" "found"
-  finish test_bench
-fi
+require_python numpy test_bench BENCH_PYTHON
 
 # Each stand-in appends its arguments to calls.txt; FAIL_FP8=1 makes the trainer fail with -fp8 2.
 cat > "$DIR/ours" <<EOF

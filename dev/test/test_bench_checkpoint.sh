@@ -12,11 +12,7 @@ mkdir -p "$DIR"
 
 source "$(dirname "$0")/lib.sh"
 
-PY=$(python_with numpy "${BENCH_PYTHON:-}")
-if [ -z "$PY" ]; then
-  check "a python with numpy (apt-get install python3-numpy, or set BENCH_PYTHON)" "none found" "found"
-  finish test_bench_checkpoint
-fi
+require_python numpy test_bench_checkpoint BENCH_PYTHON
 
 # Lines 1..10, one a second, a checkpoint every 3: the intervals ending at lines 4, 7 and 10 hold
 # checkpoints 3, 6 and 9 (0.5, 0.25 and 0.75 s more); line 1 comes after 5 s of setup and line 2
