@@ -3340,10 +3340,23 @@ __device__ __forceinline__ float adamw_element(float g, float& m, float& v, floa
 // master). Every load is issued before any store, and the arrays are declared not to overlap:
 // otherwise each 16-byte piece's loads wait for the previous piece's stores, and the kernel moved
 // 1.0 TB/s instead of 2.27 (H100, 1.56e9 elements: 43.1 ms against 19.2).
+// kMoved: the new state goes to to.m, to.v, to.master, other arrays than the old state's (the
+// step after a checkpoint, section 12); otherwise `to` is not touched and the update is in place.
+struct AdamWState {
+  float* m = nullptr;
+  float* v = nullptr;
+  float* master = nullptr;
+};
+
+template <bool kMoved>
 __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
     floatX* __restrict__ params, float* __restrict__ master, const floatX* __restrict__ grads,
-    float* __restrict__ m, float* __restrict__ v, size_t state_offset, AdamWSlices slices,
+    float* __restrict__ m, float* __restrict__ v, float* __restrict__ to_master,
+    float* __restrict__ to_m, float* __restrict__ to_v, size_t state_offset, AdamWSlices slices,
     AdamWParams hp, float beta1_correction, float beta2_correction) {
+  float* const out_m = kMoved ? to_m : m;
+  float* const out_v = kMoved ? to_v : v;
+  float* const out_master = kMoved ? to_master : master;
   int s = 0;
   while (s + 1 < slices.count && slices.first_block[s + 1] <= (int)blockIdx.x) s++;
   const size_t local = ((size_t)(blockIdx.x - slices.first_block[s]) * kAdamWThreads + threadIdx.x) * x128::size;
@@ -3359,9 +3372,9 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       const float old = master ? master[st + i] : (float)params[p + i];
       const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, decay,
                                           beta1_correction, beta2_correction);
-      m[st + i] = mi;
-      v[st + i] = vi;
-      if (master) master[st + i] = updated;
+      out_m[st + i] = mi;
+      out_v[st + i] = vi;
+      if (master) out_master[st + i] = updated;
       params[p + i] = round_stochastic(updated, seed, index + i);
     }
     return;
@@ -3393,22 +3406,31 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
 #pragma unroll
   for (int piece = 0; piece < kPieces; piece++) {
     const size_t q = st + piece * f128::size;
-    store128(m + q, mi[piece]);
-    store128(v + q, vi[piece]);
-    if (master) store128(master + q, old[piece]);
+    store128(out_m + q, mi[piece]);
+    store128(out_v + q, vi[piece]);
+    if (master) store128(out_master + q, old[piece]);
   }
   store128(params + p, out);
 }
 
 // One launch for every slice. The state arrays m, v (and master) start at element state_offset.
+// With `to` (its m set): the new state goes there, the old stays as it was.
 void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v,
                   size_t state_offset, const AdamWSlices& slices, const AdamWParams& hp,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const AdamWState& to = AdamWState()) {
   if (slices.count == 0) return;
+  REQUIRE(!to.m || (to.v && !master == !to.master), "adamw_update: the new state needs m, v%s",
+          master ? " and master" : "");
   const float c1 = 1.0f - powf(hp.beta1, (float)hp.step);
   const float c2 = 1.0f - powf(hp.beta2, (float)hp.step);
-  adamw_kernel<<<slices.first_block[slices.count], kAdamWThreads, 0, stream>>>(
-      params, master, grads, m, v, state_offset, slices, hp, c1, c2);
+  const int blocks = slices.first_block[slices.count];
+  if (to.m) {
+    adamw_kernel<true><<<blocks, kAdamWThreads, 0, stream>>>(params, master, grads, m, v, to.master, to.m,
+                                                             to.v, state_offset, slices, hp, c1, c2);
+  } else {
+    adamw_kernel<false><<<blocks, kAdamWThreads, 0, stream>>>(params, master, grads, m, v, nullptr, nullptr,
+                                                              nullptr, state_offset, slices, hp, c1, c2);
+  }
   cudaCheckLaunch();
 }
 
@@ -3490,6 +3512,9 @@ struct GPT2 {
   float* master = nullptr;  // FP32 master weights (BF16 builds with -w 1)
   float* adam_m = nullptr;
   float* adam_v = nullptr;
+  // Where the next update puts AdamW's state instead of in place (set by a checkpoint that keeps
+  // the current state for its writer, section 12); the model then goes on with those arrays.
+  AdamWState adam_next;
   bool use_master_weights = true;
   int optimizer_steps = 0;
   // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
@@ -3997,7 +4022,14 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
     slices.add(begin, end - begin, begin - o, m.param_specs[i].decayed ? weight_decay : 0.0f,
                seed + 0x9e3779b9u * (i + 1));
   }
-  adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream);
+  adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream,
+               m.adam_next);
+  if (m.adam_next.m) {
+    m.adam_m = m.adam_next.m;
+    m.adam_v = m.adam_next.v;
+    m.master = m.adam_next.master;
+    m.adam_next = AdamWState();
+  }
   m.fp8_weights_stale = true;
   nvtxRangePop();
 }
@@ -4205,11 +4237,12 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 //    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
 //    the copies, then writes, syncs and renames each file.
 //  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB, about 0.4 s
-//    against a 175 ms step), so where the GPU has the memory to spare they go first into a
-//    snapshot on the GPU, copied in stream order before the next step (at device bandwidth:
-//    about 15 ms at d48), and from there the writer's thread copies them to the host a piece at
-//    a time during the steps that follow, which no longer wait for them
-//    (checkpoint_snapshot_to_host).
+//    against a 175 ms step), so where the GPU has the memory to spare a snapshot stays on the GPU:
+//    the parameters are copied there in stream order (3.1 GB at d48, about 2 ms), and AdamW's
+//    state is not copied at all: the next update writes its new state into a second set of
+//    arrays and the model goes on with those (GPT2::adam_next), leaving the checkpoint's. The
+//    writer's thread takes both to the host a piece at a time during the steps that follow
+//    (checkpoint_snapshot_to_host), which wait for none of it.
 //  - DONE_<s> comes after every file of every rank: with one process the job writes it (and
 //    prunes) after its files. With several, each rank's job writes its files only; each step's
 //    reduction of the stop requests also sums the ranks' writers that are not done, and once
@@ -4269,9 +4302,13 @@ struct Checkpointer {
   cudaEvent_t copied = nullptr;       // on copy_stream, after the copies
   floatX* params_host = nullptr;      // rank 0: the parameters as stored
   float* optimizer_host = nullptr;    // AdamW's first moments, second moments, master weights
-  // The snapshot on the GPU, laid out as the host buffers (none where memory is short).
-  float* optimizer_snapshot = nullptr;
+  // The snapshot on the GPU (none where memory is short): a copy of the parameters (rank 0), and
+  // AdamW's state as two sets of arrays, the model's own and a second one allocated here. A
+  // checkpoint keeps the model's current set for its writer, and the next update writes the
+  // other (GPT2::adam_next): no copy of the optimizer state, 12 of the 14 bytes a parameter.
   floatX* params_snapshot = nullptr;
+  AdamWState state_sets[2];
+  AdamWState saved;  // the set the checkpoint in flight saves
   int unmarked_step = -1;  // several ranks: a checkpoint whose marker is not asked for yet
   int marking_step = -1;   // rank 0: the checkpoint whose marker its writer writes
   llmc::CheckpointWriter writer;  // last: destroyed first, so a job in flight ends before the rest
@@ -4288,13 +4325,29 @@ size_t checkpoint_snapshot_spare() {
   return (1ul << 30) + total_bytes / 20;
 }
 
-// One allocation: the optimizer state, then (rank 0) the parameters.
+bool checkpoint_has_snapshot(const Checkpointer& ck) { return ck.state_sets[1].m != nullptr; }
+
+// The second set of AdamW's state and (rank 0) the parameters' copy, where the GPU has their
+// bytes and checkpoint_snapshot_spare() beyond; otherwise none.
 void checkpoint_take_snapshot_memory(Checkpointer& ck, const GPT2& m, int rank) {
-  const size_t optimizer = checkpoint_optimizer_bytes(m);
-  void* p = device_try_alloc(optimizer + checkpoint_param_bytes(m, rank), checkpoint_snapshot_spare());
-  if (!p) return;
-  ck.optimizer_snapshot = (float*)p;
-  if (rank == 0) ck.params_snapshot = (floatX*)((char*)p + optimizer);
+  const size_t params = checkpoint_param_bytes(m, rank), state = m.shard_size * sizeof(float);
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < params + checkpoint_optimizer_bytes(m) + checkpoint_snapshot_spare()) return;
+  AdamWState& second = ck.state_sets[1];
+  second.m = (float*)device_try_alloc(state, 0);
+  second.v = (float*)device_try_alloc(state, 0);
+  if (m.master) second.master = (float*)device_try_alloc(state, 0);
+  if (params > 0) ck.params_snapshot = (floatX*)device_try_alloc(params, 0);
+  if (!second.m || !second.v || (m.master && !second.master) || (params > 0 && !ck.params_snapshot)) {
+    for (void* p : {(void*)second.m, (void*)second.v, (void*)second.master, (void*)ck.params_snapshot}) {
+      device_free(p);
+    }
+    second = AdamWState();
+    ck.params_snapshot = nullptr;
+    return;
+  }
+  ck.state_sets[0] = {m.adam_m, m.adam_v, m.master};
 }
 
 // Pins the host buffers for the run; on failure nothing stays allocated.
@@ -4314,10 +4367,16 @@ cudaError_t checkpoint_pin_buffers(Checkpointer& ck, const GPT2& m, int rank) {
   return cudaSuccess;
 }
 
-void checkpoint_free_buffers(Checkpointer& ck) {
-  device_free(ck.optimizer_snapshot);
-  ck.optimizer_snapshot = nullptr;
-  ck.params_snapshot = nullptr;
+// Frees the set of AdamW's state the model is not using (a move still to come is called off).
+void checkpoint_free_buffers(Checkpointer& ck, GPT2& m) {
+  if (checkpoint_has_snapshot(ck)) {
+    m.adam_next = AdamWState();
+    const AdamWState& unused = ck.state_sets[0].m == m.adam_m ? ck.state_sets[1] : ck.state_sets[0];
+    for (float* p : {unused.m, unused.v, unused.master}) device_free(p);
+    device_free(ck.params_snapshot);
+    ck.state_sets[0] = ck.state_sets[1] = ck.saved = AdamWState();
+    ck.params_snapshot = nullptr;
+  }
   if (ck.async) {
     if (ck.params_host) cudaCheck(cudaFreeHost(ck.params_host));
     if (ck.optimizer_host) cudaCheck(cudaFreeHost(ck.optimizer_host));
@@ -4353,8 +4412,8 @@ void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, i
   }
 }
 
-void checkpoint_teardown(Checkpointer& ck) {
-  checkpoint_free_buffers(ck);
+void checkpoint_teardown(Checkpointer& ck, GPT2& m) {
+  checkpoint_free_buffers(ck, m);
   cudaCheck(cudaStreamDestroy(ck.copy_stream));
   cudaCheck(cudaEventDestroy(ck.state_ready));
   cudaCheck(cudaEventDestroy(ck.copied));
@@ -4372,15 +4431,20 @@ void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optim
 }
 
 // Enqueues the copies of what the checkpoint saves, after everything queued so far on the model's
-// stream: into the snapshot where there is one (the writer takes it to the host,
-// checkpoint_snapshot_to_host), else into the host buffers (allocated here without -ac).
-void checkpoint_copy_to_host(Checkpointer& ck, const GPT2& m, int rank) {
-  if (ck.optimizer_snapshot) {
-    // In stream order, before the next step begins: 21.8 GB at d48 is about 15 ms at the 1.5 TB/s
-    // a device copy measured on an H100.
-    checkpoint_copy_state(m, rank, ck.params_snapshot, ck.optimizer_snapshot, cudaMemcpyDeviceToDevice,
-                          m.stream);
+// stream. With the snapshot: the parameters into their copy on the GPU (rank 0), and AdamW's
+// current state stays where it is for the writer while the next update writes the other set (the
+// writer takes both to the host, checkpoint_snapshot_to_host). Otherwise: everything into the host
+// buffers (allocated here without -ac).
+void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
+  if (checkpoint_has_snapshot(ck)) {
+    // In stream order: 3.1 GB at d48, about 2 ms at the 1.5 TB/s a device copy measured (H100).
+    if (rank == 0) {
+      cudaCheck(cudaMemcpyAsync(ck.params_snapshot, m.params, checkpoint_param_bytes(m, rank),
+                                cudaMemcpyDeviceToDevice, m.stream));
+    }
     cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
+    ck.saved = {m.adam_m, m.adam_v, m.master};
+    m.adam_next = ck.state_sets[0].m == m.adam_m ? ck.state_sets[1] : ck.state_sets[0];
     return;
   }
   if (!ck.async) {
@@ -4401,7 +4465,7 @@ void checkpoint_copy_to_host(Checkpointer& ck, const GPT2& m, int rank) {
 // flight at a time, such a read waits for a piece at most (64 MiB: about 1.2 ms).
 constexpr size_t kSnapshotPieceBytes = 64ul << 20;
 
-void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, size_t optimizer_bytes) {
+void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, size_t state_count) {
   cudaCheck(cudaEventSynchronize(ck.state_ready));
   auto copy = [&](void* host, const void* snapshot, size_t bytes) {
     for (size_t at = 0; at < bytes; at += kSnapshotPieceBytes) {
@@ -4412,12 +4476,15 @@ void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, siz
     }
   };
   copy(ck.params_host, ck.params_snapshot, param_bytes);
-  copy(ck.optimizer_host, ck.optimizer_snapshot, optimizer_bytes);
+  const size_t bytes = state_count * sizeof(float);
+  copy(ck.optimizer_host, ck.saved.m, bytes);
+  copy(ck.optimizer_host + state_count, ck.saved.v, bytes);
+  if (ck.saved.master) copy(ck.optimizer_host + 2 * state_count, ck.saved.master, bytes);
 }
 
 // The next update overwrites what the copies to the host read, unless they read the snapshot.
 void checkpoint_before_update(Checkpointer& ck, GPT2& m) {
-  if (!ck.optimizer_snapshot) cudaCheck(cudaStreamWaitEvent(m.stream, ck.copied, 0));
+  if (!checkpoint_has_snapshot(ck)) cudaCheck(cudaStreamWaitEvent(m.stream, ck.copied, 0));
 }
 
 llmc::CheckpointJob checkpoint_job(const Checkpointer& ck, int step) {
@@ -4438,11 +4505,10 @@ void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int
                        const llmc::HostTrainState& host) {
   llmc::CheckpointJob job = checkpoint_job(ck, step);
   // ck outlives the job (its writer is destroyed first), and its buffers stay while a job is in flight.
-  job.wait_for_data = [&ck, param_bytes = checkpoint_param_bytes(m, rank),
-                       optimizer_bytes = checkpoint_optimizer_bytes(m)] {
+  job.wait_for_data = [&ck, param_bytes = checkpoint_param_bytes(m, rank), state_count = m.shard_size] {
     cudaCheck(cudaSetDevice(ck.device));  // this thread's CUDA calls go to the run's GPU
-    if (ck.optimizer_snapshot) {
-      checkpoint_snapshot_to_host(ck, param_bytes, optimizer_bytes);
+    if (checkpoint_has_snapshot(ck)) {
+      checkpoint_snapshot_to_host(ck, param_bytes, state_count);
     } else {
       cudaCheck(cudaEventSynchronize(ck.copied));
     }
@@ -5047,7 +5113,7 @@ bool checkpoint_pin_asked(const TrainArgs& a, int train_steps) {
 
 // How this rank writes checkpoints, for the startup table.
 std::string checkpoint_mode(const Checkpointer& ck, bool pin_asked) {
-  if (ck.async && ck.optimizer_snapshot) return "written in the background (a snapshot on the GPU, then pinned host memory)";
+  if (ck.async && checkpoint_has_snapshot(ck)) return "written in the background (a snapshot on the GPU, then pinned host memory)";
   if (ck.async) return "written in the background (pinned host memory)";
   return pin_asked ? "written before training goes on (host memory not pinned)" : "written before training goes on";
 }
@@ -5066,7 +5132,7 @@ void train_checkpoint_setup(TrainRun& r) {
   multi_gpu_sum(r.mg, &unpinned, 1, r.m.stream);
   multi_gpu_pause(r.mg);
   if (unpinned > 0 && ck.async) {
-    checkpoint_free_buffers(ck);
+    checkpoint_free_buffers(ck, r.m);
     ck.async = false;
   }
 }
@@ -5196,7 +5262,7 @@ void checkpoint_at_step(TrainRun& r, int step) {
   checkpoint_submit(ck, r.m, r.mg.rank, r.mg.world, step, host);
   if (ck.async) return;
   checkpoint_settle(r);
-  checkpoint_free_buffers(ck);
+  checkpoint_free_buffers(ck, r.m);
 }
 
 // What one training step measured, for its line of output.
@@ -5366,7 +5432,7 @@ int train_main(int argc, char** argv) {
     exit_status = train_loop(r, &final_step);
     checkpoint_settle(r);
     print_run_end(r, final_step);
-    checkpoint_teardown(r.checkpoints);
+    checkpoint_teardown(r.checkpoints, r.m);
     cudaCheck(cudaEventDestroy(r.start));
     cudaCheck(cudaEventDestroy(r.end));
   }

@@ -4,7 +4,8 @@
 // to more than the norm's fixed grid covers in one pass, with and without FP32 master weights,
 // with and without weight decay, from random non-zero moments at step 3. Each runs twice with
 // the same seed for identical bits; in BF16 builds another seed must change some roundings and
-// the stochastic rounding of the parameters must be unbiased.
+// the stochastic rounding of the parameters must be unbiased. An update that puts the new state
+// in other arrays (the step after a checkpoint) gives in place's bits and leaves the old state.
 #include "dev/cuda/kernel_test.h"
 
 // offset: x starts that many elements into its allocation (a shard's gradients need not start on
@@ -96,6 +97,31 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
   const Snapshot bits(params, d_master, m, v);
   run(seed);
   check_same_bits("twice", bits, Snapshot(params, d_master, m, v));
+  const Snapshot in_place = master ? Snapshot(params, d_master, m, v) : Snapshot(params, m, v);
+  // Moved (the step after a checkpoint): the new state in other arrays, the same bits as in place,
+  // and the old state left as it was.
+  {
+    DeviceArray<float> to_master(n), to_m(n), to_v(n);
+    to_master.poison();
+    to_m.poison();
+    to_v.poison();
+    params.upload(master0);
+    d_master.upload(master_values);
+    m.upload(m0);
+    v.upload(v0);
+    AdamWSlices slices;
+    slices.add(0, n, 0, decay ? hp.weight_decay : 0.0f, seed);
+    AdamWState to;
+    to.m = to_m;
+    to.v = to_v;
+    if (master) to.master = to_master;
+    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0, to);
+    check_same_bits("moved: the new state = in place's", in_place,
+                    master ? Snapshot(params, to_master, to_m, to_v) : Snapshot(params, to_m, to_v));
+    check_same_bits("moved: the old state as it was",
+                    Snapshot(DeviceArray<float>(master_values), DeviceArray<float>(m0), DeviceArray<float>(v0)),
+                    Snapshot(d_master, m, v));
+  }
 
   if (sizeof(floatX) == sizeof(float) || n < 1000) return;
   // Rounding error in ulps, signed towards larger magnitude: unbiased rounding averages to 0
