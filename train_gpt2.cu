@@ -4347,6 +4347,11 @@ void checkpoint_take_snapshot_memory(Checkpointer& ck, const GPT2& m, int rank) 
     ck.params_snapshot = nullptr;
     return;
   }
+  // Zero, as the model's own: the elements of a last ZeRO shard past the parameters are never
+  // updated, and the state files hold them (llmc/train_state.h).
+  for (float* p : {second.m, second.v, second.master}) {
+    if (p) cudaCheck(cudaMemset(p, 0, state));
+  }
   ck.state_sets[0] = {m.adam_m, m.adam_v, m.master};
 }
 

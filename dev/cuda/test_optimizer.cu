@@ -204,6 +204,22 @@ void test_adamw_slices(llmc::Rng& rng) {
   const Snapshot bits(params, master, m, v);
   run(false);
   check_same_bits("one launch = one launch per tensor", bits, Snapshot(params, master, m, v));
+  // Moved into other arrays (the step after a checkpoint), from the shard's offset and over its
+  // misaligned slices: in place's bits.
+  DeviceArray<float> to_master(shard), to_m(shard), to_v(shard);
+  to_master.upload(std::vector<float>(shard, 0.0f));
+  to_m.upload(std::vector<float>(shard, 0.0f));
+  to_v.upload(std::vector<float>(shard, 0.0f));
+  params.upload(params0);
+  master.upload(master0);
+  m.upload(m0);
+  v.upload(v0);
+  AdamWState to;
+  to.m = to_m;
+  to.v = to_v;
+  to.master = to_master;
+  adamw_update(params, master, d_grads, m, v, shard_offset, slices, hp, 0, to);
+  check_same_bits("moved over the slices = in place", bits, Snapshot(params, to_master, to_m, to_v));
 }
 
 int main() {
