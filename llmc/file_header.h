@@ -24,10 +24,6 @@
 
 #include "utils.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace llmc {
 
 constexpr int kHeaderInts = 256;
@@ -134,23 +130,13 @@ inline uint32_t update_in_pieces(uint32_t crc, const void* data, size_t bytes, s
   return crc;
 }
 
-// The threads a large CRC uses: half the cores, 2 to 8, leaving the rest to the training loop
-// (a checkpoint's CRC runs on the writer's thread beside it) and to the other ranks of a node.
-inline int parallel_threads() {
-#ifdef _OPENMP
-  return std::min(8, std::max(2, omp_get_num_procs() / 2));
-#else
-  return 1;
-#endif
-}
-
 }  // namespace crc32_detail
 
 // The CRC-32 of data continued from crc, as zlib's crc32(crc, data, bytes): start from 0, and
 // crc32_update(crc32_update(0, a), b) is the CRC-32 of a followed by b. From 128 MiB on, in
 // pieces of 64 MiB on several threads. Little-endian hosts only (every target of this project).
 inline uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
-  return crc32_detail::update_in_pieces(crc, data, bytes, 64ul << 20, crc32_detail::parallel_threads());
+  return crc32_detail::update_in_pieces(crc, data, bytes, 64ul << 20, host_pass_threads());
 }
 
 // Marks a header as checksummed and returns the CRC-32 of its bytes with the checksum slot read

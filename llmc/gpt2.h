@@ -260,7 +260,9 @@ inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* p
   } else {
     std::vector<uint16_t> bits(n);
     f.read(bits.data(), n * sizeof(uint16_t), "the BF16 parameters");
-    for (size_t i = 0; i < n; i++) (*params)[i] = bf16_bits_to_float(bits[i]);
+    float* values = params->data();
+#pragma omp parallel for num_threads(host_pass_threads()) schedule(static)
+    for (long i = 0; i < (long)n; i++) values[i] = bf16_bits_to_float(bits[i]);
   }
   return c;
 }
@@ -289,7 +291,8 @@ inline void checkpoint_save(const std::string& path, const GPT2Config& c, const 
     return;
   }
   std::vector<uint16_t> bits(num_parameters(c));
-  for (size_t i = 0; i < bits.size(); i++) bits[i] = float_to_bf16_bits(params[i]);
+#pragma omp parallel for num_threads(host_pass_threads()) schedule(static)
+  for (long i = 0; i < (long)bits.size(); i++) bits[i] = float_to_bf16_bits(params[i]);
   checkpoint_save_payload(path, c, version, bits.data());
 }
 

@@ -25,6 +25,10 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace llmc {
 
 class Error : public std::runtime_error {
@@ -50,6 +54,17 @@ inline std::string strformat(const char* fmt, ...) {
 [[noreturn]] inline void fail(const std::string& message) { throw Error(message); }
 
 #define LLMC_FAIL(...) ::llmc::fail(::llmc::strformat(__VA_ARGS__))
+
+// The threads of a large pass over host memory (a checkpoint's CRC, its copies and conversions):
+// half the cores, 2 to 8, leaving the rest to the training loop (a checkpoint's CRC runs on the
+// writer's thread beside it) and to the other ranks of a node. 1 without OpenMP.
+inline int host_pass_threads() {
+#ifdef _OPENMP
+  return std::min(8, std::max(2, omp_get_num_procs() / 2));
+#else
+  return 1;
+#endif
+}
 
 // A FILE* that knows its path and turns every failure into an Error naming the
 // path, what was being read or written, and the byte offset.
