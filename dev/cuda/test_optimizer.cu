@@ -77,14 +77,15 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
 
   DeviceArray<floatX> params(n), d_grads(grads);
   DeviceArray<float> d_master(n), m(n), v(n);
-  auto run = [&](uint32_t seed) {
+  // In place, or moved into `to` (the step after a checkpoint), from the same starting state.
+  auto run = [&](uint32_t seed, const AdamWState& to = AdamWState()) {
     params.upload(master0);
     d_master.upload(master_values);
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
     slices.add(0, n, 0, decay ? hp.weight_decay : 0.0f, seed);
-    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0);
+    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0, to);
   };
   const uint32_t seed = rng.u32();
   run(seed);
@@ -105,17 +106,11 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
     to_master.poison();
     to_m.poison();
     to_v.poison();
-    params.upload(master0);
-    d_master.upload(master_values);
-    m.upload(m0);
-    v.upload(v0);
-    AdamWSlices slices;
-    slices.add(0, n, 0, decay ? hp.weight_decay : 0.0f, seed);
     AdamWState to;
     to.m = to_m;
     to.v = to_v;
     if (master) to.master = to_master;
-    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0, to);
+    run(seed, to);
     check_same_bits("moved: the new state = in place's", in_place,
                     master ? Snapshot(params, to_master, to_m, to_v) : Snapshot(params, to_m, to_v));
     check_same_bits("moved: the old state as it was",
