@@ -4563,7 +4563,7 @@ void checkpoint_advance(Checkpointer& ck, int rank, double not_done, double fail
   }
   if (ck.marking_step >= 0 && ck.writer.done()) {
     const std::string path = llmc::checkpoint_path(ck.dir, "model", ck.marking_step);
-    printf("checkpoint: %s\n", path.c_str());
+    printf("checkpoint: %s (written in %.1f s)\n", path.c_str(), ck.writer.last_write_seconds());
     summary.checkpoint(path);
     ck.marking_step = -1;
   }

@@ -8,6 +8,7 @@
 // failed job writes no marker and prunes nothing, so the earlier checkpoints stay as they were.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -113,6 +114,13 @@ class CheckpointWriter {
     idle_.wait(lock, [this] { return !job_; });
   }
 
+  // Seconds the last job with files took, from its start (waiting for its data included) to its
+  // marker; 0 before one has succeeded. A job with the marker alone leaves it as it was.
+  double last_write_seconds() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_write_seconds_;
+  }
+
   // Throws the first failure of any job so far: "checkpoint write failed (step S): <what failed,
   // naming the file and the reason>; <the job's remedy>".
   void check() const {
@@ -132,8 +140,11 @@ class CheckpointWriter {
       job_ready_.wait(lock, [this] { return job_ || stopping_; });
       if (!job_) return;
       lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
       const std::string failure = checkpoint_job_run(*job_);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       lock.lock();
+      if (failure.empty() && !job_->write_files.empty()) last_write_seconds_ = seconds;
       if (failure_.empty()) failure_ = failure;
       job_.reset();
       idle_.notify_all();
@@ -144,6 +155,7 @@ class CheckpointWriter {
   std::condition_variable job_ready_, idle_;
   std::unique_ptr<CheckpointJob> job_;  // the job in flight
   std::string failure_;
+  double last_write_seconds_ = 0.0;
   bool stopping_ = false;
   std::thread thread_;  // last: starts once the members it uses exist
 };

@@ -207,9 +207,20 @@ void test_wait_drains() {
   job.wait_for_data = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
   writer.submit(job);
   const bool busy_after_submit = writer.busy();
+  const double before = writer.last_write_seconds();
   writer.wait();
   check_verbose(busy_after_submit && !writer.busy() && llmc::latest_checkpoint_step(dir) == 3,
                 "submit returns while the job runs; wait() returns with its DONE marker written");
+  const double with_files = writer.last_write_seconds();
+  llmc::CheckpointJob marker_only;
+  marker_only.dir = dir;
+  marker_only.step = 3;
+  marker_only.mark_done = true;
+  writer.submit(marker_only);
+  writer.wait();
+  check_verbose(before == 0.0 && with_files >= 0.2 && writer.last_write_seconds() == with_files,
+                llmc::strformat("the write's seconds (%.3f) count its wait for the data (0.2 s); a "
+                                "job with the marker alone leaves them", with_files));
   {
     const Checkpoint fourth(4);
     llmc::CheckpointWriter leaving;
