@@ -4427,15 +4427,17 @@ void checkpoint_teardown(Checkpointer& ck, GPT2& m) {
   cudaCheck(cudaEventDestroy(ck.copied));
 }
 
-// Enqueues on `stream` the copies of the model's parameters (rank 0) and optimizer state into
-// params and optimizer, laid out as the files hold them.
-void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optimizer, cudaMemcpyKind kind,
-                           cudaStream_t stream) {
+// Enqueues on `stream` the copies of the model's parameters (rank 0) and optimizer state into the
+// host buffers params and optimizer, laid out as the files hold them.
+void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optimizer, cudaStream_t stream) {
+  auto copy = [&](void* host, const void* device, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream));
+  };
   const size_t n = m.shard_size;
-  if (rank == 0) cudaCheck(cudaMemcpyAsync(params, m.params, checkpoint_param_bytes(m, rank), kind, stream));
-  cudaCheck(cudaMemcpyAsync(optimizer, m.adam_m, n * sizeof(float), kind, stream));
-  cudaCheck(cudaMemcpyAsync(optimizer + n, m.adam_v, n * sizeof(float), kind, stream));
-  if (m.master) cudaCheck(cudaMemcpyAsync(optimizer + 2 * n, m.master, n * sizeof(float), kind, stream));
+  if (rank == 0) copy(params, m.params, checkpoint_param_bytes(m, rank));
+  copy(optimizer, m.adam_m, n * sizeof(float));
+  copy(optimizer + n, m.adam_v, n * sizeof(float));
+  if (m.master) copy(optimizer + 2 * n, m.master, n * sizeof(float));
 }
 
 // Enqueues the copies of what the checkpoint saves, after everything queued so far on the model's
@@ -4461,7 +4463,7 @@ void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
   }
   cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
   cudaCheck(cudaStreamWaitEvent(ck.copy_stream, ck.state_ready, 0));
-  checkpoint_copy_state(m, rank, ck.params_host, ck.optimizer_host, cudaMemcpyDeviceToHost, ck.copy_stream);
+  checkpoint_copy_state(m, rank, ck.params_host, ck.optimizer_host, ck.copy_stream);
   cudaCheck(cudaEventRecord(ck.copied, ck.copy_stream));
 }
 
