@@ -1,0 +1,49 @@
+// Tests copy_pageable, the copies between the GPU and pageable host memory of checkpoints and
+// resumes (through two pinned pieces of kPinnedPieceBytes, a memcpy on several threads at the
+// host's end): random bytes to the GPU and back, against cudaMemcpy's, for sizes below one piece
+// (the direct path), of exactly two pieces, one byte past a piece, and several pieces and a part,
+// from and to host addresses off every alignment, and twice for the same bytes.
+#include "dev/cuda/kernel_test.h"
+
+std::vector<unsigned char> random_bytes(llmc::Rng& rng, size_t n) {
+  std::vector<unsigned char> out(n);
+  for (size_t i = 0; i < n; i += 4) {
+    const uint32_t word = rng.u32();
+    memcpy(&out[i], &word, std::min<size_t>(4, n - i));
+  }
+  return out;
+}
+
+void test_host_copy(size_t bytes, size_t host_offset, llmc::Rng& rng) {
+  printf("\ncopy_pageable %zu bytes, host offset %zu\n", bytes, host_offset);
+  const std::vector<unsigned char> data = random_bytes(rng, bytes);
+  std::vector<unsigned char> source(host_offset + bytes), back(host_offset + bytes, 0xAB);
+  memcpy(source.data() + host_offset, data.data(), bytes);
+  DeviceArray<unsigned char> device(bytes);
+  device.poison();
+  copy_pageable(device, source.data() + host_offset, bytes, cudaMemcpyHostToDevice, 0);
+  std::vector<unsigned char> direct(bytes);
+  cudaCheck(cudaMemcpy(direct.data(), device, bytes, cudaMemcpyDeviceToHost));
+  testing::check(memcmp(direct.data(), data.data(), bytes) == 0, "to the GPU: the bytes given");
+
+  copy_pageable(back.data() + host_offset, device, bytes, cudaMemcpyDeviceToHost, 0);
+  testing::check(memcmp(back.data() + host_offset, data.data(), bytes) == 0, "to the host: the bytes on the GPU");
+  bool untouched = true;
+  for (size_t i = 0; i < host_offset; i++) untouched = untouched && back[i] == 0xAB;
+  testing::check(untouched, "to the host: nothing written before the destination");
+
+  std::vector<unsigned char> again(bytes, 0);
+  copy_pageable(again.data(), device, bytes, cudaMemcpyDeviceToHost, 0);
+  testing::check(memcmp(again.data(), data.data(), bytes) == 0, "to the host twice: the same bytes");
+}
+
+int main() {
+  return run_kernel_tests("test_host_copy", [] {
+    llmc::Rng rng(5);
+    test_host_copy(1000, 3, rng);                            // one small copy, the direct path
+    test_host_copy(kPinnedPieceBytes, 0, rng);               // one piece: still direct
+    test_host_copy(kPinnedPieceBytes + 1, 1, rng);           // a piece and one byte
+    test_host_copy(2 * kPinnedPieceBytes, 0, rng);           // both pieces once
+    test_host_copy(3 * kPinnedPieceBytes + 12345, 7, rng);   // each piece reused, a part at the end
+  });
+}
