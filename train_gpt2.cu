@@ -184,36 +184,52 @@ void host_copy_parallel(void* dst, const void* src, size_t bytes) {
   }
 }
 
+// The two pieces and their events; ok is false where they could not be had (then nothing is held).
 struct PinnedPieces {
   char* pieces[2] = {nullptr, nullptr};
   cudaEvent_t done[2] = {nullptr, nullptr};  // the transfer of each piece
+  cudaStream_t stream = nullptr;
   bool ok = false;
-  PinnedPieces() {
-    if (cudaMallocHost(&pieces[0], 2 * kPinnedPieceBytes) != cudaSuccess) {
+  explicit PinnedPieces(cudaStream_t s) : stream(s) {
+    ok = cudaMallocHost(&pieces[0], 2 * kPinnedPieceBytes) == cudaSuccess;
+    for (cudaEvent_t& e : done) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
+    if (!ok) {
       cudaGetLastError();  // the direct path instead; not an error for a later check to report
+      release();
       return;
     }
     pieces[1] = pieces[0] + kPinnedPieceBytes;
-    for (cudaEvent_t& e : done) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    ok = true;
   }
   PinnedPieces(const PinnedPieces&) = delete;
   PinnedPieces& operator=(const PinnedPieces&) = delete;
-  ~PinnedPieces() {  // also on the way out of a failed copy: no check that could throw again
-    for (cudaEvent_t e : done) if (e) cudaEventDestroy(e);
+  // Also on the way out of a failed copy, so nothing here may throw: the transfers still queued
+  // end before their pieces are freed.
+  ~PinnedPieces() {
+    if (ok) cudaStreamSynchronize(stream);
+    release();
+  }
+  void release() {
+    for (cudaEvent_t& e : done) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
+    }
     if (pieces[0]) cudaFreeHost(pieces[0]);
+    pieces[0] = pieces[1] = nullptr;
   }
 };
 
-void copy_pageable(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+// Returns whether the copy went through the pinned pieces (the tests check that it does).
+bool copy_pageable(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
   REQUIRE(kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost,
           "copy_pageable copies between the host and the GPU only");
-  PinnedPieces staging;
-  if (bytes <= kPinnedPieceBytes || !staging.ok) {
+  std::unique_ptr<PinnedPieces> pinned;
+  if (bytes > kPinnedPieceBytes) pinned.reset(new PinnedPieces(stream));
+  if (!pinned || !pinned->ok) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, kind, stream));
     cudaCheck(cudaStreamSynchronize(stream));
-    return;
+    return false;
   }
+  PinnedPieces& staging = *pinned;
   const size_t count = (bytes + kPinnedPieceBytes - 1) / kPinnedPieceBytes;
   auto span = [&](size_t i) { return std::min(kPinnedPieceBytes, bytes - i * kPinnedPieceBytes); };
   char* d = (char*)dst;
@@ -239,6 +255,7 @@ void copy_pageable(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
     }
   }
   cudaCheck(cudaStreamSynchronize(stream));
+  return true;
 }
 
 __host__ __device__ inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }

@@ -1,8 +1,10 @@
 // Tests copy_pageable, the copies between the GPU and pageable host memory of checkpoints and
 // resumes (through two pinned pieces of kPinnedPieceBytes, a memcpy on several threads at the
 // host's end): random bytes to the GPU and back, against cudaMemcpy's, for sizes below one piece
-// (the direct path), of exactly two pieces, one byte past a piece, and several pieces and a part,
-// from and to host addresses off every alignment, and twice for the same bytes.
+// (the direct path), of exactly one and two pieces, one byte past a piece, and several pieces and
+// a part; from and to host addresses 1, 3 and 7 bytes off alignment; on a non-blocking stream
+// ordered after work on another (as a checkpoint's copy waits for the step's update); and that
+// every copy larger than a piece did go through the pinned pieces.
 #include "dev/cuda/kernel_test.h"
 
 std::vector<unsigned char> random_bytes(llmc::Rng& rng, size_t n) {
@@ -14,36 +16,56 @@ std::vector<unsigned char> random_bytes(llmc::Rng& rng, size_t n) {
   return out;
 }
 
-void test_host_copy(size_t bytes, size_t host_offset, llmc::Rng& rng) {
+void test_host_copy(size_t bytes, size_t host_offset, cudaStream_t other, cudaStream_t stream,
+                    llmc::Rng& rng) {
   printf("\ncopy_pageable %zu bytes, host offset %zu\n", bytes, host_offset);
+  const bool staged = bytes > kPinnedPieceBytes;
   const std::vector<unsigned char> data = random_bytes(rng, bytes);
   std::vector<unsigned char> source(host_offset + bytes), back(host_offset + bytes, 0xAB);
   memcpy(source.data() + host_offset, data.data(), bytes);
   DeviceArray<unsigned char> device(bytes);
   device.poison();
-  copy_pageable(device, source.data() + host_offset, bytes, cudaMemcpyHostToDevice, 0);
+  const bool up = copy_pageable(device, source.data() + host_offset, bytes, cudaMemcpyHostToDevice, stream);
   std::vector<unsigned char> direct(bytes);
   cudaCheck(cudaMemcpy(direct.data(), device, bytes, cudaMemcpyDeviceToHost));
   testing::check(memcmp(direct.data(), data.data(), bytes) == 0, "to the GPU: the bytes given");
+  testing::check(up == staged, staged ? "to the GPU: through the pinned pieces" : "to the GPU: directly");
 
-  copy_pageable(back.data() + host_offset, device, bytes, cudaMemcpyDeviceToHost, 0);
-  testing::check(memcmp(back.data() + host_offset, data.data(), bytes) == 0, "to the host: the bytes on the GPU");
+  // The bytes to read are written on another stream first; the copy is ordered after them by an
+  // event only.
+  DeviceArray<unsigned char> later(bytes);
+  cudaEvent_t written;
+  cudaCheck(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+  cudaCheck(cudaMemsetAsync(later, 0xff, bytes, other));
+  cudaCheck(cudaMemcpyAsync(later, device, bytes, cudaMemcpyDeviceToDevice, other));
+  cudaCheck(cudaEventRecord(written, other));
+  cudaCheck(cudaStreamWaitEvent(stream, written, 0));
+  const bool down = copy_pageable(back.data() + host_offset, later, bytes, cudaMemcpyDeviceToHost, stream);
+  cudaCheck(cudaEventDestroy(written));
+  testing::check(memcmp(back.data() + host_offset, data.data(), bytes) == 0,
+                 "to the host: the bytes written on the other stream");
+  testing::check(down == staged, staged ? "to the host: through the pinned pieces" : "to the host: directly");
   bool untouched = true;
   for (size_t i = 0; i < host_offset; i++) untouched = untouched && back[i] == 0xAB;
   testing::check(untouched, "to the host: nothing written before the destination");
 
   std::vector<unsigned char> again(bytes, 0);
-  copy_pageable(again.data(), device, bytes, cudaMemcpyDeviceToHost, 0);
+  copy_pageable(again.data(), device, bytes, cudaMemcpyDeviceToHost, stream);
   testing::check(memcmp(again.data(), data.data(), bytes) == 0, "to the host twice: the same bytes");
 }
 
 int main() {
   return run_kernel_tests("test_host_copy", [] {
     llmc::Rng rng(5);
-    test_host_copy(1000, 3, rng);                            // one small copy, the direct path
-    test_host_copy(kPinnedPieceBytes, 0, rng);               // one piece: still direct
-    test_host_copy(kPinnedPieceBytes + 1, 1, rng);           // a piece and one byte
-    test_host_copy(2 * kPinnedPieceBytes, 0, rng);           // both pieces once
-    test_host_copy(3 * kPinnedPieceBytes + 12345, 7, rng);   // each piece reused, a part at the end
+    cudaStream_t other, stream;
+    cudaCheck(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    test_host_copy(1000, 3, other, stream, rng);                           // small: the direct path
+    test_host_copy(kPinnedPieceBytes, 0, other, stream, rng);              // one piece: still direct
+    test_host_copy(kPinnedPieceBytes + 1, 1, other, stream, rng);          // a piece and one byte
+    test_host_copy(2 * kPinnedPieceBytes, 0, other, stream, rng);          // both pieces once
+    test_host_copy(3 * kPinnedPieceBytes + 12345, 7, other, stream, rng);  // each piece reused, a part
+    cudaCheck(cudaStreamDestroy(other));
+    cudaCheck(cudaStreamDestroy(stream));
   });
 }
