@@ -842,7 +842,7 @@ bool matmul_tuning = true;  // off: always cuBLASLt's first heuristic
 
 struct MatmulChoice {
   int m, n, k;
-  bool trans_a, trans_b, bias;
+  bool trans_a, trans_b, bias, fast_accum;
   cudaDataType_t type_a, type_b;
   cublasLtEpilogue_t epilogue;
   cublasLtMatmulAlgo_t algo;
@@ -953,6 +953,11 @@ struct MatmulOperands {
   cudaDataType_t type_a = kCudaFloatX, type_b = kCudaFloatX;
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
+  // FP8 only: accumulate in the tensor cores' own accumulator, without cuBLASLt's periodic
+  // promotion into FP32 (CUBLASLT_MATMUL_DESC_FAST_ACCUM): faster, a little less precise over
+  // long sums. The FP8 recipes of Transformer Engine and torchao use it for the forward product
+  // and not for the gradients', whose sums run over every token.
+  bool fast_accum = false;
 };
 
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
@@ -982,6 +987,10 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.scale_b,
                                                sizeof(ops.scale_b)));
   }
+  if (ops.fast_accum) {
+    const int8_t fast = 1;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+  }
   if (bias) {
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                sizeof(bias)));
@@ -1009,8 +1018,8 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
   const bool tune = matmul_tuning && beta == 0.0f;
   auto known = std::find_if(matmul_choices.begin(), matmul_choices.end(), [&](const MatmulChoice& c) {
     return c.m == m && c.n == n && c.k == k && c.trans_a == trans_a && c.trans_b == trans_b &&
-           c.bias == (bias != nullptr) && c.type_a == ops.type_a && c.type_b == ops.type_b &&
-           c.epilogue == epilogue;
+           c.bias == (bias != nullptr) && c.fast_accum == ops.fast_accum && c.type_a == ops.type_a &&
+           c.type_b == ops.type_b && c.epilogue == epilogue;
   });
   bool ok = true;
   if (tune && known != matmul_choices.end()) {
@@ -1033,8 +1042,8 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
       cublasLtMatmulAlgo_t algo = heuristics[0].algo;
       if (tune) {
         algo = fastest_matching_algo(run, heuristics, found, d, (size_t)m * n, stream);
-        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, ops.type_a, ops.type_b,
-                                  epilogue, algo});
+        matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, ops.fast_accum, ops.type_a,
+                                  ops.type_b, epilogue, algo});
       }
       cublasCheck(run(algo));
     }
@@ -1453,7 +1462,8 @@ void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cu
 // matmul_forward with out = fp8(inp) @ w8^T: inp is cast into inp8 for the product and into its
 // transpose inp8_t [C, fp8_padded(N)], which the backward pass's weight-gradient product reads (the
 // same bytes that pass would cast from inp: one read of inp fewer). Current scaling: inp's amax
-// goes into inp_scale first. Delayed: the cast uses inp_scale's s and records the amax.
+// goes into inp_scale first. Delayed: the cast uses inp_scale's s and records the amax. The
+// product accumulates fast (MatmulOperands::fast_accum), as the FP8 recipes' forward products do.
 void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
                         int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
                         uint8_t* inp8_t, Fp8Scaling scaling, cudaStream_t stream) {
@@ -1461,8 +1471,9 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
   const bool delayed = scaling == Fp8Scaling::kDelayed;
   if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream, scaling == Fp8Scaling::kCurrentStepMax);
   fp8_cast_transpose(inp8, inp8_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
-  matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu,
-                         fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale), stream);
+  MatmulOperands ops = fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale);
+  ops.fast_accum = true;
+  matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu, ops, stream);
 }
 
 // matmul_backward with FP8 products: dout is cast to grad_format (rows and transposed) with

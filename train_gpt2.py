@@ -138,10 +138,12 @@ def fp8_cast(x, dtype, emax):
     return (x.float() * s).to(dtype), s.reciprocal()
 
 
-def scaled_mm(a, b, inv_a, inv_b, out_dtype, bias=None):
+def scaled_mm(a, b, inv_a, inv_b, out_dtype, bias=None, fast_accum=False):
     """a @ b on FP8 operands (a row-major, b column-major) dequantised by inv_a * inv_b, FP32
-    accumulation (no fast accumulation, as cuBLASLt's default in the CUDA trainer)."""
-    out = torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, bias=bias, out_dtype=out_dtype)
+    accumulation; fast_accum skips cuBLASLt's promotions into FP32 (the CUDA trainer's forward
+    products, as the FP8 recipes of Transformer Engine and torchao)."""
+    out = torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, bias=bias, out_dtype=out_dtype,
+                           use_fast_accum=fast_accum)
     return out[0] if isinstance(out, tuple) else out  # PyTorch before 2.5 also returned the amax
 
 
@@ -159,7 +161,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         xq, x_inv = fp8_cast(x2, torch.float8_e4m3fn, FP8_E4M3_EMAX)
         wq, w_inv = fp8_cast(weight, torch.float8_e4m3fn, FP8_E4M3_EMAX)
         ctx.save_for_backward(xq, x_inv, wq, w_inv)
-        y = scaled_mm(xq, wq.t(), x_inv, w_inv, torch.bfloat16, bias)
+        y = scaled_mm(xq, wq.t(), x_inv, w_inv, torch.bfloat16, bias, fast_accum=True)
         return y.view(*x.shape[:-1], weight.size(0))
 
     @staticmethod
