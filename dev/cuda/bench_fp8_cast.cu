@@ -1,0 +1,102 @@
+// Times the FP8 cast kernels of the -fp8 2 step (BF16 build) at the shapes of GPT-2's layers and
+// prints one line per kernel and shape: milliseconds and the bytes a second they move, beside a
+// device-to-device copy of the same bytes (the memory system's practical rate). Bytes counted:
+// the cast-transposes read 2 and write 2 a value (the FP8 rows and their transpose), GELU' in the
+// cast reads 4 and writes 4, the amax reads 2. Inputs rotate among several sets larger than L2
+// together, so the timed runs read from memory.
+//   ./build/bench_fp8_cast [R C]...   (default: d48 at B=8 and d12 at B=64, T=1024)
+#include "dev/cuda/kernel_test.h"
+
+#include <memory>
+
+struct CastShape {
+  int R, C;
+};
+
+float median_ms(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The median milliseconds of kReps runs of launch(set), each between its own events, queued back
+// to back after warm-up runs and synchronised once.
+template <typename Launch>
+float time_ms(int sets, const Launch& launch) {
+  constexpr int kReps = 20, kWarmups = 3;
+  std::vector<cudaEvent_t> events(2 * (kReps + kWarmups));
+  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
+  for (int rep = 0; rep < kReps + kWarmups; rep++) {
+    cudaCheck(cudaEventRecord(events[2 * rep]));
+    launch(rep % sets);
+    cudaCheck(cudaEventRecord(events[2 * rep + 1]));
+  }
+  cudaCheck(cudaEventSynchronize(events.back()));
+  std::vector<float> ms;
+  for (int rep = kWarmups; rep < kReps + kWarmups; rep++) {
+    float t = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&t, events[2 * rep], events[2 * rep + 1]));
+    ms.push_back(t);
+  }
+  for (cudaEvent_t e : events) cudaCheck(cudaEventDestroy(e));
+  return median_ms(ms);
+}
+
+void report(const char* kernel, const CastShape& s, double bytes, float ms) {
+  printf("%-34s R %6d C %5d  %7.3f ms  %6.0f GB/s\n", kernel, s.R, s.C, ms, bytes / ms / 1e6);
+}
+
+void bench(const CastShape& s) {
+  const size_t n = (size_t)s.R * s.C;
+  const int sets = std::max(2, ceil_div(128l << 20, (long)(2 * n * sizeof(floatX))));  // 128 MiB and more
+  llmc::Rng rng(7);
+  std::vector<std::unique_ptr<DeviceArray<floatX>>> x, pre_gelu;
+  for (int i = 0; i < sets; i++) {
+    x.emplace_back(new DeviceArray<floatX>(random_stored(rng, n, 0.0f, 1.0f)));
+    pre_gelu.emplace_back(new DeviceArray<floatX>(random_stored(rng, n, 0.0f, 1.5f)));
+  }
+  DeviceArray<floatX> copy(n);
+  DeviceArray<uint8_t> rows(n), rows_t((size_t)s.C * fp8_padded(s.R));
+  // Delayed scaling's scales (s = 1), as the trainer's casts after its first step.
+  const Fp8Scale e4m3 = {1.0f, 0u, 1.0f, fp8_emax(Fp8Format::kE4M3)};
+  const Fp8Scale e5m2 = {1.0f, 0u, 1.0f, fp8_emax(Fp8Format::kE5M2)};
+  DeviceArray<Fp8Scale> scales(std::vector<Fp8Scale>{e4m3, e5m2});
+  Fp8Scale* scale = scales;
+
+  report("copy (cudaMemcpyAsync)", s, 4.0 * n, time_ms(sets, [&](int k) {
+    cudaCheck(cudaMemcpyAsync(copy, *x[k], n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+  }));
+  report("fp8_cast_transpose E4M3", s, 4.0 * n, time_ms(sets, [&](int k) {
+    fp8_cast_transpose(rows, rows_t, scale, *x[k], s.R, s.C, Fp8Format::kE4M3, true, 0);
+  }));
+  report("fp8_cast_transpose E5M2", s, 4.0 * n, time_ms(sets, [&](int k) {
+    fp8_cast_transpose(rows, rows_t, scale + 1, *x[k], s.R, s.C, Fp8Format::kE5M2, true, 0);
+  }));
+  // GELU' is applied in place: each run multiplies its set's gradient again, which changes the
+  // values but not the work.
+  report("fp8_gelu_backward_cast_transpose", s, 8.0 * n, time_ms(sets, [&](int k) {
+    fp8_gelu_backward_cast_transpose(rows, rows_t, scale + 1, *x[k], *pre_gelu[k], s.R, s.C,
+                                     Fp8Format::kE5M2, 0);
+  }));
+  report("fp8_amax", s, 2.0 * n, time_ms(sets, [&](int k) { fp8_amax(scale, *x[k], n, 0); }));
+}
+
+int main(int argc, char** argv) {
+  std::vector<CastShape> shapes = {{8192, 1600}, {8192, 4800}, {8192, 6400},
+                                   {65536, 768}, {65536, 2304}, {65536, 3072}};
+  if (argc > 1) {
+    if ((argc - 1) % 2 != 0) {
+      fprintf(stderr, "usage: %s [R C]...  (each shape as two numbers: rows, columns)\n", argv[0]);
+      return 2;
+    }
+    shapes.clear();
+    for (int i = 1; i < argc; i += 2) shapes.push_back({atoi(argv[i]), atoi(argv[i + 1])});
+  }
+  return run_kernel_tests("bench_fp8_cast", [&] {
+    REQUIRE(sizeof(floatX) == 2, "bench_fp8_cast times the BF16 build's casts");
+    for (const CastShape& s : shapes) {
+      REQUIRE(s.R > 0 && s.C > 0 && s.C % x128::size == 0,
+              "shape %d %d: need positive rows and columns a multiple of %d", s.R, s.C, x128::size);
+      bench(s);
+    }
+  });
+}
