@@ -1292,20 +1292,31 @@ __global__ void __launch_bounds__(kFp8Threads)
   const float s = fp8_cast_scale<kDelayed>(scale, F);
   uint32_t m = 0;
   constexpr int kPieces = kFp8TileCols / x128::size;  // pieces per tile row
+  constexpr int kLoads = kFp8TileRows * kPieces / kFp8Threads;  // pieces per thread
+  static_assert(kLoads * kFp8Threads == kFp8TileRows * kPieces, "a tile is whole pieces per thread");
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
-  for (int id = threadIdx.x; id < kFp8TileRows * kPieces; id += kFp8Threads) {
-    const int piece = id % kPieces, r = id / kPieces;
+  // Every load of the thread is issued before its first store: the stores (to out, and to x with
+  // kGeluGrad) could alias the later loads as far as the compiler knows, so a loop of load, cast,
+  // store would keep one piece in flight at a time.
+  x128 loaded[kLoads], gelu_in[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; j++) {
+    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
     const int row = row0 + r, col = col0 + piece * x128::size;
-    x128 v;
-    for (int k = 0; k < x128::size; k++) v[k] = (floatX)0.0f;
+    for (int k = 0; k < x128::size; k++) loaded[j][k] = gelu_in[j][k] = (floatX)0.0f;
     if (row < R && col < C) {
-      const size_t at = (size_t)row * C + col;
-      v = load128(x + at);
-      if (kGeluGrad) {
-        const x128 p = load128(pre_gelu + at);
-        for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)p[k]));
-        store128(x + at, v);
-      }
+      loaded[j] = load128(x + (size_t)row * C + col);
+      if (kGeluGrad) gelu_in[j] = load128(pre_gelu + (size_t)row * C + col);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kLoads; j++) {
+    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
+    const int row = row0 + r, col = col0 + piece * x128::size;
+    x128 v = loaded[j];
+    if (kGeluGrad && row < R && col < C) {
+      for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[j][k]));
+      store128(x + (size_t)row * C + col, v);
     }
     if (kDelayed) m = fp8_piece_amax(m, v);
     const Fp8Piece q = fp8_piece<F>(v, s);
