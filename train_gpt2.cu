@@ -1295,38 +1295,44 @@ __global__ void __launch_bounds__(kFp8Threads)
   constexpr int kLoads = kFp8TileRows * kPieces / kFp8Threads;  // pieces per thread
   static_assert(kLoads * kFp8Threads == kFp8TileRows * kPieces, "a tile is whole pieces per thread");
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
-  // Every load of the thread is issued before its first store: the stores (to out, and to x with
-  // kGeluGrad) could alias the later loads as far as the compiler knows, so a loop of load, cast,
-  // store would keep one piece in flight at a time.
-  x128 loaded[kLoads], gelu_in[kLoads];
+  // The loads of a batch of pieces are issued before the first of their stores: the stores (to
+  // out, and to x with kGeluGrad) could alias later loads as far as the compiler knows, so a loop
+  // of load, cast, store keeps one piece in flight per thread. The casts batch all of a thread's
+  // pieces (2.46 -> 2.61 TB/s at 8192 x 6400, H100). With kGeluGrad, two inputs a piece, batches
+  // of 4 held too many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65.
+  constexpr int kBatch = kGeluGrad ? 1 : kLoads;
 #pragma unroll
-  for (int j = 0; j < kLoads; j++) {
-    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
-    const int row = row0 + r, col = col0 + piece * x128::size;
-    for (int k = 0; k < x128::size; k++) loaded[j][k] = gelu_in[j][k] = (floatX)0.0f;
-    if (row < R && col < C) {
-      loaded[j] = load128(x + (size_t)row * C + col);
-      if (kGeluGrad) gelu_in[j] = load128(pre_gelu + (size_t)row * C + col);
+  for (int j0 = 0; j0 < kLoads; j0 += kBatch) {
+    x128 loaded[kBatch], gelu_in[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; b++) {
+      const int id = threadIdx.x + (j0 + b) * kFp8Threads, piece = id % kPieces, r = id / kPieces;
+      const int row = row0 + r, col = col0 + piece * x128::size;
+      for (int k = 0; k < x128::size; k++) loaded[b][k] = gelu_in[b][k] = (floatX)0.0f;
+      if (row < R && col < C) {
+        loaded[b] = load128(x + (size_t)row * C + col);
+        if (kGeluGrad) gelu_in[b] = load128(pre_gelu + (size_t)row * C + col);
+      }
     }
-  }
 #pragma unroll
-  for (int j = 0; j < kLoads; j++) {
-    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
-    const int row = row0 + r, col = col0 + piece * x128::size;
-    x128 v = loaded[j];
-    if (kGeluGrad && row < R && col < C) {
-      for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[j][k]));
-      store128(x + (size_t)row * C + col, v);
-    }
-    if (kDelayed) m = fp8_piece_amax(m, v);
-    const Fp8Piece q = fp8_piece<F>(v, s);
-    if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
-    uint64_t bytes = 0;
-    memcpy(&bytes, q.v, sizeof(q.v));
+    for (int b = 0; b < kBatch; b++) {
+      const int id = threadIdx.x + (j0 + b) * kFp8Threads, piece = id % kPieces, r = id / kPieces;
+      const int row = row0 + r, col = col0 + piece * x128::size;
+      x128 v = loaded[b];
+      if (kGeluGrad && row < R && col < C) {
+        for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[b][k]));
+        store128(x + (size_t)row * C + col, v);
+      }
+      if (kDelayed) m = fp8_piece_amax(m, v);
+      const Fp8Piece q = fp8_piece<F>(v, s);
+      if (out && row < R && col < C) *reinterpret_cast<Fp8Piece*>(out + (size_t)row * C + col) = q;
+      uint64_t bytes = 0;
+      memcpy(&bytes, q.v, sizeof(q.v));
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) {
-      const int c = (k + piece) % x128::size;
-      tile[(piece * x128::size + c) * kFp8TilePitch + r] = (uint8_t)(bytes >> (8 * c));
+      for (int k = 0; k < x128::size; k++) {
+        const int c = (k + piece) % x128::size;
+        tile[(piece * x128::size + c) * kFp8TilePitch + r] = (uint8_t)(bytes >> (8 * c));
+      }
     }
   }
   if (kDelayed) fp8_block_amax(m, &scale->amax_bits);
