@@ -5294,7 +5294,12 @@ void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, dou
   if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
   // The state is read before the run log is touched, so a damaged state file leaves -o as it was.
   llmc::HostTrainState resumed_host;
-  if (resume_step >= 0) resumed_host = load_state(r.m, a.output_dir, resume_step, r.mg.rank, r.mg.world);
+  double state_seconds = 0.0;
+  if (resume_step >= 0) {
+    const double state_start = llmc::wall_seconds();
+    resumed_host = load_state(r.m, a.output_dir, resume_step, r.mg.rank, r.mg.world);
+    state_seconds = llmc::wall_seconds() - state_start;
+  }
   if (!a.output_dir.empty() && r.mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
@@ -5321,7 +5326,13 @@ void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, dou
     r.train_loader->restore(resumed_host.train_loader);
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
-    if (r.mg.rank == 0) printf("resumed from the checkpoint of step %d in %s\n", resume_step, a.output_dir.c_str());
+    // Where a resume's time goes: the state's part, and all of it up to here (the model file, the
+    // parameters' upload, the checkpoints' pinned buffers).
+    if (r.mg.rank == 0) {
+      printf("resumed from the checkpoint of step %d in %s (the state loaded in %.1f s, %.1f s since "
+             "the start)\n", resume_step, a.output_dir.c_str(), state_seconds,
+             llmc::wall_seconds() - run_start);
+    }
   }
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));

@@ -11,7 +11,8 @@ and s+1, so its stall is that interval less the median interval between two line
 checkpoint between them (the first two steps are setup and not counted). The run's end waits for
 the last checkpoint, so the time from the last step line to the exit is shown too. Then it
 resumes the last run from its newest checkpoint (-y 1, one more step) and times the start to the
-first step line, against the same for a fresh start. Every program's output is kept in OUTDIR;
+first step line, against the same for a fresh start, with the split of the trainer's `resumed from`
+line (the seconds loading the state, and to that line). Every program's output is kept in OUTDIR;
 each run keeps its newest checkpoint only (-nk 1), and a run's checkpoints are deleted once the
 next run starts. --modes picks the ways of writing (-ac values, in that order) and --resume 0
 leaves out the resume: a large model's runs may be split over several calls.
@@ -32,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import fail, parse_configs, write_random_shard  # noqa: E402
 
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss ")
+RESUMED_LINE = re.compile(r"^resumed from .* \(the state loaded in ([\d.]+) s, ([\d.]+) s since the start\)$",
+                          re.MULTILINE)
 
 
 def timed_run(cmd, log_path):
@@ -154,7 +157,10 @@ def main():
                   file=sys.stderr)
             failed = True
         else:
-            rows.append((f"{preset}:{B}", "resume", None, resumed[min(resumed)], None, fresh[min(fresh)], None))
+            with open(resume_log) as f:
+                parts = RESUMED_LINE.search(f.read())
+            split = (float(parts.group(1)), float(parts.group(2))) if parts else None
+            rows.append((f"{preset}:{B}", "resume", split, resumed[min(resumed)], None, fresh[min(fresh)], None))
         remove_files(run_dir)
 
     print(f"\nT={args.seq_len}, {args.steps} steps, a checkpoint every {args.every}; seconds from the step lines")
@@ -162,7 +168,10 @@ def main():
           f"{'end wait s':>10} {'GB':>6}")
     for config, label, step, stall, worst, end_wait, size in rows:
         if label == "resume":
-            print(f"{config:>10} resume: {stall:.1f} s to the first step line, {end_wait:.1f} s for a fresh start")
+            # step holds the trainer's own split: (seconds loading the state, seconds to its line)
+            split = f" (the state loaded in {step[0]:.1f} s, {step[1]:.1f} s to the resumed line)" if step else ""
+            print(f"{config:>10} resume: {stall:.1f} s to the first step line{split}, {end_wait:.1f} s for a "
+                  "fresh start")
             continue
         print(f"{config:>10} {label:>7} {step * 1e3:>8.1f} {stall * 1e3:>9.1f} {100 * stall / step:>7.1f}% "
               f"{worst * 1e3:>9.1f} {end_wait:>10.1f} {size / 1e9:>6.2f}")
