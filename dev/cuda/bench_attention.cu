@@ -13,11 +13,6 @@ struct BenchShape {
   int B, NH, T, HS;
 };
 
-float median_ms(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void bench(const BenchShape& s) {
   const int C = s.NH * s.HS, kSets = 3, kReps = 20;
   const size_t n = (size_t)s.B * s.T * C, n_lse = (size_t)s.B * s.NH * s.T;

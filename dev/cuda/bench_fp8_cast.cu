@@ -13,11 +13,6 @@ struct CastShape {
   int R, C;
 };
 
-float median_ms(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The median milliseconds of kReps runs of launch(set), each between its own events, queued back
 // to back after warm-up runs and synchronised once.
 template <typename Launch>

@@ -57,6 +57,12 @@ inline std::vector<float> random_stored(llmc::Rng& rng, size_t n, float mean, fl
   return stored(std::move(x));
 }
 
+// The median of a timing program's runs (dev/cuda/bench_*.cu).
+inline float median_ms(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 inline std::vector<int> random_ints(llmc::Rng& rng, size_t n, int lo, int hi) {
   std::vector<int> x(n);
   for (int& v : x) v = lo + (int)(rng.u32() % (uint32_t)(hi - lo));
