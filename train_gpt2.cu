@@ -624,7 +624,9 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
     }
   }
   const float rstd = rsqrtf(warp_reduce_sum(var) / C + kLayerNormEps);
-  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+  // No out: the statistics only, for an FP8 cast that normalises as it reads x
+  // (Fp8CastInput::kLayerNorm, the same arithmetic as here).
+  for (int c = lane * x128::size; out && c < C; c += WARP_SIZE * x128::size) {
     const x128 v = load128(x + c), w = load128(weight + c), b = load128(bias + c);
     x128 o;
     for (int k = 0; k < x128::size; k++) {
@@ -642,8 +644,8 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
                                          const floatX* weight, const floatX* bias, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
-  layernorm_row(out + (size_t)row * C, mean + row, rstd + row, inp + (size_t)row * C, weight,
-                bias, C, threadIdx.x % WARP_SIZE);
+  layernorm_row(out ? out + (size_t)row * C : nullptr, mean + row, rstd + row, inp + (size_t)row * C,
+                weight, bias, C, threadIdx.x % WARP_SIZE);
 }
 
 __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean,
@@ -661,7 +663,7 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     store128(residual + base + c, r);
   }
   // Each lane reads back only what it wrote, so no barrier is needed before normalising.
-  layernorm_row(out + base, mean + row, rstd + row, residual + base, weight, bias, C, lane);
+  layernorm_row(out ? out + base : nullptr, mean + row, rstd + row, residual + base, weight, bias, C, lane);
 }
 
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
@@ -1055,6 +1057,7 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
   return ok;
 }
 
+__device__ __forceinline__ float gelu(float x);
 __device__ __forceinline__ float gelu_grad(float x);
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
@@ -1278,16 +1281,32 @@ void fp8_dispatch(Fp8Format f, bool delayed, Launch&& launch) {
 // bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
 // writes 128-byte rows of out_t. Deterministic (the amax is an integer maximum). Floor: reads 2
 // bytes and writes 2 per value (BF16).
-// With kGeluGrad, x is a gradient of GELU's output, and what is cast is x * GELU'(pre_gelu), in
-// FP32 and rounded to BF16 as gelu_backward_inplace does (the same bits), also written over x:
-// the fc layer's output gradient in the pass that casts it (reads 4 bytes a value, writes 4).
+// What the kernel casts (Fp8CastInput): x itself; GELU(x), x being GELU's input, in FP32 and
+// rounded to BF16 as gelu_forward does (the same bits), never written (the fcproj layer's input
+// in the pass that casts it: the fc product writes GELU's input alone); LayerNorm(x), x being
+// its input, from the row statistics the layernorm forward kept and its weight and bias, as
+// layernorm_row computes it (the same bits), never written (the qkv and fc layers' inputs); or,
+// x being a gradient of GELU's output, x * GELU'(pre_gelu), in FP32 and rounded to BF16 as
+// gelu_backward_inplace does, also written over x (the fc layer's output gradient in the pass
+// that casts it: reads 4 bytes a value, writes 4).
+enum class Fp8CastInput { kValues, kGelu, kLayerNorm, kTimesGeluGrad };
+
+// Where an FP8 layer's input comes from (matmul_forward_fp8): kValues, kGelu or kLayerNorm, the
+// last with the layernorm's row statistics [N] and its weight and bias [C].
+struct Fp8CastSource {
+  Fp8CastInput kind = Fp8CastInput::kValues;
+  const float* mean = nullptr;
+  const float* rstd = nullptr;
+  const floatX* weight = nullptr;
+  const floatX* bias = nullptr;
+};
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
-template <Fp8Format F, bool kDelayed, bool kGeluGrad>
+template <Fp8Format F, bool kDelayed, Fp8CastInput kInput>
 __global__ void __launch_bounds__(kFp8Threads)
     fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* x,
-                              const floatX* pre_gelu, int R, int C, int ld_t) {
+                              const floatX* pre_gelu, Fp8CastSource ln, int R, int C, int ld_t) {
   __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
   const float s = fp8_cast_scale<kDelayed>(scale, F);
   uint32_t m = 0;
@@ -1296,22 +1315,41 @@ __global__ void __launch_bounds__(kFp8Threads)
   static_assert(kLoads * kFp8Threads == kFp8TileRows * kPieces, "a tile is whole pieces per thread");
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
   // The loads of a batch of pieces are issued before the first of their stores: the stores (to
-  // out, and to x with kGeluGrad) could alias later loads as far as the compiler knows, so a loop
+  // out, and to x with kTimesGeluGrad) could alias later loads as far as the compiler knows, so a loop
   // of load, cast, store keeps one piece in flight per thread. The casts batch all of a thread's
-  // pieces (2.46 -> 2.61 TB/s at 8192 x 6400, H100). With kGeluGrad, two inputs a piece, batches
-  // of 4 held too many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65.
+  // pieces (2.46 -> 2.61 TB/s at 8192 x 6400, H100). With kTimesGeluGrad, two inputs a piece,
+  // batches of 4 held too many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65.
+  constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
   constexpr int kBatch = kGeluGrad ? 1 : kLoads;
+  // A thread's pieces share their columns (kFp8Threads is a multiple of kPieces): LayerNorm's
+  // weight and bias are loaded once, beside the first loads.
+  static_assert(kFp8Threads % kPieces == 0, "a thread's pieces share their columns");
+  x128 ln_weight, ln_bias;
+  if (kInput == Fp8CastInput::kLayerNorm) {
+    const int col = col0 + (threadIdx.x % kPieces) * x128::size;
+    for (int k = 0; k < x128::size; k++) ln_weight[k] = ln_bias[k] = (floatX)0.0f;
+    if (col < C) {
+      ln_weight = load128(ln.weight + col);
+      ln_bias = load128(ln.bias + col);
+    }
+  }
 #pragma unroll
   for (int j0 = 0; j0 < kLoads; j0 += kBatch) {
     x128 loaded[kBatch], gelu_in[kBatch];
+    float ln_mean[kBatch], ln_rstd[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; b++) {
       const int id = threadIdx.x + (j0 + b) * kFp8Threads, piece = id % kPieces, r = id / kPieces;
       const int row = row0 + r, col = col0 + piece * x128::size;
       for (int k = 0; k < x128::size; k++) loaded[b][k] = gelu_in[b][k] = (floatX)0.0f;
+      ln_mean[b] = ln_rstd[b] = 0.0f;
       if (row < R && col < C) {
         loaded[b] = load128(x + (size_t)row * C + col);
         if (kGeluGrad) gelu_in[b] = load128(pre_gelu + (size_t)row * C + col);
+        if (kInput == Fp8CastInput::kLayerNorm) {
+          ln_mean[b] = ln.mean[row];
+          ln_rstd[b] = ln.rstd[row];
+        }
       }
     }
 #pragma unroll
@@ -1319,6 +1357,14 @@ __global__ void __launch_bounds__(kFp8Threads)
       const int id = threadIdx.x + (j0 + b) * kFp8Threads, piece = id % kPieces, r = id / kPieces;
       const int row = row0 + r, col = col0 + piece * x128::size;
       x128 v = loaded[b];
+      if (kInput == Fp8CastInput::kGelu && row < R && col < C) {
+        for (int k = 0; k < x128::size; k++) v[k] = (floatX)gelu((float)v[k]);
+      }
+      if (kInput == Fp8CastInput::kLayerNorm && row < R && col < C) {
+        for (int k = 0; k < x128::size; k++) {
+          v[k] = (floatX)(((float)v[k] - ln_mean[b]) * ln_rstd[b] * (float)ln_weight[k] + (float)ln_bias[k]);
+        }
+      }
       if (kGeluGrad && row < R && col < C) {
         for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[b][k]));
         store128(x + (size_t)row * C + col, v);
@@ -1349,7 +1395,16 @@ __global__ void __launch_bounds__(kFp8Threads)
 
 void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* x,
                                const floatX* pre_gelu, int R, int C, Fp8Format f, bool delayed,
-                               cudaStream_t stream) {
+                               const Fp8CastSource& source, cudaStream_t stream) {
+  const Fp8CastInput input = source.kind;
+  REQUIRE((input == Fp8CastInput::kTimesGeluGrad) == (pre_gelu != nullptr),
+          "fp8_cast_transpose: pre_gelu is given with GELU' in the cast, and only then");
+  REQUIRE(delayed || input == Fp8CastInput::kValues,
+          "fp8_cast_transpose: GELU, LayerNorm or GELU' in the cast needs delayed scaling");
+  REQUIRE(input != Fp8CastInput::kLayerNorm ||
+              (source.mean && source.rstd && (uintptr_t)source.weight % 16 == 0 &&
+               (uintptr_t)source.bias % 16 == 0 && source.weight && source.bias),
+          "fp8_cast_transpose: LayerNorm in the cast needs its statistics, and its weight and bias 16-byte aligned");
   REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
               (uintptr_t)out_t % 16 == 0 && (uintptr_t)pre_gelu % 16 == 0,
           "fp8_cast_transpose: C=%d must be a multiple of %d, x, pre_gelu, out and out_t 16-byte aligned",
@@ -1360,12 +1415,29 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, fl
   fp8_dispatch(f, delayed, [&](auto format, auto is_delayed) {
     constexpr Fp8Format kFormat = decltype(format)::value;
     constexpr bool kDelayed = decltype(is_delayed)::value;
-    if (pre_gelu) {
-      fp8_cast_transpose_kernel<kFormat, kDelayed, true>
-          <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, R, C, ld_t);
-    } else {
-      fp8_cast_transpose_kernel<kFormat, kDelayed, false>
-          <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, R, C, ld_t);
+    switch (input) {
+      case Fp8CastInput::kValues:
+        fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kValues>
+            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, source, R, C, ld_t);
+        break;
+      case Fp8CastInput::kGelu:  // delayed scaling only, as the two below
+        if constexpr (kDelayed) {
+          fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kGelu>
+              <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, source, R, C, ld_t);
+        }
+        break;
+      case Fp8CastInput::kLayerNorm:
+        if constexpr (kDelayed) {
+          fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kLayerNorm>
+              <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, source, R, C, ld_t);
+        }
+        break;
+      case Fp8CastInput::kTimesGeluGrad:
+        if constexpr (kDelayed) {
+          fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kTimesGeluGrad>
+              <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, source, R, C, ld_t);
+        }
+        break;
     }
   });
   cudaCheckLaunch();
@@ -1373,8 +1445,31 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, fl
 
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
                         int C, Fp8Format f, bool delayed, cudaStream_t stream) {
-  // Without kGeluGrad the kernel only reads x.
-  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(x), nullptr, R, C, f, delayed, stream);
+  // Without GELU' the kernel only reads x.
+  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(x), nullptr, R, C, f, delayed,
+                            Fp8CastSource(), stream);
+}
+
+// GELU(pre_gelu) [R, C], cast and transposed as by fp8_cast_transpose without being written in
+// BF16: with delayed scaling only, whose scale is known before the values exist. GELU's values
+// are gelu_forward's bits.
+void fp8_gelu_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* pre_gelu,
+                             int R, int C, Fp8Format f, cudaStream_t stream) {
+  Fp8CastSource gelu;
+  gelu.kind = Fp8CastInput::kGelu;
+  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(pre_gelu), nullptr, R, C, f, true,
+                            gelu, stream);
+}
+
+// source.kind kValues, kGelu or kLayerNorm: x or what source says of it, cast and transposed as
+// by fp8_cast_transpose (with delayed scaling for GELU and LayerNorm).
+void fp8_source_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
+                               const Fp8CastSource& source, int R, int C, Fp8Format f, bool delayed,
+                               cudaStream_t stream) {
+  REQUIRE(source.kind != Fp8CastInput::kTimesGeluGrad,
+          "fp8_source_cast_transpose: GELU' goes through fp8_gelu_backward_cast_transpose");
+  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(x), nullptr, R, C, f, delayed,
+                            source, stream);
 }
 
 // dx [R, C] *= GELU'(pre_gelu) in place, cast and transposed as by fp8_cast_transpose in the same
@@ -1382,7 +1477,9 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const flo
 void fp8_gelu_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* dx,
                                       const floatX* pre_gelu, int R, int C, Fp8Format f,
                                       cudaStream_t stream) {
-  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, R, C, f, true, stream);
+  Fp8CastSource gelu_grad;
+  gelu_grad.kind = Fp8CastInput::kTimesGeluGrad;
+  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, R, C, f, true, gelu_grad, stream);
 }
 
 // ---- Delayed scaling: the scales of a step from the amaxes of the steps before it ----
@@ -1481,13 +1578,19 @@ void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cu
 // same bytes that pass would cast from inp: one read of inp fewer). Current scaling: inp's amax
 // goes into inp_scale first. Delayed: the cast uses inp_scale's s and records the amax. The
 // product accumulates fast (MatmulOperands::fast_accum), as the FP8 recipes' forward products do.
+// With a source of kind kGelu or kLayerNorm (delayed scaling only), inp holds GELU's or the
+// layernorm's input, and the layer's input, GELU(inp) (fcproj) or LayerNorm(inp) (qkv, fc), is
+// computed in the cast and never written in BF16.
 void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
                         int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
-                        uint8_t* inp8_t, Fp8Scaling scaling, cudaStream_t stream) {
+                        uint8_t* inp8_t, Fp8Scaling scaling, cudaStream_t stream,
+                        const Fp8CastSource& source = Fp8CastSource()) {
   fp8_require_layer(C, OC);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
+  REQUIRE(delayed || source.kind == Fp8CastInput::kValues,
+          "matmul_forward_fp8: GELU or LayerNorm in the input's cast needs delayed scaling");
   if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream, scaling == Fp8Scaling::kCurrentStepMax);
-  fp8_cast_transpose(inp8, inp8_t, inp_scale, inp, N, C, Fp8Format::kE4M3, delayed, stream);
+  fp8_source_cast_transpose(inp8, inp8_t, inp_scale, inp, source, N, C, Fp8Format::kE4M3, delayed, stream);
   MatmulOperands ops = fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale);
   ops.fast_accum = true;
   matmul_forward_product(out, w.w8, inp8, bias, N, C, OC, pre_gelu, ops, stream);
@@ -3577,27 +3680,30 @@ struct ActSpec {
   bool fp32;     // float, else floatX
 };
 
-// recompute 1: GELU outputs are recomputed in the backward pass, so one layer's worth is kept.
+// gelu_per_layer false: one layer's worth of GELU outputs is kept, since the backward pass does
+// not read them: it recomputes them (-r 1), or reads the FP8 layers' transposed casts instead.
+// ln_per_layer false (FP8): likewise the layernorm outputs ln1 and ln2, which only the FP8 casts
+// read (the layernorm backward reads the layer's input and statistics).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
 // logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
-void activation_table(const llmc::GPT2Config& c, int B, int T, int recompute,
+void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
   const ActSpec table[kNumActTensors] = {
       {"encoded", BT * C, false},
-      {"ln1", L * BT * C, false},
+      {"ln1", (ln_per_layer ? L : 1) * BT * C, false},
       {"ln1_mean", L * BT, true},
       {"ln1_rstd", L * BT, true},
       {"qkvr", L * 3 * BT * C, false},
       {flash ? "att_lse" : "att", L * B * NH * (flash ? 1 : T) * T, flash},
       {"atty", L * BT * C, false},
       {"residual2", L * BT * C, false},
-      {"ln2", L * BT * C, false},
+      {"ln2", (ln_per_layer ? L : 1) * BT * C, false},
       {"ln2_mean", L * BT, true},
       {"ln2_rstd", L * BT, true},
       {"fch", L * BT * 4 * C, false},
-      {"fch_gelu", (recompute >= 1 ? 1 : L) * BT * 4 * C, false},
+      {"fch_gelu", (gelu_per_layer ? L : 1) * BT * 4 * C, false},
       {"residual3", L * BT * C, false},
       {"lnf", BT * C, false},
       {"lnf_mean", BT, true},
@@ -3779,7 +3885,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.B = B;
   m.T = T;
   m.recompute = recompute;
-  activation_table(c, B, T, recompute, m.act_specs);
+  const bool gelu_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
+  activation_table(c, B, T, gelu_per_layer, ln_per_layer, m.act_specs);
   size_t bytes = 0;
   for (int i = 0; i < kNumActTensors; i++) {
     bytes += llmc::round_up(m.act_specs[i].count * (m.act_specs[i].fp32 ? 4 : sizeof(floatX)), 256);
@@ -3788,7 +3895,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   size_t offset = 0;
   for (int i = 0; i < kNumActTensors; i++) {
     m.acts[i] = m.act_memory + offset;
-    const bool stacked = i >= kLn1 && i <= kResidual3 && !(i == kFchGelu && recompute >= 1);
+    const bool stacked = i >= kLn1 && i <= kResidual3 && !(i == kFchGelu && !gelu_per_layer) &&
+                         !((i == kLn1 || i == kLn2) && !ln_per_layer);
     m.act_layer_stride[i] = stacked ? m.act_specs[i].count / c.num_layers : 0;
     offset += llmc::round_up(m.act_specs[i].count * (m.act_specs[i].fp32 ? 4 : sizeof(floatX)), 256);
   }
@@ -3929,16 +4037,17 @@ void gpt2_fp8_forget_eval_amax(GPT2& m) {
 }
 
 // out = inp @ weight^T + bias of a block's linear layer (GELU of it into out with pre_gelu kept,
-// for the fc layer), in BF16 or FP8.
+// for the fc layer), in BF16 or FP8. source (FP8 with delayed scaling): the layer's input is
+// GELU(inp) or LayerNorm(inp), computed in its FP8 cast (matmul_forward_fp8).
 void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* inp, int N,
-                         floatX* pre_gelu) {
+                         floatX* pre_gelu, const Fp8CastSource& source = Fp8CastSource()) {
   const LinearSpec& spec = kBlockLinears[linear];
   const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
   const floatX* bias = m.param(spec.bias, l);
   if (m.fp8) {
     matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
                        m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_input_t(linear, l),
-                       m.fp8_scaling(), m.stream);
+                       m.fp8_scaling(), m.stream, source);
   } else {
     matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
   }
@@ -3978,12 +4087,33 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
   if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   encoder_forward(m.act(kEncoded), m.inputs, m.param(llmc::kWte), m.param(llmc::kWpe), B, T, C, s);
-  layernorm_forward(m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd), m.act(kEncoded),
-                    m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
+  // With delayed FP8 scaling the casts of the qkv, fc and fcproj layers' inputs compute them from
+  // what comes before (Fp8CastSource), since their scales are known before the values exist: the
+  // layernorms ln1 and ln2 write their row statistics alone, the fc product GELU's input alone,
+  // and kLn1, kLn2 and kFchGelu are not written (2 bytes a value of 2 [N, C] and one [N, 4C]
+  // fewer). FP8's backward reads the casts' transposed copies instead, so with FP8 these three
+  // are one layer's buffers (gpt2_allocate), for the other scalings' casts.
+  const bool fp8_sources = m.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
+  auto layernorm_source = [&](int mean, int rstd, int weight, int bias, int l) {
+    Fp8CastSource source;
+    source.kind = Fp8CastInput::kLayerNorm;
+    source.mean = m.act_f(mean, l);
+    source.rstd = m.act_f(rstd, l);
+    source.weight = m.param(weight, l);
+    source.bias = m.param(bias, l);
+    return source;
+  };
+  layernorm_forward(fp8_sources ? nullptr : m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd),
+                    m.act(kEncoded), m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
   for (int l = 0; l < L; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
     floatX* qkv = m.flash_attention ? m.act(kQkvr, l) : m.scratch_bt4c;
-    gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
+    if (fp8_sources) {
+      gpt2_linear_forward(m, kLinearQkv, l, qkv, residual, N, nullptr,
+                          layernorm_source(kLn1Mean, kLn1Rstd, llmc::kLn1w, llmc::kLn1b, l));
+    } else {
+      gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
+    }
     if (m.flash_attention) {
       attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, s);
     } else {
@@ -3991,14 +4121,29 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
                         m.scratch_btc, qkv, B, T, C, NH, s);
     }
     gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
-    fused_residual_layernorm_forward(m.act(kResidual2, l), m.act(kLn2, l), m.act_f(kLn2Mean, l),
-                                     m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
+    fused_residual_layernorm_forward(m.act(kResidual2, l), fp8_sources ? nullptr : m.act(kLn2, l),
+                                     m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
                                      m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
-    gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
-    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+    if (fp8_sources) {
+      Fp8CastSource gelu;
+      gelu.kind = Fp8CastInput::kGelu;
+      gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kResidual2, l), N, nullptr,
+                          layernorm_source(kLn2Mean, kLn2Rstd, llmc::kLn2w, llmc::kLn2b, l));
+      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFch, l), N, nullptr, gelu);
+    } else if (m.fp8 && m.fp8_delayed) {
+      // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
+      // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and
+      // GELU in a pass of its own, with the bits the later steps' casts compute.
+      gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kLn2, l), N, nullptr);
+      gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
+      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+    } else {
+      gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
+      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+    }
     const bool last = l == L - 1;
     fused_residual_layernorm_forward(
-        m.act(kResidual3, l), last ? m.act(kLnf) : m.act(kLn1, l + 1),
+        m.act(kResidual3, l), last ? m.act(kLnf) : (fp8_sources ? nullptr : m.act(kLn1, l + 1)),
         last ? m.act_f(kLnfMean) : m.act_f(kLn1Mean, l + 1),
         last ? m.act_f(kLnfRstd) : m.act_f(kLn1Rstd, l + 1), m.act(kResidual2, l), m.scratch_btc,
         last ? m.param(llmc::kLnfw) : m.param(llmc::kLn1w, l + 1),

@@ -1,8 +1,9 @@
 // Times the FP8 cast kernels of the -fp8 2 step (BF16 build) at the shapes of GPT-2's layers and
 // prints one line per kernel and shape: milliseconds and the bytes a second they move, beside a
 // device-to-device copy of the same bytes (the memory system's practical rate). Bytes counted:
-// the cast-transposes read 2 and write 2 a value (the FP8 rows and their transpose), GELU' in the
-// cast reads 4 and writes 4, the amax reads 2. Inputs rotate among several sets larger than L2
+// the cast-transposes read 2 and write 2 a value (the FP8 rows and their transpose), with GELU or
+// LayerNorm in the cast as well (the row statistics and LayerNorm's parameters are not counted),
+// GELU' in the cast reads 4 and writes 4, the amax reads 2. Inputs rotate among several sets larger than L2
 // together, so the timed runs read from memory.
 //   ./build/bench_fp8_cast [R C]...   (default: d48 at B=8 and d12 at B=64, T=1024)
 #include "dev/cuda/kernel_test.h"
@@ -65,6 +66,20 @@ void bench(const CastShape& s) {
   }));
   report("fp8_cast_transpose E5M2", s, 4.0 * n, time_ms(sets, [&](int k) {
     fp8_cast_transpose(rows, rows_t, scale + 1, *x[k], s.R, s.C, Fp8Format::kE5M2, true, 0);
+  }));
+  report("fp8_gelu_cast_transpose", s, 4.0 * n, time_ms(sets, [&](int k) {
+    fp8_gelu_cast_transpose(rows, rows_t, scale, *pre_gelu[k], s.R, s.C, Fp8Format::kE4M3, 0);
+  }));
+  DeviceArray<float> mean(random_stored(rng, s.R, 0.0f, 0.5f)), rstd(random_stored(rng, s.R, 1.0f, 0.2f));
+  DeviceArray<floatX> ln_weight(random_stored(rng, s.C, 1.0f, 0.2f)), ln_bias(random_stored(rng, s.C, 0.0f, 0.2f));
+  Fp8CastSource ln;
+  ln.kind = Fp8CastInput::kLayerNorm;
+  ln.mean = mean;
+  ln.rstd = rstd;
+  ln.weight = ln_weight;
+  ln.bias = ln_bias;
+  report("fp8_source_cast_transpose LayerNorm", s, 4.0 * n, time_ms(sets, [&](int k) {
+    fp8_source_cast_transpose(rows, rows_t, scale, *x[k], ln, s.R, s.C, Fp8Format::kE4M3, true, 0);
   }));
   // GELU' is applied in place: each run multiplies its set's gradient again, which changes the
   // values but not the work.

@@ -12,7 +12,9 @@
 // matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
 // GELU epilogue included, and the fc layer's GELU' taken into its output gradient (in the
 // delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast); run twice, and with
-// cuBLASLt's first heuristic, for identical bits.
+// cuBLASLt's first heuristic, for identical bits. GELU and LayerNorm in the input casts (delayed
+// scaling): the kernels and the fcproj layer against gelu_forward or layernorm_forward followed by
+// the plain cast, bit for bit, and the model's wiring of them over two layers.
 #include "dev/cuda/kernel_test.h"
 
 // ---- CPU reference of the casts ----
@@ -356,6 +358,96 @@ void test_delayed_steps(llmc::Rng& rng) {
   gpt2_free(resumed);
 }
 
+// ---- GELU in fcproj's input cast (delayed scaling) ----
+
+// fp8_gelu_cast_transpose of GELU's input pre against the two passes it replaces, gelu_forward then
+// the delayed fp8_cast_transpose (itself checked against the CPU above), with the scale current
+// scaling would pick for GELU's values: the same rows, transpose and recorded amax, bit for bit;
+// pre left as it was; twice, the same bits.
+void test_gelu_cast(llmc::Rng& rng, int R, int C) {
+  printf("\nGELU in the cast (delayed scaling): R=%d C=%d\n", R, C);
+  const size_t n = (size_t)R * C;
+  const Fp8Format f = Fp8Format::kE4M3;
+  const std::vector<float> pre = random_stored(rng, n, 0.0f, 1.5f);
+  DeviceArray<floatX> d_pre(pre), d_gelu(n);
+  gelu_forward(d_gelu, d_pre, n, 0);
+  DeviceArray<Fp8Scale> scale(1);
+  fp8_amax(scale, d_gelu, n, 0);
+  const uint32_t amax_bits = scale.raw()[0].amax_bits;
+  const int e = fp8_scale_exponent(float_of_bits(amax_bits), f);
+  const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
+  const int ld_t = fp8_padded(R);
+  DeviceArray<uint8_t> rows(n), rows_t((size_t)C * ld_t);
+  auto cast = [&](bool fused) {
+    scale.upload(std::vector<Fp8Scale>{given});
+    rows.poison();
+    rows_t.poison();
+    if (fused) {
+      fp8_gelu_cast_transpose(rows, rows_t, scale, d_pre, R, C, f, 0);
+    } else {
+      fp8_cast_transpose(rows, rows_t, scale, d_gelu, R, C, f, true, 0);
+    }
+    return std::make_pair(rows.raw(), rows_t.raw());
+  };
+  const auto ref = cast(false);
+  const auto fused = cast(true);
+  check_bytes("GELU in the cast: rows = gelu_forward's, cast", fused.first, ref.first);
+  check_bytes("GELU in the cast: transposed = gelu_forward's, cast", fused.second, ref.second);
+  const Fp8Scale got = scale.raw()[0];
+  testing::check_verbose(got.amax_bits == amax_bits && got.scale == given.scale && got.inv_scale == given.inv_scale,
+                         llmc::strformat("GELU in the cast: amax %08x recorded (GELU's %08x), s and 1/s as given",
+                                         got.amax_bits, amax_bits));
+  check_close("GELU in the cast: its input left as it was", d_pre.download(), pre, 0.0f);
+  testing::check_verbose(cast(true) == fused, "GELU in the cast twice: the same bits");
+}
+
+// LayerNorm in the cast: fp8_source_cast_transpose of the layernorm's input x, from the statistics
+// layernorm_forward kept without writing its output, against layernorm_forward's output cast by
+// the delayed fp8_cast_transpose: the same rows, transpose and amax, bit for bit; the statistics
+// the same with and without the output; twice, the same bits.
+void test_layernorm_cast(llmc::Rng& rng, int R, int C) {
+  printf("\nLayerNorm in the cast (delayed scaling): R=%d C=%d\n", R, C);
+  const size_t n = (size_t)R * C;
+  const Fp8Format f = Fp8Format::kE4M3;
+  DeviceArray<floatX> d_x(random_stored(rng, n, 0.3f, 2.0f)), d_ln(n);
+  DeviceArray<floatX> d_w(random_stored(rng, C, 1.0f, 0.2f)), d_b(random_stored(rng, C, 0.0f, 0.2f));
+  DeviceArray<float> mean(R), rstd(R), mean2(R), rstd2(R);
+  layernorm_forward(d_ln, mean, rstd, d_x, d_w, d_b, R, C, 0);
+  layernorm_forward(nullptr, mean2, rstd2, d_x, d_w, d_b, R, C, 0);
+  check_same_bits("layernorm statistics without the output = with it", Snapshot(mean, rstd), Snapshot(mean2, rstd2));
+  DeviceArray<Fp8Scale> scale(1);
+  fp8_amax(scale, d_ln, n, 0);
+  const uint32_t amax_bits = scale.raw()[0].amax_bits;
+  const int e = fp8_scale_exponent(float_of_bits(amax_bits), f);
+  const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
+  Fp8CastSource source;
+  source.kind = Fp8CastInput::kLayerNorm;
+  source.mean = mean2;
+  source.rstd = rstd2;
+  source.weight = d_w;
+  source.bias = d_b;
+  DeviceArray<uint8_t> rows(n), rows_t((size_t)C * fp8_padded(R));
+  auto cast = [&](bool fused) {
+    scale.upload(std::vector<Fp8Scale>{given});
+    rows.poison();
+    rows_t.poison();
+    if (fused) {
+      fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, true, 0);
+    } else {
+      fp8_cast_transpose(rows, rows_t, scale, d_ln, R, C, f, true, 0);
+    }
+    return std::make_pair(rows.raw(), rows_t.raw());
+  };
+  const auto ref = cast(false);
+  const auto fused = cast(true);
+  check_bytes("LayerNorm in the cast: rows = layernorm_forward's, cast", fused.first, ref.first);
+  check_bytes("LayerNorm in the cast: transposed = layernorm_forward's, cast", fused.second, ref.second);
+  testing::check_verbose(scale.raw()[0].amax_bits == amax_bits, "LayerNorm in the cast: the output's amax recorded");
+  testing::check_verbose(cast(true) == fused, "LayerNorm in the cast twice: the same bits");
+  testing::check_throws([&] { fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, false, 0); },
+                        "needs delayed scaling", "LayerNorm in the cast with current scaling is refused");
+}
+
 // ---- the layers, against the BF16 layer ----
 
 // Bounds on ||fp8 - bf16|| / ||bf16|| for the layers' outputs. Rounding to a format of p
@@ -510,6 +602,114 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   check_close("dweight += (beta = 1)", dweight.download(), expected, kTolStore);
 }
 
+#if !defined(ENABLE_FP32)
+// The fcproj layer's forward with GELU in its input cast (a kGelu source) against the same layer
+// on gelu_forward's values, both with delayed scaling and the same scales: the same output and
+// transposed input, bit for bit. Current scaling cannot take GELU into the cast (its amax pass
+// would need the values first) and refuses.
+void test_gelu_input_layer(llmc::Rng& rng, int N, int C, int OC) {
+  printf("\nfcproj with GELU in its input cast: N=%d C=%d OC=%d\n", N, C, OC);
+  const int Np = fp8_padded(N);
+  DeviceArray<floatX> d_pre(random_stored(rng, (size_t)N * C, 0.0f, 1.5f)), d_gelu((size_t)N * C);
+  DeviceArray<floatX> d_weight(random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C)));
+  DeviceArray<floatX> d_bias(random_stored(rng, OC, 0.0f, 1.0f));
+  gelu_forward(d_gelu, d_pre, (size_t)N * C, 0);
+  DeviceArray<uint8_t> w8((size_t)OC * C), w8t((size_t)OC * C), rows((size_t)N * C), inp_t((size_t)C * Np);
+  DeviceArray<Fp8Scale> scales(2);
+  const Fp8Weight w = {w8, w8t, (Fp8Scale*)scales};
+  Fp8Scale* inp_scale = (Fp8Scale*)scales + 1;
+  fp8_weight_cast(w, d_weight, OC, C, 0);
+  fp8_amax(inp_scale, d_gelu, (size_t)N * C, 0);
+  std::vector<Fp8Scale> given = scales.raw();
+  const int e = fp8_scale_exponent(float_of_bits(given[1].amax_bits), Fp8Format::kE4M3);
+  given[1] = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(Fp8Format::kE4M3)};
+  DeviceArray<floatX> out((size_t)N * OC);
+  Fp8CastSource gelu;
+  gelu.kind = Fp8CastInput::kGelu;
+  auto forward = [&](bool gelu_in_cast) {
+    scales.upload(given);
+    out.poison();
+    inp_t.poison();
+    matmul_forward_fp8(out, gelu_in_cast ? (floatX*)d_pre : (floatX*)d_gelu, w, d_bias, N, C, OC, nullptr,
+                       inp_scale, rows, inp_t, Fp8Scaling::kDelayed, 0,
+                       gelu_in_cast ? gelu : Fp8CastSource());
+    return Snapshot(out, inp_t);
+  };
+  const Snapshot unfused = forward(false);
+  check_same_bits("fcproj, GELU in the cast = on gelu_forward's values", unfused, forward(true));
+  testing::check_throws([&] {
+    matmul_forward_fp8(out, d_pre, w, d_bias, N, C, OC, nullptr, inp_scale, rows, inp_t, Fp8Scaling::kCurrent, 0, gelu);
+  }, "GELU or LayerNorm in the input's cast needs delayed scaling", "GELU in the cast with current scaling is refused");
+}
+
+// The model's wiring of GELU and LayerNorm in the casts: after a -fp8 2 step has been recorded, a
+// forward pass takes the delayed path, and each layer's inputs as its weight gradients will read
+// them (transposed) are: fcproj's GELU of that layer's kFch, qkv's and fc's LayerNorm of the layer's
+// input and of kResidual2 with that layer's statistics and parameters, each cast under that
+// layer's scale.
+void test_gelu_in_model(llmc::Rng& rng) {
+  printf("\nGELU and LayerNorm in the casts inside the model (-fp8 2, after a recorded step)\n");
+  const llmc::GPT2Config config = llmc::make_config(2, 2, 64, 32, 96);
+  const int B = 2, T = 32, N = B * T, C4 = 4 * config.channels, Np = fp8_padded(N);
+  // Each layer's layernorm weights and biases differ (the seeded ones are all 1 and 0), so that
+  // another layer's or the other layernorm's would show.
+  std::vector<float> values = llmc::init_params_from_seed(config, 7);
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_offsets(config, offsets);
+  const size_t C = config.channels;
+  for (int i : {llmc::kLn1w, llmc::kLn1b, llmc::kLn2w, llmc::kLn2b}) {
+    const bool weight = i == llmc::kLn1w || i == llmc::kLn2w;
+    const std::vector<float> random = random_stored(rng, config.num_layers * C, weight ? 1.0f : 0.0f, 0.3f);
+    std::copy(random.begin(), random.end(), values.begin() + offsets[i]);
+  }
+  GPT2 m;
+  gpt2_init(m, config, values, true, 7);
+  gpt2_allocate(m, B, T, 0, 2);
+  std::vector<int> inputs(N);
+  for (int& t : inputs) t = (int)(rng.u32() % config.vocab_size);
+  gpt2_forward(m, inputs.data(), B, T);
+  gpt2_fp8_end_step(m, true);
+  const bool delayed = m.fp8_scaling() == Fp8Scaling::kDelayed;
+  gpt2_forward(m, inputs.data(), B, T);
+  DeviceArray<uint8_t> rows((size_t)N * C4), rows_t((size_t)C4 * Np);
+  DeviceArray<Fp8Scale> scale(1);
+  // The kept transposed input of `linear` at layer l against x [N, width] cast as source says.
+  auto kept_is = [&](int linear, int l, const floatX* x, int width, const Fp8CastSource& source) {
+    cudaCheck(cudaMemcpy(scale, m.fp8_input_scale(linear, l), sizeof(Fp8Scale), cudaMemcpyDeviceToDevice));
+    fp8_source_cast_transpose(rows, rows_t, scale, x, source, N, width, Fp8Format::kE4M3, true, m.stream);
+    std::vector<uint8_t> kept((size_t)width * Np), ref = rows_t.raw();
+    cudaCheck(cudaMemcpy(kept.data(), m.fp8_input_t(linear, l), kept.size(), cudaMemcpyDeviceToHost));
+    return std::equal(kept.begin(), kept.end(), ref.begin());
+  };
+  // LayerNorm of x with layer l's parameters, its statistics computed here (not the model's).
+  DeviceArray<float> mean(N), rstd(N);
+  auto layernorm = [&](const floatX* x, int weight, int bias, int l) {
+    layernorm_forward(nullptr, mean, rstd, x, m.param(weight, l), m.param(bias, l), N, (int)C, m.stream);
+    Fp8CastSource source;
+    source.kind = Fp8CastInput::kLayerNorm;
+    source.mean = mean;
+    source.rstd = rstd;
+    source.weight = m.param(weight, l);
+    source.bias = m.param(bias, l);
+    return source;
+  };
+  Fp8CastSource gelu;
+  gelu.kind = Fp8CastInput::kGelu;
+  bool gelu_same = delayed, ln1_same = delayed, ln2_same = delayed;
+  for (int l = 0; l < config.num_layers; l++) {
+    const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
+    gelu_same = gelu_same && kept_is(kLinearFcproj, l, m.act(kFch, l), C4, gelu);
+    ln1_same = ln1_same && kept_is(kLinearQkv, l, residual, (int)C, layernorm(residual, llmc::kLn1w, llmc::kLn1b, l));
+    ln2_same = ln2_same && kept_is(kLinearFc, l, m.act(kResidual2, l), (int)C,
+                                   layernorm(m.act(kResidual2, l), llmc::kLn2w, llmc::kLn2b, l));
+  }
+  testing::check_verbose(gelu_same, "delayed forward: every layer's fcproj input = GELU(its kFch) cast under its scale");
+  testing::check_verbose(ln1_same, "delayed forward: every layer's qkv input = LayerNorm(its input) cast under its scale");
+  testing::check_verbose(ln2_same, "delayed forward: every layer's fc input = LayerNorm(its kResidual2) cast under its scale");
+  gpt2_free(m);
+}
+#endif
+
 int main() {
   return run_kernel_tests("test_fp8", [] {
     llmc::Rng rng(21);
@@ -539,6 +739,10 @@ int main() {
     test_delayed_casts("overflowing FP32, NaN, -Inf, -0", 100, 96, stored(overflowing), 200);
     test_update_scales(rng, false);
     test_update_scales(rng, true);
+    test_gelu_cast(rng, 1000, 4 * 1600);
+    test_gelu_cast(rng, 37, 136);
+    test_layernorm_cast(rng, 1000, 1600);
+    test_layernorm_cast(rng, 37, 136);
 #if defined(ENABLE_FP32)
     printf("\nskip FP8 linear layers: they need the BF16 build (their outputs and bias are BF16)\n");
 #else
@@ -552,6 +756,8 @@ int main() {
     for (const MatmulCase& lc : layers) test_layer(lc, rng);
     test_layer(layers[2], rng, Fp8Format::kE4M3);  // the GELU gradient's range in E4M3
     test_delayed_steps(rng);
+    test_gelu_input_layer(rng, 1000, 4 * 1600, 1600);
+    test_gelu_in_model(rng);
 #endif
   });
 }
