@@ -958,7 +958,8 @@ struct MatmulOperands {
   // FP8 only: accumulate in the tensor cores' own accumulator, without cuBLASLt's periodic
   // promotion into FP32 (CUBLASLT_MATMUL_DESC_FAST_ACCUM): faster, a little less precise over
   // long sums. The FP8 recipes of Transformer Engine and torchao use it for the forward product
-  // and not for the gradients', whose sums run over every token.
+  // and not for the gradients'; ours for the forward and the input gradient (sums over channels),
+  // not for the weight gradient, whose sums run over every token.
   bool fast_accum = false;
 };
 
@@ -1625,8 +1626,11 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
                           false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
                           fp8_operands(Fp8Format::kE4M3, inp_scale, grad_format, dout_scale)),
           "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product", C, OC, N);
-  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, nullptr, N, C, OC,
-                      fp8_operands(Fp8Format::kE4M3, w.scale, grad_format, dout_scale), stream);
+  // The input gradient's sums run over OC channels, as the forward's over C: fast accumulation
+  // there too (the weight gradient's run over every token and keep cuBLASLt's promotions).
+  MatmulOperands dinp_ops = fp8_operands(Fp8Format::kE4M3, w.scale, grad_format, dout_scale);
+  dinp_ops.fast_accum = true;
+  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, nullptr, N, C, OC, dinp_ops, stream);
 }
 
 // ============================================================================

@@ -140,8 +140,8 @@ def fp8_cast(x, dtype, emax):
 
 def scaled_mm(a, b, inv_a, inv_b, out_dtype, bias=None, fast_accum=False):
     """a @ b on FP8 operands (a row-major, b column-major) dequantised by inv_a * inv_b, FP32
-    accumulation; fast_accum skips cuBLASLt's promotions into FP32 (the CUDA trainer's forward
-    products, as the FP8 recipes of Transformer Engine and torchao)."""
+    accumulation; fast_accum skips cuBLASLt's promotions into FP32 (the CUDA trainer's forward and
+    input-gradient products, whose sums run over channels)."""
     out = torch._scaled_mm(a, b, scale_a=inv_a, scale_b=inv_b, bias=bias, out_dtype=out_dtype,
                            use_fast_accum=fast_accum)
     return out[0] if isinstance(out, tuple) else out  # PyTorch before 2.5 also returned the amax
@@ -169,7 +169,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         xq, x_inv, wq, w_inv = ctx.saved_tensors
         dy2 = dy.reshape(-1, dy.size(-1)).contiguous()
         dyq, dy_inv = fp8_cast(dy2, torch.float8_e5m2, FP8_E5M2_EMAX)
-        dx = scaled_mm(dyq, column_major(wq), dy_inv, w_inv, torch.bfloat16)
+        dx = scaled_mm(dyq, column_major(wq), dy_inv, w_inv, torch.bfloat16, fast_accum=True)
         # BF16, as the CUDA trainer's weight gradients (and autocast's BF16 linear layers): FP32
         # sums rounded once.
         dweight = scaled_mm(dyq.t().contiguous(), column_major(xq), dy_inv, x_inv, torch.bfloat16)
