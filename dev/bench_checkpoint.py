@@ -11,8 +11,10 @@ and s+1, so its stall is that interval less the median interval between two line
 checkpoint between them (the first two steps are setup and not counted). The run's end waits for
 the last checkpoint, so the time from the last step line to the exit is shown too. Then it
 resumes the last run from its newest checkpoint (-y 1, one more step) and times the start to the
-first step line, against the same for a fresh start, with the split of the trainer's `resumed from`
-line (the seconds loading the state, and to that line). Every program's output is kept in OUTDIR;
+first step line, with the split of the trainer's `resumed from` line (the seconds loading the
+state, and to that line), against a fresh start of the same command without -y 1 (into a
+directory of its own, so that it sets up the same checkpoints, pinned host memory included),
+stopped at its first step line. Every program's output is kept in OUTDIR;
 each run keeps its newest checkpoint only (-nk 1), and a run's checkpoints are deleted once the
 next run starts. --modes picks the ways of writing (-ac values, in that order) and --resume 0
 leaves out the resume: a large model's runs may be split over several calls.
@@ -37,9 +39,10 @@ RESUMED_LINE = re.compile(r"^resumed from .* \(the state loaded in ([\d.]+) s, (
                           re.MULTILINE)
 
 
-def timed_run(cmd, log_path):
+def timed_run(cmd, log_path, stop_at_first_step=False):
     """Runs cmd, timing its output: (exit status, seconds to each step line by step, seconds to
-    the exit). Times count from the start of the process."""
+    the exit). Times count from the start of the process. stop_at_first_step: the process is
+    killed at its first step line (only the time to it is wanted)."""
     start = time.monotonic()
     step_times = {}
     with open(log_path, "w") as log:
@@ -52,6 +55,10 @@ def timed_run(cmd, log_path):
             match = STEP_LINE.match(line)
             if match:
                 step_times[int(match.group(1))] = now
+                if stop_at_first_step:
+                    proc.kill()
+                    break
+        proc.stdout.close()
         status = proc.wait()
     return status, step_times, time.monotonic() - start
 
@@ -146,12 +153,16 @@ def main():
         if not args.resume:
             remove_files(run_dir)
             continue
-        # The resume: from the newest checkpoint of the last run, one step more, against a fresh start.
+        # The resume: from the newest checkpoint of the last run, one step more, against a fresh start
+        # of the same command (the same checkpoint setup) in a directory of its own.
         fresh_log = os.path.join(args.outdir, f"{name}_fresh.log")
         resume_log = os.path.join(args.outdir, f"{name}_resume.log")
-        _, fresh, _ = timed_run(base + ["-x", "1"], fresh_log)
-        status, resumed, _ = timed_run(base + ["-x", str(args.steps + 1), "-n", str(args.every), "-nk", "1",
-                                               "-o", run_dir, "-y", "1"], resume_log)
+        fresh_dir = os.path.join(args.outdir, f"{name}_fresh")
+        continued = base + ["-x", str(args.steps + 1), "-n", str(args.every), "-nk", "1"]
+        remove_files(fresh_dir)
+        _, fresh, _ = timed_run(continued + ["-o", fresh_dir], fresh_log, stop_at_first_step=True)
+        remove_files(fresh_dir)
+        status, resumed, _ = timed_run(continued + ["-o", run_dir, "-y", "1"], resume_log)
         if status != 0 or not fresh or not resumed:
             print(f"bench_checkpoint.py: the resume at {preset}:{B} failed (exit {status}; log {resume_log})",
                   file=sys.stderr)

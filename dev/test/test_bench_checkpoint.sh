@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests dev/bench_checkpoint.py without a GPU: the stall arithmetic on made-up step times (exact),
-# and with a stand-in trainer the runs it makes (each way of writing, then a resume and a fresh
-# start), the checkpoint's bytes, and the failures. Scratch files go to build/test_tmp/bench_checkpoint.
+# and with a stand-in trainer the runs it makes (each way of writing, then a fresh start and a
+# resume), the checkpoint's bytes, and the failures. Scratch files go to build/test_tmp/bench_checkpoint.
 #
 #   bash dev/test/test_bench_checkpoint.sh     (BENCH_PYTHON=... to pick the python with numpy)
 set -uo pipefail
@@ -81,7 +81,9 @@ calls=$(cat "$DIR/calls.txt")
 check "the runs: a checkpoint every 3, newest kept, each -ac" \
   "$(echo "$calls" | grep -oE -- '-x 10 -n 3 -nk 1 -ac [0-9]' | tr '\n' ,)" \
   "-x 10 -n 3 -nk 1 -ac 0,-x 10 -n 3 -nk 1 -ac 2,-x 10 -n 3 -nk 1 -ac 1,"
-check "then a fresh start of one step" "$(echo "$calls" | sed -n 4p | grep -cE -- '-x 1$')" 1
+check "then a fresh start: the resume's command without -y 1, in a directory of its own" \
+  "$(echo "$calls" | sed -n 4p | grep -cE -- "-x 11 -n 3 -nk 1 -o $DIR/out/d12_b4_fresh\$")" 1
+check "... stopped at its first step line" "$(grep -c '^step ' "$DIR/out/d12_b4_fresh.log")" 1
 check "and the resume of the last run's directory" \
   "$(echo "$calls" | sed -n 5p | grep -cE -- "-x 11 -n 3 -nk 1 -o $DIR/out/d12_b4_ac1 -y 1\$")" 1
 check "no checkpoint is left behind" "$(find "$DIR/out" -name '*.bin' ! -name random_tokens.bin | wc -l)" 0
@@ -97,7 +99,7 @@ check "... the other rows still shown" "$(echo "$out" | grep -cE '^ +d12:4 +-ac 
 out=$(bench --steps 10 --every 3 --modes 1,0 --resume 0 2>&1)
 check "--modes 1,0 --resume 0: exit 0" "$?" 0
 check "... the runs of those modes, in that order, and no resume" \
-  "$(grep -oE -- '-ac [0-9]|-y 1|-x 1$' "$DIR/calls.txt" | tr '\n' ,)" "-ac 1,-ac 0,"
+  "$(grep -oE -- '-ac [0-9]|-y 1|_fresh$' "$DIR/calls.txt" | tr '\n' ,)" "-ac 1,-ac 0,"
 check "... their rows" "$(echo "$out" | grep -oE '^ +d12:4 +-ac [0-9]' | tr -s ' ' | sed 's/^ //' | tr '\n' ,)" \
   "d12:4 -ac 1,d12:4 -ac 0,"
 check "... each run's line as it ends" "$(echo "$out" | grep -cE '^d12:4 -ac [01]: step [0-9.]+ ms, stall [0-9.-]+ ms a checkpoint$')" 2
