@@ -1301,6 +1301,17 @@ struct Fp8CastSource {
   const floatX* weight = nullptr;
   const floatX* bias = nullptr;
 };
+
+Fp8CastSource fp8_layernorm_source(const float* mean, const float* rstd, const floatX* weight,
+                                   const floatX* bias) {
+  Fp8CastSource source;
+  source.kind = Fp8CastInput::kLayerNorm;
+  source.mean = mean;
+  source.rstd = rstd;
+  source.weight = weight;
+  source.bias = bias;
+  return source;
+}
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
@@ -4099,13 +4110,7 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   // are one layer's buffers (gpt2_allocate), for the other scalings' casts.
   const bool fp8_sources = m.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
   auto layernorm_source = [&](int mean, int rstd, int weight, int bias, int l) {
-    Fp8CastSource source;
-    source.kind = Fp8CastInput::kLayerNorm;
-    source.mean = m.act_f(mean, l);
-    source.rstd = m.act_f(rstd, l);
-    source.weight = m.param(weight, l);
-    source.bias = m.param(bias, l);
-    return source;
+    return fp8_layernorm_source(m.act_f(mean, l), m.act_f(rstd, l), m.param(weight, l), m.param(bias, l));
   };
   layernorm_forward(fp8_sources ? nullptr : m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd),
                     m.act(kEncoded), m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);

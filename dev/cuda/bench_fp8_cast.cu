@@ -72,12 +72,7 @@ void bench(const CastShape& s) {
   }));
   DeviceArray<float> mean(random_stored(rng, s.R, 0.0f, 0.5f)), rstd(random_stored(rng, s.R, 1.0f, 0.2f));
   DeviceArray<floatX> ln_weight(random_stored(rng, s.C, 1.0f, 0.2f)), ln_bias(random_stored(rng, s.C, 0.0f, 0.2f));
-  Fp8CastSource ln;
-  ln.kind = Fp8CastInput::kLayerNorm;
-  ln.mean = mean;
-  ln.rstd = rstd;
-  ln.weight = ln_weight;
-  ln.bias = ln_bias;
+  const Fp8CastSource ln = fp8_layernorm_source(mean, rstd, ln_weight, ln_bias);
   report("fp8_source_cast_transpose LayerNorm", s, 4.0 * n, time_ms(sets, [&](int k) {
     fp8_source_cast_transpose(rows, rows_t, scale, *x[k], ln, s.R, s.C, Fp8Format::kE4M3, true, 0);
   }));

@@ -73,6 +73,20 @@ float float_of_bits(uint32_t bits) {
   return x;
 }
 
+// The scale a delayed cast is given for s = 2^e (its amax not yet recorded).
+Fp8Scale given_scale(int e, Fp8Format f) {
+  return {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
+}
+
+// The scale current scaling would pick for the n values at x (from the GPU's amax pass), as given
+// to a delayed cast; *amax_bits: their amax.
+Fp8Scale current_scale_given(const floatX* x, size_t n, Fp8Format f, uint32_t* amax_bits) {
+  DeviceArray<Fp8Scale> scale(1);
+  fp8_amax(scale, x, n, 0);
+  *amax_bits = scale.raw()[0].amax_bits;
+  return given_scale(fp8_scale_exponent(float_of_bits(*amax_bits), f), f);
+}
+
 bool check_bytes(const std::string& name, const std::vector<uint8_t>& got, const std::vector<uint8_t>& ref) {
   REQUIRE(got.size() == ref.size(), "%s: %zu bytes compared with %zu", name.c_str(), got.size(), ref.size());
   size_t differ = 0, first = 0;
@@ -204,7 +218,7 @@ void test_delayed_casts(const std::string& name, int R, int C, const std::vector
   for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
     const char* fmt = fp8_format_name(f);
     const int e = std::min(126, scale_exponent_reference(float_of_bits(amax_bits), f) + shift);
-    const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
+    const Fp8Scale given = given_scale(e, f);
     const std::string label = llmc::strformat("%s delayed", fmt);
     check_cast_kernels(label, x, R, C, f, e, true, scale, [&] { scale.upload(std::vector<Fp8Scale>{given}); },
                        [&](const char* what) {
@@ -360,6 +374,27 @@ void test_delayed_steps(llmc::Rng& rng) {
 
 // ---- GELU in fcproj's input cast (delayed scaling) ----
 
+// A fused delayed cast against the passes it replaces: cast(fused) writes rows and rows_t with
+// the scale given (uploaded first; rows poisoned): the fused kernel, or the reference's passes.
+// The fused rows and transpose must be the reference's bit for bit, and a second fused run's the
+// same. The last run is a fused one, for checks of what it recorded.
+void check_fused_cast(const std::string& what, const std::string& reference, DeviceArray<Fp8Scale>& scale,
+                      const Fp8Scale& given, DeviceArray<uint8_t>& rows, DeviceArray<uint8_t>& rows_t,
+                      const std::function<void(bool fused)>& cast) {
+  auto run = [&](bool fused) {
+    scale.upload(std::vector<Fp8Scale>{given});
+    rows.poison();
+    rows_t.poison();
+    cast(fused);
+    return std::make_pair(rows.raw(), rows_t.raw());
+  };
+  const auto ref = run(false);
+  const auto fused = run(true);
+  check_bytes(what + ": rows = " + reference + ", cast", fused.first, ref.first);
+  check_bytes(what + ": transposed = " + reference + ", cast", fused.second, ref.second);
+  testing::check_verbose(run(true) == fused, what + " twice: the same bits");
+}
+
 // fp8_gelu_cast_transpose of GELU's input pre against the two passes it replaces, gelu_forward then
 // the delayed fp8_cast_transpose (itself checked against the CPU above), with the scale current
 // scaling would pick for GELU's values: the same rows, transpose and recorded amax, bit for bit;
@@ -371,34 +406,23 @@ void test_gelu_cast(llmc::Rng& rng, int R, int C) {
   const std::vector<float> pre = random_stored(rng, n, 0.0f, 1.5f);
   DeviceArray<floatX> d_pre(pre), d_gelu(n);
   gelu_forward(d_gelu, d_pre, n, 0);
+  uint32_t amax_bits = 0;
+  const Fp8Scale given = current_scale_given(d_gelu, n, f, &amax_bits);
   DeviceArray<Fp8Scale> scale(1);
-  fp8_amax(scale, d_gelu, n, 0);
-  const uint32_t amax_bits = scale.raw()[0].amax_bits;
-  const int e = fp8_scale_exponent(float_of_bits(amax_bits), f);
-  const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
   const int ld_t = fp8_padded(R);
   DeviceArray<uint8_t> rows(n), rows_t((size_t)C * ld_t);
-  auto cast = [&](bool fused) {
-    scale.upload(std::vector<Fp8Scale>{given});
-    rows.poison();
-    rows_t.poison();
+  check_fused_cast("GELU in the cast", "gelu_forward's", scale, given, rows, rows_t, [&](bool fused) {
     if (fused) {
       fp8_gelu_cast_transpose(rows, rows_t, scale, d_pre, R, C, f, 0);
     } else {
       fp8_cast_transpose(rows, rows_t, scale, d_gelu, R, C, f, true, 0);
     }
-    return std::make_pair(rows.raw(), rows_t.raw());
-  };
-  const auto ref = cast(false);
-  const auto fused = cast(true);
-  check_bytes("GELU in the cast: rows = gelu_forward's, cast", fused.first, ref.first);
-  check_bytes("GELU in the cast: transposed = gelu_forward's, cast", fused.second, ref.second);
+  });
   const Fp8Scale got = scale.raw()[0];
   testing::check_verbose(got.amax_bits == amax_bits && got.scale == given.scale && got.inv_scale == given.inv_scale,
                          llmc::strformat("GELU in the cast: amax %08x recorded (GELU's %08x), s and 1/s as given",
                                          got.amax_bits, amax_bits));
   check_close("GELU in the cast: its input left as it was", d_pre.download(), pre, 0.0f);
-  testing::check_verbose(cast(true) == fused, "GELU in the cast twice: the same bits");
 }
 
 // LayerNorm in the cast: fp8_source_cast_transpose of the layernorm's input x, from the statistics
@@ -415,35 +439,19 @@ void test_layernorm_cast(llmc::Rng& rng, int R, int C) {
   layernorm_forward(d_ln, mean, rstd, d_x, d_w, d_b, R, C, 0);
   layernorm_forward(nullptr, mean2, rstd2, d_x, d_w, d_b, R, C, 0);
   check_same_bits("layernorm statistics without the output = with it", Snapshot(mean, rstd), Snapshot(mean2, rstd2));
+  uint32_t amax_bits = 0;
+  const Fp8Scale given = current_scale_given(d_ln, n, f, &amax_bits);
   DeviceArray<Fp8Scale> scale(1);
-  fp8_amax(scale, d_ln, n, 0);
-  const uint32_t amax_bits = scale.raw()[0].amax_bits;
-  const int e = fp8_scale_exponent(float_of_bits(amax_bits), f);
-  const Fp8Scale given = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(f)};
-  Fp8CastSource source;
-  source.kind = Fp8CastInput::kLayerNorm;
-  source.mean = mean2;
-  source.rstd = rstd2;
-  source.weight = d_w;
-  source.bias = d_b;
+  const Fp8CastSource source = fp8_layernorm_source(mean2, rstd2, d_w, d_b);
   DeviceArray<uint8_t> rows(n), rows_t((size_t)C * fp8_padded(R));
-  auto cast = [&](bool fused) {
-    scale.upload(std::vector<Fp8Scale>{given});
-    rows.poison();
-    rows_t.poison();
+  check_fused_cast("LayerNorm in the cast", "layernorm_forward's", scale, given, rows, rows_t, [&](bool fused) {
     if (fused) {
       fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, true, 0);
     } else {
       fp8_cast_transpose(rows, rows_t, scale, d_ln, R, C, f, true, 0);
     }
-    return std::make_pair(rows.raw(), rows_t.raw());
-  };
-  const auto ref = cast(false);
-  const auto fused = cast(true);
-  check_bytes("LayerNorm in the cast: rows = layernorm_forward's, cast", fused.first, ref.first);
-  check_bytes("LayerNorm in the cast: transposed = layernorm_forward's, cast", fused.second, ref.second);
+  });
   testing::check_verbose(scale.raw()[0].amax_bits == amax_bits, "LayerNorm in the cast: the output's amax recorded");
-  testing::check_verbose(cast(true) == fused, "LayerNorm in the cast twice: the same bits");
   testing::check_throws([&] { fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, false, 0); },
                         "needs delayed scaling", "LayerNorm in the cast with current scaling is refused");
 }
