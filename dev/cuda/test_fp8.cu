@@ -376,11 +376,12 @@ void test_delayed_steps(llmc::Rng& rng) {
 
 // A fused delayed cast against the passes it replaces: cast(fused) writes rows and rows_t with
 // the scale given (uploaded first; rows poisoned): the fused kernel, or the reference's passes.
-// The fused rows and transpose must be the reference's bit for bit, and a second fused run's the
-// same. The last run is a fused one, for checks of what it recorded.
+// The fused rows and transpose must be the reference's bit for bit, the amax it records
+// amax_bits (s and 1/s left as given), and a second fused run's the same. The last run is a
+// fused one, for checks of what else it wrote.
 void check_fused_cast(const std::string& what, const std::string& reference, DeviceArray<Fp8Scale>& scale,
-                      const Fp8Scale& given, DeviceArray<uint8_t>& rows, DeviceArray<uint8_t>& rows_t,
-                      const std::function<void(bool fused)>& cast) {
+                      const Fp8Scale& given, uint32_t amax_bits, DeviceArray<uint8_t>& rows,
+                      DeviceArray<uint8_t>& rows_t, const std::function<void(bool fused)>& cast) {
   auto run = [&](bool fused) {
     scale.upload(std::vector<Fp8Scale>{given});
     rows.poison();
@@ -392,6 +393,10 @@ void check_fused_cast(const std::string& what, const std::string& reference, Dev
   const auto fused = run(true);
   check_bytes(what + ": rows = " + reference + ", cast", fused.first, ref.first);
   check_bytes(what + ": transposed = " + reference + ", cast", fused.second, ref.second);
+  const Fp8Scale got = scale.raw()[0];
+  testing::check_verbose(got.amax_bits == amax_bits && got.scale == given.scale && got.inv_scale == given.inv_scale,
+                         llmc::strformat("%s: amax %08x recorded (%s %08x), s and 1/s as given", what.c_str(),
+                                         got.amax_bits, reference.c_str(), amax_bits));
   testing::check_verbose(run(true) == fused, what + " twice: the same bits");
 }
 
@@ -411,17 +416,13 @@ void test_gelu_cast(llmc::Rng& rng, int R, int C) {
   DeviceArray<Fp8Scale> scale(1);
   const int ld_t = fp8_padded(R);
   DeviceArray<uint8_t> rows(n), rows_t((size_t)C * ld_t);
-  check_fused_cast("GELU in the cast", "gelu_forward's", scale, given, rows, rows_t, [&](bool fused) {
+  check_fused_cast("GELU in the cast", "gelu_forward's", scale, given, amax_bits, rows, rows_t, [&](bool fused) {
     if (fused) {
       fp8_gelu_cast_transpose(rows, rows_t, scale, d_pre, R, C, f, 0);
     } else {
       fp8_cast_transpose(rows, rows_t, scale, d_gelu, R, C, f, true, 0);
     }
   });
-  const Fp8Scale got = scale.raw()[0];
-  testing::check_verbose(got.amax_bits == amax_bits && got.scale == given.scale && got.inv_scale == given.inv_scale,
-                         llmc::strformat("GELU in the cast: amax %08x recorded (GELU's %08x), s and 1/s as given",
-                                         got.amax_bits, amax_bits));
   check_close("GELU in the cast: its input left as it was", d_pre.download(), pre, 0.0f);
 }
 
@@ -444,14 +445,14 @@ void test_layernorm_cast(llmc::Rng& rng, int R, int C) {
   DeviceArray<Fp8Scale> scale(1);
   const Fp8CastSource source = fp8_layernorm_source(mean2, rstd2, d_w, d_b);
   DeviceArray<uint8_t> rows(n), rows_t((size_t)C * fp8_padded(R));
-  check_fused_cast("LayerNorm in the cast", "layernorm_forward's", scale, given, rows, rows_t, [&](bool fused) {
+  auto cast = [&](bool fused) {
     if (fused) {
       fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, true, 0);
     } else {
       fp8_cast_transpose(rows, rows_t, scale, d_ln, R, C, f, true, 0);
     }
-  });
-  testing::check_verbose(scale.raw()[0].amax_bits == amax_bits, "LayerNorm in the cast: the output's amax recorded");
+  };
+  check_fused_cast("LayerNorm in the cast", "layernorm_forward's", scale, given, amax_bits, rows, rows_t, cast);
   testing::check_throws([&] { fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, false, 0); },
                         "needs delayed scaling", "LayerNorm in the cast with current scaling is refused");
 }
