@@ -4578,6 +4578,8 @@ struct Checkpointer {
   cudaEvent_t copied = nullptr;       // on copy_stream, after the copies
   floatX* params_host = nullptr;      // rank 0: the parameters as stored
   float* optimizer_host = nullptr;    // AdamW's first moments, second moments, master weights
+  size_t pinned_bytes = 0;            // of the two above, pinned at setup in pin_seconds
+  double pin_seconds = 0.0;
   // The snapshot on the GPU (none where memory is short): a copy of the parameters (rank 0), and
   // AdamW's state as two sets of arrays, the model's own and a second one allocated here. A
   // checkpoint keeps the model's current set for its writer, and the next update writes the
@@ -4682,8 +4684,12 @@ void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, i
   cudaCheck(cudaEventCreateWithFlags(&ck.state_ready, cudaEventDisableTiming | cudaEventBlockingSync));
   cudaCheck(cudaEventCreateWithFlags(&ck.copied, cudaEventDisableTiming | cudaEventBlockingSync));
   if (!pin) return;
+  // Pinning zeroes and locks every page (seconds for a large model's state), before the first step.
+  const double pin_start = llmc::wall_seconds();
   const cudaError_t pinned = checkpoint_pin_buffers(ck, m, rank);
+  ck.pin_seconds = llmc::wall_seconds() - pin_start;
   ck.async = pinned == cudaSuccess;
+  if (ck.async) ck.pinned_bytes = checkpoint_param_bytes(m, rank) + checkpoint_optimizer_bytes(m);
   if (ck.async && snapshot) checkpoint_take_snapshot_memory(ck, m, rank);
   if (!ck.async) {
     printf("rank %d: cannot pin %zu MiB of host memory for checkpoints (%s): they are written "
@@ -5401,8 +5407,11 @@ bool checkpoint_pin_asked(const TrainArgs& a, int train_steps) {
 
 // How this rank writes checkpoints, for the startup table.
 std::string checkpoint_mode(const Checkpointer& ck, bool pin_asked) {
-  if (ck.async && checkpoint_has_snapshot(ck)) return "written in the background (a snapshot on the GPU, then pinned host memory)";
-  if (ck.async) return "written in the background (pinned host memory)";
+  const std::string pinned = llmc::strformat("; %.1f GB pinned in %.1f s", ck.pinned_bytes / 1e9, ck.pin_seconds);
+  if (ck.async && checkpoint_has_snapshot(ck)) {
+    return "written in the background (a snapshot on the GPU, then pinned host memory)" + pinned;
+  }
+  if (ck.async) return "written in the background (pinned host memory)" + pinned;
   return pin_asked ? "written before training goes on (host memory not pinned)" : "written before training goes on";
 }
 
