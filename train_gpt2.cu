@@ -1304,13 +1304,7 @@ struct Fp8CastSource {
 
 Fp8CastSource fp8_layernorm_source(const float* mean, const float* rstd, const floatX* weight,
                                    const floatX* bias) {
-  Fp8CastSource source;
-  source.kind = Fp8CastInput::kLayerNorm;
-  source.mean = mean;
-  source.rstd = rstd;
-  source.weight = weight;
-  source.bias = bias;
-  return source;
+  return {Fp8CastInput::kLayerNorm, mean, rstd, weight, bias};
 }
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
@@ -1427,29 +1421,20 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, fl
   fp8_dispatch(f, delayed, [&](auto format, auto is_delayed) {
     constexpr Fp8Format kFormat = decltype(format)::value;
     constexpr bool kDelayed = decltype(is_delayed)::value;
+    // Every input but the values themselves is for delayed scaling only (required above).
+    auto launch = [&](auto kind) {
+      constexpr Fp8CastInput kInput = decltype(kind)::value;
+      if constexpr (kDelayed || kInput == Fp8CastInput::kValues) {
+        fp8_cast_transpose_kernel<kFormat, kDelayed, kInput>
+            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, source, R, C, ld_t);
+      }
+    };
+    using Input = Fp8CastInput;
     switch (input) {
-      case Fp8CastInput::kValues:
-        fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kValues>
-            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, source, R, C, ld_t);
-        break;
-      case Fp8CastInput::kGelu:  // delayed scaling only, as the two below
-        if constexpr (kDelayed) {
-          fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kGelu>
-              <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, source, R, C, ld_t);
-        }
-        break;
-      case Fp8CastInput::kLayerNorm:
-        if constexpr (kDelayed) {
-          fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kLayerNorm>
-              <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, nullptr, source, R, C, ld_t);
-        }
-        break;
-      case Fp8CastInput::kTimesGeluGrad:
-        if constexpr (kDelayed) {
-          fp8_cast_transpose_kernel<kFormat, kDelayed, Fp8CastInput::kTimesGeluGrad>
-              <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, source, R, C, ld_t);
-        }
-        break;
+      case Input::kValues: launch(std::integral_constant<Input, Input::kValues>()); break;
+      case Input::kGelu: launch(std::integral_constant<Input, Input::kGelu>()); break;
+      case Input::kLayerNorm: launch(std::integral_constant<Input, Input::kLayerNorm>()); break;
+      case Input::kTimesGeluGrad: launch(std::integral_constant<Input, Input::kTimesGeluGrad>()); break;
     }
   });
   cudaCheckLaunch();
@@ -1467,10 +1452,8 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const flo
 // are gelu_forward's bits.
 void fp8_gelu_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* pre_gelu,
                              int R, int C, Fp8Format f, cudaStream_t stream) {
-  Fp8CastSource gelu;
-  gelu.kind = Fp8CastInput::kGelu;
   fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(pre_gelu), nullptr, R, C, f, true,
-                            gelu, stream);
+                            {Fp8CastInput::kGelu}, stream);
 }
 
 // source.kind kValues, kGelu or kLayerNorm: x or what source says of it, cast and transposed as
@@ -1489,9 +1472,8 @@ void fp8_source_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, co
 void fp8_gelu_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* dx,
                                       const floatX* pre_gelu, int R, int C, Fp8Format f,
                                       cudaStream_t stream) {
-  Fp8CastSource gelu_grad;
-  gelu_grad.kind = Fp8CastInput::kTimesGeluGrad;
-  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, R, C, f, true, gelu_grad, stream);
+  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, R, C, f, true, {Fp8CastInput::kTimesGeluGrad},
+                            stream);
 }
 
 // ---- Delayed scaling: the scales of a step from the amaxes of the steps before it ----
@@ -4134,11 +4116,9 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
                                      m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
                                      m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
     if (fp8_sources) {
-      Fp8CastSource gelu;
-      gelu.kind = Fp8CastInput::kGelu;
       gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kResidual2, l), N, nullptr,
                           layernorm_source(kLn2Mean, kLn2Rstd, llmc::kLn2w, llmc::kLn2b, l));
-      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFch, l), N, nullptr, gelu);
+      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFch, l), N, nullptr, {Fp8CastInput::kGelu});
     } else if (m.fp8 && m.fp8_delayed) {
       // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
       // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and

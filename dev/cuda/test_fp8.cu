@@ -631,10 +631,9 @@ void test_gelu_input_layer(llmc::Rng& rng, int N, int C, int OC) {
   fp8_amax(inp_scale, d_gelu, (size_t)N * C, 0);
   std::vector<Fp8Scale> given = scales.raw();
   const int e = fp8_scale_exponent(float_of_bits(given[1].amax_bits), Fp8Format::kE4M3);
-  given[1] = {(float)std::ldexp(1.0, -e), 0u, (float)std::ldexp(1.0, e), fp8_emax(Fp8Format::kE4M3)};
+  given[1] = given_scale(e, Fp8Format::kE4M3);
   DeviceArray<floatX> out((size_t)N * OC);
-  Fp8CastSource gelu;
-  gelu.kind = Fp8CastInput::kGelu;
+  const Fp8CastSource gelu{Fp8CastInput::kGelu};
   auto forward = [&](bool gelu_in_cast) {
     scales.upload(given);
     out.poison();
@@ -694,16 +693,9 @@ void test_gelu_in_model(llmc::Rng& rng) {
   DeviceArray<float> mean(N), rstd(N);
   auto layernorm = [&](const floatX* x, int weight, int bias, int l) {
     layernorm_forward(nullptr, mean, rstd, x, m.param(weight, l), m.param(bias, l), N, (int)C, m.stream);
-    Fp8CastSource source;
-    source.kind = Fp8CastInput::kLayerNorm;
-    source.mean = mean;
-    source.rstd = rstd;
-    source.weight = m.param(weight, l);
-    source.bias = m.param(bias, l);
-    return source;
+    return fp8_layernorm_source(mean, rstd, m.param(weight, l), m.param(bias, l));
   };
-  Fp8CastSource gelu;
-  gelu.kind = Fp8CastInput::kGelu;
+  const Fp8CastSource gelu{Fp8CastInput::kGelu};
   bool gelu_same = delayed, ln1_same = delayed, ln2_same = delayed;
   for (int l = 0; l < config.num_layers; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
