@@ -1288,8 +1288,11 @@ void fp8_dispatch(Fp8Format f, bool delayed, Launch&& launch) {
 // its input, from the row statistics the layernorm forward kept and its weight and bias, as
 // layernorm_row computes it (the same bits), never written (the qkv and fc layers' inputs); or,
 // x being a gradient of GELU's output, x * GELU'(pre_gelu), in FP32 and rounded to BF16 as
-// gelu_backward_inplace does, also written over x (the fc layer's output gradient in the pass
-// that casts it: reads 4 bytes a value, writes 4).
+// gelu_backward_inplace does, never written either (the fc layer's output gradient in the pass
+// that casts it: reads 4 bytes a value, writes 2). Its only BF16 reader was the fc bias
+// gradient's column sum, so the kernel sums each tile's columns instead: col_partials row
+// blockIdx.y holds the sums over the tile's 128 rows, each thread's rows in order and then the
+// threads of a column in order (fixed, so deterministic), for column_sum_finalize.
 enum class Fp8CastInput { kValues, kGelu, kLayerNorm, kTimesGeluGrad };
 
 // Where an FP8 layer's input comes from (matmul_forward_fp8): kValues, kGelu or kLayerNorm, the
@@ -1309,10 +1312,14 @@ Fp8CastSource fp8_layernorm_source(const float* mean, const float* rstd, const f
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
+// The cast-transposes' tile rows over R rows: the rows of col_partials with GELU' in the cast.
+int fp8_tile_rows(int R) { return ceil_div(fp8_padded(R), kFp8TileRows); }
+
 template <Fp8Format F, bool kDelayed, Fp8CastInput kInput>
 __global__ void __launch_bounds__(kFp8Threads)
-    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* x,
-                              const floatX* pre_gelu, Fp8CastSource ln, int R, int C, int ld_t) {
+    fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
+                              const floatX* pre_gelu, float* col_partials, Fp8CastSource ln, int R,
+                              int C, int ld_t) {
   __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
   const float s = fp8_cast_scale<kDelayed>(scale, F);
   uint32_t m = 0;
@@ -1320,9 +1327,9 @@ __global__ void __launch_bounds__(kFp8Threads)
   constexpr int kLoads = kFp8TileRows * kPieces / kFp8Threads;  // pieces per thread
   static_assert(kLoads * kFp8Threads == kFp8TileRows * kPieces, "a tile is whole pieces per thread");
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
-  // The loads of a batch of pieces are issued before the first of their stores: the stores (to
-  // out, and to x with kTimesGeluGrad) could alias later loads as far as the compiler knows, so a loop
-  // of load, cast, store keeps one piece in flight per thread. The casts batch all of a thread's
+  // The loads of a batch of pieces are issued before the first of their stores: the stores to
+  // out could alias later loads as far as the compiler knows, so a loop of load, cast, store
+  // keeps one piece in flight per thread. The casts batch all of a thread's
   // pieces (2.46 -> 2.61 TB/s at 8192 x 6400, H100). With kTimesGeluGrad, two inputs a piece,
   // batches of 4 held too many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65.
   constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
@@ -1331,6 +1338,7 @@ __global__ void __launch_bounds__(kFp8Threads)
   // weight and bias are loaded once, beside the first loads.
   static_assert(kFp8Threads % kPieces == 0, "a thread's pieces share their columns");
   x128 ln_weight, ln_bias;
+  float col_sum[x128::size] = {};  // with GELU': the thread's column sums over its rows
   if (kInput == Fp8CastInput::kLayerNorm) {
     const int col = col0 + (threadIdx.x % kPieces) * x128::size;
     for (int k = 0; k < x128::size; k++) ln_weight[k] = ln_bias[k] = (floatX)0.0f;
@@ -1373,7 +1381,9 @@ __global__ void __launch_bounds__(kFp8Threads)
       }
       if (kGeluGrad && row < R && col < C) {
         for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[b][k]));
-        store128(x + (size_t)row * C + col, v);
+      }
+      if (kGeluGrad) {  // zeros outside the tensor
+        for (int k = 0; k < x128::size; k++) col_sum[k] += (float)v[k];
       }
       if (kDelayed) m = fp8_piece_amax(m, v);
       const Fp8Piece q = fp8_piece<F>(v, s);
@@ -1387,8 +1397,22 @@ __global__ void __launch_bounds__(kFp8Threads)
       }
     }
   }
+  // A thread's pieces share their column piece threadIdx.x % kPieces (see above); its rows are
+  // group, group + kGroups, ... for group threadIdx.x / kPieces.
+  constexpr int kGroups = kFp8Threads / kPieces;
+  __shared__ float group_sums[kGeluGrad ? kGroups : 1][kGeluGrad ? kFp8TileCols : 1];
+  if (kGeluGrad) {
+    for (int k = 0; k < x128::size; k++) {
+      group_sums[threadIdx.x / kPieces][(threadIdx.x % kPieces) * x128::size + k] = col_sum[k];
+    }
+  }
   if (kDelayed) fp8_block_amax(m, &scale->amax_bits);
   __syncthreads();
+  if (kGeluGrad && threadIdx.x < kFp8TileCols && col0 + threadIdx.x < C) {
+    float total = 0.0f;
+    for (int g = 0; g < kGroups; g++) total += group_sums[g][threadIdx.x];
+    col_partials[(size_t)blockIdx.y * C + col0 + threadIdx.x] = total;
+  }
   constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
   for (int id = threadIdx.x; id < kFp8TileCols * kSegments; id += kFp8Threads) {
     const int segment = id % kSegments, c = id / kSegments;
@@ -1399,12 +1423,13 @@ __global__ void __launch_bounds__(kFp8Threads)
   }
 }
 
-void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* x,
-                               const floatX* pre_gelu, int R, int C, Fp8Format f, bool delayed,
-                               const Fp8CastSource& source, cudaStream_t stream) {
+void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
+                               const floatX* pre_gelu, float* col_partials, int R, int C, Fp8Format f,
+                               bool delayed, const Fp8CastSource& source, cudaStream_t stream) {
   const Fp8CastInput input = source.kind;
-  REQUIRE((input == Fp8CastInput::kTimesGeluGrad) == (pre_gelu != nullptr),
-          "fp8_cast_transpose: pre_gelu is given with GELU' in the cast, and only then");
+  REQUIRE((input == Fp8CastInput::kTimesGeluGrad) == (pre_gelu != nullptr) &&
+              (pre_gelu != nullptr) == (col_partials != nullptr),
+          "fp8_cast_transpose: pre_gelu and col_partials are given with GELU' in the cast, and only then");
   REQUIRE(delayed || input == Fp8CastInput::kValues,
           "fp8_cast_transpose: GELU, LayerNorm or GELU' in the cast needs delayed scaling");
   REQUIRE(input != Fp8CastInput::kLayerNorm ||
@@ -1426,7 +1451,8 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, fl
       constexpr Fp8CastInput kInput = decltype(kind)::value;
       if constexpr (kDelayed || kInput == Fp8CastInput::kValues) {
         fp8_cast_transpose_kernel<kFormat, kDelayed, kInput>
-            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, source, R, C, ld_t);
+            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, col_partials, source, R, C,
+                                               ld_t);
       }
     };
     using Input = Fp8CastInput;
@@ -1442,9 +1468,8 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, fl
 
 void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x, int R,
                         int C, Fp8Format f, bool delayed, cudaStream_t stream) {
-  // Without GELU' the kernel only reads x.
-  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(x), nullptr, R, C, f, delayed,
-                            Fp8CastSource(), stream);
+  fp8_cast_transpose_launch(out, out_t, scale, x, nullptr, nullptr, R, C, f, delayed, Fp8CastSource(),
+                            stream);
 }
 
 // GELU(pre_gelu) [R, C], cast and transposed as by fp8_cast_transpose without being written in
@@ -1452,7 +1477,7 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const flo
 // are gelu_forward's bits.
 void fp8_gelu_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* pre_gelu,
                              int R, int C, Fp8Format f, cudaStream_t stream) {
-  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(pre_gelu), nullptr, R, C, f, true,
+  fp8_cast_transpose_launch(out, out_t, scale, pre_gelu, nullptr, nullptr, R, C, f, true,
                             {Fp8CastInput::kGelu}, stream);
 }
 
@@ -1463,17 +1488,18 @@ void fp8_source_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, co
                                cudaStream_t stream) {
   REQUIRE(source.kind != Fp8CastInput::kTimesGeluGrad,
           "fp8_source_cast_transpose: GELU' goes through fp8_gelu_backward_cast_transpose");
-  fp8_cast_transpose_launch(out, out_t, scale, const_cast<floatX*>(x), nullptr, R, C, f, delayed,
-                            source, stream);
+  fp8_cast_transpose_launch(out, out_t, scale, x, nullptr, nullptr, R, C, f, delayed, source, stream);
 }
 
-// dx [R, C] *= GELU'(pre_gelu) in place, cast and transposed as by fp8_cast_transpose in the same
-// pass: with delayed scaling only, whose scale is known before the product exists.
-void fp8_gelu_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, floatX* dx,
-                                      const floatX* pre_gelu, int R, int C, Fp8Format f,
-                                      cudaStream_t stream) {
-  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, R, C, f, true, {Fp8CastInput::kTimesGeluGrad},
-                            stream);
+// dx [R, C] * GELU'(pre_gelu) (gelu_backward_inplace's BF16 values, not written), cast and
+// transposed as by fp8_cast_transpose in the same pass, with its column sums per tile of 128 rows
+// into col_partials [fp8_tile_rows(R), C] (for column_sum_finalize): with delayed scaling only,
+// whose scale is known before the product exists.
+void fp8_gelu_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* dx,
+                                      const floatX* pre_gelu, float* col_partials, int R, int C,
+                                      Fp8Format f, cudaStream_t stream) {
+  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, col_partials, R, C, f, true,
+                            {Fp8CastInput::kTimesGeluGrad}, stream);
 }
 
 // ---- Delayed scaling: the scales of a step from the amaxes of the steps before it ----
@@ -1593,10 +1619,12 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 // matmul_backward with FP8 products: dout is cast to grad_format (rows and transposed) with
 // dout_scale as `scaling` says; dweight += fp8(dout)^T inp8_t^T over the padded tokens (beta = 1, as
 // in BF16), with inp8_t the forward's transposed cast of the input (scale inp_scale), and
-// dinp = fp8(dout) w8t^T. dbias is summed from the BF16 dout as in matmul_backward.
+// dinp = fp8(dout) w8t^T. dbias is summed from the BF16 dout as in matmul_backward (partials:
+// max(kRowBlocks, fp8_tile_rows(N)) x OC floats).
 // With dout_pre_gelu, dout holds the gradient of GELU(dout_pre_gelu) (the fc layer's output), and
-// the layer's output gradient dout * GELU'(dout_pre_gelu) is first written over it: by the
-// cast-transpose that reads dout anyway (delayed scaling), or before the amax (current). The BF16
+// the layer's output gradient is dout * GELU'(dout_pre_gelu). With delayed scaling the
+// cast-transpose that reads dout anyway computes it, casts it and sums its columns for dbias,
+// and it is never written in BF16; otherwise it is written over dout before the amax. The BF16
 // layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an FP8
 // product cuBLASLt runs that epilogue as a kernel of its own (1.3 ms a layer at d12 B=64).
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, floatX* dout,
@@ -1607,14 +1635,15 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
   fp8_require_layer(C, OC);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
   if (delayed && dout_pre_gelu) {
-    fp8_gelu_backward_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, dout_pre_gelu, N, OC,
-                                     grad_format, stream);
+    fp8_gelu_backward_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, dout_pre_gelu,
+                                     partials, N, OC, grad_format, stream);
+    if (dbias) column_sum_finalize(dbias, partials, OC, OC, fp8_tile_rows(N), seed, stream);
   } else {
     if (dout_pre_gelu) gelu_backward_inplace(dout, dout_pre_gelu, (size_t)N * OC, stream);
     if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
     fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
+    if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   }
-  if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
   REQUIRE(matmul_cublaslt(dweight, inp8_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true,
                           false, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream,
                           fp8_operands(Fp8Format::kE4M3, inp_scale, grad_format, dout_scale)),
@@ -3910,8 +3939,9 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
     m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
     m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
   }
-  // Column sums of up to 4C columns in kRowBlocks blocks, or the flash backward's dqkv tile sums.
-  const size_t partials = std::max((size_t)kRowBlocks * 4 * C,
+  // Column sums of up to 4C columns in kRowBlocks blocks, or in the FP8 casts' tiles of 128 rows
+  // (the fc bias gradient with GELU' in the cast), or the flash backward's dqkv tile sums.
+  const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * 4 * C,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
   m.partials = device_alloc<float>(partials, "the column-reduction partials");
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");

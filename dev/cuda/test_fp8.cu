@@ -11,8 +11,10 @@
 // a state file's copy, and evaluation's amaxes forgotten. Layers (BF16 builds): matmul_forward_fp8 /
 // matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
 // GELU epilogue included, and the fc layer's GELU' taken into its output gradient (in the
-// delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast); run twice, and with
-// cuBLASLt's first heuristic, for identical bits. GELU and LayerNorm in the input casts (delayed
+// delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast, and the bias
+// gradient from the cast's column sums; the kernel alone: its casts and each tile's column sums
+// bitwise against gelu_backward_inplace's values); run twice, and with cuBLASLt's first
+// heuristic, for identical bits. GELU and LayerNorm in the input casts (delayed
 // scaling): the kernels and the fcproj layer against gelu_forward or layernorm_forward followed by
 // the plain cast, bit for bit, and the model's wiring of them over two layers.
 #include "dev/cuda/kernel_test.h"
@@ -426,6 +428,69 @@ void test_gelu_cast(llmc::Rng& rng, int R, int C) {
   check_close("GELU in the cast: its input left as it was", d_pre.download(), pre, 0.0f);
 }
 
+// ---- GELU' in the fc output gradient's cast (delayed scaling) ----
+
+// fp8_gelu_backward_cast_transpose of dout and GELU's input pre against the passes it replaces,
+// gelu_backward_inplace then the delayed fp8_cast_transpose, with the scale current scaling would
+// pick: the same rows, transpose and recorded amax, bit for bit; dout left as it was; the column
+// sums of each 128-row tile bitwise against a CPU sum of gelu_backward_inplace's values in the
+// kernel's order (in BF16 builds each thread's rows g, g + 32, g + 64, g + 96, then the 32
+// threads g in order); twice, the same bits.
+void test_gelu_backward_cast(llmc::Rng& rng, int R, int C) {
+  printf("\nGELU' in the output gradient's cast (delayed scaling): R=%d C=%d\n", R, C);
+  const size_t n = (size_t)R * C;
+  const Fp8Format f = Fp8Format::kE5M2;
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> pre = random_stored(rng, n, 0.0f, 1.5f);
+  DeviceArray<floatX> d_dout(dout), d_pre(pre), d_ref(dout);
+  gelu_backward_inplace(d_ref, d_pre, n, 0);
+  const std::vector<float> ref_values = d_ref.download();
+  uint32_t amax_bits = 0;
+  const Fp8Scale given = current_scale_given(d_ref, n, f, &amax_bits);
+  DeviceArray<Fp8Scale> scale(1);
+  const int tiles = fp8_tile_rows(R);
+  DeviceArray<uint8_t> rows(n), rows_t((size_t)C * fp8_padded(R));
+  DeviceArray<float> partials((size_t)tiles * C);
+  auto fused_cast = [&] {
+    partials.poison();
+    fp8_gelu_backward_cast_transpose(rows, rows_t, scale, d_dout, d_pre, partials, R, C, f, 0);
+  };
+  auto cast = [&](bool fused) {
+    if (fused) {
+      fused_cast();
+    } else {
+      fp8_cast_transpose(rows, rows_t, scale, d_ref, R, C, f, true, 0);
+    }
+  };
+  check_fused_cast("GELU' in the cast", "gelu_backward_inplace's", scale, given, amax_bits, rows, rows_t, cast);
+  check_close("GELU' in the cast: dout left as it was", d_dout.download(), dout, 0.0f);
+  // The kernel's threads: each holds the column piece of x128::size values threadIdx % kPieces of
+  // the rows group, group + kGroups, ... (group = threadIdx / kPieces).
+  constexpr int kPieces = kFp8TileCols / x128::size, kGroups = kFp8Threads / kPieces;
+  constexpr int kRowsPerThread = kFp8TileRows / kGroups;
+  std::vector<float> ref_sums((size_t)tiles * C);
+  for (int t = 0; t < tiles; t++) {
+    for (int c = 0; c < C; c++) {
+      float total = 0.0f;
+      for (int g = 0; g < kGroups; g++) {
+        float thread_sum = 0.0f;
+        for (int j = 0; j < kRowsPerThread; j++) {
+          const int row = t * kFp8TileRows + g + kGroups * j;
+          thread_sum += row < R ? ref_values[(size_t)row * C + c] : 0.0f;
+        }
+        total += thread_sum;
+      }
+      ref_sums[(size_t)t * C + c] = total;
+    }
+  }
+  check_close("GELU' in the cast: each tile's column sums, in the kernel's order", partials.download(),
+              ref_sums, 0.0f);
+  const Snapshot sums(partials);
+  scale.upload(std::vector<Fp8Scale>{given});
+  fused_cast();
+  check_same_bits("GELU' in the cast twice: the column sums", sums, Snapshot(partials));
+}
+
 // LayerNorm in the cast: fp8_source_cast_transpose of the layernorm's input x, from the statistics
 // layernorm_forward kept without writing its output, against layernorm_forward's output cast by
 // the delayed fp8_cast_transpose: the same rows, transpose and amax, bit for bit; the statistics
@@ -551,6 +616,8 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
 
   const std::vector<float> zeros((size_t)OC * C, 0.0f);
   const Snapshot backward_bits = backward(zeros);
+  const Snapshot backward_products(dinp, dweight);
+  const std::vector<float> current_dbias = dbias.download();
   check_layer_tensor("backward dinp", dinp.download(), ref_dinp.download(), kBoundBackward);
   const std::vector<float> product = dweight.download();
   check_layer_tensor("backward dweight", product, ref_dweight.download(), kBoundBackward);
@@ -571,11 +638,20 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
     }
     scales.upload(given);
     check_same_bits("delayed forward, current's scale", forward_bits, forward(Fp8Scaling::kDelayed));
-    check_same_bits("delayed backward, current's scales", backward_bits, backward(zeros, Fp8Scaling::kDelayed));
-    // Delayed scaling applies GELU' in the cast-transpose (current: gelu_backward_inplace itself).
     if (pre_dout) {
-      check_same_bits("delayed: dout * GELU' in the cast = gelu_backward_inplace's", Snapshot(ref_dout),
-                      Snapshot(layer_dout));
+      // Delayed scaling applies GELU' in the cast-transpose, which also sums the bias gradient's
+      // columns per tile and writes no BF16 output gradient (current: gelu_backward_inplace over
+      // dout, then matmul_dbias's column sums): the products' bits, dbias within a sum's rounding.
+      backward(zeros, Fp8Scaling::kDelayed);
+      check_same_bits("delayed backward, current's scales: dinp, dweight", backward_products,
+                      Snapshot(dinp, dweight));
+      if (lc.bias) {
+        check_close("delayed backward: dbias from the cast's column sums", dbias.download(), current_dbias,
+                    kTolSum);
+      }
+      check_close("delayed: dout left as it was", layer_dout.download(), dout, 0.0f);
+    } else {
+      check_same_bits("delayed backward, current's scales", backward_bits, backward(zeros, Fp8Scaling::kDelayed));
     }
     const std::vector<Fp8Scale> recorded = scales.raw();
     testing::check_verbose(recorded[1].amax_bits == current[1].amax_bits &&
@@ -744,6 +820,8 @@ int main() {
     test_gelu_cast(rng, 37, 136);
     test_layernorm_cast(rng, 1000, 1600);
     test_layernorm_cast(rng, 37, 136);
+    test_gelu_backward_cast(rng, 1000, 4 * 1600);
+    test_gelu_backward_cast(rng, 37, 136);
 #if defined(ENABLE_FP32)
     printf("\nskip FP8 linear layers: they need the BF16 build (their outputs and bias are BF16)\n");
 #else
