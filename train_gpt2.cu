@@ -1383,7 +1383,9 @@ __global__ void __launch_bounds__(kFp8Threads)
         for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[b][k]));
       }
       if (kGeluGrad) {  // zeros outside the tensor
-        for (int k = 0; k < x128::size; k++) col_sum[k] += (float)v[k];
+        // __fadd_rn keeps FP32 builds from fusing the product above into this sum: an FMA would
+        // add the unrounded products, not the values cast.
+        for (int k = 0; k < x128::size; k++) col_sum[k] = __fadd_rn(col_sum[k], (float)v[k]);
       }
       if (kDelayed) m = fp8_piece_amax(m, v);
       const Fp8Piece q = fp8_piece<F>(v, s);
@@ -1619,8 +1621,8 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 // matmul_backward with FP8 products: dout is cast to grad_format (rows and transposed) with
 // dout_scale as `scaling` says; dweight += fp8(dout)^T inp8_t^T over the padded tokens (beta = 1, as
 // in BF16), with inp8_t the forward's transposed cast of the input (scale inp_scale), and
-// dinp = fp8(dout) w8t^T. dbias is summed from the BF16 dout as in matmul_backward (partials:
-// max(kRowBlocks, fp8_tile_rows(N)) x OC floats).
+// dinp = fp8(dout) w8t^T. dbias is the column sum of the BF16 output gradient, as in
+// matmul_backward (partials: max(kRowBlocks, fp8_tile_rows(N)) x OC floats).
 // With dout_pre_gelu, dout holds the gradient of GELU(dout_pre_gelu) (the fc layer's output), and
 // the layer's output gradient is dout * GELU'(dout_pre_gelu). With delayed scaling the
 // cast-transpose that reads dout anyway computes it, casts it and sums its columns for dbias,
@@ -4083,8 +4085,8 @@ void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* 
 // The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
 // the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
 // mlp_pre_gelu, for the MLP's two layers: the GELU's input between them (act kFch), whose
-// derivative BF16 applies to fcproj's input gradient and FP8 to fc's output gradient, in place in
-// dout (see matmul_backward_fp8).
+// derivative BF16 applies to fcproj's input gradient and FP8 to fc's output gradient, in its cast
+// with delayed scaling, else in place in dout (see matmul_backward_fp8).
 void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum, floatX* dout,
                           const floatX* inp, const floatX* mlp_pre_gelu, int N, uint32_t seed) {
   const LinearSpec& spec = kBlockLinears[linear];

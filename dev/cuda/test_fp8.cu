@@ -596,7 +596,7 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
     dinp.poison();
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
-    layer_dout.upload(dout);  // GELU' is applied in place
+    layer_dout.upload(dout);  // current scaling applies GELU' in place
     matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, layer_dout, inp_t, w,
                         pre_dout, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling, 0);
     return Snapshot(dinp, dweight, dbias, layer_dout);
