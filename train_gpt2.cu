@@ -1329,11 +1329,12 @@ __global__ void __launch_bounds__(kFp8Threads)
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
   // The loads of a batch of pieces are issued before the first of their stores: the stores to
   // out could alias later loads as far as the compiler knows, so a loop of load, cast, store
-  // keeps one piece in flight per thread. The casts batch all of a thread's
-  // pieces (2.46 -> 2.61 TB/s at 8192 x 6400, H100). With kTimesGeluGrad, two inputs a piece,
-  // batches of 4 held too many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65.
+  // keeps one piece in flight per thread. The casts batch all of a thread's pieces (2.46 -> 2.61
+  // TB/s at 8192 x 6400, H100). With kTimesGeluGrad, two inputs a piece, batches of 4 held too
+  // many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65. With LayerNorm,
+  // batches of 4 hold 80 registers (3 blocks an SM), batches of 2 hold 63 (4 blocks).
   constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
-  constexpr int kBatch = kGeluGrad ? 1 : kLoads;
+  constexpr int kBatch = kGeluGrad ? 1 : kInput == Fp8CastInput::kLayerNorm ? 2 : kLoads;
   // A thread's pieces share their columns (kFp8Threads is a multiple of kPieces): LayerNorm's
   // weight and bias are loaded once, beside the first loads.
   static_assert(kFp8Threads % kPieces == 0, "a thread's pieces share their columns");
