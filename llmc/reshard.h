@@ -201,15 +201,18 @@ TrainStateFile reshard_state_files(StatePath state_path, size_t num_params, int 
 // shard size and master weights) from the checkpoint of that step in dir: the rank's own state
 // file when the checkpoint was written with the same process count and ZeRO stage, else the state
 // resharded from the files of the layout it was written with (reshard_state_files). `written`
-// gets the id of rank 0's file, whose world and zero_stage say which layout that was.
+// gets the id of rank 0's file, whose world and zero_stage say which layout that was. With `into`
+// (room for 2 arrays of expected.num_params, 3 with master weights), a rank's own file is read
+// straight into it, AdamW's moments and the master weights one after another, and the returned
+// arrays are empty; a resharded state comes in the returned arrays.
 inline TrainState checkpoint_train_state(const std::string& dir, const TrainStateId& expected,
                                          size_t num_params, const char* remedy,
-                                         TrainStateId* written) {
+                                         TrainStateId* written, float* into = nullptr) {
   auto state_path = [&](int rank) { return checkpoint_path(dir, "state", expected.step, rank); };
   int updates = 0;
   *written = train_state_read_id(state_path(0), &updates, remedy);
   if (written->world == expected.world && written->zero_stage == expected.zero_stage) {
-    return train_state_load(state_path(expected.rank), expected, remedy);
+    return train_state_load(state_path(expected.rank), expected, remedy, into);
   }
   if (written->master_weights != expected.master_weights) {
     LLMC_FAIL("%s: state %s master weights, but this run has %s: resume with the same -w setting",

@@ -221,9 +221,11 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   return id;
 }
 
-// Reads and checks a whole state file (read_header, then the payload and its checksum).
+// Reads and checks a whole state file (read_header, then the payload and its checksum). With
+// `into`, AdamW's moments and the master weights go there, one array after another (room for
+// the file's 2 arrays, 3 with master weights), and the state's vectors stay empty.
 inline TrainStateFile read(const std::string& path, const TrainStateId* expected,
-                           const char* remedy) {
+                           const char* remedy, float* into = nullptr) {
   File f(path, "rb");
   int h[kHeaderInts];
   TrainStateFile file;
@@ -232,20 +234,23 @@ inline TrainStateFile read(const std::string& path, const TrainStateId* expected
   const size_t n = file.id.num_params;
   TrainState& s = file.state;
   s.optimizer_steps = h[5];
-  s.adam_m.resize(n);
-  s.adam_v.resize(n);
-  s.master.resize(file.id.master_weights ? n : 0);
+  if (!into) {
+    s.adam_m.resize(n);
+    s.adam_v.resize(n);
+    s.master.resize(file.id.master_weights ? n : 0);
+  }
+  float* adam_m = into ? into : s.adam_m.data();
+  float* adam_v = into ? into + n : s.adam_v.data();
+  float* master = !file.id.master_weights ? nullptr : into ? into + 2 * n : s.master.data();
   f.read(&s.host, sizeof(s.host), "the RNG and data loader state");
-  f.read(s.adam_m.data(), n * sizeof(float), "AdamW's first moments");
-  f.read(s.adam_v.data(), n * sizeof(float), "AdamW's second moments");
-  if (file.id.master_weights) f.read(s.master.data(), n * sizeof(float), "the master weights");
+  f.read(adam_m, n * sizeof(float), "AdamW's first moments");
+  f.read(adam_v, n * sizeof(float), "AdamW's second moments");
+  if (master) f.read(master, n * sizeof(float), "the master weights");
   s.fp8.recorded_steps = h[11];
   s.fp8.amax.resize((size_t)h[10]);
   if (h[10] > 0) f.read(s.fp8.amax.data(), s.fp8.amax.size() * sizeof(uint32_t), "the FP8 amax history");
-  header_verify_checksum(h, payload_crc32(header_checksum_start(h), s.host, s.adam_m.data(),
-                                          s.adam_v.data(),
-                                          file.id.master_weights ? s.master.data() : nullptr, n,
-                                          s.fp8),
+  header_verify_checksum(h, payload_crc32(header_checksum_start(h), s.host, adam_m, adam_v, master,
+                                          n, s.fp8),
                          path, remedy);
   return file;
 }
@@ -253,9 +258,10 @@ inline TrainStateFile read(const std::string& path, const TrainStateId* expected
 }  // namespace train_state_detail
 
 // Reads and checks the state file of `expected`; `remedy` says what to do when the file is damaged.
+// With `into`, the arrays are read there instead (see train_state_detail::read).
 inline TrainState train_state_load(const std::string& path, const TrainStateId& expected,
-                                   const char* remedy) {
-  return train_state_detail::read(path, &expected, remedy).state;
+                                   const char* remedy, float* into = nullptr) {
+  return train_state_detail::read(path, &expected, remedy, into).state;
 }
 
 // Reads and checks a state file of any step, rank, process count and ZeRO stage (to reshard it).

@@ -444,7 +444,10 @@ gpu_bad_input_output() {
 }
 
 gpu_resume() {
+  # A resume reads its state into the pinned buffers of checkpoints written in the background
+  # (-ac 1, the default), and into pageable memory with -ac 0: both continue bit for bit.
   resume_test ./train_gpt2cu resume_bf16
+  resume_test ./train_gpt2cu resume_bf16_synchronous -ac 0
   resume_test ./train_gpt2fp32cu resume_fp32
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32

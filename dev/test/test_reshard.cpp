@@ -261,6 +261,16 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
     const llmc::TrainState want = files_of(whole, l.world, l.zero_stage)[l.rank].state;
     check_verbose(same_state(got, want) && written.world == 2 && written.zero_stage == 1,
                   std::string("checkpoint_train_state, ") + l.what);
+    // Given a buffer, a rank's own file is read into it; a resharded state still comes returned.
+    std::vector<float> buffer(3 * want.adam_m.size());
+    const llmc::TrainState into = llmc::checkpoint_train_state(
+        dir, expected_id(l.world, l.zero_stage, l.rank), n, "re-create it", &written, buffer.data());
+    const bool own = l.world == 2 && l.zero_stage == 1;
+    std::vector<float> arrays(want.adam_m);
+    arrays.insert(arrays.end(), want.adam_v.begin(), want.adam_v.end());
+    arrays.insert(arrays.end(), want.master.begin(), want.master.end());
+    check_verbose(own ? into.adam_m.empty() && buffer == arrays : same_state(into, want),
+                  std::string("checkpoint_train_state into a buffer, ") + l.what);
   }
   llmc::TrainStateId no_master = expected_id(1, 0, 0);
   no_master.master_weights = false;

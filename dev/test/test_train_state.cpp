@@ -85,6 +85,34 @@ void test_round_trip() {
   }
 }
 
+// Loaded into a caller's buffer (a resume's pinned host memory), the arrays land one after
+// another, bit for bit, and nothing past them is written; the vectors stay empty; a damaged
+// payload still fails on its checksum.
+void test_load_into() {
+  for (bool master : {true, false}) {
+    const std::string path = kDir + (master ? "/into_master.bin" : "/into.bin");
+    const Saved saved = save(path, master);
+    const size_t arrays = master ? 3 : 2;
+    std::vector<float> buffer(3 * kParams + 1, -7.0f);
+    const llmc::TrainState loaded = llmc::train_state_load(path, saved.id, kRemedy, buffer.data());
+    bool same = memcmp(buffer.data(), saved.adam_m.data(), kParams * sizeof(float)) == 0 &&
+                memcmp(buffer.data() + kParams, saved.adam_v.data(), kParams * sizeof(float)) == 0 &&
+                (!master || memcmp(buffer.data() + 2 * kParams, saved.master.data(), kParams * sizeof(float)) == 0);
+    for (size_t i = arrays * kParams; i < buffer.size(); i++) same = same && buffer[i] == -7.0f;
+    check_verbose(same && loaded.adam_m.empty() && loaded.adam_v.empty() && loaded.master.empty() &&
+                      loaded.optimizer_steps == kStep - 1 &&
+                      memcmp(&loaded.host, &saved.host, sizeof(saved.host)) == 0,
+                  std::string("state loaded into a buffer ") + (master ? "with" : "without") +
+                      " master weights: its arrays there, nothing past them");
+    std::vector<char> bytes = saved.bytes;
+    bytes[bytes.size() - 3] ^= 0x10;
+    const std::string damaged = kDir + "/into_damaged.bin";
+    write_bytes(damaged, bytes);
+    check_throws([&] { llmc::train_state_load(damaged, saved.id, kRemedy, buffer.data()); },
+                 "checksum", "a damaged payload loaded into a buffer fails on its checksum");
+  }
+}
+
 // -fp8 2's amax history comes back with the rest; a version 3 file (the format before it: the
 // same bytes without the history and [10], [11]) still loads, with an empty history.
 void test_fp8_history_and_version_3() {
@@ -194,6 +222,7 @@ int main() {
   try {
     llmc::make_dirs(kDir);
     test_round_trip();
+    test_load_into();
     test_damaged();
     test_fp8_history_and_version_3();
   } catch (const llmc::Error& e) {
