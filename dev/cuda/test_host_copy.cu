@@ -4,7 +4,9 @@
 // (the direct path), of exactly one and two pieces, one byte past a piece, and several pieces and
 // a part; from and to host addresses 1, 3 and 7 bytes off alignment; on a non-blocking stream
 // ordered after work on another (as a checkpoint's copy waits for the step's update); and that
-// every copy larger than a piece did go through the pinned pieces.
+// every copy larger than a piece did go through the pinned pieces. Also pinned_host_alloc, the
+// checkpoints' pinned buffers: page-locked (the driver says so), their bytes to the GPU and back,
+// and a request beyond the host's available memory refused before any page is touched.
 #include "dev/cuda/kernel_test.h"
 
 std::vector<unsigned char> random_bytes(llmc::Rng& rng, size_t n) {
@@ -54,6 +56,30 @@ void test_host_copy(size_t bytes, size_t host_offset, cudaStream_t other, cudaSt
   testing::check(memcmp(again.data(), data.data(), bytes) == 0, "to the host twice: the same bytes");
 }
 
+void test_pinned_host_alloc(size_t bytes, llmc::Rng& rng) {
+  printf("\npinned_host_alloc %zu bytes\n", bytes);
+  void* p = nullptr;
+  testing::check(pinned_host_alloc(&p, bytes) == cudaSuccess && p != nullptr, "allocated");
+  if (!p) return;
+  cudaPointerAttributes attributes;
+  cudaCheck(cudaPointerGetAttributes(&attributes, p));
+  testing::check(attributes.type == cudaMemoryTypeHost, "page-locked: the driver knows it as host memory");
+  const std::vector<unsigned char> data = random_bytes(rng, bytes);
+  memcpy(p, data.data(), bytes);
+  DeviceArray<unsigned char> device(bytes);
+  cudaCheck(cudaMemcpy(device, p, bytes, cudaMemcpyHostToDevice));
+  memset(p, 0, bytes);
+  cudaCheck(cudaMemcpy(p, device, bytes, cudaMemcpyDeviceToHost));
+  testing::check(memcmp(p, data.data(), bytes) == 0, "to the GPU and back: the same bytes");
+  pinned_host_free(p, bytes);
+  const size_t available = host_available_bytes();
+  testing::check(available != SIZE_MAX && available > bytes, "the host's available memory is known");
+  void* too_large = nullptr;
+  testing::check(pinned_host_alloc(&too_large, available + (1ul << 30)) == cudaErrorMemoryAllocation &&
+                     !too_large,
+                 "more than the host has available: refused");
+}
+
 int main() {
   return run_kernel_tests("test_host_copy", [] {
     llmc::Rng rng(5);
@@ -65,6 +91,7 @@ int main() {
     test_host_copy(kPinnedPieceBytes + 1, 1, other, stream, rng);          // a piece and one byte
     test_host_copy(2 * kPinnedPieceBytes, 0, other, stream, rng);          // both pieces once
     test_host_copy(3 * kPinnedPieceBytes + 12345, 7, other, stream, rng);  // each piece reused, a part
+    test_pinned_host_alloc(5 * (2ul << 20) + 4096 + 100, rng);  // huge pages and a partial page
     cudaCheck(cudaStreamDestroy(other));
     cudaCheck(cudaStreamDestroy(stream));
   });
