@@ -4759,7 +4759,7 @@ void checkpoint_setup(Checkpointer& ck, const std::string& dir, int keep_last, i
   cudaCheck(cudaEventCreateWithFlags(&ck.state_ready, cudaEventDisableTiming | cudaEventBlockingSync));
   cudaCheck(cudaEventCreateWithFlags(&ck.copied, cudaEventDisableTiming | cudaEventBlockingSync));
   if (!pin) return;
-  // Pinning zeroes and locks every page (seconds for a large model's state), before the first step.
+  // Pinning touches and locks every page (about 1 s for d48's 21.8 GB), before the first step.
   const double pin_start = llmc::wall_seconds();
   const cudaError_t pinned = checkpoint_pin_buffers(ck, m, rank);
   ck.pin_seconds = llmc::wall_seconds() - pin_start;
