@@ -3751,8 +3751,10 @@ enum ActIndex {
 
 struct ActSpec {
   const char* name;
-  size_t count;  // elements
-  bool fp32;     // float, else floatX
+  size_t count;   // elements of one buffer
+  size_t layers;  // buffers: L, one a layer, or 1 (a tensor outside the layers, or one layer's reused)
+  bool fp32;      // float, else floatX
+  size_t bytes() const { return count * layers * (fp32 ? 4 : sizeof(floatX)); }
 };
 
 // gelu_per_layer false: one layer's worth of GELU outputs is kept, since the backward pass does
@@ -3766,25 +3768,25 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_lay
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
   const ActSpec table[kNumActTensors] = {
-      {"encoded", BT * C, false},
-      {"ln1", (ln_per_layer ? L : 1) * BT * C, false},
-      {"ln1_mean", L * BT, true},
-      {"ln1_rstd", L * BT, true},
-      {"qkvr", L * 3 * BT * C, false},
-      {flash ? "att_lse" : "att", L * B * NH * (flash ? 1 : T) * T, flash},
-      {"atty", L * BT * C, false},
-      {"residual2", L * BT * C, false},
-      {"ln2", (ln_per_layer ? L : 1) * BT * C, false},
-      {"ln2_mean", L * BT, true},
-      {"ln2_rstd", L * BT, true},
-      {"fch", L * BT * 4 * C, false},
-      {"fch_gelu", (gelu_per_layer ? L : 1) * BT * 4 * C, false},
-      {"residual3", L * BT * C, false},
-      {"lnf", BT * C, false},
-      {"lnf_mean", BT, true},
-      {"lnf_rstd", BT, true},
-      {"losses", BT, true},
-      {"output", BT * c.padded_vocab_size, false},
+      {"encoded", BT * C, 1, false},
+      {"ln1", BT * C, ln_per_layer ? L : 1, false},
+      {"ln1_mean", BT, L, true},
+      {"ln1_rstd", BT, L, true},
+      {"qkvr", 3 * BT * C, L, false},
+      {flash ? "att_lse" : "att", B * NH * (flash ? 1 : T) * T, L, flash},
+      {"atty", BT * C, L, false},
+      {"residual2", BT * C, L, false},
+      {"ln2", BT * C, ln_per_layer ? L : 1, false},
+      {"ln2_mean", BT, L, true},
+      {"ln2_rstd", BT, L, true},
+      {"fch", BT * 4 * C, L, false},
+      {"fch_gelu", BT * 4 * C, gelu_per_layer ? L : 1, false},
+      {"residual3", BT * C, L, false},
+      {"lnf", BT * C, 1, false},
+      {"lnf_mean", BT, 1, true},
+      {"lnf_rstd", BT, 1, true},
+      {"losses", BT, 1, true},
+      {"output", BT * c.padded_vocab_size, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
 }
@@ -3964,16 +3966,14 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   activation_table(c, B, T, gelu_per_layer, ln_per_layer, m.act_specs);
   size_t bytes = 0;
   for (int i = 0; i < kNumActTensors; i++) {
-    bytes += llmc::round_up(m.act_specs[i].count * (m.act_specs[i].fp32 ? 4 : sizeof(floatX)), 256);
+    bytes += llmc::round_up(m.act_specs[i].bytes(), 256);
   }
   m.act_memory = device_alloc<char>(bytes, "the activations");
   size_t offset = 0;
   for (int i = 0; i < kNumActTensors; i++) {
     m.acts[i] = m.act_memory + offset;
-    const bool stacked = i >= kLn1 && i <= kResidual3 && !(i == kFchGelu && !gelu_per_layer) &&
-                         !((i == kLn1 || i == kLn2) && !ln_per_layer);
-    m.act_layer_stride[i] = stacked ? m.act_specs[i].count / c.num_layers : 0;
-    offset += llmc::round_up(m.act_specs[i].count * (m.act_specs[i].fp32 ? 4 : sizeof(floatX)), 256);
+    m.act_layer_stride[i] = m.act_specs[i].layers > 1 ? m.act_specs[i].count : 0;
+    offset += llmc::round_up(m.act_specs[i].bytes(), 256);
   }
   const size_t BT = (size_t)B * T, C = c.channels;
   m.scratch_btc = device_alloc<floatX>(BT * C, "a B*T*C scratch buffer");
