@@ -3910,16 +3910,14 @@ struct GPT2 {
   }
 };
 
-// Parameters from FP32 values (a checkpoint or a seeded initialisation). shard_count > 1: ZeRO
-// stage 1, this process keeps the optimizer state of shard shard_rank only.
-void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>& values,
-               bool use_master_weights, uint64_t seed, int shard_rank = 0, int shard_count = 1) {
+// The parameters, gradients and optimizer state of config, zeroed. shard_count > 1: ZeRO stage
+// 1, this process keeps the optimizer state of shard shard_rank only.
+void gpt2_allocate_params(GPT2& m, const llmc::GPT2Config& config, bool use_master_weights,
+                          uint64_t seed, int shard_rank, int shard_count) {
   m.config = config;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
-  REQUIRE(values.size() == m.num_params, "gpt2_init: %zu values for %zu parameters", values.size(),
-          m.num_params);
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
   m.use_master_weights = use_master_weights && sizeof(floatX) < sizeof(float);
@@ -3938,16 +3936,38 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
   cudaCheck(cudaMemset(m.adam_m, 0, m.shard_size * sizeof(float)));
   cudaCheck(cudaMemset(m.adam_v, 0, m.shard_size * sizeof(float)));
-  std::vector<floatX> converted(m.num_params);
-  float_to_floatX(converted.data(), values.data(), m.num_params);
-  copy_pageable(m.params, converted.data(), m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
   if (m.use_master_weights) {
     m.master = device_alloc<float>(m.shard_size, "the FP32 master weights");
     cudaCheck(cudaMemset(m.master, 0, m.shard_size * sizeof(float)));
-    copy_pageable(m.master, values.data() + m.shard_offset, shard.real * sizeof(float),
-                  cudaMemcpyHostToDevice, m.stream);
   }
   m.rng.seed(seed);
+}
+
+// Parameters from FP32 values (a checkpoint or a seeded initialisation): rounded to the storage
+// type, and this shard's master weights the values themselves.
+void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>& values,
+               bool use_master_weights, uint64_t seed, int shard_rank = 0, int shard_count = 1) {
+  REQUIRE(values.size() == llmc::num_parameters(config), "gpt2_init: %zu values for %zu parameters",
+          values.size(), llmc::num_parameters(config));
+  gpt2_allocate_params(m, config, use_master_weights, seed, shard_rank, shard_count);
+  std::unique_ptr<floatX[]> converted(new floatX[m.num_params]);  // not zero-filled first
+  float_to_floatX(converted.get(), values.data(), m.num_params);
+  copy_pageable(m.params, converted.get(), m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
+  if (m.master) {
+    const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
+    copy_pageable(m.master, values.data() + shard.offset, shard.real * sizeof(float),
+                  cudaMemcpyHostToDevice, m.stream);
+  }
+}
+
+// Parameters as a checkpoint of this build stores them (a BF16 build's bits, an FP32 build's
+// values), uploaded as they are: -y 1, whose state file holds the master weights (load_state),
+// so none are uploaded here only to be overwritten (at d48, 6.2 GB), and the parameters take no
+// round trip through FP32 values.
+void gpt2_init_stored(GPT2& m, const llmc::GPT2Config& config, const floatX* stored,
+                      bool use_master_weights, uint64_t seed, int shard_rank, int shard_count) {
+  gpt2_allocate_params(m, config, use_master_weights, seed, shard_rank, shard_count);
+  copy_pageable(m.params, stored, m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
 }
 
 // fp8: the blocks' linear layers in FP8 (-fp8: 1 current scaling, 2 delayed), which needs the
@@ -5424,18 +5444,55 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.print();
 }
 
-// The parameters a run starts from: those of -y 1's checkpoint (whose model must be -e's when -e
-// names a preset), else -e's checkpoint file or preset.
-llmc::GPT2Config load_start_params(const TrainArgs& a, int resume_step, std::vector<float>* values) {
-  if (resume_step < 0) return load_or_init_params(a.model, a.seed, values);
-  const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
-  const llmc::GPT2Config config = llmc::checkpoint_load(path, values);
-  llmc::GPT2Config requested;
-  if (llmc::config_from_preset(a.model, &requested) && requested != config) {
-    LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
-              path.c_str(), config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
+// The parameters a run starts from: FP32 values of -e's checkpoint file or preset, or -y 1's
+// model file as stored (whose model must be -e's when -e names a preset).
+struct StartParams {
+  llmc::GPT2Config config;
+  std::vector<float> values;      // empty where stored holds them
+  llmc::CheckpointParams stored;  // -y 1's model file
+  double load_seconds = 0.0;
+};
+
+// The parameters of a checkpoint in this build's storage type, as stored; nullptr in the other.
+const floatX* stored_params(const llmc::CheckpointParams& p) {
+  if (sizeof(floatX) == sizeof(float)) {
+    return p.version == llmc::kCheckpointVersionFP32 ? reinterpret_cast<const floatX*>(p.fp32.data()) : nullptr;
   }
-  return config;
+  return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
+}
+
+StartParams load_start_params(const TrainArgs& a, int resume_step) {
+  const double start = llmc::wall_seconds();
+  StartParams p;
+  if (resume_step < 0) {
+    p.config = load_or_init_params(a.model, a.seed, &p.values);
+  } else {
+    const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
+    p.stored = llmc::checkpoint_read(path);
+    p.config = p.stored.config;
+    llmc::GPT2Config requested;
+    if (llmc::config_from_preset(a.model, &requested) && requested != p.config) {
+      LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
+                path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
+    }
+    // A model file of the other precision than this build writes loads as -e's file would.
+    if (!stored_params(p.stored)) p.values = llmc::checkpoint_values(p.stored);
+  }
+  p.load_seconds = llmc::wall_seconds() - start;
+  return p;
+}
+
+// gpt2_init or gpt2_init_stored from the start's parameters, which are freed on return (at d48 a
+// resume's 3.1 GB, a fresh start's 6.2 GB); returns the seconds since their load began.
+double gpt2_init_start(GPT2& m, StartParams start, bool use_master_weights, uint64_t seed,
+                       int shard_rank, int shard_count) {
+  const double init_start = llmc::wall_seconds();
+  if (const floatX* stored = stored_params(start.stored)) {
+    gpt2_init_stored(m, start.config, stored, use_master_weights, seed, shard_rank, shard_count);
+  } else {
+    gpt2_init(m, start.config, start.values, use_master_weights, seed, shard_rank, shard_count);
+  }
+  return start.load_seconds + llmc::wall_seconds() - init_start;
 }
 
 // -p: prints the prompt and -e's continuation of it.
@@ -5511,7 +5568,9 @@ void train_checkpoint_setup(TrainRun& r) {
 
 // The data, schedule, evaluation sets and log of a run; with -y 1 the rest of the checkpoint's
 // state (the parameters are in the model already).
-void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, double run_start) {
+// model_seconds: the parameters' load and upload (gpt2_init_start), for a resume's line.
+void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, double run_start,
+                 double model_seconds) {
   const TrainArgs& a = r.a;
   const int vocab_size = r.m.config.vocab_size;
   r.resume_step = resume_step;
@@ -5566,12 +5625,12 @@ void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, dou
     r.train_loader->restore(resumed_host.train_loader);
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
-    // Where a resume's time goes: the state's part, and all of it up to here (the model file, the
-    // parameters' upload, the checkpoints' pinned buffers).
+    // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all
+    // of it up to here (those, the GPU's setup, the checkpoints' pinned buffers).
     if (r.mg.rank == 0) {
-      printf("resumed from the checkpoint of step %d in %s (the state loaded in %.1f s, %.1f s since "
-             "the start)\n", resume_step, a.output_dir.c_str(), state_seconds,
-             llmc::wall_seconds() - run_start);
+      printf("resumed from the checkpoint of step %d in %s (the model loaded in %.1f s, the state "
+             "in %.1f s, %.1f s since the start)\n", resume_step, a.output_dir.c_str(), model_seconds,
+             state_seconds, llmc::wall_seconds() - run_start);
     }
   }
   cudaCheck(cudaEventCreate(&r.start));
@@ -5795,15 +5854,14 @@ int train_main(int argc, char** argv) {
     LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
               "a new run", a.output_dir.c_str());
   }
-  std::vector<float> values;
-  const llmc::GPT2Config config = load_start_params(a, resume_step, &values);
+  StartParams start = load_start_params(a, resume_step);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  gpt2_init(m, config, values, a.master_weights != 0, a.seed, shard_count == 1 ? 0 : mg.rank,
-            shard_count);
-  std::vector<float>().swap(values);  // frees the FP32 parameters (6.2 GB at d48), which clear() keeps
+  const double model_seconds = gpt2_init_start(m, std::move(start), a.master_weights != 0, a.seed,
+                                               shard_count == 1 ? 0 : mg.rank, shard_count);
+  const llmc::GPT2Config& config = m.config;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
@@ -5812,7 +5870,7 @@ int train_main(int argc, char** argv) {
     const llmc::StepBatch batch = llmc::step_batch(a, mg.world);
     gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2);
     TrainRun r(a, mg, m);
-    train_setup(r, resume_step, batch, run_start);
+    train_setup(r, resume_step, batch, run_start, model_seconds);
     int final_step;
     exit_status = train_loop(r, &final_step);
     checkpoint_settle(r);

@@ -12,7 +12,7 @@ checkpoint between them (the first two steps are setup and not counted). The run
 the last checkpoint, so the time from the last step line to the exit is shown too. Then it
 resumes the last run from its newest checkpoint (-y 1, one more step) and times the start to the
 first step line, with the split of the trainer's `resumed from` line (the seconds loading the
-state, and to that line), against a fresh start of the same command without -y 1 (into a
+model file, loading the state, and to that line), against a fresh start of the same command without -y 1 (into a
 directory of its own, so that it sets up the same checkpoints, pinned host memory included),
 stopped at its first step line. Every program's output is kept in OUTDIR;
 each run keeps its newest checkpoint only (-nk 1), and a run's checkpoints are deleted once the
@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import fail, parse_configs, write_random_shard  # noqa: E402
 
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss ")
-RESUMED_LINE = re.compile(r"^resumed from .* \(the state loaded in ([\d.]+) s, ([\d.]+) s since the start\)$",
+RESUMED_LINE = re.compile(r"^resumed from .* \(the model loaded in ([\d.]+) s, the state in ([\d.]+) s, "
+                          r"([\d.]+) s since the start\)$",
                           re.MULTILINE)
 
 
@@ -170,7 +171,7 @@ def main():
         else:
             with open(resume_log) as f:
                 parts = RESUMED_LINE.search(f.read())
-            split = (float(parts.group(1)), float(parts.group(2))) if parts else None
+            split = tuple(float(parts.group(i)) for i in (1, 2, 3)) if parts else None
             rows.append((f"{preset}:{B}", "resume", split, resumed[min(resumed)], None, fresh[min(fresh)], None))
         remove_files(run_dir)
 
@@ -179,8 +180,10 @@ def main():
           f"{'end wait s':>10} {'GB':>6}")
     for config, label, step, stall, worst, end_wait, size in rows:
         if label == "resume":
-            # step holds the trainer's own split: (seconds loading the state, seconds to its line)
-            split = f" (the state loaded in {step[0]:.1f} s, {step[1]:.1f} s to the resumed line)" if step else ""
+            # step holds the trainer's own split: seconds loading the model file, the state, and
+            # to its line
+            split = (f" (the model loaded in {step[0]:.1f} s, the state in {step[1]:.1f} s, {step[2]:.1f} s to the "
+                     "resumed line)") if step else ""
             print(f"{config:>10} resume: {stall:.1f} s to the first step line{split}, {end_wait:.1f} s for a "
                   "fresh start")
             continue

@@ -58,7 +58,7 @@ while [ \$# -gt 0 ]; do
 done
 [ "\$ac" = "\${FAIL_AC:-none}" ] && { echo "error: write failed"; exit 1; }
 i=1; [ "\$y" = 1 ] && i=\$x
-[ "\$y" = 1 ] && echo "resumed from the checkpoint of step \$((x - 1)) in \$o (the state loaded in 0.5 s, 0.7 s since the start)"
+[ "\$y" = 1 ] && echo "resumed from the checkpoint of step \$((x - 1)) in \$o (the model loaded in 0.3 s, the state in 0.5 s, 0.7 s since the start)"
 while [ \$i -le \$x ]; do echo "step \$i/\$x | loss 1.0 | norm 1.0 | lr 1e-4 | 1.00 ms"; i=\$((i + 1)); done
 if [ -n "\$o" ]; then
   mkdir -p "\$o"
@@ -76,7 +76,7 @@ check "bench_checkpoint.py exits 0" "$status" 0
 check "a row for each way of writing, in order" \
   "$(echo "$out" | grep -oE '^ +d12:4 +-ac [0-9]' | tr -s ' ' | sed 's/^ //' | tr '\n' ,)" \
   "d12:4 -ac 0,d12:4 -ac 2,d12:4 -ac 1,"
-check "the resume's row, with the trainer's split" "$(echo "$out" | grep -cE '^ +d12:4 resume: [0-9.]+ s to the first step line \(the state loaded in 0.5 s, 0.7 s to the resumed line\), [0-9.]+ s for a fresh start$')" 1
+check "the resume's row, with the trainer's split" "$(echo "$out" | grep -cE '^ +d12:4 resume: [0-9.]+ s to the first step line \(the model loaded in 0.3 s, the state in 0.5 s, 0.7 s to the resumed line\), [0-9.]+ s for a fresh start$')" 1
 calls=$(cat "$DIR/calls.txt")
 check "the runs: a checkpoint every 3, newest kept, each -ac" \
   "$(echo "$calls" | grep -oE -- '-x 10 -n 3 -nk 1 -ac [0-9]' | tr '\n' ,)" \

@@ -251,6 +251,18 @@ void test_checkpoints() {
   }
   check_verbose(rounded, "BF16 checkpoint round trip holds the bf16-rounded values");
   check(!llmc::file_exists(fp32 + ".tmp"), "checkpoint_save leaves no temporary file");
+  // checkpoint_read: the parameters as the file stores them (a resume uploads them as they are).
+  const llmc::CheckpointParams stored = llmc::checkpoint_read(bf16);
+  bool as_stored = stored.config == c && stored.version == llmc::kCheckpointVersionBF16 &&
+                   stored.fp32.empty() && stored.bf16;
+  for (size_t i = 0; as_stored && i < n; i++) {
+    as_stored = stored.bf16[i] == llmc::float_to_bf16_bits(params[i]);
+  }
+  check_verbose(as_stored, "checkpoint_read gives a BF16 checkpoint's bits as stored");
+  const llmc::CheckpointParams stored_fp32 = llmc::checkpoint_read(fp32);
+  check_verbose(stored_fp32.config == c && stored_fp32.version == llmc::kCheckpointVersionFP32 &&
+                    stored_fp32.fp32 == params && !stored_fp32.bf16,
+                "checkpoint_read gives an FP32 checkpoint's values as stored");
 
   // Corrupt copies of the FP32 checkpoint, each with one thing wrong: of the checkpoint as written
   // (with a checksum), and of the same file without its checksum (llm.c's kind), where the header
