@@ -252,9 +252,9 @@ struct CheckpointParams {
 };
 
 // Reads a checkpoint's parameters as stored, in one pass over the file: the checksum is computed
-// over the bytes as read (checkpoint_read_header reads a checksummed file twice, for its checksum
-// and for its parameters), and verified, as there, before anything else in the header is
-// trusted. The BF16 bits are not zero-filled before the read (3.1 GB at d48).
+// over the bytes as read (checkpoint_read_header verifies it in a pass of its own, before the
+// parameters are read), and verified, as there, before anything else in the header is trusted.
+// The BF16 bits are not zero-filled before the read (3.1 GB at d48).
 inline CheckpointParams checkpoint_read(const std::string& path) {
   File f(path, "rb");
   int h[kHeaderInts];
