@@ -5476,7 +5476,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
     }
     // A model file of the other precision than this build writes loads as -e's file would.
-    if (!stored_params(p.stored)) p.values = llmc::checkpoint_values(p.stored);
+    if (!stored_params(p.stored)) p.values = llmc::checkpoint_values(std::move(p.stored));
   }
   p.load_seconds = llmc::wall_seconds() - start;
   return p;

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "file_header.h"
@@ -300,8 +301,9 @@ inline float bf16_bits_to_float(uint16_t b) {
   return f;
 }
 
-// The parameters checkpoint_read read, as FP32 values (moved out of p where they are FP32).
-inline std::vector<float> checkpoint_values(CheckpointParams& p) {
+// The parameters checkpoint_read read, as FP32 values: moved out of p where they are FP32, else
+// converted from its BF16 bits, which are then freed (p keeps its config and version only).
+inline std::vector<float> checkpoint_values(CheckpointParams&& p) {
   std::vector<float> values;
   if (p.version == kCheckpointVersionFP32) {
     values.swap(p.fp32);
@@ -312,13 +314,14 @@ inline std::vector<float> checkpoint_values(CheckpointParams& p) {
   const uint16_t* bits = p.bf16.get();
 #pragma omp parallel for num_threads(host_pass_threads()) schedule(static)
   for (long i = 0; i < (long)n; i++) values[i] = bf16_bits_to_float(bits[i]);
+  p.bf16.reset();
   return values;
 }
 
 // Loads a checkpoint of either precision into FP32 values, verifying its checksum when it has one.
 inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* params) {
   CheckpointParams p = checkpoint_read(path);
-  *params = checkpoint_values(p);
+  *params = checkpoint_values(std::move(p));
   return p.config;
 }
 
