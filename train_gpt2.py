@@ -26,12 +26,15 @@ import zlib
 from contextlib import nullcontext
 from dataclasses import astuple, dataclass
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn import functional as F
-from torch.nn.parallel import DistributedDataParallel
+from pydeps import require
+
+require("numpy", "torch")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 # File headers (llmc/gpt2.h, dev/SPEC.md).
 HEADER_INTS = 256

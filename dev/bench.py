@@ -21,7 +21,11 @@ import re
 import subprocess
 import sys
 
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from pydeps import require  # noqa: E402
+
+require("numpy")
+import numpy as np  # noqa: E402
 
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
 VOCAB_SIZE = 50257

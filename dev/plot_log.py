@@ -23,10 +23,12 @@ steps where every run has one, and each run's relative difference to the first r
 (run - first) / first, as a markdown table.
 """
 import argparse
-import importlib.util
 import math
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from pydeps import require  # noqa: E402
 
 # The series a run can have, in panel order: (key, panel title).
 PANELS = [
@@ -221,11 +223,7 @@ def main(argv=None):
     parser.add_argument("-o", "--output", required=True, help="the figure to write (e.g. plot.png)")
     parser.add_argument("--labels", help="comma-separated legend labels, one per log")
     args = parser.parse_args(argv)
-    # Checked first: the figure is the point of the run.
-    if importlib.util.find_spec("matplotlib") is None:
-        print("error: dev/plot_log.py needs matplotlib: apt-get install python3-matplotlib "
-              "(or pip install matplotlib)", file=sys.stderr)
-        return 1
+    require("matplotlib")  # checked first: the figure is the point of the run
     try:
         if args.labels is None:
             labels = default_labels(args.logs)

@@ -1,7 +1,7 @@
 """Where the PyTorch peer's step time and memory go: runs `train_gpt2.py --benchmark 1` with the
 given flags under torch.profiler and prints its GPU kernels grouped by kind, per step.
 
-    python3 dev/profile_peer.py OUTDIR --model d12 -b 64 -t 1024 [any train_gpt2.py flag]
+usage: python3 dev/profile_peer.py OUTDIR --model d12 -b 64 -t 1024 [any train_gpt2.py flag]
 
 The profiler records three steps after the untimed warm-up ones (the GPU drained before and after); OUTDIR receives the full kernel
 table (kernels.txt) and a trace for chrome://tracing or Perfetto (trace.json).
@@ -10,10 +10,13 @@ import os
 import re
 import sys
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from pydeps import require  # noqa: E402
+
+require("torch")
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
 import train_gpt2  # noqa: E402
 
 ACTIVE_STEPS = 3
@@ -35,6 +38,9 @@ def kind_of(name):
 
 
 def main():
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         sys.exit(f"usage: {sys.argv[0]} OUTDIR [train_gpt2.py flags]")
     outdir, flags = sys.argv[1], sys.argv[2:]

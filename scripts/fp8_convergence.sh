@@ -6,6 +6,7 @@
 #   usage: scripts/fp8_convergence.sh OUTDIR [--model d12] [--steps 2000] [--modes "0 1 2 3"]
 #          [--micro-batch 16] [--batch-tokens 65536] [--val-every 100] [--checkpoint-every 250]
 #          [--trainer ./train_gpt2cu] [--data dev/data/tinyshakespeare]
+#   (-h, --help: this help; TINYSHAKESPEARE=FILE: a local copy of the text, for preparing the data)
 #
 # Each run checkpoints every --checkpoint-every steps (the newest kept), so running the same command again
 # continues the runs not yet finished (-y 1): a long comparison may be split over several calls,
@@ -15,6 +16,7 @@
 # dev/plot_log.py (OUTDIR/convergence.png).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/help.sh "$@"
 
 fail() {
   echo "error: $*" >&2

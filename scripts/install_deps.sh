@@ -8,14 +8,15 @@
 # checks for them at the end and fails, naming what is missing, unless --cpu-only is given (the
 # CPU programs only: make cpu).
 #
-#   bash scripts/install_deps.sh [--cpu-only]
+# usage: bash scripts/install_deps.sh [--cpu-only]   (-h, --help: this help)
 set -euo pipefail
+source "$(dirname "$0")/lib/help.sh" "$@"
 
 cpu_only=0
 case "${1:-}" in
   "") ;;
   --cpu-only) cpu_only=1 ;;
-  *) echo "error: unknown argument '$1': the only flag is --cpu-only" >&2; exit 1 ;;
+  *) echo "error: unknown argument '$1': the only flags are --cpu-only and --help" >&2; exit 1 ;;
 esac
 
 fail() {

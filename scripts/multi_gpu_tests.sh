@@ -18,9 +18,12 @@
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
-# Ends with "N passed, N failed". Usage: scripts/multi_gpu_tests.sh [OUTDIR]
+# Ends with "N passed, N failed".
+#
+# usage: scripts/multi_gpu_tests.sh [OUTDIR]   (default build/test_multi_gpu)
 set -u
 cd "$(dirname "$0")/.."
+source scripts/lib/help.sh "$@"
 out=${1:-build/test_multi_gpu}
 mkdir -p "$out"
 ranks=2

@@ -3,10 +3,14 @@
 # the same data order by train_gpt2cu (BF16) and by train_gpt2.py (PyTorch, bf16 autocast) with the
 # same hyperparameters. Prints both validation-loss curves side by side (with their relative
 # difference) and plots the two runs.
-#   usage: scripts/parity_tinyshakespeare.sh OUTDIR [STEPS]    (OUTDIR must not hold earlier runs)
+# TINYSHAKESPEARE=FILE: a local copy of the text, when the shards are not prepared yet.
+#
+# usage: scripts/parity_tinyshakespeare.sh OUTDIR [STEPS]    (OUTDIR must not hold earlier runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [STEPS]" >&2; exit 2; }
+source scripts/lib/help.sh "$@"
+[ $# -ge 1 ] && [[ "$1" != -* ]] ||
+  { echo "error: usage: scripts/parity_tinyshakespeare.sh OUTDIR [STEPS] (--help says more)" >&2; exit 1; }
 out=$1
 steps=${2:-300}
 PYTHON=${PYTHON:-python3}

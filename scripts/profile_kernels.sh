@@ -3,17 +3,20 @@
 # kernel's duration, clocks left as they are), keeps the raw CSV in OUTDIR and prints the kernels
 # grouped by name, slowest first, with their share of the step. Two modes side by side: profile
 # each into its own OUTDIR, then dev/cuda/kernel_table.py A/kernels.csv B/kernels.csv --labels A,B.
-#   scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers -fp8 1|2]
+# usage: scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers -fp8 1|2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 1 ] || [ "${1:0:1}" = - ]; then
-  echo "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2]" >&2
-  exit 2
-fi
+source scripts/lib/help.sh "$@"
+fail() {
+  echo "error: $*" >&2
+  exit 1
+}
+[ $# -ge 1 ] && [ "${1:0:1}" != - ] ||
+  fail "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2]"
 out=$1
 shift
-command -v ncu >/dev/null || { echo "profile_kernels.sh: ncu (Nsight Compute) is not on PATH; install it or add its bin folder to PATH" >&2; exit 1; }
-[ -x ./profile_gpt2cu ] || { echo "profile_kernels.sh: ./profile_gpt2cu is missing: build it with 'make profile_gpt2cu'" >&2; exit 1; }
+command -v ncu >/dev/null || fail "ncu (Nsight Compute) is not on PATH: install it or add its bin folder to PATH"
+[ -x ./profile_gpt2cu ] || fail "./profile_gpt2cu is missing: build it with 'make profile_gpt2cu'"
 mkdir -p "$out"
 ncu --clock-control none --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum \
     --csv --page raw --log-file "$out/kernels.csv" ./profile_gpt2cu "$@" | tee "$out/profile.log"

@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
-# From a fresh clone: install the dependencies, download and tokenize tiny shakespeare, build the
-# trainer and train GPT-2 (124M) from scratch on it, printing validation losses and samples.
-# Without a GPU: the CPU dependencies only, and a tiny model with the CPU reference trainer.
-# Extra arguments are passed to the trainer (./train_gpt2cu --help lists them).
+# From a fresh clone: install the dependencies (apt-get), prepare tiny shakespeare, build the
+# trainer and train on it, printing validation losses and samples. With a GPU it trains GPT-2
+# 124M (d12) for 300 steps with the CUDA trainer, its log and checkpoint in log_quickstart/;
+# without one it installs the CPU dependencies only and trains the tiny model (minutes on a few
+# cores) with the CPU reference trainer.
+#
+# usage: scripts/quickstart.sh [--input FILE] [TRAINER FLAGS...]
+#   --input FILE    a local copy of tiny shakespeare's input.txt (default: download it)
+#   -h, --help      this help
+# The other arguments go to the trainer (./train_gpt2cu --help, ./train_gpt2 --help list them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/help.sh "$@"
+input=()
+if [ "${1:-}" = --input ]; then
+  [ $# -ge 2 ] || { echo "error: --input needs a file: tiny shakespeare's input.txt" >&2; exit 1; }
+  [ -r "$2" ] || { echo "error: --input $2: no such readable file" >&2; exit 1; }
+  input=(--input "$2")
+  shift 2
+fi
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   bash scripts/install_deps.sh
-  bash dev/data/tinyshakespeare.sh
+  bash dev/data/tinyshakespeare.sh ${input[@]+"${input[@]}"}
   make train_gpt2cu
   ./train_gpt2cu -e d12 -b 16 -t 256 -x 300 -v 50 -s 100 -l 6e-4 -u 20 -o log_quickstart "$@"
 else
-  echo "no GPU found: training a tiny model with the CPU reference trainer instead"
+  echo "no GPU found: training the tiny model with the CPU reference trainer instead"
   bash scripts/install_deps.sh --cpu-only
-  bash dev/data/tinyshakespeare.sh
+  bash dev/data/tinyshakespeare.sh ${input[@]+"${input[@]}"}
   make train_gpt2
   ./train_gpt2 -e tiny -b 8 -t 64 -x 100 -v 25 -s 50 "$@"
 fi

@@ -8,8 +8,11 @@
 # downloaded), GPU=0 to skip the GPU tests on a GPU machine.
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
 # that order, when some are), with binaries already built.
+#
+# usage: scripts/run_tests.sh [--gpu-only [GROUP...]]   (-h, --help: this help)
 set -u
 cd "$(dirname "$0")/.."
+source scripts/lib/help.sh "$@"
 GPU_ONLY=0
 SELECTED_GROUPS=()
 if [ "${1:-}" = --gpu-only ]; then
@@ -18,7 +21,7 @@ if [ "${1:-}" = --gpu-only ]; then
   SELECTED_GROUPS=("$@")
 elif [ $# -gt 0 ]; then
   echo "error: unknown argument '$1': give no arguments, or --gpu-only [GROUP...]" >&2
-  exit 2
+  exit 1
 fi
 
 PYTHON=${PYTHON:-python3}
@@ -467,7 +470,7 @@ if [ ${#SELECTED_GROUPS[@]} -gt 0 ]; then
   for group in "${SELECTED_GROUPS[@]}"; do
     if [[ " ${GPU_GROUPS[*]} " != *" $group "* ]]; then
       echo "error: --gpu-only $group: not a group of GPU tests; the groups are ${GPU_GROUPS[*]}" >&2
-      exit 2
+      exit 1
     fi
   done
   GPU_GROUPS=("${SELECTED_GROUPS[@]}")

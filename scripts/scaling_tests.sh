@@ -7,13 +7,16 @@
 #    checksums; above 2, NCCL's reduce-scatter may add the N gradients in another order than its
 #    all-reduce, so the losses agree within the rank-equivalence tolerances instead;
 #  - scaling: dev/bench.py for GPT-2 124M (B=64) and 1.5B (B=8) on 1 and on N GPUs.
-# Ends with "N passed, N failed". Usage: scripts/scaling_tests.sh N [OUTDIR]
+# Ends with "N passed, N failed".
+#
+# usage: scripts/scaling_tests.sh N [OUTDIR]   (N = 2, 4 or 8; OUTDIR default build/test_scaling_N)
 set -u
 cd "$(dirname "$0")/.."
+source scripts/lib/help.sh "$@"
 n=${1:-}
 case "$n" in
   2|4|8) ;;
-  *) echo "usage: scripts/scaling_tests.sh N [OUTDIR] with N = 2, 4 or 8 GPUs" >&2; exit 2 ;;
+  *) echo "error: usage: scripts/scaling_tests.sh N [OUTDIR] with N = 2, 4 or 8 GPUs" >&2; exit 1 ;;
 esac
 out=${2:-build/test_scaling_$n}
 mkdir -p "$out"

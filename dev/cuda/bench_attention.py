@@ -4,11 +4,16 @@ scaled_dot_product_attention with its flash and cuDNN backends, causal, BF16, at
 Causal FLOPs as FlashAttention counts them: 2*B*NH*T*T*HS forward, 2.5 times that backward.
 """
 import argparse
+import os
 import subprocess
 import sys
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pydeps import require  # noqa: E402
+
+require("torch")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 SHAPES = [(64, 12, 1024, 64), (8, 25, 1024, 64), (32, 6, 1024, 128)]
 

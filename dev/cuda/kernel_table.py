@@ -2,8 +2,8 @@
 calls, total and mean time and share of the total, slowest first. Given two CSVs (two modes of
 one step, e.g. BF16 and FP8), prints each kernel's total in both and the difference, the largest
 differences first, so that the table says where one mode's time goes against the other's.
-    python3 dev/cuda/kernel_table.py kernels.csv
-    python3 dev/cuda/kernel_table.py a.csv b.csv [--labels A,B]
+usage: python3 dev/cuda/kernel_table.py kernels.csv
+       python3 dev/cuda/kernel_table.py a.csv b.csv [--labels A,B]
 """
 import csv
 import re
@@ -86,6 +86,9 @@ def print_comparison(a, b, labels):
 
 def main():
     args = sys.argv[1:]
+    if args in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return
     labels = ["a", "b"]
     if "--labels" in args:
         i = args.index("--labels")

@@ -5,11 +5,21 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 url=https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl
 out=dev/data/hellaswag
+usage="usage: dev/data/hellaswag.sh [--input hellaswag_val.jsonl]"
 input=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --input) input=${2:?--input needs a file}; shift 2 ;;
-    *) echo "usage: $0 [--input hellaswag_val.jsonl]" >&2; exit 2 ;;
+    --input)
+      [ $# -ge 2 ] || { echo "error: --input needs a file: HellaSwag's hellaswag_val.jsonl" >&2; exit 1; }
+      input=$2
+      shift 2 ;;
+    -h|--help)
+      echo "$usage"
+      echo "Downloads HellaSwag's validation set into $out/ (--input FILE: a local copy"
+      echo "instead) and converts it to $out/hellaswag_val.bin, which the CUDA trainer reads"
+      echo "with -h 1."
+      exit 0 ;;
+    *) echo "error: unknown argument '$1': $usage" >&2; exit 1 ;;
   esac
 done
 mkdir -p "$out"

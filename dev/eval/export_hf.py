@@ -29,11 +29,13 @@ import shutil
 import struct
 import sys
 
-import numpy as np
-import torch
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO_ROOT)
+from pydeps import require  # noqa: E402
+
+require("numpy", "torch")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import train_gpt2 as tg  # noqa: E402  (the model and the checkpoint format)
 from train_gpt2 import fail  # noqa: E402
 

@@ -33,8 +33,12 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
-import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pydeps import require  # noqa: E402
+
+require("numpy", "torch")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 MAGIC = 20240611
 VERSION = 2

@@ -2,7 +2,8 @@
 # Tests scripts/run_gpt2_*.sh without a GPU: argument errors (one line, non-zero exit), the exact
 # trainer command each model size runs (--dry-run), and the resume-until-done loop with fake
 # trainers given through --trainer: one interrupted twice (exit status 3), one that always
-# crashes, and one stopped by a signal to the script. Scratch files go to build/scratch/.
+# crashes, and one stopped by a signal to the script. Then the other scripts' argument errors:
+# one line, exit status 1. Scratch files go to build/scratch/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -56,6 +57,26 @@ check "several GPUs run under mpirun, flags after -- go to the trainer" \
   "$($run --data "$data" --out o --gpus 4 --micro-batch 16 --trainer bin/t --dry-run -- -r 1 |
     sed 's/ --allow-run-as-root//; s/ -e d12 .*-nk 2//')" "mpirun -np 4 bin/t -r 1"
 check "--help prints the flags" "$($run --help | grep -c -- '--max-attempts')" 1
+
+# --- the other scripts' own argument errors: one line, exit status 1, before anything is done
+check_error_status() {  # check_error_status NEEDLE SCRIPT ARGS...: check_error, and status 1
+  local needle=$1
+  shift
+  check_error "$* (bash)" "$needle" bash "$@"
+  bash "$@" > /dev/null 2>&1
+  check "$*: exit status 1" $? 1
+}
+check_error_status "--input needs a file" scripts/quickstart.sh --input
+check_error_status "--input $SCRATCH/none: no such readable file" scripts/quickstart.sh --input "$SCRATCH/none"
+check_error_status "unknown argument '--gpu'" scripts/install_deps.sh --gpu
+check_error_status "usage: scripts/parity_tinyshakespeare.sh OUTDIR" scripts/parity_tinyshakespeare.sh
+check_error_status "usage: scripts/profile_kernels.sh OUTDIR" scripts/profile_kernels.sh -b 4
+check_error_status "with N = 2, 4 or 8 GPUs" scripts/scaling_tests.sh 3
+check_error_status "usage: [GPUS_PER_NODE=N]" scripts/multi_node/mpirun_gpt2.sh
+check_error_status "HOSTFILE $SCRATCH/none: no such readable file" scripts/multi_node/mpirun_gpt2.sh "$SCRATCH/none"
+check_error_status "unknown argument '-x': this script takes none" scripts/multi_node/sbatch_gpt2.sh -x
+check_error_status "--input needs a file" dev/data/hellaswag.sh --input
+check_error_status "unknown argument '--output'" dev/data/hellaswag.sh --output x
 
 # --- the resume loop. A fake trainer logs its arguments to DIR/calls, writes a DONE marker into
 # its -o directory as a checkpoint would, and exits with the status its name holds for each call.

@@ -22,11 +22,11 @@ check "--gpu-only with two groups: only those, in that order" "$(grep '^skipped'
   "skipped (GPU=0): gpu_resume gpu_training"
 check "... counted" "$(tail -n 1 <<< "$out")" "0 passed, 0 failed, 2 skipped"
 out=$(GPU=0 bash scripts/run_tests.sh --gpu-only gpu_resume gpu_nothing 2>&1)
-check "an unknown group: exit status 2" "$?" 2
+check "an unknown group: exit status 1" "$?" 1
 check "... one line naming it and the groups" \
   "$(wc -l <<< "$out"):$(grep -c '^error: --gpu-only gpu_nothing: not a group of GPU tests; the groups are gpu_against_pytorch ' <<< "$out")" "1:1"
 out=$(bash scripts/run_tests.sh --all 2>&1)
-check "an unknown argument: exit status 2, one line" "$?:$out" \
-  "2:error: unknown argument '--all': give no arguments, or --gpu-only [GROUP...]"
+check "an unknown argument: exit status 1, one line" "$?:$out" \
+  "1:error: unknown argument '--all': give no arguments, or --gpu-only [GROUP...]"
 
 finish test_run_tests

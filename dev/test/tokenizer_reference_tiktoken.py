@@ -20,7 +20,11 @@ import subprocess
 import sys
 import tempfile
 
-import tiktoken
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pydeps import require  # noqa: E402
+
+require("tiktoken")
+import tiktoken  # noqa: E402
 
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # GPT-2 124M on every GPU of the nodes in a hostfile, launched by OpenMPI's mpirun.
-# Usage: [GPUS_PER_NODE=N] scripts/multi_node/mpirun_gpt2.sh HOSTFILE [more trainer flags]
-# Run from the repository root of a checkout that every node sees at the same path.
+# Run from the repository root of a checkout that every node sees at the same path; the hostfile
+# lists each node with its slots (scripts/multi_node/hostfile.example).
+#
+# usage: [GPUS_PER_NODE=N] scripts/multi_node/mpirun_gpt2.sh HOSTFILE [more trainer flags]
 set -eu
-hostfile=${1:?usage: [GPUS_PER_NODE=N] $0 HOSTFILE [trainer flags]}
+source "$(dirname "$0")/../lib/help.sh" "$@"
+[ $# -ge 1 ] && [[ "$1" != -* ]] ||
+  { echo "error: usage: [GPUS_PER_NODE=N] $0 HOSTFILE [trainer flags] (--help says more)" >&2; exit 1; }
+hostfile=$1
 shift
+[ -r "$hostfile" ] || { echo "error: HOSTFILE $hostfile: no such readable file" >&2; exit 1; }
 # One process per GPU. Unless given, GPUS_PER_NODE is the number of GPUs nvidia-smi lists here
 # (the nodes are assumed alike), or 8 where this node has none (e.g. a login node). The hostfile's
 # slots per node should equal it: mpirun starts as many processes as there are slots in all.

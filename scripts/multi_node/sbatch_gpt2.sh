@@ -3,7 +3,8 @@
 # SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, and rank 0 hands out the NCCL id over TCP on the
 # first node. The run token defaults to SLURM_JOB_ID.SLURM_STEP_ID.SLURM_RESTART_COUNT, so an id
 # of an earlier job or a requeued attempt is never taken.
-# Usage: sbatch scripts/multi_node/sbatch_gpt2.sh   (from the repository root, on a shared filesystem)
+#
+# usage: sbatch scripts/multi_node/sbatch_gpt2.sh   (from the repository root, on a shared filesystem)
 #SBATCH --job-name=gpt2-124M
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
@@ -12,6 +13,11 @@
 #SBATCH --time=04:00:00
 #SBATCH --requeue
 set -eu
+# sbatch runs a copy of this script from its spool folder, where scripts/lib/help.sh is not.
+case "${1:-}" in
+  -h|--help) sed -n '2,${/^#\( \|$\)/!q;s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+  ?*) echo "error: unknown argument '$1': this script takes none (--help says more)" >&2; exit 1 ;;
+esac
 export NCCL_NVLS_ENABLE=0
 # Rank 0 runs on the first node of the allocation; a port derived from the job id avoids two
 # jobs sharing a node picking the same one. Alternatively: -rv fs:$PWD/rendezvous (shared dir).
