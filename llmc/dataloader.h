@@ -40,20 +40,23 @@ inline void require_vocabulary_fits_shards(int vocab_size, const std::string& so
   }
 }
 
-// Writes a token shard (used by the data tools and the tests).
-inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+// Writes a token shard's bytes into f (the data tools stage shards through llmc/shard_writer.h).
+inline void write_token_shard(File& f, const std::vector<uint16_t>& tokens) {
   if (tokens.size() > (size_t)INT32_MAX) {
     LLMC_FAIL("%s: %zu tokens do not fit one shard (at most %d); split them over several shards",
-              path.c_str(), tokens.size(), INT32_MAX);
+              f.path().c_str(), tokens.size(), INT32_MAX);
   }
   int32_t header[kShardHeaderInts] = {};
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = (int32_t)tokens.size();
-  File f(path, "wb");
   f.write(header, sizeof(header), "the shard header");
   if (!tokens.empty()) f.write(tokens.data(), tokens.size() * sizeof(uint16_t), "the tokens");
-  f.close();
+}
+
+// Writes a token shard through write_file_atomically (used by the tests).
+inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_file_atomically(path, [&](File& f) { write_token_shard(f, tokens); });
 }
 
 // Checks a shard's header against its size and returns its token count.
@@ -95,8 +98,9 @@ inline void read_token_shard(const std::string& path, int vocab_size,
   if (count > 0) f.read(tokens->data(), count * sizeof(uint16_t), "the tokens");
   for (long i = 0; i < count; i++) {
     if ((*tokens)[i] >= vocab_size) {
-      LLMC_FAIL("%s: token %d at position %ld is >= vocab size %d; the shard was made with "
-                "another tokenizer, re-create it", path.c_str(), (*tokens)[i], i, vocab_size);
+      LLMC_FAIL("%s: token %d at position %ld is >= vocab size %d; the shard is damaged or was "
+                "made with another tokenizer, re-create it", path.c_str(), (*tokens)[i], i,
+                vocab_size);
     }
   }
 }

@@ -254,10 +254,10 @@ inline void hellaswag_write(const std::string& path,
   header[1] = kHellaSwagVersion;
   header[2] = (int32_t)examples.size();
   header[3] = (int32_t)longest_bytes;
-  File f(path, "wb");
-  f.write(header, sizeof(header), "the header");
-  f.write(stream.data(), stream.size() * sizeof(uint16_t), "the examples");
-  f.close();
+  write_file_atomically(path, [&](File& f) {
+    f.write(header, sizeof(header), "the header");
+    f.write(stream.data(), stream.size() * sizeof(uint16_t), "the examples");
+  });
 }
 
 struct HellaSwagSet {

@@ -421,18 +421,20 @@ inline void write_tokenizer_bin(const std::string& path, const std::vector<std::
   header[1] = 2;
   header[2] = (int)tokens.size();
   header[3] = eot_token;
-  File f(path, "wb");
-  f.write(header, sizeof(header), "the header");
   for (size_t id = 0; id < tokens.size(); id++) {
     if (tokens[id].empty() || tokens[id].size() > 255) {
       LLMC_FAIL("%s: token %zu has %zu bytes; the format stores 1..255", path.c_str(), id,
                 tokens[id].size());
     }
-    unsigned char length = (unsigned char)tokens[id].size();
-    f.write(&length, 1, "a token length");
-    f.write(tokens[id].data(), length, "token bytes");
   }
-  f.close();
+  write_file_atomically(path, [&](File& f) {
+    f.write(header, sizeof(header), "the header");
+    for (const std::string& token : tokens) {
+      const unsigned char length = (unsigned char)token.size();
+      f.write(&length, 1, "a token length");
+      f.write(token.data(), length, "token bytes");
+    }
+  });
 }
 
 // Decodes token ids with an llm.c vocabulary file (see the top of this file).

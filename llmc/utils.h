@@ -147,20 +147,27 @@ class File {
   FILE* f_ = nullptr;
 };
 
+// Writes path through write_body(File&), flushes it to the disk and closes it; a failed write
+// removes the file, so that a full disk keeps no partial file and gets its space back.
+template <class WriteBody>
+void write_file_synced(const std::string& path, WriteBody write_body) {
+  try {
+    File f(path, "wb");
+    write_body(f);
+    f.close(/*sync=*/true);
+  } catch (const Error&) {
+    remove(path.c_str());
+    throw;
+  }
+}
+
 // Writes path through write(File&) under the name path + ".tmp", flushes it to disk and renames
 // it: an interrupted write never leaves a partial file under the final name, and a failed one
 // removes its temporary file (so a full disk keeps the space of the earlier files free).
 template <class WriteBody>
 void write_file_atomically(const std::string& path, WriteBody write_body) {
   const std::string tmp = path + ".tmp";
-  try {
-    File f(tmp, "wb");
-    write_body(f);
-    f.close(/*sync=*/true);
-  } catch (const Error&) {
-    remove(tmp.c_str());
-    throw;
-  }
+  write_file_synced(tmp, write_body);
   if (rename(tmp.c_str(), path.c_str()) != 0) {
     LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), strerror(errno));
   }
@@ -175,6 +182,52 @@ inline void sync_directory(const std::string& dir) {
   close(fd);
   if (synced != 0) LLMC_FAIL("cannot sync the directory %s: %s", dir.c_str(), strerror(err));
 }
+
+// The files of one run of a data tool, all or none: write() writes each as NAME.tmp (synced to
+// the disk), commit() renames them all to their names once the whole run has succeeded. Until
+// then no file under a final name exists, so a run that fails, or is killed, never leaves a part
+// of a data set that a glob of *.bin would take for the whole; a failed run's .tmp files are
+// removed when the StagedFiles is destroyed uncommitted.
+class StagedFiles {
+ public:
+  StagedFiles() = default;
+  StagedFiles(const StagedFiles&) = delete;
+  StagedFiles& operator=(const StagedFiles&) = delete;
+  ~StagedFiles() {
+    for (const std::string& path : paths_) remove((path + ".tmp").c_str());
+  }
+
+  template <class WriteBody>
+  void write(const std::string& path, WriteBody write_body) {
+    write_file_synced(path + ".tmp", write_body);
+    paths_.push_back(path);
+  }
+
+  // Renames every file to its name and syncs the directories that hold them. A rename that
+  // fails removes the files already renamed, so that the run still leaves nothing.
+  void commit() {
+    for (size_t i = 0; i < paths_.size(); i++) {
+      const std::string tmp = paths_[i] + ".tmp";
+      if (rename(tmp.c_str(), paths_[i].c_str()) != 0) {
+        const int err = errno;
+        for (size_t j = 0; j < i; j++) remove(paths_[j].c_str());
+        LLMC_FAIL("cannot rename %s to %s: %s", tmp.c_str(), paths_[i].c_str(), strerror(err));
+      }
+    }
+    std::vector<std::string> dirs;
+    for (const std::string& path : paths_) {
+      const size_t slash = path.rfind('/');
+      dirs.push_back(slash == std::string::npos ? "." : path.substr(0, slash));
+    }
+    std::sort(dirs.begin(), dirs.end());
+    dirs.erase(std::unique(dirs.begin(), dirs.end()), dirs.end());
+    paths_.clear();
+    for (const std::string& dir : dirs) sync_directory(dir);
+  }
+
+ private:
+  std::vector<std::string> paths_;  // final names, in the order written
+};
 
 // Copies src to dst through write_file_atomically, in chunks of 64 MiB.
 inline void copy_file_atomically(const std::string& src, const std::string& dst) {

@@ -5,19 +5,20 @@
 // tokens of the stream go to the val split, the rest to train, each cut into shards of
 // --shard_size tokens: NAME_val_000000.bin, NAME_train_000000.bin, NAME_train_000001.bin, ...
 // With the defaults the val split is exactly the first shard, as in FineWeb's distribution.
-// Each input file is read into memory whole.
+// Each input file is read into memory whole. A directory that already holds NAME_ shards is
+// refused, and the shards are renamed into place only when the whole run has succeeded.
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "llmc/dataloader.h"
+#include "llmc/shard_writer.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
 
@@ -28,7 +29,7 @@ const char* kUsage =
     "                            [--shard_size TOKENS] [--val_tokens N]\n"
     "                            [--documents file|blank_lines] [--encoder_dir DIR]\n"
     "  --input FILE       UTF-8 text; repeat for several files (their order is kept)\n"
-    "  --output_dir DIR   where the shards go (created if missing)\n"
+    "  --output_dir DIR   where the shards go (created if missing; must hold no NAME_ shards)\n"
     "  --name NAME        shard file prefix: NAME_val_000000.bin, NAME_train_000000.bin, ...\n"
     "  --shard_size N     tokens per shard (default 100000000)\n"
     "  --val_tokens N     the first N tokens form the val split (default: one shard)\n"
@@ -118,70 +119,36 @@ std::vector<std::string_view> split_documents(std::string_view text, DocumentMod
   return documents;
 }
 
-// Collects one split's tokens and writes them out a shard at a time.
-class ShardWriter {
- public:
-  ShardWriter(const Options& options, const char* split)
-      : options_(options), split_(split) {}
+// The path of shard `index` of one split.
+std::string shard_path(const Options& options, const char* split, int index) {
+  return llmc::strformat("%s/%s_%s_%06d.bin", options.output_dir.c_str(), options.name.c_str(),
+                         split, index);
+}
 
-  void add(const int* tokens, size_t count) {
-    for (size_t i = 0; i < count; i++) {
-      buffer_.push_back((uint16_t)tokens[i]);
-      if ((long long)buffer_.size() == options_.shard_size) write_shard();
-    }
-    total_ += count;
-  }
-
-  void finish() {
-    if (!buffer_.empty()) write_shard();
-    remove_stale_shards();
-  }
-
-  size_t total() const { return total_; }
-  int shard_count() const { return shard_count_; }
-
- private:
-  std::string shard_path(int index) const {
-    return llmc::strformat("%s/%s_%s_%06d.bin", options_.output_dir.c_str(), options_.name.c_str(),
-                           split_, index);
-  }
-
-  void write_shard() {
-    const std::string path = shard_path(shard_count_++);
-    llmc::write_token_shard(path, buffer_);
-    printf("wrote %s: %zu tokens\n", path.c_str(), buffer_.size());
-    buffer_.clear();
-  }
-
-  // Shards left by an earlier, longer run would otherwise be read as part of this data set.
-  void remove_stale_shards() const {
-    for (int index = shard_count_; llmc::file_exists(shard_path(index)); index++) {
-      const std::string path = shard_path(index);
-      if (remove(path.c_str()) != 0) {
-        LLMC_FAIL("cannot remove %s, a shard left by an earlier run: %s; delete it by hand",
-                  path.c_str(), strerror(errno));
-      }
-      printf("removed %s (left by an earlier run)\n", path.c_str());
+// An input that cannot be read, or holds no text, fails now, before any work is done.
+void check_inputs(const Options& options) {
+  for (const std::string& input : options.inputs) {
+    llmc::File f(input, "rb");
+    if (f.size() == 0) {
+      LLMC_FAIL("--input %s is empty: give a file with text (an empty file would be a document of "
+                "EOT alone)", input.c_str());
     }
   }
-
-  const Options& options_;
-  const char* split_;
-  std::vector<uint16_t> buffer_;
-  size_t total_ = 0;
-  int shard_count_ = 0;
-};
+}
 
 int run(int argc, char** argv) {
   const Options options = parse_options(argc, argv);
-  // An unreadable input fails now, before any shard is written.
-  for (const std::string& input : options.inputs) llmc::File(input, "rb");
+  check_inputs(options);
   llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(options.encoder_dir);
   llmc::require_vocabulary_fits_shards(encoder.vocab_size(), options.encoder_dir);
   llmc::make_writable_dirs(options.output_dir, "--output_dir");
+  llmc::require_no_shards(options.output_dir, options.name);
 
-  ShardWriter val(options, "val");
-  ShardWriter train(options, "train");
+  llmc::StagedFiles files;
+  llmc::TokenShardStream val(&files, options.shard_size,
+                             [&](int index) { return shard_path(options, "val", index); });
+  llmc::TokenShardStream train(&files, options.shard_size,
+                               [&](int index) { return shard_path(options, "train", index); });
   size_t documents = 0;
   for (const std::string& input : options.inputs) {
     const std::string text = llmc::read_text_file(input);
@@ -198,15 +165,18 @@ int run(int argc, char** argv) {
       documents++;
     }
   }
-  val.finish();
-  train.finish();
-  printf("%zu documents from %zu files: %zu val tokens in %d shards, %zu train tokens in %d "
-         "shards\n", documents, options.inputs.size(), val.total(), val.shard_count(),
-         train.total(), train.shard_count());
   if (train.total() == 0) {
     LLMC_FAIL("all %zu tokens went to the val split: lower --val_tokens (now %lld) or add input",
               val.total(), options.val_tokens);
   }
+  val.finish();
+  train.finish();
+  files.commit();
+  val.print_written();
+  train.print_written();
+  printf("%zu documents from %zu files: %zu val tokens in %d shards, %zu train tokens in %d "
+         "shards\n", documents, options.inputs.size(), val.total(), val.shard_count(),
+         train.total(), train.shard_count());
   return 0;
 }
 

@@ -6,10 +6,10 @@
 //
 // Input on stdin: each document as a little-endian uint32 byte count and that many bytes of UTF-8,
 // then the count 0xFFFFFFFF to mark the end (dev/data/shard_dump.py writes it from jsonl or
-// parquet). Input that stops without the end mark came from a producer that failed: the shards of
-// this run are removed. Documents are tokenized in batches by --threads threads, each with its own
-// encoder (an encoder's cache is not shared), and written in input order.
-#include <glob.h>
+// parquet). Input that stops without the end mark came from a producer that failed: no shard of
+// this run is kept (shards are staged as .tmp files and renamed only when the run succeeds).
+// Documents are tokenized in batches by --threads threads, each with its own encoder (an
+// encoder's cache is not shared), and written in input order.
 #include <omp.h>
 
 #include <cerrno>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "llmc/dataloader.h"
+#include "llmc/shard_writer.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
 
@@ -92,64 +93,11 @@ Options parse_options(int argc, char** argv) {
   return options;
 }
 
-// Shards of an earlier run would mix with this one's under a glob: they must be moved first.
-void require_no_shards(const Options& options) {
-  const std::string pattern = options.output_dir + "/" + options.name + "_*_[0-9]*.bin";
-  glob_t g;
-  const bool found = glob(pattern.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
-  const std::string first = found ? g.gl_pathv[0] : "";
-  globfree(&g);
-  if (found) {
-    LLMC_FAIL("%s already holds shards (%s): delete them, or use another --output_dir or --name",
-              options.output_dir.c_str(), first.c_str());
-  }
+// FineWeb's numbering: one sequence over the whole stream, shard 0 the val split.
+std::string shard_path(const Options& options, int index) {
+  return llmc::strformat("%s/%s_%s_%06d.bin", options.output_dir.c_str(), options.name.c_str(),
+                         index == 0 ? "val" : "train", index);
 }
-
-// Fills shards of shard_size tokens and writes each when it is full; remembers what it wrote so
-// that a failed run can remove it.
-class FinewebShardWriter {
- public:
-  explicit FinewebShardWriter(const Options& options) : options_(options) {}
-
-  void add(const std::vector<int>& tokens) {
-    for (int token : tokens) {
-      buffer_.push_back((uint16_t)token);
-      if ((long long)buffer_.size() == options_.shard_size) write_shard();
-    }
-    total_ += tokens.size();
-  }
-
-  void finish() {
-    if (!buffer_.empty()) write_shard();
-  }
-
-  void remove_written() {
-    for (const std::string& path : written_) remove(path.c_str());
-  }
-
-  size_t total() const { return total_; }
-  size_t shard_count() const { return written_.size(); }
-  size_t val_tokens() const { return val_tokens_; }
-
- private:
-  void write_shard() {
-    const size_t index = written_.size();
-    const std::string path = llmc::strformat("%s/%s_%s_%06zu.bin", options_.output_dir.c_str(),
-                                             options_.name.c_str(), index == 0 ? "val" : "train", index);
-    written_.push_back(path);
-    llmc::write_token_shard(path, buffer_);
-    if (index == 0) val_tokens_ = buffer_.size();
-    printf("wrote %s: %zu tokens\n", path.c_str(), buffer_.size());
-    fflush(stdout);
-    buffer_.clear();
-  }
-
-  const Options& options_;
-  std::vector<uint16_t> buffer_;
-  std::vector<std::string> written_;
-  size_t total_ = 0;
-  size_t val_tokens_ = 0;
-};
 
 // Reads exactly `bytes` bytes of stdin; false at a clean end of input before the first byte.
 bool read_stdin(void* dst, size_t bytes, size_t document) {
@@ -169,7 +117,7 @@ std::vector<std::string> read_batch(size_t first_document, bool* ended) {
     uint32_t length = 0;
     if (!read_stdin(&length, sizeof(length), document)) {
       LLMC_FAIL("stdin ended after %zu documents without the end mark: the program writing the "
-                "documents failed; the shards of this run were removed", document);
+                "documents failed; no shard of this run was kept", document);
     }
     if (length == kEndMark) {
       *ended = true;
@@ -190,43 +138,42 @@ int run(int argc, char** argv) {
   const llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(options.encoder_dir);
   llmc::require_vocabulary_fits_shards(encoder.vocab_size(), options.encoder_dir);
   llmc::make_writable_dirs(options.output_dir, "--output_dir");
-  require_no_shards(options);
+  llmc::require_no_shards(options.output_dir, options.name);
 
   std::vector<llmc::BpeEncoder> encoders(options.threads, encoder);
-  FinewebShardWriter writer(options);
+  llmc::StagedFiles files;
+  llmc::TokenShardStream shards(&files, options.shard_size,
+                                [&](int index) { return shard_path(options, index); });
   size_t documents = 0;
-  try {
-    for (bool ended = false; !ended;) {
-      const std::vector<std::string> batch = read_batch(documents, &ended);
-      std::vector<std::vector<int>> tokens(batch.size());
-      std::vector<std::string> errors(batch.size());
+  for (bool ended = false; !ended;) {
+    const std::vector<std::string> batch = read_batch(documents, &ended);
+    std::vector<std::vector<int>> tokens(batch.size());
+    std::vector<std::string> errors(batch.size());
 #pragma omp parallel for schedule(dynamic, 16) num_threads(options.threads)
-      for (size_t i = 0; i < batch.size(); i++) {
-        try {
-          llmc::utf8_validate(batch[i]);
-          tokens[i] = encoders[omp_get_thread_num()].encode_with_eot(batch[i]);
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
+    for (size_t i = 0; i < batch.size(); i++) {
+      try {
+        llmc::utf8_validate(batch[i]);
+        tokens[i] = encoders[omp_get_thread_num()].encode_with_eot(batch[i]);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
       }
-      for (size_t i = 0; i < batch.size(); i++) {
-        if (!errors[i].empty()) LLMC_FAIL("document %zu: %s", documents + i + 1, errors[i].c_str());
-        writer.add(tokens[i]);
-      }
-      documents += batch.size();
     }
-    writer.finish();
-    if (writer.shard_count() < 2) {
-      LLMC_FAIL("all %zu tokens went to the val shard, leaving none to train on: lower "
-                "--shard_size (now %lld) or add documents", writer.total(), options.shard_size);
+    for (size_t i = 0; i < batch.size(); i++) {
+      if (!errors[i].empty()) LLMC_FAIL("document %zu: %s", documents + i + 1, errors[i].c_str());
+      shards.add(tokens[i].data(), tokens[i].size());
     }
-  } catch (...) {
-    writer.remove_written();
-    throw;
+    documents += batch.size();
   }
-  printf("%zu documents, %zu tokens: %zu in the val shard, %zu in %zu train shards\n", documents,
-         writer.total(), writer.val_tokens(), writer.total() - writer.val_tokens(),
-         writer.shard_count() - 1);
+  shards.finish();
+  if (shards.shard_count() < 2) {
+    LLMC_FAIL("all %zu tokens went to the val shard, leaving none to train on: lower "
+              "--shard_size (now %lld) or add documents", shards.total(), options.shard_size);
+  }
+  files.commit();
+  shards.print_written();
+  const size_t val_tokens = shards.shard_tokens(0);
+  printf("%zu documents, %zu tokens: %zu in the val shard, %zu in %d train shards\n", documents,
+         shards.total(), val_tokens, shards.total() - val_tokens, shards.shard_count() - 1);
   return 0;
 }
 

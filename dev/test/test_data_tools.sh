@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests the data tools end to end: build/prepare_shards (shard format and names, val/train split,
-# document modes, stale shards, error messages), dev/data/shard_dump.py with build/shard_documents
-# (a jsonl dump into FineWeb-style shards), build/write_tokenizer (the vocabulary file) and,
-# with TINYSHAKESPEARE set, dev/data/tinyshakespeare.sh against llm.c's token counts. Files are
+# document modes, existing shards refused, failed writes leaving no file, error messages),
+# dev/data/shard_dump.py with build/shard_documents (a jsonl dump into FineWeb-style shards),
+# build/write_tokenizer (the vocabulary file) and, with TINYSHAKESPEARE set,
+# dev/data/tinyshakespeare.sh against llm.c's token counts. Files are
 # read back with a small Python reader written from dev/SPEC.md, independent of the C++ code.
 # Scratch files go to build/scratch/test_data_tools.
 #
@@ -14,53 +15,19 @@ cd "$(dirname "$0")/../.."
 MAKEFLAGS= ${MAKE:-make} -s build/prepare_shards build/write_tokenizer build/encode_text \
   build/shard_documents || exit 1
 SCRATCH=build/scratch/test_data_tools
+# The small tmpfs of the full-disk test, if a killed run left it mounted.
+mountpoint -q "$SCRATCH/full_disk" 2>/dev/null && umount "$SCRATCH/full_disk"
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 EOT=50256
 
 source "$(dirname "$0")/lib.sh"
-
-# read_shards DIR PREFIX prints "NAME count" per shard of DIR named PREFIX_*.bin, then
-# "tokens: ..." with all their tokens in order; a shard whose header or size is wrong prints
-# "bad NAME: why". shard_names and shard_tokens print only the one part or the other.
-read_shards() {
-  python3 - "$1" "$2" <<'PY'
-import glob, os, struct, sys
-directory, prefix = sys.argv[1], sys.argv[2]
-tokens = []
-for path in sorted(glob.glob(os.path.join(directory, prefix + "_*.bin"))):
-    data = open(path, "rb").read()
-    magic, version, count = struct.unpack_from("<3i", data)
-    name = os.path.basename(path)
-    if magic != 20240520 or version != 1 or len(data) != 1024 + 2 * count:
-        print(f"bad {name}: magic {magic} version {version} count {count} size {len(data)}")
-        continue
-    print(name, count)
-    tokens += struct.unpack_from(f"<{count}H", data, 1024)
-print("tokens:", *tokens)
-PY
-}
-shard_names() { read_shards "$1" "$2" | grep -v '^tokens:'; }
-shard_tokens() { read_shards "$1" "$2" | grep '^tokens:' | cut -d' ' -f2-; }
+source "$(dirname "$0")/data_tools_lib.sh"
 
 # Ids of a text as the encoder gives them (itself tested against tiktoken elsewhere).
 ids_of() {
   printf '%s' "$1" > "$SCRATCH/text.txt"
   build/encode_text "$SCRATCH/text.txt" 2>/dev/null
-}
-
-# Runs a command that must fail; checks that its error message contains NEEDLE.
-check_error() {  # check_error DESCRIPTION NEEDLE COMMAND...
-  local description=$1 needle=$2
-  shift 2
-  local output
-  if output=$("$@" 2>&1); then
-    check "$description fails" "exit 0: $output" "a non-zero exit"
-  elif [[ "$output" == *"$needle"* ]]; then
-    check "$description fails mentioning '$needle'" yes yes
-  else
-    check "$description fails mentioning '$needle'" "$output" "a message with '$needle'"
-  fi
 }
 
 # --- file mode, two inputs, small shards: names, headers and the token stream
@@ -84,11 +51,13 @@ check "train split: shards of 8 tokens, the last one shorter" \
 check "no other files are written" \
   "$(ls "$out" | grep -vc '^mini_\(val\|train\)_[0-9]\{6\}\.bin$')" 0
 
-# --- rerun with bigger shards: the earlier run's extra train shards are removed
-build/prepare_shards --input "$SCRATCH/a.txt" --input "$SCRATCH/b.txt" --output_dir "$out" \
-  --name mini --shard_size 100 --val_tokens 5 > /dev/null
-check "a rerun removes the stale shards of the earlier run" "$(ls "$out" | tr '\n' ' ')" \
-  "mini_train_000000.bin mini_val_000000.bin "
+# --- a rerun into the same directory is refused and leaves its shards byte for byte
+sums_before=$(cd "$out" && sha256sum * | sort)
+check_error "a rerun into a directory that holds shards" \
+  "error: $out already holds shards ($out/mini_train_000000.bin): delete them, or use another --output_dir or --name" \
+  build/prepare_shards --input "$SCRATCH/a.txt" --output_dir "$out" --name mini --shard_size 100
+check "the refused rerun leaves the shards byte for byte" "$(cd "$out" && sha256sum * | sort)" \
+  "$sums_before"
 
 # --- blank_lines mode: documents as llm.c's tinyshakespeare.py cuts them
 printf 'First.\n\nSecond\n\n\nthird\n\n' > "$SCRATCH/c.txt"
@@ -131,8 +100,48 @@ check_error "a flag without its value" "--val_tokens needs a value" \
   "${base[@]}" --input "$SCRATCH/a.txt" --val_tokens
 check_error "every token in val" "all 8 tokens went to the val split" \
   "${base[@]}" --input "$SCRATCH/a.txt" --val_tokens 1000
+: > "$SCRATCH/empty.txt"
+check_error "an empty input" \
+  "error: --input $SCRATCH/empty.txt is empty: give a file with text" \
+  "${base[@]}" --input "$SCRATCH/a.txt" --input "$SCRATCH/empty.txt"
+check "failed runs leave nothing in --output_dir" "$(ls -A "$SCRATCH/errors" 2>/dev/null | wc -l)" 0
 check_error "a missing --encoder_dir" "nowhere/encoder.json" \
   "${base[@]}" --input "$SCRATCH/a.txt" --encoder_dir nowhere
+
+# --- a write that fails part way leaves no new file: neither the shard being written nor those
+# staged before it, nor an empty vocabulary file. The failure is a full disk (a 64 KiB tmpfs) where
+# the test may mount one (root), and always a file size limit (ulimit -f, with SIGXFSZ ignored so
+# that the write returns EFBIG instead of killing the tool).
+python3 -c 'print(" ".join(f"w{i}" for i in range(30000)))' > "$SCRATCH/big.txt"
+listing() { (cd "$1" && find . -type f -exec sha256sum {} + | sort); }
+# check_write_failure DESCRIPTION DIR NEEDLE COMMAND...: fails mentioning NEEDLE, DIR unchanged.
+check_write_failure() {
+  local description=$1 dir=$2 needle=$3 before
+  shift 3
+  before=$(listing "$dir")
+  check_error "$description" "$needle" "$@"
+  check "$description leaves $dir as it was" "$(listing "$dir")" "$before"
+}
+full="$SCRATCH/full_disk"
+mkdir -p "$full"
+if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=64k tmpfs "$full" 2>/dev/null; then
+  trap 'umount "$full"' EXIT
+  echo "kept" > "$full/keep.txt"
+  check_write_failure "prepare_shards on a full disk, after 3 shards fit" "$full" \
+    "No space left on device" build/prepare_shards --input "$SCRATCH/big.txt" \
+    --output_dir "$full" --name big --shard_size 8000 --val_tokens 1000
+  check_write_failure "write_tokenizer on a full disk" "$full" "No space left on device" \
+    build/write_tokenizer --output "$full/gpt2_tokenizer.bin"
+  umount "$full" && trap - EXIT
+else
+  echo "skipped the full tmpfs: mounting one needs root; the file size limit below still runs"
+fi
+limited=(bash -c 'trap "" XFSZ; ulimit -f 16; exec "$@"' limited)
+check_write_failure "prepare_shards over a file size limit" "$full" "File too large" \
+  "${limited[@]}" build/prepare_shards --input "$SCRATCH/big.txt" --output_dir "$full" --name big \
+  --shard_size 10000 --val_tokens 1000
+check_write_failure "write_tokenizer over a file size limit" "$full" "File too large" \
+  "${limited[@]}" build/write_tokenizer --output "$full/gpt2_tokenizer.bin"
 
 # --- shard_dump.py: a jsonl dump into FineWeb-style shards. 60 documents (unicode, newlines, an
 # empty one, one longer than a shard) in field "body", tokenized on 2 threads, shards of 40 tokens:
@@ -191,7 +200,7 @@ if ! python3 -c 'import pyarrow' 2>/dev/null; then
 fi
 check_error "shard_documents when the input stops without the end mark" "without the end mark" \
   bash -c "printf '\x02\x00\x00\x00hi' | build/shard_documents --output_dir $dump/bad --shard_size 1"
-check "shard_documents removes the shards of a failed run" "$(ls "$dump/bad" | wc -l)" 0
+check "shard_documents keeps no shard of a failed run" "$(ls "$dump/bad" | wc -l)" 0
 
 # --- the vocabulary file, read with the format of dev/SPEC.md
 build/write_tokenizer --output "$SCRATCH/gpt2_tokenizer.bin" > /dev/null
@@ -217,6 +226,9 @@ printf 'not tiny shakespeare' > "$SCRATCH/wrong_input.txt"
 check_error "tinyshakespeare.sh --input of the wrong size" \
   "error: --input $SCRATCH/wrong_input.txt has 20 bytes, tiny shakespeare's input.txt has 1115394: pass that file, or leave out --input to download it" \
   dev/data/tinyshakespeare.sh --input "$SCRATCH/wrong_input.txt" --output_dir "$SCRATCH/ts_given"
+check "tinyshakespeare.sh prints its error on stderr, nothing on stdout" \
+  "$(dev/data/tinyshakespeare.sh --input "$SCRATCH/wrong_input.txt" --output_dir "$SCRATCH/ts_given" \
+     2>/dev/null)" ""
 mkdir -p "$SCRATCH/ts_downloaded"
 cp "$SCRATCH/wrong_input.txt" "$SCRATCH/ts_downloaded/input.txt"
 check_error "tinyshakespeare.sh with a bad download from an earlier run" \
@@ -236,6 +248,12 @@ if [ -n "${TINYSHAKESPEARE:-}" ]; then
     "$(shard_names "$shards" tiny_shakespeare_train)" "tiny_shakespeare_train_000000.bin 305260"
   check "tiny shakespeare: the vocabulary file is written beside the shards" \
     "$(cmp -s "$shards/gpt2_tokenizer.bin" "$SCRATCH/gpt2_tokenizer.bin" && echo same)" same
+  sums_before=$(cd "$shards" && sha256sum *.bin)
+  check "tinyshakespeare.sh run again keeps the shards it wrote" \
+    "$(dev/data/tinyshakespeare.sh --input "$TINYSHAKESPEARE" --output_dir "$shards" | head -n1)" \
+    "$shards already holds tiny shakespeare's shards: kept (delete them to prepare them again)"
+  check "tinyshakespeare.sh run again leaves its files byte for byte" \
+    "$(cd "$shards" && sha256sum *.bin)" "$sums_before"
 else
   echo "skipped tiny shakespeare: TINYSHAKESPEARE is not set (the path of its input.txt)"
 fi

@@ -335,6 +335,11 @@ void test_malformed_shards() {
   check_throws(open(base + "vocab.bin"),
                "bad_vocab.bin: token 50300 at position 123 is >= vocab size 50257",
                "a token outside the vocabulary");
+  out_of_vocab[123] = 65535;
+  llmc::write_token_shard(base + "damaged.bin", out_of_vocab);
+  check_throws(open(base + "damaged.bin"),
+               "token 65535 at position 123 is >= vocab size 50257; the shard is damaged or was "
+               "made with another tokenizer", "a token 65535, as damaged bytes often read");
   llmc::write_token_shard(base + "few.bin", std::vector<uint16_t>(kChunk, 1));
   check_throws(open(base + "few.bin"), "bad_few.bin: 8 tokens are too few for one batch",
                "a shard one token short of a batch");

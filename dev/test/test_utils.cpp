@@ -1,4 +1,4 @@
-// Tests llmc/utils.h (checked file I/O whose errors name the path, glob,
+// Tests llmc/utils.h (checked file I/O whose errors name the path, staged files, glob,
 // make_dirs, small helpers), llmc/file_header.h (CRC-32) and llmc/gpt2.h (configs,
 // the parameter table, checkpoint and debug-state header validation, checkpoint
 // checksums, BF16 rounding). Files go to build/test_tmp/utils/.
@@ -95,6 +95,50 @@ void test_file() {
   closing.close();
   check(llmc::File(kDir + "/closed.bin", "rb").size() == 16,
         "close(sync) flushes; a second close is a no-op");
+}
+
+// StagedFiles: nothing under a final name before commit, all of them after it, and nothing left
+// (neither name) when a write or a rename fails.
+void test_staged_files() {
+  const std::string a = kDir + "/staged_a.bin", b = kDir + "/staged_b.bin";
+  const auto write_text = [](const char* text) {
+    return [text](llmc::File& f) { f.write(text, strlen(text), "text"); };
+  };
+  {
+    llmc::StagedFiles files;
+    files.write(a, write_text("first"));
+    files.write(b, write_text("second"));
+    check_verbose(llmc::file_exists(a + ".tmp") && llmc::file_exists(b + ".tmp") &&
+                      !llmc::file_exists(a) && !llmc::file_exists(b),
+                  "StagedFiles: before commit only the .tmp files exist");
+    files.commit();
+  }
+  check_verbose(llmc::read_text_file(a) == "first" && llmc::read_text_file(b) == "second" &&
+                    !llmc::file_exists(a + ".tmp") && !llmc::file_exists(b + ".tmp"),
+                "StagedFiles: commit renames every file to its name");
+  remove(a.c_str());
+  remove(b.c_str());
+
+  check_throws([&] {
+    llmc::StagedFiles files;
+    files.write(a, write_text("first"));
+    files.write(b, [](llmc::File&) { llmc::fail("disk full"); });
+  }, "disk full", "StagedFiles: a failing write's error is passed on");
+  check_verbose(!llmc::file_exists(a) && !llmc::file_exists(a + ".tmp") &&
+                    !llmc::file_exists(b) && !llmc::file_exists(b + ".tmp"),
+                "StagedFiles: a failed write leaves no file, nor those staged before it");
+
+  const std::string blocked = kDir + "/staged_dir";
+  llmc::make_dirs(blocked + "/inside");
+  check_throws([&] {
+    llmc::StagedFiles files;
+    files.write(a, write_text("first"));
+    files.write(blocked, write_text("second"));
+    files.commit();
+  }, "cannot rename " + blocked + ".tmp to " + blocked, "StagedFiles: a failed rename names it");
+  check_verbose(!llmc::file_exists(a) && !llmc::file_exists(a + ".tmp") &&
+                    !llmc::file_exists(blocked + ".tmp"),
+                "StagedFiles: a failed rename removes the files already renamed");
 }
 
 void test_glob_and_make_dirs() {
@@ -395,6 +439,7 @@ int main() {
     llmc::make_dirs(kDir);
     test_strformat_and_helpers();
     test_file();
+    test_staged_files();
     test_glob_and_make_dirs();
     test_configs();
     test_bf16();
