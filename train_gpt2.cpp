@@ -853,7 +853,7 @@ std::vector<int> gpt2_generate(GPT2& model, Rng& rng, int first_token, int lengt
 
 // The CPU trainer takes the flags both trainers share (llmc/flags.h) and no others.
 struct TrainConfig : TrainFlags {
-  bool help = false;  // --help or -h: print the usage and exit
+  bool help = false;  // --help (or -h: this trainer has no -h flag): print the usage and exit
 };
 
 TrainConfig parse_args(const std::vector<std::string>& args) {
@@ -908,13 +908,12 @@ float evaluate_validation(GPT2& model, DataLoader& loader, int batches, int B, i
   return (float)(sum / batches);
 }
 
-// Samples `length` tokens after the end-of-text token, as many as the model's sequence length
-// leaves room for.
+// Samples `length` tokens (-g, at most the model's maximum sequence length - 1) after the
+// end-of-text token.
 void print_sample(GPT2& model, Rng& rng, const Tokenizer* tokenizer, int length) {
   // GPT-2's end-of-text token is the last of its vocabulary.
   const int eot = tokenizer ? tokenizer->eot_token() : model.config.vocab_size - 1;
-  const std::vector<int> tokens =
-      gpt2_generate(model, rng, eot, std::min(length, model.config.max_seq_len - 1) + 1);
+  const std::vector<int> tokens = gpt2_generate(model, rng, eot, length + 1);
   printf("sample:");
   if (tokenizer) {
     Utf8Joiner joiner;
@@ -934,14 +933,21 @@ int train_main(int argc, char** argv) {
     print_usage("./train_gpt2", "GPT-2 training in FP32 on the CPU", kQuickStart, train_flags(c));
     return 0;
   }
-  glob_files(c.train_pattern, "-i");  // fail before a multi-second random init
+  resolve_tokenizer(c);
+  const bool run_val = c.val_every > 0 && c.val_batches > 0;
+  // The data's patterns fail before a multi-second random init.
+  if (run_val) {
+    require_disjoint_shards(c.train_pattern, c.val_pattern);
+  } else {
+    glob_files(c.train_pattern, "-i");
+  }
   GPT2 model = gpt2_build(c.model, (uint64_t)c.seed);
   resolve_sequence_length(c, model.config.max_seq_len);
+  resolve_sample_length(c, model.config.max_seq_len);
   const StepBatch batch = step_batch(c, 1);
   gpt2_reserve_activations(model, c.B, c.T);
   const int V = model.config.vocab_size;
   DataLoader train_loader(c.train_pattern, "-i", c.B, c.T, 0, 1, true, (uint64_t)c.seed, V);
-  const bool run_val = c.val_every > 0 && c.val_batches > 0;
   std::unique_ptr<DataLoader> val_loader;
   if (run_val) {
     val_loader.reset(
@@ -954,7 +960,7 @@ int train_main(int argc, char** argv) {
   const LrSchedule schedule =
       make_lr_schedule(c.schedule, "-k", c.lr, c.warmup, std::max(1, steps), c.final_lr_frac);
   std::unique_ptr<Tokenizer> tokenizer;
-  if (c.sample_every > 0 && file_exists(c.tokenizer)) tokenizer.reset(new Tokenizer(c.tokenizer));
+  if (c.sample_every > 0 && !c.tokenizer.empty()) tokenizer.reset(new Tokenizer(c.tokenizer));
   std::unique_ptr<Logger> logger;
   if (!c.output_dir.empty()) {
     logger.reset(new Logger(c.output_dir, "-o", nullptr, LogMode::kNew));

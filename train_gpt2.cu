@@ -5353,11 +5353,34 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
   });
 }
 
-// The checks that involve several flags; each flag's own range is checked as it is parsed.
+// The checks that involve several flags, or a flag and this build; each flag's own range is
+// checked as it is parsed. A flag that would do nothing without another fails rather than being
+// ignored.
 void validate_args(const TrainArgs& a) {
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
+  REQUIRE(a.checkpoint_every == 0 || !a.output_dir.empty(), "-n needs -o DIR to write the checkpoints to");
+  REQUIRE(a.keep_last == 0 || !a.output_dir.empty(), "-nk needs -o DIR, the directory of the checkpoints");
+  REQUIRE(a.keep_every == 0 || !a.output_dir.empty(), "-nm needs -o DIR, the directory of the checkpoints");
+  REQUIRE(a.keep_every == 0 || a.keep_last > 0,
+          "-nm %d keeps checkpoints that -nk would delete: give -nk with it (without -nk all are kept)",
+          a.keep_every);
+  REQUIRE(!a.fp8 || sizeof(floatX) == 2,
+          "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
+          PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
+}
+
+// The process count of this launch as multi_gpu_init finds it (mpirun's, or -pr/-pn's and
+// Slurm's through llmc/rendezvous.h), before any GPU is touched; launch flags that do not fit
+// together fail here.
+int launch_world(const MultiGpuOptions& options) {
+  const int mpi_world = env_int("OMPI_COMM_WORLD_SIZE", 1);
+  if (mpi_world > 1) return mpi_world;
+  const llmc::Launch launch =
+      llmc::resolve_launch(options.launch, [](const char* name) -> const char* { return getenv(name); });
+  llmc::require_rendezvous(llmc::parse_rendezvous(options.launch.rendezvous), launch);
+  return launch.world;
 }
 
 // Generates `length` tokens after `prompt` and prints them as they come; token_text gives the
@@ -5389,11 +5412,8 @@ float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int b
 
 // HellaSwag accuracy (acc_norm) over this rank's share of the examples, summed over the ranks.
 // Each example is one forward pass of its 4 rows (context + ending, padded to T).
+// The set fits -b and -t (read_hellaswag).
 llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::HellaSwagSet& set, int T) {
-  REQUIRE(m.B >= llmc::kHellaSwagEndings, "HellaSwag evaluates %d rows at once: use -b %d or more",
-          llmc::kHellaSwagEndings, llmc::kHellaSwagEndings);
-  REQUIRE(set.longest_row <= T, "HellaSwag examples take up to %d tokens: use -t %d or more",
-          set.longest_row, set.longest_row);
   llmc::HellaSwagCounts counts;
   for (int i : llmc::hellaswag_rank_examples((int)set.examples.size(), mg.rank, mg.world)) {
     multi_gpu_progress(mg);
@@ -5495,6 +5515,62 @@ double gpt2_init_start(GPT2& m, StartParams start, bool use_master_weights, uint
   return start.load_seconds + llmc::wall_seconds() - init_start;
 }
 
+// -h 1's examples, which must fit one forward pass of -b rows of -t tokens.
+llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
+  REQUIRE(a.B >= llmc::kHellaSwagEndings, "HellaSwag evaluates %d rows at once: use -b %d or more",
+          llmc::kHellaSwagEndings, llmc::kHellaSwagEndings);
+  llmc::HellaSwagSet set = llmc::hellaswag_read(a.hellaswag_path, vocab_size);
+  REQUIRE(set.longest_row <= a.T, "HellaSwag examples take up to %d tokens: use -t %d or more",
+          set.longest_row, set.longest_row);
+  return set;
+}
+
+// -i's and -j's shards as the data loaders will check them (their headers, sizes and one batch
+// each), and no file in both.
+void check_data(const TrainArgs& a, int world) {
+  llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
+  if (a.val_every > 0 && a.val_batches > 0) {
+    llmc::read_shard_headers(a.val_pattern, "-j", a.B, a.T, world);
+    llmc::require_disjoint_shards(a.train_pattern, a.val_pattern);
+  }
+}
+
+// What a run reads and checks before any GPU is touched, so that a bad flag or file fails with
+// its own message on any machine, before GPU memory is set up.
+struct RunInputs {
+  int resume_step = -1;  // the checkpoint's step with -y 1
+  StartParams start;
+  llmc::StepBatch batch = {0, 0};
+  llmc::HellaSwagSet hellaswag;  // with -h 1
+};
+
+// -e's or -y 1's parameters, then the flags against the model, the data, HellaSwag's set and
+// -o's state; -o comes last, so that a directory of an earlier run names no other mistake.
+// world: the launch's process count (launch_world). A prompt's run (-p) trains nothing.
+RunInputs prepare_run(TrainArgs& a, int world) {
+  RunInputs in;
+  if (a.resume) llmc::require_directory(a.output_dir, "-y 1: -o");
+  in.resume_step = a.resume ? llmc::latest_checkpoint_step(a.output_dir) : -1;
+  if (a.resume && in.resume_step < 0) {
+    LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
+              "a new run", a.output_dir.c_str());
+  }
+  in.start = load_start_params(a, in.resume_step);
+  const llmc::GPT2Config& config = in.start.config;
+  llmc::resolve_sample_length(a, config.max_seq_len);
+  if (!a.prompt.empty()) return in;
+  llmc::resolve_sequence_length(a, config.max_seq_len);
+  in.batch = llmc::step_batch(a, world);
+  llmc::resolve_tokenizer(a);
+  if (a.fp8) fp8_require_layer(config.channels, config.channels);
+  check_data(a, world);
+  if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
+  if (!a.output_dir.empty()) {
+    llmc::check_log_dir(a.output_dir, "-o", "-y 1", a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
+  }
+  return in;
+}
+
 // -p: prints the prompt and -e's continuation of it.
 void generate_from_prompt(const TrainArgs& a, GPT2& m) {
   llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(a.encoder_dir);
@@ -5569,10 +5645,11 @@ void train_checkpoint_setup(TrainRun& r) {
 // The data, schedule, evaluation sets and log of a run; with -y 1 the rest of the checkpoint's
 // state (the parameters are in the model already).
 // model_seconds: the parameters' load and upload (gpt2_init_start), for a resume's line.
-void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, double run_start,
-                 double model_seconds) {
+void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seconds) {
   const TrainArgs& a = r.a;
   const int vocab_size = r.m.config.vocab_size;
+  const int resume_step = in.resume_step;
+  const llmc::StepBatch& batch = in.batch;
   r.resume_step = resume_step;
   r.train_loader.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, r.mg.rank, r.mg.world,
                                             a.shuffle != 0, a.seed, vocab_size));
@@ -5587,8 +5664,8 @@ void train_setup(TrainRun& r, int resume_step, const llmc::StepBatch& batch, dou
       : (int)std::max<long>(1, r.train_loader->batches_per_epoch() / r.accum_steps);
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);
-  if (a.hellaswag) r.hellaswag = llmc::hellaswag_read(a.hellaswag_path, vocab_size);
-  if (a.sample_every > 0 && llmc::file_exists(a.tokenizer)) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
+  r.hellaswag = std::move(in.hellaswag);
+  if (a.sample_every > 0 && !a.tokenizer.empty()) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
   // The checkpoints' pinned buffers come first, so that a resume reads its state into them. The
   // state is read before the run log is touched, so a damaged state file leaves -o as it was.
   train_checkpoint_setup(r);
@@ -5665,8 +5742,8 @@ void evaluate_at_step(TrainRun& r, int step) {
   if (r.mg.rank == 0 && a.sample_every > 0 && step > 0 && (step % a.sample_every == 0 || last)) {
     const int vocab_size = r.m.config.vocab_size;
     printf("sample: ");
-    print_generation(r.m, {vocab_size - 1}, std::min(a.gen_len, r.m.config.max_seq_len - 1),
-                     a.temperature, a.top_k, r.sample_rng, [&](int id) {
+    print_generation(r.m, {vocab_size - 1}, a.gen_len, a.temperature, a.top_k, r.sample_rng,
+                     [&](int id) {
                        return r.tokenizer ? r.tokenizer->decode(id) : llmc::strformat("%d ", id);
                      });
   }
@@ -5847,30 +5924,21 @@ int train_main(int argc, char** argv) {
     return 0;
   }
   validate_args(a);
+  RunInputs in = prepare_run(a, launch_world(a.multi_gpu));
   MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
-
-  const int resume_step = a.resume ? llmc::latest_checkpoint_step(a.output_dir) : -1;
-  if (a.resume && resume_step < 0) {
-    LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
-              "a new run", a.output_dir.c_str());
-  }
-  StartParams start = load_start_params(a, resume_step);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  const double model_seconds = gpt2_init_start(m, std::move(start), a.master_weights != 0, a.seed,
+  const double model_seconds = gpt2_init_start(m, std::move(in.start), a.master_weights != 0, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
-  const llmc::GPT2Config& config = m.config;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
   } else {
-    llmc::resolve_sequence_length(a, config.max_seq_len);
-    const llmc::StepBatch batch = llmc::step_batch(a, mg.world);
     gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2);
     TrainRun r(a, mg, m);
-    train_setup(r, resume_step, batch, run_start, model_seconds);
+    train_setup(r, in, run_start, model_seconds);
     int final_step;
     exit_status = train_loop(r, &final_step);
     checkpoint_settle(r);

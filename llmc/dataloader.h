@@ -19,6 +19,7 @@
 // Only one shard is held in memory.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -89,6 +90,47 @@ inline long read_shard_header(File& f) {
   return count;
 }
 
+struct ShardHeader {
+  std::string path;
+  long num_tokens;
+};
+
+// The shards `pattern` matches (`flag` names where it came from), each header checked against its
+// file's size and holding at least one batch of B*T tokens for each of `world` processes: what a
+// DataLoader checks when it is built, for a program to check before it sets anything else up.
+inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, const char* flag,
+                                                   int B, int T, int world) {
+  const long stride = (long)world * B * T;  // tokens one batch index covers over all ranks
+  std::vector<ShardHeader> headers;
+  for (const std::string& path : glob_files(pattern, flag)) {
+    File f(path, "rb");
+    const long count = read_shard_header(f);
+    if (count < stride + 1) {
+      LLMC_FAIL("%s: %ld tokens are too few for one batch: B=%d x T=%d x %d processes needs at "
+                "least %ld; use smaller batches or a longer shard", path.c_str(), count, B, T,
+                world, stride + 1);
+    }
+    headers.push_back({path, count});
+  }
+  return headers;
+}
+
+// Fails when a file matches both the training and the validation pattern: the validation loss
+// would be measured on data the model trained on.
+inline void require_disjoint_shards(const std::string& train_pattern,
+                                    const std::string& val_pattern) {
+  const std::vector<std::string> train_files = glob_files(train_pattern, "-i");
+  std::vector<std::string> val_files;
+  for (const std::string& path : glob_files(val_pattern, "-j")) val_files.push_back(real_path(path));
+  for (const std::string& path : train_files) {
+    if (std::find(val_files.begin(), val_files.end(), real_path(path)) != val_files.end()) {
+      LLMC_FAIL("%s is matched by both -i '%s' and -j '%s': the run would train on its validation "
+                "data; give -i a pattern that leaves it out", path.c_str(), train_pattern.c_str(),
+                val_pattern.c_str());
+    }
+  }
+}
+
 // Reads a whole shard, checking every token against the vocabulary.
 inline void read_token_shard(const std::string& path, int vocab_size,
                              std::vector<uint16_t>* tokens) {
@@ -156,17 +198,10 @@ class DataLoader {
       LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
     }
     const long stride = (long)world * chunk();  // tokens one batch index covers over all ranks
-    for (const std::string& path : glob_files(pattern, flag)) {
-      File f(path, "rb");
-      const long count = read_shard_header(f);
-      if (count < stride + 1) {
-        LLMC_FAIL("%s: %ld tokens are too few for one batch: B=%d x T=%d x %d processes needs at "
-                  "least %ld; use smaller batches or a longer shard", path.c_str(), count, B, T,
-                  world, stride + 1);
-      }
-      shards_.push_back({path, count, (count - 1) / stride});
-      total_tokens_ += count;
-      batches_per_epoch_ += (count - 1) / stride;
+    for (const ShardHeader& h : read_shard_headers(pattern, flag, B, T, world)) {
+      shards_.push_back({h.path, h.num_tokens, (h.num_tokens - 1) / stride});
+      total_tokens_ += h.num_tokens;
+      batches_per_epoch_ += (h.num_tokens - 1) / stride;
     }
     reset();
   }

@@ -5,7 +5,7 @@
 // ones cannot drift apart between the CPU and the CUDA trainer.
 //
 // Every flag takes one value: "-x 100". --help prints the usage, and so does -h where the program
-// has no -h flag or nothing follows it (the CUDA trainer's -h 1 turns on HellaSwag).
+// has no -h flag of its own (the CUDA trainer's -h is HellaSwag, and takes a value like any flag).
 #pragma once
 
 #include <algorithm>
@@ -88,7 +88,7 @@ struct TrainFlags {
   std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
   std::string model = "d12";
   std::string output_dir;
-  std::string tokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
+  std::string tokenizer;  // none: kDefaultTokenizer where it exists (resolve_tokenizer)
   std::string schedule = "cosine";
   int B = 4;
   int T = 0;  // 0 until resolve_sequence_length: the model's maximum
@@ -102,7 +102,7 @@ struct TrainFlags {
   int val_every = 20;
   int val_batches = 20;
   int sample_every = 20;
-  int gen_len = 64;
+  int gen_len = 0;  // 0 until resolve_sample_length
   int overfit = 0;
   int seed = 42;
 };
@@ -127,8 +127,8 @@ inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own
       text_flag("-o", "output dir",
                 "output directory for main.log and checkpoints (none: no output)", &f.output_dir),
       text_flag("-tk", "tokenizer",
-                "GPT-2 vocabulary file, to print samples as text (token ids without it)",
-                &f.tokenizer),
+                "GPT-2 vocabulary file, to print samples as text (none: tiny shakespeare's where "
+                "it exists, else token ids)", &f.tokenizer),
       int_flag("-b", "micro batch B", "micro batch size: sequences per process and micro step",
                &f.B, 1, kIntMax),
       int_flag("-t", "sequence length T",
@@ -156,8 +156,8 @@ inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own
       int_flag("-s", "sample every", "sample from the model every N steps (0: never)",
                &f.sample_every, 0, kIntMax),
       int_flag("-g", "sample length",
-               "tokens generated per sample (no more than the model's maximum sequence length - 1)",
-               &f.gen_len, 1, kIntMax),
+               "tokens generated per sample, at most the model's maximum sequence length - 1 (0: "
+               "64, or that limit where it is less)", &f.gen_len, 0, kIntMax),
       int_flag("-a", "overfit one batch", "1: train on the first batch over and over (debugging)",
                &f.overfit, 0, 1),
       int_flag("-S", "seed", "seed of the initialisation, the data order and sampling", &f.seed, 0,
@@ -186,7 +186,7 @@ inline bool parse_flags(const std::vector<std::string>& args, const std::vector<
       if (name == f.name) flag = &f;
     }
     const bool has_value = i + 1 < args.size();
-    if (name == "--help" || (name == "-h" && (!flag || !has_value))) return false;
+    if (name == "--help" || (name == "-h" && !flag)) return false;
     if (!flag) {
       if (name.empty() || name[0] != '-') {
         LLMC_FAIL("'%s' is not a flag: flags start with '-' and take one value each (quote a glob "
@@ -206,8 +206,13 @@ inline void print_usage(const char* program, const char* about, const char* quic
                         const std::vector<Flag>& flags) {
   printf("usage: %s [flags]   (%s)\n", program, about);
   printf("a quick first run: %s\n", quick_start);
-  for (const Flag& f : flags) printf("  %-5s %s (default %s)\n", f.name, f.help, f.show().c_str());
-  printf("  --help (or -h with no value) prints this\n");
+  bool own_h = false;
+  for (const Flag& f : flags) {
+    printf("  %-5s %s (default %s)\n", f.name, f.help, f.show().c_str());
+    own_h = own_h || std::string(f.name) == "-h";
+  }
+  printf("  --help prints this%s\n",
+         own_h ? " (-h is a flag of its own above: it takes a value)" : ", and so does -h");
 }
 
 // -t 0 becomes the model's maximum sequence length; a longer -t fails.
@@ -216,6 +221,34 @@ inline void resolve_sequence_length(TrainFlags& f, int max_seq_len) {
   if (f.T > max_seq_len) {
     LLMC_FAIL("-t %d is above the model's maximum sequence length %d: use -t %d or less", f.T,
               max_seq_len, max_seq_len);
+  }
+}
+
+// -g 0 becomes 64 tokens, or fewer where the model's maximum sequence length leaves less room (a
+// sample starts from one token); a longer -g fails.
+inline void resolve_sample_length(TrainFlags& f, int max_seq_len) {
+  const int limit = max_seq_len - 1;
+  if (f.gen_len == 0) f.gen_len = std::min(64, limit);
+  if (f.gen_len > limit) {
+    LLMC_FAIL("-g %d is above the model's maximum sequence length - 1 = %d (a sample starts from "
+              "one token): use -g %d or less", f.gen_len, limit, limit);
+  }
+}
+
+// The vocabulary file tinyshakespeare.sh writes beside its shards.
+constexpr const char* kDefaultTokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
+
+// -tk none becomes kDefaultTokenizer where that exists (else samples are printed as token ids); a
+// -tk that names no file fails.
+inline void resolve_tokenizer(TrainFlags& f) {
+  if (f.tokenizer.empty()) {
+    if (file_exists(kDefaultTokenizer)) f.tokenizer = kDefaultTokenizer;
+    return;
+  }
+  if (!file_exists(f.tokenizer)) {
+    LLMC_FAIL("-tk %s: no such vocabulary file; make one with dev/data/tinyshakespeare.sh "
+              "(DIR/gpt2_tokenizer.bin), or leave -tk out to print samples as token ids",
+              f.tokenizer.c_str());
   }
 }
 

@@ -122,6 +122,20 @@ inline std::vector<LogRecord> read_run_log(const std::string& path) {
   return records;
 }
 
+// The checks a Logger makes before it writes anything, for a program to make before its other
+// work: DIR can be written (or created), and a new log (kNew) finds no run log there.
+inline void check_log_dir(const std::string& dir, const char* flag, const char* resume_with,
+                          LogMode mode) {
+  require_writable_dirs(dir, flag);
+  const std::string path = dir + "/main.log";
+  if (mode == LogMode::kNew && file_exists(path) && File(path, "rb").size() > 0) {
+    const std::string resume =
+        resume_with ? strformat("resume that run with %s, ", resume_with) : std::string();
+    LLMC_FAIL("%s already holds a run log: %sgive %s another directory, or delete the log",
+              path.c_str(), resume.c_str(), flag);
+  }
+}
+
 class Logger {
  public:
   // `flag` names the command-line flag DIR came from, and `resume_with` the flags that resume a
@@ -129,15 +143,11 @@ class Logger {
   Logger(const std::string& dir, const char* flag, const char* resume_with, LogMode mode,
          long first_step = 0)
       : path_(dir + "/main.log") {
+    check_log_dir(dir, flag, resume_with, mode);
     make_dirs(dir);
-    const bool has_lines = file_exists(path_) && File(path_, "rb").size() > 0;
-    if (mode == LogMode::kNew && has_lines) {
-      const std::string resume =
-          resume_with ? strformat("resume that run with %s, ", resume_with) : std::string();
-      LLMC_FAIL("%s already holds a run log: %sgive %s another directory, or delete the log",
-                path_.c_str(), resume.c_str(), flag);
+    if (mode == LogMode::kResume && file_exists(path_) && File(path_, "rb").size() > 0) {
+      keep_lines_before(first_step);
     }
-    if (mode == LogMode::kResume && has_lines) keep_lines_before(first_step);
     file_.reset(new File(path_, mode == LogMode::kResume ? "a" : "w"));
   }
 

@@ -296,6 +296,42 @@ inline void make_writable_dirs(const std::string& path, const char* flag) {
   }
 }
 
+// Fails unless path is an existing directory; `flag` names where it came from.
+inline void require_directory(const std::string& path, const char* flag) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) LLMC_FAIL("%s %s: no such directory", flag, path.c_str());
+  if (!S_ISDIR(st.st_mode)) LLMC_FAIL("%s %s: %s", flag, path.c_str(), strerror(ENOTDIR));
+}
+
+// What make_writable_dirs(path) would find, without creating anything: path is a directory
+// files can be written in, or the nearest existing directory above it is one that path can be
+// created in.
+inline void require_writable_dirs(const std::string& path, const char* flag) {
+  std::string existing = path;
+  while (!file_exists(existing)) {
+    const size_t slash = existing.find_last_of('/');
+    existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
+  }
+  struct stat st;
+  if (stat(existing.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    LLMC_FAIL("%s %s: %s is a file: %s", flag, path.c_str(), existing.c_str(), strerror(ENOTDIR));
+  }
+  if (access(existing.c_str(), W_OK) != 0) {
+    LLMC_FAIL("%s %s is not writable (%s): %s", flag, path.c_str(), existing.c_str(),
+              strerror(errno));
+  }
+}
+
+// The path with its links and "." and ".." resolved, to tell whether two names are one file; the
+// path as given where it cannot be resolved.
+inline std::string real_path(const std::string& path) {
+  char* resolved = realpath(path.c_str(), nullptr);
+  if (!resolved) return path;
+  const std::string result = resolved;
+  free(resolved);
+  return result;
+}
+
 inline void* malloc_checked(size_t bytes, const char* what) {
   void* p = malloc(bytes);
   if (!p && bytes > 0) LLMC_FAIL("out of host memory allocating %zu bytes for %s", bytes, what);

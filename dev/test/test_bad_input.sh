@@ -7,17 +7,35 @@
 # The flags used are common to both trainers. A case that needs a flag the trainer lacks (its
 # --help decides) is adapted (-n) or skipped with a printed note (-y), as are the cases that need
 # a tmpfs where mounting is not permitted (only root may mount).
+# A CUDA trainer on a machine without a GPU checks every flag and file it can before it looks for
+# one: each case that fails there must fail with its own message, not the GPU's; the fixture then
+# comes from the CPU trainer, the cases that need a GPU are skipped, and a good command line must
+# get as far as the GPU.
 # Scratch files go to build/test_tmp/bad_input_<trainer>.
 #
-#   bash dev/test/test_bad_input.sh                          (the CPU trainer, ./train_gpt2)
-#   TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh   (the CUDA trainer, on a GPU machine)
+#   bash dev/test/test_bad_input.sh                          (./train_gpt2; without a GPU also the
+#                                                             CUDA builds that are built)
+#   TRAINER=./train_gpt2cu bash dev/test/test_bad_input.sh   (one trainer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
+gpu_visible() { nvidia-smi -L > /dev/null 2>&1; }
+
+# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+MAKEFLAGS= ${MAKE:-make} -s train_gpt2 build/reshard_checkpoint || exit 1
 if [ -z "${TRAINER:-}" ]; then
-  # MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
-  MAKEFLAGS= ${MAKE:-make} -s train_gpt2 || exit 1
-  TRAINER=./train_gpt2
+  status=0
+  TRAINER=./train_gpt2 bash "$0" || status=1
+  if ! gpu_visible; then
+    for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
+      if [ -x "$trainer" ]; then
+        TRAINER=$trainer bash "$0" || status=1
+      else
+        echo "skip $trainer without a GPU: not built (make $(basename "$trainer"))"
+      fi
+    done
+  fi
+  exit $status
 fi
 if [ ! -x "$TRAINER" ]; then
   echo "test_bad_input: $TRAINER is not an executable: build it first"
@@ -46,7 +64,19 @@ skip() {  # skip CASE WHY
 }
 
 help=$("$TRAINER" --help 2>&1)
+help_status=$?
 has_flag() { grep -qE -- "^ +$1 " <<< "$help"; }
+# A CUDA trainer (it has -r) where no GPU is visible: only the checks before the GPU can be run.
+no_gpu=0
+if has_flag -r && ! gpu_visible; then
+  no_gpu=1
+  echo "no GPU visible: the cases that need one are skipped, the others must fail before the GPU"
+fi
+# needs_gpu CASE: true (after a printed skip) where the case cannot run here.
+needs_gpu() {
+  [ $no_gpu = 1 ] || return 1
+  skip "$1" "$TRAINER needs a GPU for it, and none is visible"
+}
 
 # mount_tmpfs DIR OPTIONS: a tmpfs at DIR, unmounted at exit; fails (quietly) where mounting is
 # not permitted.
@@ -82,9 +112,12 @@ PY
 COMMON=(-i "$DIR/train.bin" -j "$DIR/val.bin" -e tiny -b 4 -t 64 -v 0 -s 0 -k constant -l 1e-3)
 
 # --- a finished run to protect: its checkpoint, main.log and DONE marker (the CPU trainer
-# writes no DONE marker: one is put there, as the file a resume would look for)
+# writes no DONE marker: one is put there, as the file a resume would look for). Without a GPU
+# the CPU trainer writes it.
 FIXTURE=$DIR/fixture
-if ! "$TRAINER" "${COMMON[@]}" -x 2 -o "$FIXTURE" > "$LOGS/fixture.out" 2>&1 ||
+fixture_trainer=$TRAINER
+[ $no_gpu = 1 ] && fixture_trainer=./train_gpt2
+if ! "$fixture_trainer" "${COMMON[@]}" -x 2 -o "$FIXTURE" > "$LOGS/fixture.out" 2>&1 ||
    [ ! -f "$FIXTURE/model_00000002.bin" ] || [ ! -f "$FIXTURE/main.log" ]; then
   echo "FAIL a good 2-step run into $FIXTURE (log in $LOGS/fixture.out):"
   tail -n 5 "$LOGS/fixture.out" | sed 's/^/     /'
@@ -184,8 +217,11 @@ expect "trailing bytes after the tokens" "trailing\.bin: header says 2048 tokens
 expect "wrong shard magic" "magic\.bin: not a token shard \(magic 20240326, expected 20240520\)" \
   -i "$DIR/magic.bin"
 expect "wrong shard version" "version\.bin: unsupported token shard version 2" -i "$DIR/version.bin"
-expect "token id >= vocab size" "token\.bin: token 50257 at position 100 is >= vocab size 50257" \
-  -i "$DIR/token.bin"
+# Token ids are read with a shard's tokens, when the data loader loads it: after the GPU's setup.
+if ! needs_gpu "token id >= vocab size"; then
+  expect "token id >= vocab size" "token\.bin: token 50257 at position 100 is >= vocab size 50257" \
+    -i "$DIR/token.bin"
+fi
 expect "bad validation shard (-j, wrong magic)" "magic\.bin: not a token shard" \
   -v 1 -m 1 -j "$DIR/magic.bin"
 
@@ -193,6 +229,18 @@ expect "bad validation shard (-j, wrong magic)" "magic\.bin: not a token shard" 
 expect "-t above the model's max sequence length" "-t 128 is above the model's max" -t 128
 expect "-z not a multiple of B*T*processes" "-z 100 is not a (positive )?multiple of B\*T" -z 100
 expect "-z of more than INT_MAX micro steps (2^32 x B*T)" "-z 1099511627776" -z 1099511627776
+expect "-g above the model's max sequence length - 1" \
+  "-g 64 is above the model's maximum sequence length - 1 = 63 .*use -g 63 or less" -g 64 -s 1
+expect "-tk naming no file" "-tk $DIR/no_tokenizer\.bin: no such vocabulary file" \
+  -tk "$DIR/no_tokenizer.bin" -s 1
+
+# --- a file matched by both -i and -j: the validation loss would be of data trained on
+mkdir -p "$DIR/split"
+cp "$DIR/train.bin" "$DIR/split/train.bin"
+cp "$DIR/val.bin" "$DIR/split/val.bin"
+expect "a shard matched by both -i and -j" \
+  "$DIR/split/val\.bin is matched by both -i '$DIR/split/\*\.bin' and -j '$DIR/split/val\.bin'" \
+  -i "$DIR/split/*.bin" -j "$DIR/split/val.bin" -v 1 -m 1
 
 # --- checkpoints given with -e
 cp "$FIXTURE/model_00000002.bin" "$DIR/bad_magic.bin"
@@ -207,6 +255,8 @@ expect "truncated checkpoint" "cut\.bin: checksum mismatch \(CRC-32 [0-9a-f]{8} 
 if has_flag -y; then
   expect "resume with a checkpoint of another configuration (-y 1 -e d12, a tiny model in -o)" \
     "-y 1: $KEEP/model_00000002\.bin holds a model L=2 .*-e d12" -y 1 -e d12
+  expect "resume from an -o that does not exist" "-y 1: -o $DIR/no_run: no such directory" \
+    -y 1 -o "$DIR/no_run"
 else
   skip "resume with a checkpoint of another configuration" "$TRAINER has no -y (no resume)"
 fi
@@ -241,9 +291,13 @@ head -c 1000000 "$DIR/no_checksum.bin" > "$DIR/cut_unchecked.bin"
 expect "truncated checkpoint without a checksum" \
   "cut_unchecked\.bin: checkpoint for .* should be [0-9]+ bytes but is 1000000 \(truncated\)" \
   -e "$DIR/cut_unchecked.bin"
-"$TRAINER" "${COMMON[@]}" -x 1 -e "$DIR/no_checksum.bin" > "$LOGS/no_checksum.out" 2>&1
-check "a checkpoint without a checksum (llm.c's) trains: exit status" "$?" 0
-if has_flag -y; then
+if ! needs_gpu "a checkpoint without a checksum (llm.c's) trains"; then
+  "$TRAINER" "${COMMON[@]}" -x 1 -e "$DIR/no_checksum.bin" > "$LOGS/no_checksum.out" 2>&1
+  check "a checkpoint without a checksum (llm.c's) trains: exit status" "$?" 0
+fi
+if ! has_flag -y; then
+  skip "resume from a damaged state file" "$TRAINER has no -y (no state files)"
+elif ! needs_gpu "resume from a damaged state file"; then
   # A state file whose header says more AdamW updates than steps: caught before the checksum,
   # with the way back to the checkpoint before it.
   cp -a "$FIXTURE" "$DIR/state_header"
@@ -259,18 +313,16 @@ if has_flag -y; then
   attempt "state_00000002_00000\.bin: checksum mismatch .*delete $DIR/state_payload/DONE_00000002" \
     "${COMMON[@]}" -x 4 -o "$DIR/state_payload" -y 1
   report "resume from a state file with one damaged byte"
-else
-  skip "resume from a damaged state file" "$TRAINER has no -y (no state files)"
 fi
 
 # --- a model and batch too large for the GPU: the error says how much was needed and what to
 # change, before anything in -o is touched (-r is the CUDA trainer's: the CPU trainer has no GPU)
-if has_flag -r; then
+if ! has_flag -r; then
+  skip "not enough GPU memory" "$TRAINER has no -r (not a GPU trainer)"
+elif ! needs_gpu "not enough GPU memory"; then
   expect "not enough GPU memory (-e d48 -b 512 -t 1024)" \
     "not enough GPU memory for [a-zA-Z0-9* -]+: needs [0-9.]+ MiB, [0-9.]+ MiB free of [0-9.]+ MiB; reduce the micro batch \(-b\) or sequence length \(-t\), or recompute more \(-r 1\)" \
     -e d48 -b 512 -t 1024
-else
-  skip "not enough GPU memory" "$TRAINER has no -r (not a GPU trainer)"
 fi
 
 # --- -fp8 takes 0, 1 or 2 (the CUDA trainer's flag)
@@ -285,6 +337,49 @@ if has_flag -fp8g; then
   expect "-fp8g without -fp8" "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it" -fp8g 1
 else
   skip "-fp8g without -fp8" "$TRAINER has no -fp8g"
+fi
+
+# --- -fp8 in the FP32 build, whose products are FP32: a flag error, before the GPU (the compute
+# capability it needs in the BF16 build is checked with the GPU)
+if has_flag -fp8 && grep -q "precision FP32" <<< "$help"; then
+  expect "-fp8 1 in the FP32 build" "-fp8 1 needs the BF16 build \(make train_gpt2cu\); this is the FP32 build" -fp8 1
+fi
+
+# --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
+# without -nk
+for flag in -y -halt -n -nk -nm; do
+  if has_flag $flag; then
+    WATCH=("$KEEP")
+    attempt "$flag( 1)? needs -o DIR" "${COMMON[@]}" -x 2 $flag 1
+    report "$flag without -o"
+  else
+    skip "$flag without -o" "$TRAINER has no $flag"
+  fi
+done
+if has_flag -nm; then
+  expect "-nm without -nk" "-nm 2 keeps checkpoints that -nk would delete: give -nk with it" -nm 2
+fi
+
+# --- HellaSwag (-h 1) evaluates 4 rows at once
+if has_flag -hs; then
+  expect "-h 1 with -b 2" "HellaSwag evaluates 4 rows at once: use -b 4 or more" -h 1 -b 2 -t 32
+fi
+
+# --- --help is the usage everywhere; where -h is a flag of its own (HellaSwag) it takes a value
+check "--help: exit status" "$help_status" 0
+check "--help: the usage" "$(grep -c '^usage: ' <<< "$help")" 1
+if has_flag -hs; then
+  expect "-h alone where -h is HellaSwag" "flag -h needs a value" -h
+fi
+
+# --- the checkpoint tool's -i (once, with the CPU trainer)
+if ! has_flag -r; then
+  WATCH=()
+  cmdline="build/reshard_checkpoint -i $DIR/no_run -o $DIR/resharded -p 2"
+  build/reshard_checkpoint -i "$DIR/no_run" -o "$DIR/resharded" -p 2 > /dev/null 2> "$LOGS/reshard.err"
+  check "reshard_checkpoint -i of a missing directory: exit status" "$?" 1
+  check "reshard_checkpoint -i of a missing directory: the error" "$(cat "$LOGS/reshard.err")" \
+    "error: -i $DIR/no_run: no such directory"
 fi
 
 # --- -ac takes 0, 1 or 2 (the CUDA trainer's flag)
@@ -330,7 +425,9 @@ expect "a stray word (an unquoted glob that the shell expanded)" "'$DIR/val\.bin
 checkpoint_bytes=$(cat "$FIXTURE"/model_*.bin "$FIXTURE"/state_*.bin 2>/dev/null | wc -c)
 run=$DIR/full/run
 WATCH=()  # what must stay is compared with the fixture below
-if ! mount_tmpfs "$DIR/full" "size=$((checkpoint_bytes * 3 / 2))"; then
+if needs_gpu "disk full while a checkpoint is written"; then
+  :
+elif ! mount_tmpfs "$DIR/full" "size=$((checkpoint_bytes * 3 / 2))"; then
   skip "disk full while a checkpoint is written" "cannot mount a tmpfs here (needs root)"
 else
   mkdir -p "$run"
@@ -350,6 +447,16 @@ else
   done
   [ -e "$run/$incomplete" ] && problems+=("$run/$incomplete exists: an incomplete checkpoint looks complete")
   report "disk full while a checkpoint is written"
+fi
+
+# --- without a GPU a good command line passes every check and fails only for the GPU, with nothing
+# created in -o
+if [ $no_gpu = 1 ]; then
+  WATCH=("$KEEP")
+  attempt "no CUDA GPU is visible" "${COMMON[@]}" -x 2 -v 1 -m 1 -s 1 -n 1 -nk 1 -o "$DIR/good_run" \
+    -e "$DIR/no_checksum.bin"
+  [ -e "$DIR/good_run" ] && problems+=("$DIR/good_run was created before the GPU")
+  report "good flags and files get as far as the GPU"
 fi
 
 [ $skipped -gt 0 ] && echo "($skipped case(s) skipped, see above)"

@@ -1,7 +1,7 @@
 // Tests llmc/flags.h: the shared flags' defaults, parsing and ranges, the messages for an unknown
 // flag, a stray word and a missing value, when the usage is asked for, a program's own flags after
-// the shared ones, the sequence length and batch that follow from the flags, and the start-up
-// table's box.
+// the shared ones, the sequence length, sample length, vocabulary file and batch that follow from
+// the flags, and the start-up table's box.
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -49,10 +49,10 @@ void test_defaults() {
   const std::vector<std::pair<std::string, std::string>> expected = {
       {"-i", "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin"},
       {"-j", "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin"},
-      {"-e", "d12"}, {"-o", "none"}, {"-tk", "dev/data/tinyshakespeare/gpt2_tokenizer.bin"},
+      {"-e", "d12"}, {"-o", "none"}, {"-tk", "none"},
       {"-b", "4"}, {"-t", "0"}, {"-z", "-1"}, {"-l", "0.0003"}, {"-u", "0"}, {"-q", "0"},
       {"-k", "cosine"}, {"-c", "0.1"}, {"-gc", "1"}, {"-x", "-1"}, {"-v", "20"}, {"-m", "20"},
-      {"-s", "20"}, {"-g", "64"}, {"-a", "0"}, {"-S", "42"}};
+      {"-s", "20"}, {"-g", "0"}, {"-a", "0"}, {"-S", "42"}};
   check_verbose(flags.size() == expected.size(),
                 llmc::strformat("%zu shared flags (expected %zu)", flags.size(), expected.size()));
   for (const auto& e : expected) {
@@ -114,8 +114,11 @@ void test_help() {
   const std::vector<Flag> flags = program_flags(p);
   check_verbose(llmc::parse_flags({"-h", "1"}, flags, "./prog") && p.hellaswag == 1,
                 "-h with a value sets the program's own -h flag");
-  check_verbose(!llmc::parse_flags({"-b", "2", "-h"}, flags, "./prog"),
-                "-h with nothing after it asks for the usage even there");
+  check_verbose(!llmc::parse_flags({"-b", "2", "--help"}, flags, "./prog"),
+                "--help asks for the usage there too");
+  check_throws([&] { llmc::parse_flags({"-b", "2", "-h"}, flags, "./prog"); },
+               "flag -h needs a value: 1: HellaSwag",
+               "-h with nothing after it is the program's -h flag without its value");
 }
 
 // A program's table: every shared flag first, with the shared defaults, then its own.
@@ -153,6 +156,31 @@ void test_model_and_batch() {
   check_throws([&] { llmc::resolve_sequence_length(f, 64); },
                "-t 128 is above the model's maximum sequence length 64: use -t 64 or less",
                "-t above the model's maximum");
+
+  llmc::resolve_sample_length(f, 1024);
+  check_verbose(f.gen_len == 64, "-g 0 (the default) becomes 64 tokens");
+  f.gen_len = 0;
+  llmc::resolve_sample_length(f, 64);
+  check_verbose(f.gen_len == 63, "-g 0 becomes the model's maximum sequence length - 1 where less");
+  f.gen_len = 1023;
+  llmc::resolve_sample_length(f, 1024);
+  check_verbose(f.gen_len == 1023, "-g up to the model's maximum sequence length - 1 stays");
+  f.gen_len = 64;
+  check_throws([&] { llmc::resolve_sample_length(f, 64); },
+               "-g 64 is above the model's maximum sequence length - 1 = 63 (a sample starts from "
+               "one token): use -g 63 or less", "-g above the model's maximum - 1");
+
+  f.tokenizer = "build/test_tmp/no_such_tokenizer.bin";
+  check_throws([&] { llmc::resolve_tokenizer(f); },
+               "-tk build/test_tmp/no_such_tokenizer.bin: no such vocabulary file",
+               "-tk naming no file");
+  f.tokenizer = "dev/test/test_flags.cpp";
+  llmc::resolve_tokenizer(f);
+  check_verbose(f.tokenizer == "dev/test/test_flags.cpp", "-tk naming a file stays");
+  f.tokenizer = "";
+  llmc::resolve_tokenizer(f);
+  check_verbose(f.tokenizer == (llmc::file_exists(llmc::kDefaultTokenizer) ? llmc::kDefaultTokenizer : ""),
+                "-tk none: tiny shakespeare's vocabulary file where it exists, else none");
 
   f.B = 4;
   f.T = 64;

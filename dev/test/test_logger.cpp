@@ -133,11 +133,16 @@ void test_errors() {
 
   write_text(kDir + "/a_file", "x");
   check_throws([] { Logger l(kDir + "/a_file", "-o", nullptr, LogMode::kNew); },
-               "cannot open build/test_tmp/logger/a_file/main.log for writing",
-               "a directory that is a file");
+               "-o build/test_tmp/logger/a_file: build/test_tmp/logger/a_file is a file: Not a "
+               "directory", "a directory that is a file");
   check_throws([] { Logger l(kDir + "/a_file/sub", "-o", nullptr, LogMode::kNew); },
-               "cannot create directory build/test_tmp/logger/a_file/sub",
-               "a directory below a file");
+               "-o build/test_tmp/logger/a_file/sub: build/test_tmp/logger/a_file is a file: Not a "
+               "directory", "a directory below a file");
+  // check_log_dir: the same checks, and nothing created.
+  check_throws([] { llmc::check_log_dir(kDir + "/a_file/sub", "-o", nullptr, LogMode::kNew); },
+               "build/test_tmp/logger/a_file is a file", "check_log_dir: a directory below a file");
+  llmc::check_log_dir(kDir + "/new/run", "-o", nullptr, LogMode::kNew);
+  check_verbose(!llmc::file_exists(kDir + "/new"), "check_log_dir creates nothing");
   check_throws([] { llmc::read_run_log(kDir + "/missing/main.log"); },
                "cannot open build/test_tmp/logger/missing/main.log for reading", "a missing log");
 }

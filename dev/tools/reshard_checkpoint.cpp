@@ -43,6 +43,7 @@ int run(int argc, char** argv) {
   if (dir.empty() || new_dir.empty() || processes == 0) {
     LLMC_FAIL("-i, -o and -p are required: %s --help", program);
   }
+  llmc::require_directory(dir, "-i");
   if (step < 0) {
     step = llmc::latest_checkpoint_step(dir);
     if (step < 0) LLMC_FAIL("-i %s: no complete checkpoint (a DONE_<step> marker) in it", dir.c_str());
