@@ -42,10 +42,10 @@ changed_files() {
     tr '\n' ' '
 }
 
-check_help() {  # check_help NAME COMMAND...: COMMAND --help and COMMAND -h
+check_help() {  # check_help NAME COMMAND...: COMMAND --help and COMMAND -h (HELP_FLAGS: which)
   local name=$1 flag
   shift
-  for flag in --help -h; do
+  for flag in ${HELP_FLAGS:---help -h}; do
     touch "$SCRATCH/marker"
     : > "$SCRATCH/calls"
     PATH="$SCRATCH/bin:$PATH" "$@" "$flag" > "$SCRATCH/out" 2> "$SCRATCH/err"
@@ -64,10 +64,11 @@ done
 for program in ./train_gpt2 "${tools[@]}"; do
   check_help "$(basename "$program")" "$program"
 done
-# The CUDA trainers where they are built (`make test` builds them; --help needs no GPU).
+# The CUDA trainers where they are built (`make test` builds them; --help needs no GPU). Their -h
+# is HellaSwag's flag, so --help alone.
 for program in ./train_gpt2cu ./train_gpt2fp32cu; do
   if [ -x "$program" ]; then
-    check_help "$(basename "$program")" "$program"
+    HELP_FLAGS=--help check_help "$(basename "$program")" "$program"
   else
     echo "skip $program: not built (make $(basename "$program"))"
   fi
