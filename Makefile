@@ -62,7 +62,7 @@ CUDA_TARGETS = train_gpt2cu test_gpt2cu profile_gpt2cu train_gpt2fp32cu test_gpt
 all: cpu
 cpu: train_gpt2 test_gpt2 $(UNIT_TESTS) $(TOOLS)
 cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/test_attention_mma_sync $(BUILD)/bench_attention \
-      $(BUILD)/bench_fp8_cast
+      $(BUILD)/bench_fp8_cast $(BUILD)/bench_muon
 
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
 	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
@@ -116,6 +116,10 @@ $(BUILD)/bench_attention: dev/cuda/bench_attention.cu $(KERNEL_TEST_DEPS) | $(BU
 
 # FP8 cast kernels' timings (BF16 only: the FP8 layers are a BF16 build's).
 $(BUILD)/bench_fp8_cast: dev/cuda/bench_fp8_cast.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+
+# Muon's timings at the modern presets' shapes.
+$(BUILD)/bench_muon: dev/cuda/bench_muon.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
 
 $(BUILD)/test_%_fp32: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)

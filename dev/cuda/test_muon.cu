@@ -1,0 +1,287 @@
+// Tests the Muon update (muon_orthogonalize, muon_apply, muon_update) against a CPU reference that
+// follows the reference optimizer op by op: the momentum and Nesterov step in FP32, then BF16
+// tensors with every product and every elementwise result rounded to BF16 (FP32 accumulation).
+// Groups of odd shapes: one of 96x160 matrices, 3 wide and 2 stored tall as 160x96 (orthogonalised
+// transposed), and one 64x64 matrix, scattered in a parameter buffer; with and without master
+// weights. Each stage is checked on its own (momentum, orthogonalised update, parameters from the
+// GPU's update), the orthogonalised update also for its property (X X^T near I), then muon_update
+// twice for the same bits, in pieces of a smaller workspace, and over sub-ranges, which must give
+// the whole group's bits for their matrices and leave the others as they were.
+#include "dev/cuda/kernel_test.h"
+
+// The GPU's products accumulate in another order and fuse B = -1.5 A + 0.5 A A and X = 2 X + B X
+// into one rounding each where the reference rounds each term: each BF16 result may differ by an
+// ulp (2^-8 relative), and 12 iterations carry such differences along; the iteration damps them
+// (its fixed point 1 of the singular values is superattracting), which leaves a few ulps.
+constexpr float kTolOrthogonal = 5e-2f;
+// X X^T of the orthogonalised update: singular values within about an ulp of BF16 of 1.
+constexpr float kTolIdentity = 5e-2f;
+
+float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// c[m, n] = bf16(a[m, k] op(b)), op(b) = b[k, n] or, transposed, b[n, k]^T; FP32 sums.
+std::vector<float> bf16_product(const std::vector<float>& a, const std::vector<float>& b, int m, int n, int k,
+                                bool trans_b) {
+  std::vector<float> c((size_t)m * n);
+  for (int i = 0; i < m; i++) {
+    for (int j = 0; j < n; j++) {
+      float sum = 0.0f;
+      for (int l = 0; l < k; l++) {
+        sum += a[(size_t)i * k + l] * (trans_b ? b[(size_t)j * k + l] : b[(size_t)l * n + j]);
+      }
+      c[(size_t)i * n + j] = bf16_round(sum);
+    }
+  }
+  return c;
+}
+
+// The reference's zeropower_via_newtonschulz5 after its transpose, on x [m, n], m <= n.
+std::vector<float> cpu_newton_schulz(std::vector<float> x, int m, int n) {
+  float squares = 0.0f;
+  for (float v : x) squares += v * v;
+  const float denominator = bf16_round(bf16_round(std::sqrt(squares)) + 1e-7f);
+  for (float& v : x) v = bf16_round(v / denominator);
+  for (int it = 0; it < 12; it++) {
+    const std::vector<float> a = bf16_product(x, x, m, m, n, true);
+    const std::vector<float> aa = bf16_product(a, a, m, m, m, false);
+    std::vector<float> b(a.size());
+    for (size_t i = 0; i < b.size(); i++) {
+      b[i] = bf16_round(bf16_round(-1.5f * a[i]) + bf16_round(0.5f * aa[i]));
+    }
+    const std::vector<float> bx = bf16_product(b, x, m, n, m, false);
+    for (size_t i = 0; i < x.size(); i++) x[i] = bf16_round(bf16_round(2.0f * x[i]) + bx[i]);
+  }
+  return x;
+}
+
+// One group's matrices in a shared parameter buffer, each kGap elements after the previous; tall[i]:
+// matrix i is stored [n, m].
+struct TestGroup {
+  const char* name;
+  int m, n;
+  std::vector<uint8_t> tall;
+  int count() const { return (int)tall.size(); }
+  int rows(int i) const { return tall[i] ? n : m; }
+  int cols(int i) const { return tall[i] ? m : n; }
+  size_t offset(int i) const { return kGap + (size_t)i * ((size_t)m * n + kGap); }
+  size_t elements() const { return offset(count()); }
+  static constexpr size_t kGap = 24;
+};
+
+struct HostState {
+  std::vector<float> params, master, grads, momentum;  // whole buffers, gaps included
+};
+
+// The matrix i of a whole buffer.
+std::vector<float> matrix(const TestGroup& t, const std::vector<float>& buffer, int i) {
+  const float* p = buffer.data() + t.offset(i);
+  return std::vector<float>(p, p + (size_t)t.m * t.n);
+}
+
+// x [rows, cols] -> [cols, rows].
+std::vector<float> transposed(const std::vector<float>& x, int rows, int cols) {
+  std::vector<float> y(x.size());
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < cols; c++) y[(size_t)c * rows + r] = x[(size_t)r * cols + c];
+  }
+  return y;
+}
+
+struct Device {
+  DeviceArray<floatX> params;
+  DeviceArray<float> master, momentum;
+  DeviceArray<floatX> grads;
+  DeviceArray<floatX*> param_ptrs;
+  DeviceArray<float*> master_ptrs, momentum_ptrs;
+  DeviceArray<const floatX*> grad_ptrs;
+  DeviceArray<uint8_t> tall;
+  Device(const TestGroup& t, const HostState& s)
+      : params(s.params), master(s.master), momentum(s.momentum), grads(s.grads), param_ptrs(t.count()),
+        master_ptrs(t.count()), momentum_ptrs(t.count()), grad_ptrs(t.count()), tall(t.tall) {
+    std::vector<floatX*> p;
+    std::vector<float*> pm, pmo;
+    std::vector<const floatX*> pg;
+    for (int i = 0; i < t.count(); i++) {
+      p.push_back((floatX*)params + t.offset(i));
+      pm.push_back((float*)master + t.offset(i));
+      pmo.push_back((float*)momentum + t.offset(i));
+      pg.push_back((const floatX*)(floatX*)grads + t.offset(i));
+    }
+    param_ptrs.upload(p);
+    master_ptrs.upload(pm);
+    momentum_ptrs.upload(pmo);
+    grad_ptrs.upload(pg);
+  }
+  void reset(const HostState& s) {
+    params.upload(s.params);
+    master.upload(s.master);
+    momentum.upload(s.momentum);
+  }
+  MuonGroup group(const TestGroup& t, bool with_master) const {
+    MuonGroup g;
+    g.m = t.m;
+    g.n = t.n;
+    g.count = t.count();
+    g.params = param_ptrs;
+    g.master = with_master ? (float**)master_ptrs : nullptr;
+    g.grads = grad_ptrs;
+    g.momentum = momentum_ptrs;
+    g.tall = tall;
+    return g;
+  }
+};
+
+void poison(MuonWorkspace& ws) {
+  const size_t n = ws.capacity;
+  for (__nv_bfloat16* x : ws.x) cudaCheck(cudaMemset(x, 0xff, n * ws.x_elements * sizeof(__nv_bfloat16)));
+  cudaCheck(cudaMemset(ws.a, 0xff, n * ws.square_elements * sizeof(__nv_bfloat16)));
+  cudaCheck(cudaMemset(ws.b, 0xff, n * ws.square_elements * sizeof(__nv_bfloat16)));
+  cudaCheck(cudaMemset(ws.partials, 0xff, n * ws.partial_count * sizeof(float)));
+  cudaCheck(cudaMemset(ws.denominators, 0xff, n * sizeof(float)));
+}
+
+// Every value of `got` outside the group's matrices equals `before`'s (the gaps are not written).
+void check_gaps(const std::string& name, const TestGroup& t, const std::vector<float>& got,
+                const std::vector<float>& before) {
+  size_t changed = 0;
+  for (int i = 0; i <= t.count(); i++) {
+    const size_t end = t.offset(i), begin = end - TestGroup::kGap;
+    for (size_t k = begin; k < end; k++) changed += memcmp(&got[k], &before[k], sizeof(float)) != 0;
+  }
+  testing::check_verbose(changed == 0, llmc::strformat("%s: %zu values between the matrices changed",
+                                                       name.c_str(), changed));
+}
+
+// X X^T of each orthogonalised matrix (wide, [m, n]) against the identity.
+void check_orthogonal(const std::vector<float>& x, int m, int n, int count) {
+  double worst = 0.0;
+  for (int z = 0; z < count; z++) {
+    const float* a = x.data() + (size_t)z * m * n;
+    for (int i = 0; i < m; i++) {
+      for (int j = 0; j < m; j++) {
+        double dot = 0.0;
+        for (int k = 0; k < n; k++) dot += (double)a[(size_t)i * n + k] * a[(size_t)j * n + k];
+        worst = std::max(worst, std::fabs(dot - (i == j ? 1.0 : 0.0)));
+      }
+    }
+  }
+  testing::check_verbose(worst <= kTolIdentity,
+                         llmc::strformat("X X^T = I within %.4f (bound %.2f)", worst, kTolIdentity));
+}
+
+void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
+  printf("\nmuon %s: %d of %dx%d, %s master weights\n", t.name, t.count(), t.m, t.n,
+         with_master ? "with" : "without");
+  const size_t total = t.elements();
+  const int m = t.m, n = t.n, count = t.count();
+  const MuonParams hp = {0.025f, 0.05f, 0.95f};
+  HostState s;
+  s.params = random_stored(rng, total, 0.0f, 0.05f);
+  s.master = s.params;
+  // Master weights are not storage-rounded; perturb them below BF16 resolution.
+  for (float& p : s.master) p *= 1.0f + 1e-3f * (rng.uniform_float() - 0.5f);
+  s.grads = random_stored(rng, total, 0.0f, 1.0f);
+  s.momentum.resize(total);
+  rng.normal(s.momentum.data(), total, 0.0f, 0.5f);
+  Device d(t, s);
+  const MuonGroup g = d.group(t, with_master);
+  MuonWorkspace ws;
+  muon_workspace_alloc(ws, {g}, count);
+  const uint32_t seed = rng.u32();
+
+  // Stage by stage, against the CPU.
+  poison(ws);
+  muon_orthogonalize(g, 0, count, hp.momentum, ws, 0);
+  const std::vector<float> got_momentum = d.momentum.download();
+  std::vector<float> got_x((size_t)count * m * n);
+  {
+    std::vector<__nv_bfloat16> raw(got_x.size());
+    cudaCheck(cudaMemcpy(raw.data(), ws.x[0], raw.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < raw.size(); i++) got_x[i] = __bfloat162float(raw[i]);
+  }
+  check_gaps("momentum", t, got_momentum, s.momentum);
+  for (int i = 0; i < count; i++) {
+    const std::vector<float> g_i = matrix(t, s.grads, i);
+    std::vector<float> m_i = matrix(t, s.momentum, i), u(m_i.size());
+    for (size_t k = 0; k < m_i.size(); k++) {
+      m_i[k] = m_i[k] + (1.0f - hp.momentum) * (g_i[k] - m_i[k]);
+      u[k] = bf16_round(m_i[k] - (m_i[k] - g_i[k]) * (1.0f - hp.momentum));
+    }
+    check_close(llmc::strformat("momentum %d", i), matrix(t, got_momentum, i), m_i, kTolFP32);
+    const std::vector<float> ref_x = cpu_newton_schulz(t.tall[i] ? transposed(u, n, m) : u, m, n);
+    const float* x_i = got_x.data() + (size_t)i * m * n;
+    check_close(llmc::strformat("orthogonalised %d", i), std::vector<float>(x_i, x_i + (size_t)m * n), ref_x,
+                kTolOrthogonal);
+  }
+  if (m < n) check_orthogonal(got_x, m, n, count);  // a random square matrix may be ill-conditioned
+
+  muon_apply(g, 0, count, hp, seed, ws, 0);
+  const std::vector<float> got_params = d.params.download(), got_master = d.master.download();
+  check_gaps("params", t, got_params, s.params);
+  check_gaps("master", t, got_master, s.master);
+  const float decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
+  const float tall_scale = (float)std::sqrt((double)n / m);
+  for (int i = 0; i < count; i++) {
+    const float* x_i = got_x.data() + (size_t)i * m * n;
+    std::vector<float> x(x_i, x_i + (size_t)m * n);
+    if (t.tall[i]) {
+      x = transposed(x, m, n);
+      for (float& v : x) v = bf16_round(v * tall_scale);
+    }
+    std::vector<float> ref = matrix(t, with_master ? s.master : s.params, i);
+    for (size_t k = 0; k < ref.size(); k++) ref[k] = ref[k] * decay - hp.lr * x[k];
+    // Stochastic rounding of the FP32 result: within one ulp (kTolSum).
+    check_close(llmc::strformat("params %d", i), matrix(t, got_params, i), ref, kTolSum);
+    if (with_master) check_close(llmc::strformat("master %d", i), matrix(t, got_master, i), ref, kTolFP32);
+    else check_same_bits(llmc::strformat("master %d untouched", i), Snapshot(DeviceArray<float>(s.master)),
+                         Snapshot(d.master));
+  }
+  const Snapshot staged(d.params, d.master, d.momentum);
+
+  // muon_update: the stages' bits, twice; in pieces of a workspace for 2 matrices; by sub-ranges.
+  auto update = [&](MuonWorkspace& w, int begin, int end) {
+    poison(w);
+    muon_update(g, begin, end, hp, seed, w, 0);
+  };
+  d.reset(s);
+  update(ws, 0, count);
+  check_same_bits("muon_update = stages", staged, Snapshot(d.params, d.master, d.momentum));
+  d.reset(s);
+  update(ws, 0, count);
+  check_same_bits("muon_update twice", staged, Snapshot(d.params, d.master, d.momentum));
+  MuonWorkspace small;
+  muon_workspace_alloc(small, {g}, 2);
+  d.reset(s);
+  update(small, 0, count);
+  check_same_bits("two at a time", staged, Snapshot(d.params, d.master, d.momentum));
+  // Matrices [1, count), then [0, 1): after the first, matrix 0 as it was and the others updated.
+  const int split = std::min(1, count);
+  d.reset(s);
+  update(small, split, count);
+  const std::vector<float> partial_params = d.params.download(), partial_momentum = d.momentum.download();
+  size_t wrong = 0;
+  for (size_t k = 0; k < total; k++) {
+    const bool updated = k >= t.offset(split) - TestGroup::kGap;
+    const float expected_params = updated ? got_params[k] : s.params[k];
+    const float expected_momentum = updated ? got_momentum[k] : s.momentum[k];
+    wrong += memcmp(&partial_params[k], &expected_params, sizeof(float)) != 0;
+    wrong += memcmp(&partial_momentum[k], &expected_momentum, sizeof(float)) != 0;
+  }
+  testing::check_verbose(wrong == 0, llmc::strformat("[%d, %d) alone: %zu values differ from the whole "
+                                                     "group's or the initial ones", split, count, wrong));
+  update(small, 0, split);
+  check_same_bits("[1, count) then [0, 1)", staged, Snapshot(d.params, d.master, d.momentum));
+  muon_workspace_free(small);
+  muon_workspace_free(ws);
+}
+
+int main() {
+  return run_kernel_tests("test_muon", [] {
+    llmc::Rng rng(1337);
+    const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
+                                           {"square", 64, 64, {0}}};
+    for (const TestGroup& t : groups) {
+      for (bool with_master : {true, false}) test_group(t, with_master, rng);
+    }
+  });
+}
