@@ -1707,6 +1707,138 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
 // ============================================================================
 // 6. Attention
 // ============================================================================
+// ---- QK-norm and rotary positions (the modern architecture), in place on qkv [B, T, 3C] ----
+// Each head's q and k of each token (q in columns [0, C), k in [C, 2C), head h at h*HS; v is left
+// alone) gets a weightless RMS norm, xhat = x * rstd with rstd = rsqrt(mean(x^2) + FLT_EPSILON)
+// (F.rms_norm's default eps), then the half-truncated rotary of its position t: the pair
+// (j, j + HS/2) turns by theta = t * freq[j], freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4
+// and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX.
+// rstd [B*T, 2*NH] (q heads, then k heads) is kept for the backward, which recovers xhat from the
+// stored output by the inverse rotation (the rotation is orthogonal) instead of keeping a copy.
+// One block per token: its threads first form the token's HS/2 (cos, sin) in shared memory, which
+// all 2*NH heads share, so sincosf (accurate, as torch's cos and sin; theta in FP32, as
+// torch.outer(pos, freq)) costs 1/(2*NH) of a call per pair and no [T, HS/2] table is stored or
+// read. freq is computed on the host in double precision and rounded once. Then one warp per head,
+// each lane holding pairs j = lane + 32i in registers; sums in lane order, then a fixed butterfly:
+// deterministic. Floor: the forward reads and writes 2C values a token (2 * 2C * sizeof(floatX)
+// bytes) and writes 2*NH floats; the backward reads 4C values and 2*NH floats and writes 2C; about
+// 10 FLOPs a value, so memory-bound.
+
+constexpr int kQkNormMaxHeadSize = 256;
+constexpr int kQkNormPairsPerLane = kQkNormMaxHeadSize / 2 / WARP_SIZE;
+
+// The rotary frequencies freq[j], j < HS/2: a kernel argument (__grid_constant__, read in place
+// by the block's first HS/2 threads, not copied per thread).
+struct RotaryFrequencies {
+  float freq[kQkNormMaxHeadSize / 2];
+};
+
+RotaryFrequencies rotary_frequencies(int HS) {
+  RotaryFrequencies f = {};
+  const int rotated = HS / 4;
+  for (int j = 0; j < rotated; j++) f.freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (rotated - 1));
+  return f;
+}
+
+// cos_t[j], sin_t[j] of theta = t * freq[j] for j < HS/2, in shared memory, for the whole block.
+__device__ void rotary_cos_sin(float* cos_t, float* sin_t, const RotaryFrequencies& f, int t, int half) {
+  for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf((float)t * f.freq[j], &sin_t[j], &cos_t[j]);
+  __syncthreads();
+}
+
+__global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int T, int NH, int HS,
+                                              const __grid_constant__ RotaryFrequencies f) {
+  __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
+  const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
+  rotary_cos_sin(cos_t, sin_t, f, token % T, half);
+  for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
+    floatX* x = qkv + (size_t)token * 3 * NH * HS + head * HS;  // q's heads, then k's
+    float x1[kQkNormPairsPerLane], x2[kQkNormPairsPerLane], squares = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      x1[i] = j < half ? (float)x[j] : 0.0f;
+      x2[i] = j < half ? (float)x[j + half] : 0.0f;
+      squares += x1[i] * x1[i] + x2[i] * x2[i];
+    }
+    const float rstd = rsqrtf(warp_reduce_sum(squares) / HS + FLT_EPSILON);
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      if (j >= half) break;
+      const float a = x1[i] * rstd, b = x2[i] * rstd;
+      x[j] = (floatX)(a * cos_t[j] + b * sin_t[j]);
+      x[j + half] = (floatX)(b * cos_t[j] - a * sin_t[j]);
+    }
+    if (lane == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
+  }
+}
+
+// In place on dqkv's q and k: dxhat = R^T dy, xhat = R^T y (y the stored forward output), then
+// dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
+__global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int T,
+                                               int NH, int HS, const __grid_constant__ RotaryFrequencies f) {
+  __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
+  const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
+  rotary_cos_sin(cos_t, sin_t, f, token % T, half);
+  for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
+    const size_t offset = (size_t)token * 3 * NH * HS + head * HS;
+    floatX* d = dqkv + offset;
+    const floatX* y = qkv + offset;
+    float xhat1[kQkNormPairsPerLane], xhat2[kQkNormPairsPerLane];
+    float dxhat1[kQkNormPairsPerLane], dxhat2[kQkNormPairsPerLane], dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      xhat1[i] = xhat2[i] = dxhat1[i] = dxhat2[i] = 0.0f;
+      if (j < half) {
+        const float c = cos_t[j], s = sin_t[j];
+        const float y1 = (float)y[j], y2 = (float)y[j + half], dy1 = (float)d[j], dy2 = (float)d[j + half];
+        xhat1[i] = c * y1 - s * y2;
+        xhat2[i] = s * y1 + c * y2;
+        dxhat1[i] = c * dy1 - s * dy2;
+        dxhat2[i] = s * dy1 + c * dy2;
+      }
+      dot += dxhat1[i] * xhat1[i] + dxhat2[i] * xhat2[i];
+    }
+    const float rstd = qk_rstd[(size_t)token * 2 * NH + head], mean_dot = warp_reduce_sum(dot) / HS;
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      if (j >= half) break;
+      d[j] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
+      d[j + half] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
+    }
+  }
+}
+
+// A block per token; up to 8 warps, as many as there are heads of q and k.
+int qk_norm_rotary_threads(int NH) { return WARP_SIZE * std::min(2 * NH, 8); }
+
+void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
+  REQUIRE(B > 0 && T > 0 && NH > 0, "%s: B=%d, T=%d and NH=%d must be positive", name, B, T, NH);
+  REQUIRE(HS % 4 == 0 && HS >= 8 && HS <= kQkNormMaxHeadSize,
+          "%s: head size %d must be a multiple of 4 from 8 to %d", name, HS, kQkNormMaxHeadSize);
+}
+
+// qkv [B, T, 3C]: q and k of every head normalised and rotated in place; qk_rstd [B*T, 2*NH].
+void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream) {
+  qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
+  qk_norm_rotary_forward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
+      qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
+  cudaCheckLaunch();
+}
+
+// dqkv [B, T, 3C]: the gradient of q and k after the rotary becomes their gradient before the norm,
+// in place, from the forward's output qkv and qk_rstd; v's gradient is left alone.
+void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
+                             int HS, cudaStream_t stream) {
+  qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
+  qk_norm_rotary_backward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
+      dqkv, qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
+  cudaCheckLaunch();
+}
+
 // ---- Causal attention through batched GEMMs (FP32 builds, head sizes flash does not take) ----
 // Causal multi-head attention from qkv[B, T, 3, NH, HS]: q, k, v are permuted to [B, NH, T, HS],
 // preatt = q k^T by strided batched GEMMs, a fused causal softmax (FP32 math, one warp per row) of
