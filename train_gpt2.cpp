@@ -275,12 +275,15 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 // Attention: causal multi-head self-attention. qkv (B,T,3C) holds q, k and v side by side, each
 // split into NH heads of hs = C/NH channels. Overwrites out (B,T,C) and att (B,NH,T,T), whose row
-// att[b,h,t,0..t] is the softmax of the scaled scores q_t.k_t2/sqrt(hs); entries past t are never
-// read. The row maximum is subtracted before exp so that exp cannot overflow. ~2*B*NH*T*T*hs
-// FLOPs each way (half of it masked out), small next to the matmuls at GPT-2 sizes.
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+// att[b,h,t,0..t] is the softmax of the scaled scores scale * q_t.k_t2 (GPT-2's scale:
+// attention_default_scale); entries past t are never read. The row maximum is subtracted before
+// exp so that exp cannot overflow. ~2*B*NH*T*T*hs FLOPs each way (half of it masked out), small
+// next to the matmuls at GPT-2 sizes.
+inline float attention_default_scale(int hs) { return 1.0f / std::sqrt((float)hs); }
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                       float scale) {
   const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt((float)hs);
   const size_t row3 = 3 * (size_t)C;
 #pragma omp parallel for collapse(3)
   for (int b = 0; b < B; b++) {
@@ -317,9 +320,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 // One thread per (batch, head): dk and dv of a position collect from every later query, and all
 // of them stay inside that head's slice of dqkv.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B,
-                        int T, int C, int NH) {
+                        int T, int C, int NH, float scale) {
   const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt((float)hs);
   const size_t row3 = 3 * (size_t)C;
 #pragma omp parallel for collapse(2)
   for (int b = 0; b < B; b++) {
@@ -654,7 +656,7 @@ static float gpt2_forward_pass(GPT2& model, const int* inputs, const int* target
     layernorm_forward(ln1, model.act(kLn1Mean, l), model.act(kLn1Rstd, l), residual,
                       model.param(kLn1w, l), model.param(kLn1b, l), BT, C);
     matmul_forward(qkv, ln1, model.param(kQkvw, l), model.param(kQkvb, l), BT, C, 3 * C);
-    attention_forward(atty, model.act(kAtt, l), qkv, B, T, C, NH);
+    attention_forward(atty, model.act(kAtt, l), qkv, B, T, C, NH, attention_default_scale(C / NH));
     matmul_forward(proj, atty, model.param(kAttprojw, l), model.param(kAttprojb, l), BT, C, C);
     residual_forward(residual2, residual, proj, btc);
     layernorm_forward(ln2, model.act(kLn2Mean, l), model.act(kLn2Rstd, l), residual2,
@@ -750,7 +752,8 @@ void gpt2_backward(GPT2& model, float loss_scale) {
     matmul_backward(datty, model.grad(kAttprojw, l), model.grad(kAttprojb, l), dproj,
                     model.act(kAtty, l), model.param(kAttprojw, l), BT, C, C);
     zero(dqkv, 3 * btc);
-    attention_backward(dqkv, datty, model.act(kQkv, l), model.act(kAtt, l), B, T, C, NH);
+    attention_backward(dqkv, datty, model.act(kQkv, l), model.act(kAtt, l), B, T, C, NH,
+                       attention_default_scale(C / NH));
     zero(dln, btc);
     matmul_backward(dln, model.grad(kQkvw, l), model.grad(kQkvb, l), dqkv, model.act(kLn1, l),
                     model.param(kQkvw, l), BT, C, 3 * C);

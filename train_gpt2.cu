@@ -1707,11 +1707,149 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
 // ============================================================================
 // 6. Attention
 // ============================================================================
+// ---- QK-norm and rotary positions (the modern architecture), in place on qkv [B, T, 3C] ----
+// Each head's q and k of each token (q in columns [0, C), k in [C, 2C), head h at h*HS; v is left
+// alone) gets a weightless RMS norm, xhat = x * rstd with rstd = rsqrt(mean(x^2) + FLT_EPSILON)
+// (F.rms_norm's default eps), then the half-truncated rotary of its position t: the pair
+// (j, j + HS/2) turns by theta = t * freq[j], freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4
+// and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX.
+// rstd [B*T, 2*NH] (q heads, then k heads) is kept for the backward, which recovers xhat from the
+// stored output by the inverse rotation (the rotation is orthogonal) instead of keeping a copy.
+// One block per token: its threads first form the token's HS/2 (cos, sin) in shared memory, which
+// all 2*NH heads share, so sincosf (accurate, as torch's cos and sin; theta in FP32, as
+// torch.outer(pos, freq)) costs 1/(2*NH) of a call per pair and no [T, HS/2] table is stored or
+// read. freq is computed on the host in double precision and rounded once. Then one warp per head,
+// each lane holding pairs j = lane + 32i in registers; sums in lane order, then a fixed butterfly:
+// deterministic. Floor: the forward reads and writes 2C values a token (2 * 2C * sizeof(floatX)
+// bytes) and writes 2*NH floats; the backward reads 4C values and 2*NH floats and writes 2C; about
+// 10 FLOPs a value, so memory-bound.
+
+constexpr int kQkNormMaxHeadSize = 256;
+constexpr int kQkNormPairsPerLane = kQkNormMaxHeadSize / 2 / WARP_SIZE;
+
+// The rotary frequencies freq[j], j < HS/2: a kernel argument (__grid_constant__, read in place
+// by the block's first HS/2 threads, not copied per thread).
+struct RotaryFrequencies {
+  float freq[kQkNormMaxHeadSize / 2];
+};
+
+RotaryFrequencies rotary_frequencies(int HS) {
+  RotaryFrequencies f = {};
+  const int rotated = HS / 4;
+  for (int j = 0; j < rotated; j++) f.freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (rotated - 1));
+  return f;
+}
+
+// cos_t[j], sin_t[j] of theta = t * freq[j] for j < HS/2, in shared memory, for the whole block.
+__device__ void rotary_cos_sin(float* cos_t, float* sin_t, const RotaryFrequencies& f, int t, int half) {
+  for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf((float)t * f.freq[j], &sin_t[j], &cos_t[j]);
+  __syncthreads();
+}
+
+__global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int T, int NH, int HS,
+                                              const __grid_constant__ RotaryFrequencies f) {
+  __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
+  const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
+  rotary_cos_sin(cos_t, sin_t, f, token % T, half);
+  for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
+    floatX* x = qkv + (size_t)token * 3 * NH * HS + head * HS;  // q's heads, then k's
+    float x1[kQkNormPairsPerLane], x2[kQkNormPairsPerLane], squares = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      x1[i] = j < half ? (float)x[j] : 0.0f;
+      x2[i] = j < half ? (float)x[j + half] : 0.0f;
+      squares += x1[i] * x1[i] + x2[i] * x2[i];
+    }
+    const float rstd = rsqrtf(warp_reduce_sum(squares) / HS + FLT_EPSILON);
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      if (j >= half) break;
+      const float a = x1[i] * rstd, b = x2[i] * rstd;
+      x[j] = (floatX)(a * cos_t[j] + b * sin_t[j]);
+      x[j + half] = (floatX)(b * cos_t[j] - a * sin_t[j]);
+    }
+    if (lane == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
+  }
+}
+
+// In place on dqkv's q and k: dxhat = R^T dy, xhat = R^T y (y the stored forward output), then
+// dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
+__global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int T,
+                                               int NH, int HS, const __grid_constant__ RotaryFrequencies f) {
+  __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
+  const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
+  rotary_cos_sin(cos_t, sin_t, f, token % T, half);
+  for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
+    const size_t offset = (size_t)token * 3 * NH * HS + head * HS;
+    floatX* d = dqkv + offset;
+    const floatX* y = qkv + offset;
+    float xhat1[kQkNormPairsPerLane], xhat2[kQkNormPairsPerLane];
+    float dxhat1[kQkNormPairsPerLane], dxhat2[kQkNormPairsPerLane], dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      xhat1[i] = xhat2[i] = dxhat1[i] = dxhat2[i] = 0.0f;
+      if (j < half) {
+        const float c = cos_t[j], s = sin_t[j];
+        const float y1 = (float)y[j], y2 = (float)y[j + half], dy1 = (float)d[j], dy2 = (float)d[j + half];
+        xhat1[i] = c * y1 - s * y2;
+        xhat2[i] = s * y1 + c * y2;
+        dxhat1[i] = c * dy1 - s * dy2;
+        dxhat2[i] = s * dy1 + c * dy2;
+      }
+      dot += dxhat1[i] * xhat1[i] + dxhat2[i] * xhat2[i];
+    }
+    const float rstd = qk_rstd[(size_t)token * 2 * NH + head], mean_dot = warp_reduce_sum(dot) / HS;
+#pragma unroll
+    for (int i = 0; i < kQkNormPairsPerLane; i++) {
+      const int j = lane + i * WARP_SIZE;
+      if (j >= half) break;
+      d[j] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
+      d[j + half] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
+    }
+  }
+}
+
+// A block per token; up to 8 warps, as many as there are heads of q and k.
+int qk_norm_rotary_threads(int NH) { return WARP_SIZE * std::min(2 * NH, 8); }
+
+void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
+  REQUIRE(B > 0 && T > 0 && NH > 0, "%s: B=%d, T=%d and NH=%d must be positive", name, B, T, NH);
+  REQUIRE(HS % 4 == 0 && HS >= 8 && HS <= kQkNormMaxHeadSize,
+          "%s: head size %d must be a multiple of 4 from 8 to %d", name, HS, kQkNormMaxHeadSize);
+}
+
+// qkv [B, T, 3C]: q and k of every head normalised and rotated in place; qk_rstd [B*T, 2*NH].
+void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream) {
+  qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
+  qk_norm_rotary_forward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
+      qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
+  cudaCheckLaunch();
+}
+
+// dqkv [B, T, 3C]: the gradient of q and k after the rotary becomes their gradient before the norm,
+// in place, from the forward's output qkv and qk_rstd; v's gradient is left alone.
+void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
+                             int HS, cudaStream_t stream) {
+  qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
+  qk_norm_rotary_backward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
+      dqkv, qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
+  cudaCheckLaunch();
+}
+
+// ---- Causal attention through batched GEMMs (FP32 builds, head sizes flash does not take) ----
 // Causal multi-head attention from qkv[B, T, 3, NH, HS]: q, k, v are permuted to [B, NH, T, HS],
-// preatt = q k^T by strided batched GEMMs, a fused causal softmax (scale 1/sqrt(HS), FP32 math,
-// one warp per row) gives att[B, NH, T, T] (kept for the backward pass), y = att v, and y is
+// preatt = q k^T by strided batched GEMMs, a fused causal softmax (FP32 math, one warp per row) of
+// scale * preatt gives att[B, NH, T, T] (kept for the backward pass), y = att v, and y is
 // permuted back to [B, T, C]. FLOPs: 4*B*NH*T*T*HS forward (half of it masked), 8*... backward;
-// bytes: dominated by the B*NH*T*T attention matrix.
+// bytes: dominated by the B*NH*T*T attention matrix. Every attention kernel takes the softmax
+// scale from its caller: GPT-2's is attention_default_scale, the modern architecture's 0.12.
+
+// GPT-2's softmax scale, 1/sqrt(HS), in the one expression whose bits every GPT-2 path uses (at
+// head sizes 64 and 128 it equals the double-precision 1/sqrt(HS) rounded to float).
+inline float attention_default_scale(int head_size) { return 1.0f / sqrtf((float)head_size); }
 
 __global__ void attention_permute_kernel(floatX* q, floatX* k, floatX* v, const floatX* qkv, int B,
                                          int T, int NH, int HS) {
@@ -1805,7 +1943,7 @@ void batched_matmul(floatX* c, const floatX* a, const floatX* b, int M, int N, i
 // out [B, T, C]; qkvr [3, B, NH, T, HS] receives q, k, v (kept for backward); att [B, NH, T, T]
 // is kept too; preatt (B*NH*T*T) and y (B*T*C) are scratch.
 void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* y,
-                       const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+                       const floatX* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   const int HS = C / NH;
   const size_t n = (size_t)B * T * C;
   floatX *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
@@ -1816,7 +1954,7 @@ void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, f
   batched_matmul(preatt, q, k, T, T, HS, false, true, ths, ths, tt, B * NH, 1.0f, 0.0f, stream);
   const int rows = B * NH * T, warps_per_block = threads / WARP_SIZE;
   attention_softmax_forward_kernel<<<ceil_div(rows, warps_per_block), threads, 0, stream>>>(
-      att, preatt, rows, T, 1.0f / sqrtf((float)HS));
+      att, preatt, rows, T, scale);
   cudaCheckLaunch();
   batched_matmul(y, att, v, T, HS, T, false, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
   attention_unpermute_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(out, y, B, T, NH, HS,
@@ -1827,7 +1965,7 @@ void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, f
 // dqkv [B, T, 3C] from dout [B, T, C]. scratch_datt: B*NH*T*T; scratch_dqkvr: 3*B*T*C + B*T*C.
 void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_datt,
                         const floatX* dout, const floatX* qkvr, const floatX* att, int B, int T,
-                        int C, int NH, cudaStream_t stream) {
+                        int C, int NH, float scale, cudaStream_t stream) {
   const int HS = C / NH;
   const size_t n = (size_t)B * T * C;
   const floatX *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
@@ -1842,7 +1980,7 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
   batched_matmul(dv, att, dy, T, HS, T, true, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
   const int rows = B * NH * T, warps_per_block = threads / WARP_SIZE;
   attention_softmax_backward_kernel<<<ceil_div(rows, warps_per_block), threads, 0, stream>>>(
-      scratch_datt, att, rows, T, 1.0f / sqrtf((float)HS));
+      scratch_datt, att, rows, T, scale);
   cudaCheckLaunch();
   // dq = dpreatt k; dk = dpreatt^T q
   batched_matmul(dq, scratch_datt, k, T, HS, T, false, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
@@ -3252,10 +3390,15 @@ int resident_blocks(const void* kernel, int threads, size_t smem_bytes) {
 // 321-322 TFLOP/s.
 int tail_heads(int resident, int tiles) { return ceil_div(3 * resident, tiles); }
 
+// The softmax scale in base-2 units, rounded once from double precision (at GPT-2's scale the
+// same bits as M_LOG2E / sqrt(HS) rounded once, for head sizes 64 and 128).
+inline float scale_in_log2_units(float scale) { return (float)(M_LOG2E * (double)scale); }
+
 template <int HS>
-void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, cudaStream_t stream) {
+void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, float scale,
+             cudaStream_t stream) {
   set_smem_limits<HS>();
-  const float scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
+  const float scale_log2 = scale_in_log2_units(scale);
   if (hopper_support().usable) {
     static const int resident = resident_blocks((const void*)attention_forward_flash_tma_kernel<HS>,
                                                 kTmaForwardThreads, tma_forward_smem_bytes<HS>());
@@ -3275,14 +3418,14 @@ void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, c
 
 template <int HS>
 void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
-              const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH,
+              const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
               cudaStream_t stream) {
   set_smem_limits<HS>();
   const size_t dot_threads = (size_t)B * T * NH * (HS / x128::size);
   attention_backward_flash_dot_kernel<HS><<<ceil_div(dot_threads, 256), 256, 0, stream>>>(
       scratch_dot, dout, out, B, T, NH);
   cudaCheckLaunch();
-  const float scale = (float)(1.0 / sqrt((double)HS)), scale_log2 = (float)(M_LOG2E / sqrt((double)HS));
+  const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
   const bool hopper = HS == 64 && hopper_support().usable;
   const CUtensorMap qkv_map = hopper ? sequence_tensor_map(qkv, B, T, 3 * NH * HS) : CUtensorMap{};
@@ -3324,14 +3467,14 @@ inline bool attention_flash_supported(int head_size) {
 
 // out [B, T, C] and lse [B, NH, T] from qkv [B, T, 3C]; needs attention_flash_supported(C / NH).
 void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                             cudaStream_t stream) {
+                             float scale, cudaStream_t stream) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
 #if !defined(ENABLE_FP32)
-  if (HS == 64) flash::forward<64>(out, lse, qkv, B, T, NH, stream);
-  else flash::forward<128>(out, lse, qkv, B, T, NH, stream);
+  if (HS == 64) flash::forward<64>(out, lse, qkv, B, T, NH, scale, stream);
+  else flash::forward<128>(out, lse, qkv, B, T, NH, scale, stream);
 #else
-  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)stream;
+  (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)scale, (void)stream;
 #endif
 }
 
@@ -3350,14 +3493,14 @@ int attention_flash_tile_rows(int B, int T) { return B * ceil_div(T, 64); }
 // dqkv's rows 64i.. of sequence b, the partials of the qkv bias gradient (column_sum_finalize).
 void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                               const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                              int B, int T, int C, int NH, cudaStream_t stream) {
+                              int B, int T, int C, int NH, float scale, cudaStream_t stream) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
 #if !defined(ENABLE_FP32)
-  if (HS == 64) flash::backward<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
-  else flash::backward<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, stream);
+  if (HS == 64) flash::backward<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, stream);
+  else flash::backward<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, stream);
 #else
-  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)stream;
+  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scale, (void)stream;
 #endif
 }
 
@@ -4575,10 +4718,11 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
       gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
     }
     if (m.flash_attention) {
-      attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, s);
+      attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH,
+                              attention_default_scale(C / NH), s);
     } else {
       attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
-                        m.scratch_btc, qkv, B, T, C, NH, s);
+                        m.scratch_btc, qkv, B, T, C, NH, attention_default_scale(C / NH), s);
     }
     gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
     fused_residual_layernorm_forward(m.act(kResidual2, l), fp8_sources ? nullptr : m.act(kLn2, l),
@@ -4682,12 +4826,12 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
       // is then a small reduction instead of another read of dqkv.
       attention_backward_flash(m.scratch_bt4c, m.partials, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
-                               T, C, NH, s);
+                               T, C, NH, attention_default_scale(C / NH), s);
       column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
                           attention_flash_tile_rows(B, T), next_seed(), s);
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
-                         m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, s);
+                         m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, attention_default_scale(C / NH), s);
     }
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention, m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, next_seed());
@@ -4871,7 +5015,7 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     matmul_forward(qkv, ln, m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), 1, C, 3 * C, nullptr, s);
     attention_decode_kernel<<<NH, kDecodeThreads, (t + 1) * sizeof(float), s>>>(
         atty, d.k_cache + l * layer_cache, d.v_cache + l * layer_cache, qkv, t, c.max_seq_len, NH,
-        HS, 1.0f / sqrtf((float)HS));
+        HS, attention_default_scale(HS));
     cudaCheckLaunch();
     matmul_forward(proj, atty, m.param(llmc::kAttprojw, l), m.param(llmc::kAttprojb, l), 1, C, C, nullptr, s);
     fused_residual_layernorm_forward(residual, ln, stats, stats + 1, residual, proj,

@@ -31,12 +31,14 @@ void bench(const BenchShape& s) {
   constexpr int kWarmups = 3;
   std::vector<cudaEvent_t> events(3 * (kReps + kWarmups));
   for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
+  const float scale = attention_default_scale(s.HS);
   for (int rep = 0; rep < kReps + kWarmups; rep++) {
     const int k = rep % kSets;
     cudaCheck(cudaEventRecord(events[3 * rep]));
-    attention_forward_flash(out, lse, *qkv[k], s.B, s.T, C, s.NH, 0);
+    attention_forward_flash(out, lse, *qkv[k], s.B, s.T, C, s.NH, scale, 0);
     cudaCheck(cudaEventRecord(events[3 * rep + 1]));
-    attention_backward_flash(dqkv, tile_sums, dot, ds, *dout[k], *qkv[k], out, lse, s.B, s.T, C, s.NH, 0);
+    attention_backward_flash(dqkv, tile_sums, dot, ds, *dout[k], *qkv[k], out, lse, s.B, s.T, C, s.NH, scale,
+                             0);
     cudaCheck(cudaEventRecord(events[3 * rep + 2]));
   }
   cudaCheck(cudaEventSynchronize(events.back()));

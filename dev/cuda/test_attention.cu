@@ -1,7 +1,8 @@
 // Tests attention_forward and attention_backward (the GEMM path) and, in BF16 builds,
 // attention_forward_flash and attention_backward_flash against cpu::attention_forward /
 // cpu::attention_backward: GPT-2 small (NH=12), the d48 width (C=1600, NH=25, head size 64),
-// T = 1000 and other T that are not powers of two, and a shape whose rows fill no launch block;
+// T = 1000 and other T that are not powers of two, and a shape whose rows fill no launch block,
+// at GPT-2's softmax scale (attention_default_scale) and at the modern architecture's 0.12;
 // the permuted q, k, v must be exact copies, the attention matrix exactly zero above the
 // diagonal, every output poisoned first, and each pass run twice for identical bits. The
 // backward gets the GPU forward's att on both sides, so only the backward's own rounding shows.
@@ -28,20 +29,27 @@ constexpr double kTolAttentionNorm = 1e-2;
 
 struct AttentionShape {
   int B, T, C, NH;
+  float scale;
 };
+
+// A shape at GPT-2's scale, 1/sqrt(head size).
+AttentionShape gpt2_shape(int B, int T, int C, int NH) {
+  return {B, T, C, NH, attention_default_scale(C / NH)};
+}
 
 void test_attention(const AttentionShape& s, llmc::Rng& rng) {
   const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
-  printf("\nattention B=%d T=%d C=%d NH=%d (head size %d)\n", B, T, C, NH, HS);
+  printf("\nattention B=%d T=%d C=%d NH=%d (head size %d), scale %.9g\n", B, T, C, NH, HS, s.scale);
   const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
-  // Unit q and k give scores q.k/sqrt(HS) of unit size: softmax rows far from uniform and from
-  // one-hot, so scaling, masking or indexing errors all show.
+  // Unit q and k give scores q.k/sqrt(HS) of unit size (at scale 0.12 and head size 128, about
+  // 1.4): softmax rows far from uniform and from one-hot, so scaling, masking or indexing errors
+  // all show.
   const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f);
   DeviceArray<floatX> d_qkv(qkv), out(n), qkvr(3 * n), att(n_att), preatt(n_att), y(n);
 
   // The CPU leaves att above the diagonal unwritten; the GPU must write zeros there.
   std::vector<float> ref_out(n), ref_att(n_att, 0.0f);
-  cpu::attention_forward(ref_out.data(), ref_att.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_forward(ref_out.data(), ref_att.data(), qkv.data(), B, T, C, NH, s.scale);
   // qkvr[i][b][h][t][d] = qkv[b][t][i][h][d] for i = q, k, v
   std::vector<float> ref_qkvr(3 * n);
   for (int i = 0; i < 3; i++) {
@@ -60,7 +68,7 @@ void test_attention(const AttentionShape& s, llmc::Rng& rng) {
     out.poison();
     qkvr.poison();
     att.poison();
-    attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, 0);
+    attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, s.scale, 0);
   };
   forward();
   const std::vector<float> got_out = out.download(), got_att = att.download();
@@ -78,11 +86,11 @@ void test_attention(const AttentionShape& s, llmc::Rng& rng) {
   DeviceArray<floatX> d_dout(dout), dqkv(3 * n), scratch_dqkvr(4 * n), scratch_datt(n_att);
   auto backward = [&] {
     dqkv.poison();
-    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, 0);
+    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, s.scale, 0);
   };
   backward();
   std::vector<float> ref_dqkv(3 * n, 0.0f);
-  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH);
+  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH, s.scale);
   const std::vector<float> got_dqkv = dqkv.download();
   check_close("backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
   testing::check_tensor_norm("backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
@@ -98,16 +106,16 @@ void test_attention(const AttentionShape& s, llmc::Rng& rng) {
 // GEMM path, held to the same bounds.
 void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
   const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
-  printf("\nflash attention B=%d T=%d C=%d NH=%d (head size %d)\n", B, T, C, NH, HS);
+  printf("\nflash attention B=%d T=%d C=%d NH=%d (head size %d), scale %.9g\n", B, T, C, NH, HS, s.scale);
   const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
   const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f);
   DeviceArray<floatX> d_qkv(qkv), out(n);
   DeviceArray<float> lse(n_lse);
   std::vector<float> ref_out(n), ref_att((size_t)B * NH * T * T, 0.0f);
-  cpu::attention_forward(ref_out.data(), ref_att.data(), qkv.data(), B, T, C, NH);
+  cpu::attention_forward(ref_out.data(), ref_att.data(), qkv.data(), B, T, C, NH, s.scale);
   // lse in base 2 of the scaled scores, in double precision.
   std::vector<float> ref_lse(n_lse);
-  const double scale = 1.0 / std::sqrt((double)HS);
+  const double scale = s.scale;
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < NH; h++) {
       for (int t = 0; t < T; t++) {
@@ -130,7 +138,7 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
   auto forward = [&] {
     out.poison();
     lse.poison();
-    attention_forward_flash(out, lse, d_qkv, B, T, C, NH, 0);
+    attention_forward_flash(out, lse, d_qkv, B, T, C, NH, s.scale, 0);
   };
   forward();
   const std::vector<float> got_out = out.download();
@@ -152,13 +160,13 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
     ds.poison();
     tile_sums.poison();
     attention_backward_flash(dqkv, sums ? (float*)tile_sums : nullptr, dot, ds, d_dout, d_qkv, out, lse,
-                             B, T, C, NH, 0);
+                             B, T, C, NH, s.scale, 0);
   };
   backward(false);
   const Snapshot no_sums_bits(dqkv);
   backward(true);
   std::vector<float> ref_dqkv(3 * n, 0.0f);
-  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_att.data(), B, T, C, NH);
+  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_att.data(), B, T, C, NH, s.scale);
   const std::vector<float> got_dqkv = dqkv.download();
   check_close("flash backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
   testing::check_tensor_norm("flash backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
@@ -206,20 +214,28 @@ void test_causal_block_order() {
 int main() {
   return run_kernel_tests("test_attention", [] {
     llmc::Rng rng(3);
-    test_attention({4, 64, 768, 12}, rng);   // GPT-2 small
-    test_attention({2, 100, 1600, 25}, rng); // d48 width, head size 64
-    test_attention({1, 1000, 768, 12}, rng); // long T, not a power of two
-    test_attention({3, 37, 128, 2}, rng);    // 222 softmax rows: the last launch block is partial
+    test_attention(gpt2_shape(4, 64, 768, 12), rng);   // GPT-2 small
+    test_attention(gpt2_shape(2, 100, 1600, 25), rng); // d48 width, head size 64
+    test_attention(gpt2_shape(1, 1000, 768, 12), rng); // long T, not a power of two
+    test_attention(gpt2_shape(3, 37, 128, 2), rng);    // 222 softmax rows: the last launch block is partial
+    // The modern architecture's scale: d12's heads (head size 128) and d48's (head size 64).
+    test_attention({2, 100, 768, 6, 0.12f}, rng);
+    test_attention({3, 37, 1600, 25, 0.12f}, rng);
 #if !defined(ENABLE_FP32)
-    test_attention_flash({4, 64, 768, 12}, rng);   // GPT-2 small: one 64-row tile
-    test_attention_flash({2, 100, 1600, 25}, rng); // d48 width; a partial second tile
-    test_attention_flash({1, 1000, 768, 12}, rng); // 16 tiles, the last partial
-    test_attention_flash({2, 30, 256, 4}, rng);    // T % 4 != 0: Hopper's dK/dV falls back
-    test_attention_flash({3, 37, 256, 2}, rng);    // head size 128, a single partial tile
-    test_attention_flash({2, 200, 512, 4}, rng);   // head size 128, several tiles
+    test_attention_flash(gpt2_shape(4, 64, 768, 12), rng);   // GPT-2 small: one 64-row tile
+    test_attention_flash(gpt2_shape(2, 100, 1600, 25), rng); // d48 width; a partial second tile
+    test_attention_flash(gpt2_shape(1, 1000, 768, 12), rng); // 16 tiles, the last partial
+    test_attention_flash(gpt2_shape(2, 30, 256, 4), rng);    // T % 4 != 0: Hopper's dK/dV falls back
+    test_attention_flash(gpt2_shape(3, 37, 256, 2), rng);    // head size 128, a single partial tile
+    test_attention_flash(gpt2_shape(2, 200, 512, 4), rng);   // head size 128, several tiles
     // 480 heads, more than the tail that goes heaviest first (forward, Hopper dK/dV) on a GPU of
     // up to 132 SMs: the heads before it go head by head.
-    test_attention_flash({40, 256, 768, 12}, rng);
+    test_attention_flash(gpt2_shape(40, 256, 768, 12), rng);
+    // The modern architecture's scale, through every flash kernel: head size 128 (several tiles,
+    // the last partial), head size 64 with T % 4 == 0 (Hopper's dK/dV and dQ kernels) and not.
+    test_attention_flash({2, 200, 768, 6, 0.12f}, rng);
+    test_attention_flash({2, 100, 1600, 25, 0.12f}, rng);
+    test_attention_flash({2, 30, 256, 4, 0.12f}, rng);
     test_causal_block_order();
 #endif
   });

@@ -1,0 +1,191 @@
+// Tests qk_norm_rotary_forward and qk_norm_rotary_backward (the modern architecture's QK-norm and
+// half-truncated rotary, in place on qkv [B, T, 3C]) against a double-precision CPU reference
+// written here from the definition: odd token counts and head counts, head sizes 128 and 64 (and
+// 8 and 256, the smallest and largest the launcher takes), positions up to 1022, more heads than
+// a block has warps. v's columns must come back unchanged, qk_rstd is poisoned first, and each
+// kernel runs twice for identical bits. The kernels work in place, so their outputs cannot be
+// poisoned; the inputs (mean 0.5, std 2: rstd near 0.5) differ from every correct output, so an
+// element left unwritten fails. The CPU's analytic backward is itself checked against central
+// differences of its forward on a few elements: q's and k's, rotated and unrotated pairs.
+#include "dev/cuda/kernel_test.h"
+
+struct QkShape {
+  int B, T, NH, HS;
+};
+
+// freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4 and 0 for HS/4 <= j < HS/2, kept in FP32.
+std::vector<float> reference_frequencies(int HS) {
+  std::vector<float> freq(HS / 2, 0.0f);
+  for (int j = 0; j < HS / 4; j++) freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (HS / 4 - 1));
+  return freq;
+}
+
+// The rotation of pair j at position t: theta = t * freq[j] in FP32 (torch.outer(pos, freq)), then
+// its cosine and sine in double precision.
+void reference_angle(double* c, double* s, int t, int j, const std::vector<float>& freq) {
+  const float theta = (float)t * freq[j];
+  *c = std::cos((double)theta);
+  *s = std::sin((double)theta);
+}
+
+// One head's q or k at position t: y = rotary(x * rstd); returns rstd.
+double reference_forward(double* y, const double* x, int HS, int t, const std::vector<float>& freq) {
+  const int half = HS / 2;
+  double squares = 0.0;
+  for (int i = 0; i < HS; i++) squares += x[i] * x[i];
+  const double rstd = 1.0 / std::sqrt(squares / HS + FLT_EPSILON);
+  for (int j = 0; j < half; j++) {
+    double c, s;
+    reference_angle(&c, &s, t, j, freq);
+    const double a = x[j] * rstd, b = x[j + half] * rstd;
+    y[j] = a * c + b * s;
+    y[j + half] = -a * s + b * c;
+  }
+  return rstd;
+}
+
+// The analytic gradient of reference_forward w.r.t. x from dy, from x itself: dxhat = R^T dy,
+// dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
+void reference_backward(double* dx, const double* dy, const double* x, int HS, int t,
+                        const std::vector<float>& freq) {
+  const int half = HS / 2;
+  double squares = 0.0;
+  for (int i = 0; i < HS; i++) squares += x[i] * x[i];
+  const double rstd = 1.0 / std::sqrt(squares / HS + FLT_EPSILON);
+  std::vector<double> dxhat(HS);
+  double dot = 0.0;
+  for (int j = 0; j < half; j++) {
+    double c, s;
+    reference_angle(&c, &s, t, j, freq);
+    dxhat[j] = c * dy[j] - s * dy[j + half];
+    dxhat[j + half] = s * dy[j] + c * dy[j + half];
+    dot += dxhat[j] * x[j] * rstd + dxhat[j + half] * x[j + half] * rstd;
+  }
+  for (int i = 0; i < HS; i++) dx[i] = rstd * (dxhat[i] - x[i] * rstd * dot / HS);
+}
+
+// d(sum_i dy_i y_i)/dx_i by central differences of reference_forward, beside reference_backward,
+// for elements of both halves, rotated (i < HS/4 and its partner) and passed unrotated.
+void check_reference_backward(const std::vector<double>& x, const std::vector<double>& dy, int t,
+                              const std::vector<float>& freq, const std::string& what) {
+  const int HS = (int)x.size();
+  std::vector<double> dx(HS), y(HS), xh = x;
+  reference_backward(dx.data(), dy.data(), x.data(), HS, t, freq);
+  auto loss = [&](const std::vector<double>& at) {
+    reference_forward(y.data(), at.data(), HS, t, freq);
+    double sum = 0.0;
+    for (int i = 0; i < HS; i++) sum += dy[i] * y[i];
+    return sum;
+  };
+  double squares = 0.0;
+  for (double v : dx) squares += v * v;
+  const double rms = std::sqrt(squares / HS);
+  double worst = 0.0;
+  for (int i : {0, HS / 4 - 1, HS / 4, HS / 2 - 1, HS / 2, HS / 2 + 1, 3 * HS / 4, HS - 1}) {
+    const double h = 1e-5 * (std::fabs(x[i]) + 1.0);
+    xh[i] = x[i] + h;
+    const double up = loss(xh);
+    xh[i] = x[i] - h;
+    const double down = loss(xh);
+    xh[i] = x[i];
+    worst = std::max(worst, std::fabs((up - down) / (2 * h) - dx[i]) / (std::fabs(dx[i]) + rms));
+  }
+  testing::check_verbose(worst <= 1e-7, llmc::strformat("reference backward %s against central "
+                                                        "differences: max error %.2e (1e-7)",
+                                                        what.c_str(), worst));
+}
+
+// Columns [from, to) of each row of a [rows, width] matrix.
+std::vector<float> columns(const std::vector<float>& x, size_t rows, int width, int from, int to) {
+  std::vector<float> out;
+  out.reserve(rows * (to - from));
+  for (size_t r = 0; r < rows; r++) {
+    const float* row = x.data() + r * width;
+    out.insert(out.end(), row + from, row + to);
+  }
+  return out;
+}
+
+void test_qk_rotary(const QkShape& s, llmc::Rng& rng) {
+  const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS;
+  printf("\nqk norm rotary B=%d T=%d NH=%d HS=%d\n", B, T, NH, HS);
+  const size_t N = (size_t)B * T, n = N * 3 * C;
+  const std::vector<float> qkv = random_stored(rng, n, 0.5f, 2.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> freq = reference_frequencies(HS);
+
+  // q and k heads of each token, in double, from the stored inputs; v is neither changed nor used.
+  std::vector<float> ref_out = qkv, ref_dqkv = dout, ref_rstd(N * 2 * NH);
+  std::vector<double> x(HS), dy(HS), y(HS), dx(HS);
+  for (size_t token = 0; token < N; token++) {
+    const int t = (int)(token % T);
+    for (int head = 0; head < 2 * NH; head++) {
+      const size_t at = token * 3 * C + (size_t)head * HS;
+      for (int i = 0; i < HS; i++) x[i] = qkv[at + i], dy[i] = dout[at + i];
+      ref_rstd[token * 2 * NH + head] = (float)reference_forward(y.data(), x.data(), HS, t, freq);
+      reference_backward(dx.data(), dy.data(), x.data(), HS, t, freq);
+      for (int i = 0; i < HS; i++) ref_out[at + i] = (float)y[i], ref_dqkv[at + i] = (float)dx[i];
+      const bool spot = token == N - 1 && (head == 0 || head == 2 * NH - 1);
+      if (spot) check_reference_backward(x, dy, t, freq, head == 0 ? "q head 0" : "k's last head");
+    }
+  }
+
+  DeviceArray<floatX> d_qkv(n);
+  DeviceArray<float> rstd(N * 2 * NH);
+  auto forward = [&] {
+    d_qkv.upload(qkv);
+    rstd.poison();
+    qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, 0);
+  };
+  forward();
+  const std::vector<float> got = d_qkv.download();
+  check_close("forward q, k", columns(got, N, 3 * C, 0, 2 * C), columns(ref_out, N, 3 * C, 0, 2 * C),
+              kTolStore);
+  check_close("forward v unchanged", columns(got, N, 3 * C, 2 * C, 3 * C),
+              columns(qkv, N, 3 * C, 2 * C, 3 * C), 0.0f);
+  check_close("forward qk_rstd", rstd.download(), ref_rstd, kTolFP32);
+  const Snapshot forward_bits(d_qkv, rstd);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(d_qkv, rstd));
+
+  // In place: the gradient of the rotary's output becomes the gradient of the norm's input, from
+  // the forward's output (d_qkv) and rstd.
+  DeviceArray<floatX> d(n);
+  auto backward = [&] {
+    d.upload(dout);
+    qk_norm_rotary_backward(d, d_qkv, rstd, B, T, NH, HS, 0);
+  };
+  backward();
+  const std::vector<float> got_d = d.download();
+  // BF16: the GPU recovers xhat from the forward's rounded output (2^-8 of each pair's size) and
+  // rounds dx once; emulating that on the CPU for these shapes gave errors (in check_close's
+  // measure) up to 3.5e-3 (forward 3.0e-3), within kTolStore. FP32: up to 5.7e-7.
+  check_close("backward dq, dk", columns(got_d, N, 3 * C, 0, 2 * C), columns(ref_dqkv, N, 3 * C, 0, 2 * C),
+              kTolStore);
+  check_close("backward dv unchanged", columns(got_d, N, 3 * C, 2 * C, 3 * C),
+              columns(dout, N, 3 * C, 2 * C, 3 * C), 0.0f);
+  const Snapshot backward_bits(d);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(d));
+}
+
+// Head sizes the kernels cannot take are refused with a message naming the limit.
+void test_qk_rotary_bad_head_size() {
+  DeviceArray<floatX> qkv(3 * 512);
+  DeviceArray<float> rstd(2);
+  testing::check_throws([&] { qk_norm_rotary_forward(qkv, rstd, 1, 1, 1, 512, 0); }, "head size 512",
+                        "qk_norm_rotary_forward at head size 512");
+  testing::check_throws([&] { qk_norm_rotary_backward(qkv, qkv, rstd, 1, 1, 1, 6, 0); }, "head size 6",
+                        "qk_norm_rotary_backward at head size 6");
+}
+
+int main() {
+  return run_kernel_tests("test_qk_rotary", [] {
+    llmc::Rng rng(35);
+    test_qk_rotary({3, 37, 5, 128}, rng);  // d12's head size, 111 tokens
+    test_qk_rotary({1, 1023, 1, 128}, rng);  // the tiny preset's one head; positions up to 1022
+    test_qk_rotary({3, 29, 7, 64}, rng);  // d48's head size; 14 heads over a block's 8 warps
+    test_qk_rotary({1, 9, 3, 256}, rng);  // the largest head size: 4 pairs a lane
+    test_qk_rotary({5, 3, 1, 8}, rng);  // the smallest: 2 frequencies, 1 and 1/1024
+    test_qk_rotary_bad_head_size();
+  });
+}
