@@ -3432,10 +3432,13 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 }
 
 // ============================================================================
-// 7. GELU
+// 7. GELU and ReLU^2
 // ============================================================================
-// tanh approximation, as GPT-2 and PyTorch's gelu(approximate="tanh"). Used where cuBLASLt's
-// GELU epilogues are unavailable and when recomputing activations. Floor: one read, one write.
+// The MLP's activation, elementwise over n values (whole 16-byte pieces): GELU's tanh
+// approximation (GPT-2; PyTorch's gelu(approximate="tanh")), used where cuBLASLt's GELU
+// epilogues are unavailable and when recomputing activations, or ReLU^2 = relu(x)^2 (the modern
+// architecture). The forward writes out; the backward overwrites the gradient d with d * act'(x).
+// No reductions: deterministic. Floor: forward one read, one write; backward two reads, one write.
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
@@ -3451,34 +3454,77 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+__device__ __forceinline__ float relu2(float x) {
+  const float r = fmaxf(x, 0.0f);
+  return r * r;
+}
+
+__device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.0f); }
+
+enum class Activation { kGelu, kRelu2 };
+
+template <Activation A>
+__device__ __forceinline__ float activation(float x) {
+  return A == Activation::kGelu ? gelu(x) : relu2(x);
+}
+
+template <Activation A>
+__device__ __forceinline__ float activation_grad(float x) {
+  return A == Activation::kGelu ? gelu_grad(x) : relu2_grad(x);
+}
+
+template <Activation A>
+__global__ void activation_forward_kernel(floatX* out, const floatX* inp, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
   const x128 x = load128(inp + i);
   x128 o;
-  for (int k = 0; k < x128::size; k++) o[k] = (floatX)gelu((float)x[k]);
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)activation<A>((float)x[k]);
   store128(out + i, o);
 }
 
-__global__ void gelu_backward_inplace_kernel(floatX* d, const floatX* inp, size_t n) {
+template <Activation A>
+__global__ void activation_backward_inplace_kernel(floatX* d, const floatX* inp, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
   const x128 x = load128(inp + i);
   x128 g = load128(d + i);
-  for (int k = 0; k < x128::size; k++) g[k] = (floatX)((float)g[k] * gelu_grad((float)x[k]));
+  for (int k = 0; k < x128::size; k++) g[k] = (floatX)((float)g[k] * activation_grad<A>((float)x[k]));
   store128(d + i, g);
 }
 
-void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
-  REQUIRE(n % x128::size == 0, "gelu_forward: n=%zu must be a multiple of %d", n, x128::size);
-  gelu_forward_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, inp, n);
+template <Activation A>
+void activation_forward(const char* name, floatX* out, const floatX* inp, size_t n,
+                        cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "%s: n=%zu must be a multiple of %d", name, n, x128::size);
+  activation_forward_kernel<A><<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, inp, n);
   cudaCheckLaunch();
 }
 
-void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
-  REQUIRE(n % x128::size == 0, "gelu_backward: n=%zu must be a multiple of %d", n, x128::size);
-  gelu_backward_inplace_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
+template <Activation A>
+void activation_backward_inplace(const char* name, floatX* d, const floatX* inp, size_t n,
+                                 cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "%s: n=%zu must be a multiple of %d", name, n, x128::size);
+  activation_backward_inplace_kernel<A><<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
   cudaCheckLaunch();
+}
+
+void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_forward<Activation::kGelu>("gelu_forward", out, inp, n, stream);
+}
+
+void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kGelu>("gelu_backward", d, inp, n, stream);
+}
+
+// out = relu(x)^2.
+void relu2_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_forward<Activation::kRelu2>("relu2_forward", out, inp, n, stream);
+}
+
+// d *= 2 * relu(x): the gradient of ReLU^2's output becomes that of its input x.
+void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kRelu2>("relu2_backward", d, inp, n, stream);
 }
 
 // ============================================================================
