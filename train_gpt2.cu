@@ -3539,6 +3539,10 @@ void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t
 // rescaled when the max grows, the piece's exponentials; the block then merges the threads'
 // (max, sum) pairs in a fixed tree: deterministic, and two exponentials per logit. Floors: read
 // and write N*Vp once; about ten instructions per logit.
+// Soft cap (the modern architecture's head, SOFTCAP with a cap c > 0): the softmax, loss and
+// gradient are those of y = c * z / sqrt(z^2 + c^2) for each logit z, and the gradient written is
+// that of z, dL/dy * dy/dz with dy/dz = (c / sqrt(z^2 + c^2))^3: one more reciprocal square root
+// per logit in each pass. GPT-2's instantiation is the uncapped one.
 
 constexpr int kClassifierThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -3568,9 +3572,19 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
   for (int k = 0; k < x128::size; k++) s += exp2_ftz(fmaf(f[k], kLog2e, -m_log2));
 }
 
+// The logit the softmax sees: z, or z soft-capped at cap; *slope = dy/dz (SOFTCAP only).
+template <bool SOFTCAP>
+__device__ __forceinline__ float classifier_logit(float z, float cap, float* slope = nullptr) {
+  if (!SOFTCAP) return z;
+  const float cap_rsqrt = cap * rsqrtf(fmaf(z, z, cap * cap));
+  if (slope) *slope = cap_rsqrt * cap_rsqrt * cap_rsqrt;
+  return z * cap_rsqrt;
+}
+
 // Dynamic shared memory: one row, Vp elements.
+template <bool SOFTCAP>
 __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float softcap) {
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
   __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
@@ -3589,13 +3603,15 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     const x128 v = load128(row_s + col);
     float f[x128::size];
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) f[k] = (float)v[k];
+    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<SOFTCAP>((float)v[k], softcap);
     softmax_accumulate_piece(m, s, f);
   }
   if (col < V) {
     const x128 v = load128(row_s + col);
     float f[x128::size];
-    for (int k = 0; k < x128::size; k++) f[k] = col + k < V ? (float)v[k] : -FLT_MAX;  // exp -> 0
+    for (int k = 0; k < x128::size; k++) {
+      f[k] = col + k < V ? classifier_logit<SOFTCAP>((float)v[k], softcap) : -FLT_MAX;  // exp -> 0
+    }
     softmax_accumulate_piece(m, s, f);
   }
   // Combine the per-thread (max, sum) pairs: a warp tree, then warp 0 over the warps.
@@ -3610,35 +3626,49 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   m = lane < kWarps ? shared_max[lane] : -FLT_MAX;
   s = lane < kWarps ? shared_sum[lane] : 0.0f;
   warp_reduce_max_sum(m, s);
-  if (threadIdx.x == 0) losses[row] = logf(s) + m - (float)row_s[target];
+  if (threadIdx.x == 0) {
+    losses[row] = logf(s) + m - classifier_logit<SOFTCAP>((float)row_s[target], softcap);
+  }
   if (dloss == 0.0f) return;
   // dlogits = softmax * dloss everywhere, then the target's column gets (softmax - 1) * dloss from
-  // the thread that wrote its piece (so the two stores are in program order).
+  // the thread that wrote its piece (so the two stores are in program order); times dy/dz when
+  // capped.
   const float row_max_log2 = m * kLog2e, scale = dloss / s;
+  auto dlogit_off_target = [&](float z) {
+    float slope = 1.0f;
+    const float y = classifier_logit<SOFTCAP>(z, softcap, &slope);
+    const float g = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) * scale;
+    return SOFTCAP ? g * slope : g;
+  };
   for (col = threadIdx.x * x128::size; col < Vp; col += kStep) {
     const x128 v = load128(row_s + col);
     x128 d;
     if (col + x128::size <= V) {
 #pragma unroll
-      for (int k = 0; k < x128::size; k++) d[k] = (floatX)(exp2_ftz(fmaf((float)v[k], kLog2e, -row_max_log2)) * scale);
+      for (int k = 0; k < x128::size; k++) d[k] = (floatX)dlogit_off_target((float)v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < x128::size; k++) {
-        d[k] = (floatX)(col + k < V ? exp2_ftz(fmaf((float)v[k], kLog2e, -row_max_log2)) * scale : 0.0f);
+        d[k] = (floatX)(col + k < V ? dlogit_off_target((float)v[k]) : 0.0f);
       }
     }
     store128(x + col, d);
     if (target >= col && target < col + x128::size) {
-      const float p = exp2_ftz(fmaf((float)row_s[target], kLog2e, -row_max_log2)) / s;
-      x[target] = (floatX)((p - 1.0f) * dloss);
+      float slope = 1.0f;
+      const float y = classifier_logit<SOFTCAP>((float)row_s[target], softcap, &slope);
+      const float p = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) / s;
+      x[target] = (floatX)(SOFTCAP ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
     }
   }
 }
 
-// dloss = 0 computes the losses only (validation) and leaves the logits intact.
+// dloss = 0 computes the losses only (validation) and leaves the logits intact. softcap = 0: no
+// cap (GPT-2).
 void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
-                      float dloss, cudaStream_t stream) {
+                      float dloss, cudaStream_t stream, float softcap = 0.0f) {
   REQUIRE(Vp % x128::size == 0, "fused_classifier: Vp=%d must be a multiple of %d", Vp, x128::size);
+  REQUIRE(std::isfinite(softcap) && softcap >= 0.0f,
+          "fused_classifier: softcap=%g must be 0 (no cap) or a positive finite number", softcap);
   static int max_shared = 0;
   if (max_shared == 0) {
     int device = 0;
@@ -3649,10 +3679,9 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
   REQUIRE(shared <= (size_t)max_shared,
           "fused_classifier: a row of the padded vocabulary (%d) needs %zu bytes of shared memory, "
           "above this GPU's %d", Vp, shared, max_shared);
-  cudaCheck(cudaFuncSetAttribute(fused_classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)shared));
-  fused_classifier_kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp,
-                                                                     dloss);
+  const auto kernel = softcap > 0.0f ? fused_classifier_kernel<true> : fused_classifier_kernel<false>;
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, softcap);
   cudaCheckLaunch();
 }
 
