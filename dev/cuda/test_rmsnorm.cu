@@ -139,7 +139,7 @@ int main() {
     test_rmsnorm(4 * 64 + 1, 768, rng);  // d12 width, one row past whole launch blocks
     test_rmsnorm(3 * 101, 1600, rng);    // d48 width, a partial chunk of the row
     test_rmsnorm(5 * 203, 136, rng);     // 4 rows per backward block; one short, two empty
-    test_rmsnorm(4 * 999, 768, rng);     // 16 rows per backward block; one short, six empty
+    test_rmsnorm(3999, 768, rng);        // 16 rows per backward block; one short, six empty
     test_rmsnorm(7, 136, rng);           // one partial launch block
   });
 }
