@@ -641,26 +641,35 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
 }
 
 // ============================================================================
-// 4. LayerNorm
+// 4. Normalisation
 // ============================================================================
-// Forward: one warp per row of C; mean and rstd kept in FP32 for the backward pass; variance by
-// a second pass over the row (not E[x^2]-E[x]^2) for accuracy. Floor: read N*C, write N*C.
-// The fused variant first writes residual = a + b (rounded to the storage type) and normalises
-// the rounded values, so forward and backward see the same residual.
+// LayerNorm (GPT-2) and RMSNorm (the modern architecture) share their kernels through a template
+// flag RMS: RMSNorm subtracts no mean, has no bias, and rstd = 1/sqrt(mean(x^2) + FLT_EPSILON).
+// Forward: one warp per row of C; mean (LayerNorm) and rstd kept in FP32 for the backward pass;
+// variance by a second pass over the row (not E[x^2]-E[x]^2) for accuracy. Floor: read N*C,
+// write N*C. The fused variant first writes residual = a + b (rounded to the storage type) and
+// normalises the rounded values, so forward and backward see the same residual.
 // Backward: one warp per row computes dx and adds it into the residual-stream gradient dresidual
-// (in place); dgamma/dbeta partial sums go to per-warp shared-memory rows, are added in warp
-// order per row block, and finalized over the fixed kRowBlocks blocks.
+// (in place); dgamma (and LayerNorm's dbeta) partial sums go to per-warp shared-memory rows, are
+// added in warp order per row block, and finalized over the fixed kRowBlocks blocks.
 
 constexpr float kLayerNormEps = 1e-5f;
+// PyTorch's F.rms_norm default (eps=None): the FP32 machine epsilon, for BF16 inputs too.
+constexpr float kRmsNormEps = FLT_EPSILON;
 
+// mean_out and bias are not used with RMS (nullptr there).
+template <bool RMS>
 __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
                               const floatX* weight, const floatX* bias, int C, int lane) {
-  float sum = 0.0f;
-  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-    const x128 v = load128(x + c);
-    for (int k = 0; k < x128::size; k++) sum += (float)v[k];
+  float mean = 0.0f;
+  if (!RMS) {
+    float sum = 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 v = load128(x + c);
+      for (int k = 0; k < x128::size; k++) sum += (float)v[k];
+    }
+    mean = warp_reduce_sum(sum) / C;
   }
-  const float mean = warp_reduce_sum(sum) / C;
   float var = 0.0f;
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     const x128 v = load128(x + c);
@@ -669,31 +678,38 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
       var += d * d;
     }
   }
-  const float rstd = rsqrtf(warp_reduce_sum(var) / C + kLayerNormEps);
+  const float rstd = rsqrtf(warp_reduce_sum(var) / C + (RMS ? kRmsNormEps : kLayerNormEps));
   // No out: the statistics only, for an FP8 cast that normalises as it reads x
   // (Fp8CastInput::kLayerNorm, the same arithmetic as here).
   for (int c = lane * x128::size; out && c < C; c += WARP_SIZE * x128::size) {
-    const x128 v = load128(x + c), w = load128(weight + c), b = load128(bias + c);
+    const x128 v = load128(x + c), w = load128(weight + c);
     x128 o;
-    for (int k = 0; k < x128::size; k++) {
-      o[k] = (floatX)(((float)v[k] - mean) * rstd * (float)w[k] + (float)b[k]);
+    if (RMS) {
+      for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd * (float)w[k]);
+    } else {
+      const x128 b = load128(bias + c);
+      for (int k = 0; k < x128::size; k++) {
+        o[k] = (floatX)(((float)v[k] - mean) * rstd * (float)w[k] + (float)b[k]);
+      }
     }
     store128(out + c, o);
   }
   if (lane == 0) {
-    *mean_out = mean;
+    if (!RMS) *mean_out = mean;
     *rstd_out = rstd;
   }
 }
 
+template <bool RMS>
 __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
-  layernorm_row(out ? out + (size_t)row * C : nullptr, mean + row, rstd + row, inp + (size_t)row * C,
-                weight, bias, C, threadIdx.x % WARP_SIZE);
+  layernorm_row<RMS>(out ? out + (size_t)row * C : nullptr, RMS ? nullptr : mean + row, rstd + row,
+                     inp + (size_t)row * C, weight, bias, C, threadIdx.x % WARP_SIZE);
 }
 
+template <bool RMS>
 __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean,
                                                         float* rstd, const floatX* a,
                                                         const floatX* b, const floatX* weight,
@@ -709,37 +725,70 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     store128(residual + base + c, r);
   }
   // Each lane reads back only what it wrote, so no barrier is needed before normalising.
-  layernorm_row(out ? out + base : nullptr, mean + row, rstd + row, residual + base, weight, bias, C, lane);
+  layernorm_row<RMS>(out ? out + base : nullptr, RMS ? nullptr : mean + row, rstd + row,
+                     residual + base, weight, bias, C, lane);
 }
 
+constexpr int kLayerNormForwardThreads = 256;
+
+// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b.
+template <bool RMS>
+void norm_forward(const char* name, floatX* residual, floatX* out, float* mean, float* rstd,
+                  const floatX* a, const floatX* b, const floatX* weight, const floatX* bias, int N,
+                  int C, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
+  const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
+  if (residual) {
+    fused_residual_layernorm_forward_kernel<RMS><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
+        residual, out, mean, rstd, a, b, weight, bias, N, C);
+  } else {
+    layernorm_forward_kernel<RMS><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
+        out, mean, rstd, a, weight, bias, N, C);
+  }
+  cudaCheckLaunch();
+}
+
+// out == nullptr: the row statistics only.
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
                        const floatX* weight, const floatX* bias, int N, int C,
                        cudaStream_t stream) {
-  REQUIRE(C % x128::size == 0, "layernorm_forward: C=%d must be a multiple of %d", C, x128::size);
-  const int threads = 256, rows_per_launch_block = threads / WARP_SIZE;
-  layernorm_forward_kernel<<<ceil_div(N, rows_per_launch_block), threads, 0, stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
-  cudaCheckLaunch();
+  norm_forward<false>("layernorm_forward", nullptr, out, mean, rstd, inp, nullptr, weight, bias, N,
+                      C, stream);
 }
 
 void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
                                       const floatX* a, const floatX* b, const floatX* weight,
                                       const floatX* bias, int N, int C, cudaStream_t stream) {
-  REQUIRE(C % x128::size == 0, "fused_residual_layernorm_forward: C=%d must be a multiple of %d",
-          C, x128::size);
-  const int threads = 256, rows_per_launch_block = threads / WARP_SIZE;
-  fused_residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_launch_block), threads, 0,
-                                            stream>>>(residual, out, mean, rstd, a, b, weight,
-                                                      bias, N, C);
-  cudaCheckLaunch();
+  norm_forward<false>("fused_residual_layernorm_forward", residual, out, mean, rstd, a, b, weight,
+                      bias, N, C, stream);
+}
+
+void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N,
+                     int C, cudaStream_t stream) {
+  norm_forward<true>("rmsnorm_forward", nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr,
+                     N, C, stream);
+}
+
+void fused_residual_rmsnorm_forward(floatX* residual, floatX* out, float* rstd, const floatX* a,
+                                    const floatX* b, const floatX* weight, int N, int C,
+                                    cudaStream_t stream) {
+  norm_forward<true>("fused_residual_rmsnorm_forward", residual, out, nullptr, rstd, a, b, weight,
+                     nullptr, N, C, stream);
 }
 
 constexpr int kLayerNormBackwardWarps = 8;
 
+// The column sums the backward keeps per channel: dweight, LayerNorm's dbias, and with
+// SUM_DRESIDUAL the updated dresidual's, in this order in shared memory and in the partials.
+__host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dresidual) {
+  return (rms ? 1 : 2) + (sum_dresidual ? 1 : 0);
+}
+
 // grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
-// layernorm_backward_shared_bytes(C, SUM_DRESIDUAL). partials: [kRowBlocks][2C] (dweight, then
-// dbias), or [kRowBlocks][3C] with SUM_DRESIDUAL: then also the column sums of the updated
-// dresidual, which are the bias gradient of the projection that produced the residual branch.
+// layernorm_backward_shared_bytes(C, RMS, SUM_DRESIDUAL). partials: [kRowBlocks][sums * C], the
+// sums of layernorm_backward_sums: the dresidual's are the bias gradient of the projection that
+// produced the residual branch. RMS: no mean (norm = x * rstd), no dbias, and no mean of dnorm
+// in dx; mean is then not read.
 // Each lane keeps its CHUNKS 16-byte pieces of the row (C <= CHUNKS * 256 elements) in registers,
 // so dout, inp and dresidual are read once, all loads of a row in flight together.
 // Each warp accumulates dweight and dbias over its rows in its own shared-memory rows of
@@ -747,17 +796,17 @@ constexpr int kLayerNormBackwardWarps = 8;
 // for each (i, k) the 32 lanes touch 32 consecutive words, one per bank. (Indexing the slots by
 // channel instead puts every fourth lane on the same bank: an 8-way conflict on each of the 32
 // shared-memory updates per chunk and row, which was most of this kernel's time.)
-template <int CHUNKS, bool SUM_DRESIDUAL>
+template <int CHUNKS, bool SUM_DRESIDUAL, bool RMS>
 __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
                                           const floatX* inp, const floatX* weight,
                                           const float* mean, const float* rstd, int N, int C) {
   constexpr int kSlots = CHUNKS * WARP_SIZE * x128::size;
-  constexpr int kSums = SUM_DRESIDUAL ? 3 : 2;
+  constexpr int kSums = layernorm_backward_sums(RMS, SUM_DRESIDUAL);
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   float* dweight_acc = shared + warp * kSums * kSlots;
-  float* dbias_acc = dweight_acc + kSlots;
-  float* dresidual_acc = dbias_acc + kSlots;
+  float* dbias_acc = dweight_acc + kSlots;                    // LayerNorm only
+  float* dresidual_acc = dweight_acc + (kSums - 1) * kSlots;  // SUM_DRESIDUAL only
   for (int j = lane; j < kSums * kSlots; j += WARP_SIZE) dweight_acc[j] = 0.0f;
   __syncwarp();
   x128 w[CHUNKS];
@@ -780,7 +829,7 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
         r[i] = load128(dresidual + base + c);
       }
     }
-    const float m = mean[row], s = rstd[row];
+    const float m = RMS ? 0.0f : mean[row], s = rstd[row];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < CHUNKS; i++) {
@@ -790,14 +839,14 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
       for (int k = 0; k < x128::size; k++) {
         const float norm = ((float)x[i][k] - m) * s;
         const float dnorm = (float)w[i][k] * (float)d[i][k];
-        dnorm_sum += dnorm;
+        if (!RMS) dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
         const int slot = (i * x128::size + k) * WARP_SIZE + lane;
-        dbias_acc[slot] += (float)d[i][k];
+        if (!RMS) dbias_acc[slot] += (float)d[i][k];
         dweight_acc[slot] += norm * (float)d[i][k];
       }
     }
-    const float dnorm_mean = warp_reduce_sum(dnorm_sum) / C;
+    const float dnorm_mean = RMS ? 0.0f : warp_reduce_sum(dnorm_sum) / C;
     const float dnorm_norm_mean = warp_reduce_sum(dnorm_norm_sum) / C;
 #pragma unroll
     for (int i = 0; i < CHUNKS; i++) {
@@ -826,16 +875,46 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 
 constexpr int kLayerNormBackwardMaxChunks = 2048 / (WARP_SIZE * x128::size);
 
-template <bool SUM_DRESIDUAL, int... I>
+template <bool SUM_DRESIDUAL, bool RMS, int... I>
 constexpr auto layernorm_backward_kernels(std::integer_sequence<int, I...>) {
   using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*,
                           const float*, const float*, int, int);
-  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL>...};
+  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL, RMS>...};
 }
 
-size_t layernorm_backward_shared_bytes(int C, bool sum_dresidual) {
+size_t layernorm_backward_shared_bytes(int C, bool rms, bool sum_dresidual) {
   const int slots = ceil_div(C, WARP_SIZE * x128::size) * WARP_SIZE * x128::size;
-  return (size_t)kLayerNormBackwardWarps * (sum_dresidual ? 3 : 2) * slots * sizeof(float);
+  return (size_t)kLayerNormBackwardWarps * layernorm_backward_sums(rms, sum_dresidual) * slots *
+         sizeof(float);
+}
+
+// The backward of either norm (dbias and mean nullptr for RMSNorm); see layernorm_backward.
+template <bool RMS>
+void norm_backward(const char* name, floatX* dresidual, floatX* dweight, floatX* dbias,
+                   floatX* dresidual_dbias, float* partials, const floatX* dout, const floatX* inp,
+                   const floatX* weight, const float* mean, const float* rstd, int N, int C,
+                   uint32_t seed, cudaStream_t stream) {
+  REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
+  const bool sum_dresidual = dresidual_dbias != nullptr;
+  const size_t shared = layernorm_backward_shared_bytes(C, RMS, sum_dresidual);
+  const int chunks = ceil_div(C, WARP_SIZE * x128::size);
+  // One instantiation per register footprint, for C up to 2048 (GPT-2's widths go to 1600).
+  REQUIRE(chunks <= kLayerNormBackwardMaxChunks,
+          "%s: C=%d is above the largest supported width 2048", name, C);
+  constexpr auto chunk_counts = std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>();
+  const auto kernel = sum_dresidual ? layernorm_backward_kernels<true, RMS>(chunk_counts)[chunks - 1]
+                                    : layernorm_backward_kernels<false, RMS>(chunk_counts)[chunks - 1];
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
+      dresidual, partials, dout, inp, weight, mean, rstd, N, C);
+  cudaCheckLaunch();
+  const int stride = layernorm_backward_sums(RMS, sum_dresidual) * C;
+  column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
+  if (!RMS) column_sum_finalize(dbias, partials + C, stride, C, kRowBlocks, seed ^ 0x68e31da4u, stream);
+  if (sum_dresidual) {
+    column_sum_finalize(dresidual_dbias, partials + (stride - C), stride, C, kRowBlocks,
+                        seed ^ 0x3c6ef372u, stream);
+  }
 }
 
 // dresidual += dx; dweight += sum(norm * dout); dbias += sum(dout); and, when given,
@@ -846,27 +925,18 @@ void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float
                         float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
                         const float* mean, const float* rstd, int N, int C, uint32_t seed,
                         cudaStream_t stream) {
-  REQUIRE(C % x128::size == 0, "layernorm_backward: C=%d must be a multiple of %d", C, x128::size);
-  const bool sum_dresidual = dresidual_dbias != nullptr;
-  const size_t shared = layernorm_backward_shared_bytes(C, sum_dresidual);
-  const int chunks = ceil_div(C, WARP_SIZE * x128::size);
-  // One instantiation per register footprint, for C up to 2048 (GPT-2's widths go to 1600).
-  REQUIRE(chunks <= kLayerNormBackwardMaxChunks,
-          "layernorm_backward: C=%d is above the largest supported width 2048", C);
-  constexpr auto chunk_counts = std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>();
-  const auto kernel = sum_dresidual ? layernorm_backward_kernels<true>(chunk_counts)[chunks - 1]
-                                    : layernorm_backward_kernels<false>(chunk_counts)[chunks - 1];
-  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
-      dresidual, partials, dout, inp, weight, mean, rstd, N, C);
-  cudaCheckLaunch();
-  const int stride = (sum_dresidual ? 3 : 2) * C;
-  column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
-  column_sum_finalize(dbias, partials + C, stride, C, kRowBlocks, seed ^ 0x68e31da4u, stream);
-  if (sum_dresidual) {
-    column_sum_finalize(dresidual_dbias, partials + 2 * C, stride, C, kRowBlocks, seed ^ 0x3c6ef372u,
-                        stream);
-  }
+  norm_backward<false>("layernorm_backward", dresidual, dweight, dbias, dresidual_dbias, partials,
+                       dout, inp, weight, mean, rstd, N, C, seed, stream);
+}
+
+// As layernorm_backward, with dx = rstd * (dnorm - norm * mean(dnorm * norm)), dnorm = weight *
+// dout, norm = x * rstd; no dbias. partials: kRowBlocks * 2C floats (kRowBlocks * C without
+// dresidual_dbias).
+void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbias, float* partials,
+                      const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd,
+                      int N, int C, uint32_t seed, cudaStream_t stream) {
+  norm_backward<true>("rmsnorm_backward", dresidual, dweight, nullptr, dresidual_dbias, partials,
+                      dout, inp, weight, nullptr, rstd, N, C, seed, stream);
 }
 
 // ============================================================================
@@ -3505,10 +3575,13 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 }
 
 // ============================================================================
-// 7. GELU
+// 7. GELU and ReLU^2
 // ============================================================================
-// tanh approximation, as GPT-2 and PyTorch's gelu(approximate="tanh"). Used where cuBLASLt's
-// GELU epilogues are unavailable and when recomputing activations. Floor: one read, one write.
+// The MLP's activation, elementwise over n values (whole 16-byte pieces): GELU's tanh
+// approximation (GPT-2; PyTorch's gelu(approximate="tanh")), used where cuBLASLt's GELU
+// epilogues are unavailable and when recomputing activations, or ReLU^2 = relu(x)^2 (the modern
+// architecture). The forward writes out; the backward overwrites the gradient d with d * act'(x).
+// No reductions: deterministic. Floor: forward one read, one write; backward two reads, one write.
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
@@ -3524,34 +3597,77 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+__device__ __forceinline__ float relu2(float x) {
+  const float r = fmaxf(x, 0.0f);
+  return r * r;
+}
+
+__device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.0f); }
+
+enum class Activation { kGelu, kRelu2 };
+
+template <Activation A>
+__device__ __forceinline__ float activation(float x) {
+  return A == Activation::kGelu ? gelu(x) : relu2(x);
+}
+
+template <Activation A>
+__device__ __forceinline__ float activation_grad(float x) {
+  return A == Activation::kGelu ? gelu_grad(x) : relu2_grad(x);
+}
+
+template <Activation A>
+__global__ void activation_forward_kernel(floatX* out, const floatX* inp, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
   const x128 x = load128(inp + i);
   x128 o;
-  for (int k = 0; k < x128::size; k++) o[k] = (floatX)gelu((float)x[k]);
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)activation<A>((float)x[k]);
   store128(out + i, o);
 }
 
-__global__ void gelu_backward_inplace_kernel(floatX* d, const floatX* inp, size_t n) {
+template <Activation A>
+__global__ void activation_backward_inplace_kernel(floatX* d, const floatX* inp, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
   const x128 x = load128(inp + i);
   x128 g = load128(d + i);
-  for (int k = 0; k < x128::size; k++) g[k] = (floatX)((float)g[k] * gelu_grad((float)x[k]));
+  for (int k = 0; k < x128::size; k++) g[k] = (floatX)((float)g[k] * activation_grad<A>((float)x[k]));
   store128(d + i, g);
 }
 
-void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
-  REQUIRE(n % x128::size == 0, "gelu_forward: n=%zu must be a multiple of %d", n, x128::size);
-  gelu_forward_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, inp, n);
+template <Activation A>
+void activation_forward(const char* name, floatX* out, const floatX* inp, size_t n,
+                        cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "%s: n=%zu must be a multiple of %d", name, n, x128::size);
+  activation_forward_kernel<A><<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, inp, n);
   cudaCheckLaunch();
 }
 
-void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
-  REQUIRE(n % x128::size == 0, "gelu_backward: n=%zu must be a multiple of %d", n, x128::size);
-  gelu_backward_inplace_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
+template <Activation A>
+void activation_backward_inplace(const char* name, floatX* d, const floatX* inp, size_t n,
+                                 cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "%s: n=%zu must be a multiple of %d", name, n, x128::size);
+  activation_backward_inplace_kernel<A><<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
   cudaCheckLaunch();
+}
+
+void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_forward<Activation::kGelu>("gelu_forward", out, inp, n, stream);
+}
+
+void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kGelu>("gelu_backward", d, inp, n, stream);
+}
+
+// out = relu(x)^2.
+void relu2_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_forward<Activation::kRelu2>("relu2_forward", out, inp, n, stream);
+}
+
+// d *= 2 * relu(x): the gradient of ReLU^2's output becomes that of its input x.
+void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kRelu2>("relu2_backward", d, inp, n, stream);
 }
 
 // ============================================================================
@@ -3566,6 +3682,10 @@ void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t 
 // rescaled when the max grows, the piece's exponentials; the block then merges the threads'
 // (max, sum) pairs in a fixed tree: deterministic, and two exponentials per logit. Floors: read
 // and write N*Vp once; about ten instructions per logit.
+// Soft cap (the modern architecture's head, SOFTCAP with a cap c > 0): the softmax, loss and
+// gradient are those of y = c * z / sqrt(z^2 + c^2) for each logit z, and the gradient written is
+// that of z, dL/dy * dy/dz with dy/dz = (c / sqrt(z^2 + c^2))^3: one more reciprocal square root
+// per logit in each pass. GPT-2's instantiation is the uncapped one.
 
 constexpr int kClassifierThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -3595,9 +3715,19 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
   for (int k = 0; k < x128::size; k++) s += exp2_ftz(fmaf(f[k], kLog2e, -m_log2));
 }
 
+// The logit the softmax sees: z, or z soft-capped at cap; *slope = dy/dz (SOFTCAP only).
+template <bool SOFTCAP>
+__device__ __forceinline__ float classifier_logit(float z, float cap, float* slope = nullptr) {
+  if (!SOFTCAP) return z;
+  const float cap_rsqrt = cap * rsqrtf(fmaf(z, z, cap * cap));
+  if (slope) *slope = cap_rsqrt * cap_rsqrt * cap_rsqrt;
+  return z * cap_rsqrt;
+}
+
 // Dynamic shared memory: one row, Vp elements.
+template <bool SOFTCAP>
 __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float softcap) {
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
   __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
@@ -3616,13 +3746,15 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     const x128 v = load128(row_s + col);
     float f[x128::size];
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) f[k] = (float)v[k];
+    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<SOFTCAP>((float)v[k], softcap);
     softmax_accumulate_piece(m, s, f);
   }
   if (col < V) {
     const x128 v = load128(row_s + col);
     float f[x128::size];
-    for (int k = 0; k < x128::size; k++) f[k] = col + k < V ? (float)v[k] : -FLT_MAX;  // exp -> 0
+    for (int k = 0; k < x128::size; k++) {
+      f[k] = col + k < V ? classifier_logit<SOFTCAP>((float)v[k], softcap) : -FLT_MAX;  // exp -> 0
+    }
     softmax_accumulate_piece(m, s, f);
   }
   // Combine the per-thread (max, sum) pairs: a warp tree, then warp 0 over the warps.
@@ -3637,35 +3769,49 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   m = lane < kWarps ? shared_max[lane] : -FLT_MAX;
   s = lane < kWarps ? shared_sum[lane] : 0.0f;
   warp_reduce_max_sum(m, s);
-  if (threadIdx.x == 0) losses[row] = logf(s) + m - (float)row_s[target];
+  if (threadIdx.x == 0) {
+    losses[row] = logf(s) + m - classifier_logit<SOFTCAP>((float)row_s[target], softcap);
+  }
   if (dloss == 0.0f) return;
   // dlogits = softmax * dloss everywhere, then the target's column gets (softmax - 1) * dloss from
-  // the thread that wrote its piece (so the two stores are in program order).
+  // the thread that wrote its piece (so the two stores are in program order); times dy/dz when
+  // capped.
   const float row_max_log2 = m * kLog2e, scale = dloss / s;
+  auto dlogit_off_target = [&](float z) {
+    float slope = 1.0f;
+    const float y = classifier_logit<SOFTCAP>(z, softcap, &slope);
+    const float g = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) * scale;
+    return SOFTCAP ? g * slope : g;
+  };
   for (col = threadIdx.x * x128::size; col < Vp; col += kStep) {
     const x128 v = load128(row_s + col);
     x128 d;
     if (col + x128::size <= V) {
 #pragma unroll
-      for (int k = 0; k < x128::size; k++) d[k] = (floatX)(exp2_ftz(fmaf((float)v[k], kLog2e, -row_max_log2)) * scale);
+      for (int k = 0; k < x128::size; k++) d[k] = (floatX)dlogit_off_target((float)v[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < x128::size; k++) {
-        d[k] = (floatX)(col + k < V ? exp2_ftz(fmaf((float)v[k], kLog2e, -row_max_log2)) * scale : 0.0f);
+        d[k] = (floatX)(col + k < V ? dlogit_off_target((float)v[k]) : 0.0f);
       }
     }
     store128(x + col, d);
     if (target >= col && target < col + x128::size) {
-      const float p = exp2_ftz(fmaf((float)row_s[target], kLog2e, -row_max_log2)) / s;
-      x[target] = (floatX)((p - 1.0f) * dloss);
+      float slope = 1.0f;
+      const float y = classifier_logit<SOFTCAP>((float)row_s[target], softcap, &slope);
+      const float p = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) / s;
+      x[target] = (floatX)(SOFTCAP ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
     }
   }
 }
 
-// dloss = 0 computes the losses only (validation) and leaves the logits intact.
+// dloss = 0 computes the losses only (validation) and leaves the logits intact. softcap = 0: no
+// cap (GPT-2).
 void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
-                      float dloss, cudaStream_t stream) {
+                      float dloss, cudaStream_t stream, float softcap = 0.0f) {
   REQUIRE(Vp % x128::size == 0, "fused_classifier: Vp=%d must be a multiple of %d", Vp, x128::size);
+  REQUIRE(std::isfinite(softcap) && softcap >= 0.0f,
+          "fused_classifier: softcap=%g must be 0 (no cap) or a positive finite number", softcap);
   static int max_shared = 0;
   if (max_shared == 0) {
     int device = 0;
@@ -3676,10 +3822,9 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
   REQUIRE(shared <= (size_t)max_shared,
           "fused_classifier: a row of the padded vocabulary (%d) needs %zu bytes of shared memory, "
           "above this GPU's %d", Vp, shared, max_shared);
-  cudaCheck(cudaFuncSetAttribute(fused_classifier_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)shared));
-  fused_classifier_kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp,
-                                                                     dloss);
+  const auto kernel = softcap > 0.0f ? fused_classifier_kernel<true> : fused_classifier_kernel<false>;
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, softcap);
   cudaCheckLaunch();
 }
 

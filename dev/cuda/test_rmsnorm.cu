@@ -1,0 +1,145 @@
+// Tests rmsnorm_forward, fused_residual_rmsnorm_forward and rmsnorm_backward against a CPU
+// reference written here (the CPU trainer has GPT-2's LayerNorm only): y = x * rstd * weight with
+// rstd = 1 / sqrt(mean(x^2) + FLT_EPSILON), and dx = rstd * (dnorm - norm * mean(dnorm * norm)),
+// dnorm = weight * dout, norm = x * rstd. Odd row counts that fill neither the 8-row launch blocks
+// nor the 256 fixed row blocks of the backward's column sums, C = 768, 1600 and 136 (17 16-byte
+// pieces of BF16: lanes with no piece, a partial chunk), the statistics-only forward (out nullptr),
+// gradients accumulated onto random non-zero ones, outputs poisoned first, and every kernel run
+// twice for identical bits. The backward sums the columns of the dresidual it writes when asked,
+// and must give the same other outputs either way.
+#include "dev/cuda/kernel_test.h"
+
+// Sums in double: the reference is more exact than either build.
+void rmsnorm_forward_reference(std::vector<float>& out, std::vector<float>& rstd,
+                               const std::vector<float>& inp, const std::vector<float>& weight,
+                               int N, int C) {
+  for (int r = 0; r < N; r++) {
+    const float* x = &inp[(size_t)r * C];
+    double squares = 0.0;
+    for (int c = 0; c < C; c++) squares += (double)x[c] * x[c];
+    const double s = 1.0 / std::sqrt(squares / C + (double)FLT_EPSILON);
+    rstd[r] = (float)s;
+    for (int c = 0; c < C; c++) out[(size_t)r * C + c] = (float)(x[c] * s * weight[c]);
+  }
+}
+
+// dresidual += dx, dweight += sum over rows of norm * dout.
+void rmsnorm_backward_reference(std::vector<float>& dresidual, std::vector<float>& dweight,
+                                const std::vector<float>& dout, const std::vector<float>& inp,
+                                const std::vector<float>& weight, const std::vector<float>& rstd,
+                                int N, int C) {
+  std::vector<double> dweight_sum(C, 0.0);
+  for (int r = 0; r < N; r++) {
+    const size_t base = (size_t)r * C;
+    const double s = rstd[r];
+    double dnorm_norm = 0.0;
+    for (int c = 0; c < C; c++) dnorm_norm += (double)weight[c] * dout[base + c] * inp[base + c] * s;
+    const double dnorm_norm_mean = dnorm_norm / C;
+    for (int c = 0; c < C; c++) {
+      const double norm = inp[base + c] * s, dnorm = (double)weight[c] * dout[base + c];
+      dresidual[base + c] = (float)(dresidual[base + c] + s * (dnorm - norm * dnorm_norm_mean));
+      dweight_sum[c] += norm * dout[base + c];
+    }
+  }
+  for (int c = 0; c < C; c++) dweight[c] = (float)(dweight[c] + dweight_sum[c]);
+}
+
+void test_rmsnorm(int N, int C, llmc::Rng& rng) {
+  printf("\nrmsnorm N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> weight = random_stored(rng, C, 1.0f, 0.3f);
+  DeviceArray<floatX> d_weight(weight), out(n);
+  DeviceArray<float> rstd(N);
+
+  // Forward: an offset and a spread unlike the normalised output's.
+  const std::vector<float> inp = random_stored(rng, n, 0.5f, 2.0f);
+  DeviceArray<floatX> d_inp(inp);
+  std::vector<float> ref_out(n), ref_rstd(N);
+  rmsnorm_forward_reference(ref_out, ref_rstd, inp, weight, N, C);
+  auto forward = [&](bool with_out) {
+    out.poison();
+    rstd.poison();
+    rmsnorm_forward(with_out ? (floatX*)out : nullptr, rstd, d_inp, d_weight, N, C, 0);
+  };
+  forward(true);
+  check_close("forward out", out.download(), ref_out, kTolStore);
+  check_close("forward rstd", rstd.download(), ref_rstd, kTolFP32);
+  const Snapshot forward_bits(out, rstd);
+  forward(true);
+  check_same_bits("forward twice", forward_bits, Snapshot(out, rstd));
+  const Snapshot rstd_bits(rstd);
+  forward(false);
+  check_same_bits("forward statistics only", rstd_bits, Snapshot(rstd));
+
+  // Fused: residual = a + b rounded to nearest (the same on host and device: exact), then the
+  // norm of that rounded residual.
+  const std::vector<float> a = random_stored(rng, n, 0.5f, 1.5f);
+  const std::vector<float> b = random_stored(rng, n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_a(a), d_b(b), residual(n);
+  std::vector<float> ref_residual(n);
+  for (size_t i = 0; i < n; i++) ref_residual[i] = a[i] + b[i];
+  ref_residual = stored(ref_residual);
+  rmsnorm_forward_reference(ref_out, ref_rstd, ref_residual, weight, N, C);
+  auto fused = [&] {
+    residual.poison();
+    out.poison();
+    rstd.poison();
+    fused_residual_rmsnorm_forward(residual, out, rstd, d_a, d_b, d_weight, N, C, 0);
+  };
+  fused();
+  check_close("fused residual", residual.download(), ref_residual, 0.0f);
+  check_close("fused out", out.download(), ref_out, kTolStore);
+  check_close("fused rstd", rstd.download(), ref_rstd, kTolFP32);
+  const Snapshot fused_bits(residual, out, rstd);
+  fused();
+  check_same_bits("fused twice", fused_bits, Snapshot(residual, out, rstd));
+
+  // Backward of the norm of `inp`, with the reference's rstd given to both sides, accumulating
+  // onto random gradients.
+  rmsnorm_forward_reference(ref_out, ref_rstd, inp, weight, N, C);
+  rstd.upload(ref_rstd);
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dresidual0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dweight0 = random_stored(rng, C, 0.0f, 1.0f);
+  const std::vector<float> dresidual_dbias0 = random_stored(rng, C, 0.0f, 1.0f);
+  DeviceArray<floatX> d_dout(dout), dresidual(n), dweight(C), dresidual_dbias(C);
+  DeviceArray<float> partials((size_t)kRowBlocks * 2 * C);
+  const uint32_t seed = rng.u32();
+  auto backward = [&](bool sum_dresidual) {
+    dresidual.upload(dresidual0);
+    dweight.upload(dweight0);
+    dresidual_dbias.upload(dresidual_dbias0);
+    partials.poison();
+    rmsnorm_backward(dresidual, dweight, sum_dresidual ? (floatX*)dresidual_dbias : nullptr,
+                     partials, d_dout, d_inp, d_weight, rstd, N, C, seed, 0);
+  };
+  backward(false);
+  const Snapshot no_sums_bits(dresidual, dweight);
+  backward(true);
+  std::vector<float> ref_dresidual = dresidual0, ref_dweight = dweight0;
+  rmsnorm_backward_reference(ref_dresidual, ref_dweight, dout, inp, weight, ref_rstd, N, C);
+  check_close("backward dresidual", dresidual.download(), ref_dresidual, kTolStore);
+  check_close("backward dweight", dweight.download(), ref_dweight, kTolSum);
+  // The column sums of the updated dresidual (as stored), added onto dresidual_dbias0.
+  const std::vector<float> got_dresidual = dresidual.download();
+  std::vector<double> column_sums(C, 0.0);
+  for (size_t i = 0; i < n; i++) column_sums[i % C] += got_dresidual[i];
+  std::vector<float> ref_dresidual_dbias(C);
+  for (int c = 0; c < C; c++) ref_dresidual_dbias[c] = (float)(dresidual_dbias0[c] + column_sums[c]);
+  check_close("backward dresidual column sums", dresidual_dbias.download(), ref_dresidual_dbias, kTolSum);
+  check_same_bits("backward without the column sums", no_sums_bits, Snapshot(dresidual, dweight));
+  const Snapshot backward_bits(dresidual, dweight, dresidual_dbias);
+  backward(true);
+  check_same_bits("backward twice", backward_bits, Snapshot(dresidual, dweight, dresidual_dbias));
+}
+
+int main() {
+  return run_kernel_tests("test_rmsnorm", [] {
+    llmc::Rng rng(43);
+    test_rmsnorm(4 * 64 + 1, 768, rng);  // d12 width, one row past whole launch blocks
+    test_rmsnorm(3 * 101, 1600, rng);    // d48 width, a partial chunk of the row
+    test_rmsnorm(5 * 203, 136, rng);     // 4 rows per backward block; one short, two empty
+    test_rmsnorm(3999, 768, rng);        // 16 rows per backward block; one short, six empty
+    test_rmsnorm(7, 136, rng);           // one partial launch block
+  });
+}
