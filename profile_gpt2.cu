@@ -1,5 +1,5 @@
-// One full training step of GPT-2 inside NVTX ranges, for nsys and ncu:
-//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2]
+// One full training step inside NVTX ranges, for nsys and ncu:
+//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // Random tokens, a model initialised from a seed; prints the time of each phase.
 #define TESTING
@@ -7,7 +7,7 @@
 
 int profile_main(int argc, char** argv) {
   int B = 8, T = 1024, layers = -1, fp8 = 0;
-  std::string preset = "d12";
+  std::string preset = "d12", recipe_name = "gpt2";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "-b") B = atoi(argv[i + 1]);
@@ -15,11 +15,15 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-l") layers = atoi(argv[i + 1]);
     else if (flag == "-e") preset = argv[i + 1];
     else if (flag == "-fp8") fp8 = atoi(argv[i + 1]);
-    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2", flag.c_str());
+    else if (flag == "-recipe") recipe_name = argv[i + 1];
+    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe gpt2|modern",
+                   flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
+  const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
+  const OptimizerConfig opt = optimizer_config(recipe, recipe.optimizer);
   llmc::GPT2Config config;
-  REQUIRE(llmc::config_from_preset(preset, &config), "-e %s: not a preset (d12 d24 d36 d48 tiny)",
+  REQUIRE(llmc::config_from_preset(preset, &config, recipe.arch), "-e %s: not a preset (d12 d24 d36 d48 tiny)",
           preset.c_str());
   if (layers > 0) config.num_layers = layers;
   REQUIRE(B > 0 && T > 0 && T <= config.max_seq_len, "need B > 0 and 0 < T <= %d", config.max_seq_len);
@@ -44,12 +48,13 @@ int profile_main(int argc, char** argv) {
     gpt2_zero_grad(m);
     gpt2_forward(m, inputs.data(), B, T);
     cudaCheck(cudaEventRecord(events[1], m.stream));
-    gpt2_classifier(m, targets.data(), B, T, 1.0f / (B * T));
+    gpt2_classifier(m, targets.data(), B, T, recipe.loss_sum ? 1.0f : 1.0f / (B * T));
     cudaCheck(cudaEventRecord(events[2], m.stream));
     gpt2_backward(m, B, T, true);
     cudaCheck(cudaEventRecord(events[3], m.stream));
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, norm);
+    gpt2_update(m, opt, recipe.lr, 1.0f, recipe.beta1, recipe.beta2, recipe.eps, recipe.weight_decay,
+                recipe.grad_clip, norm);
     gpt2_fp8_end_step(m, true);  // -fp8 2: the profiled step casts with the warm-up's history
     cudaCheck(cudaEventRecord(events[4], m.stream));
     cudaCheck(cudaEventSynchronize(events[4]));

@@ -1,6 +1,8 @@
 // Checks train_gpt2.cu against PyTorch: ./test_gpt2cu [CHECKPOINT DEBUG_STATE]
 // The debug state (written by train_gpt2.py --write_debug_state) holds one batch with PyTorch's
-// logits, loss and every parameter gradient, and the losses of a few AdamW steps on that batch.
+// logits, loss and every parameter gradient, and the losses of a few optimizer steps on that
+// batch: AdamW, or Muon for the blocks' matrices and AdamW for the rest (version 4), of GPT-2 or
+// of the modern architecture (the model file says which).
 // Compares all of them, then checks that the same step twice gives bitwise-identical gradients.
 // ./test_gpt2cu --fp8 CHECKPOINT FP8_DEBUG_STATE compares -fp8 1 with PyTorch's FP8 recipe
 // (train_gpt2.py --fp8 1 --write_debug_state): the AdamW steps' losses only, since cuBLASLt's and
@@ -37,10 +39,30 @@ constexpr double kGradRelNorm = 4e-2;
 // differences of 1 and more.
 constexpr float kFp8StepLossTol = 0.2f;
 
-// The debug state's AdamW steps on its batch from the checkpoint's values (fp8: with -fp8 1), each
-// step's loss within tol of PyTorch's; prints the largest difference.
+// The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
+// as its multiplier (GPT-2's: all the same), Muon's own.
+OptimizerConfig debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config) {
+  OptimizerConfig opt;
+  opt.muon = ref.muon;
+  opt.muon_params = {ref.muon_lr, ref.muon_weight_decay, ref.muon_momentum};
+  using R = llmc::ParamRole;
+  opt.lr_multiplier[(int)R::kEmbedding] = ref.lr_embedding;
+  opt.lr_multiplier[(int)R::kMatrix] = ref.lr;
+  opt.lr_multiplier[(int)R::kVector] = ref.lr_vector;
+  opt.lr_multiplier[(int)R::kHead] = ref.lr_head;
+  opt.decay_vectors = config.modern();
+  return opt;
+}
+
+// The gradient the debug state's loss gives each logit: of the mean, or of the sum (the modern
+// recipe's reduction).
+float debug_state_dloss(const llmc::DebugState& ref) { return ref.loss_sum ? 1.0f : 1.0f / (ref.B * ref.T); }
+
+// The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
+// each step's loss within tol of PyTorch's; prints the largest difference.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
                        const llmc::DebugState& ref, bool fp8, float tol) {
+  const OptimizerConfig opt = debug_state_optimizer(ref, config);
   GPT2 m;
   gpt2_init(m, config, values, true, 42);
   gpt2_allocate(m, ref.B, ref.T, 0, fp8);
@@ -48,10 +70,10 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
   for (int step = 0; step < ref.steps; step++) {
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, ref.T);
-    const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, 1.0f / (ref.B * ref.T));
+    const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, debug_state_dloss(ref));
     gpt2_backward(m, ref.B, ref.T, true);
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, ref.lr, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, norm);
+    gpt2_update(m, opt, 1.0f, 1.0f, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, norm);
     const float diff = std::fabs(step_loss - ref.losses[step]);
     max_diff = std::max(max_diff, diff);
     testing::check_verbose(diff <= tol,
@@ -110,7 +132,7 @@ int test_main(int argc, char** argv) {
   // Loss and gradients.
   const llmc::RngState rng_before_backward = m.rng.state();
   gpt2_zero_grad(m);
-  const float loss = gpt2_classifier(m, ref.targets.data(), B, T, 1.0f / (B * T));
+  const float loss = gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref));
   testing::check_verbose(std::fabs(loss - ref.loss) <= kLossTol,
                          llmc::strformat("loss %.7f vs PyTorch %.7f (tolerance %.0e)", loss, ref.loss, kLossTol));
   gpt2_backward(m, B, T, true);
@@ -127,7 +149,7 @@ int test_main(int argc, char** argv) {
   m.rng.restore(rng_before_backward);  // the same stochastic-rounding seeds
   gpt2_zero_grad(m);
   gpt2_forward(m, ref.inputs.data(), B, T);
-  gpt2_classifier(m, ref.targets.data(), B, T, 1.0f / (B * T));
+  gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref));
   gpt2_backward(m, B, T, true);
   cudaCheck(cudaMemcpy(second.data(), m.grads, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
   testing::check_verbose(memcmp(first.data(), second.data(), m.num_params * sizeof(floatX)) == 0,
@@ -169,7 +191,7 @@ int test_main(int argc, char** argv) {
     testing::check_verbose(top2_misses == 0, "top-2 sampling never picks the least likely token");
   }
 
-  // AdamW steps on the same batch, from the checkpoint's weights again.
+  // The optimizer steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
   check_step_losses(config, values, ref, false, kStepLossTol);
   matmul_teardown();

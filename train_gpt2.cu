@@ -65,6 +65,7 @@
 #include "llmc/outlier.h"
 #include "llmc/progress.h"
 #include "llmc/rand.h"
+#include "llmc/recipe.h"
 #include "llmc/rendezvous.h"
 #include "llmc/reshard.h"
 #include "llmc/schedulers.h"
@@ -523,9 +524,11 @@ void column_sum_finalize(floatX* dst, const float* partials, int stride, int C, 
 // ============================================================================
 // 3. Encoder
 // ============================================================================
-// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]. Floor: read B*T*C of each table, write B*T*C.
+// Forward: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:] (wte alone where the architecture has no
+// learned positions: wpe null). Floor: read B*T*C of each table, write B*T*C.
 // Backward, deterministic and without atomics:
-//  - dwpe[t,:] += sum over b of dout[b,t,:], each (t, channel) summed over b in order;
+//  - dwpe[t,:] += sum over b of dout[b,t,:], each (t, channel) summed over b in order (none
+//    without wpe);
 //  - dwte by buckets: a bucket is (token id, group of channels one warp covers); the CPU plans
 //    the buckets from the inputs (positions in increasing order, buckets sorted largest first so
 //    the long ones start early), each warp sums its bucket in FP32 and writes the row once.
@@ -536,6 +539,10 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
   if (idx >= (size_t)B * T * C) return;
   const int bt = idx / C, c = idx % C, t = bt % T;
   const x128 w = load128(wte + (size_t)inp[bt] * C + c);
+  if (!wpe) {
+    store128(out + idx, w);
+    return;
+  }
   const x128 p = load128(wpe + (size_t)t * C + c);
   x128 o;
   for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)w[k] + (float)p[k]);
@@ -624,9 +631,11 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
                       uint32_t seed, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "encoder_backward: C=%d must be a multiple of %d", C, x128::size);
   const int threads = 256;
-  encoder_backward_wpe_kernel<<<ceil_div(T * C / x128::size, threads), threads, 0, stream>>>(
-      dwpe, dout, B, T, C, seed);
-  cudaCheckLaunch();
+  if (dwpe) {
+    encoder_backward_wpe_kernel<<<ceil_div(T * C / x128::size, threads), threads, 0, stream>>>(
+        dwpe, dout, B, T, C, seed);
+    cudaCheckLaunch();
+  }
   const int num_buckets = (int)plan.buckets.size();
   cudaCheck(cudaMemcpyAsync(buffers.buckets, plan.buckets.data(), num_buckets * sizeof(int4),
                             cudaMemcpyHostToDevice, stream));
@@ -733,7 +742,7 @@ constexpr int kLayerNormForwardThreads = 256;
 
 // residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b.
 template <bool RMS>
-void norm_forward(const char* name, floatX* residual, floatX* out, float* mean, float* rstd,
+void norm_launch_forward(const char* name, floatX* residual, floatX* out, float* mean, float* rstd,
                   const floatX* a, const floatX* b, const floatX* weight, const floatX* bias, int N,
                   int C, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
@@ -752,27 +761,27 @@ void norm_forward(const char* name, floatX* residual, floatX* out, float* mean, 
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
                        const floatX* weight, const floatX* bias, int N, int C,
                        cudaStream_t stream) {
-  norm_forward<false>("layernorm_forward", nullptr, out, mean, rstd, inp, nullptr, weight, bias, N,
+  norm_launch_forward<false>("layernorm_forward", nullptr, out, mean, rstd, inp, nullptr, weight, bias, N,
                       C, stream);
 }
 
 void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
                                       const floatX* a, const floatX* b, const floatX* weight,
                                       const floatX* bias, int N, int C, cudaStream_t stream) {
-  norm_forward<false>("fused_residual_layernorm_forward", residual, out, mean, rstd, a, b, weight,
+  norm_launch_forward<false>("fused_residual_layernorm_forward", residual, out, mean, rstd, a, b, weight,
                       bias, N, C, stream);
 }
 
 void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N,
                      int C, cudaStream_t stream) {
-  norm_forward<true>("rmsnorm_forward", nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr,
+  norm_launch_forward<true>("rmsnorm_forward", nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr,
                      N, C, stream);
 }
 
 void fused_residual_rmsnorm_forward(floatX* residual, floatX* out, float* rstd, const floatX* a,
                                     const floatX* b, const floatX* weight, int N, int C,
                                     cudaStream_t stream) {
-  norm_forward<true>("fused_residual_rmsnorm_forward", residual, out, nullptr, rstd, a, b, weight,
+  norm_launch_forward<true>("fused_residual_rmsnorm_forward", residual, out, nullptr, rstd, a, b, weight,
                      nullptr, N, C, stream);
 }
 
@@ -890,7 +899,7 @@ size_t layernorm_backward_shared_bytes(int C, bool rms, bool sum_dresidual) {
 
 // The backward of either norm (dbias and mean nullptr for RMSNorm); see layernorm_backward.
 template <bool RMS>
-void norm_backward(const char* name, floatX* dresidual, floatX* dweight, floatX* dbias,
+void norm_launch_backward(const char* name, floatX* dresidual, floatX* dweight, floatX* dbias,
                    floatX* dresidual_dbias, float* partials, const floatX* dout, const floatX* inp,
                    const floatX* weight, const float* mean, const float* rstd, int N, int C,
                    uint32_t seed, cudaStream_t stream) {
@@ -925,7 +934,7 @@ void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float
                         float* partials, const floatX* dout, const floatX* inp, const floatX* weight,
                         const float* mean, const float* rstd, int N, int C, uint32_t seed,
                         cudaStream_t stream) {
-  norm_backward<false>("layernorm_backward", dresidual, dweight, dbias, dresidual_dbias, partials,
+  norm_launch_backward<false>("layernorm_backward", dresidual, dweight, dbias, dresidual_dbias, partials,
                        dout, inp, weight, mean, rstd, N, C, seed, stream);
 }
 
@@ -935,7 +944,7 @@ void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float
 void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbias, float* partials,
                       const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd,
                       int N, int C, uint32_t seed, cudaStream_t stream) {
-  norm_backward<true>("rmsnorm_backward", dresidual, dweight, nullptr, dresidual_dbias, partials,
+  norm_launch_backward<true>("rmsnorm_backward", dresidual, dweight, nullptr, dresidual_dbias, partials,
                       dout, inp, weight, nullptr, rstd, N, C, seed, stream);
 }
 
@@ -1817,10 +1826,10 @@ __device__ void rotary_cos_sin(float* cos_t, float* sin_t, const RotaryFrequenci
 }
 
 __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int T, int NH, int HS,
-                                              const __grid_constant__ RotaryFrequencies f) {
+                                              int first_position, const __grid_constant__ RotaryFrequencies f) {
   __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
   const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
-  rotary_cos_sin(cos_t, sin_t, f, token % T, half);
+  rotary_cos_sin(cos_t, sin_t, f, first_position + token % T, half);
   for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
     floatX* x = qkv + (size_t)token * 3 * NH * HS + head * HS;  // q's heads, then k's
     float x1[kQkNormPairsPerLane], x2[kQkNormPairsPerLane], squares = 0.0f;
@@ -1892,10 +1901,12 @@ void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
 }
 
 // qkv [B, T, 3C]: q and k of every head normalised and rotated in place; qk_rstd [B*T, 2*NH].
-void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream) {
+// first_position: the position of the sequences' first token (decoding one token at a time).
+void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream,
+                            int first_position = 0) {
   qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
   qk_norm_rotary_forward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
-      qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
+      qkv, qk_rstd, T, NH, HS, first_position, rotary_frequencies(HS));
   cudaCheckLaunch();
 }
 
@@ -3879,13 +3890,13 @@ void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
 }
 
 struct AdamWParams {
-  float lr, beta1, beta2, eps, weight_decay;
+  float lr, beta1, beta2, eps, weight_decay;  // lr and weight_decay: each slice has its own
   float grad_scale;  // clipping factor applied to every gradient
   int step;          // 1-based, for bias correction
 };
 
 // The tensors (or, with ZeRO, the parts of them in this rank's shard) that one AdamW launch
-// updates. Each slice has its own weight decay and rounding seed; index_offset is the position of
+// updates. Each slice has its own learning rate, weight decay and rounding seed; index_offset is the position of
 // the slice's first element in its tensor, so that the rounding bits do not depend on where the
 // shards are cut. The launch gives each slice whole blocks, first_block[i] onwards.
 constexpr int kMaxAdamWSlices = llmc::kNumParamTensors;
@@ -3898,12 +3909,15 @@ struct AdamWSlices {
   size_t begin[kMaxAdamWSlices] = {};  // first element, in params and grads
   size_t size[kMaxAdamWSlices] = {};
   size_t index_offset[kMaxAdamWSlices] = {};
+  float lr[kMaxAdamWSlices] = {};
   float weight_decay[kMaxAdamWSlices] = {};
   uint32_t seed[kMaxAdamWSlices] = {};
 
-  void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, float decay, uint32_t slice_seed) {
+  void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, float slice_lr, float decay,
+           uint32_t slice_seed) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
+    lr[count] = slice_lr;
     size[count] = slice_size;
     index_offset[count] = slice_index_offset;
     weight_decay[count] = decay;
@@ -3914,12 +3928,12 @@ struct AdamWSlices {
 };
 
 __device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWParams& hp,
-                                               float weight_decay, float beta1_correction,
+                                               float lr, float weight_decay, float beta1_correction,
                                                float beta2_correction) {
   m = hp.beta1 * m + (1.0f - hp.beta1) * g;
   v = hp.beta2 * v + (1.0f - hp.beta2) * g * g;
   const float mhat = m / beta1_correction, vhat = v / beta2_correction;
-  return old - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
+  return old - lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
 }
 
 // Thread t of a slice's block b updates its x128::size elements at (b * kAdamWThreads + t) *
@@ -3951,7 +3965,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const size_t local = ((size_t)(blockIdx.x - slices.first_block[s]) * kAdamWThreads + threadIdx.x) * x128::size;
   if (local >= slices.size[s]) return;
   const size_t p = slices.begin[s] + local, st = p - state_offset;
-  const float decay = slices.weight_decay[s];
+  const float lr = slices.lr[s], decay = slices.weight_decay[s];
   const uint32_t seed = slices.seed[s];
   const size_t index = slices.index_offset[s] + local;
   const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0;
@@ -3959,7 +3973,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
     for (size_t i = 0; i < x128::size && local + i < slices.size[s]; i++) {
       float mi = m[st + i], vi = v[st + i];
       const float old = master ? master[st + i] : (float)params[p + i];
-      const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, decay,
+      const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, lr, decay,
                                           beta1_correction, beta2_correction);
       out_m[st + i] = mi;
       out_v[st + i] = vi;
@@ -3988,7 +4002,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       const int e = piece * f128::size + k;
       const float previous = master ? old[piece][k] : (float)stored[e];
       old[piece][k] = adamw_element((float)g[e] * hp.grad_scale, mi[piece][k], vi[piece][k], previous, hp,
-                                    decay, beta1_correction, beta2_correction);
+                                    lr, decay, beta1_correction, beta2_correction);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
     }
   }
@@ -4036,6 +4050,7 @@ void adamw_update(floatX* params, float* master, const floatX* grads, float* m, 
 
 struct MuonParams {
   float lr, weight_decay, momentum;
+  float grad_scale = 1.0f;  // the gradient's clipping factor, as AdamW's
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -4231,7 +4246,7 @@ __device__ __forceinline__ float muon_lerp(float from, float to, float weight) {
 // both sides stay coalesced.
 __global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
     __nv_bfloat16* x, float* partials, const floatX* const* grads, float* const* momentum,
-    const uint8_t* tall, int m, int n, float mu) {
+    const uint8_t* tall, int m, int n, float mu, float grad_scale) {
   __shared__ float tile[kMuonTile][kMuonTile + 1];
   __shared__ float shared[WARP_SIZE];
   constexpr int kStep = kMuonThreads / kMuonTile;
@@ -4249,7 +4264,7 @@ __global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
     const int r = row0 + i, c = col0 + tx;
     if (r >= rows || c >= cols) continue;
     const size_t at = (size_t)r * cols + c;
-    const float gi = (float)g[at], mi = muon_lerp(mom[at], gi, 1.0f - mu);
+    const float gi = (float)g[at] * grad_scale, mi = muon_lerp(mom[at], gi, 1.0f - mu);
     mom[at] = mi;
     const __nv_bfloat16 u = __float2bfloat16_rn(muon_lerp(gi, mi, mu));
     squares += (float)u * (float)u;
@@ -4341,7 +4356,7 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_kernel(
 
 // Matrices [first, first + batch) of the group: the momentum updated and the orthogonalised
 // update left in ws.x[0], [batch, m, n] BF16 in the wide orientation.
-void muon_orthogonalize(const MuonGroup& g, int first, int batch, float momentum, MuonWorkspace& ws,
+void muon_orthogonalize(const MuonGroup& g, int first, int batch, const MuonParams& hp, MuonWorkspace& ws,
                         cudaStream_t stream) {
   const int m = g.m, n = g.n, tiles = muon_tiles(g);
   REQUIRE(batch > 0 && batch <= ws.capacity && (size_t)m * n <= ws.x_elements &&
@@ -4351,7 +4366,7 @@ void muon_orthogonalize(const MuonGroup& g, int first, int batch, float momentum
   const dim3 grid(ceil_div(n, kMuonTile), ceil_div(m, kMuonTile), batch);
   muon_prepare_kernel<<<grid, kMuonThreads, 0, stream>>>(ws.x[0], ws.partials, g.grads + first,
                                                          g.momentum + first, g.tall ? g.tall + first : nullptr,
-                                                         m, n, momentum);
+                                                         m, n, hp.momentum, hp.grad_scale);
   cudaCheckLaunch();
   muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(ws.denominators, ws.partials, tiles);
   cudaCheckLaunch();
@@ -4388,7 +4403,7 @@ void muon_update(const MuonGroup& g, int begin, int end, const MuonParams& hp, u
           end, g.count);
   for (int first = begin; first < end; first += ws.capacity) {
     const int batch = std::min(ws.capacity, end - first);
-    muon_orthogonalize(g, first, batch, hp.momentum, ws, stream);
+    muon_orthogonalize(g, first, batch, hp, ws, stream);
     muon_apply(g, first, batch, hp, seed, ws, stream);
   }
 }
@@ -4403,8 +4418,9 @@ void muon_update(const MuonGroup& g, int begin, int end, const MuonParams& hp, u
 // moments and the master weights of its shard only and updates only that part of the parameters.
 
 enum ActIndex {
-  kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvr, kAtt, kAtty, kResidual2, kLn2, kLn2Mean, kLn2Rstd,
-  kFch, kFchGelu, kResidual3, kLnf, kLnfMean, kLnfRstd, kLosses, kOutput, kNumActTensors
+  kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
+  kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kResidual3, kLnf, kLnfMean, kLnfRstd,
+  kLosses, kOutput, kNumActTensors
 };
 
 struct ActSpec {
@@ -4421,27 +4437,37 @@ struct ActSpec {
 // read (the layernorm backward reads the layer's input and statistics).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
 // logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
+// The modern architecture (count 0: absent in GPT-2's) keeps the embedding before its norm and
+// that norm's rstd, no means (RMSNorm), the QK-norm's rstd of each head's q and k, and without
+// flash attention the normalised and rotated qkv, which the permuted copy in qkvr cannot give back.
 void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
+  const llmc::ArchSpec& arch = llmc::arch_spec(c.arch);
+  const size_t modern = c.modern() ? 1 : 0, means = arch.rms_norm ? 0 : 1;
+  const size_t qk = arch.qk_norm_rotary ? 1 : 0;
   const ActSpec table[kNumActTensors] = {
+      {"embedded", modern * BT * C, 1, false},
+      {"emb_rstd", modern * BT, 1, true},
       {"encoded", BT * C, 1, false},
       {"ln1", BT * C, ln_per_layer ? L : 1, false},
-      {"ln1_mean", BT, L, true},
+      {"ln1_mean", means * BT, L, true},
       {"ln1_rstd", BT, L, true},
+      {"qkv_normed", (flash ? 0 : qk) * 3 * BT * C, L, false},
+      {"qk_rstd", qk * 2 * NH * BT, L, true},
       {"qkvr", 3 * BT * C, L, false},
       {flash ? "att_lse" : "att", B * NH * (flash ? 1 : T) * T, L, flash},
       {"atty", BT * C, L, false},
       {"residual2", BT * C, L, false},
       {"ln2", BT * C, ln_per_layer ? L : 1, false},
-      {"ln2_mean", BT, L, true},
+      {"ln2_mean", means * BT, L, true},
       {"ln2_rstd", BT, L, true},
       {"fch", BT * 4 * C, L, false},
       {"fch_gelu", BT * 4 * C, gelu_per_layer ? L : 1, false},
       {"residual3", BT * C, L, false},
       {"lnf", BT * C, 1, false},
-      {"lnf_mean", BT, 1, true},
+      {"lnf_mean", means * BT, 1, true},
       {"lnf_rstd", BT, 1, true},
       {"losses", BT, 1, true},
       {"output", BT * c.padded_vocab_size, 1, false},
@@ -4464,6 +4490,7 @@ constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units 
 
 struct GPT2 {
   llmc::GPT2Config config;
+  const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
   size_t num_params = 0;
@@ -4532,6 +4559,15 @@ struct GPT2 {
   uint8_t* fp8_inputs_t = nullptr;  // per layer, per linear: the forward's input cast, transposed
   size_t fp8_tokens_t = 0;          // the transposes' row length: fp8_padded(B * T)
   Fp8Buffers fp8_buffers;
+
+  // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
+  // pointers made for the optimizer state arrays muon_state (the arrays move after a checkpoint),
+  // and the scratch of the orthogonalisation.
+  std::vector<MuonGroup> muon_groups;
+  std::vector<size_t> muon_offsets;  // each group's matrices' first elements, group after group
+  void* muon_pointers = nullptr;     // the groups' device arrays of pointers and tall flags
+  const float* muon_state = nullptr;
+  MuonWorkspace muon_workspace;
 
   floatX* param(int i, int layer = 0) {
     const llmc::ParamSpec& s = param_specs[i];
@@ -4668,7 +4704,9 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   }
   // Column sums of up to 4C columns in kRowBlocks blocks, or in the FP8 casts' tiles of 128 rows
   // (the fc bias gradient with GELU' in the cast), or the flash backward's dqkv tile sums.
-  const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * 4 * C,
+  // The modern head's bias gradient sums Vp columns.
+  const size_t widest = c.modern() ? std::max(4 * C, (size_t)c.padded_vocab_size) : 4 * C;
+  const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
   m.partials = device_alloc<float>(partials, "the column-reduction partials");
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
@@ -4683,6 +4721,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.fp8_delayed = fp8 == 2;
   m.fp8_grad_format = grad_format;
   if (fp8) {
+    REQUIRE(!c.modern(), "-fp8 %d: the FP8 layers are GPT-2's; the modern architecture runs in BF16: "
+            "use -fp8 0", fp8);
     REQUIRE(sizeof(floatX) == 2,
             "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", fp8,
             PRECISION_NAME);
@@ -4729,6 +4769,8 @@ void gpt2_free(GPT2& m) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
+  device_free(m.muon_pointers);
+  if (m.muon_workspace.capacity > 0) muon_workspace_free(m.muon_workspace);
   m = GPT2();
 }
 
@@ -4829,7 +4871,193 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   }
 }
 
-// Logits of the B x T inputs into act(kOutput) [B, T, Vp].
+// ---- The architecture's steps: each helper runs GPT-2's kernels or the modern ones, as
+// llmc::ArchSpec says, so that the passes below read as a block's plain sequence of steps ----
+
+// A norm's activations and parameters: LayerNorm keeps mean and rstd and has a bias; RMSNorm keeps
+// rstd alone (its mean and bias tensors are empty).
+struct NormSpec {
+  int out, mean, rstd, weight, bias;
+};
+constexpr NormSpec kNorm1 = {kLn1, kLn1Mean, kLn1Rstd, llmc::kLn1w, llmc::kLn1b};
+constexpr NormSpec kNorm2 = {kLn2, kLn2Mean, kLn2Rstd, llmc::kLn2w, llmc::kLn2b};
+constexpr NormSpec kNormF = {kLnf, kLnfMean, kLnfRstd, llmc::kLnfw, llmc::kLnfb};
+
+// out = norm(inp) of layer l's norm n, its statistics into mean (LayerNorm) and rstd (out null:
+// the statistics alone, for FP8 casts).
+void norm_rows(GPT2& m, const NormSpec& n, int l, floatX* out, float* mean, float* rstd, const floatX* inp,
+               int N) {
+  const int C = m.config.channels;
+  if (m.arch().rms_norm) {
+    rmsnorm_forward(out, rstd, inp, m.param(n.weight, l), N, C, m.stream);
+  } else {
+    layernorm_forward(out, mean, rstd, inp, m.param(n.weight, l), m.param(n.bias, l), N, C, m.stream);
+  }
+}
+
+// residual = a + b, then out = norm(residual), as norm_rows.
+void norm_residual_rows(GPT2& m, const NormSpec& n, int l, floatX* residual, floatX* out, float* mean,
+                        float* rstd, const floatX* a, const floatX* b, int N) {
+  const int C = m.config.channels;
+  if (m.arch().rms_norm) {
+    fused_residual_rmsnorm_forward(residual, out, rstd, a, b, m.param(n.weight, l), N, C, m.stream);
+  } else {
+    fused_residual_layernorm_forward(residual, out, mean, rstd, a, b, m.param(n.weight, l),
+                                     m.param(n.bias, l), N, C, m.stream);
+  }
+}
+
+// The training passes' norms keep their statistics in the activations, for the backward.
+void norm_forward(GPT2& m, const NormSpec& n, int l, floatX* out, const floatX* inp, int N) {
+  norm_rows(m, n, l, out, m.act_f(n.mean, l), m.act_f(n.rstd, l), inp, N);
+}
+
+void norm_residual_forward(GPT2& m, const NormSpec& n, int l, floatX* residual, floatX* out,
+                           const floatX* a, const floatX* b, int N) {
+  norm_residual_rows(m, n, l, residual, out, m.act_f(n.mean, l), m.act_f(n.rstd, l), a, b, N);
+}
+
+// dresidual += the gradient of the norm's input inp, from dout (see layernorm_backward).
+void norm_backward(GPT2& m, const NormSpec& n, int l, floatX* dresidual, floatX* dresidual_dbias,
+                   const floatX* dout, const floatX* inp, int N, uint32_t seed) {
+  const int C = m.config.channels;
+  if (m.arch().rms_norm) {
+    rmsnorm_backward(dresidual, m.grad(n.weight, l), dresidual_dbias, m.partials, dout, inp,
+                     m.param(n.weight, l), m.act_f(n.rstd, l), N, C, seed, m.stream);
+  } else {
+    layernorm_backward(dresidual, m.grad(n.weight, l), m.grad(n.bias, l), dresidual_dbias, m.partials,
+                       dout, inp, m.param(n.weight, l), m.act_f(n.mean, l), m.act_f(n.rstd, l), N, C,
+                       seed, m.stream);
+  }
+}
+
+float attention_scale(const GPT2& m) {
+  const float scale = m.arch().attention_scale;
+  return scale > 0.0f ? scale : attention_default_scale(m.config.head_size());
+}
+
+// The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
+// or the RMS-normalised embedding (embedded: the embedding before its norm, rstd its statistics).
+void embedding_rows(GPT2& m, floatX* out, floatX* embedded, float* rstd, const int* tokens, int B, int T,
+                    int first_position) {
+  const int C = m.config.channels;
+  if (!m.arch().embedding_norm) {
+    // wpe shifted to the first position, so the encoder's position 0 is first_position.
+    encoder_forward(out, tokens, m.param(llmc::kWte), m.param(llmc::kWpe) + (size_t)first_position * C, B, T,
+                    C, m.stream);
+    return;
+  }
+  encoder_forward(embedded, tokens, m.param(llmc::kWte), nullptr, B, T, C, m.stream);
+  rmsnorm_forward(out, rstd, embedded, m.param(llmc::kLnew), B * T, C, m.stream);
+}
+
+void embedding_forward(GPT2& m, int B, int T) {
+  embedding_rows(m, m.act(kEncoded), m.act(kEmbedded), m.act_f(kEmbRstd), m.inputs, B, T, 0);
+}
+
+// From dresidual, the gradient of kEncoded: the embedding's (and wpe's) gradients. The encoder's
+// wte part accumulates in wte_grad_encoder (see GPT2). Overwrites scratch_btc.
+void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed_encoder) {
+  const int C = m.config.channels, N = B * T;
+  const floatX* dembedded = m.dresidual;
+  if (m.arch().embedding_norm) {
+    cudaCheck(cudaMemsetAsync(m.scratch_btc, 0, (size_t)N * C * sizeof(floatX), m.stream));
+    rmsnorm_backward(m.scratch_btc, m.grad(llmc::kLnew), nullptr, m.partials, m.dresidual, m.act(kEmbedded),
+                     m.param(llmc::kLnew), m.act_f(kEmbRstd), N, C, seed_norm, m.stream);
+    dembedded = m.scratch_btc;
+  }
+  encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
+  encoder_backward(m.wte_grad_encoder, m.arch().learned_positions ? m.grad(llmc::kWpe) : nullptr,
+                   m.encoder_plan, m.encoder_buffers, dembedded, B, T, C, seed_encoder, m.stream);
+}
+
+// Where a layer's qkv product goes: the attention's input (flash: kept as it is; otherwise
+// permuted into kQkvr by the attention), after QK-norm and rotary where the architecture has them.
+floatX* attention_qkv(GPT2& m, int l) {
+  if (m.flash_attention) return m.act(kQkvr, l);
+  return m.arch().qk_norm_rotary ? m.act(kQkvNormed, l) : m.scratch_bt4c;
+}
+
+// QK-norm and rotary positions of q and k in qkv, in place (nothing for GPT-2).
+void qk_prepare(GPT2& m, floatX* qkv, int l, int B, int T) {
+  if (!m.arch().qk_norm_rotary) return;
+  qk_norm_rotary_forward(qkv, m.act_f(kQkRstd, l), B, T, m.config.num_heads, m.config.head_size(), m.stream);
+}
+
+// dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place.
+void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
+  if (!m.arch().qk_norm_rotary) return;
+  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads,
+                          m.config.head_size(), m.stream);
+}
+
+// The MLP of layer l from its norm's output (or, FP8 with delayed scaling, its input residual2),
+// into scratch_btc: fc, the activation (GELU in fc's epilogue, or ReLU^2), fcproj.
+void mlp_forward(GPT2& m, int l, int N, bool fp8_sources) {
+  const size_t n = (size_t)N * 4 * m.config.channels;
+  if (m.arch().relu2) {
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kLn2, l), N, nullptr);
+    relu2_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+  } else if (fp8_sources) {
+    auto source = fp8_layernorm_source(m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), m.param(llmc::kLn2w, l),
+                                       m.param(llmc::kLn2b, l));
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kResidual2, l), N, nullptr, source);
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFch, l), N, nullptr, {Fp8CastInput::kGelu});
+  } else if (m.fp8 && m.fp8_delayed) {
+    // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
+    // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and
+    // GELU in a pass of its own, with the bits the later steps' casts compute.
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kLn2, l), N, nullptr);
+    gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+  } else {
+    gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
+    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+  }
+}
+
+// The MLP's gradients from dresidual (the gradient of residual3[l], whose column sums the norm
+// backward that wrote it has added into fcproj's bias gradient) into scratch_btc, the gradient of
+// the MLP's input. Between the two layers scratch_bt4c holds the gradient of the activation's
+// input (BF16) or output (FP8, which applies GELU' in fc's backward).
+void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc) {
+  const size_t n = (size_t)N * 4 * m.config.channels;
+  const bool relu2 = m.arch().relu2;
+  // FP8's fcproj backward reads the transposed cast its forward kept, not the activation's output.
+  if (m.recompute >= 1 && !m.fp8) {
+    if (relu2) relu2_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
+    else gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
+  }
+  const floatX* pre_gelu = relu2 ? nullptr : m.act(kFch, l);
+  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l), pre_gelu,
+                       N, seed_fcproj);
+  if (relu2) relu2_backward_inplace(m.scratch_bt4c, m.act(kFch, l), n, m.stream);
+  gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_gelu, N,
+                       seed_fc);
+}
+
+// Logits [N, Vp] from the final norm's output: the tied wte, or the head with its bias.
+void head_rows(GPT2& m, floatX* logits, const floatX* inp, int N) {
+  const llmc::GPT2Config& c = m.config;
+  const bool tied = m.arch().tied_head;
+  matmul_forward(logits, inp, m.param(tied ? llmc::kWte : llmc::kHeadw), tied ? nullptr : m.param(llmc::kHeadb),
+                 N, c.channels, c.padded_vocab_size, nullptr, m.stream);
+}
+
+// From the dlogits in kOutput: the head's gradients, and that of the final norm's output into
+// scratch_btc.
+void head_backward(GPT2& m, int N, uint32_t seed) {
+  const llmc::GPT2Config& c = m.config;
+  const bool tied = m.arch().tied_head;
+  const int weight = tied ? llmc::kWte : llmc::kHeadw;
+  matmul_backward(m.scratch_btc, m.grad(weight), tied ? nullptr : m.grad(llmc::kHeadb), m.partials,
+                  m.act(kOutput), m.act(kLnf), m.param(weight), nullptr, N, c.channels, c.padded_vocab_size,
+                  seed, m.stream);
+}
+
+// Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
+// classifier applies).
 void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
           B, T, m.B, m.T);
@@ -4840,7 +5068,7 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
   if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
-  encoder_forward(m.act(kEncoded), m.inputs, m.param(llmc::kWte), m.param(llmc::kWpe), B, T, C, s);
+  embedding_forward(m, B, T);
   // With delayed FP8 scaling the casts of the qkv, fc and fcproj layers' inputs compute them from
   // what comes before (Fp8CastSource), since their scales are known before the values exist: the
   // layernorms ln1 and ln2 write their row statistics alone, the fc product GELU's input alone,
@@ -4848,56 +5076,34 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   // fewer). FP8's backward reads the casts' transposed copies instead, so with FP8 these three
   // are one layer's buffers (gpt2_allocate), for the other scalings' casts.
   const bool fp8_sources = m.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
-  auto layernorm_source = [&](int mean, int rstd, int weight, int bias, int l) {
-    return fp8_layernorm_source(m.act_f(mean, l), m.act_f(rstd, l), m.param(weight, l), m.param(bias, l));
-  };
-  layernorm_forward(fp8_sources ? nullptr : m.act(kLn1), m.act_f(kLn1Mean), m.act_f(kLn1Rstd),
-                    m.act(kEncoded), m.param(llmc::kLn1w), m.param(llmc::kLn1b), N, C, s);
+  norm_forward(m, kNorm1, 0, fp8_sources ? nullptr : m.act(kLn1), m.act(kEncoded), N);
   for (int l = 0; l < L; l++) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
-    floatX* qkv = m.flash_attention ? m.act(kQkvr, l) : m.scratch_bt4c;
+    floatX* qkv = attention_qkv(m, l);
     if (fp8_sources) {
       gpt2_linear_forward(m, kLinearQkv, l, qkv, residual, N, nullptr,
-                          layernorm_source(kLn1Mean, kLn1Rstd, llmc::kLn1w, llmc::kLn1b, l));
+                          fp8_layernorm_source(m.act_f(kLn1Mean, l), m.act_f(kLn1Rstd, l),
+                                               m.param(llmc::kLn1w, l), m.param(llmc::kLn1b, l)));
     } else {
       gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
     }
+    qk_prepare(m, qkv, l, B, T);
     if (m.flash_attention) {
-      attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH,
-                              attention_default_scale(C / NH), s);
+      attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, attention_scale(m), s);
     } else {
       attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
-                        m.scratch_btc, qkv, B, T, C, NH, attention_default_scale(C / NH), s);
+                        m.scratch_btc, qkv, B, T, C, NH, attention_scale(m), s);
     }
     gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
-    fused_residual_layernorm_forward(m.act(kResidual2, l), fp8_sources ? nullptr : m.act(kLn2, l),
-                                     m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), residual, m.scratch_btc,
-                                     m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), N, C, s);
-    if (fp8_sources) {
-      gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kResidual2, l), N, nullptr,
-                          layernorm_source(kLn2Mean, kLn2Rstd, llmc::kLn2w, llmc::kLn2b, l));
-      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFch, l), N, nullptr, {Fp8CastInput::kGelu});
-    } else if (m.fp8 && m.fp8_delayed) {
-      // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
-      // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and
-      // GELU in a pass of its own, with the bits the later steps' casts compute.
-      gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kLn2, l), N, nullptr);
-      gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
-      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
-    } else {
-      gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
-      gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
-    }
+    norm_residual_forward(m, kNorm2, l, m.act(kResidual2, l), fp8_sources ? nullptr : m.act(kLn2, l), residual,
+                          m.scratch_btc, N);
+    mlp_forward(m, l, N, fp8_sources);
     const bool last = l == L - 1;
-    fused_residual_layernorm_forward(
-        m.act(kResidual3, l), last ? m.act(kLnf) : (fp8_sources ? nullptr : m.act(kLn1, l + 1)),
-        last ? m.act_f(kLnfMean) : m.act_f(kLn1Mean, l + 1),
-        last ? m.act_f(kLnfRstd) : m.act_f(kLn1Rstd, l + 1), m.act(kResidual2, l), m.scratch_btc,
-        last ? m.param(llmc::kLnfw) : m.param(llmc::kLn1w, l + 1),
-        last ? m.param(llmc::kLnfb) : m.param(llmc::kLn1b, l + 1), N, C, s);
+    norm_residual_forward(m, last ? kNormF : kNorm1, last ? 0 : l + 1, m.act(kResidual3, l),
+                          last ? m.act(kLnf) : (fp8_sources ? nullptr : m.act(kLn1, l + 1)),
+                          m.act(kResidual2, l), m.scratch_btc, N);
   }
-  matmul_forward(m.act(kOutput), m.act(kLnf), m.param(llmc::kWte), nullptr, N, C,
-                 c.padded_vocab_size, nullptr, s);
+  head_rows(m, m.act(kOutput), m.act(kLnf), N);
   nvtxRangePop();
 }
 
@@ -4908,7 +5114,7 @@ float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
   cudaStream_t s = m.stream;
   cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
   fused_classifier(m.act(kOutput), m.act_f(kLosses), m.targets, N, m.config.vocab_size,
-                   m.config.padded_vocab_size, dloss, s);
+                   m.config.padded_vocab_size, dloss, s, m.arch().softcap);
   cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float),
                             cudaMemcpyDeviceToHost, s));
   cudaCheck(cudaStreamSynchronize(s));
@@ -4926,8 +5132,8 @@ void gpt2_zero_grad(GPT2& m) {
 // Adds this micro step's gradients (from the dlogits left by gpt2_classifier) into m.grads.
 // m.grads is complete after the call with last_micro_step set. On that call, grads_final (when
 // given) is called with each layer as soon as that layer's gradients are enqueued for the last
-// time, and with -1 at the end for the tensors outside the layers (wte, wpe, lnf): the multi-GPU
-// reduction starts there while the backward pass continues.
+// time, and with -1 at the end for the tensors outside the layers (wte, wpe, lnf, the head): the
+// multi-GPU reduction starts there while the backward pass continues.
 void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
                    const std::function<void(int layer)>& grads_final = nullptr) {
   nvtxRangePush("backward");
@@ -4940,55 +5146,45 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   auto next_seed = [&]() { return seed + 0x9e3779b9u * ++kernel_index; };
 
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, (size_t)N * C * sizeof(floatX), s));
-  floatX* dlogits = m.act(kOutput);
-  matmul_backward(m.scratch_btc, m.grad(llmc::kWte), nullptr, m.partials, dlogits, m.act(kLnf),
-                  m.param(llmc::kWte), nullptr, N, C, c.padded_vocab_size, next_seed(), s);
-  layernorm_backward(m.dresidual, m.grad(llmc::kLnfw), m.grad(llmc::kLnfb),
-                     m.grad(llmc::kFcprojb, L - 1), m.partials,
-                     m.scratch_btc, m.act(kResidual3, L - 1), m.param(llmc::kLnfw),
-                     m.act_f(kLnfMean), m.act_f(kLnfRstd), N, C, next_seed(), s);
+  head_backward(m, N, next_seed());
+  norm_backward(m, kNormF, 0, m.dresidual, m.grad(llmc::kFcprojb, L - 1), m.scratch_btc,
+                m.act(kResidual3, L - 1), N, next_seed());
+  const bool qk = m.arch().qk_norm_rotary;
   for (int l = L - 1; l >= 0; l--) {
     const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
-    // FP8's fcproj backward reads the transposed cast its forward kept, not the GELU output.
-    if (m.recompute >= 1 && !m.fp8) gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), (size_t)N * 4 * C, s);
-    // dresidual is the gradient of residual3[l] = residual2[l] + fcproj(...); the layernorm
-    // backward that wrote it has added its column sums into fcproj's bias gradient. Between the
-    // two MLP layers scratch_bt4c holds the gradient of GELU's input (BF16) or output (FP8).
-    gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l),
-                         m.act(kFch, l), N, next_seed());
-    gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l),
-                         m.act(kFch, l), N, next_seed());
-    layernorm_backward(m.dresidual, m.grad(llmc::kLn2w, l), m.grad(llmc::kLn2b, l),
-                       m.grad(llmc::kAttprojb, l), m.partials,
-                       m.scratch_btc, m.act(kResidual2, l), m.param(llmc::kLn2w, l),
-                       m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), N, C, next_seed(), s);
+    const uint32_t seed_fcproj = next_seed(), seed_fc = next_seed();
+    mlp_backward(m, l, N, seed_fcproj, seed_fc);
+    norm_backward(m, kNorm2, l, m.dresidual, m.grad(llmc::kAttprojb, l), m.scratch_btc, m.act(kResidual2, l),
+                  N, next_seed());
     // dresidual is now the gradient of residual2[l] = residual + attproj(...), its column sums
     // already in attproj's bias gradient.
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l),
                          nullptr, N, next_seed());
+    // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient is
+    // then a small reduction instead of another read of dqkv; not where QK-norm's backward
+    // changes q's and k's gradients after them.
     if (m.flash_attention) {
-      // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient
-      // is then a small reduction instead of another read of dqkv.
-      attention_backward_flash(m.scratch_bt4c, m.partials, m.attention_dot, m.attention_ds,
+      attention_backward_flash(m.scratch_bt4c, qk ? nullptr : m.partials, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
-                               T, C, NH, attention_default_scale(C / NH), s);
-      column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
-                          attention_flash_tile_rows(B, T), next_seed(), s);
+                               T, C, NH, attention_scale(m), s);
+      const uint32_t seed_qkvb = next_seed();
+      if (!qk) {
+        column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
+                            attention_flash_tile_rows(B, T), seed_qkvb, s);
+      }
     } else {
       attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
-                         m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, attention_default_scale(C / NH), s);
+                         m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, attention_scale(m), s);
     }
-    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention, m.scratch_bt4c,
+    qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
+    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention || qk, m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, next_seed());
-    layernorm_backward(m.dresidual, m.grad(llmc::kLn1w, l), m.grad(llmc::kLn1b, l),
-                       l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.partials,
-                       m.scratch_btc, residual, m.param(llmc::kLn1w, l), m.act_f(kLn1Mean, l),
-                       m.act_f(kLn1Rstd, l), N, C, next_seed(), s);
+    norm_backward(m, kNorm1, l, m.dresidual, l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.scratch_btc,
+                  residual, N, next_seed());
     if (last_micro_step && grads_final) grads_final(l);
   }
-  encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
-  encoder_backward(m.wte_grad_encoder, m.grad(llmc::kWpe), m.encoder_plan, m.encoder_buffers,
-                   m.dresidual, B, T, C, next_seed(), s);
+  const uint32_t seed_encoder = next_seed();
+  embedding_backward(m, B, T, m.arch().embedding_norm ? next_seed() : 0, seed_encoder);
   if (last_micro_step) {
     add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size,
                 next_seed(), s);
@@ -5011,11 +5207,135 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
   return sqrtf(norm_squared);
 }
 
-// One AdamW step with gradient clipping at grad_clip (<= 0: no clipping), given the gradient
-// norm, on this rank's shard (each tensor's part inside it). Weight decay applies to the 2-D
-// matrices only.
-void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float weight_decay,
-                 float grad_clip, float grad_norm) {
+// The optimizers of a run: AdamW for every tensor, or Muon for the blocks' matrices (-opt muon)
+// and AdamW for the rest. Each AdamW tensor's learning rate is the schedule's times its role's
+// multiplier: 1 in GPT-2's recipe; in the modern one, whose schedule peaks at 1 (-l scales
+// it), the reference's rate of each role. Muon's rate follows the schedule's shape.
+struct OptimizerConfig {
+  bool muon = false;
+  MuonParams muon_params = {0.025f, 0.05f, 0.95f};  // lr, weight decay, momentum
+  float lr_multiplier[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // by llmc::ParamRole
+  bool decay_vectors = false;  // AdamW's weight decay on the 1-D tensors too (the modern recipe)
+
+  bool muon_owns(const llmc::ParamSpec& spec) const { return muon && spec.role == llmc::ParamRole::kMatrix; }
+  float adamw_lr(const llmc::ParamSpec& spec, float lr) const { return lr * lr_multiplier[(int)spec.role]; }
+  float adamw_decay(const llmc::ParamSpec& spec, float weight_decay) const {
+    return spec.decayed || decay_vectors ? weight_decay : 0.0f;
+  }
+};
+
+// The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
+// wide orientation, layer by layer within a group: each group is orthogonalised in one batched
+// call. Fills m.muon_offsets; the groups' pointers are made by gpt2_muon_pointers.
+void gpt2_muon_groups(GPT2& m) {
+  struct Matrix { size_t offset; bool tall; };
+  std::vector<std::pair<std::pair<int, int>, std::vector<Matrix>>> groups;
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    const llmc::ParamSpec& spec = m.param_specs[i];
+    if (spec.role != llmc::ParamRole::kMatrix || spec.size == 0) continue;
+    const std::pair<int, int> wide = {std::min(spec.rows, spec.cols), std::max(spec.rows, spec.cols)};
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == wide; });
+    if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
+    const size_t matrix = (size_t)spec.rows * spec.cols;
+    for (int l = 0; l < m.config.num_layers; l++) {
+      for (int k = 0; k < spec.split; k++) {
+        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols});
+      }
+    }
+  }
+  m.muon_groups.clear();
+  m.muon_offsets.clear();
+  std::vector<uint8_t> tall;
+  for (const auto& g : groups) {
+    MuonGroup group;
+    group.m = g.first.first;
+    group.n = g.first.second;
+    group.count = (int)g.second.size();
+    m.muon_groups.push_back(group);
+    for (const Matrix& matrix : g.second) {
+      m.muon_offsets.push_back(matrix.offset);
+      tall.push_back(matrix.tall);
+    }
+  }
+  const size_t count = m.muon_offsets.size();
+  m.muon_pointers = device_alloc<char>(count * (4 * sizeof(void*) + 1), "Muon's matrix pointers");
+  cudaCheck(cudaMemcpy((char*)m.muon_pointers + count * 4 * sizeof(void*), tall.data(), count,
+                       cudaMemcpyHostToDevice));
+  int largest = 0;
+  for (const MuonGroup& g : m.muon_groups) largest = std::max(largest, g.count);
+  muon_workspace_alloc(m.muon_workspace, m.muon_groups, largest);
+}
+
+// Points the groups at the parameters, gradients and the optimizer state arrays momentum (AdamW's
+// first moments, unused by AdamW for these elements) and master, from this rank's shard_offset.
+void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
+  const size_t count = m.muon_offsets.size();
+  std::vector<void*> host(4 * count);
+  for (size_t i = 0; i < count; i++) {
+    const size_t o = m.muon_offsets[i], state = o - m.shard_offset;
+    host[i] = m.params + o;
+    host[count + i] = master ? master + state : nullptr;
+    host[2 * count + i] = m.grads + o;
+    host[3 * count + i] = momentum + state;
+  }
+  void** device = (void**)m.muon_pointers;
+  cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, m.stream));
+  cudaCheck(cudaStreamSynchronize(m.stream));  // host is a local
+  const uint8_t* tall = (const uint8_t*)(device + 4 * count);
+  size_t first = 0;
+  for (MuonGroup& g : m.muon_groups) {
+    g.params = (floatX**)device + first;
+    g.master = master ? (float**)device + count + first : nullptr;
+    g.grads = (const floatX**)device + 2 * count + first;
+    g.momentum = (float**)device + 3 * count + first;
+    g.tall = tall + first;
+    first += g.count;
+  }
+  m.muon_state = momentum;
+}
+
+// Muon's step on the blocks' matrices, its rate times lr_fraction. Every process holds the whole
+// averaged gradient (-zs 0) and orthogonalises every matrix, so all keep the same momentum and
+// parameters. After a checkpoint the optimizer state moves to other arrays (GPT2::adam_next):
+// the matrices' state is copied there first and updated in place.
+void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed) {
+  REQUIRE(m.shard_count == 1, "Muon with ZeRO-1: the optimizer state is in shards (use -zs 0)");
+  if (m.muon_groups.empty()) gpt2_muon_groups(m);
+  float* momentum = m.adam_next.m ? m.adam_next.m : m.adam_m;
+  float* master = m.adam_next.m ? m.adam_next.master : m.master;
+  if (m.adam_next.m) {
+    for (int i = 0; i < llmc::kNumParamTensors; i++) {
+      const llmc::ParamSpec& spec = m.param_specs[i];
+      if (spec.role != llmc::ParamRole::kMatrix) continue;
+      const size_t o = m.param_offsets[i], bytes = spec.size * sizeof(float);
+      cudaCheck(cudaMemcpyAsync(momentum + o, m.adam_m + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
+      cudaCheck(cudaMemcpyAsync(m.adam_next.v + o, m.adam_v + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
+      if (master) cudaCheck(cudaMemcpyAsync(master + o, m.master + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
+    }
+  }
+  if (m.muon_state != momentum) gpt2_muon_pointers(m, momentum, master);
+  MuonParams step = params;
+  step.lr = params.lr * lr_fraction;
+  for (size_t g = 0; g < m.muon_groups.size(); g++) {
+    muon_update(m.muon_groups[g], 0, m.muon_groups[g].count, step,
+                seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g), m.muon_workspace, m.stream);
+  }
+}
+
+OptimizerConfig optimizer_config(const llmc::Recipe& r, llmc::OptimizerKind kind) {
+  OptimizerConfig opt;
+  opt.muon = kind == llmc::OptimizerKind::kMuon;
+  opt.muon_params = {r.muon_lr, r.muon_weight_decay, r.muon_momentum};
+  for (int i = 0; i < 4; i++) opt.lr_multiplier[i] = r.role_lr[i];
+  opt.decay_vectors = r.decay_vectors;
+  return opt;
+}
+
+// One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
+// AdamW with clipping at grad_clip (<= 0: none) and the schedule's lr; Muon (opt.muon) with its
+// rate times lr_fraction, the schedule's lr over its peak.
+void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fraction, float beta1, float beta2,
+                 float eps, float weight_decay, float grad_clip, float grad_norm) {
   nvtxRangePush("update");
   m.optimizer_steps++;
   AdamWParams hp;
@@ -5029,12 +5349,18 @@ void gpt2_update(GPT2& m, float lr, float beta1, float beta2, float eps, float w
   const uint32_t seed = m.rng.u32();
   AdamWSlices slices;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    const llmc::ParamSpec& spec = m.param_specs[i];
     const size_t o = m.param_offsets[i];
     const size_t begin = std::max(o, m.shard_offset);
-    const size_t end = std::min(o + m.param_specs[i].size, m.shard_offset + m.shard_size);
-    if (begin >= end) continue;
-    slices.add(begin, end - begin, begin - o, m.param_specs[i].decayed ? weight_decay : 0.0f,
-               seed + 0x9e3779b9u * (i + 1));
+    const size_t end = std::min(o + spec.size, m.shard_offset + m.shard_size);
+    if (begin >= end || opt.muon_owns(spec)) continue;
+    slices.add(begin, end - begin, begin - o, opt.adamw_lr(spec, lr), opt.adamw_decay(spec, weight_decay),
+               seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1));
+  }
+  if (opt.muon) {
+    MuonParams muon = opt.muon_params;
+    muon.grad_scale = hp.grad_scale;
+    gpt2_muon_update(m, muon, lr_fraction, seed);
   }
   adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream,
                m.adam_next);
@@ -5114,7 +5440,7 @@ struct GPT2Decoder {
   floatX* k_cache = nullptr;  // [L, NH, maxT, HS]
   floatX* v_cache = nullptr;
   floatX* buffers = nullptr;  // one row each of the activations below
-  float* stats = nullptr;     // layernorm mean and rstd of the row (not needed afterwards)
+  float* stats = nullptr;     // the norms' statistics of the row (not needed afterwards)
   int* token = nullptr;
   int position = 0;           // tokens in the cache
 };
@@ -5124,9 +5450,10 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
   const size_t cache = (size_t)c.num_layers * c.max_seq_len * c.channels;
   d.k_cache = device_alloc<floatX>(cache, "the key cache");
   d.v_cache = device_alloc<floatX>(cache, "the value cache");
-  // residual, ln, qkv (3C), atty, proj, fch (4C), fch_gelu (4C), logits (Vp)
-  d.buffers = device_alloc<floatX>((size_t)16 * c.channels + c.padded_vocab_size, "the decoder rows");
-  d.stats = device_alloc<float>(2, "the decoder statistics");
+  // residual, ln, qkv (3C), atty, proj, fch (4C), fch_act (4C), logits (Vp), embedded
+  d.buffers = device_alloc<floatX>((size_t)17 * c.channels + c.padded_vocab_size, "the decoder rows");
+  // A norm's mean and rstd, and QK-norm's rstd of each head's q and k.
+  d.stats = device_alloc<float>(2 + 2 * c.num_heads, "the decoder statistics");
   d.token = device_alloc<int>(1, "the decoder token");
   d.position = 0;
 }
@@ -5140,7 +5467,21 @@ void decoder_free(GPT2Decoder& d) {
   d = GPT2Decoder();
 }
 
-// Feeds one token at the next position; returns the device row of its logits [Vp].
+// The MLP of layer l on one row (decoding runs BF16 products, also in an FP8 model).
+void decoder_mlp(GPT2& m, int l, floatX* out, floatX* fch, floatX* fch_act, const floatX* ln) {
+  const int C = m.config.channels;
+  if (m.arch().relu2) {
+    matmul_forward(fch, ln, m.param(llmc::kFcw, l), m.param(llmc::kFcb, l), 1, C, 4 * C, nullptr, m.stream);
+    relu2_forward(fch_act, fch, 4 * C, m.stream);
+  } else {
+    matmul_forward(fch_act, ln, m.param(llmc::kFcw, l), m.param(llmc::kFcb, l), 1, C, 4 * C, fch, m.stream);
+  }
+  matmul_forward(out, fch_act, m.param(llmc::kFcprojw, l), m.param(llmc::kFcprojb, l), 1, 4 * C, C, nullptr,
+                 m.stream);
+}
+
+// Feeds one token at the next position; returns the device row of its logits [Vp] (before the
+// modern soft cap: sampling applies it).
 const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   const llmc::GPT2Config& c = m.config;
   const int C = c.channels, NH = c.num_heads, HS = C / NH, t = d.position;
@@ -5148,31 +5489,28 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
           c.max_seq_len);
   cudaStream_t s = m.stream;
   floatX *residual = d.buffers, *ln = residual + C, *qkv = ln + C, *atty = qkv + 3 * C;
-  floatX *proj = atty + C, *fch = proj + C, *fch_gelu = fch + 4 * C, *logits = fch_gelu + 4 * C;
-  float* stats = d.stats;
+  floatX *proj = atty + C, *fch = proj + C, *fch_act = fch + 4 * C, *logits = fch_act + 4 * C;
+  floatX* embedded = logits + c.padded_vocab_size;
+  float *mean = d.stats, *rstd = d.stats + 1, *qk_rstd = d.stats + 2;
   int* token_d = d.token;
   cudaCheck(cudaMemcpyAsync(token_d, &token, sizeof(int), cudaMemcpyHostToDevice, s));
-  // wpe shifted to this position, so the encoder's position 0 is t.
-  encoder_forward(residual, token_d, m.param(llmc::kWte), m.param(llmc::kWpe) + (size_t)t * C, 1, 1, C, s);
-  layernorm_forward(ln, stats, stats + 1, residual, m.param(llmc::kLn1w), m.param(llmc::kLn1b), 1, C, s);
+  embedding_rows(m, residual, embedded, rstd, token_d, 1, 1, t);
+  norm_rows(m, kNorm1, 0, ln, mean, rstd, residual, 1);
   const size_t layer_cache = (size_t)c.max_seq_len * C;
   for (int l = 0; l < c.num_layers; l++) {
     matmul_forward(qkv, ln, m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), 1, C, 3 * C, nullptr, s);
+    if (m.arch().qk_norm_rotary) qk_norm_rotary_forward(qkv, qk_rstd, 1, 1, NH, HS, s, t);
     attention_decode_kernel<<<NH, kDecodeThreads, (t + 1) * sizeof(float), s>>>(
         atty, d.k_cache + l * layer_cache, d.v_cache + l * layer_cache, qkv, t, c.max_seq_len, NH,
-        HS, attention_default_scale(HS));
+        HS, attention_scale(m));
     cudaCheckLaunch();
     matmul_forward(proj, atty, m.param(llmc::kAttprojw, l), m.param(llmc::kAttprojb, l), 1, C, C, nullptr, s);
-    fused_residual_layernorm_forward(residual, ln, stats, stats + 1, residual, proj,
-                                     m.param(llmc::kLn2w, l), m.param(llmc::kLn2b, l), 1, C, s);
-    matmul_forward(fch_gelu, ln, m.param(llmc::kFcw, l), m.param(llmc::kFcb, l), 1, C, 4 * C, fch, s);
-    matmul_forward(proj, fch_gelu, m.param(llmc::kFcprojw, l), m.param(llmc::kFcprojb, l), 1, 4 * C, C, nullptr, s);
+    norm_residual_rows(m, kNorm2, l, residual, ln, mean, rstd, residual, proj, 1);
+    decoder_mlp(m, l, proj, fch, fch_act, ln);
     const bool last = l == c.num_layers - 1;
-    fused_residual_layernorm_forward(residual, ln, stats, stats + 1, residual, proj,
-                                     last ? m.param(llmc::kLnfw) : m.param(llmc::kLn1w, l + 1),
-                                     last ? m.param(llmc::kLnfb) : m.param(llmc::kLn1b, l + 1), 1, C, s);
+    norm_residual_rows(m, last ? kNormF : kNorm1, last ? 0 : l + 1, residual, ln, mean, rstd, residual, proj, 1);
   }
-  matmul_forward(logits, ln, m.param(llmc::kWte), nullptr, 1, C, c.padded_vocab_size, nullptr, s);
+  head_rows(m, logits, ln, 1);
   d.position++;
   return logits;
 }
@@ -5212,6 +5550,7 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
   decoder_init(d, m);
   std::vector<floatX> row(m.config.vocab_size);
   std::vector<float> logits(m.config.vocab_size);
+  const float cap = m.arch().softcap;  // the distribution is the soft-capped logits' softmax
   std::vector<int> out;
   const floatX* device_logits = nullptr;
   for (int token : prompt) device_logits = decoder_step(d, m, token);
@@ -5220,6 +5559,9 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
                               cudaMemcpyDeviceToHost, m.stream));
     cudaCheck(cudaStreamSynchronize(m.stream));
     floatX_to_float(logits.data(), row.data(), row.size());
+    if (cap > 0.0f) {
+      for (float& z : logits) z = cap * z / sqrtf(z * z + cap * cap);
+    }
     const int next = sample_token(logits, temperature, top_k, rng);
     out.push_back(next);
     on_token(next);
@@ -5933,16 +6275,20 @@ float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
 // Dense BF16 peak of an H100/H200 SXM, the denominator of MFU (SPEC.md).
 constexpr double kPeakFlops = 989e12;
 
+// An embedding not tied to the head is a lookup, not a product: the modern architecture's wte
+// does not count.
 double flops_per_token(const GPT2& m, int T) {
   const llmc::GPT2Config& c = m.config;
-  return 6.0 * (double)m.num_params + 6.0 * c.num_layers * c.channels * (double)T;
+  const double untied = m.arch().tied_head ? 0.0 : (double)m.param_specs[llmc::kWte].size;
+  return 6.0 * ((double)m.num_params - untied) + 6.0 * c.num_layers * c.channels * (double)T;
 }
 
-// Loads -e: a checkpoint file, or a preset name (d12, d24, d36, d48, tiny) initialised from seed.
-llmc::GPT2Config load_or_init_params(const std::string& model, uint64_t seed,
+// Loads -e: a checkpoint file, or a preset name (d12, d24, d36, d48, tiny) of the architecture
+// arch initialised from seed.
+llmc::GPT2Config load_or_init_params(const std::string& model, llmc::Arch arch, uint64_t seed,
                                      std::vector<float>* values) {
   llmc::GPT2Config config;
-  if (llmc::config_from_preset(model, &config)) {
+  if (llmc::config_from_preset(model, &config, arch)) {
     *values = llmc::init_params_from_seed(config, seed);
     return config;
   }
@@ -5968,7 +6314,48 @@ struct TrainArgs : llmc::TrainFlags {
   int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
+  // -recipe sets the defaults of the flags above it lists (apply_recipe) and the settings that
+  // have no flag; -opt "" takes the recipe's optimizer.
+  std::string recipe = "gpt2", optimizer;
+  float muon_lr = 0.025f, muon_weight_decay = 0.05f, decay_fraction = 0.0f;
 };
+
+// The recipe named by -recipe in args (GPT-2's without one), read before the flags are parsed:
+// its values are the defaults that the other flags override.
+const llmc::Recipe& recipe_of_args(const std::vector<std::string>& args) {
+  for (size_t i = 0; i + 1 < args.size(); i++) {
+    if (args[i] == "-recipe") return llmc::recipe_by_name(args[i + 1], "-recipe");
+  }
+  return llmc::recipe_gpt2();
+}
+
+void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
+  a.recipe = r.name;
+  a.lr = r.lr;
+  a.weight_decay = r.weight_decay;
+  a.grad_clip = r.grad_clip;
+  a.schedule = r.schedule;
+  a.decay_fraction = r.decay_fraction;
+  a.total_batch = r.total_batch_tokens;
+  a.B = r.B;
+  a.T = r.T;
+  a.muon_lr = r.muon_lr;
+  a.muon_weight_decay = r.muon_weight_decay;
+}
+
+const llmc::Recipe& recipe_of(const TrainArgs& a) { return llmc::recipe_by_name(a.recipe, "-recipe"); }
+
+llmc::OptimizerKind optimizer_of(const TrainArgs& a) {
+  return a.optimizer.empty() ? recipe_of(a).optimizer : llmc::parse_optimizer(a.optimizer, "-opt");
+}
+
+// The optimizers of the run: the recipe's, with -opt, -ml and -mw.
+OptimizerConfig run_optimizer(const TrainArgs& a) {
+  OptimizerConfig opt = optimizer_config(recipe_of(a), optimizer_of(a));
+  opt.muon_params.lr = a.muon_lr;
+  opt.muon_params.weight_decay = a.muon_weight_decay;
+  return opt;
+}
 
 constexpr const char* kQuickStart =
     "./train_gpt2cu -e d12 -b 16 -t 256 -x 300 -v 50 -s 100 -l 6e-4 -u 20 -o log_d12   (on tiny "
@@ -6009,6 +6396,11 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
+      text_flag("-recipe", "recipe", "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of -l -c -gc -k -kd -z -b -t -ml -mw", &a.recipe),
+      text_flag("-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest (default: the recipe's)", &a.optimizer),
+      float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
+      float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
+      float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
   });
 }
 
@@ -6028,6 +6420,13 @@ void validate_args(const TrainArgs& a) {
           "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
           PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
+  const llmc::Recipe& recipe = recipe_of(a);
+  optimizer_of(a);  // -opt's name
+  REQUIRE(!a.fp8 || recipe.arch == llmc::Arch::kGpt2,
+          "-fp8 %d: the FP8 layers are GPT-2's; -recipe %s's architecture runs in BF16: use -fp8 0", a.fp8,
+          recipe.name);
+  REQUIRE(a.decay_fraction == 0.0f || a.schedule == "wsd", "-kd %g is the decay of -k wsd: give -k wsd with it",
+          a.decay_fraction);
 }
 
 // The process count of this launch as multi_gpu_init finds it (mpirun's, or -pr/-pn's and
@@ -6092,6 +6491,28 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 
 // Every flag, then what follows from them, the GPU and the launch; checkpoints: how they are
 // written (checkpoint_mode).
+std::string architecture_description(const llmc::ArchSpec& s) {
+  if (!s.rms_norm) return "GPT-2: LayerNorm, learned positions, GELU, head tied to the embedding";
+  return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and half-truncated rotary positions, "
+                         "attention scale %g, ReLU^2, a head of its own with bias, logits soft-capped at %g",
+                         s.name, s.attention_scale, s.softcap);
+}
+
+// The optimizers' settings, the rates at the schedule's peak.
+std::string optimizer_description(const OptimizerConfig& opt, const llmc::Recipe& r) {
+  const float* x = opt.lr_multiplier;
+  std::string adamw = llmc::strformat("AdamW betas %g %g eps %g, weight decay on %s", r.beta1, r.beta2, r.eps,
+                                      opt.decay_vectors ? "every tensor" : "the 2-D tensors");
+  if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
+    adamw += llmc::strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
+  }
+  if (!opt.muon) return adamw;
+  const MuonParams& mp = opt.muon_params;
+  return llmc::strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %g, %d "
+                         "Newton-Schulz steps in BF16); %s for the rest", mp.lr, mp.weight_decay, mp.momentum,
+                         kMuonIterations, adamw.c_str());
+}
+
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
                         const std::string& checkpoints) {
@@ -6106,6 +6527,9 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
+  table.row("architecture", architecture_description(m.arch()));
+  table.row("optimizers", optimizer_description(run_optimizer(a), recipe_of(a)));
+  table.row("loss", recipe_of(a).loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   if (m.fp8) {
@@ -6144,13 +6568,13 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
   const double start = llmc::wall_seconds();
   StartParams p;
   if (resume_step < 0) {
-    p.config = load_or_init_params(a.model, a.seed, &p.values);
+    p.config = load_or_init_params(a.model, recipe_of(a).arch, a.seed, &p.values);
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
     llmc::GPT2Config requested;
-    if (llmc::config_from_preset(a.model, &requested) && requested != p.config) {
+    if (llmc::config_from_preset(a.model, &requested, recipe_of(a).arch) && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
     }
@@ -6218,6 +6642,16 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   const llmc::GPT2Config& config = in.start.config;
   llmc::resolve_sample_length(a, config.max_seq_len);
   if (!a.prompt.empty()) return in;
+  const llmc::Recipe& recipe = recipe_of(a);
+  if (config.arch != recipe.arch) {
+    LLMC_FAIL("-e %s holds the %s architecture, but -recipe %s trains the %s one: give -recipe %s (-p "
+              "generates with any)", a.model.c_str(), llmc::arch_spec(config.arch).name, recipe.name,
+              llmc::arch_spec(recipe.arch).name, llmc::arch_spec(config.arch).name);
+  }
+  if (optimizer_of(a) == llmc::OptimizerKind::kMuon && world > 1 && a.multi_gpu.zero_stage == 1) {
+    LLMC_FAIL("-opt muon with -zs 1 on %d processes: Muon reads whole matrices of the averaged "
+              "gradient, which ZeRO-1 leaves in shards: use -zs 0", world);
+  }
   llmc::resolve_sequence_length(a, config.max_seq_len);
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
@@ -6264,6 +6698,7 @@ struct TrainRun {
   double total_ms = 0.0;
   int timed_steps = 0, skipped_updates = 0;
   std::unique_ptr<llmc::EtaEstimator> eta;
+  OptimizerConfig optimizer;
 };
 
 // Only the checkpoint at the end (or at a halt) gains nothing from buffers pinned for the run.
@@ -6323,6 +6758,8 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
       : (int)std::max<long>(1, r.train_loader->batches_per_epoch() / r.accum_steps);
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);
+  r.schedule.decay_fraction = a.decay_fraction;
+  r.optimizer = run_optimizer(a);
   r.hellaswag = std::move(in.hellaswag);
   if (a.sample_every > 0 && !a.tokenizer.empty()) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
   // The checkpoints' pinned buffers come first, so that a resume reads its state into them. The
@@ -6471,6 +6908,13 @@ void print_step(TrainRun& r, int step, const StepResult& s) {
   }
 }
 
+// The gradient each logit's loss gets: of the mean over the step's tokens, or (the modern recipe)
+// of their sum, which the ranks' average of their gradients divides by the process count.
+float train_dloss(const TrainRun& r) {
+  if (recipe_of(r.a).loss_sum) return (float)r.mg.world;
+  return 1.0f / ((float)r.a.B * r.a.T * r.accum_steps);
+}
+
 // One optimizer step from `step` to step + 1: the micro steps' forward and backward passes, the
 // reduction over the ranks and the update. Returns whether any rank was asked to stop (a signal).
 bool train_step(TrainRun& r, int step) {
@@ -6483,8 +6927,7 @@ bool train_step(TrainRun& r, int step) {
     multi_gpu_progress(r.mg);
     if (!a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
     gpt2_forward(m, r.inputs.data(), a.B, a.T);
-    loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T,
-                                1.0f / ((float)a.B * a.T * r.accum_steps));
+    loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T, train_dloss(r));
     gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
   }
   multi_gpu_reduce_grads(r.mg, m);
@@ -6500,7 +6943,10 @@ bool train_step(TrainRun& r, int step) {
                          (a.norm_z > 0 && r.norm_outliers.is_spike(s.norm_score)));
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
-    gpt2_update(m, s.lr, 0.9f, 0.95f, 1e-8f, a.weight_decay, a.grad_clip, s.norm);
+    const llmc::Recipe& recipe = recipe_of(a);
+    const float lr_fraction = a.lr > 0.0f ? (float)(r.schedule.at(step) / a.lr) : 0.0f;
+    gpt2_update(m, r.optimizer, s.lr, lr_fraction, recipe.beta1, recipe.beta2, recipe.eps, a.weight_decay,
+                a.grad_clip, s.norm);
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;
@@ -6576,8 +7022,9 @@ void print_run_end(TrainRun& r, int final_step) {
 int train_main(int argc, char** argv) {
   const double run_start = llmc::wall_seconds();
   TrainArgs a;
-  if (!llmc::parse_flags(std::vector<std::string>(argv + 1, argv + argc), train_flags(a),
-                         "./train_gpt2cu")) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  apply_recipe(a, recipe_of_args(args));
+  if (!llmc::parse_flags(args, train_flags(a), "./train_gpt2cu")) {
     llmc::print_usage("./train_gpt2cu", "GPT-2 training on the GPU, precision " PRECISION_NAME,
                       kQuickStart, train_flags(a));
     return 0;

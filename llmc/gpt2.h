@@ -4,11 +4,14 @@
 // checkpoint and debug-state files.
 //
 // Checkpoint file (llm.c compatible): 256 int32 header
-//   [0] magic 20240326  [1] version (3 = FP32 params, 5 = BF16 params)
-//   [2] max_seq_len  [3] vocab_size  [4] num_layers  [5] num_heads  [6] channels
-//   [7] padded_vocab_size  [254] [255] checksum kind and CRC-32 (llmc/file_header.h)
-// followed by the parameters in table order, wte padded to padded_vocab_size rows. Files without
-// a checksum (llm.c's, [254] = 0) load unchecked; every file written here carries one.
+//   [0] magic 20240326  [1] version (GPT-2: 3 = FP32 params, 5 = BF16 params; the modern
+//   architecture: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
+//   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern; 0 in
+//   llm.c's files)  [254] [255] checksum kind and CRC-32 (llmc/file_header.h)
+// followed by the parameters in table order, wte (and the modern head) padded to
+// padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
+// file written here carries one. In memory a checkpoint's version is its precision (3 or 5); the
+// architecture travels in the config.
 //
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
 //   [0] magic 20240327  [1] version 3  [2] B  [3] T  [4] number of AdamW steps
@@ -36,11 +39,20 @@ namespace llmc {
 constexpr int kCheckpointMagic = 20240326;
 constexpr int kCheckpointVersionFP32 = 3;
 constexpr int kCheckpointVersionBF16 = 5;
+constexpr int kCheckpointVersionModernFP32 = 6;
+constexpr int kCheckpointVersionModernBF16 = 7;
 constexpr int kDebugStateMagic = 20240327;
 constexpr int kDebugStateVersion = 3;
+constexpr int kDebugStateVersionRecipe = 4;  // the modern architecture or Muon
 constexpr int kVocabPadMultiple = 128;
 
+// GPT-2 (LayerNorm, learned positions, GELU, tied head) or the modern architecture of
+// modded-nanogpt's optimization-track baseline (RMSNorm, QK-norm and half-truncated rotary
+// positions, ReLU^2, a separate head with bias, soft-capped logits).
+enum class Arch : int { kGpt2 = 0, kModern = 1 };
+
 struct GPT2Config {
+  Arch arch = Arch::kGpt2;
   int max_seq_len = 0;        // maxT
   int vocab_size = 0;         // V, real tokens
   int padded_vocab_size = 0;  // Vp, V rounded up to kVocabPadMultiple
@@ -49,17 +61,43 @@ struct GPT2Config {
   int channels = 0;           // C
 
   bool operator==(const GPT2Config& o) const {
-    return max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
+    return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
+  bool modern() const { return arch == Arch::kModern; }
+  int head_size() const { return channels / num_heads; }
+
   std::string describe() const {
-    return strformat("L=%d NH=%d C=%d maxT=%d V=%d Vp=%d", num_layers, num_heads, channels,
-                     max_seq_len, vocab_size, padded_vocab_size);
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d", modern() ? "modern " : "", num_layers,
+                     num_heads, channels, max_seq_len, vocab_size, padded_vocab_size);
   }
 };
+
+// What each architecture switches, stated once: the model's forward and backward passes, the
+// decoder and the optimizers read these instead of testing the architecture themselves.
+struct ArchSpec {
+  const char* name;
+  bool rms_norm;           // RMSNorm with a gain (no bias) instead of LayerNorm
+  bool embedding_norm;     // a norm of the embedding, the residual stream's start (lnew)
+  bool learned_positions;  // wpe added to the embedding
+  bool qk_norm_rotary;     // q and k: weightless RMS norm, then half-truncated rotary positions
+  bool relu2;              // the MLP's activation: ReLU^2 instead of GELU (tanh)
+  bool tied_head;          // the head is wte; else headw and a bias headb
+  float softcap;           // logits soft-capped as cap * z / sqrt(z^2 + cap^2) (0: none)
+  float attention_scale;   // the softmax scale (0: 1 / sqrt(head size))
+};
+
+inline const ArchSpec& arch_spec(Arch a) {
+  static const ArchSpec kGpt2 = {"gpt2", false, false, true, false, false, true, 0.0f, 0.0f};
+  static const ArchSpec kModern = {"modern", true, true, false, true, true, false, 15.0f, 0.12f};
+  return a == Arch::kModern ? kModern : kGpt2;
+}
+
+// PyTorch's F.rms_norm default (eps=None): the FP32 epsilon, also for BF16 inputs.
+constexpr float kRmsNormEps = 1.1920928955078125e-07f;
 
 inline int pad_vocab(int vocab_size) {
   return (int)round_up((size_t)vocab_size, kVocabPadMultiple);
@@ -74,7 +112,7 @@ constexpr int kMaxSeqLen = 1 << 24;
 constexpr int kMaxVocabSize = 1 << 30;
 
 inline GPT2Config make_config(int num_layers, int num_heads, int channels, int max_seq_len,
-                              int vocab_size) {
+                              int vocab_size, Arch arch = Arch::kGpt2) {
   if (num_layers <= 0 || num_heads <= 0 || channels <= 0 || max_seq_len <= 0 || vocab_size <= 0) {
     LLMC_FAIL("invalid model config L=%d NH=%d C=%d maxT=%d V=%d: every value must be positive",
               num_layers, num_heads, channels, max_seq_len, vocab_size);
@@ -89,7 +127,12 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
     LLMC_FAIL("invalid model config: channels %d is not divisible by heads %d", channels,
               num_heads);
   }
+  if (arch == Arch::kModern && ((channels / num_heads) % 4 != 0 || max_seq_len <= 1)) {
+    LLMC_FAIL("invalid modern model config: head size %d must be a multiple of 4 (rotary pairs)",
+              channels / num_heads);
+  }
   GPT2Config c;
+  c.arch = arch;
   c.num_layers = num_layers;
   c.num_heads = num_heads;
   c.channels = channels;
@@ -100,8 +143,18 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
 }
 
 // "d12", "d24", "d36", "d48" are GPT-2 124M/350M/774M/1.5B; "tiny" is a small
-// model for fast tests (head size 32, so it also exercises the non-64 paths).
-inline bool config_from_preset(const std::string& name, GPT2Config* out) {
+// model for fast tests (head size 32, so it also exercises the non-64 paths). The modern
+// architecture keeps the widths and depths with head size 128 (6, 8 and 10 heads); 128 does not
+// divide d48's 1600, so d48 has 25 heads of 64; its tiny has one head of 128.
+inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch arch = Arch::kGpt2) {
+  if (arch == Arch::kModern) {
+    if (name == "d12") { *out = make_config(12, 6, 768, 1024, 50257, arch); return true; }
+    if (name == "d24") { *out = make_config(24, 8, 1024, 1024, 50257, arch); return true; }
+    if (name == "d36") { *out = make_config(36, 10, 1280, 1024, 50257, arch); return true; }
+    if (name == "d48") { *out = make_config(48, 25, 1600, 1024, 50257, arch); return true; }
+    if (name == "tiny") { *out = make_config(2, 1, 128, 64, 50257, arch); return true; }
+    return false;
+  }
   if (name == "d12") { *out = make_config(12, 12, 768, 1024, 50257); return true; }
   if (name == "d24") { *out = make_config(24, 16, 1024, 1024, 50257); return true; }
   if (name == "d36") { *out = make_config(36, 20, 1280, 1024, 50257); return true; }
@@ -113,43 +166,66 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out) {
 // ----------------------------------------------------------------------------
 // Parameter table
 
-constexpr int kNumParamTensors = 16;
+// One table for both architectures: a tensor an architecture lacks has size 0, so GPT-2's sizes,
+// offsets and file layout are those of llm.c, and the modern ones follow the same order.
+constexpr int kNumParamTensors = 19;
 
 enum ParamIndex {
-  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
-  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+  kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
 };
+
+// What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
+// each role with its own learning rate in the modern recipe.
+enum class ParamRole { kEmbedding, kMatrix, kVector, kHead };
 
 struct ParamSpec {
   const char* name;
   size_t size;      // elements
   bool per_layer;   // stacked over layers: size = L * layer_size
-  bool decayed;     // weight decay applies (2-D matrices only)
-  bool residual_projection;  // init std scaled by 1/sqrt(2L)
+  bool decayed;     // GPT-2's AdamW weight decay applies (2-D matrices only)
+  bool residual_projection;  // GPT-2's init std scaled by 1/sqrt(2L); the modern init's zeros
+  ParamRole role;
+  int rows = 0, cols = 0;  // kMatrix: one matrix [rows, cols]; a layer's slab holds `split` of them
+  int split = 1;           // qkvw: q, k and v, which Muon orthogonalises one by one
 };
 
 // Shapes follow PyTorch: linear weights are [out, in].
 inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) {
   const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
+  const int Ci = c.channels;
+  const bool modern = c.modern();
+  const size_t gpt2_only = modern ? 0 : 1, modern_only = modern ? 1 : 0;
+  using R = ParamRole;
   ParamSpec t[kNumParamTensors] = {
-      {"wte", Vp * C, false, true, false},
-      {"wpe", T * C, false, true, false},
-      {"ln1w", L * C, true, false, false},
-      {"ln1b", L * C, true, false, false},
-      {"qkvw", L * 3 * C * C, true, true, false},
-      {"qkvb", L * 3 * C, true, false, false},
-      {"attprojw", L * C * C, true, true, true},
-      {"attprojb", L * C, true, false, false},
-      {"ln2w", L * C, true, false, false},
-      {"ln2b", L * C, true, false, false},
-      {"fcw", L * 4 * C * C, true, true, false},
-      {"fcb", L * 4 * C, true, false, false},
-      {"fcprojw", L * C * 4 * C, true, true, true},
-      {"fcprojb", L * C, true, false, false},
-      {"lnfw", C, false, false, false},
-      {"lnfb", C, false, false, false},
+      {"wte", Vp * C, false, true, false, R::kEmbedding},
+      {"wpe", gpt2_only * T * C, false, true, false, R::kEmbedding},
+      {"lnew", modern_only * C, false, false, false, R::kVector},
+      {"ln1w", L * C, true, false, false, R::kVector},
+      {"ln1b", gpt2_only * L * C, true, false, false, R::kVector},
+      {"qkvw", L * 3 * C * C, true, true, false, R::kMatrix, Ci, Ci, 3},
+      {"qkvb", L * 3 * C, true, false, false, R::kVector},
+      {"attprojw", L * C * C, true, true, true, R::kMatrix, Ci, Ci},
+      {"attprojb", L * C, true, false, false, R::kVector},
+      {"ln2w", L * C, true, false, false, R::kVector},
+      {"ln2b", gpt2_only * L * C, true, false, false, R::kVector},
+      {"fcw", L * 4 * C * C, true, true, false, R::kMatrix, 4 * Ci, Ci},
+      {"fcb", L * 4 * C, true, false, false, R::kVector},
+      {"fcprojw", L * C * 4 * C, true, true, true, R::kMatrix, Ci, 4 * Ci},
+      {"fcprojb", L * C, true, false, false, R::kVector},
+      {"lnfw", C, false, false, false, R::kVector},
+      {"lnfb", gpt2_only * C, false, false, false, R::kVector},
+      {"headw", modern_only * Vp * C, false, true, true, R::kHead},
+      {"headb", modern_only * Vp, false, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
+}
+
+// The tensor's position in llm.c's GPT-2 table, the modern tensors after it: what seeds a tensor's
+// stochastic rounding, so that GPT-2's seeds stay those of its 16-tensor table.
+inline int param_seed_index(int i) {
+  if (i == kLnew) return kNumParamTensors - 1;
+  return i > kLnew ? i - 1 : i;
 }
 
 inline size_t num_parameters(const GPT2Config& c) {
@@ -174,16 +250,35 @@ inline void param_offsets(const GPT2Config& c, size_t offsets[kNumParamTensors])
 // ----------------------------------------------------------------------------
 // File headers
 
+// A file's version from its architecture and precision (kCheckpointVersionFP32 or BF16), and back.
+inline int checkpoint_file_version(const GPT2Config& c, int precision) {
+  if (!c.modern()) return precision;
+  return precision == kCheckpointVersionBF16 ? kCheckpointVersionModernBF16 : kCheckpointVersionModernFP32;
+}
+
+inline int checkpoint_precision(int file_version) {
+  return file_version == kCheckpointVersionBF16 || file_version == kCheckpointVersionModernBF16
+             ? kCheckpointVersionBF16
+             : kCheckpointVersionFP32;
+}
+
 // The config a checkpoint header describes, from its version on (the magic and the checksum are
 // checked before); an impossible one names the file.
 inline GPT2Config config_from_header(const int* h, const std::string& path) {
-  if (h[1] != kCheckpointVersionFP32 && h[1] != kCheckpointVersionBF16) {
-    LLMC_FAIL("%s: unsupported checkpoint version %d (expected %d for FP32 or %d for BF16)",
-              path.c_str(), h[1], kCheckpointVersionFP32, kCheckpointVersionBF16);
+  const bool gpt2 = h[1] == kCheckpointVersionFP32 || h[1] == kCheckpointVersionBF16;
+  const bool modern = h[1] == kCheckpointVersionModernFP32 || h[1] == kCheckpointVersionModernBF16;
+  if (!gpt2 && !modern) {
+    LLMC_FAIL("%s: unsupported checkpoint version %d (expected %d or %d for GPT-2 in FP32 or BF16, "
+              "%d or %d for the modern architecture)", path.c_str(), h[1], kCheckpointVersionFP32,
+              kCheckpointVersionBF16, kCheckpointVersionModernFP32, kCheckpointVersionModernBF16);
+  }
+  if (modern && h[8] != (int)Arch::kModern) {
+    LLMC_FAIL("%s: version %d names the modern architecture but the header's architecture is %d: "
+              "the header is damaged; re-create the file", path.c_str(), h[1], h[8]);
   }
   GPT2Config c;
   try {
-    c = make_config(h[4], h[5], h[6], h[2], h[3]);
+    c = make_config(h[4], h[5], h[6], h[2], h[3], modern ? Arch::kModern : Arch::kGpt2);
   } catch (const Error& e) {
     LLMC_FAIL("%s: %s: the header is damaged; re-create the file", path.c_str(), e.what());
   }
@@ -194,16 +289,18 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   return c;
 }
 
+// version: the precision, kCheckpointVersionFP32 or BF16 (the file's version follows c.arch).
 inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderInts]) {
   memset(h, 0, kHeaderInts * sizeof(int));
   h[0] = kCheckpointMagic;
-  h[1] = version;
+  h[1] = checkpoint_file_version(c, version);
   h[2] = c.max_seq_len;
   h[3] = c.vocab_size;
   h[4] = c.num_layers;
   h[5] = c.num_heads;
   h[6] = c.channels;
   h[7] = c.padded_vocab_size;
+  h[8] = (int)c.arch;
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -220,7 +317,7 @@ inline void checkpoint_check_magic(const int h[kHeaderInts], const std::string& 
 inline GPT2Config checkpoint_config_for_file(const int h[kHeaderInts], const std::string& path,
                                              long file_bytes) {
   GPT2Config c = config_from_header(h, path);
-  size_t elem = (h[1] == kCheckpointVersionFP32) ? 4 : 2;
+  size_t elem = checkpoint_precision(h[1]) == kCheckpointVersionFP32 ? 4 : 2;
   long expected = (long)(kHeaderInts * sizeof(int) + num_parameters(c) * elem);
   if (file_bytes != expected) {
     LLMC_FAIL("%s: checkpoint for %s should be %ld bytes but is %ld (%s); re-create it",
@@ -247,9 +344,9 @@ inline GPT2Config checkpoint_read_header(File& f, int h[kHeaderInts]) {
 // A checkpoint's parameters as its file stores them (checkpoint_read).
 struct CheckpointParams {
   GPT2Config config;
-  int version = 0;
-  std::vector<float> fp32;           // version 3: the FP32 values
-  std::unique_ptr<uint16_t[]> bf16;  // version 5: the BF16 bit patterns, num_parameters(config)
+  int version = 0;                   // the precision: kCheckpointVersionFP32 or BF16
+  std::vector<float> fp32;           // FP32: the values
+  std::unique_ptr<uint16_t[]> bf16;  // BF16: the bit patterns, num_parameters(config)
 };
 
 // Reads a checkpoint's parameters as stored, in one pass over the file: the checksum is computed
@@ -266,7 +363,7 @@ inline CheckpointParams checkpoint_read(const std::string& path) {
   const size_t bytes = (size_t)std::max(0L, file_bytes - (long)sizeof(h));
   CheckpointParams p;
   void* dst = nullptr;
-  if (h[1] == kCheckpointVersionFP32) {
+  if (checkpoint_precision(h[1]) == kCheckpointVersionFP32) {
     p.fp32.resize((bytes + sizeof(float) - 1) / sizeof(float));
     dst = p.fp32.data();
   } else {
@@ -279,7 +376,7 @@ inline CheckpointParams checkpoint_read(const std::string& path) {
                            kCheckpointRemedy);
   }
   p.config = checkpoint_config_for_file(h, f.path(), file_bytes);
-  p.version = h[1];
+  p.version = checkpoint_precision(h[1]);
   return p;
 }
 
@@ -326,7 +423,7 @@ inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* p
 }
 
 // Writes a checkpoint whose parameters are in the file's precision already: version 3 takes the
-// FP32 values, version 5 their BF16 bit patterns. With a checksum, through write_file_atomically
+// FP32 values, version 5 their BF16 bit patterns (the file says 6 or 7 for the modern architecture). With a checksum, through write_file_atomically
 // (never a truncated checkpoint under its name).
 inline void checkpoint_save_payload(const std::string& path, const GPT2Config& c, int version,
                                     const void* payload) {
@@ -341,7 +438,8 @@ inline void checkpoint_save_payload(const std::string& path, const GPT2Config& c
   });
 }
 
-// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even).
+// Writes a checkpoint from FP32 values as version 3 (FP32) or 5 (BF16, rounded to nearest even),
+// 6 or 7 for the modern architecture.
 inline void checkpoint_save(const std::string& path, const GPT2Config& c, const float* params,
                             int version) {
   if (version != kCheckpointVersionBF16) {
@@ -360,6 +458,11 @@ inline void checkpoint_save(const std::string& path, const GPT2Config& c, const 
 struct DebugState {
   int B = 0, T = 0, steps = 0, vocab_size = 0;
   float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_clip = 0;
+  // Version 4: Muon for the blocks' matrices, the gradients of the summed loss, and the AdamW
+  // learning rates by role (version 3: AdamW alone, mean loss, lr for every tensor).
+  bool muon = false, loss_sum = false;
+  float muon_lr = 0, muon_weight_decay = 0, muon_momentum = 0;
+  float lr_embedding = 0, lr_head = 0, lr_vector = 0;
   std::vector<int> inputs, targets;
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
@@ -381,9 +484,14 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     LLMC_FAIL("%s: not a debug-state file (magic %d, expected %d)", path.c_str(), h[0],
               kDebugStateMagic);
   }
-  if (h[1] != kDebugStateVersion) {
-    LLMC_FAIL("%s: debug-state version %d, expected %d: re-create it with train_gpt2.py",
-              path.c_str(), h[1], kDebugStateVersion);
+  if (h[1] != kDebugStateVersion && h[1] != kDebugStateVersionRecipe) {
+    LLMC_FAIL("%s: debug-state version %d, expected %d or %d: re-create it with train_gpt2.py",
+              path.c_str(), h[1], kDebugStateVersion, kDebugStateVersionRecipe);
+  }
+  const int arch = h[1] == kDebugStateVersionRecipe ? h[12] : 0;
+  if (arch != (int)c.arch) {
+    LLMC_FAIL("%s: a debug state of architecture %d, but the model is %s: pass the model file "
+              "written beside it", path.c_str(), arch, arch_spec(c.arch).name);
   }
   DebugState d;
   d.B = h[2];
@@ -396,6 +504,17 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
   d.eps = float_from_bits(h[9]);
   d.weight_decay = float_from_bits(h[10]);
   d.grad_clip = float_from_bits(h[11]);
+  d.lr_embedding = d.lr_head = d.lr_vector = d.lr;
+  if (h[1] == kDebugStateVersionRecipe) {
+    d.muon = h[13] == 1;
+    d.loss_sum = h[14] == 1;
+    d.muon_lr = float_from_bits(h[15]);
+    d.muon_weight_decay = float_from_bits(h[16]);
+    d.muon_momentum = float_from_bits(h[17]);
+    d.lr_embedding = float_from_bits(h[18]);
+    d.lr_head = float_from_bits(h[19]);
+    d.lr_vector = float_from_bits(h[20]);
+  }
   if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),
               d.B, d.T, d.steps, d.vocab_size, c.describe().c_str());
@@ -437,12 +556,36 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
 // Initialisation from a seed (SPEC.md): the same values train_gpt2.py draws after
 // torch.manual_seed(seed), in the same order.
 
+// The modern architecture (train_gpt2.py init_modern_weights): every output projection and the
+// head zero, the embedding N(0, 1) (padded rows zeroed), qkvw and fcw N(0, sqrt(0.33 / C)) one
+// layer's slab per draw, biases zero, gains one.
+inline void init_modern_from_seed(const GPT2Config& c, const ParamSpec* table, const size_t* offsets,
+                                  Rng& rng, std::vector<float>& params) {
+  const size_t L = c.num_layers, C = c.channels;
+  for (int i : {kLnew, kLn1w, kLn2w, kLnfw}) std::fill_n(params.begin() + offsets[i], table[i].size, 1.0f);
+  rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, 1.0);
+  std::fill(params.begin() + offsets[kWte] + (size_t)c.vocab_size * C,
+            params.begin() + offsets[kWte] + table[kWte].size, 0.0f);
+  const double std_in = std::sqrt(0.33 / (double)C);
+  for (size_t layer = 0; layer < L; layer++) {
+    for (int i : {kQkvw, kFcw}) {
+      const size_t per_layer = table[i].size / L;
+      rng.normal(params.data() + offsets[i] + layer * per_layer, per_layer, 0.0, std_in);
+    }
+  }
+}
+
 inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed) {
   ParamSpec table[kNumParamTensors];
   size_t offsets[kNumParamTensors];
   param_table(c, table);
   param_offsets(c, offsets);
   std::vector<float> params(num_parameters(c), 0.0f);
+  Rng rng(seed);
+  if (c.modern()) {
+    init_modern_from_seed(c, table, offsets, rng, params);
+    return params;
+  }
   const size_t L = c.num_layers, C = c.channels;
   for (int layer = 0; layer < c.num_layers; layer++) {
     for (int i : {kLn1w, kLn2w}) {
@@ -450,7 +593,6 @@ inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t se
     }
   }
   std::fill_n(params.begin() + offsets[kLnfw], C, 1.0f);
-  Rng rng(seed);
   const double std_base = 0.02, std_residual = 0.02 / std::sqrt(2.0 * L);
   rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, std_base);
   std::fill(params.begin() + offsets[kWte] + (size_t)c.vocab_size * C,

@@ -11,7 +11,9 @@
 //     linear:   lr - (lr - min_lr) * f,                            S = W
 //     wsd:      lr - (lr - min_lr) * f,                            S = max(W, N - N/5)
 //               (warmup, then stable at lr, then a linear decay over the last
-//               fifth of the run; N/5 is integer division)
+//               fifth of the run; N/5 is integer division), or with a decay
+//               fraction d: S = max(W, N * (1 - d)), not rounded (the modern
+//               recipe's d = 0.7: lr * min(1, (N - s) / (0.7 N)), as its reference)
 //     constant: lr
 // No schedule reaches min_lr inside the run: its last step s = N - 1 has f < 1.
 #pragma once
@@ -54,18 +56,20 @@ struct LrSchedule {
   long warmup_steps = 0;
   long total_steps = 0;
   double final_lr_frac = 0.0;
+  double decay_fraction = 0.0;  // wsd: 0 for the last N/5 steps
 
   double at(long step) const {
     const double lr = learning_rate;
     if (step < warmup_steps) return lr * (double)(step + 1) / (double)warmup_steps;
     if (kind == LrScheduleKind::kConstant) return lr;
     const double min_lr = lr * final_lr_frac;
-    const long start = kind == LrScheduleKind::kWsd
-                           ? std::max(warmup_steps, total_steps - total_steps / 5)
-                           : warmup_steps;
+    const double start =
+        kind != LrScheduleKind::kWsd ? (double)warmup_steps
+        : decay_fraction > 0.0       ? std::max((double)warmup_steps, total_steps * (1.0 - decay_fraction))
+                                     : (double)std::max(warmup_steps, total_steps - total_steps / 5);
     const double f =
         total_steps > start
-            ? std::min(1.0, std::max(0.0, (double)(step - start) / (double)(total_steps - start)))
+            ? std::min(1.0, std::max(0.0, ((double)step - start) / ((double)total_steps - start)))
             : 0.0;
     if (kind == LrScheduleKind::kCosine) {
       return min_lr + (lr - min_lr) * 0.5 * (1.0 + std::cos(kPi * f));

@@ -191,7 +191,7 @@ void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
 
   // Stage by stage, against the CPU.
   poison(ws);
-  muon_orthogonalize(g, 0, count, hp.momentum, ws, 0);
+  muon_orthogonalize(g, 0, count, hp, ws, 0);
   const std::vector<float> got_momentum = d.momentum.download();
   std::vector<float> got_x((size_t)count * m * n);
   {

@@ -172,6 +172,49 @@ void test_glob_and_make_dirs() {
                "make_dirs below a file names the directory and the reason");
 }
 
+// The modern architecture's table: no wpe or biases of the norms, a norm after the embedding, a
+// separate head with bias after lnfw; q, k and v are three matrices for Muon.
+void test_modern_table() {
+  llmc::GPT2Config d12;
+  check(llmc::config_from_preset("d12", &d12, llmc::Arch::kModern) && d12.modern() &&
+            d12.num_heads == 6 && d12.head_size() == 128,
+        "modern preset d12: 6 heads of 128");
+  llmc::GPT2Config d48;
+  check(llmc::config_from_preset("d48", &d48, llmc::Arch::kModern) && d48.head_size() == 64,
+        "modern preset d48: head size 64 (128 does not divide 1600)");
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(d12, t);
+  llmc::param_offsets(d12, offsets);
+  const size_t L = 12, C = 768, Vp = 50304;
+  const size_t expected = Vp * C + C + L * (C + 3 * C * C + 3 * C + C * C + C + C + 4 * C * C + 4 * C +
+                                            4 * C * C + C) + C + Vp * C + Vp;
+  check_verbose(llmc::num_parameters(d12) == expected && t[llmc::kWpe].size == 0 &&
+                    t[llmc::kLn1b].size == 0 && t[llmc::kLnfb].size == 0 &&
+                    offsets[llmc::kHeadb] + Vp == expected,
+                llmc::strformat("modern d12: %zu parameters (%zu), no wpe or norm biases, headb last",
+                                llmc::num_parameters(d12), expected));
+  check(t[llmc::kQkvw].role == llmc::ParamRole::kMatrix && t[llmc::kQkvw].split == 3 &&
+            t[llmc::kQkvw].rows == 768 && t[llmc::kFcw].rows == 3072 && t[llmc::kFcprojw].cols == 3072 &&
+            t[llmc::kHeadw].role == llmc::ParamRole::kHead && t[llmc::kHeadb].role == llmc::ParamRole::kVector,
+        "modern roles: q, k, v three 768x768 matrices, fc 3072x768, fcproj 768x3072, head and its bias");
+  const std::vector<float> init = llmc::init_params_from_seed(d12, 42);
+  auto all_equal = [&](int i, float v) {
+    return std::all_of(init.begin() + offsets[i], init.begin() + offsets[i] + t[i].size,
+                       [v](float x) { return x == v; });
+  };
+  double sum_squares = 0.0;
+  const size_t qkv0 = offsets[llmc::kQkvw], slab = 3 * C * C;
+  for (size_t i = qkv0; i < qkv0 + slab; i++) sum_squares += (double)init[i] * init[i];
+  const double qkv_std = std::sqrt(sum_squares / slab), want = std::sqrt(0.33 / 768);
+  check_verbose(all_equal(llmc::kLnew, 1.0f) && all_equal(llmc::kLn1w, 1.0f) && all_equal(llmc::kLnfw, 1.0f) &&
+                    all_equal(llmc::kAttprojw, 0.0f) && all_equal(llmc::kFcprojw, 0.0f) &&
+                    all_equal(llmc::kHeadw, 0.0f) && all_equal(llmc::kQkvb, 0.0f) &&
+                    std::fabs(qkv_std / want - 1.0) < 0.01,
+                llmc::strformat("modern init: gains one, projections and head zero, qkvw std %.5f (%.5f)",
+                                qkv_std, want));
+}
+
 void test_configs() {
   llmc::GPT2Config d12;
   const bool found = llmc::config_from_preset("d12", &d12);
@@ -203,14 +246,16 @@ void test_configs() {
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     if (i > 0) contiguous = contiguous && offsets[i] == offsets[i - 1] + table[i - 1].size;
     const bool matrix = i == llmc::kWte || i == llmc::kWpe || i == llmc::kQkvw ||
-                        i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw;
+                        i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw ||
+                        i == llmc::kHeadw;
     decay_on_matrices = decay_on_matrices && table[i].decayed == matrix;
   }
   check_verbose(
-      contiguous && offsets[15] + table[15].size == llmc::num_parameters(tiny) &&
+      contiguous && offsets[llmc::kLnfb] + table[llmc::kLnfb].size == llmc::num_parameters(tiny) &&
           table[llmc::kWte].size == 384u * 64 && decay_on_matrices &&
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
+  test_modern_table();
 }
 
 void test_bf16() {
@@ -276,6 +321,24 @@ void test_crc32() {
   check_verbose(pieces, "CRC-32 in pieces on 2-4 threads equals one thread's, from 0 and continued");
 }
 
+// A modern model file says version 6 (FP32) or 7 (BF16) and architecture 1, and loads as one.
+void test_modern_checkpoint() {
+  const llmc::GPT2Config c = llmc::make_config(2, 1, 64, 16, 300, llmc::Arch::kModern);
+  const std::vector<float> params = llmc::init_params_from_seed(c, 7);
+  const std::string fp32 = kDir + "/modern.bin", bf16 = kDir + "/modern_bf16.bin";
+  llmc::checkpoint_save(fp32, c, params.data(), llmc::kCheckpointVersionFP32);
+  llmc::checkpoint_save(bf16, c, params.data(), llmc::kCheckpointVersionBF16);
+  int h32[llmc::kHeaderInts], h16[llmc::kHeaderInts];
+  llmc::File(fp32, "rb").read(h32, sizeof(h32), "the header");
+  llmc::File(bf16, "rb").read(h16, sizeof(h16), "the header");
+  std::vector<float> back;
+  const llmc::GPT2Config loaded = llmc::checkpoint_load(fp32, &back);
+  const llmc::CheckpointParams stored = llmc::checkpoint_read(bf16);
+  check_verbose(h32[1] == 6 && h16[1] == 7 && h32[8] == 1 && loaded == c && back == params &&
+                    stored.config == c && stored.version == llmc::kCheckpointVersionBF16,
+                "modern checkpoints: versions 6 and 7, architecture 1, round trip " + loaded.describe());
+}
+
 void test_checkpoints() {
   const llmc::GPT2Config c = llmc::make_config(2, 4, 64, 16, 300);
   const size_t n = llmc::num_parameters(c);
@@ -303,6 +366,7 @@ void test_checkpoints() {
     as_stored = stored.bf16[i] == llmc::float_to_bf16_bits(params[i]);
   }
   check_verbose(as_stored, "checkpoint_read gives a BF16 checkpoint's bits as stored");
+  test_modern_checkpoint();
   const llmc::CheckpointParams stored_fp32 = llmc::checkpoint_read(fp32);
   check_verbose(stored_fp32.config == c && stored_fp32.version == llmc::kCheckpointVersionFP32 &&
                     stored_fp32.fp32 == params && !stored_fp32.bf16,
