@@ -1,13 +1,17 @@
 """
 The PyTorch GPT-2 reference: the model, llm.c checkpoints, the debug state the C++ tests compare
 against, training on token shards, and a benchmark. Formats and algorithms follow dev/SPEC.md; the
-parameter order follows param_table() in llmc/gpt2.h.
+parameter order follows param_table() in llmc/gpt2.h. Beside GPT-2 with AdamW: the modern
+architecture (--arch modern), Muon (--optimizer muon) and modded-nanogpt's baseline recipe
+(--recipe modern, SPEC.md "The modern architecture and recipe").
 
   python3 train_gpt2.py --model tiny --write_debug_state OUT -b 4 -t 64 --debug_steps 10 --seed 42
   python3 train_gpt2.py --model d12 --input_bin "data/train_*.bin" --input_val_bin "data/val_*.bin" \
       -b 16 -t 1024 --total_batch_size 524288 --learning_rate 6e-4 --warmup_iters 700 \
       --num_iterations 10000 --val_every 250 --dtype bfloat16 --output_dir out
   python3 train_gpt2.py --bench -b 16 -t 1024 --num_iterations 20 [--fp8 1]
+  python3 train_gpt2.py --recipe modern --model d12 --input_bin "data/train_*.bin" \
+      --input_val_bin "data/val_*.bin" --num_iterations 3250 --val_every 125 --dtype bfloat16 --compile 1 --flash 1
   torchrun --nproc_per_node 8 train_gpt2.py ...        (data parallel over 8 GPUs)
 
 Runs on PyTorch 1.13 (CPU) and 2.x (CUDA); torch.compile, F.scaled_dot_product_attention and fused
