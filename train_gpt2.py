@@ -1,13 +1,17 @@
 """
 The PyTorch GPT-2 reference: the model, llm.c checkpoints, the debug state the C++ tests compare
 against, training on token shards, and a benchmark. Formats and algorithms follow dev/SPEC.md; the
-parameter order follows param_table() in llmc/gpt2.h.
+parameter order follows param_table() in llmc/gpt2.h. Beside GPT-2 with AdamW: the modern
+architecture (--arch modern), Muon (--optimizer muon) and modded-nanogpt's baseline recipe
+(--recipe modern, SPEC.md "The modern architecture and recipe").
 
   python3 train_gpt2.py --model tiny --write_debug_state OUT -b 4 -t 64 --debug_steps 10 --seed 42
   python3 train_gpt2.py --model d12 --input_bin "data/train_*.bin" --input_val_bin "data/val_*.bin" \
       -b 16 -t 1024 --total_batch_size 524288 --learning_rate 6e-4 --warmup_iters 700 \
       --num_iterations 10000 --val_every 250 --dtype bfloat16 --output_dir out
   python3 train_gpt2.py --bench -b 16 -t 1024 --num_iterations 20 [--fp8 1]
+  python3 train_gpt2.py --recipe modern --model d12 --input_bin "data/train_*.bin" \
+      --input_val_bin "data/val_*.bin" --num_iterations 3250 --val_every 125 --dtype bfloat16 --compile 1 --flash 1
   torchrun --nproc_per_node 8 train_gpt2.py ...        (data parallel over 8 GPUs)
 
 Runs on PyTorch 1.13 (CPU) and 2.x (CUDA); torch.compile, F.scaled_dot_product_attention and fused
@@ -39,11 +43,15 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 # File headers (llmc/gpt2.h, dev/SPEC.md).
 HEADER_INTS = 256
 CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
+# The modern architecture's files (modern.md in dev/SPEC.md): versions 6 (FP32) and 7 (BF16), with
+# the architecture id in header slot 8 (0 GPT-2, as llm.c's files have it, 1 modern).
+MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
+ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1}
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
 CHECKSUM_NONE, CHECKSUM_CRC32 = 0, 1
-DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION = 20240327, 3
+DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, DEBUG_STATE_VERSION_MODERN = 20240327, 3, 4
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 VOCAB_PAD_MULTIPLE = 128
 
@@ -55,7 +63,31 @@ PRESETS = {
     "d48": (48, 25, 1600, 1024, 50257),
     "tiny": (2, 4, 128, 64, 50257),
 }
+# The modern architecture's presets: head size 128 (64 for d48, as 128 does not divide 1600).
+MODERN_PRESETS = {
+    "d12": (12, 6, 768, 1024, 50257),
+    "d24": (24, 8, 1024, 1024, 50257),
+    "d36": (36, 10, 1280, 1024, 50257),
+    "d48": (48, 25, 1600, 1024, 50257),
+    "tiny": (2, 1, 128, 64, 50257),
+}
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
+RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
+ATTENTION_SCALE_MODERN = 0.12
+LOGIT_SOFTCAP_MODERN = 15.0
+# Muon (modern.md): 12 Newton-Schulz steps X <- a X + (b A + c A A) X, A = X X^T, in bfloat16.
+MUON_NS_STEPS, MUON_NS_A, MUON_NS_B, MUON_NS_C = 12, 2.0, -1.5, 0.5
+# Every flag a recipe sets: its value without one, and with --recipe modern (modern.md: modded-nanogpt's
+# optimization-track baseline). A flag given on the command line overrides both.
+RECIPE_FLAGS = {
+    "arch": ("gpt2", "modern"), "optimizer": ("adamw", "muon"), "loss_reduction": ("mean", "sum"),
+    "learning_rate": (1e-4, 1e-4), "embedding_lr": (None, 0.7), "head_lr": (None, 0.004),
+    "scalar_lr": (None, 0.015), "beta1": (ADAMW_BETA1, 0.8), "beta2": (ADAMW_BETA2, 0.95),
+    "adam_eps": (ADAMW_EPS, 1e-10), "weight_decay": (0.1, 0.001), "grad_clip": (1.0, 0.0),
+    "lr_schedule": ("cosine", "stable_decay"), "batch_size": (4, 64), "seq_len": (64, 1024),
+    "total_batch_size": (-1, 524288),
+}
+MUON_FLAGS = {"muon_lr": 0.025, "muon_weight_decay": 0.05, "muon_momentum": 0.95}
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -86,33 +118,54 @@ class GPTConfig:
     channels: int
     max_seq_len: int
     vocab_size: int
+    # "gpt2", or "modern" (dev/SPEC.md "The modern architecture"): RMSNorm with gains (also after the
+    # embedding), no position embedding, QK-norm and half-truncated rotary, attention scale 0.12,
+    # ReLU^2, a separate head with a bias, logits soft-capped at 15.
+    arch: str = "gpt2"
+
+    @property
+    def modern(self):
+        return self.arch == "modern"
 
     @property
     def padded_vocab_size(self):
         return -(-self.vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
+    def shape(self):
+        return (self.num_layers, self.num_heads, self.channels, self.max_seq_len, self.vocab_size)
+
     def num_parameters(self):
-        """All parameters, wte with padded_vocab_size rows (llmc/gpt2.h num_parameters)."""
-        C, L = self.channels, self.num_layers
-        return (self.padded_vocab_size + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
+        """All parameters, wte (and the modern head) with padded_vocab_size rows (llmc/gpt2.h)."""
+        C, L, Vp = self.channels, self.num_layers, self.padded_vocab_size
+        if self.modern:
+            return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
+        return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
 
     def flops_per_token(self, T):
         """SPEC.md's MFU count: 6*N + 6*L*C*T FLOPs per token, N = all parameters (padded vocabulary)."""
         return 6 * self.num_parameters() + 6 * self.num_layers * self.channels * T
 
     def name(self):
-        """The preset name when the shape is a preset's, else one spelling out the shape."""
-        presets = [name for name, shape in PRESETS.items() if shape == astuple(self)]
-        return presets[0] if presets else "l{}h{}c{}t{}v{}".format(*astuple(self))
+        """The preset name when the shape is a preset's, else one spelling out the shape; modern
+        models' names start with modern_."""
+        presets = [name for name, shape in ARCH_PRESETS[self.arch].items() if shape == self.shape()]
+        name = presets[0] if presets else "l{}h{}c{}t{}v{}".format(*self.shape())
+        return f"modern_{name}" if self.modern else name
 
 
-def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source):
-    config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size))
-    if min(astuple(config)) <= 0:
+ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS}
+
+
+def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2"):
+    config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch)
+    if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
     if channels % num_heads != 0:
         fail(f"{source}: channels {channels} is not divisible by num_heads {num_heads}")
+    if config.modern and (channels // num_heads) % 4 != 0:
+        fail(f"{source}: head size {channels // num_heads} (C/NH) is not a multiple of 4, which the "
+             f"modern architecture's rotary embedding needs; change --channels or --num_heads")
     return config
 
 
@@ -189,6 +242,53 @@ class Fp8Linear(nn.Linear):
         return Fp8LinearFunction.apply(x.to(bf16), self.weight.to(bf16), self.bias.to(bf16))
 
 
+class CastLinear(nn.Linear):
+    """nn.Linear whose float32 parameters are cast to the input's dtype: the modern model's
+    bfloat16 activations (without autocast) take bfloat16 products, as modded-nanogpt's do."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.type_as(x), None if self.bias is None else self.bias.type_as(x))
+
+
+def rms_norm(x, weight=None):
+    """x * rsqrt(mean(x^2) + FLT_EPSILON) * weight over the last axis, computed in float32 and
+    returned in x's dtype. On CUDA, F.rms_norm (PyTorch 2.4+) where it exists: the same function,
+    one fused kernel."""
+    if x.is_cuda and hasattr(F, "rms_norm"):
+        return F.rms_norm(x, (x.size(-1),), None if weight is None else weight.type_as(x), eps=RMS_NORM_EPS)
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)
+    return (y if weight is None else y * weight.float()).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x):
+        return rms_norm(x, self.weight)
+
+
+def rotary_frequencies(head_size):
+    """Half-truncated rotary: hs/4 angular frequencies (1/1024)^(j/(hs/4-1)), then hs/4 zeros."""
+    freq = (1 / 1024) ** torch.linspace(0, 1, steps=head_size // 4, dtype=torch.float32)
+    return torch.cat([freq, freq.new_zeros(head_size // 4)])
+
+
+def rotate(x, freq):
+    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32."""
+    pos = torch.arange(x.size(1), dtype=torch.float32, device=x.device)
+    theta = torch.outer(pos, freq)[None, :, None, :]
+    cos, sin = theta.cos(), theta.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).type_as(x)
+
+
+def make_norm(config):
+    return RMSNorm(config.channels) if config.modern else nn.LayerNorm(config.channels)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, flash, linear):
         super().__init__()
@@ -196,15 +296,24 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = linear(config.channels, config.channels)
         self.num_heads = config.num_heads
         self.flash = flash
+        # modern: QK-norm and rotary on q and k, and the scale 0.12 instead of 1/sqrt(hs)
+        self.modern = config.modern
+        if self.modern:
+            self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
 
     def forward(self, x):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
+        if self.modern:
+            q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **scale)
         else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            scale = ATTENTION_SCALE_MODERN if self.modern else 1.0 / math.sqrt(k.size(-1))
+            att = (q @ k.transpose(-2, -1)) * scale
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             y = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1) @ v
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
@@ -215,17 +324,19 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = linear(config.channels, 4 * config.channels)
         self.c_proj = linear(4 * config.channels, config.channels)
+        self.modern = config.modern  # ReLU^2 instead of GELU
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        h = self.c_fc(x)
+        return self.c_proj(F.relu(h).square() if self.modern else F.gelu(h, approximate="tanh"))
 
 
 class Block(nn.Module):
     def __init__(self, config, flash, linear):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.channels)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, flash, linear)
-        self.ln_2 = nn.LayerNorm(config.channels)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config, linear)
 
     def forward(self, x):
@@ -238,41 +349,72 @@ class GPT(nn.Module):
         """fp8: the blocks' linear layers are Fp8Linear (a CUDA GPU of compute capability 8.9+)."""
         super().__init__()
         self.config = config
-        linear = Fp8Linear if fp8 else nn.Linear
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.padded_vocab_size, config.channels),
-            wpe=nn.Embedding(config.max_seq_len, config.channels),
-            h=nn.ModuleList([Block(config, flash, linear) for _ in range(config.num_layers)]),
-            ln_f=nn.LayerNorm(config.channels),
-        ))
-        self.lm_head = nn.Linear(config.channels, config.padded_vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight
+        plain = CastLinear if config.modern else nn.Linear
+        linear = Fp8Linear if fp8 else plain
+        layers = dict(wte=nn.Embedding(config.padded_vocab_size, config.channels))
+        if config.modern:
+            layers["ln_e"] = RMSNorm(config.channels)  # the norm after the embedding
+        else:
+            layers["wpe"] = nn.Embedding(config.max_seq_len, config.channels)
+        layers["h"] = nn.ModuleList([Block(config, flash, linear) for _ in range(config.num_layers)])
+        layers["ln_f"] = make_norm(config)
+        self.transformer = nn.ModuleDict(layers)
+        # modern: a separate head with a bias; GPT-2's is wte itself
+        self.lm_head = plain(config.channels, config.padded_vocab_size, bias=config.modern)
+        if not config.modern:
+            self.lm_head.weight = self.transformer.wte.weight
+        # The modern model's activations: float32, or bfloat16 with float32 parameters cast to it
+        # (set_compute_dtype). GPT-2's bfloat16 runs use autocast instead.
+        self.compute_dtype = torch.float32
 
     def final_hidden(self, idx):
-        """The blocks' output after the final layernorm, [B, T, C]: the classifier's input."""
-        pos = torch.arange(idx.size(1), device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
+        """The blocks' output after the final norm, [B, T, C]: the classifier's input."""
+        t = self.transformer
+        if self.config.modern:
+            x = t.ln_e(t.wte(idx).to(self.compute_dtype))
+        else:
+            pos = torch.arange(idx.size(1), device=idx.device)
+            x = t.wte(idx) + t.wpe(pos)
+        for block in t.h:
             x = block(x)
-        return self.transformer.ln_f(x)
+        return t.ln_f(x)
 
-    def forward(self, idx, targets=None):
-        """Returns the logits over the real vocabulary, [B, T, vocab_size], and the mean loss."""
+    def soft_cap(self, logits):
+        """The logits the softmax sees: the modern model's 15 z / sqrt(z^2 + 225), in float32."""
+        if not self.config.modern:
+            return logits
+        z = logits.float()
+        return LOGIT_SOFTCAP_MODERN * z * torch.rsqrt(z.square() + LOGIT_SOFTCAP_MODERN ** 2)
+
+    def forward(self, idx, targets=None, reduction="mean"):
+        """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
+        cap), and the loss: the mean or the sum of the token losses."""
         # The padded columns are dropped before the loss, so padded wte rows get zero gradient.
         logits = self.lm_head(self.final_hidden(idx))[:, :, :self.config.vocab_size]
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            capped = self.soft_cap(logits)
+            loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits, loss
 
-    def padded_vocab_loss(self, idx, targets):
-        """The benchmark's loss, as nanoGPT computes it: cross-entropy over all padded_vocab_size
-        logits, which are neither sliced nor returned, so the compiled graph keeps no logits beyond
-        what its backward needs. The padded columns' logits are 0 while their wte rows are (at
-        initialisation), so this is the reference loss with padded_vocab_size - vocab_size zero
-        logits added to each softmax."""
-        logits = self.lm_head(self.final_hidden(idx))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    def padded_vocab_loss(self, idx, targets, reduction="mean"):
+        """The benchmark's loss, as nanoGPT and modded-nanogpt compute it: cross-entropy over all
+        padded_vocab_size logits, which are neither sliced nor returned, so the compiled graph keeps
+        no logits beyond what its backward needs. The padded columns' logits are 0 while their wte
+        (modern: head) rows are (at initialisation), so this is the reference loss with
+        padded_vocab_size - vocab_size zero logits added to each softmax."""
+        logits = self.soft_cap(self.lm_head(self.final_hidden(idx)))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), reduction=reduction)
+
+
+def set_compute_dtype(model, dtype, device_type):
+    """The context a forward pass runs in for --dtype `dtype`: GPT-2 uses bfloat16 autocast; the
+    modern model computes in bfloat16 itself (activations and products, norms, rotary and the soft
+    cap in float32 inside), as modded-nanogpt does, with float32 parameters."""
+    if model.config.modern:
+        model.compute_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        return nullcontext()
+    return torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
 
 
 BLOCK_PARAMS = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
@@ -282,15 +424,21 @@ BLOCK_PARAMS = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.b
 
 def params_in_file_order(model):
     """The parameters in llmc/gpt2.h param_table() order (the checkpoint layout): each table
-    entry in turn, the per-layer entries layer by layer."""
+    entry in turn, the per-layer entries layer by layer. GPT-2: wte, wpe, the blocks, ln_f's weight
+    and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias."""
     t = model.transformer
-    stacked = [block.get_parameter(name) for name in BLOCK_PARAMS for block in t.h]
+    present = dict(t.h[0].named_parameters())
+    stacked = [block.get_parameter(name) for name in BLOCK_PARAMS if name in present for block in t.h]
+    if model.config.modern:
+        return [t.wte.weight, t.ln_e.weight] + stacked + [t.ln_f.weight, model.lm_head.weight, model.lm_head.bias]
     return [t.wte.weight, t.wpe.weight] + stacked + [t.ln_f.weight, t.ln_f.bias]
 
 
 def init_weights(model, seed):
     """SPEC.md "Model initialisation from a seed". The C++ trainers reproduce these weights bit
     for bit, so the draw order (one normal_ call per tensor, on the CPU) is part of the contract."""
+    if model.config.modern:
+        return init_weights_modern(model, seed)
     config, t = model.config, model.transformer
     projection_std = 0.02 / math.sqrt(2 * config.num_layers)
     torch.manual_seed(seed)
@@ -310,6 +458,25 @@ def init_weights(model, seed):
             block.mlp.c_proj.weight.normal_(0.0, projection_std)
 
 
+def init_weights_modern(model, seed):
+    """The modern model's init (SPEC.md): wte N(0, 1), then per layer qkvw and fcw N(0, sqrt(0.33/C));
+    the output projections and the head zero, biases zero, gains one."""
+    config, t = model.config, model.transformer
+    std = math.sqrt(0.33 / config.channels)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        t.wte.weight.normal_(0.0, 1.0)
+        t.wte.weight[config.vocab_size:].zero_()
+        for block in t.h:
+            block.attn.c_attn.weight.normal_(0.0, std)
+            block.mlp.c_fc.weight.normal_(0.0, std)
+
+
 # ------------------------------------------------------------------------------------------------
 # Checkpoints (llm.c format)
 
@@ -323,12 +490,15 @@ def header_checksum_start(header):
 
 
 def write_checkpoint(model, path, version):
-    """Writes FP32 (version 3) or BF16 (version 5, rounded to nearest even) parameters, with a
-    checksum."""
+    """Writes FP32 (version CHECKPOINT_FP32) or BF16 (CHECKPOINT_BF16, rounded to nearest even)
+    parameters, with a checksum. The modern architecture's file carries version 6 or 7 instead of
+    3 or 5, and its architecture id in header slot 8."""
     c = model.config
     header = np.zeros(HEADER_INTS, np.int32)
-    header[:8] = [CHECKPOINT_MAGIC, version, c.max_seq_len, c.vocab_size, c.num_layers,
+    file_version = MODERN_CHECKPOINT_VERSION[version] if c.modern else version
+    header[:8] = [CHECKPOINT_MAGIC, file_version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
+    header[ARCH_SLOT] = ARCH_IDS[c.arch]
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -351,7 +521,8 @@ def write_checkpoint(model, path, version):
 
 
 def read_checkpoint(path, flash=False, fp8=False):
-    """Returns a CPU model holding the parameters of a version 3 or 5 checkpoint."""
+    """Returns a CPU model holding the parameters of a checkpoint: GPT-2 (version 3 or 5) or
+    modern (version 6 or 7)."""
     if not os.path.isfile(path):
         fail(f"--init_from {path}: no such file; check the path")
     header = np.fromfile(path, np.int32, HEADER_INTS)
@@ -373,10 +544,18 @@ def read_checkpoint(path, flash=False, fp8=False):
         if stored != computed:
             fail(f"{path}: checksum mismatch (CRC-32 {stored:08x} in the header, {computed:08x} "
                  f"computed): the file is damaged; re-create it, or use an earlier checkpoint")
-    if version not in (CHECKPOINT_FP32, CHECKPOINT_BF16):
-        fail(f"{path}: unsupported checkpoint version {version} "
-             f"(expected {CHECKPOINT_FP32} for FP32 or {CHECKPOINT_BF16} for BF16)")
-    config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path)
+    precisions = {CHECKPOINT_FP32: CHECKPOINT_FP32, CHECKPOINT_BF16: CHECKPOINT_BF16}
+    precisions.update({v: k for k, v in MODERN_CHECKPOINT_VERSION.items()})
+    if version not in precisions:
+        fail(f"{path}: unsupported checkpoint version {version} (expected {CHECKPOINT_FP32}/{CHECKPOINT_BF16} "
+             f"for GPT-2 in FP32/BF16, {MODERN_CHECKPOINT_VERSION[CHECKPOINT_FP32]}/"
+             f"{MODERN_CHECKPOINT_VERSION[CHECKPOINT_BF16]} for the modern architecture)")
+    arch = "modern" if version in MODERN_CHECKPOINT_VERSION.values() else "gpt2"
+    if arch == "modern" and header[ARCH_SLOT] != ARCH_IDS[arch]:
+        fail(f"{path}: version {version} is a modern checkpoint, but header slot {ARCH_SLOT} holds "
+             f"architecture id {header[ARCH_SLOT]}, not {ARCH_IDS[arch]}: the header is damaged; re-create it")
+    version = precisions[version]
+    config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -533,21 +712,26 @@ class RandomTokens:
 # Optimisation
 
 
-def learning_rate(step, args):
+def learning_rate(step, args, peak=None):
     """The learning rate of step `step` (0-based) of N = num_iterations, with W = warmup_iters,
-    lr = learning_rate and min_lr = lr * final_lr_frac:
+    lr = peak (default learning_rate) and min_lr = lr * final_lr_frac:
       step < W:     lr * (step + 1) / W                        (every schedule)
       otherwise, with f = max(0, (step - S) / (N - S)):
         cosine:     min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * f)),      S = W
         linear:     lr - (lr - min_lr) * f,                                S = W
         wsd:        lr - (lr - min_lr) * f,  S = max(W, N - N // 5)  (stable, then the last 20% decay)
         constant:   lr
+        stable_decay: lr while step/N < 0.3, then lr * ((1 - step/N) / 0.7)  (modern.md; to 0)
     """
-    lr, W, N = args.learning_rate, args.warmup_iters, args.num_iterations
+    lr = args.learning_rate if peak is None else peak
+    W, N = args.warmup_iters, args.num_iterations
     if step < W:
         return lr * (step + 1) / W
     if args.lr_schedule == "constant":
         return lr
+    if args.lr_schedule == "stable_decay":
+        progress = step / N
+        return lr if progress < 0.3 else lr * ((1 - progress) / 0.7)
     min_lr = lr * args.final_lr_frac
     start = max(W, N - N // 5) if args.lr_schedule == "wsd" else W
     f = max(0.0, (step - start) / (N - start))
@@ -561,31 +745,132 @@ def clip_gradients(params, grad_clip):
     return torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
 
 
-def adamw_step(params, moments, t, lr, weight_decay):
-    """SPEC.md AdamW written out in float32, op by op as the spec writes it (t counts from 1).
-    Scalar coefficients are computed in double and rounded to float32 once."""
+def adamw_step(params, moments, t, lr, weight_decay, betas=(ADAMW_BETA1, ADAMW_BETA2), eps=ADAMW_EPS,
+               decay_all=False):
+    """SPEC.md AdamW written out in float32, op by op as the spec writes it (t counts from 1), with
+    weight decay on the 2-D tensors (decay_all: on every tensor, the modern recipe's). Scalar
+    coefficients are computed in double and rounded to float32 once."""
+    beta1, beta2 = betas
     with torch.no_grad():
         for p, (m, v) in zip(params, moments):
             g = p.grad
-            m.copy_(ADAMW_BETA1 * m + (1 - ADAMW_BETA1) * g)
-            v.copy_(ADAMW_BETA2 * v + (1 - ADAMW_BETA2) * g * g)
-            mhat = m / (1 - ADAMW_BETA1 ** t)
-            vhat = v / (1 - ADAMW_BETA2 ** t)
-            decay = weight_decay if p.dim() == 2 else 0.0
-            p.sub_(lr * (mhat / (vhat.sqrt() + ADAMW_EPS) + decay * p))
+            m.copy_(beta1 * m + (1 - beta1) * g)
+            v.copy_(beta2 * v + (1 - beta2) * g * g)
+            mhat = m / (1 - beta1 ** t)
+            vhat = v / (1 - beta2 ** t)
+            decay = weight_decay if decay_all or p.dim() == 2 else 0.0
+            p.sub_(lr * (mhat / (vhat.sqrt() + eps) + decay * p))
 
 
-def make_optimizer(model, args, device_type, tensor_lr=False):
-    """torch AdamW: the same update as adamw_step (decoupled decay lr*wd*p, bias-corrected m and v,
-    eps added to sqrt(vhat)), fused on CUDA where this PyTorch has it. tensor_lr keeps the learning
-    rate in a device tensor, so a compiled step does not recompile when the rate changes."""
-    params = params_in_file_order(model)
-    groups = [{"params": [p for p in params if p.dim() == 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.dim() != 2], "weight_decay": 0.0}]
+def orthogonalise(G):
+    """modern.md's Newton-Schulz iteration towards the nearest semi-orthogonal matrix of G, in
+    bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (|X|_F
+    + 1e-7), then MUON_NS_STEPS of X <- a X + (b A + (c A) A) X with A = X X^T."""
+    X = G.bfloat16()
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.t()
+    X = X / (X.norm() + 1e-7)
+    for _ in range(MUON_NS_STEPS):
+        A = X @ X.t()
+        B = MUON_NS_B * A + (MUON_NS_C * A) @ A
+        X = MUON_NS_A * X + B @ X
+    return X.t() if tall else X
+
+
+def muon_direction(grad, momentum, mu, blocks):
+    """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
+    each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols))."""
+    momentum.lerp_(grad, 1 - mu)
+    u = grad.lerp(momentum, mu)
+    return torch.cat([orthogonalise(b) * max(1, b.size(0) / b.size(1)) ** 0.5 for b in u.chunk(blocks)])
+
+
+class Muon(torch.optim.Optimizer):
+    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction. A group's
+    "blocks" splits each of its matrices into that many row blocks (qkvw: q, k and v, three C x C
+    matrices). compile: the direction as one torch.compile graph per shape, as modded-nanogpt does."""
+
+    def __init__(self, groups, lr, weight_decay, momentum, compile=False):
+        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1))
+        self.direction = torch.compile(muon_direction) if compile else muon_direction
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["momentum"] = torch.zeros_like(p)
+                update = self.direction(p.grad, state["momentum"], group["momentum"], group["blocks"])
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"])
+
+
+def optimizer_groups(model, args):
+    """Every parameter's optimizer and hyperparameters, as (optimizer, group) pairs; each group's
+    "lr" is its peak, which the schedule scales. With --optimizer muon, Muon takes the blocks'
+    matrices (qkvw as q, k, v). AdamW takes the rest: GPT-2's 2-D tensors with weight decay and the
+    others without, at --learning_rate; the modern model's embedding, head weight, 1-D tensors
+    (gains, biases) and any block matrix at their own rates, all with weight decay."""
+    t, groups = model.transformer, []
+    if args.optimizer == "muon":
+        qkv = [b.attn.c_attn.weight for b in t.h]
+        others = [p for b in t.h for p in (b.attn.c_proj.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+        groups = [("muon", dict(params=qkv, blocks=3)), ("muon", dict(params=others))]
+    taken = {id(p) for _, group in groups for p in group["params"]}
+    rest = [p for p in params_in_file_order(model) if id(p) not in taken]
+    if model.config.modern:
+        head, embedding = model.lm_head.weight, t.wte.weight
+        roles = [(args.embedding_lr, lambda p: p is embedding), (args.head_lr, lambda p: p is head),
+                 (args.scalar_lr, lambda p: p.dim() == 1), (args.learning_rate, lambda p: True)]
+        for lr, belongs in roles:
+            params = [p for p in rest if belongs(p)]
+            rest = [p for p in rest if not belongs(p)]
+            groups += [("adamw", dict(params=params, lr=lr, weight_decay=args.weight_decay))] if params else []
+    else:
+        groups += [("adamw", dict(params=[p for p in rest if p.dim() == 2], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)),
+                   ("adamw", dict(params=[p for p in rest if p.dim() != 2], lr=args.learning_rate,
+                                  weight_decay=0.0))]
+    covered = [id(p) for _, group in groups for p in group["params"]]
+    assert sorted(covered) == sorted(id(p) for p in model.parameters()), "a parameter has no or two optimizers"
+    return groups
+
+
+def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=False):
+    """The optimizers of optimizer_groups: torch AdamW (the same update as adamw_step: decoupled
+    decay lr*wd*p, bias-corrected m and v, eps added to sqrt(vhat)), fused on CUDA where this
+    PyTorch has it, and Muon. Each group keeps its peak rate as "peak_lr". tensor_lr keeps AdamW's
+    rates in device tensors, so a compiled step does not recompile when they change. Returns
+    (optimizers, fused)."""
+    groups = optimizer_groups(model, args)
+    for _, group in groups:
+        group["peak_lr"] = group.get("lr", args.muon_lr)
+    adamw_groups = [group for kind, group in groups if kind == "adamw"]
+    for group in adamw_groups:
+        group["lr"] = torch.tensor(group["lr"], device=device_type) if tensor_lr else group["lr"]
     fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     extra = {"fused": True} if fused else {}
-    lr = torch.tensor(args.learning_rate, device=device_type) if tensor_lr else args.learning_rate
-    return torch.optim.AdamW(groups, lr=lr, betas=(ADAMW_BETA1, ADAMW_BETA2), eps=ADAMW_EPS, **extra), fused
+    optimizers = [torch.optim.AdamW(adamw_groups, lr=args.learning_rate, betas=(args.beta1, args.beta2),
+                                    eps=args.adam_eps, **extra)]
+    muon_groups = [group for kind, group in groups if kind == "muon"]
+    if muon_groups:
+        optimizers.append(Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
+                               compile=compile_muon))
+    return optimizers, fused
+
+
+def set_learning_rates(optimizers, step, args):
+    """Every group's rate at `step`: its peak under the schedule. Returns the rate of --learning_rate."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            lr = learning_rate(step, args, group["peak_lr"])
+            if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+    return learning_rate(step, args)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,15 +879,18 @@ def make_optimizer(model, args, device_type, tensor_lr=False):
 
 def write_debug_state(model, batch, args, device, out_dir):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
-    gradient of the first step, then the losses of debug_steps AdamW steps on the same batch at a
-    constant learning rate (the first loss is the one before any update).
+    gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
+    at constant learning rates (the first loss is the one before any update). GPT-2 with AdamW and
+    the mean loss writes version 3; the modern architecture, Muon or the summed loss version 4,
+    whose header also names the architecture, the optimizers and their settings.
 
     The debug state is float32, the reference the C++ builds are checked against, except with
     --fp8 1 (gpt2_<name>_fp8_debug_state.bin): float32 has no FP8 products to compare with, so
     that one is the FP8 recipe itself, bfloat16 autocast with FP8 block linear layers as the CUDA
     trainer's -fp8 1 runs, and its loss curve is what test_gpt2cu --fp8 compares."""
-    name = model.config.name()
-    kind = "_fp8" if args.fp8 else ""
+    config, name = model.config, model.config.name()
+    muon, summed = args.optimizer == "muon", args.loss_reduction == "sum"
+    kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}.bin"), CHECKPOINT_FP32)
@@ -610,25 +898,41 @@ def write_debug_state(model, batch, args, device, out_dir):
     model.to(device)
     x, y = (t.to(device) for t in batch)
     params = params_in_file_order(model)
-    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+    groups = optimizer_groups(model, args)
+    moments = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p in params}
+    muon_groups = [group for kind, group in groups if kind == "muon"]
+    muon_optimizer = Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum) if muon else None
     losses = []
     for step in range(args.debug_steps):
         with autocast:
-            logits, loss = model(x, y)
+            logits, loss = model(x, y, args.loss_reduction)
         model.zero_grad(set_to_none=True)
         loss.backward()
+        mean_loss = loss.detach() / y.numel() if summed else loss.detach()
         if step == 0:
-            first = [logits.detach().cpu(), loss.detach().cpu()] + [p.grad.detach().cpu().clone() for p in params]
-        losses.append(loss.item())
+            first = [logits.detach().cpu(), mean_loss.cpu()] + [p.grad.detach().cpu().clone() for p in params]
+        losses.append(mean_loss.item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
         clip_gradients(params, args.grad_clip)
-        adamw_step(params, moments, step + 1, args.learning_rate, args.weight_decay)
+        for owner, group in groups:
+            if owner == "adamw":
+                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1, group["lr"],
+                           group["weight_decay"], (args.beta1, args.beta2), args.adam_eps, decay_all=config.modern)
+        if muon_optimizer:
+            muon_optimizer.step()
 
     B, T = x.shape
+    version4 = config.modern or muon or summed
     header = np.zeros(HEADER_INTS, np.int32)
-    header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, B, T, args.debug_steps, model.config.vocab_size]
-    hyper = [args.learning_rate, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, args.weight_decay, args.grad_clip]
+    header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION, B, T,
+                  args.debug_steps, config.vocab_size]
+    hyper = [args.learning_rate, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip]
     header[6:12] = np.array(hyper, np.float32).view(np.int32)
+    if version4:
+        header[12:15] = [ARCH_IDS[config.arch], int(muon), int(summed)]
+        muon_hyper = [args.muon_lr, args.muon_weight_decay, args.muon_momentum] if muon else [0.0] * 3
+        adamw_lrs = [args.embedding_lr, args.head_lr, args.scalar_lr] if config.modern else [args.learning_rate] * 3
+        header[15:21] = np.array(muon_hyper + adamw_lrs, np.float32).view(np.int32)
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
@@ -648,7 +952,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch GPT-2 reference: debug states for the C++ "
                                 "tests, training on token shards, and a benchmark (see dev/SPEC.md).")
     a = p.add_argument_group("model")
-    a.add_argument("--model", choices=sorted(PRESETS), help="preset shape (llmc/gpt2.h); default d12")
+    a.add_argument("--recipe", choices=["modern"], help="modern: the modern architecture trained with "
+                   "Muon as modded-nanogpt's optimization-track baseline (dev/SPEC.md); sets every flag "
+                   "marked 'recipe' below that is not given")
+    a.add_argument("--arch", choices=sorted(ARCH_IDS), help=recipe_help("arch", "architecture"))
+    a.add_argument("--model", choices=sorted(PRESETS), help="preset shape of the architecture (llmc/gpt2.h); "
+                   "default d12")
     a.add_argument("--num_layers", type=int, help="override the preset's number of layers")
     a.add_argument("--num_heads", type=int, help="override the preset's number of heads")
     a.add_argument("--channels", type=int, help="override the preset's channels")
@@ -659,18 +968,35 @@ def parse_args(argv=None):
     a = p.add_argument_group("data")
     a.add_argument("--input_bin", help="glob of training token shards")
     a.add_argument("--input_val_bin", help="glob of validation token shards")
-    a.add_argument("-b", "--batch_size", type=int, default=4, help="micro batch size per process")
-    a.add_argument("-t", "--seq_len", type=int, default=64, help="sequence length")
-    a.add_argument("--total_batch_size", type=int, default=-1,
-                   help="tokens per step; -1 = B*T*world (grad accumulation = total / (B*T*world))")
+    a.add_argument("-b", "--batch_size", type=int, help=recipe_help("batch_size", "micro batch size per process"))
+    a.add_argument("-t", "--seq_len", type=int, help=recipe_help("seq_len", "sequence length"))
+    a.add_argument("--total_batch_size", type=int, help=recipe_help(
+        "total_batch_size", "tokens per step; -1 = B*T*world (grad accumulation = total / (B*T*world))"))
     a.add_argument("--shuffle", type=int, choices=[0, 1], default=1, help="shuffle the training data")
     a = p.add_argument_group("optimisation")
-    a.add_argument("--learning_rate", type=float, default=1e-4, help="peak learning rate")
+    a.add_argument("--optimizer", choices=["adamw", "muon"], help=recipe_help(
+        "optimizer", "muon: Muon for the blocks' matrices, AdamW for the rest"))
+    a.add_argument("--learning_rate", type=float, help=recipe_help(
+        "learning_rate", "AdamW's peak learning rate (modern: of the blocks' matrices under AdamW)"))
+    a.add_argument("--embedding_lr", type=float, help=recipe_help("embedding_lr", "modern: AdamW lr of wte"))
+    a.add_argument("--head_lr", type=float, help=recipe_help("head_lr", "modern: AdamW lr of the head weight"))
+    a.add_argument("--scalar_lr", type=float, help=recipe_help(
+        "scalar_lr", "modern: AdamW lr of the 1-D tensors (gains, biases)"))
+    a.add_argument("--beta1", type=float, help=recipe_help("beta1", "AdamW beta1"))
+    a.add_argument("--beta2", type=float, help=recipe_help("beta2", "AdamW beta2"))
+    a.add_argument("--adam_eps", type=float, help=recipe_help("adam_eps", "AdamW eps"))
+    a.add_argument("--weight_decay", type=float, help=recipe_help(
+        "weight_decay", "AdamW decay (GPT-2: of the 2-D matrices; modern: of every AdamW tensor)"))
+    for flag, value in MUON_FLAGS.items():
+        a.add_argument(f"--{flag}", type=float, help=f"Muon's {flag[5:].replace('_', ' ')} (default {value}; "
+                       f"--optimizer muon only)")
+    a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
+        "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
     a.add_argument("--final_lr_frac", type=float, default=0.0, help="final lr as a fraction of the peak")
-    a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd"], default="cosine")
-    a.add_argument("--weight_decay", type=float, default=0.1, help="AdamW decay of the 2-D matrices")
-    a.add_argument("--grad_clip", type=float, default=1.0, help="global gradient norm clip; 0 = off")
+    a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay"],
+                   help=recipe_help("lr_schedule", "stable_decay: constant for 30%, then linear to 0"))
+    a.add_argument("--grad_clip", type=float, help=recipe_help("grad_clip", "global gradient norm clip; 0 = off"))
     a.add_argument("--num_iterations", type=int, default=10, help="optimizer steps")
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
     a.add_argument("--val_steps", type=int, default=20, help="batches per validation")
@@ -695,11 +1021,26 @@ def parse_args(argv=None):
     a = p.add_argument_group("modes")
     a.add_argument("--write_debug_state", metavar="DIR", help="write the initial model and the debug "
                    "state of llmc/gpt2.h to DIR and exit")
-    a.add_argument("--debug_steps", type=int, default=10, help="AdamW steps recorded in the debug state")
+    a.add_argument("--debug_steps", type=int, default=10, help="optimizer steps recorded in the debug state")
     a.add_argument("--benchmark", "--bench", type=int, nargs="?", const=1, default=0, choices=[0, 1],
                    help="time training steps on random tokens")
     a.add_argument("--peak_flops", type=float, default=989e12, help="peak FLOP/s for MFU (H100 dense BF16)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.arch_given = args.arch is not None  # --init_from takes the architecture from the checkpoint
+    for key, (plain, modern) in RECIPE_FLAGS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, modern if args.recipe == "modern" else plain)
+    if args.optimizer == "muon":
+        for key, value in MUON_FLAGS.items():
+            setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
+    return args
+
+
+def recipe_help(flag, text):
+    """A recipe flag's help: what it is, its default and the modern recipe's value."""
+    plain, modern = RECIPE_FLAGS[flag]
+    plain = "--learning_rate" if plain is None else plain
+    return f"{text} (default {plain}; recipe: {modern})".replace("%", "%%")
 
 
 def check_args(args):
@@ -726,17 +1067,47 @@ def check_args(args):
         fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
+    if args.recipe == "modern" and args.arch != "modern":
+        fail("--recipe modern trains the modern architecture; drop --arch gpt2")
+    if args.optimizer != "muon":
+        given = [f"--{key}" for key in MUON_FLAGS if getattr(args, key) is not None]
+        if given:
+            fail(f"{given[0]} sets Muon, which --optimizer {args.optimizer} does not use; add --optimizer muon or drop it")
+    if args.optimizer == "muon" and args.compile_optimizer:
+        fail("--compile_optimizer 1 compiles AdamW's step; with --optimizer muon, --compile compiles Muon's "
+             "Newton-Schulz per matrix: drop --compile_optimizer")
+    if args.fp8 and (args.arch == "modern" or args.optimizer == "muon"):
+        fail("--fp8 1 is GPT-2's recipe with AdamW; drop --fp8 or use --arch gpt2 --optimizer adamw")
+
+
+def settle_arch(args, config):
+    """Checks the architecture-dependent flags against the model's architecture, which --init_from
+    can supply, and gives the modern model's AdamW groups their rates (--learning_rate by default)."""
+    if (args.arch_given or args.recipe) and args.arch != config.arch:
+        fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
+             f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
+    args.arch = config.arch
+    group_lrs = ["embedding_lr", "head_lr", "scalar_lr"]
+    if config.modern:
+        for key in group_lrs:
+            setattr(args, key, args.learning_rate if getattr(args, key) is None else getattr(args, key))
+    elif any(getattr(args, key) is not None for key in group_lrs):
+        fail("--embedding_lr/--head_lr/--scalar_lr set the modern model's AdamW groups; GPT-2's AdamW "
+             "tensors all take --learning_rate: drop them")
 
 
 def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        if args.model or any(v is not None for v in overrides):
-            fail("--init_from takes the model shape from the checkpoint; drop --model and the size flags")
+        if args.model or args.arch_given or any(v is not None for v in overrides):
+            fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
+                 "--arch and the size flags")
         return None
-    shape = [v if v is not None else base for v, base in zip(overrides, PRESETS[args.model or "d12"])]
-    return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size")
+    preset = ARCH_PRESETS[args.arch][args.model or "d12"]
+    shape = [v if v is not None else base for v, base in zip(overrides, preset)]
+    return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
+                       arch=args.arch)
 
 
 def check_fp8(config, device):
@@ -804,6 +1175,17 @@ def evaluate(model, loader, steps, device, autocast, world):
     return mean_over_ranks(total, world)
 
 
+def micro_step_loss(loss, reduction, tokens, grad_accum_steps, world=1):
+    """(the loss to backpropagate, its share of the step's mean loss) for one micro step's loss of
+    `tokens` tokens: mean losses are averaged over the micro steps; summed ones (the modern recipe)
+    are summed over every token of the step, as modded-nanogpt does, and times world since DDP
+    averages the ranks' gradients."""
+    if reduction == "sum":
+        return loss * world if world > 1 else loss, loss.detach().float() / (tokens * grad_accum_steps)
+    loss = loss / grad_accum_steps
+    return loss, loss.detach().float()
+
+
 def step_line(step, N, loss, norm, lr, ms, tokens_per_step, flops_per_token, peak_flops):
     """SPEC.md's per-step line, for step `step` (0-based) that took ms milliseconds."""
     tokens_per_s = 1000 * tokens_per_step / ms
@@ -839,12 +1221,12 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
              f"{B}*{T}*{world} = {tokens_per_micro_step}; pick a multiple or change -b/-t")
     grad_accum_steps = total_batch_size // tokens_per_micro_step
     raw_model = model.to(device)
-    optimizer, fused = make_optimizer(raw_model, args, device_type)
+    optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
     if use_compile:
         model = torch.compile(model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
-    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    autocast = set_compute_dtype(raw_model, dtype, device_type)
     num_params = config.num_parameters()
     flops_per_token = config.flops_per_token(T)
     master = rank == 0
@@ -864,17 +1246,16 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
     for step in range(N + 1):
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, val_loader, args.val_steps, device, autocast, world)
-            log(f"step {step:4d}/{N} | val loss {val_loss:.6f}")
+            # the training time so far, validation left out, for loss-against-time comparisons
+            log(f"step {step:4d}/{N} | train time {sum(step_times):.3f} s | val loss {val_loss:.6f}")
             if log_file:
                 log_file.write(f"step={step} kind=val loss={val_loss:.6f}\n")
                 log_file.flush()
         if step == N:
             break
         t0 = time.perf_counter()
-        lr = learning_rate(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
+        lr = set_learning_rates(optimizers, step, args)
+        raw_model.zero_grad(set_to_none=True)
         train_loss = torch.zeros((), device=device)
         for micro_step in range(grad_accum_steps):
             x, y = (t.to(device) for t in train_loader.next_batch())
@@ -882,11 +1263,13 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
             sync = world == 1 or micro_step == grad_accum_steps - 1
             with nullcontext() if sync else model.no_sync():
                 with autocast:
-                    loss = model(x, y)[1] / grad_accum_steps
-                train_loss += loss.detach().float()
+                    loss = model(x, y, args.loss_reduction)[1]
+                loss, mean_share = micro_step_loss(loss, args.loss_reduction, y.numel(), grad_accum_steps, world)
+                train_loss += mean_share
                 loss.backward()
         norm = clip_gradients(raw_model.parameters(), args.grad_clip)
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         train_loss = mean_over_ranks(train_loss, world)
         if device_type == "cuda":
             torch.cuda.synchronize()
@@ -927,7 +1310,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     """Times num_iterations training steps on one batch of random tokens as a strong PyTorch user
     runs them: the batch is copied to the device once; forward and loss are one compiled graph
     (padded_vocab_loss: no logits sliced or returned); fused AdamW, optionally compiled with the
-    clipping; nothing waits for the GPU inside the timed steps (CUDA events time them, and the
+    clipping (with --optimizer muon, Muon with its Newton-Schulz compiled per matrix under --compile);
+    nothing waits for the GPU inside the timed steps (CUDA events time them, and the
     losses are read after the last step). Prints the per-step lines of SPEC.md, the average and the
     peak memory; returns the per-step (loss, norm) as floats. step_hook, when given, is called after
     each step's work is queued (a profiler's step())."""
@@ -941,7 +1325,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     if cuda:
         torch.set_float32_matmul_precision("high")  # what a benchmark user sets; bf16 products are unaffected
     model.to(device)
-    optimizer, fused = make_optimizer(model, args, "cuda" if cuda else "cpu", tensor_lr=compile_optimizer)
+    optimizers, fused = make_optimizers(model, args, "cuda" if cuda else "cpu", tensor_lr=compile_optimizer,
+                                        compile_muon=use_compile)
     x, y = (t.to(device) for t in batch)
     loss_fn = model.padded_vocab_loss
     mode = args.compile_mode or BENCHMARK_RECIPE["compile_mode"]
@@ -950,28 +1335,26 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
 
     def clip_and_step():
         norm = clip_gradients(model.parameters(), args.grad_clip)
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         return norm
 
     if compile_optimizer:
         clip_and_step = torch.compile(clip_and_step)
 
-    def update(lr):
-        for group in optimizer.param_groups:
-            if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
+    def update(step):
+        set_learning_rates(optimizers, step, args)
         return clip_and_step()
 
-    autocast = torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    autocast = set_compute_dtype(model, dtype, "cuda" if cuda else "cpu")
     flops_per_token = config.flops_per_token(T)
     sdpa = args.sdpa_backend or BENCHMARK_RECIPE["sdpa_backend"]
     recipe = (f"torch {torch.__version__} | torch.compile {mode if use_compile else 'off'} | "
               f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype}"
               f"{' with FP8 block linear layers (torch._scaled_mm)' if args.fp8 else ''} | "
+              f"{'Muon (Newton-Schulz in bfloat16) and ' if args.optimizer == 'muon' else ''}"
               f"AdamW{' fused' if fused else ''}{', compiled with clipping' if compile_optimizer else ''} | "
-              f"loss over the padded vocabulary ({config.padded_vocab_size})")
+              f"{config.arch} | {args.loss_reduction} loss over the padded vocabulary ({config.padded_vocab_size})")
     log(f"peer recipe: {recipe}")
 
     uses_cudagraphs = use_compile and mode in ("reduce-overhead", "max-autotune")
@@ -983,14 +1366,15 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
             marks.append(torch.cuda.Event(enable_timing=True))
             marks[-1].record()
         clock.append(time.perf_counter())
-        optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
         for _ in range(grad_accum_steps):
             with autocast:
-                loss = loss_fn(x, y) / grad_accum_steps
-            loss_sum += loss.detach().float()
+                loss = loss_fn(x, y, args.loss_reduction)
+            loss, mean_share = micro_step_loss(loss, args.loss_reduction, y.numel(), grad_accum_steps)
+            loss_sum += mean_share
             loss.backward()
-        norm = update(learning_rate(step, args))
+        norm = update(step)
         results.append((loss_sum, norm.detach().clone()))
         if step_hook:
             step_hook()
@@ -1032,6 +1416,7 @@ def main(argv=None, step_hook=None):
     else:
         model = GPT(config, flash, args.fp8)
         init_weights(model, args.seed)
+    settle_arch(args, config)
     B, T = args.batch_size, args.seq_len
     if T > config.max_seq_len:
         fail(f"-t/--seq_len {T} exceeds the model's max_seq_len {config.max_seq_len}; lower -t")

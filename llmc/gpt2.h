@@ -14,11 +14,18 @@
 // architecture travels in the config.
 //
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
-//   [0] magic 20240327  [1] version 3  [2] B  [3] T  [4] number of AdamW steps
-//   [5] vocab_size  [6..11] float bits of lr, beta1, beta2, eps, weight_decay, grad_clip
-// then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded),
-// loss (float32), every parameter gradient (float32, table order, padded wte),
-// and the losses of the AdamW steps on that batch (float32 each; the first is
+//   [0] magic 20240327  [1] version 3 or 4  [2] B  [3] T  [4] number of optimizer steps
+//   [5] vocab_size  [6..11] float bits of AdamW's lr, beta1, beta2, eps, weight_decay, grad_clip
+// version 4 (the modern architecture, Muon, or the summed loss; version 3 is GPT-2 with AdamW
+// and the mean loss) also has
+//   [12] architecture (0 GPT-2, 1 modern)  [13] optimizer of the blocks' matrices (0 AdamW,
+//   1 Muon)  [14] loss of the gradients (0 mean, 1 sum of the token losses)
+//   [15..20] float bits of Muon's lr, weight decay, momentum (0 without Muon), and AdamW's lr of
+//   the embedding (wte; GPT-2: wte, wpe), the head weight and the 1-D tensors (GPT-2: each [6])
+// then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
+// head's output before the soft cap), loss (float32, the mean token loss), every parameter
+// gradient (float32, table order, padded wte; of the loss [14] names), and the losses (means)
+// of the optimizer steps on that batch at constant learning rates (float32 each; the first is
 // the loss before any update).
 #pragma once
 

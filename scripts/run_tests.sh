@@ -82,6 +82,12 @@ if have_torch; then
     --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
   run reference_d12 "$PYTHON" train_gpt2.py --model d12 --write_debug_state "$REF" \
     --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+  for model in tiny d12; do
+    run "reference_modern_$model" "$PYTHON" train_gpt2.py --recipe modern --model $model \
+      --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+    run "reference_${model}_muon" "$PYTHON" train_gpt2.py --model $model --optimizer muon \
+      --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+  done
 else
   echo "=== no python with torch ($PYTHON): install python3-torch (apt-get install python3-torch) to make the reference tensors"
   failed=$((failed + 1))
