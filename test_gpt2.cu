@@ -28,6 +28,15 @@ constexpr float kLossTol = 0.05f;
 constexpr float kStepLossTol = 0.05f;
 constexpr double kGradRelNorm = 4e-2;
 #endif
+// Muon's Newton-Schulz products are BF16 in every build, as the reference's, and cuBLASLt rounds
+// them in another order than PyTorch: with Muon the FP32 build's step losses are bounded, not
+// tight. Measured on an H100 (10 steps, largest difference): GPT-2 tiny 8.8e-4, modern tiny
+// 1.9e-5; the bound is about 10x the larger.
+#if defined(ENABLE_FP32)
+constexpr float kMuonStepLossTol = 1e-2f;
+#else
+constexpr float kMuonStepLossTol = kStepLossTol;
+#endif
 // The bound on -fp8 1's step losses against PyTorch's FP8 recipe. These steps overfit one batch
 // and the loss falls fast, so a small difference in one step's update grows for a few steps.
 // Measured on an H100 (the 10 steps, largest difference, at step 6 each time): ours against
@@ -193,7 +202,7 @@ int test_main(int argc, char** argv) {
 
   // The optimizer steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
-  check_step_losses(config, values, ref, false, kStepLossTol);
+  check_step_losses(config, values, ref, false, ref.muon ? kMuonStepLossTol : kStepLossTol);
   matmul_teardown();
   return testing::summary("test_gpt2cu");
 }

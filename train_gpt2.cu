@@ -5371,6 +5371,12 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
     m.adam_next = AdamWState();
   }
   m.fp8_weights_stale = true;
+  // The modern init zeroes the output projections and the head, so the first steps' products see
+  // zeros, on which algorithms of different summation orders give the same bits: the choices
+  // tuned there (fastest_matching_algo) could differ from those of a resumed process, tuned on
+  // trained weights. The head moves at the first update; the projections, whose gradients flow
+  // through it, at the second: the choices are made again after each.
+  if (m.optimizer_steps <= 2 && m.config.modern()) matmul_forget_choices();
   nvtxRangePop();
 }
 

@@ -28,7 +28,7 @@ import sys
 import time
 import zlib
 from contextlib import nullcontext
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from pydeps import require
 
@@ -877,6 +877,21 @@ def set_learning_rates(optimizers, step, args):
 # Debug state
 
 
+def add_debug_noise(model, std, seed):
+    """N(0, std) added to every parameter (padded wte and head rows stay zero), drawn on the CPU
+    from seed + 1; the checkpoint written next holds the result, so no trainer redraws it."""
+    if std <= 0:
+        return
+    generator = torch.Generator().manual_seed(seed + 1)
+    V = model.config.vocab_size
+    with torch.no_grad():
+        for p in params_in_file_order(model):
+            noise = torch.randn(p.shape, generator=generator) * std
+            if p.shape[0] == model.config.padded_vocab_size:
+                noise[V:] = 0
+            p.add_(noise.to(p.device, p.dtype))
+
+
 def write_debug_state(model, batch, args, device, out_dir):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
     gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
@@ -1022,6 +1037,9 @@ def parse_args(argv=None):
     a.add_argument("--write_debug_state", metavar="DIR", help="write the initial model and the debug "
                    "state of llmc/gpt2.h to DIR and exit")
     a.add_argument("--debug_steps", type=int, default=10, help="optimizer steps recorded in the debug state")
+    a.add_argument("--debug_noise", type=float, default=0.0, help="--write_debug_state: add N(0, this) to "
+                   "every parameter after the init, so that a model whose init zeroes its head (the modern "
+                   "architecture) has a gradient in every tensor at the first step")
     a.add_argument("--benchmark", "--bench", type=int, nargs="?", const=1, default=0, choices=[0, 1],
                    help="time training steps on random tokens")
     a.add_argument("--peak_flops", type=float, default=989e12, help="peak FLOP/s for MFU (H100 dense BF16)")
@@ -1427,6 +1445,7 @@ def main(argv=None, step_hook=None):
         train_loader = ShardLoader(args.input_bin, "--input_bin", B, T, rank, world, args.shuffle,
                                    args.seed, config.vocab_size)
     if args.write_debug_state:
+        add_debug_noise(model, args.debug_noise, args.seed)
         write_debug_state(model, train_loader.next_batch(), args, device, args.write_debug_state)
         return
     if args.benchmark:

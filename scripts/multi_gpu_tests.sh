@@ -13,6 +13,8 @@
 #    BF16), close with clipping; its checkpoint resumes exactly;
 #  - resharded resume: a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 (-y 1), and
 #    -zs 1 converted for -zs 0 by build/reshard_checkpoint;
+#  - the modern recipe (-recipe modern, Muon): 2 ranks against 1, resume, 2 ranks resumed on 1,
+#    -zs 1 refused;
 #  - delayed FP8 scaling (-fp8 2, compute capability 8.9+), with the amaxes reduced over the
 #    ranks: two runs bit for bit, within 0.1 of BF16, and a resume bit for bit;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
@@ -255,6 +257,24 @@ fp8_delayed_test() {
     $mpi ./train_gpt2cu $common -b 4 -v 10 -m 4 -sh 1 -fp8 2
 }
 
+# The modern recipe on two ranks (-zs 0: every rank holds the averaged gradient and orthogonalises
+# every matrix with Muon): against one rank with two accumulation steps within the BF16 rank
+# tolerance, a resume bit for bit, a checkpoint of 2 ranks resumed on 1, and -zs 1 refused.
+modern_recipe_test() {
+  source dev/test/compare_runs.sh
+  local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -m 4"
+  check modern_one_rank ./train_gpt2cu $args -z 2048 -x 10
+  check modern_two_ranks $mpi ./train_gpt2cu $args -z 2048 -x 10
+  check modern_equivalent losses_close "$out/modern_one_rank.log" "$out/modern_two_ranks.log" 2e-2
+  resume_equivalence check modern_resume_two_ranks "$out/resume_modern" 2 $mpi ./train_gpt2cu $args -z 2048
+  local dir=$out/modern_reshard
+  rm -rf "$dir"
+  check modern_reshard_two $mpi ./train_gpt2cu $args -z 2048 -x 10 -n 5 -o "$dir/two"
+  check modern_reshard_one ./train_gpt2cu $args -z 2048 -x 10 -n 5 -o "$dir/two" -y 1
+  check modern_zero_refused refused_with "Muon reads whole matrices" $mpi ./train_gpt2cu $args -z 2048 -x 2 -zs 1
+}
+
+modern_recipe_test
 overlap_test
 zero_test
 reshard_test

@@ -82,12 +82,13 @@ if have_torch; then
     --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
   run reference_d12 "$PYTHON" train_gpt2.py --model d12 --write_debug_state "$REF" \
     --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
-  for model in tiny d12; do
-    run "reference_modern_$model" "$PYTHON" train_gpt2.py --recipe modern --model $model \
-      --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
-    run "reference_${model}_muon" "$PYTHON" train_gpt2.py --model $model --optimizer muon \
-      --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
-  done
+  # The modern recipe and GPT-2 with Muon, tiny (d12's Muon steps are the GPU group's: PyTorch's
+  # BF16 products on a CPU take minutes). The modern init zeroes the head, so no gradient would
+  # reach the blocks at the first step: the debug state starts from noise added to the init.
+  run reference_modern_tiny "$PYTHON" train_gpt2.py --recipe modern --model tiny --debug_noise 0.02 \
+    --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+  run reference_tiny_muon "$PYTHON" train_gpt2.py --model tiny --optimizer muon \
+    --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
 else
   echo "=== no python with torch ($PYTHON): install python3-torch (apt-get install python3-torch) to make the reference tensors"
   failed=$((failed + 1))
@@ -371,18 +372,21 @@ gpu_against_pytorch() {
   for spec in "tiny:--model tiny --batch_size 4 --seq_len 64" \
               "d12:--model d12 --batch_size 4 --seq_len 64" \
               "wide:--num_layers 2 --num_heads 25 --channels 1600 --max_seq_len 1024 --batch_size 1 --seq_len 1000" \
-              "d12_t1024:--model d12 --batch_size 1 --seq_len 1024"; do
+              "d12_t1024:--model d12 --batch_size 1 --seq_len 1024" \
+              "modern_d12:--recipe modern --model d12 --debug_noise 0.02 --batch_size 4 --seq_len 64" \
+              "modern_d48_width:--recipe modern --num_layers 2 --num_heads 25 --channels 1600 --debug_noise 0.02 --batch_size 1 --seq_len 1000" \
+              "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
       run "reference_$name" "$PYTHON" train_gpt2.py $args --write_debug_state "$dir" \
         --debug_steps 10 --seed 42 --device $device
     fi
-    local state=$(ls "$dir"/gpt2_*_debug_state.bin 2>/dev/null | head -n1)
-    local model=${state%_debug_state.bin}.bin
-    run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
-    run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
+    against_pytorch "$name" "$dir"
   done
+  # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny).
+  against_pytorch modern_tiny "$REF" gpt2_modern_tiny
+  against_pytorch tiny_muon "$REF" gpt2_tiny gpt2_tiny_muon
   # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve
   # (the recipe needs PyTorch on the GPU).
   if fp8_gpu && [ "$device" = cuda ]; then
@@ -391,6 +395,21 @@ gpu_against_pytorch() {
       --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
     run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$fp8_dir/gpt2_d12.bin" "$fp8_dir/gpt2_d12_fp8_debug_state.bin"
   fi
+}
+
+# test_gpt2cu and test_gpt2fp32cu against the debug state in DIR (or DIR/STATE_debug_state.bin
+# with the model DIR/MODEL.bin, the model's name without an optimizer suffix).
+against_pytorch() {
+  local name=$1 dir=$2 model=${3:-} state=${4:-${3:-}}
+  if [ -n "$model" ]; then
+    model=$dir/$model.bin
+    state=$(ls "$dir/${state}"_*debug_state.bin 2>/dev/null | head -n1)
+  else
+    state=$(ls "$dir"/gpt2_*_debug_state.bin 2>/dev/null | head -n1)
+    model=$(ls "$dir"/gpt2_*.bin | grep -v -e '_bf16.bin$' -e '_debug_state.bin$' | head -n1)
+  fi
+  run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
+  run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
 }
 
 gpu_kernel_tests() {
@@ -420,6 +439,11 @@ gpu_determinism() {
     run "determinism_$i" ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
   done
   run determinism_same_losses same_losses "$LOGS/determinism_1.log" "$LOGS/determinism_2.log"
+  # The modern recipe (Muon's batched products and every new kernel) likewise.
+  for i in 1 2; do
+    run "determinism_modern_$i" ./train_gpt2cu $COMMON -recipe modern -e d12 -b 4 -t 256 -z 1024 -x 20 -v 10 -m 4 -s 0
+  done
+  run determinism_modern_same_losses same_losses "$LOGS/determinism_modern_1.log" "$LOGS/determinism_modern_2.log"
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
   # step: about 5x the 0.021 measured on an H200 (FP8's losses run 0.1-0.3% above BF16's as the
   # loss falls from 11.05 to 7.57); a broken layer's losses part by far more.
@@ -458,6 +482,9 @@ gpu_resume() {
   resume_test ./train_gpt2cu resume_bf16
   resume_test ./train_gpt2cu resume_bf16_synchronous -ac 0
   resume_test ./train_gpt2fp32cu resume_fp32
+  # The modern recipe: Muon's momentum lives in the state files' first moments.
+  resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
+  resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test
@@ -470,6 +497,9 @@ gpu_resume() {
 gpu_training() {
   run train_d12 ./train_gpt2cu $COMMON -e d12 -b 16 -t 256 -x 150 -v 50 -m 8 -s 150 -g 48 -l 6e-4 -u 20
   run train_d12_val_loss_falls val_loss_falls "$LOGS/train_d12.log" 2.0
+  run train_modern_d12 ./train_gpt2cu $COMMON -recipe modern -e d12 -b 16 -t 256 -z 4096 -x 150 -v 50 -m 8 \
+    -s 150 -g 48
+  run train_modern_d12_val_loss_falls val_loss_falls "$LOGS/train_modern_d12.log" 2.0
 }
 
 if [ ${#SELECTED_GROUPS[@]} -gt 0 ]; then

@@ -84,7 +84,7 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
-    slices.add(0, n, 0, decay ? hp.weight_decay : 0.0f, seed);
+    slices.add(0, n, 0, hp.lr, decay ? hp.weight_decay : 0.0f, seed);
     adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0, to);
   };
   const uint32_t seed = rng.u32();
@@ -139,7 +139,7 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
 }
 
 // One launch over several tensors of a ZeRO-like shard (starting and ending mid-tensor, slices of
-// odd sizes and alignments, each with its own decay and seed) against the CPU per tensor, and bit
+// odd sizes and alignments, each with its own rate, decay and seed) against the CPU per tensor, and bit
 // for bit against one launch per slice.
 void test_adamw_slices(llmc::Rng& rng) {
   const std::vector<size_t> sizes = {1000003, 4096, 77, 5, 300001};
@@ -162,12 +162,13 @@ void test_adamw_slices(llmc::Rng& rng) {
     const size_t begin = std::max(o, shard_offset), end = std::min(o + sizes[i], shard_end);
     if (begin >= end) continue;
     const float decay = decayed[i] ? hp.weight_decay : 0.0f;
-    slices.add(begin, end - begin, begin - o, decay, rng.u32());
+    const float lr = hp.lr * (1.0f + 0.5f * (float)i);  // each tensor its own rate, as a recipe's roles
+    slices.add(begin, end - begin, begin - o, lr, decay, rng.u32());
     const size_t st = begin - shard_offset, n = end - begin;
     std::vector<float> scaled(grads.begin() + begin, grads.begin() + end);
     for (float& g : scaled) g *= hp.grad_scale;
     cpu::adamw_update(ref_master.data() + st, scaled.data(), ref_m.data() + st, ref_v.data() + st, n,
-                      hp.lr, config, decayed[i], hp.step);
+                      lr, config, decayed[i], hp.step);
   }
   DeviceArray<floatX> params(total), d_grads(grads);
   DeviceArray<float> master(shard), m(shard), v(shard);
@@ -182,7 +183,8 @@ void test_adamw_slices(llmc::Rng& rng) {
     }
     for (int i = 0; i < slices.count; i++) {
       AdamWSlices one;
-      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.weight_decay[i], slices.seed[i]);
+      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.lr[i], slices.weight_decay[i],
+              slices.seed[i]);
       adamw_update(params, master, d_grads, m, v, shard_offset, one, hp, 0);
     }
   };
