@@ -255,6 +255,9 @@ def export_hf(checkpoint, out_dir):
     model = tg.read_checkpoint(checkpoint)
     version = int(np.fromfile(checkpoint, np.int32, 2)[1])
     c = model.config
+    if c.modern:
+        fail(f"{checkpoint}: the modern architecture (RMSNorm, rotary, ReLU^2, a soft-capped head) has no "
+             f"GPT2LMHeadModel equivalent; export a GPT-2 checkpoint (-recipe gpt2)")
     if c.vocab_size != GPT2_VOCAB_SIZE:
         fail(f"{checkpoint}: vocab_size {c.vocab_size} is not GPT-2's {GPT2_VOCAB_SIZE}; the export "
              f"writes the GPT-2 tokenizer, which needs a model of its full vocabulary")

@@ -49,8 +49,11 @@ tg.write_checkpoint(model, f"{out}/tiny_bf16.bin", tg.CHECKPOINT_BF16)
 small = tg.GPT(tg.make_config(1, 1, 8, 8, 512, source="small"))
 tg.init_weights(small, 1)
 tg.write_checkpoint(small, f"{out}/v512.bin", tg.CHECKPOINT_FP32)
+modern = tg.GPT(tg.make_config(*tg.MODERN_PRESETS["tiny"], source="modern", arch="modern"))
+tg.init_weights(modern, 1)
+tg.write_checkpoint(modern, f"{out}/modern.bin", tg.CHECKPOINT_FP32)
 EOF
-check "the tiny checkpoints were written" "$(ls "$DIR" | tr '\n' ' ')" "tiny.bin tiny_bf16.bin v512.bin "
+check "the tiny checkpoints were written" "$(ls "$DIR" | tr '\n' ' ')" "modern.bin tiny.bin tiny_bf16.bin v512.bin "
 
 run() {  # run ARGS...: export_hf.py's exit status and its last output line
   "$PY" dev/eval/export_hf.py "$@" >"$DIR/out" 2>&1
@@ -75,6 +78,9 @@ check "import FP32 --dtype bfloat16: identical to the BF16 checkpoint train_gpt2
 check "CLI: a missing checkpoint" "$(run "$DIR/nothing.bin" "$DIR/x")" \
   "1 error: $DIR/nothing.bin: no such file; give a checkpoint written by a trainer or train_gpt2.py"
 check "CLI: the error is a single line" "$(wc -l <"$DIR/out")" "1"
+check "CLI: a modern checkpoint is refused" "$(run "$DIR/modern.bin" "$DIR/hfm")" \
+  "1 error: $DIR/modern.bin: the modern architecture (RMSNorm, rotary, ReLU^2, a soft-capped head) has no GPT2LMHeadModel equivalent; export a GPT-2 checkpoint (-recipe gpt2)"
+check "CLI: nothing written for it" "$([ -e "$DIR/hfm" ] && echo written || echo none)" "none"
 check "CLI: one positional argument" "$(run "$DIR/tiny.bin")" \
   "2 export_hf.py: error: the following arguments are required: OUT_DIR|OUT_CHECKPOINT"
 
