@@ -5,13 +5,17 @@ the other on one GPU, on the same token shards.
     python3 dev/bench_quality.py OUTDIR --train 'DIR/python_train_*.bin' --val 'DIR/python_val_*.bin'
                                  [--steps 600] [--batch_tokens 131072] [--micro_batch 64] [--seq_len 1024]
                                  [--val_every 50] [--val_batches 20] [--gpt2_lr 6e-4] [--gpt2_warmup 60]
+                                 [--peer_micro_batch B]
                                  [--runs ours_modern,peer_modern,ours_gpt2]
 
 Every run is d12 at the same batch, steps and validation batches. The training time of a step is its
-step line's ms (validation and start-up are not counted), summed up to each validation. Prints one
+step line's ms (validation, start-up and the first step, which compiles or tunes, are not counted),
+summed up to each validation. Prints one
 table (final validation loss, ms per step, tokens/s, training time, and the time each run needs to
 reach the final validation loss of GPT-2's recipe, interpolated between validations) and writes it
-to OUTDIR/quality.md with the curves in OUTDIR/quality.png. Each run's output is kept in OUTDIR.
+to OUTDIR/quality.md with the curves in OUTDIR/quality.png. Each run's output is kept in OUTDIR, and
+a run whose output there reached its last step is read again instead of run (so the runs can be
+spread over several invocations with the same OUTDIR).
 """
 import argparse
 import os
@@ -32,7 +36,7 @@ RUNS = ("ours_modern", "peer_modern", "ours_gpt2")
 LABELS = {"ours_modern": "train_gpt2cu, modern recipe", "peer_modern": "PyTorch, modern recipe",
           "ours_gpt2": "train_gpt2cu, GPT-2 recipe"}
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss [-0-9.naif]+ .*?\| ([0-9.]+) ms")
-VAL_LINE = re.compile(r"^step\s+(\d+)/\d+ \| val loss ([0-9.]+)")
+VAL_LINE = re.compile(r"^step\s+(\d+)/\d+ \|.*val loss ([0-9.]+)")
 
 
 def fail(message):
@@ -51,20 +55,23 @@ def run_command(name, args):
     if name == "ours_gpt2":
         return ["./train_gpt2cu", "-recipe", "gpt2", "-l", str(args.gpt2_lr), "-u", str(args.gpt2_warmup)] + common_ours
     return [args.python, "train_gpt2.py", "--recipe", "modern", "--model", "d12", "--input_bin", args.train,
-            "--input_val_bin", args.val, "-b", str(args.micro_batch), "-t", str(args.seq_len),
+            "--input_val_bin", args.val, "-b", str(args.peer_micro_batch or args.micro_batch), "-t", str(args.seq_len),
             "--total_batch_size", str(args.batch_tokens), "--num_iterations", str(args.steps),
             "--val_every", str(args.val_every), "--val_steps", str(args.val_batches), "--compile", "1",
+            "--dtype", "bfloat16",
             "--output_dir", os.path.join(args.outdir, name)]
 
 
 def parse_curve(text):
-    """[(step, training seconds, val loss)] and the steps' ms, from a run's output."""
+    """[(step, training seconds, val loss)] and the steps' ms, from a run's output. The first step
+    compiles (PyTorch) or tunes the products (ours): its time is not counted."""
     ms, curve, elapsed = [], [], 0.0
     for line in text.splitlines():
         step = STEP_LINE.match(line)
         if step:
             ms.append(float(step.group(2)))
-            elapsed += float(step.group(2)) / 1000.0
+            if int(step.group(1)) > 1:
+                elapsed += float(step.group(2)) / 1000.0
             continue
         val = VAL_LINE.match(line)
         if val:
@@ -93,6 +100,8 @@ def main():
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch_tokens", type=int, default=131072)
     p.add_argument("--micro_batch", type=int, default=64)
+    p.add_argument("--peer_micro_batch", type=int, default=0, help="the PyTorch run's micro batch, where "
+                   "--micro_batch does not fit its memory (0: --micro_batch); the batch stays --batch_tokens")
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--val_every", type=int, default=50)
     p.add_argument("--val_batches", type=int, default=20)
@@ -109,6 +118,11 @@ def main():
     curves, step_ms = {}, {}
     for name in runs:
         log = os.path.join(args.outdir, f"{name}.log")
+        if os.path.exists(log):  # a finished run of the same OUTDIR is read again, not rerun
+            curves[name], step_ms[name] = parse_curve(open(log, errors="replace").read())
+            if curves[name] and curves[name][-1][0] == args.steps:
+                print(f"=== {name}: read {log}", flush=True)
+                continue
         print(f"=== {name}: {' '.join(run_command(name, args))}", flush=True)
         with open(log, "w") as f:
             status = subprocess.run(run_command(name, args), stdout=f, stderr=subprocess.STDOUT).returncode
@@ -125,6 +139,9 @@ def report(args, runs, curves, step_ms):
     target = curves["ours_gpt2"][-1][2] if "ours_gpt2" in curves else None
     lines = [f"d12, {args.steps} steps of {args.batch_tokens} tokens (micro batch {args.micro_batch} x "
              f"{args.seq_len}), validation every {args.val_every} steps on {args.val_batches} batches"]
+    if args.peer_micro_batch and "peer_modern" in runs:
+        lines.append(f"PyTorch's micro batch: {args.peer_micro_batch} x {args.seq_len}, the same {args.batch_tokens} "
+                     "tokens a step")
     if target is not None:
         lines.append(f"target: GPT-2 recipe's final validation loss {target:.4f}")
     lines.append("| run | final val loss | ms/step (median) | tokens/s | training s | s to target |")
