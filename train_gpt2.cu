@@ -6,14 +6,18 @@
 //   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
-//   4. LayerNorm                  forward, fused residual + forward, fused backward
+//   4. Normalisation              LayerNorm and RMSNorm: forward, fused residual + forward, fused
+//                                 backward
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products)
-//   6. Attention                  causal multi-head attention: flash kernels (BF16), batched GEMMs
-//   7. GELU                       tanh approximation, forward and backward
-//   8. Classifier                 fused softmax + cross-entropy + dlogits
-//   9. Norms and optimizer        global gradient norm, AdamW with stochastic rounding
-//  10. Model                      parameter and activation tables, forward, backward, update
+//   6. Attention                  QK-norm and rotary positions; causal multi-head attention: flash
+//                                 kernels (BF16), batched GEMMs
+//   7. GELU and ReLU^2            forward and backward
+//   8. Classifier                 fused softmax + cross-entropy + dlogits, optional soft cap
+//   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
+//                                 (batched BF16 Newton-Schulz)
+//  10. Model                      parameter and activation tables, the architectures' steps
+//                                 (GPT-2's or the modern one's), forward, backward, update
 //  11. Generation                 decoding with a KV cache, temperature and top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
 //  13. Multi-GPU                  NCCL data parallel (overlapped reduction, ZeRO-1), launched by
@@ -3840,7 +3844,7 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
 }
 
 // ============================================================================
-// 9. Norms and optimizer
+// 9. Norms and optimizers
 // ============================================================================
 // The global gradient norm is a sum of squares over every gradient: a fixed grid of kNormBlocks
 // blocks, each thread a fixed strided subset, fixed block trees, then one block adds the
