@@ -15,27 +15,10 @@ struct CastShape {
   int R, C;
 };
 
-// The median milliseconds of kReps runs of launch(set), each between its own events, queued back
-// to back after warm-up runs and synchronised once.
+// The median of 20 runs of launch(set), the sets in turn.
 template <typename Launch>
 float time_ms(int sets, const Launch& launch) {
-  constexpr int kReps = 20, kWarmups = 3;
-  std::vector<cudaEvent_t> events(2 * (kReps + kWarmups));
-  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
-  for (int rep = 0; rep < kReps + kWarmups; rep++) {
-    cudaCheck(cudaEventRecord(events[2 * rep]));
-    launch(rep % sets);
-    cudaCheck(cudaEventRecord(events[2 * rep + 1]));
-  }
-  cudaCheck(cudaEventSynchronize(events.back()));
-  std::vector<float> ms;
-  for (int rep = kWarmups; rep < kReps + kWarmups; rep++) {
-    float t = 0.0f;
-    cudaCheck(cudaEventElapsedTime(&t, events[2 * rep], events[2 * rep + 1]));
-    ms.push_back(t);
-  }
-  for (cudaEvent_t e : events) cudaCheck(cudaEventDestroy(e));
-  return median_ms(ms);
+  return median_launch_ms(20, 3, [&](int rep) { launch(rep % sets); });
 }
 
 void report(const char* kernel, const CastShape& s, double bytes, float ms) {

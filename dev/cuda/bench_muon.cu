@@ -10,23 +10,7 @@
 
 template <typename Launch>
 float time_ms(const Launch& launch) {
-  constexpr int kReps = 10, kWarmups = 2;
-  std::vector<cudaEvent_t> events(2 * (kReps + kWarmups));
-  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
-  for (int rep = 0; rep < kReps + kWarmups; rep++) {
-    cudaCheck(cudaEventRecord(events[2 * rep]));
-    launch();
-    cudaCheck(cudaEventRecord(events[2 * rep + 1]));
-  }
-  cudaCheck(cudaEventSynchronize(events.back()));
-  std::vector<float> ms;
-  for (int rep = kWarmups; rep < kReps + kWarmups; rep++) {
-    float t = 0.0f;
-    cudaCheck(cudaEventElapsedTime(&t, events[2 * rep], events[2 * rep + 1]));
-    ms.push_back(t);
-  }
-  for (cudaEvent_t e : events) cudaCheck(cudaEventDestroy(e));
-  return median_ms(ms);
+  return median_launch_ms(10, 2, [&](int) { launch(); });
 }
 
 // One group's matrices, contiguous, and its device arrays of pointers.

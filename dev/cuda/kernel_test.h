@@ -63,6 +63,28 @@ inline float median_ms(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// The median milliseconds of `reps` runs of launch(rep) on the default stream, each between its
+// own events, queued back to back after `warmups` runs and synchronised once.
+template <typename Launch>
+float median_launch_ms(int reps, int warmups, const Launch& launch) {
+  std::vector<cudaEvent_t> events(2 * (reps + warmups));
+  for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
+  for (int rep = 0; rep < reps + warmups; rep++) {
+    cudaCheck(cudaEventRecord(events[2 * rep]));
+    launch(rep);
+    cudaCheck(cudaEventRecord(events[2 * rep + 1]));
+  }
+  cudaCheck(cudaEventSynchronize(events.back()));
+  std::vector<float> ms;
+  for (int rep = warmups; rep < reps + warmups; rep++) {
+    float t = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&t, events[2 * rep], events[2 * rep + 1]));
+    ms.push_back(t);
+  }
+  for (cudaEvent_t e : events) cudaCheck(cudaEventDestroy(e));
+  return median_ms(ms);
+}
+
 inline std::vector<int> random_ints(llmc::Rng& rng, size_t n, int lo, int hi) {
   std::vector<int> x(n);
   for (int& v : x) v = lo + (int)(rng.u32() % (uint32_t)(hi - lo));

@@ -17,25 +17,7 @@ trap 'rm -rf "$WORK"' EXIT
 export WORK
 SMALL=(--model tiny --vocab_size 512 --device cpu)  # a small vocabulary keeps the head cheap
 
-check() {  # check NAME: runs the python on stdin with train_gpt2 importable
-  echo "--- $1"
-  PYTHONPATH=. "$PYTHON" -
-}
-
-expect_error() {  # expect_error TEXT ARGS...: the script must exit non-zero with an error naming TEXT
-  local text=$1
-  shift
-  if "$PYTHON" train_gpt2.py "$@" >"$WORK/out" 2>&1; then
-    echo "FAIL: expected an error for: $*"
-    exit 1
-  fi
-  if ! grep -q "^error: .*$text" "$WORK/out"; then
-    echo "FAIL: the error for '$*' does not mention '$text':"
-    cat "$WORK/out"
-    exit 1
-  fi
-  echo "ok: $(tail -n1 "$WORK/out")"
-}
+source dev/test/train_gpt2_py_lib.sh
 
 check "Newton-Schulz: the polar factor of tall, wide and square matrices, in bfloat16" <<'EOF'
 import torch, train_gpt2 as tg

@@ -18,25 +18,7 @@ trap 'rm -rf "$WORK"' EXIT
 export WORK
 TINY=(--model tiny --vocab_size 512)  # a small vocabulary keeps the classifier cheap
 
-check() {  # check NAME: runs the python on stdin with train_gpt2 importable
-  echo "--- $1"
-  PYTHONPATH=. "$PYTHON" -
-}
-
-expect_error() {  # expect_error TEXT ARGS...: the script must exit non-zero with an error naming TEXT
-  local text=$1
-  shift
-  if "$PYTHON" train_gpt2.py "$@" >"$WORK/out" 2>&1; then
-    echo "FAIL: expected an error for: $*"
-    exit 1
-  fi
-  if ! grep -q "^error: .*$text" "$WORK/out"; then
-    echo "FAIL: the error for '$*' does not mention '$text':"
-    cat "$WORK/out"
-    exit 1
-  fi
-  echo "ok: $(tail -n1 "$WORK/out")"
-}
+source dev/test/train_gpt2_py_lib.sh
 
 echo "--- help"
 "$PYTHON" train_gpt2.py --help >/dev/null
