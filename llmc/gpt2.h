@@ -430,8 +430,9 @@ inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* p
 }
 
 // Writes a checkpoint whose parameters are in the file's precision already: version 3 takes the
-// FP32 values, version 5 their BF16 bit patterns (the file says 6 or 7 for the modern architecture). With a checksum, through write_file_atomically
-// (never a truncated checkpoint under its name).
+// FP32 values, version 5 their BF16 bit patterns (the file says 6 or 7 for the modern
+// architecture). With a checksum, through write_file_atomically (never a truncated checkpoint
+// under its name).
 inline void checkpoint_save_payload(const std::string& path, const GPT2Config& c, int version,
                                     const void* payload) {
   int h[kHeaderInts];
