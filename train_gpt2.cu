@@ -7036,7 +7036,7 @@ int train_main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   apply_recipe(a, recipe_of_args(args));
   if (!llmc::parse_flags(args, train_flags(a), "./train_gpt2cu")) {
-    llmc::print_usage("./train_gpt2cu", "GPT-2 training on the GPU, precision " PRECISION_NAME,
+    llmc::print_usage(argv[0], "GPT-2 training on the GPU, precision " PRECISION_NAME,
                       kQuickStart, train_flags(a));
     return 0;
   }
