@@ -142,8 +142,10 @@ class GPTConfig:
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
 
     def flops_per_token(self, T):
-        """SPEC.md's MFU count: 6*N + 6*L*C*T FLOPs per token, N = all parameters (padded vocabulary)."""
-        return 6 * self.num_parameters() + 6 * self.num_layers * self.channels * T
+        """SPEC.md's MFU count: 6*N + 6*L*C*T FLOPs per token, N = all parameters (padded vocabulary)
+        less an embedding that is a lookup only (the modern one, not tied to the head)."""
+        lookup = self.padded_vocab_size * self.channels if self.modern else 0
+        return 6 * (self.num_parameters() - lookup) + 6 * self.num_layers * self.channels * T
 
     def name(self):
         """The preset name when the shape is a preset's, else one spelling out the shape; modern

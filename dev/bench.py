@@ -3,10 +3,13 @@ recipe measured for this model, which the table's header line spells out), side 
 run on one machine.
 
     python3 dev/bench.py OUTDIR [--configs d12:64,d48:8] [--steps 20] [--gpus 1] [--peer 1] [--peer_flags F]
-                         [--fp8 MODE]
+                         [--fp8 MODE] [--recipe gpt2|modern] [--batch_tokens N] [--peer_micro_batch B]
 
 For each config PRESET:B (micro batch B at T=1024 unless --seq_len says otherwise) it trains both
-on the same random-token shard for --steps steps with no gradient accumulation, and prints one
+on the same random-token shard for --steps steps with the recipe --recipe names (its architecture
+and optimizers; -recipe in ours, --recipe in the peer), with no gradient accumulation unless
+--batch_tokens sets the tokens of a step (ours accumulates micro batches of B, the peer of
+--peer_micro_batch, default B, for a peer that does not fit B), and prints one
 table: tokens/s of each, their ratio, ms/step, MFU against the dense BF16 peak, and peak GPU memory
 (ours: every byte the trainer allocated; the peer's: torch.cuda.max_memory_allocated). With
 --gpus N, ours runs under mpirun on N GPUs (the peer stays on one) and the table adds the scaling
@@ -58,16 +61,20 @@ def parse_configs(text):
     return configs
 
 
-def parameter_count(preset):
+def product_parameter_count(preset, recipe):
+    """The parameters that SPEC.md's MFU counts: all, less the modern architecture's embedding (a
+    lookup; its head is a product with a bias, its blocks have no LayerNorm biases)."""
     layers, channels = PRESET_LAYERS[preset]
     vocab_padded, max_t = 50304, 1024
+    if recipe == "modern":
+        return vocab_padded * (channels + 1) + 2 * channels + layers * (12 * channels * channels + 11 * channels)
     per_layer = 12 * channels * channels + 13 * channels
     return vocab_padded * channels + max_t * channels + layers * per_layer + 2 * channels
 
 
-def flops_per_token(preset, T):
+def flops_per_token(preset, T, recipe):
     layers, channels = PRESET_LAYERS[preset]
-    return 6 * parameter_count(preset) + 6 * layers * channels * T
+    return 6 * product_parameter_count(preset, recipe) + 6 * layers * channels * T
 
 
 def run_logged(cmd, log_path, env=None):
@@ -100,9 +107,9 @@ def parse_run(text, average_pattern):
 
 def run_ours(args, preset, B, shard, gpus, log_path, fp8=0):
     T = args.seq_len
-    cmd = [args.trainer, "-i", shard, "-j", shard, "-e", preset, "-b", str(B), "-t", str(T),
-           "-z", str(B * T * gpus), "-x", str(args.steps), "-v", "0", "-s", "0", "-n", "0",
-           "-u", "0", "-r", str(args.recompute), "-fp8", str(fp8)]
+    cmd = [args.trainer, "-recipe", args.recipe, "-i", shard, "-j", shard, "-e", preset, "-b", str(B),
+           "-t", str(T), "-z", str(args.batch_tokens or B * T * gpus), "-x", str(args.steps), "-v", "0",
+           "-s", "0", "-n", "0", "-u", "0", "-r", str(args.recompute), "-fp8", str(fp8)]
     env = None
     if gpus > 1:
         cmd = ["mpirun", "-np", str(gpus), "--allow-run-as-root", "--bind-to", "none"] + cmd
@@ -113,8 +120,11 @@ def run_ours(args, preset, B, shard, gpus, log_path, fp8=0):
 
 def run_peer(args, preset, B, log_path, fp8=0):
     """(ms/step, tokens/s, peak MiB) as parse_run, and the recipe line the peer prints."""
-    cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--model", preset, "--batch_size", str(B),
-           "--seq_len", str(args.seq_len), "--num_iterations", str(args.steps), "--fp8", str(fp8)]
+    peer_B = args.peer_micro_batch or B
+    cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--recipe", args.recipe, "--model", preset,
+           "--batch_size", str(peer_B), "--seq_len", str(args.seq_len), "--total_batch_size",
+           str(args.batch_tokens or peer_B * args.seq_len), "--num_iterations", str(args.steps),
+           "--fp8", str(fp8)]
     cmd += args.peer_flags.split()
     text = run_logged(cmd, log_path)
     if not text:
@@ -140,17 +150,27 @@ def main():
     p.add_argument("--recompute", type=int, default=0, help="train_gpt2cu -r level")
     p.add_argument("--fp8", type=int, default=0, choices=[0, 1, 2], help="also run ours with -fp8 MODE "
                    "(1 current, 2 delayed scaling) and the peer's FP8 recipe, a row each config")
+    p.add_argument("--recipe", default="gpt2", choices=["gpt2", "modern"], help="both programs' recipe")
+    p.add_argument("--batch_tokens", type=int, default=0, help="tokens a step (default: one micro batch)")
+    p.add_argument("--peer_micro_batch", type=int, default=0, help="the peer's micro batch (default: B)")
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--python", default=sys.executable)
     args = p.parse_args()
     configs = parse_configs(args.configs)
+    if args.fp8 and args.recipe == "modern":
+        fail("--fp8 with --recipe modern: the trainer runs the modern architecture in BF16 only; drop --fp8")
+    for preset, B in configs:
+        for who, micro in (("ours", B * max(args.gpus, 1)), ("the peer", args.peer_micro_batch or B)):
+            if args.batch_tokens and args.batch_tokens % (micro * args.seq_len):
+                fail(f"--batch_tokens {args.batch_tokens} is not a multiple of {who}'s micro batch "
+                     f"{micro}*{args.seq_len} for {preset}:{B}; pick a multiple")
     if args.steps < 3:
         fail(f"--steps {args.steps}: need at least 3 (the first steps are not timed)")
     if not os.access(args.trainer, os.X_OK):
         fail(f"{args.trainer} is not an executable: build it with `make train_gpt2cu` or pass --trainer")
     os.makedirs(args.outdir, exist_ok=True)
     shard = os.path.join(args.outdir, "random_tokens.bin")
-    largest = max(B for _, B in configs) * args.seq_len * max(args.gpus, 1)
+    largest = max(max(B for _, B in configs) * args.seq_len * max(args.gpus, 1), args.batch_tokens)
     write_random_shard(shard, largest * 4 + 1, seed=1234)
 
     rows, recipes = [], set()
@@ -166,7 +186,10 @@ def main():
             recipes.add(recipe)
             rows.append((preset, B, fp8, ours, peer, multi))
 
-    print(f"\nT={args.seq_len}, {args.steps} steps per run; MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s dense BF16")
+    step_tokens = f"{args.batch_tokens} tokens a step" if args.batch_tokens else "one micro batch a step"
+    peer_micro = f", the peer's micro batch {args.peer_micro_batch}" if args.peer_micro_batch else ""
+    print(f"\n{args.recipe} recipe, T={args.seq_len}, {step_tokens}{peer_micro}, {args.steps} steps per run; "
+          f"MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s dense BF16")
     for recipe in sorted(r for r in recipes if r):
         print(f"peer: train_gpt2.py --benchmark 1 {args.peer_flags}".rstrip() + f" ({recipe})")
     head = (f"{'config':>16} {'ours tok/s':>11} {'peer tok/s':>11} {'ratio':>6} {'ours ms':>8} {'peer ms':>8} "
@@ -178,7 +201,7 @@ def main():
     print(head)
     bf16_peer = {}  # (preset, B): the BF16 peer's tokens/s, for the FP8 rows' last column
     for preset, B, fp8, ours, peer, multi in rows:
-        fpt = flops_per_token(preset, args.seq_len)
+        fpt = flops_per_token(preset, args.seq_len, args.recipe)
         o_ms, o_tps, o_mem = ours or (None, None, None)
         p_ms, p_tps, p_mem = peer or (None, None, None)
         ratio = o_tps / p_tps if o_tps and p_tps else None

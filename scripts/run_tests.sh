@@ -131,9 +131,10 @@ resume_test() {
 }
 
 # HellaSwag and generation: a tiny model trained on the right endings of the sample set picks
-# them (acc_norm at least 0.75, chance is 0.25), and greedy decoding with the KV cache continues
-# a context with its memorized ending.
-hellaswag_and_generation_test() {
+# them (acc_norm at least 0.75, chance is 0.25), greedy decoding with the KV cache continues a
+# context with its memorized ending, and seeded sampling prints the same text twice. Once with
+# each architecture (hellaswag_and_generation_test's args: a run name, then the recipe's flags).
+hellaswag_data() {
   local dir=build/test_hellaswag
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -148,21 +149,27 @@ PY
   run hellaswag_prepare bash -c "./build/prepare_shards --input $dir/correct.txt --output_dir $dir \
     --name hs --val_tokens 2048 --documents blank_lines && ./build/hellaswag \
     --input dev/test/hellaswag_sample.jsonl --output $dir/hellaswag.bin"
-  run hellaswag_train ./train_gpt2cu -e tiny -i "$dir/hs_train_*.bin" -j "$dir/hs_val_*.bin" -b 4 \
-    -t 64 -x 300 -l 1e-3 -u 10 -v 100 -m 2 -s 0 -h 1 -hs "$dir/hellaswag.bin" -o "$dir/run"
-  run hellaswag_accuracy awk '/hellaswag acc_norm/ {a = $6} END {print "final acc_norm", a; exit !(a >= 0.75)}' \
-    "$LOGS/hellaswag_train.log"
-  run generate_memorized generate_continues "$dir"
+}
+
+hellaswag_and_generation_test() {
+  local name=$1 data=build/test_hellaswag
+  local dir=$data/$name
+  shift
+  run "${name}_hellaswag_train" ./train_gpt2cu -e tiny -i "$data/hs_train_*.bin" -j "$data/hs_val_*.bin" -b 4 \
+    -t 64 -x 300 -v 100 -m 2 -s 0 -h 1 -hs "$data/hellaswag.bin" -o "$dir" "$@"
+  run "${name}_hellaswag_accuracy" awk '/hellaswag acc_norm/ {a = $6} END {print "final acc_norm", a; exit !(a >= 0.75)}' \
+    "$LOGS/${name}_hellaswag_train.log"
+  run "${name}_generate_memorized" generate_continues "$dir/model_00000300.bin" "$data"
   for i in 1 2; do
-    run "generate_seeded_$i" ./train_gpt2cu -e "$dir/run/model_00000300.bin" -p "The" -g 24 -temp 0.9 -topk 40 -S 7
+    run "${name}_generate_seeded_$i" ./train_gpt2cu -e "$dir/model_00000300.bin" -p "The" -g 24 -temp 0.9 -topk 40 -S 7
   done
-  run generate_same same_text "$LOGS/generate_seeded_1.log" "$LOGS/generate_seeded_2.log"
+  run "${name}_generate_same" same_text "$LOGS/${name}_generate_seeded_1.log" "$LOGS/${name}_generate_seeded_2.log"
 }
 
 # Greedy decoding of the first example's context gives (the start of) its right ending.
 generate_continues() {
-  ./train_gpt2cu -e "$1/run/model_00000300.bin" -p "$(cat "$1/prompt.txt")" -g 6 -temp 0 | tee "$1/generated.txt" &&
-    grep -qF "$(head -c 12 "$1/answer.txt")" "$1/generated.txt" && echo "continues with the memorized ending"
+  ./train_gpt2cu -e "$1" -p "$(cat "$2/prompt.txt")" -g 6 -temp 0 | tee "$1.generated.txt" &&
+    grep -qF "$(head -c 12 "$2/answer.txt")" "$1.generated.txt" && echo "continues with the memorized ending"
 }
 
 same_text() { [ -s "$1" ] && ! grep -q "^error" "$1" && cmp "$1" "$2" && echo "identical: $(wc -c < "$1") bytes"; }
@@ -467,7 +474,11 @@ gpu_determinism() {
   fi
 }
 
-gpu_hellaswag_generation() { hellaswag_and_generation_test; }
+gpu_hellaswag_generation() {
+  hellaswag_data
+  hellaswag_and_generation_test gpt2 -l 1e-3 -u 10
+  hellaswag_and_generation_test modern -recipe modern -z 256
+}
 
 gpu_preemption() { signal_test; }
 

@@ -107,6 +107,7 @@ shard("trailing.bin", tokens, trailing=b"\x01\x02\x03")
 shard("magic.bin", tokens, magic=20240326)
 shard("version.bin", tokens, version=2)
 shard("token.bin", tokens[:100] + [VOCAB] + tokens[101:])
+shard("big.bin", tokens * 257)  # one batch of 512 x 1024 and its target
 PY
 
 COMMON=(-i "$DIR/train.bin" -j "$DIR/val.bin" -e tiny -b 4 -t 64 -v 0 -s 0 -k constant -l 1e-3)
@@ -217,10 +218,11 @@ expect "trailing bytes after the tokens" "trailing\.bin: header says 2048 tokens
 expect "wrong shard magic" "magic\.bin: not a token shard \(magic 20240326, expected 20240520\)" \
   -i "$DIR/magic.bin"
 expect "wrong shard version" "version\.bin: unsupported token shard version 2" -i "$DIR/version.bin"
-# Token ids are read with a shard's tokens, when the data loader loads it: after the GPU's setup.
+# Token ids are read with a shard's tokens, when the data loader loads it: after the GPU's setup,
+# so into a new output directory (a finished run's in -o is refused before the GPU).
 if ! needs_gpu "token id >= vocab size"; then
   expect "token id >= vocab size" "token\.bin: token 50257 at position 100 is >= vocab size 50257" \
-    -i "$DIR/token.bin"
+    -i "$DIR/token.bin" -o "$DIR/token_run"
 fi
 expect "bad validation shard (-j, wrong magic)" "magic\.bin: not a token shard" \
   -v 1 -m 1 -j "$DIR/magic.bin"
@@ -322,7 +324,7 @@ if ! has_flag -r; then
 elif ! needs_gpu "not enough GPU memory"; then
   expect "not enough GPU memory (-e d48 -b 512 -t 1024)" \
     "not enough GPU memory for [a-zA-Z0-9* -]+: needs [0-9.]+ MiB, [0-9.]+ MiB free of [0-9.]+ MiB; reduce the micro batch \(-b\) or sequence length \(-t\), or recompute more \(-r 1\)" \
-    -e d48 -b 512 -t 1024
+    -e d48 -b 512 -t 1024 -i "$DIR/big.bin" -j "$DIR/big.bin" -o "$DIR/memory_run"
 fi
 
 # --- -fp8 takes 0, 1 or 2 (the CUDA trainer's flag)
