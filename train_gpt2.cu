@@ -6071,7 +6071,8 @@ void install_stop_handlers() {
 // differently for differently sized messages). With ZeRO stage 1 (-zs 1) each piece goes to the
 // rank owning it (a reduce-scatter when not overlapped), the rank runs AdamW on its shard, and
 // an all-gather on the same stream, after the optimizer kernels, gives every rank the new
-// parameters. The loss and the gradient norm are reduced over the ranks.
+// parameters. Muon (-zs 0) orthogonalises each rank's share of the matrices and broadcasts the
+// updates (multi_gpu_muon_spread). The loss and the gradient norm are reduced over the ranks.
 //
 // Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
 // peer died or hangs, so a collective never completes): one line naming the rank and -ct, the
