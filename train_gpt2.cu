@@ -4226,9 +4226,10 @@ void muon_multiply(MuonWorkspace& ws, __nv_bfloat16* d, const __nv_bfloat16* a, 
 }
 
 // The iterations on slots [slot, slot + batch) of ws.x[0] ([batch, m, n] row-major, m <= n); the
-// result ends there (an even number of iterations). A row-major X is the column-major X^T [n, m]: A = X X^T is (X^T)^T X^T;
-// A and B are symmetric, so either reading of their buffers is the same matrix up to the
-// products' rounding, and B X is, in column-major terms, X^T B^T with B^T read from B's buffer.
+// result ends there (an even number of iterations). A row-major X is the column-major X^T [n, m]:
+// A = X X^T is (X^T)^T X^T; A and B are symmetric, so either reading of their buffers is the same
+// matrix up to the products' rounding, and B X is, in column-major terms, X^T B^T with B^T read
+// from B's buffer.
 static_assert(kMuonIterations % 2 == 0, "Muon's iterations must leave their result in ws.x[0]");
 void muon_newton_schulz(MuonWorkspace& ws, int m, int n, int slot, int batch, int group_count,
                         cudaStream_t stream) {
@@ -4395,7 +4396,8 @@ void muon_orthogonalize(const MuonGroup& g, int slot, int batch, MuonWorkspace& 
   muon_require_fits(g, slot, batch, ws);
   const int m = g.m, n = g.n, tiles = muon_tiles(g);
   float* denominators = ws.denominators + slot;
-  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, ws.partials + (size_t)slot * tiles, tiles);
+  const float* partials = ws.partials + (size_t)slot * tiles;
+  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles);
   cudaCheckLaunch();
   const size_t elements = (size_t)batch * m * n;
   muon_normalize_kernel<<<ceil_div(elements / 8, kMuonThreads), kMuonThreads, 0, stream>>>(
@@ -5384,8 +5386,8 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   MuonParams step = params;
   step.lr = params.lr * lr_fraction;
   for (size_t g = 0; g < m.muon_groups.size(); g++) {
-    muon_update_spread(m.muon_groups[g], step, seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g),
-                       m.muon_workspace, spread, m.stream);
+    const uint32_t group_seed = seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g);
+    muon_update_spread(m.muon_groups[g], step, group_seed, m.muon_workspace, spread, m.stream);
   }
 }
 

@@ -240,7 +240,8 @@ void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
   muon_orthogonalize(g, 0, count, ws, 0);
   const std::vector<float> got_momentum = d.momentum.download();
   std::vector<__nv_bfloat16> staged_x((size_t)count * m * n);
-  cudaCheck(cudaMemcpy(staged_x.data(), ws.x[0], staged_x.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+  cudaCheck(cudaMemcpy(staged_x.data(), ws.x[0], staged_x.size() * sizeof(__nv_bfloat16),
+                       cudaMemcpyDeviceToHost));
   std::vector<float> got_x(staged_x.size());
   for (size_t i = 0; i < staged_x.size(); i++) got_x[i] = __bfloat162float(staged_x[i]);
   check_gaps("momentum", t, got_momentum, s.momentum);
