@@ -4225,17 +4225,22 @@ void muon_multiply(MuonWorkspace& ws, __nv_bfloat16* d, const __nv_bfloat16* a, 
                              &p.algo, cublaslt_workspace, kCublasWorkspaceBytes, stream));
 }
 
-// The iterations on ws.x[0] ([batch, m, n] row-major, m <= n); the result ends in ws.x[0] (an even
-// number of iterations). A row-major X is the column-major X^T [n, m]: A = X X^T is (X^T)^T X^T;
-// A and B are symmetric, so either reading of their buffers is the same matrix up to the
-// products' rounding, and B X is, in column-major terms, X^T B^T with B^T read from B's buffer.
+// The iterations on slots [slot, slot + batch) of ws.x[0] ([batch, m, n] row-major, m <= n); the
+// result ends there (an even number of iterations). A row-major X is the column-major X^T [n, m]:
+// A = X X^T is (X^T)^T X^T; A and B are symmetric, so either reading of their buffers is the same
+// matrix up to the products' rounding, and B X is, in column-major terms, X^T B^T with B^T read
+// from B's buffer.
 static_assert(kMuonIterations % 2 == 0, "Muon's iterations must leave their result in ws.x[0]");
-void muon_newton_schulz(MuonWorkspace& ws, int m, int n, int batch, int group_count, cudaStream_t stream) {
+void muon_newton_schulz(MuonWorkspace& ws, int m, int n, int slot, int batch, int group_count,
+                        cudaStream_t stream) {
+  __nv_bfloat16* x[2] = {ws.x[0] + (size_t)slot * m * n, ws.x[1] + (size_t)slot * m * n};
+  __nv_bfloat16* a = ws.a + (size_t)slot * m * m;
+  __nv_bfloat16* b = ws.b + (size_t)slot * m * m;
   for (int i = 0; i < kMuonIterations; i++) {
-    const __nv_bfloat16* x = ws.x[i % 2];
-    muon_multiply(ws, ws.a, x, x, nullptr, m, m, n, true, batch, group_count, 1.0f, 0.0f, stream);
-    muon_multiply(ws, ws.b, ws.a, ws.a, ws.a, m, m, m, false, batch, group_count, 0.5f, -1.5f, stream);
-    muon_multiply(ws, ws.x[(i + 1) % 2], x, ws.b, x, n, m, m, false, batch, group_count, 1.0f, 2.0f, stream);
+    muon_multiply(ws, a, x[i % 2], x[i % 2], nullptr, m, m, n, true, batch, group_count, 1.0f, 0.0f, stream);
+    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, 0.5f, -1.5f, stream);
+    muon_multiply(ws, x[(i + 1) % 2], x[i % 2], b, x[i % 2], n, m, m, false, batch, group_count, 1.0f, 2.0f,
+                  stream);
   }
 }
 
@@ -4359,32 +4364,52 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_kernel(
   }
 }
 
-// Matrices [first, first + batch) of the group: the momentum updated and the orthogonalised
-// update left in ws.x[0], [batch, m, n] BF16 in the wide orientation.
-void muon_orthogonalize(const MuonGroup& g, int first, int batch, const MuonParams& hp, MuonWorkspace& ws,
-                        cudaStream_t stream) {
-  const int m = g.m, n = g.n, tiles = muon_tiles(g);
-  REQUIRE(batch > 0 && batch <= ws.capacity && (size_t)m * n <= ws.x_elements &&
-              (size_t)m * m <= ws.square_elements && (size_t)tiles <= ws.partial_count,
-          "Muon: %d matrices of %dx%d do not fit a workspace for %d of %zu elements", batch, m, n, ws.capacity,
-          ws.x_elements);
+// Slots [slot, slot + batch) of the workspace hold a batch's matrices (slot i is matrix i of the
+// batch at slot 0). cuBLASLt's algorithms are chosen for buffers aligned to 256 bytes, which a
+// slot past the first keeps when its matrices' sizes do (m a multiple of 16 is enough).
+void muon_require_fits(const MuonGroup& g, int slot, int batch, const MuonWorkspace& ws) {
+  const int m = g.m, n = g.n;
+  REQUIRE(batch > 0 && slot >= 0 && slot + batch <= ws.capacity && (size_t)m * n <= ws.x_elements &&
+              (size_t)m * m <= ws.square_elements && (size_t)muon_tiles(g) <= ws.partial_count,
+          "Muon: %d matrices of %dx%d from slot %d do not fit a workspace for %d of %zu elements", batch, m,
+          n, slot, ws.capacity, ws.x_elements);
+  REQUIRE(slot == 0 || ((size_t)m * m % 128 == 0 && (size_t)m * n % 128 == 0),
+          "Muon: slot %d of %dx%d matrices is not aligned to 256 bytes", slot, m, n);
+}
+
+// Matrices [first, first + batch) of the group into slots [slot, slot + batch): the momentum
+// updated, X = bf16(u) [batch, m, n] in the wide orientation, and the tile sums of X^2.
+void muon_prepare(const MuonGroup& g, int first, int batch, const MuonParams& hp, MuonWorkspace& ws, int slot,
+                  cudaStream_t stream) {
+  muon_require_fits(g, slot, batch, ws);
+  const int m = g.m, n = g.n;
   const dim3 grid(ceil_div(n, kMuonTile), ceil_div(m, kMuonTile), batch);
-  muon_prepare_kernel<<<grid, kMuonThreads, 0, stream>>>(ws.x[0], ws.partials, g.grads + first,
-                                                         g.momentum + first, g.tall ? g.tall + first : nullptr,
-                                                         m, n, hp.momentum, hp.grad_scale);
+  muon_prepare_kernel<<<grid, kMuonThreads, 0, stream>>>(
+      ws.x[0] + (size_t)slot * m * n, ws.partials + (size_t)slot * muon_tiles(g), g.grads + first,
+      g.momentum + first, g.tall ? g.tall + first : nullptr, m, n, hp.momentum, hp.grad_scale);
   cudaCheckLaunch();
-  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(ws.denominators, ws.partials, tiles);
+}
+
+// Slots [slot, slot + batch) of X, as muon_prepare left them, normalised and orthogonalised in
+// place.
+void muon_orthogonalize(const MuonGroup& g, int slot, int batch, MuonWorkspace& ws, cudaStream_t stream) {
+  muon_require_fits(g, slot, batch, ws);
+  const int m = g.m, n = g.n, tiles = muon_tiles(g);
+  float* denominators = ws.denominators + slot;
+  const float* partials = ws.partials + (size_t)slot * tiles;
+  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles);
   cudaCheckLaunch();
   const size_t elements = (size_t)batch * m * n;
   muon_normalize_kernel<<<ceil_div(elements / 8, kMuonThreads), kMuonThreads, 0, stream>>>(
-      ws.x[0], ws.denominators, (size_t)m * n, elements);
+      ws.x[0] + (size_t)slot * m * n, denominators, (size_t)m * n, elements);
   cudaCheckLaunch();
-  muon_newton_schulz(ws, m, n, batch, g.count, stream);
+  muon_newton_schulz(ws, m, n, slot, batch, g.count, stream);
 }
 
-// The parameters of matrices [first, first + batch) from the update in ws.x[0].
+// The parameters of matrices [first, first + batch) from the updates in slots [slot, slot + batch).
 void muon_apply(const MuonGroup& g, int first, int batch, const MuonParams& hp, uint32_t seed,
-                const MuonWorkspace& ws, cudaStream_t stream) {
+                const MuonWorkspace& ws, int slot, cudaStream_t stream) {
+  muon_require_fits(g, slot, batch, ws);
   MuonApply a;
   a.lr = hp.lr;
   a.decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
@@ -4395,22 +4420,58 @@ void muon_apply(const MuonGroup& g, int first, int batch, const MuonParams& hp, 
   floatX* const* params = g.params + first;
   float* const* master = g.master ? g.master + first : nullptr;
   const uint8_t* tall = g.tall ? g.tall + first : nullptr;
-  muon_apply_kernel<<<grid, kMuonThreads, 0, stream>>>(params, master, ws.x[0], tall, g.m, g.n, a);
+  const __nv_bfloat16* updates = ws.x[0] + (size_t)slot * g.m * g.n;
+  muon_apply_kernel<<<grid, kMuonThreads, 0, stream>>>(params, master, updates, tall, g.m, g.n, a);
   cudaCheckLaunch();
 }
 
-// One Muon step for matrices [begin, end) of a group (each process its share), ws.capacity
-// matrices at a time. cuBLASLt's workspace is the trainer's one: keep other products off the
-// stream's way while this runs on another stream.
+// One Muon step for matrices [begin, end) of a group, ws.capacity matrices at a time.
+// cuBLASLt's workspace is the trainer's one: keep other products off the stream's way while this
+// runs on another stream.
 void muon_update(const MuonGroup& g, int begin, int end, const MuonParams& hp, uint32_t seed,
                  MuonWorkspace& ws, cudaStream_t stream) {
   REQUIRE(0 <= begin && begin <= end && end <= g.count, "Muon: matrices [%d, %d) of a group of %d", begin,
           end, g.count);
   for (int first = begin; first < end; first += ws.capacity) {
     const int batch = std::min(ws.capacity, end - first);
-    muon_orthogonalize(g, first, batch, hp, ws, stream);
-    muon_apply(g, first, batch, hp, seed, ws, stream);
+    muon_prepare(g, first, batch, hp, ws, 0, stream);
+    muon_orthogonalize(g, 0, batch, ws, stream);
+    muon_apply(g, first, batch, hp, seed, ws, 0, stream);
   }
+}
+
+// Process `rank` of `world` orthogonalises matrices [begin, end) of a group of `count`: contiguous
+// shares whose sizes differ by at most one, fixed by the process count alone.
+struct MuonShare {
+  int begin, end;
+};
+
+inline MuonShare muon_share(int count, int rank, int world) {
+  return {(int)((int64_t)count * rank / world), (int)((int64_t)count * (rank + 1) / world)};
+}
+
+// Muon's orthogonalisation spread over the `world` processes of a data-parallel run (this one is
+// `rank`): gather(x, matrix_elements, count, stream) fills the slots [0, count) of updates x that
+// the other processes orthogonalised (their muon_share) with their bits, in place.
+struct MuonSpread {
+  int rank = 0, world = 1;
+  std::function<void(__nv_bfloat16* x, size_t matrix_elements, int count, cudaStream_t stream)> gather;
+};
+
+// One Muon step for a whole group, its orthogonalisation spread (matrix i in slot i, so the
+// workspace holds the group). Every process updates the momentum of every matrix (elementwise
+// and cheap; the averaged gradient is the same on every process, so the state stays replicated),
+// orthogonalises its share, gathers the others', and applies the whole group's update with the
+// same seeds, so that every process keeps the same parameters and master weights. The bits do not
+// depend on which process orthogonalised a matrix where cuBLASLt runs the group's algorithm for a
+// share (muon_product); one process runs muon_update's kernels.
+void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
+                        const MuonSpread& spread, cudaStream_t stream) {
+  const MuonShare share = muon_share(g.count, spread.rank, spread.world);
+  muon_prepare(g, 0, g.count, hp, ws, 0, stream);
+  if (share.end > share.begin) muon_orthogonalize(g, share.begin, share.end - share.begin, ws, stream);
+  if (spread.world > 1) spread.gather(ws.x[0], (size_t)g.m * g.n, g.count, stream);
+  muon_apply(g, 0, g.count, hp, seed, ws, 0, stream);
 }
 
 // ============================================================================
@@ -5300,10 +5361,13 @@ void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
 }
 
 // Muon's step on the blocks' matrices, its rate times lr_fraction. Every process holds the whole
-// averaged gradient (-zs 0) and orthogonalises every matrix, so all keep the same momentum and
-// parameters. After a checkpoint the optimizer state moves to other arrays (GPT2::adam_next):
-// the matrices' state is copied there first and updated in place.
-void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed) {
+// averaged gradient (-zs 0) and the whole momentum; each orthogonalises its share of every group
+// and takes the others' from spread (muon_update_spread), so all keep the same momentum and
+// parameters, and a group's matrices get the same bits on any process count where cuBLASLt runs
+// the group's algorithm for a share. After a checkpoint the optimizer state moves to other
+// arrays (GPT2::adam_next): the matrices' state is copied there first and updated in place.
+void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed,
+                      const MuonSpread& spread) {
   REQUIRE(m.shard_count == 1, "Muon with ZeRO-1: the optimizer state is in shards (use -zs 0)");
   if (m.muon_groups.empty()) gpt2_muon_groups(m);
   float* momentum = m.adam_next.m ? m.adam_next.m : m.adam_m;
@@ -5322,8 +5386,8 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   MuonParams step = params;
   step.lr = params.lr * lr_fraction;
   for (size_t g = 0; g < m.muon_groups.size(); g++) {
-    muon_update(m.muon_groups[g], 0, m.muon_groups[g].count, step,
-                seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g), m.muon_workspace, m.stream);
+    const uint32_t group_seed = seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g);
+    muon_update_spread(m.muon_groups[g], step, group_seed, m.muon_workspace, spread, m.stream);
   }
 }
 
@@ -5338,9 +5402,11 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r, llmc::OptimizerKind kind
 
 // One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
 // AdamW with clipping at grad_clip (<= 0: none) and the schedule's lr; Muon (opt.muon) with its
-// rate times lr_fraction, the schedule's lr over its peak.
+// rate times lr_fraction, the schedule's lr over its peak, its orthogonalisation spread over the
+// processes by muon_spread.
 void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fraction, float beta1, float beta2,
-                 float eps, float weight_decay, float grad_clip, float grad_norm) {
+                 float eps, float weight_decay, float grad_clip, float grad_norm,
+                 const MuonSpread& muon_spread = MuonSpread()) {
   nvtxRangePush("update");
   m.optimizer_steps++;
   AdamWParams hp;
@@ -5365,7 +5431,7 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
   if (opt.muon) {
     MuonParams muon = opt.muon_params;
     muon.grad_scale = hp.grad_scale;
-    gpt2_muon_update(m, muon, lr_fraction, seed);
+    gpt2_muon_update(m, muon, lr_fraction, seed, muon_spread);
   }
   adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream,
                m.adam_next);
@@ -6007,7 +6073,8 @@ void install_stop_handlers() {
 // differently for differently sized messages). With ZeRO stage 1 (-zs 1) each piece goes to the
 // rank owning it (a reduce-scatter when not overlapped), the rank runs AdamW on its shard, and
 // an all-gather on the same stream, after the optimizer kernels, gives every rank the new
-// parameters. The loss and the gradient norm are reduced over the ranks.
+// parameters. Muon (-zs 0) orthogonalises each rank's share of the matrices and broadcasts the
+// updates (multi_gpu_muon_spread). The loss and the gradient norm are reduced over the ranks.
 //
 // Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
 // peer died or hangs, so a collective never completes): one line naming the rank and -ct, the
@@ -6246,6 +6313,26 @@ void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
   if (mg.world == 1 || mg.zero_stage == 0) return;
   ncclCheck(ncclAllGather(m.params + m.shard_offset, m.params, m.shard_size, kNcclFloatX, mg.comm,
                           m.stream));
+}
+
+// Muon with -zs 0 (muon_update_spread): each rank broadcasts the updates it orthogonalised, its
+// share of a group's slots, in place. Broadcasts copy, so every rank gets the owner's bits.
+MuonSpread multi_gpu_muon_spread(MultiGpu& mg) {
+  MuonSpread spread;
+  spread.rank = mg.rank;
+  spread.world = mg.world;
+  spread.gather = [&mg](__nv_bfloat16* x, size_t matrix_elements, int count, cudaStream_t stream) {
+    ncclCheck(ncclGroupStart());
+    for (int owner = 0; owner < mg.world; owner++) {
+      const MuonShare share = muon_share(count, owner, mg.world);
+      if (share.end == share.begin) continue;
+      __nv_bfloat16* first = x + (size_t)share.begin * matrix_elements;
+      ncclCheck(ncclBroadcast(first, first, (size_t)(share.end - share.begin) * matrix_elements, ncclBfloat16,
+                              owner, mg.comm, stream));
+    }
+    ncclCheck(ncclGroupEnd());
+  };
+  return spread;
 }
 
 // Delayed FP8 scaling at the end of a step (gpt2_fp8_end_step), with each amax the maximum over
@@ -6704,6 +6791,7 @@ struct TrainRun {
   llmc::OutlierDetector loss_outliers, norm_outliers;
   std::vector<int> inputs, targets;
   std::function<void(int)> grads_final;
+  MuonSpread muon_spread;
   Checkpointer checkpoints;
   cudaEvent_t start = nullptr, end = nullptr;  // around each step
   double total_ms = 0.0;
@@ -6820,6 +6908,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
+  r.muon_spread = multi_gpu_muon_spread(r.mg);
   install_stop_handlers();
   r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow));
 }
@@ -6957,7 +7046,7 @@ bool train_step(TrainRun& r, int step) {
     const llmc::Recipe& recipe = recipe_of(a);
     const float lr_fraction = a.lr > 0.0f ? (float)(r.schedule.at(step) / a.lr) : 0.0f;
     gpt2_update(m, r.optimizer, s.lr, lr_fraction, recipe.beta1, recipe.beta2, recipe.eps, a.weight_decay,
-                a.grad_clip, s.norm);
+                a.grad_clip, s.norm, r.muon_spread);
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;

@@ -85,7 +85,7 @@ void bench(int C, int L) {
     const double flops = newton_schulz_flops(g);
     step_flops += flops;
     const float update_ms = time_ms([&] { muon_update(g, 0, g.count, hp, 1234u, ws, 0); });
-    const float products_ms = time_ms([&] { muon_newton_schulz(ws, g.m, g.n, g.count, g.count, 0); });
+    const float products_ms = time_ms([&] { muon_newton_schulz(ws, g.m, g.n, 0, g.count, g.count, 0); });
     printf("  %3d of %4dx%-5d  muon_update %8.3f ms %6.1f TFLOP/s   products alone %8.3f ms %6.1f TFLOP/s\n",
            g.count, g.m, g.n, update_ms, flops / update_ms / 1e9, products_ms, flops / products_ms / 1e9);
   }

@@ -1,12 +1,13 @@
-// Tests the Muon update (muon_orthogonalize, muon_apply, muon_update) against a CPU reference that
-// follows the reference optimizer op by op: the momentum and Nesterov step in FP32, then BF16
-// tensors with every product and every elementwise result rounded to BF16 (FP32 accumulation).
-// Groups of odd shapes: one of 96x160 matrices, 3 wide and 2 stored tall as 160x96 (orthogonalised
-// transposed), and one 64x64 matrix, scattered in a parameter buffer; with and without master
-// weights. Each stage is checked on its own (momentum, orthogonalised update, parameters from the
-// GPU's update), the orthogonalised update also for its property (X X^T near I), then muon_update
-// twice for the same bits, in pieces of a smaller workspace, and over sub-ranges, which must give
-// the whole group's bits for their matrices and leave the others as they were.
+// Tests the Muon update (muon_prepare, muon_orthogonalize, muon_apply, muon_update and
+// muon_update_spread) against a CPU reference that follows the reference optimizer op by op: the
+// momentum and Nesterov step in FP32, then BF16 tensors with every product and every elementwise
+// result rounded to BF16 (FP32 accumulation). Groups of odd shapes: one of 96x160 matrices, 3 wide
+// and 2 stored tall as 160x96 (orthogonalised transposed), and one 64x64 matrix, scattered in a
+// parameter buffer; with and without master weights. Each stage is checked on its own (momentum,
+// orthogonalised update, parameters from the GPU's update), the orthogonalised update also for its
+// property (X X^T near I), then muon_update twice for the same bits, in pieces of a smaller
+// workspace, and over sub-ranges, which must give the whole group's bits for their matrices and
+// leave the others as they were; then muon_update_spread as each process of 1, 2 and 3 runs it.
 #include "dev/cuda/kernel_test.h"
 
 // The GPU's products accumulate in another order and fuse B = -1.5 A + 0.5 A A and X = 2 X + B X
@@ -169,6 +170,50 @@ void check_orthogonal(const std::vector<float>& x, int m, int n, int count) {
                          llmc::strformat("X X^T = I within %.4f (bound %.2f)", worst, kTolIdentity));
 }
 
+// muon_update_spread as each process of 1, 2 and 3 runs it: its share orthogonalised must have the
+// whole group's bits (staged_x, slot i for matrix i), and with the others' shares filled in from
+// them, as their processes' broadcasts would, the step must give the whole group's bits.
+void test_spread(const TestGroup& t, const HostState& s, Device& d, const MuonGroup& g, const MuonParams& hp,
+                 uint32_t seed, const std::vector<__nv_bfloat16>& staged_x, const Snapshot& staged) {
+  MuonWorkspace ws;
+  muon_workspace_alloc(ws, {g}, t.count());
+  for (int world = 1; world <= 3; world++) {
+    for (int rank = 0; rank < world; rank++) {
+      MuonSpread spread;
+      spread.rank = rank;
+      spread.world = world;
+      size_t share_differs = 0;
+      spread.gather = [&](__nv_bfloat16* x, size_t elements, int count, cudaStream_t stream) {
+        std::vector<__nv_bfloat16> got((size_t)count * elements);
+        cudaCheck(cudaMemcpyAsync(got.data(), x, got.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost,
+                                  stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        const MuonShare share = muon_share(count, rank, world);
+        for (size_t k = share.begin * elements; k < share.end * elements; k++) {
+          share_differs += memcmp(&got[k], &staged_x[k], sizeof(__nv_bfloat16)) != 0;
+        }
+        std::vector<__nv_bfloat16> gathered = staged_x;
+        std::copy(got.begin() + share.begin * elements, got.begin() + share.end * elements,
+                  gathered.begin() + share.begin * elements);
+        cudaCheck(cudaMemcpyAsync(x, gathered.data(), gathered.size() * sizeof(__nv_bfloat16),
+                                  cudaMemcpyHostToDevice, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+      };
+      d.reset(s);
+      poison(ws);
+      muon_update_spread(g, hp, seed, ws, spread, 0);
+      const MuonShare share = muon_share(t.count(), rank, world);
+      testing::check_verbose(share_differs == 0,
+                             llmc::strformat("spread, process %d of %d: its share [%d, %d) orthogonalised, "
+                                             "%zu values differ from the whole group's",
+                                             rank, world, share.begin, share.end, share_differs));
+      check_same_bits(llmc::strformat("spread, process %d of %d", rank, world), staged,
+                      Snapshot(d.params, d.master, d.momentum));
+    }
+  }
+  muon_workspace_free(ws);
+}
+
 void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
   printf("\nmuon %s: %d of %dx%d, %s master weights\n", t.name, t.count(), t.m, t.n,
          with_master ? "with" : "without");
@@ -191,14 +236,14 @@ void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
 
   // Stage by stage, against the CPU.
   poison(ws);
-  muon_orthogonalize(g, 0, count, hp, ws, 0);
+  muon_prepare(g, 0, count, hp, ws, 0, 0);
+  muon_orthogonalize(g, 0, count, ws, 0);
   const std::vector<float> got_momentum = d.momentum.download();
-  std::vector<float> got_x((size_t)count * m * n);
-  {
-    std::vector<__nv_bfloat16> raw(got_x.size());
-    cudaCheck(cudaMemcpy(raw.data(), ws.x[0], raw.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < raw.size(); i++) got_x[i] = __bfloat162float(raw[i]);
-  }
+  std::vector<__nv_bfloat16> staged_x((size_t)count * m * n);
+  cudaCheck(cudaMemcpy(staged_x.data(), ws.x[0], staged_x.size() * sizeof(__nv_bfloat16),
+                       cudaMemcpyDeviceToHost));
+  std::vector<float> got_x(staged_x.size());
+  for (size_t i = 0; i < staged_x.size(); i++) got_x[i] = __bfloat162float(staged_x[i]);
   check_gaps("momentum", t, got_momentum, s.momentum);
   for (int i = 0; i < count; i++) {
     const std::vector<float> g_i = matrix(t, s.grads, i);
@@ -215,7 +260,7 @@ void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
   }
   if (m < n) check_orthogonal(got_x, m, n, count);  // a random square matrix may be ill-conditioned
 
-  muon_apply(g, 0, count, hp, seed, ws, 0);
+  muon_apply(g, 0, count, hp, seed, ws, 0, 0);
   const std::vector<float> got_params = d.params.download(), got_master = d.master.download();
   check_gaps("params", t, got_params, s.params);
   check_gaps("master", t, got_master, s.master);
@@ -271,6 +316,7 @@ void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
                                                      "group's or the initial ones", split, count, wrong));
   update(small, 0, split);
   check_same_bits("[1, count) then [0, 1)", staged, Snapshot(d.params, d.master, d.momentum));
+  test_spread(t, s, d, g, hp, seed, staged_x, staged);
   muon_workspace_free(small);
   muon_workspace_free(ws);
 }
