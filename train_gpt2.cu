@@ -6439,6 +6439,7 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.T = r.T;
   a.muon_lr = r.muon_lr;
   a.muon_weight_decay = r.muon_weight_decay;
+  a.multi_gpu.zero_stage = r.zero_stage;
 }
 
 const llmc::Recipe& recipe_of(const TrainArgs& a) { return llmc::recipe_by_name(a.recipe, "-recipe"); }
@@ -6494,7 +6495,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
-      text_flag("-recipe", "recipe", "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of -l -c -gc -k -kd -z -b -t -ml -mw", &a.recipe),
+      text_flag("-recipe", "recipe", "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of -l -c -gc -k -kd -z -b -t -ml -mw -zs", &a.recipe),
       text_flag("-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest (default: the recipe's)", &a.optimizer),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),

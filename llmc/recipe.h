@@ -42,12 +42,13 @@ struct Recipe {
   float decay_fraction;
   long total_batch_tokens;  // -z (-1: one micro batch)
   int B, T;                 // T 0: the model's maximum
+  int zero_stage;           // -zs: 0 with Muon, which orthogonalises whole matrices of the gradient
 };
 
 inline const Recipe& recipe_gpt2() {
   static const Recipe r = {"gpt2", Arch::kGpt2, OptimizerKind::kAdamW, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, false,
                            {1.0f, 1.0f, 1.0f, 1.0f}, 1.0f, 0.025f, 0.05f, 0.95f, false, "cosine", 0.0f,
-                           -1, 4, 0};
+                           -1, 4, 0, 1};
   return r;
 }
 
@@ -56,7 +57,7 @@ inline const Recipe& recipe_gpt2() {
 inline const Recipe& recipe_modern() {
   static const Recipe r = {"modern", Arch::kModern, OptimizerKind::kMuon, 1.0f, 0.8f, 0.95f, 1e-10f, 0.001f,
                            true, {0.7f, 0.004f, 0.015f, 0.004f}, 0.0f, 0.025f, 0.05f, 0.95f, true, "wsd",
-                           0.7f, 524288, 64, 1024};
+                           0.7f, 524288, 64, 1024, 0};
   return r;
 }
 

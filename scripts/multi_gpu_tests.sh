@@ -258,27 +258,27 @@ fp8_delayed_test() {
     $mpi ./train_gpt2cu $common -b 4 -v 10 -m 4 -sh 1 -fp8 2
 }
 
-# The modern recipe on two ranks (-zs 0: every rank holds the averaged gradient and the momentum,
-# orthogonalises its share of the matrices with Muon and broadcasts it): against one rank with two
-# accumulation steps within the BF16 rank tolerance, two runs bit for bit (the shares are fixed by
-# the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on 1 and one of 1
-# rank on 2 against the runs that never stopped, and -zs 1 refused.
+# The modern recipe on two ranks (its default -zs 0: every rank holds the averaged gradient and
+# the momentum, orthogonalises its share of the matrices with Muon and broadcasts it): against one
+# rank with two accumulation steps within the BF16 rank tolerance, two runs bit for bit (the
+# shares are fixed by the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on
+# 1 and one of 1 rank on 2 against the runs that never stopped, and -zs 1 refused.
 modern_recipe_test() {
   source dev/test/compare_runs.sh
   local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -m 4 -z 2048"
   check modern_one_rank ./train_gpt2cu $args -x 10
-  check modern_two_ranks $mpi ./train_gpt2cu $args -x 10 -zs 0
+  check modern_two_ranks $mpi ./train_gpt2cu $args -x 10
   check modern_equivalent losses_close "$out/modern_one_rank.log" "$out/modern_two_ranks.log" 2e-2
-  check modern_two_ranks_again $mpi ./train_gpt2cu $args -x 10 -zs 0
+  check modern_two_ranks_again $mpi ./train_gpt2cu $args -x 10
   check modern_two_ranks_deterministic same_steps "$out/modern_two_ranks.log" "$out/modern_two_ranks_again.log"
-  resume_equivalence check modern_resume_two_ranks "$out/resume_modern" 2 $mpi ./train_gpt2cu $args -zs 0
+  resume_equivalence check modern_resume_two_ranks "$out/resume_modern" 2 $mpi ./train_gpt2cu $args
   local dir=$out/modern_reshard
   rm -rf "$dir"
-  check modern_reshard_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -zs 0 -o "$dir/two" -halt 5
+  check modern_reshard_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/two" -halt 5
   check modern_reshard_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir/two" -y 1
   check modern_reshard_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_reshard_on_one.log" 5 2e-2
   check modern_reshard_one_halt ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -halt 5
-  check modern_reshard_on_two $mpi ./train_gpt2cu $args -x 10 -n 5 -zs 0 -o "$dir/one" -y 1
+  check modern_reshard_on_two $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -y 1
   check modern_reshard_1_to_2_close losses_close_from "$out/modern_two_ranks.log" "$out/modern_reshard_on_two.log" 5 2e-2
   check modern_zero_refused refused_with "Muon reads whole matrices" $mpi ./train_gpt2cu $args -x 2 -zs 1
 }
