@@ -4062,12 +4062,13 @@ struct MuonParams {
 // [out, in]) as [m, n] or, where tall[i] is set, as [n, m] (fc and fcproj are one group),
 // scattered in the parameter buffer and named by device arrays of pointers. master is null
 // without master weights (then the parameter is the master), tall null where none is tall; the
-// momentum is FP32 of the parameter's shape.
+// momentum is FP32 of the parameter's shape. The sharded step (muon_prepare_shard) overwrites the
+// gradients with the Nesterov inputs.
 struct MuonGroup {
   int m = 0, n = 0, count = 0;
   floatX** params = nullptr;
   float** master = nullptr;
-  const floatX** grads = nullptr;
+  floatX** grads = nullptr;
   float** momentum = nullptr;
   const uint8_t* tall = nullptr;
 };
@@ -4250,20 +4251,26 @@ __device__ __forceinline__ float muon_lerp(float from, float to, float weight) {
   return weight < 0.5f ? from + weight * (to - from) : to - (to - from) * (1.0f - weight);
 }
 
-// One 32x32 tile of X [m, n] of each matrix of the batch: mom = lerp(mom, g, 1 - mu),
-// u = lerp(g, mom, mu), X = bf16(u), and the tile's sum of X^2 as partials[matrix * tiles + tile].
-// A tall parameter [n, m] is read along its rows and its tile transposed through shared memory, so
-// both sides stay coalesced.
-__global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
-    __nv_bfloat16* x, float* partials, const floatX* const* grads, float* const* momentum,
-    const uint8_t* tall, int m, int n, float mu, float grad_scale) {
+// One element's momentum step: mom = lerp(mom, g, 1 - mu), and its Nesterov input
+// u = bf16(lerp(g, mom, mu)). The whole and the sharded steps share it, so they agree bit for bit.
+__device__ __forceinline__ __nv_bfloat16 muon_nesterov(floatX grad, float& mom, float mu, float grad_scale) {
+  const float gi = (float)grad * grad_scale, mi = muon_lerp(mom, gi, 1.0f - mu);
+  mom = mi;
+  return __float2bfloat16_rn(muon_lerp(gi, mi, mu));
+}
+
+// One 32x32 tile of X [m, n] of each matrix of the batch: X = bf16(u) with u = input(at)
+// (at: the element's index in the parameter's own layout), and the tile's sum of X^2 as
+// partials[matrix * tiles + tile]. A tall parameter [n, m] is read along its rows and its tile
+// transposed through shared memory, so both sides stay coalesced.
+template <typename Input>
+__device__ __forceinline__ void muon_prepare_tile(__nv_bfloat16* x, float* partials, const uint8_t* tall,
+                                                  int m, int n, Input input) {
   __shared__ float tile[kMuonTile][kMuonTile + 1];
   __shared__ float shared[WARP_SIZE];
   constexpr int kStep = kMuonThreads / kMuonTile;
   const int z = blockIdx.z, tx = threadIdx.x % kMuonTile, ty = threadIdx.x / kMuonTile;
   const bool transpose = tall && tall[z];
-  const floatX* g = grads[z];
-  float* mom = momentum[z];
   __nv_bfloat16* out = x + (size_t)z * m * n;
   // The tile's rows and columns in the parameter's own orientation.
   const int row0 = (transpose ? blockIdx.x : blockIdx.y) * kMuonTile;
@@ -4274,9 +4281,7 @@ __global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
     const int r = row0 + i, c = col0 + tx;
     if (r >= rows || c >= cols) continue;
     const size_t at = (size_t)r * cols + c;
-    const float gi = (float)g[at] * grad_scale, mi = muon_lerp(mom[at], gi, 1.0f - mu);
-    mom[at] = mi;
-    const __nv_bfloat16 u = __float2bfloat16_rn(muon_lerp(gi, mi, mu));
+    const __nv_bfloat16 u = input(at);
     squares += (float)u * (float)u;
     if (transpose) {
       tile[i][tx] = (float)u;
@@ -4294,6 +4299,36 @@ __global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
   squares = block_reduce_sum(squares, shared);
   const size_t tile_index = (size_t)z * gridDim.x * gridDim.y + blockIdx.y * gridDim.x + blockIdx.x;
   if (threadIdx.x == 0) partials[tile_index] = squares;
+}
+
+// The tiles of X from the gradients, the momentum stepped (muon_nesterov).
+__global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
+    __nv_bfloat16* x, float* partials, const floatX* const* grads, float* const* momentum,
+    const uint8_t* tall, int m, int n, float mu, float grad_scale) {
+  const floatX* g = grads[blockIdx.z];
+  float* mom = momentum[blockIdx.z];
+  muon_prepare_tile(x, partials, tall, m, n,
+                    [&](size_t at) { return muon_nesterov(g[at], mom[at], mu, grad_scale); });
+}
+
+// The tiles of X from Nesterov inputs that muon_prepare_shard left (exact in floatX) and the
+// processes gathered.
+__global__ void __launch_bounds__(kMuonThreads) muon_prepare_gathered_kernel(
+    __nv_bfloat16* x, float* partials, const floatX* const* inputs, const uint8_t* tall, int m, int n) {
+  const floatX* u = inputs[blockIdx.z];
+  muon_prepare_tile(x, partials, tall, m, n, [&](size_t at) { return __float2bfloat16_rn((float)u[at]); });
+}
+
+// The momentum step of each element of matrix blockIdx.y inside this process's ZeRO-1 shard
+// [shard_begin, shard_end) of the gradient buffer, its Nesterov input written over its gradient
+// (in floatX, which holds a BF16 value exactly) for the processes to gather.
+__global__ void muon_prepare_shard_kernel(floatX* const* grads, float* const* momentum, size_t elements,
+                                          const floatX* shard_begin, const floatX* shard_end, float mu,
+                                          float grad_scale) {
+  const size_t at = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  floatX* g = grads[blockIdx.y] + at;
+  if (at >= elements || g < shard_begin || g >= shard_end) return;
+  *g = (floatX)__bfloat162float(muon_nesterov(*g, momentum[blockIdx.y][at], mu, grad_scale));
 }
 
 // One block per matrix: its tiles' sums in a fixed tree, then the reference's BF16 arithmetic
@@ -4331,9 +4366,11 @@ struct MuonApply {
   int first;  // the batch's first matrix in its group
 };
 
-__global__ void __launch_bounds__(kMuonThreads) muon_apply_kernel(
-    floatX* const* params, float* const* master, const __nv_bfloat16* x, const uint8_t* tall, int m, int n,
-    MuonApply a) {
+// The tile's elements inside [shard_begin, shard_end) of the parameter buffer (all where null).
+__device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* const* master,
+                                                const __nv_bfloat16* x, const uint8_t* tall, int m, int n,
+                                                const MuonApply& a, const floatX* shard_begin,
+                                                const floatX* shard_end) {
   __shared__ float tile[kMuonTile][kMuonTile + 1];
   constexpr int kStep = kMuonThreads / kMuonTile;
   const int z = blockIdx.z, tx = threadIdx.x % kMuonTile, ty = threadIdx.x / kMuonTile;
@@ -4355,6 +4392,7 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_kernel(
     const int r = row0 + i, c = col0 + tx;
     if (r >= rows || c >= cols) continue;
     const size_t at = (size_t)r * cols + c;
+    if (shard_begin && (p + at < shard_begin || p + at >= shard_end)) continue;
     const float u = transpose ? __bfloat162float(__float2bfloat16_rn(tile[i][tx] * a.tall_scale))
                               : __bfloat162float(in[at]);
     const float old = pm ? pm[at] : (float)p[at];
@@ -4362,6 +4400,18 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_kernel(
     if (pm) pm[at] = updated;
     p[at] = round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
   }
+}
+
+__global__ void __launch_bounds__(kMuonThreads) muon_apply_kernel(
+    floatX* const* params, float* const* master, const __nv_bfloat16* x, const uint8_t* tall, int m, int n,
+    MuonApply a) {
+  muon_apply_tile(params, master, x, tall, m, n, a, nullptr, nullptr);
+}
+
+__global__ void __launch_bounds__(kMuonThreads) muon_apply_shard_kernel(
+    floatX* const* params, float* const* master, const __nv_bfloat16* x, const uint8_t* tall, int m, int n,
+    MuonApply a, const floatX* shard_begin, const floatX* shard_end) {
+  muon_apply_tile(params, master, x, tall, m, n, a, shard_begin, shard_end);
 }
 
 // Slots [slot, slot + batch) of the workspace hold a batch's matrices (slot i is matrix i of the
@@ -4406,16 +4456,21 @@ void muon_orthogonalize(const MuonGroup& g, int slot, int batch, MuonWorkspace& 
   muon_newton_schulz(ws, m, n, slot, batch, g.count, stream);
 }
 
-// The parameters of matrices [first, first + batch) from the updates in slots [slot, slot + batch).
-void muon_apply(const MuonGroup& g, int first, int batch, const MuonParams& hp, uint32_t seed,
-                const MuonWorkspace& ws, int slot, cudaStream_t stream) {
-  muon_require_fits(g, slot, batch, ws);
+MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_t seed, int first) {
   MuonApply a;
   a.lr = hp.lr;
   a.decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
   a.tall_scale = (float)std::sqrt((double)g.n / g.m);
   a.seed = seed;
   a.first = first;
+  return a;
+}
+
+// The parameters of matrices [first, first + batch) from the updates in slots [slot, slot + batch).
+void muon_apply(const MuonGroup& g, int first, int batch, const MuonParams& hp, uint32_t seed,
+                const MuonWorkspace& ws, int slot, cudaStream_t stream) {
+  muon_require_fits(g, slot, batch, ws);
+  const MuonApply a = muon_apply_constants(g, hp, seed, first);
   const dim3 grid(ceil_div(g.n, kMuonTile), ceil_div(g.m, kMuonTile), batch);
   floatX* const* params = g.params + first;
   float* const* master = g.master ? g.master + first : nullptr;
@@ -4453,9 +4508,12 @@ inline MuonShare muon_share(int count, int rank, int world) {
 // Muon's orthogonalisation spread over the `world` processes of a data-parallel run (this one is
 // `rank`): gather(x, matrix_elements, count, stream) fills the slots [0, count) of updates x that
 // the other processes orthogonalised (their muon_share) with their bits, in place.
+// With ZeRO-1, gather_shards(buffer, shard_size, stream) fills each of the `world` shards of
+// buffer [world * shard_size] with its process's, in place.
 struct MuonSpread {
   int rank = 0, world = 1;
   std::function<void(__nv_bfloat16* x, size_t matrix_elements, int count, cudaStream_t stream)> gather;
+  std::function<void(floatX* buffer, size_t shard_size, cudaStream_t stream)> gather_shards;
 };
 
 // One Muon step for a whole group, its orthogonalisation spread (matrix i in slot i, so the
@@ -4472,6 +4530,55 @@ void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed,
   if (share.end > share.begin) muon_orthogonalize(g, share.begin, share.end - share.begin, ws, stream);
   if (spread.world > 1) spread.gather(ws.x[0], (size_t)g.m * g.n, g.count, stream);
   muon_apply(g, 0, g.count, hp, seed, ws, 0, stream);
+}
+
+// With ZeRO-1 (-zs 1) a process holds the averaged gradient, the momentum and the master weights
+// of its shard of the parameter buffer alone: [begin, end) of the gradients and of the parameters
+// (one layout). A matrix may be cut anywhere by a shard's ends.
+struct MuonShard {
+  const floatX* grads_begin;
+  const floatX* grads_end;
+  const floatX* params_begin;
+  const floatX* params_end;
+};
+
+// The sharded step's first half, for every matrix of the group: the momentum of the shard's
+// elements stepped and their Nesterov inputs written over their gradients, which the processes
+// then gather whole (MuonSpread::gather_shards).
+void muon_prepare_shard(const MuonGroup& g, const MuonParams& hp, const MuonShard& shard,
+                        cudaStream_t stream) {
+  const size_t elements = (size_t)g.m * g.n;
+  const dim3 grid(ceil_div((long)elements, kMuonThreads), g.count);
+  muon_prepare_shard_kernel<<<grid, kMuonThreads, 0, stream>>>(
+      g.grads, g.momentum, elements, shard.grads_begin, shard.grads_end, hp.momentum, hp.grad_scale);
+  cudaCheckLaunch();
+}
+
+// The sharded step's second half, once the gradients hold every process's Nesterov inputs: as
+// muon_update_spread, this process orthogonalises its share of the group (from the gathered
+// inputs, with the norms' tile sums of muon_prepare) and gathers the others', then applies the
+// update to its shard's elements alone, with the seeds of the whole step, so that each element
+// gets the bits muon_update_spread gives it.
+void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
+                         const MuonSpread& spread, const MuonShard& shard, cudaStream_t stream) {
+  const MuonShare share = muon_share(g.count, spread.rank, spread.world);
+  const int m = g.m, n = g.n, batch = share.end - share.begin;
+  if (batch > 0) {
+    muon_require_fits(g, share.begin, batch, ws);
+    const dim3 grid(ceil_div(n, kMuonTile), ceil_div(m, kMuonTile), batch);
+    muon_prepare_gathered_kernel<<<grid, kMuonThreads, 0, stream>>>(
+        ws.x[0] + (size_t)share.begin * m * n, ws.partials + (size_t)share.begin * muon_tiles(g),
+        g.grads + share.begin, g.tall ? g.tall + share.begin : nullptr, m, n);
+    cudaCheckLaunch();
+    muon_orthogonalize(g, share.begin, batch, ws, stream);
+  }
+  if (spread.world > 1) spread.gather(ws.x[0], (size_t)m * n, g.count, stream);
+  muon_require_fits(g, 0, g.count, ws);
+  const MuonApply a = muon_apply_constants(g, hp, seed, 0);
+  const dim3 grid(ceil_div(n, kMuonTile), ceil_div(m, kMuonTile), g.count);
+  muon_apply_shard_kernel<<<grid, kMuonThreads, 0, stream>>>(g.params, g.master, ws.x[0], g.tall, m, n, a,
+                                                             shard.params_begin, shard.params_end);
+  cudaCheckLaunch();
 }
 
 // ============================================================================
@@ -5334,15 +5441,17 @@ void gpt2_muon_groups(GPT2& m) {
 
 // Points the groups at the parameters, gradients and the optimizer state arrays momentum (AdamW's
 // first moments, unused by AdamW for these elements) and master, from this rank's shard_offset.
+// With ZeRO-1 a matrix's state pointer may lie outside the shard's arrays (the matrix starts
+// before the shard or lies past it): the sharded kernels touch only the shard's elements.
 void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
   const size_t count = m.muon_offsets.size();
   std::vector<void*> host(4 * count);
   for (size_t i = 0; i < count; i++) {
-    const size_t o = m.muon_offsets[i], state = o - m.shard_offset;
-    host[i] = m.params + o;
-    host[count + i] = master ? master + state : nullptr;
-    host[2 * count + i] = m.grads + o;
-    host[3 * count + i] = momentum + state;
+    const ptrdiff_t state = (ptrdiff_t)m.muon_offsets[i] - (ptrdiff_t)m.shard_offset;
+    host[i] = m.params + m.muon_offsets[i];
+    host[count + i] = master ? (void*)((uintptr_t)master + state * sizeof(float)) : nullptr;
+    host[2 * count + i] = m.grads + m.muon_offsets[i];
+    host[3 * count + i] = (void*)((uintptr_t)momentum + state * sizeof(float));
   }
   void** device = (void**)m.muon_pointers;
   cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, m.stream));
@@ -5352,7 +5461,7 @@ void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
   for (MuonGroup& g : m.muon_groups) {
     g.params = (floatX**)device + first;
     g.master = master ? (float**)device + count + first : nullptr;
-    g.grads = (const floatX**)device + 2 * count + first;
+    g.grads = (floatX**)device + 2 * count + first;
     g.momentum = (float**)device + 3 * count + first;
     g.tall = tall + first;
     first += g.count;
@@ -5360,34 +5469,59 @@ void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
   m.muon_state = momentum;
 }
 
-// Muon's step on the blocks' matrices, its rate times lr_fraction. Every process holds the whole
-// averaged gradient (-zs 0) and the whole momentum; each orthogonalises its share of every group
-// and takes the others' from spread (muon_update_spread), so all keep the same momentum and
-// parameters, and a group's matrices get the same bits on any process count where cuBLASLt runs
-// the group's algorithm for a share. After a checkpoint the optimizer state moves to other
-// arrays (GPT2::adam_next): the matrices' state is copied there first and updated in place.
+// After a checkpoint the optimizer state moves to other arrays (GPT2::adam_next): the matrices'
+// state in this rank's shard is copied there, to be updated in place.
+void gpt2_muon_copy_state(GPT2& m) {
+  const size_t shard_end = m.shard_offset + m.shard_size;
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    const llmc::ParamSpec& spec = m.param_specs[i];
+    const size_t begin = std::max(m.param_offsets[i], m.shard_offset);
+    const size_t end = std::min(m.param_offsets[i] + spec.size, shard_end);
+    if (spec.role != llmc::ParamRole::kMatrix || begin >= end) continue;
+    const size_t o = begin - m.shard_offset, bytes = (end - begin) * sizeof(float);
+    cudaCheck(cudaMemcpyAsync(m.adam_next.m + o, m.adam_m + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
+    cudaCheck(cudaMemcpyAsync(m.adam_next.v + o, m.adam_v + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
+    if (m.master) {
+      cudaCheck(cudaMemcpyAsync(m.adam_next.master + o, m.master + o, bytes, cudaMemcpyDeviceToDevice,
+                                m.stream));
+    }
+  }
+}
+
+// Muon's step on the blocks' matrices, its rate times lr_fraction. Each process orthogonalises
+// its share of every group and takes the others' from spread. With -zs 0 every process holds the
+// whole averaged gradient and momentum and updates them all (muon_update_spread); with ZeRO-1 it
+// steps its shard's momentum, the processes gather the Nesterov inputs, and each applies the
+// update to its shard (muon_update_sharded), whose parameters multi_gpu_gather_params then
+// gathers. Both give every element the same bits for a process count, and a group's matrices
+// the same bits on any process count where cuBLASLt runs the group's algorithm for a share.
 void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed,
                       const MuonSpread& spread) {
-  REQUIRE(m.shard_count == 1, "Muon with ZeRO-1: the optimizer state is in shards (use -zs 0)");
   if (m.muon_groups.empty()) gpt2_muon_groups(m);
   float* momentum = m.adam_next.m ? m.adam_next.m : m.adam_m;
   float* master = m.adam_next.m ? m.adam_next.master : m.master;
-  if (m.adam_next.m) {
-    for (int i = 0; i < llmc::kNumParamTensors; i++) {
-      const llmc::ParamSpec& spec = m.param_specs[i];
-      if (spec.role != llmc::ParamRole::kMatrix) continue;
-      const size_t o = m.param_offsets[i], bytes = spec.size * sizeof(float);
-      cudaCheck(cudaMemcpyAsync(momentum + o, m.adam_m + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
-      cudaCheck(cudaMemcpyAsync(m.adam_next.v + o, m.adam_v + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
-      if (master) cudaCheck(cudaMemcpyAsync(master + o, m.master + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
-    }
-  }
+  if (m.adam_next.m) gpt2_muon_copy_state(m);
   if (m.muon_state != momentum) gpt2_muon_pointers(m, momentum, master);
   MuonParams step = params;
   step.lr = params.lr * lr_fraction;
+  auto group_seed = [seed](size_t g) {
+    return seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g);
+  };
+  if (m.shard_count == 1) {
+    for (size_t g = 0; g < m.muon_groups.size(); g++) {
+      muon_update_spread(m.muon_groups[g], step, group_seed(g), m.muon_workspace, spread, m.stream);
+    }
+    return;
+  }
+  REQUIRE(spread.world == m.shard_count && spread.gather_shards,
+          "Muon with ZeRO-1: %d shards, but the orthogonalisation is spread over %d processes", m.shard_count,
+          spread.world);
+  const MuonShard shard = {m.grads + m.shard_offset, m.grads + m.shard_offset + m.shard_size,
+                           m.params + m.shard_offset, m.params + m.shard_offset + m.shard_size};
+  for (const MuonGroup& g : m.muon_groups) muon_prepare_shard(g, step, shard, m.stream);
+  spread.gather_shards(m.grads, m.shard_size, m.stream);
   for (size_t g = 0; g < m.muon_groups.size(); g++) {
-    const uint32_t group_seed = seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g);
-    muon_update_spread(m.muon_groups[g], step, group_seed, m.muon_workspace, spread, m.stream);
+    muon_update_sharded(m.muon_groups[g], step, group_seed(g), m.muon_workspace, spread, shard, m.stream);
   }
 }
 
@@ -6073,8 +6207,9 @@ void install_stop_handlers() {
 // differently for differently sized messages). With ZeRO stage 1 (-zs 1) each piece goes to the
 // rank owning it (a reduce-scatter when not overlapped), the rank runs AdamW on its shard, and
 // an all-gather on the same stream, after the optimizer kernels, gives every rank the new
-// parameters. Muon (-zs 0) orthogonalises each rank's share of the matrices and broadcasts the
-// updates (multi_gpu_muon_spread). The loss and the gradient norm are reduced over the ranks.
+// parameters. Muon orthogonalises each rank's share of the matrices and broadcasts the updates
+// (multi_gpu_muon_spread); with ZeRO-1 the ranks gather the inputs of the orthogonalisation
+// first. The loss and the gradient norm are reduced over the ranks.
 //
 // Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
 // peer died or hangs, so a collective never completes): one line naming the rank and -ct, the
@@ -6315,8 +6450,10 @@ void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
                           m.stream));
 }
 
-// Muon with -zs 0 (muon_update_spread): each rank broadcasts the updates it orthogonalised, its
-// share of a group's slots, in place. Broadcasts copy, so every rank gets the owner's bits.
+// Muon (gpt2_muon_update): each rank broadcasts the updates it orthogonalised, its share of a
+// group's slots, in place. Broadcasts copy, so every rank gets the owner's bits. With ZeRO-1 the
+// ranks first gather the Nesterov inputs of their shards, in the gradient buffer, as the
+// parameters are gathered.
 MuonSpread multi_gpu_muon_spread(MultiGpu& mg) {
   MuonSpread spread;
   spread.rank = mg.rank;
@@ -6332,6 +6469,12 @@ MuonSpread multi_gpu_muon_spread(MultiGpu& mg) {
     }
     ncclCheck(ncclGroupEnd());
   };
+  if (mg.zero_stage == 1) {
+    spread.gather_shards = [&mg](floatX* buffer, size_t shard_size, cudaStream_t stream) {
+      ncclCheck(ncclAllGather(buffer + mg.rank * shard_size, buffer, shard_size, kNcclFloatX, mg.comm,
+                              stream));
+    };
+  }
   return spread;
 }
 
@@ -6746,10 +6889,6 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     LLMC_FAIL("-e %s holds the %s architecture, but -recipe %s trains the %s one: give -recipe %s (-p "
               "generates with any)", a.model.c_str(), llmc::arch_spec(config.arch).name, recipe.name,
               llmc::arch_spec(recipe.arch).name, llmc::arch_spec(config.arch).name);
-  }
-  if (optimizer_of(a) == llmc::OptimizerKind::kMuon && world > 1 && a.multi_gpu.zero_stage == 1) {
-    LLMC_FAIL("-opt muon with -zs 1 on %d processes: Muon reads whole matrices of the averaged "
-              "gradient, which ZeRO-1 leaves in shards: use -zs 0", world);
   }
   llmc::resolve_sequence_length(a, config.max_seq_len);
   in.batch = llmc::step_batch(a, world);

@@ -20,7 +20,7 @@ struct BenchGroup {
   std::unique_ptr<DeviceArray<float>> master, momentum;
   std::unique_ptr<DeviceArray<floatX*>> param_ptrs;
   std::unique_ptr<DeviceArray<float*>> master_ptrs, momentum_ptrs;
-  std::unique_ptr<DeviceArray<const floatX*>> grad_ptrs;
+  std::unique_ptr<DeviceArray<floatX*>> grad_ptrs;
   std::unique_ptr<DeviceArray<uint8_t>> tall;
 
   BenchGroup(int m, int n, const std::vector<uint8_t>& tall_flags, llmc::Rng& rng) {
@@ -35,21 +35,21 @@ struct BenchGroup {
     const DeviceArray<float> one_float(random_stored(rng, size, 0.0f, 0.02f));
     std::vector<floatX*> p;
     std::vector<float*> pm, pmo;
-    std::vector<const floatX*> pg;
+    std::vector<floatX*> pg;
     for (int i = 0; i < count; i++) {
       p.push_back((floatX*)*params + i * size);
       pg.push_back((floatX*)*grads + i * size);
       pm.push_back((float*)*master + i * size);
       pmo.push_back((float*)*momentum + i * size);
       cudaCheck(cudaMemcpy(p.back(), (floatX*)one, size * sizeof(floatX), cudaMemcpyDeviceToDevice));
-      cudaCheck(cudaMemcpy((void*)pg.back(), (floatX*)one, size * sizeof(floatX), cudaMemcpyDeviceToDevice));
+      cudaCheck(cudaMemcpy(pg.back(), (floatX*)one, size * sizeof(floatX), cudaMemcpyDeviceToDevice));
       cudaCheck(cudaMemcpy(pm.back(), (float*)one_float, size * sizeof(float), cudaMemcpyDeviceToDevice));
       cudaCheck(cudaMemcpy(pmo.back(), (float*)one_float, size * sizeof(float), cudaMemcpyDeviceToDevice));
     }
     param_ptrs.reset(new DeviceArray<floatX*>(p));
     master_ptrs.reset(new DeviceArray<float*>(pm));
     momentum_ptrs.reset(new DeviceArray<float*>(pmo));
-    grad_ptrs.reset(new DeviceArray<const floatX*>(pg));
+    grad_ptrs.reset(new DeviceArray<floatX*>(pg));
     tall.reset(new DeviceArray<uint8_t>(tall_flags));
     g.m = m;
     g.n = n;

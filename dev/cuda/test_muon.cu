@@ -7,7 +7,8 @@
 // orthogonalised update, parameters from the GPU's update), the orthogonalised update also for its
 // property (X X^T near I), then muon_update twice for the same bits, in pieces of a smaller
 // workspace, and over sub-ranges, which must give the whole group's bits for their matrices and
-// leave the others as they were; then muon_update_spread as each process of 1, 2 and 3 runs it.
+// leave the others as they were; then muon_update_spread as each process of 1, 2 and 3 runs it,
+// and the ZeRO-1 step (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does.
 #include "dev/cuda/kernel_test.h"
 
 // The GPU's products accumulate in another order and fuse B = -1.5 A + 0.5 A A and X = 2 X + B X
@@ -94,19 +95,19 @@ struct Device {
   DeviceArray<floatX> grads;
   DeviceArray<floatX*> param_ptrs;
   DeviceArray<float*> master_ptrs, momentum_ptrs;
-  DeviceArray<const floatX*> grad_ptrs;
+  DeviceArray<floatX*> grad_ptrs;
   DeviceArray<uint8_t> tall;
   Device(const TestGroup& t, const HostState& s)
       : params(s.params), master(s.master), momentum(s.momentum), grads(s.grads), param_ptrs(t.count()),
         master_ptrs(t.count()), momentum_ptrs(t.count()), grad_ptrs(t.count()), tall(t.tall) {
     std::vector<floatX*> p;
     std::vector<float*> pm, pmo;
-    std::vector<const floatX*> pg;
+    std::vector<floatX*> pg;
     for (int i = 0; i < t.count(); i++) {
       p.push_back((floatX*)params + t.offset(i));
       pm.push_back((float*)master + t.offset(i));
       pmo.push_back((float*)momentum + t.offset(i));
-      pg.push_back((const floatX*)(floatX*)grads + t.offset(i));
+      pg.push_back((floatX*)grads + t.offset(i));
     }
     param_ptrs.upload(p);
     master_ptrs.upload(pm);
@@ -114,6 +115,7 @@ struct Device {
     grad_ptrs.upload(pg);
   }
   void reset(const HostState& s) {
+    grads.upload(s.grads);
     params.upload(s.params);
     master.upload(s.master);
     momentum.upload(s.momentum);
@@ -170,46 +172,128 @@ void check_orthogonal(const std::vector<float>& x, int m, int n, int count) {
                          llmc::strformat("X X^T = I within %.4f (bound %.2f)", worst, kTolIdentity));
 }
 
+// Process `rank` of `world` with a stand-in for the broadcasts: the others' shares of the updates
+// are filled in from the whole group's (staged_x, slot i for matrix i), and the values of its own
+// share that differ from them are counted in share_differs.
+MuonSpread stand_in_spread(int rank, int world, const std::vector<__nv_bfloat16>& staged_x,
+                           size_t& share_differs) {
+  MuonSpread spread;
+  spread.rank = rank;
+  spread.world = world;
+  spread.gather = [rank, world, &staged_x, &share_differs](__nv_bfloat16* x, size_t elements, int count,
+                                                           cudaStream_t stream) {
+    std::vector<__nv_bfloat16> got((size_t)count * elements);
+    cudaCheck(cudaMemcpyAsync(got.data(), x, got.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost,
+                              stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    const MuonShare share = muon_share(count, rank, world);
+    for (size_t k = share.begin * elements; k < share.end * elements; k++) {
+      share_differs += memcmp(&got[k], &staged_x[k], sizeof(__nv_bfloat16)) != 0;
+    }
+    std::vector<__nv_bfloat16> gathered = staged_x;
+    std::copy(got.begin() + share.begin * elements, got.begin() + share.end * elements,
+              gathered.begin() + share.begin * elements);
+    cudaCheck(cudaMemcpyAsync(x, gathered.data(), gathered.size() * sizeof(__nv_bfloat16),
+                              cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+  };
+  return spread;
+}
+
+void check_share(const std::string& name, const TestGroup& t, int rank, int world, size_t share_differs) {
+  const MuonShare share = muon_share(t.count(), rank, world);
+  testing::check_verbose(share_differs == 0,
+                         llmc::strformat("%s, process %d of %d: its share [%d, %d) orthogonalised, %zu "
+                                         "values differ from the whole group's",
+                                         name.c_str(), rank, world, share.begin, share.end, share_differs));
+}
+
 // muon_update_spread as each process of 1, 2 and 3 runs it: its share orthogonalised must have the
-// whole group's bits (staged_x, slot i for matrix i), and with the others' shares filled in from
-// them, as their processes' broadcasts would, the step must give the whole group's bits.
+// whole group's bits, and with the others' shares filled in from them, as their processes'
+// broadcasts would, the step must give the whole group's bits.
 void test_spread(const TestGroup& t, const HostState& s, Device& d, const MuonGroup& g, const MuonParams& hp,
                  uint32_t seed, const std::vector<__nv_bfloat16>& staged_x, const Snapshot& staged) {
   MuonWorkspace ws;
   muon_workspace_alloc(ws, {g}, t.count());
   for (int world = 1; world <= 3; world++) {
     for (int rank = 0; rank < world; rank++) {
-      MuonSpread spread;
-      spread.rank = rank;
-      spread.world = world;
       size_t share_differs = 0;
-      spread.gather = [&](__nv_bfloat16* x, size_t elements, int count, cudaStream_t stream) {
-        std::vector<__nv_bfloat16> got((size_t)count * elements);
-        cudaCheck(cudaMemcpyAsync(got.data(), x, got.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost,
-                                  stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-        const MuonShare share = muon_share(count, rank, world);
-        for (size_t k = share.begin * elements; k < share.end * elements; k++) {
-          share_differs += memcmp(&got[k], &staged_x[k], sizeof(__nv_bfloat16)) != 0;
-        }
-        std::vector<__nv_bfloat16> gathered = staged_x;
-        std::copy(got.begin() + share.begin * elements, got.begin() + share.end * elements,
-                  gathered.begin() + share.begin * elements);
-        cudaCheck(cudaMemcpyAsync(x, gathered.data(), gathered.size() * sizeof(__nv_bfloat16),
-                                  cudaMemcpyHostToDevice, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
-      };
+      const MuonSpread spread = stand_in_spread(rank, world, staged_x, share_differs);
       d.reset(s);
       poison(ws);
       muon_update_spread(g, hp, seed, ws, spread, 0);
-      const MuonShare share = muon_share(t.count(), rank, world);
-      testing::check_verbose(share_differs == 0,
-                             llmc::strformat("spread, process %d of %d: its share [%d, %d) orthogonalised, "
-                                             "%zu values differ from the whole group's",
-                                             rank, world, share.begin, share.end, share_differs));
+      check_share("spread", t, rank, world, share_differs);
       check_same_bits(llmc::strformat("spread, process %d of %d", rank, world), staged,
                       Snapshot(d.params, d.master, d.momentum));
     }
+  }
+  muon_workspace_free(ws);
+}
+
+// Copies shard [begin, end) of got into assembled; returns how many values of got outside it
+// differ from before's (a process must write its shard alone).
+template <class T>
+size_t take_shard(const std::vector<T>& got, const std::vector<T>& before, size_t begin, size_t end,
+                  std::vector<T>& assembled) {
+  size_t outside = 0;
+  for (size_t k = 0; k < got.size(); k++) {
+    if (k >= begin && k < end) assembled[k] = got[k];
+    else outside += memcmp(&got[k], &before[k], sizeof(T)) != 0;
+  }
+  return outside;
+}
+
+// The ZeRO-1 step as each process of 2 and 3 runs it, the buffer cut into shards of an odd size
+// whose ends fall inside matrices: muon_prepare_shard on each shard, the shards' Nesterov inputs
+// assembled as the all-gather would, then muon_update_sharded on each (the others' shares of the
+// updates from the whole group's, as in test_spread). Each process must write its shard alone,
+// and the shards of the parameters, master weights and momentum, assembled, must have the whole
+// group's bits.
+void test_zero(const TestGroup& t, const HostState& s, Device& d, const MuonGroup& g, const MuonParams& hp,
+               uint32_t seed, const std::vector<__nv_bfloat16>& staged_x, const Snapshot& staged) {
+  MuonWorkspace ws;
+  muon_workspace_alloc(ws, {g}, t.count());
+  const size_t total = t.elements();
+  d.reset(s);
+  const std::vector<floatX> grads_before = d.grads.raw(), params_before = d.params.raw();
+  const std::vector<float> momentum_before = d.momentum.raw(), master_before = d.master.raw();
+  for (int world = 2; world <= 3; world++) {
+    const size_t shard_size = ceil_div((long)total, world) | 1;
+    std::vector<floatX> inputs(total), params(total);
+    std::vector<float> momentum(total), master(total);
+    size_t outside = 0;
+    printf("ZeRO-1 on %d processes: shards of %zu of the %zu elements\n", world, shard_size, total);
+    auto shard = [&](int rank) {
+      const size_t begin = rank * shard_size, end = std::min(total, begin + shard_size);
+      return MuonShard{(floatX*)d.grads + begin, (floatX*)d.grads + end, (floatX*)d.params + begin,
+                       (floatX*)d.params + end};
+    };
+    for (int rank = 0; rank < world; rank++) {
+      d.reset(s);
+      muon_prepare_shard(g, hp, shard(rank), 0);
+      const size_t begin = rank * shard_size, end = begin + shard_size;
+      outside += take_shard(d.grads.raw(), grads_before, begin, end, inputs);
+      outside += take_shard(d.momentum.raw(), momentum_before, begin, end, momentum);
+    }
+    for (int rank = 0; rank < world; rank++) {
+      size_t share_differs = 0;
+      const MuonSpread spread = stand_in_spread(rank, world, staged_x, share_differs);
+      d.reset(s);
+      d.grads.upload(inputs);
+      poison(ws);
+      muon_update_sharded(g, hp, seed, ws, spread, shard(rank), 0);
+      check_share("ZeRO-1", t, rank, world, share_differs);
+      const size_t begin = rank * shard_size, end = begin + shard_size;
+      outside += take_shard(d.params.raw(), params_before, begin, end, params);
+      outside += take_shard(d.master.raw(), master_before, begin, end, master);
+    }
+    testing::check_verbose(outside == 0, llmc::strformat("ZeRO-1 on %d processes: %zu values written outside "
+                                                         "their process's shard", world, outside));
+    d.params.upload(params);
+    d.master.upload(master);
+    d.momentum.upload(momentum);
+    check_same_bits(llmc::strformat("ZeRO-1 on %d processes", world), staged,
+                    Snapshot(d.params, d.master, d.momentum));
   }
   muon_workspace_free(ws);
 }
@@ -317,6 +401,7 @@ void test_group(const TestGroup& t, bool with_master, llmc::Rng& rng) {
   update(small, 0, split);
   check_same_bits("[1, count) then [0, 1)", staged, Snapshot(d.params, d.master, d.momentum));
   test_spread(t, s, d, g, hp, seed, staged_x, staged);
+  test_zero(t, s, d, g, hp, seed, staged_x, staged);
   muon_workspace_free(small);
   muon_workspace_free(ws);
 }
