@@ -13,9 +13,10 @@
 #    BF16), close with clipping; its checkpoint resumes exactly;
 #  - resharded resume: a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 (-y 1), and
 #    -zs 1 converted for -zs 0 by build/reshard_checkpoint;
-#  - Muon (-recipe modern, and GPT-2 with -opt muon; -zs 0, each rank orthogonalising its share):
-#    2 ranks against 1, two 2-rank runs bit for bit, resume, 2 ranks resumed on 1 and 1 on 2,
-#    -zs 1 refused;
+#  - Muon (-recipe modern, and GPT-2 with -opt muon; each rank orthogonalising its share): 2
+#    ranks against 1, two 2-rank runs bit for bit, resume, 2 ranks resumed on 1 and 1 on 2; with
+#    ZeRO-1 (-zs 1) the bits of -zs 0 without clipping, two runs bit for bit, resume, and its
+#    checkpoint resumed with -zs 0 (bit for bit) and on 1 rank;
 #  - delayed FP8 scaling (-fp8 2, compute capability 8.9+), with the amaxes reduced over the
 #    ranks: two runs bit for bit, within 0.1 of BF16, and a resume bit for bit;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
@@ -154,18 +155,6 @@ reshard_test() {
     cmp $d/zs0/state_00000010_00001.bin $d/zs1_as_zs0/state_00000010_00001.bin && echo identical"
 }
 
-# The command fails and its output contains $1.
-refused_with() {
-  local needle=$1
-  shift
-  local output status
-  output=$("$@" 2>&1)
-  status=$?
-  echo "$output" | tail -3
-  echo "exit status $status"
-  [ $status -ne 0 ] && echo "$output" | grep -qF "$needle"
-}
-
 # Two processes started by hand, one per GPU, through rendezvous $1 (rank 1 sees only its own GPU
 # with $2 = isolate). Prints rank 0's output; fails unless both exit 0.
 by_hand() {
@@ -262,7 +251,11 @@ fp8_delayed_test() {
 # the momentum, orthogonalises its share of the matrices with Muon and broadcasts it): against one
 # rank with two accumulation steps within the BF16 rank tolerance, two runs bit for bit (the
 # shares are fixed by the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on
-# 1 and one of 1 rank on 2 against the runs that never stopped, and -zs 1 refused.
+# 1 and one of 1 rank on 2 against the runs that never stopped. Then ZeRO-1 (-zs 1: each rank
+# steps its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
+# shard): the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not
+# compared), two runs bit for bit, a resume bit for bit, and a -zs 1 checkpoint resumed with -zs
+# 0, bit for bit against the -zs 0 run, and on 1 rank, within the rank tolerance.
 modern_recipe_test() {
   source dev/test/compare_runs.sh
   local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -m 4 -z 2048"
@@ -280,18 +273,41 @@ modern_recipe_test() {
   check modern_reshard_one_halt ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -halt 5
   check modern_reshard_on_two $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -y 1
   check modern_reshard_1_to_2_close losses_close_from "$out/modern_two_ranks.log" "$out/modern_reshard_on_two.log" 5 2e-2
-  check modern_zero_refused refused_with "Muon reads whole matrices" $mpi ./train_gpt2cu $args -x 2 -zs 1
+  check modern_zs1 $mpi ./train_gpt2cu $args -x 10 -zs 1
+  check modern_zs1_same_as_zs0 same_steps "$out/modern_two_ranks.log" "$out/modern_zs1.log" no-norm
+  check modern_zs1_again $mpi ./train_gpt2cu $args -x 10 -zs 1
+  check modern_zs1_deterministic same_steps "$out/modern_zs1.log" "$out/modern_zs1_again.log"
+  resume_equivalence check modern_resume_zs1 "$out/resume_modern_zs1" 2 $mpi ./train_gpt2cu $args -zs 1
+  check modern_zs1_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -zs 1 -o "$dir/zs1" -halt 5
+  cp -r "$dir/zs1" "$dir/zs1_for_one"
+  check modern_zs1_resumed_zs0 $mpi ./train_gpt2cu $args -x 10 -n 5 -zs 0 -o "$dir/zs1" -y 1
+  check modern_zs1_to_zs0_said_so grep -q "resharded: the checkpoint of 2 processes with ZeRO stage 1 resumes on 2 with stage 0" "$out/modern_zs1_resumed_zs0.log"
+  check modern_zs1_to_zs0_same losses_close_from "$out/modern_two_ranks.log" "$out/modern_zs1_resumed_zs0.log" 5 0
+  check modern_zs1_resumed_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir/zs1_for_one" -y 1
+  check modern_zs1_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_zs1_resumed_on_one.log" 5 2e-2
 }
 
 # GPT-2 with Muon (-opt muon, -zs 0) on two ranks against one rank with two accumulation steps,
-# within the BF16 rank tolerance, and two runs on two ranks bit for bit.
+# within the BF16 rank tolerance, and two runs on two ranks bit for bit; -zs 1 against -zs 0: the
+# same bits without clipping (BF16 and FP32 builds: the gathered Nesterov inputs are in floatX),
+# close with clipping (the norms, summed per shard, may round apart and so the clipping factors).
 gpt2_muon_test() {
-  local args="$common -opt muon -b 4 -x 10 -v 5"
+  local args="$common -opt muon -b 4 -x 10 -v 5" build binary extra zs
   check gpt2_muon_one_rank ./train_gpt2cu $args -z 2048 -m 8
   check gpt2_muon_two_ranks $mpi ./train_gpt2cu $args -m 4 -zs 0
   check gpt2_muon_equivalent losses_close "$out/gpt2_muon_one_rank.log" "$out/gpt2_muon_two_ranks.log" 2e-2
   check gpt2_muon_two_ranks_again $mpi ./train_gpt2cu $args -m 4 -zs 0
   check gpt2_muon_deterministic same_steps "$out/gpt2_muon_two_ranks.log" "$out/gpt2_muon_two_ranks_again.log"
+  for build in "train_gpt2cu:" "train_gpt2fp32cu:-f 0"; do
+    IFS=: read -r binary extra <<< "$build"
+    for zs in 0 1; do
+      check "${binary}_muon_zs${zs}_noclip" $mpi ./$binary $args -m 4 -gc 0 -zs $zs $extra
+    done
+    check "${binary}_muon_zero_identical" same_steps "$out/${binary}_muon_zs0_noclip.log" \
+      "$out/${binary}_muon_zs1_noclip.log" no-norm
+  done
+  check gpt2_muon_zs1 $mpi ./train_gpt2cu $args -m 4 -zs 1
+  check gpt2_muon_zero_close losses_close "$out/gpt2_muon_two_ranks.log" "$out/gpt2_muon_zs1.log" 2e-2
 }
 
 modern_recipe_test
