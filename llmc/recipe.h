@@ -42,7 +42,7 @@ struct Recipe {
   float decay_fraction;
   long total_batch_tokens;  // -z (-1: one micro batch)
   int B, T;                 // T 0: the model's maximum
-  int zero_stage;           // -zs: 0 with Muon, which orthogonalises whole matrices of the gradient
+  int zero_stage;           // -zs: 0 with Muon, which with 1 takes one more all-gather a step
 };
 
 inline const Recipe& recipe_gpt2() {
