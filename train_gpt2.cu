@@ -4251,18 +4251,19 @@ __device__ __forceinline__ float muon_lerp(float from, float to, float weight) {
   return weight < 0.5f ? from + weight * (to - from) : to - (to - from) * (1.0f - weight);
 }
 
-// One element's momentum step: mom = lerp(mom, g, 1 - mu), and its Nesterov input
+// Element `at` of a matrix's momentum stepped, mom = lerp(mom, g, 1 - mu), and its Nesterov input
 // u = bf16(lerp(g, mom, mu)). The whole and the sharded steps share it, so they agree bit for bit.
-__device__ __forceinline__ __nv_bfloat16 muon_nesterov(floatX grad, float& mom, float mu, float grad_scale) {
-  const float gi = (float)grad * grad_scale, mi = muon_lerp(mom, gi, 1.0f - mu);
-  mom = mi;
+__device__ __forceinline__ __nv_bfloat16 muon_nesterov(const floatX* g, float* mom, size_t at, float mu,
+                                                       float grad_scale) {
+  const float gi = (float)g[at] * grad_scale, mi = muon_lerp(mom[at], gi, 1.0f - mu);
+  mom[at] = mi;
   return __float2bfloat16_rn(muon_lerp(gi, mi, mu));
 }
 
 // One 32x32 tile of X [m, n] of each matrix of the batch: X = bf16(u) with u = input(at)
-// (at: the element's index in the parameter's own layout), and the tile's sum of X^2 as
-// partials[matrix * tiles + tile]. A tall parameter [n, m] is read along its rows and its tile
-// transposed through shared memory, so both sides stay coalesced.
+// (at: the element's index in the parameter's own layout, after input.bind(matrix)), and the
+// tile's sum of X^2 as partials[matrix * tiles + tile]. A tall parameter [n, m] is read along its
+// rows and its tile transposed through shared memory, so both sides stay coalesced.
 template <typename Input>
 __device__ __forceinline__ void muon_prepare_tile(__nv_bfloat16* x, float* partials, const uint8_t* tall,
                                                   int m, int n, Input input) {
@@ -4271,6 +4272,7 @@ __device__ __forceinline__ void muon_prepare_tile(__nv_bfloat16* x, float* parti
   constexpr int kStep = kMuonThreads / kMuonTile;
   const int z = blockIdx.z, tx = threadIdx.x % kMuonTile, ty = threadIdx.x / kMuonTile;
   const bool transpose = tall && tall[z];
+  input.bind(z);
   __nv_bfloat16* out = x + (size_t)z * m * n;
   // The tile's rows and columns in the parameter's own orientation.
   const int row0 = (transpose ? blockIdx.x : blockIdx.y) * kMuonTile;
@@ -4301,22 +4303,39 @@ __device__ __forceinline__ void muon_prepare_tile(__nv_bfloat16* x, float* parti
   if (threadIdx.x == 0) partials[tile_index] = squares;
 }
 
-// The tiles of X from the gradients, the momentum stepped (muon_nesterov).
+// The tiles of X from the gradients, the momentum stepped (muon_nesterov); bind reads a matrix's
+// pointers once a block.
+struct MuonMomentumInput {
+  const floatX* const* grads;
+  float* const* momentum;
+  float mu, grad_scale;
+  const floatX* g = nullptr;
+  float* mom = nullptr;
+  __device__ void bind(int z) {
+    g = grads[z];
+    mom = momentum[z];
+  }
+  __device__ __nv_bfloat16 operator()(size_t at) { return muon_nesterov(g, mom, at, mu, grad_scale); }
+};
+
 __global__ void __launch_bounds__(kMuonThreads) muon_prepare_kernel(
     __nv_bfloat16* x, float* partials, const floatX* const* grads, float* const* momentum,
     const uint8_t* tall, int m, int n, float mu, float grad_scale) {
-  const floatX* g = grads[blockIdx.z];
-  float* mom = momentum[blockIdx.z];
-  muon_prepare_tile(x, partials, tall, m, n,
-                    [&](size_t at) { return muon_nesterov(g[at], mom[at], mu, grad_scale); });
+  muon_prepare_tile(x, partials, tall, m, n, MuonMomentumInput{grads, momentum, mu, grad_scale});
 }
 
 // The tiles of X from Nesterov inputs that muon_prepare_shard left (exact in floatX) and the
 // processes gathered.
+struct MuonGatheredInput {
+  const floatX* const* inputs;
+  const floatX* u = nullptr;
+  __device__ void bind(int z) { u = inputs[z]; }
+  __device__ __nv_bfloat16 operator()(size_t at) const { return __float2bfloat16_rn((float)u[at]); }
+};
+
 __global__ void __launch_bounds__(kMuonThreads) muon_prepare_gathered_kernel(
     __nv_bfloat16* x, float* partials, const floatX* const* inputs, const uint8_t* tall, int m, int n) {
-  const floatX* u = inputs[blockIdx.z];
-  muon_prepare_tile(x, partials, tall, m, n, [&](size_t at) { return __float2bfloat16_rn((float)u[at]); });
+  muon_prepare_tile(x, partials, tall, m, n, MuonGatheredInput{inputs});
 }
 
 // The momentum step of each element of matrix blockIdx.y inside this process's ZeRO-1 shard
@@ -4326,9 +4345,9 @@ __global__ void muon_prepare_shard_kernel(floatX* const* grads, float* const* mo
                                           const floatX* shard_begin, const floatX* shard_end, float mu,
                                           float grad_scale) {
   const size_t at = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  floatX* g = grads[blockIdx.y] + at;
-  if (at >= elements || g < shard_begin || g >= shard_end) return;
-  *g = (floatX)__bfloat162float(muon_nesterov(*g, momentum[blockIdx.y][at], mu, grad_scale));
+  floatX* g = grads[blockIdx.y];
+  if (at >= elements || g + at < shard_begin || g + at >= shard_end) return;
+  g[at] = (floatX)__bfloat162float(muon_nesterov(g, momentum[blockIdx.y], at, mu, grad_scale));
 }
 
 // One block per matrix: its tiles' sums in a fixed tree, then the reference's BF16 arithmetic
