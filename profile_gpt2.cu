@@ -41,11 +41,10 @@ int profile_main(int argc, char** argv) {
   }
   cudaEvent_t events[5];
   for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
-  // Warm-up steps keep library setup and matmul tuning out of the profiled step: the modern
-  // architecture's products are tuned again after each of its first two updates.
-  constexpr int kWarmupSteps = 3;
-  for (int step = 0; step <= kWarmupSteps; step++) {
-    nvtxRangePush(step < kWarmupSteps ? "warmup" : "step");
+  // Warm-up steps keep library setup and matmul tuning out of the profiled step.
+  const int warmup_steps = tuning_steps(m);
+  for (int step = 0; step <= warmup_steps; step++) {
+    nvtxRangePush(step < warmup_steps ? "warmup" : "step");
     cudaCheck(cudaEventRecord(events[0], m.stream));
     gpt2_zero_grad(m);
     gpt2_forward(m, inputs.data(), B, T);

@@ -5553,6 +5553,10 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r, llmc::OptimizerKind kind
   return opt;
 }
 
+// The first steps of a process, whose products are tuned: the first; with the modern
+// architecture also the two after it (gpt2_update). Timings leave them out.
+inline int tuning_steps(const GPT2& m) { return m.config.modern() ? 3 : 1; }
+
 // One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
 // AdamW with clipping at grad_clip (<= 0: none) and the schedule's lr; Muon (opt.muon) with its
 // rate times lr_fraction, the schedule's lr over its peak, its orthogonalisation spread over the
@@ -5599,8 +5603,8 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
   // zeros, on which algorithms of different summation orders give the same bits: the choices
   // tuned there (fastest_matching_algo) could differ from those of a resumed process, tuned on
   // trained weights. The head moves at the first update; the projections, whose gradients flow
-  // through it, at the second: the choices are made again after each.
-  if (m.optimizer_steps <= 2 && m.config.modern()) matmul_forget_choices();
+  // through it, at the second: the choices are made again after each (tuning_steps).
+  if (m.optimizer_steps < tuning_steps(m)) matmul_forget_choices();
   nvtxRangePop();
 }
 
@@ -7214,9 +7218,7 @@ bool train_step(TrainRun& r, int step) {
   cudaCheck(cudaEventRecord(r.end, m.stream));
   cudaCheck(cudaEventSynchronize(r.end));
   cudaCheck(cudaEventElapsedTime(&s.ms, r.start, r.end));
-  // The first step includes one-time setup; the modern architecture's products are tuned again
-  // in its second and third (gpt2_update).
-  if (step >= (m.config.modern() ? 3 : 1)) {
+  if (step >= tuning_steps(m)) {  // the first steps include setup and tuning
     r.total_ms += s.ms;
     r.timed_steps++;
   }

@@ -63,6 +63,23 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
   return v;
 }
 
+// A data tool's "--flag value" pairs, in order, each given to set (false: not a flag of the
+// tool); -h or --help prints usage and exits. Errors end with where the flags are listed.
+inline void parse_tool_flags(int argc, char** argv, const char* usage,
+                             const std::function<bool(const std::string& flag, const std::string& value)>& set) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      printf("%s", usage);
+      exit(0);
+    }
+    if (i + 1 >= argc) {
+      LLMC_FAIL("%s needs a value (or is not a flag); --help lists the flags", flag.c_str());
+    }
+    if (!set(flag, argv[i + 1])) LLMC_FAIL("unknown flag '%s'; --help lists the flags", flag.c_str());
+  }
+}
+
 inline Flag text_flag(const char* name, const char* label, const char* help, std::string* value) {
   return {name, label, help, [value](const char* text) { *value = text; },
           [value] { return value->empty() ? std::string("none") : *value; }};

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "llmc/dataloader.h"
+#include "llmc/flags.h"
 #include "llmc/shard_writer.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
@@ -63,14 +64,7 @@ long long parse_count(const std::string& flag, const std::string& value) {
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      printf("%s", kUsage);
-      exit(0);
-    }
-    if (i + 1 >= argc) LLMC_FAIL("%s needs a value (or is not a flag); --help lists the flags", flag.c_str());
-    const std::string value = argv[i + 1];
+  llmc::parse_tool_flags(argc, argv, kUsage, [&](const std::string& flag, const std::string& value) {
     if (flag == "--output_dir") {
       options.output_dir = value;
     } else if (flag == "--name") {
@@ -82,9 +76,10 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--encoder_dir") {
       options.encoder_dir = value;
     } else {
-      LLMC_FAIL("unknown flag '%s'; --help lists the flags", flag.c_str());
+      return false;
     }
-  }
+    return true;
+  });
   if (options.output_dir.empty()) LLMC_FAIL("--output_dir DIR is required; --help lists the flags");
   if (options.name.empty() || options.name.find('/') != std::string::npos) {
     LLMC_FAIL("--name must be a non-empty file name prefix without '/' (got '%s')",

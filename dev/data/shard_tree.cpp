@@ -75,14 +75,7 @@ std::vector<std::string> split_commas(const std::string& list) {
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      printf("%s", kUsage);
-      exit(0);
-    }
-    if (i + 1 >= argc) LLMC_FAIL("%s needs a value (or is not a flag); --help lists the flags", flag.c_str());
-    const std::string value = argv[i + 1];
+  llmc::parse_tool_flags(argc, argv, kUsage, [&](const std::string& flag, const std::string& value) {
     if (flag == "--root") {
       options.root = value;
     } else if (flag == "--glob") {
@@ -100,9 +93,10 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--encoder_dir") {
       options.encoder_dir = value;
     } else {
-      LLMC_FAIL("unknown flag '%s'; --help lists the flags", flag.c_str());
+      return false;
     }
-  }
+    return true;
+  });
   if (options.root.empty()) LLMC_FAIL("--root DIR is required; --help lists the flags");
   if (options.output_dir.empty()) LLMC_FAIL("--output_dir DIR is required; --help lists the flags");
   if (options.name.empty() || options.name.find('/') != std::string::npos) {

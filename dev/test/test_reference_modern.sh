@@ -6,18 +6,8 @@
 # (default: the first of python3, /usr/bin/python3 that has them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ -z "${PYTHON:-}" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    "$candidate" -c 'import torch, numpy' 2>/dev/null && PYTHON=$candidate && break
-  done
-fi
-PYTHON=${PYTHON:-python3}
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-export WORK
-SMALL=(--model tiny --vocab_size 512 --device cpu)  # a small vocabulary keeps the head cheap
-
 source dev/test/train_gpt2_py_lib.sh
+SMALL=(--model tiny --vocab_size 512 --device cpu)  # a small vocabulary keeps the head cheap
 
 check "Newton-Schulz: the polar factor of tall, wide and square matrices, in bfloat16" <<'EOF'
 import torch, train_gpt2 as tg

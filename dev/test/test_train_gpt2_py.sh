@@ -7,18 +7,9 @@
 # python with torch and numpy (default: the first of python3, /usr/bin/python3 that has them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ -z "${PYTHON:-}" ]; then
-  for candidate in python3 /usr/bin/python3; do
-    "$candidate" -c 'import torch, numpy' 2>/dev/null && PYTHON=$candidate && break
-  done
-fi
-PYTHON=${PYTHON:-python3}
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-export WORK
+source dev/test/train_gpt2_py_lib.sh
 TINY=(--model tiny --vocab_size 512)  # a small vocabulary keeps the classifier cheap
 
-source dev/test/train_gpt2_py_lib.sh
 
 echo "--- help"
 "$PYTHON" train_gpt2.py --help >/dev/null

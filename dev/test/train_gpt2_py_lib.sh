@@ -1,6 +1,17 @@
 # Shared by the tests of train_gpt2.py (dev/test/test_train_gpt2_py.sh, test_reference_modern.sh):
 # PYTHON is the python with torch, WORK a scratch folder.
 
+# PYTHON: as given, else the first of python3, /usr/bin/python3 that has torch and numpy.
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in python3 /usr/bin/python3; do
+    "$candidate" -c 'import torch, numpy' 2>/dev/null && PYTHON=$candidate && break
+  done
+fi
+PYTHON=${PYTHON:-python3}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export WORK
+
 check() {  # check NAME: runs the python on stdin with train_gpt2 importable
   echo "--- $1"
   PYTHONPATH=. "$PYTHON" -
