@@ -77,8 +77,10 @@ ATTENTION_SCALE_MODERN = 0.12
 LOGIT_SOFTCAP_MODERN = 15.0
 # Muon (modern.md): 12 Newton-Schulz steps X <- a X + (b A + c A A) X, A = X X^T, in bfloat16.
 MUON_NS_STEPS, MUON_NS_A, MUON_NS_B, MUON_NS_C = 12, 2.0, -1.5, 0.5
-# Every flag a recipe sets: its value without one, and with --recipe modern (modern.md: modded-nanogpt's
-# optimization-track baseline). A flag given on the command line overrides both.
+# Every flag a recipe sets, a column per recipe of RECIPES: GPT-2's (also the value without --recipe) and
+# modern's (modern.md: modded-nanogpt's optimization-track baseline). A flag given on the command line
+# overrides both.
+RECIPES = ("gpt2", "modern")
 RECIPE_FLAGS = {
     "arch": ("gpt2", "modern"), "optimizer": ("adamw", "muon"), "loss_reduction": ("mean", "sum"),
     "learning_rate": (1e-4, 1e-4), "embedding_lr": (None, 0.7), "head_lr": (None, 0.004),
@@ -969,9 +971,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch GPT-2 reference: debug states for the C++ "
                                 "tests, training on token shards, and a benchmark (see dev/SPEC.md).")
     a = p.add_argument_group("model")
-    a.add_argument("--recipe", choices=["modern"], help="modern: the modern architecture trained with "
-                   "Muon as modded-nanogpt's optimization-track baseline (dev/SPEC.md); sets every flag "
-                   "marked 'recipe' below that is not given")
+    a.add_argument("--recipe", choices=RECIPES, help="gpt2: GPT-2 trained with AdamW, as without --recipe; "
+                   "modern: the modern architecture trained with Muon as modded-nanogpt's optimization-track "
+                   "baseline (dev/SPEC.md); sets every flag marked 'recipe' below that is not given")
     a.add_argument("--arch", choices=sorted(ARCH_IDS), help=recipe_help("arch", "architecture"))
     a.add_argument("--model", choices=sorted(PRESETS), help="preset shape of the architecture (llmc/gpt2.h); "
                    "default d12")
@@ -1047,9 +1049,10 @@ def parse_args(argv=None):
     a.add_argument("--peak_flops", type=float, default=989e12, help="peak FLOP/s for MFU (H100 dense BF16)")
     args = p.parse_args(argv)
     args.arch_given = args.arch is not None  # --init_from takes the architecture from the checkpoint
-    for key, (plain, modern) in RECIPE_FLAGS.items():
+    column = RECIPES.index(args.recipe or "gpt2")
+    for key, values in RECIPE_FLAGS.items():
         if getattr(args, key) is None:
-            setattr(args, key, modern if args.recipe == "modern" else plain)
+            setattr(args, key, values[column])
     if args.optimizer == "muon":
         for key, value in MUON_FLAGS.items():
             setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
@@ -1057,10 +1060,10 @@ def parse_args(argv=None):
 
 
 def recipe_help(flag, text):
-    """A recipe flag's help: what it is, its default and the modern recipe's value."""
+    """A recipe flag's help: what it is, its default (GPT-2's recipe's) and the modern recipe's value."""
     plain, modern = RECIPE_FLAGS[flag]
     plain = "--learning_rate" if plain is None else plain
-    return f"{text} (default {plain}; recipe: {modern})".replace("%", "%%")
+    return f"{text} (default and gpt2 recipe: {plain}; modern recipe: {modern})".replace("%", "%%")
 
 
 def check_args(args):
@@ -1087,8 +1090,8 @@ def check_args(args):
         fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
-    if args.recipe == "modern" and args.arch != "modern":
-        fail("--recipe modern trains the modern architecture; drop --arch gpt2")
+    if args.recipe and args.arch != RECIPE_FLAGS["arch"][RECIPES.index(args.recipe)]:
+        fail(f"--recipe {args.recipe} trains the {args.recipe} architecture; drop --arch {args.arch}")
     if args.optimizer != "muon":
         given = [f"--{key}" for key in MUON_FLAGS if getattr(args, key) is not None]
         if given:

@@ -33,6 +33,8 @@ import numpy as np  # noqa: E402
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
 VOCAB_SIZE = 50257
 PEAK_FLOPS = 989e12  # dense BF16 of an H100/H200 SXM, as in train_gpt2.cu
+RECIPES = ("gpt2", "modern")
+FP8_MODES = (0, 1, 2)  # ours' -fp8: off, current scaling, delayed scaling
 PRESET_LAYERS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": (48, 1600)}
 
 
@@ -118,26 +120,36 @@ def run_ours(args, preset, B, shard, gpus, log_path, fp8=0):
     return parse_run(text, OURS_AVERAGE) if text else None
 
 
-def run_peer(args, preset, B, log_path, fp8=0):
-    """(ms/step, tokens/s, peak MiB) as parse_run, and the recipe line the peer prints."""
+def peer_command(args, preset, B, fp8):
+    """The peer's command line for config PRESET:B with --fp8 FP8 (0 or 1)."""
     peer_B = args.peer_micro_batch or B
     cmd = [args.python, "train_gpt2.py", "--benchmark", "1", "--recipe", args.recipe, "--model", preset,
            "--batch_size", str(peer_B), "--seq_len", str(args.seq_len), "--total_batch_size",
            str(args.batch_tokens or peer_B * args.seq_len), "--num_iterations", str(args.steps),
            "--fp8", str(fp8)]
-    cmd += args.peer_flags.split()
-    text = run_logged(cmd, log_path)
+    return cmd + args.peer_flags.split()
+
+
+def run_peer(args, preset, B, log_path, fp8=0):
+    """(ms/step, tokens/s, peak MiB) as parse_run, and the recipe line the peer prints."""
+    text = run_logged(peer_command(args, preset, B, fp8), log_path)
     if not text:
         return None, None
     recipe = re.search(r"^peer recipe: (.*)$", text, re.MULTILINE)
     return parse_run(text, PEER_AVERAGE), recipe.group(1) if recipe else None
 
 
+def row_precisions(args):
+    """(ours' -fp8 MODE, the peer's --fp8) of each config's rows: BF16, then --fp8's FP8 row
+    against the peer's one FP8 recipe."""
+    return [(0, 0), (args.fp8, 1)] if args.fp8 else [(0, 0)]
+
+
 def fmt(value, pattern):
     return "-" if value is None else pattern.format(value)
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("outdir", help="folder for the shard and every program's log")
     p.add_argument("--configs", default="d12:64,d48:8", help="comma-separated PRESET:MICRO_BATCH")
@@ -148,15 +160,18 @@ def main():
     p.add_argument("--peer_flags", default="", help="extra train_gpt2.py flags for the peer, e.g. "
                    "'--compile_mode max-autotune' (default: its benchmark recipe)")
     p.add_argument("--recompute", type=int, default=0, help="train_gpt2cu -r level")
-    p.add_argument("--fp8", type=int, default=0, choices=[0, 1, 2], help="also run ours with -fp8 MODE "
+    p.add_argument("--fp8", type=int, default=0, choices=FP8_MODES, help="also run ours with -fp8 MODE "
                    "(1 current, 2 delayed scaling) and the peer's FP8 recipe, a row each config")
-    p.add_argument("--recipe", default="gpt2", choices=["gpt2", "modern"], help="both programs' recipe")
+    p.add_argument("--recipe", default="gpt2", choices=RECIPES, help="both programs' recipe")
     p.add_argument("--batch_tokens", type=int, default=0, help="tokens a step (default: one micro batch)")
     p.add_argument("--peer_micro_batch", type=int, default=0, help="the peer's micro batch (default: B)")
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--python", default=sys.executable)
-    args = p.parse_args()
-    configs = parse_configs(args.configs)
+    return p.parse_args(argv)
+
+
+def check_args(args, configs):
+    """Fails on flags that cannot make a run, before any is made."""
     if args.fp8 and args.recipe == "modern":
         fail("--fp8 with --recipe modern: the trainer runs the modern architecture in BF16 only; drop --fp8")
     for preset, B in configs:
@@ -166,6 +181,12 @@ def main():
                      f"{micro}*{args.seq_len} for {preset}:{B}; pick a multiple")
     if args.steps < 3:
         fail(f"--steps {args.steps}: need at least 3 (the first steps are not timed)")
+
+
+def main():
+    args = parse_args()
+    configs = parse_configs(args.configs)
+    check_args(args, configs)
     if not os.access(args.trainer, os.X_OK):
         fail(f"{args.trainer} is not an executable: build it with `make train_gpt2cu` or pass --trainer")
     os.makedirs(args.outdir, exist_ok=True)
@@ -175,14 +196,14 @@ def main():
 
     rows, recipes = [], set()
     for preset, B in configs:
-        for fp8 in ([0, args.fp8] if args.fp8 else [0]):
+        for fp8, peer_fp8 in row_precisions(args):
             name = f"{preset}_b{B}" + (f"_fp8_{fp8}" if fp8 else "")
             log = lambda who: os.path.join(args.outdir, f"{who}_{name}.log")
             ours = run_ours(args, preset, B, shard, 1, log("ours"), fp8)
             multi = None
             if args.gpus > 1:
                 multi = run_ours(args, preset, B, shard, args.gpus, log(f"ours_x{args.gpus}"), fp8)
-            peer, recipe = run_peer(args, preset, B, log("peer"), 1 if fp8 else 0) if args.peer else (None, None)
+            peer, recipe = run_peer(args, preset, B, log("peer"), peer_fp8) if args.peer else (None, None)
             recipes.add(recipe)
             rows.append((preset, B, fp8, ours, peer, multi))
 

@@ -54,12 +54,18 @@ def run_command(name, args):
         return ["./train_gpt2cu", "-recipe", "modern"] + common_ours
     if name == "ours_gpt2":
         return ["./train_gpt2cu", "-recipe", "gpt2", "-l", str(args.gpt2_lr), "-u", str(args.gpt2_warmup)] + common_ours
+    return peer_command(args)
+
+
+def peer_command(args):
+    """The command line of peer_modern, the PyTorch run: the modern recipe on the same data, batch and
+    validation."""
     return [args.python, "train_gpt2.py", "--recipe", "modern", "--model", "d12", "--input_bin", args.train,
             "--input_val_bin", args.val, "-b", str(args.peer_micro_batch or args.micro_batch), "-t", str(args.seq_len),
             "--total_batch_size", str(args.batch_tokens), "--num_iterations", str(args.steps),
             "--val_every", str(args.val_every), "--val_steps", str(args.val_batches), "--compile", "1",
             "--dtype", "bfloat16",
-            "--output_dir", os.path.join(args.outdir, name)]
+            "--output_dir", os.path.join(args.outdir, "peer_modern")]
 
 
 def parse_curve(text):
@@ -91,7 +97,7 @@ def time_to_reach(curve, target):
     return None
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("outdir")
@@ -109,7 +115,11 @@ def main():
     p.add_argument("--gpt2_warmup", type=int, default=60, help="GPT-2 recipe's warmup steps")
     p.add_argument("--runs", default=",".join(RUNS), help="which runs, in order: " + " ".join(RUNS))
     p.add_argument("--python", default=sys.executable, help="the python with torch for the peer")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     runs = args.runs.split(",")
     for name in runs:
         if name not in RUNS:

@@ -17,8 +17,9 @@ listed are skipped, so newer logs still plot; a line that breaks the format is a
 the file and line. A last line without its newline is left out, as llmc/logger.h does: the run
 was writing it when it stopped.
 
-The figure overlays every run on six panels: train loss, val loss, learning rate, grad norm,
-tokens/s and HellaSwag, against step. The table on stdout gives the val loss of each run at the
+The figure overlays every run, one colour each, on panels against step: loss (train as a line, val
+dashed with markers), learning rate, grad norm, tokens/s and HellaSwag; a panel that no run has data
+for is left out, and the line saying where the figure went names the panels drawn. The table on stdout gives the val loss of each run at the
 steps where every run has one, and each run's relative difference to the first run,
 (run - first) / first, as a markdown table.
 """
@@ -30,15 +31,16 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from pydeps import require  # noqa: E402
 
-# The series a run can have, in panel order: (key, panel title).
+# The panels in order: (title, the series drawn in it, each with its name in the legend where the
+# panel has several).
 PANELS = [
-    ("train_loss", "train loss"),
-    ("val_loss", "val loss"),
-    ("lr", "learning rate"),
-    ("norm", "grad norm"),
-    ("tok_per_s", "tokens/s"),
-    ("hellaswag", "HellaSwag acc_norm"),
+    ("loss", [("train_loss", "train"), ("val_loss", "val")]),
+    ("learning rate", [("lr", "")]),
+    ("grad norm", [("norm", "")]),
+    ("tokens/s", [("tok_per_s", "")]),
+    ("HellaSwag acc_norm", [("hellaswag", "")]),
 ]
+SERIES = [key for _, series in PANELS for key, _ in series]
 # Our format: kind -> {log key: series}.
 OURS = {
     "train": {"loss": "train_loss", "norm": "norm", "lr": "lr", "tok_per_s": "tok_per_s"},
@@ -59,7 +61,7 @@ class Run:
     def __init__(self, label, path):
         self.label = label
         self.path = path
-        self.series = {key: {} for key, _ in PANELS}  # key -> {step: value}
+        self.series = {key: {} for key in SERIES}  # key -> {step: value}
 
 
 def parse_number(text, where, key):
@@ -183,37 +185,55 @@ def val_loss_table(runs):
     return lines
 
 
-def plot(runs, output):
-    import matplotlib
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
+def drawn_panels(runs):
+    """The panels of PANELS that some run has data for."""
+    return [(title, series) for title, series in PANELS
+            if any(run.series[key] for run in runs for key, _ in series)]
 
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
-    for ax, (key, title) in zip(axes.flat, PANELS):
-        drawn = False
-        for run in runs:
+
+def draw_panel(ax, title, series, runs):
+    """One panel: each run in its own colour, its val loss dashed beside its train loss."""
+    for color, run in enumerate(runs):
+        for key, name in series:
             points = sorted(run.series[key].items())
             if not points:
                 continue
             steps, values = zip(*points)
             # Sparse series (val, HellaSwag) get markers so single points still show.
             marker = "o" if len(points) < 50 else None
-            ax.plot(steps, values, label=run.label, marker=marker, markersize=3, linewidth=1)
-            drawn = True
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if drawn:
-            ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "not in these logs", ha="center", va="center",
-                    transform=ax.transAxes, color="gray")
+            ax.plot(steps, values, label=f"{run.label} {name}".rstrip(), color=f"C{color}",
+                    linestyle="--" if key == "val_loss" else "-", marker=marker, markersize=3, linewidth=1)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def figure(runs):
+    """The figure of the runs: a panel each of drawn_panels, three to a row."""
+    from matplotlib.figure import Figure  # not pyplot: no display, and nothing to close
+
+    panels = drawn_panels(runs)
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    fig = Figure(figsize=(5.3 * columns, 4.5 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False).flat
+    for ax in axes[len(panels):]:
+        fig.delaxes(ax)
+    for ax, (title, series) in zip(axes, panels):
+        draw_panel(ax, title, series, runs)
     fig.tight_layout()
+    return fig
+
+
+def plot(runs, output):
+    """Writes the figure to output; returns its panels' titles."""
+    fig = figure(runs)
     try:
         fig.savefig(output, dpi=100)
     except (OSError, ValueError) as e:
         raise LogError(f"-o {output}: cannot write the figure: {e}") from None
-    plt.close(fig)
+    return [ax.get_title() for ax in fig.axes]
 
 
 def main(argv=None):
@@ -235,12 +255,12 @@ def main(argv=None):
                                "comma-separated")
         runs = [read_run(path, label) for path, label in zip(args.logs, labels)]
         print("\n".join(val_loss_table(runs)))
-        plot(runs, args.output)
+        titles = plot(runs, args.output)
     except LogError as e:
         sys.stdout.flush()
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {args.output}")
+    print(f"wrote {args.output}: {', '.join(titles)}")
     return 0
 
 

@@ -2,8 +2,9 @@
 # Tests the data tools end to end: build/prepare_shards (shard format and names, val/train split,
 # document modes, existing shards refused, failed writes leaving no file, error messages),
 # dev/data/shard_dump.py with build/shard_documents (a jsonl dump into FineWeb-style shards),
-# build/write_tokenizer (the vocabulary file) and, with TINYSHAKESPEARE set,
-# dev/data/tinyshakespeare.sh against llm.c's token counts. Files are
+# build/write_tokenizer (the vocabulary file) and dev/data/tinyshakespeare.sh: offline (curl and
+# wget failing) it uses what its folder holds or names the missing input.txt and --input, and with
+# TINYSHAKESPEARE set (the path of its input.txt) it matches llm.c's token counts. Files are
 # read back with a small Python reader written from dev/SPEC.md, independent of the C++ code.
 # Scratch files go to build/scratch/test_data_tools.
 #
@@ -235,6 +236,26 @@ check_error "tinyshakespeare.sh with a bad download from an earlier run" \
   "error: $SCRATCH/ts_downloaded/input.txt (downloaded earlier) has 20 bytes, tiny shakespeare has 1115394: delete it and run this script again" \
   dev/data/tinyshakespeare.sh --output_dir "$SCRATCH/ts_downloaded"
 
+# --- tiny shakespeare offline: curl and wget log their calls and fail as without a network.
+OFFLINE_BIN=$PWD/$SCRATCH/offline_bin  # absolute: the script changes directory
+mkdir -p "$OFFLINE_BIN"
+for tool in curl wget; do
+  printf '#!/bin/sh\necho "%s $*" >> "%s/calls"\nexit 7\n' "$tool" "$OFFLINE_BIN" > "$OFFLINE_BIN/$tool"
+  chmod +x "$OFFLINE_BIN/$tool"
+done
+offline() {  # offline DIR: tinyshakespeare.sh as the README runs it, into DIR; stderr in DIR.err
+  : > "$OFFLINE_BIN/calls"
+  PATH="$OFFLINE_BIN:$PATH" dev/data/tinyshakespeare.sh --output_dir "$1" 2> "$1.err"
+}
+mkdir -p "$SCRATCH/ts_nothing"
+offline "$SCRATCH/ts_nothing" > /dev/null
+check "offline, an empty folder: exit 1" "$?" 1
+check "offline, an empty folder: one error line naming the missing input.txt and --input" \
+  "$(cat "$SCRATCH/ts_nothing.err")" \
+  "error: $SCRATCH/ts_nothing/input.txt is missing and downloading it from https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt failed: check the network, or pass --input path/to/input.txt"
+check "offline, an empty folder: one download tried, no file left" \
+  "$(cut -d' ' -f1 "$OFFLINE_BIN/calls") $(ls "$SCRATCH/ts_nothing" | wc -l)" "curl 0"
+
 # --- tiny shakespeare as llm.c prepares it
 if [ -n "${TINYSHAKESPEARE:-}" ]; then
   dev/data/tinyshakespeare.sh --input "$TINYSHAKESPEARE" --output_dir "$SCRATCH/tinyshakespeare" \
@@ -251,9 +272,32 @@ if [ -n "${TINYSHAKESPEARE:-}" ]; then
   sums_before=$(cd "$shards" && sha256sum *.bin)
   check "tinyshakespeare.sh run again keeps the shards it wrote" \
     "$(dev/data/tinyshakespeare.sh --input "$TINYSHAKESPEARE" --output_dir "$shards" | head -n1)" \
-    "$shards already holds tiny shakespeare's shards: kept (delete them to prepare them again)"
+    "$shards already holds tiny shakespeare's shards and tokenizer: kept (delete them to prepare them again)"
   check "tinyshakespeare.sh run again leaves its files byte for byte" \
     "$(cd "$shards" && sha256sum *.bin)" "$sums_before"
+
+  # Offline with the outputs and without input.txt: kept, nothing downloaded or built.
+  mkdir -p "$SCRATCH/ts_outputs"
+  cp "$shards"/*.bin "$SCRATCH/ts_outputs"
+  out=$(offline "$SCRATCH/ts_outputs")
+  check "offline, the outputs there: exit 0, kept" "$? $out" \
+    "0 $SCRATCH/ts_outputs already holds tiny shakespeare's shards and tokenizer: kept (delete them to prepare them again)"
+  check "offline, the outputs there: no download tried, nothing on stderr" \
+    "$(cat "$OFFLINE_BIN/calls" "$SCRATCH/ts_outputs.err")" ""
+  # Offline with the shards alone (the tokenizer needs no text), then with input.txt alone: each
+  # ends with the files --input gives, downloading nothing.
+  mkdir -p "$SCRATCH/ts_shards" "$SCRATCH/ts_input"
+  cp "$shards"/tiny_shakespeare_*.bin "$SCRATCH/ts_shards"
+  cp "$TINYSHAKESPEARE" "$SCRATCH/ts_input/input.txt"
+  for situation in shards input; do
+    folder=$SCRATCH/ts_$situation
+    offline "$folder" > /dev/null
+    check "offline, the $situation alone: exit 0" "$?" 0
+    check "offline, the $situation alone: no download tried, nothing on stderr" \
+      "$(cat "$OFFLINE_BIN/calls" "$folder.err")" ""
+    check "offline, the $situation alone: the files of --input" "$(cd "$folder" && sha256sum *.bin)" \
+      "$sums_before"
+  done
 else
   echo "skipped tiny shakespeare: TINYSHAKESPEARE is not set (the path of its input.txt)"
 fi

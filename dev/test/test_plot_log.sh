@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests dev/plot_log.py: two synthetic runs, one in our log format (llmc/logger.h) and one in
 # llm.c's (as train_gpt2.py writes it), plotted together; checks the PNG, the val-loss table
-# (exact text), default labels, and the error for each kind of malformed log or argument.
+# (exact text), the panels drawn (train and val loss in one, one colour per run; none without
+# data in any run), default labels, and the error for each kind of malformed log or argument.
 # Scratch files go to build/test_tmp/plot_log.
 #
 #   bash dev/test/test_plot_log.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
@@ -60,7 +61,7 @@ expected="val loss at the 3 steps common to all runs; relative difference = (run
 | 2 | 10.400000 | 10.399480 | -5.000e-05 |
 | 4 | 9.000000 | 9.009000 | +1.000e-03 |
 max |relative difference| torch vs ours: 1.000e-03
-wrote $DIR/plot.png"
+wrote $DIR/plot.png: loss, learning rate, grad norm, tokens/s, HellaSwag acc_norm"
 check "two runs: the val loss table" "$out" "$expected"
 check "two runs: nothing on stderr" "$(cat "$DIR/stderr")" ""
 size=$(stat -c %s "$DIR/plot.png" 2>/dev/null || echo 0)
@@ -68,14 +69,33 @@ check "the PNG is non-empty (over 10 kB: $size bytes)" "$([ "$size" -gt 10000 ] 
 check "the file is a PNG" "$(head -c 8 "$DIR/plot.png" | od -An -c | tr -s ' ')" \
   " 211 P N G \r \n 032 \n"
 
+# The loss panel as plot_log.figure draws it: the legend names train and val, each run's val loss
+# dashed in the colour of its train loss.
+loss_panel=$("$PY" - "$DIR/ours" "$DIR/torch.log" <<'PY'
+import sys
+sys.path.insert(0, "dev")
+import plot_log
+runs = [plot_log.read_run(path, label) for path, label in zip(sys.argv[1:], ["ours", "torch"])]
+loss = plot_log.figure(runs).axes[0]
+print(loss.get_title() + ":", ", ".join(text.get_text() for text in loss.get_legend().get_texts()))
+print(", ".join(f"{line.get_color()} {line.get_linestyle()}" for line in loss.get_lines()))
+PY
+)
+check "two runs: train and val loss in one panel, one colour per run" "$loss_panel" \
+  "loss: ours train, ours val, torch train, torch val
+C0 -, C0 --, C1 -, C1 --"
+
 # Default labels: the run directory's name, the file name otherwise.
 out=$("$PY" dev/plot_log.py "$DIR/ours/main.log" "$DIR/torch.log" -o "$DIR/plot2.png")
 check "default labels" "$(echo "$out" | sed -n 2p)" \
   "| step | ours | torch.log | torch.log vs ours |"
 
-# One run: its val losses alone.
-out=$("$PY" dev/plot_log.py "$DIR/torch.log" -o "$DIR/one.png" | sed -n '1,6p')
-check "one run: the table" "$out" "val loss at the 4 steps common to all runs
+# One run: its val losses alone; llm.c's log has no tokens/s and this one no HellaSwag line, so
+# their panels are left out.
+out=$("$PY" dev/plot_log.py "$DIR/torch.log" -o "$DIR/one.png")
+check "one run without tokens/s and HellaSwag: their panels left out" "$(echo "$out" | tail -n1)" \
+  "wrote $DIR/one.png: loss, learning rate, grad norm"
+check "one run: the table" "$(echo "$out" | sed -n '1,6p')" "val loss at the 4 steps common to all runs
 | step | torch.log |
 |---:|---:|
 | 0 | 10.901090 |
@@ -86,6 +106,8 @@ check "one run: the table" "$out" "val loss at the 4 steps common to all runs
 printf 'step=1 kind=val loss=3.0\n' > "$DIR/late.log"
 out=$("$PY" dev/plot_log.py "$DIR/ours" "$DIR/late.log" -o "$DIR/none.png" | sed -n 1p)
 check "no common step" "$out" "no step has a val loss in every run: nothing to compare"
+check "a val loss alone: the loss panel only" \
+  "$("$PY" dev/plot_log.py "$DIR/late.log" -o "$DIR/late.png" | tail -n1)" "wrote $DIR/late.png: loss"
 
 # expect_error DESCRIPTION EXPECTED_MESSAGE ARGS...: exit 1 and exactly that message on stderr.
 expect_error() {

@@ -3,7 +3,8 @@
 # trainer command each model size runs (--dry-run), and the resume-until-done loop with fake
 # trainers given through --trainer: one interrupted twice (exit status 3), one that always
 # crashes, and one stopped by a signal to the script. Then the other scripts' argument errors:
-# one line, exit status 1. Scratch files go to build/scratch/.
+# one line, exit status 1, and quickstart.sh's commands with and without a GPU (--dry-run), the
+# CPU ones as the README writes them. Scratch files go to build/scratch/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -77,6 +78,30 @@ check_error_status "HOSTFILE $SCRATCH/none: no such readable file" scripts/multi
 check_error_status "unknown argument '-x': this script takes none" scripts/multi_node/sbatch_gpt2.sh -x
 check_error_status "--input needs a file" dev/data/hellaswag.sh --input
 check_error_status "unknown argument '--output'" dev/data/hellaswag.sh --output x
+
+# --- quickstart.sh --dry-run on each branch, an nvidia-smi on the PATH saying whether there is a
+# GPU; without one its trainer line is the README's, whose plot command reads its -o directory.
+quickstart() {  # quickstart GPU(0|1) ARGS...: quickstart.sh --dry-run's commands
+  mkdir -p "$SCRATCH/gpu_$1"
+  printf '#!/bin/sh\nexit %d\n' $((1 - $1)) > "$SCRATCH/gpu_$1/nvidia-smi"
+  chmod +x "$SCRATCH/gpu_$1/nvidia-smi"
+  PATH="$SCRATCH/gpu_$1:$PATH" bash scripts/quickstart.sh --dry-run "${@:2}"
+}
+check "quickstart.sh without a GPU: its commands" "$(quickstart 0 --input README.md -l 3e-3)" \
+  "no GPU found: training the tiny model with the CPU reference trainer instead
+bash scripts/install_deps.sh --cpu-only
+bash dev/data/tinyshakespeare.sh --input README.md
+make train_gpt2
+./train_gpt2 -e tiny -b 8 -t 64 -x 100 -v 25 -s 50 -o log_cpu -l 3e-3"
+cpu_trainer=$(quickstart 0 | tail -n1)
+check "quickstart.sh without a GPU trains as the README's CPU lines" \
+  "$(grep -m1 '^\./train_gpt2 ' README.md)" "$cpu_trainer"
+log_dir=$(sed -n 's/.* -o \([^ ]*\).*/\1/p' <<< "$cpu_trainer")
+check "the README plots the -o directory of quickstart.sh without a GPU" \
+  "$(grep -m1 '^python3 dev/plot_log.py ' README.md | cut -d'#' -f1 | sed 's/ *$//')" \
+  "python3 dev/plot_log.py $log_dir -o $log_dir/plot.png"
+check "quickstart.sh with a GPU: its trainer command" "$(quickstart 1 | tail -n1)" \
+  "./train_gpt2cu -e d12 -b 16 -t 256 -x 300 -v 50 -s 100 -l 6e-4 -u 20 -o log_quickstart"
 
 # --- the resume loop. A fake trainer logs its arguments to DIR/calls, writes a DONE marker into
 # its -o directory as a checkpoint would, and exits with the status its name holds for each call.
