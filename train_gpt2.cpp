@@ -816,10 +816,7 @@ GPT2 gpt2_from_seed(const GPT2Config& config, uint64_t seed) {
 GPT2 gpt2_build(const std::string& preset_or_checkpoint, uint64_t seed) {
   GPT2Config config;
   if (config_from_preset(preset_or_checkpoint, &config)) return gpt2_from_seed(config, seed);
-  if (!file_exists(preset_or_checkpoint)) {
-    LLMC_FAIL("-e %s: no such checkpoint file, and not a preset; give a checkpoint path or one "
-              "of d12, d24, d36, d48, tiny", preset_or_checkpoint.c_str());
-  }
+  require_model_file(preset_or_checkpoint, nullptr);
   return gpt2_from_checkpoint(preset_or_checkpoint);
 }
 
@@ -863,9 +860,26 @@ struct TrainConfig : TrainFlags {
   bool help = false;  // --help (or -h: this trainer has no -h flag): print the usage and exit
 };
 
+// The CUDA trainer's own flags (train_gpt2.cu's train_flags, but its -h, which here asks for the
+// usage): refused as its, not as unknown. test_bad_input.sh checks them against its --help.
+constexpr const char* kCudaTrainerFlags[] = {
+    "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-n", "-nk",
+    "-nm", "-ac", "-y", "-halt", "-hs", "-sh", "-pr", "-pn", "-pl", "-rv", "-rt", "-ct", "-zs",
+    "-ov", "-recipe", "-opt", "-ml", "-mw", "-kd"};
+
+void fail_cuda_trainer_flag(const std::string& name) {
+  for (const char* flag : kCudaTrainerFlags) {
+    if (name == flag) {
+      LLMC_FAIL("%s is a flag of the CUDA trainer (./train_gpt2cu), which this CPU trainer does not "
+                "take: it trains GPT-2 in FP32 with AdamW only (./train_gpt2 --help lists its "
+                "flags)", flag);
+    }
+  }
+}
+
 TrainConfig parse_args(const std::vector<std::string>& args) {
   TrainConfig c;
-  c.help = !parse_flags(args, train_flags(c), "./train_gpt2");
+  c.help = !parse_flags(args, train_flags(c), "./train_gpt2", fail_cuda_trainer_flag);
   return c;
 }
 

@@ -115,18 +115,26 @@ inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, c
   return headers;
 }
 
-// Fails when a file matches both the training and the validation pattern: the validation loss
-// would be measured on data the model trained on.
+// Fails when a file matches both the training and the validation pattern, or a validation shard
+// holds the same bytes as a training shard (a copy under another name): the validation loss would
+// be measured on data the model trained on.
 inline void require_disjoint_shards(const std::string& train_pattern,
                                     const std::string& val_pattern) {
   const std::vector<std::string> train_files = glob_files(train_pattern, "-i");
-  std::vector<std::string> val_files;
-  for (const std::string& path : glob_files(val_pattern, "-j")) val_files.push_back(real_path(path));
-  for (const std::string& path : train_files) {
-    if (std::find(val_files.begin(), val_files.end(), real_path(path)) != val_files.end()) {
-      LLMC_FAIL("%s is matched by both -i '%s' and -j '%s': the run would train on its validation "
-                "data; give -i a pattern that leaves it out", path.c_str(), train_pattern.c_str(),
-                val_pattern.c_str());
+  const std::vector<std::string> val_files = glob_files(val_pattern, "-j");
+  for (const std::string& train : train_files) {
+    const std::string train_real = real_path(train);
+    for (const std::string& val : val_files) {
+      if (train_real == real_path(val)) {
+        LLMC_FAIL("%s is matched by both -i '%s' and -j '%s': the run would train on its "
+                  "validation data; give -i a pattern that leaves it out", train.c_str(),
+                  train_pattern.c_str(), val_pattern.c_str());
+      }
+      if (file_contents_equal(train, val)) {
+        LLMC_FAIL("%s (-j '%s') holds the same bytes as %s (-i '%s'): the run would train on its "
+                  "validation data; give -j shards that are not copies of -i's", val.c_str(),
+                  val_pattern.c_str(), train.c_str(), train_pattern.c_str());
+      }
     }
   }
 }

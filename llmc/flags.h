@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "schedulers.h"
+#include "tokenizer.h"
 #include "utils.h"
 
 namespace llmc {
@@ -193,9 +194,12 @@ inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own
 }
 
 // Parses args (the words after the program name) into the flags' settings. Returns false when
-// the usage was asked for. `program` names the program in the message about an unknown flag.
+// the usage was asked for. `program` names the program in the message about an unknown flag;
+// `fail_foreign`, where given, sees an unknown flag first and may fail with a message of its own
+// (the CPU trainer names the CUDA trainer's flags as such).
 inline bool parse_flags(const std::vector<std::string>& args, const std::vector<Flag>& flags,
-                        const char* program) {
+                        const char* program,
+                        const std::function<void(const std::string& name)>& fail_foreign = {}) {
   for (size_t i = 0; i < args.size(); i += 2) {
     const std::string& name = args[i];
     const Flag* flag = nullptr;
@@ -210,26 +214,94 @@ inline bool parse_flags(const std::vector<std::string>& args, const std::vector<
                   "pattern, -i 'dir/*.bin', or the shell expands it into several words)",
                   name.c_str());
       }
+      if (fail_foreign) fail_foreign(name);
       LLMC_FAIL("unknown flag '%s': %s --help lists the flags", name.c_str(), program);
     }
-    if (!has_value) LLMC_FAIL("flag %s needs a value: %s", flag->name, flag->help);
+    if (!has_value) {
+      LLMC_FAIL("flag %s needs a value: %s (--help for the usage)", flag->name, flag->help);
+    }
     flag->set(args[i + 1].c_str());
   }
   return true;
 }
 
-// `about` says what the program is; `quick_start`, a first command to try.
-inline void print_usage(const char* program, const char* about, const char* quick_start,
-                        const std::vector<Flag>& flags) {
-  printf("usage: %s [flags]   (%s)\n", program, about);
-  printf("a quick first run: %s\n", quick_start);
+// The width --help and the start-up table keep within: a terminal's 80 columns and then some, and
+// a log viewer's line.
+constexpr size_t kScreenWidth = 100;
+
+// text cut at its spaces into lines of at most `width` characters (the spaces at a cut are
+// dropped, the others kept); a word longer than a line is cut into pieces that fill lines.
+inline std::vector<std::string> text_wrap(const std::string& text, size_t width) {
+  std::vector<std::string> lines(1);
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t start = text.find_first_not_of(' ', pos);
+    if (start == std::string::npos) break;
+    const size_t end = std::min(text.find(' ', start), text.size());
+    std::string word = text.substr(start, end - start);
+    const size_t gap = lines.back().empty() ? 0 : start - pos;
+    if (!lines.back().empty() && lines.back().size() + gap + word.size() > width) {
+      lines.emplace_back();
+    }
+    if (!lines.back().empty()) lines.back() += text.substr(pos, gap);
+    for (; word.size() > width; word = word.substr(width)) {
+      lines.back() += word.substr(0, width);
+      lines.emplace_back();
+    }
+    lines.back() += word;
+    pos = end;
+  }
+  return lines;
+}
+
+// prefix + text within kScreenWidth, its later lines indented to where the text began.
+inline std::vector<std::string> hanging_lines(const std::string& prefix, const std::string& text) {
+  std::vector<std::string> lines = text_wrap(text, kScreenWidth - prefix.size());
+  for (size_t i = 0; i < lines.size(); i++) {
+    lines[i] = (i == 0 ? prefix : std::string(prefix.size(), ' ')) + lines[i];
+  }
+  return lines;
+}
+
+// A flag's lines in --help: its help, and its default after it, kept whole on a line.
+inline std::vector<std::string> flag_usage_lines(const Flag& f) {
+  const std::string prefix = strformat("  %-5s ", f.name);
+  std::vector<std::string> lines = hanging_lines(prefix, f.help);
+  const std::string fallback = strformat("(default %s)", f.show().c_str());
+  if (lines.back().size() + 1 + fallback.size() <= kScreenWidth) {
+    lines.back() += " " + fallback;
+    return lines;
+  }
+  for (const std::string& line : hanging_lines(std::string(prefix.size(), ' '), fallback)) {
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+// The --help text. `about` says what the program is; `quick_start`, a first command to try.
+inline std::vector<std::string> usage_lines(const char* program, const char* about,
+                                            const char* quick_start,
+                                            const std::vector<Flag>& flags) {
+  std::vector<std::string> out =
+      hanging_lines(strformat("usage: %s ", program), strformat("[flags]   (%s)", about));
+  const auto add = [&out](const std::vector<std::string>& lines) {
+    out.insert(out.end(), lines.begin(), lines.end());
+  };
+  add(hanging_lines("a quick first run: ", quick_start));
   bool own_h = false;
   for (const Flag& f : flags) {
-    printf("  %-5s %s (default %s)\n", f.name, f.help, f.show().c_str());
+    add(flag_usage_lines(f));
     own_h = own_h || std::string(f.name) == "-h";
   }
-  printf("  --help prints this%s\n",
-         own_h ? " (-h is a flag of its own above: it takes a value)" : ", and so does -h");
+  add(hanging_lines("  --help ", own_h ? "prints this (-h is a flag of its own above: it takes a value)"
+                                       : "prints this, and so does -h"));
+  return out;
+}
+
+inline void print_usage(const char* program, const char* about, const char* quick_start,
+                        const std::vector<Flag>& flags) {
+  for (const std::string& line : usage_lines(program, about, quick_start, flags)) {
+    printf("%s\n", line.c_str());
+  }
 }
 
 // -t 0 becomes the model's maximum sequence length; a longer -t fails.
@@ -256,17 +328,23 @@ inline void resolve_sample_length(TrainFlags& f, int max_seq_len) {
 constexpr const char* kDefaultTokenizer = "dev/data/tinyshakespeare/gpt2_tokenizer.bin";
 
 // -tk none becomes kDefaultTokenizer where that exists (else samples are printed as token ids); a
-// -tk that names no file fails.
+// -tk that names no vocabulary file fails, by the file's header, before anything is set up.
 inline void resolve_tokenizer(TrainFlags& f) {
   if (f.tokenizer.empty()) {
     if (file_exists(kDefaultTokenizer)) f.tokenizer = kDefaultTokenizer;
     return;
   }
-  if (!file_exists(f.tokenizer)) {
-    LLMC_FAIL("-tk %s: no such vocabulary file; make one with dev/data/tinyshakespeare.sh "
-              "(DIR/gpt2_tokenizer.bin), or leave -tk out to print samples as token ids",
-              f.tokenizer.c_str());
+  const char* path = f.tokenizer.c_str();
+  const char* fix = "make one with dev/data/tinyshakespeare.sh (DIR/gpt2_tokenizer.bin), or leave "
+                    "-tk out to print samples as token ids";
+  switch (path_kind(f.tokenizer)) {
+    case PathKind::kMissing: LLMC_FAIL("-tk %s: no such vocabulary file; %s", path, fix);
+    case PathKind::kDirectory: LLMC_FAIL("-tk %s is a folder, not a vocabulary file; %s", path, fix);
+    case PathKind::kOther: LLMC_FAIL("-tk %s is not a regular file; %s", path, fix);
+    case PathKind::kFile: break;
   }
+  File file(f.tokenizer, "rb");
+  tokenizer_read_header(file, strformat("-tk %s", path));
 }
 
 // The tokens of one optimizer step and the micro steps of B*T tokens per process that make it.
@@ -294,7 +372,8 @@ inline StepBatch step_batch(const TrainFlags& f, int processes) {
 }
 
 // The start-up table: rows of a setting and its value in a box as wide as its longest key and
-// value; rule() separates groups of rows.
+// value, or kScreenWidth where a value is longer: such a value goes on over rows of its own below
+// its key; rule() separates groups of rows.
 class StartupTable {
  public:
   void row(const std::string& key, const std::string& value) {
@@ -313,13 +392,24 @@ class StartupTable {
       key_width = std::max(key_width, r.key.size());
       value_width = std::max(value_width, r.value.size());
     }
+    // "| key | value |" takes 7 columns besides the two; a key too long for the screen still
+    // leaves its value a column of kMinValueWidth.
+    constexpr size_t kMinValueWidth = 20;
+    const size_t room = kScreenWidth - std::min(kScreenWidth, key_width + 7);
+    value_width = std::min(value_width, std::max(kMinValueWidth, room));
     const std::string rule_line =
         "+" + std::string(key_width + 2, '-') + "+" + std::string(value_width + 2, '-') + "+";
     std::vector<std::string> out = {rule_line};
     for (const Row& r : rows_) {
-      out.push_back(r.is_rule ? rule_line
-                              : strformat("| %-*s | %-*s |", (int)key_width, r.key.c_str(),
-                                          (int)value_width, r.value.c_str()));
+      if (r.is_rule) {
+        out.push_back(rule_line);
+        continue;
+      }
+      const std::vector<std::string> parts = text_wrap(r.value, value_width);
+      for (size_t i = 0; i < parts.size(); i++) {
+        out.push_back(strformat("| %-*s | %-*s |", (int)key_width, i == 0 ? r.key.c_str() : "",
+                                (int)value_width, parts[i].c_str()));
+      }
     }
     out.push_back(rule_line);
     return out;

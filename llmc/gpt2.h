@@ -429,6 +429,29 @@ inline GPT2Config checkpoint_load(const std::string& path, std::vector<float>* p
   return p.config;
 }
 
+// config_from_preset's names, for messages.
+constexpr const char* kPresetNames = "d12 d24 d36 d48 tiny";
+
+// Fails unless -e's `model`, which is no preset, names a model file, saying what -e takes;
+// `resume_with`, the flags that resume a run from its folder (nullptr where the program cannot),
+// is offered for a folder.
+inline void require_model_file(const std::string& model, const char* resume_with) {
+  const char* path = model.c_str();
+  const std::string takes = strformat("-e takes a model file or a preset (%s)", kPresetNames);
+  switch (path_kind(model)) {
+    case PathKind::kFile: return;
+    case PathKind::kMissing:
+      LLMC_FAIL("-e %s: no such checkpoint file, and not a preset: %s", path, takes.c_str());
+    case PathKind::kOther: LLMC_FAIL("-e %s is not a regular file: %s", path, takes.c_str());
+    case PathKind::kDirectory: {
+      const std::string resume =
+          resume_with ? strformat("; to resume the run in that folder: -o %s %s", path, resume_with)
+                      : std::string();
+      LLMC_FAIL("-e %s is a folder: %s%s", path, takes.c_str(), resume.c_str());
+    }
+  }
+}
+
 // Writes a checkpoint whose parameters are in the file's precision already: version 3 takes the
 // FP32 values, version 5 their BF16 bit patterns (the file says 6 or 7 for the modern
 // architecture). With a checksum, through write_file_atomically (never a truncated checkpoint

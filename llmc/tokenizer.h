@@ -437,49 +437,68 @@ inline void write_tokenizer_bin(const std::string& path, const std::vector<std::
   });
 }
 
+// The header of a vocabulary file (see the top of this file).
+struct TokenizerHeader {
+  int vocab_size;
+  int eot_token;
+};
+
+// Reads f's header and checks it against the file's size; `where` names the file in errors (its
+// path, or the flag and path it came from). Leaves f at the first token.
+inline TokenizerHeader tokenizer_read_header(File& f, const std::string& where) {
+  const char* name = where.c_str();
+  const long file_size = f.size();
+  int header[kTokenizerHeaderInts];
+  if (file_size < (long)sizeof(header)) {
+    LLMC_FAIL("%s: the file is truncated, or not a tokenizer vocabulary file: %ld bytes, less than "
+              "the %zu-byte header: write one with build/write_tokenizer", name, file_size,
+              sizeof(header));
+  }
+  f.read(header, sizeof(header), "the header");
+  if (header[0] != kTokenizerMagic) {
+    LLMC_FAIL("%s: not a tokenizer vocabulary file (magic %d, expected %d): write one with "
+              "build/write_tokenizer", name, header[0], kTokenizerMagic);
+  }
+  const int version = header[1];
+  const int vocab_size = header[2];
+  if (version != 1 && version != 2) {
+    LLMC_FAIL("%s: tokenizer version %d is not supported (only 1 and 2): rewrite it with "
+              "build/write_tokenizer", name, version);
+  }
+  if (vocab_size <= 0 || vocab_size > (1 << 24)) {
+    LLMC_FAIL("%s: vocabulary size %d in the header is implausible: the file is damaged", name,
+              vocab_size);
+  }
+  // Every token takes at least two bytes (its length and one byte). Checked before the tokens
+  // are allocated, so that a damaged size fails here instead of allocating for it.
+  const long body_bytes = file_size - (long)sizeof(header);
+  if (vocab_size > body_bytes / 2) {
+    LLMC_FAIL("%s: the file is truncated: %d tokens need at least %ld bytes after the header, "
+              "it has %ld", name, vocab_size, 2 * (long)vocab_size, body_bytes);
+  }
+  if (version == 1) {
+    if (vocab_size != kGpt2VocabSize) {
+      LLMC_FAIL("%s: a version 1 file has no EOT id, so it must be GPT-2's %d tokens, not %d: "
+                "rewrite it with build/write_tokenizer", name, kGpt2VocabSize, vocab_size);
+    }
+    return {vocab_size, kGpt2EotToken};
+  }
+  if (header[3] < 0 || header[3] >= vocab_size) {
+    LLMC_FAIL("%s: EOT token id %d is outside the vocabulary of %d tokens: the file is damaged",
+              name, header[3], vocab_size);
+  }
+  return {vocab_size, header[3]};
+}
+
 // Decodes token ids with an llm.c vocabulary file (see the top of this file).
 class Tokenizer {
  public:
   explicit Tokenizer(const std::string& path) : path_(path) {
     File f(path, "rb");
     const long file_size = f.size();
-    int header[kTokenizerHeaderInts];
-    f.read(header, sizeof(header), "the header");
-    if (header[0] != kTokenizerMagic) {
-      LLMC_FAIL("%s: not a tokenizer vocabulary file (magic %d, expected %d): write one with "
-                "build/write_tokenizer", path.c_str(), header[0], kTokenizerMagic);
-    }
-    const int version = header[1];
-    const int vocab_size = header[2];
-    if (version != 1 && version != 2) {
-      LLMC_FAIL("%s: tokenizer version %d is not supported (only 1 and 2): rewrite it with "
-                "build/write_tokenizer", path.c_str(), version);
-    }
-    if (vocab_size <= 0 || vocab_size > (1 << 24)) {
-      LLMC_FAIL("%s: vocabulary size %d in the header is implausible: the file is damaged",
-                path.c_str(), vocab_size);
-    }
-    // Every token takes at least two bytes (its length and one byte). Checked before the tokens
-    // are allocated, so that a damaged size fails here instead of allocating for it.
-    const long body_bytes = file_size - (long)sizeof(header);
-    if (vocab_size > body_bytes / 2) {
-      LLMC_FAIL("%s: the file is truncated: %d tokens need at least %ld bytes after the header, "
-                "it has %ld", path.c_str(), vocab_size, 2 * (long)vocab_size, body_bytes);
-    }
-    if (version == 1) {
-      if (vocab_size != kGpt2VocabSize) {
-        LLMC_FAIL("%s: a version 1 file has no EOT id, so it must be GPT-2's %d tokens, not %d: "
-                  "rewrite it with build/write_tokenizer", path.c_str(), kGpt2VocabSize,
-                  vocab_size);
-      }
-      eot_token_ = kGpt2EotToken;
-    } else {
-      eot_token_ = header[3];
-      if (eot_token_ < 0 || eot_token_ >= vocab_size) {
-        LLMC_FAIL("%s: EOT token id %d is outside the vocabulary of %d tokens: the file is "
-                  "damaged", path.c_str(), eot_token_, vocab_size);
-      }
-    }
+    const TokenizerHeader header = tokenizer_read_header(f, path);
+    const int vocab_size = header.vocab_size;
+    eot_token_ = header.eot_token;
     tokens_.resize(vocab_size);
     for (int id = 0; id < vocab_size; id++) {
       unsigned char length;

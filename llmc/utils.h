@@ -21,7 +21,9 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -257,6 +259,35 @@ inline bool file_exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
+enum class PathKind { kMissing, kFile, kDirectory, kOther };
+
+// What path names, its links followed: a regular file, a directory, something else (a device, a
+// pipe) or nothing.
+inline PathKind path_kind(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return PathKind::kMissing;
+  if (S_ISREG(st.st_mode)) return PathKind::kFile;
+  return S_ISDIR(st.st_mode) ? PathKind::kDirectory : PathKind::kOther;
+}
+
+// Whether two files hold the same bytes: their sizes are compared first, and their contents only
+// where those are equal, up to the first chunk that differs (two shards of one size, the common
+// case, differ in their first chunk).
+inline bool file_contents_equal(const std::string& a, const std::string& b) {
+  File fa(a, "rb"), fb(b, "rb");
+  long left = fa.size();
+  if (left != fb.size()) return false;
+  std::vector<char> chunk_a((size_t)std::min(left, 1l << 16)), chunk_b(chunk_a.size());
+  while (left > 0) {
+    const size_t n = (size_t)std::min<long>((long)chunk_a.size(), left);
+    fa.read(chunk_a.data(), n, "a chunk to compare");
+    fb.read(chunk_b.data(), n, "a chunk to compare");
+    if (memcmp(chunk_a.data(), chunk_b.data(), n) != 0) return false;
+    left -= (long)n;
+  }
+  return true;
+}
+
 // Expands a shell glob pattern, sorted; fails with a message naming the
 // pattern when nothing matches.
 inline std::vector<std::string> glob_files(const std::string& pattern, const char* flag) {
@@ -303,23 +334,53 @@ inline void require_directory(const std::string& path, const char* flag) {
   if (!S_ISDIR(st.st_mode)) LLMC_FAIL("%s %s: %s", flag, path.c_str(), strerror(ENOTDIR));
 }
 
-// What make_writable_dirs(path) would find, without creating anything: path is a directory
-// files can be written in, or the nearest existing directory above it is one that path can be
-// created in.
-inline void require_writable_dirs(const std::string& path, const char* flag) {
+// The kernel's filesystems that show its state as files (a path in them is no place for a run's
+// output): root passes their permission checks, but no file or directory can be made there. The
+// name of the one dir is in, or nullptr.
+inline const char* kernel_filesystem_name(const std::string& dir) {
+  struct statfs fs;
+  if (statfs(dir.c_str(), &fs) != 0) return nullptr;
+  switch (fs.f_type) {
+    case PROC_SUPER_MAGIC: return "proc";
+    case SYSFS_MAGIC: return "sysfs";
+    case CGROUP_SUPER_MAGIC: return "cgroup";
+    case CGROUP2_SUPER_MAGIC: return "cgroup2";
+    case DEBUGFS_MAGIC: return "debugfs";
+    case SECURITYFS_MAGIC: return "securityfs";
+    default: return nullptr;
+  }
+}
+
+// The nearest of path and the directories above it that exists.
+inline std::string existing_ancestor(const std::string& path) {
   std::string existing = path;
   while (!file_exists(existing)) {
     const size_t slash = existing.find_last_of('/');
     existing = slash == std::string::npos ? "." : slash == 0 ? "/" : existing.substr(0, slash);
   }
-  struct stat st;
-  if (stat(existing.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+  return existing;
+}
+
+// What make_writable_dirs(path) would find, without creating anything: path is a directory
+// files can be written in, or the nearest existing directory above it is one that path can be
+// created in.
+inline void require_writable_dirs(const std::string& path, const char* flag) {
+  const std::string existing = existing_ancestor(path);
+  if (path_kind(existing) != PathKind::kDirectory) {
     LLMC_FAIL("%s %s: %s is a file: %s", flag, path.c_str(), existing.c_str(), strerror(ENOTDIR));
   }
+  std::string why;
   if (access(existing.c_str(), W_OK) != 0) {
-    LLMC_FAIL("%s %s is not writable (%s): %s", flag, path.c_str(), existing.c_str(),
-              strerror(errno));
+    why = strformat("%s is not writable (%s)", existing.c_str(), strerror(errno));
+  } else if (const char* filesystem = kernel_filesystem_name(existing)) {
+    why = strformat("%s is in the kernel's %s filesystem, where no files can be made",
+                    existing.c_str(), filesystem);
+  } else {
+    return;
   }
+  LLMC_FAIL("%s %s: %s: %s; give %s a directory you can write to", flag, path.c_str(),
+            existing == path ? "no file can be written in it" : "the directory cannot be created",
+            why.c_str(), flag);
 }
 
 // The path with its links and "." and ".." resolved, to tell whether two names are one file; the

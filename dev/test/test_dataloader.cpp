@@ -1,6 +1,7 @@
 // Tests llmc/dataloader.h: shard writing and validation, the data order of
 // SPEC.md (plain, shuffled, split over ranks, over epochs), reset and
-// state/restore (also from another process count). Shards go to build/test_tmp/dataloader/.
+// state/restore (also from another process count), and -i and -j kept apart. Shards go to
+// build/test_tmp/dataloader/.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -388,6 +389,42 @@ void test_shard_round_trip() {
                 "write_token_shard/read_token_shard round trip (5000 tokens, 11024 bytes)");
 }
 
+// require_disjoint_shards: no shard of -j is one of -i's, by its path or by its bytes (a copy
+// under another name); shards of one size that differ only in their last token, past the first
+// chunk compared, are two shards.
+void test_disjoint_shards() {
+  std::vector<uint16_t> tokens(40000);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint16_t)((i * 7919) % kVocab);
+  const std::string train = kDir + "/disjoint_train.bin";
+  for (const char* dir : {"copy", "last", "shorter"}) llmc::make_dirs(kDir + "/disjoint_" + dir);
+  llmc::write_token_shard(train, tokens);
+  llmc::write_token_shard(kDir + "/disjoint_copy/val.bin", tokens);
+  tokens.back() ^= 1;
+  llmc::write_token_shard(kDir + "/disjoint_last/val.bin", tokens);
+  tokens.pop_back();
+  llmc::write_token_shard(kDir + "/disjoint_shorter/val.bin", tokens);
+  const std::string copy_pattern = kDir + "/disjoint_copy/*.bin";
+  check_throws([&] { llmc::require_disjoint_shards(train, copy_pattern); },
+               kDir + "/disjoint_copy/val.bin (-j '" + copy_pattern + "') holds the same bytes as " +
+                   train + " (-i '" + train + "'): the run would train on its validation data; "
+                   "give -j shards that are not copies of -i's",
+               "a -j shard that is a copy of an -i shard, under another name");
+  check_throws([&] { llmc::require_disjoint_shards(kDir + "/disjoint_*.bin", train); },
+               train + " is matched by both -i '" + kDir + "/disjoint_*.bin' and -j '" + train + "'",
+               "one shard matched by -i and -j");
+  const std::vector<std::pair<std::string, std::string>> apart = {
+      {"last", "with its last token changed"}, {"shorter", "one token shorter"}};
+  for (const auto& [dir, what] : apart) {
+    std::string error;
+    try {
+      llmc::require_disjoint_shards(train, kDir + "/disjoint_" + dir + "/val.bin");
+    } catch (const llmc::Error& e) {
+      error = e.what();
+    }
+    check_verbose(error.empty(), "a copy of the -i shard " + what + " is accepted as -j " + error);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -402,6 +439,7 @@ int main() {
     test_state_restore();
     test_restore_other_world();
     test_malformed_shards();
+    test_disjoint_shards();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }

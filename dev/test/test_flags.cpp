@@ -1,7 +1,9 @@
 // Tests llmc/flags.h: the shared flags' defaults, parsing and ranges, the messages for an unknown
-// flag, a stray word and a missing value, when the usage is asked for, a program's own flags after
-// the shared ones, the sequence length, sample length, vocabulary file and batch that follow from
-// the flags, and the start-up table's box.
+// flag (and another program's flag), a stray word and a missing value, when the usage is asked
+// for, a program's own flags after the shared ones, the sequence length, sample length, vocabulary
+// file and batch that follow from the flags, the start-up table's box and the usage, both within
+// kScreenWidth. Scratch files go to build/test_tmp/flags/.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -17,6 +19,8 @@ using testing::check_throws;
 using testing::check_verbose;
 
 namespace {
+
+const std::string kDir = "build/test_tmp/flags";
 
 // A program with flags of its own, built the way the CUDA trainer builds its table.
 struct ProgramFlags : TrainFlags {
@@ -100,8 +104,17 @@ void test_messages() {
                "'b.bin' is not a flag: flags start with '-' and take one value each (quote a glob "
                "pattern, -i 'dir/*.bin'",
                "a stray word (the shell expanded an unquoted glob)");
-  check_throws([&] { parse(f, {"-l"}); }, "flag -l needs a value: peak learning rate",
-               "a flag without its value says what the value is");
+  check_throws([&] { parse(f, {"-l"}); },
+               "flag -l needs a value: peak learning rate (--help for the usage)",
+               "a flag without its value says what the value is, and where the usage is");
+  const auto fail_foreign = [](const std::string& name) {
+    if (name == "-opt") LLMC_FAIL("-opt is the other program's");
+  };
+  check_throws([&] { llmc::parse_flags({"-opt", "muon"}, llmc::train_flags(f), "./prog", fail_foreign); },
+               "-opt is the other program's", "fail_foreign names a flag it knows");
+  check_throws([&] { llmc::parse_flags({"-bogus", "1"}, llmc::train_flags(f), "./prog", fail_foreign); },
+               "unknown flag '-bogus': ./prog --help lists the flags",
+               "a flag fail_foreign lets pass is unknown");
 }
 
 void test_help() {
@@ -117,7 +130,7 @@ void test_help() {
   check_verbose(!llmc::parse_flags({"-b", "2", "--help"}, flags, "./prog"),
                 "--help asks for the usage there too");
   check_throws([&] { llmc::parse_flags({"-b", "2", "-h"}, flags, "./prog"); },
-               "flag -h needs a value: 1: HellaSwag",
+               "flag -h needs a value: 1: HellaSwag (--help for the usage)",
                "-h with nothing after it is the program's -h flag without its value");
 }
 
@@ -174,9 +187,19 @@ void test_model_and_batch() {
   check_throws([&] { llmc::resolve_tokenizer(f); },
                "-tk build/test_tmp/no_such_tokenizer.bin: no such vocabulary file",
                "-tk naming no file");
+  f.tokenizer = kDir;
+  check_throws([&] { llmc::resolve_tokenizer(f); },
+               "-tk build/test_tmp/flags is a folder, not a vocabulary file; make one with "
+               "dev/data/tinyshakespeare.sh", "-tk naming a folder");
   f.tokenizer = "dev/test/test_flags.cpp";
+  check_throws([&] { llmc::resolve_tokenizer(f); },
+               "-tk dev/test/test_flags.cpp: not a tokenizer vocabulary file (magic ",
+               "-tk naming a file that is no vocabulary file");
+  const std::string vocabulary = kDir + "/vocabulary.bin";
+  llmc::write_tokenizer_bin(vocabulary, {"a", "b", "<|endoftext|>"}, 2);
+  f.tokenizer = vocabulary;
   llmc::resolve_tokenizer(f);
-  check_verbose(f.tokenizer == "dev/test/test_flags.cpp", "-tk naming a file stays");
+  check_verbose(f.tokenizer == vocabulary, "-tk naming a vocabulary file stays");
   f.tokenizer = "";
   llmc::resolve_tokenizer(f);
   check_verbose(f.tokenizer == (llmc::file_exists(llmc::kDefaultTokenizer) ? llmc::kDefaultTokenizer : ""),
@@ -202,40 +225,158 @@ void test_model_and_batch() {
                "-z of more micro steps than an int counts");
 }
 
+// The words of lines, in order, less the characters in `frame` (a box's bars).
+std::vector<std::string> words_of(const std::vector<std::string>& lines, const std::string& frame) {
+  std::vector<std::string> words;
+  for (const std::string& line : lines) {
+    std::string word;
+    for (char c : line + " ") {
+      if (c != ' ' && frame.find(c) == std::string::npos) {
+        word += c;
+      } else if (!word.empty()) {
+        words.push_back(word);
+        word.clear();
+      }
+    }
+  }
+  return words;
+}
+
+// The longest of lines.
+size_t widest(const std::vector<std::string>& lines) {
+  size_t width = 0;
+  for (const std::string& line : lines) width = std::max(width, line.size());
+  return width;
+}
+
+void test_text_wrap() {
+  check_verbose(llmc::text_wrap("one two  three", 9) ==
+                    std::vector<std::string>({"one two", "three"}),
+                "text_wrap cuts at a space, and drops the spaces at the cut");
+  check_verbose(llmc::text_wrap("a  b   c", 20) == std::vector<std::string>({"a  b   c"}),
+                "text_wrap keeps the spaces inside a line");
+  check_verbose(llmc::text_wrap("ab abcdefghij", 4) ==
+                    std::vector<std::string>({"ab", "abcd", "efgh", "ij"}),
+                "text_wrap cuts a word longer than a line into pieces");
+  check_verbose(llmc::text_wrap("", 4) == std::vector<std::string>({""}),
+                "text_wrap of nothing: one empty line");
+}
+
 // Every line of the box has the same width, however long a value is (d12's parameters row once
-// overflowed a fixed-width box).
+// overflowed a fixed-width box), and at most kScreenWidth: a long value goes on over rows of its
+// own below its key, in the value's column, with every word kept.
 void test_startup_table() {
   TrainFlags f;
   llmc::StartupTable table;
   table.flag_rows(llmc::train_flags(f));
   table.rule();
-  table.row("parameters", "124475904 (475 MiB each: params, grads, AdamW m, v, and a long tail)");
+  const std::string long_value =
+      "every 100 steps into " + std::string(60, 'd') + "/model_<step>.bin and its state files "
+      "state_<step>_<rank>.bin, keeping the newest 3 and every multiple of 1000, written in the "
+      "background through a snapshot in host memory, " + std::string(120, 'x');
+  table.row("checkpoints", long_value);
+  table.row("parameters", "124475904 (475 MiB each)");
   const std::vector<std::string> lines = table.lines();
   bool same_width = true, rules = true;
   for (const std::string& line : lines) same_width = same_width && line.size() == lines[0].size();
-  for (size_t i : {(size_t)0, lines.size() - 3, lines.size() - 1}) {
+  for (size_t i : {(size_t)0, (size_t)22, lines.size() - 1}) {
     rules = rules && lines[i].find_first_not_of("+-") == std::string::npos;
   }
-  check_verbose(same_width && rules && lines.size() == 21 + 4,
-                llmc::strformat("the box: %zu lines of %zu characters, rules at the top, between "
-                                "the groups and at the bottom", lines.size(), lines[0].size()));
+  check_verbose(same_width && rules && lines[0].size() <= llmc::kScreenWidth,
+                llmc::strformat("the box: %zu lines of %zu characters (at most %zu), rules at the "
+                                "top, between the groups and at the bottom", lines.size(),
+                                lines[0].size(), llmc::kScreenWidth));
+  const std::vector<std::string> value_rows(lines.begin() + 23, lines.end() - 2);
+  bool under_key = value_rows.size() > 1;
+  for (size_t i = 1; i < value_rows.size(); i++) {
+    under_key = under_key && value_rows[i].rfind("| " + std::string(26, ' ') + " | ", 0) == 0;
+  }
+  check_verbose(under_key, llmc::strformat("the long value: %zu rows, the later ones with no key",
+                                           value_rows.size()));
+  std::vector<std::string> words = words_of(value_rows, "|");
+  words.erase(words.begin());  // the key
+  const std::vector<std::string> original = words_of({long_value}, "");
+  std::string joined, joined_original;
+  for (const std::string& word : words) joined += word;
+  for (const std::string& word : original) joined_original += word;
+  check_verbose(joined == joined_original && words.size() == original.size() + 2,
+                llmc::strformat("the long value's %zu words are all there, in order, the two too "
+                                "long for a row cut in two", original.size()));
   const std::string value = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
   check_verbose(lines[1].rfind("| -i    train data           | " + value + " ", 0) == 0 &&
                     lines[1].find_first_not_of(' ', 31 + value.size()) == lines[1].size() - 1,
                 "a flag row: its name, label and value, padded to the box: " + lines[1]);
+
+  llmc::StartupTable small;
+  small.row("steps", "100");
+  small.rule();
+  small.row("model", "d12: 12 layers");
+  check_verbose(small.lines() == std::vector<std::string>({"+-------+----------------+",
+                                                           "| steps | 100            |",
+                                                           "+-------+----------------+",
+                                                           "| model | d12: 12 layers |",
+                                                           "+-------+----------------+"}),
+                "a table of short values: a box as wide as its longest key and value");
+}
+
+// --help within kScreenWidth: a long help goes on under its help column, its default kept whole,
+// with every word kept; a short one stays one line.
+void test_usage() {
+  ProgramFlags p;
+  std::vector<Flag> flags = program_flags(p);
+  std::string long_help;
+  for (int i = 0; i < 30; i++) long_help += llmc::strformat("word%d ", i);
+  flags.push_back(llmc::text_flag("-long", "long", long_help.c_str(), &p.train_pattern));
+  const std::string quick_start = "./prog -e tiny -b 8 -t 64 -x 100 -v 25 -s 50   (the tiny "
+                                  "model: minutes on a few cores, or seconds on many)";
+  const std::vector<std::string> lines =
+      llmc::usage_lines("./prog", "a test program", quick_start.c_str(), flags);
+  check_verbose(widest(lines) <= llmc::kScreenWidth,
+                llmc::strformat("%zu usage lines, the widest %zu characters (at most %zu)",
+                                lines.size(), widest(lines), llmc::kScreenWidth));
+  std::vector<std::string> expected = {"usage:", "./prog", "[flags]", "(a", "test", "program)",
+                                       "a", "quick", "first", "run:"};
+  for (const std::string& word : words_of({quick_start}, "")) expected.push_back(word);
+  for (const Flag& f : flags) {
+    expected.push_back(f.name);
+    for (const std::string& word : words_of({f.help, "(default", f.show() + ")"}, "")) {
+      expected.push_back(word);
+    }
+  }
+  for (const char* word : {"--help", "prints", "this", "(-h", "is", "a", "flag", "of", "its",
+                           "own", "above:", "it", "takes", "a", "value)"}) {
+    expected.push_back(word);
+  }
+  check_verbose(words_of(lines, "") == expected,
+                llmc::strformat("every word of the usage is there, in order (%zu)", expected.size()));
+  size_t long_line = 0;
+  while (long_line < lines.size() && lines[long_line].rfind("  -long ", 0) != 0) long_line++;
+  bool hanging = long_line + 2 < lines.size();
+  for (size_t i = long_line + 1; hanging && i < lines.size() - 1; i++) {
+    hanging = lines[i].rfind(std::string(8, ' ') + "word", 0) == 0 ||
+              lines[i].rfind(std::string(8, ' ') + "(default", 0) == 0;
+  }
+  check_verbose(hanging, "-long's help goes on under its help column: " + lines[long_line + 1]);
+  check_verbose(std::find(lines.begin(), lines.end(),
+                          "  -b    micro batch size: sequences per process and micro step (default "
+                          "4)") != lines.end(),
+                "a short help stays one line, with its default");
 }
 
 }  // namespace
 
 int main() {
   try {
+    llmc::make_dirs(kDir);
     test_defaults();
     test_parsing();
     test_messages();
     test_help();
     test_program_flags();
     test_model_and_batch();
+    test_text_wrap();
     test_startup_table();
+    test_usage();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

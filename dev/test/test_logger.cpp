@@ -141,6 +141,13 @@ void test_errors() {
   // check_log_dir: the same checks, and nothing created.
   check_throws([] { llmc::check_log_dir(kDir + "/a_file/sub", "-o", nullptr, LogMode::kNew); },
                "build/test_tmp/logger/a_file is a file", "check_log_dir: a directory below a file");
+  // Root passes the permission check of /proc, where no directory can be made all the same (the
+  // message goes on "in the kernel's proc filesystem" for root, "not writable" for the others).
+  check_throws([] { llmc::check_log_dir("/proc/x/run", "-o", nullptr, LogMode::kNew); },
+               "-o /proc/x/run: the directory cannot be created: /proc is ",
+               "check_log_dir: a directory in /proc");
+  check_throws([] { llmc::check_log_dir("/proc", "-o", nullptr, LogMode::kNew); },
+               "-o /proc: no file can be written in it: /proc is", "check_log_dir: /proc itself");
   llmc::check_log_dir(kDir + "/new/run", "-o", nullptr, LogMode::kNew);
   check_verbose(!llmc::file_exists(kDir + "/new"), "check_log_dir creates nothing");
   check_throws([] { llmc::read_run_log(kDir + "/missing/main.log"); },
