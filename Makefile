@@ -4,8 +4,17 @@
 #   make train_gpt2cu     the CUDA trainer (PRECISION=BF16 by default, or FP32)
 #   make test             every test: CPU tests, all CUDA builds, GPU tests when a GPU is present
 #
+# Targets build in parallel, one job per core (make -jN for N). Each prints "building NAME" as it
+# starts and "built NAME (N s)" when it ends; V=1 shows the compiler commands too.
 # Variables: PRECISION=BF16|FP32, GPU_COMPUTE_CAPABILITY=90 (read from nvidia-smi when a GPU is
 # visible), USE_MPI=0 to build without OpenMPI, PYTHON=python with torch for the reference.
+
+# One job per core unless a -j was given. A -j on the command line wins over this one (make 4.3
+# and newer); a -j or a parent make's jobserver in the MAKEFLAGS this make inherited is kept by
+# adding none.
+ifeq ($(filter -j% --jobs% --jobserver%,$(MAKEFLAGS) $(shell printenv MAKEFLAGS)),)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
 
 CXX ?= g++
 CXXFLAGS ?= -O3 -std=c++17 -Wall -Wextra
@@ -56,6 +65,20 @@ KERNEL_TESTS = $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(KERNEL_TEST_SOURCES))
 KERNEL_TESTS_FP32 = $(patsubst dev/cuda/%.cu,$(BUILD)/%_fp32,$(KERNEL_TEST_SOURCES))
 CUDA_TARGETS = train_gpt2cu test_gpt2cu profile_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
 
+# $(call build_step,COMMAND), the recipe of every compiled target: "building TARGET" as it starts,
+# "built TARGET (N s)" or "failed TARGET (N s):" when it ends, COMMAND itself only with V=1. The
+# compiler's messages are held until it ends and shown in full under that line, so that parallel
+# builds' messages do not interleave; its exit status is the recipe's. make -s leaves out the
+# building/built lines.
+build_say = $(if $(findstring s,$(firstword -$(MAKEFLAGS))),:,echo)
+build_step = @$(build_say) "building $@"; start=$$(date +%s); \
+  $(if $(filter 1,$(V)),echo '$(subst ','\'',$(1))';) \
+  if out=$$($(1) 2>&1); then status=0; else status=$$?; fi; \
+  took="($$(( $$(date +%s) - start )) s)"; \
+  if [ $$status -eq 0 ]; then $(build_say) "built $@ $$took"; else echo "failed $@ $$took:" >&2; fi; \
+  [ -z "$$out" ] || printf '%s\n' "$$out" >&2; \
+  exit $$status
+
 .PHONY: all cpu cuda test clean
 .DEFAULT_GOAL := all
 
@@ -65,65 +88,65 @@ cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/test_attenti
       $(BUILD)/bench_fp8_cast $(BUILD)/bench_muon
 
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
-	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
 
 test_gpt2: test_gpt2.cpp train_gpt2.cpp $(LLMC_HEADERS) dev/test/testing.h
-	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
 
 $(BUILD)/test_%: dev/test/test_%.cpp $(LLMC_HEADERS) dev/test/testing.h | $(BUILD)
-	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
 
 $(BUILD)/%: dev/data/%.cpp $(LLMC_HEADERS) | $(BUILD)
-	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
 
 $(BUILD)/%: dev/tools/%.cpp $(LLMC_HEADERS) | $(BUILD)
-	$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@
+	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
 
 $(BUILD):
-	mkdir -p $(BUILD)
+	@mkdir -p $(BUILD)
 
 # CUDA programs. train_gpt2.cu holds everything; test and profile mains include it.
 train_gpt2cu: train_gpt2.cu $(LLMC_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@)
 
 test_gpt2cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@)
 
 profile_gpt2cu: profile_gpt2.cu train_gpt2.cu $(LLMC_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) $(PRECISION_FLAG) -I. $< $(NVCC_LDLIBS) -o $@)
 
 # FP32 builds under their own names, so one `make test` checks both precisions.
 train_gpt2fp32cu: train_gpt2.cu $(LLMC_HEADERS)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@)
 
 test_gpt2fp32cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@)
 
 KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h $(LLMC_HEADERS) dev/test/testing.h
 
 $(BUILD)/test_%: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 # The flash kernels' mma.sync path (GPUs before Hopper), which any GPU can test: the same test
 # built for the plain compute capability, without sm_90a's wgmma.
 $(BUILD)/test_attention_mma_sync: GENCODE = -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY)
 $(BUILD)/test_attention_mma_sync: dev/cuda/test_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 # Flash attention timings (BF16 only: the flash kernels are not built in FP32).
 $(BUILD)/bench_attention: dev/cuda/bench_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 # FP8 cast kernels' timings (BF16 only: the FP8 layers are a BF16 build's).
 $(BUILD)/bench_fp8_cast: dev/cuda/bench_fp8_cast.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 # Muon's timings at the modern presets' shapes.
 $(BUILD)/bench_muon: dev/cuda/bench_muon.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 $(BUILD)/test_%_fp32: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@)
 
 test: cpu cuda
 	PYTHON="$(PYTHON)" bash scripts/run_tests.sh
@@ -146,4 +169,4 @@ FUZZ_TARGETS = $(patsubst dev/fuzz/%.cpp,$(BUILD)/%,$(FUZZ_SOURCES))
 fuzz: $(FUZZ_TARGETS)
 
 $(BUILD)/fuzz_%: dev/fuzz/fuzz_%.cpp dev/fuzz/fuzz_file.h $(LLMC_HEADERS) | $(BUILD)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) -I. $< -o $@
+	$(call build_step,$(FUZZ_CXX) $(FUZZ_FLAGS) -I. $< -o $@)
