@@ -21,7 +21,7 @@ int profile_main(int argc, char** argv) {
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
-  const OptimizerConfig opt = optimizer_config(recipe, recipe.optimizer);
+  const OptimizerConfig opt = optimizer_config(recipe);
   llmc::GPT2Config config;
   REQUIRE(llmc::config_from_preset(preset, &config, recipe.arch), "-e %s: not a preset (d12 d24 d36 d48 tiny)",
           preset.c_str());
@@ -54,8 +54,7 @@ int profile_main(int argc, char** argv) {
     gpt2_backward(m, B, T, true);
     cudaCheck(cudaEventRecord(events[3], m.stream));
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, opt, recipe.lr, 1.0f, recipe.beta1, recipe.beta2, recipe.eps, recipe.weight_decay,
-                recipe.grad_clip, norm);
+    gpt2_update(m, opt, recipe.lr, 1.0f, norm);
     gpt2_fp8_end_step(m, true);  // -fp8 2: the profiled step casts with the warm-up's history
     cudaCheck(cudaEventRecord(events[4], m.stream));
     cudaCheck(cudaEventSynchronize(events[4]));

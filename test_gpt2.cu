@@ -54,6 +54,11 @@ OptimizerConfig debug_state_optimizer(const llmc::DebugState& ref, const llmc::G
   OptimizerConfig opt;
   opt.muon = ref.muon;
   opt.muon_params = {ref.muon_lr, ref.muon_weight_decay, ref.muon_momentum};
+  opt.beta1 = ref.beta1;
+  opt.beta2 = ref.beta2;
+  opt.eps = ref.eps;
+  opt.weight_decay = ref.weight_decay;
+  opt.grad_clip = ref.grad_clip;
   using R = llmc::ParamRole;
   opt.lr_multiplier[(int)R::kEmbedding] = ref.lr_embedding;
   opt.lr_multiplier[(int)R::kMatrix] = ref.lr;
@@ -82,7 +87,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, debug_state_dloss(ref));
     gpt2_backward(m, ref.B, ref.T, true);
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, opt, 1.0f, 1.0f, ref.beta1, ref.beta2, ref.eps, ref.weight_decay, ref.grad_clip, norm);
+    gpt2_update(m, opt, 1.0f, 1.0f, norm);
     const float diff = std::fabs(step_loss - ref.losses[step]);
     max_diff = std::max(max_diff, diff);
     testing::check_verbose(diff <= tol,

@@ -983,13 +983,17 @@ unsigned long long* matmul_checksum = nullptr;  // device, one word
 
 void matmul_forget_choices() { matmul_choices.clear(); }
 
-void matmul_setup(bool allow_tf32) {
+// Fails unless a CUDA GPU is visible; `instead` ends the message (what would run without one).
+void require_gpu(const std::string& instead) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     cudaGetLastError();
-    LLMC_FAIL("no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); the CPU "
-              "trainer ./train_gpt2 runs without one");
+    LLMC_FAIL("no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)%s", instead.c_str());
   }
+}
+
+void matmul_setup(bool allow_tf32) {
+  require_gpu("");
   cublasCheck(cublasLtCreate(&cublaslt_handle));
   cublasCheck(cublasCreate(&cublas_handle));
   cublaslt_workspace = device_alloc<char>(kCublasWorkspaceBytes, "the cuBLASLt workspace");
@@ -5403,17 +5407,18 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
 // and AdamW for the rest. Each AdamW tensor's learning rate is the schedule's times its role's
 // multiplier: 1 in GPT-2's recipe; in the modern one, whose schedule peaks at 1 (-l scales
 // it), the reference's rate of each role. Muon's rate follows the schedule's shape.
+// Every hyperparameter of the update but the schedule's rate: one value, resolved at start-up.
 struct OptimizerConfig {
   bool muon = false;
   MuonParams muon_params = {0.025f, 0.05f, 0.95f};  // lr, weight decay, momentum
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;  // AdamW's
   float lr_multiplier[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // by llmc::ParamRole
   bool decay_vectors = false;  // AdamW's weight decay on the 1-D tensors too (the modern recipe)
+  float grad_clip = 1.0f;      // the gradient norm clipped to (<= 0: none)
 
   bool muon_owns(const llmc::ParamSpec& spec) const { return muon && spec.role == llmc::ParamRole::kMatrix; }
   float adamw_lr(const llmc::ParamSpec& spec, float lr) const { return lr * lr_multiplier[(int)spec.role]; }
-  float adamw_decay(const llmc::ParamSpec& spec, float weight_decay) const {
-    return spec.decayed || decay_vectors ? weight_decay : 0.0f;
-  }
+  float adamw_decay(const llmc::ParamSpec& spec) const { return spec.decayed || decay_vectors ? weight_decay : 0.0f; }
 };
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
@@ -5544,12 +5549,18 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   }
 }
 
-OptimizerConfig optimizer_config(const llmc::Recipe& r, llmc::OptimizerKind kind) {
+// The recipe's optimizers (the command line's flags then override what they name).
+OptimizerConfig optimizer_config(const llmc::Recipe& r) {
   OptimizerConfig opt;
-  opt.muon = kind == llmc::OptimizerKind::kMuon;
+  opt.muon = r.optimizer == llmc::OptimizerKind::kMuon;
   opt.muon_params = {r.muon_lr, r.muon_weight_decay, r.muon_momentum};
+  opt.beta1 = r.beta1;
+  opt.beta2 = r.beta2;
+  opt.eps = r.eps;
+  opt.weight_decay = r.weight_decay;
   for (int i = 0; i < 4; i++) opt.lr_multiplier[i] = r.role_lr[i];
   opt.decay_vectors = r.decay_vectors;
+  opt.grad_clip = r.grad_clip;
   return opt;
 }
 
@@ -5558,21 +5569,21 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r, llmc::OptimizerKind kind
 inline int tuning_steps(const GPT2& m) { return m.config.modern() ? 3 : 1; }
 
 // One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
-// AdamW with clipping at grad_clip (<= 0: none) and the schedule's lr; Muon (opt.muon) with its
-// rate times lr_fraction, the schedule's lr over its peak, its orthogonalisation spread over the
-// processes by muon_spread.
-void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fraction, float beta1, float beta2,
-                 float eps, float weight_decay, float grad_clip, float grad_norm,
+// AdamW with clipping at opt.grad_clip and the schedule's lr; Muon (opt.muon) with its rate times
+// lr_fraction, the schedule's lr over its peak, its orthogonalisation spread over the processes
+// by muon_spread.
+void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
   nvtxRangePush("update");
   m.optimizer_steps++;
   AdamWParams hp;
   hp.lr = lr;
-  hp.beta1 = beta1;
-  hp.beta2 = beta2;
-  hp.eps = eps;
-  hp.weight_decay = weight_decay;
-  hp.grad_scale = (grad_clip > 0.0f && grad_norm > grad_clip) ? grad_clip / (grad_norm + 1e-6f) : 1.0f;
+  hp.beta1 = opt.beta1;
+  hp.beta2 = opt.beta2;
+  hp.eps = opt.eps;
+  hp.weight_decay = opt.weight_decay;
+  const float clip = opt.grad_clip;
+  hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
   const uint32_t seed = m.rng.u32();
   AdamWSlices slices;
@@ -5582,7 +5593,7 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
     const size_t begin = std::max(o, m.shard_offset);
     const size_t end = std::min(o + spec.size, m.shard_offset + m.shard_size);
     if (begin >= end || opt.muon_owns(spec)) continue;
-    slices.add(begin, end - begin, begin - o, opt.adamw_lr(spec, lr), opt.adamw_decay(spec, weight_decay),
+    slices.add(begin, end - begin, begin - o, opt.adamw_lr(spec, lr), opt.adamw_decay(spec),
                seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1));
   }
   if (opt.muon) {
@@ -6547,22 +6558,6 @@ double flops_per_token(const GPT2& m, int T) {
   return 6.0 * ((double)m.num_params - untied) + 6.0 * c.num_layers * c.channels * (double)T;
 }
 
-// Loads -e: a checkpoint file, or a preset name (d12, d24, d36, d48, tiny) of the architecture
-// arch initialised from seed.
-llmc::GPT2Config load_or_init_params(const std::string& model, llmc::Arch arch, uint64_t seed,
-                                     std::vector<float>* values) {
-  llmc::GPT2Config config;
-  if (llmc::config_from_preset(model, &config, arch)) {
-    *values = llmc::init_params_from_seed(config, seed);
-    return config;
-  }
-  if (!llmc::file_exists(model)) {
-    LLMC_FAIL("-e %s: no such checkpoint file, and not a model preset (d12, d24, d36, d48, tiny)",
-              model.c_str());
-  }
-  return llmc::checkpoint_load(model, values);
-}
-
 #ifndef TESTING
 
 // The flags both trainers share (llmc/flags.h), and this trainer's own.
@@ -6578,10 +6573,13 @@ struct TrainArgs : llmc::TrainFlags {
   int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
-  // -recipe sets the defaults of the flags above it lists (apply_recipe) and the settings that
-  // have no flag; -opt "" takes the recipe's optimizer.
-  std::string recipe = "gpt2", optimizer;
+  // -recipe sets the defaults of the flags its help lists (apply_recipe) and the settings that
+  // have no flag.
+  const llmc::Recipe* recipe = &llmc::recipe_gpt2();
+  llmc::OptimizerKind optimizer = llmc::OptimizerKind::kAdamW;
   float muon_lr = 0.025f, muon_weight_decay = 0.05f, decay_fraction = 0.0f;
+  std::vector<std::string> given;  // the flags on the command line
+  OptimizerConfig update;          // resolved from the recipe and the flags (resolve_args)
 };
 
 // The recipe named by -recipe in args (GPT-2's without one), read before the flags are parsed:
@@ -6594,7 +6592,8 @@ const llmc::Recipe& recipe_of_args(const std::vector<std::string>& args) {
 }
 
 void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
-  a.recipe = r.name;
+  a.recipe = &r;
+  a.optimizer = r.optimizer;
   a.lr = r.lr;
   a.weight_decay = r.weight_decay;
   a.grad_clip = r.grad_clip;
@@ -6608,18 +6607,35 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.multi_gpu.zero_stage = r.zero_stage;
 }
 
-const llmc::Recipe& recipe_of(const TrainArgs& a) { return llmc::recipe_by_name(a.recipe, "-recipe"); }
+// The flags whose defaults -recipe sets (apply_recipe).
+const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-z",
+                                               "-b", "-t", "-ml", "-mw", "-zs"};
 
-llmc::OptimizerKind optimizer_of(const TrainArgs& a) {
-  return a.optimizer.empty() ? recipe_of(a).optimizer : llmc::parse_optimizer(a.optimizer, "-opt");
-}
-
-// The optimizers of the run: the recipe's, with -opt, -ml and -mw.
+// The optimizers of the run: the recipe's, with the flags that override them.
 OptimizerConfig run_optimizer(const TrainArgs& a) {
-  OptimizerConfig opt = optimizer_config(recipe_of(a), optimizer_of(a));
+  OptimizerConfig opt = optimizer_config(*a.recipe);
+  opt.muon = a.optimizer == llmc::OptimizerKind::kMuon;
+  opt.weight_decay = a.weight_decay;
+  opt.grad_clip = a.grad_clip;
   opt.muon_params.lr = a.muon_lr;
   opt.muon_params.weight_decay = a.muon_weight_decay;
   return opt;
+}
+
+// -recipe and -opt parse their names into what they name.
+llmc::Flag recipe_flag(TrainArgs& a) {
+  return {"-recipe", "recipe",
+          "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
+          "QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of -opt -l -c -gc "
+          "-k -kd -z -b -t -ml -mw -zs",
+          [&a](const char* text) { a.recipe = &llmc::recipe_by_name(text, "-recipe"); },
+          [&a] { return std::string(a.recipe->name); }};
+}
+
+llmc::Flag optimizer_flag(TrainArgs& a) {
+  return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
+          [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
+          [&a] { return std::string(llmc::optimizer_name(a.optimizer)); }};
 }
 
 constexpr const char* kQuickStart =
@@ -6632,7 +6648,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
   using llmc::text_flag;
   constexpr long kIntMax = INT32_MAX;
   llmc::LaunchFlags& launch = a.multi_gpu.launch;
-  return llmc::train_flags(a, {
+  std::vector<llmc::Flag> flags = llmc::train_flags(a, {
       float_flag("-sl", "skip: loss z-score", "skip the update when the loss's rolling z-score exceeds this (0: never)", &a.loss_z, 0.0f, FLT_MAX),
       float_flag("-sg", "skip: norm z-score", "skip the update when the grad norm's rolling z-score exceeds this (0: never)", &a.norm_z, 0.0f, FLT_MAX),
       float_flag("-temp", "temperature", "sampling temperature (0: greedy)", &a.temperature, 0.0f, FLT_MAX),
@@ -6661,12 +6677,17 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
-      text_flag("-recipe", "recipe", "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of -l -c -gc -k -kd -z -b -t -ml -mw -zs", &a.recipe),
-      text_flag("-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest (default: the recipe's)", &a.optimizer),
+      recipe_flag(a),
+      optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
   });
+  // What -l scales is the recipe's: one rate, or the roles' rates.
+  for (llmc::Flag& f : flags) {
+    if (std::string(f.name) == "-l") f.help = a.recipe->lr_help;
+  }
+  return flags;
 }
 
 // The checks that involve several flags, or a flag and this build; each flag's own range is
@@ -6685,13 +6706,12 @@ void validate_args(const TrainArgs& a) {
           "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
           PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
-  const llmc::Recipe& recipe = recipe_of(a);
-  optimizer_of(a);  // -opt's name
-  REQUIRE(!a.fp8 || recipe.arch == llmc::Arch::kGpt2,
+  REQUIRE(!a.fp8 || a.recipe->arch == llmc::Arch::kGpt2,
           "-fp8 %d: the FP8 layers are GPT-2's; -recipe %s's architecture runs in BF16: use -fp8 0", a.fp8,
-          recipe.name);
-  REQUIRE(a.decay_fraction == 0.0f || a.schedule == "wsd", "-kd %g is the decay of -k wsd: give -k wsd with it",
-          a.decay_fraction);
+          a.recipe->name);
+  const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
+  REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
+          "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
 }
 
 // The process count of this launch as multi_gpu_init finds it (mpirun's, or -pr/-pn's and
@@ -6764,10 +6784,10 @@ std::string architecture_description(const llmc::ArchSpec& s) {
 }
 
 // The optimizers' settings, the rates at the schedule's peak.
-std::string optimizer_description(const OptimizerConfig& opt, const llmc::Recipe& r) {
+std::string optimizer_description(const OptimizerConfig& opt) {
   const float* x = opt.lr_multiplier;
-  std::string adamw = llmc::strformat("AdamW betas %g %g eps %g, weight decay on %s", r.beta1, r.beta2, r.eps,
-                                      opt.decay_vectors ? "every tensor" : "the 2-D tensors");
+  std::string adamw = llmc::strformat("AdamW betas %g %g eps %g, weight decay on %s", opt.beta1, opt.beta2,
+                                      opt.eps, opt.decay_vectors ? "every tensor" : "the 2-D tensors");
   if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
     adamw += llmc::strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
   }
@@ -6793,8 +6813,8 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
   table.row("architecture", architecture_description(m.arch()));
-  table.row("optimizers", optimizer_description(run_optimizer(a), recipe_of(a)));
-  table.row("loss", recipe_of(a).loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
+  table.row("optimizers", optimizer_description(a.update));
+  table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   if (m.fp8) {
@@ -6812,11 +6832,13 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.print();
 }
 
-// The parameters a run starts from: FP32 values of -e's checkpoint file or preset, or -y 1's
-// model file as stored (whose model must be -e's when -e names a preset).
+// The parameters a run starts from: FP32 values of -e's checkpoint file, -e's preset initialised
+// from the seed (only once a GPU is found: at d48 that takes half a minute), or -y 1's model file
+// as stored (whose model must be -e's when -e names a preset).
 struct StartParams {
   llmc::GPT2Config config;
-  std::vector<float> values;      // empty where stored holds them
+  bool from_seed = false;         // -e's preset, whose values gpt2_init_start makes
+  std::vector<float> values;      // empty where stored holds them, or from the seed
   llmc::CheckpointParams stored;  // -y 1's model file
   double load_seconds = 0.0;
 };
@@ -6833,13 +6855,17 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
   const double start = llmc::wall_seconds();
   StartParams p;
   if (resume_step < 0) {
-    p.config = load_or_init_params(a.model, recipe_of(a).arch, a.seed, &p.values);
+    p.from_seed = llmc::config_from_preset(a.model, &p.config, a.recipe->arch);
+    if (!p.from_seed) {
+      llmc::require_model_file(a.model, "-y 1");
+      p.config = llmc::checkpoint_load(a.model, &p.values);
+    }
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
     llmc::GPT2Config requested;
-    if (llmc::config_from_preset(a.model, &requested, recipe_of(a).arch) && requested != p.config) {
+    if (llmc::config_from_preset(a.model, &requested, a.recipe->arch) && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
     }
@@ -6855,6 +6881,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
 double gpt2_init_start(GPT2& m, StartParams start, bool use_master_weights, uint64_t seed,
                        int shard_rank, int shard_count) {
   const double init_start = llmc::wall_seconds();
+  if (start.from_seed) start.values = llmc::init_params_from_seed(start.config, seed);
   if (const floatX* stored = stored_params(start.stored)) {
     gpt2_init_stored(m, start.config, stored, use_master_weights, seed, shard_rank, shard_count);
   } else {
@@ -6907,7 +6934,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   const llmc::GPT2Config& config = in.start.config;
   llmc::resolve_sample_length(a, config.max_seq_len);
   if (!a.prompt.empty()) return in;
-  const llmc::Recipe& recipe = recipe_of(a);
+  const llmc::Recipe& recipe = *a.recipe;
   if (config.arch != recipe.arch) {
     LLMC_FAIL("-e %s holds the %s architecture, but -recipe %s trains the %s one: give -recipe %s (-p "
               "generates with any)", a.model.c_str(), llmc::arch_spec(config.arch).name, recipe.name,
@@ -6960,7 +6987,6 @@ struct TrainRun {
   double total_ms = 0.0;
   int timed_steps = 0, skipped_updates = 0;
   std::unique_ptr<llmc::EtaEstimator> eta;
-  OptimizerConfig optimizer;
 };
 
 // Only the checkpoint at the end (or at a halt) gains nothing from buffers pinned for the run.
@@ -7021,7 +7047,6 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);
   r.schedule.decay_fraction = a.decay_fraction;
-  r.optimizer = run_optimizer(a);
   r.hellaswag = std::move(in.hellaswag);
   if (a.sample_every > 0 && !a.tokenizer.empty()) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
   // The checkpoints' pinned buffers come first, so that a resume reads its state into them. The
@@ -7174,7 +7199,7 @@ void print_step(TrainRun& r, int step, const StepResult& s) {
 // The gradient each logit's loss gets: of the mean over the step's tokens, or (the modern recipe)
 // of their sum, which the ranks' average of their gradients divides by the process count.
 float train_dloss(const TrainRun& r) {
-  if (recipe_of(r.a).loss_sum) return (float)r.mg.world;
+  if (r.a.recipe->loss_sum) return (float)r.mg.world;
   return 1.0f / ((float)r.a.B * r.a.T * r.accum_steps);
 }
 
@@ -7206,10 +7231,8 @@ bool train_step(TrainRun& r, int step) {
                          (a.norm_z > 0 && r.norm_outliers.is_spike(s.norm_score)));
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
-    const llmc::Recipe& recipe = recipe_of(a);
     const float lr_fraction = a.lr > 0.0f ? (float)(r.schedule.at(step) / a.lr) : 0.0f;
-    gpt2_update(m, r.optimizer, s.lr, lr_fraction, recipe.beta1, recipe.beta2, recipe.eps, a.weight_decay,
-                a.grad_clip, s.norm, r.muon_spread);
+    gpt2_update(m, a.update, s.lr, lr_fraction, s.norm, r.muon_spread);
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;
@@ -7282,6 +7305,41 @@ void print_run_end(TrainRun& r, int final_step) {
   r.summary->print(llmc::wall_seconds(), final_step);
 }
 
+// The flags of a parsed command line (the words at even places), then the checks between flags
+// and the settings they resolve to.
+void resolve_args(TrainArgs& a, const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); i += 2) a.given.push_back(args[i]);
+  validate_args(a);
+  a.update = run_optimizer(a);
+}
+
+// "; -t 1024 comes from -recipe modern: give -t to override it" for each flag the message names
+// whose value the recipe set, not the command line.
+std::string recipe_default_note(TrainArgs& a, const std::string& message) {
+  std::string note;
+  for (const llmc::Flag& f : train_flags(a)) {
+    const std::string name = f.name;
+    const bool from_recipe = std::count(kRecipeFlags.begin(), kRecipeFlags.end(), name) &&
+                             !std::count(a.given.begin(), a.given.end(), name);
+    const size_t at = (" " + message + " ").find(" " + name + " ");
+    if (!from_recipe || at == std::string::npos) continue;
+    note += llmc::strformat("; %s %s comes from -recipe %s: give %s to override it", f.name, f.show().c_str(),
+                            a.recipe->name, f.name);
+  }
+  return note;
+}
+
+// What runs without a GPU: the CPU trainer, where it takes this run (GPT-2, and only the flags
+// both trainers share; -recipe and -opt are this trainer's).
+std::string without_gpu(const TrainArgs& a, const llmc::GPT2Config& config) {
+  llmc::TrainFlags shared;
+  std::vector<std::string> cpu_flags;
+  for (const llmc::Flag& f : llmc::train_flags(shared)) cpu_flags.push_back(f.name);
+  bool cpu_takes = config.arch == llmc::Arch::kGpt2;
+  for (const std::string& flag : a.given) cpu_takes = cpu_takes && std::count(cpu_flags.begin(), cpu_flags.end(), flag);
+  return cpu_takes ? "; the CPU trainer ./train_gpt2 runs this without one" : "";
+}
+
 int train_main(int argc, char** argv) {
   const double run_start = llmc::wall_seconds();
   TrainArgs a;
@@ -7292,8 +7350,14 @@ int train_main(int argc, char** argv) {
                       kQuickStart, train_flags(a));
     return 0;
   }
-  validate_args(a);
-  RunInputs in = prepare_run(a, launch_world(a.multi_gpu));
+  RunInputs in;
+  try {
+    resolve_args(a, args);
+    in = prepare_run(a, launch_world(a.multi_gpu));
+  } catch (const llmc::Error& e) {
+    throw llmc::Error(e.what() + recipe_default_note(a, e.what()));
+  }
+  require_gpu(without_gpu(a, in.start.config));
   MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
   matmul_setup(a.tf32 != 0);
   GPT2 m;

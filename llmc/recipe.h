@@ -5,6 +5,7 @@
 // linear to zero. -recipe picks one; every flag given on the command line overrides its value.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "gpt2.h"
@@ -24,40 +25,63 @@ inline OptimizerKind parse_optimizer(const std::string& name, const char* flag) 
             "the rest)", flag, name.c_str());
 }
 
+// A recipe's settings, GPT-2's where no recipe sets another. The flags named in a field's
+// comment override it (the command line's value wins); the others have no flag.
 struct Recipe {
-  const char* name;
-  Arch arch;
-  OptimizerKind optimizer;
-  // AdamW: the schedule's peak (-l), betas, eps, weight decay (on the 2-D tensors, or on every
-  // AdamW tensor with decay_vectors), and each role's rate as a multiplier of the schedule's
-  // (by ParamRole: embedding, matrix, vector, head).
-  float lr, beta1, beta2, eps, weight_decay;
-  bool decay_vectors;
-  float role_lr[4];
-  float grad_clip;  // 0: none
-  float muon_lr, muon_weight_decay, muon_momentum;
-  bool loss_sum;  // the gradient of the summed token losses, not of their mean
-  // The schedule (-k), and with wsd the fraction of the steps it decays over (0: the last fifth).
-  const char* schedule;
-  float decay_fraction;
-  long total_batch_tokens;  // -z (-1: one micro batch)
-  int B, T;                 // T 0: the model's maximum
-  int zero_stage;           // -zs: 0 with Muon, which with 1 takes one more all-gather a step
+  const char* name = "gpt2";
+  Arch arch = Arch::kGpt2;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // -opt
+  // AdamW: the schedule's peak (-l), betas, eps, weight decay (-c; on the 2-D tensors, or on
+  // every AdamW tensor with decay_vectors), and each role's rate as a multiplier of the
+  // schedule's (by ParamRole: embedding, matrix, vector, head).
+  float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  bool decay_vectors = false;
+  float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  const char* lr_help = "peak learning rate";  // what -l means under the recipe
+  float grad_clip = 1.0f;                        // -gc; 0: none
+  float muon_lr = 0.025f, muon_weight_decay = 0.05f, muon_momentum = 0.95f;  // -ml, -mw
+  bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
+  // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
+  // fifth).
+  const char* schedule = "cosine";
+  float decay_fraction = 0.0f;
+  long total_batch_tokens = -1;  // -z (-1: one micro batch)
+  int B = 4, T = 0;              // -b, -t (T 0: the model's maximum)
+  int zero_stage = 1;            // -zs: 0 with Muon, which with 1 takes one more all-gather a step
 };
 
 inline const Recipe& recipe_gpt2() {
-  static const Recipe r = {"gpt2", Arch::kGpt2, OptimizerKind::kAdamW, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, false,
-                           {1.0f, 1.0f, 1.0f, 1.0f}, 1.0f, 0.025f, 0.05f, 0.95f, false, "cosine", 0.0f,
-                           -1, 4, 0, 1};
+  static const Recipe r;
   return r;
 }
 
 // The reference's rates: embedding 0.7, head 0.004, gains and biases 0.015, each times the
 // schedule (peak 1); the blocks' matrices with -opt adamw take the head's rate.
 inline const Recipe& recipe_modern() {
-  static const Recipe r = {"modern", Arch::kModern, OptimizerKind::kMuon, 1.0f, 0.8f, 0.95f, 1e-10f, 0.001f,
-                           true, {0.7f, 0.004f, 0.015f, 0.004f}, 0.0f, 0.025f, 0.05f, 0.95f, true, "wsd",
-                           0.7f, 524288, 64, 1024, 0};
+  static const Recipe r = [] {
+    Recipe m;
+    m.name = "modern";
+    m.arch = Arch::kModern;
+    m.optimizer = OptimizerKind::kMuon;
+    m.lr = 1.0f;
+    m.beta1 = 0.8f;
+    m.eps = 1e-10f;
+    m.weight_decay = 0.001f;
+    m.decay_vectors = true;
+    const float role_lr[4] = {0.7f, 0.004f, 0.015f, 0.004f};
+    std::copy(role_lr, role_lr + 4, m.role_lr);
+    m.lr_help = "scale of the per-role AdamW rates at the schedule's peak (at 1: embedding 0.7, "
+                "matrices and head 0.004, gains and biases 0.015)";
+    m.grad_clip = 0.0f;
+    m.loss_sum = true;
+    m.schedule = "wsd";
+    m.decay_fraction = 0.7f;
+    m.total_batch_tokens = 524288;
+    m.B = 64;
+    m.T = 1024;
+    m.zero_stage = 0;
+    return m;
+  }();
   return r;
 }
 

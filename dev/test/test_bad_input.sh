@@ -65,7 +65,7 @@ skip() {  # skip CASE WHY
 
 help=$("$TRAINER" --help 2>&1)
 help_status=$?
-has_flag() { grep -qE -- "^ +$1 " <<< "$help"; }
+has_flag() { grep -qE -- "^  $1 " <<< "$help"; }  # a flag's first line, not a wrapped help line
 # A CUDA trainer (it has -r) where no GPU is visible: only the checks before the GPU can be run.
 no_gpu=0
 if has_flag -r && ! gpu_visible; then
@@ -235,6 +235,16 @@ expect "-g above the model's max sequence length - 1" \
   "-g 64 is above the model's maximum sequence length - 1 = 63 .*use -g 63 or less" -g 64 -s 1
 expect "-tk naming no file" "-tk $DIR/no_tokenizer\.bin: no such vocabulary file" \
   -tk "$DIR/no_tokenizer.bin" -s 1
+# -tk's header is read before the GPU: a file of another kind, a shard or a folder is named as -tk's
+expect "-tk naming a text file (README.md)" \
+  "-tk README\.md: not a tokenizer vocabulary file \(magic -?[0-9]+, expected 20240328\): write one with build/write_tokenizer" \
+  -tk README.md -s 1
+expect "-tk naming a token shard" \
+  "-tk $DIR/train\.bin: not a tokenizer vocabulary file \(magic 20240520, expected 20240328\)" \
+  -tk "$DIR/train.bin" -s 1
+expect "-tk naming a folder" \
+  "-tk dev/data/gpt2 is a folder, not a vocabulary file; make one with dev/data/tinyshakespeare\.sh \(DIR/gpt2_tokenizer\.bin\), or leave -tk out" \
+  -tk dev/data/gpt2 -s 1
 
 # --- a file matched by both -i and -j: the validation loss would be of data trained on
 mkdir -p "$DIR/split"
@@ -244,12 +254,28 @@ expect "a shard matched by both -i and -j" \
   "$DIR/split/val\.bin is matched by both -i '$DIR/split/\*\.bin' and -j '$DIR/split/val\.bin'" \
   -i "$DIR/split/*.bin" -j "$DIR/split/val.bin" -v 1 -m 1
 
+# --- a -j shard that is a byte-for-byte copy of an -i shard, under another name
+mkdir -p "$DIR/copy"
+cp "$DIR/train.bin" "$DIR/copy/val.bin"
+expect "a -j shard that is a copy of an -i shard" \
+  "$DIR/copy/val\.bin \(-j '$DIR/copy/val\.bin'\) holds the same bytes as $DIR/train\.bin \(-i '$DIR/train\.bin'\)" \
+  -j "$DIR/copy/val.bin" -v 1 -m 1
+
 # --- checkpoints given with -e
 cp "$FIXTURE/model_00000002.bin" "$DIR/bad_magic.bin"
 printf '\x00\x00\x00\x00' | dd of="$DIR/bad_magic.bin" bs=4 count=1 conv=notrunc status=none
 head -c 1000000 "$FIXTURE/model_00000002.bin" > "$DIR/cut.bin"
 expect "missing checkpoint (-e path that does not exist)" \
   "-e $DIR/missing\.bin: no such checkpoint file" -e "$DIR/missing.bin"
+# A folder for -e: what -e takes, and (where the trainer resumes) the flags for the run in it
+if has_flag -y; then
+  folder_fix="; to resume the run in that folder: -o $KEEP -y 1"
+else
+  folder_fix=""
+fi
+expect "-e naming a folder (a finished run's)" \
+  "^error: -e $KEEP is a folder: -e takes a model file or a preset \(d12 d24 d36 d48 tiny\)$folder_fix\$" \
+  -e "$KEEP"
 expect "corrupt checkpoint (bad magic)" "bad_magic\.bin: not a GPT-2 checkpoint \(magic 0" \
   -e "$DIR/bad_magic.bin"
 expect "truncated checkpoint" "cut\.bin: checksum mismatch \(CRC-32 [0-9a-f]{8} in the header, [0-9a-f]{8} computed\): the file is damaged" \
@@ -371,7 +397,8 @@ fi
 check "--help: exit status" "$help_status" 0
 check "--help: the usage" "$(grep -c '^usage: ' <<< "$help")" 1
 if has_flag -hs; then
-  expect "-h alone where -h is HellaSwag" "flag -h needs a value" -h
+  expect "-h alone where -h is HellaSwag" \
+    "flag -h needs a value: .*HellaSwag.* \(--help for the usage\)\$" -h
 fi
 
 # --- the checkpoint tool's -i (once, with the CPU trainer)
@@ -412,11 +439,49 @@ else
   report "unwritable -o: a directory under a read-only one"
 fi
 
+# --- an -o that cannot be created (root passes /proc's permission check): refused before the GPU
+expect "-o /proc/x (a directory that cannot be created)" \
+  "-o /proc/x: the directory cannot be created: /proc is .*; give -o a directory you can write to" \
+  -o /proc/x
+
 # --- bad command lines
 expect "-b x (not a number)" "-b.*'x'.*integer" -b x
 expect "-l abc (not a number)" "-l.*'abc'.*number" -l abc
 expect "unknown flag" "unknown flag '-bogus'" -bogus 1
-expect "flag without a value" "flag -l needs a value" -l
+expect "flag without a value" "flag -l needs a value: .* \(--help for the usage\)\$" -l
+
+# --- the CUDA trainer's flags on the CPU trainer: named as the CUDA trainer's, not as unknown;
+# with a CUDA build here, every flag of its --help that the CPU trainer lacks (but -h, which asks
+# the CPU trainer for its usage)
+if ! has_flag -recipe; then
+  cuda_flag_error="is a flag of the CUDA trainer \(\./train_gpt2cu\), which this CPU trainer does not take: it trains GPT-2 in FP32 with AdamW only"
+  expect "-recipe modern on the CPU trainer" "-recipe $cuda_flag_error" -recipe modern
+  expect "-opt muon on the CPU trainer" "-opt $cuda_flag_error" -opt muon
+  if [ -x ./train_gpt2cu ]; then
+    misnamed=()
+    for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do
+      [ "$flag" = -h ] || has_flag "$flag" && continue
+      error=$("$TRAINER" "$flag" 1 2>&1 >/dev/null)
+      grep -qE -- "^error: $flag $cuda_flag_error" <<< "$error" || misnamed+=("$flag")
+    done
+    check "every flag of ./train_gpt2cu --help that $TRAINER lacks is named as the CUDA trainer's" \
+      "${misnamed[*]}" ""
+  else
+    skip "the CUDA trainer's flags on the CPU trainer, from its --help" "./train_gpt2cu is not built"
+  fi
+fi
+# --- a value that -recipe set, not the command line: the message says where it came from
+if has_flag -recipe; then
+  WATCH=("$KEEP")
+  attempt "^error: -t 1024 is above the model's maximum sequence length 64: use -t 64 or less; -t 1024 comes from -recipe modern: give -t to override it\$" \
+    -recipe modern -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -x 2 -o "$KEEP"
+  report "-recipe modern's -t above the tiny model's length"
+  # -k cosine leaves the recipe's wsd decay fraction unused, not an error
+  attempt "no CUDA GPU is visible" "${COMMON[@]}" -recipe modern -k cosine -z -1 -x 2
+  [ $no_gpu = 1 ] || problems=()
+  grep -q -- "-kd" "$err" && problems+=("-kd named, which the command line did not give")
+  report "-recipe modern -k cosine: the recipe's -kd is not named"
+fi
 expect "a stray word (an unquoted glob that the shell expanded)" "'$DIR/val\.bin'" \
   -i "$DIR/train.bin" "$DIR/val.bin"
 
@@ -459,6 +524,16 @@ if [ $no_gpu = 1 ]; then
     -e "$DIR/no_checksum.bin"
   [ -e "$DIR/good_run" ] && problems+=("$DIR/good_run was created before the GPU")
   report "good flags and files get as far as the GPU"
+  # The CPU trainer is suggested where it would take the command: GPT-2, and no flag of this one.
+  cpu_trainer="; the CPU trainer \./train_gpt2 runs this without one\$"
+  attempt "no CUDA GPU is visible.*$cpu_trainer" "${COMMON[@]}" -x 2
+  report "no GPU: a GPT-2 run with the shared flags names the CPU trainer"
+  for extra in "-recipe modern -t 64 -z -1" "-opt muon" "-recipe gpt2" "-fp8 1"; do
+    has_flag "${extra%% *}" || continue
+    # shellcheck disable=SC2086  # the flags' words
+    attempt "no CUDA GPU is visible \(check nvidia-smi and CUDA_VISIBLE_DEVICES\)\$" "${COMMON[@]}" -x 2 $extra
+    report "no GPU: $extra is this trainer's alone, so no CPU trainer is named"
+  done
 fi
 
 [ $skipped -gt 0 ] && echo "($skipped case(s) skipped, see above)"

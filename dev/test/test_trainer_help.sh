@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests the trainers' --help: each names a quick first run, and every flag line of the CPU
 # trainer's (the flags both share, llmc/flags.h: name, help and default) is in the CUDA trainer's
-# word for word; and the first screen of a CPU run of a large model names the quick first run.
+# word for word; with -recipe, the CUDA trainer's shows the recipe's values and meaning of -l; and the first screen of a CPU run of a large model names the quick first run.
 # The CUDA trainers are checked where they are built (`make test` builds them, and --help needs
 # no GPU); a missing one is named as skipped.
 #
@@ -9,6 +9,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source "$(dirname "$0")/lib.sh"
+
+# The help of one flag in --help's output on stdin, its wrapped lines joined by spaces.
+flag_help() {
+  awk -v flag="$1" '/^  -/ {on = $1 == flag} on {sub(/^ +/, ""); printf "%s%s", sep, $0; sep = " "}
+    END {print ""}'
+}
 
 # MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
 MAKEFLAGS= ${MAKE:-make} -s train_gpt2 || exit 1
@@ -53,6 +59,17 @@ for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
     "$(grep -c '^a quick first run: ./train_gpt2cu ' <<< "$cuda_help")" 1
   missing=$(grep -vxF -f <(grep -E '^  -' <<< "$cuda_help") <<< "$shared_lines")
   check "$trainer --help has every shared flag line of ./train_gpt2 --help" "$missing" ""
+  # With -recipe, --help shows what the recipe resolves each flag to, and what -l means under it.
+  modern_help=$("$trainer" -recipe modern --help)
+  check "$trainer -recipe modern --help: -opt's default is the recipe's optimizer" \
+    "$(flag_help -opt <<< "$modern_help" | grep -o '(default [a-z]*)$')" "(default muon)"
+  check "$trainer -recipe gpt2 --help: -opt's default is the recipe's optimizer" \
+    "$("$trainer" -recipe gpt2 --help | flag_help -opt | grep -o '(default [a-z]*)$')" "(default adamw)"
+  check "$trainer -recipe modern --help: -l scales the roles' rates" \
+    "$(flag_help -l <<< "$modern_help" | grep -c 'scale of the per-role AdamW rates.*(default 1)$')" 1
+  check "$trainer -recipe modern --help: -t is the recipe's" \
+    "$(flag_help -t <<< "$modern_help" | grep -o '(default [0-9]*)$')" "(default 1024)"
+  check "$trainer --help: no flag names two defaults" "$(grep -c 'default.*(default' <<< "$modern_help")" 0
 done
 
 finish test_trainer_help
