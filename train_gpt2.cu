@@ -1711,6 +1711,10 @@ void fp8_require_layer(int C, int OC) {
           "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
 }
 
+// Whether the FP8 layers fit an architecture: their casts compute LayerNorm's and GELU's outputs
+// (Fp8CastSource) and the fc layer's backward applies GELU' (matmul_backward_fp8).
+bool fp8_layers_support(const llmc::ArchSpec& a) { return !a.rms_norm && !a.relu2; }
+
 // How a layer's input and output-gradient casts scale.
 enum class Fp8Scaling {
   kCurrent,         // -fp8 1: from each tensor's own amax, an amax pass before its cast
@@ -4629,19 +4633,20 @@ struct ActSpec {
 // read (the layernorm backward reads the layer's input and statistics).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
 // logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
-// The modern architecture (count 0: absent in GPT-2's) keeps the embedding before its norm and
-// that norm's rstd, no means (RMSNorm), the QK-norm's rstd of each head's q and k, and without
-// flash attention the normalised and rotated qkv, which the permuted copy in qkvr cannot give back.
+// A tensor the architecture's switches leave out has count 0: the embedding before its norm and
+// that norm's rstd (embedding_norm), the norms' means (LayerNorm's, not RMSNorm's), the QK-norm's
+// rstd of each head's q and k, and without flash attention the normalised and rotated qkv, which
+// the permuted copy in qkvr cannot give back (qk_norm_rotary).
 void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
   const llmc::ArchSpec& arch = llmc::arch_spec(c.arch);
-  const size_t modern = c.modern() ? 1 : 0, means = arch.rms_norm ? 0 : 1;
+  const size_t embedding_norm = arch.embedding_norm ? 1 : 0, means = arch.rms_norm ? 0 : 1;
   const size_t qk = arch.qk_norm_rotary ? 1 : 0;
   const ActSpec table[kNumActTensors] = {
-      {"embedded", modern * BT * C, 1, false},
-      {"emb_rstd", modern * BT, 1, true},
+      {"embedded", embedding_norm * BT * C, 1, false},
+      {"emb_rstd", embedding_norm * BT, 1, true},
       {"encoded", BT * C, 1, false},
       {"ln1", BT * C, ln_per_layer ? L : 1, false},
       {"ln1_mean", means * BT, L, true},
@@ -4896,8 +4901,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   }
   // Column sums of up to 4C columns in kRowBlocks blocks, or in the FP8 casts' tiles of 128 rows
   // (the fc bias gradient with GELU' in the cast), or the flash backward's dqkv tile sums.
-  // The modern head's bias gradient sums Vp columns.
-  const size_t widest = c.modern() ? std::max(4 * C, (size_t)c.padded_vocab_size) : 4 * C;
+  // An untied head's bias gradient sums Vp columns.
+  const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
   m.partials = device_alloc<float>(partials, "the column-reduction partials");
@@ -4913,8 +4918,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.fp8_delayed = fp8 == 2;
   m.fp8_grad_format = grad_format;
   if (fp8) {
-    REQUIRE(!c.modern(), "-fp8 %d: the FP8 layers are GPT-2's; the modern architecture runs in BF16: "
-            "use -fp8 0", fp8);
+    REQUIRE(fp8_layers_support(m.arch()), "-fp8 %d: the FP8 layers are GPT-2's; the %s architecture runs in "
+            "BF16: use -fp8 0", fp8, m.arch().name);
     REQUIRE(sizeof(floatX) == 2,
             "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", fp8,
             PRECISION_NAME);
@@ -5553,9 +5558,9 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r, llmc::OptimizerKind kind
   return opt;
 }
 
-// The first steps of a process, whose products are tuned: the first; with the modern
-// architecture also the two after it (gpt2_update). Timings leave them out.
-inline int tuning_steps(const GPT2& m) { return m.config.modern() ? 3 : 1; }
+// The first steps of a process, whose products are tuned: the first; where the init zeroes the
+// output projections and the head, also the two after it (gpt2_update). Timings leave them out.
+inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
 // One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
 // AdamW with clipping at grad_clip (<= 0: none) and the schedule's lr; Muon (opt.muon) with its
@@ -5599,11 +5604,12 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
     m.adam_next = AdamWState();
   }
   m.fp8_weights_stale = true;
-  // The modern init zeroes the output projections and the head, so the first steps' products see
-  // zeros, on which algorithms of different summation orders give the same bits: the choices
-  // tuned there (fastest_matching_algo) could differ from those of a resumed process, tuned on
-  // trained weights. The head moves at the first update; the projections, whose gradients flow
-  // through it, at the second: the choices are made again after each (tuning_steps).
+  // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
+  // the first steps' products see zeros, on which algorithms of different summation orders give
+  // the same bits: the choices tuned there (fastest_matching_algo) could differ from those of a
+  // resumed process, tuned on trained weights. The head moves at the first update; the
+  // projections, whose gradients flow through it, at the second: the choices are made again after
+  // each (tuning_steps).
   if (m.optimizer_steps < tuning_steps(m)) matmul_forget_choices();
   nvtxRangePop();
 }
@@ -6687,7 +6693,7 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
   const llmc::Recipe& recipe = recipe_of(a);
   optimizer_of(a);  // -opt's name
-  REQUIRE(!a.fp8 || recipe.arch == llmc::Arch::kGpt2,
+  REQUIRE(!a.fp8 || fp8_layers_support(llmc::arch_spec(recipe.arch)),
           "-fp8 %d: the FP8 layers are GPT-2's; -recipe %s's architecture runs in BF16: use -fp8 0", a.fp8,
           recipe.name);
   REQUIRE(a.decay_fraction == 0.0f || a.schedule == "wsd", "-kd %g is the decay of -k wsd: give -k wsd with it",
