@@ -1,5 +1,7 @@
-// GPT-2 training in one CUDA file: every forward and backward kernel, the model, AdamW,
-// gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu,
+// Training GPT-2-like models in one CUDA file: two architectures, GPT-2's and a modern one
+// (modded-nanogpt's baseline: RMSNorm, QK-norm and rotary positions, ReLU^2, an untied head, a
+// soft cap), every forward and backward kernel, the model, the optimizers (AdamW, and Muon for the
+// blocks' matrices), gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu,
 // profile_gpt2.cu and the kernel tests in dev/cuda/ #define TESTING and #include this file.
 //
 // Contents
@@ -220,10 +222,9 @@ void pinned_host_free(void* p, size_t bytes) {
 }
 
 // Copies between the GPU and pageable host memory through two pinned pieces, returning once done.
-// The driver's own path for pageable memory ran at 1.0-1.4 GB/s on an H100 host (a d48
-// checkpoint's 21.8 GB took 16-22 s to the host, its 18.7 GB of AdamW state 14 s back at a
-// resume) against 55 GB/s from pinned memory: here the host side is a memcpy on several threads,
-// which overlaps the other piece's transfer. Small copies, and hosts that cannot pin the pieces,
+// The driver's own path for pageable memory runs at a small fraction of the speed of copies from
+// pinned memory (dev/cuda/NOTES.md): here the host side is a memcpy on several threads, which
+// overlaps the other piece's transfer. Small copies, and hosts that cannot pin the pieces,
 // take the direct path.
 constexpr size_t kPinnedPieceBytes = 64ul << 20;
 
@@ -1008,10 +1009,10 @@ void matmul_teardown() {
   cublasCheck(cublasLtDestroy(cublaslt_handle));
 }
 
-// cuBLASLt's first heuristic is often not its fastest algorithm (H200, d12 shapes: the lm head
-// 7.76 ms against 7.07 ms for its 7th candidate, the GELU forward 0.555 against 0.527), so the
-// first call of each product (beta = 0 only: it is run several times) times the candidates that
-// split K as the first does, and later calls reuse the fastest. Those compute every output with
+// cuBLASLt's first heuristic is often not its fastest algorithm (at d12, neither the lm head's nor
+// the GELU forward's: dev/cuda/NOTES.md), so the first call of each product (beta = 0 only: it is
+// run several times) times the candidates that split K as the first does, and later calls reuse
+// the fastest. Those compute every output with
 // the same instruction over K in the same order, so they give the first's bits; each one's output
 // is also checked against the first's (a position-weighted sum of its bits) before it may be
 // chosen, so the choice, which can differ between runs, never changes a result.
@@ -1460,9 +1461,9 @@ __global__ void __launch_bounds__(kFp8Threads)
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
   // The loads of a batch of pieces are issued before the first of their stores: the stores to
   // out could alias later loads as far as the compiler knows, so a loop of load, cast, store
-  // keeps one piece in flight per thread. The casts batch all of a thread's pieces (2.46 -> 2.61
-  // TB/s at 8192 x 6400, H100). With kTimesGeluGrad, two inputs a piece, batches of 4 held too
-  // many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65. With LayerNorm,
+  // keeps one piece in flight per thread. The casts batch all of a thread's pieces. With
+  // kTimesGeluGrad, two inputs a piece, batches of 4 held too many registers; batches of one
+  // piece, unrolled, ran fastest. With LayerNorm,
   // batches of 4 hold 80 registers (3 blocks an SM), batches of 2 hold 63 (4 blocks).
   constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
   constexpr int kBatch = kGeluGrad ? 1 : kInput == Fp8CastInput::kLayerNorm ? 2 : kLoads;
@@ -1764,7 +1765,7 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 // cast-transpose that reads dout anyway computes it, casts it and sums its columns for dbias,
 // and it is never written in BF16; otherwise it is written over dout before the amax. The BF16
 // layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an FP8
-// product cuBLASLt runs that epilogue as a kernel of its own (1.3 ms a layer at d12 B=64).
+// product cuBLASLt runs that epilogue as a kernel of its own, one more pass over dout.
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, floatX* dout,
                          const uint8_t* inp8_t, const Fp8Weight& w, const floatX* dout_pre_gelu,
                          Fp8Scale* inp_scale, Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N,
@@ -2111,10 +2112,9 @@ __device__ __forceinline__ int warp_in_group() { return (threadIdx.x / WARP_SIZE
 // index. Head after head, each head's tiles heaviest first, keeps the blocks that share a head's
 // K and V (or Q and dO) in L2 running together; but then the grid ends on the heavy tiles of its
 // last heads while most SMs idle. So the last tail_heads heads go heaviest first across those
-// heads. H100, d48 shape (B=8, NH=25, T=1024): forward 298 -> 322 TFLOP/s, backward 222 -> 224
-// (the Hopper dK/dV kernel ordered so). Heaviest first over all heads loses more to L2 misses
-// than it gains (forward 286 -> 278), and so did the tail in the dQ kernel (backward -2%) and in
-// the dK/dV kernel of head size 128 (-0.5%), which keep the order head after head. The tail
+// heads, which made the forward and the Hopper dK/dV kernel faster on the d48 shape. Heaviest
+// first over all heads loses more to L2 misses than it gains, and so did the tail in the dQ
+// kernel and in the dK/dV kernel of head size 128, which keep the order head after head. The tail
 // follows the GPU's SM count, but only when a block runs depends on it, not what it computes:
 // the bits of every result are the same on any GPU.
 struct CausalBlockWork {
@@ -2704,8 +2704,8 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t 
 }
 #endif
 
-// Query rows per block (two warpgroups of 64), keys per tile, and copy-ring stages (3 stages
-// measured 2-3% slower at head size 64: 2 blocks of 112 KiB barely fit an SM).
+// Query rows per block (two warpgroups of 64), keys per tile, and copy-ring stages (3 stages ran
+// slower at head size 64: 2 blocks of 112 KiB barely fit an SM).
 constexpr int kTmaForwardGroups = 2;
 constexpr int kTmaForwardThreads = kTmaForwardGroups * kThreads;
 constexpr int kTmaForwardKeys = 128;
@@ -2725,11 +2725,10 @@ constexpr size_t tma_forward_smem_bytes() {
 // The two warpgroups of a forward block take turns to issue their products: each waits for its
 // turn on a named barrier of its own (bar.sync) and passes the turn on the other's (bar.arrive)
 // once its products are issued. One warpgroup's softmax then runs while the other's products do,
-// instead of both waiting on the tensor cores at once and then both leaving them idle (H100, d12
-// shape: 330 -> 352 TFLOP/s). Warpgroup 1 gives warpgroup 0 the first turn and holds back its own
-// last pass, so that every barrier's arrivals match its waits. At head size 64 only the score
-// products take turns (also alternating the value products measured 8% slower); at head size 128
-// both do (3% faster than the scores alone).
+// instead of both waiting on the tensor cores at once and then both leaving them idle. Warpgroup
+// 1 gives warpgroup 0 the first turn and holds back its own last pass, so that every barrier's
+// arrivals match its waits. At head size 64 only the score products take turns (also alternating
+// the value products ran slower); at head size 128 both do (faster than the scores alone).
 template <int HS>
 constexpr bool value_products_take_turns() { return HS == 128; }
 
@@ -3056,7 +3055,7 @@ __device__ __forceinline__ void store_dkdv(floatX* dqkv, float* tile_sums, unsig
 // multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
 // tile_sums (optional, [B * gridDim.x][3C]): the column sums of the tile's dK and dV rows.
 // At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and serialises
-// some wgmma, but the extra warps hide more latency (H200, d12 shape: 201 -> 216 TFLOP/s).
+// some wgmma, but the extra warps hide more latency (faster on the d12 shape).
 template <int HS>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward_flash_dkdv_kernel(
     floatX* dqkv, float* tile_sums, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
@@ -3477,8 +3476,8 @@ int resident_blocks(const void* kernel, int threads, size_t smem_bytes) {
 
 // The heads whose tiles go heaviest first at the end of a causal grid (causal_block_work):
 // about three waves of blocks. By a count of greedy scheduling, from two waves on the d48 shape
-// ends within 3% of its ideal time; measured there, 33, 66 and 99 heads (this count) all gave
-// 321-322 TFLOP/s.
+// ends within 3% of its ideal time; measured there, tails of 33, 66 and 99 heads (this count)
+// ran equally fast.
 int tail_heads(int resident, int tiles) { return ceil_div(3 * resident, tiles); }
 
 // The softmax scale in base-2 units, rounded once from double precision (at GPT-2's scale the
@@ -3923,8 +3922,7 @@ constexpr int kNormBlocks = 1024;
 constexpr int kNormThreads = 512;
 
 // Each thread adds 16-byte pieces (while x is aligned to them) at a stride of the grid, then the
-// elements of the tail: one element at a time, the loads kept too few bytes in flight (H100, d48:
-// 2.4 ms for 3.1 GB of gradients).
+// elements of the tail: one element at a time, the loads kept too few bytes in flight.
 __global__ void norm_squared_partials_kernel(float* partials, const floatX* x, size_t n) {
   __shared__ float shared[WARP_SIZE];
   float sum = 0.0f;
@@ -4011,8 +4009,8 @@ __device__ __forceinline__ float adamw_element(float g, float& m, float& v, floa
 // otherwise. Optimizer state (m, v, master) is indexed from state_offset, the shard's first
 // element. master may be null (FP32 builds, or BF16 without master weights: the parameter is the
 // master). Every load is issued before any store, and the arrays are declared not to overlap:
-// otherwise each 16-byte piece's loads wait for the previous piece's stores, and the kernel moved
-// 1.0 TB/s instead of 2.27 (H100, 1.56e9 elements: 43.1 ms against 19.2).
+// otherwise each 16-byte piece's loads wait for the previous piece's stores, and the kernel ran
+// at less than half the bandwidth.
 // kMoved: the new state goes to to.m, to.v, to.master, other arrays than the old state's (the
 // step after a checkpoint, section 12); otherwise `to` is not touched and the update is in place.
 struct AdamWState {
@@ -4116,7 +4114,7 @@ void adamw_update(floatX* params, float* master, const floatX* grads, float* m, 
 // group (no atomics), and the Frobenius norms add per-tile block trees, then a fixed tree per
 // matrix, so the results are deterministic and do not depend on which matrices a call covers.
 // FLOPs per matrix and iteration 2m^2n + 2m^3 + 2m^2n: at d12 (48 of 768x768, 24 of 768x3072)
-// 3.9 TFLOP a step, 6.5 ms at 600 TFLOP/s (measured on an H100: 8.2 ms). The elementwise kernels
+// 3.9 TFLOP a step, 6.5 ms at 600 TFLOP/s. The elementwise kernels
 // move 12 bytes an element in (g, m, X), 4 to normalise, 14 out (X, master, p): 2.5 GB at d12.
 
 struct MuonParams {
@@ -4677,7 +4675,7 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
-  kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kResidual3, kLnf, kLnfMean, kLnfRstd,
+  kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kNumActTensors
 };
 
@@ -4689,8 +4687,9 @@ struct ActSpec {
   size_t bytes() const { return count * layers * (fp32 ? 4 : sizeof(floatX)); }
 };
 
-// gelu_per_layer false: one layer's worth of GELU outputs is kept, since the backward pass does
-// not read them: it recomputes them (-r 1), or reads the FP8 layers' transposed casts instead.
+// act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
+// kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
+// layers' transposed casts instead.
 // ln_per_layer false (FP8): likewise the layernorm outputs ln1 and ln2, which only the FP8 casts
 // read (the layernorm backward reads the layer's input and statistics).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
@@ -4699,7 +4698,7 @@ struct ActSpec {
 // that norm's rstd (embedding_norm), the norms' means (LayerNorm's, not RMSNorm's), the QK-norm's
 // rstd of each head's q and k, and without flash attention the normalised and rotated qkv, which
 // the permuted copy in qkvr cannot give back (qk_norm_rotary).
-void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_layer, bool ln_per_layer,
+void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
@@ -4723,7 +4722,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_lay
       {"ln2_mean", means * BT, L, true},
       {"ln2_rstd", BT, L, true},
       {"fch", BT * 4 * C, L, false},
-      {"fch_gelu", BT * 4 * C, gelu_per_layer ? L : 1, false},
+      {"fch_act", BT * 4 * C, act_per_layer ? L : 1, false},
       {"residual3", BT * C, L, false},
       {"lnf", BT * C, 1, false},
       {"lnf_mean", means * BT, 1, true},
@@ -4755,9 +4754,10 @@ struct GPT2 {
   size_t num_params = 0;
   floatX* params = nullptr;
   floatX* grads = nullptr;
-  // wte is tied to the lm head: its gradient has two contributions per micro step. The encoder's
-  // part accumulates here over the micro steps and is added to grads once, on the last one, so
-  // that k micro steps of a batch sum in the same order as one step of k times the batch.
+  // The encoder's part of wte's gradient accumulates here over the micro steps and is added to
+  // grads once, on the last one: with a tied head (GPT-2) wte's gradient has a second
+  // contribution, the head's, each micro step, and so k micro steps of a batch sum in the same
+  // order as one step of k times the batch.
   floatX* wte_grad_encoder = nullptr;
   float* master = nullptr;  // FP32 master weights (BF16 builds with -w 1)
   float* adam_m = nullptr;
@@ -4935,8 +4935,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.B = B;
   m.T = T;
   m.recompute = recompute;
-  const bool gelu_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
-  activation_table(c, B, T, gelu_per_layer, ln_per_layer, m.act_specs);
+  const bool act_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
+  activation_table(c, B, T, act_per_layer, ln_per_layer, m.act_specs);
   size_t bytes = 0;
   for (int i = 0; i < kNumActTensors; i++) {
     bytes += llmc::round_up(m.act_specs[i].bytes(), 256);
@@ -5370,11 +5370,11 @@ void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc)
   const bool relu2 = m.arch().relu2;
   // FP8's fcproj backward reads the transposed cast its forward kept, not the activation's output.
   if (m.recompute >= 1 && !m.fp8) {
-    if (relu2) relu2_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
-    else gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
+    if (relu2) relu2_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
+    else gelu_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
   }
   const floatX* pre_gelu = relu2 ? nullptr : m.act(kFch, l);
-  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l), pre_gelu,
+  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchAct, l), pre_gelu,
                        N, seed_fcproj);
   if (relu2) relu2_backward_inplace(m.scratch_bt4c, m.act(kFch, l), n, m.stream);
   gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_gelu, N,
@@ -5463,7 +5463,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
 // Layer l's training activations for B x T tokens. With delayed FP8 scaling (fp8_sources) the
 // casts of the qkv, fc and fcproj layers' inputs compute them from what comes before
 // (Fp8CastSource), since their scales are known before the values exist: the norms ln1 and ln2
-// write their row statistics alone, the fc product GELU's input alone, and kLn1, kLn2 and kFchGelu
+// write their row statistics alone, the fc product GELU's input alone, and kLn1, kLn2 and kFchAct
 // are not written (2 bytes a value of 2 [N, C] and one [N, 4C] fewer). FP8's backward reads the
 // casts' transposed copies instead, so with FP8 these three are one layer's buffers
 // (gpt2_allocate), for the other scalings' casts.
@@ -5489,7 +5489,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.proj = m.scratch_btc;
   r.residual2 = m.act(kResidual2, l);
   r.fch = m.act(kFch, l);
-  r.fch_act = m.act(kFchGelu, l);
+  r.fch_act = m.act(kFchAct, l);
   r.residual3 = m.act(kResidual3, l);
   return r;
 }
@@ -5948,9 +5948,9 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 //    run beside the next step's forward and backward passes, and that step's update, which
 //    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
 //    the copies, then writes, syncs and renames each file.
-//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB, about 0.4 s
-//    against a 175 ms step), so where the GPU has the memory to spare a snapshot stays on the GPU:
-//    the parameters are copied there in stream order (3.1 GB at d48, about 2 ms), and AdamW's
+//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB), so where the
+//    GPU has the memory to spare a snapshot stays on the GPU: the parameters are copied there in
+//    stream order (3.1 GB at d48, a small part of a step), and AdamW's
 //    state is not copied at all: the next update writes its new state into a second set of
 //    arrays and the model goes on with those (GPT2::adam_next), leaving the checkpoint's. The
 //    writer's thread takes both to the host a piece at a time during the steps that follow
@@ -6183,7 +6183,7 @@ void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optim
 // buffers (allocated here without -ac).
 void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
   if (checkpoint_has_snapshot(ck)) {
-    // In stream order: 3.1 GB at d48, about 2 ms at the 1.5 TB/s a device copy measured (H100).
+    // In stream order: a device copy, a small part of a step (3.1 GB at d48).
     if (rank == 0) {
       cudaCheck(cudaMemcpyAsync(ck.params_snapshot, m.params, checkpoint_param_bytes(m, rank),
                                 cudaMemcpyDeviceToDevice, m.stream));
@@ -6204,11 +6204,11 @@ void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
 }
 
 // On the writer's thread: the snapshot into the host buffers, a piece at a time. The GPU's copy
-// engine runs copies to the host in the order they were queued, whatever their stream (an H100
-// measurement: a 64-byte read on another stream waited for all of 4 GiB queued before it, in one
-// copy or in 16 MiB pieces). With the whole snapshot queued at once, each loss and norm the next
-// steps read waited for all of it: 0.4 s at d48 (21.8 GB over PCIe at 55 GB/s). One piece in
-// flight at a time, such a read waits for a piece at most (64 MiB: about 1.2 ms).
+// engine runs copies to the host in the order they were queued, whatever their stream (on an
+// H100 a small read on another stream waited for everything queued before it, in one copy or in
+// pieces). With the whole snapshot queued at once, each loss and norm the next steps read waited
+// for all of it to cross PCIe. One piece in flight at a time, such a read waits for a piece at
+// most (64 MiB).
 constexpr size_t kSnapshotPieceBytes = 64ul << 20;
 
 void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, size_t state_count) {
@@ -6382,10 +6382,10 @@ constexpr int kAbortGraceSeconds = 10;
 struct MultiGpuOptions {
   llmc::LaunchFlags launch;
   int timeout_s = 300;  // -ct
-  // Defaults measured fastest on two H200s (d12 B=64, d48 B=8): ZeRO-1 with one reduce-scatter
-  // after the backward pass ran x1.977 and x1.983 one GPU's tokens/s; all-reduce after it x1.968
-  // and x1.924; per-layer reduction during it x1.936 and x1.869 (its NCCL kernels take SMs from
-  // the backward pass, and the power-capped clock drops further while both run).
+  // The defaults ran fastest on two GPUs (dev/cuda/NOTES.md): ZeRO-1 with one reduce-scatter
+  // after the backward pass, ahead of an all-reduce after it and of a per-layer reduction during
+  // it (whose NCCL kernels take SMs from the backward pass, and the power-capped clock drops
+  // further while both run).
   int zero_stage = 1;   // -zs
   int overlap = 0;      // -ov
 };
