@@ -572,9 +572,9 @@ struct GPT2 {
   bool has_targets = false;
 
   GPT2(const GPT2Config& c, std::vector<float> values) : config(c), params(std::move(values)) {
-    if (c.modern()) {
-      LLMC_FAIL("the CPU trainer runs GPT-2's architecture only, not the modern one (%s): train "
-                "it with train_gpt2cu", c.describe().c_str());
+    if (c.arch != llmc::Arch::kGpt2) {
+      LLMC_FAIL("the CPU trainer runs GPT-2's architecture only, not the %s one (%s): train "
+                "it with train_gpt2cu", llmc::arch_spec(c.arch).name, c.describe().c_str());
     }
     llmc::param_table(c, param_specs);
     llmc::param_offsets(c, param_offsets);

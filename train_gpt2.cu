@@ -1,5 +1,7 @@
-// GPT-2 training in one CUDA file: every forward and backward kernel, the model, AdamW,
-// gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu,
+// Training GPT-2-like models in one CUDA file: two architectures, GPT-2's and a modern one
+// (modded-nanogpt's baseline: RMSNorm, QK-norm and rotary positions, ReLU^2, an untied head, a
+// soft cap), every forward and backward kernel, the model, the optimizers (AdamW, and Muon for the
+// blocks' matrices), gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu,
 // profile_gpt2.cu and the kernel tests in dev/cuda/ #define TESTING and #include this file.
 //
 // Contents
@@ -11,14 +13,16 @@
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products)
 //   6. Attention                  QK-norm and rotary positions; causal multi-head attention: flash
-//                                 kernels (BF16), batched GEMMs
+//                                 kernels (BF16), batched GEMMs; one query against a KV cache
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits, optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz)
 //  10. Model                      parameter and activation tables, the architectures' steps
-//                                 (GPT-2's or the modern one's), forward, backward, update
-//  11. Generation                 decoding with a KV cache, temperature and top-k sampling
+//                                 (GPT-2's or the modern one's), the block (forward and backward,
+//                                 written once), the training passes, the optimizers' update
+//  11. Generation                 decoding with a KV cache through the block, temperature and
+//                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
 //  13. Multi-GPU                  NCCL data parallel (overlapped reduction, ZeRO-1), launched by
 //                                 mpirun, srun or by hand (rendezvous), no-progress watchdog
@@ -218,10 +222,9 @@ void pinned_host_free(void* p, size_t bytes) {
 }
 
 // Copies between the GPU and pageable host memory through two pinned pieces, returning once done.
-// The driver's own path for pageable memory ran at 1.0-1.4 GB/s on an H100 host (a d48
-// checkpoint's 21.8 GB took 16-22 s to the host, its 18.7 GB of AdamW state 14 s back at a
-// resume) against 55 GB/s from pinned memory: here the host side is a memcpy on several threads,
-// which overlaps the other piece's transfer. Small copies, and hosts that cannot pin the pieces,
+// The driver's own path for pageable memory runs at a small fraction of the speed of copies from
+// pinned memory (dev/cuda/NOTES.md): here the host side is a memcpy on several threads, which
+// overlaps the other piece's transfer. Small copies, and hosts that cannot pin the pieces,
 // take the direct path.
 constexpr size_t kPinnedPieceBytes = 64ul << 20;
 
@@ -1010,10 +1013,10 @@ void matmul_teardown() {
   cublasCheck(cublasLtDestroy(cublaslt_handle));
 }
 
-// cuBLASLt's first heuristic is often not its fastest algorithm (H200, d12 shapes: the lm head
-// 7.76 ms against 7.07 ms for its 7th candidate, the GELU forward 0.555 against 0.527), so the
-// first call of each product (beta = 0 only: it is run several times) times the candidates that
-// split K as the first does, and later calls reuse the fastest. Those compute every output with
+// cuBLASLt's first heuristic is often not its fastest algorithm (at d12, neither the lm head's nor
+// the GELU forward's: dev/cuda/NOTES.md), so the first call of each product (beta = 0 only: it is
+// run several times) times the candidates that split K as the first does, and later calls reuse
+// the fastest. Those compute every output with
 // the same instruction over K in the same order, so they give the first's bits; each one's output
 // is also checked against the first's (a position-weighted sum of its bits) before it may be
 // chosen, so the choice, which can differ between runs, never changes a result.
@@ -1462,9 +1465,9 @@ __global__ void __launch_bounds__(kFp8Threads)
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
   // The loads of a batch of pieces are issued before the first of their stores: the stores to
   // out could alias later loads as far as the compiler knows, so a loop of load, cast, store
-  // keeps one piece in flight per thread. The casts batch all of a thread's pieces (2.46 -> 2.61
-  // TB/s at 8192 x 6400, H100). With kTimesGeluGrad, two inputs a piece, batches of 4 held too
-  // many registers (2.13 TB/s); batches of one piece, unrolled, ran at 2.65. With LayerNorm,
+  // keeps one piece in flight per thread. The casts batch all of a thread's pieces. With
+  // kTimesGeluGrad, two inputs a piece, batches of 4 held too many registers; batches of one
+  // piece, unrolled, ran fastest. With LayerNorm,
   // batches of 4 hold 80 registers (3 blocks an SM), batches of 2 hold 63 (4 blocks).
   constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
   constexpr int kBatch = kGeluGrad ? 1 : kInput == Fp8CastInput::kLayerNorm ? 2 : kLoads;
@@ -1715,6 +1718,10 @@ void fp8_require_layer(int C, int OC) {
           "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
 }
 
+// Whether the FP8 layers fit an architecture: their casts compute LayerNorm's and GELU's outputs
+// (Fp8CastSource) and the fc layer's backward applies GELU' (matmul_backward_fp8).
+bool fp8_layers_support(const llmc::ArchSpec& a) { return !a.rms_norm && !a.relu2; }
+
 // How a layer's input and output-gradient casts scale.
 enum class Fp8Scaling {
   kCurrent,         // -fp8 1: from each tensor's own amax, an amax pass before its cast
@@ -1762,7 +1769,7 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 // cast-transpose that reads dout anyway computes it, casts it and sums its columns for dbias,
 // and it is never written in BF16; otherwise it is written over dout before the amax. The BF16
 // layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an FP8
-// product cuBLASLt runs that epilogue as a kernel of its own (1.3 ms a layer at d12 B=64).
+// product cuBLASLt runs that epilogue as a kernel of its own, one more pass over dout.
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, floatX* dout,
                          const uint8_t* inp8_t, const Fp8Weight& w, const floatX* dout_pre_gelu,
                          Fp8Scale* inp_scale, Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N,
@@ -2109,10 +2116,9 @@ __device__ __forceinline__ int warp_in_group() { return (threadIdx.x / WARP_SIZE
 // index. Head after head, each head's tiles heaviest first, keeps the blocks that share a head's
 // K and V (or Q and dO) in L2 running together; but then the grid ends on the heavy tiles of its
 // last heads while most SMs idle. So the last tail_heads heads go heaviest first across those
-// heads. H100, d48 shape (B=8, NH=25, T=1024): forward 298 -> 322 TFLOP/s, backward 222 -> 224
-// (the Hopper dK/dV kernel ordered so). Heaviest first over all heads loses more to L2 misses
-// than it gains (forward 286 -> 278), and so did the tail in the dQ kernel (backward -2%) and in
-// the dK/dV kernel of head size 128 (-0.5%), which keep the order head after head. The tail
+// heads, which made the forward and the Hopper dK/dV kernel faster on the d48 shape. Heaviest
+// first over all heads loses more to L2 misses than it gains, and so did the tail in the dQ
+// kernel and in the dK/dV kernel of head size 128, which keep the order head after head. The tail
 // follows the GPU's SM count, but only when a block runs depends on it, not what it computes:
 // the bits of every result are the same on any GPU.
 struct CausalBlockWork {
@@ -2702,8 +2708,8 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t 
 }
 #endif
 
-// Query rows per block (two warpgroups of 64), keys per tile, and copy-ring stages (3 stages
-// measured 2-3% slower at head size 64: 2 blocks of 112 KiB barely fit an SM).
+// Query rows per block (two warpgroups of 64), keys per tile, and copy-ring stages (3 stages ran
+// slower at head size 64: 2 blocks of 112 KiB barely fit an SM).
 constexpr int kTmaForwardGroups = 2;
 constexpr int kTmaForwardThreads = kTmaForwardGroups * kThreads;
 constexpr int kTmaForwardKeys = 128;
@@ -2723,11 +2729,10 @@ constexpr size_t tma_forward_smem_bytes() {
 // The two warpgroups of a forward block take turns to issue their products: each waits for its
 // turn on a named barrier of its own (bar.sync) and passes the turn on the other's (bar.arrive)
 // once its products are issued. One warpgroup's softmax then runs while the other's products do,
-// instead of both waiting on the tensor cores at once and then both leaving them idle (H100, d12
-// shape: 330 -> 352 TFLOP/s). Warpgroup 1 gives warpgroup 0 the first turn and holds back its own
-// last pass, so that every barrier's arrivals match its waits. At head size 64 only the score
-// products take turns (also alternating the value products measured 8% slower); at head size 128
-// both do (3% faster than the scores alone).
+// instead of both waiting on the tensor cores at once and then both leaving them idle. Warpgroup
+// 1 gives warpgroup 0 the first turn and holds back its own last pass, so that every barrier's
+// arrivals match its waits. At head size 64 only the score products take turns (also alternating
+// the value products ran slower); at head size 128 both do (faster than the scores alone).
 template <int HS>
 constexpr bool value_products_take_turns() { return HS == 128; }
 
@@ -3054,7 +3059,7 @@ __device__ __forceinline__ void store_dkdv(floatX* dqkv, float* tile_sums, unsig
 // multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
 // tile_sums (optional, [B * gridDim.x][3C]): the column sums of the tile's dK and dV rows.
 // At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and serialises
-// some wgmma, but the extra warps hide more latency (H200, d12 shape: 201 -> 216 TFLOP/s).
+// some wgmma, but the extra warps hide more latency (faster on the d12 shape).
 template <int HS>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward_flash_dkdv_kernel(
     floatX* dqkv, float* tile_sums, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
@@ -3475,8 +3480,8 @@ int resident_blocks(const void* kernel, int threads, size_t smem_bytes) {
 
 // The heads whose tiles go heaviest first at the end of a causal grid (causal_block_work):
 // about three waves of blocks. By a count of greedy scheduling, from two waves on the d48 shape
-// ends within 3% of its ideal time; measured there, 33, 66 and 99 heads (this count) all gave
-// 321-322 TFLOP/s.
+// ends within 3% of its ideal time; measured there, tails of 33, 66 and 99 heads (this count)
+// ran equally fast.
 int tail_heads(int resident, int tiles) { return ceil_div(3 * resident, tiles); }
 
 // The softmax scale in base-2 units, rounded once from double precision (at GPT-2's scale the
@@ -3591,6 +3596,66 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scale, (void)stream;
 #endif
+}
+
+// ---- Decoding: one query against a KV cache ----
+// The attention of one token at position t (section 11): one block per head writes the new key
+// and value into the cache, scores all positions up to t, softmaxes them with fixed-order block
+// reductions (deterministic) and sums the values. Floor: reading the t + 1 keys and values once.
+
+constexpr int kDecodeThreads = 128;
+
+// qkv: [3, NH, HS] of the new token at position t; out: [NH, HS]. k_cache, v_cache [NH, maxT, HS].
+// Dynamic shared memory: (t + 1) floats of scores.
+__global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_cache,
+                                        const floatX* qkv, int t, int max_t, int NH, int HS,
+                                        float scale) {
+  extern __shared__ float scores[];
+  __shared__ float reduce[WARP_SIZE];
+  const int h = blockIdx.x, C = NH * HS;
+  const floatX* q = qkv + h * HS;
+  floatX* keys = k_cache + (size_t)h * max_t * HS;
+  floatX* values = v_cache + (size_t)h * max_t * HS;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    keys[(size_t)t * HS + d] = qkv[C + h * HS + d];
+    values[(size_t)t * HS + d] = qkv[2 * C + h * HS + d];
+  }
+  __syncthreads();
+  float local_max = -FLT_MAX;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    float dot = 0.0f;
+    for (int d = 0; d < HS; d++) dot += (float)q[d] * (float)keys[(size_t)j * HS + d];
+    scores[j] = dot * scale;
+    local_max = fmaxf(local_max, scores[j]);
+  }
+  local_max = warp_reduce_max(local_max);
+  __syncthreads();
+  if (threadIdx.x % WARP_SIZE == 0) reduce[threadIdx.x / WARP_SIZE] = local_max;
+  __syncthreads();
+  float max_score = -FLT_MAX;
+  for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) max_score = fmaxf(max_score, reduce[w]);
+  float local_sum = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    scores[j] = expf(scores[j] - max_score);
+    local_sum += scores[j];
+  }
+  const float inv_sum = 1.0f / block_reduce_sum(local_sum, reduce);
+  __syncthreads();
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= t; j++) acc += scores[j] * (float)values[(size_t)j * HS + d];
+    out[h * HS + d] = (floatX)(acc * inv_sum);
+  }
+}
+
+// out [NH, HS] from the token's qkv [3, NH, HS]; its key and value go into k_cache and v_cache
+// [NH, max_t, HS] at position t.
+void attention_forward_decode(floatX* out, floatX* k_cache, floatX* v_cache, const floatX* qkv, int t, int max_t,
+                              int NH, int HS, float scale, cudaStream_t stream) {
+  REQUIRE(t >= 0 && t < max_t, "attention_forward_decode: position %d outside the cache's %d", t, max_t);
+  attention_decode_kernel<<<NH, kDecodeThreads, (t + 1) * sizeof(float), stream>>>(out, k_cache, v_cache, qkv, t,
+                                                                                   max_t, NH, HS, scale);
+  cudaCheckLaunch();
 }
 
 // ============================================================================
@@ -3861,8 +3926,7 @@ constexpr int kNormBlocks = 1024;
 constexpr int kNormThreads = 512;
 
 // Each thread adds 16-byte pieces (while x is aligned to them) at a stride of the grid, then the
-// elements of the tail: one element at a time, the loads kept too few bytes in flight (H100, d48:
-// 2.4 ms for 3.1 GB of gradients).
+// elements of the tail: one element at a time, the loads kept too few bytes in flight.
 __global__ void norm_squared_partials_kernel(float* partials, const floatX* x, size_t n) {
   __shared__ float shared[WARP_SIZE];
   float sum = 0.0f;
@@ -3949,8 +4013,8 @@ __device__ __forceinline__ float adamw_element(float g, float& m, float& v, floa
 // otherwise. Optimizer state (m, v, master) is indexed from state_offset, the shard's first
 // element. master may be null (FP32 builds, or BF16 without master weights: the parameter is the
 // master). Every load is issued before any store, and the arrays are declared not to overlap:
-// otherwise each 16-byte piece's loads wait for the previous piece's stores, and the kernel moved
-// 1.0 TB/s instead of 2.27 (H100, 1.56e9 elements: 43.1 ms against 19.2).
+// otherwise each 16-byte piece's loads wait for the previous piece's stores, and the kernel ran
+// at less than half the bandwidth.
 // kMoved: the new state goes to to.m, to.v, to.master, other arrays than the old state's (the
 // step after a checkpoint, section 12); otherwise `to` is not touched and the update is in place.
 struct AdamWState {
@@ -4054,7 +4118,7 @@ void adamw_update(floatX* params, float* master, const floatX* grads, float* m, 
 // group (no atomics), and the Frobenius norms add per-tile block trees, then a fixed tree per
 // matrix, so the results are deterministic and do not depend on which matrices a call covers.
 // FLOPs per matrix and iteration 2m^2n + 2m^3 + 2m^2n: at d12 (48 of 768x768, 24 of 768x3072)
-// 3.9 TFLOP a step, 6.5 ms at 600 TFLOP/s (measured on an H100: 8.2 ms). The elementwise kernels
+// 3.9 TFLOP a step, 6.5 ms at 600 TFLOP/s. The elementwise kernels
 // move 12 bytes an element in (g, m, X), 4 to normalise, 14 out (X, master, p): 2.5 GB at d12.
 
 struct MuonParams {
@@ -4615,7 +4679,7 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
-  kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchGelu, kResidual3, kLnf, kLnfMean, kLnfRstd,
+  kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kNumActTensors
 };
 
@@ -4627,25 +4691,27 @@ struct ActSpec {
   size_t bytes() const { return count * layers * (fp32 ? 4 : sizeof(floatX)); }
 };
 
-// gelu_per_layer false: one layer's worth of GELU outputs is kept, since the backward pass does
-// not read them: it recomputes them (-r 1), or reads the FP8 layers' transposed casts instead.
+// act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
+// kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
+// layers' transposed casts instead.
 // ln_per_layer false (FP8): likewise the layernorm outputs ln1 and ln2, which only the FP8 casts
 // read (the layernorm backward reads the layer's input and statistics).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
 // logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
-// The modern architecture (count 0: absent in GPT-2's) keeps the embedding before its norm and
-// that norm's rstd, no means (RMSNorm), the QK-norm's rstd of each head's q and k, and without
-// flash attention the normalised and rotated qkv, which the permuted copy in qkvr cannot give back.
-void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_layer, bool ln_per_layer,
+// A tensor the architecture's switches leave out has count 0: the embedding before its norm and
+// that norm's rstd (embedding_norm), the norms' means (LayerNorm's, not RMSNorm's), the QK-norm's
+// rstd of each head's q and k, and without flash attention the normalised and rotated qkv, which
+// the permuted copy in qkvr cannot give back (qk_norm_rotary).
+void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
   const llmc::ArchSpec& arch = llmc::arch_spec(c.arch);
-  const size_t modern = c.modern() ? 1 : 0, means = arch.rms_norm ? 0 : 1;
+  const size_t embedding_norm = arch.embedding_norm ? 1 : 0, means = arch.rms_norm ? 0 : 1;
   const size_t qk = arch.qk_norm_rotary ? 1 : 0;
   const ActSpec table[kNumActTensors] = {
-      {"embedded", modern * BT * C, 1, false},
-      {"emb_rstd", modern * BT, 1, true},
+      {"embedded", embedding_norm * BT * C, 1, false},
+      {"emb_rstd", embedding_norm * BT, 1, true},
       {"encoded", BT * C, 1, false},
       {"ln1", BT * C, ln_per_layer ? L : 1, false},
       {"ln1_mean", means * BT, L, true},
@@ -4660,7 +4726,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool gelu_per_lay
       {"ln2_mean", means * BT, L, true},
       {"ln2_rstd", BT, L, true},
       {"fch", BT * 4 * C, L, false},
-      {"fch_gelu", BT * 4 * C, gelu_per_layer ? L : 1, false},
+      {"fch_act", BT * 4 * C, act_per_layer ? L : 1, false},
       {"residual3", BT * C, L, false},
       {"lnf", BT * C, 1, false},
       {"lnf_mean", means * BT, 1, true},
@@ -4692,9 +4758,10 @@ struct GPT2 {
   size_t num_params = 0;
   floatX* params = nullptr;
   floatX* grads = nullptr;
-  // wte is tied to the lm head: its gradient has two contributions per micro step. The encoder's
-  // part accumulates here over the micro steps and is added to grads once, on the last one, so
-  // that k micro steps of a batch sum in the same order as one step of k times the batch.
+  // The encoder's part of wte's gradient accumulates here over the micro steps and is added to
+  // grads once, on the last one: with a tied head (GPT-2) wte's gradient has a second
+  // contribution, the head's, each micro step, and so k micro steps of a batch sum in the same
+  // order as one step of k times the batch.
   floatX* wte_grad_encoder = nullptr;
   float* master = nullptr;  // FP32 master weights (BF16 builds with -w 1)
   float* adam_m = nullptr;
@@ -4872,8 +4939,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.B = B;
   m.T = T;
   m.recompute = recompute;
-  const bool gelu_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
-  activation_table(c, B, T, gelu_per_layer, ln_per_layer, m.act_specs);
+  const bool act_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
+  activation_table(c, B, T, act_per_layer, ln_per_layer, m.act_specs);
   size_t bytes = 0;
   for (int i = 0; i < kNumActTensors; i++) {
     bytes += llmc::round_up(m.act_specs[i].bytes(), 256);
@@ -4900,8 +4967,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   }
   // Column sums of up to 4C columns in kRowBlocks blocks, or in the FP8 casts' tiles of 128 rows
   // (the fc bias gradient with GELU' in the cast), or the flash backward's dqkv tile sums.
-  // The modern head's bias gradient sums Vp columns.
-  const size_t widest = c.modern() ? std::max(4 * C, (size_t)c.padded_vocab_size) : 4 * C;
+  // An untied head's bias gradient sums Vp columns.
+  const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
   m.partials = device_alloc<float>(partials, "the column-reduction partials");
@@ -4917,8 +4984,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.fp8_delayed = fp8 == 2;
   m.fp8_grad_format = grad_format;
   if (fp8) {
-    REQUIRE(!c.modern(), "-fp8 %d: the FP8 layers are GPT-2's; the modern architecture runs in BF16: "
-            "use -fp8 0", fp8);
+    REQUIRE(fp8_layers_support(m.arch()), "-fp8 %d: the FP8 layers are GPT-2's; the %s architecture runs in "
+            "BF16: use -fp8 0", fp8, m.arch().name);
     REQUIRE(sizeof(floatX) == 2,
             "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", fp8,
             PRECISION_NAME);
@@ -5028,21 +5095,87 @@ void gpt2_fp8_forget_eval_amax(GPT2& m) {
   fp8_clear_amax(m.fp8_act_scales, m.fp8_act_scale_count(), m.stream);
 }
 
-// out = inp @ weight^T + bias of a block's linear layer (GELU of it into out with pre_gelu kept,
-// for the fc layer), in BF16 or FP8. source (FP8 with delayed scaling): the layer's input is
-// GELU(inp) or LayerNorm(inp), computed in its FP8 cast (matmul_forward_fp8).
-void gpt2_linear_forward(GPT2& m, int linear, int l, floatX* out, const floatX* inp, int N,
+// ---- The architecture's steps: each helper runs GPT-2's kernels or the modern ones, as
+// llmc::ArchSpec says, and BF16 or FP8 products, so that a block reads as its plain sequence of
+// steps ----
+
+// A norm's activations and parameters: LayerNorm keeps mean and rstd and has a bias; RMSNorm keeps
+// rstd alone (its mean and bias tensors are empty).
+struct NormSpec {
+  int out, mean, rstd, weight, bias;
+};
+constexpr NormSpec kNorm1 = {kLn1, kLn1Mean, kLn1Rstd, llmc::kLn1w, llmc::kLn1b};
+constexpr NormSpec kNorm2 = {kLn2, kLn2Mean, kLn2Rstd, llmc::kLn2w, llmc::kLn2b};
+constexpr NormSpec kNormF = {kLnf, kLnfMean, kLnfRstd, llmc::kLnfw, llmc::kLnfb};
+
+// The backward's seeds: one a micro step from m.rng, and from it each kernel's in the order the
+// kernels are enqueued, so that a configuration draws the same seeds on every run.
+struct KernelSeeds {
+  uint32_t seed;
+  uint32_t index = 0;
+  uint32_t next() { return seed + 0x9e3779b9u * ++index; }
+};
+
+// Where a norm writes: its output (null: the statistics alone, for FP8 casts that compute the
+// output themselves) and its row statistics (the mean: LayerNorm's only).
+struct NormRows {
+  floatX* out;
+  float* mean;
+  float* rstd;
+};
+
+// The rows one block's forward reads and writes: layer l's training activations of B x T tokens
+// (block_rows), or the decoder's buffers of its one token, whose attention reads and extends the
+// layer's KV cache (section 11).
+struct BlockRows {
+  int B = 0, T = 0;
+  int first_position = 0;          // the rows' first position, for the rotary
+  bool fp8 = false;                // the linear layers' products in FP8 (decoding runs BF16)
+  bool fp8_sources = false;        // FP8 casts compute the norms' and GELU's outputs (block_rows)
+  const floatX* input = nullptr;   // the residual stream into the block (block_input)
+  NormRows ln1 = {}, ln2 = {};
+  NormRows next = {};              // the next block's first norm, or the final norm (norm_after_block)
+  floatX* qkv = nullptr;           // the qkv product: the attention's input (attention_qkv)
+  float* qk_rstd = nullptr;
+  floatX* atty = nullptr;
+  floatX* proj = nullptr;          // attproj's, then fcproj's output
+  floatX* residual2 = nullptr;     // input + attproj
+  floatX* fch = nullptr;           // fc's output: the activation's input
+  floatX* fch_act = nullptr;       // the activation's output: fcproj's input
+  floatX* residual3 = nullptr;     // residual2 + fcproj: the block's output
+  floatX* k_cache = nullptr;       // decoding: the layer's keys and values [NH, maxT, HS]; else null
+  floatX* v_cache = nullptr;
+  int rows() const { return B * T; }
+};
+
+// out = inp @ weight^T + bias of a block's linear layer over r's rows (GELU of it into out with
+// pre_gelu kept, for the fc layer), in BF16 or FP8 (r.fp8). source (FP8 with delayed scaling):
+// the layer's input is GELU(inp) or LayerNorm(inp), computed in its FP8 cast (matmul_forward_fp8).
+void gpt2_linear_forward(GPT2& m, const BlockRows& r, int linear, int l, floatX* out, const floatX* inp,
                          floatX* pre_gelu, const Fp8CastSource& source = Fp8CastSource()) {
   const LinearSpec& spec = kBlockLinears[linear];
-  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
+  const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out, N = r.rows();
   const floatX* bias = m.param(spec.bias, l);
-  if (m.fp8) {
+  if (r.fp8) {
     matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
                        m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_input_t(linear, l),
                        m.fp8_scaling(), m.stream, source);
   } else {
     matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
   }
+}
+
+// A block's linear layer whose input is the output `normed` of layer l's norm n of rows inp: with
+// r.fp8_sources the layer's cast computes that LayerNorm from its statistics (the output was not
+// written), else the product reads it.
+void gpt2_linear_forward_normed(GPT2& m, const BlockRows& r, int linear, int l, floatX* out, const NormSpec& n,
+                                const NormRows& normed, const floatX* inp) {
+  if (!r.fp8_sources) {
+    gpt2_linear_forward(m, r, linear, l, out, normed.out, nullptr);
+    return;
+  }
+  gpt2_linear_forward(m, r, linear, l, out, inp, nullptr,
+                      fp8_layernorm_source(normed.mean, normed.rstd, m.param(n.weight, l), m.param(n.bias, l)));
 }
 
 // The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
@@ -5067,50 +5200,27 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   }
 }
 
-// ---- The architecture's steps: each helper runs GPT-2's kernels or the modern ones, as
-// llmc::ArchSpec says, so that the passes below read as a block's plain sequence of steps ----
-
-// A norm's activations and parameters: LayerNorm keeps mean and rstd and has a bias; RMSNorm keeps
-// rstd alone (its mean and bias tensors are empty).
-struct NormSpec {
-  int out, mean, rstd, weight, bias;
-};
-constexpr NormSpec kNorm1 = {kLn1, kLn1Mean, kLn1Rstd, llmc::kLn1w, llmc::kLn1b};
-constexpr NormSpec kNorm2 = {kLn2, kLn2Mean, kLn2Rstd, llmc::kLn2w, llmc::kLn2b};
-constexpr NormSpec kNormF = {kLnf, kLnfMean, kLnfRstd, llmc::kLnfw, llmc::kLnfb};
-
-// out = norm(inp) of layer l's norm n, its statistics into mean (LayerNorm) and rstd (out null:
-// the statistics alone, for FP8 casts).
-void norm_rows(GPT2& m, const NormSpec& n, int l, floatX* out, float* mean, float* rstd, const floatX* inp,
-               int N) {
+// out = norm(inp) of layer l's norm n, its statistics into out's mean (LayerNorm) and rstd.
+void norm_rows(GPT2& m, const NormSpec& n, int l, const NormRows& out, const floatX* inp, int N) {
   const int C = m.config.channels;
   if (m.arch().rms_norm) {
-    rmsnorm_forward(out, rstd, inp, m.param(n.weight, l), N, C, m.stream);
+    rmsnorm_forward(out.out, out.rstd, inp, m.param(n.weight, l), N, C, m.stream);
   } else {
-    layernorm_forward(out, mean, rstd, inp, m.param(n.weight, l), m.param(n.bias, l), N, C, m.stream);
+    layernorm_forward(out.out, out.mean, out.rstd, inp, m.param(n.weight, l), m.param(n.bias, l), N, C,
+                      m.stream);
   }
 }
 
 // residual = a + b, then out = norm(residual), as norm_rows.
-void norm_residual_rows(GPT2& m, const NormSpec& n, int l, floatX* residual, floatX* out, float* mean,
-                        float* rstd, const floatX* a, const floatX* b, int N) {
+void norm_residual_rows(GPT2& m, const NormSpec& n, int l, floatX* residual, const NormRows& out,
+                        const floatX* a, const floatX* b, int N) {
   const int C = m.config.channels;
   if (m.arch().rms_norm) {
-    fused_residual_rmsnorm_forward(residual, out, rstd, a, b, m.param(n.weight, l), N, C, m.stream);
+    fused_residual_rmsnorm_forward(residual, out.out, out.rstd, a, b, m.param(n.weight, l), N, C, m.stream);
   } else {
-    fused_residual_layernorm_forward(residual, out, mean, rstd, a, b, m.param(n.weight, l),
+    fused_residual_layernorm_forward(residual, out.out, out.mean, out.rstd, a, b, m.param(n.weight, l),
                                      m.param(n.bias, l), N, C, m.stream);
   }
-}
-
-// The training passes' norms keep their statistics in the activations, for the backward.
-void norm_forward(GPT2& m, const NormSpec& n, int l, floatX* out, const floatX* inp, int N) {
-  norm_rows(m, n, l, out, m.act_f(n.mean, l), m.act_f(n.rstd, l), inp, N);
-}
-
-void norm_residual_forward(GPT2& m, const NormSpec& n, int l, floatX* residual, floatX* out,
-                           const floatX* a, const floatX* b, int N) {
-  norm_residual_rows(m, n, l, residual, out, m.act_f(n.mean, l), m.act_f(n.rstd, l), a, b, N);
 }
 
 // dresidual += the gradient of the norm's input inp, from dout (see layernorm_backward).
@@ -5174,10 +5284,11 @@ floatX* attention_qkv(GPT2& m, int l) {
   return m.arch().qk_norm_rotary ? m.act(kQkvNormed, l) : m.scratch_bt4c;
 }
 
-// QK-norm and rotary positions of q and k in qkv, in place (nothing for GPT-2).
-void qk_prepare(GPT2& m, floatX* qkv, int l, int B, int T) {
+// QK-norm and rotary positions of q and k in r's qkv, in place (nothing for GPT-2).
+void qk_prepare(GPT2& m, const BlockRows& r) {
   if (!m.arch().qk_norm_rotary) return;
-  qk_norm_rotary_forward(qkv, m.act_f(kQkRstd, l), B, T, m.config.num_heads, m.config.head_size(), m.stream);
+  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, m.config.head_size(), m.stream,
+                         r.first_position);
 }
 
 // dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place.
@@ -5187,29 +5298,70 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
                           m.config.head_size(), m.stream);
 }
 
-// The MLP of layer l from its norm's output (or, FP8 with delayed scaling, its input residual2),
-// into scratch_btc: fc, the activation (GELU in fc's epilogue, or ReLU^2), fcproj.
-void mlp_forward(GPT2& m, int l, int N, bool fp8_sources) {
-  const size_t n = (size_t)N * 4 * m.config.channels;
+// r.atty from r.qkv: the decoder's one query against the layer's KV cache, which it extends; or
+// causal attention over each sequence of T tokens, keeping what layer l's backward reads.
+void attention_rows(GPT2& m, int l, const BlockRows& r) {
+  const llmc::GPT2Config& c = m.config;
+  const int C = c.channels, NH = c.num_heads;
+  if (r.k_cache) {
+    attention_forward_decode(r.atty, r.k_cache, r.v_cache, r.qkv, r.first_position, c.max_seq_len, NH,
+                             c.head_size(), attention_scale(m), m.stream);
+  } else if (m.flash_attention) {
+    attention_forward_flash(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m), m.stream);
+  } else {
+    attention_forward(r.atty, m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att, m.scratch_btc, r.qkv, r.B, r.T,
+                      C, NH, attention_scale(m), m.stream);
+  }
+}
+
+// The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient is then a
+// small reduction instead of another read of dqkv; not where QK-norm's backward changes q's and
+// k's gradients after them.
+bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arch().qk_norm_rotary; }
+
+// The gradient of layer l's attention input (the qkv after QK-norm) into scratch_bt4c, from that
+// of its output in scratch_btc. The flash path draws the qkv bias reduction's seed (also where it
+// does not run, so that the seeds after it stay put).
+void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
+  const int C = m.config.channels, NH = m.config.num_heads;
+  if (m.flash_attention) {
+    const bool sums = attention_sums_qkv_bias(m);
+    attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
+                             m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
+                             attention_scale(m), m.stream);
+    const uint32_t seed_qkvb = seeds.next();
+    if (sums) {
+      column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
+                          seed_qkvb, m.stream);
+    }
+  } else {
+    attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc, m.act(kQkvr, l),
+                       m.act(kAtt, l), B, T, C, NH, attention_scale(m), m.stream);
+  }
+}
+
+// The MLP of layer l over r's rows, from its norm's output r.ln2 (or, with r.fp8_sources, the
+// norm's input residual2) into r.proj: fc, the activation (GELU in fc's epilogue, or ReLU^2),
+// fcproj.
+void mlp_forward(GPT2& m, int l, const BlockRows& r) {
+  const size_t n = (size_t)r.rows() * 4 * m.config.channels;
   if (m.arch().relu2) {
-    gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kLn2, l), N, nullptr);
-    relu2_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
-    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
-  } else if (fp8_sources) {
-    auto source = fp8_layernorm_source(m.act_f(kLn2Mean, l), m.act_f(kLn2Rstd, l), m.param(llmc::kLn2w, l),
-                                       m.param(llmc::kLn2b, l));
-    gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kResidual2, l), N, nullptr, source);
-    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFch, l), N, nullptr, {Fp8CastInput::kGelu});
-  } else if (m.fp8 && m.fp8_delayed) {
+    gpt2_linear_forward(m, r, kLinearFc, l, r.fch, r.ln2.out, nullptr);
+    relu2_forward(r.fch_act, r.fch, n, m.stream);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
+  } else if (r.fp8_sources) {
+    gpt2_linear_forward_normed(m, r, kLinearFc, l, r.fch, kNorm2, r.ln2, r.residual2);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch, nullptr, {Fp8CastInput::kGelu});
+  } else if (r.fp8 && m.fp8_delayed) {
     // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
     // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and
     // GELU in a pass of its own, with the bits the later steps' casts compute.
-    gpt2_linear_forward(m, kLinearFc, l, m.act(kFch, l), m.act(kLn2, l), N, nullptr);
-    gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
-    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+    gpt2_linear_forward(m, r, kLinearFc, l, r.fch, r.ln2.out, nullptr);
+    gelu_forward(r.fch_act, r.fch, n, m.stream);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
   } else {
-    gpt2_linear_forward(m, kLinearFc, l, m.act(kFchGelu, l), m.act(kLn2, l), N, m.act(kFch, l));
-    gpt2_linear_forward(m, kLinearFcproj, l, m.scratch_btc, m.act(kFchGelu, l), N, nullptr);
+    gpt2_linear_forward(m, r, kLinearFc, l, r.fch_act, r.ln2.out, r.fch);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
   }
 }
 
@@ -5222,11 +5374,11 @@ void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc)
   const bool relu2 = m.arch().relu2;
   // FP8's fcproj backward reads the transposed cast its forward kept, not the activation's output.
   if (m.recompute >= 1 && !m.fp8) {
-    if (relu2) relu2_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
-    else gelu_forward(m.act(kFchGelu, l), m.act(kFch, l), n, m.stream);
+    if (relu2) relu2_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
+    else gelu_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
   }
   const floatX* pre_gelu = relu2 ? nullptr : m.act(kFch, l);
-  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchGelu, l), pre_gelu,
+  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchAct, l), pre_gelu,
                        N, seed_fcproj);
   if (relu2) relu2_backward_inplace(m.scratch_bt4c, m.act(kFch, l), n, m.stream);
   gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_gelu, N,
@@ -5252,53 +5404,112 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
                   seed, m.stream);
 }
 
+// ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
+// training passes and the decoder ----
+
+// The residual stream into block l: the embedding's, or block l-1's output; l = L: the final
+// norm's input.
+floatX* block_input(GPT2& m, int l) { return l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1); }
+
+// The bias gradient into which a norm backward of block_input(m, l) adds the column sums of its
+// input's gradient: that of the stream's last add, block l-1's fcproj (none for the embedding).
+floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad(llmc::kFcprojb, l - 1); }
+
+// The norm after block l, fused with its second residual add: the next block's first, or after
+// the last block the final norm.
+struct NormAt {
+  NormSpec spec;
+  int layer;
+};
+NormAt norm_after_block(const GPT2& m, int l) {
+  if (l == m.config.num_layers - 1) return {kNormF, 0};
+  return {kNorm1, l + 1};
+}
+
+// Block l over r's rows. Only the first block normalises its input; every block's last step
+// normalises its output for the norm after it (norm_after_block).
+void block_forward(GPT2& m, int l, const BlockRows& r) {
+  const int N = r.rows();
+  if (l == 0) norm_rows(m, kNorm1, 0, r.ln1, r.input, N);
+  gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, r.input);
+  qk_prepare(m, r);
+  attention_rows(m, l, r);
+  gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, r.atty, nullptr);
+  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.proj, N);
+  mlp_forward(m, l, r);
+  const NormAt next = norm_after_block(m, l);
+  norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.proj, N);
+}
+
+// Block l's gradients, its forward's steps in reverse, from dresidual, the gradient of its output
+// (whose column sums the norm backward that wrote it has added into fcproj's bias gradient), to
+// dresidual, that of its input. Each kernel's seed is drawn from seeds in the order they run.
+void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
+  const int N = B * T;
+  const uint32_t seed_fcproj = seeds.next(), seed_fc = seeds.next();
+  mlp_backward(m, l, N, seed_fcproj, seed_fc);
+  norm_backward(m, kNorm2, l, m.dresidual, m.grad(llmc::kAttprojb, l), m.scratch_btc, m.act(kResidual2, l), N,
+                seeds.next());
+  // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
+  // already in attproj's bias gradient.
+  gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l), nullptr, N,
+                       seeds.next());
+  attention_backward_rows(m, l, B, T, seeds);
+  qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
+  gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
+                       m.act(kLn1, l), nullptr, N, seeds.next());
+  norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_input(m, l), N,
+                seeds.next());
+}
+
+// ---- The training passes ----
+
+// Layer l's training activations for B x T tokens. With delayed FP8 scaling (fp8_sources) the
+// casts of the qkv, fc and fcproj layers' inputs compute them from what comes before
+// (Fp8CastSource), since their scales are known before the values exist: the norms ln1 and ln2
+// write their row statistics alone, the fc product GELU's input alone, and kLn1, kLn2 and kFchAct
+// are not written (2 bytes a value of 2 [N, C] and one [N, 4C] fewer). FP8's backward reads the
+// casts' transposed copies instead, so with FP8 these three are one layer's buffers
+// (gpt2_allocate), for the other scalings' casts.
+BlockRows block_rows(GPT2& m, int l, int B, int T) {
+  BlockRows r;
+  r.B = B;
+  r.T = T;
+  r.fp8 = m.fp8;
+  r.fp8_sources = m.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
+  const NormAt next = norm_after_block(m, l);
+  // The norms' outputs where the products read them, and the final norm's, which the head reads.
+  auto norm = [&](const NormSpec& n, int layer) {
+    const bool written = !r.fp8_sources || n.out == kLnf;
+    return NormRows{written ? m.act(n.out, layer) : nullptr, m.act_f(n.mean, layer), m.act_f(n.rstd, layer)};
+  };
+  r.input = block_input(m, l);
+  r.ln1 = norm(kNorm1, l);
+  r.ln2 = norm(kNorm2, l);
+  r.next = norm(next.spec, next.layer);
+  r.qkv = attention_qkv(m, l);
+  r.qk_rstd = m.act_f(kQkRstd, l);
+  r.atty = m.act(kAtty, l);
+  r.proj = m.scratch_btc;
+  r.residual2 = m.act(kResidual2, l);
+  r.fch = m.act(kFch, l);
+  r.fch_act = m.act(kFchAct, l);
+  r.residual3 = m.act(kResidual3, l);
+  return r;
+}
+
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
 // classifier applies).
 void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
           B, T, m.B, m.T);
   nvtxRangePush("forward");
-  const llmc::GPT2Config& c = m.config;
-  const int L = c.num_layers, C = c.channels, NH = c.num_heads, N = B * T;
-  cudaStream_t s = m.stream;
+  const int N = B * T;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
-  cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, s));
+  cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
   if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
-  // With delayed FP8 scaling the casts of the qkv, fc and fcproj layers' inputs compute them from
-  // what comes before (Fp8CastSource), since their scales are known before the values exist: the
-  // layernorms ln1 and ln2 write their row statistics alone, the fc product GELU's input alone,
-  // and kLn1, kLn2 and kFchGelu are not written (2 bytes a value of 2 [N, C] and one [N, 4C]
-  // fewer). FP8's backward reads the casts' transposed copies instead, so with FP8 these three
-  // are one layer's buffers (gpt2_allocate), for the other scalings' casts.
-  const bool fp8_sources = m.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
-  norm_forward(m, kNorm1, 0, fp8_sources ? nullptr : m.act(kLn1), m.act(kEncoded), N);
-  for (int l = 0; l < L; l++) {
-    const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
-    floatX* qkv = attention_qkv(m, l);
-    if (fp8_sources) {
-      gpt2_linear_forward(m, kLinearQkv, l, qkv, residual, N, nullptr,
-                          fp8_layernorm_source(m.act_f(kLn1Mean, l), m.act_f(kLn1Rstd, l),
-                                               m.param(llmc::kLn1w, l), m.param(llmc::kLn1b, l)));
-    } else {
-      gpt2_linear_forward(m, kLinearQkv, l, qkv, m.act(kLn1, l), N, nullptr);
-    }
-    qk_prepare(m, qkv, l, B, T);
-    if (m.flash_attention) {
-      attention_forward_flash(m.act(kAtty, l), m.act_f(kAtt, l), qkv, B, T, C, NH, attention_scale(m), s);
-    } else {
-      attention_forward(m.act(kAtty, l), m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att,
-                        m.scratch_btc, qkv, B, T, C, NH, attention_scale(m), s);
-    }
-    gpt2_linear_forward(m, kLinearAttproj, l, m.scratch_btc, m.act(kAtty, l), N, nullptr);
-    norm_residual_forward(m, kNorm2, l, m.act(kResidual2, l), fp8_sources ? nullptr : m.act(kLn2, l), residual,
-                          m.scratch_btc, N);
-    mlp_forward(m, l, N, fp8_sources);
-    const bool last = l == L - 1;
-    norm_residual_forward(m, last ? kNormF : kNorm1, last ? 0 : l + 1, m.act(kResidual3, l),
-                          last ? m.act(kLnf) : (fp8_sources ? nullptr : m.act(kLn1, l + 1)),
-                          m.act(kResidual2, l), m.scratch_btc, N);
-  }
+  for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
   head_rows(m, m.act(kOutput), m.act(kLnf), N);
   nvtxRangePop();
 }
@@ -5333,57 +5544,21 @@ void gpt2_zero_grad(GPT2& m) {
 void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
                    const std::function<void(int layer)>& grads_final = nullptr) {
   nvtxRangePush("backward");
-  const llmc::GPT2Config& c = m.config;
-  const int L = c.num_layers, C = c.channels, NH = c.num_heads, N = B * T;
-  cudaStream_t s = m.stream;
-  // One seed per micro step; each kernel derives its own from it.
-  const uint32_t seed = m.rng.u32();
-  uint32_t kernel_index = 0;
-  auto next_seed = [&]() { return seed + 0x9e3779b9u * ++kernel_index; };
-
-  cudaCheck(cudaMemsetAsync(m.dresidual, 0, (size_t)N * C * sizeof(floatX), s));
-  head_backward(m, N, next_seed());
-  norm_backward(m, kNormF, 0, m.dresidual, m.grad(llmc::kFcprojb, L - 1), m.scratch_btc,
-                m.act(kResidual3, L - 1), N, next_seed());
-  const bool qk = m.arch().qk_norm_rotary;
+  const int L = m.config.num_layers, N = B * T;
+  KernelSeeds seeds = {m.rng.u32()};
+  cudaCheck(cudaMemsetAsync(m.dresidual, 0, (size_t)N * m.config.channels * sizeof(floatX), m.stream));
+  head_backward(m, N, seeds.next());
+  norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
+                seeds.next());
   for (int l = L - 1; l >= 0; l--) {
-    const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
-    const uint32_t seed_fcproj = next_seed(), seed_fc = next_seed();
-    mlp_backward(m, l, N, seed_fcproj, seed_fc);
-    norm_backward(m, kNorm2, l, m.dresidual, m.grad(llmc::kAttprojb, l), m.scratch_btc, m.act(kResidual2, l),
-                  N, next_seed());
-    // dresidual is now the gradient of residual2[l] = residual + attproj(...), its column sums
-    // already in attproj's bias gradient.
-    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l),
-                         nullptr, N, next_seed());
-    // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient is
-    // then a small reduction instead of another read of dqkv; not where QK-norm's backward
-    // changes q's and k's gradients after them.
-    if (m.flash_attention) {
-      attention_backward_flash(m.scratch_bt4c, qk ? nullptr : m.partials, m.attention_dot, m.attention_ds,
-                               m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B,
-                               T, C, NH, attention_scale(m), s);
-      const uint32_t seed_qkvb = next_seed();
-      if (!qk) {
-        column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C,
-                            attention_flash_tile_rows(B, T), seed_qkvb, s);
-      }
-    } else {
-      attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc,
-                         m.act(kQkvr, l), m.act(kAtt, l), B, T, C, NH, attention_scale(m), s);
-    }
-    qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
-    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !m.flash_attention || qk, m.scratch_bt4c,
-                         m.act(kLn1, l), nullptr, N, next_seed());
-    norm_backward(m, kNorm1, l, m.dresidual, l > 0 ? m.grad(llmc::kFcprojb, l - 1) : nullptr, m.scratch_btc,
-                  residual, N, next_seed());
+    block_backward(m, l, B, T, seeds);
     if (last_micro_step && grads_final) grads_final(l);
   }
-  const uint32_t seed_encoder = next_seed();
-  embedding_backward(m, B, T, m.arch().embedding_norm ? next_seed() : 0, seed_encoder);
+  const uint32_t seed_encoder = seeds.next();
+  embedding_backward(m, B, T, m.arch().embedding_norm ? seeds.next() : 0, seed_encoder);
   if (last_micro_step) {
-    add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size,
-                next_seed(), s);
+    add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size, seeds.next(),
+                m.stream);
     if (grads_final) grads_final(-1);
   }
   nvtxRangePop();
@@ -5564,9 +5739,9 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r) {
   return opt;
 }
 
-// The first steps of a process, whose products are tuned: the first; with the modern
-// architecture also the two after it (gpt2_update). Timings leave them out.
-inline int tuning_steps(const GPT2& m) { return m.config.modern() ? 3 : 1; }
+// The first steps of a process, whose products are tuned: the first; where the init zeroes the
+// output projections and the head, also the two after it (gpt2_update). Timings leave them out.
+inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
 // One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
 // AdamW with clipping at opt.grad_clip and the schedule's lr; Muon (opt.muon) with its rate times
@@ -5610,11 +5785,12 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
     m.adam_next = AdamWState();
   }
   m.fp8_weights_stale = true;
-  // The modern init zeroes the output projections and the head, so the first steps' products see
-  // zeros, on which algorithms of different summation orders give the same bits: the choices
-  // tuned there (fastest_matching_algo) could differ from those of a resumed process, tuned on
-  // trained weights. The head moves at the first update; the projections, whose gradients flow
-  // through it, at the second: the choices are made again after each (tuning_steps).
+  // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
+  // the first steps' products see zeros, on which algorithms of different summation orders give
+  // the same bits: the choices tuned there (fastest_matching_algo) could differ from those of a
+  // resumed process, tuned on trained weights. The head moves at the first update; the
+  // projections, whose gradients flow through it, at the second: the choices are made again after
+  // each (tuning_steps).
   if (m.optimizer_steps < tuning_steps(m)) matmul_forget_choices();
   nvtxRangePop();
 }
@@ -5631,55 +5807,9 @@ uint32_t gpt2_params_checksum(GPT2& m) {
 // ============================================================================
 // Autoregressive decoding one token at a time: each layer keeps the keys and values of the
 // positions seen so far ([NH, maxT, HS] each), so a new token costs one row through every matmul
-// and one query against the cache, instead of a forward pass over the whole sequence. The other
-// kernels are the training ones with N = 1 row. The attention of one query: one block per head
-// writes the new key and value into the cache, scores all positions up to t, softmaxes them with
-// fixed-order block reductions and sums the values. Floor per token: reading the weights once.
-
-constexpr int kDecodeThreads = 128;
-
-// qkv: [3, NH, HS] of the new token at position t; out: [NH, HS]. k_cache, v_cache [NH, maxT, HS].
-// Dynamic shared memory: (t + 1) floats of scores.
-__global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_cache,
-                                        const floatX* qkv, int t, int max_t, int NH, int HS,
-                                        float scale) {
-  extern __shared__ float scores[];
-  __shared__ float reduce[WARP_SIZE];
-  const int h = blockIdx.x, C = NH * HS;
-  const floatX* q = qkv + h * HS;
-  floatX* keys = k_cache + (size_t)h * max_t * HS;
-  floatX* values = v_cache + (size_t)h * max_t * HS;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    keys[(size_t)t * HS + d] = qkv[C + h * HS + d];
-    values[(size_t)t * HS + d] = qkv[2 * C + h * HS + d];
-  }
-  __syncthreads();
-  float local_max = -FLT_MAX;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    float dot = 0.0f;
-    for (int d = 0; d < HS; d++) dot += (float)q[d] * (float)keys[(size_t)j * HS + d];
-    scores[j] = dot * scale;
-    local_max = fmaxf(local_max, scores[j]);
-  }
-  local_max = warp_reduce_max(local_max);
-  __syncthreads();
-  if (threadIdx.x % WARP_SIZE == 0) reduce[threadIdx.x / WARP_SIZE] = local_max;
-  __syncthreads();
-  float max_score = -FLT_MAX;
-  for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) max_score = fmaxf(max_score, reduce[w]);
-  float local_sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    scores[j] = expf(scores[j] - max_score);
-    local_sum += scores[j];
-  }
-  const float inv_sum = 1.0f / block_reduce_sum(local_sum, reduce);
-  __syncthreads();
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j <= t; j++) acc += scores[j] * (float)values[(size_t)j * HS + d];
-    out[h * HS + d] = (floatX)(acc * inv_sum);
-  }
-}
+// and one query against the cache (attention_forward_decode, section 6), instead of a forward pass
+// over the whole sequence. Each layer is the training passes' block_forward on one row, its
+// products in BF16 also in an FP8 model. Floor per token: reading the weights once.
 
 struct GPT2Decoder {
   floatX* k_cache = nullptr;  // [L, NH, maxT, HS]
@@ -5687,19 +5817,38 @@ struct GPT2Decoder {
   floatX* buffers = nullptr;  // one row each of the activations below
   float* stats = nullptr;     // the norms' statistics of the row (not needed afterwards)
   int* token = nullptr;
-  int position = 0;           // tokens in the cache
+  // Every layer's rows in buffers, the residual stream updated in place and every norm written to
+  // one row (block_forward with the cache pointers of the layer).
+  BlockRows rows;
+  floatX* embedded = nullptr;  // the embedding before its norm
+  floatX* logits = nullptr;    // [Vp]
+  int position = 0;            // tokens in the cache
 };
 
 void decoder_init(GPT2Decoder& d, const GPT2& m) {
   const llmc::GPT2Config& c = m.config;
-  const size_t cache = (size_t)c.num_layers * c.max_seq_len * c.channels;
+  const int C = c.channels;
+  const size_t cache = (size_t)c.num_layers * c.max_seq_len * C;
   d.k_cache = device_alloc<floatX>(cache, "the key cache");
   d.v_cache = device_alloc<floatX>(cache, "the value cache");
   // residual, ln, qkv (3C), atty, proj, fch (4C), fch_act (4C), logits (Vp), embedded
-  d.buffers = device_alloc<floatX>((size_t)17 * c.channels + c.padded_vocab_size, "the decoder rows");
+  d.buffers = device_alloc<floatX>((size_t)17 * C + c.padded_vocab_size, "the decoder rows");
   // A norm's mean and rstd, and QK-norm's rstd of each head's q and k.
   d.stats = device_alloc<float>(2 + 2 * c.num_heads, "the decoder statistics");
   d.token = device_alloc<int>(1, "the decoder token");
+  BlockRows& r = d.rows;
+  r.B = r.T = 1;
+  floatX* residual = d.buffers;
+  r.input = r.residual2 = r.residual3 = residual;
+  r.ln1 = r.ln2 = r.next = {residual + C, d.stats, d.stats + 1};
+  r.qkv = residual + 2 * C;
+  r.qk_rstd = d.stats + 2;
+  r.atty = r.qkv + 3 * C;
+  r.proj = r.atty + C;
+  r.fch = r.proj + C;
+  r.fch_act = r.fch + 4 * C;
+  d.logits = r.fch_act + 4 * C;
+  d.embedded = d.logits + c.padded_vocab_size;
   d.position = 0;
 }
 
@@ -5712,52 +5861,25 @@ void decoder_free(GPT2Decoder& d) {
   d = GPT2Decoder();
 }
 
-// The MLP of layer l on one row (decoding runs BF16 products, also in an FP8 model).
-void decoder_mlp(GPT2& m, int l, floatX* out, floatX* fch, floatX* fch_act, const floatX* ln) {
-  const int C = m.config.channels;
-  if (m.arch().relu2) {
-    matmul_forward(fch, ln, m.param(llmc::kFcw, l), m.param(llmc::kFcb, l), 1, C, 4 * C, nullptr, m.stream);
-    relu2_forward(fch_act, fch, 4 * C, m.stream);
-  } else {
-    matmul_forward(fch_act, ln, m.param(llmc::kFcw, l), m.param(llmc::kFcb, l), 1, C, 4 * C, fch, m.stream);
-  }
-  matmul_forward(out, fch_act, m.param(llmc::kFcprojw, l), m.param(llmc::kFcprojb, l), 1, 4 * C, C, nullptr,
-                 m.stream);
-}
-
 // Feeds one token at the next position; returns the device row of its logits [Vp] (before the
 // modern soft cap: sampling applies it).
 const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   const llmc::GPT2Config& c = m.config;
-  const int C = c.channels, NH = c.num_heads, HS = C / NH, t = d.position;
-  REQUIRE(t < c.max_seq_len, "generation reached the model's maximum sequence length %d",
+  REQUIRE(d.position < c.max_seq_len, "generation reached the model's maximum sequence length %d",
           c.max_seq_len);
-  cudaStream_t s = m.stream;
-  floatX *residual = d.buffers, *ln = residual + C, *qkv = ln + C, *atty = qkv + 3 * C;
-  floatX *proj = atty + C, *fch = proj + C, *fch_act = fch + 4 * C, *logits = fch_act + 4 * C;
-  floatX* embedded = logits + c.padded_vocab_size;
-  float *mean = d.stats, *rstd = d.stats + 1, *qk_rstd = d.stats + 2;
-  int* token_d = d.token;
-  cudaCheck(cudaMemcpyAsync(token_d, &token, sizeof(int), cudaMemcpyHostToDevice, s));
-  embedding_rows(m, residual, embedded, rstd, token_d, 1, 1, t);
-  norm_rows(m, kNorm1, 0, ln, mean, rstd, residual, 1);
-  const size_t layer_cache = (size_t)c.max_seq_len * C;
+  BlockRows r = d.rows;
+  r.first_position = d.position;
+  cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
+  embedding_rows(m, r.residual3, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
+  const size_t layer_cache = (size_t)c.max_seq_len * c.channels;
   for (int l = 0; l < c.num_layers; l++) {
-    matmul_forward(qkv, ln, m.param(llmc::kQkvw, l), m.param(llmc::kQkvb, l), 1, C, 3 * C, nullptr, s);
-    if (m.arch().qk_norm_rotary) qk_norm_rotary_forward(qkv, qk_rstd, 1, 1, NH, HS, s, t);
-    attention_decode_kernel<<<NH, kDecodeThreads, (t + 1) * sizeof(float), s>>>(
-        atty, d.k_cache + l * layer_cache, d.v_cache + l * layer_cache, qkv, t, c.max_seq_len, NH,
-        HS, attention_scale(m));
-    cudaCheckLaunch();
-    matmul_forward(proj, atty, m.param(llmc::kAttprojw, l), m.param(llmc::kAttprojb, l), 1, C, C, nullptr, s);
-    norm_residual_rows(m, kNorm2, l, residual, ln, mean, rstd, residual, proj, 1);
-    decoder_mlp(m, l, proj, fch, fch_act, ln);
-    const bool last = l == c.num_layers - 1;
-    norm_residual_rows(m, last ? kNormF : kNorm1, last ? 0 : l + 1, residual, ln, mean, rstd, residual, proj, 1);
+    r.k_cache = d.k_cache + l * layer_cache;
+    r.v_cache = d.v_cache + l * layer_cache;
+    block_forward(m, l, r);
   }
-  head_rows(m, logits, ln, 1);
+  head_rows(m, d.logits, r.next.out, 1);
   d.position++;
-  return logits;
+  return d.logits;
 }
 
 // Samples from logits [V] with a temperature (0: greedy) and top-k (0: all tokens).
@@ -5837,9 +5959,9 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 //    run beside the next step's forward and backward passes, and that step's update, which
 //    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
 //    the copies, then writes, syncs and renames each file.
-//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB, about 0.4 s
-//    against a 175 ms step), so where the GPU has the memory to spare a snapshot stays on the GPU:
-//    the parameters are copied there in stream order (3.1 GB at d48, about 2 ms), and AdamW's
+//  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB), so where the
+//    GPU has the memory to spare a snapshot stays on the GPU: the parameters are copied there in
+//    stream order (3.1 GB at d48, a small part of a step), and AdamW's
 //    state is not copied at all: the next update writes its new state into a second set of
 //    arrays and the model goes on with those (GPT2::adam_next), leaving the checkpoint's. The
 //    writer's thread takes both to the host a piece at a time during the steps that follow
@@ -6072,7 +6194,7 @@ void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optim
 // buffers (allocated here without -ac).
 void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
   if (checkpoint_has_snapshot(ck)) {
-    // In stream order: 3.1 GB at d48, about 2 ms at the 1.5 TB/s a device copy measured (H100).
+    // In stream order: a device copy, a small part of a step (3.1 GB at d48).
     if (rank == 0) {
       cudaCheck(cudaMemcpyAsync(ck.params_snapshot, m.params, checkpoint_param_bytes(m, rank),
                                 cudaMemcpyDeviceToDevice, m.stream));
@@ -6093,11 +6215,11 @@ void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
 }
 
 // On the writer's thread: the snapshot into the host buffers, a piece at a time. The GPU's copy
-// engine runs copies to the host in the order they were queued, whatever their stream (an H100
-// measurement: a 64-byte read on another stream waited for all of 4 GiB queued before it, in one
-// copy or in 16 MiB pieces). With the whole snapshot queued at once, each loss and norm the next
-// steps read waited for all of it: 0.4 s at d48 (21.8 GB over PCIe at 55 GB/s). One piece in
-// flight at a time, such a read waits for a piece at most (64 MiB: about 1.2 ms).
+// engine runs copies to the host in the order they were queued, whatever their stream (on an
+// H100 a small read on another stream waited for everything queued before it, in one copy or in
+// pieces). With the whole snapshot queued at once, each loss and norm the next steps read waited
+// for all of it to cross PCIe. One piece in flight at a time, such a read waits for a piece at
+// most (64 MiB).
 constexpr size_t kSnapshotPieceBytes = 64ul << 20;
 
 void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, size_t state_count) {
@@ -6271,10 +6393,10 @@ constexpr int kAbortGraceSeconds = 10;
 struct MultiGpuOptions {
   llmc::LaunchFlags launch;
   int timeout_s = 300;  // -ct
-  // Defaults measured fastest on two H200s (d12 B=64, d48 B=8): ZeRO-1 with one reduce-scatter
-  // after the backward pass ran x1.977 and x1.983 one GPU's tokens/s; all-reduce after it x1.968
-  // and x1.924; per-layer reduction during it x1.936 and x1.869 (its NCCL kernels take SMs from
-  // the backward pass, and the power-capped clock drops further while both run).
+  // The defaults ran fastest on two GPUs (dev/cuda/NOTES.md): ZeRO-1 with one reduce-scatter
+  // after the backward pass, ahead of an all-reduce after it and of a per-layer reduction during
+  // it (whose NCCL kernels take SMs from the backward pass, and the power-capped clock drops
+  // further while both run).
   int zero_stage = 1;   // -zs
   int overlap = 0;      // -ov
 };
@@ -6706,7 +6828,7 @@ void validate_args(const TrainArgs& a) {
           "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
           PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
-  REQUIRE(!a.fp8 || a.recipe->arch == llmc::Arch::kGpt2,
+  REQUIRE(!a.fp8 || fp8_layers_support(llmc::arch_spec(a.recipe->arch)),
           "-fp8 %d: the FP8 layers are GPT-2's; -recipe %s's architecture runs in BF16: use -fp8 0", a.fp8,
           a.recipe->name);
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;

@@ -93,13 +93,15 @@ struct ArchSpec {
   bool qk_norm_rotary;     // q and k: weightless RMS norm, then half-truncated rotary positions
   bool relu2;              // the MLP's activation: ReLU^2 instead of GELU (tanh)
   bool tied_head;          // the head is wte; else headw and a bias headb
+  bool zero_init_outputs;  // the seeded init is modded-nanogpt's (init_modern_from_seed), whose
+                           // output projections and head start at zero; else GPT-2's
   float softcap;           // logits soft-capped as cap * z / sqrt(z^2 + cap^2) (0: none)
   float attention_scale;   // the softmax scale (0: 1 / sqrt(head size))
 };
 
 inline const ArchSpec& arch_spec(Arch a) {
-  static const ArchSpec kGpt2 = {"gpt2", false, false, true, false, false, true, 0.0f, 0.0f};
-  static const ArchSpec kModern = {"modern", true, true, false, true, true, false, 15.0f, 0.12f};
+  static const ArchSpec kGpt2 = {"gpt2", false, false, true, false, false, true, false, 0.0f, 0.0f};
+  static const ArchSpec kModern = {"modern", true, true, false, true, true, false, true, 15.0f, 0.12f};
   return a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -134,9 +136,9 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
     LLMC_FAIL("invalid model config: channels %d is not divisible by heads %d", channels,
               num_heads);
   }
-  if (arch == Arch::kModern && ((channels / num_heads) % 4 != 0 || max_seq_len <= 1)) {
-    LLMC_FAIL("invalid modern model config: head size %d must be a multiple of 4 (rotary pairs)",
-              channels / num_heads);
+  if (arch_spec(arch).qk_norm_rotary && ((channels / num_heads) % 4 != 0 || max_seq_len <= 1)) {
+    LLMC_FAIL("invalid %s model config: head size %d must be a multiple of 4 (rotary pairs)",
+              arch_spec(arch).name, channels / num_heads);
   }
   GPT2Config c;
   c.arch = arch;
@@ -173,8 +175,9 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // ----------------------------------------------------------------------------
 // Parameter table
 
-// One table for both architectures: a tensor an architecture lacks has size 0, so GPT-2's sizes,
-// offsets and file layout are those of llm.c, and the modern ones follow the same order.
+// One table for every architecture: a tensor its switches (ArchSpec) leave out has size 0, so
+// GPT-2's sizes, offsets and file layout are those of llm.c, and the modern ones follow the same
+// order.
 constexpr int kNumParamTensors = 19;
 
 enum ParamIndex {
@@ -201,29 +204,31 @@ struct ParamSpec {
 inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) {
   const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
   const int Ci = c.channels;
-  const bool modern = c.modern();
-  const size_t gpt2_only = modern ? 0 : 1, modern_only = modern ? 1 : 0;
+  const ArchSpec& a = arch_spec(c.arch);
+  // 1 where the switch gives the model the tensor(s), else 0.
+  const size_t positions = a.learned_positions ? 1 : 0, embedding_norm = a.embedding_norm ? 1 : 0;
+  const size_t norm_bias = a.rms_norm ? 0 : 1, head = a.tied_head ? 0 : 1;
   using R = ParamRole;
   ParamSpec t[kNumParamTensors] = {
       {"wte", Vp * C, false, true, false, R::kEmbedding},
-      {"wpe", gpt2_only * T * C, false, true, false, R::kEmbedding},
-      {"lnew", modern_only * C, false, false, false, R::kVector},
+      {"wpe", positions * T * C, false, true, false, R::kEmbedding},
+      {"lnew", embedding_norm * C, false, false, false, R::kVector},
       {"ln1w", L * C, true, false, false, R::kVector},
-      {"ln1b", gpt2_only * L * C, true, false, false, R::kVector},
+      {"ln1b", norm_bias * L * C, true, false, false, R::kVector},
       {"qkvw", L * 3 * C * C, true, true, false, R::kMatrix, Ci, Ci, 3},
       {"qkvb", L * 3 * C, true, false, false, R::kVector},
       {"attprojw", L * C * C, true, true, true, R::kMatrix, Ci, Ci},
       {"attprojb", L * C, true, false, false, R::kVector},
       {"ln2w", L * C, true, false, false, R::kVector},
-      {"ln2b", gpt2_only * L * C, true, false, false, R::kVector},
+      {"ln2b", norm_bias * L * C, true, false, false, R::kVector},
       {"fcw", L * 4 * C * C, true, true, false, R::kMatrix, 4 * Ci, Ci},
       {"fcb", L * 4 * C, true, false, false, R::kVector},
       {"fcprojw", L * C * 4 * C, true, true, true, R::kMatrix, Ci, 4 * Ci},
       {"fcprojb", L * C, true, false, false, R::kVector},
       {"lnfw", C, false, false, false, R::kVector},
-      {"lnfb", gpt2_only * C, false, false, false, R::kVector},
-      {"headw", modern_only * Vp * C, false, true, true, R::kHead},
-      {"headb", modern_only * Vp, false, false, false, R::kVector},
+      {"lnfb", norm_bias * C, false, false, false, R::kVector},
+      {"headw", head * Vp * C, false, true, true, R::kHead},
+      {"headb", head * Vp, false, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -613,7 +618,7 @@ inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t se
   param_offsets(c, offsets);
   std::vector<float> params(num_parameters(c), 0.0f);
   Rng rng(seed);
-  if (c.modern()) {
+  if (arch_spec(c.arch).zero_init_outputs) {
     init_modern_from_seed(c, table, offsets, rng, params);
     return params;
   }

@@ -773,7 +773,7 @@ void test_gelu_in_model(llmc::Rng& rng) {
   const Fp8CastSource gelu{Fp8CastInput::kGelu};
   bool gelu_same = delayed, ln1_same = delayed, ln2_same = delayed;
   for (int l = 0; l < config.num_layers; l++) {
-    const floatX* residual = l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1);
+    const floatX* residual = block_input(m, l);
     gelu_same = gelu_same && kept_is(kLinearFcproj, l, m.act(kFch, l), C4, gelu);
     ln1_same = ln1_same && kept_is(kLinearQkv, l, residual, (int)C, layernorm(residual, llmc::kLn1w, llmc::kLn1b, l));
     ln2_same = ln2_same && kept_is(kLinearFc, l, m.act(kResidual2, l), (int)C,
