@@ -4867,8 +4867,21 @@ struct GPT2 {
   }
 };
 
-// The parameters, gradients and optimizer state of config, zeroed. shard_count > 1: ZeRO stage
-// 1, this process keeps the optimizer state of shard shard_rank only.
+// The optimizer state of this process's shard, zeroed: AdamW's moments (Muon's momentum in the
+// first), and the FP32 master weights where the parameters are stored in BF16.
+void gpt2_allocate_optimizer_state(GPT2& m) {
+  m.adam_m = device_alloc<float>(m.shard_size, "AdamW's first moments");
+  m.adam_v = device_alloc<float>(m.shard_size, "AdamW's second moments");
+  cudaCheck(cudaMemset(m.adam_m, 0, m.shard_size * sizeof(float)));
+  cudaCheck(cudaMemset(m.adam_v, 0, m.shard_size * sizeof(float)));
+  if (m.use_master_weights) {
+    m.master = device_alloc<float>(m.shard_size, "the FP32 master weights");
+    cudaCheck(cudaMemset(m.master, 0, m.shard_size * sizeof(float)));
+  }
+}
+
+// The parameters and gradients of config, zeroed, then the optimizer state. shard_count > 1:
+// ZeRO stage 1, this process keeps the optimizer state of shard shard_rank only.
 void gpt2_allocate_params(GPT2& m, const llmc::GPT2Config& config, bool use_master_weights,
                           uint64_t seed, int shard_rank, int shard_count) {
   m.config = config;
@@ -4885,18 +4898,11 @@ void gpt2_allocate_params(GPT2& m, const llmc::GPT2Config& config, bool use_mast
   m.num_params_padded = m.shard_size * shard_count;
   m.params = device_alloc<floatX>(m.num_params_padded, "the parameters");
   m.grads = device_alloc<floatX>(m.num_params_padded, "the gradients");
-  m.adam_m = device_alloc<float>(m.shard_size, "AdamW's first moments");
-  m.adam_v = device_alloc<float>(m.shard_size, "AdamW's second moments");
   m.wte_grad_encoder = device_alloc<floatX>(m.param_specs[llmc::kWte].size, "the encoder's wte gradient");
   cudaCheck(cudaMemset(m.params, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.grads, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
-  cudaCheck(cudaMemset(m.adam_m, 0, m.shard_size * sizeof(float)));
-  cudaCheck(cudaMemset(m.adam_v, 0, m.shard_size * sizeof(float)));
-  if (m.use_master_weights) {
-    m.master = device_alloc<float>(m.shard_size, "the FP32 master weights");
-    cudaCheck(cudaMemset(m.master, 0, m.shard_size * sizeof(float)));
-  }
+  gpt2_allocate_optimizer_state(m);
   m.rng.seed(seed);
 }
 
@@ -4927,20 +4933,10 @@ void gpt2_init_stored(GPT2& m, const llmc::GPT2Config& config, const floatX* sto
   copy_pageable(m.params, stored, m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
 }
 
-// fp8: the blocks' linear layers in FP8 (-fp8: 1 current scaling, 2 delayed), which needs the
-// BF16 build and a GPU of compute capability 8.9 or newer.
-// fp8: -fp8 (0 none, 1 current scaling, 2 delayed); grad_format: the output gradients' format.
-void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
-                   Fp8Format grad_format = Fp8Format::kE5M2) {
-  const llmc::GPT2Config& c = m.config;
-  REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
-          T, c.max_seq_len, c.max_seq_len);
-  REQUIRE(recompute == 0 || recompute == 1, "-r %d: the recompute level must be 0 or 1", recompute);
-  m.B = B;
-  m.T = T;
-  m.recompute = recompute;
+// The activations of B x T tokens, one block of memory laid out by activation_table.
+void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
   const bool act_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
-  activation_table(c, B, T, act_per_layer, ln_per_layer, m.act_specs);
+  activation_table(m.config, B, T, act_per_layer, ln_per_layer, m.act_specs);
   size_t bytes = 0;
   for (int i = 0; i < kNumActTensors; i++) {
     bytes += llmc::round_up(m.act_specs[i].bytes(), 256);
@@ -4952,6 +4948,12 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
     m.act_layer_stride[i] = m.act_specs[i].layers > 1 ? m.act_specs[i].count : 0;
     offset += llmc::round_up(m.act_specs[i].bytes(), 256);
   }
+}
+
+// The passes' scratch of B x T tokens: the buffers the layers reuse, the attention's, the
+// column-reduction partials, the inputs and targets and the encoder backward's plan.
+void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
+  const llmc::GPT2Config& c = m.config;
   const size_t BT = (size_t)B * T, C = c.channels;
   m.scratch_btc = device_alloc<floatX>(BT * C, "a B*T*C scratch buffer");
   m.scratch_bt4c = device_alloc<floatX>(BT * 4 * C, "a B*T*4C scratch buffer");
@@ -4980,6 +4982,13 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
+}
+
+// The FP8 layers' state (-fp8 1 or 2): the weights' casts and scales, the activations' and
+// gradients' scales and amax history, the transposed casts the backward reads.
+void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
+  const llmc::GPT2Config& c = m.config;
+  const size_t BT = (size_t)B * T, C = c.channels;
   m.fp8 = fp8 != 0;
   m.fp8_delayed = fp8 == 2;
   m.fp8_grad_format = grad_format;
@@ -5018,6 +5027,24 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
     m.fp8_inputs_t = device_alloc<uint8_t>(L * kBlockInputWidths * C * Np, "the FP8 transposed activations");
     m.fp8_weights_stale = true;
   }
+}
+
+// Everything a training pass of B x T tokens needs beyond the parameters and the optimizer
+// state. fp8: -fp8 (0 none, 1 current scaling, 2 delayed: the blocks' linear layers in FP8, which
+// needs the BF16 build and a GPU of compute capability 8.9 or newer); grad_format: the output
+// gradients' format.
+void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
+                   Fp8Format grad_format = Fp8Format::kE5M2) {
+  const llmc::GPT2Config& c = m.config;
+  REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
+          T, c.max_seq_len, c.max_seq_len);
+  REQUIRE(recompute == 0 || recompute == 1, "-r %d: the recompute level must be 0 or 1", recompute);
+  m.B = B;
+  m.T = T;
+  m.recompute = recompute;
+  gpt2_allocate_activations(m, B, T, recompute, fp8);
+  gpt2_allocate_scratch(m, B, T, fp8);
+  gpt2_allocate_fp8(m, B, T, fp8, grad_format);
 }
 
 void gpt2_free(GPT2& m) {
