@@ -8,7 +8,8 @@
 #
 # usage: scripts/compare_builds.sh OTHER_TREE OUTDIR TINYSHAKESPEARE_TXT [NAME...]
 #   OTHER_TREE  the other checkout (for example: git worktree add ../base COMMIT)
-#   OUTDIR      logs and runs, one folder per tree; the summary is OUTDIR/summary.txt
+#   OUTDIR      logs and runs, one folder per tree (checkpoints removed once compared); the
+#               summary is OUTDIR/summary.txt
 #   NAME        only these runs (default all): gpt2_bf16 gpt2_fp32 gpt2_fp8 gpt2_muon modern_bf16
 #               modern_fp32
 set -uo pipefail
@@ -84,5 +85,6 @@ for name in "${names[@]}"; do
     > "$a.after10"
   grep -aE "^step .*loss|checksum" "$resumed.log" | sed 's/ | [0-9.]* ms .*//' > "$resumed.after10"
   compare "$name resumed from the other's step 10" "$a.after10" "$resumed.after10"
+  rm -f "$a"/*.bin "$b"/*.bin "$resumed"/*.bin  # a d12 run's checkpoints take gigabytes
 done
 ! grep -q DIFFERENT "$summary"

@@ -528,7 +528,7 @@ if [ $no_gpu = 1 ]; then
   cpu_trainer="; the CPU trainer \./train_gpt2 runs this without one\$"
   attempt "no CUDA GPU is visible.*$cpu_trainer" "${COMMON[@]}" -x 2
   report "no GPU: a GPT-2 run with the shared flags names the CPU trainer"
-  for extra in "-recipe modern -t 64 -z -1" "-opt muon" "-recipe gpt2" "-fp8 1"; do
+  for extra in "-recipe modern -t 64 -z -1" "-opt muon" "-recipe gpt2" "-r 1"; do
     has_flag "${extra%% *}" || continue
     # shellcheck disable=SC2086  # the flags' words
     attempt "no CUDA GPU is visible \(check nvidia-smi and CUDA_VISIBLE_DEVICES\)\$" "${COMMON[@]}" -x 2 $extra
