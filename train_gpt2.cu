@@ -6773,10 +6773,13 @@ OptimizerConfig run_optimizer(const TrainArgs& a) {
 
 // -recipe and -opt parse their names into what they name.
 llmc::Flag recipe_flag(TrainArgs& a) {
-  return {"-recipe", "recipe",
-          "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
-          "QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of -opt -l -c -gc "
-          "-k -kd -z -b -t -ml -mw -zs",
+  static const std::string help = [] {
+    std::string text = "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
+                       "QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of";
+    for (const std::string& flag : kRecipeFlags) text += " " + flag;
+    return text;
+  }();
+  return {"-recipe", "recipe", help.c_str(),
           [&a](const char* text) { a.recipe = &llmc::recipe_by_name(text, "-recipe"); },
           [&a] { return std::string(a.recipe->name); }};
 }
