@@ -31,7 +31,7 @@ int profile_main(int argc, char** argv) {
   matmul_setup(true);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
-  gpt2_init(m, config, llmc::init_params_from_seed(config, 42), true, 42);
+  gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon}, 42);
   gpt2_allocate(m, B, T, 0, fp8);
   llmc::Rng rng(1234);
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);

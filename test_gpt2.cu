@@ -78,7 +78,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
                        const llmc::DebugState& ref, bool fp8, float tol) {
   const OptimizerConfig opt = debug_state_optimizer(ref, config);
   GPT2 m;
-  gpt2_init(m, config, values, true, 42);
+  gpt2_init(m, config, values, {true, opt.muon}, 42);
   gpt2_allocate(m, ref.B, ref.T, 0, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
@@ -131,7 +131,7 @@ int test_main(int argc, char** argv) {
     return testing::summary("test_gpt2cu --fp8");
   }
   GPT2 m;
-  gpt2_init(m, config, values, true, 42);
+  gpt2_init(m, config, values, StateSpec(), 42);
   gpt2_allocate(m, B, T, 0);
 
   // Forward: logits (the padded columns are not part of the reference).

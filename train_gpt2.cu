@@ -166,6 +166,14 @@ void* device_try_alloc(size_t bytes, size_t spare) {
   return p;
 }
 
+// The device bytes that allocate() adds, for the start-up table's memory by owner.
+template <class Allocate>
+size_t device_bytes_of(Allocate allocate) {
+  const size_t before = g_device_memory.current;
+  allocate();
+  return g_device_memory.current - before;
+}
+
 void device_free(void* p) {
   if (!p) return;
   auto it = g_device_memory.sizes.find(p);
@@ -221,6 +229,23 @@ void pinned_host_free(void* p, size_t bytes) {
   munmap(p, bytes);
 }
 
+// Runs piece(at, bytes) over the 4 MiB pieces of `bytes` on several threads: a host pass over
+// gigabytes.
+template <class Piece>
+void host_pass_parallel(size_t bytes, Piece piece) {
+  constexpr size_t kBlock = 4ul << 20;
+  const long blocks = (long)((bytes + kBlock - 1) / kBlock);
+#pragma omp parallel for num_threads(llmc::host_pass_threads()) schedule(static)
+  for (long i = 0; i < blocks; i++) {
+    const size_t at = (size_t)i * kBlock;
+    piece(at, std::min(kBlock, bytes - at));
+  }
+}
+
+void host_zero_parallel(void* dst, size_t bytes) {
+  host_pass_parallel(bytes, [&](size_t at, size_t n) { memset((char*)dst + at, 0, n); });
+}
+
 // Copies between the GPU and pageable host memory through two pinned pieces, returning once done.
 // The driver's own path for pageable memory runs at a small fraction of the speed of copies from
 // pinned memory (dev/cuda/NOTES.md): here the host side is a memcpy on several threads, which
@@ -229,13 +254,7 @@ void pinned_host_free(void* p, size_t bytes) {
 constexpr size_t kPinnedPieceBytes = 64ul << 20;
 
 void host_copy_parallel(void* dst, const void* src, size_t bytes) {
-  constexpr size_t kBlock = 4ul << 20;
-  const long blocks = (long)((bytes + kBlock - 1) / kBlock);
-#pragma omp parallel for num_threads(llmc::host_pass_threads()) schedule(static)
-  for (long i = 0; i < blocks; i++) {
-    const size_t at = (size_t)i * kBlock;
-    memcpy((char*)dst + at, (const char*)src + at, std::min(kBlock, bytes - at));
-  }
+  host_pass_parallel(bytes, [&](size_t at, size_t n) { memcpy((char*)dst + at, (const char*)src + at, n); });
 }
 
 // The two pieces and their events; ok is false where they could not be had (then nothing is held).
@@ -3967,10 +3986,100 @@ struct AdamWParams {
   int step;          // 1-based, for bias correction
 };
 
+// The optimizer state of a process's shard [shard_offset, shard_offset + shard_size) of the
+// parameter buffer (the whole buffer without ZeRO), by owner: AdamW's two moments cover the tensors
+// AdamW updates and Muon's momentum the matrices Muon updates, each one compact array of the
+// tensors' parts in the shard, in tensor order; the FP32 master weights are one flat array over
+// the shard. A part starts in its owner's array at the residue modulo kStateAlign that it has in
+// the shard, so that every 16-byte access of the kernels is aligned where it was when the moments
+// were flat arrays over the shard, and takes the same path: the same bits.
+constexpr size_t kStateAlign = 16;
+enum class StateOwner : uint8_t { kNone, kAdamW, kMuon };  // kNone: no element in the shard
+
+struct StateLayout {
+  size_t shard_offset = 0, shard_size = 0;
+  StateOwner owner[llmc::kNumParamTensors] = {};
+  size_t begin[llmc::kNumParamTensors] = {};  // the part's first element in the parameter buffer
+  size_t size[llmc::kNumParamTensors] = {};   // its elements
+  size_t state[llmc::kNumParamTensors] = {};  // its first element's position in its owner's array
+  size_t adamw_size = 0, muon_size = 0;       // the owners' array lengths
+  int count = 0;                              // tensors
+};
+
+// Tensor i holds sizes[i] elements from offsets[i] of the parameter buffer; muon[i]: Muon updates it.
+StateLayout state_layout(int count, const size_t* offsets, const size_t* sizes, const bool* muon,
+                         size_t shard_offset, size_t shard_size) {
+  REQUIRE(count <= llmc::kNumParamTensors, "state_layout: %d tensors, at most %d", count,
+          llmc::kNumParamTensors);
+  StateLayout l;
+  l.shard_offset = shard_offset;
+  l.shard_size = shard_size;
+  l.count = count;
+  for (int i = 0; i < count; i++) {
+    const size_t begin = std::max(offsets[i], shard_offset);
+    const size_t end = std::min(offsets[i] + sizes[i], shard_offset + shard_size);
+    if (begin >= end) continue;
+    l.owner[i] = muon[i] ? StateOwner::kMuon : StateOwner::kAdamW;
+    size_t& length = muon[i] ? l.muon_size : l.adamw_size;
+    l.begin[i] = begin;
+    l.size[i] = end - begin;
+    l.state[i] = llmc::round_up(length, kStateAlign) + (begin - shard_offset) % kStateAlign;
+    length = l.state[i] + l.size[i];
+  }
+  return l;
+}
+
+// One set of the optimizer state's arrays (StateLayout). A checkpoint's snapshot keeps a second
+// set (section 12).
+struct OptimizerArrays {
+  float* adam_m = nullptr;    // AdamW's first moments, adamw_size
+  float* adam_v = nullptr;    // AdamW's second moments, adamw_size
+  float* momentum = nullptr;  // Muon's, muon_size
+  float* master = nullptr;    // FP32 master weights, shard_size; null without
+};
+
+size_t optimizer_arrays_bytes(const StateLayout& l, bool master) {
+  return (2 * l.adamw_size + l.muon_size + (master ? l.shard_size : 0)) * sizeof(float);
+}
+
+// A zeroed set of arrays; with `spare`, none (false) where the GPU has not their bytes and
+// `spare` beyond free, else out of memory is an error.
+bool optimizer_arrays_alloc(OptimizerArrays* a, const StateLayout& l, bool master, const size_t* spare = nullptr) {
+  *a = OptimizerArrays();
+  const std::pair<float**, size_t> arrays[] = {{&a->adam_m, l.adamw_size}, {&a->adam_v, l.adamw_size},
+                                               {&a->momentum, l.muon_size}, {&a->master, master ? l.shard_size : 0}};
+  const char* names[] = {"AdamW's first moments", "AdamW's second moments", "Muon's momentum",
+                         "the FP32 master weights"};
+  for (int i = 0; i < 4; i++) {
+    float*& p = *arrays[i].first;
+    const size_t bytes = arrays[i].second * sizeof(float);
+    if (bytes == 0) continue;
+    p = spare ? (float*)device_try_alloc(bytes, *spare) : device_alloc<float>(arrays[i].second, names[i]);
+    if (!p) {
+      for (float* q : {a->adam_m, a->adam_v, a->momentum, a->master}) device_free(q);
+      *a = OptimizerArrays();
+      return false;
+    }
+    cudaCheck(cudaMemset(p, 0, bytes));
+  }
+  return true;
+}
+
+inline bool has_arrays(const OptimizerArrays& a) { return a.adam_m || a.adam_v || a.momentum || a.master; }
+inline bool same_arrays(const OptimizerArrays& a, const OptimizerArrays& b) {
+  return a.adam_m == b.adam_m && a.adam_v == b.adam_v && a.momentum == b.momentum && a.master == b.master;
+}
+
+void optimizer_arrays_free(OptimizerArrays& a) {
+  for (float* p : {a.adam_m, a.adam_v, a.momentum, a.master}) device_free(p);
+  a = OptimizerArrays();
+}
+
 // The tensors (or, with ZeRO, the parts of them in this rank's shard) that one AdamW launch
 // updates. Each slice has its own learning rate, weight decay and rounding seed; index_offset is
 // the position of the slice's first element in its tensor, so that the rounding bits do not
-// depend on where the shards are cut. The launch gives each slice whole blocks, first_block[i] onwards.
+// depend on where the shards are cut; state is the position of that element in the moments'
+// arrays (StateLayout). The launch gives each slice whole blocks, first_block[i] onwards.
 constexpr int kMaxAdamWSlices = llmc::kNumParamTensors;
 constexpr int kAdamWThreads = 256;
 constexpr int kAdamWBlockElements = kAdamWThreads * x128::size;
@@ -3981,17 +4090,19 @@ struct AdamWSlices {
   size_t begin[kMaxAdamWSlices] = {};  // first element, in params and grads
   size_t size[kMaxAdamWSlices] = {};
   size_t index_offset[kMaxAdamWSlices] = {};
+  size_t state[kMaxAdamWSlices] = {};
   float lr[kMaxAdamWSlices] = {};
   float weight_decay[kMaxAdamWSlices] = {};
   uint32_t seed[kMaxAdamWSlices] = {};
 
-  void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, float slice_lr, float decay,
-           uint32_t slice_seed) {
+  void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, size_t slice_state,
+           float slice_lr, float decay, uint32_t slice_seed) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
     lr[count] = slice_lr;
     size[count] = slice_size;
     index_offset[count] = slice_index_offset;
+    state[count] = slice_state;
     weight_decay[count] = decay;
     seed[count] = slice_seed;
     first_block[count + 1] = first_block[count] + (int)ceil_div(slice_size, (size_t)kAdamWBlockElements);
@@ -4010,19 +4121,13 @@ __device__ __forceinline__ float adamw_element(float g, float& m, float& v, floa
 
 // Thread t of a slice's block b updates its x128::size elements at (b * kAdamWThreads + t) *
 // x128::size: 16-byte loads and stores where the slice's alignment allows, one element at a time
-// otherwise. Optimizer state (m, v, master) is indexed from state_offset, the shard's first
-// element. master may be null (FP32 builds, or BF16 without master weights: the parameter is the
-// master). Every load is issued before any store, and the arrays are declared not to overlap:
-// otherwise each 16-byte piece's loads wait for the previous piece's stores, and the kernel ran
-// at less than half the bandwidth.
-// kMoved: the new state goes to to.m, to.v, to.master, other arrays than the old state's (the
-// step after a checkpoint, section 12); otherwise `to` is not touched and the update is in place.
-struct AdamWState {
-  float* m = nullptr;
-  float* v = nullptr;
-  float* master = nullptr;
-};
-
+// otherwise. The moments m and v are indexed from the slice's state position, the master weights
+// from state_offset, the shard's first element. master may be null (FP32 builds, or BF16 without
+// master weights: the parameter is the master). Every load is issued before any store, and the
+// arrays are declared not to overlap: otherwise each 16-byte piece's loads wait for the previous
+// piece's stores, and the kernel ran at less than half the bandwidth.
+// kMoved: the new state goes to to_m, to_v, to_master, other arrays than the old state's (the
+// step after a checkpoint, section 12); otherwise they are not touched and the update is in place.
 template <bool kMoved>
 __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
     floatX* __restrict__ params, float* __restrict__ master, const floatX* __restrict__ grads,
@@ -4036,19 +4141,20 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   while (s + 1 < slices.count && slices.first_block[s + 1] <= (int)blockIdx.x) s++;
   const size_t local = ((size_t)(blockIdx.x - slices.first_block[s]) * kAdamWThreads + threadIdx.x) * x128::size;
   if (local >= slices.size[s]) return;
-  const size_t p = slices.begin[s] + local, st = p - state_offset;
+  const size_t p = slices.begin[s] + local, st = p - state_offset, sm = slices.state[s] + local;
   const float lr = slices.lr[s], decay = slices.weight_decay[s];
   const uint32_t seed = slices.seed[s];
   const size_t index = slices.index_offset[s] + local;
-  const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0;
+  const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0 &&
+                      sm % f128::size == 0;
   if (!vector) {
     for (size_t i = 0; i < x128::size && local + i < slices.size[s]; i++) {
-      float mi = m[st + i], vi = v[st + i];
+      float mi = m[sm + i], vi = v[sm + i];
       const float old = master ? master[st + i] : (float)params[p + i];
       const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, lr, decay,
                                           beta1_correction, beta2_correction);
-      out_m[st + i] = mi;
-      out_v[st + i] = vi;
+      out_m[sm + i] = mi;
+      out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
       params[p + i] = round_stochastic(updated, seed, index + i);
     }
@@ -4061,9 +4167,9 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   f128 mi[kPieces], vi[kPieces], old[kPieces];
 #pragma unroll
   for (int piece = 0; piece < kPieces; piece++) {
-    const size_t q = st + piece * f128::size;
-    mi[piece] = load128cs(m + q);
-    vi[piece] = load128cs(v + q);
+    const size_t q = st + piece * f128::size, qm = sm + piece * f128::size;
+    mi[piece] = load128cs(m + qm);
+    vi[piece] = load128cs(v + qm);
     if (master) old[piece] = load128cs(master + q);
   }
   x128 out;
@@ -4080,31 +4186,34 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   }
 #pragma unroll
   for (int piece = 0; piece < kPieces; piece++) {
-    const size_t q = st + piece * f128::size;
-    store128(out_m + q, mi[piece]);
-    store128(out_v + q, vi[piece]);
+    const size_t q = st + piece * f128::size, qm = sm + piece * f128::size;
+    store128(out_m + qm, mi[piece]);
+    store128(out_v + qm, vi[piece]);
     if (master) store128(out_master + q, old[piece]);
   }
   store128(params + p, out);
 }
 
-// One launch for every slice. The state arrays m, v (and master) start at element state_offset.
-// With `to` (its m set): the new state goes there, the old stays as it was.
-void adamw_update(floatX* params, float* master, const floatX* grads, float* m, float* v,
-                  size_t state_offset, const AdamWSlices& slices, const AdamWParams& hp,
-                  cudaStream_t stream, const AdamWState& to = AdamWState()) {
+// One launch for every slice, from the moments and master weights of `from` (its master null:
+// none; the moments' positions are the slices', the master weights' start at element
+// state_offset). With `to` (its adam_m set): the new state goes there, the old stays as it was.
+void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& from, size_t state_offset,
+                  const AdamWSlices& slices, const AdamWParams& hp, cudaStream_t stream,
+                  const OptimizerArrays& to = OptimizerArrays()) {
   if (slices.count == 0) return;
-  REQUIRE(!to.m || (to.v && !master == !to.master), "adamw_update: the new state needs m, v%s",
-          master ? " and master" : "");
+  REQUIRE(!to.adam_m || (to.adam_v && !from.master == !to.master), "adamw_update: the new state needs m, v%s",
+          from.master ? " and master" : "");
   const float c1 = 1.0f - powf(hp.beta1, (float)hp.step);
   const float c2 = 1.0f - powf(hp.beta2, (float)hp.step);
   const int blocks = slices.first_block[slices.count];
-  if (to.m) {
-    adamw_kernel<true><<<blocks, kAdamWThreads, 0, stream>>>(params, master, grads, m, v, to.master, to.m,
-                                                             to.v, state_offset, slices, hp, c1, c2);
+  if (to.adam_m) {
+    adamw_kernel<true><<<blocks, kAdamWThreads, 0, stream>>>(params, from.master, grads, from.adam_m, from.adam_v,
+                                                             to.master, to.adam_m, to.adam_v, state_offset,
+                                                             slices, hp, c1, c2);
   } else {
-    adamw_kernel<false><<<blocks, kAdamWThreads, 0, stream>>>(params, master, grads, m, v, nullptr, nullptr,
-                                                              nullptr, state_offset, slices, hp, c1, c2);
+    adamw_kernel<false><<<blocks, kAdamWThreads, 0, stream>>>(params, from.master, grads, from.adam_m,
+                                                              from.adam_v, nullptr, nullptr, nullptr,
+                                                              state_offset, slices, hp, c1, c2);
   }
   cudaCheckLaunch();
 }
@@ -4750,7 +4859,12 @@ constexpr LinearSpec kBlockLinears[kNumBlockLinears] = {
 };
 constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units of C: 1 + 1 + 1 + 4
 
-struct GPT2 {
+// The model's state in four owners, each allocated by its own function: the parameters (and their
+// gradients), the optimizer's state, the passes' activations and scratch, and the FP8 layers'
+// state. GPT2 is the four together; a function that needs one owner alone takes that one.
+
+// The parameters and their gradients: gpt2_allocate_params.
+struct ModelParams {
   llmc::GPT2Config config;
   const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
@@ -4763,27 +4877,52 @@ struct GPT2 {
   // contribution, the head's, each micro step, and so k micro steps of a batch sum in the same
   // order as one step of k times the batch.
   floatX* wte_grad_encoder = nullptr;
-  float* master = nullptr;  // FP32 master weights (BF16 builds with -w 1)
-  float* adam_m = nullptr;
-  float* adam_v = nullptr;
-  // Where the next update puts AdamW's state instead of in place (set by a checkpoint that keeps
-  // the current state for its writer, section 12); the model then goes on with those arrays.
-  AdamWState adam_next;
-  bool use_master_weights = true;
-  int optimizer_steps = 0;
   // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
   // params and grads hold num_params_padded = shard_size * shard_count elements (zeros past
   // num_params), so that every shard has the same length for NCCL's reduce-scatter / all-gather.
   int shard_count = 1;
   size_t shard_offset = 0, shard_size = 0, num_params_padded = 0;
+  llmc::Rng rng{0};  // seeds for stochastic rounding
+  size_t param_bytes = 0;  // on the GPU
 
-  // activations, sized for B x T
+  floatX* param(int i, int layer = 0) {
+    const llmc::ParamSpec& s = param_specs[i];
+    const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
+    return params + param_offsets[i] + layer * per_layer;
+  }
+  floatX* grad(int i, int layer = 0) { return grads + (param(i, layer) - params); }
+};
+
+// The optimizer's state of this process's shard (StateLayout): gpt2_allocate_optimizer_state.
+struct OptimizerState {
+  bool muon = false;  // Muon updates the blocks' matrices (muon_updates)
+  StateLayout state_layout;
+  OptimizerArrays state;
+  // Where the next update puts the state instead of in place (set by a checkpoint that keeps the
+  // current arrays for its writer, section 12); the model then goes on with those arrays.
+  OptimizerArrays state_next;
+  bool use_master_weights = true;
+  int optimizer_steps = 0;
+  // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
+  // pointers made for the state arrays muon_state_for (the arrays move after a checkpoint), and
+  // the scratch of the orthogonalisation.
+  std::vector<MuonGroup> muon_groups;
+  std::vector<size_t> muon_offsets;  // each group's matrices' first elements, group after group
+  void* muon_pointers = nullptr;     // the groups' device arrays of pointers and tall flags
+  OptimizerArrays muon_state_for;
+  MuonWorkspace muon_workspace;
+  size_t state_bytes = 0;  // on the GPU, the workspace left out
+};
+
+// The activations and the passes' scratch, sized for B x T tokens: gpt2_allocate_activations and
+// gpt2_allocate_scratch.
+struct Activations {
   int B = 0, T = 0, recompute = 0;
   ActSpec act_specs[kNumActTensors];
   char* act_memory = nullptr;
   void* acts[kNumActTensors];
+  size_t act_layer_stride[kNumActTensors];  // elements between layers; 0 for single tensors
 
-  // scratch shared by the passes
   floatX* scratch_btc = nullptr;     // B*T*C: attention y, projection outputs, dln, datty
   floatX* scratch_bt4c = nullptr;    // B*T*4C: qkv in the forward pass, dfch / dqkv backward
   floatX* dresidual = nullptr;       // B*T*C residual-stream gradient
@@ -4800,21 +4939,25 @@ struct GPT2 {
   std::vector<int> inputs_host;      // the last forward's inputs, for the encoder backward plan
   EncoderBackwardPlan encoder_plan;
   EncoderBackwardBuffers encoder_buffers;
+  size_t act_bytes = 0;  // on the GPU, activations and scratch
 
-  llmc::Rng rng{0};                  // seeds for stochastic rounding
-  cudaStream_t stream = 0;
+  floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
+  float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
+};
 
-  // -fp8 1 or 2 (gpt2_allocate): the blocks' linear layers run FP8 products (section 5). The
-  // weights are cast by the first forward pass after the parameters change (gpt2_init,
-  // gpt2_update; with ZeRO that is after the all-gather that follows the update), with current
-  // scaling. The inputs and output gradients: current scaling with -fp8 1; delayed with -fp8 2,
-  // once the history holds a step (gpt2_fp8_end_step), current before. Decoding (section 11)
-  // stays BF16.
+// -fp8 1 or 2 (gpt2_allocate_fp8): the blocks' linear layers run FP8 products (section 5). The
+// weights are cast by the first forward pass after the parameters change (gpt2_init, gpt2_update;
+// with ZeRO that is after the all-gather that follows the update), with current scaling. The
+// inputs and output gradients: current scaling with -fp8 1; delayed with -fp8 2, once the history
+// holds a step (gpt2_fp8_end_step), current before. Decoding (section 11) stays BF16.
+struct Fp8State {
   bool fp8 = false;
   bool fp8_delayed = false;
   Fp8Format fp8_grad_format = Fp8Format::kE5M2;  // the output gradients' (-fp8g)
   bool fp8_weights_stale = true;
   int fp8_recorded_steps = 0;        // delayed scaling: steps whose amaxes the history holds
+  int fp8_layers = 0;                // the model's layers
+  int fp8_channels = 0;              // the model's channels
   uint8_t* fp8_weights = nullptr;    // per layer, per linear: w8 [OC, C], then w8t [C, OC]
   Fp8Scale* fp8_scales = nullptr;    // per layer, per linear: the weight's
   Fp8Scale* fp8_act_scales = nullptr;  // per layer, per linear: the input's, the output gradient's
@@ -4822,28 +4965,10 @@ struct GPT2 {
   uint8_t* fp8_inputs_t = nullptr;  // per layer, per linear: the forward's input cast, transposed
   size_t fp8_tokens_t = 0;          // the transposes' row length: fp8_padded(B * T)
   Fp8Buffers fp8_buffers;
-
-  // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
-  // pointers made for the optimizer state arrays muon_state (the arrays move after a checkpoint),
-  // and the scratch of the orthogonalisation.
-  std::vector<MuonGroup> muon_groups;
-  std::vector<size_t> muon_offsets;  // each group's matrices' first elements, group after group
-  void* muon_pointers = nullptr;     // the groups' device arrays of pointers and tall flags
-  const float* muon_state = nullptr;
-  MuonWorkspace muon_workspace;
-
-  floatX* param(int i, int layer = 0) {
-    const llmc::ParamSpec& s = param_specs[i];
-    const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
-    return params + param_offsets[i] + layer * per_layer;
-  }
-  floatX* grad(int i, int layer = 0) { return grads + (param(i, layer) - params); }
-  size_t act_layer_stride[kNumActTensors];  // elements between layers; 0 for single tensors
-  floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
-  float* act_f(int i, int layer = 0) { return (float*)acts[i] + layer * act_layer_stride[i]; }
+  size_t fp8_bytes = 0;  // on the GPU
 
   Fp8Weight fp8_weight(int linear, int layer) {
-    const size_t C2 = (size_t)config.channels * config.channels;
+    const size_t C2 = (size_t)fp8_channels * fp8_channels;
     size_t offset = (size_t)layer * 2 * 12 * C2;  // the four weights hold 12 C^2 values
     for (int i = 0; i < linear; i++) offset += 2 * kBlockLinears[i].in * kBlockLinears[i].out * C2;
     const size_t size = kBlockLinears[linear].in * kBlockLinears[linear].out * C2;
@@ -4854,9 +4979,9 @@ struct GPT2 {
   uint8_t* fp8_input_t(int linear, int layer) {
     size_t rows = (size_t)layer * kBlockInputWidths;  // in units of C
     for (int i = 0; i < linear; i++) rows += kBlockLinears[i].in;
-    return fp8_inputs_t + rows * config.channels * fp8_tokens_t;
+    return fp8_inputs_t + rows * fp8_channels * fp8_tokens_t;
   }
-  int fp8_act_scale_count() const { return config.num_layers * kNumBlockLinears * 2; }
+  int fp8_act_scale_count() const { return fp8_layers * kNumBlockLinears * 2; }
   Fp8Scale* fp8_input_scale(int linear, int layer) {
     return fp8_act_scales + ((size_t)layer * kNumBlockLinears + linear) * 2;
   }
@@ -4867,30 +4992,40 @@ struct GPT2 {
   }
 };
 
-// The optimizer state of this process's shard, zeroed: AdamW's moments (Muon's momentum in the
-// first), and the FP32 master weights where the parameters are stored in BF16.
-void gpt2_allocate_optimizer_state(GPT2& m) {
-  m.adam_m = device_alloc<float>(m.shard_size, "AdamW's first moments");
-  m.adam_v = device_alloc<float>(m.shard_size, "AdamW's second moments");
-  cudaCheck(cudaMemset(m.adam_m, 0, m.shard_size * sizeof(float)));
-  cudaCheck(cudaMemset(m.adam_v, 0, m.shard_size * sizeof(float)));
-  if (m.use_master_weights) {
-    m.master = device_alloc<float>(m.shard_size, "the FP32 master weights");
-    cudaCheck(cudaMemset(m.master, 0, m.shard_size * sizeof(float)));
+struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State {
+  cudaStream_t stream = 0;  // every pass's and the update's
+};
+
+// Which tensors Muon updates with -opt muon: the blocks' matrices. AdamW updates the rest.
+inline bool muon_updates(const llmc::ParamSpec& spec) { return spec.role == llmc::ParamRole::kMatrix; }
+
+// The optimizer state of this process's shard of p's parameters, zeroed (StateLayout): AdamW's
+// moments, Muon's momentum where muon, and the FP32 master weights where the parameters are stored
+// in BF16 and master_weights asks for them.
+void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool master_weights, bool muon) {
+  size_t sizes[llmc::kNumParamTensors];
+  bool by_muon[llmc::kNumParamTensors];
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    sizes[i] = p.param_specs[i].size;
+    by_muon[i] = muon && muon_updates(p.param_specs[i]);
   }
+  o.state_layout = state_layout(llmc::kNumParamTensors, p.param_offsets, sizes, by_muon, p.shard_offset,
+                                p.shard_size);
+  o.muon = muon;
+  o.use_master_weights = master_weights && sizeof(floatX) < sizeof(float);
+  optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
 }
 
-// The parameters and gradients of config, zeroed, then the optimizer state. shard_count > 1:
-// ZeRO stage 1, this process keeps the optimizer state of shard shard_rank only.
-void gpt2_allocate_params(GPT2& m, const llmc::GPT2Config& config, bool use_master_weights,
-                          uint64_t seed, int shard_rank, int shard_count) {
+// The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process
+// keeps the optimizer state of shard shard_rank only.
+void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64_t seed, int shard_rank,
+                          int shard_count) {
   m.config = config;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
-  m.use_master_weights = use_master_weights && sizeof(floatX) < sizeof(float);
   m.shard_count = shard_count;
   const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
   m.shard_size = shard.size;
@@ -4902,23 +5037,36 @@ void gpt2_allocate_params(GPT2& m, const llmc::GPT2Config& config, bool use_mast
   cudaCheck(cudaMemset(m.params, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.grads, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
-  gpt2_allocate_optimizer_state(m);
   m.rng.seed(seed);
+}
+
+// What the optimizer state holds: the FP32 master weights (BF16 builds), and Muon's momentum for
+// the matrices Muon updates (-opt muon; gpt2_update then needs an OptimizerConfig with muon).
+struct StateSpec {
+  bool master_weights = true;
+  bool muon = false;
+};
+
+// The parameters, zeroed, and the optimizer state of spec.
+void gpt2_allocate_model(GPT2& m, const llmc::GPT2Config& config, StateSpec spec, uint64_t seed,
+                         int shard_rank, int shard_count) {
+  m.param_bytes = device_bytes_of([&] { gpt2_allocate_params(m, config, seed, shard_rank, shard_count); });
+  m.state_bytes = device_bytes_of([&] { gpt2_allocate_optimizer_state(m, m, spec.master_weights, spec.muon); });
 }
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation): rounded to the storage
 // type, and this shard's master weights the values themselves.
-void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>& values,
-               bool use_master_weights, uint64_t seed, int shard_rank = 0, int shard_count = 1) {
+void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>& values, StateSpec spec,
+               uint64_t seed, int shard_rank = 0, int shard_count = 1) {
   REQUIRE(values.size() == llmc::num_parameters(config), "gpt2_init: %zu values for %zu parameters",
           values.size(), llmc::num_parameters(config));
-  gpt2_allocate_params(m, config, use_master_weights, seed, shard_rank, shard_count);
+  gpt2_allocate_model(m, config, spec, seed, shard_rank, shard_count);
   std::unique_ptr<floatX[]> converted(new floatX[m.num_params]);  // not zero-filled first
   float_to_floatX(converted.get(), values.data(), m.num_params);
   copy_pageable(m.params, converted.get(), m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
-  if (m.master) {
+  if (m.state.master) {
     const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
-    copy_pageable(m.master, values.data() + shard.offset, shard.real * sizeof(float),
+    copy_pageable(m.state.master, values.data() + shard.offset, shard.real * sizeof(float),
                   cudaMemcpyHostToDevice, m.stream);
   }
 }
@@ -4927,9 +5075,9 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
 // values), uploaded as they are: -y 1, whose state file holds the master weights (load_state),
 // so none are uploaded here only to be overwritten (at d48, 6.2 GB), and the parameters take no
 // round trip through FP32 values.
-void gpt2_init_stored(GPT2& m, const llmc::GPT2Config& config, const floatX* stored,
-                      bool use_master_weights, uint64_t seed, int shard_rank, int shard_count) {
-  gpt2_allocate_params(m, config, use_master_weights, seed, shard_rank, shard_count);
+void gpt2_init_stored(GPT2& m, const llmc::GPT2Config& config, const floatX* stored, StateSpec spec,
+                      uint64_t seed, int shard_rank, int shard_count) {
+  gpt2_allocate_model(m, config, spec, seed, shard_rank, shard_count);
   copy_pageable(m.params, stored, m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
 }
 
@@ -5007,6 +5155,8 @@ void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
             fp8, prop.name, prop.major, prop.minor);
     fp8_require_layer((int)C, (int)C);
     const size_t L = c.num_layers, Np = fp8_padded(B * T);
+    m.fp8_layers = c.num_layers;
+    m.fp8_channels = c.channels;
     m.fp8_weights = device_alloc<uint8_t>(L * 2 * 12 * C * C, "the FP8 weights");
     m.fp8_scales = device_alloc<Fp8Scale>(L * kNumBlockLinears, "the FP8 weight scales");
     cudaCheck(cudaMemset(m.fp8_scales, 0, L * kNumBlockLinears * sizeof(Fp8Scale)));
@@ -5042,14 +5192,16 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.B = B;
   m.T = T;
   m.recompute = recompute;
-  gpt2_allocate_activations(m, B, T, recompute, fp8);
-  gpt2_allocate_scratch(m, B, T, fp8);
-  gpt2_allocate_fp8(m, B, T, fp8, grad_format);
+  m.act_bytes = device_bytes_of([&] {
+    gpt2_allocate_activations(m, B, T, recompute, fp8);
+    gpt2_allocate_scratch(m, B, T, fp8);
+  });
+  m.fp8_bytes = device_bytes_of([&] { gpt2_allocate_fp8(m, B, T, fp8, grad_format); });
 }
 
 void gpt2_free(GPT2& m) {
-  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.master, (void*)m.adam_m,
-                  (void*)m.adam_v, (void*)m.act_memory, (void*)m.scratch_btc,
+  optimizer_arrays_free(m.state);
+  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.act_memory, (void*)m.scratch_btc,
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
                   (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
@@ -5618,7 +5770,6 @@ struct OptimizerConfig {
   bool decay_vectors = false;  // AdamW's weight decay on the 1-D tensors too (the modern recipe)
   float grad_clip = 1.0f;      // the gradient norm clipped to (<= 0: none)
 
-  bool muon_owns(const llmc::ParamSpec& spec) const { return muon && spec.role == llmc::ParamRole::kMatrix; }
   float adamw_lr(const llmc::ParamSpec& spec, float lr) const { return lr * lr_multiplier[(int)spec.role]; }
   float adamw_decay(const llmc::ParamSpec& spec) const { return spec.decayed || decay_vectors ? weight_decay : 0.0f; }
 };
@@ -5631,7 +5782,7 @@ void gpt2_muon_groups(GPT2& m) {
   std::vector<std::pair<std::pair<int, int>, std::vector<Matrix>>> groups;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const llmc::ParamSpec& spec = m.param_specs[i];
-    if (spec.role != llmc::ParamRole::kMatrix || spec.size == 0) continue;
+    if (!muon_updates(spec) || spec.size == 0) continue;
     const std::pair<int, int> wide = {std::min(spec.rows, spec.cols), std::max(spec.rows, spec.cols)};
     auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == wide; });
     if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
@@ -5665,19 +5816,24 @@ void gpt2_muon_groups(GPT2& m) {
   muon_workspace_alloc(m.muon_workspace, m.muon_groups, largest);
 }
 
-// Points the groups at the parameters, gradients and the optimizer state arrays momentum (AdamW's
-// first moments, unused by AdamW for these elements) and master, from this rank's shard_offset.
-// With ZeRO-1 a matrix's state pointer may lie outside the shard's arrays (the matrix starts
-// before the shard or lies past it): the sharded kernels touch only the shard's elements.
-void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
+// Points the groups at the parameters, gradients and the state arrays of `arrays` (Muon's momentum
+// and the master weights; StateLayout). A matrix's state pointer is where its first element's
+// state would be: with ZeRO-1 a matrix may start before the shard or lie past it, and then the
+// pointer lies outside the arrays, but the sharded kernels touch only the shard's elements.
+void gpt2_muon_pointers(GPT2& m, const OptimizerArrays& arrays) {
+  const StateLayout& layout = m.state_layout;
   const size_t count = m.muon_offsets.size();
   std::vector<void*> host(4 * count);
+  auto at = [](float* array, ptrdiff_t element) { return (void*)((uintptr_t)array + element * sizeof(float)); };
   for (size_t i = 0; i < count; i++) {
-    const ptrdiff_t state = (ptrdiff_t)m.muon_offsets[i] - (ptrdiff_t)m.shard_offset;
-    host[i] = m.params + m.muon_offsets[i];
-    host[count + i] = master ? (void*)((uintptr_t)master + state * sizeof(float)) : nullptr;
-    host[2 * count + i] = m.grads + m.muon_offsets[i];
-    host[3 * count + i] = (void*)((uintptr_t)momentum + state * sizeof(float));
+    const size_t offset = m.muon_offsets[i];
+    int tensor = 0;  // the tensor holding the matrix
+    while (tensor + 1 < llmc::kNumParamTensors && m.param_offsets[tensor + 1] <= offset) tensor++;
+    const ptrdiff_t in_part = (ptrdiff_t)offset - (ptrdiff_t)layout.begin[tensor];
+    host[i] = m.params + offset;
+    host[count + i] = arrays.master ? at(arrays.master, (ptrdiff_t)offset - (ptrdiff_t)m.shard_offset) : nullptr;
+    host[2 * count + i] = m.grads + offset;
+    host[3 * count + i] = at(arrays.momentum, (ptrdiff_t)layout.state[tensor] + in_part);
   }
   void** device = (void**)m.muon_pointers;
   cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, m.stream));
@@ -5686,31 +5842,29 @@ void gpt2_muon_pointers(GPT2& m, float* momentum, float* master) {
   size_t first = 0;
   for (MuonGroup& g : m.muon_groups) {
     g.params = (floatX**)device + first;
-    g.master = master ? (float**)device + count + first : nullptr;
+    g.master = arrays.master ? (float**)device + count + first : nullptr;
     g.grads = (floatX**)device + 2 * count + first;
     g.momentum = (float**)device + 3 * count + first;
     g.tall = tall + first;
     first += g.count;
   }
-  m.muon_state = momentum;
+  m.muon_state_for = arrays;
 }
 
-// After a checkpoint the optimizer state moves to other arrays (GPT2::adam_next): the matrices'
-// state in this rank's shard is copied there, to be updated in place.
+// After a checkpoint the optimizer state moves to other arrays (OptimizerState::state_next):
+// Muon's momentum and its matrices' master weights in this rank's shard are copied there, to be
+// updated in place (AdamW writes its tensors' new state there itself).
 void gpt2_muon_copy_state(GPT2& m) {
-  const size_t shard_end = m.shard_offset + m.shard_size;
-  for (int i = 0; i < llmc::kNumParamTensors; i++) {
-    const llmc::ParamSpec& spec = m.param_specs[i];
-    const size_t begin = std::max(m.param_offsets[i], m.shard_offset);
-    const size_t end = std::min(m.param_offsets[i] + spec.size, shard_end);
-    if (spec.role != llmc::ParamRole::kMatrix || begin >= end) continue;
-    const size_t o = begin - m.shard_offset, bytes = (end - begin) * sizeof(float);
-    cudaCheck(cudaMemcpyAsync(m.adam_next.m + o, m.adam_m + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
-    cudaCheck(cudaMemcpyAsync(m.adam_next.v + o, m.adam_v + o, bytes, cudaMemcpyDeviceToDevice, m.stream));
-    if (m.master) {
-      cudaCheck(cudaMemcpyAsync(m.adam_next.master + o, m.master + o, bytes, cudaMemcpyDeviceToDevice,
-                                m.stream));
-    }
+  const StateLayout& layout = m.state_layout;
+  const OptimizerArrays &from = m.state, &to = m.state_next;
+  cudaCheck(cudaMemcpyAsync(to.momentum, from.momentum, layout.muon_size * sizeof(float),
+                            cudaMemcpyDeviceToDevice, m.stream));
+  if (!from.master) return;
+  for (int i = 0; i < layout.count; i++) {
+    if (layout.owner[i] != StateOwner::kMuon) continue;
+    const size_t o = layout.begin[i] - layout.shard_offset;
+    cudaCheck(cudaMemcpyAsync(to.master + o, from.master + o, layout.size[i] * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
   }
 }
 
@@ -5724,10 +5878,10 @@ void gpt2_muon_copy_state(GPT2& m) {
 void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed,
                       const MuonSpread& spread) {
   if (m.muon_groups.empty()) gpt2_muon_groups(m);
-  float* momentum = m.adam_next.m ? m.adam_next.m : m.adam_m;
-  float* master = m.adam_next.m ? m.adam_next.master : m.master;
-  if (m.adam_next.m) gpt2_muon_copy_state(m);
-  if (m.muon_state != momentum) gpt2_muon_pointers(m, momentum, master);
+  const bool moved = has_arrays(m.state_next);
+  const OptimizerArrays& arrays = moved ? m.state_next : m.state;
+  if (moved) gpt2_muon_copy_state(m);
+  if (!same_arrays(m.muon_state_for, arrays)) gpt2_muon_pointers(m, arrays);
   MuonParams step = params;
   step.lr = params.lr * lr_fraction;
   auto group_seed = [seed](size_t g) {
@@ -5776,6 +5930,8 @@ inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 :
 // by muon_spread.
 void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
+  REQUIRE(opt.muon == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
+          "update is %s Muon's", m.muon ? "with" : "without", opt.muon ? "with" : "without");
   nvtxRangePush("update");
   m.optimizer_steps++;
   AdamWParams hp;
@@ -5789,27 +5945,22 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
   hp.step = m.optimizer_steps;
   const uint32_t seed = m.rng.u32();
   AdamWSlices slices;
+  const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (layout.owner[i] != StateOwner::kAdamW) continue;
     const llmc::ParamSpec& spec = m.param_specs[i];
-    const size_t o = m.param_offsets[i];
-    const size_t begin = std::max(o, m.shard_offset);
-    const size_t end = std::min(o + spec.size, m.shard_offset + m.shard_size);
-    if (begin >= end || opt.muon_owns(spec)) continue;
-    slices.add(begin, end - begin, begin - o, opt.adamw_lr(spec, lr), opt.adamw_decay(spec),
-               seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1));
+    slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i],
+               opt.adamw_lr(spec, lr), opt.adamw_decay(spec), seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1));
   }
   if (opt.muon) {
     MuonParams muon = opt.muon_params;
     muon.grad_scale = hp.grad_scale;
     gpt2_muon_update(m, muon, lr_fraction, seed, muon_spread);
   }
-  adamw_update(m.params, m.master, m.grads, m.adam_m, m.adam_v, m.shard_offset, slices, hp, m.stream,
-               m.adam_next);
-  if (m.adam_next.m) {
-    m.adam_m = m.adam_next.m;
-    m.adam_v = m.adam_next.v;
-    m.master = m.adam_next.master;
-    m.adam_next = AdamWState();
+  adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
+  if (has_arrays(m.state_next)) {
+    m.state = m.state_next;
+    m.state_next = OptimizerArrays();
   }
   m.fp8_weights_stale = true;
   // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
@@ -5981,16 +6132,16 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 //
 // Writes happen on a background thread (llmc::CheckpointWriter), one checkpoint at a time:
 //  - The step that checkpoints enqueues copies of what it saves (rank 0: the parameters as
-//    stored; every rank: its AdamW moments and master weights) into host buffers, on a stream of
+//    stored; every rank: its optimizer state) into host buffers, on a stream of
 //    their own after the step's update, and hands the writer a job; training goes on. The copies
 //    run beside the next step's forward and backward passes, and that step's update, which
 //    overwrites what they read, waits for them (checkpoint_before_update). The writer waits for
 //    the copies, then writes, syncs and renames each file.
 //  - Over PCIe the copies take longer than a step of the large models (d48: 22 GB), so where the
 //    GPU has the memory to spare a snapshot stays on the GPU: the parameters are copied there in
-//    stream order (3.1 GB at d48, a small part of a step), and AdamW's
-//    state is not copied at all: the next update writes its new state into a second set of
-//    arrays and the model goes on with those (GPT2::adam_next), leaving the checkpoint's. The
+//    stream order (3.1 GB at d48, a small part of a step), and the optimizer's state is not
+//    copied at all: the next update writes its new state into a second set of arrays and the
+//    model goes on with those (OptimizerState::state_next), leaving the checkpoint's. The
 //    writer's thread takes both to the host a piece at a time during the steps that follow
 //    (checkpoint_snapshot_to_host), which wait for none of it.
 //  - DONE_<s> comes after every file of every rank: with one process the job writes it (and
@@ -6005,8 +6156,54 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // With -ac 1 (and -n N, so the run goes on after a checkpoint) the buffers are pinned once for
 // the run, so the copies overlap computing; -ac 0, or host memory that cannot be pinned, copies
 // into pageable buffers for each checkpoint (through pinned pieces, copy_pageable) and settles at
-// once, which is the synchronous write of the same bytes. The model file of a BF16 build holds the parameters' BF16 bits as stored,
-// the bytes of rounding their FP32 values to nearest even (exact for every value but NaN).
+// once, which is the synchronous write of the same bytes. The model file of a BF16 build holds
+// the parameters' BF16 bits as stored, the bytes of rounding their FP32 values to nearest even
+// (exact for every value but NaN).
+//
+// A state file keeps the optimizer state as three flat arrays over the shard, m, v and master
+// (llmc/train_state.h), whichever optimizer owns a tensor: Muon's momentum in m's place, and v
+// zero for Muon's matrices, as in the files of the versions that kept those arrays on the GPU.
+// The copies between the GPU's compact arrays (StateLayout) and that layout are
+// state_file_copies'; the host buffers hold zeros wherever no copy writes (state_file_gaps).
+
+// One copy between a set of the optimizer's arrays and the file's layout: `count` floats at
+// `device`, and at position `at` of the file's array `array` (0 m, 1 v, 2 master).
+struct StateCopy {
+  float* device;
+  int array;
+  size_t at, count;
+};
+
+std::vector<StateCopy> state_file_copies(const StateLayout& l, const OptimizerArrays& a) {
+  std::vector<StateCopy> copies;
+  for (int i = 0; i < l.count; i++) {
+    const size_t at = l.begin[i] - l.shard_offset;
+    if (l.owner[i] == StateOwner::kAdamW) {
+      copies.push_back({a.adam_m + l.state[i], 0, at, l.size[i]});
+      copies.push_back({a.adam_v + l.state[i], 1, at, l.size[i]});
+    } else if (l.owner[i] == StateOwner::kMuon) {
+      copies.push_back({a.momentum + l.state[i], 0, at, l.size[i]});
+    }
+  }
+  if (a.master) copies.push_back({a.master, 2, 0, l.shard_size});
+  return copies;
+}
+
+// Zeroes what no copy writes of the file's m and v in the host buffer `optimizer` (m, then v, each
+// shard_size): v of Muon's matrices, and a last ZeRO shard's elements past the parameters.
+void state_file_zero_gaps(const StateLayout& l, float* optimizer) {
+  for (int array = 0; array < 2; array++) {
+    float* base = optimizer + array * l.shard_size;
+    size_t covered = 0;  // the tensors' parts lie in the shard in order
+    for (int i = 0; i <= l.count; i++) {
+      const bool end = i == l.count;
+      if (!end && (l.owner[i] == StateOwner::kNone || (array == 1 && l.owner[i] == StateOwner::kMuon))) continue;
+      const size_t at = end ? l.shard_size : l.begin[i] - l.shard_offset;
+      if (at > covered) host_zero_parallel(base + covered, (at - covered) * sizeof(float));
+      if (!end) covered = at + l.size[i];
+    }
+  }
+}
 
 llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) {
   llmc::TrainStateId id;
@@ -6014,7 +6211,7 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
   id.rank = rank;
   id.world = world;
   id.num_params = m.shard_size;
-  id.master_weights = m.master != nullptr;
+  id.master_weights = m.state.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
   return id;
 }
@@ -6038,18 +6235,20 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
            id.zero_stage);
   }
   const size_t n = m.shard_size;
-  if (s.adam_m.empty()) {
-    cudaCheck(cudaMemcpyAsync(m.adam_m, pinned, n * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-    cudaCheck(cudaMemcpyAsync(m.adam_v, pinned + n, n * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-    if (m.master) {
-      cudaCheck(cudaMemcpyAsync(m.master, pinned + 2 * n, n * sizeof(float), cudaMemcpyHostToDevice,
-                                m.stream));
+  const bool read_pinned = s.adam_m.empty();
+  const float* files[3] = {pinned, pinned + n, pinned + 2 * n};
+  if (!read_pinned) files[0] = s.adam_m.data(), files[1] = s.adam_v.data(), files[2] = s.master.data();
+  for (const StateCopy& c : state_file_copies(m.state_layout, m.state)) {
+    const float* host = files[c.array] + c.at;
+    if (read_pinned) {
+      cudaCheck(cudaMemcpyAsync(c.device, host, c.count * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+    } else {
+      copy_pageable(c.device, host, c.count * sizeof(float), cudaMemcpyHostToDevice, m.stream);
     }
-    cudaCheck(cudaStreamSynchronize(m.stream));  // the checkpoints reuse the buffers
-  } else {
-    copy_pageable(m.adam_m, s.adam_m.data(), n * sizeof(float), cudaMemcpyHostToDevice, m.stream);
-    copy_pageable(m.adam_v, s.adam_v.data(), n * sizeof(float), cudaMemcpyHostToDevice, m.stream);
-    if (m.master) copy_pageable(m.master, s.master.data(), n * sizeof(float), cudaMemcpyHostToDevice, m.stream);
+  }
+  if (read_pinned) {
+    cudaCheck(cudaStreamSynchronize(m.stream));  // the checkpoints reuse the buffers, gaps zero
+    state_file_zero_gaps(m.state_layout, pinned);
   }
   m.optimizer_steps = s.optimizer_steps;
   m.rng.restore(s.host.model_rng);
@@ -6071,19 +6270,19 @@ struct Checkpointer {
   size_t pinned_bytes = 0;            // of the two above, pinned at setup in pin_seconds
   double pin_seconds = 0.0;
   // The snapshot on the GPU (none where memory is short): a copy of the parameters (rank 0), and
-  // AdamW's state as two sets of arrays, the model's own and a second one allocated here. A
-  // checkpoint keeps the model's current set for its writer, and the next update writes the
-  // other (GPT2::adam_next): no copy of the optimizer state, 12 of the 14 bytes a parameter.
+  // the optimizer's state as two sets of arrays, the model's own and a second one allocated here.
+  // A checkpoint keeps the model's current set for its writer, and the next update writes the
+  // other (OptimizerState::state_next): no copy of the optimizer state.
   floatX* params_snapshot = nullptr;
-  AdamWState state_sets[2];
-  AdamWState saved;  // the set the checkpoint in flight saves
+  OptimizerArrays state_sets[2];
+  OptimizerArrays saved;  // the set the checkpoint in flight saves
   int unmarked_step = -1;  // several ranks: a checkpoint whose marker is not asked for yet
   int marking_step = -1;   // rank 0: the checkpoint whose marker its writer writes
   llmc::CheckpointWriter writer;  // last: destroyed first, so a job in flight ends before the rest
 };
 
 size_t checkpoint_param_bytes(const GPT2& m, int rank) { return rank == 0 ? m.num_params * sizeof(floatX) : 0; }
-size_t checkpoint_optimizer_bytes(const GPT2& m) { return (m.master ? 3 : 2) * m.shard_size * sizeof(float); }
+size_t checkpoint_optimizer_bytes(const GPT2& m) { return (m.state.master ? 3 : 2) * m.shard_size * sizeof(float); }
 
 // The GPU memory left free beside a snapshot: the decoder's cache of a sample, the libraries'
 // allocations after setup, and headroom.
@@ -6093,34 +6292,27 @@ size_t checkpoint_snapshot_spare() {
   return (1ul << 30) + total_bytes / 20;
 }
 
-bool checkpoint_has_snapshot(const Checkpointer& ck) { return ck.state_sets[1].m != nullptr; }
+bool checkpoint_has_snapshot(const Checkpointer& ck) { return has_arrays(ck.state_sets[1]); }
 
-// The second set of AdamW's state and (rank 0) the parameters' copy, where the GPU has their
-// bytes and checkpoint_snapshot_spare() beyond; otherwise none.
+// The second set of the optimizer's arrays and (rank 0) the parameters' copy, where the GPU has
+// their bytes and checkpoint_snapshot_spare() beyond; otherwise none.
 void checkpoint_take_snapshot_memory(Checkpointer& ck, const GPT2& m, int rank) {
-  const size_t params = checkpoint_param_bytes(m, rank), state = m.shard_size * sizeof(float);
+  const size_t params = checkpoint_param_bytes(m, rank);
+  const bool master = m.state.master != nullptr;
   size_t free_bytes = 0, total_bytes = 0;
   cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (free_bytes < params + checkpoint_optimizer_bytes(m) + checkpoint_snapshot_spare()) return;
-  AdamWState& second = ck.state_sets[1];
-  second.m = (float*)device_try_alloc(state, 0);
-  second.v = (float*)device_try_alloc(state, 0);
-  if (m.master) second.master = (float*)device_try_alloc(state, 0);
+  const size_t state = optimizer_arrays_bytes(m.state_layout, master);
+  if (free_bytes < params + state + checkpoint_snapshot_spare()) return;
+  const size_t no_spare = 0;
+  // Zeroed, as the model's own: the elements of a last ZeRO shard past the parameters are never
+  // updated, and the state files hold them (llmc/train_state.h).
+  if (!optimizer_arrays_alloc(&ck.state_sets[1], m.state_layout, master, &no_spare)) return;
   if (params > 0) ck.params_snapshot = (floatX*)device_try_alloc(params, 0);
-  if (!second.m || !second.v || (m.master && !second.master) || (params > 0 && !ck.params_snapshot)) {
-    for (void* p : {(void*)second.m, (void*)second.v, (void*)second.master, (void*)ck.params_snapshot}) {
-      device_free(p);
-    }
-    second = AdamWState();
-    ck.params_snapshot = nullptr;
+  if (params > 0 && !ck.params_snapshot) {
+    optimizer_arrays_free(ck.state_sets[1]);
     return;
   }
-  // Zero, as the model's own: the elements of a last ZeRO shard past the parameters are never
-  // updated, and the state files hold them (llmc/train_state.h).
-  for (float* p : {second.m, second.v, second.master}) {
-    if (p) cudaCheck(cudaMemset(p, 0, state));
-  }
-  ck.state_sets[0] = {m.adam_m, m.adam_v, m.master};
+  ck.state_sets[0] = m.state;
 }
 
 // Pins the host buffers for the run; on failure nothing stays allocated.
@@ -6129,7 +6321,7 @@ cudaError_t checkpoint_pin_buffers(Checkpointer& ck, const GPT2& m, int rank) {
   void* optimizer = nullptr;
   cudaError_t error = cudaSuccess;
   if (checkpoint_param_bytes(m, rank) > 0) error = pinned_host_alloc(&params, checkpoint_param_bytes(m, rank));
-  if (error == cudaSuccess) error = pinned_host_alloc(&optimizer, checkpoint_optimizer_bytes(m));
+  if (error == cudaSuccess) error = pinned_host_alloc(&optimizer, checkpoint_optimizer_bytes(m));  // zeroed
   if (error != cudaSuccess) {
     pinned_host_free(params, checkpoint_param_bytes(m, rank));
     return error;
@@ -6142,11 +6334,11 @@ cudaError_t checkpoint_pin_buffers(Checkpointer& ck, const GPT2& m, int rank) {
 // Frees the set of AdamW's state the model is not using (a move still to come is called off).
 void checkpoint_free_buffers(Checkpointer& ck, GPT2& m) {
   if (checkpoint_has_snapshot(ck)) {
-    m.adam_next = AdamWState();
-    const AdamWState& unused = ck.state_sets[0].m == m.adam_m ? ck.state_sets[1] : ck.state_sets[0];
-    for (float* p : {unused.m, unused.v, unused.master}) device_free(p);
+    m.state_next = OptimizerArrays();
+    OptimizerArrays unused = same_arrays(ck.state_sets[0], m.state) ? ck.state_sets[1] : ck.state_sets[0];
+    optimizer_arrays_free(unused);
     device_free(ck.params_snapshot);
-    ck.state_sets[0] = ck.state_sets[1] = ck.saved = AdamWState();
+    ck.state_sets[0] = ck.state_sets[1] = ck.saved = OptimizerArrays();
     ck.params_snapshot = nullptr;
   }
   if (ck.async) {
@@ -6207,11 +6399,10 @@ void checkpoint_copy_state(const GPT2& m, int rank, floatX* params, float* optim
       copy_pageable(host, device, bytes, cudaMemcpyDeviceToHost, stream);
     }
   };
-  const size_t n = m.shard_size;
   if (rank == 0) copy(params, m.params, checkpoint_param_bytes(m, rank));
-  copy(optimizer, m.adam_m, n * sizeof(float));
-  copy(optimizer + n, m.adam_v, n * sizeof(float));
-  if (m.master) copy(optimizer + 2 * n, m.master, n * sizeof(float));
+  for (const StateCopy& c : state_file_copies(m.state_layout, m.state)) {
+    copy(optimizer + c.array * m.shard_size + c.at, c.device, c.count * sizeof(float));
+  }
 }
 
 // Enqueues the copies of what the checkpoint saves, after everything queued so far on the model's
@@ -6227,13 +6418,13 @@ void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
                                 cudaMemcpyDeviceToDevice, m.stream));
     }
     cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
-    ck.saved = {m.adam_m, m.adam_v, m.master};
-    m.adam_next = ck.state_sets[0].m == m.adam_m ? ck.state_sets[1] : ck.state_sets[0];
+    ck.saved = m.state;
+    m.state_next = same_arrays(ck.state_sets[0], m.state) ? ck.state_sets[1] : ck.state_sets[0];
     return;
   }
   if (!ck.async) {
     ck.params_host = (floatX*)llmc::malloc_checked(checkpoint_param_bytes(m, rank), "a checkpoint's parameters");
-    ck.optimizer_host = (float*)llmc::malloc_checked(checkpoint_optimizer_bytes(m), "a checkpoint's optimizer state");
+    ck.optimizer_host = (float*)llmc::calloc_checked(checkpoint_optimizer_bytes(m), "a checkpoint's optimizer state");
   }
   cudaCheck(cudaEventRecord(ck.state_ready, m.stream));
   cudaCheck(cudaStreamWaitEvent(ck.copy_stream, ck.state_ready, 0));
@@ -6249,7 +6440,9 @@ void checkpoint_copy_to_host(Checkpointer& ck, GPT2& m, int rank) {
 // most (64 MiB).
 constexpr size_t kSnapshotPieceBytes = 64ul << 20;
 
-void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, size_t state_count) {
+// `copies`: state_file_copies of the saved set.
+void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, const std::vector<StateCopy>& copies,
+                                 size_t state_count) {
   cudaCheck(cudaEventSynchronize(ck.state_ready));
   auto copy = [&](void* host, const void* snapshot, size_t bytes) {
     for (size_t at = 0; at < bytes; at += kSnapshotPieceBytes) {
@@ -6260,10 +6453,9 @@ void checkpoint_snapshot_to_host(const Checkpointer& ck, size_t param_bytes, siz
     }
   };
   copy(ck.params_host, ck.params_snapshot, param_bytes);
-  const size_t bytes = state_count * sizeof(float);
-  copy(ck.optimizer_host, ck.saved.m, bytes);
-  copy(ck.optimizer_host + state_count, ck.saved.v, bytes);
-  if (ck.saved.master) copy(ck.optimizer_host + 2 * state_count, ck.saved.master, bytes);
+  for (const StateCopy& c : copies) {
+    copy(ck.optimizer_host + c.array * state_count + c.at, c.device, c.count * sizeof(float));
+  }
 }
 
 // The next update overwrites what the copies to the host read, unless they read the snapshot.
@@ -6289,10 +6481,12 @@ void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int
                        const llmc::HostTrainState& host) {
   llmc::CheckpointJob job = checkpoint_job(ck, step);
   // ck outlives the job (its writer is destroyed first), and its buffers stay while a job is in flight.
-  job.wait_for_data = [&ck, param_bytes = checkpoint_param_bytes(m, rank), state_count = m.shard_size] {
+  job.wait_for_data = [&ck, param_bytes = checkpoint_param_bytes(m, rank), state_count = m.shard_size,
+                       copies = checkpoint_has_snapshot(ck) ? state_file_copies(m.state_layout, ck.saved)
+                                                            : std::vector<StateCopy>()] {
     cudaCheck(cudaSetDevice(ck.device));  // this thread's CUDA calls go to the run's GPU
     if (checkpoint_has_snapshot(ck)) {
-      checkpoint_snapshot_to_host(ck, param_bytes, state_count);
+      checkpoint_snapshot_to_host(ck, param_bytes, copies, state_count);
     } else {
       cudaCheck(cudaEventSynchronize(ck.copied));
     }
@@ -6308,7 +6502,7 @@ void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int
   job.write_files.push_back([path = llmc::checkpoint_path(ck.dir, "state", step, rank),
                              id = train_state_id(m, step, rank, world),
                              optimizer_steps = m.optimizer_steps, host, moments, n,
-                             master = m.master ? moments + 2 * n : nullptr,
+                             master = m.state.master ? moments + 2 * n : nullptr,
                              fp8 = gpt2_fp8_history(m)] {
     llmc::train_state_save(path, id, optimizer_steps, host, moments, moments + n, master, fp8);
   });
@@ -6969,6 +7163,11 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
+  std::string memory = llmc::strformat("%zu MiB parameters and gradients, %zu MiB optimizer state, %zu MiB "
+                                       "activations and scratch", m.param_bytes >> 20, m.state_bytes >> 20,
+                                       m.act_bytes >> 20);
+  if (m.fp8) memory += llmc::strformat(", %zu MiB FP8 state", m.fp8_bytes >> 20);
+  table.row("GPU memory", memory);
   if (m.fp8) {
     table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
                                              fp8_format_name(Fp8Format::kE4M3), fp8_format_name(m.fp8_grad_format)));
@@ -7030,14 +7229,14 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
 
 // gpt2_init or gpt2_init_stored from the start's parameters, which are freed on return (at d48 a
 // resume's 3.1 GB, a fresh start's 6.2 GB); returns the seconds since their load began.
-double gpt2_init_start(GPT2& m, StartParams start, bool use_master_weights, uint64_t seed,
-                       int shard_rank, int shard_count) {
+double gpt2_init_start(GPT2& m, StartParams start, StateSpec spec, uint64_t seed, int shard_rank,
+                       int shard_count) {
   const double init_start = llmc::wall_seconds();
   if (start.from_seed) start.values = llmc::init_params_from_seed(start.config, seed);
   if (const floatX* stored = stored_params(start.stored)) {
-    gpt2_init_stored(m, start.config, stored, use_master_weights, seed, shard_rank, shard_count);
+    gpt2_init_stored(m, start.config, stored, spec, seed, shard_rank, shard_count);
   } else {
-    gpt2_init(m, start.config, start.values, use_master_weights, seed, shard_rank, shard_count);
+    gpt2_init(m, start.config, start.values, spec, seed, shard_rank, shard_count);
   }
   return start.load_seconds + llmc::wall_seconds() - init_start;
 }
@@ -7515,7 +7714,8 @@ int train_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  const double model_seconds = gpt2_init_start(m, std::move(in.start), a.master_weights != 0, a.seed,
+  const StateSpec state = {a.master_weights != 0, a.update.muon};
+  const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   int exit_status = 0;
   if (!a.prompt.empty()) {

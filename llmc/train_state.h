@@ -9,7 +9,7 @@
 //   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
-// each), when [6] is 1 the FP32 master weights (n float32), and the FP8 amax history (h uint32,
+// each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master weights (n float32), and the FP8 amax history (h uint32,
 // the trainer's delayed scaling state, the same on every rank). Version 3 files (no [10], [11]
 // or history) still load.
 #pragma once

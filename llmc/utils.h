@@ -399,6 +399,13 @@ inline void* malloc_checked(size_t bytes, const char* what) {
   return p;
 }
 
+// Zeroed; a large block comes from the system's zero pages, with no pass over it.
+inline void* calloc_checked(size_t bytes, const char* what) {
+  void* p = calloc(bytes, 1);
+  if (!p && bytes > 0) LLMC_FAIL("out of host memory allocating %zu bytes for %s", bytes, what);
+  return p;
+}
+
 // Rounds a up to a multiple of b.
 inline size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 

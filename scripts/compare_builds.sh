@@ -4,7 +4,8 @@
 # in BF16, FP32 and -fp8 2, GPT-2 with -opt muon, the modern recipe in BF16 and FP32; validation
 # and samples every 10 steps), generates from each final model with the KV cache, and resumes
 # this tree's trainer from the other's checkpoint of step 10. Every loss line, validation loss,
-# sample, parameter checksum and generated text must be identical. Needs a GPU.
+# sample, parameter checksum and generated text must be identical, and so must the model and
+# training-state files of step 20 (also those of the resumed run). Needs a GPU.
 #
 # usage: scripts/compare_builds.sh OTHER_TREE OUTDIR TINYSHAKESPEARE_TXT [NAME...]
 #   OTHER_TREE  the other checkout (for example: git worktree add ../base COMMIT)
@@ -85,6 +86,11 @@ for name in "${names[@]}"; do
     > "$a.after10"
   grep -aE "^step .*loss|checksum" "$resumed.log" | sed 's/ | [0-9.]* ms .*//' > "$resumed.after10"
   compare "$name resumed from the other's step 10" "$a.after10" "$resumed.after10"
+  # The files of step 20 hold the same bytes, written straight through and after the resume.
+  for file in model_00000020.bin state_00000020_00000.bin; do
+    compare "$name $file" "$a/$file" "$b/$file"
+    compare "$name $file, resumed" "$a/$file" "$resumed/$file"
+  done
   rm -f "$a"/*.bin "$b"/*.bin "$resumed"/*.bin  # a d12 run's checkpoints take gigabytes
 done
 ! grep -q DIFFERENT "$summary"

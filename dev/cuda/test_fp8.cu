@@ -294,7 +294,7 @@ void test_delayed_steps(llmc::Rng& rng) {
   printf("\ndelayed scaling over 22 steps: gpt2_fp8_end_step against a CPU model of the history\n");
   const llmc::GPT2Config config = llmc::make_config(2, 2, 64, 32, 96);
   auto make_model = [&](GPT2& m) {
-    gpt2_init(m, config, llmc::init_params_from_seed(config, 5), true, 5);
+    gpt2_init(m, config, llmc::init_params_from_seed(config, 5), StateSpec(), 5);
     gpt2_allocate(m, 2, 32, 0, 2);
   };
   GPT2 m;
@@ -746,7 +746,7 @@ void test_gelu_in_model(llmc::Rng& rng) {
     std::copy(random.begin(), random.end(), values.begin() + offsets[i]);
   }
   GPT2 m;
-  gpt2_init(m, config, values, true, 7);
+  gpt2_init(m, config, values, StateSpec(), 7);
   gpt2_allocate(m, B, T, 0, 2);
   std::vector<int> inputs(N);
   for (int& t : inputs) t = (int)(rng.u32() % config.vocab_size);

@@ -6,6 +6,9 @@
 // the same seed for identical bits; in BF16 builds another seed must change some roundings and
 // the stochastic rounding of the parameters must be unbiased. An update that puts the new state
 // in other arrays (the step after a checkpoint) gives in place's bits and leaves the old state.
+// The shard's moments are compact arrays of the AdamW tensors' parts (state_layout, with a tensor
+// of Muon's between them), and state_file_copies and state_file_zero_gaps give the state files'
+// flat layout.
 #include "dev/cuda/kernel_test.h"
 
 // offset: x starts that many elements into its allocation (a shard's gradients need not start on
@@ -78,14 +81,18 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
   DeviceArray<floatX> params(n), d_grads(grads);
   DeviceArray<float> d_master(n), m(n), v(n);
   // In place, or moved into `to` (the step after a checkpoint), from the same starting state.
-  auto run = [&](uint32_t seed, const AdamWState& to = AdamWState()) {
+  auto run = [&](uint32_t seed, const OptimizerArrays& to = OptimizerArrays()) {
     params.upload(master0);
     d_master.upload(master_values);
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
-    slices.add(0, n, 0, hp.lr, decay ? hp.weight_decay : 0.0f, seed);
-    adamw_update(params, master ? (float*)d_master : nullptr, d_grads, m, v, 0, slices, hp, 0, to);
+    slices.add(0, n, 0, 0, hp.lr, decay ? hp.weight_decay : 0.0f, seed);
+    OptimizerArrays from;
+    from.adam_m = m;
+    from.adam_v = v;
+    from.master = master ? (float*)d_master : nullptr;
+    adamw_update(params, d_grads, from, 0, slices, hp, 0, to);
   };
   const uint32_t seed = rng.u32();
   run(seed);
@@ -106,9 +113,9 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
     to_master.poison();
     to_m.poison();
     to_v.poison();
-    AdamWState to;
-    to.m = to_m;
-    to.v = to_v;
+    OptimizerArrays to;
+    to.adam_m = to_m;
+    to.adam_v = to_v;
     if (master) to.master = to_master;
     run(seed, to);
     check_same_bits("moved: the new state = in place's", in_place,
@@ -138,85 +145,186 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
                          llmc::strformat("another seed changes %zu of %zu roundings", changed, n));
 }
 
-// One launch over several tensors of a ZeRO-like shard (starting and ending mid-tensor, slices of
-// odd sizes and alignments, each with its own rate, decay and seed) against the CPU per tensor, and bit
-// for bit against one launch per slice.
+// The moments of `flat` (one value per shard element) at the AdamW parts' places of the compact
+// arrays, and back.
+std::vector<float> compact_moments(const StateLayout& l, const std::vector<float>& flat) {
+  std::vector<float> compact(l.adamw_size, 0.0f);
+  for (int i = 0; i < l.count; i++) {
+    if (l.owner[i] != StateOwner::kAdamW) continue;
+    const size_t at = l.begin[i] - l.shard_offset;
+    std::copy(flat.begin() + at, flat.begin() + at + l.size[i], compact.begin() + l.state[i]);
+  }
+  return compact;
+}
+
+std::vector<float> flat_moments(const StateLayout& l, const std::vector<float>& compact, std::vector<float> flat) {
+  for (int i = 0; i < l.count; i++) {
+    if (l.owner[i] != StateOwner::kAdamW) continue;
+    const size_t at = l.begin[i] - l.shard_offset;
+    std::copy(compact.begin() + l.state[i], compact.begin() + l.state[i] + l.size[i], flat.begin() + at);
+  }
+  return flat;
+}
+
+// A ZeRO-like shard of five tensors, starting and ending mid-tensor, the middle one Muon's: every
+// part keeps its residue modulo kStateAlign, the parts do not overlap and fit their arrays.
+struct ShardCase {
+  std::vector<size_t> sizes = {1000003, 4096, 77, 5, 300001};
+  std::vector<bool> decayed = {true, false, true, false, true};
+  std::vector<size_t> offsets;
+  size_t total = 0, shard_offset = 640, shard_end = 0;
+  StateLayout layout;
+
+  ShardCase() {
+    for (size_t n : sizes) offsets.push_back(total), total += n;
+    shard_end = total - 1000;
+    const bool muon[] = {false, false, true, false, false};
+    layout = state_layout((int)sizes.size(), offsets.data(), sizes.data(), muon, shard_offset, shard_end - shard_offset);
+  }
+  size_t shard() const { return shard_end - shard_offset; }
+};
+
+void check_layout(const ShardCase& c) {
+  const StateLayout& l = c.layout;
+  bool residues = true, inside = true;
+  size_t adamw_end = 0, muon_end = 0;
+  for (int i = 0; i < l.count; i++) {
+    const size_t begin = std::max(c.offsets[i], c.shard_offset);
+    inside = inside && l.begin[i] == begin && l.size[i] == std::min(c.offsets[i] + c.sizes[i], c.shard_end) - begin;
+    residues = residues && l.state[i] % kStateAlign == (begin - c.shard_offset) % kStateAlign;
+    size_t& end = l.owner[i] == StateOwner::kMuon ? muon_end : adamw_end;
+    inside = inside && l.state[i] >= end;  // after the previous part of its array
+    end = l.state[i] + l.size[i];
+  }
+  testing::check_verbose(inside && adamw_end == l.adamw_size && muon_end == l.muon_size &&
+                             l.owner[2] == StateOwner::kMuon && l.size[2] == c.sizes[2],
+                         llmc::strformat("state_layout: the parts in order, disjoint, AdamW's %zu and Muon's %zu "
+                                         "elements", l.adamw_size, l.muon_size));
+  testing::check_verbose(residues, "state_layout: each part keeps its residue modulo kStateAlign");
+}
+
+// One launch over the AdamW tensors of the shard (odd sizes and alignments, each with its own
+// rate, decay and seed) against the CPU per tensor, and bit for bit against one launch per slice;
+// the Muon tensor's parameters and master weights are not touched.
 void test_adamw_slices(llmc::Rng& rng) {
-  const std::vector<size_t> sizes = {1000003, 4096, 77, 5, 300001};
-  const std::vector<bool> decayed = {true, false, true, false, true};
-  size_t total = 0;
-  for (size_t n : sizes) total += n;
-  const size_t shard_offset = 640, shard_end = total - 1000;
-  printf("\nadamw over %zu tensors, shard [%zu, %zu) of %zu\n", sizes.size(), shard_offset, shard_end, total);
+  const ShardCase c;
+  const StateLayout& l = c.layout;
+  printf("\nadamw over %zu tensors, shard [%zu, %zu) of %zu\n", c.sizes.size(), c.shard_offset, c.shard_end, c.total);
+  check_layout(c);
   const AdamWParams hp = test_hyperparameters(0.7f, 5);
-  const size_t shard = shard_end - shard_offset;
-  const std::vector<float> params0 = random_stored(rng, total, 0.0f, 0.02f);
-  const std::vector<float> grads = random_stored(rng, total, 0.0f, 1.0f);
-  std::vector<float> m0(shard), v0(shard), master0(params0.begin() + shard_offset, params0.begin() + shard_end);
+  const size_t shard = c.shard();
+  const std::vector<float> params0 = random_stored(rng, c.total, 0.0f, 0.02f);
+  const std::vector<float> grads = random_stored(rng, c.total, 0.0f, 1.0f);
+  std::vector<float> m0(shard), v0(shard), master0(params0.begin() + c.shard_offset, params0.begin() + c.shard_end);
   random_moments(rng, m0, v0);
   AdamWSlices slices;
   std::vector<float> ref_master = master0, ref_m = m0, ref_v = v0;
   const cpu::AdamWConfig config = cpu_config(hp);
-  size_t o = 0;
-  for (size_t i = 0; i < sizes.size(); o += sizes[i], i++) {
-    const size_t begin = std::max(o, shard_offset), end = std::min(o + sizes[i], shard_end);
-    if (begin >= end) continue;
-    const float decay = decayed[i] ? hp.weight_decay : 0.0f;
+  for (int i = 0; i < l.count; i++) {
+    if (l.owner[i] != StateOwner::kAdamW) continue;
+    const float decay = c.decayed[i] ? hp.weight_decay : 0.0f;
     const float lr = hp.lr * (1.0f + 0.5f * (float)i);  // each tensor its own rate, as a recipe's roles
-    slices.add(begin, end - begin, begin - o, lr, decay, rng.u32());
-    const size_t st = begin - shard_offset, n = end - begin;
-    std::vector<float> scaled(grads.begin() + begin, grads.begin() + end);
+    slices.add(l.begin[i], l.size[i], l.begin[i] - c.offsets[i], l.state[i], lr, decay, rng.u32());
+    const size_t st = l.begin[i] - c.shard_offset, n = l.size[i];
+    std::vector<float> scaled(grads.begin() + l.begin[i], grads.begin() + l.begin[i] + n);
     for (float& g : scaled) g *= hp.grad_scale;
     cpu::adamw_update(ref_master.data() + st, scaled.data(), ref_m.data() + st, ref_v.data() + st, n,
-                      lr, config, decayed[i], hp.step);
+                      lr, config, c.decayed[i], hp.step);
   }
-  DeviceArray<floatX> params(total), d_grads(grads);
-  DeviceArray<float> master(shard), m(shard), v(shard);
-  auto run = [&](bool one_launch) {
+  DeviceArray<floatX> params(c.total), d_grads(grads);
+  DeviceArray<float> master(shard), m(l.adamw_size), v(l.adamw_size);
+  OptimizerArrays state;
+  state.adam_m = m;
+  state.adam_v = v;
+  state.master = master;
+  auto start = [&] {
     params.upload(params0);
     master.upload(master0);
-    m.upload(m0);
-    v.upload(v0);
+    m.upload(compact_moments(l, m0));
+    v.upload(compact_moments(l, v0));
+  };
+  auto run = [&](bool one_launch) {
+    start();
     if (one_launch) {
-      adamw_update(params, master, d_grads, m, v, shard_offset, slices, hp, 0);
+      adamw_update(params, d_grads, state, c.shard_offset, slices, hp, 0);
       return;
     }
     for (int i = 0; i < slices.count; i++) {
       AdamWSlices one;
-      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.lr[i], slices.weight_decay[i],
-              slices.seed[i]);
-      adamw_update(params, master, d_grads, m, v, shard_offset, one, hp, 0);
+      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.state[i], slices.lr[i],
+              slices.weight_decay[i], slices.seed[i]);
+      adamw_update(params, d_grads, state, c.shard_offset, one, hp, 0);
     }
   };
   run(true);
-  check_close("m", m.download(), ref_m, kTolFP32);
-  check_close("v", v.download(), ref_v, kTolFP32);
-  check_close("master", master.download(), ref_master, kTolFP32);
+  check_close("m", flat_moments(l, m.download(), m0), ref_m, kTolFP32);
+  check_close("v", flat_moments(l, v.download(), v0), ref_v, kTolFP32);
+  check_close("master (Muon's part as it was)", master.download(), ref_master, kTolFP32);
   const std::vector<float> got = params.download();
-  check_close("params in the shard", std::vector<float>(got.begin() + shard_offset, got.begin() + shard_end),
-              ref_master, kTolSum);
+  std::vector<float> expected(params0.begin() + c.shard_offset, params0.begin() + c.shard_end);
+  for (size_t k = 0; k < shard; k++) {
+    const size_t p = c.shard_offset + k;
+    if (p < c.offsets[2] || p >= c.offsets[3]) expected[k] = ref_master[k];
+  }
+  check_close("params in the shard (Muon's as they were)",
+              std::vector<float>(got.begin() + c.shard_offset, got.begin() + c.shard_end), expected, kTolSum);
   check_close("params outside the shard untouched",
-              std::vector<float>(got.begin(), got.begin() + shard_offset),
-              std::vector<float>(params0.begin(), params0.begin() + shard_offset), 0.0f);
+              std::vector<float>(got.begin(), got.begin() + c.shard_offset),
+              std::vector<float>(params0.begin(), params0.begin() + c.shard_offset), 0.0f);
   const Snapshot bits(params, master, m, v);
   run(false);
   check_same_bits("one launch = one launch per tensor", bits, Snapshot(params, master, m, v));
-  // Moved into other arrays (the step after a checkpoint), from the shard's offset and over its
-  // misaligned slices: in place's bits.
-  DeviceArray<float> to_master(shard), to_m(shard), to_v(shard);
-  to_master.upload(std::vector<float>(shard, 0.0f));
-  to_m.upload(std::vector<float>(shard, 0.0f));
-  to_v.upload(std::vector<float>(shard, 0.0f));
-  params.upload(params0);
-  master.upload(master0);
-  m.upload(m0);
-  v.upload(v0);
-  AdamWState to;
-  to.m = to_m;
-  to.v = to_v;
+  // Moved into other arrays (the step after a checkpoint): in place's bits.
+  DeviceArray<float> to_master(shard), to_m(l.adamw_size), to_v(l.adamw_size);
+  to_master.upload(master0);  // Muon's part is copied by gpt2_muon_copy_state
+  to_m.upload(std::vector<float>(l.adamw_size, 0.0f));
+  to_v.upload(std::vector<float>(l.adamw_size, 0.0f));
+  start();
+  OptimizerArrays to;
+  to.adam_m = to_m;
+  to.adam_v = to_v;
   to.master = to_master;
-  adamw_update(params, master, d_grads, m, v, shard_offset, slices, hp, 0, to);
+  adamw_update(params, d_grads, state, c.shard_offset, slices, hp, 0, to);
   check_same_bits("moved over the slices = in place", bits, Snapshot(params, to_master, to_m, to_v));
+}
+
+// The state files' layout from the compact arrays: m holds AdamW's first moments and Muon's
+// momentum, v AdamW's second moments and zeros for Muon's tensor and the shard's tail past the
+// tensors, master the master weights.
+void test_state_file_layout(llmc::Rng& rng) {
+  ShardCase c;
+  c.shard_end = c.total + 3000;  // a last ZeRO shard: its tail holds no tensor
+  const bool muon[] = {false, false, true, false, false};
+  c.layout = state_layout((int)c.sizes.size(), c.offsets.data(), c.sizes.data(), muon, c.shard_offset, c.shard());
+  const StateLayout& l = c.layout;
+  const size_t n = c.shard();
+  printf("\nstate file layout: shard [%zu, %zu), %zu past the tensors\n", c.shard_offset, c.shard_end,
+         c.shard_end - c.total);
+  std::vector<float> m0(l.adamw_size), v0(l.adamw_size), momentum0(l.muon_size), master0(n);
+  for (std::vector<float>* x : {&m0, &v0, &momentum0, &master0}) rng.normal(x->data(), x->size(), 0.0, 1.0);
+  DeviceArray<float> m(m0), v(v0), momentum(momentum0), master(master0);
+  const OptimizerArrays arrays = {m, v, momentum, master};
+  std::vector<float> file(3 * n);
+  rng.normal(file.data(), file.size(), 0.0, 1.0);  // what a loaded file left in the buffer
+  state_file_zero_gaps(l, file.data());
+  for (const StateCopy& copy : state_file_copies(l, arrays)) {
+    cudaCheck(cudaMemcpy(file.data() + copy.array * n + copy.at, copy.device, copy.count * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+  }
+  std::vector<float> expected(3 * n, 0.0f);
+  for (int i = 0; i < l.count; i++) {
+    const size_t at = l.begin[i] - c.shard_offset;
+    for (size_t k = 0; k < l.size[i]; k++) {
+      if (l.owner[i] == StateOwner::kMuon) {
+        expected[at + k] = momentum0[l.state[i] + k];
+      } else {
+        expected[at + k] = m0[l.state[i] + k];
+        expected[n + at + k] = v0[l.state[i] + k];
+      }
+    }
+  }
+  std::copy(master0.begin(), master0.end(), expected.begin() + 2 * n);
+  check_close("the file's m, v and master", file, expected, 0.0f);
 }
 
 int main() {
@@ -230,5 +338,6 @@ int main() {
     test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
     test_adamw(5, true, false, rng);            // a partial block only
     test_adamw_slices(rng);
+    test_state_file_layout(rng);
   });
 }
