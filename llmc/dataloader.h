@@ -13,7 +13,9 @@
 // shuffle). After a shard's last batch the next shard of the epoch's order is
 // opened; after the last shard a new epoch begins.
 //
-// Every shard's header and size are checked when the loader is built, so a
+// ShardOrder reads the shards in that per-epoch order.
+//
+// Every shard's header and size are checked when a loader is built, so a
 // bad file fails at start-up; token ids are checked against the vocabulary
 // when a shard is loaded, because that is the only time its tokens are read.
 // Only one shard is held in memory.
@@ -96,23 +98,32 @@ struct ShardHeader {
 };
 
 // The shards `pattern` matches (`flag` names where it came from), each header checked against its
-// file's size and holding at least one batch of B*T tokens for each of `world` processes: what a
-// DataLoader checks when it is built, for a program to check before it sets anything else up.
+// file's size and holding at least `min_tokens` tokens; `too_few` ends the message for a shorter
+// one ("<path>: <n> tokens are too few for <too_few>").
 inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, const char* flag,
-                                                   int B, int T, int world) {
-  const long stride = (long)world * B * T;  // tokens one batch index covers over all ranks
+                                                   long min_tokens, const std::string& too_few) {
   std::vector<ShardHeader> headers;
   for (const std::string& path : glob_files(pattern, flag)) {
     File f(path, "rb");
     const long count = read_shard_header(f);
-    if (count < stride + 1) {
-      LLMC_FAIL("%s: %ld tokens are too few for one batch: B=%d x T=%d x %d processes needs at "
-                "least %ld; use smaller batches or a longer shard", path.c_str(), count, B, T,
-                world, stride + 1);
+    if (count < min_tokens) {
+      LLMC_FAIL("%s: %ld tokens are too few for %s", path.c_str(), count, too_few.c_str());
     }
     headers.push_back({path, count});
   }
   return headers;
+}
+
+// The shards of `pattern`, each holding at least one batch of B*T tokens for each of `world`
+// processes: what a DataLoader checks when it is built, for a program to check before it sets
+// anything else up.
+inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, const char* flag,
+                                                   int B, int T, int world) {
+  const long stride = (long)world * B * T;  // tokens one batch index covers over all ranks
+  return read_shard_headers(pattern, flag, stride + 1,
+                            strformat("one batch: B=%d x T=%d x %d processes needs at least %ld; "
+                                      "use smaller batches or a longer shard", B, T, world,
+                                      stride + 1));
 }
 
 // Fails when a file matches both the training and the validation pattern, or a validation shard
@@ -187,55 +198,141 @@ struct DataLoaderState {
   RngState rng_at_epoch_start;
 };
 
+namespace dataloader_detail {
+
+// Checks the settings every loader takes; `flag` names the data flag, for the messages.
+inline void check_settings(const char* flag, int B, int T, int rank, int world, int vocab_size) {
+  if (B <= 0 || T <= 0) {
+    LLMC_FAIL("data loader for %s: batch size %d and sequence length %d must be positive", flag,
+              B, T);
+  }
+  if (world <= 0 || rank < 0 || rank >= world) {
+    LLMC_FAIL("data loader for %s: rank %d is not in [0, %d); check the process count", flag,
+              rank, world);
+  }
+  if (vocab_size <= 0) {
+    LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
+  }
+}
+
+}  // namespace dataloader_detail
+
+// The shards one loader reads, one at a time, in the order of each epoch (SPEC.md "Data order"):
+// one MT19937 seeded with `seed` (the same on every rank) draws permutation(num_shards) when an
+// epoch begins (the identity without shuffle); DataLoader draws each shard's batch order from it
+// in between. Token ids are checked against the vocabulary when a shard is read, because that is
+// the only time its tokens are read; only that shard is held in memory.
+class ShardOrder {
+ public:
+  ShardOrder(std::vector<ShardHeader> shards, bool shuffle, uint64_t seed, int vocab_size)
+      : shards_(std::move(shards)), shuffle_(shuffle), seed_(seed), vocab_size_(vocab_size),
+        rng_(seed) {
+    for (const ShardHeader& h : shards_) total_tokens_ += h.num_tokens;
+  }
+
+  // Epoch 0, generator reseeded; open() a shard next.
+  void reset() {
+    rng_.seed(seed_);
+    begin_epoch(0);
+  }
+
+  // Epoch `epoch` with the generator as it was when that epoch began; open() a shard next.
+  void restore(long epoch, const RngState& at_epoch_start) {
+    rng_.restore(at_epoch_start);
+    begin_epoch(epoch);
+  }
+
+  // Holds the shard at `position` of the epoch's order, reading it unless it is held already.
+  void open(long position) {
+    position_ = position;
+    const long index = order_[position];
+    if (index == loaded_) return;
+    const ShardHeader& shard = shards_[index];
+    read_token_shard(shard.path, vocab_size_, &tokens_);
+    if ((long)tokens_.size() != shard.num_tokens) {
+      LLMC_FAIL("%s: the shard changed while training (%ld tokens, was %ld); keep the data fixed "
+                "during a run", shard.path.c_str(), (long)tokens_.size(), shard.num_tokens);
+    }
+    loaded_ = index;
+  }
+
+  // The next shard of the epoch's order; after the last one, the first of a new epoch.
+  void open_next() {
+    if (position_ + 1 < num_shards()) {
+      open(position_ + 1);
+      return;
+    }
+    begin_epoch(epoch_ + 1);
+    open(0);
+  }
+
+  // 0..n-1, or with shuffle a permutation of it drawn from the generator.
+  std::vector<int> identity_or_permutation(int n) {
+    if (shuffle_) return random_permutation(rng_, n);
+    std::vector<int> order(n);
+    for (int i = 0; i < n; i++) order[i] = i;
+    return order;
+  }
+
+  const ShardHeader& at(long position) const { return shards_[order_[position]]; }
+  const ShardHeader& current() const { return at(position_); }
+  const std::vector<uint16_t>& tokens() const { return tokens_; }  // of the current shard
+  long position() const { return position_; }  // of the current shard in the epoch's order
+  long epoch() const { return epoch_; }
+  const RngState& rng_at_epoch_start() const { return rng_at_epoch_start_; }
+  int num_shards() const { return (int)shards_.size(); }
+  const std::vector<ShardHeader>& shards() const { return shards_; }  // in name order
+  long total_tokens() const { return total_tokens_; }
+  bool shuffle() const { return shuffle_; }
+
+ private:
+  void begin_epoch(long epoch) {
+    epoch_ = epoch;
+    rng_at_epoch_start_ = rng_.state();
+    order_ = identity_or_permutation(num_shards());
+  }
+
+  std::vector<ShardHeader> shards_;
+  bool shuffle_;
+  uint64_t seed_;
+  int vocab_size_;
+  Rng rng_;
+  RngState rng_at_epoch_start_;
+  long total_tokens_ = 0;
+  long epoch_ = 0;
+  std::vector<int> order_;
+  long position_ = 0;
+  long loaded_ = -1;
+  std::vector<uint16_t> tokens_;
+};
+
 class DataLoader {
  public:
   // `flag` names the command-line flag the pattern came from, for error messages.
   DataLoader(const std::string& pattern, const char* flag, int B, int T, int rank, int world,
              bool shuffle, uint64_t seed, int vocab_size)
-      : B_(B), T_(T), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed),
-        vocab_size_(vocab_size), rng_(seed) {
-    if (B <= 0 || T <= 0) {
-      LLMC_FAIL("data loader for %s: batch size %d and sequence length %d must be positive", flag,
-                B, T);
-    }
-    if (world <= 0 || rank < 0 || rank >= world) {
-      LLMC_FAIL("data loader for %s: rank %d is not in [0, %d); check the process count", flag,
-                rank, world);
-    }
-    if (vocab_size <= 0) {
-      LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
-    }
-    const long stride = (long)world * chunk();  // tokens one batch index covers over all ranks
-    for (const ShardHeader& h : read_shard_headers(pattern, flag, B, T, world)) {
-      shards_.push_back({h.path, h.num_tokens, (h.num_tokens - 1) / stride});
-      total_tokens_ += h.num_tokens;
-      batches_per_epoch_ += (h.num_tokens - 1) / stride;
-    }
+      : B_(B), T_(T), rank_(rank), world_(world),
+        shards_(checked_headers(pattern, flag, B, T, rank, world, vocab_size), shuffle, seed,
+                vocab_size) {
+    batches_per_epoch_ = batches_per_epoch_of(world);
     reset();
   }
 
   // Back to the first batch of the first epoch, generator reseeded.
   void reset() {
-    rng_.seed(seed_);
-    epoch_ = 0;
-    begin_epoch();
+    shards_.reset();
     open_shard(0);
   }
 
   // Fills inputs and targets, B*T int32 each.
   void next_batch(int* inputs, int* targets) {
-    if (batch_position_ == shards_[shard_order_[shard_position_]].num_batches) {
-      if (shard_position_ + 1 == (long)shards_.size()) {
-        epoch_++;
-        begin_epoch();
-        open_shard(0);
-      } else {
-        open_shard(shard_position_ + 1);
-      }
+    if (batch_position_ == (long)batch_order_.size()) {
+      shards_.open_next();
+      draw_batch_order();
     }
     const long b = batch_order_[batch_position_++];
     const long offset = (b * world_ + rank_) * chunk();
-    const uint16_t* x = tokens_.data() + offset;
+    const uint16_t* x = shards_.tokens().data() + offset;
     for (long i = 0; i < chunk(); i++) {
       inputs[i] = x[i];
       targets[i] = x[i + 1];
@@ -243,17 +340,17 @@ class DataLoader {
   }
 
   DataLoaderState state() const {
-    DataLoaderState s;
-    s.epoch = epoch_;
-    s.shard_position = shard_position_;
+    DataLoaderState s = {};
+    s.epoch = shards_.epoch();
+    s.shard_position = shards_.position();
     s.batch_position = batch_position_;
-    s.num_shards = (int64_t)shards_.size();
+    s.num_shards = shards_.num_shards();
     s.batches_per_epoch = batches_per_epoch_;
     s.batch_size = B_;
     s.seq_len = T_;
     s.world = world_;
-    s.shuffle = shuffle_ ? 1 : 0;
-    s.rng_at_epoch_start = rng_at_epoch_start_;
+    s.shuffle = shards_.shuffle() ? 1 : 0;
+    s.rng_at_epoch_start = shards_.rng_at_epoch_start();
     return s;
   }
 
@@ -263,30 +360,29 @@ class DataLoader {
       LLMC_FAIL("cannot resume the data loader: corrupt process count %lld; the checkpoint is "
                 "damaged", (long long)s.world);
     }
-    if (s.num_shards != (int64_t)shards_.size() ||
+    const int shuffle = shards_.shuffle() ? 1 : 0;
+    if (s.num_shards != shards_.num_shards() ||
         s.batches_per_epoch != batches_per_epoch_of((int)s.world) || s.batch_size != B_ ||
-        s.seq_len != T_ || s.shuffle != (shuffle_ ? 1 : 0)) {
+        s.seq_len != T_ || s.shuffle != shuffle) {
       LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, %lld "
                 "batches per epoch, B=%lld T=%lld, %lld processes, shuffle %lld, but this run has "
-                "%zu, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
+                "%d, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
                 (long long)s.num_shards, (long long)s.batches_per_epoch, (long long)s.batch_size,
-                (long long)s.seq_len, (long long)s.world, (long long)s.shuffle, shards_.size(),
-                batches_per_epoch_of((int)s.world), B_, T_, world_, shuffle_ ? 1 : 0);
+                (long long)s.seq_len, (long long)s.world, (long long)s.shuffle,
+                shards_.num_shards(), batches_per_epoch_of((int)s.world), B_, T_, world_, shuffle);
     }
     if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards) {
       LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld); "
                 "the checkpoint is damaged", (long long)s.epoch, (long long)s.shard_position,
                 (long long)s.num_shards);
     }
-    rng_.restore(s.rng_at_epoch_start);
-    epoch_ = (long)s.epoch;
-    begin_epoch();
+    shards_.restore((long)s.epoch, s.rng_at_epoch_start);
     // Replay the batch permutations of the shards already opened this epoch.
     for (long p = 0; p < (long)s.shard_position; p++) {
-      if (shuffle_) random_permutation(rng_, (int)shards_[shard_order_[p]].num_batches);
+      shards_.identity_or_permutation((int)batches_of(shards_.at(p), world_));
     }
     open_shard((long)s.shard_position);
-    const Shard& shard = shards_[shard_order_[shard_position_]];
+    const ShardHeader& shard = shards_.current();
     const long saved_limit = batches_of(shard, (int)s.world);
     if (s.batch_position < 0 || s.batch_position > saved_limit) {
       LLMC_FAIL("cannot resume the data loader: corrupt position (batch %lld of %ld in %s); the "
@@ -296,75 +392,47 @@ class DataLoader {
     batch_position_ = (long)(s.batch_position * s.world / world_);
   }
 
-  long total_tokens() const { return total_tokens_; }          // in all shards
+  long total_tokens() const { return shards_.total_tokens(); }  // in all shards
   long batches_per_epoch() const { return batches_per_epoch_; }  // next_batch calls per epoch
   long tokens_per_batch() const { return chunk(); }
-  int num_shards() const { return (int)shards_.size(); }
-  long epoch() const { return epoch_; }
-  const std::string& current_shard() const { return shards_[shard_order_[shard_position_]].path; }
+  int num_shards() const { return shards_.num_shards(); }
+  long epoch() const { return shards_.epoch(); }
+  const std::string& current_shard() const { return shards_.current().path; }
 
  private:
-  struct Shard {
-    std::string path;
-    long num_tokens;
-    long num_batches;
-  };
+  static std::vector<ShardHeader> checked_headers(const std::string& pattern, const char* flag,
+                                                  int B, int T, int rank, int world,
+                                                  int vocab_size) {
+    dataloader_detail::check_settings(flag, B, T, rank, world, vocab_size);
+    return read_shard_headers(pattern, flag, B, T, world);
+  }
 
   long chunk() const { return (long)B_ * T_; }
-  long batches_of(const Shard& shard, int world) const {
+  long batches_of(const ShardHeader& shard, int world) const {
     return (shard.num_tokens - 1) / (world * chunk());
   }
   long batches_per_epoch_of(int world) const {
     long total = 0;
-    for (const Shard& shard : shards_) total += batches_of(shard, world);
+    for (const ShardHeader& shard : shards_.shards()) total += batches_of(shard, world);
     return total;
-  }
-
-  void begin_epoch() {
-    rng_at_epoch_start_ = rng_.state();
-    shard_order_ = identity_or_permutation((int)shards_.size());
   }
 
   // Opens the shard at `position` of the epoch's order and draws its batch order.
   void open_shard(long position) {
-    shard_position_ = position;
-    const long index = shard_order_[position];
-    if (index != loaded_shard_) {
-      read_token_shard(shards_[index].path, vocab_size_, &tokens_);
-      if ((long)tokens_.size() != shards_[index].num_tokens) {
-        LLMC_FAIL("%s: the shard changed while training (%ld tokens, was %ld); keep the data "
-                  "fixed during a run", shards_[index].path.c_str(), (long)tokens_.size(),
-                  shards_[index].num_tokens);
-      }
-      loaded_shard_ = index;
-    }
-    batch_order_ = identity_or_permutation((int)shards_[index].num_batches);
+    shards_.open(position);
+    draw_batch_order();
+  }
+
+  void draw_batch_order() {
+    batch_order_ = shards_.identity_or_permutation((int)batches_of(shards_.current(), world_));
     batch_position_ = 0;
   }
 
-  std::vector<int> identity_or_permutation(int n) {
-    if (shuffle_) return random_permutation(rng_, n);
-    std::vector<int> order(n);
-    for (int i = 0; i < n; i++) order[i] = i;
-    return order;
-  }
-
   int B_, T_, rank_, world_;
-  bool shuffle_;
-  uint64_t seed_;
-  int vocab_size_;
-  Rng rng_;
-  RngState rng_at_epoch_start_;
-  std::vector<Shard> shards_;
-  long total_tokens_ = 0;
+  ShardOrder shards_;
   long batches_per_epoch_ = 0;
-  long epoch_ = 0;
-  std::vector<int> shard_order_;
-  long shard_position_ = 0;
   std::vector<int> batch_order_;
   long batch_position_ = 0;
-  long loaded_shard_ = -1;
-  std::vector<uint16_t> tokens_;
 };
 
 }  // namespace llmc
