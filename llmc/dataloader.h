@@ -22,6 +22,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -166,12 +167,16 @@ inline void read_token_shard(const std::string& path, int vocab_size,
   }
 }
 
+// How a loader orders its data: contiguous batches (DataLoader) or document-aligned sequences
+// (DocumentLoader). A state of one cannot be restored by the other.
+enum class DataOrder : int64_t { kBatches = 0, kDocuments = 1 };
+
 // Everything needed to continue a loader exactly where it was: the position
 // and the generator as it was when the current epoch began (restore() replays
 // the epoch's permutations from there, so no shard has to be re-read). The
 // remaining fields describe the data and settings it belongs to, so that a
 // resume with different ones fails instead of silently reading other data.
-// Plain fixed-size data: a checkpoint can store it byte for byte.
+// Plain fixed-size data without padding: a checkpoint stores it byte for byte.
 //
 // A state saved by `world` = P processes restores into a loader of P' processes (a checkpoint
 // resharded for another process count, llmc/reshard.h) by this rule: the same epoch, the same
@@ -185,18 +190,34 @@ inline void read_token_shard(const std::string& path, int vocab_size,
 // P' processes. With shuffle a shard's batch order is a permutation of its batch count, which
 // depends on the process count, so the P' order of the current shard (and the generator after
 // it) is its own: the fraction of the shard taken is kept, not which tokens were read.
+//
+// A DocumentLoader state is that of the start of the current step (the shard and token where its
+// search began, the generator at its epoch's start) and the micro batches of that step already
+// taken; it restores into a loader whose steps take as many sequences (world * grad_accum * B)
+// of the same T, whatever its process count: both read the same stream of sequences, so the
+// resumed run reads exactly the sequences the saved one would have read next.
 struct DataLoaderState {
   int64_t epoch;
   int64_t shard_position;  // index into the epoch's shard order
-  int64_t batch_position;  // batches already taken from that shard
+  int64_t batch_position;  // batches already taken from that shard (documents: of the step)
   int64_t num_shards;
-  int64_t batches_per_epoch;
+  int64_t batches_per_epoch;  // contiguous batches; 0 for documents
   int64_t batch_size;
   int64_t seq_len;
   int64_t world;
   int64_t shuffle;
   RngState rng_at_epoch_start;
+  // Since training-state version 5; older files hold only the fields above, of contiguous batches.
+  DataOrder order;
+  int64_t token_position;  // documents: where the step's search begins in the shard; else 0
+  int64_t grad_accum;      // documents: micro batches per step; else 0
 };
+
+// The bytes of a DataLoaderState in training-state files before version 5.
+constexpr size_t kDataLoaderStateBytesV4 = offsetof(DataLoaderState, order);
+static_assert(kDataLoaderStateBytesV4 == 9 * 8 + sizeof(RngState) &&
+                  sizeof(DataLoaderState) == kDataLoaderStateBytesV4 + 3 * 8,
+              "DataLoaderState is stored byte for byte: no padding");
 
 namespace dataloader_detail {
 
@@ -212,6 +233,23 @@ inline void check_settings(const char* flag, int B, int T, int rank, int world, 
   }
   if (vocab_size <= 0) {
     LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
+  }
+}
+
+inline const char* order_name(DataOrder order) {
+  return order == DataOrder::kDocuments ? "document-aligned sequences" : "contiguous batches";
+}
+
+// Fails unless `s` is a state of a loader of `order`.
+inline void require_order(const DataLoaderState& s, DataOrder order) {
+  if (s.order != DataOrder::kBatches && s.order != DataOrder::kDocuments) {
+    LLMC_FAIL("cannot resume the data loader: corrupt data order %lld; the checkpoint is damaged",
+              (long long)s.order);
+  }
+  if (s.order != order) {
+    LLMC_FAIL("cannot resume the data loader: the checkpoint read %s, this run reads %s; resume "
+              "with the data order the checkpoint was written with", order_name(s.order),
+              order_name(order));
   }
 }
 
@@ -341,6 +379,7 @@ class DataLoader {
 
   DataLoaderState state() const {
     DataLoaderState s = {};
+    s.order = DataOrder::kBatches;
     s.epoch = shards_.epoch();
     s.shard_position = shards_.position();
     s.batch_position = batch_position_;
@@ -356,6 +395,7 @@ class DataLoader {
 
   // `s` may be of another process count: see DataLoaderState.
   void restore(const DataLoaderState& s) {
+    dataloader_detail::require_order(s, DataOrder::kBatches);
     if (s.world < 1 || s.world > INT32_MAX) {
       LLMC_FAIL("cannot resume the data loader: corrupt process count %lld; the checkpoint is "
                 "damaged", (long long)s.world);

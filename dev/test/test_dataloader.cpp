@@ -225,6 +225,14 @@ void test_state_restore() {
   s = loader.state();
   s.batch_position = 100;
   check_throws([&] { loader.restore(s); }, "corrupt position", "restore of a bad batch position");
+  s = loader.state();
+  s.order = llmc::DataOrder::kDocuments;
+  check_throws([&] { loader.restore(s); },
+               "the checkpoint read document-aligned sequences, this run reads contiguous batches; "
+               "resume with the data order the checkpoint was written with",
+               "restore of a document-aligned state");
+  s.order = (llmc::DataOrder)7;
+  check_throws([&] { loader.restore(s); }, "corrupt data order 7", "restore of a bad data order");
 }
 
 // The chunks (shard, position) the ranks of `world` processes read in their next `steps` batches.
