@@ -1,7 +1,9 @@
-// Token shards and the data loader (SPEC.md "Token shard" and "Data order").
+// Token shards and the data loaders (SPEC.md "Token shard", "Data order" and "Document-aligned
+// order").
 //
 // A shard is a 256-int32 header [0]=20240520 [1]=1 [2]=token count, then that
-// many uint16 tokens; the file is exactly 1024 + 2*count bytes.
+// many uint16 tokens; the file is exactly 1024 + 2*count bytes. The data tools
+// write token 50256 (GPT-2's end of text) before every document.
 //
 // DataLoader hands each rank micro batches of B*T int32 inputs and targets
 // (targets are the inputs shifted by one token). With chunk = B*T, a shard of
@@ -13,7 +15,9 @@
 // shuffle). After a shard's last batch the next shard of the epoch's order is
 // opened; after the last shard a new epoch begins.
 //
-// ShardOrder reads the shards in that per-epoch order.
+// DocumentLoader hands out the same shapes, but every row is a sequence that starts at a
+// document, chosen as modded-nanogpt chooses them (at DocumentLoader); its epochs take the shards
+// in the same per-epoch order. Both share ShardOrder, which reads the shards.
 //
 // Every shard's header and size are checked when a loader is built, so a
 // bad file fails at start-up; token ids are checked against the vocabulary
@@ -125,6 +129,25 @@ inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, c
                             strformat("one batch: B=%d x T=%d x %d processes needs at least %ld; "
                                       "use smaller batches or a longer shard", B, T, world,
                                       stride + 1));
+}
+
+// The tokens a DocumentLoader's step searches for its sequences (the reference's token window):
+// twice the tokens of its grad_accum*world*B sequences of T.
+inline long document_window(int B, int T, int grad_accum, int world) {
+  return 2L * grad_accum * world * B * T;
+}
+
+// The shards of `pattern`, each holding a step's window and 2 tokens more (a step begins in the
+// next shard when the window does not fit before the last token): what a DocumentLoader checks.
+inline std::vector<ShardHeader> read_document_shard_headers(const std::string& pattern,
+                                                            const char* flag, int B, int T,
+                                                            int grad_accum, int world) {
+  const long need = document_window(B, T, grad_accum, world) + 2;
+  return read_shard_headers(pattern, flag, need,
+                            strformat("one step of document-aligned sequences: 2 x %d micro "
+                                      "batches x B=%d x T=%d x %d processes + 2 needs at least "
+                                      "%ld; use smaller batches or a longer shard", grad_accum, B,
+                                      T, world, need));
 }
 
 // Fails when a file matches both the training and the validation pattern, or a validation shard
@@ -473,6 +496,210 @@ class DataLoader {
   long batches_per_epoch_ = 0;
   std::vector<int> batch_order_;
   long batch_position_ = 0;
+};
+
+// GPT-2's end-of-text token (kGpt2EotToken in llmc/tokenizer.h), which the data tools write
+// before every document: a document starts at each of its positions.
+constexpr int kDocumentStartToken = 50256;
+
+// Document-aligned ("packed") sequences, SPEC.md "Document-aligned order": every sequence starts
+// at a document (a token kDocumentStartToken) and is the T+1 tokens from there (inputs, and
+// targets shifted by one), as modded-nanogpt's distributed_data_generator(align_to_bos=True)
+// chooses them. A step (grad_accum micro batches) takes its world*grad_accum*B sequences one
+// after another from one stream that every rank computes alike, and gives rank r, row b of micro
+// batch m the step's sequence (m*world + r)*B + b; so runs whose steps take as many sequences
+// read the same ones, whatever their process count. The reference searches only the step's
+// window (document_window) and gives up where that holds no document start, or none T or more
+// tokens after one; this searches on to the shard's end (what a larger window would find) and
+// cuts where the shard has none (next_sequence), so it never fails and never reads past a shard.
+// The step's rows of this rank are read when the previous step ends, so that state() between
+// steps is simply where the next one begins.
+class DocumentLoader {
+ public:
+  // `flag` names the command-line flag the pattern came from, for error messages.
+  DocumentLoader(const std::string& pattern, const char* flag, int B, int T, int grad_accum,
+                 int rank, int world, bool shuffle, uint64_t seed, int vocab_size)
+      : B_(B), T_(T), grad_accum_(grad_accum), rank_(rank), world_(world),
+        shards_(checked_headers(pattern, flag, B, T, grad_accum, rank, world, vocab_size),
+                shuffle, seed, vocab_size),
+        rows_((size_t)grad_accum * B * (T + 1)) {
+    reset();
+  }
+
+  // Back to the first step of the first epoch, generator reseeded.
+  void reset() {
+    shards_.reset();
+    open_shard(0);
+    read_step();
+  }
+
+  // Fills inputs and targets, B*T int32 each: this rank's rows of the step's next micro batch.
+  void next_batch(int* inputs, int* targets) {
+    const uint16_t* row = rows_.data() + (size_t)batch_ * B_ * (T_ + 1);
+    for (long b = 0; b < B_; b++, row += T_ + 1) {
+      for (long t = 0; t < T_; t++) {
+        inputs[b * T_ + t] = row[t];
+        targets[b * T_ + t] = row[t + 1];
+      }
+    }
+    if (++batch_ == grad_accum_) read_step();
+  }
+
+  DataLoaderState state() const {
+    DataLoaderState s = step_start_;
+    s.batch_position = batch_;
+    return s;
+  }
+
+  // `s` may be of another process count, grad_accum and B: see DataLoaderState.
+  void restore(const DataLoaderState& s) {
+    dataloader_detail::require_order(s, DataOrder::kDocuments);
+    if (s.world < 1 || s.world > INT32_MAX || s.grad_accum < 1 || s.grad_accum > INT32_MAX ||
+        s.batch_size < 1 || s.batch_size > INT32_MAX) {
+      LLMC_FAIL("cannot resume the data loader: corrupt step of %lld processes x %lld micro "
+                "batches x B=%lld; the checkpoint is damaged", (long long)s.world,
+                (long long)s.grad_accum, (long long)s.batch_size);
+    }
+    const int shuffle = shards_.shuffle() ? 1 : 0;
+    if (s.num_shards != shards_.num_shards() || s.seq_len != T_ || s.shuffle != shuffle) {
+      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, T=%lld, "
+                "shuffle %lld, but this run has %d, T=%d, %d; resume with the same data and "
+                "settings", (long long)s.num_shards, (long long)s.seq_len, (long long)s.shuffle,
+                shards_.num_shards(), T_, shuffle);
+    }
+    // world * grad_accum fits 62 bits; with B it might not, so B divides instead.
+    if (step_sequences() % s.batch_size != 0 ||
+        s.world * s.grad_accum != step_sequences() / s.batch_size) {
+      LLMC_FAIL("cannot resume the data loader: a step of the checkpoint took %lld processes x "
+                "%lld micro batches x B=%lld sequences, a step of this run takes %d x %d x B=%d = "
+                "%ld; keep processes x micro batches x B the same", (long long)s.world,
+                (long long)s.grad_accum, (long long)s.batch_size, world_, grad_accum_, B_,
+                step_sequences());
+    }
+    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards ||
+        s.batch_position < 0 || s.batch_position >= s.grad_accum) {
+      LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld, "
+                "micro batch %lld of %lld); the checkpoint is damaged", (long long)s.epoch,
+                (long long)s.shard_position, (long long)s.num_shards,
+                (long long)s.batch_position, (long long)s.grad_accum);
+    }
+    const long taken = (long)(s.batch_position * s.world * s.batch_size);  // sequences of the step
+    const long per_batch = (long)world_ * B_;
+    if (taken % per_batch != 0) {
+      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken after %ld of a step's %ld "
+                "sequences, not a whole number of this run's micro batches (%d processes x B=%d); "
+                "resume from a checkpoint taken between steps", taken, step_sequences(), world_,
+                B_);
+    }
+    shards_.restore((long)s.epoch, s.rng_at_epoch_start);
+    open_shard((long)s.shard_position);
+    const long length = (long)shards_.tokens().size();
+    if (s.token_position < 0 || s.token_position + window() + 1 >= length) {
+      LLMC_FAIL("cannot resume the data loader: corrupt position (token %lld of %ld in %s, with a "
+                "window of %ld); the checkpoint is damaged", (long long)s.token_position, length,
+                shards_.current().path.c_str(), window());
+    }
+    position_ = (long)s.token_position;
+    read_step();
+    batch_ = (int)(taken / per_batch);
+  }
+
+  long total_tokens() const { return shards_.total_tokens(); }  // in all shards
+  long tokens_per_batch() const { return (long)B_ * T_; }
+  int num_shards() const { return shards_.num_shards(); }
+  long epoch() const { return shards_.epoch(); }
+  const std::string& current_shard() const { return shards_.current().path; }
+
+ private:
+  static std::vector<ShardHeader> checked_headers(const std::string& pattern, const char* flag,
+                                                  int B, int T, int grad_accum, int rank,
+                                                  int world, int vocab_size) {
+    dataloader_detail::check_settings(flag, B, T, rank, world, vocab_size);
+    if (grad_accum <= 0) {
+      LLMC_FAIL("data loader for %s: %d micro batches per step must be positive", flag,
+                grad_accum);
+    }
+    return read_document_shard_headers(pattern, flag, B, T, grad_accum, world);
+  }
+
+  long step_sequences() const { return (long)world_ * grad_accum_ * B_; }
+  long window() const { return document_window(B_, T_, grad_accum_, world_); }
+  long shard_length() const { return (long)shards_.tokens().size(); }
+
+  // Opens the shard at `position` of the epoch's order (or the next shard) at its first token.
+  void open_shard(long position) {
+    shards_.open(position);
+    find_documents();
+  }
+  void open_next_shard() {
+    shards_.open_next();
+    find_documents();
+  }
+  void find_documents() {
+    position_ = 0;
+    documents_.clear();
+    const std::vector<uint16_t>& x = shards_.tokens();
+    for (long i = 0; i < (long)x.size(); i++) {
+      if (x[i] == kDocumentStartToken) documents_.push_back(i);
+    }
+  }
+
+  // The first document start at or after `from`, or the shard's length when none is.
+  long next_document(long from) const {
+    const auto it = std::lower_bound(documents_.begin(), documents_.end(), from);
+    return it == documents_.end() ? shard_length() : *it;
+  }
+
+  // The step begins in the next shard when its window and one token more do not fit before the
+  // shard's end (the reference's test); its sequences are then read in stream order, and this
+  // rank's rows kept.
+  void read_step() {
+    if (position_ + window() + 1 >= shard_length()) open_next_shard();
+    step_start_ = {};
+    step_start_.order = DataOrder::kDocuments;
+    step_start_.epoch = shards_.epoch();
+    step_start_.shard_position = shards_.position();
+    step_start_.token_position = position_;
+    step_start_.num_shards = shards_.num_shards();
+    step_start_.batch_size = B_;
+    step_start_.seq_len = T_;
+    step_start_.world = world_;
+    step_start_.grad_accum = grad_accum_;
+    step_start_.shuffle = shards_.shuffle() ? 1 : 0;
+    step_start_.rng_at_epoch_start = shards_.rng_at_epoch_start();
+    const long per_batch = (long)world_ * B_;
+    for (long q = 0; q < step_sequences(); q++) {
+      const long start = next_sequence();
+      if ((q % per_batch) / B_ != rank_) continue;
+      const long row = q / per_batch * B_ + q % B_;
+      std::copy_n(shards_.tokens().data() + start, T_ + 1, rows_.data() + row * (T_ + 1));
+    }
+    batch_ = 0;
+  }
+
+  // The next sequence of the stream: the position of its first token in the shard held, with T
+  // more after it. As the reference: the first document start at or after the position, and the
+  // position moves on to the first document start T or more tokens after that, both searched to
+  // the shard's end. The cuts, where the shard has none: with no document start that has T tokens
+  // after it, the sequence starts at the position itself; with no document start T or more
+  // tokens on, the position moves T tokens on (the next sequence goes on with the document); and
+  // when fewer than T+1 tokens are left, the next shard begins.
+  long next_sequence() {
+    if (position_ + T_ >= shard_length()) open_next_shard();
+    long start = next_document(position_);
+    if (start + T_ >= shard_length()) start = position_;
+    const long end = next_document(start + T_);
+    position_ = end < shard_length() ? end : start + T_;
+    return start;
+  }
+
+  int B_, T_, grad_accum_, rank_, world_;
+  ShardOrder shards_;
+  std::vector<uint16_t> rows_;     // this rank's rows of the step, T+1 tokens each
+  int batch_ = 0;                  // micro batches of the step taken
+  DataLoaderState step_start_;     // where the step began, as state() gives it
+  long position_ = 0;              // in the shard held: where the stream goes on
+  std::vector<long> documents_;    // the document starts of the shard held
 };
 
 }  // namespace llmc
