@@ -3,9 +3,11 @@
 // state/restore (also from another process count), and -i and -j kept apart; then the
 // document-aligned order of DocumentLoader (hand-worked streams and cuts, the same sequences over
 // process counts, epochs and shuffle, state/restore, errors, a 663,000-token document). Shards go
-// to build/test_tmp/dataloader/.
+// to build/test_tmp/dataloader/. With --dump-documents it writes a DocumentLoader's sequences
+// instead (dump_documents).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -856,9 +858,39 @@ void test_long_document() {
                                 "batches reads the same 32 sequences", T, at_long));
 }
 
+// --dump-documents: the sequences of DocumentLoaders of every rank, for dev/test/test_documents.sh
+// to compare with train_gpt2.py's DocumentLoader; int32, in stream order (step by step, micro
+// batch by micro batch, rank by rank, row by row), T+1 tokens a sequence.
+int dump_documents(int argc, char** argv) {
+  if (argc != 11 || std::string(argv[1]) != "--dump-documents") {
+    fprintf(stderr, "usage: %s [--dump-documents OUT PATTERN B T GRAD_ACCUM WORLD SHUFFLE SEED "
+                    "STEPS]\n", argv[0]);
+    return 2;
+  }
+  const Settings s{atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]) != 0,
+                   (uint64_t)atoll(argv[9])};
+  std::vector<DocumentLoader> ranks = document_loaders(argv[3], s);
+  bool shifted = true;
+  const std::vector<Row> rows = take_rows(ranks, s, atoi(argv[10]), &shifted);
+  if (!shifted) LLMC_FAIL("the targets of a row are not its inputs shifted by one");
+  llmc::write_file_atomically(argv[2], [&](llmc::File& f) {
+    for (const Row& row : rows) f.write(row.data(), row.size() * sizeof(int), "a sequence");
+  });
+  printf("%zu sequences of %d tokens to %s\n", rows.size(), s.T + 1, argv[2]);
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    try {
+      return dump_documents(argc, argv);
+    } catch (const llmc::Error& e) {
+      fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
   try {
     llmc::make_dirs(kDir);
     test_shard_round_trip();
