@@ -4,15 +4,20 @@ train_gpt2.py's against modded-nanogpt's own loader, transcribed below. Writes i
 the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the difference", and
 notes without a tab.
 
-  PYTHONPATH=. python3 dev/test/documents_reference.py SCRATCH
+  python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
 """
 import glob
+import os
 import subprocess
 import sys
 
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pydeps import require  # noqa: E402
 
-import train_gpt2 as tg
+require("numpy", "torch")
+import numpy as np  # noqa: E402
+
+import train_gpt2 as tg  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # modded-nanogpt (records/track_1_short/2025-08-23_SparseAttnGate), find_batch_starts and

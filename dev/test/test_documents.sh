@@ -21,7 +21,7 @@ SCRATCH=build/scratch/test_documents
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 
-out=$(PYTHONPATH=. "$PY" dev/test/documents_reference.py "$SCRATCH" 2>&1)
+out=$("$PY" dev/test/documents_reference.py "$SCRATCH" 2>&1)
 status=$?
 check "documents_reference.py runs to its end" "$status" 0
 [ "$status" -eq 0 ] || echo "$out"
