@@ -806,6 +806,76 @@ class DocumentLoader:
         return rows[:, :-1], rows[:, 1:]
 
 
+# ------------------------------------------------------------------------------------------------
+# Document-causal attention in blocks with a sliding window (dev/SPEC.md "Attention blocks",
+# llmc/attention_blocks.h; the window's schedule as llmc/schedulers.h)
+
+ATTENTION_BLOCK = 128
+LAYER_WINDOWS = "LSSSLSSLSSSL"  # modded-nanogpt's 12 layers: the long window (L) or half of it (S)
+
+
+def next_multiple_of_n(v, n):
+    return next(x for x in range(n, int(v) + 1 + n, n) if x >= v)
+
+
+def attention_window_blocks(step, num_steps):
+    """modded-nanogpt's window at step `step` of num_steps, in blocks: 1 growing to 14."""
+    x = step / num_steps
+    assert 0 <= x <= 1
+    return next_multiple_of_n(1728 * x, n=ATTENTION_BLOCK) // ATTENTION_BLOCK
+
+
+def layer_window_blocks(layer, window_blocks):
+    return window_blocks if LAYER_WINDOWS[layer] == "L" else window_blocks // 2
+
+
+def attention_block_lists(tokens, window_blocks):
+    """modded-nanogpt's create_blockmasks and build_bm(window_blocks) for one sequence (a 1-D tensor
+    of token ids, its length a multiple of ATTENTION_BLOCK): for each query block, the number of
+    partial and of full key blocks and each list nearest first, as flex attention reads them
+    (partial_num, partial_indices, full_num, full_indices). A full count the reference leaves
+    negative (a window of 0) is clamped to 0, which is what flex attention makes of it."""
+    docs = (tokens == DOCUMENT_START).cumsum(0)
+    num_blocks = len(tokens) // ATTENTION_BLOCK
+    block_idx = torch.arange(num_blocks, dtype=torch.int32)
+    causal_any = block_idx[:, None] >= block_idx
+    causal_all = block_idx[:, None] > block_idx
+    docs_low = docs.view(-1, ATTENTION_BLOCK)[:, 0]
+    docs_high = docs.view(-1, ATTENTION_BLOCK)[:, -1]
+    document_any = (docs_low[:, None] <= docs_high) & (docs_high[:, None] >= docs_low)
+    document_all = (docs_low[:, None] == docs_high) & (docs_high[:, None] == docs_low)
+    blockmask_any = causal_any & document_any
+    blockmask_all = causal_all & document_all
+
+    def dense_to_ordered(dense):
+        count = dense.sum(dim=-1, dtype=torch.int32)
+        indices = dense.argsort(dim=-1, descending=False, stable=True).flip(-1).to(torch.int32)
+        return count, indices
+
+    partial_num, partial_indices = dense_to_ordered(blockmask_any & ~blockmask_all)
+    full_num, full_indices = dense_to_ordered(blockmask_all)
+    window = torch.tensor(window_blocks, dtype=torch.int32)
+    partial_num = torch.clamp_max(partial_num, torch.clamp_min(window - full_num, 1))
+    full_num = torch.clamp_min(torch.clamp_max(full_num, window - 1), 0)
+    return partial_num, partial_indices, full_num, full_indices
+
+
+def document_attention_mask(tokens, window_blocks):
+    """The [T, T] boolean mask of one sequence (True where query i attends to key j): document-causal
+    (j <= i, one document) within the key blocks attention_block_lists selects for i's block."""
+    partial_num, partial_indices, full_num, full_indices = attention_block_lists(tokens, window_blocks)
+    num_blocks = len(tokens) // ATTENTION_BLOCK
+    selected = torch.zeros(num_blocks, num_blocks, dtype=torch.bool)
+    for q in range(num_blocks):
+        selected[q, partial_indices[q, :partial_num[q]].long()] = True
+        selected[q, full_indices[q, :full_num[q]].long()] = True
+    docs = (tokens == DOCUMENT_START).cumsum(0)
+    position = torch.arange(len(tokens))
+    document_causal = (position[:, None] >= position) & (docs[:, None] == docs)
+    tokens_selected = selected.repeat_interleave(ATTENTION_BLOCK, 0).repeat_interleave(ATTENTION_BLOCK, 1)
+    return document_causal & tokens_selected
+
+
 class RandomTokens:
     """One batch of uniform random tokens from a seeded generator, returned by every call."""
 
