@@ -146,7 +146,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
                                                              adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
     f.write(h, sizeof(h), "the state header");
-    train_state_detail::host_parts(host, kStateVersion, [&](const void* p, size_t bytes) {
+    train_state_detail::host_parts(host, h[1], [&](const void* p, size_t bytes) {
       f.write(p, bytes, "the RNG and data loader state");
     });
     f.write(adam_m, n * sizeof(float), "AdamW's first moments");
