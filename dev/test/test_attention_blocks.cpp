@@ -72,7 +72,9 @@ void check_case(const char* what, const std::vector<int>& tokens,
     spans_ok = spans[q].first_key == expected_spans[q].first_key &&
                spans[q].first_full == expected_spans[q].first_full;
   }
-  for (const AttentionBlockSpan& s : spans) text += llmc::strformat(" (%d,%d)", s.first_key, s.first_full);
+  for (const AttentionBlockSpan& s : spans) {
+    text += llmc::strformat(" (%d,%d)", s.first_key, s.first_full);
+  }
   check_verbose(spans_ok, llmc::strformat("%s: spans (first_key, first_full)", what) + text);
   bool all = true;
   std::string lists;
@@ -106,8 +108,12 @@ void test_hand_cases() {
   // block before q full.
   check_case("no document start", sequence(1024, {}),
              {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}},
-             {{7, 0, {7}}, {7, 1, {7}}, {7, 3, {7, -7, -6}}, {7, 8, {7, -7, -6, -5, -4, -3, -2, -1}},
-              {7, 16, {7, -7, -6, -5, -4, -3, -2, -1}}, {0, 16, {0}}});
+             {{7, 0, {7}},
+              {7, 1, {7}},
+              {7, 3, {7, -7, -6}},
+              {7, 8, {7, -7, -6, -5, -4, -3, -2, -1}},
+              {7, 16, {7, -7, -6, -5, -4, -3, -2, -1}},
+              {0, 16, {0}}});
   // Every token a document: only the block itself, masked.
   std::vector<int> every(256, kStart);
   check_case("every token a document start", every, {{0, 0}, {1, 1}}, {{1, 16, {1}}, {0, 1, {0}}});
@@ -156,7 +162,9 @@ int main(int argc, char** argv) {
     if (argc == 4 && std::string(argv[1]) == "--dump") return dump_blocks(argv[2], argv[3]);
     if (argc == 3 && std::string(argv[1]) == "--windows") {
       const long n = atol(argv[2]);
-      for (long s = 0; s <= n; s++) printf("%d%s", llmc::attention_window_blocks(s, n), s < n ? " " : "\n");
+      for (long s = 0; s <= n; s++) {
+        printf("%d%s", llmc::attention_window_blocks(s, n), s < n ? " " : "\n");
+      }
       return 0;
     }
     if (argc > 1) {

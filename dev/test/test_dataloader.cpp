@@ -460,7 +460,9 @@ std::vector<uint16_t> document_tokens(int shard, const std::vector<int>& lengths
 // Writes the shards `name_000.bin`, ...; returns their glob.
 std::string write_document_shards(const std::string& name,
                                   const std::vector<std::vector<uint16_t>>& shards) {
-  for (size_t s = 0; s < shards.size(); s++) llmc::write_token_shard(shard_path(name, (int)s), shards[s]);
+  for (size_t s = 0; s < shards.size(); s++) {
+    llmc::write_token_shard(shard_path(name, (int)s), shards[s]);
+  }
   return kDir + "/" + name + "_*.bin";
 }
 
@@ -475,7 +477,8 @@ struct Settings {
 std::vector<DocumentLoader> document_loaders(const std::string& pattern, const Settings& s) {
   std::vector<DocumentLoader> ranks;
   for (int r = 0; r < s.world; r++) {
-    ranks.emplace_back(pattern, "-i", s.B, s.T, s.grad_accum, r, s.world, s.shuffle, s.seed, kVocab);
+    ranks.emplace_back(pattern, "-i", s.B, s.T, s.grad_accum, r, s.world, s.shuffle, s.seed,
+                       kVocab);
   }
   return ranks;
 }
@@ -493,7 +496,9 @@ std::vector<Row> take_rows(std::vector<DocumentLoader>& ranks, const Settings& s
         for (int b = 0; b < s.B; b++) {
           Row row(x.begin() + b * s.T, x.begin() + (b + 1) * s.T);
           row.push_back(y[(b + 1) * s.T - 1]);
-          for (int t = 0; t + 1 < s.T; t++) *shifted = *shifted && y[b * s.T + t] == x[b * s.T + t + 1];
+          for (int t = 0; t + 1 < s.T; t++) {
+            *shifted = *shifted && y[b * s.T + t] == x[b * s.T + t + 1];
+          }
           rows.push_back(row);
         }
       }
@@ -503,7 +508,8 @@ std::vector<Row> take_rows(std::vector<DocumentLoader>& ranks, const Settings& s
 }
 
 // Where each row lies: (shard, first position), or (-1, -1) when it is no slice of a shard.
-std::vector<Batch> locate(const std::vector<Row>& rows, const std::vector<std::vector<uint16_t>>& shards) {
+std::vector<Batch> locate(const std::vector<Row>& rows,
+                          const std::vector<std::vector<uint16_t>>& shards) {
   std::vector<Batch> out;
   for (const Row& row : rows) {
     Batch found;
@@ -532,11 +538,14 @@ std::string describe(const std::vector<Batch>& at) {
 void test_documents_by_hand() {
   const Settings one{1, 4, 1, 1};
   // 2 tokens before the first document; the window of a step at 0 holds no document 4 tokens on.
-  const std::vector<std::vector<uint16_t>> plain = {document_tokens(0, {3, 6, 1, 1, 5, 2, 9, 4, 12, 3, 3}, 2)};
-  std::vector<DocumentLoader> loader = document_loaders(write_document_shards("doc_hand", plain), one);
+  const std::vector<std::vector<uint16_t>> plain = {
+      document_tokens(0, {3, 6, 1, 1, 5, 2, 9, 4, 12, 3, 3}, 2)};
+  std::vector<DocumentLoader> loader =
+      document_loaders(write_document_shards("doc_hand", plain), one);
   bool shifted = true;
   std::vector<Batch> at = locate(take_rows(loader, one, 7, &shifted), plain);
-  check_verbose(shifted && at == batches({{0, 2}, {0, 11}, {0, 18}, {0, 29}, {0, 33}, {0, 2}, {0, 11}}, 1),
+  check_verbose(shifted &&
+                    at == batches({{0, 2}, {0, 11}, {0, 18}, {0, 29}, {0, 33}, {0, 2}, {0, 11}}, 1),
                 "T=4: the 2 tokens before the first document are skipped; a sequence runs from a "
                 "document start to T+1 tokens, the next starts at the first document T or more "
                 "tokens on; 33+8+1 >= 51 tokens begins the next epoch:" + describe(at));
@@ -657,13 +666,16 @@ void test_document_epochs() {
       const long epoch = ranks[0].epoch();
       const std::vector<Row> rows = take_rows(ranks, s, 1, &shifted);
       for (const Batch& b : locate(rows, shards)) {
-        if (epoch_shards[epoch].empty() || epoch_shards[epoch].back() != b.shard) epoch_shards[epoch].push_back(b.shard);
+        std::vector<int>& visited = epoch_shards[epoch];
+        if (visited.empty() || visited.back() != b.shard) visited.push_back(b.shard);
       }
       epoch_rows[epoch].insert(epoch_rows[epoch].end(), rows.begin(), rows.end());
     }
     llmc::Rng rng(1337);
     std::vector<std::vector<int>> expected;
-    for (int e = 0; e < 3; e++) expected.push_back(shuffle ? llmc::random_permutation(rng, 4) : std::vector<int>{0, 1, 2, 3});
+    for (int e = 0; e < 3; e++) {
+      expected.push_back(shuffle ? llmc::random_permutation(rng, 4) : std::vector<int>{0, 1, 2, 3});
+    }
     std::string order;
     for (const std::vector<int>& e : epoch_shards) {
       order += " [";
@@ -671,8 +683,9 @@ void test_document_epochs() {
       order += "]";
     }
     check_verbose(shifted && epoch_shards == expected,
-                  llmc::strformat("%s: 3 epochs visit the shards in the order", shuffle ? "shuffled" : "plain") +
-                      order + (shuffle ? " of permutation(4) drawn per epoch from MT19937(1337)" : ""));
+                  std::string(shuffle ? "shuffled" : "plain") +
+                      ": 3 epochs visit the shards in the order" + order +
+                      (shuffle ? " of permutation(4) drawn per epoch from MT19937(1337)" : ""));
     if (!shuffle) {
       check_verbose(epoch_rows[1] == epoch_rows[0] && epoch_rows[2] == epoch_rows[0],
                     llmc::strformat("without shuffle every epoch reads the same %zu sequences",
@@ -736,7 +749,8 @@ void test_document_restore() {
   };
   bool all = true;
   for (long taken : {0L, 1L, 3L, 4L, 38L, 41L, 150L, 203L, 300L}) {
-    all = check(resume(taken, four), llmc::strformat("restore after %ld sequences continues identically", taken)) && all;
+    all = check(resume(taken, four),
+                llmc::strformat("restore after %ld sequences continues identically", taken)) && all;
   }
   check_verbose(all, "state/restore continues identically from 9 positions (within steps, across shards "
                      "and epochs)");
@@ -787,13 +801,16 @@ void test_document_errors() {
                "a state of steps of 4 sequences into steps of 8");
   check_throws(restore_changed([](llmc::DataLoaderState& s) { s.world = 3; }),
                "keep processes x micro batches x B the same", "a state of 3 processes");
-  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.order = llmc::DataOrder::kBatches; }),
+  check_throws(restore_changed([](llmc::DataLoaderState& s) {
+                 s.order = llmc::DataOrder::kBatches;
+               }),
                "the checkpoint read contiguous batches, this run reads document-aligned sequences",
                "a state of contiguous batches");
   check_throws(restore_changed([](llmc::DataLoaderState& s) { s.world = 0; }),
                "corrupt step of 0 processes x 4 micro batches x B=1", "a state of no processes");
   check_throws(restore_changed([](llmc::DataLoaderState& s) { s.batch_position = 4; }),
-               "corrupt position (epoch 0, shard 0 of 2, micro batch 4 of 4)", "a micro batch past the step");
+               "corrupt position (epoch 0, shard 0 of 2, micro batch 4 of 4)",
+               "a micro batch past the step");
   check_throws(restore_changed([](llmc::DataLoaderState& s) { s.shard_position = -1; }),
                "corrupt position", "a negative shard position");
   check_throws(restore_changed([](llmc::DataLoaderState& s) { s.token_position = 1L << 40; }),
@@ -805,7 +822,9 @@ void test_document_errors() {
 
   // Each shard must hold a step's window (2 x 4 x 1 x 8 x 2 = 128 tokens) and 2 more.
   llmc::write_token_shard(kDir + "/doc_short.bin", document_tokens(0, {60, 69}));
-  check_throws([&] { DocumentLoader d(kDir + "/doc_short.bin", "-i", 1, T, 4, 1, 2, false, 0, kVocab); },
+  check_throws([&] {
+                 DocumentLoader d(kDir + "/doc_short.bin", "-i", 1, T, 4, 1, 2, false, 0, kVocab);
+               },
                "doc_short.bin: 129 tokens are too few for one step of document-aligned sequences: 2 "
                "x 4 micro batches x B=1 x T=8 x 2 processes + 2 needs at least 130; use smaller "
                "batches or a longer shard", "a shard one token short of a step's window");
@@ -816,7 +835,9 @@ void test_document_errors() {
   std::vector<uint16_t> bad = document_tokens(0, {100, 100});
   bad[150] = 50300;
   llmc::write_token_shard(kDir + "/doc_vocab.bin", bad);
-  check_throws([&] { DocumentLoader d(kDir + "/doc_vocab.bin", "-i", 1, T, 1, 0, 1, false, 0, kVocab); },
+  check_throws([&] {
+                 DocumentLoader d(kDir + "/doc_vocab.bin", "-i", 1, T, 1, 0, 1, false, 0, kVocab);
+               },
                "doc_vocab.bin: token 50300 at position 150 is >= vocab size 50257",
                "a token outside the vocabulary");
   printf("%s %d bad states and settings each fail with a one-line message naming the problem\n",

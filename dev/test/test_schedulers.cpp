@@ -159,9 +159,11 @@ void test_parsing() {
 void test_attention_window() {
   bool ends = true, steady = true;
   for (long n : {1L, 14L, 100L, 1750L, 3250L}) {
-    ends = ends && llmc::attention_window_blocks(0, n) == 1 && llmc::attention_window_blocks(n, n) == 14;
+    ends = ends && llmc::attention_window_blocks(0, n) == 1 &&
+           llmc::attention_window_blocks(n, n) == 14;
     for (long s = 1; n >= 14 && s <= n; s++) {
-      const int grew = llmc::attention_window_blocks(s, n) - llmc::attention_window_blocks(s - 1, n);
+      const int grew =
+          llmc::attention_window_blocks(s, n) - llmc::attention_window_blocks(s - 1, n);
       steady = steady && (grew == 0 || grew == 1);
     }
   }
@@ -173,7 +175,9 @@ void test_attention_window() {
                     llmc::attention_window_blocks(1000, 1728) == 8,
                 "window: 864 tokens half way -> 7 blocks; 1, 129, 1000 of 1728 steps -> 1, 2, 8");
   std::string windows;
-  for (int layer = 0; layer < 12; layer++) windows += llmc::strformat(" %d", llmc::layer_window_blocks(layer, 14));
+  for (int layer = 0; layer < 12; layer++) {
+    windows += llmc::strformat(" %d", llmc::layer_window_blocks(layer, 14));
+  }
   check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && llmc::layer_window_blocks(1, 1) == 0,
                 "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
   check_throws([] { llmc::attention_window_blocks(11, 10); },

@@ -121,8 +121,8 @@ void test_load_into() {
 std::vector<char> older_file(std::vector<char> bytes, int version) {
   const size_t loader_end = llmc::kHeaderInts * sizeof(int) + 2 * sizeof(llmc::RngState) +
                             llmc::kDataLoaderStateBytesV4;
-  const size_t loader_fields_since_v5 = sizeof(llmc::DataLoaderState) - llmc::kDataLoaderStateBytesV4;
-  bytes.erase(bytes.begin() + loader_end, bytes.begin() + loader_end + loader_fields_since_v5);
+  const size_t since_v5 = sizeof(llmc::DataLoaderState) - llmc::kDataLoaderStateBytesV4;
+  bytes.erase(bytes.begin() + loader_end, bytes.begin() + loader_end + since_v5);
   int h[llmc::kHeaderInts];
   memcpy(h, bytes.data(), sizeof(h));
   h[1] = version;
