@@ -630,15 +630,45 @@ def mt19937_self_check():
         fail(f"MT19937 self-check failed: seed 5489 gave {first}, expected 3499211612")
 
 
+def shard_token_count(path):
+    """The token count of a shard (dev/SPEC.md "Token shard"), its header checked against its size."""
+    header = np.fromfile(path, np.int32, HEADER_INTS)
+    if header.size < HEADER_INTS or header[0] != SHARD_MAGIC:
+        fail(f"{path}: not a token shard (expected magic {SHARD_MAGIC} in a "
+             f"{HEADER_INTS * 4}-byte header); re-create it with the data tools")
+    if header[1] != SHARD_VERSION:
+        fail(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
+    count, size = int(header[2]), os.path.getsize(path)
+    if size != HEADER_INTS * 4 + 2 * count:
+        fail(f"{path}: header says {count} tokens, so the file should be "
+             f"{HEADER_INTS * 4 + 2 * count} bytes, but it is {size}; re-create it")
+    return count
+
+
+def read_shard(path, vocab_size):
+    """A shard's tokens (uint16), checked against the vocabulary."""
+    tokens = np.fromfile(path, np.uint16, offset=HEADER_INTS * 4)
+    largest = int(tokens.max())
+    if largest >= vocab_size:
+        fail(f"{path}: token id {largest} is not below the vocab size {vocab_size}; "
+             f"the shard was made for another tokenizer")
+    return tokens
+
+
+def shard_paths(pattern, flag):
+    paths = sorted(glob.glob(pattern))
+    if not paths:
+        fail(f"{flag} {pattern}: no files match; check the pattern (quote it so the shell "
+             f"does not expand it) or prepare the data first")
+    return paths
+
+
 class ShardLoader:
     """Batches from token shards in SPEC.md "Data order": shards in a per-epoch order, batches of
     each shard in a per-shard order, both shuffled by one MT19937 shared by all ranks."""
 
     def __init__(self, pattern, flag, B, T, rank, world, shuffle, seed, vocab_size):
-        self.paths = sorted(glob.glob(pattern))
-        if not self.paths:
-            fail(f"{flag} {pattern}: no files match; check the pattern (quote it so the shell "
-                 f"does not expand it) or prepare the data first")
+        self.paths = shard_paths(pattern, flag)
         self.B, self.T, self.rank, self.world = B, T, rank, world
         self.shuffle, self.vocab_size = shuffle, vocab_size
         self.num_batches = [self._num_batches(path) for path in self.paths]
@@ -647,16 +677,7 @@ class ShardLoader:
         self.reset()
 
     def _num_batches(self, path):
-        header = np.fromfile(path, np.int32, HEADER_INTS)
-        if header.size < HEADER_INTS or header[0] != SHARD_MAGIC:
-            fail(f"{path}: not a token shard (expected magic {SHARD_MAGIC} in a "
-                 f"{HEADER_INTS * 4}-byte header); re-create it with the data tools")
-        if header[1] != SHARD_VERSION:
-            fail(f"{path}: unsupported shard version {header[1]} (expected {SHARD_VERSION})")
-        count, size = int(header[2]), os.path.getsize(path)
-        if size != HEADER_INTS * 4 + 2 * count:
-            fail(f"{path}: header says {count} tokens, so the file should be "
-                 f"{HEADER_INTS * 4 + 2 * count} bytes, but it is {size}; re-create it")
+        count = shard_token_count(path)
         num_batches = (count - 1) // (self.world * self.B * self.T)
         if num_batches < 1:
             fail(f"{path}: {count} tokens are too few for one batch of B*T*world = "
@@ -674,12 +695,7 @@ class ShardLoader:
     def _open_shard(self):
         index = self.shard_order[self.shard_position]
         if index != self.loaded_index:
-            path = self.paths[index]
-            self.tokens = np.fromfile(path, np.uint16, offset=HEADER_INTS * 4)
-            largest = int(self.tokens.max())
-            if largest >= self.vocab_size:
-                fail(f"{path}: token id {largest} is not below the vocab size {self.vocab_size}; "
-                     f"the shard was made for another tokenizer")
+            self.tokens = read_shard(self.paths[index], self.vocab_size)
             self.loaded_index = index
         n = self.num_batches[index]
         self.batch_order = self.rng.permutation(n) if self.shuffle else list(range(n))
@@ -698,6 +714,166 @@ class ShardLoader:
         self.batch_position += 1
         window = torch.from_numpy(self.tokens[offset:offset + chunk + 1].astype(np.int64))
         return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
+
+
+DOCUMENT_START = 50256  # GPT-2's end of text, which the data tools write before every document
+
+
+class DocumentLoader:
+    """Document-aligned sequences in SPEC.md "Document-aligned order" (llmc/dataloader.h's
+    DocumentLoader): every row is T+1 tokens from a document start, chosen as modded-nanogpt's
+    align_to_bos loader chooses them but searched to the shard's end, and cut where the shard has
+    no document start. A step's world*grad_accum*B sequences come one after another from one
+    stream that every rank computes alike; micro batch m gives rank r, row b the step's sequence
+    (m*world + r)*B + b. Epochs take the shards in the order of permutation(num_shards) drawn from
+    MT19937(seed) at each epoch's start (the identity without shuffle)."""
+
+    def __init__(self, pattern, flag, B, T, grad_accum, rank, world, shuffle, seed, vocab_size):
+        self.paths = shard_paths(pattern, flag)
+        self.B, self.T, self.grad_accum, self.rank, self.world = B, T, grad_accum, rank, world
+        self.shuffle, self.vocab_size = shuffle, vocab_size
+        self.window = 2 * grad_accum * world * B * T  # the tokens a step searches in the reference
+        for path in self.paths:
+            count = shard_token_count(path)
+            if count < self.window + 2:
+                fail(f"{path}: {count} tokens are too few for one step of document-aligned "
+                     f"sequences: 2 x {grad_accum} micro batches x B={B} x T={T} x {world} "
+                     f"processes + 2 needs at least {self.window + 2}; use a smaller -b/-t or a "
+                     f"larger shard")
+        self.rng = MT19937(seed)
+        self.epoch = -1
+        self._begin_epoch()
+        self._read_step()
+
+    def _begin_epoch(self):
+        self.epoch += 1
+        n = len(self.paths)
+        self.shard_order = self.rng.permutation(n) if self.shuffle else list(range(n))
+        self._open_shard(0)
+
+    def _open_shard(self, position):
+        self.shard_position, self.position = position, 0
+        self.tokens = read_shard(self.paths[self.shard_order[position]], self.vocab_size)
+        self.documents = np.flatnonzero(self.tokens == DOCUMENT_START)
+
+    def _open_next_shard(self):
+        if self.shard_position + 1 < len(self.paths):
+            self._open_shard(self.shard_position + 1)
+        else:
+            self._begin_epoch()
+
+    def _next_document(self, start):
+        """The first document start at or after `start`, or the shard's length when none is."""
+        i = np.searchsorted(self.documents, start)
+        return int(self.documents[i]) if i < len(self.documents) else len(self.tokens)
+
+    def _next_sequence(self):
+        """Where the stream's next sequence starts in the shard held. As the reference: at the
+        first document start at or after the position, which moves on to the first document start
+        T or more tokens after that. The cuts: no document start with T tokens after it, the
+        position itself; none T or more tokens on, T tokens on; fewer than T+1 tokens left, the
+        next shard."""
+        T = self.T
+        if self.position + T >= len(self.tokens):
+            self._open_next_shard()
+        start = self._next_document(self.position)
+        if start + T >= len(self.tokens):
+            start = self.position
+        end = self._next_document(start + T)
+        self.position = end if end < len(self.tokens) else start + T
+        return start
+
+    def _read_step(self):
+        """The step's sequences in stream order, this rank's rows kept; the step begins in the
+        next shard when its window and one token more do not fit (the reference's test)."""
+        if self.position + self.window + 1 >= len(self.tokens):
+            self._open_next_shard()
+        per_batch = self.world * self.B
+        rows = []
+        for q in range(self.grad_accum * per_batch):
+            start = self._next_sequence()
+            if q % per_batch // self.B == self.rank:
+                rows.append(self.tokens[start:start + self.T + 1].astype(np.int64))
+        self.rows = torch.from_numpy(np.stack(rows)).view(self.grad_accum, self.B, self.T + 1)
+        self.batch = 0
+
+    def next_batch(self):
+        """Returns (inputs, targets) of this rank's next micro batch, each a [B, T] int64 CPU tensor."""
+        rows = self.rows[self.batch]
+        self.batch += 1
+        if self.batch == self.grad_accum:
+            self._read_step()
+        return rows[:, :-1], rows[:, 1:]
+
+
+# ------------------------------------------------------------------------------------------------
+# Document-causal attention in blocks with a sliding window (dev/SPEC.md "Attention blocks",
+# llmc/attention_blocks.h; the window's schedule as llmc/schedulers.h)
+
+ATTENTION_BLOCK = 128
+LAYER_WINDOWS = "LSSSLSSLSSSL"  # modded-nanogpt's 12 layers: the long window (L) or half of it (S)
+
+
+def next_multiple_of_n(v, n):
+    return next(x for x in range(n, int(v) + 1 + n, n) if x >= v)
+
+
+def attention_window_blocks(step, num_steps):
+    """modded-nanogpt's window at step `step` of num_steps, in blocks: 1 growing to 14."""
+    x = step / num_steps
+    assert 0 <= x <= 1
+    return next_multiple_of_n(1728 * x, n=ATTENTION_BLOCK) // ATTENTION_BLOCK
+
+
+def layer_window_blocks(layer, window_blocks):
+    return window_blocks if LAYER_WINDOWS[layer] == "L" else window_blocks // 2
+
+
+def attention_block_lists(tokens, window_blocks):
+    """modded-nanogpt's create_blockmasks and build_bm(window_blocks) for one sequence (a 1-D tensor
+    of token ids, its length a multiple of ATTENTION_BLOCK): for each query block, the number of
+    partial and of full key blocks and each list nearest first, as flex attention reads them
+    (partial_num, partial_indices, full_num, full_indices). A full count the reference leaves
+    negative (a window of 0) is clamped to 0, which is what flex attention makes of it."""
+    docs = (tokens == DOCUMENT_START).cumsum(0)
+    num_blocks = len(tokens) // ATTENTION_BLOCK
+    block_idx = torch.arange(num_blocks, dtype=torch.int32)
+    causal_any = block_idx[:, None] >= block_idx
+    causal_all = block_idx[:, None] > block_idx
+    docs_low = docs.view(-1, ATTENTION_BLOCK)[:, 0]
+    docs_high = docs.view(-1, ATTENTION_BLOCK)[:, -1]
+    document_any = (docs_low[:, None] <= docs_high) & (docs_high[:, None] >= docs_low)
+    document_all = (docs_low[:, None] == docs_high) & (docs_high[:, None] == docs_low)
+    blockmask_any = causal_any & document_any
+    blockmask_all = causal_all & document_all
+
+    def dense_to_ordered(dense):
+        count = dense.sum(dim=-1, dtype=torch.int32)
+        indices = dense.argsort(dim=-1, descending=False, stable=True).flip(-1).to(torch.int32)
+        return count, indices
+
+    partial_num, partial_indices = dense_to_ordered(blockmask_any & ~blockmask_all)
+    full_num, full_indices = dense_to_ordered(blockmask_all)
+    window = torch.tensor(window_blocks, dtype=torch.int32)
+    partial_num = torch.clamp_max(partial_num, torch.clamp_min(window - full_num, 1))
+    full_num = torch.clamp_min(torch.clamp_max(full_num, window - 1), 0)
+    return partial_num, partial_indices, full_num, full_indices
+
+
+def document_attention_mask(tokens, window_blocks):
+    """The [T, T] boolean mask of one sequence (True where query i attends to key j): document-causal
+    (j <= i, one document) within the key blocks attention_block_lists selects for i's block."""
+    partial_num, partial_indices, full_num, full_indices = attention_block_lists(tokens, window_blocks)
+    num_blocks = len(tokens) // ATTENTION_BLOCK
+    selected = torch.zeros(num_blocks, num_blocks, dtype=torch.bool)
+    for q in range(num_blocks):
+        selected[q, partial_indices[q, :partial_num[q]].long()] = True
+        selected[q, full_indices[q, :full_num[q]].long()] = True
+    docs = (tokens == DOCUMENT_START).cumsum(0)
+    position = torch.arange(len(tokens))
+    document_causal = (position[:, None] >= position) & (docs[:, None] == docs)
+    tokens_selected = selected.repeat_interleave(ATTENTION_BLOCK, 0).repeat_interleave(ATTENTION_BLOCK, 1)
+    return document_causal & tokens_selected
 
 
 class RandomTokens:

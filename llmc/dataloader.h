@@ -1,7 +1,9 @@
-// Token shards and the data loader (SPEC.md "Token shard" and "Data order").
+// Token shards and the data loaders (SPEC.md "Token shard", "Data order" and "Document-aligned
+// order").
 //
 // A shard is a 256-int32 header [0]=20240520 [1]=1 [2]=token count, then that
-// many uint16 tokens; the file is exactly 1024 + 2*count bytes.
+// many uint16 tokens; the file is exactly 1024 + 2*count bytes. The data tools
+// write token 50256 (GPT-2's end of text) before every document.
 //
 // DataLoader hands each rank micro batches of B*T int32 inputs and targets
 // (targets are the inputs shifted by one token). With chunk = B*T, a shard of
@@ -13,13 +15,18 @@
 // shuffle). After a shard's last batch the next shard of the epoch's order is
 // opened; after the last shard a new epoch begins.
 //
-// Every shard's header and size are checked when the loader is built, so a
+// DocumentLoader hands out the same shapes, but every row is a sequence that starts at a
+// document, chosen as modded-nanogpt chooses them (at DocumentLoader); its epochs take the shards
+// in the same per-epoch order. Both share ShardOrder, which reads the shards.
+//
+// Every shard's header and size are checked when a loader is built, so a
 // bad file fails at start-up; token ids are checked against the vocabulary
 // when a shard is loaded, because that is the only time its tokens are read.
 // Only one shard is held in memory.
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -96,23 +103,51 @@ struct ShardHeader {
 };
 
 // The shards `pattern` matches (`flag` names where it came from), each header checked against its
-// file's size and holding at least one batch of B*T tokens for each of `world` processes: what a
-// DataLoader checks when it is built, for a program to check before it sets anything else up.
+// file's size and holding at least `min_tokens` tokens; `too_few` ends the message for a shorter
+// one ("<path>: <n> tokens are too few for <too_few>").
 inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, const char* flag,
-                                                   int B, int T, int world) {
-  const long stride = (long)world * B * T;  // tokens one batch index covers over all ranks
+                                                   long min_tokens, const std::string& too_few) {
   std::vector<ShardHeader> headers;
   for (const std::string& path : glob_files(pattern, flag)) {
     File f(path, "rb");
     const long count = read_shard_header(f);
-    if (count < stride + 1) {
-      LLMC_FAIL("%s: %ld tokens are too few for one batch: B=%d x T=%d x %d processes needs at "
-                "least %ld; use smaller batches or a longer shard", path.c_str(), count, B, T,
-                world, stride + 1);
+    if (count < min_tokens) {
+      LLMC_FAIL("%s: %ld tokens are too few for %s", path.c_str(), count, too_few.c_str());
     }
     headers.push_back({path, count});
   }
   return headers;
+}
+
+// The shards of `pattern`, each holding at least one batch of B*T tokens for each of `world`
+// processes: what a DataLoader checks when it is built, for a program to check before it sets
+// anything else up.
+inline std::vector<ShardHeader> read_shard_headers(const std::string& pattern, const char* flag,
+                                                   int B, int T, int world) {
+  const long stride = (long)world * B * T;  // tokens one batch index covers over all ranks
+  return read_shard_headers(pattern, flag, stride + 1,
+                            strformat("one batch: B=%d x T=%d x %d processes needs at least %ld; "
+                                      "use smaller batches or a longer shard", B, T, world,
+                                      stride + 1));
+}
+
+// The tokens a DocumentLoader's step searches for its sequences (the reference's token window):
+// twice the tokens of its grad_accum*world*B sequences of T.
+inline long document_window(int B, int T, int grad_accum, int world) {
+  return 2L * grad_accum * world * B * T;
+}
+
+// The shards of `pattern`, each holding a step's window and 2 tokens more (a step begins in the
+// next shard when the window does not fit before the last token): what a DocumentLoader checks.
+inline std::vector<ShardHeader> read_document_shard_headers(const std::string& pattern,
+                                                            const char* flag, int B, int T,
+                                                            int grad_accum, int world) {
+  const long need = document_window(B, T, grad_accum, world) + 2;
+  return read_shard_headers(pattern, flag, need,
+                            strformat("one step of document-aligned sequences: 2 x %d micro "
+                                      "batches x B=%d x T=%d x %d processes + 2 needs at least "
+                                      "%ld; use smaller batches or a longer shard", grad_accum, B,
+                                      T, world, need));
 }
 
 // Fails when a file matches both the training and the validation pattern, or a validation shard
@@ -155,12 +190,16 @@ inline void read_token_shard(const std::string& path, int vocab_size,
   }
 }
 
+// How a loader orders its data: contiguous batches (DataLoader) or document-aligned sequences
+// (DocumentLoader). A state of one cannot be restored by the other.
+enum class DataOrder : int64_t { kBatches = 0, kDocuments = 1 };
+
 // Everything needed to continue a loader exactly where it was: the position
 // and the generator as it was when the current epoch began (restore() replays
 // the epoch's permutations from there, so no shard has to be re-read). The
 // remaining fields describe the data and settings it belongs to, so that a
 // resume with different ones fails instead of silently reading other data.
-// Plain fixed-size data: a checkpoint can store it byte for byte.
+// Plain fixed-size data without padding: a checkpoint stores it byte for byte.
 //
 // A state saved by `world` = P processes restores into a loader of P' processes (a checkpoint
 // resharded for another process count, llmc/reshard.h) by this rule: the same epoch, the same
@@ -174,17 +213,158 @@ inline void read_token_shard(const std::string& path, int vocab_size,
 // P' processes. With shuffle a shard's batch order is a permutation of its batch count, which
 // depends on the process count, so the P' order of the current shard (and the generator after
 // it) is its own: the fraction of the shard taken is kept, not which tokens were read.
+//
+// A DocumentLoader state is that of the start of the current step (the shard and token where its
+// search began, the generator at its epoch's start) and the micro batches of that step already
+// taken; it restores into a loader whose steps take as many sequences (world * grad_accum * B)
+// of the same T, whatever its process count: both read the same stream of sequences, so the
+// resumed run reads exactly the sequences the saved one would have read next.
 struct DataLoaderState {
   int64_t epoch;
   int64_t shard_position;  // index into the epoch's shard order
-  int64_t batch_position;  // batches already taken from that shard
+  int64_t batch_position;  // batches already taken from that shard (documents: of the step)
   int64_t num_shards;
-  int64_t batches_per_epoch;
+  int64_t batches_per_epoch;  // contiguous batches; 0 for documents
   int64_t batch_size;
   int64_t seq_len;
   int64_t world;
   int64_t shuffle;
   RngState rng_at_epoch_start;
+  // Since training-state version 5; older files hold only the fields above, of contiguous batches.
+  DataOrder order;
+  int64_t token_position;  // documents: where the step's search begins in the shard; else 0
+  int64_t grad_accum;      // documents: micro batches per step; else 0
+};
+
+// The bytes of a DataLoaderState in training-state files before version 5.
+constexpr size_t kDataLoaderStateBytesV4 = offsetof(DataLoaderState, order);
+static_assert(kDataLoaderStateBytesV4 == 9 * 8 + sizeof(RngState) &&
+                  sizeof(DataLoaderState) == kDataLoaderStateBytesV4 + 3 * 8,
+              "DataLoaderState is stored byte for byte: no padding");
+
+namespace dataloader_detail {
+
+// Checks the settings every loader takes; `flag` names the data flag, for the messages.
+inline void check_settings(const char* flag, int B, int T, int rank, int world, int vocab_size) {
+  if (B <= 0 || T <= 0) {
+    LLMC_FAIL("data loader for %s: batch size %d and sequence length %d must be positive", flag,
+              B, T);
+  }
+  if (world <= 0 || rank < 0 || rank >= world) {
+    LLMC_FAIL("data loader for %s: rank %d is not in [0, %d); check the process count", flag,
+              rank, world);
+  }
+  if (vocab_size <= 0) {
+    LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
+  }
+}
+
+inline const char* order_name(DataOrder order) {
+  return order == DataOrder::kDocuments ? "document-aligned sequences" : "contiguous batches";
+}
+
+// Fails unless `s` is a state of a loader of `order`.
+inline void require_order(const DataLoaderState& s, DataOrder order) {
+  if (s.order != DataOrder::kBatches && s.order != DataOrder::kDocuments) {
+    LLMC_FAIL("cannot resume the data loader: corrupt data order %lld; the checkpoint is damaged",
+              (long long)s.order);
+  }
+  if (s.order != order) {
+    LLMC_FAIL("cannot resume the data loader: the checkpoint read %s, this run reads %s; resume "
+              "with the data order the checkpoint was written with", order_name(s.order),
+              order_name(order));
+  }
+}
+
+}  // namespace dataloader_detail
+
+// The shards one loader reads, one at a time, in the order of each epoch (SPEC.md "Data order"):
+// one MT19937 seeded with `seed` (the same on every rank) draws permutation(num_shards) when an
+// epoch begins (the identity without shuffle); DataLoader draws each shard's batch order from it
+// in between. Token ids are checked against the vocabulary when a shard is read, because that is
+// the only time its tokens are read; only that shard is held in memory.
+class ShardOrder {
+ public:
+  ShardOrder(std::vector<ShardHeader> shards, bool shuffle, uint64_t seed, int vocab_size)
+      : shards_(std::move(shards)), shuffle_(shuffle), seed_(seed), vocab_size_(vocab_size),
+        rng_(seed) {
+    for (const ShardHeader& h : shards_) total_tokens_ += h.num_tokens;
+  }
+
+  // Epoch 0, generator reseeded; open() a shard next.
+  void reset() {
+    rng_.seed(seed_);
+    begin_epoch(0);
+  }
+
+  // Epoch `epoch` with the generator as it was when that epoch began; open() a shard next.
+  void restore(long epoch, const RngState& at_epoch_start) {
+    rng_.restore(at_epoch_start);
+    begin_epoch(epoch);
+  }
+
+  // Holds the shard at `position` of the epoch's order, reading it unless it is held already.
+  void open(long position) {
+    position_ = position;
+    const long index = order_[position];
+    if (index == loaded_) return;
+    const ShardHeader& shard = shards_[index];
+    read_token_shard(shard.path, vocab_size_, &tokens_);
+    if ((long)tokens_.size() != shard.num_tokens) {
+      LLMC_FAIL("%s: the shard changed while training (%ld tokens, was %ld); keep the data fixed "
+                "during a run", shard.path.c_str(), (long)tokens_.size(), shard.num_tokens);
+    }
+    loaded_ = index;
+  }
+
+  // The next shard of the epoch's order; after the last one, the first of a new epoch.
+  void open_next() {
+    if (position_ + 1 < num_shards()) {
+      open(position_ + 1);
+      return;
+    }
+    begin_epoch(epoch_ + 1);
+    open(0);
+  }
+
+  // 0..n-1, or with shuffle a permutation of it drawn from the generator.
+  std::vector<int> identity_or_permutation(int n) {
+    if (shuffle_) return random_permutation(rng_, n);
+    std::vector<int> order(n);
+    for (int i = 0; i < n; i++) order[i] = i;
+    return order;
+  }
+
+  const ShardHeader& at(long position) const { return shards_[order_[position]]; }
+  const ShardHeader& current() const { return at(position_); }
+  const std::vector<uint16_t>& tokens() const { return tokens_; }  // of the current shard
+  long position() const { return position_; }  // of the current shard in the epoch's order
+  long epoch() const { return epoch_; }
+  const RngState& rng_at_epoch_start() const { return rng_at_epoch_start_; }
+  int num_shards() const { return (int)shards_.size(); }
+  const std::vector<ShardHeader>& shards() const { return shards_; }  // in name order
+  long total_tokens() const { return total_tokens_; }
+  bool shuffle() const { return shuffle_; }
+
+ private:
+  void begin_epoch(long epoch) {
+    epoch_ = epoch;
+    rng_at_epoch_start_ = rng_.state();
+    order_ = identity_or_permutation(num_shards());
+  }
+
+  std::vector<ShardHeader> shards_;
+  bool shuffle_;
+  uint64_t seed_;
+  int vocab_size_;
+  Rng rng_;
+  RngState rng_at_epoch_start_;
+  long total_tokens_ = 0;
+  long epoch_ = 0;
+  std::vector<int> order_;
+  long position_ = 0;
+  long loaded_ = -1;
+  std::vector<uint16_t> tokens_;
 };
 
 class DataLoader {
@@ -192,50 +372,28 @@ class DataLoader {
   // `flag` names the command-line flag the pattern came from, for error messages.
   DataLoader(const std::string& pattern, const char* flag, int B, int T, int rank, int world,
              bool shuffle, uint64_t seed, int vocab_size)
-      : B_(B), T_(T), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed),
-        vocab_size_(vocab_size), rng_(seed) {
-    if (B <= 0 || T <= 0) {
-      LLMC_FAIL("data loader for %s: batch size %d and sequence length %d must be positive", flag,
-                B, T);
-    }
-    if (world <= 0 || rank < 0 || rank >= world) {
-      LLMC_FAIL("data loader for %s: rank %d is not in [0, %d); check the process count", flag,
-                rank, world);
-    }
-    if (vocab_size <= 0) {
-      LLMC_FAIL("data loader for %s: vocab size %d must be positive", flag, vocab_size);
-    }
-    const long stride = (long)world * chunk();  // tokens one batch index covers over all ranks
-    for (const ShardHeader& h : read_shard_headers(pattern, flag, B, T, world)) {
-      shards_.push_back({h.path, h.num_tokens, (h.num_tokens - 1) / stride});
-      total_tokens_ += h.num_tokens;
-      batches_per_epoch_ += (h.num_tokens - 1) / stride;
-    }
+      : B_(B), T_(T), rank_(rank), world_(world),
+        shards_(checked_headers(pattern, flag, B, T, rank, world, vocab_size), shuffle, seed,
+                vocab_size) {
+    batches_per_epoch_ = batches_per_epoch_of(world);
     reset();
   }
 
   // Back to the first batch of the first epoch, generator reseeded.
   void reset() {
-    rng_.seed(seed_);
-    epoch_ = 0;
-    begin_epoch();
+    shards_.reset();
     open_shard(0);
   }
 
   // Fills inputs and targets, B*T int32 each.
   void next_batch(int* inputs, int* targets) {
-    if (batch_position_ == shards_[shard_order_[shard_position_]].num_batches) {
-      if (shard_position_ + 1 == (long)shards_.size()) {
-        epoch_++;
-        begin_epoch();
-        open_shard(0);
-      } else {
-        open_shard(shard_position_ + 1);
-      }
+    if (batch_position_ == (long)batch_order_.size()) {
+      shards_.open_next();
+      draw_batch_order();
     }
     const long b = batch_order_[batch_position_++];
     const long offset = (b * world_ + rank_) * chunk();
-    const uint16_t* x = tokens_.data() + offset;
+    const uint16_t* x = shards_.tokens().data() + offset;
     for (long i = 0; i < chunk(); i++) {
       inputs[i] = x[i];
       targets[i] = x[i + 1];
@@ -243,50 +401,51 @@ class DataLoader {
   }
 
   DataLoaderState state() const {
-    DataLoaderState s;
-    s.epoch = epoch_;
-    s.shard_position = shard_position_;
+    DataLoaderState s = {};
+    s.order = DataOrder::kBatches;
+    s.epoch = shards_.epoch();
+    s.shard_position = shards_.position();
     s.batch_position = batch_position_;
-    s.num_shards = (int64_t)shards_.size();
+    s.num_shards = shards_.num_shards();
     s.batches_per_epoch = batches_per_epoch_;
     s.batch_size = B_;
     s.seq_len = T_;
     s.world = world_;
-    s.shuffle = shuffle_ ? 1 : 0;
-    s.rng_at_epoch_start = rng_at_epoch_start_;
+    s.shuffle = shards_.shuffle() ? 1 : 0;
+    s.rng_at_epoch_start = shards_.rng_at_epoch_start();
     return s;
   }
 
   // `s` may be of another process count: see DataLoaderState.
   void restore(const DataLoaderState& s) {
+    dataloader_detail::require_order(s, DataOrder::kBatches);
     if (s.world < 1 || s.world > INT32_MAX) {
       LLMC_FAIL("cannot resume the data loader: corrupt process count %lld; the checkpoint is "
                 "damaged", (long long)s.world);
     }
-    if (s.num_shards != (int64_t)shards_.size() ||
+    const int shuffle = shards_.shuffle() ? 1 : 0;
+    if (s.num_shards != shards_.num_shards() ||
         s.batches_per_epoch != batches_per_epoch_of((int)s.world) || s.batch_size != B_ ||
-        s.seq_len != T_ || s.shuffle != (shuffle_ ? 1 : 0)) {
+        s.seq_len != T_ || s.shuffle != shuffle) {
       LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, %lld "
                 "batches per epoch, B=%lld T=%lld, %lld processes, shuffle %lld, but this run has "
-                "%zu, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
+                "%d, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
                 (long long)s.num_shards, (long long)s.batches_per_epoch, (long long)s.batch_size,
-                (long long)s.seq_len, (long long)s.world, (long long)s.shuffle, shards_.size(),
-                batches_per_epoch_of((int)s.world), B_, T_, world_, shuffle_ ? 1 : 0);
+                (long long)s.seq_len, (long long)s.world, (long long)s.shuffle,
+                shards_.num_shards(), batches_per_epoch_of((int)s.world), B_, T_, world_, shuffle);
     }
     if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards) {
       LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld); "
                 "the checkpoint is damaged", (long long)s.epoch, (long long)s.shard_position,
                 (long long)s.num_shards);
     }
-    rng_.restore(s.rng_at_epoch_start);
-    epoch_ = (long)s.epoch;
-    begin_epoch();
+    shards_.restore((long)s.epoch, s.rng_at_epoch_start);
     // Replay the batch permutations of the shards already opened this epoch.
     for (long p = 0; p < (long)s.shard_position; p++) {
-      if (shuffle_) random_permutation(rng_, (int)shards_[shard_order_[p]].num_batches);
+      shards_.identity_or_permutation((int)batches_of(shards_.at(p), world_));
     }
     open_shard((long)s.shard_position);
-    const Shard& shard = shards_[shard_order_[shard_position_]];
+    const ShardHeader& shard = shards_.current();
     const long saved_limit = batches_of(shard, (int)s.world);
     if (s.batch_position < 0 || s.batch_position > saved_limit) {
       LLMC_FAIL("cannot resume the data loader: corrupt position (batch %lld of %ld in %s); the "
@@ -296,75 +455,251 @@ class DataLoader {
     batch_position_ = (long)(s.batch_position * s.world / world_);
   }
 
-  long total_tokens() const { return total_tokens_; }          // in all shards
+  long total_tokens() const { return shards_.total_tokens(); }  // in all shards
   long batches_per_epoch() const { return batches_per_epoch_; }  // next_batch calls per epoch
   long tokens_per_batch() const { return chunk(); }
-  int num_shards() const { return (int)shards_.size(); }
-  long epoch() const { return epoch_; }
-  const std::string& current_shard() const { return shards_[shard_order_[shard_position_]].path; }
+  int num_shards() const { return shards_.num_shards(); }
+  long epoch() const { return shards_.epoch(); }
+  const std::string& current_shard() const { return shards_.current().path; }
 
  private:
-  struct Shard {
-    std::string path;
-    long num_tokens;
-    long num_batches;
-  };
+  static std::vector<ShardHeader> checked_headers(const std::string& pattern, const char* flag,
+                                                  int B, int T, int rank, int world,
+                                                  int vocab_size) {
+    dataloader_detail::check_settings(flag, B, T, rank, world, vocab_size);
+    return read_shard_headers(pattern, flag, B, T, world);
+  }
 
   long chunk() const { return (long)B_ * T_; }
-  long batches_of(const Shard& shard, int world) const {
+  long batches_of(const ShardHeader& shard, int world) const {
     return (shard.num_tokens - 1) / (world * chunk());
   }
   long batches_per_epoch_of(int world) const {
     long total = 0;
-    for (const Shard& shard : shards_) total += batches_of(shard, world);
+    for (const ShardHeader& shard : shards_.shards()) total += batches_of(shard, world);
     return total;
-  }
-
-  void begin_epoch() {
-    rng_at_epoch_start_ = rng_.state();
-    shard_order_ = identity_or_permutation((int)shards_.size());
   }
 
   // Opens the shard at `position` of the epoch's order and draws its batch order.
   void open_shard(long position) {
-    shard_position_ = position;
-    const long index = shard_order_[position];
-    if (index != loaded_shard_) {
-      read_token_shard(shards_[index].path, vocab_size_, &tokens_);
-      if ((long)tokens_.size() != shards_[index].num_tokens) {
-        LLMC_FAIL("%s: the shard changed while training (%ld tokens, was %ld); keep the data "
-                  "fixed during a run", shards_[index].path.c_str(), (long)tokens_.size(),
-                  shards_[index].num_tokens);
-      }
-      loaded_shard_ = index;
-    }
-    batch_order_ = identity_or_permutation((int)shards_[index].num_batches);
+    shards_.open(position);
+    draw_batch_order();
+  }
+
+  void draw_batch_order() {
+    batch_order_ = shards_.identity_or_permutation((int)batches_of(shards_.current(), world_));
     batch_position_ = 0;
   }
 
-  std::vector<int> identity_or_permutation(int n) {
-    if (shuffle_) return random_permutation(rng_, n);
-    std::vector<int> order(n);
-    for (int i = 0; i < n; i++) order[i] = i;
-    return order;
-  }
-
   int B_, T_, rank_, world_;
-  bool shuffle_;
-  uint64_t seed_;
-  int vocab_size_;
-  Rng rng_;
-  RngState rng_at_epoch_start_;
-  std::vector<Shard> shards_;
-  long total_tokens_ = 0;
+  ShardOrder shards_;
   long batches_per_epoch_ = 0;
-  long epoch_ = 0;
-  std::vector<int> shard_order_;
-  long shard_position_ = 0;
   std::vector<int> batch_order_;
   long batch_position_ = 0;
-  long loaded_shard_ = -1;
-  std::vector<uint16_t> tokens_;
+};
+
+// GPT-2's end-of-text token (kGpt2EotToken in llmc/tokenizer.h), which the data tools write
+// before every document: a document starts at each of its positions.
+constexpr int kDocumentStartToken = 50256;
+
+// Document-aligned ("packed") sequences, SPEC.md "Document-aligned order": every sequence starts
+// at a document (a token kDocumentStartToken) and is the T+1 tokens from there (inputs, and
+// targets shifted by one), as modded-nanogpt's distributed_data_generator(align_to_bos=True)
+// chooses them. A step (grad_accum micro batches) takes its world*grad_accum*B sequences one
+// after another from one stream that every rank computes alike, and gives rank r, row b of micro
+// batch m the step's sequence (m*world + r)*B + b; so runs whose steps take as many sequences
+// read the same ones, whatever their process count. The reference searches only the step's
+// window (document_window) and gives up where that holds no document start, or none T or more
+// tokens after one; this searches on to the shard's end (what a larger window would find) and
+// cuts where the shard has none (next_sequence), so it never fails and never reads past a shard.
+// The step's rows of this rank are read when the previous step ends, so that state() between
+// steps is simply where the next one begins.
+class DocumentLoader {
+ public:
+  // `flag` names the command-line flag the pattern came from, for error messages.
+  DocumentLoader(const std::string& pattern, const char* flag, int B, int T, int grad_accum,
+                 int rank, int world, bool shuffle, uint64_t seed, int vocab_size)
+      : B_(B), T_(T), grad_accum_(grad_accum), rank_(rank), world_(world),
+        shards_(checked_headers(pattern, flag, B, T, grad_accum, rank, world, vocab_size),
+                shuffle, seed, vocab_size),
+        rows_((size_t)grad_accum * B * (T + 1)) {
+    reset();
+  }
+
+  // Back to the first step of the first epoch, generator reseeded.
+  void reset() {
+    shards_.reset();
+    open_shard(0);
+    read_step();
+  }
+
+  // Fills inputs and targets, B*T int32 each: this rank's rows of the step's next micro batch.
+  void next_batch(int* inputs, int* targets) {
+    const uint16_t* row = rows_.data() + (size_t)batch_ * B_ * (T_ + 1);
+    for (long b = 0; b < B_; b++, row += T_ + 1) {
+      for (long t = 0; t < T_; t++) {
+        inputs[b * T_ + t] = row[t];
+        targets[b * T_ + t] = row[t + 1];
+      }
+    }
+    if (++batch_ == grad_accum_) read_step();
+  }
+
+  DataLoaderState state() const {
+    DataLoaderState s = step_start_;
+    s.batch_position = batch_;
+    return s;
+  }
+
+  // `s` may be of another process count, grad_accum and B: see DataLoaderState.
+  void restore(const DataLoaderState& s) {
+    dataloader_detail::require_order(s, DataOrder::kDocuments);
+    if (s.world < 1 || s.world > INT32_MAX || s.grad_accum < 1 || s.grad_accum > INT32_MAX ||
+        s.batch_size < 1 || s.batch_size > INT32_MAX) {
+      LLMC_FAIL("cannot resume the data loader: corrupt step of %lld processes x %lld micro "
+                "batches x B=%lld; the checkpoint is damaged", (long long)s.world,
+                (long long)s.grad_accum, (long long)s.batch_size);
+    }
+    const int shuffle = shards_.shuffle() ? 1 : 0;
+    if (s.num_shards != shards_.num_shards() || s.seq_len != T_ || s.shuffle != shuffle) {
+      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, T=%lld, "
+                "shuffle %lld, but this run has %d, T=%d, %d; resume with the same data and "
+                "settings", (long long)s.num_shards, (long long)s.seq_len, (long long)s.shuffle,
+                shards_.num_shards(), T_, shuffle);
+    }
+    // world * grad_accum fits 62 bits; with B it might not, so B divides instead.
+    if (step_sequences() % s.batch_size != 0 ||
+        s.world * s.grad_accum != step_sequences() / s.batch_size) {
+      LLMC_FAIL("cannot resume the data loader: a step of the checkpoint took %lld processes x "
+                "%lld micro batches x B=%lld sequences, a step of this run takes %d x %d x B=%d = "
+                "%ld; keep processes x micro batches x B the same", (long long)s.world,
+                (long long)s.grad_accum, (long long)s.batch_size, world_, grad_accum_, B_,
+                step_sequences());
+    }
+    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards ||
+        s.batch_position < 0 || s.batch_position >= s.grad_accum) {
+      LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld, "
+                "micro batch %lld of %lld); the checkpoint is damaged", (long long)s.epoch,
+                (long long)s.shard_position, (long long)s.num_shards,
+                (long long)s.batch_position, (long long)s.grad_accum);
+    }
+    const long taken = (long)(s.batch_position * s.world * s.batch_size);  // sequences of the step
+    const long per_batch = (long)world_ * B_;
+    if (taken % per_batch != 0) {
+      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken after %ld of a step's %ld "
+                "sequences, not a whole number of this run's micro batches (%d processes x B=%d); "
+                "resume from a checkpoint taken between steps", taken, step_sequences(), world_,
+                B_);
+    }
+    shards_.restore((long)s.epoch, s.rng_at_epoch_start);
+    open_shard((long)s.shard_position);
+    const long length = (long)shards_.tokens().size();
+    if (s.token_position < 0 || s.token_position + window() + 1 >= length) {
+      LLMC_FAIL("cannot resume the data loader: corrupt position (token %lld of %ld in %s, with a "
+                "window of %ld); the checkpoint is damaged", (long long)s.token_position, length,
+                shards_.current().path.c_str(), window());
+    }
+    position_ = (long)s.token_position;
+    read_step();
+    batch_ = (int)(taken / per_batch);
+  }
+
+  long total_tokens() const { return shards_.total_tokens(); }  // in all shards
+  long tokens_per_batch() const { return (long)B_ * T_; }
+  int num_shards() const { return shards_.num_shards(); }
+  long epoch() const { return shards_.epoch(); }
+  const std::string& current_shard() const { return shards_.current().path; }
+
+ private:
+  static std::vector<ShardHeader> checked_headers(const std::string& pattern, const char* flag,
+                                                  int B, int T, int grad_accum, int rank,
+                                                  int world, int vocab_size) {
+    dataloader_detail::check_settings(flag, B, T, rank, world, vocab_size);
+    if (grad_accum <= 0) {
+      LLMC_FAIL("data loader for %s: %d micro batches per step must be positive", flag,
+                grad_accum);
+    }
+    return read_document_shard_headers(pattern, flag, B, T, grad_accum, world);
+  }
+
+  long step_sequences() const { return (long)world_ * grad_accum_ * B_; }
+  long window() const { return document_window(B_, T_, grad_accum_, world_); }
+  long shard_length() const { return (long)shards_.tokens().size(); }
+
+  // Opens the shard at `position` of the epoch's order (or the next shard) at its first token.
+  void open_shard(long position) {
+    shards_.open(position);
+    find_documents();
+  }
+  void open_next_shard() {
+    shards_.open_next();
+    find_documents();
+  }
+  void find_documents() {
+    position_ = 0;
+    documents_.clear();
+    const std::vector<uint16_t>& x = shards_.tokens();
+    for (long i = 0; i < (long)x.size(); i++) {
+      if (x[i] == kDocumentStartToken) documents_.push_back(i);
+    }
+  }
+
+  // The first document start at or after `from`, or the shard's length when none is.
+  long next_document(long from) const {
+    const auto it = std::lower_bound(documents_.begin(), documents_.end(), from);
+    return it == documents_.end() ? shard_length() : *it;
+  }
+
+  // The step begins in the next shard when its window and one token more do not fit before the
+  // shard's end (the reference's test); its sequences are then read in stream order, and this
+  // rank's rows kept.
+  void read_step() {
+    if (position_ + window() + 1 >= shard_length()) open_next_shard();
+    step_start_ = {};
+    step_start_.order = DataOrder::kDocuments;
+    step_start_.epoch = shards_.epoch();
+    step_start_.shard_position = shards_.position();
+    step_start_.token_position = position_;
+    step_start_.num_shards = shards_.num_shards();
+    step_start_.batch_size = B_;
+    step_start_.seq_len = T_;
+    step_start_.world = world_;
+    step_start_.grad_accum = grad_accum_;
+    step_start_.shuffle = shards_.shuffle() ? 1 : 0;
+    step_start_.rng_at_epoch_start = shards_.rng_at_epoch_start();
+    const long per_batch = (long)world_ * B_;
+    for (long q = 0; q < step_sequences(); q++) {
+      const long start = next_sequence();
+      if ((q % per_batch) / B_ != rank_) continue;
+      const long row = q / per_batch * B_ + q % B_;
+      std::copy_n(shards_.tokens().data() + start, T_ + 1, rows_.data() + row * (T_ + 1));
+    }
+    batch_ = 0;
+  }
+
+  // The next sequence of the stream: the position of its first token in the shard held, with T
+  // more after it. As the reference: the first document start at or after the position, and the
+  // position moves on to the first document start T or more tokens after that, both searched to
+  // the shard's end. The cuts, where the shard has none: with no document start that has T tokens
+  // after it, the sequence starts at the position itself; with no document start T or more
+  // tokens on, the position moves T tokens on (the next sequence goes on with the document); and
+  // when fewer than T+1 tokens are left, the next shard begins.
+  long next_sequence() {
+    if (position_ + T_ >= shard_length()) open_next_shard();
+    long start = next_document(position_);
+    if (start + T_ >= shard_length()) start = position_;
+    const long end = next_document(start + T_);
+    position_ = end < shard_length() ? end : start + T_;
+    return start;
+  }
+
+  int B_, T_, grad_accum_, rank_, world_;
+  ShardOrder shards_;
+  std::vector<uint16_t> rows_;     // this rank's rows of the step, T+1 tokens each
+  int batch_ = 0;                  // micro batches of the step taken
+  DataLoaderState step_start_;     // where the step began, as state() gives it
+  long position_ = 0;              // in the shard held: where the stream goes on
+  std::vector<long> documents_;    // the document starts of the shard held
 };
 
 }  // namespace llmc

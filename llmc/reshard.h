@@ -9,8 +9,9 @@
 // The host state is the same on every rank (one seed for the generators, one data order, the
 // spike detectors see the global loss and norm), and so is the FP8 amax history (the amaxes are
 // reduced over the ranks), so rank 0's are carried to every new rank; the inputs must agree on
-// the host state. Its data loader position stays that of P processes: DataLoader::restore
-// continues it with P' (the rule is at DataLoaderState in llmc/dataloader.h).
+// the host state. Its data loader position stays that of P processes: DataLoader::restore and
+// DocumentLoader::restore continue it with P' (the rules are at DataLoaderState in
+// llmc/dataloader.h).
 #pragma once
 
 #include <algorithm>

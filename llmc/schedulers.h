@@ -16,6 +16,8 @@
 //               recipe's d = 0.7: lr * min(1, (N - s) / (0.7 N)), as its reference)
 //     constant: lr
 // No schedule reaches min_lr inside the run: its last step s = N - 1 has f < 1.
+//
+// At the end, the attention window's schedule (attention_window_blocks) and its per-layer pattern.
 #pragma once
 
 #include <algorithm>
@@ -95,6 +97,33 @@ inline LrSchedule make_lr_schedule(const std::string& name, const char* name_fla
   s.total_steps = total_steps;
   s.final_lr_frac = final_lr_frac;
   return s;
+}
+
+// modded-nanogpt's sliding attention window (llmc/attention_blocks.h), in blocks of 128 tokens:
+// at step s of N (0 <= s <= N) the next multiple of 128 at or above 1728 * s / N, at least 128,
+// in blocks; so 1 block at the start, growing linearly to 14 (1728 rounded up) at step N. s / N
+// is taken first, in double, as the reference's s / N * 1728.
+inline int attention_window_blocks(long step, long num_steps) {
+  if (num_steps <= 0 || step < 0 || step > num_steps) {
+    LLMC_FAIL("attention window of step %ld of %ld: the step must be within 0..%ld", step,
+              num_steps, num_steps);
+  }
+  const double tokens = 1728 * ((double)step / (double)num_steps);
+  const int blocks = (int)std::ceil(tokens / 128);  // exact: a division by a power of two
+  return blocks < 1 ? 1 : blocks;
+}
+
+// Its 12 layers take the long window (all of it) or the short one (half, rounded down), in this
+// order (L long, S short).
+constexpr char kLayerWindows[] = "LSSSLSSLSSSL";
+constexpr int kLayerWindowsCount = sizeof(kLayerWindows) - 1;
+
+inline int layer_window_blocks(int layer, int window_blocks) {
+  if (layer < 0 || layer >= kLayerWindowsCount) {
+    LLMC_FAIL("attention window of layer %d: the long and short windows are given for %d layers",
+              layer, kLayerWindowsCount);
+  }
+  return kLayerWindows[layer] == 'L' ? window_blocks : window_blocks / 2;
 }
 
 }  // namespace llmc

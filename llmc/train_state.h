@@ -2,16 +2,18 @@
 // resume needs besides the parameters, so that it continues bit for bit.
 //
 // 256 int32 header (llmc/file_header.h)
-//   [0] magic 20240528  [1] version 4  [2] step  [3] rank  [4] world size
+//   [0] magic 20240528  [1] version 5  [2] step  [3] rank  [4] world size
 //   [5] AdamW updates applied so far (0..step: non-finite and skipped steps apply none)
 //   [6] 1 with FP32 master weights, 0 without  [7] ZeRO stage (0, or 1: the file holds this
 //   rank's shard of the optimizer state only)  [8..9] parameter count n of the file (uint64)
 //   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
-// each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master weights (n float32), and the FP8 amax history (h uint32,
-// the trainer's delayed scaling state, the same on every rank). Version 3 files (no [10], [11]
-// or history) still load.
+// each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
+// weights (n float32), and the FP8 amax history (h uint32, the trainer's delayed scaling state,
+// the same on every rank). Older files still load: version 4 (its DataLoaderState ends at its
+// generator, kDataLoaderStateBytesV4 bytes, and is of contiguous batches) and version 3 (that,
+// and no [10], [11] or history).
 #pragma once
 
 #include <algorithm>
@@ -29,8 +31,9 @@
 namespace llmc {
 
 constexpr int kStateMagic = 20240528;
-constexpr int kStateVersion = 4;
-constexpr int kStateVersionNoFp8 = 3;  // still read: the same without the FP8 history
+constexpr int kStateVersion = 5;
+constexpr int kStateVersionBatchesOnly = 4;  // still read: the data loader state before DataOrder
+constexpr int kStateVersionNoFp8 = 3;        // still read: that, and no FP8 history
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -40,6 +43,9 @@ struct HostTrainState {
   OutlierState loss_window;  // the spike detectors' recent values
   OutlierState norm_window;
 };
+static_assert(sizeof(HostTrainState) == 2 * sizeof(RngState) + sizeof(DataLoaderState) +
+                                            2 * sizeof(OutlierState),
+              "HostTrainState is stored member by member: no padding");
 
 // Who a state file belongs to; load checks the file against the run resuming from it.
 struct TrainStateId {
@@ -89,10 +95,29 @@ inline ZeroShard zero_shard(size_t num_params, int shard_count, int shard_rank) 
 
 namespace train_state_detail {
 
-inline uint32_t payload_crc32(uint32_t crc, const HostTrainState& host, const float* adam_m,
-                              const float* adam_v, const float* master, size_t n,
-                              const Fp8History& fp8) {
-  crc = crc32_update(crc, &host, sizeof(host));
+// Calls visit(address, bytes) for each member of `host` (a HostTrainState, const or not) in file
+// order, with the bytes a file of `version` holds: before version 5 the data loader state ends at
+// its generator, and the fields after it are not in the file.
+template <class Host, class Visit>
+void host_parts(Host& host, int version, Visit visit) {
+  visit(&host.model_rng, sizeof(host.model_rng));
+  visit(&host.sample_rng, sizeof(host.sample_rng));
+  visit(&host.train_loader,
+        version > kStateVersionBatchesOnly ? sizeof(host.train_loader) : kDataLoaderStateBytesV4);
+  visit(&host.loss_window, sizeof(host.loss_window));
+  visit(&host.norm_window, sizeof(host.norm_window));
+}
+
+inline size_t host_bytes(int version) {
+  const size_t missing = sizeof(DataLoaderState) - kDataLoaderStateBytesV4;  // before version 5
+  return sizeof(HostTrainState) - (version > kStateVersionBatchesOnly ? 0 : missing);
+}
+
+inline uint32_t payload_crc32(uint32_t crc, int version, const HostTrainState& host,
+                              const float* adam_m, const float* adam_v, const float* master,
+                              size_t n, const Fp8History& fp8) {
+  host_parts(host, version,
+             [&](const void* p, size_t bytes) { crc = crc32_update(crc, p, bytes); });
   crc = crc32_update(crc, adam_m, n * sizeof(float));
   crc = crc32_update(crc, adam_v, n * sizeof(float));
   if (master) crc = crc32_update(crc, master, n * sizeof(float));
@@ -118,11 +143,13 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   memcpy(&h[8], &n, sizeof(n));
   h[10] = (int)fp8.amax.size();
   h[11] = fp8.recorded_steps;
-  header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), host,
+  header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
                                                              adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
     f.write(h, sizeof(h), "the state header");
-    f.write(&host, sizeof(host), "the RNG and data loader state");
+    train_state_detail::host_parts(host, h[1], [&](const void* p, size_t bytes) {
+      f.write(p, bytes, "the RNG and data loader state");
+    });
     f.write(adam_m, n * sizeof(float), "AdamW's first moments");
     f.write(adam_v, n * sizeof(float), "AdamW's second moments");
     if (master) f.write(master, n * sizeof(float), "the master weights");
@@ -147,8 +174,8 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
                                 const char* remedy) {
   const char* path = f.path().c_str();
   f.read(h, kHeaderInts * sizeof(int), "the state header");
-  if (h[0] != kStateMagic || (h[1] != kStateVersion && h[1] != kStateVersionNoFp8)) {
-    LLMC_FAIL("%s: not a training-state file of version %d or %d (magic %d, version %d; expected "
+  if (h[0] != kStateMagic || h[1] < kStateVersionNoFp8 || h[1] > kStateVersion) {
+    LLMC_FAIL("%s: not a training-state file of version %d to %d (magic %d, version %d; expected "
               "%d): %s", path, kStateVersionNoFp8, kStateVersion, h[0], h[1], kStateMagic, remedy);
   }
   if (h[1] == kStateVersionNoFp8 && (h[10] != 0 || h[11] != 0)) {
@@ -201,7 +228,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
     LLMC_FAIL("%s: the header has no checksum, which every state file of version %d has: the "
               "header is damaged; %s", path, h[1], remedy);
   }
-  const long expected_bytes = (long)(kHeaderInts * sizeof(int) + sizeof(HostTrainState) +
+  const long expected_bytes = (long)(kHeaderInts * sizeof(int) + host_bytes(h[1]) +
                                      (2 + (master ? 1 : 0)) * n * sizeof(float) +
                                      (size_t)h[10] * sizeof(uint32_t));
   const long actual = f.size();
@@ -242,15 +269,18 @@ inline TrainStateFile read(const std::string& path, const TrainStateId* expected
   float* adam_m = into ? into : s.adam_m.data();
   float* adam_v = into ? into + n : s.adam_v.data();
   float* master = !file.id.master_weights ? nullptr : into ? into + 2 * n : s.master.data();
-  f.read(&s.host, sizeof(s.host), "the RNG and data loader state");
+  memset(&s.host, 0, sizeof(s.host));
+  host_parts(s.host, h[1], [&](void* p, size_t bytes) {
+    f.read(p, bytes, "the RNG and data loader state");
+  });
   f.read(adam_m, n * sizeof(float), "AdamW's first moments");
   f.read(adam_v, n * sizeof(float), "AdamW's second moments");
   if (master) f.read(master, n * sizeof(float), "the master weights");
   s.fp8.recorded_steps = h[11];
   s.fp8.amax.resize((size_t)h[10]);
   if (h[10] > 0) f.read(s.fp8.amax.data(), s.fp8.amax.size() * sizeof(uint32_t), "the FP8 amax history");
-  header_verify_checksum(h, payload_crc32(header_checksum_start(h), s.host, adam_m, adam_v, master,
-                                          n, s.fp8),
+  header_verify_checksum(h, payload_crc32(header_checksum_start(h), h[1], s.host, adam_m, adam_v,
+                                          master, n, s.fp8),
                          path, remedy);
   return file;
 }

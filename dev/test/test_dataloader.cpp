@@ -1,9 +1,13 @@
 // Tests llmc/dataloader.h: shard writing and validation, the data order of
 // SPEC.md (plain, shuffled, split over ranks, over epochs), reset and
-// state/restore (also from another process count), and -i and -j kept apart. Shards go to
-// build/test_tmp/dataloader/.
+// state/restore (also from another process count), and -i and -j kept apart; then the
+// document-aligned order of DocumentLoader (hand-worked streams and cuts, the same sequences over
+// process counts, epochs and shuffle, state/restore, errors, a 663,000-token document). Shards go
+// to build/test_tmp/dataloader/. With --dump-documents it writes a DocumentLoader's sequences
+// instead (dump_documents).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -14,6 +18,7 @@
 #include "llmc/dataloader.h"
 
 using llmc::DataLoader;
+using llmc::DocumentLoader;
 using testing::check;
 using testing::check_throws;
 using testing::check_verbose;
@@ -225,6 +230,14 @@ void test_state_restore() {
   s = loader.state();
   s.batch_position = 100;
   check_throws([&] { loader.restore(s); }, "corrupt position", "restore of a bad batch position");
+  s = loader.state();
+  s.order = llmc::DataOrder::kDocuments;
+  check_throws([&] { loader.restore(s); },
+               "the checkpoint read document-aligned sequences, this run reads contiguous batches; "
+               "resume with the data order the checkpoint was written with",
+               "restore of a document-aligned state");
+  s.order = (llmc::DataOrder)7;
+  check_throws([&] { loader.restore(s); }, "corrupt data order 7", "restore of a bad data order");
 }
 
 // The chunks (shard, position) the ranks of `world` processes read in their next `steps` batches.
@@ -425,9 +438,480 @@ void test_disjoint_shards() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// DocumentLoader (SPEC.md "Document-aligned order"). A shard is written as documents, each the
+// token 50256 and then its body; it may begin with a body of `prefix` tokens (no document start).
+// Body tokens say where they are (shard * kBodyStride + position, below 50000), so that a row
+// can be located in the small shards of these tests.
+
+constexpr int kBodyStride = 10007;
+
+std::vector<uint16_t> document_tokens(int shard, const std::vector<int>& lengths, int prefix = 0) {
+  std::vector<uint16_t> tokens;
+  auto body = [&] { return (uint16_t)((shard * kBodyStride + tokens.size()) % 50000); };
+  for (int i = 0; i < prefix; i++) tokens.push_back(body());
+  for (int length : lengths) {
+    tokens.push_back(llmc::kDocumentStartToken);
+    for (int i = 1; i < length; i++) tokens.push_back(body());
+  }
+  return tokens;
+}
+
+// Writes the shards `name_000.bin`, ...; returns their glob.
+std::string write_document_shards(const std::string& name,
+                                  const std::vector<std::vector<uint16_t>>& shards) {
+  for (size_t s = 0; s < shards.size(); s++) {
+    llmc::write_token_shard(shard_path(name, (int)s), shards[s]);
+  }
+  return kDir + "/" + name + "_*.bin";
+}
+
+using Row = std::vector<int>;  // one sequence: T inputs and the last target
+
+struct Settings {
+  int B, T, grad_accum, world;
+  bool shuffle = false;
+  uint64_t seed = 5;
+};
+
+std::vector<DocumentLoader> document_loaders(const std::string& pattern, const Settings& s) {
+  std::vector<DocumentLoader> ranks;
+  for (int r = 0; r < s.world; r++) {
+    ranks.emplace_back(pattern, "-i", s.B, s.T, s.grad_accum, r, s.world, s.shuffle, s.seed,
+                       kVocab);
+  }
+  return ranks;
+}
+
+// The rows the ranks read in their next `steps` steps, in stream order (micro batch by micro
+// batch, rank by rank, row by row); clears *shifted when targets are not the inputs shifted.
+std::vector<Row> take_rows(std::vector<DocumentLoader>& ranks, const Settings& s, int steps,
+                           bool* shifted) {
+  std::vector<Row> rows;
+  std::vector<int> x(s.B * s.T), y(s.B * s.T);
+  for (int step = 0; step < steps; step++) {
+    for (int m = 0; m < s.grad_accum; m++) {
+      for (DocumentLoader& rank : ranks) {
+        rank.next_batch(x.data(), y.data());
+        for (int b = 0; b < s.B; b++) {
+          Row row(x.begin() + b * s.T, x.begin() + (b + 1) * s.T);
+          row.push_back(y[(b + 1) * s.T - 1]);
+          for (int t = 0; t + 1 < s.T; t++) {
+            *shifted = *shifted && y[b * s.T + t] == x[b * s.T + t + 1];
+          }
+          rows.push_back(row);
+        }
+      }
+    }
+  }
+  return rows;
+}
+
+// Where each row lies: (shard, first position), or (-1, -1) when it is no slice of a shard.
+std::vector<Batch> locate(const std::vector<Row>& rows,
+                          const std::vector<std::vector<uint16_t>>& shards) {
+  std::vector<Batch> out;
+  for (const Row& row : rows) {
+    Batch found;
+    for (size_t s = 0; s < shards.size() && found.shard < 0; s++) {
+      for (size_t p = 0; p + row.size() <= shards[s].size(); p++) {
+        if (std::equal(row.begin(), row.end(), shards[s].begin() + p)) {
+          found = {(int)s, (int)p};
+          break;
+        }
+      }
+    }
+    out.push_back(found);
+  }
+  return out;
+}
+
+std::string describe(const std::vector<Batch>& at) {
+  std::string text;
+  for (const Batch& b : at) text += llmc::strformat(" %d:%d", b.shard, b.position);
+  return text;
+}
+
+// Hand-worked streams with T=4 and one sequence a step (a window of 8 tokens): the search runs on
+// past the window (where the reference gives up), and the cuts where a shard has no document
+// start with T tokens after it.
+void test_documents_by_hand() {
+  const Settings one{1, 4, 1, 1};
+  // 2 tokens before the first document; the window of a step at 0 holds no document 4 tokens on.
+  const std::vector<std::vector<uint16_t>> plain = {
+      document_tokens(0, {3, 6, 1, 1, 5, 2, 9, 4, 12, 3, 3}, 2)};
+  std::vector<DocumentLoader> loader =
+      document_loaders(write_document_shards("doc_hand", plain), one);
+  bool shifted = true;
+  std::vector<Batch> at = locate(take_rows(loader, one, 7, &shifted), plain);
+  check_verbose(shifted &&
+                    at == batches({{0, 2}, {0, 11}, {0, 18}, {0, 29}, {0, 33}, {0, 2}, {0, 11}}, 1),
+                "T=4: the 2 tokens before the first document are skipped; a sequence runs from a "
+                "document start to T+1 tokens, the next starts at the first document T or more "
+                "tokens on; 33+8+1 >= 51 tokens begins the next epoch:" + describe(at));
+  check(loader[0].epoch() == 1, "the sixth step is of epoch 1");
+
+  // A document of 20 > the window, one reaching the shard's end, a shard without a document start
+  // (a document spanning it), one whose only document start has T-1 tokens after it, and one
+  // whose only document start has T.
+  std::vector<uint16_t> bare(20), late(20), edge(20);
+  for (int i = 0; i < 20; i++) {
+    bare[i] = (uint16_t)(kBodyStride + i);
+    late[i] = (uint16_t)(2 * kBodyStride + i);
+    edge[i] = (uint16_t)(3 * kBodyStride + i);
+  }
+  late[16] = llmc::kDocumentStartToken;
+  edge[15] = llmc::kDocumentStartToken;
+  const std::vector<std::vector<uint16_t>> cuts = {document_tokens(0, {5, 20, 3, 30}), bare, late,
+                                                   edge};
+  loader = document_loaders(write_document_shards("doc_cuts", cuts), one);
+  at = locate(take_rows(loader, one, 14, &shifted), cuts);
+  check_verbose(shifted && at == batches({{0, 0}, {0, 5}, {0, 25}, {0, 29}, {0, 33}, {0, 37},
+                                          {0, 41}, {0, 45}, {1, 0}, {1, 4}, {1, 8}, {2, 0},
+                                          {3, 15}, {0, 0}}, 1),
+                "the long document's tail is skipped; with no document start T on, sequences step "
+                "T tokens through the last document and the bare shard; a document start with "
+                "T-1 tokens after it is passed over, one with T taken:" + describe(at));
+
+  // Two sequences a step: in the first shard the first runs to the document start 3 tokens before
+  // its end, so the second begins the next shard within the step; in the third the second starts
+  // T+1 tokens before the end, the last place a sequence fits.
+  const Settings two{1, 4, 2, 1};
+  const std::vector<std::vector<uint16_t>> split = {document_tokens(0, {27, 3}),
+                                                    document_tokens(1, {5, 5, 5, 5, 5, 5}),
+                                                    document_tokens(2, {25, 5})};
+  loader = document_loaders(write_document_shards("doc_split", split), two);
+  at = locate(take_rows(loader, two, 4, &shifted), split);
+  check_verbose(shifted && at == batches({{0, 0}, {1, 0}, {1, 5}, {1, 10}, {2, 0}, {2, 25},
+                                          {0, 0}, {1, 0}}, 1),
+                "a step whose sequences run out of a shard goes on in the next:" + describe(at));
+  std::vector<DocumentLoader> ranks = document_loaders(kDir + "/doc_split_*.bin", {1, 4, 1, 2});
+  check_verbose(locate(take_rows(ranks, {1, 4, 1, 2}, 4, &shifted), split) == at,
+                "the same with 2 processes of one micro batch each");
+}
+
+// Random documents of 1 to 24T tokens (a fifth of one token, some longer than a window of 16T),
+// over shards of which the second begins 7 tokens before its first document and the last is a
+// single document.
+std::vector<std::vector<uint16_t>> random_document_shards(int T, int count, uint64_t seed) {
+  llmc::Rng rng(seed);
+  std::vector<std::vector<uint16_t>> shards;
+  for (int s = 0; s < count; s++) {
+    std::vector<int> lengths;
+    int total = 0;
+    const int target = 40 * T + (int)(rng.u32() % (20 * T));
+    while (total < target) {
+      const uint32_t kind = rng.u32() % 10;
+      const int length = kind < 2   ? 1
+                         : kind < 8 ? 1 + (int)(rng.u32() % T)
+                                    : 1 + (int)(rng.u32() % (24 * T));
+      lengths.push_back(length);
+      total += length;
+    }
+    if (s == count - 1) lengths = {total};  // one document spans the shard
+    shards.push_back(document_tokens(s, lengths, s == 1 ? 7 : 0));
+  }
+  return shards;
+}
+
+// A step's sequences are one stream: whatever the processes, micro batches and B, runs whose
+// steps take as many sequences read the same ones in the same order.
+void test_documents_over_processes() {
+  const int T = 8;
+  const std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 4, 3);
+  const std::string pattern = write_document_shards("doc_world", shards);
+  for (bool shuffle : {false, true}) {
+    // 8 sequences a step: 1 process x 8 micro batches of 1, 2 x 4, 4 x 2, 8 x 1, and B=2 and 4.
+    const std::vector<Settings> layouts = {{1, T, 8, 1}, {1, T, 4, 2}, {1, T, 2, 4}, {1, T, 1, 8},
+                                           {2, T, 4, 1}, {2, T, 2, 2}, {4, T, 1, 2}};
+    std::vector<Row> first;
+    bool all_equal = true, shifted = true;
+    for (Settings s : layouts) {
+      s.shuffle = shuffle;
+      std::vector<DocumentLoader> ranks = document_loaders(pattern, s);
+      const std::vector<Row> rows = take_rows(ranks, s, 40, &shifted);
+      if (first.empty()) first = rows;
+      all_equal = check(rows == first, llmc::strformat("%s: %d processes x %d micro batches x B=%d",
+                                                        shuffle ? "shuffled" : "plain", s.world,
+                                                        s.grad_accum, s.B)) && all_equal;
+    }
+    const std::vector<Batch> at = locate(first, shards);
+    long starts = 0, in_shards = 0;
+    for (size_t i = 0; i < at.size(); i++) {
+      in_shards += at[i].shard >= 0;
+      starts += first[i][0] == llmc::kDocumentStartToken;
+    }
+    check_verbose(all_equal && shifted && in_shards == (long)at.size(),
+                  llmc::strformat("%s: 7 layouts of 8 sequences a step read the same %zu "
+                                  "sequences over 40 steps, each a slice of one shard (%ld start "
+                                  "at a document)", shuffle ? "shuffled" : "plain", first.size(),
+                                  starts));
+  }
+}
+
+// Epochs take the shards in the order of SPEC.md's per-epoch permutations (MT19937(seed)); the
+// same seed gives the same sequences, another seed another order; without shuffle each epoch
+// repeats the first.
+void test_document_epochs() {
+  const int T = 8;
+  const std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 4, 9);
+  const std::string pattern = write_document_shards("doc_epochs", shards);
+  for (bool shuffle : {false, true}) {
+    const Settings s{1, T, 2, 2, shuffle, 1337};
+    std::vector<DocumentLoader> ranks = document_loaders(pattern, s);
+    bool shifted = true;
+    std::vector<std::vector<int>> epoch_shards(3);  // the shards each epoch visits, in order
+    std::vector<std::vector<Row>> epoch_rows(3);
+    while (ranks[0].epoch() < 3) {
+      const long epoch = ranks[0].epoch();
+      const std::vector<Row> rows = take_rows(ranks, s, 1, &shifted);
+      for (const Batch& b : locate(rows, shards)) {
+        std::vector<int>& visited = epoch_shards[epoch];
+        if (visited.empty() || visited.back() != b.shard) visited.push_back(b.shard);
+      }
+      epoch_rows[epoch].insert(epoch_rows[epoch].end(), rows.begin(), rows.end());
+    }
+    llmc::Rng rng(1337);
+    std::vector<std::vector<int>> expected;
+    for (int e = 0; e < 3; e++) {
+      expected.push_back(shuffle ? llmc::random_permutation(rng, 4) : std::vector<int>{0, 1, 2, 3});
+    }
+    std::string order;
+    for (const std::vector<int>& e : epoch_shards) {
+      order += " [";
+      for (int shard : e) order += llmc::strformat("%d", shard);
+      order += "]";
+    }
+    check_verbose(shifted && epoch_shards == expected,
+                  std::string(shuffle ? "shuffled" : "plain") +
+                      ": 3 epochs visit the shards in the order" + order +
+                      (shuffle ? " of permutation(4) drawn per epoch from MT19937(1337)" : ""));
+    if (!shuffle) {
+      check_verbose(epoch_rows[1] == epoch_rows[0] && epoch_rows[2] == epoch_rows[0],
+                    llmc::strformat("without shuffle every epoch reads the same %zu sequences",
+                                    epoch_rows[0].size()));
+    } else {
+      std::vector<DocumentLoader> same = document_loaders(pattern, s);
+      Settings other_seed = s;
+      other_seed.seed = 1338;
+      std::vector<DocumentLoader> other = document_loaders(pattern, other_seed);
+      const size_t n = epoch_rows[0].size() + epoch_rows[1].size();
+      std::vector<Row> both = epoch_rows[0];
+      both.insert(both.end(), epoch_rows[1].begin(), epoch_rows[1].end());
+      const std::vector<Row> again = take_rows(same, s, (int)(n / 4), &shifted);
+      const std::vector<Row> different = take_rows(other, other_seed, (int)(n / 4), &shifted);
+      check_verbose(std::vector<Row>(both.begin(), both.begin() + again.size()) == again &&
+                        std::vector<Row>(both.begin(), both.begin() + different.size()) != different,
+                    "the same seed gives the same sequences, seed 1338 others");
+      ranks[0].reset();
+      ranks[1].reset();
+      check_verbose(take_rows(ranks, s, 3, &shifted) == std::vector<Row>(both.begin(), both.begin() + 12),
+                    "reset() goes back to the first step of epoch 0");
+    }
+  }
+}
+
+// state() and restore() continue at the same sequence: between steps and within one, across a
+// shard and an epoch, into another process count (as many sequences a step), and B.
+void test_document_restore() {
+  const int T = 8;
+  const std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 3, 21);
+  const std::string pattern = write_document_shards("doc_restore", shards);
+  const Settings four{1, T, 4, 1, true, 21};
+  std::vector<DocumentLoader> reference = document_loaders(pattern, four);
+  bool shifted = true;
+  const std::vector<Row> stream = take_rows(reference, four, 120, &shifted);  // past 2 epochs
+  check(reference[0].epoch() >= 2, "120 steps of 4 sequences reach epoch 2");
+  // Resumes after `taken` sequences of the 1-process run, into `into`.
+  auto resume = [&](long taken, const Settings& into) {
+    std::vector<DocumentLoader> original = document_loaders(pattern, four);
+    std::vector<int> x(T), y(T);
+    for (long i = 0; i < taken; i++) original[0].next_batch(x.data(), y.data());
+    const llmc::DataLoaderState saved = original[0].state();
+    Settings other = into;
+    other.shuffle = true;
+    other.seed = 999;  // the generator comes from the state
+    std::vector<DocumentLoader> ranks = document_loaders(pattern, other);
+    take_rows(ranks, other, 1, &shifted);
+    for (DocumentLoader& rank : ranks) rank.restore(saved);
+    // The rest of the current step micro batch by micro batch, then whole steps.
+    const int per_batch = into.world * into.B;
+    std::vector<Row> rows;
+    Settings one_batch = into;
+    one_batch.grad_accum = 1;
+    for (long q = taken; q % (4L) != 0; q += per_batch) {
+      const std::vector<Row> part = take_rows(ranks, one_batch, 1, &shifted);
+      rows.insert(rows.end(), part.begin(), part.end());
+    }
+    const std::vector<Row> steps = take_rows(ranks, into, 30, &shifted);
+    rows.insert(rows.end(), steps.begin(), steps.end());
+    return std::vector<Row>(stream.begin() + taken, stream.begin() + taken + rows.size()) == rows;
+  };
+  bool all = true;
+  for (long taken : {0L, 1L, 3L, 4L, 38L, 41L, 150L, 203L, 300L}) {
+    all = check(resume(taken, four),
+                llmc::strformat("restore after %ld sequences continues identically", taken)) && all;
+  }
+  check_verbose(all, "state/restore continues identically from 9 positions (within steps, across shards "
+                     "and epochs)");
+  all = true;
+  const std::vector<std::pair<Settings, std::vector<long>>> others = {
+      {{1, T, 2, 2}, {0, 2, 40, 122}}, {{1, T, 1, 4}, {0, 8, 124}},
+      {{2, T, 2, 1}, {0, 2, 122}}, {{2, T, 1, 2}, {0, 40, 124}}};
+  for (const auto& [into, positions] : others) {
+    for (long taken : positions) {
+      all = check(resume(taken, into),
+                  llmc::strformat("1 process -> %d x %d micro batches x B=%d after %ld sequences",
+                                  into.world, into.grad_accum, into.B, taken)) && all;
+    }
+  }
+  check_verbose(all, "a state restores into 2 and 4 processes and B=2 (as many sequences a step), "
+                     "within steps too");
+  std::vector<DocumentLoader> loader = document_loaders(pattern, four);
+  std::vector<int> x(T), y(T);
+  loader[0].next_batch(x.data(), y.data());
+  std::vector<DocumentLoader> two = document_loaders(pattern, {1, T, 2, 2, true, 21});
+  check_throws([&] { two[0].restore(loader[0].state()); },
+               "the checkpoint was taken after 1 of a step's 4 sequences, not a whole number of this "
+               "run's micro batches (2 processes x B=1); resume from a checkpoint taken between steps",
+               "a state within a step that the new micro batches cannot continue");
+}
+
+void test_document_errors() {
+  const int failed_before = testing::failed_count(), passed_before = testing::passed_count();
+  const int T = 8;
+  const std::string pattern = write_document_shards("doc_errors", random_document_shards(T, 2, 4));
+  DocumentLoader loader(pattern, "-i", 1, T, 4, 0, 2, true, 3, kVocab);
+  const llmc::DataLoaderState good = loader.state();
+  auto restore_changed = [&](void (*change)(llmc::DataLoaderState&)) {
+    llmc::DataLoaderState s = good;
+    change(s);
+    return [&loader, s] { loader.restore(s); };
+  };
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.seq_len = 16; }),
+               "the checkpoint was taken with 2 shards, T=16, shuffle 1, but this run has 2, T=8, "
+               "1; resume with the same data and settings", "a state of another T");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.shuffle = 0; }),
+               "resume with the same data and settings", "a state without shuffle");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.num_shards = 3; }),
+               "resume with the same data and settings", "a state of 3 shards");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.grad_accum = 2; }),
+               "a step of the checkpoint took 2 processes x 2 micro batches x B=1 sequences, a step "
+               "of this run takes 2 x 4 x B=1 = 8; keep processes x micro batches x B the same",
+               "a state of steps of 4 sequences into steps of 8");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.world = 3; }),
+               "keep processes x micro batches x B the same", "a state of 3 processes");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) {
+                 s.order = llmc::DataOrder::kBatches;
+               }),
+               "the checkpoint read contiguous batches, this run reads document-aligned sequences",
+               "a state of contiguous batches");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.world = 0; }),
+               "corrupt step of 0 processes x 4 micro batches x B=1", "a state of no processes");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.batch_position = 4; }),
+               "corrupt position (epoch 0, shard 0 of 2, micro batch 4 of 4)",
+               "a micro batch past the step");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.shard_position = -1; }),
+               "corrupt position", "a negative shard position");
+  check_throws(restore_changed([](llmc::DataLoaderState& s) { s.token_position = 1L << 40; }),
+               "corrupt position (token 1099511627776 of", "a token position past the shard");
+  DataLoader batches(pattern, "-i", 1, T, 0, 1, false, 3, kVocab);
+  check_throws([&] { batches.restore(good); },
+               "the checkpoint read document-aligned sequences, this run reads contiguous batches",
+               "a document-aligned state into a DataLoader");
+
+  // Each shard must hold a step's window (2 x 4 x 1 x 8 x 2 = 128 tokens) and 2 more.
+  llmc::write_token_shard(kDir + "/doc_short.bin", document_tokens(0, {60, 69}));
+  check_throws([&] {
+                 DocumentLoader d(kDir + "/doc_short.bin", "-i", 1, T, 4, 1, 2, false, 0, kVocab);
+               },
+               "doc_short.bin: 129 tokens are too few for one step of document-aligned sequences: 2 "
+               "x 4 micro batches x B=1 x T=8 x 2 processes + 2 needs at least 130; use smaller "
+               "batches or a longer shard", "a shard one token short of a step's window");
+  check_throws([&] { DocumentLoader d(pattern, "-i", 1, T, 0, 0, 1, false, 0, kVocab); },
+               "data loader for -i: 0 micro batches per step must be positive", "no micro batches");
+  check_throws([&] { DocumentLoader d(pattern, "-i", 1, T, 1, 2, 2, false, 0, kVocab); }, "rank 2",
+               "rank outside the world");
+  std::vector<uint16_t> bad = document_tokens(0, {100, 100});
+  bad[150] = 50300;
+  llmc::write_token_shard(kDir + "/doc_vocab.bin", bad);
+  check_throws([&] {
+                 DocumentLoader d(kDir + "/doc_vocab.bin", "-i", 1, T, 1, 0, 1, false, 0, kVocab);
+               },
+               "doc_vocab.bin: token 50300 at position 150 is >= vocab size 50257",
+               "a token outside the vocabulary");
+  printf("%s %d bad states and settings each fail with a one-line message naming the problem\n",
+         testing::failed_count() == failed_before ? "ok  " : "FAIL",
+         testing::passed_count() - passed_before + testing::failed_count() - failed_before);
+}
+
+// modded-nanogpt's own setting (T = 48K, 8 processes of one micro batch: a window of 786,432
+// tokens) with a 663,000-token document: the reference stops there (its first sequence takes the
+// whole document, and 7 more do not fit what is left of the window); here the document's
+// sequence is its first T+1 tokens and the next starts at the document after it. 16 documents of
+// T tokens come first, so that the third step starts at the long one.
+void test_long_document() {
+  const int T = 48 * 1024;
+  std::vector<int> lengths(16, T);
+  const size_t long_index = lengths.size();
+  lengths.push_back(663000);
+  llmc::Rng rng(2);
+  for (int i = 0; i < 100; i++) lengths.push_back(1 + (int)(rng.u32() % 30000));
+  const std::vector<uint16_t> tokens = document_tokens(0, lengths);
+  long long_start = 0;
+  for (size_t i = 0; i < long_index; i++) long_start += lengths[i];
+  const std::string pattern = write_document_shards("doc_long", {tokens});
+  const Settings eight{1, T, 1, 8};
+  std::vector<DocumentLoader> ranks = document_loaders(pattern, eight);
+  bool shifted = true;
+  const std::vector<Row> rows = take_rows(ranks, eight, 4, &shifted);
+  std::vector<DocumentLoader> one = document_loaders(pattern, {1, T, 8, 1});
+  long at_long = -1;
+  for (size_t i = 0; i < rows.size(); i++) {
+    if (std::equal(rows[i].begin(), rows[i].end(), tokens.begin() + long_start)) at_long = (long)i;
+  }
+  const bool next_after = at_long >= 0 && at_long + 1 < (long)rows.size() &&
+                          std::equal(rows[at_long + 1].begin(), rows[at_long + 1].end(),
+                                     tokens.begin() + long_start + 663000);
+  check_verbose(shifted && next_after && take_rows(one, {1, T, 8, 1}, 4, &shifted) == rows,
+                llmc::strformat("a 663000-token document at T=%d over 8 processes: sequence %ld is its "
+                                "first T+1 tokens, the next starts after it; 1 process x 8 micro "
+                                "batches reads the same 32 sequences", T, at_long));
+}
+
+// --dump-documents: the sequences of DocumentLoaders of every rank, for dev/test/test_documents.sh
+// to compare with train_gpt2.py's DocumentLoader; int32, in stream order (step by step, micro
+// batch by micro batch, rank by rank, row by row), T+1 tokens a sequence.
+int dump_documents(int argc, char** argv) {
+  if (argc != 11 || std::string(argv[1]) != "--dump-documents") {
+    fprintf(stderr, "usage: %s [--dump-documents OUT PATTERN B T GRAD_ACCUM WORLD SHUFFLE SEED "
+                    "STEPS]\n", argv[0]);
+    return 2;
+  }
+  const Settings s{atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]) != 0,
+                   (uint64_t)atoll(argv[9])};
+  std::vector<DocumentLoader> ranks = document_loaders(argv[3], s);
+  bool shifted = true;
+  const std::vector<Row> rows = take_rows(ranks, s, atoi(argv[10]), &shifted);
+  if (!shifted) LLMC_FAIL("the targets of a row are not its inputs shifted by one");
+  llmc::write_file_atomically(argv[2], [&](llmc::File& f) {
+    for (const Row& row : rows) f.write(row.data(), row.size() * sizeof(int), "a sequence");
+  });
+  printf("%zu sequences of %d tokens to %s\n", rows.size(), s.T + 1, argv[2]);
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    try {
+      return dump_documents(argc, argv);
+    } catch (const llmc::Error& e) {
+      fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
   try {
     llmc::make_dirs(kDir);
     test_shard_round_trip();
@@ -440,6 +924,12 @@ int main() {
     test_restore_other_world();
     test_malformed_shards();
     test_disjoint_shards();
+    test_documents_by_hand();
+    test_documents_over_processes();
+    test_document_epochs();
+    test_document_restore();
+    test_document_errors();
+    test_long_document();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }

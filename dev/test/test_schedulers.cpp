@@ -1,5 +1,6 @@
 // Tests llmc/schedulers.h: warmup, endpoints, monotonicity, the wsd phases,
-// name parsing, and bit-exact agreement with train_gpt2.py's learning_rate().
+// name parsing, and bit-exact agreement with train_gpt2.py's learning_rate(); and the attention
+// window's schedule and per-layer pattern.
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -153,6 +154,39 @@ void test_parsing() {
                "negative learning rate");
 }
 
+// modded-nanogpt's attention window: 1 block at step 0, 14 (1728 tokens rounded up) at step N,
+// growing by at most a block a step when N >= 14, and the per-layer long/short pattern.
+void test_attention_window() {
+  bool ends = true, steady = true;
+  for (long n : {1L, 14L, 100L, 1750L, 3250L}) {
+    ends = ends && llmc::attention_window_blocks(0, n) == 1 &&
+           llmc::attention_window_blocks(n, n) == 14;
+    for (long s = 1; n >= 14 && s <= n; s++) {
+      const int grew =
+          llmc::attention_window_blocks(s, n) - llmc::attention_window_blocks(s - 1, n);
+      steady = steady && (grew == 0 || grew == 1);
+    }
+  }
+  check_verbose(ends && steady, "window: 1 block at step 0 and 14 at step N (N = 1, 14, 100, 1750, "
+                                "3250), rising a block at a time");
+  check_verbose(llmc::attention_window_blocks(1625, 3250) == 7 &&
+                    llmc::attention_window_blocks(1, 1728) == 1 &&
+                    llmc::attention_window_blocks(129, 1728) == 2 &&
+                    llmc::attention_window_blocks(1000, 1728) == 8,
+                "window: 864 tokens half way -> 7 blocks; 1, 129, 1000 of 1728 steps -> 1, 2, 8");
+  std::string windows;
+  for (int layer = 0; layer < 12; layer++) {
+    windows += llmc::strformat(" %d", llmc::layer_window_blocks(layer, 14));
+  }
+  check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && llmc::layer_window_blocks(1, 1) == 0,
+                "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
+  check_throws([] { llmc::attention_window_blocks(11, 10); },
+               "attention window of step 11 of 10: the step must be within 0..10", "a step past N");
+  check_throws([] { llmc::layer_window_blocks(12, 14); },
+               "attention window of layer 12: the long and short windows are given for 12 layers",
+               "a 13th layer");
+}
+
 }  // namespace
 
 int main() {
@@ -162,6 +196,7 @@ int main() {
     test_wsd_phases();
     test_matches_train_gpt2_py();
     test_parsing();
+    test_attention_window();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }

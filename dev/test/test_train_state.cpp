@@ -57,6 +57,9 @@ Saved save(const std::string& path, bool master_weights) {
   rng.u32();
   s.host.model_rng = rng.state();
   s.host.train_loader.epoch = 3;
+  s.host.train_loader.order = llmc::DataOrder::kDocuments;
+  s.host.train_loader.token_position = 123456;
+  s.host.train_loader.grad_accum = 4;
   s.host.loss_window.count = 2;
   s.host.loss_window.values[1] = 4.5;
   for (size_t i = 0; i < kParams; i++) {
@@ -113,9 +116,26 @@ void test_load_into() {
   }
 }
 
-// -fp8 2's amax history comes back with the rest; a version 3 file (the format before it: the
-// same bytes without the history and [10], [11]) still loads, with an empty history.
-void test_fp8_history_and_version_3() {
+// The bytes of a current file in the layout of an older `version`: the data loader state cut at
+// kDataLoaderStateBytesV4, the version set and the checksum recomputed.
+std::vector<char> older_file(std::vector<char> bytes, int version) {
+  const size_t loader_end = llmc::kHeaderInts * sizeof(int) + 2 * sizeof(llmc::RngState) +
+                            llmc::kDataLoaderStateBytesV4;
+  const size_t since_v5 = sizeof(llmc::DataLoaderState) - llmc::kDataLoaderStateBytesV4;
+  bytes.erase(bytes.begin() + loader_end, bytes.begin() + loader_end + since_v5);
+  int h[llmc::kHeaderInts];
+  memcpy(h, bytes.data(), sizeof(h));
+  h[1] = version;
+  llmc::header_store_checksum(h, llmc::crc32_update(llmc::header_checksum_begin(h), bytes.data() + sizeof(h),
+                                                    bytes.size() - sizeof(h)));
+  memcpy(bytes.data(), h, sizeof(h));
+  return bytes;
+}
+
+// -fp8 2's amax history comes back with the rest. Older files still load: version 4 (a data loader
+// state without its order, token position and grad_accum, which read as zero: contiguous batches)
+// and version 3 (that, and no history or [10], [11]).
+void test_fp8_history_and_older_versions() {
   const std::string path = kDir + "/state_fp8.bin";
   const Saved plain = save(kDir + "/state_plain.bin", true);
   llmc::Fp8History fp8;
@@ -127,18 +147,25 @@ void test_fp8_history_and_version_3() {
   check_verbose(loaded.fp8.recorded_steps == fp8.recorded_steps && loaded.fp8.amax == fp8.amax &&
                     loaded.adam_m == plain.adam_m && loaded.master == plain.master,
                 "the FP8 amax history and its step count come back with the state");
-  std::vector<char> bytes = plain.bytes;
-  int h[llmc::kHeaderInts];
-  memcpy(h, bytes.data(), sizeof(h));
-  h[1] = 3;
-  llmc::header_store_checksum(h, llmc::crc32_update(llmc::header_checksum_begin(h), bytes.data() + sizeof(h),
-                                                    bytes.size() - sizeof(h)));
-  memcpy(bytes.data(), h, sizeof(h));
+  llmc::HostTrainState batches_only = plain.host;
+  batches_only.train_loader.order = llmc::DataOrder::kBatches;
+  batches_only.train_loader.token_position = 0;
+  batches_only.train_loader.grad_accum = 0;
+  const std::string v4 = kDir + "/state_v4.bin";
+  write_bytes(v4, older_file(read_bytes(path), 4));
+  const llmc::TrainState four = llmc::train_state_load(v4, plain.id, kRemedy);
+  check_verbose(memcmp(&four.host, &batches_only, sizeof(batches_only)) == 0 &&
+                    four.fp8.amax == fp8.amax && four.adam_v == plain.adam_v &&
+                    four.master == plain.master,
+                llmc::strformat("a version 4 state file (%zu bytes shorter) loads, its data loader "
+                                "state of contiguous batches",
+                                read_bytes(path).size() - read_bytes(v4).size()));
   const std::string v3 = kDir + "/state_v3.bin";
-  write_bytes(v3, bytes);
-  const llmc::TrainState old = llmc::train_state_load(v3, plain.id, kRemedy);
-  check_verbose(old.fp8.amax.empty() && old.fp8.recorded_steps == 0 && old.adam_v == plain.adam_v &&
-                    old.master == plain.master,
+  write_bytes(v3, older_file(plain.bytes, 3));
+  const llmc::TrainState three = llmc::train_state_load(v3, plain.id, kRemedy);
+  check_verbose(memcmp(&three.host, &batches_only, sizeof(batches_only)) == 0 &&
+                    three.fp8.amax.empty() && three.fp8.recorded_steps == 0 &&
+                    three.adam_v == plain.adam_v && three.master == plain.master,
                 "a version 3 state file loads, with no FP8 history");
 }
 
@@ -165,9 +192,11 @@ void test_damaged() {
     std::string needle;
   };
   const std::vector<HeaderCase> cases = {
-      {"a wrong magic", 0, 20240326, "not a training-state file of version 3 or 4 (magic 20240326"},
+      {"a wrong magic", 0, 20240326, "not a training-state file of version 3 to 5 (magic 20240326"},
       {"the state version of an earlier format", 1, 2,
-       "not a training-state file of version 3 or 4 (magic 20240528, version 2;"},
+       "not a training-state file of version 3 to 5 (magic 20240528, version 2;"},
+      {"a state version from the future", 1, 6,
+       "not a training-state file of version 3 to 5 (magic 20240528, version 6;"},
       {"a negative FP8 history", 10, -1, "an FP8 history of -1 entries over 0 steps at step 10"},
       {"an FP8 history of more steps than the run's", 11, kStep + 1,
        "an FP8 history of 0 entries over 11 steps at step 10: the header is damaged"},
@@ -224,7 +253,7 @@ int main() {
     test_round_trip();
     test_load_into();
     test_damaged();
-    test_fp8_history_and_version_3();
+    test_fp8_history_and_older_versions();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }

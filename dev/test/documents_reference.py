@@ -1,0 +1,242 @@
+"""The checks of dev/test/test_documents.sh: the document-aligned order of llmc/dataloader.h
+(through build/test_dataloader --dump-documents) and of train_gpt2.py against each other, and
+train_gpt2.py's against modded-nanogpt's own loader, transcribed below. Writes its shards under
+the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the difference", and
+notes without a tab.
+
+  python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
+"""
+import glob
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pydeps import require  # noqa: E402
+
+require("numpy", "torch")
+import numpy as np  # noqa: E402
+
+import train_gpt2 as tg  # noqa: E402
+
+# ------------------------------------------------------------------------------------------------
+# modded-nanogpt (records/track_1_short/2025-08-23_SparseAttnGate), find_batch_starts and
+# distributed_data_generator with align_to_bos=True, in numpy: the rank and process count are
+# arguments instead of torch.distributed's, the files are given, and a step yields the sequence as
+# one array of T+1 tokens instead of inputs and targets on the GPU. Everything else is as there:
+# the window of 2 * grad_accum * T * world tokens that shrinks by what each micro step consumes,
+# the next file only at a step's start, the assert where a window holds no sequence T tokens
+# long, the IndexError (of boundary_positions[0]) where it holds no document start, and the end
+# of the files raising RuntimeError (a StopIteration inside a generator).
+
+
+def find_batch_starts(tokens, pos, seq_len, token_window, world_size):
+    boundary_mask = tokens[pos : pos + token_window] == 50256
+    boundary_positions = np.nonzero(boundary_mask)[0] + pos
+    start = boundary_positions[0].item()
+    starts = []
+    for i in range(1, len(boundary_positions)):
+        end = boundary_positions[i].item()
+        if end - start >= seq_len:
+            starts.append(start)  # append start once end pos is confirmed
+            if len(starts) == world_size:
+                return starts, end - pos
+            start = end
+    assert False  # increase token_window if necessary
+
+
+def distributed_data_generator(files, seq_len, grad_accum_steps, rank, world_size):
+    batch_size = seq_len * world_size
+    file_iter = iter(files)
+    tokens, pos = load_shard(next(file_iter)), 0
+    while True:
+        token_window = grad_accum_steps * 2 * batch_size
+        if pos + token_window + 1 >= len(tokens):
+            tokens = load_shard(next(file_iter))
+            pos = 0
+        for _ in range(grad_accum_steps):
+            batch_starts, tokens_consumed = find_batch_starts(tokens, pos, seq_len, token_window, world_size)
+            start_idx = batch_starts[rank]
+            buf = tokens[start_idx:][:seq_len + 1]
+            pos += tokens_consumed
+            token_window -= tokens_consumed
+            yield buf
+
+
+def load_shard(path):
+    return np.fromfile(path, np.uint16, offset=tg.HEADER_INTS * 4)
+
+
+# ------------------------------------------------------------------------------------------------
+
+def write_shard(path, tokens):
+    header = np.zeros(tg.HEADER_INTS, np.int32)
+    header[:3] = [tg.SHARD_MAGIC, tg.SHARD_VERSION, len(tokens)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, np.uint16).tobytes())
+
+
+def documents(rng, lengths, prefix=0):
+    """Documents of the given lengths, each 50256 and then random tokens; `prefix` tokens first."""
+    parts = [rng.integers(0, 50256, prefix)]
+    for length in lengths:
+        parts += [[50256], rng.integers(0, 50256, length - 1)]
+    return np.concatenate(parts).astype(np.uint16)
+
+
+def write_dataset(folder, name, shards):
+    for i, tokens in enumerate(shards):
+        write_shard(f"{folder}/{name}_{i:03d}.bin", tokens)
+    return f"{folder}/{name}_*.bin"
+
+
+def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epochs=None):
+    """train_gpt2.py's sequences over every rank, in stream order (micro batch by micro batch, rank
+    by rank, row by row), for `steps` steps or until the step after `epochs` epochs; and the steps."""
+    ranks = [tg.DocumentLoader(pattern, "test", B, T, grad_accum, r, world, shuffle, seed, 50257)
+             for r in range(world)]
+    rows, step = [], 0
+    while (steps is None or step < steps) and (epochs is None or ranks[0].epoch < epochs):
+        for _ in range(grad_accum):
+            for loader in ranks:
+                inputs, targets = loader.next_batch()
+                assert (inputs[:, 1:] == targets[:, :-1]).all(), "targets are the inputs shifted"
+                rows += list(np.concatenate([inputs.numpy(), targets[:, -1:].numpy()], axis=1))
+        step += 1
+    return np.array(rows), step
+
+
+def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps):
+    out = f"{scratch}/dump.bin"
+    subprocess.run(["build/test_dataloader", "--dump-documents", out, pattern, str(B), str(T),
+                    str(grad_accum), str(world), str(int(shuffle)), str(seed), str(steps)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return np.fromfile(out, np.int32).reshape(-1, T + 1)
+
+
+def reference_rows(pattern, B, T, grad_accum, world):
+    """The reference's sequences over world*B processes of one row each (rank r's row b is the
+    reference's rank r*B + b), in stream order, until it stops; and how it stopped."""
+    files = sorted(glob.glob(pattern))
+    size = world * B
+    generators = [distributed_data_generator(files, T, grad_accum, r, size) for r in range(size)]
+    rows = []
+    try:
+        while True:
+            rows += [next(g) for g in generators]
+    except AssertionError:
+        stop = "assert"
+    except IndexError:
+        stop = "no document start"
+    except RuntimeError:  # StopIteration raised inside the generator: no more files
+        stop = "files ended"
+    return np.array(rows).reshape(-1, T + 1), stop
+
+
+def compare(what, got, expected):
+    if got.shape == expected.shape and (got == expected).all():
+        print(f"{what}\tsame")
+        return
+    rows = min(len(got), len(expected))
+    differ = [i for i in range(rows) if not (got[i] == expected[i]).all()]
+    print(f"{what}\t{len(got)} and {len(expected)} sequences, first difference at "
+          f"{differ[0] if differ else rows}")
+
+
+def main(scratch):
+    rng = np.random.default_rng(43)
+    T = 64
+
+    def short_lengths(n):  # one token to T: a fifth of one token, some of exactly T
+        return [1 if u < 0.2 else T if u > 0.9 else int(rng.integers(2, T)) for u in rng.random(n)]
+
+    datasets = {
+        # documents of 1..T tokens; the second shard begins 7 tokens before its first document
+        "short": [documents(rng, short_lengths(150)), documents(rng, short_lengths(120), prefix=7),
+                  documents(rng, short_lengths(170))],
+        # some documents of 20T to 40T tokens, longer than a window of 16T; the last shard is one
+        # document
+        "long": [documents(rng, [int(rng.integers(20 * T, 40 * T)) if rng.random() < 0.05 else
+                                 int(rng.integers(1, 2 * T)) for _ in range(300)]),
+                 documents(rng, short_lengths(200) + [30 * T] + short_lengths(100)),
+                 documents(rng, [50 * T])],
+        # a shard without a document start
+        "bare": [documents(rng, short_lengths(160)), rng.integers(0, 50256, 40 * T).astype(np.uint16),
+                 documents(rng, short_lengths(160))],
+        # 32 documents of T and one of 1: a step starts where its window and one token more end
+        # exactly at the shard's end (2 steps in with 8 sequences a step, 6 with 4), so the next
+        # shard begins; with a last document of 2, one token before it, so it does not
+        "exact": [documents(rng, [T] * 32 + [1]), documents(rng, [T] * 32 + [2]),
+                  documents(rng, short_lengths(150))],
+        # 7 documents of 120 tokens and one of 300: with 8 sequences a step the eighth does not
+        # end within the step's window of 1024 tokens (but would within 1024 from where it
+        # starts), so the reference stops after the sequences of the micro steps before it
+        "tight": [documents(rng, [120] * 7 + [300] + short_lengths(100))],
+    }
+    patterns = {name: write_dataset(scratch, name, shards) for name, shards in datasets.items()}
+    expected_stop = {"short": "files ended", "long": "assert", "bare": "no document start",
+                     "exact": "files ended", "tight": "assert"}
+    # (dataset, B, grad_accum, world): how many sequences the reference reads before it stops
+    expected_count = {("tight", 1, 8, 1): 7, ("tight", 1, 2, 4): 4, ("tight", 1, 1, 8): 0,
+                      ("tight", 2, 2, 2): 4, ("tight", 4, 1, 1): 4}
+    # (B, grad_accum, world): 8 sequences a step, and 4 with B=4
+    layouts = [(1, 8, 1), (1, 2, 4), (1, 1, 8), (2, 2, 2), (4, 1, 1)]
+    for name, pattern in patterns.items():
+        for B, grad_accum, world in layouts:
+            setting = f"{name}: T={T} B={B} x {grad_accum} micro batches x {world} processes"
+            for shuffle in (False, True):
+                port, steps = port_rows(pattern, B, T, grad_accum, world, shuffle, 1337, epochs=2)
+                cpp = cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, 1337, steps)
+                compare(f"{setting}{', shuffled' if shuffle else ''}: C++ and train_gpt2.py, "
+                        f"{steps} steps over 2 epochs", cpp, port)
+            reference, stop = reference_rows(pattern, B, T, grad_accum, world)
+            # The first epoch; all of it when the reference read all its files, else as far as it read.
+            port = port_rows(pattern, B, T, grad_accum, world, False, 0, epochs=1)[0]
+            compare(f"{setting}: train_gpt2.py and the reference up to its end ({stop})",
+                    port if stop == "files ended" else port[:len(reference)], reference)
+            print(f"{setting}: how the reference stops\t"
+                  f"{'same' if stop == expected_stop[name] else stop + ', not ' + expected_stop[name]}")
+            count = expected_count.get((name, B, grad_accum, world))
+            if count is None:
+                print(f"{setting}: the reference read {len(reference)} sequences before it stopped ({stop})")
+            else:
+                print(f"{setting}: the reference reads {count} sequences before its window runs out\t"
+                      f"{'same' if len(reference) == count else len(reference)}")
+
+    # modded-nanogpt's own setting: T = 48K, 8 processes of one micro batch, a window of 786,432
+    # tokens; a 663,000-token document after 16 of T tokens (the third step starts at it).
+    T = 48 * 1024
+    lengths = [T] * 16 + [663000] + [int(n) for n in rng.integers(1, 30000, 100)]
+    pattern = write_dataset(scratch, "long_document", [documents(rng, lengths)])
+    setting = "a 663,000-token document, T=48K over 8 processes"
+    port, steps = port_rows(pattern, 1, T, 1, 8, False, 0, epochs=2)
+    compare(f"{setting}: C++ and train_gpt2.py, {steps} steps over 2 epochs",
+            cpp_rows(scratch, pattern, 1, T, 1, 8, False, 0, steps), port)
+    reference, stop = reference_rows(pattern, 1, T, 1, 8)
+    compare(f"{setting}: train_gpt2.py and the reference up to its end ({stop})", port[:len(reference)],
+            reference)
+    print(f"{setting}: the reference stops at the document\t"
+          f"{'same' if stop == 'assert' and len(reference) == 16 else f'{stop} after {len(reference)}'}")
+    tokens = load_shard(pattern.replace("*", "000"))
+    start, after = 16 * T, 16 * T + 663000
+    as_expected = ((port[16] == tokens[start:start + T + 1]).all() and
+                   (port[17] == tokens[after:after + T + 1]).all())
+    print(f"{setting}: sequence 16 is the document's first T+1 tokens, 17 starts after it\t"
+          f"{'same' if as_expected else 'differs'}")
+
+
+    # A shard one token short of a step's window and 2 more: 2 x 4 x 1 x 8 x 2 + 2 = 130 tokens.
+    pattern = write_dataset(scratch, "too_short", [documents(rng, [60, 69])])
+    try:
+        tg.DocumentLoader(pattern, "--input_bin", 1, 8, 4, 0, 2, False, 0, 50257)
+        message = "no error"
+    except SystemExit as e:
+        message = str(e)
+    named = message.startswith(f"error: {pattern.replace('*', '000')}: 129 tokens are too few")
+    print(f"a shard of 129 tokens for a step of 2 x 4 x 1 x 8 tokens fails naming it\t"
+          f"{'same' if named and 'needs at least 130' in message else message}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,183 @@
+// Tests llmc/attention_blocks.h on hand-worked sequences: the spans of each query block, and the
+// key blocks selected for windows of 0 to 16 blocks (documents crossing block edges, starting on
+// them, one token long, one spanning the whole sequence). dev/test/test_attention_blocks_py.sh
+// compares the rule with train_gpt2.py's port of the reference on random documents, through
+// the dump modes:
+//   test_attention_blocks --dump IN OUT   IN: int32 cases, each T, the largest window W, then T
+//       tokens; OUT: int32, for each case, window 0..W and query block q: full, partial, then the
+//       selected blocks nearest first, a full block k written as -(k + 1)
+//   test_attention_blocks --windows N     attention_window_blocks(s, N) for s = 0..N, one line
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dev/test/testing.h"
+#include "llmc/attention_blocks.h"
+#include "llmc/schedulers.h"
+#include "llmc/utils.h"
+
+using llmc::AttentionBlockSelection;
+using llmc::AttentionBlockSpan;
+using testing::check;
+using testing::check_verbose;
+
+namespace {
+
+constexpr int kStart = 50256;
+
+// T tokens, document starts at `starts`, other tokens 7.
+std::vector<int> sequence(int T, const std::vector<int>& starts) {
+  std::vector<int> tokens(T, 7);
+  for (int p : starts) tokens[p] = kStart;
+  return tokens;
+}
+
+std::vector<AttentionBlockSpan> spans_of(const std::vector<int>& tokens) {
+  std::vector<AttentionBlockSpan> spans(tokens.size() / llmc::kAttentionBlock);
+  llmc::attention_block_spans(tokens.data(), (int)tokens.size(), kStart, spans.data());
+  return spans;
+}
+
+// The selected blocks of query block q, nearest first, a full block k as -(k + 1).
+std::vector<int> selected(const AttentionBlockSpan& span, int q, int window) {
+  const AttentionBlockSelection s = llmc::attention_blocks_select(span, q, window);
+  std::vector<int> blocks;
+  for (int i = 0; i < s.full + s.partial; i++) {
+    bool full = false;
+    const int k = llmc::attention_key_block(s, q, i, &full);
+    blocks.push_back(full ? -(k + 1) : k);
+  }
+  return blocks;
+}
+
+std::string describe(const std::vector<int>& blocks) {
+  std::string text;
+  for (int b : blocks) text += b < 0 ? llmc::strformat(" %df", -b - 1) : llmc::strformat(" %d", b);
+  return text;
+}
+
+struct Expect {
+  int q, window;
+  std::vector<int> blocks;  // as selected() writes them
+};
+
+void check_case(const char* what, const std::vector<int>& tokens,
+                const std::vector<AttentionBlockSpan>& expected_spans,
+                const std::vector<Expect>& expected) {
+  const std::vector<AttentionBlockSpan> spans = spans_of(tokens);
+  bool spans_ok = spans.size() == expected_spans.size();
+  std::string text;
+  for (size_t q = 0; spans_ok && q < spans.size(); q++) {
+    spans_ok = spans[q].first_key == expected_spans[q].first_key &&
+               spans[q].first_full == expected_spans[q].first_full;
+  }
+  for (const AttentionBlockSpan& s : spans) {
+    text += llmc::strformat(" (%d,%d)", s.first_key, s.first_full);
+  }
+  check_verbose(spans_ok, llmc::strformat("%s: spans (first_key, first_full)", what) + text);
+  bool all = true;
+  std::string lists;
+  for (const Expect& e : expected) {
+    const std::vector<int> got = selected(spans[e.q], e.q, e.window);
+    all = check(got == e.blocks, llmc::strformat("%s: block %d, window %d:", what, e.q, e.window) +
+                                     describe(got) + ", expected" + describe(e.blocks)) && all;
+    lists += llmc::strformat(" q%d w%d:", e.q, e.window) + describe(got) + ";";
+  }
+  check_verbose(all, llmc::strformat("%s: selected (f: full)", what) + lists);
+}
+
+void test_hand_cases() {
+  // Blocks of 128 tokens: 0-127 | 128-255 | 256-383 | 384-511 | 512-639 | 640-767. Documents
+  // start at 0, 300, 301 (one token) and 640 (on a block's edge).
+  check_case("documents at 0, 300, 301, 640", sequence(768, {0, 300, 301, 640}),
+             {{0, 0}, {0, 0}, {0, 2}, {2, 3}, {2, 3}, {5, 5}},
+             {{0, 0, {0}},
+              {1, 1, {1}},
+              {1, 2, {1, -1}},
+              {2, 2, {2, 1}},
+              {2, 16, {2, 1, 0}},
+              {3, 16, {3, 2}},
+              {4, 0, {4}},
+              {4, 1, {4}},
+              {4, 2, {4, -4}},
+              {4, 3, {4, -4, 2}},
+              {4, 16, {4, -4, 2}},
+              {5, 16, {5}}});
+  // One document over the whole sequence (no document start): a plain sliding window, every
+  // block before q full.
+  check_case("no document start", sequence(1024, {}),
+             {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}},
+             {{7, 0, {7}},
+              {7, 1, {7}},
+              {7, 3, {7, -7, -6}},
+              {7, 8, {7, -7, -6, -5, -4, -3, -2, -1}},
+              {7, 16, {7, -7, -6, -5, -4, -3, -2, -1}},
+              {0, 16, {0}}});
+  // Every token a document: only the block itself, masked.
+  std::vector<int> every(256, kStart);
+  check_case("every token a document start", every, {{0, 0}, {1, 1}}, {{1, 16, {1}}, {0, 1, {0}}});
+  // Documents starting on block edges only: no block straddles one.
+  check_case("documents at 0, 256, 512", sequence(768, {0, 256, 512}),
+             {{0, 0}, {0, 0}, {2, 2}, {2, 2}, {4, 4}, {4, 4}},
+             {{3, 1, {3}}, {3, 2, {3, -3}}, {3, 16, {3, -3}}, {4, 16, {4}}, {5, 16, {5, -5}}});
+  // Tokens before the first document start (document 0), a start at 130: block 1 spans two
+  // documents, block 2 lies inside the second, which began in block 1.
+  check_case("a document at 130", sequence(512, {130}), {{0, 0}, {0, 1}, {1, 2}, {1, 2}},
+             {{1, 4, {1, 0}}, {2, 16, {2, 1}}, {3, 1, {3}}, {3, 2, {3, -3}}, {3, 3, {3, -3, 1}},
+              {3, 16, {3, -3, 1}}});
+}
+
+int dump_blocks(const char* in_path, const char* out_path) {
+  llmc::File in(in_path, "rb");
+  std::vector<int32_t> cases(in.size() / sizeof(int32_t));
+  in.read(cases.data(), cases.size() * sizeof(int32_t), "the cases");
+  std::vector<int32_t> out;
+  int count = 0;
+  for (size_t at = 0; at + 2 <= cases.size(); count++) {
+    const int T = cases[at], windows = cases[at + 1];
+    const std::vector<int> tokens(cases.begin() + at + 2, cases.begin() + at + 2 + T);
+    at += 2 + T;
+    const std::vector<AttentionBlockSpan> spans = spans_of(tokens);
+    for (int w = 0; w <= windows; w++) {
+      for (int q = 0; q < (int)spans.size(); q++) {
+        const AttentionBlockSelection s = llmc::attention_blocks_select(spans[q], q, w);
+        out.push_back(s.full);
+        out.push_back(s.partial);
+        for (int k : selected(spans[q], q, w)) out.push_back(k);
+      }
+    }
+  }
+  llmc::write_file_atomically(out_path, [&](llmc::File& f) {
+    f.write(out.data(), out.size() * sizeof(int32_t), "the selections");
+  });
+  printf("%d cases to %s\n", count, out_path);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc == 4 && std::string(argv[1]) == "--dump") return dump_blocks(argv[2], argv[3]);
+    if (argc == 3 && std::string(argv[1]) == "--windows") {
+      const long n = atol(argv[2]);
+      for (long s = 0; s <= n; s++) {
+        printf("%d%s", llmc::attention_window_blocks(s, n), s < n ? " " : "\n");
+      }
+      return 0;
+    }
+    if (argc > 1) {
+      fprintf(stderr, "usage: %s [--dump IN OUT | --windows N]\n", argv[0]);
+      return 2;
+    }
+    test_hand_cases();
+  } catch (const llmc::Error& e) {
+    if (argc > 1) {
+      fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+    check(false, std::string("unexpected error: ") + e.what());
+  }
+  return testing::summary("test_attention_blocks");
+}

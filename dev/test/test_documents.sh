@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Tests the document-aligned order (dev/SPEC.md "Document-aligned order") on shards written here,
+# two ways: llmc/dataloader.h's DocumentLoader (build/test_dataloader --dump-documents) against
+# train_gpt2.py's, sequence for sequence over every rank, plain and shuffled, over two epochs; and
+# train_gpt2.py's against a transcription of modded-nanogpt's find_batch_starts and
+# distributed_data_generator(align_to_bos=True) (dev/test/documents_reference.py): the same
+# sequences for as long as the reference yields, and the reference stopping where it is expected
+# to (its files ending; its assert on documents longer than its window and on a 663,000-token
+# document at its own T = 48K over 8 processes; its IndexError on a shard without a document
+# start). Scratch files go to build/scratch/test_documents.
+#
+#   bash dev/test/test_documents.sh     (PYTHON=... to pick the python with torch)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+MAKEFLAGS= ${MAKE:-make} -s build/test_dataloader || exit 1
+source dev/test/lib.sh
+require_python torch test_documents PYTHON
+SCRATCH=build/scratch/test_documents
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+
+out=$("$PY" dev/test/documents_reference.py "$SCRATCH" 2>&1)
+status=$?
+check "documents_reference.py runs to its end" "$status" 0
+[ "$status" -eq 0 ] || echo "$out"
+while IFS=$'\t' read -r what verdict; do
+  check "$what" "$verdict" "same"
+done <<< "$(grep $'\t' <<< "$out")"
+grep -v $'\t' <<< "$out" | sed 's/^/note /'
+finish test_documents
