@@ -305,7 +305,9 @@ class CausalSelfAttention(nn.Module):
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
+        """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
+        causal."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -314,12 +316,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash:
             scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, **scale)
+            masking = {"is_causal": True} if mask is None else {"attn_mask": mask}
+            y = F.scaled_dot_product_attention(q, k, v, **masking, **scale)
         else:
             scale = ATTENTION_SCALE_MODERN if self.modern else 1.0 / math.sqrt(k.size(-1))
             att = (q @ k.transpose(-2, -1)) * scale
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            y = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1) @ v
+            if mask is None:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
@@ -343,8 +347,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config, linear)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -370,6 +374,34 @@ class GPT(nn.Module):
         # The modern model's activations: float32, or bfloat16 with float32 parameters cast to it
         # (set_compute_dtype). GPT-2's bfloat16 runs use autocast instead.
         self.compute_dtype = torch.float32
+        # --documents: attention stays within a document; window_blocks (>= 0, with documents):
+        # within the reference's window of that many 128-token blocks (attention_masks)
+        self.documents = False
+        self.window_blocks = None
+
+    def attention_masks(self, idx):
+        """Each layer's attention mask for the rows of idx, [B, 1, T, T] (None for every layer
+        without documents: causal). With documents a query attends to the earlier keys of its own
+        document; with window_blocks also only within the key blocks the reference selects, the
+        window in each layer as layer_window_blocks gives it (12 layers: the reference's long and
+        short windows; other depths: the window in every layer)."""
+        layers = self.config.num_layers
+        if not self.documents:
+            return [None] * layers
+        masks = {}
+        for layer in range(layers):
+            window = self.layer_window(layer)
+            if window not in masks:
+                rows = [document_attention_mask(row.cpu(), window) for row in idx]
+                masks[window] = torch.stack(rows)[:, None].to(idx.device)
+        return [masks[self.layer_window(layer)] for layer in range(layers)]
+
+    def layer_window(self, layer):
+        if self.window_blocks is None:
+            return None
+        if self.config.num_layers == len(LAYER_WINDOWS):
+            return layer_window_blocks(layer, self.window_blocks)
+        return self.window_blocks
 
     def final_hidden(self, idx):
         """The blocks' output after the final norm, [B, T, C]: the classifier's input."""
@@ -379,8 +411,8 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(idx.size(1), device=idx.device)
             x = t.wte(idx) + t.wpe(pos)
-        for block in t.h:
-            x = block(x)
+        for block, mask in zip(t.h, self.attention_masks(idx)):
+            x = block(x, mask)
         return t.ln_f(x)
 
     def soft_cap(self, logits):
@@ -862,16 +894,19 @@ def attention_block_lists(tokens, window_blocks):
 
 def document_attention_mask(tokens, window_blocks):
     """The [T, T] boolean mask of one sequence (True where query i attends to key j): document-causal
-    (j <= i, one document) within the key blocks attention_block_lists selects for i's block."""
+    (j <= i, one document) within the key blocks attention_block_lists selects for i's block; every
+    earlier key of the document where window_blocks is None."""
+    docs = (tokens == DOCUMENT_START).cumsum(0)
+    position = torch.arange(len(tokens))
+    document_causal = (position[:, None] >= position) & (docs[:, None] == docs)
+    if window_blocks is None:
+        return document_causal
     partial_num, partial_indices, full_num, full_indices = attention_block_lists(tokens, window_blocks)
     num_blocks = len(tokens) // ATTENTION_BLOCK
     selected = torch.zeros(num_blocks, num_blocks, dtype=torch.bool)
     for q in range(num_blocks):
         selected[q, partial_indices[q, :partial_num[q]].long()] = True
         selected[q, full_indices[q, :full_num[q]].long()] = True
-    docs = (tokens == DOCUMENT_START).cumsum(0)
-    position = torch.arange(len(tokens))
-    document_causal = (position[:, None] >= position) & (docs[:, None] == docs)
     tokens_selected = selected.repeat_interleave(ATTENTION_BLOCK, 0).repeat_interleave(ATTENTION_BLOCK, 1)
     return document_causal & tokens_selected
 
@@ -1168,6 +1203,14 @@ def parse_args(argv=None):
     a.add_argument("--total_batch_size", type=int, help=recipe_help(
         "total_batch_size", "tokens per step; -1 = B*T*world (grad accumulation = total / (B*T*world))"))
     a.add_argument("--shuffle", type=int, choices=[0, 1], default=1, help="shuffle the training data")
+    a.add_argument("--documents", type=int, choices=[0, 1], default=0, help="1: training sequences of whole "
+                   "documents, each from a document start (token 50256), in modded-nanogpt's order "
+                   "(DocumentLoader), and attention within a document: a token attends only to the earlier "
+                   "tokens of its own document (validation too, its sequences contiguous slices)")
+    a.add_argument("--window_blocks", type=int, default=0, help="with --documents 1: attention within "
+                   "modded-nanogpt's window of N blocks of 128 tokens (12 layers: N in its long layers, "
+                   "N // 2 in its short ones; other depths: N in every layer); -1: its schedule, 1 block "
+                   "growing to 14 over --num_iterations; 0: no window")
     a = p.add_argument_group("optimisation")
     a.add_argument("--optimizer", choices=["adamw", "muon"], help=recipe_help(
         "optimizer", "muon: Muon for the blocks' matrices, AdamW for the rest"))
@@ -1277,6 +1320,20 @@ def check_args(args):
              "Newton-Schulz per matrix: drop --compile_optimizer")
     if args.fp8 and (args.arch == "modern" or args.optimizer == "muon"):
         fail("--fp8 1 is GPT-2's recipe with AdamW; drop --fp8 or use --arch gpt2 --optimizer adamw")
+    check_document_args(args)
+
+
+def check_document_args(args):
+    if args.window_blocks < -1:
+        fail(f"--window_blocks {args.window_blocks}: give a window of 1 or more blocks, -1 for the schedule "
+             f"or 0 for none")
+    if args.window_blocks != 0 and not args.documents:
+        fail(f"--window_blocks {args.window_blocks} windows document-causal attention; add --documents 1")
+    if args.window_blocks != 0 and args.seq_len % ATTENTION_BLOCK != 0:
+        fail(f"--window_blocks takes whole blocks of {ATTENTION_BLOCK} tokens: -t/--seq_len {args.seq_len} "
+             f"is not a multiple of {ATTENTION_BLOCK}")
+    if args.documents and args.benchmark:
+        fail("--benchmark times causal attention on random tokens; drop --documents")
 
 
 def settle_arch(args, config):
@@ -1408,17 +1465,30 @@ def log_average_and_peak_memory(log, step_ms, tokens_per_step, flops_per_token, 
     log(f"peak memory: {peak_mib} MiB")
 
 
-def train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile):
-    """Runs num_iterations optimizer steps, printing the SPEC.md line per step; validates at step 0,
-    every val_every steps and at the end; writes main.log and the final checkpoint to output_dir."""
-    config, (B, T), N = model.config, (args.batch_size, args.seq_len), args.num_iterations
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
+def step_batch(args, world):
+    """(tokens a step, micro steps a step) of --total_batch_size over B*T*world."""
+    B, T = args.batch_size, args.seq_len
     tokens_per_micro_step = B * T * world
     total_batch_size = tokens_per_micro_step if args.total_batch_size == -1 else args.total_batch_size
     if total_batch_size <= 0 or total_batch_size % tokens_per_micro_step != 0:
         fail(f"--total_batch_size {total_batch_size} is not a positive multiple of B*T*world = "
              f"{B}*{T}*{world} = {tokens_per_micro_step}; pick a multiple or change -b/-t")
-    grad_accum_steps = total_batch_size // tokens_per_micro_step
+    return total_batch_size, total_batch_size // tokens_per_micro_step
+
+
+def set_attention_window(model, args, step):
+    """The window of step `step`: --window_blocks, or its schedule's (-1); none without it."""
+    if args.window_blocks != 0:
+        schedule = args.window_blocks == -1
+        model.window_blocks = attention_window_blocks(step, args.num_iterations) if schedule else args.window_blocks
+
+
+def train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile):
+    """Runs num_iterations optimizer steps, printing the SPEC.md line per step; validates at step 0,
+    every val_every steps and at the end; writes main.log and the final checkpoint to output_dir."""
+    config, (B, T), N = model.config, (args.batch_size, args.seq_len), args.num_iterations
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    total_batch_size, grad_accum_steps = step_batch(args, world)
     raw_model = model.to(device)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
     if use_compile:
@@ -1443,6 +1513,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
 
     step_times = []
     for step in range(N + 1):
+        set_attention_window(raw_model, args, step)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -1621,8 +1692,13 @@ def main(argv=None, step_hook=None):
         fail(f"-t/--seq_len {T} exceeds the model's max_seq_len {config.max_seq_len}; lower -t")
     if args.fp8:
         check_fp8(config, device)
+    model.documents = bool(args.documents)
+    set_attention_window(model, args, 0)
     train_loader = RandomTokens(B, T, config.vocab_size, args.seed)
-    if args.input_bin:
+    if args.input_bin and args.documents:
+        train_loader = DocumentLoader(args.input_bin, "--input_bin", B, T, step_batch(args, world)[1], rank, world,
+                                      args.shuffle, args.seed, config.vocab_size)
+    elif args.input_bin:
         train_loader = ShardLoader(args.input_bin, "--input_bin", B, T, rank, world, args.shuffle,
                                    args.seed, config.vocab_size)
     if args.write_debug_state:

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Tests train_gpt2.py's --documents and --window_blocks on the CPU: a document's logits do not
+# depend on the tokens of the documents before it, and with a window a block's logits do not
+# depend on the key blocks outside it (each also the other way round, so the test can fail),
+# in both architectures and both attention paths (the explicit softmax and
+# F.scaled_dot_product_attention); a short training on document shards with the window's schedule
+# runs and repeats bit for bit; and the flags' errors. PYTHON as in train_gpt2_py_lib.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source dev/test/train_gpt2_py_lib.sh
+
+check "documents and windows cut what a token sees" <<'EOF'
+import torch, train_gpt2 as tg
+
+def logits(model, idx):
+    with torch.no_grad():
+        return model(idx)[0]
+
+def largest_change(model, idx, changed, rows):
+    """The largest change of the logits at `rows` when the tokens at `changed` are redrawn."""
+    other = idx.clone()
+    generator = torch.Generator().manual_seed(3)
+    other[0, changed] = torch.randint(0, tg.DOCUMENT_START, (len(changed),), generator=generator)
+    return (logits(model, idx)[0, rows] - logits(model, other)[0, rows]).abs().max().item()
+
+T = 256
+for arch in ("gpt2", "modern"):
+    for flash in ([False, True] if hasattr(torch.nn.functional, "scaled_dot_product_attention") else [False]):
+        config = tg.GPTConfig(2, 4, 64, T, 50304, arch=arch)
+        torch.manual_seed(1)
+        model = tg.GPT(config, flash=flash)
+        for p in model.parameters():  # every tensor non-zero (the modern init zeroes some)
+            torch.nn.init.normal_(p, 0.0, 0.05)
+        generator = torch.Generator().manual_seed(2)
+        idx = torch.randint(0, tg.DOCUMENT_START, (1, T), generator=generator)
+        idx[0, 0] = idx[0, 100] = tg.DOCUMENT_START  # documents [0, 100) and [100, 256)
+        name = f"{arch}, flash {int(flash)}"
+        model.documents = False
+        assert largest_change(model, idx, range(1, 100), range(100, T)) > 1e-4, f"{name}: causal sees back"
+        model.documents = True
+        change = largest_change(model, idx, range(1, 100), range(100, T))
+        assert change == 0.0, f"{name}: document 2's logits moved by {change} with document 1's tokens"
+        # One document over both blocks: a window of 1 block keeps block 1 from block 0's keys.
+        idx[0, 100] = 7
+        model.window_blocks = 1
+        change = largest_change(model, idx, range(1, 128), range(128, T))
+        assert change == 0.0, f"{name}: window 1: block 1 moved by {change} with block 0's tokens"
+        model.window_blocks = 2
+        assert largest_change(model, idx, range(1, 128), range(128, T)) > 1e-4, f"{name}: window 2 sees back"
+        model.window_blocks = None
+        print(f"{name}: document 2 apart from document 1; window 1 apart from the block before")
+
+# The mask of a layer follows the reference's long/short pattern at 12 layers.
+model = tg.GPT(tg.GPTConfig(12, 2, 32, T, 50304))
+model.documents, model.window_blocks = True, 6
+windows = [model.layer_window(layer) for layer in range(12)]
+assert windows == [6 if c == "L" else 3 for c in tg.LAYER_WINDOWS], windows
+model.window_blocks = None
+assert model.layer_window(0) is None
+print("12 layers:", windows)
+EOF
+
+echo "--- training on document shards with the window's schedule, twice"
+"$PYTHON" - "$WORK/data" <<'EOF'
+import os, sys, numpy as np
+sys.path.insert(0, "dev/test")
+import documents_reference as ref
+rng = np.random.default_rng(5)
+os.makedirs(sys.argv[1])
+for name, count in (("train", 2), ("val", 1)):
+    for i in range(count):
+        tokens = ref.documents(rng, rng.integers(1, 700, 120))
+        ref.write_shard(os.path.join(sys.argv[1], f"{name}_{i:06d}.bin"), tokens)
+EOF
+run_documents() {  # 2 micro steps of one 256-token sequence, the window 1 block, then 2
+  "$PYTHON" train_gpt2.py --model tiny --channels 64 --num_heads 2 --max_seq_len 256 -b 1 -t 256 \
+    --total_batch_size 512 --num_iterations 3 --input_bin "$WORK/data/train_*.bin" \
+    --input_val_bin "$WORK/data/val_*.bin" --val_every 3 --val_steps 1 --documents 1 --window_blocks -1 \
+    --device cpu "$@"
+}
+run_documents > "$WORK/first.log"
+run_documents > "$WORK/second.log"
+grep -E "^step +3/3 \| loss" "$WORK/first.log"
+grep -E "^step +3/3 .*val loss" "$WORK/first.log"
+losses() { grep -E "\| (val )?loss" "$1" | sed -e 's/ | [0-9.]* ms .*//' -e 's/ | train time [0-9.]* s//'; }
+diff <(losses "$WORK/first.log") <(losses "$WORK/second.log")
+echo "the same losses twice"
+
+echo "--- errors"
+expect_error "add --documents 1" --model tiny --write_debug_state "$WORK/e" -t 128 --window_blocks 2
+expect_error "not a multiple of 128" --model tiny --write_debug_state "$WORK/e" -t 64 --documents 1 --window_blocks 2
+expect_error "give a window of 1 or more" --model tiny --write_debug_state "$WORK/e" -t 128 --documents 1 --window_blocks -2
+expect_error "drop --documents" --model tiny --benchmark 1 --documents 1
+echo "test_document_attention_py: passed"
