@@ -314,7 +314,10 @@ class CausalSelfAttention(nn.Module):
         if self.modern:
             q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.flash:
+        if self.flash and mask is not None and not torch.is_tensor(mask):
+            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            y = compiled_flex_attention()(q, k, v, block_mask=mask, **scale)
+        elif self.flash:
             scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
             masking = {"is_causal": True} if mask is None else {"attn_mask": mask}
             y = F.scaled_dot_product_attention(q, k, v, **masking, **scale)
@@ -380,18 +383,26 @@ class GPT(nn.Module):
         self.window_blocks = None
 
     def attention_masks(self, idx):
-        """Each layer's attention mask for the rows of idx, [B, 1, T, T] (None for every layer
-        without documents: causal). With documents a query attends to the earlier keys of its own
-        document; with window_blocks also only within the key blocks the reference selects, the
-        window in each layer as layer_window_blocks gives it (12 layers: the reference's long and
-        short windows; other depths: the window in every layer)."""
+        """Each layer's attention mask for the rows of idx (None for every layer without documents:
+        causal). With documents a query attends to the earlier keys of its own document; with
+        window_blocks also only within the key blocks the reference selects, the window in each
+        layer as layer_window_blocks gives it (12 layers: the reference's long and short windows;
+        other depths: the window in every layer). A mask is FlexAttention's BlockMask where the
+        attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
+        and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
         layers = self.config.num_layers
         if not self.documents:
             return [None] * layers
+        flex = (self.transformer.h[0].attn.flash and idx.is_cuda and idx.size(1) % ATTENTION_BLOCK == 0
+                and flex_attention_available())
         masks = {}
         for layer in range(layers):
             window = self.layer_window(layer)
-            if window not in masks:
+            if window in masks:
+                continue
+            if flex:
+                masks[window] = document_block_mask(idx, window)
+            else:
                 rows = [document_attention_mask(row.cpu(), window) for row in idx]
                 masks[window] = torch.stack(rows)[:, None].to(idx.device)
         return [masks[self.layer_window(layer)] for layer in range(layers)]
@@ -909,6 +920,45 @@ def document_attention_mask(tokens, window_blocks):
         selected[q, full_indices[q, :full_num[q]].long()] = True
     tokens_selected = selected.repeat_interleave(ATTENTION_BLOCK, 0).repeat_interleave(ATTENTION_BLOCK, 1)
     return document_causal & tokens_selected
+
+
+def flex_attention_available():
+    try:
+        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compiled_flex_attention():
+    """FlexAttention compiled, once: uncompiled it applies the mask_mod to every score and leaves
+    the BlockMask's block lists, and so the window, out (PyTorch 2.11)."""
+    global _compiled_flex_attention
+    if _compiled_flex_attention is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex_attention
+
+
+_compiled_flex_attention = None
+
+
+def document_block_mask(idx, window_blocks):
+    """FlexAttention's BlockMask for the rows of idx [B, T] (on the GPU), as the reference builds it:
+    attention_block_lists' blocks (every block up to the query's where window_blocks is None) and
+    the document-causal mask inside them."""
+    from torch.nn.attention.flex_attention import BlockMask
+    window = idx.size(1) // ATTENTION_BLOCK if window_blocks is None else window_blocks
+    lists = [attention_block_lists(row.cpu(), window) for row in idx]
+    partial_num, partial_indices, full_num, full_indices = (
+        torch.stack([row[i] for row in lists])[:, None].to(idx.device).contiguous() for i in range(4))
+    docs = (idx == DOCUMENT_START).cumsum(1)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
+
+    return BlockMask.from_kv_blocks(partial_num, partial_indices, full_num, full_indices,
+                                    BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_causal)
 
 
 class RandomTokens:

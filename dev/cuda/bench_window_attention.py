@@ -61,19 +61,6 @@ def dense_mask(tokens, partial_num, partial_indices, full_num, full_indices):
     return mask & selected.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
 
 
-def flex_block_mask(tokens, lists):
-    """The reference's BlockMask: its block lists, its document-causal mask_mod."""
-    from torch.nn.attention.flex_attention import BlockMask
-    docs = (tokens.cuda() == train_gpt2.DOCUMENT_START).cumsum(0)
-
-    def document_causal(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
-
-    partial_num, partial_indices, full_num, full_indices = (x.cuda()[None, None].contiguous() for x in lists)
-    return BlockMask.from_kv_blocks(partial_num, partial_indices, full_num, full_indices, BLOCK_SIZE=BLOCK,
-                                    mask_mod=document_causal)
-
-
 def time_forward_backward(attend, q, k, v, dout):
     forward = time_ms(lambda: attend(q, k, v))
     out = attend(q, k, v)
@@ -132,7 +119,7 @@ def main():
         lists = train_gpt2.attention_block_lists(tokens, window)
         visible = int(lists[0].sum() + lists[2].sum())
         flops = 4.0 * BLOCK * BLOCK * HS * NH * visible
-        block_mask = flex_block_mask(tokens, lists)
+        block_mask = train_gpt2.document_block_mask(tokens[None].cuda(), window)
         fwd, bwd, out = time_forward_backward(lambda a, b, c: flex(a, b, c, block_mask=block_mask), q, k, v, dout)
         row = [f"{window}", f"{visible}", f"{fwd:.3f}", f"{bwd:.3f}", f"{flops / fwd / 1e9:.1f}",
                f"{2.5 * flops / bwd / 1e9:.1f}"]

@@ -3,7 +3,8 @@
 # depend on the tokens of the documents before it, and with a window a block's logits do not
 # depend on the key blocks outside it (each also the other way round, so the test can fail),
 # in both architectures and both attention paths (the explicit softmax and
-# F.scaled_dot_product_attention); a short training on document shards with the window's schedule
+# F.scaled_dot_product_attention), and on a CUDA GPU FlexAttention's BlockMask against the dense
+# mask; a short training on document shards with the window's schedule
 # runs and repeats bit for bit; and the flags' errors. PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,6 +50,25 @@ for arch in ("gpt2", "modern"):
         assert largest_change(model, idx, range(1, 128), range(128, T)) > 1e-4, f"{name}: window 2 sees back"
         model.window_blocks = None
         print(f"{name}: document 2 apart from document 1; window 1 apart from the block before")
+
+# On a CUDA GPU with FlexAttention the masks are the reference's BlockMasks: the same logits as the
+# dense masks, over two rows of different documents.
+if torch.cuda.is_available() and tg.flex_attention_available():
+    T = 512
+    config = tg.GPTConfig(2, 4, 64, T, 50304, arch="modern")
+    flex, dense = tg.GPT(config, flash=True).cuda(), tg.GPT(config, flash=False).cuda()
+    for p in flex.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.05)
+    dense.load_state_dict(flex.state_dict())
+    idx = torch.randint(0, tg.DOCUMENT_START, (2, T), device="cuda")
+    idx[:, 0] = idx[0, 200] = idx[1, 333] = idx[1, 334] = tg.DOCUMENT_START
+    for window in (None, 0, 1, 3):
+        for model in (flex, dense):
+            model.documents, model.window_blocks = True, window
+        assert not torch.is_tensor(flex.attention_masks(idx)[0]), "no BlockMask on the GPU"
+        difference = (logits(flex, idx) - logits(dense, idx)).abs().max().item()
+        assert difference < 1e-4, f"window {window}: FlexAttention's logits {difference} from the dense mask's"
+        print(f"FlexAttention's BlockMask, window {window}: the dense mask's logits within {difference:.1e}")
 
 # The mask of a layer follows the reference's long/short pattern at 12 layers.
 model = tg.GPT(tg.GPTConfig(12, 2, 32, T, 50304))
