@@ -63,6 +63,7 @@
 #include <nvtx3/nvToolsExt.h>
 #include <omp.h>
 
+#include "llmc/attention_blocks.h"
 #include "llmc/checkpoint_files.h"
 #include "llmc/checkpoint_writer.h"
 #include "llmc/dataloader.h"
@@ -2120,6 +2121,18 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // FLOPs (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
 // once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64
 // tiles at or below the diagonal: about B*NH*T*T/2 BF16 values).
+
+// ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
+// A query attends to the earlier keys of its own document inside the run of key blocks that
+// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
+// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
+// is the span of query block q of sequence b. T is a multiple of 128.
+struct DocumentWindow {
+  const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
+  const int* documents;                   // [B, T]
+  int window;                             // blocks (0: the query's own block only)
+};
+
 #if !defined(ENABLE_FP32)
 namespace flash {
 
@@ -2643,6 +2656,122 @@ __global__ void __launch_bounds__(forward_threads<HS>(), HS == 64 ? 2 : 3) atten
   }
   store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0],
                  1.0f / row_sum[1]);
+}
+
+// ---- Document-causal attention within a window (DocumentWindow): the forward ----
+
+constexpr int kTilesPerAttentionBlock = llmc::kAttentionBlock / kTileRows;
+
+template <int HS>
+constexpr size_t window_forward_smem_bytes() {
+  return 5 * (size_t)kTileRows * HS * sizeof(floatX) + 2 * kTileRows * sizeof(int);
+}
+
+// Starts copying key/value tile `tile` and its keys' documents into buffer `buf`.
+template <int HS>
+__device__ __forceinline__ void load_window_kv_tile(floatX* k_s, floatX* v_s, int* docs_s, const floatX* k_g,
+                                                    const floatX* v_g, const int* docs_g, size_t ld, int tile,
+                                                    int buf, int T) {
+  constexpr int kTile = kTileRows * HS;
+  load_tile<HS, kTileRows>(k_s + buf * kTile, k_g, ld, tile * kTileRows, T);
+  load_tile<HS, kTileRows>(v_s + buf * kTile, v_g, ld, tile * kTileRows, T);
+  if (threadIdx.x < kTileRows) docs_s[buf * kTileRows + threadIdx.x] = docs_g[tile * kTileRows + threadIdx.x];
+  copy_async_commit();
+}
+
+// Block (i, bh) takes query tile i (64 rows) of head bh and walks the 64-key tiles of its run from
+// its own down to the run's first: the first tile holds each row's own key, so the running
+// maximum is finite from the start, and a row that a later tile masks whole (keys of an earlier
+// document) adds nothing to it. The tiles of full blocks take no mask; the others the document
+// and the position. A first version: one warpgroup a block, the copies of the causal forward's
+// mma.sync path (cp.async), on every GPU; its speed against FlexAttention is the next measurement.
+template <int HS>
+__global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
+    floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2, DocumentWindow dw) {
+  constexpr int kTile = kTileRows * HS;
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* k_s = q_s + kTile;  // two buffers
+  floatX* v_s = k_s + 2 * kTile;
+  int* docs_s = reinterpret_cast<int*>(v_s + 2 * kTile);  // the key tiles' documents, two buffers
+  const int q_tile = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int C = NH * HS, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int g = lane / 4, t = lane % 4, q0 = q_tile * kTileRows;
+  const int q_block = q_tile / kTilesPerAttentionBlock;
+  const llmc::AttentionBlockSelection selection =
+      llmc::attention_blocks_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, dw.window);
+  const int first_tile = (q_block - selection.full - selection.partial + 1) * kTilesPerAttentionBlock;
+  const size_t ld = 3 * (size_t)C;
+  const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
+  const floatX* k_g = q_g + C;
+  const floatX* v_g = q_g + 2 * C;
+  const int* docs_g = dw.documents + (size_t)b * T;
+  const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const int row_doc[2] = {docs_g[row[0]], docs_g[row[1]]};
+
+  load_tile<HS, kTileRows>(q_s, q_g, ld, q0, T);
+  load_window_kv_tile<HS>(k_s, v_s, docs_s, k_g, v_g, docs_g, ld, q_tile, 0, T);
+  float o[HS / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  for (int j = q_tile, buf = 0; j >= first_tile; j--, buf ^= 1) {
+    if (j > first_tile) {
+      load_window_kv_tile<HS>(k_s, v_s, docs_s, k_g, v_g, docs_g, ld, j - 1, buf ^ 1, T);
+      wait_tile_copies<1>();
+    } else {
+      wait_tile_copies<0>();
+    }
+    __syncthreads();
+    uint32_t q_frag[HS / 16][4];
+    load_row_fragments<HS>(q_frag, q_s);
+    float s[kTileRows / 8][4];
+    multiply_by_rows<HS, kTileRows>(s, q_frag, k_s + buf * kTile);
+    const int distance = q_block - j / kTilesPerAttentionBlock;
+    if (distance < 1 || distance > selection.full) {  // a partial block: by document and position
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int c = n * 8 + 2 * t + e % 2, key = j * kTileRows + c;
+          if (key > row[e / 2] || docs_s[buf * kTileRows + c] != row_doc[e / 2]) s[n][e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
+      const float correction = exp2_ftz(row_max[r] - new_max);
+      row_max[r] = new_max;
+      row_sum[r] *= correction;
+#pragma unroll
+      for (int dn = 0; dn < HS / 8; dn++) {
+        o[dn][2 * r] *= correction;
+        o[dn][2 * r + 1] *= correction;
+      }
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const float p = exp2_ftz(fmaf(s[n][2 * r + e], scale_log2, -new_max));
+          s[n][2 * r + e] = p;
+          row_sum[r] += p;
+        }
+      }
+    }
+    accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
+    __syncthreads();  // the next iteration's copies overwrite this buffer
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
+    if (t == 0) lse[(size_t)bh * T + row[r]] = row_max[r] + log2f(row_sum[r]);
+  }
+  store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0], 1.0f / row_sum[1]);
 }
 
 // ---- Flash forward on Hopper: bulk tensor copies, barriers in shared memory, 128-key tiles ----
@@ -3564,6 +3693,20 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
   cudaCheckLaunch();
 }
 
+template <int HS>
+void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, float scale,
+                    const DocumentWindow& dw, cudaStream_t stream) {
+  static bool limit_set = false;
+  if (!limit_set) {
+    cudaCheck(cudaFuncSetAttribute(attention_forward_window_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)window_forward_smem_bytes<HS>()));
+    limit_set = true;
+  }
+  const dim3 grid(T / kTileRows, B * NH);
+  attention_forward_window_kernel<HS><<<grid, kThreads, window_forward_smem_bytes<HS>(), stream>>>(
+      out, lse, qkv, T, NH, scale_in_log2_units(scale), dw);
+  cudaCheckLaunch();
+}
 }  // namespace flash
 #endif  // !ENABLE_FP32
 
@@ -3588,6 +3731,22 @@ void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, 
   else flash::forward<128>(out, lse, qkv, B, T, NH, scale, stream);
 #else
   (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)scale, (void)stream;
+#endif
+}
+
+// Document-causal attention within dw's window (DocumentWindow): out and lse as
+// attention_forward_flash gives them. T a multiple of 128.
+void attention_forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                              float scale, const DocumentWindow& dw, cudaStream_t stream) {
+  const int HS = C / NH;
+  REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
+  REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
+          llmc::kAttentionBlock, T);
+#if !defined(ENABLE_FP32)
+  if (HS == 64) flash::forward_window<64>(out, lse, qkv, B, T, NH, scale, dw, stream);
+  else flash::forward_window<128>(out, lse, qkv, B, T, NH, scale, dw, stream);
+#else
+  (void)out, (void)lse, (void)qkv, (void)B, (void)scale, (void)dw, (void)stream;
 #endif
 }
 

@@ -8,7 +8,8 @@
 // backward gets the GPU forward's att on both sides, so only the backward's own rounding shows.
 // The flash kernels are also run at head size 128 and against the CPU's FP32 att; their
 // logsumexp is checked against one computed in double precision, and the order in which their
-// blocks take the (tile, head) pairs is checked to cover each pair once.
+// blocks take the (tile, head) pairs is checked to cover each pair once. The windowed forward
+// (attention_forward_window: documents, windows of 0 to 16 blocks) against the CPU in double.
 #include "dev/cuda/kernel_test.h"
 
 #if defined(ENABLE_FP32)
@@ -189,6 +190,91 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
 #endif
 
 #if !defined(ENABLE_FP32)
+// Document-causal attention within a window (attention_forward_window) against the CPU in double
+// precision, with the mask of its definition: key u is visible to query t when u <= t, both lie in
+// one document, and u's 128-token block is in the run that llmc::attention_blocks_select (tested
+// against train_gpt2.py's port of the reference) gives t's block. `starts`: the document starts
+// of every row (each row also gets random ones when `random_starts`), T a multiple of 128.
+struct WindowCase {
+  int B, T, C, NH, window;
+  std::vector<int> starts;
+  bool random_starts;
+  float scale;
+};
+
+void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH, blocks = T / llmc::kAttentionBlock;
+  printf("\nwindowed attention B=%d T=%d NH=%d (head size %d), window %d, %zu starts%s\n", B, T, NH, HS,
+         w.window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  constexpr int kStart = 50256;
+  std::vector<int> tokens((size_t)B * T, 0), documents((size_t)B * T);
+  std::vector<llmc::AttentionBlockSpan> spans((size_t)B * blocks);
+  for (int b = 0; b < B; b++) {
+    int* row = tokens.data() + (size_t)b * T;
+    for (int start : w.starts) row[start] = kStart;
+    if (w.random_starts) {
+      for (int k = 0; k < T / 300 + 1; k++) row[rng.u32() % T] = kStart;
+    }
+    for (int t = 0, document = 0; t < T; t++) documents[(size_t)b * T + t] = document += row[t] == kStart;
+    llmc::attention_block_spans(row, T, kStart, spans.data() + (size_t)b * blocks);
+  }
+  const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+  const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f);
+  std::vector<float> ref_out(n), ref_lse(n_lse);
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      const int q_block = t / llmc::kAttentionBlock;
+      const llmc::AttentionBlockSelection sel =
+          llmc::attention_blocks_select(spans[(size_t)b * blocks + q_block], q_block, w.window);
+      const int first_key = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock;
+      for (int h = 0; h < NH; h++) {
+        const float* q = &qkv[((size_t)b * T + t) * 3 * C + h * HS];
+        std::vector<double> scores;
+        std::vector<int> keys;
+        double max_score = -INFINITY;
+        for (int u = first_key; u <= t; u++) {
+          if (documents[(size_t)b * T + u] != documents[(size_t)b * T + t]) continue;
+          const float* k = &qkv[((size_t)b * T + u) * 3 * C + C + h * HS];
+          double dot = 0.0;
+          for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
+          scores.push_back(dot * w.scale);
+          keys.push_back(u);
+          max_score = std::max(max_score, scores.back());
+        }
+        double sum = 0.0;
+        std::vector<double> y(HS, 0.0);
+        for (size_t i = 0; i < keys.size(); i++) {
+          const double p = std::exp(scores[i] - max_score);
+          sum += p;
+          const float* v = &qkv[((size_t)b * T + keys[i]) * 3 * C + 2 * C + h * HS];
+          for (int d = 0; d < HS; d++) y[d] += p * v[d];
+        }
+        for (int d = 0; d < HS; d++) ref_out[((size_t)b * T + t) * C + h * HS + d] = (float)(y[d] / sum);
+        ref_lse[((size_t)b * NH + h) * T + t] = (float)((max_score + std::log(sum)) / std::log(2.0));
+      }
+    }
+  }
+  DeviceArray<floatX> d_qkv(qkv), out(n);
+  DeviceArray<float> lse(n_lse);
+  DeviceArray<int> d_documents(documents);
+  DeviceArray<llmc::AttentionBlockSpan> d_spans(spans.size());
+  cudaCheck(cudaMemcpy(d_spans, spans.data(), spans.size() * sizeof(spans[0]), cudaMemcpyHostToDevice));
+  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  auto forward = [&] {
+    out.poison();
+    lse.poison();
+    attention_forward_window(out, lse, d_qkv, B, T, C, NH, w.scale, dw, 0);
+  };
+  forward();
+  const std::vector<float> got_out = out.download();
+  check_close("window forward out", got_out, ref_out, kTolAttention);
+  testing::check_tensor_norm("window forward out", got_out.data(), ref_out.data(), n, kTolAttentionNorm);
+  check_close("window forward lse", lse.download(), ref_lse, kTolFP32);
+  const Snapshot bits(out, lse);
+  forward();
+  check_same_bits("window forward twice", bits, Snapshot(out, lse));
+}
+
 // Every (tile rank, head) pair of a causal grid is the work of exactly one block, for tails of
 // none, some and all of the heads.
 void test_causal_block_order() {
@@ -237,6 +323,16 @@ int main() {
     test_attention_flash({2, 100, 1600, 25, 0.12f}, rng);
     test_attention_flash({2, 30, 256, 4, 0.12f}, rng);
     test_causal_block_order();
+    // Documents and windows: one document over the sequence; starts on block edges and off them;
+    // documents of one token; windows of 0 (the short window of 1) to 16 blocks; head sizes 64
+    // and 128; the modern scale.
+    test_attention_window({2, 512, 768, 12, 1, {0}, false, 0.125f}, rng);
+    test_attention_window({2, 512, 768, 12, 4, {0}, false, 0.125f}, rng);
+    test_attention_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f}, rng);
+    test_attention_window({2, 1024, 768, 6, 0, {5, 200}, true, 0.12f}, rng);
+    test_attention_window({2, 2048, 768, 12, 7, {0}, true, 0.125f}, rng);
+    test_attention_window({1, 2048, 768, 6, 16, {0, 1, 2, 3, 1000}, true, 0.12f}, rng);
+    test_attention_window({1, 384, 256, 4, 2, {}, true, 0.125f}, rng);  // no start at token 0
 #endif
   });
 }
