@@ -2536,6 +2536,42 @@ __device__ __forceinline__ void store_tile_column_sums(float* dst, float* warp_s
   }
 }
 
+// One step of the online softmax over a warp's 16 rows and a 64-key tile of scores s (C
+// fragments, unscaled; masked scores -inf), its probabilities left in s: the rows' running maxima
+// (in base-2 units, scores times scale_log2) and sums, and the output accumulator o, rescaled to the
+// new maxima. The running maximum must be finite after the update: each row has a visible key in
+// the first tile a kernel takes.
+template <int HS>
+__device__ __forceinline__ void online_softmax_update(float s[kTileRows / 8][4], float o[HS / 8][4], float row_max[2],
+                                                      float row_sum[2], float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kTileRows / 8; n++) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
+    const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
+    const float correction = exp2_ftz(row_max[r] - new_max);
+    row_max[r] = new_max;
+    row_sum[r] *= correction;
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; dn++) {
+      o[dn][2 * r] *= correction;
+      o[dn][2 * r + 1] *= correction;
+    }
+#pragma unroll
+    for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const float p = exp2_ftz(fmaf(s[n][2 * r + e], scale_log2, -new_max));
+        s[n][2 * r + e] = p;
+        row_sum[r] += p;
+      }
+    }
+  }
+}
+
 // Query rows per forward block are 64 per warpgroup: two warpgroups at head size 64 share each
 // key/value tile (half the copies and barriers per product of one-warpgroup blocks); at head
 // size 128 one warpgroup per block, so that 3 blocks fit an SM's registers.
@@ -2616,34 +2652,8 @@ __global__ void __launch_bounds__(forward_threads<HS>(), HS == 64 ? 2 : 3) atten
           }
         }
       }
-      // Rescale what was summed so far to the new row maximum. Every row has its key 0 in tile 0,
-      // so the maximum is finite from the start.
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kTileRows / 8; n++) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
-        const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
-        const float correction = exp2_ftz(row_max[r] - new_max);
-        row_max[r] = new_max;
-        row_sum[r] *= correction;
-#pragma unroll
-        for (int dn = 0; dn < HS / 8; dn++) {
-          o[dn][2 * r] *= correction;
-          o[dn][2 * r + 1] *= correction;
-        }
-#pragma unroll
-        for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const float p = exp2_ftz(fmaf(s[n][2 * r + e], scale_log2, -new_max));
-            s[n][2 * r + e] = p;
-            row_sum[r] += p;
-          }
-        }
-      }
+      // Every row has its key 0 in tile 0, so the maximum is finite from the start.
+      online_softmax_update<HS>(s, o, row_max, row_sum, scale_log2);
       accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
     }
     __syncthreads();  // the next iteration's copies overwrite the other buffer
@@ -2658,9 +2668,76 @@ __global__ void __launch_bounds__(forward_threads<HS>(), HS == 64 ? 2 : 3) atten
                  1.0f / row_sum[1]);
 }
 
-// ---- Document-causal attention within a window (DocumentWindow): the forward ----
+// ---- Which (query tile, key tile) pairs a kernel visits ----
+// The backward's mma.sync kernels serve causal attention and document-causal attention within a
+// window (DocumentWindow) alike, through a Pairs type: which query rows a key tile's dK/dV block
+// visits (in chunks that never straddle a 128-token block), which chunks take a mask and what it
+// hides, which key tiles a query tile's dQ block reads, and where a pair's dS tile lives.
+
+// Causal attention over each sequence: every query from the key tile's own on; the chunks that
+// reach above the diagonal are masked; the dS scratch holds the lower triangle (ds_tile_offset).
+struct CausalPairs {
+  int T, tiles;  // tiles: 64-row tiles of a sequence
+  __device__ int query_end(int) const { return T; }
+  __device__ bool sees(int, int, int) const { return true; }
+  __device__ bool masks(int, int q0, int kv_tile) const { return q0 < (kv_tile + 1) * kTileRows; }
+  __device__ int key_document(int, int) const { return 0; }
+  __device__ bool hidden(int, int q, int key, int) const { return q < key; }
+  __device__ int first_key_tile(int, int) const { return 0; }
+  __device__ size_t ds_tile(int bh, int q_tile, int kv_tile) const {
+    return ds_tile_offset(bh, q_tile, kv_tile, tiles);
+  }
+};
 
 constexpr int kTilesPerAttentionBlock = llmc::kAttentionBlock / kTileRows;
+
+// dS tiles a windowed backward keeps per query tile: its key tiles nearest first. A selection
+// holds at most max(window, 1) blocks, its own last, so a query tile's key tiles are at most that
+// many blocks' tiles back from it (and no more than the sequence's).
+__host__ __device__ inline int window_ds_slots(int window, int tiles) {
+  const int slots = kTilesPerAttentionBlock * (window > 1 ? window : 1);
+  return slots < tiles ? slots : tiles;
+}
+
+// Document-causal attention within dw's window: a query block sees the run of key blocks that
+// attention_blocks_select gives it; its full blocks take no mask, its partial ones the position
+// and the document. The dS scratch holds window_ds_slots tiles per query tile, slot d for key
+// tile q_tile - d. T a multiple of 128.
+struct WindowPairs {
+  DocumentWindow dw;
+  int T, tiles, slots;
+  __device__ llmc::AttentionBlockSelection selection(int b, int q_block) const {
+    return llmc::attention_blocks_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block,
+                                         dw.window);
+  }
+  __device__ int first_key_block(int b, int q_block) const {
+    const llmc::AttentionBlockSelection s = selection(b, q_block);
+    return q_block - s.full - s.partial + 1;
+  }
+  // A key block is seen by query blocks up to max(window, 1) - 1 blocks after it.
+  __device__ int query_end(int kv_tile) const {
+    return min(T, (kv_tile / kTilesPerAttentionBlock + max(dw.window, 1)) * llmc::kAttentionBlock);
+  }
+  __device__ bool sees(int b, int q0, int kv_tile) const {
+    return kv_tile / kTilesPerAttentionBlock >= first_key_block(b, q0 / llmc::kAttentionBlock);
+  }
+  __device__ bool masks(int b, int q0, int kv_tile) const {
+    const int q_block = q0 / llmc::kAttentionBlock, distance = q_block - kv_tile / kTilesPerAttentionBlock;
+    return distance < 1 || distance > selection(b, q_block).full;
+  }
+  __device__ int key_document(int b, int key) const { return dw.documents[(size_t)b * T + key]; }
+  __device__ bool hidden(int b, int q, int key, int key_doc) const {
+    return q < key || dw.documents[(size_t)b * T + q] != key_doc;
+  }
+  __device__ int first_key_tile(int b, int q_tile) const {
+    return first_key_block(b, q_tile / kTilesPerAttentionBlock) * kTilesPerAttentionBlock;
+  }
+  __device__ size_t ds_tile(int bh, int q_tile, int kv_tile) const {
+    return (((size_t)bh * tiles + q_tile) * slots + q_tile - kv_tile) * kDsTileElements;
+  }
+};
+
+// ---- Document-causal attention within a window (DocumentWindow): the forward ----
 
 template <int HS>
 constexpr size_t window_forward_smem_bytes() {
@@ -2687,7 +2764,7 @@ __device__ __forceinline__ void load_window_kv_tile(floatX* k_s, floatX* v_s, in
 // mma.sync path (cp.async), on every GPU; its speed against FlexAttention is the next measurement.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
-    floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2, DocumentWindow dw) {
+    floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2, WindowPairs pairs) {
   constexpr int kTile = kTileRows * HS;
   extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* q_s = reinterpret_cast<floatX*>(flash_smem);
@@ -2697,15 +2774,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
   const int q_tile = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int g = lane / 4, t = lane % 4, q0 = q_tile * kTileRows;
-  const int q_block = q_tile / kTilesPerAttentionBlock;
-  const llmc::AttentionBlockSelection selection =
-      llmc::attention_blocks_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, dw.window);
-  const int first_tile = (q_block - selection.full - selection.partial + 1) * kTilesPerAttentionBlock;
+  const int first_tile = pairs.first_key_tile(b, q_tile);
   const size_t ld = 3 * (size_t)C;
   const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
   const floatX* k_g = q_g + C;
   const floatX* v_g = q_g + 2 * C;
-  const int* docs_g = dw.documents + (size_t)b * T;
+  const int* docs_g = pairs.dw.documents + (size_t)b * T;
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const int row_doc[2] = {docs_g[row[0]], docs_g[row[1]]};
 
@@ -2725,8 +2799,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
     load_row_fragments<HS>(q_frag, q_s);
     float s[kTileRows / 8][4];
     multiply_by_rows<HS, kTileRows>(s, q_frag, k_s + buf * kTile);
-    const int distance = q_block - j / kTilesPerAttentionBlock;
-    if (distance < 1 || distance > selection.full) {  // a partial block: by document and position
+    if (pairs.masks(b, q0, j)) {  // a partial block: by document and position
 #pragma unroll
       for (int n = 0; n < kTileRows / 8; n++) {
 #pragma unroll
@@ -2736,32 +2809,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max * scale_log2);
-      const float correction = exp2_ftz(row_max[r] - new_max);
-      row_max[r] = new_max;
-      row_sum[r] *= correction;
-#pragma unroll
-      for (int dn = 0; dn < HS / 8; dn++) {
-        o[dn][2 * r] *= correction;
-        o[dn][2 * r + 1] *= correction;
-      }
-#pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const float p = exp2_ftz(fmaf(s[n][2 * r + e], scale_log2, -new_max));
-          s[n][2 * r + e] = p;
-          row_sum[r] += p;
-        }
-      }
-    }
+    online_softmax_update<HS>(s, o, row_max, row_sum, scale_log2);
     accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
     __syncthreads();  // the next iteration's copies overwrite this buffer
   }
@@ -3201,17 +3249,17 @@ __device__ __forceinline__ void store_dkdv(floatX* dqkv, float* tile_sums, unsig
   }
 }
 
-// dK and dV of one 64-row key tile (GPUs without sm_90a's bulk tensor copies, and head size 128;
-// Hopper at head size 64 launches attention_backward_flash_dkdv_tma_kernel below): the transposed
-// scores S^T = K Q^T are formed directly, so the probabilities P^T are in the layout that
-// multiplies dO (dV += P^T dO) and Q (dK += dS^T Q).
-// tile_sums (optional, [B * gridDim.x][3C]): the column sums of the tile's dK and dV rows.
-// At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and serialises
-// some wgmma, but the extra warps hide more latency (faster on the d12 shape).
-template <int HS>
+// dK and dV of one 64-row key tile over the query chunks that see it (Pairs: CausalPairs, or
+// WindowPairs on every GPU; causal attention on Hopper at head size 64 launches
+// attention_backward_flash_dkdv_tma_kernel below): the transposed scores S^T = K Q^T are formed
+// directly, so the probabilities P^T are in the layout that multiplies dO (dV += P^T dO) and Q
+// (dK += dS^T Q). tile_sums (optional, [B * gridDim.x][3C]): the column sums of the tile's dK and
+// dV rows. At head size 64, 3 blocks per SM (168 registers): ptxas then spills a few bytes and
+// serialises some wgmma, but the extra warps hide more latency (faster on the d12 shape).
+template <int HS, class Pairs>
 __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward_flash_dkdv_kernel(
     floatX* dqkv, float* tile_sums, floatX* ds, const floatX* qkv, const floatX* dout, const float* lse,
-    const float* dot, int T, int NH, float scale_log2, float scale) {
+    const float* dot, int T, int NH, float scale_log2, float scale, Pairs pairs) {
   constexpr int kQRows = dkdv_query_rows<HS>();
   constexpr int kKTile = kTileRows * HS, kQTile = kQRows * HS;
   extern __shared__ __align__(1024) unsigned char flash_smem[];
@@ -3231,18 +3279,26 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
   const floatX* do_g = dout + (size_t)b * T * C + h * HS;
   const float* lse_g = lse + (size_t)bh * T;
   const float* dot_g = dot + (size_t)bh * T;
-  const int first = kv0 / kQRows, last = ceil_div(T, kQRows) - 1;
+  // Chunk `first` holds the key tile's own rows, which every Pairs sees.
+  const int first = kv0 / kQRows, end = ceil_div(pairs.query_end(kv_tile), kQRows);
+  auto next_chunk = [&](int i) {
+    do {
+      i++;
+    } while (i < end && !pairs.sees(b, i * kQRows, kv_tile));
+    return i;
+  };
   load_tile<HS, kTileRows>(k_s, k_g, ld, kv0, T);
   load_tile<HS, kTileRows>(v_s, v_g, ld, kv0, T);
   load_query_tile<HS>(q_s, do_s, lse_s, dot_s, q_g, do_g, lse_g, dot_g, C, first, T);
   copy_async_commit();
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int kv_row[2] = {kv0 + warp * 16 + g, kv0 + warp * 16 + g + 8};
-  for (int i = first; i <= last; i++) {
-    const int buf = (i - first) % 2;
-    if (i < last) {
+  const int kv_doc[2] = {pairs.key_document(b, kv_row[0]), pairs.key_document(b, kv_row[1])};
+  for (int i = first, buf = 0, next; i < end; i = next, buf ^= 1) {
+    next = next_chunk(i);
+    if (next < end) {
       load_query_tile<HS>(q_s + (1 - buf) * kQTile, do_s + (1 - buf) * kQTile, lse_s + (1 - buf) * kQRows,
-                          dot_s + (1 - buf) * kQRows, q_g, do_g, lse_g, dot_g, C, i + 1, T);
+                          dot_s + (1 - buf) * kQRows, q_g, do_g, lse_g, dot_g, C, next, T);
       copy_async_commit();
       wait_tile_copies<1>();
     } else {
@@ -3253,8 +3309,6 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
     const floatX* do_tile = do_s + buf * kQTile;
     const float* lse_tile = lse_s + buf * kQRows;
     const float* dot_tile = dot_s + buf * kQRows;
-    // Only tiles that reach above the diagonal need the mask.
-    const bool on_diagonal = i * kQRows < kv0 + kTileRows;
     // S^T and dP^T, then dV and dK, are independent pairs: one batch each.
     float p[kQRows / 8][4], dp[kQRows / 8][4];
     uint32_t k_frag[HS / 16][4], v_frag[HS / 16][4];  // loaded where used, as in the forward kernel
@@ -3266,18 +3320,19 @@ __global__ void __launch_bounds__(kThreads, HS == 64 ? 3 : 1) attention_backward
     mma_batch_end();
     mma_result<kQRows / 8>(p);
     mma_result<kQRows / 8>(dp);
-    if (on_diagonal) {  // a key is hidden from the queries before it: score -inf, probability 0
+    if (pairs.masks(b, i * kQRows, kv_tile)) {  // a hidden key: score -inf, probability 0
 #pragma unroll
       for (int n = 0; n < kQRows / 8; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          if (i * kQRows + n * 8 + 2 * t + e % 2 < kv_row[e / 2]) p[n][e] = -INFINITY;
+          const int q = i * kQRows + n * 8 + 2 * t + e % 2;
+          if (pairs.hidden(b, q, kv_row[e / 2], kv_doc[e / 2])) p[n][e] = -INFINITY;
         }
       }
     }
     dkdv_step<HS, kQRows>(dk, dv, p, dp, lse_tile, dot_tile, scale_log2,
-                          ds + ds_tile_offset(bh, i * kQRows / kTileRows, kv_tile, gridDim.x),
-                          i * kQRows % kTileRows, q_tile, do_tile);
+                          ds + pairs.ds_tile(bh, i * kQRows / kTileRows, kv_tile), i * kQRows % kTileRows, q_tile,
+                          do_tile);
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
   store_dkdv<HS>(dqkv, tile_sums, flash_smem, dk, dv, b, h, kv_tile, gridDim.x, T, NH, scale);
@@ -3408,12 +3463,12 @@ __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
   }
 }
 
-// dQ = dS K of one 64-row query tile, looping over the key tiles at or below the diagonal with
-// the dS tiles the dK/dV kernel wrote. tile_sums as in the dK/dV kernel, for the dQ rows. Hopper
-// at head size 64 launches attention_backward_flash_dq_tma_kernel below.
-template <int HS>
+// dQ = dS K of one 64-row query tile, looping over the key tiles it sees (Pairs) with the dS
+// tiles the dK/dV kernel wrote. tile_sums as in the dK/dV kernel, for the dQ rows. Causal
+// attention on Hopper at head size 64 launches attention_backward_flash_dq_tma_kernel below.
+template <int HS, class Pairs>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
-    floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale) {
+    floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale, Pairs pairs) {
   constexpr int kTile = kTileRows * HS;
   extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // two buffers
@@ -3422,16 +3477,16 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
   const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, q0 = q_tile * kTileRows;
   const size_t ld = 3 * (size_t)C;
   const floatX* k_g = qkv + (size_t)b * T * ld + C + h * HS;
-  const floatX* ds_g = ds + ds_tile_offset(bh, q_tile, 0, gridDim.x);  // tiles j = 0..q_tile follow
-  load_tile<HS, kTileRows>(k_s, k_g, ld, 0, T);
-  load_ds_tile(ds_s, ds_g);
+  const int first = pairs.first_key_tile(b, q_tile);
+  load_tile<HS, kTileRows>(k_s, k_g, ld, first * kTileRows, T);
+  load_ds_tile(ds_s, ds + pairs.ds_tile(bh, q_tile, first));
   copy_async_commit();
   float dq[HS / 8][4] = {};
-  for (int j = 0; j <= q_tile; j++) {
-    const int buf = j % 2;
+  for (int j = first; j <= q_tile; j++) {
+    const int buf = (j - first) % 2;
     if (j < q_tile) {
       load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
-      load_ds_tile(ds_s + (1 - buf) * kDsTileElements, ds_g + (size_t)(j + 1) * kDsTileElements);
+      load_ds_tile(ds_s + (1 - buf) * kDsTileElements, ds + pairs.ds_tile(bh, q_tile, j + 1));
       copy_async_commit();
       wait_tile_copies<1>();
     } else {
@@ -3567,9 +3622,15 @@ void set_smem_limits() {
   if (done) return;
   cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HS>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)forward_smem_bytes<HS>()));
-  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS>,
+  cudaCheck(cudaFuncSetAttribute(attention_forward_window_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)window_forward_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS, CausalPairs>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
-  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS>,
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_kernel<HS, WindowPairs>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS, CausalPairs>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS, WindowPairs>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
   // The Hopper kernels' shared memory is more than some other GPUs allow a block.
   if (hopper_support().usable) {
@@ -3658,17 +3719,25 @@ void forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, f
   cudaCheckLaunch();
 }
 
+// scratch_dot [B, NH, T]: each row's dout . out, the softmax gradient's rowwise term.
+template <int HS>
+void backward_row_dots(float* scratch_dot, const floatX* dout, const floatX* out, int B, int T, int NH,
+                       cudaStream_t stream) {
+  const size_t dot_threads = (size_t)B * T * NH * (HS / x128::size);
+  attention_backward_flash_dot_kernel<HS><<<ceil_div(dot_threads, 256), 256, 0, stream>>>(
+      scratch_dot, dout, out, B, T, NH);
+  cudaCheckLaunch();
+}
+
 template <int HS>
 void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
               const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
               cudaStream_t stream) {
   set_smem_limits<HS>();
-  const size_t dot_threads = (size_t)B * T * NH * (HS / x128::size);
-  attention_backward_flash_dot_kernel<HS><<<ceil_div(dot_threads, 256), 256, 0, stream>>>(
-      scratch_dot, dout, out, B, T, NH);
-  cudaCheckLaunch();
+  backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
+  const CausalPairs pairs{T, (int)grid.x};
   const bool hopper = HS == 64 && hopper_support().usable;
   const CUtensorMap qkv_map = hopper ? sequence_tensor_map(qkv, B, T, 3 * NH * HS) : CUtensorMap{};
   if (hopper && T % 4 == 0) {
@@ -3680,7 +3749,7 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
         scale_log2, scale);
   } else {
     attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
-        dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale);
+        dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale, pairs);
   }
   cudaCheckLaunch();
   if (hopper) {
@@ -3688,23 +3757,39 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
         qkv_map, dqkv, tile_sums, scratch_ds, T, NH, scale);
   } else {
     attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-        dqkv, tile_sums, qkv, scratch_ds, T, NH, scale);
+        dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs);
   }
   cudaCheckLaunch();
+}
+
+WindowPairs window_pairs(const DocumentWindow& dw, int T) {
+  const int tiles = T / kTileRows;
+  return {dw, T, tiles, window_ds_slots(dw.window, tiles)};
 }
 
 template <int HS>
 void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, float scale,
                     const DocumentWindow& dw, cudaStream_t stream) {
-  static bool limit_set = false;
-  if (!limit_set) {
-    cudaCheck(cudaFuncSetAttribute(attention_forward_window_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)window_forward_smem_bytes<HS>()));
-    limit_set = true;
-  }
+  set_smem_limits<HS>();
   const dim3 grid(T / kTileRows, B * NH);
   attention_forward_window_kernel<HS><<<grid, kThreads, window_forward_smem_bytes<HS>(), stream>>>(
-      out, lse, qkv, T, NH, scale_in_log2_units(scale), dw);
+      out, lse, qkv, T, NH, scale_in_log2_units(scale), window_pairs(dw, T));
+  cudaCheckLaunch();
+}
+
+template <int HS>
+void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
+                     const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
+                     const DocumentWindow& dw, cudaStream_t stream) {
+  set_smem_limits<HS>();
+  backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
+  const WindowPairs pairs = window_pairs(dw, T);
+  const dim3 grid(T / kTileRows, B * NH);
+  attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
+      dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_in_log2_units(scale), scale, pairs);
+  cudaCheckLaunch();
+  attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
+      dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs);
   cudaCheckLaunch();
 }
 }  // namespace flash
@@ -3750,6 +3835,17 @@ void attention_forward_window(floatX* out, float* lse, const floatX* qkv, int B,
 #endif
 }
 
+// Elements of attention_backward_window's dS scratch for windows of up to max_window blocks.
+size_t attention_window_ds_count(int B, int T, int NH, int max_window) {
+#if !defined(ENABLE_FP32)
+  const int tiles = T / 64;
+  return (size_t)B * NH * tiles * flash::window_ds_slots(max_window, tiles) * 64 * 64;
+#else
+  (void)B, (void)T, (void)NH, (void)max_window;
+  return 0;
+#endif
+}
+
 // Elements of the flash backward's dS scratch: the 64x64 tiles at or below the diagonal.
 size_t attention_flash_ds_count(int B, int T, int NH) {
   const size_t tiles = ceil_div(T, 64);
@@ -3773,6 +3869,29 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
   else flash::backward<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, stream);
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scale, (void)stream;
+#endif
+}
+
+// attention_backward_flash's dqkv (and tile_sums) for attention_forward_window's attention:
+// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w >= dw.window.
+void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
+                               const floatX* dout, const floatX* qkv, const floatX* out, const float* lse, int B,
+                               int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream) {
+  const int HS = C / NH;
+  REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
+  REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
+          llmc::kAttentionBlock, T);
+#if !defined(ENABLE_FP32)
+  if (HS == 64) {
+    flash::backward_window<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
+                               stream);
+  } else {
+    flash::backward_window<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
+                                stream);
+  }
+#else
+  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
+      (void)B, (void)scale, (void)dw, (void)stream;
 #endif
 }
 

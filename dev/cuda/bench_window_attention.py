@@ -7,10 +7,14 @@ TFLOP/s are counted on the visible blocks (the blocks the mask selects, 4 * 128^
 block and head forward, 2.5 times that backward), whatever an implementation computes. The
 documents are random (lengths drawn from a geometric distribution, --document_mean tokens on
 average) unless --shard gives a token shard, whose first T tokens after a document start are used.
-Each window's FlexAttention output is checked against the dense mask's. Writes OUT_DIR/window_attention.md.
+Each window's FlexAttention output is checked against the dense mask's. With --ours (the BF16
+build's bench_attention), our windowed kernels run on the same tokens and windows, and the table
+gives their times and the ratio of FlexAttention's forward + backward time to ours. Writes
+OUT_DIR/window_attention.md.
 """
 import argparse
 import os
+import subprocess
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -83,6 +87,25 @@ def dense_row(args, tokens, lists, q, k, v, dout, flex_out):
         return ["out of memory", "-", "-"]
 
 
+def our_times(args, tokens, windows):
+    """{window: (forward ms, backward ms)} of our kernels (bench_attention --window) on `tokens`."""
+    if not args.ours:
+        return {}
+    path = os.path.join(args.out_dir, "window_tokens.bin")
+    tokens.numpy().astype(np.int32).tofile(path)
+    command = [args.ours, "--window", path, str(args.heads), str(args.head_size)] + [str(w) for w in windows]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"bench_window_attention.py: {' '.join(command)} failed:\n{result.stdout}{result.stderr}")
+    times = {}
+    for line in result.stdout.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "window":
+            times[int(fields[1])] = (float(fields[fields.index("forward_ms") + 1]),
+                                     float(fields[fields.index("backward_ms") + 1]))
+    return times
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
@@ -94,6 +117,7 @@ def main():
     p.add_argument("--shard", default="", help="take the documents of this token shard")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--dense", type=int, default=1, help="1: also SDPA with the dense mask")
+    p.add_argument("--ours", default="", help="our bench_attention binary (BF16 build): time ours too")
     args = p.parse_args()
     if args.seq_len % BLOCK != 0:
         sys.exit(f"bench_window_attention.py: --seq_len {args.seq_len} is not a multiple of {BLOCK}")
@@ -109,13 +133,16 @@ def main():
                            requires_grad=True) for _ in range(3))
     dout = torch.randn(1, NH, T, HS, device="cuda", dtype=torch.bfloat16, generator=generator)
     documents = int((tokens == train_gpt2.DOCUMENT_START).sum())
+    windows = [int(w) for w in args.windows.split(",")]
+    ours = our_times(args, tokens, windows)
     lines = [f"T = {T}, {NH} heads of {HS}, {documents} documents"
              f" ({'from ' + args.shard if args.shard else f'random, mean {args.document_mean:g} tokens'}),"
              f" {torch.cuda.get_device_name()}, PyTorch {torch.__version__}", "",
              "| window (blocks) | visible blocks | flex fwd ms | flex bwd ms | flex fwd TFLOP/s | "
-             "flex bwd TFLOP/s | dense SDPA fwd ms | dense SDPA bwd ms | max abs diff |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for window in (int(w) for w in args.windows.split(",")):
+             "flex bwd TFLOP/s | ours fwd ms | ours bwd ms | ours fwd TFLOP/s | ours bwd TFLOP/s | "
+             "flex / ours (fwd + bwd) | dense SDPA fwd ms | dense SDPA bwd ms | max abs diff |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for window in windows:
         lists = train_gpt2.attention_block_lists(tokens, window)
         visible = int(lists[0].sum() + lists[2].sum())
         flops = 4.0 * BLOCK * BLOCK * HS * NH * visible
@@ -123,6 +150,12 @@ def main():
         fwd, bwd, out = time_forward_backward(lambda a, b, c: flex(a, b, c, block_mask=block_mask), q, k, v, dout)
         row = [f"{window}", f"{visible}", f"{fwd:.3f}", f"{bwd:.3f}", f"{flops / fwd / 1e9:.1f}",
                f"{2.5 * flops / bwd / 1e9:.1f}"]
+        if window in ours:
+            our_fwd, our_bwd = ours[window]
+            row += [f"{our_fwd:.3f}", f"{our_bwd:.3f}", f"{flops / our_fwd / 1e9:.1f}",
+                    f"{2.5 * flops / our_bwd / 1e9:.1f}", f"{(fwd + bwd) / (our_fwd + our_bwd):.2f}"]
+        else:
+            row += ["-"] * 5
         row += dense_row(args, tokens, lists, q, k, v, dout, out)
         lines.append("| " + " | ".join(row) + " |")
         print(lines[-1], flush=True)

@@ -8,8 +8,9 @@
 // backward gets the GPU forward's att on both sides, so only the backward's own rounding shows.
 // The flash kernels are also run at head size 128 and against the CPU's FP32 att; their
 // logsumexp is checked against one computed in double precision, and the order in which their
-// blocks take the (tile, head) pairs is checked to cover each pair once. The windowed forward
-// (attention_forward_window: documents, windows of 0 to 16 blocks) against the CPU in double.
+// blocks take the (tile, head) pairs is checked to cover each pair once. The windowed attention
+// (attention_forward_window, attention_backward_window: documents, windows of 0 to 16 blocks)
+// against the CPU in double.
 #include "dev/cuda/kernel_test.h"
 
 #if defined(ENABLE_FP32)
@@ -190,75 +191,120 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
 #endif
 
 #if !defined(ENABLE_FP32)
-// Document-causal attention within a window (attention_forward_window) against the CPU in double
-// precision, with the mask of its definition: key u is visible to query t when u <= t, both lie in
-// one document, and u's 128-token block is in the run that llmc::attention_blocks_select (tested
-// against train_gpt2.py's port of the reference) gives t's block. `starts`: the document starts
-// of every row (each row also gets random ones when `random_starts`), T a multiple of 128.
+// Document-causal attention within a window (attention_forward_window, attention_backward_window)
+// against the CPU in double precision, with the mask of its definition: key u is visible to query
+// t when u <= t, both lie in one document, and u's 128-token block is in the run that
+// llmc::attention_blocks_select (tested against train_gpt2.py's port of the reference) gives t's
+// block. `starts`: the document starts of every row (each row also gets random ones when
+// `random_starts`), T a multiple of 128. The backward's scratch is sized for `max_window`.
 struct WindowCase {
   int B, T, C, NH, window;
   std::vector<int> starts;
   bool random_starts;
   float scale;
+  int max_window;
 };
 
-void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
-  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH, blocks = T / llmc::kAttentionBlock;
-  printf("\nwindowed attention B=%d T=%d NH=%d (head size %d), window %d, %zu starts%s\n", B, T, NH, HS,
-         w.window, w.starts.size(), w.random_starts ? " and random ones" : "");
+// The rows' document ids (the number of starts up to each token) and block spans.
+struct DocumentRows {
+  std::vector<int> documents;
+  std::vector<llmc::AttentionBlockSpan> spans;
+};
+
+DocumentRows window_case_documents(const WindowCase& w, llmc::Rng& rng) {
   constexpr int kStart = 50256;
-  std::vector<int> tokens((size_t)B * T, 0), documents((size_t)B * T);
-  std::vector<llmc::AttentionBlockSpan> spans((size_t)B * blocks);
+  const int B = w.B, T = w.T, blocks = T / llmc::kAttentionBlock;
+  DocumentRows rows{std::vector<int>((size_t)B * T), std::vector<llmc::AttentionBlockSpan>((size_t)B * blocks)};
+  std::vector<int> tokens((size_t)B * T, 0);
   for (int b = 0; b < B; b++) {
     int* row = tokens.data() + (size_t)b * T;
     for (int start : w.starts) row[start] = kStart;
     if (w.random_starts) {
       for (int k = 0; k < T / 300 + 1; k++) row[rng.u32() % T] = kStart;
     }
-    for (int t = 0, document = 0; t < T; t++) documents[(size_t)b * T + t] = document += row[t] == kStart;
-    llmc::attention_block_spans(row, T, kStart, spans.data() + (size_t)b * blocks);
+    for (int t = 0, document = 0; t < T; t++) rows.documents[(size_t)b * T + t] = document += row[t] == kStart;
+    llmc::attention_block_spans(row, T, kStart, rows.spans.data() + (size_t)b * blocks);
   }
-  const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
-  const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f);
-  std::vector<float> ref_out(n), ref_lse(n_lse);
+  return rows;
+}
+
+// out, lse (base 2) and, from dout, dqkv of the windowed attention, in double precision.
+struct WindowReference {
+  std::vector<float> out, lse, dqkv;
+};
+
+WindowReference window_reference(const WindowCase& w, const DocumentRows& rows, const std::vector<float>& qkv,
+                                 const std::vector<float>& dout) {
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH, blocks = T / llmc::kAttentionBlock;
+  WindowReference ref{std::vector<float>((size_t)B * T * C), std::vector<float>((size_t)B * NH * T),
+                      std::vector<float>((size_t)B * T * 3 * C)};
+  std::vector<double> dqkv(ref.dqkv.size(), 0.0);
+  auto at = [&](int b, int t, int part, int h) { return ((size_t)b * T + t) * 3 * C + part * C + h * HS; };
   for (int b = 0; b < B; b++) {
     for (int t = 0; t < T; t++) {
       const int q_block = t / llmc::kAttentionBlock;
       const llmc::AttentionBlockSelection sel =
-          llmc::attention_blocks_select(spans[(size_t)b * blocks + q_block], q_block, w.window);
-      const int first_key = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock;
+          llmc::attention_blocks_select(rows.spans[(size_t)b * blocks + q_block], q_block, w.window);
+      std::vector<int> keys;
+      for (int u = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock; u <= t; u++) {
+        if (rows.documents[(size_t)b * T + u] == rows.documents[(size_t)b * T + t]) keys.push_back(u);
+      }
       for (int h = 0; h < NH; h++) {
-        const float* q = &qkv[((size_t)b * T + t) * 3 * C + h * HS];
-        std::vector<double> scores;
-        std::vector<int> keys;
-        double max_score = -INFINITY;
-        for (int u = first_key; u <= t; u++) {
-          if (documents[(size_t)b * T + u] != documents[(size_t)b * T + t]) continue;
-          const float* k = &qkv[((size_t)b * T + u) * 3 * C + C + h * HS];
+        const float* q = &qkv[at(b, t, 0, h)];
+        const float* dy = &dout[((size_t)b * T + t) * C + h * HS];
+        std::vector<double> p(keys.size()), dp(keys.size());
+        double max_score = -INFINITY, sum = 0.0, row_dot = 0.0;
+        for (size_t i = 0; i < keys.size(); i++) {
+          const float* k = &qkv[at(b, keys[i], 1, h)];
           double dot = 0.0;
           for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
-          scores.push_back(dot * w.scale);
-          keys.push_back(u);
-          max_score = std::max(max_score, scores.back());
+          p[i] = dot * w.scale;
+          max_score = std::max(max_score, p[i]);
         }
-        double sum = 0.0;
+        for (double& x : p) sum += x = std::exp(x - max_score);
         std::vector<double> y(HS, 0.0);
         for (size_t i = 0; i < keys.size(); i++) {
-          const double p = std::exp(scores[i] - max_score);
-          sum += p;
-          const float* v = &qkv[((size_t)b * T + keys[i]) * 3 * C + 2 * C + h * HS];
-          for (int d = 0; d < HS; d++) y[d] += p * v[d];
+          p[i] /= sum;
+          const float* v = &qkv[at(b, keys[i], 2, h)];
+          for (int d = 0; d < HS; d++) {
+            y[d] += p[i] * v[d];
+            dp[i] += (double)dy[d] * v[d];
+          }
+          row_dot += p[i] * dp[i];
         }
-        for (int d = 0; d < HS; d++) ref_out[((size_t)b * T + t) * C + h * HS + d] = (float)(y[d] / sum);
-        ref_lse[((size_t)b * NH + h) * T + t] = (float)((max_score + std::log(sum)) / std::log(2.0));
+        for (int d = 0; d < HS; d++) ref.out[((size_t)b * T + t) * C + h * HS + d] = (float)y[d];
+        ref.lse[((size_t)b * NH + h) * T + t] = (float)((max_score + std::log(sum)) / std::log(2.0));
+        for (size_t i = 0; i < keys.size(); i++) {
+          const double ds = p[i] * (dp[i] - row_dot) * w.scale;
+          const float* k = &qkv[at(b, keys[i], 1, h)];
+          for (int d = 0; d < HS; d++) {
+            dqkv[at(b, t, 0, h) + d] += ds * k[d];
+            dqkv[at(b, keys[i], 1, h) + d] += ds * q[d];
+            dqkv[at(b, keys[i], 2, h) + d] += p[i] * dy[d];
+          }
+        }
       }
     }
   }
-  DeviceArray<floatX> d_qkv(qkv), out(n);
-  DeviceArray<float> lse(n_lse);
-  DeviceArray<int> d_documents(documents);
-  DeviceArray<llmc::AttentionBlockSpan> d_spans(spans.size());
-  cudaCheck(cudaMemcpy(d_spans, spans.data(), spans.size() * sizeof(spans[0]), cudaMemcpyHostToDevice));
+  for (size_t i = 0; i < dqkv.size(); i++) ref.dqkv[i] = (float)dqkv[i];
+  return ref;
+}
+
+void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
+  printf("\nwindowed attention B=%d T=%d NH=%d (head size %d), window %d (scratch for %d), %zu starts%s\n", B, T,
+         NH, HS, w.window, w.max_window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  const DocumentRows rows = window_case_documents(w, rng);
+  const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+  const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
+  const WindowReference ref = window_reference(w, rows, qkv, dout);
+  DeviceArray<floatX> d_qkv(qkv), out(n), d_dout(dout), dqkv(3 * n), ds(attention_window_ds_count(B, T, NH, w.max_window));
+  DeviceArray<float> lse(n_lse), dot(n_lse);
+  const int tile_rows = attention_flash_tile_rows(B, T);
+  DeviceArray<float> tile_sums((size_t)tile_rows * 3 * C);
+  DeviceArray<int> d_documents(rows.documents);
+  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
+  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
   const DocumentWindow dw = {d_spans, d_documents, w.window};
   auto forward = [&] {
     out.poison();
@@ -267,12 +313,39 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   };
   forward();
   const std::vector<float> got_out = out.download();
-  check_close("window forward out", got_out, ref_out, kTolAttention);
-  testing::check_tensor_norm("window forward out", got_out.data(), ref_out.data(), n, kTolAttentionNorm);
-  check_close("window forward lse", lse.download(), ref_lse, kTolFP32);
-  const Snapshot bits(out, lse);
+  check_close("window forward out", got_out, ref.out, kTolAttention);
+  testing::check_tensor_norm("window forward out", got_out.data(), ref.out.data(), n, kTolAttentionNorm);
+  check_close("window forward lse", lse.download(), ref.lse, kTolFP32);
+  const Snapshot forward_bits(out, lse);
   forward();
-  check_same_bits("window forward twice", bits, Snapshot(out, lse));
+  check_same_bits("window forward twice", forward_bits, Snapshot(out, lse));
+
+  auto backward = [&](bool sums) {
+    dqkv.poison();
+    ds.poison();
+    tile_sums.poison();
+    attention_backward_window(dqkv, sums ? (float*)tile_sums : nullptr, dot, ds, d_dout, d_qkv, out, lse, B, T, C,
+                              NH, w.scale, dw, 0);
+  };
+  backward(false);
+  const Snapshot no_sums_bits(dqkv);
+  backward(true);
+  const std::vector<float> got_dqkv = dqkv.download();
+  check_close("window backward dqkv", got_dqkv, ref.dqkv, kTolAttention);
+  testing::check_tensor_norm("window backward dqkv", got_dqkv.data(), ref.dqkv.data(), 3 * n, kTolAttentionNorm);
+  std::vector<float> ref_sums((size_t)tile_rows * 3 * C, 0.0f);
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      float* sums = ref_sums.data() + ((size_t)b * (T / 64) + t / 64) * 3 * C;
+      const float* row = got_dqkv.data() + ((size_t)b * T + t) * 3 * C;
+      for (int c = 0; c < 3 * C; c++) sums[c] += row[c];
+    }
+  }
+  check_close("window backward dqkv tile sums", tile_sums.download(), ref_sums, kTolFP32);
+  check_same_bits("window backward dqkv without tile sums", no_sums_bits, Snapshot(dqkv));
+  const Snapshot backward_bits(dqkv, tile_sums);
+  backward(true);
+  check_same_bits("window backward twice", backward_bits, Snapshot(dqkv, tile_sums));
 }
 
 // Every (tile rank, head) pair of a causal grid is the work of exactly one block, for tails of
@@ -326,13 +399,15 @@ int main() {
     // Documents and windows: one document over the sequence; starts on block edges and off them;
     // documents of one token; windows of 0 (the short window of 1) to 16 blocks; head sizes 64
     // and 128; the modern scale.
-    test_attention_window({2, 512, 768, 12, 1, {0}, false, 0.125f}, rng);
-    test_attention_window({2, 512, 768, 12, 4, {0}, false, 0.125f}, rng);
-    test_attention_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f}, rng);
-    test_attention_window({2, 1024, 768, 6, 0, {5, 200}, true, 0.12f}, rng);
-    test_attention_window({2, 2048, 768, 12, 7, {0}, true, 0.125f}, rng);
-    test_attention_window({1, 2048, 768, 6, 16, {0, 1, 2, 3, 1000}, true, 0.12f}, rng);
-    test_attention_window({1, 384, 256, 4, 2, {}, true, 0.125f}, rng);  // no start at token 0
+    test_attention_window({2, 512, 768, 12, 1, {0}, false, 0.125f, 1}, rng);
+    test_attention_window({2, 512, 768, 12, 4, {0}, false, 0.125f, 4}, rng);
+    test_attention_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 14}, rng);
+    test_attention_window({2, 1024, 768, 6, 0, {5, 200}, true, 0.12f, 0}, rng);
+    test_attention_window({2, 2048, 768, 12, 7, {0}, true, 0.125f, 7}, rng);
+    test_attention_window({1, 2048, 768, 6, 16, {0, 1, 2, 3, 1000}, true, 0.12f, 16}, rng);
+    test_attention_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
+    // A long row: a window far shorter than the sequence, most key tiles unseen by most queries.
+    test_attention_window({1, 8192, 768, 6, 5, {0, 3000, 3001, 6000}, true, 0.12f, 14}, rng);
 #endif
   });
 }
