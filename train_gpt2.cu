@@ -2572,6 +2572,22 @@ __device__ __forceinline__ void online_softmax_update(float s[kTileRows / 8][4],
   }
 }
 
+// The end of a forward for a warp's 16 rows from r0: the rows' sums completed over the quad, lse
+// (base 2) and out = o / sum stored (rows past T left out). out_g, lse_g: the sequence's and
+// head's first row.
+template <int HS>
+__device__ __forceinline__ void store_forward_rows(floatX* out_g, float* lse_g, int C, int T, int r0,
+                                                   const float o[HS / 8][4], const float row_max[2], float row_sum[2]) {
+  const int lane = threadIdx.x % WARP_SIZE, row[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
+    if (lane % 4 == 0 && row[r] < T) lse_g[row[r]] = row_max[r] + log2f(row_sum[r]);
+  }
+  store_rows<HS>(out_g, C, r0, T, o, 1.0f / row_sum[0], 1.0f / row_sum[1]);
+}
+
 // Query rows per forward block are 64 per warpgroup: two warpgroups at head size 64 share each
 // key/value tile (half the copies and barriers per product of one-warpgroup blocks); at head
 // size 128 one warpgroup per block, so that 3 blocks fit an SM's registers.
@@ -2658,14 +2674,8 @@ __global__ void __launch_bounds__(forward_threads<HS>(), HS == 64 ? 2 : 3) atten
     }
     __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
-    if (t == 0 && row[r] < T) lse[(size_t)bh * T + row[r]] = row_max[r] + log2f(row_sum[r]);
-  }
-  store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0],
-                 1.0f / row_sum[1]);
+  store_forward_rows<HS>(out + (size_t)b * T * C + h * HS, lse + (size_t)bh * T, C, T, q0 + warp * 16, o, row_max,
+                         row_sum);
 }
 
 // ---- Which (query tile, key tile) pairs a kernel visits ----
@@ -2760,8 +2770,8 @@ __device__ __forceinline__ void load_window_kv_tile(floatX* k_s, floatX* v_s, in
 // its own down to the run's first: the first tile holds each row's own key, so the running
 // maximum is finite from the start, and a row that a later tile masks whole (keys of an earlier
 // document) adds nothing to it. The tiles of full blocks take no mask; the others the document
-// and the position. A first version: one warpgroup a block, the copies of the causal forward's
-// mma.sync path (cp.async), on every GPU; its speed against FlexAttention is the next measurement.
+// and the position. One warpgroup a block, the copies of the causal forward's mma.sync path
+// (cp.async); Hopper launches attention_forward_window_tma_kernel below.
 template <int HS>
 __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
     floatX* out, float* lse, const floatX* qkv, int T, int NH, float scale_log2, WindowPairs pairs) {
@@ -2813,13 +2823,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
     accumulate_product<HS, kTileRows>(o, s, v_s + buf * kTile);
     __syncthreads();  // the next iteration's copies overwrite this buffer
   }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
-    if (t == 0) lse[(size_t)bh * T + row[r]] = row_max[r] + log2f(row_sum[r]);
-  }
-  store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0], 1.0f / row_sum[1]);
+  store_forward_rows<HS>(out + (size_t)b * T * C + h * HS, lse + (size_t)bh * T, C, T, q0 + warp * 16, o, row_max,
+                         row_sum);
 }
 
 // ---- Flash forward on Hopper: bulk tensor copies, barriers in shared memory, 128-key tiles ----
@@ -2875,6 +2880,15 @@ __device__ __forceinline__ void tma_load_box(floatX* dst, const CUtensorMap* map
       "[%5];\n" ::"r"(shared_address(dst)),
       "l"((uint64_t)map), "r"(column), "r"(row), "r"(seq), "r"(shared_address(bar))
       : "memory");
+}
+
+// `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) into shared memory,
+// completing on bar.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   shared_address(dst)),
+               "l"(src), "r"(bytes), "r"(shared_address(bar))
+               : "memory");
 }
 
 // d[64 x N] (+)= a[64 x 16] b[16 x N] over the warpgroup, both operands K-major in shared
@@ -2946,16 +2960,30 @@ struct ProductTurns {
   }
 };
 
+// What a masked tile of the Hopper forward hides from query `row` (its r-th of the lane's two):
+// the keys after it (the causal diagonal), and in DocumentMask also the keys of other documents
+// (key_docs: the documents of the tile's keys, c the key's column in the tile).
+struct CausalMask {
+  __device__ bool hidden(int key, int, int row, int) const { return key > row; }
+};
+struct DocumentMask {
+  const int* key_docs;
+  int row_doc[2];
+  __device__ bool hidden(int key, int c, int row, int r) const { return key > row || key_docs[c] != row_doc[r]; }
+};
+
 // One key tile of the Hopper forward for a warpgroup: S = Q K^T over the tile's first KEYS keys
 // (of kTileKeys rows in shared memory), the online softmax update of the warp's 16 rows, and
 // O += P V. The maxima are in base-2 units (scores times scale_log2), the scale applied inside the
 // exponent's multiply-add; every row has its key 0 in tile 0, so the maximum is finite from the
-// start. kMask: the diagonal tile, whose keys after each query (key0 is its first key) are masked.
-// turns: the warpgroup's turns at issuing products, the last of them in this tile if last_tile.
-template <int HS, int kTileKeys, int KEYS, bool kMask>
+// start (the windowed forward takes each row's own key first). kMask: the tile's keys (key0 its
+// first) are masked as `mask` says. turns: the warpgroup's turns at issuing products, the last of
+// them in this tile if last_tile.
+template <int HS, int kTileKeys, int KEYS, bool kMask, class Mask = CausalMask>
 __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2], float row_sum[2], uint64_t q_desc,
                                              uint64_t k_desc, uint64_t v_desc, int key0, const int row[2],
-                                             float scale_log2, const ProductTurns& turns, bool last_tile) {
+                                             float scale_log2, const ProductTurns& turns, bool last_tile,
+                                             const Mask& mask = Mask()) {
   constexpr int kChunks = HS / 64;
   constexpr bool kValueTurns = value_products_take_turns<HS>();
   const int t = threadIdx.x % 4;
@@ -2974,12 +3002,13 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
   turns.pass(last_tile && !kValueTurns);
   wgmma_wait_all();
   mma_result<KEYS / 8>(s);
-  if (kMask) {  // the diagonal tile: mask the keys after each query
+  if (kMask) {
 #pragma unroll
     for (int n = 0; n < KEYS / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        if (key0 + n * 8 + 2 * t + e % 2 > row[e / 2]) s[n][e] = -INFINITY;
+        const int c = n * 8 + 2 * t + e % 2;
+        if (mask.hidden(key0 + c, c, row[e / 2], e / 2)) s[n][e] = -INFINITY;
       }
     }
   }
@@ -3068,7 +3097,7 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
   const CausalBlockWork work = causal_block_work(tail_heads);
   const int block_tile = gridDim.x - 1 - work.rank, bh = work.bh, b = bh / NH, h = bh % NH;
   const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
-  const int g = lane / 4, t = lane % 4, C = NH * HS;
+  const int g = lane / 4, C = NH * HS;
   const int block_q0 = block_tile * kBlockRows, q0 = block_q0 + group * kTileRows;
   // Key tile j holds keys j*kKeys ..; a warpgroup's last is the one with its last row's key
   // (rows past T have none of their own: they stop with the block's last valid row).
@@ -3143,14 +3172,113 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
       }
     }
   }
+  store_forward_rows<HS>(out + (size_t)b * T * C + h * HS, lse + (size_t)bh * T, C, T, q0 + warp * 16, o, row_max,
+                         row_sum);
+#else
+  __trap();  // launched only where hopper_support().usable
+#endif
+}
+
+// ---- The windowed forward on Hopper ----
+// attention_forward_window_kernel's work with the causal Hopper forward's structure: block
+// (i, bh) takes query block i (128 rows, 64 per warpgroup) of head bh, and its key tiles of 128
+// are the key blocks of its run, from its own down (each row's own key comes first, so its
+// maximum is finite from the first tile). Both warpgroups read every tile, so the causal kernel's
+// refill by the last warp done with a stage carries over. A stage also holds its keys' documents
+// (one bulk copy), which the partial blocks' mask reads.
+template <int HS>
+constexpr size_t tma_window_forward_smem_bytes() {
+  return tma_forward_smem_bytes<HS>() + kTmaForwardStages * kTmaForwardKeys * sizeof(int);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attention_forward_window_tma_kernel(
+    const __grid_constant__ CUtensorMap qkv_map, floatX* out, float* lse, int T, int NH, float scale_log2,
+    WindowPairs pairs) {
+#if FLASH_WGMMA
+  constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages, kChunks = HS / 64;
+  constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
+  static_assert(kKeys == llmc::kAttentionBlock, "a key tile is a key block");
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);          // a 64-row tile per warpgroup
+  floatX* kv_s = q_s + kTmaForwardGroups * kTileRows * HS;       // stage s: key tile, value tile
+  int* docs_s = reinterpret_cast<int*>(kv_s + kStages * 2 * kKeys * HS);  // stage s: its keys' documents
+  uint64_t* full = reinterpret_cast<uint64_t*>(docs_s + kStages * kKeys);  // per stage
+  uint64_t* q_full = full + kStages;
+  int* done_warps = reinterpret_cast<int*>(q_full + 1);  // per stage, over all its fills
+  const int q_block = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int C = NH * HS, block_q0 = q_block * kKeys, q0 = block_q0 + group * kTileRows;
+  const int tiles = q_block - pairs.first_key_block(b, q_block) + 1;  // tile i: key block q_block - i
+  const int* docs_g = pairs.dw.documents + (size_t)b * T;
+  auto load_kv_tile = [&](int i) {
+    const int stage = i % kStages, key0 = (q_block - i) * kKeys;
+    floatX* k_tile = kv_s + stage * 2 * kKeys * HS;
+    floatX* v_tile = k_tile + kKeys * HS;
+    barrier_expect_bytes(&full[stage], 2 * kTileBytes + kKeys * sizeof(int));
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffff, row_sum[r], 2);
-    if (t == 0 && row[r] < T) lse[(size_t)bh * T + row[r]] = row_max[r] + log2f(row_sum[r]);
+    for (int c = 0; c < kChunks; c++) {
+#pragma unroll
+      for (int r = 0; r < kKeys; r += 64) {
+        tma_load_box(k_tile + (c * kKeys + r) * 64, &qkv_map, C + h * HS + c * 64, key0 + r, b, &full[stage]);
+        tma_load_box(v_tile + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, key0 + r, b, &full[stage]);
+      }
+    }
+    bulk_copy_to_shared(docs_s + stage * kKeys, docs_g + key0, kKeys * sizeof(int), &full[stage]);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) done_warps[s] = 0;
+    copy_barriers_init(full, kStages + 1);  // and q_full
+    barrier_expect_bytes(q_full, kTmaForwardGroups * kTileRows * HS * sizeof(floatX));
+#pragma unroll
+    for (int gr = 0; gr < kTmaForwardGroups; gr++) {
+#pragma unroll
+      for (int c = 0; c < kChunks; c++) {
+        tma_load_box(q_s + (gr * kChunks + c) * kTileRows * 64, &qkv_map, h * HS + c * 64, block_q0 + gr * kTileRows, b,
+                     q_full);
+      }
+    }
+    for (int i = 0; i < kStages && i < tiles; i++) load_kv_tile(i);
   }
-  store_rows<HS>(out + (size_t)b * T * C + h * HS, C, q0 + warp * 16, T, o, 1.0f / row_sum[0],
-                 1.0f / row_sum[1]);
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  float o[HS / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+  const int row_doc[2] = {docs_g[row[0]], docs_g[row[1]]};
+  // The causal kernel's descriptors.
+  const uint64_t q_desc = wgmma_descriptor(q_s + group * kTileRows * HS, 16, 1024);
+  const uint64_t kv_desc = wgmma_descriptor(kv_s, 16, 1024);
+  const uint64_t v_desc0 = wgmma_descriptor(kv_s + kKeys * HS, kKeys * 128, 1024);
+  const ProductTurns turns{group, group == 1};
+  if (group == 1) turns.pass(false);  // warpgroup 0 goes first
+  barrier_wait(q_full, 0);
+  for (int i = 0; i < tiles; i++) {
+    const int stage = i % kStages, key_block = q_block - i, key0 = key_block * kKeys;
+    barrier_wait(&full[stage], (i / kStages) & 1);
+    const uint64_t k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+    const bool last = i == tiles - 1;
+    const DocumentMask mask{docs_s + stage * kKeys, {row_doc[0], row_doc[1]}};
+    if (i == 0 && group == 0) {  // the diagonal: warpgroup 0's rows have their keys in its first 64 rows
+      forward_tile<HS, kKeys, 64, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
+                                        last, mask);
+    } else if (pairs.masks(b, block_q0, key_block * kTilesPerAttentionBlock)) {
+      forward_tile<HS, kKeys, kKeys, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
+                                           last, mask);
+    } else {
+      forward_tile<HS, kKeys, kKeys, false>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
+                                            last);
+    }
+    // This warp is done with the stage; the last of its readers starts the tile kStages further.
+    if (lane == 0 && i + kStages < tiles) {
+      __threadfence_block();
+      if (atomicAdd(&done_warps[stage], 1) + 1 == (i / kStages + 1) * kTmaForwardThreads / WARP_SIZE) {
+        load_kv_tile(i + kStages);
+      }
+    }
+  }
+  store_forward_rows<HS>(out + (size_t)b * T * C + h * HS, lse + (size_t)bh * T, C, T, q0 + warp * 16, o, row_max,
+                         row_sum);
 #else
   __trap();  // launched only where hopper_support().usable
 #endif
@@ -3534,11 +3662,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_tma_kern
     floatX* k_tile = stage_k(j);
     barrier_expect_bytes(bar, kStageBytes);
     tma_load_box(k_tile, &qkv_map, C + h * HS, j * kTileRows, b, bar);
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     shared_address(k_tile + kTile)),
-                 "l"(ds_g + (size_t)j * kDsTileElements), "r"((uint32_t)(kDsTileElements * sizeof(floatX))),
-                 "r"(shared_address(bar))
-                 : "memory");
+    bulk_copy_to_shared(k_tile + kTile, ds_g + (size_t)j * kDsTileElements, kDsTileElements * sizeof(floatX), bar);
   };
   if (threadIdx.x == 0) {
     copy_barriers_init(full, kStages);
@@ -3636,6 +3760,8 @@ void set_smem_limits() {
   if (hopper_support().usable) {
     cudaCheck(cudaFuncSetAttribute(attention_forward_flash_tma_kernel<HS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
+    cudaCheck(cudaFuncSetAttribute(attention_forward_window_tma_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)tma_window_forward_smem_bytes<HS>()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
@@ -3771,9 +3897,16 @@ template <int HS>
 void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, float scale,
                     const DocumentWindow& dw, cudaStream_t stream) {
   set_smem_limits<HS>();
-  const dim3 grid(T / kTileRows, B * NH);
-  attention_forward_window_kernel<HS><<<grid, kThreads, window_forward_smem_bytes<HS>(), stream>>>(
-      out, lse, qkv, T, NH, scale_in_log2_units(scale), window_pairs(dw, T));
+  const float scale_log2 = scale_in_log2_units(scale);
+  if (hopper_support().usable) {
+    const dim3 grid(T / llmc::kAttentionBlock, B * NH);
+    attention_forward_window_tma_kernel<HS><<<grid, kTmaForwardThreads, tma_window_forward_smem_bytes<HS>(), stream>>>(
+        sequence_tensor_map(qkv, B, T, 3 * NH * HS), out, lse, T, NH, scale_log2, window_pairs(dw, T));
+  } else {
+    const dim3 grid(T / kTileRows, B * NH);
+    attention_forward_window_kernel<HS><<<grid, kThreads, window_forward_smem_bytes<HS>(), stream>>>(
+        out, lse, qkv, T, NH, scale_log2, window_pairs(dw, T));
+  }
   cudaCheckLaunch();
 }
 
