@@ -3,7 +3,10 @@
 # `python_with MODULES [PYTHON]` prints the first of PYTHON, python3 and /usr/bin/python3 that
 # imports all of MODULES (names separated by spaces; nothing when none does);
 # `require_python MODULES NAME VARIABLE` sets PY to the python_with of MODULES and of the python
-# named by $VARIABLE, or ends test NAME with a failed check that says how to get one.
+# named by $VARIABLE, or ends test NAME with a failed check that says how to get one;
+# `check_verdicts WHAT STATUS OUTPUT [EXPECTED]` checks that the program WHAT ended with STATUS 0
+# (else shows its OUTPUT) and that each line "what<TAB>verdict" of OUTPUT has the verdict EXPECTED
+# ("same" unless given).
 passed=0
 failed=0
 
@@ -17,6 +20,15 @@ check() {
     echo "     got:      $2"
     echo "     expected: $3"
   fi
+}
+
+check_verdicts() {
+  check "$1 runs to its end" "$2" 0
+  [ "$2" -eq 0 ] || echo "$3"
+  local what verdict
+  while IFS=$'\t' read -r what verdict; do
+    check "$what" "$verdict" "${4:-same}"
+  done <<< "$(grep $'\t' <<< "$3")"
 }
 
 finish() {
