@@ -17,7 +17,8 @@
 //
 // DocumentLoader hands out the same shapes, but every row is a sequence that starts at a
 // document, chosen as modded-nanogpt chooses them (at DocumentLoader); its epochs take the shards
-// in the same per-epoch order. Both share ShardOrder, which reads the shards.
+// in the same per-epoch order. Both share ShardOrder, which reads the shards and saves, checks
+// and restores the part of a loader's state that is about them.
 //
 // Every shard's header and size are checked when a loader is built, so a
 // bad file fails at start-up; token ids are checked against the vocabulary
@@ -259,6 +260,11 @@ inline void check_settings(const char* flag, int B, int T, int rank, int world, 
   }
 }
 
+// Fails for a saved state that no loader could have written, naming what of it is corrupt.
+[[noreturn]] inline void fail_corrupt_state(const std::string& what) {
+  LLMC_FAIL("cannot resume the data loader: corrupt %s; the checkpoint is damaged", what.c_str());
+}
+
 inline const char* order_name(DataOrder order) {
   return order == DataOrder::kDocuments ? "document-aligned sequences" : "contiguous batches";
 }
@@ -266,8 +272,7 @@ inline const char* order_name(DataOrder order) {
 // Fails unless `s` is a state of a loader of `order`.
 inline void require_order(const DataLoaderState& s, DataOrder order) {
   if (s.order != DataOrder::kBatches && s.order != DataOrder::kDocuments) {
-    LLMC_FAIL("cannot resume the data loader: corrupt data order %lld; the checkpoint is damaged",
-              (long long)s.order);
+    fail_corrupt_state(strformat("data order %lld", (long long)s.order));
   }
   if (s.order != order) {
     LLMC_FAIL("cannot resume the data loader: the checkpoint read %s, this run reads %s; resume "
@@ -297,10 +302,45 @@ class ShardOrder {
     begin_epoch(0);
   }
 
-  // Epoch `epoch` with the generator as it was when that epoch began; open() a shard next.
-  void restore(long epoch, const RngState& at_epoch_start) {
-    rng_.restore(at_epoch_start);
-    begin_epoch(epoch);
+  // The fields of a loader's state that are this order's: the data it reads (shard count,
+  // shuffle) and where it is (epoch, shard, the generator at the epoch's start).
+  void save(DataLoaderState* s) const {
+    s->epoch = epoch_;
+    s->shard_position = position_;
+    s->num_shards = num_shards();
+    s->shuffle = shuffle_ ? 1 : 0;
+    s->rng_at_epoch_start = rng_at_epoch_start_;
+  }
+
+  // Fails unless `s` was saved over the same data (shard count and shuffle) and with the loader's
+  // own settings (`own_same`): `own_saved` and `own_run` name those of `s` and of this run, in
+  // the message between the shard count and shuffle.
+  void require_same_data(const DataLoaderState& s, bool own_same, const std::string& own_saved,
+                         const std::string& own_run) const {
+    const int shuffle = shuffle_ ? 1 : 0;
+    if (s.num_shards != num_shards() || !own_same || s.shuffle != shuffle) {
+      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, %s, "
+                "shuffle %lld, but this run has %d, %s, %d; resume with the same data and "
+                "settings", (long long)s.num_shards, own_saved.c_str(), (long long)s.shuffle,
+                num_shards(), own_run.c_str(), shuffle);
+    }
+  }
+
+  // Fails unless `s`'s epoch and shard are a position of the order and the loader's own part of
+  // its position is valid (`own_ok`; `own` names it, in the message after the shard).
+  void require_position(const DataLoaderState& s, bool own_ok = true,
+                        const std::string& own = "") const {
+    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards || !own_ok) {
+      dataloader_detail::fail_corrupt_state(strformat(
+          "position (epoch %lld, shard %lld of %lld%s)", (long long)s.epoch,
+          (long long)s.shard_position, (long long)s.num_shards, own.c_str()));
+    }
+  }
+
+  // The epoch of `s` with the generator as it was when that epoch began; open() a shard next.
+  void restore(const DataLoaderState& s) {
+    rng_.restore(s.rng_at_epoch_start);
+    begin_epoch((long)s.epoch);
   }
 
   // Holds the shard at `position` of the epoch's order, reading it unless it is held already.
@@ -338,13 +378,10 @@ class ShardOrder {
   const ShardHeader& at(long position) const { return shards_[order_[position]]; }
   const ShardHeader& current() const { return at(position_); }
   const std::vector<uint16_t>& tokens() const { return tokens_; }  // of the current shard
-  long position() const { return position_; }  // of the current shard in the epoch's order
   long epoch() const { return epoch_; }
-  const RngState& rng_at_epoch_start() const { return rng_at_epoch_start_; }
   int num_shards() const { return (int)shards_.size(); }
   const std::vector<ShardHeader>& shards() const { return shards_; }  // in name order
   long total_tokens() const { return total_tokens_; }
-  bool shuffle() const { return shuffle_; }
 
  private:
   void begin_epoch(long epoch) {
@@ -403,16 +440,12 @@ class DataLoader {
   DataLoaderState state() const {
     DataLoaderState s = {};
     s.order = DataOrder::kBatches;
-    s.epoch = shards_.epoch();
-    s.shard_position = shards_.position();
+    shards_.save(&s);
     s.batch_position = batch_position_;
-    s.num_shards = shards_.num_shards();
     s.batches_per_epoch = batches_per_epoch_;
     s.batch_size = B_;
     s.seq_len = T_;
     s.world = world_;
-    s.shuffle = shards_.shuffle() ? 1 : 0;
-    s.rng_at_epoch_start = shards_.rng_at_epoch_start();
     return s;
   }
 
@@ -420,26 +453,17 @@ class DataLoader {
   void restore(const DataLoaderState& s) {
     dataloader_detail::require_order(s, DataOrder::kBatches);
     if (s.world < 1 || s.world > INT32_MAX) {
-      LLMC_FAIL("cannot resume the data loader: corrupt process count %lld; the checkpoint is "
-                "damaged", (long long)s.world);
+      dataloader_detail::fail_corrupt_state(strformat("process count %lld", (long long)s.world));
     }
-    const int shuffle = shards_.shuffle() ? 1 : 0;
-    if (s.num_shards != shards_.num_shards() ||
-        s.batches_per_epoch != batches_per_epoch_of((int)s.world) || s.batch_size != B_ ||
-        s.seq_len != T_ || s.shuffle != shuffle) {
-      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, %lld "
-                "batches per epoch, B=%lld T=%lld, %lld processes, shuffle %lld, but this run has "
-                "%d, %ld, B=%d T=%d, %d, %d; resume with the same data and settings",
-                (long long)s.num_shards, (long long)s.batches_per_epoch, (long long)s.batch_size,
-                (long long)s.seq_len, (long long)s.world, (long long)s.shuffle,
-                shards_.num_shards(), batches_per_epoch_of((int)s.world), B_, T_, world_, shuffle);
-    }
-    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards) {
-      LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld); "
-                "the checkpoint is damaged", (long long)s.epoch, (long long)s.shard_position,
-                (long long)s.num_shards);
-    }
-    shards_.restore((long)s.epoch, s.rng_at_epoch_start);
+    const long batches = batches_per_epoch_of((int)s.world);  // this data at the saved count
+    shards_.require_same_data(
+        s, s.batches_per_epoch == batches && s.batch_size == B_ && s.seq_len == T_,
+        strformat("%lld batches per epoch, B=%lld T=%lld, %lld processes",
+                  (long long)s.batches_per_epoch, (long long)s.batch_size, (long long)s.seq_len,
+                  (long long)s.world),
+        strformat("%ld, B=%d T=%d, %d", batches, B_, T_, world_));
+    shards_.require_position(s);
+    shards_.restore(s);
     // Replay the batch permutations of the shards already opened this epoch.
     for (long p = 0; p < (long)s.shard_position; p++) {
       shards_.identity_or_permutation((int)batches_of(shards_.at(p), world_));
@@ -448,9 +472,9 @@ class DataLoader {
     const ShardHeader& shard = shards_.current();
     const long saved_limit = batches_of(shard, (int)s.world);
     if (s.batch_position < 0 || s.batch_position > saved_limit) {
-      LLMC_FAIL("cannot resume the data loader: corrupt position (batch %lld of %ld in %s); the "
-                "checkpoint is damaged", (long long)s.batch_position, saved_limit,
-                shard.path.c_str());
+      dataloader_detail::fail_corrupt_state(
+          strformat("position (batch %lld of %ld in %s)", (long long)s.batch_position,
+                    saved_limit, shard.path.c_str()));
     }
     batch_position_ = (long)(s.batch_position * s.world / world_);
   }
@@ -556,17 +580,12 @@ class DocumentLoader {
     dataloader_detail::require_order(s, DataOrder::kDocuments);
     if (s.world < 1 || s.world > INT32_MAX || s.grad_accum < 1 || s.grad_accum > INT32_MAX ||
         s.batch_size < 1 || s.batch_size > INT32_MAX) {
-      LLMC_FAIL("cannot resume the data loader: corrupt step of %lld processes x %lld micro "
-                "batches x B=%lld; the checkpoint is damaged", (long long)s.world,
-                (long long)s.grad_accum, (long long)s.batch_size);
+      dataloader_detail::fail_corrupt_state(
+          strformat("step of %lld processes x %lld micro batches x B=%lld", (long long)s.world,
+                    (long long)s.grad_accum, (long long)s.batch_size));
     }
-    const int shuffle = shards_.shuffle() ? 1 : 0;
-    if (s.num_shards != shards_.num_shards() || s.seq_len != T_ || s.shuffle != shuffle) {
-      LLMC_FAIL("cannot resume the data loader: the checkpoint was taken with %lld shards, T=%lld, "
-                "shuffle %lld, but this run has %d, T=%d, %d; resume with the same data and "
-                "settings", (long long)s.num_shards, (long long)s.seq_len, (long long)s.shuffle,
-                shards_.num_shards(), T_, shuffle);
-    }
+    shards_.require_same_data(s, s.seq_len == T_, strformat("T=%lld", (long long)s.seq_len),
+                              strformat("T=%d", T_));
     // world * grad_accum fits 62 bits; with B it might not, so B divides instead.
     if (step_sequences() % s.batch_size != 0 ||
         s.world * s.grad_accum != step_sequences() / s.batch_size) {
@@ -576,13 +595,9 @@ class DocumentLoader {
                 (long long)s.grad_accum, (long long)s.batch_size, world_, grad_accum_, B_,
                 step_sequences());
     }
-    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards ||
-        s.batch_position < 0 || s.batch_position >= s.grad_accum) {
-      LLMC_FAIL("cannot resume the data loader: corrupt position (epoch %lld, shard %lld of %lld, "
-                "micro batch %lld of %lld); the checkpoint is damaged", (long long)s.epoch,
-                (long long)s.shard_position, (long long)s.num_shards,
-                (long long)s.batch_position, (long long)s.grad_accum);
-    }
+    shards_.require_position(s, s.batch_position >= 0 && s.batch_position < s.grad_accum,
+                             strformat(", micro batch %lld of %lld", (long long)s.batch_position,
+                                       (long long)s.grad_accum));
     const long taken = (long)(s.batch_position * s.world * s.batch_size);  // sequences of the step
     const long per_batch = (long)world_ * B_;
     if (taken % per_batch != 0) {
@@ -591,13 +606,14 @@ class DocumentLoader {
                 "resume from a checkpoint taken between steps", taken, step_sequences(), world_,
                 B_);
     }
-    shards_.restore((long)s.epoch, s.rng_at_epoch_start);
+    shards_.restore(s);
     open_shard((long)s.shard_position);
     const long length = (long)shards_.tokens().size();
     if (s.token_position < 0 || s.token_position + window() + 1 >= length) {
-      LLMC_FAIL("cannot resume the data loader: corrupt position (token %lld of %ld in %s, with a "
-                "window of %ld); the checkpoint is damaged", (long long)s.token_position, length,
-                shards_.current().path.c_str(), window());
+      dataloader_detail::fail_corrupt_state(
+          strformat("position (token %lld of %ld in %s, with a window of %ld)",
+                    (long long)s.token_position, length, shards_.current().path.c_str(),
+                    window()));
     }
     position_ = (long)s.token_position;
     read_step();
@@ -657,16 +673,12 @@ class DocumentLoader {
     if (position_ + window() + 1 >= shard_length()) open_next_shard();
     step_start_ = {};
     step_start_.order = DataOrder::kDocuments;
-    step_start_.epoch = shards_.epoch();
-    step_start_.shard_position = shards_.position();
+    shards_.save(&step_start_);
     step_start_.token_position = position_;
-    step_start_.num_shards = shards_.num_shards();
     step_start_.batch_size = B_;
     step_start_.seq_len = T_;
     step_start_.world = world_;
     step_start_.grad_accum = grad_accum_;
-    step_start_.shuffle = shards_.shuffle() ? 1 : 0;
-    step_start_.rng_at_epoch_start = shards_.rng_at_epoch_start();
     const long per_batch = (long)world_ * B_;
     for (long q = 0; q < step_sequences(); q++) {
       const long start = next_sequence();

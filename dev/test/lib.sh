@@ -1,9 +1,12 @@
 # Shared by the shell tests (source it): `check DESCRIPTION GOT EXPECTED` counts and prints one
 # comparison; `finish NAME` prints "NAME: N passed, M failed" and exits with the status;
-# `python_with MODULE [PYTHON]` prints the first of PYTHON, python3 and /usr/bin/python3 that
-# imports MODULE (nothing when none does); `require_python MODULE NAME VARIABLE` sets PY to the
-# python_with of MODULE and of the python named by $VARIABLE, or ends test NAME with a failed check
-# that says how to get one.
+# `python_with MODULES [PYTHON]` prints the first of PYTHON, python3 and /usr/bin/python3 that
+# imports all of MODULES (names separated by spaces; nothing when none does);
+# `require_python MODULES NAME VARIABLE` sets PY to the python_with of MODULES and of the python
+# named by $VARIABLE, or ends test NAME with a failed check that says how to get one;
+# `check_verdicts WHAT STATUS OUTPUT [EXPECTED]` checks that the program WHAT ended with STATUS 0
+# (else shows its OUTPUT) and that each line "what<TAB>verdict" of OUTPUT has the verdict EXPECTED
+# ("same" unless given).
 passed=0
 failed=0
 
@@ -19,6 +22,15 @@ check() {
   fi
 }
 
+check_verdicts() {
+  check "$1 runs to its end" "$2" 0
+  [ "$2" -eq 0 ] || echo "$3"
+  local what verdict
+  while IFS=$'\t' read -r what verdict; do
+    check "$what" "$verdict" "${4:-same}"
+  done <<< "$(grep $'\t' <<< "$3")"
+}
+
 finish() {
   echo "$1: $passed passed, $failed failed"
   [ "$failed" -eq 0 ]
@@ -28,17 +40,19 @@ finish() {
 python_with() {
   local candidate
   for candidate in ${2:-} python3 /usr/bin/python3; do
-    if "$candidate" -c "import $1" 2>/dev/null; then
+    if "$candidate" -c "import ${1// /, }" 2>/dev/null; then
       echo "$candidate"
       return
     fi
   done
 }
 
+# The package named is the first module's: python3-torch brings numpy along.
 require_python() {
   PY=$(python_with "$1" "${!3:-}")
   if [ -z "$PY" ]; then
-    check "a python with $1 (apt-get install python3-$1, or set $3)" "none found" "found"
+    check "a python with ${1// / and } (apt-get install python3-${1%% *}, or set $3)" "none found" \
+      "found"
     finish "$2"
   fi
 }

@@ -108,10 +108,5 @@ print(f"the per-layer pattern {tg.LAYER_WINDOWS} (llmc/schedulers.h and train_gp
       f"{'same' if pattern == tg.LAYER_WINDOWS else pattern}")
 EOF
 )
-status=$?
-check "the comparison runs to its end" "$status" 0
-[ "$status" -eq 0 ] || echo "$out"
-while IFS=$'\t' read -r what verdict; do
-  check "$what" "$verdict" "same"
-done <<< "$(grep $'\t' <<< "$out")"
+check_verdicts "the comparison" $? "$out"
 finish test_attention_blocks_py

@@ -22,11 +22,6 @@ rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 
 out=$("$PY" dev/test/documents_reference.py "$SCRATCH" 2>&1)
-status=$?
-check "documents_reference.py runs to its end" "$status" 0
-[ "$status" -eq 0 ] || echo "$out"
-while IFS=$'\t' read -r what verdict; do
-  check "$what" "$verdict" "same"
-done <<< "$(grep $'\t' <<< "$out")"
+check_verdicts documents_reference.py $? "$out"
 grep -v $'\t' <<< "$out" | sed 's/^/note /'
 finish test_documents

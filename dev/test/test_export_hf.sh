@@ -17,17 +17,7 @@ mkdir -p "$DIR"
 
 source "$(dirname "$0")/lib.sh"
 
-PY=
-for candidate in ${PYTHON:-} python3 /usr/bin/python3; do
-  if "$candidate" -c 'import torch, numpy' 2>/dev/null; then
-    PY=$candidate
-    break
-  fi
-done
-if [ -z "$PY" ]; then
-  check "a python with torch and numpy (apt-get install python3-torch, or set PYTHON)" "none found" "found"
-  finish test_export_hf
-fi
+require_python "torch numpy" test_export_hf PYTHON
 echo "using $PY"
 
 # The tiny preset with every parameter perturbed: the seeded init leaves biases zero and layernorm

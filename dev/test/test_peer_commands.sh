@@ -14,16 +14,11 @@ source "$(dirname "$0")/lib.sh"
 require_python torch test_peer_commands PYTHON
 
 out=$("$PY" dev/test/peer_commands.py 2>&1)
-status=$?
-check "peer_commands.py runs to its end" "$status" 0
-[ "$status" -eq 0 ] || echo "$out"
-lines=$(grep $'\t' <<< "$out")
-while IFS=$'\t' read -r command verdict; do
-  check "$command" "$verdict" "train_gpt2.py takes it"
-done <<< "$lines"
+check_verdicts peer_commands.py $? "$out" "train_gpt2.py takes it"
 grep -v $'\t' <<< "$out" | sed 's/^/note /'
 
 # The runs whose peer must have been checked: bench.py refuses --fp8 with --recipe modern only.
+lines=$(grep $'\t' <<< "$out")
 for runs in "bench.py --recipe gpt2 --fp8 0" "bench.py --recipe gpt2 --fp8 1" \
   "bench.py --recipe gpt2 --fp8 2" "bench.py --recipe modern --fp8 0" "bench_quality.py"; do
   check "$runs: its peer's command lines were checked" \

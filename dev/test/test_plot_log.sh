@@ -14,19 +14,8 @@ mkdir -p "$DIR/ours" "$DIR/bad" "$DIR/empty_dir"
 
 source "$(dirname "$0")/lib.sh"
 
-# The first python that has matplotlib (a python with torch often lacks it).
-PY=
-for candidate in ${PLOT_PYTHON:-} python3 /usr/bin/python3; do
-  if "$candidate" -c 'import matplotlib' 2>/dev/null; then
-    PY=$candidate
-    break
-  fi
-done
-if [ -z "$PY" ]; then
-  check "a python with matplotlib (apt-get install python3-matplotlib, or set PLOT_PYTHON)" \
-    "none found" "found"
-  finish test_plot_log
-fi
+# Its own variable: a python with torch often lacks matplotlib.
+require_python matplotlib test_plot_log PLOT_PYTHON
 echo "using $PY"
 
 # Ours: val at 0, 2, 4; a blank line and a kind the plotter does not know, both skipped.

@@ -148,12 +148,10 @@ for k in ("cosine", "linear", "wsd", "constant"):
 EOF
 
 check "data order" <<'EOF'
-import os, numpy as np, train_gpt2 as tg
+import os, sys, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from documents_reference import write_shard
 d = os.environ["WORK"]
-def write_shard(path, tokens):
-    header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes()); f.write(np.asarray(tokens, np.uint16).tobytes())
 for s, n in enumerate([4 * 8 + 1, 3 * 8 + 5]):
     write_shard(f"{d}/order_{s}.bin", [s * 100 + i for i in range(n)])
 def starts(shuffle, world=1, rank=0, count=7):
@@ -171,12 +169,10 @@ print("no shuffle:", starts(0), "| shuffled epochs:", order[:7], order[7:])
 EOF
 
 check "training on shards (one process)" <<'EOF'
-import os, numpy as np
+import os, sys, numpy as np
+sys.path.insert(0, "dev/test")
+from documents_reference import write_shard
 d = os.environ["WORK"]
-def write_shard(path, tokens):
-    header = np.zeros(256, np.int32); header[:3] = [20240520, 1, len(tokens)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes()); f.write(np.asarray(tokens, np.uint16).tobytes())
 pattern = np.arange(20000) % 97 * 5 % 512  # a cycle a model learns within a few steps
 for s in range(2):
     write_shard(f"{d}/train_{s}.bin", np.roll(pattern, 1000 * s))
