@@ -2469,7 +2469,7 @@ __device__ __forceinline__ int ds_block_index(int kb, int qb, int r, int c) {
 // column q0 of the tile) into a dS tile.
 template <int N>
 __device__ __forceinline__ void store_ds_rows(floatX* tile, int q0, const float ds[N / 8][4]) {
-  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
+  const int warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int n = 0; n < N / 8; n++) {
     const int qb = q0 / 8 + n;
@@ -3328,11 +3328,11 @@ __device__ __forceinline__ void load_query_tile(floatX* q_s, floatX* do_s, float
 // The rest of a dK/dV step once S^T (p, masked) and dP^T (dp) of a query tile are formed: P and
 // dS = P * (dP - dot) from the forward's lse, dS stored to its scratch tile (at query column q0 of
 // ds_tile), then dV += P^T dO and dK += dS^T Q in one batch.
-template <int HS, int kQRows>
-__device__ __forceinline__ void dkdv_step(float dk[HS / 8][4], float dv[HS / 8][4], float p[kQRows / 8][4],
-                                          float dp[kQRows / 8][4], const float* lse_tile, const float* dot_tile,
-                                          float scale_log2, floatX* ds_tile, int q0, const floatX* q_tile,
-                                          const floatX* do_tile) {
+// P^T and dS^T in place of S^T (p, masked) and dP^T (dp) of a warp's 16 keys and kQRows queries:
+// P from the forward's lse, dS = P * (dP - dot).
+template <int kQRows>
+__device__ __forceinline__ void softmax_gradient_scores(float p[kQRows / 8][4], float dp[kQRows / 8][4],
+                                                        const float* lse_tile, const float* dot_tile, float scale_log2) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int n = 0; n < kQRows / 8; n++) {
@@ -3344,6 +3344,14 @@ __device__ __forceinline__ void dkdv_step(float dk[HS / 8][4], float dv[HS / 8][
       dp[n][e] = prob * (dp[n][e] - dot_tile[c]);
     }
   }
+}
+
+template <int HS, int kQRows>
+__device__ __forceinline__ void dkdv_step(float dk[HS / 8][4], float dv[HS / 8][4], float p[kQRows / 8][4],
+                                          float dp[kQRows / 8][4], const float* lse_tile, const float* dot_tile,
+                                          float scale_log2, floatX* ds_tile, int q0, const floatX* q_tile,
+                                          const floatX* do_tile) {
+  softmax_gradient_scores<kQRows>(p, dp, lse_tile, dot_tile, scale_log2);
   store_ds_rows<kQRows>(ds_tile, q0, dp);
   uint32_t p_frag[kQRows / 16][4], ds_frag[kQRows / 16][4];
   scores_to_fragments<kQRows>(p_frag, p);
@@ -3582,6 +3590,176 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
 #endif
 }
 
+// ---- The windowed dK/dV on Hopper ----
+// attention_backward_flash_dkdv_kernel's work for WindowPairs with the Hopper forward's structure:
+// block (i, bh) takes key block i (128 keys) of head bh, each warpgroup 64 of them (its key tile),
+// with the block's K and V in shared memory, and streams the query tiles of the query blocks that
+// see it through a ring of TMA stages (q, dout, lse, dot), both operands of S^T = K Q^T and
+// dP^T = V dO^T read from shared memory, P^T and dS^T as A fragments for dV += P^T dO and
+// dK += dS^T Q. Both warpgroups read every stage (warpgroup 1 skips the products of the key
+// block's first query tile, all of whose queries precede its keys), and the last warp done with
+// a stage starts its refill, as in the forward. Tiles in the Hopper forward's layout: 64-column
+// chunks of all the tile's rows, one after another.
+constexpr int kTmaWindowDkdvStages = 2;
+
+template <int HS>
+constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse and dot, to 1 KiB
+  return (2 * kTileRows * HS * sizeof(floatX) + 2 * kTileRows * sizeof(float) + 1023) / 1024 * 1024;
+}
+template <int HS>
+constexpr size_t tma_window_dkdv_smem_bytes() {
+  return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * tma_window_dkdv_stage_bytes<HS>() +
+         (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + kTmaWindowDkdvStages * sizeof(int);
+}
+
+// acc[64 x HS] += a (64 x 64 as A fragments, K = the stage's 64 queries) times a 64-row stage
+// tile (an MN-major [64][HS] operand in the forward's layout, its chunks 8 KiB apart).
+template <int HS>
+__device__ __forceinline__ void issue_accumulate_stage_tile(float acc[HS / 8][4], const uint32_t a[kTileRows / 16][4],
+                                                            uint64_t desc) {
+#if FLASH_WGMMA
+#pragma unroll
+  for (int kk = 0; kk < kTileRows / 16; kk++) {
+#pragma unroll
+    for (int c = 0; c < HS / 64; c++) wgmma_m64k16<64, 1>(acc + c * 8, a[kk], desc + (c * kTileRows * 128 + kk * 2048) / 16);
+  }
+#endif
+}
+
+template <int HS>
+__global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkdv_tma_kernel(
+    const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dout_map,
+    const __grid_constant__ CUtensorMap lse_map, const __grid_constant__ CUtensorMap dot_map, floatX* dqkv, floatX* ds,
+    int T, int NH, float scale_log2, float scale, WindowPairs pairs) {
+#if FLASH_WGMMA
+  constexpr int kKeys = llmc::kAttentionBlock, kStages = kTmaWindowDkdvStages, kChunks = HS / 64;
+  constexpr uint32_t kQTileBytes = kTileRows * HS * sizeof(floatX), kStageBytes = tma_window_dkdv_stage_bytes<HS>();
+  constexpr int kWarps = 2 * kThreads / WARP_SIZE;
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  floatX* k_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* v_s = k_s + kKeys * HS;
+  unsigned char* stages = reinterpret_cast<unsigned char*>(v_s + kKeys * HS);  // q, dout, lse, dot
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
+  uint64_t* kv_full = full + kStages;
+  int* done_warps = reinterpret_cast<int*>(kv_full + 1);  // per stage, over all its fills
+  const int key_block = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int t = lane % 4, C = NH * HS, kv_tile = key_block * kTilesPerAttentionBlock + group;
+  // The query tiles in order: both of each query block that sees the key block.
+  const int end = pairs.query_end(kv_tile) / kTileRows;
+  auto next_tile = [&](int i) {
+    if (i % kTilesPerAttentionBlock == 0) return i + 1;
+    do {
+      i += kTilesPerAttentionBlock - 1;
+    } while (i < end && !pairs.sees(b, i * kTileRows, kv_tile));
+    return i;
+  };
+  auto load_query_tile = [&](int i, int n) {  // tile i as the n-th, into stage n % kStages
+    const int stage = n % kStages;
+    floatX* q_tile = reinterpret_cast<floatX*>(stages + stage * kStageBytes);
+    floatX* do_tile = q_tile + kTileRows * HS;
+    float* lse_tile = reinterpret_cast<float*>(do_tile + kTileRows * HS);
+    barrier_expect_bytes(&full[stage], 2 * kQTileBytes + 2 * kTileRows * sizeof(float));
+#pragma unroll
+    for (int c = 0; c < kChunks; c++) {
+      tma_load_box(q_tile + c * kTileRows * 64, &qkv_map, h * HS + c * 64, i * kTileRows, b, &full[stage]);
+      tma_load_box(do_tile + c * kTileRows * 64, &dout_map, h * HS + c * 64, i * kTileRows, b, &full[stage]);
+    }
+    tma_load_box_2d(lse_tile, &lse_map, i * kTileRows, bh, &full[stage]);
+    tma_load_box_2d(lse_tile + kTileRows, &dot_map, i * kTileRows, bh, &full[stage]);
+  };
+  const int first = key_block * kTilesPerAttentionBlock;  // the key block's own query tiles see it
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) done_warps[s] = 0;
+    copy_barriers_init(full, kStages + 1);  // and kv_full
+    barrier_expect_bytes(kv_full, 2 * kKeys * HS * sizeof(floatX));
+#pragma unroll
+    for (int c = 0; c < kChunks; c++) {
+#pragma unroll
+      for (int r = 0; r < kKeys; r += 64) {
+        tma_load_box(k_s + (c * kKeys + r) * 64, &qkv_map, C + h * HS + c * 64, key_block * kKeys + r, b, kv_full);
+        tma_load_box(v_s + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, key_block * kKeys + r, b, kv_full);
+      }
+    }
+    for (int i = first, n = 0; n < kStages && i < end; i = next_tile(i), n++) load_query_tile(i, n);
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+
+  // This warpgroup's 64 keys: rows 64 * group of the K and V tiles (K-major A operands).
+  const uint64_t k_desc = wgmma_descriptor(k_s + group * kTileRows * 64, 16, 1024);
+  const uint64_t v_desc = wgmma_descriptor(v_s + group * kTileRows * 64, 16, 1024);
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const int kv_row[2] = {kv_tile * kTileRows + warp * 16 + lane / 4, kv_tile * kTileRows + warp * 16 + lane / 4 + 8};
+  const int kv_doc[2] = {pairs.key_document(b, kv_row[0]), pairs.key_document(b, kv_row[1])};
+  barrier_wait(kv_full, 0);
+  for (int i = first, n = 0; i < end; i = next_tile(i), n++) {
+    const int stage = n % kStages;
+    barrier_wait(&full[stage], (n / kStages) & 1);
+    const floatX* q_tile = reinterpret_cast<const floatX*>(stages + stage * kStageBytes);
+    const floatX* do_tile = q_tile + kTileRows * HS;
+    const float* lse_tile = reinterpret_cast<const float*>(do_tile + kTileRows * HS);
+    if (i >= kv_tile) {
+      const uint64_t q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
+      float p[kTileRows / 8][4], dp[kTileRows / 8][4];
+      mma_batch_begin();
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; kk++) {
+        // Columns 16kk.. : chunk kk / 4 (the key tiles' chunks 16 KiB apart, the query tiles' 8 KiB),
+        // 32 bytes further into the rows per step within it.
+        const uint64_t key_step = (kk / 4) * (kKeys * 128 / 16) + (kk % 4) * 2;
+        const uint64_t query_step = (kk / 4) * (kTileRows * 128 / 16) + (kk % 4) * 2;
+        if (kk == 0) {
+          wgmma_shared_m64k16<kTileRows, false>(p, k_desc, q_desc);
+          wgmma_shared_m64k16<kTileRows, false>(dp, v_desc, do_desc);
+        } else {
+          wgmma_shared_m64k16<kTileRows, true>(p, k_desc + key_step, q_desc + query_step);
+          wgmma_shared_m64k16<kTileRows, true>(dp, v_desc + key_step, do_desc + query_step);
+        }
+      }
+      mma_batch_end();
+      mma_result<kTileRows / 8>(p);
+      mma_result<kTileRows / 8>(dp);
+      if (pairs.masks(b, i * kTileRows, kv_tile)) {  // a hidden key: score -inf, probability 0
+#pragma unroll
+        for (int nn = 0; nn < kTileRows / 8; nn++) {
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int q = i * kTileRows + nn * 8 + 2 * t + e % 2;
+            if (pairs.hidden(b, q, kv_row[e / 2], kv_doc[e / 2])) p[nn][e] = -INFINITY;
+          }
+        }
+      }
+      softmax_gradient_scores<kTileRows>(p, dp, lse_tile, lse_tile + kTileRows, scale_log2);
+      store_ds_rows<kTileRows>(ds + pairs.ds_tile(bh, i, kv_tile), 0, dp);
+      uint32_t p_frag[kTileRows / 16][4], ds_frag[kTileRows / 16][4];
+      scores_to_fragments<kTileRows>(p_frag, p);
+      scores_to_fragments<kTileRows>(ds_frag, dp);
+      mma_batch_begin();
+      issue_accumulate_stage_tile<HS>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024));
+      issue_accumulate_stage_tile<HS>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024));
+      mma_batch_end();
+      mma_result<HS / 8>(dv);
+      mma_result<HS / 8>(dk);
+    }
+    // This warp is done with the stage; the last of its readers starts the tile kStages further.
+    if (lane == 0) {
+      int refill = next_tile(i);
+      for (int k = 1; k < kStages && refill < end; k++) refill = next_tile(refill);
+      if (refill < end) {
+        __threadfence_block();
+        if (atomicAdd(&done_warps[stage], 1) + 1 == (n / kStages + 1) * kWarps) load_query_tile(refill, n + kStages);
+      }
+    }
+  }
+  const size_t ld = 3 * (size_t)C;
+  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
+  store_rows<HS>(dk_g, ld, kv_tile * kTileRows + warp * 16, T, dk, scale, scale);
+  store_rows<HS>(dk_g + C, ld, kv_tile * kTileRows + warp * 16, T, dv, 1.0f, 1.0f);
+#else
+  __trap();  // launched only where hopper_support().usable
+#endif
+}
+
 // A dS tile (8 KiB, contiguous) global -> shared.
 __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 #pragma unroll
@@ -3762,6 +3940,8 @@ void set_smem_limits() {
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
     cudaCheck(cudaFuncSetAttribute(attention_forward_window_tma_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)tma_window_forward_smem_bytes<HS>()));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_window_dkdv_tma_kernel<HS>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_window_dkdv_smem_bytes<HS>()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
@@ -3917,9 +4097,19 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
   set_smem_limits<HS>();
   backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const WindowPairs pairs = window_pairs(dw, T);
+  const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(T / kTileRows, B * NH);
-  attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
-      dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_in_log2_units(scale), scale, pairs);
+  // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other.
+  if (hopper_support().usable && !tile_sums) {
+    const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
+    attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, tma_window_dkdv_smem_bytes<HS>(), stream>>>(
+        sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
+        row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2,
+        scale, pairs);
+  } else {
+    attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
+        dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale, pairs);
+  }
   cudaCheckLaunch();
   attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
       dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs);
