@@ -87,4 +87,17 @@ inline void attention_block_spans(const int* tokens, int T, int document_start,
   }
 }
 
+// The keys query token t attends to, as one range [attention_first_key(...), t]: the selection
+// holds min(q - first_key + 1, max(window, 1)) blocks for every span (whichever of its cases
+// applies), so it starts at block max(first_key, q - max(window, 1) + 1); the tokens of t's own
+// document in it are the tokens from the later of its start and t's document's start (documents
+// are contiguous, and t's starts at or after first_key's block). document_start: the first token
+// of t's document (0 when no start precedes t). What the KV-cache decoder needs, which sees only
+// the tokens up to t (the spans read the whole block).
+LLMC_HOST_DEVICE inline int attention_first_key(int t, int document_start, int window) {
+  const int run = window > 1 ? window : 1;
+  const int window_start = (t / kAttentionBlock - run + 1) * kAttentionBlock;
+  return document_start > window_start ? document_start : window_start;
+}
+
 }  // namespace llmc

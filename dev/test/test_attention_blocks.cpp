@@ -128,6 +128,44 @@ void test_hand_cases() {
               {3, 16, {3, -3, 1}}});
 }
 
+// attention_first_key against the definition, on random sequences: key u is visible to query t
+// when u <= t, both lie in one document, and u's block is in the selection of t's block; the
+// visible keys must be exactly [attention_first_key, t].
+void test_first_key() {
+  uint64_t state = 12345;
+  auto next = [&state] { return (uint32_t)((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33); };
+  std::string failure;
+  int queries = 0;
+  for (int round = 0; round < 40 && failure.empty(); round++) {
+    const int T = llmc::kAttentionBlock * (1 + next() % 12);
+    std::vector<int> tokens(T, 7), documents(T);
+    const int starts = next() % 12;
+    for (int k = 0; k < starts; k++) tokens[next() % T] = kStart;
+    if (round % 4 == 0) tokens[0] = kStart;
+    for (int t = 0, document = 0; t < T; t++) documents[t] = document += tokens[t] == kStart;
+    const std::vector<AttentionBlockSpan> spans = spans_of(tokens);
+    for (int window = 0; window <= 14 && failure.empty(); window++) {
+      int document_start = 0;
+      for (int t = 0; t < T && failure.empty(); t++, queries++) {
+        if (tokens[t] == kStart) document_start = t;
+        const int q = t / llmc::kAttentionBlock;
+        const AttentionBlockSelection s = llmc::attention_blocks_select(spans[q], q, window);
+        const int first = llmc::attention_first_key(t, document_start, window);
+        for (int u = 0; u <= t; u++) {
+          const bool visible = u >= (q - s.full - s.partial + 1) * llmc::kAttentionBlock && documents[u] == documents[t];
+          if (visible != (u >= first)) {
+            failure = llmc::strformat("T %d, window %d, query %d: key %d is %s, attention_first_key gives %d", T,
+                                      window, t, u, visible ? "visible" : "hidden", first);
+            break;
+          }
+        }
+      }
+    }
+  }
+  check_verbose(failure.empty(), llmc::strformat("attention_first_key: the visible keys of %d queries are [it, t]",
+                                                 queries) + (failure.empty() ? "" : ": " + failure));
+}
+
 int dump_blocks(const char* in_path, const char* out_path) {
   llmc::File in(in_path, "rb");
   std::vector<int32_t> cases(in.size() / sizeof(int32_t));
@@ -172,6 +210,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     test_hand_cases();
+    test_first_key();
   } catch (const llmc::Error& e) {
     if (argc > 1) {
       fprintf(stderr, "error: %s\n", e.what());
