@@ -1955,12 +1955,24 @@ void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rs
   cudaCheckLaunch();
 }
 
+// ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
+// A query attends to the earlier keys of its own document inside the run of key blocks that
+// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
+// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
+// is the span of query block q of sequence b. T is a multiple of 128.
+struct DocumentWindow {
+  const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
+  const int* documents;                   // [B, T]
+  int window;                             // blocks (0: the query's own block only)
+};
+
 // ---- Causal attention through batched GEMMs (FP32 builds, head sizes flash does not take) ----
 // Causal multi-head attention from qkv[B, T, 3, NH, HS]: q, k, v are permuted to [B, NH, T, HS],
 // preatt = q k^T by strided batched GEMMs, a fused causal softmax (FP32 math, one warp per row) of
 // scale * preatt gives att[B, NH, T, T] (kept for the backward pass), y = att v, and y is
-// permuted back to [B, T, C]. FLOPs: 4*B*NH*T*T*HS forward (half of it masked), 8*... backward;
-// bytes: dominated by the B*NH*T*T attention matrix. Every attention kernel takes the softmax
+// permuted back to [B, T, C]; attention within documents (DocumentWindow) masks more keys in the
+// softmax. FLOPs: 4*B*NH*T*T*HS forward (half of it masked), 8*... backward; bytes: dominated by
+// the B*NH*T*T attention matrix. Every attention kernel takes the softmax
 // scale from its caller: GPT-2's is attention_default_scale, the modern architecture's 0.12.
 
 // GPT-2's softmax scale, 1/sqrt(HS), in the one expression whose bits every GPT-2 path uses (at
@@ -2007,22 +2019,41 @@ __global__ void attention_unpermute_kernel(floatX* out, const floatX* y, int B, 
   }
 }
 
-// One warp per row (b, h, t): att[j] = softmax over j <= t of scale * preatt[j]; 0 for j > t.
+// One warp per row (b, h, t): att[j] = softmax over the keys j visible to t of scale * preatt[j],
+// exactly 0 for the others. Causal (dw.spans null): j <= t. With documents (DocumentWindow) also
+// j in t's document and in the run of blocks attention_blocks_select gives t's block. A masked key
+// then has probability 0, and so the backward through att (attention_backward) gives it no
+// gradient unchanged; the causal rows take the same arithmetic as without the mask.
 __global__ void attention_softmax_forward_kernel(floatX* att, const floatX* preatt, int rows,
-                                                 int T, float scale) {
+                                                 int T, int NH, float scale, DocumentWindow dw) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= rows) return;
   const int lane = threadIdx.x % WARP_SIZE, t = row % T;
   const floatX* x = preatt + (size_t)row * T;
   floatX* y = att + (size_t)row * T;
+  int first_key = 0, document = 0;
+  const int* documents = nullptr;
+  if (dw.spans) {
+    const int b = row / T / NH, q_block = t / llmc::kAttentionBlock;
+    const llmc::AttentionBlockSelection selection = llmc::attention_blocks_select(
+        dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, dw.window);
+    first_key = (q_block - selection.full - selection.partial + 1) * llmc::kAttentionBlock;
+    documents = dw.documents + (size_t)b * T;
+    document = documents[t];
+  }
+  auto visible = [&](int j) { return j >= first_key && (!documents || documents[j] == document); };
   float maxval = -FLT_MAX;
-  for (int j = lane; j <= t; j += WARP_SIZE) maxval = fmaxf(maxval, scale * (float)x[j]);
+  for (int j = lane; j <= t; j += WARP_SIZE) {
+    if (visible(j)) maxval = fmaxf(maxval, scale * (float)x[j]);
+  }
   maxval = warp_reduce_max(maxval);
   float sum = 0.0f;
-  for (int j = lane; j <= t; j += WARP_SIZE) sum += expf(scale * (float)x[j] - maxval);
+  for (int j = lane; j <= t; j += WARP_SIZE) {
+    if (visible(j)) sum += expf(scale * (float)x[j] - maxval);
+  }
   const float inv_sum = 1.0f / warp_reduce_sum(sum);
   for (int j = lane; j < T; j += WARP_SIZE) {
-    y[j] = j <= t ? (floatX)(expf(scale * (float)x[j] - maxval) * inv_sum) : (floatX)0.0f;
+    y[j] = j <= t && visible(j) ? (floatX)(expf(scale * (float)x[j] - maxval) * inv_sum) : (floatX)0.0f;
   }
 }
 
@@ -2057,9 +2088,13 @@ void batched_matmul(floatX* c, const floatX* a, const floatX* b, int M, int N, i
 }
 
 // out [B, T, C]; qkvr [3, B, NH, T, HS] receives q, k, v (kept for backward); att [B, NH, T, T]
-// is kept too; preatt (B*NH*T*T) and y (B*T*C) are scratch.
+// is kept too; preatt (B*NH*T*T) and y (B*T*C) are scratch. dw (optional): attention within the
+// documents and window it gives (T a multiple of 128), else causal.
 void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* y,
-                       const floatX* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
+                       const floatX* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream,
+                       const DocumentWindow* dw = nullptr) {
+  REQUIRE(!dw || T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens, "
+          "not T = %d", llmc::kAttentionBlock, T);
   const int HS = C / NH;
   const size_t n = (size_t)B * T * C;
   floatX *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
@@ -2070,7 +2105,7 @@ void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, f
   batched_matmul(preatt, q, k, T, T, HS, false, true, ths, ths, tt, B * NH, 1.0f, 0.0f, stream);
   const int rows = B * NH * T, warps_per_block = threads / WARP_SIZE;
   attention_softmax_forward_kernel<<<ceil_div(rows, warps_per_block), threads, 0, stream>>>(
-      att, preatt, rows, T, scale);
+      att, preatt, rows, T, NH, scale, dw ? *dw : DocumentWindow{});
   cudaCheckLaunch();
   batched_matmul(y, att, v, T, HS, T, false, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
   attention_unpermute_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(out, y, B, T, NH, HS,
@@ -2121,17 +2156,6 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // FLOPs (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
 // once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64
 // tiles at or below the diagonal: about B*NH*T*T/2 BF16 values).
-
-// ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
-// A query attends to the earlier keys of its own document inside the run of key blocks that
-// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
-// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
-// is the span of query block q of sequence b. T is a multiple of 128.
-struct DocumentWindow {
-  const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
-  const int* documents;                   // [B, T]
-  int window;                             // blocks (0: the query's own block only)
-};
 
 #if !defined(ENABLE_FP32)
 namespace flash {
