@@ -5365,7 +5365,7 @@ struct Activations {
   floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward (GEMM attention)
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
-  floatX* attention_ds = nullptr;    // the flash backward's dS tiles
+  floatX* attention_ds = nullptr;    // the flash backward's dS tiles (the windowed one's with -pd 1)
   float* partials = nullptr;         // column-reduction partials (gpt2_allocate)
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
@@ -5427,7 +5427,22 @@ struct Fp8State {
   }
 };
 
-struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State {
+// -pd 1 (gpt2_allocate_documents): attention within each row's documents (token 50256 opens each)
+// and each layer's window of 128-token blocks (layer_window). Each forward makes the mask's
+// metadata of its rows from their tokens on the host, in pinned buffers, and copies it to the GPU
+// on the model's stream; the backward reads the same.
+struct DocumentAttention {
+  bool documents = false;
+  int window_blocks = 0;      // the long window of the passes to come (gpt2_set_window; 0: none)
+  int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
+  llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
+  int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
+  llmc::AttentionBlockSpan* spans_host = nullptr;  // pinned
+  int* document_ids_host = nullptr;                // pinned
+  cudaEvent_t metadata_copied = nullptr;           // the last copies out of the pinned buffers
+};
+
+struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
 };
 
@@ -5533,9 +5548,23 @@ void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
   }
 }
 
+// The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
+// window over the run (llmc::run_window_blocks_max; 0: none) sizes the windowed backward's scratch.
+struct AttentionSpec {
+  bool documents = false;
+  int max_window_blocks = 0;
+};
+
+// The blocks of the widest window any layer takes with `spec` at sequence length T: no window is
+// every block, and a window of more blocks than T holds selects what one of T's blocks does.
+int attention_widest_window(const AttentionSpec& spec, int T) {
+  const int blocks = T / llmc::kAttentionBlock;
+  return spec.max_window_blocks == 0 ? blocks : std::min(spec.max_window_blocks, blocks);
+}
+
 // The passes' scratch of B x T tokens: the buffers the layers reuse, the attention's, the
 // column-reduction partials, the inputs and targets and the encoder backward's plan.
-void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
+void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& attention) {
   const llmc::GPT2Config& c = m.config;
   const size_t BT = (size_t)B * T, C = c.channels;
   m.scratch_btc = device_alloc<floatX>(BT * C, "a B*T*C scratch buffer");
@@ -5544,8 +5573,10 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
   m.flash_attention = attention_flash_supported(C / c.num_heads);
   if (m.flash_attention) {
     m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
-    m.attention_ds = device_alloc<floatX>(attention_flash_ds_count(B, T, c.num_heads),
-                                          "the attention score-gradient scratch");
+    const size_t ds_count = attention.documents
+        ? attention_window_ds_count(B, T, c.num_heads, attention_widest_window(attention, T))
+        : attention_flash_ds_count(B, T, c.num_heads);
+    m.attention_ds = device_alloc<floatX>(ds_count, "the attention score-gradient scratch");
   } else {
     m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
     m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
@@ -5565,6 +5596,23 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
+}
+
+// Attention within documents (spec.documents): the mask's metadata of B x T tokens, on the GPU
+// and pinned on the host. T must be a multiple of the 128-token blocks the kernels take.
+void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
+  m.documents = spec.documents;
+  m.max_window_blocks = spec.max_window_blocks;
+  m.window_blocks = 0;
+  if (!spec.documents) return;
+  REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
+          "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
+  const size_t BT = (size_t)B * T, spans = BT / llmc::kAttentionBlock;
+  m.spans = device_alloc<llmc::AttentionBlockSpan>(spans, "the document spans");
+  m.document_ids = device_alloc<int>(BT, "the document ids");
+  cudaCheck(cudaMallocHost(&m.spans_host, spans * sizeof(llmc::AttentionBlockSpan)));
+  cudaCheck(cudaMallocHost(&m.document_ids_host, BT * sizeof(int)));
+  cudaCheck(cudaEventCreateWithFlags(&m.metadata_copied, cudaEventDisableTiming));
 }
 
 // The FP8 layers' state (-fp8 1 or 2): the weights' casts and scales, the activations' and
@@ -5617,9 +5665,9 @@ void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
 // Everything a training pass of B x T tokens needs beyond the parameters and the optimizer
 // state. fp8: -fp8 (0 none, 1 current scaling, 2 delayed: the blocks' linear layers in FP8, which
 // needs the BF16 build and a GPU of compute capability 8.9 or newer); grad_format: the output
-// gradients' format.
+// gradients' format; attention: causal, or within documents (-pd 1, -aw).
 void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
-                   Fp8Format grad_format = Fp8Format::kE5M2) {
+                   Fp8Format grad_format = Fp8Format::kE5M2, const AttentionSpec& attention = AttentionSpec()) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -5629,7 +5677,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.recompute = recompute;
   m.act_bytes = device_bytes_of([&] {
     gpt2_allocate_activations(m, B, T, recompute, fp8);
-    gpt2_allocate_scratch(m, B, T, fp8);
+    gpt2_allocate_scratch(m, B, T, fp8, attention);
+    gpt2_allocate_documents(m, B, T, attention);
   });
   m.fp8_bytes = device_bytes_of([&] { gpt2_allocate_fp8(m, B, T, fp8, grad_format); });
 }
@@ -5642,10 +5691,14 @@ void gpt2_free(GPT2& m) {
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
                   (void*)m.fp8_act_scales, (void*)m.fp8_history,
-                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t}) {
+                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
+                  (void*)m.spans, (void*)m.document_ids}) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
+  if (m.spans_host) cudaCheck(cudaFreeHost(m.spans_host));
+  if (m.document_ids_host) cudaCheck(cudaFreeHost(m.document_ids_host));
+  if (m.metadata_copied) cudaCheck(cudaEventDestroy(m.metadata_copied));
   device_free(m.muon_pointers);
   if (m.muon_workspace.capacity > 0) muon_workspace_free(m.muon_workspace);
   m = GPT2();
@@ -5912,19 +5965,39 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
                           m.config.head_size(), m.stream);
 }
 
+// Layer l's window in blocks at sequence length T: with 12 layers the reference's long or short
+// window (llmc::layer_window_blocks), at other depths the window in every layer, as train_gpt2.py's
+// layer_window; without a window every block (every earlier key of the document). A window wider
+// than T selects what one of T's blocks does, so none is passed wider than the scratch.
+int layer_window(const GPT2& m, int l, int T) {
+  const int blocks = T / llmc::kAttentionBlock, w = m.window_blocks;
+  if (w == 0) return blocks;
+  return std::min(blocks, m.config.num_layers == llmc::kLayerWindowsCount ? llmc::layer_window_blocks(l, w) : w);
+}
+
+// Layer l's mask over the last forward's rows of T tokens (documents_upload).
+DocumentWindow layer_document_window(const GPT2& m, int l, int T) {
+  return {m.spans, m.document_ids, layer_window(m, l, T)};
+}
+
 // r.atty from r.qkv: the decoder's one query against the layer's KV cache, which it extends; or
-// causal attention over each sequence of T tokens, keeping what layer l's backward reads.
+// attention over each sequence of T tokens, causal or within its documents (m.documents),
+// keeping what layer l's backward reads.
 void attention_rows(GPT2& m, int l, const BlockRows& r) {
   const llmc::GPT2Config& c = m.config;
   const int C = c.channels, NH = c.num_heads;
   if (r.k_cache) {
     attention_forward_decode(r.atty, r.k_cache, r.v_cache, r.qkv, r.first_position, c.max_seq_len, NH,
                              c.head_size(), attention_scale(m), m.stream);
+  } else if (m.flash_attention && m.documents) {
+    attention_forward_window(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m),
+                             layer_document_window(m, l, r.T), m.stream);
   } else if (m.flash_attention) {
     attention_forward_flash(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m), m.stream);
   } else {
+    const DocumentWindow dw = layer_document_window(m, l, r.T);
     attention_forward(r.atty, m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att, m.scratch_btc, r.qkv, r.B, r.T,
-                      C, NH, attention_scale(m), m.stream);
+                      C, NH, attention_scale(m), m.stream, m.documents ? &dw : nullptr);
   }
 }
 
@@ -5935,14 +6008,21 @@ bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arc
 
 // The gradient of layer l's attention input (the qkv after QK-norm) into scratch_bt4c, from that
 // of its output in scratch_btc. The flash path draws the qkv bias reduction's seed (also where it
-// does not run, so that the seeds after it stay put).
+// does not run, so that the seeds after it stay put). The GEMM path needs nothing of the mask:
+// its att holds zeros at the keys the mask hid.
 void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int C = m.config.channels, NH = m.config.num_heads;
   if (m.flash_attention) {
     const bool sums = attention_sums_qkv_bias(m);
-    attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
-                             m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                             attention_scale(m), m.stream);
+    if (m.documents) {
+      attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
+                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
+                                attention_scale(m), layer_document_window(m, l, T), m.stream);
+    } else {
+      attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
+                               m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
+                               attention_scale(m), m.stream);
+    }
     const uint32_t seed_qkvb = seeds.next();
     if (sums) {
       column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
@@ -6112,6 +6192,37 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   return r;
 }
 
+// The long window of the passes to come with documents (gpt2_allocate's AttentionSpec), in blocks;
+// 0: none. A schedule sets each step's (llmc::run_window_blocks).
+void gpt2_set_window(GPT2& m, int window_blocks) {
+  REQUIRE(window_blocks == 0 || m.documents, "a window of %d blocks needs attention within documents",
+          window_blocks);
+  REQUIRE(window_blocks >= 0 && window_blocks <= m.max_window_blocks,
+          "a window of %d blocks, but the attention was allocated for windows of up to %d (0: none)",
+          window_blocks, m.max_window_blocks);
+  m.window_blocks = window_blocks;
+}
+
+// With documents, the mask's metadata of the B x T inputs: each row's block spans and tokens'
+// documents, made on the host in the pinned buffers (once their last copies are done) and copied
+// to the GPU.
+void documents_upload(GPT2& m, const int* inputs, int B, int T) {
+  REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: a "
+          "forward of T = %d", llmc::kAttentionBlock, T);
+  const int blocks = T / llmc::kAttentionBlock;
+  cudaCheck(cudaEventSynchronize(m.metadata_copied));
+  for (int b = 0; b < B; b++) {
+    const int* row = inputs + (size_t)b * T;
+    llmc::attention_block_spans(row, T, llmc::kDocumentStartToken, m.spans_host + (size_t)b * blocks);
+    llmc::document_ids(row, T, llmc::kDocumentStartToken, m.document_ids_host + (size_t)b * T);
+  }
+  cudaCheck(cudaMemcpyAsync(m.spans, m.spans_host, (size_t)B * blocks * sizeof(llmc::AttentionBlockSpan),
+                            cudaMemcpyHostToDevice, m.stream));
+  cudaCheck(cudaMemcpyAsync(m.document_ids, m.document_ids_host, (size_t)B * T * sizeof(int),
+                            cudaMemcpyHostToDevice, m.stream));
+  cudaCheck(cudaEventRecord(m.metadata_copied, m.stream));
+}
+
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
 // classifier applies).
 void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
@@ -6121,6 +6232,7 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   const int N = B * T;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
+  if (m.documents) documents_upload(m, inputs, B, T);
   if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
