@@ -7461,6 +7461,7 @@ struct TrainArgs : llmc::TrainFlags {
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
   int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
+  int documents = 0, window_blocks = 0;  // -pd, -aw (llmc::run_window_blocks)
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
   // -recipe sets the defaults of the flags its help lists (apply_recipe) and the settings that
@@ -7525,6 +7526,15 @@ llmc::Flag recipe_flag(TrainArgs& a) {
           [&a] { return std::string(a.recipe->name); }};
 }
 
+// -aw: N blocks, -1 the schedule, 0 none (llmc::parse_window_blocks).
+llmc::Flag window_flag(TrainArgs& a) {
+  return {"-aw", "attention window", "with -pd 1: attention within modded-nanogpt's window of N blocks of 128 "
+          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer); -1: its "
+          "schedule, 1 block growing to 14 over -x; 0: none",
+          [&a](const char* text) { a.window_blocks = llmc::parse_window_blocks("-aw", text); },
+          [&a] { return std::to_string(a.window_blocks); }};
+}
+
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
@@ -7562,6 +7572,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-h", "HellaSwag", "1: HellaSwag accuracy at every validation (-x 0: evaluate only)", &a.hellaswag, 0, 1),
       text_flag("-hs", "HellaSwag file", "HellaSwag eval file (made by build/hellaswag)", &a.hellaswag_path),
       int_flag("-sh", "shuffle", "1: shuffle the training data", &a.shuffle, 0, 1),
+      int_flag("-pd", "packed documents", "1: train on sequences of whole documents, each from a document start "
+               "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
+               "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
+      window_flag(a),
       int_flag("-pr", "rank (by hand)", "this process's rank, when launched by hand without mpirun or srun", &launch.rank, 0, kIntMax),
       int_flag("-pn", "processes (by hand)", "process count, when launched by hand (with -pr, -rv and -rt)", &launch.world, 1, kIntMax),
       int_flag("-pl", "GPU on node (by hand)", "GPU of this process on its node, by hand (-1: the rank)", &launch.local_rank, 0, kIntMax),
@@ -7691,6 +7705,24 @@ std::string optimizer_description(const OptimizerConfig& opt) {
                          kMuonIterations, adamw.c_str());
 }
 
+// -pd and -aw: the training sequences and what a token attends to.
+std::string attention_description(const TrainArgs& a, const llmc::GPT2Config& c) {
+  if (!a.documents) return "causal, over contiguous training sequences";
+  const char* documents = "within each document (token 50256 opens each) of document-aligned training "
+                          "sequences, validation's contiguous";
+  const std::string layers = c.num_layers == llmc::kLayerWindowsCount
+                                 ? std::string(", N/2 in the short layers (") + llmc::kLayerWindows + ")"
+                                 : std::string(" in every layer");
+  if (a.window_blocks == 0) return llmc::strformat("%s; every earlier token of it", documents);
+  if (a.window_blocks == llmc::kWindowSchedule) {
+    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N growing from 1 to %d over the "
+                           "steps", documents, llmc::kAttentionBlock, layers.c_str(),
+                           llmc::run_window_blocks_max(a.window_blocks));
+  }
+  return llmc::strformat("%s; within a window of N = %d blocks of %d tokens%s", documents, a.window_blocks,
+                         llmc::kAttentionBlock, layers.c_str());
+}
+
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
                         const std::string& checkpoints) {
@@ -7708,6 +7740,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("architecture", architecture_description(m.arch()));
   table.row("optimizers", optimizer_description(a.update));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
+  table.row("attention", attention_description(a, m.config));
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   std::string memory = llmc::strformat("%zu MiB parameters and gradients, %zu MiB optimizer state, %zu MiB "
@@ -7799,9 +7832,13 @@ llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
 }
 
 // -i's and -j's shards as the data loaders will check them (their headers, sizes and one batch
-// each), and no file in both.
-void check_data(const TrainArgs& a, int world) {
-  llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
+// each, or with -pd 1 -i's one step of grad_accum micro batches of documents), and no file in both.
+void check_data(const TrainArgs& a, int world, int grad_accum) {
+  if (a.documents) {
+    llmc::read_document_shard_headers(a.train_pattern, "-i", a.B, a.T, grad_accum, world);
+  } else {
+    llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
+  }
   if (a.val_every > 0 && a.val_batches > 0) {
     llmc::read_shard_headers(a.val_pattern, "-j", a.B, a.T, world);
     llmc::require_disjoint_shards(a.train_pattern, a.val_pattern);
@@ -7839,10 +7876,11 @@ RunInputs prepare_run(TrainArgs& a, int world) {
               llmc::arch_spec(recipe.arch).name, llmc::arch_spec(config.arch).name);
   }
   llmc::resolve_sequence_length(a, config.max_seq_len);
+  llmc::check_document_flags(a.documents, a.window_blocks, a.T, a.max_steps);
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
-  check_data(a, world);
+  check_data(a, world, in.batch.micro_steps);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
   if (!a.output_dir.empty()) {
     llmc::check_log_dir(a.output_dir, "-o", "-y 1", a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
@@ -7860,6 +7898,40 @@ void generate_from_prompt(const TrainArgs& a, GPT2& m) {
                    [&](int id) { return encoder.decode({id}); });
 }
 
+// The training data: contiguous batches (llmc::DataLoader), or with -pd 1 document-aligned
+// sequences (llmc::DocumentLoader), whose steps take grad_accum micro batches.
+class TrainLoader {
+ public:
+  void open(const TrainArgs& a, int grad_accum, int rank, int world, int vocab_size) {
+    if (a.documents) {
+      documents_.reset(new llmc::DocumentLoader(a.train_pattern, "-i", a.B, a.T, grad_accum, rank, world,
+                                                a.shuffle != 0, a.seed, vocab_size));
+    } else {
+      batches_.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, rank, world, a.shuffle != 0, a.seed,
+                                          vocab_size));
+    }
+  }
+  void next_batch(int* inputs, int* targets) {
+    if (documents_) documents_->next_batch(inputs, targets);
+    else batches_->next_batch(inputs, targets);
+  }
+  llmc::DataLoaderState state() const { return documents_ ? documents_->state() : batches_->state(); }
+  void restore(const llmc::DataLoaderState& s) {
+    if (documents_) documents_->restore(s);
+    else batches_->restore(s);
+  }
+  long total_tokens() const { return documents_ ? documents_->total_tokens() : batches_->total_tokens(); }
+  // One epoch of contiguous batches; documents have none (-pd 1 needs -x).
+  long batches_per_epoch() const {
+    REQUIRE(batches_, "document-aligned sequences have no epoch to count the steps by: give -x");
+    return batches_->batches_per_epoch();
+  }
+
+ private:
+  std::unique_ptr<llmc::DataLoader> batches_;
+  std::unique_ptr<llmc::DocumentLoader> documents_;
+};
+
 // What the training loop carries from step to step (train_setup fills it in).
 struct TrainRun {
   TrainRun(const TrainArgs& args, MultiGpu& multi_gpu, GPT2& model) : a(args), mg(multi_gpu), m(model) {}
@@ -7869,7 +7941,8 @@ struct TrainRun {
   int resume_step = -1;  // the step of the checkpoint resumed from; -1 for a new run
   long total_batch = 0;
   int accum_steps = 0, train_steps = 0;
-  std::unique_ptr<llmc::DataLoader> train_loader, val_loader;  // no val_loader without validation
+  TrainLoader train_loader;
+  std::unique_ptr<llmc::DataLoader> val_loader;  // none without validation
   llmc::LrSchedule schedule;
   llmc::HellaSwagSet hellaswag;
   std::unique_ptr<llmc::Tokenizer> tokenizer;  // none: samples are printed as token ids
@@ -7931,8 +8004,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   const int resume_step = in.resume_step;
   const llmc::StepBatch& batch = in.batch;
   r.resume_step = resume_step;
-  r.train_loader.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, r.mg.rank, r.mg.world,
-                                            a.shuffle != 0, a.seed, vocab_size));
+  r.train_loader.open(a, batch.micro_steps, r.mg.rank, r.mg.world, vocab_size);
   if (a.val_every > 0 && a.val_batches > 0) {
     r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, r.mg.rank, r.mg.world,
                                             false, a.seed, vocab_size));
@@ -7941,7 +8013,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.accum_steps = batch.micro_steps;
   r.train_steps = a.max_steps >= 0
       ? a.max_steps
-      : (int)std::max<long>(1, r.train_loader->batches_per_epoch() / r.accum_steps);
+      : (int)std::max<long>(1, r.train_loader.batches_per_epoch() / r.accum_steps);
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);
   r.schedule.decay_fraction = a.decay_fraction;
@@ -7965,14 +8037,14 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
         ? new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kResume, resume_step + 1)
         : new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kNew));
   }
-  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader->total_tokens(),
+  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader.total_tokens(),
                                          checkpoint_mode(r.checkpoints, checkpoint_pin_asked(a, r.train_steps)));
   r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   r.sample_rng = llmc::Rng(a.seed + 1);
   r.inputs.resize((size_t)a.B * a.T);
   r.targets.resize((size_t)a.B * a.T);
-  if (a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
+  if (a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
   // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
   r.loss_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
                                           a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
@@ -7980,7 +8052,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
                                           a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
   if (resume_step >= 0) {
     r.sample_rng.restore(resumed_host.sample_rng);
-    r.train_loader->restore(resumed_host.train_loader);
+    r.train_loader.restore(resumed_host.train_loader);
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
     // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all
@@ -8059,7 +8131,7 @@ void checkpoint_at_step(TrainRun& r, int step) {
   llmc::HostTrainState host;
   host.model_rng = r.m.rng.state();
   host.sample_rng = r.sample_rng.state();
-  host.train_loader = r.train_loader->state();
+  host.train_loader = r.train_loader.state();
   host.loss_window = r.loss_outliers.state();
   host.norm_window = r.norm_outliers.state();
   checkpoint_submit(ck, r.m, r.mg.rank, r.mg.world, step, host);
@@ -8111,7 +8183,7 @@ bool train_step(TrainRun& r, int step) {
   double loss_sum = 0.0;
   for (int micro = 0; micro < r.accum_steps; micro++) {
     multi_gpu_progress(r.mg);
-    if (!a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
+    if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
     gpt2_forward(m, r.inputs.data(), a.B, a.T);
     loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T, train_dloss(r));
     gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
@@ -8165,6 +8237,7 @@ int train_loop(TrainRun& r, int* final_step) {
   for (int step = first_step; step <= r.train_steps; step++) {
     *final_step = step;
     multi_gpu_progress(r.mg);
+    if (a.documents) gpt2_set_window(r.m, llmc::run_window_blocks(a.window_blocks, step, r.train_steps));
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -8268,7 +8341,8 @@ int train_main(int argc, char** argv) {
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
   } else {
-    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2);
+    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
+                  {a.documents != 0, llmc::run_window_blocks_max(a.window_blocks)});
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

@@ -502,6 +502,9 @@ gpu_resume() {
   # The modern recipe: Muon's momentum lives in the state files' first moments.
   resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
+  # Packed documents: the document loader's state, and the window's schedule from the resumed step.
+  resume_test ./train_gpt2cu resume_documents_bf16 -pd 1 -aw -1 -z 2048
+  resume_test ./train_gpt2fp32cu resume_documents_fp32 -pd 1 -aw -1 -z 2048
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test
