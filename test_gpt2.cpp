@@ -242,6 +242,10 @@ int run(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   GPT2 model = gpt2_from_checkpoint(checkpoint);
   const DebugState ref = debug_state_load(debug_state, model.config);
+  if (ref.documents) {
+    LLMC_FAIL("%s holds attention within documents (train_gpt2.py --documents 1), which this CPU trainer "
+              "does not have: check it with ./test_gpt2cu", debug_state.c_str());
+  }
   printf("model %s, %zu parameters; debug batch B=%d T=%d, %d AdamW steps (lr %g, weight "
          "decay %g, clip %g); %d threads\n", model.config.describe().c_str(),
          model.num_parameters, ref.B, ref.T, ref.steps, ref.lr, ref.weight_decay, ref.grad_clip,

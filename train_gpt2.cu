@@ -1955,12 +1955,24 @@ void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rs
   cudaCheckLaunch();
 }
 
+// ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
+// A query attends to the earlier keys of its own document inside the run of key blocks that
+// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
+// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
+// is the span of query block q of sequence b. T is a multiple of 128.
+struct DocumentWindow {
+  const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
+  const int* documents;                   // [B, T]
+  int window;                             // blocks (0: the query's own block only)
+};
+
 // ---- Causal attention through batched GEMMs (FP32 builds, head sizes flash does not take) ----
 // Causal multi-head attention from qkv[B, T, 3, NH, HS]: q, k, v are permuted to [B, NH, T, HS],
 // preatt = q k^T by strided batched GEMMs, a fused causal softmax (FP32 math, one warp per row) of
 // scale * preatt gives att[B, NH, T, T] (kept for the backward pass), y = att v, and y is
-// permuted back to [B, T, C]. FLOPs: 4*B*NH*T*T*HS forward (half of it masked), 8*... backward;
-// bytes: dominated by the B*NH*T*T attention matrix. Every attention kernel takes the softmax
+// permuted back to [B, T, C]; attention within documents (DocumentWindow) masks more keys in the
+// softmax. FLOPs: 4*B*NH*T*T*HS forward (half of it masked), 8*... backward; bytes: dominated by
+// the B*NH*T*T attention matrix. Every attention kernel takes the softmax
 // scale from its caller: GPT-2's is attention_default_scale, the modern architecture's 0.12.
 
 // GPT-2's softmax scale, 1/sqrt(HS), in the one expression whose bits every GPT-2 path uses (at
@@ -2007,22 +2019,41 @@ __global__ void attention_unpermute_kernel(floatX* out, const floatX* y, int B, 
   }
 }
 
-// One warp per row (b, h, t): att[j] = softmax over j <= t of scale * preatt[j]; 0 for j > t.
+// One warp per row (b, h, t): att[j] = softmax over the keys j visible to t of scale * preatt[j],
+// exactly 0 for the others. Causal (dw.spans null): j <= t. With documents (DocumentWindow) also
+// j in t's document and in the run of blocks attention_blocks_select gives t's block. A masked key
+// then has probability 0, and so the backward through att (attention_backward) gives it no
+// gradient unchanged; the causal rows take the same arithmetic as without the mask.
 __global__ void attention_softmax_forward_kernel(floatX* att, const floatX* preatt, int rows,
-                                                 int T, float scale) {
+                                                 int T, int NH, float scale, DocumentWindow dw) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= rows) return;
   const int lane = threadIdx.x % WARP_SIZE, t = row % T;
   const floatX* x = preatt + (size_t)row * T;
   floatX* y = att + (size_t)row * T;
+  int first_key = 0, document = 0;
+  const int* documents = nullptr;
+  if (dw.spans) {
+    const int b = row / T / NH, q_block = t / llmc::kAttentionBlock;
+    const llmc::AttentionBlockSelection selection = llmc::attention_blocks_select(
+        dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, dw.window);
+    first_key = (q_block - selection.full - selection.partial + 1) * llmc::kAttentionBlock;
+    documents = dw.documents + (size_t)b * T;
+    document = documents[t];
+  }
+  auto visible = [&](int j) { return j >= first_key && (!documents || documents[j] == document); };
   float maxval = -FLT_MAX;
-  for (int j = lane; j <= t; j += WARP_SIZE) maxval = fmaxf(maxval, scale * (float)x[j]);
+  for (int j = lane; j <= t; j += WARP_SIZE) {
+    if (visible(j)) maxval = fmaxf(maxval, scale * (float)x[j]);
+  }
   maxval = warp_reduce_max(maxval);
   float sum = 0.0f;
-  for (int j = lane; j <= t; j += WARP_SIZE) sum += expf(scale * (float)x[j] - maxval);
+  for (int j = lane; j <= t; j += WARP_SIZE) {
+    if (visible(j)) sum += expf(scale * (float)x[j] - maxval);
+  }
   const float inv_sum = 1.0f / warp_reduce_sum(sum);
   for (int j = lane; j < T; j += WARP_SIZE) {
-    y[j] = j <= t ? (floatX)(expf(scale * (float)x[j] - maxval) * inv_sum) : (floatX)0.0f;
+    y[j] = j <= t && visible(j) ? (floatX)(expf(scale * (float)x[j] - maxval) * inv_sum) : (floatX)0.0f;
   }
 }
 
@@ -2057,9 +2088,13 @@ void batched_matmul(floatX* c, const floatX* a, const floatX* b, int M, int N, i
 }
 
 // out [B, T, C]; qkvr [3, B, NH, T, HS] receives q, k, v (kept for backward); att [B, NH, T, T]
-// is kept too; preatt (B*NH*T*T) and y (B*T*C) are scratch.
+// is kept too; preatt (B*NH*T*T) and y (B*T*C) are scratch. dw (optional): attention within the
+// documents and window it gives (T a multiple of 128), else causal.
 void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, floatX* y,
-                       const floatX* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream) {
+                       const floatX* qkv, int B, int T, int C, int NH, float scale, cudaStream_t stream,
+                       const DocumentWindow* dw = nullptr) {
+  REQUIRE(!dw || T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens, "
+          "not T = %d", llmc::kAttentionBlock, T);
   const int HS = C / NH;
   const size_t n = (size_t)B * T * C;
   floatX *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
@@ -2070,7 +2105,7 @@ void attention_forward(floatX* out, floatX* qkvr, floatX* att, floatX* preatt, f
   batched_matmul(preatt, q, k, T, T, HS, false, true, ths, ths, tt, B * NH, 1.0f, 0.0f, stream);
   const int rows = B * NH * T, warps_per_block = threads / WARP_SIZE;
   attention_softmax_forward_kernel<<<ceil_div(rows, warps_per_block), threads, 0, stream>>>(
-      att, preatt, rows, T, scale);
+      att, preatt, rows, T, NH, scale, dw ? *dw : DocumentWindow{});
   cudaCheckLaunch();
   batched_matmul(y, att, v, T, HS, T, false, false, tt, ths, ths, B * NH, 1.0f, 0.0f, stream);
   attention_unpermute_kernel<<<ceil_div(n, threads), threads, 0, stream>>>(out, y, B, T, NH, HS,
@@ -2121,17 +2156,6 @@ void attention_backward(floatX* dqkv, floatX* scratch_dqkvr, floatX* scratch_dat
 // FLOPs (causal): 2*B*NH*T*T*HS forward, 5/2 of that backward; bytes: qkv, out and their gradients
 // once, the K/V (or Q/dO) tiles re-read by each block, and dS written and read once (the 64x64
 // tiles at or below the diagonal: about B*NH*T*T/2 BF16 values).
-
-// ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
-// A query attends to the earlier keys of its own document inside the run of key blocks that
-// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
-// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
-// is the span of query block q of sequence b. T is a multiple of 128.
-struct DocumentWindow {
-  const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
-  const int* documents;                   // [B, T]
-  int window;                             // blocks (0: the query's own block only)
-};
 
 #if !defined(ENABLE_FP32)
 namespace flash {
@@ -5531,7 +5555,7 @@ struct Activations {
   floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward (GEMM attention)
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
-  floatX* attention_ds = nullptr;    // the flash backward's dS tiles
+  floatX* attention_ds = nullptr;    // the flash backward's dS tiles (the windowed one's with -pd 1)
   float* partials = nullptr;         // column-reduction partials (gpt2_allocate)
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
@@ -5593,7 +5617,22 @@ struct Fp8State {
   }
 };
 
-struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State {
+// -pd 1 (gpt2_allocate_documents): attention within each row's documents (token 50256 opens each)
+// and each layer's window of 128-token blocks (layer_window). Each forward makes the mask's
+// metadata of its rows from their tokens on the host, in pinned buffers, and copies it to the GPU
+// on the model's stream; the backward reads the same.
+struct DocumentAttention {
+  bool documents = false;
+  int window_blocks = 0;      // the long window of the passes to come (gpt2_set_window; 0: none)
+  int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
+  llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
+  int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
+  llmc::AttentionBlockSpan* spans_host = nullptr;  // pinned
+  int* document_ids_host = nullptr;                // pinned
+  cudaEvent_t metadata_copied = nullptr;           // the last copies out of the pinned buffers
+};
+
+struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
 };
 
@@ -5699,9 +5738,23 @@ void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
   }
 }
 
+// The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
+// window over the run (llmc::run_window_blocks_max; 0: none) sizes the windowed backward's scratch.
+struct AttentionSpec {
+  bool documents = false;
+  int max_window_blocks = 0;
+};
+
+// The blocks of the widest window any layer takes with `spec` at sequence length T: no window is
+// every block, and a window of more blocks than T holds selects what one of T's blocks does.
+int attention_widest_window(const AttentionSpec& spec, int T) {
+  const int blocks = T / llmc::kAttentionBlock;
+  return spec.max_window_blocks == 0 ? blocks : std::min(spec.max_window_blocks, blocks);
+}
+
 // The passes' scratch of B x T tokens: the buffers the layers reuse, the attention's, the
 // column-reduction partials, the inputs and targets and the encoder backward's plan.
-void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
+void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& attention) {
   const llmc::GPT2Config& c = m.config;
   const size_t BT = (size_t)B * T, C = c.channels;
   m.scratch_btc = device_alloc<floatX>(BT * C, "a B*T*C scratch buffer");
@@ -5710,8 +5763,10 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
   m.flash_attention = attention_flash_supported(C / c.num_heads);
   if (m.flash_attention) {
     m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
-    m.attention_ds = device_alloc<floatX>(attention_flash_ds_count(B, T, c.num_heads),
-                                          "the attention score-gradient scratch");
+    const size_t ds_count = attention.documents
+        ? attention_window_ds_count(B, T, c.num_heads, attention_widest_window(attention, T))
+        : attention_flash_ds_count(B, T, c.num_heads);
+    m.attention_ds = device_alloc<floatX>(ds_count, "the attention score-gradient scratch");
   } else {
     m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
     m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
@@ -5731,6 +5786,23 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8) {
   m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   m.inputs_host.resize(BT);
+}
+
+// Attention within documents (spec.documents): the mask's metadata of B x T tokens, on the GPU
+// and pinned on the host. T must be a multiple of the 128-token blocks the kernels take.
+void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
+  m.documents = spec.documents;
+  m.max_window_blocks = spec.max_window_blocks;
+  m.window_blocks = 0;
+  if (!spec.documents) return;
+  REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
+          "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
+  const size_t BT = (size_t)B * T, spans = BT / llmc::kAttentionBlock;
+  m.spans = device_alloc<llmc::AttentionBlockSpan>(spans, "the document spans");
+  m.document_ids = device_alloc<int>(BT, "the document ids");
+  cudaCheck(cudaMallocHost(&m.spans_host, spans * sizeof(llmc::AttentionBlockSpan)));
+  cudaCheck(cudaMallocHost(&m.document_ids_host, BT * sizeof(int)));
+  cudaCheck(cudaEventCreateWithFlags(&m.metadata_copied, cudaEventDisableTiming));
 }
 
 // The FP8 layers' state (-fp8 1 or 2): the weights' casts and scales, the activations' and
@@ -5783,9 +5855,9 @@ void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
 // Everything a training pass of B x T tokens needs beyond the parameters and the optimizer
 // state. fp8: -fp8 (0 none, 1 current scaling, 2 delayed: the blocks' linear layers in FP8, which
 // needs the BF16 build and a GPU of compute capability 8.9 or newer); grad_format: the output
-// gradients' format.
+// gradients' format; attention: causal, or within documents (-pd 1, -aw).
 void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
-                   Fp8Format grad_format = Fp8Format::kE5M2) {
+                   Fp8Format grad_format = Fp8Format::kE5M2, const AttentionSpec& attention = AttentionSpec()) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -5795,7 +5867,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.recompute = recompute;
   m.act_bytes = device_bytes_of([&] {
     gpt2_allocate_activations(m, B, T, recompute, fp8);
-    gpt2_allocate_scratch(m, B, T, fp8);
+    gpt2_allocate_scratch(m, B, T, fp8, attention);
+    gpt2_allocate_documents(m, B, T, attention);
   });
   m.fp8_bytes = device_bytes_of([&] { gpt2_allocate_fp8(m, B, T, fp8, grad_format); });
 }
@@ -5808,10 +5881,14 @@ void gpt2_free(GPT2& m) {
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
                   (void*)m.fp8_act_scales, (void*)m.fp8_history,
-                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t}) {
+                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
+                  (void*)m.spans, (void*)m.document_ids}) {
     device_free(p);
   }
   if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
+  if (m.spans_host) cudaCheck(cudaFreeHost(m.spans_host));
+  if (m.document_ids_host) cudaCheck(cudaFreeHost(m.document_ids_host));
+  if (m.metadata_copied) cudaCheck(cudaEventDestroy(m.metadata_copied));
   device_free(m.muon_pointers);
   if (m.muon_workspace.capacity > 0) muon_workspace_free(m.muon_workspace);
   m = GPT2();
@@ -6078,19 +6155,39 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
                           m.config.head_size(), m.stream);
 }
 
+// Layer l's window in blocks at sequence length T: with 12 layers the reference's long or short
+// window (llmc::layer_window_blocks), at other depths the window in every layer, as train_gpt2.py's
+// layer_window; without a window every block (every earlier key of the document). A window wider
+// than T selects what one of T's blocks does, so none is passed wider than the scratch.
+int layer_window(const GPT2& m, int l, int T) {
+  const int blocks = T / llmc::kAttentionBlock, w = m.window_blocks;
+  if (w == 0) return blocks;
+  return std::min(blocks, m.config.num_layers == llmc::kLayerWindowsCount ? llmc::layer_window_blocks(l, w) : w);
+}
+
+// Layer l's mask over the last forward's rows of T tokens (documents_upload).
+DocumentWindow layer_document_window(const GPT2& m, int l, int T) {
+  return {m.spans, m.document_ids, layer_window(m, l, T)};
+}
+
 // r.atty from r.qkv: the decoder's one query against the layer's KV cache, which it extends; or
-// causal attention over each sequence of T tokens, keeping what layer l's backward reads.
+// attention over each sequence of T tokens, causal or within its documents (m.documents),
+// keeping what layer l's backward reads.
 void attention_rows(GPT2& m, int l, const BlockRows& r) {
   const llmc::GPT2Config& c = m.config;
   const int C = c.channels, NH = c.num_heads;
   if (r.k_cache) {
     attention_forward_decode(r.atty, r.k_cache, r.v_cache, r.qkv, r.first_position, c.max_seq_len, NH,
                              c.head_size(), attention_scale(m), m.stream);
+  } else if (m.flash_attention && m.documents) {
+    attention_forward_window(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m),
+                             layer_document_window(m, l, r.T), m.stream);
   } else if (m.flash_attention) {
     attention_forward_flash(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m), m.stream);
   } else {
+    const DocumentWindow dw = layer_document_window(m, l, r.T);
     attention_forward(r.atty, m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att, m.scratch_btc, r.qkv, r.B, r.T,
-                      C, NH, attention_scale(m), m.stream);
+                      C, NH, attention_scale(m), m.stream, m.documents ? &dw : nullptr);
   }
 }
 
@@ -6101,14 +6198,21 @@ bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arc
 
 // The gradient of layer l's attention input (the qkv after QK-norm) into scratch_bt4c, from that
 // of its output in scratch_btc. The flash path draws the qkv bias reduction's seed (also where it
-// does not run, so that the seeds after it stay put).
+// does not run, so that the seeds after it stay put). The GEMM path needs nothing of the mask:
+// its att holds zeros at the keys the mask hid.
 void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int C = m.config.channels, NH = m.config.num_heads;
   if (m.flash_attention) {
     const bool sums = attention_sums_qkv_bias(m);
-    attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
-                             m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                             attention_scale(m), m.stream);
+    if (m.documents) {
+      attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
+                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
+                                attention_scale(m), layer_document_window(m, l, T), m.stream);
+    } else {
+      attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
+                               m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
+                               attention_scale(m), m.stream);
+    }
     const uint32_t seed_qkvb = seeds.next();
     if (sums) {
       column_sum_finalize(m.grad(llmc::kQkvb, l), m.partials, 3 * C, 3 * C, attention_flash_tile_rows(B, T),
@@ -6278,6 +6382,37 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   return r;
 }
 
+// The long window of the passes to come with documents (gpt2_allocate's AttentionSpec), in blocks;
+// 0: none. A schedule sets each step's (llmc::run_window_blocks).
+void gpt2_set_window(GPT2& m, int window_blocks) {
+  REQUIRE(window_blocks == 0 || m.documents, "a window of %d blocks needs attention within documents",
+          window_blocks);
+  REQUIRE(window_blocks >= 0 && window_blocks <= m.max_window_blocks,
+          "a window of %d blocks, but the attention was allocated for windows of up to %d (0: none)",
+          window_blocks, m.max_window_blocks);
+  m.window_blocks = window_blocks;
+}
+
+// With documents, the mask's metadata of the B x T inputs: each row's block spans and tokens'
+// documents, made on the host in the pinned buffers (once their last copies are done) and copied
+// to the GPU.
+void documents_upload(GPT2& m, const int* inputs, int B, int T) {
+  REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: a "
+          "forward of T = %d", llmc::kAttentionBlock, T);
+  const int blocks = T / llmc::kAttentionBlock;
+  cudaCheck(cudaEventSynchronize(m.metadata_copied));
+  for (int b = 0; b < B; b++) {
+    const int* row = inputs + (size_t)b * T;
+    llmc::attention_block_spans(row, T, llmc::kDocumentStartToken, m.spans_host + (size_t)b * blocks);
+    llmc::document_ids(row, T, llmc::kDocumentStartToken, m.document_ids_host + (size_t)b * T);
+  }
+  cudaCheck(cudaMemcpyAsync(m.spans, m.spans_host, (size_t)B * blocks * sizeof(llmc::AttentionBlockSpan),
+                            cudaMemcpyHostToDevice, m.stream));
+  cudaCheck(cudaMemcpyAsync(m.document_ids, m.document_ids_host, (size_t)B * T * sizeof(int),
+                            cudaMemcpyHostToDevice, m.stream));
+  cudaCheck(cudaEventRecord(m.metadata_copied, m.stream));
+}
+
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
 // classifier applies).
 void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
@@ -6287,6 +6422,7 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   const int N = B * T;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
+  if (m.documents) documents_upload(m, inputs, B, T);
   if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
@@ -7515,6 +7651,7 @@ struct TrainArgs : llmc::TrainFlags {
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
   int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
+  int documents = 0, window_blocks = 0;  // -pd, -aw (llmc::run_window_blocks)
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
   // -recipe sets the defaults of the flags its help lists (apply_recipe) and the settings that
@@ -7579,6 +7716,15 @@ llmc::Flag recipe_flag(TrainArgs& a) {
           [&a] { return std::string(a.recipe->name); }};
 }
 
+// -aw: N blocks, -1 the schedule, 0 none (llmc::parse_window_blocks).
+llmc::Flag window_flag(TrainArgs& a) {
+  return {"-aw", "attention window", "with -pd 1: attention within modded-nanogpt's window of N blocks of 128 "
+          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer); -1: its "
+          "schedule, 1 block growing to 14 over -x; 0: none",
+          [&a](const char* text) { a.window_blocks = llmc::parse_window_blocks("-aw", text); },
+          [&a] { return std::to_string(a.window_blocks); }};
+}
+
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
@@ -7616,6 +7762,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-h", "HellaSwag", "1: HellaSwag accuracy at every validation (-x 0: evaluate only)", &a.hellaswag, 0, 1),
       text_flag("-hs", "HellaSwag file", "HellaSwag eval file (made by build/hellaswag)", &a.hellaswag_path),
       int_flag("-sh", "shuffle", "1: shuffle the training data", &a.shuffle, 0, 1),
+      int_flag("-pd", "packed documents", "1: train on sequences of whole documents, each from a document start "
+               "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
+               "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
+      window_flag(a),
       int_flag("-pr", "rank (by hand)", "this process's rank, when launched by hand without mpirun or srun", &launch.rank, 0, kIntMax),
       int_flag("-pn", "processes (by hand)", "process count, when launched by hand (with -pr, -rv and -rt)", &launch.world, 1, kIntMax),
       int_flag("-pl", "GPU on node (by hand)", "GPU of this process on its node, by hand (-1: the rank)", &launch.local_rank, 0, kIntMax),
@@ -7745,6 +7895,24 @@ std::string optimizer_description(const OptimizerConfig& opt) {
                          kMuonIterations, adamw.c_str());
 }
 
+// -pd and -aw: the training sequences and what a token attends to.
+std::string attention_description(const TrainArgs& a, const llmc::GPT2Config& c) {
+  if (!a.documents) return "causal, over contiguous training sequences";
+  const char* documents = "within each document (token 50256 opens each) of document-aligned training "
+                          "sequences, validation's contiguous";
+  const std::string layers = c.num_layers == llmc::kLayerWindowsCount
+                                 ? std::string(", N/2 in the short layers (") + llmc::kLayerWindows + ")"
+                                 : std::string(" in every layer");
+  if (a.window_blocks == 0) return llmc::strformat("%s; every earlier token of it", documents);
+  if (a.window_blocks == llmc::kWindowSchedule) {
+    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N growing from 1 to %d over the "
+                           "steps", documents, llmc::kAttentionBlock, layers.c_str(),
+                           llmc::run_window_blocks_max(a.window_blocks));
+  }
+  return llmc::strformat("%s; within a window of N = %d blocks of %d tokens%s", documents, a.window_blocks,
+                         llmc::kAttentionBlock, layers.c_str());
+}
+
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
                         const std::string& checkpoints) {
@@ -7762,6 +7930,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("architecture", architecture_description(m.arch()));
   table.row("optimizers", optimizer_description(a.update));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
+  table.row("attention", attention_description(a, m.config));
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   std::string memory = llmc::strformat("%zu MiB parameters and gradients, %zu MiB optimizer state, %zu MiB "
@@ -7853,9 +8022,13 @@ llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
 }
 
 // -i's and -j's shards as the data loaders will check them (their headers, sizes and one batch
-// each), and no file in both.
-void check_data(const TrainArgs& a, int world) {
-  llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
+// each, or with -pd 1 -i's one step of grad_accum micro batches of documents), and no file in both.
+void check_data(const TrainArgs& a, int world, int grad_accum) {
+  if (a.documents) {
+    llmc::read_document_shard_headers(a.train_pattern, "-i", a.B, a.T, grad_accum, world);
+  } else {
+    llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
+  }
   if (a.val_every > 0 && a.val_batches > 0) {
     llmc::read_shard_headers(a.val_pattern, "-j", a.B, a.T, world);
     llmc::require_disjoint_shards(a.train_pattern, a.val_pattern);
@@ -7893,10 +8066,11 @@ RunInputs prepare_run(TrainArgs& a, int world) {
               llmc::arch_spec(recipe.arch).name, llmc::arch_spec(config.arch).name);
   }
   llmc::resolve_sequence_length(a, config.max_seq_len);
+  llmc::check_document_flags(a.documents, a.window_blocks, a.T, a.max_steps);
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
-  check_data(a, world);
+  check_data(a, world, in.batch.micro_steps);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
   if (!a.output_dir.empty()) {
     llmc::check_log_dir(a.output_dir, "-o", "-y 1", a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
@@ -7914,6 +8088,40 @@ void generate_from_prompt(const TrainArgs& a, GPT2& m) {
                    [&](int id) { return encoder.decode({id}); });
 }
 
+// The training data: contiguous batches (llmc::DataLoader), or with -pd 1 document-aligned
+// sequences (llmc::DocumentLoader), whose steps take grad_accum micro batches.
+class TrainLoader {
+ public:
+  void open(const TrainArgs& a, int grad_accum, int rank, int world, int vocab_size) {
+    if (a.documents) {
+      documents_.reset(new llmc::DocumentLoader(a.train_pattern, "-i", a.B, a.T, grad_accum, rank, world,
+                                                a.shuffle != 0, a.seed, vocab_size));
+    } else {
+      batches_.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, rank, world, a.shuffle != 0, a.seed,
+                                          vocab_size));
+    }
+  }
+  void next_batch(int* inputs, int* targets) {
+    if (documents_) documents_->next_batch(inputs, targets);
+    else batches_->next_batch(inputs, targets);
+  }
+  llmc::DataLoaderState state() const { return documents_ ? documents_->state() : batches_->state(); }
+  void restore(const llmc::DataLoaderState& s) {
+    if (documents_) documents_->restore(s);
+    else batches_->restore(s);
+  }
+  long total_tokens() const { return documents_ ? documents_->total_tokens() : batches_->total_tokens(); }
+  // One epoch of contiguous batches; documents have none (-pd 1 needs -x).
+  long batches_per_epoch() const {
+    REQUIRE(batches_, "document-aligned sequences have no epoch to count the steps by: give -x");
+    return batches_->batches_per_epoch();
+  }
+
+ private:
+  std::unique_ptr<llmc::DataLoader> batches_;
+  std::unique_ptr<llmc::DocumentLoader> documents_;
+};
+
 // What the training loop carries from step to step (train_setup fills it in).
 struct TrainRun {
   TrainRun(const TrainArgs& args, MultiGpu& multi_gpu, GPT2& model) : a(args), mg(multi_gpu), m(model) {}
@@ -7923,7 +8131,8 @@ struct TrainRun {
   int resume_step = -1;  // the step of the checkpoint resumed from; -1 for a new run
   long total_batch = 0;
   int accum_steps = 0, train_steps = 0;
-  std::unique_ptr<llmc::DataLoader> train_loader, val_loader;  // no val_loader without validation
+  TrainLoader train_loader;
+  std::unique_ptr<llmc::DataLoader> val_loader;  // none without validation
   llmc::LrSchedule schedule;
   llmc::HellaSwagSet hellaswag;
   std::unique_ptr<llmc::Tokenizer> tokenizer;  // none: samples are printed as token ids
@@ -7985,8 +8194,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   const int resume_step = in.resume_step;
   const llmc::StepBatch& batch = in.batch;
   r.resume_step = resume_step;
-  r.train_loader.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, r.mg.rank, r.mg.world,
-                                            a.shuffle != 0, a.seed, vocab_size));
+  r.train_loader.open(a, batch.micro_steps, r.mg.rank, r.mg.world, vocab_size);
   if (a.val_every > 0 && a.val_batches > 0) {
     r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, r.mg.rank, r.mg.world,
                                             false, a.seed, vocab_size));
@@ -7995,7 +8203,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.accum_steps = batch.micro_steps;
   r.train_steps = a.max_steps >= 0
       ? a.max_steps
-      : (int)std::max<long>(1, r.train_loader->batches_per_epoch() / r.accum_steps);
+      : (int)std::max<long>(1, r.train_loader.batches_per_epoch() / r.accum_steps);
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);
   r.schedule.decay_fraction = a.decay_fraction;
@@ -8019,14 +8227,14 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
         ? new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kResume, resume_step + 1)
         : new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kNew));
   }
-  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader->total_tokens(),
+  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader.total_tokens(),
                                          checkpoint_mode(r.checkpoints, checkpoint_pin_asked(a, r.train_steps)));
   r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   r.sample_rng = llmc::Rng(a.seed + 1);
   r.inputs.resize((size_t)a.B * a.T);
   r.targets.resize((size_t)a.B * a.T);
-  if (a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
+  if (a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
   // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
   r.loss_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
                                           a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
@@ -8034,7 +8242,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
                                           a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
   if (resume_step >= 0) {
     r.sample_rng.restore(resumed_host.sample_rng);
-    r.train_loader->restore(resumed_host.train_loader);
+    r.train_loader.restore(resumed_host.train_loader);
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
     // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all
@@ -8113,7 +8321,7 @@ void checkpoint_at_step(TrainRun& r, int step) {
   llmc::HostTrainState host;
   host.model_rng = r.m.rng.state();
   host.sample_rng = r.sample_rng.state();
-  host.train_loader = r.train_loader->state();
+  host.train_loader = r.train_loader.state();
   host.loss_window = r.loss_outliers.state();
   host.norm_window = r.norm_outliers.state();
   checkpoint_submit(ck, r.m, r.mg.rank, r.mg.world, step, host);
@@ -8165,7 +8373,7 @@ bool train_step(TrainRun& r, int step) {
   double loss_sum = 0.0;
   for (int micro = 0; micro < r.accum_steps; micro++) {
     multi_gpu_progress(r.mg);
-    if (!a.overfit) r.train_loader->next_batch(r.inputs.data(), r.targets.data());
+    if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
     gpt2_forward(m, r.inputs.data(), a.B, a.T);
     loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T, train_dloss(r));
     gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
@@ -8219,6 +8427,7 @@ int train_loop(TrainRun& r, int* final_step) {
   for (int step = first_step; step <= r.train_steps; step++) {
     *final_step = step;
     multi_gpu_progress(r.mg);
+    if (a.documents) gpt2_set_window(r.m, llmc::run_window_blocks(a.window_blocks, step, r.train_steps));
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -8322,7 +8531,8 @@ int train_main(int argc, char** argv) {
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
   } else {
-    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2);
+    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
+                  {a.documents != 0, llmc::run_window_blocks_max(a.window_blocks)});
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

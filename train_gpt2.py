@@ -962,11 +962,26 @@ def document_block_mask(idx, window_blocks):
 
 
 class RandomTokens:
-    """One batch of uniform random tokens from a seeded generator, returned by every call."""
+    """One batch of uniform random tokens from a seeded generator, returned by every call. With
+    documents the rows are document-aligned, as DocumentLoader's: each opens with a document start,
+    and about one token in 64 starts another, at least one of them on a 128-token block's edge and
+    one a document of one token, so that the document masks have something to keep apart (the
+    tokens without documents are the same)."""
 
-    def __init__(self, B, T, vocab_size, seed):
+    def __init__(self, B, T, vocab_size, seed, documents=False):
         generator = torch.Generator().manual_seed(seed)
         window = torch.randint(0, vocab_size, (B, T + 1), generator=generator)
+        if documents:
+            if vocab_size <= DOCUMENT_START:
+                fail(f"--documents 1 starts documents with token {DOCUMENT_START}, outside the vocabulary of "
+                     f"{vocab_size}; drop --vocab_size")
+            blocks = T // ATTENTION_BLOCK
+            for row in window:
+                starts = torch.randint(1, T + 1, (max(1, T // 64),), generator=generator).tolist()
+                edge = ATTENTION_BLOCK * int(torch.randint(1, blocks, (1,), generator=generator)) if blocks > 1 else 0
+                single = int(torch.randint(1, T, (1,), generator=generator))
+                for start in starts + [0, edge, single, single + 1]:
+                    row[start] = DOCUMENT_START
         self.batch = (window[:, :-1].contiguous(), window[:, 1:].contiguous())
 
     def next_batch(self):
@@ -1161,8 +1176,9 @@ def write_debug_state(model, batch, args, device, out_dir):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
     gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
     at constant learning rates (the first loss is the one before any update). GPT-2 with AdamW and
-    the mean loss writes version 3; the modern architecture, Muon or the summed loss version 4,
-    whose header also names the architecture, the optimizers and their settings.
+    the mean loss writes version 3; the modern architecture, Muon, the summed loss or documents
+    version 4, whose header also names the architecture, the optimizers and their settings, and the
+    attention's documents and window (the window of step 0, which every debug step keeps).
 
     The debug state is float32, the reference the C++ builds are checked against, except with
     --fp8 1 (gpt2_<name>_fp8_debug_state.bin): float32 has no FP8 products to compare with, so
@@ -1202,7 +1218,7 @@ def write_debug_state(model, batch, args, device, out_dir):
             muon_optimizer.step()
 
     B, T = x.shape
-    version4 = config.modern or muon or summed
+    version4 = config.modern or muon or summed or model.documents
     header = np.zeros(HEADER_INTS, np.int32)
     header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION, B, T,
                   args.debug_steps, config.vocab_size]
@@ -1213,6 +1229,7 @@ def write_debug_state(model, batch, args, device, out_dir):
         muon_hyper = [args.muon_lr, args.muon_weight_decay, args.muon_momentum] if muon else [0.0] * 3
         adamw_lrs = [args.embedding_lr, args.head_lr, args.scalar_lr] if config.modern else [args.learning_rate] * 3
         header[15:21] = np.array(muon_hyper + adamw_lrs, np.float32).view(np.int32)
+        header[21:23] = [int(model.documents), model.window_blocks or 0]
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
@@ -1744,7 +1761,7 @@ def main(argv=None, step_hook=None):
         check_fp8(config, device)
     model.documents = bool(args.documents)
     set_attention_window(model, args, 0)
-    train_loader = RandomTokens(B, T, config.vocab_size, args.seed)
+    train_loader = RandomTokens(B, T, config.vocab_size, args.seed, bool(args.documents))
     if args.input_bin and args.documents:
         train_loader = DocumentLoader(args.input_bin, "--input_bin", B, T, step_batch(args, world)[1], rank, world,
                                       args.shuffle, args.seed, config.vocab_size)

@@ -100,4 +100,16 @@ LLMC_HOST_DEVICE inline int attention_first_key(int t, int document_start, int w
   return document_start > window_start ? document_start : window_start;
 }
 
+// The document of each of the T tokens of one sequence, as the reference counts them: the number
+// of tokens equal to `document_start` among tokens 0..i (0 before the first start). Ids only ever
+// grow along a sequence, so two tokens share a document exactly when their ids are equal; on the
+// host.
+inline void document_ids(const int* tokens, int T, int document_start, int* ids) {
+  int document = 0;
+  for (int i = 0; i < T; i++) {
+    if (tokens[i] == document_start) document++;
+    ids[i] = document;
+  }
+}
+
 }  // namespace llmc

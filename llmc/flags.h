@@ -371,6 +371,39 @@ inline StepBatch step_batch(const TrainFlags& f, int processes) {
   return {f.total_batch, (int)(f.total_batch / per_micro_step)};
 }
 
+// The CUDA trainer's -pd (documents) and -aw (window, llmc/schedulers.h's run_window_blocks), which
+// the CPU trainer refuses. -aw's value: N blocks, kWindowSchedule or 0.
+inline int parse_window_blocks(const char* flag, const char* text) {
+  const long window = parse_int(flag, text, LONG_MIN, INT32_MAX);
+  if (window < kWindowSchedule) {
+    LLMC_FAIL("%s %ld: give a window of 1 or more blocks, %d for the schedule or 0 for none", flag, window,
+              kWindowSchedule);
+  }
+  return (int)window;
+}
+
+// The checks between -pd, -aw, -t (resolved) and -x, as train_gpt2.py's check_document_args: a
+// window cuts document-causal attention; the attention kernels take whole blocks of 128 tokens;
+// and document-aligned sequences have no epoch to count the steps by.
+inline void check_document_flags(int documents, int window, int T, int max_steps) {
+  if (window != 0 && !documents) {
+    LLMC_FAIL("-aw %d windows document-causal attention; add -pd 1", window);
+  }
+  if (!documents) return;
+  if (T % 128 != 0) {
+    LLMC_FAIL("-pd 1 attends within whole blocks of 128 tokens: -t %d is not a multiple of 128; use -t %d",
+              T, T < 128 ? 128 : T / 128 * 128);
+  }
+  if (max_steps < 0) {
+    LLMC_FAIL("-pd 1 reads document-aligned sequences, which have no epoch to count the steps by: give "
+              "the steps with -x");
+  }
+  if (window == kWindowSchedule && max_steps == 0) {
+    LLMC_FAIL("-aw %d grows the window over the run's steps, and -x 0 has none: give -x 1 or more, or a "
+              "fixed window (-aw N)", window);
+  }
+}
+
 // The start-up table: rows of a setting and its value in a box as wide as its longest key and
 // value, or kScreenWidth where a value is longer: such a value goes on over rows of its own below
 // its key; rule() separates groups of rows.

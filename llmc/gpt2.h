@@ -16,12 +16,14 @@
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
 //   [0] magic 20240327  [1] version 3 or 4  [2] B  [3] T  [4] number of optimizer steps
 //   [5] vocab_size  [6..11] float bits of AdamW's lr, beta1, beta2, eps, weight_decay, grad_clip
-// version 4 (the modern architecture, Muon, or the summed loss; version 3 is GPT-2 with AdamW
-// and the mean loss) also has
+// version 4 (the modern architecture, Muon, the summed loss, or documents; version 3 is GPT-2
+// with AdamW, the mean loss and causal attention) also has
 //   [12] architecture (0 GPT-2, 1 modern)  [13] optimizer of the blocks' matrices (0 AdamW,
 //   1 Muon)  [14] loss of the gradients (0 mean, 1 sum of the token losses)
 //   [15..20] float bits of Muon's lr, weight decay, momentum (0 without Muon), and AdamW's lr of
 //   the embedding (wte; GPT-2: wte, wpe), the head weight and the 1-D tensors (GPT-2: each [6])
+//   [21] attention within documents (0 causal, 1 documents: token 50256 opens each)
+//   [22] with documents, the long window in 128-token blocks of every step (0: none)
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss), every parameter
 // gradient (float32, table order, padded wte; of the loss [14] names), and the losses (means)
@@ -499,6 +501,9 @@ struct DebugState {
   bool muon = false, loss_sum = false;
   float muon_lr = 0, muon_weight_decay = 0, muon_momentum = 0;
   float lr_embedding = 0, lr_head = 0, lr_vector = 0;
+  // Version 4: attention within documents, in a window of window_blocks (0: none).
+  bool documents = false;
+  int window_blocks = 0;
   std::vector<int> inputs, targets;
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
@@ -550,6 +555,13 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     d.lr_embedding = float_from_bits(h[18]);
     d.lr_head = float_from_bits(h[19]);
     d.lr_vector = float_from_bits(h[20]);
+    if (h[21] < 0 || h[21] > 1 || h[22] < 0 || (h[21] == 0 && h[22] != 0)) {
+      LLMC_FAIL("%s: documents %d and window %d in the header (documents 0 or 1, a window of 0 or more "
+                "blocks with documents only): the header is damaged; re-create it with train_gpt2.py",
+                path.c_str(), h[21], h[22]);
+    }
+    d.documents = h[21] == 1;
+    d.window_blocks = h[22];
   }
   if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),

@@ -17,7 +17,8 @@
 //     constant: lr
 // No schedule reaches min_lr inside the run: its last step s = N - 1 has f < 1.
 //
-// At the end, the attention window's schedule (attention_window_blocks) and its per-layer pattern.
+// At the end, the attention window's schedule (attention_window_blocks), a run's window at each
+// step, and the window's per-layer pattern.
 #pragma once
 
 #include <algorithm>
@@ -111,6 +112,21 @@ inline int attention_window_blocks(long step, long num_steps) {
   const double tokens = 1728 * ((double)step / (double)num_steps);
   const int blocks = (int)std::ceil(tokens / 128);  // exact: a division by a power of two
   return blocks < 1 ? 1 : blocks;
+}
+
+// A run's window (the CUDA trainer's -aw, train_gpt2.py's --window_blocks): N blocks at every
+// step, kWindowSchedule for attention_window_blocks's, or 0 for none (every earlier block of the
+// document).
+constexpr int kWindowSchedule = -1;
+
+// The window of step `step` of num_steps, in blocks (0: none).
+inline int run_window_blocks(int window, long step, long num_steps) {
+  return window == kWindowSchedule ? attention_window_blocks(step, num_steps) : window;
+}
+
+// The largest window of any step of a run (0: none): the schedule's last, 14 blocks.
+inline int run_window_blocks_max(int window) {
+  return window == kWindowSchedule ? attention_window_blocks(1, 1) : window;
 }
 
 // Its 12 layers take the long window (all of it) or the short one (half, rounded down), in this

@@ -372,7 +372,10 @@ gpu_setup() {
 }
 
 # Both CUDA builds against PyTorch references beyond the CPU ones: the d48 width with a sequence
-# length that is not a power of two, and a full 1024-token sequence.
+# length that is not a power of two, and a full 1024-token sequence; attention within documents
+# (train_gpt2.py --documents 1: rows of several documents, some of one token, one starting on a
+# block's edge) without a window (tiny: the GEMM path in both builds) and with one (d12 GPT-2 and
+# modern: the flash kernels in BF16, 12 layers' long and short windows).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -382,7 +385,10 @@ gpu_against_pytorch() {
               "d12_t1024:--model d12 --batch_size 1 --seq_len 1024" \
               "modern_d12:--recipe modern --model d12 --debug_noise 0.02 --batch_size 4 --seq_len 64" \
               "modern_d48_width:--recipe modern --num_layers 2 --num_heads 25 --channels 1600 --debug_noise 0.02 --batch_size 1 --seq_len 1000" \
-              "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64"; do
+              "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
+              "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
+              "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
+              "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -496,6 +502,9 @@ gpu_resume() {
   # The modern recipe: Muon's momentum lives in the state files' first moments.
   resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
+  # Packed documents: the document loader's state, and the window's schedule from the resumed step.
+  resume_test ./train_gpt2cu resume_documents_bf16 -pd 1 -aw -1 -z 2048
+  resume_test ./train_gpt2fp32cu resume_documents_fp32 -pd 1 -aw -1 -z 2048
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

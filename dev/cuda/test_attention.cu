@@ -10,7 +10,8 @@
 // logsumexp is checked against one computed in double precision, and the order in which their
 // blocks take the (tile, head) pairs is checked to cover each pair once. The windowed attention
 // (attention_forward_window, attention_backward_window: documents, windows of 0 to 16 blocks)
-// against the CPU in double.
+// against the CPU in double; the GEMM path within documents and windows (both builds), forward
+// and backward, and its bits equal to the causal path's where the mask hides nothing more.
 #include "dev/cuda/kernel_test.h"
 
 #if defined(ENABLE_FP32)
@@ -190,9 +191,9 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
 }
 #endif
 
-#if !defined(ENABLE_FP32)
-// Document-causal attention within a window (attention_forward_window, attention_backward_window)
-// against the CPU in double precision, with the mask of its definition: key u is visible to query
+// Document-causal attention within a window (attention_forward_window, attention_backward_window,
+// and the GEMM path's with a DocumentWindow) against the CPU in double precision, with the mask of
+// its definition: key u is visible to query
 // t when u <= t, both lie in one document, and u's 128-token block is in the run that
 // llmc::attention_blocks_select (tested against train_gpt2.py's port of the reference) gives t's
 // block. `starts`: the document starts of every row (each row also gets random ones when
@@ -228,6 +229,18 @@ DocumentRows window_case_documents(const WindowCase& w, llmc::Rng& rng) {
   return rows;
 }
 
+// The keys query t of row b sees, in order.
+std::vector<int> window_keys(const WindowCase& w, const DocumentRows& rows, int b, int t) {
+  const int T = w.T, q_block = t / llmc::kAttentionBlock;
+  const llmc::AttentionBlockSelection sel = llmc::attention_blocks_select(
+      rows.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, w.window);
+  std::vector<int> keys;
+  for (int u = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock; u <= t; u++) {
+    if (rows.documents[(size_t)b * T + u] == rows.documents[(size_t)b * T + t]) keys.push_back(u);
+  }
+  return keys;
+}
+
 // out, lse (base 2) and, from dout, dqkv of the windowed attention, in double precision.
 struct WindowReference {
   std::vector<float> out, lse, dqkv;
@@ -235,20 +248,14 @@ struct WindowReference {
 
 WindowReference window_reference(const WindowCase& w, const DocumentRows& rows, const std::vector<float>& qkv,
                                  const std::vector<float>& dout) {
-  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH, blocks = T / llmc::kAttentionBlock;
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
   WindowReference ref{std::vector<float>((size_t)B * T * C), std::vector<float>((size_t)B * NH * T),
                       std::vector<float>((size_t)B * T * 3 * C)};
   std::vector<double> dqkv(ref.dqkv.size(), 0.0);
   auto at = [&](int b, int t, int part, int h) { return ((size_t)b * T + t) * 3 * C + part * C + h * HS; };
   for (int b = 0; b < B; b++) {
     for (int t = 0; t < T; t++) {
-      const int q_block = t / llmc::kAttentionBlock;
-      const llmc::AttentionBlockSelection sel =
-          llmc::attention_blocks_select(rows.spans[(size_t)b * blocks + q_block], q_block, w.window);
-      std::vector<int> keys;
-      for (int u = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock; u <= t; u++) {
-        if (rows.documents[(size_t)b * T + u] == rows.documents[(size_t)b * T + t]) keys.push_back(u);
-      }
+      const std::vector<int> keys = window_keys(w, rows, b, t);
       for (int h = 0; h < NH; h++) {
         const float* q = &qkv[at(b, t, 0, h)];
         const float* dy = &dout[((size_t)b * T + t) * C + h * HS];
@@ -290,6 +297,7 @@ WindowReference window_reference(const WindowCase& w, const DocumentRows& rows, 
   return ref;
 }
 
+#if !defined(ENABLE_FP32)
 void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
   printf("\nwindowed attention B=%d T=%d NH=%d (head size %d), window %d (scratch for %d), %zu starts%s\n", B, T,
@@ -370,6 +378,94 @@ void test_causal_block_order() {
 }
 #endif
 
+// The GEMM path within documents and windows (attention_forward with a DocumentWindow, and
+// attention_backward through its att): att exactly 0 at every key the mask hides, out against
+// window_reference, and dqkv against cpu::attention_backward with the GPU's att, whose zeros carry
+// the mask (as in test_attention, only the backward's own rounding shows); every output poisoned
+// first, each pass twice for identical bits.
+void test_attention_gemm_window(const WindowCase& w, llmc::Rng& rng) {
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
+  printf("\nGEMM attention within documents B=%d T=%d NH=%d (head size %d), window %d, %zu starts%s\n", B, T, NH,
+         HS, w.window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  const DocumentRows rows = window_case_documents(w, rng);
+  const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+  const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
+  const WindowReference ref = window_reference(w, rows, qkv, dout);
+  DeviceArray<floatX> d_qkv(qkv), out(n), qkvr(3 * n), att(n_att), preatt(n_att), y(n);
+  DeviceArray<int> d_documents(rows.documents);
+  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
+  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
+  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  auto forward = [&] {
+    out.poison();
+    qkvr.poison();
+    att.poison();
+    attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, w.scale, 0, &dw);
+  };
+  forward();
+  const std::vector<float> got_out = out.download(), got_att = att.download();
+  size_t visible = 0, hidden_nonzero = 0;
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      std::vector<bool> seen(T, false);
+      for (int u : window_keys(w, rows, b, t)) seen[u] = true;
+      for (int h = 0; h < NH; h++) {
+        const float* row = &got_att[(((size_t)b * NH + h) * T + t) * T];
+        for (int u = 0; u < T; u++) {
+          visible += seen[u];
+          hidden_nonzero += !seen[u] && row[u] != 0.0f;
+        }
+      }
+    }
+  }
+  testing::check_verbose(hidden_nonzero == 0, llmc::strformat("GEMM window att: %zu of the %zu hidden keys not "
+                                                              "exactly 0 (%zu visible)", hidden_nonzero,
+                                                              n_att - visible, visible));
+  check_close("GEMM window out", got_out, ref.out, kTolAttention);
+  testing::check_tensor_norm("GEMM window out", got_out.data(), ref.out.data(), n, kTolAttentionNorm);
+  const Snapshot forward_bits(out, qkvr, att);
+  forward();
+  check_same_bits("GEMM window forward twice", forward_bits, Snapshot(out, qkvr, att));
+
+  DeviceArray<floatX> d_dout(dout), dqkv(3 * n), scratch_dqkvr(4 * n), scratch_datt(n_att);
+  auto backward = [&] {
+    dqkv.poison();
+    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, w.scale, 0);
+  };
+  backward();
+  std::vector<float> ref_dqkv(3 * n, 0.0f);
+  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH, w.scale);
+  const std::vector<float> got_dqkv = dqkv.download();
+  check_close("GEMM window backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
+  testing::check_tensor_norm("GEMM window backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
+                             kTolAttentionNorm);
+  const Snapshot backward_bits(dqkv);
+  backward();
+  check_same_bits("GEMM window backward twice", backward_bits, Snapshot(dqkv));
+}
+
+// One document over every row and a window of all its blocks hide nothing but the future: the
+// masked softmax then gives the causal one's bits.
+void test_attention_gemm_window_is_causal(int B, int T, int C, int NH, llmc::Rng& rng) {
+  const int blocks = T / llmc::kAttentionBlock;
+  printf("\nGEMM attention within one document and a window of all %d blocks against causal\n", blocks);
+  const WindowCase w = {B, T, C, NH, blocks, {0}, false, attention_default_scale(C / NH), blocks};
+  const DocumentRows rows = window_case_documents(w, rng);
+  const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+  DeviceArray<floatX> d_qkv(random_stored(rng, 3 * n, 0.0f, 1.0f)), out(n), qkvr(3 * n), att(n_att),
+      preatt(n_att), y(n);
+  DeviceArray<int> d_documents(rows.documents);
+  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
+  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
+  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, w.scale, 0);
+  const Snapshot causal(out, att);
+  out.poison();
+  att.poison();
+  attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, w.scale, 0, &dw);
+  check_same_bits("GEMM attention in one whole document and window, causal", causal, Snapshot(out, att));
+}
+
 int main() {
   return run_kernel_tests("test_attention", [] {
     llmc::Rng rng(3);
@@ -409,5 +505,15 @@ int main() {
     // A long row: a window far shorter than the sequence, most key tiles unseen by most queries.
     test_attention_window({1, 8192, 768, 6, 5, {0, 3000, 3001, 6000}, true, 0.12f, 14}, rng);
 #endif
+    // The GEMM path within documents, in both builds: windows of 0 to 4 blocks and of every block
+    // (-pd 1 without -aw), starts on block edges and off them, documents of one token, head sizes
+    // 32 (the tiny model's), 64 and 128.
+    test_attention_gemm_window({2, 512, 768, 12, 1, {0}, false, 0.125f, 1}, rng);
+    test_attention_gemm_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 3}, rng);
+    test_attention_gemm_window({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
+    test_attention_gemm_window({2, 768, 128, 4, 6, {0, 383, 384}, true, 0.125f, 6}, rng);
+    test_attention_gemm_window({2, 512, 128, 4, 4, {0, 129, 130}, true, 0.125f, 4}, rng);
+    test_attention_gemm_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
+    test_attention_gemm_window_is_causal(2, 256, 768, 12, rng);
   });
 }

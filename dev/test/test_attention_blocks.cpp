@@ -1,6 +1,7 @@
 // Tests llmc/attention_blocks.h on hand-worked sequences: the spans of each query block, and the
 // key blocks selected for windows of 0 to 16 blocks (documents crossing block edges, starting on
-// them, one token long, one spanning the whole sequence). dev/test/test_attention_blocks_py.sh
+// them, one token long, one spanning the whole sequence); the document ids of each token, by hand
+// and against the spans of random sequences. dev/test/test_attention_blocks_py.sh
 // compares the rule with train_gpt2.py's port of the reference on random documents, through
 // the dump modes:
 //   test_attention_blocks --dump IN OUT   IN: int32 cases, each T, the largest window W, then T
@@ -166,6 +167,50 @@ void test_first_key() {
                                                  queries) + (failure.empty() ? "" : ": " + failure));
 }
 
+std::vector<int> ids_of(const std::vector<int>& tokens) {
+  std::vector<int> ids(tokens.size());
+  llmc::document_ids(tokens.data(), (int)tokens.size(), kStart, ids.data());
+  return ids;
+}
+
+// The document ids on hand-worked sequences, and on random ones against the spans: the first
+// token of a query block's document (the first token with its id) lies in block first_key, and
+// the block's documents begin in one block exactly when its first and last ids are equal.
+void test_document_ids() {
+  const std::vector<int> ids = ids_of(sequence(768, {0, 300, 301, 640}));
+  check_verbose(ids[0] == 1 && ids[299] == 1 && ids[300] == 2 && ids[301] == 3 && ids[639] == 3 &&
+                    ids[640] == 4 && ids[767] == 4,
+                llmc::strformat("ids of documents at 0, 300, 301, 640: %d %d %d %d %d %d %d at tokens 0, 299, "
+                                "300, 301, 639, 640, 767 (1 1 2 3 3 4 4)", ids[0], ids[299], ids[300],
+                                ids[301], ids[639], ids[640], ids[767]));
+  const std::vector<int> none = ids_of(sequence(256, {})), before = ids_of(sequence(256, {130}));
+  check_verbose(none[0] == 0 && none[255] == 0 && before[129] == 0 && before[130] == 1 && before[255] == 1,
+                "ids without a start at token 0: 0 up to the first start");
+  const std::vector<int> every = ids_of(std::vector<int>(256, kStart));
+  check_verbose(every[0] == 1 && every[255] == 256, "every token a start: ids 1 to 256");
+  uint32_t state = 12345;
+  auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+  bool agree = true;
+  for (int sample = 0; sample < 200; sample++) {
+    const int T = llmc::kAttentionBlock * (1 + next() % 8);
+    std::vector<int> starts;
+    for (int k = 0, n = next() % 12; k < n; k++) starts.push_back(next() % T);
+    const std::vector<int> tokens = sequence(T, starts);
+    const std::vector<int> sample_ids = ids_of(tokens);
+    const std::vector<AttentionBlockSpan> spans = spans_of(tokens);
+    for (int q = 0; q < (int)spans.size(); q++) {
+      const int first = q * llmc::kAttentionBlock, last = first + llmc::kAttentionBlock - 1;
+      int document_start = first;
+      while (document_start > 0 && sample_ids[document_start - 1] == sample_ids[first]) document_start--;
+      const bool one_document = sample_ids[first] == sample_ids[last];
+      agree = agree && spans[q].first_key == document_start / llmc::kAttentionBlock &&
+              (spans[q].first_full == q) == (!one_document || document_start > first - llmc::kAttentionBlock);
+    }
+  }
+  check_verbose(agree, "ids of 200 random sequences agree with their spans (first_key, whether a block "
+                       "lies in one document)");
+}
+
 int dump_blocks(const char* in_path, const char* out_path) {
   llmc::File in(in_path, "rb");
   std::vector<int32_t> cases(in.size() / sizeof(int32_t));
@@ -211,6 +256,7 @@ int main(int argc, char** argv) {
     }
     test_hand_cases();
     test_first_key();
+    test_document_ids();
   } catch (const llmc::Error& e) {
     if (argc > 1) {
       fprintf(stderr, "error: %s\n", e.what());

@@ -367,6 +367,28 @@ else
   skip "-fp8g without -fp8" "$TRAINER has no -fp8g"
 fi
 
+# --- packed documents (-pd) and the attention window (-aw), the CUDA trainer's flags: a window
+# needs documents, documents need -t a multiple of 128, -x (no epoch to count by) and shards that
+# hold a step of them; the schedule needs steps to grow over. d12 (a preset: initialised only once
+# a GPU is found) for its sequence length.
+if has_flag -pd; then
+  expect "-aw without -pd" "-aw 2 windows document-causal attention; add -pd 1" -aw 2
+  expect "-aw -2" "-aw -2: give a window of 1 or more blocks, -1 for the schedule or 0 for none" -pd 1 -aw -2
+  expect "-pd 1 at -t 64" "-pd 1 attends within whole blocks of 128 tokens: -t 64 is not a multiple of 128; use -t 128" \
+    -pd 1
+  WATCH=("$KEEP")
+  attempt "-pd 1 reads document-aligned sequences, which have no epoch to count the steps by: give the steps with -x" \
+    "${COMMON[@]}" -o "$KEEP" -e d12 -t 128 -pd 1
+  report "-pd 1 without -x"
+  expect "-aw -1 with -x 0" "-aw -1 grows the window over the run's steps, and -x 0 has none" -e d12 -t 128 -pd 1 \
+    -aw -1 -x 0
+  expect "-pd 1 with a shard shorter than a step of documents" \
+    "train\.bin: 2048 tokens are too few for one step of document-aligned sequences: .* needs at least 2050" \
+    -e d12 -t 128 -b 8 -pd 1
+else
+  skip "-pd and -aw" "$TRAINER has no -pd"
+fi
+
 # --- -fp8 in the FP32 build, whose products are FP32: a flag error, before the GPU (the compute
 # capability it needs in the BF16 build is checked with the GPU)
 if has_flag -fp8 && grep -q "precision FP32" <<< "$help"; then
@@ -457,6 +479,7 @@ if ! has_flag -recipe; then
   cuda_flag_error="is a flag of the CUDA trainer \(\./train_gpt2cu\), which this CPU trainer does not take: it trains GPT-2 in FP32 with AdamW only"
   expect "-recipe modern on the CPU trainer" "-recipe $cuda_flag_error" -recipe modern
   expect "-opt muon on the CPU trainer" "-opt $cuda_flag_error" -opt muon
+  expect "-pd 1 on the CPU trainer" "-pd $cuda_flag_error" -pd 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do
@@ -528,7 +551,7 @@ if [ $no_gpu = 1 ]; then
   cpu_trainer="; the CPU trainer \./train_gpt2 runs this without one\$"
   attempt "no CUDA GPU is visible.*$cpu_trainer" "${COMMON[@]}" -x 2
   report "no GPU: a GPT-2 run with the shared flags names the CPU trainer"
-  for extra in "-recipe modern -t 64 -z -1" "-opt muon" "-recipe gpt2" "-r 1"; do
+  for extra in "-recipe modern -t 64 -z -1" "-opt muon" "-recipe gpt2" "-r 1" "-pd 1 -aw -1 -e d12 -t 128"; do
     has_flag "${extra%% *}" || continue
     # shellcheck disable=SC2086  # the flags' words
     attempt "no CUDA GPU is visible \(check nvidia-smi and CUDA_VISIBLE_DEVICES\)\$" "${COMMON[@]}" -x 2 $extra

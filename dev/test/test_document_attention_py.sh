@@ -5,7 +5,8 @@
 # in both architectures and both attention paths (the explicit softmax and
 # F.scaled_dot_product_attention), and on a CUDA GPU FlexAttention's BlockMask against the dense
 # mask; a short training on document shards with the window's schedule
-# runs and repeats bit for bit; and the flags' errors. PYTHON as in train_gpt2_py_lib.sh.
+# runs and repeats bit for bit; a debug state with documents holds them (its header, its rows);
+# and the flags' errors. PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -106,9 +107,38 @@ losses() { grep -E "\| (val )?loss" "$1" | sed -e 's/ | [0-9.]* ms .*//' -e 's/ 
 diff <(losses "$WORK/first.log") <(losses "$WORK/second.log")
 echo "the same losses twice"
 
+echo "--- a debug state with documents and a window"
+"$PYTHON" train_gpt2.py --model tiny --max_seq_len 256 --documents 1 --window_blocks 2 -b 2 -t 256 \
+  --write_debug_state "$WORK/debug" --debug_steps 1 --seed 42 > /dev/null
+"$PYTHON" train_gpt2.py --model tiny --max_seq_len 256 -b 2 -t 256 \
+  --write_debug_state "$WORK/causal" --debug_steps 1 --seed 42 > /dev/null
+check "its header names the mask; its rows are document-aligned, with documents on a block's edge and of one token" <<'EOF'
+import os, numpy as np, train_gpt2 as tg
+def read(directory):
+    path = os.path.join(os.environ["WORK"], directory, "gpt2_l2h4c128t256v50257_debug_state.bin")
+    header = np.fromfile(path, np.int32, tg.HEADER_INTS)
+    x = np.fromfile(path, np.int32, 2 * 256, offset=tg.HEADER_INTS * 4).reshape(2, 256)
+    return header, x
+header, x = read("debug")
+assert header[1] == tg.DEBUG_STATE_VERSION_MODERN and list(header[21:23]) == [1, 2], header[:23]
+for row in x:
+    starts = np.flatnonzero(row == tg.DOCUMENT_START)
+    assert starts[0] == 0 and len(starts) >= 4, starts
+    assert any(s % tg.ATTENTION_BLOCK == 0 and s > 0 for s in starts), f"no start on a block's edge: {starts}"
+    assert any(np.diff(starts) == 1), f"no document of one token: {starts}"
+    print("document starts:", *starts)
+causal_header, causal_x = read("causal")
+assert causal_header[1] == tg.DEBUG_STATE_VERSION, causal_header[:2]
+changed = x != causal_x
+assert (x[changed] == tg.DOCUMENT_START).all(), "documents change tokens other than their starts"
+print("without --documents: version 3 and the same tokens but the starts")
+EOF
+
 echo "--- errors"
 expect_error "add --documents 1" --model tiny --write_debug_state "$WORK/e" -t 128 --window_blocks 2
 expect_error "not a multiple of 128" --model tiny --write_debug_state "$WORK/e" -t 64 --documents 1 --window_blocks 2
 expect_error "give a window of 1 or more" --model tiny --write_debug_state "$WORK/e" -t 128 --documents 1 --window_blocks -2
 expect_error "drop --documents" --model tiny --benchmark 1 --documents 1
+expect_error "outside the vocabulary of 512; drop --vocab_size" --model tiny --vocab_size 512 \
+  --write_debug_state "$WORK/e" -t 64 --documents 1
 echo "test_document_attention_py: passed"

@@ -1,8 +1,8 @@
 // Tests llmc/flags.h: the shared flags' defaults, parsing and ranges, the messages for an unknown
 // flag (and another program's flag), a stray word and a missing value, when the usage is asked
 // for, a program's own flags after the shared ones, the sequence length, sample length, vocabulary
-// file and batch that follow from the flags, the start-up table's box and the usage, both within
-// kScreenWidth. Scratch files go to build/test_tmp/flags/.
+// file and batch that follow from the flags, the CUDA trainer's document flags against -t and -x,
+// the start-up table's box and the usage, both within kScreenWidth. Scratch files go to build/test_tmp/flags/.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -225,6 +225,42 @@ void test_model_and_batch() {
                "-z of more micro steps than an int counts");
 }
 
+// -pd and -aw (the CUDA trainer's): -aw's values, and the checks against -t and -x that
+// train_gpt2.py's check_document_args makes.
+void test_document_flags() {
+  check_verbose(llmc::parse_window_blocks("-aw", "14") == 14 && llmc::parse_window_blocks("-aw", "-1") == -1 &&
+                    llmc::parse_window_blocks("-aw", "0") == 0,
+                "-aw takes N blocks, -1 (the schedule) and 0 (none)");
+  check_throws([] { llmc::parse_window_blocks("-aw", "-2"); },
+               "-aw -2: give a window of 1 or more blocks, -1 for the schedule or 0 for none", "-aw -2");
+  check_throws([] { llmc::parse_window_blocks("-aw", "x"); }, "-aw 'x': not an integer", "-aw x");
+  std::string accepted;
+  for (const std::vector<int>& flags : {std::vector<int>{0, 0, 64, -1}, {1, 0, 256, 10}, {1, -1, 1024, 1},
+                                        {1, 3, 128, 0}}) {
+    try {
+      llmc::check_document_flags(flags[0], flags[1], flags[2], flags[3]);
+      accepted += llmc::strformat(" (-pd %d -aw %d -t %d -x %d)", flags[0], flags[1], flags[2], flags[3]);
+    } catch (const llmc::Error& e) {
+      accepted += llmc::strformat(" refused: %s", e.what());
+    }
+  }
+  check_verbose(accepted == " (-pd 0 -aw 0 -t 64 -x -1) (-pd 1 -aw 0 -t 256 -x 10) (-pd 1 -aw -1 -t 1024 -x 1)"
+                            " (-pd 1 -aw 3 -t 128 -x 0)",
+                "accepted:" + accepted);
+  check_throws([] { llmc::check_document_flags(0, 2, 256, 10); },
+               "-aw 2 windows document-causal attention; add -pd 1", "a window without documents");
+  check_throws([] { llmc::check_document_flags(1, 0, 200, 10); },
+               "-pd 1 attends within whole blocks of 128 tokens: -t 200 is not a multiple of 128; use -t 128",
+               "documents at -t 200");
+  check_throws([] { llmc::check_document_flags(1, 1, 64, 10); }, "-t 64 is not a multiple of 128; use -t 128",
+               "documents at -t 64");
+  check_throws([] { llmc::check_document_flags(1, 0, 256, -1); },
+               "-pd 1 reads document-aligned sequences, which have no epoch to count the steps by: give the "
+               "steps with -x", "documents without -x");
+  check_throws([] { llmc::check_document_flags(1, -1, 256, 0); },
+               "-aw -1 grows the window over the run's steps, and -x 0 has none", "the schedule at -x 0");
+}
+
 // The words of lines, in order, less the characters in `frame` (a box's bars).
 std::vector<std::string> words_of(const std::vector<std::string>& lines, const std::string& frame) {
   std::vector<std::string> words;
@@ -374,6 +410,7 @@ int main() {
     test_help();
     test_program_flags();
     test_model_and_batch();
+    test_document_flags();
     test_text_wrap();
     test_startup_table();
     test_usage();

@@ -180,6 +180,11 @@ void test_attention_window() {
   }
   check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && llmc::layer_window_blocks(1, 1) == 0,
                 "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
+  check_verbose(llmc::run_window_blocks(5, 7, 10) == 5 && llmc::run_window_blocks(0, 7, 10) == 0 &&
+                    llmc::run_window_blocks(llmc::kWindowSchedule, 1625, 3250) == 7 &&
+                    llmc::run_window_blocks_max(5) == 5 && llmc::run_window_blocks_max(0) == 0 &&
+                    llmc::run_window_blocks_max(llmc::kWindowSchedule) == 14,
+                "a run's window: -aw 5 at every step, 0 none, -1 the schedule's (7 half way), at most 5, 0, 14");
   check_throws([] { llmc::attention_window_blocks(11, 10); },
                "attention window of step 11 of 10: the step must be within 0..10", "a step past N");
   check_throws([] { llmc::layer_window_blocks(12, 14); },

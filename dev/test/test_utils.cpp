@@ -494,6 +494,11 @@ void test_debug_state_header() {
   check_throws(with("debug_t.bin", 3, 17), "does not fit the model", "debug state with T > maxT");
   check_throws(with("debug_body.bin", 4, 0), "file is truncated: reading the inputs",
                "debug state without its body");
+  h[1] = llmc::kDebugStateVersionRecipe;
+  check_throws(with("debug_documents.bin", 21, 2), "documents 2 and window 0 in the header",
+               "debug state with documents 2");
+  check_throws(with("debug_window.bin", 22, 3), "documents 0 and window 3 in the header",
+               "debug state with a window but no documents");
 }
 
 }  // namespace
