@@ -4244,15 +4244,16 @@ void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_do
 
 // ---- Decoding: one query against a KV cache ----
 // The attention of one token at position t (section 11): one block per head writes the new key
-// and value into the cache, scores all positions up to t, softmaxes them with fixed-order block
-// reductions (deterministic) and sums the values. Floor: reading the t + 1 keys and values once.
+// and value into the cache, scores the positions first_key..t (0..t causally; within documents and
+// a window, llmc::attention_first_key), softmaxes them with fixed-order block reductions
+// (deterministic) and sums the values. Floor: reading those keys and values once.
 
 constexpr int kDecodeThreads = 128;
 
 // qkv: [3, NH, HS] of the new token at position t; out: [NH, HS]. k_cache, v_cache [NH, maxT, HS].
-// Dynamic shared memory: (t + 1) floats of scores.
+// Dynamic shared memory: t - first_key + 1 floats of scores.
 __global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_cache,
-                                        const floatX* qkv, int t, int max_t, int NH, int HS,
+                                        const floatX* qkv, int first_key, int t, int max_t, int NH, int HS,
                                         float scale) {
   extern __shared__ float scores[];
   __shared__ float reduce[WARP_SIZE];
@@ -4265,8 +4266,11 @@ __global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_
     values[(size_t)t * HS + d] = qkv[2 * C + h * HS + d];
   }
   __syncthreads();
+  keys += (size_t)first_key * HS;
+  values += (size_t)first_key * HS;
+  const int n = t - first_key + 1;
   float local_max = -FLT_MAX;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
     float dot = 0.0f;
     for (int d = 0; d < HS; d++) dot += (float)q[d] * (float)keys[(size_t)j * HS + d];
     scores[j] = dot * scale;
@@ -4279,7 +4283,7 @@ __global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_
   float max_score = -FLT_MAX;
   for (int w = 0; w < (int)blockDim.x / WARP_SIZE; w++) max_score = fmaxf(max_score, reduce[w]);
   float local_sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
     scores[j] = expf(scores[j] - max_score);
     local_sum += scores[j];
   }
@@ -4287,18 +4291,19 @@ __global__ void attention_decode_kernel(floatX* out, floatX* k_cache, floatX* v_
   __syncthreads();
   for (int d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0.0f;
-    for (int j = 0; j <= t; j++) acc += scores[j] * (float)values[(size_t)j * HS + d];
+    for (int j = 0; j < n; j++) acc += scores[j] * (float)values[(size_t)j * HS + d];
     out[h * HS + d] = (floatX)(acc * inv_sum);
   }
 }
 
-// out [NH, HS] from the token's qkv [3, NH, HS]; its key and value go into k_cache and v_cache
-// [NH, max_t, HS] at position t.
-void attention_forward_decode(floatX* out, floatX* k_cache, floatX* v_cache, const floatX* qkv, int t, int max_t,
-                              int NH, int HS, float scale, cudaStream_t stream) {
+// out [NH, HS] from the token's qkv [3, NH, HS], attending to positions first_key..t; its key and
+// value go into k_cache and v_cache [NH, max_t, HS] at position t.
+void attention_forward_decode(floatX* out, floatX* k_cache, floatX* v_cache, const floatX* qkv, int first_key, int t,
+                              int max_t, int NH, int HS, float scale, cudaStream_t stream) {
   REQUIRE(t >= 0 && t < max_t, "attention_forward_decode: position %d outside the cache's %d", t, max_t);
-  attention_decode_kernel<<<NH, kDecodeThreads, (t + 1) * sizeof(float), stream>>>(out, k_cache, v_cache, qkv, t,
-                                                                                   max_t, NH, HS, scale);
+  REQUIRE(first_key >= 0 && first_key <= t, "attention_forward_decode: first key %d outside 0..%d", first_key, t);
+  attention_decode_kernel<<<NH, kDecodeThreads, (t - first_key + 1) * sizeof(float), stream>>>(
+      out, k_cache, v_cache, qkv, first_key, t, max_t, NH, HS, scale);
   cudaCheckLaunch();
 }
 
@@ -6002,6 +6007,7 @@ struct BlockRows {
   floatX* residual3 = nullptr;     // residual2 + fcproj: the block's output
   floatX* k_cache = nullptr;       // decoding: the layer's keys and values [NH, maxT, HS]; else null
   floatX* v_cache = nullptr;
+  int document_start = 0;          // decoding within documents: where the token's document starts
   int rows() const { return B * T; }
 };
 
@@ -6165,6 +6171,15 @@ int layer_window(const GPT2& m, int l, int T) {
   return std::min(blocks, m.config.num_layers == llmc::kLayerWindowsCount ? llmc::layer_window_blocks(l, w) : w);
 }
 
+// The first position layer l's decoding query r.first_position attends to: 0, or within documents
+// the first of its document and window (llmc::attention_first_key; layer_window at a length that
+// covers the query's block, so that no window is every block up to it).
+int decode_first_key(const GPT2& m, int l, const BlockRows& r) {
+  if (!m.documents) return 0;
+  const int t = r.first_position, covered = (t / llmc::kAttentionBlock + 1) * llmc::kAttentionBlock;
+  return llmc::attention_first_key(t, r.document_start, layer_window(m, l, covered));
+}
+
 // Layer l's mask over the last forward's rows of T tokens (documents_upload).
 DocumentWindow layer_document_window(const GPT2& m, int l, int T) {
   return {m.spans, m.document_ids, layer_window(m, l, T)};
@@ -6177,8 +6192,8 @@ void attention_rows(GPT2& m, int l, const BlockRows& r) {
   const llmc::GPT2Config& c = m.config;
   const int C = c.channels, NH = c.num_heads;
   if (r.k_cache) {
-    attention_forward_decode(r.atty, r.k_cache, r.v_cache, r.qkv, r.first_position, c.max_seq_len, NH,
-                             c.head_size(), attention_scale(m), m.stream);
+    attention_forward_decode(r.atty, r.k_cache, r.v_cache, r.qkv, decode_first_key(m, l, r), r.first_position,
+                             c.max_seq_len, NH, c.head_size(), attention_scale(m), m.stream);
   } else if (m.flash_attention && m.documents) {
     attention_forward_window(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m),
                              layer_document_window(m, l, r.T), m.stream);
@@ -6738,6 +6753,7 @@ struct GPT2Decoder {
   floatX* embedded = nullptr;  // the embedding before its norm
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
+  int document_start = 0;      // the position of the last document start fed (0 before any)
 };
 
 void decoder_init(GPT2Decoder& d, const GPT2& m) {
@@ -6765,6 +6781,7 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
   d.logits = r.fch_act + 4 * C;
   d.embedded = d.logits + c.padded_vocab_size;
   d.position = 0;
+  d.document_start = 0;
 }
 
 void decoder_free(GPT2Decoder& d) {
@@ -6784,6 +6801,8 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
           c.max_seq_len);
   BlockRows r = d.rows;
   r.first_position = d.position;
+  if (token == llmc::kDocumentStartToken) d.document_start = d.position;
+  r.document_start = d.document_start;
   cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
   embedding_rows(m, r.residual3, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
   const size_t layer_cache = (size_t)c.max_seq_len * c.channels;
