@@ -19,6 +19,9 @@
 #    checkpoint resumed with -zs 0 (bit for bit) and on 1 rank;
 #  - delayed FP8 scaling (-fp8 2, compute capability 8.9+), with the amaxes reduced over the
 #    ranks: two runs bit for bit, within 0.1 of BF16, and a resume bit for bit;
+#  - packed documents (-pd 1) with the window's schedule (-aw -1), each rank its own sequences:
+#    2 ranks x 1 micro batch against 1 rank x 2 (the same sequences), two 2-rank runs bit for bit,
+#    resume bit for bit, and a 2-rank checkpoint resumed on 1 rank;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
@@ -287,6 +290,28 @@ modern_recipe_test() {
   check modern_zs1_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_zs1_resumed_on_one.log" 5 2e-2
 }
 
+# Packed documents with the window's schedule: a step's sequences come from one stream, micro batch
+# m giving rank r its sequences (m * ranks + r) * B.. (dev/SPEC.md "Document-aligned order"), so two
+# ranks with one micro batch read the sequences one rank reads with two: losses within the BF16
+# rank tolerance. Two 2-rank runs bit for bit; a resume bit for bit (each rank's loader state and
+# the schedule's window from the resumed step); a 2-rank checkpoint resumed on 1 rank, within the
+# tolerance of the 1-rank run.
+packed_documents_test() {
+  source dev/test/compare_runs.sh
+  local args="$common -pd 1 -aw -1 -b 4 -v 5 -m 4 -z 2048"
+  check packed_one_rank ./train_gpt2cu $args -x 10
+  check packed_two_ranks $mpi ./train_gpt2cu $args -x 10
+  check packed_equivalent losses_close "$out/packed_one_rank.log" "$out/packed_two_ranks.log" 2e-2
+  check packed_two_ranks_again $mpi ./train_gpt2cu $args -x 10
+  check packed_deterministic same_steps "$out/packed_two_ranks.log" "$out/packed_two_ranks_again.log"
+  resume_equivalence check packed_resume_two_ranks "$out/resume_packed" 2 $mpi ./train_gpt2cu $args
+  local dir=$out/packed_reshard
+  rm -rf "$dir"
+  check packed_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir" -halt 5
+  check packed_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir" -y 1
+  check packed_2_to_1_close losses_close_from "$out/packed_one_rank.log" "$out/packed_on_one.log" 5 2e-2
+}
+
 # GPT-2 with Muon (-opt muon, -zs 0) on two ranks against one rank with two accumulation steps,
 # within the BF16 rank tolerance, and two runs on two ranks bit for bit; -zs 1 against -zs 0: the
 # same bits without clipping (BF16 and FP32 builds: the gathered Nesterov inputs are in floatX),
@@ -311,6 +336,7 @@ gpt2_muon_test() {
 }
 
 modern_recipe_test
+packed_documents_test
 gpt2_muon_test
 overlap_test
 zero_test
