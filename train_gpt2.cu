@@ -12,15 +12,17 @@
 //                                 backward
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products)
-//   6. Attention                  QK-norm and rotary positions; causal multi-head attention: flash
-//                                 kernels (BF16), batched GEMMs; one query against a KV cache
+//   6. Attention                  QK-norm and rotary positions; causal multi-head attention, or
+//                                 within documents and a window of 128-token blocks: flash kernels
+//                                 (BF16), batched GEMMs; one query against a KV cache
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits, optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz)
 //  10. Model                      parameter and activation tables, the architectures' steps
 //                                 (GPT-2's or the modern one's), the block (forward and backward,
-//                                 written once), the training passes, the optimizers' update
+//                                 written once), the attention's documents and windows, the
+//                                 training passes, the optimizers' update
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
