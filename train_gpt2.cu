@@ -3206,105 +3206,217 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
 }
 
 // ---- The windowed forward on Hopper ----
-// attention_forward_window_kernel's work with the causal Hopper forward's structure: block
-// (i, bh) takes query block i (128 rows, 64 per warpgroup) of head bh, and its key tiles of 128
-// are the key blocks of its run, from its own down (each row's own key comes first, so its
-// maximum is finite from the first tile). Both warpgroups read every tile, so the causal kernel's
-// refill by the last warp done with a stage carries over. A stage also holds its keys' documents
-// (one bulk copy), which the partial blocks' mask reads.
-template <int HS>
-constexpr size_t tma_window_forward_smem_bytes() {
-  return tma_forward_smem_bytes<HS>() + kTmaForwardStages * kTmaForwardKeys * sizeof(int);
-}
+// attention_forward_window_kernel's work with the causal Hopper forward's products and turns, in
+// work items: item (q_block, bh) is query block q_block (128 rows, 64 per warpgroup) of head bh
+// against the key blocks of its run, from its own down (each row's own key comes first, so its
+// maximum is finite from the first tile). A run is short (at most the window, often cut by a
+// document), so a block per item spent a fifth of the pass starting and ending blocks: copies of
+// Q and the first key block with nothing to overlap them, and the store of O. So the kernel is
+// persistent and warp-specialised: a block per SM with two consumer warpgroups and a producer
+// warpgroup whose one thread takes items from a counter in global memory and starts each item's
+// copies ahead of the consumers: its query tiles into one of two query buffers, its key blocks
+// (K, V and the keys' documents) into the ring of stages. Consumers release a stage (and a query
+// buffer) through an mbarrier counting their warps. Which block takes an item changes only when
+// it runs, never what it computes. Registers move from the producer (24) to the consumers (240).
+constexpr int kWindowForwardThreads = kTmaForwardThreads + kThreads;
+constexpr int kWindowForwardWarps = kTmaForwardThreads / WARP_SIZE;  // consumer warps
 
 template <int HS>
-__global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attention_forward_window_tma_kernel(
-    const __grid_constant__ CUtensorMap qkv_map, floatX* out, float* lse, int T, int NH, float scale_log2,
-    WindowPairs pairs) {
+constexpr size_t tma_window_forward_smem_bytes() {
+  return 2 * kTmaForwardGroups * kTileRows * HS * sizeof(floatX) +
+         kTmaForwardStages * (2 * tma_forward_tile_bytes<HS>() + kTmaForwardKeys * sizeof(int)) +
+         2 * (kTmaForwardStages + 2) * sizeof(uint64_t) + 2 * sizeof(int4);
+}
+
+// An item as the producer hands it to the consumers: its index (-1: none left), its run's length
+// in key blocks, and how many blocks after its own are full (no mask).
+struct WindowForwardItem {
+  int index, tiles, full, unused;
+};
+
+#if FLASH_WGMMA
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+
+// A warp is done reading what bar guards: its lane 0 arrives once all lanes are.
+__device__ __forceinline__ void warp_release(uint64_t* bar) {
+  __syncwarp();
+  if (threadIdx.x % WARP_SIZE == 0) barrier_arrive(bar);
+}
+
+// Initialises n mbarriers completed by `arrivals` plain arrivals each.
+__device__ __forceinline__ void release_barriers_init(uint64_t* bars, int n, int arrivals) {
+  for (int i = 0; i < n; i++) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(&bars[i])), "r"(arrivals));
+  }
+}
+
+// The next item of this launch from *counter; the launch's last fetch (each block fetches until it
+// gets an index past the items, once) sets the counter back to 0 for the next launch.
+__device__ __forceinline__ int fetch_work_item(int* counter, int items) {
+  const int index = atomicAdd(counter, 1);
+  if (index == items + (int)gridDim.x - 1) *counter = 0;
+  return index < items ? index : -1;
+}
+#endif
+
+// Shared memory of the windowed forward: two query buffers (a 64-row tile per consumer warpgroup),
+// the stages (a key tile, a value tile, the keys' documents), the barriers and the two items.
+template <int HS>
+struct WindowForwardSmem {
+  floatX* q_s;                  // [2][kTmaForwardGroups * kTileRows * HS]
+  floatX* kv_s;                 // stage s: key tile, value tile
+  int* docs_s;                  // stage s: its keys' documents
+  uint64_t *full, *empty;       // per stage: copies landed; consumer warps done
+  uint64_t *q_full, *q_empty;   // per query buffer
+  WindowForwardItem* items;     // per query buffer
+
+  __device__ explicit WindowForwardSmem(unsigned char* smem) {
+    constexpr int kStages = kTmaForwardStages, kKeys = kTmaForwardKeys;
+    q_s = reinterpret_cast<floatX*>(smem);
+    kv_s = q_s + 2 * kTmaForwardGroups * kTileRows * HS;
+    docs_s = reinterpret_cast<int*>(kv_s + kStages * 2 * kKeys * HS);
+    full = reinterpret_cast<uint64_t*>(docs_s + kStages * kKeys);
+    empty = full + kStages;
+    q_full = empty + kStages;
+    q_empty = q_full + 2;
+    items = reinterpret_cast<WindowForwardItem*>(q_empty + 2);
+  }
+};
+
+// The producer: takes items until none is left and starts their copies, each into a query buffer
+// and stages its consumers have released (item k into buffer k % 2, the n-th key block of all
+// into stage n % kStages).
+template <int HS>
+__device__ void window_forward_produce(const WindowForwardSmem<HS>& sm, const CUtensorMap* qkv_map, int T, int NH,
+                                       int heads, const WindowPairs& pairs, int* work_counter) {
 #if FLASH_WGMMA
   constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages, kChunks = HS / 64;
   constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
-  static_assert(kKeys == llmc::kAttentionBlock, "a key tile is a key block");
-  extern __shared__ __align__(1024) unsigned char flash_smem[];
-  floatX* q_s = reinterpret_cast<floatX*>(flash_smem);          // a 64-row tile per warpgroup
-  floatX* kv_s = q_s + kTmaForwardGroups * kTileRows * HS;       // stage s: key tile, value tile
-  int* docs_s = reinterpret_cast<int*>(kv_s + kStages * 2 * kKeys * HS);  // stage s: its keys' documents
-  uint64_t* full = reinterpret_cast<uint64_t*>(docs_s + kStages * kKeys);  // per stage
-  uint64_t* q_full = full + kStages;
-  int* done_warps = reinterpret_cast<int*>(q_full + 1);  // per stage, over all its fills
-  const int q_block = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
-  const int C = NH * HS, block_q0 = q_block * kKeys, q0 = block_q0 + group * kTileRows;
-  const int tiles = q_block - pairs.first_key_block(b, q_block) + 1;  // tile i: key block q_block - i
-  const int* docs_g = pairs.dw.documents + (size_t)b * T;
-  auto load_kv_tile = [&](int i) {
-    const int stage = i % kStages, key0 = (q_block - i) * kKeys;
-    floatX* k_tile = kv_s + stage * 2 * kKeys * HS;
-    floatX* v_tile = k_tile + kKeys * HS;
-    barrier_expect_bytes(&full[stage], 2 * kTileBytes + kKeys * sizeof(int));
-#pragma unroll
-    for (int c = 0; c < kChunks; c++) {
-#pragma unroll
-      for (int r = 0; r < kKeys; r += 64) {
-        tma_load_box(k_tile + (c * kKeys + r) * 64, &qkv_map, C + h * HS + c * 64, key0 + r, b, &full[stage]);
-        tma_load_box(v_tile + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, key0 + r, b, &full[stage]);
-      }
+  const int blocks = T / kKeys, items = blocks * heads, C = NH * HS;
+  for (int k = 0, n = 0;; k++) {
+    const int index = fetch_work_item(work_counter, items), buf = k % 2;
+    barrier_wait(&sm.q_empty[buf], ((k / 2) & 1) ^ 1);
+    if (index < 0) {
+      sm.items[buf] = {-1, 0, 0, 0};
+      barrier_arrive(&sm.q_full[buf]);
+      return;
     }
-    bulk_copy_to_shared(docs_s + stage * kKeys, docs_g + key0, kKeys * sizeof(int), &full[stage]);
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; s++) done_warps[s] = 0;
-    copy_barriers_init(full, kStages + 1);  // and q_full
-    barrier_expect_bytes(q_full, kTmaForwardGroups * kTileRows * HS * sizeof(floatX));
+    const int q_block = index % blocks, bh = index / blocks, b = bh / NH, h = bh % NH;
+    const llmc::AttentionBlockSelection s = pairs.selection(b, q_block);
+    sm.items[buf] = {index, s.full + s.partial, s.full, 0};
+    floatX* q_s = sm.q_s + buf * kTmaForwardGroups * kTileRows * HS;
+    barrier_expect_bytes(&sm.q_full[buf], kTmaForwardGroups * kTileRows * HS * sizeof(floatX));
 #pragma unroll
     for (int gr = 0; gr < kTmaForwardGroups; gr++) {
 #pragma unroll
       for (int c = 0; c < kChunks; c++) {
-        tma_load_box(q_s + (gr * kChunks + c) * kTileRows * 64, &qkv_map, h * HS + c * 64, block_q0 + gr * kTileRows, b,
-                     q_full);
+        tma_load_box(q_s + (gr * kChunks + c) * kTileRows * 64, qkv_map, h * HS + c * 64,
+                     q_block * kKeys + gr * kTileRows, b, &sm.q_full[buf]);
       }
     }
-    for (int i = 0; i < kStages && i < tiles; i++) load_kv_tile(i);
+    const int* docs_g = pairs.dw.documents + (size_t)b * T;
+    for (int i = 0; i < s.full + s.partial; i++, n++) {
+      const int stage = n % kStages, key0 = (q_block - i) * kKeys;
+      barrier_wait(&sm.empty[stage], ((n / kStages) & 1) ^ 1);
+      floatX* k_tile = sm.kv_s + stage * 2 * kKeys * HS;
+      floatX* v_tile = k_tile + kKeys * HS;
+      barrier_expect_bytes(&sm.full[stage], 2 * kTileBytes + kKeys * sizeof(int));
+#pragma unroll
+      for (int c = 0; c < kChunks; c++) {
+#pragma unroll
+        for (int r = 0; r < kKeys; r += 64) {
+          tma_load_box(k_tile + (c * kKeys + r) * 64, qkv_map, C + h * HS + c * 64, key0 + r, b, &sm.full[stage]);
+          tma_load_box(v_tile + (c * kKeys + r) * 64, qkv_map, 2 * C + h * HS + c * 64, key0 + r, b,
+                       &sm.full[stage]);
+        }
+      }
+      bulk_copy_to_shared(sm.docs_s + stage * kKeys, docs_g + key0, kKeys * sizeof(int), &sm.full[stage]);
+    }
+  }
+#endif
+}
+
+// The consumers: each warpgroup takes its 64 rows of every item through the run's key blocks and
+// stores them. The turns carry on from item to item; warpgroup 0 takes the last turn warpgroup 1
+// passes, so that every barrier's arrivals match its waits.
+template <int HS>
+__device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* out, float* lse, int T, int NH,
+                                       float scale_log2) {
+#if FLASH_WGMMA
+  constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages;
+  constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
+  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int blocks = T / kKeys, C = NH * HS;
+  const ProductTurns turns{group, false};
+  if (group == 1) turns.pass(false);  // warpgroup 0 goes first
+  const uint64_t kv_desc = wgmma_descriptor(sm.kv_s, 16, 1024);
+  const uint64_t v_desc0 = wgmma_descriptor(sm.kv_s + kKeys * HS, kKeys * 128, 1024);
+  for (int k = 0, n = 0;; k++) {
+    const int buf = k % 2;
+    barrier_wait(&sm.q_full[buf], (k / 2) & 1);
+    const WindowForwardItem item = sm.items[buf];
+    if (item.index < 0) break;
+    const int q_block = item.index % blocks, bh = item.index / blocks, b = bh / NH, h = bh % NH;
+    const int q0 = q_block * kKeys + group * kTileRows;
+    const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    const uint64_t q_desc = wgmma_descriptor(sm.q_s + (buf * kTmaForwardGroups + group) * kTileRows * HS, 16, 1024);
+    float o[HS / 8][4] = {};
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    int row_doc[2];
+    for (int i = 0; i < item.tiles; i++, n++) {
+      const int stage = n % kStages, key0 = (q_block - i) * kKeys;
+      barrier_wait(&sm.full[stage], (n / kStages) & 1);
+      const uint64_t k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+      const int* key_docs = sm.docs_s + stage * kKeys;
+      if (i == 0) {  // the query block's own keys: their documents are its rows'
+        row_doc[0] = key_docs[row[0] - key0];
+        row_doc[1] = key_docs[row[1] - key0];
+      }
+      const DocumentMask mask{key_docs, {row_doc[0], row_doc[1]}};
+      if (i == 0 && group == 0) {  // the diagonal: warpgroup 0's rows have their keys in its first 64 rows
+        forward_tile<HS, kKeys, 64, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
+                                          false, mask);
+      } else if (i == 0 || i > item.full) {  // the partial blocks: position and document
+        forward_tile<HS, kKeys, kKeys, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2,
+                                             turns, false, mask);
+      } else {
+        forward_tile<HS, kKeys, kKeys, false>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2,
+                                              turns, false);
+      }
+      warp_release(&sm.empty[stage]);
+    }
+    warp_release(&sm.q_empty[buf]);
+    store_forward_rows<HS>(out + (size_t)b * T * C + h * HS, lse + (size_t)bh * T, C, T, q0 + warp * 16, o, row_max,
+                           row_sum);
+  }
+  if (group == 0) turns.wait();
+#endif
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kWindowForwardThreads, 1) attention_forward_window_tma_kernel(
+    const __grid_constant__ CUtensorMap qkv_map, floatX* out, float* lse, int T, int NH, int heads, float scale_log2,
+    WindowPairs pairs, int* work_counter) {
+#if FLASH_WGMMA
+  static_assert(kTmaForwardKeys == llmc::kAttentionBlock, "a key tile is a key block");
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  const WindowForwardSmem<HS> sm(flash_smem);
+  if (threadIdx.x == 0) {
+    release_barriers_init(sm.empty, kTmaForwardStages, kWindowForwardWarps);
+    release_barriers_init(sm.q_empty, 2, kWindowForwardWarps);
+    copy_barriers_init(sm.q_full, 2);
+    copy_barriers_init(sm.full, kTmaForwardStages);  // its fences cover all four
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
-
-  float o[HS / 8][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
-  const int row_doc[2] = {docs_g[row[0]], docs_g[row[1]]};
-  // The causal kernel's descriptors.
-  const uint64_t q_desc = wgmma_descriptor(q_s + group * kTileRows * HS, 16, 1024);
-  const uint64_t kv_desc = wgmma_descriptor(kv_s, 16, 1024);
-  const uint64_t v_desc0 = wgmma_descriptor(kv_s + kKeys * HS, kKeys * 128, 1024);
-  const ProductTurns turns{group, group == 1};
-  if (group == 1) turns.pass(false);  // warpgroup 0 goes first
-  barrier_wait(q_full, 0);
-  for (int i = 0; i < tiles; i++) {
-    const int stage = i % kStages, key_block = q_block - i, key0 = key_block * kKeys;
-    barrier_wait(&full[stage], (i / kStages) & 1);
-    const uint64_t k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
-    const bool last = i == tiles - 1;
-    const DocumentMask mask{docs_s + stage * kKeys, {row_doc[0], row_doc[1]}};
-    if (i == 0 && group == 0) {  // the diagonal: warpgroup 0's rows have their keys in its first 64 rows
-      forward_tile<HS, kKeys, 64, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
-                                        last, mask);
-    } else if (pairs.masks(b, block_q0, key_block * kTilesPerAttentionBlock)) {
-      forward_tile<HS, kKeys, kKeys, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
-                                           last, mask);
-    } else {
-      forward_tile<HS, kKeys, kKeys, false>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
-                                            last);
-    }
-    // This warp is done with the stage; the last of its readers starts the tile kStages further.
-    if (lane == 0 && i + kStages < tiles) {
-      __threadfence_block();
-      if (atomicAdd(&done_warps[stage], 1) + 1 == (i / kStages + 1) * kTmaForwardThreads / WARP_SIZE) {
-        load_kv_tile(i + kStages);
-      }
-    }
+  if (threadIdx.x >= kTmaForwardThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == kTmaForwardThreads) window_forward_produce<HS>(sm, &qkv_map, T, NH, heads, pairs, work_counter);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    window_forward_consume<HS>(sm, out, lse, T, NH, scale_log2);
   }
-  store_forward_rows<HS>(out + (size_t)b * T * C + h * HS, lse + (size_t)bh * T, C, T, q0 + warp * 16, o, row_max,
-                         row_sum);
 #else
   __trap();  // launched only where hopper_support().usable
 #endif
@@ -4019,6 +4131,18 @@ int resident_blocks(const void* kernel, int threads, size_t smem_bytes) {
   return std::max(per_sm, 1) * sms;
 }
 
+// The counter persistent kernels take their work items from, zero between launches (a launch's
+// last fetch resets it): one per process, so kernels that use it run one at a time, on one stream.
+int* work_item_counter() {
+  static int* counter = [] {
+    int* c = nullptr;
+    cudaCheck(cudaMalloc(&c, sizeof(int)));
+    cudaCheck(cudaMemset(c, 0, sizeof(int)));
+    return c;
+  }();
+  return counter;
+}
+
 // The heads whose tiles go heaviest first at the end of a causal grid (causal_block_work):
 // about three waves of blocks. By a count of greedy scheduling, from two waves on the d48 shape
 // ends within 3% of its ideal time; measured there, tails of 33, 66 and 99 heads (this count)
@@ -4105,9 +4229,12 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
   set_smem_limits<HS>();
   const float scale_log2 = scale_in_log2_units(scale);
   if (hopper_support().usable) {
-    const dim3 grid(T / llmc::kAttentionBlock, B * NH);
-    attention_forward_window_tma_kernel<HS><<<grid, kTmaForwardThreads, tma_window_forward_smem_bytes<HS>(), stream>>>(
-        sequence_tensor_map(qkv, B, T, 3 * NH * HS), out, lse, T, NH, scale_log2, window_pairs(dw, T));
+    static const int resident = resident_blocks((const void*)attention_forward_window_tma_kernel<HS>,
+                                                kWindowForwardThreads, tma_window_forward_smem_bytes<HS>());
+    const int grid = std::min(resident, T / llmc::kAttentionBlock * B * NH);
+    attention_forward_window_tma_kernel<HS><<<grid, kWindowForwardThreads, tma_window_forward_smem_bytes<HS>(), stream>>>(
+        sequence_tensor_map(qkv, B, T, 3 * NH * HS), out, lse, T, NH, B * NH, scale_log2, window_pairs(dw, T),
+        work_item_counter());
   } else {
     const dim3 grid(T / kTileRows, B * NH);
     attention_forward_window_kernel<HS><<<grid, kThreads, window_forward_smem_bytes<HS>(), stream>>>(
