@@ -253,10 +253,12 @@ WindowReference window_reference(const WindowCase& w, const DocumentRows& rows, 
                       std::vector<float>((size_t)B * T * 3 * C)};
   std::vector<double> dqkv(ref.dqkv.size(), 0.0);
   auto at = [&](int b, int t, int part, int h) { return ((size_t)b * T + t) * 3 * C + part * C + h * HS; };
+  // A (row, head) pair writes only its own columns, so the pairs run in parallel.
+#pragma omp parallel for collapse(2) schedule(dynamic)
   for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      const std::vector<int> keys = window_keys(w, rows, b, t);
-      for (int h = 0; h < NH; h++) {
+    for (int h = 0; h < NH; h++) {
+      for (int t = 0; t < T; t++) {
+        const std::vector<int> keys = window_keys(w, rows, b, t);
         const float* q = &qkv[at(b, t, 0, h)];
         const float* dy = &dout[((size_t)b * T + t) * C + h * HS];
         std::vector<double> p(keys.size()), dp(keys.size());
@@ -504,6 +506,15 @@ int main() {
     test_attention_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
     // A long row: a window far shorter than the sequence, most key tiles unseen by most queries.
     test_attention_window({1, 8192, 768, 6, 5, {0, 3000, 3001, 6000}, true, 0.12f, 14}, rng);
+    // The shortest sequence (one block) and the speedrun's (T = 49,152: the persistent kernels'
+    // work counters over 384 key blocks a head); one long document there fills every window,
+    // random documents cut them short. Head sizes 128 and 64.
+    test_attention_window({2, 128, 256, 2, 16, {0, 5, 127}, true, 0.12f, 16}, rng);
+    test_attention_window({1, 128, 256, 4, 0, {}, false, 0.125f, 1}, rng);
+    test_attention_window({1, 49152, 512, 4, 2, {0, 1000, 1001, 30000, 49151}, false, 0.12f, 14}, rng);
+    test_attention_window({1, 49152, 256, 4, 14, {0}, true, 0.125f, 14}, rng);
+    // The reference's validation length, 262,144 tokens, with the short window.
+    test_attention_window({1, 262144, 128, 2, 1, {0}, true, 0.12f, 1}, rng);
 #endif
     // The GEMM path within documents, in both builds: windows of 0 to 4 blocks and of every block
     // (-pd 1 without -aw), starts on block edges and off them, documents of one token, head sizes
