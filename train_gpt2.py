@@ -2,8 +2,9 @@
 The PyTorch GPT-2 reference: the model, llm.c checkpoints, the debug state the C++ tests compare
 against, training on token shards, and a benchmark. Formats and algorithms follow dev/SPEC.md; the
 parameter order follows param_table() in llmc/gpt2.h. Beside GPT-2 with AdamW: the modern
-architecture (--arch modern), Muon (--optimizer muon) and modded-nanogpt's baseline recipe
-(--recipe modern, SPEC.md "The modern architecture and recipe").
+architecture (--arch modern), Muon (--optimizer muon), modded-nanogpt's baseline recipe
+(--recipe modern, SPEC.md "The modern architecture and recipe") and its speedrun record #28
+(--recipe speedrun, SPEC.md "The speedrun architecture and recipe").
 
   python3 train_gpt2.py --model tiny --write_debug_state OUT -b 4 -t 64 --debug_steps 10 --seed 42
   python3 train_gpt2.py --model d12 --input_bin "data/train_*.bin" --input_val_bin "data/val_*.bin" \
@@ -29,6 +30,7 @@ import time
 import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 from pydeps import require
 
@@ -71,25 +73,45 @@ MODERN_PRESETS = {
     "d48": (48, 25, 1600, 1024, 50257),
     "tiny": (2, 1, 128, 64, 50257),
 }
+# The speedrun architecture's: its reference's 12 layers (the U-net, the value embeddings, the
+# layer without attention and the windows are laid out for 12), d12 with maxT its validation's
+# 262,144-token sequences; tiny keeps the 12 layers at 2 heads of 64.
+SPEEDRUN_PRESETS = {
+    "d12": (12, 6, 768, 262144, 50257),
+    "tiny": (12, 2, 128, 1024, 50257),
+}
+SPEEDRUN_LAYERS, SPEEDRUN_LAYER_WITHOUT_ATTENTION = 12, 7
+SPEEDRUN_VALUE_EMBEDDINGS = 3  # used by the first three layers and again by the last three
+SPEEDRUN_GATE_DIVISOR = 64  # the attention gate reads the first C/64 channels of the block's input
+SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
 ATTENTION_SCALE_MODERN = 0.12
 LOGIT_SOFTCAP_MODERN = 15.0
-# Muon (modern.md): 12 Newton-Schulz steps X <- a X + (b A + c A A) X, A = X X^T, in bfloat16.
-MUON_NS_STEPS, MUON_NS_A, MUON_NS_B, MUON_NS_C = 12, 2.0, -1.5, 0.5
-# Every flag a recipe sets, a column per recipe of RECIPES: GPT-2's (also the value without --recipe) and
-# modern's (modern.md: modded-nanogpt's optimization-track baseline). A flag given on the command line
-# overrides both.
-RECIPES = ("gpt2", "modern")
+# Muon's Newton-Schulz iterations X <- a X + (b A + c A A) X, A = X X^T, in bfloat16, as (steps, a, b,
+# c): the baseline's (modern.md) and the speedrun's (fewer steps of a steeper polynomial).
+NEWTON_SCHULZ = {"baseline": (12, 2.0, -1.5, 0.5), "speedrun": (5, 3.4445, -4.7750, 2.0315)}
+# Every flag a recipe sets, a column per recipe of RECIPES: GPT-2's (also the value without --recipe),
+# modern's (modern.md: modded-nanogpt's optimization-track baseline) and speedrun's (SPEC.md:
+# modded-nanogpt's speedrun record #28). A flag given on the command line overrides its column.
+RECIPES = ("gpt2", "modern", "speedrun")
 RECIPE_FLAGS = {
-    "arch": ("gpt2", "modern"), "optimizer": ("adamw", "muon"), "loss_reduction": ("mean", "sum"),
-    "learning_rate": (1e-4, 1e-4), "embedding_lr": (None, 0.7), "head_lr": (None, 0.004),
-    "scalar_lr": (None, 0.015), "beta1": (ADAMW_BETA1, 0.8), "beta2": (ADAMW_BETA2, 0.95),
-    "adam_eps": (ADAMW_EPS, 1e-10), "weight_decay": (0.1, 0.001), "grad_clip": (1.0, 0.0),
-    "lr_schedule": ("cosine", "stable_decay"), "batch_size": (4, 64), "seq_len": (64, 1024),
-    "total_batch_size": (-1, 524288),
+    "arch": ("gpt2", "modern", "speedrun"), "optimizer": ("adamw", "muon", "muon"),
+    "loss_reduction": ("mean", "sum", "sum"), "learning_rate": (1e-4, 1e-4, 0.008),
+    "embedding_lr": (None, 0.7, 0.008 * 75), "head_lr": (None, 0.004, 0.008),
+    "scalar_lr": (None, 0.015, 0.008 * 5), "beta1": (ADAMW_BETA1, 0.8, 0.8), "beta2": (ADAMW_BETA2, 0.95, 0.95),
+    "adam_eps": (ADAMW_EPS, 1e-10, 1e-10), "weight_decay": (0.1, 0.001, 0.0), "grad_clip": (1.0, 0.0, 0.0),
+    "lr_schedule": ("cosine", "stable_decay", "stable_decay"), "cooldown_frac": (0.7, 0.7, 0.45),
+    "final_lr_frac": (0.0, 0.0, 0.1), "num_iterations": (10, 10, 1695), "batch_size": (4, 64, 1),
+    "seq_len": (64, 1024, 49152), "total_batch_size": (-1, 524288, 8 * 49152), "documents": (0, 0, 1),
+    "window_blocks": (0, 0, -1), "val_seq_len": (None, None, 4 * 65536), "val_steps": (20, 20, 40),
 }
-MUON_FLAGS = {"muon_lr": 0.025, "muon_weight_decay": 0.05, "muon_momentum": 0.95}
+# Muon's flags, set with --optimizer muon only (GPT-2's column is what --optimizer muon gives GPT-2).
+MUON_FLAGS = {
+    "muon_lr": (0.025, 0.025, 0.05), "muon_weight_decay": (0.05, 0.05, 0.0), "muon_momentum": (0.95, 0.95, 0.95),
+    "muon_momentum_start": (0.85, 0.85, 0.85), "muon_momentum_warmup": (0, 0, 300),
+    "muon_ns": ("baseline", "baseline", "speedrun"),
+}
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -120,14 +142,35 @@ class GPTConfig:
     channels: int
     max_seq_len: int
     vocab_size: int
-    # "gpt2", or "modern" (dev/SPEC.md "The modern architecture"): RMSNorm with gains (also after the
+    # "gpt2", "modern" (dev/SPEC.md "The modern architecture"): RMSNorm with gains (also after the
     # embedding), no position embedding, QK-norm and half-truncated rotary, attention scale 0.12,
-    # ReLU^2, a separate head with a bias, logits soft-capped at 15.
+    # ReLU^2, a separate head with a bias, logits soft-capped at 15; or "speedrun" (SPEC.md "The
+    # speedrun architecture"): modern's blocks with weightless norms and no biases, wired as its
+    # reference (x0 lambdas, U-net skips, value embeddings, gated heads, no attention in layer 7), a
+    # head without bias whose logits are capped by a sigmoid, the loss over the padded vocabulary.
     arch: str = "gpt2"
 
     @property
     def modern(self):
-        return self.arch == "modern"
+        """Both modern architectures: RMS norms, rotary, QK-norm, ReLU^2, a head of their own."""
+        return self.arch in ("modern", "speedrun")
+
+    @property
+    def speedrun(self):
+        return self.arch == "speedrun"
+
+    def has_attention(self, layer):
+        return not (self.speedrun and layer == SPEEDRUN_LAYER_WITHOUT_ATTENTION)
+
+    def value_embedding(self, layer):
+        """The speedrun's value embedding of a layer: 0, 1, 2 in the first three layers and again in
+        the last three; None elsewhere (and in the other architectures)."""
+        if not self.speedrun:
+            return None
+        k = SPEEDRUN_VALUE_EMBEDDINGS
+        if layer < k:
+            return layer
+        return layer - (self.num_layers - k) if layer >= self.num_layers - k else None
 
     @property
     def padded_vocab_size(self):
@@ -139,25 +182,32 @@ class GPTConfig:
     def num_parameters(self):
         """All parameters, wte (and the modern head) with padded_vocab_size rows (llmc/gpt2.h)."""
         C, L, Vp = self.channels, self.num_layers, self.padded_vocab_size
+        if self.speedrun:
+            attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 1  # 1: v's scale
+            values = SPEEDRUN_VALUE_EMBEDDINGS * 2  # the layers that add a value embedding: its scale
+            layers = sum(2 + 8 * C * C + (attention if self.has_attention(l) else 0) for l in range(L))
+            return (2 + SPEEDRUN_VALUE_EMBEDDINGS) * Vp * C + L // 2 + values + layers
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
 
     def flops_per_token(self, T):
         """SPEC.md's MFU count: 6*N + 6*L*C*T FLOPs per token, N = all parameters (padded vocabulary)
-        less an embedding that is a lookup only (the modern one, not tied to the head)."""
-        lookup = self.padded_vocab_size * self.channels if self.modern else 0
+        less the embeddings that are lookups only (the modern one, not tied to the head; speedrun's
+        value embeddings too)."""
+        lookups = (1 + SPEEDRUN_VALUE_EMBEDDINGS) if self.speedrun else int(self.modern)
+        lookup = lookups * self.padded_vocab_size * self.channels
         return 6 * (self.num_parameters() - lookup) + 6 * self.num_layers * self.channels * T
 
     def name(self):
-        """The preset name when the shape is a preset's, else one spelling out the shape; modern
-        models' names start with modern_."""
+        """The preset name when the shape is a preset's, else one spelling out the shape; the other
+        architectures' names start with their own (modern_, speedrun_)."""
         presets = [name for name, shape in ARCH_PRESETS[self.arch].items() if shape == self.shape()]
         name = presets[0] if presets else "l{}h{}c{}t{}v{}".format(*self.shape())
-        return f"modern_{name}" if self.modern else name
+        return name if self.arch == "gpt2" else f"{self.arch}_{name}"
 
 
-ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS}
+ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_PRESETS}
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2"):
@@ -170,6 +220,12 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.modern and (channels // num_heads) % 4 != 0:
         fail(f"{source}: head size {channels // num_heads} (C/NH) is not a multiple of 4, which the "
              f"modern architecture's rotary embedding needs; change --channels or --num_heads")
+    if config.speedrun and num_layers != SPEEDRUN_LAYERS:
+        fail(f"{source}: the speedrun architecture has its reference's {SPEEDRUN_LAYERS} layers, not "
+             f"{num_layers}; drop --num_layers")
+    if config.speedrun and channels < SPEEDRUN_GATE_DIVISOR:
+        fail(f"{source}: the speedrun's attention gate reads C/{SPEEDRUN_GATE_DIVISOR} channels, so "
+             f"channels {channels} must be at least {SPEEDRUN_GATE_DIVISOR}; raise --channels")
     return config
 
 
@@ -266,9 +322,11 @@ def rms_norm(x, weight=None):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, channels):
+    """rms_norm with a gain vector, or weightless (gain=False: the speedrun's, no parameter)."""
+
+    def __init__(self, channels, gain=True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(channels))
+        self.weight = nn.Parameter(torch.ones(channels)) if gain else None
 
     def forward(self, x):
         return rms_norm(x, self.weight)
@@ -290,11 +348,11 @@ def rotate(x, freq):
 
 
 def make_norm(config):
-    return RMSNorm(config.channels) if config.modern else nn.LayerNorm(config.channels)
+    return RMSNorm(config.channels, gain=not config.speedrun) if config.modern else nn.LayerNorm(config.channels)
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config, flash, linear):
+    def __init__(self, config, flash, linear, layer):
         super().__init__()
         self.c_attn = linear(config.channels, 3 * config.channels)  # q, k, v stacked as [3C, C]
         self.c_proj = linear(config.channels, config.channels)
@@ -304,15 +362,39 @@ class CausalSelfAttention(nn.Module):
         self.modern = config.modern
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
+        # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
+        # their two scalars); each head's output gated by a sigmoid of the input's first C/64 channels
+        self.value_scales = self.gate = None
+        if config.speedrun:
+            has_embedding = config.value_embedding(layer) is not None
+            self.value_scales = nn.Parameter(torch.full((2 if has_embedding else 1,), 0.5))
+            self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
-    def forward(self, x, mask=None):
+    def mix_values(self, v, value_embedding):
+        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]."""
+        if self.value_scales is None:
+            return v
+        if value_embedding is None:
+            return self.value_scales[0] * v
+        return self.value_scales[0] * v + self.value_scales[1] * value_embedding.view_as(v)
+
+    def gate_heads(self, x, y):
+        """speedrun: each head's output y [B, T, NH, hs] times sigmoid(gate . x[..., :C/64]), x the
+        attention's (normed) input."""
+        if self.gate is None:
+            return y
+        gate = torch.sigmoid(self.gate(x[..., :self.gate.in_features]))
+        return y * gate.view(*gate.shape, 1)
+
+    def forward(self, x, mask=None, value_embedding=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
-        causal."""
+        causal. value_embedding: this layer's (speedrun), or None."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
             q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
+        v = self.mix_values(v, value_embedding)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
             scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
@@ -327,7 +409,8 @@ class CausalSelfAttention(nn.Module):
             if mask is None:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        y = self.gate_heads(x, y.transpose(1, 2))
+        return self.c_proj(y.contiguous().view(B, T, C))
 
 
 class MLP(nn.Module):
@@ -343,15 +426,23 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, flash, linear):
+    def __init__(self, config, flash, linear, layer):
         super().__init__()
-        self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config, flash, linear)
+        # speedrun: the block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
+        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.speedrun else None
+        attention = config.has_attention(layer)
+        self.ln_1 = make_norm(config) if attention else None
+        self.attn = CausalSelfAttention(config, flash, linear, layer) if attention else None
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config, linear)
 
-    def forward(self, x, mask=None):
-        x = x + self.attn(self.ln_1(x), mask)
+    def mix_input(self, x, x0):
+        return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
+
+    def forward(self, x, mask=None, x0=None, value_embedding=None):
+        x = self.mix_input(x, x0)
+        if self.attn is not None:
+            x = x + self.attn(self.ln_1(x), mask, value_embedding)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -361,17 +452,24 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         plain = CastLinear if config.modern else nn.Linear
+        if config.speedrun:  # no biases
+            plain = partial(CastLinear, bias=False)
         linear = Fp8Linear if fp8 else plain
-        layers = dict(wte=nn.Embedding(config.padded_vocab_size, config.channels))
+        Vp, C = config.padded_vocab_size, config.channels
+        layers = dict(wte=nn.Embedding(Vp, C))
         if config.modern:
-            layers["ln_e"] = RMSNorm(config.channels)  # the norm after the embedding
+            layers["ln_e"] = make_norm(config)  # the norm after the embedding
         else:
-            layers["wpe"] = nn.Embedding(config.max_seq_len, config.channels)
-        layers["h"] = nn.ModuleList([Block(config, flash, linear) for _ in range(config.num_layers)])
+            layers["wpe"] = nn.Embedding(config.max_seq_len, C)
+        if config.speedrun:
+            layers["ve"] = nn.ModuleList([nn.Embedding(Vp, C) for _ in range(SPEEDRUN_VALUE_EMBEDDINGS)])
+        layers["h"] = nn.ModuleList([Block(config, flash, linear, layer) for layer in range(config.num_layers)])
         layers["ln_f"] = make_norm(config)
         self.transformer = nn.ModuleDict(layers)
-        # modern: a separate head with a bias; GPT-2's is wte itself
-        self.lm_head = plain(config.channels, config.padded_vocab_size, bias=config.modern)
+        # speedrun: the U-net's weights, one for each of the second half's layers (unet_skip)
+        self.skip_weights = nn.Parameter(torch.ones(config.num_layers // 2)) if config.speedrun else None
+        # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
+        self.lm_head = plain(C, Vp, bias=config.arch == "modern")
         if not config.modern:
             self.lm_head.weight = self.transformer.wte.weight
         # The modern model's activations: float32, or bfloat16 with float32 parameters cast to it
@@ -422,27 +520,52 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(idx.size(1), device=idx.device)
             x = t.wte(idx) + t.wpe(pos)
-        for block, mask in zip(t.h, self.attention_masks(idx)):
-            x = block(x, mask)
+        x0, skips = x, []
+        value_embeddings = self.layer_value_embeddings(idx)
+        for layer, (block, mask) in enumerate(zip(t.h, self.attention_masks(idx))):
+            x = self.unet_skip(layer, x, skips)
+            x = block(x, mask, x0, value_embeddings[layer])
         return t.ln_f(x)
 
+    def layer_value_embeddings(self, idx):
+        """Each layer's value embedding of idx (speedrun), or None."""
+        lookups = [ve(idx).to(self.compute_dtype) for ve in self.transformer.ve] if self.config.speedrun else []
+        layers = range(self.config.num_layers)
+        return [None if self.config.value_embedding(l) is None else lookups[self.config.value_embedding(l)]
+                for l in layers]
+
+    def unet_skip(self, layer, x, skips):
+        """The speedrun's U-net, before layer `layer` whose input is x: the first half's outputs are
+        kept, and layer n + j (n = L/2) adds skip_weights[j] times the output of layer n - 1 - j."""
+        if self.skip_weights is None:
+            return x
+        n = self.config.num_layers // 2
+        if 0 < layer <= n:
+            skips.append(x)
+        return x + self.skip_weights[layer - n] * skips.pop() if layer >= n else x
+
     def soft_cap(self, logits):
-        """The logits the softmax sees: the modern model's 15 z / sqrt(z^2 + 225), in float32."""
+        """The logits the softmax sees, in float32: the modern model's 15 z / sqrt(z^2 + 225), the
+        speedrun's 30 sigmoid(z / 7.5)."""
         if not self.config.modern:
             return logits
         z = logits.float()
+        if self.config.speedrun:
+            return SPEEDRUN_SOFTCAP * torch.sigmoid(z / SPEEDRUN_SOFTCAP_SCALE)
         return LOGIT_SOFTCAP_MODERN * z * torch.rsqrt(z.square() + LOGIT_SOFTCAP_MODERN ** 2)
 
     def forward(self, idx, targets=None, reduction="mean"):
         """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
         cap), and the loss: the mean or the sum of the token losses."""
-        # The padded columns are dropped before the loss, so padded wte rows get zero gradient.
-        logits = self.lm_head(self.final_hidden(idx))[:, :, :self.config.vocab_size]
+        # The padded columns are dropped before the loss, so padded wte rows get zero gradient; the
+        # speedrun's reference keeps them in the softmax (capped, a zero logit is 15 there).
+        logits = self.lm_head(self.final_hidden(idx))
         loss = None
         if targets is not None:
-            capped = self.soft_cap(logits)
+            columns = self.config.padded_vocab_size if self.config.speedrun else self.config.vocab_size
+            capped = self.soft_cap(logits[:, :, :columns])
             loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
-        return logits, loss
+        return logits[:, :, :self.config.vocab_size], loss
 
     def padded_vocab_loss(self, idx, targets, reduction="mean"):
         """The benchmark's loss, as nanoGPT and modded-nanogpt compute it: cross-entropy over all
@@ -467,13 +590,21 @@ def set_compute_dtype(model, dtype, device_type):
 BLOCK_PARAMS = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
                 "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                 "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
+SPEEDRUN_BLOCK_PARAMS = ["lambdas", "attn.value_scales", "attn.c_attn.weight", "attn.gate.weight",
+                         "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"]
 
 
 def params_in_file_order(model):
     """The parameters in llmc/gpt2.h param_table() order (the checkpoint layout): each table
     entry in turn, the per-layer entries layer by layer. GPT-2: wte, wpe, the blocks, ln_f's weight
-    and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias."""
+    and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias.
+    speedrun (no file format yet; the order the optimizers take them in): wte, the value
+    embeddings, the skip weights, the blocks (layer 7 without attention), the head's weight."""
     t = model.transformer
+    if model.config.speedrun:
+        stacked = [block.get_parameter(name) for name in SPEEDRUN_BLOCK_PARAMS for block in t.h
+                   if name in dict(block.named_parameters())]
+        return [t.wte.weight] + [ve.weight for ve in t.ve] + [model.skip_weights] + stacked + [model.lm_head.weight]
     present = dict(t.h[0].named_parameters())
     stacked = [block.get_parameter(name) for name in BLOCK_PARAMS if name in present for block in t.h]
     if model.config.modern:
@@ -484,6 +615,8 @@ def params_in_file_order(model):
 def init_weights(model, seed):
     """SPEC.md "Model initialisation from a seed". The C++ trainers reproduce these weights bit
     for bit, so the draw order (one normal_ call per tensor, on the CPU) is part of the contract."""
+    if model.config.speedrun:
+        return init_weights_speedrun(model, seed)
     if model.config.modern:
         return init_weights_modern(model, seed)
     config, t = model.config, model.transformer
@@ -522,6 +655,28 @@ def init_weights_modern(model, seed):
         for block in t.h:
             block.attn.c_attn.weight.normal_(0.0, std)
             block.mlp.c_fc.weight.normal_(0.0, std)
+
+
+def init_weights_speedrun(model, seed):
+    """The speedrun's init, its reference's values (which draws them unseeded, in its own order):
+    wte and the value embeddings N(0, 1) (every row), then per layer qkvw and fcw uniform in
+    +-sqrt(3) * 0.5 / sqrt(C); the output projections, the gates and the head zero; the skip weights
+    one, the lambdas (1, 0) and the value scales 0.5."""
+    config, t = model.config, model.transformer
+    bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.skip_weights.fill_(1.0)
+        for embedding in [t.wte] + list(t.ve):
+            embedding.weight.normal_(0.0, 1.0)
+        for block in t.h:
+            block.lambdas.copy_(torch.tensor([1.0, 0.0]))
+            if block.attn is not None:
+                block.attn.value_scales.fill_(0.5)
+                block.attn.c_attn.weight.uniform_(-bound, bound)
+            block.mlp.c_fc.weight.uniform_(-bound, bound)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1001,7 +1156,8 @@ def learning_rate(step, args, peak=None):
         linear:     lr - (lr - min_lr) * f,                                S = W
         wsd:        lr - (lr - min_lr) * f,  S = max(W, N - N // 5)  (stable, then the last 20% decay)
         constant:   lr
-        stable_decay: lr while step/N < 0.3, then lr * ((1 - step/N) / 0.7)  (modern.md; to 0)
+        stable_decay: lr while step/N < 1 - D, then lr * (w + (1 - w) * final_lr_frac),
+                    w = (1 - step/N) / D, D = cooldown_frac  (modern.md: D 0.7, to 0; speedrun: D 0.45, to 0.1 lr)
     """
     lr = args.learning_rate if peak is None else peak
     W, N = args.warmup_iters, args.num_iterations
@@ -1011,7 +1167,10 @@ def learning_rate(step, args, peak=None):
         return lr
     if args.lr_schedule == "stable_decay":
         progress = step / N
-        return lr if progress < 0.3 else lr * ((1 - progress) / 0.7)
+        if progress < 1 - args.cooldown_frac:
+            return lr
+        w = (1 - progress) / args.cooldown_frac
+        return lr * (w + (1 - w) * args.final_lr_frac)
     min_lr = lr * args.final_lr_frac
     start = max(W, N - N // 5) if args.lr_schedule == "wsd" else W
     f = max(0.0, (step - start) / (N - start))
@@ -1042,37 +1201,48 @@ def adamw_step(params, moments, t, lr, weight_decay, betas=(ADAMW_BETA1, ADAMW_B
             p.sub_(lr * (mhat / (vhat.sqrt() + eps) + decay * p))
 
 
-def orthogonalise(G):
+def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     """modern.md's Newton-Schulz iteration towards the nearest semi-orthogonal matrix of G, in
     bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (|X|_F
-    + 1e-7), then MUON_NS_STEPS of X <- a X + (b A + (c A) A) X with A = X X^T."""
+    + 1e-7), then `steps` of X <- a X + (b A + (c A) A) X with A = X X^T, newton_schulz = (steps, a,
+    b, c) (NEWTON_SCHULZ)."""
+    steps, a, b, c = newton_schulz
     X = G.bfloat16()
     tall = G.size(0) > G.size(1)
     if tall:
         X = X.t()
     X = X / (X.norm() + 1e-7)
-    for _ in range(MUON_NS_STEPS):
+    for _ in range(steps):
         A = X @ X.t()
-        B = MUON_NS_B * A + (MUON_NS_C * A) @ A
-        X = MUON_NS_A * X + B @ X
+        B = b * A + (c * A) @ A
+        X = a * X + B @ X
     return X.t() if tall else X
 
 
-def muon_direction(grad, momentum, mu, blocks):
+def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
-    each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols))."""
+    each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols)), of the
+    block transposed when `transposed` (the speedrun's reference holds its fc as [C, 4C]: scale 1)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
-    return torch.cat([orthogonalise(b) * max(1, b.size(0) / b.size(1)) ** 0.5 for b in u.chunk(blocks)])
+    parts = []
+    for b in u.chunk(blocks):
+        rows, cols = b.shape[::-1] if transposed else b.shape
+        parts.append(orthogonalise(b, newton_schulz) * max(1, rows / cols) ** 0.5)
+    return torch.cat(parts)
 
 
 class Muon(torch.optim.Optimizer):
     """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction. A group's
     "blocks" splits each of its matrices into that many row blocks (qkvw: q, k and v, three C x C
-    matrices). compile: the direction as one torch.compile graph per shape, as modded-nanogpt does."""
+    matrices); its "transposed" scales by the transpose's shape. newton_schulz: NEWTON_SCHULZ's
+    (steps, a, b, c). compile: the direction as one torch.compile graph per shape, as modded-nanogpt
+    does."""
 
-    def __init__(self, groups, lr, weight_decay, momentum, compile=False):
-        super().__init__(groups, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1))
+    def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
+        super().__init__(groups, defaults)
+        self.newton_schulz = newton_schulz
         self.direction = torch.compile(muon_direction) if compile else muon_direction
 
     @torch.no_grad()
@@ -1082,27 +1252,42 @@ class Muon(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["momentum"] = torch.zeros_like(p)
-                update = self.direction(p.grad, state["momentum"], group["momentum"], group["blocks"])
+                update = self.direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
+                                        self.newton_schulz, group["transposed"])
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"])
 
 
+def muon_param_groups(model):
+    """Muon's groups: the blocks' matrices, qkvw as q, k, v. The speedrun's also takes the gates,
+    and its fc is scaled as its reference holds it, [C, 4C] (transposed)."""
+    blocks = model.transformer.h
+    qkv = [b.attn.c_attn.weight for b in blocks if b.attn is not None]
+    if model.config.speedrun:
+        projections = [p for b in blocks if b.attn is not None for p in (b.attn.c_proj.weight, b.attn.gate.weight)]
+        others = projections + [b.mlp.c_proj.weight for b in blocks]
+        fc = [b.mlp.c_fc.weight for b in blocks]
+        return [dict(params=qkv, blocks=3), dict(params=others), dict(params=fc, transposed=True)]
+    others = [p for b in blocks for p in (b.attn.c_proj.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+    return [dict(params=qkv, blocks=3), dict(params=others)]
+
+
 def optimizer_groups(model, args):
     """Every parameter's optimizer and hyperparameters, as (optimizer, group) pairs; each group's
-    "lr" is its peak, which the schedule scales. With --optimizer muon, Muon takes the blocks'
-    matrices (qkvw as q, k, v). AdamW takes the rest: GPT-2's 2-D tensors with weight decay and the
-    others without, at --learning_rate; the modern model's embedding, head weight, 1-D tensors
-    (gains, biases) and any block matrix at their own rates, all with weight decay."""
+    "lr" is its peak, which the schedule scales. With --optimizer muon, Muon takes muon_groups'
+    matrices. AdamW takes the rest: GPT-2's 2-D tensors with weight decay and the others without,
+    at --learning_rate; the modern models' embeddings (speedrun: with its value embeddings), head
+    weight, 1-D tensors (gains, biases; the speedrun's scalars) and any block matrix at their own
+    rates, all with weight decay."""
     t, groups = model.transformer, []
     if args.optimizer == "muon":
-        qkv = [b.attn.c_attn.weight for b in t.h]
-        others = [p for b in t.h for p in (b.attn.c_proj.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
-        groups = [("muon", dict(params=qkv, blocks=3)), ("muon", dict(params=others))]
+        groups = [("muon", group) for group in muon_param_groups(model)]
     taken = {id(p) for _, group in groups for p in group["params"]}
     rest = [p for p in params_in_file_order(model) if id(p) not in taken]
     if model.config.modern:
-        head, embedding = model.lm_head.weight, t.wte.weight
-        roles = [(args.embedding_lr, lambda p: p is embedding), (args.head_lr, lambda p: p is head),
+        head = model.lm_head.weight
+        embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
+        roles = [(args.embedding_lr, lambda p: any(p is e for e in embeddings)), (args.head_lr, lambda p: p is head),
                  (args.scalar_lr, lambda p: p.dim() == 1), (args.learning_rate, lambda p: True)]
         for lr, belongs in roles:
             params = [p for p in rest if belongs(p)]
@@ -1137,14 +1322,28 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     muon_groups = [group for kind, group in groups if kind == "muon"]
     if muon_groups:
         optimizers.append(Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                               compile=compile_muon))
+                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon))
     return optimizers, fused
 
 
+def muon_momentum(step, args):
+    """Muon's momentum at `step` (0-based): from --muon_momentum_start rising linearly to
+    --muon_momentum over the first --muon_momentum_warmup steps (the speedrun's 0.85 to 0.95 over 300;
+    none in the others), then --muon_momentum."""
+    warmup = args.muon_momentum_warmup
+    if step >= warmup:
+        return args.muon_momentum
+    frac = step / warmup
+    return (1 - frac) * args.muon_momentum_start + frac * args.muon_momentum
+
+
 def set_learning_rates(optimizers, step, args):
-    """Every group's rate at `step`: its peak under the schedule. Returns the rate of --learning_rate."""
+    """Every group's rate at `step`: its peak under the schedule, and Muon's momentum. Returns the
+    rate of --learning_rate."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
+            if isinstance(optimizer, Muon):
+                group["momentum"] = muon_momentum(step, args)
             lr = learning_rate(step, args, group["peak_lr"])
             if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
                 group["lr"].fill_(lr)
@@ -1197,7 +1396,8 @@ def write_debug_state(model, batch, args, device, out_dir):
     groups = optimizer_groups(model, args)
     moments = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p in params}
     muon_groups = [group for kind, group in groups if kind == "muon"]
-    muon_optimizer = Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum) if muon else None
+    muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
+                           NEWTON_SCHULZ[args.muon_ns]) if muon else None)
     losses = []
     for step in range(args.debug_steps):
         with autocast:
@@ -1251,10 +1451,12 @@ def parse_args(argv=None):
     a = p.add_argument_group("model")
     a.add_argument("--recipe", choices=RECIPES, help="gpt2: GPT-2 trained with AdamW, as without --recipe; "
                    "modern: the modern architecture trained with Muon as modded-nanogpt's optimization-track "
-                   "baseline (dev/SPEC.md); sets every flag marked 'recipe' below that is not given")
-    a.add_argument("--arch", choices=sorted(ARCH_IDS), help=recipe_help("arch", "architecture"))
-    a.add_argument("--model", choices=sorted(PRESETS), help="preset shape of the architecture (llmc/gpt2.h); "
-                   "default d12")
+                   "baseline; speedrun: modded-nanogpt's speedrun record #28, its architecture, optimizers, "
+                   "schedules and document-aligned data (dev/SPEC.md); sets every flag marked 'recipe' "
+                   "below that is not given")
+    a.add_argument("--arch", choices=sorted(ARCH_PRESETS), help=recipe_help("arch", "architecture"))
+    a.add_argument("--model", choices=sorted(PRESETS), help="preset shape of the architecture (llmc/gpt2.h; "
+                   "speedrun: d12 and tiny); default d12")
     a.add_argument("--num_layers", type=int, help="override the preset's number of layers")
     a.add_argument("--num_heads", type=int, help="override the preset's number of heads")
     a.add_argument("--channels", type=int, help="override the preset's channels")
@@ -1270,41 +1472,53 @@ def parse_args(argv=None):
     a.add_argument("--total_batch_size", type=int, help=recipe_help(
         "total_batch_size", "tokens per step; -1 = B*T*world (grad accumulation = total / (B*T*world))"))
     a.add_argument("--shuffle", type=int, choices=[0, 1], default=1, help="shuffle the training data")
-    a.add_argument("--documents", type=int, choices=[0, 1], default=0, help="1: training sequences of whole "
-                   "documents, each from a document start (token 50256), in modded-nanogpt's order "
-                   "(DocumentLoader), and attention within a document: a token attends only to the earlier "
-                   "tokens of its own document (validation too, its sequences contiguous slices)")
-    a.add_argument("--window_blocks", type=int, default=0, help="with --documents 1: attention within "
-                   "modded-nanogpt's window of N blocks of 128 tokens (12 layers: N in its long layers, "
-                   "N // 2 in its short ones; other depths: N in every layer); -1: its schedule, 1 block "
-                   "growing to 14 over --num_iterations; 0: no window")
+    a.add_argument("--documents", type=int, choices=[0, 1], help=recipe_help("documents", "1: training "
+                   "sequences of whole documents, each from a document start (token 50256), in modded-nanogpt's "
+                   "order (DocumentLoader), and attention within a document: a token attends only to the earlier "
+                   "tokens of its own document (validation too, its sequences contiguous slices)"))
+    a.add_argument("--window_blocks", type=int, help=recipe_help("window_blocks", "with --documents 1: "
+                   "attention within modded-nanogpt's window of N blocks of 128 tokens (12 layers: N in its long "
+                   "layers, N // 2 in its short ones; other depths: N in every layer); -1: its schedule, 1 block "
+                   "growing to 14 over --num_iterations; 0: no window"))
     a = p.add_argument_group("optimisation")
     a.add_argument("--optimizer", choices=["adamw", "muon"], help=recipe_help(
         "optimizer", "muon: Muon for the blocks' matrices, AdamW for the rest"))
     a.add_argument("--learning_rate", type=float, help=recipe_help(
         "learning_rate", "AdamW's peak learning rate (modern: of the blocks' matrices under AdamW)"))
-    a.add_argument("--embedding_lr", type=float, help=recipe_help("embedding_lr", "modern: AdamW lr of wte"))
+    a.add_argument("--embedding_lr", type=float, help=recipe_help(
+        "embedding_lr", "modern: AdamW lr of wte (speedrun: and of the value embeddings)"))
     a.add_argument("--head_lr", type=float, help=recipe_help("head_lr", "modern: AdamW lr of the head weight"))
     a.add_argument("--scalar_lr", type=float, help=recipe_help(
-        "scalar_lr", "modern: AdamW lr of the 1-D tensors (gains, biases)"))
+        "scalar_lr", "modern: AdamW lr of the 1-D tensors (gains, biases; speedrun: its scalars)"))
     a.add_argument("--beta1", type=float, help=recipe_help("beta1", "AdamW beta1"))
     a.add_argument("--beta2", type=float, help=recipe_help("beta2", "AdamW beta2"))
     a.add_argument("--adam_eps", type=float, help=recipe_help("adam_eps", "AdamW eps"))
     a.add_argument("--weight_decay", type=float, help=recipe_help(
         "weight_decay", "AdamW decay (GPT-2: of the 2-D matrices; modern: of every AdamW tensor)"))
-    for flag, value in MUON_FLAGS.items():
-        a.add_argument(f"--{flag}", type=float, help=f"Muon's {flag[5:].replace('_', ' ')} (default {value}; "
-                       f"--optimizer muon only)")
+    a.add_argument("--muon_lr", type=float, help=muon_help("muon_lr", "Muon's peak learning rate"))
+    a.add_argument("--muon_weight_decay", type=float, help=muon_help("muon_weight_decay", "Muon's weight decay"))
+    a.add_argument("--muon_momentum", type=float, help=muon_help("muon_momentum", "Muon's momentum"))
+    a.add_argument("--muon_momentum_start", type=float, help=muon_help(
+        "muon_momentum_start", "Muon's momentum at step 0, rising linearly to --muon_momentum"))
+    a.add_argument("--muon_momentum_warmup", type=int, help=muon_help(
+        "muon_momentum_warmup", "the steps over which Muon's momentum rises; 0: constant"))
+    a.add_argument("--muon_ns", choices=sorted(NEWTON_SCHULZ), help=muon_help(
+        "muon_ns", "Muon's Newton-Schulz steps and coefficients: " + "; ".join(
+            f"{name} {steps} steps of ({a}, {b}, {c})" for name, (steps, a, b, c) in NEWTON_SCHULZ.items())))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
-    a.add_argument("--final_lr_frac", type=float, default=0.0, help="final lr as a fraction of the peak")
+    a.add_argument("--final_lr_frac", type=float, help=recipe_help("final_lr_frac", "final lr as a fraction of the peak"))
     a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay"],
-                   help=recipe_help("lr_schedule", "stable_decay: constant for 30%, then linear to 0"))
+                   help=recipe_help("lr_schedule", "stable_decay: constant, then for the last --cooldown_frac of "
+                                    "the steps linear to --final_lr_frac"))
+    a.add_argument("--cooldown_frac", type=float, help=recipe_help(
+        "cooldown_frac", "stable_decay: the fraction of the steps that decays"))
     a.add_argument("--grad_clip", type=float, help=recipe_help("grad_clip", "global gradient norm clip; 0 = off"))
-    a.add_argument("--num_iterations", type=int, default=10, help="optimizer steps")
+    a.add_argument("--num_iterations", type=int, help=recipe_help("num_iterations", "optimizer steps"))
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
-    a.add_argument("--val_steps", type=int, default=20, help="batches per validation")
+    a.add_argument("--val_steps", type=int, help=recipe_help("val_steps", "batches per validation and process"))
+    a.add_argument("--val_seq_len", type=int, help=recipe_help("val_seq_len", "validation sequence length"))
     a = p.add_argument_group("execution")
     a.add_argument("--device", help="cpu, cuda or cuda:N; default cuda when available")
     a.add_argument("--dtype", choices=["float32", "bfloat16"], help="bfloat16 = bf16 autocast; "
@@ -1339,17 +1553,28 @@ def parse_args(argv=None):
     for key, values in RECIPE_FLAGS.items():
         if getattr(args, key) is None:
             setattr(args, key, values[column])
+    if args.val_seq_len is None:
+        args.val_seq_len = args.seq_len
     if args.optimizer == "muon":
-        for key, value in MUON_FLAGS.items():
-            setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
+        for key, values in MUON_FLAGS.items():
+            setattr(args, key, values[column] if getattr(args, key) is None else getattr(args, key))
     return args
 
 
-def recipe_help(flag, text):
-    """A recipe flag's help: what it is, its default (GPT-2's recipe's) and the modern recipe's value."""
-    plain, modern = RECIPE_FLAGS[flag]
-    plain = "--learning_rate" if plain is None else plain
-    return f"{text} (default and gpt2 recipe: {plain}; modern recipe: {modern})".replace("%", "%%")
+# What a recipe flag's None stands for.
+RECIPE_NONE = {"embedding_lr": "--learning_rate", "head_lr": "--learning_rate", "scalar_lr": "--learning_rate",
+               "val_seq_len": "-t"}
+
+
+def recipe_help(flag, text, table=RECIPE_FLAGS):
+    """A recipe flag's help: what it is, its default (GPT-2's recipe's) and the other recipes' values."""
+    values = [RECIPE_NONE[flag] if value is None else value for value in table[flag]]
+    others = "; ".join(f"{recipe} recipe: {value}" for recipe, value in zip(RECIPES[1:], values[1:]))
+    return f"{text} (default and gpt2 recipe: {values[0]}; {others})".replace("%", "%%")
+
+
+def muon_help(flag, text):
+    return recipe_help(flag, text + "; --optimizer muon only", MUON_FLAGS)
 
 
 def check_args(args):
@@ -1369,13 +1594,15 @@ def check_args(args):
              f"(torch._scaled_mm's dimensions); change -b/-t")
     for flag, value in [("-b/--batch_size", args.batch_size), ("-t/--seq_len", args.seq_len),
                         ("--num_iterations", args.num_iterations), ("--val_steps", args.val_steps),
-                        ("--debug_steps", args.debug_steps)]:
+                        ("--val_seq_len", args.val_seq_len), ("--debug_steps", args.debug_steps)]:
         if value <= 0:
             fail(f"{flag} must be positive, not {value}")
     if args.compile_optimizer is not None and not args.benchmark:
         fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
+    if not 0.0 < args.cooldown_frac <= 1.0:
+        fail(f"--cooldown_frac {args.cooldown_frac}: the decaying fraction of the steps is within (0, 1]")
     if args.recipe and args.arch != RECIPE_FLAGS["arch"][RECIPES.index(args.recipe)]:
         fail(f"--recipe {args.recipe} trains the {args.recipe} architecture; drop --arch {args.arch}")
     if args.optimizer != "muon":
@@ -1385,9 +1612,23 @@ def check_args(args):
     if args.optimizer == "muon" and args.compile_optimizer:
         fail("--compile_optimizer 1 compiles AdamW's step; with --optimizer muon, --compile compiles Muon's "
              "Newton-Schulz per matrix: drop --compile_optimizer")
-    if args.fp8 and (args.arch == "modern" or args.optimizer == "muon"):
+    if args.fp8 and (args.arch != "gpt2" or args.optimizer == "muon"):
         fail("--fp8 1 is GPT-2's recipe with AdamW; drop --fp8 or use --arch gpt2 --optimizer adamw")
+    if args.optimizer == "muon" and args.muon_momentum_warmup < 0:
+        fail(f"--muon_momentum_warmup {args.muon_momentum_warmup}: give 0 (constant momentum) or more steps")
+    check_speedrun_args(args)
     check_document_args(args)
+
+
+def check_speedrun_args(args):
+    """The speedrun architecture has no llm.c file format yet: the modes that write or read one refuse it."""
+    if args.arch != "speedrun":
+        return
+    for flag, given in [("--write_debug_state", args.write_debug_state), ("--output_dir", args.output_dir),
+                        ("--init_from", args.init_from)]:
+        if given:
+            fail(f"{flag} reads or writes an llm.c checkpoint, which the speedrun architecture has no format "
+                 f"for yet; drop {flag}")
 
 
 def check_document_args(args):
@@ -1396,9 +1637,10 @@ def check_document_args(args):
              f"or 0 for none")
     if args.window_blocks != 0 and not args.documents:
         fail(f"--window_blocks {args.window_blocks} windows document-causal attention; add --documents 1")
-    if args.window_blocks != 0 and args.seq_len % ATTENTION_BLOCK != 0:
-        fail(f"--window_blocks takes whole blocks of {ATTENTION_BLOCK} tokens: -t/--seq_len {args.seq_len} "
-             f"is not a multiple of {ATTENTION_BLOCK}")
+    for flag, length in [("-t/--seq_len", args.seq_len), ("--val_seq_len", args.val_seq_len)]:
+        if args.window_blocks != 0 and length % ATTENTION_BLOCK != 0:
+            fail(f"--window_blocks takes whole blocks of {ATTENTION_BLOCK} tokens: {flag} {length} "
+                 f"is not a multiple of {ATTENTION_BLOCK}")
     if args.documents and args.benchmark:
         fail("--benchmark times causal attention on random tokens; drop --documents")
 
@@ -1427,7 +1669,11 @@ def resolve_config(args):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
                  "--arch and the size flags")
         return None
-    preset = ARCH_PRESETS[args.arch][args.model or "d12"]
+    presets = ARCH_PRESETS[args.arch]
+    if (args.model or "d12") not in presets:
+        fail(f"--model {args.model}: the {args.arch} architecture's presets are {', '.join(sorted(presets))}; "
+             f"pick one")
+    preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
                        arch=args.arch)
@@ -1755,8 +2001,10 @@ def main(argv=None, step_hook=None):
         init_weights(model, args.seed)
     settle_arch(args, config)
     B, T = args.batch_size, args.seq_len
-    if T > config.max_seq_len:
-        fail(f"-t/--seq_len {T} exceeds the model's max_seq_len {config.max_seq_len}; lower -t")
+    lengths = [("-t/--seq_len", T)] + ([("--val_seq_len", args.val_seq_len)] if args.input_val_bin else [])
+    for flag, length in lengths:
+        if length > config.max_seq_len:
+            fail(f"{flag} {length} exceeds the model's max_seq_len {config.max_seq_len}; lower it")
     if args.fp8:
         check_fp8(config, device)
     model.documents = bool(args.documents)
@@ -1779,7 +2027,7 @@ def main(argv=None, step_hook=None):
                          step_hook=step_hook)
     val_loader = None
     if args.input_val_bin:
-        val_loader = ShardLoader(args.input_val_bin, "--input_val_bin", B, T, rank, world, 0,
+        val_loader = ShardLoader(args.input_val_bin, "--input_val_bin", B, args.val_seq_len, rank, world, 0,
                                  args.seed, config.vocab_size)
     train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile)
     if world > 1:

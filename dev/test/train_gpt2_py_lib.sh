@@ -1,6 +1,7 @@
 # Shared by the tests of train_gpt2.py (dev/test/test_train_gpt2_py.sh, test_reference_modern.sh,
-# test_document_attention_py.sh): PYTHON is the python with torch, WORK a scratch folder. Its
-# check() replaces lib.sh's: these tests stop at their first failure (set -e) instead of counting.
+# test_reference_speedrun.sh, test_document_attention_py.sh): PYTHON is the python with torch, WORK
+# a scratch folder. Its check() replaces lib.sh's: these tests stop at their first failure (set -e)
+# instead of counting.
 source dev/test/lib.sh
 
 # PYTHON: as given, else the first of python3, /usr/bin/python3 that has torch and numpy.

@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# Tests of train_gpt2.py --recipe speedrun (dev/SPEC.md "The speedrun architecture and recipe"), on
+# the CPU: the parameter table and its optimizer groups (tiny and d12), the init, the model's loss
+# against a forward written out here from the reference's steps (skips, lambdas, value embeddings,
+# gates, layer 7 without attention, the sigmoid cap over the padded vocabulary), which layers each
+# value embedding reaches, the schedules at sample steps, Newton-Schulz with the speedrun's
+# coefficients, Muon's scale of fc, a short training on document shards (the loss falls, twice the
+# same), and the flag errors. PYTHON as in train_gpt2_py_lib.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source dev/test/train_gpt2_py_lib.sh
+
+check "parameter table: every tensor in one optimizer group at the recipe's rate (tiny and d12)" <<'EOF'
+import math, torch, train_gpt2 as tg
+for model_name, size in [("tiny", []), ("d12", ["-t", "1024"])]:
+    args = tg.parse_args(["--recipe", "speedrun", "--model", model_name, "--benchmark", "1"] + size)
+    config = tg.resolve_config(args)
+    tg.settle_arch(args, config)
+    model = tg.GPT(config)
+    params = dict(model.named_parameters())
+    assert config.num_parameters() == sum(p.numel() for p in params.values())
+    assert len(tg.params_in_file_order(model)) == len(params)
+    optimizers, _ = tg.make_optimizers(model, args, "cpu")
+    adam, muon = optimizers
+    owner = {}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                assert id(p) not in owner, "a tensor in two groups"
+                owner[id(p)] = (type(optimizer).__name__, group)
+    C, Vp = config.channels, config.padded_vocab_size
+    assert Vp == 50304 and config.vocab_size == 50257
+    for name, p in params.items():
+        kind, group = owner[id(p)]
+        if name.endswith(("wte.weight", "lm_head.weight")) or ".ve." in name:
+            lr = 0.008 * (1 if name.startswith("lm_head") else 75)
+            assert kind == "AdamW" and p.shape == (Vp, C) and math.isclose(group["peak_lr"], lr), name
+        elif p.dim() == 1:
+            assert kind == "AdamW" and math.isclose(group["peak_lr"], 0.008 * 5), name
+        else:
+            assert kind == "Muon" and group["peak_lr"] == 0.05 and group["weight_decay"] == 0.0, name
+            assert group["blocks"] == (3 if name.endswith("c_attn.weight") else 1), name
+            assert group["transposed"] == name.endswith("c_fc.weight"), name
+    assert adam.defaults["betas"] == (0.8, 0.95) and adam.defaults["eps"] == 1e-10
+    assert all(group["weight_decay"] == 0.0 for group in adam.param_groups)
+    assert muon.newton_schulz == (5, 3.4445, -4.7750, 2.0315)
+    assert not any(".h.7.attn" in name or ".h.7.ln_1" in name for name in params), "layer 7 has attention"
+    gates = [p for name, p in params.items() if name.endswith("gate.weight")]
+    assert len(gates) == 11 and all(g.shape == (config.num_heads, C // 64) for g in gates)
+    print(f"{model_name}: {len(params)} tensors, {config.num_parameters():,} parameters; Adam: embeddings 0.6, "
+          f"head 0.008, scalars 0.04; Muon 0.05 (qkv as 3, fc scaled as [C, 4C]); 11 gates of "
+          f"{tuple(gates[0].shape)}")
+    del model, optimizers
+EOF
+
+check "init: zero, uniform and N(0, 1) tensors, the scalars, and the loss ln(50304)" <<'EOF'
+import math, torch, train_gpt2 as tg
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
+model = tg.GPT(config)
+tg.init_weights(model, 3)
+bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
+for name, p in model.named_parameters():
+    if name.endswith(("c_attn.weight", "c_fc.weight")):
+        assert p.abs().max() <= bound and p.abs().max() > 0.99 * bound, name
+        assert abs(p.std().item() - bound / math.sqrt(3)) < 0.02 * bound, name
+    elif name.endswith("wte.weight") or ".ve." in name:
+        assert abs(p.std().item() - 1) < 0.01 and p[config.vocab_size:].abs().min() > 0, name
+    elif name == "skip_weights":
+        assert torch.equal(p, torch.ones(6)), name
+    elif name.endswith("lambdas"):
+        assert torch.equal(p, torch.tensor([1.0, 0.0])), name
+    elif name.endswith("value_scales"):
+        assert torch.equal(p, torch.full_like(p, 0.5)) and len(p) == (2 if name.split(".")[2] in
+                                                                     "0 1 2 9 10 11".split() else 1), name
+    else:
+        assert name.endswith(("c_proj.weight", "gate.weight", "lm_head.weight")) and torch.all(p == 0), name
+x, y = tg.RandomTokens(2, 64, config.vocab_size, 3).next_batch()
+loss = model(x, y)[1].item()
+print(f"bound {bound:.5f}; loss at init {loss:.6f}, ln(50304) = {math.log(50304):.6f}")
+assert abs(loss - math.log(50304)) < 1e-5, "a zero head caps every logit to 15: uniform over the padded vocabulary"
+EOF
+
+check "the model against the reference's forward written out; each value embedding reaches its two layers" <<'EOF'
+import math, torch, torch.nn.functional as F, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 64, 500, source="t", arch="speedrun")  # 500: 12 padded columns
+model = tg.GPT(config)
+torch.manual_seed(4)
+with torch.no_grad():
+    for p in model.parameters():
+        p.copy_(torch.randn(p.shape) * (0.5 if p.dim() == 1 else 0.05) + (0.5 if p.dim() == 1 else 0))
+B, T, NH, C = 2, 64, config.num_heads, config.channels
+hs = C // NH
+x, y = tg.RandomTokens(B, T, config.vocab_size, 4).next_batch()
+
+def norm(z):
+    return z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 2.0 ** -23)
+
+def rotary(z):
+    freq = (1 / 1024) ** torch.linspace(0, 1, hs // 4)
+    theta = torch.arange(T, dtype=torch.float32)[:, None] * torch.cat([freq, torch.zeros(hs // 4)])
+    cos, sin = theta.cos()[None, :, None], theta.sin()[None, :, None]
+    z1, z2 = z.chunk(2, dim=-1)
+    return torch.cat([z1 * cos + z2 * sin, -z1 * sin + z2 * cos], dim=-1)
+
+def reference_loss(model, idx, targets):
+    t = model.transformer
+    x = x0 = norm(t.wte(idx))
+    ve = [e(idx) for e in t.ve]
+    ve = ve + [None] * 6 + ve
+    skips, causal = [], torch.ones(T, T, dtype=torch.bool).tril()
+    for i, block in enumerate(t.h):
+        if i >= 6:
+            x = x + model.skip_weights[i - 6] * skips.pop()
+        x = block.lambdas[0] * x + block.lambdas[1] * x0
+        if i != 7:
+            a, h = block.attn, norm(x)
+            q, k, v = (h @ a.c_attn.weight.T).view(B, T, 3 * NH, hs).chunk(3, dim=-2)
+            q, k = rotary(norm(q)), rotary(norm(k))
+            v = a.value_scales[0] * v + (0 if ve[i] is None else a.value_scales[1] * ve[i].view_as(v))
+            scores = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)) * 0.12
+            att = F.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v.transpose(1, 2)
+            gate = torch.sigmoid(h[..., :C // 64] @ a.gate.weight.T).view(B, T, NH, 1)
+            x = x + (att.transpose(1, 2) * gate).reshape(B, T, C) @ a.c_proj.weight.T
+        h = norm(x)
+        x = x + F.relu(h @ block.mlp.c_fc.weight.T).square() @ block.mlp.c_proj.weight.T
+        if i < 6:
+            skips.append(x)
+    logits = 30 * torch.sigmoid((norm(x) @ model.lm_head.weight.T) / 7.5)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), reduction="sum")
+
+got, want = model(x, y, "sum")[1], reference_loss(model, x, y)
+print(f"summed loss: model {got.item():.6f}, written out {want.item():.6f}")
+assert abs(got.item() - want.item()) < 1e-5 * abs(want.item())
+for j in range(3):
+    first, second = model.transformer.h[j].attn.value_scales, model.transformer.h[9 + j].attn.value_scales
+    reached = []
+    for silenced in ([first], [second], [first, second]):
+        saved = [s[1].item() for s in silenced]
+        with torch.no_grad():
+            for s in silenced:
+                s[1] = 0.0
+        model.zero_grad()
+        model(x, y, "sum")[1].backward()
+        reached.append(model.transformer.ve[j].weight.grad.abs().max().item())
+        with torch.no_grad():
+            for s, value in zip(silenced, saved):
+                s[1] = value
+    print(f"ve{j}: gradient with layer {j}'s scale zeroed {reached[0]:.3e}, layer {9 + j}'s {reached[1]:.3e}, both {reached[2]:.3e}")
+    assert reached[0] > 0 and reached[1] > 0 and reached[2] == 0, f"ve{j} reaches other layers than {j} and {9 + j}"
+model.zero_grad()
+model(x, y, "sum")[1].backward()
+unused = [name for name, p in model.named_parameters() if p.grad is None or p.grad.abs().max() == 0]
+assert not unused, f"parameters without a gradient: {unused}"
+print("every parameter has a gradient")
+EOF
+
+check "schedules: lr, Muon's momentum and the window at sample steps of 1695" <<'EOF'
+import math, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "speedrun", "--benchmark", "1"])
+assert args.num_iterations == 1695 and args.lr_schedule == "stable_decay" and args.warmup_iters == 0
+# get_lr: 1 while step/1695 < 0.55 (step 932: 0.54985), then w + 0.1 (1 - w), w = (1 - step/1695) / 0.45
+lr = {0: 1.0, 932: 1.0, 933: 0.9991150442477876, 1200: 0.6840707964601770, 1694: 0.1011799410029499}
+for step, factor in lr.items():
+    got = tg.learning_rate(step, args) / args.learning_rate
+    assert math.isclose(got, factor, rel_tol=1e-12), (step, got, factor)
+# momentum: (1 - f) 0.85 + f 0.95, f = min(step / 300, 1)
+momentum = {0: 0.85, 150: 0.9, 299: 0.9496666666666667, 300: 0.95, 1000: 0.95}
+for step, mu in momentum.items():
+    assert math.isclose(tg.muon_momentum(step, args), mu, rel_tol=1e-12), (step, tg.muon_momentum(step, args))
+# window: next multiple of 128 at or above 1728 step/1695, in blocks
+window = {0: 1, 1: 1, 125: 1, 126: 2, 847: 7, 1695: 14}
+for step, blocks in window.items():
+    assert tg.attention_window_blocks(step, 1695) == blocks, (step, tg.attention_window_blocks(step, 1695))
+layers = "".join("L" if tg.layer_window_blocks(l, 14) == 14 else "S" for l in range(12))
+assert layers == "LSSSLSSLSSSL" and tg.layer_window_blocks(1, 1) == 0
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
+tg.settle_arch(args, config)
+optimizers, _ = tg.make_optimizers(tg.GPT(config), args, "cpu")
+tg.set_learning_rates(optimizers, 1200, args)
+for optimizer in optimizers:
+    for group in optimizer.param_groups:
+        assert math.isclose(group["lr"], group["peak_lr"] * lr[1200], rel_tol=1e-12)
+        assert not isinstance(optimizer, tg.Muon) or group["momentum"] == 0.95
+tg.set_learning_rates(optimizers, 150, args)
+assert all(math.isclose(g["momentum"], 0.9) for g in optimizers[1].param_groups)
+print("lr factors", lr, "\nmomentum", momentum, "\nwindows", window, layers)
+EOF
+
+check "Newton-Schulz with the speedrun's coefficients: 5 steps of its polynomial on the singular values" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+def iterate(s, steps, a, b, c):
+    for _ in range(steps):
+        s = a * s + b * s ** 3 + c * s ** 5
+    return s
+# Newton-Schulz maps each singular value s of G / |G|_F by its polynomial, `steps` times; spread
+# over two decades, the small ones tell the number of steps apart (each step multiplies them by ~a)
+for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
+    n = min(rows, cols)
+    U = torch.linalg.qr(torch.randn(rows, n, dtype=torch.float64))[0]
+    V = torch.linalg.qr(torch.randn(cols, n, dtype=torch.float64))[0]
+    s = torch.logspace(-2, 0, n, dtype=torch.float64)
+    X = tg.orthogonalise((U @ torch.diag(s) @ V.T).float(), tg.NEWTON_SCHULZ["speedrun"])
+    assert X.dtype == torch.bfloat16 and X.shape == (rows, cols)
+    got = torch.linalg.svdvals(X.double()).sort().values
+    def distance(steps, a, b, c):
+        return (got - iterate(s / s.norm(), steps, a, b, c).sort().values).abs().max().item()
+    _, a, b, c = tg.NEWTON_SCHULZ["speedrun"]
+    distances = {steps: distance(steps, a, b, c) for steps in range(3, 8)}
+    baseline = distance(*tg.NEWTON_SCHULZ["baseline"])
+    print(f"{rows}x{cols}: largest singular value error against k steps of the polynomial",
+          {k: round(d, 3) for k, d in distances.items()}, f"(the baseline's 12 steps: {baseline:.3f})")
+    assert min(distances, key=distances.get) == 5 and distances[5] < 0.08 and baseline > 0.2
+EOF
+
+check "Muon: the speedrun's fc takes the scale of [C, 4C] (1), the modern's of [4C, C] (2)" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(1)
+C, lr = 16, 0.05
+updates = []
+for transposed in (True, False):
+    fc = torch.nn.Parameter(torch.zeros(4 * C, C))
+    fc.grad = torch.randn(4 * C, C, generator=torch.Generator().manual_seed(2))
+    tg.Muon([dict(params=[fc], transposed=transposed)], lr, 0.0, 0.85, tg.NEWTON_SCHULZ["speedrun"]).step()
+    updates.append(-fc.detach() / lr)
+momentum = torch.zeros_like(fc.grad).lerp(fc.grad, 1 - 0.85)  # the first step's Nesterov input
+direction = tg.orthogonalise(fc.grad.lerp(momentum, 0.85), tg.NEWTON_SCHULZ["speedrun"]).float()
+print(f"update / orthogonalised gradient: transposed {(updates[0].norm() / direction.norm()).item():.4f}, "
+      f"not {(updates[1].norm() / direction.norm()).item():.4f}")
+assert torch.allclose(updates[0], direction, rtol=1e-6, atol=0) and torch.equal(updates[1], 2 * updates[0])
+EOF
+
+echo "--- training on document shards: the recipe at a tiny size, the loss falls, twice the same"
+"$PYTHON" - "$WORK/data" <<'EOF'
+import os, sys, numpy as np
+sys.path.insert(0, "dev/test")
+import documents_reference as ref
+rng = np.random.default_rng(5)
+os.makedirs(sys.argv[1])
+def documents(count):  # each a run of consecutive tokens mod 64 from a random one: something to learn
+    parts = [[50256, *((rng.integers(64) + np.arange(length)) % 64)] for length in rng.integers(1, 400, count)]
+    return np.concatenate(parts)
+for name in ("train", "val"):
+    ref.write_shard(os.path.join(sys.argv[1], f"{name}_000000.bin"), documents(100))
+EOF
+run_speedrun() {  # 2 micro steps of one 256-token sequence, validation on 512-token sequences
+  "$PYTHON" train_gpt2.py --recipe speedrun --model tiny -t 256 --total_batch_size 512 --num_iterations 8 \
+    --input_bin "$WORK/data/train_*.bin" --input_val_bin "$WORK/data/val_*.bin" --val_every 8 --val_steps 1 \
+    --val_seq_len 512 --device cpu "$@"
+}
+run_speedrun > "$WORK/first.log"
+run_speedrun > "$WORK/second.log"
+grep -E "^step +[0-9]+/8 \| (loss|train time)" "$WORK/first.log"
+losses() { grep -E "\| (val )?loss" "$1" | sed -e 's/ | [0-9.]* ms .*//' -e 's/ | train time [0-9.]* s//'; }
+diff <(losses "$WORK/first.log") <(losses "$WORK/second.log")
+echo "the same losses twice"
+grep -q "^window_blocks *-1$" "$WORK/first.log" && grep -q "^documents *1$" "$WORK/first.log"
+awk '/^step +1\/8 \| loss/ {first = $5} /^step +8\/8 \| loss/ {last = $5}
+     END {printf "loss %s -> %s\n", first, last; exit !(last < first - 1.0)}' "$WORK/first.log"
+awk '/val loss/ {v[n++] = $NF} END {printf "val loss %s -> %s\n", v[0], v[1]; exit !(n == 2 && v[1] < v[0])}' \
+  "$WORK/first.log"
+
+echo "--- flag errors"
+SPEEDRUN=(--recipe speedrun -t 256 --device cpu --input_bin "$WORK/data/train_*.bin")
+expect_error "drop --arch modern" "${SPEEDRUN[@]}" --arch modern
+expect_error "--fp8 1 is GPT-2" "${SPEEDRUN[@]}" --fp8 1
+expect_error "no format for yet; drop --write_debug_state" --recipe speedrun --write_debug_state "$WORK/e"
+expect_error "no format for yet; drop --output_dir" "${SPEEDRUN[@]}" --output_dir "$WORK/e"
+expect_error "presets are d12, tiny" "${SPEEDRUN[@]}" --model d24
+expect_error "12 layers, not 8" "${SPEEDRUN[@]}" --num_layers 8
+expect_error "add --documents 1" "${SPEEDRUN[@]}" --documents 0
+expect_error "--cooldown_frac 0.0" "${SPEEDRUN[@]}" --cooldown_frac 0
+echo "PASS"
