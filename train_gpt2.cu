@@ -4544,10 +4544,12 @@ void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t
 // rescaled when the max grows, the piece's exponentials; the block then merges the threads'
 // (max, sum) pairs in a fixed tree: deterministic, and two exponentials per logit. Floors: read
 // and write N*Vp once; about ten instructions per logit.
-// Soft cap (the modern architecture's head, SOFTCAP with a cap c > 0): the softmax, loss and
-// gradient are those of y = c * z / sqrt(z^2 + c^2) for each logit z, and the gradient written is
-// that of z, dL/dy * dy/dz with dy/dz = (c / sqrt(z^2 + c^2))^3: one more reciprocal square root
-// per logit in each pass. GPT-2's instantiation is the uncapped one.
+// Capped logits (llmc::LogitCap, the kernel's CAP): the softmax, loss and gradient are those of
+// y = cap(z) for each logit z, and the gradient written is that of z, dL/dy * dy/dz. The modern
+// head's y = c * z / sqrt(z^2 + c^2), dy/dz = (c / sqrt(z^2 + c^2))^3, costs one more reciprocal
+// square root per logit in each pass; the speedrun's y = c * sigmoid(z / s), dy/dz =
+// (c / s) * sigmoid * (1 - sigmoid), one exponential (1 - sigmoid as e / (1 + e), exact where the
+// sigmoid nears 1). GPT-2's instantiation is the uncapped one.
 
 constexpr int kClassifierThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -4577,19 +4579,26 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
   for (int k = 0; k < x128::size; k++) s += exp2_ftz(fmaf(f[k], kLog2e, -m_log2));
 }
 
-// The logit the softmax sees: z, or z soft-capped at cap; *slope = dy/dz (SOFTCAP only).
-template <bool SOFTCAP>
-__device__ __forceinline__ float classifier_logit(float z, float cap, float* slope = nullptr) {
-  if (!SOFTCAP) return z;
-  const float cap_rsqrt = cap * rsqrtf(fmaf(z, z, cap * cap));
-  if (slope) *slope = cap_rsqrt * cap_rsqrt * cap_rsqrt;
-  return z * cap_rsqrt;
+// The capped logit y the softmax sees; *slope = dy/dz (capped kinds only). inv_scale: 1 / scale.
+template <llmc::LogitCap::Kind CAP>
+__device__ __forceinline__ float classifier_logit(float z, float cap, float inv_scale, float* slope = nullptr) {
+  if (CAP == llmc::LogitCap::kRational) {
+    const float cap_rsqrt = cap * rsqrtf(fmaf(z, z, cap * cap));
+    if (slope) *slope = cap_rsqrt * cap_rsqrt * cap_rsqrt;
+    return z * cap_rsqrt;
+  }
+  if (CAP == llmc::LogitCap::kSigmoid) {
+    const float e = expf(-z * inv_scale), s = 1.0f / (1.0f + e);
+    if (slope) *slope = cap * inv_scale * s * (e * s);
+    return cap * s;
+  }
+  return z;
 }
 
 // Dynamic shared memory: one row, Vp elements.
-template <bool SOFTCAP>
+template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float softcap) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale) {
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
   __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
@@ -4608,14 +4617,14 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     const x128 v = load128(row_s + col);
     float f[x128::size];
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<SOFTCAP>((float)v[k], softcap);
+    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<CAP>((float)v[k], cap, inv_scale);
     softmax_accumulate_piece(m, s, f);
   }
   if (col < V) {
     const x128 v = load128(row_s + col);
     float f[x128::size];
     for (int k = 0; k < x128::size; k++) {
-      f[k] = col + k < V ? classifier_logit<SOFTCAP>((float)v[k], softcap) : -FLT_MAX;  // exp -> 0
+      f[k] = col + k < V ? classifier_logit<CAP>((float)v[k], cap, inv_scale) : -FLT_MAX;  // exp -> 0
     }
     softmax_accumulate_piece(m, s, f);
   }
@@ -4632,18 +4641,19 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   s = lane < kWarps ? shared_sum[lane] : 0.0f;
   warp_reduce_max_sum(m, s);
   if (threadIdx.x == 0) {
-    losses[row] = logf(s) + m - classifier_logit<SOFTCAP>((float)row_s[target], softcap);
+    losses[row] = logf(s) + m - classifier_logit<CAP>((float)row_s[target], cap, inv_scale);
   }
   if (dloss == 0.0f) return;
   // dlogits = softmax * dloss everywhere, then the target's column gets (softmax - 1) * dloss from
   // the thread that wrote its piece (so the two stores are in program order); times dy/dz when
   // capped.
   const float row_max_log2 = m * kLog2e, scale = dloss / s;
+  constexpr bool kCapped = CAP != llmc::LogitCap::kNone;
   auto dlogit_off_target = [&](float z) {
     float slope = 1.0f;
-    const float y = classifier_logit<SOFTCAP>(z, softcap, &slope);
+    const float y = classifier_logit<CAP>(z, cap, inv_scale, &slope);
     const float g = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) * scale;
-    return SOFTCAP ? g * slope : g;
+    return kCapped ? g * slope : g;
   };
   for (col = threadIdx.x * x128::size; col < Vp; col += kStep) {
     const x128 v = load128(row_s + col);
@@ -4660,20 +4670,23 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     store128(x + col, d);
     if (target >= col && target < col + x128::size) {
       float slope = 1.0f;
-      const float y = classifier_logit<SOFTCAP>((float)row_s[target], softcap, &slope);
+      const float y = classifier_logit<CAP>((float)row_s[target], cap, inv_scale, &slope);
       const float p = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) / s;
-      x[target] = (floatX)(SOFTCAP ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
+      x[target] = (floatX)(kCapped ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
     }
   }
 }
 
-// dloss = 0 computes the losses only (validation) and leaves the logits intact. softcap = 0: no
-// cap (GPT-2).
+// dloss = 0 computes the losses only (validation) and leaves the logits intact. The softmax takes
+// the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does).
 void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
-                      float dloss, cudaStream_t stream, float softcap = 0.0f) {
-  REQUIRE(Vp % x128::size == 0, "fused_classifier: Vp=%d must be a multiple of %d", Vp, x128::size);
-  REQUIRE(std::isfinite(softcap) && softcap >= 0.0f,
-          "fused_classifier: softcap=%g must be 0 (no cap) or a positive finite number", softcap);
+                      float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {}) {
+  REQUIRE(Vp % x128::size == 0 && V <= Vp, "fused_classifier: Vp=%d must be a multiple of %d, and V=%d at most Vp",
+          Vp, x128::size, V);
+  REQUIRE(cap.kind == llmc::LogitCap::kNone || (std::isfinite(cap.cap) && cap.cap > 0.0f),
+          "fused_classifier: a cap of %g: it must be a positive finite number", cap.cap);
+  REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f),
+          "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);
   static int max_shared = 0;
   if (max_shared == 0) {
     int device = 0;
@@ -4684,9 +4697,12 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
   REQUIRE(shared <= (size_t)max_shared,
           "fused_classifier: a row of the padded vocabulary (%d) needs %zu bytes of shared memory, "
           "above this GPU's %d", Vp, shared, max_shared);
-  const auto kernel = softcap > 0.0f ? fused_classifier_kernel<true> : fused_classifier_kernel<false>;
+  const auto kernel = cap.kind == llmc::LogitCap::kRational  ? fused_classifier_kernel<llmc::LogitCap::kRational>
+                      : cap.kind == llmc::LogitCap::kSigmoid ? fused_classifier_kernel<llmc::LogitCap::kSigmoid>
+                                                             : fused_classifier_kernel<llmc::LogitCap::kNone>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, softcap);
+  const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
+  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale);
   cudaCheckLaunch();
 }
 
@@ -6581,7 +6597,7 @@ float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
   cudaStream_t s = m.stream;
   cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
   fused_classifier(m.act(kOutput), m.act_f(kLosses), m.targets, N, m.config.vocab_size,
-                   m.config.padded_vocab_size, dloss, s, m.arch().softcap);
+                   m.config.padded_vocab_size, dloss, s, m.arch().logit_cap);
   cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float),
                             cudaMemcpyDeviceToHost, s));
   cudaCheck(cudaStreamSynchronize(s));
@@ -6980,7 +6996,7 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
   decoder_init(d, m);
   std::vector<floatX> row(m.config.vocab_size);
   std::vector<float> logits(m.config.vocab_size);
-  const float cap = m.arch().softcap;  // the distribution is the soft-capped logits' softmax
+  const llmc::LogitCap& cap = m.arch().logit_cap;  // the distribution is the capped logits' softmax
   std::vector<int> out;
   const floatX* device_logits = nullptr;
   for (int token : prompt) device_logits = decoder_step(d, m, token);
@@ -6989,8 +7005,8 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
                               cudaMemcpyDeviceToHost, m.stream));
     cudaCheck(cudaStreamSynchronize(m.stream));
     floatX_to_float(logits.data(), row.data(), row.size());
-    if (cap > 0.0f) {
-      for (float& z : logits) z = cap * z / sqrtf(z * z + cap * cap);
+    if (cap.kind != llmc::LogitCap::kNone) {
+      for (float& z : logits) z = cap.apply(z);
     }
     const int next = sample_token(logits, temperature, top_k, rng);
     out.push_back(next);
@@ -8024,8 +8040,8 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 std::string architecture_description(const llmc::ArchSpec& s) {
   if (!s.rms_norm) return "GPT-2: LayerNorm, learned positions, GELU, head tied to the embedding";
   return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and half-truncated rotary positions, "
-                         "attention scale %g, ReLU^2, a head of its own with bias, logits soft-capped at %g",
-                         s.name, s.attention_scale, s.softcap);
+                         "attention scale %g, ReLU^2, a head of its own with bias, logits %s",
+                         s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
 // The optimizers' settings, the rates at the schedule's peak.

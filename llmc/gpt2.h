@@ -85,6 +85,39 @@ struct GPT2Config {
   }
 };
 
+// How the head's logits z are capped before the softmax, stated once for the classifier, the
+// sampler and the tests: not at all (GPT-2's), y = cap * z / sqrt(z^2 + cap^2) (kRational, the
+// modern architecture's), or y = cap * sigmoid(z / scale) (kSigmoid, modded-nanogpt's speedrun's,
+// whose logits all lie in (0, cap)).
+struct LogitCap {
+  enum Kind : int { kNone, kRational, kSigmoid };
+  Kind kind = kNone;
+  float cap = 0.0f, scale = 0.0f;
+
+  // y, and dy/dz into *slope when given: in double, the reference the kernels are tested against;
+  // in float, the sampler's.
+  template <typename F>
+  F apply(F z, F* slope = nullptr) const {
+    if (kind == kRational) {
+      const F root = std::sqrt(z * z + (F)cap * cap);
+      if (slope) *slope = std::pow((F)cap / root, 3);
+      return cap * z / root;
+    }
+    if (kind == kSigmoid) {
+      const F e = std::exp(-z / scale), s = 1 / (1 + e);
+      if (slope) *slope = (F)cap / scale * s * (e * s);
+      return cap * s;
+    }
+    if (slope) *slope = 1;
+    return z;
+  }
+  std::string describe() const {
+    if (kind == kRational) return strformat("soft-capped at %g", cap);
+    if (kind == kSigmoid) return strformat("capped as %g sigmoid(z / %g)", cap, scale);
+    return "uncapped";
+  }
+};
+
 // What each architecture switches, stated once: the model's forward and backward passes, the
 // decoder and the optimizers read these instead of testing the architecture themselves.
 struct ArchSpec {
@@ -97,13 +130,14 @@ struct ArchSpec {
   bool tied_head;          // the head is wte; else headw and a bias headb
   bool zero_init_outputs;  // the seeded init is modded-nanogpt's (init_modern_from_seed), whose
                            // output projections and head start at zero; else GPT-2's
-  float softcap;           // logits soft-capped as cap * z / sqrt(z^2 + cap^2) (0: none)
+  LogitCap logit_cap;      // the logits the softmax sees
   float attention_scale;   // the softmax scale (0: 1 / sqrt(head size))
 };
 
 inline const ArchSpec& arch_spec(Arch a) {
-  static const ArchSpec kGpt2 = {"gpt2", false, false, true, false, false, true, false, 0.0f, 0.0f};
-  static const ArchSpec kModern = {"modern", true, true, false, true, true, false, true, 15.0f, 0.12f};
+  static const ArchSpec kGpt2 = {"gpt2", false, false, true, false, false, true, false, {}, 0.0f};
+  static const ArchSpec kModern = {"modern", true, true, false, true, true, false, true,
+                                   {LogitCap::kRational, 15.0f}, 0.12f};
   return a == Arch::kModern ? kModern : kGpt2;
 }
 
