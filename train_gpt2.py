@@ -577,6 +577,15 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), reduction=reduction)
 
 
+def set_parameter_dtypes(model, dtype):
+    """The speedrun's embedding and value embeddings are bfloat16 parameters in bfloat16 runs, as
+    its reference stores them (their AdamW state follows them); every other parameter stays
+    float32. Called before the optimizers and DDP take the parameters."""
+    if model.config.speedrun and dtype == "bfloat16":
+        for embedding in [model.transformer.wte, *model.transformer.ve]:
+            embedding.bfloat16()
+
+
 def set_compute_dtype(model, dtype, device_type):
     """The context a forward pass runs in for --dtype `dtype`: GPT-2 uses bfloat16 autocast; the
     modern model computes in bfloat16 itself (activations and products, norms, rotary and the soft
@@ -1803,6 +1812,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     total_batch_size, grad_accum_steps = step_batch(args, world)
     raw_model = model.to(device)
+    set_parameter_dtypes(raw_model, dtype)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
     if use_compile:
         model = torch.compile(model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
@@ -1908,6 +1918,7 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     if cuda:
         torch.set_float32_matmul_precision("high")  # what a benchmark user sets; bf16 products are unaffected
     model.to(device)
+    set_parameter_dtypes(model, dtype)
     optimizers, fused = make_optimizers(model, args, "cuda" if cuda else "cpu", tensor_lr=compile_optimizer,
                                         compile_muon=use_compile)
     x, y = (t.to(device) for t in batch)

@@ -4,8 +4,8 @@
 # against a forward written out here from the reference's steps (skips, lambdas, value embeddings,
 # gates, layer 7 without attention, the sigmoid cap over the padded vocabulary), which layers each
 # value embedding reaches, the schedules at sample steps, Newton-Schulz with the speedrun's
-# coefficients, Muon's scale of fc, a short training on document shards (the loss falls, twice the
-# same), and the flag errors. PYTHON as in train_gpt2_py_lib.sh.
+# coefficients, Muon's scale of fc, the bfloat16 embeddings of bfloat16 runs, a short training on
+# document shards (the loss falls, twice the same), and the flag errors. PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -228,6 +228,35 @@ direction = tg.orthogonalise(fc.grad.lerp(momentum, 0.85), tg.NEWTON_SCHULZ["spe
 print(f"update / orthogonalised gradient: transposed {(updates[0].norm() / direction.norm()).item():.4f}, "
       f"not {(updates[1].norm() / direction.norm()).item():.4f}")
 assert torch.allclose(updates[0], direction, rtol=1e-6, atol=0) and torch.equal(updates[1], 2 * updates[0])
+EOF
+
+check "bfloat16 runs: the embeddings are bfloat16 parameters with bfloat16 AdamW state, the rest float32" <<'EOF'
+import torch, train_gpt2 as tg
+for dtype in ("bfloat16", "float32"):
+    args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "-t", "128", "--dtype", dtype])
+    config = tg.resolve_config(args)
+    tg.settle_arch(args, config)
+    model = tg.GPT(config)
+    tg.init_weights(model, 1)
+    tg.set_parameter_dtypes(model, dtype)
+    optimizers, _ = tg.make_optimizers(model, args, "cpu")
+    tg.set_compute_dtype(model, dtype, "cpu")
+    embeddings = [model.transformer.wte.weight] + [ve.weight for ve in model.transformer.ve]
+    before = [e.detach().clone() for e in embeddings]
+    idx = torch.randint(0, config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(2))
+    for step in range(3):  # the zero head and output projections: the value embeddings move third
+        model(idx, torch.roll(idx, -1, 1), "sum")[1].backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        model.zero_grad(set_to_none=False)
+    wanted = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    state = [optimizers[0].state[e][key] for e in embeddings for key in ("exp_avg", "exp_avg_sq")]
+    assert all(e.dtype == wanted and e.grad.dtype == wanted for e in embeddings), dtype
+    assert all(t.dtype == wanted for t in state), dtype
+    others = [p for p in model.parameters() if all(p is not e for e in embeddings)]
+    assert all(p.dtype == torch.float32 for p in others), dtype
+    assert all(not torch.equal(b, e) for b, e in zip(before, embeddings)), "an embedding did not move"
+    print(f"{dtype}: embeddings and their AdamW state {str(wanted)[6:]}, {len(others)} other tensors float32")
 EOF
 
 echo "--- training on document shards: the recipe at a tiny size, the loss falls, twice the same"
