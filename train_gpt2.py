@@ -48,7 +48,7 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 # The modern architecture's files (modern.md in dev/SPEC.md): versions 6 (FP32) and 7 (BF16), with
 # the architecture id in header slot 8 (0 GPT-2, as llm.c's files have it, 1 modern).
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
-ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1}
+ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -183,10 +183,9 @@ class GPTConfig:
         """All parameters, wte (and the modern head) with padded_vocab_size rows (llmc/gpt2.h)."""
         C, L, Vp = self.channels, self.num_layers, self.padded_vocab_size
         if self.speedrun:
-            attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 1  # 1: v's scale
-            values = SPEEDRUN_VALUE_EMBEDDINGS * 2  # the layers that add a value embedding: its scale
+            attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 2  # 2: the value scales
             layers = sum(2 + 8 * C * C + (attention if self.has_attention(l) else 0) for l in range(L))
-            return (2 + SPEEDRUN_VALUE_EMBEDDINGS) * Vp * C + L // 2 + values + layers
+            return (2 + SPEEDRUN_VALUE_EMBEDDINGS) * Vp * C + L // 2 + layers
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -363,11 +362,11 @@ class CausalSelfAttention(nn.Module):
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
-        # their two scalars); each head's output gated by a sigmoid of the input's first C/64 channels
+        # two scalars in every layer, as the reference's, the second unused where no value embedding
+        # comes); each head's output gated by a sigmoid of the input's first C/64 channels
         self.value_scales = self.gate = None
         if config.speedrun:
-            has_embedding = config.value_embedding(layer) is not None
-            self.value_scales = nn.Parameter(torch.full((2 if has_embedding else 1,), 0.5))
+            self.value_scales = nn.Parameter(torch.full((2,), 0.5))
             self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
     def mix_values(self, v, value_embedding):
@@ -599,26 +598,32 @@ def set_compute_dtype(model, dtype, device_type):
 BLOCK_PARAMS = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
                 "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                 "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
-SPEEDRUN_BLOCK_PARAMS = ["lambdas", "attn.value_scales", "attn.c_attn.weight", "attn.gate.weight",
-                         "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"]
+# The speedrun's per-layer tensors in file order: its matrices, where GPT-2's are in the table, and
+# after the head the tensors only it has (SPEC.md "Checkpoint files").
+SPEEDRUN_MATRICES = ["attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"]
+SPEEDRUN_GATES, SPEEDRUN_SCALARS = ["attn.gate.weight"], ["lambdas", "attn.value_scales"]
 
 
 def params_in_file_order(model):
     """The parameters in llmc/gpt2.h param_table() order (the checkpoint layout): each table
     entry in turn, the per-layer entries layer by layer. GPT-2: wte, wpe, the blocks, ln_f's weight
-    and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias.
-    speedrun (no file format yet; the order the optimizers take them in): wte, the value
-    embeddings, the skip weights, the blocks (layer 7 without attention), the head's weight."""
+    and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias;
+    speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
+    weight, the value embeddings, the gates, the skip weights, the lambdas, the value scales."""
     t = model.transformer
+
+    def stacked(names):
+        return [block.get_parameter(name) for name in names for block in t.h
+                if name in dict(block.named_parameters())]
+
     if model.config.speedrun:
-        stacked = [block.get_parameter(name) for name in SPEEDRUN_BLOCK_PARAMS for block in t.h
-                   if name in dict(block.named_parameters())]
-        return [t.wte.weight] + [ve.weight for ve in t.ve] + [model.skip_weights] + stacked + [model.lm_head.weight]
+        return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
+                + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS))
     present = dict(t.h[0].named_parameters())
-    stacked = [block.get_parameter(name) for name in BLOCK_PARAMS if name in present for block in t.h]
+    blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
-        return [t.wte.weight, t.ln_e.weight] + stacked + [t.ln_f.weight, model.lm_head.weight, model.lm_head.bias]
-    return [t.wte.weight, t.wpe.weight] + stacked + [t.ln_f.weight, t.ln_f.bias]
+        return [t.wte.weight, t.ln_e.weight] + blocks + [t.ln_f.weight, model.lm_head.weight, model.lm_head.bias]
+    return [t.wte.weight, t.wpe.weight] + blocks + [t.ln_f.weight, t.ln_f.bias]
 
 
 def init_weights(model, seed):
@@ -702,8 +707,8 @@ def header_checksum_start(header):
 
 def write_checkpoint(model, path, version):
     """Writes FP32 (version CHECKPOINT_FP32) or BF16 (CHECKPOINT_BF16, rounded to nearest even)
-    parameters, with a checksum. The modern architecture's file carries version 6 or 7 instead of
-    3 or 5, and its architecture id in header slot 8."""
+    parameters, with a checksum. The other architectures' files carry version 6 or 7 instead of
+    3 or 5, and their architecture id in header slot 8 (ARCH_IDS)."""
     c = model.config
     header = np.zeros(HEADER_INTS, np.int32)
     file_version = MODERN_CHECKPOINT_VERSION[version] if c.modern else version
@@ -732,8 +737,8 @@ def write_checkpoint(model, path, version):
 
 
 def read_checkpoint(path, flash=False, fp8=False):
-    """Returns a CPU model holding the parameters of a checkpoint: GPT-2 (version 3 or 5) or
-    modern (version 6 or 7)."""
+    """Returns a CPU model holding the parameters of a checkpoint: GPT-2 (version 3 or 5), or modern
+    or speedrun (version 6 or 7, header slot 8 telling which)."""
     if not os.path.isfile(path):
         fail(f"--init_from {path}: no such file; check the path")
     header = np.fromfile(path, np.int32, HEADER_INTS)
@@ -760,11 +765,15 @@ def read_checkpoint(path, flash=False, fp8=False):
     if version not in precisions:
         fail(f"{path}: unsupported checkpoint version {version} (expected {CHECKPOINT_FP32}/{CHECKPOINT_BF16} "
              f"for GPT-2 in FP32/BF16, {MODERN_CHECKPOINT_VERSION[CHECKPOINT_FP32]}/"
-             f"{MODERN_CHECKPOINT_VERSION[CHECKPOINT_BF16]} for the modern architecture)")
-    arch = "modern" if version in MODERN_CHECKPOINT_VERSION.values() else "gpt2"
-    if arch == "modern" and header[ARCH_SLOT] != ARCH_IDS[arch]:
-        fail(f"{path}: version {version} is a modern checkpoint, but header slot {ARCH_SLOT} holds "
-             f"architecture id {header[ARCH_SLOT]}, not {ARCH_IDS[arch]}: the header is damaged; re-create it")
+             f"{MODERN_CHECKPOINT_VERSION[CHECKPOINT_BF16]} for the modern and speedrun architectures)")
+    arch = "gpt2"
+    if version in MODERN_CHECKPOINT_VERSION.values():
+        ids = {ARCH_IDS["modern"]: "modern", ARCH_IDS["speedrun"]: "speedrun"}
+        if header[ARCH_SLOT] not in ids:
+            fail(f"{path}: version {version} is a modern or speedrun checkpoint, but header slot {ARCH_SLOT} "
+                 f"holds architecture id {header[ARCH_SLOT]}, not one of {sorted(ids)}: the header is damaged; "
+                 f"re-create it")
+        arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch)
     if padded != config.padded_vocab_size:
@@ -1630,14 +1639,11 @@ def check_args(args):
 
 
 def check_speedrun_args(args):
-    """The speedrun architecture has no llm.c file format yet: the modes that write or read one refuse it."""
-    if args.arch != "speedrun":
-        return
-    for flag, given in [("--write_debug_state", args.write_debug_state), ("--output_dir", args.output_dir),
-                        ("--init_from", args.init_from)]:
-        if given:
-            fail(f"{flag} reads or writes an llm.c checkpoint, which the speedrun architecture has no format "
-                 f"for yet; drop {flag}")
+    """The C++ trainers do not train the speedrun architecture yet, so it has no debug state. Checked
+    with the flags and again once --init_from has given the architecture."""
+    if args.arch == "speedrun" and args.write_debug_state:
+        fail("--write_debug_state: the C++ trainers do not train the speedrun architecture yet, so it has no "
+             "debug state; drop --write_debug_state")
 
 
 def check_document_args(args):
@@ -1661,6 +1667,7 @@ def settle_arch(args, config):
         fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
              f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
     args.arch = config.arch
+    check_speedrun_args(args)
     group_lrs = ["embedding_lr", "head_lr", "scalar_lr"]
     if config.modern:
         for key in group_lrs:

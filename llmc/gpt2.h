@@ -59,6 +59,9 @@ constexpr int kVocabPadMultiple = 128;
 // modded-nanogpt's optimization-track baseline (RMSNorm, QK-norm and half-truncated rotary
 // positions, ReLU^2, a separate head with bias, soft-capped logits).
 enum class Arch : int { kGpt2 = 0, kModern = 1 };
+// The architecture id of train_gpt2.py's speedrun checkpoints (modded-nanogpt's record #28), which
+// the C++ programs do not load yet: they refuse such a file by name.
+constexpr int kArchIdSpeedrun = 2;
 
 struct GPT2Config {
   Arch arch = Arch::kGpt2;
@@ -319,6 +322,10 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
     LLMC_FAIL("%s: unsupported checkpoint version %d (expected %d or %d for GPT-2 in FP32 or BF16, "
               "%d or %d for the modern architecture)", path.c_str(), h[1], kCheckpointVersionFP32,
               kCheckpointVersionBF16, kCheckpointVersionModernFP32, kCheckpointVersionModernBF16);
+  }
+  if (modern && h[8] == kArchIdSpeedrun) {
+    LLMC_FAIL("%s: a speedrun checkpoint (train_gpt2.py --recipe speedrun), which the C++ programs do not "
+              "load yet; use train_gpt2.py with it", path.c_str());
   }
   if (modern && h[8] != (int)Arch::kModern) {
     LLMC_FAIL("%s: version %d names the modern architecture but the header's architecture is %d: "

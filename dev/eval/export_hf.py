@@ -41,6 +41,9 @@ from train_gpt2 import fail  # noqa: E402
 
 TOKENIZER_DIR = os.path.join(REPO_ROOT, "dev", "data", "gpt2")
 GPT2_VOCAB_SIZE = 50257
+# What sets the other architectures apart from GPT2LMHeadModel, for the refusal.
+NOT_GPT2 = {"modern": "RMSNorm, rotary, ReLU^2, a soft-capped head",
+            "speedrun": "value embeddings, U-net skips, gated heads, a sigmoid-capped head"}
 END_OF_TEXT_ID, END_OF_TEXT = 50256, "<|endoftext|>"  # GPT-2's bos, eos and unk token
 LAYER_NORM_EPSILON = 1e-5  # nn.LayerNorm's default, which our model uses
 # HF activation names for the tanh approximation of GELU that our model computes.
@@ -255,9 +258,9 @@ def export_hf(checkpoint, out_dir):
     model = tg.read_checkpoint(checkpoint)
     version = int(np.fromfile(checkpoint, np.int32, 2)[1])
     c = model.config
-    if c.modern:
-        fail(f"{checkpoint}: the modern architecture (RMSNorm, rotary, ReLU^2, a soft-capped head) has no "
-             f"GPT2LMHeadModel equivalent; export a GPT-2 checkpoint (-recipe gpt2)")
+    if c.arch != "gpt2":
+        fail(f"{checkpoint}: the {c.arch} architecture ({NOT_GPT2[c.arch]}) has no GPT2LMHeadModel equivalent; "
+             f"export a GPT-2 checkpoint (-recipe gpt2)")
     if c.vocab_size != GPT2_VOCAB_SIZE:
         fail(f"{checkpoint}: vocab_size {c.vocab_size} is not GPT-2's {GPT2_VOCAB_SIZE}; the export "
              f"writes the GPT-2 tokenizer, which needs a model of its full vocabulary")

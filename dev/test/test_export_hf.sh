@@ -42,8 +42,12 @@ tg.write_checkpoint(small, f"{out}/v512.bin", tg.CHECKPOINT_FP32)
 modern = tg.GPT(tg.make_config(*tg.MODERN_PRESETS["tiny"], source="modern", arch="modern"))
 tg.init_weights(modern, 1)
 tg.write_checkpoint(modern, f"{out}/modern.bin", tg.CHECKPOINT_FP32)
+speedrun = tg.GPT(tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="speedrun", arch="speedrun"))
+tg.init_weights(speedrun, 1)
+tg.write_checkpoint(speedrun, f"{out}/speedrun.bin", tg.CHECKPOINT_FP32)
 EOF
-check "the tiny checkpoints were written" "$(ls "$DIR" | tr '\n' ' ')" "modern.bin tiny.bin tiny_bf16.bin v512.bin "
+check "the tiny checkpoints were written" "$(ls "$DIR" | tr '\n' ' ')" \
+  "modern.bin speedrun.bin tiny.bin tiny_bf16.bin v512.bin "
 
 run() {  # run ARGS...: export_hf.py's exit status and its last output line
   "$PY" dev/eval/export_hf.py "$@" >"$DIR/out" 2>&1
@@ -71,6 +75,9 @@ check "CLI: the error is a single line" "$(wc -l <"$DIR/out")" "1"
 check "CLI: a modern checkpoint is refused" "$(run "$DIR/modern.bin" "$DIR/hfm")" \
   "1 error: $DIR/modern.bin: the modern architecture (RMSNorm, rotary, ReLU^2, a soft-capped head) has no GPT2LMHeadModel equivalent; export a GPT-2 checkpoint (-recipe gpt2)"
 check "CLI: nothing written for it" "$([ -e "$DIR/hfm" ] && echo written || echo none)" "none"
+check "CLI: a speedrun checkpoint is refused" "$(run "$DIR/speedrun.bin" "$DIR/hfs")" \
+  "1 error: $DIR/speedrun.bin: the speedrun architecture (value embeddings, U-net skips, gated heads, a sigmoid-capped head) has no GPT2LMHeadModel equivalent; export a GPT-2 checkpoint (-recipe gpt2)"
+check "CLI: nothing written for the speedrun" "$([ -e "$DIR/hfs" ] && echo written || echo none)" "none"
 check "CLI: one positional argument" "$(run "$DIR/tiny.bin")" \
   "2 export_hf.py: error: the following arguments are required: OUT_DIR|OUT_CHECKPOINT"
 

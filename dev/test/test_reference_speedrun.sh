@@ -4,8 +4,9 @@
 # against a forward written out here from the reference's steps (skips, lambdas, value embeddings,
 # gates, layer 7 without attention, the sigmoid cap over the padded vocabulary), which layers each
 # value embedding reaches, the schedules at sample steps, Newton-Schulz with the speedrun's
-# coefficients, Muon's scale of fc, the bfloat16 embeddings of bfloat16 runs, a short training on
-# document shards (the loss falls, twice the same), and the flag errors. PYTHON as in train_gpt2_py_lib.sh.
+# coefficients, Muon's scale of fc, its checkpoints (SPEC's order, round trips, the C++ programs'
+# refusal), the bfloat16 embeddings of bfloat16 runs, a short training on document shards (the loss
+# falls, twice the same), and the flag errors. PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -70,8 +71,7 @@ for name, p in model.named_parameters():
     elif name.endswith("lambdas"):
         assert torch.equal(p, torch.tensor([1.0, 0.0])), name
     elif name.endswith("value_scales"):
-        assert torch.equal(p, torch.full_like(p, 0.5)) and len(p) == (2 if name.split(".")[2] in
-                                                                     "0 1 2 9 10 11".split() else 1), name
+        assert torch.equal(p, torch.full((2,), 0.5)), name
     else:
         assert name.endswith(("c_proj.weight", "gate.weight", "lm_head.weight")) and torch.all(p == 0), name
 x, y = tg.RandomTokens(2, 64, config.vocab_size, 3).next_batch()
@@ -230,6 +230,36 @@ print(f"update / orthogonalised gradient: transposed {(updates[0].norm() / direc
 assert torch.allclose(updates[0], direction, rtol=1e-6, atol=0) and torch.equal(updates[1], 2 * updates[0])
 EOF
 
+check "checkpoints: SPEC's order, versions 6 and 7 with architecture 2, FP32 and BF16 round trips" <<'EOF'
+import os, numpy as np, torch, train_gpt2 as tg
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
+model = tg.GPT(config)
+tg.init_weights(model, 4)
+tg.add_debug_noise(model, 0.02, 5)
+t = model.transformer
+attention = [b.attn for b in t.h if b.attn is not None]
+spec_order = ([t.wte.weight] + [a.c_attn.weight for a in attention] + [a.c_proj.weight for a in attention]
+              + [b.mlp.c_fc.weight for b in t.h] + [b.mlp.c_proj.weight for b in t.h] + [model.lm_head.weight]
+              + [ve.weight for ve in t.ve] + [a.gate.weight for a in attention] + [model.skip_weights]
+              + [b.lambdas for b in t.h] + [a.value_scales for a in attention])
+assert [id(p) for p in tg.params_in_file_order(model)] == [id(p) for p in spec_order]
+assert len(spec_order) == len(list(model.parameters())) and len(attention) == 11
+names = {id(p): name for name, p in model.named_parameters()}
+out = os.environ["WORK"]
+for version, dtype in ((tg.CHECKPOINT_FP32, torch.float32), (tg.CHECKPOINT_BF16, torch.bfloat16)):
+    path = f"{out}/speedrun_{version}.bin"
+    tg.write_checkpoint(model, path, version)
+    header = np.fromfile(path, np.int32, tg.HEADER_INTS)
+    back = tg.read_checkpoint(path)
+    assert back.config == config and header[tg.ARCH_SLOT] == 2
+    assert header[1] == tg.MODERN_CHECKPOINT_VERSION[version]
+    assert os.path.getsize(path) == tg.HEADER_INTS * 4 + config.num_parameters() * (4 if version == 3 else 2)
+    for p, q in zip(tg.params_in_file_order(model), tg.params_in_file_order(back)):
+        assert torch.equal(p.detach().to(dtype).float(), q.detach()), names[id(p)]
+    print(f"version {header[1]}, architecture {header[tg.ARCH_SLOT]}: {config.num_parameters():,} parameters "
+          f"back as written ({str(dtype)[6:]})")
+EOF
+
 check "bfloat16 runs: the embeddings are bfloat16 parameters with bfloat16 AdamW state, the rest float32" <<'EOF'
 import torch, train_gpt2 as tg
 for dtype in ("bfloat16", "float32"):
@@ -272,6 +302,20 @@ def documents(count):  # each a run of consecutive tokens mod 64 from a random o
 for name in ("train", "val"):
     ref.write_shard(os.path.join(sys.argv[1], f"{name}_000000.bin"), documents(100))
 EOF
+echo "--- the C++ programs refuse a speedrun checkpoint by name"
+MAKEFLAGS= ${MAKE:-make} -s train_gpt2
+expect_cpp_refusal() {  # the CPU trainer given the speedrun file: one line naming it
+  if ./train_gpt2 -e "$1" -x 1 -i "$WORK/data/train_*.bin" -j "$WORK/data/val_*.bin" > "$WORK/cpp.out" 2>&1; then
+    echo "FAIL: the CPU trainer took the speedrun checkpoint $1"
+    exit 1
+  fi
+  grep -qF "error: $1: a speedrun checkpoint (train_gpt2.py --recipe speedrun)" "$WORK/cpp.out" ||
+    { echo "FAIL: unexpected error:"; cat "$WORK/cpp.out"; exit 1; }
+  echo "ok: $(head -n 1 "$WORK/cpp.out")"
+}
+expect_cpp_refusal "$WORK/speedrun_3.bin"
+expect_cpp_refusal "$WORK/speedrun_5.bin"
+
 run_speedrun() {  # 2 micro steps of one 256-token sequence, validation on 512-token sequences
   "$PYTHON" train_gpt2.py --recipe speedrun --model tiny -t 256 --total_batch_size 512 --num_iterations 8 \
     --input_bin "$WORK/data/train_*.bin" --input_val_bin "$WORK/data/val_*.bin" --val_every 8 --val_steps 1 \
@@ -293,8 +337,8 @@ echo "--- flag errors"
 SPEEDRUN=(--recipe speedrun -t 256 --device cpu --input_bin "$WORK/data/train_*.bin")
 expect_error "drop --arch modern" "${SPEEDRUN[@]}" --arch modern
 expect_error "--fp8 1 is GPT-2" "${SPEEDRUN[@]}" --fp8 1
-expect_error "no format for yet; drop --write_debug_state" --recipe speedrun --write_debug_state "$WORK/e"
-expect_error "no format for yet; drop --output_dir" "${SPEEDRUN[@]}" --output_dir "$WORK/e"
+expect_error "no debug state; drop --write_debug_state" --recipe speedrun --write_debug_state "$WORK/e"
+expect_error "no debug state; drop --write_debug_state" --init_from "$WORK/speedrun_3.bin" --write_debug_state "$WORK/e"
 expect_error "presets are d12, tiny" "${SPEEDRUN[@]}" --model d24
 expect_error "12 layers, not 8" "${SPEEDRUN[@]}" --num_layers 8
 expect_error "add --documents 1" "${SPEEDRUN[@]}" --documents 0

@@ -337,6 +337,16 @@ void test_modern_checkpoint() {
   check_verbose(h32[1] == 6 && h16[1] == 7 && h32[8] == 1 && loaded == c && back == params &&
                     stored.config == c && stored.version == llmc::kCheckpointVersionBF16,
                 "modern checkpoints: versions 6 and 7, architecture 1, round trip " + loaded.describe());
+  // The same versions with architecture 2 are train_gpt2.py's speedrun files: refused by name.
+  const std::string text = llmc::read_text_file(fp32), speedrun = kDir + "/speedrun.bin";
+  std::vector<char> bytes(text.begin(), text.end());
+  memset(bytes.data() + 4 * llmc::kHeaderChecksumKindSlot, 0, 8);  // unchecked, as llm.c's files
+  memcpy(bytes.data() + 4 * 8, &llmc::kArchIdSpeedrun, 4);
+  write_bytes(speedrun, bytes.data(), bytes.size());
+  check_throws([&] { llmc::checkpoint_load(speedrun, &back); },
+               speedrun + ": a speedrun checkpoint (train_gpt2.py --recipe speedrun), which the C++ programs do "
+                          "not load yet; use train_gpt2.py with it",
+               "a speedrun checkpoint is refused by name");
 }
 
 void test_checkpoints() {
