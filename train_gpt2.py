@@ -100,7 +100,8 @@ RECIPE_FLAGS = {
     "loss_reduction": ("mean", "sum", "sum"), "learning_rate": (1e-4, 1e-4, 0.008),
     "embedding_lr": (None, 0.7, 0.008 * 75), "head_lr": (None, 0.004, 0.008),
     "scalar_lr": (None, 0.015, 0.008 * 5), "beta1": (ADAMW_BETA1, 0.8, 0.8), "beta2": (ADAMW_BETA2, 0.95, 0.95),
-    "adam_eps": (ADAMW_EPS, 1e-10, 1e-10), "weight_decay": (0.1, 0.001, 0.0), "grad_clip": (1.0, 0.0, 0.0),
+    "adam_eps": (ADAMW_EPS, 1e-10, 1e-10), "adam_eps_before_correction": (0, 0, 1),
+    "weight_decay": (0.1, 0.001, 0.0), "grad_clip": (1.0, 0.0, 0.0),
     "lr_schedule": ("cosine", "stable_decay", "stable_decay"), "cooldown_frac": (0.7, 0.7, 0.45),
     "final_lr_frac": (0.0, 0.0, 0.1), "num_iterations": (10, 10, 1695), "batch_size": (4, 64, 1),
     "seq_len": (64, 1024, 49152), "total_batch_size": (-1, 524288, 8 * 49152), "documents": (0, 0, 1),
@@ -1355,13 +1356,24 @@ def muon_momentum(step, args):
     return (1 - frac) * args.muon_momentum_start + frac * args.muon_momentum
 
 
+def adam_eps(step, args):
+    """The eps torch's AdamW adds to sqrt(vhat) at `step` (0-based): --adam_eps; with
+    --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t) (t = step + 1), which gives the
+    update lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps) of the speedrun's reference."""
+    if not args.adam_eps_before_correction:
+        return args.adam_eps
+    return args.adam_eps / math.sqrt(1 - args.beta2 ** (step + 1))
+
+
 def set_learning_rates(optimizers, step, args):
-    """Every group's rate at `step`: its peak under the schedule, and Muon's momentum. Returns the
-    rate of --learning_rate."""
+    """Every group's rate at `step`: its peak under the schedule; Muon's momentum, AdamW's eps (with
+    --adam_eps_before_correction 1). Returns the rate of --learning_rate."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             if isinstance(optimizer, Muon):
                 group["momentum"] = muon_momentum(step, args)
+            elif args.adam_eps_before_correction:
+                group["eps"] = adam_eps(step, args)
             lr = learning_rate(step, args, group["peak_lr"])
             if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
                 group["lr"].fill_(lr)
@@ -1511,6 +1523,9 @@ def parse_args(argv=None):
     a.add_argument("--beta1", type=float, help=recipe_help("beta1", "AdamW beta1"))
     a.add_argument("--beta2", type=float, help=recipe_help("beta2", "AdamW beta2"))
     a.add_argument("--adam_eps", type=float, help=recipe_help("adam_eps", "AdamW eps"))
+    a.add_argument("--adam_eps_before_correction", type=int, choices=[0, 1], help=recipe_help(
+        "adam_eps_before_correction", "1: AdamW's eps added to sqrt(v) before the bias correction, as the "
+        "speedrun's reference adds it; 0: to the corrected sqrt(vhat), as torch's AdamW"))
     a.add_argument("--weight_decay", type=float, help=recipe_help(
         "weight_decay", "AdamW decay (GPT-2: of the 2-D matrices; modern: of every AdamW tensor)"))
     a.add_argument("--muon_lr", type=float, help=muon_help("muon_lr", "Muon's peak learning rate"))

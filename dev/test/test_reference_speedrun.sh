@@ -4,9 +4,10 @@
 # against a forward written out here from the reference's steps (skips, lambdas, value embeddings,
 # gates, layer 7 without attention, the sigmoid cap over the padded vocabulary), which layers each
 # value embedding reaches, the schedules at sample steps, Newton-Schulz with the speedrun's
-# coefficients, Muon's scale of fc, its checkpoints (SPEC's order, round trips, the C++ programs'
-# refusal), the bfloat16 embeddings of bfloat16 runs, a short training on document shards (the loss
-# falls, twice the same), and the flag errors. PYTHON as in train_gpt2_py_lib.sh.
+# coefficients, Muon's scale of fc, Adam's eps before the bias correction, its checkpoints (SPEC's
+# order, round trips, the C++ programs' refusal), the bfloat16 embeddings of bfloat16 runs, a short
+# training on document shards (the loss falls, twice the same), and the flag errors. PYTHON as in
+# train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -228,6 +229,34 @@ direction = tg.orthogonalise(fc.grad.lerp(momentum, 0.85), tg.NEWTON_SCHULZ["spe
 print(f"update / orthogonalised gradient: transposed {(updates[0].norm() / direction.norm()).item():.4f}, "
       f"not {(updates[1].norm() / direction.norm()).item():.4f}")
 assert torch.allclose(updates[0], direction, rtol=1e-6, atol=0) and torch.equal(updates[1], 2 * updates[0])
+EOF
+
+check "Adam's eps before the bias correction, as the reference adds it (gradients near eps tell it apart)" <<'EOF'
+import math, torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "speedrun", "--benchmark", "1"])
+assert args.adam_eps_before_correction == 1 and args.adam_eps == 1e-10
+p = torch.nn.Parameter(torch.zeros(4))
+optimizer = torch.optim.AdamW([dict(params=[p], lr=0.008, peak_lr=0.008, weight_decay=0.0)], betas=(0.8, 0.95),
+                              eps=args.adam_eps)
+grads = torch.tensor([[1e-10, -3e-10, 2e-9, 5e-11], [2e-10, 1e-10, -1e-9, 0.0], [-1e-10, 4e-10, 1e-9, 1e-11]],
+                     dtype=torch.float64)
+m = v = torch.zeros(4, dtype=torch.float64)
+reference, torch_form = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+for step, g in enumerate(grads):
+    p.grad = g.float()
+    tg.set_learning_rates([optimizer], step, args)
+    optimizer.step()
+    t, lr = step + 1, tg.learning_rate(step, args, 0.008)
+    m, v = 0.8 * m + 0.2 * g, 0.95 * v + 0.05 * g * g
+    reference -= lr * math.sqrt(1 - 0.95 ** t) / (1 - 0.8 ** t) * m / (v.sqrt() + 1e-10)
+    torch_form -= lr * (m / (1 - 0.8 ** t)) / ((v / (1 - 0.95 ** t)).sqrt() + 1e-10)
+got = p.detach().double()
+print("reference's update", [f"{x:.6g}" for x in reference.tolist()],
+      "torch's form", [f"{x:.6g}" for x in torch_form.tolist()])
+assert torch.allclose(got, reference, rtol=1e-5, atol=0), got
+assert (torch_form - reference).abs().max() > 0.1 * reference.abs().max(), "the test cannot tell the forms apart"
+for recipe in ("gpt2", "modern"):
+    assert tg.parse_args(["--recipe", recipe, "--benchmark", "1"]).adam_eps_before_correction == 0
 EOF
 
 check "checkpoints: SPEC's order, versions 6 and 7 with architecture 2, FP32 and BF16 round trips" <<'EOF'
