@@ -1583,6 +1583,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.arch_given = args.arch is not None  # --init_from takes the architecture from the checkpoint
     column = RECIPES.index(args.recipe or "gpt2")
+    args.from_recipe = {key for key in RECIPE_FLAGS if getattr(args, key) is None}  # for the errors' words
     for key, values in RECIPE_FLAGS.items():
         if getattr(args, key) is None:
             setattr(args, key, values[column])
@@ -1666,12 +1667,18 @@ def check_document_args(args):
         fail(f"--window_blocks {args.window_blocks}: give a window of 1 or more blocks, -1 for the schedule "
              f"or 0 for none")
     if args.window_blocks != 0 and not args.documents:
+        if "window_blocks" in args.from_recipe:
+            fail(f"--recipe {args.recipe} trains within a window of blocks (--window_blocks {args.window_blocks}), "
+                 f"which needs documents: add --window_blocks 0 to --documents 0")
         fail(f"--window_blocks {args.window_blocks} windows document-causal attention; add --documents 1")
     for flag, length in [("-t/--seq_len", args.seq_len), ("--val_seq_len", args.val_seq_len)]:
         if args.window_blocks != 0 and length % ATTENTION_BLOCK != 0:
             fail(f"--window_blocks takes whole blocks of {ATTENTION_BLOCK} tokens: {flag} {length} "
                  f"is not a multiple of {ATTENTION_BLOCK}")
     if args.documents and args.benchmark:
+        if "documents" in args.from_recipe:
+            fail(f"--benchmark times causal attention on random tokens, but --recipe {args.recipe} trains on "
+                 f"documents: add --documents 0 --window_blocks 0")
         fail("--benchmark times causal attention on random tokens; drop --documents")
 
 

@@ -370,6 +370,9 @@ expect_error "no debug state; drop --write_debug_state" --recipe speedrun --writ
 expect_error "no debug state; drop --write_debug_state" --init_from "$WORK/speedrun_3.bin" --write_debug_state "$WORK/e"
 expect_error "presets are d12, tiny" "${SPEEDRUN[@]}" --model d24
 expect_error "12 layers, not 8" "${SPEEDRUN[@]}" --num_layers 8
-expect_error "add --documents 1" "${SPEEDRUN[@]}" --documents 0
+expect_error "window of blocks (--window_blocks -1), which needs documents: add --window_blocks 0 to --documents 0" \
+  "${SPEEDRUN[@]}" --documents 0
+expect_error "but --recipe speedrun trains on documents: add --documents 0 --window_blocks 0" \
+  --recipe speedrun --benchmark 1 --device cpu
 expect_error "--cooldown_frac 0.0" "${SPEEDRUN[@]}" --cooldown_frac 0
 echo "PASS"
