@@ -4580,15 +4580,21 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
 }
 
 // The capped logit y the softmax sees; *slope = dy/dz (capped kinds only). inv_scale: 1 / scale.
+constexpr float kSigmoidCapMaxExponent = 88.0f;  // expf(88) = 1.7e38 < FLT_MAX
+constexpr float kRationalCapMaxLogit = 1e18f;    // (1e18)^2 < FLT_MAX
 template <llmc::LogitCap::Kind CAP>
 __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_scale, float* slope = nullptr) {
   if (CAP == llmc::LogitCap::kRational) {
+    // z clamped where z^2 would overflow (|z| > 1.8e19): y is cap there to FP32's precision.
+    z = fminf(fmaxf(z, -kRationalCapMaxLogit), kRationalCapMaxLogit);
     const float cap_rsqrt = cap * rsqrtf(fmaf(z, z, cap * cap));
     if (slope) *slope = cap_rsqrt * cap_rsqrt * cap_rsqrt;
     return z * cap_rsqrt;
   }
   if (CAP == llmc::LogitCap::kSigmoid) {
-    const float e = expf(-z * inv_scale), s = 1.0f / (1.0f + e);
+    // Clamped where expf would overflow (z < -88.7 s): inf * 0 would make the slope NaN, where the
+    // sigmoid and its slope are below 1e-38 and round to the same y.
+    const float e = expf(fminf(-z * inv_scale, kSigmoidCapMaxExponent)), s = 1.0f / (1.0f + e);
     if (slope) *slope = cap * inv_scale * s * (e * s);
     return cap * s;
   }

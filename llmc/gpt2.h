@@ -102,12 +102,15 @@ struct LogitCap {
   template <typename F>
   F apply(F z, F* slope = nullptr) const {
     if (kind == kRational) {
+      z = std::min(std::max(z, (F)-1e18), (F)1e18);  // z^2 finite in float too; y = cap beyond
       const F root = std::sqrt(z * z + (F)cap * cap);
       if (slope) *slope = std::pow((F)cap / root, 3);
       return cap * z / root;
     }
     if (kind == kSigmoid) {
-      const F e = std::exp(-z / scale), s = 1 / (1 + e);
+      // The exponent clamped below exp's overflow (in float, as the kernel's): past it 1 - sigmoid
+      // would be inf * 0, a NaN slope, where both are below 1e-38.
+      const F e = std::exp(std::min(-z / (F)scale, (F)88)), s = 1 / (1 + e);
       if (slope) *slope = (F)cap / scale * s * (e * s);
       return cap * s;
     }

@@ -5,7 +5,8 @@
 // vocabulary (V = 50257 of Vp = 50304 columns), odd vocabularies padded to an odd number of
 // 16-byte pieces, a vocabulary smaller than one block's pass, targets at both ends of the
 // vocabulary, NaN in the padding columns (which must never reach a loss and must come back as
-// zero gradients), losses poisoned first, training (dlogits written in place) and validation
+// zero gradients), logits far past the caps' bends (the sigmoid's exponential overflows there),
+// losses poisoned first, training (dlogits written in place) and validation
 // (dloss = 0: logits left bit for bit as they were), twice each.
 #include "dev/cuda/kernel_test.h"
 
@@ -34,12 +35,17 @@ void capped_classifier_reference(std::vector<float>& losses, std::vector<float>&
   }
 }
 
+// Logits far outside the cap's bend, which a trained head can reach: past -88.7 s the sigmoid
+// cap's exponential overflows FP32 (a NaN gradient unless clamped); the largest BF16 values too.
+constexpr float kExtremeLogits[] = {-700.0f, -1000.0f, -3.0e4f, -3.0e38f, 700.0f, 3.0e38f};
+
 // No cap: GPT-2's classifier, logits of std 2. Capped: logits of std 20, so that most are well
 // into the cap's bend, and dloss = 1 (the modern recipes backpropagate the sum of the token
-// losses).
-void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng& rng) {
+// losses). extremes: each row's first real columns (the target's excepted) hold kExtremeLogits.
+void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng& rng, bool extremes = false) {
   const bool capped = cap.kind != llmc::LogitCap::kNone;
-  printf("\nclassifier N=%d V=%d Vp=%d, logits %s\n", N, V, Vp, cap.describe().c_str());
+  printf("\nclassifier N=%d V=%d Vp=%d, logits %s%s\n", N, V, Vp, cap.describe().c_str(),
+         extremes ? ", with extreme logits" : "");
   std::vector<float> logits = random_stored(rng, (size_t)N * Vp, 0.0f, capped ? 20.0f : 2.0f);
   for (int r = 0; r < N; r++) {
     for (int i = V; i < Vp; i++) logits[(size_t)r * Vp + i] = NAN;
@@ -47,6 +53,15 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   std::vector<int> targets = random_ints(rng, N, 0, V);
   targets[0] = 0;
   targets[N - 1] = V - 1;
+  if (extremes) {
+    const int count = (int)(sizeof(kExtremeLogits) / sizeof(float));
+    REQUIRE(V > count + 1, "extreme logits need more than %d columns", count + 1);
+    for (int r = 0; r < N; r++) {
+      for (int i = 0, col = 0; i < count; col++) {
+        if (col != targets[r]) logits[(size_t)r * Vp + col] = (float)(floatX)kExtremeLogits[i++];
+      }
+    }
+  }
   const float dloss = capped ? 1.0f : 1.0f / N;
   DeviceArray<floatX> d_logits(logits.size());
   DeviceArray<float> losses(N);
@@ -107,5 +122,7 @@ int main() {
     test_classifier(64, 50304, 50304, speedrun, rng);
     test_classifier(3 * 101, 1001, 1016, speedrun, rng);
     test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f}, rng);
+    test_classifier(9, 50304, 50304, speedrun, rng, true);
+    test_classifier(9, 1001, 1016, modern, rng, true);
   });
 }
