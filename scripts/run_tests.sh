@@ -166,6 +166,30 @@ hellaswag_and_generation_test() {
   run "${name}_generate_same" same_text "$LOGS/${name}_generate_seeded_1.log" "$LOGS/${name}_generate_seeded_2.log"
 }
 
+# HellaSwag within documents (-pd 1), where each row (context + ending, padded) is one document:
+# d12 trained on the packed sample text with a one-block window picks the right endings, and the
+# FP32 build, whose attention masks hidden keys to probability exactly 0, scores the set with the
+# same counts with and without -pd 1.
+hellaswag_documents_test() {
+  local data=build/test_hellaswag dir=build/test_hellaswag/documents
+  local files=(-i "$data/hs_train_*.bin" -j "$data/hs_val_*.bin" -hs "$data/hellaswag.bin" -b 4 -t 128)
+  run documents_hellaswag_train ./train_gpt2cu -e d12 "${files[@]}" -x 300 -v 100 -m 2 -s 0 -h 1 -l 1e-3 -u 10 \
+    -pd 1 -aw 1 -o "$dir"
+  run documents_hellaswag_accuracy awk '/hellaswag acc_norm/ {a = $6} END {print "final acc_norm", a; exit !(a >= 0.75)}' \
+    "$LOGS/documents_hellaswag_train.log"
+  local evaluate=(./train_gpt2fp32cu -e "$dir/model_00000300.bin" "${files[@]}" -x 0 -h 1)
+  run documents_hellaswag_causal "${evaluate[@]}"
+  run documents_hellaswag_within "${evaluate[@]}" -pd 1 -aw 1
+  run documents_hellaswag_same same_scores "$LOGS/documents_hellaswag_causal.log" \
+    "$LOGS/documents_hellaswag_within.log"
+}
+
+# The two logs' HellaSwag lines are there and the same.
+same_scores() {
+  local a b
+  a=$(grep "hellaswag acc_norm" "$1") && b=$(grep "hellaswag acc_norm" "$2") && echo "$a" && [ "$a" = "$b" ]
+}
+
 # Greedy decoding of the first example's context gives (the start of) its right ending.
 generate_continues() {
   ./train_gpt2cu -e "$1" -p "$(cat "$2/prompt.txt")" -g 6 -temp 0 | tee "$1.generated.txt" &&
@@ -484,6 +508,7 @@ gpu_hellaswag_generation() {
   hellaswag_data
   hellaswag_and_generation_test gpt2 -l 1e-3 -u 10
   hellaswag_and_generation_test modern -recipe modern -z 256
+  hellaswag_documents_test
 }
 
 gpu_preemption() { signal_test; }
