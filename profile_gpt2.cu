@@ -54,7 +54,7 @@ int profile_main(int argc, char** argv) {
     gpt2_backward(m, B, T, true);
     cudaCheck(cudaEventRecord(events[3], m.stream));
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, opt, recipe.lr, 1.0f, norm);
+    gpt2_update(m, opt, step, recipe.lr, 1.0f, norm);
     gpt2_fp8_end_step(m, true);  // -fp8 2: the profiled step casts with the warm-up's history
     cudaCheck(cudaEventRecord(events[4], m.stream));
     cudaCheck(cudaEventSynchronize(events[4]));

@@ -54,7 +54,9 @@ constexpr float kFp8StepLossTol = 0.2f;
 OptimizerConfig debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config) {
   OptimizerConfig opt;
   opt.muon = ref.muon;
-  opt.muon_params = {ref.muon_lr, ref.muon_weight_decay, ref.muon_momentum};
+  opt.muon_lr = ref.muon_lr;
+  opt.muon_weight_decay = ref.muon_weight_decay;
+  opt.muon_momentum.end = ref.muon_momentum;
   opt.beta1 = ref.beta1;
   opt.beta2 = ref.beta2;
   opt.eps = ref.eps;
@@ -95,7 +97,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, debug_state_dloss(ref));
     gpt2_backward(m, ref.B, ref.T, true);
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, opt, 1.0f, 1.0f, norm);
+    gpt2_update(m, opt, step, 1.0f, 1.0f, norm);
     const float diff = std::fabs(step_loss - ref.losses[step]);
     max_diff = std::max(max_diff, diff);
     testing::check_verbose(diff <= tol,

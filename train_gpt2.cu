@@ -4999,21 +4999,25 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
   cudaCheckLaunch();
 }
 
-// Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by 12
-// Newton-Schulz iterations in BF16 (in every build, as the reference does), then decoupled weight
-// decay. Matrices of one shape form a group, orthogonalised in their wide orientation, X [m, n]
-// with m = min(rows, cols) (a tall parameter transposed), every matrix of a call in one batched
-// cuBLASLt product each: A = X X^T [m, m]; B = -1.5 A + 0.5 A A; X = 2 X + B X, BF16 in and out with
-// FP32 accumulation. Each product runs cuBLASLt's first heuristic for its shape and the whole
-// group (no atomics), and the Frobenius norms add per-tile block trees, then a fixed tree per
-// matrix, so the results are deterministic and do not depend on which matrices a call covers.
-// FLOPs per matrix and iteration 2m^2n + 2m^3 + 2m^2n: at d12 (48 of 768x768, 24 of 768x3072)
-// 3.9 TFLOP a step, 6.5 ms at 600 TFLOP/s. The elementwise kernels
+// Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by the
+// recipe's Newton-Schulz iterations in BF16 (in every build, as the reference does; the
+// baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315)), then
+// decoupled weight decay. Matrices of one shape form a group, orthogonalised in their wide
+// orientation, X [m, n] with m = min(rows, cols) (a tall parameter transposed), every matrix of a
+// call in one batched cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16
+// in and out with FP32 accumulation. Each product runs cuBLASLt's first heuristic for its shape
+// and the whole group (no atomics), and the Frobenius norms add per-tile block trees, then a fixed
+// tree per matrix, so the results are deterministic and do not depend on which matrices a call
+// covers. FLOPs per matrix and iteration 2m^2n + 2m^3 + 2m^2n: at d12 (48 of 768x768, 24 of
+// 768x3072) 3.9 TFLOP a step with 12 iterations, 6.5 ms at 600 TFLOP/s. The elementwise kernels
 // move 12 bytes an element in (g, m, X), 4 to normalise, 14 out (X, master, p): 2.5 GB at d12.
 
+// One step's hyperparameters (OptimizerConfig::muon_step).
 struct MuonParams {
   float lr, weight_decay, momentum;
   float grad_scale = 1.0f;  // the gradient's clipping factor, as AdamW's
+  llmc::NewtonSchulz newton_schulz = llmc::kNewtonSchulzBaseline;
+  bool scale_tall = true;  // a tall matrix's update times sqrt(n / m) (llmc::Recipe::muon_scale_tall)
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -5031,7 +5035,6 @@ struct MuonGroup {
   const uint8_t* tall = nullptr;
 };
 
-constexpr int kMuonIterations = 12;
 constexpr int kMuonTile = 32;      // the elementwise kernels' tiles, and the norm's partial sums
 constexpr int kMuonThreads = 256;  // a tile's block: each thread kMuonTile^2 / kMuonThreads elements
 
@@ -5184,22 +5187,29 @@ void muon_multiply(MuonWorkspace& ws, __nv_bfloat16* d, const __nv_bfloat16* a, 
                              &p.algo, cublaslt_workspace, kCublasWorkspaceBytes, stream));
 }
 
-// The iterations on slots [slot, slot + batch) of ws.x[0] ([batch, m, n] row-major, m <= n); the
-// result ends there (an even number of iterations). A row-major X is the column-major X^T [n, m]:
-// A = X X^T is (X^T)^T X^T; A and B are symmetric, so either reading of their buffers is the same
-// matrix up to the products' rounding, and B X is, in column-major terms, X^T B^T with B^T read
-// from B's buffer.
-static_assert(kMuonIterations % 2 == 0, "Muon's iterations must leave their result in ws.x[0]");
-void muon_newton_schulz(MuonWorkspace& ws, int m, int n, int slot, int batch, int group_count,
-                        cudaStream_t stream) {
+// The normalised X of slots [slot, slot + batch) lies in ws.x[muon_start_buffer(ns)]: the
+// iterations alternate between the two buffers, and so end in ws.x[0] for any count.
+inline int muon_start_buffer(const llmc::NewtonSchulz& ns) { return ns.steps % 2; }
+
+// ns.steps iterations on slots [slot, slot + batch) of X ([batch, m, n] row-major, m <= n), from
+// ws.x[muon_start_buffer(ns)]; the result ends in ws.x[0]. A row-major X is the column-major X^T
+// [n, m]: A = X X^T is (X^T)^T X^T; A and B are symmetric, so either reading of their buffers is the
+// same matrix up to the products' rounding, and B X is, in column-major terms, X^T B^T with B^T read
+// from B's buffer. The reference computes B = b A + (c A) A and X = a X + B X, each scaled term and
+// product rounded to BF16 before its sum; here cuBLASLt's alpha scales the FP32 product by c and
+// its beta adds b A (and a X) before the one rounding of each sum.
+void muon_newton_schulz(MuonWorkspace& ws, const llmc::NewtonSchulz& ns, int m, int n, int slot, int batch,
+                        int group_count, cudaStream_t stream) {
   __nv_bfloat16* x[2] = {ws.x[0] + (size_t)slot * m * n, ws.x[1] + (size_t)slot * m * n};
   __nv_bfloat16* a = ws.a + (size_t)slot * m * m;
   __nv_bfloat16* b = ws.b + (size_t)slot * m * m;
-  for (int i = 0; i < kMuonIterations; i++) {
-    muon_multiply(ws, a, x[i % 2], x[i % 2], nullptr, m, m, n, true, batch, group_count, 1.0f, 0.0f, stream);
-    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, 0.5f, -1.5f, stream);
-    muon_multiply(ws, x[(i + 1) % 2], x[i % 2], b, x[i % 2], n, m, m, false, batch, group_count, 1.0f, 2.0f,
-                  stream);
+  const int start = muon_start_buffer(ns);
+  for (int i = 0; i < ns.steps; i++) {
+    __nv_bfloat16* from = x[(start + i) % 2];
+    __nv_bfloat16* to = x[(start + i + 1) % 2];
+    muon_multiply(ws, a, from, from, nullptr, m, m, n, true, batch, group_count, 1.0f, 0.0f, stream);
+    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, ns.c, ns.b, stream);
+    muon_multiply(ws, to, from, b, from, n, m, m, false, batch, group_count, 1.0f, ns.a, stream);
   }
 }
 
@@ -5320,23 +5330,24 @@ __global__ void muon_norm_kernel(float* denominators, const float* partials, int
   denominators[blockIdx.x] = __bfloat162float(__float2bfloat16_rn(norm + 1e-7f));
 }
 
-// X = bf16(X / denominator), 8 elements a thread; a matrix holds a multiple of 8 elements.
-__global__ void muon_normalize_kernel(__nv_bfloat16* x, const float* denominators, size_t matrix_elements,
-                                      size_t n) {
+// out = bf16(x / denominator) (out may be x), 8 elements a thread; a matrix holds a multiple of 8
+// elements.
+__global__ void muon_normalize_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const float* denominators,
+                                      size_t matrix_elements, size_t n) {
   typedef Packed128<__nv_bfloat16> bf16x8;
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * bf16x8::size;
   if (i >= n) return;
   const float d = denominators[i / matrix_elements];
   bf16x8 v = load128(x + i);
   for (int k = 0; k < bf16x8::size; k++) v[k] = __float2bfloat16_rn(__bfloat162float(v[k]) / d);
-  store128(x + i, v);
+  store128(out + i, v);
 }
 
 // One 32x32 tile of X [m, n] of each matrix of the batch: u = X (transposed back through shared
-// memory for a tall parameter, then scaled by sqrt(n / m) in BF16 as the reference scales its BF16
-// update); p = p (1 - lr wd) - lr u in FP32 from the master weights (or the parameter), stored with
-// stochastic rounding at the element's index in the whole group, so that the bits do not depend on
-// which matrices a call covers.
+// memory for a tall parameter, then scaled by tall_scale, sqrt(n / m) or 1, in BF16 as the
+// reference scales its BF16 update); p = p (1 - lr wd) - lr u in FP32 from the master weights (or
+// the parameter), stored with stochastic rounding at the element's index in the whole group, so
+// that the bits do not depend on which matrices a call covers.
 struct MuonApply {
   float lr, decay, tall_scale;
   uint32_t seed;
@@ -5417,27 +5428,28 @@ void muon_prepare(const MuonGroup& g, int first, int batch, const MuonParams& hp
   cudaCheckLaunch();
 }
 
-// Slots [slot, slot + batch) of X, as muon_prepare left them, normalised and orthogonalised in
-// place.
-void muon_orthogonalize(const MuonGroup& g, int slot, int batch, MuonWorkspace& ws, cudaStream_t stream) {
+// Slots [slot, slot + batch) of X, as muon_prepare left them in ws.x[0], normalised and
+// orthogonalised by ns's iterations, ending in ws.x[0] again.
+void muon_orthogonalize(const MuonGroup& g, const llmc::NewtonSchulz& ns, int slot, int batch, MuonWorkspace& ws,
+                        cudaStream_t stream) {
   muon_require_fits(g, slot, batch, ws);
   const int m = g.m, n = g.n, tiles = muon_tiles(g);
   float* denominators = ws.denominators + slot;
   const float* partials = ws.partials + (size_t)slot * tiles;
   muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles);
   cudaCheckLaunch();
-  const size_t elements = (size_t)batch * m * n;
+  const size_t elements = (size_t)batch * m * n, first = (size_t)slot * m * n;
   muon_normalize_kernel<<<ceil_div(elements / 8, kMuonThreads), kMuonThreads, 0, stream>>>(
-      ws.x[0] + (size_t)slot * m * n, denominators, (size_t)m * n, elements);
+      ws.x[muon_start_buffer(ns)] + first, ws.x[0] + first, denominators, (size_t)m * n, elements);
   cudaCheckLaunch();
-  muon_newton_schulz(ws, m, n, slot, batch, g.count, stream);
+  muon_newton_schulz(ws, ns, m, n, slot, batch, g.count, stream);
 }
 
 MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_t seed, int first) {
   MuonApply a;
   a.lr = hp.lr;
   a.decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
-  a.tall_scale = (float)std::sqrt((double)g.n / g.m);
+  a.tall_scale = hp.scale_tall ? (float)std::sqrt((double)g.n / g.m) : 1.0f;
   a.seed = seed;
   a.first = first;
   return a;
@@ -5467,7 +5479,7 @@ void muon_update(const MuonGroup& g, int begin, int end, const MuonParams& hp, u
   for (int first = begin; first < end; first += ws.capacity) {
     const int batch = std::min(ws.capacity, end - first);
     muon_prepare(g, first, batch, hp, ws, 0, stream);
-    muon_orthogonalize(g, 0, batch, ws, stream);
+    muon_orthogonalize(g, hp.newton_schulz, 0, batch, ws, stream);
     muon_apply(g, first, batch, hp, seed, ws, 0, stream);
   }
 }
@@ -5504,7 +5516,9 @@ void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed,
                         const MuonSpread& spread, cudaStream_t stream) {
   const MuonShare share = muon_share(g.count, spread.rank, spread.world);
   muon_prepare(g, 0, g.count, hp, ws, 0, stream);
-  if (share.end > share.begin) muon_orthogonalize(g, share.begin, share.end - share.begin, ws, stream);
+  if (share.end > share.begin) {
+    muon_orthogonalize(g, hp.newton_schulz, share.begin, share.end - share.begin, ws, stream);
+  }
   if (spread.world > 1) spread.gather(ws.x[0], (size_t)g.m * g.n, g.count, stream);
   muon_apply(g, 0, g.count, hp, seed, ws, 0, stream);
 }
@@ -5547,7 +5561,7 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
         ws.x[0] + (size_t)share.begin * m * n, ws.partials + (size_t)share.begin * muon_tiles(g),
         g.grads + share.begin, g.tall ? g.tall + share.begin : nullptr, m, n);
     cudaCheckLaunch();
-    muon_orthogonalize(g, share.begin, batch, ws, stream);
+    muon_orthogonalize(g, hp.newton_schulz, share.begin, batch, ws, stream);
   }
   if (spread.world > 1) spread.gather(ws.x[0], (size_t)m * n, g.count, stream);
   muon_require_fits(g, 0, g.count, ws);
@@ -6667,7 +6681,10 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
 // Every hyperparameter of the update but the schedule's rate: one value, resolved at start-up.
 struct OptimizerConfig {
   bool muon = false;
-  MuonParams muon_params = {0.025f, 0.05f, 0.95f};  // lr, weight decay, momentum
+  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // Muon's (llmc::Recipe's fields of the names)
+  llmc::MomentumSchedule muon_momentum;
+  llmc::NewtonSchulz muon_newton_schulz = llmc::kNewtonSchulzBaseline;
+  bool muon_scale_tall = true;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;  // AdamW's
   float lr_multiplier[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // by llmc::ParamRole
   bool decay_vectors = false;  // AdamW's weight decay on the 1-D tensors too (the modern recipe)
@@ -6675,6 +6692,11 @@ struct OptimizerConfig {
 
   float adamw_lr(const llmc::ParamSpec& spec, float lr) const { return lr * lr_multiplier[(int)spec.role]; }
   float adamw_decay(const llmc::ParamSpec& spec) const { return spec.decayed || decay_vectors ? weight_decay : 0.0f; }
+  // Muon's hyperparameters at `step` (0-based; its momentum's schedule), at the schedule's peak.
+  MuonParams muon_step(long step, float grad_scale) const {
+    return {muon_lr, muon_weight_decay, (float)muon_momentum.at(step), grad_scale, muon_newton_schulz,
+            muon_scale_tall};
+  }
 };
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
@@ -6812,7 +6834,11 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
 OptimizerConfig optimizer_config(const llmc::Recipe& r) {
   OptimizerConfig opt;
   opt.muon = r.optimizer == llmc::OptimizerKind::kMuon;
-  opt.muon_params = {r.muon_lr, r.muon_weight_decay, r.muon_momentum};
+  opt.muon_lr = r.muon_lr;
+  opt.muon_weight_decay = r.muon_weight_decay;
+  opt.muon_momentum = r.muon_momentum;
+  opt.muon_newton_schulz = r.muon_newton_schulz;
+  opt.muon_scale_tall = r.muon_scale_tall;
   opt.beta1 = r.beta1;
   opt.beta2 = r.beta2;
   opt.eps = r.eps;
@@ -6827,11 +6853,12 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r) {
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
-// One optimizer step on this rank's shard (each tensor's part inside it), given the gradient norm:
-// AdamW with clipping at opt.grad_clip and the schedule's lr; Muon (opt.muon) with its rate times
-// lr_fraction, the schedule's lr over its peak, its orthogonalisation spread over the processes
-// by muon_spread.
-void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fraction, float grad_norm,
+// Optimizer step `step` (0-based, the one whose rates lr and lr_fraction are) on this rank's shard
+// (each tensor's part inside it), given the gradient norm: AdamW with clipping at opt.grad_clip
+// and the schedule's lr; Muon (opt.muon) with its rate times lr_fraction, the schedule's lr over
+// its peak, and the step's momentum, its orthogonalisation spread over the processes by
+// muon_spread.
+void gpt2_update(GPT2& m, const OptimizerConfig& opt, long step, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
   REQUIRE(opt.muon == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon ? "with" : "without");
@@ -6855,11 +6882,7 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, float lr, float lr_fractio
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i],
                opt.adamw_lr(spec, lr), opt.adamw_decay(spec), seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1));
   }
-  if (opt.muon) {
-    MuonParams muon = opt.muon_params;
-    muon.grad_scale = hp.grad_scale;
-    gpt2_muon_update(m, muon, lr_fraction, seed, muon_spread);
-  }
+  if (opt.muon) gpt2_muon_update(m, opt.muon_step(step, hp.grad_scale), lr_fraction, seed, muon_spread);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
@@ -7868,8 +7891,8 @@ OptimizerConfig run_optimizer(const TrainArgs& a) {
   opt.muon = a.optimizer == llmc::OptimizerKind::kMuon;
   opt.weight_decay = a.weight_decay;
   opt.grad_clip = a.grad_clip;
-  opt.muon_params.lr = a.muon_lr;
-  opt.muon_params.weight_decay = a.muon_weight_decay;
+  opt.muon_lr = a.muon_lr;
+  opt.muon_weight_decay = a.muon_weight_decay;
   return opt;
 }
 
@@ -8059,10 +8082,19 @@ std::string optimizer_description(const OptimizerConfig& opt) {
     adamw += llmc::strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
   }
   if (!opt.muon) return adamw;
-  const MuonParams& mp = opt.muon_params;
-  return llmc::strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %g, %d "
-                         "Newton-Schulz steps in BF16); %s for the rest", mp.lr, mp.weight_decay, mp.momentum,
-                         kMuonIterations, adamw.c_str());
+  const llmc::MomentumSchedule& mu = opt.muon_momentum;
+  std::string momentum = llmc::strformat("%g", mu.end);
+  if (mu.warmup_steps > 0) {
+    momentum = llmc::strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
+  }
+  const llmc::NewtonSchulz& ns = opt.muon_newton_schulz;
+  const llmc::NewtonSchulz& baseline = llmc::kNewtonSchulzBaseline;
+  const std::string polynomial = ns.a == baseline.a && ns.b == baseline.b && ns.c == baseline.c
+                                     ? "" : llmc::strformat(" of (%g, %g, %g)", ns.a, ns.b, ns.c);
+  return llmc::strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %d "
+                         "Newton-Schulz steps%s in BF16%s); %s for the rest", opt.muon_lr, opt.muon_weight_decay,
+                         momentum.c_str(), ns.steps, polynomial.c_str(),
+                         opt.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
 }
 
 // -pd and -aw: the training sequences and what a token attends to.
@@ -8562,7 +8594,7 @@ bool train_step(TrainRun& r, int step) {
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
     const float lr_fraction = a.lr > 0.0f ? (float)(r.schedule.at(step) / a.lr) : 0.0f;
-    gpt2_update(m, a.update, s.lr, lr_fraction, s.norm, r.muon_spread);
+    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.muon_spread);
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "gpt2.h"
+#include "schedulers.h"
 #include "utils.h"
 
 namespace llmc {
@@ -25,6 +26,16 @@ inline OptimizerKind parse_optimizer(const std::string& name, const char* flag) 
             "the rest)", flag, name.c_str());
 }
 
+// Muon's Newton-Schulz iteration (train_gpt2.py's NEWTON_SCHULZ): `steps` times X <- a X + B X,
+// B = b A + c A A, A = X X^T. The baseline's (modern.md) and the speedrun's (record #28: fewer
+// steps of a steeper polynomial, whose singular values end near 1 rather than at it).
+struct NewtonSchulz {
+  int steps;
+  float a, b, c;
+};
+constexpr NewtonSchulz kNewtonSchulzBaseline = {12, 2.0f, -1.5f, 0.5f};
+constexpr NewtonSchulz kNewtonSchulzSpeedrun = {5, 3.4445f, -4.7750f, 2.0315f};
+
 // A recipe's settings, GPT-2's where no recipe sets another. The flags named in a field's
 // comment override it (the command line's value wins); the others have no flag.
 struct Recipe {
@@ -39,7 +50,12 @@ struct Recipe {
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
   float grad_clip = 1.0f;                        // -gc; 0: none
-  float muon_lr = 0.025f, muon_weight_decay = 0.05f, muon_momentum = 0.95f;  // -ml, -mw
+  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
+  MomentumSchedule muon_momentum;  // 0.95 at every step (no warmup)
+  NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
+  // A tall matrix's update times sqrt(rows / cols), as the reference scales it; false where the
+  // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
+  bool muon_scale_tall = true;
   bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
   // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
   // fifth).

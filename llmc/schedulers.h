@@ -17,8 +17,9 @@
 //     constant: lr
 // No schedule reaches min_lr inside the run: its last step s = N - 1 has f < 1.
 //
-// At the end, the attention window's schedule (attention_window_blocks), a run's window at each
-// step, and the window's per-layer pattern.
+// Then Muon's momentum at each step (MomentumSchedule), and at the end the attention window's
+// schedule (attention_window_blocks), a run's window at each step, and the window's per-layer
+// pattern.
 #pragma once
 
 #include <algorithm>
@@ -99,6 +100,21 @@ inline LrSchedule make_lr_schedule(const std::string& name, const char* name_fla
   s.final_lr_frac = final_lr_frac;
   return s;
 }
+
+// Muon's momentum at step s (0-based): `start` rising linearly to `end` over the first W =
+// warmup_steps steps, (1 - f) start + f end with f = s / W, then `end` (at every step when W = 0).
+// train_gpt2.py's muon_momentum, in double in the same order from the same double values, so
+// both give identical values; Muon's kernels take a step's value rounded to float.
+struct MomentumSchedule {
+  double start = 0.85, end = 0.95;
+  long warmup_steps = 0;
+
+  double at(long step) const {
+    if (step >= warmup_steps) return end;
+    const double f = (double)step / (double)warmup_steps;
+    return (1 - f) * start + f * end;
+  }
+};
 
 // modded-nanogpt's sliding attention window (llmc/attention_blocks.h), in blocks of 128 tokens:
 // at step s of N (0 <= s <= N) the next multiple of 128 at or above 1728 * s / N, at least 128,

@@ -62,9 +62,9 @@ struct BenchGroup {
   }
 };
 
-double newton_schulz_flops(const MuonGroup& g) {
+double newton_schulz_flops(const MuonGroup& g, const llmc::NewtonSchulz& ns) {
   const double m = g.m, n = g.n;
-  return (double)g.count * kMuonIterations * (4.0 * m * m * n + 2.0 * m * m * m);
+  return (double)g.count * ns.steps * (4.0 * m * m * n + 2.0 * m * m * m);
 }
 
 void bench(int C, int L) {
@@ -82,10 +82,11 @@ void bench(int C, int L) {
   printf("\nC %d L %d: workspace %.2f GB\n", C, L, muon_workspace_size(described, 4 * L) / 1e9);
   double step_flops = 0.0;
   for (const MuonGroup& g : described) {
-    const double flops = newton_schulz_flops(g);
+    const double flops = newton_schulz_flops(g, hp.newton_schulz);
     step_flops += flops;
     const float update_ms = time_ms([&] { muon_update(g, 0, g.count, hp, 1234u, ws, 0); });
-    const float products_ms = time_ms([&] { muon_newton_schulz(ws, g.m, g.n, 0, g.count, g.count, 0); });
+    const float products_ms =
+        time_ms([&] { muon_newton_schulz(ws, hp.newton_schulz, g.m, g.n, 0, g.count, g.count, 0); });
     printf("  %3d of %4dx%-5d  muon_update %8.3f ms %6.1f TFLOP/s   products alone %8.3f ms %6.1f TFLOP/s\n",
            g.count, g.m, g.n, update_ms, flops / update_ms / 1e9, products_ms, flops / products_ms / 1e9);
   }

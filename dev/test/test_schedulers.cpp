@@ -1,5 +1,6 @@
 // Tests llmc/schedulers.h: warmup, endpoints, monotonicity, the wsd phases,
-// name parsing, and bit-exact agreement with train_gpt2.py's learning_rate(); and the attention
+// name parsing, and bit-exact agreement with train_gpt2.py's learning_rate(); Muon's momentum
+// against train_gpt2.py's muon_momentum() and the recipes' (llmc/recipe.h); and the attention
 // window's schedule and per-layer pattern.
 #include <cstdio>
 #include <string>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "dev/test/testing.h"
+#include "llmc/recipe.h"
 #include "llmc/schedulers.h"
 
 using llmc::LrSchedule;
@@ -154,6 +156,44 @@ void test_parsing() {
                "negative learning rate");
 }
 
+// Values printed by train_gpt2.py's muon_momentum(step, args) as float.hex under --recipe speedrun
+// (0.85 rising to 0.95 over 300 steps), around the warmup's ends and past it.
+void test_muon_momentum() {
+  llmc::MomentumSchedule speedrun;
+  speedrun.warmup_steps = 300;
+  const std::vector<std::pair<long, double>> python = {
+      {0, 0x1.b333333333333p-1},   {1, 0x1.b35ee402bb0cfp-1},   {2, 0x1.b38a94d242e6bp-1},
+      {7, 0x1.b46508dfea279p-1},   {100, 0x1.c444444444445p-1}, {150, 0x1.cccccccccccccp-1},
+      {200, 0x1.d555555555556p-1}, {298, 0x1.e60f04c756b2dp-1}, {299, 0x1.e63ab596de8cap-1},
+      {300, 0x1.e666666666666p-1}, {301, 0x1.e666666666666p-1}, {1694, 0x1.e666666666666p-1}};
+  int equal = 0;
+  for (const auto& [step, expected] : python) {
+    equal += speedrun.at(step) == expected;
+    check(speedrun.at(step) == expected, llmc::strformat("momentum at step %ld: %a, train_gpt2.py %a", step,
+                                                         speedrun.at(step), expected));
+  }
+  check_verbose(equal == (int)python.size(),
+                llmc::strformat("speedrun momentum: %d of %zu steps equal train_gpt2.py's bit for bit", equal,
+                                python.size()));
+  bool rising = true;
+  for (long step = 1; step <= 300; step++) rising = rising && speedrun.at(step) > speedrun.at(step - 1);
+  check_verbose(rising && speedrun.at(0) == 0.85 && speedrun.at(300) == 0.95,
+                "speedrun momentum: 0.85 at step 0, rising at every step to 0.95 at step 300");
+  // The modern and GPT-2 recipes: 0.95 at every step, and 0.95f where Muon takes it, as before.
+  bool constant = true;
+  for (const llmc::Recipe* r : {&llmc::recipe_modern(), &llmc::recipe_gpt2()}) {
+    for (long step : {0L, 1L, 150L, 299L, 300L, 5000L}) {
+      constant = constant && r->muon_momentum.at(step) == 0.95 && (float)r->muon_momentum.at(step) == 0.95f;
+    }
+  }
+  check_verbose(constant, "modern and GPT-2 recipes: momentum 0.95 (0.95f) at every step");
+  const llmc::NewtonSchulz ns = llmc::recipe_modern().muon_newton_schulz;
+  check_verbose(ns.steps == 12 && ns.a == 2.0f && ns.b == -1.5f && ns.c == 0.5f &&
+                    llmc::recipe_modern().muon_scale_tall && llmc::recipe_gpt2().muon_scale_tall &&
+                    llmc::recipe_gpt2().muon_newton_schulz.steps == 12,
+                "modern and GPT-2 recipes: 12 Newton-Schulz steps of (2, -1.5, 0.5), tall matrices scaled");
+}
+
 // modded-nanogpt's attention window: 1 block at step 0, 14 (1728 tokens rounded up) at step N,
 // growing by at most a block a step when N >= 14, and the per-layer long/short pattern.
 void test_attention_window() {
@@ -201,6 +241,7 @@ int main() {
     test_wsd_phases();
     test_matches_train_gpt2_py();
     test_parsing();
+    test_muon_momentum();
     test_attention_window();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
