@@ -11,7 +11,8 @@
 //   4. Normalisation              LayerNorm and RMSNorm: forward, fused residual + forward, fused
 //                                 backward
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
-//                                 layers (amax, casts, cast-transpose, scaled FP8 products)
+//                                 layers (amax, casts, cast-transpose, scaled FP8 products); the
+//                                 speedrun head's FP8 layer with fixed scales
 //   6. Attention                  QK-norm and rotary positions; causal multi-head attention, or
 //                                 within documents and a window of 128-token blocks: flash kernels
 //                                 (BF16), batched GEMMs; one query against a KV cache
@@ -999,7 +1000,7 @@ bool matmul_tuning = true;  // off: always cuBLASLt's first heuristic
 struct MatmulChoice {
   int m, n, k;
   bool trans_a, trans_b, bias, fast_accum;
-  cudaDataType_t type_a, type_b;
+  cudaDataType_t type_a, type_b, type_d;
   cublasLtEpilogue_t epilogue;
   cublasLtMatmulAlgo_t algo;
 };
@@ -1052,11 +1053,11 @@ __global__ void bits_checksum_kernel(unsigned long long* sum, const uint32_t* wo
   if (threadIdx.x % WARP_SIZE == 0) atomicAdd(sum, acc);
 }
 
-unsigned long long bits_checksum(const floatX* d, size_t count, cudaStream_t stream) {
+unsigned long long bits_checksum(const void* d, size_t bytes, cudaStream_t stream) {
   unsigned long long host = 0;
   cudaCheck(cudaMemsetAsync(matmul_checksum, 0, sizeof(host), stream));
   bits_checksum_kernel<<<512, 256, 0, stream>>>(matmul_checksum, reinterpret_cast<const uint32_t*>(d),
-                                               count * sizeof(floatX) / sizeof(uint32_t));
+                                               bytes / sizeof(uint32_t));
   cudaCheckLaunch();
   cudaCheck(cudaMemcpyAsync(&host, matmul_checksum, sizeof(host), cudaMemcpyDeviceToHost, stream));
   cudaCheck(cudaStreamSynchronize(stream));
@@ -1065,10 +1066,10 @@ unsigned long long bits_checksum(const floatX* d, size_t count, cudaStream_t str
 
 // Of cuBLASLt's candidates for one product (the first is its heuristic's choice), the fastest
 // whose split of K matches the first's and whose output has the first's bits. run(algo) computes
-// the product into d (count elements); d is left holding some candidate's output.
+// the product into d (`bytes` long); d is left holding some candidate's output.
 template <class Run>
 cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulHeuristicResult_t* candidates,
-                                           int found, const floatX* d, size_t count, cudaStream_t stream) {
+                                           int found, const void* d, size_t bytes, cudaStream_t stream) {
   auto split = [](const cublasLtMatmulAlgo_t& algo) {
     int splits = 0, scheme = 0;
     size_t size = 0;
@@ -1088,7 +1089,7 @@ cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulH
     const cublasStatus_t status = run(algo);
     if (i == 0) cublasCheck(status);
     if (status != CUBLAS_STATUS_SUCCESS) continue;
-    const unsigned long long bits = bits_checksum(d, count, stream);
+    const unsigned long long bits = bits_checksum(d, bytes, stream);
     if (i == 0) first_bits = bits;
     if (bits != first_bits) continue;
     constexpr int kTimedRuns = 3;
@@ -1106,11 +1107,12 @@ cublasLtMatmulAlgo_t fastest_matching_algo(const Run& run, const cublasLtMatmulH
 }
 
 // A and B of another type than the storage type (the FP8 products at the end of this section):
-// their types and dequantisation scales, device floats by which cuBLASLt multiplies the product.
+// their types and dequantisation scales, device floats by which cuBLASLt multiplies the product;
+// and D's type: the storage type, or FP32 (the FP8 head's weight gradient, type_d = CUDA_R_32F).
 // The scales must be 16-byte aligned: cuBLASLt 13.1 accepts others in its heuristic, then refuses
 // to run with CUBLAS_STATUS_NOT_SUPPORTED.
 struct MatmulOperands {
-  cudaDataType_t type_a = kCudaFloatX, type_b = kCudaFloatX;
+  cudaDataType_t type_a = kCudaFloatX, type_b = kCudaFloatX, type_d = kCudaFloatX;
   const float* scale_a = nullptr;
   const float* scale_b = nullptr;
   // FP8 only: accumulate in the tensor cores' own accumulator, without cuBLASLt's periodic
@@ -1122,9 +1124,10 @@ struct MatmulOperands {
 };
 
 // Column-major D[m, n] = op(A)[m, k] op(B)[k, n] (+ bias[m]) (+ beta * D) with an epilogue.
-// A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B. Returns false when
-// cuBLASLt has no algorithm for this epilogue (the callers then fall back to separate kernels).
-bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias, int m, int n,
+// A is stored m x k (lda = m) or, transposed, k x m (lda = k); likewise B; D of ops.type_d.
+// Returns false when cuBLASLt has no algorithm for this epilogue (the callers then fall back to
+// separate kernels).
+bool matmul_cublaslt(void* d, const void* a, const void* b, const floatX* bias, int m, int n,
                      int k, bool trans_a, bool trans_b, float beta, cublasLtEpilogue_t epilogue,
                      floatX* aux, cudaStream_t stream, const MatmulOperands& ops = MatmulOperands()) {
   REQUIRE(((uintptr_t)a % 16) == 0 && ((uintptr_t)b % 16) == 0 && ((uintptr_t)d % 16) == 0,
@@ -1170,7 +1173,9 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
                                          trans_a ? k : m));
   cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, ops.type_b, trans_b ? n : k, trans_b ? k : n,
                                          trans_b ? n : k));
-  cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, kCudaFloatX, m, n, m));
+  REQUIRE(ops.type_d == kCudaFloatX || (ops.type_d == CUDA_R_32F && !storage_type && !bias && !aux),
+          "matmul: an FP32 output is for FP8 products without bias or epilogue");
+  cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, ops.type_d, m, n, m));
   const float alpha = 1.0f;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(cublaslt_handle, desc, &alpha, a, layout_a, b, layout_b, &beta, d, layout_d,
@@ -1180,7 +1185,7 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
   auto known = std::find_if(matmul_choices.begin(), matmul_choices.end(), [&](const MatmulChoice& c) {
     return c.m == m && c.n == n && c.k == k && c.trans_a == trans_a && c.trans_b == trans_b &&
            c.bias == (bias != nullptr) && c.fast_accum == ops.fast_accum && c.type_a == ops.type_a &&
-           c.type_b == ops.type_b && c.epilogue == epilogue;
+           c.type_b == ops.type_b && c.type_d == ops.type_d && c.epilogue == epilogue;
   });
   bool ok = true;
   if (tune && known != matmul_choices.end()) {
@@ -1202,9 +1207,10 @@ bool matmul_cublaslt(floatX* d, const void* a, const void* b, const floatX* bias
     if (ok) {
       cublasLtMatmulAlgo_t algo = heuristics[0].algo;
       if (tune) {
-        algo = fastest_matching_algo(run, heuristics, found, d, (size_t)m * n, stream);
+        const size_t d_bytes = (size_t)m * n * (ops.type_d == CUDA_R_32F ? sizeof(float) : sizeof(floatX));
+        algo = fastest_matching_algo(run, heuristics, found, d, d_bytes, stream);
         matmul_choices.push_back({m, n, k, trans_a, trans_b, bias != nullptr, ops.fast_accum, ops.type_a,
-                                  ops.type_b, epilogue, algo});
+                                  ops.type_b, ops.type_d, epilogue, algo});
       }
       cublasCheck(run(algo));
     }
@@ -1818,6 +1824,97 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
   MatmulOperands dinp_ops = fp8_operands(Fp8Format::kE4M3, w.scale, grad_format, dout_scale);
   dinp_ops.fast_accum = true;
   matmul_dinp_product(dinp, w.w8t, true, buffers.rows, nullptr, N, C, OC, dinp_ops, stream);
+}
+
+// ---- FP8 with fixed scales: the speedrun head's linear layer (record #28) ----
+// out [N, OC] = x [N, C] @ w [OC, C]^T, no bias, its three products in FP8 with scales the recipe
+// fixes instead of deriving them from amaxes: x_s = sqrt(C)/448 (x is RMS-normed, so |x| <= sqrt(C)
+// and |x| / x_s <= 448), w_s = 2^-9 and grad_s = 1/448 for the output gradient g. As the
+// reference's custom op: x8 = e4m3(x / x_s), w8 = e4m3(w / w_s), out = (x8 @ w8^T) x_s w_s in BF16
+// with fast accumulation; g8 = e5m2(g / grad_s), grad_x = (g8 @ w8) grad_s w_s in BF16 and
+// grad_w = (g8^T @ x8) x_s grad_s in FP32, both with cuBLASLt's promotions (no fast accumulation).
+// A fixed scale is an Fp8Scale (fp8_fixed_scale) cast through the delayed-scaling path of the
+// cast-transposes above, unchanged: q = fp8(x * scale) rounded to nearest even,
+// saturating at +-fp8_max (E4M3 has no infinity; beyond 448 / 57344 a value becomes the largest,
+// which the recipe's scales rule out by construction), with 1/x_s etc. as the FP32 factor. The
+// reference writes x / x_s, but torch.compile's inductor lowers a division by a constant into a
+// product with its reciprocal on CUDA (div_prim), 1/x_s computed in double and rounded once to
+// FP32: these bits. (An IEEE division would differ from it by at most one FP32 ulp before the
+// FP8 rounding, so only for values within an ulp of a midpoint between two FP8 values.) Each cast
+// records max |x| in its scale's amax_bits, an integer maximum kept since the scale was set: with
+// amax * scale <= fp8_max nothing saturated.
+
+// A fixed dequantisation scale s: inv_scale = s, the FP32 float cuBLASLt multiplies the products
+// by (the reference's scale tensor), and scale = 1/s, computed in double and rounded once, the
+// factor the casts multiply by.
+Fp8Scale fp8_fixed_scale(double s) {
+  Fp8Scale fixed = {};
+  fixed.inv_scale = (float)s;
+  fixed.scale = (float)(1.0 / s);
+  return fixed;
+}
+
+// x [R, C] cast to f under a fixed scale into out [R, C] (optional) and out_t [C, fp8_padded(R)]
+// (zeros past R): fp8_cast_transpose with the scale given, which records max |x| in amax_bits.
+void fp8_fixed_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* fixed, const floatX* x, int R, int C,
+                              Fp8Format f, cudaStream_t stream) {
+  fp8_cast_transpose(out, out_t, fixed, x, R, C, f, true, stream);
+}
+
+// The head's weight [OC, C] cast under its fixed scale w.scale (fp8_fixed_scale(w_s)) into w.w8
+// and w.w8t, once per update (the reference casts it in each forward: the same bits).
+void fp8_fixed_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_fixed_cast_transpose(w.w8, w.w8t, w.scale, weight, OC, C, Fp8Format::kE4M3, stream);
+}
+
+// out [N, OC] (BF16) = e4m3(inp) @ w8^T under the fixed scales inp_scale and w.scale, with fast
+// accumulation, as the reference's forward. inp [N, C] is cast into inp8 [N, C] for the product
+// and into inp8_t [C, fp8_padded(N)], which matmul_backward_fp8_fixed reads.
+void matmul_forward_fp8_fixed(floatX* out, const floatX* inp, const Fp8Weight& w, int N, int C, int OC,
+                              Fp8Scale* inp_scale, uint8_t* inp8, uint8_t* inp8_t, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_fixed_cast_transpose(inp8, inp8_t, inp_scale, inp, N, C, Fp8Format::kE4M3, stream);
+  MatmulOperands ops = fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale);
+  ops.fast_accum = true;
+  matmul_forward_product(out, w.w8, inp8, nullptr, N, C, OC, nullptr, ops, stream);
+}
+
+// dst [n] += src [n] (FP32), rounded stochastically (round_stochastic: the bits of a seed).
+__global__ void add_fp32_inplace_kernel(floatX* dst, const float* src, size_t n, uint32_t seed) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const x128 a = load128(dst + i);
+  x128 out;
+  for (int k = 0; k < x128::size; k++) out[k] = round_stochastic((float)a[k] + src[i + k], seed, i + k);
+  store128(dst + i, out);
+}
+
+// The head's backward, dout [N, OC] the BF16 gradient of out: dout is cast to E5M2 under the fixed
+// scale dout_scale (into buffers.rows, and buffers.dout_t [OC, fp8_padded(N)]);
+// dinp [N, C] = e5m2(dout) @ w8 (BF16); dweight [OC, C] += e5m2(dout)^T @ inp8 over the padded
+// tokens, inp8_t being the forward's transposed cast under inp_scale. The weight gradient's
+// product is FP32, as the reference's: it goes into dweight_fp32 [OC, C] (scratch, beta = 0),
+// then into the BF16 gradient with one stochastic rounding (seed), as the other FP32 sums enter
+// the BF16 parameter gradients (sections 2 and 3): an unbiased rounding of each micro step's
+// contribution, where cuBLASLt's beta = 1 into BF16 would round it to nearest. Deterministic: the
+// products use no atomics, and the rounding's random bits are a hash of (seed, index).
+void matmul_backward_fp8_fixed(floatX* dinp, floatX* dweight, float* dweight_fp32, const floatX* dout,
+                               const uint8_t* inp8_t, const Fp8Weight& w, Fp8Scale* inp_scale,
+                               Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N, int C, int OC,
+                               uint32_t seed, cudaStream_t stream) {
+  fp8_require_layer(C, OC);
+  fp8_fixed_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, Fp8Format::kE5M2, stream);
+  MatmulOperands dweight_ops = fp8_operands(Fp8Format::kE4M3, inp_scale, Fp8Format::kE5M2, dout_scale);
+  dweight_ops.type_d = CUDA_R_32F;
+  REQUIRE(matmul_cublaslt(dweight_fp32, inp8_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true, false,
+                          0.0f, CUBLASLT_EPILOGUE_DEFAULT, nullptr, stream, dweight_ops),
+          "cuBLASLt found no algorithm for the %dx%dx%d FP8 weight-gradient product (FP32 output)", C, OC, N);
+  const size_t n = (size_t)OC * C;
+  add_fp32_inplace_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(dweight, dweight_fp32, n, seed);
+  cudaCheckLaunch();
+  matmul_dinp_product(dinp, w.w8t, true, buffers.rows, nullptr, N, C, OC,
+                      fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE5M2, dout_scale), stream);
 }
 
 // ============================================================================

@@ -16,7 +16,10 @@
 // bitwise against gelu_backward_inplace's values); run twice, and with cuBLASLt's first
 // heuristic, for identical bits. GELU and LayerNorm in the input casts (delayed
 // scaling): the kernels and the fcproj layer against gelu_forward or layernorm_forward followed by
-// the plain cast, bit for bit, and the model's wiring of them over two layers.
+// the plain cast, bit for bit, and the model's wiring of them over two layers. The speedrun
+// head's layer with fixed scales: its casts bitwise against the CPU reference (both builds), its
+// three products (BF16 builds) against the CPU's double products of the same FP8 values, at
+// C = 768 and 128, OC = 50304 and 272, N = 64, 100 and 333; twice, and untuned, for the same bits.
 #include "dev/cuda/kernel_test.h"
 
 // ---- CPU reference of the casts ----
@@ -128,10 +131,11 @@ void test_reference_conversion(llmc::Rng& rng) {
 
 // ---- the kernels, bitwise ----
 
-// The R x C values x cast with scale 2^e: ref row-major, ref_t transposed with fp8_padded(R)
-// columns (zeros past R), as the cast and cast-transpose kernels write them: NaN and Inf to NaN,
-// and a finite value whose product with the scale overflows FP32 saturated as any beyond fp8_max.
-void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format f,
+// The R x C values x cast with the FP32 factor s (2^e, or a fixed scale's 1/s): ref row-major,
+// ref_t transposed with fp8_padded(R) columns (zeros past R), as the cast and cast-transpose
+// kernels write them: NaN and Inf to NaN, and a finite value whose product with the scale
+// overflows FP32 saturated as any beyond fp8_max.
+void cast_reference(const std::vector<float>& x, int R, int C, float s, Fp8Format f,
                     std::vector<uint8_t>* ref, std::vector<uint8_t>* ref_t) {
   const int ld_t = fp8_padded(R);
   ref->assign((size_t)R * C, 0);
@@ -139,7 +143,7 @@ void cast_reference(const std::vector<float>& x, int R, int C, int e, Fp8Format 
   for (int r = 0; r < R; r++) {
     for (int c = 0; c < C; c++) {
       const float v = x[(size_t)r * C + c];
-      const float scaled = (float)((double)v * std::ldexp(1.0, e));  // x * s in FP32: Inf past FLT_MAX
+      const float scaled = (float)((double)v * s);  // x * s in FP32 (exact in double): Inf past FLT_MAX
       const uint8_t saturated = (std::signbit(v) ? 0x80 : 0) | fp8_spec(f).max_code;
       const uint8_t q = !std::isfinite(v) ? 0x7f : std::isinf(scaled) ? saturated : fp8_reference(scaled, f);
       (*ref)[(size_t)r * C + c] = q;
@@ -160,7 +164,7 @@ void check_cast_kernels(const std::string& label, const std::vector<float>& x, i
   DeviceArray<floatX> d_x(x);
   DeviceArray<uint8_t> out(n), out_t((size_t)C * ld_t);
   std::vector<uint8_t> ref, ref_t;
-  cast_reference(x, R, C, e, f, &ref, &ref_t);
+  cast_reference(x, R, C, (float)std::ldexp(1.0, e), f, &ref, &ref_t);
   auto cast_transpose = [&](bool rows) {
     reset();
     out.poison();
@@ -786,6 +790,248 @@ void test_gelu_in_model(llmc::Rng& rng) {
 }
 #endif
 
+// ---- the speedrun head: FP8 with fixed scales ----
+
+// The value of an FP8 code (not NaN), decoded from its fields in double.
+double fp8_value(uint8_t q, Fp8Format f) {
+  const Fp8Spec spec = fp8_spec(f);
+  const int exponent = (q & 0x7f) >> spec.mantissa_bits, mantissa = q & ((1 << spec.mantissa_bits) - 1);
+  const double magnitude = exponent == 0
+                               ? std::ldexp((double)mantissa, 1 - spec.bias - spec.mantissa_bits)
+                               : std::ldexp(1.0 + std::ldexp((double)mantissa, -spec.mantissa_bits), exponent - spec.bias);
+  return q & 0x80 ? -magnitude : magnitude;
+}
+
+// fp8_value against fp8_reference: every code but NaN (and E5M2's infinities) decodes to a value
+// that rounds back to it.
+void test_fp8_decoder() {
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    int differ = 0, decoded = 0;
+    for (int q = 0; q < 256; q++) {
+      const bool special = f == Fp8Format::kE4M3 ? (q & 0x7f) == 0x7f : (q & 0x7c) == 0x7c;
+      if (special) continue;
+      decoded++;
+      differ += fp8_reference((float)fp8_value((uint8_t)q, f), f) != q;
+    }
+    testing::check_verbose(differ == 0, llmc::strformat("%s decoder: %d codes round back to themselves (%d differ)",
+                                                        fp8_format_name(f), decoded, differ));
+  }
+}
+
+// The head's inputs as the recipe's: rows of x RMS-normed (mean x^2 = 1, so |x| <= sqrt(C)), one
+// of them all zeros but one value of sqrt(C) (BF16 rounds sqrt(768) up to 27.75, 448.6 x_s, whose
+// nearest E4M3 value is still 448); w ~ N(0, 0.02) with some values near +-0.875 = 448 w_s; g like
+// the gradient of a summed cross-entropy: small everywhere, near -1 at one column of each row.
+std::vector<float> rms_normed_rows(llmc::Rng& rng, int N, int C) {
+  std::vector<float> x(random_stored(rng, (size_t)N * C, 0.0f, 1.0f));
+  for (int r = 0; r < N; r++) {
+    double squares = 0.0;
+    for (int c = 0; c < C; c++) squares += (double)x[(size_t)r * C + c] * x[(size_t)r * C + c];
+    const float rstd = (float)(1.0 / std::sqrt(squares / C));
+    for (int c = 0; c < C; c++) x[(size_t)r * C + c] *= rstd;
+  }
+  std::fill(x.begin(), x.begin() + C, 0.0f);
+  x[C / 3] = std::sqrt((float)C);
+  return stored(x);
+}
+
+std::vector<float> head_weight(llmc::Rng& rng, int OC, int C) {
+  std::vector<float> w = random_stored(rng, (size_t)OC * C, 0.0f, 0.02f);
+  const float near[] = {0.875f, -0.875f, 0.87109375f, -0.87890625f, 0.8671875f};
+  for (int i = 0; i < 40; i++) w[(size_t)(rng.u32() % w.size())] = near[i % 5];
+  return stored(w);
+}
+
+std::vector<float> head_gradient(llmc::Rng& rng, int N, int OC) {
+  std::vector<float> g = random_stored(rng, (size_t)N * OC, 0.0f, 3e-5f);
+  for (int r = 0; r < N; r++) g[(size_t)r * OC + rng.u32() % OC] = -0.5f - 0.5f * (float)(rng.u32() % 1000) / 1000.0f;
+  return stored(g);
+}
+
+// fp8_fixed_cast_transpose of x [R, C] in format f under fp8_fixed_scale(s), against the CPU
+// reference of x times the scale's FP32 factor 1/s (rounded once from double): rows and
+// transpose bitwise, max |x| recorded, s and 1/s left as given; twice, the same bits. Prints how
+// many values an IEEE division by s would have cast otherwise (a note, not a check).
+void test_fixed_cast(const std::string& name, const std::vector<float>& x, int R, int C, Fp8Format f, double s) {
+  const Fp8Scale fixed = fp8_fixed_scale(s);
+  const std::string label = llmc::strformat("fixed %s %s", fp8_format_name(f), name.c_str());
+  testing::check_verbose(fixed.inv_scale == (float)s && fixed.scale == (float)(1.0 / s) && fixed.amax_bits == 0,
+                         llmc::strformat("%s: inv_scale = s = %.9g, scale = 1/s = %.9g (FP32)", label.c_str(),
+                                         fixed.inv_scale, fixed.scale));
+  const int ld_t = fp8_padded(R);
+  DeviceArray<floatX> d_x(x);
+  DeviceArray<Fp8Scale> scale(1);
+  DeviceArray<uint8_t> out((size_t)R * C), out_t((size_t)C * ld_t);
+  auto cast = [&] {
+    scale.upload(std::vector<Fp8Scale>{fixed});
+    out.poison();
+    out_t.poison();
+    fp8_fixed_cast_transpose(out, out_t, scale, d_x, R, C, f, 0);
+    return std::make_pair(out.raw(), out_t.raw());
+  };
+  const auto got = cast();
+  std::vector<uint8_t> ref, ref_t;
+  cast_reference(x, R, C, fixed.scale, f, &ref, &ref_t);
+  check_bytes(label + " rows", got.first, ref);
+  check_bytes(label + " transposed", got.second, ref_t);
+  uint32_t amax_bits = 0;
+  for (float v : x) amax_bits = std::max(amax_bits, abs_bits(v));
+  const Fp8Scale after = scale.raw()[0];
+  testing::check_verbose(after.amax_bits == amax_bits && after.inv_scale == fixed.inv_scale && after.scale == fixed.scale,
+                         llmc::strformat("%s: amax %08x recorded (CPU %08x), s and 1/s as given", label.c_str(),
+                                         after.amax_bits, amax_bits));
+  testing::check_verbose(cast() == got, label + " twice: the same bits");
+  size_t division_differs = 0;
+  for (size_t i = 0; i < x.size(); i++) {
+    division_differs += fp8_reference((float)((double)x[i] / (float)s), f) != ref[i];
+  }
+  printf("     note: x / s in FP32 (IEEE division) would cast %zu of %zu values otherwise\n", division_differs,
+         x.size());
+}
+
+void test_fixed_casts(llmc::Rng& rng, int N, int C, int OC) {
+  printf("\nthe speedrun head's casts with fixed scales: N=%d C=%d OC=%d\n", N, C, OC);
+  test_fixed_cast("x (RMS-normed rows), x_s = sqrt(C)/448", rms_normed_rows(rng, N, C), N, C, Fp8Format::kE4M3,
+                  std::sqrt((double)C) / 448.0);
+  test_fixed_cast("w, w_s = 2^-9", head_weight(rng, OC, C), OC, C, Fp8Format::kE4M3, std::ldexp(1.0, -9));
+  test_fixed_cast("g, grad_s = 1/448", head_gradient(rng, N, OC), N, OC, Fp8Format::kE5M2, 1.0 / 448.0);
+}
+
+#if !defined(ENABLE_FP32)
+// a [rows, K] and b [cols, K] FP8 codes: the [rows, cols] products sum_k a b in double of their
+// decoded values, times scale (the products' two FP32 scales, multiplied in double).
+std::vector<double> fp8_product_reference(const std::vector<uint8_t>& a, Fp8Format fa, const std::vector<uint8_t>& b,
+                                          Fp8Format fb, int rows, int cols, int K, double scale) {
+  std::vector<double> va(a.size()), vb(b.size()), out((size_t)rows * cols);
+  for (size_t i = 0; i < a.size(); i++) va[i] = fp8_value(a[i], fa);
+  for (size_t i = 0; i < b.size(); i++) vb[i] = fp8_value(b[i], fb);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++) {
+    for (int c = 0; c < cols; c++) {
+      double acc = 0.0;
+      for (int k = 0; k < K; k++) acc += va[(size_t)r * K + k] * vb[(size_t)c * K + k];
+      out[(size_t)r * cols + c] = acc * scale;
+    }
+  }
+  return out;
+}
+
+// The [C, R] transpose of x [R, C] (FP8 codes).
+std::vector<uint8_t> transposed(const std::vector<uint8_t>& x, int R, int C) {
+  std::vector<uint8_t> t(x.size());
+  for (int r = 0; r < R; r++) {
+    for (int c = 0; c < C; c++) t[(size_t)c * R + r] = x[(size_t)r * C + c];
+  }
+  return t;
+}
+
+std::vector<float> as_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+
+// Tolerances of the head's products against the CPU's double product of the same FP8 values (as
+// check_close: relative to |ref| + rms(ref)). The forward: BF16 rounding (2^-9) and fast
+// accumulation in the tensor cores' own accumulator (about 2^-14 of a partial sum's size at each
+// addition, over C terms). The input gradient: BF16 rounding and FP32 accumulation. The weight
+// gradient's FP32 output: the tensor cores' accumulation over blocks of tokens, promoted to FP32,
+// far below BF16's 2^-9; after its stochastic rounding into the BF16 gradient, one BF16 ulp.
+// Wrong codes, scales or layouts miss all of them by far more (an FP8 code's step is 2^-3).
+constexpr float kTolHeadForward = 1e-2f, kTolHeadDinp = 8e-3f, kTolHeadDweightFp32 = 2e-3f;
+
+// The head's layer (BF16 builds): fp8_fixed_weight_cast, matmul_forward_fp8_fixed and
+// matmul_backward_fp8_fixed on the recipe's scales and inputs. The casts each writes (w8 and its
+// transpose, x8 and its transpose, g8 and its transpose) bitwise against the CPU reference; out,
+// dinp and the FP32 weight gradient against the CPU's double products of the reference's FP8
+// values; dweight = dweight0 + the FP32 product rounded stochastically; every pass twice, and
+// with cuBLASLt's first heuristic, for the same bits.
+void test_head_layer(llmc::Rng& rng, int N, int C, int OC) {
+  printf("\nthe speedrun head's FP8 layer, fixed scales: N=%d C=%d OC=%d\n", N, C, OC);
+  const int Np = fp8_padded(N);
+  const double x_s = std::sqrt((double)C) / 448.0, w_s = std::ldexp(1.0, -9), grad_s = 1.0 / 448.0;
+  const std::vector<float> x = rms_normed_rows(rng, N, C), weight = head_weight(rng, OC, C);
+  const std::vector<float> g = head_gradient(rng, N, OC);
+  const std::vector<float> dweight0 = random_stored(rng, (size_t)OC * C, 0.0f, 0.05f);
+  const uint32_t seed = rng.u32();
+  // Scales: 0 the weight's, 1 the input's, 2 the output gradient's.
+  const std::vector<Fp8Scale> fixed = {fp8_fixed_scale(w_s), fp8_fixed_scale(x_s), fp8_fixed_scale(grad_s)};
+  DeviceArray<Fp8Scale> scales(fixed);
+  DeviceArray<floatX> d_x(x), d_weight(weight), d_g(g);
+  DeviceArray<uint8_t> w8((size_t)OC * C), w8t((size_t)OC * C), inp8((size_t)N * C), inp8_t((size_t)C * Np);
+  DeviceArray<uint8_t> rows((size_t)N * std::max(C, OC)), dout_t((size_t)OC * Np);
+  DeviceArray<floatX> out((size_t)N * OC), dinp((size_t)N * C), dweight((size_t)OC * C);
+  DeviceArray<float> dweight_fp32((size_t)OC * C);
+  const Fp8Weight w = {w8, w8t, (Fp8Scale*)scales};
+  Fp8Scale* inp_scale = (Fp8Scale*)scales + 1;
+  Fp8Scale* dout_scale = (Fp8Scale*)scales + 2;
+  Fp8Buffers buffers;
+  buffers.rows = rows;
+  buffers.dout_t = dout_t;
+
+  w8.poison();
+  w8t.poison();
+  fp8_fixed_weight_cast(w, d_weight, OC, C, 0);
+  std::vector<uint8_t> ref_w8, ref_w8t, ref_x8, ref_x8t, ref_g8, ref_g8t;
+  cast_reference(weight, OC, C, fixed[0].scale, Fp8Format::kE4M3, &ref_w8, &ref_w8t);
+  cast_reference(x, N, C, fixed[1].scale, Fp8Format::kE4M3, &ref_x8, &ref_x8t);
+  cast_reference(g, N, OC, fixed[2].scale, Fp8Format::kE5M2, &ref_g8, &ref_g8t);
+  check_bytes("weight cast w8", w8.raw(), ref_w8);
+  check_bytes("weight cast, transposed w8t", w8t.raw(), ref_w8t);
+
+  auto forward = [&] {
+    out.poison();
+    inp8.poison();
+    inp8_t.poison();
+    matmul_forward_fp8_fixed(out, d_x, w, N, C, OC, inp_scale, inp8, inp8_t, 0);
+    return Snapshot(out, inp8, inp8_t);
+  };
+  auto backward = [&] {
+    dinp.poison();
+    dweight_fp32.poison();
+    rows.poison();
+    dout_t.poison();
+    dweight.upload(dweight0);
+    matmul_backward_fp8_fixed(dinp, dweight, dweight_fp32, d_g, inp8_t, w, inp_scale, dout_scale, buffers, N, C,
+                              OC, seed, 0);
+    return Snapshot(dinp, dweight, dweight_fp32, rows, dout_t);
+  };
+  const Snapshot forward_bits = forward();
+  check_bytes("forward: x8", inp8.raw(), ref_x8);
+  check_bytes("forward: x8 transposed, padded", inp8_t.raw(), ref_x8t);
+  const double out_scale = (double)fixed[1].inv_scale * fixed[0].inv_scale;
+  const std::vector<double> ref_out =
+      fp8_product_reference(ref_x8, Fp8Format::kE4M3, ref_w8, Fp8Format::kE4M3, N, OC, C, out_scale);
+  check_close("forward out (BF16, fast accumulation)", out.download(), as_float(ref_out), kTolHeadForward);
+  check_same_bits("forward twice", forward_bits, forward());
+  matmul_tuning = false;
+  check_same_bits("forward tuned = heuristic", forward_bits, forward());
+  matmul_tuning = true;
+
+  const Snapshot backward_bits = backward();
+  const std::vector<uint8_t> g8 = rows.raw();
+  check_bytes("backward: g8", std::vector<uint8_t>(g8.begin(), g8.begin() + (size_t)N * OC), ref_g8);
+  check_bytes("backward: g8 transposed, padded", dout_t.raw(), ref_g8t);
+  const double dinp_scale = (double)fixed[2].inv_scale * fixed[0].inv_scale;
+  const std::vector<double> ref_dinp = fp8_product_reference(ref_g8, Fp8Format::kE5M2, ref_w8t, Fp8Format::kE4M3,
+                                                             N, C, OC, dinp_scale);
+  check_close("backward dinp (BF16)", dinp.download(), as_float(ref_dinp), kTolHeadDinp);
+  const double dweight_scale = (double)fixed[1].inv_scale * fixed[2].inv_scale;
+  const std::vector<double> ref_dweight = fp8_product_reference(transposed(ref_g8, N, OC), Fp8Format::kE5M2,
+                                                                transposed(ref_x8, N, C), Fp8Format::kE4M3, OC, C,
+                                                                N, dweight_scale);
+  check_close("backward dweight product (FP32)", dweight_fp32.download(), as_float(ref_dweight),
+              kTolHeadDweightFp32);
+  std::vector<float> accumulated(dweight0.size());
+  for (size_t i = 0; i < accumulated.size(); i++) accumulated[i] = (float)(dweight0[i] + ref_dweight[i]);
+  check_close("dweight += product (stochastic)", dweight.download(), accumulated, kTolSum);
+  check_same_bits("backward twice", backward_bits, backward());
+  matmul_tuning = false;
+  check_same_bits("backward tuned = heuristic", backward_bits, backward());
+  matmul_tuning = true;
+  const std::vector<Fp8Scale> after = scales.raw();
+  bool kept = true;
+  for (int i = 0; i < 3; i++) kept = kept && after[i].inv_scale == fixed[i].inv_scale && after[i].scale == fixed[i].scale;
+  testing::check_verbose(kept, "the fixed scales' s and 1/s left as they were");
+}
+#endif
+
 int main() {
   return run_kernel_tests("test_fp8", [] {
     llmc::Rng rng(21);
@@ -821,6 +1067,9 @@ int main() {
     test_layernorm_cast(rng, 37, 136);
     test_gelu_backward_cast(rng, 1000, 4 * 1600);
     test_gelu_backward_cast(rng, 37, 136);
+    test_fp8_decoder();
+    test_fixed_casts(rng, 64, 768, 50304);
+    test_fixed_casts(rng, 333, 128, 272);
 #if defined(ENABLE_FP32)
     printf("\nskip FP8 linear layers: they need the BF16 build (their outputs and bias are BF16)\n");
 #else
@@ -836,6 +1085,10 @@ int main() {
     test_delayed_steps(rng);
     test_gelu_input_layer(rng, 1000, 4 * 1600, 1600);
     test_gelu_in_model(rng);
+    test_head_layer(rng, 64, 768, 50304);
+    test_head_layer(rng, 333, 768, 272);
+    test_head_layer(rng, 100, 128, 50304);
+    test_head_layer(rng, 333, 128, 272);
 #endif
   });
 }
