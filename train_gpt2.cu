@@ -8,8 +8,8 @@
 //   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
-//   4. Normalisation              LayerNorm and RMSNorm: forward, fused residual + forward, fused
-//                                 backward
+//   4. Normalisation              LayerNorm and RMSNorm (with or without a gain): forward, fused
+//                                 residual + forward, fused backward
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products)
 //   6. Attention                  QK-norm and rotary positions; causal multi-head attention, or
@@ -690,13 +690,15 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
 // Backward: one warp per row computes dx and adds it into the residual-stream gradient dresidual
 // (in place); dgamma (and LayerNorm's dbeta) partial sums go to per-warp shared-memory rows, are
 // added in warp order per row block, and finalized over the fixed kRowBlocks blocks.
+// RMSNorm without a gain (the speedrun's: weight nullptr, template flag WEIGHTED false) computes
+// y = x * rstd and has no dgamma; the weighted kernels' arithmetic is the same with either flag.
 
 constexpr float kLayerNormEps = 1e-5f;
 // PyTorch's F.rms_norm default (eps=None): the FP32 machine epsilon, for BF16 inputs too.
 constexpr float kRmsNormEps = FLT_EPSILON;
 
-// mean_out and bias are not used with RMS (nullptr there).
-template <bool RMS>
+// mean_out and bias are not used with RMS (nullptr there), weight not without WEIGHTED.
+template <bool RMS, bool WEIGHTED>
 __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
                               const floatX* weight, const floatX* bias, int C, int lane) {
   float mean = 0.0f;
@@ -720,11 +722,15 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
   // No out: the statistics only, for an FP8 cast that normalises as it reads x
   // (Fp8CastInput::kLayerNorm, the same arithmetic as here).
   for (int c = lane * x128::size; out && c < C; c += WARP_SIZE * x128::size) {
-    const x128 v = load128(x + c), w = load128(weight + c);
+    const x128 v = load128(x + c);
     x128 o;
-    if (RMS) {
+    if (RMS && !WEIGHTED) {
+      for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd);
+    } else if (RMS) {
+      const x128 w = load128(weight + c);
       for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd * (float)w[k]);
     } else {
+      const x128 w = load128(weight + c);
       const x128 b = load128(bias + c);
       for (int k = 0; k < x128::size; k++) {
         o[k] = (floatX)(((float)v[k] - mean) * rstd * (float)w[k] + (float)b[k]);
@@ -738,16 +744,16 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
   }
 }
 
-template <bool RMS>
+template <bool RMS, bool WEIGHTED>
 __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
-  layernorm_row<RMS>(out ? out + (size_t)row * C : nullptr, RMS ? nullptr : mean + row, rstd + row,
+  layernorm_row<RMS, WEIGHTED>(out ? out + (size_t)row * C : nullptr, RMS ? nullptr : mean + row, rstd + row,
                      inp + (size_t)row * C, weight, bias, C, threadIdx.x % WARP_SIZE);
 }
 
-template <bool RMS>
+template <bool RMS, bool WEIGHTED>
 __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean,
                                                         float* rstd, const floatX* a,
                                                         const floatX* b, const floatX* weight,
@@ -763,27 +769,37 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     store128(residual + base + c, r);
   }
   // Each lane reads back only what it wrote, so no barrier is needed before normalising.
-  layernorm_row<RMS>(out ? out + base : nullptr, RMS ? nullptr : mean + row, rstd + row,
+  layernorm_row<RMS, WEIGHTED>(out ? out + base : nullptr, RMS ? nullptr : mean + row, rstd + row,
                      residual + base, weight, bias, C, lane);
 }
 
 constexpr int kLayerNormForwardThreads = 256;
 
-// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b.
+// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b. RMSNorm
+// with weight nullptr: without a gain.
 template <bool RMS>
 void norm_launch_forward(const char* name, floatX* residual, floatX* out, float* mean, float* rstd,
                   const floatX* a, const floatX* b, const floatX* weight, const floatX* bias, int N,
                   int C, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
+  REQUIRE(RMS || weight, "%s: LayerNorm needs its weight (only RMSNorm may have none)", name);
   const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
-  if (residual) {
-    fused_residual_layernorm_forward_kernel<RMS><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
-        residual, out, mean, rstd, a, b, weight, bias, N, C);
-  } else {
-    layernorm_forward_kernel<RMS><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
-        out, mean, rstd, a, weight, bias, N, C);
+  auto launch = [&](auto weighted) {
+    constexpr bool WEIGHTED = decltype(weighted)::value;
+    if (residual) {
+      fused_residual_layernorm_forward_kernel<RMS, WEIGHTED><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
+          residual, out, mean, rstd, a, b, weight, bias, N, C);
+    } else {
+      layernorm_forward_kernel<RMS, WEIGHTED><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
+          out, mean, rstd, a, weight, bias, N, C);
+    }
+    cudaCheckLaunch();
+  };
+  if (weight) {
+    launch(std::true_type());
+  } else if constexpr (RMS) {
+    launch(std::false_type());
   }
-  cudaCheckLaunch();
 }
 
 // out == nullptr: the row statistics only.
@@ -801,6 +817,7 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean
                       bias, N, C, stream);
 }
 
+// weight nullptr: out = inp * rstd, without a gain (also in fused_residual_rmsnorm_forward).
 void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N,
                      int C, cudaStream_t stream) {
   norm_launch_forward<true>("rmsnorm_forward", nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr,
@@ -816,17 +833,17 @@ void fused_residual_rmsnorm_forward(floatX* residual, floatX* out, float* rstd, 
 
 constexpr int kLayerNormBackwardWarps = 8;
 
-// The column sums the backward keeps per channel: dweight, LayerNorm's dbias, and with
+// The column sums the backward keeps per channel: dweight (WEIGHTED), LayerNorm's dbias, and with
 // SUM_DRESIDUAL the updated dresidual's, in this order in shared memory and in the partials.
-__host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dresidual) {
-  return (rms ? 1 : 2) + (sum_dresidual ? 1 : 0);
+__host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dresidual, bool weighted) {
+  return (weighted ? 1 : 0) + (rms ? 0 : 1) + (sum_dresidual ? 1 : 0);
 }
 
 // grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
-// layernorm_backward_shared_bytes(C, RMS, SUM_DRESIDUAL). partials: [kRowBlocks][sums * C], the
+// layernorm_backward_shared_bytes(C, RMS, SUM_DRESIDUAL, WEIGHTED). partials: [kRowBlocks][sums * C], the
 // sums of layernorm_backward_sums: the dresidual's are the bias gradient of the projection that
 // produced the residual branch. RMS: no mean (norm = x * rstd), no dbias, and no mean of dnorm
-// in dx; mean is then not read.
+// in dx; mean is then not read. Without WEIGHTED (RMSNorm only): dnorm = dout, no dweight sums.
 // Each lane keeps its CHUNKS 16-byte pieces of the row (C <= CHUNKS * 256 elements) in registers,
 // so dout, inp and dresidual are read once, all loads of a row in flight together.
 // Each warp accumulates dweight and dbias over its rows in its own shared-memory rows of
@@ -834,15 +851,16 @@ __host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dre
 // for each (i, k) the 32 lanes touch 32 consecutive words, one per bank. (Indexing the slots by
 // channel instead puts every fourth lane on the same bank: an 8-way conflict on each of the 32
 // shared-memory updates per chunk and row, which was most of this kernel's time.)
-template <int CHUNKS, bool SUM_DRESIDUAL, bool RMS>
+template <int CHUNKS, bool SUM_DRESIDUAL, bool RMS, bool WEIGHTED>
 __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
                                           const floatX* inp, const floatX* weight,
                                           const float* mean, const float* rstd, int N, int C) {
+  static_assert(RMS || WEIGHTED, "LayerNorm has a weight");
   constexpr int kSlots = CHUNKS * WARP_SIZE * x128::size;
-  constexpr int kSums = layernorm_backward_sums(RMS, SUM_DRESIDUAL);
+  constexpr int kSums = layernorm_backward_sums(RMS, SUM_DRESIDUAL, WEIGHTED);
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  float* dweight_acc = shared + warp * kSums * kSlots;
+  float* dweight_acc = shared + warp * kSums * kSlots;        // WEIGHTED only
   float* dbias_acc = dweight_acc + kSlots;                    // LayerNorm only
   float* dresidual_acc = dweight_acc + (kSums - 1) * kSlots;  // SUM_DRESIDUAL only
   for (int j = lane; j < kSums * kSlots; j += WARP_SIZE) dweight_acc[j] = 0.0f;
@@ -851,7 +869,7 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 #pragma unroll
   for (int i = 0; i < CHUNKS; i++) {
     const int c = (i * WARP_SIZE + lane) * x128::size;
-    if (c < C) w[i] = load128(weight + c);
+    if (WEIGHTED && c < C) w[i] = load128(weight + c);
   }
   const int rpb = rows_per_block(N);
   const int r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
@@ -876,12 +894,12 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 #pragma unroll
       for (int k = 0; k < x128::size; k++) {
         const float norm = ((float)x[i][k] - m) * s;
-        const float dnorm = (float)w[i][k] * (float)d[i][k];
+        const float dnorm = WEIGHTED ? (float)w[i][k] * (float)d[i][k] : (float)d[i][k];
         if (!RMS) dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
         const int slot = (i * x128::size + k) * WARP_SIZE + lane;
         if (!RMS) dbias_acc[slot] += (float)d[i][k];
-        dweight_acc[slot] += norm * (float)d[i][k];
+        if (WEIGHTED) dweight_acc[slot] += norm * (float)d[i][k];
       }
     }
     const float dnorm_mean = RMS ? 0.0f : warp_reduce_sum(dnorm_sum) / C;
@@ -892,7 +910,7 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
       if (c >= C) continue;
       for (int k = 0; k < x128::size; k++) {
         const float norm = ((float)x[i][k] - m) * s;
-        const float dnorm = (float)w[i][k] * (float)d[i][k];
+        const float dnorm = WEIGHTED ? (float)w[i][k] * (float)d[i][k] : (float)d[i][k];
         const float dx = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         r[i][k] = (floatX)((float)r[i][k] + dx);
         if (SUM_DRESIDUAL) dresidual_acc[(i * x128::size + k) * WARP_SIZE + lane] += (float)r[i][k];
@@ -913,41 +931,51 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 
 constexpr int kLayerNormBackwardMaxChunks = 2048 / (WARP_SIZE * x128::size);
 
-template <bool SUM_DRESIDUAL, bool RMS, int... I>
+template <bool SUM_DRESIDUAL, bool RMS, bool WEIGHTED, int... I>
 constexpr auto layernorm_backward_kernels(std::integer_sequence<int, I...>) {
   using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*,
                           const float*, const float*, int, int);
-  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL, RMS>...};
+  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL, RMS, WEIGHTED>...};
 }
 
-size_t layernorm_backward_shared_bytes(int C, bool rms, bool sum_dresidual) {
+size_t layernorm_backward_shared_bytes(int C, bool rms, bool sum_dresidual, bool weighted) {
   const int slots = ceil_div(C, WARP_SIZE * x128::size) * WARP_SIZE * x128::size;
-  return (size_t)kLayerNormBackwardWarps * layernorm_backward_sums(rms, sum_dresidual) * slots *
+  return (size_t)kLayerNormBackwardWarps * layernorm_backward_sums(rms, sum_dresidual, weighted) * slots *
          sizeof(float);
 }
 
-// The backward of either norm (dbias and mean nullptr for RMSNorm); see layernorm_backward.
+// The backward of either norm (dbias and mean nullptr for RMSNorm; weight and dweight nullptr for
+// RMSNorm without a gain); see layernorm_backward.
 template <bool RMS>
 void norm_launch_backward(const char* name, floatX* dresidual, floatX* dweight, floatX* dbias,
                    floatX* dresidual_dbias, float* partials, const floatX* dout, const floatX* inp,
                    const floatX* weight, const float* mean, const float* rstd, int N, int C,
                    uint32_t seed, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
-  const bool sum_dresidual = dresidual_dbias != nullptr;
-  const size_t shared = layernorm_backward_shared_bytes(C, RMS, sum_dresidual);
+  const bool sum_dresidual = dresidual_dbias != nullptr, weighted = weight != nullptr;
+  REQUIRE(RMS || weighted, "%s: LayerNorm needs its weight (only RMSNorm may have none)", name);
+  REQUIRE(weighted == (dweight != nullptr), "%s: give both weight and dweight, or neither (no gain)", name);
+  const size_t shared = layernorm_backward_shared_bytes(C, RMS, sum_dresidual, weighted);
   const int chunks = ceil_div(C, WARP_SIZE * x128::size);
   // One instantiation per register footprint, for C up to 2048 (GPT-2's widths go to 1600).
   REQUIRE(chunks <= kLayerNormBackwardMaxChunks,
           "%s: C=%d is above the largest supported width 2048", name, C);
   constexpr auto chunk_counts = std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>();
-  const auto kernel = sum_dresidual ? layernorm_backward_kernels<true, RMS>(chunk_counts)[chunks - 1]
-                                    : layernorm_backward_kernels<false, RMS>(chunk_counts)[chunks - 1];
+  auto pick = [&](auto weighted_flag) {
+    constexpr bool WEIGHTED = decltype(weighted_flag)::value;
+    return sum_dresidual ? layernorm_backward_kernels<true, RMS, WEIGHTED>(chunk_counts)[chunks - 1]
+                         : layernorm_backward_kernels<false, RMS, WEIGHTED>(chunk_counts)[chunks - 1];
+  };
+  auto kernel = pick(std::true_type());
+  if constexpr (RMS) {
+    if (!weighted) kernel = pick(std::false_type());
+  }
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
       dresidual, partials, dout, inp, weight, mean, rstd, N, C);
   cudaCheckLaunch();
-  const int stride = layernorm_backward_sums(RMS, sum_dresidual) * C;
-  column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
+  const int stride = layernorm_backward_sums(RMS, sum_dresidual, weighted) * C;
+  if (weighted) column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
   if (!RMS) column_sum_finalize(dbias, partials + C, stride, C, kRowBlocks, seed ^ 0x68e31da4u, stream);
   if (sum_dresidual) {
     column_sum_finalize(dresidual_dbias, partials + (stride - C), stride, C, kRowBlocks,
@@ -969,7 +997,8 @@ void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float
 
 // As layernorm_backward, with dx = rstd * (dnorm - norm * mean(dnorm * norm)), dnorm = weight *
 // dout, norm = x * rstd; no dbias. partials: kRowBlocks * 2C floats (kRowBlocks * C without
-// dresidual_dbias).
+// dresidual_dbias). weight and dweight nullptr: no gain (dnorm = dout); partials then hold only
+// dresidual_dbias's sums (kRowBlocks * C floats; none without it: partials may be nullptr).
 void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbias, float* partials,
                       const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd,
                       int N, int C, uint32_t seed, cudaStream_t stream) {
