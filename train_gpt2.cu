@@ -6,16 +6,19 @@
 //
 // Contents
 //   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
-//   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads)
+//   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads) and
+//                                 over row blocks (scalar grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward
-//   4. Normalisation              LayerNorm and RMSNorm: forward, fused residual + forward, fused
-//                                 backward
+//   4. Normalisation              LayerNorm and RMSNorm (with or without a gain): forward, fused
+//                                 residual + forward, fused backward; the speedrun's residual mix
+//                                 (U-net skip, x0 lambdas)
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products); the
 //                                 speedrun head's FP8 layer with fixed scales
-//   6. Attention                  QK-norm and rotary positions; causal multi-head attention, or
-//                                 within documents and a window of 128-token blocks: flash kernels
-//                                 (BF16), batched GEMMs; one query against a KV cache
+//   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
+//                                 gates; causal multi-head attention, or within documents and a
+//                                 window of 128-token blocks: flash kernels (BF16), batched GEMMs;
+//                                 one query against a KV cache
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits, optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
@@ -476,7 +479,11 @@ void add_inplace(floatX* dst, const floatX* src, size_t n, uint32_t seed, cudaSt
 // which GPU runs them. Floor: one read of the N x C input, C writes. Where a kernel already holds
 // the rows it writes, it writes the partials itself and the finalize is all that remains: the
 // layernorm backward for the projections' bias gradients (section 4), the flash backward per
-// 64-row tile for the qkv bias (section 6).
+// 64-row tile for the qkv bias (section 6). Scalar gradients (the speedrun's lambdas, skip and
+// value-scale weights) are sums over all N x C elements, reduced the same way: each row block's
+// threads add their elements in order, the block adds the threads in block_reduce_sum's fixed tree
+// and writes one partial per scalar (row_block_sums_store), and column_sum_finalize adds the
+// kRowBlocks partials with one column per scalar.
 
 constexpr int kRowBlocks = 256;
 
@@ -549,6 +556,28 @@ void column_sum_finalize(floatX* dst, const float* partials, int stride, int C, 
   column_sum_finalize_kernel<<<ceil_div(C, WARP_SIZE), dim3(WARP_SIZE, kColumnSumRowLanes), 0, stream>>>(
       dst, partials, stride, C, rows, seed);
   cudaCheckLaunch();
+}
+
+// The elements [begin, end) of row block blockIdx.x of an [N, C] tensor: its rows_per_block(N)
+// rows (none for the blocks past N).
+struct RowBlockRange {
+  size_t begin, end;
+};
+__device__ __forceinline__ RowBlockRange row_block_range(int N, int C) {
+  const long rpb = rows_per_block(N);
+  const long r0 = min((long)N, blockIdx.x * rpb), r1 = min((long)N, r0 + rpb);
+  return {(size_t)r0 * C, (size_t)r1 * C};
+}
+
+// partials[blockIdx.x * K + k] = the sum of sums[k] over the block's threads (a 1-D block of whole
+// warps), in block_reduce_sum's fixed tree: one partial per scalar for column_sum_finalize.
+template <int K>
+__device__ void row_block_sums_store(float* partials, const float (&sums)[K]) {
+  __shared__ float shared[WARP_SIZE];
+  for (int k = 0; k < K; k++) {
+    const float total = block_reduce_sum(sums[k], shared);
+    if (threadIdx.x == 0) partials[blockIdx.x * K + k] = total;
+  }
 }
 
 // ============================================================================
@@ -691,13 +720,15 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
 // Backward: one warp per row computes dx and adds it into the residual-stream gradient dresidual
 // (in place); dgamma (and LayerNorm's dbeta) partial sums go to per-warp shared-memory rows, are
 // added in warp order per row block, and finalized over the fixed kRowBlocks blocks.
+// RMSNorm without a gain (the speedrun's: weight nullptr, template flag WEIGHTED false) computes
+// y = x * rstd and has no dgamma; the weighted kernels' arithmetic is the same with either flag.
 
 constexpr float kLayerNormEps = 1e-5f;
 // PyTorch's F.rms_norm default (eps=None): the FP32 machine epsilon, for BF16 inputs too.
 constexpr float kRmsNormEps = FLT_EPSILON;
 
-// mean_out and bias are not used with RMS (nullptr there).
-template <bool RMS>
+// mean_out and bias are not used with RMS (nullptr there), weight not without WEIGHTED.
+template <bool RMS, bool WEIGHTED>
 __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
                               const floatX* weight, const floatX* bias, int C, int lane) {
   float mean = 0.0f;
@@ -721,11 +752,15 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
   // No out: the statistics only, for an FP8 cast that normalises as it reads x
   // (Fp8CastInput::kLayerNorm, the same arithmetic as here).
   for (int c = lane * x128::size; out && c < C; c += WARP_SIZE * x128::size) {
-    const x128 v = load128(x + c), w = load128(weight + c);
+    const x128 v = load128(x + c);
     x128 o;
-    if (RMS) {
+    if (RMS && !WEIGHTED) {
+      for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd);
+    } else if (RMS) {
+      const x128 w = load128(weight + c);
       for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd * (float)w[k]);
     } else {
+      const x128 w = load128(weight + c);
       const x128 b = load128(bias + c);
       for (int k = 0; k < x128::size; k++) {
         o[k] = (floatX)(((float)v[k] - mean) * rstd * (float)w[k] + (float)b[k]);
@@ -739,16 +774,16 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
   }
 }
 
-template <bool RMS>
+template <bool RMS, bool WEIGHTED>
 __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
                                          const floatX* weight, const floatX* bias, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
-  layernorm_row<RMS>(out ? out + (size_t)row * C : nullptr, RMS ? nullptr : mean + row, rstd + row,
+  layernorm_row<RMS, WEIGHTED>(out ? out + (size_t)row * C : nullptr, RMS ? nullptr : mean + row, rstd + row,
                      inp + (size_t)row * C, weight, bias, C, threadIdx.x % WARP_SIZE);
 }
 
-template <bool RMS>
+template <bool RMS, bool WEIGHTED>
 __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean,
                                                         float* rstd, const floatX* a,
                                                         const floatX* b, const floatX* weight,
@@ -764,27 +799,37 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
     store128(residual + base + c, r);
   }
   // Each lane reads back only what it wrote, so no barrier is needed before normalising.
-  layernorm_row<RMS>(out ? out + base : nullptr, RMS ? nullptr : mean + row, rstd + row,
+  layernorm_row<RMS, WEIGHTED>(out ? out + base : nullptr, RMS ? nullptr : mean + row, rstd + row,
                      residual + base, weight, bias, C, lane);
 }
 
 constexpr int kLayerNormForwardThreads = 256;
 
-// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b.
+// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b. RMSNorm
+// with weight nullptr: without a gain.
 template <bool RMS>
 void norm_launch_forward(const char* name, floatX* residual, floatX* out, float* mean, float* rstd,
                   const floatX* a, const floatX* b, const floatX* weight, const floatX* bias, int N,
                   int C, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
+  REQUIRE(RMS || weight, "%s: LayerNorm needs its weight (only RMSNorm may have none)", name);
   const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
-  if (residual) {
-    fused_residual_layernorm_forward_kernel<RMS><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
-        residual, out, mean, rstd, a, b, weight, bias, N, C);
-  } else {
-    layernorm_forward_kernel<RMS><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
-        out, mean, rstd, a, weight, bias, N, C);
+  auto launch = [&](auto weighted) {
+    constexpr bool WEIGHTED = decltype(weighted)::value;
+    if (residual) {
+      fused_residual_layernorm_forward_kernel<RMS, WEIGHTED><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
+          residual, out, mean, rstd, a, b, weight, bias, N, C);
+    } else {
+      layernorm_forward_kernel<RMS, WEIGHTED><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
+          out, mean, rstd, a, weight, bias, N, C);
+    }
+    cudaCheckLaunch();
+  };
+  if (weight) {
+    launch(std::true_type());
+  } else if constexpr (RMS) {
+    launch(std::false_type());
   }
-  cudaCheckLaunch();
 }
 
 // out == nullptr: the row statistics only.
@@ -802,6 +847,7 @@ void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean
                       bias, N, C, stream);
 }
 
+// weight nullptr: out = inp * rstd, without a gain (also in fused_residual_rmsnorm_forward).
 void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* weight, int N,
                      int C, cudaStream_t stream) {
   norm_launch_forward<true>("rmsnorm_forward", nullptr, out, nullptr, rstd, inp, nullptr, weight, nullptr,
@@ -817,17 +863,17 @@ void fused_residual_rmsnorm_forward(floatX* residual, floatX* out, float* rstd, 
 
 constexpr int kLayerNormBackwardWarps = 8;
 
-// The column sums the backward keeps per channel: dweight, LayerNorm's dbias, and with
+// The column sums the backward keeps per channel: dweight (WEIGHTED), LayerNorm's dbias, and with
 // SUM_DRESIDUAL the updated dresidual's, in this order in shared memory and in the partials.
-__host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dresidual) {
-  return (rms ? 1 : 2) + (sum_dresidual ? 1 : 0);
+__host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dresidual, bool weighted) {
+  return (weighted ? 1 : 0) + (rms ? 0 : 1) + (sum_dresidual ? 1 : 0);
 }
 
 // grid kRowBlocks, block kLayerNormBackwardWarps warps, dynamic shared memory
-// layernorm_backward_shared_bytes(C, RMS, SUM_DRESIDUAL). partials: [kRowBlocks][sums * C], the
+// layernorm_backward_shared_bytes(C, RMS, SUM_DRESIDUAL, WEIGHTED). partials: [kRowBlocks][sums * C], the
 // sums of layernorm_backward_sums: the dresidual's are the bias gradient of the projection that
 // produced the residual branch. RMS: no mean (norm = x * rstd), no dbias, and no mean of dnorm
-// in dx; mean is then not read.
+// in dx; mean is then not read. Without WEIGHTED (RMSNorm only): dnorm = dout, no dweight sums.
 // Each lane keeps its CHUNKS 16-byte pieces of the row (C <= CHUNKS * 256 elements) in registers,
 // so dout, inp and dresidual are read once, all loads of a row in flight together.
 // Each warp accumulates dweight and dbias over its rows in its own shared-memory rows of
@@ -835,15 +881,16 @@ __host__ __device__ constexpr int layernorm_backward_sums(bool rms, bool sum_dre
 // for each (i, k) the 32 lanes touch 32 consecutive words, one per bank. (Indexing the slots by
 // channel instead puts every fourth lane on the same bank: an 8-way conflict on each of the 32
 // shared-memory updates per chunk and row, which was most of this kernel's time.)
-template <int CHUNKS, bool SUM_DRESIDUAL, bool RMS>
+template <int CHUNKS, bool SUM_DRESIDUAL, bool RMS, bool WEIGHTED>
 __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, const floatX* dout,
                                           const floatX* inp, const floatX* weight,
                                           const float* mean, const float* rstd, int N, int C) {
+  static_assert(RMS || WEIGHTED, "LayerNorm has a weight");
   constexpr int kSlots = CHUNKS * WARP_SIZE * x128::size;
-  constexpr int kSums = layernorm_backward_sums(RMS, SUM_DRESIDUAL);
+  constexpr int kSums = layernorm_backward_sums(RMS, SUM_DRESIDUAL, WEIGHTED);
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  float* dweight_acc = shared + warp * kSums * kSlots;
+  float* dweight_acc = shared + warp * kSums * kSlots;        // WEIGHTED only
   float* dbias_acc = dweight_acc + kSlots;                    // LayerNorm only
   float* dresidual_acc = dweight_acc + (kSums - 1) * kSlots;  // SUM_DRESIDUAL only
   for (int j = lane; j < kSums * kSlots; j += WARP_SIZE) dweight_acc[j] = 0.0f;
@@ -852,7 +899,7 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 #pragma unroll
   for (int i = 0; i < CHUNKS; i++) {
     const int c = (i * WARP_SIZE + lane) * x128::size;
-    if (c < C) w[i] = load128(weight + c);
+    if (WEIGHTED && c < C) w[i] = load128(weight + c);
   }
   const int rpb = rows_per_block(N);
   const int r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
@@ -877,12 +924,12 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 #pragma unroll
       for (int k = 0; k < x128::size; k++) {
         const float norm = ((float)x[i][k] - m) * s;
-        const float dnorm = (float)w[i][k] * (float)d[i][k];
+        const float dnorm = WEIGHTED ? (float)w[i][k] * (float)d[i][k] : (float)d[i][k];
         if (!RMS) dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
         const int slot = (i * x128::size + k) * WARP_SIZE + lane;
         if (!RMS) dbias_acc[slot] += (float)d[i][k];
-        dweight_acc[slot] += norm * (float)d[i][k];
+        if (WEIGHTED) dweight_acc[slot] += norm * (float)d[i][k];
       }
     }
     const float dnorm_mean = RMS ? 0.0f : warp_reduce_sum(dnorm_sum) / C;
@@ -893,7 +940,7 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
       if (c >= C) continue;
       for (int k = 0; k < x128::size; k++) {
         const float norm = ((float)x[i][k] - m) * s;
-        const float dnorm = (float)w[i][k] * (float)d[i][k];
+        const float dnorm = WEIGHTED ? (float)w[i][k] * (float)d[i][k] : (float)d[i][k];
         const float dx = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
         r[i][k] = (floatX)((float)r[i][k] + dx);
         if (SUM_DRESIDUAL) dresidual_acc[(i * x128::size + k) * WARP_SIZE + lane] += (float)r[i][k];
@@ -914,41 +961,51 @@ __global__ void layernorm_backward_kernel(floatX* dresidual, float* partials, co
 
 constexpr int kLayerNormBackwardMaxChunks = 2048 / (WARP_SIZE * x128::size);
 
-template <bool SUM_DRESIDUAL, bool RMS, int... I>
+template <bool SUM_DRESIDUAL, bool RMS, bool WEIGHTED, int... I>
 constexpr auto layernorm_backward_kernels(std::integer_sequence<int, I...>) {
   using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*,
                           const float*, const float*, int, int);
-  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL, RMS>...};
+  return std::array<Kernel, sizeof...(I)>{layernorm_backward_kernel<I + 1, SUM_DRESIDUAL, RMS, WEIGHTED>...};
 }
 
-size_t layernorm_backward_shared_bytes(int C, bool rms, bool sum_dresidual) {
+size_t layernorm_backward_shared_bytes(int C, bool rms, bool sum_dresidual, bool weighted) {
   const int slots = ceil_div(C, WARP_SIZE * x128::size) * WARP_SIZE * x128::size;
-  return (size_t)kLayerNormBackwardWarps * layernorm_backward_sums(rms, sum_dresidual) * slots *
+  return (size_t)kLayerNormBackwardWarps * layernorm_backward_sums(rms, sum_dresidual, weighted) * slots *
          sizeof(float);
 }
 
-// The backward of either norm (dbias and mean nullptr for RMSNorm); see layernorm_backward.
+// The backward of either norm (dbias and mean nullptr for RMSNorm; weight and dweight nullptr for
+// RMSNorm without a gain); see layernorm_backward.
 template <bool RMS>
 void norm_launch_backward(const char* name, floatX* dresidual, floatX* dweight, floatX* dbias,
                    floatX* dresidual_dbias, float* partials, const floatX* dout, const floatX* inp,
                    const floatX* weight, const float* mean, const float* rstd, int N, int C,
                    uint32_t seed, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
-  const bool sum_dresidual = dresidual_dbias != nullptr;
-  const size_t shared = layernorm_backward_shared_bytes(C, RMS, sum_dresidual);
+  const bool sum_dresidual = dresidual_dbias != nullptr, weighted = weight != nullptr;
+  REQUIRE(RMS || weighted, "%s: LayerNorm needs its weight (only RMSNorm may have none)", name);
+  REQUIRE(weighted == (dweight != nullptr), "%s: give both weight and dweight, or neither (no gain)", name);
+  const size_t shared = layernorm_backward_shared_bytes(C, RMS, sum_dresidual, weighted);
   const int chunks = ceil_div(C, WARP_SIZE * x128::size);
   // One instantiation per register footprint, for C up to 2048 (GPT-2's widths go to 1600).
   REQUIRE(chunks <= kLayerNormBackwardMaxChunks,
           "%s: C=%d is above the largest supported width 2048", name, C);
   constexpr auto chunk_counts = std::make_integer_sequence<int, kLayerNormBackwardMaxChunks>();
-  const auto kernel = sum_dresidual ? layernorm_backward_kernels<true, RMS>(chunk_counts)[chunks - 1]
-                                    : layernorm_backward_kernels<false, RMS>(chunk_counts)[chunks - 1];
+  auto pick = [&](auto weighted_flag) {
+    constexpr bool WEIGHTED = decltype(weighted_flag)::value;
+    return sum_dresidual ? layernorm_backward_kernels<true, RMS, WEIGHTED>(chunk_counts)[chunks - 1]
+                         : layernorm_backward_kernels<false, RMS, WEIGHTED>(chunk_counts)[chunks - 1];
+  };
+  auto kernel = pick(std::true_type());
+  if constexpr (RMS) {
+    if (!weighted) kernel = pick(std::false_type());
+  }
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   kernel<<<kRowBlocks, kLayerNormBackwardWarps * WARP_SIZE, shared, stream>>>(
       dresidual, partials, dout, inp, weight, mean, rstd, N, C);
   cudaCheckLaunch();
-  const int stride = layernorm_backward_sums(RMS, sum_dresidual) * C;
-  column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
+  const int stride = layernorm_backward_sums(RMS, sum_dresidual, weighted) * C;
+  if (weighted) column_sum_finalize(dweight, partials, stride, C, kRowBlocks, seed, stream);
   if (!RMS) column_sum_finalize(dbias, partials + C, stride, C, kRowBlocks, seed ^ 0x68e31da4u, stream);
   if (sum_dresidual) {
     column_sum_finalize(dresidual_dbias, partials + (stride - C), stride, C, kRowBlocks,
@@ -970,12 +1027,117 @@ void layernorm_backward(floatX* dresidual, floatX* dweight, floatX* dbias, float
 
 // As layernorm_backward, with dx = rstd * (dnorm - norm * mean(dnorm * norm)), dnorm = weight *
 // dout, norm = x * rstd; no dbias. partials: kRowBlocks * 2C floats (kRowBlocks * C without
-// dresidual_dbias).
+// dresidual_dbias). weight and dweight nullptr: no gain (dnorm = dout); partials then hold only
+// dresidual_dbias's sums (kRowBlocks * C floats; none without it: partials may be nullptr).
 void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbias, float* partials,
                       const floatX* dout, const floatX* inp, const floatX* weight, const float* rstd,
                       int N, int C, uint32_t seed, cudaStream_t stream) {
   norm_launch_backward<true>("rmsnorm_backward", dresidual, dweight, nullptr, dresidual_dbias, partials,
                       dout, inp, weight, nullptr, rstd, N, C, seed, stream);
+}
+
+// ---- The speedrun's residual mix before each block (SPEC "The speedrun architecture") ----
+// out = lambdas[0] * s + lambdas[1] * x0, with s = x + skip_weight * skip in the U-net's second
+// half (skip: an earlier layer's output) and s = x elsewhere (skip nullptr). x, x0, skip, out
+// [N, C]; lambdas (2 values) and skip_weight (1) are read from the parameters on the device. s is
+// kept in FP32 (not rounded), in the forward and as the backward recomputes it; out is rounded
+// once. The backward (residual_mix_backward) is elementwise, and its scalar gradients are section
+// 2's row-block sums: deterministic. Floor: forward reads 2-3 NC values and writes NC; backward
+// reads 4-6 NC and writes 2-3 NC; under 10 FLOPs a value, so memory-bound.
+
+// s = x + w * skip, the one expression the forward and the backward both evaluate.
+__device__ __forceinline__ float residual_mix_skipped(float x, float skip, float w) { return x + w * skip; }
+
+__global__ void residual_mix_forward_kernel(floatX* out, const floatX* x, const floatX* x0, const floatX* skip,
+                                            const floatX* lambdas, const floatX* skip_weight, size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
+  const float w = skip ? (float)skip_weight[0] : 0.0f;
+  const x128 vx = load128(x + i), v0 = load128(x0 + i);
+  const x128 vs = skip ? load128(skip + i) : x128();
+  x128 o;
+  for (int k = 0; k < x128::size; k++) {
+    const float s = skip ? residual_mix_skipped((float)vx[k], (float)vs[k], w) : (float)vx[k];
+    o[k] = (floatX)(l0 * s + l1 * (float)v0[k]);
+  }
+  store128(out + i, o);
+}
+
+// grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials
+// (dlambda0, dlambda1, dskip_weight).
+__global__ void residual_mix_backward_kernel(floatX* dx, floatX* dx0, floatX* dskip, float* partials,
+                                             const floatX* dout, const floatX* x, const floatX* x0,
+                                             const floatX* skip, const floatX* lambdas,
+                                             const floatX* skip_weight, int N, int C) {
+  const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
+  const float w = skip ? (float)skip_weight[0] : 0.0f;
+  float sums[3] = {};
+  const RowBlockRange range = row_block_range(N, C);
+  for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
+    const x128 d = load128(dout + i), vx = load128(x + i), v0 = load128(x0 + i), g0 = load128(dx0 + i);
+    const x128 vs = skip ? load128(skip + i) : x128(), gs = skip ? load128(dskip + i) : x128();
+    x128 ox, o0, os;
+    for (int k = 0; k < x128::size; k++) {
+      const float g = (float)d[k], ds = l0 * g;  // ds: the gradient of s
+      float s = (float)vx[k];
+      if (skip) {
+        s = residual_mix_skipped(s, (float)vs[k], w);
+        sums[2] += ds * (float)vs[k];
+        os[k] = (floatX)((float)gs[k] + w * ds);
+      }
+      sums[0] += g * s;
+      sums[1] += g * (float)v0[k];
+      ox[k] = (floatX)ds;
+      o0[k] = (floatX)((float)g0[k] + l1 * g);
+    }
+    store128(dx + i, ox);
+    store128(dx0 + i, o0);
+    if (skip) store128(dskip + i, os);
+  }
+  row_block_sums_store(partials, sums);
+}
+
+constexpr int kResidualMixThreads = 256;
+
+void residual_mix_check(const char* name, int N, int C, const floatX* skip, const floatX* skip_weight) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+  REQUIRE((skip == nullptr) == (skip_weight == nullptr), "%s: give skip and skip_weight together, or neither", name);
+}
+
+// out [N, C] = lambdas[0] * (x + skip_weight * skip) + lambdas[1] * x0 (skip, skip_weight nullptr:
+// no skip). x may be x0 (the first layer).
+void residual_mix_forward(floatX* out, const floatX* x, const floatX* x0, const floatX* skip,
+                          const floatX* lambdas, const floatX* skip_weight, int N, int C, cudaStream_t stream) {
+  residual_mix_check("residual_mix_forward", N, C, skip, skip_weight);
+  const size_t n = (size_t)N * C;
+  residual_mix_forward_kernel<<<ceil_div(n / x128::size, kResidualMixThreads), kResidualMixThreads, 0, stream>>>(
+      out, x, x0, skip, lambdas, skip_weight, n);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of residual_mix_forward's out, with ds = lambdas[0] * dout (FP32), the
+// gradient of s = x + skip_weight * skip:
+//   dx = ds, written (the gradient of x; dx may be dout itself, not dx0 or dskip);
+//   dx0 += lambdas[1] * dout;  dskip += skip_weight * ds (skip given);
+//   dlambdas[0] += sum(dout * s), dlambdas[1] += sum(dout * x0), dskip_weight += sum(ds * skip),
+// the scalar sums with stochastic rounding (seed). partials: kRowBlocks * 3 floats.
+void residual_mix_backward(floatX* dx, floatX* dx0, floatX* dskip, floatX* dlambdas, floatX* dskip_weight,
+                           float* partials, const floatX* dout, const floatX* x, const floatX* x0,
+                           const floatX* skip, const floatX* lambdas, const floatX* skip_weight, int N, int C,
+                           uint32_t seed, cudaStream_t stream) {
+  const char* name = "residual_mix_backward";
+  residual_mix_check(name, N, C, skip, skip_weight);
+  REQUIRE((skip == nullptr) == (dskip == nullptr) && (skip == nullptr) == (dskip_weight == nullptr),
+          "%s: give dskip and dskip_weight with skip, or none of them", name);
+  REQUIRE(dx0 != dx && dx0 != dout && (!dskip || (dskip != dx && dskip != dout && dskip != dx0)),
+          "%s: dx0 and dskip must not share memory with dx, dout or each other", name);
+  residual_mix_backward_kernel<<<kRowBlocks, kResidualMixThreads, 0, stream>>>(
+      dx, dx0, dskip, partials, dout, x, x0, skip, lambdas, skip_weight, N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dlambdas, partials, 3, 2, kRowBlocks, seed, stream);
+  if (skip) column_sum_finalize(dskip_weight, partials + 2, 3, 1, kRowBlocks, seed ^ 0x2545f491u, stream);
 }
 
 // ============================================================================
@@ -2052,6 +2214,260 @@ void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rs
   qk_norm_rotary_backward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
       dqkv, qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
   cudaCheckLaunch();
+}
+
+// ---- The speedrun's value mix (SPEC "The speedrun architecture"), in place on qkv's v ----
+// v = a v + b ve[token] in the layers with a value embedding (ve [Vp, C], a parameter), v = a v in
+// the others; (a, b) = scales, two values read from the parameters on the device. qkv [N, 3C],
+// q | k | v as the flash attention reads it (v in columns [2C, 3C)), after QK-norm and rotary; the
+// mixed v is rounded once. The forward keeps v before the mix in v_pre [N, C] for the backward,
+// which writes dv_pre = a dv in place, sums da and db over row blocks (section 2) and adds
+// dve[token] += b dv through the encoder's bucketed backward (section 3) of b dv, written to a
+// scratch [N, C]: deterministic. Floor: forward reads 2NC values, writes 2NC; backward reads 3NC,
+// writes 2NC (the scratch, which the encoder's backward reads again); memory-bound.
+
+__global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens,
+                                         const floatX* scales, int N, int C) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= (size_t)N * C) return;
+  const size_t row = i / C;
+  const int c = (int)(i % C);
+  floatX* v = qkv + row * 3 * C + 2 * C + c;
+  const x128 vv = load128(v);
+  store128(v_pre + i, vv);
+  const float a = (float)scales[0];
+  x128 o;
+  if (ve) {
+    const float b = (float)scales[1];
+    const x128 e = load128(ve + (size_t)tokens[row] * C + c);
+    for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k] + b * (float)e[k]);
+  } else {
+    for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k]);
+  }
+  store128(v, o);
+}
+
+// grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials (da, db).
+__global__ void value_mix_backward_kernel(floatX* dqkv, floatX* dve_rows, float* partials, const floatX* v_pre,
+                                          const floatX* ve, const int* tokens, const floatX* scales, int N,
+                                          int C) {
+  const float a = (float)scales[0], b = ve ? (float)scales[1] : 0.0f;
+  float sums[2] = {};
+  const RowBlockRange range = row_block_range(N, C);
+  for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
+    const size_t row = i / C;
+    const int c = (int)(i % C);
+    floatX* dv_at = dqkv + row * 3 * C + 2 * C + c;
+    const x128 dv = load128(dv_at), vp = load128(v_pre + i);
+    const x128 e = ve ? load128(ve + (size_t)tokens[row] * C + c) : x128();
+    x128 o, scaled;
+    for (int k = 0; k < x128::size; k++) {
+      const float g = (float)dv[k];
+      sums[0] += g * (float)vp[k];
+      o[k] = (floatX)(a * g);
+      if (ve) {
+        sums[1] += g * (float)e[k];
+        scaled[k] = (floatX)(b * g);
+      }
+    }
+    store128(dv_at, o);
+    if (ve) store128(dve_rows + i, scaled);
+  }
+  row_block_sums_store(partials, sums);
+}
+
+constexpr int kValueMixThreads = 256;
+
+void value_mix_check(const char* name, int N, int C) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+}
+
+// qkv [N, 3C]: v_pre [N, C] = v, then v = scales[0] v + scales[1] ve[tokens] (ve nullptr: scales[0]
+// v). tokens [N] on the device (read only with ve).
+void value_mix_forward(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
+                       int N, int C, cudaStream_t stream) {
+  value_mix_check("value_mix_forward", N, C);
+  REQUIRE(!ve || tokens, "value_mix_forward: a value embedding needs the tokens");
+  const size_t pieces = (size_t)N * C / x128::size;
+  value_mix_forward_kernel<<<ceil_div(pieces, kValueMixThreads), kValueMixThreads, 0, stream>>>(
+      qkv, v_pre, ve, tokens, scales, N, C);
+  cudaCheckLaunch();
+}
+
+// dqkv [N, 3C]: its v part, dv (the gradient of the mixed v), becomes scales[0] dv, the gradient of
+// v_pre, in place; dscales[0] += sum(dv * v_pre). With ve: dscales[1] += sum(dv * ve[tokens]), and
+// dve[token] += the sum of scales[1] dv over the token's rows, from scratch [N, C] (overwritten)
+// through encoder_backward with plan (encoder_backward_plan of these N tokens and C) and buffers;
+// that waits for the stream (see encoder_backward). Scalar sums and dve with stochastic rounding
+// (seed). partials: kRowBlocks * 2 floats. Without ve, dve, scratch, plan and buffers are unused.
+void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scratch, float* partials,
+                        const floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
+                        const EncoderBackwardPlan* plan, EncoderBackwardBuffers* buffers, int N, int C,
+                        uint32_t seed, cudaStream_t stream) {
+  const char* name = "value_mix_backward";
+  value_mix_check(name, N, C);
+  REQUIRE(!ve || (dve && scratch && tokens && plan && buffers),
+          "%s: a value embedding needs dve, the scratch, the tokens, the encoder's plan and buffers", name);
+  REQUIRE(!ve || plan->positions.size() == (size_t)N, "%s: the encoder's plan holds %zu positions, not N=%d",
+          name, plan->positions.size(), N);
+  value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
+                                                                         tokens, scales, N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+  if (ve) encoder_backward(dve, nullptr, *plan, *buffers, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
+}
+
+// ---- The speedrun's attention gate (SPEC "The speedrun architecture") ----
+// Each head's output times a gate from the attention's normed input hn [N, C]: g[t, h] = sigmoid(z),
+// z = sum over j < G of W[h, j] hn[t, j] (G = C / 64: the first G channels; W [NH, G] a parameter),
+// yg[t, h HS + d] = y[t, h HS + d] g[t, h]. The forward writes yg (attproj's input) and g [N, NH]
+// in FP32, y kept (the flash backward reads it); attention_gate_apply recomputes yg from y and g,
+// the same bits. One warp per token; z summed over j in order, each head's dot in the backward over
+// its 16-byte pieces in order, dW over per-warp shared rows, added in warp order, then over the row
+// blocks by section 2's column sums: deterministic. Floor: forward reads NC + NG values, writes NC
+// and N NH floats; backward reads 2NC, writes NC (dhn: N G read and written); memory-bound.
+
+constexpr int kAttentionGateDivisor = 64;  // G = C / 64, as train_gpt2.py's SPEEDRUN_GATE_DIVISOR
+constexpr int kAttentionGateWarps = 8;
+
+// g_out nullptr: g is only read (attention_gate_apply); otherwise g_out = g is computed first.
+__global__ void attention_gate_forward_kernel(floatX* yg, float* g_out, const float* g, const floatX* y,
+                                              const floatX* hn, const floatX* W, int N, int NH, int C) {
+  const int row = blockIdx.x * kAttentionGateWarps + threadIdx.x / WARP_SIZE;
+  if (row >= N) return;
+  const int lane = threadIdx.x % WARP_SIZE, G = C / kAttentionGateDivisor, HS = C / NH;
+  if (g_out) {
+    const floatX* hn_row = hn + (size_t)row * C;
+    for (int h = lane; h < NH; h += WARP_SIZE) {
+      float z = 0.0f;
+      for (int j = 0; j < G; j++) z += (float)W[h * G + j] * (float)hn_row[j];
+      g_out[(size_t)row * NH + h] = 1.0f / (1.0f + expf(-z));
+    }
+    __syncwarp();  // orders the lanes' g writes before the reads below
+  }
+  const float* g_row = g + (size_t)row * NH;
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const float gate = g_row[c / HS];
+    const x128 v = load128(y + (size_t)row * C + c);
+    x128 o;
+    for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * gate);
+    store128(yg + (size_t)row * C + c, o);
+  }
+}
+
+// Dynamic shared memory, in floats: W [NH G], then per warp its dW sums [NH G], dz [NH] and the
+// dots of its row's 16-byte pieces [C / x128::size].
+__host__ __device__ inline int attention_gate_warp_floats(int NH, int C) {
+  return NH * (C / kAttentionGateDivisor) + NH + C / x128::size;
+}
+size_t attention_gate_backward_shared_bytes(int NH, int C) {
+  return sizeof(float) * ((size_t)NH * (C / kAttentionGateDivisor) +
+                          (size_t)kAttentionGateWarps * attention_gate_warp_floats(NH, C));
+}
+
+// grid kRowBlocks, kAttentionGateWarps warps, each warp one row of its row block at a time.
+__global__ void attention_gate_backward_kernel(floatX* dy, floatX* dhn, float* partials, const floatX* dyg,
+                                               const floatX* y, const float* g, const floatX* hn,
+                                               const floatX* W, int N, int NH, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int G = C / kAttentionGateDivisor, HS = C / NH, weights = NH * G, pieces = C / x128::size;
+  float* w_s = shared;
+  float* dw_acc = shared + weights + warp * attention_gate_warp_floats(NH, C);
+  float* dz = dw_acc + weights;
+  float* piece_dot = dz + NH;
+  for (int e = threadIdx.x; e < weights; e += blockDim.x) w_s[e] = (float)W[e];
+  for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] = 0.0f;
+  __syncthreads();
+  const int rpb = rows_per_block(N);
+  const int r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kAttentionGateWarps) {
+    const size_t base = (size_t)row * C;
+    const float* g_row = g + (size_t)row * NH;
+    for (int p = lane; p < pieces; p += WARP_SIZE) {
+      const int c = p * x128::size;
+      const float gate = g_row[c / HS];
+      const x128 d = load128(dyg + base + c), v = load128(y + base + c);
+      x128 o;
+      float dot = 0.0f;
+      for (int k = 0; k < x128::size; k++) {
+        dot += (float)d[k] * (float)v[k];
+        o[k] = (floatX)(gate * (float)d[k]);
+      }
+      store128(dy + base + c, o);
+      piece_dot[p] = dot;
+    }
+    __syncwarp();
+    for (int h = lane; h < NH; h += WARP_SIZE) {
+      float dot = 0.0f;
+      for (int p = h * HS / x128::size; p < (h + 1) * HS / x128::size; p++) dot += piece_dot[p];
+      const float gate = g_row[h];
+      dz[h] = dot * gate * (1.0f - gate);
+    }
+    __syncwarp();
+    for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] += dz[e / G] * (float)hn[base + e % G];
+    for (int j = lane; j < G; j += WARP_SIZE) {
+      float sum = 0.0f;
+      for (int h = 0; h < NH; h++) sum += dz[h] * w_s[h * G + j];
+      dhn[base + j] = (floatX)((float)dhn[base + j] + sum);
+    }
+    __syncwarp();  // piece_dot and dz are the next row's
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < weights; e += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kAttentionGateWarps; w++) sum += shared[weights + w * attention_gate_warp_floats(NH, C) + e];
+    partials[(size_t)blockIdx.x * weights + e] = sum;
+  }
+}
+
+void attention_gate_check(const char* name, int N, int NH, int C) {
+  REQUIRE(N > 0 && NH > 0 && C >= kAttentionGateDivisor && C % NH == 0 && (C / NH) % x128::size == 0,
+          "%s: N=%d, NH=%d, C=%d: N and NH must be positive, C at least %d, and the head size C/NH a "
+          "whole multiple of %d", name, N, NH, C, kAttentionGateDivisor, x128::size);
+}
+
+void attention_gate_launch(floatX* yg, float* g_out, const float* g, const floatX* y, const floatX* hn,
+                           const floatX* W, int N, int NH, int C, cudaStream_t stream) {
+  attention_gate_forward_kernel<<<ceil_div(N, kAttentionGateWarps), kAttentionGateWarps * WARP_SIZE, 0, stream>>>(
+      yg, g_out, g, y, hn, W, N, NH, C);
+  cudaCheckLaunch();
+}
+
+// yg [N, C] = y gated by g [N, NH] (FP32, written) = sigmoid(hn[:, :G] W^T), W [NH, G], G = C / 64.
+void attention_gate_forward(floatX* yg, float* g, const floatX* y, const floatX* hn, const floatX* W, int N,
+                            int NH, int C, cudaStream_t stream) {
+  attention_gate_check("attention_gate_forward", N, NH, C);
+  REQUIRE(hn && W, "attention_gate_forward: the gate needs hn and W");
+  attention_gate_launch(yg, g, g, y, hn, W, N, NH, C, stream);
+}
+
+// yg [N, C] = y gated by the forward's g [N, NH]: the forward's yg, bit for bit.
+void attention_gate_apply(floatX* yg, const floatX* y, const float* g, int N, int NH, int C, cudaStream_t stream) {
+  attention_gate_check("attention_gate_apply", N, NH, C);
+  attention_gate_launch(yg, nullptr, g, y, nullptr, nullptr, N, NH, C, stream);
+}
+
+// From dyg [N, C], the gradient of yg: dy = g dyg (written; dy may be dyg itself), and with
+// dz[t, h] = g (1 - g) sum_d dyg y over the head's channels: dW [NH, G] += sum_t dz[t, h] hn[t, j]
+// (stochastic rounding, seed), dhn[t, j] += sum_h dz[t, h] W[h, j] for j < G (dhn: the gradient of
+// the attention's normed input, which the qkv product's input gradient also goes into; rounded to
+// nearest). partials: kRowBlocks * NH * G floats.
+void attention_gate_backward(floatX* dy, floatX* dhn, floatX* dW, float* partials, const floatX* dyg,
+                             const floatX* y, const float* g, const floatX* hn, const floatX* W, int N, int NH,
+                             int C, uint32_t seed, cudaStream_t stream) {
+  const char* name = "attention_gate_backward";
+  attention_gate_check(name, N, NH, C);
+  REQUIRE(dhn != dy && dhn != dyg, "%s: dhn must not share memory with dy or dyg", name);
+  const size_t shared = attention_gate_backward_shared_bytes(NH, C);
+  cudaCheck(cudaFuncSetAttribute(attention_gate_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shared));
+  attention_gate_backward_kernel<<<kRowBlocks, kAttentionGateWarps * WARP_SIZE, shared, stream>>>(
+      dy, dhn, partials, dyg, y, g, hn, W, N, NH, C);
+  cudaCheckLaunch();
+  const int weights = NH * (C / kAttentionGateDivisor);
+  column_sum_finalize(dW, partials, weights, weights, kRowBlocks, seed, stream);
 }
 
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----

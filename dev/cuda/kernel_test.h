@@ -91,6 +91,17 @@ inline std::vector<int> random_ints(llmc::Rng& rng, size_t n, int lo, int hi) {
   return x;
 }
 
+// Columns [from, to) of each row of a [rows, width] matrix.
+std::vector<float> columns(const std::vector<float>& x, size_t rows, int width, int from, int to) {
+  std::vector<float> out;
+  out.reserve(rows * (to - from));
+  for (size_t r = 0; r < rows; r++) {
+    const float* row = x.data() + r * width;
+    out.insert(out.end(), row + from, row + to);
+  }
+  return out;
+}
+
 // One linear layer of the matmul tests: out[N, OC] = inp[N, C] @ weight[OC, C]^T (+ bias).
 struct MatmulCase {
   const char* name;

@@ -95,17 +95,6 @@ void check_reference_backward(const std::vector<double>& x, const std::vector<do
                                                         what.c_str(), worst));
 }
 
-// Columns [from, to) of each row of a [rows, width] matrix.
-std::vector<float> columns(const std::vector<float>& x, size_t rows, int width, int from, int to) {
-  std::vector<float> out;
-  out.reserve(rows * (to - from));
-  for (size_t r = 0; r < rows; r++) {
-    const float* row = x.data() + r * width;
-    out.insert(out.end(), row + from, row + to);
-  }
-  return out;
-}
-
 void test_qk_rotary(const QkShape& s, llmc::Rng& rng) {
   const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS;
   printf("\nqk norm rotary B=%d T=%d NH=%d HS=%d\n", B, T, NH, HS);

@@ -6,7 +6,9 @@
 // pieces of BF16: lanes with no piece, a partial chunk), the statistics-only forward (out nullptr),
 // gradients accumulated onto random non-zero ones, outputs poisoned first, and every kernel run
 // twice for identical bits. The backward sums the columns of the dresidual it writes when asked,
-// and must give the same other outputs either way.
+// and must give the same other outputs either way. Without a gain (weight and dweight nullptr, the
+// speedrun's norms) against the reference with a weight of ones, and bit for bit the same as the
+// weighted kernels given ones (multiplying by 1 is exact, so they must agree).
 #include "dev/cuda/kernel_test.h"
 
 // Sums in double: the reference is more exact than either build.
@@ -44,12 +46,14 @@ void rmsnorm_backward_reference(std::vector<float>& dresidual, std::vector<float
   for (int c = 0; c < C; c++) dweight[c] = (float)(dweight[c] + dweight_sum[c]);
 }
 
-void test_rmsnorm(int N, int C, llmc::Rng& rng) {
-  printf("\nrmsnorm N=%d C=%d\n", N, C);
+void test_rmsnorm(int N, int C, bool gain, llmc::Rng& rng) {
+  printf("\nrmsnorm N=%d C=%d%s\n", N, C, gain ? "" : ", without a gain");
   const size_t n = (size_t)N * C;
-  const std::vector<float> weight = random_stored(rng, C, 1.0f, 0.3f);
+  const std::vector<float> weight = gain ? random_stored(rng, C, 1.0f, 0.3f) : std::vector<float>(C, 1.0f);
   DeviceArray<floatX> d_weight(weight), out(n);
   DeviceArray<float> rstd(N);
+  // The kernels' weight: none without a gain; d_weight (ones) is then the weighted kernels' check.
+  const floatX* kernel_weight = gain ? (floatX*)d_weight : nullptr;
 
   // Forward: an offset and a spread unlike the normalised output's.
   const std::vector<float> inp = random_stored(rng, n, 0.5f, 2.0f);
@@ -59,7 +63,7 @@ void test_rmsnorm(int N, int C, llmc::Rng& rng) {
   auto forward = [&](bool with_out) {
     out.poison();
     rstd.poison();
-    rmsnorm_forward(with_out ? (floatX*)out : nullptr, rstd, d_inp, d_weight, N, C, 0);
+    rmsnorm_forward(with_out ? (floatX*)out : nullptr, rstd, d_inp, kernel_weight, N, C, 0);
   };
   forward(true);
   check_close("forward out", out.download(), ref_out, kTolStore);
@@ -70,6 +74,10 @@ void test_rmsnorm(int N, int C, llmc::Rng& rng) {
   const Snapshot rstd_bits(rstd);
   forward(false);
   check_same_bits("forward statistics only", rstd_bits, Snapshot(rstd));
+  if (!gain) {
+    rmsnorm_forward(out, rstd, d_inp, d_weight, N, C, 0);
+    check_same_bits("forward as weight ones", forward_bits, Snapshot(out, rstd));
+  }
 
   // Fused: residual = a + b rounded to nearest (the same on host and device: exact), then the
   // norm of that rounded residual.
@@ -84,7 +92,7 @@ void test_rmsnorm(int N, int C, llmc::Rng& rng) {
     residual.poison();
     out.poison();
     rstd.poison();
-    fused_residual_rmsnorm_forward(residual, out, rstd, d_a, d_b, d_weight, N, C, 0);
+    fused_residual_rmsnorm_forward(residual, out, rstd, d_a, d_b, kernel_weight, N, C, 0);
   };
   fused();
   check_close("fused residual", residual.download(), ref_residual, 0.0f);
@@ -93,6 +101,10 @@ void test_rmsnorm(int N, int C, llmc::Rng& rng) {
   const Snapshot fused_bits(residual, out, rstd);
   fused();
   check_same_bits("fused twice", fused_bits, Snapshot(residual, out, rstd));
+  if (!gain) {
+    fused_residual_rmsnorm_forward(residual, out, rstd, d_a, d_b, d_weight, N, C, 0);
+    check_same_bits("fused as weight ones", fused_bits, Snapshot(residual, out, rstd));
+  }
 
   // Backward of the norm of `inp`, with the reference's rstd given to both sides, accumulating
   // onto random gradients.
@@ -105,21 +117,23 @@ void test_rmsnorm(int N, int C, llmc::Rng& rng) {
   DeviceArray<floatX> d_dout(dout), dresidual(n), dweight(C), dresidual_dbias(C);
   DeviceArray<float> partials((size_t)kRowBlocks * 2 * C);
   const uint32_t seed = rng.u32();
-  auto backward = [&](bool sum_dresidual) {
+  auto backward = [&](bool sum_dresidual, bool weighted) {
     dresidual.upload(dresidual0);
     dweight.upload(dweight0);
     dresidual_dbias.upload(dresidual_dbias0);
     partials.poison();
-    rmsnorm_backward(dresidual, dweight, sum_dresidual ? (floatX*)dresidual_dbias : nullptr,
-                     partials, d_dout, d_inp, d_weight, rstd, N, C, seed, 0);
+    rmsnorm_backward(dresidual, weighted ? (floatX*)dweight : nullptr,
+                     sum_dresidual ? (floatX*)dresidual_dbias : nullptr, partials, d_dout, d_inp,
+                     weighted ? (floatX*)d_weight : nullptr, rstd, N, C, seed, 0);
   };
-  backward(false);
+  backward(false, gain);
   const Snapshot no_sums_bits(dresidual, dweight);
-  backward(true);
+  backward(true, gain);
   std::vector<float> ref_dresidual = dresidual0, ref_dweight = dweight0;
   rmsnorm_backward_reference(ref_dresidual, ref_dweight, dout, inp, weight, ref_rstd, N, C);
   check_close("backward dresidual", dresidual.download(), ref_dresidual, kTolStore);
-  check_close("backward dweight", dweight.download(), ref_dweight, kTolSum);
+  // Without a gain dweight is neither given nor touched.
+  check_close("backward dweight", dweight.download(), gain ? ref_dweight : dweight0, gain ? kTolSum : 0.0f);
   // The column sums of the updated dresidual (as stored), added onto dresidual_dbias0.
   const std::vector<float> got_dresidual = dresidual.download();
   std::vector<double> column_sums(C, 0.0);
@@ -129,17 +143,30 @@ void test_rmsnorm(int N, int C, llmc::Rng& rng) {
   check_close("backward dresidual column sums", dresidual_dbias.download(), ref_dresidual_dbias, kTolSum);
   check_same_bits("backward without the column sums", no_sums_bits, Snapshot(dresidual, dweight));
   const Snapshot backward_bits(dresidual, dweight, dresidual_dbias);
-  backward(true);
+  backward(true, gain);
   check_same_bits("backward twice", backward_bits, Snapshot(dresidual, dweight, dresidual_dbias));
+  if (!gain) {
+    const Snapshot weightless_bits(dresidual, dresidual_dbias);
+    backward(true, true);
+    check_same_bits("backward as weight ones", weightless_bits, Snapshot(dresidual, dresidual_dbias));
+    // Nothing to sum at all: no partials.
+    dresidual.upload(dresidual0);
+    dweight.upload(dweight0);
+    rmsnorm_backward(dresidual, nullptr, nullptr, nullptr, d_dout, d_inp, nullptr, rstd, N, C, seed, 0);
+    check_same_bits("backward without partials", no_sums_bits, Snapshot(dresidual, dweight));
+  }
 }
 
 int main() {
   return run_kernel_tests("test_rmsnorm", [] {
     llmc::Rng rng(43);
-    test_rmsnorm(4 * 64 + 1, 768, rng);  // d12 width, one row past whole launch blocks
-    test_rmsnorm(3 * 101, 1600, rng);    // d48 width, a partial chunk of the row
-    test_rmsnorm(5 * 203, 136, rng);     // 4 rows per backward block; one short, two empty
-    test_rmsnorm(3999, 768, rng);        // 16 rows per backward block; one short, six empty
-    test_rmsnorm(7, 136, rng);           // one partial launch block
+    for (bool gain : {true, false}) {
+      test_rmsnorm(4 * 64 + 1, 768, gain, rng);  // d12 width, one row past whole launch blocks
+      test_rmsnorm(3 * 101, 1600, gain, rng);    // d48 width, a partial chunk of the row
+      test_rmsnorm(5 * 203, 136, gain, rng);     // 4 rows per backward block; one short, two empty
+      test_rmsnorm(3999, 768, gain, rng);        // 16 rows per backward block; one short, six empty
+      test_rmsnorm(7, 136, gain, rng);           // one partial launch block
+    }
+    test_rmsnorm(2 * 97, 128, false, rng);       // the speedrun's tiny width
   });
 }

@@ -1,0 +1,341 @@
+// Tests the speedrun block's steps around the layers (SPEC "The speedrun architecture") against
+// double-precision CPU references written here from their definitions:
+//  - residual_mix_forward/backward: out = l0 (x + w skip) + l1 x0, with and without the U-net's
+//    skip, x the same tensor as x0 (the first layer), dx in place over dout;
+//  - value_mix_forward/backward: qkv's v = a v + b ve[token] (or a v), v_pre kept, q and k left
+//    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen;
+//  - attention_gate_forward/apply/backward: y times sigmoid(W hn[:, :C/64]) per head, head size
+//    128 (C 768 with 6 heads, 256 with 2, 128 with 1: G = 12, 4, 2) and 136 with one head; apply
+//    must give the forward's bits; dy in place over dyg.
+// Row counts below, at and above the backward's 256 fixed row blocks, with short and empty blocks;
+// outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
+// identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
+#include "dev/cuda/kernel_test.h"
+
+// ---- Residual mix ----
+
+struct ResidualMixCase {
+  int N, C;
+  bool skip;     // the U-net's second half
+  bool x_is_x0;  // the first layer: x is x0 itself
+};
+
+void test_residual_mix(const ResidualMixCase& s, llmc::Rng& rng) {
+  const int N = s.N, C = s.C;
+  printf("\nresidual mix N=%d C=%d%s%s\n", N, C, s.skip ? ", skip" : "", s.x_is_x0 ? ", x = x0" : "");
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> x = s.x_is_x0 ? x0 : random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> skip = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> lambdas = stored({0.9f, 0.35f}), skip_weight = stored({0.7f});
+  const double l0 = lambdas[0], l1 = lambdas[1], w = s.skip ? skip_weight[0] : 0.0;
+  DeviceArray<floatX> d_x0(x0), d_x(x), d_skip(skip), d_lambdas(lambdas), d_skip_weight(skip_weight), out(n);
+  const floatX* x_in = s.x_is_x0 ? (floatX*)d_x0 : (floatX*)d_x;
+  const floatX* skip_in = s.skip ? (floatX*)d_skip : nullptr;
+  const floatX* skip_weight_in = s.skip ? (floatX*)d_skip_weight : nullptr;
+
+  std::vector<double> mixed(n);  // s = x + w skip, in double
+  std::vector<float> ref_out(n);
+  for (size_t i = 0; i < n; i++) {
+    mixed[i] = x[i] + w * skip[i];
+    ref_out[i] = (float)(l0 * mixed[i] + l1 * x0[i]);
+  }
+  auto forward = [&] {
+    out.poison();
+    residual_mix_forward(out, x_in, d_x0, skip_in, d_lambdas, skip_weight_in, N, C, 0);
+  };
+  forward();
+  check_close("forward out", out.download(), ref_out, kTolStore);
+  const Snapshot forward_bits(out);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(out));
+
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dx0_0 = random_stored(rng, n, 0.0f, 1.0f), dskip0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dlambdas0 = random_stored(rng, 2, 0.0f, 1.0f), dskip_weight0 = random_stored(rng, 1, 0.0f, 1.0f);
+  std::vector<float> ref_dx(n), ref_dx0(n), ref_dskip = dskip0;
+  double sums[3] = {};  // dlambda0, dlambda1, dskip_weight
+  for (size_t i = 0; i < n; i++) {
+    const double g = dout[i], ds = l0 * g;
+    ref_dx[i] = (float)ds;
+    ref_dx0[i] = (float)(dx0_0[i] + l1 * g);
+    if (s.skip) ref_dskip[i] = (float)(dskip0[i] + w * ds);
+    sums[0] += g * mixed[i];
+    sums[1] += g * x0[i];
+    sums[2] += ds * skip[i];
+  }
+  const std::vector<float> ref_dlambdas = {(float)(dlambdas0[0] + sums[0]), (float)(dlambdas0[1] + sums[1])};
+  const std::vector<float> ref_dskip_weight = {s.skip ? (float)(dskip_weight0[0] + sums[2]) : dskip_weight0[0]};
+
+  DeviceArray<floatX> d_dout(dout), dx(n), dx0(n), dskip(n), dlambdas(2), dskip_weight(1);
+  DeviceArray<float> partials((size_t)kRowBlocks * 3);
+  const uint32_t seed = rng.u32();
+  // in_place: dx is dout's own memory (d_dout holds dout again first).
+  auto backward = [&](bool in_place) {
+    d_dout.upload(dout);
+    dx.poison();
+    dx0.upload(dx0_0);
+    dskip.upload(dskip0);
+    dlambdas.upload(dlambdas0);
+    dskip_weight.upload(dskip_weight0);
+    partials.poison();
+    residual_mix_backward(in_place ? (floatX*)d_dout : (floatX*)dx, dx0, s.skip ? (floatX*)dskip : nullptr,
+                          dlambdas, s.skip ? (floatX*)dskip_weight : nullptr, partials, d_dout, x_in, d_x0,
+                          skip_in, d_lambdas, skip_weight_in, N, C, seed, 0);
+  };
+  backward(false);
+  check_close("backward dx", dx.download(), ref_dx, kTolStore);
+  check_close("backward dx0", dx0.download(), ref_dx0, kTolStore);
+  check_close(s.skip ? "backward dskip" : "backward dskip untouched", dskip.download(), ref_dskip,
+              s.skip ? kTolStore : 0.0f);
+  check_close("backward dlambdas", dlambdas.download(), ref_dlambdas, kTolSum);
+  check_close(s.skip ? "backward dskip_weight" : "backward dskip_weight untouched", dskip_weight.download(),
+              ref_dskip_weight, s.skip ? kTolSum : 0.0f);
+  const Snapshot backward_bits(dx, dx0, dskip, dlambdas, dskip_weight);
+  backward(false);
+  check_same_bits("backward twice", backward_bits, Snapshot(dx, dx0, dskip, dlambdas, dskip_weight));
+  backward(true);
+  check_same_bits("backward dx in place", backward_bits, Snapshot(d_dout, dx0, dskip, dlambdas, dskip_weight));
+}
+
+// ---- Value mix ----
+
+struct ValueMixCase {
+  int N, C, Vp;
+  bool ve;  // a layer with a value embedding
+};
+
+void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
+  const int N = s.N, C = s.C, Vp = s.Vp;
+  printf("\nvalue mix N=%d C=%d Vp=%d%s\n", N, C, Vp, s.ve ? ", value embedding" : "");
+  const size_t n = (size_t)N * C, n3 = 3 * n;
+  const std::vector<float> qkv = random_stored(rng, n3, 0.0f, 1.0f);
+  const std::vector<float> ve = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
+  // Tokens from all but the last id, so at least one row of ve is never read and dve's stays.
+  const std::vector<int> tokens = random_ints(rng, N, 0, std::max(1, Vp - 1));
+  const std::vector<float> scales = stored({0.6f, 0.45f});
+  const double a = scales[0], b = scales[1];
+  DeviceArray<floatX> d_qkv(n3), v_pre(n), d_ve(ve), d_scales(scales);
+  DeviceArray<int> d_tokens(tokens);
+  const floatX* ve_in = s.ve ? (floatX*)d_ve : nullptr;
+
+  auto v_at = [&](const std::vector<float>& rows, size_t t, int c) { return rows[t * 3 * C + 2 * C + c]; };
+  std::vector<float> ref_qkv = qkv, ref_v_pre(n);
+  for (size_t t = 0; t < (size_t)N; t++) {
+    for (int c = 0; c < C; c++) {
+      const double v = v_at(qkv, t, c);
+      ref_v_pre[t * C + c] = (float)v;
+      const double e = s.ve ? ve[(size_t)tokens[t] * C + c] : 0.0;
+      ref_qkv[t * 3 * C + 2 * C + c] = (float)(a * v + b * e);
+    }
+  }
+  auto forward = [&] {
+    d_qkv.upload(qkv);
+    v_pre.poison();
+    value_mix_forward(d_qkv, v_pre, ve_in, d_tokens, d_scales, N, C, 0);
+  };
+  forward();
+  const std::vector<float> got = d_qkv.download();
+  check_close("forward q, k unchanged", columns(got, N, 3 * C, 0, 2 * C), columns(qkv, N, 3 * C, 0, 2 * C), 0.0f);
+  check_close("forward v", columns(got, N, 3 * C, 2 * C, 3 * C), columns(ref_qkv, N, 3 * C, 2 * C, 3 * C),
+              kTolStore);
+  check_close("forward v_pre", v_pre.download(), ref_v_pre, 0.0f);
+  const Snapshot forward_bits(d_qkv, v_pre);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(d_qkv, v_pre));
+
+  // Backward from the forward's v_pre (the stored v, exactly ref_v_pre).
+  const std::vector<float> dqkv = random_stored(rng, n3, 0.0f, 1.0f);
+  const std::vector<float> dscales0 = random_stored(rng, 2, 0.0f, 1.0f);
+  const std::vector<float> dve0 = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
+  std::vector<float> ref_dqkv = dqkv;
+  std::vector<double> dve_sum((size_t)Vp * C, 0.0);
+  double da = 0.0, db = 0.0;
+  for (size_t t = 0; t < (size_t)N; t++) {
+    for (int c = 0; c < C; c++) {
+      const double g = v_at(dqkv, t, c), e = ve[(size_t)tokens[t] * C + c];
+      ref_dqkv[t * 3 * C + 2 * C + c] = (float)(a * g);
+      da += g * ref_v_pre[t * C + c];
+      db += g * e;
+      dve_sum[(size_t)tokens[t] * C + c] += b * g;
+    }
+  }
+  const std::vector<float> ref_dscales = {(float)(dscales0[0] + da), s.ve ? (float)(dscales0[1] + db) : dscales0[1]};
+  std::vector<float> ref_dve = dve0;
+  if (s.ve) {
+    for (size_t i = 0; i < ref_dve.size(); i++) ref_dve[i] = (float)(dve0[i] + dve_sum[i]);
+  }
+
+  DeviceArray<floatX> d_dqkv(n3), dscales(2), dve((size_t)Vp * C), scratch(n);
+  DeviceArray<float> partials((size_t)kRowBlocks * 2);
+  const int groups = ceil_div(C, WARP_SIZE * x128::size);
+  DeviceArray<int4> buckets((size_t)N * groups);
+  DeviceArray<int> positions(N);
+  EncoderBackwardBuffers buffers{buckets, positions};
+  EncoderBackwardPlan plan;
+  encoder_backward_plan(&plan, tokens.data(), N, C);
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    d_dqkv.upload(dqkv);
+    dscales.upload(dscales0);
+    dve.upload(dve0);
+    scratch.poison();
+    partials.poison();
+    value_mix_backward(d_dqkv, dscales, s.ve ? (floatX*)dve : nullptr, s.ve ? (floatX*)scratch : nullptr, partials,
+                       v_pre, ve_in, d_tokens, d_scales, s.ve ? &plan : nullptr, s.ve ? &buffers : nullptr, N, C,
+                       seed, 0);
+  };
+  backward();
+  const std::vector<float> got_d = d_dqkv.download();
+  check_close("backward dq, dk unchanged", columns(got_d, N, 3 * C, 0, 2 * C), columns(dqkv, N, 3 * C, 0, 2 * C),
+              0.0f);
+  check_close("backward dv_pre", columns(got_d, N, 3 * C, 2 * C, 3 * C), columns(ref_dqkv, N, 3 * C, 2 * C, 3 * C),
+              kTolStore);
+  // dscales[1] without a value embedding: untouched (exact); the sums: kTolSum.
+  const std::vector<float> got_dscales = dscales.download();
+  check_close("backward da", {got_dscales[0]}, {ref_dscales[0]}, kTolSum);
+  check_close(s.ve ? "backward db" : "backward db untouched", {got_dscales[1]}, {ref_dscales[1]},
+              s.ve ? kTolSum : 0.0f);
+  // The last id is never a token: its row must come back exactly, whatever the tolerance above.
+  const std::vector<float> got_dve = dve.download();
+  check_close(s.ve ? "backward dve" : "backward dve untouched", got_dve, ref_dve, s.ve ? kTolSum : 0.0f);
+  check_close("backward dve of an unseen token", std::vector<float>(got_dve.end() - C, got_dve.end()),
+              std::vector<float>(dve0.end() - C, dve0.end()), 0.0f);
+  const Snapshot backward_bits(d_dqkv, dscales, dve);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(d_dqkv, dscales, dve));
+}
+
+// ---- Attention gate ----
+
+struct GateCase {
+  int N, NH, C;
+};
+
+void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
+  const int N = s.N, NH = s.NH, C = s.C, G = C / kAttentionGateDivisor, HS = C / NH;
+  printf("\nattention gate N=%d NH=%d C=%d (G=%d, head size %d)\n", N, NH, C, G, HS);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> y = random_stored(rng, n, 0.0f, 1.0f), hn = random_stored(rng, n, 0.0f, 1.0f);
+  // z = W . hn[:G] of a few units, so that gates spread over (0, 1).
+  const std::vector<float> W = random_stored(rng, (size_t)NH * G, 0.0f, 2.0f / std::sqrt((float)G));
+  DeviceArray<floatX> d_y(y), d_hn(hn), d_W(W), yg(n);
+  DeviceArray<float> g((size_t)N * NH);
+
+  std::vector<double> gate((size_t)N * NH);
+  std::vector<float> ref_g(gate.size()), ref_yg(n);
+  for (int t = 0; t < N; t++) {
+    for (int h = 0; h < NH; h++) {
+      double z = 0.0;
+      for (int j = 0; j < G; j++) z += (double)W[h * G + j] * hn[(size_t)t * C + j];
+      gate[t * NH + h] = 1.0 / (1.0 + std::exp(-z));
+      ref_g[t * NH + h] = (float)gate[t * NH + h];
+    }
+    for (int c = 0; c < C; c++) ref_yg[(size_t)t * C + c] = (float)(y[(size_t)t * C + c] * gate[t * NH + c / HS]);
+  }
+  auto forward = [&] {
+    yg.poison();
+    g.poison();
+    attention_gate_forward(yg, g, d_y, d_hn, d_W, N, NH, C, 0);
+  };
+  forward();
+  check_close("forward yg", yg.download(), ref_yg, kTolStore);
+  check_close("forward g", g.download(), ref_g, kTolFP32);
+  const Snapshot forward_bits(yg, g);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(yg, g));
+  yg.poison();
+  attention_gate_apply(yg, d_y, g, N, NH, C, 0);
+  check_same_bits("apply as the forward", forward_bits, Snapshot(yg, g));
+
+  // Backward from the forward's g.
+  const std::vector<float> dyg = random_stored(rng, n, 0.0f, 1.0f);
+  // dhn's own gradient small beside the gate's, so that the gate's part is what is measured.
+  const std::vector<float> dhn0 = random_stored(rng, n, 0.0f, 0.1f);
+  const std::vector<float> dW0 = random_stored(rng, (size_t)NH * G, 0.0f, 1.0f);
+  std::vector<float> ref_dy(n), ref_dhn = dhn0;
+  std::vector<double> dW_sum((size_t)NH * G, 0.0), dz(NH);
+  for (int t = 0; t < N; t++) {
+    const size_t base = (size_t)t * C;
+    for (int h = 0; h < NH; h++) {
+      double dot = 0.0;
+      for (int d = 0; d < HS; d++) dot += (double)dyg[base + h * HS + d] * y[base + h * HS + d];
+      const double gh = gate[t * NH + h];
+      dz[h] = dot * gh * (1.0 - gh);
+      for (int d = 0; d < HS; d++) ref_dy[base + h * HS + d] = (float)(gh * dyg[base + h * HS + d]);
+      for (int j = 0; j < G; j++) dW_sum[h * G + j] += dz[h] * hn[base + j];
+    }
+    for (int j = 0; j < G; j++) {
+      double sum = 0.0;
+      for (int h = 0; h < NH; h++) sum += dz[h] * W[h * G + j];
+      ref_dhn[base + j] = (float)(dhn0[base + j] + sum);
+    }
+  }
+  std::vector<float> ref_dW(dW0.size());
+  for (size_t e = 0; e < ref_dW.size(); e++) ref_dW[e] = (float)(dW0[e] + dW_sum[e]);
+
+  DeviceArray<floatX> d_dyg(dyg), dy(n), dhn(n), dW((size_t)NH * G);
+  DeviceArray<float> partials((size_t)kRowBlocks * NH * G);
+  const uint32_t seed = rng.u32();
+  // in_place: dy is dyg's own memory (d_dyg holds dyg again first).
+  auto backward = [&](bool in_place) {
+    d_dyg.upload(dyg);
+    dy.poison();
+    dhn.upload(dhn0);
+    dW.upload(dW0);
+    partials.poison();
+    attention_gate_backward(in_place ? (floatX*)d_dyg : (floatX*)dy, dhn, dW, partials, d_dyg, d_y, g, d_hn, d_W,
+                            N, NH, C, seed, 0);
+  };
+  backward(false);
+  check_close("backward dy", dy.download(), ref_dy, kTolStore);
+  const std::vector<float> got_dhn = dhn.download();
+  check_close("backward dhn[:, :G]", columns(got_dhn, N, C, 0, G), columns(ref_dhn, N, C, 0, G), kTolStore);
+  check_close("backward dhn[:, G:] unchanged", columns(got_dhn, N, C, G, C), columns(dhn0, N, C, G, C), 0.0f);
+  check_close("backward dW", dW.download(), ref_dW, kTolSum);
+  const Snapshot backward_bits(dy, dhn, dW);
+  backward(false);
+  check_same_bits("backward twice", backward_bits, Snapshot(dy, dhn, dW));
+  backward(true);
+  check_same_bits("backward dy in place", backward_bits, Snapshot(d_dyg, dhn, dW));
+}
+
+// Shapes the kernels cannot take are refused with a message naming them.
+void test_bad_shapes() {
+  DeviceArray<floatX> a(3 * 768), b(3 * 768);
+  DeviceArray<float> g(8);
+  testing::check_throws([&] { attention_gate_forward(a, g, b, b, b, 1, 5, 768, 0); }, "head size",
+                        "attention_gate_forward with 5 heads of 768 channels");
+  testing::check_throws([&] { attention_gate_apply(a, b, g, 1, 1, 32, 0); }, "C at least 64",
+                        "attention_gate_apply at C = 32");
+  testing::check_throws([&] { residual_mix_forward(a, b, b, b, b, nullptr, 1, 768, 0); }, "skip_weight",
+                        "residual_mix_forward with a skip but no skip weight");
+  testing::check_throws([&] { value_mix_forward(a, b, b, nullptr, b, 1, 768, 0); }, "tokens",
+                        "value_mix_forward with a value embedding but no tokens");
+}
+
+int main() {
+  return run_kernel_tests("test_speedrun_steps", [] {
+    llmc::Rng rng(28);
+    for (bool skip : {false, true}) {
+      test_residual_mix({4 * 64 + 1, 768, skip, false}, rng);  // d12 width; one row per backward block, one more
+      test_residual_mix({3999, 768, skip, false}, rng);        // 16 rows per block; one short, six empty
+      test_residual_mix({37, 128, skip, false}, rng);          // tiny width; most blocks empty
+    }
+    test_residual_mix({1001, 256, false, true}, rng);  // the first layer: x is x0
+
+    for (bool ve : {true, false}) {
+      test_value_mix({4 * 64 + 1, 768, 64, ve}, rng);  // tokens repeated about four times
+      test_value_mix({3999, 768, 301, ve}, rng);
+      test_value_mix({37, 128, 5, ve}, rng);           // a few ids, many repeats
+    }
+    test_value_mix({7, 136, 3, true}, rng);  // 17 pieces of a row: a partial warp
+
+    test_attention_gate({4 * 64 + 1, 6, 768}, rng);  // d12: head size 128, G = 12
+    test_attention_gate({3999, 6, 768}, rng);
+    test_attention_gate({1001, 2, 256}, rng);  // G = 4
+    test_attention_gate({37, 1, 128}, rng);    // tiny: one head, G = 2
+    test_attention_gate({7, 1, 136}, rng);     // head size 136: 17 pieces, G = 2
+    test_bad_shapes();
+  });
+}
