@@ -549,6 +549,14 @@ void activation_table(const GPT2Config& c, int B, int T, ActivationSpec table[kN
   for (int i = 0; i < kNumActivations; i++) table[i] = t[i];
 }
 
+// Empty for GPT-2's architecture, the one this trainer runs; else why not and what trains it.
+std::string arch_refusal(const GPT2Config& c) {
+  if (c.arch == llmc::Arch::kGpt2) return "";
+  const char* trainer = c.speedrun() ? "train_gpt2.py --recipe speedrun" : "train_gpt2cu";
+  return llmc::strformat("the CPU trainer runs GPT-2's architecture only, not the %s one (%s): train it with %s",
+                         llmc::arch_spec(c.arch).name, c.describe().c_str(), trainer);
+}
+
 struct GPT2 {
   GPT2Config config;
   ParamSpec param_specs[kNumParamTensors];
@@ -572,10 +580,8 @@ struct GPT2 {
   bool has_targets = false;
 
   GPT2(const GPT2Config& c, std::vector<float> values) : config(c), params(std::move(values)) {
-    if (c.arch != llmc::Arch::kGpt2) {
-      LLMC_FAIL("the CPU trainer runs GPT-2's architecture only, not the %s one (%s): train "
-                "it with train_gpt2cu", llmc::arch_spec(c.arch).name, c.describe().c_str());
-    }
+    const std::string refusal = arch_refusal(c);
+    if (!refusal.empty()) LLMC_FAIL("%s", refusal.c_str());
     llmc::param_table(c, param_specs);
     llmc::param_offsets(c, param_offsets);
     num_parameters = llmc::num_parameters(c);
@@ -586,7 +592,7 @@ struct GPT2 {
   }
 
   size_t param_layer_size(int tensor) const {
-    return param_specs[tensor].size / (param_specs[tensor].per_layer ? config.num_layers : 1);
+    return llmc::param_slab_size(config, param_specs[tensor]);
   }
   float* param(int tensor, int layer = 0) {
     return params.data() + param_offsets[tensor] + layer * param_layer_size(tensor);
@@ -800,6 +806,8 @@ void gpt2_update(GPT2& model, float lr, const AdamWConfig& config) {
 GPT2 gpt2_from_checkpoint(const std::string& path) {
   std::vector<float> params;
   const GPT2Config config = checkpoint_load(path, &params);
+  const std::string refusal = arch_refusal(config);
+  if (!refusal.empty()) LLMC_FAIL("%s: %s", path.c_str(), refusal.c_str());
   return GPT2(config, std::move(params));
 }
 

@@ -6193,10 +6193,12 @@ struct ModelParams {
   llmc::Rng rng{0};  // seeds for stochastic rounding
   size_t param_bytes = 0;  // on the GPU
 
+  // Tensor i's slab of `layer` (llmc::param_slab; the tensor itself where it is not per layer).
   floatX* param(int i, int layer = 0) {
     const llmc::ParamSpec& s = param_specs[i];
-    const size_t per_layer = s.per_layer ? s.size / config.num_layers : 0;
-    return params + param_offsets[i] + layer * per_layer;
+    const int slab = llmc::param_slab(config, s, layer);
+    REQUIRE(slab >= 0, "param: layer %d has no %s (a layer without attention)", layer, s.name);
+    return params + param_offsets[i] + slab * llmc::param_slab_size(config, s);
   }
   floatX* grad(int i, int layer = 0) { return grads + (param(i, layer) - params); }
 };
@@ -6339,10 +6341,20 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
   optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
 }
 
+// The architectures the block runs: GPT-2's and the modern one. The speedrun's parameter table is
+// llmc's, but its steps (value embeddings, x0 lambdas, U-net skips, gates, the layer without
+// attention, the sigmoid cap over the padded vocabulary) are not wired yet. source: the model's
+// file, or what describes it.
+void require_trainable_arch(const llmc::GPT2Config& c, const std::string& source) {
+  REQUIRE(c.arch != llmc::Arch::kSpeedrun, "%s: a speedrun model (train_gpt2.py --recipe speedrun), which "
+          "train_gpt2cu does not train or evaluate yet; use train_gpt2.py with it", source.c_str());
+}
+
 // The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process
 // keeps the optimizer state of shard shard_rank only.
 void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64_t seed, int shard_rank,
                           int shard_count) {
+  require_trainable_arch(config, config.describe());
   m.config = config;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
@@ -7226,6 +7238,7 @@ void gpt2_muon_groups(GPT2& m) {
     if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
     const size_t matrix = (size_t)spec.rows * spec.cols;
     for (int l = 0; l < m.config.num_layers; l++) {
+      if (llmc::param_slab(m.config, spec, l) < 0) continue;
       for (int k = 0; k < spec.split; k++) {
         group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols});
       }
@@ -7323,7 +7336,7 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   MuonParams step = params;
   step.lr = params.lr * lr_fraction;
   auto group_seed = [seed](size_t g) {
-    return seed + 0x9e3779b9u * (uint32_t)(llmc::kNumParamTensors + 1 + g);
+    return seed + 0x9e3779b9u * (uint32_t)(llmc::muon_group_seed_index(g) + 1);
   };
   if (m.shard_count == 1) {
     for (size_t g = 0; g < m.muon_groups.size(); g++) {
@@ -8230,9 +8243,9 @@ std::function<void(int)> multi_gpu_overlapped_reduction(MultiGpu& mg, GPT2& m) {
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < llmc::kNumParamTensors; i++) {
       const llmc::ParamSpec& spec = m.param_specs[i];
-      if (spec.per_layer != (layer >= 0)) continue;
+      if (spec.per_layer() != (layer >= 0) || llmc::param_slab(m.config, spec, std::max(layer, 0)) < 0) continue;
       const size_t begin = m.grad(i, std::max(layer, 0)) - m.grads;
-      const size_t count = spec.per_layer ? spec.size / m.config.num_layers : spec.size;
+      const size_t count = llmc::param_slab_size(m.config, spec);
       reduce_grad_range(mg, m, begin, begin + count, mg.reduce_stream);
     }
     ncclCheck(ncclGroupEnd());
@@ -8695,11 +8708,13 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
+      require_trainable_arch(p.config, a.model);
     }
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
+    require_trainable_arch(p.config, path);
     llmc::GPT2Config requested;
     if (llmc::config_from_preset(a.model, &requested, a.recipe->arch) && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",

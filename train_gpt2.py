@@ -1404,10 +1404,12 @@ def add_debug_noise(model, std, seed):
 def write_debug_state(model, batch, args, device, out_dir):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
     gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
-    at constant learning rates (the first loss is the one before any update). GPT-2 with AdamW and
-    the mean loss writes version 3; the modern architecture, Muon, the summed loss or documents
-    version 4, whose header also names the architecture, the optimizers and their settings, and the
-    attention's documents and window (the window of step 0, which every debug step keeps).
+    at constant learning rates, Muon's momentum and AdamW's eps as the recipe makes them step by
+    step (the first loss is the one before any update). GPT-2 with AdamW and the mean loss writes
+    version 3; the modern or speedrun architecture, Muon, the summed loss or documents version 4,
+    whose header also names the architecture, the optimizers and their settings (Newton-Schulz's
+    steps and coefficients, the momentum's warmup, AdamW's eps placement), and the attention's
+    documents and window (the window of step 0, which every debug step keeps).
 
     The debug state is float32, the reference the C++ builds are checked against, except with
     --fp8 1 (gpt2_<name>_fp8_debug_state.bin): float32 has no FP8 products to compare with, so
@@ -1443,8 +1445,11 @@ def write_debug_state(model, batch, args, device, out_dir):
         for owner, group in groups:
             if owner == "adamw":
                 adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1, group["lr"],
-                           group["weight_decay"], (args.beta1, args.beta2), args.adam_eps, decay_all=config.modern)
+                           group["weight_decay"], (args.beta1, args.beta2), adam_eps(step, args),
+                           decay_all=config.modern)
         if muon_optimizer:
+            for group in muon_optimizer.param_groups:
+                group["momentum"] = muon_momentum(step, args)
             muon_optimizer.step()
 
     B, T = x.shape
@@ -1460,6 +1465,12 @@ def write_debug_state(model, batch, args, device, out_dir):
         adamw_lrs = [args.embedding_lr, args.head_lr, args.scalar_lr] if config.modern else [args.learning_rate] * 3
         header[15:21] = np.array(muon_hyper + adamw_lrs, np.float32).view(np.int32)
         header[21:23] = [int(model.documents), model.window_blocks or 0]
+        if muon:
+            steps, *coefficients = NEWTON_SCHULZ[args.muon_ns]
+            header[23] = steps
+            header[24:28] = np.array(coefficients + [muon_momentum(0, args)], np.float32).view(np.int32)
+            header[28] = args.muon_momentum_warmup
+        header[29] = int(args.adam_eps_before_correction)
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
@@ -1650,16 +1661,7 @@ def check_args(args):
         fail("--fp8 1 is GPT-2's recipe with AdamW; drop --fp8 or use --arch gpt2 --optimizer adamw")
     if args.optimizer == "muon" and args.muon_momentum_warmup < 0:
         fail(f"--muon_momentum_warmup {args.muon_momentum_warmup}: give 0 (constant momentum) or more steps")
-    check_speedrun_args(args)
     check_document_args(args)
-
-
-def check_speedrun_args(args):
-    """The C++ trainers do not train the speedrun architecture yet, so it has no debug state. Checked
-    with the flags and again once --init_from has given the architecture."""
-    if args.arch == "speedrun" and args.write_debug_state:
-        fail("--write_debug_state: the C++ trainers do not train the speedrun architecture yet, so it has no "
-             "debug state; drop --write_debug_state")
 
 
 def check_document_args(args):
@@ -1689,7 +1691,6 @@ def settle_arch(args, config):
         fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
              f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
     args.arch = config.arch
-    check_speedrun_args(args)
     group_lrs = ["embedding_lr", "head_lr", "scalar_lr"]
     if config.modern:
         for key in group_lrs:

@@ -4,10 +4,10 @@
 // checkpoint and debug-state files.
 //
 // Checkpoint file (llm.c compatible): 256 int32 header
-//   [0] magic 20240326  [1] version (GPT-2: 3 = FP32 params, 5 = BF16 params; the modern
-//   architecture: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
-//   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern; 0 in
-//   llm.c's files)  [254] [255] checksum kind and CRC-32 (llmc/file_header.h)
+//   [0] magic 20240326  [1] version (GPT-2: 3 = FP32 params, 5 = BF16 params; the modern and
+//   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
+//   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
+//   2 speedrun; 0 in llm.c's files)  [254] [255] checksum kind and CRC-32 (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
 // padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
 // file written here carries one. In memory a checkpoint's version is its precision (3 or 5); the
@@ -16,19 +16,27 @@
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
 //   [0] magic 20240327  [1] version 3 or 4  [2] B  [3] T  [4] number of optimizer steps
 //   [5] vocab_size  [6..11] float bits of AdamW's lr, beta1, beta2, eps, weight_decay, grad_clip
-// version 4 (the modern architecture, Muon, the summed loss, or documents; version 3 is GPT-2
-// with AdamW, the mean loss and causal attention) also has
-//   [12] architecture (0 GPT-2, 1 modern)  [13] optimizer of the blocks' matrices (0 AdamW,
-//   1 Muon)  [14] loss of the gradients (0 mean, 1 sum of the token losses)
+// version 4 (the modern or speedrun architecture, Muon, the summed loss, or documents; version 3
+// is GPT-2 with AdamW, the mean loss and causal attention) also has
+//   [12] architecture (0 GPT-2, 1 modern, 2 speedrun)  [13] optimizer of the blocks' matrices
+//   (0 AdamW, 1 Muon)  [14] loss of the gradients (0 mean, 1 sum of the token losses)
 //   [15..20] float bits of Muon's lr, weight decay, momentum (0 without Muon), and AdamW's lr of
-//   the embedding (wte; GPT-2: wte, wpe), the head weight and the 1-D tensors (GPT-2: each [6])
+//   the embedding (wte; GPT-2: wte, wpe; speedrun: and the value embeddings), the head weight and
+//   the 1-D tensors (GPT-2: each [6]; speedrun: its scalars)
 //   [21] attention within documents (0 causal, 1 documents: token 50256 opens each)
 //   [22] with documents, the long window in 128-token blocks of every step (0: none)
+//   [23] Muon's Newton-Schulz steps, [24..26] float bits of their coefficients a, b, c (0 without
+//   Muon; files written before these slots have 0 there: the baseline's 12 of (2, -1.5, 0.5))
+//   [27] float bits of Muon's momentum at step 0, [28] the steps over which it rises linearly to
+//   [17] (0: [17] at every step)  [29] AdamW's eps added to sqrt(v) before the bias correction
+//   (1, the speedrun's: the update lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)) or to
+//   sqrt(vhat) (0)
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
-// head's output before the soft cap), loss (float32, the mean token loss), every parameter
-// gradient (float32, table order, padded wte; of the loss [14] names), and the losses (means)
-// of the optimizer steps on that batch at constant learning rates (float32 each; the first is
-// the loss before any update).
+// head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
+// padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
+// loss [14] names), and the losses (means) of the optimizer steps on that batch at constant
+// learning rates, Muon's momentum and AdamW's eps as [27..29] make them step by step (float32
+// each; the first is the loss before any update).
 #pragma once
 
 #include <algorithm>
@@ -52,16 +60,16 @@ constexpr int kCheckpointVersionModernFP32 = 6;
 constexpr int kCheckpointVersionModernBF16 = 7;
 constexpr int kDebugStateMagic = 20240327;
 constexpr int kDebugStateVersion = 3;
-constexpr int kDebugStateVersionRecipe = 4;  // the modern architecture or Muon
+constexpr int kDebugStateVersionRecipe = 4;  // the modern architectures or Muon
 constexpr int kVocabPadMultiple = 128;
 
-// GPT-2 (LayerNorm, learned positions, GELU, tied head) or the modern architecture of
+// GPT-2 (LayerNorm, learned positions, GELU, tied head), the modern architecture of
 // modded-nanogpt's optimization-track baseline (RMSNorm, QK-norm and half-truncated rotary
-// positions, ReLU^2, a separate head with bias, soft-capped logits).
-enum class Arch : int { kGpt2 = 0, kModern = 1 };
-// The architecture id of train_gpt2.py's speedrun checkpoints (modded-nanogpt's record #28), which
-// the C++ programs do not load yet: they refuse such a file by name.
-constexpr int kArchIdSpeedrun = 2;
+// positions, ReLU^2, a separate head with bias, soft-capped logits), or its speedrun record #28
+// (SPEC.md "The speedrun architecture": the modern blocks without gains or biases, wired with value
+// embeddings, x0 lambdas, U-net skips, gated heads and a layer without attention), which the C++
+// programs describe and read but do not train yet.
+enum class Arch : int { kGpt2 = 0, kModern = 1, kSpeedrun = 2 };
 
 struct GPT2Config {
   Arch arch = Arch::kGpt2;
@@ -80,10 +88,12 @@ struct GPT2Config {
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
   bool modern() const { return arch == Arch::kModern; }
+  bool speedrun() const { return arch == Arch::kSpeedrun; }
   int head_size() const { return channels / num_heads; }
 
   std::string describe() const {
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d", modern() ? "modern " : "", num_layers,
+    const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d", prefix, num_layers,
                      num_heads, channels, max_seq_len, vocab_size, padded_vocab_size);
   }
 };
@@ -128,23 +138,60 @@ struct LogitCap {
 // decoder and the optimizers read these instead of testing the architecture themselves.
 struct ArchSpec {
   const char* name;
-  bool rms_norm;           // RMSNorm with a gain (no bias) instead of LayerNorm
+  bool rms_norm;           // RMSNorm (no bias) instead of LayerNorm
+  bool norm_gains;         // the norms have gains (the speedrun's RMS norms are weightless)
   bool embedding_norm;     // a norm of the embedding, the residual stream's start (lnew)
   bool learned_positions;  // wpe added to the embedding
   bool qk_norm_rotary;     // q and k: weightless RMS norm, then half-truncated rotary positions
   bool relu2;              // the MLP's activation: ReLU^2 instead of GELU (tanh)
-  bool tied_head;          // the head is wte; else headw and a bias headb
-  bool zero_init_outputs;  // the seeded init is modded-nanogpt's (init_modern_from_seed), whose
-                           // output projections and head start at zero; else GPT-2's
+  bool tied_head;          // the head is wte; else headw (with a bias headb where biases)
+  bool biases;             // the linear layers (and a separate head) have biases
+  bool zero_init_outputs;  // modded-nanogpt's seeded init (init_modern_from_seed,
+                           // init_speedrun_from_seed): output projections and head start at zero
   LogitCap logit_cap;      // the logits the softmax sees
   float attention_scale;   // the softmax scale (0: 1 / sqrt(head size))
+  bool loss_over_padded_vocab;  // the softmax and the loss over all Vp columns (the speedrun's
+                                // reference keeps its padded columns); else over the V real ones
+  // The speedrun's wiring of the blocks (SPEC.md "The speedrun architecture"):
+  int value_embeddings;    // ve [value_embeddings, Vp, C]: v = a v + b ve[k] in the first and the
+                           // last value_embeddings layers (k = 0, 1, ... in each), v = a v elsewhere
+  bool x0_lambdas;         // a block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
+  bool unet_skips;         // layer L/2 + j adds skip_weights[j] times the output of layer L/2 - 1 - j
+  bool attention_gate;     // each head's output times sigmoid(gate . h[:C/64]), h the normed input
+  int layer_without_attention;  // the layer with no attention (no ln1, no attention tensors); -1: none
 };
 
+// The attention gate reads the first C / kGateDivisor channels of the attention's input.
+constexpr int kGateDivisor = 64;
+// The speedrun's reference lays out its U-net, value embeddings and windows for 12 layers.
+constexpr int kSpeedrunLayers = 12;
+
 inline const ArchSpec& arch_spec(Arch a) {
-  static const ArchSpec kGpt2 = {"gpt2", false, false, true, false, false, true, false, {}, 0.0f};
-  static const ArchSpec kModern = {"modern", true, true, false, true, true, false, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f};
-  return a == Arch::kModern ? kModern : kGpt2;
+  static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
+                                 {}, 0.0f, false, 0, false, false, false, -1};
+  static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, 0, false, false, false, -1};
+  static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, 3, true, true, true, 7};
+  return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
+}
+
+// The layers with attention: all but ArchSpec::layer_without_attention.
+inline bool layer_has_attention(const GPT2Config& c, int layer) {
+  return layer != arch_spec(c.arch).layer_without_attention;
+}
+
+inline int attention_layers(const GPT2Config& c) {
+  const int without = arch_spec(c.arch).layer_without_attention;
+  return c.num_layers - (without >= 0 && without < c.num_layers ? 1 : 0);
+}
+
+// The value embedding layer `layer` mixes into v: k in the first value_embeddings layers and
+// again in the last ones (the speedrun's 0, 1, 2 ... 0, 1, 2); -1 where none.
+inline int layer_value_embedding(const GPT2Config& c, int layer) {
+  const int k = arch_spec(c.arch).value_embeddings;
+  if (layer < k) return layer;
+  return layer >= c.num_layers - k ? layer - (c.num_layers - k) : -1;
 }
 
 // PyTorch's F.rms_norm default (eps=None): the FP32 epsilon, also for BF16 inputs.
@@ -182,6 +229,11 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
     LLMC_FAIL("invalid %s model config: head size %d must be a multiple of 4 (rotary pairs)",
               arch_spec(arch).name, channels / num_heads);
   }
+  if (arch == Arch::kSpeedrun && (num_layers != kSpeedrunLayers || channels < kGateDivisor)) {
+    LLMC_FAIL("invalid speedrun model config L=%d C=%d: its reference's %d layers, and C at least %d "
+              "(the attention gate reads C/%d channels)", num_layers, channels, kSpeedrunLayers,
+              kGateDivisor, kGateDivisor);
+  }
   GPT2Config c;
   c.arch = arch;
   c.num_layers = num_layers;
@@ -196,8 +248,15 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
 // "d12", "d24", "d36", "d48" are GPT-2 124M/350M/774M/1.5B; "tiny" is a small
 // model for fast tests (head size 32, so it also exercises the non-64 paths). The modern
 // architecture keeps the widths and depths with head size 128 (6, 8 and 10 heads); 128 does not
-// divide d48's 1600, so d48 has 25 heads of 64; its tiny has one head of 128.
+// divide d48's 1600, so d48 has 25 heads of 64; its tiny has one head of 128. The speedrun has its
+// reference's d12 (maxT its validation's 262,144-token sequences) and a tiny of 12 layers of 2
+// heads of 64 (train_gpt2.py's SPEEDRUN_PRESETS).
 inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch arch = Arch::kGpt2) {
+  if (arch == Arch::kSpeedrun) {
+    if (name == "d12") { *out = make_config(12, 6, 768, 262144, 50257, arch); return true; }
+    if (name == "tiny") { *out = make_config(12, 2, 128, 1024, 50257, arch); return true; }
+    return false;
+  }
   if (arch == Arch::kModern) {
     if (name == "d12") { *out = make_config(12, 6, 768, 1024, 50257, arch); return true; }
     if (name == "d24") { *out = make_config(24, 8, 1024, 1024, 50257, arch); return true; }
@@ -218,68 +277,127 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // Parameter table
 
 // One table for every architecture: a tensor its switches (ArchSpec) leave out has size 0, so
-// GPT-2's sizes, offsets and file layout are those of llm.c, and the modern ones follow the same
-// order.
-constexpr int kNumParamTensors = 19;
+// GPT-2's sizes, offsets and file layout are those of llm.c, the modern ones follow the same order,
+// and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint").
+constexpr int kNumParamTensors = 24;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
+  kVe, kAttngate, kSkipw, kLambdas, kValueScales,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
-// each role with its own learning rate in the modern recipe.
+// each role with its own learning rate in the modern recipes (kVector: the 1-D tensors, the
+// speedrun's scalars).
 enum class ParamRole { kEmbedding, kMatrix, kVector, kHead };
+
+// How a tensor is stacked: one tensor, one slab per layer, or one per layer with attention (the
+// attention's tensors; every layer but ArchSpec::layer_without_attention).
+enum class ParamStack { kWhole, kLayers, kAttentionLayers };
 
 struct ParamSpec {
   const char* name;
   size_t size;      // elements
-  bool per_layer;   // stacked over layers: size = L * layer_size
+  ParamStack stack;
   bool decayed;     // GPT-2's AdamW weight decay applies (2-D matrices only)
   bool residual_projection;  // GPT-2's init std scaled by 1/sqrt(2L); the modern init's zeros
   ParamRole role;
   int rows = 0, cols = 0;  // kMatrix: one matrix [rows, cols]; a layer's slab holds `split` of them
   int split = 1;           // qkvw: q, k and v, which Muon orthogonalises one by one
+
+  bool per_layer() const { return stack != ParamStack::kWhole; }
 };
 
 // Shapes follow PyTorch: linear weights are [out, in].
 inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) {
   const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
+  const size_t NH = c.num_heads, La = attention_layers(c);
   const int Ci = c.channels;
   const ArchSpec& a = arch_spec(c.arch);
   // 1 where the switch gives the model the tensor(s), else 0.
-  const size_t positions = a.learned_positions ? 1 : 0, embedding_norm = a.embedding_norm ? 1 : 0;
-  const size_t norm_bias = a.rms_norm ? 0 : 1, head = a.tied_head ? 0 : 1;
+  const size_t positions = a.learned_positions ? 1 : 0;
+  const size_t gains = a.norm_gains ? 1 : 0, embedding_gain = a.embedding_norm && a.norm_gains ? 1 : 0;
+  const size_t norm_bias = a.rms_norm ? 0 : 1, head = a.tied_head ? 0 : 1, bias = a.biases ? 1 : 0;
+  const size_t ve = a.value_embeddings, lambdas = a.x0_lambdas ? 2 : 0;
+  const size_t skips = a.unet_skips ? L / 2 : 0, gate = a.attention_gate ? 1 : 0;
+  const size_t value_scales = a.value_embeddings > 0 ? 2 : 0;  // (a, b) in every attention layer
   using R = ParamRole;
+  const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
+  const ParamStack attention = ParamStack::kAttentionLayers;
   ParamSpec t[kNumParamTensors] = {
-      {"wte", Vp * C, false, true, false, R::kEmbedding},
-      {"wpe", positions * T * C, false, true, false, R::kEmbedding},
-      {"lnew", embedding_norm * C, false, false, false, R::kVector},
-      {"ln1w", L * C, true, false, false, R::kVector},
-      {"ln1b", norm_bias * L * C, true, false, false, R::kVector},
-      {"qkvw", L * 3 * C * C, true, true, false, R::kMatrix, Ci, Ci, 3},
-      {"qkvb", L * 3 * C, true, false, false, R::kVector},
-      {"attprojw", L * C * C, true, true, true, R::kMatrix, Ci, Ci},
-      {"attprojb", L * C, true, false, false, R::kVector},
-      {"ln2w", L * C, true, false, false, R::kVector},
-      {"ln2b", norm_bias * L * C, true, false, false, R::kVector},
-      {"fcw", L * 4 * C * C, true, true, false, R::kMatrix, 4 * Ci, Ci},
-      {"fcb", L * 4 * C, true, false, false, R::kVector},
-      {"fcprojw", L * C * 4 * C, true, true, true, R::kMatrix, Ci, 4 * Ci},
-      {"fcprojb", L * C, true, false, false, R::kVector},
-      {"lnfw", C, false, false, false, R::kVector},
-      {"lnfb", norm_bias * C, false, false, false, R::kVector},
-      {"headw", head * Vp * C, false, true, true, R::kHead},
-      {"headb", head * Vp, false, false, false, R::kVector},
+      {"wte", Vp * C, whole, true, false, R::kEmbedding},
+      {"wpe", positions * T * C, whole, true, false, R::kEmbedding},
+      {"lnew", embedding_gain * C, whole, false, false, R::kVector},
+      {"ln1w", gains * La * C, attention, false, false, R::kVector},
+      {"ln1b", norm_bias * La * C, attention, false, false, R::kVector},
+      {"qkvw", La * 3 * C * C, attention, true, false, R::kMatrix, Ci, Ci, 3},
+      {"qkvb", bias * La * 3 * C, attention, false, false, R::kVector},
+      {"attprojw", La * C * C, attention, true, true, R::kMatrix, Ci, Ci},
+      {"attprojb", bias * La * C, attention, false, false, R::kVector},
+      {"ln2w", gains * L * C, layers, false, false, R::kVector},
+      {"ln2b", norm_bias * L * C, layers, false, false, R::kVector},
+      {"fcw", L * 4 * C * C, layers, true, false, R::kMatrix, 4 * Ci, Ci},
+      {"fcb", bias * L * 4 * C, layers, false, false, R::kVector},
+      {"fcprojw", L * C * 4 * C, layers, true, true, R::kMatrix, Ci, 4 * Ci},
+      {"fcprojb", bias * L * C, layers, false, false, R::kVector},
+      {"lnfw", gains * C, whole, false, false, R::kVector},
+      {"lnfb", norm_bias * C, whole, false, false, R::kVector},
+      {"headw", head * Vp * C, whole, true, true, R::kHead},
+      {"headb", head * bias * Vp, whole, false, false, R::kVector},
+      {"ve", ve * Vp * C, whole, true, false, R::kEmbedding},
+      {"attngate", gate * La * NH * (C / kGateDivisor), attention, true, false, R::kMatrix, (int)NH,
+       Ci / kGateDivisor},
+      {"skipw", skips, whole, false, false, R::kVector},
+      {"lambdas", L * lambdas, layers, false, false, R::kVector},
+      {"value_scales", La * value_scales, attention, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
 
+// The layers a tensor is stacked over (ParamStack): L, the attention layers, or 1 (kWhole).
+inline int param_layers(const GPT2Config& c, const ParamSpec& s) {
+  if (s.stack == ParamStack::kWhole) return 1;
+  return s.stack == ParamStack::kAttentionLayers ? attention_layers(c) : c.num_layers;
+}
+
+// Elements of one layer's slab (kWhole: the tensor).
+inline size_t param_slab_size(const GPT2Config& c, const ParamSpec& s) {
+  return s.size / param_layers(c, s);
+}
+
+// Which slab of tensor s layer `layer` reads: its position among the layers s is stacked over; 0
+// for a tensor of kWhole (any layer); -1 where the layer has none (an attention tensor in the
+// layer without attention).
+inline int param_slab(const GPT2Config& c, const ParamSpec& s, int layer) {
+  if (s.stack == ParamStack::kWhole) return 0;
+  if (s.stack == ParamStack::kLayers) return layer;
+  if (!layer_has_attention(c, layer)) return -1;
+  const int without = arch_spec(c.arch).layer_without_attention;
+  return without >= 0 && layer > without ? layer - 1 : layer;
+}
+
+// The stochastic rounding seeds of AdamW's tensors and Muon's groups take an index each, fixed when
+// the table held kSeededTensors tensors (GPT-2's and the modern ones), so that those runs keep
+// their bits: tensor i rounds with seed + 0x9e3779b9 * (param_seed_index(i) + 1), Muon's group g
+// (a matrix shape; a handful) with index kSeededTensors + g, and the speedrun's tensors take
+// indices after kMaxMuonGroups of those.
+constexpr int kSeededTensors = 19;
+constexpr int kMaxMuonGroups = 16;
+
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it: what seeds a tensor's
 // stochastic rounding, so that GPT-2's seeds stay those of its 16-tensor table.
 inline int param_seed_index(int i) {
-  if (i == kLnew) return kNumParamTensors - 1;
+  if (i == kLnew) return kSeededTensors - 1;
+  if (i >= kSeededTensors) return kSeededTensors + kMaxMuonGroups + (i - kSeededTensors);
   return i > kLnew ? i - 1 : i;
+}
+
+inline int muon_group_seed_index(size_t g) {
+  if (g >= (size_t)kMaxMuonGroups) {
+    LLMC_FAIL("Muon: matrix group %zu, but the rounding seeds leave room for %d groups", g, kMaxMuonGroups);
+  }
+  return kSeededTensors + (int)g;
 }
 
 inline size_t num_parameters(const GPT2Config& c) {
@@ -306,7 +424,7 @@ inline void param_offsets(const GPT2Config& c, size_t offsets[kNumParamTensors])
 
 // A file's version from its architecture and precision (kCheckpointVersionFP32 or BF16), and back.
 inline int checkpoint_file_version(const GPT2Config& c, int precision) {
-  if (!c.modern()) return precision;
+  if (c.arch == Arch::kGpt2) return precision;
   return precision == kCheckpointVersionBF16 ? kCheckpointVersionModernBF16 : kCheckpointVersionModernFP32;
 }
 
@@ -323,20 +441,18 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   const bool modern = h[1] == kCheckpointVersionModernFP32 || h[1] == kCheckpointVersionModernBF16;
   if (!gpt2 && !modern) {
     LLMC_FAIL("%s: unsupported checkpoint version %d (expected %d or %d for GPT-2 in FP32 or BF16, "
-              "%d or %d for the modern architecture)", path.c_str(), h[1], kCheckpointVersionFP32,
+              "%d or %d for the modern and speedrun architectures)", path.c_str(), h[1], kCheckpointVersionFP32,
               kCheckpointVersionBF16, kCheckpointVersionModernFP32, kCheckpointVersionModernBF16);
   }
-  if (modern && h[8] == kArchIdSpeedrun) {
-    LLMC_FAIL("%s: a speedrun checkpoint (train_gpt2.py --recipe speedrun), which the C++ programs do not "
-              "load yet; use train_gpt2.py with it", path.c_str());
-  }
-  if (modern && h[8] != (int)Arch::kModern) {
-    LLMC_FAIL("%s: version %d names the modern architecture but the header's architecture is %d: "
-              "the header is damaged; re-create the file", path.c_str(), h[1], h[8]);
+  const bool later_arch = h[8] == (int)Arch::kModern || h[8] == (int)Arch::kSpeedrun;
+  if (modern && !later_arch) {
+    LLMC_FAIL("%s: version %d names the modern or speedrun architecture but the header's architecture "
+              "is %d (expected %d or %d): the header is damaged; re-create the file", path.c_str(), h[1],
+              h[8], (int)Arch::kModern, (int)Arch::kSpeedrun);
   }
   GPT2Config c;
   try {
-    c = make_config(h[4], h[5], h[6], h[2], h[3], modern ? Arch::kModern : Arch::kGpt2);
+    c = make_config(h[4], h[5], h[6], h[2], h[3], modern ? (Arch)h[8] : Arch::kGpt2);
   } catch (const Error& e) {
     LLMC_FAIL("%s: %s: the header is damaged; re-create the file", path.c_str(), e.what());
   }
@@ -548,6 +664,14 @@ struct DebugState {
   // Version 4: attention within documents, in a window of window_blocks (0: none).
   bool documents = false;
   int window_blocks = 0;
+  // Version 4 with Muon: Newton-Schulz's steps of X <- a X + (b A + c A A) X; the momentum,
+  // muon_momentum_start at step 0 rising linearly to muon_momentum over muon_momentum_warmup
+  // steps. AdamW's eps before the bias correction (the speedrun's) or after it.
+  int newton_schulz_steps = 0;
+  float newton_schulz_a = 0, newton_schulz_b = 0, newton_schulz_c = 0;
+  float muon_momentum_start = 0;
+  int muon_momentum_warmup = 0;
+  bool eps_before_correction = false;
   std::vector<int> inputs, targets;
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
@@ -559,6 +683,30 @@ inline float float_from_bits(int bits) {
   float f;
   memcpy(&f, &bits, 4);
   return f;
+}
+
+// A version-4 header's Newton-Schulz, momentum warmup and eps placement ([23..29]) into d, whose
+// Muon settings ([13], [17]) are read already.
+inline void debug_state_read_optimizer(const int h[kHeaderInts], const std::string& path, DebugState* d) {
+  if (h[23] < 0 || h[28] < 0 || h[29] < 0 || h[29] > 1 || (!d->muon && (h[23] != 0 || h[28] != 0))) {
+    LLMC_FAIL("%s: Newton-Schulz steps %d, momentum warmup %d and eps placement %d in the header (steps "
+              "and warmup 0 or more, with Muon only; placement 0 or 1): the header is damaged; re-create "
+              "it with train_gpt2.py", path.c_str(), h[23], h[28], h[29]);
+  }
+  d->eps_before_correction = h[29] == 1;
+  if (!d->muon) return;
+  if (h[23] == 0) {  // written before these slots: the baseline's Newton-Schulz, a constant momentum
+    d->newton_schulz_steps = 12;
+    d->newton_schulz_a = 2.0f, d->newton_schulz_b = -1.5f, d->newton_schulz_c = 0.5f;
+    d->muon_momentum_start = d->muon_momentum;
+    return;
+  }
+  d->newton_schulz_steps = h[23];
+  d->newton_schulz_a = float_from_bits(h[24]);
+  d->newton_schulz_b = float_from_bits(h[25]);
+  d->newton_schulz_c = float_from_bits(h[26]);
+  d->muon_momentum_start = float_from_bits(h[27]);
+  d->muon_momentum_warmup = h[28];
 }
 
 inline DebugState debug_state_load(const std::string& path, const GPT2Config& c) {
@@ -606,6 +754,7 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     }
     d.documents = h[21] == 1;
     d.window_blocks = h[22];
+    debug_state_read_optimizer(h, path, &d);
   }
   if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),
@@ -667,6 +816,32 @@ inline void init_modern_from_seed(const GPT2Config& c, const ParamSpec* table, c
   }
 }
 
+// The speedrun (train_gpt2.py init_weights_speedrun, its reference's values): wte, then each value
+// embedding, N(0, 1) with every row drawn (the loss reads the padded columns), then for each layer
+// in turn qkvw (layers with attention) and fcw uniform in +-sqrt(3) * 0.5 / sqrt(C), one slab per
+// draw; the output projections, the gates and the head zero, the skip weights one, each layer's
+// lambdas (1, 0) and value scales 0.5.
+inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table, const size_t* offsets,
+                                    Rng& rng, std::vector<float>& params) {
+  std::fill_n(params.begin() + offsets[kSkipw], table[kSkipw].size, 1.0f);
+  for (int layer = 0; layer < c.num_layers; layer++) params[offsets[kLambdas] + 2 * layer] = 1.0f;
+  std::fill_n(params.begin() + offsets[kValueScales], table[kValueScales].size, 0.5f);
+  rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, 1.0);
+  const size_t embedding = table[kWte].size;
+  for (size_t k = 0; k < table[kVe].size / embedding; k++) {
+    rng.normal(params.data() + offsets[kVe] + k * embedding, embedding, 0.0, 1.0);
+  }
+  const double bound = std::sqrt(3.0) * 0.5 / std::sqrt((double)c.channels);
+  for (int layer = 0; layer < c.num_layers; layer++) {
+    for (int i : {kQkvw, kFcw}) {
+      const int slab = param_slab(c, table[i], layer);
+      if (slab < 0) continue;
+      const size_t size = param_slab_size(c, table[i]);
+      rng.uniform(params.data() + offsets[i] + slab * size, size, -bound, bound);
+    }
+  }
+}
+
 inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed) {
   ParamSpec table[kNumParamTensors];
   size_t offsets[kNumParamTensors];
@@ -674,7 +849,11 @@ inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t se
   param_offsets(c, offsets);
   std::vector<float> params(num_parameters(c), 0.0f);
   Rng rng(seed);
-  if (arch_spec(c.arch).zero_init_outputs) {
+  if (c.arch == Arch::kSpeedrun) {
+    init_speedrun_from_seed(c, table, offsets, rng, params);
+    return params;
+  }
+  if (c.arch == Arch::kModern) {
     init_modern_from_seed(c, table, offsets, rng, params);
     return params;
   }

@@ -4,8 +4,8 @@
 //
 // - Rng is MT19937 seeded like torch.manual_seed (init_genrand with the low 32
 //   bits of the seed); u32() is the standard tempered output.
-// - uniform_float() is torch's float uniform_: the low 24 bits of one u32 times
-//   2^-24. uniform_double() is torch's double uniform_: the low 53 bits of a
+// - uniform_float() is torch's float uniform_ on [0, 1): the low 24 bits of one
+//   u32 times 2^-24; uniform() fills n of them on [from, to). uniform_double() is torch's double uniform_: the low 53 bits of a
 //   64-bit draw (first u32 high, second low) times 2^-53.
 // - normal() reproduces torch.Tensor.normal_(mean, std) on a contiguous float32
 //   CPU tensor of n values:
@@ -267,6 +267,17 @@ class Rng {
       float* tail = out + n - 16;
       for (int i = 0; i < 16; i++) tail[i] = uniform_float();
       detail::box_muller16(tail, mean_f, std_f, kernel);
+    }
+  }
+
+  // torch.empty(n).uniform_(from, to) after the same draws: x * (to - from) + from in float, x
+  // one uniform_float() each, from and to rounded to float first. PyTorch's AVX2 build fuses the
+  // multiply-add (kAvx2), its DEFAULT one does not (kLibm), as for normal().
+  void uniform(float* out, size_t n, double from, double to, NormalKernel kernel = NormalKernel::kAvx2) {
+    const float low = (float)from, range = (float)to - low;
+    for (size_t i = 0; i < n; i++) {
+      const float x = uniform_float();
+      out[i] = kernel == NormalKernel::kAvx2 ? std::fma(x, range, low) : detail::add_unfused(x * range, low);
     }
   }
 

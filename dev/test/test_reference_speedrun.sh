@@ -5,7 +5,8 @@
 # gates, layer 7 without attention, the sigmoid cap over the padded vocabulary), which layers each
 # value embedding reaches, the schedules at sample steps, Newton-Schulz with the speedrun's
 # coefficients, Muon's scale of fc, Adam's eps before the bias correction, its checkpoints (SPEC's
-# order, round trips, the C++ programs' refusal), the bfloat16 embeddings of bfloat16 runs, a short
+# order, round trips, the CPU trainer's refusal), its debug state read back by build/test_utils
+# --speedrun (with the seeded init against llmc's), the bfloat16 embeddings of bfloat16 runs, a short
 # training on document shards (the loss falls, twice the same), and the flag errors. PYTHON as in
 # train_gpt2_py_lib.sh.
 set -euo pipefail
@@ -331,19 +332,47 @@ def documents(count):  # each a run of consecutive tokens mod 64 from a random o
 for name in ("train", "val"):
     ref.write_shard(os.path.join(sys.argv[1], f"{name}_000000.bin"), documents(100))
 EOF
-echo "--- the C++ programs refuse a speedrun checkpoint by name"
-MAKEFLAGS= ${MAKE:-make} -s train_gpt2
+echo "--- the CPU trainer refuses a speedrun checkpoint by name"
+MAKEFLAGS= ${MAKE:-make} -s train_gpt2 build/test_utils
 expect_cpp_refusal() {  # the CPU trainer given the speedrun file: one line naming it
   if ./train_gpt2 -e "$1" -x 1 -i "$WORK/data/train_*.bin" -j "$WORK/data/val_*.bin" > "$WORK/cpp.out" 2>&1; then
     echo "FAIL: the CPU trainer took the speedrun checkpoint $1"
     exit 1
   fi
-  grep -qF "error: $1: a speedrun checkpoint (train_gpt2.py --recipe speedrun)" "$WORK/cpp.out" ||
+  grep -qF "error: $1: the CPU trainer runs GPT-2's architecture only, not the speedrun one" "$WORK/cpp.out" &&
+    grep -qF "train it with train_gpt2.py --recipe speedrun" "$WORK/cpp.out" && [ "$(wc -l < "$WORK/cpp.out")" = 1 ] ||
     { echo "FAIL: unexpected error:"; cat "$WORK/cpp.out"; exit 1; }
   echo "ok: $(head -n 1 "$WORK/cpp.out")"
 }
 expect_cpp_refusal "$WORK/speedrun_3.bin"
 expect_cpp_refusal "$WORK/speedrun_5.bin"
+
+echo "--- the debug state (float32, Muon, documents), read back by the C++ model description"
+"$PYTHON" train_gpt2.py --recipe speedrun --model tiny --write_debug_state "$WORK/debug" -b 1 -t 128 \
+  --debug_steps 2 --seed 7 --debug_noise 0.02 --device cpu
+check "train_gpt2.py's seeded init and the debug state's gradients by tensor, for build/test_utils --speedrun" <<'EOF'
+import os, numpy as np, torch, train_gpt2 as tg
+out = os.environ["WORK"]
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
+model = tg.GPT(config)
+tg.init_weights(model, 9)
+tg.write_checkpoint(model, f"{out}/init.bin", tg.CHECKPOINT_FP32)
+path = f"{out}/debug/gpt2_speedrun_tiny_muon_debug_state.bin"
+header = np.fromfile(path, np.int32, tg.HEADER_INTS)
+B, T, V = header[2], header[3], header[5]
+assert header[1] == 4 and header[12] == 2 and header[13] == 1 and header[14] == 1 and header[21] == 1
+grads = np.fromfile(path, np.float32, offset=4 * (tg.HEADER_INTS + 2 * B * T + B * T * V + 1))
+names = {id(p): name for name, p in model.named_parameters()}
+offset = 0
+with open(f"{out}/tensors.txt", "w") as f:
+    for p in tg.params_in_file_order(model):
+        g = grads[offset:offset + p.numel()].astype(np.float64)
+        f.write(f"{names[id(p)]} {p.numel()} {offset} {np.dot(g, g):.17g}\n")
+        offset += p.numel()
+assert offset + header[4] == grads.size, "the gradients and step losses fill the file"
+print(f"{len(names)} tensors, {offset:,} gradients; init of seed 9 written")
+EOF
+build/test_utils --speedrun "$WORK/init.bin" 9 "$WORK/debug/gpt2_speedrun_tiny_muon_debug_state.bin" "$WORK/tensors.txt"
 
 run_speedrun() {  # 2 micro steps of one 256-token sequence, validation on 512-token sequences
   "$PYTHON" train_gpt2.py --recipe speedrun --model tiny -t 256 --total_batch_size 512 --num_iterations 8 \
@@ -366,8 +395,6 @@ echo "--- flag errors"
 SPEEDRUN=(--recipe speedrun -t 256 --device cpu --input_bin "$WORK/data/train_*.bin")
 expect_error "drop --arch modern" "${SPEEDRUN[@]}" --arch modern
 expect_error "--fp8 1 is GPT-2" "${SPEEDRUN[@]}" --fp8 1
-expect_error "no debug state; drop --write_debug_state" --recipe speedrun --write_debug_state "$WORK/e"
-expect_error "no debug state; drop --write_debug_state" --init_from "$WORK/speedrun_3.bin" --write_debug_state "$WORK/e"
 expect_error "presets are d12, tiny" "${SPEEDRUN[@]}" --model d24
 expect_error "12 layers, not 8" "${SPEEDRUN[@]}" --num_layers 8
 expect_error "window of blocks (--window_blocks -1), which needs documents: add --window_blocks 0 to --documents 0" \

@@ -2,8 +2,10 @@
 // make_dirs, small helpers), llmc/file_header.h (CRC-32) and llmc/gpt2.h (configs,
 // the parameter table, checkpoint and debug-state header validation, checkpoint
 // checksums, BF16 rounding). Files go to build/test_tmp/utils/.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -215,6 +217,87 @@ void test_modern_table() {
                                 qkv_std, want));
 }
 
+// The speedrun's table (SPEC.md "Speedrun checkpoint"): the modern tensors it has, then the value
+// embeddings, gates, skip weights, lambdas and value scales; the attention's tensors over the 11
+// layers with attention, layer 7 having none; the seeds of the 19 earlier tensors and of Muon's
+// groups as they were.
+void test_speedrun_table() {
+  llmc::GPT2Config d12, tiny;
+  check(llmc::config_from_preset("d12", &d12, llmc::Arch::kSpeedrun) && d12.num_heads == 6 &&
+            d12.channels == 768 && d12.max_seq_len == 262144 &&
+            llmc::config_from_preset("tiny", &tiny, llmc::Arch::kSpeedrun) && tiny.num_layers == 12 &&
+            tiny.num_heads == 2 && tiny.channels == 128 && tiny.max_seq_len == 1024 &&
+            !llmc::config_from_preset("d24", &tiny, llmc::Arch::kSpeedrun),
+        "speedrun presets: d12 L12 NH6 C768 maxT 262144, tiny L12 NH2 C128 maxT 1024, no d24");
+  check_throws([] { llmc::make_config(8, 2, 128, 64, 300, llmc::Arch::kSpeedrun); },
+               "its reference's 12 layers", "a speedrun of 8 layers is refused");
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(d12, t);
+  llmc::param_offsets(d12, offsets);
+  const size_t L = 12, La = 11, C = 768, Vp = 50304, NH = 6;
+  // train_gpt2.py's count: 5 embeddings of Vp x C, L/2 skips, per layer 2 lambdas and 8 C^2 of the
+  // MLP, per attention layer 4 C^2, the gate NH x C/64 and 2 value scales.
+  const size_t expected = 5 * Vp * C + L / 2 + L * (2 + 8 * C * C) + La * (4 * C * C + NH * (C / 64) + 2);
+  std::string order;
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
+  }
+  check_verbose(llmc::num_parameters(d12) == expected &&
+                    order == "wte qkvw attprojw fcw fcprojw headw ve attngate skipw lambdas value_scales",
+                llmc::strformat("speedrun d12: %zu parameters (%zu), tensors %s", llmc::num_parameters(d12),
+                                expected, order.c_str()));
+  const llmc::ParamSpec &gate = t[llmc::kAttngate], &qkvw = t[llmc::kQkvw];
+  check(t[llmc::kVe].size == 3 * Vp * C && t[llmc::kVe].role == llmc::ParamRole::kEmbedding &&
+            gate.size == La * NH * 12 && gate.role == llmc::ParamRole::kMatrix && gate.rows == 6 &&
+            gate.cols == 12 && t[llmc::kSkipw].size == 6 && t[llmc::kLambdas].size == 2 * L &&
+            t[llmc::kValueScales].size == 2 * La &&
+            t[llmc::kSkipw].role == llmc::ParamRole::kVector && t[llmc::kLambdas].role == llmc::ParamRole::kVector &&
+            t[llmc::kValueScales].role == llmc::ParamRole::kVector && t[llmc::kHeadw].role == llmc::ParamRole::kHead,
+        "speedrun tensors: ve [3, Vp, C], gates [11, 6, 12] for Muon, skips [6], lambdas [12, 2], value "
+        "scales [11, 2] at the scalars' rate");
+  check(llmc::param_slab(d12, qkvw, 6) == 6 && llmc::param_slab(d12, qkvw, 7) == -1 &&
+            llmc::param_slab(d12, qkvw, 8) == 7 && llmc::param_slab(d12, qkvw, 11) == 10 &&
+            llmc::param_slab_size(d12, qkvw) == 3 * C * C && llmc::param_slab(d12, t[llmc::kFcw], 7) == 7 &&
+            llmc::param_slab(d12, t[llmc::kLambdas], 7) == 7 && llmc::param_slab(d12, t[llmc::kWte], 7) == 0 &&
+            llmc::param_slab(d12, t[llmc::kValueScales], 7) == -1 &&
+            llmc::param_slab_size(d12, t[llmc::kValueScales]) == 2,
+        "speedrun slabs: attention tensors skip layer 7 (layer 8 reads slab 7), the MLP's and lambdas "
+        "have all 12");
+  check(llmc::layer_value_embedding(d12, 0) == 0 && llmc::layer_value_embedding(d12, 2) == 2 &&
+            llmc::layer_value_embedding(d12, 3) == -1 && llmc::layer_value_embedding(d12, 8) == -1 &&
+            llmc::layer_value_embedding(d12, 9) == 0 && llmc::layer_value_embedding(d12, 11) == 2,
+        "value embeddings: 0, 1, 2 in layers 0-2 and again in 9-11");
+  bool seeds_kept = llmc::param_seed_index(llmc::kLnew) == 18;
+  for (int i = 0; i < 19; i++) {
+    if (i != llmc::kLnew) seeds_kept = seeds_kept && llmc::param_seed_index(i) == (i > llmc::kLnew ? i - 1 : i);
+  }
+  std::vector<int> indices;
+  for (int i = 0; i < llmc::kNumParamTensors; i++) indices.push_back(llmc::param_seed_index(i));
+  for (int g = 0; g < llmc::kMaxMuonGroups; g++) indices.push_back(llmc::muon_group_seed_index(g));
+  std::sort(indices.begin(), indices.end());
+  check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
+                    std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
+                "rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the speedrun's "
+                "tensors from 35 on, no two alike");
+  check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
+               "a Muon group beyond the seeds' room");
+  const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
+  llmc::param_table(tiny, t);
+  llmc::param_offsets(tiny, offsets);
+  auto values = [&](int i) {
+    return std::vector<float>(init.begin() + offsets[i], init.begin() + offsets[i] + t[i].size);
+  };
+  const std::vector<float> lambdas = values(llmc::kLambdas), scales = values(llmc::kValueScales);
+  const std::vector<float> skips = values(llmc::kSkipw), head = values(llmc::kHeadw);
+  bool lambdas_one_zero = true;
+  for (size_t l = 0; l < L; l++) lambdas_one_zero = lambdas_one_zero && lambdas[2 * l] == 1 && lambdas[2 * l + 1] == 0;
+  check(lambdas_one_zero && std::all_of(scales.begin(), scales.end(), [](float x) { return x == 0.5f; }) &&
+            std::all_of(skips.begin(), skips.end(), [](float x) { return x == 1.0f; }) &&
+            std::all_of(head.begin(), head.end(), [](float x) { return x == 0.0f; }),
+        "speedrun init: lambdas (1, 0), value scales 0.5, skips one, head zero");
+}
+
 void test_configs() {
   llmc::GPT2Config d12;
   const bool found = llmc::config_from_preset("d12", &d12);
@@ -247,7 +330,7 @@ void test_configs() {
     if (i > 0) contiguous = contiguous && offsets[i] == offsets[i - 1] + table[i - 1].size;
     const bool matrix = i == llmc::kWte || i == llmc::kWpe || i == llmc::kQkvw ||
                         i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw ||
-                        i == llmc::kHeadw;
+                        i == llmc::kHeadw || i == llmc::kVe || i == llmc::kAttngate;
     decay_on_matrices = decay_on_matrices && table[i].decayed == matrix;
   }
   check_verbose(
@@ -256,6 +339,7 @@ void test_configs() {
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
+  test_speedrun_table();
 }
 
 void test_bf16() {
@@ -337,16 +421,25 @@ void test_modern_checkpoint() {
   check_verbose(h32[1] == 6 && h16[1] == 7 && h32[8] == 1 && loaded == c && back == params &&
                     stored.config == c && stored.version == llmc::kCheckpointVersionBF16,
                 "modern checkpoints: versions 6 and 7, architecture 1, round trip " + loaded.describe());
-  // The same versions with architecture 2 are train_gpt2.py's speedrun files: refused by name.
-  const std::string text = llmc::read_text_file(fp32), speedrun = kDir + "/speedrun.bin";
+  // The same versions with architecture 2 are the speedrun's files; another architecture is damage.
+  const llmc::GPT2Config sc = llmc::make_config(12, 2, 64, 16, 300, llmc::Arch::kSpeedrun);
+  const std::vector<float> sp = llmc::init_params_from_seed(sc, 7);
+  const std::string speedrun = kDir + "/speedrun.bin", damaged = kDir + "/speedrun_damaged.bin";
+  llmc::checkpoint_save(speedrun, sc, sp.data(), llmc::kCheckpointVersionBF16);
+  llmc::File(speedrun, "rb").read(h16, sizeof(h16), "the header");
+  const llmc::CheckpointParams read = llmc::checkpoint_read(speedrun);
+  check_verbose(h16[1] == 7 && h16[8] == 2 && read.config == sc && read.version == llmc::kCheckpointVersionBF16,
+                "speedrun checkpoint: version 7, architecture 2, read back as " + read.config.describe());
+  const std::string text = llmc::read_text_file(speedrun);
   std::vector<char> bytes(text.begin(), text.end());
   memset(bytes.data() + 4 * llmc::kHeaderChecksumKindSlot, 0, 8);  // unchecked, as llm.c's files
-  memcpy(bytes.data() + 4 * 8, &llmc::kArchIdSpeedrun, 4);
-  write_bytes(speedrun, bytes.data(), bytes.size());
-  check_throws([&] { llmc::checkpoint_load(speedrun, &back); },
-               speedrun + ": a speedrun checkpoint (train_gpt2.py --recipe speedrun), which the C++ programs do "
-                          "not load yet; use train_gpt2.py with it",
-               "a speedrun checkpoint is refused by name");
+  const int unknown_arch = 3;
+  memcpy(bytes.data() + 4 * 8, &unknown_arch, 4);
+  write_bytes(damaged, bytes.data(), bytes.size());
+  check_throws([&] { llmc::checkpoint_load(damaged, &back); },
+               damaged + ": version 7 names the modern or speedrun architecture but the header's architecture "
+                         "is 3 (expected 1 or 2): the header is damaged; re-create the file",
+               "an unknown architecture id is refused as damage");
 }
 
 void test_checkpoints() {
@@ -509,11 +602,134 @@ void test_debug_state_header() {
                "debug state with documents 2");
   check_throws(with("debug_window.bin", 22, 3), "documents 0 and window 3 in the header",
                "debug state with a window but no documents");
+  check_throws(with("debug_eps.bin", 29, 2), "eps placement 2 in the header",
+               "debug state with eps placement 2");
+  check_throws(with("debug_ns.bin", 23, 5), "Newton-Schulz steps 5, momentum warmup 0",
+               "debug state with Newton-Schulz steps but no Muon");
+}
+
+// Walks the table in order, each tensor slab by slab (the layers it is stacked over, the value
+// embeddings one by one), against train_gpt2.py's tensors in file order: the same name (of the
+// layer the slab belongs to), size and offset, and the same gradients there.
+void check_speedrun_gradient_order(const llmc::GPT2Config& c, const llmc::DebugState& d,
+                                   const std::string& tensors) {
+  struct Named { int tensor; const char* name; };  // train_gpt2.py's name of each table tensor
+  const Named names[] = {{llmc::kWte, "transformer.wte.weight"}, {llmc::kQkvw, "attn.c_attn.weight"},
+                         {llmc::kAttprojw, "attn.c_proj.weight"}, {llmc::kFcw, "mlp.c_fc.weight"},
+                         {llmc::kFcprojw, "mlp.c_proj.weight"}, {llmc::kHeadw, "lm_head.weight"},
+                         {llmc::kVe, "transformer.ve.%d.weight"}, {llmc::kAttngate, "attn.gate.weight"},
+                         {llmc::kSkipw, "skip_weights"}, {llmc::kLambdas, "lambdas"},
+                         {llmc::kValueScales, "attn.value_scales"}};
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(c, t);
+  llmc::param_offsets(c, offsets);
+  std::vector<std::string> expected;  // "name elements offset" of each slab, in table order
+  std::vector<double> sums;
+  auto add = [&](const std::string& name, size_t size, size_t offset) {
+    double sum = 0.0;
+    for (size_t i = offset; i < offset + size; i++) sum += (double)d.grads[i] * d.grads[i];
+    expected.push_back(llmc::strformat("%s %zu %zu", name.c_str(), size, offset));
+    sums.push_back(sum);
+  };
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (t[i].size == 0) continue;
+    const Named* named = std::find_if(std::begin(names), std::end(names), [i](const Named& n) { return n.tensor == i; });
+    if (named == std::end(names)) {
+      check(false, std::string("the speedrun table has ") + t[i].name + ", which the test does not know");
+      return;
+    }
+    const size_t slab = llmc::param_slab_size(c, t[i]);
+    if (i == llmc::kVe) {
+      for (int k = 0; k < llmc::arch_spec(c.arch).value_embeddings; k++) {
+        add(llmc::strformat(named->name, k), t[i].size / 3, offsets[i] + k * (t[i].size / 3));
+      }
+    } else if (!t[i].per_layer()) {
+      add(named->name, t[i].size, offsets[i]);
+    }
+    for (int l = 0; t[i].per_layer() && l < c.num_layers; l++) {
+      const int s = llmc::param_slab(c, t[i], l);
+      if (s >= 0) add(llmc::strformat("transformer.h.%d.%s", l, named->name), slab, offsets[i] + s * slab);
+    }
+  }
+  const std::string text = llmc::read_text_file(tensors);
+  size_t line_start = 0, line = 0, mismatches = 0;
+  double worst = 0.0;
+  for (; line_start < text.size() && line < expected.size(); line++) {
+    const size_t end = text.find('\n', line_start);
+    const std::string row = text.substr(line_start, end - line_start);
+    line_start = end == std::string::npos ? text.size() : end + 1;
+    const size_t last_space = row.rfind(' ');
+    const double theirs = atof(row.c_str() + last_space + 1);
+    const double error = std::fabs(sums[line] - theirs) / std::max(theirs, 1e-30);
+    worst = std::max(worst, error);
+    if (row.substr(0, last_space) != expected[line] || !(error <= 1e-6) || theirs == 0.0) {
+      if (mismatches++ == 0) {
+        printf("     first mismatch: train_gpt2.py '%s', the table '%s %.9g'\n", row.c_str(),
+               expected[line].c_str(), sums[line]);
+      }
+    }
+  }
+  const bool all_lines = line == expected.size() && line_start >= text.size();
+  check_verbose(mismatches == 0 && all_lines,
+                llmc::strformat("speedrun gradients: %zu of train_gpt2.py's %zu tensors in file order lie at "
+                                "the table's offsets with their names and sizes, nonzero (worst relative "
+                                "difference of the sums of squares %.1e)", line - mismatches, expected.size(), worst));
+}
+
+// --speedrun: train_gpt2.py's files against this model description (dev/test/test_reference_speedrun.sh).
+// init: a checkpoint of train_gpt2.py's seeded init (init_weights_speedrun), which must equal
+// init_params_from_seed bit for bit; state: a speedrun debug state, whose header must say the
+// recipe's settings and whose gradients must lie where the table puts them: tensors lists
+// train_gpt2.py's parameters in file order, "name elements offset sum_of_squared_gradients" a line.
+void check_speedrun_files(const std::string& init, uint64_t seed, const std::string& state,
+                          const std::string& tensors) {
+  std::vector<float> values;
+  const llmc::GPT2Config c = llmc::checkpoint_load(init, &values);
+  llmc::GPT2Config tiny;
+  llmc::config_from_preset("tiny", &tiny, llmc::Arch::kSpeedrun);
+  const std::vector<float> ours = llmc::init_params_from_seed(c, seed);
+  size_t differ = 0;
+  for (size_t i = 0; i < ours.size(); i++) differ += memcmp(&ours[i], &values[i], sizeof(float)) != 0;
+  check_verbose(c == tiny && ours.size() == values.size() && differ == 0,
+                llmc::strformat("speedrun tiny init, seed %llu: %zu of %zu values differ in any bit from "
+                                "train_gpt2.py's", (unsigned long long)seed, differ, values.size()));
+  const llmc::DebugState d = llmc::debug_state_load(state, c);
+  check_verbose(d.muon && d.loss_sum && d.muon_lr == 0.05f && d.muon_weight_decay == 0.0f &&
+                    d.muon_momentum == 0.95f && d.lr_embedding == 0.6f && d.lr_head == 0.008f &&
+                    d.lr_vector == 0.04f && d.beta1 == 0.8f && d.eps == 1e-10f && d.weight_decay == 0.0f &&
+                    d.grad_clip == 0.0f && d.documents && d.window_blocks == 1,
+                llmc::strformat("speedrun debug state: Muon lr %g, AdamW lr %g/%g/%g (embeddings, head, "
+                                "scalars), eps %g, summed loss, documents, window %d", d.muon_lr,
+                                d.lr_embedding, d.lr_head, d.lr_vector, d.eps, d.window_blocks));
+  check_verbose(d.newton_schulz_steps == 5 && d.newton_schulz_a == 3.4445f && d.newton_schulz_b == -4.7750f &&
+                    d.newton_schulz_c == 2.0315f && d.muon_momentum_start == 0.85f &&
+                    d.muon_momentum_warmup == 300 && d.eps_before_correction,
+                llmc::strformat("speedrun debug state: Newton-Schulz %d of (%g, %g, %g), momentum %g rising "
+                                "over %d steps, eps before the correction", d.newton_schulz_steps,
+                                d.newton_schulz_a, d.newton_schulz_b, d.newton_schulz_c,
+                                d.muon_momentum_start, d.muon_momentum_warmup));
+  check_verbose(d.grads.size() == llmc::num_parameters(c) && d.steps >= 2 && d.losses[1] < d.losses[0],
+                llmc::strformat("speedrun debug state: %zu gradients, losses %.6f -> %.6f", d.grads.size(),
+                                d.losses[0], d.steps >= 2 ? d.losses[1] : 0.0f));
+  check_speedrun_gradient_order(c, d, tensors);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    if (argc != 6 || std::string(argv[1]) != "--speedrun") {
+      fprintf(stderr, "usage: %s [--speedrun INIT_CHECKPOINT SEED DEBUG_STATE TENSORS]\n", argv[0]);
+      return 2;
+    }
+    try {
+      check_speedrun_files(argv[2], strtoull(argv[3], nullptr, 10), argv[4], argv[5]);
+    } catch (const llmc::Error& e) {
+      check(false, std::string("unexpected error: ") + e.what());
+    }
+    return testing::summary("test_utils --speedrun");
+  }
   try {
     llmc::make_dirs(kDir);
     test_strformat_and_helpers();
