@@ -1,8 +1,8 @@
 // Checks train_gpt2.cu against PyTorch: ./test_gpt2cu [CHECKPOINT DEBUG_STATE]
 // The debug state (written by train_gpt2.py --write_debug_state) holds one batch with PyTorch's
 // logits, loss and every parameter gradient, and the losses of a few optimizer steps on that
-// batch: AdamW, or Muon for the blocks' matrices and AdamW for the rest (version 4), of GPT-2 or
-// of the modern architecture (the model file says which), with causal attention or within the
+// batch: AdamW, or Muon for the blocks' matrices and AdamW for the rest (version 4), of GPT-2, the
+// modern or the speedrun architecture (the model file says which), with causal attention or within the
 // batch's documents and a window (version 4: train_gpt2.py --documents 1 --window_blocks N).
 // Compares all of them, then checks that the same step twice gives bitwise-identical gradients.
 // ./test_gpt2cu --fp8 CHECKPOINT FP8_DEBUG_STATE compares -fp8 1 with PyTorch's FP8 recipe
@@ -56,7 +56,12 @@ OptimizerConfig debug_state_optimizer(const llmc::DebugState& ref, const llmc::G
   opt.muon = ref.muon;
   opt.muon_lr = ref.muon_lr;
   opt.muon_weight_decay = ref.muon_weight_decay;
-  opt.muon_momentum.end = ref.muon_momentum;
+  opt.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
+  opt.muon_newton_schulz = {ref.newton_schulz_steps, ref.newton_schulz_a, ref.newton_schulz_b,
+                            ref.newton_schulz_c};
+  // The speedrun's reference holds every matrix so that its Muon scale is 1 (SPEC.md).
+  opt.muon_scale_tall = config.arch != llmc::Arch::kSpeedrun;
+  opt.eps_before_correction = ref.eps_before_correction;
   opt.beta1 = ref.beta1;
   opt.beta2 = ref.beta2;
   opt.eps = ref.eps;

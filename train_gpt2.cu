@@ -1,8 +1,9 @@
-// Training GPT-2-like models in one CUDA file: two architectures, GPT-2's and a modern one
-// (modded-nanogpt's baseline: RMSNorm, QK-norm and rotary positions, ReLU^2, an untied head, a
-// soft cap), every forward and backward kernel, the model, the optimizers (AdamW, and Muon for the
-// blocks' matrices), gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu,
-// profile_gpt2.cu and the kernel tests in dev/cuda/ #define TESTING and #include this file.
+// Training GPT-2-like models in one CUDA file: GPT-2's architecture, a modern one (modded-nanogpt's
+// baseline: RMSNorm, QK-norm and rotary positions, ReLU^2, an untied head, a soft cap) and its
+// speedrun record's block (value embeddings, x0 lambdas, U-net skips, gated heads), every forward
+// and backward kernel, the model, the optimizers (AdamW, and Muon for the blocks' matrices),
+// gradient accumulation, the multi-GPU loop and the command line. test_gpt2.cu, profile_gpt2.cu
+// and the kernel tests in dev/cuda/ #define TESTING and #include this file.
 //
 // Contents
 //   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
@@ -24,9 +25,10 @@
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz)
 //  10. Model                      parameter and activation tables, the architectures' steps
-//                                 (GPT-2's or the modern one's), the block (forward and backward,
-//                                 written once), the attention's documents and windows, the
-//                                 training passes, the optimizers' update
+//                                 (GPT-2's, the modern or the speedrun's), the block (forward and
+//                                 backward, written once, with the speedrun's wiring between
+//                                 layers), the attention's documents and windows, the training
+//                                 passes, the optimizers' update
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
@@ -5581,9 +5583,8 @@ size_t muon_workspace_size(const std::vector<MuonGroup>& groups, int capacity,
                            MuonWorkspace* sizes = nullptr) {
   MuonWorkspace ws;
   for (const MuonGroup& g : groups) {
-    REQUIRE(g.m % 8 == 0 && g.n % 8 == 0 && g.m <= g.n && g.count > 0,
-            "Muon: a group of %d matrices of %dx%d; the wide shape m <= n, both multiples of 8", g.count, g.m,
-            g.n);
+    REQUIRE(g.m <= g.n && g.count > 0, "Muon: a group of %d matrices of %dx%d; the wide shape m <= n",
+            g.count, g.m, g.n);
     ws.x_elements = std::max(ws.x_elements, (size_t)g.m * g.n);
     ws.square_elements = std::max(ws.square_elements, (size_t)g.m * g.m);
     ws.partial_count = std::max(ws.partial_count, (size_t)muon_tiles(g));
@@ -5856,6 +5857,15 @@ __global__ void muon_normalize_kernel(__nv_bfloat16* out, const __nv_bfloat16* x
   store128(out + i, v);
 }
 
+// The same, one element a thread, for matrices of a size no multiple of 8 (the speedrun's gates,
+// [NH, C/64]).
+__global__ void muon_normalize_scalar_kernel(__nv_bfloat16* out, const __nv_bfloat16* x, const float* denominators,
+                                             size_t matrix_elements, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) / denominators[i / matrix_elements]);
+}
+
 // One 32x32 tile of X [m, n] of each matrix of the batch: u = X (transposed back through shared
 // memory for a tall parameter, then scaled by tall_scale, sqrt(n / m) or 1, in BF16 as the
 // reference scales its BF16 update); p = p (1 - lr wd) - lr u in FP32 from the master weights (or
@@ -5952,8 +5962,14 @@ void muon_orthogonalize(const MuonGroup& g, const llmc::NewtonSchulz& ns, int sl
   muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles);
   cudaCheckLaunch();
   const size_t elements = (size_t)batch * m * n, first = (size_t)slot * m * n;
-  muon_normalize_kernel<<<ceil_div(elements / 8, kMuonThreads), kMuonThreads, 0, stream>>>(
-      ws.x[muon_start_buffer(ns)] + first, ws.x[0] + first, denominators, (size_t)m * n, elements);
+  __nv_bfloat16* normalized = ws.x[muon_start_buffer(ns)] + first;
+  if ((size_t)m * n % 8 == 0) {
+    muon_normalize_kernel<<<ceil_div(elements / 8, kMuonThreads), kMuonThreads, 0, stream>>>(
+        normalized, ws.x[0] + first, denominators, (size_t)m * n, elements);
+  } else {
+    muon_normalize_scalar_kernel<<<ceil_div(elements, kMuonThreads), kMuonThreads, 0, stream>>>(
+        normalized, ws.x[0] + first, denominators, (size_t)m * n, elements);
+  }
   cudaCheckLaunch();
   muon_newton_schulz(ws, ns, m, n, slot, batch, g.count, stream);
 }
@@ -6097,7 +6113,7 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
-  kLosses, kOutput, kNumActTensors
+  kLosses, kOutput, kMixed, kVPre, kGates, kNumActTensors
 };
 
 struct ActSpec {
@@ -6118,7 +6134,9 @@ struct ActSpec {
 // A tensor the architecture's switches leave out has count 0: the embedding before its norm and
 // that norm's rstd (embedding_norm), the norms' means (LayerNorm's, not RMSNorm's), the QK-norm's
 // rstd of each head's q and k, and without flash attention the normalised and rotated qkv, which
-// the permuted copy in qkvr cannot give back (qk_norm_rotary).
+// the permuted copy in qkvr cannot give back (qk_norm_rotary); the speedrun's block inputs after
+// their residual mix (x0_lambdas), v before its value mix (value_embeddings) and each head's gate
+// (attention_gate).
 void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
@@ -6150,6 +6168,9 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"lnf_rstd", BT, 1, true},
       {"losses", BT, 1, true},
       {"output", BT * c.padded_vocab_size, 1, false},
+      {"mixed", (arch.x0_lambdas ? 1 : 0) * BT * C, L, false},
+      {"v_pre", (arch.value_embeddings > 0 ? 1 : 0) * BT * C, L, false},
+      {"gates", (arch.attention_gate ? 1 : 0) * BT * NH, L, true},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
 }
@@ -6201,6 +6222,9 @@ struct ModelParams {
     return params + param_offsets[i] + slab * llmc::param_slab_size(config, s);
   }
   floatX* grad(int i, int layer = 0) { return grads + (param(i, layer) - params); }
+  // Tensor i of layer l, or nullptr where the architecture leaves it out (a bias, a gain).
+  floatX* param_or_null(int i, int layer = 0) { return param_specs[i].size ? param(i, layer) : nullptr; }
+  floatX* grad_or_null(int i, int layer = 0) { return param_specs[i].size ? grad(i, layer) : nullptr; }
 };
 
 // The optimizer's state of this process's shard (StateLayout): gpt2_allocate_optimizer_state.
@@ -6241,6 +6265,10 @@ struct Activations {
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
   floatX* attention_ds = nullptr;    // the flash backward's dS tiles (the windowed one's with -pd 1)
+  // The speedrun's backward (x0_lambdas, unet_skips): the gradient of x0 the blocks' mixes add up,
+  // and of each of the U-net's kept outputs (unet_kept_outputs of them, [B*T*C] each).
+  floatX* dx0 = nullptr;
+  floatX* dkept = nullptr;
   float* partials = nullptr;         // column-reduction partials (gpt2_allocate)
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
@@ -6321,6 +6349,10 @@ struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttent
   cudaStream_t stream = 0;  // every pass's and the update's
 };
 
+// The speedrun's U-net (unet_skips): the outputs of layers 0 .. n-1 are kept (n = L/2), and layer
+// n + j adds skip_weights[j] times the output of layer n-1-j (unet_source). n, or 0 without it.
+int unet_kept_outputs(const GPT2& m) { return m.arch().unet_skips ? m.config.num_layers / 2 : 0; }
+
 // Which tensors Muon updates with -opt muon: the blocks' matrices. AdamW updates the rest.
 inline bool muon_updates(const llmc::ParamSpec& spec) { return spec.role == llmc::ParamRole::kMatrix; }
 
@@ -6341,10 +6373,9 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
   optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
 }
 
-// The architectures the block runs: GPT-2's and the modern one. The speedrun's parameter table is
-// llmc's, but its steps (value embeddings, x0 lambdas, U-net skips, gates, the layer without
-// attention, the sigmoid cap over the padded vocabulary) are not wired yet. source: the model's
-// file, or what describes it.
+// The architectures the trainer runs: GPT-2's and the modern one. The speedrun's block runs here
+// (test_gpt2cu checks it against train_gpt2.py), but its recipe (the optimizers' and data's
+// settings, the FP8 head) is not the trainer's yet. source: the model's file, or what describes it.
 void require_trainable_arch(const llmc::GPT2Config& c, const std::string& source) {
   REQUIRE(c.arch != llmc::Arch::kSpeedrun, "%s: a speedrun model (train_gpt2.py --recipe speedrun), which "
           "train_gpt2cu does not train or evaluate yet; use train_gpt2.py with it", source.c_str());
@@ -6354,7 +6385,6 @@ void require_trainable_arch(const llmc::GPT2Config& c, const std::string& source
 // keeps the optimizer state of shard shard_rank only.
 void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64_t seed, int shard_rank,
                           int shard_count) {
-  require_trainable_arch(config, config.describe());
   m.config = config;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
@@ -6473,6 +6503,10 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
   m.partials = device_alloc<float>(partials, "the column-reduction partials");
+  if (m.arch().x0_lambdas) {
+    m.dx0 = device_alloc<floatX>(BT * C, "the gradient of x0");
+    m.dkept = device_alloc<floatX>(unet_kept_outputs(m) * BT * C, "the gradients of the U-net's kept outputs");
+  }
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -6573,6 +6607,7 @@ void gpt2_free(GPT2& m) {
   for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.act_memory, (void*)m.scratch_btc,
                   (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
                   (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
+                  (void*)m.dx0, (void*)m.dkept,
                   (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
                   (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
                   (void*)m.fp8_act_scales, (void*)m.fp8_history,
@@ -6698,6 +6733,14 @@ struct BlockRows {
   floatX* k_cache = nullptr;       // decoding: the layer's keys and values [NH, maxT, HS]; else null
   floatX* v_cache = nullptr;
   int document_start = 0;          // decoding within documents: where the token's document starts
+  // The speedrun's wiring (ArchSpec's x0_lambdas, unet_skips, value_embeddings, attention_gate):
+  const floatX* x0 = nullptr;      // the normed embedding, which each block's mix adds
+  const floatX* kept = nullptr;    // the U-net's kept output this block adds (unet_source), or null
+  floatX* mixed = nullptr;         // the block's input after its mix, what attention and MLP add to
+  floatX* v_pre = nullptr;         // v before the value mix
+  float* gates = nullptr;          // each head's gate [rows, NH]
+  floatX* gated = nullptr;         // the gated attention output: attproj's input
+  const int* tokens = nullptr;     // the rows' tokens, on the device (the value embeddings')
   int rows() const { return B * T; }
 };
 
@@ -6708,7 +6751,7 @@ void gpt2_linear_forward(GPT2& m, const BlockRows& r, int linear, int l, floatX*
                          floatX* pre_gelu, const Fp8CastSource& source = Fp8CastSource()) {
   const LinearSpec& spec = kBlockLinears[linear];
   const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out, N = r.rows();
-  const floatX* bias = m.param(spec.bias, l);
+  const floatX* bias = m.param_or_null(spec.bias, l);
   if (r.fp8) {
     matmul_forward_fp8(out, inp, m.fp8_weight(linear, l), bias, N, C, OC, pre_gelu,
                        m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_input_t(linear, l),
@@ -6741,7 +6784,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   const LinearSpec& spec = kBlockLinears[linear];
   const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
   floatX* dweight = m.grad(spec.weight, l);
-  floatX* dbias = dbias_sum ? m.grad(spec.bias, l) : nullptr;
+  floatX* dbias = dbias_sum ? m.grad_or_null(spec.bias, l) : nullptr;
   if (m.fp8) {
     matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, m.fp8_input_t(linear, l), m.fp8_weight(linear, l),
                         linear == kLinearFc ? mlp_pre_gelu : nullptr, m.fp8_input_scale(linear, l),
@@ -6757,7 +6800,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
 void norm_rows(GPT2& m, const NormSpec& n, int l, const NormRows& out, const floatX* inp, int N) {
   const int C = m.config.channels;
   if (m.arch().rms_norm) {
-    rmsnorm_forward(out.out, out.rstd, inp, m.param(n.weight, l), N, C, m.stream);
+    rmsnorm_forward(out.out, out.rstd, inp, m.param_or_null(n.weight, l), N, C, m.stream);
   } else {
     layernorm_forward(out.out, out.mean, out.rstd, inp, m.param(n.weight, l), m.param(n.bias, l), N, C,
                       m.stream);
@@ -6769,7 +6812,8 @@ void norm_residual_rows(GPT2& m, const NormSpec& n, int l, floatX* residual, con
                         const floatX* a, const floatX* b, int N) {
   const int C = m.config.channels;
   if (m.arch().rms_norm) {
-    fused_residual_rmsnorm_forward(residual, out.out, out.rstd, a, b, m.param(n.weight, l), N, C, m.stream);
+    fused_residual_rmsnorm_forward(residual, out.out, out.rstd, a, b, m.param_or_null(n.weight, l), N, C,
+                                   m.stream);
   } else {
     fused_residual_layernorm_forward(residual, out.out, out.mean, out.rstd, a, b, m.param(n.weight, l),
                                      m.param(n.bias, l), N, C, m.stream);
@@ -6781,8 +6825,8 @@ void norm_backward(GPT2& m, const NormSpec& n, int l, floatX* dresidual, floatX*
                    const floatX* dout, const floatX* inp, int N, uint32_t seed) {
   const int C = m.config.channels;
   if (m.arch().rms_norm) {
-    rmsnorm_backward(dresidual, m.grad(n.weight, l), dresidual_dbias, m.partials, dout, inp,
-                     m.param(n.weight, l), m.act_f(n.rstd, l), N, C, seed, m.stream);
+    rmsnorm_backward(dresidual, m.grad_or_null(n.weight, l), dresidual_dbias, m.partials, dout, inp,
+                     m.param_or_null(n.weight, l), m.act_f(n.rstd, l), N, C, seed, m.stream);
   } else {
     layernorm_backward(dresidual, m.grad(n.weight, l), m.grad(n.bias, l), dresidual_dbias, m.partials,
                        dout, inp, m.param(n.weight, l), m.act_f(n.mean, l), m.act_f(n.rstd, l), N, C,
@@ -6807,25 +6851,25 @@ void embedding_rows(GPT2& m, floatX* out, floatX* embedded, float* rstd, const i
     return;
   }
   encoder_forward(embedded, tokens, m.param(llmc::kWte), nullptr, B, T, C, m.stream);
-  rmsnorm_forward(out, rstd, embedded, m.param(llmc::kLnew), B * T, C, m.stream);
+  rmsnorm_forward(out, rstd, embedded, m.param_or_null(llmc::kLnew), B * T, C, m.stream);
 }
 
 void embedding_forward(GPT2& m, int B, int T) {
   embedding_rows(m, m.act(kEncoded), m.act(kEmbedded), m.act_f(kEmbRstd), m.inputs, B, T, 0);
 }
 
-// From dresidual, the gradient of kEncoded: the embedding's (and wpe's) gradients. The encoder's
-// wte part accumulates in wte_grad_encoder (see GPT2). Overwrites scratch_btc.
+// From dresidual, the gradient of kEncoded: the embedding's (and wpe's) gradients, through the
+// encoder plan gpt2_backward made of the inputs. The encoder's wte part accumulates in
+// wte_grad_encoder (see GPT2). Overwrites scratch_btc.
 void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed_encoder) {
   const int C = m.config.channels, N = B * T;
   const floatX* dembedded = m.dresidual;
   if (m.arch().embedding_norm) {
     cudaCheck(cudaMemsetAsync(m.scratch_btc, 0, (size_t)N * C * sizeof(floatX), m.stream));
-    rmsnorm_backward(m.scratch_btc, m.grad(llmc::kLnew), nullptr, m.partials, m.dresidual, m.act(kEmbedded),
-                     m.param(llmc::kLnew), m.act_f(kEmbRstd), N, C, seed_norm, m.stream);
+    rmsnorm_backward(m.scratch_btc, m.grad_or_null(llmc::kLnew), nullptr, m.partials, m.dresidual,
+                     m.act(kEmbedded), m.param_or_null(llmc::kLnew), m.act_f(kEmbRstd), N, C, seed_norm, m.stream);
     dembedded = m.scratch_btc;
   }
-  encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
   encoder_backward(m.wte_grad_encoder, m.arch().learned_positions ? m.grad(llmc::kWpe) : nullptr,
                    m.encoder_plan, m.encoder_buffers, dembedded, B, T, C, seed_encoder, m.stream);
 }
@@ -6978,8 +7022,9 @@ void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc)
 void head_rows(GPT2& m, floatX* logits, const floatX* inp, int N) {
   const llmc::GPT2Config& c = m.config;
   const bool tied = m.arch().tied_head;
-  matmul_forward(logits, inp, m.param(tied ? llmc::kWte : llmc::kHeadw), tied ? nullptr : m.param(llmc::kHeadb),
-                 N, c.channels, c.padded_vocab_size, nullptr, m.stream);
+  matmul_forward(logits, inp, m.param(tied ? llmc::kWte : llmc::kHeadw),
+                 tied ? nullptr : m.param_or_null(llmc::kHeadb), N, c.channels, c.padded_vocab_size, nullptr,
+                 m.stream);
 }
 
 // From the dlogits in kOutput: the head's gradients, and that of the final norm's output into
@@ -6988,7 +7033,7 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
   const llmc::GPT2Config& c = m.config;
   const bool tied = m.arch().tied_head;
   const int weight = tied ? llmc::kWte : llmc::kHeadw;
-  matmul_backward(m.scratch_btc, m.grad(weight), tied ? nullptr : m.grad(llmc::kHeadb), m.partials,
+  matmul_backward(m.scratch_btc, m.grad(weight), tied ? nullptr : m.grad_or_null(llmc::kHeadb), m.partials,
                   m.act(kOutput), m.act(kLnf), m.param(weight), nullptr, N, c.channels, c.padded_vocab_size,
                   seed, m.stream);
 }
@@ -7000,34 +7045,145 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
 // norm's input.
 floatX* block_input(GPT2& m, int l) { return l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1); }
 
+// What block l's first norm and residual adds read: its input, or that input's mix (x0_lambdas),
+// which the layer without attention writes straight into its residual2.
+floatX* block_mixed(GPT2& m, int l) {
+  if (!m.arch().x0_lambdas) return block_input(m, l);
+  return llmc::layer_has_attention(m.config, l) ? m.act(kMixed, l) : m.act(kResidual2, l);
+}
+
 // The bias gradient into which a norm backward of block_input(m, l) adds the column sums of its
-// input's gradient: that of the stream's last add, block l-1's fcproj (none for the embedding).
-floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad(llmc::kFcprojb, l - 1); }
+// input's gradient: that of the stream's last add, block l-1's fcproj (none for the embedding, nor
+// without biases).
+floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad_or_null(llmc::kFcprojb, l - 1); }
+
+// The layer whose output block l adds in the U-net (unet_kept_outputs), or -1; and the weight it
+// adds it with.
+int unet_source(const GPT2& m, int l) {
+  const int n = unet_kept_outputs(m);
+  return n > 0 && l >= n ? 2 * n - 1 - l : -1;
+}
+const floatX* unet_weight(GPT2& m, int l) {
+  return unet_source(m, l) >= 0 ? m.param(llmc::kSkipw) + (l - unet_kept_outputs(m)) : nullptr;
+}
 
 // The norm after block l, fused with its second residual add: the next block's first, or after
-// the last block the final norm.
+// the last block the final norm; none (present false) where the next block mixes its input first
+// (x0_lambdas), so that its norm follows the mix.
 struct NormAt {
   NormSpec spec;
   int layer;
+  bool present;
 };
 NormAt norm_after_block(const GPT2& m, int l) {
-  if (l == m.config.num_layers - 1) return {kNormF, 0};
-  return {kNorm1, l + 1};
+  if (l == m.config.num_layers - 1) return {kNormF, 0, true};
+  return {kNorm1, l + 1, !m.arch().x0_lambdas};
 }
 
-// Block l over r's rows. Only the first block normalises its input; every block's last step
-// normalises its output for the norm after it (norm_after_block).
+// residual = a + b alone, where no norm follows it (norm_after_block): the fused kernel's add, its
+// row statistics into stats (scratch).
+void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, float* stats, int N) {
+  fused_residual_rmsnorm_forward(residual, nullptr, stats, a, b, nullptr, N, m.config.channels, m.stream);
+}
+
+// Block l's input as its steps read it: r.input, or its mix into r.mixed (x0_lambdas),
+// lambdas[0] (input + skip_weight kept) + lambdas[1] x0.
+const floatX* block_mix(GPT2& m, int l, const BlockRows& r) {
+  if (!m.arch().x0_lambdas) return r.input;
+  const bool skip = unet_source(m, l) >= 0;
+  residual_mix_forward(r.mixed, r.input, r.x0, skip ? r.kept : nullptr, m.param(llmc::kLambdas, l),
+                       unet_weight(m, l), r.rows(), m.config.channels, m.stream);
+  return r.mixed;
+}
+
+// The speedrun's value mix of layer l in r.qkv (value_embeddings): v = a v + b ve, or a v.
+void value_mix(GPT2& m, int l, const BlockRows& r) {
+  if (m.arch().value_embeddings == 0) return;
+  const int k = llmc::layer_value_embedding(m.config, l), C = m.config.channels;
+  const floatX* ve = k >= 0 ? m.param(llmc::kVe) + (size_t)k * m.config.padded_vocab_size * C : nullptr;
+  value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), C, m.stream);
+}
+
+// attproj's input: the attention's output, or its heads gated (attention_gate) into r.gated.
+const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
+  if (!m.arch().attention_gate) return r.atty;
+  attention_gate_forward(r.gated, r.gates, r.atty, r.ln1.out, m.param(llmc::kAttngate, l), r.rows(),
+                         m.config.num_heads, m.config.channels, m.stream);
+  return r.gated;
+}
+
+// Block l over r's rows. The first block normalises its input, and with x0_lambdas every block its
+// mix; every block's last step normalises its output for the norm after it, where there is one
+// (norm_after_block). A layer without attention is its mix and its MLP.
 void block_forward(GPT2& m, int l, const BlockRows& r) {
   const int N = r.rows();
-  if (l == 0) norm_rows(m, kNorm1, 0, r.ln1, r.input, N);
-  gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, r.input);
-  qk_prepare(m, r);
-  attention_rows(m, l, r);
-  gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, r.atty, nullptr);
-  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.proj, N);
+  const floatX* x = block_mix(m, l, r);
+  if (llmc::layer_has_attention(m.config, l)) {
+    if (l == 0 || m.arch().x0_lambdas) norm_rows(m, kNorm1, l, r.ln1, x, N);
+    gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, x);
+    qk_prepare(m, r);
+    value_mix(m, l, r);
+    attention_rows(m, l, r);
+    gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, attention_gated(m, l, r), nullptr);
+    norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, r.proj, N);
+  } else {
+    norm_rows(m, kNorm2, l, r.ln2, x, N);
+  }
   mlp_forward(m, l, r);
   const NormAt next = norm_after_block(m, l);
-  norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.proj, N);
+  if (next.present) {
+    norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.proj, N);
+  } else {
+    residual_rows(m, r.residual3, r.residual2, r.proj, r.next.rstd, N);
+  }
+}
+
+// With gates: attproj's input recomputed from the attention's output and the gates into
+// scratch_bt4c; else the attention's output.
+const floatX* attproj_input(GPT2& m, int l, int N) {
+  if (!m.arch().attention_gate) return m.act(kAtty, l);
+  attention_gate_apply(m.scratch_bt4c, m.act(kAtty, l), m.act_f(kGates, l), N, m.config.num_heads,
+                       m.config.channels, m.stream);
+  return m.scratch_bt4c;
+}
+
+// With gates: from scratch_btc, the gradient of the gated output, that of the attention's output
+// (in place) and the gate's; the gates' part of ln1's gradient goes into the last N*C elements of
+// scratch_bt4c, zeroed first (the attention's dqkv fills the first 3 N*C), which is returned.
+floatX* attention_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().attention_gate) return nullptr;
+  const int C = m.config.channels;
+  floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
+  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * C * sizeof(floatX), m.stream));
+  attention_gate_backward(m.scratch_btc, dln1, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
+                          m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
+                          m.config.num_heads, C, seeds.next(), m.stream);
+  return dln1;
+}
+
+// The value mix's gradients (value_embeddings) from the attention's dqkv in scratch_bt4c: v's
+// before the mix (in place), the scales' and the value embedding's (scratch_btc its scratch).
+void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (m.arch().value_embeddings == 0) return;
+  const int k = llmc::layer_value_embedding(m.config, l), C = m.config.channels;
+  const size_t table = (size_t)k * m.config.padded_vocab_size * C;
+  value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), k >= 0 ? m.grad(llmc::kVe) + table : nullptr,
+                     m.scratch_btc, m.partials, m.act(kVPre, l), k >= 0 ? m.param(llmc::kVe) + table : nullptr,
+                     m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, &m.encoder_buffers, N, C,
+                     seeds.next(), m.stream);
+}
+
+// From dresidual, the gradient of block l's mixed input (x0_lambdas), to that of its input, in
+// place; x0's into dx0, the kept output's into its dkept, and the lambdas' and skip weight's.
+void block_mix_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().x0_lambdas) return;
+  const int source = unet_source(m, l), C = m.config.channels;
+  const bool skip = source >= 0;
+  residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)source * N * C : nullptr,
+                        m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + (l - unet_kept_outputs(m)) : nullptr,
+                        m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
+                        skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
+                        C, seeds.next(), m.stream);
 }
 
 // Block l's gradients, its forward's steps in reverse, from dresidual, the gradient of its output
@@ -7037,18 +7193,24 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int N = B * T;
   const uint32_t seed_fcproj = seeds.next(), seed_fc = seeds.next();
   mlp_backward(m, l, N, seed_fcproj, seed_fc);
-  norm_backward(m, kNorm2, l, m.dresidual, m.grad(llmc::kAttprojb, l), m.scratch_btc, m.act(kResidual2, l), N,
-                seeds.next());
+  norm_backward(m, kNorm2, l, m.dresidual, m.grad_or_null(llmc::kAttprojb, l), m.scratch_btc, m.act(kResidual2, l),
+                N, seeds.next());
   // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
   // already in attproj's bias gradient.
-  gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, m.act(kAtty, l), nullptr, N,
-                       seeds.next());
-  attention_backward_rows(m, l, B, T, seeds);
-  qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
-  gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
-                       m.act(kLn1, l), nullptr, N, seeds.next());
-  norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_input(m, l), N,
-                seeds.next());
+  if (llmc::layer_has_attention(m.config, l)) {
+    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, attproj_input(m, l, N), nullptr,
+                         N, seeds.next());
+    const floatX* dln1_gates = attention_gate_backward_rows(m, l, N, seeds);
+    attention_backward_rows(m, l, B, T, seeds);
+    value_mix_backward_rows(m, l, N, seeds);
+    qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
+    gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
+                         m.act(kLn1, l), nullptr, N, seeds.next());
+    if (dln1_gates) add_inplace(m.scratch_btc, dln1_gates, (size_t)N * m.config.channels, seeds.next(), m.stream);
+    norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_mixed(m, l), N,
+                  seeds.next());
+  }
+  block_mix_backward(m, l, N, seeds);
 }
 
 // ---- The training passes ----
@@ -7075,7 +7237,9 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.input = block_input(m, l);
   r.ln1 = norm(kNorm1, l);
   r.ln2 = norm(kNorm2, l);
-  r.next = norm(next.spec, next.layer);
+  // Without a norm after the block, its add's statistics go to the final norm's rstd, which the last
+  // block writes again.
+  r.next = next.present ? norm(next.spec, next.layer) : NormRows{nullptr, nullptr, m.act_f(kLnfRstd)};
   r.qkv = attention_qkv(m, l);
   r.qk_rstd = m.act_f(kQkRstd, l);
   r.atty = m.act(kAtty, l);
@@ -7084,6 +7248,15 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.fch = m.act(kFch, l);
   r.fch_act = m.act(kFchAct, l);
   r.residual3 = m.act(kResidual3, l);
+  if (m.arch().x0_lambdas) {
+    r.x0 = m.act(kEncoded);
+    r.kept = unet_source(m, l) >= 0 ? m.act(kResidual3, unet_source(m, l)) : nullptr;
+    r.mixed = block_mixed(m, l);
+  }
+  r.v_pre = m.act(kVPre, l);
+  r.gates = m.act_f(kGates, l);
+  r.gated = m.scratch_bt4c;
+  r.tokens = m.inputs;
   return r;
 }
 
@@ -7141,8 +7314,8 @@ float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
   const int N = B * T;
   cudaStream_t s = m.stream;
   cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
-  fused_classifier(m.act(kOutput), m.act_f(kLosses), m.targets, N, m.config.vocab_size,
-                   m.config.padded_vocab_size, dloss, s, m.arch().logit_cap);
+  const int Vp = m.config.padded_vocab_size, V = m.arch().loss_over_padded_vocab ? Vp : m.config.vocab_size;
+  fused_classifier(m.act(kOutput), m.act_f(kLosses), m.targets, N, V, Vp, dloss, s, m.arch().logit_cap);
   cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float),
                             cudaMemcpyDeviceToHost, s));
   cudaCheck(cudaStreamSynchronize(s));
@@ -7165,16 +7338,25 @@ void gpt2_zero_grad(GPT2& m) {
 void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
                    const std::function<void(int layer)>& grads_final = nullptr) {
   nvtxRangePush("backward");
-  const int L = m.config.num_layers, N = B * T;
+  const int L = m.config.num_layers, N = B * T, C = m.config.channels;
+  const size_t NC = (size_t)N * C;
   KernelSeeds seeds = {m.rng.u32()};
-  cudaCheck(cudaMemsetAsync(m.dresidual, 0, (size_t)N * m.config.channels * sizeof(floatX), m.stream));
+  encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
+  cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
+  if (m.arch().x0_lambdas) {
+    cudaCheck(cudaMemsetAsync(m.dx0, 0, NC * sizeof(floatX), m.stream));
+    cudaCheck(cudaMemsetAsync(m.dkept, 0, unet_kept_outputs(m) * NC * sizeof(floatX), m.stream));
+  }
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
   for (int l = L - 1; l >= 0; l--) {
+    // dresidual is the gradient of layer l's output; a kept one's other part is complete now.
+    if (l < unet_kept_outputs(m)) add_inplace(m.dresidual, m.dkept + l * NC, NC, seeds.next(), m.stream);
     block_backward(m, l, B, T, seeds);
     if (last_micro_step && grads_final) grads_final(l);
   }
+  if (m.arch().x0_lambdas) add_inplace(m.dresidual, m.dx0, NC, seeds.next(), m.stream);
   const uint32_t seed_encoder = seeds.next();
   embedding_backward(m, B, T, m.arch().embedding_norm ? seeds.next() : 0, seed_encoder);
   if (last_micro_step) {
@@ -7213,6 +7395,12 @@ struct OptimizerConfig {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;  // AdamW's
   float lr_multiplier[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // by llmc::ParamRole
   bool decay_vectors = false;  // AdamW's weight decay on the 1-D tensors too (the modern recipe)
+  // eps added to sqrt(v) before the bias correction (the speedrun's reference): AdamW at step t with
+  // eps / sqrt(1 - beta2^t), as train_gpt2.py's adam_eps.
+  bool eps_before_correction = false;
+  float adamw_eps(int t) const {
+    return eps_before_correction ? (float)(eps / std::sqrt(1.0 - std::pow((double)beta2, t))) : eps;
+  }
   float grad_clip = 1.0f;      // the gradient norm clipped to (<= 0: none)
 
   float adamw_lr(const llmc::ParamSpec& spec, float lr) const { return lr * lr_multiplier[(int)spec.role]; }
@@ -7394,11 +7582,11 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, long step, float lr, float
   hp.lr = lr;
   hp.beta1 = opt.beta1;
   hp.beta2 = opt.beta2;
-  hp.eps = opt.eps;
   hp.weight_decay = opt.weight_decay;
   const float clip = opt.grad_clip;
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
+  hp.eps = opt.adamw_eps(hp.step);
   const uint32_t seed = m.rng.u32();
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
@@ -7451,6 +7639,7 @@ struct GPT2Decoder {
   // one row (block_forward with the cache pointers of the layer).
   BlockRows rows;
   floatX* embedded = nullptr;  // the embedding before its norm
+  floatX* x0 = nullptr;        // the embedding's output (x0), then the U-net's kept outputs
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -7462,10 +7651,12 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
   const size_t cache = (size_t)c.num_layers * c.max_seq_len * C;
   d.k_cache = device_alloc<floatX>(cache, "the key cache");
   d.v_cache = device_alloc<floatX>(cache, "the value cache");
-  // residual, ln, qkv (3C), atty, proj, fch (4C), fch_act (4C), logits (Vp), embedded
-  d.buffers = device_alloc<floatX>((size_t)17 * C + c.padded_vocab_size, "the decoder rows");
-  // A norm's mean and rstd, and QK-norm's rstd of each head's q and k.
-  d.stats = device_alloc<float>(2 + 2 * c.num_heads, "the decoder statistics");
+  // residual, ln, qkv (3C), atty, proj, fch (4C), fch_act (4C), logits (Vp), embedded, v before its
+  // mix, the gated attention output, x0 and the kept outputs
+  const int kept = unet_kept_outputs(m);
+  d.buffers = device_alloc<floatX>((size_t)(20 + kept) * C + c.padded_vocab_size, "the decoder rows");
+  // A norm's mean and rstd, QK-norm's rstd of each head's q and k, and each head's gate.
+  d.stats = device_alloc<float>(2 + 3 * c.num_heads, "the decoder statistics");
   d.token = device_alloc<int>(1, "the decoder token");
   BlockRows& r = d.rows;
   r.B = r.T = 1;
@@ -7480,6 +7671,15 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
   r.fch_act = r.fch + 4 * C;
   d.logits = r.fch_act + 4 * C;
   d.embedded = d.logits + c.padded_vocab_size;
+  r.v_pre = d.embedded + C;
+  r.gated = r.v_pre + C;
+  d.x0 = r.gated + C;
+  r.gates = d.stats + 2 + 2 * c.num_heads;
+  r.tokens = d.token;
+  if (m.arch().x0_lambdas) {
+    r.x0 = d.x0;
+    r.mixed = residual;  // mixed in place: the stream before the mix is not read again
+  }
   d.position = 0;
   d.document_start = 0;
 }
@@ -7504,12 +7704,19 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   if (token == llmc::kDocumentStartToken) d.document_start = d.position;
   r.document_start = d.document_start;
   cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
-  embedding_rows(m, r.residual3, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
-  const size_t layer_cache = (size_t)c.max_seq_len * c.channels;
+  const size_t C = c.channels, row_bytes = C * sizeof(floatX);
+  embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
+  cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+  const size_t layer_cache = (size_t)c.max_seq_len * C;
+  floatX* kept = d.x0 + C;  // the U-net's kept outputs, one row each
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
     r.v_cache = d.v_cache + l * layer_cache;
+    r.kept = unet_source(m, l) >= 0 ? kept + unet_source(m, l) * C : nullptr;
     block_forward(m, l, r);
+    if (l < unet_kept_outputs(m)) {
+      cudaCheck(cudaMemcpyAsync(kept + l * C, r.residual3, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+    }
   }
   head_rows(m, d.logits, r.next.out, 1);
   d.position++;
