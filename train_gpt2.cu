@@ -6373,14 +6373,6 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
   optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
 }
 
-// The architectures the trainer runs: GPT-2's and the modern one. The speedrun's block runs here
-// (test_gpt2cu checks it against train_gpt2.py), but its recipe (the optimizers' and data's
-// settings, the FP8 head) is not the trainer's yet. source: the model's file, or what describes it.
-void require_trainable_arch(const llmc::GPT2Config& c, const std::string& source) {
-  REQUIRE(c.arch != llmc::Arch::kSpeedrun, "%s: a speedrun model (train_gpt2.py --recipe speedrun), which "
-          "train_gpt2cu does not train or evaluate yet; use train_gpt2.py with it", source.c_str());
-}
-
 // The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process
 // keeps the optimizer state of shard shard_rank only.
 void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64_t seed, int shard_rank,
@@ -7559,6 +7551,7 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r) {
   opt.weight_decay = r.weight_decay;
   for (int i = 0; i < 4; i++) opt.lr_multiplier[i] = r.role_lr[i];
   opt.decay_vectors = r.decay_vectors;
+  opt.eps_before_correction = r.eps_before_correction;
   opt.grad_clip = r.grad_clip;
   return opt;
 }
@@ -8606,17 +8599,21 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.grad_clip = r.grad_clip;
   a.schedule = r.schedule;
   a.decay_fraction = r.decay_fraction;
+  a.final_lr_frac = r.final_lr_frac;
   a.total_batch = r.total_batch_tokens;
   a.B = r.B;
   a.T = r.T;
+  a.max_steps = r.max_steps;
+  a.documents = r.documents;
+  a.window_blocks = r.window_blocks;
   a.muon_lr = r.muon_lr;
   a.muon_weight_decay = r.muon_weight_decay;
   a.multi_gpu.zero_stage = r.zero_stage;
 }
 
 // The flags whose defaults -recipe sets (apply_recipe).
-const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-z",
-                                               "-b", "-t", "-ml", "-mw", "-zs"};
+const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b",
+                                               "-t", "-x", "-pd", "-aw", "-ml", "-mw", "-zs"};
 
 // The optimizers of the run: the recipe's, with the flags that override them.
 OptimizerConfig run_optimizer(const TrainArgs& a) {
@@ -8632,10 +8629,12 @@ OptimizerConfig run_optimizer(const TrainArgs& a) {
 // -recipe and -opt parse their names into what they name.
 llmc::Flag recipe_flag(TrainArgs& a) {
   static const std::string help = [] {
-    std::string text = "gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
-                       "QK-norm and rotary, ReLU^2, a soft-capped head, Muon); sets the defaults of";
+    std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
+                       "QK-norm and rotary, ReLU^2, a soft-capped head, Muon) or speedrun (its record #28: value "
+                       "embeddings, U-net skips, gated heads, packed documents in a growing window); its values "
+                       "of";
     for (const std::string& flag : kRecipeFlags) text += " " + flag;
-    return text;
+    return text + " stand where the command line gives none";
   }();
   return {"-recipe", "recipe", help.c_str(),
           [&a](const char* text) { a.recipe = &llmc::recipe_by_name(text, "-recipe"); },
@@ -8801,9 +8800,16 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 // written (checkpoint_mode).
 std::string architecture_description(const llmc::ArchSpec& s) {
   if (!s.rms_norm) return "GPT-2: LayerNorm, learned positions, GELU, head tied to the embedding";
-  return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and half-truncated rotary positions, "
-                         "attention scale %g, ReLU^2, a head of its own with bias, logits %s",
-                         s.name, s.attention_scale, s.logit_cap.describe().c_str());
+  if (!s.x0_lambdas) {
+    return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and half-truncated rotary positions, "
+                           "attention scale %g, ReLU^2, a head of its own with bias, logits %s",
+                           s.name, s.attention_scale, s.logit_cap.describe().c_str());
+  }
+  return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and "
+                         "half-truncated rotary positions, attention scale %g, ReLU^2, %d value embeddings, x0 "
+                         "lambdas, U-net skips, gated heads, no attention in layer %d, a head of its own, logits "
+                         "%s over the padded vocabulary", s.name, s.attention_scale, s.value_embeddings,
+                         s.layer_without_attention, s.logit_cap.describe().c_str());
 }
 
 // The optimizers' settings, the rates at the schedule's peak.
@@ -8915,13 +8921,11 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
-      require_trainable_arch(p.config, a.model);
     }
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
-    require_trainable_arch(p.config, path);
     llmc::GPT2Config requested;
     if (llmc::config_from_preset(a.model, &requested, a.recipe->arch) && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",

@@ -1,8 +1,12 @@
-// Training recipes: GPT-2's (llm.c's settings) and the modern one, modded-nanogpt's
+// Training recipes: GPT-2's (llm.c's settings); the modern one, modded-nanogpt's
 // optimization-track baseline (records/track_3_optimization/train_gpt_simple.py): its
 // architecture, Muon for the blocks' matrices and AdamW for the rest with a rate for each role,
 // the sum of the token losses, no clipping, and a schedule stable for 30% of the steps, then
-// linear to zero. -recipe picks one; every flag given on the command line overrides its value.
+// linear to zero; and its speedrun record #28 (SPEC.md "The speedrun architecture and recipe"):
+// the speedrun's architecture on document-aligned 49,152-token sequences in the window's schedule,
+// Muon's 5 steepened Newton-Schulz steps with a momentum warmup, and a schedule stable for 55% of
+// the steps, then linear to 0.1 at step 1,695. -recipe picks one; every flag given on the command
+// line overrides its value.
 #pragma once
 
 #include <algorithm>
@@ -47,6 +51,7 @@ struct Recipe {
   // schedule's (by ParamRole: embedding, matrix, vector, head).
   float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   bool decay_vectors = false;
+  bool eps_before_correction = false;  // eps added to sqrt(v) before the bias correction
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
   float grad_clip = 1.0f;                        // -gc; 0: none
@@ -61,8 +66,12 @@ struct Recipe {
   // fifth).
   const char* schedule = "cosine";
   float decay_fraction = 0.0f;
+  float final_lr_frac = 0.0f;    // -q
   long total_batch_tokens = -1;  // -z (-1: one micro batch)
   int B = 4, T = 0;              // -b, -t (T 0: the model's maximum)
+  int max_steps = -1;            // -x (-1: an epoch of the data)
+  int documents = 0;             // -pd
+  int window_blocks = 0;         // -aw (-1: the window's schedule)
   int zero_stage = 1;            // -zs: 0 with Muon, which with 1 takes one more all-gather a step
 };
 
@@ -101,11 +110,53 @@ inline const Recipe& recipe_modern() {
   return r;
 }
 
+// Record #28's rates: Adam's 0.008 times 75 for the embedding and the value embeddings, 1 for the
+// head, 5 for the scalars (role kVector), each times the schedule (peak 1); Muon's 0.05.
+inline const Recipe& recipe_speedrun() {
+  static const Recipe r = [] {
+    Recipe m;
+    m.name = "speedrun";
+    m.arch = Arch::kSpeedrun;
+    m.optimizer = OptimizerKind::kMuon;
+    m.lr = 1.0f;
+    m.beta1 = 0.8f;
+    m.eps = 1e-10f;
+    m.weight_decay = 0.0f;
+    m.eps_before_correction = true;
+    const float role_lr[4] = {0.6f, 0.008f, 0.04f, 0.008f};
+    std::copy(role_lr, role_lr + 4, m.role_lr);
+    m.lr_help = "scale of the per-role AdamW rates at the schedule's peak (at 1: embeddings 0.6, head 0.008, "
+                "scalars 0.04)";
+    m.grad_clip = 0.0f;
+    m.muon_lr = 0.05f;
+    m.muon_weight_decay = 0.0f;
+    m.muon_momentum.start = 0.85;
+    m.muon_momentum.warmup_steps = 300;
+    m.muon_newton_schulz = kNewtonSchulzSpeedrun;
+    m.muon_scale_tall = false;
+    m.loss_sum = true;
+    m.schedule = "wsd";
+    m.decay_fraction = 0.45f;
+    m.final_lr_frac = 0.1f;
+    m.total_batch_tokens = 393216;
+    m.B = 1;
+    m.T = 49152;
+    m.max_steps = 1695;
+    m.documents = 1;
+    m.window_blocks = -1;
+    m.zero_stage = 0;
+    return m;
+  }();
+  return r;
+}
+
 inline const Recipe& recipe_by_name(const std::string& name, const char* flag) {
   if (name == "gpt2") return recipe_gpt2();
   if (name == "modern") return recipe_modern();
-  LLMC_FAIL("%s %s: unknown recipe: use gpt2 (llm.c's GPT-2) or modern (modded-nanogpt's "
-            "optimization-track baseline: RMSNorm, rotary, ReLU^2, Muon)", flag, name.c_str());
+  if (name == "speedrun") return recipe_speedrun();
+  LLMC_FAIL("%s %s: unknown recipe: use gpt2 (llm.c's GPT-2), modern (modded-nanogpt's "
+            "optimization-track baseline: RMSNorm, rotary, ReLU^2, Muon) or speedrun (its record #28)", flag,
+            name.c_str());
 }
 
 }  // namespace llmc

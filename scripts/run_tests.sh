@@ -484,6 +484,11 @@ gpu_determinism() {
     run "determinism_modern_$i" ./train_gpt2cu $COMMON -recipe modern -e d12 -b 4 -t 256 -z 1024 -x 20 -v 10 -m 4 -s 0
   done
   run determinism_modern_same_losses same_losses "$LOGS/determinism_modern_1.log" "$LOGS/determinism_modern_2.log"
+  # The speedrun recipe (its block's kernels, packed documents in the window's schedule) likewise.
+  for i in 1 2; do
+    run "determinism_speedrun_$i" ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -z 1024 -x 20 -v 10 -m 4 -s 0
+  done
+  run determinism_speedrun_same_losses same_losses "$LOGS/determinism_speedrun_1.log" "$LOGS/determinism_speedrun_2.log"
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
   # step: about 5x the 0.021 measured on an H200 (FP8's losses run 0.1-0.3% above BF16's as the
   # loss falls from 11.05 to 7.57); a broken layer's losses part by far more.
@@ -533,6 +538,9 @@ gpu_resume() {
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
   resume_test ./train_gpt2cu resume_documents_bf16 -pd 1 -aw -1 -z 2048
   resume_test ./train_gpt2fp32cu resume_documents_fp32 -pd 1 -aw -1 -z 2048
+  # The speedrun recipe: its scalars and value embeddings, Muon's momentum warmup from the resumed step.
+  resume_test ./train_gpt2cu resume_speedrun_bf16 -recipe speedrun -z 1024
+  resume_test ./train_gpt2fp32cu resume_speedrun_fp32 -recipe speedrun -z 1024
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test
