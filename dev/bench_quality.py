@@ -1,27 +1,55 @@
 """Validation loss against training time: train_gpt2cu with the modern recipe, the PyTorch reference
 (train_gpt2.py) with the same recipe and data order, and train_gpt2cu with GPT-2's recipe, one after
-the other on one GPU, on the same token shards.
+the other on one GPU, on the same token shards; and train_gpt2cu's speedrun recipe against the script
+it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_script).
 
     python3 dev/bench_quality.py OUTDIR --train 'DIR/python_train_*.bin' --val 'DIR/python_val_*.bin'
                                  [--steps 600] [--batch_tokens 131072] [--micro_batch 64] [--seq_len 1024]
                                  [--val_every 50] [--val_batches 20] [--gpt2_lr 6e-4] [--gpt2_warmup 60]
-                                 [--peer_micro_batch B]
-                                 [--runs ours_modern,peer_modern,ours_gpt2]
+                                 [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
+                                 [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
+                                 [--reference_script PATH] [--reference_window_factor 16] [--dry_run]
+                                 [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun]]
 
-Every run is d12 at the same batch, steps and validation batches. The training time of a step is its
-step line's ms (validation, start-up and the first step, which compiles or tunes, are not counted),
-summed up to each validation. Prints one
-table (final validation loss, ms per step, tokens/s, training time, and the time each run needs to
-reach the final validation loss of GPT-2's recipe, interpolated between validations) and writes it
-to OUTDIR/quality.md with the curves in OUTDIR/quality.png. Each run's output is kept in OUTDIR, and
-a run whose output there reached its last step is read again instead of run (so the runs can be
-spread over several invocations with the same OUTDIR).
+Every run is d12 on the same shards, validated every --val_every steps and at the last. ours_modern,
+peer_modern and ours_gpt2 take --steps steps of --batch_tokens tokens and validate on --val_batches
+batches. The speedrun runs take --steps steps of record #28's 393,216 tokens (8 document-aligned
+sequences of 49,152; the recipe sets its batch, ours gets no -b/-t/-z) and validate on
+--speedrun_val_tokens tokens: ours in sequences of --speedrun_val_seq_len (-vt), the reference in its
+own 262,144. --same_tokens gives the other runs the speedrun's token budget: --steps and --val_every
+times 393,216 / --batch_tokens (which must come out whole: 3 at 131,072), so every run trains on
+--steps x 393,216 tokens and validates at the same token counts.
+
+ref_speedrun runs a copy of --reference_script in OUTDIR/ref_speedrun/train_gpt.py (torchrun, one
+process, from that folder; its log in logs/final/ there and its output in output.log) with these
+edits only, each of an exact line of record #28 that must be there once (else the bench stops naming
+it): train_files and val_files to --train and --val (absolute), num_iterations to --steps,
+val_loss_every to --val_every, val_tokens to --speedrun_val_tokens, and the document-aligned loader's
+token window (2 x its step's tokens) to --reference_window_factor x them, because the reference stops
+(assert False) when its window holds no document start with a sequence's length after it, as a long
+source file does. The wider window also moves its switch to the next shard earlier (at a window's
+distance from the shard's end), so from there its data differ from ours.
+
+The training time of a step is its step line's ms (ours; validation, start-up and the first step,
+which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
+train_time (its compile and warm-up steps and its validation are not counted). Prints one table
+(steps, final validation loss, ms per step, tokens/s, training time, and the time each run needs to
+reach the final validation loss of --target_run, interpolated between validations), and with both
+speedrun runs their comparison (ms/step, the validation losses at each step, the time ours needs to
+reach the reference's final loss); writes them to OUTDIR/quality.md with the curves in
+OUTDIR/quality.png. Each run's output is kept in OUTDIR, and a run whose output there reached its
+last step is read again instead of run (so the runs can be spread over several invocations with the
+same OUTDIR; the output's first line names its command, and one of another command stops the bench,
+so give each set of options its own OUTDIR). --dry_run prints the commands and writes the
+reference's copy, and runs nothing.
 """
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
+from fractions import Fraction
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import pydeps  # noqa: E402
@@ -32,11 +60,23 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RUNS = ("ours_modern", "peer_modern", "ours_gpt2")
+RUNS = ("ours_modern", "peer_modern", "ours_gpt2", "ours_speedrun", "ref_speedrun")
+DEFAULT_RUNS = ("ours_modern", "peer_modern", "ours_gpt2")
+SPEEDRUN_RUNS = ("ours_speedrun", "ref_speedrun")
 LABELS = {"ours_modern": "train_gpt2cu, modern recipe", "peer_modern": "PyTorch, modern recipe",
-          "ours_gpt2": "train_gpt2cu, GPT-2 recipe"}
+          "ours_gpt2": "train_gpt2cu, GPT-2 recipe", "ours_speedrun": "train_gpt2cu, speedrun recipe",
+          "ref_speedrun": "record #28's train_gpt.py"}
+SPEEDRUN_STEP_TOKENS = 8 * 49152      # record #28's step: 8 document-aligned sequences of 49,152
+REFERENCE_VAL_SEQ_LEN = 4 * 64 * 1024  # the reference validates on contiguous sequences of this
+SPEED_TARGET = 1.4                     # ours at least this much faster than the reference
+LOSS_TOLERANCE = 0.01                  # validation losses within 1% of the reference's
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss [-0-9.naif]+ .*?\| ([0-9.]+) ms")
 VAL_LINE = re.compile(r"^step\s+(\d+)/\d+ \|.*val loss ([0-9.]+)")
+# The reference's lines: "step:126/1695 train_time:99900ms step_avg:792.86ms" after each step, and
+# "step:125/1695 val_loss:4.1234 train_time:99123ms step_avg:792.98ms" at each validation.
+REF_STEP_LINE = re.compile(r"^step:(\d+)/\d+ train_time:(\d+)ms")
+REF_VAL_LINE = re.compile(r"^step:(\d+)/\d+ val_loss:([0-9.]+|nan) train_time:(\d+)ms")
+COMMAND_MARK = "# bench_quality command: "  # the first line of each run's log
 
 
 def fail(message):
@@ -44,16 +84,49 @@ def fail(message):
     sys.exit(1)
 
 
+def step_tokens(name, args):
+    return SPEEDRUN_STEP_TOKENS if name in SPEEDRUN_RUNS else args.batch_tokens
+
+
+def token_scale(name, args):
+    """How many of the run's steps cover one speedrun step's tokens under --same_tokens; else 1."""
+    if name in SPEEDRUN_RUNS or not args.same_tokens:
+        return Fraction(1)
+    return Fraction(SPEEDRUN_STEP_TOKENS, args.batch_tokens)
+
+
+def run_steps(name, args):
+    return int(args.steps * token_scale(name, args))
+
+
+def run_val_every(name, args):
+    return int(args.val_every * token_scale(name, args))
+
+
+def run_log(name, args):
+    """Where a run's output goes: OUTDIR/NAME.log, the reference's beside its copy."""
+    if name == "ref_speedrun":
+        return os.path.join(args.outdir, "ref_speedrun", "output.log")
+    return os.path.join(args.outdir, f"{name}.log")
+
+
 def run_command(name, args):
     """The command line of one run; its output directory is OUTDIR/name."""
     common_ours = ["-e", "d12", "-i", args.train, "-j", args.val, "-b", str(args.micro_batch),
-                   "-t", str(args.seq_len), "-z", str(args.batch_tokens), "-x", str(args.steps),
-                   "-v", str(args.val_every), "-m", str(args.val_batches), "-s", "0",
+                   "-t", str(args.seq_len), "-z", str(args.batch_tokens), "-x", str(run_steps(name, args)),
+                   "-v", str(run_val_every(name, args)), "-m", str(args.val_batches), "-s", "0",
                    "-o", os.path.join(args.outdir, name)]
     if name == "ours_modern":
         return ["./train_gpt2cu", "-recipe", "modern"] + common_ours
     if name == "ours_gpt2":
         return ["./train_gpt2cu", "-recipe", "gpt2", "-l", str(args.gpt2_lr), "-u", str(args.gpt2_warmup)] + common_ours
+    if name == "ours_speedrun":
+        return ["./train_gpt2cu", "-recipe", "speedrun", "-e", "d12", "-i", args.train, "-j", args.val,
+                "-x", str(args.steps), "-v", str(args.val_every),
+                "-m", str(args.speedrun_val_tokens // args.speedrun_val_seq_len),
+                "-vt", str(args.speedrun_val_seq_len), "-s", "0", "-o", os.path.join(args.outdir, name)]
+    if name == "ref_speedrun":
+        return reference_command(args)
     return peer_command(args)
 
 
@@ -62,27 +135,102 @@ def peer_command(args):
     validation."""
     return [args.python, "train_gpt2.py", "--recipe", "modern", "--model", "d12", "--input_bin", args.train,
             "--input_val_bin", args.val, "-b", str(args.peer_micro_batch or args.micro_batch), "-t", str(args.seq_len),
-            "--total_batch_size", str(args.batch_tokens), "--num_iterations", str(args.steps),
-            "--val_every", str(args.val_every), "--val_steps", str(args.val_batches), "--compile", "1",
-            "--dtype", "bfloat16",
+            "--total_batch_size", str(args.batch_tokens), "--num_iterations", str(run_steps("peer_modern", args)),
+            "--val_every", str(run_val_every("peer_modern", args)), "--val_steps", str(args.val_batches),
+            "--compile", "1", "--dtype", "bfloat16",
             "--output_dir", os.path.join(args.outdir, "peer_modern")]
 
 
+def reference_command(args):
+    """torchrun with one process, run from OUTDIR/ref_speedrun: the torchrun beside --python, else that
+    python's torch.distributed.run (the same program)."""
+    python = os.path.abspath(args.python) if os.sep in args.python else args.python  # it runs elsewhere
+    torchrun = os.path.join(os.path.dirname(python), "torchrun")
+    if os.sep in python and os.access(torchrun, os.X_OK):
+        launcher = [torchrun]
+    else:
+        launcher = [python, "-m", "torch.distributed.run"]
+    return launcher + ["--standalone", "--nproc_per_node=1", "train_gpt.py"]
+
+
+def reference_edits(args):
+    """(record #28's text, the bench's) for each edit of the reference's copy."""
+    window = "token_window = grad_accum_steps * ({} * batch_size if align_to_bos else batch_size)"
+    return [
+        ('train_files = "data/fineweb10B/fineweb_train_*.bin"', f"train_files = {os.path.abspath(args.train)!r}"),
+        ('val_files = "data/fineweb10B/fineweb_val_*.bin"', f"val_files = {os.path.abspath(args.val)!r}"),
+        ("num_iterations = 1695", f"num_iterations = {args.steps}"),
+        ("val_loss_every = 125", f"val_loss_every = {args.val_every}"),
+        ("val_tokens = 10485760", f"val_tokens = {args.speedrun_val_tokens}"),
+        (window.format(2), window.format(args.reference_window_factor)),
+    ]
+
+
+def edit_reference(source, edits, path):
+    """source with each edit made; stops naming the first expected text that is not there exactly once
+    (another version of the script, which these edits would not run as intended)."""
+    for expected, replacement in edits:
+        count = source.count(expected)
+        if count != 1:
+            fail(f"--reference_script {path}: expected the line '{expected}' once (record #28's train_gpt.py), "
+                 f"found it {count} times: not the script these edits are for")
+        source = source.replace(expected, replacement)
+    return source
+
+
+def prepare_reference(args):
+    """Writes the edited copy of the reference into OUTDIR/ref_speedrun, with its log folder."""
+    if not args.reference_script:
+        fail("ref_speedrun needs --reference_script PATH (record #28's train_gpt.py, the code at the top of "
+             "its logs in modded-nanogpt's records/track_1_short/2025-08-23_SparseAttnGate/)")
+    try:
+        source = open(args.reference_script).read()
+    except OSError as e:
+        fail(f"--reference_script {args.reference_script}: {e.strerror}")
+    edited = edit_reference(source, reference_edits(args), args.reference_script)
+    folder = os.path.join(args.outdir, "ref_speedrun")
+    os.makedirs(os.path.join(folder, "logs", "final"), exist_ok=True)
+    with open(os.path.join(folder, "train_gpt.py"), "w") as f:
+        f.write(edited)
+
+
 def parse_curve(text):
-    """[(step, training seconds, val loss)] and the steps' ms, from a run's output. The first step
-    compiles (PyTorch) or tunes the products (ours): its time is not counted."""
+    """[(step, training seconds, val loss)] and the ms of the steps counted, from our trainer's or
+    train_gpt2.py's output. The first step compiles (PyTorch) or tunes the products (ours): its time
+    is not counted."""
     ms, curve, elapsed = [], [], 0.0
     for line in text.splitlines():
         step = STEP_LINE.match(line)
         if step:
-            ms.append(float(step.group(2)))
             if int(step.group(1)) > 1:
+                ms.append(float(step.group(2)))
                 elapsed += float(step.group(2)) / 1000.0
             continue
         val = VAL_LINE.match(line)
         if val:
             curve.append((int(val.group(1)), elapsed, float(val.group(2))))
     return curve, ms
+
+
+def parse_reference_curve(text):
+    """The same from the reference's output: the training seconds are its train_time at each
+    validation (taken after a synchronisation), a step's ms the difference of its step lines'
+    train_time (not synchronised: the median is right, a single step only roughly so)."""
+    ms, curve, last = [], [], 0
+    for line in text.splitlines():
+        step = REF_STEP_LINE.match(line)
+        if step:
+            ms.append(float(int(step.group(2)) - last))
+            last = int(step.group(2))
+            continue
+        val = REF_VAL_LINE.match(line)
+        if val:
+            curve.append((int(val.group(1)), int(val.group(3)) / 1000.0, float(val.group(2))))
+    return curve, ms
+
+
+def parse_run(name, text):
+    return parse_reference_curve(text) if name == "ref_speedrun" else parse_curve(text)
 
 
 def time_to_reach(curve, target):
@@ -95,6 +243,32 @@ def time_to_reach(curve, target):
             _, s0, l0 = curve[i - 1]
             return s0 + (seconds - s0) * (l0 - target) / (l0 - loss)
     return None
+
+
+def mean_step_ms(curve, ms):
+    """The mean ms of the counted steps: the training time at the last validation over their number."""
+    return curve[-1][1] * 1000.0 / len(ms) if ms else float("nan")
+
+
+def median_step_ms(ms):
+    return sorted(ms)[len(ms) // 2] if ms else float("nan")
+
+
+def speedrun_comparison(ours, ref):
+    """The numbers of the speedrun pair from both curves and step ms: ratio (reference's mean ms/step
+    over ours), losses [(step, reference, ours, relative difference)] at the steps both validated,
+    the largest relative difference and its step, the reference's final loss and training seconds,
+    and the seconds ours needs to reach that loss (None if it never does)."""
+    (ours_curve, ours_ms), (ref_curve, ref_ms) = ours, ref
+    ours_at = {step: loss for step, _, loss in ours_curve}
+    losses = [(step, loss, ours_at[step], abs(ours_at[step] - loss) / loss)
+              for step, _, loss in ref_curve if step in ours_at]
+    worst = max(losses, key=lambda row: row[3]) if losses else None
+    ref_final, ref_seconds = ref_curve[-1][2], ref_curve[-1][1]
+    return {"ratio": mean_step_ms(ref_curve, ref_ms) / mean_step_ms(ours_curve, ours_ms),
+            "ours_ms": mean_step_ms(ours_curve, ours_ms), "ref_ms": mean_step_ms(ref_curve, ref_ms),
+            "losses": losses, "worst": worst, "ref_final": ref_final, "ref_seconds": ref_seconds,
+            "ours_reach": time_to_reach(ours_curve, ref_final)}
 
 
 def parse_args(argv=None):
@@ -113,56 +287,166 @@ def parse_args(argv=None):
     p.add_argument("--val_batches", type=int, default=20)
     p.add_argument("--gpt2_lr", type=float, default=6e-4, help="GPT-2 recipe's peak learning rate")
     p.add_argument("--gpt2_warmup", type=int, default=60, help="GPT-2 recipe's warmup steps")
-    p.add_argument("--runs", default=",".join(RUNS), help="which runs, in order: " + " ".join(RUNS))
-    p.add_argument("--python", default=sys.executable, help="the python with torch for the peer")
-    return p.parse_args(argv)
+    p.add_argument("--same_tokens", action="store_true", help="the runs at --batch_tokens take the speedrun's "
+                   f"tokens: --steps and --val_every times {SPEEDRUN_STEP_TOKENS} / --batch_tokens")
+    p.add_argument("--target_run", default="ours_gpt2", help="the run whose final validation loss the "
+                   "'to target' column is timed to (when it is among the runs)")
+    p.add_argument("--speedrun_val_seq_len", type=int, default=REFERENCE_VAL_SEQ_LEN,
+                   help="ours' validation sequence length in the speedrun (-vt); the reference's stays "
+                   f"{REFERENCE_VAL_SEQ_LEN}")
+    p.add_argument("--speedrun_val_tokens", type=int, default=10485760,
+                   help="the speedrun runs' validation tokens (ours: -m this / --speedrun_val_seq_len)")
+    p.add_argument("--reference_script", default="", help="record #28's train_gpt.py (for ref_speedrun)")
+    p.add_argument("--reference_window_factor", type=int, default=16, help="the reference's document-aligned "
+                   "token window in its step's tokens (its own: 2)")
+    p.add_argument("--dry_run", action="store_true", help="print the commands, write the reference's copy, "
+                   "run nothing")
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="which runs, in order: " + " ".join(RUNS))
+    p.add_argument("--python", default=sys.executable, help="the python with torch for the peer and the reference")
+    args = p.parse_args(argv)
+    check_args(args)
+    return args
+
+
+def check_args(args):
+    runs = args.runs.split(",")
+    for name in runs:
+        if name not in RUNS:
+            fail(f"--runs {name}: use some of {','.join(RUNS)}")
+    if args.target_run not in RUNS:
+        fail(f"--target_run {args.target_run}: use one of {','.join(RUNS)}")
+    if args.target_run != "ours_gpt2" and args.target_run not in runs:
+        fail(f"--target_run {args.target_run}: not among --runs {args.runs}")
+    if args.same_tokens:
+        for flag, value in (("--steps", args.steps), ("--val_every", args.val_every)):
+            if (value * SPEEDRUN_STEP_TOKENS) % args.batch_tokens:
+                fail(f"--same_tokens: {flag} {value} x {SPEEDRUN_STEP_TOKENS} tokens is no whole number of "
+                     f"--batch_tokens {args.batch_tokens} steps")
+    if any(name in SPEEDRUN_RUNS for name in runs):
+        if args.speedrun_val_seq_len <= 0 or args.speedrun_val_tokens % args.speedrun_val_seq_len:
+            fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of --speedrun_val_seq_len "
+                 f"{args.speedrun_val_seq_len}")
+    if "ref_speedrun" in runs:
+        if args.speedrun_val_tokens % REFERENCE_VAL_SEQ_LEN:
+            fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of the reference's "
+                 f"validation sequence, {REFERENCE_VAL_SEQ_LEN} tokens (its assert)")
+        if args.reference_window_factor < 2:
+            fail(f"--reference_window_factor {args.reference_window_factor}: at least 2, the reference's own")
+
+
+def run_signature(name, args):
+    """What a run's log records of the command that wrote it: the command line, and for the
+    reference the edits of its copy."""
+    signature = shlex.join(run_command(name, args))
+    if name == "ref_speedrun":
+        signature += " | edits: " + "; ".join(replacement for _, replacement in reference_edits(args))
+    return signature
+
+
+def finished(name, args):
+    """The run's curve and step ms when its output in OUTDIR reached its last step; else None. Stops
+    where that output is another command's (other steps or validation in the same OUTDIR)."""
+    log = run_log(name, args)
+    if not os.path.exists(log):
+        return None
+    text = open(log, errors="replace").read()
+    first = text.split("\n", 1)[0]
+    if first.startswith(COMMAND_MARK) and first[len(COMMAND_MARK):] != run_signature(name, args):
+        fail(f"{log} is the output of another command ({first[len(COMMAND_MARK):]}), not of "
+             f"{run_signature(name, args)}: give another OUTDIR, or remove it and {name}'s folder")
+    curve, ms = parse_run(name, text)
+    return (curve, ms) if curve and curve[-1][0] == run_steps(name, args) else None
+
+
+def run_logged(name, args):
+    """Runs one run with its output in its log (the reference's also on the terminal), after a first
+    line naming the command; its status."""
+    command, log = run_command(name, args), run_log(name, args)
+    cwd = os.path.join(args.outdir, "ref_speedrun") if name == "ref_speedrun" else None
+    with open(log, "w") as f:
+        f.write(COMMAND_MARK + run_signature(name, args) + "\n")
+        f.flush()
+        if name != "ref_speedrun":
+            return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
+        # Unbuffered, so that its lines reach the terminal as they are printed.
+        process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, errors="replace", bufsize=1,
+                                   env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        for line in process.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+            f.flush()
+        return process.wait()
 
 
 def main():
     args = parse_args()
     runs = args.runs.split(",")
-    for name in runs:
-        if name not in RUNS:
-            fail(f"--runs {name}: use some of {','.join(RUNS)}")
     os.makedirs(args.outdir, exist_ok=True)
+    results = {name: finished(name, args) for name in runs}
+    # The reference's copy is made before any run starts, so that a script these edits do not fit
+    # stops the bench at once rather than after the other runs.
+    if "ref_speedrun" in runs and results["ref_speedrun"] is None:
+        prepare_reference(args)
     curves, step_ms = {}, {}
     for name in runs:
-        log = os.path.join(args.outdir, f"{name}.log")
-        if os.path.exists(log):  # a finished run of the same OUTDIR is read again, not rerun
-            curves[name], step_ms[name] = parse_curve(open(log, errors="replace").read())
-            if curves[name] and curves[name][-1][0] == args.steps:
-                print(f"=== {name}: read {log}", flush=True)
-                continue
-        print(f"=== {name}: {' '.join(run_command(name, args))}", flush=True)
-        with open(log, "w") as f:
-            status = subprocess.run(run_command(name, args), stdout=f, stderr=subprocess.STDOUT).returncode
+        where = f" (in {os.path.join(args.outdir, 'ref_speedrun')})" if name == "ref_speedrun" else ""
+        if results[name] is not None:  # a finished run of the same OUTDIR is read again, not rerun
+            print(f"=== {name}: read {run_log(name, args)}", flush=True)
+            curves[name], step_ms[name] = results[name]
+            continue
+        print(f"=== {name}{where}: {shlex.join(run_command(name, args))}", flush=True)
+        if args.dry_run:
+            continue
+        log = run_log(name, args)
+        status = run_logged(name, args)
         text = open(log, errors="replace").read()
         if status != 0:
             fail(f"{name} exited with status {status}: see {log}\n{text[-2000:]}")
-        curves[name], step_ms[name] = parse_curve(text)
+        curves[name], step_ms[name] = parse_run(name, text)
         if not curves[name]:
             fail(f"{name}: no validation line in {log}")
-    report(args, runs, curves, step_ms)
+    if not args.dry_run:
+        report(args, runs, curves, step_ms)
 
 
 def report(args, runs, curves, step_ms):
-    target = curves["ours_gpt2"][-1][2] if "ours_gpt2" in curves else None
-    lines = [f"d12, {args.steps} steps of {args.batch_tokens} tokens (micro batch {args.micro_batch} x "
-             f"{args.seq_len}), validation every {args.val_every} steps on {args.val_batches} batches"]
+    target_run = args.target_run if args.target_run in curves else None
+    target = curves[target_run][-1][2] if target_run else None
+    lines = []
+    batch_runs = [name for name in runs if name not in SPEEDRUN_RUNS]
+    if batch_runs:
+        name = batch_runs[0]
+        lines.append(f"d12, {run_steps(name, args)} steps of {args.batch_tokens} tokens (micro batch "
+                     f"{args.micro_batch} x {args.seq_len}), validation every {run_val_every(name, args)} steps "
+                     f"on {args.val_batches} batches"
+                     + (f" (--same_tokens: the speedrun's {args.steps} steps of {SPEEDRUN_STEP_TOKENS} tokens)"
+                        if args.same_tokens else ""))
     if args.peer_micro_batch and "peer_modern" in runs:
         lines.append(f"PyTorch's micro batch: {args.peer_micro_batch} x {args.seq_len}, the same {args.batch_tokens} "
                      "tokens a step")
+    if any(name in SPEEDRUN_RUNS for name in runs):
+        lines.append(f"speedrun: d12, {args.steps} steps of {SPEEDRUN_STEP_TOKENS} tokens (8 document-aligned "
+                     f"sequences of 49152), validation every {args.val_every} steps on {args.speedrun_val_tokens} "
+                     f"tokens, ours in sequences of {args.speedrun_val_seq_len}"
+                     + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (token window x{args.reference_window_factor})"
+                        if "ref_speedrun" in runs else ""))
     if target is not None:
-        lines.append(f"target: GPT-2 recipe's final validation loss {target:.4f}")
-    lines.append("| run | final val loss | ms/step (median) | tokens/s | training s | s to target |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        lines.append(f"target: {LABELS[target_run]}'s final validation loss {target:.4f}")
+    lines.append("| run | steps | final val loss | ms/step (median) | ms/step (mean) | tokens/s | training s "
+                 "| s to target |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in runs:
-        ms = sorted(step_ms[name][1:]) or step_ms[name]
-        median = ms[len(ms) // 2]
-        reach = time_to_reach(curves[name], target) if target is not None else None
-        lines.append(f"| {LABELS[name]} | {curves[name][-1][2]:.4f} | {median:.1f} | "
-                     f"{args.batch_tokens / (median / 1000):.0f} | {curves[name][-1][1]:.1f} | "
-                     f"{'%.1f' % reach if reach is not None else 'not reached'} |")
+        curve, ms = curves[name], step_ms[name]
+        median = median_step_ms(ms)
+        reach = time_to_reach(curve, target) if target is not None else None
+        to_target = "-" if target is None else "not reached" if reach is None else f"{reach:.1f}"
+        lines.append(f"| {LABELS[name]} | {curve[-1][0]} | {curve[-1][2]:.4f} | {median:.1f} | "
+                     f"{mean_step_ms(curve, ms):.1f} | {step_tokens(name, args) / (median / 1000):.0f} | "
+                     f"{curve[-1][1]:.1f} | {to_target} |")
+    if "ours_speedrun" in curves and "ref_speedrun" in curves:
+        lines += speedrun_report(speedrun_comparison((curves["ours_speedrun"], step_ms["ours_speedrun"]),
+                                                     (curves["ref_speedrun"], step_ms["ref_speedrun"])))
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.outdir, "quality.md"), "w") as f:
@@ -178,6 +462,35 @@ def report(args, runs, curves, step_ms):
     plt.grid(alpha=0.3)
     plt.tight_layout()
     plt.savefig(os.path.join(args.outdir, "quality.png"), dpi=120)
+
+
+def yes_no(ok):
+    return "yes" if ok else "NO"
+
+
+def speedrun_report(c):
+    """The speedrun pair's lines of the report, from speedrun_comparison's numbers."""
+    lines = ["", "speedrun recipe against record #28's script (same shards, steps and validation tokens):",
+             f"- ms/step (mean of the timed steps): ours {c['ours_ms']:.1f}, reference {c['ref_ms']:.1f}: "
+             f"{c['ratio']:.2f}x (at least {SPEED_TARGET}x: {yes_no(c['ratio'] >= SPEED_TARGET)})"]
+    if c["worst"] is not None:
+        step, _, _, worst = c["worst"]
+        lines.append(f"- validation loss: largest relative difference {100 * worst:.2f}% at step {step} "
+                     f"(within {100 * LOSS_TOLERANCE:.0f}% at every validation: {yes_no(worst <= LOSS_TOLERANCE)})")
+    else:
+        lines.append("- validation loss: no step validated by both")
+    limit = c["ref_seconds"] / SPEED_TARGET
+    reach = c["ours_reach"]
+    lines.append(f"- ours reaches the reference's final validation loss {c['ref_final']:.4f} in "
+                 + (f"{reach:.2f} s" if reach is not None else "never (not reached)")
+                 + f"; the reference trained {c['ref_seconds']:.2f} s, 1/{SPEED_TARGET} of it {limit:.2f} s: "
+                 + yes_no(reach is not None and reach <= limit))
+    lines.append("")
+    lines.append("| step | reference val loss | ours | relative difference |")
+    lines.append("| ---: | ---: | ---: | ---: |")
+    for step, ref_loss, ours_loss, rel in c["losses"]:
+        lines.append(f"| {step} | {ref_loss:.4f} | {ours_loss:.4f} | {100 * rel:.2f}% |")
+    return lines
 
 
 if __name__ == "__main__":
