@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Tests dev/bench_quality.py without a GPU and without running a trainer: (a) the edits of the
+# reference script's copy, on a stand-in holding only the lines they look for (the new values are
+# there, nothing else changed; a missing line stops the bench with one line naming it, before any
+# run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps); (b) the report
+# from fabricated finished outputs of the speedrun pair in the real line formats (the ms/step
+# ratio, the largest relative validation-loss difference, the time to reach a loss).
+# Scratch files go to build/test_tmp/bench_quality.
+#
+#   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DIR=build/test_tmp/bench_quality
+rm -rf "$DIR"
+mkdir -p "$DIR"
+
+source "$(dirname "$0")/lib.sh"
+
+require_python matplotlib test_bench_quality PLOT_PYTHON
+echo "using $PY"
+
+bench() { "$PY" dev/bench_quality.py "$@"; }
+
+# --- (a) the reference's copy. The stand-in: each line the edits look for, as record #28 has it,
+# and a line of its own that must come through unchanged.
+cat > "$DIR/stand_in.py" <<'EOF'
+class Hyperparameters:
+    train_files = "data/fineweb10B/fineweb_train_*.bin" # input .bin to train on
+    val_files = "data/fineweb10B/fineweb_val_*.bin" # input .bin to eval validation loss on
+    val_tokens = 10485760 # how many tokens of validation data?
+    num_iterations = 1695 # number of iterations to run
+    val_loss_every = 125 # every how many steps to evaluate val loss? 0 for only at the end
+def loader(grad_accum_steps, batch_size, align_to_bos):
+        token_window = grad_accum_steps * (2 * batch_size if align_to_bos else batch_size) # buffer
+print("unchanged")
+EOF
+out=$(bench "$DIR/a" --train 'shards/t_*.bin' --val 'shards/v_*.bin' --steps 300 --val_every 100 \
+  --runs ours_speedrun,ref_speedrun --reference_script "$DIR/stand_in.py" --dry_run 2>&1)
+check "dry run with the stand-in exits 0" "$?" 0
+copy="$DIR/a/ref_speedrun/train_gpt.py"
+check "the copy is in OUTDIR/ref_speedrun" "$(test -f "$copy" && echo yes)" yes
+check "its log folder logs/final is made" "$(test -d "$DIR/a/ref_speedrun/logs/final" && echo yes)" yes
+abs=$(pwd)
+check "train_files: --train, absolute" "$(grep -c "^    train_files = '$abs/shards/t_\*.bin' # input .bin to train on$" "$copy")" 1
+check "val_files: --val, absolute" "$(grep -c "^    val_files = '$abs/shards/v_\*.bin' # input" "$copy")" 1
+check "num_iterations: --steps" "$(grep -c '^    num_iterations = 300 # number' "$copy")" 1
+check "val_loss_every: --val_every" "$(grep -c '^    val_loss_every = 100 # every' "$copy")" 1
+check "val_tokens: --speedrun_val_tokens" "$(grep -c '^    val_tokens = 10485760 # how' "$copy")" 1
+check "token window: x16 when aligned" \
+  "$(grep -c '^        token_window = grad_accum_steps \* (16 \* batch_size if align_to_bos else batch_size) # buffer$' "$copy")" 1
+check "five lines changed (val_tokens keeps its value), the rest the same" \
+  "$(diff "$DIR/stand_in.py" "$copy" | grep -c '^>')" 5
+check "the edited copy is valid Python" "$("$PY" -c "import ast, sys; ast.parse(open(sys.argv[1]).read()); print(1)" "$copy")" 1
+check "ours' speedrun command (-vt, -m = val tokens / -vt, no -b/-t/-z)" \
+  "$(grep '^=== ours_speedrun:' <<< "$out")" \
+  "=== ours_speedrun: ./train_gpt2cu -recipe speedrun -e d12 -i 'shards/t_*.bin' -j 'shards/v_*.bin' -x 300 -v 100 -m 40 -vt 262144 -s 0 -o $DIR/a/ours_speedrun"
+check "the reference's command runs train_gpt.py in its folder with one process" \
+  "$(grep -c "^=== ref_speedrun (in $DIR/a/ref_speedrun): .*\(torchrun\|-m torch.distributed.run\) --standalone --nproc_per_node=1 train_gpt.py$" <<< "$out")" 1
+
+out=$(bench "$DIR/a2" --train 't_*.bin' --val 'v_*.bin' --steps 300 --val_every 100 --runs ref_speedrun \
+  --reference_script "$DIR/stand_in.py" --reference_window_factor 8 --speedrun_val_tokens 5242880 --dry_run 2>&1)
+check "--reference_window_factor and --speedrun_val_tokens reach the copy" \
+  "$(grep -c -e '(8 \* batch_size if align_to_bos' -e 'val_tokens = 5242880 #' "$DIR/a2/ref_speedrun/train_gpt.py")" 2
+
+# A stand-in without one of the lines: one line on stderr naming it, status 1, no copy, and the
+# runs before the reference in --runs not started (their logs not written).
+grep -v 'num_iterations' "$DIR/stand_in.py" > "$DIR/other_version.py"
+err=$(bench "$DIR/b" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun,ref_speedrun \
+  --reference_script "$DIR/other_version.py" 2>&1 >/dev/null)
+check "a missing line: exit status 1" "$?" 1
+check "a missing line: one line on stderr" "$(wc -l <<< "$err")" 1
+check "a missing line: the error names it" \
+  "$(grep -c "^error: --reference_script $DIR/other_version.py: expected the line 'num_iterations = 1695' once .*found it 0 times" <<< "$err")" 1
+check "a missing line: no copy written, no run started" \
+  "$(ls "$DIR/b" 2>/dev/null | grep -c -e train_gpt.py -e '\.log$')" 0
+err=$(bench "$DIR/c" --train 't_*.bin' --val 'v_*.bin' --runs ref_speedrun 2>&1 >/dev/null)
+check "no --reference_script: exit 1 with one line" "$?:$(wc -l <<< "$err")" 1:1
+
+# --same_tokens: the runs at --batch_tokens take the speedrun's tokens (131,072 x 900 = 393,216 x 300).
+out=$(bench "$DIR/d" --train 't_*.bin' --val 'v_*.bin' --steps 300 --val_every 25 --same_tokens \
+  --runs ours_modern,ours_gpt2,ours_speedrun --target_run ours_modern --dry_run 2>&1)
+check "--same_tokens: modern takes 900 steps, validates every 75" \
+  "$(grep -c '^=== ours_modern: .* -z 131072 -x 900 -v 75 ' <<< "$out")" 1
+check "--same_tokens: GPT-2 likewise" "$(grep -c '^=== ours_gpt2: .* -x 900 -v 75 ' <<< "$out")" 1
+check "--same_tokens: the speedrun keeps --steps" "$(grep -c '^=== ours_speedrun: .* -x 300 -v 25 ' <<< "$out")" 1
+out=$(bench "$DIR/e" --train 't_*.bin' --val 'v_*.bin' --dry_run 2>&1)
+check "defaults unchanged: ours_modern's command" "$(grep '^=== ours_modern:' <<< "$out")" \
+  "=== ours_modern: ./train_gpt2cu -recipe modern -e d12 -i 't_*.bin' -j 'v_*.bin' -b 64 -t 1024 -z 131072 -x 600 -v 50 -m 20 -s 0 -o $DIR/e/ours_modern"
+err=$(bench "$DIR/f" --train 't_*.bin' --val 'v_*.bin' --same_tokens --batch_tokens 524288 --steps 301 --dry_run 2>&1)
+check "--same_tokens refuses a budget of no whole number of steps" "$?:$(grep -c '^error: --same_tokens: --steps 301' <<< "$err")" 1:1
+
+# --- (b) the report from finished outputs (read again, not run). Reference: 1000 ms a step
+# (its train_time), final 5.0 in 4.0 s. Ours: step 1 (tuning) not counted, then 500 ms a step.
+mkdir -p "$DIR/g/ref_speedrun"
+cat > "$DIR/g/ref_speedrun/output.log" <<'EOF'
+logs/final/00000000-0000-0000-0000-000000000000.txt
+step:0/4 val_loss:10.8250 train_time:0ms step_avg:0.03ms
+step:1/4 train_time:1000ms step_avg:1000.00ms
+step:2/4 train_time:2000ms step_avg:1000.00ms
+step:2/4 val_loss:6.0000 train_time:2000ms step_avg:1000.00ms
+step:3/4 train_time:3000ms step_avg:1000.00ms
+step:4/4 train_time:4000ms step_avg:1000.00ms
+step:4/4 val_loss:5.0000 train_time:4000ms step_avg:1000.00ms
+peak memory allocated: 40000 MiB reserved: 42000 MiB
+EOF
+cat > "$DIR/g/ours_speedrun.log" <<'EOF'
+step    0/4 | val loss 10.830000
+step    1/4 | loss 10.825000 | norm 1.0000 | lr 1.000e+00 | 5000.00 ms | MFU 1.0% | 78643 tok/s | ETA 2s
+step    2/4 | loss 7.000000 | norm 1.0000 | lr 1.000e+00 | 500.00 ms | MFU 1.0% | 786432 tok/s | ETA 1s
+step    2/4 | val loss 6.030000
+step    3/4 | loss 6.000000 | norm 1.0000 | lr 1.000e+00 | 500.00 ms | MFU 1.0% | 786432 tok/s | ETA 1s
+step    4/4 | loss 5.000000 | norm 1.0000 | lr 1.000e+00 | 500.00 ms | MFU 1.0% | 786432 tok/s | ETA 0s
+step    4/4 | val loss 4.980000
+EOF
+out=$(bench "$DIR/g" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 \
+  --runs ours_speedrun,ref_speedrun --target_run ref_speedrun 2>&1)
+check "report from finished outputs exits 0" "$?" 0
+[ -f "$DIR/g/quality.md" ] || echo "$out"
+md="$DIR/g/quality.md"
+check "both runs read, none run" "$(grep -c '^=== .*: read ' <<< "$out")" 2
+check "table: ours' row (median and mean 500 ms, 786,432 tokens/s, 1.5 s, reaches 5.0 in 1.48 s)" \
+  "$(grep '^| train_gpt2cu, speedrun recipe' "$md")" \
+  "| train_gpt2cu, speedrun recipe | 4 | 4.9800 | 500.0 | 500.0 | 786432 | 1.5 | 1.5 |"
+check "table: the reference's row" "$(grep "^| record #28's train_gpt.py" "$md")" \
+  "| record #28's train_gpt.py | 4 | 5.0000 | 1000.0 | 1000.0 | 393216 | 4.0 | 4.0 |"
+check "ms/step ratio 2.00x, target met" "$(grep -c '^- ms/step (mean of the timed steps): ours 500.0, reference 1000.0: 2.00x (at least 1.4x: yes)$' "$md")" 1
+check "largest relative val-loss difference 0.50% at step 2, within 1%" \
+  "$(grep -c '^- validation loss: largest relative difference 0.50% at step 2 (within 1% at every validation: yes)$' "$md")" 1
+# (6.03 - 5.0) / (6.03 - 4.98) of the 1.0 s between ours' validations at 0.5 s and 1.5 s.
+check "time to reach the reference's final loss: 1.48 s against 4.0 / 1.4 = 2.86 s" \
+  "$(grep -c "^- ours reaches the reference's final validation loss 5.0000 in 1.48 s; the reference trained 4.00 s, 1/1.4 of it 2.86 s: yes$" "$md")" 1
+check "per-step table: step 4" "$(grep '^| 4 |' "$md")" "| 4 | 5.0000 | 4.9800 | 0.40% |"
+check "the plot is written" "$(test -s "$DIR/g/quality.png" && echo yes)" yes
+
+# A log whose first line names another command is not read as this one's: one line, status 1.
+mkdir -p "$DIR/h"
+{ echo "# bench_quality command: ./train_gpt2cu -recipe speedrun -x 4 -v 1"; cat "$DIR/g/ours_speedrun.log"; } \
+  > "$DIR/h/ours_speedrun.log"
+err=$(bench "$DIR/h" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun 2>&1 >/dev/null)
+check "another command's log: exit 1 with one line naming it" \
+  "$?:$(wc -l <<< "$err"):$(grep -c "^error: $DIR/h/ours_speedrun.log is the output of another command" <<< "$err")" 1:1:1
+# One that names this command is read (the reference's names the edits of its copy too).
+flags=(--train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun
+  --target_run ref_speedrun)
+for name in ours_speedrun ref_speedrun; do
+  "$PY" -c 'import sys; sys.path.insert(0, "dev"); import bench_quality as bq
+print(bq.COMMAND_MARK + bq.run_signature(sys.argv[1], bq.parse_args(sys.argv[2:])))' "$name" "$DIR/h" "${flags[@]}" \
+    > "$DIR/h/signature"
+  log="$DIR/h/$name.log"
+  [ $name = ref_speedrun ] && mkdir -p "$DIR/h/ref_speedrun" && log="$DIR/h/ref_speedrun/output.log"
+  [ $name = ref_speedrun ] && src="$DIR/g/ref_speedrun/output.log" || src="$DIR/g/$name.log"
+  cat "$DIR/h/signature" "$src" > "$log"
+done
+out=$(bench "$DIR/h" "${flags[@]}" 2>&1)
+check "logs naming this command are read" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:2
+check "the report from them is the same" "$(diff "$DIR/g/quality.md" "$DIR/h/quality.md" && echo same)" same
+
+# The same numbers straight from the functions, and a run over 1% and too slow.
+numbers=$("$PY" - <<'EOF'
+import sys
+sys.path.insert(0, "dev")
+import bench_quality as bq
+ours = ([(0, 0.0, 10.0), (2, 2.0, 6.3), (4, 4.0, 5.2)], [1000.0] * 4)  # 5% above at step 2
+ref = ([(0, 0.0, 10.0), (2, 2.5, 6.0), (4, 5.0, 5.0)], [1250.0] * 4)
+c = bq.speedrun_comparison(ours, ref)
+print(f"{c['ratio']:.3f} {c['worst'][0]} {c['worst'][3]:.4f} {c['ours_reach']}")
+print("\n".join(bq.speedrun_report(c)[2:5]))
+EOF
+)
+check "functions: ratio 1.25, worst 5% at step 2, 5.0 never reached" "$(head -1 <<< "$numbers")" "1.250 2 0.0500 None"
+check "functions: the report says NO three times (speed, losses, time)" "$(grep -c 'NO' <<< "$numbers")" 3
+
+finish test_bench_quality
