@@ -188,6 +188,11 @@ def prepare_reference(args):
     except OSError as e:
         fail(f"--reference_script {args.reference_script}: {e.strerror}")
     edited = edit_reference(source, reference_edits(args), args.reference_script)
+    try:  # a whole log given instead of the code at its top parses no further than the code
+        compile(edited, args.reference_script, "exec")
+    except SyntaxError as e:
+        fail(f"--reference_script {args.reference_script}: not Python after the edits (line {e.lineno}: {e.msg}); "
+             "give only the code at the top of the log")
     folder = os.path.join(args.outdir, "ref_speedrun")
     os.makedirs(os.path.join(folder, "logs", "final"), exist_ok=True)
     with open(os.path.join(folder, "train_gpt.py"), "w") as f:

@@ -73,6 +73,13 @@ check "a missing line: the error names it" \
   "$(grep -c "^error: --reference_script $DIR/other_version.py: expected the line 'num_iterations = 1695' once .*found it 0 times" <<< "$err")" 1
 check "a missing line: no copy written, no run started" \
   "$(ls "$DIR/b" 2>/dev/null | grep -c -e train_gpt.py -e '\.log$')" 0
+# A whole log given instead of its code: the edits fit, the rest is no Python.
+{ cat "$DIR/stand_in.py"; printf '%s\n' "$(printf '=%.0s' {1..100})" "Running Python 3.10.12" \
+  "step:0/1695 val_loss:10.8258 train_time:0ms step_avg:0.03ms"; } > "$DIR/whole_log.txt"
+err=$(bench "$DIR/b2" --train 't_*.bin' --val 'v_*.bin' --runs ref_speedrun --reference_script "$DIR/whole_log.txt" \
+  --dry_run 2>&1 >/dev/null)
+check "a whole log instead of the code: exit 1, one line saying so" \
+  "$?:$(wc -l <<< "$err"):$(grep -c 'not Python after the edits (line [0-9]*: .*give only the code at the top of the log$' <<< "$err")" 1:1:1
 err=$(bench "$DIR/c" --train 't_*.bin' --val 'v_*.bin' --runs ref_speedrun 2>&1 >/dev/null)
 check "no --reference_script: exit 1 with one line" "$?:$(wc -l <<< "$err")" 1:1
 
