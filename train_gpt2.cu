@@ -6343,10 +6343,26 @@ struct DocumentAttention {
   llmc::AttentionBlockSpan* spans_host = nullptr;  // pinned
   int* document_ids_host = nullptr;                // pinned
   cudaEvent_t metadata_copied = nullptr;           // the last copies out of the pinned buffers
+  size_t capacity = 0;                             // the tokens the buffers hold
 };
+
+void document_buffers_free(DocumentAttention& d) {
+  device_free(d.spans);
+  device_free(d.document_ids);
+  if (d.spans_host) cudaCheck(cudaFreeHost(d.spans_host));
+  if (d.document_ids_host) cudaCheck(cudaFreeHost(d.document_ids_host));
+  d.spans = nullptr;
+  d.document_ids = nullptr;
+  d.spans_host = nullptr;
+  d.document_ids_host = nullptr;
+  d.capacity = 0;
+}
 
 struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
+  // Validation's forward pass at another B x T than the training passes' (gpt2_allocate_validation);
+  // else empty.
+  Activations forward_only;
 };
 
 // The speedrun's U-net (unet_skips): the outputs of layers 0 .. n-1 are kept (n = L/2), and layer
@@ -6438,21 +6454,26 @@ void gpt2_init_stored(GPT2& m, const llmc::GPT2Config& config, const floatX* sto
   copy_pageable(m.params, stored, m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
 }
 
-// The activations of B x T tokens, one block of memory laid out by activation_table.
+// The tensors of a.act_specs in one block of memory.
+void activations_layout(Activations& a) {
+  size_t bytes = 0;
+  for (int i = 0; i < kNumActTensors; i++) {
+    bytes += llmc::round_up(a.act_specs[i].bytes(), 256);
+  }
+  a.act_memory = device_alloc<char>(bytes, "the activations");
+  size_t offset = 0;
+  for (int i = 0; i < kNumActTensors; i++) {
+    a.acts[i] = a.act_memory + offset;
+    a.act_layer_stride[i] = a.act_specs[i].layers > 1 ? a.act_specs[i].count : 0;
+    offset += llmc::round_up(a.act_specs[i].bytes(), 256);
+  }
+}
+
+// The activations of B x T tokens, laid out by activation_table.
 void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
   const bool act_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
   activation_table(m.config, B, T, act_per_layer, ln_per_layer, m.act_specs);
-  size_t bytes = 0;
-  for (int i = 0; i < kNumActTensors; i++) {
-    bytes += llmc::round_up(m.act_specs[i].bytes(), 256);
-  }
-  m.act_memory = device_alloc<char>(bytes, "the activations");
-  size_t offset = 0;
-  for (int i = 0; i < kNumActTensors; i++) {
-    m.acts[i] = m.act_memory + offset;
-    m.act_layer_stride[i] = m.act_specs[i].layers > 1 ? m.act_specs[i].count : 0;
-    offset += llmc::round_up(m.act_specs[i].bytes(), 256);
-  }
+  activations_layout(m);
 }
 
 // The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
@@ -6509,6 +6530,22 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   m.inputs_host.resize(BT);
 }
 
+// The mask's metadata of `tokens` tokens, on the GPU and pinned on the host, in place of any
+// smaller buffers (whose last copies are waited for).
+void document_buffers_allocate(DocumentAttention& d, size_t tokens) {
+  if (tokens <= d.capacity) return;
+  if (d.capacity > 0) {
+    cudaCheck(cudaEventSynchronize(d.metadata_copied));
+    document_buffers_free(d);
+  }
+  const size_t spans = tokens / llmc::kAttentionBlock;
+  d.spans = device_alloc<llmc::AttentionBlockSpan>(spans, "the document spans");
+  d.document_ids = device_alloc<int>(tokens, "the document ids");
+  cudaCheck(cudaMallocHost(&d.spans_host, spans * sizeof(llmc::AttentionBlockSpan)));
+  cudaCheck(cudaMallocHost(&d.document_ids_host, tokens * sizeof(int)));
+  d.capacity = tokens;
+}
+
 // Attention within documents (spec.documents): the mask's metadata of B x T tokens, on the GPU
 // and pinned on the host. T must be a multiple of the 128-token blocks the kernels take.
 void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
@@ -6518,12 +6555,8 @@ void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
           "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
-  const size_t BT = (size_t)B * T, spans = BT / llmc::kAttentionBlock;
-  m.spans = device_alloc<llmc::AttentionBlockSpan>(spans, "the document spans");
-  m.document_ids = device_alloc<int>(BT, "the document ids");
-  cudaCheck(cudaMallocHost(&m.spans_host, spans * sizeof(llmc::AttentionBlockSpan)));
-  cudaCheck(cudaMallocHost(&m.document_ids_host, BT * sizeof(int)));
   cudaCheck(cudaEventCreateWithFlags(&m.metadata_copied, cudaEventDisableTiming));
+  document_buffers_allocate(m, (size_t)B * T);
 }
 
 // The FP8 layers' state (-fp8 1 or 2): the weights' casts and scales, the activations' and
@@ -6594,22 +6627,69 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   m.fp8_bytes = device_bytes_of([&] { gpt2_allocate_fp8(m, B, T, fp8, grad_format); });
 }
 
-void gpt2_free(GPT2& m) {
-  optimizer_arrays_free(m.state);
-  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.act_memory, (void*)m.scratch_btc,
-                  (void*)m.scratch_bt4c, (void*)m.dresidual, (void*)m.scratch_att,
-                  (void*)m.scratch_dqkvr, (void*)m.attention_dot, (void*)m.attention_ds, (void*)m.partials, (void*)m.norm_partials,
-                  (void*)m.dx0, (void*)m.dkept,
-                  (void*)m.inputs, (void*)m.targets, (void*)m.encoder_buffers.buckets,
-                  (void*)m.encoder_buffers.positions, (void*)m.fp8_weights, (void*)m.fp8_scales,
-                  (void*)m.fp8_act_scales, (void*)m.fp8_history,
-                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
-                  (void*)m.spans, (void*)m.document_ids}) {
+// An Activations' buffers (nullptr where it has none).
+void activations_free(Activations& a) {
+  for (void* p : {(void*)a.act_memory, (void*)a.scratch_btc, (void*)a.scratch_bt4c, (void*)a.dresidual,
+                  (void*)a.scratch_att, (void*)a.scratch_dqkvr, (void*)a.attention_dot, (void*)a.attention_ds,
+                  (void*)a.partials, (void*)a.norm_partials, (void*)a.dx0, (void*)a.dkept, (void*)a.inputs,
+                  (void*)a.targets, (void*)a.encoder_buffers.buckets, (void*)a.encoder_buffers.positions}) {
     device_free(p);
   }
-  if (m.losses_host) cudaCheck(cudaFreeHost(m.losses_host));
-  if (m.spans_host) cudaCheck(cudaFreeHost(m.spans_host));
-  if (m.document_ids_host) cudaCheck(cudaFreeHost(m.document_ids_host));
+  if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
+}
+
+// Validation over B x T tokens. At the training passes' B x T it runs in their activations; else in
+// a forward pass's own (forward_only), which keeps one layer's buffers of each tensor but the
+// blocks' outputs (each block reads its predecessor's, and the U-net earlier ones') and logits of
+// at most the training passes' B x T rows at a time (gpt2_forward_loss takes the head in chunks):
+// at d12's 262,144 tokens 12 GB, where a whole pass's logits alone would take 26 GB.
+void gpt2_allocate_validation(GPT2& m, int B, int T) {
+  if (B == m.B && T == m.T) return;
+  const llmc::GPT2Config& c = m.config;
+  const size_t BT = (size_t)B * T, C = c.channels;
+  Activations& a = m.forward_only;
+  a.B = B;
+  a.T = T;
+  m.act_bytes += device_bytes_of([&] {
+    activation_table(c, B, T, false, false, a.act_specs);
+    for (int i = 0; i < kNumActTensors; i++) {
+      if (i != kResidual3) a.act_specs[i].layers = 1;
+    }
+    a.act_specs[kOutput].count = std::min(BT, (size_t)m.B * m.T) * c.padded_vocab_size;
+    activations_layout(a);
+    a.scratch_btc = device_alloc<floatX>(BT * C, "validation's B*T*C scratch buffer");
+    a.scratch_bt4c = device_alloc<floatX>(BT * 4 * C, "validation's B*T*4C scratch buffer");
+    a.flash_attention = attention_flash_supported(C / c.num_heads);
+    if (!a.flash_attention) {
+      a.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "validation's attention scratch");
+    }
+    a.inputs = device_alloc<int>(BT, "validation's inputs");
+    a.targets = device_alloc<int>(BT, "validation's targets");
+    cudaCheck(cudaMallocHost(&a.losses_host, BT * sizeof(float)));
+    a.inputs_host.resize(BT);
+    if (m.documents) document_buffers_allocate(m, BT);
+  });
+}
+
+// Runs pass with the forward-only activations standing in for the training passes'.
+template <typename Pass>
+void with_forward_only(GPT2& m, const Pass& pass) {
+  Activations& training = m;
+  std::swap(training, m.forward_only);
+  pass();
+  std::swap(training, m.forward_only);
+}
+
+void gpt2_free(GPT2& m) {
+  optimizer_arrays_free(m.state);
+  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.fp8_weights,
+                  (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history, (void*)m.fp8_inputs_t,
+                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t}) {
+    device_free(p);
+  }
+  activations_free(m);
+  activations_free(m.forward_only);
+  document_buffers_free(m);
   if (m.metadata_copied) cudaCheck(cudaEventDestroy(m.metadata_copied));
   device_free(m.muon_pointers);
   if (m.muon_workspace.capacity > 0) muon_workspace_free(m.muon_workspace);
@@ -7283,12 +7363,10 @@ void documents_upload(GPT2& m, const int* inputs, int B, int T) {
   cudaCheck(cudaEventRecord(m.metadata_copied, m.stream));
 }
 
-// Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
-// classifier applies).
-void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
+// The B x T inputs through the blocks, to the final norm's output in act(kLnf).
+void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
           B, T, m.B, m.T);
-  nvtxRangePush("forward");
   const int N = B * T;
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
@@ -7296,24 +7374,64 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
   if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
-  head_rows(m, m.act(kOutput), m.act(kLnf), N);
+}
+
+// Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
+// classifier applies).
+void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
+  nvtxRangePush("forward");
+  gpt2_forward_blocks(m, inputs, B, T);
+  head_rows(m, m.act(kOutput), m.act(kLnf), B * T);
   nvtxRangePop();
 }
 
-// Losses of the last forward against `targets`; returns their mean. With dloss != 0 the logits
-// are replaced by dlogits scaled by dloss (1 / (B*T*micro steps) for training).
-float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
-  const int N = B * T;
-  cudaStream_t s = m.stream;
-  cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, s));
+// The losses of rows [first, first + n) of the last forward, whose logits act(kOutput) holds from
+// its first row on, against the targets uploaded (targets_upload). With dloss != 0 the logits are
+// replaced by dlogits scaled by dloss (1 / (B*T*micro steps) for training).
+void classifier_rows(GPT2& m, int first, int n, float dloss) {
   const int Vp = m.config.padded_vocab_size, V = m.arch().loss_over_padded_vocab ? Vp : m.config.vocab_size;
-  fused_classifier(m.act(kOutput), m.act_f(kLosses), m.targets, N, V, Vp, dloss, s, m.arch().logit_cap);
-  cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float),
-                            cudaMemcpyDeviceToHost, s));
-  cudaCheck(cudaStreamSynchronize(s));
-  double sum = 0.0;  // fixed order on the host
+  fused_classifier(m.act(kOutput), m.act_f(kLosses) + first, m.targets + first, n, V, Vp, dloss, m.stream,
+                   m.arch().logit_cap);
+}
+
+void targets_upload(GPT2& m, const int* targets, int N) {
+  cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
+}
+
+// The mean of the N losses classifier_rows wrote, summed in a fixed order on the host.
+float losses_mean(GPT2& m, int N) {
+  cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float), cudaMemcpyDeviceToHost,
+                            m.stream));
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  double sum = 0.0;
   for (int i = 0; i < N; i++) sum += m.losses_host[i];
   return (float)(sum / N);
+}
+
+// Losses of the last forward against `targets`; returns their mean. With dloss != 0 the logits
+// are replaced by dlogits (classifier_rows).
+float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
+  targets_upload(m, targets, B * T);
+  classifier_rows(m, 0, B * T, dloss);
+  return losses_mean(m, B * T);
+}
+
+// The mean loss of the B x T inputs against targets, without gradients: the blocks, then the head
+// and the classifier over as many rows at a time as act(kOutput) holds (all of them in the
+// training passes' activations: gpt2_forward and gpt2_classifier's kernels).
+float gpt2_forward_loss(GPT2& m, const int* inputs, const int* targets, int B, int T) {
+  nvtxRangePush("forward");
+  gpt2_forward_blocks(m, inputs, B, T);
+  const int N = B * T, C = m.config.channels;
+  const int rows = (int)(m.act_specs[kOutput].count / m.config.padded_vocab_size);
+  targets_upload(m, targets, N);
+  for (int first = 0; first < N; first += rows) {
+    const int n = std::min(rows, N - first);
+    head_rows(m, m.act(kOutput), m.act(kLnf) + (size_t)first * C, n);
+    classifier_rows(m, first, n, 0.0f);
+  }
+  nvtxRangePop();
+  return losses_mean(m, N);
 }
 
 void gpt2_zero_grad(GPT2& m) {
@@ -8571,6 +8689,7 @@ struct TrainArgs : llmc::TrainFlags {
   int async_checkpoints = 1;
   int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
   int documents = 0, window_blocks = 0;  // -pd, -aw (llmc::run_window_blocks)
+  int val_T = 0;                         // -vt (0: -t, resolve_validation_length)
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
   // -recipe sets the defaults of the flags its help lists (apply_recipe) and the settings that
@@ -8604,6 +8723,10 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.B = r.B;
   a.T = r.T;
   a.max_steps = r.max_steps;
+  a.val_every = r.val_every;
+  a.val_batches = r.val_batches;
+  a.val_T = r.val_T;
+  a.shuffle = r.shuffle;
   a.documents = r.documents;
   a.window_blocks = r.window_blocks;
   a.muon_lr = r.muon_lr;
@@ -8612,8 +8735,8 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
 }
 
 // The flags whose defaults -recipe sets (apply_recipe).
-const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b",
-                                               "-t", "-x", "-pd", "-aw", "-ml", "-mw", "-zs"};
+const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b", "-t",
+                                               "-x", "-v", "-m", "-vt", "-sh", "-pd", "-aw", "-ml", "-mw", "-zs"};
 
 // The optimizers of the run: the recipe's, with the flags that override them.
 OptimizerConfig run_optimizer(const TrainArgs& a) {
@@ -8691,6 +8814,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      int_flag("-vt", "validation length", "validation sequence length, batches of -b sequences of it (0: -t); "
+               "longer than -t, validation runs a forward pass of its own that keeps one layer's activations",
+               &a.val_T, 0, kIntMax),
       int_flag("-pr", "rank (by hand)", "this process's rank, when launched by hand without mpirun or srun", &launch.rank, 0, kIntMax),
       int_flag("-pn", "processes (by hand)", "process count, when launched by hand (with -pr, -rv and -rt)", &launch.world, 1, kIntMax),
       int_flag("-pl", "GPU on node (by hand)", "GPU of this process on its node, by hand (-1: the rank)", &launch.local_rank, 0, kIntMax),
@@ -8765,11 +8891,17 @@ float evaluate_validation(GPT2& m, MultiGpu& mg, llmc::DataLoader& loader, int b
   loader.reset();
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double sum = 0.0;
-  for (int i = 0; i < batches; i++) {
-    multi_gpu_progress(mg);
-    loader.next_batch(inputs.data(), targets.data());
-    gpt2_forward(m, inputs.data(), B, T);
-    sum += gpt2_classifier(m, targets.data(), B, T, 0.0f);
+  const auto batches_loss = [&] {
+    for (int i = 0; i < batches; i++) {
+      multi_gpu_progress(mg);
+      loader.next_batch(inputs.data(), targets.data());
+      sum += gpt2_forward_loss(m, inputs.data(), targets.data(), B, T);
+    }
+  };
+  if (m.forward_only.act_memory) {
+    with_forward_only(m, batches_loss);
+  } else {
+    batches_loss();
   }
   gpt2_fp8_forget_eval_amax(m);
   return multi_gpu_average(mg, (float)(sum / batches), m.stream);
@@ -8971,9 +9103,28 @@ void check_data(const TrainArgs& a, int world, int grad_accum) {
     llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
   }
   if (a.val_every > 0 && a.val_batches > 0) {
-    llmc::read_shard_headers(a.val_pattern, "-j", a.B, a.T, world);
+    try {
+      llmc::read_shard_headers(a.val_pattern, "-j", a.B, a.val_T, world);
+    } catch (const llmc::Error& e) {
+      if (a.val_T == a.T) throw;
+      throw llmc::Error(llmc::strformat("%s (validation batches of -b %d sequences of -vt %d tokens)", e.what(),
+                                        a.B, a.val_T));
+    }
     llmc::require_disjoint_shards(a.train_pattern, a.val_pattern);
   }
+}
+
+// -vt 0 becomes -t. A longer validation length must fit the model, and with -pd 1 the mask's
+// blocks; -fp8's buffers hold -t tokens a row, so it validates at -t.
+void resolve_validation_length(TrainArgs& a, int max_seq_len) {
+  if (a.val_T == 0) a.val_T = a.T;
+  REQUIRE(a.val_T <= max_seq_len, "-vt %d is above the model's maximum sequence length %d: use -vt %d or less",
+          a.val_T, max_seq_len, max_seq_len);
+  REQUIRE(!a.documents || a.val_T % llmc::kAttentionBlock == 0, "-vt %d: attention within documents (-pd 1) "
+          "takes whole blocks of %d tokens: use a multiple of %d", a.val_T, llmc::kAttentionBlock,
+          llmc::kAttentionBlock);
+  REQUIRE(a.fp8 == 0 || a.val_T == a.T, "-vt %d with -fp8 %d: the FP8 layers' buffers hold -t %d tokens a "
+          "sequence: give -vt 0 (validation at -t)", a.val_T, a.fp8, a.T);
 }
 
 // What a run reads and checks before any GPU is touched, so that a bad flag or file fails with
@@ -9008,6 +9159,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   llmc::resolve_sequence_length(a, config.max_seq_len);
   llmc::check_document_flags(a.documents, a.window_blocks, a.T, a.max_steps);
+  resolve_validation_length(a, config.max_seq_len);
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
@@ -9137,7 +9289,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.resume_step = resume_step;
   r.train_loader.open(a, batch.micro_steps, r.mg.rank, r.mg.world, vocab_size);
   if (a.val_every > 0 && a.val_batches > 0) {
-    r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.T, r.mg.rank, r.mg.world,
+    r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.val_T, r.mg.rank, r.mg.world,
                                             false, a.seed, vocab_size));
   }
   r.total_batch = batch.tokens;
@@ -9209,7 +9361,7 @@ void evaluate_at_step(TrainRun& r, int step) {
   const bool last = step == r.train_steps;
   if (step == r.resume_step) return;
   if (r.val_loader && (step % a.val_every == 0 || last)) {
-    const float val_loss = evaluate_validation(r.m, r.mg, *r.val_loader, a.val_batches, a.B, a.T);
+    const float val_loss = evaluate_validation(r.m, r.mg, *r.val_loader, a.val_batches, a.B, a.val_T);
     if (r.mg.rank == 0) {
       printf("step %4d/%d | val loss %.6f\n", step, r.train_steps, val_loss);
       if (r.logger) r.logger->val(step, val_loss);
@@ -9474,6 +9626,7 @@ int train_main(int argc, char** argv) {
   } else {
     gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
                   {a.documents != 0, llmc::run_window_blocks_max(a.window_blocks)});
+    if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

@@ -70,6 +70,9 @@ struct Recipe {
   long total_batch_tokens = -1;  // -z (-1: one micro batch)
   int B = 4, T = 0;              // -b, -t (T 0: the model's maximum)
   int max_steps = -1;            // -x (-1: an epoch of the data)
+  int val_every = 20, val_batches = 20;  // -v, -m
+  int val_T = 0;                 // -vt (0: -t)
+  int shuffle = 1;               // -sh
   int documents = 0;             // -pd
   int window_blocks = 0;         // -aw (-1: the window's schedule)
   int zero_stage = 1;            // -zs: 0 with Muon, which with 1 takes one more all-gather a step
@@ -142,6 +145,12 @@ inline const Recipe& recipe_speedrun() {
     m.B = 1;
     m.T = 49152;
     m.max_steps = 1695;
+    // The reference validates every 125 steps on 10,485,760 tokens, 40 contiguous sequences of
+    // 262,144 (its model's maximum), with the step's window.
+    m.val_every = 125;
+    m.val_batches = 40;
+    m.val_T = 262144;
+    m.shuffle = 0;  // the reference reads its shards in name order
     m.documents = 1;
     m.window_blocks = -1;
     m.zero_stage = 0;

@@ -123,6 +123,31 @@ val_loss_falls() {
     printf "val loss %.4f -> %.4f\n", v[0], v[n-1]; exit !(v[n-1] < v[0] - margin) }' "$1"
 }
 
+# Every validation loss of two runs agrees within a relative $3.
+val_losses_agree() {
+  paste <(grep -aE "^step .*[|] val loss" "$1" | awk '{print $NF}') <(grep -aE "^step .*[|] val loss" "$2" | awk '{print $NF}') |
+    awk -v tol="$3" '{d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > max) max = d; n++} END {
+      printf "%d validations, largest relative difference %.3g (at most %s)\n", n, max, tol; exit !(n > 0 && max <= tol) }'
+}
+
+# Validation longer than -t (-vt) runs a forward pass of its own (one layer's activations, the head
+# over chunks of -b x -t rows); at step 0 its loss is the one validation at that length in the
+# training passes' activations gives (-t = -vt): GPT-2 (causal), the speedrun (documents, a window),
+# in both builds. The chunks' head products may take other cuBLASLt algorithms than one product over
+# every row, hence a bound rather than the same bits.
+validation_length_test() {
+  local binary spec name args
+  for binary in train_gpt2cu train_gpt2fp32cu; do
+    for spec in "gpt2:-e d12" "speedrun:-recipe speedrun -e d12 -z 1024 -aw 2"; do
+      name=${binary#train_}_${spec%%:*} args=${spec#*:}
+      run "validation_length_${name}" ./$binary $COMMON $args -b 4 -t 256 -vt 512 -x 0 -m 4 -s 0
+      run "validation_at_t_${name}" ./$binary $COMMON $args -b 4 -t 512 -vt 0 -x 0 -m 4 -s 0
+      run "validation_length_${name}_agrees" val_losses_agree "$LOGS/validation_length_${name}.log" \
+        "$LOGS/validation_at_t_${name}.log" 1e-5
+    done
+  done
+}
+
 # Resume on one GPU: the shared comparison of dev/test/compare_runs.sh.
 resume_test() {
   local binary=$1 name=$2
@@ -486,7 +511,8 @@ gpu_determinism() {
   run determinism_modern_same_losses same_losses "$LOGS/determinism_modern_1.log" "$LOGS/determinism_modern_2.log"
   # The speedrun recipe (its block's kernels, packed documents in the window's schedule) likewise.
   for i in 1 2; do
-    run "determinism_speedrun_$i" ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -z 1024 -x 20 -v 10 -m 4 -s 0
+    run "determinism_speedrun_$i" ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 512 -z 1024 -x 20 \
+      -v 10 -m 4 -s 0
   done
   run determinism_speedrun_same_losses same_losses "$LOGS/determinism_speedrun_1.log" "$LOGS/determinism_speedrun_2.log"
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
@@ -539,8 +565,8 @@ gpu_resume() {
   resume_test ./train_gpt2cu resume_documents_bf16 -pd 1 -aw -1 -z 2048
   resume_test ./train_gpt2fp32cu resume_documents_fp32 -pd 1 -aw -1 -z 2048
   # The speedrun recipe: its scalars and value embeddings, Muon's momentum warmup from the resumed step.
-  resume_test ./train_gpt2cu resume_speedrun_bf16 -recipe speedrun -z 1024
-  resume_test ./train_gpt2fp32cu resume_speedrun_fp32 -recipe speedrun -z 1024
+  resume_test ./train_gpt2cu resume_speedrun_bf16 -recipe speedrun -z 1024 -vt 512
+  resume_test ./train_gpt2fp32cu resume_speedrun_fp32 -recipe speedrun -z 1024 -vt 512
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test
@@ -556,6 +582,7 @@ gpu_training() {
   run train_modern_d12 ./train_gpt2cu $COMMON -recipe modern -e d12 -b 16 -t 256 -z 4096 -x 150 -v 50 -m 8 \
     -s 150 -g 48
   run train_modern_d12_val_loss_falls val_loss_falls "$LOGS/train_modern_d12.log" 2.0
+  validation_length_test
 }
 
 if [ ${#SELECTED_GROUPS[@]} -gt 0 ]; then

@@ -101,6 +101,7 @@ def shard(name, tokens, magic=20240520, version=1, count=None, trailing=b""):
 tokens = [rng.randrange(VOCAB) for _ in range(2048)]
 shard("train.bin", tokens)
 shard("val.bin", tokens[:1024])
+shard("short_val.bin", tokens[:200])
 open(f"{directory}/empty.bin", "wb").close()
 shard("truncated.bin", tokens[:1000], count=2048)
 shard("trailing.bin", tokens, trailing=b"\x01\x02\x03")
@@ -504,6 +505,21 @@ if has_flag -recipe; then
   [ $no_gpu = 1 ] || problems=()
   grep -q -- "-kd" "$err" && problems+=("-kd named, which the command line did not give")
   report "-recipe modern -k cosine: the recipe's -kd is not named"
+fi
+# --- validation's own sequence length (-vt): the model's, the mask's blocks, -fp8's buffers, the shards
+if has_flag -vt; then
+  expect "-vt above the model's maximum" "^error: -vt 128 is above the model's maximum sequence length 64: use -vt 64 or less\$" \
+    -vt 128
+  if ! grep -q "precision FP32" <<< "$help"; then
+    expect "-vt with -fp8" "^error: -vt 32 with -fp8 1: the FP8 layers' buffers hold -t 64 tokens a sequence: give -vt 0 \(validation at -t\)\$" \
+      -vt 32 -fp8 1
+  fi
+  expect "-vt longer than the validation shard" "val\.bin: [0-9]+ tokens are too few for one batch: .* \(validation batches of -b 4 sequences of -vt 64 tokens\)\$" \
+    -t 32 -v 1 -vt 64 -j "$DIR/short_val.bin"
+  WATCH=("$KEEP")
+  attempt "^error: -vt 262144 is above the model's maximum sequence length 1024: use -vt 1024 or less; -vt 262144 comes from -recipe speedrun: give -vt to override it\$" \
+    -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -x 2 -o "$KEEP"
+  report "-recipe speedrun's -vt above the tiny model's length"
 fi
 expect "a stray word (an unquoted glob that the shell expanded)" "'$DIR/val\.bin'" \
   -i "$DIR/train.bin" "$DIR/val.bin"

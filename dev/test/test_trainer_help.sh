@@ -73,7 +73,8 @@ for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
   # The speedrun recipe's data and schedule are its record's: packed documents in the window's
   # schedule, 1,695 steps of 8 sequences of 49,152 tokens, the rates decaying to 0.1.
   speedrun_help=$("$trainer" -recipe speedrun --help)
-  for expected in "-pd 1" "-aw -1" "-x 1695" "-t 49152" "-b 1" "-z 393216" "-q 0.1" "-kd 0.45" "-ml 0.05"; do
+  for expected in "-pd 1" "-aw -1" "-x 1695" "-t 49152" "-b 1" "-z 393216" "-q 0.1" "-kd 0.45" "-ml 0.05" \
+                  "-v 125" "-m 40" "-vt 262144" "-sh 0"; do
     check "$trainer -recipe speedrun --help: ${expected% *}'s default" \
       "$(flag_help "${expected% *}" <<< "$speedrun_help" | grep -o '(default [-0-9.]*)$')" "(default ${expected#* })"
   done
