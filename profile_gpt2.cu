@@ -1,12 +1,15 @@
 // One full training step inside NVTX ranges, for nsys and ncu:
-//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern]
+//   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern|speedrun]
+//                    [-aw N]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
-// Random tokens, a model initialised from a seed; prints the time of each phase.
+// Random tokens, a model initialised from a seed; prints the time of each phase. A recipe on packed
+// documents (speedrun) attends within them and a window of -aw N blocks (0: every earlier block);
+// random tokens hold few document starts, so the window sets the attention's work.
 #define TESTING
 #include "train_gpt2.cu"
 
 int profile_main(int argc, char** argv) {
-  int B = 8, T = 1024, layers = -1, fp8 = 0;
+  int B = 8, T = 1024, layers = -1, fp8 = 0, window = 0;
   std::string preset = "d12", recipe_name = "gpt2";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -16,8 +19,9 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-e") preset = argv[i + 1];
     else if (flag == "-fp8") fp8 = atoi(argv[i + 1]);
     else if (flag == "-recipe") recipe_name = argv[i + 1];
-    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe gpt2|modern",
-                   flag.c_str());
+    else if (flag == "-aw") window = atoi(argv[i + 1]);
+    else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe "
+                   "gpt2|modern|speedrun, -aw N", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
@@ -27,12 +31,16 @@ int profile_main(int argc, char** argv) {
           preset.c_str());
   if (layers > 0) config.num_layers = layers;
   REQUIRE(B > 0 && T > 0 && T <= config.max_seq_len, "need B > 0 and 0 < T <= %d", config.max_seq_len);
+  const AttentionSpec attention = {recipe.documents != 0, window};
+  REQUIRE(window >= 0 && (window == 0 || attention.documents), "-aw %d: a window of N >= 0 blocks, with a "
+          "recipe on packed documents (speedrun)", window);
 
   matmul_setup(true);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon}, 42);
-  gpt2_allocate(m, B, T, 0, fp8);
+  gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention);
+  if (attention.documents) gpt2_set_window(m, window);
   llmc::Rng rng(1234);
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   for (size_t i = 0; i < inputs.size(); i++) {
@@ -62,8 +70,9 @@ int profile_main(int argc, char** argv) {
   }
   const char* names[4] = {"forward", "classifier", "backward", "norm + update"};
   float total = 0.0f;
-  printf("%s%s, %s B=%d T=%d:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
-         config.describe().c_str(), B, T);
+  printf("%s%s, %s B=%d T=%d%s:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
+         config.describe().c_str(), B, T,
+         attention.documents ? llmc::strformat(", documents, window %d", window).c_str() : "");
   for (int i = 0; i < 4; i++) {
     float ms = 0.0f;
     cudaCheck(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
