@@ -8,6 +8,8 @@
 // ./test_gpt2cu --fp8 CHECKPOINT FP8_DEBUG_STATE compares -fp8 1 with PyTorch's FP8 recipe
 // (train_gpt2.py --fp8 1 --write_debug_state): the AdamW steps' losses only, since cuBLASLt's and
 // PyTorch's FP8 products accumulate in different orders and no tensor matches bit for bit.
+// A debug state whose header says its head trained in FP8 (train_gpt2.py --fp8_head 1, the
+// speedrun's) is compared the same way, by its steps' losses, with -fh 1 (the BF16 build).
 #define TESTING
 #include "train_gpt2.cu"
 
@@ -46,7 +48,8 @@ constexpr float kMuonStepLossTol = kStepLossTol;
 // 0.065; ours in FP8 against PyTorch in BF16 0.077. Two FP8 implementations round differently and
 // each moves about as far from BF16, so their differences add: the bound is 1.75x the largest of
 // these measured (0.114). A broken layer, or one in the wrong format, stops the loss falling,
-// differences of 1 and more.
+// differences of 1 and more. The FP8 head's (-fh 1) against train_gpt2.py --fp8_head 1 takes the
+// same bound: one layer of the same kind of products, the rest BF16 against FP32.
 constexpr float kFp8StepLossTol = 0.2f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
@@ -80,10 +83,10 @@ OptimizerConfig debug_state_optimizer(const llmc::DebugState& ref, const llmc::G
 // recipe's reduction).
 float debug_state_dloss(const llmc::DebugState& ref) { return ref.loss_sum ? 1.0f : 1.0f / (ref.B * ref.T); }
 
-// The activations of the debug state's batch (fp8: with -fp8 1), and its attention: causal, or
-// within the batch's documents and the debug state's window at every step.
+// The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
+// attention: causal, or within the batch's documents and the debug state's window at every step.
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, bool fp8) {
-  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, ref.window_blocks});
+  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, ref.window_blocks}, ref.fp8_head);
   gpt2_set_window(m, ref.window_blocks);
 }
 
@@ -98,7 +101,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
     gpt2_zero_grad(m);
-    gpt2_forward(m, ref.inputs.data(), ref.B, ref.T);
+    gpt2_forward(m, ref.inputs.data(), ref.B, ref.T, ForwardPass::kTraining);
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, debug_state_dloss(ref));
     gpt2_backward(m, ref.B, ref.T, true);
     const float norm = gpt2_grad_norm(m);
@@ -109,8 +112,8 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
                            llmc::strformat("step %2d loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
                                            step, step_loss, ref.losses[step], diff, tol));
   }
-  printf("step losses%s: largest difference %.2e over %d steps (tolerance %.0e)\n",
-         fp8 ? " (-fp8 1)" : "", max_diff, ref.steps, tol);
+  printf("step losses%s%s: largest difference %.2e over %d steps (tolerance %.0e)\n",
+         fp8 ? " (-fp8 1)" : "", ref.fp8_head ? " (-fh 1)" : "", max_diff, ref.steps, tol);
   gpt2_free(m);
 }
 
@@ -158,21 +161,23 @@ int test_main(int argc, char** argv) {
   const std::string attention = !ref.documents ? "causal attention"
       : ref.window_blocks == 0 ? "attention within documents"
       : llmc::strformat("attention within documents and a window of %d blocks", ref.window_blocks);
-  printf("%s build%s, model %s, B=%d T=%d, %d steps, %s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
-         config.describe().c_str(), B, T, ref.steps, attention.c_str());
+  printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
+         ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str());
+  REQUIRE(!ref.fp8_head || sizeof(floatX) == 2, "%s was written with the head in FP8 (train_gpt2.py --fp8_head "
+          "1), which only the BF16 build runs: check it with ./test_gpt2cu", state_path.c_str());
 
   matmul_setup(/*allow_tf32=*/false);
-  if (fp8) {
-    check_step_losses(config, values, ref, true, kFp8StepLossTol);
+  if (fp8 || ref.fp8_head) {
+    check_step_losses(config, values, ref, fp8, kFp8StepLossTol);
     matmul_teardown();
-    return testing::summary("test_gpt2cu --fp8");
+    return testing::summary(fp8 ? "test_gpt2cu --fp8" : "test_gpt2cu (-fh 1)");
   }
   GPT2 m;
   gpt2_init(m, config, values, StateSpec(), 42);
   debug_state_allocate(m, ref, false);
 
   // Forward: logits (the padded columns are not part of the reference).
-  gpt2_forward(m, ref.inputs.data(), B, T);
+  gpt2_forward(m, ref.inputs.data(), B, T, ForwardPass::kTraining);
   std::vector<float> padded = device_to_host_float(m.act(kOutput), (size_t)B * T * Vp);
   std::vector<float> logits((size_t)B * T * V);
   for (size_t r = 0; r < (size_t)B * T; r++) {
@@ -199,7 +204,7 @@ int test_main(int argc, char** argv) {
   cudaCheck(cudaMemcpy(first.data(), m.grads, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
   m.rng.restore(rng_before_backward);  // the same stochastic-rounding seeds
   gpt2_zero_grad(m);
-  gpt2_forward(m, ref.inputs.data(), B, T);
+  gpt2_forward(m, ref.inputs.data(), B, T, ForwardPass::kTraining);
   gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref));
   gpt2_backward(m, B, T, true);
   cudaCheck(cudaMemcpy(second.data(), m.grads, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));

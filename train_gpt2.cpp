@@ -871,7 +871,7 @@ struct TrainConfig : TrainFlags {
 // The CUDA trainer's own flags (train_gpt2.cu's train_flags, but its -h, which here asks for the
 // usage): refused as its, not as unknown. test_bad_input.sh checks them against its --help.
 constexpr const char* kCudaTrainerFlags[] = {
-    "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-n", "-nk",
+    "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-fh", "-n", "-nk",
     "-nm", "-ac", "-y", "-halt", "-hs", "-sh", "-pr", "-pn", "-pl", "-rv", "-rt", "-ct", "-zs",
     "-ov", "-recipe", "-opt", "-ml", "-mw", "-kd", "-pd", "-aw"};
 

@@ -2081,6 +2081,17 @@ void matmul_backward_fp8_fixed(floatX* dinp, floatX* dweight, float* dweight_fp3
                       fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE5M2, dout_scale), stream);
 }
 
+// The recipe's scales: x_s = sqrt(C)/448 (fp8_head_input_scale), w_s and grad_s.
+inline double fp8_head_input_scale(int C) { return std::sqrt((double)C) / 448.0; }
+constexpr double kFp8HeadWeightScale = 1.0 / 512.0;  // 2^-9
+constexpr double kFp8HeadGradScale = 1.0 / 448.0;
+
+// Whether the layer fits an architecture's head: x_s bounds the output of a weightless RMS norm
+// (|x| <= sqrt(C)), and the layer has no bias. Of the architectures, the speedrun's.
+bool fp8_head_support(const llmc::ArchSpec& a) {
+  return !a.tied_head && !a.biases && a.rms_norm && !a.norm_gains;
+}
+
 // ============================================================================
 // 6. Attention
 // ============================================================================
@@ -6303,6 +6314,17 @@ struct Fp8State {
   uint8_t* fp8_inputs_t = nullptr;  // per layer, per linear: the forward's input cast, transposed
   size_t fp8_tokens_t = 0;          // the transposes' row length: fp8_padded(B * T)
   Fp8Buffers fp8_buffers;
+  // -fh 1 (gpt2_allocate_fp8_head): the head's FP8 layer with fixed scales (section 5) in the
+  // training passes (ForwardPass::kTraining); evaluation and decoding take its BF16 product. Its
+  // weight is cast with the blocks' (fp8_weights_stale).
+  bool fp8_head = false;
+  Fp8Weight fp8_head_weight = {};         // w8 [Vp, C], w8t [C, Vp]; its scale fp8_head_scales + 1
+  Fp8Scale* fp8_head_scales = nullptr;    // fixed: x_s, w_s, grad_s
+  uint8_t* fp8_head_input_t = nullptr;    // [C, fp8_padded(B * T)]: the forward's cast, transposed
+  Fp8Buffers fp8_head_buffers;            // rows [B * T, Vp] (the forward's input cast [B * T, C]
+                                          // too), dout_t [Vp, fp8_padded(B * T)]
+  float* fp8_head_dweight = nullptr;      // [Vp, C]: the weight gradient's FP32 product
+  int fp8_head_tokens = 0;                // the last forward's rows if it cast the head's input
   size_t fp8_bytes = 0;  // on the GPU
 
   Fp8Weight fp8_weight(int linear, int layer) {
@@ -6559,6 +6581,28 @@ void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   document_buffers_allocate(m, (size_t)B * T);
 }
 
+// The current GPU; cuBLASLt runs FP8 products on those of compute capability 8.9 or newer (Ada,
+// Hopper).
+cudaDeviceProp current_gpu() {
+  int device = 0;
+  cudaCheck(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  cudaCheck(cudaGetDeviceProperties(&prop, device));
+  return prop;
+}
+bool fp8_gpu(const cudaDeviceProp& prop) { return prop.major * 10 + prop.minor >= 89; }
+
+// What an FP8 setting (`setting`, e.g. "-fp8 1") needs: the BF16 build (the products' outputs are
+// BF16) and a GPU with FP8 products; `off` is the setting without FP8.
+void fp8_require_build_and_gpu(const std::string& setting, const char* off) {
+  REQUIRE(sizeof(floatX) == 2, "%s needs the BF16 build (make train_gpt2cu); this is the %s build: use %s",
+          setting.c_str(), PRECISION_NAME, off);
+  const cudaDeviceProp prop = current_gpu();
+  REQUIRE(fp8_gpu(prop),
+          "%s needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use %s",
+          setting.c_str(), prop.name, prop.major, prop.minor, off);
+}
+
 // The FP8 layers' state (-fp8 1 or 2): the weights' casts and scales, the activations' and
 // gradients' scales and amax history, the transposed casts the backward reads.
 void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
@@ -6570,16 +6614,7 @@ void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
   if (fp8) {
     REQUIRE(fp8_layers_support(m.arch()), "-fp8 %d: the FP8 layers are GPT-2's; the %s architecture runs in "
             "BF16: use -fp8 0", fp8, m.arch().name);
-    REQUIRE(sizeof(floatX) == 2,
-            "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", fp8,
-            PRECISION_NAME);
-    int device = 0;
-    cudaCheck(cudaGetDevice(&device));
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, device));
-    REQUIRE(prop.major * 10 + prop.minor >= 89,
-            "-fp8 %d needs a GPU of compute capability 8.9 or newer (Ada, Hopper); %s is %d.%d: use -fp8 0",
-            fp8, prop.name, prop.major, prop.minor);
+    fp8_require_build_and_gpu(llmc::strformat("-fp8 %d", fp8), "-fp8 0");
     fp8_require_layer((int)C, (int)C);
     const size_t L = c.num_layers, Np = fp8_padded(B * T);
     m.fp8_layers = c.num_layers;
@@ -6606,12 +6641,44 @@ void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
   }
 }
 
+// The head's FP8 layer (-fh 1) for B x T tokens: its weight's casts and fixed scales, the input's
+// transposed cast, the output gradient's casts and the weight gradient's FP32 product. The
+// forward's input cast [N, C] goes into the gradient's rows [N, Vp], which the backward's cast
+// overwrites only after the forward's product has read it. The large buffers are rows and
+// dout_t, N * Vp bytes each (at N = 49,152: 2.5 GB each); nothing else of that size is free while
+// the head's backward runs (the BF16 dlogits it casts are N * Vp * 2 bytes).
+void gpt2_allocate_fp8_head(GPT2& m, int B, int T, bool fp8_head) {
+  m.fp8_head = fp8_head;
+  if (!fp8_head) return;
+  REQUIRE(fp8_head_support(m.arch()), "-fh 1: the FP8 head's fixed scales are the speedrun's (an untied head "
+          "without bias after a weightless RMS norm); the %s architecture's head runs in BF16: use -fh 0",
+          m.arch().name);
+  fp8_require_build_and_gpu("-fh 1", "-fh 0");
+  const int C = m.config.channels, Vp = m.config.padded_vocab_size;
+  fp8_require_layer(C, Vp);
+  const size_t N = (size_t)B * T, Np = fp8_padded(B * T), VpC = (size_t)Vp * C;
+  const Fp8Scale scales[3] = {fp8_fixed_scale(fp8_head_input_scale(C)), fp8_fixed_scale(kFp8HeadWeightScale),
+                              fp8_fixed_scale(kFp8HeadGradScale)};
+  m.fp8_head_scales = device_alloc<Fp8Scale>(3, "the FP8 head's scales");
+  cudaCheck(cudaMemcpy(m.fp8_head_scales, scales, sizeof(scales), cudaMemcpyHostToDevice));
+  uint8_t* w8 = device_alloc<uint8_t>(2 * VpC, "the FP8 head's weight");
+  m.fp8_head_weight = {w8, w8 + VpC, m.fp8_head_scales + 1};
+  m.fp8_head_input_t = device_alloc<uint8_t>(C * Np, "the FP8 head's transposed input");
+  m.fp8_head_buffers.rows = device_alloc<uint8_t>(N * Vp, "the FP8 head's output gradient");
+  m.fp8_head_buffers.dout_t = device_alloc<uint8_t>(Vp * Np, "the FP8 head's transposed output gradient");
+  m.fp8_head_dweight = device_alloc<float>(VpC, "the FP8 head's weight gradient");
+  m.fp8_head_tokens = 0;
+  m.fp8_weights_stale = true;
+}
+
 // Everything a training pass of B x T tokens needs beyond the parameters and the optimizer
 // state. fp8: -fp8 (0 none, 1 current scaling, 2 delayed: the blocks' linear layers in FP8, which
 // needs the BF16 build and a GPU of compute capability 8.9 or newer); grad_format: the output
-// gradients' format; attention: causal, or within documents (-pd 1, -aw).
+// gradients' format; attention: causal, or within documents (-pd 1, -aw); fp8_head: -fh 1, the
+// head's training products in FP8 (the speedrun's; the BF16 build, compute capability 8.9+).
 void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
-                   Fp8Format grad_format = Fp8Format::kE5M2, const AttentionSpec& attention = AttentionSpec()) {
+                   Fp8Format grad_format = Fp8Format::kE5M2, const AttentionSpec& attention = AttentionSpec(),
+                   bool fp8_head = false) {
   const llmc::GPT2Config& c = m.config;
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
@@ -6624,7 +6691,10 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
     gpt2_allocate_scratch(m, B, T, fp8, attention);
     gpt2_allocate_documents(m, B, T, attention);
   });
-  m.fp8_bytes = device_bytes_of([&] { gpt2_allocate_fp8(m, B, T, fp8, grad_format); });
+  m.fp8_bytes = device_bytes_of([&] {
+    gpt2_allocate_fp8(m, B, T, fp8, grad_format);
+    gpt2_allocate_fp8_head(m, B, T, fp8_head);
+  });
 }
 
 // An Activations' buffers (nullptr where it has none).
@@ -6684,7 +6754,9 @@ void gpt2_free(GPT2& m) {
   optimizer_arrays_free(m.state);
   for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.fp8_weights,
                   (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history, (void*)m.fp8_inputs_t,
-                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t}) {
+                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_head_weight.w8,
+                  (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t, (void*)m.fp8_head_buffers.rows,
+                  (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight}) {
     device_free(p);
   }
   activations_free(m);
@@ -6696,14 +6768,19 @@ void gpt2_free(GPT2& m) {
   m = GPT2();
 }
 
-// The FP8 copies of every block weight, from the current parameters.
+// The FP8 copies of every block weight (-fp8) and of the head's (-fh 1), from the current parameters.
 void gpt2_fp8_cast_weights(GPT2& m) {
   const int C = m.config.channels;
-  for (int l = 0; l < m.config.num_layers; l++) {
-    for (int i = 0; i < kNumBlockLinears; i++) {
-      const LinearSpec& spec = kBlockLinears[i];
-      fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
+  if (m.fp8) {
+    for (int l = 0; l < m.config.num_layers; l++) {
+      for (int i = 0; i < kNumBlockLinears; i++) {
+        const LinearSpec& spec = kBlockLinears[i];
+        fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
+      }
     }
+  }
+  if (m.fp8_head) {
+    fp8_fixed_weight_cast(m.fp8_head_weight, m.param(llmc::kHeadw), m.config.padded_vocab_size, C, m.stream);
   }
   m.fp8_weights_stale = false;
 }
@@ -7090,9 +7167,15 @@ void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc)
                        seed_fc);
 }
 
-// Logits [N, Vp] from the final norm's output: the tied wte, or the head with its bias.
-void head_rows(GPT2& m, floatX* logits, const floatX* inp, int N) {
+// Logits [N, Vp] from the final norm's output: the tied wte, or the head with its bias; with fp8
+// (a training pass with -fh 1) the head's FP8 layer, whose input cast head_backward reads.
+void head_rows(GPT2& m, floatX* logits, const floatX* inp, int N, bool fp8 = false) {
   const llmc::GPT2Config& c = m.config;
+  if (fp8) {
+    matmul_forward_fp8_fixed(logits, inp, m.fp8_head_weight, N, c.channels, c.padded_vocab_size, m.fp8_head_scales,
+                             m.fp8_head_buffers.rows, m.fp8_head_input_t, m.stream);
+    return;
+  }
   const bool tied = m.arch().tied_head;
   matmul_forward(logits, inp, m.param(tied ? llmc::kWte : llmc::kHeadw),
                  tied ? nullptr : m.param_or_null(llmc::kHeadb), N, c.channels, c.padded_vocab_size, nullptr,
@@ -7103,6 +7186,14 @@ void head_rows(GPT2& m, floatX* logits, const floatX* inp, int N) {
 // scratch_btc.
 void head_backward(GPT2& m, int N, uint32_t seed) {
   const llmc::GPT2Config& c = m.config;
+  if (m.fp8_head) {
+    REQUIRE(m.fp8_head_tokens == N, "the FP8 head's backward of %d rows follows a training forward of them "
+            "(gpt2_forward with ForwardPass::kTraining)", N);
+    matmul_backward_fp8_fixed(m.scratch_btc, m.grad(llmc::kHeadw), m.fp8_head_dweight, m.act(kOutput),
+                              m.fp8_head_input_t, m.fp8_head_weight, m.fp8_head_scales, m.fp8_head_scales + 2,
+                              m.fp8_head_buffers, N, c.channels, c.padded_vocab_size, seed, m.stream);
+    return;
+  }
   const bool tied = m.arch().tied_head;
   const int weight = tied ? llmc::kWte : llmc::kHeadw;
   matmul_backward(m.scratch_btc, m.grad(weight), tied ? nullptr : m.grad_or_null(llmc::kHeadb), m.partials,
@@ -7363,6 +7454,11 @@ void documents_upload(GPT2& m, const int* inputs, int B, int T) {
   cudaCheck(cudaEventRecord(m.metadata_copied, m.stream));
 }
 
+// What a forward pass is for: training, a backward pass follows (-fh 1: the head's products in
+// FP8, as the reference's training steps), or evaluation (validation, HellaSwag, the tests'
+// logits: the head's BF16 product, as the reference evaluates).
+enum class ForwardPass { kEvaluation, kTraining };
+
 // The B x T inputs through the blocks, to the final norm's output in act(kLnf).
 void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
@@ -7371,17 +7467,19 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   std::copy(inputs, inputs + N, m.inputs_host.begin());
   cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
   if (m.documents) documents_upload(m, inputs, B, T);
-  if (m.fp8 && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
+  if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
 // classifier applies).
-void gpt2_forward(GPT2& m, const int* inputs, int B, int T) {
+void gpt2_forward(GPT2& m, const int* inputs, int B, int T, ForwardPass pass = ForwardPass::kEvaluation) {
   nvtxRangePush("forward");
   gpt2_forward_blocks(m, inputs, B, T);
-  head_rows(m, m.act(kOutput), m.act(kLnf), B * T);
+  const bool fp8_head = m.fp8_head && pass == ForwardPass::kTraining;
+  head_rows(m, m.act(kOutput), m.act(kLnf), B * T, fp8_head);
+  m.fp8_head_tokens = fp8_head ? B * T : 0;
   nvtxRangePop();
 }
 
@@ -7427,9 +7525,10 @@ float gpt2_forward_loss(GPT2& m, const int* inputs, const int* targets, int B, i
   targets_upload(m, targets, N);
   for (int first = 0; first < N; first += rows) {
     const int n = std::min(rows, N - first);
-    head_rows(m, m.act(kOutput), m.act(kLnf) + (size_t)first * C, n);
+    head_rows(m, m.act(kOutput), m.act(kLnf) + (size_t)first * C, n, false);
     classifier_rows(m, first, n, 0.0f);
   }
+  m.fp8_head_tokens = 0;
   nvtxRangePop();
   return losses_mean(m, N);
 }
@@ -8687,7 +8786,7 @@ struct TrainArgs : llmc::TrainFlags {
   int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
-  int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0;
+  int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0, fp8_head = 0;
   int documents = 0, window_blocks = 0;  // -pd, -aw (llmc::run_window_blocks)
   int val_T = 0;                         // -vt (0: -t, resolve_validation_length)
   float loss_z = 0.0f, norm_z = 0.0f;
@@ -8732,11 +8831,13 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.muon_lr = r.muon_lr;
   a.muon_weight_decay = r.muon_weight_decay;
   a.multi_gpu.zero_stage = r.zero_stage;
+  // The FP32 build, the tight reference, has no FP8 products: its head stays FP32.
+  a.fp8_head = r.fp8_head && sizeof(floatX) == 2;
 }
 
 // The flags whose defaults -recipe sets (apply_recipe).
-const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b", "-t",
-                                               "-x", "-v", "-m", "-vt", "-sh", "-pd", "-aw", "-ml", "-mw", "-zs"};
+const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b", "-t", "-x",
+                                               "-v", "-m", "-vt", "-sh", "-pd", "-aw", "-ml", "-mw", "-zs", "-fh"};
 
 // The optimizers of the run: the recipe's, with the flags that override them.
 OptimizerConfig run_optimizer(const TrainArgs& a) {
@@ -8801,6 +8902,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-r", "recompute", "recompute level: 0 none, 1 GELU", &a.recompute, 0, 1),
       int_flag("-fp8", "FP8 linear layers", "FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+): 1 current scaling, 2 delayed (amax history)", &a.fp8, 0, 2),
       int_flag("-fp8g", "FP8 gradient format", "with -fp8: the output gradients in 0 E5M2 (range), 1 E4M3 (precision)", &a.fp8_grad_e4m3, 0, 1),
+      int_flag("-fh", "FP8 head", "1: the speedrun head's training products in FP8 with its record's fixed scales (BF16 builds, compute capability 8.9+; evaluation stays BF16)", &a.fp8_head, 0, 1),
       int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
       int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
       int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
@@ -8857,6 +8959,11 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8 || fp8_layers_support(llmc::arch_spec(a.recipe->arch)),
           "-fp8 %d: the FP8 layers are GPT-2's; -recipe %s's architecture runs in BF16: use -fp8 0", a.fp8,
           a.recipe->name);
+  REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
+          "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
+  REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
+          "-fh 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after a weightless "
+          "RMS norm); -recipe %s's head runs in BF16: use -fh 0 or -recipe speedrun", a.recipe->name);
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -8986,6 +9093,25 @@ std::string attention_description(const TrainArgs& a, const llmc::GPT2Config& c)
                          llmc::kAttentionBlock, layers.c_str());
 }
 
+// -fh given on the command line, not set by -recipe.
+bool fp8_head_given(const TrainArgs& a) { return std::count(a.given.begin(), a.given.end(), "-fh") > 0; }
+
+// The head's products: FP8 in the training passes (-fh 1), else the build's.
+std::string head_description(const TrainArgs& a, const GPT2& m) {
+  if (m.fp8_head) {
+    return llmc::strformat("FP8 in training (E4M3 x and w, E5M2 gradient; fixed scales x_s = sqrt(%d)/448, "
+                           "w_s = 2^-9, grad_s = 1/448), %s at evaluation", m.config.channels, PRECISION_NAME);
+  }
+  const bool gpu_refused = a.recipe->fp8_head && sizeof(floatX) == 2 && !fp8_head_given(a);
+  return gpu_refused ? "BF16 (the recipe's FP8 head needs compute capability 8.9 or newer)" : PRECISION_NAME;
+}
+
+// -recipe's FP8 head (-fh not given) on a GPU without FP8 products: the head trains in BF16, and
+// head_description says why; -fh 1 given there fails in gpt2_allocate.
+void resolve_fp8_head(TrainArgs& a) {
+  if (a.fp8_head && !fp8_head_given(a) && !fp8_gpu(current_gpu())) a.fp8_head = 0;
+}
+
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
                         const std::string& checkpoints) {
@@ -9006,10 +9132,11 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("attention", attention_description(a, m.config));
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
+  table.row("head", head_description(a, m));
   std::string memory = llmc::strformat("%zu MiB parameters and gradients, %zu MiB optimizer state, %zu MiB "
                                        "activations and scratch", m.param_bytes >> 20, m.state_bytes >> 20,
                                        m.act_bytes >> 20);
-  if (m.fp8) memory += llmc::strformat(", %zu MiB FP8 state", m.fp8_bytes >> 20);
+  if (m.fp8 || m.fp8_head) memory += llmc::strformat(", %zu MiB FP8 state", m.fp8_bytes >> 20);
   table.row("GPU memory", memory);
   if (m.fp8) {
     table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
@@ -9467,7 +9594,7 @@ bool train_step(TrainRun& r, int step) {
   for (int micro = 0; micro < r.accum_steps; micro++) {
     multi_gpu_progress(r.mg);
     if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
-    gpt2_forward(m, r.inputs.data(), a.B, a.T);
+    gpt2_forward(m, r.inputs.data(), a.B, a.T, ForwardPass::kTraining);
     loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T, train_dloss(r));
     gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
   }
@@ -9624,8 +9751,9 @@ int train_main(int argc, char** argv) {
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
   } else {
+    resolve_fp8_head(a);
     gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
-                  {a.documents != 0, llmc::run_window_blocks_max(a.window_blocks)});
+                  {a.documents != 0, llmc::run_window_blocks_max(a.window_blocks)}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);

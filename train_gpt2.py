@@ -17,7 +17,8 @@ architecture (--arch modern), Muon (--optimizer muon), modded-nanogpt's baseline
 
 Runs on PyTorch 1.13 (CPU) and 2.x (CUDA); torch.compile, F.scaled_dot_product_attention and fused
 AdamW are used only where this PyTorch has them. --fp8 1 (the CUDA trainer's FP8 linear layers)
-needs PyTorch 2.1+ and a GPU of compute capability 8.9+.
+and --fp8_head 1 (the speedrun head's FP8 products) need PyTorch 2.1+ and a GPU of compute
+capability 8.9+.
 """
 import argparse
 import glob
@@ -310,6 +311,61 @@ class CastLinear(nn.Linear):
         return F.linear(x, self.weight.type_as(x), None if self.bias is None else self.bias.type_as(x))
 
 
+# The speedrun head's FP8 layer (--fp8_head 1): record #28's training products with fixed scales
+# (train_gpt2.cu section 5, "FP8 with fixed scales"): x / x_s and w / w_s cast to E4M3, x_s =
+# sqrt(C)/448 (x is RMS-normed: |x| / x_s <= 448) and w_s = 2^-9, the output gradient / grad_s to
+# E5M2, grad_s = 1/448; the output BF16 with fast accumulation, the input gradient BF16 and the
+# weight gradient FP32, both without.
+FP8_HEAD_W_SCALE, FP8_HEAD_GRAD_SCALE = 2.0 ** -9, 1.0 / 448
+
+
+def fp8_head_input_scale(channels):
+    return math.sqrt(channels) / 448
+
+
+def fp8_fixed_cast(x, s, dtype):
+    """fp8(x / s) in float8 `dtype` as the compiled reference computes it: torch.compile lowers the
+    division to a product with 1/s (rounded once to float32), in float32, rounded to nearest even;
+    the CUDA trainer's casts give the same bits."""
+    return (x.float() * (1.0 / s)).to(dtype)
+
+
+class Fp8HeadFunction(torch.autograd.Function):
+    """y = x @ w^T with the reference's mm_op and mm_backward_op: FP8 products under fixed scales."""
+
+    @staticmethod
+    def forward(ctx, x, weight, x_s):
+        x2 = x.reshape(-1, x.size(-1)).contiguous()  # _scaled_mm's first operand is row-major
+        xq = fp8_fixed_cast(x2, x_s, torch.float8_e4m3fn)
+        wq = fp8_fixed_cast(weight, FP8_HEAD_W_SCALE, torch.float8_e4m3fn)
+        ctx.save_for_backward(xq, wq)
+        ctx.x_s, ctx.x_dtype = x_s, x.dtype
+        scale = partial(torch.tensor, dtype=torch.float32, device=x.device)
+        y = scaled_mm(xq, wq.t(), scale(x_s), scale(FP8_HEAD_W_SCALE), torch.bfloat16, fast_accum=True)
+        return y.view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx, dy):
+        xq, wq = ctx.saved_tensors
+        scale = partial(torch.tensor, dtype=torch.float32, device=dy.device)
+        x_s, w_s, grad_s = scale(ctx.x_s), scale(FP8_HEAD_W_SCALE), scale(FP8_HEAD_GRAD_SCALE)
+        dyq = fp8_fixed_cast(dy.reshape(-1, dy.size(-1)).contiguous(), FP8_HEAD_GRAD_SCALE, torch.float8_e5m2)
+        dx = scaled_mm(dyq, column_major(wq), grad_s, w_s, torch.bfloat16)
+        dweight = scaled_mm(xq.t().contiguous(), column_major(dyq), x_s, grad_s, torch.float32).t()
+        return dx.view(*dy.shape[:-1], xq.size(1)).to(ctx.x_dtype), dweight, None
+
+
+class Fp8Head(CastLinear):
+    """The speedrun's head (no bias) with --fp8_head 1: Fp8HeadFunction in a forward whose graph a
+    backward pass will take (training), CastLinear's product where none will (validation, under
+    torch.no_grad), as the reference evaluates its head."""
+
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            return super().forward(x)
+        return Fp8HeadFunction.apply(x, self.weight, fp8_head_input_scale(x.size(-1)))
+
+
 def rms_norm(x, weight=None):
     """x * rsqrt(mean(x^2) + FLT_EPSILON) * weight over the last axis, computed in float32 and
     returned in x's dtype. On CUDA, F.rms_norm (PyTorch 2.4+) where it exists: the same function,
@@ -447,8 +503,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config, flash=False, fp8=False):
-        """fp8: the blocks' linear layers are Fp8Linear (a CUDA GPU of compute capability 8.9+)."""
+    def __init__(self, config, flash=False, fp8=False, fp8_head=False):
+        """fp8: the blocks' linear layers are Fp8Linear; fp8_head: the speedrun's head is Fp8Head (each
+        a CUDA GPU of compute capability 8.9+)."""
         super().__init__()
         self.config = config
         plain = CastLinear if config.modern else nn.Linear
@@ -469,7 +526,7 @@ class GPT(nn.Module):
         # speedrun: the U-net's weights, one for each of the second half's layers (unet_skip)
         self.skip_weights = nn.Parameter(torch.ones(config.num_layers // 2)) if config.speedrun else None
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
-        self.lm_head = plain(C, Vp, bias=config.arch == "modern")
+        self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
             self.lm_head.weight = self.transformer.wte.weight
         # The modern model's activations: float32, or bfloat16 with float32 parameters cast to it
@@ -737,7 +794,7 @@ def write_checkpoint(model, path, version):
     os.replace(partial, path)
 
 
-def read_checkpoint(path, flash=False, fp8=False):
+def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
     """Returns a CPU model holding the parameters of a checkpoint: GPT-2 (version 3 or 5), or modern
     or speedrun (version 6 or 7, header slot 8 telling which)."""
     if not os.path.isfile(path):
@@ -791,7 +848,7 @@ def read_checkpoint(path, flash=False, fp8=False):
     values = torch.from_numpy(raw)
     if version == CHECKPOINT_BF16:
         values = values.view(torch.bfloat16).float()
-    model = GPT(config, flash, fp8)
+    model = GPT(config, flash, fp8, fp8_head)
     offset = 0
     with torch.no_grad():
         for p in params_in_file_order(model):
@@ -1414,10 +1471,12 @@ def write_debug_state(model, batch, args, device, out_dir):
     The debug state is float32, the reference the C++ builds are checked against, except with
     --fp8 1 (gpt2_<name>_fp8_debug_state.bin): float32 has no FP8 products to compare with, so
     that one is the FP8 recipe itself, bfloat16 autocast with FP8 block linear layers as the CUDA
-    trainer's -fp8 1 runs, and its loss curve is what test_gpt2cu --fp8 compares."""
+    trainer's -fp8 1 runs, and its loss curve is what test_gpt2cu --fp8 compares. With --fp8_head 1
+    (..._fp8_head_debug_state.bin, header slot 30) the speedrun's head takes FP8 products in the
+    training steps, the rest float32; test_gpt2cu compares its loss curve with -fh 1."""
     config, name = model.config, model.config.name()
     muon, summed = args.optimizer == "muon", args.loss_reduction == "sum"
-    kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "")
+    kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "") + ("_fp8_head" if args.fp8_head else "")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}.bin"), CHECKPOINT_FP32)
@@ -1471,6 +1530,7 @@ def write_debug_state(model, batch, args, device, out_dir):
             header[24:28] = np.array(coefficients + [muon_momentum(0, args)], np.float32).view(np.int32)
             header[28] = args.muon_momentum_warmup
         header[29] = int(args.adam_eps_before_correction)
+        header[30] = args.fp8_head
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
@@ -1570,6 +1630,9 @@ def parse_args(argv=None):
     a.add_argument("--compile", type=int, choices=[0, 1], help="torch.compile (default 1 in benchmark mode)")
     a.add_argument("--fp8", type=int, choices=[0, 1], default=0, help="1: the blocks' linear layers in FP8 "
                    "with torch._scaled_mm, the CUDA trainer's -fp8 1 (bfloat16; CUDA, compute capability 8.9+)")
+    a.add_argument("--fp8_head", type=int, choices=[0, 1], default=0, help="1: the speedrun head's training "
+                   "products in FP8 with its record's fixed scales (torch._scaled_mm; evaluation stays in the run's "
+                   "dtype), the CUDA trainer's -fh 1 (CUDA, compute capability 8.9+)")
     a.add_argument("--flash", type=int, choices=[0, 1], help="F.scaled_dot_product_attention "
                    "(default 1 in benchmark mode)")
     a.add_argument("--sdpa_backend", choices=sorted(SDPA_BACKENDS), help="the one kernel family "
@@ -1637,6 +1700,9 @@ def check_args(args):
     if args.fp8 and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
         fail(f"--fp8 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
              f"(torch._scaled_mm's dimensions); change -b/-t")
+    if args.fp8_head and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
+        fail(f"--fp8_head 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
+             f"(torch._scaled_mm's dimensions); change -b/-t")
     for flag, value in [("-b/--batch_size", args.batch_size), ("-t/--seq_len", args.seq_len),
                         ("--num_iterations", args.num_iterations), ("--val_steps", args.val_steps),
                         ("--val_seq_len", args.val_seq_len), ("--debug_steps", args.debug_steps)]:
@@ -1691,6 +1757,10 @@ def settle_arch(args, config):
         fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
              f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
     args.arch = config.arch
+    if args.fp8_head and not config.speedrun:
+        fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
+             f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
+             f"--recipe speedrun")
     group_lrs = ["embedding_lr", "head_lr", "scalar_lr"]
     if config.modern:
         for key in group_lrs:
@@ -1718,21 +1788,21 @@ def resolve_config(args):
                        arch=args.arch)
 
 
-def check_fp8(config, device):
-    """--fp8 1 needs torch._scaled_mm and the float8 dtypes, a CUDA GPU of compute capability 8.9+
-    and channels that are a multiple of FP8_DIM_MULTIPLE."""
+def check_fp8(config, device, flag="--fp8"):
+    """`flag` 1 (--fp8 1 or --fp8_head 1) needs torch._scaled_mm and the float8 dtypes, a CUDA GPU of
+    compute capability 8.9+ and channels that are a multiple of FP8_DIM_MULTIPLE."""
     if not (hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn")):
-        fail(f"--fp8 1 needs PyTorch 2.1 or newer (torch._scaled_mm, torch.float8_e4m3fn); this is "
-             f"{torch.__version__}: upgrade PyTorch or use --fp8 0")
+        fail(f"{flag} 1 needs PyTorch 2.1 or newer (torch._scaled_mm, torch.float8_e4m3fn); this is "
+             f"{torch.__version__}: upgrade PyTorch or use {flag} 0")
     if not device.startswith("cuda"):
-        fail(f"--fp8 1 needs a CUDA device (torch._scaled_mm); --device is {device}: use --device cuda or --fp8 0")
+        fail(f"{flag} 1 needs a CUDA device (torch._scaled_mm); --device is {device}: use --device cuda or {flag} 0")
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
-        fail(f"--fp8 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
-             f"{torch.cuda.get_device_name(device)} is {major}.{minor}: use --fp8 0")
+        fail(f"{flag} 1 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+             f"{torch.cuda.get_device_name(device)} is {major}.{minor}: use {flag} 0")
     if config.channels % FP8_DIM_MULTIPLE != 0:
-        fail(f"--fp8 1 needs channels {config.channels} to be a multiple of {FP8_DIM_MULTIPLE} "
-             f"(torch._scaled_mm's dimensions); use --fp8 0")
+        fail(f"{flag} 1 needs channels {config.channels} to be a multiple of {FP8_DIM_MULTIPLE} "
+             f"(torch._scaled_mm's dimensions); use {flag} 0")
 
 
 def feature_flag(args, name, available, requirement):
@@ -1975,7 +2045,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     sdpa = args.sdpa_backend or BENCHMARK_RECIPE["sdpa_backend"]
     recipe = (f"torch {torch.__version__} | torch.compile {mode if use_compile else 'off'} | "
               f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype}"
-              f"{' with FP8 block linear layers (torch._scaled_mm)' if args.fp8 else ''} | "
+              f"{' with FP8 block linear layers (torch._scaled_mm)' if args.fp8 else ''}"
+              f"{' with the FP8 head (torch._scaled_mm, fixed scales)' if args.fp8_head else ''} | "
               f"{'Muon (Newton-Schulz in bfloat16) and ' if args.optimizer == 'muon' else ''}"
               f"AdamW{' fused' if fused else ''}{', compiled with clipping' if compile_optimizer else ''} | "
               f"{config.arch} | {args.loss_reduction} loss over the padded vocabulary ({config.padded_vocab_size})")
@@ -2035,10 +2106,10 @@ def main(argv=None, step_hook=None):
     if flash:
         select_sdpa_backend(args.sdpa_backend or (BENCHMARK_RECIPE["sdpa_backend"] if args.benchmark else "auto"), device)
     if config is None:
-        model = read_checkpoint(args.init_from, flash, args.fp8)
+        model = read_checkpoint(args.init_from, flash, args.fp8, args.fp8_head)
         config = model.config
     else:
-        model = GPT(config, flash, args.fp8)
+        model = GPT(config, flash, args.fp8, args.fp8_head)
         init_weights(model, args.seed)
     settle_arch(args, config)
     B, T = args.batch_size, args.seq_len
@@ -2048,6 +2119,8 @@ def main(argv=None, step_hook=None):
             fail(f"{flag} {length} exceeds the model's max_seq_len {config.max_seq_len}; lower it")
     if args.fp8:
         check_fp8(config, device)
+    if args.fp8_head:
+        check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
     set_attention_window(model, args, 0)
     train_loader = RandomTokens(B, T, config.vocab_size, args.seed, bool(args.documents))

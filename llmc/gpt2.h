@@ -30,7 +30,8 @@
 //   [27] float bits of Muon's momentum at step 0, [28] the steps over which it rises linearly to
 //   [17] (0: [17] at every step)  [29] AdamW's eps added to sqrt(v) before the bias correction
 //   (1, the speedrun's: the update lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)) or to
-//   sqrt(vhat) (0)
+//   sqrt(vhat) (0)  [30] the head's training products in FP8 with the speedrun's fixed scales (1:
+//   train_gpt2.py --fp8_head 1; the logits, gradients and losses are that run's) or not (0)
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
@@ -672,6 +673,7 @@ struct DebugState {
   float muon_momentum_start = 0;
   int muon_momentum_warmup = 0;
   bool eps_before_correction = false;
+  bool fp8_head = false;  // version 4: the head's training products in FP8 (--fp8_head 1)
   std::vector<int> inputs, targets;
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
@@ -755,6 +757,11 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     d.documents = h[21] == 1;
     d.window_blocks = h[22];
     debug_state_read_optimizer(h, path, &d);
+    if (h[30] < 0 || h[30] > 1) {
+      LLMC_FAIL("%s: FP8 head %d in the header (0 or 1): the header is damaged; re-create it with train_gpt2.py",
+                path.c_str(), h[30]);
+    }
+    d.fp8_head = h[30] == 1;
   }
   if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),

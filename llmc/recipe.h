@@ -4,8 +4,8 @@
 // the sum of the token losses, no clipping, and a schedule stable for 30% of the steps, then
 // linear to zero; and its speedrun record #28 (SPEC.md "The speedrun architecture and recipe"):
 // the speedrun's architecture on document-aligned 49,152-token sequences in the window's schedule,
-// Muon's 5 steepened Newton-Schulz steps with a momentum warmup, and a schedule stable for 55% of
-// the steps, then linear to 0.1 at step 1,695. -recipe picks one; every flag given on the command
+// Muon's 5 steepened Newton-Schulz steps with a momentum warmup, a schedule stable for 55% of
+// the steps, then linear to 0.1 at step 1,695, and the head's training products in FP8. -recipe picks one; every flag given on the command
 // line overrides its value.
 #pragma once
 
@@ -76,6 +76,7 @@ struct Recipe {
   int documents = 0;             // -pd
   int window_blocks = 0;         // -aw (-1: the window's schedule)
   int zero_stage = 1;            // -zs: 0 with Muon, which with 1 takes one more all-gather a step
+  bool fp8_head = false;         // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
 };
 
 inline const Recipe& recipe_gpt2() {
@@ -154,6 +155,7 @@ inline const Recipe& recipe_speedrun() {
     m.documents = 1;
     m.window_blocks = -1;
     m.zero_stage = 0;
+    m.fp8_head = true;
     return m;
   }();
   return r;

@@ -459,6 +459,14 @@ gpu_against_pytorch() {
     run reference_d12_fp8 "$PYTHON" train_gpt2.py --model d12 --batch_size 4 --seq_len 64 --fp8 1 \
       --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
     run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$fp8_dir/gpt2_d12.bin" "$fp8_dir/gpt2_d12_fp8_debug_state.bin"
+    # The speedrun's FP8 head: -fh 1 (test_gpt2cu reads it in the debug state's header) against
+    # train_gpt2.py --fp8_head 1, by the loss curve likewise.
+    local head_dir="$REF/gpu_speedrun_d12_fp8_head"
+    run reference_speedrun_d12_fp8_head "$PYTHON" train_gpt2.py --recipe speedrun --model d12 --debug_noise 0.02 \
+      --window_blocks 3 --batch_size 1 --seq_len 512 --fp8_head 1 --write_debug_state "$head_dir" \
+      --debug_steps 10 --seed 42 --device $device
+    run test_gpt2cu_speedrun_d12_fp8_head ./test_gpt2cu "$head_dir/gpt2_speedrun_d12.bin" \
+      "$head_dir/gpt2_speedrun_d12_muon_fp8_head_debug_state.bin"
   fi
 }
 
@@ -515,6 +523,17 @@ gpu_determinism() {
       -v 10 -m 4 -s 0
   done
   run determinism_speedrun_same_losses same_losses "$LOGS/determinism_speedrun_1.log" "$LOGS/determinism_speedrun_2.log"
+  # Where the GPU has FP8 products the runs above train the speedrun's head in FP8 (-fh 1, the
+  # recipe's): the startup table says so, and the losses stay within 0.1 of the BF16 head's (-fh 0)
+  # at every step, the bound of the blocks' FP8 layers below, which put the 48 linear layers in FP8
+  # where this is one layer, with scales that cannot overflow; a broken head (a wrong scale or
+  # operand) gives wrong logits, losses apart by 1 and more.
+  if fp8_gpu; then
+    run determinism_speedrun_fp8_head_shown grep -aE "^\| head +\| FP8 in training" "$LOGS/determinism_speedrun_1.log"
+    run speedrun_bf16_head ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 512 -z 1024 -x 20 -v 10 -m 4 -s 0 \
+      -fh 0
+    run speedrun_fp8_head_losses_track losses_track "$LOGS/speedrun_bf16_head.log" "$LOGS/determinism_speedrun_1.log" 0.1
+  fi
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
   # step: about 5x the 0.021 measured on an H200 (FP8's losses run 0.1-0.3% above BF16's as the
   # loss falls from 11.05 to 7.57); a broken layer's losses part by far more.

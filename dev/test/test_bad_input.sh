@@ -396,6 +396,19 @@ if has_flag -fp8 && grep -q "precision FP32" <<< "$help"; then
   expect "-fp8 1 in the FP32 build" "-fp8 1 needs the BF16 build \(make train_gpt2cu\); this is the FP32 build" -fp8 1
 fi
 
+# --- -fh 1, the speedrun head's FP8 products: the BF16 build's (the FP32 build's -recipe speedrun
+# leaves it off), on the speedrun's head; flag errors, before the GPU (the compute capability is
+# checked with the GPU)
+if has_flag -fh; then
+  if grep -q "precision FP32" <<< "$help"; then
+    expect "-fh 1 in the FP32 build" "-fh 1 needs the BF16 build \(make train_gpt2cu\); this is the FP32 build: use -fh 0" \
+      -recipe speedrun -fh 1
+  else
+    expect "-fh 1 on GPT-2's head" "-fh 1: the FP8 head's fixed scales are the speedrun's .*-recipe gpt2's head runs in BF16: use -fh 0" \
+      -fh 1
+  fi
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

@@ -7,8 +7,8 @@
 # coefficients, Muon's scale of fc, Adam's eps before the bias correction, its checkpoints (SPEC's
 # order, round trips, the CPU trainer's refusal), its debug state read back by build/test_utils
 # --speedrun (with the seeded init against llmc's), the bfloat16 embeddings of bfloat16 runs, a short
-# training on document shards (the loss falls, twice the same), and the flag errors. PYTHON as in
-# train_gpt2_py_lib.sh.
+# training on document shards (the loss falls, twice the same), and the flag errors (--fp8_head 1 on
+# the CPU, whose default 0 leaves the debug state as it was). PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -361,6 +361,7 @@ path = f"{out}/debug/gpt2_speedrun_tiny_muon_debug_state.bin"
 header = np.fromfile(path, np.int32, tg.HEADER_INTS)
 B, T, V = header[2], header[3], header[5]
 assert header[1] == 4 and header[12] == 2 and header[13] == 1 and header[14] == 1 and header[21] == 1
+assert header[30] == 0, "the head in FP8 without --fp8_head 1"
 grads = np.fromfile(path, np.float32, offset=4 * (tg.HEADER_INTS + 2 * B * T + B * T * V + 1))
 names = {id(p): name for name, p in model.named_parameters()}
 offset = 0
@@ -373,6 +374,13 @@ assert offset + header[4] == grads.size, "the gradients and step losses fill the
 print(f"{len(names)} tensors, {offset:,} gradients; init of seed 9 written")
 EOF
 build/test_utils --speedrun "$WORK/init.bin" 9 "$WORK/debug/gpt2_speedrun_tiny_muon_debug_state.bin" "$WORK/tensors.txt"
+echo "--- --fp8_head 0 (the default) writes the same files"
+"$PYTHON" train_gpt2.py --recipe speedrun --model tiny --write_debug_state "$WORK/debug_fp8_head_0" -b 1 -t 128 \
+  --debug_steps 2 --seed 7 --debug_noise 0.02 --device cpu --fp8_head 0 > /dev/null
+for file in gpt2_speedrun_tiny.bin gpt2_speedrun_tiny_bf16.bin gpt2_speedrun_tiny_muon_debug_state.bin; do
+  cmp "$WORK/debug/$file" "$WORK/debug_fp8_head_0/$file"
+done
+echo "the same bytes"
 
 run_speedrun() {  # 2 micro steps of one 256-token sequence, validation on 512-token sequences
   "$PYTHON" train_gpt2.py --recipe speedrun --model tiny -t 256 --total_batch_size 512 --num_iterations 8 \
@@ -395,6 +403,11 @@ echo "--- flag errors"
 SPEEDRUN=(--recipe speedrun -t 256 --device cpu --input_bin "$WORK/data/train_*.bin")
 expect_error "drop --arch modern" "${SPEEDRUN[@]}" --arch modern
 expect_error "--fp8 1 is GPT-2" "${SPEEDRUN[@]}" --fp8 1
+# The FP8 head: torch._scaled_mm on a CUDA GPU only (PyTorch 2.1+), in one line; the speedrun's head only.
+expect_error "--fp8_head 1 needs .*use --fp8_head 0" "${SPEEDRUN[@]}" --fp8_head 1
+[ "$(wc -l < "$WORK/out")" = 1 ] || { echo "FAIL: --fp8_head 1 on the CPU: more than one line"; cat "$WORK/out"; exit 1; }
+expect_error "the FP8 head's fixed scales are the speedrun's" --arch modern --model tiny -t 256 --device cpu \
+  --input_bin "$WORK/data/train_*.bin" --fp8_head 1
 expect_error "presets are d12, tiny" "${SPEEDRUN[@]}" --model d24
 expect_error "12 layers, not 8" "${SPEEDRUN[@]}" --num_layers 8
 expect_error "window of blocks (--window_blocks -1), which needs documents: add --window_blocks 0 to --documents 0" \

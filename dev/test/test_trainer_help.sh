@@ -78,6 +78,12 @@ for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
     check "$trainer -recipe speedrun --help: ${expected% *}'s default" \
       "$(flag_help "${expected% *}" <<< "$speedrun_help" | grep -o '(default [-0-9.]*)$')" "(default ${expected#* })"
   done
+  # Its head trains in FP8 in the BF16 build; the FP32 build has no FP8 products. Other recipes: off.
+  fp8_head=$([ "$trainer" = ./train_gpt2cu ] && echo 1 || echo 0)
+  check "$trainer -recipe speedrun --help: -fh's default" \
+    "$(flag_help -fh <<< "$speedrun_help" | grep -o '(default [0-9])$')" "(default $fp8_head)"
+  check "$trainer -recipe modern --help: -fh's default" \
+    "$(flag_help -fh <<< "$modern_help" | grep -o '(default [0-9])$')" "(default 0)"
 done
 
 finish test_trainer_help
