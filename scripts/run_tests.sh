@@ -131,14 +131,18 @@ val_losses_agree() {
 }
 
 # Validation longer than -t (-vt) runs a forward pass of its own (one layer's activations, the head
-# over chunks of -b x -t rows); at step 0 its loss is the one validation at that length in the
-# training passes' activations gives (-t = -vt): GPT-2 (causal), the speedrun (documents, a window),
-# in both builds. The chunks' head products may take other cuBLASLt algorithms than one product over
-# every row, hence a bound rather than the same bits.
+# over chunks of -b x -t rows); its loss is the one validation at that length in the training
+# passes' activations gives (-t = -vt): GPT-2 (causal) at its initialisation, the speedrun (documents,
+# a window) after 10 steps (its head starts at zero, where every loss is ln Vp), in both builds. The
+# chunks' head products may take other cuBLASLt algorithms than one product over every row, hence a
+# bound rather than the same bits (H200: the same bits in both builds).
 validation_length_test() {
-  local binary spec name args
+  local dir=build/test_validation_length binary spec name args
+  rm -rf "$dir"
+  run validation_length_speedrun_trained ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 0 -z 1024 \
+    -x 10 -v 0 -s 0 -o "$dir"
   for binary in train_gpt2cu train_gpt2fp32cu; do
-    for spec in "gpt2:-e d12" "speedrun:-recipe speedrun -e d12 -z 1024 -aw 2"; do
+    for spec in "gpt2:-e d12" "speedrun:-recipe speedrun -e $dir/model_00000010.bin -z 2048 -aw 2"; do
       name=${binary#train_}_${spec%%:*} args=${spec#*:}
       run "validation_length_${name}" ./$binary $COMMON $args -b 4 -t 256 -vt 512 -x 0 -m 4 -s 0
       run "validation_at_t_${name}" ./$binary $COMMON $args -b 4 -t 512 -vt 0 -x 0 -m 4 -s 0
@@ -146,6 +150,7 @@ validation_length_test() {
         "$LOGS/validation_at_t_${name}.log" 1e-5
     done
   done
+  rm -f "$dir"/*.bin
 }
 
 # Resume on one GPU: the shared comparison of dev/test/compare_runs.sh.
@@ -524,15 +529,18 @@ gpu_determinism() {
   done
   run determinism_speedrun_same_losses same_losses "$LOGS/determinism_speedrun_1.log" "$LOGS/determinism_speedrun_2.log"
   # Where the GPU has FP8 products the runs above train the speedrun's head in FP8 (-fh 1, the
-  # recipe's): the startup table says so, and the losses stay within 0.1 of the BF16 head's (-fh 0)
-  # at every step, the bound of the blocks' FP8 layers below, which put the 48 linear layers in FP8
-  # where this is one layer, with scales that cannot overflow; a broken head (a wrong scale or
-  # operand) gives wrong logits, losses apart by 1 and more.
+  # recipe's): the startup table says so, and the validation losses stay within 2% of the BF16
+  # head's (-fh 0). The training losses are no measure here: steps of 1,024 tokens at the recipe's
+  # rates jump by up to 1.0 from one step to the next, and the two heads' differ by up to 0.52 at a
+  # step (H200), while their validation losses differ by 1.0% at step 10 and 0.5% at step 20. The
+  # head's arithmetic is held to train_gpt2.py --fp8_head 1's in gpu_against_pytorch; a broken head
+  # (a wrong scale or operand) does not learn.
   if fp8_gpu; then
     run determinism_speedrun_fp8_head_shown grep -aE "^\| head +\| FP8 in training" "$LOGS/determinism_speedrun_1.log"
     run speedrun_bf16_head ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 512 -z 1024 -x 20 -v 10 -m 4 -s 0 \
       -fh 0
-    run speedrun_fp8_head_losses_track losses_track "$LOGS/speedrun_bf16_head.log" "$LOGS/determinism_speedrun_1.log" 0.1
+    run speedrun_fp8_head_val_losses_agree val_losses_agree "$LOGS/determinism_speedrun_1.log" \
+      "$LOGS/speedrun_bf16_head.log" 0.02
   fi
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
   # step: about 5x the 0.021 measured on an H200 (FP8's losses run 0.1-0.3% above BF16's as the
