@@ -8766,12 +8766,29 @@ float multi_gpu_average(MultiGpu& mg, float value, cudaStream_t stream) {
 // Dense BF16 peak of an H100/H200 SXM, the denominator of MFU (SPEC.md).
 constexpr double kPeakFlops = 989e12;
 
-// An embedding not tied to the head is a lookup, not a product: the modern architecture's wte
-// does not count.
+// The keys a query of a T-token sequence attends to on average under layer l's mask, where one
+// document spans the sequence (more documents hide more): T/2 causal; with documents, query block i
+// sees min(i + 1, N) blocks of layer l's window of N (every block without one), the last half.
+double attention_mean_keys(const GPT2& m, int l, int T) {
+  if (!m.documents) return T / 2.0;
+  const int blocks = T / llmc::kAttentionBlock, window = layer_window(m, l, T);
+  double sum = 0.0;
+  for (int i = 0; i < blocks; i++) sum += (std::min(i + 1, window) - 0.5) * llmc::kAttentionBlock;
+  return sum / blocks;
+}
+
+// 6 FLOPs a token for each parameter of a product (an embedding not tied to the head, and the
+// speedrun's value embeddings, are lookups), and 12 C for each key a query attends to in each
+// layer with attention (causal: llm.c's 6 L C T); with a window, those of the current step's.
 double flops_per_token(const GPT2& m, int T) {
   const llmc::GPT2Config& c = m.config;
-  const double untied = m.arch().tied_head ? 0.0 : (double)m.param_specs[llmc::kWte].size;
-  return 6.0 * ((double)m.num_params - untied) + 6.0 * c.num_layers * c.channels * (double)T;
+  double lookups = (double)m.param_specs[llmc::kVe].size;
+  if (!m.arch().tied_head) lookups += (double)m.param_specs[llmc::kWte].size;
+  double keys = 0.0;
+  for (int l = 0; l < c.num_layers; l++) {
+    if (llmc::layer_has_attention(c, l)) keys += attention_mean_keys(m, l, T);
+  }
+  return 6.0 * ((double)m.num_params - lookups) + 12.0 * c.channels * keys;
 }
 
 #ifndef TESTING
