@@ -196,7 +196,10 @@ def iterate(s, steps, a, b, c):
         s = a * s + b * s ** 3 + c * s ** 5
     return s
 # Newton-Schulz maps each singular value s of G / |G|_F by its polynomial, `steps` times; spread
-# over two decades, the small ones tell the number of steps apart (each step multiplies them by ~a)
+# over two decades, the small ones tell the number of steps apart (each step multiplies them by ~a).
+# The fit is the mean error over the singular values: a single one's BF16 rounding can move by 0.07
+# with the CPU's BF16 products (64x32's largest error fit 4 steps better than 5 on one machine,
+# 0.058 against 0.070, while its mean error still picks 5: 0.014 against 0.025).
 for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
     n = min(rows, cols)
     U = torch.linalg.qr(torch.randn(rows, n, dtype=torch.float64))[0]
@@ -205,14 +208,14 @@ for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
     X = tg.orthogonalise((U @ torch.diag(s) @ V.T).float(), tg.NEWTON_SCHULZ["speedrun"])
     assert X.dtype == torch.bfloat16 and X.shape == (rows, cols)
     got = torch.linalg.svdvals(X.double()).sort().values
-    def distance(steps, a, b, c):
-        return (got - iterate(s / s.norm(), steps, a, b, c).sort().values).abs().max().item()
+    def errors(steps, a, b, c):
+        return (got - iterate(s / s.norm(), steps, a, b, c).sort().values).abs()
     _, a, b, c = tg.NEWTON_SCHULZ["speedrun"]
-    distances = {steps: distance(steps, a, b, c) for steps in range(3, 8)}
-    baseline = distance(*tg.NEWTON_SCHULZ["baseline"])
-    print(f"{rows}x{cols}: largest singular value error against k steps of the polynomial",
-          {k: round(d, 3) for k, d in distances.items()}, f"(the baseline's 12 steps: {baseline:.3f})")
-    assert min(distances, key=distances.get) == 5 and distances[5] < 0.08 and baseline > 0.2
+    distances = {steps: errors(steps, a, b, c).mean().item() for steps in range(3, 8)}
+    baseline = errors(*tg.NEWTON_SCHULZ["baseline"]).max().item()
+    print(f"{rows}x{cols}: mean singular value error against k steps of the polynomial",
+          {k: round(d, 4) for k, d in distances.items()}, f"(the baseline's 12 steps: largest {baseline:.3f})")
+    assert min(distances, key=distances.get) == 5 and distances[5] < 0.03 and baseline > 0.2
 EOF
 
 check "Muon: the speedrun's fc takes the scale of [C, 4C] (1), the modern's of [4C, C] (2)" <<'EOF'
