@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests on a machine with 2 or more GPUs (OpenMPI's mpirun):
 #  - rank equivalence: 2 ranks x micro batch B against 1 rank x B with 2 accumulation steps, on
-#    unshuffled data so both see the same tokens: FP32 losses within 1e-5 over 10 steps, BF16
-#    within 2e-2 (each rank rounds its own gradient to BF16 before they are averaged);
+#    unshuffled data so both see the same tokens (and validation the same chunks): FP32 losses
+#    within 1e-5 over 10 steps, BF16 within 2e-2 (each rank rounds its own gradient to BF16 before
+#    they are averaged);
 #  - resume: 10 steps, a resume and 10 more against 20 straight steps on 2 ranks, bit for bit;
 #  - checkpoints written in the background (-ac 1) against before training goes on (-ac 0), one
 #    at every step: the same losses and the same bytes in every file;
@@ -21,7 +22,7 @@
 #    ranks: two runs bit for bit, within 0.1 of BF16, and a resume bit for bit;
 #  - packed documents (-pd 1) with the window's schedule (-aw -1), each rank its own sequences:
 #    2 ranks x 1 micro batch against 1 rank x 2 (the same sequences), two 2-rank runs bit for bit,
-#    resume bit for bit, and a 2-rank checkpoint resumed on 1 rank;
+#    resume bit for bit, 2 ranks resumed on 1 and 1 on 2;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
@@ -36,12 +37,21 @@ mkdir -p "$out"
 ranks=2
 source dev/test/multi_gpu_lib.sh
 
+# ranks_equivalence NAME BINARY TOL VAL_BATCHES ARGS...: 10 steps of ARGS on 1 rank and on 2, whose
+# steps take the same tokens (ARGS give a -z that B*T and 2*B*T divide); their step and validation
+# losses within TOL. Validation reads the same chunks of the val shard on both (batch b gives rank
+# r chunk 2b + r): 2 x VAL_BATCHES batches on 1 rank, VAL_BATCHES on each of 2.
+ranks_equivalence() {
+  local name=$1 binary=$2 tol=$3 m=$4
+  shift 4
+  check "${name}_one_rank" ./$binary "$@" -x 10 -m $((2 * m))
+  check "${name}_two_ranks" $mpi ./$binary "$@" -x 10 -m "$m"
+  check "${name}_equivalent" losses_close "$out/${name}_one_rank.log" "$out/${name}_two_ranks.log" "$tol"
+}
+
 for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
   IFS=: read -r binary tol extra <<< "$build"
-  # Validation: one rank reads 8 batches, two ranks 4 each: the same 8 chunks of data.
-  check "${binary}_one_rank" ./$binary $common -b 4 -z 2048 -x 10 -v 5 -m 8 $extra
-  check "${binary}_two_ranks" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 $extra
-  check "${binary}_equivalent" losses_close "$out/${binary}_one_rank.log" "$out/${binary}_two_ranks.log" "$tol"
+  ranks_equivalence "$binary" "$binary" "$tol" 4 $common -b 4 -z 2048 -v 5 $extra
 done
 
 # --- Resume on two GPUs: 20 straight steps against 10, a resume (-y 1) and 10 more give the same
@@ -250,32 +260,50 @@ fp8_delayed_test() {
     $mpi ./train_gpt2cu $common -b 4 -v 10 -m 4 -sh 1 -fp8 2
 }
 
+# ranks_sequence NAME VAL_BATCHES ARGS...: the checks NAME_* of a recipe or data order on two ranks
+# (train_gpt2cu, ARGS without -x and -m): ranks_equivalence within the BF16 rank tolerance 2e-2;
+# two 2-rank runs bit for bit (same_steps: losses, norms, parameter checksum); 20 straight steps on
+# 2 ranks against 10, a resume and 10 more, bit for bit (resume_equivalence); a checkpoint of step
+# 5 of 2 ranks resumed on 1 and one of 1 rank resumed on 2, whose losses from step 5 on stay within
+# the tolerance of the run that never stopped on that process count (1 rank sums the micro
+# batches' gradients in another order than 2 ranks do).
+ranks_sequence() {
+  local name=$1 m=$2 tol=2e-2
+  shift 2
+  source dev/test/compare_runs.sh
+  ranks_equivalence "$name" train_gpt2cu $tol "$m" "$@"
+  check "${name}_two_ranks_again" $mpi ./train_gpt2cu "$@" -x 10 -m "$m"
+  check "${name}_deterministic" same_steps "$out/${name}_two_ranks.log" "$out/${name}_two_ranks_again.log"
+  resume_equivalence check "${name}_resume_two_ranks" "$out/resume_$name" 2 $mpi ./train_gpt2cu "$@" -m "$m"
+  local dir=$out/${name}_reshard
+  rm -rf "$dir"
+  check "${name}_reshard_two_halt" $mpi ./train_gpt2cu "$@" -x 10 -m "$m" -n 5 -o "$dir/two" -halt 5
+  check "${name}_reshard_on_one" ./train_gpt2cu "$@" -x 10 -m $((2 * m)) -n 5 -o "$dir/two" -y 1
+  check "${name}_reshard_2_to_1_close" losses_close_from "$out/${name}_one_rank.log" \
+    "$out/${name}_reshard_on_one.log" 5 $tol
+  check "${name}_reshard_one_halt" ./train_gpt2cu "$@" -x 10 -m $((2 * m)) -n 5 -o "$dir/one" -halt 5
+  check "${name}_reshard_on_two" $mpi ./train_gpt2cu "$@" -x 10 -m "$m" -n 5 -o "$dir/one" -y 1
+  check "${name}_reshard_1_to_2_close" losses_close_from "$out/${name}_two_ranks.log" \
+    "$out/${name}_reshard_on_two.log" 5 $tol
+  rm -f "$dir"/*/*.bin  # compared: the logs stay; a d12 run's checkpoints take gigabytes
+}
+
 # The modern recipe on two ranks (its default -zs 0: every rank holds the averaged gradient and
 # the momentum, orthogonalises its share of the matrices with Muon and broadcasts it): against one
 # rank with two accumulation steps within the BF16 rank tolerance, two runs bit for bit (the
 # shares are fixed by the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on
-# 1 and one of 1 rank on 2 against the runs that never stopped. Then ZeRO-1 (-zs 1: each rank
+# 1 and one of 1 rank on 2 against the runs that never stopped (ranks_sequence). Then ZeRO-1 (-zs 1: each rank
 # steps its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
 # shard): the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not
 # compared), two runs bit for bit, a resume bit for bit, and a -zs 1 checkpoint resumed with -zs
 # 0, bit for bit against the -zs 0 run, and on 1 rank, within the rank tolerance.
 modern_recipe_test() {
   source dev/test/compare_runs.sh
-  local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -m 4 -z 2048"
-  check modern_one_rank ./train_gpt2cu $args -x 10
-  check modern_two_ranks $mpi ./train_gpt2cu $args -x 10
-  check modern_equivalent losses_close "$out/modern_one_rank.log" "$out/modern_two_ranks.log" 2e-2
-  check modern_two_ranks_again $mpi ./train_gpt2cu $args -x 10
-  check modern_two_ranks_deterministic same_steps "$out/modern_two_ranks.log" "$out/modern_two_ranks_again.log"
-  resume_equivalence check modern_resume_two_ranks "$out/resume_modern" 2 $mpi ./train_gpt2cu $args
-  local dir=$out/modern_reshard
+  local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048"
+  ranks_sequence modern 4 $args
+  args="$args -m 4"
+  local dir=$out/modern_zero
   rm -rf "$dir"
-  check modern_reshard_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/two" -halt 5
-  check modern_reshard_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir/two" -y 1
-  check modern_reshard_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_reshard_on_one.log" 5 2e-2
-  check modern_reshard_one_halt ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -halt 5
-  check modern_reshard_on_two $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -y 1
-  check modern_reshard_1_to_2_close losses_close_from "$out/modern_two_ranks.log" "$out/modern_reshard_on_two.log" 5 2e-2
   check modern_zs1 $mpi ./train_gpt2cu $args -x 10 -zs 1
   check modern_zs1_same_as_zs0 same_steps "$out/modern_two_ranks.log" "$out/modern_zs1.log" no-norm
   check modern_zs1_again $mpi ./train_gpt2cu $args -x 10 -zs 1
@@ -286,30 +314,19 @@ modern_recipe_test() {
   check modern_zs1_resumed_zs0 $mpi ./train_gpt2cu $args -x 10 -n 5 -zs 0 -o "$dir/zs1" -y 1
   check modern_zs1_to_zs0_said_so grep -q "resharded: the checkpoint of 2 processes with ZeRO stage 1 resumes on 2 with stage 0" "$out/modern_zs1_resumed_zs0.log"
   check modern_zs1_to_zs0_same losses_close_from "$out/modern_two_ranks.log" "$out/modern_zs1_resumed_zs0.log" 5 0
-  check modern_zs1_resumed_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir/zs1_for_one" -y 1
+  check modern_zs1_resumed_on_one ./train_gpt2cu $args -x 10 -n 5 -m 8 -o "$dir/zs1_for_one" -y 1
   check modern_zs1_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_zs1_resumed_on_one.log" 5 2e-2
+  rm -f "$dir"/*/*.bin
 }
 
 # Packed documents with the window's schedule: a step's sequences come from one stream, micro batch
 # m giving rank r its sequences (m * ranks + r) * B.. (dev/SPEC.md "Document-aligned order"), so two
-# ranks with one micro batch read the sequences one rank reads with two: losses within the BF16
-# rank tolerance. Two 2-rank runs bit for bit; a resume bit for bit (each rank's loader state and
-# the schedule's window from the resumed step); a 2-rank checkpoint resumed on 1 rank, within the
-# tolerance of the 1-rank run.
+# ranks with one micro batch read the sequences one rank reads with two: ranks_sequence (losses
+# within the BF16 rank tolerance; two 2-rank runs bit for bit; a resume bit for bit, each rank's
+# loader state and the schedule's window from the resumed step; a 2-rank checkpoint resumed on 1
+# rank and a 1-rank one on 2, within the tolerance of the runs that never stopped).
 packed_documents_test() {
-  source dev/test/compare_runs.sh
-  local args="$common -pd 1 -aw -1 -b 4 -v 5 -m 4 -z 2048"
-  check packed_one_rank ./train_gpt2cu $args -x 10
-  check packed_two_ranks $mpi ./train_gpt2cu $args -x 10
-  check packed_equivalent losses_close "$out/packed_one_rank.log" "$out/packed_two_ranks.log" 2e-2
-  check packed_two_ranks_again $mpi ./train_gpt2cu $args -x 10
-  check packed_deterministic same_steps "$out/packed_two_ranks.log" "$out/packed_two_ranks_again.log"
-  resume_equivalence check packed_resume_two_ranks "$out/resume_packed" 2 $mpi ./train_gpt2cu $args
-  local dir=$out/packed_reshard
-  rm -rf "$dir"
-  check packed_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir" -halt 5
-  check packed_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir" -y 1
-  check packed_2_to_1_close losses_close_from "$out/packed_one_rank.log" "$out/packed_on_one.log" 5 2e-2
+  ranks_sequence packed 4 $common -pd 1 -aw -1 -b 4 -v 5 -z 2048
 }
 
 # GPT-2 with Muon (-opt muon, -zs 0) on two ranks against one rank with two accumulation steps,
