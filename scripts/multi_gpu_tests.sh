@@ -23,6 +23,11 @@
 #  - packed documents (-pd 1) with the window's schedule (-aw -1), each rank its own sequences:
 #    2 ranks x 1 micro batch against 1 rank x 2 (the same sequences), two 2-rank runs bit for bit,
 #    resume bit for bit, 2 ranks resumed on 1 and 1 on 2;
+#  - the speedrun recipe (-recipe speedrun, each rank its own sequence of packed documents, its
+#    FP8 head where the GPU has FP8 products): 2 ranks x 2 micro batches against 1 rank x 4 (the
+#    same sequences; BF16 within 2e-2, FP32 within 2e-3), two 2-rank runs bit for bit, resume bit
+#    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, and -zs 1
+#    with the bits of -zs 0;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
@@ -44,8 +49,8 @@ source dev/test/multi_gpu_lib.sh
 ranks_equivalence() {
   local name=$1 binary=$2 tol=$3 m=$4
   shift 4
-  check "${name}_one_rank" ./$binary "$@" -x 10 -m $((2 * m))
-  check "${name}_two_ranks" $mpi ./$binary "$@" -x 10 -m "$m"
+  check "${name}_one_rank" "./$binary" "$@" -x 10 -m $((2 * m))
+  check "${name}_two_ranks" $mpi "./$binary" "$@" -x 10 -m "$m"
   check "${name}_equivalent" losses_close "$out/${name}_one_rank.log" "$out/${name}_two_ranks.log" "$tol"
 }
 
@@ -239,14 +244,17 @@ lost_rank_test() {
   check lost_rank_stopped lost_rank STOP
 }
 
+# Whether the GPU has FP8 products (compute capability 8.9+).
+fp8_gpu() {
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | awk '{ exit !($1 >= 8.9) }'
+}
+
 # Delayed FP8 scaling on two ranks: the step's amaxes are reduced over the ranks (ncclMax) before
 # they enter the history, so the runs are deterministic, track BF16, and resume bit for bit
 # (each rank's state file holds the reduced history).
 fp8_delayed_test() {
-  local cap
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1)
-  if ! awk -v c="$cap" 'BEGIN { exit !(c >= 8.9) }'; then
-    echo "skip fp8_delayed_test: compute capability $cap, FP8 needs 8.9+"
+  if ! fp8_gpu; then
+    echo "skip fp8_delayed_test: FP8 needs compute capability 8.9+"
     return
   fi
   source dev/test/compare_runs.sh
@@ -329,6 +337,39 @@ packed_documents_test() {
   ranks_sequence packed 4 $common -pd 1 -aw -1 -b 4 -v 5 -z 2048
 }
 
+# The speedrun recipe (record #28: packed documents in the window's schedule, Muon and Adam, value
+# embeddings, U-net skips, gated heads, and where the GPU has FP8 products the head's training
+# products in FP8 with fixed scales, -fh 1) in the reference's layout, each process its own
+# sequence (-b 1): a step's 4 sequences of 256 tokens are 4 micro batches on 1 rank or 2 on each of
+# 2 (micro batch m gives rank r the step's sequence 2m + r: dev/SPEC.md "Document-aligned order");
+# validation on sequences of -vt 512.
+# Adam's rates are 1% of the recipe's (-l 0.01), Muon's the recipe's (0.05). At the recipe's own,
+# the losses of steps of 1,024 tokens jump by up to 1.0 from one step to the next
+# (scripts/run_tests.sh gpu_determinism), too chaotic for a rank tolerance. At $common's -l 1e-4
+# the zero-initialised head moves by 8e-7 a step, under half of E4M3's smallest step at its fixed
+# scale 2^-9 (2^-18 = 3.8e-6): its FP8 copy would stay zero for the first steps and pass no gradient
+# to the blocks. At 1% the first step moves it by 8e-5, 0.04 in E4M3's units, a normal number.
+# ranks_sequence's checks, with the bound of the other Muon tests (2e-2: each rank rounds its own
+# gradient to BF16 before the average, and Muon orthogonalises in BF16). The FP8 head's casts see
+# the same values on 1 and 2 ranks up to a power of two (the summed loss's gradient times the process
+# count, which the ranks' average divides again), which moves no rounding of a normal E5M2 number.
+# The FP32 build (-f 0; no FP8 head there): 1 rank against 2 within 2e-3. Its gradients differ
+# only in their last bits (1 rank adds its 4 micro batches in turn, 2 ranks 2 each and then the
+# all-reduce), but Muon's Newton-Schulz runs in BF16 in every build, so the inputs whose rounding
+# those bits flip give other updates: a tenth of BF16's bound, not GPT-2's 1e-5. Then -zs 1 gives
+# the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not compared), and
+# the startup table shows the FP8 head where the GPU has FP8 products.
+speedrun_test() {
+  local args="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01"
+  ranks_sequence speedrun 4 $args
+  ranks_equivalence speedrun_fp32 train_gpt2fp32cu 2e-3 4 $args -f 0
+  check speedrun_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -zs 1
+  check speedrun_zs1_same_as_zs0 same_steps "$out/speedrun_two_ranks.log" "$out/speedrun_zs1.log" no-norm
+  if fp8_gpu; then
+    check speedrun_fp8_head_on grep -aE "^\| head +\| FP8 in training" "$out/speedrun_two_ranks.log"
+  fi
+}
+
 # GPT-2 with Muon (-opt muon, -zs 0) on two ranks against one rank with two accumulation steps,
 # within the BF16 rank tolerance, and two runs on two ranks bit for bit; -zs 1 against -zs 0: the
 # same bits without clipping (BF16 and FP32 builds: the gathered Nesterov inputs are in floatX),
@@ -354,6 +395,7 @@ gpt2_muon_test() {
 
 modern_recipe_test
 packed_documents_test
+speedrun_test
 gpt2_muon_test
 overlap_test
 zero_test
