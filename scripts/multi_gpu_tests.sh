@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests on a machine with 2 or more GPUs (OpenMPI's mpirun):
 #  - rank equivalence: 2 ranks x micro batch B against 1 rank x B with 2 accumulation steps, on
-#    unshuffled data so both see the same tokens: FP32 losses within 1e-5 over 10 steps, BF16
-#    within 2e-2 (each rank rounds its own gradient to BF16 before they are averaged);
+#    unshuffled data so both see the same tokens (and validation the same chunks): FP32 losses
+#    within 1e-5 over 10 steps, BF16 within 2e-2 (each rank rounds its own gradient to BF16 before
+#    they are averaged);
 #  - resume: 10 steps, a resume and 10 more against 20 straight steps on 2 ranks, bit for bit;
 #  - checkpoints written in the background (-ac 1) against before training goes on (-ac 0), one
 #    at every step: the same losses and the same bytes in every file;
@@ -21,7 +22,12 @@
 #    ranks: two runs bit for bit, within 0.1 of BF16, and a resume bit for bit;
 #  - packed documents (-pd 1) with the window's schedule (-aw -1), each rank its own sequences:
 #    2 ranks x 1 micro batch against 1 rank x 2 (the same sequences), two 2-rank runs bit for bit,
-#    resume bit for bit, and a 2-rank checkpoint resumed on 1 rank;
+#    resume bit for bit, 2 ranks resumed on 1 and 1 on 2;
+#  - the speedrun recipe (-recipe speedrun, each rank its own sequence of packed documents, its
+#    FP8 head where the GPU has FP8 products): 2 ranks x 2 micro batches against 1 rank x 4 (the
+#    same sequences; BF16 within 2e-2, FP32 within 2e-3), two 2-rank runs bit for bit, resume bit
+#    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, and -zs 1
+#    with the bits of -zs 0;
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
@@ -36,12 +42,21 @@ mkdir -p "$out"
 ranks=2
 source dev/test/multi_gpu_lib.sh
 
+# ranks_equivalence NAME BINARY TOL VAL_BATCHES ARGS...: 10 steps of ARGS on 1 rank and on 2, whose
+# steps take the same tokens (ARGS give a -z that B*T and 2*B*T divide); their step and validation
+# losses within TOL. Validation reads the same chunks of the val shard on both (batch b gives rank
+# r chunk 2b + r): 2 x VAL_BATCHES batches on 1 rank, VAL_BATCHES on each of 2.
+ranks_equivalence() {
+  local name=$1 binary=$2 tol=$3 m=$4
+  shift 4
+  check "${name}_one_rank" "./$binary" "$@" -x 10 -m $((2 * m))
+  check "${name}_two_ranks" $mpi "./$binary" "$@" -x 10 -m "$m"
+  check "${name}_equivalent" losses_close "$out/${name}_one_rank.log" "$out/${name}_two_ranks.log" "$tol"
+}
+
 for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
   IFS=: read -r binary tol extra <<< "$build"
-  # Validation: one rank reads 8 batches, two ranks 4 each: the same 8 chunks of data.
-  check "${binary}_one_rank" ./$binary $common -b 4 -z 2048 -x 10 -v 5 -m 8 $extra
-  check "${binary}_two_ranks" $mpi ./$binary $common -b 4 -x 10 -v 5 -m 4 $extra
-  check "${binary}_equivalent" losses_close "$out/${binary}_one_rank.log" "$out/${binary}_two_ranks.log" "$tol"
+  ranks_equivalence "$binary" "$binary" "$tol" 4 $common -b 4 -z 2048 -v 5 $extra
 done
 
 # --- Resume on two GPUs: 20 straight steps against 10, a resume (-y 1) and 10 more give the same
@@ -229,14 +244,17 @@ lost_rank_test() {
   check lost_rank_stopped lost_rank STOP
 }
 
+# Whether the GPU has FP8 products (compute capability 8.9+).
+fp8_gpu() {
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | awk '{ exit !($1 >= 8.9) }'
+}
+
 # Delayed FP8 scaling on two ranks: the step's amaxes are reduced over the ranks (ncclMax) before
 # they enter the history, so the runs are deterministic, track BF16, and resume bit for bit
 # (each rank's state file holds the reduced history).
 fp8_delayed_test() {
-  local cap
-  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1)
-  if ! awk -v c="$cap" 'BEGIN { exit !(c >= 8.9) }'; then
-    echo "skip fp8_delayed_test: compute capability $cap, FP8 needs 8.9+"
+  if ! fp8_gpu; then
+    echo "skip fp8_delayed_test: FP8 needs compute capability 8.9+"
     return
   fi
   source dev/test/compare_runs.sh
@@ -250,32 +268,50 @@ fp8_delayed_test() {
     $mpi ./train_gpt2cu $common -b 4 -v 10 -m 4 -sh 1 -fp8 2
 }
 
+# ranks_sequence NAME VAL_BATCHES ARGS...: the checks NAME_* of a recipe or data order on two ranks
+# (train_gpt2cu, ARGS without -x and -m): ranks_equivalence within the BF16 rank tolerance 2e-2;
+# two 2-rank runs bit for bit (same_steps: losses, norms, parameter checksum); 20 straight steps on
+# 2 ranks against 10, a resume and 10 more, bit for bit (resume_equivalence); a checkpoint of step
+# 5 of 2 ranks resumed on 1 and one of 1 rank resumed on 2, whose losses from step 5 on stay within
+# the tolerance of the run that never stopped on that process count (1 rank sums the micro
+# batches' gradients in another order than 2 ranks do).
+ranks_sequence() {
+  local name=$1 m=$2 tol=2e-2
+  shift 2
+  source dev/test/compare_runs.sh
+  ranks_equivalence "$name" train_gpt2cu $tol "$m" "$@"
+  check "${name}_two_ranks_again" $mpi ./train_gpt2cu "$@" -x 10 -m "$m"
+  check "${name}_deterministic" same_steps "$out/${name}_two_ranks.log" "$out/${name}_two_ranks_again.log"
+  resume_equivalence check "${name}_resume_two_ranks" "$out/resume_$name" 2 $mpi ./train_gpt2cu "$@" -m "$m"
+  local dir=$out/${name}_reshard
+  rm -rf "$dir"
+  check "${name}_reshard_two_halt" $mpi ./train_gpt2cu "$@" -x 10 -m "$m" -n 5 -o "$dir/two" -halt 5
+  check "${name}_reshard_on_one" ./train_gpt2cu "$@" -x 10 -m $((2 * m)) -n 5 -o "$dir/two" -y 1
+  check "${name}_reshard_2_to_1_close" losses_close_from "$out/${name}_one_rank.log" \
+    "$out/${name}_reshard_on_one.log" 5 $tol
+  check "${name}_reshard_one_halt" ./train_gpt2cu "$@" -x 10 -m $((2 * m)) -n 5 -o "$dir/one" -halt 5
+  check "${name}_reshard_on_two" $mpi ./train_gpt2cu "$@" -x 10 -m "$m" -n 5 -o "$dir/one" -y 1
+  check "${name}_reshard_1_to_2_close" losses_close_from "$out/${name}_two_ranks.log" \
+    "$out/${name}_reshard_on_two.log" 5 $tol
+  rm -f "$dir"/*/*.bin  # compared: the logs stay; a d12 run's checkpoints take gigabytes
+}
+
 # The modern recipe on two ranks (its default -zs 0: every rank holds the averaged gradient and
 # the momentum, orthogonalises its share of the matrices with Muon and broadcasts it): against one
 # rank with two accumulation steps within the BF16 rank tolerance, two runs bit for bit (the
 # shares are fixed by the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on
-# 1 and one of 1 rank on 2 against the runs that never stopped. Then ZeRO-1 (-zs 1: each rank
+# 1 and one of 1 rank on 2 against the runs that never stopped (ranks_sequence). Then ZeRO-1 (-zs 1: each rank
 # steps its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
 # shard): the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not
 # compared), two runs bit for bit, a resume bit for bit, and a -zs 1 checkpoint resumed with -zs
 # 0, bit for bit against the -zs 0 run, and on 1 rank, within the rank tolerance.
 modern_recipe_test() {
   source dev/test/compare_runs.sh
-  local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -m 4 -z 2048"
-  check modern_one_rank ./train_gpt2cu $args -x 10
-  check modern_two_ranks $mpi ./train_gpt2cu $args -x 10
-  check modern_equivalent losses_close "$out/modern_one_rank.log" "$out/modern_two_ranks.log" 2e-2
-  check modern_two_ranks_again $mpi ./train_gpt2cu $args -x 10
-  check modern_two_ranks_deterministic same_steps "$out/modern_two_ranks.log" "$out/modern_two_ranks_again.log"
-  resume_equivalence check modern_resume_two_ranks "$out/resume_modern" 2 $mpi ./train_gpt2cu $args
-  local dir=$out/modern_reshard
+  local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048"
+  ranks_sequence modern 4 $args
+  args="$args -m 4"
+  local dir=$out/modern_zero
   rm -rf "$dir"
-  check modern_reshard_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/two" -halt 5
-  check modern_reshard_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir/two" -y 1
-  check modern_reshard_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_reshard_on_one.log" 5 2e-2
-  check modern_reshard_one_halt ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -halt 5
-  check modern_reshard_on_two $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir/one" -y 1
-  check modern_reshard_1_to_2_close losses_close_from "$out/modern_two_ranks.log" "$out/modern_reshard_on_two.log" 5 2e-2
   check modern_zs1 $mpi ./train_gpt2cu $args -x 10 -zs 1
   check modern_zs1_same_as_zs0 same_steps "$out/modern_two_ranks.log" "$out/modern_zs1.log" no-norm
   check modern_zs1_again $mpi ./train_gpt2cu $args -x 10 -zs 1
@@ -286,30 +322,52 @@ modern_recipe_test() {
   check modern_zs1_resumed_zs0 $mpi ./train_gpt2cu $args -x 10 -n 5 -zs 0 -o "$dir/zs1" -y 1
   check modern_zs1_to_zs0_said_so grep -q "resharded: the checkpoint of 2 processes with ZeRO stage 1 resumes on 2 with stage 0" "$out/modern_zs1_resumed_zs0.log"
   check modern_zs1_to_zs0_same losses_close_from "$out/modern_two_ranks.log" "$out/modern_zs1_resumed_zs0.log" 5 0
-  check modern_zs1_resumed_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir/zs1_for_one" -y 1
+  check modern_zs1_resumed_on_one ./train_gpt2cu $args -x 10 -n 5 -m 8 -o "$dir/zs1_for_one" -y 1
   check modern_zs1_2_to_1_close losses_close_from "$out/modern_one_rank.log" "$out/modern_zs1_resumed_on_one.log" 5 2e-2
+  rm -f "$dir"/*/*.bin
 }
 
 # Packed documents with the window's schedule: a step's sequences come from one stream, micro batch
 # m giving rank r its sequences (m * ranks + r) * B.. (dev/SPEC.md "Document-aligned order"), so two
-# ranks with one micro batch read the sequences one rank reads with two: losses within the BF16
-# rank tolerance. Two 2-rank runs bit for bit; a resume bit for bit (each rank's loader state and
-# the schedule's window from the resumed step); a 2-rank checkpoint resumed on 1 rank, within the
-# tolerance of the 1-rank run.
+# ranks with one micro batch read the sequences one rank reads with two: ranks_sequence (losses
+# within the BF16 rank tolerance; two 2-rank runs bit for bit; a resume bit for bit, each rank's
+# loader state and the schedule's window from the resumed step; a 2-rank checkpoint resumed on 1
+# rank and a 1-rank one on 2, within the tolerance of the runs that never stopped).
 packed_documents_test() {
-  source dev/test/compare_runs.sh
-  local args="$common -pd 1 -aw -1 -b 4 -v 5 -m 4 -z 2048"
-  check packed_one_rank ./train_gpt2cu $args -x 10
-  check packed_two_ranks $mpi ./train_gpt2cu $args -x 10
-  check packed_equivalent losses_close "$out/packed_one_rank.log" "$out/packed_two_ranks.log" 2e-2
-  check packed_two_ranks_again $mpi ./train_gpt2cu $args -x 10
-  check packed_deterministic same_steps "$out/packed_two_ranks.log" "$out/packed_two_ranks_again.log"
-  resume_equivalence check packed_resume_two_ranks "$out/resume_packed" 2 $mpi ./train_gpt2cu $args
-  local dir=$out/packed_reshard
-  rm -rf "$dir"
-  check packed_two_halt $mpi ./train_gpt2cu $args -x 10 -n 5 -o "$dir" -halt 5
-  check packed_on_one ./train_gpt2cu $args -x 10 -n 5 -o "$dir" -y 1
-  check packed_2_to_1_close losses_close_from "$out/packed_one_rank.log" "$out/packed_on_one.log" 5 2e-2
+  ranks_sequence packed 4 $common -pd 1 -aw -1 -b 4 -v 5 -z 2048
+}
+
+# The speedrun recipe (record #28: packed documents in the window's schedule, Muon and Adam, value
+# embeddings, U-net skips, gated heads, and where the GPU has FP8 products the head's training
+# products in FP8 with fixed scales, -fh 1) in the reference's layout, each process its own
+# sequence (-b 1): a step's 4 sequences of 256 tokens are 4 micro batches on 1 rank or 2 on each of
+# 2 (micro batch m gives rank r the step's sequence 2m + r: dev/SPEC.md "Document-aligned order");
+# validation on sequences of -vt 512.
+# Adam's rates are 1% of the recipe's (-l 0.01), Muon's the recipe's (0.05). At the recipe's own,
+# the losses of steps of 1,024 tokens jump by up to 1.0 from one step to the next
+# (scripts/run_tests.sh gpu_determinism), too chaotic for a rank tolerance. At $common's -l 1e-4
+# the zero-initialised head moves by 8e-7 a step, under half of E4M3's smallest step at its fixed
+# scale 2^-9 (2^-18 = 3.8e-6): its FP8 copy would stay zero for the first steps and pass no gradient
+# to the blocks. At 1% the first step moves it by 8e-5, 0.04 in E4M3's units, a normal number.
+# ranks_sequence's checks, with the bound of the other Muon tests (2e-2: each rank rounds its own
+# gradient to BF16 before the average, and Muon orthogonalises in BF16). The FP8 head's casts see
+# the same values on 1 and 2 ranks up to a power of two (the summed loss's gradient times the process
+# count, which the ranks' average divides again), which moves no rounding of a normal E5M2 number.
+# The FP32 build (-f 0; no FP8 head there): 1 rank against 2 within 2e-3. Its gradients differ
+# only in their last bits (1 rank adds its 4 micro batches in turn, 2 ranks 2 each and then the
+# all-reduce), but Muon's Newton-Schulz runs in BF16 in every build, so the inputs whose rounding
+# those bits flip give other updates: a tenth of BF16's bound, not GPT-2's 1e-5. Then -zs 1 gives
+# the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not compared), and
+# the startup table shows the FP8 head where the GPU has FP8 products.
+speedrun_test() {
+  local args="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01"
+  ranks_sequence speedrun 4 $args
+  ranks_equivalence speedrun_fp32 train_gpt2fp32cu 2e-3 4 $args -f 0
+  check speedrun_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -zs 1
+  check speedrun_zs1_same_as_zs0 same_steps "$out/speedrun_two_ranks.log" "$out/speedrun_zs1.log" no-norm
+  if fp8_gpu; then
+    check speedrun_fp8_head_on grep -aE "^\| head +\| FP8 in training" "$out/speedrun_two_ranks.log"
+  fi
 }
 
 # GPT-2 with Muon (-opt muon, -zs 0) on two ranks against one rank with two accumulation steps,
@@ -337,6 +395,7 @@ gpt2_muon_test() {
 
 modern_recipe_test
 packed_documents_test
+speedrun_test
 gpt2_muon_test
 overlap_test
 zero_test
