@@ -9132,8 +9132,7 @@ void resolve_fp8_head(TrainArgs& a) {
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
                         const std::string& checkpoints) {
-  cudaDeviceProp prop;
-  cudaCheck(cudaGetDeviceProperties(&prop, mg.local_rank));
+  const cudaDeviceProp prop = current_gpu();  // multi_gpu_init set the rank's GPU
   llmc::StartupTable table;
   TrainArgs shown = a;  // the flags' table points at the settings it shows
   table.flag_rows(train_flags(shown));
