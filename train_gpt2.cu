@@ -340,6 +340,50 @@ bool copy_pageable(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
   return true;
 }
 
+// A pinned host buffer a stream copies to the GPU from, without the host waiting for the stream's
+// other work: a copy from pageable memory may wait for all of it (the driver stages it in order),
+// one from pinned memory is only queued. The host writes the buffer (upload_staging_host) once the
+// stream has read the last upload from it (its event), not before. The training passes upload
+// their inputs, targets, encoder plan and the mask's metadata through these, so the host prepares
+// the next micro step while the GPU still runs this one.
+struct UploadStaging {
+  void* host = nullptr;
+  size_t capacity = 0;  // bytes
+  cudaEvent_t read = nullptr;  // the last upload's copy
+};
+
+void upload_staging_free(UploadStaging& s) {
+  if (s.read) {
+    cudaCheck(cudaEventSynchronize(s.read));
+    cudaCheck(cudaEventDestroy(s.read));
+  }
+  if (s.host) cudaCheck(cudaFreeHost(s.host));
+  s = UploadStaging();
+}
+
+// At least `bytes` of buffer, in place of a smaller one (whose last upload is waited for).
+void upload_staging_allocate(UploadStaging& s, size_t bytes) {
+  if (bytes <= s.capacity) return;
+  upload_staging_free(s);
+  cudaCheck(cudaMallocHost(&s.host, bytes));
+  cudaCheck(cudaEventCreateWithFlags(&s.read, cudaEventDisableTiming));
+  s.capacity = bytes;
+}
+
+// The buffer, for the host to write the next upload into, once the last one has been read.
+template <class T>
+T* upload_staging_host(UploadStaging& s) {
+  cudaCheck(cudaEventSynchronize(s.read));
+  return (T*)s.host;
+}
+
+// Queues the copy of the buffer's first `bytes` to `device` on `stream`.
+void upload_staging_copy(UploadStaging& s, void* device, size_t bytes, cudaStream_t stream) {
+  REQUIRE(bytes <= s.capacity, "an upload of %zu bytes from a staging buffer of %zu", bytes, s.capacity);
+  cudaCheck(cudaMemcpyAsync(device, s.host, bytes, cudaMemcpyHostToDevice, stream));
+  cudaCheck(cudaEventRecord(s.read, stream));
+}
+
 __host__ __device__ inline int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
 // 16 bytes of T, loaded and stored with one instruction.
@@ -654,60 +698,51 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const int4* buckets, i
   store128(dwte + row, w);
 }
 
-// The CPU half of the wte backward: groups the positions of each token into buckets.
-struct EncoderBackwardPlan {
-  std::vector<int4> buckets;
-  std::vector<int> positions;
-};
+// The CPU half of the wte backward: groups the positions of each token into buckets, written to
+// positions [BT] and buckets [BT * encoder_plan_groups(C)]; returns the number of buckets.
+int encoder_plan_groups(int C) { return ceil_div(C, WARP_SIZE * x128::size); }
 
-void encoder_backward_plan(EncoderBackwardPlan* plan, const int* inputs, int BT, int C) {
-  const int groups = ceil_div(C, WARP_SIZE * x128::size);
-  std::vector<int> order(BT);
-  for (int i = 0; i < BT; i++) order[i] = i;
+int encoder_backward_plan(int4* buckets, int* positions, const int* inputs, int BT, int C) {
+  const int groups = encoder_plan_groups(C);
+  for (int i = 0; i < BT; i++) positions[i] = i;
   // Positions grouped by token id, increasing position within a token: a fixed summation order.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return inputs[a] < inputs[b]; });
-  plan->positions = order;
-  plan->buckets.clear();
+  std::stable_sort(positions, positions + BT, [&](int a, int b) { return inputs[a] < inputs[b]; });
+  int num_buckets = 0;
   for (int start = 0; start < BT;) {
     int end = start;
-    while (end < BT && inputs[order[end]] == inputs[order[start]]) end++;
+    while (end < BT && inputs[positions[end]] == inputs[positions[start]]) end++;
     for (int g = 0; g < groups; g++) {
-      plan->buckets.push_back(make_int4(start, end - start, inputs[order[start]], g));
+      buckets[num_buckets++] = make_int4(start, end - start, inputs[positions[start]], g);
     }
     start = end;
   }
-  std::stable_sort(plan->buckets.begin(), plan->buckets.end(),
-                   [](const int4& a, const int4& b) { return a.y > b.y; });
+  std::stable_sort(buckets, buckets + num_buckets, [](const int4& a, const int4& b) { return a.y > b.y; });
+  return num_buckets;
 }
 
-// Device buffers for the plan, sized for B*T positions.
-struct EncoderBackwardBuffers {
+// A plan (encoder_backward_plan) of `tokens` positions on the GPU.
+struct EncoderBackwardPlan {
   int4* buckets = nullptr;
   int* positions = nullptr;
+  int num_buckets = 0;
+  int tokens = 0;
 };
 
-void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& plan,
-                      EncoderBackwardBuffers& buffers, const floatX* dout, int B, int T, int C,
-                      uint32_t seed, cudaStream_t stream) {
+// Queues the backward of B x T positions through `plan` (of those B*T positions); waits for nothing.
+void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& plan, const floatX* dout, int B,
+                      int T, int C, uint32_t seed, cudaStream_t stream) {
   REQUIRE(C % x128::size == 0, "encoder_backward: C=%d must be a multiple of %d", C, x128::size);
+  REQUIRE(plan.tokens == B * T, "encoder_backward: a plan of %d positions for B*T=%d", plan.tokens, B * T);
   const int threads = 256;
   if (dwpe) {
     encoder_backward_wpe_kernel<<<ceil_div(T * C / x128::size, threads), threads, 0, stream>>>(
         dwpe, dout, B, T, C, seed);
     cudaCheckLaunch();
   }
-  const int num_buckets = (int)plan.buckets.size();
-  cudaCheck(cudaMemcpyAsync(buffers.buckets, plan.buckets.data(), num_buckets * sizeof(int4),
-                            cudaMemcpyHostToDevice, stream));
-  cudaCheck(cudaMemcpyAsync(buffers.positions, plan.positions.data(), B * T * sizeof(int),
-                            cudaMemcpyHostToDevice, stream));
   const int warps_per_block = threads / WARP_SIZE;
-  encoder_backward_wte_kernel<<<ceil_div(num_buckets, warps_per_block), threads, 0, stream>>>(
-      dwte, buffers.buckets, num_buckets, buffers.positions, dout, C, seed ^ 0x5bd1e995u);
+  encoder_backward_wte_kernel<<<ceil_div(plan.num_buckets, warps_per_block), threads, 0, stream>>>(
+      dwte, plan.buckets, plan.num_buckets, plan.positions, dout, C, seed ^ 0x5bd1e995u);
   cudaCheckLaunch();
-  // The plan's host memory is reused next step: wait until the copies have read it.
-  cudaCheck(cudaStreamSynchronize(stream));
 }
 
 // ============================================================================
@@ -2311,24 +2346,21 @@ void value_mix_forward(floatX* qkv, floatX* v_pre, const floatX* ve, const int* 
 // dqkv [N, 3C]: its v part, dv (the gradient of the mixed v), becomes scales[0] dv, the gradient of
 // v_pre, in place; dscales[0] += sum(dv * v_pre). With ve: dscales[1] += sum(dv * ve[tokens]), and
 // dve[token] += the sum of scales[1] dv over the token's rows, from scratch [N, C] (overwritten)
-// through encoder_backward with plan (encoder_backward_plan of these N tokens and C) and buffers;
-// that waits for the stream (see encoder_backward). Scalar sums and dve with stochastic rounding
-// (seed). partials: kRowBlocks * 2 floats. Without ve, dve, scratch, plan and buffers are unused.
+// through encoder_backward with plan (of these N tokens, on the GPU). Scalar sums and dve with
+// stochastic rounding (seed). partials: kRowBlocks * 2 floats. Without ve, dve, scratch and plan
+// are unused.
 void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scratch, float* partials,
                         const floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
-                        const EncoderBackwardPlan* plan, EncoderBackwardBuffers* buffers, int N, int C,
-                        uint32_t seed, cudaStream_t stream) {
+                        const EncoderBackwardPlan* plan, int N, int C, uint32_t seed, cudaStream_t stream) {
   const char* name = "value_mix_backward";
   value_mix_check(name, N, C);
-  REQUIRE(!ve || (dve && scratch && tokens && plan && buffers),
-          "%s: a value embedding needs dve, the scratch, the tokens, the encoder's plan and buffers", name);
-  REQUIRE(!ve || plan->positions.size() == (size_t)N, "%s: the encoder's plan holds %zu positions, not N=%d",
-          name, plan->positions.size(), N);
+  REQUIRE(!ve || (dve && scratch && tokens && plan),
+          "%s: a value embedding needs dve, the scratch, the tokens and the encoder's plan", name);
   value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
                                                                          tokens, scales, N, C);
   cudaCheckLaunch();
   column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
-  if (ve) encoder_backward(dve, nullptr, *plan, *buffers, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
+  if (ve) encoder_backward(dve, nullptr, *plan, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
 }
 
 // ---- The speedrun's attention gate (SPEC "The speedrun architecture") ----
@@ -6284,10 +6316,11 @@ struct Activations {
   float* norm_partials = nullptr;    // kNormBlocks + 1 (the last is the result)
   int* inputs = nullptr;
   int* targets = nullptr;
-  float* losses_host = nullptr;      // pinned, B*T
-  std::vector<int> inputs_host;      // the last forward's inputs, for the encoder backward plan
-  EncoderBackwardPlan encoder_plan;
-  EncoderBackwardBuffers encoder_buffers;
+  float* losses_host = nullptr;      // pinned, B*T: gpt2_classifier's
+  // The host halves of the uploads (section 1): the last forward's inputs (the backward's encoder
+  // plan is made of them), the targets, and the plan's buckets and positions.
+  UploadStaging inputs_staging, targets_staging, plan_buckets_staging, plan_positions_staging;
+  EncoderBackwardPlan encoder_plan;  // the last backward's, on the GPU
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -6362,21 +6395,17 @@ struct DocumentAttention {
   int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
   llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
   int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
-  llmc::AttentionBlockSpan* spans_host = nullptr;  // pinned
-  int* document_ids_host = nullptr;                // pinned
-  cudaEvent_t metadata_copied = nullptr;           // the last copies out of the pinned buffers
-  size_t capacity = 0;                             // the tokens the buffers hold
+  UploadStaging spans_staging, document_ids_staging;  // their host halves (section 1)
+  size_t capacity = 0;                                // the tokens the buffers hold
 };
 
 void document_buffers_free(DocumentAttention& d) {
   device_free(d.spans);
   device_free(d.document_ids);
-  if (d.spans_host) cudaCheck(cudaFreeHost(d.spans_host));
-  if (d.document_ids_host) cudaCheck(cudaFreeHost(d.document_ids_host));
+  upload_staging_free(d.spans_staging);
+  upload_staging_free(d.document_ids_staging);
   d.spans = nullptr;
   d.document_ids = nullptr;
-  d.spans_host = nullptr;
-  d.document_ids_host = nullptr;
   d.capacity = 0;
 }
 
@@ -6545,26 +6574,26 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
-  const int groups = ceil_div(C, WARP_SIZE * x128::size);
-  m.encoder_buffers.buckets = device_alloc<int4>(BT * groups, "the encoder backward plan");
-  m.encoder_buffers.positions = device_alloc<int>(BT, "the encoder backward plan");
+  const size_t buckets = BT * encoder_plan_groups((int)C);
+  m.encoder_plan.buckets = device_alloc<int4>(buckets, "the encoder backward plan");
+  m.encoder_plan.positions = device_alloc<int>(BT, "the encoder backward plan");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
-  m.inputs_host.resize(BT);
+  upload_staging_allocate(m.inputs_staging, BT * sizeof(int));
+  upload_staging_allocate(m.targets_staging, BT * sizeof(int));
+  upload_staging_allocate(m.plan_buckets_staging, buckets * sizeof(int4));
+  upload_staging_allocate(m.plan_positions_staging, BT * sizeof(int));
 }
 
 // The mask's metadata of `tokens` tokens, on the GPU and pinned on the host, in place of any
 // smaller buffers (whose last copies are waited for).
 void document_buffers_allocate(DocumentAttention& d, size_t tokens) {
   if (tokens <= d.capacity) return;
-  if (d.capacity > 0) {
-    cudaCheck(cudaEventSynchronize(d.metadata_copied));
-    document_buffers_free(d);
-  }
+  document_buffers_free(d);
   const size_t spans = tokens / llmc::kAttentionBlock;
   d.spans = device_alloc<llmc::AttentionBlockSpan>(spans, "the document spans");
   d.document_ids = device_alloc<int>(tokens, "the document ids");
-  cudaCheck(cudaMallocHost(&d.spans_host, spans * sizeof(llmc::AttentionBlockSpan)));
-  cudaCheck(cudaMallocHost(&d.document_ids_host, tokens * sizeof(int)));
+  upload_staging_allocate(d.spans_staging, spans * sizeof(llmc::AttentionBlockSpan));
+  upload_staging_allocate(d.document_ids_staging, tokens * sizeof(int));
   d.capacity = tokens;
 }
 
@@ -6577,7 +6606,6 @@ void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
           "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
-  cudaCheck(cudaEventCreateWithFlags(&m.metadata_copied, cudaEventDisableTiming));
   document_buffers_allocate(m, (size_t)B * T);
 }
 
@@ -6702,10 +6730,13 @@ void activations_free(Activations& a) {
   for (void* p : {(void*)a.act_memory, (void*)a.scratch_btc, (void*)a.scratch_bt4c, (void*)a.dresidual,
                   (void*)a.scratch_att, (void*)a.scratch_dqkvr, (void*)a.attention_dot, (void*)a.attention_ds,
                   (void*)a.partials, (void*)a.norm_partials, (void*)a.dx0, (void*)a.dkept, (void*)a.inputs,
-                  (void*)a.targets, (void*)a.encoder_buffers.buckets, (void*)a.encoder_buffers.positions}) {
+                  (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
+  for (UploadStaging* s : {&a.inputs_staging, &a.targets_staging, &a.plan_buckets_staging, &a.plan_positions_staging}) {
+    upload_staging_free(*s);
+  }
 }
 
 // Validation over B x T tokens. At the training passes' B x T it runs in their activations; else in
@@ -6736,7 +6767,8 @@ void gpt2_allocate_validation(GPT2& m, int B, int T) {
     a.inputs = device_alloc<int>(BT, "validation's inputs");
     a.targets = device_alloc<int>(BT, "validation's targets");
     cudaCheck(cudaMallocHost(&a.losses_host, BT * sizeof(float)));
-    a.inputs_host.resize(BT);
+    upload_staging_allocate(a.inputs_staging, BT * sizeof(int));
+    upload_staging_allocate(a.targets_staging, BT * sizeof(int));
     if (m.documents) document_buffers_allocate(m, BT);
   });
 }
@@ -6762,7 +6794,6 @@ void gpt2_free(GPT2& m) {
   activations_free(m);
   activations_free(m.forward_only);
   document_buffers_free(m);
-  if (m.metadata_copied) cudaCheck(cudaEventDestroy(m.metadata_copied));
   device_free(m.muon_pointers);
   if (m.muon_workspace.capacity > 0) muon_workspace_free(m.muon_workspace);
   m = GPT2();
@@ -7020,7 +7051,7 @@ void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed
     dembedded = m.scratch_btc;
   }
   encoder_backward(m.wte_grad_encoder, m.arch().learned_positions ? m.grad(llmc::kWpe) : nullptr,
-                   m.encoder_plan, m.encoder_buffers, dembedded, B, T, C, seed_encoder, m.stream);
+                   m.encoder_plan, dembedded, B, T, C, seed_encoder, m.stream);
 }
 
 // Where a layer's qkv product goes: the attention's input (flash: kept as it is; otherwise
@@ -7332,8 +7363,8 @@ void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   const size_t table = (size_t)k * m.config.padded_vocab_size * C;
   value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), k >= 0 ? m.grad(llmc::kVe) + table : nullptr,
                      m.scratch_btc, m.partials, m.act(kVPre, l), k >= 0 ? m.param(llmc::kVe) + table : nullptr,
-                     m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, &m.encoder_buffers, N, C,
-                     seeds.next(), m.stream);
+                     m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, N, C, seeds.next(),
+                     m.stream);
 }
 
 // From dresidual, the gradient of block l's mixed input (x0_lambdas), to that of its input, in
@@ -7441,17 +7472,15 @@ void documents_upload(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: a "
           "forward of T = %d", llmc::kAttentionBlock, T);
   const int blocks = T / llmc::kAttentionBlock;
-  cudaCheck(cudaEventSynchronize(m.metadata_copied));
+  llmc::AttentionBlockSpan* spans = upload_staging_host<llmc::AttentionBlockSpan>(m.spans_staging);
+  int* document_ids = upload_staging_host<int>(m.document_ids_staging);
   for (int b = 0; b < B; b++) {
     const int* row = inputs + (size_t)b * T;
-    llmc::attention_block_spans(row, T, llmc::kDocumentStartToken, m.spans_host + (size_t)b * blocks);
-    llmc::document_ids(row, T, llmc::kDocumentStartToken, m.document_ids_host + (size_t)b * T);
+    llmc::attention_block_spans(row, T, llmc::kDocumentStartToken, spans + (size_t)b * blocks);
+    llmc::document_ids(row, T, llmc::kDocumentStartToken, document_ids + (size_t)b * T);
   }
-  cudaCheck(cudaMemcpyAsync(m.spans, m.spans_host, (size_t)B * blocks * sizeof(llmc::AttentionBlockSpan),
-                            cudaMemcpyHostToDevice, m.stream));
-  cudaCheck(cudaMemcpyAsync(m.document_ids, m.document_ids_host, (size_t)B * T * sizeof(int),
-                            cudaMemcpyHostToDevice, m.stream));
-  cudaCheck(cudaEventRecord(m.metadata_copied, m.stream));
+  upload_staging_copy(m.spans_staging, m.spans, (size_t)B * blocks * sizeof(llmc::AttentionBlockSpan), m.stream);
+  upload_staging_copy(m.document_ids_staging, m.document_ids, (size_t)B * T * sizeof(int), m.stream);
 }
 
 // What a forward pass is for: training, a backward pass follows (-fh 1: the head's products in
@@ -7464,8 +7493,8 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
           B, T, m.B, m.T);
   const int N = B * T;
-  std::copy(inputs, inputs + N, m.inputs_host.begin());
-  cudaCheck(cudaMemcpyAsync(m.inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
+  std::copy(inputs, inputs + N, upload_staging_host<int>(m.inputs_staging));
+  upload_staging_copy(m.inputs_staging, m.inputs, N * sizeof(int), m.stream);
   if (m.documents) documents_upload(m, inputs, B, T);
   if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
@@ -7493,17 +7522,28 @@ void classifier_rows(GPT2& m, int first, int n, float dloss) {
 }
 
 void targets_upload(GPT2& m, const int* targets, int N) {
-  cudaCheck(cudaMemcpyAsync(m.targets, targets, N * sizeof(int), cudaMemcpyHostToDevice, m.stream));
+  std::copy(targets, targets + N, upload_staging_host<int>(m.targets_staging));
+  upload_staging_copy(m.targets_staging, m.targets, N * sizeof(int), m.stream);
 }
 
-// The mean of the N losses classifier_rows wrote, summed in a fixed order on the host.
-float losses_mean(GPT2& m, int N) {
-  cudaCheck(cudaMemcpyAsync(m.losses_host, m.act_f(kLosses), N * sizeof(float), cudaMemcpyDeviceToHost,
-                            m.stream));
-  cudaCheck(cudaStreamSynchronize(m.stream));
+// Queues the copy of the N losses classifier_rows wrote into host (pinned: the copy waits for
+// nothing).
+void losses_download(GPT2& m, float* host, int N) {
+  cudaCheck(cudaMemcpyAsync(host, m.act_f(kLosses), N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+}
+
+// The mean of N losses on the host, summed in a fixed order.
+float losses_host_mean(const float* losses, int N) {
   double sum = 0.0;
-  for (int i = 0; i < N; i++) sum += m.losses_host[i];
+  for (int i = 0; i < N; i++) sum += losses[i];
   return (float)(sum / N);
+}
+
+// The mean of the N losses classifier_rows wrote.
+float losses_mean(GPT2& m, int N) {
+  losses_download(m, m.losses_host, N);
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  return losses_host_mean(m.losses_host, N);
 }
 
 // Losses of the last forward against `targets`; returns their mean. With dloss != 0 the logits
@@ -7533,6 +7573,19 @@ float gpt2_forward_loss(GPT2& m, const int* inputs, const int* targets, int B, i
   return losses_mean(m, N);
 }
 
+// The encoder backward's plan of the last forward's N inputs, made on the host while the GPU runs
+// that forward, and queued for upload.
+void encoder_plan_upload(GPT2& m, int N) {
+  const int* inputs = (const int*)m.inputs_staging.host;  // the last forward's (gpt2_forward_blocks)
+  int4* buckets = upload_staging_host<int4>(m.plan_buckets_staging);
+  int* positions = upload_staging_host<int>(m.plan_positions_staging);
+  m.encoder_plan.num_buckets = encoder_backward_plan(buckets, positions, inputs, N, m.config.channels);
+  m.encoder_plan.tokens = N;
+  upload_staging_copy(m.plan_buckets_staging, m.encoder_plan.buckets, m.encoder_plan.num_buckets * sizeof(int4),
+                      m.stream);
+  upload_staging_copy(m.plan_positions_staging, m.encoder_plan.positions, N * sizeof(int), m.stream);
+}
+
 void gpt2_zero_grad(GPT2& m) {
   cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params_padded * sizeof(floatX), m.stream));
   cudaCheck(cudaMemsetAsync(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX),
@@ -7550,7 +7603,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   const int L = m.config.num_layers, N = B * T, C = m.config.channels;
   const size_t NC = (size_t)N * C;
   KernelSeeds seeds = {m.rng.u32()};
-  encoder_backward_plan(&m.encoder_plan, m.inputs_host.data(), N, C);
+  encoder_plan_upload(m, N);
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   if (m.arch().x0_lambdas) {
     cudaCheck(cudaMemsetAsync(m.dx0, 0, NC * sizeof(floatX), m.stream));
@@ -9377,6 +9430,10 @@ struct TrainRun {
   llmc::Rng sample_rng{0};
   llmc::OutlierDetector loss_outliers, norm_outliers;
   std::vector<int> inputs, targets;
+  // Each micro step's B*T losses, pinned ([micro step][B*T]); read once the step's last copy
+  // (losses_copied) is done, so the host waits for the GPU once a step, not each micro step.
+  float* micro_losses = nullptr;
+  cudaEvent_t losses_copied = nullptr;
   std::function<void(int)> grads_final;
   MuonSpread muon_spread;
   Checkpointer checkpoints;
@@ -9491,6 +9548,8 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   }
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));
+  cudaCheck(cudaEventCreateWithFlags(&r.losses_copied, cudaEventDisableTiming));
+  cudaCheck(cudaMallocHost(&r.micro_losses, (size_t)r.accum_steps * a.B * a.T * sizeof(float)));
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
   r.muon_spread = multi_gpu_muon_spread(r.mg);
   install_stop_handlers();
@@ -9606,15 +9665,23 @@ bool train_step(TrainRun& r, int step) {
   GPT2& m = r.m;
   cudaCheck(cudaEventRecord(r.start, m.stream));
   gpt2_zero_grad(m);
-  double loss_sum = 0.0;
+  const int N = a.B * a.T;
   for (int micro = 0; micro < r.accum_steps; micro++) {
     multi_gpu_progress(r.mg);
     if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
     gpt2_forward(m, r.inputs.data(), a.B, a.T, ForwardPass::kTraining);
-    loss_sum += gpt2_classifier(m, r.targets.data(), a.B, a.T, train_dloss(r));
+    targets_upload(m, r.targets.data(), N);
+    classifier_rows(m, 0, N, train_dloss(r));
+    losses_download(m, r.micro_losses + (size_t)micro * N, N);
+    cudaCheck(cudaEventRecord(r.losses_copied, m.stream));
     gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
   }
   multi_gpu_reduce_grads(r.mg, m);
+  cudaCheck(cudaEventSynchronize(r.losses_copied));  // the GPU is still in the last backward
+  double loss_sum = 0.0;  // each micro step's mean, as gpt2_classifier returns it
+  for (int micro = 0; micro < r.accum_steps; micro++) {
+    loss_sum += losses_host_mean(r.micro_losses + (size_t)micro * N, N);
+  }
   StepResult s;
   s.loss = multi_gpu_average(r.mg, (float)(loss_sum / r.accum_steps), m.stream);
   s.norm = multi_gpu_grad_norm(r.mg, m);
@@ -9780,6 +9847,8 @@ int train_main(int argc, char** argv) {
     checkpoint_teardown(r.checkpoints, r.m);
     cudaCheck(cudaEventDestroy(r.start));
     cudaCheck(cudaEventDestroy(r.end));
+    cudaCheck(cudaEventDestroy(r.losses_copied));
+    cudaCheck(cudaFreeHost(r.micro_losses));
   }
   gpt2_free(m);
   matmul_teardown();

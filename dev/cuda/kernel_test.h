@@ -158,6 +158,23 @@ class DeviceArray {
   T* ptr_;
 };
 
+// The encoder backward's plan (encoder_backward_plan) of host `tokens`, for C channels, on the GPU.
+struct DeviceEncoderPlan {
+  DeviceEncoderPlan(const std::vector<int>& tokens, int C)
+      : buckets(tokens.size() * encoder_plan_groups(C)), positions(tokens.size()) {
+    const int n = (int)tokens.size();
+    std::vector<int4> host_buckets(buckets.size());
+    std::vector<int> host_positions(n);
+    plan = {buckets, positions, encoder_backward_plan(host_buckets.data(), host_positions.data(), tokens.data(), n, C),
+            n};
+    buckets.upload(host_buckets);
+    positions.upload(host_positions);
+  }
+  DeviceArray<int4> buckets;
+  DeviceArray<int> positions;
+  EncoderBackwardPlan plan;
+};
+
 // Elementwise |got - ref| <= tol * (|ref| + rms(ref)): relative for ordinary elements, relative to
 // the tensor's typical size for elements near zero, whose own relative error cancellation makes
 // meaningless. tol = 0 asks for exact equality. NaN (a poisoned, unwritten element) always fails.

@@ -36,17 +36,12 @@ void test_encoder(const EncoderShape& s, llmc::Rng& rng) {
   const std::vector<float> dwte0 = random_stored(rng, (size_t)V * C, 0.0f, 1.0f);
   const std::vector<float> dwpe0 = random_stored(rng, (size_t)T * C, 0.0f, 1.0f);
   DeviceArray<floatX> d_dout(dout), dwte(dwte0.size()), dwpe(dwpe0.size());
-  const int groups = ceil_div(C, WARP_SIZE * x128::size);
-  DeviceArray<int4> buckets((size_t)BT * groups);
-  DeviceArray<int> positions(BT);
-  EncoderBackwardBuffers buffers{buckets, positions};
-  EncoderBackwardPlan plan;
+  const DeviceEncoderPlan plan(tokens, C);
   const uint32_t seed = rng.u32();
   auto backward = [&] {
     dwte.upload(dwte0);
     dwpe.upload(dwpe0);
-    encoder_backward_plan(&plan, tokens.data(), BT, C);
-    encoder_backward(dwte, dwpe, plan, buffers, d_dout, B, T, C, seed, 0);
+    encoder_backward(dwte, dwpe, plan.plan, d_dout, B, T, C, seed, 0);
   };
   backward();
   std::vector<float> ref_dwte = dwte0, ref_dwpe = dwpe0;

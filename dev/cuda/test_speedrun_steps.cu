@@ -168,12 +168,7 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
 
   DeviceArray<floatX> d_dqkv(n3), dscales(2), dve((size_t)Vp * C), scratch(n);
   DeviceArray<float> partials((size_t)kRowBlocks * 2);
-  const int groups = ceil_div(C, WARP_SIZE * x128::size);
-  DeviceArray<int4> buckets((size_t)N * groups);
-  DeviceArray<int> positions(N);
-  EncoderBackwardBuffers buffers{buckets, positions};
-  EncoderBackwardPlan plan;
-  encoder_backward_plan(&plan, tokens.data(), N, C);
+  const DeviceEncoderPlan plan(tokens, C);
   const uint32_t seed = rng.u32();
   auto backward = [&] {
     d_dqkv.upload(dqkv);
@@ -182,8 +177,7 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
     scratch.poison();
     partials.poison();
     value_mix_backward(d_dqkv, dscales, s.ve ? (floatX*)dve : nullptr, s.ve ? (floatX*)scratch : nullptr, partials,
-                       v_pre, ve_in, d_tokens, d_scales, s.ve ? &plan : nullptr, s.ve ? &buffers : nullptr, N, C,
-                       seed, 0);
+                       v_pre, ve_in, d_tokens, d_scales, s.ve ? &plan.plan : nullptr, N, C, seed, 0);
   };
   backward();
   const std::vector<float> got_d = d_dqkv.download();
