@@ -636,7 +636,9 @@ __device__ void row_block_sums_store(float* partials, const float (&sums)[K]) {
 //    without wpe);
 //  - dwte by buckets: a bucket is (token id, group of channels one warp covers); the CPU plans
 //    the buckets from the inputs (positions in increasing order, buckets sorted largest first so
-//    the long ones start early), each warp sums its bucket in FP32 and writes the row once.
+//    the long ones start early), each warp sums its bucket in FP32 and writes the row once; a
+//    bucket of more than 128 positions takes a block, whose warps sum slices of it in order and
+//    then add the slices' sums in warp order.
 
 __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte,
                                        const floatX* wpe, int B, int T, int C) {
@@ -677,7 +679,27 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
   store128(dwpe + idx, w);
 }
 
-// One warp per bucket. bucket = {first position index, count, token id, channel group}.
+// A bucket is {first position index, count, token id, channel group}; its positions are summed
+// in order. A warp's lanes cover the group's channels [c, c + 8) each.
+__device__ void encoder_bucket_sum(float (&acc)[x128::size], const int* positions, int first, int count,
+                                   const floatX* dout, int C, int c) {
+  // Unrolled so the loads of several positions are in flight at once; the adds keep their order.
+#pragma unroll 4
+  for (int i = first; i < first + count; i++) {
+    const x128 d = load128(dout + (size_t)positions[i] * C + c);
+    for (int k = 0; k < x128::size; k++) acc[k] += (float)d[k];
+  }
+}
+
+__device__ void encoder_row_add(floatX* dwte, const int4& bk, int C, int c, const float (&acc)[x128::size],
+                                uint32_t seed) {
+  const size_t row = (size_t)bk.z * C + c;
+  x128 w = load128(dwte + row);
+  for (int k = 0; k < x128::size; k++) w[k] = round_stochastic((float)w[k] + acc[k], seed, row + k);
+  store128(dwte + row, w);
+}
+
+// One warp per bucket.
 __global__ void encoder_backward_wte_kernel(floatX* dwte, const int4* buckets, int num_buckets,
                                             const int* positions, const floatX* dout, int C,
                                             uint32_t seed) {
@@ -688,18 +710,43 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const int4* buckets, i
   const int c = bk.w * WARP_SIZE * x128::size + lane * x128::size;
   if (c >= C) return;
   float acc[x128::size] = {};
-  for (int i = 0; i < bk.y; i++) {
-    const x128 d = load128(dout + (size_t)positions[bk.x + i] * C + c);
-    for (int k = 0; k < x128::size; k++) acc[k] += (float)d[k];
+  encoder_bucket_sum(acc, positions, bk.x, bk.y, dout, C, c);
+  encoder_row_add(dwte, bk, C, c, acc, seed);
+}
+
+// Buckets of more than kEncoderLongBucket positions (a frequent token, such as indentation in
+// source code: one warp summing thousands of positions in turn took milliseconds, several times a
+// micro step) go to this kernel instead, one block per bucket: warp w sums
+// the w-th of kEncoderLongWarps contiguous slices of the positions in order, and the slices' sums
+// are added in warp order.
+constexpr int kEncoderLongBucket = 128;
+constexpr int kEncoderLongWarps = 16;
+
+__global__ void __launch_bounds__(kEncoderLongWarps * WARP_SIZE)
+    encoder_backward_wte_long_kernel(floatX* dwte, const int4* buckets, const int* positions,
+                                     const floatX* dout, int C, uint32_t seed) {
+  __shared__ float slice_sums[kEncoderLongWarps][WARP_SIZE * x128::size];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int4 bk = buckets[blockIdx.x];
+  const int c = bk.w * WARP_SIZE * x128::size + lane * x128::size;
+  float acc[x128::size] = {};
+  if (c < C) {
+    const int begin = (int)((long)bk.y * warp / kEncoderLongWarps);
+    const int end = (int)((long)bk.y * (warp + 1) / kEncoderLongWarps);
+    encoder_bucket_sum(acc, positions, bk.x + begin, end - begin, dout, C, c);
   }
-  const size_t row = (size_t)bk.z * C + c;
-  x128 w = load128(dwte + row);
-  for (int k = 0; k < x128::size; k++) w[k] = round_stochastic((float)w[k] + acc[k], seed, row + k);
-  store128(dwte + row, w);
+  for (int k = 0; k < x128::size; k++) slice_sums[warp][lane * x128::size + k] = acc[k];
+  __syncthreads();
+  if (warp != 0 || c >= C) return;
+  for (int w = 1; w < kEncoderLongWarps; w++) {
+    for (int k = 0; k < x128::size; k++) acc[k] += slice_sums[w][lane * x128::size + k];
+  }
+  encoder_row_add(dwte, bk, C, c, acc, seed);
 }
 
 // The CPU half of the wte backward: groups the positions of each token into buckets, written to
-// positions [BT] and buckets [BT * encoder_plan_groups(C)]; returns the number of buckets.
+// positions [BT] and buckets [BT * encoder_plan_groups(C)], the largest first; returns the number
+// of buckets.
 int encoder_plan_groups(int C) { return ceil_div(C, WARP_SIZE * x128::size); }
 
 int encoder_backward_plan(int4* buckets, int* positions, const int* inputs, int BT, int C) {
@@ -725,8 +772,17 @@ struct EncoderBackwardPlan {
   int4* buckets = nullptr;
   int* positions = nullptr;
   int num_buckets = 0;
+  int num_long = 0;  // the first num_long buckets hold more than kEncoderLongBucket positions
   int tokens = 0;
 };
+
+// The number of buckets of more than kEncoderLongBucket positions among the first num_buckets of a
+// plan (the largest first).
+int encoder_plan_long_buckets(const int4* buckets, int num_buckets) {
+  int n = 0;
+  while (n < num_buckets && buckets[n].y > kEncoderLongBucket) n++;
+  return n;
+}
 
 // Queues the backward of B x T positions through `plan` (of those B*T positions); waits for nothing.
 void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& plan, const floatX* dout, int B,
@@ -739,10 +795,19 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
         dwpe, dout, B, T, C, seed);
     cudaCheckLaunch();
   }
-  const int warps_per_block = threads / WARP_SIZE;
-  encoder_backward_wte_kernel<<<ceil_div(plan.num_buckets, warps_per_block), threads, 0, stream>>>(
-      dwte, plan.buckets, plan.num_buckets, plan.positions, dout, C, seed ^ 0x5bd1e995u);
-  cudaCheckLaunch();
+  const uint32_t seed_wte = seed ^ 0x5bd1e995u;
+  if (plan.num_long > 0) {
+    encoder_backward_wte_long_kernel<<<plan.num_long, kEncoderLongWarps * WARP_SIZE, 0, stream>>>(
+        dwte, plan.buckets, plan.positions, dout, C, seed_wte);
+    cudaCheckLaunch();
+  }
+  const int short_buckets = plan.num_buckets - plan.num_long;
+  if (short_buckets > 0) {
+    const int warps_per_block = threads / WARP_SIZE;
+    encoder_backward_wte_kernel<<<ceil_div(short_buckets, warps_per_block), threads, 0, stream>>>(
+        dwte, plan.buckets + plan.num_long, short_buckets, plan.positions, dout, C, seed_wte);
+    cudaCheckLaunch();
+  }
 }
 
 // ============================================================================
@@ -7580,6 +7645,7 @@ void encoder_plan_upload(GPT2& m, int N) {
   int4* buckets = upload_staging_host<int4>(m.plan_buckets_staging);
   int* positions = upload_staging_host<int>(m.plan_positions_staging);
   m.encoder_plan.num_buckets = encoder_backward_plan(buckets, positions, inputs, N, m.config.channels);
+  m.encoder_plan.num_long = encoder_plan_long_buckets(buckets, m.encoder_plan.num_buckets);
   m.encoder_plan.tokens = N;
   upload_staging_copy(m.plan_buckets_staging, m.encoder_plan.buckets, m.encoder_plan.num_buckets * sizeof(int4),
                       m.stream);

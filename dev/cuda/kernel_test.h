@@ -165,8 +165,8 @@ struct DeviceEncoderPlan {
     const int n = (int)tokens.size();
     std::vector<int4> host_buckets(buckets.size());
     std::vector<int> host_positions(n);
-    plan = {buckets, positions, encoder_backward_plan(host_buckets.data(), host_positions.data(), tokens.data(), n, C),
-            n};
+    const int num_buckets = encoder_backward_plan(host_buckets.data(), host_positions.data(), tokens.data(), n, C);
+    plan = {buckets, positions, num_buckets, encoder_plan_long_buckets(host_buckets.data(), num_buckets), n};
     buckets.upload(host_buckets);
     positions.upload(host_positions);
   }

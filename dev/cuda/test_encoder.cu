@@ -1,19 +1,25 @@
 // Tests encoder_forward and encoder_backward (with its CPU half, encoder_backward_plan) against
 // cpu::encoder_forward / cpu::encoder_backward: the full GPT-2 vocabulary, the d48 width
 // C=1600 (whose last channel group covers only part of a warp), T not a power of two, batches in
-// which one to three token ids fill every position, gradients accumulated onto random non-zero
+// which one to three token ids fill every position or one id a share of them (the long buckets'
+// kernel beside the short ones'), gradients accumulated onto random non-zero
 // ones, forward outputs poisoned first, and every kernel run twice for identical bits.
 #include "dev/cuda/kernel_test.h"
 
 struct EncoderShape {
   int B, T, C, V;
-  int distinct;  // token ids are drawn from the last `distinct` ids of the vocabulary
+  int distinct;          // token ids are drawn from the last `distinct` ids of the vocabulary
+  int frequent_percent;  // then this share of the positions takes the first of them (long buckets)
 };
 
 void test_encoder(const EncoderShape& s, llmc::Rng& rng) {
   const int B = s.B, T = s.T, C = s.C, V = s.V, BT = B * T;
-  printf("\nencoder B=%d T=%d C=%d V=%d, token ids from the last %d\n", B, T, C, V, s.distinct);
-  const std::vector<int> tokens = random_ints(rng, BT, V - s.distinct, V);
+  printf("\nencoder B=%d T=%d C=%d V=%d, token ids from the last %d, %d%% of them the first\n", B, T, C, V,
+         s.distinct, s.frequent_percent);
+  std::vector<int> tokens = random_ints(rng, BT, V - s.distinct, V);
+  for (int& t : tokens) {
+    if ((int)(rng.u32() % 100) < s.frequent_percent) t = V - s.distinct;
+  }
   const std::vector<float> wte = random_stored(rng, (size_t)V * C, 0.0f, 1.0f);
   const std::vector<float> wpe = random_stored(rng, (size_t)T * C, 0.0f, 1.0f);
   DeviceArray<int> d_tokens(tokens);
@@ -56,9 +62,13 @@ void test_encoder(const EncoderShape& s, llmc::Rng& rng) {
 int main() {
   return run_kernel_tests("test_encoder", [] {
     llmc::Rng rng(1337);
-    test_encoder({4, 64, 768, 50257, 50257}, rng);  // GPT-2 small, every token id possible
-    test_encoder({3, 100, 1600, 1000, 1000}, rng);  // d48 width
-    test_encoder({4, 1000, 768, 5000, 3}, rng);     // three ids, ~1300 positions each
-    test_encoder({2, 777, 64, 50257, 1}, rng);      // one id everywhere; C < one warp's group
+    test_encoder({4, 64, 768, 50257, 50257, 0}, rng);  // GPT-2 small, every token id possible
+    test_encoder({3, 100, 1600, 1000, 1000, 0}, rng);  // d48 width
+    test_encoder({4, 1000, 768, 5000, 3, 0}, rng);     // three ids, ~1300 positions each (long buckets)
+    test_encoder({2, 777, 64, 50257, 1, 0}, rng);      // one id everywhere; C < one warp's group
+    // One id in a share of the positions (a long bucket, as indentation in source code), the rest
+    // in short ones: both kernels in one backward; the d48 width's part-warp group in the long one.
+    test_encoder({1, 8192, 768, 50257, 50257, 10}, rng);
+    test_encoder({3, 100, 1600, 1000, 1000, 50}, rng);
   });
 }
