@@ -149,10 +149,13 @@ int test_main(int argc, char** argv) {
     LLMC_FAIL("usage: %s [[--fp8] CHECKPOINT DEBUG_STATE] (written by train_gpt2.py "
               "--write_debug_state, with --fp8 1 for --fp8)", argv[0]);
   }
-  if (!llmc::file_exists(model_path) || !llmc::file_exists(state_path)) {
-    LLMC_FAIL("%s or %s is missing: make them with python3 train_gpt2.py --model d12 "
-              "--write_debug_state build/ref --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42",
-              model_path.c_str(), state_path.c_str());
+  for (const std::string& path : {model_path, state_path}) {
+    if (path.empty() || !llmc::file_exists(path)) {
+      LLMC_FAIL("%s is missing: train_gpt2.py --write_debug_state DIR writes the checkpoint and the debug "
+                "state (the default pair: python3 train_gpt2.py --model d12 --write_debug_state build/ref "
+                "--batch_size 4 --seq_len 64 --debug_steps 10 --seed 42)",
+                path.empty() ? "the path given (empty)" : path.c_str());
+    }
   }
   std::vector<float> values;
   const llmc::GPT2Config config = llmc::checkpoint_load(model_path, &values);

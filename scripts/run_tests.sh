@@ -59,6 +59,16 @@ source dev/test/compare_runs.sh
 
 have_torch() { "$PYTHON" -c 'import torch' 2>/dev/null; }
 
+# The modern recipe and GPT-2 with Muon, tiny, on the CPU (d12's Muon steps are the GPU group's:
+# PyTorch's BF16 products on a CPU take minutes). The modern init zeroes the head, so no gradient
+# would reach the blocks at the first step: the debug state starts from noise added to the init.
+tiny_recipe_references() {
+  run reference_modern_tiny "$PYTHON" train_gpt2.py --recipe modern --model tiny --debug_noise 0.02 \
+    --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+  run reference_tiny_muon "$PYTHON" train_gpt2.py --model tiny --optimizer muon \
+    --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+}
+
 cpu_tests() {
 # --- CPU: unit tests of llmc/ and the data tools
 for t in build/test_*; do
@@ -82,13 +92,7 @@ if have_torch; then
     --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
   run reference_d12 "$PYTHON" train_gpt2.py --model d12 --write_debug_state "$REF" \
     --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
-  # The modern recipe and GPT-2 with Muon, tiny (d12's Muon steps are the GPU group's: PyTorch's
-  # BF16 products on a CPU take minutes). The modern init zeroes the head, so no gradient would
-  # reach the blocks at the first step: the debug state starts from noise added to the init.
-  run reference_modern_tiny "$PYTHON" train_gpt2.py --recipe modern --model tiny --debug_noise 0.02 \
-    --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
-  run reference_tiny_muon "$PYTHON" train_gpt2.py --model tiny --optimizer muon \
-    --write_debug_state "$REF" --batch_size 4 --seq_len 64 --debug_steps 10 --seed 42
+  tiny_recipe_references
 else
   echo "=== no python with torch ($PYTHON): install python3-torch (apt-get install python3-torch) to make the reference tensors"
   failed=$((failed + 1))
@@ -454,7 +458,10 @@ gpu_against_pytorch() {
     fi
     against_pytorch "$name" "$dir"
   done
-  # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny).
+  # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
+  # --gpu-only runs without that part.
+  ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
+    tiny_recipe_references
   against_pytorch modern_tiny "$REF" gpt2_modern_tiny
   against_pytorch tiny_muon "$REF" gpt2_tiny gpt2_tiny_muon
   # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve
