@@ -8,7 +8,8 @@ it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_
                                  [--val_every 50] [--val_batches 20] [--gpt2_lr 6e-4] [--gpt2_warmup 60]
                                  [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
-                                 [--reference_script PATH] [--reference_window_factor 16] [--dry_run]
+                                 [--reference_script PATH] [--reference_window_factor 16] [--speedrun_repeats 1]
+                                 [--dry_run]
                                  [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun]]
 
 Every run is d12 on the same shards, validated every --val_every steps and at the last. ours_modern,
@@ -29,6 +30,13 @@ token window (2 x its step's tokens) to --reference_window_factor x them, becaus
 (assert False) when its window holds no document start with a sequence's length after it, as a long
 source file does. The wider window also moves its switch to the next shard earlier (at a window's
 distance from the shard's end), so from there its data differ from ours.
+
+--speedrun_repeats K makes each of the speedrun pair K times: ours with seeds 42, 43, ... (-S; the
+k-th's output in OUTDIR/ours_speedrun_k.log and its folder, the first's as without repeats), the
+reference K times from its one copy (it sets no seed: each run draws its own; output_k.log). One
+run a side cannot tell a real difference from the seed's: at step 100 of 300 ours' validation loss
+moved by 3.7% between seeds (dev/cuda/NOTES.md). The comparison then takes each side's mean, and
+reports each side's spread.
 
 The training time of a step is its step line's ms (ours; validation, start-up and the first step,
 which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
@@ -77,6 +85,7 @@ VAL_LINE = re.compile(r"^step\s+(\d+)/\d+ \|.*val loss ([0-9.]+)")
 REF_STEP_LINE = re.compile(r"^step:(\d+)/\d+ train_time:(\d+)ms")
 REF_VAL_LINE = re.compile(r"^step:(\d+)/\d+ val_loss:([0-9.]+|nan) train_time:(\d+)ms")
 COMMAND_MARK = "# bench_quality command: "  # the first line of each run's log
+SPEEDRUN_SEED = 42                          # ours' speedrun seed (train_gpt2cu's default), then +1 a repeat
 
 
 def fail(message):
@@ -103,15 +112,33 @@ def run_val_every(name, args):
     return int(args.val_every * token_scale(name, args))
 
 
-def run_log(name, args):
-    """Where a run's output goes: OUTDIR/NAME.log, the reference's beside its copy."""
+def run_repeats(name, args):
+    """How many times a run is made: --speedrun_repeats for the speedrun pair, else once."""
+    return args.speedrun_repeats if name in SPEEDRUN_RUNS else 1
+
+
+def repeat_suffix(repeat):
+    return "" if repeat == 1 else f"_{repeat}"
+
+
+def run_log(name, args, repeat=1):
+    """Where a run's output goes: OUTDIR/NAME.log (NAME_k.log for its k-th repeat), the reference's
+    beside its copy (output.log, output_k.log)."""
     if name == "ref_speedrun":
-        return os.path.join(args.outdir, "ref_speedrun", "output.log")
-    return os.path.join(args.outdir, f"{name}.log")
+        return os.path.join(args.outdir, "ref_speedrun", f"output{repeat_suffix(repeat)}.log")
+    return os.path.join(args.outdir, f"{name}{repeat_suffix(repeat)}.log")
 
 
-def run_command(name, args):
-    """The command line of one run; its output directory is OUTDIR/name."""
+def run_label(name, args, repeat):
+    """A run's name in the report: ours' repeats by their seed, the reference's by their number."""
+    if run_repeats(name, args) == 1:
+        return LABELS[name]
+    return LABELS[name] + (f" (seed {SPEEDRUN_SEED + repeat - 1})" if name == "ours_speedrun" else f" (run {repeat})")
+
+
+def run_command(name, args, repeat=1):
+    """The command line of one run; its output directory is OUTDIR/name (name_k for ours' k-th
+    repeat of the speedrun, which trains with seed 42 + k - 1: the reference sets no seed)."""
     common_ours = ["-e", "d12", "-i", args.train, "-j", args.val, "-b", str(args.micro_batch),
                    "-t", str(args.seq_len), "-z", str(args.batch_tokens), "-x", str(run_steps(name, args)),
                    "-v", str(run_val_every(name, args)), "-m", str(args.val_batches), "-s", "0",
@@ -121,10 +148,12 @@ def run_command(name, args):
     if name == "ours_gpt2":
         return ["./train_gpt2cu", "-recipe", "gpt2", "-l", str(args.gpt2_lr), "-u", str(args.gpt2_warmup)] + common_ours
     if name == "ours_speedrun":
+        seed = ["-S", str(SPEEDRUN_SEED + repeat - 1)] if repeat > 1 else []
         return ["./train_gpt2cu", "-recipe", "speedrun", "-e", "d12", "-i", args.train, "-j", args.val,
                 "-x", str(args.steps), "-v", str(args.val_every),
                 "-m", str(args.speedrun_val_tokens // args.speedrun_val_seq_len),
-                "-vt", str(args.speedrun_val_seq_len), "-s", "0", "-o", os.path.join(args.outdir, name)]
+                "-vt", str(args.speedrun_val_seq_len), "-s", "0"] + seed + \
+               ["-o", os.path.join(args.outdir, name + repeat_suffix(repeat))]
     if name == "ref_speedrun":
         return reference_command(args)
     return peer_command(args)
@@ -259,21 +288,46 @@ def median_step_ms(ms):
     return sorted(ms)[len(ms) // 2] if ms else float("nan")
 
 
+def mean(values):
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def mean_curve(runs):
+    """[(step, mean training seconds, mean validation loss)] over runs [(curve, ms)], at the steps
+    every one of them validated (one run: its own curve)."""
+    at = [{point[0]: point for point in curve} for curve, _ in runs]
+    steps = sorted(set.intersection(*[set(points) for points in at]))
+    return [(step, mean(points[step][1] for points in at), mean(points[step][2] for points in at))
+            for step in steps]
+
+
+def loss_spread(runs):
+    """{step: (lowest, highest validation loss)} over runs [(curve, ms)] at the steps all validated."""
+    at = [{step: loss for step, _, loss in curve} for curve, _ in runs]
+    steps = set.intersection(*[set(losses) for losses in at])
+    return {step: (min(losses[step] for losses in at), max(losses[step] for losses in at)) for step in steps}
+
+
 def speedrun_comparison(ours, ref):
-    """The numbers of the speedrun pair from both curves and step ms: ratio (reference's mean ms/step
-    over ours), losses [(step, reference, ours, relative difference)] at the steps both validated,
-    the largest relative difference and its step, the reference's final loss and training seconds,
-    and the seconds ours needs to reach that loss (None if it never does)."""
-    (ours_curve, ours_ms), (ref_curve, ref_ms) = ours, ref
+    """The numbers of the speedrun pair from each side's runs [(curve, step ms)], one or several
+    (repeats): ratio (the reference's mean ms/step over ours, each the mean of its runs'), losses
+    [(step, reference, ours, relative difference)] of the runs' mean losses at the steps all
+    validated, the largest relative difference and its step, the reference's (mean) final loss and
+    training seconds, the seconds ours (its mean curve) needs to reach that loss (None if it never
+    does), and each side's number of runs and spread of losses ({step: (lowest, highest)})."""
+    ours_curve, ref_curve = mean_curve(ours), mean_curve(ref)
+    ours_ms = mean(mean_step_ms(curve, ms) for curve, ms in ours)
+    ref_ms = mean(mean_step_ms(curve, ms) for curve, ms in ref)
     ours_at = {step: loss for step, _, loss in ours_curve}
     losses = [(step, loss, ours_at[step], abs(ours_at[step] - loss) / loss)
               for step, _, loss in ref_curve if step in ours_at]
     worst = max(losses, key=lambda row: row[3]) if losses else None
     ref_final, ref_seconds = ref_curve[-1][2], ref_curve[-1][1]
-    return {"ratio": mean_step_ms(ref_curve, ref_ms) / mean_step_ms(ours_curve, ours_ms),
-            "ours_ms": mean_step_ms(ours_curve, ours_ms), "ref_ms": mean_step_ms(ref_curve, ref_ms),
+    return {"ratio": ref_ms / ours_ms, "ours_ms": ours_ms, "ref_ms": ref_ms,
             "losses": losses, "worst": worst, "ref_final": ref_final, "ref_seconds": ref_seconds,
-            "ours_reach": time_to_reach(ours_curve, ref_final)}
+            "ours_reach": time_to_reach(ours_curve, ref_final), "ours_runs": len(ours), "ref_runs": len(ref),
+            "ours_spread": loss_spread(ours), "ref_spread": loss_spread(ref)}
 
 
 def parse_args(argv=None):
@@ -302,6 +356,9 @@ def parse_args(argv=None):
     p.add_argument("--speedrun_val_tokens", type=int, default=10485760,
                    help="the speedrun runs' validation tokens (ours: -m this / --speedrun_val_seq_len)")
     p.add_argument("--reference_script", default="", help="record #28's train_gpt.py (for ref_speedrun)")
+    p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the speedrun pair: ours with "
+                   f"seeds {SPEEDRUN_SEED}, {SPEEDRUN_SEED + 1}, ..., the reference (unseeded) as often; the "
+                   "comparison takes each side's mean")
     p.add_argument("--reference_window_factor", type=int, default=16, help="the reference's document-aligned "
                    "token window in its step's tokens (its own: 2)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, write the reference's copy, "
@@ -318,6 +375,8 @@ def check_args(args):
     for name in runs:
         if name not in RUNS:
             fail(f"--runs {name}: use some of {','.join(RUNS)}")
+    if args.speedrun_repeats < 1:
+        fail(f"--speedrun_repeats {args.speedrun_repeats}: at least 1")
     if args.target_run not in RUNS:
         fail(f"--target_run {args.target_run}: use one of {','.join(RUNS)}")
     if args.target_run != "ours_gpt2" and args.target_run not in runs:
@@ -339,37 +398,37 @@ def check_args(args):
             fail(f"--reference_window_factor {args.reference_window_factor}: at least 2, the reference's own")
 
 
-def run_signature(name, args):
+def run_signature(name, args, repeat=1):
     """What a run's log records of the command that wrote it: the command line, and for the
     reference the edits of its copy."""
-    signature = shlex.join(run_command(name, args))
+    signature = shlex.join(run_command(name, args, repeat))
     if name == "ref_speedrun":
         signature += " | edits: " + "; ".join(replacement for _, replacement in reference_edits(args))
     return signature
 
 
-def finished(name, args):
+def finished(name, args, repeat=1):
     """The run's curve and step ms when its output in OUTDIR reached its last step; else None. Stops
     where that output is another command's (other steps or validation in the same OUTDIR)."""
-    log = run_log(name, args)
+    log = run_log(name, args, repeat)
     if not os.path.exists(log):
         return None
     text = open(log, errors="replace").read()
     first = text.split("\n", 1)[0]
-    if first.startswith(COMMAND_MARK) and first[len(COMMAND_MARK):] != run_signature(name, args):
+    if first.startswith(COMMAND_MARK) and first[len(COMMAND_MARK):] != run_signature(name, args, repeat):
         fail(f"{log} is the output of another command ({first[len(COMMAND_MARK):]}), not of "
-             f"{run_signature(name, args)}: give another OUTDIR, or remove it and {name}'s folder")
+             f"{run_signature(name, args, repeat)}: give another OUTDIR, or remove it and {name}'s folder")
     curve, ms = parse_run(name, text)
     return (curve, ms) if curve and curve[-1][0] == run_steps(name, args) else None
 
 
-def run_logged(name, args):
+def run_logged(name, args, repeat=1):
     """Runs one run with its output in its log (the reference's also on the terminal), after a first
     line naming the command; its status."""
-    command, log = run_command(name, args), run_log(name, args)
+    command, log = run_command(name, args, repeat), run_log(name, args, repeat)
     cwd = os.path.join(args.outdir, "ref_speedrun") if name == "ref_speedrun" else None
     with open(log, "w") as f:
-        f.write(COMMAND_MARK + run_signature(name, args) + "\n")
+        f.write(COMMAND_MARK + run_signature(name, args, repeat) + "\n")
         f.flush()
         if name != "ref_speedrun":
             return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -388,36 +447,45 @@ def main():
     args = parse_args()
     runs = args.runs.split(",")
     os.makedirs(args.outdir, exist_ok=True)
-    results = {name: finished(name, args) for name in runs}
+    # Each run (name, repeat), in --runs' order, a run's repeats one after the other.
+    instances = [(name, repeat) for name in runs for repeat in range(1, run_repeats(name, args) + 1)]
+    results = {run: finished(run[0], args, run[1]) for run in instances}
     # The reference's copy is made before any run starts, so that a script these edits do not fit
     # stops the bench at once rather than after the other runs.
-    if "ref_speedrun" in runs and results["ref_speedrun"] is None:
+    if any(name == "ref_speedrun" and result is None for (name, _), result in results.items()):
         prepare_reference(args)
     curves, step_ms = {}, {}
-    for name in runs:
+    for name, repeat in instances:
+        run, log = (name, repeat), run_log(name, args, repeat)
         where = f" (in {os.path.join(args.outdir, 'ref_speedrun')})" if name == "ref_speedrun" else ""
-        if results[name] is not None:  # a finished run of the same OUTDIR is read again, not rerun
-            print(f"=== {name}: read {run_log(name, args)}", flush=True)
-            curves[name], step_ms[name] = results[name]
+        title = name + ("" if run_repeats(name, args) == 1 else f" {repeat}/{run_repeats(name, args)}")
+        if results[run] is not None:  # a finished run of the same OUTDIR is read again, not rerun
+            print(f"=== {title}: read {log}", flush=True)
+            curves[run], step_ms[run] = results[run]
             continue
-        print(f"=== {name}{where}: {shlex.join(run_command(name, args))}", flush=True)
+        print(f"=== {title}{where}: {shlex.join(run_command(name, args, repeat))}", flush=True)
         if args.dry_run:
             continue
-        log = run_log(name, args)
-        status = run_logged(name, args)
+        status = run_logged(name, args, repeat)
         text = open(log, errors="replace").read()
         if status != 0:
-            fail(f"{name} exited with status {status}: see {log}\n{text[-2000:]}")
-        curves[name], step_ms[name] = parse_run(name, text)
-        if not curves[name]:
-            fail(f"{name}: no validation line in {log}")
+            fail(f"{title} exited with status {status}: see {log}\n{text[-2000:]}")
+        curves[run], step_ms[run] = parse_run(name, text)
+        if not curves[run]:
+            fail(f"{title}: no validation line in {log}")
     if not args.dry_run:
-        report(args, runs, curves, step_ms)
+        report(args, runs, instances, curves, step_ms)
 
 
-def report(args, runs, curves, step_ms):
-    target_run = args.target_run if args.target_run in curves else None
-    target = curves[target_run][-1][2] if target_run else None
+def runs_of(name, instances, curves, step_ms):
+    """[(curve, ms)] of each repeat of run `name`."""
+    return [(curves[run], step_ms[run]) for run in instances if run[0] == name]
+
+
+def report(args, runs, instances, curves, step_ms):
+    target_run = args.target_run if args.target_run in runs else None
+    # The target: the run's final validation loss (the mean of its repeats' final losses).
+    target = mean_curve(runs_of(target_run, instances, curves, step_ms))[-1][2] if target_run else None
     lines = []
     batch_runs = [name for name in runs if name not in SPEEDRUN_RUNS]
     if batch_runs:
@@ -441,24 +509,28 @@ def report(args, runs, curves, step_ms):
     lines.append("| run | steps | final val loss | ms/step (median) | ms/step (mean) | tokens/s | training s "
                  "| s to target |")
     lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name in runs:
-        curve, ms = curves[name], step_ms[name]
+    for name, repeat in instances:
+        curve, ms = curves[(name, repeat)], step_ms[(name, repeat)]
         median = median_step_ms(ms)
         reach = time_to_reach(curve, target) if target is not None else None
         to_target = "-" if target is None else "not reached" if reach is None else f"{reach:.1f}"
-        lines.append(f"| {LABELS[name]} | {curve[-1][0]} | {curve[-1][2]:.4f} | {median:.1f} | "
+        lines.append(f"| {run_label(name, args, repeat)} | {curve[-1][0]} | {curve[-1][2]:.4f} | {median:.1f} | "
                      f"{mean_step_ms(curve, ms):.1f} | {step_tokens(name, args) / (median / 1000):.0f} | "
                      f"{curve[-1][1]:.1f} | {to_target} |")
-    if "ours_speedrun" in curves and "ref_speedrun" in curves:
-        lines += speedrun_report(speedrun_comparison((curves["ours_speedrun"], step_ms["ours_speedrun"]),
-                                                     (curves["ref_speedrun"], step_ms["ref_speedrun"])))
+    if "ours_speedrun" in runs and "ref_speedrun" in runs:
+        lines += speedrun_report(speedrun_comparison(runs_of("ours_speedrun", instances, curves, step_ms),
+                                                     runs_of("ref_speedrun", instances, curves, step_ms)))
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.outdir, "quality.md"), "w") as f:
         f.write(table + "\n")
     plt.figure(figsize=(7, 4.5))
     for name in runs:
-        plt.plot([c[1] for c in curves[name]], [c[2] for c in curves[name]], marker="o", ms=3, label=LABELS[name])
+        color = None
+        for curve, _ in runs_of(name, instances, curves, step_ms):  # a run's repeats in one colour
+            line, = plt.plot([c[1] for c in curve], [c[2] for c in curve], marker="o", ms=3, color=color,
+                             label=LABELS[name] if color is None else None)
+            color = line.get_color()
     if target is not None:
         plt.axhline(target, color="gray", lw=0.8, ls="--")
     plt.xlabel("training time (s)")
@@ -473,11 +545,21 @@ def yes_no(ok):
     return "yes" if ok else "NO"
 
 
+def spread_percent(spread, step):
+    lowest, highest = spread[step]
+    return 100 * (highest - lowest) / lowest
+
+
 def speedrun_report(c):
     """The speedrun pair's lines of the report, from speedrun_comparison's numbers."""
-    lines = ["", "speedrun recipe against record #28's script (same shards, steps and validation tokens):",
-             f"- ms/step (mean of the timed steps): ours {c['ours_ms']:.1f}, reference {c['ref_ms']:.1f}: "
-             f"{c['ratio']:.2f}x (at least {SPEED_TARGET}x: {yes_no(c['ratio'] >= SPEED_TARGET)})"]
+    repeated = c["ours_runs"] > 1 or c["ref_runs"] > 1
+    lines = ["", "speedrun recipe against record #28's script (same shards, steps and validation tokens):"]
+    if repeated:
+        lines.append(f"- {c['ours_runs']} runs of ours (seeds {SPEEDRUN_SEED}-{SPEEDRUN_SEED + c['ours_runs'] - 1}) "
+                     f"and {c['ref_runs']} of the reference (which sets no seed): the numbers below are the "
+                     "means of each side's runs")
+    lines.append(f"- ms/step (mean of the timed steps): ours {c['ours_ms']:.1f}, reference {c['ref_ms']:.1f}: "
+                 f"{c['ratio']:.2f}x (at least {SPEED_TARGET}x: {yes_no(c['ratio'] >= SPEED_TARGET)})")
     if c["worst"] is not None:
         step, _, _, worst = c["worst"]
         lines.append(f"- validation loss: largest relative difference {100 * worst:.2f}% at step {step} "
@@ -490,11 +572,25 @@ def speedrun_report(c):
                  + (f"{reach:.2f} s" if reach is not None else "never (not reached)")
                  + f"; the reference trained {c['ref_seconds']:.2f} s, 1/{SPEED_TARGET} of it {limit:.2f} s: "
                  + yes_no(reach is not None and reach <= limit))
+    if repeated and c["worst"] is not None:
+        step = c["worst"][0]
+        lines.append(f"- the runs' own spread at step {step} (highest over lowest loss): ours "
+                     f"{spread_percent(c['ours_spread'], step):.2f}%, the reference "
+                     f"{spread_percent(c['ref_spread'], step):.2f}%")
     lines.append("")
-    lines.append("| step | reference val loss | ours | relative difference |")
-    lines.append("| ---: | ---: | ---: | ---: |")
+    if not repeated:
+        lines.append("| step | reference val loss | ours | relative difference |")
+        lines.append("| ---: | ---: | ---: | ---: |")
+        for step, ref_loss, ours_loss, rel in c["losses"]:
+            lines.append(f"| {step} | {ref_loss:.4f} | {ours_loss:.4f} | {100 * rel:.2f}% |")
+        return lines
+    lines.append("| step | reference val loss (mean) | lowest-highest | ours (mean) | lowest-highest | "
+                 "relative difference |")
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for step, ref_loss, ours_loss, rel in c["losses"]:
-        lines.append(f"| {step} | {ref_loss:.4f} | {ours_loss:.4f} | {100 * rel:.2f}% |")
+        (ref_low, ref_high), (ours_low, ours_high) = c["ref_spread"][step], c["ours_spread"][step]
+        lines.append(f"| {step} | {ref_loss:.4f} | {ref_low:.4f}-{ref_high:.4f} | {ours_loss:.4f} | "
+                     f"{ours_low:.4f}-{ours_high:.4f} | {100 * rel:.2f}% |")
     return lines
 
 

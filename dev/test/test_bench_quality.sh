@@ -4,7 +4,8 @@
 # there, nothing else changed; a missing line stops the bench with one line naming it, before any
 # run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps); (b) the report
 # from fabricated finished outputs of the speedrun pair in the real line formats (the ms/step
-# ratio, the largest relative validation-loss difference, the time to reach a loss).
+# ratio, the largest relative validation-loss difference, the time to reach a loss); (c) with
+# --speedrun_repeats, the repeats' commands and the comparison of each side's means and spread.
 # Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
@@ -169,12 +170,49 @@ sys.path.insert(0, "dev")
 import bench_quality as bq
 ours = ([(0, 0.0, 10.0), (2, 2.0, 6.3), (4, 4.0, 5.2)], [1000.0] * 4)  # 5% above at step 2
 ref = ([(0, 0.0, 10.0), (2, 2.5, 6.0), (4, 5.0, 5.0)], [1250.0] * 4)
-c = bq.speedrun_comparison(ours, ref)
+c = bq.speedrun_comparison([ours], [ref])
 print(f"{c['ratio']:.3f} {c['worst'][0]} {c['worst'][3]:.4f} {c['ours_reach']}")
 print("\n".join(bq.speedrun_report(c)[2:5]))
 EOF
 )
 check "functions: ratio 1.25, worst 5% at step 2, 5.0 never reached" "$(head -1 <<< "$numbers")" "1.250 2 0.0500 None"
 check "functions: the report says NO three times (speed, losses, time)" "$(grep -c 'NO' <<< "$numbers")" 3
+
+# --- (c) --speedrun_repeats 2: ours again with seed 43 in its own log and folder, the reference
+# again from the same copy; the comparison of each side's means, with each side's spread.
+out=$(bench "$DIR/r" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --reference_script "$DIR/stand_in.py" --speedrun_repeats 2 --dry_run 2>&1)
+check "repeats: ours' first run as without repeats" "$(grep -c "^=== ours_speedrun 1/2: .* -s 0 -o $DIR/r/ours_speedrun$" <<< "$out")" 1
+check "repeats: ours' second with seed 43, its own folder" \
+  "$(grep -c "^=== ours_speedrun 2/2: .* -s 0 -S 43 -o $DIR/r/ours_speedrun_2$" <<< "$out")" 1
+check "repeats: the reference twice in its folder" "$(grep -c "^=== ref_speedrun [12]/2 (in $DIR/r/ref_speedrun): " <<< "$out")" 2
+err=$(bench "$DIR/r" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun --speedrun_repeats 0 --dry_run 2>&1)
+check "--speedrun_repeats 0: exit 1 with one line" "$?:$(wc -l <<< "$err")" 1:1
+# The second runs: ours 600 ms a step, val 6.09 and 5.00; the reference 1200 ms a step, 5.94 and 5.00.
+mkdir -p "$DIR/s/ref_speedrun"
+cp "$DIR/g/ours_speedrun.log" "$DIR/s/ours_speedrun.log"
+cp "$DIR/g/ref_speedrun/output.log" "$DIR/s/ref_speedrun/output.log"
+sed -e 's/| 500.00 ms/| 600.00 ms/' -e 's/val loss 6.030000/val loss 6.090000/' -e 's/val loss 4.980000/val loss 5.000000/' \
+  "$DIR/g/ours_speedrun.log" > "$DIR/s/ours_speedrun_2.log"
+awk '{ if (match($0, /train_time:[0-9]+ms/)) { t = substr($0, RSTART + 11, RLENGTH - 13) * 1.2;
+  $0 = substr($0, 1, RSTART - 1) "train_time:" t "ms" substr($0, RSTART + RLENGTH) } print }' \
+  "$DIR/g/ref_speedrun/output.log" | sed 's/val_loss:6.0000/val_loss:5.9400/' > "$DIR/s/ref_speedrun/output_2.log"
+out=$(bench "$DIR/s" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --target_run ref_speedrun --speedrun_repeats 2 2>&1)
+check "repeats: the report from four finished outputs exits 0, reading all" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:4
+md="$DIR/s/quality.md"
+check "repeats: each run its row (ours' second by its seed)" "$(grep '(seed 43)' "$md")" \
+  "| train_gpt2cu, speedrun recipe (seed 43) | 4 | 5.0000 | 600.0 | 600.0 | 655360 | 1.8 | 1.8 |"
+check "repeats: the means named" "$(grep -c '^- 2 runs of ours (seeds 42-43) and 2 of the reference (which sets no seed)' "$md")" 1
+check "repeats: ms/step of the means, 550 against 1100" \
+  "$(grep -c '^- ms/step (mean of the timed steps): ours 550.0, reference 1100.0: 2.00x' "$md")" 1
+check "repeats: the means 6.06 and 5.97 at step 2 differ by 1.51%" \
+  "$(grep -c '^- validation loss: largest relative difference 1.51% at step 2 (within 1% at every validation: NO)$' "$md")" 1
+check "repeats: each side's spread there" "$(grep -c "^- the runs' own spread at step 2 (highest over lowest loss): ours 1.00%, the reference 1.01%$" "$md")" 1
+# Ours' mean curve: 6.06 at 0.55 s, 4.99 at 1.65 s; the reference's mean final 5.0 after 4.4 s.
+check "repeats: time to the reference's mean final loss" \
+  "$(grep -c "^- ours reaches the reference's final validation loss 5.0000 in 1.64 s; the reference trained 4.40 s" "$md")" 1
+check "repeats: per-step table with each side's lowest and highest" "$(grep '^| 2 |' "$md")" \
+  "| 2 | 5.9700 | 5.9400-6.0000 | 6.0600 | 6.0300-6.0900 | 1.51% |"
 
 finish test_bench_quality
