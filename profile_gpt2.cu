@@ -1,16 +1,32 @@
 // One full training step inside NVTX ranges, for nsys and ncu:
 //   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern|speedrun]
-//                    [-aw N]
+//                    [-aw N] [-i SHARDS]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
-// Random tokens, a model initialised from a seed; prints the time of each phase. A recipe on packed
+// A model initialised from a seed; prints the time of each phase. The tokens are random, or with -i
+// the first B x T of those shards (contiguous): real text's frequent tokens and documents change
+// some kernels' work (the encoder's backward, the attention within documents). A recipe on packed
 // documents (speedrun) attends within them and a window of -aw N blocks (0: every earlier block);
 // random tokens hold few document starts, so the window sets the attention's work.
 #define TESTING
 #include "train_gpt2.cu"
 
+// B x T inputs and targets: the first of the shards `data` (-i), or random ones where it is empty.
+void profile_tokens(const std::string& data, int B, int T, int vocab_size, int* inputs, int* targets) {
+  if (!data.empty()) {
+    llmc::DataLoader loader(data, "-i", B, T, 0, 1, false, 0, vocab_size);
+    loader.next_batch(inputs, targets);
+    return;
+  }
+  llmc::Rng rng(1234);
+  for (size_t i = 0; i < (size_t)B * T; i++) {
+    inputs[i] = rng.u32() % vocab_size;
+    targets[i] = rng.u32() % vocab_size;
+  }
+}
+
 int profile_main(int argc, char** argv) {
   int B = 8, T = 1024, layers = -1, fp8 = 0, window = 0;
-  std::string preset = "d12", recipe_name = "gpt2";
+  std::string preset = "d12", recipe_name = "gpt2", data;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "-b") B = atoi(argv[i + 1]);
@@ -20,8 +36,9 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-fp8") fp8 = atoi(argv[i + 1]);
     else if (flag == "-recipe") recipe_name = argv[i + 1];
     else if (flag == "-aw") window = atoi(argv[i + 1]);
+    else if (flag == "-i") data = argv[i + 1];
     else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe "
-                   "gpt2|modern|speedrun, -aw N", flag.c_str());
+                   "gpt2|modern|speedrun, -aw N, -i SHARDS", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
@@ -35,18 +52,16 @@ int profile_main(int argc, char** argv) {
   REQUIRE(window >= 0 && (window == 0 || attention.documents), "-aw %d: a window of N >= 0 blocks, with a "
           "recipe on packed documents (speedrun)", window);
 
+  // The tokens come before the GPU, so that a wrong -i is reported the same without one.
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  profile_tokens(data, B, T, config.vocab_size, inputs.data(), targets.data());
+
   matmul_setup(true);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon}, 42);
   gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention);
   if (attention.documents) gpt2_set_window(m, window);
-  llmc::Rng rng(1234);
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  for (size_t i = 0; i < inputs.size(); i++) {
-    inputs[i] = rng.u32() % config.vocab_size;
-    targets[i] = rng.u32() % config.vocab_size;
-  }
   cudaEvent_t events[5];
   for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
   // Warm-up steps keep library setup and matmul tuning out of the profiled step.
@@ -73,9 +88,10 @@ int profile_main(int argc, char** argv) {
   }
   const char* names[4] = {"forward", "classifier", "backward", "norm + update"};
   float total = 0.0f;
-  printf("%s%s, %s B=%d T=%d%s:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
+  printf("%s%s, %s B=%d T=%d%s, %s:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
          config.describe().c_str(), B, T,
-         attention.documents ? llmc::strformat(", documents, window %d", window).c_str() : "");
+         attention.documents ? llmc::strformat(", documents, window %d", window).c_str() : "",
+         data.empty() ? "random tokens" : ("the first tokens of " + data).c_str());
   for (int i = 0; i < 4; i++) {
     float ms = 0.0f;
     cudaCheck(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
