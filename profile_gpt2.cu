@@ -73,9 +73,7 @@ int profile_main(int argc, char** argv) {
     gpt2_forward(m, inputs.data(), B, T);
     cudaCheck(cudaEventRecord(events[1], m.stream));
     // As train_step: the losses copied without a wait, so the backward's host work overlaps the GPU.
-    targets_upload(m, targets.data(), B * T);
-    classifier_rows(m, 0, B * T, recipe.loss_sum ? 1.0f : 1.0f / (B * T));
-    losses_download(m, m.losses_host, B * T);
+    gpt2_classifier_enqueue(m, targets.data(), B, T, recipe.loss_sum ? 1.0f : 1.0f / (B * T), m.losses_host);
     cudaCheck(cudaEventRecord(events[2], m.stream));
     gpt2_backward(m, B, T, true);
     cudaCheck(cudaEventRecord(events[3], m.stream));

@@ -744,12 +744,22 @@ __global__ void __launch_bounds__(kEncoderLongWarps * WARP_SIZE)
   encoder_row_add(dwte, bk, C, c, acc, seed);
 }
 
+// A plan (encoder_backward_plan) of `tokens` positions on the GPU.
+struct EncoderBackwardPlan {
+  int4* buckets = nullptr;
+  int* positions = nullptr;
+  int num_buckets = 0;
+  int num_long = 0;  // the first num_long buckets hold more than kEncoderLongBucket positions
+  int tokens = 0;
+};
+
 // The CPU half of the wte backward: groups the positions of each token into buckets, written to
-// positions [BT] and buckets [BT * encoder_plan_groups(C)], the largest first; returns the number
-// of buckets.
+// positions [BT] and buckets [BT * encoder_plan_groups(C)] on the host, the largest first; sets
+// plan's counts (its arrays are the GPU's copies, for the caller to upload).
 int encoder_plan_groups(int C) { return ceil_div(C, WARP_SIZE * x128::size); }
 
-int encoder_backward_plan(int4* buckets, int* positions, const int* inputs, int BT, int C) {
+void encoder_backward_plan(EncoderBackwardPlan* plan, int4* buckets, int* positions, const int* inputs, int BT,
+                           int C) {
   const int groups = encoder_plan_groups(C);
   for (int i = 0; i < BT; i++) positions[i] = i;
   // Positions grouped by token id, increasing position within a token: a fixed summation order.
@@ -764,24 +774,11 @@ int encoder_backward_plan(int4* buckets, int* positions, const int* inputs, int 
     start = end;
   }
   std::stable_sort(buckets, buckets + num_buckets, [](const int4& a, const int4& b) { return a.y > b.y; });
-  return num_buckets;
-}
-
-// A plan (encoder_backward_plan) of `tokens` positions on the GPU.
-struct EncoderBackwardPlan {
-  int4* buckets = nullptr;
-  int* positions = nullptr;
-  int num_buckets = 0;
-  int num_long = 0;  // the first num_long buckets hold more than kEncoderLongBucket positions
-  int tokens = 0;
-};
-
-// The number of buckets of more than kEncoderLongBucket positions among the first num_buckets of a
-// plan (the largest first).
-int encoder_plan_long_buckets(const int4* buckets, int num_buckets) {
-  int n = 0;
-  while (n < num_buckets && buckets[n].y > kEncoderLongBucket) n++;
-  return n;
+  int num_long = 0;
+  while (num_long < num_buckets && buckets[num_long].y > kEncoderLongBucket) num_long++;
+  plan->num_buckets = num_buckets;
+  plan->num_long = num_long;
+  plan->tokens = BT;
 }
 
 // Queues the backward of B x T positions through `plan` (of those B*T positions); waits for nothing.
@@ -7611,12 +7608,20 @@ float losses_mean(GPT2& m, int N) {
   return losses_host_mean(m.losses_host, N);
 }
 
-// Losses of the last forward against `targets`; returns their mean. With dloss != 0 the logits
-// are replaced by dlogits (classifier_rows).
-float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
+// Queues the losses of the last forward against `targets` and their copy into losses_host
+// (pinned, B*T floats), waiting for nothing. With dloss != 0 the logits are replaced by dlogits
+// (classifier_rows).
+void gpt2_classifier_enqueue(GPT2& m, const int* targets, int B, int T, float dloss, float* losses_host) {
   targets_upload(m, targets, B * T);
   classifier_rows(m, 0, B * T, dloss);
-  return losses_mean(m, B * T);
+  losses_download(m, losses_host, B * T);
+}
+
+// The same, and returns the losses' mean.
+float gpt2_classifier(GPT2& m, const int* targets, int B, int T, float dloss) {
+  gpt2_classifier_enqueue(m, targets, B, T, dloss, m.losses_host);
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  return losses_host_mean(m.losses_host, B * T);
 }
 
 // The mean loss of the B x T inputs against targets, without gradients: the blocks, then the head
@@ -7644,9 +7649,7 @@ void encoder_plan_upload(GPT2& m, int N) {
   const int* inputs = (const int*)m.inputs_staging.host;  // the last forward's (gpt2_forward_blocks)
   int4* buckets = upload_staging_host<int4>(m.plan_buckets_staging);
   int* positions = upload_staging_host<int>(m.plan_positions_staging);
-  m.encoder_plan.num_buckets = encoder_backward_plan(buckets, positions, inputs, N, m.config.channels);
-  m.encoder_plan.num_long = encoder_plan_long_buckets(buckets, m.encoder_plan.num_buckets);
-  m.encoder_plan.tokens = N;
+  encoder_backward_plan(&m.encoder_plan, buckets, positions, inputs, N, m.config.channels);
   upload_staging_copy(m.plan_buckets_staging, m.encoder_plan.buckets, m.encoder_plan.num_buckets * sizeof(int4),
                       m.stream);
   upload_staging_copy(m.plan_positions_staging, m.encoder_plan.positions, N * sizeof(int), m.stream);
@@ -9736,9 +9739,7 @@ bool train_step(TrainRun& r, int step) {
     multi_gpu_progress(r.mg);
     if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
     gpt2_forward(m, r.inputs.data(), a.B, a.T, ForwardPass::kTraining);
-    targets_upload(m, r.targets.data(), N);
-    classifier_rows(m, 0, N, train_dloss(r));
-    losses_download(m, r.micro_losses + (size_t)micro * N, N);
+    gpt2_classifier_enqueue(m, r.targets.data(), a.B, a.T, train_dloss(r), r.micro_losses + (size_t)micro * N);
     cudaCheck(cudaEventRecord(r.losses_copied, m.stream));
     gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
   }

@@ -165,8 +165,9 @@ struct DeviceEncoderPlan {
     const int n = (int)tokens.size();
     std::vector<int4> host_buckets(buckets.size());
     std::vector<int> host_positions(n);
-    const int num_buckets = encoder_backward_plan(host_buckets.data(), host_positions.data(), tokens.data(), n, C);
-    plan = {buckets, positions, num_buckets, encoder_plan_long_buckets(host_buckets.data(), num_buckets), n};
+    plan.buckets = buckets;
+    plan.positions = positions;
+    encoder_backward_plan(&plan, host_buckets.data(), host_positions.data(), tokens.data(), n, C);
     buckets.upload(host_buckets);
     positions.upload(host_positions);
   }
