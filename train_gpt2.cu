@@ -61,6 +61,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cooperative_groups.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda.h>
@@ -430,6 +431,14 @@ __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 1/x in one instruction (MUFU.RCP, within 1 ulp), results below 2^-126 flushed to zero; 1.0f / x
+// adds a Newton step and a slow path for IEEE rounding.
+__device__ __forceinline__ float rcp_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
@@ -5158,19 +5167,26 @@ void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t
 // One block per row of logits [N, Vp]: softmax over the first V columns (the padding is not part
 // of the vocabulary), loss = logsumexp - logit[target] into losses[row], and, when dloss != 0,
 // the logits are overwritten in place by dlogits = (softmax - onehot(target)) * dloss, zero in
-// the padding. Only one logits-sized buffer ever exists. The row is copied into shared memory
-// (cp.async: no registers held), so two blocks per SM keep one row in flight while the other
-// computes. Each thread takes its 16-byte pieces in turn: the piece's max, the running sum
-// rescaled when the max grows, the piece's exponentials; the block then merges the threads'
-// (max, sum) pairs in a fixed tree: deterministic, and two exponentials per logit. Floors: read
-// and write N*Vp once; about ten instructions per logit.
-// Capped logits (llmc::LogitCap, the kernel's CAP): the softmax, loss and gradient are those of
+// the padding. Only one logits-sized buffer ever exists. Floors: read and write N*Vp once.
+// Capped logits (llmc::LogitCap, the kernels' CAP): the softmax, loss and gradient are those of
 // y = cap(z) for each logit z, and the gradient written is that of z, dL/dy * dy/dz. The modern
-// head's y = c * z / sqrt(z^2 + c^2), dy/dz = (c / sqrt(z^2 + c^2))^3, costs one more reciprocal
-// square root per logit in each pass; the speedrun's y = c * sigmoid(z / s), dy/dz =
-// (c / s) * sigmoid * (1 - sigmoid), one exponential (1 - sigmoid as e / (1 + e), exact where the
-// sigmoid nears 1). GPT-2's instantiation is the uncapped one.
-
+// head's y = c * z / sqrt(z^2 + c^2), dy/dz = (c / sqrt(z^2 + c^2))^3, costs a reciprocal square
+// root per logit; the speedrun's y = c * sigmoid(z / s), dy/dz = (c / s) * sigmoid * (1 - sigmoid),
+// an exponential and a reciprocal (1 - sigmoid as e * sigmoid, exact where the sigmoid nears 1).
+// These run on the SM's 16-lane special-function unit, one instruction in eight, and bound the
+// capped classifier: an exponential and a reciprocal for the cap and one for the softmax are
+// three a logit, and recomputing them for the gradient doubled that. So two kernels:
+// - fused_classifier_kernel (GPT-2's uncapped logits; capped ones where the next does not fit):
+//   the row copied into shared memory (cp.async: no registers held), two blocks per SM so that
+//   one row is in flight while the other computes. Each thread takes its 16-byte pieces in turn:
+//   the piece's max, the running sum rescaled when the max grows, the piece's exponentials; the
+//   block then merges the threads' (max, sum) pairs in a fixed tree: deterministic. The
+//   gradient's pass recomputes each exponential.
+// - capped_classifier_kernel: a capped logit is at most the cap, so the softmax's exponentials
+//   are taken against that bound, not the row's max, and each one is final when it is computed:
+//   the kernel keeps exp(y - bound) * dy/dz of every column in shared memory (FP32: a row takes
+//   two blocks, a cluster, each half of it) and the gradient's pass is a multiply. The bound is
+//   exact: the caps' exponentials stay above 2^-120 (kCappedShiftMaxLog2).
 constexpr int kClassifierThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -5200,7 +5216,7 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
 }
 
 // The capped logit y the softmax sees; *slope = dy/dz (capped kinds only). inv_scale: 1 / scale.
-constexpr float kSigmoidCapMaxExponent = 88.0f;  // expf(88) = 1.7e38 < FLT_MAX
+constexpr float kSigmoidCapMaxExponentLog2 = 126.0f;  // 2^126 = 8.5e37 < FLT_MAX
 constexpr float kRationalCapMaxLogit = 1e18f;    // (1e18)^2 < FLT_MAX
 template <llmc::LogitCap::Kind CAP>
 __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_scale, float* slope = nullptr) {
@@ -5212,9 +5228,10 @@ __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_
     return z * cap_rsqrt;
   }
   if (CAP == llmc::LogitCap::kSigmoid) {
-    // Clamped where expf would overflow (z < -88.7 s): inf * 0 would make the slope NaN, where the
-    // sigmoid and its slope are below 1e-38 and round to the same y.
-    const float e = expf(fminf(-z * inv_scale, kSigmoidCapMaxExponent)), s = 1.0f / (1.0f + e);
+    // e = exp(-z / s), clamped where it would overflow (z < -87 s): inf * 0 would make the slope
+    // NaN, where the sigmoid and its slope are below 1e-38 and round to the same y. Both
+    // instructions are within 2 ulp: y within about 3e-6 of exact at the cap of 30.
+    const float e = exp2_ftz(fminf(z * (-inv_scale * kLog2e), kSigmoidCapMaxExponentLog2)), s = rcp_ftz(1.0f + e);
     if (slope) *slope = cap * inv_scale * s * (e * s);
     return cap * s;
   }
@@ -5303,14 +5320,154 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   }
 }
 
+// The capped logit's bound (y <= bound) and, in log2 units, the range of y - bound: the rational
+// cap's y is in (-cap, cap), the sigmoid's in (0, cap).
+constexpr float kCappedShiftMaxLog2 = 120.0f;  // exp(y - bound) >= 2^-120: no flush to zero
+inline float capped_shift_range_log2(const llmc::LogitCap& cap) {
+  return (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f) * cap.cap * kLog2e;
+}
+
+constexpr int kCappedClassifierThreads = 512;
+constexpr int kCappedClassifierPiecesInFlight = 4;
+
+// The columns a half-row block takes: pieces [first, end) of the row's Vp / x128::size.
+__device__ __forceinline__ void capped_classifier_half(int pieces, int half, int& first, int& end) {
+  const int front = (pieces + 1) / 2;
+  first = half == 0 ? 0 : front;
+  end = half == 0 ? front : pieces;
+}
+
+// A cluster of two blocks per row, each half of its columns (so two rows share an SM: one loads
+// while the other computes). Dynamic shared memory: exp(y - cap) * dy/dz of the half's columns,
+// FP32 (training only). The halves' sums meet in both blocks' shared memory (each block stores
+// its sum into both), and both add them in the same order. Hopper (compute capability 9.0+).
+template <llmc::LogitCap::Kind CAP>
+__global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier_kernel(
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char classifier_shared[];
+  float* grad_s = reinterpret_cast<float*>(classifier_shared);
+  constexpr int kWarps = kCappedClassifierThreads / WARP_SIZE, kSize = x128::size;
+  constexpr int kStride = kCappedClassifierThreads * kCappedClassifierPiecesInFlight;
+  __shared__ float warp_sums[kWarps], half_sums[2], target_logit, target_slope;
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int half = (int)cluster.block_rank();
+  const size_t row = blockIdx.x / 2;
+  floatX* x = logits + row * Vp;
+  const int target = targets[row];
+  const bool training = dloss != 0.0f;
+  if (threadIdx.x == 0) target_logit = classifier_logit<CAP>((float)x[target], cap, inv_scale, &target_slope);
+  const float bound_log2 = cap * kLog2e;
+  int first_piece, end_piece;
+  capped_classifier_half(Vp / kSize, half, first_piece, end_piece);
+  float s = 0.0f;
+  for (int first = first_piece + threadIdx.x; first < end_piece; first += kStride) {
+    x128 v[kCappedClassifierPiecesInFlight];
+#pragma unroll
+    for (int u = 0; u < kCappedClassifierPiecesInFlight; u++) {
+      const int piece = first + u * kCappedClassifierThreads;
+      if (piece < end_piece) v[u] = load128cs(x + (size_t)piece * kSize);
+    }
+#pragma unroll
+    for (int u = 0; u < kCappedClassifierPiecesInFlight; u++) {
+      const int piece = first + u * kCappedClassifierThreads, col = piece * kSize;
+      if (piece >= end_piece) break;
+      float g[kSize];
+#pragma unroll
+      for (int k = 0; k < kSize; k++) {
+        float slope;
+        const float y = classifier_logit<CAP>((float)v[u][k], cap, inv_scale, &slope);
+        const float p = exp2_ftz(fmaf(y, kLog2e, -bound_log2));
+        const bool real = col + k < V;  // the padding (NaN allowed there) adds nothing
+        s += real ? p : 0.0f;
+        g[k] = real ? p * slope : 0.0f;
+      }
+      if (training) {
+#pragma unroll
+        for (int k = 0; k < kSize; k += f128::size) {
+          f128 out;
+#pragma unroll
+          for (int j = 0; j < f128::size; j++) out[j] = g[k + j];
+          store128(grad_s + (piece - first_piece) * kSize + k, out);
+        }
+      }
+    }
+  }
+  // The threads' sums in a fixed tree (a warp's, then warp 0 over the warps), into both blocks.
+  const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+  s = warp_reduce_sum(s);
+  if (lane == 0) warp_sums[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = warp_reduce_sum(lane < kWarps ? warp_sums[lane] : 0.0f);
+    if (lane < 2) cluster.map_shared_rank(half_sums, lane)[half] = s;
+  }
+  cluster.sync();
+  const float row_sum = half_sums[0] + half_sums[1];
+  if (half == 0 && threadIdx.x == 0) losses[row] = logf(row_sum) + cap - target_logit;
+  if (!training) return;
+  // dlogits = g * dloss / sum; the target's column gets (softmax - 1) * dloss * dy/dz. Each thread
+  // reads back the columns it wrote.
+  const float scale = dloss / row_sum;
+  for (int piece = first_piece + threadIdx.x; piece < end_piece; piece += kCappedClassifierThreads) {
+    const int col = piece * kSize;
+    x128 d;
+#pragma unroll
+    for (int k = 0; k < kSize; k += f128::size) {
+      const f128 g = load128(grad_s + (piece - first_piece) * kSize + k);
+#pragma unroll
+      for (int j = 0; j < f128::size; j++) {
+        const float dz = g[j] * scale;
+        d[k + j] = (floatX)(col + k + j == target ? dz - dloss * target_slope : dz);
+      }
+    }
+    store128(x + col, d);
+  }
+#endif
+}
+
+// Launches capped_classifier_kernel where the GPU has clusters and shared memory for a half row;
+// false where it does not.
+bool capped_classifier_launch(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
+                              const llmc::LogitCap& cap, float inv_scale, int max_shared, cudaStream_t stream) {
+  int device = 0, major = 0;
+  cudaCheck(cudaGetDevice(&device));
+  cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const auto kernel = cap.kind == llmc::LogitCap::kRational ? capped_classifier_kernel<llmc::LogitCap::kRational>
+                                                            : capped_classifier_kernel<llmc::LogitCap::kSigmoid>;
+  cudaFuncAttributes attributes;
+  cudaCheck(cudaFuncGetAttributes(&attributes, kernel));
+  const size_t shared = (size_t)ceil_div(Vp / x128::size, 2) * x128::size * sizeof(float);
+  if (major < 9 || shared + attributes.sharedSizeBytes > (size_t)max_shared) return false;
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(2 * N);
+  config.blockDim = dim3(kCappedClassifierThreads);
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale));
+  return true;
+}
+
 // dloss = 0 computes the losses only (validation) and leaves the logits intact. The softmax takes
-// the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does).
+// the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does). Capped logits
+// take capped_classifier_kernel on GPUs with clusters where half a row fits in a block's shared
+// memory (Hopper's 227 KiB: Vp up to 116,000), unless recompute is set (the tests run both kernels).
 void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
-                      float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {}) {
+                      float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {}, bool recompute = false) {
   REQUIRE(Vp % x128::size == 0 && V <= Vp, "fused_classifier: Vp=%d must be a multiple of %d, and V=%d at most Vp",
           Vp, x128::size, V);
-  REQUIRE(cap.kind == llmc::LogitCap::kNone || (std::isfinite(cap.cap) && cap.cap > 0.0f),
-          "fused_classifier: a cap of %g: it must be a positive finite number", cap.cap);
+  const bool capped = cap.kind != llmc::LogitCap::kNone;
+  REQUIRE(!capped || (std::isfinite(cap.cap) && cap.cap > 0.0f && capped_shift_range_log2(cap) <= kCappedShiftMaxLog2),
+          "fused_classifier: a cap of %g: it must be a positive number below %g (%s)", cap.cap,
+          kCappedShiftMaxLog2 / kLog2e / (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f), cap.describe().c_str());
   REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f),
           "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);
   static int max_shared = 0;
@@ -5318,6 +5475,11 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
     int device = 0;
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  }
+  const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
+  if (capped && !recompute &&
+      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, max_shared, stream)) {
+    return;
   }
   const size_t shared = (size_t)Vp * sizeof(floatX);
   REQUIRE(shared <= (size_t)max_shared,
@@ -5327,7 +5489,6 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
                       : cap.kind == llmc::LogitCap::kSigmoid ? fused_classifier_kernel<llmc::LogitCap::kSigmoid>
                                                              : fused_classifier_kernel<llmc::LogitCap::kNone>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
   kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale);
   cudaCheckLaunch();
 }

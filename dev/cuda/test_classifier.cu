@@ -77,32 +77,37 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
     cpu::softmax_crossentropy_backward(ref_dlogits.data(), probs.data(), targets.data(), dloss, N, V,
                                        Vp);
   }
-  // The rational cap's y = z * c * rsqrtf(z^2 + c^2) is within about 3 ulp of the exact value
-  // (rsqrtf: 2), up to 5e-6 near |y| = 15: each exponential moves by up to 6e-6 relative, and
-  // their sum too, so an FP32 build is held to 4e-5 instead of kTolStore's 1e-5 (the sigmoid's
-  // expf and division err less). BF16's rounding dwarfs it.
+  // The caps' y are within about 3 ulp of the exact values (the rational's rsqrtf: 2; the
+  // sigmoid's exponential and reciprocal: 2 and 1), up to 5e-6 near |y| = 15 and 1e-5 near 30:
+  // each exponential moves by as much relative, and their sum too, so an FP32 build is held to
+  // 4e-5 instead of kTolStore's 1e-5. BF16's rounding dwarfs it.
   const float tol_dlogits = capped ? std::max(kTolStore, 4e-5f) : kTolStore;
-  auto run = [&](float scale) {
-    d_logits.upload(logits);
-    losses.poison();
-    fused_classifier(d_logits, losses, d_targets, N, V, Vp, scale, 0, cap);
-  };
-  run(dloss);
-  // Losses are FP32 in both builds, from the same stored logits.
-  check_close("training losses", losses.download(), ref_losses, kTolFP32);
-  check_close("training dlogits", d_logits.download(), ref_dlogits, tol_dlogits);
-  const Snapshot training_bits(losses, d_logits);
-  run(dloss);
-  check_same_bits("training twice", training_bits, Snapshot(losses, d_logits));
+  // Capped logits: both kernels (the one that keeps each column's gradient, and the one that
+  // recomputes it, which GPUs with less shared memory run).
+  for (const bool recompute : capped ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+    const std::string kernel = !capped ? "" : recompute ? " (recomputing kernel)" : " (keeping kernel)";
+    auto run = [&](float scale) {
+      d_logits.upload(logits);
+      losses.poison();
+      fused_classifier(d_logits, losses, d_targets, N, V, Vp, scale, 0, cap, recompute);
+    };
+    run(dloss);
+    // Losses are FP32 in both builds, from the same stored logits.
+    check_close("training losses" + kernel, losses.download(), ref_losses, kTolFP32);
+    check_close("training dlogits" + kernel, d_logits.download(), ref_dlogits, tol_dlogits);
+    const Snapshot training_bits(losses, d_logits);
+    run(dloss);
+    check_same_bits("training twice" + kernel, training_bits, Snapshot(losses, d_logits));
 
-  d_logits.upload(logits);
-  const Snapshot untouched(d_logits);
-  run(0.0f);
-  check_close("validation losses", losses.download(), ref_losses, kTolFP32);
-  check_same_bits("validation keeps logits", untouched, Snapshot(d_logits));
-  const Snapshot validation_bits(losses);
-  run(0.0f);
-  check_same_bits("validation twice", validation_bits, Snapshot(losses));
+    d_logits.upload(logits);
+    const Snapshot untouched(d_logits);
+    run(0.0f);
+    check_close("validation losses" + kernel, losses.download(), ref_losses, kTolFP32);
+    check_same_bits("validation keeps logits" + kernel, untouched, Snapshot(d_logits));
+    const Snapshot validation_bits(losses);
+    run(0.0f);
+    check_same_bits("validation twice" + kernel, validation_bits, Snapshot(losses));
+  }
 }
 
 int main() {
