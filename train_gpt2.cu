@@ -2016,9 +2016,10 @@ void fp8_require_layer(int C, int OC) {
           "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
 }
 
-// Whether the FP8 layers fit an architecture: their casts compute LayerNorm's and GELU's outputs
-// (Fp8CastSource) and the fc layer's backward applies GELU' (matmul_backward_fp8).
-bool fp8_layers_support(const llmc::ArchSpec& a) { return !a.rms_norm && !a.relu2; }
+// Whether delayed scaling's casts can compute a block's LayerNorm and GELU outputs (Fp8CastSource)
+// and the fc layer's backward GELU' (matmul_backward_fp8): GPT-2's block. Other blocks (RMSNorm,
+// ReLU^2) cast the values their norms and activations write, with either scaling.
+bool fp8_sources_support(const llmc::ArchSpec& a) { return !a.rms_norm && !a.relu2; }
 
 // How a layer's input and output-gradient casts scale.
 enum class Fp8Scaling {
@@ -6393,8 +6394,9 @@ struct ActSpec {
 // act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
 // kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
 // layers' transposed casts instead.
-// ln_per_layer false (FP8): likewise the layernorm outputs ln1 and ln2, which only the FP8 casts
-// read (the layernorm backward reads the layer's input and statistics).
+// ln_per_layer false (FP8): likewise the norms' outputs ln1 and ln2, which only the FP8 casts read
+// (the norms' backward reads the layer's input and statistics); ln1 stays per layer where the
+// heads' gates read it (attention_gate).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
 // logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
 // A tensor the architecture's switches leave out has count 0: the embedding before its norm and
@@ -6414,7 +6416,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"embedded", embedding_norm * BT * C, 1, false},
       {"emb_rstd", embedding_norm * BT, 1, true},
       {"encoded", BT * C, 1, false},
-      {"ln1", BT * C, ln_per_layer ? L : 1, false},
+      {"ln1", BT * C, ln_per_layer || arch.attention_gate ? L : 1, false},
       {"ln1_mean", means * BT, L, true},
       {"ln1_rstd", BT, L, true},
       {"qkv_normed", (flash ? 0 : qk) * 3 * BT * C, L, false},
@@ -6527,6 +6529,7 @@ struct Activations {
   floatX* scratch_bt4c = nullptr;    // B*T*4C: qkv in the forward pass, dfch / dqkv backward
   floatX* dresidual = nullptr;       // B*T*C residual-stream gradient
   bool flash_attention = false;      // attention_flash_supported(head size)
+  bool evaluation_only = false;      // a forward pass's own (validation at -vt): BF16 products with -fp8
   floatX* scratch_att = nullptr;     // B*NH*T*T: preatt forward, datt backward (GEMM attention)
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
@@ -6554,7 +6557,8 @@ struct Activations {
 // weights are cast by the first forward pass after the parameters change (gpt2_init, gpt2_update;
 // with ZeRO that is after the all-gather that follows the update), with current scaling. The
 // inputs and output gradients: current scaling with -fp8 1; delayed with -fp8 2, once the history
-// holds a step (gpt2_fp8_end_step), current before. Decoding (section 11) stays BF16.
+// holds a step (gpt2_fp8_end_step), current before. Decoding (section 11) and a forward pass in
+// activations of its own (validation at -vt) stay BF16, as the FP8 head's evaluation does.
 struct Fp8State {
   bool fp8 = false;
   bool fp8_delayed = false;
@@ -6863,8 +6867,6 @@ void gpt2_allocate_fp8(GPT2& m, int B, int T, int fp8, Fp8Format grad_format) {
   m.fp8_delayed = fp8 == 2;
   m.fp8_grad_format = grad_format;
   if (fp8) {
-    REQUIRE(fp8_layers_support(m.arch()), "-fp8 %d: the FP8 layers are GPT-2's; the %s architecture runs in "
-            "BF16: use -fp8 0", fp8, m.arch().name);
     fp8_require_build_and_gpu(llmc::strformat("-fp8 %d", fp8), "-fp8 0");
     fp8_require_layer((int)C, (int)C);
     const size_t L = c.num_layers, Np = fp8_padded(B * T);
@@ -6974,6 +6976,7 @@ void gpt2_allocate_validation(GPT2& m, int B, int T) {
   Activations& a = m.forward_only;
   a.B = B;
   a.T = T;
+  a.evaluation_only = true;
   m.act_bytes += device_bytes_of([&] {
     activation_table(c, B, T, false, false, a.act_specs);
     for (int i = 0; i < kNumActTensors; i++) {
@@ -7028,6 +7031,8 @@ void gpt2_fp8_cast_weights(GPT2& m) {
   if (m.fp8) {
     for (int l = 0; l < m.config.num_layers; l++) {
       for (int i = 0; i < kNumBlockLinears; i++) {
+        const bool attention = i == kLinearQkv || i == kLinearAttproj;
+        if (attention && !llmc::layer_has_attention(m.config, l)) continue;  // the speedrun's layer 7
         const LinearSpec& spec = kBlockLinears[i];
         fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
       }
@@ -7615,8 +7620,9 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
   // already in attproj's bias gradient.
   if (llmc::layer_has_attention(m.config, l)) {
-    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, attproj_input(m, l, N), nullptr,
-                         N, seeds.next());
+    // FP8's product reads the transposed cast its forward kept, not the gated output.
+    const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
+    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
     const floatX* dln1_gates = attention_gate_backward_rows(m, l, N, seeds);
     attention_backward_rows(m, l, B, T, seeds);
     value_mix_backward_rows(m, l, N, seeds);
@@ -7643,8 +7649,8 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   BlockRows r;
   r.B = B;
   r.T = T;
-  r.fp8 = m.fp8;
-  r.fp8_sources = m.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
+  r.fp8 = m.fp8 && !m.evaluation_only;
+  r.fp8_sources = r.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed && fp8_sources_support(m.arch());
   const NormAt next = norm_after_block(m, l);
   // The norms' outputs where the products read them, and the final norm's, which the head reads.
   auto norm = [&](const NormSpec& n, int layer) {
@@ -9256,9 +9262,6 @@ void validate_args(const TrainArgs& a) {
           "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
           PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
-  REQUIRE(!a.fp8 || fp8_layers_support(llmc::arch_spec(a.recipe->arch)),
-          "-fp8 %d: the FP8 layers are GPT-2's; -recipe %s's architecture runs in BF16: use -fp8 0", a.fp8,
-          a.recipe->name);
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
@@ -9549,8 +9552,6 @@ void resolve_validation_length(TrainArgs& a, int max_seq_len) {
   REQUIRE(!a.documents || a.val_T % llmc::kAttentionBlock == 0, "-vt %d: attention within documents (-pd 1) "
           "takes whole blocks of %d tokens: use a multiple of %d", a.val_T, llmc::kAttentionBlock,
           llmc::kAttentionBlock);
-  REQUIRE(a.fp8 == 0 || a.val_T == a.T, "-vt %d with -fp8 %d: the FP8 layers' buffers hold -t %d tokens a "
-          "sequence: give -vt 0 (validation at -t)", a.val_T, a.fp8, a.T);
 }
 
 // What a run reads and checks before any GPU is touched, so that a bad flag or file fails with

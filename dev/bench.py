@@ -173,7 +173,8 @@ def parse_args(argv=None):
 def check_args(args, configs):
     """Fails on flags that cannot make a run, before any is made."""
     if args.fp8 and args.recipe == "modern":
-        fail("--fp8 with --recipe modern: the trainer runs the modern architecture in BF16 only; drop --fp8")
+        fail("--fp8 with --recipe modern: the PyTorch peer has no FP8 layers for the modern architecture; "
+             "drop --fp8")
     for preset, B in configs:
         for who, micro in (("ours", B * max(args.gpus, 1)), ("the peer", args.peer_micro_batch or B)):
             if args.batch_tokens and args.batch_tokens % (micro * args.seq_len):

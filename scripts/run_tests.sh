@@ -564,6 +564,19 @@ gpu_determinism() {
         "$LOGS/determinism_fp8_${scaling}_2.log"
       run "fp8_${scaling}_losses_track" losses_track "$LOGS/determinism_1.log" "$LOGS/determinism_fp8_${scaling}_1.log" 0.1
     done
+    # The speedrun's blocks in FP8 (its RMSNorm and ReLU^2 outputs written, then cast; validation at
+    # -vt 512 in BF16 products, in its own activations): the same bits twice, and validation losses
+    # within 2% of the BF16 blocks' above (the FP8 head in both), as the head's bound.
+    for scaling in 1 2; do
+      for i in 1 2; do
+        run "determinism_speedrun_fp8_${scaling}_$i" ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 \
+          -vt 512 -z 1024 -x 20 -v 10 -m 4 -s 0 -fp8 $scaling
+      done
+      run "determinism_speedrun_fp8_${scaling}_same_losses" same_losses \
+        "$LOGS/determinism_speedrun_fp8_${scaling}_1.log" "$LOGS/determinism_speedrun_fp8_${scaling}_2.log"
+      run "speedrun_fp8_${scaling}_val_losses_agree" val_losses_agree "$LOGS/determinism_speedrun_1.log" \
+        "$LOGS/determinism_speedrun_fp8_${scaling}_1.log" 0.02
+    done
     # E4M3 output gradients (-fp8g 1): the startup table says so, and the losses track BF16's too.
     run fp8_e4m3_gradients ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0 -fp8 2 -fp8g 1
     run fp8_e4m3_gradients_shown grep -aE "^\| FP8 formats +\| E4M3 weights and activations, E4M3 gradients" \

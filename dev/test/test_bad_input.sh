@@ -519,14 +519,10 @@ if has_flag -recipe; then
   grep -q -- "-kd" "$err" && problems+=("-kd named, which the command line did not give")
   report "-recipe modern -k cosine: the recipe's -kd is not named"
 fi
-# --- validation's own sequence length (-vt): the model's, the mask's blocks, -fp8's buffers, the shards
+# --- validation's own sequence length (-vt): the model's, the mask's blocks, the shards
 if has_flag -vt; then
   expect "-vt above the model's maximum" "^error: -vt 128 is above the model's maximum sequence length 64: use -vt 64 or less\$" \
     -vt 128
-  if ! grep -q "precision FP32" <<< "$help"; then
-    expect "-vt with -fp8" "^error: -vt 32 with -fp8 1: the FP8 layers' buffers hold -t 64 tokens a sequence: give -vt 0 \(validation at -t\)\$" \
-      -vt 32 -fp8 1
-  fi
   expect "-vt longer than the validation shard" "val\.bin: [0-9]+ tokens are too few for one batch: .* \(validation batches of -b 4 sequences of -vt 64 tokens\)\$" \
     -t 32 -v 1 -vt 64 -j "$DIR/short_val.bin"
   WATCH=("$KEEP")
