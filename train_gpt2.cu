@@ -858,7 +858,7 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
   }
   const float rstd = rsqrtf(warp_reduce_sum(var) / C + (RMS ? kRmsNormEps : kLayerNormEps));
   // No out: the statistics only, for an FP8 cast that normalises as it reads x
-  // (Fp8CastInput::kLayerNorm, the same arithmetic as here).
+  // (Fp8CastInput::kNorm, the same arithmetic as here).
   for (int c = lane * x128::size; out && c < C; c += WARP_SIZE * x128::size) {
     const x128 v = load128(x + c);
     x128 o;
@@ -1492,10 +1492,15 @@ bool matmul_cublaslt(void* d, const void* a, const void* b, const floatX* bias, 
   return ok;
 }
 
+// The MLP's activations (section 7).
+enum class Activation { kGelu, kRelu2 };
 __device__ __forceinline__ float gelu(float x);
 __device__ __forceinline__ float gelu_grad(float x);
+__device__ __forceinline__ float relu2(float x);
+__device__ __forceinline__ float relu2_grad(float x);
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
+void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream);
 
 // The forward product out[N, OC] = b[N, C] @ a[OC, C]^T + bias of the storage-type or the FP8
 // operands: with pre_gelu, pre_gelu = that and out = GELU(it), in cuBLASLt's epilogue or after it.
@@ -1716,21 +1721,24 @@ void fp8_dispatch(Fp8Format f, bool delayed, Launch&& launch) {
 // bytes in an order rotated by its column, so that a warp's stores fall in distinct banks), then
 // writes 128-byte rows of out_t. Deterministic (the amax is an integer maximum). Floor: reads 2
 // bytes and writes 2 per value (BF16).
-// What the kernel casts (Fp8CastInput): x itself; GELU(x), x being GELU's input, in FP32 and
-// rounded to BF16 as gelu_forward does (the same bits), never written (the fcproj layer's input
-// in the pass that casts it: the fc product writes GELU's input alone); LayerNorm(x), x being
-// its input, from the row statistics the layernorm forward kept and its weight and bias, as
-// layernorm_row computes it (the same bits), never written (the qkv and fc layers' inputs); or,
-// x being a gradient of GELU's output, x * GELU'(pre_gelu), in FP32 and rounded to BF16 as
-// gelu_backward_inplace does, never written either (the fc layer's output gradient in the pass
-// that casts it: reads 4 bytes a value, writes 2). Its only BF16 reader was the fc bias
-// gradient's column sum, so the kernel sums each tile's columns instead: col_partials row
-// blockIdx.y holds the sums over the tile's 128 rows, each thread's rows in order and then the
-// threads of a column in order (fixed, so deterministic), for column_sum_finalize.
-enum class Fp8CastInput { kValues, kGelu, kLayerNorm, kTimesGeluGrad };
+// What the kernel casts (Fp8CastInput): x itself; GELU(x) or ReLU^2(x), x being the activation's
+// input, in FP32 and rounded to BF16 as gelu_forward and relu2_forward do (the same bits), never
+// written (the fcproj layer's input in the pass that casts it: the fc product writes the
+// activation's input alone); the norm of x, x being its input, from the row statistics the norm's
+// forward kept and its weight and bias (LayerNorm; RMSNorm without mean and bias, and without a
+// weight where it has no gain), as layernorm_row computes it (the same bits), never written (the
+// qkv and fc layers' inputs); or, x being a gradient of the activation's output, x * GELU'(pre) or
+// x * ReLU^2'(pre), in FP32 and rounded to BF16 as the activations' backward does, never written
+// either (the fc layer's output gradient in the pass that casts it: reads 4 bytes a value,
+// writes 2). Its only BF16 reader was the fc bias gradient's column sum, so the kernel sums each
+// tile's columns instead: col_partials row blockIdx.y holds the sums over the tile's 128 rows,
+// each thread's rows in order and then the threads of a column in order (fixed, so
+// deterministic), for column_sum_finalize.
+enum class Fp8CastInput { kValues, kGelu, kRelu2, kNorm, kTimesGeluGrad, kTimesRelu2Grad };
 
-// Where an FP8 layer's input comes from (matmul_forward_fp8): kValues, kGelu or kLayerNorm, the
-// last with the layernorm's row statistics [N] and its weight and bias [C].
+// Where an FP8 layer's input comes from (matmul_forward_fp8): kValues, kGelu, kRelu2 or kNorm, the
+// last with the norm's row statistics [N] and its weight and bias [C] (mean and bias nullptr for
+// RMSNorm, weight nullptr without a gain).
 struct Fp8CastSource {
   Fp8CastInput kind = Fp8CastInput::kValues;
   const float* mean = nullptr;
@@ -1739,9 +1747,19 @@ struct Fp8CastSource {
   const floatX* bias = nullptr;
 };
 
-Fp8CastSource fp8_layernorm_source(const float* mean, const float* rstd, const floatX* weight,
-                                   const floatX* bias) {
-  return {Fp8CastInput::kLayerNorm, mean, rstd, weight, bias};
+Fp8CastSource fp8_norm_source(const float* mean, const float* rstd, const floatX* weight, const floatX* bias) {
+  return {Fp8CastInput::kNorm, mean, rstd, weight, bias};
+}
+
+Fp8CastSource fp8_activation_source(Activation act) {
+  return {act == Activation::kGelu ? Fp8CastInput::kGelu : Fp8CastInput::kRelu2};
+}
+
+// A norm's output from its input x and row statistics, as layernorm_row computes it.
+__device__ __forceinline__ float fp8_norm_value(float x, float mean, float rstd, float weight, float bias,
+                                                bool layernorm, bool weighted) {
+  if (layernorm) return (x - mean) * rstd * weight + bias;
+  return weighted ? x * rstd * weight : x * rstd;
 }
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
@@ -1752,7 +1770,7 @@ int fp8_tile_rows(int R) { return ceil_div(fp8_padded(R), kFp8TileRows); }
 template <Fp8Format F, bool kDelayed, Fp8CastInput kInput>
 __global__ void __launch_bounds__(kFp8Threads)
     fp8_cast_transpose_kernel(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
-                              const floatX* pre_gelu, float* col_partials, Fp8CastSource ln, int R,
+                              const floatX* pre_act, float* col_partials, Fp8CastSource ln, int R,
                               int C, int ld_t) {
   __shared__ alignas(16) uint8_t tile[kFp8TileCols * kFp8TilePitch];
   const float s = fp8_cast_scale<kDelayed>(scale, F);
@@ -1763,40 +1781,41 @@ __global__ void __launch_bounds__(kFp8Threads)
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TileCols;
   // The loads of a batch of pieces are issued before the first of their stores: the stores to
   // out could alias later loads as far as the compiler knows, so a loop of load, cast, store
-  // keeps one piece in flight per thread. The casts batch all of a thread's pieces. With
-  // kTimesGeluGrad, two inputs a piece, batches of 4 held too many registers; batches of one
-  // piece, unrolled, ran fastest. With LayerNorm,
+  // keeps one piece in flight per thread. The casts batch all of a thread's pieces. With an
+  // activation's gradient, two inputs a piece, batches of 4 held too many registers; batches of
+  // one piece, unrolled, ran fastest. With LayerNorm,
   // batches of 4 hold 80 registers (3 blocks an SM), batches of 2 hold 63 (4 blocks).
   constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
-  constexpr int kBatch = kGeluGrad ? 1 : kInput == Fp8CastInput::kLayerNorm ? 2 : kLoads;
-  // A thread's pieces share their columns (kFp8Threads is a multiple of kPieces): LayerNorm's
+  constexpr bool kActGrad = kGeluGrad || kInput == Fp8CastInput::kTimesRelu2Grad;
+  constexpr bool kNorm = kInput == Fp8CastInput::kNorm;
+  constexpr int kBatch = kActGrad ? 1 : kNorm ? 2 : kLoads;
+  // A thread's pieces share their columns (kFp8Threads is a multiple of kPieces): the norm's
   // weight and bias are loaded once, beside the first loads.
   static_assert(kFp8Threads % kPieces == 0, "a thread's pieces share their columns");
   x128 ln_weight, ln_bias;
-  float col_sum[x128::size] = {};  // with GELU': the thread's column sums over its rows
-  if (kInput == Fp8CastInput::kLayerNorm) {
+  const bool layernorm = ln.mean != nullptr, weighted = ln.weight != nullptr;
+  float col_sum[x128::size] = {};  // with an activation's gradient: the thread's column sums over its rows
+  if (kNorm) {
     const int col = col0 + (threadIdx.x % kPieces) * x128::size;
     for (int k = 0; k < x128::size; k++) ln_weight[k] = ln_bias[k] = (floatX)0.0f;
-    if (col < C) {
-      ln_weight = load128(ln.weight + col);
-      ln_bias = load128(ln.bias + col);
-    }
+    if (col < C && weighted) ln_weight = load128(ln.weight + col);
+    if (col < C && layernorm) ln_bias = load128(ln.bias + col);
   }
 #pragma unroll
   for (int j0 = 0; j0 < kLoads; j0 += kBatch) {
-    x128 loaded[kBatch], gelu_in[kBatch];
+    x128 loaded[kBatch], act_in[kBatch];
     float ln_mean[kBatch], ln_rstd[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; b++) {
       const int id = threadIdx.x + (j0 + b) * kFp8Threads, piece = id % kPieces, r = id / kPieces;
       const int row = row0 + r, col = col0 + piece * x128::size;
-      for (int k = 0; k < x128::size; k++) loaded[b][k] = gelu_in[b][k] = (floatX)0.0f;
+      for (int k = 0; k < x128::size; k++) loaded[b][k] = act_in[b][k] = (floatX)0.0f;
       ln_mean[b] = ln_rstd[b] = 0.0f;
       if (row < R && col < C) {
         loaded[b] = load128(x + (size_t)row * C + col);
-        if (kGeluGrad) gelu_in[b] = load128(pre_gelu + (size_t)row * C + col);
-        if (kInput == Fp8CastInput::kLayerNorm) {
-          ln_mean[b] = ln.mean[row];
+        if (kActGrad) act_in[b] = load128(pre_act + (size_t)row * C + col);
+        if (kNorm) {
+          ln_mean[b] = layernorm ? ln.mean[row] : 0.0f;
           ln_rstd[b] = ln.rstd[row];
         }
       }
@@ -1809,15 +1828,22 @@ __global__ void __launch_bounds__(kFp8Threads)
       if (kInput == Fp8CastInput::kGelu && row < R && col < C) {
         for (int k = 0; k < x128::size; k++) v[k] = (floatX)gelu((float)v[k]);
       }
-      if (kInput == Fp8CastInput::kLayerNorm && row < R && col < C) {
+      if (kInput == Fp8CastInput::kRelu2 && row < R && col < C) {
+        for (int k = 0; k < x128::size; k++) v[k] = (floatX)relu2((float)v[k]);
+      }
+      if (kNorm && row < R && col < C) {
         for (int k = 0; k < x128::size; k++) {
-          v[k] = (floatX)(((float)v[k] - ln_mean[b]) * ln_rstd[b] * (float)ln_weight[k] + (float)ln_bias[k]);
+          v[k] = (floatX)fp8_norm_value((float)v[k], ln_mean[b], ln_rstd[b], (float)ln_weight[k], (float)ln_bias[k],
+                                        layernorm, weighted);
         }
       }
-      if (kGeluGrad && row < R && col < C) {
-        for (int k = 0; k < x128::size; k++) v[k] = (floatX)((float)v[k] * gelu_grad((float)gelu_in[b][k]));
+      if (kActGrad && row < R && col < C) {
+        for (int k = 0; k < x128::size; k++) {
+          const float pre = (float)act_in[b][k];
+          v[k] = (floatX)((float)v[k] * (kGeluGrad ? gelu_grad(pre) : relu2_grad(pre)));
+        }
       }
-      if (kGeluGrad) {  // zeros outside the tensor
+      if (kActGrad) {  // zeros outside the tensor
         // __fadd_rn keeps FP32 builds from fusing the product above into this sum: an FMA would
         // add the unrounded products, not the values cast.
         for (int k = 0; k < x128::size; k++) col_sum[k] = __fadd_rn(col_sum[k], (float)v[k]);
@@ -1837,15 +1863,15 @@ __global__ void __launch_bounds__(kFp8Threads)
   // A thread's pieces share their column piece threadIdx.x % kPieces (see above); its rows are
   // group, group + kGroups, ... for group threadIdx.x / kPieces.
   constexpr int kGroups = kFp8Threads / kPieces;
-  __shared__ float group_sums[kGeluGrad ? kGroups : 1][kGeluGrad ? kFp8TileCols : 1];
-  if (kGeluGrad) {
+  __shared__ float group_sums[kActGrad ? kGroups : 1][kActGrad ? kFp8TileCols : 1];
+  if (kActGrad) {
     for (int k = 0; k < x128::size; k++) {
       group_sums[threadIdx.x / kPieces][(threadIdx.x % kPieces) * x128::size + k] = col_sum[k];
     }
   }
   if (kDelayed) fp8_block_amax(m, &scale->amax_bits);
   __syncthreads();
-  if (kGeluGrad && threadIdx.x < kFp8TileCols && col0 + threadIdx.x < C) {
+  if (kActGrad && threadIdx.x < kFp8TileCols && col0 + threadIdx.x < C) {
     float total = 0.0f;
     for (int g = 0; g < kGroups; g++) total += group_sums[g][threadIdx.x];
     col_partials[(size_t)blockIdx.y * C + col0 + threadIdx.x] = total;
@@ -1861,21 +1887,24 @@ __global__ void __launch_bounds__(kFp8Threads)
 }
 
 void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
-                               const floatX* pre_gelu, float* col_partials, int R, int C, Fp8Format f,
+                               const floatX* pre_act, float* col_partials, int R, int C, Fp8Format f,
                                bool delayed, const Fp8CastSource& source, cudaStream_t stream) {
   const Fp8CastInput input = source.kind;
-  REQUIRE((input == Fp8CastInput::kTimesGeluGrad) == (pre_gelu != nullptr) &&
-              (pre_gelu != nullptr) == (col_partials != nullptr),
-          "fp8_cast_transpose: pre_gelu and col_partials are given with GELU' in the cast, and only then");
+  const bool act_grad = input == Fp8CastInput::kTimesGeluGrad || input == Fp8CastInput::kTimesRelu2Grad;
+  REQUIRE(act_grad == (pre_act != nullptr) && (pre_act != nullptr) == (col_partials != nullptr),
+          "fp8_cast_transpose: pre_act and col_partials are given with an activation's gradient in the cast, and "
+          "only then");
   REQUIRE(delayed || input == Fp8CastInput::kValues,
-          "fp8_cast_transpose: GELU, LayerNorm or GELU' in the cast needs delayed scaling");
-  REQUIRE(input != Fp8CastInput::kLayerNorm ||
-              (source.mean && source.rstd && (uintptr_t)source.weight % 16 == 0 &&
-               (uintptr_t)source.bias % 16 == 0 && source.weight && source.bias),
-          "fp8_cast_transpose: LayerNorm in the cast needs its statistics, and its weight and bias 16-byte aligned");
+          "fp8_cast_transpose: an activation, a norm or an activation's gradient in the cast needs delayed scaling");
+  REQUIRE(input != Fp8CastInput::kNorm ||
+              (source.rstd && (source.mean == nullptr) == (source.bias == nullptr) &&
+               (!source.mean || source.weight) && (uintptr_t)source.weight % 16 == 0 &&
+               (uintptr_t)source.bias % 16 == 0),
+          "fp8_cast_transpose: a norm in the cast needs its statistics (LayerNorm: its mean, weight and bias), its "
+          "weight and bias 16-byte aligned");
   REQUIRE(C % x128::size == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
-              (uintptr_t)out_t % 16 == 0 && (uintptr_t)pre_gelu % 16 == 0,
-          "fp8_cast_transpose: C=%d must be a multiple of %d, x, pre_gelu, out and out_t 16-byte aligned",
+              (uintptr_t)out_t % 16 == 0 && (uintptr_t)pre_act % 16 == 0,
+          "fp8_cast_transpose: C=%d must be a multiple of %d, x, pre_act, out and out_t 16-byte aligned",
           C, x128::size);
   const int ld_t = fp8_padded(R);
   const dim3 grid(ceil_div(C, kFp8TileCols), ceil_div(ld_t, kFp8TileRows));
@@ -1888,7 +1917,7 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, co
       constexpr Fp8CastInput kInput = decltype(kind)::value;
       if constexpr (kDelayed || kInput == Fp8CastInput::kValues) {
         fp8_cast_transpose_kernel<kFormat, kDelayed, kInput>
-            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_gelu, col_partials, source, R, C,
+            <<<grid, kFp8Threads, 0, stream>>>(out, out_t, scale, x, pre_act, col_partials, source, R, C,
                                                ld_t);
       }
     };
@@ -1896,8 +1925,10 @@ void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, co
     switch (input) {
       case Input::kValues: launch(std::integral_constant<Input, Input::kValues>()); break;
       case Input::kGelu: launch(std::integral_constant<Input, Input::kGelu>()); break;
-      case Input::kLayerNorm: launch(std::integral_constant<Input, Input::kLayerNorm>()); break;
+      case Input::kRelu2: launch(std::integral_constant<Input, Input::kRelu2>()); break;
+      case Input::kNorm: launch(std::integral_constant<Input, Input::kNorm>()); break;
       case Input::kTimesGeluGrad: launch(std::integral_constant<Input, Input::kTimesGeluGrad>()); break;
+      case Input::kTimesRelu2Grad: launch(std::integral_constant<Input, Input::kTimesRelu2Grad>()); break;
     }
   });
   cudaCheckLaunch();
@@ -1909,34 +1940,25 @@ void fp8_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const flo
                             stream);
 }
 
-// GELU(pre_gelu) [R, C], cast and transposed as by fp8_cast_transpose without being written in
-// BF16: with delayed scaling only, whose scale is known before the values exist. GELU's values
-// are gelu_forward's bits.
-void fp8_gelu_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* pre_gelu,
-                             int R, int C, Fp8Format f, cudaStream_t stream) {
-  fp8_cast_transpose_launch(out, out_t, scale, pre_gelu, nullptr, nullptr, R, C, f, true,
-                            {Fp8CastInput::kGelu}, stream);
-}
-
-// source.kind kValues, kGelu or kLayerNorm: x or what source says of it, cast and transposed as
-// by fp8_cast_transpose (with delayed scaling for GELU and LayerNorm).
+// source.kind kValues, kGelu, kRelu2 or kNorm: x or what source says of it, cast and transposed as
+// by fp8_cast_transpose (with delayed scaling for all but the values).
 void fp8_source_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
                                const Fp8CastSource& source, int R, int C, Fp8Format f, bool delayed,
                                cudaStream_t stream) {
-  REQUIRE(source.kind != Fp8CastInput::kTimesGeluGrad,
-          "fp8_source_cast_transpose: GELU' goes through fp8_gelu_backward_cast_transpose");
+  REQUIRE(source.kind != Fp8CastInput::kTimesGeluGrad && source.kind != Fp8CastInput::kTimesRelu2Grad,
+          "fp8_source_cast_transpose: an activation's gradient goes through fp8_activation_backward_cast_transpose");
   fp8_cast_transpose_launch(out, out_t, scale, x, nullptr, nullptr, R, C, f, delayed, source, stream);
 }
 
-// dx [R, C] * GELU'(pre_gelu) (gelu_backward_inplace's BF16 values, not written), cast and
+// dx [R, C] * act'(pre_act) (the activation backward's BF16 values, not written), cast and
 // transposed as by fp8_cast_transpose in the same pass, with its column sums per tile of 128 rows
 // into col_partials [fp8_tile_rows(R), C] (for column_sum_finalize): with delayed scaling only,
 // whose scale is known before the product exists.
-void fp8_gelu_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* dx,
-                                      const floatX* pre_gelu, float* col_partials, int R, int C,
-                                      Fp8Format f, cudaStream_t stream) {
-  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_gelu, col_partials, R, C, f, true,
-                            {Fp8CastInput::kTimesGeluGrad}, stream);
+void fp8_activation_backward_cast_transpose(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* dx,
+                                            const floatX* pre_act, Activation act, float* col_partials, int R,
+                                            int C, Fp8Format f, cudaStream_t stream) {
+  const Fp8CastInput input = act == Activation::kGelu ? Fp8CastInput::kTimesGeluGrad : Fp8CastInput::kTimesRelu2Grad;
+  fp8_cast_transpose_launch(out, out_t, scale, dx, pre_act, col_partials, R, C, f, true, {input}, stream);
 }
 
 // ---- Delayed scaling: the scales of a step from the amaxes of the steps before it ----
@@ -2016,10 +2038,6 @@ void fp8_require_layer(int C, int OC) {
           "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
 }
 
-// Whether delayed scaling's casts can compute a block's LayerNorm and GELU outputs (Fp8CastSource)
-// and the fc layer's backward GELU' (matmul_backward_fp8): GPT-2's block. Other blocks (RMSNorm,
-// ReLU^2) cast the values their norms and activations write, with either scaling.
-bool fp8_sources_support(const llmc::ArchSpec& a) { return !a.rms_norm && !a.relu2; }
 
 // How a layer's input and output-gradient casts scale.
 enum class Fp8Scaling {
@@ -2040,8 +2058,8 @@ void fp8_weight_cast(const Fp8Weight& w, const floatX* weight, int OC, int C, cu
 // same bytes that pass would cast from inp: one read of inp fewer). Current scaling: inp's amax
 // goes into inp_scale first. Delayed: the cast uses inp_scale's s and records the amax. The
 // product accumulates fast (MatmulOperands::fast_accum), as the FP8 recipes' forward products do.
-// With a source of kind kGelu or kLayerNorm (delayed scaling only), inp holds GELU's or the
-// layernorm's input, and the layer's input, GELU(inp) (fcproj) or LayerNorm(inp) (qkv, fc), is
+// With a source of kind kGelu, kRelu2 or kNorm (delayed scaling only), inp holds the activation's
+// or the norm's input, and the layer's input, act(inp) (fcproj) or norm(inp) (qkv, fc), is
 // computed in the cast and never written in BF16.
 void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, const floatX* bias,
                         int N, int C, int OC, floatX* pre_gelu, Fp8Scale* inp_scale, uint8_t* inp8,
@@ -2050,7 +2068,7 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
   fp8_require_layer(C, OC);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
   REQUIRE(delayed || source.kind == Fp8CastInput::kValues,
-          "matmul_forward_fp8: GELU or LayerNorm in the input's cast needs delayed scaling");
+          "matmul_forward_fp8: an activation or a norm in the input's cast needs delayed scaling");
   if (!delayed) fp8_amax(inp_scale, inp, (size_t)N * C, stream, scaling == Fp8Scaling::kCurrentStepMax);
   fp8_source_cast_transpose(inp8, inp8_t, inp_scale, inp, source, N, C, Fp8Format::kE4M3, delayed, stream);
   MatmulOperands ops = fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE4M3, inp_scale);
@@ -2063,25 +2081,26 @@ void matmul_forward_fp8(floatX* out, const floatX* inp, const Fp8Weight& w, cons
 // in BF16), with inp8_t the forward's transposed cast of the input (scale inp_scale), and
 // dinp = fp8(dout) w8t^T. dbias is the column sum of the BF16 output gradient, as in
 // matmul_backward (partials: max(kRowBlocks, fp8_tile_rows(N)) x OC floats).
-// With dout_pre_gelu, dout holds the gradient of GELU(dout_pre_gelu) (the fc layer's output), and
-// the layer's output gradient is dout * GELU'(dout_pre_gelu). With delayed scaling the
-// cast-transpose that reads dout anyway computes it, casts it and sums its columns for dbias,
-// and it is never written in BF16; otherwise it is written over dout before the amax. The BF16
-// layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an FP8
-// product cuBLASLt runs that epilogue as a kernel of its own, one more pass over dout.
+// With dout_pre_act, dout holds the gradient of act(dout_pre_act) (the fc layer's output, act
+// GELU or ReLU^2), and the layer's output gradient is dout * act'(dout_pre_act). With delayed
+// scaling the cast-transpose that reads dout anyway computes it, casts it and sums its columns for
+// dbias, and it is never written in BF16; otherwise it is written over dout before the amax. The
+// BF16 layers instead apply GELU' in cuBLASLt's DGELU epilogue of fcproj's input gradient; after an
+// FP8 product cuBLASLt runs that epilogue as a kernel of its own, one more pass over dout.
 void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* partials, floatX* dout,
-                         const uint8_t* inp8_t, const Fp8Weight& w, const floatX* dout_pre_gelu,
+                         const uint8_t* inp8_t, const Fp8Weight& w, const floatX* dout_pre_act, Activation act,
                          Fp8Scale* inp_scale, Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N,
                          int C, int OC, uint32_t seed, Fp8Format grad_format, Fp8Scaling scaling,
                          cudaStream_t stream) {
   fp8_require_layer(C, OC);
   const bool delayed = scaling == Fp8Scaling::kDelayed;
-  if (delayed && dout_pre_gelu) {
-    fp8_gelu_backward_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, dout_pre_gelu,
-                                     partials, N, OC, grad_format, stream);
+  if (delayed && dout_pre_act) {
+    fp8_activation_backward_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, dout_pre_act, act,
+                                           partials, N, OC, grad_format, stream);
     if (dbias) column_sum_finalize(dbias, partials, OC, OC, fp8_tile_rows(N), seed, stream);
   } else {
-    if (dout_pre_gelu) gelu_backward_inplace(dout, dout_pre_gelu, (size_t)N * OC, stream);
+    if (dout_pre_act && act == Activation::kGelu) gelu_backward_inplace(dout, dout_pre_act, (size_t)N * OC, stream);
+    if (dout_pre_act && act == Activation::kRelu2) relu2_backward_inplace(dout, dout_pre_act, (size_t)N * OC, stream);
     if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
     fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
     if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
@@ -5096,8 +5115,6 @@ __device__ __forceinline__ float relu2(float x) {
 
 __device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.0f); }
 
-enum class Activation { kGelu, kRelu2 };
-
 template <Activation A>
 __device__ __forceinline__ float activation(float x) {
   return A == Activation::kGelu ? gelu(x) : relu2(x);
@@ -7126,7 +7143,7 @@ struct BlockRows {
   int B = 0, T = 0;
   int first_position = 0;          // the rows' first position, for the rotary
   bool fp8 = false;                // the linear layers' products in FP8 (decoding runs BF16)
-  bool fp8_sources = false;        // FP8 casts compute the norms' and GELU's outputs (block_rows)
+  bool fp8_sources = false;        // FP8 casts compute the norms' and activation's outputs (block_rows)
   const floatX* input = nullptr;   // the residual stream into the block (block_input)
   NormRows ln1 = {}, ln2 = {};
   NormRows next = {};              // the next block's first norm, or the final norm (norm_after_block)
@@ -7169,38 +7186,43 @@ void gpt2_linear_forward(GPT2& m, const BlockRows& r, int linear, int l, floatX*
   }
 }
 
-// A block's linear layer whose input is the output `normed` of layer l's norm n of rows inp: with
-// r.fp8_sources the layer's cast computes that LayerNorm from its statistics (the output was not
-// written), else the product reads it.
+// A block's linear layer whose input is the output `normed` of layer l's norm n of rows inp: the
+// product reads it where it was written, else (r.fp8_sources) the layer's cast computes that norm
+// from its statistics.
 void gpt2_linear_forward_normed(GPT2& m, const BlockRows& r, int linear, int l, floatX* out, const NormSpec& n,
                                 const NormRows& normed, const floatX* inp) {
-  if (!r.fp8_sources) {
+  if (normed.out) {
     gpt2_linear_forward(m, r, linear, l, out, normed.out, nullptr);
     return;
   }
+  const bool rms = m.arch().rms_norm;
   gpt2_linear_forward(m, r, linear, l, out, inp, nullptr,
-                      fp8_layernorm_source(normed.mean, normed.rstd, m.param(n.weight, l), m.param(n.bias, l)));
+                      fp8_norm_source(rms ? nullptr : normed.mean, normed.rstd, m.param_or_null(n.weight, l),
+                                      rms ? nullptr : m.param(n.bias, l)));
 }
 
 // The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
 // the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
-// mlp_pre_gelu, for the MLP's two layers: the GELU's input between them (act kFch), whose
-// derivative BF16 applies to fcproj's input gradient and FP8 to fc's output gradient, in its cast
-// with delayed scaling, else in place in dout (see matmul_backward_fp8).
+// mlp_pre_act, for the MLP's two layers: the activation's input between them (act kFch), whose
+// derivative FP8 applies to fc's output gradient, in its cast with delayed scaling, else in place
+// in dout (see matmul_backward_fp8); BF16 applies GELU' to fcproj's input gradient (ReLU^2' is
+// mlp_backward's own pass).
 void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_sum, floatX* dout,
-                          const floatX* inp, const floatX* mlp_pre_gelu, int N, uint32_t seed) {
+                          const floatX* inp, const floatX* mlp_pre_act, int N, uint32_t seed) {
   const LinearSpec& spec = kBlockLinears[linear];
   const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
   floatX* dweight = m.grad(spec.weight, l);
   floatX* dbias = dbias_sum ? m.grad_or_null(spec.bias, l) : nullptr;
+  const Activation act = m.arch().relu2 ? Activation::kRelu2 : Activation::kGelu;
   if (m.fp8) {
     matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, m.fp8_input_t(linear, l), m.fp8_weight(linear, l),
-                        linear == kLinearFc ? mlp_pre_gelu : nullptr, m.fp8_input_scale(linear, l),
+                        linear == kLinearFc ? mlp_pre_act : nullptr, act, m.fp8_input_scale(linear, l),
                         m.fp8_dout_scale(linear, l), m.fp8_buffers, N, C, OC, seed, m.fp8_grad_format,
                         m.fp8_scaling(), m.stream);
   } else {
+    const bool dgelu = linear == kLinearFcproj && act == Activation::kGelu;
     matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l),
-                    linear == kLinearFcproj ? mlp_pre_gelu : nullptr, N, C, OC, seed, m.stream);
+                    dgelu ? mlp_pre_act : nullptr, N, C, OC, seed, m.stream);
   }
 }
 
@@ -7382,17 +7404,18 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
 }
 
 // The MLP of layer l over r's rows, from its norm's output r.ln2 (or, with r.fp8_sources, the
-// norm's input residual2) into r.proj: fc, the activation (GELU in fc's epilogue, or ReLU^2),
-// fcproj.
+// norm's input residual2) into r.proj: fc, the activation (GELU in fc's epilogue, or ReLU^2; with
+// r.fp8_sources in fcproj's cast), fcproj.
 void mlp_forward(GPT2& m, int l, const BlockRows& r) {
   const size_t n = (size_t)r.rows() * 4 * m.config.channels;
-  if (m.arch().relu2) {
+  if (r.fp8_sources) {
+    const Activation act = m.arch().relu2 ? Activation::kRelu2 : Activation::kGelu;
+    gpt2_linear_forward_normed(m, r, kLinearFc, l, r.fch, kNorm2, r.ln2, r.residual2);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch, nullptr, fp8_activation_source(act));
+  } else if (m.arch().relu2) {
     gpt2_linear_forward(m, r, kLinearFc, l, r.fch, r.ln2.out, nullptr);
     relu2_forward(r.fch_act, r.fch, n, m.stream);
     gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
-  } else if (r.fp8_sources) {
-    gpt2_linear_forward_normed(m, r, kLinearFc, l, r.fch, kNorm2, r.ln2, r.residual2);
-    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch, nullptr, {Fp8CastInput::kGelu});
   } else if (r.fp8 && m.fp8_delayed) {
     // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
     // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and
@@ -7418,11 +7441,11 @@ void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc)
     if (relu2) relu2_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
     else gelu_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
   }
-  const floatX* pre_gelu = relu2 ? nullptr : m.act(kFch, l);
-  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchAct, l), pre_gelu,
+  const floatX* pre_act = m.act(kFch, l);
+  gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchAct, l), pre_act,
                        N, seed_fcproj);
-  if (relu2) relu2_backward_inplace(m.scratch_bt4c, m.act(kFch, l), n, m.stream);
-  gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_gelu, N,
+  if (relu2 && !m.fp8) relu2_backward_inplace(m.scratch_bt4c, pre_act, n, m.stream);
+  gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_act, N,
                        seed_fc);
 }
 
@@ -7641,20 +7664,22 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
 // Layer l's training activations for B x T tokens. With delayed FP8 scaling (fp8_sources) the
 // casts of the qkv, fc and fcproj layers' inputs compute them from what comes before
 // (Fp8CastSource), since their scales are known before the values exist: the norms ln1 and ln2
-// write their row statistics alone, the fc product GELU's input alone, and kLn1, kLn2 and kFchAct
-// are not written (2 bytes a value of 2 [N, C] and one [N, 4C] fewer). FP8's backward reads the
-// casts' transposed copies instead, so with FP8 these three are one layer's buffers
-// (gpt2_allocate), for the other scalings' casts.
+// write their row statistics alone, the fc product the activation's input alone, and kLn1, kLn2
+// and kFchAct are not written (2 bytes a value of 2 [N, C] and one [N, 4C] fewer), but for ln1
+// where the heads' gates read it. FP8's backward reads the casts' transposed copies instead, so
+// with FP8 these three are one layer's buffers (gpt2_allocate; ln1 every layer's with gates), for
+// the other scalings' casts.
 BlockRows block_rows(GPT2& m, int l, int B, int T) {
   BlockRows r;
   r.B = B;
   r.T = T;
   r.fp8 = m.fp8 && !m.evaluation_only;
-  r.fp8_sources = r.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed && fp8_sources_support(m.arch());
+  r.fp8_sources = r.fp8 && m.fp8_scaling() == Fp8Scaling::kDelayed;
   const NormAt next = norm_after_block(m, l);
   // The norms' outputs where the products read them, and the final norm's, which the head reads.
   auto norm = [&](const NormSpec& n, int layer) {
-    const bool written = !r.fp8_sources || n.out == kLnf;
+    const bool gates_read = n.out == kLn1 && m.arch().attention_gate;
+    const bool written = !r.fp8_sources || n.out == kLnf || gates_read;
     return NormRows{written ? m.act(n.out, layer) : nullptr, m.act_f(n.mean, layer), m.act_f(n.rstd, layer)};
   };
   r.input = block_input(m, l);

@@ -51,19 +51,20 @@ void bench(const CastShape& s) {
   report("fp8_cast_transpose E5M2", s, 4.0 * n, time_ms(sets, [&](int k) {
     fp8_cast_transpose(rows, rows_t, scale + 1, *x[k], s.R, s.C, Fp8Format::kE5M2, true, 0);
   }));
-  report("fp8_gelu_cast_transpose", s, 4.0 * n, time_ms(sets, [&](int k) {
-    fp8_gelu_cast_transpose(rows, rows_t, scale, *pre_gelu[k], s.R, s.C, Fp8Format::kE4M3, 0);
+  report("fp8_source_cast_transpose (GELU)", s, 4.0 * n, time_ms(sets, [&](int k) {
+    fp8_source_cast_transpose(rows, rows_t, scale, *pre_gelu[k], fp8_activation_source(Activation::kGelu), s.R, s.C,
+                              Fp8Format::kE4M3, true, 0);
   }));
   DeviceArray<float> mean(random_stored(rng, s.R, 0.0f, 0.5f)), rstd(random_stored(rng, s.R, 1.0f, 0.2f));
   DeviceArray<floatX> ln_weight(random_stored(rng, s.C, 1.0f, 0.2f)), ln_bias(random_stored(rng, s.C, 0.0f, 0.2f));
-  const Fp8CastSource ln = fp8_layernorm_source(mean, rstd, ln_weight, ln_bias);
+  const Fp8CastSource ln = fp8_norm_source(mean, rstd, ln_weight, ln_bias);
   report("fp8_source_cast_transpose LayerNorm", s, 4.0 * n, time_ms(sets, [&](int k) {
     fp8_source_cast_transpose(rows, rows_t, scale, *x[k], ln, s.R, s.C, Fp8Format::kE4M3, true, 0);
   }));
   DeviceArray<float> col_partials((size_t)fp8_tile_rows(s.R) * s.C);
-  report("fp8_gelu_backward_cast_transpose", s, 6.0 * n, time_ms(sets, [&](int k) {
-    fp8_gelu_backward_cast_transpose(rows, rows_t, scale + 1, *x[k], *pre_gelu[k], col_partials, s.R,
-                                     s.C, Fp8Format::kE5M2, 0);
+  report("fp8_activation_backward_cast_transpose (GELU')", s, 6.0 * n, time_ms(sets, [&](int k) {
+    fp8_activation_backward_cast_transpose(rows, rows_t, scale + 1, *x[k], *pre_gelu[k], Activation::kGelu,
+                                           col_partials, s.R, s.C, Fp8Format::kE5M2, 0);
   }));
   report("fp8_amax", s, 2.0 * n, time_ms(sets, [&](int k) { fp8_amax(scale, *x[k], n, 0); }));
 }

@@ -14,9 +14,11 @@
 // delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast, and the bias
 // gradient from the cast's column sums; the kernel alone: its casts and each tile's column sums
 // bitwise against gelu_backward_inplace's values); run twice, and with cuBLASLt's first
-// heuristic, for identical bits. GELU and LayerNorm in the input casts (delayed
-// scaling): the kernels and the fcproj layer against gelu_forward or layernorm_forward followed by
-// the plain cast, bit for bit, and the model's wiring of them over two layers. The speedrun
+// heuristic, for identical bits. The activations (GELU, ReLU^2) and norms (LayerNorm, RMSNorm with
+// and without a gain) in the input casts, and the activations' derivatives in the output
+// gradient's (delayed scaling): the kernels and the fcproj layer against the activations' and
+// norms' own passes followed by the plain cast, bit for bit, and the model's wiring of them (GPT-2
+// over two layers, the speedrun over its twelve). The speedrun
 // head's layer with fixed scales: its casts bitwise against the CPU reference (both builds), its
 // three products (BF16 builds) against the CPU's double products of the same FP8 values, at
 // C = 768 and 128, OC = 50304 and 272, N = 64, 100 and 333; twice, and untuned, for the same bits.
@@ -406,48 +408,56 @@ void check_fused_cast(const std::string& what, const std::string& reference, Dev
   testing::check_verbose(run(true) == fused, what + " twice: the same bits");
 }
 
-// fp8_gelu_cast_transpose of GELU's input pre against the two passes it replaces, gelu_forward then
-// the delayed fp8_cast_transpose (itself checked against the CPU above), with the scale current
-// scaling would pick for GELU's values: the same rows, transpose and recorded amax, bit for bit;
-// pre left as it was; twice, the same bits.
-void test_gelu_cast(llmc::Rng& rng, int R, int C) {
-  printf("\nGELU in the cast (delayed scaling): R=%d C=%d\n", R, C);
+const char* activation_name(Activation act) { return act == Activation::kGelu ? "GELU" : "ReLU^2"; }
+
+// fp8_source_cast_transpose of the activation's input pre (GELU or ReLU^2 in the cast) against the
+// two passes it replaces, gelu_forward or relu2_forward then the delayed fp8_cast_transpose
+// (itself checked against the CPU above), with the scale current scaling would pick for the
+// activation's values: the same rows, transpose and recorded amax, bit for bit; pre left as it
+// was; twice, the same bits.
+void test_activation_cast(llmc::Rng& rng, int R, int C, Activation act) {
+  const std::string name = std::string(activation_name(act)) + " in the cast";
+  printf("\n%s (delayed scaling): R=%d C=%d\n", name.c_str(), R, C);
   const size_t n = (size_t)R * C;
   const Fp8Format f = Fp8Format::kE4M3;
   const std::vector<float> pre = random_stored(rng, n, 0.0f, 1.5f);
-  DeviceArray<floatX> d_pre(pre), d_gelu(n);
-  gelu_forward(d_gelu, d_pre, n, 0);
+  DeviceArray<floatX> d_pre(pre), d_act(n);
+  if (act == Activation::kGelu) gelu_forward(d_act, d_pre, n, 0);
+  else relu2_forward(d_act, d_pre, n, 0);
   uint32_t amax_bits = 0;
-  const Fp8Scale given = current_scale_given(d_gelu, n, f, &amax_bits);
+  const Fp8Scale given = current_scale_given(d_act, n, f, &amax_bits);
   DeviceArray<Fp8Scale> scale(1);
   const int ld_t = fp8_padded(R);
   DeviceArray<uint8_t> rows(n), rows_t((size_t)C * ld_t);
-  check_fused_cast("GELU in the cast", "gelu_forward's", scale, given, amax_bits, rows, rows_t, [&](bool fused) {
+  const std::string forward = act == Activation::kGelu ? "gelu_forward's" : "relu2_forward's";
+  check_fused_cast(name, forward, scale, given, amax_bits, rows, rows_t, [&](bool fused) {
     if (fused) {
-      fp8_gelu_cast_transpose(rows, rows_t, scale, d_pre, R, C, f, 0);
+      fp8_source_cast_transpose(rows, rows_t, scale, d_pre, fp8_activation_source(act), R, C, f, true, 0);
     } else {
-      fp8_cast_transpose(rows, rows_t, scale, d_gelu, R, C, f, true, 0);
+      fp8_cast_transpose(rows, rows_t, scale, d_act, R, C, f, true, 0);
     }
   });
-  check_close("GELU in the cast: its input left as it was", d_pre.download(), pre, 0.0f);
+  check_close(name + ": its input left as it was", d_pre.download(), pre, 0.0f);
 }
 
-// ---- GELU' in the fc output gradient's cast (delayed scaling) ----
+// ---- The activation's derivative in the fc output gradient's cast (delayed scaling) ----
 
-// fp8_gelu_backward_cast_transpose of dout and GELU's input pre against the passes it replaces,
-// gelu_backward_inplace then the delayed fp8_cast_transpose, with the scale current scaling would
-// pick: the same rows, transpose and recorded amax, bit for bit; dout left as it was; the column
-// sums of each 128-row tile bitwise against a CPU sum of gelu_backward_inplace's values in the
-// kernel's order (in BF16 builds each thread's rows g, g + 32, g + 64, g + 96, then the 32
-// threads g in order); twice, the same bits.
-void test_gelu_backward_cast(llmc::Rng& rng, int R, int C) {
-  printf("\nGELU' in the output gradient's cast (delayed scaling): R=%d C=%d\n", R, C);
+// fp8_activation_backward_cast_transpose of dout and the activation's input pre (GELU' or ReLU^2')
+// against the passes it replaces, gelu_backward_inplace or relu2_backward_inplace then the delayed
+// fp8_cast_transpose, with the scale current scaling would pick: the same rows, transpose and
+// recorded amax, bit for bit; dout left as it was; the column sums of each 128-row tile bitwise
+// against a CPU sum of the backward's values in the kernel's order (in BF16 builds each thread's
+// rows g, g + 32, g + 64, g + 96, then the 32 threads g in order); twice, the same bits.
+void test_activation_backward_cast(llmc::Rng& rng, int R, int C, Activation act) {
+  const std::string name = std::string(activation_name(act)) + "' in the cast";
+  printf("\n%s of the output gradient (delayed scaling): R=%d C=%d\n", name.c_str(), R, C);
   const size_t n = (size_t)R * C;
   const Fp8Format f = Fp8Format::kE5M2;
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
   const std::vector<float> pre = random_stored(rng, n, 0.0f, 1.5f);
   DeviceArray<floatX> d_dout(dout), d_pre(pre), d_ref(dout);
-  gelu_backward_inplace(d_ref, d_pre, n, 0);
+  if (act == Activation::kGelu) gelu_backward_inplace(d_ref, d_pre, n, 0);
+  else relu2_backward_inplace(d_ref, d_pre, n, 0);
   const std::vector<float> ref_values = d_ref.download();
   uint32_t amax_bits = 0;
   const Fp8Scale given = current_scale_given(d_ref, n, f, &amax_bits);
@@ -457,7 +467,7 @@ void test_gelu_backward_cast(llmc::Rng& rng, int R, int C) {
   DeviceArray<float> partials((size_t)tiles * C);
   auto fused_cast = [&] {
     partials.poison();
-    fp8_gelu_backward_cast_transpose(rows, rows_t, scale, d_dout, d_pre, partials, R, C, f, 0);
+    fp8_activation_backward_cast_transpose(rows, rows_t, scale, d_dout, d_pre, act, partials, R, C, f, 0);
   };
   auto cast = [&](bool fused) {
     if (fused) {
@@ -466,8 +476,9 @@ void test_gelu_backward_cast(llmc::Rng& rng, int R, int C) {
       fp8_cast_transpose(rows, rows_t, scale, d_ref, R, C, f, true, 0);
     }
   };
-  check_fused_cast("GELU' in the cast", "gelu_backward_inplace's", scale, given, amax_bits, rows, rows_t, cast);
-  check_close("GELU' in the cast: dout left as it was", d_dout.download(), dout, 0.0f);
+  const std::string backward = act == Activation::kGelu ? "gelu_backward_inplace's" : "relu2_backward_inplace's";
+  check_fused_cast(name, backward, scale, given, amax_bits, rows, rows_t, cast);
+  check_close(name + ": dout left as it was", d_dout.download(), dout, 0.0f);
   // The kernel's threads: each holds the column piece of x128::size values threadIdx % kPieces of
   // the rows group, group + kGroups, ... (group = threadIdx / kPieces).
   constexpr int kPieces = kFp8TileCols / x128::size, kGroups = kFp8Threads / kPieces;
@@ -487,32 +498,45 @@ void test_gelu_backward_cast(llmc::Rng& rng, int R, int C) {
       ref_sums[(size_t)t * C + c] = total;
     }
   }
-  check_close("GELU' in the cast: each tile's column sums, in the kernel's order", partials.download(),
-              ref_sums, 0.0f);
+  check_close(name + ": each tile's column sums, in the kernel's order", partials.download(), ref_sums, 0.0f);
   const Snapshot sums(partials);
   scale.upload(std::vector<Fp8Scale>{given});
   fused_cast();
-  check_same_bits("GELU' in the cast twice: the column sums", sums, Snapshot(partials));
+  check_same_bits(name + " twice: the column sums", sums, Snapshot(partials));
 }
 
-// LayerNorm in the cast: fp8_source_cast_transpose of the layernorm's input x, from the statistics
-// layernorm_forward kept without writing its output, against layernorm_forward's output cast by
-// the delayed fp8_cast_transpose: the same rows, transpose and amax, bit for bit; the statistics
-// the same with and without the output; twice, the same bits.
-void test_layernorm_cast(llmc::Rng& rng, int R, int C) {
-  printf("\nLayerNorm in the cast (delayed scaling): R=%d C=%d\n", R, C);
+// The norms the casts compute: LayerNorm, RMSNorm with a gain, RMSNorm without (the speedrun's).
+enum class CastNorm { kLayerNorm, kRmsNorm, kRmsNormNoGain };
+
+// A norm in the cast: fp8_source_cast_transpose of the norm's input x, from the statistics the
+// norm's forward kept without writing its output, against that forward's output cast by the
+// delayed fp8_cast_transpose: the same rows, transpose and amax, bit for bit; the statistics the
+// same with and without the output; twice, the same bits.
+void test_norm_cast(llmc::Rng& rng, int R, int C, CastNorm kind) {
+  const char* names[] = {"LayerNorm", "RMSNorm", "RMSNorm without a gain"};
+  const std::string name = std::string(names[(int)kind]) + " in the cast";
+  printf("\n%s (delayed scaling): R=%d C=%d\n", name.c_str(), R, C);
   const size_t n = (size_t)R * C;
   const Fp8Format f = Fp8Format::kE4M3;
   DeviceArray<floatX> d_x(random_stored(rng, n, 0.3f, 2.0f)), d_ln(n);
   DeviceArray<floatX> d_w(random_stored(rng, C, 1.0f, 0.2f)), d_b(random_stored(rng, C, 0.0f, 0.2f));
   DeviceArray<float> mean(R), rstd(R), mean2(R), rstd2(R);
-  layernorm_forward(d_ln, mean, rstd, d_x, d_w, d_b, R, C, 0);
-  layernorm_forward(nullptr, mean2, rstd2, d_x, d_w, d_b, R, C, 0);
-  check_same_bits("layernorm statistics without the output = with it", Snapshot(mean, rstd), Snapshot(mean2, rstd2));
+  const bool layernorm = kind == CastNorm::kLayerNorm;
+  const floatX* weight = kind == CastNorm::kRmsNormNoGain ? nullptr : (const floatX*)d_w;
+  if (layernorm) {
+    layernorm_forward(d_ln, mean, rstd, d_x, d_w, d_b, R, C, 0);
+    layernorm_forward(nullptr, mean2, rstd2, d_x, d_w, d_b, R, C, 0);
+  } else {
+    rmsnorm_forward(d_ln, rstd, d_x, weight, R, C, 0);
+    rmsnorm_forward(nullptr, rstd2, d_x, weight, R, C, 0);
+  }
+  check_same_bits("norm statistics without the output = with it", Snapshot(rstd), Snapshot(rstd2));
+  if (layernorm) check_same_bits("layernorm means without the output = with it", Snapshot(mean), Snapshot(mean2));
   uint32_t amax_bits = 0;
   const Fp8Scale given = current_scale_given(d_ln, n, f, &amax_bits);
   DeviceArray<Fp8Scale> scale(1);
-  const Fp8CastSource source = fp8_layernorm_source(mean2, rstd2, d_w, d_b);
+  const Fp8CastSource source =
+      fp8_norm_source(layernorm ? (const float*)mean2 : nullptr, rstd2, weight, layernorm ? (const floatX*)d_b : nullptr);
   DeviceArray<uint8_t> rows(n), rows_t((size_t)C * fp8_padded(R));
   auto cast = [&](bool fused) {
     if (fused) {
@@ -521,9 +545,10 @@ void test_layernorm_cast(llmc::Rng& rng, int R, int C) {
       fp8_cast_transpose(rows, rows_t, scale, d_ln, R, C, f, true, 0);
     }
   };
-  check_fused_cast("LayerNorm in the cast", "layernorm_forward's", scale, given, amax_bits, rows, rows_t, cast);
+  check_fused_cast(name, layernorm ? "layernorm_forward's" : "rmsnorm_forward's", scale, given, amax_bits, rows,
+                   rows_t, cast);
   testing::check_throws([&] { fp8_source_cast_transpose(rows, rows_t, scale, d_x, source, R, C, f, false, 0); },
-                        "needs delayed scaling", "LayerNorm in the cast with current scaling is refused");
+                        "needs delayed scaling", name + " with current scaling is refused");
 }
 
 // ---- the layers, against the BF16 layer ----
@@ -602,7 +627,8 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
     dbias.upload(std::vector<float>(OC, 0.0f));
     layer_dout.upload(dout);  // current scaling applies GELU' in place
     matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, layer_dout, inp_t, w,
-                        pre_dout, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling, 0);
+                        pre_dout, Activation::kGelu, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling,
+                        0);
     return Snapshot(dinp, dweight, dbias, layer_dout);
   };
 
@@ -726,17 +752,20 @@ void test_gelu_input_layer(llmc::Rng& rng, int N, int C, int OC) {
   check_same_bits("fcproj, GELU in the cast = on gelu_forward's values", unfused, forward(true));
   testing::check_throws([&] {
     matmul_forward_fp8(out, d_pre, w, d_bias, N, C, OC, nullptr, inp_scale, rows, inp_t, Fp8Scaling::kCurrent, 0, gelu);
-  }, "GELU or LayerNorm in the input's cast needs delayed scaling", "GELU in the cast with current scaling is refused");
+  }, "an activation or a norm in the input's cast needs delayed scaling", "GELU in the cast with current scaling is refused");
 }
 
-// The model's wiring of GELU and LayerNorm in the casts: after a -fp8 2 step has been recorded, a
-// forward pass takes the delayed path, and each layer's inputs as its weight gradients will read
-// them (transposed) are: fcproj's GELU of that layer's kFch, qkv's and fc's LayerNorm of the layer's
-// input and of kResidual2 with that layer's statistics and parameters, each cast under that
-// layer's scale.
-void test_gelu_in_model(llmc::Rng& rng) {
-  printf("\nGELU and LayerNorm in the casts inside the model (-fp8 2, after a recorded step)\n");
-  const llmc::GPT2Config config = llmc::make_config(2, 2, 64, 32, 96);
+// The model's wiring of the norms and activations in the casts: after a -fp8 2 step has been
+// recorded, a forward pass takes the delayed path, and each layer's inputs as its weight gradients
+// will read them (transposed) are: fcproj's activation of that layer's kFch (GPT-2's GELU, the
+// speedrun's ReLU^2), fc's norm of kResidual2 with that layer's statistics and parameters (GPT-2's
+// LayerNorm, the speedrun's RMSNorm without a gain), and qkv's: GPT-2's LayerNorm of the layer's
+// input, the speedrun's ln1 as written (its gates read it), each cast under that layer's scale.
+void test_sources_in_model(llmc::Rng& rng, llmc::Arch arch) {
+  const bool speedrun = arch == llmc::Arch::kSpeedrun;
+  printf("\nNorms and activations in the casts inside the %s model (-fp8 2, after a recorded step)\n",
+         llmc::arch_spec(arch).name);
+  const llmc::GPT2Config config = llmc::make_config(speedrun ? llmc::kSpeedrunLayers : 2, 2, 64, 32, 96, arch);
   const int B = 2, T = 32, N = B * T, C4 = 4 * config.channels, Np = fp8_padded(N);
   // Each layer's layernorm weights and biases differ (the seeded ones are all 1 and 0), so that
   // another layer's or the other layernorm's would show.
@@ -745,6 +774,7 @@ void test_gelu_in_model(llmc::Rng& rng) {
   llmc::param_offsets(config, offsets);
   const size_t C = config.channels;
   for (int i : {llmc::kLn1w, llmc::kLn1b, llmc::kLn2w, llmc::kLn2b}) {
+    if (speedrun) break;  // weightless norms
     const bool weight = i == llmc::kLn1w || i == llmc::kLn2w;
     const std::vector<float> random = random_stored(rng, config.num_layers * C, weight ? 1.0f : 0.0f, 0.3f);
     std::copy(random.begin(), random.end(), values.begin() + offsets[i]);
@@ -768,24 +798,39 @@ void test_gelu_in_model(llmc::Rng& rng) {
     cudaCheck(cudaMemcpy(kept.data(), m.fp8_input_t(linear, l), kept.size(), cudaMemcpyDeviceToHost));
     return std::equal(kept.begin(), kept.end(), ref.begin());
   };
-  // LayerNorm of x with layer l's parameters, its statistics computed here (not the model's).
+  // The norm of x with layer l's parameters, its statistics computed here (not the model's).
   DeviceArray<float> mean(N), rstd(N);
-  auto layernorm = [&](const floatX* x, int weight, int bias, int l) {
+  auto norm = [&](const floatX* x, int weight, int bias, int l) {
+    if (speedrun) {
+      rmsnorm_forward(nullptr, rstd, x, nullptr, N, (int)C, m.stream);
+      return fp8_norm_source(nullptr, rstd, nullptr, nullptr);
+    }
     layernorm_forward(nullptr, mean, rstd, x, m.param(weight, l), m.param(bias, l), N, (int)C, m.stream);
-    return fp8_layernorm_source(mean, rstd, m.param(weight, l), m.param(bias, l));
+    return fp8_norm_source(mean, rstd, m.param(weight, l), m.param(bias, l));
   };
-  const Fp8CastSource gelu{Fp8CastInput::kGelu};
-  bool gelu_same = delayed, ln1_same = delayed, ln2_same = delayed;
+  const Fp8CastSource act = fp8_activation_source(speedrun ? Activation::kRelu2 : Activation::kGelu);
+  bool act_same = delayed, ln1_same = delayed, ln2_same = delayed;
   for (int l = 0; l < config.num_layers; l++) {
-    const floatX* residual = block_input(m, l);
-    gelu_same = gelu_same && kept_is(kLinearFcproj, l, m.act(kFch, l), C4, gelu);
-    ln1_same = ln1_same && kept_is(kLinearQkv, l, residual, (int)C, layernorm(residual, llmc::kLn1w, llmc::kLn1b, l));
+    act_same = act_same && kept_is(kLinearFcproj, l, m.act(kFch, l), C4, act);
+    if (speedrun && llmc::layer_has_attention(config, l)) {
+      ln1_same = ln1_same && kept_is(kLinearQkv, l, m.act(kLn1, l), (int)C, Fp8CastSource());
+    } else if (!speedrun) {
+      const floatX* residual = block_input(m, l);
+      ln1_same = ln1_same && kept_is(kLinearQkv, l, residual, (int)C, norm(residual, llmc::kLn1w, llmc::kLn1b, l));
+    }
     ln2_same = ln2_same && kept_is(kLinearFc, l, m.act(kResidual2, l), (int)C,
-                                   layernorm(m.act(kResidual2, l), llmc::kLn2w, llmc::kLn2b, l));
+                                   norm(m.act(kResidual2, l), llmc::kLn2w, llmc::kLn2b, l));
   }
-  testing::check_verbose(gelu_same, "delayed forward: every layer's fcproj input = GELU(its kFch) cast under its scale");
-  testing::check_verbose(ln1_same, "delayed forward: every layer's qkv input = LayerNorm(its input) cast under its scale");
-  testing::check_verbose(ln2_same, "delayed forward: every layer's fc input = LayerNorm(its kResidual2) cast under its scale");
+  const char* act_name = speedrun ? "ReLU^2" : "GELU";
+  const char* norm_name = speedrun ? "RMSNorm" : "LayerNorm";
+  testing::check_verbose(act_same, llmc::strformat("delayed forward: every layer's fcproj input = %s(its kFch) cast "
+                                                   "under its scale", act_name));
+  testing::check_verbose(ln1_same, speedrun ? "delayed forward: every attention layer's qkv input = its ln1 as "
+                                              "written, cast under its scale"
+                                            : "delayed forward: every layer's qkv input = LayerNorm(its input) "
+                                              "cast under its scale");
+  testing::check_verbose(ln2_same, llmc::strformat("delayed forward: every layer's fc input = %s(its kResidual2) "
+                                                   "cast under its scale", norm_name));
   gpt2_free(m);
 }
 #endif
@@ -1061,12 +1106,18 @@ int main() {
     test_delayed_casts("overflowing FP32, NaN, -Inf, -0", 100, 96, stored(overflowing), 200);
     test_update_scales(rng, false);
     test_update_scales(rng, true);
-    test_gelu_cast(rng, 1000, 4 * 1600);
-    test_gelu_cast(rng, 37, 136);
-    test_layernorm_cast(rng, 1000, 1600);
-    test_layernorm_cast(rng, 37, 136);
-    test_gelu_backward_cast(rng, 1000, 4 * 1600);
-    test_gelu_backward_cast(rng, 37, 136);
+    for (const Activation act : {Activation::kGelu, Activation::kRelu2}) {
+      test_activation_cast(rng, 1000, 4 * 1600, act);
+      test_activation_cast(rng, 37, 136, act);
+    }
+    for (const CastNorm norm : {CastNorm::kLayerNorm, CastNorm::kRmsNorm, CastNorm::kRmsNormNoGain}) {
+      test_norm_cast(rng, 1000, 1600, norm);
+      test_norm_cast(rng, 37, 136, norm);
+    }
+    for (const Activation act : {Activation::kGelu, Activation::kRelu2}) {
+      test_activation_backward_cast(rng, 1000, 4 * 1600, act);
+      test_activation_backward_cast(rng, 37, 136, act);
+    }
     test_fp8_decoder();
     test_fixed_casts(rng, 64, 768, 50304);
     test_fixed_casts(rng, 333, 128, 272);
@@ -1084,7 +1135,8 @@ int main() {
     test_layer(layers[2], rng, Fp8Format::kE4M3);  // the GELU gradient's range in E4M3
     test_delayed_steps(rng);
     test_gelu_input_layer(rng, 1000, 4 * 1600, 1600);
-    test_gelu_in_model(rng);
+    test_sources_in_model(rng, llmc::Arch::kGpt2);
+    test_sources_in_model(rng, llmc::Arch::kSpeedrun);
     test_head_layer(rng, 64, 768, 50304);
     test_head_layer(rng, 333, 768, 272);
     test_head_layer(rng, 100, 128, 50304);
