@@ -524,6 +524,26 @@ void add_inplace(floatX* dst, const floatX* src, size_t n, uint32_t seed, cudaSt
   cudaCheckLaunch();
 }
 
+// dst[r, j] = round(dst[r, j] + src[r, j]) for j < cols with stochastic rounding, dst's rows
+// ld_dst apart and src's ld_src: add_inplace's bits where src's other columns would be zero (each
+// element draws the same random bits, from its index in dst; adding zero changes no BF16 value).
+__global__ void add_columns_inplace_kernel(floatX* dst, int ld_dst, const floatX* src, int ld_src, int rows,
+                                           int cols, uint32_t seed) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)rows * cols) return;
+  const size_t r = i / cols, j = i % cols, at = r * ld_dst + j;
+  dst[at] = round_stochastic((float)dst[at] + (float)src[r * ld_src + j], seed, at);
+}
+
+void add_columns_inplace(floatX* dst, int ld_dst, const floatX* src, int ld_src, int rows, int cols, uint32_t seed,
+                         cudaStream_t stream) {
+  REQUIRE(rows > 0 && cols > 0 && cols <= ld_dst && cols <= ld_src,
+          "add_columns_inplace: %d rows of %d columns, rows %d and %d apart", rows, cols, ld_dst, ld_src);
+  add_columns_inplace_kernel<<<ceil_div((long)rows * cols, 256), 256, 0, stream>>>(dst, ld_dst, src, ld_src, rows,
+                                                                                   cols, seed);
+  cudaCheckLaunch();
+}
+
 // ============================================================================
 // 2. Column reduction
 // ============================================================================
@@ -2503,9 +2523,9 @@ size_t attention_gate_backward_shared_bytes(int NH, int C) {
 }
 
 // grid kRowBlocks, kAttentionGateWarps warps, each warp one row of its row block at a time.
-__global__ void attention_gate_backward_kernel(floatX* dy, floatX* dhn, float* partials, const floatX* dyg,
-                                               const floatX* y, const float* g, const floatX* hn,
-                                               const floatX* W, int N, int NH, int C) {
+__global__ void attention_gate_backward_kernel(floatX* dy, floatX* dhn, int ld_dhn, float* partials,
+                                               const floatX* dyg, const floatX* y, const float* g,
+                                               const floatX* hn, const floatX* W, int N, int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int G = C / kAttentionGateDivisor, HS = C / NH, weights = NH * G, pieces = C / x128::size;
@@ -2546,7 +2566,8 @@ __global__ void attention_gate_backward_kernel(floatX* dy, floatX* dhn, float* p
     for (int j = lane; j < G; j += WARP_SIZE) {
       float sum = 0.0f;
       for (int h = 0; h < NH; h++) sum += dz[h] * w_s[h * G + j];
-      dhn[base + j] = (floatX)((float)dhn[base + j] + sum);
+      floatX& d = dhn[(size_t)row * ld_dhn + j];
+      d = (floatX)((float)d + sum);
     }
     __syncwarp();  // piece_dot and dz are the next row's
   }
@@ -2589,18 +2610,21 @@ void attention_gate_apply(floatX* yg, const floatX* y, const float* g, int N, in
 // dz[t, h] = g (1 - g) sum_d dyg y over the head's channels: dW [NH, G] += sum_t dz[t, h] hn[t, j]
 // (stochastic rounding, seed), dhn[t, j] += sum_h dz[t, h] W[h, j] for j < G (dhn: the gradient of
 // the attention's normed input, which the qkv product's input gradient also goes into; rounded to
-// nearest). partials: kRowBlocks * NH * G floats.
-void attention_gate_backward(floatX* dy, floatX* dhn, floatX* dW, float* partials, const floatX* dyg,
+// nearest; its rows ld_dhn apart: C, or G for those columns alone). partials: kRowBlocks * NH * G
+// floats.
+void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, float* partials, const floatX* dyg,
                              const floatX* y, const float* g, const floatX* hn, const floatX* W, int N, int NH,
                              int C, uint32_t seed, cudaStream_t stream) {
   const char* name = "attention_gate_backward";
   attention_gate_check(name, N, NH, C);
   REQUIRE(dhn != dy && dhn != dyg, "%s: dhn must not share memory with dy or dyg", name);
+  REQUIRE(ld_dhn >= C / kAttentionGateDivisor, "%s: dhn's rows %d apart hold fewer than the gate's %d columns", name,
+          ld_dhn, C / kAttentionGateDivisor);
   const size_t shared = attention_gate_backward_shared_bytes(NH, C);
   cudaCheck(cudaFuncSetAttribute(attention_gate_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)shared));
   attention_gate_backward_kernel<<<kRowBlocks, kAttentionGateWarps * WARP_SIZE, shared, stream>>>(
-      dy, dhn, partials, dyg, y, g, hn, W, N, NH, C);
+      dy, dhn, ld_dhn, partials, dyg, y, g, hn, W, N, NH, C);
   cudaCheckLaunch();
   const int weights = NH * (C / kAttentionGateDivisor);
   column_sum_finalize(dW, partials, weights, weights, kRowBlocks, seed, stream);
@@ -7593,14 +7617,15 @@ const floatX* attproj_input(GPT2& m, int l, int N) {
 }
 
 // With gates: from scratch_btc, the gradient of the gated output, that of the attention's output
-// (in place) and the gate's; the gates' part of ln1's gradient goes into the last N*C elements of
-// scratch_bt4c, zeroed first (the attention's dqkv fills the first 3 N*C), which is returned.
+// (in place) and the gate's; the gates' part of ln1's gradient, its first G = C / 64 columns alone
+// ([N, G]), goes after the first 3 N*C elements of scratch_bt4c (which the attention's dqkv fills),
+// zeroed first, and is returned.
 floatX* attention_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().attention_gate) return nullptr;
-  const int C = m.config.channels;
+  const int C = m.config.channels, G = C / kAttentionGateDivisor;
   floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
-  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * C * sizeof(floatX), m.stream));
-  attention_gate_backward(m.scratch_btc, dln1, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
+  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * G * sizeof(floatX), m.stream));
+  attention_gate_backward(m.scratch_btc, dln1, G, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
                           m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
                           m.config.num_heads, C, seeds.next(), m.stream);
   return dln1;
@@ -7652,7 +7677,10 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, seeds.next());
-    if (dln1_gates) add_inplace(m.scratch_btc, dln1_gates, (size_t)N * m.config.channels, seeds.next(), m.stream);
+    if (dln1_gates) {
+      const int C = m.config.channels, G = C / kAttentionGateDivisor;
+      add_columns_inplace(m.scratch_btc, C, dln1_gates, G, N, G, seeds.next(), m.stream);
+    }
     norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_mixed(m, l), N,
                   seeds.next());
   }

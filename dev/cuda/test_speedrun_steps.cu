@@ -6,7 +6,8 @@
 //    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen;
 //  - attention_gate_forward/apply/backward: y times sigmoid(W hn[:, :C/64]) per head, head size
 //    128 (C 768 with 6 heads, 256 with 2, 128 with 1: G = 12, 4, 2) and 136 with one head; apply
-//    must give the forward's bits; dy in place over dyg.
+//    must give the forward's bits; dy in place over dyg; dhn's gate columns alone (rows G apart)
+//    added by add_columns_inplace with add_inplace's bits.
 // Row counts below, at and above the backward's 256 fixed row blocks, with short and empty blocks;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
@@ -278,7 +279,7 @@ void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
     dhn.upload(dhn0);
     dW.upload(dW0);
     partials.poison();
-    attention_gate_backward(in_place ? (floatX*)d_dyg : (floatX*)dy, dhn, dW, partials, d_dyg, d_y, g, d_hn, d_W,
+    attention_gate_backward(in_place ? (floatX*)d_dyg : (floatX*)dy, dhn, C, dW, partials, d_dyg, d_y, g, d_hn, d_W,
                             N, NH, C, seed, 0);
   };
   backward(false);
@@ -292,6 +293,21 @@ void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dy, dhn, dW));
   backward(true);
   check_same_bits("backward dy in place", backward_bits, Snapshot(d_dyg, dhn, dW));
+
+  // The trainer's way: the gate's columns alone (rows G apart, zeroed), then added into a full
+  // gradient by add_columns_inplace: add_inplace's bits of the full dhn onto the same gradient.
+  DeviceArray<floatX> compact((size_t)N * G), full_gate(n), sum_full(dhn0), sum_columns(dhn0);
+  compact.upload(std::vector<float>((size_t)N * G, 0.0f));
+  full_gate.upload(std::vector<float>(n, 0.0f));
+  attention_gate_backward(dy, compact, G, dW, partials, d_dyg, d_y, g, d_hn, d_W, N, NH, C, seed, 0);
+  attention_gate_backward(dy, full_gate, C, dW, partials, d_dyg, d_y, g, d_hn, d_W, N, NH, C, seed, 0);
+  check_close("backward dhn, rows G apart = rows C apart", compact.download(), columns(full_gate.download(), N, C, 0, G),
+              0.0f);
+  const uint32_t add_seed = rng.u32();
+  add_inplace(sum_full, full_gate, n, add_seed, 0);
+  add_columns_inplace(sum_columns, C, compact, G, N, G, add_seed, 0);
+  check_same_bits("add_columns_inplace = add_inplace of the zero-padded columns", Snapshot(sum_full),
+                  Snapshot(sum_columns));
 }
 
 // Shapes the kernels cannot take are refused with a message naming them.
