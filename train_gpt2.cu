@@ -5698,9 +5698,10 @@ struct AdamWSlices {
   float lr[kMaxAdamWSlices] = {};
   float weight_decay[kMaxAdamWSlices] = {};
   uint32_t seed[kMaxAdamWSlices] = {};
+  bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
 
   void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, size_t slice_state,
-           float slice_lr, float decay, uint32_t slice_seed) {
+           float slice_lr, float decay, uint32_t slice_seed, bool slice_bf16_state = false) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
     lr[count] = slice_lr;
@@ -5709,18 +5710,28 @@ struct AdamWSlices {
     state[count] = slice_state;
     weight_decay[count] = decay;
     seed[count] = slice_seed;
+    bf16_state[count] = slice_bf16_state;
     first_block[count + 1] = first_block[count] + (int)ceil_div(slice_size, (size_t)kAdamWBlockElements);
     count++;
   }
 };
 
+__device__ __forceinline__ float bf16_nearest(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// bf16_state: the update from the new moments in FP32, then the moments and the weight rounded to
+// nearest BF16, as the speedrun's reference computes its BF16 tensors' steps (in FP32 from BF16
+// loads, each result stored once in BF16).
 __device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWParams& hp,
                                                float lr, float weight_decay, float beta1_correction,
-                                               float beta2_correction) {
+                                               float beta2_correction, bool bf16_state) {
   m = hp.beta1 * m + (1.0f - hp.beta1) * g;
   v = hp.beta2 * v + (1.0f - hp.beta2) * g * g;
   const float mhat = m / beta1_correction, vhat = v / beta2_correction;
-  return old - lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
+  const float updated = old - lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
+  if (!bf16_state) return updated;
+  m = bf16_nearest(m);
+  v = bf16_nearest(v);
+  return bf16_nearest(updated);
 }
 
 // Thread t of a slice's block b updates its x128::size elements at (b * kAdamWThreads + t) *
@@ -5748,6 +5759,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const size_t p = slices.begin[s] + local, st = p - state_offset, sm = slices.state[s] + local;
   const float lr = slices.lr[s], decay = slices.weight_decay[s];
   const uint32_t seed = slices.seed[s];
+  const bool bf16_state = slices.bf16_state[s];
   const size_t index = slices.index_offset[s] + local;
   const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0 &&
                       sm % f128::size == 0;
@@ -5756,7 +5768,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       float mi = m[sm + i], vi = v[sm + i];
       const float old = master ? master[st + i] : (float)params[p + i];
       const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, lr, decay,
-                                          beta1_correction, beta2_correction);
+                                          beta1_correction, beta2_correction, bf16_state);
       out_m[sm + i] = mi;
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
@@ -5784,7 +5796,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       const int e = piece * f128::size + k;
       const float previous = master ? old[piece][k] : (float)stored[e];
       old[piece][k] = adamw_element((float)g[e] * hp.grad_scale, mi[piece][k], vi[piece][k], previous, hp,
-                                    lr, decay, beta1_correction, beta2_correction);
+                                    lr, decay, beta1_correction, beta2_correction, bf16_state);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
     }
   }
@@ -7949,6 +7961,8 @@ struct OptimizerConfig {
   // eps added to sqrt(v) before the bias correction (the speedrun's reference): AdamW at step t with
   // eps / sqrt(1 - beta2^t), as train_gpt2.py's adam_eps.
   bool eps_before_correction = false;
+  // The embeddings' steps in BF16 (llmc::Recipe::bf16_embeddings; BF16 builds): AdamWSlices::bf16_state.
+  bool bf16_embeddings = false;
   float adamw_eps(int t) const {
     return eps_before_correction ? (float)(eps / std::sqrt(1.0 - std::pow((double)beta2, t))) : eps;
   }
@@ -8111,6 +8125,7 @@ OptimizerConfig optimizer_config(const llmc::Recipe& r) {
   for (int i = 0; i < 4; i++) opt.lr_multiplier[i] = r.role_lr[i];
   opt.decay_vectors = r.decay_vectors;
   opt.eps_before_correction = r.eps_before_correction;
+  opt.bf16_embeddings = r.bf16_embeddings && sizeof(floatX) == 2;
   opt.grad_clip = r.grad_clip;
   return opt;
 }
@@ -8146,7 +8161,8 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, long step, float lr, float
     if (layout.owner[i] != StateOwner::kAdamW) continue;
     const llmc::ParamSpec& spec = m.param_specs[i];
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i],
-               opt.adamw_lr(spec, lr), opt.adamw_decay(spec), seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1));
+               opt.adamw_lr(spec, lr), opt.adamw_decay(spec), seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1),
+               opt.bf16_embeddings && spec.role == llmc::ParamRole::kEmbedding);
   }
   if (opt.muon) gpt2_muon_update(m, opt.muon_step(step, hp.grad_scale), lr_fraction, seed, muon_spread);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
@@ -9415,6 +9431,7 @@ std::string optimizer_description(const OptimizerConfig& opt) {
   if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
     adamw += llmc::strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
   }
+  if (opt.bf16_embeddings) adamw += ", the embeddings' steps in BF16";
   if (!opt.muon) return adamw;
   const llmc::MomentumSchedule& mu = opt.muon_momentum;
   std::string momentum = llmc::strformat("%g", mu.end);

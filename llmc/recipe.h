@@ -52,6 +52,9 @@ struct Recipe {
   float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   bool decay_vectors = false;
   bool eps_before_correction = false;  // eps added to sqrt(v) before the bias correction
+  // The embeddings' AdamW moments and weights rounded to nearest BF16 after each step, as the
+  // speedrun's reference keeps those tensors in BF16 (BF16 builds).
+  bool bf16_embeddings = false;
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
   float grad_clip = 1.0f;                        // -gc; 0: none
@@ -156,6 +159,7 @@ inline const Recipe& recipe_speedrun() {
     m.window_blocks = -1;
     m.zero_stage = 0;
     m.fp8_head = true;
+    m.bf16_embeddings = true;
     return m;
   }();
   return r;

@@ -536,10 +536,11 @@ gpu_determinism() {
   done
   run determinism_speedrun_same_losses same_losses "$LOGS/determinism_speedrun_1.log" "$LOGS/determinism_speedrun_2.log"
   # Where the GPU has FP8 products the runs above train the speedrun's head in FP8 (-fh 1, the
-  # recipe's): the startup table says so, and the validation losses stay within 2% of the BF16
+  # recipe's): the startup table says so, and the validation losses stay within 3% of the BF16
   # head's (-fh 0). The training losses are no measure here: steps of 1,024 tokens at the recipe's
   # rates jump by up to 1.0 from one step to the next, and the two heads' differ by up to 0.52 at a
-  # step (H200), while their validation losses differ by 1.0% at step 10 and 0.5% at step 20. The
+  # step (H200), while their validation losses differ by 2.2% at step 10 and 0.5% at step 20 (with
+  # the embeddings' steps in BF16; 1.0% and 0.5% with FP32 ones: one step's noise moves them). The
   # head's arithmetic is held to train_gpt2.py --fp8_head 1's in gpu_against_pytorch; a broken head
   # (a wrong scale or operand) does not learn.
   if fp8_gpu; then
@@ -547,7 +548,7 @@ gpu_determinism() {
     run speedrun_bf16_head ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 512 -z 1024 -x 20 -v 10 -m 4 -s 0 \
       -fh 0
     run speedrun_fp8_head_val_losses_agree val_losses_agree "$LOGS/determinism_speedrun_1.log" \
-      "$LOGS/speedrun_bf16_head.log" 0.02
+      "$LOGS/speedrun_bf16_head.log" 0.03
   fi
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
   # step: about 5x the 0.021 measured on an H200 (FP8's losses run 0.1-0.3% above BF16's as the

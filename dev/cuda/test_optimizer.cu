@@ -4,7 +4,8 @@
 // to more than the norm's fixed grid covers in one pass, with and without FP32 master weights,
 // with and without weight decay, from random non-zero moments at step 3. Each runs twice with
 // the same seed for identical bits; in BF16 builds another seed must change some roundings and
-// the stochastic rounding of the parameters must be unbiased. An update that puts the new state
+// the stochastic rounding of the parameters must be unbiased. A slice with BF16 state (the
+// speedrun's embeddings): every value BF16, rounded to nearest. An update that puts the new state
 // in other arrays (the step after a checkpoint) gives in place's bits and leaves the old state.
 // The shard's moments are compact arrays of the AdamW tensors' parts (state_layout, with a tensor
 // of Muon's between them), and state_file_copies and state_file_zero_gaps give the state files'
@@ -143,6 +144,65 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
   // Two independent stochastic roundings disagree for about a third of the elements.
   testing::check_verbose(changed > n / 10,
                          llmc::strformat("another seed changes %zu of %zu roundings", changed, n));
+}
+
+float bf16_value(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// A slice whose steps are BF16's (AdamWSlices::bf16_state, the speedrun's embeddings): from BF16
+// weights, master weights and moments, the new m, v, master and parameters all hold BF16 values
+// (each FP32 value rounds to itself), the parameters equal the master weights, each within one
+// BF16 ulp of the CPU's FP32 step rounded to nearest, and another seed changes nothing (rounded to
+// nearest, not stochastically); twice, the same bits.
+void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
+  printf("\nadamw n=%zu, the moments and weights rounded to nearest BF16\n", n);
+  const AdamWParams hp = test_hyperparameters(0.5f, 3);
+  std::vector<float> start = random_stored(rng, n, 0.0f, 1.0f), m0(n), v0(n);
+  random_moments(rng, m0, v0);
+  for (std::vector<float>* x : {&start, &m0, &v0}) {
+    for (float& e : *x) e = bf16_value(e);
+  }
+  const std::vector<float> grads = random_stored(rng, n, 0.0f, 1.0f);
+  std::vector<float> ref_params = start, ref_m = m0, ref_v = v0, scaled(n);
+  for (size_t i = 0; i < n; i++) scaled[i] = grads[i] * hp.grad_scale;
+  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, hp.lr, cpu_config(hp), true,
+                    hp.step);
+  for (std::vector<float>* x : {&ref_params, &ref_m, &ref_v}) {
+    for (float& e : *x) e = bf16_value(e);
+  }
+  DeviceArray<floatX> params(n), d_grads(grads);
+  DeviceArray<float> master(n), m(n), v(n);
+  auto run = [&](uint32_t seed) {
+    params.upload(start);
+    master.upload(start);
+    m.upload(m0);
+    v.upload(v0);
+    AdamWSlices slices;
+    slices.add(0, n, 0, 0, hp.lr, hp.weight_decay, seed, true);
+    OptimizerArrays from;
+    from.adam_m = m;
+    from.adam_v = v;
+    from.master = master;
+    adamw_update(params, d_grads, from, 0, slices, hp, 0);
+  };
+  const uint32_t seed = rng.u32();
+  run(seed);
+  const std::vector<float> got_m = m.download(), got_v = v.download(), got_master = master.download();
+  const std::vector<float> got_params = params.download();
+  bool bf16_values = true;
+  for (const std::vector<float>* x : {&got_m, &got_v, &got_master, &got_params}) {
+    for (float e : *x) bf16_values = bf16_values && bf16_value(e) == e;
+  }
+  testing::check_verbose(bf16_values, "m, v, master and parameters all hold BF16 values");
+  check_close("parameters = master weights", got_params, got_master, 0.0f);
+  const float ulp = std::ldexp(1.0f, -7);  // one BF16 ulp, relative
+  check_close("m", got_m, ref_m, ulp);
+  check_close("v", got_v, ref_v, ulp);
+  check_close("master", got_master, ref_params, ulp);
+  const Snapshot bits(params, master, m, v);
+  run(seed);
+  check_same_bits("twice", bits, Snapshot(params, master, m, v));
+  run(seed + 1);
+  check_same_bits("another seed: the same bits (no stochastic rounding)", bits, Snapshot(params, master, m, v));
 }
 
 // The moments of `flat` (one value per shard element) at the AdamW parts' places of the compact
@@ -337,6 +397,8 @@ int main() {
     test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
     test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
     test_adamw(5, true, false, rng);            // a partial block only
+    test_adamw_bf16_state(1000003, rng);        // the speedrun's embeddings
+    test_adamw_bf16_state(7, rng);
     test_adamw_slices(rng);
     test_state_file_layout(rng);
   });
