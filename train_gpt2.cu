@@ -666,8 +666,10 @@ __device__ void row_block_sums_store(float* partials, const float (&sums)[K]) {
 //  - dwte by buckets: a bucket is (token id, group of channels one warp covers); the CPU plans
 //    the buckets from the inputs (positions in increasing order, buckets sorted largest first so
 //    the long ones start early), each warp sums its bucket in FP32 and writes the row once; a
-//    bucket of more than 128 positions takes a block, whose warps sum slices of it in order and
-//    then add the slices' sums in warp order.
+//    bucket of more than 128 positions is cut into slices of 64, each slice summed by a warp of
+//    its own (every long bucket's slices at once, over the whole GPU), then one block a bucket
+//    adds its slices' sums: its warps contiguous runs of them in order, then the runs in warp
+//    order.
 
 __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte,
                                        const floatX* wpe, int B, int T, int C) {
@@ -745,47 +747,101 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const int4* buckets, i
 
 // Buckets of more than kEncoderLongBucket positions (a frequent token, such as indentation in
 // source code: one warp summing thousands of positions in turn took milliseconds, several times a
-// micro step) go to this kernel instead, one block per bucket: warp w sums
-// the w-th of kEncoderLongWarps contiguous slices of the positions in order, and the slices' sums
-// are added in warp order.
+// micro step; one block a bucket, 0.43 ms a call, its largest bucket's chain) take two kernels:
+// encoder_backward_wte_slices_kernel sums each slice of kEncoderSlice positions of every long
+// bucket on a warp of its own into slice_sums, then encoder_backward_wte_long_kernel, one block
+// per bucket, has warp w sum the w-th of kEncoderLongWarps contiguous runs of the bucket's slice
+// sums in order and adds the runs in warp order. The plan fixes the slices, so the order of every
+// sum is the same on any GPU.
 constexpr int kEncoderLongBucket = 128;
+constexpr int kEncoderSlice = 64;
 constexpr int kEncoderLongWarps = 16;
+constexpr int kEncoderGroupWidth = WARP_SIZE * x128::size;  // the channels of a bucket's group
 
-__global__ void __launch_bounds__(kEncoderLongWarps * WARP_SIZE)
-    encoder_backward_wte_long_kernel(floatX* dwte, const int4* buckets, const int* positions,
-                                     const floatX* dout, int C, uint32_t seed) {
-  __shared__ float slice_sums[kEncoderLongWarps][WARP_SIZE * x128::size];
-  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-  const int4 bk = buckets[blockIdx.x];
-  const int c = bk.w * WARP_SIZE * x128::size + lane * x128::size;
+// The long bucket whose slices hold global slice `slice`: slice_starts [num_long + 1] ascending.
+__device__ __forceinline__ int encoder_slice_bucket(const int* slice_starts, int num_long, int slice) {
+  int lo = 0, hi = num_long - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (slice_starts[mid] <= slice) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One warp per slice; slice_sums [num_slices, kEncoderGroupWidth] FP32.
+__global__ void encoder_backward_wte_slices_kernel(float* slice_sums, const int4* buckets, const int* slice_starts,
+                                                   int num_long, int num_slices, const int* positions,
+                                                   const floatX* dout, int C) {
+  const int slice = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (slice >= num_slices) return;
+  const int lane = threadIdx.x % WARP_SIZE;
+  const int b = encoder_slice_bucket(slice_starts, num_long, slice);
+  const int4 bk = buckets[b];
+  const int c = bk.w * kEncoderGroupWidth + lane * x128::size;
   float acc[x128::size] = {};
   if (c < C) {
-    const int begin = (int)((long)bk.y * warp / kEncoderLongWarps);
-    const int end = (int)((long)bk.y * (warp + 1) / kEncoderLongWarps);
-    encoder_bucket_sum(acc, positions, bk.x + begin, end - begin, dout, C, c);
+    const int begin = (slice - slice_starts[b]) * kEncoderSlice;
+    encoder_bucket_sum(acc, positions, bk.x + begin, min(kEncoderSlice, bk.y - begin), dout, C, c);
   }
-  for (int k = 0; k < x128::size; k++) slice_sums[warp][lane * x128::size + k] = acc[k];
+  float* out = slice_sums + (size_t)slice * kEncoderGroupWidth + lane * x128::size;
+  for (int k = 0; k < x128::size; k++) out[k] = acc[k];
+}
+
+__global__ void __launch_bounds__(kEncoderLongWarps * WARP_SIZE)
+    encoder_backward_wte_long_kernel(floatX* dwte, const int4* buckets, const int* slice_starts,
+                                     const float* slice_sums, int C, uint32_t seed) {
+  __shared__ float run_sums[kEncoderLongWarps][kEncoderGroupWidth];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int4 bk = buckets[blockIdx.x];
+  const int c = bk.w * kEncoderGroupWidth + lane * x128::size;
+  const int first = slice_starts[blockIdx.x], slices = slice_starts[blockIdx.x + 1] - first;
+  float acc[x128::size] = {};
+  const int begin = first + (int)((long)slices * warp / kEncoderLongWarps);
+  const int end = first + (int)((long)slices * (warp + 1) / kEncoderLongWarps);
+#pragma unroll 4
+  for (int i = begin; i < end; i++) {
+    const float* sums = slice_sums + (size_t)i * kEncoderGroupWidth + lane * x128::size;
+    for (int k = 0; k < x128::size; k++) acc[k] += sums[k];
+  }
+  for (int k = 0; k < x128::size; k++) run_sums[warp][lane * x128::size + k] = acc[k];
   __syncthreads();
   if (warp != 0 || c >= C) return;
   for (int w = 1; w < kEncoderLongWarps; w++) {
-    for (int k = 0; k < x128::size; k++) acc[k] += slice_sums[w][lane * x128::size + k];
+    for (int k = 0; k < x128::size; k++) acc[k] += run_sums[w][lane * x128::size + k];
   }
   encoder_row_add(dwte, bk, C, c, acc, seed);
 }
 
-// A plan (encoder_backward_plan) of `tokens` positions on the GPU.
+// A plan (encoder_backward_plan) of `tokens` positions on the GPU. buckets holds num_buckets
+// buckets, then, where there are long buckets, their slice_starts: num_long + 1 ints, the first
+// slice of each and the total, num_slices (upload encoder_plan_upload_count(plan) int4s of it).
 struct EncoderBackwardPlan {
   int4* buckets = nullptr;
   int* positions = nullptr;
+  float* slice_sums = nullptr;  // encoder_plan_max_slices(tokens, C) x kEncoderGroupWidth
   int num_buckets = 0;
   int num_long = 0;  // the first num_long buckets hold more than kEncoderLongBucket positions
+  int num_slices = 0;
   int tokens = 0;
+  const int* slice_starts() const { return reinterpret_cast<const int*>(buckets + num_buckets); }
 };
 
 // The CPU half of the wte backward: groups the positions of each token into buckets, written to
-// positions [BT] and buckets [BT * encoder_plan_groups(C)] on the host, the largest first; sets
-// plan's counts (its arrays are the GPU's copies, for the caller to upload).
-int encoder_plan_groups(int C) { return ceil_div(C, WARP_SIZE * x128::size); }
+// positions [BT] and buckets [BT * encoder_plan_groups(C)] on the host, the largest first, then
+// the long buckets' slice starts; sets plan's counts (its arrays are the GPU's copies, for the
+// caller to upload). The slice starts fit: each long bucket stands for more than 128 positions.
+int encoder_plan_groups(int C) { return ceil_div(C, kEncoderGroupWidth); }
+
+// The most slices BT positions make: each long bucket's positions in slices of 64, plus one
+// partial slice each (at most BT / 129 long tokens), in each group.
+size_t encoder_plan_max_slices(int BT, int C) {
+  return (size_t)encoder_plan_groups(C) * (ceil_div(BT, kEncoderSlice) + BT / (kEncoderLongBucket + 1) + 1);
+}
+
+int encoder_plan_upload_count(const EncoderBackwardPlan& plan) {
+  return plan.num_buckets + (plan.num_long > 0 ? ceil_div(plan.num_long + 1, 4) : 0);
+}
 
 void encoder_backward_plan(EncoderBackwardPlan* plan, int4* buckets, int* positions, const int* inputs, int BT,
                            int C) {
@@ -805,8 +861,16 @@ void encoder_backward_plan(EncoderBackwardPlan* plan, int4* buckets, int* positi
   std::stable_sort(buckets, buckets + num_buckets, [](const int4& a, const int4& b) { return a.y > b.y; });
   int num_long = 0;
   while (num_long < num_buckets && buckets[num_long].y > kEncoderLongBucket) num_long++;
+  int num_slices = 0;
+  if (num_long > 0) {  // else every position may be a bucket of its own: no room, and none needed
+    int* slice_starts = reinterpret_cast<int*>(buckets + num_buckets);
+    slice_starts[0] = 0;
+    for (int b = 0; b < num_long; b++) slice_starts[b + 1] = slice_starts[b] + ceil_div(buckets[b].y, kEncoderSlice);
+    num_slices = slice_starts[num_long];
+  }
   plan->num_buckets = num_buckets;
   plan->num_long = num_long;
+  plan->num_slices = num_slices;
   plan->tokens = BT;
 }
 
@@ -823,8 +887,12 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
   }
   const uint32_t seed_wte = seed ^ 0x5bd1e995u;
   if (plan.num_long > 0) {
+    const int warps_per_block = threads / WARP_SIZE;
+    encoder_backward_wte_slices_kernel<<<ceil_div(plan.num_slices, warps_per_block), threads, 0, stream>>>(
+        plan.slice_sums, plan.buckets, plan.slice_starts(), plan.num_long, plan.num_slices, plan.positions, dout, C);
+    cudaCheckLaunch();
     encoder_backward_wte_long_kernel<<<plan.num_long, kEncoderLongWarps * WARP_SIZE, 0, stream>>>(
-        dwte, plan.buckets, plan.positions, dout, C, seed_wte);
+        dwte, plan.buckets, plan.slice_starts(), plan.slice_sums, C, seed_wte);
     cudaCheckLaunch();
   }
   const int short_buckets = plan.num_buckets - plan.num_long;
@@ -6857,6 +6925,8 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t buckets = BT * encoder_plan_groups((int)C);
   m.encoder_plan.buckets = device_alloc<int4>(buckets, "the encoder backward plan");
   m.encoder_plan.positions = device_alloc<int>(BT, "the encoder backward plan");
+  m.encoder_plan.slice_sums = device_alloc<float>(encoder_plan_max_slices((int)BT, (int)C) * kEncoderGroupWidth,
+                                                  "the encoder backward's slice sums");
   cudaCheck(cudaMallocHost(&m.losses_host, BT * sizeof(float)));
   upload_staging_allocate(m.inputs_staging, BT * sizeof(int));
   upload_staging_allocate(m.targets_staging, BT * sizeof(int));
@@ -7008,7 +7078,8 @@ void activations_free(Activations& a) {
   for (void* p : {(void*)a.act_memory, (void*)a.scratch_btc, (void*)a.scratch_bt4c, (void*)a.dresidual,
                   (void*)a.scratch_att, (void*)a.scratch_dqkvr, (void*)a.attention_dot, (void*)a.attention_ds,
                   (void*)a.partials, (void*)a.norm_partials, (void*)a.dx0, (void*)a.dkept, (void*)a.inputs,
-                  (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions}) {
+                  (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
+                  (void*)a.encoder_plan.slice_sums}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
@@ -7882,8 +7953,8 @@ void encoder_plan_upload(GPT2& m, int N) {
   int4* buckets = upload_staging_host<int4>(m.plan_buckets_staging);
   int* positions = upload_staging_host<int>(m.plan_positions_staging);
   encoder_backward_plan(&m.encoder_plan, buckets, positions, inputs, N, m.config.channels);
-  upload_staging_copy(m.plan_buckets_staging, m.encoder_plan.buckets, m.encoder_plan.num_buckets * sizeof(int4),
-                      m.stream);
+  upload_staging_copy(m.plan_buckets_staging, m.encoder_plan.buckets,
+                      encoder_plan_upload_count(m.encoder_plan) * sizeof(int4), m.stream);
   upload_staging_copy(m.plan_positions_staging, m.encoder_plan.positions, N * sizeof(int), m.stream);
 }
 

@@ -161,18 +161,23 @@ class DeviceArray {
 // The encoder backward's plan (encoder_backward_plan) of host `tokens`, for C channels, on the GPU.
 struct DeviceEncoderPlan {
   DeviceEncoderPlan(const std::vector<int>& tokens, int C)
-      : buckets(tokens.size() * encoder_plan_groups(C)), positions(tokens.size()) {
+      : buckets(tokens.size() * encoder_plan_groups(C)), positions(tokens.size()),
+        slice_sums(encoder_plan_max_slices((int)tokens.size(), C) * kEncoderGroupWidth) {
     const int n = (int)tokens.size();
     std::vector<int4> host_buckets(buckets.size());
     std::vector<int> host_positions(n);
     plan.buckets = buckets;
     plan.positions = positions;
+    plan.slice_sums = slice_sums;
     encoder_backward_plan(&plan, host_buckets.data(), host_positions.data(), tokens.data(), n, C);
+    REQUIRE((size_t)plan.num_slices <= encoder_plan_max_slices(n, C), "the plan's %d slices overflow their bound",
+            plan.num_slices);
     buckets.upload(host_buckets);
     positions.upload(host_positions);
   }
   DeviceArray<int4> buckets;
   DeviceArray<int> positions;
+  DeviceArray<float> slice_sums;
   EncoderBackwardPlan plan;
 };
 

@@ -2,7 +2,8 @@
 // cpu::encoder_forward / cpu::encoder_backward: the full GPT-2 vocabulary, the d48 width
 // C=1600 (whose last channel group covers only part of a warp), T not a power of two, batches in
 // which one to three token ids fill every position or one id a share of them (the long buckets'
-// kernel beside the short ones'), gradients accumulated onto random non-zero
+// kernels beside the short ones', up to a speedrun micro step's 49,152 positions, half of them one
+// id), gradients accumulated onto random non-zero
 // ones, forward outputs poisoned first, and every kernel run twice for identical bits.
 #include "dev/cuda/kernel_test.h"
 
@@ -70,5 +71,11 @@ int main() {
     // in short ones: both kernels in one backward; the d48 width's part-warp group in the long one.
     test_encoder({1, 8192, 768, 50257, 50257, 10}, rng);
     test_encoder({3, 100, 1600, 1000, 1000, 50}, rng);
+    // Two ids of about 260 positions each (slices ending mid-slice). A micro step of the
+    // speedrun's, half of 49,152 positions one id (384 slices of 64 summed by one block), in BF16
+    // builds: the CPU reference sums its 24,576 terms in FP32, rounding by up to ~1e-3 where the
+    // FP32 build's tolerance for an element near zero is 1.4e-4.
+    test_encoder({1, 521, 768, 50257, 2, 0}, rng);
+    if (sizeof(floatX) == 2) test_encoder({1, 49152, 768, 50257, 50257, 50}, rng);
   });
 }
