@@ -5576,7 +5576,7 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
           Vp, x128::size, V);
   const bool capped = cap.kind != llmc::LogitCap::kNone;
   REQUIRE(!capped || (std::isfinite(cap.cap) && cap.cap > 0.0f && capped_shift_range_log2(cap) <= kCappedShiftMaxLog2),
-          "fused_classifier: a cap of %g: it must be a positive number below %g (%s)", cap.cap,
+          "fused_classifier: a cap of %g: it must be a positive number of at most %g (%s)", cap.cap,
           kCappedShiftMaxLog2 / kLog2e / (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f), cap.describe().c_str());
   REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f),
           "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);

@@ -565,9 +565,10 @@ gpu_determinism() {
         "$LOGS/determinism_fp8_${scaling}_2.log"
       run "fp8_${scaling}_losses_track" losses_track "$LOGS/determinism_1.log" "$LOGS/determinism_fp8_${scaling}_1.log" 0.1
     done
-    # The speedrun's blocks in FP8 (its RMSNorm and ReLU^2 outputs written, then cast; validation at
-    # -vt 512 in BF16 products, in its own activations): the same bits twice, and validation losses
-    # within 2% of the BF16 blocks' above (the FP8 head in both), as the head's bound.
+    # The speedrun's blocks in FP8 (-fp8 1 casts its RMSNorm and ReLU^2 outputs as written, -fp8 2
+    # computes them in the casts, all but ln1, which the gates read; validation at -vt 512 in BF16
+    # products, in its own activations): the same bits twice, and validation losses within 2% of the
+    # BF16 blocks' above (the FP8 head in both).
     for scaling in 1 2; do
       for i in 1 2; do
         run "determinism_speedrun_fp8_${scaling}_$i" ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 \
