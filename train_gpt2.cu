@@ -923,6 +923,15 @@ constexpr float kLayerNormEps = 1e-5f;
 // PyTorch's F.rms_norm default (eps=None): the FP32 machine epsilon, for BF16 inputs too.
 constexpr float kRmsNormEps = FLT_EPSILON;
 
+// A norm's output from its input x and row statistics: LayerNorm's, or RMSNorm's (no mean, no
+// bias), weighted or not. The FP8 casts that normalise as they read x (Fp8CastInput::kNorm) call it
+// too, so their values are these bits.
+__device__ __forceinline__ float norm_value(float x, float mean, float rstd, float weight, float bias, bool layernorm,
+                                            bool weighted) {
+  if (layernorm) return (x - mean) * rstd * weight + bias;
+  return weighted ? x * rstd * weight : x * rstd;
+}
+
 // mean_out and bias are not used with RMS (nullptr there), weight not without WEIGHTED.
 template <bool RMS, bool WEIGHTED>
 __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, const floatX* x,
@@ -946,21 +955,14 @@ __device__ void layernorm_row(floatX* out, float* mean_out, float* rstd_out, con
   }
   const float rstd = rsqrtf(warp_reduce_sum(var) / C + (RMS ? kRmsNormEps : kLayerNormEps));
   // No out: the statistics only, for an FP8 cast that normalises as it reads x
-  // (Fp8CastInput::kNorm, the same arithmetic as here).
+  // (Fp8CastInput::kNorm, through norm_value too).
   for (int c = lane * x128::size; out && c < C; c += WARP_SIZE * x128::size) {
     const x128 v = load128(x + c);
+    const x128 w = WEIGHTED ? load128(weight + c) : x128();
+    const x128 b = RMS ? x128() : load128(bias + c);
     x128 o;
-    if (RMS && !WEIGHTED) {
-      for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd);
-    } else if (RMS) {
-      const x128 w = load128(weight + c);
-      for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * rstd * (float)w[k]);
-    } else {
-      const x128 w = load128(weight + c);
-      const x128 b = load128(bias + c);
-      for (int k = 0; k < x128::size; k++) {
-        o[k] = (floatX)(((float)v[k] - mean) * rstd * (float)w[k] + (float)b[k]);
-      }
+    for (int k = 0; k < x128::size; k++) {
+      o[k] = (floatX)norm_value((float)v[k], mean, rstd, (float)w[k], (float)b[k], !RMS, WEIGHTED);
     }
     store128(out + c, o);
   }
@@ -1588,7 +1590,7 @@ __device__ __forceinline__ float relu2(float x);
 __device__ __forceinline__ float relu2_grad(float x);
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
-void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream);
+void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, size_t n, cudaStream_t stream);
 
 // The forward product out[N, OC] = b[N, C] @ a[OC, C]^T + bias of the storage-type or the FP8
 // operands: with pre_gelu, pre_gelu = that and out = GELU(it), in cuBLASLt's epilogue or after it.
@@ -1843,12 +1845,6 @@ Fp8CastSource fp8_activation_source(Activation act) {
   return {act == Activation::kGelu ? Fp8CastInput::kGelu : Fp8CastInput::kRelu2};
 }
 
-// A norm's output from its input x and row statistics, as layernorm_row computes it.
-__device__ __forceinline__ float fp8_norm_value(float x, float mean, float rstd, float weight, float bias,
-                                                bool layernorm, bool weighted) {
-  if (layernorm) return (x - mean) * rstd * weight + bias;
-  return weighted ? x * rstd * weight : x * rstd;
-}
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
@@ -1921,8 +1917,8 @@ __global__ void __launch_bounds__(kFp8Threads)
       }
       if (kNorm && row < R && col < C) {
         for (int k = 0; k < x128::size; k++) {
-          v[k] = (floatX)fp8_norm_value((float)v[k], ln_mean[b], ln_rstd[b], (float)ln_weight[k], (float)ln_bias[k],
-                                        layernorm, weighted);
+          v[k] = (floatX)norm_value((float)v[k], ln_mean[b], ln_rstd[b], (float)ln_weight[k], (float)ln_bias[k],
+                                    layernorm, weighted);
         }
       }
       if (kActGrad && row < R && col < C) {
@@ -2126,7 +2122,6 @@ void fp8_require_layer(int C, int OC) {
           "FP8 linear layers: C=%d and OC=%d must be multiples of %d", C, OC, kFp8TokenAlign);
 }
 
-
 // How a layer's input and output-gradient casts scale.
 enum class Fp8Scaling {
   kCurrent,         // -fp8 1: from each tensor's own amax, an amax pass before its cast
@@ -2187,8 +2182,7 @@ void matmul_backward_fp8(floatX* dinp, floatX* dweight, floatX* dbias, float* pa
                                            partials, N, OC, grad_format, stream);
     if (dbias) column_sum_finalize(dbias, partials, OC, OC, fp8_tile_rows(N), seed, stream);
   } else {
-    if (dout_pre_act && act == Activation::kGelu) gelu_backward_inplace(dout, dout_pre_act, (size_t)N * OC, stream);
-    if (dout_pre_act && act == Activation::kRelu2) relu2_backward_inplace(dout, dout_pre_act, (size_t)N * OC, stream);
+    if (dout_pre_act) activation_backward_inplace(act, dout, dout_pre_act, (size_t)N * OC, stream);
     if (!delayed) fp8_amax(dout_scale, dout, (size_t)N * OC, stream, scaling == Fp8Scaling::kCurrentStepMax);
     fp8_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, grad_format, delayed, stream);
     if (dbias) matmul_dbias(dbias, partials, dout, N, OC, seed, stream);
@@ -5271,6 +5265,12 @@ void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t
   activation_backward_inplace<Activation::kRelu2>("relu2_backward", d, inp, n, stream);
 }
 
+// d *= act'(x), act chosen at run time.
+void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  if (act == Activation::kGelu) gelu_backward_inplace(d, inp, n, stream);
+  else relu2_backward_inplace(d, inp, n, stream);
+}
+
 // ============================================================================
 // 8. Classifier
 // ============================================================================
@@ -5536,19 +5536,36 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
 #endif
 }
 
+// The GPU's limits the classifiers' launches read, queried once.
+struct ClassifierLimits {
+  int max_shared = 0;     // dynamic shared memory a block may opt into
+  bool clusters = false;  // compute capability 9.0+
+};
+const ClassifierLimits& classifier_limits() {
+  static const ClassifierLimits limits = [] {
+    ClassifierLimits l;
+    int device = 0, major = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&l.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    l.clusters = major >= 9;
+    return l;
+  }();
+  return limits;
+}
+
 // Launches capped_classifier_kernel where the GPU has clusters and shared memory for a half row;
 // false where it does not.
 bool capped_classifier_launch(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
-                              const llmc::LogitCap& cap, float inv_scale, int max_shared, cudaStream_t stream) {
-  int device = 0, major = 0;
-  cudaCheck(cudaGetDevice(&device));
-  cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+                              const llmc::LogitCap& cap, float inv_scale, cudaStream_t stream) {
+  const ClassifierLimits& limits = classifier_limits();
+  if (!limits.clusters) return false;
   const auto kernel = cap.kind == llmc::LogitCap::kRational ? capped_classifier_kernel<llmc::LogitCap::kRational>
                                                             : capped_classifier_kernel<llmc::LogitCap::kSigmoid>;
   cudaFuncAttributes attributes;
   cudaCheck(cudaFuncGetAttributes(&attributes, kernel));
   const size_t shared = (size_t)ceil_div(Vp / x128::size, 2) * x128::size * sizeof(float);
-  if (major < 9 || shared + attributes.sharedSizeBytes > (size_t)max_shared) return false;
+  if (shared + attributes.sharedSizeBytes > (size_t)limits.max_shared) return false;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(2 * N);
@@ -5580,15 +5597,9 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
           kCappedShiftMaxLog2 / kLog2e / (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f), cap.describe().c_str());
   REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f),
           "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);
-  static int max_shared = 0;
-  if (max_shared == 0) {
-    int device = 0;
-    cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  }
+  const int max_shared = classifier_limits().max_shared;
   const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
-  if (capped && !recompute &&
-      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, max_shared, stream)) {
+  if (capped && !recompute && capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, stream)) {
     return;
   }
   const size_t shared = (size_t)Vp * sizeof(floatX);
@@ -7308,6 +7319,9 @@ void gpt2_linear_forward_normed(GPT2& m, const BlockRows& r, int linear, int l, 
                                       rms ? nullptr : m.param(n.bias, l)));
 }
 
+// The MLP's activation of the architecture.
+Activation mlp_activation(const GPT2& m) { return m.arch().relu2 ? Activation::kRelu2 : Activation::kGelu; }
+
 // The gradients of a block's linear layer (see matmul_backward), in BF16 or FP8. dbias_sum: add
 // the column sums of dout into the bias gradient (not where another kernel has, sections 4, 6).
 // mlp_pre_act, for the MLP's two layers: the activation's input between them (act kFch), whose
@@ -7320,7 +7334,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
   const int C = m.config.channels * spec.in, OC = m.config.channels * spec.out;
   floatX* dweight = m.grad(spec.weight, l);
   floatX* dbias = dbias_sum ? m.grad_or_null(spec.bias, l) : nullptr;
-  const Activation act = m.arch().relu2 ? Activation::kRelu2 : Activation::kGelu;
+  const Activation act = mlp_activation(m);
   if (m.fp8) {
     matmul_backward_fp8(dinp, dweight, dbias, m.partials, dout, m.fp8_input_t(linear, l), m.fp8_weight(linear, l),
                         linear == kLinearFc ? mlp_pre_act : nullptr, act, m.fp8_input_scale(linear, l),
@@ -7516,9 +7530,8 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
 void mlp_forward(GPT2& m, int l, const BlockRows& r) {
   const size_t n = (size_t)r.rows() * 4 * m.config.channels;
   if (r.fp8_sources) {
-    const Activation act = m.arch().relu2 ? Activation::kRelu2 : Activation::kGelu;
     gpt2_linear_forward_normed(m, r, kLinearFc, l, r.fch, kNorm2, r.ln2, r.residual2);
-    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch, nullptr, fp8_activation_source(act));
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch, nullptr, fp8_activation_source(mlp_activation(m)));
   } else if (m.arch().relu2) {
     gpt2_linear_forward(m, r, kLinearFc, l, r.fch, r.ln2.out, nullptr);
     relu2_forward(r.fch_act, r.fch, n, m.stream);

@@ -456,8 +456,7 @@ void test_activation_backward_cast(llmc::Rng& rng, int R, int C, Activation act)
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
   const std::vector<float> pre = random_stored(rng, n, 0.0f, 1.5f);
   DeviceArray<floatX> d_dout(dout), d_pre(pre), d_ref(dout);
-  if (act == Activation::kGelu) gelu_backward_inplace(d_ref, d_pre, n, 0);
-  else relu2_backward_inplace(d_ref, d_pre, n, 0);
+  activation_backward_inplace(act, d_ref, d_pre, n, 0);
   const std::vector<float> ref_values = d_ref.download();
   uint32_t amax_bits = 0;
   const Fp8Scale given = current_scale_given(d_ref, n, f, &amax_bits);
