@@ -5450,7 +5450,9 @@ __device__ __forceinline__ void capped_classifier_half(int pieces, int half, int
 // A cluster of two blocks per row, each half of its columns (so two rows share an SM: one loads
 // while the other computes). Dynamic shared memory: exp(y - cap) * dy/dz of the half's columns,
 // FP32 (training only). The halves' sums meet in both blocks' shared memory (each block stores
-// its sum into both), and both add them in the same order. Hopper (compute capability 9.0+).
+// its sum into both), and both add them in the same order. A block writes into the other's shared
+// memory only after the cluster barrier's first phase, which each thread arrives at on entry: the
+// other block has started by then. Hopper (compute capability 9.0+).
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier_kernel(
     floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale) {
@@ -5461,6 +5463,7 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
   constexpr int kStride = kCappedClassifierThreads * kCappedClassifierPiecesInFlight;
   __shared__ float warp_sums[kWarps], half_sums[2], target_logit, target_slope;
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.barrier_arrive();
   const int half = (int)cluster.block_rank();
   const size_t row = blockIdx.x / 2;
   floatX* x = logits + row * Vp;
@@ -5508,6 +5511,7 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
   s = warp_reduce_sum(s);
   if (lane == 0) warp_sums[warp] = s;
   __syncthreads();
+  cluster.barrier_wait();
   if (warp == 0) {
     s = warp_reduce_sum(lane < kWarps ? warp_sums[lane] : 0.0f);
     if (lane < 2) cluster.map_shared_rank(half_sums, lane)[half] = s;
@@ -5587,8 +5591,11 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
 // the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does). Capped logits
 // take capped_classifier_kernel on GPUs with clusters where half a row fits in a block's shared
 // memory (Hopper's 227 KiB: Vp up to 116,000), unless recompute is set (the tests run both kernels).
-void fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
-                      float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {}, bool recompute = false) {
+// Returns the kernel it ran.
+enum class ClassifierKernel { kRecomputing, kKeeping };
+ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
+                                  float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {},
+                                  bool recompute = false) {
   REQUIRE(Vp % x128::size == 0 && V <= Vp, "fused_classifier: Vp=%d must be a multiple of %d, and V=%d at most Vp",
           Vp, x128::size, V);
   const bool capped = cap.kind != llmc::LogitCap::kNone;
@@ -5600,7 +5607,7 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
   const int max_shared = classifier_limits().max_shared;
   const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
   if (capped && !recompute && capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, stream)) {
-    return;
+    return ClassifierKernel::kKeeping;
   }
   const size_t shared = (size_t)Vp * sizeof(floatX);
   REQUIRE(shared <= (size_t)max_shared,
@@ -5612,6 +5619,7 @@ void fused_classifier(floatX* logits, float* losses, const int* targets, int N, 
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale);
   cudaCheckLaunch();
+  return ClassifierKernel::kRecomputing;
 }
 
 // ============================================================================

@@ -7,7 +7,8 @@
 // vocabulary, NaN in the padding columns (which must never reach a loss and must come back as
 // zero gradients), logits far past the caps' bends (the sigmoid's exponential overflows there),
 // losses poisoned first, training (dlogits written in place) and validation
-// (dloss = 0: logits left bit for bit as they were), twice each.
+// (dloss = 0: logits left bit for bit as they were), twice each; which kernel ran, confirmed
+// (capped logits take the one that keeps the gradients on GPUs with clusters).
 #include "dev/cuda/kernel_test.h"
 
 // losses[r] = logsumexp(y) - y[target] over the first V columns, y the capped logits; dlogits =
@@ -33,6 +34,15 @@ void capped_classifier_reference(std::vector<float>& losses, std::vector<float>&
       d[i] = i < V ? (float)(dloss * (std::exp(y[i] - m) / s - (i == t)) * slope[i]) : 0.0f;
     }
   }
+}
+
+// Whether this GPU runs the capped kernel that keeps each column's gradient: compute capability
+// 9.0+ (clusters), read here rather than from the launcher's own query.
+bool gpu_has_clusters() {
+  int device = 0, major = 0;
+  cudaCheck(cudaGetDevice(&device));
+  cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
 }
 
 // Logits far outside the cap's bend, which a trained head can reach: past -88.7 s the sigmoid
@@ -86,12 +96,21 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   // recomputes it, which GPUs with less shared memory run).
   for (const bool recompute : capped ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
     const std::string kernel = !capped ? "" : recompute ? " (recomputing kernel)" : " (keeping kernel)";
+    ClassifierKernel ran = ClassifierKernel::kRecomputing;
     auto run = [&](float scale) {
       d_logits.upload(logits);
       losses.poison();
-      fused_classifier(d_logits, losses, d_targets, N, V, Vp, scale, 0, cap, recompute);
+      ran = fused_classifier(d_logits, losses, d_targets, N, V, Vp, scale, 0, cap, recompute);
     };
     run(dloss);
+    if (capped && !recompute) {
+      const bool keeping = ran == ClassifierKernel::kKeeping;
+      testing::check_verbose(keeping == gpu_has_clusters(),
+                             gpu_has_clusters() ? "a GPU with clusters ran the keeping kernel"
+                                                : "a GPU without clusters fell back to the recomputing kernel");
+    } else {
+      testing::check_verbose(ran == ClassifierKernel::kRecomputing, "the recomputing kernel ran");
+    }
     // Losses are FP32 in both builds, from the same stored logits.
     check_close("training losses" + kernel, losses.download(), ref_losses, kTolFP32);
     check_close("training dlogits" + kernel, d_logits.download(), ref_dlogits, tol_dlogits);

@@ -10,8 +10,8 @@
 // step's amax kept over micro steps; the model's history over 22 steps with skips, restored from
 // a state file's copy, and evaluation's amaxes forgotten. Layers (BF16 builds): matmul_forward_fp8 /
 // matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
-// GELU epilogue included, and the fc layer's GELU' taken into its output gradient (in the
-// delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast, and the bias
+// GELU epilogue included, and the fc layer's GELU' or ReLU^2' taken into its output gradient
+// (in place with current scaling; in the delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast, and the bias
 // gradient from the cast's column sums; the kernel alone: its casts and each tile's column sums
 // bitwise against gelu_backward_inplace's values); run twice, and with cuBLASLt's first
 // heuristic, for identical bits. The activations (GELU, ReLU^2) and norms (LayerNorm, RMSNorm with
@@ -571,9 +571,15 @@ bool check_layer_tensor(const std::string& name, const std::vector<float>& got, 
   return check_close(name + " (elements)", got, ref, kTolElement) && norm;
 }
 
-void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp8Format::kE5M2) {
+// dout_act: the activation whose derivative goes into dout where lc.gelu_dout says (ReLU^2 in the
+// modern and speedrun MLPs).
+void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp8Format::kE5M2,
+                Activation dout_act = Activation::kGelu) {
   const int N = lc.N, C = lc.C, OC = lc.OC, Np = fp8_padded(N);
-  lc.print(grad_format == Fp8Format::kE5M2 ? "FP8 layer" : "FP8 layer, E4M3 output gradients (-fp8g 1)");
+  const std::string what = std::string(grad_format == Fp8Format::kE5M2 ? "FP8 layer" : "FP8 layer, E4M3 output "
+                                       "gradients (-fp8g 1)") +
+                           (dout_act == Activation::kGelu ? "" : ", ReLU^2' into dout");
+  lc.print(what.c_str());
   const std::vector<float> inp = random_stored(rng, (size_t)N * C, 0.0f, 1.0f);
   const std::vector<float> weight = random_stored(rng, (size_t)OC * C, 0.0f, 1.0f / sqrtf(C));
   const std::vector<float> bias = random_stored(rng, OC, 0.0f, 1.0f);
@@ -588,10 +594,13 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   DeviceArray<float> partials((size_t)kRowBlocks * OC);
   const uint32_t seed = rng.u32();
 
-  // The BF16 layer, on dout * GELU'(pre_gelu) from gelu_backward_inplace with gelu_dout.
+  // The BF16 layer, on dout * act'(pre_gelu) from the activation's backward in place with gelu_dout.
   DeviceArray<floatX> ref_out((size_t)N * OC), ref_pre((size_t)N * OC), ref_dinp((size_t)N * C);
   DeviceArray<floatX> ref_dweight((size_t)OC * C), ref_dbias(OC), ref_dout(dout);
-  if (pre_dout) gelu_backward_inplace(ref_dout, pre_dout, (size_t)N * OC, 0);
+  if (pre_dout) {
+    if (dout_act == Activation::kGelu) gelu_backward_inplace(ref_dout, pre_dout, (size_t)N * OC, 0);
+    else relu2_backward_inplace(ref_dout, pre_dout, (size_t)N * OC, 0);
+  }
   matmul_forward(ref_out, d_inp, d_weight, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)ref_pre : nullptr, 0);
   ref_dweight.upload(std::vector<float>((size_t)OC * C, 0.0f));
   ref_dbias.upload(std::vector<float>(OC, 0.0f));
@@ -624,9 +633,9 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
     dinp.poison();
     dweight.upload(dweight_start);
     dbias.upload(std::vector<float>(OC, 0.0f));
-    layer_dout.upload(dout);  // current scaling applies GELU' in place
+    layer_dout.upload(dout);  // current scaling applies the activation's derivative in place
     matmul_backward_fp8(dinp, dweight, lc.bias ? (floatX*)dbias : nullptr, partials, layer_dout, inp_t, w,
-                        pre_dout, Activation::kGelu, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling,
+                        pre_dout, dout_act, inp_scale, dout_scale, buffers, N, C, OC, seed, grad_format, scaling,
                         0);
     return Snapshot(dinp, dweight, dbias, layer_dout);
   };
@@ -799,6 +808,7 @@ void test_sources_in_model(llmc::Rng& rng, llmc::Arch arch) {
   };
   // The norm of x with layer l's parameters, its statistics computed here (not the model's).
   DeviceArray<float> mean(N), rstd(N);
+  DeviceArray<floatX> ln1((size_t)N * C);
   auto norm = [&](const floatX* x, int weight, int bias, int l) {
     if (speedrun) {
       rmsnorm_forward(nullptr, rstd, x, nullptr, N, (int)C, m.stream);
@@ -812,7 +822,10 @@ void test_sources_in_model(llmc::Rng& rng, llmc::Arch arch) {
   for (int l = 0; l < config.num_layers; l++) {
     act_same = act_same && kept_is(kLinearFcproj, l, m.act(kFch, l), C4, act);
     if (speedrun && llmc::layer_has_attention(config, l)) {
-      ln1_same = ln1_same && kept_is(kLinearQkv, l, m.act(kLn1, l), (int)C, Fp8CastSource());
+      // The model writes ln1 (the gates read it) and casts it: here the norm of the block's mixed
+      // input, written by rmsnorm_forward and cast.
+      rmsnorm_forward(ln1, rstd, block_mixed(m, l), nullptr, N, (int)C, m.stream);
+      ln1_same = ln1_same && kept_is(kLinearQkv, l, ln1, (int)C, Fp8CastSource());
     } else if (!speedrun) {
       const floatX* residual = block_input(m, l);
       ln1_same = ln1_same && kept_is(kLinearQkv, l, residual, (int)C, norm(residual, llmc::kLn1w, llmc::kLn1b, l));
@@ -824,8 +837,8 @@ void test_sources_in_model(llmc::Rng& rng, llmc::Arch arch) {
   const char* norm_name = speedrun ? "RMSNorm" : "LayerNorm";
   testing::check_verbose(act_same, llmc::strformat("delayed forward: every layer's fcproj input = %s(its kFch) cast "
                                                    "under its scale", act_name));
-  testing::check_verbose(ln1_same, speedrun ? "delayed forward: every attention layer's qkv input = its ln1 as "
-                                              "written, cast under its scale"
+  testing::check_verbose(ln1_same, speedrun ? "delayed forward: every attention layer's qkv input = RMSNorm(its "
+                                              "mixed input), cast under its scale"
                                             : "delayed forward: every layer's qkv input = LayerNorm(its input) "
                                               "cast under its scale");
   testing::check_verbose(ln2_same, llmc::strformat("delayed forward: every layer's fc input = %s(its kResidual2) "
@@ -1132,6 +1145,11 @@ int main() {
     };
     for (const MatmulCase& lc : layers) test_layer(lc, rng);
     test_layer(layers[2], rng, Fp8Format::kE4M3);  // the GELU gradient's range in E4M3
+    // The modern and speedrun fc layers: ReLU^2' into dout (in place with -fp8 1, in the cast with 2).
+    test_layer({"fc, ReLU^2, odd, no bias", 37, 144, 80, false, false, false, true}, rng, Fp8Format::kE5M2,
+               Activation::kRelu2);
+    test_layer({"fc, ReLU^2, d12, T=1000", 1000, 768, 4 * 768, false, false, false, true}, rng, Fp8Format::kE5M2,
+               Activation::kRelu2);
     test_delayed_steps(rng);
     test_gelu_input_layer(rng, 1000, 4 * 1600, 1600);
     test_sources_in_model(rng, llmc::Arch::kGpt2);
