@@ -2311,20 +2311,23 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 // and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX.
 // rstd [B*T, 2*NH] (q heads, then k heads) is kept for the backward, which recovers xhat from the
 // stored output by the inverse rotation (the rotation is orthogonal) instead of keeping a copy.
-// One block per token: its threads first form the token's HS/2 (cos, sin) in shared memory, which
-// all 2*NH heads share, so sincosf (accurate, as torch's cos and sin; theta in FP32, as
-// torch.outer(pos, freq)) costs 1/(2*NH) of a call per pair and no [T, HS/2] table is stored or
-// read. freq is computed on the host in double precision and rounded once. Then one warp per head,
-// each lane holding pairs j = lane + 32i in registers; sums in lane order, then a fixed butterfly:
-// deterministic. Floor: the forward reads and writes 2C values a token (2 * 2C * sizeof(floatX)
-// bytes) and writes 2*NH floats; the backward reads 4C values and 2*NH floats and writes 2C; about
-// 10 FLOPs a value, so memory-bound.
+// One warp per token, each lane holding pairs j = lane + 32i of a head in registers and forming
+// their (cos, sin) itself, once for the token's 2*NH heads: sincosf (accurate, as torch's cos and
+// sin; theta in FP32, as torch.outer(pos, freq)), so no [T, HS/2] table is stored or read. freq is
+// computed on the host in double precision and rounded once. A lane loads a group of heads before
+// it uses any (several hundred bytes a warp in flight: the kernels are bound by memory latency
+// otherwise); each head's sums in lane order, then a fixed butterfly: deterministic. The sum of
+// squares' multiply-add is written out: which square the compiler fuses changes an FP32 build's
+// bits (a BF16 value's square is exact). Floor: the
+// forward reads and writes 2C values a token (2 * 2C * sizeof(floatX) bytes) and writes 2*NH
+// floats; the backward reads 4C values and 2*NH floats and writes 2C; about 10 FLOPs a value, so
+// memory-bound.
 
 constexpr int kQkNormMaxHeadSize = 256;
-constexpr int kQkNormPairsPerLane = kQkNormMaxHeadSize / 2 / WARP_SIZE;
+constexpr int kQkNormWarps = 4;  // tokens a block
 
-// The rotary frequencies freq[j], j < HS/2: a kernel argument (__grid_constant__, read in place
-// by the block's first HS/2 threads, not copied per thread).
+// The rotary frequencies freq[j], j < HS/2: a kernel argument (__grid_constant__, read in place,
+// not copied per thread).
 struct RotaryFrequencies {
   float freq[kQkNormMaxHeadSize / 2];
 };
@@ -2336,80 +2339,114 @@ RotaryFrequencies rotary_frequencies(int HS) {
   return f;
 }
 
-// cos_t[j], sin_t[j] of theta = t * freq[j] for j < HS/2, in shared memory, for the whole block.
-__device__ void rotary_cos_sin(float* cos_t, float* sin_t, const RotaryFrequencies& f, int t, int half) {
-  for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf((float)t * f.freq[j], &sin_t[j], &cos_t[j]);
-  __syncthreads();
-}
+// A lane's pairs j = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
+// kHeads heads are loaded at once.
+template <int PAIRS>
+struct QkNormLane {
+  static constexpr int kHeads = 8 / PAIRS;
+  float cos_j[PAIRS], sin_j[PAIRS];
+  int id, half;
 
-__global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int T, int NH, int HS,
+  // cos and sin of theta = t * freq[j] for the lane's pairs (1 and 0 past HS/2, unused).
+  __device__ QkNormLane(const RotaryFrequencies& f, int t, int HS) : id(threadIdx.x % WARP_SIZE), half(HS / 2) {
+#pragma unroll
+    for (int i = 0; i < PAIRS; i++) {
+      cos_j[i] = 1.0f;
+      sin_j[i] = 0.0f;
+      if (pair(i) < half) sincosf((float)t * f.freq[pair(i)], &sin_j[i], &cos_j[i]);
+    }
+  }
+  __device__ int pair(int i) const { return id + i * WARP_SIZE; }
+  // x[j] and x[j + HS/2] of the lane's pairs of head `head` of a row (0 where j >= HS/2, or where
+  // the head is past the row's `heads`).
+  __device__ void load(float (&x1)[PAIRS], float (&x2)[PAIRS], const floatX* row, int head, int heads,
+                       int HS) const {
+#pragma unroll
+    for (int i = 0; i < PAIRS; i++) {
+      const bool in = head < heads && pair(i) < half;
+      x1[i] = in ? (float)row[head * HS + pair(i)] : 0.0f;
+      x2[i] = in ? (float)row[head * HS + pair(i) + half] : 0.0f;
+    }
+  }
+};
+
+template <int PAIRS>
+__global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N, int T, int NH, int HS,
                                               int first_position, const __grid_constant__ RotaryFrequencies f) {
-  __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
-  const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
-  rotary_cos_sin(cos_t, sin_t, f, first_position + token % T, half);
-  for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
-    floatX* x = qkv + (size_t)token * 3 * NH * HS + head * HS;  // q's heads, then k's
-    float x1[kQkNormPairsPerLane], x2[kQkNormPairsPerLane], squares = 0.0f;
+  using Lane = QkNormLane<PAIRS>;
+  const int token = blockIdx.x * kQkNormWarps + threadIdx.x / WARP_SIZE;
+  if (token >= N) return;
+  const Lane lane(f, first_position + token % T, HS);
+  floatX* row = qkv + (size_t)token * 3 * NH * HS;  // q's heads, then k's
+  for (int first = 0; first < 2 * NH; first += Lane::kHeads) {
+    float x1[Lane::kHeads][PAIRS], x2[Lane::kHeads][PAIRS];
 #pragma unroll
-    for (int i = 0; i < kQkNormPairsPerLane; i++) {
-      const int j = lane + i * WARP_SIZE;
-      x1[i] = j < half ? (float)x[j] : 0.0f;
-      x2[i] = j < half ? (float)x[j + half] : 0.0f;
-      squares += x1[i] * x1[i] + x2[i] * x2[i];
-    }
-    const float rstd = rsqrtf(warp_reduce_sum(squares) / HS + FLT_EPSILON);
+    for (int h = 0; h < Lane::kHeads; h++) lane.load(x1[h], x2[h], row, first + h, 2 * NH, HS);
 #pragma unroll
-    for (int i = 0; i < kQkNormPairsPerLane; i++) {
-      const int j = lane + i * WARP_SIZE;
-      if (j >= half) break;
-      const float a = x1[i] * rstd, b = x2[i] * rstd;
-      x[j] = (floatX)(a * cos_t[j] + b * sin_t[j]);
-      x[j + half] = (floatX)(b * cos_t[j] - a * sin_t[j]);
+    for (int h = 0; h < Lane::kHeads; h++) {
+      const int head = first + h;
+      if (head >= 2 * NH) break;
+      float squares = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PAIRS; i++) squares += __fmaf_rn(x2[h][i], x2[h][i], x1[h][i] * x1[h][i]);
+      const float rstd = rsqrtf(warp_reduce_sum(squares) / HS + FLT_EPSILON);
+#pragma unroll
+      for (int i = 0; i < PAIRS; i++) {
+        const int j = lane.pair(i);
+        if (j >= lane.half) break;
+        const float a = x1[h][i] * rstd, b = x2[h][i] * rstd;
+        row[head * HS + j] = (floatX)(a * lane.cos_j[i] + b * lane.sin_j[i]);
+        row[head * HS + j + lane.half] = (floatX)(b * lane.cos_j[i] - a * lane.sin_j[i]);
+      }
+      if (lane.id == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
     }
-    if (lane == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
   }
 }
 
 // In place on dqkv's q and k: dxhat = R^T dy, xhat = R^T y (y the stored forward output), then
 // dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
-__global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int T,
+template <int PAIRS>
+__global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int N, int T,
                                                int NH, int HS, const __grid_constant__ RotaryFrequencies f) {
-  __shared__ float cos_t[kQkNormMaxHeadSize / 2], sin_t[kQkNormMaxHeadSize / 2];
-  const int token = blockIdx.x, half = HS / 2, lane = threadIdx.x % WARP_SIZE;
-  rotary_cos_sin(cos_t, sin_t, f, token % T, half);
-  for (int head = threadIdx.x / WARP_SIZE; head < 2 * NH; head += blockDim.x / WARP_SIZE) {
-    const size_t offset = (size_t)token * 3 * NH * HS + head * HS;
-    floatX* d = dqkv + offset;
-    const floatX* y = qkv + offset;
-    float xhat1[kQkNormPairsPerLane], xhat2[kQkNormPairsPerLane];
-    float dxhat1[kQkNormPairsPerLane], dxhat2[kQkNormPairsPerLane], dot = 0.0f;
+  using Lane = QkNormLane<PAIRS>;
+  const int token = blockIdx.x * kQkNormWarps + threadIdx.x / WARP_SIZE;
+  if (token >= N) return;
+  const Lane lane(f, token % T, HS);
+  const size_t offset = (size_t)token * 3 * NH * HS;
+  floatX* d = dqkv + offset;
+  const floatX* y = qkv + offset;
+  for (int first = 0; first < 2 * NH; first += Lane::kHeads) {
+    float y1[Lane::kHeads][PAIRS], y2[Lane::kHeads][PAIRS], dy1[Lane::kHeads][PAIRS], dy2[Lane::kHeads][PAIRS];
 #pragma unroll
-    for (int i = 0; i < kQkNormPairsPerLane; i++) {
-      const int j = lane + i * WARP_SIZE;
-      xhat1[i] = xhat2[i] = dxhat1[i] = dxhat2[i] = 0.0f;
-      if (j < half) {
-        const float c = cos_t[j], s = sin_t[j];
-        const float y1 = (float)y[j], y2 = (float)y[j + half], dy1 = (float)d[j], dy2 = (float)d[j + half];
-        xhat1[i] = c * y1 - s * y2;
-        xhat2[i] = s * y1 + c * y2;
-        dxhat1[i] = c * dy1 - s * dy2;
-        dxhat2[i] = s * dy1 + c * dy2;
-      }
-      dot += dxhat1[i] * xhat1[i] + dxhat2[i] * xhat2[i];
+    for (int h = 0; h < Lane::kHeads; h++) {
+      lane.load(y1[h], y2[h], y, first + h, 2 * NH, HS);
+      lane.load(dy1[h], dy2[h], d, first + h, 2 * NH, HS);
     }
-    const float rstd = qk_rstd[(size_t)token * 2 * NH + head], mean_dot = warp_reduce_sum(dot) / HS;
 #pragma unroll
-    for (int i = 0; i < kQkNormPairsPerLane; i++) {
-      const int j = lane + i * WARP_SIZE;
-      if (j >= half) break;
-      d[j] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
-      d[j + half] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
+    for (int h = 0; h < Lane::kHeads; h++) {
+      const int head = first + h;
+      if (head >= 2 * NH) break;
+      float xhat1[PAIRS], xhat2[PAIRS], dxhat1[PAIRS], dxhat2[PAIRS], dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PAIRS; i++) {
+        const float c = lane.cos_j[i], s = lane.sin_j[i];
+        xhat1[i] = c * y1[h][i] - s * y2[h][i];
+        xhat2[i] = s * y1[h][i] + c * y2[h][i];
+        dxhat1[i] = c * dy1[h][i] - s * dy2[h][i];
+        dxhat2[i] = s * dy1[h][i] + c * dy2[h][i];
+        dot += dxhat1[i] * xhat1[i] + dxhat2[i] * xhat2[i];
+      }
+      const float rstd = qk_rstd[(size_t)token * 2 * NH + head], mean_dot = warp_reduce_sum(dot) / HS;
+#pragma unroll
+      for (int i = 0; i < PAIRS; i++) {
+        const int j = lane.pair(i);
+        if (j >= lane.half) break;
+        d[head * HS + j] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
+        d[head * HS + j + lane.half] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
+      }
     }
   }
 }
-
-// A block per token; up to 8 warps, as many as there are heads of q and k.
-int qk_norm_rotary_threads(int NH) { return WARP_SIZE * std::min(2 * NH, 8); }
 
 void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
   REQUIRE(B > 0 && T > 0 && NH > 0, "%s: B=%d, T=%d and NH=%d must be positive", name, B, T, NH);
@@ -2417,13 +2454,23 @@ void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
           "%s: head size %d must be a multiple of 4 from 8 to %d", name, HS, kQkNormMaxHeadSize);
 }
 
+// Of a kernel's instances for 1, 2 and 4 pairs a lane, the one for head size HS (ceil(HS / 64) pairs).
+template <class Kernel>
+Kernel qk_norm_rotary_instance(int HS, Kernel one, Kernel two, Kernel four) {
+  const int pairs = ceil_div(HS / 2, WARP_SIZE);
+  return pairs == 1 ? one : pairs == 2 ? two : four;
+}
+
 // qkv [B, T, 3C]: q and k of every head normalised and rotated in place; qk_rstd [B*T, 2*NH].
 // first_position: the position of the sequences' first token (decoding one token at a time).
 void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream,
                             int first_position = 0) {
   qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
-  qk_norm_rotary_forward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
-      qkv, qk_rstd, T, NH, HS, first_position, rotary_frequencies(HS));
+  const int N = B * T;
+  const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_forward_kernel<1>, qk_norm_rotary_forward_kernel<2>,
+                                              qk_norm_rotary_forward_kernel<4>);
+  kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(qkv, qk_rstd, N, T, NH, HS,
+                                                                            first_position, rotary_frequencies(HS));
   cudaCheckLaunch();
 }
 
@@ -2432,8 +2479,11 @@ void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, i
 void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
                              int HS, cudaStream_t stream) {
   qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
-  qk_norm_rotary_backward_kernel<<<B * T, qk_norm_rotary_threads(NH), 0, stream>>>(
-      dqkv, qkv, qk_rstd, T, NH, HS, rotary_frequencies(HS));
+  const int N = B * T;
+  const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_backward_kernel<1>,
+                                              qk_norm_rotary_backward_kernel<2>, qk_norm_rotary_backward_kernel<4>);
+  kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(dqkv, qkv, qk_rstd, N, T, NH, HS,
+                                                                            rotary_frequencies(HS));
   cudaCheckLaunch();
 }
 

@@ -1,8 +1,9 @@
 // Tests qk_norm_rotary_forward and qk_norm_rotary_backward (the modern architecture's QK-norm and
 // half-truncated rotary, in place on qkv [B, T, 3C]) against a double-precision CPU reference
 // written here from the definition: odd token counts and head counts, head sizes 128 and 64 (and
-// 8 and 256, the smallest and largest the launcher takes), positions up to 1022, more heads than
-// a block has warps. v's columns must come back unchanged, qk_rstd is poisoned first, and each
+// 8 and 256, the smallest and largest the launcher takes; 72, whose lanes hold a pair past the half
+// of the head), positions up to 1022, head counts that leave a part of the heads a lane loads at
+// once, token counts that leave a block's warps idle. v's columns must come back unchanged, qk_rstd is poisoned first, and each
 // kernel runs twice for identical bits. The kernels work in place, so their outputs cannot be
 // poisoned; the inputs (mean 0.5, std 2: rstd near 0.5) differ from every correct output, so an
 // element left unwritten fails. The CPU's analytic backward is itself checked against central
@@ -172,7 +173,8 @@ int main() {
     llmc::Rng rng(35);
     test_qk_rotary({3, 37, 5, 128}, rng);  // d12's head size, 111 tokens
     test_qk_rotary({1, 1023, 1, 128}, rng);  // the tiny preset's one head; positions up to 1022
-    test_qk_rotary({3, 29, 7, 64}, rng);  // d48's head size; 14 heads over a block's 8 warps
+    test_qk_rotary({3, 29, 7, 64}, rng);  // d48's head size; 14 heads: 8 loaded at once, then 6
+    test_qk_rotary({2, 7, 3, 72}, rng);   // 36 pairs: a lane's second pair only on lanes 0-3
     test_qk_rotary({1, 9, 3, 256}, rng);  // the largest head size: 4 pairs a lane
     test_qk_rotary({5, 3, 1, 8}, rng);  // the smallest: 2 frequencies, 1 and 1/1024
     test_qk_rotary_bad_head_size();
