@@ -1239,27 +1239,42 @@ void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbia
 // half (skip: an earlier layer's output) and s = x elsewhere (skip nullptr). x, x0, skip, out
 // [N, C]; lambdas (2 values) and skip_weight (1) are read from the parameters on the device. s is
 // kept in FP32 (not rounded), in the forward and as the backward recomputes it; out is rounded
-// once. The backward (residual_mix_backward) is elementwise, and its scalar gradients are section
-// 2's row-block sums: deterministic. Floor: forward reads 2-3 NC values and writes NC; backward
-// reads 4-6 NC and writes 2-3 NC; under 10 FLOPs a value, so memory-bound.
+// once. The forward is fused with the block's first norm (an RMSNorm), which reads the rounded
+// out back as fused_residual_layernorm_forward_kernel does (one warp a row); the backward
+// (residual_mix_backward) is elementwise, and its scalar gradients are section 2's row-block
+// sums: deterministic. The multiply-adds are written out, so that both passes and every build
+// evaluate them alike. Floor: forward reads 2-3 NC values and writes 2 NC (out and the norm's);
+// backward reads 4-6 NC and writes 2-3 NC; under 10 FLOPs a value, so memory-bound.
 
-// s = x + w * skip, the one expression the forward and the backward both evaluate.
-__device__ __forceinline__ float residual_mix_skipped(float x, float skip, float w) { return x + w * skip; }
+// s = x + w * skip, and out = l0 * s + l1 * x0 before its rounding.
+__device__ __forceinline__ float residual_mix_skipped(float x, float skip, float w) { return __fmaf_rn(w, skip, x); }
+__device__ __forceinline__ float residual_mix_value(float s, float x0, float l0, float l1) {
+  return __fmaf_rn(l0, s, l1 * x0);
+}
 
-__global__ void residual_mix_forward_kernel(floatX* out, const floatX* x, const floatX* x0, const floatX* skip,
-                                            const floatX* lambdas, const floatX* skip_weight, size_t n) {
-  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-  if (i >= n) return;
+template <bool WEIGHTED>
+__global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, float* rstd, const floatX* x,
+                                                 const floatX* x0, const floatX* skip, const floatX* lambdas,
+                                                 const floatX* skip_weight, const floatX* weight, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= N) return;
+  const int lane = threadIdx.x % WARP_SIZE;
+  const size_t base = (size_t)row * C;
   const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
   const float w = skip ? (float)skip_weight[0] : 0.0f;
-  const x128 vx = load128(x + i), v0 = load128(x0 + i);
-  const x128 vs = skip ? load128(skip + i) : x128();
-  x128 o;
-  for (int k = 0; k < x128::size; k++) {
-    const float s = skip ? residual_mix_skipped((float)vx[k], (float)vs[k], w) : (float)vx[k];
-    o[k] = (floatX)(l0 * s + l1 * (float)v0[k]);
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 vx = load128(x + base + c), v0 = load128(x0 + base + c);
+    const x128 vs = skip ? load128(skip + base + c) : x128();
+    x128 o;
+    for (int k = 0; k < x128::size; k++) {
+      const float s = skip ? residual_mix_skipped((float)vx[k], (float)vs[k], w) : (float)vx[k];
+      o[k] = (floatX)residual_mix_value(s, (float)v0[k], l0, l1);
+    }
+    store128(out + base + c, o);
   }
-  store128(out + i, o);
+  // Each lane reads back only what it wrote, so no barrier is needed before normalising.
+  layernorm_row<true, WEIGHTED>(norm_out ? norm_out + base : nullptr, nullptr, rstd + row, out + base, weight,
+                                nullptr, C, lane);
 }
 
 // grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials
@@ -1305,17 +1320,20 @@ void residual_mix_check(const char* name, int N, int C, const floatX* skip, cons
 }
 
 // out [N, C] = lambdas[0] * (x + skip_weight * skip) + lambdas[1] * x0 (skip, skip_weight nullptr:
-// no skip). x may be x0 (the first layer).
-void residual_mix_forward(floatX* out, const floatX* x, const floatX* x0, const floatX* skip,
-                          const floatX* lambdas, const floatX* skip_weight, int N, int C, cudaStream_t stream) {
-  residual_mix_check("residual_mix_forward", N, C, skip, skip_weight);
-  const size_t n = (size_t)N * C;
-  residual_mix_forward_kernel<<<ceil_div(n / x128::size, kResidualMixThreads), kResidualMixThreads, 0, stream>>>(
-      out, x, x0, skip, lambdas, skip_weight, n);
+// no skip; x may be x0, the first layer, or out itself), then norm_out [N, C] (nullptr: rstd alone)
+// and rstd [N] of out's RMSNorm, rmsnorm_forward's bits (weight nullptr: without a gain).
+void residual_mix_norm_forward(floatX* out, floatX* norm_out, float* rstd, const floatX* x, const floatX* x0,
+                               const floatX* skip, const floatX* lambdas, const floatX* skip_weight,
+                               const floatX* weight, int N, int C, cudaStream_t stream) {
+  residual_mix_check("residual_mix_norm_forward", N, C, skip, skip_weight);
+  const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
+  const auto kernel = weight ? residual_mix_norm_forward_kernel<true> : residual_mix_norm_forward_kernel<false>;
+  kernel<<<blocks, kLayerNormForwardThreads, 0, stream>>>(out, norm_out, rstd, x, x0, skip, lambdas, skip_weight,
+                                                          weight, N, C);
   cudaCheckLaunch();
 }
 
-// From dout, the gradient of residual_mix_forward's out, with ds = lambdas[0] * dout (FP32), the
+// From dout, the gradient of residual_mix_norm_forward's out, with ds = lambdas[0] * dout (FP32), the
 // gradient of s = x + skip_weight * skip:
 //   dx = ds, written (the gradient of x; dx may be dout itself, not dx0 or dskip);
 //   dx0 += lambdas[1] * dout;  dskip += skip_weight * ds (skip given);
@@ -6570,7 +6588,7 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
-  kLosses, kOutput, kMixed, kVPre, kGates, kNumActTensors
+  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kNumActTensors
 };
 
 struct ActSpec {
@@ -6583,7 +6601,8 @@ struct ActSpec {
 
 // act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
 // kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
-// layers' transposed casts instead.
+// layers' transposed casts instead; and the gated attention outputs (attention_gate) are none (the
+// forward writes them into a scratch buffer), for the same reasons.
 // ln_per_layer false (FP8): likewise the norms' outputs ln1 and ln2, which only the FP8 casts read
 // (the norms' backward reads the layer's input and statistics); ln1 stays per layer where the
 // heads' gates read it (attention_gate).
@@ -6629,6 +6648,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"mixed", (arch.x0_lambdas ? 1 : 0) * BT * C, L, false},
       {"v_pre", (arch.value_embeddings > 0 ? 1 : 0) * BT * C, L, false},
       {"gates", (arch.attention_gate ? 1 : 0) * BT * NH, L, true},
+      {"gated", (arch.attention_gate && act_per_layer ? 1 : 0) * BT * C, L, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
 }
@@ -7709,13 +7729,22 @@ void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, 
   fused_residual_rmsnorm_forward(residual, nullptr, stats, a, b, nullptr, N, m.config.channels, m.stream);
 }
 
-// Block l's input as its steps read it: r.input, or its mix into r.mixed (x0_lambdas),
-// lambdas[0] (input + skip_weight kept) + lambdas[1] x0.
-const floatX* block_mix(GPT2& m, int l, const BlockRows& r) {
-  if (!m.arch().x0_lambdas) return r.input;
+// Block l's input as its steps read it, and its first norm (spec: kNorm1, or kNorm2 in a layer
+// without attention) into out where the block takes it: r.input, normalised in the first block and
+// in a layer without attention (the norm after the previous block took it otherwise:
+// norm_after_block); or with x0_lambdas its mix into r.mixed, lambdas[0] (input + skip_weight
+// kept) + lambdas[1] x0, normalised in the same pass (an RMSNorm).
+const floatX* block_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSpec& spec, const NormRows& out) {
+  const int N = r.rows();
+  if (!m.arch().x0_lambdas) {
+    if (l == 0 || spec.out == kLn2) norm_rows(m, spec, l, out, r.input, N);
+    return r.input;
+  }
+  REQUIRE(m.arch().rms_norm, "the residual mix (x0_lambdas) is fused with an RMSNorm: the architecture needs rms_norm");
   const bool skip = unet_source(m, l) >= 0;
-  residual_mix_forward(r.mixed, r.input, r.x0, skip ? r.kept : nullptr, m.param(llmc::kLambdas, l),
-                       unet_weight(m, l), r.rows(), m.config.channels, m.stream);
+  residual_mix_norm_forward(r.mixed, out.out, out.rstd, r.input, r.x0, skip ? r.kept : nullptr,
+                            m.param(llmc::kLambdas, l), unet_weight(m, l), m.param_or_null(spec.weight, l), N,
+                            m.config.channels, m.stream);
   return r.mixed;
 }
 
@@ -7740,17 +7769,15 @@ const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
 // (norm_after_block). A layer without attention is its mix and its MLP.
 void block_forward(GPT2& m, int l, const BlockRows& r) {
   const int N = r.rows();
-  const floatX* x = block_mix(m, l, r);
-  if (llmc::layer_has_attention(m.config, l)) {
-    if (l == 0 || m.arch().x0_lambdas) norm_rows(m, kNorm1, l, r.ln1, x, N);
+  const bool attention = llmc::layer_has_attention(m.config, l);
+  const floatX* x = block_mix_norm(m, l, r, attention ? kNorm1 : kNorm2, attention ? r.ln1 : r.ln2);
+  if (attention) {
     gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, x);
     qk_prepare(m, r);
     value_mix(m, l, r);
     attention_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, attention_gated(m, l, r), nullptr);
     norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, r.proj, N);
-  } else {
-    norm_rows(m, kNorm2, l, r.ln2, x, N);
   }
   mlp_forward(m, l, r);
   const NormAt next = norm_after_block(m, l);
@@ -7761,10 +7788,11 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
   }
 }
 
-// With gates: attproj's input recomputed from the attention's output and the gates into
-// scratch_bt4c; else the attention's output.
+// With gates: attproj's input as the forward kept it, or recomputed from the attention's output and
+// the gates into scratch_bt4c (-r 1); else the attention's output.
 const floatX* attproj_input(GPT2& m, int l, int N) {
   if (!m.arch().attention_gate) return m.act(kAtty, l);
+  if (m.act_specs[kGated].count > 0) return m.act(kGated, l);
   attention_gate_apply(m.scratch_bt4c, m.act(kAtty, l), m.act_f(kGates, l), N, m.config.num_heads,
                        m.config.channels, m.stream);
   return m.scratch_bt4c;
@@ -7885,7 +7913,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   }
   r.v_pre = m.act(kVPre, l);
   r.gates = m.act_f(kGates, l);
-  r.gated = m.scratch_bt4c;
+  r.gated = m.act_specs[kGated].count > 0 ? m.act(kGated, l) : m.scratch_bt4c;
   r.tokens = m.inputs;
   return r;
 }

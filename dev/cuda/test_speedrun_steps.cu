@@ -1,7 +1,9 @@
 // Tests the speedrun block's steps around the layers (SPEC "The speedrun architecture") against
 // double-precision CPU references written here from their definitions:
-//  - residual_mix_forward/backward: out = l0 (x + w skip) + l1 x0, with and without the U-net's
-//    skip, x the same tensor as x0 (the first layer), dx in place over dout;
+//  - residual_mix_norm_forward/residual_mix_backward: out = l0 (x + w skip) + l1 x0, with and
+//    without the U-net's skip, x the same tensor as x0 (the first layer), and out itself (the
+//    decoder's mix in place); the RMSNorm of out fused with it, with and without a gain and
+//    without its output, bitwise against rmsnorm_forward of the rounded out; dx in place over dout;
 //  - value_mix_forward/backward: qkv's v = a v + b ve[token] (or a v), v_pre kept, q and k left
 //    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen;
 //  - attention_gate_forward/apply/backward: y times sigmoid(W hn[:, :C/64]) per head, head size
@@ -41,15 +43,41 @@ void test_residual_mix(const ResidualMixCase& s, llmc::Rng& rng) {
     mixed[i] = x[i] + w * skip[i];
     ref_out[i] = (float)(l0 * mixed[i] + l1 * x0[i]);
   }
-  auto forward = [&] {
-    out.poison();
-    residual_mix_forward(out, x_in, d_x0, skip_in, d_lambdas, skip_weight_in, N, C, 0);
-  };
-  forward();
-  check_close("forward out", out.download(), ref_out, kTolStore);
-  const Snapshot forward_bits(out);
-  forward();
-  check_same_bits("forward twice", forward_bits, Snapshot(out));
+  // The fused norm: against rmsnorm_forward of the rounded out, with a gain and without.
+  const std::vector<float> gain = random_stored(rng, C, 1.0f, 0.3f);
+  DeviceArray<floatX> d_gain(gain), normed(n), ref_normed(n);
+  DeviceArray<float> rstd(N), ref_rstd(N);
+  for (const bool weighted : {false, true}) {
+    const floatX* weight = weighted ? (floatX*)d_gain : nullptr;
+    const std::string with = weighted ? " (norm with a gain)" : "";
+    auto forward = [&](floatX* norm_out) {
+      out.poison();
+      normed.poison();
+      rstd.poison();
+      residual_mix_norm_forward(out, norm_out, rstd, x_in, d_x0, skip_in, d_lambdas, skip_weight_in, weight, N, C,
+                                0);
+    };
+    forward(normed);
+    check_close("forward out" + with, out.download(), ref_out, kTolStore);
+    rmsnorm_forward(ref_normed, ref_rstd, out, weight, N, C, 0);
+    check_same_bits("forward norm = rmsnorm_forward of out" + with, Snapshot(ref_normed, ref_rstd),
+                    Snapshot(normed, rstd));
+    const Snapshot forward_bits(out, normed, rstd);
+    forward(normed);
+    check_same_bits("forward twice" + with, forward_bits, Snapshot(out, normed, rstd));
+    forward(nullptr);
+    check_same_bits("forward without the norm's output: rstd" + with, Snapshot(ref_rstd),
+                    Snapshot(rstd));
+  }
+  // In place (the decoder's): out is x's own memory.
+  if (!s.x_is_x0) {
+    DeviceArray<floatX> in_place(x);
+    residual_mix_norm_forward(in_place, normed, rstd, in_place, d_x0, skip_in, d_lambdas, skip_weight_in, nullptr,
+                              N, C, 0);
+    rmsnorm_forward(ref_normed, ref_rstd, in_place, nullptr, N, C, 0);
+    check_close("forward in place: out", in_place.download(), ref_out, kTolStore);
+    check_same_bits("forward in place: the norm", Snapshot(ref_normed, ref_rstd), Snapshot(normed, rstd));
+  }
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
   const std::vector<float> dx0_0 = random_stored(rng, n, 0.0f, 1.0f), dskip0 = random_stored(rng, n, 0.0f, 1.0f);
@@ -318,8 +346,8 @@ void test_bad_shapes() {
                         "attention_gate_forward with 5 heads of 768 channels");
   testing::check_throws([&] { attention_gate_apply(a, b, g, 1, 1, 32, 0); }, "C at least 64",
                         "attention_gate_apply at C = 32");
-  testing::check_throws([&] { residual_mix_forward(a, b, b, b, b, nullptr, 1, 768, 0); }, "skip_weight",
-                        "residual_mix_forward with a skip but no skip weight");
+  testing::check_throws([&] { residual_mix_norm_forward(a, a, g, b, b, b, b, nullptr, nullptr, 1, 768, 0); },
+                        "skip_weight", "residual_mix_norm_forward with a skip but no skip weight");
   testing::check_throws([&] { value_mix_forward(a, b, b, nullptr, b, 1, 768, 0); }, "tokens",
                         "value_mix_forward with a value embedding but no tokens");
 }
