@@ -2642,69 +2642,93 @@ __global__ void attention_gate_forward_kernel(floatX* yg, float* g_out, const fl
   }
 }
 
-// Dynamic shared memory, in floats: W [NH G], then per warp its dW sums [NH G], dz [NH] and the
-// dots of its row's 16-byte pieces [C / x128::size].
-__host__ __device__ inline int attention_gate_warp_floats(int NH, int C) {
-  return NH * (C / kAttentionGateDivisor) + NH + C / x128::size;
-}
-size_t attention_gate_backward_shared_bytes(int NH, int C) {
-  return sizeof(float) * ((size_t)NH * (C / kAttentionGateDivisor) +
-                          (size_t)kAttentionGateWarps * attention_gate_warp_floats(NH, C));
+// The backward in two kernels. attention_gate_backward_rows_kernel: one warp per row, every row at
+// once; dynamic shared memory, in floats: W [NH G], then per warp dz [NH] and the dots of its row's
+// 16-byte pieces [C / x128::size]. It writes dz [N, NH] (FP32) for
+// attention_gate_weight_grad_kernel, which sums dW in the fixed order of row blocks and warps
+// (kRowBlocks blocks of kAttentionGateWarps warps, each warp its block's rows warp, warp + 8, ...,
+// staged kAttentionGateRowsStaged at a time); per warp its dW sums [NH G], then its staged rows'
+// dz and first G normed inputs.
+constexpr int kAttentionGateRowsStaged = 32;
+__host__ __device__ inline int attention_gate_rows_warp_floats(int NH, int C) { return NH + C / x128::size; }
+__host__ __device__ inline int attention_gate_weight_warp_floats(int NH, int C) {
+  const int G = C / kAttentionGateDivisor;
+  return NH * G + kAttentionGateRowsStaged * (NH + G);
 }
 
-// grid kRowBlocks, kAttentionGateWarps warps, each warp one row of its row block at a time.
-__global__ void attention_gate_backward_kernel(floatX* dy, floatX* dhn, int ld_dhn, float* partials,
-                                               const floatX* dyg, const floatX* y, const float* g,
-                                               const floatX* hn, const floatX* W, int N, int NH, int C) {
+__global__ void attention_gate_backward_rows_kernel(floatX* dy, float* dz_out, floatX* dhn, int ld_dhn,
+                                                    const floatX* dyg, const floatX* y, const float* g,
+                                                    const floatX* W, int N, int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int G = C / kAttentionGateDivisor, HS = C / NH, weights = NH * G, pieces = C / x128::size;
   float* w_s = shared;
-  float* dw_acc = shared + weights + warp * attention_gate_warp_floats(NH, C);
-  float* dz = dw_acc + weights;
+  float* dz = shared + weights + warp * attention_gate_rows_warp_floats(NH, C);
   float* piece_dot = dz + NH;
   for (int e = threadIdx.x; e < weights; e += blockDim.x) w_s[e] = (float)W[e];
-  for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] = 0.0f;
   __syncthreads();
+  const int row = blockIdx.x * kAttentionGateWarps + warp;
+  if (row >= N) return;
+  const size_t base = (size_t)row * C;
+  const float* g_row = g + (size_t)row * NH;
+  for (int p = lane; p < pieces; p += WARP_SIZE) {
+    const int c = p * x128::size;
+    const float gate = g_row[c / HS];
+    const x128 d = load128(dyg + base + c), v = load128(y + base + c);
+    x128 o;
+    float dot = 0.0f;
+    for (int k = 0; k < x128::size; k++) {
+      dot += (float)d[k] * (float)v[k];
+      o[k] = (floatX)(gate * (float)d[k]);
+    }
+    store128(dy + base + c, o);
+    piece_dot[p] = dot;
+  }
+  __syncwarp();
+  for (int h = lane; h < NH; h += WARP_SIZE) {
+    float dot = 0.0f;
+    for (int p = h * HS / x128::size; p < (h + 1) * HS / x128::size; p++) dot += piece_dot[p];
+    const float gate = g_row[h];
+    dz[h] = dot * gate * (1.0f - gate);
+    dz_out[(size_t)row * NH + h] = dz[h];
+  }
+  __syncwarp();
+  for (int j = lane; j < G; j += WARP_SIZE) {
+    float sum = 0.0f;
+    for (int h = 0; h < NH; h++) sum += dz[h] * w_s[h * G + j];
+    floatX& d = dhn[(size_t)row * ld_dhn + j];
+    d = (floatX)((float)d + sum);
+  }
+}
+
+// partials[block][e] = the block's sum of dz[t, e / G] hn[t, e % G] over its rows in warp order.
+__global__ void attention_gate_weight_grad_kernel(float* partials, const float* dz, const floatX* hn, int N,
+                                                  int NH, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int G = C / kAttentionGateDivisor, weights = NH * G, row_floats = NH + G;
+  float* dw_acc = shared + warp * attention_gate_weight_warp_floats(NH, C);
+  float* staged = dw_acc + weights;  // [kAttentionGateRowsStaged][dz NH, hn G]
+  for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] = 0.0f;
   const int rpb = rows_per_block(N);
   const int r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
-  for (int row = r0 + warp; row < r1; row += kAttentionGateWarps) {
-    const size_t base = (size_t)row * C;
-    const float* g_row = g + (size_t)row * NH;
-    for (int p = lane; p < pieces; p += WARP_SIZE) {
-      const int c = p * x128::size;
-      const float gate = g_row[c / HS];
-      const x128 d = load128(dyg + base + c), v = load128(y + base + c);
-      x128 o;
-      float dot = 0.0f;
-      for (int k = 0; k < x128::size; k++) {
-        dot += (float)d[k] * (float)v[k];
-        o[k] = (floatX)(gate * (float)d[k]);
-      }
-      store128(dy + base + c, o);
-      piece_dot[p] = dot;
+  constexpr int kStride = kAttentionGateRowsStaged * kAttentionGateWarps;
+  for (int first = r0 + warp; first < r1; first += kStride) {
+    for (int i = lane; i < kAttentionGateRowsStaged * row_floats; i += WARP_SIZE) {
+      const int row = first + (i / row_floats) * kAttentionGateWarps, col = i % row_floats;
+      if (row < r1) staged[i] = col < NH ? dz[(size_t)row * NH + col] : (float)hn[(size_t)row * C + col - NH];
     }
     __syncwarp();
-    for (int h = lane; h < NH; h += WARP_SIZE) {
-      float dot = 0.0f;
-      for (int p = h * HS / x128::size; p < (h + 1) * HS / x128::size; p++) dot += piece_dot[p];
-      const float gate = g_row[h];
-      dz[h] = dot * gate * (1.0f - gate);
+    for (int r = 0; r < kAttentionGateRowsStaged && first + r * kAttentionGateWarps < r1; r++) {
+      const float* row_s = staged + r * row_floats;
+      for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] += row_s[e / G] * row_s[NH + e % G];
     }
-    __syncwarp();
-    for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] += dz[e / G] * (float)hn[base + e % G];
-    for (int j = lane; j < G; j += WARP_SIZE) {
-      float sum = 0.0f;
-      for (int h = 0; h < NH; h++) sum += dz[h] * w_s[h * G + j];
-      floatX& d = dhn[(size_t)row * ld_dhn + j];
-      d = (floatX)((float)d + sum);
-    }
-    __syncwarp();  // piece_dot and dz are the next row's
+    __syncwarp();  // staged is the next rows'
   }
   __syncthreads();
   for (int e = threadIdx.x; e < weights; e += blockDim.x) {
     float sum = 0.0f;
-    for (int w = 0; w < kAttentionGateWarps; w++) sum += shared[weights + w * attention_gate_warp_floats(NH, C) + e];
+    for (int w = 0; w < kAttentionGateWarps; w++) sum += shared[w * attention_gate_weight_warp_floats(NH, C) + e];
     partials[(size_t)blockIdx.x * weights + e] = sum;
   }
 }
@@ -2740,8 +2764,11 @@ void attention_gate_apply(floatX* yg, const floatX* y, const float* g, int N, in
 // dz[t, h] = g (1 - g) sum_d dyg y over the head's channels: dW [NH, G] += sum_t dz[t, h] hn[t, j]
 // (stochastic rounding, seed), dhn[t, j] += sum_h dz[t, h] W[h, j] for j < G (dhn: the gradient of
 // the attention's normed input, which the qkv product's input gradient also goes into; rounded to
-// nearest; its rows ld_dhn apart: C, or G for those columns alone). partials: kRowBlocks * NH * G
-// floats.
+// nearest; its rows ld_dhn apart: C, or G for those columns alone). partials:
+// attention_gate_backward_partials(N, NH, C) floats (the row blocks' dW sums, then dz).
+size_t attention_gate_backward_partials(int N, int NH, int C) {
+  return (size_t)kRowBlocks * NH * (C / kAttentionGateDivisor) + (size_t)N * NH;
+}
 void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, float* partials, const floatX* dyg,
                              const floatX* y, const float* g, const floatX* hn, const floatX* W, int N, int NH,
                              int C, uint32_t seed, cudaStream_t stream) {
@@ -2750,13 +2777,21 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
   REQUIRE(dhn != dy && dhn != dyg, "%s: dhn must not share memory with dy or dyg", name);
   REQUIRE(ld_dhn >= C / kAttentionGateDivisor, "%s: dhn's rows %d apart hold fewer than the gate's %d columns", name,
           ld_dhn, C / kAttentionGateDivisor);
-  const size_t shared = attention_gate_backward_shared_bytes(NH, C);
-  cudaCheck(cudaFuncSetAttribute(attention_gate_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)shared));
-  attention_gate_backward_kernel<<<kRowBlocks, kAttentionGateWarps * WARP_SIZE, shared, stream>>>(
-      dy, dhn, ld_dhn, partials, dyg, y, g, hn, W, N, NH, C);
-  cudaCheckLaunch();
   const int weights = NH * (C / kAttentionGateDivisor);
+  float* dz = partials + (size_t)kRowBlocks * weights;
+  const size_t rows_shared =
+      sizeof(float) * (weights + (size_t)kAttentionGateWarps * attention_gate_rows_warp_floats(NH, C));
+  cudaCheck(cudaFuncSetAttribute(attention_gate_backward_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)rows_shared));
+  attention_gate_backward_rows_kernel<<<ceil_div(N, kAttentionGateWarps), kAttentionGateWarps * WARP_SIZE,
+                                        rows_shared, stream>>>(dy, dz, dhn, ld_dhn, dyg, y, g, W, N, NH, C);
+  cudaCheckLaunch();
+  const size_t weight_shared = sizeof(float) * kAttentionGateWarps * (size_t)attention_gate_weight_warp_floats(NH, C);
+  cudaCheck(cudaFuncSetAttribute(attention_gate_weight_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)weight_shared));
+  attention_gate_weight_grad_kernel<<<kRowBlocks, kAttentionGateWarps * WARP_SIZE, weight_shared, stream>>>(
+      partials, dz, hn, N, NH, C);
+  cudaCheckLaunch();
   column_sum_finalize(dW, partials, weights, weights, kRowBlocks, seed, stream);
 }
 
@@ -7003,7 +7038,9 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
-  m.partials = device_alloc<float>(partials, "the column-reduction partials");
+  const size_t gate_partials =
+      m.arch().attention_gate ? attention_gate_backward_partials((int)BT, c.num_heads, (int)C) : 0;
+  m.partials = device_alloc<float>(std::max(partials, gate_partials), "the column-reduction partials");
   if (m.arch().x0_lambdas) {
     m.dx0 = device_alloc<floatX>(BT * C, "the gradient of x0");
     m.dkept = device_alloc<floatX>(unet_kept_outputs(m) * BT * C, "the gradients of the U-net's kept outputs");

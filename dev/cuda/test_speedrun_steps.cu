@@ -298,7 +298,7 @@ void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
   for (size_t e = 0; e < ref_dW.size(); e++) ref_dW[e] = (float)(dW0[e] + dW_sum[e]);
 
   DeviceArray<floatX> d_dyg(dyg), dy(n), dhn(n), dW((size_t)NH * G);
-  DeviceArray<float> partials((size_t)kRowBlocks * NH * G);
+  DeviceArray<float> partials(attention_gate_backward_partials(N, NH, C));
   const uint32_t seed = rng.u32();
   // in_place: dy is dyg's own memory (d_dyg holds dyg again first).
   auto backward = [&](bool in_place) {
