@@ -2336,10 +2336,9 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 // it uses any (several hundred bytes a warp in flight: the kernels are bound by memory latency
 // otherwise); each head's sums in lane order, then a fixed butterfly: deterministic. The sum of
 // squares' multiply-add is written out: which square the compiler fuses changes an FP32 build's
-// bits (a BF16 value's square is exact). Floor: the
-// forward reads and writes 2C values a token (2 * 2C * sizeof(floatX) bytes) and writes 2*NH
-// floats; the backward reads 4C values and 2*NH floats and writes 2C; about 10 FLOPs a value, so
-// memory-bound.
+// bits (a BF16 value's square is exact). Floor: the forward reads and writes 2C values a token
+// (2 * 2C * sizeof(floatX) bytes) and writes 2*NH floats; the backward reads 4C values and 2*NH
+// floats and writes 2C; about 10 FLOPs a value, so memory-bound.
 
 constexpr int kQkNormMaxHeadSize = 256;
 constexpr int kQkNormWarps = 4;  // tokens a block
