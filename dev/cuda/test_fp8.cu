@@ -9,10 +9,11 @@
 // fp8_update_scales against a CPU reference of the history, partly empty and full; the first
 // step's amax kept over micro steps; the model's history over 22 steps with skips, restored from
 // a state file's copy, and evaluation's amaxes forgotten. Layers (BF16 builds): matmul_forward_fp8 /
-// matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs, at GPT-2 small and d48 shapes, the
-// GELU epilogue included, and the fc layer's GELU' or ReLU^2' taken into its output gradient
-// (in place with current scaling; in the delayed cast-transpose: the bits of gelu_backward_inplace, then of the cast, and the bias
-// gradient from the cast's column sums; the kernel alone: its casts and each tile's column sums
+// matmul_backward_fp8 against the BF16 layer (matmul_forward / matmul_backward) on the same inputs,
+// at GPT-2 small, d12 and d48 shapes, the GELU epilogue included, and the fc layer's GELU' or
+// ReLU^2' taken into its output gradient (in place with current scaling; in the delayed
+// cast-transpose: the bits of the activation's backward, then of the cast, and the bias gradient
+// from the cast's column sums; the kernel alone: its casts and each tile's column sums
 // bitwise against gelu_backward_inplace's values); run twice, and with cuBLASLt's first
 // heuristic, for identical bits. The activations (GELU, ReLU^2) and norms (LayerNorm, RMSNorm with
 // and without a gain) in the input casts, and the activations' derivatives in the output

@@ -1,12 +1,12 @@
 // Tests qk_norm_rotary_forward and qk_norm_rotary_backward (the modern architecture's QK-norm and
 // half-truncated rotary, in place on qkv [B, T, 3C]) against a double-precision CPU reference
 // written here from the definition: odd token counts and head counts, head sizes 128 and 64 (and
-// 8 and 256, the smallest and largest the launcher takes; 72, whose lanes hold a pair past the half
-// of the head), positions up to 1022, head counts that leave a part of the heads a lane loads at
-// once, token counts that leave a block's warps idle. v's columns must come back unchanged, qk_rstd is poisoned first, and each
-// kernel runs twice for identical bits. The kernels work in place, so their outputs cannot be
-// poisoned; the inputs (mean 0.5, std 2: rstd near 0.5) differ from every correct output, so an
-// element left unwritten fails. The CPU's analytic backward is itself checked against central
+// 8 and 256, the smallest and largest the launcher takes; 72, whose lanes hold a pair past the
+// half of the head), positions up to 1022, head counts that leave a part of the heads a lane loads
+// at once, token counts that leave a block's warps idle. v's columns must come back unchanged,
+// qk_rstd is poisoned first, and each kernel runs twice for identical bits. The kernels work in
+// place, so their outputs cannot be poisoned; the inputs (mean 0.5, std 2: rstd near 0.5) differ
+// from every correct output, so an element left unwritten fails. The CPU's analytic backward is itself checked against central
 // differences of its forward on a few elements: q's and k's, rotated and unrotated pairs.
 #include "dev/cuda/kernel_test.h"
 
