@@ -1885,8 +1885,8 @@ __global__ void __launch_bounds__(kFp8Threads)
   // out could alias later loads as far as the compiler knows, so a loop of load, cast, store
   // keeps one piece in flight per thread. The casts batch all of a thread's pieces. With an
   // activation's gradient, two inputs a piece, batches of 4 held too many registers; batches of
-  // one piece, unrolled, ran fastest. With LayerNorm,
-  // batches of 4 hold 80 registers (3 blocks an SM), batches of 2 hold 63 (4 blocks).
+  // one piece, unrolled, ran fastest. With a norm (measured with LayerNorm's), batches of 4 hold
+  // 80 registers (3 blocks an SM), batches of 2 hold 63 (4 blocks).
   constexpr bool kGeluGrad = kInput == Fp8CastInput::kTimesGeluGrad;
   constexpr bool kActGrad = kGeluGrad || kInput == Fp8CastInput::kTimesRelu2Grad;
   constexpr bool kNorm = kInput == Fp8CastInput::kNorm;

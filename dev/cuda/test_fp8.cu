@@ -598,10 +598,7 @@ void test_layer(const MatmulCase& lc, llmc::Rng& rng, Fp8Format grad_format = Fp
   // The BF16 layer, on dout * act'(pre_gelu) from the activation's backward in place with gelu_dout.
   DeviceArray<floatX> ref_out((size_t)N * OC), ref_pre((size_t)N * OC), ref_dinp((size_t)N * C);
   DeviceArray<floatX> ref_dweight((size_t)OC * C), ref_dbias(OC), ref_dout(dout);
-  if (pre_dout) {
-    if (dout_act == Activation::kGelu) gelu_backward_inplace(ref_dout, pre_dout, (size_t)N * OC, 0);
-    else relu2_backward_inplace(ref_dout, pre_dout, (size_t)N * OC, 0);
-  }
+  if (pre_dout) activation_backward_inplace(dout_act, ref_dout, pre_dout, (size_t)N * OC, 0);
   matmul_forward(ref_out, d_inp, d_weight, bias_ptr, N, C, OC, lc.gelu_out ? (floatX*)ref_pre : nullptr, 0);
   ref_dweight.upload(std::vector<float>((size_t)OC * C, 0.0f));
   ref_dbias.upload(std::vector<float>(OC, 0.0f));
