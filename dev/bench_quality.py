@@ -19,7 +19,10 @@ sequences of 49,152; the recipe sets its batch, ours gets no -b/-t/-z) and valid
 --speedrun_val_tokens tokens: ours in sequences of --speedrun_val_seq_len (-vt), the reference in its
 own 262,144. --same_tokens gives the other runs the speedrun's token budget: --steps and --val_every
 times 393,216 / --batch_tokens (which must come out whole: 3 at 131,072), so every run trains on
---steps x 393,216 tokens and validates at the same token counts.
+--steps x 393,216 tokens and validates at the same token counts; and the speedrun's validation
+tokens: --speedrun_val_tokens / (micro batch x --seq_len) batches in place of --val_batches (160 at
+the defaults), the same first tokens of the validation shards, so that every run's losses are over
+the same text.
 
 ref_speedrun runs a copy of --reference_script in OUTDIR/ref_speedrun/train_gpt.py (torchrun, one
 process, from that folder; its log in logs/final/ there and its output in output.log) with these
@@ -112,6 +115,18 @@ def run_val_every(name, args):
     return int(args.val_every * token_scale(name, args))
 
 
+def run_micro_batch(name, args):
+    return args.peer_micro_batch or args.micro_batch if name == "peer_modern" else args.micro_batch
+
+
+def run_val_batches(name, args):
+    """The batches a run at --batch_tokens validates on: --val_batches, or under --same_tokens the
+    speedrun's validation tokens, so that every run's loss is over the same tokens."""
+    if not args.same_tokens:
+        return args.val_batches
+    return args.speedrun_val_tokens // (run_micro_batch(name, args) * args.seq_len)
+
+
 def run_repeats(name, args):
     """How many times a run is made: --speedrun_repeats for the speedrun pair, else once."""
     return args.speedrun_repeats if name in SPEEDRUN_RUNS else 1
@@ -141,7 +156,7 @@ def run_command(name, args, repeat=1):
     repeat of the speedrun, which trains with seed 42 + k - 1: the reference sets no seed)."""
     common_ours = ["-e", "d12", "-i", args.train, "-j", args.val, "-b", str(args.micro_batch),
                    "-t", str(args.seq_len), "-z", str(args.batch_tokens), "-x", str(run_steps(name, args)),
-                   "-v", str(run_val_every(name, args)), "-m", str(args.val_batches), "-s", "0",
+                   "-v", str(run_val_every(name, args)), "-m", str(run_val_batches(name, args)), "-s", "0",
                    "-o", os.path.join(args.outdir, name)]
     if name == "ours_modern":
         return ["./train_gpt2cu", "-recipe", "modern"] + common_ours
@@ -163,9 +178,10 @@ def peer_command(args):
     """The command line of peer_modern, the PyTorch run: the modern recipe on the same data, batch and
     validation."""
     return [args.python, "train_gpt2.py", "--recipe", "modern", "--model", "d12", "--input_bin", args.train,
-            "--input_val_bin", args.val, "-b", str(args.peer_micro_batch or args.micro_batch), "-t", str(args.seq_len),
+            "--input_val_bin", args.val, "-b", str(run_micro_batch("peer_modern", args)), "-t", str(args.seq_len),
             "--total_batch_size", str(args.batch_tokens), "--num_iterations", str(run_steps("peer_modern", args)),
-            "--val_every", str(run_val_every("peer_modern", args)), "--val_steps", str(args.val_batches),
+            "--val_every", str(run_val_every("peer_modern", args)),
+            "--val_steps", str(run_val_batches("peer_modern", args)),
             "--compile", "1", "--dtype", "bfloat16",
             "--output_dir", os.path.join(args.outdir, "peer_modern")]
 
@@ -386,6 +402,11 @@ def check_args(args):
             if (value * SPEEDRUN_STEP_TOKENS) % args.batch_tokens:
                 fail(f"--same_tokens: {flag} {value} x {SPEEDRUN_STEP_TOKENS} tokens is no whole number of "
                      f"--batch_tokens {args.batch_tokens} steps")
+        for name in runs:
+            batch = run_micro_batch(name, args) * args.seq_len
+            if name not in SPEEDRUN_RUNS and args.speedrun_val_tokens % batch:
+                fail(f"--same_tokens: --speedrun_val_tokens {args.speedrun_val_tokens} is no whole number of "
+                     f"{name}'s validation batches of {batch} tokens")
     if any(name in SPEEDRUN_RUNS for name in runs):
         if args.speedrun_val_seq_len <= 0 or args.speedrun_val_tokens % args.speedrun_val_seq_len:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of --speedrun_val_seq_len "
@@ -492,7 +513,7 @@ def report(args, runs, instances, curves, step_ms):
         name = batch_runs[0]
         lines.append(f"d12, {run_steps(name, args)} steps of {args.batch_tokens} tokens (micro batch "
                      f"{args.micro_batch} x {args.seq_len}), validation every {run_val_every(name, args)} steps "
-                     f"on {args.val_batches} batches"
+                     f"on {run_val_batches(name, args)} batches"
                      + (f" (--same_tokens: the speedrun's {args.steps} steps of {SPEEDRUN_STEP_TOKENS} tokens)"
                         if args.same_tokens else ""))
     if args.peer_micro_batch and "peer_modern" in runs:

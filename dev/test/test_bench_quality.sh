@@ -2,7 +2,7 @@
 # Tests dev/bench_quality.py without a GPU and without running a trainer: (a) the edits of the
 # reference script's copy, on a stand-in holding only the lines they look for (the new values are
 # there, nothing else changed; a missing line stops the bench with one line naming it, before any
-# run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps); (b) the report
+# run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps and validation); (b) the report
 # from fabricated finished outputs of the speedrun pair in the real line formats (the ms/step
 # ratio, the largest relative validation-loss difference, the time to reach a loss); (c) with
 # --speedrun_repeats, the repeats' commands and the comparison of each side's means and spread.
@@ -91,6 +91,12 @@ check "--same_tokens: modern takes 900 steps, validates every 75" \
   "$(grep -c '^=== ours_modern: .* -z 131072 -x 900 -v 75 ' <<< "$out")" 1
 check "--same_tokens: GPT-2 likewise" "$(grep -c '^=== ours_gpt2: .* -x 900 -v 75 ' <<< "$out")" 1
 check "--same_tokens: the speedrun keeps --steps" "$(grep -c '^=== ours_speedrun: .* -x 300 -v 25 ' <<< "$out")" 1
+check "--same_tokens: the runs at --batch_tokens validate on the speedrun's 10,485,760 tokens" \
+  "$(grep -cE '^=== ours_(modern|gpt2): .* -v 75 -m 160 ' <<< "$out")" 2
+err=$(bench "$DIR/d2" --train 't_*.bin' --val 'v_*.bin' --same_tokens --speedrun_val_tokens 1048576 --micro_batch 48 \
+  --runs ours_modern --target_run ours_modern --dry_run 2>&1)
+check "--same_tokens refuses validation tokens of no whole number of batches" \
+  "$?:$(wc -l <<< "$err"):$(grep -c "^error: --same_tokens: --speedrun_val_tokens 1048576 is no whole number of ours_modern's" <<< "$err")" 1:1:1
 out=$(bench "$DIR/e" --train 't_*.bin' --val 'v_*.bin' --dry_run 2>&1)
 check "defaults unchanged: ours_modern's command" "$(grep '^=== ours_modern:' <<< "$out")" \
   "=== ours_modern: ./train_gpt2cu -recipe modern -e d12 -i 't_*.bin' -j 'v_*.bin' -b 64 -t 1024 -z 131072 -x 600 -v 50 -m 20 -s 0 -o $DIR/e/ours_modern"
