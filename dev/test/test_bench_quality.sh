@@ -2,10 +2,10 @@
 # Tests dev/bench_quality.py without a GPU and without running a trainer: (a) the edits of the
 # reference script's copy, on a stand-in holding only the lines they look for (the new values are
 # there, nothing else changed; a missing line stops the bench with one line naming it, before any
-# run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps and validation); (b) the report
-# from fabricated finished outputs of the speedrun pair in the real line formats (the ms/step
-# ratio, the largest relative validation-loss difference, the time to reach a loss); (c) with
-# --speedrun_repeats, the repeats' commands and the comparison of each side's means and spread.
+# run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps and validation); (b)
+# the report from fabricated finished outputs of the speedrun pair in the real line formats (the
+# ms/step ratio, the largest relative validation-loss difference, the time to reach a loss); (c)
+# with --speedrun_repeats, the repeats' commands and the comparison of each side's means and spread.
 # Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
