@@ -545,21 +545,32 @@ def report(args, runs, instances, curves, step_ms):
     print(table)
     with open(os.path.join(args.outdir, "quality.md"), "w") as f:
         f.write(table + "\n")
+    plot(os.path.join(args.outdir, "quality.png"), runs, instances, curves, step_ms, target)
+
+
+def plot(path, runs, instances, curves, step_ms, target):
+    """Validation loss against training time, a run's repeats in one colour. The axis starts its
+    losses below the largest one after the first validation, so that the untrained model's (about
+    10.8, every run's) does not squeeze the curves into the bottom of the plot."""
     plt.figure(figsize=(7, 4.5))
+    later = [c[2] for curve in curves.values() for c in curve[1:]]
     for name in runs:
         color = None
-        for curve, _ in runs_of(name, instances, curves, step_ms):  # a run's repeats in one colour
+        for curve, _ in runs_of(name, instances, curves, step_ms):
             line, = plt.plot([c[1] for c in curve], [c[2] for c in curve], marker="o", ms=3, color=color,
                              label=LABELS[name] if color is None else None)
             color = line.get_color()
     if target is not None:
         plt.axhline(target, color="gray", lw=0.8, ls="--")
+    if later and max(later) > min(later):
+        low, high = min(later), max(later)
+        plt.ylim(low - 0.05 * (high - low), high + 0.1 * (high - low))
     plt.xlabel("training time (s)")
     plt.ylabel("validation loss")
     plt.legend()
     plt.grid(alpha=0.3)
     plt.tight_layout()
-    plt.savefig(os.path.join(args.outdir, "quality.png"), dpi=120)
+    plt.savefig(path, dpi=120)
 
 
 def yes_no(ok):
