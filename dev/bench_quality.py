@@ -39,7 +39,8 @@ k-th's output in OUTDIR/ours_speedrun_k.log and its folder, the first's as witho
 reference K times from its one copy (it sets no seed: each run draws its own; output_k.log). One
 run a side cannot tell a real difference from the seed's: at step 100 of 300 ours' validation loss
 moved by 3.7% between seeds (dev/cuda/NOTES.md). The comparison then takes each side's mean, and
-reports each side's spread.
+reports each side's spread and, with two runs a side or more, the standard error of the difference
+of the means and about how many runs a side would make it half the 1% tolerance.
 
 The training time of a step is its step line's ms (ours; validation, start-up and the first step,
 which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
@@ -55,9 +56,11 @@ so give each set of options its own OUTDIR). --dry_run prints the commands and w
 reference's copy, and runs nothing.
 """
 import argparse
+import math
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 from fractions import Fraction
@@ -325,13 +328,37 @@ def loss_spread(runs):
     return {step: (min(losses[step] for losses in at), max(losses[step] for losses in at)) for step in steps}
 
 
+def loss_stdev(runs):
+    """{step: sample standard deviation of the validation loss} over runs [(curve, ms)] at the
+    steps all validated; {} for a single run."""
+    if len(runs) < 2:
+        return {}
+    at = [{step: loss for step, _, loss in curve} for curve, _ in runs]
+    steps = set.intersection(*[set(losses) for losses in at])
+    return {step: statistics.stdev(losses[step] for losses in at) for step in steps}
+
+
+def difference_error(c, step):
+    """At a step, the standard error of the difference of the two sides' mean losses relative to the
+    reference's mean, and the runs a side that would bring it to half of LOSS_TOLERANCE (so that
+    the tolerance is two standard errors); None without two runs on each side."""
+    if step not in c["ours_sd"] or step not in c["ref_sd"]:
+        return None
+    ref_loss = next(row[1] for row in c["losses"] if row[0] == step)
+    ours_var, ref_var = c["ours_sd"][step] ** 2, c["ref_sd"][step] ** 2
+    error = math.sqrt(ours_var / c["ours_runs"] + ref_var / c["ref_runs"]) / ref_loss
+    runs = math.ceil((ours_var + ref_var) / (LOSS_TOLERANCE / 2 * ref_loss) ** 2)
+    return error, runs
+
+
 def speedrun_comparison(ours, ref):
     """The numbers of the speedrun pair from each side's runs [(curve, step ms)], one or several
     (repeats): ratio (the reference's mean ms/step over ours, each the mean of its runs'), losses
     [(step, reference, ours, relative difference)] of the runs' mean losses at the steps all
     validated, the largest relative difference and its step, the reference's (mean) final loss and
     training seconds, the seconds ours (its mean curve) needs to reach that loss (None if it never
-    does), and each side's number of runs and spread of losses ({step: (lowest, highest)})."""
+    does), and each side's number of runs, spread of losses ({step: (lowest, highest)}) and their
+    standard deviations ({step: sd}, empty for one run)."""
     ours_curve, ref_curve = mean_curve(ours), mean_curve(ref)
     ours_ms = mean(mean_step_ms(curve, ms) for curve, ms in ours)
     ref_ms = mean(mean_step_ms(curve, ms) for curve, ms in ref)
@@ -343,7 +370,8 @@ def speedrun_comparison(ours, ref):
     return {"ratio": ref_ms / ours_ms, "ours_ms": ours_ms, "ref_ms": ref_ms,
             "losses": losses, "worst": worst, "ref_final": ref_final, "ref_seconds": ref_seconds,
             "ours_reach": time_to_reach(ours_curve, ref_final), "ours_runs": len(ours), "ref_runs": len(ref),
-            "ours_spread": loss_spread(ours), "ref_spread": loss_spread(ref)}
+            "ours_spread": loss_spread(ours), "ref_spread": loss_spread(ref),
+            "ours_sd": loss_stdev(ours), "ref_sd": loss_stdev(ref)}
 
 
 def parse_args(argv=None):
@@ -609,6 +637,12 @@ def speedrun_report(c):
         lines.append(f"- the runs' own spread at step {step} (highest over lowest loss): ours "
                      f"{spread_percent(c['ours_spread'], step):.2f}%, the reference "
                      f"{spread_percent(c['ref_spread'], step):.2f}%")
+        error = difference_error(c, step)
+        if error is not None and error[0] > 0:
+            lines.append(f"- there the difference of the means is {c['worst'][3] / error[0]:.1f} standard errors "
+                         f"of it ({100 * error[0]:.2f}%, from each side's standard deviation over its runs); "
+                         f"a standard error of {50 * LOSS_TOLERANCE:.1f}% (so that {100 * LOSS_TOLERANCE:.0f}% is two of "
+                         f"them) would take about {error[1]} runs a side")
     lines.append("")
     if not repeated:
         lines.append("| step | reference val loss | ours | relative difference |")
@@ -617,12 +651,14 @@ def speedrun_report(c):
             lines.append(f"| {step} | {ref_loss:.4f} | {ours_loss:.4f} | {100 * rel:.2f}% |")
         return lines
     lines.append("| step | reference val loss (mean) | lowest-highest | ours (mean) | lowest-highest | "
-                 "relative difference |")
-    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "relative difference | its standard error |")
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for step, ref_loss, ours_loss, rel in c["losses"]:
         (ref_low, ref_high), (ours_low, ours_high) = c["ref_spread"][step], c["ours_spread"][step]
+        error = difference_error(c, step)
         lines.append(f"| {step} | {ref_loss:.4f} | {ref_low:.4f}-{ref_high:.4f} | {ours_loss:.4f} | "
-                     f"{ours_low:.4f}-{ours_high:.4f} | {100 * rel:.2f}% |")
+                     f"{ours_low:.4f}-{ours_high:.4f} | {100 * rel:.2f}% | "
+                     + ("-" if error is None else f"{100 * error[0]:.2f}%") + " |")
     return lines
 
 

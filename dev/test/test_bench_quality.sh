@@ -218,7 +218,13 @@ check "repeats: each side's spread there" "$(grep -c "^- the runs' own spread at
 # Ours' mean curve: 6.06 at 0.55 s, 4.99 at 1.65 s; the reference's mean final 5.0 after 4.4 s.
 check "repeats: time to the reference's mean final loss" \
   "$(grep -c "^- ours reaches the reference's final validation loss 5.0000 in 1.64 s; the reference trained 4.40 s" "$md")" 1
-check "repeats: per-step table with each side's lowest and highest" "$(grep '^| 2 |' "$md")" \
-  "| 2 | 5.9700 | 5.9400-6.0000 | 6.0600 | 6.0300-6.0900 | 1.51% |"
+# Each side's standard deviation at step 2 is 0.0424 (0.06 apart over two runs): the difference's
+# standard error is 0.0424 / 5.97 = 0.71%, 0.09 is 2.1 of it, and 0.5% of 5.97 as the standard error
+# takes (2 x 0.0424^2) / 0.02985^2 = 4.04, so 5 runs a side.
+check "repeats: per-step table with each side's lowest and highest, and the standard error" "$(grep '^| 2 |' "$md")" \
+  "| 2 | 5.9700 | 5.9400-6.0000 | 6.0600 | 6.0300-6.0900 | 1.51% | 0.71% |"
+check "repeats: step 0, the same losses everywhere: a standard error of 0" "$(grep '^| 0 |' "$md" | awk -F'|' '{print $8}')" " 0.00% "
+check "repeats: the difference in standard errors, and the runs a side for 1% at two" \
+  "$(grep -c "^- there the difference of the means is 2.1 standard errors of it (0.71%, .*); a standard error of 0.5% (so that 1% is two of them) would take about 5 runs a side$" "$md")" 1
 
 finish test_bench_quality
