@@ -54,12 +54,21 @@ last step is read again instead of run (so the runs can be spread over several i
 same OUTDIR; the output's first line names its command, and one of another command stops the bench,
 so give each set of options its own OUTDIR). --dry_run prints the commands and writes the
 reference's copy, and runs nothing.
+
+Where nvidia-smi is on the PATH, each run's GPU is sampled while it runs (utilization, SM clock,
+power, whether the software power cap holds the clock down) into its log's name + .gpu.csv, and
+the table gives the samples in which the GPU was busy: their mean SM clock, mean power and the
+share under the power cap. A step's time depends on them: under sustained load an H200 runs at
+its 700 W cap, its SM clock well under the 1,980 MHz it boosts to (dev/cuda/NOTES.md), and
+machines of one kind differ in it.
 """
 import argparse
+import contextlib
 import math
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,6 +101,10 @@ REF_STEP_LINE = re.compile(r"^step:(\d+)/\d+ train_time:(\d+)ms")
 REF_VAL_LINE = re.compile(r"^step:(\d+)/\d+ val_loss:([0-9.]+|nan) train_time:(\d+)ms")
 COMMAND_MARK = "# bench_quality command: "  # the first line of each run's log
 SPEEDRUN_SEED = 42                          # ours' speedrun seed (train_gpt2cu's default), then +1 a repeat
+GPU_QUERY = "utilization.gpu,clocks.sm,power.draw,clocks_throttle_reasons.active"  # nvidia-smi's fields
+GPU_SAMPLE_MS = 500
+GPU_BUSY_PERCENT = 90                       # samples at this utilization or above count
+SW_POWER_CAP = 0x4                          # the software power cap's bit in the clock reasons
 
 
 def fail(message):
@@ -492,6 +505,60 @@ def run_logged(name, args, repeat=1):
         return process.wait()
 
 
+def gpu_samples_path(log):
+    return log + ".gpu.csv"
+
+
+def visible_gpu():
+    """The GPU a run uses: the first of CUDA_VISIBLE_DEVICES when it is an index, else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return first if first.isdigit() else "0"
+
+
+@contextlib.contextmanager
+def gpu_sampler(path):
+    """Samples GPU_QUERY every GPU_SAMPLE_MS into path (nvidia-smi's CSV, no header or units) while
+    the body runs; samples nothing where nvidia-smi is not on the PATH."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        yield
+        return
+    with open(path, "w") as f:
+        process = subprocess.Popen([smi, "--id=" + visible_gpu(), "--query-gpu=" + GPU_QUERY,
+                                    "--format=csv,noheader,nounits", "--loop-ms=" + str(GPU_SAMPLE_MS)],
+                                   stdout=f, stderr=subprocess.DEVNULL)
+        try:
+            yield
+        finally:
+            process.terminate()
+            process.wait()
+
+
+def gpu_load(path):
+    """(mean SM MHz, mean W, share under the software power cap) of path's samples in which the GPU
+    was busy; None without such samples (or without the file). Lines that are not a sample (a field
+    nvidia-smi could not read) are skipped."""
+    if not os.path.exists(path):
+        return None
+    busy = []
+    for line in open(path, errors="replace"):
+        fields = [field.strip() for field in line.split(",")]
+        try:
+            utilization, mhz, watts, reasons = float(fields[0]), float(fields[1]), float(fields[2]), int(fields[3], 16)
+        except (IndexError, ValueError):
+            continue
+        if utilization >= GPU_BUSY_PERCENT:
+            busy.append((mhz, watts, 1.0 if reasons & SW_POWER_CAP else 0.0))
+    if not busy:
+        return None
+    return tuple(mean(sample[i] for sample in busy) for i in range(3))
+
+
+def gpu_load_cell(path):
+    load = gpu_load(path)
+    return "-" if load is None else f"{load[0]:.0f} / {load[1]:.0f} / {100 * load[2]:.0f}%"
+
+
 def main():
     args = parse_args()
     runs = args.runs.split(",")
@@ -515,7 +582,8 @@ def main():
         print(f"=== {title}{where}: {shlex.join(run_command(name, args, repeat))}", flush=True)
         if args.dry_run:
             continue
-        status = run_logged(name, args, repeat)
+        with gpu_sampler(gpu_samples_path(log)):
+            status = run_logged(name, args, repeat)
         text = open(log, errors="replace").read()
         if status != 0:
             fail(f"{title} exited with status {status}: see {log}\n{text[-2000:]}")
@@ -556,8 +624,8 @@ def report(args, runs, instances, curves, step_ms):
     if target is not None:
         lines.append(f"target: {LABELS[target_run]}'s final validation loss {target:.4f}")
     lines.append("| run | steps | final val loss | ms/step (median) | ms/step (mean) | tokens/s | training s "
-                 "| s to target |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "| s to target | GPU busy: SM MHz / W / power-capped |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, repeat in instances:
         curve, ms = curves[(name, repeat)], step_ms[(name, repeat)]
         median = median_step_ms(ms)
@@ -565,7 +633,8 @@ def report(args, runs, instances, curves, step_ms):
         to_target = "-" if target is None else "not reached" if reach is None else f"{reach:.1f}"
         lines.append(f"| {run_label(name, args, repeat)} | {curve[-1][0]} | {curve[-1][2]:.4f} | {median:.1f} | "
                      f"{mean_step_ms(curve, ms):.1f} | {step_tokens(name, args) / (median / 1000):.0f} | "
-                     f"{curve[-1][1]:.1f} | {to_target} |")
+                     f"{curve[-1][1]:.1f} | {to_target} | "
+                     f"{gpu_load_cell(gpu_samples_path(run_log(name, args, repeat)))} |")
     if "ours_speedrun" in runs and "ref_speedrun" in runs:
         lines += speedrun_report(speedrun_comparison(runs_of("ours_speedrun", instances, curves, step_ms),
                                                      runs_of("ref_speedrun", instances, curves, step_ms)))

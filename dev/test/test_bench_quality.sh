@@ -5,8 +5,9 @@
 # run), and the commands of --dry_run (ours' speedrun run, --same_tokens' steps and validation); (b)
 # the report from fabricated finished outputs of the speedrun pair in the real line formats (the
 # ms/step ratio, the largest relative validation-loss difference, the time to reach a loss); (c)
-# with --speedrun_repeats, the repeats' commands and the comparison of each side's means and spread.
-# Scratch files go to build/test_tmp/bench_quality.
+# with --speedrun_repeats, the repeats' commands and the comparison of each side's means, spread and
+# standard error, and the table's GPU column from a fabricated sample file; (d) the GPU sampler,
+# with a stand-in nvidia-smi. Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
 set -uo pipefail
@@ -134,9 +135,9 @@ md="$DIR/g/quality.md"
 check "both runs read, none run" "$(grep -c '^=== .*: read ' <<< "$out")" 2
 check "table: ours' row (median and mean 500 ms, 786,432 tokens/s, 1.5 s, reaches 5.0 in 1.48 s)" \
   "$(grep '^| train_gpt2cu, speedrun recipe' "$md")" \
-  "| train_gpt2cu, speedrun recipe | 4 | 4.9800 | 500.0 | 500.0 | 786432 | 1.5 | 1.5 |"
+  "| train_gpt2cu, speedrun recipe | 4 | 4.9800 | 500.0 | 500.0 | 786432 | 1.5 | 1.5 | - |"
 check "table: the reference's row" "$(grep "^| record #28's train_gpt.py" "$md")" \
-  "| record #28's train_gpt.py | 4 | 5.0000 | 1000.0 | 1000.0 | 393216 | 4.0 | 4.0 |"
+  "| record #28's train_gpt.py | 4 | 5.0000 | 1000.0 | 1000.0 | 393216 | 4.0 | 4.0 | - |"
 check "ms/step ratio 2.00x, target met" "$(grep -c '^- ms/step (mean of the timed steps): ours 500.0, reference 1000.0: 2.00x (at least 1.4x: yes)$' "$md")" 1
 check "largest relative val-loss difference 0.50% at step 2, within 1%" \
   "$(grep -c '^- validation loss: largest relative difference 0.50% at step 2 (within 1% at every validation: yes)$' "$md")" 1
@@ -203,12 +204,17 @@ sed -e 's/| 500.00 ms/| 600.00 ms/' -e 's/val loss 6.030000/val loss 6.090000/' 
 awk '{ if (match($0, /train_time:[0-9]+ms/)) { t = substr($0, RSTART + 11, RLENGTH - 13) * 1.2;
   $0 = substr($0, 1, RSTART - 1) "train_time:" t "ms" substr($0, RSTART + RLENGTH) } print }' \
   "$DIR/g/ref_speedrun/output.log" | sed 's/val_loss:6.0000/val_loss:5.9400/' > "$DIR/s/ref_speedrun/output_2.log"
+# Ours' second run sampled its GPU: two busy samples (one under the power cap), one idle, one that
+# nvidia-smi could not read; the table's cell is the busy ones' means.
+printf '%s\n' "100, 1650, 690.5, 0x0000000000000004" "95, 1750, 650.5, 0x0000000000000000" \
+  "10, 1980, 90.0, 0x0000000000000000" "[N/A], [N/A], 700.0, 0x0000000000000004" > "$DIR/s/ours_speedrun_2.log.gpu.csv"
 out=$(bench "$DIR/s" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
   --target_run ref_speedrun --speedrun_repeats 2 2>&1)
 check "repeats: the report from four finished outputs exits 0, reading all" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:4
 md="$DIR/s/quality.md"
 check "repeats: each run its row (ours' second by its seed)" "$(grep '(seed 43)' "$md")" \
-  "| train_gpt2cu, speedrun recipe (seed 43) | 4 | 5.0000 | 600.0 | 600.0 | 655360 | 1.8 | 1.8 |"
+  "| train_gpt2cu, speedrun recipe (seed 43) | 4 | 5.0000 | 600.0 | 600.0 | 655360 | 1.8 | 1.8 | 1700 / 670 / 50% |"
+check "repeats: a run without samples: '-' in the GPU column" "$(grep '(seed 42)' "$md" | awk -F'|' '{print $10}')" " - "
 check "repeats: the means named" "$(grep -c '^- 2 runs of ours (seeds 42-43) and 2 of the reference (which sets no seed)' "$md")" 1
 check "repeats: ms/step of the means, 550 against 1100" \
   "$(grep -c '^- ms/step (mean of the timed steps): ours 550.0, reference 1100.0: 2.00x' "$md")" 1
@@ -226,5 +232,32 @@ check "repeats: per-step table with each side's lowest and highest, and the stan
 check "repeats: step 0, the same losses everywhere: a standard error of 0" "$(grep '^| 0 |' "$md" | awk -F'|' '{print $8}')" " 0.00% "
 check "repeats: the difference in standard errors, and the runs a side for 1% at two" \
   "$(grep -c "^- there the difference of the means is 2.1 standard errors of it (0.71%, .*); a standard error of 0.5% (so that 1% is two of them) would take about 5 runs a side$" "$md")" 1
+
+# --- (d) the GPU sampler, with a stand-in nvidia-smi on the PATH that records its arguments and
+# prints a sample every 0.1 s until it is stopped.
+mkdir -p "$DIR/smi"
+cat > "$DIR/smi/nvidia-smi" <<EOF
+#!/bin/sh
+echo "\$@" > "$DIR/smi/arguments"
+while true; do echo "100, 1600, 700.0, 0x0000000000000004"; sleep 0.1; done
+EOF
+chmod +x "$DIR/smi/nvidia-smi"
+PATH="$DIR/smi:$PATH" CUDA_VISIBLE_DEVICES=3,1 "$PY" - "$DIR/smi/samples.csv" <<'EOF'
+import sys, time
+sys.path.insert(0, "dev")
+import bench_quality as bq
+with bq.gpu_sampler(sys.argv[1]):
+    time.sleep(0.5)
+EOF
+check "sampler: exits 0 and returns" "$?" 0
+check "sampler: nvidia-smi asked for the visible GPU's fields in a loop" "$(cat "$DIR/smi/arguments")" \
+  "--id=3 --query-gpu=utilization.gpu,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader,nounits --loop-ms=500"
+check "sampler: its samples in the file" "$(sort -u "$DIR/smi/samples.csv")" "100, 1600, 700.0, 0x0000000000000004"
+sleep 0.3
+check "sampler: nvidia-smi stopped with the body" "$(pgrep -f "$DIR/smi/nvidia-smi" | wc -l)" 0
+check "sampler: without nvidia-smi no file" "$(PATH=/nonexistent "$(command -v "$PY")" -c 'import sys; sys.path.insert(0, "dev")
+import bench_quality as bq
+with bq.gpu_sampler(sys.argv[1]): pass
+import os; print(os.path.exists(sys.argv[1]))' "$DIR/smi/none.csv" 2>&1)" False
 
 finish test_bench_quality
