@@ -40,7 +40,9 @@ reference K times from its one copy (it sets no seed: each run draws its own; ou
 run a side cannot tell a real difference from the seed's: at step 100 of 300 ours' validation loss
 moved by 3.7% between seeds (dev/cuda/NOTES.md). The comparison then takes each side's mean, and
 reports each side's spread and, with two runs a side or more, the standard error of the difference
-of the means and about how many runs a side would make it half the 1% tolerance.
+of the means and about how many runs a side would make it half the 1% tolerance. Such runs cost
+less with --stop_after S: each run of the pair stops after its validation at step S (its schedule
+still that of --steps), and finished runs of the same OUTDIR are read up to step S.
 
 The training time of a step is its step line's ms (ours; validation, start-up and the first step,
 which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
@@ -69,6 +71,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -141,6 +144,26 @@ def run_val_batches(name, args):
     if not args.same_tokens:
         return args.val_batches
     return args.speedrun_val_tokens // (run_micro_batch(name, args) * args.seq_len)
+
+
+def run_last_step(name, args):
+    """The step after whose validation a run ends: --stop_after, or its last step."""
+    return args.stop_after or run_steps(name, args)
+
+
+def validation_step(name, line):
+    """The step of a validation line of run `name`'s output, or None."""
+    match = (REF_VAL_LINE if name == "ref_speedrun" else VAL_LINE).match(line)
+    return int(match.group(1)) if match else None
+
+
+def output_through(name, text, step):
+    """The run's output up to and including its validation at `step` (all of it if there is none)."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if validation_step(name, line) == step:
+            return "".join(lines[:i + 1])
+    return text
 
 
 def run_repeats(name, args):
@@ -416,6 +439,8 @@ def parse_args(argv=None):
     p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the speedrun pair: ours with "
                    f"seeds {SPEEDRUN_SEED}, {SPEEDRUN_SEED + 1}, ..., the reference (unseeded) as often; the "
                    "comparison takes each side's mean")
+    p.add_argument("--stop_after", type=int, default=0, help="the speedrun pair's runs stop after their "
+                   "validation at this step, their schedule still --steps' (0: they run to the end)")
     p.add_argument("--reference_window_factor", type=int, default=16, help="the reference's document-aligned "
                    "token window in its step's tokens (its own: 2)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, write the reference's copy, "
@@ -434,6 +459,13 @@ def check_args(args):
             fail(f"--runs {name}: use some of {','.join(RUNS)}")
     if args.speedrun_repeats < 1:
         fail(f"--speedrun_repeats {args.speedrun_repeats}: at least 1")
+    if args.stop_after:
+        if any(name not in SPEEDRUN_RUNS for name in runs):
+            fail(f"--stop_after {args.stop_after}: for the speedrun pair's runs only, not "
+                 f"{','.join(name for name in runs if name not in SPEEDRUN_RUNS)}")
+        if not 0 < args.stop_after < args.steps or args.stop_after % args.val_every:
+            fail(f"--stop_after {args.stop_after}: a validation step before --steps {args.steps} (a multiple of "
+                 f"--val_every {args.val_every})")
     if args.target_run not in RUNS:
         fail(f"--target_run {args.target_run}: use one of {','.join(RUNS)}")
     if args.target_run != "ours_gpt2" and args.target_run not in runs:
@@ -480,29 +512,42 @@ def finished(name, args, repeat=1):
     if first.startswith(COMMAND_MARK) and first[len(COMMAND_MARK):] != run_signature(name, args, repeat):
         fail(f"{log} is the output of another command ({first[len(COMMAND_MARK):]}), not of "
              f"{run_signature(name, args, repeat)}: give another OUTDIR, or remove it and {name}'s folder")
-    curve, ms = parse_run(name, text)
-    return (curve, ms) if curve and curve[-1][0] == run_steps(name, args) else None
+    last = run_last_step(name, args)
+    curve, ms = parse_run(name, output_through(name, text, last))
+    return (curve, ms) if curve and curve[-1][0] == last else None
+
+
+def run_until(command, cwd, log, echo, stop):
+    """Runs command in cwd in a session of its own, its output (unbuffered, for Python) appended to
+    the open file log line by line, and with echo to the terminal too. stop: None, or a function of
+    a line that says the run has done its part: then the session is killed (torchrun's workers
+    with it) and the status is 0. Else the command's status."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, errors="replace", bufsize=1, start_new_session=True,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    for line in process.stdout:
+        if echo:
+            sys.stdout.write(line)
+        log.write(line)
+        log.flush()
+        if stop is not None and stop(line):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return 0
+    return process.wait()
 
 
 def run_logged(name, args, repeat=1):
     """Runs one run with its output in its log (the reference's also on the terminal), after a first
-    line naming the command; its status."""
+    line naming the command, until its end or its validation at --stop_after; its status."""
     command, log = run_command(name, args, repeat), run_log(name, args, repeat)
     cwd = os.path.join(args.outdir, "ref_speedrun") if name == "ref_speedrun" else None
+    last = run_last_step(name, args)
+    stop = (lambda line: validation_step(name, line) == last) if args.stop_after else None
     with open(log, "w") as f:
         f.write(COMMAND_MARK + run_signature(name, args, repeat) + "\n")
         f.flush()
-        if name != "ref_speedrun":
-            return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT).returncode
-        # Unbuffered, so that its lines reach the terminal as they are printed.
-        process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace", bufsize=1,
-                                   env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        for line in process.stdout:
-            sys.stdout.write(line)
-            f.write(line)
-            f.flush()
-        return process.wait()
+        return run_until(command, cwd, f, name == "ref_speedrun", stop)
 
 
 def gpu_samples_path(log):
@@ -587,7 +632,7 @@ def main():
         text = open(log, errors="replace").read()
         if status != 0:
             fail(f"{title} exited with status {status}: see {log}\n{text[-2000:]}")
-        curves[run], step_ms[run] = parse_run(name, text)
+        curves[run], step_ms[run] = parse_run(name, output_through(name, text, run_last_step(name, args)))
         if not curves[run]:
             fail(f"{title}: no validation line in {log}")
     if not args.dry_run:
@@ -620,7 +665,8 @@ def report(args, runs, instances, curves, step_ms):
                      f"sequences of 49152), validation every {args.val_every} steps on {args.speedrun_val_tokens} "
                      f"tokens, ours in sequences of {args.speedrun_val_seq_len}"
                      + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (token window x{args.reference_window_factor})"
-                        if "ref_speedrun" in runs else ""))
+                        if "ref_speedrun" in runs else "")
+                     + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else ""))
     if target is not None:
         lines.append(f"target: {LABELS[target_run]}'s final validation loss {target:.4f}")
     lines.append("| run | steps | final val loss | ms/step (median) | ms/step (mean) | tokens/s | training s "

@@ -7,7 +7,8 @@
 # ms/step ratio, the largest relative validation-loss difference, the time to reach a loss); (c)
 # with --speedrun_repeats, the repeats' commands and the comparison of each side's means, spread and
 # standard error, and the table's GPU column from a fabricated sample file; (d) the GPU sampler,
-# with a stand-in nvidia-smi. Scratch files go to build/test_tmp/bench_quality.
+# with a stand-in nvidia-smi; (e) --stop_after: its errors, longer outputs read up to its step, and
+# the stop itself on a stand-in run. Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
 set -uo pipefail
@@ -259,5 +260,56 @@ check "sampler: without nvidia-smi no file" "$(PATH=/nonexistent "$(command -v "
 import bench_quality as bq
 with bq.gpu_sampler(sys.argv[1]): pass
 import os; print(os.path.exists(sys.argv[1]))' "$DIR/smi/none.csv" 2>&1)" False
+
+# --- (e) --stop_after: the speedrun pair's runs end after a validation; outputs that went on are
+# read up to it; the argument's errors; the stop itself on a stand-in command.
+err=$(bench "$DIR/t" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_modern,ours_speedrun \
+  --stop_after 2 --dry_run 2>&1)
+check "--stop_after with a batch run: exit 1, one line naming it" "$?:$(wc -l <<< "$err"):$(grep -c 'not ours_modern$' <<< "$err")" 1:1:1
+for bad in 3 4 0; do
+  [ $bad = 0 ] && bad=-2
+  err=$(bench "$DIR/t" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun \
+    --stop_after $bad --dry_run 2>&1)
+  check "--stop_after $bad (no validation step before --steps 4): exit 1, one line" "$?:$(wc -l <<< "$err")" 1:1
+done
+mkdir -p "$DIR/t/ref_speedrun"
+cp "$DIR/g/ours_speedrun.log" "$DIR/t/"
+cp "$DIR/g/ref_speedrun/output.log" "$DIR/t/ref_speedrun/"
+out=$(bench "$DIR/t" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --target_run ref_speedrun --stop_after 2 2>&1)
+check "--stop_after 2 over outputs that went on to step 4: both read, exit 0" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:2
+md="$DIR/t/quality.md"
+check "--stop_after 2: said in the report" "$(grep -c 'each run stopped after its validation at step 2$' "$md")" 1
+check "--stop_after 2: ours' row ends at step 2 (one counted step of 500 ms)" "$(grep '^| train_gpt2cu, speedrun recipe' "$md")" \
+  "| train_gpt2cu, speedrun recipe | 2 | 6.0300 | 500.0 | 500.0 | 786432 | 0.5 | not reached | - |"
+check "--stop_after 2: the comparison's steps 0 and 2 only" "$(grep -c '^| [0-9] | ' "$md"):$(grep -c '^| 4 | ' "$md")" 2:0
+
+cat > "$DIR/stand_in_run.sh" <<'EOF'
+#!/bin/sh
+# A run that validates at step 2 and would then go on for a long time, in a child as well.
+echo "step    1/4 | loss 7.0"
+echo "step    2/4 | val loss 6.5"
+sleep 31.25 &
+echo "step    3/4 | loss 6.0"
+wait
+EOF
+chmod +x "$DIR/stand_in_run.sh"
+result=$("$PY" - "$DIR/stand_in_run.sh" "$DIR/stand_in_run.log" <<'EOF'
+import sys, time
+sys.path.insert(0, "dev")
+import bench_quality as bq
+start = time.time()
+with open(sys.argv[2], "w") as log:
+    status = bq.run_until([sys.argv[1]], None, log, False, lambda line: bq.validation_step("ours_speedrun", line) == 2)
+print(status, time.time() - start < 10, open(sys.argv[2]).read().splitlines()[-1])
+with open(sys.argv[2], "w") as log:
+    print(bq.run_until(["sh", "-c", "echo one; exit 3"], None, log, False, None))
+EOF
+)
+check "run_until: stopped at the validation (its log's last line), status 0, at once" "$(head -1 <<< "$result")" \
+  "0 True step    2/4 | val loss 6.5"
+check "run_until: without a stop, the command's own status" "$(tail -1 <<< "$result")" "3"
+check "run_until: its log, the second command's line" "$(cat "$DIR/stand_in_run.log")" "one"
+check "run_until: the session's child killed with it" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
 
 finish test_bench_quality
