@@ -41,6 +41,7 @@ out=${1:-build/test_multi_gpu}
 mkdir -p "$out"
 ranks=2
 source dev/test/multi_gpu_lib.sh
+source dev/test/compare_runs.sh
 
 # ranks_equivalence NAME BINARY TOL VAL_BATCHES ARGS...: 10 steps of ARGS on 1 rank and on 2, whose
 # steps take the same tokens (ARGS give a -z that B*T and 2*B*T divide); their step and validation
@@ -63,7 +64,6 @@ done
 # run log and bitwise-identical model and per-rank state files, in FP32 and BF16, with shuffled data
 # (each rank's loader position and the shared shuffle state come back from its state file).
 multi_gpu_resume_tests() {
-  source dev/test/compare_runs.sh
   local binary
   for binary in train_gpt2fp32cu train_gpt2cu; do
     resume_equivalence check "${binary}_resume_two_ranks" "$out/resume_$binary" 2 \
@@ -75,7 +75,6 @@ multi_gpu_resume_tests() {
 # (each rank writes its state file, rank 0 the DONE marker once both are written): the same
 # losses, and at every step the same bytes in the model and both state files.
 async_checkpoint_test() {
-  source dev/test/compare_runs.sh
   local dir=$out/async_checkpoints ac
   rm -rf "$dir"
   for ac in 1 0; do
@@ -130,14 +129,6 @@ zero_test() {
   check zero_continue $mpi ./train_gpt2cu $args -o "$dir/resumed" -y 1
   check zero_resume_same bash -c "cmp $dir/straight/model_00000008.bin $dir/resumed/model_00000008.bin && \
     cmp $dir/straight/state_00000008_00001.bin $dir/resumed/state_00000008_00001.bin && echo identical"
-}
-
-# The step losses of two run outputs agree within $4 from step $3 on (at least 5 steps compared).
-losses_close_from() {
-  local steps='$1 == "step" && $4 == "loss" { split($2, a, "/"); if (a[1] >= from) print $5 }'
-  paste <(awk -v from="$3" "$steps" "$1") <(awk -v from="$3" "$steps" "$2") | awk -v tol="$4" '
-    { d = $1 - $2; if (d < 0) d = -d; if (d > worst) worst = d; count++ }
-    END { printf "%d losses, largest difference %.3g (tolerance %g)\n", count, worst, tol; exit !(count >= 5 && worst <= tol) }'
 }
 
 # A checkpoint of step 5 resumed (-y 1) on another process count continues as the run that never
@@ -257,7 +248,6 @@ fp8_delayed_test() {
     echo "skip fp8_delayed_test: FP8 needs compute capability 8.9+"
     return
   fi
-  source dev/test/compare_runs.sh
   local args="$common -b 4 -x 20 -v 10 -m 4"
   check fp8_delayed_first $mpi ./train_gpt2cu $args -fp8 2
   check fp8_delayed_second $mpi ./train_gpt2cu $args -fp8 2
@@ -278,7 +268,6 @@ fp8_delayed_test() {
 ranks_sequence() {
   local name=$1 m=$2 tol=2e-2
   shift 2
-  source dev/test/compare_runs.sh
   ranks_equivalence "$name" train_gpt2cu $tol "$m" "$@"
   check "${name}_two_ranks_again" $mpi ./train_gpt2cu "$@" -x 10 -m "$m"
   check "${name}_deterministic" same_steps "$out/${name}_two_ranks.log" "$out/${name}_two_ranks_again.log"
@@ -306,7 +295,6 @@ ranks_sequence() {
 # compared), two runs bit for bit, a resume bit for bit, and a -zs 1 checkpoint resumed with -zs
 # 0, bit for bit against the -zs 0 run, and on 1 rank, within the rank tolerance.
 modern_recipe_test() {
-  source dev/test/compare_runs.sh
   local args="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048"
   ranks_sequence modern 4 $args
   args="$args -m 4"
