@@ -1621,7 +1621,8 @@ def parse_args(argv=None):
     a.add_argument("--grad_clip", type=float, help=recipe_help("grad_clip", "global gradient norm clip; 0 = off"))
     a.add_argument("--num_iterations", type=int, help=recipe_help("num_iterations", "optimizer steps"))
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
-    a.add_argument("--val_steps", type=int, help=recipe_help("val_steps", "batches per validation and process"))
+    a.add_argument("--val_steps", type=int, help=recipe_help(
+        "val_steps", "batches per validation and process (--recipe speedrun's 40: in all, shared)"))
     a.add_argument("--val_seq_len", type=int, help=recipe_help("val_seq_len", "validation sequence length"))
     a = p.add_argument_group("execution")
     a.add_argument("--device", help="cpu, cuda or cuda:N; default cuda when available")
@@ -1667,6 +1668,23 @@ def parse_args(argv=None):
         for key, values in MUON_FLAGS.items():
             setattr(args, key, values[column] if getattr(args, key) is None else getattr(args, key))
     return args
+
+
+# Recipes whose --val_steps count every process's batches, not each one's: the speedrun's 40
+# sequences are its reference's validation tokens on any number of processes (the CUDA trainer's
+# -m likewise).
+SHARED_VAL_STEPS = ("speedrun",)
+
+
+def process_val_steps(args, world):
+    """--val_steps for each of `world` processes: as given, or the recipe's share of its batches
+    (SHARED_VAL_STEPS), which must be whole."""
+    if args.recipe not in SHARED_VAL_STEPS or "val_steps" not in args.from_recipe:
+        return args.val_steps
+    if args.val_steps % world:
+        fail(f"--val_steps: --recipe {args.recipe} validates on {args.val_steps} batches in all, which {world} "
+             "processes cannot share evenly: give --val_steps, the batches of each process")
+    return args.val_steps // world
 
 
 # What a recipe flag's None stands for.
@@ -2101,6 +2119,7 @@ def main(argv=None, step_hook=None):
     use_compile = feature_flag(args, "compile", hasattr(torch, "compile"), "PyTorch 2.0 or newer (torch.compile)")
     dtype = args.dtype or ("bfloat16" if args.benchmark or args.fp8 else "float32")
     device, rank, world = setup_processes(args)
+    args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
         fail("--benchmark times one process; run it without torchrun")
     if flash:

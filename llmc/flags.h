@@ -169,7 +169,7 @@ inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own
                &f.max_steps, -1, kIntMax),
       int_flag("-v", "val every", "validation loss every N steps (0: never)", &f.val_every, 0,
                kIntMax),
-      int_flag("-m", "val batches", "validation batches per evaluation (0: no validation)",
+      int_flag("-m", "val batches", "validation batches per evaluation and process (0: no validation)",
                &f.val_batches, 0, kIntMax),
       int_flag("-s", "sample every", "sample from the model every N steps (0: never)",
                &f.sample_every, 0, kIntMax),

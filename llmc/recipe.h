@@ -74,6 +74,9 @@ struct Recipe {
   int B = 4, T = 0;              // -b, -t (T 0: the model's maximum)
   int max_steps = -1;            // -x (-1: an epoch of the data)
   int val_every = 20, val_batches = 20;  // -v, -m
+  // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
+  // its reference's validation tokens on any number of processes (recipe_val_batches).
+  bool val_batches_shared = false;
   int val_T = 0;                 // -vt (0: -t)
   int shuffle = 1;               // -sh
   int documents = 0;             // -pd
@@ -153,6 +156,7 @@ inline const Recipe& recipe_speedrun() {
     // 262,144 (its model's maximum), with the step's window.
     m.val_every = 125;
     m.val_batches = 40;
+    m.val_batches_shared = true;
     m.val_T = 262144;
     m.shuffle = 0;  // the reference reads its shards in name order
     m.documents = 1;
@@ -163,6 +167,17 @@ inline const Recipe& recipe_speedrun() {
     return m;
   }();
   return r;
+}
+
+// -m's default on `world` processes: the recipe's val_batches, or where they are shared by the
+// processes (val_batches_shared) each one's share, which must be whole.
+inline int recipe_val_batches(const Recipe& r, int world) {
+  if (!r.val_batches_shared) return r.val_batches;
+  if (world <= 0 || r.val_batches % world != 0) {
+    LLMC_FAIL("-m: -recipe %s validates on %d batches in all, which %d processes cannot share evenly: give -m, "
+              "the batches of each process", r.name, r.val_batches, world);
+  }
+  return r.val_batches / world;
 }
 
 inline const Recipe& recipe_by_name(const std::string& name, const char* flag) {

@@ -518,6 +518,12 @@ if has_flag -recipe; then
   [ $no_gpu = 1 ] || problems=()
   grep -q -- "-kd" "$err" && problems+=("-kd named, which the command line did not give")
   report "-recipe modern -k cosine: the recipe's -kd is not named"
+  # The speedrun's 40 validation batches are shared by the processes (mpirun's count here): 3
+  # cannot share them, and the run stops before it looks for a GPU or its peers.
+  WATCH=("$KEEP")
+  OMPI_COMM_WORLD_SIZE=3 attempt "^error: -m: -recipe speedrun validates on 40 batches in all, which 3 processes cannot share evenly: give -m, the batches of each process\$" \
+    -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP"
+  report "-recipe speedrun on 3 processes: its 40 validation batches not shared evenly"
 fi
 # --- validation's own sequence length (-vt): the model's, the mask's blocks, the shards
 if has_flag -vt; then

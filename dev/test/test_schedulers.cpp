@@ -1,7 +1,7 @@
 // Tests llmc/schedulers.h: warmup, endpoints, monotonicity, the wsd phases,
 // name parsing, and bit-exact agreement with train_gpt2.py's learning_rate(); Muon's momentum
-// against train_gpt2.py's muon_momentum() and the recipes' (llmc/recipe.h); and the attention
-// window's schedule and per-layer pattern.
+// against train_gpt2.py's muon_momentum() and the recipes' (llmc/recipe.h); the attention
+// window's schedule and per-layer pattern; and the recipes' validation batches on N processes.
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -232,6 +232,22 @@ void test_attention_window() {
                "a 13th layer");
 }
 
+// -m's default: the speedrun's 40 batches are shared by the processes (5 each on the reference's
+// 8), the other recipes' are each process's; a count the processes cannot share is refused.
+void test_validation_batches() {
+  const llmc::Recipe& speedrun = llmc::recipe_speedrun();
+  check_verbose(llmc::recipe_val_batches(speedrun, 1) == 40 && llmc::recipe_val_batches(speedrun, 2) == 20 &&
+                    llmc::recipe_val_batches(speedrun, 8) == 5 && llmc::recipe_val_batches(speedrun, 40) == 1,
+                "speedrun: 40 validation batches in all, 40, 20, 5, 1 a process on 1, 2, 8, 40");
+  check_verbose(llmc::recipe_val_batches(llmc::recipe_gpt2(), 8) == 20 &&
+                    llmc::recipe_val_batches(llmc::recipe_modern(), 3) == 20,
+                "GPT-2 and modern: 20 batches a process on any number of processes");
+  check_throws([&] { llmc::recipe_val_batches(speedrun, 3); },
+               "-m: -recipe speedrun validates on 40 batches in all, which 3 processes cannot share evenly: "
+               "give -m, the batches of each process",
+               "speedrun on 3 processes");
+}
+
 }  // namespace
 
 int main() {
@@ -243,6 +259,7 @@ int main() {
     test_parsing();
     test_muon_momentum();
     test_attention_window();
+    test_validation_batches();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }
