@@ -3,7 +3,8 @@
 #  - rank equivalence: 2 ranks x micro batch B against 1 rank x B with 2 accumulation steps, on
 #    unshuffled data so both see the same tokens (and validation the same chunks): FP32 losses
 #    within 1e-5 over 10 steps, BF16 within 2e-2 (each rank rounds its own gradient to BF16 before
-#    they are averaged);
+#    they are averaged, and the stochastic roundings' seeds are drawn once a micro step, so one rank
+#    with 2 micro steps draws others than 2 ranks with 1);
 #  - resume: 10 steps, a resume and 10 more against 20 straight steps on 2 ranks, bit for bit;
 #  - checkpoints written in the background (-ac 1) against before training goes on (-ac 0), one
 #    at every step: the same losses and the same bytes in every file;
