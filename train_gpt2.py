@@ -107,6 +107,7 @@ RECIPE_FLAGS = {
     "final_lr_frac": (0.0, 0.0, 0.1), "num_iterations": (10, 10, 1695), "batch_size": (4, 64, 1),
     "seq_len": (64, 1024, 49152), "total_batch_size": (-1, 524288, 8 * 49152), "documents": (0, 0, 1),
     "window_blocks": (0, 0, -1), "val_seq_len": (None, None, 4 * 65536), "val_steps": (20, 20, 40),
+    "shuffle": (1, 1, 0),  # the speedrun's reference reads its shards in name order
 }
 # Muon's flags, set with --optimizer muon only (GPT-2's column is what --optimizer muon gives GPT-2).
 MUON_FLAGS = {
@@ -1572,7 +1573,7 @@ def parse_args(argv=None):
     a.add_argument("-t", "--seq_len", type=int, help=recipe_help("seq_len", "sequence length"))
     a.add_argument("--total_batch_size", type=int, help=recipe_help(
         "total_batch_size", "tokens per step; -1 = B*T*world (grad accumulation = total / (B*T*world))"))
-    a.add_argument("--shuffle", type=int, choices=[0, 1], default=1, help="shuffle the training data")
+    a.add_argument("--shuffle", type=int, choices=[0, 1], help=recipe_help("shuffle", "shuffle the training data"))
     a.add_argument("--documents", type=int, choices=[0, 1], help=recipe_help("documents", "1: training "
                    "sequences of whole documents, each from a document start (token 50256), in modded-nanogpt's "
                    "order (DocumentLoader), and attention within a document: a token attends only to the earlier "
