@@ -521,19 +521,25 @@ def run_until(command, cwd, log, echo, stop):
     """Runs command in cwd in a session of its own, its output (unbuffered, for Python) appended to
     the open file log line by line, and with echo to the terminal too. stop: None, or a function of
     a line that says the run has done its part: then the session is killed (torchrun's workers
-    with it) and the status is 0. Else the command's status."""
+    with it) and the status is 0. Else the command's status. Interrupted (Ctrl-C reaches the bench
+    alone, the session being its own), it kills the session before it stops."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, errors="replace", bufsize=1, start_new_session=True,
                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    for line in process.stdout:
-        if echo:
-            sys.stdout.write(line)
-        log.write(line)
-        log.flush()
-        if stop is not None and stop(line):
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            return 0
+    try:
+        for line in process.stdout:
+            if echo:
+                sys.stdout.write(line)
+            log.write(line)
+            log.flush()
+            if stop is not None and stop(line):
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                return 0
+    except KeyboardInterrupt:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
     return process.wait()
 
 

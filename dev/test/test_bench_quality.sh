@@ -311,5 +311,21 @@ check "run_until: stopped at the validation (its log's last line), status 0, at 
 check "run_until: without a stop, the command's own status" "$(tail -1 <<< "$result")" "3"
 check "run_until: its log, the second command's line" "$(cat "$DIR/stand_in_run.log")" "one"
 check "run_until: the session's child killed with it" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
+# Ctrl-C reaches the bench alone (the run is a session of its own): run_until kills the run first.
+"$PY" - "$DIR/stand_in_run.sh" "$DIR/interrupted.log" 2> "$DIR/interrupted.err" <<'EOF' &
+import signal, sys
+sys.path.insert(0, "dev")
+import bench_quality as bq
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
+with open(sys.argv[2], "w") as log:
+    bq.run_until([sys.argv[1]], None, log, False, None)
+EOF
+bench_pid=$!
+for _ in $(seq 50); do grep -q "step    3/4" "$DIR/interrupted.log" 2>/dev/null && break; sleep 0.1; done
+kill -INT $bench_pid
+wait $bench_pid
+check "run_until interrupted: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
+sleep 0.3
+check "run_until interrupted: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
 
 finish test_bench_quality
