@@ -226,7 +226,7 @@ same_scores() {
 
 # Greedy decoding of the first example's context gives (the start of) its right ending.
 generate_continues() {
-  ./train_gpt2cu -e "$1" -p "$(cat "$2/prompt.txt")" -g 6 -temp 0 | tee "$1.generated.txt" &&
+  (set -o pipefail; ./train_gpt2cu -e "$1" -p "$(cat "$2/prompt.txt")" -g 6 -temp 0 | tee "$1.generated.txt") &&
     grep -qF "$(head -c 12 "$2/answer.txt")" "$1.generated.txt" && echo "continues with the memorized ending"
 }
 
@@ -408,9 +408,11 @@ failed_write_test() {
   run failed_write_limit_resume resumes_from_newest "$dir/limited" ./train_gpt2cu $args -o "$dir/limited" -y 1
 }
 
-# The GPU's compute capability is 8.9 or newer (Ada, Hopper): cuBLASLt runs FP8 products there.
+# The GPU's compute capability is 8.9 or newer (Ada, Hopper): cuBLASLt runs FP8 products there. A
+# query that gives no number (an older driver) says no.
 fp8_gpu() {
-  nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | awk '{exit !($1 >= 8.9)}'
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 |
+    awk '$1 ~ /^[0-9]+(\.[0-9]+)?$/ { ok = $1 + 0 >= 8.9 } END { exit !ok }'
 }
 
 # The GPU tests, in groups; without a GPU each group is named as skipped.
@@ -497,16 +499,19 @@ against_pytorch() {
   run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
 }
 
+# Every kernel test of dev/cuda/ in both builds; one whose binary is not built fails.
 gpu_kernel_tests() {
-  for t in build/test_*; do
-    case "$t" in *.losses) continue ;; esac
-    local base=$(basename "$t")
-    [ -f "dev/cuda/${base%_fp32}.cu" ] || continue
-    if [ "$base" = test_fp8 ] && ! fp8_gpu; then
-      echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
-      continue
-    fi
-    run "$base" "$t"
+  local source base
+  for source in dev/cuda/test_*.cu; do
+    for base in "$(basename "$source" .cu)" "$(basename "$source" .cu)_fp32"; do
+      if [ "$base" = test_fp8 ] && ! fp8_gpu; then
+        echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
+      elif [ -x "build/$base" ]; then
+        run "$base" "build/$base"
+      else
+        run "$base" bash -c "echo 'build/$base is not built: make cuda'; exit 1"
+      fi
+    done
   done
   run test_attention_mma_sync build/test_attention_mma_sync
 }

@@ -1,17 +1,18 @@
 # Comparisons of two training runs, shared by scripts/run_tests.sh and scripts/multi_gpu_tests.sh
 # (source it); dev/test/test_compare_runs.sh tests them on made-up logs.
 
-# Two run logs agree on every line but the timings.
+# Two run logs, neither missing nor empty, agree on every line but the timings.
 same_log() {
   local strip='s/ ms=[^ ]*//; s/ tok_per_s=[^ ]*//'
-  diff <(sed "$strip" "$1") <(sed "$strip" "$2") && echo "identical: $(wc -l < "$1") lines"
+  [ -s "$1" ] && [ -s "$2" ] && diff <(sed "$strip" "$1") <(sed "$strip" "$2") &&
+    echo "identical: $(wc -l < "$1") lines"
 }
 
 # losses_close_from LOG_A LOG_B STEP TOL: the training losses of the steps after STEP that both logs
 # print agree within TOL, at least 5 steps compared, paired by their step number: a run resumed
 # from STEP's checkpoint prints from step STEP + 1 on, the run that went on prints every step.
 losses_close_from() {
-  local steps='$1 == "step" && $4 == "loss" { split($2, a, "/"); if (a[1] > from) print a[1], $5 }'
+  local steps='$1 == "step" && $3 == "|" && $4 == "loss" { split($2, a, "/"); if (a[1] > from) print a[1], $5 }'
   awk -v tol="$4" '
     NR == FNR { loss[$1] = $2; next }
     $1 in loss { d = loss[$1] - $2; if (d < 0) d = -d; if (d > worst) worst = d; count++ }
