@@ -357,21 +357,24 @@ def mean_curve(runs):
             for step in steps]
 
 
-def loss_spread(runs):
-    """{step: (lowest, highest validation loss)} over runs [(curve, ms)] at the steps all validated."""
+def losses_by_step(runs):
+    """{step: [each run's validation loss]} over runs [(curve, ms)] at the steps all validated."""
     at = [{step: loss for step, _, loss in curve} for curve, _ in runs]
     steps = set.intersection(*[set(losses) for losses in at])
-    return {step: (min(losses[step] for losses in at), max(losses[step] for losses in at)) for step in steps}
+    return {step: [losses[step] for losses in at] for step in steps}
+
+
+def loss_spread(runs):
+    """{step: (lowest, highest validation loss)} over runs at the steps all validated."""
+    return {step: (min(losses), max(losses)) for step, losses in losses_by_step(runs).items()}
 
 
 def loss_stdev(runs):
-    """{step: sample standard deviation of the validation loss} over runs [(curve, ms)] at the
-    steps all validated; {} for a single run."""
+    """{step: sample standard deviation of the validation loss} over runs at the steps all
+    validated; {} for a single run."""
     if len(runs) < 2:
         return {}
-    at = [{step: loss for step, _, loss in curve} for curve, _ in runs]
-    steps = set.intersection(*[set(losses) for losses in at])
-    return {step: statistics.stdev(losses[step] for losses in at) for step in steps}
+    return {step: statistics.stdev(losses) for step, losses in losses_by_step(runs).items()}
 
 
 def difference_error(c, step):

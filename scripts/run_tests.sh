@@ -501,9 +501,10 @@ against_pytorch() {
 
 # Every kernel test of dev/cuda/ in both builds; one whose binary is not built fails.
 gpu_kernel_tests() {
-  local source base
+  local source name base
   for source in dev/cuda/test_*.cu; do
-    for base in "$(basename "$source" .cu)" "$(basename "$source" .cu)_fp32"; do
+    name=$(basename "$source" .cu)
+    for base in "$name" "${name}_fp32"; do
       if [ "$base" = test_fp8 ] && ! fp8_gpu; then
         echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
       elif [ -x "build/$base" ]; then
