@@ -13,14 +13,13 @@
 
 #include <memory>
 
-// One linear layer of a block: its shape, and which layers have it.
+// One linear layer of a block: its shape, and whether only the layers with attention have it.
 struct BlockProduct {
-  const char* name;
   int in, out;  // in multiples of C
   bool attention;
 };
-const BlockProduct kBlockProducts[] = {
-    {"qkv", 1, 3, true}, {"attproj", 1, 1, true}, {"fc", 1, 4, false}, {"fcproj", 4, 1, false}};
+// qkv, attproj, fc, fcproj.
+const BlockProduct kBlockProducts[] = {{1, 3, true}, {1, 1, true}, {1, 4, false}, {4, 1, false}};
 
 // The buffers every layer shares (the values do not change the work; each is larger than the L2,
 // as a layer's own would be), and the products' FLOPs a micro step.
