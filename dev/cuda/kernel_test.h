@@ -151,7 +151,12 @@ class DeviceArray {
     return std::vector<float>(host.begin(), host.end());
   }
   // All bits set: NaN in FP32 and BF16, so an element a kernel leaves unwritten fails any check.
-  void poison() { cudaCheck(cudaMemset(ptr_, 0xff, n_ * sizeof(T))); }
+  // Waits for the memset: it runs on the legacy default stream, which work on a non-blocking
+  // stream does not wait for, so on a busy GPU a copy there could land before the poison.
+  void poison() {
+    cudaCheck(cudaMemset(ptr_, 0xff, n_ * sizeof(T)));
+    cudaCheck(cudaDeviceSynchronize());
+  }
 
  private:
   size_t n_;
