@@ -419,6 +419,20 @@ fp8_gpu() {
 GPU_GROUPS=(gpu_against_pytorch gpu_kernel_tests gpu_accumulation gpu_determinism
   gpu_hellaswag_generation gpu_preemption gpu_bad_input_output gpu_resume gpu_training)
 
+# --gpu-only runs what an earlier make built: every program the groups start must be there, or
+# the run stops at once with one line naming the missing ones (the kernel tests' binaries are
+# named where their group runs).
+gpu_programs_built() {
+  local missing=() program
+  for program in ./train_gpt2cu ./train_gpt2fp32cu ./test_gpt2cu ./test_gpt2fp32cu build/prepare_shards \
+                 build/hellaswag build/test_attention_mma_sync; do
+    [ -x "$program" ] || missing+=("$program")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "error: --gpu-only: not built: ${missing[*]}: run make cpu cuda first" >&2
+  return 1
+}
+
 gpu_setup() {
   local data=dev/data/tinyshakespeare
   if [ ! -f $data/tiny_shakespeare_val_000000.bin ]; then
@@ -659,6 +673,7 @@ else
   skip_reason=""
 fi
 if [ -z "$skip_reason" ]; then
+  [ $GPU_ONLY = 1 ] && ! gpu_programs_built && exit 1
   gpu_setup
   for group in "${GPU_GROUPS[@]}"; do "$group"; done
 else
