@@ -8,7 +8,12 @@
 // the first and of the last tenth of them, so that the boost clock's rate and the capped one's are
 // side by side. Sample the clock beside it, for example with
 // nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv -lms 200.
-//   ./build/bench_products [tokens [seconds]]   (default 49152 30: the speedrun's micro step, d12)
+// The algorithms: `tuned` (the default) as the trainer chooses them, each product's candidates timed
+// at its first call, on a GPU that has been idle; `first`, cuBLASLt's first heuristic for every
+// product; `hot`, timed at the first call after `seconds` of micro steps on the first heuristic, so
+// at the clock the power cap holds (then `seconds` more are timed). The choices never change a bit
+// (section Matmul of train_gpt2.cu); only which is fastest under the cap may.
+//   ./build/bench_products [tokens [seconds [tuned|first|hot]]]   (default 49152 30 tuned)
 #include "dev/cuda/kernel_test.h"
 
 #include <memory>
@@ -90,7 +95,7 @@ std::vector<float> run_for(const ProductStep& step, double seconds) {
   return ms;
 }
 
-void bench(int tokens, double seconds) {
+void bench(int tokens, double seconds, const std::string& algorithms) {
   llmc::Rng rng(7);
   llmc::GPT2Config c;
   c.arch = llmc::Arch::kSpeedrun;
@@ -98,15 +103,21 @@ void bench(int tokens, double seconds) {
   c.num_heads = 6;
   c.channels = 768;
   const ProductStep step(c, tokens, rng);
-  step.run();  // cuBLASLt's choice of algorithms, untimed
+  matmul_tuning = algorithms != "first";
+  if (algorithms == "hot") {
+    matmul_tuning = false;
+    run_for(step, seconds);
+    matmul_tuning = true;
+  }
+  step.run();  // the choice of algorithms, untimed
   cudaCheck(cudaDeviceSynchronize());
   const std::vector<float> ms = run_for(step, seconds);
   REQUIRE(ms.size() >= 20, "%zu micro steps in %.0f s: give more seconds", ms.size(), seconds);
   const size_t tenth = ms.size() / 10;
   const float first = median_ms(std::vector<float>(ms.begin(), ms.begin() + tenth));
   const float last = median_ms(std::vector<float>(ms.end() - tenth, ms.end()));
-  printf("speedrun d12 block products, %d tokens a micro step: %.2f TFLOP; %zu micro steps in %.0f s\n", tokens,
-         step.flops / 1e12, ms.size(), seconds);
+  printf("speedrun d12 block products, %d tokens a micro step: %.2f TFLOP; algorithms %s; %zu micro steps in "
+         "%.0f s\n", tokens, step.flops / 1e12, algorithms.c_str(), ms.size(), seconds);
   printf("  first tenth: %8.2f ms, %6.1f TFLOP/s\n", first, step.flops / first / 1e9);
   printf("  last tenth:  %8.2f ms, %6.1f TFLOP/s\n", last, step.flops / last / 1e9);
 }
@@ -114,9 +125,12 @@ void bench(int tokens, double seconds) {
 int main(int argc, char** argv) {
   const int tokens = argc > 1 ? atoi(argv[1]) : 49152;
   const double seconds = argc > 2 ? atof(argv[2]) : 30.0;
-  if (argc > 3 || tokens <= 0 || tokens % 8 != 0 || !(seconds > 0)) {
-    fprintf(stderr, "usage: %s [tokens [seconds]]: tokens a positive multiple of 8, seconds positive\n", argv[0]);
+  const std::string algorithms = argc > 3 ? argv[3] : "tuned";
+  if (argc > 4 || tokens <= 0 || tokens % 8 != 0 || !(seconds > 0) ||
+      (algorithms != "tuned" && algorithms != "first" && algorithms != "hot")) {
+    fprintf(stderr, "usage: %s [tokens [seconds [tuned|first|hot]]]: tokens a positive multiple of 8, seconds "
+                    "positive\n", argv[0]);
     return 1;
   }
-  return run_kernel_tests("bench_products", [&] { bench(tokens, seconds); });
+  return run_kernel_tests("bench_products", [&] { bench(tokens, seconds, algorithms); });
 }
