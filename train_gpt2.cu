@@ -10005,6 +10005,11 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.train_steps = a.max_steps >= 0
       ? a.max_steps
       : (int)std::max<long>(1, r.train_loader.batches_per_epoch() / r.accum_steps);
+  if (resume_step > r.train_steps) {
+    const std::string last = a.max_steps >= 0 ? llmc::strformat("-x %d", a.max_steps) : "one epoch, without -x";
+    LLMC_FAIL("-y 1: the checkpoint in %s is of step %d, past this run's last step %d (%s): give -x %d or more "
+              "to go on from it", a.output_dir.c_str(), resume_step, r.train_steps, last.c_str(), resume_step);
+  }
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);
   r.schedule.decay_fraction = a.decay_fraction;
@@ -10021,6 +10026,23 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
                               r.checkpoints.async ? r.checkpoints.optimizer_host : nullptr);
     state_seconds = llmc::wall_seconds() - state_start;
   }
+  r.sample_rng = llmc::Rng(a.seed + 1);
+  r.inputs.resize((size_t)a.B * a.T);
+  r.targets.resize((size_t)a.B * a.T);
+  if (a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
+  // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
+  r.loss_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
+                                          a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
+  r.norm_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
+                                          a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
+  // Restored before the run log is touched too: a loader state that does not fit this run's data
+  // or batch fails here, with the log's lines after the checkpoint still there.
+  if (resume_step >= 0) {
+    r.sample_rng.restore(resumed_host.sample_rng);
+    r.train_loader.restore(resumed_host.train_loader);
+    r.loss_outliers.restore(resumed_host.loss_window);
+    r.norm_outliers.restore(resumed_host.norm_window);
+  }
   if (!a.output_dir.empty() && r.mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
@@ -10032,27 +10054,12 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
                                          checkpoint_mode(r.checkpoints, checkpoint_pin_asked(a, r.train_steps)));
   r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
-  r.sample_rng = llmc::Rng(a.seed + 1);
-  r.inputs.resize((size_t)a.B * a.T);
-  r.targets.resize((size_t)a.B * a.T);
-  if (a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
-  // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
-  r.loss_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
-                                          a.loss_z > 0 ? a.loss_z : llmc::kOutlierDefaultThreshold);
-  r.norm_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
-                                          a.norm_z > 0 ? a.norm_z : llmc::kOutlierDefaultThreshold);
-  if (resume_step >= 0) {
-    r.sample_rng.restore(resumed_host.sample_rng);
-    r.train_loader.restore(resumed_host.train_loader);
-    r.loss_outliers.restore(resumed_host.loss_window);
-    r.norm_outliers.restore(resumed_host.norm_window);
-    // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all
-    // of it up to here (those, the GPU's setup, the checkpoints' pinned buffers).
-    if (r.mg.rank == 0) {
-      printf("resumed from the checkpoint of step %d in %s (the model loaded in %.1f s, the state "
-             "in %.1f s, %.1f s since the start)\n", resume_step, a.output_dir.c_str(), model_seconds,
-             state_seconds, llmc::wall_seconds() - run_start);
-    }
+  // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all of
+  // it up to here (those, the GPU's setup, the checkpoints' pinned buffers).
+  if (resume_step >= 0 && r.mg.rank == 0) {
+    printf("resumed from the checkpoint of step %d in %s (the model loaded in %.1f s, the state "
+           "in %.1f s, %.1f s since the start)\n", resume_step, a.output_dir.c_str(), model_seconds,
+           state_seconds, llmc::wall_seconds() - run_start);
   }
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));

@@ -343,6 +343,23 @@ elif ! needs_gpu "resume from a damaged state file"; then
     "${COMMON[@]}" -x 4 -o "$DIR/state_payload" -y 1
   report "resume from a state file with one damaged byte"
 fi
+if ! has_flag -y; then
+  skip "resume past the run's last step" "$TRAINER has no -y (no resume)"
+elif ! needs_gpu "resume past the run's last step"; then
+  cp -a "$FIXTURE" "$DIR/resume_past"
+  WATCH=("$DIR/resume_past")
+  attempt "-y 1: the checkpoint in $DIR/resume_past is of step 2, past this run's last step 1 \(-x 1\): give -x 2 or more to go on from it" \
+    "${COMMON[@]}" -x 1 -o "$DIR/resume_past" -y 1
+  report "resume with -x before the checkpoint's step"
+  # A loader state that does not fit the run's batch (-b 2, the checkpoint's 4) fails before the
+  # log is rewritten: a line after the checkpoint's step (an interrupted run's) is still there.
+  cp -a "$FIXTURE" "$DIR/resume_batch"
+  echo "step=3 kind=train loss=5.000000 norm=1.0000 lr=1.0000e-03 ms=1.00 tok_per_s=1" >> "$DIR/resume_batch/main.log"
+  WATCH=("$DIR/resume_batch")
+  attempt "cannot resume the data loader: the checkpoint was taken with .*; resume with the same data and settings" \
+    "${COMMON[@]}" -b 2 -x 4 -o "$DIR/resume_batch" -y 1
+  report "resume with another batch: the log after the checkpoint kept"
+fi
 
 # --- a model and batch too large for the GPU: the error says how much was needed and what to
 # change, before anything in -o is touched (-r is the CUDA trainer's: the CPU trainer has no GPU)
