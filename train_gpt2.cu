@@ -9527,6 +9527,8 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
 void validate_args(const TrainArgs& a) {
   REQUIRE(a.resume == 0 || !a.output_dir.empty(), "-y 1 needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.halt_after < 0 || !a.output_dir.empty(), "-halt needs -o DIR to write the checkpoint to");
+  REQUIRE(a.halt_after != 0,
+          "-halt 0: step 0 writes no checkpoint to continue from; give -halt 1 or later (-1: never)");
   REQUIRE(a.checkpoint_every == 0 || !a.output_dir.empty(), "-n needs -o DIR to write the checkpoints to");
   REQUIRE(a.keep_last == 0 || !a.output_dir.empty(), "-nk needs -o DIR, the directory of the checkpoints");
   REQUIRE(a.keep_every == 0 || !a.output_dir.empty(), "-nm needs -o DIR, the directory of the checkpoints");

@@ -437,6 +437,10 @@ for flag in -y -halt -n -nk -nm; do
     skip "$flag without -o" "$TRAINER has no $flag"
   fi
 done
+if has_flag -halt; then
+  expect "-halt 0" "-halt 0: step 0 writes no checkpoint to continue from; give -halt 1 or later \(-1: never\)" \
+    -halt 0
+fi
 if has_flag -nm; then
   expect "-nm without -nk" "-nm 2 keeps checkpoints that -nk would delete: give -nk with it" -nm 2
 fi
