@@ -9865,7 +9865,9 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   llmc::resolve_sequence_length(a, config.max_seq_len);
   llmc::check_document_flags(a.documents, a.window_blocks, a.T, a.max_steps);
   resolve_validation_length(a, config.max_seq_len);
-  if (!std::count(a.given.begin(), a.given.end(), "-m")) a.val_batches = llmc::recipe_val_batches(recipe, world);
+  if (!std::count(a.given.begin(), a.given.end(), "-m") && a.val_every > 0) {
+    a.val_batches = llmc::recipe_val_batches(recipe, world);
+  }
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);

@@ -545,6 +545,10 @@ if has_flag -recipe; then
   OMPI_COMM_WORLD_SIZE=3 attempt "^error: -m: -recipe speedrun validates on 40 batches in all, which 3 processes cannot share evenly: give -m, the batches of each process\$" \
     -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP"
   report "-recipe speedrun on 3 processes: its 40 validation batches not shared evenly"
+  # Without validation (-v 0) the batches are not asked for: the next check (-z) is what stops it.
+  OMPI_COMM_WORLD_SIZE=3 attempt "^error: -z 1000 is not a multiple of B\*T\*processes" \
+    -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -v 0 -z 1000 -o "$KEEP"
+  report "-recipe speedrun on 3 processes without validation: no validation batches asked for"
 fi
 # --- validation's own sequence length (-vt): the model's, the mask's blocks, the shards
 if has_flag -vt; then
