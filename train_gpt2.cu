@@ -10153,8 +10153,8 @@ struct StepResult {
 
 // Rank 0's line for a step, in the run log too, and a note when its update was skipped or spiked.
 void print_step(TrainRun& r, int step, const StepResult& s) {
-  const double tokens_per_s = r.total_batch / (s.ms / 1e3);
-  const double mfu = tokens_per_s * flops_per_token(r.m, r.a.T) / kPeakFlops * 100.0;
+  const double tokens_per_s = r.total_batch / (s.ms / 1e3);  // of all processes: the step's tokens
+  const double mfu = tokens_per_s * flops_per_token(r.m, r.a.T) / (kPeakFlops * r.mg.world) * 100.0;
   r.eta->step_finished(llmc::wall_seconds());
   if (r.mg.rank != 0) return;
   printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
