@@ -8650,6 +8650,7 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
   id.num_params = m.shard_size;
   id.master_weights = m.state.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
+  id.matrix_optimizer = m.state.momentum ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
   return id;
 }
 

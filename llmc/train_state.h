@@ -7,6 +7,8 @@
 //   [6] 1 with FP32 master weights, 0 without  [7] ZeRO stage (0, or 1: the file holds this
 //   rank's shard of the optimizer state only)  [8..9] parameter count n of the file (uint64)
 //   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
+//   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon (0 in files written before it was
+//   recorded, which load with either)
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
@@ -55,7 +57,28 @@ struct TrainStateId {
   size_t num_params = 0;  // of this rank's optimizer shard
   bool master_weights = false;
   int zero_stage = 0;
+  int matrix_optimizer = 0;  // kMatrixOptimizer...: header [12]
 };
+
+constexpr int kMatrixOptimizerUnrecorded = 0, kMatrixOptimizerAdamw = 1, kMatrixOptimizerMuon = 2;
+
+inline const char* matrix_optimizer_name(int optimizer) {
+  return optimizer == kMatrixOptimizerMuon ? "muon" : optimizer == kMatrixOptimizerAdamw ? "adamw" : "unrecorded";
+}
+
+// Fails where the state file at path was written with another optimizer for the blocks' matrices
+// than `expected` runs: Muon's momentum would be read as AdamW's first moment, or the reverse.
+inline void require_same_matrix_optimizer(const char* path, const TrainStateId& written,
+                                          const TrainStateId& expected) {
+  if (written.matrix_optimizer == kMatrixOptimizerUnrecorded ||
+      expected.matrix_optimizer == kMatrixOptimizerUnrecorded ||
+      written.matrix_optimizer == expected.matrix_optimizer) {
+    return;
+  }
+  LLMC_FAIL("%s: written with -opt %s for the blocks' matrices, but this run has -opt %s: resume with -opt %s",
+            path, matrix_optimizer_name(written.matrix_optimizer),
+            matrix_optimizer_name(expected.matrix_optimizer), matrix_optimizer_name(written.matrix_optimizer));
+}
 
 // Delayed FP8 scaling's state: the amaxes of the last steps (FP32 bits, as the trainer lays them
 // out) and how many steps it has recorded. Empty without -fp8 2.
@@ -143,6 +166,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   memcpy(&h[8], &n, sizeof(n));
   h[10] = (int)fp8.amax.size();
   h[11] = fp8.recorded_steps;
+  h[12] = id.matrix_optimizer;
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
                                                              adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
@@ -204,6 +228,9 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
     LLMC_FAIL("%s: %d AdamW updates recorded at step %d (must be 0..%d): the header is damaged; "
               "%s", path, h[5], step, step, remedy);
   }
+  if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerMuon) {
+    LLMC_FAIL("%s: optimizer %d (must be 0, 1 or 2): the header is damaged; %s", path, h[12], remedy);
+  }
   if (h[6] != 0 && h[6] != 1) {
     LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s", path, h[6],
               remedy);
@@ -245,6 +272,8 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   id.num_params = n;
   id.master_weights = master;
   id.zero_stage = h[7];
+  id.matrix_optimizer = h[12];
+  if (expected) require_same_matrix_optimizer(path, id, *expected);
   return id;
 }
 

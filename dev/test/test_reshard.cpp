@@ -61,6 +61,7 @@ std::vector<llmc::TrainStateFile> files_of(const llmc::TrainState& whole, int wo
     f.id.num_params = shard.size;
     f.id.master_weights = !whole.master.empty();
     f.id.zero_stage = shard_count > 1 ? 1 : 0;
+    f.id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
     f.state.optimizer_steps = whole.optimizer_steps;
     f.state.host = whole.host;
     f.state.fp8 = whole.fp8;  // every rank's, reduced over the ranks at each step
@@ -240,6 +241,7 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
     id.num_params = llmc::zero_shard(n, shard_count, 0).size;
     id.master_weights = true;
     id.zero_stage = shard_count > 1 ? 1 : 0;
+    id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
     return id;
   };
   auto same_state = [](const llmc::TrainState& a, const llmc::TrainState& b) {
@@ -283,6 +285,15 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
   check_throws([&] { llmc::checkpoint_train_state(dir, other_model, n + 128, "re-create it", &written); },
                "resume with the same model and -w setting",
                "another model on the layout the checkpoint was written with");
+  // Muon's momentum is stored as the first moments: a run with AdamW for the matrices cannot take it.
+  const Layout adamw_layouts[] = {{1, 0, 0, "on another layout"}, {2, 1, 1, "on the layout it was written with"}};
+  for (const Layout& l : adamw_layouts) {
+    llmc::TrainStateId adamw = expected_id(l.world, l.zero_stage, l.rank);
+    adamw.matrix_optimizer = llmc::kMatrixOptimizerAdamw;
+    check_throws([&] { llmc::checkpoint_train_state(dir, adamw, n, "re-create it", &written); },
+                 ": written with -opt muon for the blocks' matrices, but this run has -opt adamw: resume with -opt muon",
+                 std::string("a run with AdamW for the matrices from a checkpoint with Muon's, ") + l.what);
+  }
 }
 
 // reshard_checkpoint: a checkpoint directory of 2 processes (ZeRO 1) converted for 1 and back

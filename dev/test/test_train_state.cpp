@@ -52,6 +52,7 @@ Saved save(const std::string& path, bool master_weights) {
   s.id.world = 2;
   s.id.num_params = kParams;
   s.id.master_weights = master_weights;
+  s.id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
   memset(&s.host, 0, sizeof(s.host));
   llmc::Rng rng(5);
   rng.u32();
@@ -211,6 +212,7 @@ void test_damaged() {
       {"a master-weights flag of 2", 6, 2,
        "master-weights flag 2 (must be 0 or 1): the header is damaged; " + std::string(kRemedy)},
       {"no master weights", 6, 0, "state for 1000 parameters without master weights, but the model"},
+      {"an optimizer of 3", 12, 3, "optimizer 3 (must be 0, 1 or 2): the header is damaged; " + std::string(kRemedy)},
       {"another parameter count", 8, (int32_t)kParams + 1, "state for 1001 parameters"},
       {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
       {"a flipped bit in an unused slot", 100, 1 << 12, "checksum mismatch (CRC-32 "},
@@ -243,6 +245,25 @@ void test_damaged() {
   other.rank = 0;
   check_throws(load(good_path, other), "resume with the process count",
                "a state file of two processes read by one");
+  other = saved.id;
+  other.matrix_optimizer = llmc::kMatrixOptimizerAdamw;
+  check_throws(load(good_path, other),
+               good_path + ": written with -opt muon for the blocks' matrices, but this run has -opt adamw: resume "
+                           "with -opt muon",
+               "a state file with Muon's momentum read by a run with AdamW for the matrices");
+  // A file from before the optimizer was recorded ([12] = 0) loads with either.
+  llmc::TrainStateId unrecorded = saved.id;
+  unrecorded.matrix_optimizer = llmc::kMatrixOptimizerUnrecorded;
+  const std::string old_path = kDir + "/state_unrecorded.bin";
+  llmc::train_state_save(old_path, unrecorded, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
+                         saved.master.data());
+  bool loads = true;
+  for (const int optimizer : {llmc::kMatrixOptimizerAdamw, llmc::kMatrixOptimizerMuon}) {
+    other = saved.id;
+    other.matrix_optimizer = optimizer;
+    loads = loads && llmc::train_state_load(old_path, other, kRemedy).adam_m == saved.adam_m;
+  }
+  check_verbose(loads, "a state file without a recorded optimizer loads with AdamW and with Muon");
 }
 
 }  // namespace
