@@ -10273,7 +10273,15 @@ int train_loop(TrainRun& r, int* final_step) {
   return 0;
 }
 
+// Rank 0's report of the run. Every process holds all the parameters (ZeRO shards the optimizer
+// state only), so on several their checksums are compared with rank 0's (the one printed): a
+// process whose parameters drifted would otherwise show only as a loss averaged with the others'.
 void print_run_end(TrainRun& r, int final_step) {
+  const uint32_t checksum = gpt2_params_checksum(r.m);
+  double first = r.mg.rank == 0 ? (double)checksum : 0.0;  // exact: a double holds any uint32
+  multi_gpu_sum(r.mg, &first, 1, r.m.stream);
+  double differing = (uint32_t)first == checksum ? 0.0 : 1.0;
+  multi_gpu_sum(r.mg, &differing, 1, r.m.stream);
   if (r.mg.rank != 0) return;
   if (r.timed_steps > 0) {
     printf("average %.2f ms per step, %.0f tok/s\n", r.total_ms / r.timed_steps,
@@ -10283,7 +10291,11 @@ void print_run_end(TrainRun& r, int final_step) {
   if (r.skipped_updates > 0) {
     printf("%d updates skipped (non-finite or spiking loss or norm)\n", r.skipped_updates);
   }
-  printf("parameter checksum %08x\n", gpt2_params_checksum(r.m));
+  printf("parameter checksum %08x\n", checksum);
+  if (r.mg.world > 1 && differing == 0.0) printf("parameters identical on %d processes\n", r.mg.world);
+  if (differing > 0.0) {
+    printf("error: the parameters of %.0f of %d processes differ from rank 0's\n", differing, r.mg.world);
+  }
   r.summary->print(llmc::wall_seconds(), final_step);
 }
 
