@@ -27,8 +27,10 @@
 #  - the speedrun recipe (-recipe speedrun, each rank its own sequence of packed documents, its
 #    FP8 head where the GPU has FP8 products): 2 ranks x 2 micro batches against 1 rank x 4 (the
 #    same sequences; BF16 within 2e-2, FP32 within 2e-3), two 2-rank runs bit for bit, resume bit
-#    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, and -zs 1
-#    with the bits of -zs 0;
+#    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, -zs 1
+#    with the bits of -zs 0, and -ov 1 with the bits of -ov 0;
+#  - every run of 2 ranks against 1 (and the speedrun's -zs 1) ends with both ranks' parameters
+#    identical (the trainer compares their checksums);
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
 #  - a rank killed (kill -9) or stopped (SIGSTOP) mid-run makes the other exit with status 4
 #    and its message within the -ct bound.
@@ -54,6 +56,7 @@ ranks_equivalence() {
   check "${name}_one_rank" "./$binary" "$@" -x 10 -m $((2 * m))
   check "${name}_two_ranks" $mpi "./$binary" "$@" -x 10 -m "$m"
   check "${name}_equivalent" losses_close "$out/${name}_one_rank.log" "$out/${name}_two_ranks.log" "$tol"
+  check "${name}_ranks_identical" grep -a "^parameters identical on 2 processes" "$out/${name}_two_ranks.log"
 }
 
 for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
@@ -354,6 +357,11 @@ speedrun_test() {
   ranks_equivalence speedrun_fp32 train_gpt2fp32cu 2e-3 4 $args -f 0
   check speedrun_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -zs 1
   check speedrun_zs1_same_as_zs0 same_steps "$out/speedrun_two_ranks.log" "$out/speedrun_zs1.log" no-norm
+  check speedrun_zs1_ranks_identical grep -a "^parameters identical on 2 processes" "$out/speedrun_zs1.log"
+  # Each layer's gradients reduced during the backward (-ov 1): its scalars, value embeddings and
+  # FP8 head among the tensors reduced at the end; two ranks' sums are the same in any order.
+  check speedrun_overlap $mpi ./train_gpt2cu $args -x 10 -m 4 -ov 1
+  check speedrun_overlap_same same_steps "$out/speedrun_two_ranks.log" "$out/speedrun_overlap.log"
   if fp8_gpu; then
     check speedrun_fp8_head_on grep -aE "^\| head +\| FP8 in training" "$out/speedrun_two_ranks.log"
   fi
