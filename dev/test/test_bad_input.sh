@@ -286,6 +286,17 @@ if has_flag -y; then
     "-y 1: $KEEP/model_00000002\.bin holds a model L=2 .*-e d12" -y 1 -e d12
   expect "resume from an -o that does not exist" "-y 1: -o $DIR/no_run: no such directory" \
     -y 1 -o "$DIR/no_run"
+  # A DONE marker whose model or state file was removed since (the CPU trainer's fixture has no
+  # state file): one line, the marker to delete.
+  for kind in model state; do
+    cp -a "$FIXTURE" "$DIR/resume_no_$kind"
+    rm -f "$DIR/resume_no_$kind/${kind}_00000002"*.bin
+    suffix=$([ $kind = state ] && echo _00000)
+    WATCH=("$DIR/resume_no_$kind")
+    attempt "-y 1: $DIR/resume_no_$kind/DONE_00000002 marks a complete checkpoint, but $DIR/resume_no_$kind/${kind}_00000002${suffix}\.bin is missing: delete the marker to resume from the checkpoint before it" \
+      "${COMMON[@]}" -x 4 -o "$DIR/resume_no_$kind" -y 1
+    report "resume from a checkpoint whose $kind file is missing"
+  done
 else
   skip "resume with a checkpoint of another configuration" "$TRAINER has no -y (no resume)"
 fi
