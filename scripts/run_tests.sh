@@ -631,8 +631,8 @@ gpu_resume() {
   resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
-  # Rows of 8 blocks (-t 1024): the windows of steps 10-20 (long 7-14 blocks, short 3-7) are
-  # narrower than a row, so a resume that took another step's window would train differently.
+  # Rows of 8 blocks (-t 1024): the short windows of steps 10-20 (3-7 blocks) are narrower than a
+  # row, so a resume that took another step's window would train differently.
   resume_test ./train_gpt2cu resume_documents_bf16 -pd 1 -aw -1 -b 1 -t 1024 -z 2048
   resume_test ./train_gpt2fp32cu resume_documents_fp32 -pd 1 -aw -1 -b 1 -t 1024 -z 2048
   # The speedrun recipe: its scalars and value embeddings, Muon's momentum warmup and the window
