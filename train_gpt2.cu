@@ -8642,7 +8642,7 @@ void state_file_zero_gaps(const StateLayout& l, float* optimizer) {
   }
 }
 
-llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) {
+llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, int64_t data_tokens) {
   llmc::TrainStateId id;
   id.step = step;
   id.rank = rank;
@@ -8651,6 +8651,7 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
   id.master_weights = m.state.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
   id.matrix_optimizer = m.state.momentum ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
+  id.data_tokens = data_tokens;
   return id;
 }
 
@@ -8660,10 +8661,10 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world) 
 // file is read straight into them and uploaded from there, rather than into pageable vectors
 // whose every page is first zeroed and then copied through pinned pieces (at d48, 18.7 GB).
 llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int rank, int world,
-                                float* pinned) {
+                                int64_t data_tokens, float* pinned) {
   const std::string remedy = llmc::strformat(
       "delete %s/DONE_%08d to resume from the checkpoint before it", dir.c_str(), step);
-  const llmc::TrainStateId id = train_state_id(m, step, rank, world);
+  const llmc::TrainStateId id = train_state_id(m, step, rank, world, data_tokens);
   llmc::TrainStateId written;
   llmc::TrainState s = llmc::checkpoint_train_state(dir, id, m.num_params, remedy.c_str(), &written,
                                                     pinned);
@@ -8716,6 +8717,7 @@ struct Checkpointer {
   OptimizerArrays saved;  // the set the checkpoint in flight saves
   int unmarked_step = -1;  // several ranks: a checkpoint whose marker is not asked for yet
   int marking_step = -1;   // rank 0: the checkpoint whose marker its writer writes
+  int64_t data_tokens = 0;  // the training data's, recorded in each state file
   llmc::CheckpointWriter writer;  // last: destroyed first, so a job in flight ends before the rest
 };
 
@@ -8938,7 +8940,7 @@ void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int
   const size_t n = m.shard_size;
   const float* moments = ck.optimizer_host;
   job.write_files.push_back([path = llmc::checkpoint_path(ck.dir, "state", step, rank),
-                             id = train_state_id(m, step, rank, world),
+                             id = train_state_id(m, step, rank, world, ck.data_tokens),
                              optimizer_steps = m.optimizer_steps, host, moments, n,
                              master = m.state.master ? moments + 2 * n : nullptr,
                              fp8 = gpt2_fp8_history(m)] {
@@ -9991,6 +9993,7 @@ void train_checkpoint_setup(TrainRun& r) {
   const bool pin = checkpoint_pin_asked(a, r.train_steps);
   checkpoint_setup(ck, a.output_dir, a.keep_last, a.keep_every, pin, a.async_checkpoints == 1, r.m,
                    r.mg.rank);
+  ck.data_tokens = r.train_loader.total_tokens();
   double unpinned = pin && !ck.async ? 1.0 : 0.0;
   // A rank that failed in its setup never comes to this sum: the watchdog ends the others.
   multi_gpu_progress(r.mg);
@@ -10039,6 +10042,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   if (resume_step >= 0) {
     const double state_start = llmc::wall_seconds();
     resumed_host = load_state(r.m, a.output_dir, resume_step, r.mg.rank, r.mg.world,
+                              r.train_loader.total_tokens(),
                               r.checkpoints.async ? r.checkpoints.optimizer_host : nullptr);
     state_seconds = llmc::wall_seconds() - state_start;
   }

@@ -7,8 +7,9 @@
 //   [6] 1 with FP32 master weights, 0 without  [7] ZeRO stage (0, or 1: the file holds this
 //   rank's shard of the optimizer state only)  [8..9] parameter count n of the file (uint64)
 //   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
-//   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon (0 in files written before it was
-//   recorded, which load with either)
+//   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon  [13..14] the tokens of the
+//   training data, all its shards (int64)  ([12] to [14] are 0 in files written before they were
+//   recorded, which load with any)
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
@@ -58,6 +59,7 @@ struct TrainStateId {
   bool master_weights = false;
   int zero_stage = 0;
   int matrix_optimizer = 0;  // kMatrixOptimizer...: header [12]
+  int64_t data_tokens = 0;   // of the training data (-i): header [13..14]; 0: not recorded
 };
 
 constexpr int kMatrixOptimizerUnrecorded = 0, kMatrixOptimizerAdamw = 1, kMatrixOptimizerMuon = 2;
@@ -78,6 +80,14 @@ inline void require_same_matrix_optimizer(const char* path, const TrainStateId& 
   LLMC_FAIL("%s: written with -opt %s for the blocks' matrices, but this run has -opt %s: resume with -opt %s",
             path, matrix_optimizer_name(written.matrix_optimizer),
             matrix_optimizer_name(expected.matrix_optimizer), matrix_optimizer_name(written.matrix_optimizer));
+}
+
+// Fails where the state file at path was written over training data of another size: its loader
+// position would be taken in other text (a change of the shard count fails in the loader itself).
+inline void require_same_data_tokens(const char* path, const TrainStateId& written, const TrainStateId& expected) {
+  if (written.data_tokens == 0 || expected.data_tokens == 0 || written.data_tokens == expected.data_tokens) return;
+  LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
+            "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
 }
 
 // Delayed FP8 scaling's state: the amaxes of the last steps (FP32 bits, as the trainer lays them
@@ -167,6 +177,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[10] = (int)fp8.amax.size();
   h[11] = fp8.recorded_steps;
   h[12] = id.matrix_optimizer;
+  memcpy(&h[13], &id.data_tokens, sizeof(id.data_tokens));
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
                                                              adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
@@ -273,7 +284,14 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   id.master_weights = master;
   id.zero_stage = h[7];
   id.matrix_optimizer = h[12];
-  if (expected) require_same_matrix_optimizer(path, id, *expected);
+  memcpy(&id.data_tokens, &h[13], sizeof(id.data_tokens));
+  if (id.data_tokens < 0) {
+    LLMC_FAIL("%s: training data of %lld tokens: the header is damaged; %s", path, (long long)id.data_tokens, remedy);
+  }
+  if (expected) {
+    require_same_matrix_optimizer(path, id, *expected);
+    require_same_data_tokens(path, id, *expected);
+  }
   return id;
 }
 

@@ -370,6 +370,11 @@ elif ! needs_gpu "resume past the run's last step"; then
   attempt "cannot resume the data loader: the checkpoint was taken with .*; resume with the same data and settings" \
     "${COMMON[@]}" -b 2 -x 4 -o "$DIR/resume_batch" -y 1
   report "resume with another batch: the log after the checkpoint kept"
+  cp -a "$FIXTURE" "$DIR/resume_data"
+  WATCH=("$DIR/resume_data")
+  attempt "state_00000002_00000\.bin: written over training data of 2048 tokens, but this run's -i holds 526336: resume with the run's training data" \
+    "${COMMON[@]}" -i "$DIR/big.bin" -x 4 -o "$DIR/resume_data" -y 1
+  report "resume over training data of another size (one shard both)"
 fi
 
 # --- a model and batch too large for the GPU: the error says how much was needed and what to

@@ -62,6 +62,7 @@ std::vector<llmc::TrainStateFile> files_of(const llmc::TrainState& whole, int wo
     f.id.master_weights = !whole.master.empty();
     f.id.zero_stage = shard_count > 1 ? 1 : 0;
     f.id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
+    f.id.data_tokens = 5000;
     f.state.optimizer_steps = whole.optimizer_steps;
     f.state.host = whole.host;
     f.state.fp8 = whole.fp8;  // every rank's, reduced over the ranks at each step
@@ -242,6 +243,7 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
     id.master_weights = true;
     id.zero_stage = shard_count > 1 ? 1 : 0;
     id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
+    id.data_tokens = 5000;
     return id;
   };
   auto same_state = [](const llmc::TrainState& a, const llmc::TrainState& b) {
@@ -293,6 +295,11 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
     check_throws([&] { llmc::checkpoint_train_state(dir, adamw, n, "re-create it", &written); },
                  ": written with -opt muon for the blocks' matrices, but this run has -opt adamw: resume with -opt muon",
                  std::string("a run with AdamW for the matrices from a checkpoint with Muon's, ") + l.what);
+    llmc::TrainStateId other_data = expected_id(l.world, l.zero_stage, l.rank);
+    other_data.data_tokens = 6000;
+    check_throws([&] { llmc::checkpoint_train_state(dir, other_data, n, "re-create it", &written); },
+                 ": written over training data of 5000 tokens, but this run's -i holds 6000",
+                 std::string("a run over training data of another size, ") + l.what);
   }
 }
 

@@ -53,6 +53,7 @@ Saved save(const std::string& path, bool master_weights) {
   s.id.num_params = kParams;
   s.id.master_weights = master_weights;
   s.id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
+  s.id.data_tokens = 12345678901;  // above 2^32: both of its header slots
   memset(&s.host, 0, sizeof(s.host));
   llmc::Rng rng(5);
   rng.u32();
@@ -213,6 +214,7 @@ void test_damaged() {
        "master-weights flag 2 (must be 0 or 1): the header is damaged; " + std::string(kRemedy)},
       {"no master weights", 6, 0, "state for 1000 parameters without master weights, but the model"},
       {"an optimizer of 3", 12, 3, "optimizer 3 (must be 0, 1 or 2): the header is damaged; " + std::string(kRemedy)},
+      {"negative data tokens", 14, -1, "training data of -"},
       {"another parameter count", 8, (int32_t)kParams + 1, "state for 1001 parameters"},
       {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
       {"a flipped bit in an unused slot", 100, 1 << 12, "checksum mismatch (CRC-32 "},
@@ -251,9 +253,16 @@ void test_damaged() {
                good_path + ": written with -opt muon for the blocks' matrices, but this run has -opt adamw: resume "
                            "with -opt muon",
                "a state file with Muon's momentum read by a run with AdamW for the matrices");
-  // A file from before the optimizer was recorded ([12] = 0) loads with either.
+  other = saved.id;
+  other.data_tokens += 1;
+  check_throws(load(good_path, other),
+               good_path + ": written over training data of 12345678901 tokens, but this run's -i holds 12345678902: "
+                           "resume with the run's training data",
+               "a state file of training data of another size");
+  // A file from before the optimizer and the data were recorded ([12] to [14] = 0) loads with any.
   llmc::TrainStateId unrecorded = saved.id;
   unrecorded.matrix_optimizer = llmc::kMatrixOptimizerUnrecorded;
+  unrecorded.data_tokens = 0;
   const std::string old_path = kDir + "/state_unrecorded.bin";
   llmc::train_state_save(old_path, unrecorded, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
                          saved.master.data());
@@ -263,7 +272,7 @@ void test_damaged() {
     other.matrix_optimizer = optimizer;
     loads = loads && llmc::train_state_load(old_path, other, kRemedy).adam_m == saved.adam_m;
   }
-  check_verbose(loads, "a state file without a recorded optimizer loads with AdamW and with Muon");
+  check_verbose(loads, "a state file without a recorded optimizer or data loads with AdamW and with Muon, and any data");
 }
 
 }  // namespace
