@@ -8650,7 +8650,8 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
   id.num_params = m.shard_size;
   id.master_weights = m.state.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
-  id.matrix_optimizer = m.state.momentum ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
+  // The run's optimizer, not this rank's slice: with ZeRO-1 a slice may hold no Muon matrix.
+  id.matrix_optimizer = m.muon ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
   id.data_tokens = data_tokens;
   return id;
 }
