@@ -9856,8 +9856,8 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
               "a new run", a.output_dir.c_str());
   }
-  // A marker whose files were removed since: the model file, and rank 0's state file, which every
-  // layout reads (another rank's is named where it is read), once the model fits the run.
+  // A marker whose files were removed since: the model file, and for training rank 0's state file,
+  // which every layout reads (another rank's is named where it is read), once the model fits.
   auto require_marked = [&](const std::string& path) {
     if (a.resume && !llmc::file_exists(path)) {
       LLMC_FAIL("-y 1: %s marks a complete checkpoint, but %s is missing: delete the marker to resume from "
@@ -9867,10 +9867,10 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   };
   require_marked(llmc::checkpoint_path(a.output_dir, "model", in.resume_step));
   in.start = load_start_params(a, in.resume_step);
-  require_marked(llmc::checkpoint_path(a.output_dir, "state", in.resume_step, 0));
   const llmc::GPT2Config& config = in.start.config;
   llmc::resolve_sample_length(a, config.max_seq_len);
   if (!a.prompt.empty()) return in;
+  require_marked(llmc::checkpoint_path(a.output_dir, "state", in.resume_step, 0));
   const llmc::Recipe& recipe = *a.recipe;
   if (config.arch != recipe.arch) {
     LLMC_FAIL("-e %s holds the %s architecture, but -recipe %s trains the %s one: give -recipe %s (-p "
