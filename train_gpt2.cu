@@ -10028,7 +10028,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   if (resume_step > r.train_steps) {
     const std::string last = a.max_steps >= 0 ? llmc::strformat("-x %d", a.max_steps) : "one epoch, without -x";
     LLMC_FAIL("-y 1: the checkpoint in %s is of step %d, past this run's last step %d (%s): give -x %d or more "
-              "to go on from it", a.output_dir.c_str(), resume_step, r.train_steps, last.c_str(), resume_step);
+              "to go on from it", a.output_dir.c_str(), resume_step, r.train_steps, last.c_str(), resume_step + 1);
   }
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
                                       a.final_lr_frac);

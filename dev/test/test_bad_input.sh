@@ -359,7 +359,7 @@ if ! has_flag -y; then
 elif ! needs_gpu "resume past the run's last step"; then
   cp -a "$FIXTURE" "$DIR/resume_past"
   WATCH=("$DIR/resume_past")
-  attempt "-y 1: the checkpoint in $DIR/resume_past is of step 2, past this run's last step 1 \(-x 1\): give -x 2 or more to go on from it" \
+  attempt "-y 1: the checkpoint in $DIR/resume_past is of step 2, past this run's last step 1 \(-x 1\): give -x 3 or more to go on from it" \
     "${COMMON[@]}" -x 1 -o "$DIR/resume_past" -y 1
   report "resume with -x before the checkpoint's step"
   # A loader state that does not fit the run's batch (-b 2, the checkpoint's 4) fails before the
