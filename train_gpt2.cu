@@ -10292,13 +10292,14 @@ int train_loop(TrainRun& r, int* final_step) {
 // Rank 0's report of the run. Every process holds all the parameters (ZeRO shards the optimizer
 // state only), so on several their checksums are compared with rank 0's (the one printed): a
 // process whose parameters drifted would otherwise show only as a loss averaged with the others'.
-void print_run_end(TrainRun& r, int final_step) {
+// Returns whether they agree (on every rank).
+bool print_run_end(TrainRun& r, int final_step) {
   const uint32_t checksum = gpt2_params_checksum(r.m);
   double first = r.mg.rank == 0 ? (double)checksum : 0.0;  // exact: a double holds any uint32
   multi_gpu_sum(r.mg, &first, 1, r.m.stream);
   double differing = (uint32_t)first == checksum ? 0.0 : 1.0;
   multi_gpu_sum(r.mg, &differing, 1, r.m.stream);
-  if (r.mg.rank != 0) return;
+  if (r.mg.rank != 0) return differing == 0.0;
   if (r.timed_steps > 0) {
     printf("average %.2f ms per step, %.0f tok/s\n", r.total_ms / r.timed_steps,
            r.total_batch * r.timed_steps / (r.total_ms / 1e3));
@@ -10313,6 +10314,7 @@ void print_run_end(TrainRun& r, int final_step) {
     printf("error: the parameters of %.0f of %d processes differ from rank 0's\n", differing, r.mg.world);
   }
   r.summary->print(llmc::wall_seconds(), final_step);
+  return differing == 0.0;
 }
 
 // The flags of a parsed command line (the words at even places), then the checks between flags
@@ -10389,7 +10391,7 @@ int train_main(int argc, char** argv) {
     int final_step;
     exit_status = train_loop(r, &final_step);
     checkpoint_settle(r);
-    print_run_end(r, final_step);
+    if (!print_run_end(r, final_step) && exit_status == 0) exit_status = 1;
     checkpoint_teardown(r.checkpoints, r.m);
     cudaCheck(cudaEventDestroy(r.start));
     cudaCheck(cudaEventDestroy(r.end));
