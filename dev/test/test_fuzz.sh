@@ -194,12 +194,14 @@ for k in (0, 7, 27, 45, 150):
 
 # Training state for fuzz_train_state (step 3, rank 0 of 1, 4 parameters; llmc/train_state.h):
 # header [0]=20240528 [1]=version [2]=step [3]=rank [4]=world [5]=AdamW updates [6]=master weights
-# [8..9]=n [10]=FP8 history entries [11]=its steps (version 4 on), checksummed; then the host state
+# [8..9]=n [10]=FP8 history entries [11]=its steps (version 4 on) [12]=the matrices' optimizer
+# [13..14]=the training data's tokens, checksummed; then the host state
 # (two RngStates of 2512 bytes, a DataLoaderState of 2608 bytes, 2584 before version 5, two
 # OutlierStates), m, v, the master weights and the FP8 history (uint32).
-def train_state(master, updates, version=5, fp8_entries=0, fp8_steps=0):
+def train_state(master, updates, version=5, fp8_entries=0, fp8_steps=0, optimizer=0, data_tokens=0):
     n, host_bytes = 4, 2 * 2512 + (2608 if version >= 5 else 2584) + 2 * 8216
-    head = header(20240528, version, 3, 0, 1, updates, int(master), 0, n, 0, fp8_entries, fp8_steps)
+    head = header(20240528, version, 3, 0, 1, updates, int(master), 0, n, 0, fp8_entries, fp8_steps, optimizer,
+                  data_tokens & 0xFFFFFFFF, data_tokens >> 32)
     moments = struct.pack("<%df" % ((3 if master else 2) * n), *[0.25 * i for i in range((3 if master else 2) * n)])
     history = struct.pack("<%dI" % fp8_entries, *[0x3f800000 + 977 * i for i in range(fp8_entries)])
     return with_checksum(head + bytes(host_bytes) + moments + history)
@@ -209,6 +211,7 @@ seed("train_state", "no_master", train_state(False, 0))
 seed("train_state", "fp8_history", train_state(True, 3, fp8_entries=6, fp8_steps=2))
 seed("train_state", "version_4", train_state(True, 3, version=4, fp8_entries=6, fp8_steps=2))
 seed("train_state", "version_3", train_state(True, 3, version=3))
+seed("train_state", "muon_data", train_state(True, 3, optimizer=2, data_tokens=5 << 32 | 2048))
 
 # Rendezvous record for fuzz_rendezvous (4 processes, run token 1234.0.0; llmc/rendezvous.h):
 # uint32 magic "RDV1", process count, sender's rank, status; the token in 65 bytes, NUL-padded;
