@@ -327,10 +327,13 @@ class ShardOrder {
   }
 
   // Fails unless `s`'s epoch and shard are a position of the order and the loader's own part of
-  // its position is valid (`own_ok`; `own` names it, in the message after the shard).
+  // its position is valid (`own_ok`; `own` names it, in the message after the shard). No run
+  // reaches 2^62 epochs (each takes a batch at least), and the next epoch's count must not overflow.
   void require_position(const DataLoaderState& s, bool own_ok = true,
                         const std::string& own = "") const {
-    if (s.epoch < 0 || s.shard_position < 0 || s.shard_position >= s.num_shards || !own_ok) {
+    constexpr int64_t kEpochLimit = int64_t(1) << 62;
+    if (s.epoch < 0 || s.epoch >= kEpochLimit || s.shard_position < 0 || s.shard_position >= s.num_shards ||
+        !own_ok) {
       dataloader_detail::fail_corrupt_state(strformat(
           "position (epoch %lld, shard %lld of %lld%s)", (long long)s.epoch,
           (long long)s.shard_position, (long long)s.num_shards, own.c_str()));

@@ -231,6 +231,10 @@ void test_state_restore() {
   s.batch_position = 100;
   check_throws([&] { loader.restore(s); }, "corrupt position", "restore of a bad batch position");
   s = loader.state();
+  s.epoch = INT64_MAX;  // the next epoch's count would overflow
+  check_throws([&] { loader.restore(s); }, "corrupt position (epoch 9223372036854775807,",
+               "restore of an epoch no run reaches");
+  s = loader.state();
   s.order = llmc::DataOrder::kDocuments;
   check_throws([&] { loader.restore(s); },
                "the checkpoint read document-aligned sequences, this run reads contiguous batches; "
