@@ -212,8 +212,7 @@ inline TrainState checkpoint_train_state(const std::string& dir, const TrainStat
   auto state_path = [&](int rank) { return checkpoint_path(dir, "state", expected.step, rank); };
   int updates = 0;
   *written = train_state_read_id(state_path(0), &updates, remedy);
-  require_same_matrix_optimizer(state_path(0).c_str(), *written, expected);
-  require_same_data_tokens(state_path(0).c_str(), *written, expected);
+  require_same_run(state_path(0).c_str(), *written, expected);
   if (written->world == expected.world && written->zero_stage == expected.zero_stage) {
     return train_state_load(state_path(expected.rank), expected, remedy, into);
   }

@@ -68,26 +68,22 @@ inline const char* matrix_optimizer_name(int optimizer) {
   return optimizer == kMatrixOptimizerMuon ? "muon" : optimizer == kMatrixOptimizerAdamw ? "adamw" : "unrecorded";
 }
 
-// Fails where the state file at path was written with another optimizer for the blocks' matrices
-// than `expected` runs: Muon's momentum would be read as AdamW's first moment, or the reverse.
-inline void require_same_matrix_optimizer(const char* path, const TrainStateId& written,
-                                          const TrainStateId& expected) {
-  if (written.matrix_optimizer == kMatrixOptimizerUnrecorded ||
-      expected.matrix_optimizer == kMatrixOptimizerUnrecorded ||
-      written.matrix_optimizer == expected.matrix_optimizer) {
-    return;
+// Fails where the state file at path was written by a run that `expected` cannot continue, as far
+// as both record it (0: not recorded): another optimizer for the blocks' matrices (Muon's momentum
+// would be read as AdamW's first moment, or the reverse), or training data of another size (the
+// loader's position would be taken in other text; another shard count fails in the loader itself).
+inline void require_same_run(const char* path, const TrainStateId& written, const TrainStateId& expected) {
+  if (written.matrix_optimizer != kMatrixOptimizerUnrecorded &&
+      expected.matrix_optimizer != kMatrixOptimizerUnrecorded &&
+      written.matrix_optimizer != expected.matrix_optimizer) {
+    LLMC_FAIL("%s: written with -opt %s for the blocks' matrices, but this run has -opt %s: resume with -opt %s",
+              path, matrix_optimizer_name(written.matrix_optimizer),
+              matrix_optimizer_name(expected.matrix_optimizer), matrix_optimizer_name(written.matrix_optimizer));
   }
-  LLMC_FAIL("%s: written with -opt %s for the blocks' matrices, but this run has -opt %s: resume with -opt %s",
-            path, matrix_optimizer_name(written.matrix_optimizer),
-            matrix_optimizer_name(expected.matrix_optimizer), matrix_optimizer_name(written.matrix_optimizer));
-}
-
-// Fails where the state file at path was written over training data of another size: its loader
-// position would be taken in other text (a change of the shard count fails in the loader itself).
-inline void require_same_data_tokens(const char* path, const TrainStateId& written, const TrainStateId& expected) {
-  if (written.data_tokens == 0 || expected.data_tokens == 0 || written.data_tokens == expected.data_tokens) return;
-  LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
-            "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
+  if (written.data_tokens != 0 && expected.data_tokens != 0 && written.data_tokens != expected.data_tokens) {
+    LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
+              "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
+  }
 }
 
 // Delayed FP8 scaling's state: the amaxes of the last steps (FP32 bits, as the trainer lays them
@@ -288,10 +284,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   if (id.data_tokens < 0) {
     LLMC_FAIL("%s: training data of %lld tokens: the header is damaged; %s", path, (long long)id.data_tokens, remedy);
   }
-  if (expected) {
-    require_same_matrix_optimizer(path, id, *expected);
-    require_same_data_tokens(path, id, *expected);
-  }
+  if (expected) require_same_run(path, id, *expected);
   return id;
 }
 

@@ -20,19 +20,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     id.step = 3;
     id.num_params = 4;
     id.master_weights = master_weights;
-    llmc::TrainState s;
+    llmc::TrainStateFile file;
     try {
-      s = llmc::train_state_load(path, id, "test");
+      file = llmc::train_state_detail::read(path, &id, "test");
     } catch (const llmc::Error&) {
       continue;
     }
+    const llmc::TrainState& s = file.state;
     fuzz::require(s.optimizer_steps >= 0 && s.optimizer_steps <= id.step,
                   "an accepted state has 0..step AdamW updates");
     // The fields this id leaves unrecorded (any value loads) are rewritten as the file has them.
-    int updates = 0;
-    const llmc::TrainStateId written = llmc::train_state_read_id(path, &updates, "test");
-    id.matrix_optimizer = written.matrix_optimizer;
-    id.data_tokens = written.data_tokens;
+    id.matrix_optimizer = file.id.matrix_optimizer;
+    id.data_tokens = file.id.data_tokens;
     llmc::train_state_save(rewritten.path(), id, s.optimizer_steps, s.host, s.adam_m.data(),
                            s.adam_v.data(), master_weights ? s.master.data() : nullptr, s.fp8);
     int version = 0;
