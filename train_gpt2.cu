@@ -131,6 +131,17 @@ inline void cublas_check(cublasStatus_t status, const char* file, int line) {
     if (!(cond)) LLMC_FAIL(__VA_ARGS__); \
   } while (0)
 
+// Dynamic shared memory a block may opt into on this GPU, queried once.
+inline int shared_memory_optin() {
+  static const int bytes = [] {
+    int device = 0, optin = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return optin;
+  }();
+  return bytes;
+}
+
 // Device allocations go through here so that running out of memory says how much was asked
 // for, how much is free, and what to change. The sizes are kept so that the trainer can report
 // its peak memory, the figure PyTorch's max_memory_allocated gives for the peer.
@@ -3143,23 +3154,27 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(const floatX* tile, uint32_
       "+f"(d[(i) + 3][1]), "+f"(d[(i) + 3][2]), "+f"(d[(i) + 3][3])
 
 // d[64 x N] += a[64 x 16] b[16 x N] over the warpgroup, for N = 32 or 64. kTransposeB: b is
-// N-major (16 rows of a [K][N] tile) rather than K-major (a [N][K] tile).
+// N-major (16 rows of a [K][N] tile) rather than K-major (a [N][K] tile). accumulate false (known
+// at run time) ignores d's old values, so d needs no zeroing.
 template <int N, int kTransposeB>
-__device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a[4], uint64_t b) {
+__device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a[4], uint64_t b,
+                                             bool accumulate = true) {
   static_assert(N == 32 || N == 64, "wgmma_m64k16 is written for N = 32 and 64");
   if constexpr (N == 64) {
     asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %38, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-        "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n"
+        "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, accumulate, 1, 1, %37;\n}\n"
         : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB), "r"((int)accumulate));
   } else {
     asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %22, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, %21;\n"
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, accumulate, 1, 1, %21;\n}\n"
         : FLASH_WGMMA_ACC4(d, 0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB), "r"((int)accumulate));
   }
 }
 
@@ -3190,13 +3205,17 @@ __device__ __forceinline__ void mma_batch_begin() {
 #if FLASH_WGMMA
 // The two halves of mma_batch_end, for a kernel with work between issuing a batch and its results.
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kRunning of this warpgroup's committed batches are still running.
+template <int kRunning>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kRunning) : "memory");
+}
 #endif
 
 __device__ __forceinline__ void mma_batch_end() {
 #if FLASH_WGMMA
   wgmma_commit();
-  wgmma_wait_all();
+  wgmma_wait<0>();
 #endif
 }
 
@@ -3863,7 +3882,7 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
   }
   wgmma_commit();
   turns.pass(last_tile && !kValueTurns);
-  wgmma_wait_all();
+  wgmma_wait<0>();
   mma_result<KEYS / 8>(s);
   if (kMask) {
 #pragma unroll
@@ -3931,7 +3950,7 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
   }
   wgmma_commit();
   if (kValueTurns) turns.pass(last_tile);
-  wgmma_wait_all();
+  wgmma_wait<0>();
   mma_result<HS / 8>(o);
 }
 #endif
@@ -4573,30 +4592,77 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
 // dP^T = V dO^T read from shared memory, P^T and dS^T as A fragments for dV += P^T dO and
 // dK += dS^T Q. Both warpgroups read every stage (warpgroup 1 skips the products of the key
 // block's first query tile, all of whose queries precede its keys), and the last warp done with
-// a stage starts its refill, as in the forward. Tiles in the Hopper forward's layout: 64-column
-// chunks of all the tile's rows, one after another.
+// a stage starts its refill, as in the forward. A tile's dV and dK products still run when the
+// next tile's S^T and dP^T are issued. Tiles in the Hopper forward's layout: 64-column chunks of
+// all the tile's rows, one after another. Nothing in the loop reads global memory:
+// which query blocks see the key block, and through a mask, is worked out once at the start
+// (one byte a query block, all threads at once), and each stage brings its queries' documents.
 constexpr int kTmaWindowDkdvStages = 2;
 
 template <int HS>
-constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse and dot, to 1 KiB
-  return (2 * kTileRows * HS * sizeof(floatX) + 2 * kTileRows * sizeof(float) + 1023) / 1024 * 1024;
+constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot and documents, to 1 KiB
+  return (2 * kTileRows * HS * sizeof(floatX) + 2 * kTileRows * sizeof(float) + kTileRows * sizeof(int) + 1023) /
+         1024 * 1024;
 }
-template <int HS>
-constexpr size_t tma_window_dkdv_smem_bytes() {
-  return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * tma_window_dkdv_stage_bytes<HS>() +
-         (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + kTmaWindowDkdvStages * sizeof(int);
+// The views of the key block from the query blocks that may see it: max(window, 1) of them.
+inline size_t tma_window_dkdv_smem_bytes(int HS, int window, int T) {
+  const size_t stage_bytes = HS == 64 ? tma_window_dkdv_stage_bytes<64>() : tma_window_dkdv_stage_bytes<128>();
+  const size_t views = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
+  return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * stage_bytes +
+         (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + kTmaWindowDkdvStages * sizeof(int) + (views + 15) / 16 * 16;
 }
 
-// acc[64 x HS] += a (64 x 64 as A fragments, K = the stage's 64 queries) times a 64-row stage
-// tile (an MN-major [64][HS] operand in the forward's layout, its chunks 8 KiB apart).
+// Element (r, col) of a 64-row part of a tile in shared memory held as 64-column chunks of
+// chunk_rows rows of 128 bytes, the 16-byte units of row r in the order unit ^ (r % 8): a warp's
+// fragments (8 rows, 4 lanes a row) and 8 lanes' units of a row each meet every bank once.
+__device__ __forceinline__ int staged_offset(int r, int col, int chunk_rows) {
+  return (col / 64) * chunk_rows * 64 + r * 64 + (((col % 64) / 8) ^ (r % 8)) * 8 + col % 8;
+}
+
+// A warpgroup's accumulators (64 rows of HS, C fragments), times scale and rounded, into its part
+// of a tile in shared memory (staged_offset's layout).
+template <int HS>
+__device__ __forceinline__ void stage_rows(floatX* tile, int chunk_rows, const float acc[HS / 8][4], float scale) {
+  const int lane = threadIdx.x % WARP_SIZE, r = warp_in_group() * 16 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int dn = 0; dn < HS / 8; dn++) {
+    const int col = dn * 8 + 2 * t;
+    *reinterpret_cast<uint32_t*>(tile + staged_offset(r, col, chunk_rows)) =
+        pack_bf16x2(acc[dn][0] * scale, acc[dn][1] * scale);
+    *reinterpret_cast<uint32_t*>(tile + staged_offset(r + 8, col, chunk_rows)) =
+        pack_bf16x2(acc[dn][2] * scale, acc[dn][3] * scale);
+  }
+}
+
+// The 64 rows that stage_rows wrote, from row0 of dst (leading dimension ld) on, rows >= T left
+// out: 16 bytes a lane, consecutive lanes along a row.
+template <int HS>
+__device__ __forceinline__ void store_staged_rows(floatX* dst, size_t ld, int row0, int T, const floatX* tile,
+                                                  int chunk_rows) {
+  constexpr int kUnitsPerRow = HS / 8;
+#pragma unroll
+  for (int k = threadIdx.x % kThreads; k < kTileRows * kUnitsPerRow; k += kThreads) {
+    const int r = k / kUnitsPerRow, col = k % kUnitsPerRow * 8;
+    if (row0 + r < T) {
+      *reinterpret_cast<int4*>(dst + (size_t)(row0 + r) * ld + col) =
+          *reinterpret_cast<const int4*>(tile + staged_offset(r, col, chunk_rows));
+    }
+  }
+}
+
+// acc[64 x HS] (+)= a (64 x 64 as A fragments, K = the stage's 64 queries) times a 64-row stage
+// tile (an MN-major [64][HS] operand in the forward's layout, its chunks 8 KiB apart); without
+// accumulate, acc's old values are ignored.
 template <int HS>
 __device__ __forceinline__ void issue_accumulate_stage_tile(float acc[HS / 8][4], const uint32_t a[kTileRows / 16][4],
-                                                            uint64_t desc) {
+                                                            uint64_t desc, bool accumulate) {
 #if FLASH_WGMMA
 #pragma unroll
   for (int kk = 0; kk < kTileRows / 16; kk++) {
 #pragma unroll
-    for (int c = 0; c < HS / 64; c++) wgmma_m64k16<64, 1>(acc + c * 8, a[kk], desc + (c * kTileRows * 128 + kk * 2048) / 16);
+    for (int c = 0; c < HS / 64; c++) {
+      wgmma_m64k16<64, 1>(acc + c * 8, a[kk], desc + (c * kTileRows * 128 + kk * 2048) / 16, accumulate || kk > 0);
+    }
   }
 #endif
 }
@@ -4617,16 +4683,21 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
   uint64_t* kv_full = full + kStages;
   int* done_warps = reinterpret_cast<int*>(kv_full + 1);  // per stage, over all its fills
+  // Per query block from the key block's own on: kSees if it sees the key block, kMasked if
+  // through the mask.
+  unsigned char* views = reinterpret_cast<unsigned char*>(done_warps + kStages);
+  constexpr unsigned char kSees = 1, kMasked = 2;
   const int key_block = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int t = lane % 4, C = NH * HS, kv_tile = key_block * kTilesPerAttentionBlock + group;
   // The query tiles in order: both of each query block that sees the key block.
   const int end = pairs.query_end(kv_tile) / kTileRows;
+  auto view = [&](int i) { return views[i / kTilesPerAttentionBlock - key_block]; };
   auto next_tile = [&](int i) {
     if (i % kTilesPerAttentionBlock == 0) return i + 1;
     do {
       i += kTilesPerAttentionBlock - 1;
-    } while (i < end && !pairs.sees(b, i * kTileRows, kv_tile));
+    } while (i < end && !(view(i) & kSees));
     return i;
   };
   auto load_query_tile = [&](int i, int n) {  // tile i as the n-th, into stage n % kStages
@@ -4634,7 +4705,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     floatX* q_tile = reinterpret_cast<floatX*>(stages + stage * kStageBytes);
     floatX* do_tile = q_tile + kTileRows * HS;
     float* lse_tile = reinterpret_cast<float*>(do_tile + kTileRows * HS);
-    barrier_expect_bytes(&full[stage], 2 * kQTileBytes + 2 * kTileRows * sizeof(float));
+    int* docs_tile = reinterpret_cast<int*>(lse_tile + 2 * kTileRows);
+    barrier_expect_bytes(&full[stage], 2 * kQTileBytes + 2 * kTileRows * sizeof(float) + kTileRows * sizeof(int));
 #pragma unroll
     for (int c = 0; c < kChunks; c++) {
       tma_load_box(q_tile + c * kTileRows * 64, &qkv_map, h * HS + c * 64, i * kTileRows, b, &full[stage]);
@@ -4642,6 +4714,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     }
     tma_load_box_2d(lse_tile, &lse_map, i * kTileRows, bh, &full[stage]);
     tma_load_box_2d(lse_tile + kTileRows, &dot_map, i * kTileRows, bh, &full[stage]);
+    bulk_copy_to_shared(docs_tile, pairs.dw.documents + (size_t)b * T + i * kTileRows, kTileRows * sizeof(int),
+                        &full[stage]);
   };
   const int first = key_block * kTilesPerAttentionBlock;  // the key block's own query tiles see it
   if (threadIdx.x == 0) {
@@ -4656,16 +4730,38 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
         tma_load_box(v_s + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, key_block * kKeys + r, b, kv_full);
       }
     }
-    for (int i = first, n = 0; n < kStages && i < end; i = next_tile(i), n++) load_query_tile(i, n);
+    static_assert(kStages <= kTilesPerAttentionBlock, "the first stages hold the key block's own query tiles");
+    for (int n = 0; n < kStages; n++) load_query_tile(first + n, n);
   }
-  __syncthreads();  // the barriers are initialised before anyone waits on them
+  for (int d = threadIdx.x; d < end / kTilesPerAttentionBlock - key_block; d += blockDim.x) {
+    const int q0 = (key_block + d) * kKeys;
+    views[d] = (pairs.sees(b, q0, kv_tile) ? kSees : 0) | (pairs.masks(b, q0, kv_tile) ? kMasked : 0);
+  }
+  __syncthreads();  // the barriers and the views are ready before anyone uses them
 
   // This warpgroup's 64 keys: rows 64 * group of the K and V tiles (K-major A operands).
   const uint64_t k_desc = wgmma_descriptor(k_s + group * kTileRows * 64, 16, 1024);
   const uint64_t v_desc = wgmma_descriptor(v_s + group * kTileRows * 64, 16, 1024);
-  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  // dK and dV start from their first tile's products, not from zeros: a zeroing before the loop
+  // would make the compiler wait for each batch of products before the next (its products run
+  // on across the loop's turns). Every warpgroup has a first tile: its key tile's own queries.
+  float dk[HS / 8][4], dv[HS / 8][4];
   const int kv_row[2] = {kv_tile * kTileRows + warp * 16 + lane / 4, kv_tile * kTileRows + warp * 16 + lane / 4 + 8};
   const int kv_doc[2] = {pairs.key_document(b, kv_row[0]), pairs.key_document(b, kv_row[1])};
+  // A warp done with tile i (the n-th) counts itself out of its stage; the stage's last reader
+  // starts the copies of the tile kStages further into it.
+  auto release_stage = [&](int i, int n) {
+    if (lane != 0) return;
+    int refill = next_tile(i);
+    for (int k = 1; k < kStages && refill < end; k++) refill = next_tile(refill);
+    if (refill < end) {
+      __threadfence_block();
+      if (atomicAdd(&done_warps[n % kStages], 1) + 1 == (n / kStages + 1) * kWarps) load_query_tile(refill, n + kStages);
+    }
+  };
+  // A tile's dV and dK products still run, reading its stage, when the next tile's S^T and dP^T are
+  // issued, so the tensor cores go from one batch to the next with no wait between them.
+  int running_i = -1, running_n = 0;  // the tile whose dV and dK products are in flight, if any
   barrier_wait(kv_full, 0);
   for (int i = first, n = 0; i < end; i = next_tile(i), n++) {
     const int stage = n % kStages;
@@ -4673,6 +4769,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     const floatX* q_tile = reinterpret_cast<const floatX*>(stages + stage * kStageBytes);
     const floatX* do_tile = q_tile + kTileRows * HS;
     const float* lse_tile = reinterpret_cast<const float*>(do_tile + kTileRows * HS);
+    const int* docs_tile = reinterpret_cast<const int*>(lse_tile + 2 * kTileRows);
     if (i >= kv_tile) {
       const uint64_t q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
       float p[kTileRows / 8][4], dp[kTileRows / 8][4];
@@ -4691,16 +4788,23 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
           wgmma_shared_m64k16<kTileRows, true>(dp, v_desc + key_step, do_desc + query_step);
         }
       }
-      mma_batch_end();
+      wgmma_commit();
+      if (running_i >= 0) {
+        wgmma_wait<1>();
+        mma_result<HS / 8>(dv);
+        mma_result<HS / 8>(dk);
+        release_stage(running_i, running_n);
+      }
+      wgmma_wait<0>();
       mma_result<kTileRows / 8>(p);
       mma_result<kTileRows / 8>(dp);
-      if (pairs.masks(b, i * kTileRows, kv_tile)) {  // a hidden key: score -inf, probability 0
+      if (view(i) & kMasked) {  // a hidden key: score -inf, probability 0
 #pragma unroll
         for (int nn = 0; nn < kTileRows / 8; nn++) {
 #pragma unroll
           for (int e = 0; e < 4; e++) {
-            const int q = i * kTileRows + nn * 8 + 2 * t + e % 2;
-            if (pairs.hidden(b, q, kv_row[e / 2], kv_doc[e / 2])) p[nn][e] = -INFINITY;
+            const int c = nn * 8 + 2 * t + e % 2;
+            if (i * kTileRows + c < kv_row[e / 2] || docs_tile[c] != kv_doc[e / 2]) p[nn][e] = -INFINITY;
           }
         }
       }
@@ -4710,26 +4814,30 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
       scores_to_fragments<kTileRows>(p_frag, p);
       scores_to_fragments<kTileRows>(ds_frag, dp);
       mma_batch_begin();
-      issue_accumulate_stage_tile<HS>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024));
-      issue_accumulate_stage_tile<HS>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024));
-      mma_batch_end();
-      mma_result<HS / 8>(dv);
-      mma_result<HS / 8>(dk);
-    }
-    // This warp is done with the stage; the last of its readers starts the tile kStages further.
-    if (lane == 0) {
-      int refill = next_tile(i);
-      for (int k = 1; k < kStages && refill < end; k++) refill = next_tile(refill);
-      if (refill < end) {
-        __threadfence_block();
-        if (atomicAdd(&done_warps[stage], 1) + 1 == (n / kStages + 1) * kWarps) load_query_tile(refill, n + kStages);
-      }
+      issue_accumulate_stage_tile<HS>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024), running_i >= 0);
+      issue_accumulate_stage_tile<HS>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024), running_i >= 0);
+      wgmma_commit();
+      running_i = i;
+      running_n = n;
+    } else {
+      release_stage(i, n);
     }
   }
+  wgmma_wait<0>();
+  mma_result<HS / 8>(dv);
+  mma_result<HS / 8>(dk);
+  // dK and dV leave through this warpgroup's rows of the K and V tiles, which no product reads any
+  // more: the fragments into them, then whole rows out in 16-byte stores (the fragments' own stores
+  // would be 4 bytes each, 16 times as many, and the block's end waits for all of them).
+  floatX* dk_s = k_s + group * kTileRows * 64;
+  floatX* dv_s = v_s + group * kTileRows * 64;
+  stage_rows<HS>(dk_s, kKeys, dk, scale);
+  stage_rows<HS>(dv_s, kKeys, dv, 1.0f);
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(kThreads) : "memory");  // this warpgroup's rows are in
   const size_t ld = 3 * (size_t)C;
   floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
-  store_rows<HS>(dk_g, ld, kv_tile * kTileRows + warp * 16, T, dk, scale, scale);
-  store_rows<HS>(dk_g + C, ld, kv_tile * kTileRows + warp * 16, T, dv, 1.0f, 1.0f);
+  store_staged_rows<HS>(dk_g, ld, kv_tile * kTileRows, T, dk_s, kKeys);
+  store_staged_rows<HS>(dk_g + C, ld, kv_tile * kTileRows, T, dv_s, kKeys);
 #else
   __trap();  // launched only where hopper_support().usable
 #endif
@@ -4916,7 +5024,7 @@ void set_smem_limits() {
     cudaCheck(cudaFuncSetAttribute(attention_forward_window_tma_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)tma_window_forward_smem_bytes<HS>()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_window_dkdv_tma_kernel<HS>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_window_dkdv_smem_bytes<HS>()));
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, shared_memory_optin()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
@@ -5092,7 +5200,12 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
   // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other.
   if (hopper_support().usable && !tile_sums) {
     const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
-    attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, tma_window_dkdv_smem_bytes<HS>(), stream>>>(
+    const size_t smem = tma_window_dkdv_smem_bytes(HS, dw.window, T);
+    REQUIRE(smem <= (size_t)shared_memory_optin(),
+            "attention: a window of %d blocks at T = %d needs %zu bytes of shared memory a block, more than the "
+            "GPU's %d; use a shorter window or sequence",
+            dw.window, T, smem, shared_memory_optin());
+    attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, smem, stream>>>(
         sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
         row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2,
         scale, pairs);
@@ -5652,7 +5765,7 @@ const ClassifierLimits& classifier_limits() {
     ClassifierLimits l;
     int device = 0, major = 0;
     cudaCheck(cudaGetDevice(&device));
-    cudaCheck(cudaDeviceGetAttribute(&l.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    l.max_shared = shared_memory_optin();
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     l.clusters = major >= 9;
     return l;
