@@ -3135,15 +3135,24 @@ __device__ __forceinline__ void load_row_fragments(uint32_t a[HS / 16][4], const
   for (int kk = 0; kk < HS / 16; kk++) load_a_fragment<HS>(a[kk], tile, warp * 16, kk * 16);
 }
 
+// A wgmma shared-memory descriptor, as its two 32-bit words. An offset (in 16-byte units) adds to
+// the low word alone, which holds the address: shared memory below 256 KiB never carries out of
+// it. Added as one 64-bit value, it took an add with carry and two moves to uniform registers for
+// every product, a fifth of a tile's instructions in the windowed dK/dV kernel.
+struct WgmmaDescriptor {
+  uint32_t lo, hi;
+  __device__ WgmmaDescriptor operator+(uint32_t units) const { return {lo + units, hi}; }
+  __device__ uint64_t bits() const { return (uint64_t)hi << 32 | lo; }
+};
+
 #if FLASH_WGMMA
-// A wgmma shared-memory descriptor of part of a tile (128-byte swizzle): its address, the byte
-// distance between atoms along the leading dimension (N for an MN-major operand; unused for a
-// K-major one) and between 8-row groups.
-__device__ __forceinline__ uint64_t wgmma_descriptor(const floatX* tile, uint32_t leading_bytes,
-                                                     uint32_t stride_bytes) {
+// The descriptor of part of a tile (128-byte swizzle): its address, the byte distance between
+// atoms along the leading dimension (N for an MN-major operand; unused for a K-major one) and
+// between 8-row groups.
+__device__ __forceinline__ WgmmaDescriptor wgmma_descriptor(const floatX* tile, uint32_t leading_bytes,
+                                                            uint32_t stride_bytes) {
   const uint32_t addr = (uint32_t)__cvta_generic_to_shared(tile);
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(leading_bytes >> 4) << 16 |
-         (uint64_t)(stride_bytes >> 4) << 32 | (uint64_t)1 << 62;
+  return {((addr & 0x3FFFF) >> 4) | (leading_bytes >> 4) << 16, (stride_bytes >> 4) | 1u << 30};
 }
 
 // The asm operands of accumulator fragments d[i] .. d[i + 3] (16 floats, in wgmma's order).
@@ -3157,7 +3166,7 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(const floatX* tile, uint32_
 // N-major (16 rows of a [K][N] tile) rather than K-major (a [N][K] tile). accumulate false (known
 // at run time) ignores d's old values, so d needs no zeroing.
 template <int N, int kTransposeB>
-__device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a[4], uint64_t b,
+__device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a[4], WgmmaDescriptor b,
                                              bool accumulate = true) {
   static_assert(N == 32 || N == 64, "wgmma_m64k16 is written for N = 32 and 64");
   if constexpr (N == 64) {
@@ -3167,14 +3176,14 @@ __device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
         "%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, accumulate, 1, 1, %37;\n}\n"
         : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB), "r"((int)accumulate));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b.bits()), "n"(kTransposeB), "r"((int)accumulate));
   } else {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %22, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, accumulate, 1, 1, %21;\n}\n"
         : FLASH_WGMMA_ACC4(d, 0)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransposeB), "r"((int)accumulate));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b.bits()), "n"(kTransposeB), "r"((int)accumulate));
   }
 }
 
@@ -3776,7 +3785,7 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 // d[64 x N] (+)= a[64 x 16] b[16 x N] over the warpgroup, both operands K-major in shared
 // memory, for N = 64 or 128. kAccumulate false ignores d's old values, so d needs no zeroing.
 template <int N, bool kAccumulate>
-__device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], WgmmaDescriptor a, WgmmaDescriptor b) {
   static_assert(N == 64 || N == 128, "wgmma_shared_m64k16 is written for N = 64 and 128");
   if constexpr (N == 64) {
     asm volatile(
@@ -3785,7 +3794,7 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t 
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
         "%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
         : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4)
-        : "l"(a), "l"(b), "n"((int)kAccumulate));
+        : "l"(a.bits()), "l"(b.bits()), "n"((int)kAccumulate));
   } else {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
@@ -3795,7 +3804,7 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], uint64_t 
         "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, "
         "accumulate, 1, 1, 0, 0;\n}\n"
         : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4), FLASH_WGMMA_ACC4(d, 8), FLASH_WGMMA_ACC4(d, 12)
-        : "l"(a), "l"(b), "n"((int)kAccumulate));
+        : "l"(a.bits()), "l"(b.bits()), "n"((int)kAccumulate));
   }
 }
 #endif
@@ -3862,8 +3871,8 @@ struct DocumentMask {
 // first) are masked as `mask` says. turns: the warpgroup's turns at issuing products, the last of
 // them in this tile if last_tile.
 template <int HS, int kTileKeys, int KEYS, bool kMask, class Mask = CausalMask>
-__device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2], float row_sum[2], uint64_t q_desc,
-                                             uint64_t k_desc, uint64_t v_desc, int key0, const int row[2],
+__device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2], float row_sum[2], WgmmaDescriptor q_desc,
+                                             WgmmaDescriptor k_desc, WgmmaDescriptor v_desc, int key0, const int row[2],
                                              float scale_log2, const ProductTurns& turns, bool last_tile,
                                              const Mask& mask = Mask()) {
   constexpr int kChunks = HS / 64;
@@ -3875,8 +3884,8 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
 #pragma unroll
   for (int kk = 0; kk < HS / 16; kk++) {
     // K columns 16kk.. : chunk kk / 4, 32 bytes further into the rows per step within it.
-    const uint64_t q_step = (kk / 4) * (kTileRows * 128 / 16) + (kk % 4) * 2;
-    const uint64_t k_step = (kk / 4) * (kTileKeys * 128 / 16) + (kk % 4) * 2;
+    const uint32_t q_step = (kk / 4) * (kTileRows * 128 / 16) + (kk % 4) * 2;
+    const uint32_t k_step = (kk / 4) * (kTileKeys * 128 / 16) + (kk % 4) * 2;
     if (kk == 0) wgmma_shared_m64k16<KEYS, false>(s, q_desc + q_step, k_desc + k_step);
     else wgmma_shared_m64k16<KEYS, true>(s, q_desc + q_step, k_desc + k_step);
   }
@@ -4023,9 +4032,9 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
   // Descriptors (128-byte swizzle, 1024 bytes between 8-row groups), advanced by adding byte
   // offsets / 16 to their address field. Value tiles are MN-major, their 64-column chunks
   // kKeys * 128 bytes apart.
-  const uint64_t q_desc = wgmma_descriptor(q_s + group * kTileRows * HS, 16, 1024);
-  const uint64_t kv_desc = wgmma_descriptor(kv_s, 16, 1024);
-  const uint64_t v_desc0 = wgmma_descriptor(kv_s + kKeys * HS, kKeys * 128, 1024);
+  const WgmmaDescriptor q_desc = wgmma_descriptor(q_s + group * kTileRows * HS, 16, 1024);
+  const WgmmaDescriptor kv_desc = wgmma_descriptor(kv_s, 16, 1024);
+  const WgmmaDescriptor v_desc0 = wgmma_descriptor(kv_s + kKeys * HS, kKeys * 128, 1024);
   // Both warpgroups run to the block's last key tile (it holds keys of rows of each, or for rows
   // past T, of the block's last row), so they take the same number of turns.
   const ProductTurns turns{group, group == 1};
@@ -4034,7 +4043,7 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
   for (int j = 0; j <= group_last_tile; j++) {
     const int stage = j % kStages;
     barrier_wait(&full[stage], (j / kStages) & 1);
-    const uint64_t k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+    const WgmmaDescriptor k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
     // Warpgroup 0's diagonal tile has keys for its rows in its first 64 rows only.
     if (j < group_last_tile) {
       forward_tile<HS, kKeys, kKeys, false>(o, row_max, row_sum, q_desc, k_desc, v_desc, j * kKeys, row, scale_log2,
@@ -4207,8 +4216,8 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
   const int blocks = T / kKeys, C = NH * HS;
   const ProductTurns turns{group, false};
   if (group == 1) turns.pass(false);  // warpgroup 0 goes first
-  const uint64_t kv_desc = wgmma_descriptor(sm.kv_s, 16, 1024);
-  const uint64_t v_desc0 = wgmma_descriptor(sm.kv_s + kKeys * HS, kKeys * 128, 1024);
+  const WgmmaDescriptor kv_desc = wgmma_descriptor(sm.kv_s, 16, 1024);
+  const WgmmaDescriptor v_desc0 = wgmma_descriptor(sm.kv_s + kKeys * HS, kKeys * 128, 1024);
   for (int k = 0, n = 0;; k++) {
     const int buf = k % 2;
     barrier_wait(&sm.q_full[buf], (k / 2) & 1);
@@ -4217,14 +4226,14 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
     const int q_block = item.index % blocks, bh = item.index / blocks, b = bh / NH, h = bh % NH;
     const int q0 = q_block * kKeys + group * kTileRows;
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
-    const uint64_t q_desc = wgmma_descriptor(sm.q_s + (buf * kTmaForwardGroups + group) * kTileRows * HS, 16, 1024);
+    const WgmmaDescriptor q_desc = wgmma_descriptor(sm.q_s + (buf * kTmaForwardGroups + group) * kTileRows * HS, 16, 1024);
     float o[HS / 8][4] = {};
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     int row_doc[2];
     for (int i = 0; i < item.tiles; i++, n++) {
       const int stage = n % kStages, key0 = (q_block - i) * kKeys;
       barrier_wait(&sm.full[stage], (n / kStages) & 1);
-      const uint64_t k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+      const WgmmaDescriptor k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
       const int* key_docs = sm.docs_s + stage * kKeys;
       if (i == 0) {  // the query block's own keys: their documents are its rows'
         row_doc[0] = key_docs[row[0] - key0];
@@ -4534,7 +4543,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
 
-  const uint64_t k_desc = wgmma_descriptor(k_s, 16, 1024), v_desc = wgmma_descriptor(v_s, 16, 1024);
+  const WgmmaDescriptor k_desc = wgmma_descriptor(k_s, 16, 1024), v_desc = wgmma_descriptor(v_s, 16, 1024);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
   const int kv_row[2] = {kv0 + warp * 16 + g, kv0 + warp * 16 + g + 8};
   barrier_wait(kv_full, 0);
@@ -4545,7 +4554,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
     const floatX* do_tile = q_tile + kQRows * HS;
     const float* lse_tile = reinterpret_cast<const float*>(do_tile + kQRows * HS);
     const float* dot_tile = lse_tile + kQRows;
-    const uint64_t q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
+    const WgmmaDescriptor q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
     // S^T and dP^T, then dV and dK, are independent pairs: one batch each.
     float p[kQRows / 8][4], dp[kQRows / 8][4];
     mma_batch_begin();
@@ -4655,7 +4664,7 @@ __device__ __forceinline__ void store_staged_rows(floatX* dst, size_t ld, int ro
 // accumulate, acc's old values are ignored.
 template <int HS>
 __device__ __forceinline__ void issue_accumulate_stage_tile(float acc[HS / 8][4], const uint32_t a[kTileRows / 16][4],
-                                                            uint64_t desc, bool accumulate) {
+                                                            WgmmaDescriptor desc, bool accumulate) {
 #if FLASH_WGMMA
 #pragma unroll
   for (int kk = 0; kk < kTileRows / 16; kk++) {
@@ -4740,8 +4749,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   __syncthreads();  // the barriers and the views are ready before anyone uses them
 
   // This warpgroup's 64 keys: rows 64 * group of the K and V tiles (K-major A operands).
-  const uint64_t k_desc = wgmma_descriptor(k_s + group * kTileRows * 64, 16, 1024);
-  const uint64_t v_desc = wgmma_descriptor(v_s + group * kTileRows * 64, 16, 1024);
+  const WgmmaDescriptor k_desc = wgmma_descriptor(k_s + group * kTileRows * 64, 16, 1024);
+  const WgmmaDescriptor v_desc = wgmma_descriptor(v_s + group * kTileRows * 64, 16, 1024);
   // dK and dV start from their first tile's products, not from zeros: a zeroing before the loop
   // would make the compiler wait for each batch of products before the next (its products run
   // on across the loop's turns). Every warpgroup has a first tile: its key tile's own queries.
@@ -4771,15 +4780,15 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     const float* lse_tile = reinterpret_cast<const float*>(do_tile + kTileRows * HS);
     const int* docs_tile = reinterpret_cast<const int*>(lse_tile + 2 * kTileRows);
     if (i >= kv_tile) {
-      const uint64_t q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
+      const WgmmaDescriptor q_desc = wgmma_descriptor(q_tile, 16, 1024), do_desc = wgmma_descriptor(do_tile, 16, 1024);
       float p[kTileRows / 8][4], dp[kTileRows / 8][4];
       mma_batch_begin();
 #pragma unroll
       for (int kk = 0; kk < HS / 16; kk++) {
         // Columns 16kk.. : chunk kk / 4 (the key tiles' chunks 16 KiB apart, the query tiles' 8 KiB),
         // 32 bytes further into the rows per step within it.
-        const uint64_t key_step = (kk / 4) * (kKeys * 128 / 16) + (kk % 4) * 2;
-        const uint64_t query_step = (kk / 4) * (kTileRows * 128 / 16) + (kk % 4) * 2;
+        const uint32_t key_step = (kk / 4) * (kKeys * 128 / 16) + (kk % 4) * 2;
+        const uint32_t query_step = (kk / 4) * (kTileRows * 128 / 16) + (kk % 4) * 2;
         if (kk == 0) {
           wgmma_shared_m64k16<kTileRows, false>(p, k_desc, q_desc);
           wgmma_shared_m64k16<kTileRows, false>(dp, v_desc, do_desc);
