@@ -3136,9 +3136,9 @@ __device__ __forceinline__ void load_row_fragments(uint32_t a[HS / 16][4], const
 }
 
 // A wgmma shared-memory descriptor, as its two 32-bit words. An offset (in 16-byte units) adds to
-// the low word alone, which holds the address: shared memory below 256 KiB never carries out of
-// it. Added as one 64-bit value, it took an add with carry and two moves to uniform registers for
-// every product, a fifth of a tile's instructions in the windowed dK/dV kernel.
+// the low word alone, whose bits 0-13 hold the address: shared memory below 256 KiB never carries
+// out of them. Added to the 64-bit value, it took an add with carry and two moves to uniform
+// registers for every product, a fifth of a tile's instructions in the windowed dK/dV kernel.
 struct WgmmaDescriptor {
   uint32_t lo, hi;
   __device__ WgmmaDescriptor operator+(uint32_t units) const { return {lo + units, hi}; }
@@ -4613,7 +4613,8 @@ constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot 
   return (2 * kTileRows * HS * sizeof(floatX) + 2 * kTileRows * sizeof(float) + kTileRows * sizeof(int) + 1023) /
          1024 * 1024;
 }
-// The views of the key block from the query blocks that may see it: max(window, 1) of them.
+// The kernel's shared memory: K and V, the stages, their barriers and counts, and the views of the
+// key block from the query blocks that may see it (max(window, 1) of them, at most T / 128).
 inline size_t tma_window_dkdv_smem_bytes(int HS, int window, int T) {
   const size_t stage_bytes = HS == 64 ? tma_window_dkdv_stage_bytes<64>() : tma_window_dkdv_stage_bytes<128>();
   const size_t views = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
@@ -4837,7 +4838,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   mma_result<HS / 8>(dk);
   // dK and dV leave through this warpgroup's rows of the K and V tiles, which no product reads any
   // more: the fragments into them, then whole rows out in 16-byte stores (the fragments' own stores
-  // would be 4 bytes each, 16 times as many, and the block's end waits for all of them).
+  // would be 4 bytes each, 4 times as many, and the block's end waits for all of them).
   floatX* dk_s = k_s + group * kTileRows * 64;
   floatX* dv_s = v_s + group * kTileRows * 64;
   stage_rows<HS>(dk_s, kKeys, dk, scale);
