@@ -3628,8 +3628,10 @@ struct WindowPairs {
   }
   __device__ int key_document(int b, int key) const { return dw.documents[(size_t)b * T + key]; }
   __device__ bool hidden(int b, int q, int key, int key_doc) const {
-    return q < key || dw.documents[(size_t)b * T + q] != key_doc;
+    return hidden_from(q, dw.documents[(size_t)b * T + q], key, key_doc);
   }
+  // The same for a query whose document the caller holds.
+  __device__ static bool hidden_from(int q, int q_doc, int key, int key_doc) { return q < key || q_doc != key_doc; }
   __device__ int first_key_tile(int b, int q_tile) const {
     return first_key_block(b, q_tile / kTilesPerAttentionBlock) * kTilesPerAttentionBlock;
   }
@@ -3871,8 +3873,9 @@ struct DocumentMask {
 // first) are masked as `mask` says. turns: the warpgroup's turns at issuing products, the last of
 // them in this tile if last_tile.
 template <int HS, int kTileKeys, int KEYS, bool kMask, class Mask = CausalMask>
-__device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2], float row_sum[2], WgmmaDescriptor q_desc,
-                                             WgmmaDescriptor k_desc, WgmmaDescriptor v_desc, int key0, const int row[2],
+__device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2], float row_sum[2],
+                                             WgmmaDescriptor q_desc, WgmmaDescriptor k_desc, WgmmaDescriptor v_desc,
+                                             int key0, const int row[2],
                                              float scale_log2, const ProductTurns& turns, bool last_tile,
                                              const Mask& mask = Mask()) {
   constexpr int kChunks = HS / 64;
@@ -4043,7 +4046,8 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
   for (int j = 0; j <= group_last_tile; j++) {
     const int stage = j % kStages;
     barrier_wait(&full[stage], (j / kStages) & 1);
-    const WgmmaDescriptor k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+    const WgmmaDescriptor k_desc = kv_desc + stage * (2 * kTileBytes / 16);
+    const WgmmaDescriptor v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
     // Warpgroup 0's diagonal tile has keys for its rows in its first 64 rows only.
     if (j < group_last_tile) {
       forward_tile<HS, kKeys, kKeys, false>(o, row_max, row_sum, q_desc, k_desc, v_desc, j * kKeys, row, scale_log2,
@@ -4226,14 +4230,16 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
     const int q_block = item.index % blocks, bh = item.index / blocks, b = bh / NH, h = bh % NH;
     const int q0 = q_block * kKeys + group * kTileRows;
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
-    const WgmmaDescriptor q_desc = wgmma_descriptor(sm.q_s + (buf * kTmaForwardGroups + group) * kTileRows * HS, 16, 1024);
+    const WgmmaDescriptor q_desc =
+        wgmma_descriptor(sm.q_s + (buf * kTmaForwardGroups + group) * kTileRows * HS, 16, 1024);
     float o[HS / 8][4] = {};
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     int row_doc[2];
     for (int i = 0; i < item.tiles; i++, n++) {
       const int stage = n % kStages, key0 = (q_block - i) * kKeys;
       barrier_wait(&sm.full[stage], (n / kStages) & 1);
-      const WgmmaDescriptor k_desc = kv_desc + stage * (2 * kTileBytes / 16), v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
+      const WgmmaDescriptor k_desc = kv_desc + stage * (2 * kTileBytes / 16);
+      const WgmmaDescriptor v_desc = v_desc0 + stage * (2 * kTileBytes / 16);
       const int* key_docs = sm.docs_s + stage * kKeys;
       if (i == 0) {  // the query block's own keys: their documents are its rows'
         row_doc[0] = key_docs[row[0] - key0];
@@ -4615,10 +4621,10 @@ constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot 
 }
 // The kernel's shared memory: K and V, the stages, their barriers and counts, and the views of the
 // key block from the query blocks that may see it (max(window, 1) of them, at most T / 128).
-inline size_t tma_window_dkdv_smem_bytes(int HS, int window, int T) {
-  const size_t stage_bytes = HS == 64 ? tma_window_dkdv_stage_bytes<64>() : tma_window_dkdv_stage_bytes<128>();
+template <int HS>
+size_t tma_window_dkdv_smem_bytes(int window, int T) {
   const size_t views = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
-  return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * stage_bytes +
+  return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * tma_window_dkdv_stage_bytes<HS>() +
          (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + kTmaWindowDkdvStages * sizeof(int) + (views + 15) / 16 * 16;
 }
 
@@ -4766,7 +4772,9 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     for (int k = 1; k < kStages && refill < end; k++) refill = next_tile(refill);
     if (refill < end) {
       __threadfence_block();
-      if (atomicAdd(&done_warps[n % kStages], 1) + 1 == (n / kStages + 1) * kWarps) load_query_tile(refill, n + kStages);
+      if (atomicAdd(&done_warps[n % kStages], 1) + 1 == (n / kStages + 1) * kWarps) {
+        load_query_tile(refill, n + kStages);
+      }
     }
   };
   // A tile's dV and dK products still run, reading its stage, when the next tile's S^T and dP^T are
@@ -4814,7 +4822,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
 #pragma unroll
           for (int e = 0; e < 4; e++) {
             const int c = nn * 8 + 2 * t + e % 2;
-            if (i * kTileRows + c < kv_row[e / 2] || docs_tile[c] != kv_doc[e / 2]) p[nn][e] = -INFINITY;
+            if (pairs.hidden_from(i * kTileRows + c, docs_tile[c], kv_row[e / 2], kv_doc[e / 2])) p[nn][e] = -INFINITY;
           }
         }
       }
@@ -5210,7 +5218,7 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
   // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other.
   if (hopper_support().usable && !tile_sums) {
     const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
-    const size_t smem = tma_window_dkdv_smem_bytes(HS, dw.window, T);
+    const size_t smem = tma_window_dkdv_smem_bytes<HS>(dw.window, T);
     REQUIRE(smem <= (size_t)shared_memory_optin(),
             "attention: a window of %d blocks at T = %d needs %zu bytes of shared memory a block, more than the "
             "GPU's %d; use a shorter window or sequence",
