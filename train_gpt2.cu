@@ -4610,8 +4610,10 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
 // a stage starts its refill, as in the forward. A tile's dV and dK products still run when the
 // next tile's S^T and dP^T are issued. Tiles in the Hopper forward's layout: 64-column chunks of
 // all the tile's rows, one after another. Nothing in the loop reads global memory:
-// which query blocks see the key block, and through a mask, is worked out once at the start
-// (one byte a query block, all threads at once), and each stage brings its queries' documents.
+// the query blocks that see the key block, and whether through the mask, are listed once at the
+// start (a warp, a lane a query block), and each stage brings its queries' documents. The list
+// gives each tile's successor at once: a search of the query blocks at every tile, by one lane
+// with the warp waiting, was a fifth of the warps' time.
 constexpr int kTmaWindowDkdvStages = 2;
 
 template <int HS>
@@ -4619,13 +4621,15 @@ constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot 
   return (2 * kTileRows * HS * sizeof(floatX) + 2 * kTileRows * sizeof(float) + kTileRows * sizeof(int) + 1023) /
          1024 * 1024;
 }
-// The kernel's shared memory: K and V, the stages, their barriers and counts, and the views of the
-// key block from the query blocks that may see it (max(window, 1) of them, at most T / 128).
+// The kernel's shared memory: K and V, the stages, their barriers and counts, and the list of the
+// query blocks that see the key block (of the max(window, 1) that may, at most T / 128), with its
+// length.
 template <int HS>
 size_t tma_window_dkdv_smem_bytes(int window, int T) {
-  const size_t views = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
+  const size_t blocks = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
   return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * tma_window_dkdv_stage_bytes<HS>() +
-         (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + kTmaWindowDkdvStages * sizeof(int) + (views + 15) / 16 * 16;
+         (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + (kTmaWindowDkdvStages + 1) * sizeof(int) +
+         (blocks * sizeof(uint16_t) + 15) / 16 * 16;
 }
 
 // Element (r, col) of a 64-row part of a tile in shared memory held as 64-column chunks of
@@ -4699,22 +4703,18 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * kStageBytes);
   uint64_t* kv_full = full + kStages;
   int* done_warps = reinterpret_cast<int*>(kv_full + 1);  // per stage, over all its fills
-  // Per query block from the key block's own on: kSees if it sees the key block, kMasked if
-  // through the mask.
-  unsigned char* views = reinterpret_cast<unsigned char*>(done_warps + kStages);
-  constexpr unsigned char kSees = 1, kMasked = 2;
+  int* seen_count = done_warps + kStages;
+  // The query blocks that see the key block, in order: each one's distance from the key block,
+  // kMasked added if it sees it through the mask.
+  uint16_t* seen = reinterpret_cast<uint16_t*>(seen_count + 1);
+  constexpr uint16_t kMasked = 0x8000;
   const int key_block = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int t = lane % 4, C = NH * HS, kv_tile = key_block * kTilesPerAttentionBlock + group;
-  // The query tiles in order: both of each query block that sees the key block.
-  const int end = pairs.query_end(kv_tile) / kTileRows;
-  auto view = [&](int i) { return views[i / kTilesPerAttentionBlock - key_block]; };
-  auto next_tile = [&](int i) {
-    if (i % kTilesPerAttentionBlock == 0) return i + 1;
-    do {
-      i += kTilesPerAttentionBlock - 1;
-    } while (i < end && !(view(i) & kSees));
-    return i;
+  // The n-th query tile: both of each query block that sees the key block, in order.
+  auto query_tile = [&](int n) {
+    return (key_block + (seen[n / kTilesPerAttentionBlock] & ~kMasked)) * kTilesPerAttentionBlock +
+           n % kTilesPerAttentionBlock;
   };
   auto load_query_tile = [&](int i, int n) {  // tile i as the n-th, into stage n % kStages
     const int stage = n % kStages;
@@ -4749,11 +4749,20 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     static_assert(kStages <= kTilesPerAttentionBlock, "the first stages hold the key block's own query tiles");
     for (int n = 0; n < kStages; n++) load_query_tile(first + n, n);
   }
-  for (int d = threadIdx.x; d < end / kTilesPerAttentionBlock - key_block; d += blockDim.x) {
-    const int q0 = (key_block + d) * kKeys;
-    views[d] = (pairs.sees(b, q0, kv_tile) ? kSees : 0) | (pairs.masks(b, q0, kv_tile) ? kMasked : 0);
+  if (threadIdx.x / WARP_SIZE == 1) {  // the list, a lane a query block, while thread 0 starts copies
+    const int blocks = pairs.query_end(kv_tile) / kKeys - key_block;
+    int count = 0;
+    for (int d0 = 0; d0 < blocks; d0 += WARP_SIZE) {
+      const int d = d0 + lane, q0 = (key_block + d) * kKeys;
+      const bool sees = d < blocks && pairs.sees(b, q0, kv_tile);
+      const unsigned ballot = __ballot_sync(~0u, sees);
+      if (sees) seen[count + __popc(ballot & ((1u << lane) - 1))] = d | (pairs.masks(b, q0, kv_tile) ? kMasked : 0);
+      count += __popc(ballot);
+    }
+    if (lane == 0) *seen_count = count;
   }
-  __syncthreads();  // the barriers and the views are ready before anyone uses them
+  __syncthreads();  // the barriers and the list are ready before anyone uses them
+  const int tiles = *seen_count * kTilesPerAttentionBlock;
 
   // This warpgroup's 64 keys: rows 64 * group of the K and V tiles (K-major A operands).
   const WgmmaDescriptor k_desc = wgmma_descriptor(k_s + group * kTileRows * 64, 16, 1024);
@@ -4764,25 +4773,22 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   float dk[HS / 8][4], dv[HS / 8][4];
   const int kv_row[2] = {kv_tile * kTileRows + warp * 16 + lane / 4, kv_tile * kTileRows + warp * 16 + lane / 4 + 8};
   const int kv_doc[2] = {pairs.key_document(b, kv_row[0]), pairs.key_document(b, kv_row[1])};
-  // A warp done with tile i (the n-th) counts itself out of its stage; the stage's last reader
-  // starts the copies of the tile kStages further into it.
-  auto release_stage = [&](int i, int n) {
-    if (lane != 0) return;
-    int refill = next_tile(i);
-    for (int k = 1; k < kStages && refill < end; k++) refill = next_tile(refill);
-    if (refill < end) {
+  // A warp done with the n-th tile counts itself out of its stage; the stage's last reader starts
+  // the copies of the tile kStages further on.
+  auto release_stage = [&](int n) {
+    if (lane == 0 && n + kStages < tiles) {
       __threadfence_block();
       if (atomicAdd(&done_warps[n % kStages], 1) + 1 == (n / kStages + 1) * kWarps) {
-        load_query_tile(refill, n + kStages);
+        load_query_tile(query_tile(n + kStages), n + kStages);
       }
     }
   };
   // A tile's dV and dK products still run, reading its stage, when the next tile's S^T and dP^T are
   // issued, so the tensor cores go from one batch to the next with no wait between them.
-  int running_i = -1, running_n = 0;  // the tile whose dV and dK products are in flight, if any
+  int running_n = -1;  // the tile whose dV and dK products are in flight, if any
   barrier_wait(kv_full, 0);
-  for (int i = first, n = 0; i < end; i = next_tile(i), n++) {
-    const int stage = n % kStages;
+  for (int n = 0; n < tiles; n++) {
+    const int i = query_tile(n), stage = n % kStages;
     barrier_wait(&full[stage], (n / kStages) & 1);
     const floatX* q_tile = reinterpret_cast<const floatX*>(stages + stage * kStageBytes);
     const floatX* do_tile = q_tile + kTileRows * HS;
@@ -4807,16 +4813,16 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
         }
       }
       wgmma_commit();
-      if (running_i >= 0) {
+      if (running_n >= 0) {
         wgmma_wait<1>();
         mma_result<HS / 8>(dv);
         mma_result<HS / 8>(dk);
-        release_stage(running_i, running_n);
+        release_stage(running_n);
       }
       wgmma_wait<0>();
       mma_result<kTileRows / 8>(p);
       mma_result<kTileRows / 8>(dp);
-      if (view(i) & kMasked) {  // a hidden key: score -inf, probability 0
+      if (seen[n / kTilesPerAttentionBlock] & kMasked) {  // a hidden key: score -inf, probability 0
 #pragma unroll
         for (int nn = 0; nn < kTileRows / 8; nn++) {
 #pragma unroll
@@ -4832,13 +4838,12 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
       scores_to_fragments<kTileRows>(p_frag, p);
       scores_to_fragments<kTileRows>(ds_frag, dp);
       mma_batch_begin();
-      issue_accumulate_stage_tile<HS>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024), running_i >= 0);
-      issue_accumulate_stage_tile<HS>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024), running_i >= 0);
+      issue_accumulate_stage_tile<HS>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024), running_n >= 0);
+      issue_accumulate_stage_tile<HS>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024), running_n >= 0);
       wgmma_commit();
-      running_i = i;
       running_n = n;
     } else {
-      release_stage(i, n);
+      release_stage(n);
     }
   }
   wgmma_wait<0>();
