@@ -3162,14 +3162,24 @@ __device__ __forceinline__ WgmmaDescriptor wgmma_descriptor(const floatX* tile, 
       "+f"(d[(i) + 2][1]), "+f"(d[(i) + 2][2]), "+f"(d[(i) + 2][3]), "+f"(d[(i) + 3][0]),          \
       "+f"(d[(i) + 3][1]), "+f"(d[(i) + 3][2]), "+f"(d[(i) + 3][3])
 
-// d[64 x N] += a[64 x 16] b[16 x N] over the warpgroup, for N = 32 or 64. kTransposeB: b is
+// d[64 x N] += a[64 x 16] b[16 x N] over the warpgroup, for N = 32, 64 or 128. kTransposeB: b is
 // N-major (16 rows of a [K][N] tile) rather than K-major (a [N][K] tile). accumulate false (known
 // at run time) ignores d's old values, so d needs no zeroing.
 template <int N, int kTransposeB>
 __device__ __forceinline__ void wgmma_m64k16(float d[N / 8][4], const uint32_t a[4], WgmmaDescriptor b,
                                              bool accumulate = true) {
-  static_assert(N == 32 || N == 64, "wgmma_m64k16 is written for N = 32 and 64");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || N == 128, "wgmma_m64k16 is written for N = 32, 64 and 128");
+  if constexpr (N == 128) {
+    asm volatile(
+        "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %70, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,"
+        "%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64,%65,%66,%67}, %68, accumulate, 1, 1, %69;\n}\n"
+        : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4), FLASH_WGMMA_ACC4(d, 8), FLASH_WGMMA_ACC4(d, 12)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b.bits()), "n"(kTransposeB), "r"((int)accumulate));
+  } else if constexpr (N == 64) {
     asm volatile(
         "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %38, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -3878,7 +3888,6 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
                                              int key0, const int row[2],
                                              float scale_log2, const ProductTurns& turns, bool last_tile,
                                              const Mask& mask = Mask()) {
-  constexpr int kChunks = HS / 64;
   constexpr bool kValueTurns = value_products_take_turns<HS>();
   const int t = threadIdx.x % 4;
   float s[KEYS / 8][4];
@@ -3954,11 +3963,9 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
   mma_batch_begin();
 #pragma unroll
   for (int kk = 0; kk < KEYS / 16; kk++) {
-#pragma unroll
-    for (int c = 0; c < kChunks; c++) {
-      // Value rows 16kk.. of chunk c: two 8-row groups of 1024 bytes each per step.
-      wgmma_m64k16<64, 1>(o + c * 8, p_frag[kk], v_desc + (c * kTileKeys * 128 + kk * 2048) / 16);
-    }
+    // Value rows 16kk.. of every chunk (v_desc's leading byte offset is the chunks' distance):
+    // two 8-row groups of 1024 bytes each per step.
+    wgmma_m64k16<HS, 1>(o, p_frag[kk], v_desc + kk * 2048 / 16);
   }
   wgmma_commit();
   if (kValueTurns) turns.pass(last_tile);
@@ -4679,10 +4686,7 @@ __device__ __forceinline__ void issue_accumulate_stage_tile(float acc[HS / 8][4]
 #if FLASH_WGMMA
 #pragma unroll
   for (int kk = 0; kk < kTileRows / 16; kk++) {
-#pragma unroll
-    for (int c = 0; c < HS / 64; c++) {
-      wgmma_m64k16<64, 1>(acc + c * 8, a[kk], desc + (c * kTileRows * 128 + kk * 2048) / 16, accumulate || kk > 0);
-    }
+    wgmma_m64k16<HS, 1>(acc, a[kk], desc + kk * 2048 / 16, accumulate || kk > 0);
   }
 #endif
 }
