@@ -3015,6 +3015,10 @@ constexpr int kTileRows = 64;
 
 // The warp's index within its warpgroup: the 16-row slice of the warpgroup's 64-row tile it owns.
 __device__ __forceinline__ int warp_in_group() { return (threadIdx.x / WARP_SIZE) % 4; }
+// The block's warpgroup, through a shuffle, which the compiler knows to give every lane the same
+// value: what is made from it (the products' descriptors) is then formed in uniform registers.
+// Measured in the windowed dK/dV kernel: 11% fewer instructions, 4% faster.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(~0u, threadIdx.x / kThreads, 0); }
 
 // The work of a block of a causal kernel whose grid is (tiles, heads): the head bh and the rank
 // of its tile, 0 for the heaviest (a forward block's last query tile, with the most keys; a dK/dV
@@ -3997,7 +4001,7 @@ __global__ void __launch_bounds__(kTmaForwardThreads, HS == 64 ? 2 : 1) attentio
   int* done_warps = reinterpret_cast<int*>(q_full + 1);  // per stage, over all its fills
   const CausalBlockWork work = causal_block_work(tail_heads);
   const int block_tile = gridDim.x - 1 - work.rank, bh = work.bh, b = bh / NH, h = bh % NH;
-  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int group = warpgroup_index(), warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int g = lane / 4, C = NH * HS;
   const int block_q0 = block_tile * kBlockRows, q0 = block_q0 + group * kTileRows;
   // Key tile j holds keys j*kKeys ..; a warpgroup's last is the one with its last row's key
@@ -4223,7 +4227,7 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
 #if FLASH_WGMMA
   constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages;
   constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
-  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int group = warpgroup_index(), warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int blocks = T / kKeys, C = NH * HS;
   const ProductTurns turns{group, false};
   if (group == 1) turns.pass(false);  // warpgroup 0 goes first
@@ -4621,7 +4625,7 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
 // start (a warp, a lane a query block), and each stage brings its queries' documents. The list
 // gives each tile's successor at once: a search of the query blocks at every tile, by one lane
 // with the warp waiting, was a fifth of the warps' time.
-constexpr int kTmaWindowDkdvStages = 2;
+constexpr int kTmaWindowDkdvStages = 3;
 
 template <int HS>
 constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot and documents, to 1 KiB
@@ -4713,7 +4717,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   uint16_t* seen = reinterpret_cast<uint16_t*>(seen_count + 1);
   constexpr uint16_t kMasked = 0x8000;
   const int key_block = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int group = threadIdx.x / kThreads, warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const int group = warpgroup_index(), warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
   const int t = lane % 4, C = NH * HS, kv_tile = key_block * kTilesPerAttentionBlock + group;
   // The n-th query tile: both of each query block that sees the key block, in order.
   auto query_tile = [&](int n) {
@@ -4750,8 +4754,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
         tma_load_box(v_s + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, key_block * kKeys + r, b, kv_full);
       }
     }
-    static_assert(kStages <= kTilesPerAttentionBlock, "the first stages hold the key block's own query tiles");
-    for (int n = 0; n < kStages; n++) load_query_tile(first + n, n);
+    for (int n = 0; n < kTilesPerAttentionBlock; n++) load_query_tile(first + n, n);
   }
   if (threadIdx.x / WARP_SIZE == 1) {  // the list, a lane a query block, while thread 0 starts copies
     const int blocks = pairs.query_end(kv_tile) / kKeys - key_block;
@@ -4767,6 +4770,9 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   }
   __syncthreads();  // the barriers and the list are ready before anyone uses them
   const int tiles = *seen_count * kTilesPerAttentionBlock;
+  if (threadIdx.x == 0) {  // the stages past the key block's own query tiles, from the list
+    for (int n = kTilesPerAttentionBlock; n < kStages && n < tiles; n++) load_query_tile(query_tile(n), n);
+  }
 
   // This warpgroup's 64 keys: rows 64 * group of the K and V tiles (K-major A operands).
   const WgmmaDescriptor k_desc = wgmma_descriptor(k_s + group * kTileRows * 64, 16, 1024);
