@@ -4624,7 +4624,8 @@ __global__ void __launch_bounds__(kThreads, 3) attention_backward_flash_dkdv_tma
 // the query blocks that see the key block, and whether through the mask, are listed once at the
 // start (a warp, a lane a query block), and each stage brings its queries' documents. The list
 // gives each tile's successor at once: a search of the query blocks at every tile, by one lane
-// with the warp waiting, was a fifth of the warps' time.
+// with the warp waiting, was a fifth of the warps' time. Three stages: with the list a tile is
+// short enough that two left the copies' latency showing.
 constexpr int kTmaWindowDkdvStages = 3;
 
 template <int HS>
@@ -4682,8 +4683,9 @@ __device__ __forceinline__ void store_staged_rows(floatX* dst, size_t ld, int ro
 }
 
 // acc[64 x HS] (+)= a (64 x 64 as A fragments, K = the stage's 64 queries) times a 64-row stage
-// tile (an MN-major [64][HS] operand in the forward's layout, its chunks 8 KiB apart); without
-// accumulate, acc's old values are ignored.
+// tile (an MN-major [64][HS] operand in the forward's layout, its chunks 8 KiB apart: desc's
+// leading byte offset, so one m64nHSk16 product a step spans them); without accumulate, acc's old
+// values are ignored.
 template <int HS>
 __device__ __forceinline__ void issue_accumulate_stage_tile(float acc[HS / 8][4], const uint32_t a[kTileRows / 16][4],
                                                             WgmmaDescriptor desc, bool accumulate) {
