@@ -3292,11 +3292,8 @@ __device__ __forceinline__ void issue_accumulate(float acc[HS / 8][4], const uin
 #if FLASH_WGMMA
 #pragma unroll
   for (int kk = 0; kk < K / 16; kk++) {
-#pragma unroll
-    for (int n = 0; n < HS / 64; n++) {
-      const floatX* b = tile + tile_offset<HS>(kk * 16, n * 64);
-      wgmma_m64k16<64, 1>(acc + n * 8, a[kk], wgmma_descriptor(b, 1024, HS * 16));
-    }
+    // Rows 16kk.. of every 64-column chunk (the chunks 1024 bytes apart: the leading byte offset).
+    wgmma_m64k16<HS, 1>(acc, a[kk], wgmma_descriptor(tile + tile_offset<HS>(kk * 16, 0), 1024, HS * 16));
   }
 #else
   const int matrix = (threadIdx.x % WARP_SIZE) / 8;
@@ -4888,45 +4885,53 @@ __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 }
 
 // dQ = dS K of one 64-row query tile, looping over the key tiles it sees (Pairs) with the dS
-// tiles the dK/dV kernel wrote. tile_sums as in the dK/dV kernel, for the dQ rows. Causal
-// attention on Hopper at head size 64 launches attention_backward_flash_dq_tma_kernel below.
+// tiles the dK/dV kernel wrote, each step's copies two steps ahead in a ring of three buffers.
+// tile_sums as in the dK/dV kernel, for the dQ rows. Causal attention on Hopper at head size 64
+// launches attention_backward_flash_dq_tma_kernel below.
+constexpr int kDqBuffers = 3;
+
 template <int HS, class Pairs>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale, Pairs pairs) {
   constexpr int kTile = kTileRows * HS;
   extern __shared__ __align__(1024) unsigned char flash_smem[];
-  floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // two buffers
-  floatX* ds_s = k_s + 2 * kTile;                        // two buffers
+  floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // kDqBuffers buffers
+  floatX* ds_s = k_s + kDqBuffers * kTile;               // kDqBuffers buffers
   const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, q0 = q_tile * kTileRows;
   const size_t ld = 3 * (size_t)C;
   const floatX* k_g = qkv + (size_t)b * T * ld + C + h * HS;
   const int first = pairs.first_key_tile(b, q_tile);
-  load_tile<HS, kTileRows>(k_s, k_g, ld, first * kTileRows, T);
-  load_ds_tile(ds_s, ds + pairs.ds_tile(bh, q_tile, first));
-  copy_async_commit();
+  // Step n's copies (key tile first + n and its dS tile) into buffer n % kDqBuffers, as one commit
+  // group; a step past the last commits an empty one, so that step n's group is always the
+  // (n + 1)-th.
+  auto load_step = [&](int n) {
+    const int j = first + n, buf = n % kDqBuffers;
+    if (j <= q_tile) {
+      load_tile<HS, kTileRows>(k_s + buf * kTile, k_g, ld, j * kTileRows, T);
+      load_ds_tile(ds_s + buf * kDsTileElements, ds + pairs.ds_tile(bh, q_tile, j));
+    }
+    copy_async_commit();
+  };
+  for (int n = 0; n < kDqBuffers - 1; n++) load_step(n);
   float dq[HS / 8][4] = {};
   for (int j = first; j <= q_tile; j++) {
-    const int buf = (j - first) % 2;
-    if (j < q_tile) {
-      load_tile<HS, kTileRows>(k_s + (1 - buf) * kTile, k_g, ld, (j + 1) * kTileRows, T);
-      load_ds_tile(ds_s + (1 - buf) * kDsTileElements, ds + pairs.ds_tile(bh, q_tile, j + 1));
-      copy_async_commit();
-      wait_tile_copies<1>();
-    } else {
-      wait_tile_copies<0>();
-    }
+    const int n = j - first, buf = n % kDqBuffers;
+    wait_tile_copies<kDqBuffers - 2>();
+    // Step n's tiles are in for every thread, and every thread is done with step n - 1's product,
+    // whose buffer the next copies take.
     __syncthreads();
+    load_step(n + kDqBuffers - 1);
     const floatX* ds_tile = ds_s + buf * kDsTileElements;
     const floatX* k_tile = k_s + buf * kTile;
     uint32_t a[kTileRows / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kTileRows / 16; kk++) load_ds_a_fragment(a[kk], ds_tile, kk);
     accumulate_fragments<HS, kTileRows>(dq, a, k_tile);
-    __syncthreads();  // the next iteration's copies overwrite the other buffer
   }
   store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
-  if (tile_sums) {  // the loop's last barrier freed the shared memory
+  if (tile_sums) {
+    __syncthreads();  // every warp is done with the buffers before their memory holds the sums
     store_tile_column_sums<HS>(tile_sums + ((size_t)b * gridDim.x + q_tile) * ld + h * HS,
                                reinterpret_cast<float*>(flash_smem), q0 + warp * 16, T, dq, scale);
   }
@@ -4998,7 +5003,7 @@ constexpr size_t dkdv_smem_bytes() {
 }
 template <int HS>
 constexpr size_t dq_smem_bytes() {
-  return 2 * (kTileRows * HS + kDsTileElements) * sizeof(floatX);
+  return kDqBuffers * (kTileRows * HS + kDsTileElements) * sizeof(floatX);
 }
 
 __global__ void hopper_build_probe_kernel(int* built) { *built = FLASH_WGMMA; }
