@@ -3820,6 +3820,20 @@ __device__ __forceinline__ void wgmma_shared_m64k16(float d[N / 8][4], WgmmaDesc
         : "l"(a.bits()), "l"(b.bits()), "n"((int)kAccumulate));
   }
 }
+
+// acc[64 x HS] (+)= a (64 x K as A fragments) times K rows of a tile in the Hopper kernels' layout
+// (an MN-major [K][HS] operand: 64-column chunks of all its rows, 8-row groups 1024 bytes apart),
+// whose chunks' distance is desc's leading byte offset, so one m64nHSk16 product a step spans
+// them. Without accumulate, acc's old values are ignored.
+template <int HS, int K>
+__device__ __forceinline__ void issue_accumulate_chunked(float acc[HS / 8][4], const uint32_t a[K / 16][4],
+                                                         WgmmaDescriptor desc, bool accumulate = true) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk++) {
+    // Rows 16kk..: two 8-row groups, 2048 bytes further a step.
+    wgmma_m64k16<HS, 1>(acc, a[kk], desc + kk * 2048 / 16, accumulate || kk > 0);
+  }
+}
 #endif
 
 // Query rows per block (two warpgroups of 64), keys per tile, and copy-ring stages (3 stages ran
@@ -3962,12 +3976,7 @@ __device__ __forceinline__ void forward_tile(float o[HS / 8][4], float row_max[2
   scores_to_fragments<KEYS>(p_frag, s);
   if (kValueTurns) turns.wait();
   mma_batch_begin();
-#pragma unroll
-  for (int kk = 0; kk < KEYS / 16; kk++) {
-    // Value rows 16kk.. of every chunk (v_desc's leading byte offset is the chunks' distance):
-    // two 8-row groups of 1024 bytes each per step.
-    wgmma_m64k16<HS, 1>(o, p_frag[kk], v_desc + kk * 2048 / 16);
-  }
+  issue_accumulate_chunked<HS, KEYS>(o, p_frag, v_desc);
   wgmma_commit();
   if (kValueTurns) turns.pass(last_tile);
   wgmma_wait<0>();
@@ -4679,21 +4688,6 @@ __device__ __forceinline__ void store_staged_rows(floatX* dst, size_t ld, int ro
   }
 }
 
-// acc[64 x HS] (+)= a (64 x 64 as A fragments, K = the stage's 64 queries) times a 64-row stage
-// tile (an MN-major [64][HS] operand in the forward's layout, its chunks 8 KiB apart: desc's
-// leading byte offset, so one m64nHSk16 product a step spans them); without accumulate, acc's old
-// values are ignored.
-template <int HS>
-__device__ __forceinline__ void issue_accumulate_stage_tile(float acc[HS / 8][4], const uint32_t a[kTileRows / 16][4],
-                                                            WgmmaDescriptor desc, bool accumulate) {
-#if FLASH_WGMMA
-#pragma unroll
-  for (int kk = 0; kk < kTileRows / 16; kk++) {
-    wgmma_m64k16<HS, 1>(acc, a[kk], desc + kk * 2048 / 16, accumulate || kk > 0);
-  }
-#endif
-}
-
 template <int HS>
 __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkdv_tma_kernel(
     const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dout_map,
@@ -4847,8 +4841,9 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
       scores_to_fragments<kTileRows>(p_frag, p);
       scores_to_fragments<kTileRows>(ds_frag, dp);
       mma_batch_begin();
-      issue_accumulate_stage_tile<HS>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024), running_n >= 0);
-      issue_accumulate_stage_tile<HS>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024), running_n >= 0);
+      const bool accumulate = running_n >= 0;
+      issue_accumulate_chunked<HS, kTileRows>(dv, p_frag, wgmma_descriptor(do_tile, kTileRows * 128, 1024), accumulate);
+      issue_accumulate_chunked<HS, kTileRows>(dk, ds_frag, wgmma_descriptor(q_tile, kTileRows * 128, 1024), accumulate);
       wgmma_commit();
       running_n = n;
     } else {
