@@ -1,12 +1,14 @@
 // One full training step inside NVTX ranges, for nsys and ncu:
 //   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern|speedrun]
-//                    [-aw N] [-i SHARDS]
+//                    [-aw N] [-fh 0|1] [-i SHARDS]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // A model initialised from a seed; prints the time of each phase. The tokens are random, or with -i
 // the first B x T of those shards (contiguous): real text's frequent tokens and documents change
 // some kernels' work (the encoder's backward, the attention within documents). A recipe on packed
 // documents (speedrun) attends within them and a window of -aw N blocks (0: every earlier block);
-// random tokens hold few document starts, so the window sets the attention's work.
+// random tokens hold few document starts, so the window sets the attention's work. The head's
+// products are the recipe's (FP8 for the speedrun, where the build and the GPU have it) unless -fh
+// says otherwise, as in train_gpt2cu.
 #define TESTING
 #include "train_gpt2.cu"
 
@@ -26,7 +28,7 @@ void profile_tokens(const std::string& data, int B, int T, int vocab_size, int* 
 
 int profile_main(int argc, char** argv) {
   int B = 8, T = 1024, layers = -1, fp8 = 0, window = 0;
-  std::string preset = "d12", recipe_name = "gpt2", data;
+  std::string preset = "d12", recipe_name = "gpt2", data, fp8_head;  // fp8_head "": the recipe's
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "-b") B = atoi(argv[i + 1]);
@@ -36,9 +38,10 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-fp8") fp8 = atoi(argv[i + 1]);
     else if (flag == "-recipe") recipe_name = argv[i + 1];
     else if (flag == "-aw") window = atoi(argv[i + 1]);
+    else if (flag == "-fh") fp8_head = argv[i + 1];
     else if (flag == "-i") data = argv[i + 1];
     else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe "
-                   "gpt2|modern|speedrun, -aw N, -i SHARDS", flag.c_str());
+                   "gpt2|modern|speedrun, -aw N, -fh 0|1, -i SHARDS", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
@@ -51,16 +54,20 @@ int profile_main(int argc, char** argv) {
   const AttentionSpec attention = {recipe.documents != 0, window};
   REQUIRE(window >= 0 && (window == 0 || attention.documents), "-aw %d: a window of N >= 0 blocks, with a "
           "recipe on packed documents (speedrun)", window);
+  REQUIRE(fp8_head.empty() || fp8_head == "0" || fp8_head == "1",
+          "-fh %s: 0 (the build's products) or 1 (FP8, BF16 builds)", fp8_head.c_str());
 
   // The tokens come before the GPU, so that a wrong -i is reported the same without one.
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   profile_tokens(data, B, T, config.vocab_size, inputs.data(), targets.data());
 
   matmul_setup(true);
+  const bool head_in_fp8 = fp8_head == "1" || (fp8_head.empty() && recipe.fp8_head && sizeof(floatX) == 2 &&
+                                               fp8_gpu(current_gpu()));
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon}, 42);
-  gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention);
+  gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention, head_in_fp8);
   if (attention.documents) gpt2_set_window(m, window);
   cudaEvent_t events[5];
   for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
@@ -70,7 +77,7 @@ int profile_main(int argc, char** argv) {
     nvtxRangePush(step < warmup_steps ? "warmup" : "step");
     cudaCheck(cudaEventRecord(events[0], m.stream));
     gpt2_zero_grad(m);
-    gpt2_forward(m, inputs.data(), B, T);
+    gpt2_forward(m, inputs.data(), B, T, ForwardPass::kTraining);
     cudaCheck(cudaEventRecord(events[1], m.stream));
     // As train_step: the losses copied without a wait, so the backward's host work overlaps the GPU.
     gpt2_classifier_enqueue(m, targets.data(), B, T, recipe.loss_sum ? 1.0f : 1.0f / (B * T), m.losses_host);
@@ -86,7 +93,8 @@ int profile_main(int argc, char** argv) {
   }
   const char* names[4] = {"forward", "classifier", "backward", "norm + update"};
   float total = 0.0f;
-  printf("%s%s, %s B=%d T=%d%s, %s:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
+  printf("%s%s%s, %s B=%d T=%d%s, %s:\n", PRECISION_NAME, fp8 ? " + FP8 linear layers" : "",
+         head_in_fp8 ? " + FP8 head" : "",
          config.describe().c_str(), B, T,
          attention.documents ? llmc::strformat(", documents, window %d", window).c_str() : "",
          data.empty() ? "random tokens" : ("the first tokens of " + data).c_str());

@@ -4,7 +4,7 @@
 # grouped by name, slowest first, with their share of the step. Two modes side by side: profile
 # each into its own OUTDIR, then dev/cuda/kernel_table.py A/kernels.csv B/kernels.csv --labels A,B.
 # usage: scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers -fp8 1|2
-#                                                               -recipe NAME -aw N -i SHARDS]
+#                                                               -recipe NAME -aw N -fh 0|1 -i SHARDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
@@ -13,7 +13,7 @@ fail() {
   exit 1
 }
 [ $# -ge 1 ] && [ "${1:0:1}" != - ] ||
-  fail "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2] [-recipe NAME] [-aw N] [-i SHARDS]"
+  fail "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2] [-recipe NAME] [-aw N] [-fh 0|1] [-i SHARDS]"
 out=$1
 shift
 command -v ncu >/dev/null || fail "ncu (Nsight Compute) is not on PATH: install it or add its bin folder to PATH"
