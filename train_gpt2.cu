@@ -15,13 +15,15 @@
 //                                 (U-net skip, x0 lambdas)
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products); the
-//                                 speedrun head's FP8 layer with fixed scales
+//                                 speedrun head's FP8 layer with fixed scales (its gradient's
+//                                 bytes transposed)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
 //                                 gates; causal multi-head attention, or within documents and a
 //                                 window of 128-token blocks: flash kernels (BF16), batched GEMMs;
 //                                 one query against a KV cache
 //   7. GELU and ReLU^2            forward and backward
-//   8. Classifier                 fused softmax + cross-entropy + dlogits, optional soft cap
+//   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
+//                                 their E5M2 cast), optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz)
 //  10. Model                      parameter and activation tables, the architectures' steps
@@ -2291,21 +2293,78 @@ __global__ void add_fp32_inplace_kernel(floatX* dst, const float* src, size_t n,
   store128(dst + i, out);
 }
 
-// The head's backward, dout [N, OC] the BF16 gradient of out: dout is cast to E5M2 under the fixed
-// scale dout_scale (into buffers.rows, and buffers.dout_t [OC, fp8_padded(N)]);
-// dinp [N, C] = e5m2(dout) @ w8 (BF16); dweight [OC, C] += e5m2(dout)^T @ inp8 over the padded
-// tokens, inp8_t being the forward's transposed cast under inp_scale. The weight gradient's
-// product is FP32, as the reference's: it goes into dweight_fp32 [OC, C] (scratch, beta = 0),
-// then into the BF16 gradient with one stochastic rounding (seed), as the other FP32 sums enter
-// the BF16 parameter gradients (sections 2 and 3): an unbiased rounding of each micro step's
-// contribution, where cuBLASLt's beta = 1 into BF16 would round it to nearest. Deterministic: the
-// products use no atomics, and the rounding's random bits are a hash of (seed, index).
-void matmul_backward_fp8_fixed(floatX* dinp, floatX* dweight, float* dweight_fp32, const floatX* dout,
-                               const uint8_t* inp8_t, const Fp8Weight& w, Fp8Scale* inp_scale,
-                               Fp8Scale* dout_scale, const Fp8Buffers& buffers, int N, int C, int OC,
-                               uint32_t seed, cudaStream_t stream) {
+// ---- FP8 transpose: rows [R, C] of bytes -> out_t [C, fp8_padded(R)], zeros past R ----
+// For the head's gradient, which the classifier casts itself (ClassifierFp8Grad). A block takes
+// a tile of 128 rows x 128 columns: each thread loads 16-byte pieces of a row (a warp 4 rows of
+// whole 128-byte lines) and writes their bytes down the tile's columns in shared memory, then
+// 16-byte rows of out_t. Byte c of piece p of row r lands in bank (4 (16 p + c) + r / 4) mod 32 =
+// (4 c + r / 4) mod 32 (a tile column is 144 bytes), so each piece starts its bytes one column
+// further on: a warp's 8 pieces then store into 8 distinct banks. Floor: reads and writes each
+// byte once.
+constexpr int kFp8TransposePiece = 16, kFp8TransposeCols = 128;
+
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_transpose_kernel(uint8_t* out_t, const uint8_t* rows, int R, int C, int ld_t) {
+  __shared__ alignas(16) uint8_t tile[kFp8TransposeCols * kFp8TilePitch];
+  constexpr int kPieces = kFp8TransposeCols / kFp8TransposePiece;  // pieces per tile row
+  const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TransposeCols;
+  constexpr int kLoads = kFp8TileRows * kPieces / kFp8Threads;  // pieces per thread, all loaded first
+  static_assert(kLoads * kFp8Threads == kFp8TileRows * kPieces, "a tile is whole pieces per thread");
+  uint4 loaded[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; j++) {
+    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
+    const int row = row0 + r, col = col0 + piece * kFp8TransposePiece;
+    loaded[j] = make_uint4(0, 0, 0, 0);
+    if (row < R && col < C) loaded[j] = *reinterpret_cast<const uint4*>(rows + (size_t)row * C + col);
+  }
+#pragma unroll
+  for (int j = 0; j < kLoads; j++) {
+    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
+    uint8_t bytes[kFp8TransposePiece];
+    memcpy(bytes, &loaded[j], sizeof(bytes));
+#pragma unroll
+    for (int k = 0; k < kFp8TransposePiece; k++) {
+      const int c = (k + piece) % kFp8TransposePiece;
+      tile[(piece * kFp8TransposePiece + c) * kFp8TilePitch + r] = bytes[c];
+    }
+  }
+  __syncthreads();
+  constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
+  for (int id = threadIdx.x; id < kFp8TransposeCols * kSegments; id += kFp8Threads) {
+    const int segment = id % kSegments, c = id / kSegments;
+    const int col = col0 + c, trow = row0 + segment * 16;
+    if (col >= C || trow >= ld_t) continue;
+    *reinterpret_cast<uint4*>(out_t + (size_t)col * ld_t + trow) =
+        *reinterpret_cast<const uint4*>(tile + c * kFp8TilePitch + segment * 16);
+  }
+}
+
+void fp8_transpose(uint8_t* out_t, const uint8_t* rows, int R, int C, cudaStream_t stream) {
+  REQUIRE(C % kFp8TransposePiece == 0 && (uintptr_t)rows % 16 == 0 && (uintptr_t)out_t % 16 == 0,
+          "fp8_transpose: C=%d must be a multiple of %d, rows and out_t 16-byte aligned", C, kFp8TransposePiece);
+  const int ld_t = fp8_padded(R);
+  const dim3 grid(ceil_div(C, kFp8TransposeCols), ceil_div(ld_t, kFp8TileRows));
+  REQUIRE(grid.y <= 65535, "fp8_transpose: R=%d rows are more than one launch takes", R);
+  fp8_transpose_kernel<<<grid, kFp8Threads, 0, stream>>>(out_t, rows, R, C, ld_t);
+  cudaCheckLaunch();
+}
+
+// The head's backward, buffers.rows [N, OC] holding e5m2(dout) under the fixed scale dout_scale,
+// dout being the BF16 gradient of out (the classifier casts it: ClassifierFp8Grad): its transpose
+// goes into buffers.dout_t [OC, fp8_padded(N)]; dinp [N, C] = e5m2(dout) @ w8 (BF16); dweight
+// [OC, C] += e5m2(dout)^T @ inp8 over the padded tokens, inp8_t being the forward's transposed cast
+// under inp_scale. The weight gradient's product is FP32, as the reference's: it goes into
+// dweight_fp32 [OC, C] (scratch, beta = 0), then into the BF16 gradient with one stochastic
+// rounding (seed), as the other FP32 sums enter the BF16 parameter gradients (sections 2 and 3):
+// an unbiased rounding of each micro step's contribution, where cuBLASLt's beta = 1 into BF16
+// would round it to nearest. Deterministic: the products use no atomics, and the rounding's
+// random bits are a hash of (seed, index).
+void matmul_backward_fp8_fixed(floatX* dinp, floatX* dweight, float* dweight_fp32, const uint8_t* inp8_t,
+                               const Fp8Weight& w, Fp8Scale* inp_scale, Fp8Scale* dout_scale,
+                               const Fp8Buffers& buffers, int N, int C, int OC, uint32_t seed, cudaStream_t stream) {
   fp8_require_layer(C, OC);
-  fp8_fixed_cast_transpose(buffers.rows, buffers.dout_t, dout_scale, dout, N, OC, Fp8Format::kE5M2, stream);
+  fp8_transpose(buffers.dout_t, buffers.rows, N, OC, stream);
   MatmulOperands dweight_ops = fp8_operands(Fp8Format::kE4M3, inp_scale, Fp8Format::kE5M2, dout_scale);
   dweight_ops.type_d = CUDA_R_32F;
   REQUIRE(matmul_cublaslt(dweight_fp32, inp8_t, buffers.dout_t, nullptr, C, OC, fp8_padded(N), true, false,
@@ -5547,7 +5606,31 @@ void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, s
 //   the kernel keeps exp(y - bound) * dy/dz of every column in shared memory (FP32: a row takes
 //   two blocks, a cluster, each half of it) and the gradient's pass is a multiply. The bound is
 //   exact: the caps' exponentials stay above 2^-120 (kCappedShiftMaxLog2).
+// With an FP8 head (the speedrun's, fixed scales) both write the gradient cast instead
+// (ClassifierFp8Grad): e5m2(bf16(dlogits) * s) into a row of bytes, the bits the head's
+// cast-transpose would make of the BF16 dlogits, and leave the logits as they were. That cast
+// read the dlogits back (4.9 GB a 49,152-token micro step) after the classifier wrote them; the
+// head's backward now only transposes the bytes (fp8_transpose). It records no amax: the loss's
+// gradient is bounded (|dlogit| <= dloss * max dy/dz, 1 at the speedrun's cap, 448 after its
+// scale, where E5M2 saturates at 57,344).
 constexpr int kClassifierThreads = 512;
+
+// Where the classifier writes the gradient of an FP8 head: rows [N, Vp] of E5M2 bytes under the
+// fixed factor scale->scale (1/grad_s), or nothing (rows nullptr: BF16 dlogits over the logits).
+struct ClassifierFp8Grad {
+  uint8_t* rows = nullptr;
+  const Fp8Scale* scale = nullptr;
+};
+
+// A piece of dlogits d (columns col...) stored over the logits x, or cast into row8 (the row's
+// FP8 bytes) under the factor s8.
+__device__ __forceinline__ void store_dlogits(floatX* x, uint8_t* row8, float s8, int col, const x128& d) {
+  if (row8) {
+    *reinterpret_cast<Fp8Piece*>(row8 + col) = fp8_piece<Fp8Format::kE5M2>(d, s8);
+  } else {
+    store128(x + col, d);
+  }
+}
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Merges running softmax statistics (max m, sum of exp(x - m)) across a warp in a fixed tree.
@@ -5601,7 +5684,8 @@ __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_
 // Dynamic shared memory: one row, Vp elements.
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
+    ClassifierFp8Grad grad8) {
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
   __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
@@ -5647,10 +5731,11 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     losses[row] = logf(s) + m - classifier_logit<CAP>((float)row_s[target], cap, inv_scale);
   }
   if (dloss == 0.0f) return;
-  // dlogits = softmax * dloss everywhere, then the target's column gets (softmax - 1) * dloss from
-  // the thread that wrote its piece (so the two stores are in program order); times dy/dz when
+  // dlogits = softmax * dloss, and (softmax - 1) * dloss in the target's column; times dy/dz when
   // capped.
   const float row_max_log2 = m * kLog2e, scale = dloss / s;
+  uint8_t* row8 = grad8.rows ? grad8.rows + row * Vp : nullptr;
+  const float s8 = grad8.rows ? grad8.scale->scale : 0.0f;
   constexpr bool kCapped = CAP != llmc::LogitCap::kNone;
   auto dlogit_off_target = [&](float z) {
     float slope = 1.0f;
@@ -5670,13 +5755,13 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
         d[k] = (floatX)(col + k < V ? dlogit_off_target((float)v[k]) : 0.0f);
       }
     }
-    store128(x + col, d);
     if (target >= col && target < col + x128::size) {
       float slope = 1.0f;
       const float y = classifier_logit<CAP>((float)row_s[target], cap, inv_scale, &slope);
       const float p = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) / s;
-      x[target] = (floatX)(kCapped ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
+      d[target - col] = (floatX)(kCapped ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
     }
+    store_dlogits(x, row8, s8, col, d);
   }
 }
 
@@ -5705,7 +5790,8 @@ __device__ __forceinline__ void capped_classifier_half(int pieces, int half, int
 // other block has started by then. Hopper (compute capability 9.0+).
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
+    ClassifierFp8Grad grad8) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   float* grad_s = reinterpret_cast<float*>(classifier_shared);
@@ -5773,6 +5859,8 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
   // dlogits = g * dloss / sum; the target's column gets (softmax - 1) * dloss * dy/dz. Each thread
   // reads back the columns it wrote.
   const float scale = dloss / row_sum;
+  uint8_t* row8 = grad8.rows ? grad8.rows + row * Vp : nullptr;
+  const float s8 = grad8.rows ? grad8.scale->scale : 0.0f;
   for (int piece = first_piece + threadIdx.x; piece < end_piece; piece += kCappedClassifierThreads) {
     const int col = piece * kSize;
     x128 d;
@@ -5785,7 +5873,7 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
         d[k + j] = (floatX)(col + k + j == target ? dz - dloss * target_slope : dz);
       }
     }
-    store128(x + col, d);
+    store_dlogits(x, row8, s8, col, d);
   }
 #endif
 }
@@ -5811,7 +5899,8 @@ const ClassifierLimits& classifier_limits() {
 // Launches capped_classifier_kernel where the GPU has clusters and shared memory for a half row;
 // false where it does not.
 bool capped_classifier_launch(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
-                              const llmc::LogitCap& cap, float inv_scale, cudaStream_t stream) {
+                              const llmc::LogitCap& cap, float inv_scale, const ClassifierFp8Grad& grad8,
+                              cudaStream_t stream) {
   const ClassifierLimits& limits = classifier_limits();
   if (!limits.clusters) return false;
   const auto kernel = cap.kind == llmc::LogitCap::kRational ? capped_classifier_kernel<llmc::LogitCap::kRational>
@@ -5833,7 +5922,7 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale));
+  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale, grad8));
   return true;
 }
 
@@ -5841,13 +5930,17 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
 // the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does). Capped logits
 // take capped_classifier_kernel on GPUs with clusters where half a row fits in a block's shared
 // memory (Hopper's 227 KiB: Vp up to 116,000), unless recompute is set (the tests run both kernels).
-// Returns the kernel it ran.
+// grad8.rows given (training, BF16 builds): the dlogits are cast into them, not written over the
+// logits. Returns the kernel it ran.
 enum class ClassifierKernel { kRecomputing, kKeeping };
 ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
                                   float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {},
-                                  bool recompute = false) {
+                                  bool recompute = false, const ClassifierFp8Grad& grad8 = {}) {
   REQUIRE(Vp % x128::size == 0 && V <= Vp, "fused_classifier: Vp=%d must be a multiple of %d, and V=%d at most Vp",
           Vp, x128::size, V);
+  REQUIRE(!grad8.rows || (dloss != 0.0f && grad8.scale && sizeof(floatX) == 2 && (uintptr_t)grad8.rows % 16 == 0),
+          "fused_classifier: an FP8 gradient needs a training pass (dloss != 0), its scale, the BF16 build and "
+          "16-byte aligned rows");
   const bool capped = cap.kind != llmc::LogitCap::kNone;
   REQUIRE(!capped || (std::isfinite(cap.cap) && cap.cap > 0.0f && capped_shift_range_log2(cap) <= kCappedShiftMaxLog2),
           "fused_classifier: a cap of %g: it must be a positive number of at most %g (%s)", cap.cap,
@@ -5856,7 +5949,8 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
           "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);
   const int max_shared = classifier_limits().max_shared;
   const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
-  if (capped && !recompute && capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, stream)) {
+  if (capped && !recompute &&
+      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, grad8, stream)) {
     return ClassifierKernel::kKeeping;
   }
   const size_t shared = (size_t)Vp * sizeof(floatX);
@@ -5867,7 +5961,8 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
                       : cap.kind == llmc::LogitCap::kSigmoid ? fused_classifier_kernel<llmc::LogitCap::kSigmoid>
                                                              : fused_classifier_kernel<llmc::LogitCap::kNone>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale);
+  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale,
+                                                    grad8);
   cudaCheckLaunch();
   return ClassifierKernel::kRecomputing;
 }
@@ -7846,16 +7941,17 @@ void head_rows(GPT2& m, floatX* logits, const floatX* inp, int N, bool fp8 = fal
                  m.stream);
 }
 
-// From the dlogits in kOutput: the head's gradients, and that of the final norm's output into
+// From the dlogits in kOutput (with -fh 1: their FP8 cast, which the classifier wrote into
+// fp8_head_buffers.rows): the head's gradients, and that of the final norm's output into
 // scratch_btc.
 void head_backward(GPT2& m, int N, uint32_t seed) {
   const llmc::GPT2Config& c = m.config;
   if (m.fp8_head) {
     REQUIRE(m.fp8_head_tokens == N, "the FP8 head's backward of %d rows follows a training forward of them "
             "(gpt2_forward with ForwardPass::kTraining)", N);
-    matmul_backward_fp8_fixed(m.scratch_btc, m.grad(llmc::kHeadw), m.fp8_head_dweight, m.act(kOutput),
-                              m.fp8_head_input_t, m.fp8_head_weight, m.fp8_head_scales, m.fp8_head_scales + 2,
-                              m.fp8_head_buffers, N, c.channels, c.padded_vocab_size, seed, m.stream);
+    matmul_backward_fp8_fixed(m.scratch_btc, m.grad(llmc::kHeadw), m.fp8_head_dweight, m.fp8_head_input_t,
+                              m.fp8_head_weight, m.fp8_head_scales, m.fp8_head_scales + 2, m.fp8_head_buffers, N,
+                              c.channels, c.padded_vocab_size, seed, m.stream);
     return;
   }
   const bool tied = m.arch().tied_head;
@@ -8162,11 +8258,18 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T, ForwardPass pass = F
 
 // The losses of rows [first, first + n) of the last forward, whose logits act(kOutput) holds from
 // its first row on, against the targets uploaded (targets_upload). With dloss != 0 the logits are
-// replaced by dlogits scaled by dloss (1 / (B*T*micro steps) for training).
+// replaced by dlogits scaled by dloss (1 / (B*T*micro steps) for training), or after a training
+// forward with the FP8 head, cast for its backward into fp8_head_buffers.rows.
 void classifier_rows(GPT2& m, int first, int n, float dloss) {
   const int Vp = m.config.padded_vocab_size, V = m.arch().loss_over_padded_vocab ? Vp : m.config.vocab_size;
+  ClassifierFp8Grad grad8;
+  if (dloss != 0.0f && m.fp8_head_tokens > 0) {
+    REQUIRE(first == 0 && n == m.fp8_head_tokens, "classifier_rows: the FP8 head's gradient takes the training "
+            "forward's %d rows at once, not rows [%d, %d)", m.fp8_head_tokens, first, first + n);
+    grad8 = {m.fp8_head_buffers.rows, m.fp8_head_scales + 2};
+  }
   fused_classifier(m.act(kOutput), m.act_f(kLosses) + first, m.targets + first, n, V, Vp, dloss, m.stream,
-                   m.arch().logit_cap);
+                   m.arch().logit_cap, false, grad8);
 }
 
 void targets_upload(GPT2& m, const int* targets, int N) {

@@ -8,7 +8,10 @@
 // zero gradients), logits far past the caps' bends (the sigmoid's exponential overflows there),
 // losses poisoned first, training (dlogits written in place) and validation
 // (dloss = 0: logits left bit for bit as they were), twice each; which kernel ran, confirmed
-// (capped logits take the one that keeps the gradients on GPUs with clusters).
+// (capped logits take the one that keeps the gradients on GPUs with clusters). BF16 builds: the
+// FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the dlogits the same kernel
+// wrote in place (cuda_fp8.h's conversion on the host, which test_fp8 checks), the same losses,
+// the logits left as they were, twice.
 #include "dev/cuda/kernel_test.h"
 
 // losses[r] = logsumexp(y) - y[target] over the first V columns, y the capped logits; dlogits =
@@ -48,6 +51,46 @@ bool gpu_has_clusters() {
 // Logits far outside the cap's bend, which a trained head can reach: past -88.7 s the sigmoid
 // cap's exponential overflows FP32 (a NaN gradient unless clamped); the largest BF16 values too.
 constexpr float kExtremeLogits[] = {-700.0f, -1000.0f, -3.0e4f, -3.0e38f, 700.0f, 3.0e38f};
+
+// The FP8 head's gradient (BF16 builds), after a training run whose losses and in-place dlogits
+// are `training`: the rows hold e5m2(dlogits * 448) (the speedrun's grad_s = 1/448), the losses are
+// the same bits, the logits are left as they were; twice.
+void test_fp8_gradient(const Snapshot& training, const std::vector<float>& logits, DeviceArray<floatX>& d_logits,
+                       DeviceArray<float>& losses, const DeviceArray<int>& d_targets, int N, int V, int Vp,
+                       float dloss, const llmc::LogitCap& cap, bool recompute, const std::string& kernel) {
+  const size_t n = logits.size();
+  const Fp8Scale fixed = fp8_fixed_scale(1.0 / 448.0);
+  DeviceArray<Fp8Scale> scale(std::vector<Fp8Scale>{fixed});
+  DeviceArray<uint8_t> rows(n);
+  std::vector<uint8_t> expected(n);
+  const std::vector<unsigned char>& dlogits = training.bytes(1);
+  for (size_t i = 0; i < n; i++) {
+    floatX d;
+    memcpy(&d, &dlogits[i * sizeof(floatX)], sizeof(floatX));
+    expected[i] = (uint8_t)__nv_cvt_float_to_fp8((float)d * fixed.scale, __NV_SATFINITE, __NV_E5M2);
+  }
+  auto run = [&] {
+    d_logits.upload(logits);
+    losses.poison();
+    rows.poison();
+    fused_classifier(d_logits, losses, d_targets, N, V, Vp, dloss, 0, cap, recompute, {rows, scale});
+    return Snapshot(losses, rows);
+  };
+  const Snapshot first = run();
+  const std::vector<uint8_t> got = rows.raw();
+  size_t differ = 0, first_index = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (got[i] != expected[i] && differ++ == 0) first_index = i;
+  }
+  testing::check_verbose(differ == 0, llmc::strformat("FP8 gradient%s: the E5M2 cast of the dlogits (%zu of %zu "
+                                                      "bytes differ, the first at [%zu])", kernel.c_str(), differ, n,
+                                                      first_index));
+  testing::check_verbose(memcmp(first.bytes(0).data(), training.bytes(0).data(), N * sizeof(float)) == 0,
+                         "FP8 gradient: the losses of the BF16 gradient's run" + kernel);
+  DeviceArray<floatX> untouched(logits);
+  check_same_bits("FP8 gradient keeps logits" + kernel, Snapshot(untouched), Snapshot(d_logits));
+  check_same_bits("FP8 gradient twice" + kernel, first, run());
+}
 
 // No cap: GPT-2's classifier, logits of std 2. Capped: logits of std 20, so that most are well
 // into the cap's bend, and dloss = 1 (the modern recipes backpropagate the sum of the token
@@ -126,6 +169,9 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
     const Snapshot validation_bits(losses);
     run(0.0f);
     check_same_bits("validation twice" + kernel, validation_bits, Snapshot(losses));
+    if (sizeof(floatX) == 2) {
+      test_fp8_gradient(training_bits, logits, d_logits, losses, d_targets, N, V, Vp, dloss, cap, recompute, kernel);
+    }
   }
 }
 

@@ -23,6 +23,8 @@
 // head's layer with fixed scales: its casts bitwise against the CPU reference (both builds), its
 // three products (BF16 builds) against the CPU's double products of the same FP8 values, at
 // C = 768 and 128, OC = 50304 and 272, N = 64, 100 and 333; twice, and untuned, for the same bits.
+// fp8_transpose (the head's gradient, which the classifier casts) bitwise on random bytes, R odd
+// and C a multiple of 16 that is not one of the tile's 64.
 #include "dev/cuda/kernel_test.h"
 
 // ---- CPU reference of the casts ----
@@ -181,6 +183,26 @@ void check_cast_kernels(const std::string& label, const std::vector<float>& x, i
   scale_ok("cast-transpose");
   check_bytes(label + " transpose alone", cast_transpose(false).second, ref_t);
   testing::check_verbose(cast_transpose(true) == both, label + " cast-transpose twice: the same bits");
+}
+
+// fp8_transpose of R x C random bytes (every code, NaN's too: it moves bytes) against the CPU's
+// transpose with fp8_padded(R) columns, zeros past R; the output poisoned first; twice.
+void test_transpose(llmc::Rng& rng, int R, int C) {
+  const int ld_t = fp8_padded(R);
+  std::vector<uint8_t> rows((size_t)R * C), ref_t((size_t)C * ld_t, 0);
+  for (uint8_t& b : rows) b = (uint8_t)rng.u32();
+  for (int r = 0; r < R; r++) {
+    for (int c = 0; c < C; c++) ref_t[(size_t)c * ld_t + r] = rows[(size_t)r * C + c];
+  }
+  DeviceArray<uint8_t> d_rows(rows), out_t(ref_t.size());
+  auto transpose = [&] {
+    out_t.poison();
+    fp8_transpose(out_t, d_rows, R, C, 0);
+    return out_t.raw();
+  };
+  const std::vector<uint8_t> first = transpose();
+  check_bytes(llmc::strformat("transpose R=%d C=%d", R, C), first, ref_t);
+  testing::check_verbose(transpose() == first, llmc::strformat("transpose R=%d C=%d twice: the same bits", R, C));
 }
 
 // x: the stored values of an R x C tensor. Checks fp8_amax, then the casts with current scaling
@@ -992,8 +1014,9 @@ std::vector<float> as_float(const std::vector<double>& x) { return std::vector<f
 constexpr float kTolHeadForward = 1e-2f, kTolHeadDinp = 8e-3f, kTolHeadDweightFp32 = 2e-3f;
 
 // The head's layer (BF16 builds): fp8_fixed_weight_cast, matmul_forward_fp8_fixed and
-// matmul_backward_fp8_fixed on the recipe's scales and inputs. The casts each writes (w8 and its
-// transpose, x8 and its transpose, g8 and its transpose) bitwise against the CPU reference; out,
+// matmul_backward_fp8_fixed on the recipe's scales and inputs, the backward from the CPU's cast of
+// the gradient g8 (the classifier's, which test_classifier checks). The casts each writes (w8 and
+// its transpose, x8 and its transpose) and g8's transpose bitwise against the CPU reference; out,
 // dinp and the FP32 weight gradient against the CPU's double products of the reference's FP8
 // values; dweight = dweight0 + the FP32 product rounded stochastically; every pass twice, and
 // with cuBLASLt's first heuristic, for the same bits.
@@ -1008,7 +1031,7 @@ void test_head_layer(llmc::Rng& rng, int N, int C, int OC) {
   // Scales: 0 the weight's, 1 the input's, 2 the output gradient's.
   const std::vector<Fp8Scale> fixed = {fp8_fixed_scale(w_s), fp8_fixed_scale(x_s), fp8_fixed_scale(grad_s)};
   DeviceArray<Fp8Scale> scales(fixed);
-  DeviceArray<floatX> d_x(x), d_weight(weight), d_g(g);
+  DeviceArray<floatX> d_x(x), d_weight(weight);
   DeviceArray<uint8_t> w8((size_t)OC * C), w8t((size_t)OC * C), inp8((size_t)N * C), inp8_t((size_t)C * Np);
   DeviceArray<uint8_t> rows((size_t)N * std::max(C, OC)), dout_t((size_t)OC * Np);
   DeviceArray<floatX> out((size_t)N * OC), dinp((size_t)N * C), dweight((size_t)OC * C);
@@ -1027,6 +1050,8 @@ void test_head_layer(llmc::Rng& rng, int N, int C, int OC) {
   cast_reference(weight, OC, C, fixed[0].scale, Fp8Format::kE4M3, &ref_w8, &ref_w8t);
   cast_reference(x, N, C, fixed[1].scale, Fp8Format::kE4M3, &ref_x8, &ref_x8t);
   cast_reference(g, N, OC, fixed[2].scale, Fp8Format::kE5M2, &ref_g8, &ref_g8t);
+  std::vector<uint8_t> g8_rows(rows.size(), 0xff);  // the gradient's rows, poison past them
+  std::copy(ref_g8.begin(), ref_g8.end(), g8_rows.begin());
   check_bytes("weight cast w8", w8.raw(), ref_w8);
   check_bytes("weight cast, transposed w8t", w8t.raw(), ref_w8t);
 
@@ -1040,11 +1065,11 @@ void test_head_layer(llmc::Rng& rng, int N, int C, int OC) {
   auto backward = [&] {
     dinp.poison();
     dweight_fp32.poison();
-    rows.poison();
     dout_t.poison();
+    rows.upload(g8_rows);
     dweight.upload(dweight0);
-    matmul_backward_fp8_fixed(dinp, dweight, dweight_fp32, d_g, inp8_t, w, inp_scale, dout_scale, buffers, N, C,
-                              OC, seed, 0);
+    matmul_backward_fp8_fixed(dinp, dweight, dweight_fp32, inp8_t, w, inp_scale, dout_scale, buffers, N, C, OC,
+                              seed, 0);
     return Snapshot(dinp, dweight, dweight_fp32, rows, dout_t);
   };
   const Snapshot forward_bits = forward();
@@ -1060,8 +1085,6 @@ void test_head_layer(llmc::Rng& rng, int N, int C, int OC) {
   matmul_tuning = true;
 
   const Snapshot backward_bits = backward();
-  const std::vector<uint8_t> g8 = rows.raw();
-  check_bytes("backward: g8", std::vector<uint8_t>(g8.begin(), g8.begin() + (size_t)N * OC), ref_g8);
   check_bytes("backward: g8 transposed, padded", dout_t.raw(), ref_g8t);
   const double dinp_scale = (double)fixed[2].inv_scale * fixed[0].inv_scale;
   const std::vector<double> ref_dinp = fp8_product_reference(ref_g8, Fp8Format::kE5M2, ref_w8t, Fp8Format::kE4M3,
@@ -1129,6 +1152,12 @@ int main() {
       test_activation_backward_cast(rng, 37, 136, act);
     }
     test_fp8_decoder();
+    printf("\ntranspose of bytes (the FP8 head's gradient)\n");
+    test_transpose(rng, 1000, 1600);
+    test_transpose(rng, 37, 144);
+    test_transpose(rng, 129, 64);
+    test_transpose(rng, 1, 16);
+    test_transpose(rng, 333, 272);
     test_fixed_casts(rng, 64, 768, 50304);
     test_fixed_casts(rng, 333, 128, 272);
 #if defined(ENABLE_FP32)
