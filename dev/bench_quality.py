@@ -9,7 +9,7 @@ it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_
                                  [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
                                  [--reference_script PATH] [--reference_window_factor 16] [--speedrun_repeats 1]
-                                 [--dry_run]
+                                 [--shared_init] [--dry_run]
                                  [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun]]
 
 Every run is d12 on the same shards, validated every --val_every steps and at the last. ours_modern,
@@ -43,6 +43,16 @@ reports each side's spread and, with two runs a side or more, the standard error
 of the means and about how many runs a side would make it half the 1% tolerance. Such runs cost
 less with --stop_after S: each run of the pair stops after its validation at step S (its schedule
 still that of --steps), and finished runs of the same OUTDIR are read up to step S.
+
+--shared_init pairs the k-th runs of the two sides: both start from the same weights, the seeded
+init of train_gpt2.py (seed 42 + k - 1, the init ours draws with -S) rounded to BF16, written by the
+bench as OUTDIR/init.bin, init_2.bin, ... (ours' -e, a BF16 checkpoint) and as init.pt, init_2.pt,
+... in OUTDIR/ref_speedrun (the reference's parameter names and shapes, reference_init_tensors). The reference's copy then has one
+edit more: after its own init it copies every parameter from the file in $SPEEDRUN_INIT, asserting
+that each name and shape is there and nothing is left over. The two sides then differ only in
+their numerics and code, not in their draw of weights, and the comparison takes each pair's
+relative difference: its mean and the standard error from the pairs' own spread, which the seeds'
+spread (each side's runs apart) no longer widens.
 
 The training time of a step is its step line's ms (ours; validation, start-up and the first step,
 which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
@@ -203,7 +213,8 @@ def run_command(name, args, repeat=1):
         return ["./train_gpt2cu", "-recipe", "gpt2", "-l", str(args.gpt2_lr), "-u", str(args.gpt2_warmup)] + common_ours
     if name == "ours_speedrun":
         seed = ["-S", str(SPEEDRUN_SEED + repeat - 1)] if repeat > 1 else []
-        return ["./train_gpt2cu", "-recipe", "speedrun", "-e", "d12", "-i", args.train, "-j", args.val,
+        model = shared_init_paths(args, repeat)[0] if args.shared_init else "d12"
+        return ["./train_gpt2cu", "-recipe", "speedrun", "-e", model, "-i", args.train, "-j", args.val,
                 "-x", str(args.steps), "-v", str(args.val_every),
                 "-m", str(args.speedrun_val_tokens // args.speedrun_val_seq_len),
                 "-vt", str(args.speedrun_val_seq_len), "-s", "0"] + seed + \
@@ -237,10 +248,78 @@ def reference_command(args):
     return launcher + ["--standalone", "--nproc_per_node=1", "train_gpt.py"]
 
 
+# --shared_init: after the reference's own init (and its broadcast from rank 0), every parameter
+# is copied from the file that $SPEEDRUN_INIT names, by name, its shape asserted.
+REFERENCE_BROADCAST = "    dist.broadcast(param.detach(), 0)"
+REFERENCE_SHARED_INIT = REFERENCE_BROADCAST + """
+shared_init = torch.load(os.environ["SPEEDRUN_INIT"])  # bench_quality.py --shared_init
+with torch.no_grad():
+    for name, param in model.named_parameters():
+        init = shared_init.pop(name)
+        assert init.shape == param.shape, f"{name}: initial {tuple(init.shape)}, parameter {tuple(param.shape)}"
+        param.copy_(init)
+assert not shared_init, f"initial tensors of no parameter: {sorted(shared_init)}\""""
+
+
+def shared_init_paths(args, repeat):
+    """--shared_init: the k-th pair's initial weights, ours' (a BF16 checkpoint) and the reference's."""
+    return (os.path.join(args.outdir, f"init{repeat_suffix(repeat)}.bin"),
+            os.path.join(args.outdir, "ref_speedrun", f"init{repeat_suffix(repeat)}.pt"))
+
+
+def reference_init_tensors(model):
+    """{name: BF16 tensor} of record #28's GPT (one process) holding the values of train_gpt2.py's
+    speedrun model, each rounded to BF16 as its BF16 checkpoint rounds it: embed and value_embeds.k
+    (wte, ve.k); per layer with attention blocks.i.attn.qkvo_w [4, C, C] (q, k, v from c_attn's
+    [3C, C], then the output projection) and attn.dampen.weight (the gate); per layer
+    blocks.i.mlp.c_fc [C, 4C] (fc's weight transposed: the reference applies c_fc.T) and
+    blocks.i.mlp.c_proj [C, 4C]; lm_head.weight; and scalars [5 L]: L skip weights (ours' L/2, then
+    ones: the reference reads only the first L/2), each layer's lambdas, each layer's value scales
+    (0.5, 0.5 in the layer without attention, which reads none)."""
+    import torch  # only --shared_init needs it: the bench's python may lack it (--python)
+    config, t = model.config, model.transformer
+    L, C = config.num_layers, config.channels
+    tensors = {"embed.weight": t.wte.weight, "lm_head.weight": model.lm_head.weight}
+    for k, table in enumerate(t.ve):
+        tensors[f"value_embeds.{k}.weight"] = table.weight
+    value_scales = []
+    for i, block in enumerate(t.h):
+        if block.attn is not None:
+            qkv = block.attn.c_attn.weight.view(3, C, C)
+            tensors[f"blocks.{i}.attn.qkvo_w"] = torch.cat([qkv, block.attn.c_proj.weight[None]])
+            tensors[f"blocks.{i}.attn.dampen.weight"] = block.attn.gate.weight
+            value_scales.append(block.attn.value_scales)
+        else:
+            value_scales.append(torch.full((2,), 0.5))
+        tensors[f"blocks.{i}.mlp.c_fc"] = block.mlp.c_fc.weight.t()
+        tensors[f"blocks.{i}.mlp.c_proj"] = block.mlp.c_proj.weight
+    skips = torch.cat([model.skip_weights, torch.ones(L - model.skip_weights.numel())])
+    tensors["scalars"] = torch.cat([skips] + [block.lambdas for block in t.h] + value_scales)
+    return {name: tensor.detach().to(torch.bfloat16).contiguous() for name, tensor in tensors.items()}
+
+
+def write_shared_init(args, repeat):
+    """Writes the k-th pair's initial weights (shared_init_paths) where they are not there yet."""
+    ours, reference = shared_init_paths(args, repeat)
+    if os.path.exists(ours) and os.path.exists(reference):
+        return
+    import torch
+    import train_gpt2 as tg
+    seed = SPEEDRUN_SEED + repeat - 1
+    config = tg.make_config(*tg.SPEEDRUN_PRESETS["d12"], source="d12", arch="speedrun")
+    model = tg.GPT(config)
+    tg.init_weights(model, seed)
+    tg.write_checkpoint(model, ours, tg.CHECKPOINT_BF16)
+    torch.save(reference_init_tensors(model), reference + ".partial")
+    os.replace(reference + ".partial", reference)
+    print(f"=== shared init {repeat}: train_gpt2.py's seed {seed} in {ours} and {reference}", flush=True)
+
+
 def reference_edits(args):
     """(record #28's text, the bench's) for each edit of the reference's copy."""
     window = "token_window = grad_accum_steps * ({} * batch_size if align_to_bos else batch_size)"
-    return [
+    shared_init = [(REFERENCE_BROADCAST, REFERENCE_SHARED_INIT)] if args.shared_init else []
+    return shared_init + [
         ('train_files = "data/fineweb10B/fineweb_train_*.bin"', f"train_files = {os.path.abspath(args.train)!r}"),
         ('val_files = "data/fineweb10B/fineweb_val_*.bin"', f"val_files = {os.path.abspath(args.val)!r}"),
         ("num_iterations = 1695", f"num_iterations = {args.steps}"),
@@ -377,10 +456,26 @@ def loss_stdev(runs):
     return {step: statistics.stdev(losses) for step, losses in losses_by_step(runs).items()}
 
 
+def pair_differences_sd(ours, ref):
+    """{step: sample standard deviation of the pairs' relative differences (ours - reference) /
+    reference} over runs paired in order (--shared_init); {} for fewer than two pairs."""
+    if len(ours) != len(ref) or len(ours) < 2:
+        return {}
+    ours_at, ref_at = losses_by_step(ours), losses_by_step(ref)
+    return {step: statistics.stdev((o - r) / r for o, r in zip(ours_at[step], ref_at[step]))
+            for step in set(ours_at) & set(ref_at)}
+
+
 def difference_error(c, step):
     """At a step, the standard error of the difference of the two sides' mean losses relative to the
     reference's mean, and the runs a side that would bring it to half of LOSS_TOLERANCE (so that
-    the tolerance is two standard errors); None without two runs on each side."""
+    the tolerance is two standard errors); None without two runs on each side. Paired runs
+    (--shared_init): from the spread of the pairs' differences, else from each side's own."""
+    if c["paired"]:
+        if step not in c["pair_sd"]:
+            return None
+        sd = c["pair_sd"][step]
+        return sd / math.sqrt(c["ours_runs"]), math.ceil((sd / (LOSS_TOLERANCE / 2)) ** 2)
     if step not in c["ours_sd"] or step not in c["ref_sd"]:
         return None
     ref_loss = next(row[1] for row in c["losses"] if row[0] == step)
@@ -390,14 +485,16 @@ def difference_error(c, step):
     return error, runs
 
 
-def speedrun_comparison(ours, ref):
+def speedrun_comparison(ours, ref, paired=False):
     """The numbers of the speedrun pair from each side's runs [(curve, step ms)], one or several
     (repeats): ratio (the reference's mean ms/step over ours, each the mean of its runs'), losses
     [(step, reference, ours, relative difference)] of the runs' mean losses at the steps all
     validated, the largest relative difference and its step, the reference's (mean) final loss and
     training seconds, the seconds ours (its mean curve) needs to reach that loss (None if it never
     does), and each side's number of runs, spread of losses ({step: (lowest, highest)}) and their
-    standard deviations ({step: sd}, empty for one run)."""
+    standard deviations ({step: sd}, empty for one run); paired (--shared_init: ours' k-th run and
+    the reference's from the same weights): the standard deviation of the pairs' relative
+    differences ({step: sd})."""
     ours_curve, ref_curve = mean_curve(ours), mean_curve(ref)
     ours_ms = mean(mean_step_ms(curve, ms) for curve, ms in ours)
     ref_ms = mean(mean_step_ms(curve, ms) for curve, ms in ref)
@@ -410,7 +507,8 @@ def speedrun_comparison(ours, ref):
             "losses": losses, "worst": worst, "ref_final": ref_final, "ref_seconds": ref_seconds,
             "ours_reach": time_to_reach(ours_curve, ref_final), "ours_runs": len(ours), "ref_runs": len(ref),
             "ours_spread": loss_spread(ours), "ref_spread": loss_spread(ref),
-            "ours_sd": loss_stdev(ours), "ref_sd": loss_stdev(ref)}
+            "ours_sd": loss_stdev(ours), "ref_sd": loss_stdev(ref),
+            "paired": paired, "pair_sd": pair_differences_sd(ours, ref) if paired else {}}
 
 
 def parse_args(argv=None):
@@ -442,6 +540,8 @@ def parse_args(argv=None):
     p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the speedrun pair: ours with "
                    f"seeds {SPEEDRUN_SEED}, {SPEEDRUN_SEED + 1}, ..., the reference (unseeded) as often; the "
                    "comparison takes each side's mean")
+    p.add_argument("--shared_init", action="store_true", help="the speedrun pair's k-th runs start from the same "
+                   "weights (train_gpt2.py's init, seed 42 + k - 1); the comparison takes the pairs' differences")
     p.add_argument("--stop_after", type=int, default=0, help="the speedrun pair's runs stop after their "
                    "validation at this step, their schedule still --steps' (0: they run to the end)")
     p.add_argument("--reference_window_factor", type=int, default=16, help="the reference's document-aligned "
@@ -487,6 +587,8 @@ def check_args(args):
         if args.speedrun_val_seq_len <= 0 or args.speedrun_val_tokens % args.speedrun_val_seq_len:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of --speedrun_val_seq_len "
                  f"{args.speedrun_val_seq_len}")
+    if args.shared_init and not ("ours_speedrun" in runs and "ref_speedrun" in runs):
+        fail("--shared_init pairs the speedrun's runs: give --runs both ours_speedrun and ref_speedrun")
     if "ref_speedrun" in runs:
         if args.speedrun_val_tokens % REFERENCE_VAL_SEQ_LEN:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of the reference's "
@@ -496,11 +598,11 @@ def check_args(args):
 
 
 def run_signature(name, args, repeat=1):
-    """What a run's log records of the command that wrote it: the command line, and for the
-    reference the edits of its copy."""
+    """What a run's log records of the command that wrote it, on one line: the command line, and for
+    the reference the edits of its copy (their line breaks written as \\n)."""
     signature = shlex.join(run_command(name, args, repeat))
     if name == "ref_speedrun":
-        signature += " | edits: " + "; ".join(replacement for _, replacement in reference_edits(args))
+        signature += " | edits: " + "; ".join(replacement.replace("\n", "\\n") for _, replacement in reference_edits(args))
     return signature
 
 
@@ -520,15 +622,16 @@ def finished(name, args, repeat=1):
     return (curve, ms) if curve and curve[-1][0] == last else None
 
 
-def run_until(command, cwd, log, echo, stop):
-    """Runs command in cwd in a session of its own, its output (unbuffered, for Python) appended to
-    the open file log line by line, and with echo to the terminal too. stop: None, or a function of
-    a line that says the run has done its part: then the session is killed (torchrun's workers
-    with it) and the status is 0. Else the command's status. Interrupted (Ctrl-C reaches the bench
-    alone, the session being its own), it kills the session before it stops."""
+def run_until(command, cwd, log, echo, stop, env=None):
+    """Runs command in cwd in a session of its own (env: variables added to the bench's), its output
+    (unbuffered, for Python) appended to the open file log line by line, and with echo to the
+    terminal too. stop: None, or a function of a line that says the run has done its part: then the
+    session is killed (torchrun's workers with it) and the status is 0. Else the command's status.
+    Interrupted (Ctrl-C reaches the bench alone, the session being its own), it kills the session
+    before it stops."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, errors="replace", bufsize=1, start_new_session=True,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                               env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     try:
         for line in process.stdout:
             if echo:
@@ -553,10 +656,13 @@ def run_logged(name, args, repeat=1):
     cwd = os.path.join(args.outdir, "ref_speedrun") if name == "ref_speedrun" else None
     last = run_last_step(name, args)
     stop = (lambda line: validation_step(name, line) == last) if args.stop_after else None
+    env = {}
+    if args.shared_init and name == "ref_speedrun":
+        env["SPEEDRUN_INIT"] = os.path.abspath(shared_init_paths(args, repeat)[1])
     with open(log, "w") as f:
         f.write(COMMAND_MARK + run_signature(name, args, repeat) + "\n")
         f.flush()
-        return run_until(command, cwd, f, name == "ref_speedrun", stop)
+        return run_until(command, cwd, f, name == "ref_speedrun", stop, env)
 
 
 def gpu_samples_path(log):
@@ -636,6 +742,8 @@ def main():
         print(f"=== {title}{where}: {shlex.join(run_command(name, args, repeat))}", flush=True)
         if args.dry_run:
             continue
+        if args.shared_init and name in SPEEDRUN_RUNS:
+            write_shared_init(args, repeat)
         with gpu_sampler(gpu_samples_path(log)):
             status = run_logged(name, args, repeat)
         text = open(log, errors="replace").read()
@@ -692,7 +800,8 @@ def report(args, runs, instances, curves, step_ms):
                      f"{gpu_load_cell(gpu_samples_path(run_log(name, args, repeat)))} |")
     if "ours_speedrun" in runs and "ref_speedrun" in runs:
         lines += speedrun_report(speedrun_comparison(runs_of("ours_speedrun", instances, curves, step_ms),
-                                                     runs_of("ref_speedrun", instances, curves, step_ms)))
+                                                     runs_of("ref_speedrun", instances, curves, step_ms),
+                                                     args.shared_init))
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.outdir, "quality.md"), "w") as f:
@@ -740,8 +849,9 @@ def speedrun_report(c):
     lines = ["", "speedrun recipe against record #28's script (same shards, steps and validation tokens):"]
     if repeated:
         lines.append(f"- {c['ours_runs']} runs of ours (seeds {SPEEDRUN_SEED}-{SPEEDRUN_SEED + c['ours_runs'] - 1}) "
-                     f"and {c['ref_runs']} of the reference (which sets no seed): the numbers below are the "
-                     "means of each side's runs")
+                     f"and {c['ref_runs']} of the reference "
+                     + ("(each pair from the same weights, --shared_init)" if c["paired"] else "(which sets no seed)")
+                     + ": the numbers below are the means of each side's runs")
     lines.append(f"- ms/step (mean of the timed steps): ours {c['ours_ms']:.1f}, reference {c['ref_ms']:.1f}: "
                  f"{c['ratio']:.2f}x (at least {SPEED_TARGET}x: {yes_no(c['ratio'] >= SPEED_TARGET)})")
     if c["worst"] is not None:
@@ -764,7 +874,9 @@ def speedrun_report(c):
         error = difference_error(c, step)
         if error is not None and error[0] > 0:
             lines.append(f"- there the difference of the means is {c['worst'][3] / error[0]:.1f} standard errors "
-                         f"of it ({100 * error[0]:.2f}%, from each side's standard deviation over its runs); "
+                         f"of it ({100 * error[0]:.2f}%, from "
+                         + ("the spread of the pairs' differences" if c["paired"]
+                            else "each side's standard deviation over its runs") + "); "
                          f"a standard error of {50 * LOSS_TOLERANCE:.1f}% (so that {100 * LOSS_TOLERANCE:.0f}% is two of "
                          f"them) would take about {error[1]} runs a side")
     lines.append("")

@@ -8,7 +8,9 @@
 # with --speedrun_repeats, the repeats' commands and the comparison of each side's means, spread and
 # standard error, and the table's GPU column from a fabricated sample file; (d) the GPU sampler,
 # with a stand-in nvidia-smi; (e) --stop_after: its errors, longer outputs read up to its step, and
-# the stop itself on a stand-in run. Scratch files go to build/test_tmp/bench_quality.
+# the stop itself on a stand-in run; (f) --shared_init: the commands, the reference's copy loading
+# the init, the init's tensors in the reference's layout (a stand-in of its parameter table), the
+# paired standard error. Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
 set -uo pipefail
@@ -35,6 +37,8 @@ class Hyperparameters:
     val_loss_every = 125 # every how many steps to evaluate val loss? 0 for only at the end
 def loader(grad_accum_steps, batch_size, align_to_bos):
         token_window = grad_accum_steps * (2 * batch_size if align_to_bos else batch_size) # buffer
+for param in model.parameters():
+    dist.broadcast(param.detach(), 0)
 print("unchanged")
 EOF
 out=$(bench "$DIR/a" --train 'shards/t_*.bin' --val 'shards/v_*.bin' --steps 300 --val_every 100 \
@@ -327,5 +331,146 @@ wait $bench_pid
 check "run_until interrupted: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
 sleep 0.3
 check "run_until interrupted: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
+
+# --- (f) --shared_init: each pair from the same weights.
+out=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --reference_script "$DIR/stand_in.py" --speedrun_repeats 2 --shared_init --dry_run 2>&1)
+check "--shared_init: dry run exits 0" "$?" 0
+check "--shared_init: ours starts from the pair's BF16 file" \
+  "$(grep -c -e "^=== ours_speedrun 1/2: ./train_gpt2cu -recipe speedrun -e $DIR/p/init.bin " \
+    -e "^=== ours_speedrun 2/2: ./train_gpt2cu -recipe speedrun -e $DIR/p/init_2.bin .* -S 43 " <<< "$out")" 2
+check "--shared_init: a dry run writes no init" "$(ls "$DIR/p" | grep -c init)" 0
+copy="$DIR/p/ref_speedrun/train_gpt.py"
+check "--shared_init: the copy loads \$SPEEDRUN_INIT after its broadcast" \
+  "$(grep -A1 '^    dist.broadcast(param.detach(), 0)$' "$copy" | tail -1)" \
+  'shared_init = torch.load(os.environ["SPEEDRUN_INIT"])  # bench_quality.py --shared_init'
+check "--shared_init: the edited copy is valid Python" "$("$PY" -c "import ast, sys; ast.parse(open(sys.argv[1]).read()); print(1)" "$copy")" 1
+err=$(bench "$DIR/p2" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun --shared_init --dry_run 2>&1)
+check "--shared_init without the reference: exit 1, one line" "$?:$(wc -l <<< "$err"):$(grep -c 'give --runs both' <<< "$err")" 1:1:1
+
+# Finished outputs of a --shared_init bench are read again (no init written): the reference's
+# signature, its edits' line breaks written as \n, is the log's one first line.
+flags=(--train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun
+  --target_run ref_speedrun --shared_init)
+mkdir -p "$DIR/q/ref_speedrun"
+for name in ours_speedrun ref_speedrun; do
+  "$PY" -c 'import sys; sys.path.insert(0, "dev"); import bench_quality as bq
+print(bq.COMMAND_MARK + bq.run_signature(sys.argv[1], bq.parse_args(sys.argv[2:])))' "$name" "$DIR/q" "${flags[@]}" \
+    > "$DIR/q/signature_$name"
+  [ $name = ref_speedrun ] && log="$DIR/q/ref_speedrun/output.log" src="$DIR/g/ref_speedrun/output.log" ||
+    log="$DIR/q/$name.log" src="$DIR/g/$name.log"
+  cat "$DIR/q/signature_$name" "$src" > "$log"
+done
+check "--shared_init: the reference's signature is one line, with its load" \
+  "$(wc -l < "$DIR/q/signature_ref_speedrun"):$(grep -c 'dist.broadcast(param.detach(), 0)\\nshared_init = torch.load' "$DIR/q/signature_ref_speedrun")" 1:1
+out=$(bench "$DIR/q" "${flags[@]}" 2>&1)
+check "--shared_init: finished outputs are read, none run, no init written" \
+  "$?:$(grep -c '^=== .*: read ' <<< "$out"):$(ls "$DIR/q" | grep -c '^init')" 0:2:0
+
+# The init's tensors (tiny speedrun: 12 layers, C 128, 2 heads), every parameter made non-zero,
+# loaded by the copy's own lines into a stand-in of record #28's parameter table (written from its
+# GPT, Block, CausalSelfAttention and MLP: names, shapes, layer 7 without attention, 5 L scalars).
+result=$("$PY" - "$DIR" <<'EOF'
+import os, sys, torch, torch.nn as nn
+sys.path.insert(0, "dev")
+sys.path.insert(0, ".")
+import bench_quality as bq, train_gpt2 as tg
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
+ours = tg.GPT(config)
+tg.init_weights(ours, 5)
+torch.manual_seed(5)
+with torch.no_grad():
+    for p in ours.parameters():
+        p.add_(torch.randn_like(p))
+L, C, NH, Vp = config.num_layers, config.channels, config.num_heads, config.padded_vocab_size
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkvo_w = nn.Parameter(torch.zeros(4, C, C))
+        self.dampen = nn.Linear(C // 64, NH, bias=False)
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc, self.c_proj = nn.Parameter(torch.zeros(C, 4 * C)), nn.Parameter(torch.zeros(C, 4 * C))
+
+class Block(nn.Module):
+    def __init__(self, i):
+        super().__init__()
+        self.attn = Attention() if i != 7 else None
+        self.mlp = Mlp()
+
+class Reference(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(Vp, C).bfloat16()
+        self.value_embeds = nn.ModuleList([nn.Embedding(Vp, C).bfloat16() for _ in range(3)])
+        self.blocks = nn.ModuleList([Block(i) for i in range(L)])
+        self.lm_head = nn.Linear(C, Vp, bias=False)
+        self.scalars = nn.Parameter(torch.zeros(5 * L))
+
+path = os.path.join(sys.argv[1], "tiny_init.pt")
+torch.save(bq.reference_init_tensors(ours), path)
+os.environ["SPEEDRUN_INIT"] = path
+load = bq.REFERENCE_SHARED_INIT.split("\n", 1)[1]  # the lines after the broadcast
+model = Reference()
+exec(load, {"torch": torch, "os": os, "model": model})
+bf = lambda t: t.detach().to(torch.bfloat16).float()
+t, ok = ours.transformer, []
+ok.append(torch.equal(model.embed.weight.float(), bf(t.wte.weight)))
+ok.append(all(torch.equal(model.value_embeds[k].weight.float(), bf(t.ve[k].weight)) for k in range(3)))
+for i in range(L):
+    b, r = t.h[i], model.blocks[i]
+    if i != 7:  # the reference's q, k, v: F.linear(x, qkvo_w[:3].flatten(end_dim=1)); o: qkvo_w[3]
+        ok.append(torch.equal(r.attn.qkvo_w[:3].flatten(end_dim=1), bf(b.attn.c_attn.weight)))
+        ok.append(torch.equal(r.attn.qkvo_w[3], bf(b.attn.c_proj.weight)))
+        ok.append(torch.equal(r.attn.dampen.weight, bf(b.attn.gate.weight)))
+    ok.append(torch.equal(r.mlp.c_fc.T, bf(b.mlp.c_fc.weight)))  # F.linear(x, c_fc.T)
+    ok.append(torch.equal(r.mlp.c_proj, bf(b.mlp.c_proj.weight)))
+ok.append(torch.equal(model.lm_head.weight, bf(ours.lm_head.weight)))
+s = model.scalars
+ok.append(torch.equal(s[:L // 2], bf(ours.skip_weights)) and torch.equal(s[L // 2:L], torch.ones(L // 2)))
+ok.append(all(torch.equal(s[L + 2 * i:L + 2 * i + 2], bf(t.h[i].lambdas)) for i in range(L)))
+ok.append(all(torch.equal(s[3 * L + 2 * i:3 * L + 2 * i + 2],
+                          bf(t.h[i].attn.value_scales) if i != 7 else torch.full((2,), 0.5)) for i in range(L)))
+print(len(ok), all(ok))
+# A tensor of the wrong shape, and one the model does not have, stop the load.
+for name, change in [("blocks.0.mlp.c_fc", lambda d: d.update({"blocks.0.mlp.c_fc": d["blocks.0.mlp.c_fc"].t()})),
+                     ("extra", lambda d: d.update({"extra": torch.zeros(1)}))]:
+    tensors = bq.reference_init_tensors(ours)
+    change(tensors)
+    torch.save(tensors, path)
+    try:
+        exec(load, {"torch": torch, "os": os, "model": Reference()})
+        print(name, "loaded")
+    except AssertionError as e:
+        print(name, "refused:", str(e).split(":")[0])
+EOF
+)
+check "--shared_init: every tensor of the stand-in loaded, each in its place (63 checks)" "$(head -1 <<< "$result")" "63 True"
+check "--shared_init: a tensor of another shape stops the load" "$(sed -n 2p <<< "$result")" "blocks.0.mlp.c_fc refused: blocks.0.mlp.c_fc"
+check "--shared_init: a tensor of no parameter stops the load" "$(sed -n 3p <<< "$result")" "extra refused: initial tensors of no parameter"
+
+# Paired runs: the references' losses spread 10%, each of ours 0.1%, 0.2%, 0.3% above its pair.
+# The pairs' differences have a standard deviation of 0.1%: a standard error of 0.058%, where each
+# side's own spread would make it 3.9%.
+paired=$("$PY" - <<'EOF'
+import sys
+sys.path.insert(0, "dev")
+import bench_quality as bq
+refs = [5.0, 5.25, 5.5]
+ref = [([(0, 0.0, 10.0), (2, 2.0, r)], [1000.0] * 2) for r in refs]
+ours = [([(0, 0.0, 10.0), (2, 1.0, r * (1 + d))], [500.0] * 2) for r, d in zip(refs, [0.001, 0.002, 0.003])]
+for paired in (True, False):
+    error, runs = bq.difference_error(bq.speedrun_comparison(ours, ref, paired), 2)
+    print(f"{100 * error:.3f} {runs}")
+print([line for line in bq.speedrun_report(bq.speedrun_comparison(ours, ref, True)) if "standard errors" in line][0])
+EOF
+)
+check "paired: the standard error of the pairs' differences, 1 pair needed" "$(sed -n 1p <<< "$paired")" "0.058 1"
+check "unpaired: each side's spread, 186 runs a side" "$(sed -n 2p <<< "$paired")" "3.933 186"
+check "paired: the report says where its standard error comes from" \
+  "$(grep -c "standard errors of it (0.06%, from the spread of the pairs' differences)" <<< "$paired")" 1
 
 finish test_bench_quality
