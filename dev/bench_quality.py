@@ -9,7 +9,7 @@ it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_
                                  [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
                                  [--reference_script PATH] [--reference_window_factor 16] [--speedrun_repeats 1]
-                                 [--shared_init] [--dry_run]
+                                 [--shared_init [--init_seed S]] [--dry_run]
                                  [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun]]
 
 Every run is d12 on the same shards, validated every --val_every steps and at the last. ours_modern,
@@ -45,9 +45,11 @@ less with --stop_after S: each run of the pair stops after its validation at ste
 still that of --steps), and finished runs of the same OUTDIR are read up to step S.
 
 --shared_init pairs the k-th runs of the two sides: both start from the same weights, the seeded
-init of train_gpt2.py (seed 42 + k - 1, the init ours draws with -S) rounded to BF16, written by the
-bench as OUTDIR/init.bin, init_2.bin, ... (ours' -e, a BF16 checkpoint) and as init.pt, init_2.pt,
-... in OUTDIR/ref_speedrun (the reference's parameter names and shapes, reference_init_tensors). The reference's copy then has one
+init of train_gpt2.py (seed 42 + k - 1, the init ours draws with -S; every pair --init_seed's with
+it) rounded to BF16, written by the bench as OUTDIR/init_seedS.bin (ours' -e, a BF16 checkpoint) and
+OUTDIR/ref_speedrun/init_seedS.pt (the reference's parameter names and shapes,
+reference_init_tensors). Ours keeps its seed 42 + k - 1 (-S), which then moves only its stochastic
+rounding, so --init_seed measures each side's spread from one init: its numerics' alone. The reference's copy then has one
 edit more: after its own init it copies every parameter from the file in $SPEEDRUN_INIT, asserting
 that each name and shape is there and nothing is left over. The two sides then differ only in
 their numerics and code, not in their draw of weights, and the comparison takes each pair's
@@ -261,10 +263,16 @@ with torch.no_grad():
 assert not shared_init, f"initial tensors of no parameter: {sorted(shared_init)}\""""
 
 
+def shared_init_seed(args, repeat):
+    """--shared_init: the seed of the k-th pair's initial weights."""
+    return args.init_seed if args.init_seed is not None else SPEEDRUN_SEED + repeat - 1
+
+
 def shared_init_paths(args, repeat):
     """--shared_init: the k-th pair's initial weights, ours' (a BF16 checkpoint) and the reference's."""
-    return (os.path.join(args.outdir, f"init{repeat_suffix(repeat)}.bin"),
-            os.path.join(args.outdir, "ref_speedrun", f"init{repeat_suffix(repeat)}.pt"))
+    seed = shared_init_seed(args, repeat)
+    return (os.path.join(args.outdir, f"init_seed{seed}.bin"),
+            os.path.join(args.outdir, "ref_speedrun", f"init_seed{seed}.pt"))
 
 
 def reference_init_tensors(model):
@@ -305,14 +313,14 @@ def write_shared_init(args, repeat):
         return
     import torch
     import train_gpt2 as tg
-    seed = SPEEDRUN_SEED + repeat - 1
+    seed = shared_init_seed(args, repeat)
     config = tg.make_config(*tg.SPEEDRUN_PRESETS["d12"], source="d12", arch="speedrun")
     model = tg.GPT(config)
     tg.init_weights(model, seed)
     tg.write_checkpoint(model, ours, tg.CHECKPOINT_BF16)
     torch.save(reference_init_tensors(model), reference + ".partial")
     os.replace(reference + ".partial", reference)
-    print(f"=== shared init {repeat}: train_gpt2.py's seed {seed} in {ours} and {reference}", flush=True)
+    print(f"=== shared init: train_gpt2.py's seed {seed} in {ours} and {reference}", flush=True)
 
 
 def reference_edits(args):
@@ -542,6 +550,8 @@ def parse_args(argv=None):
                    "comparison takes each side's mean")
     p.add_argument("--shared_init", action="store_true", help="the speedrun pair's k-th runs start from the same "
                    "weights (train_gpt2.py's init, seed 42 + k - 1); the comparison takes the pairs' differences")
+    p.add_argument("--init_seed", type=int, help="with --shared_init: every pair from the init of this seed "
+                   "(each side's spread from one init)")
     p.add_argument("--stop_after", type=int, default=0, help="the speedrun pair's runs stop after their "
                    "validation at this step, their schedule still --steps' (0: they run to the end)")
     p.add_argument("--reference_window_factor", type=int, default=16, help="the reference's document-aligned "
@@ -589,6 +599,8 @@ def check_args(args):
                  f"{args.speedrun_val_seq_len}")
     if args.shared_init and not ("ours_speedrun" in runs and "ref_speedrun" in runs):
         fail("--shared_init pairs the speedrun's runs: give --runs both ours_speedrun and ref_speedrun")
+    if args.init_seed is not None and not args.shared_init:
+        fail(f"--init_seed {args.init_seed}: the seed of --shared_init's weights; give --shared_init too")
     if "ref_speedrun" in runs:
         if args.speedrun_val_tokens % REFERENCE_VAL_SEQ_LEN:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of the reference's "
@@ -783,7 +795,9 @@ def report(args, runs, instances, curves, step_ms):
                      f"tokens, ours in sequences of {args.speedrun_val_seq_len}"
                      + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (token window x{args.reference_window_factor})"
                         if "ref_speedrun" in runs else "")
-                     + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else ""))
+                     + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else "")
+                     + (f"; every pair from train_gpt2.py's init of seed {args.init_seed}"
+                        if args.init_seed is not None else ""))
     if target is not None:
         lines.append(f"target: {LABELS[target_run]}'s final validation loss {target:.4f}")
     lines.append("| run | steps | final val loss | ms/step (median) | ms/step (mean) | tokens/s | training s "

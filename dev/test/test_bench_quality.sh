@@ -337,8 +337,8 @@ out=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 -
   --reference_script "$DIR/stand_in.py" --speedrun_repeats 2 --shared_init --dry_run 2>&1)
 check "--shared_init: dry run exits 0" "$?" 0
 check "--shared_init: ours starts from the pair's BF16 file" \
-  "$(grep -c -e "^=== ours_speedrun 1/2: ./train_gpt2cu -recipe speedrun -e $DIR/p/init.bin " \
-    -e "^=== ours_speedrun 2/2: ./train_gpt2cu -recipe speedrun -e $DIR/p/init_2.bin .* -S 43 " <<< "$out")" 2
+  "$(grep -c -e "^=== ours_speedrun 1/2: ./train_gpt2cu -recipe speedrun -e $DIR/p/init_seed42.bin " \
+    -e "^=== ours_speedrun 2/2: ./train_gpt2cu -recipe speedrun -e $DIR/p/init_seed43.bin .* -S 43 " <<< "$out")" 2
 check "--shared_init: a dry run writes no init" "$(ls "$DIR/p" | grep -c init)" 0
 copy="$DIR/p/ref_speedrun/train_gpt.py"
 check "--shared_init: the copy loads \$SPEEDRUN_INIT after its broadcast" \
@@ -347,6 +347,13 @@ check "--shared_init: the copy loads \$SPEEDRUN_INIT after its broadcast" \
 check "--shared_init: the edited copy is valid Python" "$("$PY" -c "import ast, sys; ast.parse(open(sys.argv[1]).read()); print(1)" "$copy")" 1
 err=$(bench "$DIR/p2" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun --shared_init --dry_run 2>&1)
 check "--shared_init without the reference: exit 1, one line" "$?:$(wc -l <<< "$err"):$(grep -c 'give --runs both' <<< "$err")" 1:1:1
+out=$(bench "$DIR/p3" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --reference_script "$DIR/stand_in.py" --speedrun_repeats 2 --shared_init --init_seed 43 --dry_run 2>&1)
+check "--init_seed 43: every pair from that init, ours' seeds still 42 and 43" \
+  "$(grep -c -e "^=== ours_speedrun 1/2: .* -e $DIR/p3/init_seed43.bin .* -s 0 -o " \
+    -e "^=== ours_speedrun 2/2: .* -e $DIR/p3/init_seed43.bin .* -s 0 -S 43 -o " <<< "$out")" 2
+err=$(bench "$DIR/p4" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun,ref_speedrun --init_seed 43 --dry_run 2>&1)
+check "--init_seed without --shared_init: exit 1, one line" "$?:$(wc -l <<< "$err"):$(grep -c 'give --shared_init too' <<< "$err")" 1:1:1
 
 # Finished outputs of a --shared_init bench are read again (no init written): the reference's
 # signature, its edits' line breaks written as \n, is the log's one first line.
