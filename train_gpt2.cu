@@ -6473,9 +6473,10 @@ inline int muon_start_buffer(const llmc::NewtonSchulz& ns) { return ns.steps % 2
 // ws.x[muon_start_buffer(ns)]; the result ends in ws.x[0]. A row-major X is the column-major X^T
 // [n, m]: A = X X^T is (X^T)^T X^T; A and B are symmetric, so either reading of their buffers is the
 // same matrix up to the products' rounding, and B X is, in column-major terms, X^T B^T with B^T read
-// from B's buffer. The reference computes B = b A + (c A) A and X = a X + B X, each scaled term and
-// product rounded to BF16 before its sum; here cuBLASLt's alpha scales the FP32 product by c and
-// its beta adds b A (and a X) before the one rounding of each sum.
+// from B's buffer. cuBLASLt's alpha scales the FP32 product by c and its beta adds b A (and a X)
+// before the one rounding of each sum, as record #28's fused products do; the baseline's (and
+// train_gpt2.py's) B = b A + (c A) A and X = a X + B X round each scaled term and product to BF16
+// before its sum.
 void muon_newton_schulz(MuonWorkspace& ws, const llmc::NewtonSchulz& ns, int m, int n, int slot, int batch,
                         int group_count, cudaStream_t stream) {
   __nv_bfloat16* x[2] = {ws.x[0] + (size_t)slot * m * n, ws.x[1] + (size_t)slot * m * n};
