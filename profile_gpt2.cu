@@ -62,8 +62,8 @@ int profile_main(int argc, char** argv) {
   profile_tokens(data, B, T, config.vocab_size, inputs.data(), targets.data());
 
   matmul_setup(true);
-  const bool head_in_fp8 = fp8_head == "1" || (fp8_head.empty() && recipe.fp8_head && sizeof(floatX) == 2 &&
-                                               fp8_gpu(current_gpu()));
+  const bool head_in_fp8 = fp8_head_resolved(fp8_head.empty() ? recipe_fp8_head(recipe) : fp8_head == "1",
+                                             !fp8_head.empty());
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon}, 42);

@@ -7351,6 +7351,15 @@ cudaDeviceProp current_gpu() {
 }
 bool fp8_gpu(const cudaDeviceProp& prop) { return prop.major * 10 + prop.minor >= 89; }
 
+// The recipe's head (-fh's default): FP8 where the recipe has it, in BF16 builds (the FP32 build,
+// the tight reference, has no FP8 products: its head stays FP32).
+bool recipe_fp8_head(const llmc::Recipe& recipe) { return recipe.fp8_head && sizeof(floatX) == 2; }
+
+// Whether the head trains in FP8 (train_gpt2cu and profile_gpt2cu): fp8_head as -fh gave it
+// (given), or the recipe's, which a GPU without FP8 products turns off (-fh 1 given there fails in
+// gpt2_allocate).
+bool fp8_head_resolved(bool fp8_head, bool given) { return fp8_head && (given || fp8_gpu(current_gpu())); }
+
 // What an FP8 setting (`setting`, e.g. "-fp8 1") needs: the BF16 build (the products' outputs are
 // BF16) and a GPU with FP8 products; `off` is the setting without FP8.
 void fp8_require_build_and_gpu(const std::string& setting, const char* off) {
@@ -9680,8 +9689,7 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.muon_lr = r.muon_lr;
   a.muon_weight_decay = r.muon_weight_decay;
   a.multi_gpu.zero_stage = r.zero_stage;
-  // The FP32 build, the tight reference, has no FP8 products: its head stays FP32.
-  a.fp8_head = r.fp8_head && sizeof(floatX) == 2;
+  a.fp8_head = recipe_fp8_head(r);
 }
 
 // The flags whose defaults -recipe sets (apply_recipe).
@@ -9951,15 +9959,13 @@ std::string head_description(const TrainArgs& a, const GPT2& m) {
     return llmc::strformat("FP8 in training (E4M3 x and w, E5M2 gradient; fixed scales x_s = sqrt(%d)/448, "
                            "w_s = 2^-9, grad_s = 1/448), %s at evaluation", m.config.channels, PRECISION_NAME);
   }
-  const bool gpu_refused = a.recipe->fp8_head && sizeof(floatX) == 2 && !fp8_head_given(a);
+  const bool gpu_refused = recipe_fp8_head(*a.recipe) && !fp8_head_given(a);
   return gpu_refused ? "BF16 (the recipe's FP8 head needs compute capability 8.9 or newer)" : PRECISION_NAME;
 }
 
 // -recipe's FP8 head (-fh not given) on a GPU without FP8 products: the head trains in BF16, and
-// head_description says why; -fh 1 given there fails in gpt2_allocate.
-void resolve_fp8_head(TrainArgs& a) {
-  if (a.fp8_head && !fp8_head_given(a) && !fp8_gpu(current_gpu())) a.fp8_head = 0;
-}
+// head_description says why.
+void resolve_fp8_head(TrainArgs& a) { a.fp8_head = fp8_head_resolved(a.fp8_head, fp8_head_given(a)); }
 
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
