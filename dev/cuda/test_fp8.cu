@@ -24,7 +24,7 @@
 // three products (BF16 builds) against the CPU's double products of the same FP8 values, at
 // C = 768 and 128, OC = 50304 and 272, N = 64, 100 and 333; twice, and untuned, for the same bits.
 // fp8_transpose (the head's gradient, which the classifier casts) bitwise on random bytes, R odd
-// and C a multiple of 16 that is not one of the tile's 64.
+// and C a multiple of 16 but not of the tile's 128 columns.
 #include "dev/cuda/kernel_test.h"
 
 // ---- CPU reference of the casts ----
