@@ -570,8 +570,9 @@ class GPT(nn.Module):
             return layer_window_blocks(layer, self.window_blocks)
         return self.window_blocks
 
-    def final_hidden(self, idx):
-        """The blocks' output after the final norm, [B, T, C]: the classifier's input."""
+    def final_hidden(self, idx, masks=None):
+        """The blocks' output after the final norm, [B, T, C]: the classifier's input. masks: each
+        layer's attention mask (attention_masks(idx)); None builds them here."""
         t = self.transformer
         if self.config.modern:
             x = t.ln_e(t.wte(idx).to(self.compute_dtype))
@@ -580,7 +581,8 @@ class GPT(nn.Module):
             x = t.wte(idx) + t.wpe(pos)
         x0, skips = x, []
         value_embeddings = self.layer_value_embeddings(idx)
-        for layer, (block, mask) in enumerate(zip(t.h, self.attention_masks(idx))):
+        masks = self.attention_masks(idx) if masks is None else masks
+        for layer, (block, mask) in enumerate(zip(t.h, masks)):
             x = self.unet_skip(layer, x, skips)
             x = block(x, mask, x0, value_embeddings[layer])
         return t.ln_f(x)
@@ -612,12 +614,12 @@ class GPT(nn.Module):
             return SPEEDRUN_SOFTCAP * torch.sigmoid(z / SPEEDRUN_SOFTCAP_SCALE)
         return LOGIT_SOFTCAP_MODERN * z * torch.rsqrt(z.square() + LOGIT_SOFTCAP_MODERN ** 2)
 
-    def forward(self, idx, targets=None, reduction="mean"):
+    def forward(self, idx, targets=None, reduction="mean", masks=None):
         """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
-        cap), and the loss: the mean or the sum of the token losses."""
+        cap), and the loss: the mean or the sum of the token losses. masks: as final_hidden's."""
         # The padded columns are dropped before the loss, so padded wte rows get zero gradient; the
         # speedrun's reference keeps them in the softmax (capped, a zero logit is 15 there).
-        logits = self.lm_head(self.final_hidden(idx))
+        logits = self.lm_head(self.final_hidden(idx, masks))
         loss = None
         if targets is not None:
             columns = self.config.padded_vocab_size if self.config.speedrun else self.config.vocab_size
@@ -1163,11 +1165,15 @@ def flex_attention_available():
 
 
 def compiled_flex_attention():
-    """FlexAttention compiled, once: uncompiled it applies the mask_mod to every score and leaves
-    the BlockMask's block lists, and so the window, out (PyTorch 2.11)."""
+    """FlexAttention compiled: uncompiled it applies the mask_mod to every score and leaves the
+    BlockMask's block lists, and so the window, out (PyTorch 2.11). Inside a compiled forward it is
+    FlexAttention itself, which that compile fuses (the global set while tracing would be a guard
+    that recompiles the forward); outside, FlexAttention compiled once."""
     global _compiled_flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+    if torch.compiler.is_compiling():
+        return flex_attention
     if _compiled_flex_attention is None:
-        from torch.nn.attention.flex_attention import flex_attention
         _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex_attention
 
@@ -1296,10 +1302,11 @@ def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     return X.t() if tall else X
 
 
-def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed):
+def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
     each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols)), of the
-    block transposed when `transposed` (the speedrun's reference holds its fc as [C, 4C]: scale 1)."""
+    block transposed when `transposed` (the speedrun's reference holds its fc as [C, 4C]: scale 1),
+    by `orthogonalise` (Muon's: compiled or not)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
     parts = []
@@ -1313,14 +1320,15 @@ class Muon(torch.optim.Optimizer):
     """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction. A group's
     "blocks" splits each of its matrices into that many row blocks (qkvw: q, k and v, three C x C
     matrices); its "transposed" scales by the transpose's shape. newton_schulz: NEWTON_SCHULZ's
-    (steps, a, b, c). compile: the direction as one torch.compile graph per shape, as modded-nanogpt
-    does."""
+    (steps, a, b, c). compile: Newton-Schulz as one torch.compile graph per shape, as modded-nanogpt
+    compiles its; the momentum stays eager, as there, so the warmup's momentum (a float that changes
+    every step) does not recompile it."""
 
     def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
         super().__init__(groups, defaults)
         self.newton_schulz = newton_schulz
-        self.direction = torch.compile(muon_direction) if compile else muon_direction
+        self.orthogonalise = torch.compile(orthogonalise) if compile else orthogonalise
 
     @torch.no_grad()
     def step(self):
@@ -1329,8 +1337,8 @@ class Muon(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["momentum"] = torch.zeros_like(p)
-                update = self.direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
-                                        self.newton_schulz, group["transposed"])
+                update = muon_direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
+                                        self.newton_schulz, group["transposed"], self.orthogonalise)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"])
 
@@ -1861,14 +1869,14 @@ def mean_over_ranks(value, world):
     return value.item()
 
 
-def evaluate(model, loader, steps, device, autocast, world):
+def evaluate(model, raw_model, loader, steps, device, autocast, world):
     loader.reset()
     total = torch.zeros((), device=device)
     with torch.no_grad():
         for _ in range(steps):
             x, y = (t.to(device) for t in loader.next_batch())
             with autocast:
-                total += model(x, y)[1].float() / steps
+                total += model(x, y, masks=raw_model.attention_masks(x))[1].float() / steps
     return mean_over_ranks(total, world)
 
 
@@ -1934,6 +1942,9 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
     set_parameter_dtypes(raw_model, dtype)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
     if use_compile:
+        # The attention masks are built outside the compiled forward and passed in (train's and
+        # evaluate's calls): built inside, the graph would specialise on the window (an int), and
+        # the schedule's windows would recompile it until dynamo falls back to eager attention.
         model = torch.compile(model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
@@ -1957,7 +1968,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
     for step in range(N + 1):
         set_attention_window(raw_model, args, step)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
-            val_loss = evaluate(model, val_loader, args.val_steps, device, autocast, world)
+            val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
             log(f"step {step:4d}/{N} | train time {sum(step_times):.3f} s | val loss {val_loss:.6f}")
             if log_file:
@@ -1975,7 +1986,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
             sync = world == 1 or micro_step == grad_accum_steps - 1
             with nullcontext() if sync else model.no_sync():
                 with autocast:
-                    loss = model(x, y, args.loss_reduction)[1]
+                    loss = model(x, y, args.loss_reduction, raw_model.attention_masks(x))[1]
                 loss, mean_share = micro_step_loss(loss, args.loss_reduction, y.numel(), grad_accum_steps, world)
                 train_loss += mean_share
                 loss.backward()

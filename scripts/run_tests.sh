@@ -442,7 +442,9 @@ gpu_setup() {
       run prepare_tinyshakespeare bash dev/data/tinyshakespeare.sh
     fi
   fi
-  COMMON="-i $data/tiny_shakespeare_train_*.bin -j $data/tiny_shakespeare_val_*.bin"
+  COMMON_TRAIN="$data/tiny_shakespeare_train_*.bin"
+  COMMON_VAL="$data/tiny_shakespeare_val_*.bin"
+  COMMON="-i $COMMON_TRAIN -j $COMMON_VAL"
 }
 
 # Both CUDA builds against PyTorch references beyond the CPU ones: the d48 width with a sequence
@@ -655,6 +657,32 @@ gpu_training() {
     -s 150 -g 48
   run train_modern_d12_val_loss_falls val_loss_falls "$LOGS/train_modern_d12.log" 2.0
   validation_length_test
+  port_speedrun_compile_test
+}
+
+# train_gpt2.py --recipe speedrun compiled (the benchmark's peer, which needs PyTorch on the GPU):
+# over 28 steps its window grows through all 14 sizes of the schedule and Muon's momentum rises,
+# and the compiled forward recompiles once (for validation, without gradients), not for a window,
+# and no compiled function reaches dynamo's recompile limit. The forward did recompile for each
+# window while the masks were built inside it, until the limit left attention unfused (out of
+# memory at the speedrun's validation length); Muon's compiled direction did for each momentum.
+port_speedrun_compile_test() {
+  "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || return 0
+  TORCH_LOGS=recompiles run train_speedrun_port_compiled "$PYTHON" train_gpt2.py --recipe speedrun --model tiny \
+    --input_bin "${COMMON_TRAIN}" --input_val_bin "${COMMON_VAL}" --batch_size 1 --seq_len 1024 \
+    --val_seq_len 1024 --total_batch_size 2048 --num_iterations 28 --val_every 14 --val_steps 1 --compile 1 \
+    --device cuda
+  run train_speedrun_port_compiles_once forward_recompiles_at_most 1 "$LOGS/train_speedrun_port_compiled.log"
+}
+
+# A log of TORCH_LOGS=recompiles shows at most $1 recompiles of a forward, and no function
+# reaching the recompile limit (after which it runs uncompiled).
+forward_recompiles_at_most() {
+  local count limited
+  count=$(grep -ac "Recompiling function forward" "$2")
+  limited=$(grep -a -A1 "recompile_limit" "$2" | grep -ao "function: '[^']*'" | sort -u | tr '\n' ' ')
+  echo "the forward recompiled $count times (at most $1); at the recompile limit: ${limited:-none}"
+  [ -z "$limited" ] && [ "$count" -le "$1" ]
 }
 
 if [ ${#SELECTED_GROUPS[@]} -gt 0 ]; then
