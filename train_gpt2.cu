@@ -9609,10 +9609,11 @@ constexpr double kPeakFlops = 989e12;
 
 // The keys a query of a T-token sequence attends to on average under layer l's mask, where one
 // document spans the sequence (more documents hide more): T/2 causal; with documents, query block i
-// sees min(i + 1, N) blocks of layer l's window of N (every block without one), the last half.
+// sees min(i + 1, N) blocks of layer l's window of N (every block without one), the last half. A
+// window of 0 (the short layers' half of 1) still sees the query's own block.
 double attention_mean_keys(const GPT2& m, int l, int T) {
   if (!m.documents) return T / 2.0;
-  const int blocks = T / llmc::kAttentionBlock, window = layer_window(m, l, T);
+  const int blocks = T / llmc::kAttentionBlock, window = std::max(1, layer_window(m, l, T));
   double sum = 0.0;
   for (int i = 0; i < blocks; i++) sum += (std::min(i + 1, window) - 0.5) * llmc::kAttentionBlock;
   return sum / blocks;

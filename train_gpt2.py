@@ -193,13 +193,16 @@ class GPTConfig:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
 
-    def flops_per_token(self, T):
-        """SPEC.md's MFU count: 6*N + 6*L*C*T FLOPs per token, N = all parameters (padded vocabulary)
+    def flops_per_token(self, T, keys=None):
+        """SPEC.md's MFU count: 6*N + 12*C*K FLOPs per token, N = all parameters (padded vocabulary)
         less the embeddings that are lookups only (the modern one, not tied to the head; speedrun's
-        value embeddings too)."""
+        value embeddings too), K = `keys`, the keys a query attends to summed over the layers with
+        attention (GPT.attention_keys); causal where not given (T/2 in each: GPT-2's 6*L*C*T)."""
+        if keys is None:
+            keys = sum(T / 2 for layer in range(self.num_layers) if self.has_attention(layer))
         lookups = (1 + SPEEDRUN_VALUE_EMBEDDINGS) if self.speedrun else int(self.modern)
         lookup = lookups * self.padded_vocab_size * self.channels
-        return 6 * (self.num_parameters() - lookup) + 6 * self.num_layers * self.channels * T
+        return 6 * (self.num_parameters() - lookup) + 12 * self.channels * keys
 
     def name(self):
         """The preset name when the shape is a preset's, else one spelling out the shape; the other
@@ -562,6 +565,28 @@ class GPT(nn.Module):
                 rows = [document_attention_mask(row.cpu(), window) for row in idx]
                 masks[window] = torch.stack(rows)[:, None].to(idx.device)
         return [masks[self.layer_window(layer)] for layer in range(layers)]
+
+    def attention_keys(self, T):
+        """SPEC.md's K at the current window for rows of T tokens: the keys a query attends to on
+        average, summed over the layers with attention. T/2 causal, and within documents without a
+        window (as if one document spanned the row); with a window of N blocks, query block i sees
+        min(i + 1, N) blocks, the last half (a window of 0, the short layers' half of 1, still sees
+        its own block, as attention_block_lists gives it)."""
+        blocks, keys = T // ATTENTION_BLOCK, 0.0
+        for layer in range(self.config.num_layers):
+            if not self.config.has_attention(layer):
+                continue
+            window = self.layer_window(layer) if self.documents else None
+            if window is None:
+                keys += T / 2
+            else:
+                window = min(blocks, max(1, window))
+                keys += sum(min(i + 1, window) - 0.5 for i in range(blocks)) * ATTENTION_BLOCK / blocks
+        return keys
+
+    def flops_per_token(self, T):
+        """SPEC.md's MFU count at the current window (GPTConfig.flops_per_token)."""
+        return self.config.flops_per_token(T, self.attention_keys(T))
 
     def layer_window(self, layer):
         if self.window_blocks is None:
@@ -1898,15 +1923,17 @@ def step_line(step, N, loss, norm, lr, ms, tokens_per_step, flops_per_token, pea
             f"MFU {100.0 * flops_per_token * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
 
 
-def log_average_and_peak_memory(log, step_ms, tokens_per_step, flops_per_token, peak_flops, cuda):
-    """The closing lines of a run (SPEC.md): the average step after the untimed warm-up steps, and
-    the peak memory (the GPU's allocations, or the process's resident set on the CPU)."""
+def log_average_and_peak_memory(log, step_ms, tokens_per_step, step_flops, peak_flops, cuda):
+    """The closing lines of a run (SPEC.md): the average step after the untimed warm-up steps (its
+    MFU from their FLOPs per token, step_flops, which a growing window changes), and the peak memory
+    (the GPU's allocations, or the process's resident set on the CPU)."""
     N = len(step_ms)
     skip = min(WARMUP_STEPS_UNTIMED, N - 1)
     average_ms = sum(step_ms[skip:]) / (N - skip)
+    average_flops = sum(step_flops[skip:]) / (N - skip)
     tokens_per_s = 1000 * tokens_per_step / average_ms
     log(f"average over steps {skip + 1}-{N}: {average_ms:.2f} ms | "
-        f"MFU {100.0 * flops_per_token * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
+        f"MFU {100.0 * average_flops * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
     if cuda:
         peak_mib = torch.cuda.max_memory_allocated() // 2**20
     else:
@@ -1950,7 +1977,6 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
     autocast = set_compute_dtype(raw_model, dtype, device_type)
     num_params = config.num_parameters()
-    flops_per_token = config.flops_per_token(T)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     settings = dict(vars(args), model=config.name(), device=device, dtype=dtype, compile=use_compile,
@@ -1964,7 +1990,7 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         os.makedirs(args.output_dir, exist_ok=True)
         log_file = open(os.path.join(args.output_dir, "main.log"), "w")
 
-    step_times = []
+    step_times, step_flops = [], []
     for step in range(N + 1):
         set_attention_window(raw_model, args, step)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
@@ -1997,16 +2023,17 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         if device_type == "cuda":
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
+        step_flops.append(raw_model.flops_per_token(T))
         tokens_per_s = total_batch_size / step_times[-1]
         log(step_line(step, N, train_loss, norm.item(), lr, 1000 * step_times[-1], total_batch_size,
-                      flops_per_token, args.peak_flops))
+                      step_flops[-1], args.peak_flops))
         if log_file:
             # The run-log format of llmc/logger.h, so both trainers' logs plot and compare alike.
             log_file.write(f"step={step + 1} kind=train loss={train_loss:.6f} norm={norm.item():.4f} "
                            f"lr={lr:.4e} ms={1000 * step_times[-1]:.2f} tok_per_s={tokens_per_s:.0f}\n")
             log_file.flush()
 
-    log_average_and_peak_memory(log, [1000 * t for t in step_times], total_batch_size, flops_per_token,
+    log_average_and_peak_memory(log, [1000 * t for t in step_times], total_batch_size, step_flops,
                                 args.peak_flops, device_type == "cuda")
     if log_file:
         log_file.close()
@@ -2071,7 +2098,7 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
         return clip_and_step()
 
     autocast = set_compute_dtype(model, dtype, "cuda" if cuda else "cpu")
-    flops_per_token = config.flops_per_token(T)
+    flops_per_token = model.flops_per_token(T)
     sdpa = args.sdpa_backend or BENCHMARK_RECIPE["sdpa_backend"]
     recipe = (f"torch {torch.__version__} | torch.compile {mode if use_compile else 'off'} | "
               f"SDPA {sdpa if model.transformer.h[0].attn.flash else 'off'} | {dtype}"
@@ -2116,7 +2143,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     for step, ((loss, norm), ms) in enumerate(zip(losses, step_ms)):
         log(step_line(step, N, loss, norm, learning_rate(step, args), ms, total_batch_size, flops_per_token,
                       args.peak_flops))
-    log_average_and_peak_memory(log, step_ms, total_batch_size, flops_per_token, args.peak_flops, cuda)
+    log_average_and_peak_memory(log, step_ms, total_batch_size, [flops_per_token] * len(step_ms), args.peak_flops,
+                                cuda)
     return losses
 
 

@@ -147,6 +147,29 @@ for k in ("cosine", "linear", "wsd", "constant"):
     print(k.ljust(8), " ".join(f"{lr(s, k):.3f}" for s in range(12)))
 EOF
 
+check "the MFU count (SPEC.md): causal, and the speedrun's windows, against a closed form" <<'EOF'
+import train_gpt2 as tg
+g = tg.make_config(*tg.PRESETS["d12"], source="d12")
+assert g.flops_per_token(1024) == 6 * g.num_parameters() + 6 * 12 * 768 * 1024
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["d12"], source="d12", arch="speedrun")
+model = tg.GPT(config)
+model.documents = True
+T, blocks = 49152, 49152 // 128
+def mean_keys(n):  # query block i sees min(i + 1, n) blocks, the last half: summed over i, per query
+    n = max(1, n)
+    return (n * n / 2 + (blocks - n) * (n - 0.5)) * 128 / blocks
+lookups = (1 + 3) * config.padded_vocab_size * 768
+for window in (1, 5, 14):
+    model.window_blocks = window
+    keys = sum(mean_keys(window if kind == "L" else window // 2)
+               for layer, kind in enumerate(tg.LAYER_WINDOWS) if layer != 7)
+    expected = 6 * (config.num_parameters() - lookups) + 12 * 768 * keys
+    assert abs(model.flops_per_token(T) - expected) < 1e-9 * expected, (window, model.flops_per_token(T), expected)
+    print(f"speedrun d12, window {window:2d}: {model.flops_per_token(T) / 1e6:.1f} MFLOP a token")
+model.documents = False
+assert model.flops_per_token(T) == config.flops_per_token(T, 11 * T / 2)
+EOF
+
 check "data order" <<'EOF'
 import os, sys, train_gpt2 as tg
 sys.path.insert(0, "dev/test")
