@@ -452,7 +452,8 @@ gpu_setup() {
 # (train_gpt2.py --documents 1: rows of several documents, some of one token, one starting on a
 # block's edge) without a window (tiny: the GEMM path in both builds) and with one (d12 GPT-2 and
 # modern: the flash kernels in BF16, 12 layers' long and short windows); the speedrun's block
-# (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup).
+# (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup; d12 also at the
+# schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -467,7 +468,8 @@ gpu_against_pytorch() {
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_tiny:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256" \
-              "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512"; do
+              "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
+              "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
