@@ -662,14 +662,15 @@ gpu_training() {
   port_speedrun_compile_test
 }
 
-# train_gpt2.py --recipe speedrun compiled (the benchmark's peer, which needs PyTorch on the GPU):
+# train_gpt2.py --recipe speedrun compiled (the benchmark's peer; it needs PyTorch 2 on the GPU):
 # over 28 steps its window grows through all 14 sizes of the schedule and Muon's momentum rises,
 # and the compiled forward recompiles once (for validation, without gradients), not for a window,
 # and no compiled function reaches dynamo's recompile limit. The forward did recompile for each
 # window while the masks were built inside it, until the limit left attention unfused (out of
 # memory at the speedrun's validation length); Muon's compiled direction did for each momentum.
 port_speedrun_compile_test() {
-  "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || return 0
+  "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() and hasattr(torch, "compile") else 1)' \
+    2>/dev/null || return 0
   TORCH_LOGS=recompiles run train_speedrun_port_compiled "$PYTHON" train_gpt2.py --recipe speedrun --model tiny \
     --input_bin "${COMMON_TRAIN}" --input_val_bin "${COMMON_VAL}" --batch_size 1 --seq_len 1024 \
     --val_seq_len 1024 --total_batch_size 2048 --num_iterations 28 --val_every 14 --val_steps 1 --compile 1 \
