@@ -49,12 +49,12 @@ init of train_gpt2.py (seed 42 + k - 1, the init ours draws with -S; every pair 
 it) rounded to BF16, written by the bench as OUTDIR/init_seedS.bin (ours' -e, a BF16 checkpoint) and
 OUTDIR/ref_speedrun/init_seedS.pt (the reference's parameter names and shapes,
 reference_init_tensors). Ours keeps its seed 42 + k - 1 (-S), which then moves only its stochastic
-rounding, so --init_seed measures each side's spread from one init: its numerics' alone. The reference's copy then has one
-edit more: after its own init it copies every parameter from the file in $SPEEDRUN_INIT, asserting
-that each name and shape is there and nothing is left over. The two sides then differ only in
-their numerics and code, not in their draw of weights, and the comparison takes each pair's
-relative difference: its mean and the standard error from the pairs' own spread, which the seeds'
-spread (each side's runs apart) no longer widens.
+rounding, so --init_seed measures each side's spread from one init: its numerics' alone. The
+reference's copy then has one edit more: after its own init it copies every parameter from the file
+in $SPEEDRUN_INIT, asserting that each name and shape is there and nothing is left over. The two
+sides then differ only in their numerics and code, not in their draw of weights, and the comparison
+takes each pair's relative difference: its mean and the standard error from the pairs' own spread,
+which the seeds' spread (each side's runs apart) no longer widens.
 
 The training time of a step is its step line's ms (ours; validation, start-up and the first step,
 which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
@@ -614,7 +614,8 @@ def run_signature(name, args, repeat=1):
     the reference the edits of its copy (their line breaks written as \\n)."""
     signature = shlex.join(run_command(name, args, repeat))
     if name == "ref_speedrun":
-        signature += " | edits: " + "; ".join(replacement.replace("\n", "\\n") for _, replacement in reference_edits(args))
+        edits = (replacement.replace("\n", "\\n") for _, replacement in reference_edits(args))
+        signature += " | edits: " + "; ".join(edits)
     return signature
 
 
