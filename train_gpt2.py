@@ -1688,6 +1688,9 @@ def parse_args(argv=None):
                    "architecture) has a gradient in every tensor at the first step")
     a.add_argument("--benchmark", "--bench", type=int, nargs="?", const=1, default=0, choices=[0, 1],
                    help="time training steps on random tokens")
+    a.add_argument("--eval_only", type=int, default=0, choices=[0, 1], help="1: the validation loss of "
+                   "--init_from's weights on --input_val_bin (--val_steps batches of -b x --val_seq_len, at "
+                   "--window_blocks' window), printed as a validation line of step 0, then exit")
     a.add_argument("--peak_flops", type=float, default=989e12, help="peak FLOP/s for MFU (H100 dense BF16)")
     args = p.parse_args(argv)
     args.arch_given = args.arch is not None  # --init_from takes the architecture from the checkpoint
@@ -1741,8 +1744,11 @@ def check_args(args):
     """Rejects flag combinations that cannot work, before any work is done."""
     if args.write_debug_state and args.benchmark:
         fail("--write_debug_state and --benchmark are separate modes; give one")
-    if not (args.write_debug_state or args.benchmark or args.input_bin):
-        fail("nothing to do: give --input_bin PATTERN to train, --write_debug_state DIR, or --benchmark 1")
+    if args.eval_only:
+        check_eval_only_args(args)
+    elif not (args.write_debug_state or args.benchmark or args.input_bin):
+        fail("nothing to do: give --input_bin PATTERN to train, --write_debug_state DIR, --benchmark 1, or "
+             "--eval_only 1 with --init_from and --input_val_bin")
     if args.benchmark and args.input_bin:
         fail("--benchmark trains on random tokens; drop --input_bin")
     if args.write_debug_state and args.dtype == "bfloat16" and not args.fp8:
@@ -1780,6 +1786,19 @@ def check_args(args):
     if args.optimizer == "muon" and args.muon_momentum_warmup < 0:
         fail(f"--muon_momentum_warmup {args.muon_momentum_warmup}: give 0 (constant momentum) or more steps")
     check_document_args(args)
+
+
+def check_eval_only_args(args):
+    """--eval_only 1 validates the weights of a checkpoint at one window, and does nothing else."""
+    for flag, other in [("--write_debug_state", args.write_debug_state), ("--benchmark", args.benchmark),
+                        ("--input_bin", args.input_bin)]:
+        if other:
+            fail(f"--eval_only 1 validates a checkpoint and trains nothing; drop {flag}")
+    if not args.init_from or not args.input_val_bin:
+        fail("--eval_only 1 validates --init_from's weights on --input_val_bin; give both")
+    if args.window_blocks == -1:
+        fail("--eval_only 1 has no schedule to take a window from: give the window of the weights' step, "
+             "--window_blocks N (or 0 for none)")
 
 
 def check_document_args(args):
@@ -1903,6 +1922,19 @@ def evaluate(model, raw_model, loader, steps, device, autocast, world):
             with autocast:
                 total += model(x, y, masks=raw_model.attention_masks(x))[1].float() / steps
     return mean_over_ranks(total, world)
+
+
+def evaluate_only(args, model, val_loader, device, rank, world, dtype, use_compile):
+    """--eval_only 1: the model's validation loss as train() computes it at a validation step (the
+    same parameter and compute dtypes, at --window_blocks), printed as the SPEC.md line of a
+    validation at step 0 of 0, which the CUDA trainer's -x 0 prints too."""
+    raw_model = model.to(device)
+    set_parameter_dtypes(raw_model, dtype)
+    autocast = set_compute_dtype(raw_model, dtype, "cuda" if device.startswith("cuda") else "cpu")
+    model = torch.compile(raw_model) if use_compile else raw_model
+    val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
+    if rank == 0:
+        print(f"step {0:4d}/0 | val loss {val_loss:.6f}")
 
 
 def micro_step_loss(loss, reduction, tokens, grad_accum_steps, world=1):
@@ -2202,7 +2234,10 @@ def main(argv=None, step_hook=None):
     if args.input_val_bin:
         val_loader = ShardLoader(args.input_val_bin, "--input_val_bin", B, args.val_seq_len, rank, world, 0,
                                  args.seed, config.vocab_size)
-    train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile)
+    if args.eval_only:
+        evaluate_only(args, model, val_loader, device, rank, world, dtype, use_compile)
+    else:
+        train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile)
     if world > 1:
         dist.destroy_process_group()
 

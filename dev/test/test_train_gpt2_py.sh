@@ -215,6 +215,13 @@ assert val[-1] < val[0] - 1.0, val
 tg.read_checkpoint(d + "/run/model_00000008.bin")
 print("val loss", " -> ".join(f"{v:.3f}" for v in val))
 EOF
+echo "--- --eval_only 1 gives the final checkpoint the run's last validation loss"
+"$PYTHON" train_gpt2.py --init_from "$WORK/run/model_00000008.bin" --eval_only 1 \
+  --input_val_bin "$WORK/val_*.bin" -b 4 --val_seq_len 32 --val_steps 2 | tee "$WORK/eval.out"
+"$PYTHON" -c "import sys; last = lambda f: float([l for l in open(f) if ' val loss ' in l][-1].split()[-1]); \
+a, b = last(sys.argv[1]), last(sys.argv[2]); assert abs(a - b) <= 1e-5, (a, b); \
+print('eval_only', b, 'training run', a)" "$WORK/train.out" "$WORK/eval.out"
+[ "$(grep -c '' "$WORK/eval.out")" = 1 ] && grep -q '^step    0/0 | val loss [0-9.]*$' "$WORK/eval.out"
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
@@ -381,6 +388,13 @@ expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
 expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench
 expect_error "not divisible" --model tiny --num_heads 3 --bench
 expect_error "nothing to do" --model tiny
+ckpt="$WORK/run/model_00000008.bin"
+expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
+  --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"
+expect_error "eval_only 1 validates --init_from's weights on --input_val_bin; give both" --eval_only 1 \
+  --init_from "$ckpt"
+expect_error "eval_only 1 has no schedule to take a window from" --eval_only 1 --recipe speedrun \
+  --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin"
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1
