@@ -9,7 +9,7 @@
 //   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
 //   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon  [13..14] the tokens of the
 //   training data, all its shards (int64)  ([12] to [14] are 0 in files written before they were
-//   recorded, which load with any)
+//   recorded, which load with any)  [15..253] reserved, 0
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
@@ -37,6 +37,7 @@ constexpr int kStateMagic = 20240528;
 constexpr int kStateVersion = 5;
 constexpr int kStateVersionBatchesOnly = 4;  // still read: the data loader state before DataOrder
 constexpr int kStateVersionNoFp8 = 3;        // still read: that, and no FP8 history
+constexpr int kStateReservedFirstSlot = 15;  // header slots [15, 254) are 0
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -237,6 +238,14 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   }
   if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerMuon) {
     LLMC_FAIL("%s: optimizer %d (must be 0, 1 or 2): the header is damaged; %s", path, h[12], remedy);
+  }
+  // Slots past [14] are reserved: every writer leaves them 0, so a set one is damage, even where
+  // the checksum was recomputed over it.
+  for (int slot = kStateReservedFirstSlot; slot < kHeaderChecksumKindSlot; slot++) {
+    if (h[slot] != 0) {
+      LLMC_FAIL("%s: reserved header slot %d holds %d (must be 0): the header is damaged; %s", path, slot,
+                h[slot], remedy);
+    }
   }
   if (h[6] != 0 && h[6] != 1) {
     LLMC_FAIL("%s: master-weights flag %d (must be 0 or 1): the header is damaged; %s", path, h[6],

@@ -217,7 +217,10 @@ void test_damaged() {
       {"negative data tokens", 14, -1, "training data of -"},
       {"another parameter count", 8, (int32_t)kParams + 1, "state for 1001 parameters"},
       {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
-      {"a flipped bit in an unused slot", 100, 1 << 12, "checksum mismatch (CRC-32 "},
+      {"a flipped bit in a reserved slot", 100, 1 << 12,
+       "reserved header slot 100 holds 4096 (must be 0): the header is damaged; " + std::string(kRemedy)},
+      {"the first reserved slot set", 15, 1, "reserved header slot 15 holds 1 (must be 0)"},
+      {"the last reserved slot set", llmc::kHeaderChecksumKindSlot - 1, -1, "reserved header slot 253 holds -1"},
       {"a flipped bit in the checksum", llmc::kHeaderChecksumSlot,
        (int32_t)(read_int(saved.bytes, llmc::kHeaderChecksumSlot) ^ 1), "checksum mismatch"},
   };
