@@ -6402,12 +6402,29 @@ std::array<cublasLtMatrixLayout_t, 3> muon_layouts(int r, int c, int k, bool tra
           muon_layout(r, c, batch)};
 }
 
+// The alignment in bytes (a power of two, at most 256) that every slot of a product's matrices
+// keeps: slot i of a batch of [r, k] x [k, c] products starts i r k, i k c and i r c elements in.
+// The gates' 6 x 12 matrices leave 8 bytes, so the share a process orthogonalises from a slot past
+// the first needs an algorithm chosen for that, and so does the whole group's, for the same bits.
+uint32_t muon_slot_alignment(int r, int c, int k) {
+  uint32_t alignment = 256;
+  for (size_t elements : {(size_t)r * k, (size_t)k * c, (size_t)r * c}) {
+    while ((elements * sizeof(__nv_bfloat16)) % alignment != 0) alignment /= 2;
+  }
+  return alignment;
+}
+
 bool muon_heuristic(cublasLtMatmulAlgo_t* algo, cublasLtMatmulDesc_t desc,
-                    const std::array<cublasLtMatrixLayout_t, 3>& l) {
+                    const std::array<cublasLtMatrixLayout_t, 3>& l, uint32_t alignment) {
   cublasLtMatmulPreference_t pref;
   cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
   cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                    &kCublasWorkspaceBytes, sizeof(kCublasWorkspaceBytes)));
+  for (cublasLtMatmulPreferenceAttributes_t attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &alignment, sizeof(alignment)));
+  }
   cublasLtMatmulHeuristicResult_t heuristic;
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, l[0], l[1], l[2], l[2],
@@ -6442,7 +6459,8 @@ const MuonProduct& muon_product(MuonWorkspace& ws, int r, int c, int k, bool tra
   p.b = l[1];
   p.d = l[2];
   const std::array<cublasLtMatrixLayout_t, 3> group = muon_layouts(r, c, k, trans_a, group_count);
-  bool found = muon_heuristic(&p.algo, p.desc, group);
+  const uint32_t alignment = muon_slot_alignment(r, c, k);
+  bool found = muon_heuristic(&p.algo, p.desc, group, alignment);
   muon_layouts_destroy(group);
   cublasLtMatmulHeuristicResult_t checked;
   if (found && batch != group_count) {
@@ -6450,7 +6468,7 @@ const MuonProduct& muon_product(MuonWorkspace& ws, int r, int c, int k, bool tra
                 CUBLAS_STATUS_SUCCESS &&
             checked.workspaceSize <= kCublasWorkspaceBytes;
   }
-  if (!found) found = muon_heuristic(&p.algo, p.desc, l);
+  if (!found) found = muon_heuristic(&p.algo, p.desc, l, alignment);
   REQUIRE(found, "Muon: cuBLASLt found no algorithm for %d batched %dx%dx%d BF16 products", batch, r, c, k);
   ws.products.push_back(p);
   return ws.products.back();
@@ -6691,16 +6709,14 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_shard_kernel(
 }
 
 // Slots [slot, slot + batch) of the workspace hold a batch's matrices (slot i is matrix i of the
-// batch at slot 0). cuBLASLt's algorithms are chosen for buffers aligned to 256 bytes, which a
-// slot past the first keeps when its matrices' sizes do (m a multiple of 16 is enough).
+// batch at slot 0). cuBLASLt's algorithms are chosen for the alignment every slot keeps
+// (muon_slot_alignment).
 void muon_require_fits(const MuonGroup& g, int slot, int batch, const MuonWorkspace& ws) {
   const int m = g.m, n = g.n;
   REQUIRE(batch > 0 && slot >= 0 && slot + batch <= ws.capacity && (size_t)m * n <= ws.x_elements &&
               (size_t)m * m <= ws.square_elements && (size_t)muon_tiles(g) <= ws.partial_count,
           "Muon: %d matrices of %dx%d from slot %d do not fit a workspace for %d of %zu elements", batch, m,
           n, slot, ws.capacity, ws.x_elements);
-  REQUIRE(slot == 0 || ((size_t)m * m % 128 == 0 && (size_t)m * n % 128 == 0),
-          "Muon: slot %d of %dx%d matrices is not aligned to 256 bytes", slot, m, n);
 }
 
 // Matrices [first, first + batch) of the group into slots [slot, slot + batch): the momentum

@@ -2,8 +2,9 @@
 // muon_update_spread) against a CPU reference that follows the reference optimizer op by op: the
 // momentum and Nesterov step in FP32, then BF16 tensors with every product and every elementwise
 // result rounded to BF16 (FP32 accumulation). Groups of odd shapes: one of 96x160 matrices, 3 wide
-// and 2 stored tall as 160x96 (orthogonalised transposed), and one 64x64 matrix, scattered in a
-// parameter buffer; with and without master weights. Each group runs under the modern recipe's
+// and 2 stored tall as 160x96 (orthogonalised transposed), one 64x64 matrix, and 5 of the
+// speedrun gates' 6x12 (one stored tall), whose slots past the first are only 8-byte aligned,
+// scattered in a parameter buffer; with and without master weights. Each group runs under the modern recipe's
 // hyperparameters (12 steps of the baseline's polynomial, tall matrices scaled), the speedrun's (5
 // steps of its polynomial, no tall scale) and 3 steps of the speedrun's polynomial with the tall
 // scale: odd counts, whose iterations start in the workspace's second buffer. Each stage is
@@ -433,7 +434,8 @@ int main() {
   return run_kernel_tests("test_muon", [] {
     llmc::Rng rng(1337);
     const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
-                                           {"square", 64, 64, {0}}};
+                                           {"square", 64, 64, {0}},
+                                           {"gates' shape", 6, 12, {0, 0, 0, 1, 0}}};
     const llmc::NewtonSchulz steep3 = {3, llmc::kNewtonSchulzSpeedrun.a, llmc::kNewtonSchulzSpeedrun.b,
                                        llmc::kNewtonSchulzSpeedrun.c};
     const std::vector<TestRecipe> recipes = {
