@@ -36,11 +36,25 @@
 #    and its message within the -ct bound.
 # Ends with "N passed, N failed".
 #
-# usage: scripts/multi_gpu_tests.sh [OUTDIR]   (default build/test_multi_gpu)
+# usage: scripts/multi_gpu_tests.sh [OUTDIR [GROUP...]]   (default build/test_multi_gpu, every group)
+#   The groups, in the order they run: gpt2_ranks_test modern_recipe_test packed_documents_test
+#   speedrun_test gpt2_muon_test overlap_test zero_test reshard_test by_hand_test lost_rank_test
+#   multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test speed_test
 set -u
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
+test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test speedrun_test gpt2_muon_test overlap_test
+  zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
+  speed_test)
 out=${1:-build/test_multi_gpu}
+selected=("${@:2}")
+for group in "${selected[@]}"; do
+  if [[ " ${test_groups[*]} " != *" $group "* ]]; then
+    echo "error: scripts/multi_gpu_tests.sh: unknown group '$group'; the groups are ${test_groups[*]}" >&2
+    exit 1
+  fi
+done
+[ ${#selected[@]} -gt 0 ] || selected=("${test_groups[@]}")
 mkdir -p "$out"
 ranks=2
 source dev/test/multi_gpu_lib.sh
@@ -59,10 +73,14 @@ ranks_equivalence() {
   check "${name}_ranks_identical" grep -a "^parameters identical on 2 processes" "$out/${name}_two_ranks.log"
 }
 
-for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
-  IFS=: read -r binary tol extra <<< "$build"
-  ranks_equivalence "$binary" "$binary" "$tol" 4 $common -b 4 -z 2048 -v 5 $extra
-done
+# GPT-2's rank equivalence (the first item above) in the FP32 and BF16 builds.
+gpt2_ranks_test() {
+  local build binary tol extra
+  for build in "train_gpt2fp32cu:1e-5:-f 0" "train_gpt2cu:2e-2:"; do
+    IFS=: read -r binary tol extra <<< "$build"
+    ranks_equivalence "$binary" "$binary" "$tol" 4 $common -b 4 -z 2048 -v 5 $extra
+  done
+}
 
 # --- Resume on two GPUs: 20 straight steps against 10, a resume (-y 1) and 10 more give the same
 # run log and bitwise-identical model and per-rank state files, in FP32 and BF16, with shuffled data
@@ -394,24 +412,17 @@ gpt2_muon_test() {
     $mpi ./train_gpt2cu $common -e tiny -opt muon -b 4 -t 64 -v 5 -m 4 -zs 1
 }
 
-modern_recipe_test
-packed_documents_test
-speedrun_test
-gpt2_muon_test
-overlap_test
-zero_test
-reshard_test
-by_hand_test
-lost_rank_test
-multi_gpu_resume_tests
-async_checkpoint_test
-fp8_delayed_test
+# Speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch.
+speed_test() {
+  check speed_one_gpu ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
+  check speed_two_gpus $mpi ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
+  local one two
+  one=$(awk '/^average/ {print $(NF-1)}' "$out/speed_one_gpu.log")
+  two=$(awk '/^average/ {print $(NF-1)}' "$out/speed_two_gpus.log")
+  echo "GPT-2 124M, B=32 T=1024 per GPU: 1 GPU ${one:-?} tok/s, 2 GPUs ${two:-?} tok/s" \
+    "(x$(awk -v a="${one:-0}" -v b="${two:-0}" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "?" }'))"
+}
 
-check speed_one_gpu ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
-check speed_two_gpus $mpi ./train_gpt2cu $common -b 32 -t 1024 -x 30 -v 0 -sh 1
-one=$(awk '/^average/ {print $(NF-1)}' "$out/speed_one_gpu.log")
-two=$(awk '/^average/ {print $(NF-1)}' "$out/speed_two_gpus.log")
-echo "GPT-2 124M, B=32 T=1024 per GPU: 1 GPU ${one:-?} tok/s, 2 GPUs ${two:-?} tok/s" \
-  "(x$(awk -v a="${one:-0}" -v b="${two:-0}" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "?" }'))"
+for group in "${selected[@]}"; do "$group"; done
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

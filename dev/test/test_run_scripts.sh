@@ -3,8 +3,9 @@
 # trainer command each model size runs (--dry-run), and the resume-until-done loop with fake
 # trainers given through --trainer: one interrupted twice (exit status 3), one that always
 # crashes, and one stopped by a signal to the script. Then the other scripts' argument errors:
-# one line, exit status 1, and quickstart.sh's commands with and without a GPU (--dry-run), the
-# CPU ones as the README writes them. Scratch files go to build/scratch/.
+# one line, exit status 1, multi_gpu_tests.sh's groups (its test functions, each in its usage),
+# and quickstart.sh's commands with and without a GPU (--dry-run), the CPU ones as the README
+# writes them. Scratch files go to build/scratch/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -73,6 +74,20 @@ check_error_status "unknown argument '--gpu'" scripts/install_deps.sh --gpu
 check_error_status "usage: scripts/parity_tinyshakespeare.sh OUTDIR" scripts/parity_tinyshakespeare.sh
 check_error_status "usage: scripts/profile_kernels.sh OUTDIR" scripts/profile_kernels.sh -b 4
 check_error_status "with N = 2, 4 or 8 GPUs" scripts/scaling_tests.sh 3
+check_error_status "unknown group 'speedrun'; the groups are gpt2_ranks_test" scripts/multi_gpu_tests.sh \
+  "$SCRATCH/multi_gpu" speedrun_test speedrun
+check "multi_gpu_tests.sh with an unknown group: no output directory made" \
+  "$([ -e "$SCRATCH/multi_gpu" ] && echo made || echo none)" none
+# The groups multi_gpu_tests.sh accepts are its functions named *_test or *_tests, each named in its
+# usage.
+multi_gpu_groups=$(sed -n '/^test_groups=(/,/)$/p' scripts/multi_gpu_tests.sh | tr -d '()\n' | sed 's/^test_groups=//')
+check "multi_gpu_tests.sh's groups are its test functions" \
+  "$(tr ' ' '\n' <<< "$multi_gpu_groups" | grep . | sort | tr '\n' ' ')" \
+  "$(sed -n 's/^\([a-z0-9_]*_tests\{0,1\}\)() {$/\1/p' scripts/multi_gpu_tests.sh | sort | tr '\n' ' ')"
+for group in $multi_gpu_groups; do
+  check "multi_gpu_tests.sh's group $group: a function, named in its usage" \
+    "$(grep -c "^$group() {" scripts/multi_gpu_tests.sh) $(bash scripts/multi_gpu_tests.sh --help | grep -cw "$group")" "1 1"
+done
 check_error_status "usage: [GPUS_PER_NODE=N]" scripts/multi_node/mpirun_gpt2.sh
 check_error_status "HOSTFILE $SCRATCH/none: no such readable file" scripts/multi_node/mpirun_gpt2.sh "$SCRATCH/none"
 check_error_status "unknown argument '-x': this script takes none" scripts/multi_node/sbatch_gpt2.sh -x
