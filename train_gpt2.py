@@ -1928,10 +1928,7 @@ def evaluate_only(args, model, val_loader, device, rank, world, dtype, use_compi
     """--eval_only 1: the model's validation loss as train() computes it at a validation step (the
     same parameter and compute dtypes, at --window_blocks), printed as the SPEC.md line of a
     validation at step 0 of 0, which the CUDA trainer's -x 0 prints too."""
-    raw_model = model.to(device)
-    set_parameter_dtypes(raw_model, dtype)
-    autocast = set_compute_dtype(raw_model, dtype, "cuda" if device.startswith("cuda") else "cpu")
-    model = torch.compile(raw_model) if use_compile else raw_model
+    raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
     if rank == 0:
         print(f"step {0:4d}/0 | val loss {val_loss:.6f}")
@@ -1991,23 +1988,30 @@ def set_attention_window(model, args, step):
         model.window_blocks = attention_window_blocks(step, args.num_iterations) if schedule else args.window_blocks
 
 
+def placed_model(args, model, device, dtype, use_compile):
+    """(the model on `device` in the run's parameter dtypes, the module its forward passes call:
+    that model or its compiled form, the forward's autocast context)."""
+    raw_model = model.to(device)
+    set_parameter_dtypes(raw_model, dtype)
+    if use_compile:
+        # The attention masks are built outside the compiled forward and passed in (train's and
+        # evaluate's calls): built inside, the graph would specialise on the window (an int), and
+        # the schedule's windows would recompile it until dynamo falls back to eager attention.
+        model = torch.compile(model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    return raw_model, model, set_compute_dtype(raw_model, dtype, device_type)
+
+
 def train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile):
     """Runs num_iterations optimizer steps, printing the SPEC.md line per step; validates at step 0,
     every val_every steps and at the end; writes main.log and the final checkpoint to output_dir."""
     config, (B, T), N = model.config, (args.batch_size, args.seq_len), args.num_iterations
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     total_batch_size, grad_accum_steps = step_batch(args, world)
-    raw_model = model.to(device)
-    set_parameter_dtypes(raw_model, dtype)
+    raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
-    if use_compile:
-        # The attention masks are built outside the compiled forward and passed in (train's and
-        # evaluate's calls): built inside, the graph would specialise on the window (an int), and
-        # the schedule's windows would recompile it until dynamo falls back to eager attention.
-        model = torch.compile(model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
-    autocast = set_compute_dtype(raw_model, dtype, device_type)
     num_params = config.num_parameters()
     master = rank == 0
     log = print if master else (lambda *a, **k: None)

@@ -139,6 +139,20 @@ val_losses_agree() {
       printf "%d validations, largest relative difference %.3g (at most %s)\n", n, max, tol; exit !(n > 0 && max <= tol) }'
 }
 
+# The weights of 10 speedrun steps (d12, -b 4 -t 256 on the test data; the head and the output
+# projections start at zero), which several groups start from: trained once a run of this script,
+# at the first group that asks, into SPEEDRUN_TRAINED (removed when the groups are done).
+SPEEDRUN_TRAINED_DIR=build/test_speedrun_trained
+SPEEDRUN_TRAINED=$SPEEDRUN_TRAINED_DIR/model_00000010.bin
+speedrun_trained_weights() {
+  [ -n "${speedrun_trained_asked:-}" ] && return
+  speedrun_trained_asked=1
+  rm -rf "$SPEEDRUN_TRAINED_DIR"
+  run speedrun_trained ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 0 -z 1024 -x 10 -v 0 -s 0 \
+    -o "$SPEEDRUN_TRAINED_DIR"
+  rm -f "$SPEEDRUN_TRAINED_DIR"/state_*.bin  # only the weights are read
+}
+
 # Validation longer than -t (-vt) runs a forward pass of its own (one layer's activations, the head
 # over chunks of -b x -t rows); its loss is the one validation at that length in the training
 # passes' activations gives (-t = -vt): GPT-2 (causal) at its initialisation, the speedrun (documents,
@@ -146,12 +160,10 @@ val_losses_agree() {
 # chunks' head products may take other cuBLASLt algorithms than one product over every row, hence a
 # bound rather than the same bits (H200: the same bits in both builds).
 validation_length_test() {
-  local dir=build/test_validation_length binary spec name args
-  rm -rf "$dir"
-  run validation_length_speedrun_trained ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 0 -z 1024 \
-    -x 10 -v 0 -s 0 -o "$dir"
+  local binary spec name args
+  speedrun_trained_weights
   for binary in train_gpt2cu train_gpt2fp32cu; do
-    for spec in "gpt2:-e d12" "speedrun:-recipe speedrun -e $dir/model_00000010.bin -z 2048 -aw 2"; do
+    for spec in "gpt2:-e d12" "speedrun:-recipe speedrun -e $SPEEDRUN_TRAINED -z 2048 -aw 2"; do
       name=${binary#train_}_${spec%%:*} args=${spec#*:}
       run "validation_length_${name}" ./$binary $COMMON $args -b 4 -t 256 -vt 512 -x 0 -m 4 -s 0
       run "validation_at_t_${name}" ./$binary $COMMON $args -b 4 -t 512 -vt 0 -x 0 -m 4 -s 0
@@ -159,7 +171,6 @@ validation_length_test() {
         "$LOGS/validation_at_t_${name}.log" 1e-5
     done
   done
-  rm -f "$dir"/*.bin
 }
 
 # Resume on one GPU: the shared comparison of dev/test/compare_runs.sh.
@@ -513,21 +524,18 @@ gpu_against_pytorch() {
 # blocks (the short layers' 1) over 1,024-token sequences of documents, in both builds. At the
 # recipe's 262,144-token validation after 100 steps of the corpus the two gave 1.976082 and 1.976066.
 speedrun_validation_against_pytorch() {
-  local device=$1 dir=build/test_validation_pytorch spec binary dtype tolerance
-  rm -rf "$dir"
-  run validation_pytorch_trained ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 0 -z 1024 -x 10 \
-    -v 0 -s 0 -o "$dir"
+  local device=$1 spec binary dtype tolerance
+  speedrun_trained_weights
   for spec in "train_gpt2cu:bfloat16:1e-3" "train_gpt2fp32cu:float32:1e-5"; do
     IFS=: read -r binary dtype tolerance <<< "$spec"
-    run "validation_pytorch_$binary" ./$binary $COMMON -recipe speedrun -e "$dir/model_00000010.bin" -aw 3 -b 4 \
+    run "validation_pytorch_$binary" ./$binary $COMMON -recipe speedrun -e "$SPEEDRUN_TRAINED" -aw 3 -b 4 \
       -t 256 -vt 1024 -z 1024 -x 0 -m 4 -s 0
     run "validation_pytorch_reference_$dtype" "$PYTHON" train_gpt2.py --recipe speedrun --eval_only 1 \
-      --init_from "$dir/model_00000010.bin" --input_val_bin "$COMMON_VAL" --window_blocks 3 -b 4 --val_seq_len 1024 \
+      --init_from "$SPEEDRUN_TRAINED" --input_val_bin "$COMMON_VAL" --window_blocks 3 -b 4 --val_seq_len 1024 \
       --val_steps 4 --dtype "$dtype" --device "$device"
     run "validation_pytorch_${binary}_agrees" val_losses_agree "$LOGS/validation_pytorch_$binary.log" \
       "$LOGS/validation_pytorch_reference_$dtype.log" "$tolerance"
   done
-  rm -f "$dir"/*.bin
 }
 
 # test_gpt2cu and test_gpt2fp32cu against the debug state in DIR (or DIR/STATE_debug_state.bin
@@ -575,11 +583,8 @@ gpu_accumulation() {
   # both, so the losses agree to FP32's rounding as Newton-Schulz's BF16 products amplify it (8e-4
   # at most over 4 steps on an H100). The control: one sequence a step, half the tokens, parts from
   # them by far more.
-  local dir=build/test_accumulate_speedrun
-  rm -rf "$dir"
-  run accumulate_speedrun_trained ./train_gpt2cu $COMMON -recipe speedrun -e d12 -b 4 -t 256 -vt 0 -z 1024 -x 10 \
-    -v 0 -s 0 -o "$dir"
-  local speedrun=(./train_gpt2fp32cu $COMMON -recipe speedrun -e "$dir/model_00000010.bin" -t 1024 -x 4 -v 0 -s 0)
+  speedrun_trained_weights
+  local speedrun=(./train_gpt2fp32cu $COMMON -recipe speedrun -e "$SPEEDRUN_TRAINED" -t 1024 -x 4 -v 0 -s 0)
   run accumulate_speedrun_one "${speedrun[@]}" -b 2 -z 2048
   run accumulate_speedrun_two "${speedrun[@]}" -b 1 -z 2048
   run accumulate_speedrun_half "${speedrun[@]}" -b 1 -z 1024
@@ -587,7 +592,6 @@ gpu_accumulation() {
     "$LOGS/accumulate_speedrun_two.log" 0.005
   run accumulate_speedrun_half_parts losses_part "$LOGS/accumulate_speedrun_one.log" \
     "$LOGS/accumulate_speedrun_half.log" 0.005
-  rm -f "$dir"/*.bin
 }
 
 # Determinism: the same seed and configuration give bitwise-identical losses and parameters.
@@ -758,6 +762,7 @@ if [ -z "$skip_reason" ]; then
   [ $GPU_ONLY = 1 ] && ! gpu_programs_built && exit 1
   gpu_setup
   for group in "${GPU_GROUPS[@]}"; do "$group"; done
+  rm -rf "$SPEEDRUN_TRAINED_DIR"
 else
   skipped_groups=("${GPU_GROUPS[@]}")
   echo "=== $skip_reason: the ${#skipped_groups[@]} groups of GPU tests are not run"
