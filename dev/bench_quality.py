@@ -10,7 +10,7 @@ it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
                                  [--reference_script PATH] [--reference_window_factor 16] [--speedrun_repeats 1]
                                  [--shared_init [--init_seed S]] [--dry_run]
-                                 [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun]]
+                                 [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun,peer_speedrun]]
 
 Every run is d12 on the same shards, validated every --val_every steps and at the last. ours_modern,
 peer_modern and ours_gpt2 take --steps steps of --batch_tokens tokens and validate on --val_batches
@@ -44,6 +44,14 @@ of the means and about how many runs a side would make it half the 1% tolerance.
 less with --stop_after S: each run of the pair stops after its validation at step S (its schedule
 still that of --steps), and finished runs of the same OUTDIR are read up to step S.
 
+peer_speedrun is train_gpt2.py --recipe speedrun, the PyTorch port of ours' model, loader and
+optimizers with the script's numerics (FP32 gradients, weights cast to BF16; compiled, FlexAttention,
+the FP8 head), on the same shards, steps and validation tokens (in sequences of --speedrun_val_seq_len):
+a third side of the speedrun, which tells a difference in what ours computes (the port then sides
+with ours) from one in how it computes it (the port then sides with the script). Its k-th run has
+seed 42 + k - 1, whose init is the one ours draws with -S; the report compares it with the
+reference as it compares ours.
+
 --shared_init pairs the k-th runs of the two sides: both start from the same weights, the seeded
 init of train_gpt2.py (seed 42 + k - 1, the init ours draws with -S; every pair --init_seed's with
 it) rounded to BF16, written by the bench as OUTDIR/init_seedS.bin (ours' -e, a BF16 checkpoint) and
@@ -54,20 +62,21 @@ reference's copy then has one edit more: after its own init it copies every para
 in $SPEEDRUN_INIT, asserting that each name and shape is there and nothing is left over. The two
 sides then differ only in their numerics and code, not in their draw of weights, and the comparison
 takes each pair's relative difference: its mean and the standard error from the pairs' own spread,
-which the seeds' spread (each side's runs apart) no longer widens.
+which the seeds' spread (each side's runs apart) no longer widens. peer_speedrun's k-th run then
+starts from ours' file of the pair (--init_from).
 
 The training time of a step is its step line's ms (ours; validation, start-up and the first step,
 which compiles or tunes, are not counted), summed up to each validation; the reference's is its own
 train_time (its compile and warm-up steps and its validation are not counted). Prints one table
 (steps, final validation loss, ms per step, tokens/s, training time, and the time each run needs to
-reach the final validation loss of --target_run, interpolated between validations), and with both
-speedrun runs their comparison (ms/step, the validation losses at each step, the time ours needs to
-reach the reference's final loss); writes them to OUTDIR/quality.md with the curves in
-OUTDIR/quality.png. Each run's output is kept in OUTDIR, and a run whose output there reached its
-last step is read again instead of run (so the runs can be spread over several invocations with the
-same OUTDIR; the output's first line names its command, and one of another command stops the bench,
-so give each set of options its own OUTDIR). --dry_run prints the commands and writes the
-reference's copy, and runs nothing.
+reach the final validation loss of --target_run, interpolated between validations), and with the
+reference its comparison with ours and with the port, each that runs (ms/step, the validation losses
+at each step, the time each needs to reach the reference's final loss); writes them to
+OUTDIR/quality.md with the curves in OUTDIR/quality.png. Each run's output is kept in OUTDIR, and a
+run whose output there reached its last step is read again instead of run (so the runs can be
+spread over several invocations with the same OUTDIR; the output's first line names its command,
+and one of another command stops the bench, so give each set of options its own OUTDIR). --dry_run
+prints the commands and writes the reference's copy, and runs nothing.
 
 Where nvidia-smi is on the PATH, each run's GPU is sampled while it runs (utilization, SM clock,
 power, whether the software power cap holds the clock down) into its log's name + .gpu.csv, and
@@ -98,12 +107,13 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RUNS = ("ours_modern", "peer_modern", "ours_gpt2", "ours_speedrun", "ref_speedrun")
+RUNS = ("ours_modern", "peer_modern", "ours_gpt2", "ours_speedrun", "ref_speedrun", "peer_speedrun")
 DEFAULT_RUNS = ("ours_modern", "peer_modern", "ours_gpt2")
-SPEEDRUN_RUNS = ("ours_speedrun", "ref_speedrun")
+SPEEDRUN_RUNS = ("ours_speedrun", "ref_speedrun", "peer_speedrun")
+SEEDED_SPEEDRUN_RUNS = ("ours_speedrun", "peer_speedrun")  # the k-th repeat's seed is 42 + k - 1
 LABELS = {"ours_modern": "train_gpt2cu, modern recipe", "peer_modern": "PyTorch, modern recipe",
           "ours_gpt2": "train_gpt2cu, GPT-2 recipe", "ours_speedrun": "train_gpt2cu, speedrun recipe",
-          "ref_speedrun": "record #28's train_gpt.py"}
+          "ref_speedrun": "record #28's train_gpt.py", "peer_speedrun": "PyTorch, speedrun recipe"}
 SPEEDRUN_STEP_TOKENS = 8 * 49152      # record #28's step: 8 document-aligned sequences of 49,152
 REFERENCE_VAL_SEQ_LEN = 4 * 64 * 1024  # the reference validates on contiguous sequences of this
 SPEED_TARGET = 1.4                     # ours at least this much faster than the reference
@@ -196,10 +206,12 @@ def run_log(name, args, repeat=1):
 
 
 def run_label(name, args, repeat):
-    """A run's name in the report: ours' repeats by their seed, the reference's by their number."""
+    """A run's name in the report: ours' and the port's repeats by their seed, the reference's by their
+    number."""
     if run_repeats(name, args) == 1:
         return LABELS[name]
-    return LABELS[name] + (f" (seed {SPEEDRUN_SEED + repeat - 1})" if name == "ours_speedrun" else f" (run {repeat})")
+    return LABELS[name] + (f" (seed {SPEEDRUN_SEED + repeat - 1})" if name in SEEDED_SPEEDRUN_RUNS
+                           else f" (run {repeat})")
 
 
 def run_command(name, args, repeat=1):
@@ -223,6 +235,8 @@ def run_command(name, args, repeat=1):
                ["-o", os.path.join(args.outdir, name + repeat_suffix(repeat))]
     if name == "ref_speedrun":
         return reference_command(args)
+    if name == "peer_speedrun":
+        return peer_speedrun_command(args, repeat)
     return peer_command(args)
 
 
@@ -236,6 +250,20 @@ def peer_command(args):
             "--val_steps", str(run_val_batches("peer_modern", args)),
             "--compile", "1", "--dtype", "bfloat16",
             "--output_dir", os.path.join(args.outdir, "peer_modern")]
+
+
+def peer_speedrun_command(args, repeat):
+    """The command line of peer_speedrun's k-th run: train_gpt2.py's speedrun recipe compiled, in
+    BF16 with the FP8 head, as the speedrun pair runs (steps, validation), its init that of seed
+    42 + k - 1 or --shared_init's file of the pair."""
+    seed = str(SPEEDRUN_SEED + repeat - 1)
+    model = ["--init_from", shared_init_paths(args, repeat)[0]] if args.shared_init else ["--model", "d12"]
+    return [args.python, "train_gpt2.py", "--recipe", "speedrun"] + model + [
+        "--seed", seed, "--input_bin", args.train, "--input_val_bin", args.val,
+        "--num_iterations", str(args.steps), "--val_every", str(args.val_every),
+        "--val_steps", str(args.speedrun_val_tokens // args.speedrun_val_seq_len),
+        "--val_seq_len", str(args.speedrun_val_seq_len), "--dtype", "bfloat16", "--fp8_head", "1", "--flash", "1",
+        "--compile", "1", "--output_dir", os.path.join(args.outdir, "peer_speedrun" + repeat_suffix(repeat))]
 
 
 def reference_command(args):
@@ -597,8 +625,9 @@ def check_args(args):
         if args.speedrun_val_seq_len <= 0 or args.speedrun_val_tokens % args.speedrun_val_seq_len:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of --speedrun_val_seq_len "
                  f"{args.speedrun_val_seq_len}")
-    if args.shared_init and not ("ours_speedrun" in runs and "ref_speedrun" in runs):
-        fail("--shared_init pairs the speedrun's runs: give --runs both ours_speedrun and ref_speedrun")
+    if args.shared_init and not ("ref_speedrun" in runs and any(name in runs for name in SEEDED_SPEEDRUN_RUNS)):
+        fail("--shared_init pairs the speedrun's runs with the reference's: give --runs both ref_speedrun and "
+             "ours_speedrun (or peer_speedrun)")
     if args.init_seed is not None and not args.shared_init:
         fail(f"--init_seed {args.init_seed}: the seed of --shared_init's weights; give --shared_init too")
     if "ref_speedrun" in runs:
@@ -813,10 +842,11 @@ def report(args, runs, instances, curves, step_ms):
                      f"{mean_step_ms(curve, ms):.1f} | {step_tokens(name, args) / (median / 1000):.0f} | "
                      f"{curve[-1][1]:.1f} | {to_target} | "
                      f"{gpu_load_cell(gpu_samples_path(run_log(name, args, repeat)))} |")
-    if "ours_speedrun" in runs and "ref_speedrun" in runs:
-        lines += speedrun_report(speedrun_comparison(runs_of("ours_speedrun", instances, curves, step_ms),
-                                                     runs_of("ref_speedrun", instances, curves, step_ms),
-                                                     args.shared_init))
+    for name in SEEDED_SPEEDRUN_RUNS:
+        if name in runs and "ref_speedrun" in runs:
+            lines += speedrun_report(speedrun_comparison(runs_of(name, instances, curves, step_ms),
+                                                         runs_of("ref_speedrun", instances, curves, step_ms),
+                                                         args.shared_init), name)
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(args.outdir, "quality.md"), "w") as f:
@@ -858,17 +888,27 @@ def spread_percent(spread, step):
     return 100 * (highest - lowest) / lowest
 
 
-def speedrun_report(c):
-    """The speedrun pair's lines of the report, from speedrun_comparison's numbers."""
+# Each side the report compares with the reference: its heading, and its name in the lines.
+SPEEDRUN_SIDES = {"ours_speedrun": ("speedrun recipe against record #28's script", "ours"),
+                  "peer_speedrun": ("the PyTorch port (train_gpt2.py --recipe speedrun) against record #28's script",
+                                    "the port")}
+
+
+def speedrun_report(c, name="ours_speedrun"):
+    """The lines of the report on one side of the speedrun (ours, or the port) against the reference,
+    from speedrun_comparison's numbers. The speed targets are ours' alone."""
+    heading, side = SPEEDRUN_SIDES[name]
+    targets = name == "ours_speedrun"
     repeated = c["ours_runs"] > 1 or c["ref_runs"] > 1
-    lines = ["", "speedrun recipe against record #28's script (same shards, steps and validation tokens):"]
+    lines = ["", f"{heading} (same shards, steps and validation tokens):"]
     if repeated:
-        lines.append(f"- {c['ours_runs']} runs of ours (seeds {SPEEDRUN_SEED}-{SPEEDRUN_SEED + c['ours_runs'] - 1}) "
+        lines.append(f"- {c['ours_runs']} runs of {side} (seeds {SPEEDRUN_SEED}-{SPEEDRUN_SEED + c['ours_runs'] - 1}) "
                      f"and {c['ref_runs']} of the reference "
                      + ("(each pair from the same weights, --shared_init)" if c["paired"] else "(which sets no seed)")
                      + ": the numbers below are the means of each side's runs")
-    lines.append(f"- ms/step (mean of the timed steps): ours {c['ours_ms']:.1f}, reference {c['ref_ms']:.1f}: "
-                 f"{c['ratio']:.2f}x (at least {SPEED_TARGET}x: {yes_no(c['ratio'] >= SPEED_TARGET)})")
+    lines.append(f"- ms/step (mean of the timed steps): {side} {c['ours_ms']:.1f}, reference {c['ref_ms']:.1f}: "
+                 f"{c['ratio']:.2f}x" + (f" (at least {SPEED_TARGET}x: {yes_no(c['ratio'] >= SPEED_TARGET)})"
+                                         if targets else ""))
     if c["worst"] is not None:
         step, _, _, worst = c["worst"]
         lines.append(f"- validation loss: largest relative difference {100 * worst:.2f}% at step {step} "
@@ -877,13 +917,14 @@ def speedrun_report(c):
         lines.append("- validation loss: no step validated by both")
     limit = c["ref_seconds"] / SPEED_TARGET
     reach = c["ours_reach"]
-    lines.append(f"- ours reaches the reference's final validation loss {c['ref_final']:.4f} in "
+    lines.append(f"- {side} reaches the reference's final validation loss {c['ref_final']:.4f} in "
                  + (f"{reach:.2f} s" if reach is not None else "never (not reached)")
-                 + f"; the reference trained {c['ref_seconds']:.2f} s, 1/{SPEED_TARGET} of it {limit:.2f} s: "
-                 + yes_no(reach is not None and reach <= limit))
+                 + f"; the reference trained {c['ref_seconds']:.2f} s"
+                 + (f", 1/{SPEED_TARGET} of it {limit:.2f} s: " + yes_no(reach is not None and reach <= limit)
+                    if targets else ""))
     if repeated and c["worst"] is not None:
         step = c["worst"][0]
-        lines.append(f"- the runs' own spread at step {step} (highest over lowest loss): ours "
+        lines.append(f"- the runs' own spread at step {step} (highest over lowest loss): {side} "
                      f"{spread_percent(c['ours_spread'], step):.2f}%, the reference "
                      f"{spread_percent(c['ref_spread'], step):.2f}%")
         error = difference_error(c, step)
@@ -896,22 +937,21 @@ def speedrun_report(c):
                          f"them) would take about {error[1]} runs a side")
     lines.append("")
     if not repeated:
-        lines.append("| step | reference val loss | ours | relative difference |")
+        lines.append(f"| step | reference val loss | {side} | relative difference |")
         lines.append("| ---: | ---: | ---: | ---: |")
-        for step, ref_loss, ours_loss, rel in c["losses"]:
-            lines.append(f"| {step} | {ref_loss:.4f} | {ours_loss:.4f} | {100 * rel:.2f}% |")
+        for step, ref_loss, side_loss, rel in c["losses"]:
+            lines.append(f"| {step} | {ref_loss:.4f} | {side_loss:.4f} | {100 * rel:.2f}% |")
         return lines
-    lines.append("| step | reference val loss (mean) | lowest-highest | ours (mean) | lowest-highest | "
+    lines.append(f"| step | reference val loss (mean) | lowest-highest | {side} (mean) | lowest-highest | "
                  "relative difference | its standard error |")
     lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for step, ref_loss, ours_loss, rel in c["losses"]:
-        (ref_low, ref_high), (ours_low, ours_high) = c["ref_spread"][step], c["ours_spread"][step]
+    for step, ref_loss, side_loss, rel in c["losses"]:
+        (ref_low, ref_high), (side_low, side_high) = c["ref_spread"][step], c["ours_spread"][step]
         error = difference_error(c, step)
-        lines.append(f"| {step} | {ref_loss:.4f} | {ref_low:.4f}-{ref_high:.4f} | {ours_loss:.4f} | "
-                     f"{ours_low:.4f}-{ours_high:.4f} | {100 * rel:.2f}% | "
+        lines.append(f"| {step} | {ref_loss:.4f} | {ref_low:.4f}-{ref_high:.4f} | {side_loss:.4f} | "
+                     f"{side_low:.4f}-{side_high:.4f} | {100 * rel:.2f}% | "
                      + ("-" if error is None else f"{100 * error[0]:.2f}%") + " |")
     return lines
-
 
 if __name__ == "__main__":
     main()

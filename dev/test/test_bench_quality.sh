@@ -480,4 +480,46 @@ check "unpaired: each side's spread, 186 runs a side" "$(sed -n 2p <<< "$paired"
 check "paired: the report says where its standard error comes from" \
   "$(grep -c "standard errors of it (0.06%, from the spread of the pairs' differences)" <<< "$paired")" 1
 
+# --- (g) peer_speedrun: train_gpt2.py's speedrun recipe as a third side, compared with the
+# reference as ours is. Its commands: its own init (seed 42, then 43), or the pair's file.
+out=$(bench "$DIR/u" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs peer_speedrun \
+  --speedrun_repeats 2 --python python3 --dry_run 2>&1)
+check "peer_speedrun: dry run exits 0" "$?" 0
+check "peer_speedrun: the port compiled, BF16, the FP8 head, the pair's steps and validation" \
+  "$(grep '^=== peer_speedrun 1/2:' <<< "$out")" \
+  "=== peer_speedrun 1/2: python3 train_gpt2.py --recipe speedrun --model d12 --seed 42 --input_bin 't_*.bin' --input_val_bin 'v_*.bin' --num_iterations 4 --val_every 2 --val_steps 40 --val_seq_len 262144 --dtype bfloat16 --fp8_head 1 --flash 1 --compile 1 --output_dir $DIR/u/peer_speedrun"
+check "peer_speedrun: the second with seed 43, its own folder" \
+  "$(grep -c "^=== peer_speedrun 2/2: .* --seed 43 .* --output_dir $DIR/u/peer_speedrun_2$" <<< "$out")" 1
+out=$(bench "$DIR/u2" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ref_speedrun,peer_speedrun \
+  --reference_script "$DIR/stand_in.py" --speedrun_repeats 2 --shared_init --init_seed 44 --dry_run 2>&1)
+check "peer_speedrun --shared_init: from the pair's BF16 file" \
+  "$(grep -c "^=== peer_speedrun [12]/2: .* train_gpt2.py --recipe speedrun --init_from $DIR/u2/init_seed44.bin --seed 4[23] " <<< "$out")" 2
+err=$(bench "$DIR/u3" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun,peer_speedrun --shared_init --dry_run 2>&1)
+check "--shared_init without the reference (ours and the port): exit 1, one line" \
+  "$?:$(wc -l <<< "$err"):$(grep -c 'give --runs both ref_speedrun' <<< "$err")" 1:1:1
+# Its report, from finished outputs in its own lines (a validation line with its training time):
+# the port 800 ms a step, val 6.09 at step 2 and 5.00 at 4, against the reference of (b).
+mkdir -p "$DIR/v/ref_speedrun"
+cp "$DIR/g/ours_speedrun.log" "$DIR/v/"
+cp "$DIR/g/ref_speedrun/output.log" "$DIR/v/ref_speedrun/"
+sed -e 's/| 500.00 ms | \(.*\) | ETA .*$/| 800.00 ms | \1/' -e 's/| val loss 6.030000/| train time 0.800 s | val loss 6.090000/' \
+  -e 's/| val loss 4.980000/| train time 2.400 s | val loss 5.000000/' -e 's/| val loss \(1[0-9.]*\)$/| train time 0.000 s | val loss \1/' \
+  "$DIR/g/ours_speedrun.log" > "$DIR/v/peer_speedrun.log"
+out=$(bench "$DIR/v" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 \
+  --runs ours_speedrun,ref_speedrun,peer_speedrun --target_run ref_speedrun 2>&1)
+check "peer_speedrun: the report from three finished outputs exits 0, reading all" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:3
+md="$DIR/v/quality.md"
+check "peer_speedrun: its row" "$(grep '^| PyTorch, speedrun recipe' "$md")" \
+  "| PyTorch, speedrun recipe | 4 | 5.0000 | 800.0 | 800.0 | 491520 | 2.4 | 2.4 | - |"
+check "peer_speedrun: ours' comparison as before, then the port's" \
+  "$(grep -c -e "^speedrun recipe against record #28's script" -e "^the PyTorch port (train_gpt2.py --recipe speedrun) against record #28's script" "$md")" 2
+check "peer_speedrun: the port's speed, without ours' target" \
+  "$(grep -c '^- ms/step (mean of the timed steps): the port 800.0, reference 1000.0: 1.25x$' "$md")" 1
+check "peer_speedrun: its largest difference, 1.50% at step 2" \
+  "$(grep -c '^- validation loss: largest relative difference 1.50% at step 2 (within 1% at every validation: NO)$' "$md")" 1
+check "peer_speedrun: the time it reaches the reference's final loss, without ours' target" \
+  "$(grep -c "^- the port reaches the reference's final validation loss 5.0000 in 2.40 s; the reference trained 4.00 s$" "$md")" 1
+check "peer_speedrun: its per-step table" "$(grep -A4 '^| step | reference val loss | the port |' "$md" | tail -1)" \
+  "| 4 | 5.0000 | 5.0000 | 0.00% |"
+
 finish test_bench_quality
