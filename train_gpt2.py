@@ -1576,6 +1576,100 @@ def write_debug_state(model, batch, args, device, out_dir):
     print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}{kind}_debug_state.bin")
 
 
+# Each parameter's tensor in llmc/gpt2.h's table (its name in test_gpt2cu's lines), by the parameter's
+# name with a block's "transformer.h.N." and a value embedding's index taken off.
+TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe", "transformer.ln_e.weight": "lnew",
+               "ln_1.weight": "ln1w", "ln_1.bias": "ln1b", "attn.c_attn.weight": "qkvw", "attn.c_attn.bias": "qkvb",
+               "attn.c_proj.weight": "attprojw", "attn.c_proj.bias": "attprojb", "ln_2.weight": "ln2w",
+               "ln_2.bias": "ln2b", "mlp.c_fc.weight": "fcw", "mlp.c_fc.bias": "fcb", "mlp.c_proj.weight": "fcprojw",
+               "mlp.c_proj.bias": "fcprojb", "transformer.ln_f.weight": "lnfw", "transformer.ln_f.bias": "lnfb",
+               "lm_head.weight": "headw", "lm_head.bias": "headb", "transformer.ve.weight": "ve",
+               "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
+               "attn.value_scales": "value_scales"}
+
+
+def table_name(parameter_name):
+    parts = parameter_name.split(".")
+    if parts[:2] == ["transformer", "h"]:
+        parts = parts[3:]
+    elif parts[:2] == ["transformer", "ve"]:
+        parts = parts[:2] + parts[3:]
+    return TABLE_NAMES[".".join(parts)]
+
+
+def read_debug_state(path, header_only=False):
+    """(header, x, y, the float32 values after them) of a debug state file (write_debug_state); its
+    header alone with header_only."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4 * HEADER_INTS if header_only else -1)
+    except OSError as e:
+        fail(f"--check_debug_state {path}: {e.strerror}")
+    header = np.frombuffer(data[:4 * HEADER_INTS], np.int32)
+    if len(header) < HEADER_INTS or header[0] != DEBUG_STATE_MAGIC:
+        fail(f"--check_debug_state {path}: not a debug state (written by --write_debug_state)")
+    if header_only:
+        return header
+    B, T = int(header[2]), int(header[3])
+    if len(data) < 4 * (HEADER_INTS + 2 * B * T):
+        fail(f"--check_debug_state {path}: shorter than its batch of {B} x {T}: the file is cut off")
+    tokens = np.frombuffer(data, np.int32, 2 * B * T, 4 * HEADER_INTS).astype(np.int64)
+    floats = np.frombuffer(data, np.float32, offset=4 * (HEADER_INTS + 2 * B * T))
+    x, y = (torch.from_numpy(t.reshape(B, T).copy()) for t in (tokens[:B * T], tokens[B * T:]))
+    return header, x, y, floats
+
+
+def check_debug_state(args, model, device, dtype, use_compile):
+    """--check_debug_state STATE: the first step of write_debug_state again, from --init_from's model
+    (the state's) on the state's batch, window and loss, but as train() computes a step in --dtype
+    (the parameter and compute dtypes, --fp8_head, --flash, --compile); prints each tensor's
+    ||got - ref|| / ||ref|| against the state's float32 logits, loss and gradients (a table tensor's
+    layers together), test_gpt2cu's measure, so that PyTorch's error in bfloat16 and ours' can be set
+    side by side, tensor by tensor."""
+    path = args.check_debug_state
+    header, x, y, floats = read_debug_state(path)
+    version4 = header[1] == DEBUG_STATE_VERSION_MODERN
+    if version4 and header[30]:
+        fail(f"--check_debug_state {path}: its steps took the FP8 head (--fp8_head 1), so its tensors are "
+             "not float32's; give a state written without it")
+    if version4:
+        model.documents, model.window_blocks = bool(header[21]), int(header[22]) or None
+    reduction = "sum" if version4 and header[14] else "mean"
+    raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
+    x, y = x.to(device), y.to(device)
+    with autocast:
+        logits, loss = model(x, y, reduction, raw_model.attention_masks(x))
+    loss.backward()
+    named = list(raw_model.named_parameters())
+    order = {id(p): i for i, p in enumerate(params_in_file_order(raw_model))}
+    named.sort(key=lambda item: order[id(item[1])])
+    got = [("logits", logits.detach()), ("loss", loss.detach() / (y.numel() if reduction == "sum" else 1))]
+    got += [("grad " + table_name(name), torch.zeros_like(p) if p.grad is None else p.grad) for name, p in named]
+    expected = sum(t.numel() for _, t in got) + int(header[4])
+    if len(floats) != expected:
+        fail(f"--check_debug_state {path}: holds {len(floats)} values after its batch, where --init_from's "
+             f"model's tensors and the losses of its {int(header[4])} steps take {expected}: give the state written "
+             "with that model")
+    print(f"{dtype} as training computes it (parameter and compute dtypes) against {path}'s float32:")
+    for name, (n, error) in relative_errors(got, floats).items():
+        print(f"{name:<24s} n={n:<10d} |got-ref|/|ref| {error:.3e}")
+
+
+def relative_errors(got, floats):
+    """{name: (values, ||got - ref|| / ||ref||)} of the tensors [(name, tensor)] against the float32
+    values that follow one another in `floats`, the tensors of one name taken together."""
+    squares, at = {}, 0
+    for name, tensor in got:
+        ref = torch.from_numpy(floats[at:at + tensor.numel()].copy()).double()
+        at += tensor.numel()
+        diff = tensor.detach().double().cpu().flatten() - ref
+        sums = squares.setdefault(name, [0, 0.0, 0.0])
+        sums[0] += tensor.numel()
+        sums[1] += float(diff.dot(diff))
+        sums[2] += float(ref.dot(ref))
+    return {name: (n, math.sqrt(diff) / (math.sqrt(base) + 1e-30)) for name, (n, diff, base) in squares.items()}
+
+
 # ------------------------------------------------------------------------------------------------
 # Command line
 
@@ -1683,6 +1777,9 @@ def parse_args(argv=None):
     a.add_argument("--write_debug_state", metavar="DIR", help="write the initial model and the debug "
                    "state of llmc/gpt2.h to DIR and exit")
     a.add_argument("--debug_steps", type=int, default=10, help="optimizer steps recorded in the debug state")
+    a.add_argument("--check_debug_state", metavar="STATE", help="one forward and backward of STATE's batch from "
+                   "--init_from's model (the state's) in --dtype, each tensor's relative error against the state's "
+                   "float32 ones printed, then exit")
     a.add_argument("--debug_noise", type=float, default=0.0, help="--write_debug_state: add N(0, this) to "
                    "every parameter after the init, so that a model whose init zeroes its head (the modern "
                    "architecture) has a gradient in every tensor at the first step")
@@ -1746,9 +1843,11 @@ def check_args(args):
         fail("--write_debug_state and --benchmark are separate modes; give one")
     if args.eval_only:
         check_eval_only_args(args)
+    elif args.check_debug_state:
+        check_debug_state_args(args)
     elif not (args.write_debug_state or args.benchmark or args.input_bin):
-        fail("nothing to do: give --input_bin PATTERN to train, --write_debug_state DIR, --benchmark 1, or "
-             "--eval_only 1 with --init_from and --input_val_bin")
+        fail("nothing to do: give --input_bin PATTERN to train, --write_debug_state DIR, --benchmark 1, "
+             "--eval_only 1 with --init_from and --input_val_bin, or --check_debug_state STATE with --init_from")
     if args.benchmark and args.input_bin:
         fail("--benchmark trains on random tokens; drop --input_bin")
     if args.write_debug_state and args.dtype == "bfloat16" and not args.fp8:
@@ -1788,10 +1887,23 @@ def check_args(args):
     check_document_args(args)
 
 
+def check_debug_state_args(args):
+    """--check_debug_state measures one step against a debug state, and does nothing else."""
+    for flag, other in [("--write_debug_state", args.write_debug_state), ("--benchmark", args.benchmark),
+                        ("--input_bin", args.input_bin), ("--input_val_bin", args.input_val_bin)]:
+        if other:
+            fail(f"--check_debug_state measures one step on the state's batch and trains nothing; drop {flag}")
+    if not args.init_from:
+        fail("--check_debug_state STATE starts from the state's model: give --init_from with the gpt2_<name>.bin "
+             "written beside it")
+    header = read_debug_state(args.check_debug_state, header_only=True)
+    args.batch_size, args.seq_len = int(header[2]), int(header[3])  # the state's batch
+
+
 def check_eval_only_args(args):
     """--eval_only 1 validates the weights of a checkpoint at one window, and does nothing else."""
     for flag, other in [("--write_debug_state", args.write_debug_state), ("--benchmark", args.benchmark),
-                        ("--input_bin", args.input_bin)]:
+                        ("--input_bin", args.input_bin), ("--check_debug_state", args.check_debug_state)]:
         if other:
             fail(f"--eval_only 1 validates a checkpoint and trains nothing; drop {flag}")
     if not args.init_from or not args.input_val_bin:
@@ -2218,6 +2330,8 @@ def main(argv=None, step_hook=None):
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
     set_attention_window(model, args, 0)
+    if args.check_debug_state:
+        return check_debug_state(args, model, device, dtype, use_compile)
     train_loader = RandomTokens(B, T, config.vocab_size, args.seed, bool(args.documents))
     if args.input_bin and args.documents:
         train_loader = DocumentLoader(args.input_bin, "--input_bin", B, T, step_batch(args, world)[1], rank, world,

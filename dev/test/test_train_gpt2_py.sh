@@ -2,7 +2,7 @@
 # Tests of train_gpt2.py on its default device (a GPU where one is present): the MT19937
 # self-check, seeded init, the debug state read back and recomputed, checkpoint round trips (FP32
 # and BF16), the AdamW formula, the data order, training on small shards (one process and two),
-# the LR schedules, the benchmark mode, the FP8 recipe (its scales on any PyTorch, its casts from
+# the LR schedules, --check_debug_state, the benchmark mode, the FP8 recipe (its scales on any PyTorch, its casts from
 # 2.1, its products on a GPU of compute capability 8.9+) and the error messages. PYTHON names a
 # python with torch and numpy (default: the first of python3, /usr/bin/python3 that has them).
 set -euo pipefail
@@ -223,6 +223,37 @@ a, b = last(sys.argv[1]), last(sys.argv[2]); assert abs(a - b) <= 1e-5, (a, b); 
 print('eval_only', b, 'training run', a)" "$WORK/train.out" "$WORK/eval.out"
 [ "$(grep -c '' "$WORK/eval.out")" = 1 ] && grep -q '^step    0/0 | val loss [0-9.]*$' "$WORK/eval.out"
 
+echo "--- --check_debug_state: a state's first step again, in float32 as written, in bfloat16 off by its rounding"
+"$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 -b 2 -t 256 --flash 0 \
+  --write_debug_state "$WORK/speedrun_state" --debug_steps 1 --device cpu >/dev/null
+speedrun_state=(--init_from "$WORK/speedrun_state/gpt2_speedrun_tiny.bin"
+  --check_debug_state "$WORK/speedrun_state/gpt2_speedrun_tiny_muon_debug_state.bin" --flash 0 --device cpu)
+gpt2_state=(--init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --check_debug_state "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin"
+  --device cpu)
+for dtype in float32 bfloat16; do
+  "$PYTHON" train_gpt2.py --recipe speedrun "${speedrun_state[@]}" --dtype $dtype > "$WORK/check_speedrun_$dtype.out"
+  "$PYTHON" train_gpt2.py "${gpt2_state[@]}" --dtype $dtype > "$WORK/check_gpt2_$dtype.out"
+done
+cat "$WORK/check_speedrun_bfloat16.out"
+"$PYTHON" - "$WORK" <<'EOF'
+import sys
+def errors(name):
+    lines = open(f"{sys.argv[1]}/check_{name}.out").read().splitlines()[1:]
+    return {line[:24].strip(): float(line.split()[-1]) for line in lines}
+speedrun = ["logits", "loss"] + ["grad " + t for t in ("wte qkvw attprojw fcw fcprojw headw ve attngate skipw lambdas "
+                                                        "value_scales").split()]
+gpt2 = ["logits", "loss"] + ["grad " + t for t in ("wte wpe ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb "
+                                                    "fcprojw fcprojb lnfw lnfb").split()]
+for model, names in (("speedrun", speedrun), ("gpt2", gpt2)):
+    exact, rounded = errors(f"{model}_float32"), errors(f"{model}_bfloat16")
+    assert list(exact) == names and list(rounded) == names, (model, list(exact), list(rounded))
+    assert all(e <= 1e-6 for e in exact.values()), (model, exact)
+    # bfloat16's rounding shows in every tensor, within a few of its units (2^-8).
+    assert all(1e-4 < e < 0.1 for name, e in rounded.items() if name != "loss"), (model, rounded)
+    print(f"{model}: float32 largest {max(exact.values()):.1e}; bfloat16 {min(rounded.values()):.1e} to "
+          f"{max(rounded.values()):.1e}")
+EOF
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
   common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
@@ -395,6 +426,18 @@ expect_error "eval_only 1 validates --init_from's weights on --input_val_bin; gi
   --init_from "$ckpt"
 expect_error "eval_only 1 has no schedule to take a window from" --eval_only 1 --recipe speedrun \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin"
+"$PYTHON" train_gpt2.py "${TINY[@]}" --vocab_size 256 --write_debug_state "$WORK/v256" -b 2 -t 32 --debug_steps 1 \
+  --device cpu >/dev/null
+expect_error "check_debug_state STATE starts from the state's model: give --init_from" \
+  --check_debug_state "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin"
+expect_error "check_debug_state measures one step on the state's batch and trains nothing; drop --input_bin" \
+  "${gpt2_state[@]}" --input_bin "$WORK/train_*.bin"
+expect_error "magic.bin: not a debug state" --init_from "$ckpt" --check_debug_state "$WORK/magic.bin"
+expect_error "gpt2_l2h4c128t64v256_debug_state.bin: holds .* give the state written with that model" \
+  --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --check_debug_state "$WORK/v256/gpt2_l2h4c128t64v256_debug_state.bin" \
+  --device cpu
+expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --check_debug_state" --eval_only 1 \
+  --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --check_debug_state "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin"
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1
