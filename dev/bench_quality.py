@@ -953,5 +953,6 @@ def speedrun_report(c, name="ours_speedrun"):
                      + ("-" if error is None else f"{100 * error[0]:.2f}%") + " |")
     return lines
 
+
 if __name__ == "__main__":
     main()
