@@ -1598,23 +1598,25 @@ def table_name(parameter_name):
 
 
 def read_debug_state(path, header_only=False):
-    """(header, x, y, the float32 values after them) of a debug state file (write_debug_state); its
-    header alone with header_only."""
+    """(header, x, y, the float32 values after them, mapped rather than read: a long sequence's
+    logits are gigabytes) of a debug state file (write_debug_state); its header alone with
+    header_only."""
     try:
         with open(path, "rb") as f:
-            data = f.read(4 * HEADER_INTS if header_only else -1)
+            header = np.frombuffer(f.read(4 * HEADER_INTS), np.int32)
+        size = os.path.getsize(path)
     except OSError as e:
         fail(f"--check_debug_state {path}: {e.strerror}")
-    header = np.frombuffer(data[:4 * HEADER_INTS], np.int32)
     if len(header) < HEADER_INTS or header[0] != DEBUG_STATE_MAGIC:
         fail(f"--check_debug_state {path}: not a debug state (written by --write_debug_state)")
     if header_only:
         return header
     B, T = int(header[2]), int(header[3])
-    if len(data) < 4 * (HEADER_INTS + 2 * B * T):
+    floats_at = 4 * (HEADER_INTS + 2 * B * T)
+    if size < floats_at:
         fail(f"--check_debug_state {path}: shorter than its batch of {B} x {T}: the file is cut off")
-    tokens = np.frombuffer(data, np.int32, 2 * B * T, 4 * HEADER_INTS).astype(np.int64)
-    floats = np.frombuffer(data, np.float32, offset=4 * (HEADER_INTS + 2 * B * T))
+    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=4 * HEADER_INTS).astype(np.int64)
+    floats = np.memmap(path, np.float32, "r", floats_at, ((size - floats_at) // 4,))
     x, y = (torch.from_numpy(t.reshape(B, T).copy()) for t in (tokens[:B * T], tokens[B * T:]))
     return header, x, y, floats
 
@@ -1655,18 +1657,22 @@ def check_debug_state(args, model, device, dtype, use_compile):
         print(f"{name:<24s} n={n:<10d} |got-ref|/|ref| {error:.3e}")
 
 
-def relative_errors(got, floats):
+def relative_errors(got, floats, chunk=1 << 24):
     """{name: (values, ||got - ref|| / ||ref||)} of the tensors [(name, tensor)] against the float32
-    values that follow one another in `floats`, the tensors of one name taken together."""
+    values that follow one another in `floats`, the tensors of one name taken together; in float64,
+    `chunk` values at a time on the tensor's device (a long sequence's logits would not fit twice)."""
     squares, at = {}, 0
     for name, tensor in got:
-        ref = torch.from_numpy(floats[at:at + tensor.numel()].copy()).double()
-        at += tensor.numel()
-        diff = tensor.detach().double().cpu().flatten() - ref
+        flat = tensor.detach().flatten()
         sums = squares.setdefault(name, [0, 0.0, 0.0])
-        sums[0] += tensor.numel()
-        sums[1] += float(diff.dot(diff))
-        sums[2] += float(ref.dot(ref))
+        sums[0] += flat.numel()
+        for start in range(0, flat.numel(), chunk):
+            piece = flat[start:start + chunk].double()
+            ref = torch.from_numpy(np.array(floats[at + start:at + start + piece.numel()])).to(piece.device).double()
+            diff = piece - ref
+            sums[1] += float(diff.dot(diff))
+            sums[2] += float(ref.dot(ref))
+        at += flat.numel()
     return {name: (n, math.sqrt(diff) / (math.sqrt(base) + 1e-30)) for name, (n, diff, base) in squares.items()}
 
 
