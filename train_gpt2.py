@@ -1631,9 +1631,10 @@ def check_debug_state(args, model, device, dtype, use_compile):
     path = args.check_debug_state
     header, x, y, floats = read_debug_state(path)
     version4 = header[1] == DEBUG_STATE_VERSION_MODERN
-    if version4 and header[30]:
-        fail(f"--check_debug_state {path}: its steps took the FP8 head (--fp8_head 1), so its tensors are "
-             "not float32's; give a state written without it")
+    if version4 and bool(header[30]) != bool(args.fp8_head):
+        head = "FP8 (--fp8_head 1), the rest in float32" if header[30] else "float32"
+        fail(f"--check_debug_state {path}: its steps took the head in {head}, and this check's --fp8_head is "
+             f"{int(bool(args.fp8_head))}; give the state's head, so that only the rest's dtype differs")
     if version4:
         model.documents, model.window_blocks = bool(header[21]), int(header[22]) or None
     reduction = "sum" if version4 and header[14] else "mean"
@@ -1785,7 +1786,7 @@ def parse_args(argv=None):
     a.add_argument("--debug_steps", type=int, default=10, help="optimizer steps recorded in the debug state")
     a.add_argument("--check_debug_state", metavar="STATE", help="one forward and backward of STATE's batch from "
                    "--init_from's model (the state's) in --dtype, each tensor's relative error against the state's "
-                   "float32 ones printed, then exit")
+                   "float32 ones printed, then exit (a state of --fp8_head 1: with --fp8_head 1)")
     a.add_argument("--debug_noise", type=float, default=0.0, help="--write_debug_state: add N(0, this) to "
                    "every parameter after the init, so that a model whose init zeroes its head (the modern "
                    "architecture) has a gradient in every tensor at the first step")

@@ -5,14 +5,18 @@ each redo that step from the same weights and batch, and each tensor's ||got - r
 set beside the other's, with their ratio. Where ours trains worse than PyTorch from the same
 weights, a tensor whose error is several times PyTorch's names the kernel to look at.
 
-    python3 dev/error_budget.py OUTDIR [--recipe speedrun] [--model d12] [--train GLOB]
+    python3 dev/error_budget.py OUTDIR [--recipe speedrun] [--model d12 | --init_from MODEL] [--train GLOB]
                                 [--batch_size 1] [--seq_len 49152] [--window_blocks 5] [--noise 0.02]
-                                [--python PYTHON] [--dry_run]
+                                [--fp8_head] [--python PYTHON] [--dry_run]
 
 --train takes the batch from token shards (real documents; the document-aligned loader where the
 recipe has documents); without it train_gpt2.py's random tokens. --noise is the debug state's
 --debug_noise (the speedrun's init zeroes the head and the output projections, so that without it
-the blocks get no gradient). Needs a GPU and ./test_gpt2cu built (make test_gpt2cu). Writes the
+the blocks get no gradient). --init_from takes the weights from an llm.c checkpoint instead, such as
+a training run's (trained weights: sharper attention, larger activations than an init's), with no
+noise unless --noise is given. --fp8_head writes the state with PyTorch's FP8 head (the rest in
+float32), so that both sides compute the head as the speedrun trains it and differ in the rest:
+ours' FP8 head is then measured against PyTorch's. Needs a GPU and ./test_gpt2cu built (make test_gpt2cu). Writes the
 model and the state to OUTDIR/state, the two programs' outputs to OUTDIR/ours.log and
 OUTDIR/pytorch.log, and the table to OUTDIR/error_budget.md (printed too). --dry_run prints the
 commands and runs nothing.
@@ -44,24 +48,37 @@ def parse_args(argv=None):
     p.add_argument("outdir")
     p.add_argument("--recipe", default="speedrun")
     p.add_argument("--model", default="d12")
+    p.add_argument("--init_from", help="the state's weights from this llm.c checkpoint, not a --model init")
     p.add_argument("--train", help="glob of token shards for the batch (quote it); default random tokens")
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--seq_len", type=int, default=49152)
     p.add_argument("--window_blocks", type=int, default=5, help="the attention's window in blocks of 128 "
                    "(recipes with documents; 0: none)")
-    p.add_argument("--noise", type=float, default=0.02, help="the debug state's --debug_noise")
+    p.add_argument("--noise", type=float, help="the debug state's --debug_noise (default 0.02, with "
+                   "--init_from 0)")
+    p.add_argument("--fp8_head", action="store_true", help="the head in FP8 on every side (the state's too)")
     p.add_argument("--python", default=sys.executable, help="the python with torch for train_gpt2.py")
     p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.noise is None:
+        args.noise = 0.0 if args.init_from else 0.02
+    return args
 
 
 def state_command(args):
     """train_gpt2.py writing the float32 debug state of one step into OUTDIR/state."""
     batch = ["--input_bin", args.train] if args.train else []
     window = ["--window_blocks", str(args.window_blocks)] if args.window_blocks else []
-    return [args.python, "train_gpt2.py", "--recipe", args.recipe, "--model", args.model, "--debug_noise",
-            str(args.noise)] + window + ["-b", str(args.batch_size), "-t", str(args.seq_len)] + batch + [
-            "--flash", "1", "--write_debug_state", os.path.join(args.outdir, "state"), "--debug_steps", "1"]
+    weights = ["--init_from", args.init_from] if args.init_from else ["--model", args.model]
+    noise = ["--debug_noise", str(args.noise)] if args.noise else []
+    return [args.python, "train_gpt2.py", "--recipe", args.recipe] + weights + noise + window + [
+            "-b", str(args.batch_size), "-t", str(args.seq_len)] + batch + [
+            "--flash", "1"] + fp8_head(args) + ["--write_debug_state", os.path.join(args.outdir, "state"),
+            "--debug_steps", "1"]
+
+
+def fp8_head(args):
+    return ["--fp8_head", "1"] if args.fp8_head else []
 
 
 def state_files(outdir):
@@ -81,7 +98,7 @@ def ours_command(model, state):
 
 def pytorch_command(args, model, state):
     return [args.python, "train_gpt2.py", "--recipe", args.recipe, "--init_from", model, "--check_debug_state", state,
-            "--dtype", "bfloat16", "--flash", "1"]
+            "--dtype", "bfloat16", "--flash", "1"] + fp8_head(args)
 
 
 def ours_errors(text):
@@ -137,6 +154,8 @@ def main():
         for command in (state_command(args), ours_command(model, state), pytorch_command(args, model, state)):
             print("===", shlex.join(command))
         return
+    if args.init_from and not os.path.isfile(args.init_from):
+        fail(f"--init_from {args.init_from}: no such file; give an llm.c checkpoint (model_*.bin of -o)")
     if not os.access("./test_gpt2cu", os.X_OK):
         fail("./test_gpt2cu is not built: run make test_gpt2cu first (from the repository's root)")
     os.makedirs(args.outdir, exist_ok=True)
@@ -150,9 +169,10 @@ def main():
         fail(f"train_gpt2.py --check_debug_state failed: see {logs['pytorch']}")
     ours, pytorch = (parse(open(logs[side]).read()) for side, parse in (("ours", ours_errors),
                                                                           ("pytorch", pytorch_errors)))
-    lines = [f"{args.recipe} {args.model}, {args.batch_size} x {args.seq_len} tokens"
+    lines = [f"{args.recipe} {args.init_from or args.model}, {args.batch_size} x {args.seq_len} tokens"
              + (f" of {args.train}" if args.train else " (random tokens)")
              + (f", window {args.window_blocks}" if args.window_blocks else "")
+             + (", the head in FP8 on both sides and in the state" if args.fp8_head else "")
              + f"; test_gpt2cu exited {ours_status}", ""] + budget_table(ours, pytorch)
     with open(os.path.join(args.outdir, "error_budget.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -19,6 +19,18 @@ check "ours: test_gpt2cu on the state's model and state" "$(sed -n 2p <<< "$out"
   "=== ./test_gpt2cu $DIR/a/state/MODEL.bin $DIR/a/state/STATE_debug_state.bin"
 check "PyTorch: the same step in bfloat16 as it trains" "$(sed -n 3p <<< "$out")" \
   "=== python3 train_gpt2.py --recipe speedrun --init_from $DIR/a/state/MODEL.bin --check_debug_state $DIR/a/state/STATE_debug_state.bin --dtype bfloat16 --flash 1"
+out=$("$PY" dev/error_budget.py "$DIR/t" --init_from runs/model_00000100.bin --python python3 --dry_run 2>&1)
+check "--init_from: the checkpoint's weights in place of --model, no noise" "$(sed -n 1p <<< "$out")" \
+  "=== python3 train_gpt2.py --recipe speedrun --init_from runs/model_00000100.bin --window_blocks 5 -b 1 -t 49152 --flash 1 --write_debug_state $DIR/t/state --debug_steps 1"
+out=$("$PY" dev/error_budget.py "$DIR/t" --init_from runs/model_00000100.bin --noise 0.01 --python python3 --dry_run 2>&1)
+check "--init_from with --noise: the noise added" "$(sed -n 1p <<< "$out" | grep -c -e '--init_from runs/model_00000100.bin --debug_noise 0.01 ')" 1
+out=$("$PY" dev/error_budget.py "$DIR/t" --fp8_head --python python3 --dry_run 2>&1)
+check "--fp8_head: the state and PyTorch's check with the FP8 head, ours reads it from the state" \
+  "$(grep -c -e '--flash 1 --fp8_head 1 --write_debug_state' <<< "$(sed -n 1p <<< "$out")"):$(sed -n 2p <<< "$out" | grep -c fp8):$(sed -n 3p <<< "$out" | grep -c -e '--flash 1 --fp8_head 1$')" 1:0:1
+err=$("$PY" dev/error_budget.py "$DIR/t" --init_from "$DIR/missing.bin" 2>&1 >/dev/null)
+check "--init_from a missing file: exit 1, one line naming it" \
+  "$?:$(wc -l <<< "$err"):$(grep -c -e "--init_from $DIR/missing.bin: no such file" <<< "$err")" 1:1:1
+check "and nothing written" "$(ls "$DIR" | grep -c '^t$')" 0
 out=$("$PY" dev/error_budget.py "$DIR/b" --recipe gpt2 --model tiny --window_blocks 0 -t 64 --python python3 --dry_run 2>&1)
 check "random tokens and no window: neither flag" "$(sed -n 1p <<< "$out" | grep -c -e '--input_bin' -e '--window_blocks')" 0
 # Once the state is written, its files are the commands' (the model: not the BF16 copy, not the state).

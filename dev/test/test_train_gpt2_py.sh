@@ -433,6 +433,20 @@ expect_error "check_debug_state STATE starts from the state's model: give --init
 expect_error "check_debug_state measures one step on the state's batch and trains nothing; drop --input_bin" \
   "${gpt2_state[@]}" --input_bin "$WORK/train_*.bin"
 expect_error "magic.bin: not a debug state" --init_from "$ckpt" --check_debug_state "$WORK/magic.bin"
+# A state whose head trained in FP8 (its header's flag, set here) is checked with that head only.
+"$PYTHON" - "$WORK/speedrun_state/gpt2_speedrun_tiny_muon_debug_state.bin" "$WORK/fp8_head_state.bin" <<'EOF'
+import sys
+import numpy as np
+data = bytearray(open(sys.argv[1], "rb").read())
+header = np.frombuffer(bytes(data[:1024]), np.int32).copy()
+assert header[30] == 0, header[30]
+header[30] = 1
+data[:1024] = header.tobytes()
+open(sys.argv[2], "wb").write(data)
+EOF
+expect_error "fp8_head_state.bin: its steps took the head in FP8 .--fp8_head 1., the rest in float32, and this check's --fp8_head is 0; give the state's head" \
+  --recipe speedrun --init_from "$WORK/speedrun_state/gpt2_speedrun_tiny.bin" --check_debug_state "$WORK/fp8_head_state.bin" \
+  --flash 0 --device cpu
 expect_error "gpt2_l2h4c128t64v256_debug_state.bin: holds .* give the state written with that model" \
   --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --check_debug_state "$WORK/v256/gpt2_l2h4c128t64v256_debug_state.bin" \
   --device cpu
