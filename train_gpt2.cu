@@ -2394,6 +2394,27 @@ inline double fp8_head_input_scale(int C) { return std::sqrt((double)C) / 448.0;
 constexpr double kFp8HeadWeightScale = 1.0 / 512.0;  // 2^-9
 constexpr double kFp8HeadGradScale = 1.0 / 448.0;
 
+// The head's BF16 copy, b, of its master weight u (BF16 builds), made so that the E4M3 cast of
+// b / w_s (fp8_fixed_weight_cast, once per update) gives the bits of u / w_s cast as the reference
+// casts its FP32 weight. The midpoints between two E4M3 values of that scale are BF16 numbers:
+// where rounding u to BF16 lands on one, E4M3's ties-to-even can take the other side than u's, one
+// E4M3 unit (12.5%) off; then b moves one BF16 unit towards u, to u's side. Everywhere else b is
+// as rounded. With b rounded stochastically some 3% of the weights' casts had gone the other way,
+// and every gradient the head sends into the blocks had twice PyTorch's error (dev/cuda/NOTES.md).
+__host__ __device__ inline floatX fp8_head_weight_copy(floatX b, float u) {
+#if defined(ENABLE_FP32)
+  return b;
+#else
+  const float to_fp8 = (float)(1.0 / kFp8HeadWeightScale);
+  const __nv_fp8_storage_t cast = __nv_cvt_float_to_fp8((float)b * to_fp8, __NV_SATFINITE, __NV_E4M3);
+  if (cast == __nv_cvt_float_to_fp8(u * to_fp8, __NV_SATFINITE, __NV_E4M3)) return b;
+  __nv_bfloat16_raw raw = b;
+  const bool larger = u > (float)b, positive = (raw.x & 0x8000u) == 0;  // b is not 0: its cast is u's
+  raw.x = (unsigned short)(larger == positive ? raw.x + 1 : raw.x - 1);
+  return floatX(raw);
+#endif
+}
+
 // Whether the layer fits an architecture's head: x_s bounds the output of a weightless RMS norm
 // (|x| <= sqrt(C)), and the layer has no bias. Of the architectures, the speedrun's.
 bool fp8_head_support(const llmc::ArchSpec& a) {
@@ -6143,9 +6164,11 @@ struct AdamWSlices {
   float weight_decay[kMaxAdamWSlices] = {};
   uint32_t seed[kMaxAdamWSlices] = {};
   bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
+  bool fp8_head[kMaxAdamWSlices] = {};    // the FP8 head's weight: its copy by fp8_head_weight_copy
 
   void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, size_t slice_state,
-           float slice_lr, float decay, uint32_t slice_seed, bool slice_bf16_state = false) {
+           float slice_lr, float decay, uint32_t slice_seed, bool slice_bf16_state = false,
+           bool slice_fp8_head = false) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
     lr[count] = slice_lr;
@@ -6155,6 +6178,7 @@ struct AdamWSlices {
     weight_decay[count] = decay;
     seed[count] = slice_seed;
     bf16_state[count] = slice_bf16_state;
+    fp8_head[count] = slice_fp8_head;
     first_block[count + 1] = first_block[count] + (int)ceil_div(slice_size, (size_t)kAdamWBlockElements);
     count++;
   }
@@ -6203,7 +6227,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const size_t p = slices.begin[s] + local, st = p - state_offset, sm = slices.state[s] + local;
   const float lr = slices.lr[s], decay = slices.weight_decay[s];
   const uint32_t seed = slices.seed[s];
-  const bool bf16_state = slices.bf16_state[s];
+  const bool bf16_state = slices.bf16_state[s], fp8_head = slices.fp8_head[s];
   const size_t index = slices.index_offset[s] + local;
   const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0 &&
                       sm % f128::size == 0;
@@ -6216,7 +6240,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       out_m[sm + i] = mi;
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
-      params[p + i] = round_stochastic(updated, seed, index + i);
+      const floatX rounded = round_stochastic(updated, seed, index + i);
+      params[p + i] = fp8_head ? fp8_head_weight_copy(rounded, updated) : rounded;
     }
     return;
   }
@@ -6242,6 +6267,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       old[piece][k] = adamw_element((float)g[e] * hp.grad_scale, mi[piece][k], vi[piece][k], previous, hp,
                                     lr, decay, beta1_correction, beta2_correction, bf16_state);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
+      if (fp8_head) out[e] = fp8_head_weight_copy(out[e], old[piece][k]);
     }
   }
 #pragma unroll
@@ -7230,6 +7256,10 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   gpt2_allocate_model(m, config, spec, seed, shard_rank, shard_count);
   std::unique_ptr<floatX[]> converted(new floatX[m.num_params]);  // not zero-filled first
   float_to_floatX(converted.get(), values.data(), m.num_params);
+  if (fp8_head_support(m.arch())) {
+    const size_t head = m.param_offsets[llmc::kHeadw], n = m.param_specs[llmc::kHeadw].size;
+    for (size_t i = head; i < head + n; i++) converted[i] = fp8_head_weight_copy(converted[i], values[i]);
+  }
   copy_pageable(m.params, converted.get(), m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
   if (m.state.master) {
     const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
@@ -8657,7 +8687,8 @@ void gpt2_update(GPT2& m, const OptimizerConfig& opt, long step, float lr, float
     const llmc::ParamSpec& spec = m.param_specs[i];
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i],
                opt.adamw_lr(spec, lr), opt.adamw_decay(spec), seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1),
-               opt.bf16_embeddings && spec.role == llmc::ParamRole::kEmbedding);
+               opt.bf16_embeddings && spec.role == llmc::ParamRole::kEmbedding,
+               i == llmc::kHeadw && fp8_head_support(m.arch()));
   }
   if (opt.muon) gpt2_muon_update(m, opt.muon_step(step, hp.grad_scale), lr_fraction, seed, muon_spread);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);

@@ -508,7 +508,8 @@ gpu_against_pytorch() {
       --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
     run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$fp8_dir/gpt2_d12.bin" "$fp8_dir/gpt2_d12_fp8_debug_state.bin"
     # The speedrun's FP8 head: -fh 1 (test_gpt2cu reads it in the debug state's header) against
-    # train_gpt2.py --fp8_head 1, by the loss curve likewise.
+    # train_gpt2.py --fp8_head 1, tensor by tensor (both cast the same E4M3 weights) and by the loss
+    # curve.
     local head_dir="$REF/gpu_speedrun_d12_fp8_head"
     run reference_speedrun_d12_fp8_head "$PYTHON" train_gpt2.py --recipe speedrun --model d12 --debug_noise 0.02 \
       --window_blocks 3 --batch_size 1 --seq_len 512 --fp8_head 1 --write_debug_state "$head_dir" \

@@ -7,6 +7,7 @@
 // the stochastic rounding of the parameters must be unbiased. A slice with BF16 state (the
 // speedrun's embeddings): every value BF16, rounded to nearest. An update that puts the new state
 // in other arrays (the step after a checkpoint) gives in place's bits and leaves the old state.
+// The FP8 head's weight: each BF16 copy casts to its master weight's E4M3 byte.
 // The shard's moments are compact arrays of the AdamW tensors' parts (state_layout, with a tensor
 // of Muon's between them), and state_file_copies and state_file_zero_gaps give the state files'
 // flat layout.
@@ -205,6 +206,75 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   check_same_bits("another seed: the same bits (no stochastic rounding)", bits, Snapshot(params, master, m, v));
 }
 
+// E4M3's byte for x / w_s, the FP8 head's weight cast (fp8_fixed_weight_cast), on the host.
+__nv_fp8_storage_t head_weight_byte(float x) {
+  return __nv_cvt_float_to_fp8(x * (float)(1.0 / kFp8HeadWeightScale), __NV_SATFINITE, __NV_E4M3);
+}
+
+// The FP8 head's weight (AdamWSlices::fp8_head; fp8_head_weight_copy): each BF16 copy casts to the
+// E4M3 byte its master weight casts to, and is within one BF16 ulp of it; the same step as a slice
+// without the flag except where that slice's copy casts otherwise (some must, or nothing was
+// tested), and there one ulp from it. Head-like weights (std 0.02, E4M3 steps of 2^-12 near 0.02
+// at w_s = 2^-9). The vector path (n a multiple of 8) and the element one (n = 7); twice, the same
+// bits. Then gpt2_init's host copy of FP32 values: rounded to nearest and moved alike.
+void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
+  printf("\nadamw n=%zu, the FP8 head's weight: BF16 copies that cast as the master weights do\n", n);
+  const AdamWParams hp = test_hyperparameters(0.01f, 3);
+  const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f), grads = random_stored(rng, n, 0.0f, 1.0f);
+  std::vector<float> m0(n), v0(n);
+  random_moments(rng, m0, v0);
+  DeviceArray<floatX> params(n), d_grads(grads);
+  DeviceArray<float> master(n), m(n), v(n);
+  auto run = [&](uint32_t seed, bool fp8_head) {
+    params.upload(master0);
+    master.upload(master0);
+    m.upload(m0);
+    v.upload(v0);
+    AdamWSlices slices;
+    slices.add(0, n, 0, 0, hp.lr, 0.0f, seed, false, fp8_head);
+    OptimizerArrays from;
+    from.adam_m = m;
+    from.adam_v = v;
+    from.master = master;
+    adamw_update(params, d_grads, from, 0, slices, hp, 0);
+  };
+  const uint32_t seed = rng.u32();
+  run(seed, false);
+  const std::vector<float> plain = params.download();
+  run(seed, true);
+  const std::vector<float> got = params.download(), updated = master.download();
+  size_t mismatched = 0, moved = 0, far = 0, plain_mismatched = 0;
+  for (size_t i = 0; i < n; i++) {
+    const float ulp = std::ldexp(1.0f, std::ilogb(updated[i]) - 7);
+    mismatched += head_weight_byte(got[i]) != head_weight_byte(updated[i]);
+    plain_mismatched += head_weight_byte(plain[i]) != head_weight_byte(updated[i]);
+    far += std::fabs(got[i] - updated[i]) > ulp;
+    if (got[i] != plain[i]) moved += head_weight_byte(plain[i]) == head_weight_byte(updated[i]) ||
+                                     std::fabs(got[i] - plain[i]) > ulp;  // counts wrong moves
+  }
+  testing::check_verbose(mismatched == 0 && far == 0,
+                         llmc::strformat("every copy casts as its master (%zu do not) within one ulp (%zu are not)",
+                                         mismatched, far));
+  testing::check_verbose(moved == 0 && (n < 1000 || plain_mismatched > 0),
+                         llmc::strformat("only the %zu copies a plain slice casts otherwise move, one ulp (%zu others)",
+                                         plain_mismatched, moved));
+  const Snapshot bits(params, master, m, v);
+  run(seed, true);
+  check_same_bits("twice", bits, Snapshot(params, master, m, v));
+  if (n < 1000) return;
+  std::vector<floatX> host(n);
+  float_to_floatX(host.data(), updated.data(), n);  // FP32 values, as a checkpoint's
+  size_t init_mismatched = 0, init_moved = 0;
+  for (size_t i = 0; i < n; i++) {
+    const floatX copy = fp8_head_weight_copy(host[i], updated[i]);
+    init_mismatched += head_weight_byte((float)copy) != head_weight_byte(updated[i]);
+    init_moved += (float)copy != (float)host[i];
+  }
+  testing::check_verbose(init_mismatched == 0 && init_moved > 0,
+                         llmc::strformat("the host's copies of FP32 values cast as they do (%zu do not; %zu moved)",
+                                         init_mismatched, init_moved));
+}
+
 // The moments of `flat` (one value per shard element) at the AdamW parts' places of the compact
 // arrays, and back.
 std::vector<float> compact_moments(const StateLayout& l, const std::vector<float>& flat) {
@@ -399,6 +469,10 @@ int main() {
     test_adamw(5, true, false, rng);            // a partial block only
     test_adamw_bf16_state(1000003, rng);        // the speedrun's embeddings
     test_adamw_bf16_state(7, rng);
+    if (sizeof(floatX) == 2) {                  // BF16 copies of FP32 masters
+      test_adamw_fp8_head(1000003 - 3, rng);
+      test_adamw_fp8_head(7, rng);
+    }
     test_adamw_slices(rng);
     test_state_file_layout(rng);
   });
