@@ -16,10 +16,10 @@ the blocks get no gradient). --init_from takes the weights from an llm.c checkpo
 a training run's (trained weights: sharper attention, larger activations than an init's), with no
 noise unless --noise is given. --fp8_head writes the state with PyTorch's FP8 head (the rest in
 float32), so that both sides compute the head as the speedrun trains it and differ in the rest:
-ours' FP8 head is then measured against PyTorch's. Needs a GPU and ./test_gpt2cu built (make test_gpt2cu). Writes the
-model and the state to OUTDIR/state, the two programs' outputs to OUTDIR/ours.log and
-OUTDIR/pytorch.log, and the table to OUTDIR/error_budget.md (printed too). --dry_run prints the
-commands and runs nothing.
+ours' FP8 head is then measured against PyTorch's. Needs a GPU and ./test_gpt2cu built (make
+test_gpt2cu). Writes the model and the state to OUTDIR/state, the two programs' outputs to
+OUTDIR/ours.log and OUTDIR/pytorch.log, and the table to OUTDIR/error_budget.md (printed too).
+--dry_run prints the commands and runs nothing.
 """
 import argparse
 import glob

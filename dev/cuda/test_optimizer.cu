@@ -214,7 +214,7 @@ __nv_fp8_storage_t head_weight_byte(float x) {
 // The FP8 head's weight (AdamWSlices::fp8_head; fp8_head_weight_copy): each BF16 copy casts to the
 // E4M3 byte its master weight casts to, and is within one BF16 ulp of it; the same step as a slice
 // without the flag except where that slice's copy casts otherwise (some must, or nothing was
-// tested), and there one ulp from it. Head-like weights (std 0.02, E4M3 steps of 2^-12 near 0.02
+// tested), and there one ulp from it. Head-like weights (std 0.02: E4M3 steps of 2^-9 near 0.02
 // at w_s = 2^-9). The vector path (n a multiple of 8) and the element one (n = 7); twice, the same
 // bits. Then gpt2_init's host copy of FP32 values: rounded to nearest and moved alike.
 void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
