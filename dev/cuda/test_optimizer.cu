@@ -149,6 +149,33 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
 
 float bf16_value(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
+// One AdamW slice of n elements with FP32 master weights, run from the same start each time: the
+// parameters and master weights at `start`, the moments at m0 and v0.
+struct MasterSlice {
+  std::vector<float> start, m0, v0;
+  DeviceArray<floatX> params, grads;
+  DeviceArray<float> master, m, v;
+
+  MasterSlice(const std::vector<float>& start, const std::vector<float>& grads, const std::vector<float>& m0,
+              const std::vector<float>& v0)
+      : start(start), m0(m0), v0(v0), params(start.size()), grads(grads), master(start.size()), m(start.size()),
+        v(start.size()) {}
+  void run(const AdamWParams& hp, float decay, uint32_t seed, bool bf16_state, bool fp8_head) {
+    params.upload(start);
+    master.upload(start);
+    m.upload(m0);
+    v.upload(v0);
+    AdamWSlices slices;
+    slices.add(0, start.size(), 0, 0, hp.lr, decay, seed, bf16_state, fp8_head);
+    OptimizerArrays from;
+    from.adam_m = m;
+    from.adam_v = v;
+    from.master = master;
+    adamw_update(params, grads, from, 0, slices, hp, 0);
+  }
+  Snapshot bits() const { return Snapshot(params, master, m, v); }
+};
+
 // A slice whose steps are BF16's (AdamWSlices::bf16_state, the speedrun's embeddings): from BF16
 // weights, master weights and moments, the new m, v, master and parameters all hold BF16 values
 // (each FP32 value rounds to itself), the parameters equal the master weights, each within one
@@ -170,25 +197,12 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   for (std::vector<float>* x : {&ref_params, &ref_m, &ref_v}) {
     for (float& e : *x) e = bf16_value(e);
   }
-  DeviceArray<floatX> params(n), d_grads(grads);
-  DeviceArray<float> master(n), m(n), v(n);
-  auto run = [&](uint32_t seed) {
-    params.upload(start);
-    master.upload(start);
-    m.upload(m0);
-    v.upload(v0);
-    AdamWSlices slices;
-    slices.add(0, n, 0, 0, hp.lr, hp.weight_decay, seed, true);
-    OptimizerArrays from;
-    from.adam_m = m;
-    from.adam_v = v;
-    from.master = master;
-    adamw_update(params, d_grads, from, 0, slices, hp, 0);
-  };
+  MasterSlice slice(start, grads, m0, v0);
+  auto run = [&](uint32_t seed) { slice.run(hp, hp.weight_decay, seed, true, false); };
   const uint32_t seed = rng.u32();
   run(seed);
-  const std::vector<float> got_m = m.download(), got_v = v.download(), got_master = master.download();
-  const std::vector<float> got_params = params.download();
+  const std::vector<float> got_m = slice.m.download(), got_v = slice.v.download();
+  const std::vector<float> got_master = slice.master.download(), got_params = slice.params.download();
   bool bf16_values = true;
   for (const std::vector<float>* x : {&got_m, &got_v, &got_master, &got_params}) {
     for (float e : *x) bf16_values = bf16_values && bf16_value(e) == e;
@@ -199,11 +213,11 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   check_close("m", got_m, ref_m, ulp);
   check_close("v", got_v, ref_v, ulp);
   check_close("master", got_master, ref_params, ulp);
-  const Snapshot bits(params, master, m, v);
+  const Snapshot bits = slice.bits();
   run(seed);
-  check_same_bits("twice", bits, Snapshot(params, master, m, v));
+  check_same_bits("twice", bits, slice.bits());
   run(seed + 1);
-  check_same_bits("another seed: the same bits (no stochastic rounding)", bits, Snapshot(params, master, m, v));
+  check_same_bits("another seed: the same bits (no stochastic rounding)", bits, slice.bits());
 }
 
 // E4M3's byte for x / w_s, the FP8 head's weight cast (fp8_fixed_weight_cast), on the host.
@@ -223,26 +237,12 @@ void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
   const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f), grads = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> m0(n), v0(n);
   random_moments(rng, m0, v0);
-  DeviceArray<floatX> params(n), d_grads(grads);
-  DeviceArray<float> master(n), m(n), v(n);
-  auto run = [&](uint32_t seed, bool fp8_head) {
-    params.upload(master0);
-    master.upload(master0);
-    m.upload(m0);
-    v.upload(v0);
-    AdamWSlices slices;
-    slices.add(0, n, 0, 0, hp.lr, 0.0f, seed, false, fp8_head);
-    OptimizerArrays from;
-    from.adam_m = m;
-    from.adam_v = v;
-    from.master = master;
-    adamw_update(params, d_grads, from, 0, slices, hp, 0);
-  };
+  MasterSlice slice(master0, grads, m0, v0);
   const uint32_t seed = rng.u32();
-  run(seed, false);
-  const std::vector<float> plain = params.download();
-  run(seed, true);
-  const std::vector<float> got = params.download(), updated = master.download();
+  slice.run(hp, 0.0f, seed, false, false);
+  const std::vector<float> plain = slice.params.download();
+  slice.run(hp, 0.0f, seed, false, true);
+  const std::vector<float> got = slice.params.download(), updated = slice.master.download();
   size_t mismatched = 0, moved = 0, far = 0, plain_mismatched = 0;
   for (size_t i = 0; i < n; i++) {
     const float ulp = std::ldexp(1.0f, std::ilogb(updated[i]) - 7);
@@ -258,9 +258,9 @@ void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
   testing::check_verbose(moved == 0 && (n < 1000 || plain_mismatched > 0),
                          llmc::strformat("only the %zu copies a plain slice casts otherwise move, one ulp (%zu others)",
                                          plain_mismatched, moved));
-  const Snapshot bits(params, master, m, v);
-  run(seed, true);
-  check_same_bits("twice", bits, Snapshot(params, master, m, v));
+  const Snapshot bits = slice.bits();
+  slice.run(hp, 0.0f, seed, false, true);
+  check_same_bits("twice", bits, slice.bits());
   if (n < 1000) return;
   std::vector<floatX> host(n);
   float_to_floatX(host.data(), updated.data(), n);  // FP32 values, as a checkpoint's
