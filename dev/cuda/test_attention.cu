@@ -40,6 +40,29 @@ AttentionShape gpt2_shape(int B, int T, int C, int NH) {
   return {B, T, C, NH, attention_default_scale(C / NH)};
 }
 
+// The GEMM path's backward from dout, on the forward's qkvr and att (got_att: att downloaded),
+// against cpu::attention_backward of the same att, then once more for the same bits. `label`
+// starts each check's name.
+void check_gemm_backward(const std::string& label, const std::vector<float>& qkv, const std::vector<float>& dout,
+                         const std::vector<float>& got_att, const floatX* qkvr, const floatX* att, int B, int T,
+                         int C, int NH, float scale) {
+  const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+  DeviceArray<floatX> d_dout(dout), dqkv(3 * n), scratch_dqkvr(4 * n), scratch_datt(n_att);
+  auto backward = [&] {
+    dqkv.poison();
+    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, scale, 0);
+  };
+  backward();
+  std::vector<float> ref_dqkv(3 * n, 0.0f);
+  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH, scale);
+  const std::vector<float> got_dqkv = dqkv.download();
+  check_close(label + "backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
+  testing::check_tensor_norm(label + "backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n, kTolAttentionNorm);
+  const Snapshot backward_bits(dqkv);
+  backward();
+  check_same_bits(label + "backward twice", backward_bits, Snapshot(dqkv));
+}
+
 void test_attention(const AttentionShape& s, llmc::Rng& rng) {
   const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
   printf("\nattention B=%d T=%d C=%d NH=%d (head size %d), scale %.9g\n", B, T, C, NH, HS, s.scale);
@@ -86,21 +109,7 @@ void test_attention(const AttentionShape& s, llmc::Rng& rng) {
   check_same_bits("forward twice", forward_bits, Snapshot(out, qkvr, att));
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
-  DeviceArray<floatX> d_dout(dout), dqkv(3 * n), scratch_dqkvr(4 * n), scratch_datt(n_att);
-  auto backward = [&] {
-    dqkv.poison();
-    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, s.scale, 0);
-  };
-  backward();
-  std::vector<float> ref_dqkv(3 * n, 0.0f);
-  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH, s.scale);
-  const std::vector<float> got_dqkv = dqkv.download();
-  check_close("backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
-  testing::check_tensor_norm("backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
-                             kTolAttentionNorm);
-  const Snapshot backward_bits(dqkv);
-  backward();
-  check_same_bits("backward twice", backward_bits, Snapshot(dqkv));
+  check_gemm_backward("", qkv, dout, got_att, qkvr, att, B, T, C, NH, s.scale);
 }
 
 #if !defined(ENABLE_FP32)
@@ -429,21 +438,7 @@ void test_attention_gemm_window(const WindowCase& w, llmc::Rng& rng) {
   forward();
   check_same_bits("GEMM window forward twice", forward_bits, Snapshot(out, qkvr, att));
 
-  DeviceArray<floatX> d_dout(dout), dqkv(3 * n), scratch_dqkvr(4 * n), scratch_datt(n_att);
-  auto backward = [&] {
-    dqkv.poison();
-    attention_backward(dqkv, scratch_dqkvr, scratch_datt, d_dout, qkvr, att, B, T, C, NH, w.scale, 0);
-  };
-  backward();
-  std::vector<float> ref_dqkv(3 * n, 0.0f);
-  cpu::attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), got_att.data(), B, T, C, NH, w.scale);
-  const std::vector<float> got_dqkv = dqkv.download();
-  check_close("GEMM window backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
-  testing::check_tensor_norm("GEMM window backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
-                             kTolAttentionNorm);
-  const Snapshot backward_bits(dqkv);
-  backward();
-  check_same_bits("GEMM window backward twice", backward_bits, Snapshot(dqkv));
+  check_gemm_backward("GEMM window ", qkv, dout, got_att, qkvr, att, B, T, C, NH, w.scale);
 }
 
 // One document over every row and a window of all its blocks hide nothing but the future: the
