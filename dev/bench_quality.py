@@ -8,7 +8,7 @@ it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_
                                  [--val_every 50] [--val_batches 20] [--gpt2_lr 6e-4] [--gpt2_warmup 60]
                                  [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
-                                 [--reference_script PATH] [--reference_window_factor 16] [--speedrun_repeats 1]
+                                 [--reference_script PATH] [--speedrun_repeats 1]
                                  [--shared_init [--init_seed S]] [--dry_run]
                                  [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun,peer_speedrun]]
 
@@ -29,10 +29,12 @@ process, from that folder; its log in logs/final/ there and its output in output
 edits only, each of an exact line of record #28 that must be there once (else the bench stops naming
 it): train_files and val_files to --train and --val (absolute), num_iterations to --steps,
 val_loss_every to --val_every, val_tokens to --speedrun_val_tokens, and the document-aligned loader's
-token window (2 x its step's tokens) to --reference_window_factor x them, because the reference stops
-(assert False) when its window holds no document start with a sequence's length after it, as a long
-source file does. The wider window also moves its switch to the next shard earlier (at a window's
-distance from the shard's end), so from there its data differ from ours.
+search to 16 x its step's tokens ahead: the reference searches what is left of its step's window (2
+x its step's tokens) and stops (assert False) when that holds no document start with a sequence's
+length after it, as a long source file does. The window still decides when the next shard begins, so the
+copy reads ours' sequences (ours searches to the shard's end; dev/test/documents_reference.py); a
+wider window would begin the next shard earlier, and the data would differ from there. A search to
+the shard's end would scan up to 100M tokens on the host at every micro step.
 
 --speedrun_repeats K makes each of the speedrun pair K times: ours with seeds 42, 43, ... (-S; the
 k-th's output in OUTDIR/ours_speedrun_k.log and its folder, the first's as without repeats), the
@@ -353,7 +355,7 @@ def write_shared_init(args, repeat):
 
 def reference_edits(args):
     """(record #28's text, the bench's) for each edit of the reference's copy."""
-    window = "token_window = grad_accum_steps * ({} * batch_size if align_to_bos else batch_size)"
+    search = "find_batch_starts(tokens, pos, seq_len, {})"
     shared_init = [(REFERENCE_BROADCAST, REFERENCE_SHARED_INIT)] if args.shared_init else []
     return shared_init + [
         ('train_files = "data/fineweb10B/fineweb_train_*.bin"', f"train_files = {os.path.abspath(args.train)!r}"),
@@ -361,7 +363,7 @@ def reference_edits(args):
         ("num_iterations = 1695", f"num_iterations = {args.steps}"),
         ("val_loss_every = 125", f"val_loss_every = {args.val_every}"),
         ("val_tokens = 10485760", f"val_tokens = {args.speedrun_val_tokens}"),
-        (window.format(2), window.format(args.reference_window_factor)),
+        (search.format("token_window"), search.format("16 * grad_accum_steps * batch_size")),
     ]
 
 
@@ -582,8 +584,6 @@ def parse_args(argv=None):
                    "(each side's spread from one init)")
     p.add_argument("--stop_after", type=int, default=0, help="the speedrun pair's runs stop after their "
                    "validation at this step, their schedule still --steps' (0: they run to the end)")
-    p.add_argument("--reference_window_factor", type=int, default=16, help="the reference's document-aligned "
-                   "token window in its step's tokens (its own: 2)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, write the reference's copy, "
                    "run nothing")
     p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="which runs, in order: " + " ".join(RUNS))
@@ -634,8 +634,6 @@ def check_args(args):
         if args.speedrun_val_tokens % REFERENCE_VAL_SEQ_LEN:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of the reference's "
                  f"validation sequence, {REFERENCE_VAL_SEQ_LEN} tokens (its assert)")
-        if args.reference_window_factor < 2:
-            fail(f"--reference_window_factor {args.reference_window_factor}: at least 2, the reference's own")
 
 
 def run_signature(name, args, repeat=1):
@@ -823,7 +821,7 @@ def report(args, runs, instances, curves, step_ms):
         lines.append(f"speedrun: d12, {args.steps} steps of {SPEEDRUN_STEP_TOKENS} tokens (8 document-aligned "
                      f"sequences of 49152), validation every {args.val_every} steps on {args.speedrun_val_tokens} "
                      f"tokens, ours in sequences of {args.speedrun_val_seq_len}"
-                     + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (token window x{args.reference_window_factor})"
+                     + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (its loader searching 16 x a step's tokens)"
                         if "ref_speedrun" in runs else "")
                      + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else "")
                      + (f"; every pair from train_gpt2.py's init of seed {args.init_seed}"

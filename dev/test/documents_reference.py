@@ -1,6 +1,7 @@
 """The checks of dev/test/test_documents.sh: the document-aligned order of llmc/dataloader.h
 (through build/test_dataloader --dump-documents) and of train_gpt2.py against each other, and
-train_gpt2.py's against modded-nanogpt's own loader, transcribed below. Writes its shards under
+train_gpt2.py's against modded-nanogpt's own loader, transcribed below, as it is and as
+dev/bench_quality.py's copy of it searches. Writes its shards under
 the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the difference", and
 notes without a tab.
 
@@ -27,7 +28,11 @@ import train_gpt2 as tg  # noqa: E402
 # the window of 2 * grad_accum * T * world tokens that shrinks by what each micro step consumes,
 # the next file only at a step's start, the assert where a window holds no sequence T tokens
 # long, the IndexError (of boundary_positions[0]) where it holds no document start, and the end
-# of the files raising RuntimeError (a StopIteration inside a generator).
+# of the files raising RuntimeError (a StopIteration inside a generator). Two edits of the copy
+# dev/bench_quality.py runs are arguments here: search_factor, each micro step searching that many
+# times its step's tokens in place of what is left of its window (16: the bench's edit); and
+# window_factor, the window's 2 (16: the bench's earlier edit, which also moved the switch to the
+# next shard).
 
 
 def find_batch_starts(tokens, pos, seq_len, token_window, world_size):
@@ -45,17 +50,19 @@ def find_batch_starts(tokens, pos, seq_len, token_window, world_size):
     assert False  # increase token_window if necessary
 
 
-def distributed_data_generator(files, seq_len, grad_accum_steps, rank, world_size):
+def distributed_data_generator(files, seq_len, grad_accum_steps, rank, world_size, search_factor=None,
+                               window_factor=2):
     batch_size = seq_len * world_size
     file_iter = iter(files)
     tokens, pos = load_shard(next(file_iter)), 0
     while True:
-        token_window = grad_accum_steps * 2 * batch_size
+        token_window = grad_accum_steps * window_factor * batch_size
         if pos + token_window + 1 >= len(tokens):
             tokens = load_shard(next(file_iter))
             pos = 0
         for _ in range(grad_accum_steps):
-            batch_starts, tokens_consumed = find_batch_starts(tokens, pos, seq_len, token_window, world_size)
+            search = token_window if search_factor is None else search_factor * grad_accum_steps * batch_size
+            batch_starts, tokens_consumed = find_batch_starts(tokens, pos, seq_len, search, world_size)
             start_idx = batch_starts[rank]
             buf = tokens[start_idx:][:seq_len + 1]
             pos += tokens_consumed
@@ -115,16 +122,20 @@ def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps):
     return np.fromfile(out, np.int32).reshape(-1, T + 1)
 
 
-def reference_rows(pattern, B, T, grad_accum, world):
+def reference_rows(pattern, B, T, grad_accum, world, **edits):
     """The reference's sequences over world*B processes of one row each (rank r's row b is the
-    reference's rank r*B + b), in stream order, until it stops; and how it stopped."""
+    reference's rank r*B + b), in stream order, until it stops; and how it stopped. `edits`: the
+    bench's (distributed_data_generator's keywords)."""
     files = sorted(glob.glob(pattern))
     size = world * B
-    generators = [distributed_data_generator(files, T, grad_accum, r, size) for r in range(size)]
+    generators = [distributed_data_generator(files, T, grad_accum, r, size, **edits) for r in range(size)]
     rows = []
     try:
         while True:
-            rows += [next(g) for g in generators]
+            step = [next(g) for g in generators]
+            if any(len(row) != T + 1 for row in step):  # a sequence past the shard's end
+                return np.array(rows).reshape(-1, T + 1), "past the shard's end"
+            rows += step
     except AssertionError:
         stop = "assert"
     except IndexError:
@@ -142,6 +153,34 @@ def compare(what, got, expected):
     differ = [i for i in range(rows) if not (got[i] == expected[i]).all()]
     print(f"{what}\t{len(got)} and {len(expected)} sequences, first difference at "
           f"{differ[0] if differ else rows}")
+
+
+BENCH_SEARCH_FACTOR = 16  # dev/bench_quality.py's edit of the reference's search
+
+
+def check_bench_edit(patterns, layouts, T):
+    """dev/bench_quality.py's copy of the reference searches 16 x a step's tokens each micro step: it
+    reads train_gpt2.py's sequences for as long as it runs, past the windows where the reference
+    stops. The bench's earlier edit, a window of 16 x, moved the switch to the next shard too."""
+    expected_stop = {"short": "files ended", "long": "assert", "bare": "no document start",
+                     "exact": "files ended", "tight": "files ended"}
+    for name, pattern in patterns.items():
+        for B, grad_accum, world in layouts:
+            setting = f"{name}: T={T} B={B} x {grad_accum} micro batches x {world} processes"
+            port = port_rows(pattern, B, T, grad_accum, world, False, 0, epochs=1)[0]
+            edited, stop = reference_rows(pattern, B, T, grad_accum, world, search_factor=BENCH_SEARCH_FACTOR)
+            compare(f"{setting}: train_gpt2.py and the bench's copy of the reference up to its end ({stop})",
+                    port if stop == "files ended" else port[:len(edited)], edited)
+            print(f"{setting}: how the bench's copy stops\t"
+                  f"{'same' if stop == expected_stop[name] else stop + ', not ' + expected_stop[name]}")
+    B, grad_accum, world = layouts[0]
+    wide = reference_rows(patterns["long"], B, T, grad_accum, world, window_factor=16)[0]
+    port = port_rows(patterns["long"], B, T, grad_accum, world, False, 0, epochs=1)[0]
+    first = next((i for i in range(min(len(wide), len(port))) if not (wide[i] == port[i]).all()), None)
+    second_shard = load_shard(patterns["long"].replace("*", "001"))
+    moved = first is not None and (wide[first] == second_shard[:T + 1]).all()
+    print(f"long: T={T}, a window of 16 x: the next shard begins earlier than train_gpt2.py's, so the "
+          f"sequences differ from there\t{'same' if moved else f'first difference at {first}'}")
 
 
 def main(scratch):
@@ -203,6 +242,7 @@ def main(scratch):
             else:
                 print(f"{setting}: the reference reads {count} sequences before its window runs out\t"
                       f"{'same' if len(reference) == count else len(reference)}")
+    check_bench_edit(patterns, layouts, T)
 
     # modded-nanogpt's own setting: T = 48K, 8 processes of one micro batch, a window of 786,432
     # tokens; a 663,000-token document after 16 of T tokens (the third step starts at it).
@@ -218,6 +258,11 @@ def main(scratch):
             reference)
     print(f"{setting}: the reference stops at the document\t"
           f"{'same' if stop == 'assert' and len(reference) == 16 else f'{stop} after {len(reference)}'}")
+    edited, stop = reference_rows(pattern, 1, T, 1, 8, search_factor=BENCH_SEARCH_FACTOR)
+    compare(f"{setting}: train_gpt2.py and the bench's copy of the reference up to its end ({stop})",
+            port[:len(edited)], edited)
+    print(f"{setting}: the bench's copy reads on past the document\t"
+          f"{'same' if len(edited) > 17 else f'{stop} after {len(edited)}'}")
     tokens = load_shard(pattern.replace("*", "000"))
     start, after = 16 * T, 16 * T + 663000
     as_expected = ((port[16] == tokens[start:start + T + 1]).all() and

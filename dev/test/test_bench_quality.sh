@@ -35,8 +35,8 @@ class Hyperparameters:
     val_tokens = 10485760 # how many tokens of validation data?
     num_iterations = 1695 # number of iterations to run
     val_loss_every = 125 # every how many steps to evaluate val loss? 0 for only at the end
-def loader(grad_accum_steps, batch_size, align_to_bos):
-        token_window = grad_accum_steps * (2 * batch_size if align_to_bos else batch_size) # buffer
+def loader(tokens, pos, seq_len, token_window):
+                batch_starts, tokens_consumed = find_batch_starts(tokens, pos, seq_len, token_window)
 for param in model.parameters():
     dist.broadcast(param.detach(), 0)
 print("unchanged")
@@ -53,8 +53,8 @@ check "val_files: --val, absolute" "$(grep -c "^    val_files = '$abs/shards/v_\
 check "num_iterations: --steps" "$(grep -c '^    num_iterations = 300 # number' "$copy")" 1
 check "val_loss_every: --val_every" "$(grep -c '^    val_loss_every = 100 # every' "$copy")" 1
 check "val_tokens: --speedrun_val_tokens" "$(grep -c '^    val_tokens = 10485760 # how' "$copy")" 1
-check "token window: x16 when aligned" \
-  "$(grep -c '^        token_window = grad_accum_steps \* (16 \* batch_size if align_to_bos else batch_size) # buffer$' "$copy")" 1
+check "the document-aligned search: 16 x a step's tokens" \
+  "$(grep -c '^                batch_starts, tokens_consumed = find_batch_starts(tokens, pos, seq_len, 16 \* grad_accum_steps \* batch_size)$' "$copy")" 1
 check "five lines changed (val_tokens keeps its value), the rest the same" \
   "$(diff "$DIR/stand_in.py" "$copy" | grep -c '^>')" 5
 check "the edited copy is valid Python" "$("$PY" -c "import ast, sys; ast.parse(open(sys.argv[1]).read()); print(1)" "$copy")" 1
@@ -65,9 +65,9 @@ check "the reference's command runs train_gpt.py in its folder with one process"
   "$(grep -c "^=== ref_speedrun (in $DIR/a/ref_speedrun): .*\(torchrun\|-m torch.distributed.run\) --standalone --nproc_per_node=1 train_gpt.py$" <<< "$out")" 1
 
 out=$(bench "$DIR/a2" --train 't_*.bin' --val 'v_*.bin' --steps 300 --val_every 100 --runs ref_speedrun \
-  --reference_script "$DIR/stand_in.py" --reference_window_factor 8 --speedrun_val_tokens 5242880 --dry_run 2>&1)
-check "--reference_window_factor and --speedrun_val_tokens reach the copy" \
-  "$(grep -c -e '(8 \* batch_size if align_to_bos' -e 'val_tokens = 5242880 #' "$DIR/a2/ref_speedrun/train_gpt.py")" 2
+  --reference_script "$DIR/stand_in.py" --speedrun_val_tokens 5242880 --dry_run 2>&1)
+check "--speedrun_val_tokens reaches the copy" \
+  "$(grep -c -e 'val_tokens = 5242880 #' "$DIR/a2/ref_speedrun/train_gpt.py")" 1
 
 # A stand-in without one of the lines: one line on stderr naming it, status 1, no copy, and the
 # runs before the reference in --runs not started (their logs not written).

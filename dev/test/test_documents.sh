@@ -7,7 +7,9 @@
 # sequences for as long as the reference yields, and the reference stopping where it is expected
 # to (its files ending; its assert on documents longer than its window and on a 663,000-token
 # document at its own T = 48K over 8 processes; its IndexError on a shard without a document
-# start). Scratch files go to build/scratch/test_documents.
+# start); and the bench's copy of it (dev/bench_quality.py: each micro step searching 16 x a step's
+# tokens) reading train_gpt2.py's sequences past those stops, where a window of 16 x would have
+# moved the switch to the next shard. Scratch files go to build/scratch/test_documents.
 #
 #   bash dev/test/test_documents.sh     (PYTHON=... to pick the python with torch)
 set -uo pipefail
