@@ -29,12 +29,13 @@ process, from that folder; its log in logs/final/ there and its output in output
 edits only, each of an exact line of record #28 that must be there once (else the bench stops naming
 it): train_files and val_files to --train and --val (absolute), num_iterations to --steps,
 val_loss_every to --val_every, val_tokens to --speedrun_val_tokens, and the document-aligned loader's
-search to 16 x its step's tokens ahead: the reference searches what is left of its step's window (2
-x its step's tokens) and stops (assert False) when that holds no document start with a sequence's
-length after it, as a long source file does. The window still decides when the next shard begins, so the
-copy reads ours' sequences (ours searches to the shard's end; dev/test/documents_reference.py); a
-wider window would begin the next shard earlier, and the data would differ from there. A search to
-the shard's end would scan up to 100M tokens on the host at every micro step.
+search to 16 x its step's tokens ahead: the reference searches what is left of its step's window
+(2 x its step's tokens) and stops (assert False) when that holds no document start with a
+sequence's length after it, as a long source file does. The window still decides when the next
+shard begins, so the copy reads ours' sequences (ours searches to the shard's end;
+dev/test/documents_reference.py); a wider window would begin the next shard earlier, and the data
+would differ from there. A search to the shard's end would scan up to 100M tokens on the host at
+every micro step.
 
 --speedrun_repeats K makes each of the speedrun pair K times: ours with seeds 42, 43, ... (-S; the
 k-th's output in OUTDIR/ours_speedrun_k.log and its folder, the first's as without repeats), the

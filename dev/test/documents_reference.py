@@ -1,9 +1,8 @@
 """The checks of dev/test/test_documents.sh: the document-aligned order of llmc/dataloader.h
 (through build/test_dataloader --dump-documents) and of train_gpt2.py against each other, and
 train_gpt2.py's against modded-nanogpt's own loader, transcribed below, as it is and as
-dev/bench_quality.py's copy of it searches. Writes its shards under
-the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the difference", and
-notes without a tab.
+dev/bench_quality.py's copy of it searches. Writes its shards under the folder given; prints one
+line per check, "what<TAB>same" or "what<TAB>the difference", and notes without a tab.
 
   python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
 """
@@ -155,7 +154,7 @@ def compare(what, got, expected):
           f"{differ[0] if differ else rows}")
 
 
-BENCH_SEARCH_FACTOR = 16  # dev/bench_quality.py's edit of the reference's search
+BENCH_SEARCH_FACTOR = 16  # dev/bench_quality.py's edit of the reference's search (its reference_edits)
 
 
 def check_bench_edit(patterns, layouts, T):
