@@ -63,6 +63,28 @@ void check_gemm_backward(const std::string& label, const std::vector<float>& qkv
   check_same_bits(label + "backward twice", backward_bits, Snapshot(dqkv));
 }
 
+// The tile sums a flash backward wrote (the qkv bias gradient's input) against the column sums of
+// its own dqkv (got_dqkv) over each 64-row tile of each sequence; its dqkv without them against
+// no_sums_bits; then `backward(true)` again, for the same bits. `label` starts each check's name.
+template <class Backward>
+void check_tile_sums_and_repeat(const std::string& label, const std::vector<float>& got_dqkv,
+                                const Snapshot& no_sums_bits, DeviceArray<floatX>& dqkv, DeviceArray<float>& tile_sums,
+                                Backward backward, int B, int T, int C) {
+  std::vector<float> ref_sums((size_t)attention_flash_tile_rows(B, T) * 3 * C, 0.0f);
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      float* sums = ref_sums.data() + ((size_t)b * ceil_div(T, 64) + t / 64) * 3 * C;
+      const float* row = got_dqkv.data() + ((size_t)b * T + t) * 3 * C;
+      for (int c = 0; c < 3 * C; c++) sums[c] += row[c];
+    }
+  }
+  check_close(label + " dqkv tile sums", tile_sums.download(), ref_sums, kTolFP32);
+  check_same_bits(label + " dqkv without tile sums", no_sums_bits, Snapshot(dqkv));
+  const Snapshot backward_bits(dqkv, tile_sums);
+  backward(true);
+  check_same_bits(label + " twice", backward_bits, Snapshot(dqkv, tile_sums));
+}
+
 void test_attention(const AttentionShape& s, llmc::Rng& rng) {
   const int B = s.B, T = s.T, C = s.C, NH = s.NH, HS = C / NH;
   printf("\nattention B=%d T=%d C=%d NH=%d (head size %d), scale %.9g\n", B, T, C, NH, HS, s.scale);
@@ -183,20 +205,7 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
   check_close("flash backward dqkv", got_dqkv, ref_dqkv, kTolAttention);
   testing::check_tensor_norm("flash backward dqkv", got_dqkv.data(), ref_dqkv.data(), 3 * n,
                              kTolAttentionNorm);
-  // Tile sums: the column sums of the stored dqkv over each 64-row tile of each sequence.
-  std::vector<float> ref_sums((size_t)tile_rows * 3 * C, 0.0f);
-  for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      float* sums = ref_sums.data() + ((size_t)b * ceil_div(T, 64) + t / 64) * 3 * C;
-      const float* row = got_dqkv.data() + ((size_t)b * T + t) * 3 * C;
-      for (int c = 0; c < 3 * C; c++) sums[c] += row[c];
-    }
-  }
-  check_close("flash backward dqkv tile sums", tile_sums.download(), ref_sums, kTolFP32);
-  check_same_bits("flash backward dqkv without tile sums", no_sums_bits, Snapshot(dqkv));
-  const Snapshot backward_bits(dqkv, tile_sums);
-  backward(true);
-  check_same_bits("flash backward twice", backward_bits, Snapshot(dqkv, tile_sums));
+  check_tile_sums_and_repeat("flash backward", got_dqkv, no_sums_bits, dqkv, tile_sums, backward, B, T, C);
 }
 #endif
 
@@ -352,19 +361,7 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   const std::vector<float> got_dqkv = dqkv.download();
   check_close("window backward dqkv", got_dqkv, ref.dqkv, kTolAttention);
   testing::check_tensor_norm("window backward dqkv", got_dqkv.data(), ref.dqkv.data(), 3 * n, kTolAttentionNorm);
-  std::vector<float> ref_sums((size_t)tile_rows * 3 * C, 0.0f);
-  for (int b = 0; b < B; b++) {
-    for (int t = 0; t < T; t++) {
-      float* sums = ref_sums.data() + ((size_t)b * (T / 64) + t / 64) * 3 * C;
-      const float* row = got_dqkv.data() + ((size_t)b * T + t) * 3 * C;
-      for (int c = 0; c < 3 * C; c++) sums[c] += row[c];
-    }
-  }
-  check_close("window backward dqkv tile sums", tile_sums.download(), ref_sums, kTolFP32);
-  check_same_bits("window backward dqkv without tile sums", no_sums_bits, Snapshot(dqkv));
-  const Snapshot backward_bits(dqkv, tile_sums);
-  backward(true);
-  check_same_bits("window backward twice", backward_bits, Snapshot(dqkv, tile_sums));
+  check_tile_sums_and_repeat("window backward", got_dqkv, no_sums_bits, dqkv, tile_sums, backward, B, T, C);
 }
 
 // Every (tile rank, head) pair of a causal grid is the work of exactly one block, for tails of
