@@ -119,6 +119,7 @@ LABELS = {"ours_modern": "train_gpt2cu, modern recipe", "peer_modern": "PyTorch,
           "ref_speedrun": "record #28's train_gpt.py", "peer_speedrun": "PyTorch, speedrun recipe"}
 SPEEDRUN_STEP_TOKENS = 8 * 49152      # record #28's step: 8 document-aligned sequences of 49,152
 REFERENCE_VAL_SEQ_LEN = 4 * 64 * 1024  # the reference validates on contiguous sequences of this
+REFERENCE_SEARCH_FACTOR = 16  # the copy's loader searches this many times a step's tokens ahead
 SPEED_TARGET = 1.4                     # ours at least this much faster than the reference
 LOSS_TOLERANCE = 0.01                  # validation losses within 1% of the reference's
 STEP_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss [-0-9.naif]+ .*?\| ([0-9.]+) ms")
@@ -357,6 +358,7 @@ def write_shared_init(args, repeat):
 def reference_edits(args):
     """(record #28's text, the bench's) for each edit of the reference's copy."""
     search = "find_batch_starts(tokens, pos, seq_len, {})"
+    wider_search = f"{REFERENCE_SEARCH_FACTOR} * grad_accum_steps * batch_size"
     shared_init = [(REFERENCE_BROADCAST, REFERENCE_SHARED_INIT)] if args.shared_init else []
     return shared_init + [
         ('train_files = "data/fineweb10B/fineweb_train_*.bin"', f"train_files = {os.path.abspath(args.train)!r}"),
@@ -364,7 +366,7 @@ def reference_edits(args):
         ("num_iterations = 1695", f"num_iterations = {args.steps}"),
         ("val_loss_every = 125", f"val_loss_every = {args.val_every}"),
         ("val_tokens = 10485760", f"val_tokens = {args.speedrun_val_tokens}"),
-        (search.format("token_window"), search.format("16 * grad_accum_steps * batch_size")),
+        (search.format("token_window"), search.format(wider_search)),
     ]
 
 
@@ -822,7 +824,8 @@ def report(args, runs, instances, curves, step_ms):
         lines.append(f"speedrun: d12, {args.steps} steps of {SPEEDRUN_STEP_TOKENS} tokens (8 document-aligned "
                      f"sequences of 49152), validation every {args.val_every} steps on {args.speedrun_val_tokens} "
                      f"tokens, ours in sequences of {args.speedrun_val_seq_len}"
-                     + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (its loader searching 16 x a step's tokens)"
+                     + (f", the reference's of {REFERENCE_VAL_SEQ_LEN} (its loader searching "
+                        f"{REFERENCE_SEARCH_FACTOR} x a step's tokens)"
                         if "ref_speedrun" in runs else "")
                      + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else "")
                      + (f"; every pair from train_gpt2.py's init of seed {args.init_seed}"

@@ -154,7 +154,7 @@ def compare(what, got, expected):
           f"{differ[0] if differ else rows}")
 
 
-BENCH_SEARCH_FACTOR = 16  # dev/bench_quality.py's edit of the reference's search (its reference_edits)
+BENCH_SEARCH_FACTOR = 16  # dev/bench_quality.py's REFERENCE_SEARCH_FACTOR (its reference_edits)
 
 
 def check_bench_edit(patterns, layouts, T):
