@@ -85,7 +85,7 @@ build_step = @$(build_say) "building $@"; start=$$(date +%s); \
 all: cpu
 cpu: train_gpt2 test_gpt2 $(UNIT_TESTS) $(TOOLS)
 cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/test_attention_mma_sync $(BUILD)/bench_attention \
-      $(BUILD)/bench_fp8_cast $(BUILD)/bench_muon $(BUILD)/bench_products
+      $(BUILD)/bench_fp8_cast $(BUILD)/bench_muon $(BUILD)/bench_products $(BUILD)/bench_gemm
 
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
 	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
@@ -147,6 +147,10 @@ $(BUILD)/bench_muon: dev/cuda/bench_muon.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 
 # The speedrun micro step's block products alone, long enough to reach the sustained clock.
 $(BUILD)/bench_products: dev/cuda/bench_products.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
+
+# gemm against cuBLASLt at the speedrun's block products (Hopper, BF16 only).
+$(BUILD)/bench_gemm: dev/cuda/bench_gemm.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 $(BUILD)/test_%_fp32: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)

@@ -20,7 +20,8 @@
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
 //                                 gates; causal multi-head attention, or within documents and a
 //                                 window of 128-token blocks: flash kernels (BF16), batched GEMMs;
-//                                 one query against a KV cache
+//                                 one query against a KV cache; on Hopper, a product of our own
+//                                 (TMA, wgmma) with the MLP's ReLU^2 and ReLU^2' in its epilogue
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap
@@ -5201,6 +5202,315 @@ int resident_blocks(const void* kernel, int threads, size_t smem_bytes) {
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
   return std::max(per_sm, 1) * sms;
+}
+
+// ---- Products of our own on Hopper: out[M, N] = a[M, K] op(b) with an epilogue ----
+// cuBLASLt's epilogues take a bias and GELU, not ReLU^2, so the speedrun's MLP writes a product and
+// reads it back for ReLU^2 (forward) or its derivative (backward): one [N, 4C] pass each way. Here
+// a product's epilogue is a functor: GemmStore writes the product, GemmStoreRelu2 the product and
+// ReLU^2 of it as stored, GemmStoreRelu2Grad the product times ReLU^2' of a stored
+// pre-activation. a is K-major ([M, K]); b is a weight either way (GemmB). Accumulation is FP32.
+// Tiles of out are 128 x 256, taken in order (columns fastest, so that the tiles of one row block
+// share a's rows in L2) by a persistent grid, a block an SM. Its warpgroups:
+// - the producer's first thread copies each 64-deep step of a (128 x 64) and b (256 x 64) through
+//   the TMA into a ring of stages, running on into the next tile while the consumers finish the last;
+// - two consumer warpgroups, 64 rows each, issue m64n256k16 products from shared memory (a consumer
+//   warp releases a stage once the products that read it are done), then round the tile to BF16
+//   into a staging buffer and go on to the next tile's products;
+// - the producer's other three warps write the staged tile through the epilogue, 16 bytes a thread,
+//   while the consumers compute the next: a tile's stores overlap its successor's products (at
+//   K = 768 a tile's products take ~7 us, its 64 KB of stores from every SM at once ~2-4 us).
+// Which block takes a tile never changes what it computes.
+constexpr int kGemmRows = 128, kGemmCols = 256, kGemmDepth = 64, kGemmStages = 3;
+constexpr int kGemmConsumerThreads = 2 * kThreads, kGemmThreads = kGemmConsumerThreads + kThreads;
+// The staging buffer's rows are 16 bytes longer than a tile's: a warp's fragment writes (8 rows,
+// 4 column pairs) fall on 32 different banks.
+constexpr int kGemmStagedRow = kGemmCols + 8;
+constexpr int kGemmEpilogueThreads = kThreads - WARP_SIZE;
+// Named barriers between the consumers and the epilogue warps (0 is __syncthreads').
+constexpr int kGemmStagedBarrier = 1, kGemmStagingFreeBarrier = 2;
+constexpr uint32_t kGemmABytes = kGemmRows * kGemmDepth * sizeof(floatX);
+constexpr uint32_t kGemmBBytes = kGemmCols * kGemmDepth * sizeof(floatX);
+constexpr uint32_t kGemmStagingBytes = kGemmRows * kGemmStagedRow * sizeof(floatX);
+
+// How b is stored: kNK, b[N, K] (a layer's weight in its forward product, out = a b^T); kKN,
+// b[K, N] (the weight in the input-gradient product, dinp = dout b). A kKN stage holds b's step as
+// 64-column chunks of its 64 rows (N-major, which wgmma reads transposed).
+enum class GemmB { kNK, kKN };
+
+constexpr size_t gemm_smem_bytes() {
+  return kGemmStages * (size_t)(kGemmABytes + kGemmBBytes) + kGemmStagingBytes + 2 * kGemmStages * sizeof(uint64_t);
+}
+
+// An epilogue's staged tile is the product rounded to BF16, or with kReadsInput, stage() of the
+// product and of a stored input's same element (input(), loaded into the staging buffer first);
+// store() takes 8 columns of a row of it and their offset in out.
+// Writes the product.
+struct GemmStore {
+  static constexpr bool kReadsInput = false;
+  floatX* out;
+  __device__ void store(size_t at, const x128& product) const { store128(out + at, product); }
+};
+
+// Writes the product to pre and ReLU^2 of it, as stored, to out: the bits of the product followed
+// by relu2_forward.
+struct GemmStoreRelu2 {
+  static constexpr bool kReadsInput = false;
+  floatX* pre;
+  floatX* out;
+  __device__ void store(size_t at, const x128& product) const {
+    store128(pre + at, product);
+    x128 o;
+    for (int k = 0; k < x128::size; k++) o[k] = (floatX)relu2((float)product[k]);
+    store128(out + at, o);
+  }
+};
+
+// Writes the product, as stored, times ReLU^2'(pre): the bits of the product followed by
+// activation_backward_inplace's kRelu2 pass.
+struct GemmStoreRelu2Grad {
+  static constexpr bool kReadsInput = true;
+  const floatX* pre;
+  floatX* out;
+  __device__ const floatX* input() const { return pre; }
+  __device__ __nv_bfloat162 stage(float v0, float v1, __nv_bfloat162 x) const {
+    const __nv_bfloat162 g = __floats2bfloat162_rn(v0, v1);
+    return __floats2bfloat162_rn(__low2float(g) * relu2_grad(__low2float(x)),
+                                 __high2float(g) * relu2_grad(__high2float(x)));
+  }
+  __device__ void store(size_t at, const x128& staged) const { store128(out + at, staged); }
+};
+
+#if FLASH_WGMMA
+// d[64 x 256] (+)= a[64 x 16] b[16 x 256] over the warpgroup, from shared memory: a K-major, b
+// K-major or (kTransposeB) N-major. accumulate false (known at run time) ignores d's old values.
+template <int kTransposeB>
+__device__ __forceinline__ void wgmma_m64n256k16(float d[32][4], WgmmaDescriptor a, WgmmaDescriptor b,
+                                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
+        "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,"
+        "%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,"
+        "%120,%121,%122,%123,%124,%125,%126,%127"
+      "}, %128, %129, accumulate, 1, 1, 0, %131;\n}\n"
+      : FLASH_WGMMA_ACC4(d, 0), FLASH_WGMMA_ACC4(d, 4), FLASH_WGMMA_ACC4(d, 8), FLASH_WGMMA_ACC4(d, 12),
+        FLASH_WGMMA_ACC4(d, 16), FLASH_WGMMA_ACC4(d, 20), FLASH_WGMMA_ACC4(d, 24), FLASH_WGMMA_ACC4(d, 28)
+      : "l"(a.bits()), "l"(b.bits()), "r"((int)accumulate), "n"(kTransposeB));
+}
+
+// Step k (64-deep) of the tile at (m0, n0) into the ring's step `ring`.
+template <GemmB kB>
+__device__ __forceinline__ void gemm_produce_step(floatX* a_s, floatX* b_s, uint64_t* full, uint64_t* empty,
+                                                  const CUtensorMap* a_map, const CUtensorMap* b_map, int m0, int n0,
+                                                  int k, int ring) {
+  const int stage = ring % kGemmStages;
+  if (ring >= kGemmStages) barrier_wait(&empty[stage], (ring / kGemmStages - 1) & 1);
+  barrier_expect_bytes(&full[stage], kGemmABytes + kGemmBBytes);
+  tma_load_box_2d(a_s + stage * kGemmRows * kGemmDepth, a_map, k * kGemmDepth, m0, &full[stage]);
+  floatX* b_stage = b_s + stage * kGemmCols * kGemmDepth;
+  if constexpr (kB == GemmB::kNK) {
+    tma_load_box_2d(b_stage, b_map, k * kGemmDepth, n0, &full[stage]);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kGemmCols / 64; c++) {
+      tma_load_box_2d(b_stage + c * 64 * kGemmDepth, b_map, n0 + c * 64, k * kGemmDepth, &full[stage]);
+    }
+  }
+}
+
+// The block's tiles: this block's first, then every gridDim.x-th; tile t is row block t / n_tiles,
+// column block t % n_tiles.
+struct GemmTiles {
+  int n_tiles, count;
+};
+
+// The producer's thread: each of the block's tiles' steps in turn, the ring's step `ring` into stage
+// ring % kGemmStages once the consumers have released that stage's previous use. Parts past the
+// matrices' ends arrive as zeros.
+template <GemmB kB>
+__device__ __forceinline__ void gemm_produce(floatX* a_s, floatX* b_s, uint64_t* full, uint64_t* empty,
+                                             const CUtensorMap* a_map, const CUtensorMap* b_map, GemmTiles tiles,
+                                             int steps) {
+  int ring = 0;
+  for (int tile = blockIdx.x; tile < tiles.count; tile += gridDim.x) {
+    const int m0 = tile / tiles.n_tiles * kGemmRows, n0 = tile % tiles.n_tiles * kGemmCols;
+    for (int k = 0; k < steps; k++, ring++) {
+      gemm_produce_step<kB>(a_s, b_s, full, empty, a_map, b_map, m0, n0, k, ring);
+    }
+  }
+}
+
+// Named barrier `id` of `threads` threads: sync waits for all of them, arrive counts this thread's
+// warp in and goes on. Both order this thread's earlier memory accesses before the waiters' later ones.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A consumer warp's rows of its tile into the staging buffer, as the epilogue stages them: rows
+// row0 and row0 + 8 of the tile, each lane two adjacent columns of every 8.
+template <class Epilogue>
+__device__ __forceinline__ void gemm_stage_tile(const float acc[kGemmCols / 8][4], floatX* staging, int row0,
+                                                const Epilogue& ep) {
+  const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+  for (int j = 0; j < kGemmCols / 8; j++) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+      auto* at = reinterpret_cast<__nv_bfloat162*>(staging + (row0 + 8 * half) * kGemmStagedRow + j * 8 + 2 * (lane % 4));
+      if constexpr (Epilogue::kReadsInput) *at = ep.stage(acc[j][2 * half], acc[j][2 * half + 1], *at);
+      else *at = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+    }
+  }
+}
+
+// The epilogue warps, for each of the block's tiles: the epilogue's input into the staging buffer
+// (if it reads one) and the buffer handed to the consumers; then, once they have staged the tile,
+// through ep, 8 columns a thread in turn along the rows (a warp's 32 threads one row's 512 bytes).
+// A thread loads and stores the same chunks, so it overwrites only what it has itself read. Parts
+// past out's ends are skipped (N % 8 == 0: 8 columns are whole).
+template <class Epilogue>
+__device__ __forceinline__ void gemm_write_tiles(floatX* staging, GemmTiles tiles, int M, int N, const Epilogue& ep) {
+  constexpr int kChunks = kGemmCols / x128::size;
+  const int thread = threadIdx.x - kGemmConsumerThreads - WARP_SIZE;
+  for (int tile = blockIdx.x; tile < tiles.count; tile += gridDim.x) {
+    const int m0 = tile / tiles.n_tiles * kGemmRows, n0 = tile % tiles.n_tiles * kGemmCols;
+    if constexpr (Epilogue::kReadsInput) {
+      for (int c = thread; c < kGemmRows * kChunks; c += kGemmEpilogueThreads) {
+        const int row = m0 + c / kChunks, col = n0 + c % kChunks * x128::size;
+        const bool inside = row < M && col < N;
+        copy_async_16(staging + c / kChunks * kGemmStagedRow + col - n0,
+                      ep.input() + (inside ? (size_t)row * N + col : 0), inside);
+      }
+      copy_async_commit();
+      copy_async_wait<0>();
+    }
+    named_barrier_arrive(kGemmStagingFreeBarrier, kGemmConsumerThreads + kGemmEpilogueThreads);
+    named_barrier_sync(kGemmStagedBarrier, kGemmConsumerThreads + kGemmEpilogueThreads);
+    for (int c = thread; c < kGemmRows * kChunks; c += kGemmEpilogueThreads) {
+      const int row = m0 + c / kChunks, col = n0 + c % kChunks * x128::size;
+      if (row < M && col < N) {
+        ep.store((size_t)row * N + col, load128(staging + c / kChunks * kGemmStagedRow + col - n0));
+      }
+    }
+  }
+}
+
+// A consumer warpgroup: of each of the block's tiles, rows 64 * group .. over every step, then into
+// the staging buffer once the epilogue warps hand it over (the tile before written, the epilogue's
+// input loaded). Each stage is released
+// once its products are done, the last of a tile's before staging, so that the producer fills the
+// next tile's stages meanwhile.
+template <GemmB kB, class Epilogue>
+__device__ __forceinline__ void gemm_consume(const floatX* a_s, const floatX* b_s, uint64_t* full, uint64_t* empty,
+                                             floatX* staging, GemmTiles tiles, int steps, const Epilogue& ep) {
+  constexpr int kTransposeB = kB == GemmB::kKN;
+  // 128-byte swizzle, 8-row groups 1024 bytes apart. A k16 slice of a K-major tile is 32 bytes
+  // further along its rows; of an N-major one, 16 rows (2048 bytes) further, its 64-column chunks
+  // 64 rows apart.
+  constexpr uint32_t kBChunkBytes = 64 * kGemmDepth * sizeof(floatX), kBSlice = kTransposeB ? 2048 : 32;
+  const int group = warpgroup_index(), warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE;
+  const WgmmaDescriptor a_desc = wgmma_descriptor(a_s + group * 64 * kGemmDepth, 16, 1024);
+  const WgmmaDescriptor b_desc = wgmma_descriptor(b_s, kTransposeB ? kBChunkBytes : 16, 1024);
+  float acc[kGemmCols / 8][4];
+  int ring = 0;
+  for (int tile = blockIdx.x; tile < tiles.count; tile += gridDim.x) {
+    for (int k = 0; k < steps; k++, ring++) {
+      const int stage = ring % kGemmStages;
+      barrier_wait(&full[stage], (ring / kGemmStages) & 1);
+      mma_batch_begin();
+#pragma unroll
+      for (int kk = 0; kk < kGemmDepth / 16; kk++) {
+        wgmma_m64n256k16<kTransposeB>(acc, a_desc + (stage * kGemmABytes + kk * 32) / 16,
+                                      b_desc + (stage * kGemmBBytes + kk * kBSlice) / 16, k > 0 || kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // the step before's products are done: its stage is free
+      if (k > 0) warp_release(&empty[(ring - 1) % kGemmStages]);
+    }
+    wgmma_wait<0>();
+    mma_result<kGemmCols / 8>(acc);
+    warp_release(&empty[(ring - 1) % kGemmStages]);
+    named_barrier_sync(kGemmStagingFreeBarrier, kGemmConsumerThreads + kGemmEpilogueThreads);
+    gemm_stage_tile(acc, staging, group * 64 + warp * 16 + lane / 4, ep);
+    named_barrier_arrive(kGemmStagedBarrier, kGemmConsumerThreads + kGemmEpilogueThreads);
+  }
+}
+#endif
+
+template <GemmB kB, class Epilogue>
+__global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(const __grid_constant__ CUtensorMap a_map,
+                                                                const __grid_constant__ CUtensorMap b_map, int M, int N,
+                                                                int K, Epilogue ep) {
+#if FLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char flash_smem[];
+  floatX* a_s = reinterpret_cast<floatX*>(flash_smem);
+  floatX* b_s = a_s + kGemmStages * kGemmRows * kGemmDepth;
+  floatX* staging = b_s + kGemmStages * kGemmCols * kGemmDepth;
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kGemmRows * kGemmStagedRow);
+  uint64_t* empty = full + kGemmStages;
+  const GemmTiles tiles = {ceil_div(N, kGemmCols), ceil_div(M, kGemmRows) * ceil_div(N, kGemmCols)};
+  const int steps = ceil_div(K, kGemmDepth);
+  if (threadIdx.x == 0) {
+    release_barriers_init(empty, kGemmStages, kGemmConsumerThreads / WARP_SIZE);
+    copy_barriers_init(full, kGemmStages);  // its fences cover both
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  if (threadIdx.x >= kGemmConsumerThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == kGemmConsumerThreads) gemm_produce<kB>(a_s, b_s, full, empty, &a_map, &b_map, tiles, steps);
+    if (threadIdx.x >= kGemmConsumerThreads + WARP_SIZE) gemm_write_tiles(staging, tiles, M, N, ep);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    gemm_consume<kB>(a_s, b_s, full, empty, staging, tiles, steps, ep);
+  }
+#else
+  __trap();  // launched only where hopper_support().usable
+#endif
+}
+
+// A [rows, cols] BF16 matrix as a 2D tensor map read in boxes of 64 columns by box_rows rows with
+// the 128-byte swizzle; rows and columns past the end read zeros.
+CUtensorMap matrix_tensor_map(const floatX* x, int rows, int cols, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+  const cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(floatX)};
+  const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = hopper_support().encode_tensor_map(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<floatX*>(x), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for a [%d, %d] matrix", (int)result, rows,
+          cols);
+  return map;
+}
+
+// out[M, N] = a[M, K] op(b) through `ep` (GemmStore, GemmStoreRelu2, GemmStoreRelu2Grad), op(b)
+// b^T for b[N, K] (GemmB::kNK) or b for b[K, N] (kKN); on Hopper builds and GPUs only
+// (hopper_support().usable). N and K multiples of 8.
+template <GemmB kB, class Epilogue>
+void gemm(const floatX* a, const floatX* b, int M, int N, int K, const Epilogue& ep, cudaStream_t stream) {
+  REQUIRE(hopper_support().usable, "gemm needs an sm_90a build on a Hopper GPU");
+  REQUIRE(M > 0 && N > 0 && K > 0 && N % 8 == 0 && K % 8 == 0, "gemm: M=%d, N=%d, K=%d (N and K multiples of 8)", M,
+          N, K);
+  static const int resident = [] {  // one per instance: its shared memory's opt-in, then its grid
+    cudaCheck(cudaFuncSetAttribute(gemm_kernel<kB, Epilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)gemm_smem_bytes()));
+    return resident_blocks((const void*)gemm_kernel<kB, Epilogue>, kGemmThreads, gemm_smem_bytes());
+  }();
+  const CUtensorMap b_map =
+      kB == GemmB::kNK ? matrix_tensor_map(b, N, K, kGemmCols) : matrix_tensor_map(b, K, N, kGemmDepth);
+  const int tiles = ceil_div(M, kGemmRows) * ceil_div(N, kGemmCols);
+  gemm_kernel<kB, Epilogue><<<std::min(tiles, resident), kGemmThreads, gemm_smem_bytes(), stream>>>(
+      matrix_tensor_map(a, M, K, kGemmRows), b_map, M, N, K, ep);
+  cudaCheckLaunch();
 }
 
 // The counter persistent kernels take their work items from, zero between launches (a launch's
