@@ -5409,9 +5409,8 @@ __device__ __forceinline__ void gemm_write_tiles(floatX* staging, GemmTiles tile
 
 // A consumer warpgroup: of each of the block's tiles, rows 64 * group .. over every step, then into
 // the staging buffer once the epilogue warps hand it over (the tile before written, the epilogue's
-// input loaded). Each stage is released
-// once its products are done, the last of a tile's before staging, so that the producer fills the
-// next tile's stages meanwhile.
+// input loaded). Each stage is released once its products are done, the last of a tile's before
+// staging, so that the producer fills the next tile's stages meanwhile.
 template <GemmB kB, class Epilogue>
 __device__ __forceinline__ void gemm_consume(const floatX* a_s, const floatX* b_s, uint64_t* full, uint64_t* empty,
                                              floatX* staging, GemmTiles tiles, int steps, const Epilogue& ep) {
@@ -8292,7 +8291,8 @@ void fc_relu2_forward(GPT2& m, const BlockRows& r, int l, size_t n) {
 }
 
 // fcproj's gradients of layer l and ReLU^2' of its input gradient: dweight as gpt2_linear_backward
-// (no bias), the input gradient times ReLU^2'(pre_act) into dinp, in one product's epilogue.
+// (no bias), the input gradient times ReLU^2'(pre_act) into dinp, in one product's epilogue. BF16
+// builds only: FP32 ones never take this path (mlp_relu2_in_epilogues).
 void fcproj_relu2_backward(GPT2& m, int l, floatX* dinp, const floatX* pre_act, int N) {
 #if !defined(ENABLE_FP32)
   const int C = m.config.channels;

@@ -6,9 +6,9 @@
 // for each block of the persistent grid, through its one staging buffer). The epilogues against the
 // passes they replace, bit for bit: GemmStoreRelu2's pre holds GemmStore's bits and its out
 // relu2_forward's of them; GemmStoreRelu2Grad's out is GemmStore's bits through
-// activation_backward_inplace's ReLU^2 pass. At the trainer's MLP shapes, the bits of cuBLASLt's
-// products. Every call runs twice for the same bits, outputs poisoned first. BF16 builds on Hopper
-// GPUs with an sm_90a build only: elsewhere the test says that it skips.
+// activation_backward_inplace's ReLU^2 pass; each call twice for the same bits, outputs poisoned
+// first. At the trainer's MLP shapes, the bits of cuBLASLt's products. BF16 builds on Hopper GPUs
+// with an sm_90a build only: elsewhere the test says that it skips.
 #include "dev/cuda/kernel_test.h"
 
 #if !defined(ENABLE_FP32)
