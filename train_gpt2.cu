@@ -3846,6 +3846,15 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+// Named barrier `id` of `threads` threads: sync waits for all of them, arrive counts this thread's
+// warp in and goes on. Both order this thread's earlier memory accesses before the waiters' later ones.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Initialises n mbarriers, each completed by one arrival and the bytes it expects, and makes
 // them visible to the copy engine before any copy is started on them.
 __device__ __forceinline__ void copy_barriers_init(uint64_t* bars, int n) {
@@ -3967,11 +3976,11 @@ struct ProductTurns {
   bool hold_final;  // the warpgroup's last pass, which warpgroup 1 holds back
 
   __device__ __forceinline__ void wait() const {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(kTmaForwardThreads) : "memory");
+    named_barrier_sync(1 + group, kTmaForwardThreads);
   }
   __device__ __forceinline__ void pass(bool final_pass) const {
     if (!(final_pass && hold_final)) {
-      asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - group), "n"(kTmaForwardThreads) : "memory");
+      named_barrier_arrive(2 - group, kTmaForwardThreads);
     }
   }
 };
@@ -4958,7 +4967,7 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   floatX* dv_s = v_s + group * kTileRows * 64;
   stage_rows<HS>(dk_s, kKeys, dk, scale);
   stage_rows<HS>(dv_s, kKeys, dv, 1.0f);
-  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "n"(kThreads) : "memory");  // this warpgroup's rows are in
+  named_barrier_sync(1 + group, kThreads);  // this warpgroup's rows are in
   const size_t ld = 3 * (size_t)C;
   floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
   store_staged_rows<HS>(dk_g, ld, kv_tile * kTileRows, T, dk_s, kKeys);
@@ -5166,18 +5175,25 @@ void set_smem_limits() {
   done = true;
 }
 
+// A BF16 tensor of `rank` dimensions (dims innermost first, strides in bytes of the outer ones) as
+// a tensor map read in `box`es with the 128-byte swizzle; parts past the ends read zeros.
+CUresult encode_swizzled_bf16_map(CUtensorMap* map, const floatX* x, int rank, const cuuint64_t* dims,
+                                  const cuuint64_t* strides, const cuuint32_t* box) {
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return hopper_support().encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<floatX*>(x), dims,
+                                            strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 // A [B, T, width] BF16 tensor (qkv, width 3C, or dout, width C) as a 3D tensor map (column, row,
 // sequence) read in 64 x 64 boxes with the 128-byte swizzle; rows past T read zeros.
 CUtensorMap sequence_tensor_map(const floatX* x, int B, int T, int width) {
-  CUtensorMap map;
   const cuuint64_t dims[3] = {(cuuint64_t)width, (cuuint64_t)T, (cuuint64_t)B};
   const cuuint64_t strides[2] = {(cuuint64_t)width * sizeof(floatX), (cuuint64_t)T * width * sizeof(floatX)};
   const cuuint32_t box[3] = {64, 64, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult result = hopper_support().encode_tensor_map(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<floatX*>(x), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUtensorMap map;
+  const CUresult result = encode_swizzled_bf16_map(&map, x, 3, dims, strides, box);
   REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for a [%d, %d, %d] tensor", (int)result,
           B, T, width);
   return map;
@@ -5349,15 +5365,6 @@ __device__ __forceinline__ void gemm_produce(floatX* a_s, floatX* b_s, uint64_t*
   }
 }
 
-// Named barrier `id` of `threads` threads: sync waits for all of them, arrive counts this thread's
-// warp in and goes on. Both order this thread's earlier memory accesses before the waiters' later ones.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // A consumer warp's rows of its tile into the staging buffer, as the epilogue stages them: rows
 // row0 and row0 + 8 of the tile, each lane two adjacent columns of every 8.
 template <class Epilogue>
@@ -5482,15 +5489,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1) gemm_kernel(const __grid_cons
 // A [rows, cols] BF16 matrix as a 2D tensor map read in boxes of 64 columns by box_rows rows with
 // the 128-byte swizzle; rows and columns past the end read zeros.
 CUtensorMap matrix_tensor_map(const floatX* x, int rows, int cols, int box_rows) {
-  CUtensorMap map;
   const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
   const cuuint64_t strides[1] = {(cuuint64_t)cols * sizeof(floatX)};
   const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = hopper_support().encode_tensor_map(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<floatX*>(x), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUtensorMap map;
+  const CUresult result = encode_swizzled_bf16_map(&map, x, 2, dims, strides, box);
   REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for a [%d, %d] matrix", (int)result, rows,
           cols);
   return map;
