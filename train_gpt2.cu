@@ -428,6 +428,25 @@ __device__ __forceinline__ void store128(T* p, const Packed128<T>& v) {
   *reinterpret_cast<Packed128<T>*>(p) = v;
 }
 
+// FP32 values rounded to the storage type (to nearest even); in BF16 builds a pair at a time: a
+// cast apiece is an instruction of the SM's 16-lane conversion unit for each value (the unit the
+// exponentials take), one packing conversion for two is not.
+__device__ __forceinline__ x128 round_x128(const float f[x128::size]) {
+  x128 out;
+#if defined(ENABLE_FP32)
+#pragma unroll
+  for (int k = 0; k < x128::size; k++) out[k] = f[k];
+#else
+#pragma unroll
+  for (int k = 0; k < x128::size; k += 2) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(f[k], f[k + 1]);
+    out[k] = pair.x;
+    out[k + 1] = pair.y;
+  }
+#endif
+  return out;
+}
+
 // 16 bytes global -> shared without passing through registers (cp.async, cached in L2 only);
 // with valid false nothing is read and the 16 bytes are filled with zeros.
 template <class T>
@@ -1754,11 +1773,12 @@ __device__ __forceinline__ float fp8_cast_scale(Fp8Scale* scale, Fp8Format f) {
 // Two values times s to FP8, x in the low byte, rounded to nearest even. The conversion saturates:
 // values beyond fp8_max become +-fp8_max (with delayed scaling, those the history did not foresee,
 // even where x * s overflows FP32 under a scale far above the tensor's), and so would Inf, so
-// non-finite inputs are made NaN first.
-template <Fp8Format F>
+// non-finite inputs are made NaN first. kFinite: the caller's values cannot be infinite (a bounded
+// gradient; NaN stays NaN through the product), and the check is left out.
+template <Fp8Format F, bool kFinite = false>
 __device__ __forceinline__ uint16_t fp8_pair(float x, float y, float s) {
-  x = isfinite(x) ? x * s : NAN;
-  y = isfinite(y) ? y * s : NAN;
+  x = kFinite || isfinite(x) ? x * s : NAN;
+  y = kFinite || isfinite(y) ? y * s : NAN;
   return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE,
                                   F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2);
 }
@@ -1768,15 +1788,14 @@ struct alignas(x128::size) Fp8Piece {
   uint8_t v[x128::size];
 };
 
-template <Fp8Format F>
+// The pairs are copied in whole (two to a register), not cut into bytes.
+template <Fp8Format F, bool kFinite = false>
 __device__ __forceinline__ Fp8Piece fp8_piece(const x128& x, float s) {
-  Fp8Piece out;
+  uint16_t pairs[x128::size / 2];
 #pragma unroll
-  for (int k = 0; k < x128::size; k += 2) {
-    const uint16_t pair = fp8_pair<F>((float)x[k], (float)x[k + 1], s);
-    out.v[k] = pair & 0xff;
-    out.v[k + 1] = pair >> 8;
-  }
+  for (int k = 0; k < x128::size; k += 2) pairs[k / 2] = fp8_pair<F, kFinite>((float)x[k], (float)x[k + 1], s);
+  Fp8Piece out;
+  memcpy(&out, pairs, sizeof(out));
   return out;
 }
 
@@ -5944,7 +5963,8 @@ void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, s
 // an exponential and a reciprocal (1 - sigmoid as e * sigmoid, exact where the sigmoid nears 1).
 // These run on the SM's 16-lane special-function unit, one instruction in eight, and bound the
 // capped classifier: an exponential and a reciprocal for the cap and one for the softmax are
-// three a logit, and recomputing them for the gradient doubled that. So two kernels:
+// three a logit, and recomputing them for the gradient doubled that (a BF16 cast apiece would add
+// a fourth: round_x128). So two kernels:
 // - fused_classifier_kernel (GPT-2's uncapped logits; capped ones where the next does not fit):
 //   the row copied into shared memory (cp.async: no registers held), two blocks per SM so that
 //   one row is in flight while the other computes. Each thread takes its 16-byte pieces in turn:
@@ -5973,10 +5993,11 @@ struct ClassifierFp8Grad {
 };
 
 // A piece of dlogits d (columns col...) stored over the logits x, or cast into row8 (the row's
-// FP8 bytes) under the factor s8.
+// FP8 bytes) under the factor s8. d is finite or NaN (|dlogit| <= dloss * max dy/dz): the cast
+// skips the Inf check.
 __device__ __forceinline__ void store_dlogits(floatX* x, uint8_t* row8, float s8, int col, const x128& d) {
   if (row8) {
-    *reinterpret_cast<Fp8Piece*>(row8 + col) = fp8_piece<Fp8Format::kE5M2>(d, s8);
+    *reinterpret_cast<Fp8Piece*>(row8 + col) = fp8_piece<Fp8Format::kE5M2, true>(d, s8);
   } else {
     store128(x + col, d);
   }
@@ -6132,6 +6153,23 @@ __device__ __forceinline__ void capped_classifier_half(int pieces, int half, int
   end = half == 0 ? front : pieces;
 }
 
+// One piece's terms: each logit's exp(y - bound) added to the thread's sum s, and exp(y - bound) *
+// dy/dz into g. kWhole: every column of the piece is below V; otherwise the columns at or past V
+// (the padding, NaN allowed there) add nothing and get 0.
+template <llmc::LogitCap::Kind CAP, bool kWhole>
+__device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V, float cap, float inv_scale,
+                                                   float bound_log2, float& s, float g[x128::size]) {
+#pragma unroll
+  for (int k = 0; k < x128::size; k++) {
+    float slope;
+    const float y = classifier_logit<CAP>((float)v[k], cap, inv_scale, &slope);
+    const float p = exp2_ftz(fmaf(y, kLog2e, -bound_log2));
+    const bool real = kWhole || col + k < V;
+    s += real ? p : 0.0f;
+    g[k] = real ? p * slope : 0.0f;
+  }
+}
+
 // A cluster of two blocks per row, each half of its columns (so two rows share an SM: one loads
 // while the other computes). Dynamic shared memory: exp(y - cap) * dy/dz of the half's columns,
 // FP32 (training only). The halves' sums meet in both blocks' shared memory (each block stores
@@ -6172,14 +6210,10 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
       const int piece = first + u * kCappedClassifierThreads, col = piece * kSize;
       if (piece >= end_piece) break;
       float g[kSize];
-#pragma unroll
-      for (int k = 0; k < kSize; k++) {
-        float slope;
-        const float y = classifier_logit<CAP>((float)v[u][k], cap, inv_scale, &slope);
-        const float p = exp2_ftz(fmaf(y, kLog2e, -bound_log2));
-        const bool real = col + k < V;  // the padding (NaN allowed there) adds nothing
-        s += real ? p : 0.0f;
-        g[k] = real ? p * slope : 0.0f;
+      if (col + kSize <= V) {
+        capped_piece_terms<CAP, true>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
+      } else {
+        capped_piece_terms<CAP, false>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
       }
       if (training) {
 #pragma unroll
@@ -6213,17 +6247,21 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
   const float s8 = grad8.rows ? grad8.scale->scale : 0.0f;
   for (int piece = first_piece + threadIdx.x; piece < end_piece; piece += kCappedClassifierThreads) {
     const int col = piece * kSize;
-    x128 d;
+    float dz[kSize];
 #pragma unroll
     for (int k = 0; k < kSize; k += f128::size) {
       const f128 g = load128(grad_s + (piece - first_piece) * kSize + k);
 #pragma unroll
-      for (int j = 0; j < f128::size; j++) {
-        const float dz = g[j] * scale;
-        d[k + j] = (floatX)(col + k + j == target ? dz - dloss * target_slope : dz);
+      for (int j = 0; j < f128::size; j++) dz[k + j] = g[j] * scale;
+    }
+    // One piece of the row holds the target: the test per column only there.
+    if ((unsigned)(target - col) < (unsigned)kSize) {
+#pragma unroll
+      for (int k = 0; k < kSize; k++) {
+        if (col + k == target) dz[k] = dz[k] - dloss * target_slope;
       }
     }
-    store_dlogits(x, row8, s8, col, d);
+    store_dlogits(x, row8, s8, col, round_x128(dz));
   }
 #endif
 }
