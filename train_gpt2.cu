@@ -1904,24 +1904,20 @@ Fp8CastSource fp8_activation_source(Activation act) {
 constexpr int kFp8TileRows = 128, kFp8TileCols = 64;
 constexpr int kFp8TilePitch = kFp8TileRows + 16;  // bytes per transposed row in shared memory
 
-// The transposes' shared tiles hold column c of a tile at tile + c * kFp8TilePitch. Piece `piece`
-// of tile row r (its kPiece bytes) goes down kPiece of those columns, each piece starting one
-// column further on, so that a warp's pieces store into distinct banks (see fp8_transpose_kernel).
+// The cast-transposes' shared tiles hold column c of a tile at tile + c * kFp8TilePitch. Piece
+// `piece` of tile row r (its kPiece bytes, up to 8, shifted out of one register) goes down kPiece
+// of those columns, each piece starting one column further on: byte c of piece p lands in bank
+// (4 (kPiece p + c) + r / 4) mod 32 = (4 c + r / 4) mod 32 for 8-byte pieces (a column is 144
+// bytes), so a warp's pieces (4 rows of 8) store into 8 distinct banks at each step.
 template <int kPiece>
 __device__ __forceinline__ void fp8_tile_put_piece(uint8_t* tile, const uint8_t (&bytes)[kPiece], int piece, int r) {
-  static_assert(kPiece <= 8 || kPiece == 16, "a piece is up to 8 bytes or 16");
-  // Byte c's index depends on the thread. Up to 8 bytes are shifted out of one register; 16 are
-  // indexed, which puts them in local memory: shifting them out of two registers, with a select
-  // each, ran the transpose 25% slower (1.96 against 1.56 ms, the speedrun head's gradient).
+  static_assert(kPiece <= 8, "a piece is up to 8 bytes");
   uint64_t word = 0;
-  if constexpr (kPiece <= 8) memcpy(&word, bytes, kPiece);
+  memcpy(&word, bytes, kPiece);
 #pragma unroll
   for (int k = 0; k < kPiece; k++) {
     const int c = (k + piece) % kPiece;
-    uint8_t byte;
-    if constexpr (kPiece <= 8) byte = (uint8_t)(word >> (8 * c));
-    else byte = bytes[c];
-    tile[(piece * kPiece + c) * kFp8TilePitch + r] = byte;
+    tile[(piece * kPiece + c) * kFp8TilePitch + r] = (uint8_t)(word >> (8 * c));
   }
 }
 
@@ -2342,44 +2338,66 @@ __global__ void add_fp32_inplace_kernel(floatX* dst, const float* src, size_t n,
 }
 
 // ---- FP8 transpose: rows [R, C] of bytes -> out_t [C, fp8_padded(R)], zeros past R ----
-// For the head's gradient, which the classifier casts itself (ClassifierFp8Grad). A block takes
-// a tile of 128 rows x 128 columns: each thread loads 16-byte pieces of a row (a warp 4 rows of
-// whole 128-byte lines) and writes their bytes down the tile's columns in shared memory, then
-// 16-byte rows of out_t. Byte c of piece p of row r lands in bank (4 (16 p + c) + r / 4) mod 32 =
-// (4 c + r / 4) mod 32 (a tile column is 144 bytes), so each piece starts its bytes one column
-// further on: a warp's 8 pieces then store into 8 distinct banks. Floor: reads and writes each
-// byte once.
-constexpr int kFp8TransposePiece = 16, kFp8TransposeCols = 128;
+// For the head's gradient, which the classifier casts itself (ClassifierFp8Grad). A block takes a
+// tile of 128 rows x 128 columns as 4 x 4 blocks of bytes: each thread loads 4 words of 4 rows
+// (a warp one 128-byte line a row), transposes each 4 x 4 block in registers (byte permutes),
+// and stores its 4 words into the tile's transposed columns in shared memory, a column 32 words
+// (the tile's 128 rows); then each warp writes 128-byte rows of out_t, a word a lane. Word bi of
+// column c is kept at bi ^ (c / 4): a warp's stores (one bi, c / 4 its lane) and its loads (one c,
+// bi its lane) both fall in 32 distinct banks. Floor: reads and writes each byte once. (Bytes put
+// down the columns one at a time, with a 16-byte piece's bytes in local memory, ran at 66% of
+// the DRAM's throughput with the L2 97% busy.)
+constexpr int kFp8TransposeCols = 128, kFp8TransposeWords = kFp8TileRows / 4;  // a tile column's words
+constexpr int kFp8TransposeWarps = kFp8Threads / WARP_SIZE;
+
+// A 4 x 4 block of bytes transposed: a[r] holds row r's 4 bytes (byte k of a[r] is column k); word k
+// of the result holds column k's 4 bytes (byte r from row r).
+__device__ __forceinline__ void transpose_4x4_bytes(uint32_t (&a)[4]) {
+  const uint32_t lo01 = __byte_perm(a[0], a[1], 0x5140), hi01 = __byte_perm(a[0], a[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(a[2], a[3], 0x5140), hi23 = __byte_perm(a[2], a[3], 0x7362);
+  a[0] = __byte_perm(lo01, lo23, 0x5410);
+  a[1] = __byte_perm(lo01, lo23, 0x7632);
+  a[2] = __byte_perm(hi01, hi23, 0x5410);
+  a[3] = __byte_perm(hi01, hi23, 0x7632);
+}
 
 __global__ void __launch_bounds__(kFp8Threads)
     fp8_transpose_kernel(uint8_t* out_t, const uint8_t* rows, int R, int C, int ld_t) {
-  __shared__ alignas(16) uint8_t tile[kFp8TransposeCols * kFp8TilePitch];
-  constexpr int kPieces = kFp8TransposeCols / kFp8TransposePiece;  // pieces per tile row
+  __shared__ uint32_t tile[kFp8TransposeCols * kFp8TransposeWords];
+  constexpr int kBlocksPerThread = kFp8TransposeWords / kFp8TransposeWarps;  // row groups of 4 a warp
+  static_assert(kFp8TransposeCols == 4 * WARP_SIZE && kBlocksPerThread * kFp8TransposeWarps == kFp8TransposeWords,
+                "a warp's lanes take a tile row's 128 bytes, the warps all of its row groups");
+  const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
   const int row0 = blockIdx.y * kFp8TileRows, col0 = blockIdx.x * kFp8TransposeCols;
-  constexpr int kLoads = kFp8TileRows * kPieces / kFp8Threads;  // pieces per thread, all loaded first
-  static_assert(kLoads * kFp8Threads == kFp8TileRows * kPieces, "a tile is whole pieces per thread");
-  uint4 loaded[kLoads];
+  const int col = col0 + 4 * lane;
+  uint32_t words[kBlocksPerThread][4];
 #pragma unroll
-  for (int j = 0; j < kLoads; j++) {
-    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
-    const int row = row0 + r, col = col0 + piece * kFp8TransposePiece;
-    loaded[j] = make_uint4(0, 0, 0, 0);
-    if (row < R && col < C) loaded[j] = *reinterpret_cast<const uint4*>(rows + (size_t)row * C + col);
+  for (int b = 0; b < kBlocksPerThread; b++) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int row = row0 + 4 * (warp * kBlocksPerThread + b) + r;
+      words[b][r] = row < R && col < C ? *reinterpret_cast<const uint32_t*>(rows + (size_t)row * C + col) : 0u;
+    }
   }
 #pragma unroll
-  for (int j = 0; j < kLoads; j++) {
-    const int id = threadIdx.x + j * kFp8Threads, piece = id % kPieces, r = id / kPieces;
-    uint8_t bytes[kFp8TransposePiece];
-    memcpy(bytes, &loaded[j], sizeof(bytes));
-    fp8_tile_put_piece(tile, bytes, piece, r);
+  for (int b = 0; b < kBlocksPerThread; b++) {
+    const int bi = warp * kBlocksPerThread + b;
+    transpose_4x4_bytes(words[b]);
+#pragma unroll
+    for (int k = 0; k < 4; k++) tile[(4 * lane + k) * kFp8TransposeWords + (bi ^ lane)] = words[b][k];
   }
   __syncthreads();
-  fp8_tile_store_transposed<kFp8TransposeCols>(out_t, tile, row0, col0, C, ld_t);
+  const int trow = row0 + 4 * lane;  // ld_t is a multiple of 16: a word is inside it or past it
+  for (int c = warp; c < kFp8TransposeCols; c += kFp8TransposeWarps) {
+    if (col0 + c >= C || trow >= ld_t) continue;
+    *reinterpret_cast<uint32_t*>(out_t + (size_t)(col0 + c) * ld_t + trow) =
+        tile[c * kFp8TransposeWords + (lane ^ (c / 4))];
+  }
 }
 
 void fp8_transpose(uint8_t* out_t, const uint8_t* rows, int R, int C, cudaStream_t stream) {
-  REQUIRE(C % kFp8TransposePiece == 0 && (uintptr_t)rows % 16 == 0 && (uintptr_t)out_t % 16 == 0,
-          "fp8_transpose: C=%d must be a multiple of %d, rows and out_t 16-byte aligned", C, kFp8TransposePiece);
+  REQUIRE(C % kFp8TokenAlign == 0 && (uintptr_t)rows % 16 == 0 && (uintptr_t)out_t % 16 == 0,
+          "fp8_transpose: C=%d must be a multiple of %d, rows and out_t 16-byte aligned", C, kFp8TokenAlign);
   const int ld_t = fp8_padded(R);
   const dim3 grid(ceil_div(C, kFp8TransposeCols), ceil_div(ld_t, kFp8TileRows));
   REQUIRE(grid.y <= 65535, "fp8_transpose: R=%d rows are more than one launch takes", R);
