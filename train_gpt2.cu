@@ -5992,7 +5992,7 @@ void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, s
 // - capped_classifier_kernel: a capped logit is at most the cap, so the softmax's exponentials
 //   are taken against that bound, not the row's max, and each one is final when it is computed:
 //   the kernel keeps exp(y - bound) * dy/dz of every column in shared memory (FP32: a row takes
-//   two blocks, a cluster, each half of it) and the gradient's pass is a multiply. The bound is
+//   four blocks, a cluster, each a quarter of it) and the gradient's pass is a multiply. The bound is
 //   exact: the caps' exponentials stay above 2^-120 (kCappedShiftMaxLog2).
 // With an FP8 head (the speedrun's, fixed scales) both write the gradient cast instead
 // (ClassifierFp8Grad): e5m2(bf16(dlogits) * s) into a row of bytes, the bits the head's
@@ -6161,14 +6161,27 @@ inline float capped_shift_range_log2(const llmc::LogitCap& cap) {
   return (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f) * cap.cap * kLog2e;
 }
 
-constexpr int kCappedClassifierThreads = 512;
+// The row's sum is defined by 2 x 512 threads: the row's pieces (x128) in two halves, thread t of a
+// half summing its pieces t, t + 512, ... in order, the half's threads added in a fixed tree (a
+// warp's, then over its 16 warps), then the halves. Four blocks of 256 threads, a cluster, take a
+// row: block q the threads [256 (q % 2), 256 (q % 2) + 256) of half q / 2, whose pieces it keeps.
+constexpr int kCappedClassifierHalfThreads = 512, kCappedClassifierBlocks = 4;
+constexpr int kCappedClassifierThreads = 2 * kCappedClassifierHalfThreads / kCappedClassifierBlocks;
 constexpr int kCappedClassifierPiecesInFlight = 4;
 
-// The columns a half-row block takes: pieces [first, end) of the row's Vp / x128::size.
+// The columns of a row's half: pieces [first, end) of the row's Vp / x128::size.
 __device__ __forceinline__ void capped_classifier_half(int pieces, int half, int& first, int& end) {
   const int front = (pieces + 1) / 2;
   first = half == 0 ? 0 : front;
   end = half == 0 ? front : pieces;
+}
+
+// Pieces a block keeps at most: of a half's pieces, the first block of the half takes the first
+// 256 of every 512 (and so at least as many as the second).
+inline int capped_classifier_block_pieces(int Vp) {
+  const int half = ceil_div(Vp / x128::size, 2);
+  return half / kCappedClassifierHalfThreads * kCappedClassifierThreads +
+         std::min(half % kCappedClassifierHalfThreads, kCappedClassifierThreads);
 }
 
 // One piece's terms: each logit's exp(y - bound) added to the thread's sum s, and exp(y - bound) *
@@ -6188,26 +6201,28 @@ __device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V
   }
 }
 
-// A cluster of two blocks per row, each half of its columns (so two rows share an SM: one loads
-// while the other computes). Dynamic shared memory: exp(y - cap) * dy/dz of the half's columns,
-// FP32 (training only). The halves' sums meet in both blocks' shared memory (each block stores
-// its sum into both), and both add them in the same order. A block writes into the other's shared
-// memory only after the cluster barrier's first phase, which each thread arrives at on entry: the
-// other block has started by then. Hopper (compute capability 9.0+).
+// A cluster of four blocks per row (so four rows' blocks share an SM, in different phases: loads
+// and exponentials, the cluster's sum, stores). Dynamic shared memory: exp(y - cap) * dy/dz of the
+// block's pieces, FP32 (training only). Every block stores its warps' sums into every block's
+// shared memory, and each warp adds the 32 of them in the same order. A block writes into another's
+// shared memory only after the cluster barrier's first phase, which each thread arrives at on
+// entry: the other block has started by then. Hopper (compute capability 9.0+).
 template <llmc::LogitCap::Kind CAP>
-__global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier_kernel(
+__global__ void __launch_bounds__(kCappedClassifierThreads, 4) capped_classifier_kernel(
     floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
     ClassifierFp8Grad grad8) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   float* grad_s = reinterpret_cast<float*>(classifier_shared);
-  constexpr int kWarps = kCappedClassifierThreads / WARP_SIZE, kSize = x128::size;
-  constexpr int kStride = kCappedClassifierThreads * kCappedClassifierPiecesInFlight;
-  __shared__ float warp_sums[kWarps], half_sums[2], target_logit, target_slope;
+  constexpr int kHalfWarps = kCappedClassifierHalfThreads / WARP_SIZE;
+  constexpr int kSize = x128::size, kHalf = kCappedClassifierHalfThreads;
+  constexpr int kStride = kHalf * kCappedClassifierPiecesInFlight;
+  __shared__ float warp_sums[2 * kHalfWarps], target_logit, target_slope;
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.barrier_arrive();
-  const int half = (int)cluster.block_rank();
-  const size_t row = blockIdx.x / 2;
+  const int rank = (int)cluster.block_rank(), half = rank / 2;
+  const int t = (rank % 2) * kCappedClassifierThreads + threadIdx.x;  // the thread of the half it stands for
+  const size_t row = blockIdx.x / kCappedClassifierBlocks;
   floatX* x = logits + row * Vp;
   const int target = targets[row];
   const bool training = dloss != 0.0f;
@@ -6215,17 +6230,19 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
   const float bound_log2 = cap * kLog2e;
   int first_piece, end_piece;
   capped_classifier_half(Vp / kSize, half, first_piece, end_piece);
+  // The block's pieces first_piece + t + kHalf i are kept in slot threadIdx.x + kThreads i.
   float s = 0.0f;
-  for (int first = first_piece + threadIdx.x; first < end_piece; first += kStride) {
+  for (int first = first_piece + t, slot = threadIdx.x; first < end_piece;
+       first += kStride, slot += kCappedClassifierThreads * kCappedClassifierPiecesInFlight) {
     x128 v[kCappedClassifierPiecesInFlight];
 #pragma unroll
     for (int u = 0; u < kCappedClassifierPiecesInFlight; u++) {
-      const int piece = first + u * kCappedClassifierThreads;
+      const int piece = first + u * kHalf;
       if (piece < end_piece) v[u] = load128cs(x + (size_t)piece * kSize);
     }
 #pragma unroll
     for (int u = 0; u < kCappedClassifierPiecesInFlight; u++) {
-      const int piece = first + u * kCappedClassifierThreads, col = piece * kSize;
+      const int piece = first + u * kHalf, col = piece * kSize;
       if (piece >= end_piece) break;
       float g[kSize];
       if (col + kSize <= V) {
@@ -6234,41 +6251,41 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 2) capped_classifier
         capped_piece_terms<CAP, false>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
       }
       if (training) {
+        float* kept = grad_s + (size_t)(slot + u * kCappedClassifierThreads) * kSize;
 #pragma unroll
         for (int k = 0; k < kSize; k += f128::size) {
           f128 out;
 #pragma unroll
           for (int j = 0; j < f128::size; j++) out[j] = g[k + j];
-          store128(grad_s + (piece - first_piece) * kSize + k, out);
+          store128(kept + k, out);
         }
       }
     }
   }
-  // The threads' sums in a fixed tree (a warp's, then warp 0 over the warps), into both blocks.
-  const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+  // The warps' sums into every block; each warp then adds each half's 16 in a fixed tree, and the
+  // halves.
+  const int lane = threadIdx.x % WARP_SIZE;
   s = warp_reduce_sum(s);
-  if (lane == 0) warp_sums[warp] = s;
-  __syncthreads();
   cluster.barrier_wait();
-  if (warp == 0) {
-    s = warp_reduce_sum(lane < kWarps ? warp_sums[lane] : 0.0f);
-    if (lane < 2) cluster.map_shared_rank(half_sums, lane)[half] = s;
-  }
+  if (lane < kCappedClassifierBlocks) cluster.map_shared_rank(warp_sums, lane)[t / WARP_SIZE + half * kHalfWarps] = s;
   cluster.sync();
-  const float row_sum = half_sums[0] + half_sums[1];
-  if (half == 0 && threadIdx.x == 0) losses[row] = logf(row_sum) + cap - target_logit;
+  const float half0 = warp_reduce_sum(lane < kHalfWarps ? warp_sums[lane] : 0.0f);
+  const float half1 = warp_reduce_sum(lane < kHalfWarps ? warp_sums[kHalfWarps + lane] : 0.0f);
+  const float row_sum = half0 + half1;
+  if (rank == 0 && threadIdx.x == 0) losses[row] = logf(row_sum) + cap - target_logit;
   if (!training) return;
   // dlogits = g * dloss / sum; the target's column gets (softmax - 1) * dloss * dy/dz. Each thread
   // reads back the columns it wrote.
   const float scale = dloss / row_sum;
   uint8_t* row8 = grad8.rows ? grad8.rows + row * Vp : nullptr;
   const float s8 = grad8.rows ? grad8.scale->scale : 0.0f;
-  for (int piece = first_piece + threadIdx.x; piece < end_piece; piece += kCappedClassifierThreads) {
+  for (int piece = first_piece + t, slot = threadIdx.x; piece < end_piece;
+       piece += kHalf, slot += kCappedClassifierThreads) {
     const int col = piece * kSize;
     float dz[kSize];
 #pragma unroll
     for (int k = 0; k < kSize; k += f128::size) {
-      const f128 g = load128(grad_s + (piece - first_piece) * kSize + k);
+      const f128 g = load128(grad_s + (size_t)slot * kSize + k);
 #pragma unroll
       for (int j = 0; j < f128::size; j++) dz[k + j] = g[j] * scale;
     }
@@ -6302,7 +6319,7 @@ const ClassifierLimits& classifier_limits() {
   return limits;
 }
 
-// Launches capped_classifier_kernel where the GPU has clusters and shared memory for a half row;
+// Launches capped_classifier_kernel where the GPU has clusters and shared memory for a quarter row;
 // false where it does not.
 bool capped_classifier_launch(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
                               const llmc::LogitCap& cap, float inv_scale, const ClassifierFp8Grad& grad8,
@@ -6313,17 +6330,17 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
                                                             : capped_classifier_kernel<llmc::LogitCap::kSigmoid>;
   cudaFuncAttributes attributes;
   cudaCheck(cudaFuncGetAttributes(&attributes, kernel));
-  const size_t shared = (size_t)ceil_div(Vp / x128::size, 2) * x128::size * sizeof(float);
+  const size_t shared = (size_t)capped_classifier_block_pieces(Vp) * x128::size * sizeof(float);
   if (shared + attributes.sharedSizeBytes > (size_t)limits.max_shared) return false;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(2 * N);
+  config.gridDim = dim3(kCappedClassifierBlocks * N);
   config.blockDim = dim3(kCappedClassifierThreads);
   config.dynamicSmemBytes = shared;
   config.stream = stream;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.x = kCappedClassifierBlocks;
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
@@ -6334,8 +6351,8 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
 
 // dloss = 0 computes the losses only (validation) and leaves the logits intact. The softmax takes
 // the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does). Capped logits
-// take capped_classifier_kernel on GPUs with clusters where half a row fits in a block's shared
-// memory (Hopper's 227 KiB: Vp up to 116,000), unless recompute is set (the tests run both kernels).
+// take capped_classifier_kernel on GPUs with clusters where a quarter of a row fits in a block's
+// shared memory (Hopper's 227 KiB: Vp up to about 230,000), unless recompute is set (the tests run both kernels).
 // grad8.rows given (training, BF16 builds): the dlogits are cast into them, not written over the
 // logits. Returns the kernel it ran.
 enum class ClassifierKernel { kRecomputing, kKeeping };
