@@ -1276,7 +1276,9 @@ void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbia
 // out back as fused_residual_layernorm_forward_kernel does (one warp a row); the backward
 // (residual_mix_backward) is elementwise, and its scalar gradients are section 2's row-block
 // sums: deterministic. The multiply-adds are written out, so that both passes and every build
-// evaluate them alike. Floor: forward reads 2-3 NC values and writes 2 NC (out and the norm's);
+// evaluate them alike. The forward may first finish the block before: its residual add, whose sum
+// is the stream this block mixes (ResidualAddFirst). Floor: forward reads 2-3 NC values (3-4 with
+// the add) and writes 2 NC (3);
 // backward reads 4-6 NC and writes 2-3 NC; under 10 FLOPs a value, so memory-bound.
 
 // s = x + w * skip, and out = l0 * s + l1 * x0 before its rounding.
@@ -1287,7 +1289,8 @@ __device__ __forceinline__ float residual_mix_value(float s, float x0, float l0,
 
 template <bool WEIGHTED>
 __global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, float* rstd, const floatX* x,
-                                                 const floatX* x0, const floatX* skip, const floatX* lambdas,
+                                                 const floatX* x_add, floatX* x_sum, const floatX* x0,
+                                                 const floatX* skip, const floatX* lambdas,
                                                  const floatX* skip_weight, const floatX* weight, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
@@ -1296,8 +1299,15 @@ __global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, 
   const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
   const float w = skip ? (float)skip_weight[0] : 0.0f;
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-    const x128 vx = load128(x + base + c), v0 = load128(x0 + base + c);
-    const x128 vs = skip ? load128(skip + base + c) : x128();
+    x128 vx = load128(x + base + c);
+    const x128 v0 = load128(x0 + base + c);
+    if (x_add) {  // the residual add before the mix, as fused_residual_layernorm_forward_kernel's
+      const x128 va = load128(x_add + base + c);
+      for (int k = 0; k < x128::size; k++) vx[k] = (floatX)((float)vx[k] + (float)va[k]);
+      store128(x_sum + base + c, vx);
+    }
+    // The skip may be the sum itself (the U-net's first skip adds the block before's output).
+    const x128 vs = !skip ? x128() : skip == x_sum ? vx : load128(skip + base + c);
     x128 o;
     for (int k = 0; k < x128::size; k++) {
       const float s = skip ? residual_mix_skipped((float)vx[k], (float)vs[k], w) : (float)vx[k];
@@ -1354,15 +1364,26 @@ void residual_mix_check(const char* name, int N, int C, const floatX* skip, cons
 
 // out [N, C] = lambdas[0] * (x + skip_weight * skip) + lambdas[1] * x0 (skip, skip_weight nullptr:
 // no skip; x may be x0, the first layer, or out itself), then norm_out [N, C] (nullptr: rstd alone)
-// and rstd [N] of out's RMSNorm, rmsnorm_forward's bits (weight nullptr: without a gain).
+// and rstd [N] of out's RMSNorm, rmsnorm_forward's bits (weight nullptr: without a gain). With
+// add.x_add, x is first replaced by x + x_add, rounded (fused_residual_rmsnorm_forward's bits), and
+// written into add.x_sum: the residual add that ends the block before (its output) in this pass,
+// which reads them anyway; skip may be add.x_sum (that output is the U-net's skip).
+struct ResidualAddFirst {
+  const floatX* x_add = nullptr;
+  floatX* x_sum = nullptr;
+};
 void residual_mix_norm_forward(floatX* out, floatX* norm_out, float* rstd, const floatX* x, const floatX* x0,
                                const floatX* skip, const floatX* lambdas, const floatX* skip_weight,
-                               const floatX* weight, int N, int C, cudaStream_t stream) {
-  residual_mix_check("residual_mix_norm_forward", N, C, skip, skip_weight);
+                               const floatX* weight, int N, int C, cudaStream_t stream,
+                               const ResidualAddFirst& add = {}) {
+  const char* name = "residual_mix_norm_forward";
+  residual_mix_check(name, N, C, skip, skip_weight);
+  REQUIRE((add.x_add == nullptr) == (add.x_sum == nullptr) && (!add.x_sum || (add.x_sum != out && add.x_sum != x0)),
+          "%s: give x_add and x_sum together, x_sum apart from out and x0", name);
   const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
   const auto kernel = weight ? residual_mix_norm_forward_kernel<true> : residual_mix_norm_forward_kernel<false>;
-  kernel<<<blocks, kLayerNormForwardThreads, 0, stream>>>(out, norm_out, rstd, x, x0, skip, lambdas, skip_weight,
-                                                          weight, N, C);
+  kernel<<<blocks, kLayerNormForwardThreads, 0, stream>>>(out, norm_out, rstd, x, add.x_add, add.x_sum, x0, skip,
+                                                          lambdas, skip_weight, weight, N, C);
   cudaCheckLaunch();
 }
 
@@ -8095,6 +8116,14 @@ struct BlockRows {
   const floatX* x0 = nullptr;      // the normed embedding, which each block's mix adds
   const floatX* kept = nullptr;    // the U-net's kept output this block adds (unet_source), or null
   floatX* mixed = nullptr;         // the block's input after its mix, what attention and MLP add to
+  // The training and evaluation passes with x0_lambdas (block_rows): the block before leaves its
+  // last residual add, residual2 + fcproj's output into its residual3 (this block's input), to this
+  // block's mix, which reads them (block_mix_norm): input_before_add is that residual2, input_add
+  // the fcproj output and input; output_in_next_mix says the same of this block's own output. The
+  // decoder's blocks write their outputs themselves.
+  const floatX* input_before_add = nullptr;
+  ResidualAddFirst input_add = {};
+  bool output_in_next_mix = false;
   floatX* v_pre = nullptr;         // v before the value mix
   float* gates = nullptr;          // each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
@@ -8522,9 +8551,9 @@ const floatX* block_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSpec&
   }
   REQUIRE(m.arch().rms_norm, "the residual mix (x0_lambdas) is fused with an RMSNorm: the architecture needs rms_norm");
   const bool skip = unet_source(m, l) >= 0;
-  residual_mix_norm_forward(r.mixed, out.out, out.rstd, r.input, r.x0, skip ? r.kept : nullptr,
-                            m.param(llmc::kLambdas, l), unet_weight(m, l), m.param_or_null(spec.weight, l), N,
-                            m.config.channels, m.stream);
+  residual_mix_norm_forward(r.mixed, out.out, out.rstd, r.input_add.x_add ? r.input_before_add : r.input, r.x0,
+                            skip ? r.kept : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l),
+                            m.param_or_null(spec.weight, l), N, m.config.channels, m.stream, r.input_add);
   return r.mixed;
 }
 
@@ -8546,7 +8575,8 @@ const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
 
 // Block l over r's rows. The first block normalises its input, and with x0_lambdas every block its
 // mix; every block's last step normalises its output for the norm after it, where there is one
-// (norm_after_block). A layer without attention is its mix and its MLP.
+// (norm_after_block), or leaves its last add to the next block's mix (r.output_in_next_mix). A
+// layer without attention is its mix and its MLP.
 void block_forward(GPT2& m, int l, const BlockRows& r) {
   const int N = r.rows();
   const bool attention = llmc::layer_has_attention(m.config, l);
@@ -8563,7 +8593,7 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
   const NormAt next = norm_after_block(m, l);
   if (next.present) {
     norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.proj, N);
-  } else {
+  } else if (!r.output_in_next_mix) {
     residual_rows(m, r.residual3, r.residual2, r.proj, r.next.rstd, N);
   }
 }
@@ -8690,6 +8720,12 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
     r.x0 = m.act(kEncoded);
     r.kept = unet_source(m, l) >= 0 ? m.act(kResidual3, unet_source(m, l)) : nullptr;
     r.mixed = block_mixed(m, l);
+    // Block l - 1's fcproj output stays in scratch_btc (its r.proj) until this block's mix.
+    r.output_in_next_mix = !next.present;
+    if (l > 0) {
+      r.input_before_add = m.act(kResidual2, l - 1);
+      r.input_add = {m.scratch_btc, block_input(m, l)};
+    }
   }
   r.v_pre = m.act(kVPre, l);
   r.gates = m.act_f(kGates, l);

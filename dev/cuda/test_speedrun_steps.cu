@@ -78,6 +78,30 @@ void test_residual_mix(const ResidualMixCase& s, llmc::Rng& rng) {
     check_close("forward in place: out", in_place.download(), ref_out, kTolStore);
     check_same_bits("forward in place: the norm", Snapshot(ref_normed, ref_rstd), Snapshot(normed, rstd));
   }
+  // The block before's residual add first (ResidualAddFirst): x + part rounded into sum, then mixed:
+  // fused_residual_rmsnorm_forward's sum and the mix of that sum, bit for bit; with a skip, also the
+  // skip being that sum itself (the U-net's first skip, the block before's output).
+  for (const bool skip_is_sum : {false, true}) {
+    if (skip_is_sum && !s.skip) continue;
+    const std::vector<float> part = random_stored(rng, n, 0.0f, 1.0f);
+    std::vector<float> ref_x_sum(n);
+    for (size_t i = 0; i < n; i++) ref_x_sum[i] = x[i] + part[i];
+    DeviceArray<floatX> d_part(part), sum(n), ref_sum(n), ref_mixed(n);
+    DeviceArray<float> stats(N);
+    fused_residual_rmsnorm_forward(ref_sum, nullptr, stats, x_in, d_part, nullptr, N, C, 0);
+    residual_mix_norm_forward(ref_mixed, ref_normed, ref_rstd, ref_sum, d_x0, skip_is_sum ? ref_sum : skip_in,
+                              d_lambdas, skip_weight_in, nullptr, N, C, 0);
+    sum.poison();
+    out.poison();
+    normed.poison();
+    rstd.poison();
+    residual_mix_norm_forward(out, normed, rstd, x_in, d_x0, skip_is_sum ? sum : skip_in, d_lambdas, skip_weight_in,
+                              nullptr, N, C, 0, ResidualAddFirst{d_part, sum});
+    const std::string which = skip_is_sum ? " (the skip is the sum)" : "";
+    check_close("forward with the add first: the sum" + which, sum.download(), ref_x_sum, kTolStore);
+    check_same_bits("forward with the add first = the add, then the mix" + which,
+                    Snapshot(ref_sum, ref_mixed, ref_normed, ref_rstd), Snapshot(sum, out, normed, rstd));
+  }
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
   const std::vector<float> dx0_0 = random_stored(rng, n, 0.0f, 1.0f), dskip0 = random_stored(rng, n, 0.0f, 1.0f);
