@@ -2783,6 +2783,31 @@ void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scra
 constexpr int kAttentionGateDivisor = 64;  // G = C / 64, as train_gpt2.py's SPEEDRUN_GATE_DIVISOR
 constexpr int kAttentionGateWarps = 8;
 
+// The flash backward's row term, each head's dout . out, written [N / T, NH, T] (row b T + t, head
+// h at (b NH + h) T + t), by the backward that has dout and out at hand (attention_gate_backward),
+// or by the flash backward's own pass (backward_row_dots) where dots is nullptr.
+struct AttentionRowDots {
+  float* dots = nullptr;
+  int T = 0;
+};
+
+// A row's dout . out over one head, on the head's lanes (consecutive lanes, a power of two dividing
+// 32, every lane of the warp taking part), each with a 16-byte piece: the piece's products in
+// order, then a fixed xor tree over the lanes; every lane gets the sum.
+__device__ __forceinline__ float attention_row_dot(const x128& dout, const x128& out, int lanes) {
+  float sum = 0.0f;
+  for (int k = 0; k < x128::size; k++) sum = __fmaf_rn((float)dout[k], (float)out[k], sum);
+  for (int offset = lanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  return sum;
+}
+
+// Whether attention_gate_backward's warps, a piece a lane over a row, can take each head's row dot:
+// a row's pieces fill whole warps and a head's pieces divide a warp.
+bool attention_gate_row_dots_supported(int NH, int C) {
+  const int head_pieces = C / NH / x128::size;
+  return (C / x128::size) % WARP_SIZE == 0 && head_pieces > 0 && WARP_SIZE % head_pieces == 0;
+}
+
 // g_out nullptr: g is only read (attention_gate_apply); otherwise g_out = g is computed first.
 __global__ void attention_gate_forward_kernel(floatX* yg, float* g_out, const float* g, const floatX* y,
                                               const floatX* hn, const floatX* W, int N, int NH, int C) {
@@ -2823,8 +2848,8 @@ __host__ __device__ inline int attention_gate_weight_warp_floats(int NH, int C) 
 }
 
 __global__ void attention_gate_backward_rows_kernel(floatX* dy, float* dz_out, floatX* dhn, int ld_dhn,
-                                                    const floatX* dyg, const floatX* y, const float* g,
-                                                    const floatX* W, int N, int NH, int C) {
+                                                    AttentionRowDots row_dots, const floatX* dyg, const floatX* y,
+                                                    const float* g, const floatX* W, int N, int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int G = C / kAttentionGateDivisor, HS = C / NH, weights = NH * G, pieces = C / x128::size;
@@ -2849,6 +2874,11 @@ __global__ void attention_gate_backward_rows_kernel(floatX* dy, float* dz_out, f
     }
     store128(dy + base + c, o);
     piece_dot[p] = dot;
+    if (row_dots.dots) {
+      const int head_pieces = HS / x128::size, h = p / head_pieces;
+      const float sum = attention_row_dot(o, v, head_pieces);
+      if (p % head_pieces == 0) row_dots.dots[((size_t)(row / row_dots.T) * NH + h) * row_dots.T + row % row_dots.T] = sum;
+    }
   }
   __syncwarp();
   for (int h = lane; h < NH; h += WARP_SIZE) {
@@ -2930,16 +2960,22 @@ void attention_gate_apply(floatX* yg, const floatX* y, const float* g, int N, in
 // dz[t, h] = g (1 - g) sum_d dyg y over the head's channels: dW [NH, G] += sum_t dz[t, h] hn[t, j]
 // (stochastic rounding, seed), dhn[t, j] += sum_h dz[t, h] W[h, j] for j < G (dhn: the gradient of
 // the attention's normed input, which the qkv product's input gradient also goes into; rounded to
-// nearest; its rows ld_dhn apart: C, or G for those columns alone). partials:
+// nearest; its rows ld_dhn apart: C, or G for those columns alone). row_dots.dots given (sequences
+// of row_dots.T rows; attention_gate_row_dots_supported): each head's dy . y, the flash backward's
+// row term, into row_dots.dots [N / T, NH, T], backward_row_dots' bits, so that the flash backward
+// need not read dy and y again for it. partials:
 // attention_gate_backward_partials(N, NH, C) floats (the row blocks' dW sums, then dz).
 size_t attention_gate_backward_partials(int N, int NH, int C) {
   return (size_t)kRowBlocks * NH * (C / kAttentionGateDivisor) + (size_t)N * NH;
 }
 void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, float* partials, const floatX* dyg,
                              const floatX* y, const float* g, const floatX* hn, const floatX* W, int N, int NH,
-                             int C, uint32_t seed, cudaStream_t stream) {
+                             int C, uint32_t seed, cudaStream_t stream, const AttentionRowDots& row_dots = {}) {
   const char* name = "attention_gate_backward";
   attention_gate_check(name, N, NH, C);
+  REQUIRE(!row_dots.dots || (attention_gate_row_dots_supported(NH, C) && row_dots.T > 0 && N % row_dots.T == 0),
+          "%s: the attention's row dots need C / %d pieces a whole number of warps, a head's pieces a divisor of "
+          "%d (C=%d, NH=%d), and whole sequences of T=%d (N=%d)", name, x128::size, WARP_SIZE, C, NH, row_dots.T, N);
   REQUIRE(dhn != dy && dhn != dyg, "%s: dhn must not share memory with dy or dyg", name);
   REQUIRE(ld_dhn >= C / kAttentionGateDivisor, "%s: dhn's rows %d apart hold fewer than the gate's %d columns", name,
           ld_dhn, C / kAttentionGateDivisor);
@@ -2950,7 +2986,7 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
   cudaCheck(cudaFuncSetAttribute(attention_gate_backward_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)rows_shared));
   attention_gate_backward_rows_kernel<<<ceil_div(N, kAttentionGateWarps), kAttentionGateWarps * WARP_SIZE,
-                                        rows_shared, stream>>>(dy, dz, dhn, ld_dhn, dyg, y, g, W, N, NH, C);
+                                        rows_shared, stream>>>(dy, dz, dhn, ld_dhn, row_dots, dyg, y, g, W, N, NH, C);
   cudaCheckLaunch();
   const size_t weight_shared = sizeof(float) * kAttentionGateWarps * (size_t)attention_gate_weight_warp_floats(NH, C);
   cudaCheck(cudaFuncSetAttribute(attention_gate_weight_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -4485,13 +4521,12 @@ __global__ void attention_backward_flash_dot_kernel(float* d, const floatX* dout
   const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   const size_t w = thread / kLanes, rows = (size_t)B * T * NH;
   const int piece = thread % kLanes;
-  float sum = 0.0f;
+  x128 x = {}, y = {};
   if (w < rows) {  // the lanes past the end still take part in the shuffles
-    const x128 x = load128(dout + w * HS + piece * x128::size);
-    const x128 y = load128(out + w * HS + piece * x128::size);
-    for (int k = 0; k < x128::size; k++) sum += (float)x[k] * (float)y[k];
+    x = load128(dout + w * HS + piece * x128::size);
+    y = load128(out + w * HS + piece * x128::size);
   }
-  for (int offset = kLanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  const float sum = attention_row_dot(x, y, kLanes);
   if (piece == 0 && w < rows) {
     const int h = w % NH;
     const size_t bt = w / NH;
@@ -5635,9 +5670,9 @@ void backward_row_dots(float* scratch_dot, const floatX* dout, const floatX* out
 template <int HS>
 void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
               const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
-              cudaStream_t stream) {
+              bool row_dots_given, cudaStream_t stream) {
   set_smem_limits<HS>();
-  backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
+  if (!row_dots_given) backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(ceil_div(T, kTileRows), B * NH);
   const CausalPairs pairs{T, (int)grid.x};
@@ -5693,9 +5728,9 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
 template <int HS>
 void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
                      const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
-                     const DocumentWindow& dw, cudaStream_t stream) {
+                     const DocumentWindow& dw, bool row_dots_given, cudaStream_t stream) {
   set_smem_limits<HS>();
-  backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
+  if (!row_dots_given) backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const WindowPairs pairs = window_pairs(dw, T);
   const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(T / kTileRows, B * NH);
@@ -5784,19 +5819,26 @@ size_t attention_flash_ds_count(int B, int T, int NH) {
 int attention_flash_tile_rows(int B, int T) { return B * ceil_div(T, 64); }
 
 // dqkv [B, T, 3C] from dout [B, T, C], with the forward's qkv, out and lse; scratch_dot holds
-// B*NH*T floats, scratch_ds attention_flash_ds_count(B, T, NH) elements. tile_sums (optional,
+// B*NH*T floats (row_dots_given: already the row dots, AttentionRowDots), scratch_ds
+// attention_flash_ds_count(B, T, NH) elements. tile_sums (optional,
 // attention_flash_tile_rows(B, T) x 3C floats): row b * ceil(T / 64) + i holds the column sums of
 // dqkv's rows 64i.. of sequence b, the partials of the qkv bias gradient (column_sum_finalize).
 void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                               const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                              int B, int T, int C, int NH, float scale, cudaStream_t stream) {
+                              int B, int T, int C, int NH, float scale, cudaStream_t stream,
+                              bool row_dots_given = false) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
 #if !defined(ENABLE_FP32)
-  if (HS == 64) flash::backward<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, stream);
-  else flash::backward<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, stream);
+  if (HS == 64) {
+    flash::backward<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, row_dots_given,
+                        stream);
+  } else {
+    flash::backward<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale,
+                         row_dots_given, stream);
+  }
 #else
-  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scale, (void)stream;
+  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scale, (void)stream, (void)row_dots_given;
 #endif
 }
 
@@ -5804,7 +5846,8 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 // scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w >= dw.window.
 void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                                const floatX* dout, const floatX* qkv, const floatX* out, const float* lse, int B,
-                               int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream) {
+                               int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream,
+                               bool row_dots_given = false) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
   REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
@@ -5812,14 +5855,14 @@ void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_do
 #if !defined(ENABLE_FP32)
   if (HS == 64) {
     flash::backward_window<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                               stream);
+                               row_dots_given, stream);
   } else {
     flash::backward_window<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                                stream);
+                                row_dots_given, stream);
   }
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
-      (void)B, (void)scale, (void)dw, (void)stream;
+      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given;
 #endif
 }
 
@@ -8340,6 +8383,13 @@ void attention_rows(GPT2& m, int l, const BlockRows& r) {
 // k's gradients after them.
 bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arch().qk_norm_rotary; }
 
+// The heads' gates' backward reads the attention's output and writes its gradient, so it takes the
+// flash backward's row dots as well (attention_gate_backward's row_dots), where its warps can.
+bool gates_take_row_dots(const GPT2& m) {
+  return m.flash_attention && m.arch().attention_gate &&
+         attention_gate_row_dots_supported(m.config.num_heads, m.config.channels);
+}
+
 // The gradient of layer l's attention input (the qkv after QK-norm) into scratch_bt4c, from that
 // of its output in scratch_btc. The flash path draws the qkv bias reduction's seed (also where it
 // does not run, so that the seeds after it stay put). The GEMM path needs nothing of the mask:
@@ -8347,15 +8397,15 @@ bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arc
 void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int C = m.config.channels, NH = m.config.num_heads;
   if (m.flash_attention) {
-    const bool sums = attention_sums_qkv_bias(m);
+    const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m);
     if (m.documents) {
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                                attention_scale(m), layer_document_window(m, l, T), m.stream);
+                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots);
     } else {
       attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                               attention_scale(m), m.stream);
+                               attention_scale(m), m.stream, dots);
     }
     const uint32_t seed_qkvb = seeds.next();
     if (sums) {
@@ -8611,15 +8661,18 @@ const floatX* attproj_input(GPT2& m, int l, int N) {
 // With gates: from scratch_btc, the gradient of the gated output, that of the attention's output
 // (in place) and the gate's; the gates' part of ln1's gradient, its first G = C / 64 columns alone
 // ([N, G]), goes after the first 3 N*C elements of scratch_bt4c (which the attention's dqkv fills),
-// zeroed first, and is returned.
-floatX* attention_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+// zeroed first, and is returned. With the flash backward (gates_take_row_dots) the gates' kernel,
+// which has the attention's output and its gradient at hand, also writes the flash backward's row
+// dots into attention_dot.
+floatX* attention_gate_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   if (!m.arch().attention_gate) return nullptr;
-  const int C = m.config.channels, G = C / kAttentionGateDivisor;
+  const int N = B * T, C = m.config.channels, G = C / kAttentionGateDivisor;
   floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
   cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * G * sizeof(floatX), m.stream));
+  const AttentionRowDots dots = gates_take_row_dots(m) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
   attention_gate_backward(m.scratch_btc, dln1, G, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
                           m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
-                          m.config.num_heads, C, seeds.next(), m.stream);
+                          m.config.num_heads, C, seeds.next(), m.stream, dots);
   return dln1;
 }
 
@@ -8663,7 +8716,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
-    const floatX* dln1_gates = attention_gate_backward_rows(m, l, N, seeds);
+    const floatX* dln1_gates = attention_gate_backward_rows(m, l, B, T, seeds);
     attention_backward_rows(m, l, B, T, seeds);
     value_mix_backward_rows(m, l, N, seeds);
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);

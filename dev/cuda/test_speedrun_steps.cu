@@ -346,6 +346,38 @@ void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
   backward(true);
   check_same_bits("backward dy in place", backward_bits, Snapshot(d_dyg, dhn, dW));
 
+  // With the flash backward's row dots: the same gradients, and each head's dy . y with
+  // backward_row_dots' bits on the dy the gate wrote (and near the CPU's dot of its dy and y).
+  if (attention_gate_row_dots_supported(NH, C)) {
+    const int B = N % 3 == 0 ? 3 : N % 7 == 0 ? 7 : 1, T = N / B;
+    DeviceArray<float> dots((size_t)N * NH);
+    d_dyg.upload(dyg);
+    dy.poison();
+    dhn.upload(dhn0);
+    dW.upload(dW0);
+    dots.poison();
+    attention_gate_backward(dy, dhn, C, dW, partials, d_dyg, d_y, g, d_hn, d_W, N, NH, C, seed, 0,
+                            AttentionRowDots{dots, T});
+    check_same_bits("backward with the row dots: the same dy, dhn and dW", backward_bits, Snapshot(dy, dhn, dW));
+    const std::vector<float> got_dy = dy.download();
+    std::vector<float> ref_dots((size_t)N * NH);
+    for (int t = 0; t < N; t++) {
+      for (int h = 0; h < NH; h++) {
+        double dot = 0.0;
+        for (int d = 0; d < HS; d++) dot += (double)got_dy[(size_t)t * C + h * HS + d] * y[(size_t)t * C + h * HS + d];
+        ref_dots[((size_t)(t / T) * NH + h) * T + t % T] = (float)dot;
+      }
+    }
+    check_close("row dots", dots.download(), ref_dots, kTolSum);
+#if !defined(ENABLE_FP32)  // the flash kernels are BF16's
+    DeviceArray<float> flash_dots((size_t)N * NH);
+    flash_dots.poison();
+    if (HS == 128) flash::backward_row_dots<128>(flash_dots, dy, d_y, B, T, NH, 0);
+    else flash::backward_row_dots<64>(flash_dots, dy, d_y, B, T, NH, 0);
+    check_same_bits("row dots: backward_row_dots' bits", Snapshot(flash_dots), Snapshot(dots));
+#endif
+  }
+
   // The trainer's way: the gate's columns alone (rows G apart, zeroed), then added into a full
   // gradient by add_columns_inplace: add_inplace's bits of the full dhn onto the same gradient.
   DeviceArray<floatX> compact((size_t)N * G), full_gate(n), sum_full(dhn0), sum_columns(dhn0);
@@ -372,8 +404,15 @@ void test_bad_shapes() {
                         "attention_gate_apply at C = 32");
   testing::check_throws([&] { residual_mix_norm_forward(a, a, g, b, b, b, b, nullptr, nullptr, 1, 768, 0); },
                         "skip_weight", "residual_mix_norm_forward with a skip but no skip weight");
+  testing::check_throws(
+      [&] { residual_mix_norm_forward(a, a, g, b, b, nullptr, b, nullptr, nullptr, 1, 768, 0, ResidualAddFirst{b, a}); },
+      "x_sum apart", "residual_mix_norm_forward with the add's sum into out");
   testing::check_throws([&] { value_mix_forward(a, b, b, nullptr, b, 1, 768, 0); }, "tokens",
                         "value_mix_forward with a value embedding but no tokens");
+  DeviceArray<float> dots(8), partials(attention_gate_backward_partials(8, 1, 136));
+  testing::check_throws(
+      [&] { attention_gate_backward(a, b, 2, b, partials, a, b, g, b, b, 8, 1, 136, 1, 0, AttentionRowDots{dots, 8}); },
+      "row dots", "attention_gate_backward's row dots at head size 136 (a row's pieces not whole warps)");
 }
 
 int main() {
