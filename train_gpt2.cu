@@ -1320,12 +1320,20 @@ __global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, 
                                 nullptr, C, lane);
 }
 
+// A gradient that joins dx after the mix's backward, dx = round(dx + add) with stochastic rounding
+// under seed (add_inplace's bits), or none (add nullptr): the stream's gradient from another path
+// (the U-net's kept output, or x0's), in the pass that writes dx anyway.
+struct GradientJoin {
+  const floatX* add = nullptr;
+  uint32_t seed = 0;
+};
+
 // grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials
 // (dlambda0, dlambda1, dskip_weight).
 __global__ void residual_mix_backward_kernel(floatX* dx, floatX* dx0, floatX* dskip, float* partials,
                                              const floatX* dout, const floatX* x, const floatX* x0,
                                              const floatX* skip, const floatX* lambdas,
-                                             const floatX* skip_weight, int N, int C) {
+                                             const floatX* skip_weight, GradientJoin join, int N, int C) {
   const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
   const float w = skip ? (float)skip_weight[0] : 0.0f;
   float sums[3] = {};
@@ -1346,6 +1354,10 @@ __global__ void residual_mix_backward_kernel(floatX* dx, floatX* dx0, floatX* ds
       sums[1] += g * (float)v0[k];
       ox[k] = (floatX)ds;
       o0[k] = (floatX)((float)g0[k] + l1 * g);
+    }
+    if (join.add) {  // add_inplace's bits; the gradient joining may be dx0's or dskip's, just written
+      const x128 a = join.add == dx0 ? o0 : join.add == dskip ? os : load128(join.add + i);
+      for (int k = 0; k < x128::size; k++) ox[k] = round_stochastic((float)ox[k] + (float)a[k], join.seed, i + k);
     }
     store128(dx + i, ox);
     store128(dx0 + i, o0);
@@ -1392,19 +1404,22 @@ void residual_mix_norm_forward(floatX* out, floatX* norm_out, float* rstd, const
 //   dx = ds, written (the gradient of x; dx may be dout itself, not dx0 or dskip);
 //   dx0 += lambdas[1] * dout;  dskip += skip_weight * ds (skip given);
 //   dlambdas[0] += sum(dout * s), dlambdas[1] += sum(dout * x0), dskip_weight += sum(ds * skip),
-// the scalar sums with stochastic rounding (seed). partials: kRowBlocks * 3 floats.
+// the scalar sums with stochastic rounding (seed). partials: kRowBlocks * 3 floats. join.add given:
+// then dx += join.add (GradientJoin; join.add may be dx0 or dskip, their values after this pass).
 void residual_mix_backward(floatX* dx, floatX* dx0, floatX* dskip, floatX* dlambdas, floatX* dskip_weight,
                            float* partials, const floatX* dout, const floatX* x, const floatX* x0,
                            const floatX* skip, const floatX* lambdas, const floatX* skip_weight, int N, int C,
-                           uint32_t seed, cudaStream_t stream) {
+                           uint32_t seed, cudaStream_t stream, const GradientJoin& join = {}) {
   const char* name = "residual_mix_backward";
   residual_mix_check(name, N, C, skip, skip_weight);
   REQUIRE((skip == nullptr) == (dskip == nullptr) && (skip == nullptr) == (dskip_weight == nullptr),
           "%s: give dskip and dskip_weight with skip, or none of them", name);
   REQUIRE(dx0 != dx && dx0 != dout && (!dskip || (dskip != dx && dskip != dout && dskip != dx0)),
           "%s: dx0 and dskip must not share memory with dx, dout or each other", name);
+  REQUIRE(join.add != dx && join.add != dout, "%s: the gradient joining dx must not share memory with dx or dout",
+          name);
   residual_mix_backward_kernel<<<kRowBlocks, kResidualMixThreads, 0, stream>>>(
-      dx, dx0, dskip, partials, dout, x, x0, skip, lambdas, skip_weight, N, C);
+      dx, dx0, dskip, partials, dout, x, x0, skip, lambdas, skip_weight, join, N, C);
   cudaCheckLaunch();
   column_sum_finalize(dlambdas, partials, 3, 2, kRowBlocks, seed, stream);
   if (skip) column_sum_finalize(dskip_weight, partials + 2, 3, 1, kRowBlocks, seed ^ 0x2545f491u, stream);
@@ -8688,17 +8703,33 @@ void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
                      m.stream);
 }
 
+// The gradient that joins dresidual once block l's backward is done, or nullptr: with x0_lambdas
+// that of block l - 1's output kept for the U-net (complete by then), or after the first block
+// x0's. Block l's mix backward adds it (block_mix_backward), but after the top block, where
+// gpt2_backward does.
+const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
+  if (!m.arch().x0_lambdas) return nullptr;
+  if (l == 0) return m.dx0;
+  return l - 1 < unet_kept_outputs(m) ? m.dkept + (size_t)(l - 1) * N * m.config.channels : nullptr;
+}
+
 // From dresidual, the gradient of block l's mixed input (x0_lambdas), to that of its input, in
-// place; x0's into dx0, the kept output's into its dkept, and the lambdas' and skip weight's.
+// place, and then the gradient joining it after the block (gradient_joining_after_block); x0's into
+// dx0, the kept output's into its dkept, and the lambdas' and skip weight's. The join's seed is
+// drawn after the mix's, as its own add's was.
 void block_mix_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_lambdas) return;
   const int source = unet_source(m, l), C = m.config.channels;
   const bool skip = source >= 0;
+  const uint32_t seed = seeds.next();
+  GradientJoin join;
+  join.add = gradient_joining_after_block(m, l, N);
+  if (join.add) join.seed = seeds.next();
   residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)source * N * C : nullptr,
                         m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + (l - unet_kept_outputs(m)) : nullptr,
                         m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
                         skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
-                        C, seeds.next(), m.stream);
+                        C, seed, m.stream, join);
 }
 
 // Block l's gradients, its forward's steps in reverse, from dresidual, the gradient of its output
@@ -8959,13 +8990,14 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
+  // dresidual is the gradient of the top layer's output; the gradient joining it after a block
+  // (the U-net's kept output's, x0's) the next block's mix backward adds.
+  const floatX* top_join = gradient_joining_after_block(m, L, N);
+  if (top_join) add_inplace(m.dresidual, top_join, NC, seeds.next(), m.stream);
   for (int l = L - 1; l >= 0; l--) {
-    // dresidual is the gradient of layer l's output; a kept one's other part is complete now.
-    if (l < unet_kept_outputs(m)) add_inplace(m.dresidual, m.dkept + l * NC, NC, seeds.next(), m.stream);
     block_backward(m, l, B, T, seeds);
     if (last_micro_step && grads_final) grads_final(l);
   }
-  if (m.arch().x0_lambdas) add_inplace(m.dresidual, m.dx0, NC, seeds.next(), m.stream);
   const uint32_t seed_encoder = seeds.next();
   embedding_backward(m, B, T, m.arch().embedding_norm ? seeds.next() : 0, seed_encoder);
   if (last_micro_step) {

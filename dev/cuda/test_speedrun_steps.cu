@@ -149,6 +149,32 @@ void test_residual_mix(const ResidualMixCase& s, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dx, dx0, dskip, dlambdas, dskip_weight));
   backward(true);
   check_same_bits("backward dx in place", backward_bits, Snapshot(d_dout, dx0, dskip, dlambdas, dskip_weight));
+
+  // A gradient joining dx after the mix (GradientJoin): the mix's backward, then add_inplace of it
+  // under the join's seed, bit for bit: another tensor's gradient, x0's (dx0 as this pass leaves
+  // it), and with a skip the kept output's (dskip as this pass leaves it).
+  const std::vector<float> other = random_stored(rng, n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_other(other);
+  const uint32_t join_seed = rng.u32();
+  for (const int which : {0, 1, 2}) {
+    if (which == 2 && !s.skip) continue;
+    const char* names[] = {"another tensor's", "dx0's", "dskip's"};
+    const floatX* add = which == 0 ? (floatX*)d_other : which == 1 ? (floatX*)dx0 : (floatX*)dskip;
+    backward(true);
+    add_inplace(d_dout, add, n, join_seed, 0);
+    const Snapshot joined_bits(d_dout, dx0, dskip, dlambdas, dskip_weight);
+    d_dout.upload(dout);
+    dx0.upload(dx0_0);
+    dskip.upload(dskip0);
+    dlambdas.upload(dlambdas0);
+    dskip_weight.upload(dskip_weight0);
+    partials.poison();
+    residual_mix_backward(d_dout, dx0, s.skip ? (floatX*)dskip : nullptr, dlambdas,
+                          s.skip ? (floatX*)dskip_weight : nullptr, partials, d_dout, x_in, d_x0, skip_in, d_lambdas,
+                          skip_weight_in, N, C, seed, 0, GradientJoin{add, join_seed});
+    check_same_bits(std::string("backward with ") + names[which] + " gradient joining = the mix, then add_inplace",
+                    joined_bits, Snapshot(d_dout, dx0, dskip, dlambdas, dskip_weight));
+  }
 }
 
 // ---- Value mix ----
@@ -407,6 +433,14 @@ void test_bad_shapes() {
   testing::check_throws(
       [&] { residual_mix_norm_forward(a, a, g, b, b, nullptr, b, nullptr, nullptr, 1, 768, 0, ResidualAddFirst{b, a}); },
       "x_sum apart", "residual_mix_norm_forward with the add's sum into out");
+  DeviceArray<floatX> dx0(3 * 768), scalars(2);
+  DeviceArray<float> mix_partials((size_t)kRowBlocks * 3);
+  testing::check_throws(
+      [&] {
+        residual_mix_backward(a, dx0, nullptr, scalars, nullptr, mix_partials, a, b, b, nullptr, b, nullptr, 1, 768,
+                              1, 0, GradientJoin{a, 2});
+      },
+      "joining dx", "residual_mix_backward with dx itself joining it");
   testing::check_throws([&] { value_mix_forward(a, b, b, nullptr, b, 1, 768, 0); }, "tokens",
                         "value_mix_forward with a value embedding but no tokens");
   DeviceArray<float> dots(8), partials(attention_gate_backward_partials(8, 1, 136));
