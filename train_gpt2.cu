@@ -1277,9 +1277,10 @@ void rmsnorm_backward(floatX* dresidual, floatX* dweight, floatX* dresidual_dbia
 // (residual_mix_backward) is elementwise, and its scalar gradients are section 2's row-block
 // sums: deterministic. The multiply-adds are written out, so that both passes and every build
 // evaluate them alike. The forward may first finish the block before: its residual add, whose sum
-// is the stream this block mixes (ResidualAddFirst). Floor: forward reads 2-3 NC values (3-4 with
-// the add) and writes 2 NC (3);
-// backward reads 4-6 NC and writes 2-3 NC; under 10 FLOPs a value, so memory-bound.
+// is the stream this block mixes (ResidualAddFirst); the backward may add a gradient that joins the
+// stream's there (GradientJoin). Floor: forward reads 2-3 NC values and writes 2 NC (out and the
+// norm's), one more of each with the add; backward reads 4-6 NC (one more with a join) and writes
+// 2-3 NC; under 10 FLOPs a value, so memory-bound.
 
 // s = x + w * skip, and out = l0 * s + l1 * x0 before its rounding.
 __device__ __forceinline__ float residual_mix_skipped(float x, float skip, float w) { return __fmaf_rn(w, skip, x); }
@@ -2892,7 +2893,8 @@ __global__ void attention_gate_backward_rows_kernel(floatX* dy, float* dz_out, f
     if (row_dots.dots) {
       const int head_pieces = HS / x128::size, h = p / head_pieces;
       const float sum = attention_row_dot(o, v, head_pieces);
-      if (p % head_pieces == 0) row_dots.dots[((size_t)(row / row_dots.T) * NH + h) * row_dots.T + row % row_dots.T] = sum;
+      const int b = row / row_dots.T, t = row % row_dots.T;
+      if (p % head_pieces == 0) row_dots.dots[((size_t)b * NH + h) * row_dots.T + t] = sum;
     }
   }
   __syncwarp();
@@ -5853,7 +5855,8 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
                          row_dots_given, stream);
   }
 #else
-  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scale, (void)stream, (void)row_dots_given;
+  (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
+      (void)B, (void)T, (void)scale, (void)stream, (void)row_dots_given;
 #endif
 }
 
@@ -6431,7 +6434,8 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
 // dloss = 0 computes the losses only (validation) and leaves the logits intact. The softmax takes
 // the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does). Capped logits
 // take capped_classifier_kernel on GPUs with clusters where a quarter of a row fits in a block's
-// shared memory (Hopper's 227 KiB: Vp up to about 230,000), unless recompute is set (the tests run both kernels).
+// shared memory (Hopper's 227 KiB: Vp up to about 230,000), unless recompute is set (the tests run
+// both kernels).
 // grad8.rows given (training, BF16 builds): the dlogits are cast into them, not written over the
 // logits. Returns the kernel it ran.
 enum class ClassifierKernel { kRecomputing, kKeeping };
@@ -8990,8 +8994,9 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
-  // dresidual is the gradient of the top layer's output; the gradient joining it after a block
-  // (the U-net's kept output's, x0's) the next block's mix backward adds.
+  // dresidual is the gradient of the top layer's output, but for a part that joins it from another
+  // path (a kept output's; none at the U-net's shapes), which no mix backward above adds. Below,
+  // each block's mix backward adds the part joining the stream after it.
   const floatX* top_join = gradient_joining_after_block(m, L, N);
   if (top_join) add_inplace(m.dresidual, top_join, NC, seeds.next(), m.stream);
   for (int l = L - 1; l >= 0; l--) {

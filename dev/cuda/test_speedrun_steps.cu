@@ -431,7 +431,9 @@ void test_bad_shapes() {
   testing::check_throws([&] { residual_mix_norm_forward(a, a, g, b, b, b, b, nullptr, nullptr, 1, 768, 0); },
                         "skip_weight", "residual_mix_norm_forward with a skip but no skip weight");
   testing::check_throws(
-      [&] { residual_mix_norm_forward(a, a, g, b, b, nullptr, b, nullptr, nullptr, 1, 768, 0, ResidualAddFirst{b, a}); },
+      [&] {
+        residual_mix_norm_forward(a, a, g, b, b, nullptr, b, nullptr, nullptr, 1, 768, 0, ResidualAddFirst{b, a});
+      },
       "x_sum apart", "residual_mix_norm_forward with the add's sum into out");
   DeviceArray<floatX> dx0(3 * 768), scalars(2);
   DeviceArray<float> mix_partials((size_t)kRowBlocks * 3);
