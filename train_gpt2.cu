@@ -1958,13 +1958,12 @@ __device__ __forceinline__ void fp8_tile_put_piece(uint8_t* tile, const uint8_t 
   }
 }
 
-// After the block's __syncthreads: the tile's kCols columns (tile columns col0 on) become 16-byte
-// pieces of rows of out_t [C, ld_t] from row0 on, within C and ld_t.
-template <int kCols>
+// After the block's __syncthreads: the tile's columns (tile columns col0 on) become 16-byte pieces
+// of rows of out_t [C, ld_t] from row0 on, within C and ld_t.
 __device__ __forceinline__ void fp8_tile_store_transposed(uint8_t* out_t, const uint8_t* tile, int row0, int col0,
                                                           int C, int ld_t) {
   constexpr int kSegments = kFp8TileRows / 16;  // 16-byte pieces per row of out_t
-  for (int id = threadIdx.x; id < kCols * kSegments; id += kFp8Threads) {
+  for (int id = threadIdx.x; id < kFp8TileCols * kSegments; id += kFp8Threads) {
     const int segment = id % kSegments, c = id / kSegments;
     const int col = col0 + c, trow = row0 + segment * 16;
     if (col >= C || trow >= ld_t) continue;
@@ -2079,7 +2078,7 @@ __global__ void __launch_bounds__(kFp8Threads)
     for (int g = 0; g < kGroups; g++) total += group_sums[g][threadIdx.x];
     col_partials[(size_t)blockIdx.y * C + col0 + threadIdx.x] = total;
   }
-  fp8_tile_store_transposed<kFp8TileCols>(out_t, tile, row0, col0, C, ld_t);
+  fp8_tile_store_transposed(out_t, tile, row0, col0, C, ld_t);
 }
 
 void fp8_cast_transpose_launch(uint8_t* out, uint8_t* out_t, Fp8Scale* scale, const floatX* x,
@@ -8709,8 +8708,8 @@ void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
 
 // The gradient that joins dresidual once block l's backward is done, or nullptr: with x0_lambdas
 // that of block l - 1's output kept for the U-net (complete by then), or after the first block
-// x0's. Block l's mix backward adds it (block_mix_backward), but after the top block, where
-// gpt2_backward does.
+// x0's. Block l's mix backward adds it (block_mix_backward). The top block's output is never kept
+// (the U-net keeps the first half's).
 const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
   if (!m.arch().x0_lambdas) return nullptr;
   if (l == 0) return m.dx0;
@@ -8994,11 +8993,8 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
-  // dresidual is the gradient of the top layer's output, but for a part that joins it from another
-  // path (a kept output's; none at the U-net's shapes), which no mix backward above adds. Below,
-  // each block's mix backward adds the part joining the stream after it.
-  const floatX* top_join = gradient_joining_after_block(m, L, N);
-  if (top_join) add_inplace(m.dresidual, top_join, NC, seeds.next(), m.stream);
+  // dresidual is the gradient of the top layer's output; each block's mix backward adds the part
+  // joining the stream after it (gradient_joining_after_block).
   for (int l = L - 1; l >= 0; l--) {
     block_backward(m, l, B, T, seeds);
     if (last_micro_step && grads_final) grads_final(l);
