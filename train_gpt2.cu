@@ -6245,9 +6245,11 @@ inline float capped_shift_range_log2(const llmc::LogitCap& cap) {
 // The row's sum is defined by 2 x 512 threads: the row's pieces (x128) in two halves, thread t of a
 // half summing its pieces t, t + 512, ... in order, the half's threads added in a fixed tree (a
 // warp's, then over its 16 warps), then the halves. Four blocks of 256 threads, a cluster, take a
-// row: block q the threads [256 (q % 2), 256 (q % 2) + 256) of half q / 2, whose pieces it keeps.
+// row: block q the threads [256 (q % 2), 256 (q % 2) + 256) of half q / 2, whose pieces it keeps
+// (kCappedClassifierBlocks: with 2B blocks, B to a half, each 512 / B threads of it).
 constexpr int kCappedClassifierHalfThreads = 512, kCappedClassifierBlocks = 4;
-constexpr int kCappedClassifierThreads = 2 * kCappedClassifierHalfThreads / kCappedClassifierBlocks;
+constexpr int kCappedClassifierBlocksPerHalf = kCappedClassifierBlocks / 2;
+constexpr int kCappedClassifierThreads = kCappedClassifierHalfThreads / kCappedClassifierBlocksPerHalf;
 constexpr int kCappedClassifierPiecesInFlight = 4;
 
 // The columns of a row's half: pieces [first, end) of the row's Vp / x128::size.
@@ -6289,7 +6291,7 @@ __device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V
 // shared memory only after the cluster barrier's first phase, which each thread arrives at on
 // entry: the other block has started by then. Hopper (compute capability 9.0+).
 template <llmc::LogitCap::Kind CAP>
-__global__ void __launch_bounds__(kCappedClassifierThreads, 4) capped_classifier_kernel(
+__global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlocks) capped_classifier_kernel(
     floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
     ClassifierFp8Grad grad8) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -6301,8 +6303,9 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, 4) capped_classifier
   __shared__ float warp_sums[2 * kHalfWarps], target_logit, target_slope;
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.barrier_arrive();
-  const int rank = (int)cluster.block_rank(), half = rank / 2;
-  const int t = (rank % 2) * kCappedClassifierThreads + threadIdx.x;  // the thread of the half it stands for
+  const int rank = (int)cluster.block_rank(), half = rank / kCappedClassifierBlocksPerHalf;
+  // The thread of the half it stands for.
+  const int t = (rank % kCappedClassifierBlocksPerHalf) * kCappedClassifierThreads + threadIdx.x;
   const size_t row = blockIdx.x / kCappedClassifierBlocks;
   floatX* x = logits + row * Vp;
   const int target = targets[row];
