@@ -78,8 +78,12 @@ at each step, the time each needs to reach the reference's final loss); writes t
 OUTDIR/quality.md with the curves in OUTDIR/quality.png. Each run's output is kept in OUTDIR, and a
 run whose output there reached its last step is read again instead of run (so the runs can be
 spread over several invocations with the same OUTDIR; the output's first line names its command,
-and one of another command stops the bench, so give each set of options its own OUTDIR). --dry_run
-prints the commands and writes the reference's copy, and runs nothing.
+and one of another command stops the bench, so give each set of options its own OUTDIR). Benches may
+share an OUTDIR at the same time when they make different runs (the reference on one GPU, ours on
+another): each holds, while it lives, a lock on every run it is to make (its log's name + .lock), and
+one that finds a run's lock held stops at once with one line naming it, before it writes anything,
+so that the running bench's log stays whole. --dry_run prints the commands and writes the
+reference's copy, and runs nothing.
 
 Where nvidia-smi is on the PATH, each run's GPU is sampled while it runs (utilization, SM clock,
 power, whether the software power cap holds the clock down) into its log's name + .gpu.csv, and
@@ -90,6 +94,7 @@ machines of one kind differ in it.
 """
 import argparse
 import contextlib
+import fcntl
 import math
 import os
 import re
@@ -665,6 +670,29 @@ def finished(name, args, repeat=1):
     return (curve, ms) if curve and curve[-1][0] == last else None
 
 
+def lock_runs(args, runs):
+    """Locks each run's log + '.lock' (flock, released when the bench ends) and returns the open
+    files; stops with one line naming the run when another bench holds one, before anything is
+    written (its log would otherwise be truncated under the bench that runs it)."""
+    locks = []
+    for name, repeat in runs:
+        log = run_log(name, args, repeat)
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        lock = open(log + ".lock", "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            fail(f"{log}: {name} is being run by another bench_quality.py ({holder}) in this OUTDIR: wait for it "
+                 "to end (its finished output is then read, not run again), or give another OUTDIR")
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        locks.append(lock)
+    return locks
+
+
 def run_until(command, cwd, log, echo, stop, env=None):
     """Runs command in cwd in a session of its own (env: variables added to the bench's), its output
     (unbuffered, for Python) appended to the open file log line by line, and with echo to the
@@ -769,6 +797,8 @@ def main():
     # Each run (name, repeat), in --runs' order, a run's repeats one after the other.
     instances = [(name, repeat) for name in runs for repeat in range(1, run_repeats(name, args) + 1)]
     results = {run: finished(run[0], args, run[1]) for run in instances}
+    # Held until the bench ends, so that no other bench in this OUTDIR starts these runs over their logs.
+    locks = lock_runs(args, [run for run, result in results.items() if result is None])
     # The reference's copy is made before any run starts, so that a script these edits do not fit
     # stops the bench at once rather than after the other runs.
     if any(name == "ref_speedrun" and result is None for (name, _), result in results.items()):

@@ -10,7 +10,8 @@
 # with a stand-in nvidia-smi; (e) --stop_after: its errors, longer outputs read up to its step, and
 # the stop itself on a stand-in run; (f) --shared_init: the commands, the reference's copy loading
 # the init, the init's tensors in the reference's layout (a stand-in of its parameter table), the
-# paired standard error. Scratch files go to build/test_tmp/bench_quality.
+# paired standard error; (g) two benches in one OUTDIR: a run one is making is refused by the other,
+# its log untouched. Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
 set -uo pipefail
@@ -521,5 +522,41 @@ check "peer_speedrun: the time it reaches the reference's final loss, without ou
   "$(grep -c "^- the port reaches the reference's final validation loss 5.0000 in 2.40 s; the reference trained 4.00 s$" "$md")" 1
 check "peer_speedrun: its per-step table" "$(grep -A4 '^| step | reference val loss | the port |' "$md" | tail -1)" \
   "| 4 | 5.0000 | 5.0000 | 0.00% |"
+
+# --- (g) two benches in one OUTDIR: a run that one bench is making is not started by another over
+# its log. The holder locks two runs as a bench that makes them does (lock_runs), then waits.
+mkdir -p "$DIR/w"
+printf '%s\n' "step    1/4 | loss 7.0" > "$DIR/w/ours_speedrun.log"
+cp "$DIR/w/ours_speedrun.log" "$DIR/w/partial.log"
+"$PY" - "$DIR/w" <<'EOF' &
+import os, sys, time
+sys.path.insert(0, "dev")
+import bench_quality as bq
+args = bq.parse_args([sys.argv[1], "--train", "t_*.bin", "--val", "v_*.bin", "--steps", "4", "--val_every", "2"])
+locks = bq.lock_runs(args, [("ours_speedrun", 1), ("ref_speedrun", 1)])
+open(os.path.join(sys.argv[1], "held"), "w").close()
+while not os.path.exists(os.path.join(sys.argv[1], "release")):
+    time.sleep(0.05)
+EOF
+holder=$!
+for _ in $(seq 100); do [ -f "$DIR/w/held" ] && break; sleep 0.05; done
+# Not a dry run: were the run started, its log would be rewritten (the trainer then failing on the
+# made-up shards, or missing).
+err=$(bench "$DIR/w" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun 2>&1)
+check "a run another bench is making: exit 1, one line naming the run and that bench's pid" \
+  "$?:$(wc -l <<< "$err"):$(grep -c "ours_speedrun.log: ours_speedrun is being run by another bench_quality.py (pid $holder) in this OUTDIR" <<< "$err")" 1:1:1
+check "a run another bench is making: its log untouched" "$(cmp "$DIR/w/ours_speedrun.log" "$DIR/w/partial.log" && echo same)" same
+err=$(bench "$DIR/w" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ref_speedrun \
+  --reference_script "$DIR/stand_in.py" --dry_run 2>&1)
+check "the reference another bench is making: exit 1, its copy not written" \
+  "$?:$(grep -c 'ref_speedrun is being run by another' <<< "$err"):$(test -e "$DIR/w/ref_speedrun/train_gpt.py" && echo copy)" 1:1:
+out=$(bench "$DIR/w" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_modern --dry_run 2>&1)
+check "another run in the same OUTDIR at the same time: exit 0" "$?:$(grep -c '^=== ours_modern: ' <<< "$out")" 0:1
+touch "$DIR/w/release"
+wait $holder
+out=$(bench "$DIR/w" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --reference_script "$DIR/stand_in.py" --dry_run 2>&1)
+check "the holder gone, its locks are free: exit 0, the copy written" \
+  "$?:$(test -f "$DIR/w/ref_speedrun/train_gpt.py" && echo copy)" 0:copy
 
 finish test_bench_quality
