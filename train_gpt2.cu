@@ -41,7 +41,9 @@
 //
 // Determinism: no kernel uses floating-point atomics or a launch shape derived from the GPU's
 // SM count for a reduction, so the same seed and configuration give bitwise-identical results
-// on any GPU of the same architecture and library versions.
+// on one GPU model with the same library versions. Not across models of one architecture: an
+// H100's runs and an H200's differ, cuBLASLt's heuristic (whose algorithm fixes a product's bits)
+// being free to choose by model.
 #include <algorithm>
 #include <array>
 #include <atomic>
