@@ -122,7 +122,8 @@ train_gpt2fp32cu: train_gpt2.cu $(LLMC_HEADERS)
 test_gpt2fp32cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@)
 
-KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h $(LLMC_HEADERS) dev/test/testing.h
+KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h dev/cuda/qk_rotary_reference.h $(LLMC_HEADERS) \
+                   dev/test/testing.h
 
 $(BUILD)/test_%: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)

@@ -3601,6 +3601,56 @@ __device__ __forceinline__ void load_ds_a_fragment(uint32_t a[4], const floatX* 
                : "r"(addr));
 }
 
+// QK-norm's and the rotary's backward (qk_norm_rotary_backward's) on a warp's 16 x HS accumulator
+// of dQ or dK, in place, before it is stored: the gradient after the rotary becomes the gradient
+// before the norm without a pass of its own, and from dy unrounded. The thread's rows are g and
+// g + 8 (e / 2 of acc[dn][e]); column j = 8 dn + 2t + e % 2 has its rotary partner j + HS/2 in
+// acc[dn + HS/16] of the same thread, and a row's columns lie in the 4 lanes of a quad. y(row, dn)
+// gives the forward's output (the attention's q or k) at columns 8 dn + 2t and + 1 of the thread's
+// row 0 or 1; rstd and position are the rows'. A rotation keeps dot products, so with g = scale acc:
+// dx = rstd R^T (g - y mean(g y)).
+template <int HS, class Y>
+__device__ __forceinline__ void qk_norm_rotary_backward_rows(float acc[HS / 8][4], float scale, const Y& y,
+                                                             const float (&rstd)[2], const int (&position)[2],
+                                                             const RotaryFrequencies& f) {
+  constexpr int kPartner = HS / 16;  // acc[dn + kPartner] holds the columns HS/2 further on
+  const int t = threadIdx.x % 4;
+  float y_acc[HS / 8][4], mean[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int dn = 0; dn < HS / 8; dn++) {
+#pragma unroll
+    for (int row = 0; row < 2; row++) {
+      const float2 pair = y(row, dn);
+      y_acc[dn][2 * row] = pair.x;
+      y_acc[dn][2 * row + 1] = pair.y;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      acc[dn][e] *= scale;
+      mean[e / 2] += acc[dn][e] * y_acc[dn][e];
+    }
+  }
+#pragma unroll
+  for (int row = 0; row < 2; row++) {
+    mean[row] += __shfl_xor_sync(~0u, mean[row], 1);
+    mean[row] += __shfl_xor_sync(~0u, mean[row], 2);
+    mean[row] /= HS;
+  }
+#pragma unroll
+  for (int dn = 0; dn < kPartner; dn++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int row = e / 2, j = dn * 8 + 2 * t + e % 2;
+      const float u1 = acc[dn][e] - y_acc[dn][e] * mean[row];
+      const float u2 = acc[dn + kPartner][e] - y_acc[dn + kPartner][e] * mean[row];
+      float c = 1.0f, s = 0.0f;
+      if (j < HS / 4) sincosf((float)position[row] * f.freq[j], &s, &c);
+      acc[dn][e] = rstd[row] * (c * u1 - s * u2);
+      acc[dn + kPartner][e] = rstd[row] * (s * u1 + c * u2);
+    }
+  }
+}
+
 // Writes a warp's 16 x HS accumulator, times `scale`, as rows r0 + (0..15) of a [T, ld] matrix.
 template <int HS>
 __device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T, const float acc[HS / 8][4],
@@ -4910,7 +4960,8 @@ template <int HS>
 __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkdv_tma_kernel(
     const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dout_map,
     const __grid_constant__ CUtensorMap lse_map, const __grid_constant__ CUtensorMap dot_map, floatX* dqkv, floatX* ds,
-    int T, int NH, float scale_log2, float scale, WindowPairs pairs) {
+    int T, int NH, float scale_log2, float scale, WindowPairs pairs, const float* qk_rstd,
+    const __grid_constant__ RotaryFrequencies freq) {
 #if FLASH_WGMMA
   constexpr int kKeys = llmc::kAttentionBlock, kStages = kTmaWindowDkdvStages, kChunks = HS / 64;
   constexpr uint32_t kQTileBytes = kTileRows * HS * sizeof(floatX), kStageBytes = tma_window_dkdv_stage_bytes<HS>();
@@ -5076,7 +5127,19 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   // would be 4 bytes each, 4 times as many, and the block's end waits for all of them).
   floatX* dk_s = k_s + group * kTileRows * 64;
   floatX* dv_s = v_s + group * kTileRows * 64;
-  stage_rows<HS>(dk_s, kKeys, dk, scale);
+  if (qk_rstd) {  // QK-norm's backward, y being the K tile's rows that dK is about to replace
+    const size_t token = (size_t)b * T;
+    const float rstd[2] = {qk_rstd[(token + kv_row[0]) * 2 * NH + NH + h],
+                           qk_rstd[(token + kv_row[1]) * 2 * NH + NH + h]};
+    auto y = [&](int row, int dn) {
+      const int offset = staged_offset(warp * 16 + lane / 4 + 8 * row, dn * 8 + 2 * t, kKeys);
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dk_s + offset));
+    };
+    qk_norm_rotary_backward_rows<HS>(dk, scale, y, rstd, kv_row, freq);
+    stage_rows<HS>(dk_s, kKeys, dk, 1.0f);
+  } else {
+    stage_rows<HS>(dk_s, kKeys, dk, scale);
+  }
   stage_rows<HS>(dv_s, kKeys, dv, 1.0f);
   named_barrier_sync(1 + group, kThreads);  // this warpgroup's rows are in
   const size_t ld = 3 * (size_t)C;
@@ -5105,7 +5168,8 @@ constexpr int kDqBuffers = 3;
 
 template <int HS, class Pairs>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
-    floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale, Pairs pairs) {
+    floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale, Pairs pairs,
+    const float* qk_rstd, const __grid_constant__ RotaryFrequencies freq) {
   constexpr int kTile = kTileRows * HS;
   extern __shared__ __align__(1024) unsigned char flash_smem[];
   floatX* k_s = reinterpret_cast<floatX*>(flash_smem);  // kDqBuffers buffers
@@ -5142,7 +5206,22 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     for (int kk = 0; kk < kTileRows / 16; kk++) load_ds_a_fragment(a[kk], ds_tile, kk);
     accumulate_fragments<HS, kTileRows>(dq, a, k_tile);
   }
-  store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
+  if (qk_rstd) {  // QK-norm's backward, y read from the attention's q
+    const int g = (threadIdx.x % WARP_SIZE) / 4, t = threadIdx.x % 4;
+    const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
+    float rstd[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) rstd[i] = row[i] < T ? qk_rstd[((size_t)b * T + row[i]) * 2 * NH + h] : 0.0f;
+    auto y = [&](int i, int dn) {
+      if (row[i] >= T) return make_float2(0.0f, 0.0f);
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_g + (size_t)row[i] * ld + dn * 8 + 2 * t));
+    };
+    qk_norm_rotary_backward_rows<HS>(dq, scale, y, rstd, row, freq);
+    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, 1.0f, 1.0f);
+  } else {
+    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
+  }
   if (tile_sums) {
     __syncthreads();  // every warp is done with the buffers before their memory holds the sums
     store_tile_column_sums<HS>(tile_sums + ((size_t)b * gridDim.x + q_tile) * ld + h * HS,
@@ -5713,7 +5792,7 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
         qkv_map, dqkv, tile_sums, scratch_ds, T, NH, scale);
   } else {
     attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-        dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs);
+        dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs, nullptr, RotaryFrequencies{});
   }
   cudaCheckLaunch();
 }
@@ -5746,14 +5825,18 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
 template <int HS>
 void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
                      const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
-                     const DocumentWindow& dw, bool row_dots_given, cudaStream_t stream) {
+                     const DocumentWindow& dw, bool row_dots_given, const float* qk_rstd, cudaStream_t stream) {
   set_smem_limits<HS>();
   if (!row_dots_given) backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const WindowPairs pairs = window_pairs(dw, T);
   const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(T / kTileRows, B * NH);
-  // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other.
-  if (hopper_support().usable && !tile_sums) {
+  const RotaryFrequencies freq = rotary_frequencies(HS);
+  // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other, and takes QK-norm's
+  // backward into its epilogue and the dQ kernel's; the other leaves it to a pass of its own.
+  const bool hopper = hopper_support().usable && !tile_sums;
+  const float* epilogue_rstd = hopper ? qk_rstd : nullptr;
+  if (hopper) {
     const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
     const size_t smem = tma_window_dkdv_smem_bytes<HS>(dw.window, T);
     REQUIRE(smem <= (size_t)shared_memory_optin(),
@@ -5763,15 +5846,16 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
     attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, smem, stream>>>(
         sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
         row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2,
-        scale, pairs);
+        scale, pairs, epilogue_rstd, freq);
   } else {
     attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
         dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale, pairs);
   }
   cudaCheckLaunch();
   attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-      dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs);
+      dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs, epilogue_rstd, freq);
   cudaCheckLaunch();
+  if (qk_rstd && !hopper) qk_norm_rotary_backward(dqkv, qkv, qk_rstd, B, T, NH, HS, stream);
 }
 }  // namespace flash
 #endif  // !ENABLE_FP32
@@ -5862,26 +5946,31 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 }
 
 // attention_backward_flash's dqkv (and tile_sums) for attention_forward_window's attention:
-// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w >= dw.window.
+// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w >= dw.window. With
+// qk_rstd (qk_norm_rotary_forward's, of the q and k in qkv), q's and k's gradients go on through
+// QK-norm's and the rotary's backward (qk_norm_rotary_backward's result; on Hopper, without
+// tile_sums, in the kernels' epilogues from dQ and dK unrounded).
 void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                                const floatX* dout, const floatX* qkv, const floatX* out, const float* lse, int B,
                                int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream,
-                               bool row_dots_given = false) {
+                               bool row_dots_given = false, const float* qk_rstd = nullptr) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
   REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
           llmc::kAttentionBlock, T);
+  REQUIRE(!tile_sums || !qk_rstd, "attention_backward_window: tile sums are of the attention's own gradient, "
+          "which QK-norm's backward then changes: give tile_sums or qk_rstd, not both");
 #if !defined(ENABLE_FP32)
   if (HS == 64) {
     flash::backward_window<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                               row_dots_given, stream);
+                               row_dots_given, qk_rstd, stream);
   } else {
     flash::backward_window<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                                row_dots_given, stream);
+                                row_dots_given, qk_rstd, stream);
   }
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
-      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given;
+      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd;
 #endif
 }
 
@@ -8349,9 +8438,16 @@ void qk_prepare(GPT2& m, const BlockRows& r) {
                          r.first_position);
 }
 
-// dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place.
+// The flash backward within documents takes QK-norm's backward as well (attention_backward_window's
+// qk_rstd): on Hopper in its kernels' epilogues, saving a pass over q and k.
+bool qk_norm_in_attention_backward(const GPT2& m) {
+  return m.flash_attention && m.documents && m.arch().qk_norm_rotary;
+}
+
+// dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place
+// (where the attention's backward has not done it).
 void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
-  if (!m.arch().qk_norm_rotary) return;
+  if (!m.arch().qk_norm_rotary || qk_norm_in_attention_backward(m)) return;
   qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads,
                           m.config.head_size(), m.stream);
 }
@@ -8413,18 +8509,20 @@ bool gates_take_row_dots(const GPT2& m) {
          attention_gate_row_dots_supported(m.config.num_heads, m.config.channels);
 }
 
-// The gradient of layer l's attention input (the qkv after QK-norm) into scratch_bt4c, from that
-// of its output in scratch_btc. The flash path draws the qkv bias reduction's seed (also where it
-// does not run, so that the seeds after it stay put). The GEMM path needs nothing of the mask:
-// its att holds zeros at the keys the mask hid.
+// The gradient of layer l's attention input (the qkv after QK-norm; before it where
+// qk_norm_in_attention_backward) into scratch_bt4c, from that of its output in scratch_btc. The
+// flash path draws the qkv bias reduction's seed (also where it does not run, so that the seeds
+// after it stay put). The GEMM path needs nothing of the mask: its att holds zeros at the keys the
+// mask hid.
 void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int C = m.config.channels, NH = m.config.num_heads;
   if (m.flash_attention) {
     const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m);
     if (m.documents) {
+      const float* qk_rstd = qk_norm_in_attention_backward(m) ? m.act_f(kQkRstd, l) : nullptr;
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots);
+                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd);
     } else {
       attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,

@@ -10,9 +10,11 @@
 // logsumexp is checked against one computed in double precision, and the order in which their
 // blocks take the (tile, head) pairs is checked to cover each pair once. The windowed attention
 // (attention_forward_window, attention_backward_window: documents, windows of 0 to 16 blocks)
-// against the CPU in double; the GEMM path within documents and windows (both builds), forward
-// and backward, and its bits equal to the causal path's where the mask hides nothing more.
+// against the CPU in double, also with QK-norm's backward taken by the window backward (qk_rstd);
+// the GEMM path within documents and windows (both builds), forward and backward, and its bits
+// equal to the causal path's where the mask hides nothing more.
 #include "dev/cuda/kernel_test.h"
+#include "dev/cuda/qk_rotary_reference.h"
 
 #if defined(ENABLE_FP32)
 // FP32 products and softmax sums over up to T=1000 terms, in another order than the CPU's.
@@ -364,6 +366,56 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   check_tile_sums_and_repeat("window backward", got_dqkv, no_sums_bits, dqkv, tile_sums, backward, B, T, C);
 }
 
+// The window backward with QK-norm's backward (qk_rstd), as the speedrun's layers run it: x (q and
+// k before the norm) through qk_norm_rotary_forward on the GPU into the attention's q and k; dqkv
+// against window_reference's gradient at those q and k (downloaded), carried back to x through
+// reference_backward (qk_rotary_reference.h); v's gradient is window_reference's. On Hopper the
+// kernels' epilogues take it, elsewhere the separate pass. Run twice for identical bits.
+void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng) {
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
+  printf("\nwindowed attention with QK-norm's backward B=%d T=%d NH=%d (head size %d), window %d, %zu starts%s\n", B,
+         T, NH, HS, w.window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  const DocumentRows rows = window_case_documents(w, rng);
+  const size_t N = (size_t)B * T, n = N * C, n_lse = (size_t)B * NH * T;
+  const std::vector<float> x = random_stored(rng, 3 * n, 0.5f, 2.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
+  DeviceArray<floatX> d_qkv(x), out(n), d_dout(dout), dqkv(3 * n);
+  DeviceArray<floatX> ds(attention_window_ds_count(B, T, NH, w.max_window));
+  DeviceArray<float> lse(n_lse), dot(n_lse), rstd(N * 2 * NH);
+  qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, 0);
+  const std::vector<float> qkv = d_qkv.download();
+  const WindowReference ref = window_reference(w, rows, qkv, dout);
+  const std::vector<float> freq = reference_frequencies(HS);
+  std::vector<float> expected = ref.dqkv;
+  std::vector<double> xh(HS), dy(HS), dx(HS);
+  for (size_t token = 0; token < N; token++) {
+    for (int head = 0; head < 2 * NH; head++) {
+      const size_t at = token * 3 * C + (size_t)head * HS;
+      for (int i = 0; i < HS; i++) xh[i] = x[at + i], dy[i] = ref.dqkv[at + i];
+      reference_backward(dx.data(), dy.data(), xh.data(), HS, (int)(token % T), freq);
+      for (int i = 0; i < HS; i++) expected[at + i] = (float)dx[i];
+    }
+  }
+  DeviceArray<int> d_documents(rows.documents);
+  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
+  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
+  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  attention_forward_window(out, lse, d_qkv, B, T, C, NH, w.scale, dw, 0);
+  auto backward = [&] {
+    dqkv.poison();
+    ds.poison();
+    attention_backward_window(dqkv, nullptr, dot, ds, d_dout, d_qkv, out, lse, B, T, C, NH, w.scale, dw, 0, false,
+                              rstd);
+  };
+  backward();
+  const std::vector<float> got = dqkv.download();
+  check_close("window backward with QK-norm dqkv", got, expected, kTolAttention);
+  testing::check_tensor_norm("window backward with QK-norm dqkv", got.data(), expected.data(), 3 * n,
+                             kTolAttentionNorm);
+  const Snapshot bits(dqkv);
+  backward();
+  check_same_bits("window backward with QK-norm twice", bits, Snapshot(dqkv));
+}
+
 // Every (tile rank, head) pair of a causal grid is the work of exactly one block, for tails of
 // none, some and all of the heads.
 void test_causal_block_order() {
@@ -507,6 +559,11 @@ int main() {
     test_attention_window({1, 49152, 256, 4, 14, {0}, true, 0.125f, 14}, rng);
     // The reference's validation length, 262,144 tokens, with the short window.
     test_attention_window({1, 262144, 128, 2, 1, {0}, true, 0.12f, 1}, rng);
+    // QK-norm's backward taken by the window backward: the speedrun's heads (128, positions past
+    // 1,024 for the rotary) and head size 64, documents and windows, a sequence of one block.
+    test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.12f, 14}, rng);
+    test_attention_window_qk_norm({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
+    test_attention_window_qk_norm({3, 128, 512, 4, 16, {0, 5, 127}, false, 0.12f, 16}, rng);
 #endif
     // The GEMM path within documents, in both builds: windows of 0 to 4 blocks and of every block
     // (-pd 1 without -aw), starts on block edges and off them, documents of one token, head sizes

@@ -1,69 +1,20 @@
 // Tests qk_norm_rotary_forward and qk_norm_rotary_backward (the modern architecture's QK-norm and
-// half-truncated rotary, in place on qkv [B, T, 3C]) against a double-precision CPU reference
-// written here from the definition: odd token counts and head counts, head sizes 128 and 64 (and
-// 8 and 256, the smallest and largest the launcher takes; 72, whose lanes hold a pair past the
-// half of the head), positions up to 1022, head counts that leave a part of the heads a lane loads
-// at once, token counts that leave a block's warps idle. v's columns must come back unchanged,
-// qk_rstd is poisoned first, and each kernel runs twice for identical bits. The kernels work in
-// place, so their outputs cannot be poisoned; the inputs (mean 0.5, std 2: rstd near 0.5) differ
-// from every correct output, so an element left unwritten fails. The CPU's analytic backward is itself checked against central
-// differences of its forward on a few elements: q's and k's, rotated and unrotated pairs.
+// half-truncated rotary, in place on qkv [B, T, 3C]) against the double-precision CPU reference of
+// qk_rotary_reference.h, written from the definition: odd token counts and head counts, head sizes
+// 128 and 64 (and 8 and 256, the smallest and largest the launcher takes; 72, whose lanes hold a
+// pair past the half of the head), positions up to 1022, head counts that leave a part of the heads
+// a lane loads at once, token counts that leave a block's warps idle. v's columns must come back
+// unchanged, qk_rstd is poisoned first, and each kernel runs twice for identical bits. The kernels
+// work in place, so their outputs cannot be poisoned; the inputs (mean 0.5, std 2: rstd near 0.5)
+// differ from every correct output, so an element left unwritten fails. The CPU's analytic backward
+// is itself checked against central differences of its forward on a few elements: q's and k's,
+// rotated and unrotated pairs.
 #include "dev/cuda/kernel_test.h"
+#include "dev/cuda/qk_rotary_reference.h"
 
 struct QkShape {
   int B, T, NH, HS;
 };
-
-// freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4 and 0 for HS/4 <= j < HS/2, kept in FP32.
-std::vector<float> reference_frequencies(int HS) {
-  std::vector<float> freq(HS / 2, 0.0f);
-  for (int j = 0; j < HS / 4; j++) freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (HS / 4 - 1));
-  return freq;
-}
-
-// The rotation of pair j at position t: theta = t * freq[j] in FP32 (torch.outer(pos, freq)), then
-// its cosine and sine in double precision.
-void reference_angle(double* c, double* s, int t, int j, const std::vector<float>& freq) {
-  const float theta = (float)t * freq[j];
-  *c = std::cos((double)theta);
-  *s = std::sin((double)theta);
-}
-
-// One head's q or k at position t: y = rotary(x * rstd); returns rstd.
-double reference_forward(double* y, const double* x, int HS, int t, const std::vector<float>& freq) {
-  const int half = HS / 2;
-  double squares = 0.0;
-  for (int i = 0; i < HS; i++) squares += x[i] * x[i];
-  const double rstd = 1.0 / std::sqrt(squares / HS + FLT_EPSILON);
-  for (int j = 0; j < half; j++) {
-    double c, s;
-    reference_angle(&c, &s, t, j, freq);
-    const double a = x[j] * rstd, b = x[j + half] * rstd;
-    y[j] = a * c + b * s;
-    y[j + half] = -a * s + b * c;
-  }
-  return rstd;
-}
-
-// The analytic gradient of reference_forward w.r.t. x from dy, from x itself: dxhat = R^T dy,
-// dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
-void reference_backward(double* dx, const double* dy, const double* x, int HS, int t,
-                        const std::vector<float>& freq) {
-  const int half = HS / 2;
-  double squares = 0.0;
-  for (int i = 0; i < HS; i++) squares += x[i] * x[i];
-  const double rstd = 1.0 / std::sqrt(squares / HS + FLT_EPSILON);
-  std::vector<double> dxhat(HS);
-  double dot = 0.0;
-  for (int j = 0; j < half; j++) {
-    double c, s;
-    reference_angle(&c, &s, t, j, freq);
-    dxhat[j] = c * dy[j] - s * dy[j + half];
-    dxhat[j + half] = s * dy[j] + c * dy[j + half];
-    dot += dxhat[j] * x[j] * rstd + dxhat[j + half] * x[j + half] * rstd;
-  }
-  for (int i = 0; i < HS; i++) dx[i] = rstd * (dxhat[i] - x[i] * rstd * dot / HS);
-}
 
 // d(sum_i dy_i y_i)/dx_i by central differences of reference_forward, beside reference_backward,
 // for elements of both halves, rotated (i < HS/4 and its partner) and passed unrotated.
