@@ -232,6 +232,14 @@ struct DocumentRows {
   std::vector<llmc::AttentionBlockSpan> spans;
 };
 
+// A case's documents and block spans on the device, and the window over them.
+struct DeviceDocuments {
+  DeviceArray<int> documents;
+  DeviceArray<llmc::AttentionBlockSpan> spans;
+  explicit DeviceDocuments(const DocumentRows& rows) : documents(rows.documents), spans(rows.spans) {}
+  DocumentWindow window(int blocks) const { return {spans, documents, blocks}; }
+};
+
 DocumentRows window_case_documents(const WindowCase& w, llmc::Rng& rng) {
   constexpr int kStart = 50256;
   const int B = w.B, T = w.T, blocks = T / llmc::kAttentionBlock;
@@ -332,10 +340,8 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   DeviceArray<float> lse(n_lse), dot(n_lse);
   const int tile_rows = attention_flash_tile_rows(B, T);
   DeviceArray<float> tile_sums((size_t)tile_rows * 3 * C);
-  DeviceArray<int> d_documents(rows.documents);
-  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
-  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
-  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  const DeviceDocuments documents(rows);
+  const DocumentWindow dw = documents.window(w.window);
   auto forward = [&] {
     out.poison();
     lse.poison();
@@ -395,10 +401,8 @@ void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng) {
       for (int i = 0; i < HS; i++) expected[at + i] = (float)dx[i];
     }
   }
-  DeviceArray<int> d_documents(rows.documents);
-  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
-  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
-  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  const DeviceDocuments documents(rows);
+  const DocumentWindow dw = documents.window(w.window);
   attention_forward_window(out, lse, d_qkv, B, T, C, NH, w.scale, dw, 0);
   auto backward = [&] {
     dqkv.poison();
@@ -452,10 +456,8 @@ void test_attention_gemm_window(const WindowCase& w, llmc::Rng& rng) {
   const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
   const WindowReference ref = window_reference(w, rows, qkv, dout);
   DeviceArray<floatX> d_qkv(qkv), out(n), qkvr(3 * n), att(n_att), preatt(n_att), y(n);
-  DeviceArray<int> d_documents(rows.documents);
-  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
-  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
-  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  const DeviceDocuments documents(rows);
+  const DocumentWindow dw = documents.window(w.window);
   auto forward = [&] {
     out.poison();
     qkvr.poison();
@@ -500,10 +502,8 @@ void test_attention_gemm_window_is_causal(int B, int T, int C, int NH, llmc::Rng
   const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
   DeviceArray<floatX> d_qkv(random_stored(rng, 3 * n, 0.0f, 1.0f)), out(n), qkvr(3 * n), att(n_att),
       preatt(n_att), y(n);
-  DeviceArray<int> d_documents(rows.documents);
-  DeviceArray<llmc::AttentionBlockSpan> d_spans(rows.spans.size());
-  cudaCheck(cudaMemcpy(d_spans, rows.spans.data(), rows.spans.size() * sizeof(rows.spans[0]), cudaMemcpyHostToDevice));
-  const DocumentWindow dw = {d_spans, d_documents, w.window};
+  const DeviceDocuments documents(rows);
+  const DocumentWindow dw = documents.window(w.window);
   attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, w.scale, 0);
   const Snapshot causal(out, att);
   out.poison();
