@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Per-kernel time table of one training step: runs profile_gpt2cu under ncu (one metric, the
 # kernel's duration, clocks left as they are), keeps the raw CSV in OUTDIR and prints the kernels
-# grouped by name, slowest first, with their share of the step. Two modes side by side: profile
-# each into its own OUTDIR, then dev/cuda/kernel_table.py A/kernels.csv B/kernels.csv --labels A,B.
-# usage: scripts/profile_kernels.sh OUTDIR [profile_gpt2cu flags: -b B -t T -e preset -l layers -fp8 1|2
-#                                                               -recipe NAME -aw N -fh 0|1 -i SHARDS]
+# grouped by name, slowest first, with their share of the step. With --memory ncu also collects
+# each kernel's DRAM and L2 bytes and its tensor pipe's activity (replaying every kernel, so the
+# profile takes several times longer), and the table shows them: what to set against a kernel's
+# floor. Two modes side by side: profile each into its own OUTDIR, then
+# dev/cuda/kernel_table.py A/kernels.csv B/kernels.csv --labels A,B.
+# usage: scripts/profile_kernels.sh OUTDIR [--memory] [profile_gpt2cu flags: -b B -t T -e preset
+#                                           -l layers -fp8 1|2 -recipe NAME -aw N -fh 0|1 -i SHARDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
@@ -13,12 +16,17 @@ fail() {
   exit 1
 }
 [ $# -ge 1 ] && [ "${1:0:1}" != - ] ||
-  fail "usage: scripts/profile_kernels.sh OUTDIR [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2] [-recipe NAME] [-aw N] [-fh 0|1] [-i SHARDS]"
+  fail "usage: scripts/profile_kernels.sh OUTDIR [--memory] [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2] [-recipe NAME] [-aw N] [-fh 0|1] [-i SHARDS]"
 out=$1
 shift
+metrics=gpu__time_duration.sum
+if [ "${1:-}" = --memory ]; then
+  metrics=$("${PYTHON:-python3}" dev/cuda/kernel_table.py --memory-metrics)
+  shift
+fi
 command -v ncu >/dev/null || fail "ncu (Nsight Compute) is not on PATH: install it or add its bin folder to PATH"
 [ -x ./profile_gpt2cu ] || fail "./profile_gpt2cu is missing: build it with 'make profile_gpt2cu'"
 mkdir -p "$out"
-ncu --clock-control none --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum \
+ncu --clock-control none --nvtx --nvtx-include "step/" --metrics "$metrics" \
     --csv --page raw --log-file "$out/kernels.csv" ./profile_gpt2cu "$@" | tee "$out/profile.log"
 "${PYTHON:-python3}" dev/cuda/kernel_table.py "$out/kernels.csv" | tee "$out/kernel_table.txt"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests dev/cuda/kernel_table.py on made-up ncu CSVs (the raw page with its units row, and ncu's
 # own "==PROF==" lines): kernels grouped by family name across template arguments, times in the
-# units row's unit, the one-file table and the two-file comparison (largest difference first,
-# kernels of one file only shown with 0), and its errors. Scratch files go to build/test_tmp/kernel_table.
+# units row's unit, the one-file table (with the memory metrics' columns where the CSV has them)
+# and the two-file comparison (largest difference first, kernels of one file only shown with 0),
+# and its errors. Scratch files go to build/test_tmp/kernel_table.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR=build/test_tmp/kernel_table
@@ -42,6 +43,23 @@ check "three files are refused" "$(table a b c)" \
   "usage: python3 dev/cuda/kernel_table.py kernels.csv | a.csv b.csv [--labels A,B]"
 check "--labels needs two names" "$(table "$DIR/bf16.csv" "$DIR/fp8.csv" --labels bf16)" \
   "--labels needs two names, e.g. --labels bf16,fp8"
+cat > "$DIR/memory.csv" <<'CSV'
+"ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","lts__t_bytes.sum","sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"
+"","","Mbyte","byte","ns","Gbyte","%"
+"0","void gemm_kernel<1>(int)","100","50,000,000","300,000","0.9","80"
+"1","void gemm_kernel<2>(int)","50","0","100,000","0.3","40"
+"2","rmsnorm_kernel(float*)","300","150,000,000","100,000","0.5","0"
+CSV
+out=$(table "$DIR/memory.csv")
+echo "$out"
+check "memory metrics: a family's DRAM GB (read and written), TB/s, L2 GB, time-weighted tensor %" \
+  "$(echo "$out" | grep '^gemm_kernel ')" "gemm_kernel 2 0.400 200.0 80.0% 0.20 0.50 1.20 70.0"
+check "... a memory-bound one" "$(echo "$out" | grep '^rmsnorm_kernel ')" "rmsnorm_kernel 1 0.100 100.0 20.0% 0.45 4.50 0.50 0.0"
+check "... the totals" "$(echo "$out" | tail -1)" "all kernels 3 0.500 0.65 1.30 1.70 56.0"
+check "... the header" "$(echo "$out" | head -1)" "kernel calls total ms mean us share DRAM GB TB/s L2 GB tensor%"
+check "--memory-metrics: what scripts/profile_kernels.sh --memory asks ncu for, the columns above" \
+  "$(table --memory-metrics | tr ',' '\n' | sort | tr '\n' ' ')" \
+  "$(head -1 "$DIR/memory.csv" | tr -d '"' | tr ',' '\n' | grep __ | sort | tr '\n' ' ')"
 printf '"ID","Name"\n"0","x"\n' > "$DIR/wrong.csv"
 check "a CSV without the columns" "$(table "$DIR/wrong.csv")" \
   "$DIR/wrong.csv: no 'Kernel Name' / 'gpu__time_duration.sum' columns: run ncu with --csv --page raw"
