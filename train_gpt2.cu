@@ -274,8 +274,8 @@ void host_zero_parallel(void* dst, size_t bytes) {
 
 // Copies between the GPU and pageable host memory through two pinned pieces, returning once done.
 // The driver's own path for pageable memory runs at a small fraction of the speed of copies from
-// pinned memory (dev/cuda/NOTES.md): here the host side is a memcpy on several threads, which
-// overlaps the other piece's transfer. Small copies, and hosts that cannot pin the pieces,
+// pinned memory (dev/notes/code-structure.md): here the host side is a memcpy on several threads,
+// which overlaps the other piece's transfer. Small copies, and hosts that cannot pin the pieces,
 // take the direct path.
 constexpr size_t kPinnedPieceBytes = 64ul << 20;
 
@@ -1487,9 +1487,9 @@ void matmul_teardown() {
 }
 
 // cuBLASLt's first heuristic is often not its fastest algorithm (at d12, neither the lm head's nor
-// the GELU forward's: dev/cuda/NOTES.md), so the first call of each product (beta = 0 only: it is
-// run several times) times the candidates that split K as the first does, and later calls reuse
-// the fastest. Those compute every output with
+// the GELU forward's: dev/notes/code-structure.md), so the first call of each product (beta = 0
+// only: it is run several times) times the candidates that split K as the first does, and later
+// calls reuse the fastest. Those compute every output with
 // the same instruction over K in the same order, so they give the first's bits; each one's output
 // is also checked against the first's (a position-weighted sum of its bits) before it may be
 // chosen, so the choice, which can differ between runs, never changes a result.
@@ -2481,7 +2481,8 @@ constexpr double kFp8HeadGradScale = 1.0 / 448.0;
 // where rounding u to BF16 lands on one, E4M3's ties-to-even can take the other side than u's, one
 // E4M3 unit (12.5%) off; then b moves one BF16 unit towards u, to u's side. Everywhere else b is
 // as rounded. With b rounded stochastically some 3% of the weights' casts had gone the other way,
-// and every gradient the head sends into the blocks had twice PyTorch's error (dev/cuda/NOTES.md).
+// and every gradient the head sends into the blocks had twice PyTorch's error
+// (dev/notes/speedrun-correctness.md).
 __host__ __device__ inline floatX fp8_head_weight_copy(floatX b, float u) {
 #if defined(ENABLE_FP32)
   return b;
@@ -10032,10 +10033,10 @@ constexpr int kAbortGraceSeconds = 10;
 struct MultiGpuOptions {
   llmc::LaunchFlags launch;
   int timeout_s = 300;  // -ct
-  // The defaults ran fastest on two GPUs (dev/cuda/NOTES.md): ZeRO-1 with one reduce-scatter
-  // after the backward pass, ahead of an all-reduce after it and of a per-layer reduction during
-  // it (whose NCCL kernels take SMs from the backward pass, and the power-capped clock drops
-  // further while both run).
+  // The defaults ran fastest on two GPUs (dev/notes/multi-gpu-scaling.md): ZeRO-1 with one
+  // reduce-scatter after the backward pass, ahead of an all-reduce after it and of a per-layer
+  // reduction during it (whose NCCL kernels take SMs from the backward pass, and the power-capped
+  // clock drops further while both run).
   int zero_stage = 1;   // -zs
   int overlap = 0;      // -ov
 };

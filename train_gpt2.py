@@ -119,8 +119,9 @@ WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; 
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION"}
-# The benchmark's defaults: the fastest PyTorch recipe measured on an H100 (dev/cuda/NOTES.md,
-# "The PyTorch peer"), so the trainers are compared against the best PyTorch does.
+# The benchmark's defaults: the fastest PyTorch recipe measured on an H100
+# (dev/notes/floors-and-versions.md, "v12: the PyTorch peer"), so the trainers are compared
+# against the best PyTorch does.
 BENCHMARK_RECIPE = {"compile_mode": "default", "sdpa_backend": "auto", "compile_optimizer": 0}
 # FP8 linear layers (--fp8 1; train_gpt2.cu section 5): each format's largest exponent emax, its
 # largest value being 1.75 * 2^emax (448, 57344); the scale exponent's cap, so that s and 1/s are

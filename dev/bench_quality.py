@@ -41,11 +41,11 @@ every micro step.
 k-th's output in OUTDIR/ours_speedrun_k.log and its folder, the first's as without repeats), the
 reference K times from its one copy (it sets no seed: each run draws its own; output_k.log). One
 run a side cannot tell a real difference from the seed's: at step 100 of 300 ours' validation loss
-moved by 3.7% between seeds (dev/cuda/NOTES.md). The comparison then takes each side's mean, and
-reports each side's spread and, with two runs a side or more, the standard error of the difference
-of the means and about how many runs a side would make it half the 1% tolerance. Such runs cost
-less with --stop_after S: each run of the pair stops after its validation at step S (its schedule
-still that of --steps), and finished runs of the same OUTDIR are read up to step S.
+moved by 3.7% between seeds (dev/notes/speedrun-pairs.md). The comparison then takes each side's
+mean, and reports each side's spread and, with two runs a side or more, the standard error of the
+difference of the means and about how many runs a side would make it half the 1% tolerance. Such
+runs cost less with --stop_after S: each run of the pair stops after its validation at step S (its
+schedule still that of --steps), and finished runs of the same OUTDIR are read up to step S.
 
 peer_speedrun is train_gpt2.py --recipe speedrun, the PyTorch port of ours' model, loader and
 optimizers with the script's numerics (FP32 gradients, weights cast to BF16; compiled, FlexAttention,
@@ -89,8 +89,8 @@ Where nvidia-smi is on the PATH, each run's GPU is sampled while it runs (utiliz
 power, whether the software power cap holds the clock down) into its log's name + .gpu.csv, and
 the table gives the samples in which the GPU was busy: their mean SM clock, mean power and the
 share under the power cap. A step's time depends on them: under sustained load an H200 runs at
-its 700 W cap, its SM clock well under the 1,980 MHz it boosts to (dev/cuda/NOTES.md), and
-machines of one kind differ in it.
+its 700 W cap, its SM clock well under the 1,980 MHz it boosts to (dev/notes/speedrun-pairs.md),
+and machines of one kind differ in it.
 """
 import argparse
 import contextlib

@@ -1,7 +1,8 @@
 // Times the block products of one speedrun micro step, alone and for long enough that the GPU
-// settles at the clock it holds under sustained load (a 700 W Hopper's power cap: dev/cuda/NOTES.md,
-// "the power cap"). Per layer, as the trainer calls them (matmul_forward, matmul_backward; BF16, no
-// biases): qkv (C -> 3C) and the attention projection (C -> C) where the layer has attention
+// settles at the clock it holds under sustained load (a 700 W Hopper's power cap:
+// dev/notes/speedrun-pairs.md, "the power cap"). Per layer, as the trainer calls them
+// (matmul_forward, matmul_backward; BF16, no biases): qkv (C -> 3C) and the attention projection
+// (C -> C) where the layer has attention
 // (llmc::layer_has_attention: all but the speedrun's layer 7), fc (C -> 4C) and fcproj (4C -> C),
 // the forward products of every layer and then the backward ones (input and weight gradients) in
 // reverse. Micro steps run back to back for the given seconds; prints the median ms and TFLOP/s of
