@@ -8543,7 +8543,8 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
 // Whether the MLP's ReLU^2 and its derivative run in the epilogues of products of our own
 // (flash::gemm) instead of in passes of their own: BF16 builds on Hopper, BF16 blocks, no MLP
 // biases. At the speedrun's shapes the products' bits are cuBLASLt's (test_gemm), so the choice
-// changes no result; it saves a [N, 4C] pass each way (NOTES: "The MLP's ReLU^2 in our own products").
+// changes no result; it saves a [N, 4C] pass each way (dev/notes/speedrun-speed.md: "The MLP's
+// ReLU^2 in our own products").
 bool mlp_relu2_in_epilogues(const GPT2& m) {
 #if defined(ENABLE_FP32)
   return false;
