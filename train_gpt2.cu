@@ -10770,10 +10770,20 @@ double gpt2_init_start(GPT2& m, StartParams start, StateSpec spec, uint64_t seed
   return start.load_seconds + llmc::wall_seconds() - init_start;
 }
 
-// -h 1's examples, which must fit one forward pass of -b rows of -t tokens.
+// -h 1's examples, which must fit one forward pass of -b rows of -t tokens. A missing -hs file is
+// named with the script that makes the default one.
 llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
   REQUIRE(a.B >= llmc::kHellaSwagEndings, "HellaSwag evaluates %d rows at once: use -b %d or more",
           llmc::kHellaSwagEndings, llmc::kHellaSwagEndings);
+  const char* path = a.hellaswag_path.c_str();
+  const char* fix = "-h 1 evaluates it: bash dev/data/hellaswag.sh makes dev/data/hellaswag/hellaswag_val.bin "
+                    "(-hs's default), or leave -h 1 out";
+  switch (llmc::path_kind(a.hellaswag_path)) {
+    case llmc::PathKind::kMissing: LLMC_FAIL("-hs %s: no such HellaSwag eval file; %s", path, fix);
+    case llmc::PathKind::kDirectory: LLMC_FAIL("-hs %s is a folder, not a HellaSwag eval file; %s", path, fix);
+    case llmc::PathKind::kOther: LLMC_FAIL("-hs %s is not a regular file; %s", path, fix);
+    case llmc::PathKind::kFile: break;
+  }
   llmc::HellaSwagSet set = llmc::hellaswag_read(a.hellaswag_path, vocab_size);
   REQUIRE(set.longest_row <= a.T, "HellaSwag examples take up to %d tokens: use -t %d or more",
           set.longest_row, set.longest_row);

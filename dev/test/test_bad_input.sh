@@ -461,9 +461,12 @@ if has_flag -nm; then
   expect "-nm without -nk" "-nm 2 keeps checkpoints that -nk would delete: give -nk with it" -nm 2
 fi
 
-# --- HellaSwag (-h 1) evaluates 4 rows at once
+# --- HellaSwag (-h 1) evaluates 4 rows at once, from -hs's file
 if has_flag -hs; then
   expect "-h 1 with -b 2" "HellaSwag evaluates 4 rows at once: use -b 4 or more" -h 1 -b 2 -t 32
+  expect "-h 1 without its eval file" \
+    "^error: -hs $DIR/no_hellaswag\.bin: no such HellaSwag eval file; -h 1 evaluates it: bash dev/data/hellaswag\.sh makes dev/data/hellaswag/hellaswag_val\.bin \(-hs's default\), or leave -h 1 out\$" \
+    -h 1 -b 4 -hs "$DIR/no_hellaswag.bin"
 fi
 
 # --- --help is the usage everywhere; where -h is a flag of its own (HellaSwag) it takes a value
