@@ -10838,6 +10838,12 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (a.resume) llmc::require_directory(a.output_dir, "-y 1: -o");
   in.resume_step = a.resume ? llmc::latest_checkpoint_step(a.output_dir) : -1;
   if (a.resume && in.resume_step < 0) {
+    const std::string log = a.output_dir + "/main.log";
+    if (llmc::file_exists(log) && llmc::File(log, "rb").size() > 0) {
+      LLMC_FAIL("-y 1: %s holds a run log, but %s has no complete checkpoint (a DONE_<step> marker) to resume "
+                "from: give -o another directory for a new run, or delete the log and run without -y",
+                log.c_str(), a.output_dir.c_str());
+    }
     LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
               "a new run", a.output_dir.c_str());
   }
@@ -10874,7 +10880,9 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   check_data(a, world, in.batch.micro_steps);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
   if (!a.output_dir.empty()) {
-    llmc::check_log_dir(a.output_dir, "-o", "-y 1", a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
+    // A log with no complete checkpoint beside it is of a run that -y 1 cannot resume.
+    const char* resume_with = llmc::latest_checkpoint_step(a.output_dir) >= 0 ? "-y 1" : nullptr;
+    llmc::check_log_dir(a.output_dir, "-o", resume_with, a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
   }
   return in;
 }

@@ -497,6 +497,19 @@ fi
 # --- the output directory
 expect "existing main.log in -o for a new run" \
   "$KEEP/main\.log already holds a run log: .*give -o another directory"
+# A log with no complete checkpoint beside it (a run stopped before its first): nothing to resume,
+# so both messages give the same two ways out, a new -o or deleting the log.
+mkdir -p "$DIR/log_only"
+cp "$FIXTURE/main.log" "$DIR/log_only/"
+WATCH=("$DIR/log_only")
+attempt "^error: $DIR/log_only/main\.log already holds a run log: give -o another directory, or delete the log\$" \
+  "${COMMON[@]}" -x 2 -o "$DIR/log_only"
+report "main.log without a checkpoint in -o for a new run: no resume offered"
+if has_flag -y; then
+  attempt "^error: -y 1: $DIR/log_only/main\.log holds a run log, but $DIR/log_only has no complete checkpoint \(a DONE_<step> marker\) to resume from: give -o another directory for a new run, or delete the log and run without -y\$" \
+    "${COMMON[@]}" -x 2 -o "$DIR/log_only" -y 1
+  report "-y 1 into -o with main.log and no checkpoint: the same two ways out"
+fi
 
 echo "a file, not a directory" > "$DIR/not_a_dir"
 WATCH=("$DIR/not_a_dir")
