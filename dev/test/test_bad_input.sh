@@ -417,7 +417,7 @@ if has_flag -pd; then
   expect "-aw -1 with -x 0" "-aw -1 grows the window over the run's steps, and -x 0 has none" -e d12 -t 128 -pd 1 \
     -aw -1 -x 0
   expect "-pd 1 with a shard shorter than a step of documents" \
-    "train\.bin: 2048 tokens are too few for one step of document-aligned sequences: .* needs at least 2050" \
+    "train\.bin: 2048 tokens are too few for one step of document-aligned sequences, .* needs at least 2050" \
     -e d12 -t 128 -b 8 -pd 1
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
@@ -577,6 +577,11 @@ if has_flag -recipe; then
   OMPI_COMM_WORLD_SIZE=3 attempt "^error: -m: -recipe speedrun validates on 40 batches in all, which 3 processes cannot share evenly: give -m, the batches of each process\$" \
     -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP"
   report "-recipe speedrun on 3 processes: its 40 validation batches not shared evenly"
+  # The speedrun's -z on a shard shorter than a step's search for documents: the micro batches
+  # come from the recipe's -z, searched in twice a step's tokens
+  attempt "^error: $DIR/train\.bin: 2048 tokens are too few for one step of document-aligned sequences, which are sought in twice a step's tokens: 2 x -z 393216 \(384 micro batches x B=1 x T=1024 x 1 process\) \+ 2 needs at least 786434; use a smaller -z \(or -b, -t\) or a longer shard; -z 393216 comes from -recipe speedrun: give -z to override it\$" \
+    -recipe speedrun -e d12 -t 1024 -vt 1024 -i "$DIR/train.bin" -j "$DIR/val.bin" -x 2 -o "$KEEP"
+  report "-recipe speedrun's -z on a short shard: the micro batches named as the recipe's -z"
   # Without validation (-v 0) the batches are not asked for: the next check (-z) is what stops it.
   OMPI_COMM_WORLD_SIZE=3 attempt "^error: -z 1000 is not a multiple of B\*T\*processes" \
     -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -v 0 -z 1000 -o "$KEEP"
