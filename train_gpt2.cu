@@ -10874,6 +10874,11 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (!std::count(a.given.begin(), a.given.end(), "-m") && a.val_every > 0) {
     a.val_batches = llmc::recipe_val_batches(recipe, world);
   }
+  if (a.documents) {
+    const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
+    llmc::check_window_length(a.window_blocks, longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
+                              config.num_layers);
+  }
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);

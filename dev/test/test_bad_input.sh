@@ -419,6 +419,10 @@ if has_flag -pd; then
   expect "-pd 1 with a shard shorter than a step of documents" \
     "train\.bin: 2048 tokens are too few for one step of document-aligned sequences, .* needs at least 2050" \
     -e d12 -t 128 -b 8 -pd 1
+  # A window counts blocks of 128 tokens: one of 100000 (tokens meant) is wider than -t can use
+  expect "-aw 100000 at -t 128 (tokens given for blocks)" \
+    "^error: -aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of it \(the short layers take half the window\); use -aw 2 or less \(0: no window\)\$" \
+    -e d12 -t 128 -pd 1 -aw 100000
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi
