@@ -10772,10 +10772,20 @@ double gpt2_init_start(GPT2& m, StartParams start, StateSpec spec, uint64_t seed
   return start.load_seconds + llmc::wall_seconds() - init_start;
 }
 
-// -h 1's examples, which must fit one forward pass of -b rows of -t tokens.
+// -h 1's examples, which must fit one forward pass of -b rows of -t tokens. A missing -hs file is
+// named with the script that makes the default one.
 llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
   REQUIRE(a.B >= llmc::kHellaSwagEndings, "HellaSwag evaluates %d rows at once: use -b %d or more",
           llmc::kHellaSwagEndings, llmc::kHellaSwagEndings);
+  const char* path = a.hellaswag_path.c_str();
+  const char* fix = "-h 1 evaluates it: bash dev/data/hellaswag.sh makes dev/data/hellaswag/hellaswag_val.bin "
+                    "(-hs's default), or leave -h 1 out";
+  switch (llmc::path_kind(a.hellaswag_path)) {
+    case llmc::PathKind::kMissing: LLMC_FAIL("-hs %s: no such HellaSwag eval file; %s", path, fix);
+    case llmc::PathKind::kDirectory: LLMC_FAIL("-hs %s is a folder, not a HellaSwag eval file; %s", path, fix);
+    case llmc::PathKind::kOther: LLMC_FAIL("-hs %s is not a regular file; %s", path, fix);
+    case llmc::PathKind::kFile: break;
+  }
   llmc::HellaSwagSet set = llmc::hellaswag_read(a.hellaswag_path, vocab_size);
   REQUIRE(set.longest_row <= a.T, "HellaSwag examples take up to %d tokens: use -t %d or more",
           set.longest_row, set.longest_row);
@@ -10830,6 +10840,12 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (a.resume) llmc::require_directory(a.output_dir, "-y 1: -o");
   in.resume_step = a.resume ? llmc::latest_checkpoint_step(a.output_dir) : -1;
   if (a.resume && in.resume_step < 0) {
+    const std::string log = a.output_dir + "/main.log";
+    if (llmc::file_exists(log) && llmc::File(log, "rb").size() > 0) {
+      LLMC_FAIL("-y 1: %s holds a run log, but %s has no complete checkpoint (a DONE_<step> marker) to resume "
+                "from: give -o another directory for a new run, or delete the log and run without -y",
+                log.c_str(), a.output_dir.c_str());
+    }
     LLMC_FAIL("-y 1: no complete checkpoint (a DONE_<step> marker) in %s; run without -y to start "
               "a new run", a.output_dir.c_str());
   }
@@ -10860,13 +10876,20 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (!std::count(a.given.begin(), a.given.end(), "-m") && a.val_every > 0) {
     a.val_batches = llmc::recipe_val_batches(recipe, world);
   }
+  if (a.documents) {
+    const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
+    llmc::check_window_length(a.window_blocks, longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
+                              config.num_layers);
+  }
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.batch.micro_steps);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
   if (!a.output_dir.empty()) {
-    llmc::check_log_dir(a.output_dir, "-o", "-y 1", a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
+    // A log with no complete checkpoint beside it is of a run that -y 1 cannot resume.
+    const char* resume_with = llmc::latest_checkpoint_step(a.output_dir) >= 0 ? "-y 1" : nullptr;
+    llmc::check_log_dir(a.output_dir, "-o", resume_with, a.resume ? llmc::LogMode::kResume : llmc::LogMode::kNew);
   }
   return in;
 }

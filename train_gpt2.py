@@ -1040,9 +1040,10 @@ class DocumentLoader:
             count = shard_token_count(path)
             if count < self.window + 2:
                 fail(f"{path}: {count} tokens are too few for one step of document-aligned "
-                     f"sequences: 2 x {grad_accum} micro batches x B={B} x T={T} x {world} "
-                     f"processes + 2 needs at least {self.window + 2}; use a smaller -b/-t or a "
-                     f"larger shard")
+                     f"sequences, which are sought in twice a step's tokens: 2 x --total_batch_size "
+                     f"{self.window // 2} ({grad_accum} micro batches x B={B} x T={T} x {world} "
+                     f"process{'' if world == 1 else 'es'}) + 2 needs at least {self.window + 2}; use a "
+                     f"smaller --total_batch_size (or -b, -t) or a longer shard")
         self.rng = MT19937(seed)
         self.epoch = -1
         self._begin_epoch()

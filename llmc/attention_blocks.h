@@ -96,7 +96,10 @@ inline void attention_block_spans(const int* tokens, int T, int document_start,
 // the tokens up to t (the spans read the whole block).
 LLMC_HOST_DEVICE inline int attention_first_key(int t, int document_start, int window) {
   const int run = window > 1 ? window : 1;
-  const int window_start = (t / kAttentionBlock - run + 1) * kAttentionBlock;
+  // A window reaching back past token 0 starts there: clamped in blocks, before the scaling to
+  // tokens, so that no window (up to INT_MAX blocks) overflows an int.
+  const int first_block = t / kAttentionBlock - run + 1;
+  const int window_start = first_block > 0 ? first_block * kAttentionBlock : 0;
   return document_start > window_start ? document_start : window_start;
 }
 

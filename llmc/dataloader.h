@@ -140,15 +140,18 @@ inline long document_window(int B, int T, int grad_accum, int world) {
 
 // The shards of `pattern`, each holding a step's window and 2 tokens more (a step begins in the
 // next shard when the window does not fit before the last token): what a DocumentLoader checks.
+// The message names the step's tokens as -z, whose value a recipe may have set.
 inline std::vector<ShardHeader> read_document_shard_headers(const std::string& pattern,
                                                             const char* flag, int B, int T,
                                                             int grad_accum, int world) {
   const long need = document_window(B, T, grad_accum, world) + 2;
+  const long step_tokens = (long)grad_accum * world * B * T;
   return read_shard_headers(pattern, flag, need,
-                            strformat("one step of document-aligned sequences: 2 x %d micro "
-                                      "batches x B=%d x T=%d x %d processes + 2 needs at least "
-                                      "%ld; use smaller batches or a longer shard", grad_accum, B,
-                                      T, world, need));
+                            strformat("one step of document-aligned sequences, which are sought in "
+                                      "twice a step's tokens: 2 x -z %ld (%d micro batches x B=%d "
+                                      "x T=%d x %d process%s) + 2 needs at least %ld; use a "
+                                      "smaller -z (or -b, -t) or a longer shard", step_tokens,
+                                      grad_accum, B, T, world, world == 1 ? "" : "es", need));
 }
 
 // Fails when a file matches both the training and the validation pattern, or a validation shard

@@ -404,6 +404,18 @@ inline void check_document_flags(int documents, int window, int T, int max_steps
   }
 }
 
+// -aw N against the longest sequence the run attends over (length_flag's `length` tokens, a multiple
+// of 128): a window wider than what spans it changes nothing, so it is taken for a slip (tokens
+// given for blocks). The schedule (-1) grows to its own end whatever the length.
+inline void check_window_length(int window, const char* length_flag, int length, int num_layers) {
+  const int blocks = length / 128, spanning = window_blocks_spanning(blocks, num_layers);
+  if (window <= spanning) return;
+  LLMC_FAIL("-aw %d counts blocks of 128 tokens, and %s %d is %d block%s: -aw %d already attends to all of "
+            "it%s; use -aw %d or less (0: no window)", window, length_flag, length, blocks, blocks == 1 ? "" : "s",
+            spanning, num_layers == kLayerWindowsCount ? " (the short layers take half the window)" : "",
+            spanning);
+}
+
 // The start-up table: rows of a setting and its value in a box as wide as its longest key and
 // value, or kScreenWidth where a value is longer: such a value goes on over rows of its own below
 // its key; rule() separates groups of rows.

@@ -158,4 +158,11 @@ inline int layer_window_blocks(int layer, int window_blocks) {
   return kLayerWindows[layer] == 'L' ? window_blocks : window_blocks / 2;
 }
 
+// The window, in blocks, from which every layer of a model of num_layers attends to all of a
+// sequence's `blocks` blocks, as with no window (a wider one selects the same keys): with 12
+// layers, the short layers' half of it.
+inline int window_blocks_spanning(int blocks, int num_layers) {
+  return num_layers == kLayerWindowsCount ? 2 * blocks : blocks;
+}
+
 }  // namespace llmc

@@ -8,6 +8,7 @@
 //       tokens; OUT: int32, for each case, window 0..W and query block q: full, partial, then the
 //       selected blocks nearest first, a full block k written as -(k + 1)
 //   test_attention_blocks --windows N     attention_window_blocks(s, N) for s = 0..N, one line
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -131,8 +132,12 @@ void test_hand_cases() {
 
 // attention_first_key against the definition, on random sequences: key u is visible to query t
 // when u <= t, both lie in one document, and u's block is in the selection of t's block; the
-// visible keys must be exactly [attention_first_key, t].
+// visible keys must be exactly [attention_first_key, t]. Windows of 0 to 14 blocks, and ones whose
+// tokens (blocks x 128) an int does not hold.
 void test_first_key() {
+  std::vector<int> windows;
+  for (int window = 0; window <= 14; window++) windows.push_back(window);
+  for (int window : {1 << 24, (1 << 24) + 1, INT32_MAX}) windows.push_back(window);
   uint64_t state = 12345;
   auto next = [&state] { return (uint32_t)((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33); };
   std::string failure;
@@ -145,7 +150,8 @@ void test_first_key() {
     if (round % 4 == 0) tokens[0] = kStart;
     for (int t = 0, document = 0; t < T; t++) documents[t] = document += tokens[t] == kStart;
     const std::vector<AttentionBlockSpan> spans = spans_of(tokens);
-    for (int window = 0; window <= 14 && failure.empty(); window++) {
+    for (int window : windows) {
+      if (!failure.empty()) break;
       int document_start = 0;
       for (int t = 0; t < T && failure.empty(); t++, queries++) {
         if (tokens[t] == kStart) document_start = t;

@@ -417,8 +417,12 @@ if has_flag -pd; then
   expect "-aw -1 with -x 0" "-aw -1 grows the window over the run's steps, and -x 0 has none" -e d12 -t 128 -pd 1 \
     -aw -1 -x 0
   expect "-pd 1 with a shard shorter than a step of documents" \
-    "train\.bin: 2048 tokens are too few for one step of document-aligned sequences: .* needs at least 2050" \
+    "train\.bin: 2048 tokens are too few for one step of document-aligned sequences, .* needs at least 2050" \
     -e d12 -t 128 -b 8 -pd 1
+  # A window counts blocks of 128 tokens: one of 100000 (tokens meant) is wider than -t can use
+  expect "-aw 100000 at -t 128 (tokens given for blocks)" \
+    "^error: -aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of it \(the short layers take half the window\); use -aw 2 or less \(0: no window\)\$" \
+    -e d12 -t 128 -pd 1 -aw 100000
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi
@@ -461,9 +465,12 @@ if has_flag -nm; then
   expect "-nm without -nk" "-nm 2 keeps checkpoints that -nk would delete: give -nk with it" -nm 2
 fi
 
-# --- HellaSwag (-h 1) evaluates 4 rows at once
+# --- HellaSwag (-h 1) evaluates 4 rows at once, from -hs's file
 if has_flag -hs; then
   expect "-h 1 with -b 2" "HellaSwag evaluates 4 rows at once: use -b 4 or more" -h 1 -b 2 -t 32
+  expect "-h 1 without its eval file" \
+    "^error: -hs $DIR/no_hellaswag\.bin: no such HellaSwag eval file; -h 1 evaluates it: bash dev/data/hellaswag\.sh makes dev/data/hellaswag/hellaswag_val\.bin \(-hs's default\), or leave -h 1 out\$" \
+    -h 1 -b 4 -hs "$DIR/no_hellaswag.bin"
 fi
 
 # --- --help is the usage everywhere; where -h is a flag of its own (HellaSwag) it takes a value
@@ -494,6 +501,19 @@ fi
 # --- the output directory
 expect "existing main.log in -o for a new run" \
   "$KEEP/main\.log already holds a run log: .*give -o another directory"
+# A log with no complete checkpoint beside it (a run stopped before its first): nothing to resume,
+# so both messages give the same two ways out, a new -o or deleting the log.
+mkdir -p "$DIR/log_only"
+cp "$FIXTURE/main.log" "$DIR/log_only/"
+WATCH=("$DIR/log_only")
+attempt "^error: $DIR/log_only/main\.log already holds a run log: give -o another directory, or delete the log\$" \
+  "${COMMON[@]}" -x 2 -o "$DIR/log_only"
+report "main.log without a checkpoint in -o for a new run: no resume offered"
+if has_flag -y; then
+  attempt "^error: -y 1: $DIR/log_only/main\.log holds a run log, but $DIR/log_only has no complete checkpoint \(a DONE_<step> marker\) to resume from: give -o another directory for a new run, or delete the log and run without -y\$" \
+    "${COMMON[@]}" -x 2 -o "$DIR/log_only" -y 1
+  report "-y 1 into -o with main.log and no checkpoint: the same two ways out"
+fi
 
 echo "a file, not a directory" > "$DIR/not_a_dir"
 WATCH=("$DIR/not_a_dir")
@@ -561,6 +581,11 @@ if has_flag -recipe; then
   OMPI_COMM_WORLD_SIZE=3 attempt "^error: -m: -recipe speedrun validates on 40 batches in all, which 3 processes cannot share evenly: give -m, the batches of each process\$" \
     -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP"
   report "-recipe speedrun on 3 processes: its 40 validation batches not shared evenly"
+  # The speedrun's -z on a shard shorter than a step's search for documents: the micro batches
+  # come from the recipe's -z, searched in twice a step's tokens
+  attempt "^error: $DIR/train\.bin: 2048 tokens are too few for one step of document-aligned sequences, which are sought in twice a step's tokens: 2 x -z 393216 \(384 micro batches x B=1 x T=1024 x 1 process\) \+ 2 needs at least 786434; use a smaller -z \(or -b, -t\) or a longer shard; -z 393216 comes from -recipe speedrun: give -z to override it\$" \
+    -recipe speedrun -e d12 -t 1024 -vt 1024 -i "$DIR/train.bin" -j "$DIR/val.bin" -x 2 -o "$KEEP"
+  report "-recipe speedrun's -z on a short shard: the micro batches named as the recipe's -z"
   # Without validation (-v 0) the batches are not asked for: the next check (-z) is what stops it.
   OMPI_COMM_WORLD_SIZE=3 attempt "^error: -z 1000 is not a multiple of B\*T\*processes" \
     -recipe speedrun -e tiny -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -v 0 -z 1000 -o "$KEEP"

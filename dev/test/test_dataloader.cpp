@@ -829,9 +829,10 @@ void test_document_errors() {
   check_throws([&] {
                  DocumentLoader d(kDir + "/doc_short.bin", "-i", 1, T, 4, 1, 2, false, 0, kVocab);
                },
-               "doc_short.bin: 129 tokens are too few for one step of document-aligned sequences: 2 "
-               "x 4 micro batches x B=1 x T=8 x 2 processes + 2 needs at least 130; use smaller "
-               "batches or a longer shard", "a shard one token short of a step's window");
+               "doc_short.bin: 129 tokens are too few for one step of document-aligned sequences, "
+               "which are sought in twice a step's tokens: 2 x -z 64 (4 micro batches x B=1 x T=8 "
+               "x 2 processes) + 2 needs at least 130; use a smaller -z (or -b, -t) or a longer "
+               "shard", "a shard one token short of a step's window");
   check_throws([&] { DocumentLoader d(pattern, "-i", 1, T, 0, 0, 1, false, 0, kVocab); },
                "data loader for -i: 0 micro batches per step must be positive", "no micro batches");
   check_throws([&] { DocumentLoader d(pattern, "-i", 1, T, 1, 2, 2, false, 0, kVocab); }, "rank 2",

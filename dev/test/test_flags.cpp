@@ -1,9 +1,11 @@
 // Tests llmc/flags.h: the shared flags' defaults, parsing and ranges, the messages for an unknown
 // flag (and another program's flag), a stray word and a missing value, when the usage is asked
 // for, a program's own flags after the shared ones, the sequence length, sample length, vocabulary
-// file and batch that follow from the flags, the CUDA trainer's document flags against -t and -x,
-// the start-up table's box and the usage, both within kScreenWidth. Scratch files go to build/test_tmp/flags/.
+// file and batch that follow from the flags, the CUDA trainer's document flags against -t and -x
+// and its window against the sequence length, the start-up table's box and the usage, both within
+// kScreenWidth. Scratch files go to build/test_tmp/flags/.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -261,6 +263,31 @@ void test_document_flags() {
                "-aw -1 grows the window over the run's steps, and -x 0 has none", "the schedule at -x 0");
 }
 
+// -aw N against the longest sequence: up to the window that spans it (with 12 layers twice its
+// blocks, the short layers taking half), the schedule and no window at any length.
+void test_window_length() {
+  std::string accepted;
+  for (const std::vector<int>& w : {std::vector<int>{2, 128, 12}, {3, 128, 12}, {8, 1024, 4}, {9, 1024, 4},
+                                    {16, 1024, 12}, {17, 1024, 12}, {-1, 128, 12}, {0, 128, 4}}) {
+    try {
+      llmc::check_window_length(w[0], "-t", w[1], w[2]);
+      accepted += llmc::strformat(" %d", w[0]);
+    } catch (const llmc::Error&) {
+      accepted += llmc::strformat(" (%d)", w[0]);
+    }
+  }
+  check_verbose(accepted == " 2 (3) 8 (9) 16 (17) -1 0",
+                "-aw against -t 128 (12 layers), 1024 (4 layers), 1024 (12 layers), refused in ():" + accepted);
+  check_throws([] { llmc::check_window_length(100000, "-t", 128, 12); },
+               "-aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of "
+               "it (the short layers take half the window); use -aw 2 or less (0: no window)",
+               "-aw 100000 (tokens for blocks) at -t 128, 12 layers");
+  check_throws([] { llmc::check_window_length(INT32_MAX, "-vt", 262144, 4); },
+               "-aw 2147483647 counts blocks of 128 tokens, and -vt 262144 is 2048 blocks: -aw 2048 already "
+               "attends to all of it; use -aw 2048 or less (0: no window)",
+               "-aw INT_MAX at -vt 262144, 4 layers");
+}
+
 // The words of lines, in order, less the characters in `frame` (a box's bars).
 std::vector<std::string> words_of(const std::vector<std::string>& lines, const std::string& frame) {
   std::vector<std::string> words;
@@ -411,6 +438,7 @@ int main() {
     test_program_flags();
     test_model_and_batch();
     test_document_flags();
+    test_window_length();
     test_text_wrap();
     test_startup_table();
     test_usage();
