@@ -559,6 +559,7 @@ std::string arch_refusal(const GPT2Config& c) {
 
 struct GPT2 {
   GPT2Config config;
+  llmc::LayerPlan plan;
   ParamSpec param_specs[kNumParamTensors];
   size_t param_offsets[kNumParamTensors];
   size_t num_parameters = 0;
@@ -582,6 +583,7 @@ struct GPT2 {
   GPT2(const GPT2Config& c, std::vector<float> values) : config(c), params(std::move(values)) {
     const std::string refusal = arch_refusal(c);
     if (!refusal.empty()) LLMC_FAIL("%s", refusal.c_str());
+    plan = llmc::layer_plan(c);
     llmc::param_table(c, param_specs);
     llmc::param_offsets(c, param_offsets);
     num_parameters = llmc::num_parameters(c);
@@ -592,7 +594,7 @@ struct GPT2 {
   }
 
   size_t param_layer_size(int tensor) const {
-    return llmc::param_slab_size(config, param_specs[tensor]);
+    return llmc::param_slab_size(plan, param_specs[tensor]);
   }
   float* param(int tensor, int layer = 0) {
     return params.data() + param_offsets[tensor] + layer * param_layer_size(tensor);

@@ -7511,7 +7511,7 @@ struct ActSpec {
 // that norm's rstd (embedding_norm), the norms' means (LayerNorm's, not RMSNorm's), the QK-norm's
 // rstd of each head's q and k, and without flash attention the normalised and rotated qkv, which
 // the permuted copy in qkvr cannot give back (qk_norm_rotary); the speedrun's block inputs after
-// their residual mix (x0_lambdas), v before its value mix (value_embeddings) and each head's gate
+// their residual mix (x0_lambdas), v before its value mix (value_mix) and each head's gate
 // (attention_gate).
 void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
@@ -7545,7 +7545,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"losses", BT, 1, true},
       {"output", BT * c.padded_vocab_size, 1, false},
       {"mixed", (arch.x0_lambdas ? 1 : 0) * BT * C, L, false},
-      {"v_pre", (arch.value_embeddings > 0 ? 1 : 0) * BT * C, L, false},
+      {"v_pre", (arch.value_mix ? 1 : 0) * BT * C, L, false},
       {"gates", (arch.attention_gate ? 1 : 0) * BT * NH, L, true},
       {"gated", (arch.attention_gate && act_per_layer ? 1 : 0) * BT * C, L, false},
   };
@@ -7573,6 +7573,7 @@ constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units 
 struct ModelParams {
   llmc::GPT2Config config;
   const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
+  llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
   size_t num_params = 0;
@@ -7594,9 +7595,9 @@ struct ModelParams {
   // Tensor i's slab of `layer` (llmc::param_slab; the tensor itself where it is not per layer).
   floatX* param(int i, int layer = 0) {
     const llmc::ParamSpec& s = param_specs[i];
-    const int slab = llmc::param_slab(config, s, layer);
+    const int slab = llmc::param_slab(plan, s, layer);
     REQUIRE(slab >= 0, "param: layer %d has no %s (a layer without attention)", layer, s.name);
-    return params + param_offsets[i] + slab * llmc::param_slab_size(config, s);
+    return params + param_offsets[i] + slab * llmc::param_slab_size(plan, s);
   }
   floatX* grad(int i, int layer = 0) { return grads + (param(i, layer) - params); }
   // Tensor i of layer l, or nullptr where the architecture leaves it out (a bias, a gain).
@@ -7643,8 +7644,8 @@ struct Activations {
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
   floatX* attention_ds = nullptr;    // the flash backward's dS tiles (the windowed one's with -pd 1)
-  // The speedrun's backward (x0_lambdas, unet_skips): the gradient of x0 the blocks' mixes add up,
-  // and of each of the U-net's kept outputs (unet_kept_outputs of them, [B*T*C] each).
+  // The speedrun's backward (x0_lambdas, the plan's skips): the gradient of x0 the blocks' mixes add
+  // up, and of each of the U-net's kept outputs (LayerPlan::kept_outputs of them, [B*T*C] each).
   floatX* dx0 = nullptr;
   floatX* dkept = nullptr;
   float* partials = nullptr;         // column-reduction partials (gpt2_allocate)
@@ -7752,10 +7753,6 @@ struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttent
   Activations forward_only;
 };
 
-// The speedrun's U-net (unet_skips): the outputs of layers 0 .. n-1 are kept (n = L/2), and layer
-// n + j adds skip_weights[j] times the output of layer n-1-j (unet_source). n, or 0 without it.
-int unet_kept_outputs(const GPT2& m) { return m.arch().unet_skips ? m.config.num_layers / 2 : 0; }
-
 // Which tensors Muon updates with -opt muon: the blocks' matrices. AdamW updates the rest.
 inline bool muon_updates(const llmc::ParamSpec& spec) { return spec.role == llmc::ParamRole::kMatrix; }
 
@@ -7781,6 +7778,7 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
 void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64_t seed, int shard_rank,
                           int shard_count) {
   m.config = config;
+  m.plan = llmc::layer_plan(config);
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
@@ -7911,7 +7909,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   m.partials = device_alloc<float>(std::max(partials, gate_partials), "the column-reduction partials");
   if (m.arch().x0_lambdas) {
     m.dx0 = device_alloc<floatX>(BT * C, "the gradient of x0");
-    m.dkept = device_alloc<floatX>(unet_kept_outputs(m) * BT * C, "the gradients of the U-net's kept outputs");
+    m.dkept = device_alloc<floatX>(m.plan.kept_outputs * BT * C, "the gradients of the U-net's kept outputs");
   }
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
@@ -8159,7 +8157,7 @@ void gpt2_fp8_cast_weights(GPT2& m) {
     for (int l = 0; l < m.config.num_layers; l++) {
       for (int i = 0; i < kNumBlockLinears; i++) {
         const bool attention = i == kLinearQkv || i == kLinearAttproj;
-        if (attention && !llmc::layer_has_attention(m.config, l)) continue;  // the speedrun's layer 7
+        if (attention && !m.plan[l].attention) continue;
         const LinearSpec& spec = kBlockLinears[i];
         fp8_weight_cast(m.fp8_weight(i, l), m.param(spec.weight, l), spec.out * C, spec.in * C, m.stream);
       }
@@ -8268,9 +8266,9 @@ struct BlockRows {
   floatX* k_cache = nullptr;       // decoding: the layer's keys and values [NH, maxT, HS]; else null
   floatX* v_cache = nullptr;
   int document_start = 0;          // decoding within documents: where the token's document starts
-  // The speedrun's wiring (ArchSpec's x0_lambdas, unet_skips, value_embeddings, attention_gate):
+  // The speedrun's wiring (ArchSpec's x0_lambdas, value_mix, attention_gate; the plan's skips):
   const floatX* x0 = nullptr;      // the normed embedding, which each block's mix adds
-  const floatX* kept = nullptr;    // the U-net's kept output this block adds (unet_source), or null
+  const floatX* kept = nullptr;    // the U-net's kept output this block adds (skip_source), or null
   floatX* mixed = nullptr;         // the block's input after its mix, what attention and MLP add to
   // The training and evaluation passes with x0_lambdas (block_rows): the block before leaves its
   // last residual add, residual2 + fcproj's output into its residual3 (this block's input), to this
@@ -8453,14 +8451,14 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
                           m.config.head_size(), m.stream);
 }
 
-// Layer l's window in blocks at sequence length T: with 12 layers the reference's long or short
-// window (llmc::layer_window_blocks), at other depths the window in every layer, as train_gpt2.py's
-// layer_window; without a window every block (every earlier key of the document). A window wider
-// than T selects what one of T's blocks does, so none is passed wider than the scratch.
+// Layer l's window in blocks at sequence length T: its share of the run's (LayerSpec::window), as
+// train_gpt2.py's layer_window; without a window every block (every earlier key of the document).
+// A window wider than T selects what one of T's blocks does, so none is passed wider than the
+// scratch.
 int layer_window(const GPT2& m, int l, int T) {
-  const int blocks = T / llmc::kAttentionBlock, w = m.window_blocks;
-  if (w == 0) return blocks;
-  return std::min(blocks, m.config.num_layers == llmc::kLayerWindowsCount ? llmc::layer_window_blocks(l, w) : w);
+  const int blocks = T / llmc::kAttentionBlock;
+  if (m.window_blocks == 0) return blocks;
+  return std::min(blocks, m.plan[l].window_blocks(m.window_blocks));
 }
 
 // The first position layer l's decoding query r.first_position attends to: 0, or within documents
@@ -8674,7 +8672,7 @@ floatX* block_input(GPT2& m, int l) { return l == 0 ? m.act(kEncoded) : m.act(kR
 // which the layer without attention writes straight into its residual2.
 floatX* block_mixed(GPT2& m, int l) {
   if (!m.arch().x0_lambdas) return block_input(m, l);
-  return llmc::layer_has_attention(m.config, l) ? m.act(kMixed, l) : m.act(kResidual2, l);
+  return m.plan[l].attention ? m.act(kMixed, l) : m.act(kResidual2, l);
 }
 
 // The bias gradient into which a norm backward of block_input(m, l) adds the column sums of its
@@ -8682,14 +8680,10 @@ floatX* block_mixed(GPT2& m, int l) {
 // without biases).
 floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad_or_null(llmc::kFcprojb, l - 1); }
 
-// The layer whose output block l adds in the U-net (unet_kept_outputs), or -1; and the weight it
-// adds it with.
-int unet_source(const GPT2& m, int l) {
-  const int n = unet_kept_outputs(m);
-  return n > 0 && l >= n ? 2 * n - 1 - l : -1;
-}
+// The weight with which block l adds the U-net's kept output (LayerSpec::skip_weight), or null.
 const floatX* unet_weight(GPT2& m, int l) {
-  return unet_source(m, l) >= 0 ? m.param(llmc::kSkipw) + (l - unet_kept_outputs(m)) : nullptr;
+  const int j = m.plan[l].skip_weight;
+  return j >= 0 ? m.param(llmc::kSkipw) + j : nullptr;
 }
 
 // The norm after block l, fused with its second residual add: the next block's first, or after
@@ -8723,17 +8717,17 @@ const floatX* block_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSpec&
     return r.input;
   }
   REQUIRE(m.arch().rms_norm, "the residual mix (x0_lambdas) is fused with an RMSNorm: the architecture needs rms_norm");
-  const bool skip = unet_source(m, l) >= 0;
+  const bool skip = m.plan[l].skip_source >= 0;
   residual_mix_norm_forward(r.mixed, out.out, out.rstd, r.input_add.x_add ? r.input_before_add : r.input, r.x0,
                             skip ? r.kept : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l),
                             m.param_or_null(spec.weight, l), N, m.config.channels, m.stream, r.input_add);
   return r.mixed;
 }
 
-// The speedrun's value mix of layer l in r.qkv (value_embeddings): v = a v + b ve, or a v.
+// The speedrun's value mix of layer l in r.qkv (value_mix): v = a v + b ve, or a v.
 void value_mix(GPT2& m, int l, const BlockRows& r) {
-  if (m.arch().value_embeddings == 0) return;
-  const int k = llmc::layer_value_embedding(m.config, l), C = m.config.channels;
+  if (!m.arch().value_mix) return;
+  const int k = m.plan[l].value_embedding, C = m.config.channels;
   const floatX* ve = k >= 0 ? m.param(llmc::kVe) + (size_t)k * m.config.padded_vocab_size * C : nullptr;
   value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), C, m.stream);
 }
@@ -8752,7 +8746,7 @@ const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
 // layer without attention is its mix and its MLP.
 void block_forward(GPT2& m, int l, const BlockRows& r) {
   const int N = r.rows();
-  const bool attention = llmc::layer_has_attention(m.config, l);
+  const bool attention = m.plan[l].attention;
   const floatX* x = block_mix_norm(m, l, r, attention ? kNorm1 : kNorm2, attention ? r.ln1 : r.ln2);
   if (attention) {
     gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, x);
@@ -8799,11 +8793,11 @@ floatX* attention_gate_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& 
   return dln1;
 }
 
-// The value mix's gradients (value_embeddings) from the attention's dqkv in scratch_bt4c: v's
-// before the mix (in place), the scales' and the value embedding's (scratch_btc its scratch).
+// The value mix's gradients (value_mix) from the attention's dqkv in scratch_bt4c: v's before the
+// mix (in place), the scales' and the value embedding's (scratch_btc its scratch).
 void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
-  if (m.arch().value_embeddings == 0) return;
-  const int k = llmc::layer_value_embedding(m.config, l), C = m.config.channels;
+  if (!m.arch().value_mix) return;
+  const int k = m.plan[l].value_embedding, C = m.config.channels;
   const size_t table = (size_t)k * m.config.padded_vocab_size * C;
   value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), k >= 0 ? m.grad(llmc::kVe) + table : nullptr,
                      m.scratch_btc, m.partials, m.act(kVPre, l), k >= 0 ? m.param(llmc::kVe) + table : nullptr,
@@ -8812,13 +8806,14 @@ void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
 }
 
 // The gradient that joins dresidual once block l's backward is done, or nullptr: with x0_lambdas
-// that of block l - 1's output kept for the U-net (complete by then), or after the first block
-// x0's. Block l's mix backward adds it (block_mix_backward). The top block's output is never kept
-// (the U-net keeps the first half's).
+// that of block l - 1's output kept for the U-net (LayerSpec::kept; complete by then), or after
+// the first block x0's. Block l's mix backward adds it (block_mix_backward). The top block's output
+// is never kept (only a later layer's skip reads a kept output).
 const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
   if (!m.arch().x0_lambdas) return nullptr;
   if (l == 0) return m.dx0;
-  return l - 1 < unet_kept_outputs(m) ? m.dkept + (size_t)(l - 1) * N * m.config.channels : nullptr;
+  const int kept = m.plan[l - 1].kept;
+  return kept >= 0 ? m.dkept + (size_t)kept * N * m.config.channels : nullptr;
 }
 
 // From dresidual, the gradient of block l's mixed input (x0_lambdas), to that of its input, in
@@ -8827,14 +8822,15 @@ const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
 // drawn after the mix's, as its own add's was.
 void block_mix_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_lambdas) return;
-  const int source = unet_source(m, l), C = m.config.channels;
+  const llmc::LayerSpec& layer = m.plan[l];
+  const int source = layer.skip_source, C = m.config.channels;
   const bool skip = source >= 0;
   const uint32_t seed = seeds.next();
   GradientJoin join;
   join.add = gradient_joining_after_block(m, l, N);
   if (join.add) join.seed = seeds.next();
-  residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)source * N * C : nullptr,
-                        m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + (l - unet_kept_outputs(m)) : nullptr,
+  residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)m.plan[source].kept * N * C : nullptr,
+                        m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + layer.skip_weight : nullptr,
                         m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
                         skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
                         C, seed, m.stream, join);
@@ -8851,7 +8847,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
                 N, seeds.next());
   // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
   // already in attproj's bias gradient.
-  if (llmc::layer_has_attention(m.config, l)) {
+  if (m.plan[l].attention) {
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
@@ -8910,7 +8906,8 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.residual3 = m.act(kResidual3, l);
   if (m.arch().x0_lambdas) {
     r.x0 = m.act(kEncoded);
-    r.kept = unet_source(m, l) >= 0 ? m.act(kResidual3, unet_source(m, l)) : nullptr;
+    const int source = m.plan[l].skip_source;
+    r.kept = source >= 0 ? m.act(kResidual3, source) : nullptr;
     r.mixed = block_mixed(m, l);
     // Block l - 1's fcproj output stays in scratch_btc (its r.proj) until this block's mix.
     r.output_in_next_mix = !next.present;
@@ -9093,7 +9090,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   if (m.arch().x0_lambdas) {
     cudaCheck(cudaMemsetAsync(m.dx0, 0, NC * sizeof(floatX), m.stream));
-    cudaCheck(cudaMemsetAsync(m.dkept, 0, unet_kept_outputs(m) * NC * sizeof(floatX), m.stream));
+    cudaCheck(cudaMemsetAsync(m.dkept, 0, m.plan.kept_outputs * NC * sizeof(floatX), m.stream));
   }
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
@@ -9175,7 +9172,7 @@ void gpt2_muon_groups(GPT2& m) {
     if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
     const size_t matrix = (size_t)spec.rows * spec.cols;
     for (int l = 0; l < m.config.num_layers; l++) {
-      if (llmc::param_slab(m.config, spec, l) < 0) continue;
+      if (llmc::param_slab(m.plan, spec, l) < 0) continue;
       for (int k = 0; k < spec.split; k++) {
         group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols});
       }
@@ -9406,7 +9403,7 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
   d.v_cache = device_alloc<floatX>(cache, "the value cache");
   // residual, ln, qkv (3C), atty, proj, fch (4C), fch_act (4C), logits (Vp), embedded, v before its
   // mix, the gated attention output, x0 and the kept outputs
-  const int kept = unet_kept_outputs(m);
+  const int kept = m.plan.kept_outputs;
   d.buffers = device_alloc<floatX>((size_t)(20 + kept) * C + c.padded_vocab_size, "the decoder rows");
   // A norm's mean and rstd, QK-norm's rstd of each head's q and k, and each head's gate.
   d.stats = device_alloc<float>(2 + 3 * c.num_heads, "the decoder statistics");
@@ -9465,10 +9462,11 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
     r.v_cache = d.v_cache + l * layer_cache;
-    r.kept = unet_source(m, l) >= 0 ? kept + unet_source(m, l) * C : nullptr;
+    const llmc::LayerSpec& layer = m.plan[l];
+    r.kept = layer.skip_source >= 0 ? kept + m.plan[layer.skip_source].kept * C : nullptr;
     block_forward(m, l, r);
-    if (l < unet_kept_outputs(m)) {
-      cudaCheck(cudaMemcpyAsync(kept + l * C, r.residual3, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+    if (layer.kept >= 0) {
+      cudaCheck(cudaMemcpyAsync(kept + layer.kept * C, r.residual3, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
     }
   }
   head_rows(m, d.logits, r.next.out, 1);
@@ -10207,9 +10205,9 @@ std::function<void(int)> multi_gpu_overlapped_reduction(MultiGpu& mg, GPT2& m) {
     ncclCheck(ncclGroupStart());
     for (int i = 0; i < llmc::kNumParamTensors; i++) {
       const llmc::ParamSpec& spec = m.param_specs[i];
-      if (spec.per_layer() != (layer >= 0) || llmc::param_slab(m.config, spec, std::max(layer, 0)) < 0) continue;
+      if (spec.per_layer() != (layer >= 0) || llmc::param_slab(m.plan, spec, std::max(layer, 0)) < 0) continue;
       const size_t begin = m.grad(i, std::max(layer, 0)) - m.grads;
-      const size_t count = llmc::param_slab_size(m.config, spec);
+      const size_t count = llmc::param_slab_size(m.plan, spec);
       reduce_grad_range(mg, m, begin, begin + count, mg.reduce_stream);
     }
     ncclCheck(ncclGroupEnd());
@@ -10334,7 +10332,7 @@ double flops_per_token(const GPT2& m, int T) {
   if (!m.arch().tied_head) lookups += (double)m.param_specs[llmc::kWte].size;
   double keys = 0.0;
   for (int l = 0; l < c.num_layers; l++) {
-    if (llmc::layer_has_attention(c, l)) keys += attention_mean_keys(m, l, T);
+    if (m.plan[l].attention) keys += attention_mean_keys(m, l, T);
   }
   return 6.0 * ((double)m.num_params - lookups) + 12.0 * c.channels * keys;
 }
@@ -10608,10 +10606,9 @@ std::string architecture_description(const llmc::ArchSpec& s) {
                            s.name, s.attention_scale, s.logit_cap.describe().c_str());
   }
   return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and "
-                         "half-truncated rotary positions, attention scale %g, ReLU^2, %d value embeddings, x0 "
-                         "lambdas, U-net skips, gated heads, no attention in layer %d, a head of its own, logits "
-                         "%s over the padded vocabulary", s.name, s.attention_scale, s.value_embeddings,
-                         s.layer_without_attention, s.logit_cap.describe().c_str());
+                         "half-truncated rotary positions, attention scale %g, ReLU^2, value embeddings, x0 "
+                         "lambdas, U-net skips and gated heads as its layers say, a head of its own, logits %s "
+                         "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
 // The optimizers' settings, the rates at the schedule's peak.
@@ -10640,13 +10637,12 @@ std::string optimizer_description(const OptimizerConfig& opt) {
 }
 
 // -pd and -aw: the training sequences and what a token attends to.
-std::string attention_description(const TrainArgs& a, const llmc::GPT2Config& c) {
+std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan) {
   if (!a.documents) return "causal, over contiguous training sequences";
   const char* documents = "within each document (token 50256 opens each) of document-aligned training "
                           "sequences, validation's contiguous";
-  const std::string layers = c.num_layers == llmc::kLayerWindowsCount
-                                 ? std::string(", N/2 in the short layers (") + llmc::kLayerWindows + ")"
-                                 : std::string(" in every layer");
+  const bool short_layers = plan.windows().find((char)llmc::LayerWindow::kShort) != std::string::npos;
+  const std::string layers = short_layers ? ", N/2 in the short layers (" + plan.windows() + ")" : " in every layer";
   if (a.window_blocks == 0) return llmc::strformat("%s; every earlier token of it", documents);
   if (a.window_blocks == llmc::kWindowSchedule) {
     return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N growing from 1 to %d over the "
@@ -10688,9 +10684,10 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
   table.row("architecture", architecture_description(m.arch()));
+  table.row("layers", m.plan.describe());
   table.row("optimizers", optimizer_description(a.update));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
-  table.row("attention", attention_description(a, m.config));
+  table.row("attention", attention_description(a, m.plan));
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   table.row("head", head_description(a, m));
@@ -10879,7 +10876,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (a.documents) {
     const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
     llmc::check_window_length(a.window_blocks, longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
-                              config.num_layers);
+                              llmc::layer_plan(config));
   }
   in.batch = llmc::step_batch(a, world);
   llmc::resolve_tokenizer(a);

@@ -31,7 +31,7 @@ import time
 import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 from pydeps import require
 
@@ -74,15 +74,13 @@ MODERN_PRESETS = {
     "d48": (48, 25, 1600, 1024, 50257),
     "tiny": (2, 1, 128, 64, 50257),
 }
-# The speedrun architecture's: its reference's 12 layers (the U-net, the value embeddings, the
-# layer without attention and the windows are laid out for 12), d12 with maxT its validation's
-# 262,144-token sequences; tiny keeps the 12 layers at 2 heads of 64.
+# The speedrun architecture's: its reference's 12 layers (the layer plan's lists, SPEEDRUN_ATTENTION
+# and those after it), d12 with maxT its validation's 262,144-token sequences; tiny keeps the 12
+# layers at 2 heads of 64.
 SPEEDRUN_PRESETS = {
     "d12": (12, 6, 768, 262144, 50257),
     "tiny": (12, 2, 128, 1024, 50257),
 }
-SPEEDRUN_LAYERS, SPEEDRUN_LAYER_WITHOUT_ATTENTION = 12, 7
-SPEEDRUN_VALUE_EMBEDDINGS = 3  # used by the first three layers and again by the last three
 SPEEDRUN_GATE_DIVISOR = 64  # the attention gate reads the first C/64 channels of the block's input
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
@@ -138,6 +136,44 @@ def fail(message):
 # ------------------------------------------------------------------------------------------------
 # Model
 
+# The layer plan (llmc/gpt2.h's, whose kSpeedrun* lists are these). The speedrun reference's layers
+# (modded-nanogpt record #28), one list a feature and one entry a layer:
+#   attention: A attention and MLP, - the MLP alone (no ln_1, no attention tensors);
+#   windows: with --window_blocks, all of it (L, long) or half of it rounded down (S, short), also
+#     the other architectures' windows at this depth;
+#   value embeddings: the ve[k] the layer's value mix adds;
+#   skip sources: the earlier layer whose output the U-net adds to the layer's input.
+#                            0     1     2     3     4     5     6     7     8     9     10    11
+SPEEDRUN_ATTENTION =        "AAAAAAA-AAAA"
+SPEEDRUN_WINDOWS =          "LSSSLSSLSSSL"
+SPEEDRUN_VALUE_EMBEDDINGS = [0,    1,    2,    None, None, None, None, None, None, 0,    1,    2]
+SPEEDRUN_SKIP_SOURCES =     [None, None, None, None, None, None, 5,    4,    3,    2,    1,    0]
+SPEEDRUN_LAYERS = len(SPEEDRUN_WINDOWS)  # its only depth
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one layer does (None: none); the skip weights are numbered in layer order."""
+    attention: bool
+    window: str  # "L" or "S": its share of the run's window
+    value_embedding: int = None  # the ve[k] its value mix adds
+    skip_source: int = None  # the earlier layer whose output the U-net adds to its input
+    skip_weight: int = None  # the skip_weights[j] it adds that output with
+
+
+def layer_plan(arch, num_layers):
+    """Every layer's LayerSpec: the speedrun's from its reference's lists (at their depth only); the
+    other architectures attend in every layer, with the reference's windows at its depth and the long
+    one at any other."""
+    if arch != "speedrun":
+        windows = SPEEDRUN_WINDOWS if num_layers == SPEEDRUN_LAYERS else "L" * num_layers
+        return [LayerSpec(True, window) for window in windows]
+    assert num_layers == SPEEDRUN_LAYERS, f"the speedrun's layers are its reference's {SPEEDRUN_LAYERS}"
+    skips = [layer for layer, source in enumerate(SPEEDRUN_SKIP_SOURCES) if source is not None]
+    return [LayerSpec(SPEEDRUN_ATTENTION[layer] == "A", SPEEDRUN_WINDOWS[layer], SPEEDRUN_VALUE_EMBEDDINGS[layer],
+                      SPEEDRUN_SKIP_SOURCES[layer], skips.index(layer) if layer in skips else None)
+            for layer in range(num_layers)]
+
 
 @dataclass
 class GPTConfig:
@@ -163,18 +199,15 @@ class GPTConfig:
     def speedrun(self):
         return self.arch == "speedrun"
 
-    def has_attention(self, layer):
-        return not (self.speedrun and layer == SPEEDRUN_LAYER_WITHOUT_ATTENTION)
+    @cached_property
+    def plan(self):
+        """What each layer does (layer_plan)."""
+        return layer_plan(self.arch, self.num_layers)
 
-    def value_embedding(self, layer):
-        """The speedrun's value embedding of a layer: 0, 1, 2 in the first three layers and again in
-        the last three; None elsewhere (and in the other architectures)."""
-        if not self.speedrun:
-            return None
-        k = SPEEDRUN_VALUE_EMBEDDINGS
-        if layer < k:
-            return layer
-        return layer - (self.num_layers - k) if layer >= self.num_layers - k else None
+    @cached_property
+    def value_embeddings(self):
+        """The value embeddings' tables, ve[k] for each k of the plan."""
+        return 1 + max((spec.value_embedding for spec in self.plan if spec.value_embedding is not None), default=-1)
 
     @property
     def padded_vocab_size(self):
@@ -188,8 +221,9 @@ class GPTConfig:
         C, L, Vp = self.channels, self.num_layers, self.padded_vocab_size
         if self.speedrun:
             attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 2  # 2: the value scales
-            layers = sum(2 + 8 * C * C + (attention if self.has_attention(l) else 0) for l in range(L))
-            return (2 + SPEEDRUN_VALUE_EMBEDDINGS) * Vp * C + L // 2 + layers
+            layers = sum(2 + 8 * C * C + (attention if spec.attention else 0) for spec in self.plan)
+            skips = sum(spec.skip_weight is not None for spec in self.plan)
+            return (2 + self.value_embeddings) * Vp * C + skips + layers
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -200,8 +234,8 @@ class GPTConfig:
         value embeddings too), K = `keys`, the keys a query attends to summed over the layers with
         attention (GPT.attention_keys); causal where not given (T/2 in each: GPT-2's 6*L*C*T)."""
         if keys is None:
-            keys = sum(T / 2 for layer in range(self.num_layers) if self.has_attention(layer))
-        lookups = (1 + SPEEDRUN_VALUE_EMBEDDINGS) if self.speedrun else int(self.modern)
+            keys = sum(T / 2 for spec in self.plan if spec.attention)
+        lookups = (1 + self.value_embeddings) if self.speedrun else int(self.modern)
         lookup = lookups * self.padded_vocab_size * self.channels
         return 6 * (self.num_parameters() - lookup) + 12 * self.channels * keys
 
@@ -491,7 +525,7 @@ class Block(nn.Module):
         super().__init__()
         # speedrun: the block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.speedrun else None
-        attention = config.has_attention(layer)
+        attention = config.plan[layer].attention
         self.ln_1 = make_norm(config) if attention else None
         self.attn = CausalSelfAttention(config, flash, linear, layer) if attention else None
         self.ln_2 = make_norm(config)
@@ -524,12 +558,13 @@ class GPT(nn.Module):
         else:
             layers["wpe"] = nn.Embedding(config.max_seq_len, C)
         if config.speedrun:
-            layers["ve"] = nn.ModuleList([nn.Embedding(Vp, C) for _ in range(SPEEDRUN_VALUE_EMBEDDINGS)])
+            layers["ve"] = nn.ModuleList([nn.Embedding(Vp, C) for _ in range(config.value_embeddings)])
         layers["h"] = nn.ModuleList([Block(config, flash, linear, layer) for layer in range(config.num_layers)])
         layers["ln_f"] = make_norm(config)
         self.transformer = nn.ModuleDict(layers)
-        # speedrun: the U-net's weights, one for each of the second half's layers (unet_skip)
-        self.skip_weights = nn.Parameter(torch.ones(config.num_layers // 2)) if config.speedrun else None
+        # speedrun: the U-net's weights, one for each layer with a skip source (unet_skip)
+        skips = sum(spec.skip_weight is not None for spec in config.plan)
+        self.skip_weights = nn.Parameter(torch.ones(skips)) if config.speedrun else None
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -546,7 +581,7 @@ class GPT(nn.Module):
         """Each layer's attention mask for the rows of idx (None for every layer without documents:
         causal). With documents a query attends to the earlier keys of its own document; with
         window_blocks also only within the key blocks the reference selects, the window in each
-        layer as layer_window_blocks gives it (12 layers: the reference's long and short windows;
+        layer as its LayerSpec.window gives it (12 layers: the reference's long and short windows;
         other depths: the window in every layer). A mask is FlexAttention's BlockMask where the
         attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
         and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
@@ -574,8 +609,8 @@ class GPT(nn.Module):
         min(i + 1, N) blocks, the last half (a window of 0, the short layers' half of 1, still sees
         its own block, as attention_block_lists gives it)."""
         blocks, keys = T // ATTENTION_BLOCK, 0.0
-        for layer in range(self.config.num_layers):
-            if not self.config.has_attention(layer):
+        for layer, spec in enumerate(self.config.plan):
+            if not spec.attention:
                 continue
             window = self.layer_window(layer) if self.documents else None
             if window is None:
@@ -592,9 +627,7 @@ class GPT(nn.Module):
     def layer_window(self, layer):
         if self.window_blocks is None:
             return None
-        if self.config.num_layers == len(LAYER_WINDOWS):
-            return layer_window_blocks(layer, self.window_blocks)
-        return self.window_blocks
+        return layer_window_blocks(self.config.plan[layer].window, self.window_blocks)
 
     def final_hidden(self, idx, masks=None):
         """The blocks' output after the final norm, [B, T, C]: the classifier's input. masks: each
@@ -605,30 +638,27 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(idx.size(1), device=idx.device)
             x = t.wte(idx) + t.wpe(pos)
-        x0, skips = x, []
+        x0, outputs = x, []
         value_embeddings = self.layer_value_embeddings(idx)
         masks = self.attention_masks(idx) if masks is None else masks
-        for layer, (block, mask) in enumerate(zip(t.h, masks)):
-            x = self.unet_skip(layer, x, skips)
-            x = block(x, mask, x0, value_embeddings[layer])
+        for spec, block, mask, value_embedding in zip(self.config.plan, t.h, masks, value_embeddings):
+            x = self.unet_skip(spec, x, outputs)
+            x = block(x, mask, x0, value_embedding)
+            outputs.append(x)
         return t.ln_f(x)
 
     def layer_value_embeddings(self, idx):
         """Each layer's value embedding of idx (speedrun), or None."""
         lookups = [ve(idx).to(self.compute_dtype) for ve in self.transformer.ve] if self.config.speedrun else []
-        layers = range(self.config.num_layers)
-        return [None if self.config.value_embedding(l) is None else lookups[self.config.value_embedding(l)]
-                for l in layers]
+        return [None if spec.value_embedding is None else lookups[spec.value_embedding] for spec in self.config.plan]
 
-    def unet_skip(self, layer, x, skips):
-        """The speedrun's U-net, before layer `layer` whose input is x: the first half's outputs are
-        kept, and layer n + j (n = L/2) adds skip_weights[j] times the output of layer n - 1 - j."""
-        if self.skip_weights is None:
+    def unet_skip(self, spec, x, outputs):
+        """The speedrun's U-net, before the layer of `spec` whose input is x: it adds
+        skip_weights[spec.skip_weight] times the output of layer spec.skip_source (outputs: the
+        earlier layers')."""
+        if spec.skip_source is None:
             return x
-        n = self.config.num_layers // 2
-        if 0 < layer <= n:
-            skips.append(x)
-        return x + self.skip_weights[layer - n] * skips.pop() if layer >= n else x
+        return x + self.skip_weights[spec.skip_weight] * outputs[spec.skip_source]
 
     def soft_cap(self, logits):
         """The logits the softmax sees, in float32: the modern model's 15 z / sqrt(z^2 + 225), the
@@ -1115,7 +1145,6 @@ class DocumentLoader:
 # llmc/attention_blocks.h; the window's schedule as llmc/schedulers.h)
 
 ATTENTION_BLOCK = 128
-LAYER_WINDOWS = "LSSSLSSLSSSL"  # modded-nanogpt's 12 layers: the long window (L) or half of it (S)
 
 
 def next_multiple_of_n(v, n):
@@ -1129,8 +1158,9 @@ def attention_window_blocks(step, num_steps):
     return next_multiple_of_n(1728 * x, n=ATTENTION_BLOCK) // ATTENTION_BLOCK
 
 
-def layer_window_blocks(layer, window_blocks):
-    return window_blocks if LAYER_WINDOWS[layer] == "L" else window_blocks // 2
+def layer_window_blocks(window, window_blocks):
+    """A layer's window within the run's window_blocks: all of it (window "L") or half of it ("S")."""
+    return window_blocks if window == "L" else window_blocks // 2
 
 
 def attention_block_lists(tokens, window_blocks):

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt2.h"
 #include "schedulers.h"
 #include "tokenizer.h"
 #include "utils.h"
@@ -407,13 +408,12 @@ inline void check_document_flags(int documents, int window, int T, int max_steps
 // -aw N against the longest sequence the run attends over (length_flag's `length` tokens, a multiple
 // of 128): a window wider than what spans it changes nothing, so it is taken for a slip (tokens
 // given for blocks). The schedule (-1) grows to its own end whatever the length.
-inline void check_window_length(int window, const char* length_flag, int length, int num_layers) {
-  const int blocks = length / 128, spanning = window_blocks_spanning(blocks, num_layers);
+inline void check_window_length(int window, const char* length_flag, int length, const LayerPlan& plan) {
+  const int blocks = length / 128, spanning = plan.window_blocks_spanning(blocks);
   if (window <= spanning) return;
   LLMC_FAIL("-aw %d counts blocks of 128 tokens, and %s %d is %d block%s: -aw %d already attends to all of "
             "it%s; use -aw %d or less (0: no window)", window, length_flag, length, blocks, blocks == 1 ? "" : "s",
-            spanning, num_layers == kLayerWindowsCount ? " (the short layers take half the window)" : "",
-            spanning);
+            spanning, plan.has_short_windows() ? " (the short layers take half the window)" : "", spanning);
 }
 
 // The start-up table: rows of a setting and its value in a box as wide as its longest key and

@@ -153,47 +153,136 @@ struct ArchSpec {
   float attention_scale;   // the softmax scale (0: 1 / sqrt(head size))
   bool loss_over_padded_vocab;  // the softmax and the loss over all Vp columns (the speedrun's
                                 // reference keeps its padded columns); else over the V real ones
-  // The speedrun's wiring of the blocks (SPEC.md "The speedrun architecture"):
-  int value_embeddings;    // ve [value_embeddings, Vp, C]: v = a v + b ve[k] in the first and the
-                           // last value_embeddings layers (k = 0, 1, ... in each), v = a v elsewhere
+  // The speedrun's wiring of the blocks (SPEC.md "The speedrun architecture"; which layer has
+  // attention, which value embedding and which skip is the layer plan's, layer_plan):
+  bool value_mix;          // v = a v + b ve[k] in every attention layer (LayerSpec::value_embedding
+                           // k), v = a v where it has none
   bool x0_lambdas;         // a block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
-  bool unet_skips;         // layer L/2 + j adds skip_weights[j] times the output of layer L/2 - 1 - j
   bool attention_gate;     // each head's output times sigmoid(gate . h[:C/64]), h the normed input
-  int layer_without_attention;  // the layer with no attention (no ln1, no attention tensors); -1: none
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
 constexpr int kGateDivisor = 64;
-// The speedrun's reference lays out its U-net, value embeddings and windows for 12 layers.
-constexpr int kSpeedrunLayers = 12;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, 0, false, false, false, -1};
+                                 {}, 0.0f, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f, false, 0, false, false, false, -1};
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
-                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, 3, true, true, true, 7};
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
-// The layers with attention: all but ArchSpec::layer_without_attention.
-inline bool layer_has_attention(const GPT2Config& c, int layer) {
-  return layer != arch_spec(c.arch).layer_without_attention;
+// ----------------------------------------------------------------------------
+// Layer plan
+
+// The speedrun reference's layers (modded-nanogpt record #28; train_gpt2.py's SPEEDRUN_* lists are
+// the same), one list a feature and one entry a layer:
+//   attention: A attention and MLP, - the MLP alone (no ln1, no attention tensors);
+//   windows: with a window (-aw), all of it (L, long) or half of it rounded down (S, short), also
+//     the other architectures' windows at this depth;
+//   value embeddings: the ve[k] the layer's value mix adds (ArchSpec::value_mix), -1 none;
+//   skip sources: the earlier layer whose output the U-net adds to the layer's input, -1 none.
+//                                                0   1   2   3   4   5   6   7   8   9  10  11
+constexpr char kSpeedrunAttention[] =           "AAAAAAA-AAAA";
+constexpr char kSpeedrunWindows[] =             "LSSSLSSLSSSL";
+constexpr int kSpeedrunValueEmbeddings[] =    { 0,  1,  2, -1, -1, -1, -1, -1, -1,  0,  1,  2};
+constexpr int kSpeedrunSkipSources[] =        {-1, -1, -1, -1, -1, -1,  5,  4,  3,  2,  1,  0};
+// Its only depth.
+constexpr int kSpeedrunLayers = (int)sizeof(kSpeedrunWindows) - 1;
+static_assert(sizeof(kSpeedrunAttention) - 1 == kSpeedrunLayers &&
+                  sizeof(kSpeedrunValueEmbeddings) / sizeof(int) == kSpeedrunLayers &&
+                  sizeof(kSpeedrunSkipSources) / sizeof(int) == kSpeedrunLayers,
+              "the speedrun's lists give one entry a layer");
+
+enum class LayerWindow : char { kLong = 'L', kShort = 'S' };
+
+// What one layer does; -1: none. The slabs, skip weights and kept outputs are numbered in layer
+// order.
+struct LayerSpec {
+  bool attention;       // attention and MLP, else the MLP alone
+  LayerWindow window;   // its share of the run's window (-aw)
+  int attention_slab;   // its slab of the attention tensors (ParamStack::kAttentionLayers)
+  int value_embedding;  // the ve[k] its value mix adds
+  int skip_source;      // the earlier layer whose output the U-net adds to its input
+  int skip_weight;      // the skipw[j] it adds that output with
+  int kept;             // its output's slot among those the U-net keeps for later layers
+
+  // Its window in blocks within a run's of window_blocks (llmc::run_window_blocks).
+  int window_blocks(int run_window_blocks) const {
+    return window == LayerWindow::kLong ? run_window_blocks : run_window_blocks / 2;
+  }
+};
+
+// Every layer's record, computed once from the architecture and the depth (layer_plan), and the
+// counts of what they hold: what the forward, backward, decoder, parameter table and optimizers
+// read instead of a layer index or count of their own.
+struct LayerPlan {
+  std::vector<LayerSpec> layers;
+  int attention_layers = 0;  // the slabs of the attention tensors
+  int value_embeddings = 0;  // the ve tables [Vp, C]
+  int skip_weights = 0;
+  int kept_outputs = 0;
+
+  const LayerSpec& operator[](int layer) const { return layers[layer]; }
+  int size() const { return (int)layers.size(); }
+
+  // Each layer's window class, "LSSSLSSLSSSL" for the reference's.
+  std::string windows() const {
+    std::string s;
+    for (const LayerSpec& l : layers) s += (char)l.window;
+    return s;
+  }
+  bool has_short_windows() const { return windows().find((char)LayerWindow::kShort) != std::string::npos; }
+  // The smallest run window, in blocks, from which every layer attends to all of a sequence's
+  // `blocks` blocks (a wider one selects the same keys): the short layers take half of it.
+  int window_blocks_spanning(int blocks) const { return has_short_windows() ? 2 * blocks : blocks; }
+  // The start-up table's: the columns that differ from plain attention with the long window.
+  std::string describe() const {
+    std::string attention, values, skips;
+    for (const LayerSpec& l : layers) {
+      attention += l.attention ? "A" : "-";
+      values += l.value_embedding >= 0 ? strformat(" %d", l.value_embedding) : std::string(" -");
+      skips += l.skip_source >= 0 ? strformat(" %d", l.skip_source) : std::string(" -");
+    }
+    std::string s = strformat("%d", size());
+    if (attention_layers < size()) s += "; attention " + attention;
+    if (has_short_windows()) s += "; windows " + windows();
+    if (value_embeddings > 0) s += "; value embeddings" + values;
+    if (skip_weights > 0) s += "; U-net skips from" + skips;
+    return s;
+  }
+};
+
+// The speedrun's layers are its reference's lists (at their depth only); the other architectures
+// attend in every layer, with the reference's windows at its depth and the long one at any other.
+inline LayerPlan layer_plan(Arch arch, int num_layers) {
+  const bool speedrun = arch == Arch::kSpeedrun, reference_depth = num_layers == kSpeedrunLayers;
+  if (speedrun && !reference_depth) {
+    LLMC_FAIL("layer plan: the speedrun's layers are its reference's %d, not %d", kSpeedrunLayers, num_layers);
+  }
+  LayerPlan plan;
+  plan.layers.resize(num_layers);
+  for (int l = 0; l < num_layers; l++) {
+    LayerSpec& s = plan.layers[l];
+    s.attention = !speedrun || kSpeedrunAttention[l] == 'A';
+    s.window = reference_depth ? (LayerWindow)kSpeedrunWindows[l] : LayerWindow::kLong;
+    s.attention_slab = s.attention ? plan.attention_layers++ : -1;
+    s.value_embedding = speedrun ? kSpeedrunValueEmbeddings[l] : -1;
+    plan.value_embeddings = std::max(plan.value_embeddings, s.value_embedding + 1);
+    s.skip_source = speedrun ? kSpeedrunSkipSources[l] : -1;
+    s.skip_weight = s.skip_source >= 0 ? plan.skip_weights++ : -1;
+  }
+  for (int l = 0; l < num_layers; l++) {
+    const bool read = std::any_of(plan.layers.begin() + l + 1, plan.layers.end(),
+                                  [l](const LayerSpec& s) { return s.skip_source == l; });
+    plan.layers[l].kept = read ? plan.kept_outputs++ : -1;
+  }
+  return plan;
 }
 
-inline int attention_layers(const GPT2Config& c) {
-  const int without = arch_spec(c.arch).layer_without_attention;
-  return c.num_layers - (without >= 0 && without < c.num_layers ? 1 : 0);
-}
-
-// The value embedding layer `layer` mixes into v: k in the first value_embeddings layers and
-// again in the last ones (the speedrun's 0, 1, 2 ... 0, 1, 2); -1 where none.
-inline int layer_value_embedding(const GPT2Config& c, int layer) {
-  const int k = arch_spec(c.arch).value_embeddings;
-  if (layer < k) return layer;
-  return layer >= c.num_layers - k ? layer - (c.num_layers - k) : -1;
-}
+inline LayerPlan layer_plan(const GPT2Config& c) { return layer_plan(c.arch, c.num_layers); }
 
 // PyTorch's F.rms_norm default (eps=None): the FP32 epsilon, also for BF16 inputs.
 constexpr float kRmsNormEps = 1.1920928955078125e-07f;
@@ -294,7 +383,7 @@ enum ParamIndex {
 enum class ParamRole { kEmbedding, kMatrix, kVector, kHead };
 
 // How a tensor is stacked: one tensor, one slab per layer, or one per layer with attention (the
-// attention's tensors; every layer but ArchSpec::layer_without_attention).
+// attention's tensors: the layers whose LayerSpec::attention is set).
 enum class ParamStack { kWhole, kLayers, kAttentionLayers };
 
 struct ParamSpec {
@@ -313,16 +402,17 @@ struct ParamSpec {
 // Shapes follow PyTorch: linear weights are [out, in].
 inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) {
   const size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
-  const size_t NH = c.num_heads, La = attention_layers(c);
+  const LayerPlan plan = layer_plan(c);
+  const size_t NH = c.num_heads, La = plan.attention_layers;
   const int Ci = c.channels;
   const ArchSpec& a = arch_spec(c.arch);
   // 1 where the switch gives the model the tensor(s), else 0.
   const size_t positions = a.learned_positions ? 1 : 0;
   const size_t gains = a.norm_gains ? 1 : 0, embedding_gain = a.embedding_norm && a.norm_gains ? 1 : 0;
   const size_t norm_bias = a.rms_norm ? 0 : 1, head = a.tied_head ? 0 : 1, bias = a.biases ? 1 : 0;
-  const size_t ve = a.value_embeddings, lambdas = a.x0_lambdas ? 2 : 0;
-  const size_t skips = a.unet_skips ? L / 2 : 0, gate = a.attention_gate ? 1 : 0;
-  const size_t value_scales = a.value_embeddings > 0 ? 2 : 0;  // (a, b) in every attention layer
+  const size_t ve = plan.value_embeddings, lambdas = a.x0_lambdas ? 2 : 0;
+  const size_t skips = plan.skip_weights, gate = a.attention_gate ? 1 : 0;
+  const size_t value_scales = a.value_mix ? 2 : 0;  // (a, b) in every attention layer
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
   const ParamStack attention = ParamStack::kAttentionLayers;
@@ -357,25 +447,22 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
 }
 
 // The layers a tensor is stacked over (ParamStack): L, the attention layers, or 1 (kWhole).
-inline int param_layers(const GPT2Config& c, const ParamSpec& s) {
+inline int param_layers(const LayerPlan& plan, const ParamSpec& s) {
   if (s.stack == ParamStack::kWhole) return 1;
-  return s.stack == ParamStack::kAttentionLayers ? attention_layers(c) : c.num_layers;
+  return s.stack == ParamStack::kAttentionLayers ? plan.attention_layers : plan.size();
 }
 
 // Elements of one layer's slab (kWhole: the tensor).
-inline size_t param_slab_size(const GPT2Config& c, const ParamSpec& s) {
-  return s.size / param_layers(c, s);
+inline size_t param_slab_size(const LayerPlan& plan, const ParamSpec& s) {
+  return s.size / param_layers(plan, s);
 }
 
 // Which slab of tensor s layer `layer` reads: its position among the layers s is stacked over; 0
-// for a tensor of kWhole (any layer); -1 where the layer has none (an attention tensor in the
-// layer without attention).
-inline int param_slab(const GPT2Config& c, const ParamSpec& s, int layer) {
+// for a tensor of kWhole (any layer); -1 where the layer has none (an attention tensor in a layer
+// without attention).
+inline int param_slab(const LayerPlan& plan, const ParamSpec& s, int layer) {
   if (s.stack == ParamStack::kWhole) return 0;
-  if (s.stack == ParamStack::kLayers) return layer;
-  if (!layer_has_attention(c, layer)) return -1;
-  const int without = arch_spec(c.arch).layer_without_attention;
-  return without >= 0 && layer > without ? layer - 1 : layer;
+  return s.stack == ParamStack::kLayers ? layer : plan[layer].attention_slab;
 }
 
 // The stochastic rounding seeds of AdamW's tensors and Muon's groups take an index each, fixed when
@@ -839,11 +926,12 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
     rng.normal(params.data() + offsets[kVe] + k * embedding, embedding, 0.0, 1.0);
   }
   const double bound = std::sqrt(3.0) * 0.5 / std::sqrt((double)c.channels);
+  const LayerPlan plan = layer_plan(c);
   for (int layer = 0; layer < c.num_layers; layer++) {
     for (int i : {kQkvw, kFcw}) {
-      const int slab = param_slab(c, table[i], layer);
+      const int slab = param_slab(plan, table[i], layer);
       if (slab < 0) continue;
-      const size_t size = param_slab_size(c, table[i]);
+      const size_t size = param_slab_size(plan, table[i]);
       rng.uniform(params.data() + offsets[i] + slab * size, size, -bound, bound);
     }
   }

@@ -18,8 +18,8 @@
 // No schedule reaches min_lr inside the run: its last step s = N - 1 has f < 1.
 //
 // Then Muon's momentum at each step (MomentumSchedule), and at the end the attention window's
-// schedule (attention_window_blocks), a run's window at each step, and the window's per-layer
-// pattern.
+// schedule (attention_window_blocks) and a run's window at each step (each layer's share of it is
+// the layer plan's, llmc/gpt2.h).
 #pragma once
 
 #include <algorithm>
@@ -143,26 +143,6 @@ inline int run_window_blocks(int window, long step, long num_steps) {
 // The largest window of any step of a run (0: none): the schedule's last, 14 blocks.
 inline int run_window_blocks_max(int window) {
   return window == kWindowSchedule ? attention_window_blocks(1, 1) : window;
-}
-
-// Its 12 layers take the long window (all of it) or the short one (half, rounded down), in this
-// order (L long, S short).
-constexpr char kLayerWindows[] = "LSSSLSSLSSSL";
-constexpr int kLayerWindowsCount = sizeof(kLayerWindows) - 1;
-
-inline int layer_window_blocks(int layer, int window_blocks) {
-  if (layer < 0 || layer >= kLayerWindowsCount) {
-    LLMC_FAIL("attention window of layer %d: the long and short windows are given for %d layers",
-              layer, kLayerWindowsCount);
-  }
-  return kLayerWindows[layer] == 'L' ? window_blocks : window_blocks / 2;
-}
-
-// The window, in blocks, from which every layer of a model of num_layers attends to all of a
-// sequence's `blocks` blocks, as with no window (a wider one selects the same keys): with 12
-// layers, the short layers' half of it.
-inline int window_blocks_spanning(int blocks, int num_layers) {
-  return num_layers == kLayerWindowsCount ? 2 * blocks : blocks;
 }
 
 }  // namespace llmc

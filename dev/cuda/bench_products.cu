@@ -2,8 +2,8 @@
 // settles at the clock it holds under sustained load (a 700 W Hopper's power cap:
 // dev/notes/speedrun-pairs.md, "the power cap"). Per layer, as the trainer calls them
 // (matmul_forward, matmul_backward; BF16, no biases): qkv (C -> 3C) and the attention projection
-// (C -> C) where the layer has attention
-// (llmc::layer_has_attention: all but the speedrun's layer 7), fc (C -> 4C) and fcproj (4C -> C),
+// (C -> C) where the layer has attention (the layer plan's LayerSpec::attention), fc (C -> 4C) and
+// fcproj (4C -> C),
 // the forward products of every layer and then the backward ones (input and weight gradients) in
 // reverse. Micro steps run back to back for the given seconds; prints the median ms and TFLOP/s of
 // the first and of the last tenth of them, so that the boost clock's rate and the capped one's are
@@ -31,11 +31,13 @@ const BlockProduct kBlockProducts[] = {{1, 3, true}, {1, 1, true}, {1, 4, false}
 // as a layer's own would be), and the products' FLOPs a micro step.
 struct ProductStep {
   llmc::GPT2Config config;
+  llmc::LayerPlan plan;
   int N;
   std::unique_ptr<DeviceArray<floatX>> inp, out, dinp, dout, weight, dweight;
   double flops = 0.0;
 
-  ProductStep(const llmc::GPT2Config& c, int tokens, llmc::Rng& rng) : config(c), N(tokens) {
+  ProductStep(const llmc::GPT2Config& c, int tokens, llmc::Rng& rng)
+      : config(c), plan(llmc::layer_plan(c)), N(tokens) {
     const size_t C = c.channels, widest = 4 * C;
     const std::vector<float> activations = random_stored(rng, (size_t)N * widest, 0.0f, 1.0f);
     inp.reset(new DeviceArray<floatX>(activations));
@@ -50,7 +52,7 @@ struct ProductStep {
       }
     }
   }
-  bool present(const BlockProduct& p, int l) const { return !p.attention || llmc::layer_has_attention(config, l); }
+  bool present(const BlockProduct& p, int l) const { return !p.attention || plan[l].attention; }
 
   void run() const {
     const int C = config.channels, L = config.num_layers;

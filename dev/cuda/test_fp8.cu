@@ -841,7 +841,7 @@ void test_sources_in_model(llmc::Rng& rng, llmc::Arch arch) {
   bool act_same = delayed, ln1_same = delayed, ln2_same = delayed;
   for (int l = 0; l < config.num_layers; l++) {
     act_same = act_same && kept_is(kLinearFcproj, l, m.act(kFch, l), C4, act);
-    if (speedrun && llmc::layer_has_attention(config, l)) {
+    if (speedrun && m.plan[l].attention) {
       // The model writes ln1 (the gates read it) and casts it: here the norm of the block's mixed
       // input, written by rmsnorm_forward and cast.
       rmsnorm_forward(ln1, rstd, block_mixed(m, l), nullptr, N, (int)C, m.stream);

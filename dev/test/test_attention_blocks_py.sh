@@ -103,9 +103,9 @@ for n in (1, 7, 100, 1750, 3250):
     port = [str(tg.attention_window_blocks(s, n)) for s in range(n + 1)]
     print(f"the window schedule over {n} steps (C++ and train_gpt2.py)\t"
           f"{'same' if cpp == port else f'C++ {cpp[:20]}, port {port[:20]}'}")
-pattern = re.search(r'kLayerWindows\[\] = "(\w+)"', open("llmc/schedulers.h").read()).group(1)
-print(f"the per-layer pattern {tg.LAYER_WINDOWS} (llmc/schedulers.h and train_gpt2.py)\t"
-      f"{'same' if pattern == tg.LAYER_WINDOWS else pattern}")
+pattern = re.search(r'kSpeedrunWindows\[\] = +"(\w+)"', open("llmc/gpt2.h").read()).group(1)
+print(f"the per-layer pattern {tg.SPEEDRUN_WINDOWS} (llmc/gpt2.h and train_gpt2.py)\t"
+      f"{'same' if pattern == tg.SPEEDRUN_WINDOWS else pattern}")
 EOF
 )
 check_verdicts "the comparison" $? "$out"

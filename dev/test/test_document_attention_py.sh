@@ -75,7 +75,7 @@ if torch.cuda.is_available() and tg.flex_attention_available():
 model = tg.GPT(tg.GPTConfig(12, 2, 32, T, 50304))
 model.documents, model.window_blocks = True, 6
 windows = [model.layer_window(layer) for layer in range(12)]
-assert windows == [6 if c == "L" else 3 for c in tg.LAYER_WINDOWS], windows
+assert windows == [6 if c == "L" else 3 for c in tg.SPEEDRUN_WINDOWS], windows
 model.window_blocks = None
 assert model.layer_window(0) is None
 print("12 layers:", windows)

@@ -270,7 +270,7 @@ void test_window_length() {
   for (const std::vector<int>& w : {std::vector<int>{2, 128, 12}, {3, 128, 12}, {8, 1024, 4}, {9, 1024, 4},
                                     {16, 1024, 12}, {17, 1024, 12}, {-1, 128, 12}, {0, 128, 4}}) {
     try {
-      llmc::check_window_length(w[0], "-t", w[1], w[2]);
+      llmc::check_window_length(w[0], "-t", w[1], llmc::layer_plan(llmc::Arch::kGpt2, w[2]));
       accepted += llmc::strformat(" %d", w[0]);
     } catch (const llmc::Error&) {
       accepted += llmc::strformat(" (%d)", w[0]);
@@ -278,11 +278,11 @@ void test_window_length() {
   }
   check_verbose(accepted == " 2 (3) 8 (9) 16 (17) -1 0",
                 "-aw against -t 128 (12 layers), 1024 (4 layers), 1024 (12 layers), refused in ():" + accepted);
-  check_throws([] { llmc::check_window_length(100000, "-t", 128, 12); },
+  check_throws([] { llmc::check_window_length(100000, "-t", 128, llmc::layer_plan(llmc::Arch::kGpt2, 12)); },
                "-aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of "
                "it (the short layers take half the window); use -aw 2 or less (0: no window)",
                "-aw 100000 (tokens for blocks) at -t 128, 12 layers");
-  check_throws([] { llmc::check_window_length(INT32_MAX, "-vt", 262144, 4); },
+  check_throws([] { llmc::check_window_length(INT32_MAX, "-vt", 262144, llmc::layer_plan(llmc::Arch::kGpt2, 4)); },
                "-aw 2147483647 counts blocks of 128 tokens, and -vt 262144 is 2048 blocks: -aw 2048 already "
                "attends to all of it; use -aw 2048 or less (0: no window)",
                "-aw INT_MAX at -vt 262144, 4 layers");

@@ -173,8 +173,8 @@ for step, mu in momentum.items():
 window = {0: 1, 1: 1, 125: 1, 126: 2, 847: 7, 1695: 14}
 for step, blocks in window.items():
     assert tg.attention_window_blocks(step, 1695) == blocks, (step, tg.attention_window_blocks(step, 1695))
-layers = "".join("L" if tg.layer_window_blocks(l, 14) == 14 else "S" for l in range(12))
-assert layers == "LSSSLSSLSSSL" and tg.layer_window_blocks(1, 1) == 0
+layers = [tg.layer_window_blocks(spec.window, 14) for spec in tg.layer_plan("speedrun", 12)]
+assert layers == [14, 7, 7, 7, 14, 7, 7, 14, 7, 7, 7, 14] and tg.layer_window_blocks("S", 1) == 0, layers
 config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
 tg.settle_arch(args, config)
 optimizers, _ = tg.make_optimizers(tg.GPT(config), args, "cpu")

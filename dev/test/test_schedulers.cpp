@@ -214,12 +214,6 @@ void test_attention_window() {
                     llmc::attention_window_blocks(129, 1728) == 2 &&
                     llmc::attention_window_blocks(1000, 1728) == 8,
                 "window: 864 tokens half way -> 7 blocks; 1, 129, 1000 of 1728 steps -> 1, 2, 8");
-  std::string windows;
-  for (int layer = 0; layer < 12; layer++) {
-    windows += llmc::strformat(" %d", llmc::layer_window_blocks(layer, 14));
-  }
-  check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && llmc::layer_window_blocks(1, 1) == 0,
-                "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
   check_verbose(llmc::run_window_blocks(5, 7, 10) == 5 && llmc::run_window_blocks(0, 7, 10) == 0 &&
                     llmc::run_window_blocks(llmc::kWindowSchedule, 1625, 3250) == 7 &&
                     llmc::run_window_blocks_max(5) == 5 && llmc::run_window_blocks_max(0) == 0 &&
@@ -227,9 +221,6 @@ void test_attention_window() {
                 "a run's window: -aw 5 at every step, 0 none, -1 the schedule's (7 half way), at most 5, 0, 14");
   check_throws([] { llmc::attention_window_blocks(11, 10); },
                "attention window of step 11 of 10: the step must be within 0..10", "a step past N");
-  check_throws([] { llmc::layer_window_blocks(12, 14); },
-               "attention window of layer 12: the long and short windows are given for 12 layers",
-               "a 13th layer");
 }
 
 // -m's default: the speedrun's 40 batches are shared by the processes (5 each on the reference's

@@ -147,6 +147,33 @@ for k in ("cosine", "linear", "wsd", "constant"):
     print(k.ljust(8), " ".join(f"{lr(s, k):.3f}" for s in range(12)))
 EOF
 
+check "the layer plan: the speedrun's layers, llmc/gpt2.h's lists the same, the other architectures' windows" <<'EOF'
+import re
+import train_gpt2 as tg
+def text(plan):  # "A|- window ve,skip source:skip weight" a layer, "." for None
+    dot = lambda v: "." if v is None else str(v)
+    return " ".join(f"{'A' if s.attention else '-'}{s.window}{dot(s.value_embedding)},{dot(s.skip_source)}:"
+                    f"{dot(s.skip_weight)}" for s in plan)
+speedrun = text(tg.layer_plan("speedrun", 12))
+assert speedrun == ("AL0,.:. AS1,.:. AS2,.:. AS.,.:. AL.,.:. AS.,.:. AS.,5:0 -L.,4:1 AS.,3:2 AS0,2:3 AS1,1:4 "
+                    "AL2,0:5"), speedrun
+gpt2 = text(tg.layer_plan("gpt2", 12))
+assert gpt2 == "AL.,.:. AS.,.:. AS.,.:. AS.,.:. AL.,.:. AS.,.:. AS.,.:. AL.,.:. AS.,.:. AS.,.:. AS.,.:. AL.,.:.", gpt2
+assert text(tg.layer_plan("modern", 12)) == gpt2
+assert text(tg.layer_plan("modern", 2)) == "AL.,.:. AL.,.:." and len(tg.layer_plan("gpt2", 24)) == 24
+assert all(s.attention and s.window == "L" for s in tg.layer_plan("gpt2", 13))
+header = open("llmc/gpt2.h").read()
+def cpp(name):  # a list of llmc/gpt2.h's layer plan, -1 as None
+    value = re.search(name + r"\[\] = +(.+?);", header).group(1)
+    if value.startswith('"'):
+        return value.strip('"')
+    return [None if v == -1 else v for v in map(int, value.strip("{}").split(","))]
+for name in ("Attention", "Windows", "ValueEmbeddings", "SkipSources"):
+    python = getattr(tg, "SPEEDRUN_" + re.sub(r"(?<=.)([A-Z])", r"_\1", name).upper())
+    assert cpp("kSpeedrun" + name) == python, (name, cpp("kSpeedrun" + name), python)
+print("speedrun:", speedrun)
+EOF
+
 check "the MFU count (SPEC.md): causal, and the speedrun's windows, against a closed form" <<'EOF'
 import train_gpt2 as tg
 g = tg.make_config(*tg.PRESETS["d12"], source="d12")
@@ -161,8 +188,7 @@ def mean_keys(n):  # query block i sees min(i + 1, n) blocks, the last half: sum
 lookups = (1 + 3) * config.padded_vocab_size * 768
 for window in (1, 5, 14):
     model.window_blocks = window
-    keys = sum(mean_keys(window if kind == "L" else window // 2)
-               for layer, kind in enumerate(tg.LAYER_WINDOWS) if layer != 7)
+    keys = sum(mean_keys(window if spec.window == "L" else window // 2) for spec in config.plan if spec.attention)
     expected = 6 * (config.num_parameters() - lookups) + 12 * 768 * keys
     assert abs(model.flops_per_token(T) - expected) < 1e-9 * expected, (window, model.flops_per_token(T), expected)
     print(f"speedrun d12, window {window:2d}: {model.flops_per_token(T) / 1e6:.1f} MFLOP a token")

@@ -256,18 +256,15 @@ void test_speedrun_table() {
             t[llmc::kValueScales].role == llmc::ParamRole::kVector && t[llmc::kHeadw].role == llmc::ParamRole::kHead,
         "speedrun tensors: ve [3, Vp, C], gates [11, 6, 12] for Muon, skips [6], lambdas [12, 2], value "
         "scales [11, 2] at the scalars' rate");
-  check(llmc::param_slab(d12, qkvw, 6) == 6 && llmc::param_slab(d12, qkvw, 7) == -1 &&
-            llmc::param_slab(d12, qkvw, 8) == 7 && llmc::param_slab(d12, qkvw, 11) == 10 &&
-            llmc::param_slab_size(d12, qkvw) == 3 * C * C && llmc::param_slab(d12, t[llmc::kFcw], 7) == 7 &&
-            llmc::param_slab(d12, t[llmc::kLambdas], 7) == 7 && llmc::param_slab(d12, t[llmc::kWte], 7) == 0 &&
-            llmc::param_slab(d12, t[llmc::kValueScales], 7) == -1 &&
-            llmc::param_slab_size(d12, t[llmc::kValueScales]) == 2,
+  const llmc::LayerPlan plan = llmc::layer_plan(d12);
+  check(llmc::param_slab(plan, qkvw, 6) == 6 && llmc::param_slab(plan, qkvw, 7) == -1 &&
+            llmc::param_slab(plan, qkvw, 8) == 7 && llmc::param_slab(plan, qkvw, 11) == 10 &&
+            llmc::param_slab_size(plan, qkvw) == 3 * C * C && llmc::param_slab(plan, t[llmc::kFcw], 7) == 7 &&
+            llmc::param_slab(plan, t[llmc::kLambdas], 7) == 7 && llmc::param_slab(plan, t[llmc::kWte], 7) == 0 &&
+            llmc::param_slab(plan, t[llmc::kValueScales], 7) == -1 &&
+            llmc::param_slab_size(plan, t[llmc::kValueScales]) == 2,
         "speedrun slabs: attention tensors skip layer 7 (layer 8 reads slab 7), the MLP's and lambdas "
         "have all 12");
-  check(llmc::layer_value_embedding(d12, 0) == 0 && llmc::layer_value_embedding(d12, 2) == 2 &&
-            llmc::layer_value_embedding(d12, 3) == -1 && llmc::layer_value_embedding(d12, 8) == -1 &&
-            llmc::layer_value_embedding(d12, 9) == 0 && llmc::layer_value_embedding(d12, 11) == 2,
-        "value embeddings: 0, 1, 2 in layers 0-2 and again in 9-11");
   bool seeds_kept = llmc::param_seed_index(llmc::kLnew) == 18;
   for (int i = 0; i < 19; i++) {
     if (i != llmc::kLnew) seeds_kept = seeds_kept && llmc::param_seed_index(i) == (i > llmc::kLnew ? i - 1 : i);
@@ -296,6 +293,52 @@ void test_speedrun_table() {
             std::all_of(skips.begin(), skips.end(), [](float x) { return x == 1.0f; }) &&
             std::all_of(head.begin(), head.end(), [](float x) { return x == 0.0f; }),
         "speedrun init: lambdas (1, 0), value scales 0.5, skips one, head zero");
+}
+
+// One line a plan: each layer's record as "A|- window ve skip:weight kept" (-1: none), and the counts.
+std::string plan_text(const llmc::LayerPlan& plan) {
+  std::string s;
+  for (const llmc::LayerSpec& l : plan.layers) {
+    s += llmc::strformat("%s%c%c%d,%d,%d:%d,%d", s.empty() ? "" : " ", l.attention ? 'A' : '-', (char)l.window,
+                         l.attention_slab, l.value_embedding, l.skip_source, l.skip_weight, l.kept);
+  }
+  return s + llmc::strformat(" | %d %d %d %d", plan.attention_layers, plan.value_embeddings, plan.skip_weights,
+                             plan.kept_outputs);
+}
+
+// The layer plans: the speedrun's reference's 12 layers; GPT-2's and the modern ones with the
+// reference's windows at its depth and the long one at others; the windows' blocks.
+void test_layer_plan() {
+  const std::string speedrun = plan_text(llmc::layer_plan(llmc::Arch::kSpeedrun, 12));
+  check_verbose(speedrun == "AL0,0,-1:-1,0 AS1,1,-1:-1,1 AS2,2,-1:-1,2 AS3,-1,-1:-1,3 AL4,-1,-1:-1,4 "
+                            "AS5,-1,-1:-1,5 AS6,-1,5:0,-1 -L-1,-1,4:1,-1 AS7,-1,3:2,-1 AS8,0,2:3,-1 "
+                            "AS9,1,1:4,-1 AL10,2,0:5,-1 | 11 3 6 6",
+                "speedrun plan (attention slab, value embedding, skip source:weight, kept slot): " + speedrun);
+  const std::string gpt2 = plan_text(llmc::layer_plan(llmc::Arch::kGpt2, 12));
+  check_verbose(gpt2 == "AL0,-1,-1:-1,-1 AS1,-1,-1:-1,-1 AS2,-1,-1:-1,-1 AS3,-1,-1:-1,-1 AL4,-1,-1:-1,-1 "
+                        "AS5,-1,-1:-1,-1 AS6,-1,-1:-1,-1 AL7,-1,-1:-1,-1 AS8,-1,-1:-1,-1 AS9,-1,-1:-1,-1 "
+                        "AS10,-1,-1:-1,-1 AL11,-1,-1:-1,-1 | 12 0 0 0",
+                "GPT-2 d12 plan: attention everywhere, the reference's windows: " + gpt2);
+  const std::string modern = plan_text(llmc::layer_plan(llmc::Arch::kModern, 12));
+  check_verbose(modern == gpt2, "modern d12 plan as GPT-2's: " + modern);
+  const std::string tiny = plan_text(llmc::layer_plan(llmc::Arch::kModern, 2));
+  check_verbose(tiny == "AL0,-1,-1:-1,-1 AL1,-1,-1:-1,-1 | 2 0 0 0", "modern tiny plan: long windows: " + tiny);
+  const llmc::LayerPlan d24 = llmc::layer_plan(llmc::Arch::kGpt2, 24), d13 = llmc::layer_plan(llmc::Arch::kGpt2, 13);
+  check(d24.windows() == std::string(24, 'L') && d13.windows() == std::string(13, 'L') &&
+            d24.attention_layers == 24 && d13.attention_layers == 13,
+        "GPT-2 at 24 and 13 layers: attention and the long window in every layer");
+  check_throws([] { llmc::layer_plan(llmc::Arch::kSpeedrun, 8); }, "the speedrun's layers are its reference's 12, not 8",
+               "a speedrun plan of 8 layers");
+  const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 12);
+  std::string windows;
+  for (const llmc::LayerSpec& l : plan.layers) windows += llmc::strformat(" %d", l.window_blocks(14));
+  check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && plan[1].window_blocks(1) == 0,
+                "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
+  check_verbose(plan.describe() == "12; attention AAAAAAA-AAAA; windows LSSSLSSLSSSL; value embeddings 0 1 2 - - "
+                                   "- - - - 0 1 2; U-net skips from - - - - - - 5 4 3 2 1 0" &&
+                    d24.describe() == "24" &&
+                    llmc::layer_plan(llmc::Arch::kGpt2, 12).describe() == "12; windows LSSSLSSLSSSL",
+                "the start-up table's plan: " + plan.describe());
 }
 
 void test_configs() {
@@ -339,7 +382,7 @@ void test_configs() {
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
-  test_speedrun_table();
+  test_speedrun_table();  test_layer_plan();
 }
 
 void test_bf16() {
@@ -624,6 +667,7 @@ void check_speedrun_gradient_order(const llmc::GPT2Config& c, const llmc::DebugS
   size_t offsets[llmc::kNumParamTensors];
   llmc::param_table(c, t);
   llmc::param_offsets(c, offsets);
+  const llmc::LayerPlan plan = llmc::layer_plan(c);
   std::vector<std::string> expected;  // "name elements offset" of each slab, in table order
   std::vector<double> sums;
   auto add = [&](const std::string& name, size_t size, size_t offset) {
@@ -639,16 +683,16 @@ void check_speedrun_gradient_order(const llmc::GPT2Config& c, const llmc::DebugS
       check(false, std::string("the speedrun table has ") + t[i].name + ", which the test does not know");
       return;
     }
-    const size_t slab = llmc::param_slab_size(c, t[i]);
+    const size_t slab = llmc::param_slab_size(plan, t[i]);
     if (i == llmc::kVe) {
-      for (int k = 0; k < llmc::arch_spec(c.arch).value_embeddings; k++) {
+      for (int k = 0; k < plan.value_embeddings; k++) {
         add(llmc::strformat(named->name, k), t[i].size / 3, offsets[i] + k * (t[i].size / 3));
       }
     } else if (!t[i].per_layer()) {
       add(named->name, t[i].size, offsets[i]);
     }
     for (int l = 0; t[i].per_layer() && l < c.num_layers; l++) {
-      const int s = llmc::param_slab(c, t[i], l);
+      const int s = llmc::param_slab(plan, t[i], l);
       if (s >= 0) add(llmc::strformat("transformer.h.%d.%s", l, named->name), slab, offsets[i] + s * slab);
     }
   }
