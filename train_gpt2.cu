@@ -10032,11 +10032,10 @@ constexpr int kAbortGraceSeconds = 10;
 struct MultiGpuOptions {
   llmc::LaunchFlags launch;
   int timeout_s = 300;  // -ct
-  // The defaults ran fastest on two GPUs (dev/cuda/NOTES.md): ZeRO-1 with one reduce-scatter
-  // after the backward pass, ahead of an all-reduce after it and of a per-layer reduction during
-  // it (whose NCCL kernels take SMs from the backward pass, and the power-capped clock drops
-  // further while both run).
-  int zero_stage = 1;   // -zs
+  // The defaults ran fastest on two GPUs (dev/cuda/NOTES.md): ZeRO-1 (llmc::Recipe::zero_stage, -zs)
+  // with one reduce-scatter after the backward pass, ahead of an all-reduce after it and of a
+  // per-layer reduction during it (whose NCCL kernels take SMs from the backward pass, and the
+  // power-capped clock drops further while both run).
   int overlap = 0;      // -ov
 };
 
@@ -10084,7 +10083,7 @@ std::atomic<ncclComm_t> watched_comm{nullptr};
   _exit(kExitPeerLost);
 }
 
-MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options) {
+MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options, int zero_stage) {
   MultiGpu mg;
   const bool by_mpi = env_int("OMPI_COMM_WORLD_SIZE", 1) > 1;
   llmc::Launch launch;
@@ -10115,7 +10114,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options)
     mg.launched_by = launch.source;
   }
   if (mg.world == 1) return mg;
-  mg.zero_stage = options.zero_stage;
+  mg.zero_stage = zero_stage;
   mg.overlap = options.overlap != 0;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
@@ -10349,16 +10348,12 @@ struct TrainArgs : llmc::TrainFlags {
   int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
-  int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0, fp8_head = 0;
-  int documents = 0, window_blocks = 0;  // -pd, -aw (llmc::run_window_blocks)
-  int val_T = 0;                         // -vt (0: -t, resolve_validation_length)
+  int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
-  // -recipe sets the defaults of the flags its help lists (apply_recipe) and the settings that
-  // have no flag.
+  // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
+  // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
   const llmc::Recipe* recipe = &llmc::recipe_gpt2();
-  llmc::OptimizerKind optimizer = llmc::OptimizerKind::kAdamW;
-  float muon_lr = 0.025f, muon_weight_decay = 0.05f, decay_fraction = 0.0f;
   std::vector<std::string> given;  // the flags on the command line
   OptimizerConfig update;          // resolved from the recipe and the flags (resolve_args)
 };
@@ -10372,34 +10367,12 @@ const llmc::Recipe& recipe_of_args(const std::vector<std::string>& args) {
   return llmc::recipe_gpt2();
 }
 
+// The recipe's FP8 head stands only in BF16 builds (recipe_fp8_head).
 void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.recipe = &r;
-  a.optimizer = r.optimizer;
-  a.lr = r.lr;
-  a.weight_decay = r.weight_decay;
-  a.grad_clip = r.grad_clip;
-  a.schedule = r.schedule;
-  a.decay_fraction = r.decay_fraction;
-  a.final_lr_frac = r.final_lr_frac;
-  a.total_batch = r.total_batch_tokens;
-  a.B = r.B;
-  a.T = r.T;
-  a.max_steps = r.max_steps;
-  a.val_every = r.val_every;
-  a.val_batches = r.val_batches;
-  a.val_T = r.val_T;
-  a.shuffle = r.shuffle;
-  a.documents = r.documents;
-  a.window_blocks = r.window_blocks;
-  a.muon_lr = r.muon_lr;
-  a.muon_weight_decay = r.muon_weight_decay;
-  a.multi_gpu.zero_stage = r.zero_stage;
+  static_cast<llmc::Recipe&>(a) = r;
   a.fp8_head = recipe_fp8_head(r);
 }
-
-// The flags whose defaults -recipe sets (apply_recipe).
-const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b", "-t", "-x",
-                                               "-v", "-m", "-vt", "-sh", "-pd", "-aw", "-ml", "-mw", "-zs", "-fh"};
 
 // The optimizers of the run: the recipe's, with the flags that override them.
 OptimizerConfig run_optimizer(const TrainArgs& a) {
@@ -10412,17 +10385,18 @@ OptimizerConfig run_optimizer(const TrainArgs& a) {
   return opt;
 }
 
-// -recipe and -opt parse their names into what they name.
+// -recipe's help, naming the flags a recipe sets (llmc::recipe_flags).
+std::string recipe_help(const std::vector<const llmc::Flag*>& recipe_set) {
+  std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
+                     "QK-norm and rotary, ReLU^2, a soft-capped head, Muon) or speedrun (its record #28: value "
+                     "embeddings, U-net skips, gated heads, packed documents in a growing window); its values of";
+  for (const llmc::Flag* flag : recipe_set) text += " " + std::string(flag->name);
+  return text + " stand where the command line gives none";
+}
+
+// -recipe and -opt parse their names into what they name; train_flags gives -recipe its help.
 llmc::Flag recipe_flag(TrainArgs& a) {
-  static const std::string help = [] {
-    std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
-                       "QK-norm and rotary, ReLU^2, a soft-capped head, Muon) or speedrun (its record #28: value "
-                       "embeddings, U-net skips, gated heads, packed documents in a growing window); its values "
-                       "of";
-    for (const std::string& flag : kRecipeFlags) text += " " + flag;
-    return text + " stand where the command line gives none";
-  }();
-  return {"-recipe", "recipe", help.c_str(),
+  return {"-recipe", "recipe", "",
           [&a](const char* text) { a.recipe = &llmc::recipe_by_name(text, "-recipe"); },
           [&a] { return std::string(a.recipe->name); }};
 }
@@ -10433,13 +10407,13 @@ llmc::Flag window_flag(TrainArgs& a) {
           "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer); -1: its "
           "schedule, 1 block growing to 14 over -x; 0: none",
           [&a](const char* text) { a.window_blocks = llmc::parse_window_blocks("-aw", text); },
-          [&a] { return std::to_string(a.window_blocks); }};
+          [&a] { return std::to_string(a.window_blocks); }, &a.window_blocks};
 }
 
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
-          [&a] { return std::string(llmc::optimizer_name(a.optimizer)); }};
+          [&a] { return std::string(llmc::optimizer_name(a.optimizer)); }, &a.optimizer};
 }
 
 constexpr const char* kQuickStart =
@@ -10487,7 +10461,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       text_flag("-rv", "rendezvous", "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)", &launch.rendezvous),
       text_flag("-rt", "run token", "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)", &launch.token),
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
-      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
+      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
       recipe_flag(a),
       optimizer_flag(a),
@@ -10495,9 +10469,12 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
   });
-  // What -l scales is the recipe's: one rate, or the roles' rates.
+  // What -l scales is the recipe's: one rate, or the roles' rates. The flags a recipe sets are the
+  // same for every TrainArgs.
+  static const std::string recipe_set_help = recipe_help(llmc::recipe_flags(a, flags));
   for (llmc::Flag& f : flags) {
     if (std::string(f.name) == "-l") f.help = a.recipe->lr_help;
+    if (std::string(f.name) == "-recipe") f.help = recipe_set_help.c_str();
   }
   return flags;
 }
@@ -11304,9 +11281,11 @@ void resolve_args(TrainArgs& a, const std::vector<std::string>& args) {
 // whose value the recipe set, not the command line.
 std::string recipe_default_note(TrainArgs& a, const std::string& message) {
   std::string note;
-  for (const llmc::Flag& f : train_flags(a)) {
+  const std::vector<llmc::Flag> flags = train_flags(a);
+  const std::vector<const llmc::Flag*> recipe_set = llmc::recipe_flags(a, flags);
+  for (const llmc::Flag& f : flags) {
     const std::string name = f.name;
-    const bool from_recipe = std::count(kRecipeFlags.begin(), kRecipeFlags.end(), name) &&
+    const bool from_recipe = std::count(recipe_set.begin(), recipe_set.end(), &f) &&
                              !std::count(a.given.begin(), a.given.end(), name);
     const size_t at = (" " + message + " ").find(" " + name + " ");
     if (!from_recipe || at == std::string::npos) continue;
@@ -11345,7 +11324,7 @@ int train_main(int argc, char** argv) {
     throw llmc::Error(e.what() + recipe_default_note(a, e.what()));
   }
   require_gpu(without_gpu(a, in.start.config));
-  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
+  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu, a.zero_stage);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));

@@ -40,16 +40,38 @@ struct NewtonSchulz {
 constexpr NewtonSchulz kNewtonSchulzBaseline = {12, 2.0f, -1.5f, 0.5f};
 constexpr NewtonSchulz kNewtonSchulzSpeedrun = {5, 3.4445f, -4.7750f, 2.0315f};
 
-// A recipe's settings, GPT-2's where no recipe sets another. The flags named in a field's
-// comment override it (the command line's value wins); the others have no flag.
+// A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
+// where no recipe sets another. The fields a flag writes are named by it in their comment, in the
+// order the flags are listed as the recipe's (recipe_flags); the others have no flag.
 struct Recipe {
   const char* name = "gpt2";
   Arch arch = Arch::kGpt2;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  // -opt
-  // AdamW: the schedule's peak (-l), betas, eps, weight decay (-c; on the 2-D tensors, or on
-  // every AdamW tensor with decay_vectors), and each role's rate as a multiplier of the
-  // schedule's (by ParamRole: embedding, matrix, vector, head).
-  float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  float lr = 3e-4f;            // -l: the schedule's peak
+  float weight_decay = 0.1f;   // -c: AdamW's
+  float grad_clip = 1.0f;      // -gc; 0: none
+  // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
+  // fifth).
+  std::string schedule = "cosine";
+  float decay_fraction = 0.0f;  // -kd
+  float final_lr_frac = 0.0f;  // -q
+  long total_batch = -1;       // -z (-1: one micro batch)
+  int B = 4, T = 0;            // -b, -t (T 0: the model's maximum)
+  int max_steps = -1;          // -x (-1: an epoch of the data)
+  int val_every = 20, val_batches = 20;  // -v, -m
+  int val_T = 0;               // -vt (0: -t)
+  int shuffle = 1;             // -sh
+  int documents = 0;           // -pd
+  int window_blocks = 0;       // -aw (-1: the window's schedule)
+  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
+  // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
+  // more all-gather a step.
+  int zero_stage = 1;
+  int fp8_head = 0;            // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
+  // AdamW: betas, eps, weight decay on the 2-D tensors (or on every AdamW tensor with
+  // decay_vectors), and each role's rate as a multiplier of the schedule's (by ParamRole:
+  // embedding, matrix, vector, head).
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   bool decay_vectors = false;
   bool eps_before_correction = false;  // eps added to sqrt(v) before the bias correction
   // The embeddings' AdamW moments and weights rounded to nearest BF16 after each step, as the
@@ -57,32 +79,15 @@ struct Recipe {
   bool bf16_embeddings = false;
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
-  float grad_clip = 1.0f;                        // -gc; 0: none
-  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   MomentumSchedule muon_momentum;  // 0.95 at every step (no warmup)
   NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
   // A tall matrix's update times sqrt(rows / cols), as the reference scales it; false where the
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
   bool muon_scale_tall = true;
   bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
-  // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
-  // fifth).
-  const char* schedule = "cosine";
-  float decay_fraction = 0.0f;
-  float final_lr_frac = 0.0f;    // -q
-  long total_batch_tokens = -1;  // -z (-1: one micro batch)
-  int B = 4, T = 0;              // -b, -t (T 0: the model's maximum)
-  int max_steps = -1;            // -x (-1: an epoch of the data)
-  int val_every = 20, val_batches = 20;  // -v, -m
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;
-  int val_T = 0;                 // -vt (0: -t)
-  int shuffle = 1;               // -sh
-  int documents = 0;             // -pd
-  int window_blocks = 0;         // -aw (-1: the window's schedule)
-  int zero_stage = 1;            // -zs: 0 with Muon, which with 1 takes one more all-gather a step
-  bool fp8_head = false;         // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
 };
 
 inline const Recipe& recipe_gpt2() {
@@ -111,7 +116,7 @@ inline const Recipe& recipe_modern() {
     m.loss_sum = true;
     m.schedule = "wsd";
     m.decay_fraction = 0.7f;
-    m.total_batch_tokens = 524288;
+    m.total_batch = 524288;
     m.B = 64;
     m.T = 1024;
     m.zero_stage = 0;
@@ -148,7 +153,7 @@ inline const Recipe& recipe_speedrun() {
     m.schedule = "wsd";
     m.decay_fraction = 0.45f;
     m.final_lr_frac = 0.1f;
-    m.total_batch_tokens = 393216;
+    m.total_batch = 393216;
     m.B = 1;
     m.T = 49152;
     m.max_steps = 1695;
@@ -162,7 +167,7 @@ inline const Recipe& recipe_speedrun() {
     m.documents = 1;
     m.window_blocks = -1;
     m.zero_stage = 0;
-    m.fp8_head = true;
+    m.fp8_head = 1;
     m.bf16_embeddings = true;
     return m;
   }();
