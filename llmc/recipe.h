@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "gpt2.h"
@@ -172,6 +173,115 @@ inline const Recipe& recipe_speedrun() {
     return m;
   }();
   return r;
+}
+
+// One parameter role's optimizer, a row of OptimizerTable.
+struct RoleOptimizer {
+  OptimizerKind method = OptimizerKind::kAdamW;
+  // AdamW's: a multiplier of the schedule's rate; Muon's: its rate at the schedule's peak, which
+  // follows the schedule's shape.
+  float lr = 1.0f;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW's
+  float weight_decay = 0.0f;                       // decoupled, on every tensor of the role
+  // AdamW's moments and the weights rounded to nearest BF16 after each step (BF16 builds).
+  bool bf16_state = false;
+};
+
+constexpr int kParamRoles = 4;  // ParamRole's values
+
+// Every hyperparameter of the update but the schedule's rate, resolved once from the run's record
+// (optimizer_table): a row for each parameter role, and what the roles share.
+struct OptimizerTable {
+  RoleOptimizer roles[kParamRoles];  // by ParamRole
+  float grad_clip = 1.0f;            // the gradient norm clipped to (<= 0: none)
+  // AdamW's eps added to sqrt(v) before the bias correction (the speedrun's reference): AdamW at
+  // step t with eps / sqrt(1 - beta2^t), as train_gpt2.py's adam_eps.
+  bool eps_before_correction = false;
+  MomentumSchedule muon_momentum;  // Muon's, as Recipe's fields of these names
+  NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
+  bool muon_scale_tall = true;
+
+  const RoleOptimizer& of(ParamRole role) const { return roles[(int)role]; }
+  bool muon() const {
+    return std::any_of(roles, roles + kParamRoles,
+                       [](const RoleOptimizer& r) { return r.method == OptimizerKind::kMuon; });
+  }
+  float adamw_eps(const RoleOptimizer& row, int t) const {
+    return eps_before_correction ? (float)(row.eps / std::sqrt(1.0 - std::pow((double)row.beta2, t))) : row.eps;
+  }
+};
+
+// The run's optimizers from its record (bf16_build: BF16 state can be kept): AdamW for every
+// role, or Muon for the blocks' matrices (-opt muon) and AdamW for the rest. Each AdamW role's
+// rate is the schedule's times its multiplier (Recipe::role_lr): 1 in GPT-2's recipe; in the
+// modern ones, whose schedule peaks at 1 (-l scales it), the reference's rate of the role.
+// AdamW's weight decay (-c) falls on the roles of 2-D tensors (ParamSpec::decayed), and on the
+// vectors too with decay_vectors; Muon's is its own (-mw).
+inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
+  OptimizerTable t;
+  for (int i = 0; i < kParamRoles; i++) {
+    const ParamRole role = (ParamRole)i;
+    RoleOptimizer& row = t.roles[i];
+    row.lr = r.role_lr[i];
+    row.beta1 = r.beta1;
+    row.beta2 = r.beta2;
+    row.eps = r.eps;
+    row.weight_decay = role != ParamRole::kVector || r.decay_vectors ? r.weight_decay : 0.0f;
+    row.bf16_state = role == ParamRole::kEmbedding && r.bf16_embeddings && bf16_build;
+    if (role == ParamRole::kMatrix && r.optimizer == OptimizerKind::kMuon) {
+      row.method = OptimizerKind::kMuon;
+      row.lr = r.muon_lr;
+      row.weight_decay = r.muon_weight_decay;
+    }
+  }
+  t.grad_clip = r.grad_clip;
+  t.eps_before_correction = r.eps_before_correction;
+  t.muon_momentum = r.muon_momentum;
+  t.muon_newton_schulz = r.muon_newton_schulz;
+  t.muon_scale_tall = r.muon_scale_tall;
+  return t;
+}
+
+// The betas and eps of the table's AdamW rows, which one kernel updates with one set for every
+// tensor: the first AdamW row, or a failure naming two roles that differ.
+inline const RoleOptimizer& adamw_shared_row(const OptimizerTable& t) {
+  const RoleOptimizer* first = nullptr;
+  for (const RoleOptimizer& row : t.roles) {
+    if (row.method != OptimizerKind::kAdamW) continue;
+    if (!first) first = &row;
+    if (row.beta1 != first->beta1 || row.beta2 != first->beta2 || row.eps != first->eps) {
+      LLMC_FAIL("AdamW's roles %d and %d have different betas or eps: its update takes one set for every tensor",
+                (int)(first - t.roles), (int)(&row - t.roles));
+    }
+  }
+  if (!first) LLMC_FAIL("no role is AdamW's: it updates the embeddings");
+  return *first;
+}
+
+// The start-up table's optimizers, from the run's record (what optimizer_table makes of it), the
+// rates at the schedule's peak.
+inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
+  const float* x = r.role_lr;
+  std::string adamw = strformat("AdamW betas %g %g eps %g, weight decay on %s", r.beta1, r.beta2, r.eps,
+                                r.decay_vectors ? "every tensor" : "the 2-D tensors");
+  if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
+    adamw += strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
+  }
+  if (r.bf16_embeddings && bf16_build) adamw += ", the embeddings' steps in BF16";
+  if (r.optimizer != OptimizerKind::kMuon) return adamw;
+  const MomentumSchedule& mu = r.muon_momentum;
+  std::string momentum = strformat("%g", mu.end);
+  if (mu.warmup_steps > 0) {
+    momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
+  }
+  const NewtonSchulz& ns = r.muon_newton_schulz;
+  const NewtonSchulz& baseline = kNewtonSchulzBaseline;
+  const std::string polynomial = ns.a == baseline.a && ns.b == baseline.b && ns.c == baseline.c
+                                     ? "" : strformat(" of (%g, %g, %g)", ns.a, ns.b, ns.c);
+  return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %d "
+                   "Newton-Schulz steps%s in BF16%s); %s for the rest", r.muon_lr, r.muon_weight_decay,
+                   momentum.c_str(), ns.steps, polynomial.c_str(),
+                   r.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
 }
 
 // -m's default on `world` processes: the recipe's val_batches, or where they are shared by the
