@@ -45,7 +45,7 @@ int profile_main(int argc, char** argv) {
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
-  const OptimizerConfig opt = optimizer_config(recipe);
+  const llmc::OptimizerTable opt = llmc::optimizer_table(recipe, sizeof(floatX) == 2);
   llmc::GPT2Config config;
   REQUIRE(llmc::config_from_preset(preset, &config, recipe.arch), "-e %s: not a preset (d12 d24 d36 d48 tiny)",
           preset.c_str());
@@ -66,7 +66,7 @@ int profile_main(int argc, char** argv) {
                                              !fp8_head.empty());
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
-  gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon}, 42);
+  gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon()}, 42);
   gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention, head_in_fp8);
   if (attention.documents) gpt2_set_window(m, window);
   cudaEvent_t events[5];

@@ -59,30 +59,29 @@ constexpr float kFp8StepLossTol = 0.2f;
 constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
-// as its multiplier (GPT-2's: all the same), Muon's own.
-OptimizerConfig debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config) {
-  OptimizerConfig opt;
-  opt.muon = ref.muon;
-  opt.muon_lr = ref.muon_lr;
-  opt.muon_weight_decay = ref.muon_weight_decay;
-  opt.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
-  opt.muon_newton_schulz = {ref.newton_schulz_steps, ref.newton_schulz_a, ref.newton_schulz_b,
-                            ref.newton_schulz_c};
+// as its multiplier (GPT-2's: all the same), Muon's own; the record that gives them.
+llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config) {
+  llmc::Recipe r;
+  r.optimizer = ref.muon ? llmc::OptimizerKind::kMuon : llmc::OptimizerKind::kAdamW;
+  r.muon_lr = ref.muon_lr;
+  r.muon_weight_decay = ref.muon_weight_decay;
+  r.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
+  r.muon_newton_schulz = {ref.newton_schulz_steps, ref.newton_schulz_a, ref.newton_schulz_b, ref.newton_schulz_c};
   // The speedrun's reference holds every matrix so that its Muon scale is 1 (SPEC.md).
-  opt.muon_scale_tall = config.arch != llmc::Arch::kSpeedrun;
-  opt.eps_before_correction = ref.eps_before_correction;
-  opt.beta1 = ref.beta1;
-  opt.beta2 = ref.beta2;
-  opt.eps = ref.eps;
-  opt.weight_decay = ref.weight_decay;
-  opt.grad_clip = ref.grad_clip;
+  r.muon_scale_tall = config.arch != llmc::Arch::kSpeedrun;
+  r.eps_before_correction = ref.eps_before_correction;
+  r.beta1 = ref.beta1;
+  r.beta2 = ref.beta2;
+  r.eps = ref.eps;
+  r.weight_decay = ref.weight_decay;
+  r.grad_clip = ref.grad_clip;
   using R = llmc::ParamRole;
-  opt.lr_multiplier[(int)R::kEmbedding] = ref.lr_embedding;
-  opt.lr_multiplier[(int)R::kMatrix] = ref.lr;
-  opt.lr_multiplier[(int)R::kVector] = ref.lr_vector;
-  opt.lr_multiplier[(int)R::kHead] = ref.lr_head;
-  opt.decay_vectors = config.modern();
-  return opt;
+  r.role_lr[(int)R::kEmbedding] = ref.lr_embedding;
+  r.role_lr[(int)R::kMatrix] = ref.lr;
+  r.role_lr[(int)R::kVector] = ref.lr_vector;
+  r.role_lr[(int)R::kHead] = ref.lr_head;
+  r.decay_vectors = config.modern();
+  return llmc::optimizer_table(r, sizeof(floatX) == 2);
 }
 
 // The gradient the debug state's loss gives each logit: of the mean, or of the sum (the modern
@@ -100,9 +99,9 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, bool fp8) {
 // each step's loss within tol of PyTorch's; prints the largest difference.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
                        const llmc::DebugState& ref, bool fp8, float tol) {
-  const OptimizerConfig opt = debug_state_optimizer(ref, config);
+  const llmc::OptimizerTable opt = debug_state_optimizer(ref, config);
   GPT2 m;
-  gpt2_init(m, config, values, {true, opt.muon}, 42);
+  gpt2_init(m, config, values, {true, opt.muon()}, 42);
   debug_state_allocate(m, ref, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {

@@ -6884,7 +6884,7 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
 // 768x3072) 3.9 TFLOP a step with 12 iterations, 6.5 ms at 600 TFLOP/s. The elementwise kernels
 // move 12 bytes an element in (g, m, X), 4 to normalise, 14 out (X, master, p): 2.5 GB at d12.
 
-// One step's hyperparameters (OptimizerConfig::muon_step).
+// One step's hyperparameters (muon_step).
 struct MuonParams {
   float lr, weight_decay, momentum;
   float grad_scale = 1.0f;  // the gradient's clipping factor, as AdamW's
@@ -7799,7 +7799,7 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
 }
 
 // What the optimizer state holds: the FP32 master weights (BF16 builds), and Muon's momentum for
-// the matrices Muon updates (-opt muon; gpt2_update then needs an OptimizerConfig with muon).
+// the matrices Muon updates (-opt muon; gpt2_update then needs an llmc::OptimizerTable with Muon's row).
 struct StateSpec {
   bool master_weights = true;
   bool muon = false;
@@ -9125,38 +9125,12 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
   return sqrtf(norm_squared);
 }
 
-// The optimizers of a run: AdamW for every tensor, or Muon for the blocks' matrices (-opt muon)
-// and AdamW for the rest. Each AdamW tensor's learning rate is the schedule's times its role's
-// multiplier: 1 in GPT-2's recipe; in the modern one, whose schedule peaks at 1 (-l scales
-// it), the reference's rate of each role. Muon's rate follows the schedule's shape.
-// Every hyperparameter of the update but the schedule's rate: one value, resolved at start-up.
-struct OptimizerConfig {
-  bool muon = false;
-  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // Muon's (llmc::Recipe's fields of the names)
-  llmc::MomentumSchedule muon_momentum;
-  llmc::NewtonSchulz muon_newton_schulz = llmc::kNewtonSchulzBaseline;
-  bool muon_scale_tall = true;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;  // AdamW's
-  float lr_multiplier[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // by llmc::ParamRole
-  bool decay_vectors = false;  // AdamW's weight decay on the 1-D tensors too (the modern recipe)
-  // eps added to sqrt(v) before the bias correction (the speedrun's reference): AdamW at step t with
-  // eps / sqrt(1 - beta2^t), as train_gpt2.py's adam_eps.
-  bool eps_before_correction = false;
-  // The embeddings' steps in BF16 (llmc::Recipe::bf16_embeddings; BF16 builds): AdamWSlices::bf16_state.
-  bool bf16_embeddings = false;
-  float adamw_eps(int t) const {
-    return eps_before_correction ? (float)(eps / std::sqrt(1.0 - std::pow((double)beta2, t))) : eps;
-  }
-  float grad_clip = 1.0f;      // the gradient norm clipped to (<= 0: none)
-
-  float adamw_lr(const llmc::ParamSpec& spec, float lr) const { return lr * lr_multiplier[(int)spec.role]; }
-  float adamw_decay(const llmc::ParamSpec& spec) const { return spec.decayed || decay_vectors ? weight_decay : 0.0f; }
-  // Muon's hyperparameters at `step` (0-based; its momentum's schedule), at the schedule's peak.
-  MuonParams muon_step(long step, float grad_scale) const {
-    return {muon_lr, muon_weight_decay, (float)muon_momentum.at(step), grad_scale, muon_newton_schulz,
-            muon_scale_tall};
-  }
-};
+// Muon's hyperparameters at `step` (0-based; its momentum's schedule), at the schedule's peak.
+MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scale) {
+  const llmc::RoleOptimizer& row = opt.of(llmc::ParamRole::kMatrix);
+  return {row.lr, row.weight_decay, (float)opt.muon_momentum.at(step), grad_scale, opt.muon_newton_schulz,
+          opt.muon_scale_tall};
+}
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
 // wide orientation, layer by layer within a group: each group is orthogonalised in one batched
@@ -9290,63 +9264,41 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   }
 }
 
-// The recipe's optimizers (the command line's flags then override what they name).
-OptimizerConfig optimizer_config(const llmc::Recipe& r) {
-  OptimizerConfig opt;
-  opt.muon = r.optimizer == llmc::OptimizerKind::kMuon;
-  opt.muon_lr = r.muon_lr;
-  opt.muon_weight_decay = r.muon_weight_decay;
-  opt.muon_momentum = r.muon_momentum;
-  opt.muon_newton_schulz = r.muon_newton_schulz;
-  opt.muon_scale_tall = r.muon_scale_tall;
-  opt.beta1 = r.beta1;
-  opt.beta2 = r.beta2;
-  opt.eps = r.eps;
-  opt.weight_decay = r.weight_decay;
-  for (int i = 0; i < 4; i++) opt.lr_multiplier[i] = r.role_lr[i];
-  opt.decay_vectors = r.decay_vectors;
-  opt.eps_before_correction = r.eps_before_correction;
-  opt.bf16_embeddings = r.bf16_embeddings && sizeof(floatX) == 2;
-  opt.grad_clip = r.grad_clip;
-  return opt;
-}
-
 // The first steps of a process, whose products are tuned: the first; where the init zeroes the
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
 // Optimizer step `step` (0-based, the one whose rates lr and lr_fraction are) on this rank's shard
-// (each tensor's part inside it), given the gradient norm: AdamW with clipping at opt.grad_clip
-// and the schedule's lr; Muon (opt.muon) with its rate times lr_fraction, the schedule's lr over
-// its peak, and the step's momentum, its orthogonalisation spread over the processes by
-// muon_spread.
-void gpt2_update(GPT2& m, const OptimizerConfig& opt, long step, float lr, float lr_fraction, float grad_norm,
+// (each tensor's part inside it), given the gradient norm, each tensor by its role's row of opt:
+// AdamW with clipping at opt.grad_clip and the schedule's lr times the row's; Muon with its rate
+// times lr_fraction, the schedule's lr over its peak, and the step's momentum, its
+// orthogonalisation spread over the processes by muon_spread.
+void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
-  REQUIRE(opt.muon == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
-          "update is %s Muon's", m.muon ? "with" : "without", opt.muon ? "with" : "without");
+  REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
+          "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
   nvtxRangePush("update");
   m.optimizer_steps++;
-  AdamWParams hp;
+  const llmc::RoleOptimizer& adamw = llmc::adamw_shared_row(opt);
+  AdamWParams hp = {};  // lr and weight decay: each slice's, from its role's row
   hp.lr = lr;
-  hp.beta1 = opt.beta1;
-  hp.beta2 = opt.beta2;
-  hp.weight_decay = opt.weight_decay;
+  hp.beta1 = adamw.beta1;
+  hp.beta2 = adamw.beta2;
   const float clip = opt.grad_clip;
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
-  hp.eps = opt.adamw_eps(hp.step);
+  hp.eps = opt.adamw_eps(adamw, hp.step);
   const uint32_t seed = m.rng.u32();
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
-    const llmc::ParamSpec& spec = m.param_specs[i];
+    const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i],
-               opt.adamw_lr(spec, lr), opt.adamw_decay(spec), seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1),
-               opt.bf16_embeddings && spec.role == llmc::ParamRole::kEmbedding,
+               lr * row.lr, row.weight_decay, seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
                i == llmc::kHeadw && fp8_head_support(m.arch()));
   }
-  if (opt.muon) gpt2_muon_update(m, opt.muon_step(step, hp.grad_scale), lr_fraction, seed, muon_spread);
+  if (opt.muon()) gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), lr_fraction, seed, muon_spread);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
@@ -10032,11 +9984,10 @@ constexpr int kAbortGraceSeconds = 10;
 struct MultiGpuOptions {
   llmc::LaunchFlags launch;
   int timeout_s = 300;  // -ct
-  // The defaults ran fastest on two GPUs (dev/notes/multi-gpu-scaling.md): ZeRO-1 with one
-  // reduce-scatter after the backward pass, ahead of an all-reduce after it and of a per-layer
-  // reduction during it (whose NCCL kernels take SMs from the backward pass, and the power-capped
-  // clock drops further while both run).
-  int zero_stage = 1;   // -zs
+  // The defaults ran fastest on two GPUs (dev/notes/multi-gpu-scaling.md): ZeRO-1
+  // (llmc::Recipe::zero_stage, -zs) with one reduce-scatter after the backward pass, ahead of an
+  // all-reduce after it and of a per-layer reduction during it (whose NCCL kernels take SMs from
+  // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
 };
 
@@ -10084,7 +10035,7 @@ std::atomic<ncclComm_t> watched_comm{nullptr};
   _exit(kExitPeerLost);
 }
 
-MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options) {
+MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options, int zero_stage) {
   MultiGpu mg;
   const bool by_mpi = env_int("OMPI_COMM_WORLD_SIZE", 1) > 1;
   llmc::Launch launch;
@@ -10115,7 +10066,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options)
     mg.launched_by = launch.source;
   }
   if (mg.world == 1) return mg;
-  mg.zero_stage = options.zero_stage;
+  mg.zero_stage = zero_stage;
   mg.overlap = options.overlap != 0;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
@@ -10349,18 +10300,14 @@ struct TrainArgs : llmc::TrainFlags {
   int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
-  int hellaswag = 0, shuffle = 1, fp8 = 0, fp8_grad_e4m3 = 0, fp8_head = 0;
-  int documents = 0, window_blocks = 0;  // -pd, -aw (llmc::run_window_blocks)
-  int val_T = 0;                         // -vt (0: -t, resolve_validation_length)
+  int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
-  // -recipe sets the defaults of the flags its help lists (apply_recipe) and the settings that
-  // have no flag.
+  // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
+  // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
   const llmc::Recipe* recipe = &llmc::recipe_gpt2();
-  llmc::OptimizerKind optimizer = llmc::OptimizerKind::kAdamW;
-  float muon_lr = 0.025f, muon_weight_decay = 0.05f, decay_fraction = 0.0f;
   std::vector<std::string> given;  // the flags on the command line
-  OptimizerConfig update;          // resolved from the recipe and the flags (resolve_args)
+  llmc::OptimizerTable update;     // resolved from the record (resolve_args)
 };
 
 // The recipe named by -recipe in args (GPT-2's without one), read before the flags are parsed:
@@ -10372,57 +10319,25 @@ const llmc::Recipe& recipe_of_args(const std::vector<std::string>& args) {
   return llmc::recipe_gpt2();
 }
 
+// The recipe's FP8 head stands only in BF16 builds (recipe_fp8_head).
 void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.recipe = &r;
-  a.optimizer = r.optimizer;
-  a.lr = r.lr;
-  a.weight_decay = r.weight_decay;
-  a.grad_clip = r.grad_clip;
-  a.schedule = r.schedule;
-  a.decay_fraction = r.decay_fraction;
-  a.final_lr_frac = r.final_lr_frac;
-  a.total_batch = r.total_batch_tokens;
-  a.B = r.B;
-  a.T = r.T;
-  a.max_steps = r.max_steps;
-  a.val_every = r.val_every;
-  a.val_batches = r.val_batches;
-  a.val_T = r.val_T;
-  a.shuffle = r.shuffle;
-  a.documents = r.documents;
-  a.window_blocks = r.window_blocks;
-  a.muon_lr = r.muon_lr;
-  a.muon_weight_decay = r.muon_weight_decay;
-  a.multi_gpu.zero_stage = r.zero_stage;
+  static_cast<llmc::Recipe&>(a) = r;
   a.fp8_head = recipe_fp8_head(r);
 }
 
-// The flags whose defaults -recipe sets (apply_recipe).
-const std::vector<std::string> kRecipeFlags = {"-opt", "-l", "-c", "-gc", "-k", "-kd", "-q", "-z", "-b", "-t", "-x",
-                                               "-v", "-m", "-vt", "-sh", "-pd", "-aw", "-ml", "-mw", "-zs", "-fh"};
-
-// The optimizers of the run: the recipe's, with the flags that override them.
-OptimizerConfig run_optimizer(const TrainArgs& a) {
-  OptimizerConfig opt = optimizer_config(*a.recipe);
-  opt.muon = a.optimizer == llmc::OptimizerKind::kMuon;
-  opt.weight_decay = a.weight_decay;
-  opt.grad_clip = a.grad_clip;
-  opt.muon_lr = a.muon_lr;
-  opt.muon_weight_decay = a.muon_weight_decay;
-  return opt;
+// -recipe's help, naming the flags a recipe sets (llmc::recipe_flags).
+std::string recipe_help(const std::vector<const llmc::Flag*>& recipe_set) {
+  std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
+                     "QK-norm and rotary, ReLU^2, a soft-capped head, Muon) or speedrun (its record #28: value "
+                     "embeddings, U-net skips, gated heads, packed documents in a growing window); its values of";
+  for (const llmc::Flag* flag : recipe_set) text += " " + std::string(flag->name);
+  return text + " stand where the command line gives none";
 }
 
-// -recipe and -opt parse their names into what they name.
+// -recipe and -opt parse their names into what they name; train_flags gives -recipe its help.
 llmc::Flag recipe_flag(TrainArgs& a) {
-  static const std::string help = [] {
-    std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
-                       "QK-norm and rotary, ReLU^2, a soft-capped head, Muon) or speedrun (its record #28: value "
-                       "embeddings, U-net skips, gated heads, packed documents in a growing window); its values "
-                       "of";
-    for (const std::string& flag : kRecipeFlags) text += " " + flag;
-    return text + " stand where the command line gives none";
-  }();
-  return {"-recipe", "recipe", help.c_str(),
+  return {"-recipe", "recipe", "",
           [&a](const char* text) { a.recipe = &llmc::recipe_by_name(text, "-recipe"); },
           [&a] { return std::string(a.recipe->name); }};
 }
@@ -10433,13 +10348,13 @@ llmc::Flag window_flag(TrainArgs& a) {
           "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer); -1: its "
           "schedule, 1 block growing to 14 over -x; 0: none",
           [&a](const char* text) { a.window_blocks = llmc::parse_window_blocks("-aw", text); },
-          [&a] { return std::to_string(a.window_blocks); }};
+          [&a] { return std::to_string(a.window_blocks); }, &a.window_blocks};
 }
 
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
-          [&a] { return std::string(llmc::optimizer_name(a.optimizer)); }};
+          [&a] { return std::string(llmc::optimizer_name(a.optimizer)); }, &a.optimizer};
 }
 
 constexpr const char* kQuickStart =
@@ -10487,7 +10402,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       text_flag("-rv", "rendezvous", "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)", &launch.rendezvous),
       text_flag("-rt", "run token", "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)", &launch.token),
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
-      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.multi_gpu.zero_stage, 0, 1),
+      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
       recipe_flag(a),
       optimizer_flag(a),
@@ -10495,9 +10410,12 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
   });
-  // What -l scales is the recipe's: one rate, or the roles' rates.
+  // What -l scales is the recipe's: one rate, or the roles' rates. The flags a recipe sets are the
+  // same for every TrainArgs.
+  static const std::string recipe_set_help = recipe_help(llmc::recipe_flags(a, flags));
   for (llmc::Flag& f : flags) {
     if (std::string(f.name) == "-l") f.help = a.recipe->lr_help;
+    if (std::string(f.name) == "-recipe") f.help = recipe_set_help.c_str();
   }
   return flags;
 }
@@ -10611,31 +10529,6 @@ std::string architecture_description(const llmc::ArchSpec& s) {
                          "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
-// The optimizers' settings, the rates at the schedule's peak.
-std::string optimizer_description(const OptimizerConfig& opt) {
-  const float* x = opt.lr_multiplier;
-  std::string adamw = llmc::strformat("AdamW betas %g %g eps %g, weight decay on %s", opt.beta1, opt.beta2,
-                                      opt.eps, opt.decay_vectors ? "every tensor" : "the 2-D tensors");
-  if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
-    adamw += llmc::strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
-  }
-  if (opt.bf16_embeddings) adamw += ", the embeddings' steps in BF16";
-  if (!opt.muon) return adamw;
-  const llmc::MomentumSchedule& mu = opt.muon_momentum;
-  std::string momentum = llmc::strformat("%g", mu.end);
-  if (mu.warmup_steps > 0) {
-    momentum = llmc::strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
-  }
-  const llmc::NewtonSchulz& ns = opt.muon_newton_schulz;
-  const llmc::NewtonSchulz& baseline = llmc::kNewtonSchulzBaseline;
-  const std::string polynomial = ns.a == baseline.a && ns.b == baseline.b && ns.c == baseline.c
-                                     ? "" : llmc::strformat(" of (%g, %g, %g)", ns.a, ns.b, ns.c);
-  return llmc::strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %d "
-                         "Newton-Schulz steps%s in BF16%s); %s for the rest", opt.muon_lr, opt.muon_weight_decay,
-                         momentum.c_str(), ns.steps, polynomial.c_str(),
-                         opt.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
-}
-
 // -pd and -aw: the training sequences and what a token attends to.
 std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan) {
   if (!a.documents) return "causal, over contiguous training sequences";
@@ -10685,7 +10578,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("model", m.config.describe());
   table.row("architecture", architecture_description(m.arch()));
   table.row("layers", m.plan.describe());
-  table.row("optimizers", optimizer_description(a.update));
+  table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("attention", attention_description(a, m.plan));
   table.row("parameters", std::to_string(m.num_params));
@@ -11319,16 +11212,18 @@ bool print_run_end(TrainRun& r, int final_step) {
 void resolve_args(TrainArgs& a, const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); i += 2) a.given.push_back(args[i]);
   validate_args(a);
-  a.update = run_optimizer(a);
+  a.update = llmc::optimizer_table(a, sizeof(floatX) == 2);
 }
 
 // "; -t 1024 comes from -recipe modern: give -t to override it" for each flag the message names
 // whose value the recipe set, not the command line.
 std::string recipe_default_note(TrainArgs& a, const std::string& message) {
   std::string note;
-  for (const llmc::Flag& f : train_flags(a)) {
+  const std::vector<llmc::Flag> flags = train_flags(a);
+  const std::vector<const llmc::Flag*> recipe_set = llmc::recipe_flags(a, flags);
+  for (const llmc::Flag& f : flags) {
     const std::string name = f.name;
-    const bool from_recipe = std::count(kRecipeFlags.begin(), kRecipeFlags.end(), name) &&
+    const bool from_recipe = std::count(recipe_set.begin(), recipe_set.end(), &f) &&
                              !std::count(a.given.begin(), a.given.end(), name);
     const size_t at = (" " + message + " ").find(" " + name + " ");
     if (!from_recipe || at == std::string::npos) continue;
@@ -11367,12 +11262,12 @@ int train_main(int argc, char** argv) {
     throw llmc::Error(e.what() + recipe_default_note(a, e.what()));
   }
   require_gpu(without_gpu(a, in.start.config));
-  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu);
+  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu, a.zero_stage);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  const StateSpec state = {a.master_weights != 0, a.update.muon};
+  const StateSpec state = {a.master_weights != 0, a.update.muon()};
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   int exit_status = 0;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gpt2.h"
+#include "recipe.h"
 #include "schedulers.h"
 #include "tokenizer.h"
 #include "utils.h"
@@ -33,6 +34,7 @@ struct Flag {
   const char* help;   // its line in --help
   std::function<void(const char* text)> set;  // parses and range-checks the value, or fails
   std::function<std::string()> show;          // the current value
+  const void* value = nullptr;                // the setting it writes (recipe_flags)
 };
 
 // "0 or 1", "within [0, 1]", "at least 1", "at most 2147483647": the range that `value` is
@@ -84,7 +86,7 @@ inline void parse_tool_flags(int argc, char** argv, const char* usage,
 
 inline Flag text_flag(const char* name, const char* label, const char* help, std::string* value) {
   return {name, label, help, [value](const char* text) { *value = text; },
-          [value] { return value->empty() ? std::string("none") : *value; }};
+          [value] { return value->empty() ? std::string("none") : *value; }, value};
 }
 
 template <typename Int>
@@ -92,34 +94,24 @@ Flag int_flag(const char* name, const char* label, const char* help, Int* value,
               long max) {
   return {name, label, help,
           [=](const char* text) { *value = (Int)parse_int(name, text, min, max); },
-          [value] { return std::to_string(*value); }};
+          [value] { return std::to_string(*value); }, value};
 }
 
 inline Flag float_flag(const char* name, const char* label, const char* help, float* value,
                        float min, float max) {
   return {name, label, help, [=](const char* text) { *value = parse_float(name, text, min, max); },
-          [value] { return strformat("%g", *value); }};
+          [value] { return strformat("%g", *value); }, value};
 }
 
-// The settings of the shared flags, with their defaults.
-struct TrainFlags {
+// The settings of the shared flags, with their defaults: the run's record (Recipe, GPT-2's until
+// a recipe fills it), which holds the flags a recipe sets, and the others.
+struct TrainFlags : Recipe {
   std::string train_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train_*.bin";
   std::string val_pattern = "dev/data/tinyshakespeare/tiny_shakespeare_val_*.bin";
   std::string model = "d12";
   std::string output_dir;
   std::string tokenizer;  // none: kDefaultTokenizer where it exists (resolve_tokenizer)
-  std::string schedule = "cosine";
-  int B = 4;
-  int T = 0;  // 0 until resolve_sequence_length: the model's maximum
-  long total_batch = -1;
-  float lr = 3e-4f;
   int warmup = 0;
-  float final_lr_frac = 0.0f;
-  float weight_decay = 0.1f;
-  float grad_clip = 1.0f;
-  int max_steps = -1;
-  int val_every = 20;
-  int val_batches = 20;
   int sample_every = 20;
   int gen_len = 0;  // 0 until resolve_sample_length
   int overfit = 0;
@@ -224,6 +216,21 @@ inline bool parse_flags(const std::vector<std::string>& args, const std::vector<
     flag->set(args[i + 1].c_str());
   }
   return true;
+}
+
+// The flags that write the run's record (their settings lie in `record`, the Recipe part of the
+// settings they write), in the record's order: those whose defaults -recipe sets.
+inline std::vector<const Flag*> recipe_flags(const Recipe& record, const std::vector<Flag>& flags) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(&record), end = begin + sizeof(Recipe);
+  std::vector<const Flag*> out;
+  for (const Flag& f : flags) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(f.value);
+    if (at >= begin && at < end) out.push_back(&f);
+  }
+  std::sort(out.begin(), out.end(), [](const Flag* x, const Flag* y) {
+    return reinterpret_cast<uintptr_t>(x->value) < reinterpret_cast<uintptr_t>(y->value);
+  });
+  return out;
 }
 
 // The width --help and the start-up table keep within: a terminal's 80 columns and then some, and

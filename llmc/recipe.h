@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "gpt2.h"
@@ -40,16 +41,38 @@ struct NewtonSchulz {
 constexpr NewtonSchulz kNewtonSchulzBaseline = {12, 2.0f, -1.5f, 0.5f};
 constexpr NewtonSchulz kNewtonSchulzSpeedrun = {5, 3.4445f, -4.7750f, 2.0315f};
 
-// A recipe's settings, GPT-2's where no recipe sets another. The flags named in a field's
-// comment override it (the command line's value wins); the others have no flag.
+// A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
+// where no recipe sets another. The fields a flag writes are named by it in their comment, in the
+// order the flags are listed as the recipe's (recipe_flags); the others have no flag.
 struct Recipe {
   const char* name = "gpt2";
   Arch arch = Arch::kGpt2;
   OptimizerKind optimizer = OptimizerKind::kAdamW;  // -opt
-  // AdamW: the schedule's peak (-l), betas, eps, weight decay (-c; on the 2-D tensors, or on
-  // every AdamW tensor with decay_vectors), and each role's rate as a multiplier of the
-  // schedule's (by ParamRole: embedding, matrix, vector, head).
-  float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  float lr = 3e-4f;            // -l: the schedule's peak
+  float weight_decay = 0.1f;   // -c: AdamW's
+  float grad_clip = 1.0f;      // -gc; 0: none
+  // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
+  // fifth).
+  std::string schedule = "cosine";
+  float decay_fraction = 0.0f;  // -kd
+  float final_lr_frac = 0.0f;  // -q
+  long total_batch = -1;       // -z (-1: one micro batch)
+  int B = 4, T = 0;            // -b, -t (T 0: the model's maximum)
+  int max_steps = -1;          // -x (-1: an epoch of the data)
+  int val_every = 20, val_batches = 20;  // -v, -m
+  int val_T = 0;               // -vt (0: -t)
+  int shuffle = 1;             // -sh
+  int documents = 0;           // -pd
+  int window_blocks = 0;       // -aw (-1: the window's schedule)
+  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
+  // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
+  // more all-gather a step.
+  int zero_stage = 1;
+  int fp8_head = 0;            // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
+  // AdamW: betas, eps, weight decay on the 2-D tensors (or on every AdamW tensor with
+  // decay_vectors), and each role's rate as a multiplier of the schedule's (by ParamRole:
+  // embedding, matrix, vector, head).
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   bool decay_vectors = false;
   bool eps_before_correction = false;  // eps added to sqrt(v) before the bias correction
   // The embeddings' AdamW moments and weights rounded to nearest BF16 after each step, as the
@@ -57,32 +80,15 @@ struct Recipe {
   bool bf16_embeddings = false;
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
-  float grad_clip = 1.0f;                        // -gc; 0: none
-  float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   MomentumSchedule muon_momentum;  // 0.95 at every step (no warmup)
   NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
   // A tall matrix's update times sqrt(rows / cols), as the reference scales it; false where the
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
   bool muon_scale_tall = true;
   bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
-  // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
-  // fifth).
-  const char* schedule = "cosine";
-  float decay_fraction = 0.0f;
-  float final_lr_frac = 0.0f;    // -q
-  long total_batch_tokens = -1;  // -z (-1: one micro batch)
-  int B = 4, T = 0;              // -b, -t (T 0: the model's maximum)
-  int max_steps = -1;            // -x (-1: an epoch of the data)
-  int val_every = 20, val_batches = 20;  // -v, -m
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;
-  int val_T = 0;                 // -vt (0: -t)
-  int shuffle = 1;               // -sh
-  int documents = 0;             // -pd
-  int window_blocks = 0;         // -aw (-1: the window's schedule)
-  int zero_stage = 1;            // -zs: 0 with Muon, which with 1 takes one more all-gather a step
-  bool fp8_head = false;         // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
 };
 
 inline const Recipe& recipe_gpt2() {
@@ -111,7 +117,7 @@ inline const Recipe& recipe_modern() {
     m.loss_sum = true;
     m.schedule = "wsd";
     m.decay_fraction = 0.7f;
-    m.total_batch_tokens = 524288;
+    m.total_batch = 524288;
     m.B = 64;
     m.T = 1024;
     m.zero_stage = 0;
@@ -148,7 +154,7 @@ inline const Recipe& recipe_speedrun() {
     m.schedule = "wsd";
     m.decay_fraction = 0.45f;
     m.final_lr_frac = 0.1f;
-    m.total_batch_tokens = 393216;
+    m.total_batch = 393216;
     m.B = 1;
     m.T = 49152;
     m.max_steps = 1695;
@@ -162,11 +168,120 @@ inline const Recipe& recipe_speedrun() {
     m.documents = 1;
     m.window_blocks = -1;
     m.zero_stage = 0;
-    m.fp8_head = true;
+    m.fp8_head = 1;
     m.bf16_embeddings = true;
     return m;
   }();
   return r;
+}
+
+// One parameter role's optimizer, a row of OptimizerTable.
+struct RoleOptimizer {
+  OptimizerKind method = OptimizerKind::kAdamW;
+  // AdamW's: a multiplier of the schedule's rate; Muon's: its rate at the schedule's peak, which
+  // follows the schedule's shape.
+  float lr = 1.0f;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW's
+  float weight_decay = 0.0f;                       // decoupled, on every tensor of the role
+  // AdamW's moments and the weights rounded to nearest BF16 after each step (BF16 builds).
+  bool bf16_state = false;
+};
+
+constexpr int kParamRoles = 4;  // ParamRole's values
+
+// Every hyperparameter of the update but the schedule's rate, resolved once from the run's record
+// (optimizer_table): a row for each parameter role, and what the roles share.
+struct OptimizerTable {
+  RoleOptimizer roles[kParamRoles];  // by ParamRole
+  float grad_clip = 1.0f;            // the gradient norm clipped to (<= 0: none)
+  // AdamW's eps added to sqrt(v) before the bias correction (the speedrun's reference): AdamW at
+  // step t with eps / sqrt(1 - beta2^t), as train_gpt2.py's adam_eps.
+  bool eps_before_correction = false;
+  MomentumSchedule muon_momentum;  // Muon's, as Recipe's fields of these names
+  NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
+  bool muon_scale_tall = true;
+
+  const RoleOptimizer& of(ParamRole role) const { return roles[(int)role]; }
+  bool muon() const {
+    return std::any_of(roles, roles + kParamRoles,
+                       [](const RoleOptimizer& r) { return r.method == OptimizerKind::kMuon; });
+  }
+  float adamw_eps(const RoleOptimizer& row, int t) const {
+    return eps_before_correction ? (float)(row.eps / std::sqrt(1.0 - std::pow((double)row.beta2, t))) : row.eps;
+  }
+};
+
+// The run's optimizers from its record (bf16_build: BF16 state can be kept): AdamW for every
+// role, or Muon for the blocks' matrices (-opt muon) and AdamW for the rest. Each AdamW role's
+// rate is the schedule's times its multiplier (Recipe::role_lr): 1 in GPT-2's recipe; in the
+// modern ones, whose schedule peaks at 1 (-l scales it), the reference's rate of the role.
+// AdamW's weight decay (-c) falls on the roles of 2-D tensors (ParamSpec::decayed), and on the
+// vectors too with decay_vectors; Muon's is its own (-mw).
+inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
+  OptimizerTable t;
+  for (int i = 0; i < kParamRoles; i++) {
+    const ParamRole role = (ParamRole)i;
+    RoleOptimizer& row = t.roles[i];
+    row.lr = r.role_lr[i];
+    row.beta1 = r.beta1;
+    row.beta2 = r.beta2;
+    row.eps = r.eps;
+    row.weight_decay = role != ParamRole::kVector || r.decay_vectors ? r.weight_decay : 0.0f;
+    row.bf16_state = role == ParamRole::kEmbedding && r.bf16_embeddings && bf16_build;
+    if (role == ParamRole::kMatrix && r.optimizer == OptimizerKind::kMuon) {
+      row.method = OptimizerKind::kMuon;
+      row.lr = r.muon_lr;
+      row.weight_decay = r.muon_weight_decay;
+    }
+  }
+  t.grad_clip = r.grad_clip;
+  t.eps_before_correction = r.eps_before_correction;
+  t.muon_momentum = r.muon_momentum;
+  t.muon_newton_schulz = r.muon_newton_schulz;
+  t.muon_scale_tall = r.muon_scale_tall;
+  return t;
+}
+
+// The betas and eps of the table's AdamW rows, which one kernel updates with one set for every
+// tensor: the first AdamW row, or a failure naming two roles that differ.
+inline const RoleOptimizer& adamw_shared_row(const OptimizerTable& t) {
+  const RoleOptimizer* first = nullptr;
+  for (const RoleOptimizer& row : t.roles) {
+    if (row.method != OptimizerKind::kAdamW) continue;
+    if (!first) first = &row;
+    if (row.beta1 != first->beta1 || row.beta2 != first->beta2 || row.eps != first->eps) {
+      LLMC_FAIL("AdamW's roles %d and %d have different betas or eps: its update takes one set for every tensor",
+                (int)(first - t.roles), (int)(&row - t.roles));
+    }
+  }
+  if (!first) LLMC_FAIL("no role is AdamW's: it updates the embeddings");
+  return *first;
+}
+
+// The start-up table's optimizers, from the run's record (what optimizer_table makes of it), the
+// rates at the schedule's peak.
+inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
+  const float* x = r.role_lr;
+  std::string adamw = strformat("AdamW betas %g %g eps %g, weight decay on %s", r.beta1, r.beta2, r.eps,
+                                r.decay_vectors ? "every tensor" : "the 2-D tensors");
+  if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
+    adamw += strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
+  }
+  if (r.bf16_embeddings && bf16_build) adamw += ", the embeddings' steps in BF16";
+  if (r.optimizer != OptimizerKind::kMuon) return adamw;
+  const MomentumSchedule& mu = r.muon_momentum;
+  std::string momentum = strformat("%g", mu.end);
+  if (mu.warmup_steps > 0) {
+    momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
+  }
+  const NewtonSchulz& ns = r.muon_newton_schulz;
+  const NewtonSchulz& baseline = kNewtonSchulzBaseline;
+  const std::string polynomial = ns.a == baseline.a && ns.b == baseline.b && ns.c == baseline.c
+                                     ? "" : strformat(" of (%g, %g, %g)", ns.a, ns.b, ns.c);
+  return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %d "
+                   "Newton-Schulz steps%s in BF16%s); %s for the rest", r.muon_lr, r.muon_weight_decay,
+                   momentum.c_str(), ns.steps, polynomial.c_str(),
+                   r.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
 }
 
 // -m's default on `world` processes: the recipe's val_batches, or where they are shared by the

@@ -1,9 +1,9 @@
 // Tests llmc/flags.h: the shared flags' defaults, parsing and ranges, the messages for an unknown
 // flag (and another program's flag), a stray word and a missing value, when the usage is asked
-// for, a program's own flags after the shared ones, the sequence length, sample length, vocabulary
-// file and batch that follow from the flags, the CUDA trainer's document flags against -t and -x
-// and its window against the sequence length, the start-up table's box and the usage, both within
-// kScreenWidth. Scratch files go to build/test_tmp/flags/.
+// for, a program's own flags after the shared ones, the flags a recipe sets, the sequence length,
+// sample length, vocabulary file and batch that follow from the flags, the CUDA trainer's document
+// flags against -t and -x and its window against the sequence length, the start-up table's box and
+// the usage, both within kScreenWidth. Scratch files go to build/test_tmp/flags/.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -158,6 +158,27 @@ void test_program_flags() {
   check_throws([&] {
     llmc::train_flags(p, {llmc::int_flag("-b", "batch", "a second -b", &p.B, 1, 8)});
   }, "flag -b is defined twice", "a program's flag may not reuse a shared name");
+}
+
+// The flags a recipe sets are those whose settings lie in the run's record (llmc::Recipe), listed in
+// the record's order, a program's own among them; a recipe copied into the record is what the
+// flags show until the command line overrides it.
+void test_recipe_flags() {
+  ProgramFlags p;
+  const std::vector<Flag> flags = llmc::train_flags(
+      p, {llmc::int_flag("-h", "HellaSwag", "1: HellaSwag", &p.hellaswag, 0, 1),
+          llmc::int_flag("-vt", "validation length", "validation sequence length", &p.val_T, 0, 1 << 20),
+          llmc::int_flag("-sh", "shuffle", "1: shuffle", &p.shuffle, 0, 1)});
+  std::string names;
+  for (const Flag* f : llmc::recipe_flags(p, flags)) names += std::string(" ") + f->name;
+  check_verbose(names == " -l -c -gc -k -q -z -b -t -x -v -m -vt -sh",
+                "the flags that write the record, in its order:" + names);
+  static_cast<llmc::Recipe&>(p) = llmc::recipe_speedrun();
+  check_verbose(find(flags, "-t")->show() == "49152" && find(flags, "-k")->show() == "wsd" &&
+                    find(flags, "-sh")->show() == "0" && find(flags, "-S")->show() == "42",
+                "-recipe speedrun's record: -t 49152, -k wsd, -sh 0 shown; -S, not in it, keeps 42");
+  check_verbose(llmc::parse_flags({"-t", "256"}, flags, "./prog") && p.T == 256 && p.B == 1,
+                "-t 256 overrides the recipe's -t and leaves its -b 1");
 }
 
 void test_model_and_batch() {
@@ -436,6 +457,7 @@ int main() {
     test_messages();
     test_help();
     test_program_flags();
+    test_recipe_flags();
     test_model_and_batch();
     test_document_flags();
     test_window_length();

@@ -1,0 +1,152 @@
+// Tests llmc/recipe.h's optimizer table: each recipe's row for every parameter role (method, rate,
+// betas, eps, weight decay, state precision) as its record gives it, with -opt and the decay flags
+// written into the record; the per-role weight decay against the parameter table's decayed
+// tensors in every architecture; the one set of betas that AdamW's update takes; and the start-up
+// table's description of each recipe's optimizers.
+#include <cmath>
+#include <string>
+
+#include "dev/test/testing.h"
+#include "llmc/recipe.h"
+
+using llmc::OptimizerKind;
+using llmc::OptimizerTable;
+using llmc::ParamRole;
+using llmc::Recipe;
+using llmc::RoleOptimizer;
+using testing::check_throws;
+using testing::check_verbose;
+
+namespace {
+
+std::string row_text(const RoleOptimizer& r) {
+  return llmc::strformat("%s lr %g betas %g %g eps %g decay %g %s", llmc::optimizer_name(r.method), r.lr, r.beta1,
+                         r.beta2, r.eps, r.weight_decay, r.bf16_state ? "bf16" : "fp32");
+}
+
+// The rows of a record's table, "role: row" each, as the BF16 build resolves them.
+std::string table_text(const Recipe& r, bool bf16_build = true) {
+  const OptimizerTable t = llmc::optimizer_table(r, bf16_build);
+  const char* roles[llmc::kParamRoles] = {"embedding", "matrix", "vector", "head"};
+  std::string text;
+  for (int i = 0; i < llmc::kParamRoles; i++) {
+    text += llmc::strformat("%s: %s; ", roles[i], row_text(t.roles[i]).c_str());
+  }
+  return text;
+}
+
+void test_recipe_rows() {
+  const std::string gpt2 = table_text(llmc::recipe_gpt2());
+  check_verbose(gpt2 == "embedding: adamw lr 1 betas 0.9 0.95 eps 1e-08 decay 0.1 fp32; "
+                        "matrix: adamw lr 1 betas 0.9 0.95 eps 1e-08 decay 0.1 fp32; "
+                        "vector: adamw lr 1 betas 0.9 0.95 eps 1e-08 decay 0 fp32; "
+                        "head: adamw lr 1 betas 0.9 0.95 eps 1e-08 decay 0.1 fp32; ",
+                "gpt2: AdamW everywhere, decay on all but the vectors: " + gpt2);
+  const std::string modern = table_text(llmc::recipe_modern());
+  check_verbose(modern == "embedding: adamw lr 0.7 betas 0.8 0.95 eps 1e-10 decay 0.001 fp32; "
+                          "matrix: muon lr 0.025 betas 0.8 0.95 eps 1e-10 decay 0.05 fp32; "
+                          "vector: adamw lr 0.015 betas 0.8 0.95 eps 1e-10 decay 0.001 fp32; "
+                          "head: adamw lr 0.004 betas 0.8 0.95 eps 1e-10 decay 0.001 fp32; ",
+                "modern: Muon's matrices, each AdamW role's rate, decay on every role: " + modern);
+  const std::string speedrun = table_text(llmc::recipe_speedrun());
+  check_verbose(speedrun == "embedding: adamw lr 0.6 betas 0.8 0.95 eps 1e-10 decay 0 bf16; "
+                            "matrix: muon lr 0.05 betas 0.8 0.95 eps 1e-10 decay 0 fp32; "
+                            "vector: adamw lr 0.04 betas 0.8 0.95 eps 1e-10 decay 0 fp32; "
+                            "head: adamw lr 0.008 betas 0.8 0.95 eps 1e-10 decay 0 fp32; ",
+                "speedrun: the embeddings' state in BF16, no decay: " + speedrun);
+  const OptimizerTable fp32 = llmc::optimizer_table(llmc::recipe_speedrun(), false);
+  check_verbose(!fp32.of(ParamRole::kEmbedding).bf16_state,
+                "speedrun in the FP32 build: the embeddings' state in FP32");
+}
+
+// The flags write the record, and the table follows: -opt switches the matrices' row, -c the AdamW
+// rows that decay, -ml and -mw Muon's row.
+void test_flags_in_rows() {
+  Recipe r = llmc::recipe_modern();
+  r.optimizer = OptimizerKind::kAdamW;
+  r.weight_decay = 0.3f;
+  const OptimizerTable adamw = llmc::optimizer_table(r, true);
+  check_verbose(!adamw.muon() && row_text(adamw.of(ParamRole::kMatrix)) ==
+                                     "adamw lr 0.004 betas 0.8 0.95 eps 1e-10 decay 0.3 fp32",
+                "modern -opt adamw -c 0.3: the matrices take AdamW at the head's rate, decay 0.3");
+  Recipe g = llmc::recipe_gpt2();
+  g.optimizer = OptimizerKind::kMuon;
+  g.muon_lr = 0.1f;
+  g.muon_weight_decay = 0.2f;
+  g.weight_decay = 0.0f;
+  const OptimizerTable muon = llmc::optimizer_table(g, true);
+  check_verbose(muon.muon() &&
+                    row_text(muon.of(ParamRole::kMatrix)) == "muon lr 0.1 betas 0.9 0.95 eps 1e-08 decay 0.2 fp32" &&
+                    muon.of(ParamRole::kEmbedding).weight_decay == 0.0f,
+                "gpt2 -opt muon -ml 0.1 -mw 0.2 -c 0: Muon's row 0.1 and 0.2, AdamW's embeddings undecayed");
+}
+
+// A role's weight decay falls on all of its tensors: in every architecture a role's tensors are all
+// decayed (2-D) or all not (the vectors), as the parameter table says of each.
+void test_decay_by_role() {
+  bool by_role = true;
+  std::string odd;
+  for (llmc::Arch arch : {llmc::Arch::kGpt2, llmc::Arch::kModern, llmc::Arch::kSpeedrun}) {
+    llmc::GPT2Config c;
+    llmc::config_from_preset("tiny", &c, arch);
+    llmc::ParamSpec table[llmc::kNumParamTensors];
+    llmc::param_table(c, table);
+    for (const llmc::ParamSpec& spec : table) {
+      if (spec.decayed != (spec.role != ParamRole::kVector)) {
+        by_role = false;
+        odd += std::string(" ") + spec.name;
+      }
+    }
+  }
+  check_verbose(by_role, "every tensor decayed exactly when its role is not kVector" + odd);
+}
+
+// AdamW's update takes one set of betas and eps: its rows agree, or the table is refused.
+void test_adamw_shared_row() {
+  OptimizerTable t = llmc::optimizer_table(llmc::recipe_modern(), true);
+  check_verbose(llmc::adamw_shared_row(t).beta1 == 0.8f && t.adamw_eps(llmc::adamw_shared_row(t), 1) == 1e-10f,
+                "modern: AdamW's betas 0.8 and eps 1e-10 from its rows");
+  t.roles[(int)ParamRole::kHead].beta2 = 0.99f;
+  check_throws([&] { llmc::adamw_shared_row(t); }, "AdamW's roles 0 and 3 have different betas or eps",
+               "a head with betas of its own");
+  const OptimizerTable speedrun = llmc::optimizer_table(llmc::recipe_speedrun(), true);
+  const float eps1 = speedrun.adamw_eps(llmc::adamw_shared_row(speedrun), 1);
+  check_verbose(eps1 == (float)(1e-10f / std::sqrt(1.0 - 0.95f)),
+                llmc::strformat("speedrun: eps before the correction, %g at step 1", eps1));
+}
+
+// The start-up table's "optimizers" row of each recipe.
+void test_descriptions() {
+  check_verbose(llmc::optimizer_description(llmc::recipe_gpt2(), true) ==
+                    "AdamW betas 0.9 0.95 eps 1e-08, weight decay on the 2-D tensors",
+                "gpt2's optimizers described");
+  check_verbose(llmc::optimizer_description(llmc::recipe_modern(), true) ==
+                    "Muon for the blocks' matrices (lr 0.025, weight decay 0.05, Nesterov momentum 0.95, 12 "
+                    "Newton-Schulz steps in BF16); AdamW betas 0.8 0.95 eps 1e-10, weight decay on every tensor, lr x "
+                    "0.7 embedding, 0.004 matrices, 0.015 gains and biases, 0.004 head for the rest",
+                "modern's optimizers described");
+  check_verbose(llmc::optimizer_description(llmc::recipe_speedrun(), true) ==
+                    "Muon for the blocks' matrices (lr 0.05, weight decay 0, Nesterov momentum 0.85 rising to 0.95 "
+                    "over 300 steps, 5 Newton-Schulz steps of (3.4445, -4.775, 2.0315) in BF16, tall matrices "
+                    "unscaled); AdamW betas 0.8 0.95 eps 1e-10, weight decay on the 2-D tensors, lr x 0.6 embedding, "
+                    "0.008 matrices, 0.04 gains and biases, 0.008 head, the embeddings' steps in BF16 for the rest",
+                "speedrun's optimizers described, its BF16 embeddings in the BF16 build");
+  const std::string fp32 = llmc::optimizer_description(llmc::recipe_speedrun(), false);
+  check_verbose(fp32.find("BF16 for") == std::string::npos && fp32.find("0.008 head for the rest") != std::string::npos,
+                "speedrun's in the FP32 build: no BF16 embeddings");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    test_recipe_rows();
+    test_flags_in_rows();
+    test_decay_by_role();
+    test_adamw_shared_row();
+    test_descriptions();
+  } catch (const llmc::Error& e) {
+    testing::check(false, std::string("unexpected error: ") + e.what());
+  }
+  return testing::summary("test_recipe");
+}
