@@ -436,12 +436,11 @@ GPU_GROUPS=(gpu_against_pytorch gpu_kernel_tests gpu_accumulation gpu_determinis
   gpu_hellaswag_generation gpu_preemption gpu_bad_input_output gpu_resume gpu_training)
 
 # --gpu-only runs what an earlier make built: every program the groups start must be there, or
-# the run stops at once with one line naming the missing ones (the kernel tests' binaries are
-# named where their group runs).
+# the run stops at once with one line naming the missing ones.
 gpu_programs_built() {
   local missing=() program
   for program in ./train_gpt2cu ./train_gpt2fp32cu ./test_gpt2cu ./test_gpt2fp32cu build/prepare_shards \
-                 build/hellaswag build/test_attention_mma_sync; do
+                 build/hellaswag build/test_kernels build/test_kernels_fp32 build/test_attention_mma_sync; do
     [ -x "$program" ] || missing+=("$program")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -554,18 +553,21 @@ against_pytorch() {
   run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
 }
 
-# Every kernel test of dev/cuda/ in both builds; one whose binary is not built fails.
+# Every suite of the kernel tests (dev/cuda/test_*.cu) in both builds, one run each, named as its
+# file (test_NAME, test_NAME_fp32); a program that is not built fails.
 gpu_kernel_tests() {
-  local source name base
-  for source in dev/cuda/test_*.cu; do
-    name=$(basename "$source" .cu)
-    for base in "$name" "${name}_fp32"; do
-      if [ "$base" = test_fp8 ] && ! fp8_gpu; then
+  local program suites suite name
+  for program in test_kernels test_kernels_fp32; do
+    if [ ! -x "build/$program" ] || ! suites=$("build/$program" --list); then
+      run "$program" bash -c "echo 'build/$program is not built or does not run: make cuda'; exit 1"
+      continue
+    fi
+    for suite in $suites; do
+      name=test_$suite${program#test_kernels}
+      if [ "$name" = test_fp8 ] && ! fp8_gpu; then
         echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
-      elif [ -x "build/$base" ]; then
-        run "$base" "build/$base"
       else
-        run "$base" bash -c "echo 'build/$base is not built: make cuda'; exit 1"
+        run "$name" "build/$program" "$suite"
       fi
     done
   done
