@@ -45,14 +45,63 @@ run() {
   "$@" > >(tee "$LOGS/$name.log") 2>&1
   local status=$?
   wait
-  if [ $status -eq 0 ]; then
-    echo "--- PASS $name ($((SECONDS - start)) s)"
+  tally "$name" $status $((SECONDS - start))
+}
+
+# tally NAME STATUS SECONDS: a test's PASS or FAIL line, and its count.
+tally() {
+  if [ "$2" -eq 0 ]; then
+    echo "--- PASS $1 ($3 s)"
     passed=$((passed + 1))
   else
-    echo "--- FAIL $name (exit $status, $((SECONDS - start)) s; log in $LOGS/$name.log)"
+    echo "--- FAIL $1 (exit $2, $3 s; log in $LOGS/$1.log)"
     failed=$((failed + 1))
-    failures+=("$name")
+    failures+=("$1")
   fi
+}
+
+# run_in_background NAME COMMAND...: run's test, one a core at a time (TEST_JOBS to change it),
+# its output going to its log alone; report_ended_tests shows the log and run's lines of each test
+# that has ended, wait_for_background_tests waits for every one. Each test's status and seconds
+# are written in LOGS/NAME.ended as it ends.
+TEST_JOBS=${TEST_JOBS:-$(nproc)}
+background_tests=()  # "NAME COMMAND..." of each test started and not yet shown
+run_in_background() {
+  local name=$1
+  shift
+  while [ ${#background_tests[@]} -ge "$TEST_JOBS" ]; do
+    sleep 0.2
+    report_ended_tests
+  done
+  rm -f "$LOGS/$name.ended"
+  ( start=$SECONDS
+    "$@" > "$LOGS/$name.log" 2>&1
+    echo "$? $((SECONDS - start))" > "$LOGS/$name.ended.tmp" && mv "$LOGS/$name.ended.tmp" "$LOGS/$name.ended" ) &
+  background_tests+=("$name $*")
+}
+
+report_ended_tests() {
+  local entry name status seconds running=()
+  for entry in "${background_tests[@]}"; do
+    name=${entry%% *}
+    if [ -f "$LOGS/$name.ended" ]; then
+      read -r status seconds < "$LOGS/$name.ended"
+      rm -f "$LOGS/$name.ended"
+      echo "=== $name: ${entry#* }"
+      cat "$LOGS/$name.log"
+      tally "$name" "$status" "$seconds"
+    else
+      running+=("$entry")
+    fi
+  done
+  background_tests=("${running[@]}")
+}
+
+wait_for_background_tests() {
+  while [ ${#background_tests[@]} -gt 0 ]; do
+    sleep 0.2
+    report_ended_tests
+  done
 }
 
 source dev/test/compare_runs.sh
@@ -81,9 +130,18 @@ for t in build/test_*; do
   fi
   run "$(basename "$t")" "$t"
 done
+# The shell tests, one a core at a time: most run on one core, much of it Python starting up.
+# test_fuzz runs fuzzers on every core for a fixed time, and test_help fails on any file written in
+# the tree while it runs: those two run alone, after the others.
 for s in dev/test/test_*.sh; do
-  [ -f "$s" ] && run "$(basename "$s" .sh)" bash "$s"
+  case "$s" in
+    */test_fuzz.sh|*/test_help.sh) ;;
+    *) run_in_background "$(basename "$s" .sh)" bash "$s" ;;
+  esac
 done
+wait_for_background_tests
+run test_fuzz bash dev/test/test_fuzz.sh
+run test_help bash dev/test/test_help.sh
 run tokenizer_reference bash dev/test/tokenizer_reference.sh
 
 # --- CPU: the reference trainer against PyTorch
