@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of the project (called by `make test` after the builds) and ends with the line
 # "N passed, N failed, N skipped": tests passed and failed, and groups of GPU tests not run (named
-# on the line before). Each test's output goes to the terminal and to build/test_logs/NAME.log.
+# on the line before). Each test's output goes to the terminal and to build/test_logs/NAME.log
+# (the shell tests of dev/test, which run one a core at a time, show theirs as each ends).
 #
 # Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
-# downloaded), GPU=0 to skip the GPU tests on a GPU machine.
+# downloaded), GPU=0 to skip the GPU tests on a GPU machine, TEST_JOBS (default: the number of
+# cores) to run the shell tests that many at a time.
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
 # that order, when some are), with binaries already built.
 #
