@@ -2,6 +2,8 @@
 #
 #   make                  CPU programs, tools and unit tests
 #   make train_gpt2cu     the CUDA trainer (PRECISION=BF16 by default, or FP32)
+#   make cuda             every CUDA program: the trainers, test and profile programs, the kernel
+#                         tests (build/test_kernels, test_kernels_fp32) and timings (build/bench_kernels)
 #   make test             every test: CPU tests, all CUDA builds, GPU tests when a GPU is present
 #
 # Targets build in parallel, one job per core (make -jN for N). Each prints "building NAME" as it
