@@ -39,7 +39,11 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  fprintf(stderr, "error: bench_kernels: %s: give one of %s and its arguments (bench_kernels --list)\n",
-          first.empty() ? "no benchmark named" : ("no benchmark '" + first + "'").c_str(), names.c_str());
+  if (first.empty()) {
+    fprintf(stderr, "error: bench_kernels: give a benchmark's name, one of %s, and its arguments\n", names.c_str());
+  } else {
+    fprintf(stderr, "error: bench_kernels: no benchmark '%s': give one of %s (bench_kernels --list)\n",
+            first.c_str(), names.c_str());
+  }
   return 1;
 }
