@@ -54,7 +54,8 @@ def main():
         sys.exit("bench_attention.py: needs a CUDA GPU and PyTorch with CUDA")
     from torch.nn.attention import SDPBackend
     ours = {}
-    result = subprocess.run([args.binary, "attention"] + [str(x) for s in SHAPES for x in s], capture_output=True, text=True)
+    result = subprocess.run([args.binary, "attention"] + [str(x) for s in SHAPES for x in s], capture_output=True,
+                            text=True)
     if result.returncode != 0:
         sys.exit(f"bench_attention.py: {args.binary} failed: {result.stdout[-500:]}{result.stderr[-500:]}")
     for line in result.stdout.splitlines():

@@ -93,7 +93,8 @@ def our_times(args, tokens, windows):
         return {}
     path = os.path.join(args.out_dir, "window_tokens.bin")
     tokens.numpy().astype(np.int32).tofile(path)
-    command = [args.ours, "attention", "--window", path, str(args.heads), str(args.head_size)] + [str(w) for w in windows]
+    command = [args.ours, "attention", "--window", path, str(args.heads), str(args.head_size)]
+    command += [str(w) for w in windows]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"bench_window_attention.py: {' '.join(command)} failed:\n{result.stdout}{result.stderr}")
