@@ -2,6 +2,8 @@
 #
 #   make                  CPU programs, tools and unit tests
 #   make train_gpt2cu     the CUDA trainer (PRECISION=BF16 by default, or FP32)
+#   make cuda             every CUDA program: the trainers, test and profile programs, the kernel
+#                         tests (build/test_kernels, test_kernels_fp32) and timings (build/bench_kernels)
 #   make test             every test: CPU tests, all CUDA builds, GPU tests when a GPU is present
 #
 # Targets build in parallel, one job per core (make -jN for N). Each prints "building NAME" as it
@@ -60,10 +62,11 @@ UNIT_TEST_SOURCES = $(wildcard dev/test/test_*.cpp)
 UNIT_TESTS = $(patsubst dev/test/%.cpp,$(BUILD)/%,$(UNIT_TEST_SOURCES))
 TOOL_SOURCES = $(wildcard dev/data/*.cpp dev/tools/*.cpp)
 TOOLS = $(patsubst %.cpp,$(BUILD)/%,$(notdir $(TOOL_SOURCES)))
-KERNEL_TEST_SOURCES = $(wildcard dev/cuda/test_*.cu)
-KERNEL_TESTS = $(patsubst dev/cuda/%.cu,$(BUILD)/%,$(KERNEL_TEST_SOURCES))
-KERNEL_TESTS_FP32 = $(patsubst dev/cuda/%.cu,$(BUILD)/%_fp32,$(KERNEL_TEST_SOURCES))
+KERNEL_SUITE_SOURCES = $(filter-out dev/cuda/test_kernels.cu,$(wildcard dev/cuda/test_*.cu))
+BENCHMARK_SOURCES = $(filter-out dev/cuda/bench_kernels.cu,$(wildcard dev/cuda/bench_*.cu))
 CUDA_TARGETS = train_gpt2cu test_gpt2cu profile_gpt2cu train_gpt2fp32cu test_gpt2fp32cu
+KERNEL_PROGRAMS = $(BUILD)/test_kernels $(BUILD)/test_kernels_fp32 $(BUILD)/test_attention_mma_sync \
+                  $(BUILD)/bench_kernels
 
 # $(call build_step,COMMAND), the recipe of every compiled target: "building TARGET" as it starts,
 # "built TARGET (N s)" or "failed TARGET (N s):" when it ends, COMMAND itself only with V=1. The
@@ -84,8 +87,7 @@ build_step = @$(build_say) "building $@"; start=$$(date +%s); \
 
 all: cpu
 cpu: train_gpt2 test_gpt2 $(UNIT_TESTS) $(TOOLS)
-cuda: $(CUDA_TARGETS) $(KERNEL_TESTS) $(KERNEL_TESTS_FP32) $(BUILD)/test_attention_mma_sync $(BUILD)/bench_attention \
-      $(BUILD)/bench_fp8_cast $(BUILD)/bench_muon $(BUILD)/bench_products $(BUILD)/bench_gemm
+cuda: $(CUDA_TARGETS) $(KERNEL_PROGRAMS)
 
 train_gpt2: train_gpt2.cpp $(LLMC_HEADERS)
 	$(call build_step,$(CXX) $(CXXFLAGS) $(OMPFLAGS) -I. $< -o $@)
@@ -125,37 +127,24 @@ test_gpt2fp32cu: test_gpt2.cu train_gpt2.cu $(LLMC_HEADERS) dev/test/testing.h
 KERNEL_TEST_DEPS = train_gpt2.cu train_gpt2.cpp dev/cuda/kernel_test.h dev/cuda/qk_rotary_reference.h $(LLMC_HEADERS) \
                    dev/test/testing.h
 
-$(BUILD)/test_%: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+# A compile of train_gpt2.cu takes about a minute, so every suite of dev/cuda/test_*.cu is in one
+# kernel test program a precision (build/test_kernels [SUITE...]), and every timing program of
+# dev/cuda/bench_*.cu in one (build/bench_kernels NAME [ARGS...], BF16: the flash and FP8 kernels
+# are BF16's).
+$(BUILD)/test_kernels: dev/cuda/test_kernels.cu $(KERNEL_SUITE_SOURCES) $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
-# The flash kernels' mma.sync path (GPUs before Hopper), which any GPU can test: the same test
-# built for the plain compute capability, without sm_90a's wgmma.
-$(BUILD)/test_attention_mma_sync: GENCODE = -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY)
-$(BUILD)/test_attention_mma_sync: dev/cuda/test_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
-
-# Flash attention timings (BF16 only: the flash kernels are not built in FP32).
-$(BUILD)/bench_attention: dev/cuda/bench_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
-
-# FP8 cast kernels' timings (BF16 only: the FP8 layers are a BF16 build's).
-$(BUILD)/bench_fp8_cast: dev/cuda/bench_fp8_cast.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
-
-# Muon's timings at the modern presets' shapes.
-$(BUILD)/bench_muon: dev/cuda/bench_muon.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
-
-# The speedrun micro step's block products alone, long enough to reach the sustained clock.
-$(BUILD)/bench_products: dev/cuda/bench_products.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
-
-# gemm against cuBLASLt at the speedrun's block products (Hopper, BF16 only).
-$(BUILD)/bench_gemm: dev/cuda/bench_gemm.cu $(KERNEL_TEST_DEPS) | $(BUILD)
-	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
-
-$(BUILD)/test_%_fp32: dev/cuda/test_%.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+$(BUILD)/test_kernels_fp32: dev/cuda/test_kernels.cu $(KERNEL_SUITE_SOURCES) $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@)
+
+# The flash kernels' mma.sync path (GPUs before Hopper), which any GPU can test: the attention
+# suite built for the plain compute capability, without sm_90a's wgmma.
+$(BUILD)/test_attention_mma_sync: GENCODE = -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY)
+$(BUILD)/test_attention_mma_sync: dev/cuda/attention_mma_sync.cu dev/cuda/test_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
+
+$(BUILD)/bench_kernels: dev/cuda/bench_kernels.cu $(BENCHMARK_SOURCES) $(KERNEL_TEST_DEPS) | $(BUILD)
+	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 test: cpu cuda
 	PYTHON="$(PYTHON)" bash scripts/run_tests.sh

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of the project (called by `make test` after the builds) and ends with the line
 # "N passed, N failed, N skipped": tests passed and failed, and groups of GPU tests not run (named
-# on the line before). Each test's output goes to the terminal and to build/test_logs/NAME.log.
+# on the line before). Each test's output goes to the terminal and to build/test_logs/NAME.log
+# (the shell tests of dev/test, which run one a core at a time, show theirs as each ends).
 #
 # Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
-# downloaded), GPU=0 to skip the GPU tests on a GPU machine.
+# downloaded), GPU=0 to skip the GPU tests on a GPU machine, TEST_JOBS (default: the number of
+# cores) to run the shell tests that many at a time.
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
 # that order, when some are), with binaries already built.
 #
@@ -45,14 +47,63 @@ run() {
   "$@" > >(tee "$LOGS/$name.log") 2>&1
   local status=$?
   wait
-  if [ $status -eq 0 ]; then
-    echo "--- PASS $name ($((SECONDS - start)) s)"
+  tally "$name" $status $((SECONDS - start))
+}
+
+# tally NAME STATUS SECONDS: a test's PASS or FAIL line, and its count.
+tally() {
+  if [ "$2" -eq 0 ]; then
+    echo "--- PASS $1 ($3 s)"
     passed=$((passed + 1))
   else
-    echo "--- FAIL $name (exit $status, $((SECONDS - start)) s; log in $LOGS/$name.log)"
+    echo "--- FAIL $1 (exit $2, $3 s; log in $LOGS/$1.log)"
     failed=$((failed + 1))
-    failures+=("$name")
+    failures+=("$1")
   fi
+}
+
+# run_in_background NAME COMMAND...: run's test, one a core at a time (TEST_JOBS to change it),
+# its output going to its log alone; report_ended_tests shows the log and run's lines of each test
+# that has ended, wait_for_background_tests waits for every one. Each test's status and seconds
+# are written in LOGS/NAME.ended as it ends.
+TEST_JOBS=${TEST_JOBS:-$(nproc)}
+background_tests=()  # "NAME COMMAND..." of each test started and not yet shown
+run_in_background() {
+  local name=$1
+  shift
+  while [ ${#background_tests[@]} -ge "$TEST_JOBS" ]; do
+    sleep 0.2
+    report_ended_tests
+  done
+  rm -f "$LOGS/$name.ended"
+  ( start=$SECONDS
+    "$@" > "$LOGS/$name.log" 2>&1
+    echo "$? $((SECONDS - start))" > "$LOGS/$name.ended.tmp" && mv "$LOGS/$name.ended.tmp" "$LOGS/$name.ended" ) &
+  background_tests+=("$name $*")
+}
+
+report_ended_tests() {
+  local entry name status seconds running=()
+  for entry in "${background_tests[@]}"; do
+    name=${entry%% *}
+    if [ -f "$LOGS/$name.ended" ]; then
+      read -r status seconds < "$LOGS/$name.ended"
+      rm -f "$LOGS/$name.ended"
+      echo "=== $name: ${entry#* }"
+      cat "$LOGS/$name.log"
+      tally "$name" "$status" "$seconds"
+    else
+      running+=("$entry")
+    fi
+  done
+  background_tests=("${running[@]}")
+}
+
+wait_for_background_tests() {
+  while [ ${#background_tests[@]} -gt 0 ]; do
+    sleep 0.2
+    report_ended_tests
+  done
 }
 
 source dev/test/compare_runs.sh
@@ -81,9 +132,18 @@ for t in build/test_*; do
   fi
   run "$(basename "$t")" "$t"
 done
+# The shell tests, one a core at a time: most run on one core, much of it Python starting up.
+# test_fuzz runs fuzzers on every core for a fixed time, and test_help fails on any file written in
+# the tree while it runs: those two run alone, after the others.
 for s in dev/test/test_*.sh; do
-  [ -f "$s" ] && run "$(basename "$s" .sh)" bash "$s"
+  case "$s" in
+    */test_fuzz.sh|*/test_help.sh) ;;
+    *) run_in_background "$(basename "$s" .sh)" bash "$s" ;;
+  esac
 done
+wait_for_background_tests
+run test_fuzz bash dev/test/test_fuzz.sh
+run test_help bash dev/test/test_help.sh
 run tokenizer_reference bash dev/test/tokenizer_reference.sh
 
 # --- CPU: the reference trainer against PyTorch
@@ -436,12 +496,11 @@ GPU_GROUPS=(gpu_against_pytorch gpu_kernel_tests gpu_accumulation gpu_determinis
   gpu_hellaswag_generation gpu_preemption gpu_bad_input_output gpu_resume gpu_training)
 
 # --gpu-only runs what an earlier make built: every program the groups start must be there, or
-# the run stops at once with one line naming the missing ones (the kernel tests' binaries are
-# named where their group runs).
+# the run stops at once with one line naming the missing ones.
 gpu_programs_built() {
   local missing=() program
   for program in ./train_gpt2cu ./train_gpt2fp32cu ./test_gpt2cu ./test_gpt2fp32cu build/prepare_shards \
-                 build/hellaswag build/test_attention_mma_sync; do
+                 build/hellaswag build/test_kernels build/test_kernels_fp32 build/test_attention_mma_sync; do
     [ -x "$program" ] || missing+=("$program")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -554,18 +613,21 @@ against_pytorch() {
   run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
 }
 
-# Every kernel test of dev/cuda/ in both builds; one whose binary is not built fails.
+# Every suite of the kernel tests (dev/cuda/test_*.cu) in both builds, one run each, named as its
+# file (test_NAME, test_NAME_fp32); a program that is not built fails.
 gpu_kernel_tests() {
-  local source name base
-  for source in dev/cuda/test_*.cu; do
-    name=$(basename "$source" .cu)
-    for base in "$name" "${name}_fp32"; do
-      if [ "$base" = test_fp8 ] && ! fp8_gpu; then
+  local program suites suite name
+  for program in test_kernels test_kernels_fp32; do
+    if [ ! -x "build/$program" ] || ! suites=$("build/$program" --list); then
+      run "$program" bash -c "echo 'build/$program is not built or does not run: make cuda'; exit 1"
+      continue
+    fi
+    for suite in $suites; do
+      name=test_$suite${program#test_kernels}
+      if [ "$name" = test_fp8 ] && ! fp8_gpu; then
         echo "=== skip test_fp8: its FP8 products need compute capability 8.9 or newer"
-      elif [ -x "build/$base" ]; then
-        run "$base" "build/$base"
       else
-        run "$base" bash -c "echo 'build/$base is not built: make cuda'; exit 1"
+        run "$name" "build/$program" "$suite"
       fi
     done
   done

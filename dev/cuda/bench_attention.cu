@@ -1,9 +1,9 @@
 // Times the flash attention kernels (BF16 build) and prints one line per case:
-//   ./build/bench_attention [B NH T HS]...
+//   build/bench_kernels attention [B NH T HS]...
 // causal attention at GPT-2 shapes: shape B NH T HS, forward ms, backward ms, forward and
 // backward TFLOP/s. Causal FLOPs as FlashAttention counts them: 2*B*NH*T*T*HS forward (half of
 // 4*B*NH*T*T*HS), 2.5 times that backward.
-//   ./build/bench_attention --window TOKENS NH HS W...
+//   build/bench_kernels attention --window TOKENS NH HS W...
 // document-causal attention within windows of W blocks of 128 tokens (attention_forward_window,
 // attention_backward_window) over one sequence, the int32 token ids in the file TOKENS (documents
 // open with token 50256): window W, visible blocks, forward ms, backward ms, TFLOP/s counted on the
@@ -15,6 +15,8 @@
 
 #include <fstream>
 #include <memory>
+
+namespace attention_bench {
 
 struct BenchShape {
   int B, NH, T, HS;
@@ -134,16 +136,17 @@ std::vector<int> read_tokens(const char* path) {
   return tokens;
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--window") {
     if (argc < 6) {
-      fprintf(stderr, "usage: %s --window TOKENS NH HS W...  (int32 token ids, windows in blocks)\n", argv[0]);
-      return 2;
+      fprintf(stderr, "error: bench_kernels attention --window: give TOKENS NH HS W... (int32 token ids, windows "
+                      "in blocks)\n");
+      return 1;
     }
     const int NH = atoi(argv[3]), HS = atoi(argv[4]);
     std::vector<int> windows;
     for (int i = 5; i < argc; i++) windows.push_back(atoi(argv[i]));
-    return run_kernel_tests("bench_attention", [&] {
+    return run_kernel_tests("bench_kernels attention", [&] {
       REQUIRE(NH > 0 && attention_flash_supported(HS), "--window: need NH > 0 and head size 64 or 128 in a BF16 build");
       bench_window(read_tokens(argv[2]), NH, HS, windows);
     });
@@ -151,15 +154,15 @@ int main(int argc, char** argv) {
   std::vector<BenchShape> shapes = {{64, 12, 1024, 64}, {8, 25, 1024, 64}, {32, 6, 1024, 128}};
   if (argc > 1) {
     if ((argc - 1) % 4 != 0) {
-      fprintf(stderr, "usage: %s [B NH T HS]...  (each shape as four numbers)\n", argv[0]);
-      return 2;
+      fprintf(stderr, "error: bench_kernels attention: give each shape as four numbers, B NH T HS\n");
+      return 1;
     }
     shapes.clear();
     for (int i = 1; i < argc; i += 4) {
       shapes.push_back({atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]), atoi(argv[i + 3])});
     }
   }
-  return run_kernel_tests("bench_attention", [&] {
+  return run_kernel_tests("bench_kernels attention", [&] {
     for (const BenchShape& s : shapes) {
       REQUIRE(s.B > 0 && s.NH > 0 && s.T > 0 && attention_flash_supported(s.HS),
               "shape %d %d %d %d: need positive B, NH, T and head size 64 or 128 in a BF16 build",
@@ -168,3 +171,5 @@ int main(int argc, char** argv) {
     }
   });
 }
+
+}  // namespace attention_bench

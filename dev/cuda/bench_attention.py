@@ -1,6 +1,6 @@
-"""Flash attention TFLOP/s: ours (build/bench_attention) against PyTorch's
+"""Flash attention TFLOP/s: ours (build/bench_kernels attention) against PyTorch's
 scaled_dot_product_attention with its flash and cuDNN backends, causal, BF16, at GPT-2 shapes.
-    python3 dev/cuda/bench_attention.py [--binary build/bench_attention]
+    python3 dev/cuda/bench_attention.py [--binary build/bench_kernels]
 Causal FLOPs as FlashAttention counts them: 2*B*NH*T*T*HS forward, 2.5 times that backward.
 """
 import argparse
@@ -48,13 +48,14 @@ def torch_backend(backend, B, NH, T, HS):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--binary", default="build/bench_attention")
+    p.add_argument("--binary", default="build/bench_kernels")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention.py: needs a CUDA GPU and PyTorch with CUDA")
     from torch.nn.attention import SDPBackend
     ours = {}
-    result = subprocess.run([args.binary] + [str(x) for s in SHAPES for x in s], capture_output=True, text=True)
+    result = subprocess.run([args.binary, "attention"] + [str(x) for s in SHAPES for x in s], capture_output=True,
+                            text=True)
     if result.returncode != 0:
         sys.exit(f"bench_attention.py: {args.binary} failed: {result.stdout[-500:]}{result.stderr[-500:]}")
     for line in result.stdout.splitlines():

@@ -6,10 +6,12 @@
 // GELU' in the cast reads 4 and writes 2 (its column sums, C floats every 128 rows, not counted),
 // the amax reads 2. Inputs rotate among several sets larger than L2 together, so the timed runs
 // read from memory.
-//   ./build/bench_fp8_cast [R C]...   (default: d48 at B=8 and d12 at B=64, T=1024)
+//   build/bench_kernels fp8_cast [R C]...   (default: d48 at B=8 and d12 at B=64, T=1024)
 #include "dev/cuda/kernel_test.h"
 
 #include <memory>
+
+namespace fp8_cast_bench {
 
 struct CastShape {
   int R, C;
@@ -69,19 +71,19 @@ void bench(const CastShape& s) {
   report("fp8_amax", s, 2.0 * n, time_ms(sets, [&](int k) { fp8_amax(scale, *x[k], n, 0); }));
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<CastShape> shapes = {{8192, 1600}, {8192, 4800}, {8192, 6400},
                                    {65536, 768}, {65536, 2304}, {65536, 3072}};
   if (argc > 1) {
     if ((argc - 1) % 2 != 0) {
-      fprintf(stderr, "usage: %s [R C]...  (each shape as two numbers: rows, columns)\n", argv[0]);
-      return 2;
+      fprintf(stderr, "error: bench_kernels fp8_cast: give each shape as two numbers, rows and columns\n");
+      return 1;
     }
     shapes.clear();
     for (int i = 1; i < argc; i += 2) shapes.push_back({atoi(argv[i]), atoi(argv[i + 1])});
   }
-  return run_kernel_tests("bench_fp8_cast", [&] {
-    REQUIRE(sizeof(floatX) == 2, "bench_fp8_cast times the BF16 build's casts");
+  return run_kernel_tests("bench_kernels fp8_cast", [&] {
+    REQUIRE(sizeof(floatX) == 2, "bench_kernels fp8_cast times the BF16 build's casts");
     for (const CastShape& s : shapes) {
       REQUIRE(s.R > 0 && s.C > 0 && s.C % x128::size == 0,
               "shape %d %d: need positive rows and columns a multiple of %d", s.R, s.C, x128::size);
@@ -89,3 +91,5 @@ int main(int argc, char** argv) {
     }
   });
 }
+
+}  // namespace fp8_cast_bench

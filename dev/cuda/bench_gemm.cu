@@ -5,8 +5,10 @@
 // ReLU^2 pass the epilogue takes: fc's forward (cuBLASLt + relu2_forward) and fcproj's input
 // gradient (cuBLASLt + activation_backward_inplace). Prints the median ms and TFLOP/s of each.
 // BF16 builds on Hopper GPUs with an sm_90a build.
-//   ./build/bench_gemm [tokens [reps]]   (default 49152 50)
+//   build/bench_kernels gemm [tokens [reps]]   (default 49152 50)
 #include "dev/cuda/kernel_test.h"
+
+namespace gemm_bench {
 
 using flash::GemmB;
 
@@ -14,10 +16,10 @@ void print_row(const char* name, double flops, float lt, float ours) {
   printf("%-16s %12.3f %9.1f %12.3f %9.1f %7.3f\n", name, lt, flops / lt * 1e-9, ours, flops / ours * 1e-9, lt / ours);
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const int tokens = argc > 1 ? atoi(argv[1]) : 49152, reps = argc > 2 ? atoi(argv[2]) : 50;
-  REQUIRE(tokens > 0 && reps > 0, "usage: bench_gemm [tokens [reps]]");
-  REQUIRE(flash::hopper_support().usable, "bench_gemm needs an sm_90a build on a Hopper GPU");
+  REQUIRE(tokens > 0 && reps > 0, "give positive tokens and reps: [tokens [reps]]");
+  REQUIRE(flash::hopper_support().usable, "needs an sm_90a build on a Hopper GPU");
   matmul_setup(false);
   const int C = 768;
   const size_t widest = (size_t)tokens * 4 * C;
@@ -68,3 +70,5 @@ int main(int argc, char** argv) {
   matmul_teardown();
   return 0;
 }
+
+}  // namespace gemm_bench

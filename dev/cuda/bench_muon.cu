@@ -3,10 +3,12 @@
 // matrix, BF16 master weights on. Prints per group and for the step the median milliseconds of
 // repeated runs and the TFLOP/s of the Newton-Schulz products (per matrix and iteration
 // 2m^2n + 2m^3 + 2m^2n), for the whole update and for the products alone.
-//   ./build/bench_muon [C L]...   (default: d12, d24 and d48)
+//   build/bench_kernels muon [C L]...   (default: d12, d24 and d48)
 #include "dev/cuda/kernel_test.h"
 
 #include <memory>
+
+namespace muon_bench {
 
 template <typename Launch>
 float time_ms(const Launch& launch) {
@@ -98,14 +100,16 @@ void bench(int C, int L) {
   muon_workspace_free(ws);
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<std::pair<int, int>> shapes = {{768, 12}, {1024, 24}, {1600, 48}};
   if (argc > 1) {
-    REQUIRE(argc % 2 == 1, "usage: %s [C L]... (pairs of the model width and depth)", argv[0]);
+    REQUIRE(argc % 2 == 1, "give pairs of the model width and depth, [C L]...");
     shapes.clear();
     for (int i = 1; i < argc; i += 2) shapes.push_back({atoi(argv[i]), atoi(argv[i + 1])});
   }
-  return run_kernel_tests("bench_muon", [&] {
+  return run_kernel_tests("bench_kernels muon", [&] {
     for (const auto& s : shapes) bench(s.first, s.second);
   });
 }
+
+}  // namespace muon_bench

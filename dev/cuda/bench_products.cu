@@ -14,10 +14,12 @@
 // product; `hot`, timed at the first call after `seconds` of micro steps on the first heuristic, so
 // at the clock the power cap holds (then `seconds` more are timed). The choices never change a bit
 // (section Matmul of train_gpt2.cu); only which is fastest under the cap may.
-//   ./build/bench_products [tokens [seconds [tuned|first|hot]]]   (default 49152 30 tuned)
+//   build/bench_kernels products [tokens [seconds [tuned|first|hot]]]   (default 49152 30 tuned)
 #include "dev/cuda/kernel_test.h"
 
 #include <memory>
+
+namespace products_bench {
 
 // One linear layer of a block: its shape, and whether only the layers with attention have it.
 struct BlockProduct {
@@ -125,15 +127,17 @@ void bench(int tokens, double seconds, const std::string& algorithms) {
   printf("  last tenth:  %8.2f ms, %6.1f TFLOP/s\n", last, step.flops / last / 1e9);
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const int tokens = argc > 1 ? atoi(argv[1]) : 49152;
   const double seconds = argc > 2 ? atof(argv[2]) : 30.0;
   const std::string algorithms = argc > 3 ? argv[3] : "tuned";
   if (argc > 4 || tokens <= 0 || tokens % 8 != 0 || !(seconds > 0) ||
       (algorithms != "tuned" && algorithms != "first" && algorithms != "hot")) {
-    fprintf(stderr, "usage: %s [tokens [seconds [tuned|first|hot]]]: tokens a positive multiple of 8, seconds "
-                    "positive\n", argv[0]);
+    fprintf(stderr, "error: bench_kernels products: give [tokens [seconds [tuned|first|hot]]], tokens a positive "
+                    "multiple of 8, seconds positive\n");
     return 1;
   }
-  return run_kernel_tests("bench_products", [&] { bench(tokens, seconds, algorithms); });
+  return run_kernel_tests("bench_kernels products", [&] { bench(tokens, seconds, algorithms); });
 }
+
+}  // namespace products_bench

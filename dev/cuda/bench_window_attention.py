@@ -7,8 +7,8 @@ TFLOP/s are counted on the visible blocks (the blocks the mask selects, 4 * 128^
 block and head forward, 2.5 times that backward), whatever an implementation computes. The
 documents are random (lengths drawn from a geometric distribution, --document_mean tokens on
 average) unless --shard gives a token shard, whose first T tokens after a document start are used.
-Each window's FlexAttention output is checked against the dense mask's. With --ours (the BF16
-build's bench_attention), our windowed kernels run on the same tokens and windows, and the table
+Each window's FlexAttention output is checked against the dense mask's. With --ours (build/bench_kernels,
+its attention benchmark), our windowed kernels run on the same tokens and windows, and the table
 gives their times and the ratio of FlexAttention's forward + backward time to ours. Writes
 OUT_DIR/window_attention.md.
 """
@@ -88,12 +88,13 @@ def dense_row(args, tokens, lists, q, k, v, dout, flex_out):
 
 
 def our_times(args, tokens, windows):
-    """{window: (forward ms, backward ms)} of our kernels (bench_attention --window) on `tokens`."""
+    """{window: (forward ms, backward ms)} of our kernels (bench_kernels attention --window) on `tokens`."""
     if not args.ours:
         return {}
     path = os.path.join(args.out_dir, "window_tokens.bin")
     tokens.numpy().astype(np.int32).tofile(path)
-    command = [args.ours, "--window", path, str(args.heads), str(args.head_size)] + [str(w) for w in windows]
+    command = [args.ours, "attention", "--window", path, str(args.heads), str(args.head_size)]
+    command += [str(w) for w in windows]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"bench_window_attention.py: {' '.join(command)} failed:\n{result.stdout}{result.stderr}")
@@ -117,7 +118,7 @@ def main():
     p.add_argument("--shard", default="", help="take the documents of this token shard")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--dense", type=int, default=1, help="1: also SDPA with the dense mask")
-    p.add_argument("--ours", default="", help="our bench_attention binary (BF16 build): time ours too")
+    p.add_argument("--ours", default="", help="our build/bench_kernels (its attention benchmark): time ours too")
     args = p.parse_args()
     if args.seq_len % BLOCK != 0:
         sys.exit(f"bench_window_attention.py: --seq_len {args.seq_len} is not a multiple of {BLOCK}")

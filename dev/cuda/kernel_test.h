@@ -18,6 +18,7 @@
 #include <climits>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "train_gpt2.cu"
@@ -244,24 +245,106 @@ inline bool check_same_bits(const std::string& what, const Snapshot& first,
   return testing::check(detail.empty(), what + ": " + detail);
 }
 
-// main() of a kernel test: names the build and the GPU, sets up cuBLAS (TF32 off, so FP32 builds
-// compare exact FP32 products), runs the tests, turns an llmc::Error into a failure, and ends
-// with testing::summary's line and exit status.
-inline int run_kernel_tests(const char* program, const std::function<void()>& tests) {
+// Opens the first CUDA device for a kernel test or benchmark program: prints a line naming the
+// build and the GPU and sets up cuBLAS (TF32 off, so FP32 builds compare exact FP32 products).
+// Returns its compute capability (89 for 8.9), or 0 without a device, which a failed check names.
+inline int open_test_device(const char* program) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     testing::check(false, "a CUDA device is needed to run the kernel tests");
-    return testing::summary(program);
+    return 0;
   }
   cudaDeviceProp prop;
   cudaCheck(cudaGetDeviceProperties(&prop, 0));
   printf("%s: %s build on %s\n", program, PRECISION_NAME, prop.name);
+  matmul_setup(false);
+  return prop.major * 10 + prop.minor;
+}
+
+// Runs `checks`, turning an llmc::Error into a failed check.
+inline void run_checks(const std::function<void()>& checks) {
   try {
-    matmul_setup(false);
-    tests();
-    matmul_teardown();
+    checks();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("error: ") + e.what());
   }
+}
+
+// main() of a benchmark of dev/cuda/bench_*.cu: the device opened, the timings run, and
+// testing::summary's line and exit status (an llmc::Error is a failure).
+inline int run_kernel_tests(const char* program, const std::function<void()>& tests) {
+  if (open_test_device(program) > 0) {
+    run_checks(tests);
+    matmul_teardown();
+  }
+  return testing::summary(program);
+}
+
+// One suite of a kernel test program: the name that runs it (its file's: dev/cuda/test_NAME.cu),
+// the function that runs its checks, and the compute capability its kernels need (0: any GPU).
+struct KernelSuite {
+  const char* name;
+  void (*run)();
+  int compute_capability = 0;
+};
+
+// The suites' names, "a, b, c".
+inline std::string suite_names(const std::vector<KernelSuite>& suites) {
+  std::string names;
+  for (const KernelSuite& s : suites) names += (names.empty() ? "" : ", ") + std::string(s.name);
+  return names;
+}
+
+// The suites that `program NAME...` names, all of them without names, in the order given; nullopt
+// after an error line naming an unknown one.
+inline std::optional<std::vector<KernelSuite>> chosen_suites(const char* program,
+                                                              const std::vector<KernelSuite>& suites,
+                                                              int argc, char** argv) {
+  if (argc < 2) return suites;
+  std::vector<KernelSuite> chosen;
+  for (int i = 1; i < argc; i++) {
+    auto found = std::find_if(suites.begin(), suites.end(),
+                              [&](const KernelSuite& s) { return std::string(s.name) == argv[i]; });
+    if (found == suites.end()) {
+      fprintf(stderr, "error: %s: no suite '%s': the suites are %s (%s --list)\n", program, argv[i],
+              suite_names(suites).c_str(), program);
+      return std::nullopt;
+    }
+    chosen.push_back(*found);
+  }
+  return chosen;
+}
+
+// main() of a kernel test program (dev/cuda/test_kernels.cu): `PROGRAM [--list | SUITE...]` runs
+// the suites named, or all. Each suite ends with its own line of counts, "NAME: N passed, M
+// failed"; an llmc::Error fails its suite and the next one runs. A suite whose kernels need a newer
+// GPU is skipped with a line saying so. Ends with testing::summary's line and exit status.
+inline int run_kernel_suites(const std::vector<KernelSuite>& suites, int argc, char** argv) {
+  const char* slash = strrchr(argv[0], '/');
+  const char* program = slash ? slash + 1 : argv[0];
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (argc == 2 && (first == "--list" || first == "-h" || first == "--help")) {
+    if (first != "--list") printf("usage: %s [--list | SUITE...]   (no SUITE: every suite, in this order)\n", program);
+    for (const KernelSuite& s : suites) printf("%s\n", s.name);
+    return 0;
+  }
+  const std::optional<std::vector<KernelSuite>> chosen = chosen_suites(program, suites, argc, argv);
+  if (!chosen) return 1;
+  const int compute_capability = open_test_device(program);
+  if (compute_capability == 0) return testing::summary(program);
+  for (const KernelSuite& suite : *chosen) {
+    if (compute_capability < suite.compute_capability) {
+      printf("\nskip %s: its kernels need compute capability %d.%d or newer, this GPU has %d.%d\n", suite.name,
+             suite.compute_capability / 10, suite.compute_capability % 10, compute_capability / 10,
+             compute_capability % 10);
+      continue;
+    }
+    printf("\n=== suite %s\n", suite.name);
+    const int passed = testing::passed_count(), failed = testing::failed_count();
+    run_checks(suite.run);
+    printf("%s: %d passed, %d failed\n", suite.name, testing::passed_count() - passed,
+           testing::failed_count() - failed);
+  }
+  matmul_teardown();
   return testing::summary(program);
 }

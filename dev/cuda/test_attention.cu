@@ -16,6 +16,8 @@
 #include "dev/cuda/kernel_test.h"
 #include "dev/cuda/qk_rotary_reference.h"
 
+namespace attention_tests {
+
 #if defined(ENABLE_FP32)
 // FP32 products and softmax sums over up to T=1000 terms, in another order than the CPU's.
 constexpr float kTolAttention = 1e-4f;
@@ -512,68 +514,68 @@ void test_attention_gemm_window_is_causal(int B, int T, int C, int NH, llmc::Rng
   check_same_bits("GEMM attention in one whole document and window, causal", causal, Snapshot(out, att));
 }
 
-int main() {
-  return run_kernel_tests("test_attention", [] {
-    llmc::Rng rng(3);
-    test_attention(gpt2_shape(4, 64, 768, 12), rng);   // GPT-2 small
-    test_attention(gpt2_shape(2, 100, 1600, 25), rng); // d48 width, head size 64
-    test_attention(gpt2_shape(1, 1000, 768, 12), rng); // long T, not a power of two
-    test_attention(gpt2_shape(3, 37, 128, 2), rng);    // 222 softmax rows: the last launch block is partial
-    // The modern architecture's scale: d12's heads (head size 128) and d48's (head size 64).
-    test_attention({2, 100, 768, 6, 0.12f}, rng);
-    test_attention({3, 37, 1600, 25, 0.12f}, rng);
+void run() {
+  llmc::Rng rng(3);
+  test_attention(gpt2_shape(4, 64, 768, 12), rng);   // GPT-2 small
+  test_attention(gpt2_shape(2, 100, 1600, 25), rng); // d48 width, head size 64
+  test_attention(gpt2_shape(1, 1000, 768, 12), rng); // long T, not a power of two
+  test_attention(gpt2_shape(3, 37, 128, 2), rng);    // 222 softmax rows: the last launch block is partial
+  // The modern architecture's scale: d12's heads (head size 128) and d48's (head size 64).
+  test_attention({2, 100, 768, 6, 0.12f}, rng);
+  test_attention({3, 37, 1600, 25, 0.12f}, rng);
 #if !defined(ENABLE_FP32)
-    test_attention_flash(gpt2_shape(4, 64, 768, 12), rng);   // GPT-2 small: one 64-row tile
-    test_attention_flash(gpt2_shape(2, 100, 1600, 25), rng); // d48 width; a partial second tile
-    test_attention_flash(gpt2_shape(1, 1000, 768, 12), rng); // 16 tiles, the last partial
-    test_attention_flash(gpt2_shape(2, 30, 256, 4), rng);    // T % 4 != 0: Hopper's dK/dV falls back
-    test_attention_flash(gpt2_shape(3, 37, 256, 2), rng);    // head size 128, a single partial tile
-    test_attention_flash(gpt2_shape(2, 200, 512, 4), rng);   // head size 128, several tiles
-    // 480 heads, more than the tail that goes heaviest first (forward, Hopper dK/dV) on a GPU of
-    // up to 132 SMs: the heads before it go head by head.
-    test_attention_flash(gpt2_shape(40, 256, 768, 12), rng);
-    // The modern architecture's scale, through every flash kernel: head size 128 (several tiles,
-    // the last partial), head size 64 with T % 4 == 0 (Hopper's dK/dV and dQ kernels) and not.
-    test_attention_flash({2, 200, 768, 6, 0.12f}, rng);
-    test_attention_flash({2, 100, 1600, 25, 0.12f}, rng);
-    test_attention_flash({2, 30, 256, 4, 0.12f}, rng);
-    test_causal_block_order();
-    // Documents and windows: one document over the sequence; starts on block edges and off them;
-    // documents of one token; windows of 0 (the short window of 1) to 16 blocks; head sizes 64
-    // and 128; the modern scale.
-    test_attention_window({2, 512, 768, 12, 1, {0}, false, 0.125f, 1}, rng);
-    test_attention_window({2, 512, 768, 12, 4, {0}, false, 0.125f, 4}, rng);
-    test_attention_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 14}, rng);
-    test_attention_window({2, 1024, 768, 6, 0, {5, 200}, true, 0.12f, 0}, rng);
-    test_attention_window({2, 2048, 768, 12, 7, {0}, true, 0.125f, 7}, rng);
-    test_attention_window({1, 2048, 768, 6, 16, {0, 1, 2, 3, 1000}, true, 0.12f, 16}, rng);
-    test_attention_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
-    // A long row: a window far shorter than the sequence, most key tiles unseen by most queries.
-    test_attention_window({1, 8192, 768, 6, 5, {0, 3000, 3001, 6000}, true, 0.12f, 14}, rng);
-    // The shortest sequence (one block) and the speedrun's (T = 49,152: the persistent kernels'
-    // work counters over 384 key blocks a head); one long document there fills every window,
-    // random documents cut them short. Head sizes 128 and 64.
-    test_attention_window({2, 128, 256, 2, 16, {0, 5, 127}, true, 0.12f, 16}, rng);
-    test_attention_window({1, 128, 256, 4, 0, {}, false, 0.125f, 1}, rng);
-    test_attention_window({1, 49152, 512, 4, 2, {0, 1000, 1001, 30000, 49151}, false, 0.12f, 14}, rng);
-    test_attention_window({1, 49152, 256, 4, 14, {0}, true, 0.125f, 14}, rng);
-    // The reference's validation length, 262,144 tokens, with the short window.
-    test_attention_window({1, 262144, 128, 2, 1, {0}, true, 0.12f, 1}, rng);
-    // QK-norm's backward taken by the window backward: the speedrun's heads (128, positions past
-    // 1,024 for the rotary) and head size 64, documents and windows, a sequence of one block.
-    test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.12f, 14}, rng);
-    test_attention_window_qk_norm({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
-    test_attention_window_qk_norm({3, 128, 512, 4, 16, {0, 5, 127}, false, 0.12f, 16}, rng);
+  test_attention_flash(gpt2_shape(4, 64, 768, 12), rng);   // GPT-2 small: one 64-row tile
+  test_attention_flash(gpt2_shape(2, 100, 1600, 25), rng); // d48 width; a partial second tile
+  test_attention_flash(gpt2_shape(1, 1000, 768, 12), rng); // 16 tiles, the last partial
+  test_attention_flash(gpt2_shape(2, 30, 256, 4), rng);    // T % 4 != 0: Hopper's dK/dV falls back
+  test_attention_flash(gpt2_shape(3, 37, 256, 2), rng);    // head size 128, a single partial tile
+  test_attention_flash(gpt2_shape(2, 200, 512, 4), rng);   // head size 128, several tiles
+  // 480 heads, more than the tail that goes heaviest first (forward, Hopper dK/dV) on a GPU of
+  // up to 132 SMs: the heads before it go head by head.
+  test_attention_flash(gpt2_shape(40, 256, 768, 12), rng);
+  // The modern architecture's scale, through every flash kernel: head size 128 (several tiles,
+  // the last partial), head size 64 with T % 4 == 0 (Hopper's dK/dV and dQ kernels) and not.
+  test_attention_flash({2, 200, 768, 6, 0.12f}, rng);
+  test_attention_flash({2, 100, 1600, 25, 0.12f}, rng);
+  test_attention_flash({2, 30, 256, 4, 0.12f}, rng);
+  test_causal_block_order();
+  // Documents and windows: one document over the sequence; starts on block edges and off them;
+  // documents of one token; windows of 0 (the short window of 1) to 16 blocks; head sizes 64
+  // and 128; the modern scale.
+  test_attention_window({2, 512, 768, 12, 1, {0}, false, 0.125f, 1}, rng);
+  test_attention_window({2, 512, 768, 12, 4, {0}, false, 0.125f, 4}, rng);
+  test_attention_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 14}, rng);
+  test_attention_window({2, 1024, 768, 6, 0, {5, 200}, true, 0.12f, 0}, rng);
+  test_attention_window({2, 2048, 768, 12, 7, {0}, true, 0.125f, 7}, rng);
+  test_attention_window({1, 2048, 768, 6, 16, {0, 1, 2, 3, 1000}, true, 0.12f, 16}, rng);
+  test_attention_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
+  // A long row: a window far shorter than the sequence, most key tiles unseen by most queries.
+  test_attention_window({1, 8192, 768, 6, 5, {0, 3000, 3001, 6000}, true, 0.12f, 14}, rng);
+  // The shortest sequence (one block) and the speedrun's (T = 49,152: the persistent kernels'
+  // work counters over 384 key blocks a head); one long document there fills every window,
+  // random documents cut them short. Head sizes 128 and 64.
+  test_attention_window({2, 128, 256, 2, 16, {0, 5, 127}, true, 0.12f, 16}, rng);
+  test_attention_window({1, 128, 256, 4, 0, {}, false, 0.125f, 1}, rng);
+  test_attention_window({1, 49152, 512, 4, 2, {0, 1000, 1001, 30000, 49151}, false, 0.12f, 14}, rng);
+  test_attention_window({1, 49152, 256, 4, 14, {0}, true, 0.125f, 14}, rng);
+  // The reference's validation length, 262,144 tokens, with the short window.
+  test_attention_window({1, 262144, 128, 2, 1, {0}, true, 0.12f, 1}, rng);
+  // QK-norm's backward taken by the window backward: the speedrun's heads (128, positions past
+  // 1,024 for the rotary) and head size 64, documents and windows, a sequence of one block.
+  test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.12f, 14}, rng);
+  test_attention_window_qk_norm({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
+  test_attention_window_qk_norm({3, 128, 512, 4, 16, {0, 5, 127}, false, 0.12f, 16}, rng);
 #endif
-    // The GEMM path within documents, in both builds: windows of 0 to 4 blocks and of every block
-    // (-pd 1 without -aw), starts on block edges and off them, documents of one token, head sizes
-    // 32 (the tiny model's), 64 and 128.
-    test_attention_gemm_window({2, 512, 768, 12, 1, {0}, false, 0.125f, 1}, rng);
-    test_attention_gemm_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 3}, rng);
-    test_attention_gemm_window({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
-    test_attention_gemm_window({2, 768, 128, 4, 6, {0, 383, 384}, true, 0.125f, 6}, rng);
-    test_attention_gemm_window({2, 512, 128, 4, 4, {0, 129, 130}, true, 0.125f, 4}, rng);
-    test_attention_gemm_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
-    test_attention_gemm_window_is_causal(2, 256, 768, 12, rng);
-  });
+  // The GEMM path within documents, in both builds: windows of 0 to 4 blocks and of every block
+  // (-pd 1 without -aw), starts on block edges and off them, documents of one token, head sizes
+  // 32 (the tiny model's), 64 and 128.
+  test_attention_gemm_window({2, 512, 768, 12, 1, {0}, false, 0.125f, 1}, rng);
+  test_attention_gemm_window({1, 1024, 768, 6, 3, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 3}, rng);
+  test_attention_gemm_window({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
+  test_attention_gemm_window({2, 768, 128, 4, 6, {0, 383, 384}, true, 0.125f, 6}, rng);
+  test_attention_gemm_window({2, 512, 128, 4, 4, {0, 129, 130}, true, 0.125f, 4}, rng);
+  test_attention_gemm_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
+  test_attention_gemm_window_is_causal(2, 256, 768, 12, rng);
 }
+
+}  // namespace attention_tests

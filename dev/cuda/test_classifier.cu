@@ -14,6 +14,8 @@
 // the logits left as they were, twice.
 #include "dev/cuda/kernel_test.h"
 
+namespace classifier_tests {
+
 // losses[r] = logsumexp(y) - y[target] over the first V columns, y the capped logits; dlogits =
 // dloss * (softmax(y) - onehot(target)) * dy/dz, zero in the padding. In double (LogitCap::apply):
 // more exact than either build.
@@ -175,24 +177,24 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   }
 }
 
-int main() {
-  return run_kernel_tests("test_classifier", [] {
-    llmc::Rng rng(5);
-    const llmc::LogitCap none, modern{llmc::LogitCap::kRational, 15.0f};
-    const llmc::LogitCap speedrun{llmc::LogitCap::kSigmoid, 30.0f, 7.5f};
-    test_classifier(64, 50257, 50304, none, rng);       // GPT-2, padded vocabulary
-    test_classifier(3 * 100, 50257, 50304, none, rng);  // more rows than SMs, T not a power of two
-    test_classifier(5, 100, 128, none, rng);            // most threads of the 512 see no column
-    test_classifier(64, 50257, 50304, modern, rng);     // the modern head's cap
-    test_classifier(3 * 101, 1001, 1016, modern, rng);  // 127 BF16 pieces: one straddles V, one is padding
-    test_classifier(5, 99, 136, modern, rng);           // 17 pieces, most threads idle
-    test_classifier(7, 333, 344, {llmc::LogitCap::kRational, 30.0f}, rng);  // another cap
-    // The speedrun's head: the sigmoid cap over every padded column; then over the real ones, with
-    // a piece straddling V, and another scale.
-    test_classifier(64, 50304, 50304, speedrun, rng);
-    test_classifier(3 * 101, 1001, 1016, speedrun, rng);
-    test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f}, rng);
-    test_classifier(9, 50304, 50304, speedrun, rng, true);
-    test_classifier(9, 1001, 1016, modern, rng, true);
-  });
+void run() {
+  llmc::Rng rng(5);
+  const llmc::LogitCap none, modern{llmc::LogitCap::kRational, 15.0f};
+  const llmc::LogitCap speedrun{llmc::LogitCap::kSigmoid, 30.0f, 7.5f};
+  test_classifier(64, 50257, 50304, none, rng);       // GPT-2, padded vocabulary
+  test_classifier(3 * 100, 50257, 50304, none, rng);  // more rows than SMs, T not a power of two
+  test_classifier(5, 100, 128, none, rng);            // most threads of the 512 see no column
+  test_classifier(64, 50257, 50304, modern, rng);     // the modern head's cap
+  test_classifier(3 * 101, 1001, 1016, modern, rng);  // 127 BF16 pieces: one straddles V, one is padding
+  test_classifier(5, 99, 136, modern, rng);           // 17 pieces, most threads idle
+  test_classifier(7, 333, 344, {llmc::LogitCap::kRational, 30.0f}, rng);  // another cap
+  // The speedrun's head: the sigmoid cap over every padded column; then over the real ones, with
+  // a piece straddling V, and another scale.
+  test_classifier(64, 50304, 50304, speedrun, rng);
+  test_classifier(3 * 101, 1001, 1016, speedrun, rng);
+  test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f}, rng);
+  test_classifier(9, 50304, 50304, speedrun, rng, true);
+  test_classifier(9, 1001, 1016, modern, rng, true);
 }
+
+}  // namespace classifier_tests

@@ -7,6 +7,8 @@
 // ones, forward outputs poisoned first, and every kernel run twice for identical bits.
 #include "dev/cuda/kernel_test.h"
 
+namespace encoder_tests {
+
 struct EncoderShape {
   int B, T, C, V;
   int distinct;          // token ids are drawn from the last `distinct` ids of the vocabulary
@@ -60,22 +62,22 @@ void test_encoder(const EncoderShape& s, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dwte, dwpe));
 }
 
-int main() {
-  return run_kernel_tests("test_encoder", [] {
-    llmc::Rng rng(1337);
-    test_encoder({4, 64, 768, 50257, 50257, 0}, rng);  // GPT-2 small, every token id possible
-    test_encoder({3, 100, 1600, 1000, 1000, 0}, rng);  // d48 width
-    test_encoder({4, 1000, 768, 5000, 3, 0}, rng);     // three ids, ~1300 positions each (long buckets)
-    test_encoder({2, 777, 64, 50257, 1, 0}, rng);      // one id everywhere; C < one warp's group
-    // One id in a share of the positions (a long bucket, as indentation in source code), the rest
-    // in short ones: both kernels in one backward; the d48 width's part-warp group in the long one.
-    test_encoder({1, 8192, 768, 50257, 50257, 10}, rng);
-    test_encoder({3, 100, 1600, 1000, 1000, 50}, rng);
-    // Two ids of about 260 positions each (slices ending mid-slice). A micro step of the
-    // speedrun's, half of 49,152 positions one id (384 slices of 64 summed by one block), in BF16
-    // builds: the CPU reference sums its 24,576 terms in FP32, rounding by up to ~1e-3 where the
-    // FP32 build's tolerance for an element near zero is 1.4e-4.
-    test_encoder({1, 521, 768, 50257, 2, 0}, rng);
-    if (sizeof(floatX) == 2) test_encoder({1, 49152, 768, 50257, 50257, 50}, rng);
-  });
+void run() {
+  llmc::Rng rng(1337);
+  test_encoder({4, 64, 768, 50257, 50257, 0}, rng);  // GPT-2 small, every token id possible
+  test_encoder({3, 100, 1600, 1000, 1000, 0}, rng);  // d48 width
+  test_encoder({4, 1000, 768, 5000, 3, 0}, rng);     // three ids, ~1300 positions each (long buckets)
+  test_encoder({2, 777, 64, 50257, 1, 0}, rng);      // one id everywhere; C < one warp's group
+  // One id in a share of the positions (a long bucket, as indentation in source code), the rest
+  // in short ones: both kernels in one backward; the d48 width's part-warp group in the long one.
+  test_encoder({1, 8192, 768, 50257, 50257, 10}, rng);
+  test_encoder({3, 100, 1600, 1000, 1000, 50}, rng);
+  // Two ids of about 260 positions each (slices ending mid-slice). A micro step of the
+  // speedrun's, half of 49,152 positions one id (384 slices of 64 summed by one block), in BF16
+  // builds: the CPU reference sums its 24,576 terms in FP32, rounding by up to ~1e-3 where the
+  // FP32 build's tolerance for an element near zero is 1.4e-4.
+  test_encoder({1, 521, 768, 50257, 2, 0}, rng);
+  if (sizeof(floatX) == 2) test_encoder({1, 49152, 768, 50257, 50257, 50}, rng);
 }
+
+}  // namespace encoder_tests

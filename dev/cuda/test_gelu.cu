@@ -6,6 +6,8 @@
 // forward output poisoned first, and both kernels run twice for identical bits.
 #include "dev/cuda/kernel_test.h"
 
+namespace gelu_tests {
+
 using ActivationLauncher = void (*)(floatX*, const floatX*, size_t, cudaStream_t);
 // ref[i] = act(inp[i]); ref_dinp[i] = dout[i] * act'(inp[i]), in FP32 as the kernels compute.
 using ActivationReference = std::function<void(std::vector<float>& ref, std::vector<float>& ref_dinp,
@@ -60,19 +62,19 @@ void test_activation(const char* name, ActivationLauncher forward_launch,
   check_same_bits("backward twice", backward_bits, Snapshot(d));
 }
 
-int main() {
-  return run_kernel_tests("test_gelu", [] {
-    llmc::Rng rng(11);
-    const size_t sizes[] = {
-        (size_t)4 * 64 * 4 * 768,    // GPT-2 small fch
-        (size_t)3 * 100 * 4 * 1600,  // d48 fch, T=100
-        (size_t)8 * 12347,           // the last launch block partly used
-    };
-    for (size_t n : sizes) {
-      test_activation("gelu", gelu_forward, gelu_backward_inplace, gelu_reference, n, rng);
-    }
-    for (size_t n : sizes) {
-      test_activation("relu2", relu2_forward, relu2_backward_inplace, relu2_reference, n, rng);
-    }
-  });
+void run() {
+  llmc::Rng rng(11);
+  const size_t sizes[] = {
+      (size_t)4 * 64 * 4 * 768,    // GPT-2 small fch
+      (size_t)3 * 100 * 4 * 1600,  // d48 fch, T=100
+      (size_t)8 * 12347,           // the last launch block partly used
+  };
+  for (size_t n : sizes) {
+    test_activation("gelu", gelu_forward, gelu_backward_inplace, gelu_reference, n, rng);
+  }
+  for (size_t n : sizes) {
+    test_activation("relu2", relu2_forward, relu2_backward_inplace, relu2_reference, n, rng);
+  }
 }
+
+}  // namespace gelu_tests

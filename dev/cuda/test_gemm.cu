@@ -11,6 +11,8 @@
 // with an sm_90a build only: elsewhere the test says that it skips.
 #include "dev/cuda/kernel_test.h"
 
+namespace gemm_tests {
+
 #if !defined(ENABLE_FP32)
 using flash::GemmB;
 
@@ -100,28 +102,28 @@ void test_cublaslt_bits(llmc::Rng& rng) {
 }
 #endif
 
-int main() {
-  return run_kernel_tests("test_gemm", [] {
+void run() {
 #if defined(ENABLE_FP32)
-    printf("\nskip gemm: its products are BF16 (the BF16 build's)\n");
+  printf("\nskip gemm: its products are BF16 (the BF16 build's)\n");
 #else
-    if (!flash::hopper_support().usable) {
-      printf("\nskip gemm: it needs an sm_90a build on a Hopper GPU\n");
-      return;
-    }
-    llmc::Rng rng(31);
-    const GemmCase cases[] = {
-        {"one row", 1, 8, 8},
-        {"odd", 200, 264, 136},
-        {"one step", 300, 512, 64},
-        {"three tiles a block", 51200, 256, 64},
-        {"qkv", 2048, 2304, 768},
-        {"fc", 2048, 3072, 768},
-        {"fcproj", 2048, 768, 3072},
-    };
-    for (const GemmCase& g : cases) test_gemm<GemmB::kNK>(g, rng);
-    for (const GemmCase& g : cases) test_gemm<GemmB::kKN>(g, rng);
-    test_cublaslt_bits(rng);
+  if (!flash::hopper_support().usable) {
+    printf("\nskip gemm: it needs an sm_90a build on a Hopper GPU\n");
+    return;
+  }
+  llmc::Rng rng(31);
+  const GemmCase cases[] = {
+      {"one row", 1, 8, 8},
+      {"odd", 200, 264, 136},
+      {"one step", 300, 512, 64},
+      {"three tiles a block", 51200, 256, 64},
+      {"qkv", 2048, 2304, 768},
+      {"fc", 2048, 3072, 768},
+      {"fcproj", 2048, 768, 3072},
+  };
+  for (const GemmCase& g : cases) test_gemm<GemmB::kNK>(g, rng);
+  for (const GemmCase& g : cases) test_gemm<GemmB::kKN>(g, rng);
+  test_cublaslt_bits(rng);
 #endif
-  });
 }
+
+}  // namespace gemm_tests

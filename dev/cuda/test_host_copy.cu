@@ -9,6 +9,8 @@
 // and a request beyond the host's available memory refused before any page is touched.
 #include "dev/cuda/kernel_test.h"
 
+namespace host_copy_tests {
+
 std::vector<unsigned char> random_bytes(llmc::Rng& rng, size_t n) {
   std::vector<unsigned char> out(n);
   for (size_t i = 0; i < n; i += 4) {
@@ -80,19 +82,19 @@ void test_pinned_host_alloc(size_t bytes, llmc::Rng& rng) {
                  "more than the host has available: refused");
 }
 
-int main() {
-  return run_kernel_tests("test_host_copy", [] {
-    llmc::Rng rng(5);
-    cudaStream_t other, stream;
-    cudaCheck(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-    cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    test_host_copy(1000, 3, other, stream, rng);                           // small: the direct path
-    test_host_copy(kPinnedPieceBytes, 0, other, stream, rng);              // one piece: still direct
-    test_host_copy(kPinnedPieceBytes + 1, 1, other, stream, rng);          // a piece and one byte
-    test_host_copy(2 * kPinnedPieceBytes, 0, other, stream, rng);          // both pieces once
-    test_host_copy(3 * kPinnedPieceBytes + 12345, 7, other, stream, rng);  // each piece reused, a part
-    test_pinned_host_alloc(5 * (2ul << 20) + 4096 + 100, rng);  // huge pages and a partial page
-    cudaCheck(cudaStreamDestroy(other));
-    cudaCheck(cudaStreamDestroy(stream));
-  });
+void run() {
+  llmc::Rng rng(5);
+  cudaStream_t other, stream;
+  cudaCheck(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  test_host_copy(1000, 3, other, stream, rng);                           // small: the direct path
+  test_host_copy(kPinnedPieceBytes, 0, other, stream, rng);              // one piece: still direct
+  test_host_copy(kPinnedPieceBytes + 1, 1, other, stream, rng);          // a piece and one byte
+  test_host_copy(2 * kPinnedPieceBytes, 0, other, stream, rng);          // both pieces once
+  test_host_copy(3 * kPinnedPieceBytes + 12345, 7, other, stream, rng);  // each piece reused, a part
+  test_pinned_host_alloc(5 * (2ul << 20) + 4096 + 100, rng);  // huge pages and a partial page
+  cudaCheck(cudaStreamDestroy(other));
+  cudaCheck(cudaStreamDestroy(stream));
 }
+
+}  // namespace host_copy_tests

@@ -7,6 +7,8 @@
 // below) when asked, and must give the same other outputs either way.
 #include "dev/cuda/kernel_test.h"
 
+namespace layernorm_tests {
+
 void test_layernorm(int N, int C, llmc::Rng& rng) {
   printf("\nlayernorm N=%d C=%d\n", N, C);
   const size_t n = (size_t)N * C;
@@ -106,13 +108,13 @@ void test_layernorm(int N, int C, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dresidual, dweight, dbias, dresidual_dbias));
 }
 
-int main() {
-  return run_kernel_tests("test_layernorm", [] {
-    llmc::Rng rng(42);
-    test_layernorm(4 * 64, 768, rng);    // GPT-2 small
-    test_layernorm(3 * 100, 1600, rng);  // d48 width, 37.5 launch blocks
-    test_layernorm(5 * 203, 768, rng);   // 4 rows per backward block; one short, two empty
-    test_layernorm(4 * 1000, 1600, rng); // 16 rows per backward block, the last blocks empty
-    test_layernorm(7, 64, rng);          // one partial launch block; C < 32 lanes x 8
-  });
+void run() {
+  llmc::Rng rng(42);
+  test_layernorm(4 * 64, 768, rng);    // GPT-2 small
+  test_layernorm(3 * 100, 1600, rng);  // d48 width, 37.5 launch blocks
+  test_layernorm(5 * 203, 768, rng);   // 4 rows per backward block; one short, two empty
+  test_layernorm(4 * 1000, 1600, rng); // 16 rows per backward block, the last blocks empty
+  test_layernorm(7, 64, rng);          // one partial launch block; C < 32 lanes x 8
 }
+
+}  // namespace layernorm_tests

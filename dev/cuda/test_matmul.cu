@@ -7,6 +7,8 @@
 // with cuBLASLt's first heuristic in place of the algorithm tuning chose, for the same bits.
 #include "dev/cuda/kernel_test.h"
 
+namespace matmul_tests {
+
 // Products are FP32 sums of up to 50304 terms in cuBLAS's own order, held to kTolSum. cuBLASLt's
 // GELU epilogues (tanh approximation) need not evaluate tanh as tanhf does: a fast tanh (the
 // hardware's has relative error ~2^-11) has its error multiplied by up to ~10 in GELU's
@@ -116,20 +118,20 @@ void test_tuned_bits(const char* name, int N, int C, int OC, llmc::Rng& rng) {
   check_same_bits("tuned = heuristic", tuned, run(false));
 }
 
-int main() {
-  return run_kernel_tests("test_matmul", [] {
-    llmc::Rng rng(7);
-    const MatmulCase cases[] = {
-        {"qkv, GPT-2 small", 4 * 64, 768, 3 * 768, true, false, false},
-        {"fc, GPT-2 small", 3 * 100, 768, 4 * 768, true, true, false},
-        {"fcproj, GPT-2 small", 3 * 100, 4 * 768, 768, true, false, true},
-        {"attproj, d48", 2 * 100, 1600, 1600, true, false, false},
-        {"fc, d48", 64, 1600, 4 * 1600, true, true, false},
-        {"lm head, padded vocab", 100, 768, 50304, false, false, false},
-        {"odd, no bias", 37, 136, 72, false, true, true},
-    };
-    for (const MatmulCase& m : cases) test_matmul(m, rng);
-    test_tuned_bits("fc, GPT-2 small", 16384, 768, 4 * 768, rng);
-    test_tuned_bits("fcproj, GPT-2 small", 16384, 4 * 768, 768, rng);
-  });
+void run() {
+  llmc::Rng rng(7);
+  const MatmulCase cases[] = {
+      {"qkv, GPT-2 small", 4 * 64, 768, 3 * 768, true, false, false},
+      {"fc, GPT-2 small", 3 * 100, 768, 4 * 768, true, true, false},
+      {"fcproj, GPT-2 small", 3 * 100, 4 * 768, 768, true, false, true},
+      {"attproj, d48", 2 * 100, 1600, 1600, true, false, false},
+      {"fc, d48", 64, 1600, 4 * 1600, true, true, false},
+      {"lm head, padded vocab", 100, 768, 50304, false, false, false},
+      {"odd, no bias", 37, 136, 72, false, true, true},
+  };
+  for (const MatmulCase& m : cases) test_matmul(m, rng);
+  test_tuned_bits("fc, GPT-2 small", 16384, 768, 4 * 768, rng);
+  test_tuned_bits("fcproj, GPT-2 small", 16384, 4 * 768, 768, rng);
 }
+
+}  // namespace matmul_tests

@@ -16,6 +16,8 @@
 // (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does.
 #include "dev/cuda/kernel_test.h"
 
+namespace muon_tests {
+
 // The GPU's products accumulate in another order and fuse B = -1.5 A + 0.5 A A and X = 2 X + B X
 // into one rounding each where the reference rounds each term: each BF16 result may differ by an
 // ulp (2^-8 relative), and 12 iterations carry such differences along; the iteration damps them
@@ -430,22 +432,22 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   muon_workspace_free(ws);
 }
 
-int main() {
-  return run_kernel_tests("test_muon", [] {
-    llmc::Rng rng(1337);
-    const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
-                                           {"square", 64, 64, {0}},
-                                           {"gates' shape", 6, 12, {0, 0, 0, 1, 0}}};
-    const llmc::NewtonSchulz steep3 = {3, llmc::kNewtonSchulzSpeedrun.a, llmc::kNewtonSchulzSpeedrun.b,
-                                       llmc::kNewtonSchulzSpeedrun.c};
-    const std::vector<TestRecipe> recipes = {
-        {"modern", {0.025f, 0.05f, 0.95f}, kTolOrthogonal, true},
-        {"speedrun", {0.05f, 0.0f, 0.85f, 1.0f, llmc::kNewtonSchulzSpeedrun, false}, kTolSteepOrthogonal, false},
-        {"3 steps", {0.05f, 0.01f, 0.9f, 1.0f, steep3, true}, kTolSteepOrthogonal, false}};
-    for (const TestRecipe& recipe : recipes) {
-      for (const TestGroup& t : groups) {
-        for (bool with_master : {true, false}) test_group(t, with_master, recipe, rng);
-      }
+void run() {
+  llmc::Rng rng(1337);
+  const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
+                                         {"square", 64, 64, {0}},
+                                         {"gates' shape", 6, 12, {0, 0, 0, 1, 0}}};
+  const llmc::NewtonSchulz steep3 = {3, llmc::kNewtonSchulzSpeedrun.a, llmc::kNewtonSchulzSpeedrun.b,
+                                     llmc::kNewtonSchulzSpeedrun.c};
+  const std::vector<TestRecipe> recipes = {
+      {"modern", {0.025f, 0.05f, 0.95f}, kTolOrthogonal, true},
+      {"speedrun", {0.05f, 0.0f, 0.85f, 1.0f, llmc::kNewtonSchulzSpeedrun, false}, kTolSteepOrthogonal, false},
+      {"3 steps", {0.05f, 0.01f, 0.9f, 1.0f, steep3, true}, kTolSteepOrthogonal, false}};
+  for (const TestRecipe& recipe : recipes) {
+    for (const TestGroup& t : groups) {
+      for (bool with_master : {true, false}) test_group(t, with_master, recipe, rng);
     }
-  });
+  }
 }
+
+}  // namespace muon_tests

@@ -13,6 +13,8 @@
 // flat layout.
 #include "dev/cuda/kernel_test.h"
 
+namespace optimizer_tests {
+
 // offset: x starts that many elements into its allocation (a shard's gradients need not start on
 // a 16-byte boundary).
 void test_global_norm(size_t n, size_t offset, llmc::Rng& rng) {
@@ -457,23 +459,23 @@ void test_state_file_layout(llmc::Rng& rng) {
   check_close("the file's m, v and master", file, expected, 0.0f);
 }
 
-int main() {
-  return run_kernel_tests("test_optimizer", [] {
-    llmc::Rng rng(9);
-    test_global_norm(7, 0, rng);                // fewer elements than one block's threads
-    test_global_norm(100003, 0, rng);           // less than the grid's one pass
-    test_global_norm(12345679, 0, rng);         // ~24 elements per thread, and a tail
-    test_global_norm(100003, 3, rng);           // not 16-byte aligned: one element at a time
-    test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
-    test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
-    test_adamw(5, true, false, rng);            // a partial block only
-    test_adamw_bf16_state(1000003, rng);        // the speedrun's embeddings
-    test_adamw_bf16_state(7, rng);
-    if (sizeof(floatX) == 2) {                  // BF16 copies of FP32 masters
-      test_adamw_fp8_head(1000003 - 3, rng);
-      test_adamw_fp8_head(7, rng);
-    }
-    test_adamw_slices(rng);
-    test_state_file_layout(rng);
-  });
+void run() {
+  llmc::Rng rng(9);
+  test_global_norm(7, 0, rng);                // fewer elements than one block's threads
+  test_global_norm(100003, 0, rng);           // less than the grid's one pass
+  test_global_norm(12345679, 0, rng);         // ~24 elements per thread, and a tail
+  test_global_norm(100003, 3, rng);           // not 16-byte aligned: one element at a time
+  test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
+  test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
+  test_adamw(5, true, false, rng);            // a partial block only
+  test_adamw_bf16_state(1000003, rng);        // the speedrun's embeddings
+  test_adamw_bf16_state(7, rng);
+  if (sizeof(floatX) == 2) {                  // BF16 copies of FP32 masters
+    test_adamw_fp8_head(1000003 - 3, rng);
+    test_adamw_fp8_head(7, rng);
+  }
+  test_adamw_slices(rng);
+  test_state_file_layout(rng);
 }
+
+}  // namespace optimizer_tests

@@ -12,6 +12,8 @@
 #include "dev/cuda/kernel_test.h"
 #include "dev/cuda/qk_rotary_reference.h"
 
+namespace qk_rotary_tests {
+
 struct QkShape {
   int B, T, NH, HS;
 };
@@ -119,15 +121,15 @@ void test_qk_rotary_bad_head_size() {
                         "qk_norm_rotary_backward at head size 6");
 }
 
-int main() {
-  return run_kernel_tests("test_qk_rotary", [] {
-    llmc::Rng rng(35);
-    test_qk_rotary({3, 37, 5, 128}, rng);  // d12's head size, 111 tokens
-    test_qk_rotary({1, 1023, 1, 128}, rng);  // the tiny preset's one head; positions up to 1022
-    test_qk_rotary({3, 29, 7, 64}, rng);  // d48's head size; 14 heads: 8 loaded at once, then 6
-    test_qk_rotary({2, 7, 3, 72}, rng);   // 36 pairs: a lane's second pair only on lanes 0-3
-    test_qk_rotary({1, 9, 3, 256}, rng);  // the largest head size: 4 pairs a lane
-    test_qk_rotary({5, 3, 1, 8}, rng);  // the smallest: 2 frequencies, 1 and 1/1024
-    test_qk_rotary_bad_head_size();
-  });
+void run() {
+  llmc::Rng rng(35);
+  test_qk_rotary({3, 37, 5, 128}, rng);  // d12's head size, 111 tokens
+  test_qk_rotary({1, 1023, 1, 128}, rng);  // the tiny preset's one head; positions up to 1022
+  test_qk_rotary({3, 29, 7, 64}, rng);  // d48's head size; 14 heads: 8 loaded at once, then 6
+  test_qk_rotary({2, 7, 3, 72}, rng);   // 36 pairs: a lane's second pair only on lanes 0-3
+  test_qk_rotary({1, 9, 3, 256}, rng);  // the largest head size: 4 pairs a lane
+  test_qk_rotary({5, 3, 1, 8}, rng);  // the smallest: 2 frequencies, 1 and 1/1024
+  test_qk_rotary_bad_head_size();
 }
+
+}  // namespace qk_rotary_tests

@@ -11,6 +11,8 @@
 // same as the weighted kernels given ones (multiplying by 1 is exact, so they must agree).
 #include "dev/cuda/kernel_test.h"
 
+namespace rmsnorm_tests {
+
 // Sums in double: the reference is more exact than either build.
 void rmsnorm_forward_reference(std::vector<float>& out, std::vector<float>& rstd,
                                const std::vector<float>& inp, const std::vector<float>& weight,
@@ -156,16 +158,16 @@ void test_rmsnorm(int N, int C, bool gain, llmc::Rng& rng) {
   }
 }
 
-int main() {
-  return run_kernel_tests("test_rmsnorm", [] {
-    llmc::Rng rng(43);
-    for (bool gain : {true, false}) {
-      test_rmsnorm(4 * 64 + 1, 768, gain, rng);  // d12 width, one row past whole launch blocks
-      test_rmsnorm(3 * 101, 1600, gain, rng);    // d48 width, a partial chunk of the row
-      test_rmsnorm(5 * 203, 136, gain, rng);     // 4 rows per backward block; one short, two empty
-      test_rmsnorm(3999, 768, gain, rng);        // 16 rows per backward block; one short, six empty
-      test_rmsnorm(7, 136, gain, rng);           // one partial launch block
-    }
-    test_rmsnorm(2 * 97, 128, false, rng);       // the speedrun's tiny width
-  });
+void run() {
+  llmc::Rng rng(43);
+  for (bool gain : {true, false}) {
+    test_rmsnorm(4 * 64 + 1, 768, gain, rng);  // d12 width, one row past whole launch blocks
+    test_rmsnorm(3 * 101, 1600, gain, rng);    // d48 width, a partial chunk of the row
+    test_rmsnorm(5 * 203, 136, gain, rng);     // 4 rows per backward block; one short, two empty
+    test_rmsnorm(3999, 768, gain, rng);        // 16 rows per backward block; one short, six empty
+    test_rmsnorm(7, 136, gain, rng);           // one partial launch block
+  }
+  test_rmsnorm(2 * 97, 128, false, rng);       // the speedrun's tiny width
 }
+
+}  // namespace rmsnorm_tests

@@ -15,6 +15,8 @@
 // identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
 #include "dev/cuda/kernel_test.h"
 
+namespace speedrun_steps_tests {
+
 // ---- Residual mix ----
 
 struct ResidualMixCase {
@@ -451,28 +453,28 @@ void test_bad_shapes() {
       "row dots", "attention_gate_backward's row dots at head size 136 (a row's pieces not whole warps)");
 }
 
-int main() {
-  return run_kernel_tests("test_speedrun_steps", [] {
-    llmc::Rng rng(28);
-    for (bool skip : {false, true}) {
-      test_residual_mix({4 * 64 + 1, 768, skip, false}, rng);  // d12 width; one row per backward block, one more
-      test_residual_mix({3999, 768, skip, false}, rng);        // 16 rows per block; one short, six empty
-      test_residual_mix({37, 128, skip, false}, rng);          // tiny width; most blocks empty
-    }
-    test_residual_mix({1001, 256, false, true}, rng);  // the first layer: x is x0
+void run() {
+  llmc::Rng rng(28);
+  for (bool skip : {false, true}) {
+    test_residual_mix({4 * 64 + 1, 768, skip, false}, rng);  // d12 width; one row per backward block, one more
+    test_residual_mix({3999, 768, skip, false}, rng);        // 16 rows per block; one short, six empty
+    test_residual_mix({37, 128, skip, false}, rng);          // tiny width; most blocks empty
+  }
+  test_residual_mix({1001, 256, false, true}, rng);  // the first layer: x is x0
 
-    for (bool ve : {true, false}) {
-      test_value_mix({4 * 64 + 1, 768, 64, ve}, rng);  // tokens repeated about four times
-      test_value_mix({3999, 768, 301, ve}, rng);
-      test_value_mix({37, 128, 5, ve}, rng);           // a few ids, many repeats
-    }
-    test_value_mix({7, 136, 3, true}, rng);  // 17 pieces of a row: a partial warp
+  for (bool ve : {true, false}) {
+    test_value_mix({4 * 64 + 1, 768, 64, ve}, rng);  // tokens repeated about four times
+    test_value_mix({3999, 768, 301, ve}, rng);
+    test_value_mix({37, 128, 5, ve}, rng);           // a few ids, many repeats
+  }
+  test_value_mix({7, 136, 3, true}, rng);  // 17 pieces of a row: a partial warp
 
-    test_attention_gate({4 * 64 + 1, 6, 768}, rng);  // d12: head size 128, G = 12
-    test_attention_gate({3999, 6, 768}, rng);
-    test_attention_gate({1001, 2, 256}, rng);  // G = 4
-    test_attention_gate({37, 1, 128}, rng);    // tiny: one head, G = 2
-    test_attention_gate({7, 1, 136}, rng);     // head size 136: 17 pieces, G = 2
-    test_bad_shapes();
-  });
+  test_attention_gate({4 * 64 + 1, 6, 768}, rng);  // d12: head size 128, G = 12
+  test_attention_gate({3999, 6, 768}, rng);
+  test_attention_gate({1001, 2, 256}, rng);  // G = 4
+  test_attention_gate({37, 1, 128}, rng);    // tiny: one head, G = 2
+  test_attention_gate({7, 1, 136}, rng);     // head size 136: 17 pieces, G = 2
+  test_bad_shapes();
 }
+
+}  // namespace speedrun_steps_tests

@@ -92,4 +92,24 @@ check "... a line naming the target, then its messages in full" \
   "$(printf 'bad.cpp:1:1: error: no good\n1 error generated.')"
 check "... no target file left" "$([ -e "$DIR/test_flags" ] && echo present || echo absent)" absent
 
+# The CUDA builds: train_gpt2.cu compiled once a program, the kernel tests one program a precision
+# and the benchmarks one program; every suite and benchmark of dev/cuda in the program that runs
+# them (a file left out would not run): its #include, and its row by name.
+check "make -n cuda: one compile a program" \
+  "$(MAKEFLAGS= make -n -B cuda BUILD=build 2>/dev/null | grep -oE '"building [^"]+"' | tr -d '"' | xargs)" \
+  "building train_gpt2cu building test_gpt2cu building profile_gpt2cu building train_gpt2fp32cu building test_gpt2fp32cu building build/test_kernels building build/test_kernels_fp32 building build/test_attention_mma_sync building build/bench_kernels"
+unlisted=()
+for source in dev/cuda/test_*.cu dev/cuda/bench_*.cu; do
+  name=$(basename "$source" .cu)
+  kind=${name%%_*}
+  name=${name#*_}
+  [ "$name" = kernels ] && continue
+  program=dev/cuda/${kind}_kernels.cu
+  namespace=${name}_$([ "$kind" = test ] && echo tests || echo bench)
+  grep -qF "#include \"$source\"" "$program" && grep -qF "{\"$name\", $namespace::run" "$program" ||
+    unlisted+=("$source")
+done
+check "every dev/cuda/test_*.cu and bench_*.cu included and named by test_kernels.cu or bench_kernels.cu" \
+  "${unlisted[*]}" ""
+
 finish test_makefile

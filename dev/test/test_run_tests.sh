@@ -39,9 +39,9 @@ cp scripts/lib/help.sh "$tree/scripts/lib/"
 cp dev/test/compare_runs.sh "$tree/dev/test/"
 printf '#!/bin/sh\necho "GPU 0: a stand-in"\n' > "$tree/bin/nvidia-smi"
 chmod +x "$tree/bin/nvidia-smi"
-out=$(PATH="$tree/bin:$PATH" bash "$tree/scripts/run_tests.sh" --gpu-only gpu_resume 2>&1)
+out=$(GPU=1 PATH="$tree/bin:$PATH" bash "$tree/scripts/run_tests.sh" --gpu-only gpu_resume 2>&1)
 check "--gpu-only on a GPU without the programs: exit status 1, one line naming them" "$?:$out" \
-  "1:error: --gpu-only: not built: ./train_gpt2cu ./train_gpt2fp32cu ./test_gpt2cu ./test_gpt2fp32cu build/prepare_shards build/hellaswag build/test_attention_mma_sync: run make cpu cuda first"
+  "1:error: --gpu-only: not built: ./train_gpt2cu ./train_gpt2fp32cu ./test_gpt2cu ./test_gpt2fp32cu build/prepare_shards build/hellaswag build/test_kernels build/test_kernels_fp32 build/test_attention_mma_sync: run make cpu cuda first"
 check "... and started nothing" "$(ls "$tree/build" 2>/dev/null | tr '\n' ' ')" "ref test_logs "
 
 finish test_run_tests
