@@ -10577,7 +10577,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
   table.row("architecture", architecture_description(m.arch()));
-  table.row("layers", m.plan.describe());
+  table.row("layers", m.plan.describe(a.documents && a.window_blocks != 0));
   table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("attention", attention_description(a, m.plan));

@@ -238,8 +238,9 @@ struct LayerPlan {
   // The smallest run window, in blocks, from which every layer attends to all of a sequence's
   // `blocks` blocks (a wider one selects the same keys): the short layers take half of it.
   int window_blocks_spanning(int blocks) const { return has_short_windows() ? 2 * blocks : blocks; }
-  // The start-up table's: the columns that differ from plain attention with the long window.
-  std::string describe() const {
+  // The start-up table's: the columns that differ from plain attention with the long window (the
+  // windows only where the run has one: `windowed`).
+  std::string describe(bool windowed) const {
     std::string attention, values, skips;
     for (const LayerSpec& l : layers) {
       attention += l.attention ? "A" : "-";
@@ -248,7 +249,7 @@ struct LayerPlan {
     }
     std::string s = strformat("%d", size());
     if (attention_layers < size()) s += "; attention " + attention;
-    if (has_short_windows()) s += "; windows " + windows();
+    if (windowed && has_short_windows()) s += "; windows " + windows();
     if (value_embeddings > 0) s += "; value embeddings" + values;
     if (skip_weights > 0) s += "; U-net skips from" + skips;
     return s;

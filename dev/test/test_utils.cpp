@@ -334,11 +334,12 @@ void test_layer_plan() {
   for (const llmc::LayerSpec& l : plan.layers) windows += llmc::strformat(" %d", l.window_blocks(14));
   check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && plan[1].window_blocks(1) == 0,
                 "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
-  check_verbose(plan.describe() == "12; attention AAAAAAA-AAAA; windows LSSSLSSLSSSL; value embeddings 0 1 2 - - "
-                                   "- - - - 0 1 2; U-net skips from - - - - - - 5 4 3 2 1 0" &&
-                    d24.describe() == "24" &&
-                    llmc::layer_plan(llmc::Arch::kGpt2, 12).describe() == "12; windows LSSSLSSLSSSL",
-                "the start-up table's plan: " + plan.describe());
+  const llmc::LayerPlan gpt2_12 = llmc::layer_plan(llmc::Arch::kGpt2, 12);
+  check_verbose(plan.describe(true) == "12; attention AAAAAAA-AAAA; windows LSSSLSSLSSSL; value embeddings 0 1 "
+                                       "2 - - - - - - 0 1 2; U-net skips from - - - - - - 5 4 3 2 1 0" &&
+                    d24.describe(true) == "24" && gpt2_12.describe(true) == "12; windows LSSSLSSLSSSL" &&
+                    gpt2_12.describe(false) == "12",
+                "the start-up table's plan: " + plan.describe(true) + "; without a window: " + gpt2_12.describe(false));
 }
 
 void test_configs() {
