@@ -275,11 +275,13 @@ inline LayerPlan layer_plan(Arch arch, int num_layers) {
     s.skip_source = speedrun ? kSpeedrunSkipSources[l] : -1;
     s.skip_weight = s.skip_source >= 0 ? plan.skip_weights++ : -1;
   }
-  for (int l = 0; l < num_layers; l++) {
-    const bool read = std::any_of(plan.layers.begin() + l + 1, plan.layers.end(),
-                                  [l](const LayerSpec& s) { return s.skip_source == l; });
-    plan.layers[l].kept = read ? plan.kept_outputs++ : -1;
+  // The outputs a skip reads, kept in layer order; one pass, as a checkpoint's header may give up
+  // to kMaxLayers layers.
+  std::vector<char> skipped_from(num_layers, 0);
+  for (const LayerSpec& s : plan.layers) {
+    if (s.skip_source >= 0) skipped_from[s.skip_source] = 1;
   }
+  for (int l = 0; l < num_layers; l++) plan.layers[l].kept = skipped_from[l] ? plan.kept_outputs++ : -1;
   return plan;
 }
 

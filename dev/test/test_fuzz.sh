@@ -98,6 +98,9 @@ seed("checkpoint", "bf16", checkpoint(5, L=2, NH=2, C=4, T=3, V=130))
 # so this 26-parameter file was accepted.
 seed("checkpoint", "wrapped_count", header(20240326, 3, 2**31 - 1, 2**31 - 1, 1, 1, 1, -2**31) +
      bytes(26 * 4))
+# Regression: a header of 2^16 layers (the most a config may have) took the layer plan's kept
+# outputs a quadratic search, past the fuzzer's timeout.
+seed("checkpoint", "most_layers", header(20240326, 3, 2, 1, 2**16, 1, 4, 128) + bytes(64))
 
 # Debug state for fuzz_debug_state's model (L=1 NH=1 C=4 maxT=4 V=8): header [0]=20240327 [1]=3
 # [2]=B [3]=T [4]=steps [5]=V [6..11] float bits of the hyperparameters, then x, y, logits, loss,
