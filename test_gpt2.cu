@@ -84,38 +84,58 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
   return llmc::optimizer_table(r, sizeof(floatX) == 2);
 }
 
-// The gradient the debug state's loss gives each logit: of the mean, or of the sum (the modern
-// recipe's reduction).
-float debug_state_dloss(const llmc::DebugState& ref) { return ref.loss_sum ? 1.0f : 1.0f / (ref.B * ref.T); }
+// The gradient the debug state's loss of B rows of T gives each logit: of the mean, or of the sum
+// (the modern recipe's reduction).
+float debug_state_dloss(const llmc::DebugState& ref, int T) { return ref.loss_sum ? 1.0f : 1.0f / (ref.B * T); }
+
+// The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch and
+// window. Each step is one micro batch of B rows.
+llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
+  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, ref.window_blocks);
+  plan.resolve(ref.steps - (plan.has_extension() ? plan.stages().back().extension_steps : 0));
+  REQUIRE(plan.total_steps() == ref.steps && plan.max_T() <= ref.T,
+          "the debug state's stage plan '%s' does not fit its %d steps of B=%d T=%d: re-create it with train_gpt2.py",
+          ref.stages.c_str(), ref.steps, ref.B, ref.T);
+  return plan;
+}
 
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
-// attention: causal, or within the batch's documents and the debug state's window at every step.
+// attention: causal, or within the batch's documents and the debug state's window (the largest of
+// its stages').
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, bool fp8) {
-  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, ref.window_blocks}, ref.fp8_head);
+  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref).max_window());
+  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
   gpt2_set_window(m, ref.window_blocks);
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
-// each step's loss within tol of PyTorch's; prints the largest difference.
+// each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
+// s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window and rate multiplier.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
                        const llmc::DebugState& ref, bool fp8, float tol) {
   const llmc::OptimizerTable opt = debug_state_optimizer(ref, config);
+  const llmc::StagePlan stages = debug_state_stages(ref);
   GPT2 m;
   gpt2_init(m, config, values, {true, opt.muon()}, 42);
   debug_state_allocate(m, ref, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
+    const llmc::StepPlan p = stages.at(step, ref.B, 1);
+    const int T = p.T;
+    if (ref.documents) gpt2_set_window(m, p.window);
     gpt2_zero_grad(m);
-    gpt2_forward(m, ref.inputs.data(), ref.B, ref.T, ForwardPass::kTraining);
-    const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, ref.T, debug_state_dloss(ref));
-    gpt2_backward(m, ref.B, ref.T, true);
+    gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);
+    const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, T, debug_state_dloss(ref, T));
+    gpt2_backward(m, ref.B, T, true);
     const float norm = gpt2_grad_norm(m);
-    gpt2_update(m, opt, step, 1.0f, 1.0f, norm);
+    const float lr = (float)p.lr_multiplier;
+    gpt2_update(m, opt, step, lr, lr, norm);
     const float diff = std::fabs(step_loss - ref.losses[step]);
     max_diff = std::max(max_diff, diff);
+    const std::string stage = ref.stages.empty() ? "" : llmc::strformat(" (stage %d, T=%d, lr x %g)", p.stage + 1, T, lr);
     testing::check_verbose(diff <= tol,
-                           llmc::strformat("step %2d loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
-                                           step, step_loss, ref.losses[step], diff, tol));
+                           llmc::strformat("step %2d%s loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
+                                           step, stage.c_str(), step_loss, ref.losses[step], diff, tol));
   }
   printf("step losses%s%s: largest difference %.2e over %d steps (tolerance %.0e)\n",
          fp8 ? " (-fp8 1)" : "", ref.fp8_head ? " (-fh 1)" : "", max_diff, ref.steps, tol);
@@ -197,7 +217,7 @@ int test_main(int argc, char** argv) {
   // Loss and gradients.
   const llmc::RngState rng_before_backward = m.rng.state();
   gpt2_zero_grad(m);
-  const float loss = gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref));
+  const float loss = gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref, T));
   testing::check_verbose(std::fabs(loss - ref.loss) <= kLossTol,
                          llmc::strformat("loss %.7f vs PyTorch %.7f (tolerance %.0e)", loss, ref.loss, kLossTol));
   gpt2_backward(m, B, T, true);
@@ -214,7 +234,7 @@ int test_main(int argc, char** argv) {
   m.rng.restore(rng_before_backward);  // the same stochastic-rounding seeds
   gpt2_zero_grad(m);
   gpt2_forward(m, ref.inputs.data(), B, T, ForwardPass::kTraining);
-  gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref));
+  gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref, T));
   gpt2_backward(m, B, T, true);
   cudaCheck(cudaMemcpy(second.data(), m.grads, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
   testing::check_verbose(memcmp(first.data(), second.data(), m.num_params * sizeof(floatX)) == 0,

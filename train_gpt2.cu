@@ -10393,6 +10393,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
+                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
+                "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
+                "(a stage keeps the one before's values, the first the flags'; none: one stage)", &a.stages),
       int_flag("-vt", "validation length", "validation sequence length, batches of -b sequences of it (0: -t); "
                "longer than -t, validation runs a forward pass of its own that keeps one layer's activations",
                &a.val_T, 0, kIntMax),
@@ -10564,7 +10568,7 @@ std::string head_description(const TrainArgs& a, const GPT2& m) {
 void resolve_fp8_head(TrainArgs& a) { a.fp8_head = fp8_head_resolved(a.fp8_head, fp8_head_given(a)); }
 
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
-                        const llmc::StepBatch& batch, int train_steps, size_t train_tokens,
+                        const llmc::StagePlan& stages, int train_steps, size_t train_tokens,
                         const std::string& checkpoints) {
   const cudaDeviceProp prop = current_gpu();  // multi_gpu_init set the rank's GPU
   llmc::StartupTable table;
@@ -10597,8 +10601,13 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                                  : std::string("current: each tensor's own amax"));
   }
   table.row("train tokens", std::to_string(train_tokens));
-  table.row("total batch", llmc::strformat("%ld tokens = %d micro step(s) of %d x %d x %d processes",
-                                           batch.tokens, batch.micro_steps, a.B, a.T, mg.world));
+  if (stages.stages().size() == 1) {
+    const llmc::StepPlan batch = stages.at(0, a.B, mg.world);
+    table.row("total batch", llmc::strformat("%ld tokens = %d micro step(s) of %d x %d x %d processes",
+                                             batch.tokens, batch.micro_steps, a.B, batch.T, mg.world));
+  } else {
+    table.row("stages", stages.describe(a.B, mg.world));
+  }
   table.row("steps", std::to_string(train_steps));
   if (!a.output_dir.empty()) table.row("checkpoints", checkpoints);
   table.print();
@@ -10684,11 +10693,14 @@ llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
 
 // -i's and -j's shards as the data loaders will check them (their headers, sizes and one batch
 // each, or with -pd 1 -i's one step of grad_accum micro batches of documents), and no file in both.
-void check_data(const TrainArgs& a, int world, int grad_accum) {
-  if (a.documents) {
-    llmc::read_document_shard_headers(a.train_pattern, "-i", a.B, a.T, grad_accum, world);
-  } else {
-    llmc::read_shard_headers(a.train_pattern, "-i", a.B, a.T, world);
+void check_data(const TrainArgs& a, int world, const llmc::StagePlan& stages) {
+  for (const llmc::Stage& s : stages.stages()) {
+    const int micro_steps = llmc::micro_steps_of(s.tokens, a.B, s.T, world, "-z");
+    if (a.documents) {
+      llmc::read_document_shard_headers(a.train_pattern, "-i", a.B, s.T, micro_steps, world);
+    } else {
+      llmc::read_shard_headers(a.train_pattern, "-i", a.B, s.T, world);
+    }
   }
   if (a.val_every > 0 && a.val_batches > 0) {
     try {
@@ -10713,12 +10725,52 @@ void resolve_validation_length(TrainArgs& a, int max_seq_len) {
           llmc::kAttentionBlock);
 }
 
+// Runs a check of one stage's values, its message led by the stage (where -sp has several).
+void check_stage(const llmc::StagePlan& plan, size_t i, const std::function<void()>& check) {
+  try {
+    check();
+  } catch (const llmc::Error& e) {
+    if (plan.stages().size() == 1) throw;
+    const llmc::Stage& s = plan.stages()[i];
+    throw llmc::Error(llmc::strformat("-sp stage %zu (t=%d z=%ld aw=%d): %s", i + 1, s.T, s.tokens, s.window, e.what()));
+  }
+}
+
+// -sp's stages over the resolved flags, each checked as the flags are: against the model, -pd and
+// the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
+// loader changes its shape at a boundary without losing its place.
+llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, a.window_blocks);
+  const size_t count = plan.stages().size();
+  REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
+  if (a.max_steps >= 0) plan.resolve(a.max_steps);
+  const llmc::LayerPlan layers = llmc::layer_plan(config);
+  const bool validating = a.val_every > 0 && a.val_batches > 0;
+  for (size_t i = 0; i < count; i++) {
+    const llmc::Stage& s = plan.stages()[i];
+    check_stage(plan, i, [&] {
+      REQUIRE(s.T <= config.max_seq_len, "t=%d is above the model's maximum sequence length %d: use t=%d or less",
+              s.T, config.max_seq_len, config.max_seq_len);
+      llmc::micro_steps_of(s.tokens, a.B, s.T, world, plan.tokens_name());
+      if (count == 1) return;  // the flags' own, checked as such
+      llmc::check_document_flags(a.documents, s.window, s.T, a.max_steps);
+      if (a.documents) llmc::check_window_length(s.window, "t", std::max(s.T, validating ? a.val_T : 0), layers);
+    });
+  }
+  const int change = plan.first_length_change();
+  REQUIRE(a.documents || change == 0, "-sp: stage %d sets t=%d (the first stage's is %d): a sequence length that "
+          "changes between stages needs document-aligned sequences (-pd 1)", change + 1, plan.stages()[change].T,
+          plan.stages()[0].T);
+  REQUIRE(a.documents || !plan.has_cap(), "-sp: a document cap (cap=N) cuts document-aligned sequences: add -pd 1");
+  return plan;
+}
+
 // What a run reads and checks before any GPU is touched, so that a bad flag or file fails with
 // its own message on any machine, before GPU memory is set up.
 struct RunInputs {
   int resume_step = -1;  // the checkpoint's step with -y 1
   StartParams start;
-  llmc::StepBatch batch = {0, 0};
+  llmc::StagePlan stages;  // -sp's, its steps shared out where -x gives them
   llmc::HellaSwagSet hellaswag;  // with -h 1
 };
 
@@ -10771,10 +10823,10 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     llmc::check_window_length(a.window_blocks, longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
-  in.batch = llmc::step_batch(a, world);
+  in.stages = resolve_stage_plan(a, config, world);
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
-  check_data(a, world, in.batch.micro_steps);
+  check_data(a, world, in.stages);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
   if (!a.output_dir.empty()) {
     // A log with no complete checkpoint beside it is of a run that -y 1 cannot resume.
@@ -10795,17 +10847,22 @@ void generate_from_prompt(const TrainArgs& a, GPT2& m) {
 }
 
 // The training data: contiguous batches (llmc::DataLoader), or with -pd 1 document-aligned
-// sequences (llmc::DocumentLoader), whose steps take grad_accum micro batches.
+// sequences (llmc::DocumentLoader), whose steps take a stage's micro batches of its T and cap.
 class TrainLoader {
  public:
-  void open(const TrainArgs& a, int grad_accum, int rank, int world, int vocab_size) {
+  void open(const TrainArgs& a, const llmc::StepPlan& p, int rank, int world, int vocab_size) {
     if (a.documents) {
-      documents_.reset(new llmc::DocumentLoader(a.train_pattern, "-i", a.B, a.T, grad_accum, rank, world,
-                                                a.shuffle != 0, a.seed, vocab_size));
+      documents_.reset(new llmc::DocumentLoader(a.train_pattern, "-i", a.B, p.T, p.micro_steps, rank, world,
+                                                a.shuffle != 0, a.seed, vocab_size, p.cap));
     } else {
-      batches_.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, a.T, rank, world, a.shuffle != 0, a.seed,
+      batches_.reset(new llmc::DataLoader(a.train_pattern, "-i", a.B, p.T, rank, world, a.shuffle != 0, a.seed,
                                           vocab_size));
     }
+  }
+  // A stage's shape at the step about to begin; contiguous batches keep their T (resolve_stage_plan),
+  // so only their micro steps change, which they do not hold.
+  void reshape(const llmc::StepPlan& p) {
+    if (documents_) documents_->reshape(p.T, p.micro_steps, p.cap);
   }
   void next_batch(int* inputs, int* targets) {
     if (documents_) documents_->next_batch(inputs, targets);
@@ -10835,8 +10892,9 @@ struct TrainRun {
   MultiGpu& mg;
   GPT2& m;
   int resume_step = -1;  // the step of the checkpoint resumed from; -1 for a new run
-  long total_batch = 0;
-  int accum_steps = 0, train_steps = 0;
+  llmc::StagePlan stages;
+  llmc::StepPlan step;   // what holds at the step the loop is at (stages.at)
+  int train_steps = 0;   // the scheduled steps and the extension's
   TrainLoader train_loader;
   std::unique_ptr<llmc::DataLoader> val_loader;  // none without validation
   llmc::LrSchedule schedule;
@@ -10856,6 +10914,7 @@ struct TrainRun {
   Checkpointer checkpoints;
   cudaEvent_t start = nullptr, end = nullptr;  // around each step
   double total_ms = 0.0;
+  long timed_tokens = 0;
   int timed_steps = 0, skipped_updates = 0;
   std::unique_ptr<llmc::EtaEstimator> eta;
 };
@@ -10903,24 +10962,23 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   const TrainArgs& a = r.a;
   const int vocab_size = r.m.config.vocab_size;
   const int resume_step = in.resume_step;
-  const llmc::StepBatch& batch = in.batch;
   r.resume_step = resume_step;
-  r.train_loader.open(a, batch.micro_steps, r.mg.rank, r.mg.world, vocab_size);
+  r.stages = in.stages;
+  r.step = r.stages.at(std::max(0, resume_step), a.B, r.mg.world);
+  r.train_loader.open(a, r.step, r.mg.rank, r.mg.world, vocab_size);
   if (a.val_every > 0 && a.val_batches > 0) {
     r.val_loader.reset(new llmc::DataLoader(a.val_pattern, "-j", a.B, a.val_T, r.mg.rank, r.mg.world,
                                             false, a.seed, vocab_size));
   }
-  r.total_batch = batch.tokens;
-  r.accum_steps = batch.micro_steps;
-  r.train_steps = a.max_steps >= 0
-      ? a.max_steps
-      : (int)std::max<long>(1, r.train_loader.batches_per_epoch() / r.accum_steps);
+  // Without -x, one epoch of contiguous batches (a plan of one stage: resolve_stage_plan).
+  if (a.max_steps < 0) r.stages.resolve(std::max<long>(1, r.train_loader.batches_per_epoch() / r.step.micro_steps));
+  r.train_steps = (int)r.stages.total_steps();
   if (resume_step > r.train_steps) {
     const std::string last = a.max_steps >= 0 ? llmc::strformat("-x %d", a.max_steps) : "one epoch, without -x";
     LLMC_FAIL("-y 1: the checkpoint in %s is of step %d, past this run's last step %d (%s): give -x %d or more "
               "to go on from it", a.output_dir.c_str(), resume_step, r.train_steps, last.c_str(), resume_step + 1);
   }
-  r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1, r.train_steps),
+  r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1L, r.stages.scheduled_steps()),
                                       a.final_lr_frac);
   r.schedule.decay_fraction = a.decay_fraction;
   r.hellaswag = std::move(in.hellaswag);
@@ -10938,8 +10996,8 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
     state_seconds = llmc::wall_seconds() - state_start;
   }
   r.sample_rng = llmc::Rng(a.seed + 1);
-  r.inputs.resize((size_t)a.B * a.T);
-  r.targets.resize((size_t)a.B * a.T);
+  r.inputs.resize((size_t)a.B * r.stages.max_T());
+  r.targets.resize((size_t)a.B * r.stages.max_T());
   if (a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
   // Spikes are reported above a z-score of 5 unless -sl / -sg set the threshold that skips updates.
   r.loss_outliers = llmc::OutlierDetector(llmc::kOutlierDefaultWindow, llmc::kOutlierDefaultMinCount,
@@ -10961,9 +11019,13 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
         ? new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kResume, resume_step + 1)
         : new llmc::Logger(a.output_dir, "-o", "-y 1", llmc::LogMode::kNew));
   }
-  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, batch, r.train_steps, r.train_loader.total_tokens(),
+  if (r.mg.rank == 0) print_config_table(a, r.m, r.mg, r.stages, r.train_steps, r.train_loader.total_tokens(),
                                          checkpoint_mode(r.checkpoints, checkpoint_pin_asked(a, r.train_steps)));
-  r.summary.reset(new llmc::RunSummary(run_start, r.total_batch));
+  const llmc::StagePlan& stages = r.stages;
+  const int B = a.B, world = r.mg.world;
+  r.summary.reset(new llmc::RunSummary(run_start, [&stages, B, world](long steps) {
+    return stages.tokens_through(steps, B, world);
+  }));
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all of
   // it up to here (those, the GPU's setup, the checkpoints' pinned buffers).
@@ -10975,7 +11037,8 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));
   cudaCheck(cudaEventCreateWithFlags(&r.losses_copied, cudaEventDisableTiming));
-  cudaCheck(cudaMallocHost(&r.micro_losses, (size_t)r.accum_steps * a.B * a.T * sizeof(float)));
+  cudaCheck(cudaMallocHost(&r.micro_losses, (size_t)r.stages.max_step_tokens_per_process(a.B, r.mg.world) *
+                                                sizeof(float)));
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
   r.muon_spread = multi_gpu_muon_spread(r.mg);
   install_stop_handlers();
@@ -10997,7 +11060,7 @@ void evaluate_at_step(TrainRun& r, int step) {
     }
   }
   if (a.hellaswag && ((a.val_every > 0 && step % a.val_every == 0) || last)) {
-    const llmc::HellaSwagCounts counts = evaluate_hellaswag(r.m, r.mg, r.hellaswag, a.T);
+    const llmc::HellaSwagCounts counts = evaluate_hellaswag(r.m, r.mg, r.hellaswag, r.stages.max_T());
     if (r.mg.rank == 0) {
       printf("step %4d/%d | hellaswag acc_norm %.4f (%lld/%lld), acc %.4f\n", step, r.train_steps,
              counts.acc_norm(), counts.correct_norm, counts.examples, counts.acc());
@@ -11060,8 +11123,8 @@ struct StepResult {
 
 // Rank 0's line for a step, in the run log too, and a note when its update was skipped or spiked.
 void print_step(TrainRun& r, int step, const StepResult& s) {
-  const double tokens_per_s = r.total_batch / (s.ms / 1e3);  // of all processes: the step's tokens
-  const double mfu = tokens_per_s * flops_per_token(r.m, r.a.T) / (kPeakFlops * r.mg.world) * 100.0;
+  const double tokens_per_s = r.step.tokens / (s.ms / 1e3);  // of all processes: the step's tokens
+  const double mfu = tokens_per_s * flops_per_token(r.m, r.step.T) / (kPeakFlops * r.mg.world) * 100.0;
   r.eta->step_finished(llmc::wall_seconds());
   if (r.mg.rank != 0) return;
   printf("step %4d/%d | loss %.6f | norm %.4f | lr %.3e | %.2f ms | MFU %.1f%% | %.0f tok/s | ETA %s\n",
@@ -11081,7 +11144,7 @@ void print_step(TrainRun& r, int step, const StepResult& s) {
 // of their sum, which the ranks' average of their gradients divides by the process count.
 float train_dloss(const TrainRun& r) {
   if (r.a.recipe->loss_sum) return (float)r.mg.world;
-  return 1.0f / ((float)r.a.B * r.a.T * r.accum_steps);
+  return 1.0f / ((float)r.a.B * r.step.T * r.step.micro_steps);
 }
 
 // One optimizer step from `step` to step + 1: the micro steps' forward and backward passes, the
@@ -11091,25 +11154,26 @@ bool train_step(TrainRun& r, int step) {
   GPT2& m = r.m;
   cudaCheck(cudaEventRecord(r.start, m.stream));
   gpt2_zero_grad(m);
-  const int N = a.B * a.T;
-  for (int micro = 0; micro < r.accum_steps; micro++) {
+  const int T = r.step.T, micro_steps = r.step.micro_steps, N = a.B * T;
+  for (int micro = 0; micro < micro_steps; micro++) {
     multi_gpu_progress(r.mg);
     if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
-    gpt2_forward(m, r.inputs.data(), a.B, a.T, ForwardPass::kTraining);
-    gpt2_classifier_enqueue(m, r.targets.data(), a.B, a.T, train_dloss(r), r.micro_losses + (size_t)micro * N);
+    gpt2_forward(m, r.inputs.data(), a.B, T, ForwardPass::kTraining);
+    gpt2_classifier_enqueue(m, r.targets.data(), a.B, T, train_dloss(r), r.micro_losses + (size_t)micro * N);
     cudaCheck(cudaEventRecord(r.losses_copied, m.stream));
-    gpt2_backward(m, a.B, a.T, micro == r.accum_steps - 1, r.grads_final);
+    gpt2_backward(m, a.B, T, micro == micro_steps - 1, r.grads_final);
   }
   multi_gpu_reduce_grads(r.mg, m);
   cudaCheck(cudaEventSynchronize(r.losses_copied));  // the GPU is still in the last backward
   double loss_sum = 0.0;  // each micro step's mean, as gpt2_classifier returns it
-  for (int micro = 0; micro < r.accum_steps; micro++) {
+  for (int micro = 0; micro < micro_steps; micro++) {
     loss_sum += losses_host_mean(r.micro_losses + (size_t)micro * N, N);
   }
   StepResult s;
-  s.loss = multi_gpu_average(r.mg, (float)(loss_sum / r.accum_steps), m.stream);
+  s.loss = multi_gpu_average(r.mg, (float)(loss_sum / micro_steps), m.stream);
   s.norm = multi_gpu_grad_norm(r.mg, m);
-  s.lr = (float)r.schedule.at(step);
+  const double lr = r.schedule.at(step) * r.step.lr_multiplier;  // the stage's multiple of the schedule's
+  s.lr = (float)lr;
   // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
   s.finite = std::isfinite(s.loss) && std::isfinite(s.norm);
   s.loss_score = r.loss_outliers.update_and_score(s.loss);
@@ -11118,7 +11182,7 @@ bool train_step(TrainRun& r, int step) {
                          (a.norm_z > 0 && r.norm_outliers.is_spike(s.norm_score)));
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
-    const float lr_fraction = a.lr > 0.0f ? (float)(r.schedule.at(step) / a.lr) : 0.0f;
+    const float lr_fraction = a.lr > 0.0f ? (float)(lr / a.lr) : 0.0f;
     gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.muon_spread);
     multi_gpu_gather_params(r.mg, m);
   } else {
@@ -11130,6 +11194,7 @@ bool train_step(TrainRun& r, int step) {
   cudaCheck(cudaEventElapsedTime(&s.ms, r.start, r.end));
   if (step >= tuning_steps(m)) {  // the first steps include setup and tuning
     r.total_ms += s.ms;
+    r.timed_tokens += r.step.tokens;
     r.timed_steps++;
   }
   print_step(r, step, s);
@@ -11154,7 +11219,9 @@ int train_loop(TrainRun& r, int* final_step) {
   for (int step = first_step; step <= r.train_steps; step++) {
     *final_step = step;
     multi_gpu_progress(r.mg);
-    if (a.documents) gpt2_set_window(r.m, llmc::run_window_blocks(a.window_blocks, step, r.train_steps));
+    r.step = r.stages.at(step, a.B, r.mg.world);
+    r.train_loader.reshape(r.step);
+    if (a.documents) gpt2_set_window(r.m, r.step.window);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -11192,7 +11259,7 @@ bool print_run_end(TrainRun& r, int final_step) {
   if (r.mg.rank != 0) return differing == 0.0;
   if (r.timed_steps > 0) {
     printf("average %.2f ms per step, %.0f tok/s\n", r.total_ms / r.timed_steps,
-           r.total_batch * r.timed_steps / (r.total_ms / 1e3));
+           r.timed_tokens / (r.total_ms / 1e3));
   }
   printf("peak memory: %zu MiB\n", g_device_memory.peak >> 20);
   if (r.skipped_updates > 0) {
@@ -11275,8 +11342,8 @@ int train_main(int argc, char** argv) {
     generate_from_prompt(a, m);
   } else {
     resolve_fp8_head(a);
-    gpt2_allocate(m, a.B, a.T, a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
-                  {a.documents != 0, llmc::run_window_blocks_max(a.window_blocks)}, a.fp8_head != 0);
+    gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
+                  {a.documents != 0, in.stages.max_window()}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);

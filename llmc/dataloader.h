@@ -547,13 +547,38 @@ constexpr int kDocumentStartToken = 50256;
 class DocumentLoader {
  public:
   // `flag` names the command-line flag the pattern came from, for error messages.
+  // cap: the tokens of one document a sequence takes (0: all; next_capped_sequence).
   DocumentLoader(const std::string& pattern, const char* flag, int B, int T, int grad_accum,
-                 int rank, int world, bool shuffle, uint64_t seed, int vocab_size)
-      : B_(B), T_(T), grad_accum_(grad_accum), rank_(rank), world_(world),
+                 int rank, int world, bool shuffle, uint64_t seed, int vocab_size, int cap = 0)
+      : B_(B), T_(T), grad_accum_(grad_accum), rank_(rank), world_(world), cap_(cap),
         shards_(checked_headers(pattern, flag, B, T, grad_accum, rank, world, vocab_size),
                 shuffle, seed, vocab_size),
         rows_((size_t)grad_accum * B * (T + 1)) {
     reset();
+  }
+
+  // A stage's new shape (llmc/stages.h), between steps: the step about to begin is read again from
+  // where its search began, with T, grad_accum and the cap given; so it reads what a loader made
+  // with them at that place would. The shape it has already changes nothing.
+  void reshape(int T, int grad_accum, int cap) {
+    if (T == T_ && grad_accum == grad_accum_ && cap == cap_) return;
+    if (batch_ != 0) {
+      LLMC_FAIL("the data loader's shape changes between steps only (%d of %d micro batches taken)", batch_,
+                grad_accum_);
+    }
+    if (T <= 0 || grad_accum <= 0 || cap < 0) {
+      LLMC_FAIL("data loader: a stage of T=%d, %d micro batches and a cap of %d tokens: T and the micro "
+                "batches must be positive, the cap 0 or more", T, grad_accum, cap);
+    }
+    T_ = T;
+    grad_accum_ = grad_accum;
+    cap_ = cap;
+    rows_.assign((size_t)grad_accum * B_ * (T + 1), 0);
+    const DataLoaderState start = step_start_;
+    shards_.restore(start);
+    open_shard((long)start.shard_position);
+    position_ = (long)start.token_position;
+    read_step();
   }
 
   // Back to the first step of the first epoch, generator reseeded.
@@ -686,13 +711,52 @@ class DocumentLoader {
     step_start_.world = world_;
     step_start_.grad_accum = grad_accum_;
     const long per_batch = (long)world_ * B_;
+    std::vector<uint16_t> capped;
     for (long q = 0; q < step_sequences(); q++) {
-      const long start = next_sequence();
-      if ((q % per_batch) / B_ != rank_) continue;
       const long row = q / per_batch * B_ + q % B_;
-      std::copy_n(shards_.tokens().data() + start, T_ + 1, rows_.data() + row * (T_ + 1));
+      const bool mine = (q % per_batch) / B_ == rank_;
+      if (cap_ > 0) {
+        next_capped_sequence(&capped);
+        if (mine) std::copy(capped.begin(), capped.end(), rows_.data() + row * (T_ + 1));
+        continue;
+      }
+      const long start = next_sequence();
+      if (mine) std::copy_n(shards_.tokens().data() + start, T_ + 1, rows_.data() + row * (T_ + 1));
     }
     batch_ = 0;
+  }
+
+  // The next sequence of the stream where documents are capped at cap_ tokens: from the first
+  // document start at or after the position, each document's first cap_ tokens (fewer where the
+  // document is shorter) until T+1 are taken, the last document cut to fit; the position moves on
+  // to the first document start at or after the last token taken. Where the shard has no
+  // document start left, or ends before the row is full, the sequence starts again in the next
+  // shard, at its first document start; where that shard cannot fill one row either, it fails.
+  void next_capped_sequence(std::vector<uint16_t>* row) {
+    for (int attempt = 0; attempt < 2; attempt++) {
+      if (attempt > 0 || position_ + T_ >= shard_length()) open_next_shard();
+      if (fill_capped_row(row)) return;
+    }
+    LLMC_FAIL("%s: its documents, capped at %d tokens each, hold fewer than T+1 = %d tokens from its first "
+              "document start: use a smaller -t or a larger cap, or longer shards", shards_.current().path.c_str(),
+              cap_, T_ + 1);
+  }
+
+  // One capped row from the position in the shard held; false where the shard ends first.
+  bool fill_capped_row(std::vector<uint16_t>* row) {
+    const std::vector<uint16_t>& x = shards_.tokens();
+    row->clear();
+    long d = next_document(position_), last = d;
+    while ((long)row->size() < T_ + 1) {
+      if (d >= shard_length()) return false;
+      const long end = next_document(d + 1);
+      const long n = std::min({end - d, (long)cap_, (long)(T_ + 1) - (long)row->size()});
+      row->insert(row->end(), x.begin() + d, x.begin() + d + n);
+      last = d + n - 1;
+      d = end;
+    }
+    position_ = next_document(last);
+    return true;
   }
 
   // The next sequence of the stream: the position of its first token in the shard held, with T
@@ -712,6 +776,7 @@ class DocumentLoader {
   }
 
   int B_, T_, grad_accum_, rank_, world_;
+  int cap_;                        // tokens of one document a sequence takes (0: all)
   ShardOrder shards_;
   std::vector<uint16_t> rows_;     // this rank's rows of the step, T+1 tokens each
   int batch_ = 0;                  // micro batches of the step taken

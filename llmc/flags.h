@@ -23,6 +23,7 @@
 #include "gpt2.h"
 #include "recipe.h"
 #include "schedulers.h"
+#include "stages.h"
 #include "tokenizer.h"
 #include "utils.h"
 
@@ -364,19 +365,8 @@ struct StepBatch {
 // From -z (or B*T*processes without it), once -t is resolved; fails unless -z is a multiple of
 // B*T*processes that one step can take.
 inline StepBatch step_batch(const TrainFlags& f, int processes) {
-  const long per_micro_step = (long)f.B * f.T * processes;
-  if (f.total_batch == -1) return {per_micro_step, 1};
-  if (f.total_batch <= 0 || f.total_batch % per_micro_step != 0) {
-    LLMC_FAIL("-z %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use -z %ld or another "
-              "multiple", f.total_batch, f.B, f.T, processes, per_micro_step,
-              per_micro_step * std::max(1L, f.total_batch / per_micro_step));
-  }
-  if (f.total_batch / per_micro_step > INT32_MAX) {
-    LLMC_FAIL("-z %ld is %ld micro steps of B*T*processes = %ld tokens, more than the %d one step "
-              "can take: use a smaller -z", f.total_batch, f.total_batch / per_micro_step,
-              per_micro_step, INT32_MAX);
-  }
-  return {f.total_batch, (int)(f.total_batch / per_micro_step)};
+  const int micro_steps = micro_steps_of(f.total_batch, f.B, f.T, processes, "-z");
+  return {(long)micro_steps * f.B * f.T * processes, micro_steps};
 }
 
 // The CUDA trainer's -pd (documents) and -aw (window, llmc/schedulers.h's run_window_blocks), which

@@ -32,6 +32,10 @@
 //   (1, the speedrun's: the update lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)) or to
 //   sqrt(vhat) (0)  [30] the head's training products in FP8 with the speedrun's fixed scales (1:
 //   train_gpt2.py --fp8_head 1; the logits, gradients and losses are that run's) or not (0)
+//   [31] the byte length of the steps' stage plan (train_gpt2.py --stages, llmc/stages.h; 0: none,
+//   as in files written before this slot), its text in [32..253], 4 bytes a slot, little-endian: step
+//   s takes the first B*T_s tokens of x and y as B rows of its stage's T_s, at its stage's window,
+//   the rates times its stage's multiplier; [4] counts the plan's N + E steps
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
@@ -764,6 +768,7 @@ struct DebugState {
   int muon_momentum_warmup = 0;
   bool eps_before_correction = false;
   bool fp8_head = false;  // version 4: the head's training products in FP8 (--fp8_head 1)
+  std::string stages;     // version 4: the steps' stage plan (empty: none)
   std::vector<int> inputs, targets;
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
@@ -799,6 +804,19 @@ inline void debug_state_read_optimizer(const int h[kHeaderInts], const std::stri
   d->newton_schulz_c = float_from_bits(h[26]);
   d->muon_momentum_start = float_from_bits(h[27]);
   d->muon_momentum_warmup = h[28];
+}
+
+// A version-4 header's stage plan ([31..253]).
+inline std::string debug_state_read_stages(const int h[kHeaderInts], const std::string& path) {
+  constexpr int kFirst = 32, kLast = 253;
+  const int bytes = h[31];
+  if (bytes < 0 || bytes > (kLast - kFirst + 1) * 4) {
+    LLMC_FAIL("%s: a stage plan of %d bytes in the header (0 to %d): the header is damaged; re-create it with "
+              "train_gpt2.py", path.c_str(), bytes, (kLast - kFirst + 1) * 4);
+  }
+  std::string text(bytes, '\0');
+  for (int i = 0; i < bytes; i++) text[i] = (char)(((uint32_t)h[kFirst + i / 4] >> (8 * (i % 4))) & 0xff);
+  return text;
 }
 
 inline DebugState debug_state_load(const std::string& path, const GPT2Config& c) {
@@ -852,6 +870,7 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
                 path.c_str(), h[30]);
     }
     d.fp8_head = h[30] == 1;
+    d.stages = debug_state_read_stages(h, path);
   }
   if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,10 @@ class RunSummary {
  public:
   RunSummary(double start_seconds, long tokens_per_step)
       : start_(start_seconds), tokens_per_step_(tokens_per_step) {}
+  // Where a step's tokens change over the run (a stage plan, llmc/stages.h): tokens_through(s) is
+  // the tokens of steps 0 to s - 1.
+  RunSummary(double start_seconds, std::function<long(long)> tokens_through)
+      : start_(start_seconds), tokens_per_step_(0), tokens_through_(std::move(tokens_through)) {}
 
   // The validation losses a resumed run logged before it was interrupted.
   void add_logged(const std::vector<LogRecord>& records) {
@@ -108,8 +113,10 @@ class RunSummary {
     std::vector<std::string> out;
     out.push_back(strformat("summary: wall time %s (%.1f s), %ld steps", format_duration(seconds).c_str(),
                             seconds, steps));
-    out.push_back(strformat("summary: tokens seen %ld (%ld steps of %ld)", steps * tokens_per_step_,
-                            steps, tokens_per_step_));
+    out.push_back(tokens_through_
+                      ? strformat("summary: tokens seen %ld (%ld steps of the stage plan)", tokens_through_(steps), steps)
+                      : strformat("summary: tokens seen %ld (%ld steps of %ld)", steps * tokens_per_step_, steps,
+                                  tokens_per_step_));
     out.push_back(best_step_ < 0 ? std::string("summary: best val loss none (no validation)")
                                  : strformat("summary: best val loss %.6f at step %ld", best_loss_, best_step_));
     out.push_back("summary: last checkpoint " + (last_checkpoint_.empty() ? std::string("none") : last_checkpoint_));
@@ -124,6 +131,7 @@ class RunSummary {
  private:
   double start_;
   long tokens_per_step_;
+  std::function<long(long)> tokens_through_;  // empty: tokens_per_step_ every step
   double best_loss_ = 0.0;
   long best_step_ = -1;
   std::string last_checkpoint_;

@@ -64,6 +64,7 @@ struct Recipe {
   int shuffle = 1;             // -sh
   int documents = 0;           // -pd
   int window_blocks = 0;       // -aw (-1: the window's schedule)
+  std::string stages;         // -sp: the stage plan (llmc/stages.h; empty: one stage of the flags)
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
   // more all-gather a step.

@@ -758,6 +758,14 @@ gpu_resume() {
   # from the resumed step.
   resume_test ./train_gpt2cu resume_speedrun_bf16 -recipe speedrun -b 1 -t 1024 -z 1024 -vt 512
   resume_test ./train_gpt2fp32cu resume_speedrun_fp32 -recipe speedrun -b 1 -t 1024 -z 1024 -vt 512
+  # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
+  # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
+  # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose
+  # boundary is the checkpoint's step, where the saved loader is already of the second stage.
+  local stages="0.55 cap=64; 0.45 t=512 z=4096 cap=128 aw=3 lr=0.8"
+  resume_test ./train_gpt2cu resume_stages_bf16 -pd 1 -z 2048 -aw 1 -sp "$stages"
+  resume_test ./train_gpt2fp32cu resume_stages_fp32 -pd 1 -z 2048 -aw 1 -sp "$stages"
+  resume_test ./train_gpt2cu resume_stages_at_boundary_bf16 -pd 1 -aw 2 -sp "1/2 cap=100; 1/2 t=512"
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

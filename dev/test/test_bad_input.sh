@@ -427,6 +427,30 @@ else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi
 
+# --- the stage plan (-sp, llmc/stages.h): its text, each stage against the model and the batch,
+# and what needs -pd 1; all before the GPU (d12 for its sequence length)
+if has_flag -sp; then
+  expect "-sp shares not summing to 1" "^error: -sp: the stages' shares of the steps sum to 0\.75, not 1" \
+    -sp "0.5; 0.25"
+  expect "-sp unknown setting" "^error: -sp: stage 2: unknown setting 'depth': a stage sets t, z, cap, aw and lr" \
+    -sp "1/2; 1/2 depth=3"
+  expect "-sp extension before a stage" "stage 2: comes after the extension steps" -sp "+5; 1"
+  expect "-sp stage without a step" "-sp: stage 2 of 2 gets no step of -x 2" -sp "0.9; 0.1"
+  expect "-sp stage t above the model's" "^error: -sp stage 2 \(t=256 z=-1 aw=0\): t=256 is above the model's maximum sequence length 64" \
+    -e tiny -sp "1/2; 1/2 t=256"
+  expect "-sp stage z not a multiple" "^error: -sp stage 2 \(t=64 z=300 aw=0\): z 300 is not a multiple of B\*T\*processes = 4\*64\*1 = 256: use z=256 or another multiple\$" \
+    -e tiny -t 64 -sp "1/2; 1/2 z=300"
+  expect "-sp t changing without -pd 1" "-sp: stage 2 sets t=128 \(the first stage's is 64\): a sequence length that changes between stages needs document-aligned sequences \(-pd 1\)" \
+    -e d12 -t 64 -sp "1/2; 1/2 t=128"
+  expect "-sp cap without -pd 1" "-sp: a document cap \(cap=N\) cuts document-aligned sequences: add -pd 1" \
+    -e d12 -t 64 -sp "1 cap=64"
+  expect "-sp stage's window wider than its t" "^error: -sp stage 2 \(t=256 z=-1 aw=9\): -aw 9 counts blocks of 128 tokens, and t 256 is 2 blocks" \
+    -e d12 -t 128 -b 1 -pd 1 -sp "1/2; 1/2 t=256 aw=9"
+  expect "-sp with -x -1" "-sp shares out -x's steps among its 2 stages: give -x" -sp "1/2; 1/2" -x -1
+else
+  skip "-sp" "$TRAINER has no -sp"
+fi
+
 # --- -fp8 in the FP32 build, whose products are FP32: a flag error, before the GPU (the compute
 # capability it needs in the BF16 build is checked with the GPU)
 if has_flag -fp8 && grep -q "precision FP32" <<< "$help"; then

@@ -2,9 +2,10 @@
 // SPEC.md (plain, shuffled, split over ranks, over epochs), reset and
 // state/restore (also from another process count), and -i and -j kept apart; then the
 // document-aligned order of DocumentLoader (hand-worked streams and cuts, the same sequences over
-// process counts, epochs and shuffle, state/restore, errors, a 663,000-token document). Shards go
-// to build/test_tmp/dataloader/. With --dump-documents it writes a DocumentLoader's sequences
-// instead (dump_documents).
+// process counts, epochs and shuffle, state/restore, errors, a 663,000-token document), its
+// document cap and its reshape at a stage's boundary. Shards go to build/test_tmp/dataloader/. With
+// --dump-documents it writes a DocumentLoader's sequences instead (dump_documents), with
+// --dump-stages those of loaders following a stage plan (dump_stages).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 
 #include "dev/test/testing.h"
 #include "llmc/dataloader.h"
+#include "llmc/stages.h"
 
 using llmc::DataLoader;
 using llmc::DocumentLoader;
@@ -476,13 +478,14 @@ struct Settings {
   int B, T, grad_accum, world;
   bool shuffle = false;
   uint64_t seed = 5;
+  int cap = 0;  // the document cap (0: none)
 };
 
 std::vector<DocumentLoader> document_loaders(const std::string& pattern, const Settings& s) {
   std::vector<DocumentLoader> ranks;
   for (int r = 0; r < s.world; r++) {
     ranks.emplace_back(pattern, "-i", s.B, s.T, s.grad_accum, r, s.world, s.shuffle, s.seed,
-                       kVocab);
+                       kVocab, s.cap);
   }
   return ranks;
 }
@@ -781,6 +784,84 @@ void test_document_restore() {
                "a state within a step that the new micro batches cannot continue");
 }
 
+// The tokens of a shard's slices (position, count), one after another: a capped row.
+Row slices(const std::vector<uint16_t>& shard, const std::vector<std::pair<int, int>>& parts) {
+  Row row;
+  for (const auto& [position, count] : parts) row.insert(row.end(), shard.begin() + position, shard.begin() + position + count);
+  return row;
+}
+
+// Documents capped at 4 tokens, T=4 (rows of 5): each row takes each document's first 4 tokens
+// from a document start until it is full, the last document cut to fit; the next row starts at
+// the first document start at or after the row's last token.
+void test_document_cap_by_hand() {
+  const std::vector<std::vector<uint16_t>> shards = {document_tokens(0, {10, 3, 7, 2, 20, 6}, 2)};
+  const std::string pattern = write_document_shards("doc_cap", shards);
+  const std::vector<uint16_t>& x = shards[0];  // documents at 2, 12, 15, 22, 24, 44 (50 tokens)
+  Settings capped{1, 4, 1, 1};
+  capped.cap = 4;
+  std::vector<DocumentLoader> loader = document_loaders(pattern, capped);
+  bool shifted = true;
+  const std::vector<Row> rows = take_rows(loader, capped, 5, &shifted);
+  const Row first = slices(x, {{2, 4}, {12, 1}}), second = slices(x, {{12, 3}, {15, 2}});
+  const std::vector<Row> expected = {first, second, slices(x, {{22, 2}, {24, 3}}), first, second};
+  check_verbose(shifted && rows == expected,
+                "cap 4, T=4: rows of whole-document pieces (2 tokens before the first document skipped, the "
+                "10-token document cut to 4, a row ending on the next document's start begins the next row "
+                "there), then the next epoch where the last document cannot fill a row");
+  Settings too_small = capped;
+  too_small.T = 128;
+  check_throws([&] { document_loaders(write_document_shards("doc_cap_small", {document_tokens(0, {300})}), too_small); },
+               "capped at 4 tokens each, hold fewer than T+1 = 129 tokens",
+               "a shard whose capped documents cannot fill one row");
+}
+
+// A stage's new shape (reshape between steps) reads the step about to begin again, as a loader
+// made with that shape at the step's place would; the shape it has changes nothing; within a step
+// it fails.
+void test_document_reshape() {
+  const int T = 8;
+  std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 4, 17);
+  shards.pop_back();  // a single document, which capped documents cannot fill a row from
+  const std::string pattern = write_document_shards("doc_reshape", shards);
+  bool all = true, shifted = true;
+  for (bool shuffle : {false, true}) {
+    for (int world : {1, 2}) {
+      Settings before{1, T, 2, world, shuffle, 17};
+      Settings after{1, 2 * T, 1, world, shuffle, 17};
+      after.cap = 11;
+      for (int boundary : {1, 7, 40}) {
+        std::vector<DocumentLoader> straight = document_loaders(pattern, before);
+        take_rows(straight, before, boundary, &shifted);
+        const llmc::DataLoaderState place = straight[0].state();
+        for (DocumentLoader& rank : straight) rank.reshape(after.T, after.grad_accum, after.cap);
+        const std::vector<Row> reshaped = take_rows(straight, after, 25, &shifted);
+        // A loader of the new shape at the step's place: the state as that shape would have saved it.
+        llmc::DataLoaderState moved = place;
+        moved.seq_len = after.T;
+        moved.grad_accum = after.grad_accum;
+        std::vector<DocumentLoader> fresh = document_loaders(pattern, after);
+        for (DocumentLoader& rank : fresh) rank.restore(moved);
+        all = check(take_rows(fresh, after, 25, &shifted) == reshaped,
+                    llmc::strformat("%s, %d process(es): reshaped after step %d", shuffle ? "shuffled" : "plain",
+                                    world, boundary)) && all;
+      }
+    }
+  }
+  check_verbose(all && shifted, "T 8 -> 16, 2 -> 1 micro batches, cap 0 -> 11 after steps 1, 7 and 40 (plain and "
+                                "shuffled, 1 and 2 processes): the rows of a loader made with the new shape there");
+  const Settings plain{1, T, 2, 1};
+  std::vector<DocumentLoader> a = document_loaders(pattern, plain), b = document_loaders(pattern, plain);
+  take_rows(a, plain, 3, &shifted);
+  take_rows(b, plain, 3, &shifted);
+  b[0].reshape(T, 2, 0);
+  check_verbose(take_rows(a, plain, 20, &shifted) == take_rows(b, plain, 20, &shifted),
+                "a reshape to the shape held changes nothing");
+  std::vector<int> x(T), y(T);
+  b[0].next_batch(x.data(), y.data());
+  check_throws([&] { b[0].reshape(2 * T, 1, 0); }, "changes between steps only", "a reshape within a step");
+}
+
 void test_document_errors() {
   const int failed_before = testing::failed_count(), passed_before = testing::passed_count();
   const int T = 8;
@@ -887,10 +968,39 @@ void test_long_document() {
 // --dump-documents: the sequences of DocumentLoaders of every rank, for dev/test/test_documents.sh
 // to compare with train_gpt2.py's DocumentLoader; int32, in stream order (step by step, micro
 // batch by micro batch, rank by rank, row by row), T+1 tokens a sequence.
+// --dump-stages: the sequences of DocumentLoaders of every rank following a stage plan
+// (llmc/stages.h) over its N + E steps, reshaped where a step's shape changes; as --dump-documents,
+// T_s+1 tokens a sequence.
+int dump_stages(char** argv) {
+  const int B = atoi(argv[4]), world = atoi(argv[5]);
+  llmc::StagePlan plan(argv[8], "-sp", atoi(argv[9]), atol(argv[10]), 0);
+  plan.resolve(atol(argv[11]));
+  llmc::StepPlan shape = plan.at(0, B, world);
+  std::vector<DocumentLoader> ranks;
+  for (int r = 0; r < world; r++) {
+    ranks.emplace_back(argv[3], "-i", B, shape.T, shape.micro_steps, r, world, atoi(argv[6]) != 0,
+                       (uint64_t)atoll(argv[7]), kVocab, shape.cap);
+  }
+  std::vector<Row> rows;
+  bool shifted = true;
+  for (long step = 0; step < plan.total_steps(); step++) {
+    shape = plan.at(step, B, world);
+    for (DocumentLoader& rank : ranks) rank.reshape(shape.T, shape.micro_steps, shape.cap);
+    const std::vector<Row> part = take_rows(ranks, {B, shape.T, shape.micro_steps, world}, 1, &shifted);
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  if (!shifted) LLMC_FAIL("the targets of a row are not its inputs shifted by one");
+  llmc::write_file_atomically(argv[2], [&](llmc::File& f) {
+    for (const Row& row : rows) f.write(row.data(), row.size() * sizeof(int), "a sequence");
+  });
+  printf("%zu sequences over %ld steps to %s\n", rows.size(), plan.total_steps(), argv[2]);
+  return 0;
+}
+
 int dump_documents(int argc, char** argv) {
   if (argc != 11 || std::string(argv[1]) != "--dump-documents") {
     fprintf(stderr, "usage: %s [--dump-documents OUT PATTERN B T GRAD_ACCUM WORLD SHUFFLE SEED "
-                    "STEPS]\n", argv[0]);
+                    "STEPS | --dump-stages OUT PATTERN B WORLD SHUFFLE SEED PLAN T Z STEPS]\n", argv[0]);
     return 2;
   }
   const Settings s{atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]) != 0,
@@ -911,6 +1021,7 @@ int dump_documents(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1) {
     try {
+      if (argc == 12 && std::string(argv[1]) == "--dump-stages") return dump_stages(argv);
       return dump_documents(argc, argv);
     } catch (const llmc::Error& e) {
       fprintf(stderr, "error: %s\n", e.what());
@@ -933,6 +1044,8 @@ int main(int argc, char** argv) {
     test_documents_over_processes();
     test_document_epochs();
     test_document_restore();
+    test_document_cap_by_hand();
+    test_document_reshape();
     test_document_errors();
     test_long_document();
   } catch (const llmc::Error& e) {

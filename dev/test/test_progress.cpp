@@ -46,6 +46,9 @@ void test_summary() {
   check_equal(fresh.lines(1012.5, 4)[1], "summary: tokens seen 1024 (4 steps of 256)", "tokens seen");
   check_equal(fresh.lines(1012.5, 4)[2], "summary: best val loss none (no validation)", "no validation");
   check_equal(fresh.lines(1012.5, 4)[3], "summary: last checkpoint none", "no checkpoint");
+  llmc::RunSummary staged(0.0, [](long steps) { return steps <= 3 ? steps * 100 : 300 + (steps - 3) * 200; });
+  check_equal(staged.lines(1.0, 5)[1], "summary: tokens seen 700 (5 steps of the stage plan)",
+              "tokens seen where a stage plan changes a step's tokens");
 
   llmc::RunSummary resumed(0.0, 100);
   resumed.add_logged({llmc::parse_log_line("step=0 kind=val loss=5.5", "log:1"),

@@ -1,0 +1,143 @@
+// Tests llmc/stages.h: the plan's text (shares as decimals and fractions, extension steps, every
+// key, values kept from the stage before), the stage ends of record #89's thirds of 1,270 steps and
+// its 15 extension steps, the plan of each step (tokens, micro steps, the window's schedule, the
+// rate multiplier), the tokens a run has seen, and one error per malformed plan.
+// With --dump it prints a plan's steps for dev/test/test_train_gpt2_py.sh to compare with
+// train_gpt2.py's:
+//   build/test_stages --dump PLAN B T Z AW WORLD STEPS
+// one line a step s = 0 .. N+E: "s stage T tokens micro_steps cap window lr_multiplier".
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dev/test/testing.h"
+#include "llmc/stages.h"
+
+using llmc::StagePlan;
+using llmc::StepPlan;
+using testing::check_throws;
+using testing::check_verbose;
+
+namespace {
+
+StagePlan resolved(const std::string& text, long steps, int T = 256, long tokens = -1, int window = 0) {
+  StagePlan plan(text, "-sp", T, tokens, window);
+  plan.resolve(steps);
+  return plan;
+}
+
+void test_one_stage() {
+  const StagePlan plan = resolved("", 100, 1024, 524288, llmc::kWindowSchedule);
+  bool same = plan.stages().size() == 1 && plan.total_steps() == 100;
+  for (long s = 0; s <= 100; s++) {
+    const StepPlan p = plan.at(s, 16, 2);
+    same = same && p.stage == 0 && p.T == 1024 && p.tokens == 524288 && p.micro_steps == 16 && p.cap == 0 &&
+           p.window == llmc::run_window_blocks(llmc::kWindowSchedule, s, 100) && p.lr_multiplier == 1.0;
+  }
+  check_verbose(same, "no plan: one stage of the flags at every step (the window's schedule over -x)");
+  check_verbose(resolved(" ", 0).total_steps() == 0, "an empty plan takes -x 0 (evaluation only)");
+}
+
+void test_record89_ends() {
+  const StagePlan plan = resolved("1/3 t=16384 z=131072 cap=896 aw=3; 1/3 t=32768 z=262144 cap=2048 aw=7 lr=1.52; "
+                                  "1/3 t=49152 z=393216 aw=11 lr=1.73; +15 aw=13 lr=1", 1270, 2048);
+  const std::vector<llmc::Stage>& s = plan.stages();
+  check_verbose(s.size() == 4 && s[0].end == 423 && s[1].end == 847 && s[2].end == 1270 && s[3].end == 1285 &&
+                    plan.total_steps() == 1285 && plan.scheduled_steps() == 1270,
+                "thirds of 1,270 steps end at 423, 847 and 1,270 (round half to even), then 15 extension steps");
+  const StepPlan a = plan.at(422, 1, 1), b = plan.at(423, 1, 1), c = plan.at(1269, 1, 1), d = plan.at(1270, 1, 1),
+                 e = plan.at(1285, 1, 1);
+  check_verbose(a.stage == 0 && a.T == 16384 && a.micro_steps == 8 && a.cap == 896 && a.window == 3 &&
+                    b.stage == 1 && b.T == 32768 && b.micro_steps == 8 && b.cap == 2048 && b.lr_multiplier == 1.52 &&
+                    c.stage == 2 && c.cap == 2048 && c.window == 11 && d.stage == 3 && d.T == 49152 &&
+                    d.micro_steps == 8 && d.window == 13 && d.lr_multiplier == 1.0 && e.stage == 3,
+                "steps 422, 423, 1269, 1270, 1285: each stage's values, kept from the stage before where not set");
+  check_verbose(plan.tokens_through(1285, 1, 1) == 423L * 131072 + 424L * 262144 + 423L * 393216 + 15L * 393216 &&
+                    plan.tokens_through(500, 1, 1) == 423L * 131072 + 77L * 262144,
+                "tokens seen through steps of different stages");
+  check_verbose(plan.max_T() == 49152 && plan.max_window() == 13 && plan.has_cap() && plan.first_length_change() == 1 &&
+                    plan.max_step_tokens_per_process(1, 2) == 4L * 49152,
+                "the largest stage sizes the buffers");
+  // round(0.5 * 5) = 2 (half to even), round(0.5 * 7) = 4
+  check_verbose(resolved("0.5; 0.5", 5).stages()[0].end == 2 && resolved("0.5; 0.5", 7).stages()[0].end == 4,
+                "a share's end rounds half to even, as Python's round");
+}
+
+void test_schedule_window() {
+  const StagePlan plan = resolved("0.5 aw=-1; 0.5 aw=4; +2 aw=-1", 10, 256, -1, 0);
+  bool ok = true;
+  for (long s = 0; s <= 12; s++) {
+    const int expected = s < 5 || s >= 10 ? llmc::attention_window_blocks(s, 12) : 4;
+    ok = ok && plan.at(s, 2, 1).window == expected;
+  }
+  check_verbose(ok && plan.max_window() == 14, "aw=-1 takes the window's schedule over all N + E steps");
+  const StepPlan p = resolved("1 z=-1 t=512", 4, 256, 4096).at(0, 2, 2);
+  check_verbose(p.T == 512 && p.tokens == 2048 && p.micro_steps == 1, "z=-1: one micro batch of the stage's t");
+}
+
+void test_errors() {
+  auto bad = [](const std::string& text, long steps, const std::string& needle) {
+    check_throws([&] { resolved(text, steps); }, needle, "-sp \"" + text + "\"");
+  };
+  bad("0.5; 0.25", 10, "sum to 0.75");
+  bad("1 t=0", 10, "t=0: give an integer from 1");
+  bad("1 t=12x", 10, "t=12x");
+  bad("1 t=64 t=128", 10, "sets t twice");
+  bad("1 depth=3", 10, "unknown setting 'depth'");
+  bad("1 t", 10, "settings are KEY=VALUE");
+  bad("1;", 10, "stage 2: empty");
+  bad("+5; 1", 10, "comes after the extension steps");
+  bad("+5", 10, "only extension steps");
+  bad("1; +0", 10, "'+0': give extension steps");
+  bad("0/3; 1", 10, "'0/3'");
+  bad("x; 1", 10, "share 'x'");
+  bad("-0.5; 1.5", 10, "share '-0.5'");
+  bad("1 lr=-1", 10, "lr=-1");
+  bad("1 z=0", 10, "z=0");
+  bad("1 aw=-2", 10, "aw=-2");
+  bad("0.95; 0.05", 5, "stage 2 of 2 gets no step of -x 5");
+  check_throws([] { resolved("1 z=1000", 4).at(0, 2, 1); }, "-z 1000 is not a multiple of B*T*processes",
+               "one stage's z that B*T*processes does not divide names -z");
+  check_throws([] { resolved("0.5; 0.5 z=1000", 4).at(3, 2, 1); }, "z 1000 is not a multiple of B*T*processes = "
+               "2*256*1 = 512: use z=512", "a stage's z of several: the stage's setting");
+}
+
+// --dump PLAN B T Z AW WORLD STEPS
+int dump(char** argv) {
+  const int B = atoi(argv[3]), world = atoi(argv[7]);
+  StagePlan plan(argv[2], "-sp", atoi(argv[4]), atol(argv[5]), atoi(argv[6]));
+  plan.resolve(atol(argv[8]));
+  for (long s = 0; s <= plan.total_steps(); s++) {
+    const StepPlan p = plan.at(s, B, world);
+    printf("%ld %d %d %ld %d %d %d %.17g\n", s, p.stage, p.T, p.tokens, p.micro_steps, p.cap, p.window,
+           p.lr_multiplier);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    if (argc != 9 || std::string(argv[1]) != "--dump") {
+      fprintf(stderr, "usage: %s [--dump PLAN B T Z AW WORLD STEPS]\n", argv[0]);
+      return 2;
+    }
+    try {
+      return dump(argv);
+    } catch (const llmc::Error& e) {
+      fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
+  try {
+    test_one_stage();
+    test_record89_ends();
+    test_schedule_window();
+    test_errors();
+  } catch (const llmc::Error& e) {
+    testing::check(false, std::string("unexpected error: ") + e.what());
+  }
+  return testing::summary("test_stages");
+}

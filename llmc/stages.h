@@ -1,0 +1,347 @@
+// The stage plan: a run as a list of stages, each with its share of the scheduled steps and what
+// holds in it (tokens a sequence and a step, the document cap, the attention window, the
+// learning-rate multiplier), plus extension steps after the schedule. The CUDA trainer's -sp and
+// train_gpt2.py's --stages read the same text, and both compute the same plan of every step.
+//
+// PLAN: stages separated by ';', each words separated by blanks. The first word is the stage's
+// share of the N scheduled steps (-x): a decimal ("0.25") or a fraction of positive integers
+// ("1/3"); or "+E", E extension steps after the N (the last stage only). Then KEY=VALUE words:
+//   t=N    tokens a sequence (-t)              z=N    tokens a step, all processes (-z; -1: one
+//   cap=N  tokens of a document a sequence            micro batch of the stage's t)
+//          takes (0: all)                      aw=N   attention window (-aw; -1: the schedule)
+//   lr=X   learning-rate multiplier
+// A key not given keeps the stage before's value; the first stage's come from the flags (cap 0,
+// lr 1). An empty plan is one stage of the flags: every recipe's today.
+//
+// Stage i of the scheduled ones ends at round(c_i N), c_i the shares summed left to right in
+// double and rounded half to even (Python's round); the last ends at N. Step s belongs to the
+// first stage that ends after it; from N on, to the extension stage (else the last). The run
+// trains N + E steps; step N + E is its final evaluation.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "schedulers.h"
+#include "utils.h"
+
+namespace llmc {
+
+// What a stage sets; the flags' values fill the first stage.
+struct Stage {
+  double share = 1.0;       // of the scheduled steps (0 for the extension stage)
+  long extension_steps = 0; // "+E": E steps after the scheduled ones
+  int T = 0;                // t
+  long tokens = -1;         // z (-1: B*T*processes)
+  int cap = 0;              // the document cap in tokens (0: none)
+  int window = 0;           // aw, in blocks (kWindowSchedule: the schedule; 0: none)
+  double lr_multiplier = 1.0;
+  long end = 0;             // the step it ends before (resolved)
+};
+
+// What holds at one step.
+struct StepPlan {
+  int stage = 0;
+  int T = 0;
+  long tokens = 0;       // of all processes
+  int micro_steps = 1;   // of B*T tokens a process
+  int cap = 0;
+  int window = 0;        // in blocks at this step (0: none)
+  double lr_multiplier = 1.0;
+
+  // Whether a loader reading `other` reads other sequences than one reading this.
+  bool same_sequences(const StepPlan& other) const {
+    return T == other.T && micro_steps == other.micro_steps && cap == other.cap;
+  }
+};
+
+// The micro steps of B*T tokens a process that make `tokens` over `processes` (-1: one); `what`
+// names the tokens' setting for the messages ("-z", "-sp stage 2's z").
+inline int micro_steps_of(long tokens, int B, int T, int processes, const std::string& what) {
+  const long per_micro_step = (long)B * T * processes;
+  if (tokens == -1) return 1;
+  if (tokens <= 0 || tokens % per_micro_step != 0) {
+    const std::string fix = strformat(what == "-z" ? "-z %ld" : "z=%ld", per_micro_step * std::max(1L, tokens / per_micro_step));
+    LLMC_FAIL("%s %ld is not a multiple of B*T*processes = %d*%d*%d = %ld: use %s or another multiple", what.c_str(),
+              tokens, B, T, processes, per_micro_step, fix.c_str());
+  }
+  if (tokens / per_micro_step > INT32_MAX) {
+    LLMC_FAIL("%s %ld is %ld micro steps of B*T*processes = %ld tokens, more than the %d one step can take: "
+              "use a smaller %s", what.c_str(), tokens, tokens / per_micro_step, per_micro_step, INT32_MAX,
+              what.c_str());
+  }
+  return (int)(tokens / per_micro_step);
+}
+
+class StagePlan {
+ public:
+  StagePlan() = default;
+
+  // The plan of `text` (`flag` names it in messages) over the flags' T, tokens and window.
+  StagePlan(const std::string& text, const char* flag, int T, long tokens, int window) : flag_(flag) {
+    Stage first;
+    first.T = T;
+    first.tokens = tokens;
+    first.window = window;
+    if (text.find_first_not_of(" \t") == std::string::npos) {
+      stages_.push_back(first);
+      return;
+    }
+    size_t begin = 0;
+    while (true) {
+      const size_t end = text.find(';', begin);
+      stages_.push_back(parse_stage(text.substr(begin, end - begin), stages_.empty() ? first : stages_.back()));
+      if (end == std::string::npos) break;
+      begin = end + 1;
+    }
+    check_shares();
+  }
+
+  // Shares out N scheduled steps; fails for a stage that gets none.
+  void resolve(long scheduled_steps) {
+    scheduled_ = scheduled_steps;
+    double cumulative = 0.0;
+    long previous = 0;
+    const int last = scheduled_count() - 1;
+    for (int i = 0; i <= last; i++) {
+      cumulative += stages_[i].share;
+      stages_[i].end = i == last ? scheduled_steps : (long)std::nearbyint(cumulative * (double)scheduled_steps);
+      if (stages_[i].end <= previous && scheduled_count() > 1) {
+        LLMC_FAIL("%s: stage %d of %d gets no step of -x %ld (its share ends at step %ld, the stage before's at "
+                  "%ld): give -x more steps, or the stage a larger share", flag_, i + 1, scheduled_count(),
+                  scheduled_steps, stages_[i].end, previous);
+      }
+      previous = stages_[i].end;
+    }
+    if (has_extension()) stages_.back().end = scheduled_steps + stages_.back().extension_steps;
+  }
+
+  const std::vector<Stage>& stages() const { return stages_; }
+  bool has_extension() const { return stages_.back().extension_steps > 0; }
+  int scheduled_count() const { return (int)stages_.size() - (has_extension() ? 1 : 0); }
+  long scheduled_steps() const { return scheduled_; }
+  long total_steps() const { return scheduled_ + (has_extension() ? stages_.back().extension_steps : 0); }
+
+  // The stage of step s (0 <= s <= total_steps()).
+  int stage_of(long step) const {
+    for (int i = 0; i < scheduled_count(); i++) {
+      if (step < stages_[i].end) return i;
+    }
+    return (int)stages_.size() - 1;
+  }
+
+  // What holds at step s of B sequences a process on `processes` processes.
+  StepPlan at(long step, int B, int processes) const {
+    StepPlan p;
+    p.stage = stage_of(step);
+    const Stage& s = stages_[p.stage];
+    p.T = s.T;
+    p.micro_steps = micro_steps_of(s.tokens, B, s.T, processes, tokens_name());
+    p.tokens = (long)p.micro_steps * B * s.T * processes;
+    p.cap = s.cap;
+    p.window = run_window_blocks(s.window, step, total_steps());
+    p.lr_multiplier = s.lr_multiplier;
+    return p;
+  }
+
+  // "-z", or where the plan has several stages "z" (a stage's messages name the stage first).
+  std::string tokens_name() const { return stages_.size() == 1 ? "-z" : "z"; }
+
+  // The tokens of steps 0 to steps - 1 (of all processes).
+  long tokens_through(long steps, int B, int processes) const {
+    long tokens = 0, first = 0;
+    for (int i = 0; i < (int)stages_.size() && first < steps; i++) {
+      const long last = i == (int)stages_.size() - 1 ? steps : std::min(steps, stages_[i].end);
+      tokens += (last - first) * at(first, B, processes).tokens;
+      first = last;
+    }
+    return tokens;
+  }
+  // The most tokens a process takes in one step (its micro steps' B*T), over every stage.
+  long max_step_tokens_per_process(int B, int processes) const {
+    long tokens = 0;
+    for (size_t i = 0; i < stages_.size(); i++) {
+      const Stage& s = stages_[i];
+      tokens = std::max(tokens, (long)micro_steps_of(s.tokens, B, s.T, processes, tokens_name()) * B * s.T);
+    }
+    return tokens;
+  }
+
+  int max_T() const {
+    int T = 0;
+    for (const Stage& s : stages_) T = std::max(T, s.T);
+    return T;
+  }
+  // The largest window of any step (0: none).
+  int max_window() const {
+    int blocks = 0;
+    for (const Stage& s : stages_) blocks = std::max(blocks, run_window_blocks_max(s.window));
+    return blocks;
+  }
+  bool has_cap() const {
+    for (const Stage& s : stages_) {
+      if (s.cap > 0) return true;
+    }
+    return false;
+  }
+  // The first stage whose t differs from the first's (0: none).
+  int first_length_change() const {
+    for (size_t i = 1; i < stages_.size(); i++) {
+      if (stages_[i].T != stages_[0].T) return (int)i;
+    }
+    return 0;
+  }
+
+  // The start-up table's row, one stage a line: "1: steps 0-422 (1/3), t 256, z 8192, cap 896, aw 3,
+  // lr x 1" (with B and processes for the micro steps).
+  std::string describe(int B, int processes) const {
+    std::string out;
+    for (size_t i = 0; i < stages_.size(); i++) {
+      const Stage& s = stages_[i];
+      const long first = i == 0 ? 0 : stages_[i - 1].end;
+      const int micro = micro_steps_of(s.tokens, B, s.T, processes, tokens_name());
+      out += strformat("%s%zu: steps %ld-%ld%s, t %d, %ld tokens a step (%d micro step%s), %s, window %s, lr x %g",
+                       i == 0 ? "" : "; ", i + 1, first, s.end - 1, s.extension_steps ? " (extension)" : "",
+                       s.T, (long)micro * B * s.T * processes, micro, micro == 1 ? "" : "s",
+                       s.cap ? strformat("documents capped at %d tokens", s.cap).c_str() : "no document cap",
+                       s.window == kWindowSchedule ? "the schedule's"
+                       : s.window == 0             ? "none"
+                                                   : strformat("%d blocks", s.window).c_str(),
+                       s.lr_multiplier);
+    }
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    LLMC_FAIL("%s: stage %zu: %s", flag_, stages_.size() + 1, what.c_str());
+  }
+
+  double parse_share(const std::string& word) const {
+    const size_t slash = word.find('/');
+    if (slash != std::string::npos) {
+      const long a = parse_count(word.substr(0, slash), word), b = parse_count(word.substr(slash + 1), word);
+      return (double)a / (double)b;
+    }
+    char* end = nullptr;
+    errno = 0;
+    const double share = strtod(word.c_str(), &end);
+    if (end == word.c_str() || *end != '\0' || errno != 0 || !(share > 0.0) || !std::isfinite(share)) {
+      fail(strformat("share '%s' is not a positive number, a fraction like 1/3, or +E extension steps", word.c_str()));
+    }
+    return share;
+  }
+
+  long parse_count(const std::string& digits, const std::string& word) const {
+    char* end = nullptr;
+    errno = 0;
+    const long n = strtol(digits.c_str(), &end, 10);
+    if (digits.empty() || end == digits.c_str() || *end != '\0' || errno != 0 || n <= 0 || n > INT32_MAX) {
+      fail(strformat("'%s': give a share as a fraction of positive integers (1/3), a decimal, or +E", word.c_str()));
+    }
+    return n;
+  }
+
+  long parse_extension(const std::string& word) const {
+    char* end = nullptr;
+    errno = 0;
+    const long n = strtol(word.c_str() + 1, &end, 10);
+    if (word.size() < 2 || *end != '\0' || errno != 0 || n < 1 || n > INT32_MAX) {
+      fail(strformat("'%s': give extension steps as +E, E a whole number from 1", word.c_str()));
+    }
+    return n;
+  }
+
+  long parse_value(const std::string& key, const std::string& value, long lo, long hi) const {
+    char* end = nullptr;
+    errno = 0;
+    const long n = strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) {
+      fail(strformat("%s=%s: give an integer from %ld to %ld", key.c_str(), value.c_str(), lo, hi));
+    }
+    return n;
+  }
+
+  void set_key(Stage& s, const std::string& key, const std::string& value) const {
+    if (key == "t") {
+      s.T = (int)parse_value(key, value, 1, INT32_MAX);
+    } else if (key == "z") {
+      s.tokens = parse_value(key, value, -1, LONG_MAX);
+      if (s.tokens == 0) fail("z=0: give the tokens a step, or -1 for one micro batch");
+    } else if (key == "cap") {
+      s.cap = (int)parse_value(key, value, 0, INT32_MAX);
+    } else if (key == "aw") {
+      s.window = (int)parse_value(key, value, kWindowSchedule, INT32_MAX);
+    } else if (key == "lr") {
+      char* end = nullptr;
+      s.lr_multiplier = strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(s.lr_multiplier >= 0.0) || !std::isfinite(s.lr_multiplier)) {
+        fail(strformat("lr=%s: give the learning-rate multiplier, a number of 0 or more", value.c_str()));
+      }
+    } else {
+      fail(strformat("unknown setting '%s': a stage sets t, z, cap, aw and lr (KEY=VALUE)", key.c_str()));
+    }
+  }
+
+  Stage parse_stage(const std::string& text, const Stage& before) const {
+    const std::vector<std::string> words = split_words(text);
+    if (words.empty()) fail("empty: give its share of the steps (0.5, 1/3, or +E extension steps), then KEY=VALUE settings");
+    if (!stages_.empty() && stages_.back().extension_steps > 0) {
+      fail("comes after the extension steps (+E), which must be the last stage");
+    }
+    Stage s = before;
+    s.extension_steps = 0;
+    if (words[0][0] == '+') {
+      s.extension_steps = parse_extension(words[0]);
+      s.share = 0.0;
+    } else {
+      s.share = parse_share(words[0]);
+    }
+    std::vector<std::string> keys;
+    for (size_t i = 1; i < words.size(); i++) {
+      const size_t eq = words[i].find('=');
+      if (eq == std::string::npos) fail(strformat("'%s': settings are KEY=VALUE (t, z, cap, aw, lr)", words[i].c_str()));
+      const std::string key = words[i].substr(0, eq);
+      if (std::count(keys.begin(), keys.end(), key)) fail(strformat("sets %s twice", key.c_str()));
+      keys.push_back(key);
+      set_key(s, key, words[i].substr(eq + 1));
+    }
+    return s;
+  }
+
+  void check_shares() const {
+    double sum = 0.0;
+    for (const Stage& s : stages_) sum += s.share;
+    if (scheduled_count() == 0) {
+      LLMC_FAIL("%s: only extension steps: give the scheduled stages' shares first (1 for one stage)", flag_);
+    }
+    if (std::fabs(sum - 1.0) > 1e-6) {
+      LLMC_FAIL("%s: the stages' shares of the steps sum to %.9g, not 1: make them add up to 1 (1/3 1/3 1/3, or "
+                "0.25 0.75)", flag_, sum);
+    }
+  }
+
+  static std::vector<std::string> split_words(const std::string& text) {
+    std::vector<std::string> words;
+    size_t i = 0;
+    while (true) {
+      i = text.find_first_not_of(" \t", i);
+      if (i == std::string::npos) return words;
+      const size_t end = text.find_first_of(" \t", i);
+      words.push_back(text.substr(i, end == std::string::npos ? std::string::npos : end - i));
+      if (end == std::string::npos) return words;
+      i = end;
+    }
+  }
+
+  const char* flag_ = "-sp";
+  std::vector<Stage> stages_;
+  long scheduled_ = 0;
+};
+
+}  // namespace llmc
