@@ -25,6 +25,7 @@ import glob
 import inspect
 import math
 import os
+import re
 import resource
 import sys
 import time
@@ -1059,24 +1060,48 @@ class DocumentLoader:
     no document start. A step's world*grad_accum*B sequences come one after another from one
     stream that every rank computes alike; micro batch m gives rank r, row b the step's sequence
     (m*world + r)*B + b. Epochs take the shards in the order of permutation(num_shards) drawn from
-    MT19937(seed) at each epoch's start (the identity without shuffle)."""
+    MT19937(seed) at each epoch's start (the identity without shuffle). With a document cap C > 0
+    a row is pieces of whole documents instead, at most C tokens of each (_next_capped_sequence).
+    reshape() changes (T, grad_accum, cap) between steps."""
 
-    def __init__(self, pattern, flag, B, T, grad_accum, rank, world, shuffle, seed, vocab_size):
+    def __init__(self, pattern, flag, B, T, grad_accum, rank, world, shuffle, seed, vocab_size, cap=0):
         self.paths = shard_paths(pattern, flag)
-        self.B, self.T, self.grad_accum, self.rank, self.world = B, T, grad_accum, rank, world
+        self.B, self.rank, self.world = B, rank, world
         self.shuffle, self.vocab_size = shuffle, vocab_size
-        self.window = 2 * grad_accum * world * B * T  # the tokens a step searches in the reference
+        self._set_shape(T, grad_accum, cap)
+        self.rng = MT19937(seed)
+        self.epoch = -1
+        self._begin_epoch()
+        self._read_step()
+
+    @property
+    def shape(self):
+        return self.T, self.grad_accum, self.cap
+
+    def _set_shape(self, T, grad_accum, cap):
+        self.T, self.grad_accum, self.cap = T, grad_accum, cap
+        self.window = 2 * grad_accum * self.world * self.B * T  # the tokens a step searches in the reference
         for path in self.paths:
             count = shard_token_count(path)
             if count < self.window + 2:
                 fail(f"{path}: {count} tokens are too few for one step of document-aligned "
                      f"sequences, which are sought in twice a step's tokens: 2 x --total_batch_size "
-                     f"{self.window // 2} ({grad_accum} micro batches x B={B} x T={T} x {world} "
-                     f"process{'' if world == 1 else 'es'}) + 2 needs at least {self.window + 2}; use a "
+                     f"{self.window // 2} ({grad_accum} micro batches x B={self.B} x T={T} x {self.world} "
+                     f"process{'' if self.world == 1 else 'es'}) + 2 needs at least {self.window + 2}; use a "
                      f"smaller --total_batch_size (or -b, -t) or a longer shard")
-        self.rng = MT19937(seed)
-        self.epoch = -1
-        self._begin_epoch()
+
+    def reshape(self, T, grad_accum, cap):
+        """Reads the step not yet taken again with the new shape, from where its search began: the
+        loader then reads what one built at that position with this shape would."""
+        if (T, grad_accum, cap) == self.shape:
+            return
+        assert self.batch == 0, "a loader reshapes between steps"
+        epoch, shard_order, shard_position, position, rng_state = self.step_start
+        self.epoch, self.shard_order = epoch, shard_order
+        self.rng.state, self.rng.index = list(rng_state[0]), rng_state[1]
+        self._open_shard(shard_position)
+        self.position = position
+        self._set_shape(T, grad_accum, cap)
         self._read_step()
 
     def _begin_epoch(self):
@@ -1117,17 +1142,56 @@ class DocumentLoader:
         self.position = end if end < len(self.tokens) else start + T
         return start
 
+    def _capped_pieces(self):
+        """The (start, length) pieces of the next capped row from the position: from the first
+        document start on, at most cap tokens of each document until T+1 are taken; None when the
+        shard ends first."""
+        need, pieces = self.T + 1, []
+        d = self._next_document(self.position)
+        while need > 0 and d < len(self.tokens):
+            end = self._next_document(d + 1)
+            n = min(end - d, self.cap, need)
+            pieces.append((d, n))
+            need -= n
+            d = end
+        return pieces if need == 0 else None
+
+    def _next_capped_sequence(self):
+        """The next row of whole-document pieces (with the cap), its last token the position's
+        next document start. The shard's end before a row is full moves to the next shard, whose
+        row starts at its first document start; a fresh shard too short for a row is an error."""
+        if self.position + self.T >= len(self.tokens):
+            self._open_next_shard()
+        pieces = self._capped_pieces()
+        if pieces is None:
+            self._open_next_shard()
+            pieces = self._capped_pieces()
+            if pieces is None:
+                fail(f"{self.paths[self.shard_order[self.shard_position]]}: documents capped at {self.cap} tokens "
+                     f"hold fewer than T+1 = {self.T + 1} tokens from its first document start: use a smaller "
+                     f"--seq_len or cap, or longer shards")
+        start, n = pieces[-1]
+        self.position = self._next_document(start + n - 1)
+        return np.concatenate([self.tokens[d:d + n] for d, n in pieces])
+
     def _read_step(self):
         """The step's sequences in stream order, this rank's rows kept; the step begins in the
-        next shard when its window and one token more do not fit (the reference's test)."""
+        next shard when its window and one token more do not fit (the reference's test). Where the
+        step's search began is kept for reshape()."""
+        self.step_start = (self.epoch, list(self.shard_order), self.shard_position, self.position,
+                           (list(self.rng.state), self.rng.index))
         if self.position + self.window + 1 >= len(self.tokens):
             self._open_next_shard()
         per_batch = self.world * self.B
         rows = []
         for q in range(self.grad_accum * per_batch):
-            start = self._next_sequence()
+            if self.cap > 0:
+                row = self._next_capped_sequence()
+            else:
+                start = self._next_sequence()
+                row = self.tokens[start:start + self.T + 1]
             if q % per_batch // self.B == self.rank:
-                rows.append(self.tokens[start:start + self.T + 1].astype(np.int64))
+                rows.append(row.astype(np.int64))
         self.rows = torch.from_numpy(np.stack(rows)).view(self.grad_accum, self.B, self.T + 1)
         self.batch = 0
 
@@ -1284,6 +1348,162 @@ class RandomTokens:
 
 
 # ------------------------------------------------------------------------------------------------
+# Stage plan (llmc/stages.h): the run as stages, each a share of the scheduled steps with its own
+# sequence length, tokens a step, document cap, attention window and learning-rate multiplier
+
+
+STAGE_KEYS = {"t": "seq_len", "z": "total_batch_size", "cap": "cap", "aw": "window_blocks", "lr": "lr_multiplier"}
+
+
+@dataclass
+class Stage:
+    share: float  # of the scheduled steps; 0 for the extension
+    extension: int  # steps after the scheduled ones (the last stage only)
+    seq_len: int
+    total_batch_size: int  # -1: one micro batch
+    cap: int  # tokens of one document a sequence takes; 0: all
+    window_blocks: int  # -1: the schedule
+    lr_multiplier: float
+
+
+@dataclass
+class StepPlan:
+    stage: int  # 0-based
+    seq_len: int
+    tokens: int  # a step, over all processes
+    micro_steps: int
+    cap: int
+    window_blocks: int  # resolved: the schedule's at -1; 0 none
+    lr_multiplier: float
+
+
+# The numbers of a plan, in plain ASCII notation (no signs but an integer's minus, no "inf", no "1_000").
+INTEGER = re.compile(r"-?[0-9]+")
+DECIMAL = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def stage_share(word, number):
+    """A stage's first word: (share, extension steps)."""
+    a, slash, b = word.partition("/")
+    if word.startswith("+") and INTEGER.fullmatch(word[1:]) and int(word[1:]) >= 1:
+        return 0.0, int(word[1:])
+    if slash and INTEGER.fullmatch(a) and INTEGER.fullmatch(b) and int(a) > 0 and int(b) > 0:
+        return int(a) / int(b), 0
+    if DECIMAL.fullmatch(word) and 0 < float(word) < math.inf:
+        return float(word), 0
+    fail(f"--stages: stage {number} begins with '{word}', which is no share of the steps: give a positive "
+         f"decimal (0.25), a fraction of two positive integers (1/3) or +E extension steps (+15)")
+
+
+def stage_value(key, text, number):
+    """KEY=VALUE's value, checked against what the key takes."""
+    minimum = {"t": 1, "z": -1, "cap": 0, "aw": -1}
+    number_format = DECIMAL if key == "lr" else INTEGER
+    value = (float if key == "lr" else int)(text) if number_format.fullmatch(text) else None
+    if key == "lr":
+        good = value is not None and value < math.inf
+        wanted = "a number >= 0"
+    else:
+        good = value is not None and value >= minimum[key] and not (key == "z" and value == 0)
+        wanted = {"t": "an integer >= 1", "z": "an integer >= 1, or -1 for one micro batch",
+                  "cap": "an integer >= 0 (0: all of a document)", "aw": "an integer >= -1 (-1: the schedule)"}[key]
+    if not good:
+        fail(f"--stages: stage {number} sets {key}={text}; {key} takes {wanted}")
+    return value
+
+
+def parse_stages(text, seq_len, total_batch_size, window_blocks):
+    """The stages of PLAN (`;` between stages; a stage's words: its share, then KEY=VALUE), a key
+    not given taking the stage before's value, the first stage's the flags'. "" is one stage of
+    the flags."""
+    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, 1.0)
+    if not text.strip():
+        return [previous]
+    stages, parts = [], text.split(";")
+    for number, part in enumerate(parts, 1):
+        words = part.split()
+        if not words:
+            fail(f"--stages: stage {number} is empty; give its share (0.25, 1/3 or +E) and any of "
+                 f"t=, z=, cap=, aw=, lr=, or drop the extra ';'")
+        share, extension = stage_share(words[0], number)
+        if extension and number != len(parts):
+            fail(f"--stages: stage {number} is {words[0]} extension steps, which only the last stage can be; "
+                 f"move it last")
+        settings = {}
+        for word in words[1:]:
+            key, equals, value = word.partition("=")
+            if key not in STAGE_KEYS or not equals:
+                fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr; fix it")
+            if STAGE_KEYS[key] in settings:
+                fail(f"--stages: stage {number} sets {key} twice; give it once")
+            settings[STAGE_KEYS[key]] = stage_value(key, value, number)
+        previous = Stage(**{**vars(previous), "share": share, "extension": extension, **settings})
+        stages.append(previous)
+    scheduled = stages[:-1] if stages[-1].extension else stages
+    total = sum(stage.share for stage in scheduled)
+    if not scheduled or abs(total - 1) > 1e-6:
+        fail(f"--stages: the shares of stages 1 to {len(scheduled)} sum to {total:.9g}, not 1; "
+             f"make them sum to 1 (+E steps come after them)")
+    return stages
+
+
+class StagePlan:
+    """The plan of every step of a run: the stages of parse_stages over N scheduled steps, which
+    stage i ends at e_i = round((share_0 + ... + share_i) * N) (half to even; the last at N), then
+    the extension's E steps. A step's tokens resolve -1 to B*T*world, and its window -1 to the
+    schedule's over the N + E steps."""
+
+    def __init__(self, stages, num_iterations, batch_size, world, steps_flag="--num_iterations"):
+        self.stages, self.N, self.B, self.world = stages, num_iterations, batch_size, world
+        self.extension = stages[-1].extension
+        scheduled = len(stages) - (1 if self.extension else 0)
+        self.ends, cumulative = [], 0.0
+        for i, stage in enumerate(stages[:scheduled]):
+            cumulative += stage.share
+            end = num_iterations if i == scheduled - 1 else round(cumulative * num_iterations)
+            start = self.ends[-1] if self.ends else 0
+            if end <= start:
+                fail(f"--stages: stage {i + 1} gets 0 steps (its share ends at step {end}, where stage {i}'s "
+                     f"does) of {steps_flag} {num_iterations}; give it a larger share or more {steps_flag}")
+            self.ends.append(end)
+
+    @property
+    def steps(self):
+        """The steps trained: the scheduled ones and the extension's."""
+        return self.N + self.extension
+
+    def tokens(self, stage):
+        micro_batch = self.B * stage.seq_len * self.world
+        return micro_batch if stage.total_batch_size == -1 else stage.total_batch_size
+
+    def stage_index(self, step):
+        """The first scheduled stage ending after `step`; past them, the extension (or the last)."""
+        for i, end in enumerate(self.ends):
+            if step < end:
+                return i
+        return len(self.stages) - 1
+
+    def table(self):
+        """The plan's lines for the start-up table: each stage's steps and settings."""
+        starts = [0] + self.ends
+        lines = []
+        for i, stage in enumerate(self.stages):
+            first, last = (starts[i], self.ends[i] - 1) if i < len(self.ends) else (self.N, self.steps - 1)
+            window = "schedule" if stage.window_blocks == -1 else stage.window_blocks
+            lines.append(f"stage {i + 1}: steps {first}-{last} | t {stage.seq_len} | tokens a step "
+                         f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g}")
+        return lines
+
+    def step(self, step):
+        i = self.stage_index(step)
+        stage = self.stages[i]
+        tokens = self.tokens(stage)
+        window = attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+        return StepPlan(i, stage.seq_len, tokens, tokens // (self.B * stage.seq_len * self.world), stage.cap,
+                        window, stage.lr_multiplier)
+
+
+# ------------------------------------------------------------------------------------------------
 # Optimisation
 
 
@@ -1291,13 +1511,14 @@ def learning_rate(step, args, peak=None):
     """The learning rate of step `step` (0-based) of N = num_iterations, with W = warmup_iters,
     lr = peak (default learning_rate) and min_lr = lr * final_lr_frac:
       step < W:     lr * (step + 1) / W                        (every schedule)
-      otherwise, with f = max(0, (step - S) / (N - S)):
+      otherwise, with f = (step - S) / (N - S) within [0, 1]:
         cosine:     min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * f)),      S = W
         linear:     lr - (lr - min_lr) * f,                                S = W
         wsd:        lr - (lr - min_lr) * f,  S = max(W, N - N // 5)  (stable, then the last 20% decay)
         constant:   lr
         stable_decay: lr while step/N < 1 - D, then lr * (w + (1 - w) * final_lr_frac),
                     w = (1 - step/N) / D, D = cooldown_frac  (modern.md: D 0.7, to 0; speedrun: D 0.45, to 0.1 lr)
+    A stage plan's extension steps (step >= N) take the schedule's end value, f = 1 and w = 0.
     """
     lr = args.learning_rate if peak is None else peak
     W, N = args.warmup_iters, args.num_iterations
@@ -1309,11 +1530,11 @@ def learning_rate(step, args, peak=None):
         progress = step / N
         if progress < 1 - args.cooldown_frac:
             return lr
-        w = (1 - progress) / args.cooldown_frac
+        w = max(0.0, (1 - progress) / args.cooldown_frac)
         return lr * (w + (1 - w) * args.final_lr_frac)
     min_lr = lr * args.final_lr_frac
     start = max(W, N - N // 5) if args.lr_schedule == "wsd" else W
-    f = max(0.0, (step - start) / (N - start))
+    f = min(1.0, max(0.0, (step - start) / (N - start)))
     if args.lr_schedule == "cosine":
         return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * f))
     return lr - (lr - min_lr) * f
@@ -1488,21 +1709,22 @@ def adam_eps(step, args):
     return args.adam_eps / math.sqrt(1 - args.beta2 ** (step + 1))
 
 
-def set_learning_rates(optimizers, step, args):
-    """Every group's rate at `step`: its peak under the schedule; Muon's momentum, AdamW's eps (with
-    --adam_eps_before_correction 1). Returns the rate of --learning_rate."""
+def set_learning_rates(optimizers, step, args, multiplier=1.0):
+    """Every group's rate at `step`: its peak under the schedule, times the stage's multiplier;
+    Muon's momentum, AdamW's eps (with --adam_eps_before_correction 1). Returns the rate of
+    --learning_rate."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             if isinstance(optimizer, Muon):
                 group["momentum"] = muon_momentum(step, args)
             elif args.adam_eps_before_correction:
                 group["eps"] = adam_eps(step, args)
-            lr = learning_rate(step, args, group["peak_lr"])
+            lr = learning_rate(step, args, group["peak_lr"]) * multiplier
             if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
-    return learning_rate(step, args)
+    return learning_rate(step, args) * multiplier
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1524,7 +1746,7 @@ def add_debug_noise(model, std, seed):
             p.add_(noise.to(p.device, p.dtype))
 
 
-def write_debug_state(model, batch, args, device, out_dir):
+def write_debug_state(model, batch, args, device, out_dir, plan=None):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
     gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
     at constant learning rates, Muon's momentum and AdamW's eps as the recipe makes them step by
@@ -1539,7 +1761,12 @@ def write_debug_state(model, batch, args, device, out_dir):
     that one is the FP8 recipe itself, bfloat16 autocast with FP8 block linear layers as the CUDA
     trainer's -fp8 1 runs, and its loss curve is what test_gpt2cu --fp8 compares. With --fp8_head 1
     (..._fp8_head_debug_state.bin, header slot 30) the speedrun's head takes FP8 products in the
-    training steps, the rest float32; test_gpt2cu compares its loss curve with -fh 1."""
+    training steps, the rest float32; test_gpt2cu compares its loss curve with -fh 1.
+
+    With --stages (plan, over --debug_steps less its extension) debug step s takes the first B*t
+    tokens of the batch as B rows of t, its stage's fixed window and its rates times the stage's
+    multiplier; the header keeps the plan's text (debug_state_stages). The logits and gradients
+    stay those of the whole batch at --window_blocks."""
     config, name = model.config, model.config.name()
     muon, summed = args.optimizer == "muon", args.loss_reduction == "sum"
     kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "") + ("_fp8_head" if args.fp8_head else "")
@@ -1555,30 +1782,35 @@ def write_debug_state(model, batch, args, device, out_dir):
     muon_groups = [group for kind, group in groups if kind == "muon"]
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
                            NEWTON_SCHULZ[args.muon_ns]) if muon else None)
-    losses = []
+    B, T = x.shape
+    window, first, losses = model.window_blocks, None, []
+    if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
+        first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
-        with autocast:
-            logits, loss = model(x, y, args.loss_reduction)
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        mean_loss = loss.detach() / y.numel() if summed else loss.detach()
-        if step == 0:
-            first = [logits.detach().cpu(), mean_loss.cpu()] + [p.grad.detach().cpu().clone() for p in params]
-        losses.append(mean_loss.item())
+        xs, ys, multiplier = x, y, 1.0
+        if plan:
+            step_plan = plan.step(step)
+            xs, ys = (t.reshape(-1)[:B * step_plan.seq_len].view(B, step_plan.seq_len) for t in (x, y))
+            model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
+        if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
+            first = debug_first_values(model, xs, ys, params, args, autocast)
+            losses.append(first[1].item())
+        else:
+            losses.append(debug_loss(model, xs, ys, args, autocast))
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
         clip_gradients(params, args.grad_clip)
         for owner, group in groups:
             if owner == "adamw":
-                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1, group["lr"],
-                           group["weight_decay"], (args.beta1, args.beta2), adam_eps(step, args),
-                           decay_all=config.modern)
+                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1,
+                           group["lr"] * multiplier, group["weight_decay"], (args.beta1, args.beta2),
+                           adam_eps(step, args), decay_all=config.modern)
         if muon_optimizer:
             for group in muon_optimizer.param_groups:
-                group["momentum"] = muon_momentum(step, args)
+                group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
+    model.window_blocks = window
 
-    B, T = x.shape
-    version4 = config.modern or muon or summed or model.documents
+    version4 = config.modern or muon or summed or model.documents or plan is not None
     header = np.zeros(HEADER_INTS, np.int32)
     header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION, B, T,
                   args.debug_steps, config.vocab_size]
@@ -1597,6 +1829,10 @@ def write_debug_state(model, batch, args, device, out_dir):
             header[28] = args.muon_momentum_warmup
         header[29] = int(args.adam_eps_before_correction)
         header[30] = args.fp8_head
+        stages = args.stages.strip().encode() if plan else b""
+        header[DEBUG_STAGES_SLOT - 1] = len(stages)
+        slots = np.frombuffer(stages.ljust(-(-len(stages) // 4) * 4, b"\0"), "<i4")
+        header[DEBUG_STAGES_SLOT:DEBUG_STAGES_SLOT + len(slots)] = slots
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
@@ -1606,6 +1842,37 @@ def write_debug_state(model, batch, args, device, out_dir):
             f.write(t.float().numpy().tobytes())
         f.write(np.array(losses, np.float32).tobytes())
     print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}{kind}_debug_state.bin")
+
+
+def debug_loss(model, x, y, args, autocast):
+    """The mean loss of one forward and backward of x, y; the gradients left in the parameters."""
+    with autocast:
+        loss = model(x, y, args.loss_reduction)[1]
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return (loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()).item()
+
+
+def debug_first_values(model, x, y, params, args, autocast):
+    """The debug state's logits, mean loss and gradients of one forward and backward of x, y."""
+    with autocast:
+        logits, loss = model(x, y, args.loss_reduction)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    mean_loss = loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()
+    return [logits.detach().cpu(), mean_loss.cpu()] + [p.grad.detach().cpu().clone() for p in params]
+
+
+# The debug state's header keeps the text of its --stages in slots 32 to 253, 4 bytes a slot in
+# little-endian order, its length in bytes in slot 31 (0: none).
+DEBUG_STAGES_SLOT = 32
+DEBUG_STAGES_BYTES = 4 * (HEADER_INTS - 2 - DEBUG_STAGES_SLOT)
+
+
+def debug_state_stages(header):
+    """The --stages text of a debug state's header ("" for none, and for files written before)."""
+    length = int(header[DEBUG_STAGES_SLOT - 1])
+    return header[DEBUG_STAGES_SLOT:].astype("<i4").tobytes()[:length].decode()
 
 
 # Each parameter's tensor in llmc/gpt2.h's table (its name in test_gpt2cu's lines), by the parameter's
@@ -1670,6 +1937,9 @@ def check_debug_state(args, model, device, dtype, use_compile):
     if version4:
         model.documents, model.window_blocks = bool(header[21]), int(header[22]) or None
     reduction = "sum" if version4 and header[14] else "mean"
+    if version4 and debug_state_stages(header):
+        print(f"{path}'s debug steps followed --stages {debug_state_stages(header)!r}; its first step, "
+              f"measured here, is the whole batch's")
     raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     x, y = x.to(device), y.to(device)
     with autocast:
@@ -1787,6 +2057,12 @@ def parse_args(argv=None):
         "cooldown_frac", "stable_decay: the fraction of the steps that decays"))
     a.add_argument("--grad_clip", type=float, help=recipe_help("grad_clip", "global gradient norm clip; 0 = off"))
     a.add_argument("--num_iterations", type=int, help=recipe_help("num_iterations", "optimizer steps"))
+    a.add_argument("--stages", default="", metavar="PLAN", help="the run as stages separated by ';', each its "
+                   "share of --num_iterations (0.25 or 1/3; the last may be +E: E steps more after them) and "
+                   "KEY=VALUE words that hold from it on: t= sequence length, z= tokens a step (-1: one micro "
+                   "batch), cap= tokens of one document a sequence takes (0: all; needs --documents 1), aw= window "
+                   "as --window_blocks, lr= learning-rate multiplier; the first stage's start from -t, "
+                   "--total_batch_size, --window_blocks, cap 0, lr 1. Default: one stage of the flags")
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
     a.add_argument("--val_steps", type=int, help=recipe_help(
         "val_steps", "batches per validation and process (--recipe speedrun's 40: in all, shared)"))
@@ -1924,6 +2200,65 @@ def check_args(args):
     if args.optimizer == "muon" and args.muon_momentum_warmup < 0:
         fail(f"--muon_momentum_warmup {args.muon_momentum_warmup}: give 0 (constant momentum) or more steps")
     check_document_args(args)
+
+
+def stage_plan(args, world):
+    """The run's StagePlan of --stages over --num_iterations (--write_debug_state: over --debug_steps
+    less the extension, and None without --stages), checked against the flags."""
+    given = bool(args.stages.strip())
+    if given and (args.benchmark or args.eval_only or args.check_debug_state):
+        fail("--stages plans a training run or --write_debug_state's steps; drop it")
+    stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks)
+    if args.write_debug_state:
+        if not given:
+            return None
+        scheduled, world = args.debug_steps - stages[-1].extension, 1
+        if len(args.stages.strip().encode()) > DEBUG_STAGES_BYTES:
+            fail(f"--stages: the plan's {len(args.stages.strip().encode())} bytes do not fit the debug state's "
+                 f"header, which holds {DEBUG_STAGES_BYTES}; shorten it")
+        if scheduled < 1:
+            fail(f"--stages: stage {len(stages)}'s +{stages[-1].extension} steps leave none of --debug_steps "
+                 f"{args.debug_steps} to the others; give more --debug_steps or fewer extension steps")
+        plan = StagePlan(stages, scheduled, args.batch_size, world, "--debug_steps")
+    else:
+        plan = StagePlan(stages, args.num_iterations, args.batch_size, world, "--num_iterations")
+    for number, stage in enumerate(stages, 1):
+        check_stage(args, stage, number, stages[0].seq_len, given)
+        tokens, micro_batch = plan.tokens(stage), args.batch_size * stage.seq_len * world
+        if tokens <= 0 or tokens % micro_batch != 0:
+            what = f"--stages: stage {number}'s z={tokens}" if given else f"--total_batch_size {tokens}"
+            fail(f"{what} is not a positive multiple of B*T*world = {args.batch_size}*{stage.seq_len}*{world} = "
+                 f"{micro_batch}; pick a multiple (or -1 for one micro batch) or change -b/-t")
+    return plan
+
+
+def check_stage(args, stage, number, first_seq_len, given):
+    """A stage's settings against the flags: a changing length, a cap and a window need documents;
+    windows whole blocks, as --window_blocks; --write_debug_state's stages one micro batch of its
+    batch's rows each, no cap and a fixed window."""
+    where = f"--stages: stage {number}"
+    if stage.seq_len != first_seq_len and not args.documents:
+        fail(f"{where} sets t={stage.seq_len} (the first stage's is {first_seq_len}): a sequence length that "
+             f"changes between stages needs document-aligned sequences (--documents 1)")
+    if stage.cap > 0 and not args.documents:
+        fail(f"{where} sets cap={stage.cap}: a document cap needs document-aligned sequences (--documents 1)")
+    if given and stage.window_blocks != 0 and not args.documents:
+        fail(f"{where} sets aw={stage.window_blocks}, a window of document-causal attention; add --documents 1")
+    if given and (args.documents or stage.window_blocks != 0) and stage.seq_len % ATTENTION_BLOCK != 0:
+        fail(f"{where} sets t={stage.seq_len}, which is not a multiple of {ATTENTION_BLOCK}: document-aligned "
+             f"sequences and windows take whole blocks of {ATTENTION_BLOCK} tokens")
+    if given and args.write_debug_state:
+        if stage.seq_len > args.seq_len:
+            fail(f"{where} sets t={stage.seq_len}, longer than the debug state's batch of -t {args.seq_len}: "
+                 f"give -t {stage.seq_len} or a shorter t")
+        if stage.total_batch_size not in (-1, args.batch_size * stage.seq_len):
+            fail(f"{where} sets z={stage.total_batch_size}: a debug step is one micro batch of B*t = "
+                 f"{args.batch_size}*{stage.seq_len} tokens; give z=-1")
+        if stage.cap > 0:
+            fail(f"{where} sets cap={stage.cap}: the debug state's batch is random tokens, which no cap cuts; "
+                 f"give cap=0")
+        if stage.window_blocks == -1:
+            fail(f"{where} takes the window's schedule (aw=-1): a debug step keeps a fixed window; give aw=N")
 
 
 def check_debug_state_args(args):
@@ -2103,17 +2438,18 @@ def step_line(step, N, loss, norm, lr, ms, tokens_per_step, flops_per_token, pea
             f"MFU {100.0 * flops_per_token * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
 
 
-def log_average_and_peak_memory(log, step_ms, tokens_per_step, step_flops, peak_flops, cuda):
+def log_average_and_peak_memory(log, step_ms, step_tokens, step_flops, peak_flops, cuda):
     """The closing lines of a run (SPEC.md): the average step after the untimed warm-up steps (its
-    MFU from their FLOPs per token, step_flops, which a growing window changes), and the peak memory
-    (the GPU's allocations, or the process's resident set on the CPU)."""
+    MFU from their tokens and FLOPs per token, step_flops, which a growing window and the stages
+    change), and the peak memory (the GPU's allocations, or the process's resident set on the CPU)."""
     N = len(step_ms)
     skip = min(WARMUP_STEPS_UNTIMED, N - 1)
     average_ms = sum(step_ms[skip:]) / (N - skip)
-    average_flops = sum(step_flops[skip:]) / (N - skip)
-    tokens_per_s = 1000 * tokens_per_step / average_ms
+    seconds = sum(step_ms[skip:]) / 1000
+    tokens_per_s = sum(step_tokens[skip:]) / seconds
+    flops_per_s = sum(f * t for f, t in zip(step_flops[skip:], step_tokens[skip:])) / seconds
     log(f"average over steps {skip + 1}-{N}: {average_ms:.2f} ms | "
-        f"MFU {100.0 * average_flops * tokens_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
+        f"MFU {100.0 * flops_per_s / peak_flops:.1f}% | {tokens_per_s:.0f} tok/s")
     if cuda:
         peak_mib = torch.cuda.max_memory_allocated() // 2**20
     else:
@@ -2153,12 +2489,13 @@ def placed_model(args, model, device, dtype, use_compile):
     return raw_model, model, set_compute_dtype(raw_model, dtype, device_type)
 
 
-def train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile):
-    """Runs num_iterations optimizer steps, printing the SPEC.md line per step; validates at step 0,
-    every val_every steps and at the end; writes main.log and the final checkpoint to output_dir."""
-    config, (B, T), N = model.config, (args.batch_size, args.seq_len), args.num_iterations
+def train(args, plan, model, train_loader, val_loader, device, rank, world, dtype, use_compile):
+    """Runs the plan's optimizer steps (StagePlan: --num_iterations and any extension), printing the
+    SPEC.md line per step; each step takes its stage's sequence length, micro steps, document cap,
+    window and learning-rate multiplier. Validates at step 0, every val_every steps and at the end;
+    writes main.log and the final checkpoint to output_dir."""
+    config, N = model.config, plan.steps
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    total_batch_size, grad_accum_steps = step_batch(args, world)
     raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
     if world > 1:
@@ -2166,20 +2503,25 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
     num_params = config.num_parameters()
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
+    first = plan.step(0)
     settings = dict(vars(args), model=config.name(), device=device, dtype=dtype, compile=use_compile,
                     flash=raw_model.transformer.h[0].attn.flash, fused_adamw=fused, world=world,
-                    grad_accum_steps=grad_accum_steps, total_batch_size=total_batch_size,
+                    grad_accum_steps=first.micro_steps, total_batch_size=first.tokens,
                     num_parameters=num_params, torch=torch.__version__)
     for key in sorted(settings):
         log(f"{key:20s} {settings[key]}")
+    if args.stages.strip():
+        for line in plan.table():
+            log(line)
     log_file = None
     if args.output_dir and master:
         os.makedirs(args.output_dir, exist_ok=True)
         log_file = open(os.path.join(args.output_dir, "main.log"), "w")
 
-    step_times, step_flops = [], []
+    step_times, step_flops, step_tokens = [], [], []
     for step in range(N + 1):
-        set_attention_window(raw_model, args, step)
+        step_plan = plan.step(step)
+        raw_model.window_blocks = step_plan.window_blocks or None
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -2190,43 +2532,54 @@ def train(args, model, train_loader, val_loader, device, rank, world, dtype, use
         if step == N:
             break
         t0 = time.perf_counter()
-        lr = set_learning_rates(optimizers, step, args)
-        raw_model.zero_grad(set_to_none=True)
-        train_loss = torch.zeros((), device=device)
-        for micro_step in range(grad_accum_steps):
-            x, y = (t.to(device) for t in train_loader.next_batch())
-            # DDP all-reduces the gradients in the last micro step's backward only.
-            sync = world == 1 or micro_step == grad_accum_steps - 1
-            with nullcontext() if sync else model.no_sync():
-                with autocast:
-                    loss = model(x, y, args.loss_reduction, raw_model.attention_masks(x))[1]
-                loss, mean_share = micro_step_loss(loss, args.loss_reduction, y.numel(), grad_accum_steps, world)
-                train_loss += mean_share
-                loss.backward()
-        norm = clip_gradients(raw_model.parameters(), args.grad_clip)
-        for optimizer in optimizers:
-            optimizer.step()
-        train_loss = mean_over_ranks(train_loss, world)
+        train_loss, norm, lr = train_step(args, step, step_plan, model, raw_model, optimizers, train_loader,
+                                          device, autocast, world)
         if device_type == "cuda":
             torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
-        step_flops.append(raw_model.flops_per_token(T))
-        tokens_per_s = total_batch_size / step_times[-1]
-        log(step_line(step, N, train_loss, norm.item(), lr, 1000 * step_times[-1], total_batch_size,
+        step_flops.append(raw_model.flops_per_token(step_plan.seq_len))
+        step_tokens.append(step_plan.tokens)
+        tokens_per_s = step_plan.tokens / step_times[-1]
+        log(step_line(step, N, train_loss, norm, lr, 1000 * step_times[-1], step_plan.tokens,
                       step_flops[-1], args.peak_flops))
         if log_file:
             # The run-log format of llmc/logger.h, so both trainers' logs plot and compare alike.
-            log_file.write(f"step={step + 1} kind=train loss={train_loss:.6f} norm={norm.item():.4f} "
+            log_file.write(f"step={step + 1} kind=train loss={train_loss:.6f} norm={norm:.4f} "
                            f"lr={lr:.4e} ms={1000 * step_times[-1]:.2f} tok_per_s={tokens_per_s:.0f}\n")
             log_file.flush()
 
-    log_average_and_peak_memory(log, [1000 * t for t in step_times], total_batch_size, step_flops,
+    log_average_and_peak_memory(log, [1000 * t for t in step_times], step_tokens, step_flops,
                                 args.peak_flops, device_type == "cuda")
     if log_file:
         log_file.close()
         path = os.path.join(args.output_dir, f"model_{N:08d}.bin")
         write_checkpoint(raw_model, path, CHECKPOINT_BF16 if args.checkpoint_dtype == "bfloat16" else CHECKPOINT_FP32)
         log(f"wrote {path}")
+
+
+def train_step(args, step, step_plan, model, raw_model, optimizers, train_loader, device, autocast, world):
+    """One optimizer step of the step's plan; returns (its mean loss over the ranks, the gradient
+    norm, the rate of --learning_rate). A document loader takes the step's shape first."""
+    if isinstance(train_loader, DocumentLoader):
+        train_loader.reshape(step_plan.seq_len, step_plan.micro_steps, step_plan.cap)
+    lr = set_learning_rates(optimizers, step, args, step_plan.lr_multiplier)
+    raw_model.zero_grad(set_to_none=True)
+    train_loss = torch.zeros((), device=device)
+    grad_accum_steps = step_plan.micro_steps
+    for micro_step in range(grad_accum_steps):
+        x, y = (t.to(device) for t in train_loader.next_batch())
+        # DDP all-reduces the gradients in the last micro step's backward only.
+        sync = world == 1 or micro_step == grad_accum_steps - 1
+        with nullcontext() if sync else model.no_sync():
+            with autocast:
+                loss = model(x, y, args.loss_reduction, raw_model.attention_masks(x))[1]
+            loss, mean_share = micro_step_loss(loss, args.loss_reduction, y.numel(), grad_accum_steps, world)
+            train_loss += mean_share
+            loss.backward()
+    norm = clip_gradients(raw_model.parameters(), args.grad_clip)
+    for optimizer in optimizers:
+        optimizer.step()
+    return mean_over_ranks(train_loss, world), norm.item(), lr
 
 
 def select_sdpa_backend(name, device):
@@ -2330,8 +2683,8 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     for step, ((loss, norm), ms) in enumerate(zip(losses, step_ms)):
         log(step_line(step, N, loss, norm, learning_rate(step, args), ms, total_batch_size, flops_per_token,
                       args.peak_flops))
-    log_average_and_peak_memory(log, step_ms, total_batch_size, [flops_per_token] * len(step_ms), args.peak_flops,
-                                cuda)
+    log_average_and_peak_memory(log, step_ms, [total_batch_size] * len(step_ms), [flops_per_token] * len(step_ms),
+                                args.peak_flops, cuda)
     return losses
 
 
@@ -2345,6 +2698,7 @@ def main(argv=None, step_hook=None):
                          "PyTorch 2.0 or newer (F.scaled_dot_product_attention)")
     use_compile = feature_flag(args, "compile", hasattr(torch, "compile"), "PyTorch 2.0 or newer (torch.compile)")
     dtype = args.dtype or ("bfloat16" if args.benchmark or args.fp8 else "float32")
+    plan = stage_plan(args, int(os.environ.get("WORLD_SIZE", 1)))  # torchrun's process count
     device, rank, world = setup_processes(args)
     args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
@@ -2360,6 +2714,7 @@ def main(argv=None, step_hook=None):
     settle_arch(args, config)
     B, T = args.batch_size, args.seq_len
     lengths = [("-t/--seq_len", T)] + ([("--val_seq_len", args.val_seq_len)] if args.input_val_bin else [])
+    lengths += [(f"--stages: stage {i + 1}'s t", stage.seq_len) for i, stage in enumerate(plan.stages if plan else [])]
     for flag, length in lengths:
         if length > config.max_seq_len:
             fail(f"{flag} {length} exceeds the model's max_seq_len {config.max_seq_len}; lower it")
@@ -2373,14 +2728,19 @@ def main(argv=None, step_hook=None):
         return check_debug_state(args, model, device, dtype, use_compile)
     train_loader = RandomTokens(B, T, config.vocab_size, args.seed, bool(args.documents))
     if args.input_bin and args.documents:
-        train_loader = DocumentLoader(args.input_bin, "--input_bin", B, T, step_batch(args, world)[1], rank, world,
-                                      args.shuffle, args.seed, config.vocab_size)
+        if args.write_debug_state:  # one batch of B x T, whatever the stages
+            seq_len, micro_steps, cap = T, step_batch(args, world)[1], 0
+        else:
+            first = plan.step(0)
+            seq_len, micro_steps, cap = first.seq_len, first.micro_steps, first.cap
+        train_loader = DocumentLoader(args.input_bin, "--input_bin", B, seq_len, micro_steps, rank, world,
+                                      args.shuffle, args.seed, config.vocab_size, cap)
     elif args.input_bin:
         train_loader = ShardLoader(args.input_bin, "--input_bin", B, T, rank, world, args.shuffle,
                                    args.seed, config.vocab_size)
     if args.write_debug_state:
         add_debug_noise(model, args.debug_noise, args.seed)
-        write_debug_state(model, train_loader.next_batch(), args, device, args.write_debug_state)
+        write_debug_state(model, train_loader.next_batch(), args, device, args.write_debug_state, plan)
         return
     if args.benchmark:
         compile_optimizer = use_compile and bool(BENCHMARK_RECIPE["compile_optimizer"]
@@ -2394,7 +2754,7 @@ def main(argv=None, step_hook=None):
     if args.eval_only:
         evaluate_only(args, model, val_loader, device, rank, world, dtype, use_compile)
     else:
-        train(args, model, train_loader, val_loader, device, rank, world, dtype, use_compile)
+        train(args, plan, model, train_loader, val_loader, device, rank, world, dtype, use_compile)
     if world > 1:
         dist.destroy_process_group()
 

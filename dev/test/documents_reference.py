@@ -121,6 +121,110 @@ def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps):
     return np.fromfile(out, np.int32).reshape(-1, T + 1)
 
 
+def port_plan_lines(plan, B, T, Z, AW, world, steps):
+    """train_gpt2.py's plan of each step 0..N+E as build/test_stages --dump prints it, or its error."""
+    args = tg.parse_args(["--input_bin", "x", "--documents", "1", "-b", str(B), "-t", str(T), "--total_batch_size",
+                          str(Z), "--window_blocks", str(AW), "--num_iterations", str(steps), "--stages", plan])
+    try:
+        stages = tg.stage_plan(args, world)
+    except SystemExit as e:
+        return str(e)
+    return [f"{s} {p.stage} {p.seq_len} {p.tokens} {p.micro_steps} {p.cap} {p.window_blocks} "
+            f"{'%.17g' % p.lr_multiplier}" for s, p in ((s, stages.step(s)) for s in range(stages.steps + 1))]
+
+
+def run_cpp(what, command):
+    """The C++ program's run: (stdout, None), or (None, why it gave nothing) printed as a failed check."""
+    if not os.path.exists(command[0]):
+        print(f"{what}\t{command[0]} is missing: make {command[0]} (llmc/stages.h's test program)")
+        return None, None
+    result = subprocess.run(command, capture_output=True, text=True)
+    return result.stdout, result
+
+
+def check_plan_dumps(scratch):
+    """The plan of every step, llmc/stages.h's (build/test_stages --dump) against train_gpt2.py's."""
+    cases = [  # (PLAN, B, T, Z, AW, WORLD, STEPS)
+        ("", 4, 256, -1, -1, 1, 37),
+        ("1 lr=0.75", 2, 128, 1024, 3, 2, 20),
+        ("1/3 t=1024; 1/3 t=2048 lr=0.5; 1/3 aw=7; +15 lr=0.25", 1, 2048, -1, -1, 1, 1270),
+        ("1/3; 1/3; 1/3; +15", 1, 2048, -1, 0, 1, 1270),
+        ("0.25 t=256 z=4096 cap=64; 0.5 aw=2 lr=1e-1; 0.25 z=-1 aw=-1 lr=0.3333333333333333; +7 cap=0",
+         2, 128, 2048, -1, 2, 101),
+        ("0.1; 2/7 t=512; 0.2 cap=100; 29/70 t=256 aw=5", 1, 256, -1, 0, 1, 997),
+        ("1/2; 1/2", 1, 128, -1, 0, 1, 7),
+        ("0.5; 0.4", 1, 128, -1, 0, 1, 10),
+        ("0.5 q=1; 0.5", 1, 128, -1, 0, 1, 10),
+        ("+3; 1", 1, 128, -1, 0, 1, 10),
+        ("0.01; 0.99", 1, 128, -1, 0, 1, 10),
+    ]
+    for plan, B, T, Z, AW, world, steps in cases:
+        what = f"--stages {plan!r} (B {B}, T {T}, z {Z}, aw {AW}, {world} process(es), {steps} steps)"
+        port = port_plan_lines(plan, B, T, Z, AW, world, steps)
+        out, result = run_cpp(what, ["build/test_stages", "--dump", plan, str(B), str(T), str(Z), str(AW),
+                                     str(world), str(steps)])
+        if result is None:
+            continue
+        if isinstance(port, str):
+            errors = result.returncode == 1 and result.stderr.startswith("error: ") and not out
+            print(f"{what}: both reject it\t{'same' if errors else f'C++ exit {result.returncode}: {result.stderr!r}'}")
+            continue
+        lines = out.splitlines()
+        differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
+        verdict = ("same" if lines == port else f"C++ {len(lines)} lines, train_gpt2.py {len(port)}; first "
+                   f"difference at step {differ}: {lines[differ]!r} and {port[differ]!r}" if differ is not None
+                   else f"C++ {len(lines)} lines (exit {result.returncode}: {result.stderr.strip()!r}), "
+                        f"train_gpt2.py {len(port)}")
+        print(f"{what}: every step's plan, C++ and train_gpt2.py\t{verdict}")
+
+
+def port_stage_rows(pattern, B, world, shuffle, seed, plan, T, Z, steps):
+    """train_gpt2.py's loaders of every rank following the plan, reshaped where a step's shape
+    changes: the rows of its N+E steps, flat in stream order."""
+    stages = tg.StagePlan(tg.parse_stages(plan, T, Z, 0), steps, B, world)
+    first = stages.step(0)
+    ranks = [tg.DocumentLoader(pattern, "test", B, first.seq_len, first.micro_steps, r, world, shuffle, seed,
+                               50257, first.cap) for r in range(world)]
+    rows = []
+    for step in range(stages.steps):
+        p = stages.step(step)
+        for loader in ranks:
+            loader.reshape(p.seq_len, p.micro_steps, p.cap)
+        for _ in range(p.micro_steps):
+            for loader in ranks:
+                inputs, targets = loader.next_batch()
+                rows.append(np.concatenate([inputs.numpy(), targets[:, -1:].numpy()], axis=1).ravel())
+    return np.concatenate(rows), ranks[0].epoch
+
+
+def check_stage_rows(scratch, pattern, T):
+    """The sequences of loaders following a plan, llmc/dataloader.h's (build/test_dataloader
+    --dump-stages) against train_gpt2.py's: the length doubling as the cap begins, and one cap
+    giving way to another, over one and two processes, plain and shuffled."""
+    for B, world in [(2, 1), (1, 2)]:
+        Z = 2 * B * 2 * T * world  # 4 micro batches of T, then 2 of 2T
+        plans = [f"1/2; 1/2 t={2 * T} cap={T * 5 // 8}", f"0.4 cap={T // 3}; 0.6 t={2 * T} cap={T * 3 // 4}; +3 cap=10"]
+        for plan in plans:
+            for shuffle in (False, True):
+                steps = 30
+                what = (f"--stages {plan!r}, T {T}, z {Z}, B {B} x {world} process(es)"
+                        f"{', shuffled' if shuffle else ''}, {steps} steps")
+                port, epoch = port_stage_rows(pattern, B, world, shuffle, 1337, plan, T, Z, steps)
+                out = f"{scratch}/dump_stages.bin"
+                _, result = run_cpp(what, ["build/test_dataloader", "--dump-stages", out, pattern, str(B), str(world),
+                                           str(int(shuffle)), "1337", plan, str(T), str(Z), str(steps)])
+                if result is None:
+                    continue
+                if result.returncode != 0:
+                    print(f"{what}: C++ and train_gpt2.py\tC++ exit {result.returncode}: {result.stderr.strip()!r}")
+                    continue
+                cpp = np.fromfile(out, np.int32)
+                same = cpp.shape == port.shape and (cpp == port).all()
+                differ = next((i for i in range(min(len(cpp), len(port))) if cpp[i] != port[i]), None)
+                print(f"{what} (to epoch {epoch}): C++ and train_gpt2.py\t"
+                      f"{'same' if same else f'{len(cpp)} and {len(port)} tokens, first difference at {differ}'}")
+
+
 def reference_rows(pattern, B, T, grad_accum, world, **edits):
     """The reference's sequences over world*B processes of one row each (rank r's row b is the
     reference's rank r*B + b), in stream order, until it stops; and how it stopped. `edits`: the
@@ -242,6 +346,8 @@ def main(scratch):
                 print(f"{setting}: the reference reads {count} sequences before its window runs out\t"
                       f"{'same' if len(reference) == count else len(reference)}")
     check_bench_edit(patterns, layouts, T)
+    check_plan_dumps(scratch)
+    check_stage_rows(scratch, patterns["short"], T)
 
     # modded-nanogpt's own setting: T = 48K, 8 processes of one micro batch, a window of 786,432
     # tokens; a 663,000-token document after 16 of T tokens (the third step starts at it).

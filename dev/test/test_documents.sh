@@ -9,15 +9,20 @@
 # document at its own T = 48K over 8 processes; its IndexError on a shard without a document
 # start); and the bench's copy of it (dev/bench_quality.py: each micro step searching 16 x a step's
 # tokens) reading train_gpt2.py's sequences past those stops, where a window of 16 x would have
-# moved the switch to the next shard. Scratch files go to build/scratch/test_documents.
+# moved the switch to the next shard. Then the stage plan: each step's plan of llmc/stages.h
+# (build/test_stages --dump) against train_gpt2.py's --stages, and the sequences of loaders
+# following a plan (build/test_dataloader --dump-stages: a document cap, reshaped between steps)
+# against train_gpt2.py's. Scratch files go to build/scratch/test_documents.
 #
 #   bash dev/test/test_documents.sh     (PYTHON=... to pick the python with torch)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
-MAKEFLAGS= ${MAKE:-make} -s build/test_dataloader || exit 1
 source dev/test/lib.sh
+# MAKEFLAGS cleared: under `make test` the caller's jobserver is not open to this make.
+for program in build/test_dataloader build/test_stages; do
+  MAKEFLAGS= ${MAKE:-make} -s "$program" || check "$program builds" "no" "yes"
+done
 require_python torch test_documents PYTHON
 SCRATCH=build/scratch/test_documents
 rm -rf "$SCRATCH"
