@@ -1462,9 +1462,9 @@ class StagePlan:
             cumulative += stage.share
             end = num_iterations if i == scheduled - 1 else round(cumulative * num_iterations)
             start = self.ends[-1] if self.ends else 0
-            if end <= start:
-                fail(f"--stages: stage {i + 1} gets 0 steps (its share ends at step {end}, where stage {i}'s "
-                     f"does) of {steps_flag} {num_iterations}; give it a larger share or more {steps_flag}")
+            if end <= start and scheduled > 1:
+                fail(f"--stages: stage {i + 1} gets 0 steps (its share ends at step {end}, where the stage "
+                     f"before's does) of {steps_flag} {num_iterations}; give it a larger share or more {steps_flag}")
             self.ends.append(end)
 
     @property

@@ -211,7 +211,7 @@ class StagePlan {
                        s.cap ? strformat("documents capped at %d tokens", s.cap).c_str() : "no document cap",
                        s.window == kWindowSchedule ? "the schedule's"
                        : s.window == 0             ? "none"
-                                                   : strformat("%d blocks", s.window).c_str(),
+                                                   : strformat("%d block%s", s.window, s.window == 1 ? "" : "s").c_str(),
                        s.lr_multiplier);
     }
     return out;

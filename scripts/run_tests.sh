@@ -553,6 +553,14 @@ gpu_against_pytorch() {
     fi
     against_pytorch "$name" "$dir"
   done
+  # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
+  # stage's, across a boundary where T doubles, and the speedrun's extension steps.
+  staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
+    --batch_size 2 --seq_len 512
+  staged_against_pytorch stages_modern_d12 "0.5 t=128; 0.5 aw=2 lr=0.5" --recipe modern --model d12 \
+    --debug_noise 0.02 --documents 1 --window_blocks 1 --batch_size 2 --seq_len 256 --total_batch_size -1
+  staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
+    --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
@@ -577,6 +585,18 @@ gpu_against_pytorch() {
       "$head_dir/gpt2_speedrun_d12_muon_fp8_head_debug_state.bin"
   fi
   speedrun_validation_against_pytorch $device
+}
+
+# A debug state of train_gpt2.py's steps under a stage plan (its 10 steps shared out by PLAN), then
+# test_gpt2cu and test_gpt2fp32cu against it: staged_against_pytorch NAME PLAN TRAIN_GPT2_PY_ARGS...
+staged_against_pytorch() {
+  local name=$1 plan=$2 device=cpu
+  shift 2
+  "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
+  local dir="$REF/gpu_$name"
+  run "reference_$name" "$PYTHON" train_gpt2.py "$@" --stages "$plan" --write_debug_state "$dir" --debug_steps 10 \
+    --seed 42 --device $device
+  against_pytorch "$name" "$dir"
 }
 
 # The speedrun's validation at -vt (a forward pass of its own: one layer's activations, the head in

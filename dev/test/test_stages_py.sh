@@ -56,7 +56,7 @@ cases = [  # (plan, extra flags, what the error says)
     ("-0.5; 1.5", [], "stage 1 begins with '-0.5'"),
     ("0.5; 0.4", [], "the shares of stages 1 to 2 sum to 0.9, not 1"),
     ("+5; 1", [], "stage 1 is +5 extension steps, which only the last stage can be"),
-    ("0.01; 0.99", [], "stage 1 gets 0 steps (its share ends at step 0, where stage 0's does) of --num_iterations 10"),
+    ("0.01; 0.99", [], "stage 1 gets 0 steps (its share ends at step 0, where the stage before's does) of --num_iterations 10"),
     ("0.5; 0.5 t=256", [], "stage 2 sets t=256 (the first stage's is 128): a sequence length that changes between "
                            "stages needs document-aligned sequences (--documents 1)"),
     ("1 cap=64", [], "stage 1 sets cap=64: a document cap needs document-aligned sequences (--documents 1)"),
