@@ -11023,9 +11023,13 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
                                          checkpoint_mode(r.checkpoints, checkpoint_pin_asked(a, r.train_steps)));
   const llmc::StagePlan& stages = r.stages;
   const int B = a.B, world = r.mg.world;
-  r.summary.reset(new llmc::RunSummary(run_start, [&stages, B, world](long steps) {
-    return stages.tokens_through(steps, B, world);
-  }));
+  if (stages.stages().size() == 1) {
+    r.summary.reset(new llmc::RunSummary(run_start, r.step.tokens));
+  } else {
+    r.summary.reset(new llmc::RunSummary(run_start, [&stages, B, world](long steps) {
+      return stages.tokens_through(steps, B, world);
+    }));
+  }
   if (r.logger && resume_step >= 0) r.summary->add_logged(llmc::read_run_log(r.logger->path()));
   // Where a resume's time goes: the model file's part (read and uploaded), the state's, and all of
   // it up to here (those, the GPU's setup, the checkpoints' pinned buffers).

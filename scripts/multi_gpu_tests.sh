@@ -24,6 +24,10 @@
 #  - packed documents (-pd 1) with the window's schedule (-aw -1), each rank its own sequences:
 #    2 ranks x 1 micro batch against 1 rank x 2 (the same sequences), two 2-rank runs bit for bit,
 #    resume bit for bit, 2 ranks resumed on 1 and 1 on 2;
+#  - a stage plan (-sp) on packed documents: T, the tokens a step, the document cap, the window and
+#    the rate changing at step 6 of 10 (11 of 20): rank equivalence, two 2-rank runs bit for bit,
+#    resume bit for bit across the boundary, and a checkpoint of the step before it resumed on the
+#    other process count;
 #  - the speedrun recipe (-recipe speedrun, each rank its own sequence of packed documents, its
 #    FP8 head where the GPU has FP8 products): 2 ranks x 2 micro batches against 1 rank x 4 (the
 #    same sequences; BF16 within 2e-2, FP32 within 2e-3), two 2-rank runs bit for bit, resume bit
@@ -38,12 +42,12 @@
 #
 # usage: scripts/multi_gpu_tests.sh [OUTDIR [GROUP...]]   (default build/test_multi_gpu, every group)
 #   The groups, in the order they run: gpt2_ranks_test modern_recipe_test packed_documents_test
-#   speedrun_test gpt2_muon_test overlap_test zero_test reshard_test by_hand_test lost_rank_test
+#   stages_test speedrun_test gpt2_muon_test overlap_test zero_test reshard_test by_hand_test lost_rank_test
 #   multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test speed_test
 set -u
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
-test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test speedrun_test gpt2_muon_test overlap_test
+test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test stages_test speedrun_test gpt2_muon_test overlap_test
   zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
   speed_test)
 out=${1:-build/test_multi_gpu}
@@ -345,6 +349,15 @@ modern_recipe_test() {
 # rank and a 1-rank one on 2, within the tolerance of the runs that never stopped).
 packed_documents_test() {
   ranks_sequence packed 4 $common -pd 1 -aw -1 -b 4 -v 5 -z 2048
+}
+
+# A stage plan on packed documents: a step's tokens double where T does (2 micro batches of 4 x 256
+# on 1 rank, then of 4 x 512; 1 micro batch on each of 2 ranks), the document cap, the window and the
+# rate change, at step 6 of -x 10 and step 11 of -x 20 (ranks_sequence's resumes: from step 10 of
+# 20, and from step 5 of 10 on the other process count, each the last step before its boundary).
+stages_test() {
+  ranks_sequence stages 4 $common -pd 1 -b 4 -v 5 -z 2048 -aw 1 \
+    -sp "0.55 cap=64; 0.45 t=512 z=4096 cap=128 aw=3 lr=0.8"
 }
 
 # The speedrun recipe (record #28: packed documents in the window's schedule, Muon and Adam, value

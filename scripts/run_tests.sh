@@ -555,11 +555,11 @@ gpu_against_pytorch() {
   done
   # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
   # stage's, across a boundary where T doubles, and the speedrun's extension steps.
-  staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
+  staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
     --batch_size 2 --seq_len 512
-  staged_against_pytorch stages_modern_d12 "0.5 t=128; 0.5 aw=2 lr=0.5" --recipe modern --model d12 \
+  staged_against_pytorch stages_modern_d12 "0.5 t=128; 0.5 t=256 aw=2 lr=0.5" --recipe modern --model d12 \
     --debug_noise 0.02 --documents 1 --window_blocks 1 --batch_size 2 --seq_len 256 --total_batch_size -1
-  staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
+  staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 t=256 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
     --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
