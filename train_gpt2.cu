@@ -10534,13 +10534,17 @@ std::string architecture_description(const llmc::ArchSpec& s) {
 }
 
 // -pd and -aw: the training sequences and what a token attends to.
-std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan) {
+std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan, const llmc::StagePlan& stages) {
   if (!a.documents) return "causal, over contiguous training sequences";
   const char* documents = "within each document (token 50256 opens each) of document-aligned training "
                           "sequences, validation's contiguous";
   const bool short_layers = plan.windows().find((char)llmc::LayerWindow::kShort) != std::string::npos;
   const std::string layers = short_layers ? ", N/2 in the short layers (" + plan.windows() + ")" : " in every layer";
-  if (a.window_blocks == 0) return llmc::strformat("%s; every earlier token of it", documents);
+  if (stages.max_window() == 0) return llmc::strformat("%s; every earlier token of it", documents);
+  if (stages.stages().size() > 1) {
+    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N each stage's (the stages row)", documents,
+                           llmc::kAttentionBlock, layers.c_str());
+  }
   if (a.window_blocks == llmc::kWindowSchedule) {
     return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N growing from 1 to %d over the "
                            "steps", documents, llmc::kAttentionBlock, layers.c_str(),
@@ -10581,10 +10585,10 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
   table.row("architecture", architecture_description(m.arch()));
-  table.row("layers", m.plan.describe(a.documents && a.window_blocks != 0));
+  table.row("layers", m.plan.describe(a.documents && stages.max_window() != 0));
   table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
-  table.row("attention", attention_description(a, m.plan));
+  table.row("attention", attention_description(a, m.plan, stages));
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   table.row("head", head_description(a, m));
@@ -10673,7 +10677,8 @@ double gpt2_init_start(GPT2& m, StartParams start, StateSpec spec, uint64_t seed
 
 // -h 1's examples, which must fit one forward pass of -b rows of -t tokens. A missing -hs file is
 // named with the script that makes the default one.
-llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
+// T: the rows' length, the longest of the stage plan's (-t without one).
+llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size, int T) {
   REQUIRE(a.B >= llmc::kHellaSwagEndings, "HellaSwag evaluates %d rows at once: use -b %d or more",
           llmc::kHellaSwagEndings, llmc::kHellaSwagEndings);
   const char* path = a.hellaswag_path.c_str();
@@ -10686,8 +10691,8 @@ llmc::HellaSwagSet read_hellaswag(const TrainArgs& a, int vocab_size) {
     case llmc::PathKind::kFile: break;
   }
   llmc::HellaSwagSet set = llmc::hellaswag_read(a.hellaswag_path, vocab_size);
-  REQUIRE(set.longest_row <= a.T, "HellaSwag examples take up to %d tokens: use -t %d or more",
-          set.longest_row, set.longest_row);
+  REQUIRE(set.longest_row <= T, "HellaSwag examples take up to %d tokens: use -t %d or more%s", set.longest_row,
+          set.longest_row, a.stages.empty() ? "" : " (with -sp: a stage's t of that or more)");
   return set;
 }
 
@@ -10827,7 +10832,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
-  if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size);
+  if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size, in.stages.max_T());
   if (!a.output_dir.empty()) {
     // A log with no complete checkpoint beside it is of a run that -y 1 cannot resume.
     const char* resume_with = llmc::latest_checkpoint_step(a.output_dir) >= 0 ? "-y 1" : nullptr;
