@@ -10767,6 +10767,9 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
           "changes between stages needs document-aligned sequences (-pd 1)", change + 1, plan.stages()[change].T,
           plan.stages()[0].T);
   REQUIRE(a.documents || !plan.has_cap(), "-sp: a document cap (cap=N) cuts document-aligned sequences: add -pd 1");
+  REQUIRE(!a.overfit || change == 0, "-a 1 trains on its first batch, of the first stage's t=%d, and -sp stage %d sets "
+          "t=%d: keep t the same in every stage, or leave -a 1 out", plan.stages()[0].T, change + 1,
+          plan.stages()[change].T);
   return plan;
 }
 

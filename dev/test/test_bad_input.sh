@@ -447,6 +447,8 @@ if has_flag -sp; then
   expect "-sp stage's window wider than its t" "^error: -sp stage 2 \(t=256 z=-1 aw=9\): -aw 9 counts blocks of 128 tokens, and t 256 is 2 blocks" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2; 1/2 t=256 aw=9"
   expect "-sp with -x -1" "-sp shares out -x's steps among its 2 stages: give -x" -sp "1/2; 1/2" -x -1
+  expect "-sp t changing with -a 1" "-a 1 trains on its first batch, of the first stage's t=128, and -sp stage 2 sets t=256" \
+    -e d12 -t 128 -b 1 -pd 1 -a 1 -sp "1/2; 1/2 t=256"
 else
   skip "-sp" "$TRAINER has no -sp"
 fi
