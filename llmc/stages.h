@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -31,6 +32,17 @@
 #include "utils.h"
 
 namespace llmc {
+
+// A plan's numbers are plain, as train_gpt2.py reads them: an integer's digits (a minus where -1 is
+// taken), a decimal's digits, point and exponent; no plus sign, hex or inf.
+inline bool plain_integer(const std::string& s) {
+  const size_t digits = !s.empty() && s[0] == '-' ? 1 : 0;
+  return s.size() > digits && s.find_first_not_of("0123456789", digits) == std::string::npos;
+}
+inline bool plain_decimal(const std::string& s) {
+  return !s.empty() && (std::isdigit((unsigned char)s[0]) || s[0] == '.') &&
+         s.find_first_not_of("0123456789.eE+-") == std::string::npos;
+}
 
 // What a stage sets; the flags' values fill the first stage.
 struct Stage {
@@ -231,7 +243,7 @@ class StagePlan {
     char* end = nullptr;
     errno = 0;
     const double share = strtod(word.c_str(), &end);
-    if (end == word.c_str() || *end != '\0' || errno != 0 || !(share > 0.0) || !std::isfinite(share)) {
+    if (!plain_decimal(word) || *end != '\0' || errno != 0 || !(share > 0.0) || !std::isfinite(share)) {
       fail(strformat("share '%s' is not a positive number, a fraction like 1/3, or +E extension steps", word.c_str()));
     }
     return share;
@@ -241,7 +253,7 @@ class StagePlan {
     char* end = nullptr;
     errno = 0;
     const long n = strtol(digits.c_str(), &end, 10);
-    if (digits.empty() || end == digits.c_str() || *end != '\0' || errno != 0 || n <= 0 || n > INT32_MAX) {
+    if (!plain_integer(digits) || *end != '\0' || errno != 0 || n <= 0 || n > INT32_MAX) {
       fail(strformat("'%s': give a share as a fraction of positive integers (1/3), a decimal, or +E", word.c_str()));
     }
     return n;
@@ -251,7 +263,7 @@ class StagePlan {
     char* end = nullptr;
     errno = 0;
     const long n = strtol(word.c_str() + 1, &end, 10);
-    if (word.size() < 2 || *end != '\0' || errno != 0 || n < 1 || n > INT32_MAX) {
+    if (!plain_integer(word.substr(1)) || *end != '\0' || errno != 0 || n < 1 || n > INT32_MAX) {
       fail(strformat("'%s': give extension steps as +E, E a whole number from 1", word.c_str()));
     }
     return n;
@@ -261,7 +273,7 @@ class StagePlan {
     char* end = nullptr;
     errno = 0;
     const long n = strtol(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno != 0 || n < lo || n > hi) {
+    if (!plain_integer(value) || *end != '\0' || errno != 0 || n < lo || n > hi) {
       fail(strformat("%s=%s: give an integer from %ld to %ld", key.c_str(), value.c_str(), lo, hi));
     }
     return n;
@@ -280,7 +292,7 @@ class StagePlan {
     } else if (key == "lr") {
       char* end = nullptr;
       s.lr_multiplier = strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(s.lr_multiplier >= 0.0) || !std::isfinite(s.lr_multiplier)) {
+      if (!plain_decimal(value) || *end != '\0' || !(s.lr_multiplier >= 0.0) || !std::isfinite(s.lr_multiplier)) {
         fail(strformat("lr=%s: give the learning-rate multiplier, a number of 0 or more", value.c_str()));
       }
     } else {

@@ -96,6 +96,11 @@ void test_errors() {
   bad("1 lr=-1", 10, "lr=-1");
   bad("1 z=0", 10, "z=0");
   bad("1 aw=-2", 10, "aw=-2");
+  bad("1 t=+64", 10, "t=+64");      // plain numbers, as train_gpt2.py reads them
+  bad("+1/2; 1/2", 10, "'+1/2'");
+  bad("0x1p-1; 0x1p-1", 10, "share '0x1p-1'");
+  bad("1; ++2", 10, "'++2'");
+  bad("1 lr=0x1p0", 10, "lr=0x1p0");
   bad("0.95; 0.05", 5, "stage 2 of 2 gets no step of -x 5");
   check_throws([] { resolved("1 z=1000", 4).at(0, 2, 1); }, "-z 1000 is not a multiple of B*T*processes",
                "one stage's z that B*T*processes does not divide names -z");
