@@ -1796,7 +1796,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
         else:
-            losses.append(debug_loss(model, xs, ys, args, autocast))
+            losses.append(debug_forward_backward(model, xs, ys, args, autocast)[1].item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
         clip_gradients(params, args.grad_clip)
         for owner, group in groups:
@@ -1844,23 +1844,19 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}{kind}_debug_state.bin")
 
 
-def debug_loss(model, x, y, args, autocast):
-    """The mean loss of one forward and backward of x, y; the gradients left in the parameters."""
-    with autocast:
-        loss = model(x, y, args.loss_reduction)[1]
-    model.zero_grad(set_to_none=True)
-    loss.backward()
-    return (loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()).item()
-
-
-def debug_first_values(model, x, y, params, args, autocast):
-    """The debug state's logits, mean loss and gradients of one forward and backward of x, y."""
+def debug_forward_backward(model, x, y, args, autocast):
+    """One forward and backward of x, y, the gradients left in the parameters: (logits, mean loss)."""
     with autocast:
         logits, loss = model(x, y, args.loss_reduction)
     model.zero_grad(set_to_none=True)
     loss.backward()
-    mean_loss = loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()
-    return [logits.detach().cpu(), mean_loss.cpu()] + [p.grad.detach().cpu().clone() for p in params]
+    return logits.detach(), loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()
+
+
+def debug_first_values(model, x, y, params, args, autocast):
+    """The debug state's logits, mean loss and gradients of one forward and backward of x, y."""
+    logits, mean_loss = debug_forward_backward(model, x, y, args, autocast)
+    return [logits.cpu(), mean_loss.cpu()] + [p.grad.detach().cpu().clone() for p in params]
 
 
 # The debug state's header keeps the text of its --stages in slots 32 to 253, 4 bytes a slot in
