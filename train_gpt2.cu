@@ -6616,8 +6616,13 @@ void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
   cudaCheckLaunch();
 }
 
+// One slice's AdamW hyperparameters: its parameter role's row of llmc::OptimizerTable at the step.
+struct AdamWRates {
+  float lr, beta1, beta2, eps, weight_decay;
+};
+
+// What every slice of one update shares.
 struct AdamWParams {
-  float lr, beta1, beta2, eps, weight_decay;  // lr and weight_decay: each slice has its own
   float grad_scale;  // clipping factor applied to every gradient
   int step;          // 1-based, for bias correction
 };
@@ -6712,7 +6717,8 @@ void optimizer_arrays_free(OptimizerArrays& a) {
 }
 
 // The tensors (or, with ZeRO, the parts of them in this rank's shard) that one AdamW launch
-// updates. Each slice has its own learning rate, weight decay and rounding seed; index_offset is
+// updates. Each slice has its own rates (learning rate, betas, eps, weight decay; adamw_update
+// adds their bias corrections) and rounding seed; index_offset is
 // the position of the slice's first element in its tensor, so that the rounding bits do not
 // depend on where the shards are cut; state is the position of that element in the moments'
 // arrays (StateLayout). The launch gives each slice whole blocks, first_block[i] onwards.
@@ -6727,22 +6733,22 @@ struct AdamWSlices {
   size_t size[kMaxAdamWSlices] = {};
   size_t index_offset[kMaxAdamWSlices] = {};
   size_t state[kMaxAdamWSlices] = {};
-  float lr[kMaxAdamWSlices] = {};
-  float weight_decay[kMaxAdamWSlices] = {};
+  AdamWRates rates[kMaxAdamWSlices] = {};
+  float beta1_correction[kMaxAdamWSlices] = {};  // 1 - beta1^step, set by adamw_update
+  float beta2_correction[kMaxAdamWSlices] = {};
   uint32_t seed[kMaxAdamWSlices] = {};
   bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
   bool fp8_head[kMaxAdamWSlices] = {};    // the FP8 head's weight: its copy by fp8_head_weight_copy
 
   void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, size_t slice_state,
-           float slice_lr, float decay, uint32_t slice_seed, bool slice_bf16_state = false,
+           const AdamWRates& slice_rates, uint32_t slice_seed, bool slice_bf16_state = false,
            bool slice_fp8_head = false) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
-    lr[count] = slice_lr;
     size[count] = slice_size;
     index_offset[count] = slice_index_offset;
     state[count] = slice_state;
-    weight_decay[count] = decay;
+    rates[count] = slice_rates;
     seed[count] = slice_seed;
     bf16_state[count] = slice_bf16_state;
     fp8_head[count] = slice_fp8_head;
@@ -6756,13 +6762,12 @@ __device__ __forceinline__ float bf16_nearest(float x) { return __bfloat162float
 // bf16_state: the update from the new moments in FP32, then the moments and the weight rounded to
 // nearest BF16, as the speedrun's reference computes its BF16 tensors' steps (in FP32 from BF16
 // loads, each result stored once in BF16).
-__device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWParams& hp,
-                                               float lr, float weight_decay, float beta1_correction,
-                                               float beta2_correction, bool bf16_state) {
-  m = hp.beta1 * m + (1.0f - hp.beta1) * g;
-  v = hp.beta2 * v + (1.0f - hp.beta2) * g * g;
+__device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWRates& r,
+                                               float beta1_correction, float beta2_correction, bool bf16_state) {
+  m = r.beta1 * m + (1.0f - r.beta1) * g;
+  v = r.beta2 * v + (1.0f - r.beta2) * g * g;
   const float mhat = m / beta1_correction, vhat = v / beta2_correction;
-  const float updated = old - lr * (mhat / (sqrtf(vhat) + hp.eps) + weight_decay * old);
+  const float updated = old - r.lr * (mhat / (sqrtf(vhat) + r.eps) + r.weight_decay * old);
   if (!bf16_state) return updated;
   m = bf16_nearest(m);
   v = bf16_nearest(v);
@@ -6783,7 +6788,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
     floatX* __restrict__ params, float* __restrict__ master, const floatX* __restrict__ grads,
     float* __restrict__ m, float* __restrict__ v, float* __restrict__ to_master,
     float* __restrict__ to_m, float* __restrict__ to_v, size_t state_offset, AdamWSlices slices,
-    AdamWParams hp, float beta1_correction, float beta2_correction) {
+    float grad_scale) {
   float* const out_m = kMoved ? to_m : m;
   float* const out_v = kMoved ? to_v : v;
   float* const out_master = kMoved ? to_master : master;
@@ -6792,7 +6797,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const size_t local = ((size_t)(blockIdx.x - slices.first_block[s]) * kAdamWThreads + threadIdx.x) * x128::size;
   if (local >= slices.size[s]) return;
   const size_t p = slices.begin[s] + local, st = p - state_offset, sm = slices.state[s] + local;
-  const float lr = slices.lr[s], decay = slices.weight_decay[s];
+  const AdamWRates rates = slices.rates[s];
+  const float beta1_correction = slices.beta1_correction[s], beta2_correction = slices.beta2_correction[s];
   const uint32_t seed = slices.seed[s];
   const bool bf16_state = slices.bf16_state[s], fp8_head = slices.fp8_head[s];
   const size_t index = slices.index_offset[s] + local;
@@ -6802,8 +6808,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
     for (size_t i = 0; i < x128::size && local + i < slices.size[s]; i++) {
       float mi = m[sm + i], vi = v[sm + i];
       const float old = master ? master[st + i] : (float)params[p + i];
-      const float updated = adamw_element((float)grads[p + i] * hp.grad_scale, mi, vi, old, hp, lr, decay,
-                                          beta1_correction, beta2_correction, bf16_state);
+      const float updated = adamw_element((float)grads[p + i] * grad_scale, mi, vi, old, rates, beta1_correction,
+                                          beta2_correction, bf16_state);
       out_m[sm + i] = mi;
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
@@ -6831,8 +6837,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
     for (int k = 0; k < f128::size; k++) {
       const int e = piece * f128::size + k;
       const float previous = master ? old[piece][k] : (float)stored[e];
-      old[piece][k] = adamw_element((float)g[e] * hp.grad_scale, mi[piece][k], vi[piece][k], previous, hp,
-                                    lr, decay, beta1_correction, beta2_correction, bf16_state);
+      old[piece][k] = adamw_element((float)g[e] * grad_scale, mi[piece][k], vi[piece][k], previous, rates,
+                                    beta1_correction, beta2_correction, bf16_state);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
       if (fp8_head) out[e] = fp8_head_weight_copy(out[e], old[piece][k]);
     }
@@ -6856,17 +6862,20 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
   if (slices.count == 0) return;
   REQUIRE(!to.adam_m || (to.adam_v && !from.master == !to.master), "adamw_update: the new state needs m, v%s",
           from.master ? " and master" : "");
-  const float c1 = 1.0f - powf(hp.beta1, (float)hp.step);
-  const float c2 = 1.0f - powf(hp.beta2, (float)hp.step);
+  AdamWSlices launch = slices;
+  for (int s = 0; s < launch.count; s++) {
+    launch.beta1_correction[s] = 1.0f - powf(launch.rates[s].beta1, (float)hp.step);
+    launch.beta2_correction[s] = 1.0f - powf(launch.rates[s].beta2, (float)hp.step);
+  }
   const int blocks = slices.first_block[slices.count];
   if (to.adam_m) {
     adamw_kernel<true><<<blocks, kAdamWThreads, 0, stream>>>(params, from.master, grads, from.adam_m, from.adam_v,
                                                              to.master, to.adam_m, to.adam_v, state_offset,
-                                                             slices, hp, c1, c2);
+                                                             launch, hp.grad_scale);
   } else {
     adamw_kernel<false><<<blocks, kAdamWThreads, 0, stream>>>(params, from.master, grads, from.adam_m,
                                                               from.adam_v, nullptr, nullptr, nullptr,
-                                                              state_offset, slices, hp, c1, c2);
+                                                              state_offset, launch, hp.grad_scale);
   }
   cudaCheckLaunch();
 }
@@ -9279,23 +9288,19 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
   nvtxRangePush("update");
   m.optimizer_steps++;
-  const llmc::RoleOptimizer& adamw = llmc::adamw_shared_row(opt);
-  AdamWParams hp = {};  // lr and weight decay: each slice's, from its role's row
-  hp.lr = lr;
-  hp.beta1 = adamw.beta1;
-  hp.beta2 = adamw.beta2;
+  AdamWParams hp = {};
   const float clip = opt.grad_clip;
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
-  hp.eps = opt.adamw_eps(adamw, hp.step);
   const uint32_t seed = m.rng.u32();
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
     const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
-    slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i],
-               lr * row.lr, row.weight_decay, seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
+    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay};
+    slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i], rates,
+               seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
                i == llmc::kHeadw && fp8_head_support(m.arch()));
   }
   if (opt.muon()) gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), lr_fraction, seed, muon_spread);

@@ -243,22 +243,6 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   return t;
 }
 
-// The betas and eps of the table's AdamW rows, which one kernel updates with one set for every
-// tensor: the first AdamW row, or a failure naming two roles that differ.
-inline const RoleOptimizer& adamw_shared_row(const OptimizerTable& t) {
-  const RoleOptimizer* first = nullptr;
-  for (const RoleOptimizer& row : t.roles) {
-    if (row.method != OptimizerKind::kAdamW) continue;
-    if (!first) first = &row;
-    if (row.beta1 != first->beta1 || row.beta2 != first->beta2 || row.eps != first->eps) {
-      LLMC_FAIL("AdamW's roles %d and %d have different betas or eps: its update takes one set for every tensor",
-                (int)(first - t.roles), (int)(&row - t.roles));
-    }
-  }
-  if (!first) LLMC_FAIL("no role is AdamW's: it updates the embeddings");
-  return *first;
-}
-
 // The start-up table's optimizers, from the run's record (what optimizer_table makes of it), the
 // rates at the schedule's peak.
 inline std::string optimizer_description(const Recipe& r, bool bf16_build) {

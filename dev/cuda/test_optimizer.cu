@@ -35,25 +35,33 @@ void test_global_norm(size_t n, size_t offset, llmc::Rng& rng) {
   check_same_bits("twice", bits, Snapshot(out));
 }
 
-// GPT-2's AdamW settings at a later step, with gradient clipping in effect (grad_scale < 1).
-AdamWParams test_hyperparameters(float grad_scale, int step) {
+// A slice's rates and what the update shares.
+struct AdamWCase {
+  AdamWRates rates;
   AdamWParams hp;
-  hp.lr = 1e-3f;
-  hp.beta1 = 0.9f;
-  hp.beta2 = 0.95f;
-  hp.eps = 1e-8f;
-  hp.weight_decay = 0.1f;
-  hp.grad_scale = grad_scale;
-  hp.step = step;
-  return hp;
+
+  AdamWRates with_decay(float weight_decay) const {
+    AdamWRates r = rates;
+    r.weight_decay = weight_decay;
+    return r;
+  }
+};
+
+// GPT-2's AdamW settings at a later step, with gradient clipping in effect (grad_scale < 1).
+AdamWCase test_hyperparameters(float grad_scale, int step) {
+  AdamWCase t;
+  t.rates = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  t.hp.grad_scale = grad_scale;
+  t.hp.step = step;
+  return t;
 }
 
-cpu::AdamWConfig cpu_config(const AdamWParams& hp) {
+cpu::AdamWConfig cpu_config(const AdamWRates& r) {
   cpu::AdamWConfig config;
-  config.beta1 = hp.beta1;
-  config.beta2 = hp.beta2;
-  config.eps = hp.eps;
-  config.weight_decay = hp.weight_decay;
+  config.beta1 = r.beta1;
+  config.beta2 = r.beta2;
+  config.eps = r.eps;
+  config.weight_decay = r.weight_decay;
   return config;
 }
 
@@ -66,7 +74,8 @@ void random_moments(llmc::Rng& rng, std::vector<float>& m, std::vector<float>& v
 void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
   printf("\nadamw n=%zu, %s master weights, %s weight decay\n", n, master ? "with" : "without",
          decay ? "with" : "without");
-  const AdamWParams hp = test_hyperparameters(0.5f, 3);
+  const AdamWCase t = test_hyperparameters(0.5f, 3);
+  const AdamWParams& hp = t.hp;
   // GPT-2-like weights, std 0.02: the update (about lr) is several BF16 ulps of a weight.
   const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f);
   const std::vector<float> grads = random_stored(rng, n, 0.0f, 1.0f);
@@ -79,8 +88,8 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
 
   std::vector<float> ref_params = start, ref_m = m0, ref_v = v0, scaled(n);
   for (size_t i = 0; i < n; i++) scaled[i] = grads[i] * hp.grad_scale;
-  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, hp.lr,
-                    cpu_config(hp), decay, hp.step);
+  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, t.rates.lr,
+                    cpu_config(t.rates), decay, hp.step);
 
   DeviceArray<floatX> params(n), d_grads(grads);
   DeviceArray<float> d_master(n), m(n), v(n);
@@ -91,7 +100,7 @@ void test_adamw(size_t n, bool master, bool decay, llmc::Rng& rng) {
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
-    slices.add(0, n, 0, 0, hp.lr, decay ? hp.weight_decay : 0.0f, seed);
+    slices.add(0, n, 0, 0, t.with_decay(decay ? t.rates.weight_decay : 0.0f), seed);
     OptimizerArrays from;
     from.adam_m = m;
     from.adam_v = v;
@@ -162,18 +171,18 @@ struct MasterSlice {
               const std::vector<float>& v0)
       : start(start), m0(m0), v0(v0), params(start.size()), grads(grads), master(start.size()), m(start.size()),
         v(start.size()) {}
-  void run(const AdamWParams& hp, float decay, uint32_t seed, bool bf16_state, bool fp8_head) {
+  void run(const AdamWCase& t, float decay, uint32_t seed, bool bf16_state, bool fp8_head) {
     params.upload(start);
     master.upload(start);
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
-    slices.add(0, start.size(), 0, 0, hp.lr, decay, seed, bf16_state, fp8_head);
+    slices.add(0, start.size(), 0, 0, t.with_decay(decay), seed, bf16_state, fp8_head);
     OptimizerArrays from;
     from.adam_m = m;
     from.adam_v = v;
     from.master = master;
-    adamw_update(params, grads, from, 0, slices, hp, 0);
+    adamw_update(params, grads, from, 0, slices, t.hp, 0);
   }
   Snapshot bits() const { return Snapshot(params, master, m, v); }
 };
@@ -185,7 +194,8 @@ struct MasterSlice {
 // nearest, not stochastically); twice, the same bits.
 void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   printf("\nadamw n=%zu, the moments and weights rounded to nearest BF16\n", n);
-  const AdamWParams hp = test_hyperparameters(0.5f, 3);
+  const AdamWCase t = test_hyperparameters(0.5f, 3);
+  const AdamWParams& hp = t.hp;
   std::vector<float> start = random_stored(rng, n, 0.0f, 1.0f), m0(n), v0(n);
   random_moments(rng, m0, v0);
   for (std::vector<float>* x : {&start, &m0, &v0}) {
@@ -194,13 +204,13 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   const std::vector<float> grads = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> ref_params = start, ref_m = m0, ref_v = v0, scaled(n);
   for (size_t i = 0; i < n; i++) scaled[i] = grads[i] * hp.grad_scale;
-  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, hp.lr, cpu_config(hp), true,
-                    hp.step);
+  cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, t.rates.lr, cpu_config(t.rates),
+                    true, hp.step);
   for (std::vector<float>* x : {&ref_params, &ref_m, &ref_v}) {
     for (float& e : *x) e = bf16_value(e);
   }
   MasterSlice slice(start, grads, m0, v0);
-  auto run = [&](uint32_t seed) { slice.run(hp, hp.weight_decay, seed, true, false); };
+  auto run = [&](uint32_t seed) { slice.run(t, t.rates.weight_decay, seed, true, false); };
   const uint32_t seed = rng.u32();
   run(seed);
   const std::vector<float> got_m = slice.m.download(), got_v = slice.v.download();
@@ -235,15 +245,15 @@ __nv_fp8_storage_t head_weight_byte(float x) {
 // bits. Then gpt2_init's host copy of FP32 values: rounded to nearest and moved alike.
 void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
   printf("\nadamw n=%zu, the FP8 head's weight: BF16 copies that cast as the master weights do\n", n);
-  const AdamWParams hp = test_hyperparameters(0.01f, 3);
+  const AdamWCase t = test_hyperparameters(0.01f, 3);
   const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f), grads = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> m0(n), v0(n);
   random_moments(rng, m0, v0);
   MasterSlice slice(master0, grads, m0, v0);
   const uint32_t seed = rng.u32();
-  slice.run(hp, 0.0f, seed, false, false);
+  slice.run(t, 0.0f, seed, false, false);
   const std::vector<float> plain = slice.params.download();
-  slice.run(hp, 0.0f, seed, false, true);
+  slice.run(t, 0.0f, seed, false, true);
   const std::vector<float> got = slice.params.download(), updated = slice.master.download();
   size_t mismatched = 0, moved = 0, far = 0, plain_mismatched = 0;
   for (size_t i = 0; i < n; i++) {
@@ -261,7 +271,7 @@ void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
                          llmc::strformat("only the %zu copies a plain slice casts otherwise move, one ulp (%zu others)",
                                          plain_mismatched, moved));
   const Snapshot bits = slice.bits();
-  slice.run(hp, 0.0f, seed, false, true);
+  slice.run(t, 0.0f, seed, false, true);
   check_same_bits("twice", bits, slice.bits());
   if (n < 1000) return;
   std::vector<floatX> host(n);
@@ -336,14 +346,15 @@ void check_layout(const ShardCase& c) {
 }
 
 // One launch over the AdamW tensors of the shard (odd sizes and alignments, each with its own
-// rate, decay and seed) against the CPU per tensor, and bit for bit against one launch per slice;
-// the Muon tensor's parameters and master weights are not touched.
+// rate, betas, eps, decay and seed, as a table's roles) against the CPU per tensor, and bit for bit
+// against one launch per slice; the Muon tensor's parameters and master weights are not touched.
 void test_adamw_slices(llmc::Rng& rng) {
   const ShardCase c;
   const StateLayout& l = c.layout;
   printf("\nadamw over %zu tensors, shard [%zu, %zu) of %zu\n", c.sizes.size(), c.shard_offset, c.shard_end, c.total);
   check_layout(c);
-  const AdamWParams hp = test_hyperparameters(0.7f, 5);
+  const AdamWCase t = test_hyperparameters(0.7f, 5);
+  const AdamWParams& hp = t.hp;
   const size_t shard = c.shard();
   const std::vector<float> params0 = random_stored(rng, c.total, 0.0f, 0.02f);
   const std::vector<float> grads = random_stored(rng, c.total, 0.0f, 1.0f);
@@ -351,17 +362,21 @@ void test_adamw_slices(llmc::Rng& rng) {
   random_moments(rng, m0, v0);
   AdamWSlices slices;
   std::vector<float> ref_master = master0, ref_m = m0, ref_v = v0;
-  const cpu::AdamWConfig config = cpu_config(hp);
   for (int i = 0; i < l.count; i++) {
     if (l.owner[i] != StateOwner::kAdamW) continue;
-    const float decay = c.decayed[i] ? hp.weight_decay : 0.0f;
-    const float lr = hp.lr * (1.0f + 0.5f * (float)i);  // each tensor its own rate, as a recipe's roles
-    slices.add(l.begin[i], l.size[i], l.begin[i] - c.offsets[i], l.state[i], lr, decay, rng.u32());
+    AdamWRates rates = t.with_decay(c.decayed[i] ? t.rates.weight_decay : 0.0f);
+    rates.lr *= 1.0f + 0.5f * (float)i;
+    if (i % 2 == 1) {  // the speedrun's betas and eps beside GPT-2's
+      rates.beta1 = 0.8f;
+      rates.eps = 1e-10f;
+    }
+    if (i == 3) rates.beta2 = 0.99f;
+    slices.add(l.begin[i], l.size[i], l.begin[i] - c.offsets[i], l.state[i], rates, rng.u32());
     const size_t st = l.begin[i] - c.shard_offset, n = l.size[i];
     std::vector<float> scaled(grads.begin() + l.begin[i], grads.begin() + l.begin[i] + n);
     for (float& g : scaled) g *= hp.grad_scale;
     cpu::adamw_update(ref_master.data() + st, scaled.data(), ref_m.data() + st, ref_v.data() + st, n,
-                      lr, config, c.decayed[i], hp.step);
+                      rates.lr, cpu_config(rates), c.decayed[i], hp.step);
   }
   DeviceArray<floatX> params(c.total), d_grads(grads);
   DeviceArray<float> master(shard), m(l.adamw_size), v(l.adamw_size);
@@ -383,8 +398,8 @@ void test_adamw_slices(llmc::Rng& rng) {
     }
     for (int i = 0; i < slices.count; i++) {
       AdamWSlices one;
-      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.state[i], slices.lr[i],
-              slices.weight_decay[i], slices.seed[i]);
+      one.add(slices.begin[i], slices.size[i], slices.index_offset[i], slices.state[i], slices.rates[i],
+              slices.seed[i]);
       adamw_update(params, d_grads, state, c.shard_offset, one, hp, 0);
     }
   };

@@ -1,7 +1,7 @@
 // Tests llmc/recipe.h's optimizer table: each recipe's row for every parameter role (method, rate,
 // betas, eps, weight decay, state precision) as its record gives it, with -opt and the decay flags
 // written into the record; the per-role weight decay against the parameter table's decayed
-// tensors in every architecture; the one set of betas that AdamW's update takes; and the start-up
+// tensors in every architecture; AdamW's betas and eps in each of its rows; and the start-up
 // table's description of each recipe's optimizers.
 #include <cmath>
 #include <string>
@@ -101,16 +101,18 @@ void test_decay_by_role() {
   check_verbose(by_role, "every tensor decayed exactly when its role is not kVector" + odd);
 }
 
-// AdamW's update takes one set of betas and eps: its rows agree, or the table is refused.
-void test_adamw_shared_row() {
-  OptimizerTable t = llmc::optimizer_table(llmc::recipe_modern(), true);
-  check_verbose(llmc::adamw_shared_row(t).beta1 == 0.8f && t.adamw_eps(llmc::adamw_shared_row(t), 1) == 1e-10f,
-                "modern: AdamW's betas 0.8 and eps 1e-10 from its rows");
-  t.roles[(int)ParamRole::kHead].beta2 = 0.99f;
-  check_throws([&] { llmc::adamw_shared_row(t); }, "AdamW's roles 0 and 3 have different betas or eps",
-               "a head with betas of its own");
+// AdamW's rows: the recipe's betas and eps in each (a role may have its own: the update takes each
+// slice's), and the speedrun's eps before the bias correction.
+void test_adamw_rows() {
+  const OptimizerTable t = llmc::optimizer_table(llmc::recipe_modern(), true);
+  bool rows = true;
+  for (const llmc::RoleOptimizer& row : t.roles) {
+    if (row.method == llmc::OptimizerKind::kAdamW) rows = rows && row.beta1 == 0.8f && t.adamw_eps(row, 1) == 1e-10f;
+  }
+  check_verbose(rows && t.of(ParamRole::kMatrix).method == llmc::OptimizerKind::kMuon,
+                "modern: AdamW's betas 0.8 and eps 1e-10 in each of its rows");
   const OptimizerTable speedrun = llmc::optimizer_table(llmc::recipe_speedrun(), true);
-  const float eps1 = speedrun.adamw_eps(llmc::adamw_shared_row(speedrun), 1);
+  const float eps1 = speedrun.adamw_eps(speedrun.of(ParamRole::kHead), 1);
   check_verbose(eps1 == (float)(1e-10f / std::sqrt(1.0 - 0.95f)),
                 llmc::strformat("speedrun: eps before the correction, %g at step 1", eps1));
 }
@@ -143,7 +145,7 @@ int main() {
     test_recipe_rows();
     test_flags_in_rows();
     test_decay_by_role();
-    test_adamw_shared_row();
+    test_adamw_rows();
     test_descriptions();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
