@@ -28,10 +28,11 @@
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz)
 //  10. Model                      parameter and activation tables, the architectures' steps
-//                                 (GPT-2's, the modern or the speedrun's), the block (forward and
-//                                 backward, written once, with the speedrun's wiring between
-//                                 layers), the attention's documents and windows, the training
-//                                 passes, the optimizers' update
+//                                 (GPT-2's, the modern or the speedrun's), the block features
+//                                 (the value mix, the attention gate, the residual mix: each one
+//                                 group of its rows, forward, backward and decoding), the block
+//                                 (forward and backward, written once), the attention's documents
+//                                 and windows, the training passes, the optimizers' update
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
@@ -7507,24 +7508,39 @@ struct ActSpec {
   size_t bytes() const { return count * layers * (fp32 ? 4 : sizeof(floatX)); }
 };
 
+// What a block feature's activation rows are sized by: L layers, C channels, NH heads, BT tokens;
+// act_per_layer: whether the activations the backward can recompute are kept (activation_table).
+struct ActDims {
+  size_t L, C, NH, BT;
+  bool act_per_layer;
+};
+
+// Each block feature's group (section 10, "Block features") defines these; the activation table,
+// the scratch and the attention's backward, earlier in this section, read them.
+struct GPT2;
+void residual_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void residual_mix_allocate_scratch(GPT2& m, size_t N);
+void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void attention_gate_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+size_t attention_gate_partials(const GPT2& m, size_t N);
+bool gates_take_row_dots(const GPT2& m);
+
 // act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
 // kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
-// layers' transposed casts instead; and the gated attention outputs (attention_gate) are none (the
-// forward writes them into a scratch buffer), for the same reasons.
+// layers' transposed casts instead.
 // ln_per_layer false (FP8): likewise the norms' outputs ln1 and ln2, which only the FP8 casts read
-// (the norms' backward reads the layer's input and statistics); ln1 stays per layer where the
-// heads' gates read it (attention_gate).
+// (the norms' backward reads the layer's input and statistics).
 // With flash attention, qkvr keeps qkv as the matmul wrote it and att holds only the FP32
 // logsumexp of each row; otherwise qkvr is q, k, v permuted and att the T x T probabilities.
 // A tensor the architecture's switches leave out has count 0: the embedding before its norm and
 // that norm's rstd (embedding_norm), the norms' means (LayerNorm's, not RMSNorm's), the QK-norm's
 // rstd of each head's q and k, and without flash attention the normalised and rotated qkv, which
-// the permuted copy in qkvr cannot give back (qk_norm_rotary); the speedrun's block inputs after
-// their residual mix (x0_lambdas), v before its value mix (value_mix) and each head's gate
-// (attention_gate).
+// the permuted copy in qkvr cannot give back (qk_norm_rotary); and the rows of the block features
+// the architecture has not (each group's *_activation_rows sizes its own).
 void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_layer, bool ln_per_layer,
                       ActSpec t[kNumActTensors]) {
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
+  const ActDims dims = {L, C, NH, BT, act_per_layer};
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
   const llmc::ArchSpec& arch = llmc::arch_spec(c.arch);
   const size_t embedding_norm = arch.embedding_norm ? 1 : 0, means = arch.rms_norm ? 0 : 1;
@@ -7533,7 +7549,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"embedded", embedding_norm * BT * C, 1, false},
       {"emb_rstd", embedding_norm * BT, 1, true},
       {"encoded", BT * C, 1, false},
-      {"ln1", BT * C, ln_per_layer || arch.attention_gate ? L : 1, false},
+      {"ln1", BT * C, ln_per_layer ? L : 1, false},
       {"ln1_mean", means * BT, L, true},
       {"ln1_rstd", BT, L, true},
       {"qkv_normed", (flash ? 0 : qk) * 3 * BT * C, L, false},
@@ -7553,12 +7569,16 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"lnf_rstd", BT, 1, true},
       {"losses", BT, 1, true},
       {"output", BT * c.padded_vocab_size, 1, false},
-      {"mixed", (arch.x0_lambdas ? 1 : 0) * BT * C, L, false},
-      {"v_pre", (arch.value_mix ? 1 : 0) * BT * C, L, false},
-      {"gates", (arch.attention_gate ? 1 : 0) * BT * NH, L, true},
-      {"gated", (arch.attention_gate && act_per_layer ? 1 : 0) * BT * C, L, false},
+      // The block features' rows, which their groups size (section 10, "Block features").
+      {"mixed", 0, L, false},
+      {"v_pre", 0, L, false},
+      {"gates", 0, L, true},
+      {"gated", 0, L, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
+  residual_mix_activation_rows(arch, dims, t);
+  value_mix_activation_rows(arch, dims, t);
+  attention_gate_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -7913,13 +7933,9 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
-  const size_t gate_partials =
-      m.arch().attention_gate ? attention_gate_backward_partials((int)BT, c.num_heads, (int)C) : 0;
-  m.partials = device_alloc<float>(std::max(partials, gate_partials), "the column-reduction partials");
-  if (m.arch().x0_lambdas) {
-    m.dx0 = device_alloc<floatX>(BT * C, "the gradient of x0");
-    m.dkept = device_alloc<floatX>(m.plan.kept_outputs * BT * C, "the gradients of the U-net's kept outputs");
-  }
+  m.partials = device_alloc<float>(std::max(partials, attention_gate_partials(m, BT)),
+                                  "the column-reduction partials");
+  residual_mix_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -8275,22 +8291,24 @@ struct BlockRows {
   floatX* k_cache = nullptr;       // decoding: the layer's keys and values [NH, maxT, HS]; else null
   floatX* v_cache = nullptr;
   int document_start = 0;          // decoding within documents: where the token's document starts
-  // The speedrun's wiring (ArchSpec's x0_lambdas, value_mix, attention_gate; the plan's skips):
-  const floatX* x0 = nullptr;      // the normed embedding, which each block's mix adds
+  const floatX* x0 = nullptr;      // the normed embedding, which the residual mix adds
+  const int* tokens = nullptr;     // the rows' tokens, on the device (the value embeddings')
+  // The block features' rows (section 10, "Block features": each group's *_point_rows sets its
+  // own; null without the feature). The residual mix:
   const floatX* kept = nullptr;    // the U-net's kept output this block adds (skip_source), or null
+  floatX* kept_rows = nullptr;     // decoding: the kept outputs' rows (LayerSpec::kept's)
   floatX* mixed = nullptr;         // the block's input after its mix, what attention and MLP add to
-  // The training and evaluation passes with x0_lambdas (block_rows): the block before leaves its
-  // last residual add, residual2 + fcproj's output into its residual3 (this block's input), to this
-  // block's mix, which reads them (block_mix_norm): input_before_add is that residual2, input_add
-  // the fcproj output and input; output_in_next_mix says the same of this block's own output. The
-  // decoder's blocks write their outputs themselves.
+  // The training and evaluation passes: the block before leaves its last residual add, residual2 +
+  // fcproj's output into its residual3 (this block's input), to this block's mix, which reads them
+  // (residual_mix_norm): input_before_add is that residual2, input_add the fcproj output and input;
+  // output_in_next_mix says the same of this block's own output. The decoder's blocks write their
+  // outputs themselves.
   const floatX* input_before_add = nullptr;
   ResidualAddFirst input_add = {};
   bool output_in_next_mix = false;
-  floatX* v_pre = nullptr;         // v before the value mix
-  float* gates = nullptr;          // each head's gate [rows, NH]
+  floatX* v_pre = nullptr;         // the value mix: v before it
+  float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
-  const int* tokens = nullptr;     // the rows' tokens, on the device (the value embeddings')
   int rows() const { return B * T; }
 };
 
@@ -8510,13 +8528,6 @@ void attention_rows(GPT2& m, int l, const BlockRows& r) {
 // k's gradients after them.
 bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arch().qk_norm_rotary; }
 
-// The heads' gates' backward reads the attention's output and writes its gradient, so it takes the
-// flash backward's row dots as well (attention_gate_backward's row_dots), where its warps can.
-bool gates_take_row_dots(const GPT2& m) {
-  return m.flash_attention && m.arch().attention_gate &&
-         attention_gate_row_dots_supported(m.config.num_heads, m.config.channels);
-}
-
 // The gradient of layer l's attention input (the qkv after QK-norm; before it where
 // qk_norm_in_attention_backward) into scratch_bt4c, from that of its output in scratch_btc. The
 // flash path draws the qkv bias reduction's seed (also where it does not run, so that the seeds
@@ -8670,30 +8681,18 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
                   seed, m.stream);
 }
 
-// ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
-// training passes and the decoder ----
+// ---- Block features: what a recipe adds to the block, one group each ----
+// Each group opens with its switch (llmc::ArchSpec) and names its parameter rows (llmc/gpt2.h's
+// table, which checkpoints and the CPU tools read too) and its kernels (in their sections by family);
+// then come the activation rows it adds (its *_activation_rows, which activation_table calls), its
+// scratch, the one function that points a block's rows (BlockRows) at its tensors for a training
+// pass or for the decoder (*_point_rows), and its forward and backward steps, which block_forward and
+// block_backward call in their order. Which layers take part, and how, is the layer plan's
+// (llmc::LayerSpec). The wiring every group reads comes first.
 
 // The residual stream into block l: the embedding's, or block l-1's output; l = L: the final
 // norm's input.
 floatX* block_input(GPT2& m, int l) { return l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1); }
-
-// What block l's first norm and residual adds read: its input, or that input's mix (x0_lambdas),
-// which the layer without attention writes straight into its residual2.
-floatX* block_mixed(GPT2& m, int l) {
-  if (!m.arch().x0_lambdas) return block_input(m, l);
-  return m.plan[l].attention ? m.act(kMixed, l) : m.act(kResidual2, l);
-}
-
-// The bias gradient into which a norm backward of block_input(m, l) adds the column sums of its
-// input's gradient: that of the stream's last add, block l-1's fcproj (none for the embedding, nor
-// without biases).
-floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad_or_null(llmc::kFcprojb, l - 1); }
-
-// The weight with which block l adds the U-net's kept output (LayerSpec::skip_weight), or null.
-const floatX* unet_weight(GPT2& m, int l) {
-  const int j = m.plan[l].skip_weight;
-  return j >= 0 ? m.param(llmc::kSkipw) + j : nullptr;
-}
 
 // The norm after block l, fused with its second residual add: the next block's first, or after
 // the last block the final norm; none (present false) where the next block mixes its input first
@@ -8708,6 +8707,268 @@ NormAt norm_after_block(const GPT2& m, int l) {
   return {kNorm1, l + 1, !m.arch().x0_lambdas};
 }
 
+// The decoder's rows of one token, carved in turn from one allocation (decoder_init): a first pass
+// without memory (base null) counts the bytes, a second with the allocation hands them out.
+struct RowArena {
+  char* base = nullptr;
+  size_t used = 0;
+  template <typename T>
+  T* take(size_t count) {
+    T* p = base ? (T*)(base + used) : nullptr;
+    used += llmc::round_up(count * sizeof(T), 256);
+    return p;
+  }
+};
+
+// ---- The value mix (ArchSpec::value_mix): v = a v + b ve[k] in each attention layer, v = a v where
+// the plan gives the layer no value embedding k (LayerSpec::value_embedding). Parameters: ve (the
+// value embeddings) and value_scales (a, b). Kernels: section 6, "The speedrun's value mix"; ve's
+// gradient goes through the encoder backward's bucketed plan (section 3).
+
+// v before the mix, which the backward reads.
+void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (arch.value_mix) t[kVPre].count = d.BT * d.C;
+}
+
+void value_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().value_mix) return;
+  r.v_pre = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kVPre, l);
+}
+
+// Layer l's value embedding in ve (the table's parameters or their gradients), or null where it has none.
+floatX* layer_value_embedding(const GPT2& m, floatX* ve, int l) {
+  const int k = m.plan[l].value_embedding;
+  return k >= 0 ? ve + (size_t)k * m.config.padded_vocab_size * m.config.channels : nullptr;
+}
+
+// Layer l's mix of v in r.qkv.
+void value_mix(GPT2& m, int l, const BlockRows& r) {
+  if (!m.arch().value_mix) return;
+  const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
+  value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), m.config.channels,
+                    m.stream);
+}
+
+// From the attention's dqkv in scratch_bt4c: v's gradient before the mix (in place), the scales' and
+// the value embedding's (scratch_btc its scratch).
+void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().value_mix) return;
+  floatX* dve = layer_value_embedding(m, m.grad(llmc::kVe), l);
+  const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
+  value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), dve, m.scratch_btc, m.partials, m.act(kVPre, l),
+                     ve, m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, N, m.config.channels,
+                     seeds.next(), m.stream);
+}
+
+// ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
+// h the block's normed input (ln1), G = C / 64. Parameters: attngate [NH, G] per attention layer.
+// Kernels: section 6, "The speedrun's attention gate"; with the flash backward the gate's backward
+// also computes the attention's row dots (AttentionRowDots), which the flash backward then skips.
+
+// The gates, each layer's ln1 (the gates read it, even where FP8 casts compute the norm: block_rows),
+// and the gated output unless -r 1 or FP8 (attproj_input recomputes it; FP8's attproj backward reads
+// its transposed cast): else it goes to scratch.
+void attention_gate_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.attention_gate) return;
+  t[kLn1].layers = d.L;
+  t[kGates].count = d.BT * d.NH;
+  if (d.act_per_layer) t[kGated].count = d.BT * d.C;
+}
+
+// The column-reduction partials the gate's backward takes for N rows (gpt2_allocate_scratch).
+size_t attention_gate_partials(const GPT2& m, size_t N) {
+  const llmc::GPT2Config& c = m.config;
+  return m.arch().attention_gate ? attention_gate_backward_partials((int)N, c.num_heads, c.channels) : 0;
+}
+
+void attention_gate_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().attention_gate) return;
+  if (decoder) {
+    r.gates = decoder->take<float>(m.config.num_heads);
+    r.gated = decoder->take<floatX>(m.config.channels);
+    return;
+  }
+  r.gates = m.act_f(kGates, l);
+  r.gated = m.act_specs[kGated].count > 0 ? m.act(kGated, l) : m.scratch_bt4c;
+}
+
+// attproj's input: the attention's output, or its heads gated into r.gated.
+const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
+  if (!m.arch().attention_gate) return r.atty;
+  attention_gate_forward(r.gated, r.gates, r.atty, r.ln1.out, m.param(llmc::kAttngate, l), r.rows(),
+                         m.config.num_heads, m.config.channels, m.stream);
+  return r.gated;
+}
+
+// The gates' backward reads the attention's output and writes its gradient, so it takes the flash
+// backward's row dots as well (attention_gate_backward's row_dots), where its warps can.
+bool gates_take_row_dots(const GPT2& m) {
+  return m.flash_attention && m.arch().attention_gate &&
+         attention_gate_row_dots_supported(m.config.num_heads, m.config.channels);
+}
+
+// attproj's input as the forward kept it, or recomputed from the attention's output and the gates
+// into scratch_bt4c (-r 1); without gates the attention's output.
+const floatX* attproj_input(GPT2& m, int l, int N) {
+  if (!m.arch().attention_gate) return m.act(kAtty, l);
+  if (m.act_specs[kGated].count > 0) return m.act(kGated, l);
+  attention_gate_apply(m.scratch_bt4c, m.act(kAtty, l), m.act_f(kGates, l), N, m.config.num_heads,
+                       m.config.channels, m.stream);
+  return m.scratch_bt4c;
+}
+
+// From scratch_btc, the gradient of the gated output: that of the attention's output (in place)
+// and the gate's; the gates' part of ln1's gradient, its first G columns alone ([N, G]), goes after
+// the first 3 N*C elements of scratch_bt4c (which the attention's dqkv fills), zeroed first, and is
+// returned (null without gates). With the flash backward (gates_take_row_dots) the gates' kernel
+// also writes the flash backward's row dots into attention_dot.
+floatX* attention_gate_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
+  if (!m.arch().attention_gate) return nullptr;
+  const int N = B * T, C = m.config.channels, G = C / kAttentionGateDivisor;
+  floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
+  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * G * sizeof(floatX), m.stream));
+  const AttentionRowDots dots = gates_take_row_dots(m) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
+  attention_gate_backward(m.scratch_btc, dln1, G, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
+                          m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
+                          m.config.num_heads, C, seeds.next(), m.stream, dots);
+  return dln1;
+}
+
+// dln1 (scratch_btc, from qkv's backward) += the gates' part dln1_gates (attention_gate_backward_rows),
+// its first G columns.
+void attention_gate_norm_gradient(GPT2& m, const floatX* dln1_gates, int N, KernelSeeds& seeds) {
+  if (!dln1_gates) return;
+  const int C = m.config.channels, G = C / kAttentionGateDivisor;
+  add_columns_inplace(m.scratch_btc, C, dln1_gates, G, N, G, seeds.next(), m.stream);
+}
+
+// ---- The residual mix (ArchSpec::x0_lambdas, with the plan's U-net skips): block l's input is
+// lambdas[0] (x + w kept) + lambdas[1] x0, x0 the normed embedding, kept an earlier block's output
+// (LayerSpec::skip_source, w its skip_weight). Parameters: lambdas (two a layer), skipw. Kernels:
+// section 4, "The speedrun's residual mix before each block" (the mix and the norm after it in one
+// pass, the mix's backward and the gradient joining after the block in another).
+
+// The block's input after its mix, what its attention and MLP add to.
+void residual_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (arch.x0_lambdas) t[kMixed].count = d.BT * d.C;
+}
+
+// The gradients of x0, which the blocks' mixes add up, and of each kept output (LayerPlan's
+// kept_outputs of them), for N rows.
+void residual_mix_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().x0_lambdas) return;
+  const size_t C = m.config.channels;
+  m.dx0 = device_alloc<floatX>(N * C, "the gradient of x0");
+  m.dkept = device_alloc<floatX>(m.plan.kept_outputs * N * C, "the gradients of the U-net's kept outputs");
+}
+
+// What block l's first norm and residual adds read: its input, or that input's mix, which the layer
+// without attention writes straight into its residual2.
+floatX* block_mixed(GPT2& m, int l) {
+  if (!m.arch().x0_lambdas) return block_input(m, l);
+  return m.plan[l].attention ? m.act(kMixed, l) : m.act(kResidual2, l);
+}
+
+// The weight with which block l adds the U-net's kept output (LayerSpec::skip_weight), or null.
+const floatX* unet_weight(GPT2& m, int l) {
+  const int j = m.plan[l].skip_weight;
+  return j >= 0 ? m.param(llmc::kSkipw) + j : nullptr;
+}
+
+// Training: the kept output block l adds, its mix's output, and its input's last add, which the
+// block before leaves to this mix (BlockRows::input_before_add). Decoding: rows for the kept
+// outputs (the stream is updated in place, so a kept output is a copy: residual_mix_decode_keep),
+// the mix in place.
+void residual_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().x0_lambdas) return;
+  if (decoder) {
+    r.kept_rows = decoder->take<floatX>((size_t)m.plan.kept_outputs * m.config.channels);
+    r.mixed = r.residual3;
+    return;
+  }
+  const int source = m.plan[l].skip_source;
+  r.kept = source >= 0 ? m.act(kResidual3, source) : nullptr;
+  r.mixed = block_mixed(m, l);
+  // Block l - 1's fcproj output stays in scratch_btc (its r.proj) until this block's mix.
+  r.output_in_next_mix = !norm_after_block(m, l).present;
+  if (l > 0) {
+    r.input_before_add = m.act(kResidual2, l - 1);
+    r.input_add = {m.scratch_btc, block_input(m, l)};
+  }
+}
+
+// Block l's mix into r.mixed, normalised in the same pass into out (an RMSNorm: spec kNorm1, or
+// kNorm2 in a layer without attention).
+const floatX* residual_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSpec& spec, const NormRows& out) {
+  REQUIRE(m.arch().rms_norm, "the residual mix (x0_lambdas) is fused with an RMSNorm: the architecture needs rms_norm");
+  const bool skip = m.plan[l].skip_source >= 0;
+  residual_mix_norm_forward(r.mixed, out.out, out.rstd, r.input_add.x_add ? r.input_before_add : r.input, r.x0,
+                            skip ? r.kept : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l),
+                            m.param_or_null(spec.weight, l), r.rows(), m.config.channels, m.stream, r.input_add);
+  return r.mixed;
+}
+
+// Decoding block l: the kept output its skip adds (before the block), and its output kept where a
+// later block's skip reads it (after the block).
+void residual_mix_decode_skip(const GPT2& m, int l, BlockRows& r) {
+  if (!r.kept_rows) return;
+  const int source = m.plan[l].skip_source;
+  r.kept = source >= 0 ? r.kept_rows + (size_t)m.plan[source].kept * m.config.channels : nullptr;
+}
+void residual_mix_decode_keep(GPT2& m, int l, const BlockRows& r) {
+  const int kept = m.plan[l].kept;
+  if (!r.kept_rows || kept < 0) return;
+  const size_t C = m.config.channels;
+  cudaCheck(cudaMemcpyAsync(r.kept_rows + kept * C, r.residual3, C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                            m.stream));
+}
+
+// The gradients the blocks' mixes add into, zeroed before a backward pass of N rows.
+void residual_mix_zero_gradients(GPT2& m, int N) {
+  if (!m.arch().x0_lambdas) return;
+  const size_t NC = (size_t)N * m.config.channels;
+  cudaCheck(cudaMemsetAsync(m.dx0, 0, NC * sizeof(floatX), m.stream));
+  cudaCheck(cudaMemsetAsync(m.dkept, 0, m.plan.kept_outputs * NC * sizeof(floatX), m.stream));
+}
+
+// The gradient that joins dresidual once block l's backward is done, or nullptr: that of block
+// l - 1's output kept for the U-net (LayerSpec::kept; complete by then), or after the first block
+// x0's. Block l's mix backward adds it (residual_mix_backward_rows). The top block's output is never
+// kept (only a later layer's skip reads a kept output).
+const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
+  if (l == 0) return m.dx0;
+  const int kept = m.plan[l - 1].kept;
+  return kept >= 0 ? m.dkept + (size_t)kept * N * m.config.channels : nullptr;
+}
+
+// From dresidual, the gradient of block l's mixed input, to that of its input, in place, and then
+// the gradient joining it after the block (gradient_joining_after_block); x0's into dx0, the kept
+// output's into its dkept, and the lambdas' and skip weight's. The join's seed is drawn after the
+// mix's, as its own add's was.
+void residual_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().x0_lambdas) return;
+  const llmc::LayerSpec& layer = m.plan[l];
+  const int source = layer.skip_source, C = m.config.channels;
+  const bool skip = source >= 0;
+  const uint32_t seed = seeds.next();
+  GradientJoin join;
+  join.add = gradient_joining_after_block(m, l, N);
+  if (join.add) join.seed = seeds.next();
+  residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)m.plan[source].kept * N * C : nullptr,
+                        m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + layer.skip_weight : nullptr,
+                        m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
+                        skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
+                        C, seed, m.stream, join);
+}
+
+// ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
+// training passes and the decoder ----
+
+// The bias gradient into which a norm backward of block_input(m, l) adds the column sums of its
+// input's gradient: that of the stream's last add, block l-1's fcproj (none for the embedding, nor
+// without biases).
+floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad_or_null(llmc::kFcprojb, l - 1); }
+
 // residual = a + b alone, where no norm follows it (norm_after_block): the fused kernel's add, its
 // row statistics into stats (scratch).
 void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, float* stats, int N) {
@@ -8717,36 +8978,11 @@ void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, 
 // Block l's input as its steps read it, and its first norm (spec: kNorm1, or kNorm2 in a layer
 // without attention) into out where the block takes it: r.input, normalised in the first block and
 // in a layer without attention (the norm after the previous block took it otherwise:
-// norm_after_block); or with x0_lambdas its mix into r.mixed, lambdas[0] (input + skip_weight
-// kept) + lambdas[1] x0, normalised in the same pass (an RMSNorm).
+// norm_after_block); or with x0_lambdas its mix (residual_mix_norm).
 const floatX* block_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSpec& spec, const NormRows& out) {
-  const int N = r.rows();
-  if (!m.arch().x0_lambdas) {
-    if (l == 0 || spec.out == kLn2) norm_rows(m, spec, l, out, r.input, N);
-    return r.input;
-  }
-  REQUIRE(m.arch().rms_norm, "the residual mix (x0_lambdas) is fused with an RMSNorm: the architecture needs rms_norm");
-  const bool skip = m.plan[l].skip_source >= 0;
-  residual_mix_norm_forward(r.mixed, out.out, out.rstd, r.input_add.x_add ? r.input_before_add : r.input, r.x0,
-                            skip ? r.kept : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l),
-                            m.param_or_null(spec.weight, l), N, m.config.channels, m.stream, r.input_add);
-  return r.mixed;
-}
-
-// The speedrun's value mix of layer l in r.qkv (value_mix): v = a v + b ve, or a v.
-void value_mix(GPT2& m, int l, const BlockRows& r) {
-  if (!m.arch().value_mix) return;
-  const int k = m.plan[l].value_embedding, C = m.config.channels;
-  const floatX* ve = k >= 0 ? m.param(llmc::kVe) + (size_t)k * m.config.padded_vocab_size * C : nullptr;
-  value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), C, m.stream);
-}
-
-// attproj's input: the attention's output, or its heads gated (attention_gate) into r.gated.
-const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
-  if (!m.arch().attention_gate) return r.atty;
-  attention_gate_forward(r.gated, r.gates, r.atty, r.ln1.out, m.param(llmc::kAttngate, l), r.rows(),
-                         m.config.num_heads, m.config.channels, m.stream);
-  return r.gated;
+  if (m.arch().x0_lambdas) return residual_mix_norm(m, l, r, spec, out);
+  if (l == 0 || spec.out == kLn2) norm_rows(m, spec, l, out, r.input, r.rows());
+  return r.input;
 }
 
 // Block l over r's rows. The first block normalises its input, and with x0_lambdas every block its
@@ -8774,77 +9010,6 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
   }
 }
 
-// With gates: attproj's input as the forward kept it, or recomputed from the attention's output and
-// the gates into scratch_bt4c (-r 1); else the attention's output.
-const floatX* attproj_input(GPT2& m, int l, int N) {
-  if (!m.arch().attention_gate) return m.act(kAtty, l);
-  if (m.act_specs[kGated].count > 0) return m.act(kGated, l);
-  attention_gate_apply(m.scratch_bt4c, m.act(kAtty, l), m.act_f(kGates, l), N, m.config.num_heads,
-                       m.config.channels, m.stream);
-  return m.scratch_bt4c;
-}
-
-// With gates: from scratch_btc, the gradient of the gated output, that of the attention's output
-// (in place) and the gate's; the gates' part of ln1's gradient, its first G = C / 64 columns alone
-// ([N, G]), goes after the first 3 N*C elements of scratch_bt4c (which the attention's dqkv fills),
-// zeroed first, and is returned. With the flash backward (gates_take_row_dots) the gates' kernel,
-// which has the attention's output and its gradient at hand, also writes the flash backward's row
-// dots into attention_dot.
-floatX* attention_gate_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
-  if (!m.arch().attention_gate) return nullptr;
-  const int N = B * T, C = m.config.channels, G = C / kAttentionGateDivisor;
-  floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
-  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * G * sizeof(floatX), m.stream));
-  const AttentionRowDots dots = gates_take_row_dots(m) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
-  attention_gate_backward(m.scratch_btc, dln1, G, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
-                          m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
-                          m.config.num_heads, C, seeds.next(), m.stream, dots);
-  return dln1;
-}
-
-// The value mix's gradients (value_mix) from the attention's dqkv in scratch_bt4c: v's before the
-// mix (in place), the scales' and the value embedding's (scratch_btc its scratch).
-void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
-  if (!m.arch().value_mix) return;
-  const int k = m.plan[l].value_embedding, C = m.config.channels;
-  const size_t table = (size_t)k * m.config.padded_vocab_size * C;
-  value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), k >= 0 ? m.grad(llmc::kVe) + table : nullptr,
-                     m.scratch_btc, m.partials, m.act(kVPre, l), k >= 0 ? m.param(llmc::kVe) + table : nullptr,
-                     m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, N, C, seeds.next(),
-                     m.stream);
-}
-
-// The gradient that joins dresidual once block l's backward is done, or nullptr: with x0_lambdas
-// that of block l - 1's output kept for the U-net (LayerSpec::kept; complete by then), or after
-// the first block x0's. Block l's mix backward adds it (block_mix_backward). The top block's output
-// is never kept (only a later layer's skip reads a kept output).
-const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
-  if (!m.arch().x0_lambdas) return nullptr;
-  if (l == 0) return m.dx0;
-  const int kept = m.plan[l - 1].kept;
-  return kept >= 0 ? m.dkept + (size_t)kept * N * m.config.channels : nullptr;
-}
-
-// From dresidual, the gradient of block l's mixed input (x0_lambdas), to that of its input, in
-// place, and then the gradient joining it after the block (gradient_joining_after_block); x0's into
-// dx0, the kept output's into its dkept, and the lambdas' and skip weight's. The join's seed is
-// drawn after the mix's, as its own add's was.
-void block_mix_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
-  if (!m.arch().x0_lambdas) return;
-  const llmc::LayerSpec& layer = m.plan[l];
-  const int source = layer.skip_source, C = m.config.channels;
-  const bool skip = source >= 0;
-  const uint32_t seed = seeds.next();
-  GradientJoin join;
-  join.add = gradient_joining_after_block(m, l, N);
-  if (join.add) join.seed = seeds.next();
-  residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)m.plan[source].kept * N * C : nullptr,
-                        m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + layer.skip_weight : nullptr,
-                        m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
-                        skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
-                        C, seed, m.stream, join);
-}
-
 // Block l's gradients, its forward's steps in reverse, from dresidual, the gradient of its output
 // (whose column sums the norm backward that wrote it has added into fcproj's bias gradient), to
 // dresidual, that of its input. Each kernel's seed is drawn from seeds in the order they run.
@@ -8866,14 +9031,11 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, seeds.next());
-    if (dln1_gates) {
-      const int C = m.config.channels, G = C / kAttentionGateDivisor;
-      add_columns_inplace(m.scratch_btc, C, dln1_gates, G, N, G, seeds.next(), m.stream);
-    }
+    attention_gate_norm_gradient(m, dln1_gates, N, seeds);
     norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_mixed(m, l), N,
                   seeds.next());
   }
-  block_mix_backward(m, l, N, seeds);
+  residual_mix_backward_rows(m, l, N, seeds);
 }
 
 // ---- The training passes ----
@@ -8913,22 +9075,11 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.fch = m.act(kFch, l);
   r.fch_act = m.act(kFchAct, l);
   r.residual3 = m.act(kResidual3, l);
-  if (m.arch().x0_lambdas) {
-    r.x0 = m.act(kEncoded);
-    const int source = m.plan[l].skip_source;
-    r.kept = source >= 0 ? m.act(kResidual3, source) : nullptr;
-    r.mixed = block_mixed(m, l);
-    // Block l - 1's fcproj output stays in scratch_btc (its r.proj) until this block's mix.
-    r.output_in_next_mix = !next.present;
-    if (l > 0) {
-      r.input_before_add = m.act(kResidual2, l - 1);
-      r.input_add = {m.scratch_btc, block_input(m, l)};
-    }
-  }
-  r.v_pre = m.act(kVPre, l);
-  r.gates = m.act_f(kGates, l);
-  r.gated = m.act_specs[kGated].count > 0 ? m.act(kGated, l) : m.scratch_bt4c;
+  r.x0 = m.act(kEncoded);
   r.tokens = m.inputs;
+  value_mix_point_rows(m, l, r, nullptr);
+  attention_gate_point_rows(m, l, r, nullptr);
+  residual_mix_point_rows(m, l, r, nullptr);
   return r;
 }
 
@@ -9097,10 +9248,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   KernelSeeds seeds = {m.rng.u32()};
   encoder_plan_upload(m, N);
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
-  if (m.arch().x0_lambdas) {
-    cudaCheck(cudaMemsetAsync(m.dx0, 0, NC * sizeof(floatX), m.stream));
-    cudaCheck(cudaMemsetAsync(m.dkept, 0, m.plan.kept_outputs * NC * sizeof(floatX), m.stream));
-  }
+  residual_mix_zero_gradients(m, N);
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
@@ -9339,54 +9487,57 @@ uint32_t gpt2_params_checksum(GPT2& m) {
 struct GPT2Decoder {
   floatX* k_cache = nullptr;  // [L, NH, maxT, HS]
   floatX* v_cache = nullptr;
-  floatX* buffers = nullptr;  // one row each of the activations below
-  float* stats = nullptr;     // the norms' statistics of the row (not needed afterwards)
+  char* rows_memory = nullptr;  // one row each of the activations below (decoder_rows)
   int* token = nullptr;
-  // Every layer's rows in buffers, the residual stream updated in place and every norm written to
-  // one row (block_forward with the cache pointers of the layer).
+  // Every layer's rows, the residual stream updated in place and every norm written to one row
+  // (block_forward with the cache pointers of the layer); the norms' statistics are not needed
+  // afterwards.
   BlockRows rows;
   floatX* embedded = nullptr;  // the embedding before its norm
-  floatX* x0 = nullptr;        // the embedding's output (x0), then the U-net's kept outputs
+  floatX* x0 = nullptr;        // the embedding's output
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
 };
 
-void decoder_init(GPT2Decoder& d, const GPT2& m) {
+// The decoder's rows from the arena a: the block's, the embedding's and the logits', then each
+// block feature's (its *_point_rows).
+void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   const llmc::GPT2Config& c = m.config;
-  const int C = c.channels;
-  const size_t cache = (size_t)c.num_layers * c.max_seq_len * C;
-  d.k_cache = device_alloc<floatX>(cache, "the key cache");
-  d.v_cache = device_alloc<floatX>(cache, "the value cache");
-  // residual, ln, qkv (3C), atty, proj, fch (4C), fch_act (4C), logits (Vp), embedded, v before its
-  // mix, the gated attention output, x0 and the kept outputs
-  const int kept = m.plan.kept_outputs;
-  d.buffers = device_alloc<floatX>((size_t)(20 + kept) * C + c.padded_vocab_size, "the decoder rows");
-  // A norm's mean and rstd, QK-norm's rstd of each head's q and k, and each head's gate.
-  d.stats = device_alloc<float>(2 + 3 * c.num_heads, "the decoder statistics");
-  d.token = device_alloc<int>(1, "the decoder token");
+  const size_t C = c.channels;
   BlockRows& r = d.rows;
   r.B = r.T = 1;
-  floatX* residual = d.buffers;
+  floatX* residual = a.take<floatX>(C);
   r.input = r.residual2 = r.residual3 = residual;
-  r.ln1 = r.ln2 = r.next = {residual + C, d.stats, d.stats + 1};
-  r.qkv = residual + 2 * C;
-  r.qk_rstd = d.stats + 2;
-  r.atty = r.qkv + 3 * C;
-  r.proj = r.atty + C;
-  r.fch = r.proj + C;
-  r.fch_act = r.fch + 4 * C;
-  d.logits = r.fch_act + 4 * C;
-  d.embedded = d.logits + c.padded_vocab_size;
-  r.v_pre = d.embedded + C;
-  r.gated = r.v_pre + C;
-  d.x0 = r.gated + C;
-  r.gates = d.stats + 2 + 2 * c.num_heads;
+  float* stats = a.take<float>(2);  // a norm's mean and rstd
+  r.ln1 = r.ln2 = r.next = {a.take<floatX>(C), stats, stats + 1};
+  r.qkv = a.take<floatX>(3 * C);
+  r.qk_rstd = a.take<float>(2 * c.num_heads);  // QK-norm's rstd of each head's q and k
+  r.atty = a.take<floatX>(C);
+  r.proj = a.take<floatX>(C);
+  r.fch = a.take<floatX>(4 * C);
+  r.fch_act = a.take<floatX>(4 * C);
+  d.logits = a.take<floatX>(c.padded_vocab_size);
+  d.embedded = a.take<floatX>(C);
+  d.x0 = a.take<floatX>(C);
+  d.token = a.take<int>(1);
+  r.x0 = d.x0;
   r.tokens = d.token;
-  if (m.arch().x0_lambdas) {
-    r.x0 = d.x0;
-    r.mixed = residual;  // mixed in place: the stream before the mix is not read again
-  }
+  value_mix_point_rows(m, 0, r, &a);
+  attention_gate_point_rows(m, 0, r, &a);
+  residual_mix_point_rows(m, 0, r, &a);
+}
+
+void decoder_init(GPT2Decoder& d, GPT2& m) {
+  const llmc::GPT2Config& c = m.config;
+  const size_t cache = (size_t)c.num_layers * c.max_seq_len * c.channels;
+  d.k_cache = device_alloc<floatX>(cache, "the key cache");
+  d.v_cache = device_alloc<floatX>(cache, "the value cache");
+  RowArena sizes;
+  decoder_rows(d, m, sizes);
+  d.rows_memory = device_alloc<char>(sizes.used, "the decoder rows");
+  RowArena rows{d.rows_memory};
+  decoder_rows(d, m, rows);
   d.position = 0;
   d.document_start = 0;
 }
@@ -9394,9 +9545,7 @@ void decoder_init(GPT2Decoder& d, const GPT2& m) {
 void decoder_free(GPT2Decoder& d) {
   device_free(d.k_cache);
   device_free(d.v_cache);
-  device_free(d.buffers);
-  device_free(d.stats);
-  device_free(d.token);
+  device_free(d.rows_memory);
   d = GPT2Decoder();
 }
 
@@ -9415,16 +9564,12 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
   cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   const size_t layer_cache = (size_t)c.max_seq_len * C;
-  floatX* kept = d.x0 + C;  // the U-net's kept outputs, one row each
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
     r.v_cache = d.v_cache + l * layer_cache;
-    const llmc::LayerSpec& layer = m.plan[l];
-    r.kept = layer.skip_source >= 0 ? kept + m.plan[layer.skip_source].kept * C : nullptr;
+    residual_mix_decode_skip(m, l, r);
     block_forward(m, l, r);
-    if (layer.kept >= 0) {
-      cudaCheck(cudaMemcpyAsync(kept + layer.kept * C, r.residual3, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
-    }
+    residual_mix_decode_keep(m, l, r);
   }
   head_rows(m, d.logits, r.next.out, 1);
   d.position++;
