@@ -6882,11 +6882,12 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
 
 // Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by the
 // recipe's Newton-Schulz iterations in BF16 (in every build, as the reference does; the
-// baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315)), then
-// decoupled weight decay. Matrices of one shape form a group, orthogonalised in their wide
-// orientation, X [m, n] with m = min(rows, cols) (a tall parameter transposed), every matrix of a
-// call in one batched cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16
-// in and out with FP32 accumulation. Each product runs cuBLASLt's first heuristic for its shape
+// baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315), Polar
+// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), then decoupled weight decay.
+// Matrices of one shape form a group, orthogonalised in their wide orientation, X [m, n] with
+// m = min(rows, cols) (a tall parameter transposed), every matrix of a call in one batched
+// cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16 in and out with
+// FP32 accumulation. Each product runs cuBLASLt's first heuristic for its shape
 // and the whole group (no atomics), and the Frobenius norms add per-tile block trees, then a fixed
 // tree per matrix, so the results are deterministic and do not depend on which matrices a call
 // covers. FLOPs per matrix and iteration 2m^2n + 2m^3 + 2m^2n: at d12 (48 of 768x768, 24 of
@@ -7096,7 +7097,7 @@ inline int muon_start_buffer(const llmc::NewtonSchulz& ns) { return ns.steps % 2
 // from B's buffer. cuBLASLt's alpha scales the FP32 product by c and its beta adds b A (and a X)
 // before the one rounding of each sum, as record #28's fused products do; the baseline's (and
 // train_gpt2.py's) B = b A + (c A) A and X = a X + B X round each scaled term and product to BF16
-// before its sum.
+// before its sum. Step i takes ns.polynomial[i].
 void muon_newton_schulz(MuonWorkspace& ws, const llmc::NewtonSchulz& ns, int m, int n, int slot, int batch,
                         int group_count, cudaStream_t stream) {
   __nv_bfloat16* x[2] = {ws.x[0] + (size_t)slot * m * n, ws.x[1] + (size_t)slot * m * n};
@@ -7104,11 +7105,12 @@ void muon_newton_schulz(MuonWorkspace& ws, const llmc::NewtonSchulz& ns, int m, 
   __nv_bfloat16* b = ws.b + (size_t)slot * m * m;
   const int start = muon_start_buffer(ns);
   for (int i = 0; i < ns.steps; i++) {
+    const llmc::NewtonSchulzStep& p = ns.polynomial[i];
     __nv_bfloat16* from = x[(start + i) % 2];
     __nv_bfloat16* to = x[(start + i + 1) % 2];
     muon_multiply(ws, a, from, from, nullptr, m, m, n, true, batch, group_count, 1.0f, 0.0f, stream);
-    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, ns.c, ns.b, stream);
-    muon_multiply(ws, to, from, b, from, n, m, m, false, batch, group_count, 1.0f, ns.a, stream);
+    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, p.c, p.b, stream);
+    muon_multiply(ws, to, from, b, from, n, m, m, false, batch, group_count, 1.0f, p.a, stream);
   }
 }
 
@@ -7218,15 +7220,17 @@ __global__ void muon_prepare_shard_kernel(floatX* const* grads, float* const* mo
 }
 
 // One block per matrix: its tiles' sums in a fixed tree, then the reference's BF16 arithmetic
-// (the norm of a BF16 tensor is a BF16 number, and so is norm + 1e-7).
-__global__ void muon_norm_kernel(float* denominators, const float* partials, int tiles) {
+// (the norm of a BF16 tensor is a BF16 number, and so are norm * scale and that + eps; at scale 1
+// the product is the norm itself).
+__global__ void muon_norm_kernel(float* denominators, const float* partials, int tiles, float scale, float eps) {
   __shared__ float shared[WARP_SIZE];
   float sum = 0.0f;
   for (int i = threadIdx.x; i < tiles; i += blockDim.x) sum += partials[(size_t)blockIdx.x * tiles + i];
   sum = block_reduce_sum(sum, shared);
   if (threadIdx.x > 0) return;
   const float norm = __bfloat162float(__float2bfloat16_rn(sqrtf(sum)));
-  denominators[blockIdx.x] = __bfloat162float(__float2bfloat16_rn(norm + 1e-7f));
+  const float scaled = __bfloat162float(__float2bfloat16_rn(norm * scale));
+  denominators[blockIdx.x] = __bfloat162float(__float2bfloat16_rn(scaled + eps));
 }
 
 // out = bf16(x / denominator) (out may be x), 8 elements a thread; a matrix holds a multiple of 8
@@ -7334,15 +7338,15 @@ void muon_prepare(const MuonGroup& g, int first, int batch, const MuonParams& hp
   cudaCheckLaunch();
 }
 
-// Slots [slot, slot + batch) of X, as muon_prepare left them in ws.x[0], normalised and
-// orthogonalised by ns's iterations, ending in ws.x[0] again.
+// Slots [slot, slot + batch) of X, as muon_prepare left them in ws.x[0], normalised by ns's
+// norm_scale and norm_eps and orthogonalised by its iterations, ending in ws.x[0] again.
 void muon_orthogonalize(const MuonGroup& g, const llmc::NewtonSchulz& ns, int slot, int batch, MuonWorkspace& ws,
                         cudaStream_t stream) {
   muon_require_fits(g, slot, batch, ws);
   const int m = g.m, n = g.n, tiles = muon_tiles(g);
   float* denominators = ws.denominators + slot;
   const float* partials = ws.partials + (size_t)slot * tiles;
-  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles);
+  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles, ns.norm_scale, ns.norm_eps);
   cudaCheckLaunch();
   const size_t elements = (size_t)batch * m * n, first = (size_t)slot * m * n;
   __nv_bfloat16* normalized = ws.x[muon_start_buffer(ns)] + first;
