@@ -10360,6 +10360,26 @@ llmc::Flag window_flag(TrainArgs& a) {
           [&a] { return std::to_string(a.window_blocks); }, &a.window_blocks};
 }
 
+// -ns's help: each row of llmc::kNewtonSchulzMethods by its name, as the start-up table describes it.
+std::string newton_schulz_help() {
+  std::string help = "Muon's orthogonalisation:";
+  for (int i = 0; i < llmc::kNewtonSchulzMethodCount; i++) {
+    const llmc::NewtonSchulz& ns = llmc::kNewtonSchulzMethods[i];
+    const int left = llmc::kNewtonSchulzMethodCount - 1 - i;
+    help += llmc::strformat(" %s (%s)%s", ns.name, llmc::newton_schulz_description(ns).c_str(),
+                            left > 1 ? "," : left == 1 ? " or" : "");
+  }
+  return help;
+}
+
+// -ns: Muon's orthogonalisation, a row of llmc::kNewtonSchulzMethods by its name.
+llmc::Flag newton_schulz_flag(TrainArgs& a) {
+  static const std::string help = newton_schulz_help();
+  return {"-ns", "Muon orthogonalisation", help.c_str(),
+          [&a](const char* text) { a.muon_newton_schulz = llmc::parse_newton_schulz(text, "-ns"); },
+          [&a] { return std::string(a.muon_newton_schulz.name); }, &a.muon_newton_schulz};
+}
+
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
@@ -10421,6 +10441,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
+      newton_schulz_flag(a),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
   });
   // What -l scales is the recipe's: one rate, or the roles' rates. The flags a recipe sets are the
@@ -10456,6 +10477,10 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
           "-fh 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after a weightless "
           "RMS norm); -recipe %s's head runs in BF16: use -fh 0 or -recipe speedrun", a.recipe->name);
+  const bool ns_given = std::count(a.given.begin(), a.given.end(), "-ns") > 0;
+  REQUIRE(!ns_given || a.optimizer == llmc::OptimizerKind::kMuon,
+          "-ns %s sets Muon's orthogonalisation, which -opt %s does not use: add -opt muon or drop -ns",
+          a.muon_newton_schulz.name, llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
