@@ -243,7 +243,8 @@ for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
     def error(polynomials, scale):
         return (got - iterate(s / (scale * s.norm()), polynomials).sort().values).abs().mean().item()
     fits = {"polar": error(polar.polynomials, 1.02), "reversed": error(polar.polynomials[::-1], 1.02),
-            "4 steps": error(polar.polynomials[:4], 1.02), "speedrun's": error(tg.NEWTON_SCHULZ["speedrun"].polynomials, 1.0)}
+            "4 steps": error(polar.polynomials[:4], 1.02),
+            "speedrun's": error(tg.NEWTON_SCHULZ["speedrun"].polynomials, 1.0)}
     print(f"{rows}x{cols}: mean singular value error", {k: round(d, 4) for k, d in fits.items()})
     assert min(fits, key=fits.get) == "polar" and fits["polar"] < 0.08
 EOF
