@@ -59,14 +59,16 @@ constexpr float kFp8StepLossTol = 0.2f;
 constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
-// as its multiplier (GPT-2's: all the same), Muon's own; the record that gives them.
-llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config) {
+// as its multiplier (GPT-2's: all the same), Muon's own; the record that gives them. `path` names
+// the debug state's file.
+llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config,
+                                           const std::string& path) {
   llmc::Recipe r;
   r.optimizer = ref.muon ? llmc::OptimizerKind::kMuon : llmc::OptimizerKind::kAdamW;
   r.muon_lr = ref.muon_lr;
   r.muon_weight_decay = ref.muon_weight_decay;
   r.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
-  r.muon_newton_schulz = {ref.newton_schulz_steps, ref.newton_schulz_a, ref.newton_schulz_b, ref.newton_schulz_c};
+  if (ref.muon) r.muon_newton_schulz = llmc::debug_state_newton_schulz(ref, path);
   // The speedrun's reference holds every matrix so that its Muon scale is 1 (SPEC.md).
   r.muon_scale_tall = config.arch != llmc::Arch::kSpeedrun;
   r.eps_before_correction = ref.eps_before_correction;
@@ -112,8 +114,7 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, bool fp8) {
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
 // s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window and rate multiplier.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
-                       const llmc::DebugState& ref, bool fp8, float tol) {
-  const llmc::OptimizerTable opt = debug_state_optimizer(ref, config);
+                       const llmc::DebugState& ref, const llmc::OptimizerTable& opt, bool fp8, float tol) {
   const llmc::StagePlan stages = debug_state_stages(ref);
   GPT2 m;
   gpt2_init(m, config, values, {true, opt.muon()}, 42);
@@ -189,14 +190,17 @@ int test_main(int argc, char** argv) {
   const std::string attention = !ref.documents ? "causal attention"
       : ref.window_blocks == 0 ? "attention within documents"
       : llmc::strformat("attention within documents and a window of %d blocks", ref.window_blocks);
-  printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
-         ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str());
+  const llmc::OptimizerTable opt = debug_state_optimizer(ref, config, state_path);
+  const std::string muon = ref.muon ? ", Muon: " + llmc::newton_schulz_description(opt.muon_newton_schulz) : "";
+  printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s%s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
+         ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str(),
+         muon.c_str());
   REQUIRE(!ref.fp8_head || sizeof(floatX) == 2, "%s was written with the head in FP8 (train_gpt2.py --fp8_head "
           "1), which only the BF16 build runs: check it with ./test_gpt2cu", state_path.c_str());
 
   matmul_setup(/*allow_tf32=*/false);
   if (fp8) {
-    check_step_losses(config, values, ref, fp8, kFp8StepLossTol);
+    check_step_losses(config, values, ref, opt, fp8, kFp8StepLossTol);
     matmul_teardown();
     return testing::summary("test_gpt2cu --fp8");
   }
@@ -264,7 +268,7 @@ int test_main(int argc, char** argv) {
 
   // The optimizer steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
-  check_step_losses(config, values, ref, false,
+  check_step_losses(config, values, ref, opt, false,
                     ref.fp8_head ? kFp8StepLossTol : ref.muon ? kMuonStepLossTol : kStepLossTol);
   matmul_teardown();
   return testing::summary(ref.fp8_head ? "test_gpt2cu (-fh 1)" : "test_gpt2cu");

@@ -6883,11 +6883,12 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
 
 // Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by the
 // recipe's Newton-Schulz iterations in BF16 (in every build, as the reference does; the
-// baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315)), then
-// decoupled weight decay. Matrices of one shape form a group, orthogonalised in their wide
-// orientation, X [m, n] with m = min(rows, cols) (a tall parameter transposed), every matrix of a
-// call in one batched cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16
-// in and out with FP32 accumulation. Each product runs cuBLASLt's first heuristic for its shape
+// baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315), Polar
+// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), then decoupled weight decay.
+// Matrices of one shape form a group, orthogonalised in their wide orientation, X [m, n] with
+// m = min(rows, cols) (a tall parameter transposed), every matrix of a call in one batched
+// cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16 in and out with
+// FP32 accumulation. Each product runs cuBLASLt's first heuristic for its shape
 // and the whole group (no atomics), and the Frobenius norms add per-tile block trees, then a fixed
 // tree per matrix, so the results are deterministic and do not depend on which matrices a call
 // covers. FLOPs per matrix and iteration 2m^2n + 2m^3 + 2m^2n: at d12 (48 of 768x768, 24 of
@@ -7097,7 +7098,7 @@ inline int muon_start_buffer(const llmc::NewtonSchulz& ns) { return ns.steps % 2
 // from B's buffer. cuBLASLt's alpha scales the FP32 product by c and its beta adds b A (and a X)
 // before the one rounding of each sum, as record #28's fused products do; the baseline's (and
 // train_gpt2.py's) B = b A + (c A) A and X = a X + B X round each scaled term and product to BF16
-// before its sum.
+// before its sum. Step i takes ns.polynomial[i].
 void muon_newton_schulz(MuonWorkspace& ws, const llmc::NewtonSchulz& ns, int m, int n, int slot, int batch,
                         int group_count, cudaStream_t stream) {
   __nv_bfloat16* x[2] = {ws.x[0] + (size_t)slot * m * n, ws.x[1] + (size_t)slot * m * n};
@@ -7105,11 +7106,12 @@ void muon_newton_schulz(MuonWorkspace& ws, const llmc::NewtonSchulz& ns, int m, 
   __nv_bfloat16* b = ws.b + (size_t)slot * m * m;
   const int start = muon_start_buffer(ns);
   for (int i = 0; i < ns.steps; i++) {
+    const llmc::NewtonSchulzStep& p = ns.polynomial[i];
     __nv_bfloat16* from = x[(start + i) % 2];
     __nv_bfloat16* to = x[(start + i + 1) % 2];
     muon_multiply(ws, a, from, from, nullptr, m, m, n, true, batch, group_count, 1.0f, 0.0f, stream);
-    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, ns.c, ns.b, stream);
-    muon_multiply(ws, to, from, b, from, n, m, m, false, batch, group_count, 1.0f, ns.a, stream);
+    muon_multiply(ws, b, a, a, a, m, m, m, false, batch, group_count, p.c, p.b, stream);
+    muon_multiply(ws, to, from, b, from, n, m, m, false, batch, group_count, 1.0f, p.a, stream);
   }
 }
 
@@ -7219,15 +7221,17 @@ __global__ void muon_prepare_shard_kernel(floatX* const* grads, float* const* mo
 }
 
 // One block per matrix: its tiles' sums in a fixed tree, then the reference's BF16 arithmetic
-// (the norm of a BF16 tensor is a BF16 number, and so is norm + 1e-7).
-__global__ void muon_norm_kernel(float* denominators, const float* partials, int tiles) {
+// (the norm of a BF16 tensor is a BF16 number, and so are norm * scale and that + eps; at scale 1
+// the product is the norm itself).
+__global__ void muon_norm_kernel(float* denominators, const float* partials, int tiles, float scale, float eps) {
   __shared__ float shared[WARP_SIZE];
   float sum = 0.0f;
   for (int i = threadIdx.x; i < tiles; i += blockDim.x) sum += partials[(size_t)blockIdx.x * tiles + i];
   sum = block_reduce_sum(sum, shared);
   if (threadIdx.x > 0) return;
   const float norm = __bfloat162float(__float2bfloat16_rn(sqrtf(sum)));
-  denominators[blockIdx.x] = __bfloat162float(__float2bfloat16_rn(norm + 1e-7f));
+  const float scaled = __bfloat162float(__float2bfloat16_rn(norm * scale));
+  denominators[blockIdx.x] = __bfloat162float(__float2bfloat16_rn(scaled + eps));
 }
 
 // out = bf16(x / denominator) (out may be x), 8 elements a thread; a matrix holds a multiple of 8
@@ -7335,15 +7339,15 @@ void muon_prepare(const MuonGroup& g, int first, int batch, const MuonParams& hp
   cudaCheckLaunch();
 }
 
-// Slots [slot, slot + batch) of X, as muon_prepare left them in ws.x[0], normalised and
-// orthogonalised by ns's iterations, ending in ws.x[0] again.
+// Slots [slot, slot + batch) of X, as muon_prepare left them in ws.x[0], normalised by ns's
+// norm_scale and norm_eps and orthogonalised by its iterations, ending in ws.x[0] again.
 void muon_orthogonalize(const MuonGroup& g, const llmc::NewtonSchulz& ns, int slot, int batch, MuonWorkspace& ws,
                         cudaStream_t stream) {
   muon_require_fits(g, slot, batch, ws);
   const int m = g.m, n = g.n, tiles = muon_tiles(g);
   float* denominators = ws.denominators + slot;
   const float* partials = ws.partials + (size_t)slot * tiles;
-  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles);
+  muon_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(denominators, partials, tiles, ns.norm_scale, ns.norm_eps);
   cudaCheckLaunch();
   const size_t elements = (size_t)batch * m * n, first = (size_t)slot * m * n;
   __nv_bfloat16* normalized = ws.x[muon_start_buffer(ns)] + first;
@@ -10501,6 +10505,26 @@ llmc::Flag window_flag(TrainArgs& a) {
           [&a] { return std::to_string(a.window_blocks); }, &a.window_blocks};
 }
 
+// -ns's help: each row of llmc::kNewtonSchulzMethods by its name, as the start-up table describes it.
+std::string newton_schulz_help() {
+  std::string help = "Muon's orthogonalisation:";
+  for (int i = 0; i < llmc::kNewtonSchulzMethodCount; i++) {
+    const llmc::NewtonSchulz& ns = llmc::kNewtonSchulzMethods[i];
+    const int left = llmc::kNewtonSchulzMethodCount - 1 - i;
+    help += llmc::strformat(" %s (%s)%s", ns.name, llmc::newton_schulz_description(ns).c_str(),
+                            left > 1 ? "," : left == 1 ? " or" : "");
+  }
+  return help;
+}
+
+// -ns: Muon's orthogonalisation, a row of llmc::kNewtonSchulzMethods by its name.
+llmc::Flag newton_schulz_flag(TrainArgs& a) {
+  static const std::string help = newton_schulz_help();
+  return {"-ns", "Muon orthogonalisation", help.c_str(),
+          [&a](const char* text) { a.muon_newton_schulz = llmc::parse_newton_schulz(text, "-ns"); },
+          [&a] { return std::string(a.muon_newton_schulz.name); }, &a.muon_newton_schulz};
+}
+
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
@@ -10562,6 +10586,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
+      newton_schulz_flag(a),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
   });
   // What -l scales is the recipe's: one rate, or the roles' rates. The flags a recipe sets are the
@@ -10597,6 +10622,10 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
           "-fh 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after a weightless "
           "RMS norm); -recipe %s's head runs in BF16: use -fh 0 or -recipe speedrun", a.recipe->name);
+  const bool ns_given = std::count(a.given.begin(), a.given.end(), "-ns") > 0;
+  REQUIRE(!ns_given || a.optimizer == llmc::OptimizerKind::kMuon,
+          "-ns %s sets Muon's orthogonalisation, which -opt %s does not use: add -opt muon or drop -ns",
+          a.muon_newton_schulz.name, llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);

@@ -88,9 +88,34 @@ ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
 ATTENTION_SCALE_MODERN = 0.12
 LOGIT_SOFTCAP_MODERN = 15.0
-# Muon's Newton-Schulz iterations X <- a X + (b A + c A A) X, A = X X^T, in bfloat16, as (steps, a, b,
-# c): the baseline's (modern.md) and the speedrun's (fewer steps of a steeper polynomial).
-NEWTON_SCHULZ = {"baseline": (12, 2.0, -1.5, 0.5), "speedrun": (5, 3.4445, -4.7750, 2.0315)}
+# Muon's orthogonalisation in bfloat16 (--muon_ns): X <- X / (scale |X|_F + eps), then a step
+# X <- a X + (b A + c A A) X, A = X X^T, for each (a, b, c) of its polynomials. The baseline's (modern.md:
+# 12 steps of one polynomial), the speedrun's (record #28: 5 of a steeper one) and Polar Express (record
+# #89: each step the polynomial best for the singular values the steps before leave, after a norm 2%
+# larger). llmc/recipe.h's kNewtonSchulzMethods holds the same rows in this order; the debug state's
+# header names one by its place.
+@dataclass(frozen=True)
+class NewtonSchulz:
+    polynomials: tuple
+    scale: float = 1.0
+    eps: float = 1e-7
+
+    def describe(self):
+        first = self.polynomials[0]
+        each = all(p == first for p in self.polynomials)
+        text = f"{len(self.polynomials)} steps of {first if each else 'a polynomial each'}"
+        return text + ("" if (self.scale, self.eps) == (1.0, 1e-7) else f" from X / ({self.scale} |X| + {self.eps})")
+
+
+NEWTON_SCHULZ = {
+    "baseline": NewtonSchulz(((2.0, -1.5, 0.5),) * 12),
+    "speedrun": NewtonSchulz(((3.4445, -4.7750, 2.0315),) * 5),
+    "polar": NewtonSchulz(((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                           (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                           (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                           (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                           (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)), 1.02, 1e-6),
+}
 # Every flag a recipe sets, a column per recipe of RECIPES: GPT-2's (also the value without --recipe),
 # modern's (modern.md: modded-nanogpt's optimization-track baseline) and speedrun's (SPEC.md:
 # modded-nanogpt's speedrun record #28). A flag given on the command line overrides its column.
@@ -1564,16 +1589,15 @@ def adamw_step(params, moments, t, lr, weight_decay, betas=(ADAMW_BETA1, ADAMW_B
 
 def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     """modern.md's Newton-Schulz iteration towards the nearest semi-orthogonal matrix of G, in
-    bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (|X|_F
-    + 1e-7), then `steps` of X <- a X + (b A + (c A) A) X with A = X X^T, newton_schulz = (steps, a,
-    b, c) (NEWTON_SCHULZ)."""
-    steps, a, b, c = newton_schulz
+    bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (scale
+    |X|_F + eps), then for each (a, b, c) of its polynomials X <- a X + (b A + (c A) A) X with A = X X^T
+    (newton_schulz: a row of NEWTON_SCHULZ). At scale 1 the norm's product is the norm itself."""
     X = G.bfloat16()
     tall = G.size(0) > G.size(1)
     if tall:
         X = X.t()
-    X = X / (X.norm() + 1e-7)
-    for _ in range(steps):
+    X = X / (X.norm() * newton_schulz.scale + newton_schulz.eps)
+    for a, b, c in newton_schulz.polynomials:
         A = X @ X.t()
         B = b * A + (c * A) @ A
         X = a * X + B @ X
@@ -1597,8 +1621,8 @@ def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthog
 class Muon(torch.optim.Optimizer):
     """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction. A group's
     "blocks" splits each of its matrices into that many row blocks (qkvw: q, k and v, three C x C
-    matrices); its "transposed" scales by the transpose's shape. newton_schulz: NEWTON_SCHULZ's
-    (steps, a, b, c). compile: Newton-Schulz as one torch.compile graph per shape, as modded-nanogpt
+    matrices); its "transposed" scales by the transpose's shape. newton_schulz: a row of
+    NEWTON_SCHULZ. compile: Newton-Schulz as one torch.compile graph per shape, as modded-nanogpt
     compiles its; the momentum stays eager, as there, so the warmup's momentum (a float that changes
     every step) does not recompile it."""
 
@@ -1753,7 +1777,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     step (the first loss is the one before any update). GPT-2 with AdamW and the mean loss writes
     version 3; the modern or speedrun architecture, Muon, the summed loss or documents version 4,
     whose header also names the architecture, the optimizers and their settings (Newton-Schulz's
-    steps and coefficients, the momentum's warmup, AdamW's eps placement), and the attention's
+    steps, first coefficients and row, the momentum's warmup, AdamW's eps placement), and the attention's
     documents and window (the window of step 0, which every debug step keeps).
 
     The debug state is float32, the reference the C++ builds are checked against, except with
@@ -1823,10 +1847,12 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         header[15:21] = np.array(muon_hyper + adamw_lrs, np.float32).view(np.int32)
         header[21:23] = [int(model.documents), model.window_blocks or 0]
         if muon:
-            steps, *coefficients = NEWTON_SCHULZ[args.muon_ns]
-            header[23] = steps
-            header[24:28] = np.array(coefficients + [muon_momentum(0, args)], np.float32).view(np.int32)
+            newton_schulz = NEWTON_SCHULZ[args.muon_ns]
+            header[23] = len(newton_schulz.polynomials)
+            first_polynomial = list(newton_schulz.polynomials[0])
+            header[24:28] = np.array(first_polynomial + [muon_momentum(0, args)], np.float32).view(np.int32)
             header[28] = args.muon_momentum_warmup
+            header[DEBUG_NEWTON_SCHULZ_SLOT] = list(NEWTON_SCHULZ).index(args.muon_ns) + 1
         header[29] = int(args.adam_eps_before_correction)
         header[30] = args.fp8_head
         stages = args.stages.strip().encode() if plan else b""
@@ -1859,10 +1885,12 @@ def debug_first_values(model, x, y, params, args, autocast):
     return [logits.cpu(), mean_loss.cpu()] + [p.grad.detach().cpu().clone() for p in params]
 
 
-# The debug state's header keeps the text of its --stages in slots 32 to 253, 4 bytes a slot in
-# little-endian order, its length in bytes in slot 31 (0: none).
+# The debug state's header keeps the text of its --stages in slots 32 to 252, 4 bytes a slot in
+# little-endian order, its length in bytes in slot 31 (0: none); slot 253 names Muon's orthogonalisation,
+# 1 + its place in NEWTON_SCHULZ (0: no Muon).
 DEBUG_STAGES_SLOT = 32
-DEBUG_STAGES_BYTES = 4 * (HEADER_INTS - 2 - DEBUG_STAGES_SLOT)
+DEBUG_NEWTON_SCHULZ_SLOT = 253
+DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
 def debug_state_stages(header):
@@ -2040,8 +2068,8 @@ def parse_args(argv=None):
     a.add_argument("--muon_momentum_warmup", type=int, help=muon_help(
         "muon_momentum_warmup", "the steps over which Muon's momentum rises; 0: constant"))
     a.add_argument("--muon_ns", choices=sorted(NEWTON_SCHULZ), help=muon_help(
-        "muon_ns", "Muon's Newton-Schulz steps and coefficients: " + "; ".join(
-            f"{name} {steps} steps of ({a}, {b}, {c})" for name, (steps, a, b, c) in NEWTON_SCHULZ.items())))
+        "muon_ns", "Muon's orthogonalisation: " + "; ".join(
+            f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")

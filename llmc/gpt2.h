@@ -33,9 +33,13 @@
 //   sqrt(vhat) (0)  [30] the head's training products in FP8 with the speedrun's fixed scales (1:
 //   train_gpt2.py --fp8_head 1; the logits, gradients and losses are that run's) or not (0)
 //   [31] the byte length of the steps' stage plan (train_gpt2.py --stages, llmc/stages.h; 0: none,
-//   as in files written before this slot), its text in [32..253], 4 bytes a slot, little-endian: step
+//   as in files written before this slot), its text in [32..252], 4 bytes a slot, little-endian: step
 //   s takes the first B*T_s tokens of x and y as B rows of its stage's T_s, at its stage's window,
 //   the rates times its stage's multiplier; [4] counts the plan's N + E steps
+//   [253] Muon's orthogonalisation, 1 + its row of llmc/recipe.h's kNewtonSchulzMethods (the rows of
+//   train_gpt2.py's NEWTON_SCHULZ), whose steps and first polynomial [23..26] repeat; 0 without Muon
+//   and in files written before this slot, where [23..26]'s one polynomial makes every step after
+//   X / (|X|_F + 1e-7), and whose stage plans of 885 to 888 bytes filled it with text
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
@@ -764,6 +768,7 @@ struct DebugState {
   // steps. AdamW's eps before the bias correction (the speedrun's) or after it.
   int newton_schulz_steps = 0;
   float newton_schulz_a = 0, newton_schulz_b = 0, newton_schulz_c = 0;
+  int newton_schulz_row = 0;  // 1 + the row of kNewtonSchulzMethods (0: the one polynomial above)
   float muon_momentum_start = 0;
   int muon_momentum_warmup = 0;
   bool eps_before_correction = false;
@@ -806,7 +811,24 @@ inline void debug_state_read_optimizer(const int h[kHeaderInts], const std::stri
   d->muon_momentum_warmup = h[28];
 }
 
-// A version-4 header's stage plan ([31..253]).
+// The header slot of Muon's orthogonalisation, and the longest stage plan that leaves it free.
+constexpr int kDebugStateNewtonSchulzSlot = 253;
+constexpr int kDebugStateStagesBytes = (kDebugStateNewtonSchulzSlot - 32) * 4;
+
+// A version-4 header's orthogonalisation row ([253]) where its stage plan leaves that slot free,
+// 0 or more, and 0 without Muon (llmc/recipe.h's debug_state_newton_schulz checks it against its
+// table).
+inline int debug_state_read_newton_schulz_row(const int h[kHeaderInts], const std::string& path, bool muon) {
+  if (h[31] > kDebugStateStagesBytes) return 0;  // written before the slot: the plan's text
+  const int row = h[kDebugStateNewtonSchulzSlot];
+  if (row < 0 || (!muon && row != 0)) {
+    LLMC_FAIL("%s: Muon's orthogonalisation %d in the header (0 or more, with Muon only): the header is "
+              "damaged; re-create it with train_gpt2.py", path.c_str(), row);
+  }
+  return row;
+}
+
+// A version-4 header's stage plan ([31..252]; files written before [253] may fill it too).
 inline std::string debug_state_read_stages(const int h[kHeaderInts], const std::string& path) {
   constexpr int kFirst = 32, kLast = 253;
   const int bytes = h[31];
@@ -871,6 +893,7 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     }
     d.fp8_head = h[30] == 1;
     d.stages = debug_state_read_stages(h, path);
+    d.newton_schulz_row = debug_state_read_newton_schulz_row(h, path, d.muon);
   }
   if (d.B <= 0 || d.T <= 0 || d.T > c.max_seq_len || d.steps < 0 || d.vocab_size != c.vocab_size) {
     LLMC_FAIL("%s: debug state (B=%d T=%d steps=%d V=%d) does not fit the model %s", path.c_str(),

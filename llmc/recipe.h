@@ -31,15 +31,89 @@ inline OptimizerKind parse_optimizer(const std::string& name, const char* flag) 
             "the rest)", flag, name.c_str());
 }
 
-// Muon's Newton-Schulz iteration (train_gpt2.py's NEWTON_SCHULZ): `steps` times X <- a X + B X,
-// B = b A + c A A, A = X X^T. The baseline's (modern.md) and the speedrun's (record #28: fewer
-// steps of a steeper polynomial, whose singular values end near 1 rather than at it).
-struct NewtonSchulz {
-  int steps;
+// One step of Muon's orthogonalisation: X <- a X + B X, B = b A + c A A, A = X X^T.
+struct NewtonSchulzStep {
   float a, b, c;
 };
-constexpr NewtonSchulz kNewtonSchulzBaseline = {12, 2.0f, -1.5f, 0.5f};
-constexpr NewtonSchulz kNewtonSchulzSpeedrun = {5, 3.4445f, -4.7750f, 2.0315f};
+
+constexpr bool operator==(const NewtonSchulzStep& x, const NewtonSchulzStep& y) {
+  return x.a == y.a && x.b == y.b && x.c == y.c;
+}
+
+constexpr int kNewtonSchulzMaxSteps = 12;
+
+// Muon's orthogonalisation (train_gpt2.py's NEWTON_SCHULZ: the same rows in the same order, which
+// the debug state's header names by place): X <- X / (norm_scale |X|_F + norm_eps) in BF16, then
+// `steps` steps, step i of polynomial[i].
+struct NewtonSchulz {
+  const char* name;  // -ns's value
+  int steps;
+  NewtonSchulzStep polynomial[kNewtonSchulzMaxSteps];
+  float norm_scale, norm_eps;
+};
+
+// `steps` steps of one polynomial after X / (|X|_F + 1e-7).
+constexpr NewtonSchulz newton_schulz_repeated(const char* name, int steps, NewtonSchulzStep p) {
+  NewtonSchulz ns = {name, steps, {}, 1.0f, 1e-7f};
+  for (int i = 0; i < steps; i++) ns.polynomial[i] = p;
+  return ns;
+}
+
+// The baseline's (modern.md); the speedrun's (record #28: fewer steps of a steeper polynomial,
+// whose singular values end near 1 rather than at it); Polar Express (record #89: each step the
+// polynomial best for the singular values the steps before leave, after a norm 2% larger, which
+// keeps them inside the first polynomial's interval through BF16's rounding).
+constexpr NewtonSchulz kNewtonSchulzMethods[] = {
+    newton_schulz_repeated("baseline", 12, {2.0f, -1.5f, 0.5f}),
+    newton_schulz_repeated("speedrun", 5, {3.4445f, -4.7750f, 2.0315f}),
+    {"polar",
+     5,
+     {{8.156554524902461f, -22.48329292557795f, 15.878769915207462f},
+      {4.042929935166739f, -2.808917465908714f, 0.5000178451051316f},
+      {3.8916678022926607f, -2.772484153217685f, 0.5060648178503393f},
+      {3.285753657755655f, -2.3681294933425376f, 0.46449024233003106f},
+      {2.3465413258596377f, -1.7097828382687081f, 0.42323551169305323f}},
+     1.02f,
+     1e-6f},
+};
+constexpr int kNewtonSchulzMethodCount = sizeof(kNewtonSchulzMethods) / sizeof(kNewtonSchulzMethods[0]);
+constexpr const NewtonSchulz& kNewtonSchulzBaseline = kNewtonSchulzMethods[0];
+constexpr const NewtonSchulz& kNewtonSchulzSpeedrun = kNewtonSchulzMethods[1];
+constexpr const NewtonSchulz& kNewtonSchulzPolar = kNewtonSchulzMethods[2];
+
+// `flag` names the command-line flag the name came from.
+inline const NewtonSchulz& parse_newton_schulz(const std::string& name, const char* flag) {
+  for (const NewtonSchulz& ns : kNewtonSchulzMethods) {
+    if (name == ns.name) return ns;
+  }
+  LLMC_FAIL("%s %s: unknown orthogonalisation: use baseline (12 Newton-Schulz steps of one polynomial), "
+            "speedrun (record #28's 5 steps of a steeper one) or polar (record #89's Polar Express: 5 steps, "
+            "each of its own polynomial)", flag, name.c_str());
+}
+
+// The orthogonalisation a debug state's steps ran (llmc/gpt2.h's header [23..26] and [253]): its row
+// of kNewtonSchulzMethods, whose steps and first polynomial must be the header's; in files written
+// before [253], the header's steps of its one polynomial from X / (|X|_F + 1e-7). `path` names the file.
+inline NewtonSchulz debug_state_newton_schulz(const DebugState& d, const std::string& path) {
+  const NewtonSchulzStep header = {d.newton_schulz_a, d.newton_schulz_b, d.newton_schulz_c};
+  if (d.newton_schulz_row == 0) {
+    if (d.newton_schulz_steps < 1 || d.newton_schulz_steps > kNewtonSchulzMaxSteps) {
+      LLMC_FAIL("%s: %d Newton-Schulz steps in the header (1 to %d): the header is damaged; re-create it with "
+                "train_gpt2.py", path.c_str(), d.newton_schulz_steps, kNewtonSchulzMaxSteps);
+    }
+    return newton_schulz_repeated("the debug state's", d.newton_schulz_steps, header);
+  }
+  const bool known = d.newton_schulz_row <= kNewtonSchulzMethodCount;
+  const NewtonSchulz& ns = kNewtonSchulzMethods[known ? d.newton_schulz_row - 1 : 0];
+  if (!known || ns.steps != d.newton_schulz_steps || !(ns.polynomial[0] == header)) {
+    LLMC_FAIL("%s: Muon's orthogonalisation %d in the header, of %d steps from (%g, %g, %g), is not row %d of "
+              "the %d here: train_gpt2.py's NEWTON_SCHULZ and llmc/recipe.h's rows "
+              "differ, or the header is damaged; re-create it with this train_gpt2.py", path.c_str(),
+              d.newton_schulz_row, d.newton_schulz_steps, header.a, header.b, header.c, d.newton_schulz_row,
+              kNewtonSchulzMethodCount);
+  }
+  return ns;
+}
 
 // A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
 // where no recipe sets another. The fields a flag writes are named by it in their comment, in the
@@ -82,7 +156,7 @@ struct Recipe {
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
   MomentumSchedule muon_momentum;  // 0.95 at every step (no warmup)
-  NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
+  NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;  // -ns
   // A tall matrix's update times sqrt(rows / cols), as the reference scales it; false where the
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
   bool muon_scale_tall = true;
@@ -243,6 +317,24 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   return t;
 }
 
+// Muon's orthogonalisation in the start-up table: its steps, their polynomial where it is not the
+// baseline's (or that each step has its own), and the norm where it is not |X| + 1e-7.
+inline std::string newton_schulz_description(const NewtonSchulz& ns) {
+  const NewtonSchulzStep& first = ns.polynomial[0];
+  const bool one_polynomial = std::all_of(ns.polynomial, ns.polynomial + ns.steps,
+                                          [&](const NewtonSchulzStep& p) { return p == first; });
+  std::string text = strformat("%d Newton-Schulz steps", ns.steps);
+  if (!one_polynomial) {
+    text += " each of its own polynomial";
+  } else if (!(first == kNewtonSchulzBaseline.polynomial[0])) {
+    text += strformat(" of (%g, %g, %g)", first.a, first.b, first.c);
+  }
+  if (ns.norm_scale != kNewtonSchulzBaseline.norm_scale || ns.norm_eps != kNewtonSchulzBaseline.norm_eps) {
+    text += strformat(" from X / (%g |X| + %g)", ns.norm_scale, ns.norm_eps);
+  }
+  return text;
+}
+
 // The start-up table's optimizers, from the run's record (what optimizer_table makes of it), the
 // rates at the schedule's peak.
 inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
@@ -259,13 +351,9 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   if (mu.warmup_steps > 0) {
     momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
   }
-  const NewtonSchulz& ns = r.muon_newton_schulz;
-  const NewtonSchulz& baseline = kNewtonSchulzBaseline;
-  const std::string polynomial = ns.a == baseline.a && ns.b == baseline.b && ns.c == baseline.c
-                                     ? "" : strformat(" of (%g, %g, %g)", ns.a, ns.b, ns.c);
-  return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %d "
-                   "Newton-Schulz steps%s in BF16%s); %s for the rest", r.muon_lr, r.muon_weight_decay,
-                   momentum.c_str(), ns.steps, polynomial.c_str(),
+  return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %s in BF16%s); "
+                   "%s for the rest", r.muon_lr, r.muon_weight_decay, momentum.c_str(),
+                   newton_schulz_description(r.muon_newton_schulz).c_str(),
                    r.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
 }
 

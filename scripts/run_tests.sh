@@ -528,7 +528,8 @@ gpu_setup() {
 # block's edge) without a window (tiny: the GEMM path in both builds) and with one (d12 GPT-2 and
 # modern: the flash kernels in BF16, 12 layers' long and short windows); the speedrun's block
 # (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup; d12 also at the
-# schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches).
+# schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
+# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -539,6 +540,7 @@ gpu_against_pytorch() {
               "modern_d12:--recipe modern --model d12 --debug_noise 0.02 --batch_size 4 --seq_len 64" \
               "modern_d48_width:--recipe modern --num_layers 2 --num_heads 25 --channels 1600 --debug_noise 0.02 --batch_size 1 --seq_len 1000" \
               "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
+              "modern_d12_polar:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --batch_size 4 --seq_len 64" \
               "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \

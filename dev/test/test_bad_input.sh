@@ -472,6 +472,15 @@ if has_flag -fh; then
   fi
 fi
 
+# --- -ns, Muon's orthogonalisation: a name of its table, and only with Muon (flag errors, before the
+# GPU)
+if has_flag -ns; then
+  expect "-ns of an unknown name" "^error: -ns newton: unknown orthogonalisation: use baseline .*, speedrun .* or polar " \
+    -opt muon -ns newton
+  expect "-ns without Muon" "^error: -ns polar sets Muon's orthogonalisation, which -opt adamw does not use: add -opt muon or drop -ns; -opt adamw comes from -recipe gpt2" \
+    -ns polar
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

@@ -1,8 +1,11 @@
 // Tests llmc/recipe.h's optimizer table: each recipe's row for every parameter role (method, rate,
 // betas, eps, weight decay, state precision) as its record gives it, with -opt and the decay flags
 // written into the record; the per-role weight decay against the parameter table's decayed
-// tensors in every architecture; AdamW's betas and eps in each of its rows; and the start-up
-// table's description of each recipe's optimizers.
+// tensors in every architecture; AdamW's betas and eps in each of its rows; the start-up
+// table's description of each recipe's optimizers; and Muon's orthogonalisations: the rows of
+// kNewtonSchulzMethods (the baseline's, the speedrun's, Polar Express) as -ns names them, each
+// recipe's, and the one a debug state's header names (its row, or in older files its one
+// polynomial).
 #include <cmath>
 #include <string>
 
@@ -138,6 +141,85 @@ void test_descriptions() {
                 "speedrun's in the FP32 build: no BF16 embeddings");
 }
 
+std::string polynomial_text(const llmc::NewtonSchulzStep& p) { return llmc::strformat("(%.9g, %.9g, %.9g)", p.a, p.b, p.c); }
+
+// A row's steps, each step's polynomial, and its norm, in full float precision.
+std::string newton_schulz_text(const llmc::NewtonSchulz& ns) {
+  std::string text = llmc::strformat("%s %d:", ns.name, ns.steps);
+  for (int i = 0; i < ns.steps; i++) text += " " + polynomial_text(ns.polynomial[i]);
+  return text + llmc::strformat(" norm %.9g %.9g", ns.norm_scale, ns.norm_eps);
+}
+
+void test_newton_schulz_rows() {
+  const std::string baseline = newton_schulz_text(llmc::parse_newton_schulz("baseline", "-ns"));
+  std::string twelve;
+  for (int i = 0; i < 12; i++) twelve += " (2, -1.5, 0.5)";
+  check_verbose(baseline == "baseline 12:" + twelve + " norm 1 1.00000001e-07",
+                "-ns baseline: 12 steps of (2, -1.5, 0.5) from |X| + 1e-7: " + baseline);
+  const std::string speedrun = newton_schulz_text(llmc::parse_newton_schulz("speedrun", "-ns"));
+  std::string five;
+  for (int i = 0; i < 5; i++) five += " (3.44449997, -4.7750001, 2.0315001)";
+  check_verbose(speedrun == "speedrun 5:" + five + " norm 1 1.00000001e-07",
+                "-ns speedrun: 5 steps of (3.4445, -4.775, 2.0315) from |X| + 1e-7: " + speedrun);
+  // Record #89's coefficients (its train_gpt.py 168-174) as floats, and its norm 1.02 |X| + 1e-6.
+  const llmc::NewtonSchulz& polar = llmc::parse_newton_schulz("polar", "-ns");
+  const float record[5][3] = {{8.156554524902461f, -22.48329292557795f, 15.878769915207462f},
+                              {4.042929935166739f, -2.808917465908714f, 0.5000178451051316f},
+                              {3.8916678022926607f, -2.772484153217685f, 0.5060648178503393f},
+                              {3.285753657755655f, -2.3681294933425376f, 0.46449024233003106f},
+                              {2.3465413258596377f, -1.7097828382687081f, 0.42323551169305323f}};
+  bool same = polar.steps == 5 && polar.norm_scale == 1.02f && polar.norm_eps == 1e-6f;
+  for (int i = 0; i < 5; i++) {
+    same = same && polar.polynomial[i].a == record[i][0] && polar.polynomial[i].b == record[i][1] &&
+           polar.polynomial[i].c == record[i][2];
+  }
+  check_verbose(same, "-ns polar: record #89's 5 polynomials, one a step, from 1.02 |X| + 1e-6: " +
+                          newton_schulz_text(polar));
+  check_throws([] { llmc::parse_newton_schulz("newton", "-ns"); },
+               "-ns newton: unknown orthogonalisation: use baseline", "-ns newton");
+  check_verbose(std::string(llmc::recipe_gpt2().muon_newton_schulz.name) == "baseline" &&
+                    std::string(llmc::recipe_modern().muon_newton_schulz.name) == "baseline" &&
+                    std::string(llmc::recipe_speedrun().muon_newton_schulz.name) == "speedrun",
+                "the recipes' orthogonalisation: gpt2 and modern the baseline's, speedrun its own");
+  Recipe r = llmc::recipe_modern();
+  r.muon_newton_schulz = polar;
+  check_verbose(llmc::optimizer_table(r, true).muon_newton_schulz.polynomial[4].a == record[4][0],
+                "modern -ns polar: the optimizer table's orthogonalisation is Polar Express");
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(described.find("Nesterov momentum 0.95, 5 Newton-Schulz steps each of its own polynomial from X / "
+                               "(1.02 |X| + 1e-06) in BF16); AdamW") != std::string::npos,
+                "modern -ns polar described: " + described);
+}
+
+// The orthogonalisation of a debug state's header: its row (1 + the place in the table) with the
+// row's steps and first polynomial in [23..26]; without a row (files written before it) the
+// header's steps of its one polynomial from |X| + 1e-7; a row that is not there, or whose steps or
+// first polynomial the header does not repeat, fails.
+void test_newton_schulz_debug_state() {
+  const auto state = [](int row, int steps, llmc::NewtonSchulzStep p) {
+    llmc::DebugState d;
+    d.muon = true;
+    d.newton_schulz_row = row;
+    d.newton_schulz_steps = steps;
+    d.newton_schulz_a = p.a, d.newton_schulz_b = p.b, d.newton_schulz_c = p.c;
+    return d;
+  };
+  const llmc::NewtonSchulz& polar = llmc::kNewtonSchulzPolar;
+  const llmc::NewtonSchulz read = llmc::debug_state_newton_schulz(state(3, 5, polar.polynomial[0]), "d.bin");
+  check_verbose(newton_schulz_text(read) == newton_schulz_text(polar), "row 3: Polar Express, " + newton_schulz_text(read));
+  const llmc::NewtonSchulz older = llmc::debug_state_newton_schulz(state(0, 5, {3.4445f, -4.775f, 2.0315f}), "d.bin");
+  check_verbose(newton_schulz_text(older) ==
+                    newton_schulz_text(llmc::kNewtonSchulzSpeedrun).replace(0, 8, "the debug state's"),
+                "no row (an older file): the speedrun's 5 steps, " + newton_schulz_text(older));
+  check_throws([&] { llmc::debug_state_newton_schulz(state(3, 5, llmc::kNewtonSchulzSpeedrun.polynomial[0]), "d.bin"); },
+               "d.bin: Muon's orthogonalisation 3 in the header, of 5 steps from (3.4445, -4.775, 2.0315), is not "
+               "row 3 of the 3 here", "row 3 with the speedrun's polynomial");
+  check_throws([&] { llmc::debug_state_newton_schulz(state(4, 5, polar.polynomial[0]), "d.bin"); },
+               "is not row 4 of the 3 here", "row 4");
+  check_throws([&] { llmc::debug_state_newton_schulz(state(0, 13, {2.0f, -1.5f, 0.5f}), "d.bin"); },
+               "d.bin: 13 Newton-Schulz steps in the header (1 to 12)", "no row, 13 steps");
+}
+
 }  // namespace
 
 int main() {
@@ -147,6 +229,8 @@ int main() {
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();
+    test_newton_schulz_rows();
+    test_newton_schulz_debug_state();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

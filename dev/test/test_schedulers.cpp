@@ -187,10 +187,11 @@ void test_muon_momentum() {
     }
   }
   check_verbose(constant, "modern and GPT-2 recipes: momentum 0.95 (0.95f) at every step");
-  const llmc::NewtonSchulz ns = llmc::recipe_modern().muon_newton_schulz;
-  check_verbose(ns.steps == 12 && ns.a == 2.0f && ns.b == -1.5f && ns.c == 0.5f &&
+  const llmc::NewtonSchulz& ns = llmc::recipe_modern().muon_newton_schulz;
+  check_verbose(std::string(ns.name) == "baseline" && ns.steps == 12 && ns.polynomial[11].a == 2.0f &&
+                    ns.polynomial[11].b == -1.5f && ns.polynomial[11].c == 0.5f &&
                     llmc::recipe_modern().muon_scale_tall && llmc::recipe_gpt2().muon_scale_tall &&
-                    llmc::recipe_gpt2().muon_newton_schulz.steps == 12,
+                    std::string(llmc::recipe_gpt2().muon_newton_schulz.name) == "baseline",
                 "modern and GPT-2 recipes: 12 Newton-Schulz steps of (2, -1.5, 0.5), tall matrices scaled");
 }
 

@@ -75,7 +75,7 @@ for text, words in [("0.5; 0.5 t=256", "longer than the debug state's batch of -
                     ("1 cap=8", "the debug state's batch is random tokens"),
                     ("1 aw=-1", "a debug step keeps a fixed window"),
                     ("1; +4", "leave none of --debug_steps 4"),
-                    ("1." + "0" * 900, "do not fit the debug state's header, which holds 888")]:
+                    ("1." + "0" * 900, "do not fit the debug state's header, which holds 884")]:
     message = error(text, *debug)
     assert words in message, (text, message)
     print(f"--write_debug_state, {text[:20]!r}: {message}")

@@ -650,6 +650,29 @@ void test_debug_state_header() {
                "debug state with eps placement 2");
   check_throws(with("debug_ns.bin", 23, 5), "Newton-Schulz steps 5, momentum warmup 0",
                "debug state with Newton-Schulz steps but no Muon");
+  check_throws(with("debug_ns_row.bin", llmc::kDebugStateNewtonSchulzSlot, 3),
+               "Muon's orthogonalisation 3 in the header (0 or more, with Muon only)",
+               "debug state with an orthogonalisation but no Muon");
+  h[13] = 1;  // Muon
+  check_throws(with("debug_ns_row_negative.bin", llmc::kDebugStateNewtonSchulzSlot, -1),
+               "Muon's orthogonalisation -1 in the header", "debug state with orthogonalisation -1");
+}
+
+// Slot 253 names Muon's orthogonalisation where the stage plan leaves it free: a plan of 884 bytes
+// or less; a longer one (up to 888 bytes, written before the slot) keeps its text there, and the
+// orthogonalisation is the older files' (row 0).
+void test_debug_state_newton_schulz_slot() {
+  int h[llmc::kHeaderInts] = {};
+  h[13] = 1;  // Muon
+  h[31] = llmc::kDebugStateStagesBytes;
+  h[llmc::kDebugStateNewtonSchulzSlot] = 3;
+  const int row = llmc::debug_state_read_newton_schulz_row(h, "d.bin", true);
+  h[31] = llmc::kDebugStateStagesBytes + 4;
+  h[llmc::kDebugStateNewtonSchulzSlot] = 0x3b312f31;  // "1/1;", the plan's last 4 bytes
+  const int older = llmc::debug_state_read_newton_schulz_row(h, "d.bin", true);
+  check_verbose(llmc::kDebugStateStagesBytes == 884 && row == 3 && older == 0,
+                llmc::strformat("a plan of 884 bytes leaves slot 253 its row (%d); one of 888 fills it (row %d)",
+                                row, older));
 }
 
 // Walks the table in order, each tensor slab by slab (the layers it is stacked over, the value
@@ -749,9 +772,9 @@ void check_speedrun_files(const std::string& init, uint64_t seed, const std::str
                                 d.lr_embedding, d.lr_head, d.lr_vector, d.eps, d.window_blocks));
   check_verbose(d.newton_schulz_steps == 5 && d.newton_schulz_a == 3.4445f && d.newton_schulz_b == -4.7750f &&
                     d.newton_schulz_c == 2.0315f && d.muon_momentum_start == 0.85f &&
-                    d.muon_momentum_warmup == 300 && d.eps_before_correction,
-                llmc::strformat("speedrun debug state: Newton-Schulz %d of (%g, %g, %g), momentum %g rising "
-                                "over %d steps, eps before the correction", d.newton_schulz_steps,
+                    d.muon_momentum_warmup == 300 && d.eps_before_correction && d.newton_schulz_row == 2,
+                llmc::strformat("speedrun debug state: Newton-Schulz row %d, %d of (%g, %g, %g), momentum %g "
+                                "rising over %d steps, eps before the correction", d.newton_schulz_row, d.newton_schulz_steps,
                                 d.newton_schulz_a, d.newton_schulz_b, d.newton_schulz_c,
                                 d.muon_momentum_start, d.muon_momentum_warmup));
   check_verbose(d.grads.size() == llmc::num_parameters(c) && d.steps >= 2 && d.losses[1] < d.losses[0],
@@ -786,6 +809,7 @@ int main(int argc, char** argv) {
     test_crc32();
     test_checkpoints();
     test_debug_state_header();
+    test_debug_state_newton_schulz_slot();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }
