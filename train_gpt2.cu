@@ -10587,7 +10587,13 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
       float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
       newton_schulz_flag(a),
+      int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
+               "which Muon's momentum falls linearly back to its start value (0: none)",
+               &a.muon_momentum.cooldown_steps, 0, kIntMax),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
+      llmc::double_flag("-kc", "cooldown fraction", "-k cooldown: the fraction c of -x's steps its cooldown takes, "
+                        "from step int(N (1 - c)) linear from each stage's lr multiplier to -q (of the peak, whatever "
+                        "the multiplier) at step N (0: the last fifth)", &a.cooldown_fraction, 0.0, 1.0),
   });
   // What -l scales is the recipe's: one rate, or the roles' rates. The flags a recipe sets are the
   // same for every TrainArgs.
@@ -10629,6 +10635,14 @@ void validate_args(const TrainArgs& a) {
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
+  const bool kc_given = std::count(a.given.begin(), a.given.end(), "-kc") > 0;
+  REQUIRE(!kc_given || a.cooldown_fraction == 0.0 || a.schedule == "cooldown",
+          "-kc %g is the cooldown of -k cooldown: give -k cooldown with it", a.cooldown_fraction);
+  const long cooldown = a.muon_momentum.cooldown_steps;
+  REQUIRE(cooldown == 0 || a.optimizer == llmc::OptimizerKind::kMuon,
+          "-mc %ld cools Muon's momentum, and -opt %s has no Muon: give -opt muon with it, or leave -mc out", cooldown,
+          llmc::optimizer_name(a.optimizer));
+  REQUIRE(cooldown == 0 || a.max_steps >= 0, "-mc %ld counts back from the run's last step: give -x", cooldown);
 }
 
 // The process count of this launch as multi_gpu_init finds it (mpirun's, or -pr/-pn's and
@@ -11011,6 +11025,12 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                               llmc::layer_plan(config));
   }
   in.stages = resolve_stage_plan(a, config, world);
+  if (a.max_steps >= 0) {
+    const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
+    a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
+                                   llmc::strformat("-x %d", a.max_steps) +
+                                       (extension ? llmc::strformat(" and -sp's %ld extension steps", extension) : ""));
+  }
   llmc::resolve_tokenizer(a);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
@@ -11168,6 +11188,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.schedule = llmc::make_lr_schedule(a.schedule, "-k", a.lr, a.warmup, std::max(1L, r.stages.scheduled_steps()),
                                       a.final_lr_frac);
   r.schedule.decay_fraction = a.decay_fraction;
+  r.schedule.cooldown_fraction = a.cooldown_fraction;
   r.hellaswag = std::move(in.hellaswag);
   if (a.sample_every > 0 && !a.tokenizer.empty()) r.tokenizer.reset(new llmc::Tokenizer(a.tokenizer));
   // The checkpoints' pinned buffers come first, so that a resume reads its state into them. The
@@ -11363,7 +11384,7 @@ bool train_step(TrainRun& r, int step) {
   StepResult s;
   s.loss = multi_gpu_average(r.mg, (float)(loss_sum / micro_steps), m.stream);
   s.norm = multi_gpu_grad_norm(r.mg, m);
-  const double lr = r.schedule.at(step) * r.step.lr_multiplier;  // the stage's multiple of the schedule's
+  const double lr = r.schedule.at(step, r.step.lr_multiplier);
   s.lr = (float)lr;
   // A NaN or Inf anywhere in the gradients shows in the norm: such an update is never applied.
   s.finite = std::isfinite(s.loss) && std::isfinite(s.norm);

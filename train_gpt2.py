@@ -137,6 +137,7 @@ RECIPE_FLAGS = {
 MUON_FLAGS = {
     "muon_lr": (0.025, 0.025, 0.05), "muon_weight_decay": (0.05, 0.05, 0.0), "muon_momentum": (0.95, 0.95, 0.95),
     "muon_momentum_start": (0.85, 0.85, 0.85), "muon_momentum_warmup": (0, 0, 300),
+    "muon_momentum_cooldown": (0, 0, 0),
     "muon_ns": ("baseline", "baseline", "speedrun"),
 }
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
@@ -1532,23 +1533,39 @@ class StagePlan:
 # Optimisation
 
 
-def learning_rate(step, args, peak=None):
-    """The learning rate of step `step` (0-based) of N = num_iterations, with W = warmup_iters,
-    lr = peak (default learning_rate) and min_lr = lr * final_lr_frac:
-      step < W:     lr * (step + 1) / W                        (every schedule)
-      otherwise, with f = (step - S) / (N - S) within [0, 1]:
+def learning_rate(step, args, peak=None, multiplier=1.0):
+    """The learning rate of step `step` (0-based) of N = num_iterations in a stage of rate multiplier
+    `multiplier` (m), with W = warmup_iters, lr = peak (default learning_rate) and min_lr = lr *
+    final_lr_frac (llmc/schedulers.h, in double in the same order):
+      step < W:     lr * (step + 1) / W * m                    (every schedule)
+      otherwise, with f = (step - S) / (N - S) within [0, 1], each schedule's value times m:
         cosine:     min_lr + (lr - min_lr) * 0.5 * (1 + cos(pi * f)),      S = W
         linear:     lr - (lr - min_lr) * f,                                S = W
         wsd:        lr - (lr - min_lr) * f,  S = max(W, N - N // 5)  (stable, then the last 20% decay)
         constant:   lr
         stable_decay: lr while step/N < 1 - D, then lr * (w + (1 - w) * final_lr_frac),
                     w = (1 - step/N) / D, D = cooldown_frac  (modern.md: D 0.7, to 0; speedrun: D 0.45, to 0.1 lr)
-    A stage plan's extension steps (step >= N) take the schedule's end value, f = 1 and w = 0.
+      or
+        cooldown:   lr * m before S, then lr * (m * (1 - t) + final_lr_frac * t), t = min(1, (step - S) / (N - S)),
+                    S = max(W, int(N * (1 - cooldown_frac))): min_lr whatever m (modded-nanogpt's record #89)
+    A stage plan's extension steps (step >= N) take the schedule's end value, f = 1, t = 1 and w = 0.
     """
     lr = args.learning_rate if peak is None else peak
     W, N = args.warmup_iters, args.num_iterations
     if step < W:
-        return lr * (step + 1) / W
+        return lr * (step + 1) / W * multiplier
+    if args.lr_schedule == "cooldown":
+        start = max(W, int(N * (1 - args.cooldown_frac)))
+        if step < start:
+            return lr * multiplier
+        t = min(1.0, (step - start) / (N - start)) if N > start else 1.0
+        return lr * (multiplier * (1 - t) + args.final_lr_frac * t)
+    return scaled_by_stage(step, args, lr) * multiplier
+
+
+def scaled_by_stage(step, args, lr):
+    """learning_rate's value past the warmup of the schedules that a stage's multiplier scales as a whole."""
+    W, N = args.warmup_iters, args.num_iterations
     if args.lr_schedule == "constant":
         return lr
     if args.lr_schedule == "stable_decay":
@@ -1713,15 +1730,21 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     return optimizers, fused
 
 
-def muon_momentum(step, args):
-    """Muon's momentum at `step` (0-based): from --muon_momentum_start rising linearly to
-    --muon_momentum over the first --muon_momentum_warmup steps (the speedrun's 0.85 to 0.95 over 300;
-    none in the others), then --muon_momentum."""
-    warmup = args.muon_momentum_warmup
-    if step >= warmup:
-        return args.muon_momentum
-    frac = step / warmup
-    return (1 - frac) * args.muon_momentum_start + frac * args.muon_momentum
+def muon_momentum(step, args, steps=None):
+    """Muon's momentum at `step` (0-based) of a run of `steps` steps, scheduled and extension (default
+    --num_iterations): from --muon_momentum_start rising linearly to --muon_momentum over the first
+    --muon_momentum_warmup steps (the speedrun's 0.85 to 0.95 over 300; none in the others), then
+    --muon_momentum; over the run's last K = --muon_momentum_cooldown steps back to the start value,
+    as modded-nanogpt's get_muon_momentum (llmc/schedulers.h MomentumSchedule)."""
+    warmup, cooldown = args.muon_momentum_warmup, args.muon_momentum_cooldown
+    if step < warmup:
+        frac = step / warmup
+        return (1 - frac) * args.muon_momentum_start + frac * args.muon_momentum
+    cooldown_start = (args.num_iterations if steps is None else steps) - cooldown
+    if cooldown > 0 and step > cooldown_start:
+        frac = (step - cooldown_start) / cooldown
+        return args.muon_momentum - frac * (args.muon_momentum - args.muon_momentum_start)
+    return args.muon_momentum
 
 
 def adam_eps(step, args):
@@ -1733,22 +1756,22 @@ def adam_eps(step, args):
     return args.adam_eps / math.sqrt(1 - args.beta2 ** (step + 1))
 
 
-def set_learning_rates(optimizers, step, args, multiplier=1.0):
-    """Every group's rate at `step`: its peak under the schedule, times the stage's multiplier;
-    Muon's momentum, AdamW's eps (with --adam_eps_before_correction 1). Returns the rate of
-    --learning_rate."""
+def set_learning_rates(optimizers, step, args, multiplier=1.0, steps=None):
+    """Every group's rate at `step` in a stage of rate multiplier `multiplier`: its peak under the
+    schedule (learning_rate); Muon's momentum (of a run of `steps` steps: muon_momentum), AdamW's eps
+    (with --adam_eps_before_correction 1). Returns the rate of --learning_rate."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             if isinstance(optimizer, Muon):
-                group["momentum"] = muon_momentum(step, args)
+                group["momentum"] = muon_momentum(step, args, steps)
             elif args.adam_eps_before_correction:
                 group["eps"] = adam_eps(step, args)
-            lr = learning_rate(step, args, group["peak_lr"]) * multiplier
+            lr = learning_rate(step, args, group["peak_lr"], multiplier)
             if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
-    return learning_rate(step, args) * multiplier
+    return learning_rate(step, args, None, multiplier)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -2067,6 +2090,9 @@ def parse_args(argv=None):
         "muon_momentum_start", "Muon's momentum at step 0, rising linearly to --muon_momentum"))
     a.add_argument("--muon_momentum_warmup", type=int, help=muon_help(
         "muon_momentum_warmup", "the steps over which Muon's momentum rises; 0: constant"))
+    a.add_argument("--muon_momentum_cooldown", type=int, help=muon_help(
+        "muon_momentum_cooldown", "the run's last steps (with --stages' extension) over which Muon's momentum "
+        "falls linearly back to --muon_momentum_start; 0: none"))
     a.add_argument("--muon_ns", choices=sorted(NEWTON_SCHULZ), help=muon_help(
         "muon_ns", "Muon's orthogonalisation: " + "; ".join(
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
@@ -2074,11 +2100,13 @@ def parse_args(argv=None):
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
     a.add_argument("--final_lr_frac", type=float, help=recipe_help("final_lr_frac", "final lr as a fraction of the peak"))
-    a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay"],
+    a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay", "cooldown"],
                    help=recipe_help("lr_schedule", "stable_decay: constant, then for the last --cooldown_frac of "
-                                    "the steps linear to --final_lr_frac"))
+                                    "the steps linear to --final_lr_frac; cooldown: each stage's lr multiplier, "
+                                    "from step int(N (1 - --cooldown_frac)) falling linearly to --final_lr_frac of "
+                                    "the peak at N, whatever the stage's multiplier (modded-nanogpt's record #89)"))
     a.add_argument("--cooldown_frac", type=float, help=recipe_help(
-        "cooldown_frac", "stable_decay: the fraction of the steps that decays"))
+        "cooldown_frac", "stable_decay and cooldown: the fraction of the steps that decays"))
     a.add_argument("--grad_clip", type=float, help=recipe_help("grad_clip", "global gradient norm clip; 0 = off"))
     a.add_argument("--num_iterations", type=int, help=recipe_help("num_iterations", "optimizer steps"))
     a.add_argument("--stages", default="", metavar="PLAN", help="the run as stages separated by ';', each its "
@@ -2223,6 +2251,11 @@ def check_args(args):
         fail("--fp8 1 is GPT-2's recipe with AdamW; drop --fp8 or use --arch gpt2 --optimizer adamw")
     if args.optimizer == "muon" and args.muon_momentum_warmup < 0:
         fail(f"--muon_momentum_warmup {args.muon_momentum_warmup}: give 0 (constant momentum) or more steps")
+    if args.optimizer == "muon" and args.muon_momentum_cooldown < 0:
+        fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: give 0 (no cooldown) or more steps")
+    if args.write_debug_state and args.optimizer == "muon" and args.muon_momentum_cooldown > 0:
+        fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the debug state's header holds no momentum "
+             f"cooldown, so test_gpt2cu would step without it; drop it")
     check_document_args(args)
 
 
@@ -2246,6 +2279,11 @@ def stage_plan(args, world):
         plan = StagePlan(stages, scheduled, args.batch_size, world, "--debug_steps")
     else:
         plan = StagePlan(stages, args.num_iterations, args.batch_size, world, "--num_iterations")
+        if args.optimizer == "muon" and args.muon_momentum_cooldown > plan.steps:
+            extension = f" and --stages' {plan.extension} extension steps" if plan.extension else ""
+            fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the momentum's cooldown is longer than the "
+                 f"run's {plan.steps} steps (--num_iterations {args.num_iterations}{extension}); give "
+                 f"{plan.steps} or less")
     for number, stage in enumerate(stages, 1):
         check_stage(args, stage, number, stages[0].seq_len, given)
         tokens, micro_batch = plan.tokens(stage), args.batch_size * stage.seq_len * world
@@ -2556,7 +2594,7 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
         if step == N:
             break
         t0 = time.perf_counter()
-        train_loss, norm, lr = train_step(args, step, step_plan, model, raw_model, optimizers, train_loader,
+        train_loss, norm, lr = train_step(args, step, step_plan, N, model, raw_model, optimizers, train_loader,
                                           device, autocast, world)
         if device_type == "cuda":
             torch.cuda.synchronize()
@@ -2581,12 +2619,13 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
         log(f"wrote {path}")
 
 
-def train_step(args, step, step_plan, model, raw_model, optimizers, train_loader, device, autocast, world):
-    """One optimizer step of the step's plan; returns (its mean loss over the ranks, the gradient
-    norm, the rate of --learning_rate). A document loader takes the step's shape first."""
+def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train_loader, device, autocast, world):
+    """One optimizer step of the step's plan in a run of `steps` steps; returns (its mean loss over
+    the ranks, the gradient norm, the rate of --learning_rate). A document loader takes the step's
+    shape first."""
     if isinstance(train_loader, DocumentLoader):
         train_loader.reshape(step_plan.seq_len, step_plan.micro_steps, step_plan.cap)
-    lr = set_learning_rates(optimizers, step, args, step_plan.lr_multiplier)
+    lr = set_learning_rates(optimizers, step, args, step_plan.lr_multiplier, steps)
     raw_model.zero_grad(set_to_none=True)
     train_loss = torch.zeros((), device=device)
     grad_accum_steps = step_plan.micro_steps

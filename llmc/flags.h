@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpt2.h"
@@ -55,17 +57,29 @@ inline long parse_int(const char* flag, const char* text, long min, long max) {
   return v;
 }
 
-inline float parse_float(const char* flag, const char* text, float min, float max) {
+// A number read as its type (float: strtof, double: strtod, so each is the nearest to the text).
+template <typename Real>
+Real parse_real(const char* flag, const char* text, Real min, Real max) {
   char* end = nullptr;
   errno = 0;
-  const float v = strtof(text, &end);
+  Real v;
+  if constexpr (std::is_same_v<Real, float>) {
+    v = strtof(text, &end);
+  } else {
+    v = strtod(text, &end);
+  }
   if (!*text || *end || errno || !std::isfinite(v)) LLMC_FAIL("%s '%s': not a number", flag, text);
   if (v < min || v > max) {
-    const std::string range =
-        max == FLT_MAX ? strformat("at least %g", min) : strformat("within [%g, %g]", min, max);
-    LLMC_FAIL("%s %g: must be %s", flag, v, range.c_str());
+    const std::string range = max == std::numeric_limits<Real>::max()
+                                  ? strformat("at least %g", (double)min)
+                                  : strformat("within [%g, %g]", (double)min, (double)max);
+    LLMC_FAIL("%s %g: must be %s", flag, (double)v, range.c_str());
   }
   return v;
+}
+
+inline float parse_float(const char* flag, const char* text, float min, float max) {
+  return parse_real(flag, text, min, max);
 }
 
 // A data tool's "--flag value" pairs, in order, each given to set (false: not a flag of the
@@ -104,6 +118,13 @@ inline Flag float_flag(const char* name, const char* label, const char* help, fl
           [value] { return strformat("%g", *value); }, value};
 }
 
+// A setting that must be read as exactly as train_gpt2.py reads it (a Python float is a double).
+inline Flag double_flag(const char* name, const char* label, const char* help, double* value,
+                        double min, double max) {
+  return {name, label, help, [=](const char* text) { *value = parse_real(name, text, min, max); },
+          [value] { return strformat("%g", *value); }, value};
+}
+
 // The settings of the shared flags, with their defaults: the run's record (Recipe, GPT-2's until
 // a recipe fills it), which holds the flags a recipe sets, and the others.
 struct TrainFlags : Recipe {
@@ -123,7 +144,7 @@ struct TrainFlags : Recipe {
 inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
   constexpr long kIntMax = INT32_MAX;
   Flag schedule = text_flag("-k", "lr schedule",
-                            "learning-rate schedule: cosine linear constant wsd", &f.schedule);
+                            "learning-rate schedule: cosine linear constant wsd cooldown", &f.schedule);
   schedule.set = [&f](const char* text) {
     parse_lr_schedule(text, "-k");
     f.schedule = text;

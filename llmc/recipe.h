@@ -125,10 +125,12 @@ struct Recipe {
   float lr = 3e-4f;            // -l: the schedule's peak
   float weight_decay = 0.1f;   // -c: AdamW's
   float grad_clip = 1.0f;      // -gc; 0: none
-  // The schedule (-k), and with wsd the fraction of the steps it decays over (-kd; 0: the last
-  // fifth).
+  // The schedule (-k), with wsd the fraction of the steps it decays over (-kd; 0: the last fifth),
+  // with cooldown the fraction its cooldown takes (-kc; 0: the last fifth), a double as
+  // train_gpt2.py's --cooldown_frac, for the cooldown's first step int(N (1 - c)).
   std::string schedule = "cosine";
   float decay_fraction = 0.0f;  // -kd
+  double cooldown_fraction = 0.0;  // -kc
   float final_lr_frac = 0.0f;  // -q
   long total_batch = -1;       // -z (-1: one micro batch)
   int B = 4, T = 0;            // -b, -t (T 0: the model's maximum)
@@ -155,7 +157,7 @@ struct Recipe {
   bool bf16_embeddings = false;
   float role_lr[4] = {1.0f, 1.0f, 1.0f, 1.0f};
   const char* lr_help = "peak learning rate";  // what -l means under the recipe
-  MomentumSchedule muon_momentum;  // 0.95 at every step (no warmup)
+  MomentumSchedule muon_momentum;  // 0.95 at every step (no warmup, no cooldown); -mc: its cooldown_steps
   NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;  // -ns
   // A tall matrix's update times sqrt(rows / cols), as the reference scales it; false where the
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
@@ -351,6 +353,7 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   if (mu.warmup_steps > 0) {
     momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
   }
+  if (mu.cooldown_steps > 0) momentum += strformat(", back to %g over the last %ld", mu.start, mu.cooldown_steps);
   return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %s in BF16%s); "
                    "%s for the rest", r.muon_lr, r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),

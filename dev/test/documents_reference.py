@@ -1,7 +1,9 @@
 """The checks of dev/test/test_documents.sh: the document-aligned order of llmc/dataloader.h
 (through build/test_dataloader --dump-documents) and of train_gpt2.py against each other, and
 train_gpt2.py's against modded-nanogpt's own loader, transcribed below, as it is and as
-dev/bench_quality.py's copy of it searches. Writes its shards under the folder given; prints one
+dev/bench_quality.py's copy of it searches; the stage plan's steps, rates and momentum of
+llmc/stages.h and llmc/schedulers.h (build/test_stages) against train_gpt2.py's, and record #89's
+rate and momentum against its reference's expressions (transcribed below too). Writes its shards under the folder given; prints one
 line per check, "what<TAB>same" or "what<TAB>the difference", and notes without a tab.
 
   python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
@@ -183,6 +185,102 @@ def check_plan_dumps(scratch):
         print(f"{what}: every step's plan, C++ and train_gpt2.py\t{verdict}")
 
 
+# modded-nanogpt's record #89 (train_gpt.py at f411b3d3, TrainingSchedule.get_lr and
+# get_muon_momentum), its rate multiplier and Muon's momentum at a step: the stage's lr_mul
+# (`multiplier`), the scheduled and total steps and the cooldown fraction as arguments instead of
+# its globals; the expressions as there.
+def reference_lr(step, multiplier, scheduled_iterations, cooldown_frac=0.60):
+    lr = multiplier
+    cd_start = int(scheduled_iterations * (1 - cooldown_frac))
+    if step >= cd_start:
+        t = min(1.0, (step - cd_start) / (scheduled_iterations - cd_start))
+        lr = lr * (1 - t) + 0.15 * t
+    return lr
+
+
+def reference_momentum(step, total_steps, muon_warmup_steps=300, muon_cooldown_steps=50, momentum_min=0.85,
+                       momentum_max=0.95):
+    momentum_cd_start = total_steps - muon_cooldown_steps
+    if step < muon_warmup_steps:
+        frac = step / muon_warmup_steps
+        momentum = momentum_min + frac * (momentum_max - momentum_min)
+    elif step > momentum_cd_start:
+        frac = (step - momentum_cd_start) / muon_cooldown_steps
+        momentum = momentum_max - frac * (momentum_max - momentum_min)
+    else:
+        momentum = momentum_max
+    return momentum
+
+
+def port_rate_lines(plan, steps, schedule, lr, warmup, final_frac, cooldown_frac, momentum, momentum_warmup,
+                    momentum_cooldown):
+    """train_gpt2.py's learning rate and Muon's momentum of each step 0..N+E as build/test_stages
+    --dump-rates prints them."""
+    start, end = momentum
+    args = tg.parse_args(["--input_bin", "x", "--documents", "1", "-t", "128", "--num_iterations", str(steps),
+                          "--stages", plan, "--optimizer", "muon", "--lr_schedule", schedule, "--learning_rate", lr,
+                          "--warmup_iters", str(warmup), "--final_lr_frac", final_frac, "--cooldown_frac",
+                          cooldown_frac, "--muon_momentum_start", start, "--muon_momentum", end,
+                          "--muon_momentum_warmup", str(momentum_warmup), "--muon_momentum_cooldown",
+                          str(momentum_cooldown)])
+    stages = tg.stage_plan(args, 1)
+    return [f"{s} {'%.17g' % tg.learning_rate(s, args, None, stages.step(s).lr_multiplier)} "
+            f"{'%.17g' % tg.muon_momentum(s, args, stages.steps)}" for s in range(stages.steps + 1)]
+
+
+def check_rate_dumps():
+    """The learning rate and Muon's momentum of every step, llmc/schedulers.h's over a plan's
+    multipliers (build/test_stages --dump-rates) against train_gpt2.py's; record #89's against its
+    reference's expressions too."""
+    record89 = "1/3 t=128; 1/3 t=256 lr=1.52; 1/3 t=384 lr=1.73; +15"
+    cases = [  # (PLAN, STEPS, SCHEDULE, LR, WARMUP, FINAL_FRAC, COOLDOWN_FRAC, (MOMENTUM START, END), ITS WARMUP,
+               #  ITS COOLDOWN)
+        (record89, 1270, "cooldown", "1", 0, "0.15", "0.6", ("0.85", "0.95"), 300, 50),
+        (record89, 1270, "cooldown", "0.008", 0, "0.15", "0.6", ("0.85", "0.95"), 300, 50),
+        ("1/2 lr=2; 1/2 lr=0.5; +3", 41, "cooldown", "0.023", 25, "0.1", "0.55", ("0.8", "0.95"), 10, 44),
+        ("1/4; 3/4 lr=1.25", 97, "cooldown", "0.0006", 5, "0", "1", ("0.85", "0.95"), 0, 97),
+        # the existing schedules and the speedrun's momentum: each schedule's value times the stage's
+        ("1/3; 1/3 lr=0.5; 1/3 lr=0.25; +5", 200, "cosine", "0.0006", 20, "0.1", "0.5", ("0.85", "0.95"), 300, 0),
+        ("1/3; 1/3 lr=0.5; 1/3 lr=0.25; +5", 200, "linear", "0.0003", 7, "0.25", "0.5", ("0.85", "0.95"), 0, 0),
+        ("1/2; 1/2 lr=1.5; +5", 1000, "wsd", "0.001", 20, "0", "0.5", ("0.85", "0.95"), 300, 0),
+        ("1/2; 1/2 lr=1.5", 13, "constant", "0.0002", 3, "0.3", "0.5", ("0.85", "0.95"), 0, 0),
+    ]
+    for plan, steps, schedule, lr, warmup, final_frac, cooldown_frac, momentum, momentum_warmup, momentum_cooldown \
+            in cases:
+        what = (f"--stages {plan!r} of {steps} steps, {schedule} from {lr} (warmup {warmup}, final {final_frac}, "
+                f"cooldown {cooldown_frac}), momentum {momentum[0]} to {momentum[1]} (warmup {momentum_warmup}, "
+                f"cooldown {momentum_cooldown})")
+        port = port_rate_lines(plan, steps, schedule, lr, warmup, final_frac, cooldown_frac, momentum,
+                               momentum_warmup, momentum_cooldown)
+        out, result = run_cpp(what, ["build/test_stages", "--dump-rates", plan, str(steps), schedule, lr, str(warmup),
+                                     final_frac, cooldown_frac, *momentum, str(momentum_warmup),
+                                     str(momentum_cooldown)])
+        if result is None:
+            continue
+        lines = out.splitlines()
+        differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
+        verdict = ("same" if lines == port else f"C++ {len(lines)} lines (exit {result.returncode}: "
+                   f"{result.stderr.strip()!r}), train_gpt2.py {len(port)}" if differ is None
+                   else f"first difference at step {differ}: {lines[differ]!r} and {port[differ]!r}")
+        print(f"{what}: every step's rate and momentum, C++ and train_gpt2.py\t{verdict}")
+    # Record #89 (rate 1: the multiplier itself), against its reference: the rate at every step; the momentum
+    # from step 300, and before it as float (Muon's kernels take float), its warmup written 0.85 + f 0.1
+    # where ours is (1 - f) 0.85 + f 0.95 (record #28's), which differs in the last bit of some doubles.
+    stages = tg.StagePlan(tg.parse_stages(record89, 128, -1, 0), 1270, 1, 1)
+    multipliers = [stages.stages[stages.stage_index(s)].lr_multiplier for s in range(stages.steps + 1)]
+    port = port_rate_lines(*cases[0])
+    as_float = lambda x: float(np.float32(x))
+    reference = [(reference_lr(s, m, 1270), reference_momentum(s, stages.steps)) for s, m in enumerate(multipliers)]
+    ours = [(float(lr), float(mu)) for _, lr, mu in (line.split() for line in port)]
+    differ = [s for s, ((lr, mu), (ref_lr, ref_mu)) in enumerate(zip(ours, reference))
+              if lr != ref_lr or (mu != ref_mu if s >= 300 else as_float(mu) != as_float(ref_mu))]
+    print(f"record #89's plan: the rate at each of {len(ours)} steps, and the momentum (as float before step 300), "
+          f"train_gpt2.py and its reference\t{'same' if not differ else f'differ at steps {differ[:5]}'}")
+    named = {846: ours[846][0], 847: ours[847][0], 1284: ours[1284][1], 508: ours[508][0], 1270: ours[1270][0]}
+    print(f"record #89: rate 1.52 at the cooldown's start (508), 0.912 at step 846, 1.027 at 847, 0.15 from 1270; "
+          f"momentum 0.852 at 1284\t{'same' if [round(named[s], 3) for s in (508, 846, 847, 1270, 1284)] == [1.52, 0.912, 1.027, 0.15, 0.852] else named}")
+
+
 def port_stage_rows(pattern, B, world, shuffle, seed, plan, T, Z, steps):
     """train_gpt2.py's loaders of every rank following the plan, reshaped where a step's shape
     changes: the rows of its N+E steps, flat in stream order."""
@@ -352,6 +450,7 @@ def main(scratch):
                       f"{'same' if len(reference) == count else len(reference)}")
     check_bench_edit(patterns, layouts, T)
     check_plan_dumps(scratch)
+    check_rate_dumps()
     check_stage_rows(scratch, patterns["short"], T)
 
     # modded-nanogpt's own setting: T = 48K, 8 processes of one micro batch, a window of 786,432

@@ -453,6 +453,23 @@ else
   skip "-sp" "$TRAINER has no -sp"
 fi
 
+# --- the rate's cooldown (-k cooldown -kc) and Muon's momentum cooldown (-mc, counted back from
+# the run's last step, -sp's extension included): all before the GPU
+if has_flag -mc; then
+  expect "-mc negative" "^error: -mc -5: must be at least 0\$" -opt muon -mc -5
+  expect "-mc longer than the run" "^error: -mc 3: the momentum's cooldown is longer than the run's 2 steps \(-x 2\): give -mc 2 or less\$" \
+    -opt muon -mc 3
+  expect "-mc longer than the run and its extension" "^error: -mc 5: the momentum's cooldown is longer than the run's 4 steps \(-x 2 and -sp's 2 extension steps\): give -mc 4 or less\$" \
+    -opt muon -mc 5 -sp "1; +2"
+  expect "-mc without Muon" "^error: -mc 1 cools Muon's momentum, and -opt adamw has no Muon: give -opt muon with it, or leave -mc out; -opt adamw comes from -recipe gpt2: give -opt to override it\$" \
+    -mc 1
+  expect "-mc without -x" "^error: -mc 1 counts back from the run's last step: give -x\$" -opt muon -mc 1 -x -1
+  expect "-kc with another schedule" "^error: -kc 0\.6 is the cooldown of -k cooldown: give -k cooldown with it\$" -kc 0.6
+  expect "-kc above 1" "^error: -kc 1\.5: must be within \[0, 1\]\$" -k cooldown -kc 1.5
+else
+  skip "-mc and -kc" "$TRAINER has no -mc"
+fi
+
 # --- -fp8 in the FP32 build, whose products are FP32: a flag error, before the GPU (the compute
 # capability it needs in the BF16 build is checked with the GPU)
 if has_flag -fp8 && grep -q "precision FP32" <<< "$help"; then

@@ -10,9 +10,12 @@
 # start); and the bench's copy of it (dev/bench_quality.py: each micro step searching 16 x a step's
 # tokens) reading train_gpt2.py's sequences past those stops, where a window of 16 x would have
 # moved the switch to the next shard. Then the stage plan: each step's plan of llmc/stages.h
-# (build/test_stages --dump) against train_gpt2.py's --stages, and the sequences of loaders
-# following a plan (build/test_dataloader --dump-stages: a document cap, reshaped between steps)
-# against train_gpt2.py's. Scratch files go to build/scratch/test_documents.
+# (build/test_stages --dump) against train_gpt2.py's --stages; each step's learning rate and
+# Muon's momentum over a plan (--dump-rates: llmc/schedulers.h's, the cooldown to an absolute
+# floor and the momentum's cooldown among them) against train_gpt2.py's, bit for bit, and record
+# #89's against the expressions of its reference (transcribed in documents_reference.py); and the
+# sequences of loaders following a plan (build/test_dataloader --dump-stages: a document cap,
+# reshaped between steps) against train_gpt2.py's. Scratch files go to build/scratch/test_documents.
 #
 #   bash dev/test/test_documents.sh     (PYTHON=... to pick the python with torch)
 set -uo pipefail

@@ -95,6 +95,13 @@ void test_parsing() {
   check_throws([&] { parse(f, {"-l", "nan"}); }, "-l 'nan': not a number", "nan for a number");
   check_throws([&] { parse(f, {"-k", "step"}); }, "unknown learning-rate schedule 'step' for -k",
                "an unknown schedule");
+  double fraction = 0.0;
+  const llmc::Flag kc = llmc::double_flag("-kc", "cooldown fraction", "a fraction", &fraction, 0.0, 1.0);
+  kc.set("0.6");
+  check_verbose(fraction == 0.6 && (float)fraction == 0.6f && fraction != (double)0.6f && kc.show() == "0.6",
+                "a double flag reads 0.6 as the double nearest it (Python's float), not a float's");
+  check_throws([&] { kc.set("1.5"); }, "-kc 1.5: must be within [0, 1]", "a double flag above its range");
+  check_throws([&] { kc.set("1e999"); }, "-kc '1e999': not a number", "a double flag out of a double's range");
 }
 
 void test_messages() {

@@ -139,6 +139,12 @@ void test_descriptions() {
   const std::string fp32 = llmc::optimizer_description(llmc::recipe_speedrun(), false);
   check_verbose(fp32.find("BF16 for") == std::string::npos && fp32.find("0.008 head for the rest") != std::string::npos,
                 "speedrun's in the FP32 build: no BF16 embeddings");
+  Recipe cooled = llmc::recipe_speedrun();
+  cooled.muon_momentum.cooldown_steps = 50;
+  const std::string momentum = llmc::optimizer_description(cooled, true);
+  check_verbose(momentum.find("Nesterov momentum 0.85 rising to 0.95 over 300 steps, back to 0.85 over the last 50, ") !=
+                    std::string::npos,
+                "-mc 50: the momentum's cooldown described");
 }
 
 std::string polynomial_text(const llmc::NewtonSchulzStep& p) { return llmc::strformat("(%.9g, %.9g, %.9g)", p.a, p.b, p.c); }

@@ -1,7 +1,9 @@
-// Tests llmc/schedulers.h: warmup, endpoints, monotonicity, the wsd phases,
-// name parsing, and bit-exact agreement with train_gpt2.py's learning_rate(); Muon's momentum
-// against train_gpt2.py's muon_momentum() and the recipes' (llmc/recipe.h); the attention
+// Tests llmc/schedulers.h: warmup, endpoints, monotonicity, the wsd phases, a stage's multiplier
+// of each schedule, the cooldown to an absolute floor (record #89's values), name parsing, and
+// bit-exact agreement with train_gpt2.py's learning_rate(); Muon's momentum with its warmup and
+// cooldown against train_gpt2.py's muon_momentum() and the recipes' (llmc/recipe.h); the attention
 // window's schedule and per-layer pattern; and the recipes' validation batches on N processes.
+// Every step of a stage plan's rates against train_gpt2.py's: dev/test/test_documents.sh.
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -136,15 +138,101 @@ void test_matches_train_gpt2_py() {
                                 equal, compared));
 }
 
+// A stage's multiplier m scales the whole of every schedule but the cooldown: at(s, m) is at(s) * m
+// bit for bit, as the trainer computed it before the cooldown.
+void test_stage_multiplier() {
+  bool same = true;
+  for (const char* name : {"cosine", "linear", "constant", "wsd"}) {
+    LrSchedule s = make_lr_schedule(name, "-k", 6e-4, 10, 200, 0.1);
+    s.decay_fraction = std::string(name) == "wsd" ? 0.45 : 0.0;
+    for (long step = 0; step <= 210; step++) {
+      for (double m : {1.0, 0.5, 1.52, 0.3333333333333333}) same = same && s.at(step, m) == s.at(step) * m;
+    }
+  }
+  check_verbose(same, "cosine, linear, constant, wsd (-kd 0 and 0.45): a stage's rate is the schedule's times its "
+                      "multiplier, bit for bit");
+}
+
+// Record #89: N = 1,270 scheduled steps, cooldown fraction 0.6 from int(1270 x 0.4) = 508, floor 0.15
+// of the peak; stages of m = 1, 1.52, 1.73 ending at 423, 847, 1,270, then the extension.
+void test_cooldown() {
+  LrSchedule s = make_lr_schedule("cooldown", "-k", 1.0, 0, 1270, 0.15);
+  s.cooldown_fraction = 0.6;
+  const double at846 = s.at(846, 1.52), at847 = s.at(847, 1.73);
+  check_verbose(s.cooldown_start() == 508 && s.at(507, 1.52) == 1.52 && s.at(508, 1.52) == 1.52 &&
+                    s.at(509, 1.52) < 1.52 && std::fabs(at846 - 0.912) < 5e-4 && std::fabs(at847 - 1.027) < 5e-4 &&
+                    close(at846, 1.52 * (1 - 338.0 / 762) + 0.15 * 338.0 / 762),
+                llmc::strformat("record #89: m until step 508, then m (1 - t) + 0.15 t: %.6f at step 846 (m 1.52), "
+                                "%.6f at 847 (m 1.73)", at846, at847));
+  bool floor = true;
+  for (long step = 1270; step <= 1285; step++) {
+    for (double m : {1.0, 1.52, 1.73, 4.0}) floor = floor && s.at(step, m) == 0.15;
+  }
+  check_verbose(floor && s.at(1269, 1.73) > 0.15,
+                "from step N (the extension) the rate is the floor 0.15 of the peak, whatever the multiplier");
+  LrSchedule fifth = make_lr_schedule("cooldown", "-k", 1e-3, 0, 1000, 0.0);
+  LrSchedule long_warmup = make_lr_schedule("cooldown", "-k", 1e-3, 900, 1000, 0.0);
+  long_warmup.cooldown_fraction = 0.5;
+  check_verbose(fifth.cooldown_start() == 800 && fifth.at(800, 2.0) == 2e-3 && close(fifth.at(900, 2.0), 1e-3) &&
+                    long_warmup.cooldown_start() == 900 && long_warmup.at(899, 2.0) == 2e-3 &&
+                    close(long_warmup.at(950, 2.0), 1e-3),
+                "cooldown fraction 0: the last fifth; a warmup past int(N (1 - c)): the cooldown starts after it");
+  check_verbose(make_lr_schedule("cooldown", "-k", 1.0, 0, 3, 0.1).at(2, 1.0) == 1.0 &&
+                    make_lr_schedule("cooldown", "-k", 1.0, 0, 3, 0.1).at(3, 1.0) == 0.1,
+                "a run shorter than 5 steps: no cooldown inside it, the floor after it (no division by zero)");
+}
+
+// Values printed by train_gpt2.py's learning_rate(step, args, None, m) as float.hex for
+// --lr_schedule cooldown: record #89's (0.023, 0.6, 0.15) and one with a warmup (0.001, 10 steps,
+// 0.45, 0.1), each step with its multiplier.
+void test_cooldown_matches_train_gpt2_py() {
+  struct Value {
+    long step;
+    double multiplier, expected;
+  };
+  struct Case {
+    double lr;
+    long warmup, total;
+    double frac, cooldown;
+    std::vector<Value> values;
+  };
+  const std::vector<Case> cases = {
+      {0.023, 0, 1270, 0.15, 0.6,
+       {{0, 1.0, 0x1.78d4fdf3b645ap-6}, {507, 1.52, 0x1.1e646f1561911p-5}, {508, 1.52, 0x1.1e646f1561911p-5},
+        {509, 1.52, 0x1.1e0db68e2ddcbp-5}, {846, 1.52, 0x1.57c999263aa79p-6}, {847, 1.73, 0x1.830a02a7585b5p-6},
+        {1000, 1.73, 0x1.0b7dcad7a1558p-6}, {1269, 1.73, 0x1.ca7302cd99ac1p-9}, {1270, 1.0, 0x1.c432ca57a786cp-9},
+        {1284, 1.0, 0x1.c432ca57a786cp-9}}},
+      {0.001, 10, 100, 0.1, 0.45,
+       {{0, 2.0, 0x1.a36e2eb1c432dp-13}, {9, 2.0, 0x1.0624dd2f1a9fcp-9}, {10, 2.0, 0x1.0624dd2f1a9fcp-9},
+        {54, 2.0, 0x1.0624dd2f1a9fcp-9}, {55, 2.0, 0x1.0624dd2f1a9fcp-9}, {56, 0.5, 0x1.017bd14992c15p-11},
+        {99, 0.5, 0x1.c8b68dde03266p-14}}},
+  };
+  int compared = 0, equal = 0;
+  for (const Case& c : cases) {
+    LrSchedule s = make_lr_schedule("cooldown", "-k", c.lr, c.warmup, c.total, c.frac);
+    s.cooldown_fraction = c.cooldown;
+    for (const Value& v : c.values) {
+      compared++;
+      equal += s.at(v.step, v.multiplier) == v.expected;
+      check(s.at(v.step, v.multiplier) == v.expected,
+            llmc::strformat("cooldown lr=%g W=%ld N=%ld c=%g step %ld m %g: %a, train_gpt2.py %a", c.lr, c.warmup,
+                            c.total, c.cooldown, v.step, v.multiplier, s.at(v.step, v.multiplier), v.expected));
+    }
+  }
+  check_verbose(equal == compared, llmc::strformat("cooldown: %d of %d values equal train_gpt2.py's bit for bit",
+                                                   equal, compared));
+}
+
 void test_parsing() {
   check(llmc::parse_lr_schedule("cosine", "-k") == llmc::LrScheduleKind::kCosine &&
             llmc::parse_lr_schedule("linear", "-k") == llmc::LrScheduleKind::kLinear &&
             llmc::parse_lr_schedule("constant", "-k") == llmc::LrScheduleKind::kConstant &&
-            llmc::parse_lr_schedule("wsd", "-k") == llmc::LrScheduleKind::kWsd,
+            llmc::parse_lr_schedule("wsd", "-k") == llmc::LrScheduleKind::kWsd &&
+            llmc::parse_lr_schedule("cooldown", "-k") == llmc::LrScheduleKind::kCooldown,
         "every schedule name parses");
   check_throws(
       [] { llmc::parse_lr_schedule("cosin", "-k"); },
-      "unknown learning-rate schedule 'cosin' for -k: use one of cosine, linear, constant, wsd",
+      "unknown learning-rate schedule 'cosin' for -k: use one of cosine, linear, constant, wsd, cooldown",
       "a misspelt schedule name");
   check_throws([] { make_lr_schedule("cosine", "-k", 1e-3, -1, 10, 0.0); }, "warmup steps -1",
                "negative warmup");
@@ -154,6 +242,47 @@ void test_parsing() {
                "final fraction above 1");
   check_throws([] { make_lr_schedule("cosine", "-k", -1.0, 0, 10, 0.0); }, "must be >= 0",
                "negative learning rate");
+}
+
+// Record #89's momentum: 0.85 rising to 0.95 over 300 steps, back to 0.85 over the last 50 of 1,285;
+// values printed by train_gpt2.py's muon_momentum(step, args, 1285) as float.hex.
+void test_momentum_cooldown() {
+  llmc::MomentumSchedule record89;
+  record89.warmup_steps = 300;
+  record89.cooldown_steps = 50;
+  record89.resolve(1285, "-mc", "-x 1270 and -sp's 15 extension steps");
+  const std::vector<std::pair<long, double>> python = {
+      {0, 0x1.b333333333333p-1},    {299, 0x1.e63ab596de8cap-1},  {300, 0x1.e666666666666p-1},
+      {1235, 0x1.e666666666666p-1}, {1236, 0x1.e5604189374bcp-1}, {1260, 0x1.cccccccccccccp-1},
+      {1284, 0x1.b4395810624ddp-1}, {1285, 0x1.b333333333333p-1}};
+  int equal = 0;
+  for (const auto& [step, expected] : python) {
+    equal += record89.at(step) == expected;
+    check(record89.at(step) == expected, llmc::strformat("momentum with its cooldown at step %ld: %a, train_gpt2.py "
+                                                         "%a", step, record89.at(step), expected));
+  }
+  bool falling = true;
+  for (long step = 1236; step <= 1285; step++) falling = falling && record89.at(step) < record89.at(step - 1);
+  check_verbose(equal == (int)python.size() && falling && std::fabs(record89.at(1284) - 0.852) < 1e-12,
+                llmc::strformat("record #89's momentum: 0.95 through step 1235, falling at every step to %.6f at the "
+                                "last (1284) and 0.85 at 1285; %d of %zu steps equal train_gpt2.py's", record89.at(1284),
+                                equal, python.size()));
+  llmc::MomentumSchedule overlap;
+  overlap.warmup_steps = 10;
+  overlap.cooldown_steps = 8;
+  overlap.resolve(12, "-mc", "-x 12");
+  check_verbose(overlap.at(5) == 0.5 * 0.85 + 0.5 * 0.95 && overlap.at(10) == 0.95 - 6.0 / 8 * (0.95 - 0.85),
+                "where the warmup and the cooldown overlap the warmup comes first");
+  llmc::MomentumSchedule whole;
+  whole.cooldown_steps = 20;
+  whole.resolve(20, "-mc", "-x 20");
+  check_verbose(whole.at(0) == 0.95 && whole.at(20) == 0.85, "a cooldown as long as the run: from step 1 on");
+  check_throws([] {
+    llmc::MomentumSchedule m;
+    m.cooldown_steps = 51;
+    m.resolve(50, "-mc", "-x 40 and -sp's 10 extension steps");
+  }, "-mc 51: the momentum's cooldown is longer than the run's 50 steps (-x 40 and -sp's 10 extension steps): give "
+     "-mc 50 or less", "a cooldown longer than the run");
 }
 
 // Values printed by train_gpt2.py's muon_momentum(step, args) as float.hex under --recipe speedrun
@@ -187,6 +316,7 @@ void test_muon_momentum() {
     }
   }
   check_verbose(constant, "modern and GPT-2 recipes: momentum 0.95 (0.95f) at every step");
+  test_momentum_cooldown();
   const llmc::NewtonSchulz& ns = llmc::recipe_modern().muon_newton_schulz;
   check_verbose(std::string(ns.name) == "baseline" && ns.steps == 12 && ns.polynomial[11].a == 2.0f &&
                     ns.polynomial[11].b == -1.5f && ns.polynomial[11].c == 0.5f &&
@@ -248,6 +378,9 @@ int main() {
     test_endpoints_and_monotonicity();
     test_wsd_phases();
     test_matches_train_gpt2_py();
+    test_stage_multiplier();
+    test_cooldown();
+    test_cooldown_matches_train_gpt2_py();
     test_parsing();
     test_muon_momentum();
     test_attention_window();

@@ -2,10 +2,16 @@
 // key, values kept from the stage before), the stage ends of record #89's thirds of 1,270 steps and
 // its 15 extension steps, the plan of each step (tokens, micro steps, the window's schedule, the
 // rate multiplier), the tokens a run has seen, and one error per malformed plan.
-// With --dump it prints a plan's steps for dev/test/test_train_gpt2_py.sh to compare with
+// With --dump it prints a plan's steps for dev/test/test_documents.sh to compare with
 // train_gpt2.py's:
 //   build/test_stages --dump PLAN B T Z AW WORLD STEPS
-// one line a step s = 0 .. N+E: "s stage T tokens micro_steps cap window lr_multiplier".
+// one line a step s = 0 .. N+E: "s stage T tokens micro_steps cap window lr_multiplier"; and with
+// --dump-rates each step's learning rate (llmc/schedulers.h's LrSchedule at the step's stage
+// multiplier, as the CUDA trainer takes it) and Muon's momentum over the plan's N+E steps:
+//   build/test_stages --dump-rates PLAN STEPS SCHEDULE LR WARMUP FINAL_FRAC COOLDOWN_FRAC
+//                                  MOMENTUM_START MOMENTUM_END MOMENTUM_WARMUP MOMENTUM_COOLDOWN
+// one line a step: "s lr momentum" (%.17g).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -121,16 +127,38 @@ int dump(char** argv) {
   return 0;
 }
 
+// --dump-rates PLAN STEPS SCHEDULE LR WARMUP FINAL_FRAC COOLDOWN_FRAC MOMENTUM_START MOMENTUM_END
+//              MOMENTUM_WARMUP MOMENTUM_COOLDOWN; the numbers read as train_gpt2.py reads them (strtod)
+int dump_rates(char** argv) {
+  StagePlan plan(argv[2], "-sp", 128, -1, 0);
+  plan.resolve(atol(argv[3]));
+  llmc::LrSchedule schedule = llmc::make_lr_schedule(argv[4], "-k", strtod(argv[5], nullptr), atol(argv[6]),
+                                                     std::max(1L, plan.scheduled_steps()), strtod(argv[7], nullptr));
+  schedule.cooldown_fraction = strtod(argv[8], nullptr);
+  llmc::MomentumSchedule momentum;
+  momentum.start = strtod(argv[9], nullptr);
+  momentum.end = strtod(argv[10], nullptr);
+  momentum.warmup_steps = atol(argv[11]);
+  momentum.cooldown_steps = atol(argv[12]);
+  momentum.resolve(plan.total_steps(), "-mc", "the plan's");
+  for (long s = 0; s <= plan.total_steps(); s++) {
+    printf("%ld %.17g %.17g\n", s, schedule.at(s, plan.at(s, 1, 1).lr_multiplier), momentum.at(s));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1) {
-    if (argc != 9 || std::string(argv[1]) != "--dump") {
-      fprintf(stderr, "usage: %s [--dump PLAN B T Z AW WORLD STEPS]\n", argv[0]);
+    const std::string mode = argv[1];
+    if (!(mode == "--dump" && argc == 9) && !(mode == "--dump-rates" && argc == 13)) {
+      fprintf(stderr, "usage: %s [--dump PLAN B T Z AW WORLD STEPS | --dump-rates PLAN STEPS SCHEDULE LR WARMUP "
+              "FINAL_FRAC COOLDOWN_FRAC MOMENTUM_START MOMENTUM_END MOMENTUM_WARMUP MOMENTUM_COOLDOWN]\n", argv[0]);
       return 2;
     }
     try {
-      return dump(argv);
+      return mode == "--dump" ? dump(argv) : dump_rates(argv);
     } catch (const llmc::Error& e) {
       fprintf(stderr, "error: %s\n", e.what());
       return 1;

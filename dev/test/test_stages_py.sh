@@ -101,13 +101,48 @@ for flags, world in [(["-t", "256", "--window_blocks", "-1", "--documents", "1"]
         assert tg.learning_rate(step, args) * p.lr_multiplier == tg.learning_rate(step, args)
     print(f"{' '.join(flags)}, {world} process(es): {plan.steps + 1} steps as today")
 # The extension's steps take the schedule's end value, for every schedule
-for schedule in ("cosine", "linear", "wsd", "stable_decay", "constant"):
+for schedule in ("cosine", "linear", "wsd", "stable_decay", "constant", "cooldown"):
     args = tg.parse_args(["--input_bin", "x", "--num_iterations", "20", "--lr_schedule", schedule,
                           "--final_lr_frac", "0.1", "--stages", "1; +5"])
     end = tg.learning_rate(20, args)
     assert [tg.learning_rate(s, args) for s in range(20, 25)] == [end] * 5, schedule
     assert abs(end - (args.learning_rate if schedule == "constant" else 0.1 * args.learning_rate)) < 1e-15, schedule
 print("extension steps: each schedule's end value")
+EOF
+
+check "the momentum's cooldown: one error line for each bad value" <<'EOF'
+import train_gpt2 as tg
+def error(*flags):
+    args = tg.parse_args(["--input_bin", "x", "--num_iterations", "10", "--stages", "1; +5"] + list(flags))
+    try:
+        tg.check_args(args)
+        tg.stage_plan(args, 1)
+    except SystemExit as e:
+        return str(e)
+    raise AssertionError(f"no error for {flags}")
+cases = [
+    (["--optimizer", "muon", "--muon_momentum_cooldown", "-1"],
+     "error: --muon_momentum_cooldown -1: give 0 (no cooldown) or more steps"),
+    (["--optimizer", "muon", "--muon_momentum_cooldown", "16"],
+     "error: --muon_momentum_cooldown 16: the momentum's cooldown is longer than the run's 15 steps (--num_iterations "
+     "10 and --stages' 5 extension steps); give 15 or less"),
+    (["--optimizer", "muon", "--muon_momentum_cooldown", "2", "--write_debug_state", "d"],
+     "error: --muon_momentum_cooldown 2: the debug state's header holds no momentum cooldown, so test_gpt2cu would "
+     "step without it; drop it"),
+    (["--muon_momentum_cooldown", "2"],
+     "error: --muon_momentum_cooldown sets Muon, which --optimizer adamw does not use; add --optimizer muon or drop it"),
+]
+for flags, expected in cases:
+    message = error(*flags)
+    assert message == expected, (flags, message)
+    print(f"{' '.join(flags)}: {message}")
+args = tg.parse_args(["--input_bin", "x", "--num_iterations", "10", "--stages", "1; +5", "--optimizer", "muon",
+                      "--muon_momentum_cooldown", "15"])
+tg.check_args(args)
+plan = tg.stage_plan(args, 1)
+momenta = [tg.muon_momentum(s, args, plan.steps) for s in range(plan.steps + 1)]
+assert momenta[0] == 0.95 and momenta[-1] == 0.85 and all(a > b for a, b in zip(momenta, momenta[1:])), momenta
+print("a cooldown as long as the run's 15 steps: 0.95 at step 0, falling at every step to 0.85 at step 15")
 EOF
 
 check "the document cap: rows cut as specified on shards written here" <<'EOF'
