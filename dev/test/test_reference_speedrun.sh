@@ -189,63 +189,48 @@ assert all(math.isclose(g["momentum"], 0.9) for g in optimizers[1].param_groups)
 print("lr factors", lr, "\nmomentum", momentum, "\nwindows", window, layers)
 EOF
 
-check "Newton-Schulz with the speedrun's coefficients: 5 steps of its polynomial on the singular values" <<'EOF'
+check "Newton-Schulz's speedrun and Polar Express rows: each step's polynomial on the singular values" <<'EOF'
 import torch, train_gpt2 as tg
 torch.manual_seed(0)
-def iterate(s, steps, a, b, c):
-    for _ in range(steps):
-        s = a * s + b * s ** 3 + c * s ** 5
-    return s
-# Newton-Schulz maps each singular value s of G / |G|_F by its polynomial, `steps` times; spread
-# over two decades, the small ones tell the number of steps apart (each step multiplies them by ~a).
-# The fit is the mean error over the singular values: a single one's BF16 rounding can move by 0.07
-# with the CPU's BF16 products (64x32's largest error fit 4 steps better than 5 on one machine,
-# 0.058 against 0.070, while its mean error still picks 5: 0.014 against 0.025).
-for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
-    n = min(rows, cols)
-    U = torch.linalg.qr(torch.randn(rows, n, dtype=torch.float64))[0]
-    V = torch.linalg.qr(torch.randn(cols, n, dtype=torch.float64))[0]
-    s = torch.logspace(-2, 0, n, dtype=torch.float64)
-    X = tg.orthogonalise((U @ torch.diag(s) @ V.T).float(), tg.NEWTON_SCHULZ["speedrun"])
-    assert X.dtype == torch.bfloat16 and X.shape == (rows, cols)
-    got = torch.linalg.svdvals(X.double()).sort().values
-    def errors(steps, a, b, c):
-        return (got - iterate(s / s.norm(), steps, a, b, c).sort().values).abs()
-    a, b, c = tg.NEWTON_SCHULZ["speedrun"].polynomials[0]
-    distances = {steps: errors(steps, a, b, c).mean().item() for steps in range(3, 8)}
-    baseline = errors(12, *tg.NEWTON_SCHULZ["baseline"].polynomials[0]).max().item()
-    print(f"{rows}x{cols}: mean singular value error against k steps of the polynomial",
-          {k: round(d, 4) for k, d in distances.items()}, f"(the baseline's 12 steps: largest {baseline:.3f})")
-    assert min(distances, key=distances.get) == 5 and distances[5] < 0.03 and baseline > 0.2
-EOF
-
-check "Polar Express (--muon_ns polar): its 5 polynomials, one a step, on the singular values of G / 1.02 |G|_F" <<'EOF'
-import torch, train_gpt2 as tg
-torch.manual_seed(0)
-polar = tg.NEWTON_SCHULZ["polar"]
 def iterate(s, polynomials):
     for a, b, c in polynomials:
         s = a * s + b * s ** 3 + c * s ** 5
     return s
-# As above, the mean error over singular values spread over two decades: the polynomials in their
-# order fit best, against the same in reverse order, without the last, or the speedrun's 5 steps.
-# Its first step multiplies the small singular values by 8, and their BF16 rounding with them:
-# errors of 0.017 to 0.055 on these shapes, where the speedrun's are 0.02 (the norm's 2% does not
-# show through that; test_muon checks the CUDA trainer's norm on its own).
-for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
+# Newton-Schulz maps each singular value s of G / (scale |G|_F) by its step's polynomial; spread over
+# two decades, the small ones tell the steps apart (each step multiplies them by ~a). The fit is the
+# mean error over the singular values: a single one's BF16 rounding can move by 0.07 with the CPU's
+# BF16 products (64x32's largest error fit 4 steps better than 5 on one machine, 0.058 against
+# 0.070, while its mean error still picks 5: 0.014 against 0.025).
+def singular_values(rows, cols, method):
+    """Singular values s (log-spaced over two decades) of a rows x cols matrix, and those of its
+    orthogonalisation by NEWTON_SCHULZ[method] (BF16, as train_gpt2.py's Muon), sorted."""
     n = min(rows, cols)
     U = torch.linalg.qr(torch.randn(rows, n, dtype=torch.float64))[0]
     V = torch.linalg.qr(torch.randn(cols, n, dtype=torch.float64))[0]
     s = torch.logspace(-2, 0, n, dtype=torch.float64)
-    X = tg.orthogonalise((U @ torch.diag(s) @ V.T).float(), polar)
+    X = tg.orthogonalise((U @ torch.diag(s) @ V.T).float(), tg.NEWTON_SCHULZ[method])
     assert X.dtype == torch.bfloat16 and X.shape == (rows, cols)
-    got = torch.linalg.svdvals(X.double()).sort().values
-    def error(polynomials, scale):
-        return (got - iterate(s / (scale * s.norm()), polynomials).sort().values).abs().mean().item()
-    fits = {"polar": error(polar.polynomials, 1.02), "reversed": error(polar.polynomials[::-1], 1.02),
-            "4 steps": error(polar.polynomials[:4], 1.02),
-            "speedrun's": error(tg.NEWTON_SCHULZ["speedrun"].polynomials, 1.0)}
-    print(f"{rows}x{cols}: mean singular value error", {k: round(d, 4) for k, d in fits.items()})
+    return s, torch.linalg.svdvals(X.double()).sort().values
+def error(s, got, polynomials, scale=1.0, worst=False):
+    e = (got - iterate(s / (scale * s.norm()), polynomials).sort().values).abs()
+    return (e.max() if worst else e.mean()).item()
+speedrun, baseline, polar = (tg.NEWTON_SCHULZ[m] for m in ("speedrun", "baseline", "polar"))
+for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
+    s, got = singular_values(rows, cols, "speedrun")
+    distances = {k: error(s, got, list(speedrun.polynomials[:1]) * k) for k in range(3, 8)}
+    worst_baseline = error(s, got, baseline.polynomials, worst=True)
+    print(f"speedrun {rows}x{cols}: mean singular value error against k steps of its polynomial",
+          {k: round(d, 4) for k, d in distances.items()}, f"(the baseline's 12 steps: largest {worst_baseline:.3f})")
+    assert min(distances, key=distances.get) == 5 and distances[5] < 0.03 and worst_baseline > 0.2
+# Polar Express: its polynomials in their order fit best, against the same in reverse order, without
+# the last, or the speedrun's 5 steps. Its first step multiplies the small singular values by 8, and
+# their BF16 rounding with them: errors of 0.017 to 0.055 on these shapes, where the speedrun's are
+# 0.02 (the norm's 2% does not show through that; test_muon checks the CUDA trainer's norm on its own).
+for rows, cols in [(48, 8), (8, 48), (16, 16), (64, 32)]:
+    s, got = singular_values(rows, cols, "polar")
+    fits = {"polar": error(s, got, polar.polynomials, 1.02), "reversed": error(s, got, polar.polynomials[::-1], 1.02),
+            "4 steps": error(s, got, polar.polynomials[:4], 1.02), "speedrun's": error(s, got, speedrun.polynomials)}
+    print(f"polar {rows}x{cols}: mean singular value error", {k: round(d, 4) for k, d in fits.items()})
     assert min(fits, key=fits.get) == "polar" and fits["polar"] < 0.08
 EOF
 
