@@ -563,6 +563,11 @@ gpu_against_pytorch() {
     --debug_noise 0.02 --documents 1 --window_blocks 1 --batch_size 2 --seq_len 256 --total_batch_size -1
   staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 t=256 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
     --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1
+  # Short windows given (aw=S/L), none half its long one: the short layers' 2 of (2, 2) at t=256,
+  # 3 of (3, 4) and 1 of (1, 4) at t=512.
+  staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
+    --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 \
+    --total_batch_size -1
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
