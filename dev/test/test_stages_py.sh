@@ -300,6 +300,20 @@ step_values "$WORK/run1"
 [ "$(step_values "$WORK/run1")" = "$(step_values "$WORK/run2")" ] || { echo "FAIL: the two runs differ"; exit 1; }
 echo "ok: 8 steps (6 and 2 of extension), the same twice"
 
+echo "--- the final validation's long window (--final_window_blocks): only the validation after the last step"
+FINAL=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --input_val_bin "$WORK/train_*.bin" --val_every 4 --val_steps 1
+       --documents 1 -b 2 -t 256 --num_iterations 6 --total_batch_size -1 --stages "1/2 aw=2; 1/2 lr=0.5; +2 aw=1")
+"$PYTHON" train_gpt2.py "${FINAL[@]}" > "$WORK/last_stage"
+"$PYTHON" train_gpt2.py "${FINAL[@]}" --final_window_blocks 2 > "$WORK/final_window"
+val_loss() { grep -E "^step +$2/8 \| train time .* \| val loss" "$1" | sed 's/.*val loss //'; }
+for step in 0 4 8; do echo "step $step: val loss $(val_loss "$WORK/last_stage" $step), $(val_loss "$WORK/final_window" $step) with 2"; done
+[ -n "$(val_loss "$WORK/last_stage" 8)" ] && [ "$(step_values "$WORK/last_stage")" = "$(step_values "$WORK/final_window")" ] &&
+  [ "$(val_loss "$WORK/last_stage" 0)" = "$(val_loss "$WORK/final_window" 0)" ] &&
+  [ "$(val_loss "$WORK/last_stage" 4)" = "$(val_loss "$WORK/final_window" 4)" ] &&
+  [ "$(val_loss "$WORK/last_stage" 8)" != "$(val_loss "$WORK/final_window" 8)" ] ||
+  { echo "FAIL: --final_window_blocks 2 should change the step-8 validation alone"; exit 1; }
+echo "ok: the same steps and validations but the last, at a long window of 2 blocks in place of the extension's 1"
+
 echo "--- the debug state of a plan: its text in the header, the steps it takes"
 "$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/debug" -b 2 -t 256 --debug_steps 5 --documents 1 \
   --window_blocks 2 --stages "1/2 t=128 aw=1; 1/2 lr=0.5; +1 t=256 aw=0" > "$WORK/debug.out"
