@@ -10750,22 +10750,25 @@ std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& pla
   const bool one_stage = stages.stages().size() == 1;
   const llmc::WindowSetting& w = stages.stages()[0].window;
   std::string layers = " in every layer";
+  bool shorts_given = false;
+  for (const llmc::Stage& s : stages.stages()) shorts_given = shorts_given || s.window.short_given();
   if (plan.has_short_windows()) {
-    const std::string shorts = !one_stage ? "each stage's short window"
-                               : w.short_given() ? llmc::strformat("S = %d", w.short_blocks)
-                                                 : std::string("N/2");
+    const std::string shorts = !shorts_given ? std::string("N/2")
+                               : one_stage   ? llmc::strformat("S = %d", w.short_blocks)
+                                             : std::string("each stage's short window");
     layers = ", " + shorts + " in the short layers (" + plan.windows() + ")";
   }
-  const std::string n = !one_stage ? " N each stage's (the stages row)"
-                        : w.long_blocks == llmc::kWindowSchedule
-                            ? llmc::strformat(" N growing from 1 to %d over the steps",
-                                              llmc::run_window_blocks_max(w.long_blocks))
-                            : llmc::strformat(" N = %d", w.long_blocks);
+  const bool fixed = one_stage && w.long_blocks != llmc::kWindowSchedule;
+  const std::string n = fixed ? llmc::strformat("N = %d", w.long_blocks) : std::string("N");
+  const std::string which = !one_stage ? ", N each stage's (the stages row)"
+                            : fixed    ? ""
+                                       : llmc::strformat(", N growing from 1 to %d over the steps",
+                                                         llmc::run_window_blocks_max(w.long_blocks));
   const std::string final = stages.final_window() > 0
       ? llmc::strformat("; N = %d at the validation after the last step (-awf)", stages.final_window())
       : std::string();
-  return llmc::strformat("%s; within a window of N blocks of %d tokens%s,%s%s", documents, llmc::kAttentionBlock,
-                         layers.c_str(), n.c_str(), final.c_str());
+  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s", documents, n.c_str(),
+                         llmc::kAttentionBlock, layers.c_str(), which.c_str(), final.c_str());
 }
 
 // -fh given on the command line, not set by -recipe.
