@@ -93,7 +93,7 @@ float debug_state_dloss(const llmc::DebugState& ref, int T) { return ref.loss_su
 // The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch and
 // window. Each step is one micro batch of B rows.
 llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
-  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, ref.window_blocks);
+  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks});
   plan.resolve(ref.steps - (plan.has_extension() ? plan.stages().back().extension_steps : 0));
   REQUIRE(plan.total_steps() == ref.steps && plan.max_T() <= ref.T,
           "the debug state's stage plan '%s' does not fit its %d steps of B=%d T=%d: re-create it with train_gpt2.py",
@@ -107,7 +107,7 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref).max_window());
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
-  gpt2_set_window(m, ref.window_blocks);
+  gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
@@ -123,7 +123,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
   for (int step = 0; step < ref.steps; step++) {
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
     const int T = p.T;
-    if (ref.documents) gpt2_set_window(m, p.window);
+    if (ref.documents) gpt2_set_window(m, p.windows);
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, T, debug_state_dloss(ref, T));

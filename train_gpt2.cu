@@ -7761,7 +7761,7 @@ struct Fp8State {
 // on the model's stream; the backward reads the same.
 struct DocumentAttention {
   bool documents = false;
-  int window_blocks = 0;      // the long window of the passes to come (gpt2_set_window; 0: none)
+  llmc::StepWindows windows;  // of the passes to come (gpt2_set_window; long 0: none)
   int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
   llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
   int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
@@ -7899,7 +7899,8 @@ void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
 }
 
 // The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
-// window over the run (llmc::run_window_blocks_max; 0: none) sizes the windowed backward's scratch.
+// window over the run (llmc::StagePlan::max_window; 0: none), which no short one is wider than,
+// sizes the windowed backward's scratch.
 struct AttentionSpec {
   bool documents = false;
   int max_window_blocks = 0;
@@ -7973,7 +7974,7 @@ void document_buffers_allocate(DocumentAttention& d, size_t tokens) {
 void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   m.documents = spec.documents;
   m.max_window_blocks = spec.max_window_blocks;
-  m.window_blocks = 0;
+  m.windows = {};
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
           "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
@@ -8482,14 +8483,14 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
                           m.config.head_size(), m.stream);
 }
 
-// Layer l's window in blocks at sequence length T: its share of the run's (LayerSpec::window), as
-// train_gpt2.py's layer_window; without a window every block (every earlier key of the document).
+// Layer l's window in blocks at sequence length T: the step's long or short one (LayerSpec::window),
+// as train_gpt2.py's layer_window; without a window every block (every earlier key of the document).
 // A window wider than T selects what one of T's blocks does, so none is passed wider than the
 // scratch.
 int layer_window(const GPT2& m, int l, int T) {
   const int blocks = T / llmc::kAttentionBlock;
-  if (m.window_blocks == 0) return blocks;
-  return std::min(blocks, m.plan[l].window_blocks(m.window_blocks));
+  if (m.windows.long_blocks == 0) return blocks;
+  return std::min(blocks, m.plan[l].window_blocks(m.windows.long_blocks, m.windows.short_blocks));
 }
 
 // The first position layer l's decoding query r.first_position attends to: 0, or within documents
@@ -9087,15 +9088,18 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   return r;
 }
 
-// The long window of the passes to come with documents (gpt2_allocate's AttentionSpec), in blocks;
-// 0: none. A schedule sets each step's (llmc::run_window_blocks).
-void gpt2_set_window(GPT2& m, int window_blocks) {
-  REQUIRE(window_blocks == 0 || m.documents, "a window of %d blocks needs attention within documents",
-          window_blocks);
-  REQUIRE(window_blocks >= 0 && window_blocks <= m.max_window_blocks,
+// The windows of the passes to come with documents (gpt2_allocate's AttentionSpec), in blocks; long
+// 0: none. A stage plan sets each step's (llmc::StagePlan::windows_at).
+void gpt2_set_window(GPT2& m, llmc::StepWindows windows) {
+  REQUIRE(windows.long_blocks == 0 || m.documents, "a window of %d blocks needs attention within documents",
+          windows.long_blocks);
+  REQUIRE(windows.long_blocks >= 0 && windows.long_blocks <= m.max_window_blocks,
           "a window of %d blocks, but the attention was allocated for windows of up to %d (0: none)",
-          window_blocks, m.max_window_blocks);
-  m.window_blocks = window_blocks;
+          windows.long_blocks, m.max_window_blocks);
+  REQUIRE(windows.short_blocks >= 0 && windows.short_blocks <= windows.long_blocks,
+          "a short window of %d blocks beside a long one of %d: the short one is no wider", windows.short_blocks,
+          windows.long_blocks);
+  m.windows = windows;
 }
 
 // With documents, the mask's metadata of the B x T inputs: each row's block spans and tokens'
@@ -10456,6 +10460,7 @@ struct TrainArgs : llmc::TrainFlags {
   int async_checkpoints = 1;
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
+  int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -10496,13 +10501,20 @@ llmc::Flag recipe_flag(TrainArgs& a) {
           [&a] { return std::string(a.recipe->name); }};
 }
 
-// -aw: N blocks, -1 the schedule, 0 none (llmc::parse_window_blocks).
+// -aw's long and short windows.
+llmc::WindowSetting window_setting(const TrainArgs& a) { return {a.window_blocks, a.short_window_blocks}; }
+
+// -aw: N blocks, -1 the schedule, 0 none, or S/N (llmc::parse_window_setting).
 llmc::Flag window_flag(TrainArgs& a) {
   return {"-aw", "attention window", "with -pd 1: attention within modded-nanogpt's window of N blocks of 128 "
-          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer); -1: its "
-          "schedule, 1 block growing to 14 over -x; 0: none",
-          [&a](const char* text) { a.window_blocks = llmc::parse_window_blocks("-aw", text); },
-          [&a] { return std::to_string(a.window_blocks); }, &a.window_blocks};
+          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer), or S/N: S "
+          "blocks in the short layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over -x; 0: none",
+          [&a](const char* text) {
+            const llmc::WindowSetting w = llmc::parse_window_flag("-aw", text);
+            a.window_blocks = w.long_blocks;
+            a.short_window_blocks = w.short_blocks;
+          },
+          [&a] { return window_setting(a).text(); }, &a.window_blocks};
 }
 
 // -ns's help: each row of llmc::kNewtonSchulzMethods by its name, as the start-up table describes it.
@@ -10567,6 +10579,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
+               "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
+               "stage's", &a.final_window_blocks, 0, kIntMax),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
                 "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
                 "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
@@ -10726,25 +10741,34 @@ std::string architecture_description(const llmc::ArchSpec& s) {
                          "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
-// -pd and -aw: the training sequences and what a token attends to.
+// -pd, -aw and -awf: the training sequences and what a token attends to.
 std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan, const llmc::StagePlan& stages) {
   if (!a.documents) return "causal, over contiguous training sequences";
   const char* documents = "within each document (token 50256 opens each) of document-aligned training "
                           "sequences, validation's contiguous";
-  const bool short_layers = plan.windows().find((char)llmc::LayerWindow::kShort) != std::string::npos;
-  const std::string layers = short_layers ? ", N/2 in the short layers (" + plan.windows() + ")" : " in every layer";
   if (stages.max_window() == 0) return llmc::strformat("%s; every earlier token of it", documents);
-  if (stages.stages().size() > 1) {
-    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N each stage's (the stages row)", documents,
-                           llmc::kAttentionBlock, layers.c_str());
+  const bool one_stage = stages.stages().size() == 1;
+  const llmc::WindowSetting& w = stages.stages()[0].window;
+  std::string layers = " in every layer";
+  bool shorts_given = false;
+  for (const llmc::Stage& s : stages.stages()) shorts_given = shorts_given || s.window.short_given();
+  if (plan.has_short_windows()) {
+    const std::string shorts = !shorts_given ? std::string("N/2")
+                               : one_stage   ? llmc::strformat("S = %d", w.short_blocks)
+                                             : std::string("each stage's short window");
+    layers = ", " + shorts + " in the short layers (" + plan.windows() + ")";
   }
-  if (a.window_blocks == llmc::kWindowSchedule) {
-    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N growing from 1 to %d over the "
-                           "steps", documents, llmc::kAttentionBlock, layers.c_str(),
-                           llmc::run_window_blocks_max(a.window_blocks));
-  }
-  return llmc::strformat("%s; within a window of N = %d blocks of %d tokens%s", documents, a.window_blocks,
-                         llmc::kAttentionBlock, layers.c_str());
+  const bool fixed = one_stage && w.long_blocks != llmc::kWindowSchedule;
+  const std::string n = fixed ? llmc::strformat("N = %d", w.long_blocks) : std::string("N");
+  const std::string which = !one_stage ? ", N each stage's (the stages row)"
+                            : fixed    ? ""
+                                       : llmc::strformat(", N growing from 1 to %d over the steps",
+                                                         llmc::run_window_blocks_max(w.long_blocks));
+  const std::string final = stages.final_window() > 0
+      ? llmc::strformat("; N = %d at the validation after the last step (-awf)", stages.final_window())
+      : std::string();
+  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s", documents, n.c_str(),
+                         llmc::kAttentionBlock, layers.c_str(), which.c_str(), final.c_str());
 }
 
 // -fh given on the command line, not set by -recipe.
@@ -10930,15 +10954,27 @@ void check_stage(const llmc::StagePlan& plan, size_t i, const std::function<void
   } catch (const llmc::Error& e) {
     if (plan.stages().size() == 1) throw;
     const llmc::Stage& s = plan.stages()[i];
-    throw llmc::Error(llmc::strformat("-sp stage %zu (t=%d z=%ld aw=%d): %s", i + 1, s.T, s.tokens, s.window, e.what()));
+    throw llmc::Error(llmc::strformat("-sp stage %zu (t=%d z=%ld aw=%s): %s", i + 1, s.T, s.tokens,
+                                      s.window.text().c_str(), e.what()));
   }
+}
+
+// -awf: the long window of the evaluations after the last step, checked as -aw is against the
+// sequences it attends over (-vt's, or without validation the longest stage's t).
+void resolve_final_window(llmc::StagePlan& plan, const TrainArgs& a, bool validating) {
+  if (a.final_window_blocks == 0) return;
+  plan.set_final_window(a.final_window_blocks, "-awf");
+  const int length = validating ? a.val_T : plan.max_T(), blocks = length / llmc::kAttentionBlock;
+  REQUIRE(a.final_window_blocks <= blocks, "-awf %d counts blocks of %d tokens, and %s %d is %d block%s: -awf %d "
+          "already attends to all of it; use -awf %d or less", a.final_window_blocks, llmc::kAttentionBlock,
+          validating ? "-vt" : "t", length, blocks, blocks == 1 ? "" : "s", blocks, blocks);
 }
 
 // -sp's stages over the resolved flags, each checked as the flags are: against the model, -pd and
 // the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
 // loader changes its shape at a boundary without losing its place.
 llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
-  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, a.window_blocks);
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a));
   const size_t count = plan.stages().size();
   REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
   if (a.max_steps >= 0) plan.resolve(a.max_steps);
@@ -10951,7 +10987,7 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
               s.T, config.max_seq_len, config.max_seq_len);
       llmc::micro_steps_of(s.tokens, a.B, s.T, world, plan.tokens_name());
       if (count == 1) return;  // the flags' own, checked as such
-      llmc::check_document_flags(a.documents, s.window, s.T, a.max_steps);
+      llmc::check_document_flags(a.documents, s.window.long_blocks, s.T, a.max_steps);
       if (a.documents) llmc::check_window_length(s.window, "t", std::max(s.T, validating ? a.val_T : 0), layers);
     });
   }
@@ -10963,6 +10999,7 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
   REQUIRE(!a.overfit || change == 0, "-a 1 trains on its first batch, of the first stage's t=%d, and -sp stage %d sets "
           "t=%d: keep t the same in every stage, or leave -a 1 out", plan.stages()[0].T, change + 1,
           plan.stages()[change].T);
+  resolve_final_window(plan, a, validating);
   return plan;
 }
 
@@ -11021,7 +11058,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   if (a.documents) {
     const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
-    llmc::check_window_length(a.window_blocks, longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
+    llmc::check_window_length(window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
   in.stages = resolve_stage_plan(a, config, world);
@@ -11433,7 +11470,7 @@ int train_loop(TrainRun& r, int* final_step) {
     multi_gpu_progress(r.mg);
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
-    if (a.documents) gpt2_set_window(r.m, r.step.window);
+    if (a.documents) gpt2_set_window(r.m, r.step.windows);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;

@@ -600,16 +600,18 @@ class GPT(nn.Module):
         # (set_compute_dtype). GPT-2's bfloat16 runs use autocast instead.
         self.compute_dtype = torch.float32
         # --documents: attention stays within a document; window_blocks (>= 0, with documents):
-        # within the reference's window of that many 128-token blocks (attention_masks)
+        # within the reference's window of that many 128-token blocks (attention_masks), the short
+        # layers' short_window_blocks (None: half of it)
         self.documents = False
         self.window_blocks = None
+        self.short_window_blocks = None
 
     def attention_masks(self, idx):
         """Each layer's attention mask for the rows of idx (None for every layer without documents:
         causal). With documents a query attends to the earlier keys of its own document; with
         window_blocks also only within the key blocks the reference selects, the window in each
         layer as its LayerSpec.window gives it (12 layers: the reference's long and short windows;
-        other depths: the window in every layer). A mask is FlexAttention's BlockMask where the
+        other depths: the long window in every layer). A mask is FlexAttention's BlockMask where the
         attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
         and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
         layers = self.config.num_layers
@@ -654,7 +656,7 @@ class GPT(nn.Module):
     def layer_window(self, layer):
         if self.window_blocks is None:
             return None
-        return layer_window_blocks(self.config.plan[layer].window, self.window_blocks)
+        return layer_window_blocks(self.config.plan[layer].window, self.window_blocks, self.short_window_blocks)
 
     def final_hidden(self, idx, masks=None):
         """The blocks' output after the final norm, [B, T, C]: the classifier's input. masks: each
@@ -1248,9 +1250,40 @@ def attention_window_blocks(step, num_steps):
     return next_multiple_of_n(1728 * x, n=ATTENTION_BLOCK) // ATTENTION_BLOCK
 
 
-def layer_window_blocks(window, window_blocks):
-    """A layer's window within the run's window_blocks: all of it (window "L") or half of it ("S")."""
-    return window_blocks if window == "L" else window_blocks // 2
+def layer_window_blocks(window, window_blocks, short_window_blocks=None):
+    """A layer's window among the run's: the long window_blocks (window "L") or the short one ("S"),
+    short_window_blocks or, where None, half the long one rounded down."""
+    if window == "L":
+        return window_blocks
+    return window_blocks // 2 if short_window_blocks is None else short_window_blocks
+
+
+def window_setting(text, what):
+    """--window_blocks' value and a stage's aw= (llmc/stages.h's parse_window_setting): "L" or "S/L"
+    as (long, short), short None where not given. `what` names it in messages. A short window takes a
+    fixed long one: the schedule's grows from 1 block, and 0 is none."""
+    first, slash, rest = text.partition("/")
+    long_text, short_text = (rest, first) if slash else (first, None)
+
+    def blocks(digits):
+        if not INTEGER.fullmatch(digits) or not -2**31 <= int(digits) < 2**31:
+            fail(f"{what}: give the window in blocks of 128 tokens (N, -1 for the schedule, 0 for none), or the "
+                 f"short and the long window as S/L")
+        return int(digits)
+
+    long_blocks = blocks(long_text)
+    if long_blocks < -1:
+        fail(f"{what}: give a window of 1 or more blocks, -1 for the schedule or 0 for none")
+    if not slash:
+        return long_blocks, None
+    short_blocks = blocks(short_text)
+    if long_blocks <= 0:
+        fail(f"{what}: a short window takes a fixed long one of 1 or more blocks (the schedule's grows from 1, 0 is "
+             f"none): give S/L with 1 <= S <= L, or the long window alone")
+    if not 1 <= short_blocks <= long_blocks:
+        fail(f"{what}: the short window {short_blocks} is not within 1 and the long window {long_blocks}: give S/L "
+             f"with 1 <= S <= L")
+    return long_blocks, short_blocks
 
 
 def attention_block_lists(tokens, window_blocks):
@@ -1389,6 +1422,7 @@ class Stage:
     total_batch_size: int  # -1: one micro batch
     cap: int  # tokens of one document a sequence takes; 0: all
     window_blocks: int  # -1: the schedule
+    short_window_blocks: object  # None: half the long window, rounded down
     lr_multiplier: float
 
 
@@ -1400,6 +1434,7 @@ class StepPlan:
     micro_steps: int
     cap: int
     window_blocks: int  # resolved: the schedule's at -1; 0 none
+    short_window_blocks: int  # resolved: half the long one where not given
     lr_multiplier: float
 
 
@@ -1423,7 +1458,9 @@ def stage_share(word, number):
 
 def stage_value(key, text, number):
     """KEY=VALUE's value, checked against what the key takes."""
-    minimum = {"t": 1, "z": -1, "cap": 0, "aw": -1}
+    if key == "aw":
+        return window_setting(text, f"--stages: stage {number}: aw={text}")
+    minimum = {"t": 1, "z": -1, "cap": 0}
     number_format = DECIMAL if key == "lr" else INTEGER
     value = (float if key == "lr" else int)(text) if number_format.fullmatch(text) else None
     if key == "lr":
@@ -1432,17 +1469,17 @@ def stage_value(key, text, number):
     else:
         good = value is not None and value >= minimum[key] and not (key == "z" and value == 0)
         wanted = {"t": "an integer >= 1", "z": "an integer >= 1, or -1 for one micro batch",
-                  "cap": "an integer >= 0 (0: all of a document)", "aw": "an integer >= -1 (-1: the schedule)"}[key]
+                  "cap": "an integer >= 0 (0: all of a document)"}[key]
     if not good:
         fail(f"--stages: stage {number} sets {key}={text}; {key} takes {wanted}")
     return value
 
 
-def parse_stages(text, seq_len, total_batch_size, window_blocks):
+def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_blocks=None):
     """The stages of PLAN (`;` between stages; a stage's words: its share, then KEY=VALUE), a key
-    not given taking the stage before's value, the first stage's the flags'. "" is one stage of
-    the flags."""
-    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, 1.0)
+    not given taking the stage before's value, the first stage's the flags'; aw= sets both windows,
+    aw=N the short one to half of N. "" is one stage of the flags."""
+    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, short_window_blocks, 1.0)
     if not text.strip():
         return [previous]
     stages, parts = [], text.split(";")
@@ -1462,7 +1499,10 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks):
                 fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr; fix it")
             if STAGE_KEYS[key] in settings:
                 fail(f"--stages: stage {number} sets {key} twice; give it once")
-            settings[STAGE_KEYS[key]] = stage_value(key, value, number)
+            if key == "aw":
+                settings["window_blocks"], settings["short_window_blocks"] = stage_value(key, value, number)
+            else:
+                settings[STAGE_KEYS[key]] = stage_value(key, value, number)
         previous = Stage(**{**vars(previous), "share": share, "extension": extension, **settings})
         stages.append(previous)
     scheduled = stages[:-1] if stages[-1].extension else stages
@@ -1476,11 +1516,13 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks):
 class StagePlan:
     """The plan of every step of a run: the stages of parse_stages over N scheduled steps, which
     stage i ends at e_i = round((share_0 + ... + share_i) * N) (half to even; the last at N), then
-    the extension's E steps. A step's tokens resolve -1 to B*T*world, and its window -1 to the
-    schedule's over the N + E steps."""
+    the extension's E steps. A step's tokens resolve -1 to B*T*world, its window -1 to the
+    schedule's over the N + E steps, and its short window to half the long one where not given; step
+    N + E, the final validation's, takes final_window_blocks (set_final_window) as its long window."""
 
     def __init__(self, stages, num_iterations, batch_size, world, steps_flag="--num_iterations"):
         self.stages, self.N, self.B, self.world = stages, num_iterations, batch_size, world
+        self.final_window_blocks = 0
         self.extension = stages[-1].extension
         scheduled = len(stages) - (1 if self.extension else 0)
         self.ends, cumulative = [], 0.0
@@ -1497,6 +1539,21 @@ class StagePlan:
     def steps(self):
         """The steps trained: the scheduled ones and the extension's."""
         return self.N + self.extension
+
+    def set_final_window(self, blocks, flag):
+        """The long window of the final evaluation (step N + E) in place of the last stage's (0: the
+        last stage's); its short window stays the last stage's."""
+        self.final_window_blocks = 0
+        if blocks == 0:
+            return
+        last = self.step(self.steps)
+        if last.window_blocks == 0:
+            fail(f"{flag} {blocks} sets the long window of the validation after the last step, and the last stage "
+                 f"has no window: give it one (aw=, or --window_blocks, with documents), or drop {flag}")
+        if blocks < last.short_window_blocks:
+            fail(f"{flag} {blocks} is below the last stage's short window of {last.short_window_blocks} blocks, which "
+                 f"the final validation keeps: give {flag} {last.short_window_blocks} or more")
+        self.final_window_blocks = blocks
 
     def tokens(self, stage):
         micro_batch = self.B * stage.seq_len * self.world
@@ -1516,6 +1573,8 @@ class StagePlan:
         for i, stage in enumerate(self.stages):
             first, last = (starts[i], self.ends[i] - 1) if i < len(self.ends) else (self.N, self.steps - 1)
             window = "schedule" if stage.window_blocks == -1 else stage.window_blocks
+            if stage.short_window_blocks is not None:
+                window = f"{stage.short_window_blocks}/{stage.window_blocks}"
             lines.append(f"stage {i + 1}: steps {first}-{last} | t {stage.seq_len} | tokens a step "
                          f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g}")
         return lines
@@ -1525,8 +1584,11 @@ class StagePlan:
         stage = self.stages[i]
         tokens = self.tokens(stage)
         window = attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+        short = window // 2 if stage.short_window_blocks is None else stage.short_window_blocks
+        if step == self.steps and self.final_window_blocks:
+            window = self.final_window_blocks
         return StepPlan(i, stage.seq_len, tokens, tokens // (self.B * stage.seq_len * self.world), stage.cap,
-                        window, stage.lr_multiplier)
+                        window, short, stage.lr_multiplier)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1830,7 +1892,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
                            NEWTON_SCHULZ[args.muon_ns]) if muon else None)
     B, T = x.shape
-    window, first, losses = model.window_blocks, None, []
+    windows, first, losses = (model.window_blocks, model.short_window_blocks), None, []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -1839,6 +1901,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             step_plan = plan.step(step)
             xs, ys = (t.reshape(-1)[:B * step_plan.seq_len].view(B, step_plan.seq_len) for t in (x, y))
             model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
+            model.short_window_blocks = step_plan.short_window_blocks
         if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
@@ -1855,7 +1918,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             for group in muon_optimizer.param_groups:
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
-    model.window_blocks = window
+    model.window_blocks, model.short_window_blocks = windows
 
     version4 = config.modern or muon or summed or model.documents or plan is not None
     header = np.zeros(HEADER_INTS, np.int32)
@@ -1983,6 +2046,7 @@ def check_debug_state(args, model, device, dtype, use_compile):
              f"{int(bool(args.fp8_head))}; give the state's head, so that only the rest's dtype differs")
     if version4:
         model.documents, model.window_blocks = bool(header[21]), int(header[22]) or None
+        model.short_window_blocks = None  # the header's: half the long window
     reduction = "sum" if version4 and header[14] else "mean"
     if version4 and debug_state_stages(header):
         print(f"{path}'s debug steps followed --stages {debug_state_stages(header)!r}; its first step, "
@@ -2061,10 +2125,14 @@ def parse_args(argv=None):
                    "sequences of whole documents, each from a document start (token 50256), in modded-nanogpt's "
                    "order (DocumentLoader), and attention within a document: a token attends only to the earlier "
                    "tokens of its own document (validation too, its sequences contiguous slices)"))
-    a.add_argument("--window_blocks", type=int, help=recipe_help("window_blocks", "with --documents 1: "
+    a.add_argument("--window_blocks", help=recipe_help("window_blocks", "with --documents 1: "
                    "attention within modded-nanogpt's window of N blocks of 128 tokens (12 layers: N in its long "
-                   "layers, N // 2 in its short ones; other depths: N in every layer); -1: its schedule, 1 block "
-                   "growing to 14 over --num_iterations; 0: no window"))
+                   "layers, N // 2 in its short ones; other depths: N in every layer), or S/N: S blocks in the short "
+                   "layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over --num_iterations; 0: no "
+                   "window"))
+    a.add_argument("--final_window_blocks", type=int, default=0, help="with --documents 1 and a window: the long "
+                   "window N of the validation after the last step, its short one staying the last stage's "
+                   "(modded-nanogpt's record #89: 20); 0: the last stage's")
     a = p.add_argument_group("optimisation")
     a.add_argument("--optimizer", choices=["adamw", "muon"], help=recipe_help(
         "optimizer", "muon: Muon for the blocks' matrices, AdamW for the rest"))
@@ -2113,7 +2181,7 @@ def parse_args(argv=None):
                    "share of --num_iterations (0.25 or 1/3; the last may be +E: E steps more after them) and "
                    "KEY=VALUE words that hold from it on: t= sequence length, z= tokens a step (-1: one micro "
                    "batch), cap= tokens of one document a sequence takes (0: all; needs --documents 1), aw= window "
-                   "as --window_blocks, lr= learning-rate multiplier; the first stage's start from -t, "
+                   "as --window_blocks (N or S/N), lr= learning-rate multiplier; the first stage's start from -t, "
                    "--total_batch_size, --window_blocks, cap 0, lr 1. Default: one stage of the flags")
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
     a.add_argument("--val_steps", type=int, help=recipe_help(
@@ -2165,6 +2233,8 @@ def parse_args(argv=None):
             setattr(args, key, values[column])
     if args.val_seq_len is None:
         args.val_seq_len = args.seq_len
+    args.window_blocks, args.short_window_blocks = window_setting(str(args.window_blocks),
+                                                                  f"--window_blocks {args.window_blocks}")
     if args.optimizer == "muon":
         for key, values in MUON_FLAGS.items():
             setattr(args, key, values[column] if getattr(args, key) is None else getattr(args, key))
@@ -2265,7 +2335,8 @@ def stage_plan(args, world):
     given = bool(args.stages.strip())
     if given and (args.benchmark or args.eval_only or args.check_debug_state):
         fail("--stages plans a training run or --write_debug_state's steps; drop it")
-    stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks)
+    stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks,
+                          args.short_window_blocks)
     if args.write_debug_state:
         if not given:
             return None
@@ -2291,7 +2362,25 @@ def stage_plan(args, world):
             what = f"--stages: stage {number}'s z={tokens}" if given else f"--total_batch_size {tokens}"
             fail(f"{what} is not a positive multiple of B*T*world = {args.batch_size}*{stage.seq_len}*{world} = "
                  f"{micro_batch}; pick a multiple (or -1 for one micro batch) or change -b/-t")
+    resolve_final_window(plan, args)
     return plan
+
+
+def resolve_final_window(plan, args):
+    """--final_window_blocks (the CUDA trainer's -awf) into the plan, checked as --window_blocks is
+    against the sequences it attends over: --val_seq_len's where the run validates, else the longest
+    stage's t."""
+    if not args.final_window_blocks:
+        return
+    flag = "--final_window_blocks"
+    plan.set_final_window(args.final_window_blocks, flag)
+    validating = args.val_every > 0 and bool(args.input_val_bin)
+    length = args.val_seq_len if validating else max(stage.seq_len for stage in plan.stages)
+    blocks = length // ATTENTION_BLOCK
+    if args.final_window_blocks > blocks:
+        fail(f"{flag} {args.final_window_blocks} counts blocks of {ATTENTION_BLOCK} tokens, and "
+             f"{'--val_seq_len' if validating else 't'} {length} is {blocks} block{'' if blocks == 1 else 's'}: "
+             f"{flag} {blocks} already attends to all of it; use {flag} {blocks} or less")
 
 
 def check_stage(args, stage, number, first_seq_len, given):
@@ -2350,9 +2439,16 @@ def check_eval_only_args(args):
 
 
 def check_document_args(args):
-    if args.window_blocks < -1:
-        fail(f"--window_blocks {args.window_blocks}: give a window of 1 or more blocks, -1 for the schedule "
-             f"or 0 for none")
+    if args.final_window_blocks < 0:
+        fail(f"--final_window_blocks {args.final_window_blocks}: give a window of 1 or more blocks, or 0 for the "
+             f"last stage's")
+    if args.final_window_blocks and (args.write_debug_state or args.benchmark or args.eval_only
+                                     or args.check_debug_state):
+        fail("--final_window_blocks sets the window of a training run's validation after its last step; drop it")
+    if args.write_debug_state and args.short_window_blocks is not None:
+        fail(f"--window_blocks {args.short_window_blocks}/{args.window_blocks}: the debug state's header holds the "
+             f"long window alone, the short one half of it; give the short windows in --stages' aw=S/L, which "
+             f"the header keeps")
     if args.window_blocks != 0 and not args.documents:
         if "window_blocks" in args.from_recipe:
             fail(f"--recipe {args.recipe} trains within a window of blocks (--window_blocks {args.window_blocks}), "
@@ -2531,10 +2627,11 @@ def step_batch(args, world):
 
 
 def set_attention_window(model, args, step):
-    """The window of step `step`: --window_blocks, or its schedule's (-1); none without it."""
+    """The windows of step `step`: --window_blocks, or its schedule's (-1); none without it."""
     if args.window_blocks != 0:
         schedule = args.window_blocks == -1
         model.window_blocks = attention_window_blocks(step, args.num_iterations) if schedule else args.window_blocks
+        model.short_window_blocks = args.short_window_blocks
 
 
 def placed_model(args, model, device, dtype, use_compile):
@@ -2584,6 +2681,7 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     for step in range(N + 1):
         step_plan = plan.step(step)
         raw_model.window_blocks = step_plan.window_blocks or None
+        raw_model.short_window_blocks = step_plan.short_window_blocks
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons

@@ -390,15 +390,10 @@ inline StepBatch step_batch(const TrainFlags& f, int processes) {
   return {(long)micro_steps * f.B * f.T * processes, micro_steps};
 }
 
-// The CUDA trainer's -pd (documents) and -aw (window, llmc/schedulers.h's run_window_blocks), which
-// the CPU trainer refuses. -aw's value: N blocks, kWindowSchedule or 0.
-inline int parse_window_blocks(const char* flag, const char* text) {
-  const long window = parse_int(flag, text, LONG_MIN, INT32_MAX);
-  if (window < kWindowSchedule) {
-    LLMC_FAIL("%s %ld: give a window of 1 or more blocks, %d for the schedule or 0 for none", flag, window,
-              kWindowSchedule);
-  }
-  return (int)window;
+// The CUDA trainer's -pd (documents) and -aw (window, llmc/stages.h's WindowSetting: N blocks,
+// kWindowSchedule or 0, or S/L), which the CPU trainer refuses.
+inline WindowSetting parse_window_flag(const char* flag, const char* text) {
+  return parse_window_setting(text, strformat("%s %s", flag, text));
 }
 
 // The checks between -pd, -aw, -t (resolved) and -x, as train_gpt2.py's check_document_args: a
@@ -423,15 +418,18 @@ inline void check_document_flags(int documents, int window, int T, int max_steps
   }
 }
 
-// -aw N against the longest sequence the run attends over (length_flag's `length` tokens, a multiple
-// of 128): a window wider than what spans it changes nothing, so it is taken for a slip (tokens
-// given for blocks). The schedule (-1) grows to its own end whatever the length.
-inline void check_window_length(int window, const char* length_flag, int length, const LayerPlan& plan) {
-  const int blocks = length / 128, spanning = plan.window_blocks_spanning(blocks);
-  if (window <= spanning) return;
-  LLMC_FAIL("-aw %d counts blocks of 128 tokens, and %s %d is %d block%s: -aw %d already attends to all of "
-            "it%s; use -aw %d or less (0: no window)", window, length_flag, length, blocks, blocks == 1 ? "" : "s",
-            spanning, plan.has_short_windows() ? " (the short layers take half the window)" : "", spanning);
+// -aw N (or S/N) against the longest sequence the run attends over (length_flag's `length` tokens, a
+// multiple of 128): a long window wider than what spans it changes nothing, so it is taken for a
+// slip (tokens given for blocks). The schedule (-1) grows to its own end whatever the length.
+inline void check_window_length(const WindowSetting& window, const char* length_flag, int length,
+                                const LayerPlan& plan) {
+  const int blocks = length / 128, spanning = plan.window_blocks_spanning(blocks, window.short_given());
+  if (window.long_blocks <= spanning) return;
+  const bool halves = plan.has_short_windows() && !window.short_given();
+  LLMC_FAIL("-aw %s counts blocks of 128 tokens, and %s %d is %d block%s: -aw %d already attends to all of it%s; "
+            "use -aw %d or less%s", window.text().c_str(), length_flag, length, blocks, blocks == 1 ? "" : "s",
+            spanning, halves ? " (the short layers take half the window)" : "", spanning,
+            window.short_given() ? " (the long one)" : " (0: no window)");
 }
 
 // The start-up table: rows of a setting and its value in a box as wide as its longest key and

@@ -24,7 +24,8 @@
 //   the embedding (wte; GPT-2: wte, wpe; speedrun: and the value embeddings), the head weight and
 //   the 1-D tensors (GPT-2: each [6]; speedrun: its scalars)
 //   [21] attention within documents (0 causal, 1 documents: token 50256 opens each)
-//   [22] with documents, the long window in 128-token blocks of every step (0: none)
+//   [22] with documents, the long window in 128-token blocks of every step (0: none; the short
+//   one half of it, rounded down; a stage plan's aw=S/L gives its steps' own)
 //   [23] Muon's Newton-Schulz steps, [24..26] float bits of their coefficients a, b, c (0 without
 //   Muon; files written before these slots have 0 there: the baseline's 12 of (2, -1.5, 0.5))
 //   [27] float bits of Muon's momentum at step 0, [28] the steps over which it rises linearly to
@@ -188,8 +189,8 @@ inline const ArchSpec& arch_spec(Arch a) {
 // The speedrun reference's layers (modded-nanogpt record #28; train_gpt2.py's SPEEDRUN_* lists are
 // the same), one list a feature and one entry a layer:
 //   attention: A attention and MLP, - the MLP alone (no ln1, no attention tensors);
-//   windows: with a window (-aw), all of it (L, long) or half of it rounded down (S, short), also
-//     the other architectures' windows at this depth;
+//   windows: with a window (-aw), the long one (L) or the short one (S; half the long rounded down
+//     unless given, -aw S/L), also the other architectures' windows at this depth;
 //   value embeddings: the ve[k] the layer's value mix adds (ArchSpec::value_mix), -1 none;
 //   skip sources: the earlier layer whose output the U-net adds to the layer's input, -1 none.
 //                                                0   1   2   3   4   5   6   7   8   9  10  11
@@ -210,16 +211,16 @@ enum class LayerWindow : char { kLong = 'L', kShort = 'S' };
 // order.
 struct LayerSpec {
   bool attention;       // attention and MLP, else the MLP alone
-  LayerWindow window;   // its share of the run's window (-aw)
+  LayerWindow window;   // which of the run's windows it takes (-aw)
   int attention_slab;   // its slab of the attention tensors (ParamStack::kAttentionLayers)
   int value_embedding;  // the ve[k] its value mix adds
   int skip_source;      // the earlier layer whose output the U-net adds to its input
   int skip_weight;      // the skipw[j] it adds that output with
   int kept;             // its output's slot among those the U-net keeps for later layers
 
-  // Its window in blocks within a run's of window_blocks (llmc::run_window_blocks).
-  int window_blocks(int run_window_blocks) const {
-    return window == LayerWindow::kLong ? run_window_blocks : run_window_blocks / 2;
+  // Its window in blocks among a step's long and short ones (llmc::StepWindows).
+  int window_blocks(int long_blocks, int short_blocks) const {
+    return window == LayerWindow::kLong ? long_blocks : short_blocks;
   }
 };
 
@@ -243,9 +244,12 @@ struct LayerPlan {
     return s;
   }
   bool has_short_windows() const { return windows().find((char)LayerWindow::kShort) != std::string::npos; }
-  // The smallest run window, in blocks, from which every layer attends to all of a sequence's
-  // `blocks` blocks (a wider one selects the same keys): the short layers take half of it.
-  int window_blocks_spanning(int blocks) const { return has_short_windows() ? 2 * blocks : blocks; }
+  // The smallest long window, in blocks, from which every layer attends to all of a sequence's
+  // `blocks` blocks (a wider one selects the same keys): the short layers take half of it unless
+  // the short window is given (short_given), which is no wider than the long one.
+  int window_blocks_spanning(int blocks, bool short_given) const {
+    return has_short_windows() && !short_given ? 2 * blocks : blocks;
+  }
   // The start-up table's: the columns that differ from plain attention with the long window (the
   // windows only where the run has one: `windowed`).
   std::string describe(bool windowed) const {

@@ -140,6 +140,7 @@ struct Recipe {
   int shuffle = 1;             // -sh
   int documents = 0;           // -pd
   int window_blocks = 0;       // -aw (-1: the window's schedule)
+  int short_window_blocks = kShortWindowHalf;  // -aw S/L's S (kShortWindowHalf: half of -aw's long one)
   std::string stages;         // -sp: the stage plan (llmc/stages.h; empty: one stage of the flags)
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one

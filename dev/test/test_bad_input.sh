@@ -423,6 +423,25 @@ if has_flag -pd; then
   expect "-aw 100000 at -t 128 (tokens given for blocks)" \
     "^error: -aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of it \(the short layers take half the window\); use -aw 2 or less \(0: no window\)\$" \
     -e d12 -t 128 -pd 1 -aw 100000
+  # A short window given (-aw S/L): no wider than its long one, which is fixed and 1 or more blocks
+  expect "-aw S/L, the short above the long" \
+    "^error: -aw 5/3: the short window 5 is not within 1 and the long window 3: give S/L with 1 <= S <= L\$" \
+    -e d12 -t 128 -pd 1 -aw 5/3
+  expect "-aw S/L beside the schedule" "^error: -aw 2/-1: a short window takes a fixed long one of 1 or more blocks" \
+    -e d12 -t 128 -pd 1 -aw 2/-1
+  expect "-aw S/L without a window" "^error: -aw 1/0: a short window takes a fixed long one" -e d12 -t 128 -pd 1 \
+    -aw 1/0
+  # The final validation's long window (-awf): beside a last stage's window, no narrower than its
+  # short one, in blocks
+  expect "-awf without a window" \
+    "^error: -awf 4 sets the long window of the validation after the last step, and the last stage has no window" \
+    -e d12 -t 256 -pd 1 -awf 4
+  expect "-awf below the last stage's short window" \
+    "^error: -awf 1 is below the last stage's short window of 2 blocks, which the final validation keeps: give -awf 2 or more\$" \
+    -e d12 -t 256 -pd 1 -aw 2/2 -awf 1
+  expect "-awf wider than the sequences" \
+    "^error: -awf 5 counts blocks of 128 tokens, and t 256 is 2 blocks: -awf 2 already attends to all of it; use -awf 2 or less\$" \
+    -e d12 -t 256 -pd 1 -aw 2 -awf 5
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi
@@ -446,6 +465,9 @@ if has_flag -sp; then
     -e d12 -t 64 -sp "1 cap=64"
   expect "-sp stage's window wider than its t" "^error: -sp stage 2 \(t=256 z=-1 aw=9\): -aw 9 counts blocks of 128 tokens, and t 256 is 2 blocks" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2; 1/2 t=256 aw=9"
+  expect "-sp stage's short window above its long one" \
+    "^error: -sp: stage 2: aw=4/3: the short window 4 is not within 1 and the long window 3: give S/L with 1 <= S <= L\$" \
+    -e d12 -t 128 -b 1 -pd 1 -sp "1/2 aw=1/3; 1/2 aw=4/3"
   expect "-sp with -x -1" "-sp shares out -x's steps among its 2 stages: give -x" -sp "1/2; 1/2" -x -1
   expect "-sp t changing with -a 1" "-a 1 trains on its first batch, of the first stage's t=128, and -sp stage 2 sets t=256" \
     -e d12 -t 128 -b 1 -pd 1 -a 1 -sp "1/2; 1/2 t=256"

@@ -331,9 +331,12 @@ void test_layer_plan() {
                "a speedrun plan of 8 layers");
   const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 12);
   std::string windows;
-  for (const llmc::LayerSpec& l : plan.layers) windows += llmc::strformat(" %d", l.window_blocks(14));
-  check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && plan[1].window_blocks(1) == 0,
-                "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
+  for (const llmc::LayerSpec& l : plan.layers) windows += llmc::strformat(" %d", l.window_blocks(13, 6));
+  check_verbose(windows == " 13 6 6 6 13 6 6 13 6 6 6 13" && plan.window_blocks_spanning(4, false) == 8 &&
+                    plan.window_blocks_spanning(4, true) == 4 &&
+                    llmc::layer_plan(llmc::Arch::kGpt2, 4).window_blocks_spanning(4, false) == 4,
+                "layers of windows (6, 13):" + windows + "; the long window that spans 4 blocks: 8 with halves, 4 "
+                "with a short one given or no short layers");
   const llmc::LayerPlan gpt2_12 = llmc::layer_plan(llmc::Arch::kGpt2, 12);
   check_verbose(plan.describe(true) == "12; attention AAAAAAA-AAAA; windows LSSSLSSLSSSL; value embeddings 0 1 "
                                        "2 - - - - - - 0 1 2; U-net skips from - - - - - - 5 4 3 2 1 0" &&
