@@ -6151,7 +6151,7 @@ void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, s
 // Capped logits (llmc::LogitCap, the kernels' CAP): the softmax, loss and gradient are those of
 // y = cap(z) for each logit z, and the gradient written is that of z, dL/dy * dy/dz. The modern
 // head's y = c * z / sqrt(z^2 + c^2), dy/dz = (c / sqrt(z^2 + c^2))^3, costs a reciprocal square
-// root per logit; the speedrun's y = c * sigmoid(z / s), dy/dz = (c / s) * sigmoid * (1 - sigmoid),
+// root per logit; the speedrun's y = c * sigmoid((z + shift) / s), dy/dz = (c / s) * sigmoid * (1 - sigmoid),
 // an exponential and a reciprocal (1 - sigmoid as e * sigmoid, exact where the sigmoid nears 1).
 // These run on the SM's 16-lane special-function unit, one instruction in eight, and bound the
 // capped classifier: an exponential and a reciprocal for the cap and one for the softmax are
@@ -6221,11 +6221,17 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
   for (int k = 0; k < x128::size; k++) s += exp2_ftz(fmaf(f[k], kLog2e, -m_log2));
 }
 
-// The capped logit y the softmax sees; *slope = dy/dz (capped kinds only). inv_scale: 1 / scale.
+// A cap's constants as the kernels read them (llmc::LogitCap's, inv_scale = 1 / scale).
+struct ClassifierCap {
+  float cap = 0.0f, inv_scale = 0.0f, shift = 0.0f;
+};
+
+// The capped logit y the softmax sees; *slope = dy/dz (capped kinds only).
 constexpr float kSigmoidCapMaxExponentLog2 = 126.0f;  // 2^126 = 8.5e37 < FLT_MAX
 constexpr float kRationalCapMaxLogit = 1e18f;    // (1e18)^2 < FLT_MAX
 template <llmc::LogitCap::Kind CAP>
-__device__ __forceinline__ float classifier_logit(float z, float cap, float inv_scale, float* slope = nullptr) {
+__device__ __forceinline__ float classifier_logit(float z, const ClassifierCap& c, float* slope = nullptr) {
+  const float cap = c.cap;
   if (CAP == llmc::LogitCap::kRational) {
     // z clamped where z^2 would overflow (|z| > 1.8e19): y is cap there to FP32's precision.
     z = fminf(fmaxf(z, -kRationalCapMaxLogit), kRationalCapMaxLogit);
@@ -6234,11 +6240,13 @@ __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_
     return z * cap_rsqrt;
   }
   if (CAP == llmc::LogitCap::kSigmoid) {
-    // e = exp(-z / s), clamped where it would overflow (z < -87 s): inf * 0 would make the slope
-    // NaN, where the sigmoid and its slope are below 1e-38 and round to the same y. Both
-    // instructions are within 2 ulp: y within about 3e-6 of exact at the cap of 30.
-    const float e = exp2_ftz(fminf(z * (-inv_scale * kLog2e), kSigmoidCapMaxExponentLog2)), s = rcp_ftz(1.0f + e);
-    if (slope) *slope = cap * inv_scale * s * (e * s);
+    // e = exp(-(z + shift) / s), clamped where it would overflow (z + shift < -87 s): inf * 0
+    // would make the slope NaN, where the sigmoid and its slope are below 1e-38 and round to the
+    // same y. Both instructions are within 2 ulp: y within about 3e-6 of exact at the cap of 30.
+    // A shift of 0 adds nothing: the bits of the unshifted cap.
+    const float e = exp2_ftz(fminf((z + c.shift) * (-c.inv_scale * kLog2e), kSigmoidCapMaxExponentLog2));
+    const float s = rcp_ftz(1.0f + e);
+    if (slope) *slope = cap * c.inv_scale * s * (e * s);
     return cap * s;
   }
   return z;
@@ -6247,7 +6255,7 @@ __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_
 // Dynamic shared memory: one row, Vp elements.
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, ClassifierCap cap,
     ClassifierFp8Grad grad8) {
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
@@ -6267,14 +6275,14 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     const x128 v = load128(row_s + col);
     float f[x128::size];
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<CAP>((float)v[k], cap, inv_scale);
+    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<CAP>((float)v[k], cap);
     softmax_accumulate_piece(m, s, f);
   }
   if (col < V) {
     const x128 v = load128(row_s + col);
     float f[x128::size];
     for (int k = 0; k < x128::size; k++) {
-      f[k] = col + k < V ? classifier_logit<CAP>((float)v[k], cap, inv_scale) : -FLT_MAX;  // exp -> 0
+      f[k] = col + k < V ? classifier_logit<CAP>((float)v[k], cap) : -FLT_MAX;  // exp -> 0
     }
     softmax_accumulate_piece(m, s, f);
   }
@@ -6291,7 +6299,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   s = lane < kWarps ? shared_sum[lane] : 0.0f;
   warp_reduce_max_sum(m, s);
   if (threadIdx.x == 0) {
-    losses[row] = logf(s) + m - classifier_logit<CAP>((float)row_s[target], cap, inv_scale);
+    losses[row] = logf(s) + m - classifier_logit<CAP>((float)row_s[target], cap);
   }
   if (dloss == 0.0f) return;
   // dlogits = softmax * dloss, and (softmax - 1) * dloss in the target's column; times dy/dz when
@@ -6302,7 +6310,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   constexpr bool kCapped = CAP != llmc::LogitCap::kNone;
   auto dlogit_off_target = [&](float z) {
     float slope = 1.0f;
-    const float y = classifier_logit<CAP>(z, cap, inv_scale, &slope);
+    const float y = classifier_logit<CAP>(z, cap, &slope);
     const float g = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) * scale;
     return kCapped ? g * slope : g;
   };
@@ -6320,7 +6328,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     }
     if (target >= col && target < col + x128::size) {
       float slope = 1.0f;
-      const float y = classifier_logit<CAP>((float)row_s[target], cap, inv_scale, &slope);
+      const float y = classifier_logit<CAP>((float)row_s[target], cap, &slope);
       const float p = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) / s;
       d[target - col] = (floatX)(kCapped ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
     }
@@ -6364,12 +6372,12 @@ inline int capped_classifier_block_pieces(int Vp) {
 // dy/dz into g. kWhole: every column of the piece is below V; otherwise the columns at or past V
 // (the padding, NaN allowed there) add nothing and get 0.
 template <llmc::LogitCap::Kind CAP, bool kWhole>
-__device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V, float cap, float inv_scale,
+__device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V, const ClassifierCap& cap,
                                                    float bound_log2, float& s, float g[x128::size]) {
 #pragma unroll
   for (int k = 0; k < x128::size; k++) {
     float slope;
-    const float y = classifier_logit<CAP>((float)v[k], cap, inv_scale, &slope);
+    const float y = classifier_logit<CAP>((float)v[k], cap, &slope);
     const float p = exp2_ftz(fmaf(y, kLog2e, -bound_log2));
     const bool real = kWhole || col + k < V;
     s += real ? p : 0.0f;
@@ -6385,7 +6393,7 @@ __device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V
 // entry: the other block has started by then. Hopper (compute capability 9.0+).
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlocks) capped_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, ClassifierCap cap,
     ClassifierFp8Grad grad8) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char classifier_shared[];
@@ -6403,8 +6411,8 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
   floatX* x = logits + row * Vp;
   const int target = targets[row];
   const bool training = dloss != 0.0f;
-  if (threadIdx.x == 0) target_logit = classifier_logit<CAP>((float)x[target], cap, inv_scale, &target_slope);
-  const float bound_log2 = cap * kLog2e;
+  if (threadIdx.x == 0) target_logit = classifier_logit<CAP>((float)x[target], cap, &target_slope);
+  const float bound_log2 = cap.cap * kLog2e;
   int first_piece, end_piece;
   capped_classifier_half(Vp / kSize, half, first_piece, end_piece);
   // The block's pieces first_piece + t + kHalf i are kept in slot threadIdx.x + kThreads i.
@@ -6423,9 +6431,9 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
       if (piece >= end_piece) break;
       float g[kSize];
       if (col + kSize <= V) {
-        capped_piece_terms<CAP, true>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
+        capped_piece_terms<CAP, true>(v[u], col, V, cap, bound_log2, s, g);
       } else {
-        capped_piece_terms<CAP, false>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
+        capped_piece_terms<CAP, false>(v[u], col, V, cap, bound_log2, s, g);
       }
       if (training) {
         float* kept = grad_s + (size_t)(slot + u * kCappedClassifierThreads) * kSize;
@@ -6449,7 +6457,7 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
   const float half0 = warp_reduce_sum(lane < kHalfWarps ? warp_sums[lane] : 0.0f);
   const float half1 = warp_reduce_sum(lane < kHalfWarps ? warp_sums[kHalfWarps + lane] : 0.0f);
   const float row_sum = half0 + half1;
-  if (rank == 0 && threadIdx.x == 0) losses[row] = logf(row_sum) + cap - target_logit;
+  if (rank == 0 && threadIdx.x == 0) losses[row] = logf(row_sum) + cap.cap - target_logit;
   if (!training) return;
   // dlogits = g * dloss / sum; the target's column gets (softmax - 1) * dloss * dy/dz. Each thread
   // reads back the columns it wrote.
@@ -6499,7 +6507,8 @@ const ClassifierLimits& classifier_limits() {
 // Launches capped_classifier_kernel where the GPU has clusters and shared memory for a quarter row;
 // false where it does not.
 bool capped_classifier_launch(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
-                              const llmc::LogitCap& cap, float inv_scale, const ClassifierFp8Grad& grad8,
+                              const llmc::LogitCap& cap, const ClassifierCap& constants,
+                              const ClassifierFp8Grad& grad8,
                               cudaStream_t stream) {
   const ClassifierLimits& limits = classifier_limits();
   if (!limits.clusters) return false;
@@ -6522,7 +6531,7 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale, grad8));
+  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, constants, grad8));
   return true;
 }
 
@@ -6546,12 +6555,14 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
   REQUIRE(!capped || (std::isfinite(cap.cap) && cap.cap > 0.0f && capped_shift_range_log2(cap) <= kCappedShiftMaxLog2),
           "fused_classifier: a cap of %g: it must be a positive number of at most %g (%s)", cap.cap,
           kCappedShiftMaxLog2 / kLog2e / (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f), cap.describe().c_str());
-  REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f),
-          "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);
+  REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f && std::isfinite(cap.shift)),
+          "fused_classifier: a sigmoid cap's scale of %g and shift of %g: the scale must be a positive finite number, "
+          "the shift finite", cap.scale, cap.shift);
   const int max_shared = classifier_limits().max_shared;
-  const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
+  const bool sigmoid = cap.kind == llmc::LogitCap::kSigmoid;
+  const ClassifierCap constants = {cap.cap, sigmoid ? 1.0f / cap.scale : 0.0f, sigmoid ? cap.shift : 0.0f};
   if (capped && !recompute &&
-      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, grad8, stream)) {
+      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, constants, grad8, stream)) {
     return ClassifierKernel::kKeeping;
   }
   const size_t shared = (size_t)Vp * sizeof(floatX);
@@ -6562,8 +6573,7 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
                       : cap.kind == llmc::LogitCap::kSigmoid ? fused_classifier_kernel<llmc::LogitCap::kSigmoid>
                                                              : fused_classifier_kernel<llmc::LogitCap::kNone>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale,
-                                                    grad8);
+  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, constants, grad8);
   cudaCheckLaunch();
   return ClassifierKernel::kRecomputing;
 }

@@ -109,12 +109,13 @@ struct GPT2Config {
 
 // How the head's logits z are capped before the softmax, stated once for the classifier, the
 // sampler and the tests: not at all (GPT-2's), y = cap * z / sqrt(z^2 + cap^2) (kRational, the
-// modern architecture's), or y = cap * sigmoid(z / scale) (kSigmoid, modded-nanogpt's speedrun's,
-// whose logits all lie in (0, cap)).
+// modern architecture's), or y = cap * sigmoid((z + shift) / scale) (kSigmoid, modded-nanogpt's
+// speedrun's, whose logits all lie in (0, cap): record #28's 30 sigmoid(z / 7.5), record #89's
+// 23 sigmoid((z + 5) / 7.5)).
 struct LogitCap {
   enum Kind : int { kNone, kRational, kSigmoid };
   Kind kind = kNone;
-  float cap = 0.0f, scale = 0.0f;
+  float cap = 0.0f, scale = 0.0f, shift = 0.0f;
 
   // y, and dy/dz into *slope when given: in double, the reference the kernels are tested against;
   // in float, the sampler's.
@@ -129,7 +130,7 @@ struct LogitCap {
     if (kind == kSigmoid) {
       // The exponent clamped below exp's overflow (in float, as the kernel's): past it 1 - sigmoid
       // would be inf * 0, a NaN slope, where both are below 1e-38.
-      const F e = std::exp(std::min(-z / (F)scale, (F)88)), s = 1 / (1 + e);
+      const F e = std::exp(std::min(-(z + (F)shift) / (F)scale, (F)88)), s = 1 / (1 + e);
       if (slope) *slope = (F)cap / scale * s * (e * s);
       return cap * s;
     }
@@ -138,6 +139,7 @@ struct LogitCap {
   }
   std::string describe() const {
     if (kind == kRational) return strformat("soft-capped at %g", cap);
+    if (kind == kSigmoid && shift != 0.0f) return strformat("capped as %g sigmoid((z + %g) / %g)", cap, shift, scale);
     if (kind == kSigmoid) return strformat("capped as %g sigmoid(z / %g)", cap, scale);
     return "uncapped";
   }

@@ -1,7 +1,7 @@
 // Tests fused_classifier against cpu::softmax_crossentropy_forward / _backward, and its capped
 // forms (softmax and loss of y = cap(z), gradient with respect to z: the modern head's
-// y = c * z / sqrt(z^2 + c^2), the speedrun's y = c * sigmoid(z / s) over the whole padded
-// vocabulary) against a reference written here (the CPU trainer has no cap): the padded GPT-2
+// y = c * z / sqrt(z^2 + c^2), the speedrun's y = c * sigmoid((z + shift) / s) over the whole padded
+// vocabulary, record #28's unshifted and record #89's shifted) against a reference written here (the CPU trainer has no cap): the padded GPT-2
 // vocabulary (V = 50257 of Vp = 50304 columns), odd vocabularies padded to an odd number of
 // 16-byte pieces, a vocabulary smaller than one block's pass, targets at both ends of the
 // vocabulary, NaN in the padding columns (which must never reach a loss and must come back as
@@ -11,7 +11,8 @@
 // (capped logits take the one that keeps the gradients on GPUs with clusters). BF16 builds: the
 // FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the dlogits the same kernel
 // wrote in place (cuda_fp8.h's conversion on the host, which test_fp8 checks), the same losses,
-// the logits left as they were, twice.
+// the logits left as they were, twice. The shift is added to z exactly: the shifted cap of z gives
+// the bits of the unshifted cap of z + shift where that sum is exact.
 #include "dev/cuda/kernel_test.h"
 
 namespace classifier_tests {
@@ -177,6 +178,36 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   }
 }
 
+// A sigmoid cap with a shift on logits z against the same cap without it on z + shift: integer
+// logits, so that z + shift is exact in either build, and the kernels' results must be the same
+// bits (the losses, and the dlogits, which are with respect to z in both), each kernel.
+void test_shift_is_added(int N, int V, int Vp, const llmc::LogitCap& shifted, llmc::Rng& rng) {
+  printf("\nclassifier N=%d V=%d Vp=%d, %s against the unshifted cap of z + %g\n", N, V, Vp,
+         shifted.describe().c_str(), shifted.shift);
+  llmc::LogitCap unshifted = shifted;
+  unshifted.shift = 0.0f;
+  std::vector<float> logits = random_stored(rng, (size_t)N * Vp, 0.0f, 20.0f), moved(logits.size());
+  for (size_t i = 0; i < logits.size(); i++) {
+    logits[i] = std::nearbyint(std::min(std::max(logits[i], -100.0f), 100.0f));
+    moved[i] = logits[i] + shifted.shift;
+    REQUIRE((float)(floatX)moved[i] == moved[i], "test_shift_is_added: %g + %g is not exact", logits[i], shifted.shift);
+  }
+  const DeviceArray<int> targets(random_ints(rng, N, 0, V));
+  DeviceArray<floatX> d_logits(logits.size());
+  DeviceArray<float> losses(N);
+  for (const bool recompute : {false, true}) {
+    auto run = [&](const std::vector<float>& z, const llmc::LogitCap& cap) {
+      d_logits.upload(z);
+      losses.poison();
+      fused_classifier(d_logits, losses, targets, N, V, Vp, 1.0f, 0, cap, recompute);
+      return Snapshot(losses, d_logits);
+    };
+    const Snapshot with_shift = run(logits, shifted);
+    check_same_bits(recompute ? "shift added to z (recomputing kernel)" : "shift added to z (keeping kernel)",
+                    with_shift, run(moved, unshifted));
+  }
+}
+
 void run() {
   llmc::Rng rng(5);
   const llmc::LogitCap none, modern{llmc::LogitCap::kRational, 15.0f};
@@ -195,6 +226,15 @@ void run() {
   test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f}, rng);
   test_classifier(9, 50304, 50304, speedrun, rng, true);
   test_classifier(9, 1001, 1016, modern, rng, true);
+  // Record #89's cap, 23 sigmoid((z + 5) / 7.5): every padded column, a piece straddling V, the
+  // extremes, a negative shift; and the shift's exact place.
+  const llmc::LogitCap shifted{llmc::LogitCap::kSigmoid, 23.0f, 7.5f, 5.0f};
+  test_classifier(64, 50304, 50304, shifted, rng);
+  test_classifier(3 * 101, 1001, 1016, shifted, rng);
+  test_classifier(9, 50304, 50304, shifted, rng, true);
+  test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f, -2.5f}, rng);
+  test_shift_is_added(7, 1001, 1016, shifted, rng);
+  test_shift_is_added(3, 50304, 50304, shifted, rng);
 }
 
 }  // namespace classifier_tests
