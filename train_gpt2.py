@@ -161,6 +161,106 @@ def fail(message):
 
 
 # ------------------------------------------------------------------------------------------------
+# The training loss's terms (modded-nanogpt record #89's multi-token and prefix prediction)
+
+MAX_PREDICTED_TOKENS = 3
+TOKENIZER_MAGIC, TOKENIZER_HEADER_INTS, GPT2_EOT_TOKEN = 20240328, 256, 50256
+
+
+def read_vocabulary(path, flag):
+    """An llm.c vocabulary file (llmc/tokenizer.h): each token's bytes, and the end-of-text id."""
+    if not os.path.isfile(path):
+        fail(f"{flag} {path}: no such vocabulary file; dev/data/tinyshakespeare.sh makes one (gpt2_tokenizer.bin)")
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(TOKENIZER_HEADER_INTS * 4), "<i4")
+        if len(header) < TOKENIZER_HEADER_INTS or header[0] != TOKENIZER_MAGIC or header[1] not in (1, 2):
+            fail(f"{flag} {path}: not an llm.c vocabulary file (magic {TOKENIZER_MAGIC}, version 1 or 2)")
+        tokens = []
+        for _ in range(int(header[2])):
+            length = f.read(1)
+            tokens.append(f.read(length[0]) if length else b"")
+        if not all(tokens) or f.read(1):
+            fail(f"{flag} {path}: the tokens do not fill the file as its header says: the file is damaged")
+    return tokens, int(header[3]) if header[1] == 2 else GPT2_EOT_TOKEN
+
+
+def prefix_table(tokens, eot, rows):
+    """Each token's prefix token, as record #89's build_prefix_table makes it from tiktoken's ranks
+    (llmc/tokenizer.h's token_prefix_table): the id of the longest proper prefix of its bytes that is
+    a token, -1 where none is, for `rows` ids (the padded rows -1). Sorted, a byte string comes after
+    its prefixes and before its extensions, so a stack of the current one's prefixes that are tokens
+    holds the longest on top. The end-of-text token has no bytes there: no prefix, and none."""
+    table = [-1] * rows
+    stack = []  # (bytes, id), shortest first
+    for token, tid in sorted((b, i) for i, b in enumerate(tokens) if i != eot):
+        while stack and not token.startswith(stack[-1][0]):
+            stack.pop()
+        if stack:
+            table[tid] = stack[-1][1]
+        stack.append((token, tid))
+    return table
+
+
+def parse_prediction_weights(text):
+    """--mtp's value: 1 to 3 weights within [0, 1] apart by commas (llmc/flags.h's parse_prediction_weights)."""
+    items = text.split(",")
+    if len(items) > MAX_PREDICTED_TOKENS:
+        fail(f"--mtp {text}: more than {MAX_PREDICTED_TOKENS} weights (the next token's and the "
+             f"{MAX_PREDICTED_TOKENS - 1} after it)")
+    weights = []
+    for item in items:
+        try:
+            weight = float(np.float32(item))
+        except ValueError:
+            fail(f"--mtp '{item}': not a number")
+        if not 0.0 <= weight <= 1.0:
+            fail(f"--mtp {item}: must be within [0, 1]")
+        weights.append(weight)
+    return weights
+
+
+@dataclass
+class LossTerms:
+    """The training loss's terms (the CUDA trainer's ClassifierTerms): position t's cross-entropy
+    against target t + k times next_token_weights[k] where t + k is inside its sequence of T, and
+    against prefix[target t] times prefix_weight where that is not -1 (prefix: prefix_table's, or
+    None without the term)."""
+    next_token_weights: list
+    prefix_weight: float = 0.0
+    prefix: torch.Tensor = None
+
+    def loss(self, capped, targets, reduction):
+        """The mean or the sum of the positions' losses; capped: [B, T, columns] float32 logits."""
+        log_p = F.log_softmax(capped, dim=-1)
+        T = targets.size(1)
+        losses = torch.zeros(targets.shape, dtype=log_p.dtype, device=log_p.device)
+        for k, weight in enumerate(self.next_token_weights[:T]):
+            nll = -log_p[:, :T - k].gather(-1, targets[:, k:, None])[..., 0]
+            losses[:, :T - k] += weight * nll
+        if self.prefix is not None:
+            prefix = self.prefix.to(targets.device)[targets]
+            nll = -log_p.gather(-1, prefix.clamp(min=0)[..., None])[..., 0]
+            losses += self.prefix_weight * torch.where(prefix >= 0, nll, torch.zeros_like(nll))
+        return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def loss_terms(args, config):
+    """--mtp's and --prefix_weight's terms, the prefix table read from --tokenizer's vocabulary; None
+    for the next token's loss alone."""
+    weights = parse_prediction_weights(args.mtp)
+    if weights == [1.0] and args.prefix_weight == 0.0:
+        return None
+    prefix = None
+    if args.prefix_weight > 0.0:
+        tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
+        if len(tokens) > config.vocab_size:
+            fail(f"--prefix_weight {args.prefix_weight}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, "
+                 f"more than the model's {config.vocab_size}: give the model's vocabulary file")
+        prefix = torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
+    return LossTerms(weights, args.prefix_weight, prefix)
+
+
+# ------------------------------------------------------------------------------------------------
 # Model
 
 # The layer plan (llmc/gpt2.h's, whose kSpeedrun* lists are these). The speedrun reference's layers
@@ -603,6 +703,7 @@ class GPT(nn.Module):
         # within the reference's window of that many 128-token blocks (attention_masks)
         self.documents = False
         self.window_blocks = None
+        self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
 
     def attention_masks(self, idx):
         """Each layer's attention mask for the rows of idx (None for every layer without documents:
@@ -699,7 +800,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, reduction="mean", masks=None):
         """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
-        cap), and the loss: the mean or the sum of the token losses. masks: as final_hidden's."""
+        cap), and the loss: the mean or the sum of the token losses, with loss_terms' terms where
+        gradients are taken (training; evaluation under torch.no_grad keeps the next token's alone, as
+        the CUDA trainer's validation). masks: as final_hidden's."""
         # The padded columns are dropped before the loss, so padded wte rows get zero gradient; the
         # speedrun's reference keeps them in the softmax (capped, a zero logit is 15 there).
         logits = self.lm_head(self.final_hidden(idx, masks))
@@ -707,7 +810,10 @@ class GPT(nn.Module):
         if targets is not None:
             columns = self.config.padded_vocab_size if self.config.speedrun else self.config.vocab_size
             capped = self.soft_cap(logits[:, :, :columns])
-            loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
+            if self.loss_terms is not None and torch.is_grad_enabled():
+                loss = self.loss_terms.loss(capped, targets, reduction)
+            else:
+                loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits[:, :, :self.config.vocab_size], loss
 
     def padded_vocab_loss(self, idx, targets, reduction="mean"):
@@ -2098,6 +2204,14 @@ def parse_args(argv=None):
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
+    a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
+                   "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
+                   "#89's first stage); a target past the sequence's end adds nothing")
+    a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
+                   "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
+                   "vocabulary), where it has one: record #89's 0.25 (0: none)")
+    a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
+                   "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
     a.add_argument("--final_lr_frac", type=float, help=recipe_help("final_lr_frac", "final lr as a fraction of the peak"))
     a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay", "cooldown"],
@@ -2236,6 +2350,12 @@ def check_args(args):
         fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
+    weights = parse_prediction_weights(args.mtp)
+    if not 0.0 <= args.prefix_weight <= 1.0:
+        fail(f"--prefix_weight {args.prefix_weight}: must be within [0, 1]")
+    if args.prefix_weight == 0.0 and not any(weights):
+        fail(f"--mtp {args.mtp} and --prefix_weight 0: every term of the training loss has weight 0; give the next "
+             f"token a weight (--mtp 1)")
     if not 0.0 < args.cooldown_frac <= 1.0:
         fail(f"--cooldown_frac {args.cooldown_frac}: the decaying fraction of the steps is within (0, 1]")
     if args.recipe and args.arch != RECIPE_FLAGS["arch"][RECIPES.index(args.recipe)]:
@@ -2786,6 +2906,7 @@ def main(argv=None, step_hook=None):
     if args.fp8_head:
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
+    model.loss_terms = loss_terms(args, config)
     set_attention_window(model, args, 0)
     if args.check_debug_state:
         return check_debug_state(args, model, device, dtype, use_compile)

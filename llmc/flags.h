@@ -82,6 +82,23 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
   return parse_real(flag, text, min, max);
 }
 
+// -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
+inline PredictionWeights parse_prediction_weights(const char* flag, const char* text) {
+  const std::string all = text;
+  PredictionWeights w;
+  w.count = 0;
+  for (size_t start = 0;;) {
+    if (w.count == kMaxPredictedTokens) {
+      LLMC_FAIL("%s %s: more than %d weights (the next token's and the %d after it)", flag, text, kMaxPredictedTokens,
+                kMaxPredictedTokens - 1);
+    }
+    const size_t end = std::min(all.find(',', start), all.size());
+    w.weight[w.count++] = parse_float(flag, all.substr(start, end - start).c_str(), 0.0f, 1.0f);
+    if (end == all.size()) return w;
+    start = end + 1;
+  }
+}
+
 // A data tool's "--flag value" pairs, in order, each given to set (false: not a flag of the
 // tool); -h or --help prints usage and exits. Errors end with where the flags are listed.
 inline void parse_tool_flags(int argc, char** argv, const char* usage,

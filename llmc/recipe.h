@@ -115,6 +115,22 @@ inline NewtonSchulz debug_state_newton_schulz(const DebugState& d, const std::st
   return ns;
 }
 
+// The training loss's weights of the targets after a position's next token (modded-nanogpt record
+// #89's multi-token prediction): position t's cross-entropy against target t + k (k = 0 the next
+// token) times weight[k], k < count, where t + k is inside t's sequence. Only the next token, weight
+// 1: the plain loss.
+constexpr int kMaxPredictedTokens = 3;
+struct PredictionWeights {
+  int count = 1;
+  float weight[kMaxPredictedTokens] = {1.0f, 0.0f, 0.0f};
+};
+
+inline std::string prediction_weights_text(const PredictionWeights& w) {
+  std::string text;
+  for (int k = 0; k < w.count; k++) text += strformat(k ? ",%g" : "%g", w.weight[k]);
+  return text;
+}
+
 // A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
 // where no recipe sets another. The fields a flag writes are named by it in their comment, in the
 // order the flags are listed as the recipe's (recipe_flags); the others have no flag.
@@ -163,6 +179,11 @@ struct Recipe {
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
   bool muon_scale_tall = true;
   bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
+  // The training loss's terms (record #89's; validation keeps the next token's alone): the targets
+  // after the next one (-mtp), and the next token's prefix token (llmc/tokenizer.h's
+  // token_prefix_table) with the weight -pw where it has one (0: none).
+  PredictionWeights next_token_weights;  // -mtp
+  float prefix_weight = 0.0f;            // -pw
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;

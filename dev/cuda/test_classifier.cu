@@ -12,7 +12,10 @@
 // FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the dlogits the same kernel
 // wrote in place (cuda_fp8.h's conversion on the host, which test_fp8 checks), the same losses,
 // the logits left as they were, twice. The shift is added to z exactly: the shifted cap of z gives
-// the bits of the unshifted cap of z + shift where that sum is exact.
+// the bits of the unshifted cap of z + shift where that sum is exact. The training loss's terms
+// (ClassifierTerms: later targets of the row's sequence, the target's prefix token) against a
+// reference in double: sequences whose last rows lose their later targets, targets repeated within
+// a row's terms, tokens without a prefix, each kernel, twice.
 #include "dev/cuda/kernel_test.h"
 
 namespace classifier_tests {
@@ -208,6 +211,92 @@ void test_shift_is_added(int N, int V, int Vp, const llmc::LogitCap& shifted, ll
   }
 }
 
+// The loss with terms: row r at position t = r % T has the terms of the targets r + k, k < weights'
+// count and t + k < T, then of prefix[targets[r]] where it is not -1; loss = sum of w (lse - y[c]),
+// dlogits = dloss * (S softmax - W(column)) * dy/dz, S the sum of the row's weights, W a column's.
+void terms_classifier_reference(std::vector<float>& losses, std::vector<float>& dlogits,
+                                const std::vector<float>& logits, const std::vector<int>& targets,
+                                const std::vector<int>& prefix, const llmc::PredictionWeights& next_tokens,
+                                float prefix_weight, float dloss, const llmc::LogitCap& cap, int N, int T, int V,
+                                int Vp) {
+  std::vector<double> y(V), slope(V), column_weight(V);
+  for (int r = 0; r < N; r++) {
+    std::vector<std::pair<int, double>> terms;
+    for (int k = 0; k < next_tokens.count && r % T + k < T; k++) terms.emplace_back(targets[r + k], next_tokens.weight[k]);
+    if (prefix_weight > 0.0f && prefix[targets[r]] >= 0) terms.emplace_back(prefix[targets[r]], prefix_weight);
+    const float* z = &logits[(size_t)r * Vp];
+    double m = -INFINITY;
+    for (int i = 0; i < V; i++) {
+      y[i] = cap.apply((double)z[i], &slope[i]);
+      m = std::max(m, y[i]);
+    }
+    double s = 0.0;
+    for (int i = 0; i < V; i++) s += std::exp(y[i] - m);
+    const double lse = std::log(s) + m;
+    double loss = 0.0, total = 0.0;
+    std::fill(column_weight.begin(), column_weight.end(), 0.0);
+    for (const auto& [column, weight] : terms) {
+      loss += weight * (lse - y[column]);
+      total += weight;
+      column_weight[column] += weight;
+    }
+    losses[r] = (float)loss;
+    float* d = &dlogits[(size_t)r * Vp];
+    for (int i = 0; i < Vp; i++) {
+      d[i] = i < V ? (float)(dloss * (total * std::exp(y[i] - m) / s - column_weight[i]) * slope[i]) : 0.0f;
+    }
+  }
+}
+
+// The loss's terms over B sequences of T rows: targets of which every fifth repeats the one before
+// (a row's terms then share a column), a prefix table of random tokens with a third of the tokens
+// without one, the first row's prefix its own next target; against the reference, each kernel
+// (capped: both), twice.
+void test_classifier_terms(int B, int T, int V, int Vp, const llmc::LogitCap& cap,
+                           const llmc::PredictionWeights& next_tokens, float prefix_weight, llmc::Rng& rng) {
+  const int N = B * T;
+  const bool capped = cap.kind != llmc::LogitCap::kNone;
+  printf("\nclassifier terms B=%d T=%d V=%d Vp=%d, logits %s, next tokens %s, prefix %g\n", B, T, V, Vp,
+         cap.describe().c_str(), llmc::prediction_weights_text(next_tokens).c_str(), prefix_weight);
+  std::vector<float> logits = random_stored(rng, (size_t)N * Vp, 0.0f, capped ? 20.0f : 2.0f);
+  for (int r = 0; r < N; r++) {
+    for (int i = V; i < Vp; i++) logits[(size_t)r * Vp + i] = NAN;
+  }
+  std::vector<int> targets = random_ints(rng, N, 0, V);
+  for (int r = 1; r < N; r += 5) targets[r] = targets[r - 1];
+  std::vector<int> prefix = random_ints(rng, Vp, 0, V);
+  const std::vector<int> without = random_ints(rng, Vp, 0, 3);
+  for (int i = 0; i < Vp; i++) prefix[i] = i >= V || without[i] == 0 ? -1 : prefix[i];
+  if (N > 1) prefix[targets[0]] = targets[1];
+  const float dloss = capped ? 1.0f : 1.0f / N;
+  std::vector<float> ref_losses(N), ref_dlogits(logits.size());
+  terms_classifier_reference(ref_losses, ref_dlogits, logits, targets, prefix, next_tokens, prefix_weight, dloss, cap,
+                             N, T, V, Vp);
+  DeviceArray<floatX> d_logits(logits.size());
+  DeviceArray<float> losses(N);
+  const DeviceArray<int> d_targets(targets), d_prefix(prefix);
+  ClassifierTerms terms;
+  terms.row_length = T;
+  terms.predict = next_tokens.count;
+  std::copy(next_tokens.weight, next_tokens.weight + llmc::kMaxPredictedTokens, terms.weights);
+  terms.prefix = prefix_weight > 0.0f ? (const int*)d_prefix : nullptr;
+  terms.prefix_weight = prefix_weight;
+  const float tol_dlogits = capped ? std::max(kTolStore, 4e-5f) : kTolStore;
+  for (const bool recompute : capped ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+    const std::string kernel = !capped ? "" : recompute ? " (recomputing kernel)" : " (keeping kernel)";
+    auto run = [&] {
+      d_logits.upload(logits);
+      losses.poison();
+      fused_classifier(d_logits, losses, d_targets, N, V, Vp, dloss, 0, cap, recompute, {}, terms);
+      return Snapshot(losses, d_logits);
+    };
+    const Snapshot first = run();
+    check_close("terms' losses" + kernel, losses.download(), ref_losses, kTolFP32);
+    check_close("terms' dlogits" + kernel, d_logits.download(), ref_dlogits, tol_dlogits);
+    check_same_bits("terms twice" + kernel, first, run());
+  }
+}
+
 void run() {
   llmc::Rng rng(5);
   const llmc::LogitCap none, modern{llmc::LogitCap::kRational, 15.0f};
@@ -235,6 +324,15 @@ void run() {
   test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f, -2.5f}, rng);
   test_shift_is_added(7, 1001, 1016, shifted, rng);
   test_shift_is_added(3, 50304, 50304, shifted, rng);
+  // Record #89's loss terms: three next tokens and the prefix on its cap over the padded vocabulary;
+  // two with the prefix's weight 0, odd sizes (sequences shorter than the terms, of 1 row), the
+  // other caps.
+  const llmc::PredictionWeights three = {3, {1.0f, 0.5f, 0.25f}}, two = {2, {1.0f, 0.5f}};
+  test_classifier_terms(4, 16, 50304, 50304, shifted, three, 0.25f, rng);
+  test_classifier_terms(3, 37, 1001, 1016, shifted, two, 0.0f, rng);
+  test_classifier_terms(5, 2, 1001, 1016, speedrun, three, 0.25f, rng);
+  test_classifier_terms(7, 1, 99, 136, modern, three, 1.0f, rng);
+  test_classifier_terms(2, 33, 50257, 50304, none, {3, {0.0f, 1.0f, 0.5f}}, 0.25f, rng);
 }
 
 }  // namespace classifier_tests
