@@ -7693,6 +7693,7 @@ constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units 
 struct ModelParams {
   llmc::GPT2Config config;
   const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
+  llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
@@ -7903,6 +7904,7 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
                           int shard_count) {
   m.config = config;
   m.plan = llmc::layer_plan(config);
+  m.logit_cap = llmc::arch_spec(config.arch).logit_cap;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
@@ -9250,7 +9252,7 @@ void classifier_rows(GPT2& m, int first, int n, float dloss, const ClassifierTer
     grad8 = {m.fp8_head_buffers.rows, m.fp8_head_scales + 2};
   }
   fused_classifier(m.act(kOutput), m.act_f(kLosses) + first, m.targets + first, n, V, Vp, dloss, m.stream,
-                   m.arch().logit_cap, false, grad8, terms);
+                   m.logit_cap, false, grad8, terms);
 }
 
 // The training loss's terms (Recipe::next_token_weights, prefix_weight), with the prefix table of
@@ -9729,7 +9731,7 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
   decoder_init(d, m);
   std::vector<floatX> row(m.config.vocab_size);
   std::vector<float> logits(m.config.vocab_size);
-  const llmc::LogitCap& cap = m.arch().logit_cap;  // the distribution is the capped logits' softmax
+  const llmc::LogitCap& cap = m.logit_cap;  // the distribution is the capped logits' softmax
   std::vector<int> out;
   const floatX* device_logits = nullptr;
   for (int token : prompt) device_logits = decoder_step(d, m, token);
@@ -10639,6 +10641,15 @@ llmc::Flag newton_schulz_flag(TrainArgs& a) {
           [&a] { return std::string(a.muon_newton_schulz.name); }, &a.muon_newton_schulz};
 }
 
+// -lc: the head's cap in place of the architecture's.
+llmc::Flag logit_cap_flag(TrainArgs& a) {
+  return {"-lc", "logit cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid "
+          "cap's shift within [-100, 100]: \"23,5\", record #89's 23 sigmoid((z + 5) / 7.5) (the speedrun's own: "
+          "30 sigmoid(z / 7.5)); checkpoints keep the architecture's: give -lc with -e's model too",
+          [&a](const char* text) { a.logit_cap = llmc::parse_logit_cap_setting("-lc", text); },
+          [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
+}
+
 // -mtp: the training loss's weights of the next token and the ones after it.
 llmc::Flag prediction_weights_flag(TrainArgs& a) {
   return {"-mtp", "next-token weights", "the training loss's weights of the next token and of the one or two "
@@ -10715,6 +10726,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
       prediction_weights_flag(a),
+      logit_cap_flag(a),
       float_flag("-pw", "prefix weight", "the training loss's weight of the next token's prefix token, the longest "
                  "proper prefix of its bytes that is a token (-tk's vocabulary file), where it has one: record #89's "
                  "0.25 (0: none)", &a.prefix_weight, 0.0f, 1.0f),
@@ -11180,6 +11192,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   llmc::resolve_tokenizer(a);
   if (a.prefix_weight > 0.0f) in.prefix_table = prefix_table_of(a, config);
+  llmc::logit_cap_of(llmc::arch_spec(config.arch).logit_cap, a.logit_cap, llmc::arch_spec(config.arch).name);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size, in.stages.max_T());
@@ -11697,6 +11710,7 @@ int train_main(int argc, char** argv) {
   const StateSpec state = {a.master_weights != 0, a.update.muon()};
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
+  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

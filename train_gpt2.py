@@ -244,6 +244,27 @@ class LossTerms:
         return losses.sum() if reduction == "sum" else losses.mean()
 
 
+def set_logit_cap(model, text):
+    """--logit_cap: the head's cap within [1, 40] and the sigmoid cap's shift within [-100, 100] ("23,5"), in
+    place of the architecture's (llmc/recipe.h's logit_cap_of); None keeps the architecture's."""
+    if text is None:
+        return
+    items = text.split(",")
+    try:
+        values = [float(np.float32(item)) for item in items]
+    except ValueError:
+        fail(f"--logit_cap {text}: not a number, or two apart by a comma")
+    if len(values) > 2 or not 1.0 <= values[0] <= 40.0 or (len(values) == 2 and not -100.0 <= values[1] <= 100.0):
+        fail(f"--logit_cap {text}: the cap within [1, 40], and the sigmoid cap's shift within [-100, 100]")
+    if not model.config.modern:
+        fail(f"--logit_cap {text}: the {model.config.arch} architecture's logits are uncapped: leave --logit_cap out")
+    if len(values) == 2 and values[1] != 0.0 and not model.config.speedrun:
+        fail(f"--logit_cap {text}: a shift moves the sigmoid cap, and the {model.config.arch} architecture's cap is "
+             f"the rational one: give --logit_cap {items[0]}")
+    model.logit_cap = values[0]
+    model.logit_shift = values[1] if len(values) == 2 else 0.0
+
+
 def loss_terms(args, config):
     """--mtp's and --prefix_weight's terms, the prefix table read from --tokenizer's vocabulary; None
     for the next token's loss alone."""
@@ -704,6 +725,9 @@ class GPT(nn.Module):
         self.documents = False
         self.window_blocks = None
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
+        # the head's cap (soft_cap; --logit_cap sets another)
+        self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
+        self.logit_shift = 0.0
 
     def attention_masks(self, idx):
         """Each layer's attention mask for the rows of idx (None for every layer without documents:
@@ -789,14 +813,15 @@ class GPT(nn.Module):
         return x + self.skip_weights[spec.skip_weight] * outputs[spec.skip_source]
 
     def soft_cap(self, logits):
-        """The logits the softmax sees, in float32: the modern model's 15 z / sqrt(z^2 + 225), the
-        speedrun's 30 sigmoid(z / 7.5)."""
+        """The logits the softmax sees, in float32: the modern model's c z / sqrt(z^2 + c^2) (c = 15), the
+        speedrun's c sigmoid((z + shift) / 7.5) (c = 30, shift 0; record #89's 23 and 5: --logit_cap)."""
         if not self.config.modern:
             return logits
         z = logits.float()
+        cap = self.logit_cap
         if self.config.speedrun:
-            return SPEEDRUN_SOFTCAP * torch.sigmoid(z / SPEEDRUN_SOFTCAP_SCALE)
-        return LOGIT_SOFTCAP_MODERN * z * torch.rsqrt(z.square() + LOGIT_SOFTCAP_MODERN ** 2)
+            return cap * torch.sigmoid((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
+        return cap * z * torch.rsqrt(z.square() + cap ** 2)
 
     def forward(self, idx, targets=None, reduction="mean", masks=None):
         """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
@@ -2204,6 +2229,8 @@ def parse_args(argv=None):
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
+    a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
+                   "sigmoid cap's shift within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5)")
     a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
                    "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
                    "#89's first stage); a target past the sequence's end adds nothing")
@@ -2907,6 +2934,7 @@ def main(argv=None, step_hook=None):
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
     model.loss_terms = loss_terms(args, config)
+    set_logit_cap(model, args.logit_cap)
     set_attention_window(model, args, 0)
     if args.check_debug_state:
         return check_debug_state(args, model, device, dtype, use_compile)

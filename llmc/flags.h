@@ -82,6 +82,17 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
   return parse_real(flag, text, min, max);
 }
 
+// -lc's value: the cap within [1, 40], or the cap and the sigmoid cap's shift within [-100, 100]
+// ("23,5"): record #89's 23 sigmoid((z + 5) / 7.5).
+inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* text) {
+  const std::string all = text;
+  const size_t comma = all.find(',');
+  LogitCapSetting s;
+  s.cap = parse_float(flag, all.substr(0, comma).c_str(), 1.0f, 40.0f);
+  if (comma != std::string::npos) s.shift = parse_float(flag, all.substr(comma + 1).c_str(), -100.0f, 100.0f);
+  return s;
+}
+
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
 inline PredictionWeights parse_prediction_weights(const char* flag, const char* text) {
   const std::string all = text;

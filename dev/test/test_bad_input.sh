@@ -522,6 +522,19 @@ else
   skip "-mtp and -pw" "$TRAINER has no -mtp"
 fi
 
+# --- -lc, the head's cap in place of the architecture's: within its range, on a capped head, a
+# shift on the sigmoid cap only (before the GPU)
+if has_flag -lc; then
+  expect "-lc above 40" "^error: -lc 50: must be within \[1, 40\]\$" -lc 50
+  expect "-lc with a shift out of range" "^error: -lc 200: must be within \[-100, 100\]\$" -lc 23,200
+  expect "-lc on GPT-2's uncapped head" "^error: -lc 23,5: the gpt2 architecture's logits are uncapped: leave -lc out\$" \
+    -lc 23,5
+  expect "-lc with a shift on the modern cap" "^error: -lc 15,5: a shift moves the sigmoid cap, and the modern architecture's cap is soft-capped at 15: give -lc 15\$" \
+    -recipe modern -lc 15,5
+else
+  skip "-lc" "$TRAINER has no -lc"
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

@@ -490,6 +490,11 @@ expect_error "mtp 2: must be within" "${TINY[@]}" --bench --mtp 1,2
 expect_error "mtp 'x': not a number" "${TINY[@]}" --bench --mtp 1,x
 expect_error "prefix_weight 2.0: must be within" "${TINY[@]}" --bench --prefix_weight 2
 expect_error "every term of the training loss has weight 0" "${TINY[@]}" --bench --mtp 0
+expect_error "logit_cap 50: the cap within" --recipe speedrun --model tiny --bench --documents 0 --window_blocks 0 \
+  -b 1 -t 64 --logit_cap 50
+expect_error "logit_cap 23,5: the gpt2 architecture's logits are uncapped" "${TINY[@]}" --bench --logit_cap 23,5
+expect_error "logit_cap 15,5: a shift moves the sigmoid cap" --recipe modern --model tiny --bench -b 1 -t 64 \
+  --logit_cap 15,5
 expect_error "tokenizer $WORK/nothing.bin: no such vocabulary file" "${TINY[@]}" --bench --prefix_weight 0.25 \
   --tokenizer "$WORK/nothing.bin"
 ckpt="$WORK/run/model_00000008.bin"
