@@ -56,6 +56,7 @@ ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
 CHECKSUM_NONE, CHECKSUM_CRC32 = 0, 1
 DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, DEBUG_STATE_VERSION_MODERN = 20240327, 3, 4
+DEBUG_STATE_VERSION_SETTINGS = 5  # version 4's header, then the loss's settings (debug_state_settings)
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 VOCAB_PAD_MULTIPLE = 128
 
@@ -1988,10 +1989,11 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             muon_optimizer.step()
     model.window_blocks = window
 
-    version4 = config.modern or muon or summed or model.documents or plan is not None
+    settings = debug_state_settings(model)
+    version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
+    version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
-    header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION, B, T,
-                  args.debug_steps, config.vocab_size]
+    header[:6] = [DEBUG_STATE_MAGIC, version, B, T, args.debug_steps, config.vocab_size]
     hyper = [args.learning_rate, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip]
     header[6:12] = np.array(hyper, np.float32).view(np.int32)
     if version4:
@@ -2016,6 +2018,13 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
+        if settings:
+            text = settings.encode()
+            prefix = model.loss_terms.prefix if model.loss_terms and model.loss_terms.prefix is not None else None
+            f.write(np.array([len(text)], np.int32).tobytes() + text.ljust(-(-len(text) // 4) * 4, b"\0"))
+            f.write(np.array([0 if prefix is None else len(prefix)], np.int32).tobytes())
+            if prefix is not None:
+                f.write(prefix.numpy().astype(np.int32).tobytes())
         for t in batch:
             f.write(t.numpy().astype(np.int32).tobytes())
         for t in first:
@@ -2045,6 +2054,52 @@ def debug_first_values(model, x, y, params, args, autocast):
 DEBUG_STAGES_SLOT = 32
 DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
+
+
+def debug_state_settings(model):
+    """The loss's settings a version-5 debug state keeps, as the CUDA trainer's flags ("-lc 23,5 -mtp
+    1.0,0.5,0.25 -pw 0.25"; "" for the defaults). The file holds them after its header: their
+    length in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without -pw) and
+    its int32 ids."""
+    words = []
+    default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
+    if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
+        words += ["-lc", f"{np.float32(model.logit_cap)},{np.float32(model.logit_shift)}"]
+    terms = model.loss_terms
+    if terms is not None:
+        words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
+        if terms.prefix is not None:
+            words += ["-pw", str(np.float32(terms.prefix_weight))]
+    return " ".join(words)
+
+
+def read_debug_state_settings(path, header):
+    """(the settings' text, the prefix table or None, the byte offset of the batch) of a debug state."""
+    if header[1] != DEBUG_STATE_VERSION_SETTINGS:
+        return "", None, 4 * HEADER_INTS
+    at = 4 * HEADER_INTS
+    length = int(np.fromfile(path, np.int32, 1, offset=at)[0])
+    text = np.fromfile(path, np.uint8, length, offset=at + 4).tobytes().decode()
+    at += 4 + -(-length // 4) * 4
+    rows = int(np.fromfile(path, np.int32, 1, offset=at)[0])
+    prefix = torch.from_numpy(np.fromfile(path, np.int32, rows, offset=at + 4).astype(np.int64)) if rows else None
+    return text, prefix, at + 4 + 4 * rows
+
+
+def apply_debug_state_settings(model, text, prefix, path):
+    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms."""
+    words = text.split()
+    settings = dict(zip(words[::2], words[1::2]))
+    unknown = set(settings) - {"-lc", "-mtp", "-pw"}
+    if len(words) % 2 or unknown:
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp and -pw: re-create it")
+    set_logit_cap(model, settings.get("-lc"))
+    prefix_weight = float(settings.get("-pw", 0.0))
+    if (prefix is None) != (prefix_weight == 0.0):
+        fail(f"--check_debug_state {path}: -pw {prefix_weight} and a prefix table of "
+             f"{0 if prefix is None else len(prefix)} rows: the file is damaged; re-create it")
+    weights = parse_prediction_weights(settings.get("-mtp", "1"))
+    model.loss_terms = None if weights == [1.0] and prefix is None else LossTerms(weights, prefix_weight, prefix)
 
 
 def debug_state_stages(header):
@@ -2089,10 +2144,11 @@ def read_debug_state(path, header_only=False):
     if header_only:
         return header
     B, T = int(header[2]), int(header[3])
-    floats_at = 4 * (HEADER_INTS + 2 * B * T)
+    batch_at = read_debug_state_settings(path, header)[2]
+    floats_at = batch_at + 4 * 2 * B * T
     if size < floats_at:
         fail(f"--check_debug_state {path}: shorter than its batch of {B} x {T}: the file is cut off")
-    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=4 * HEADER_INTS).astype(np.int64)
+    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=batch_at).astype(np.int64)
     floats = np.memmap(path, np.float32, "r", floats_at, ((size - floats_at) // 4,))
     x, y = (torch.from_numpy(t.reshape(B, T).copy()) for t in (tokens[:B * T], tokens[B * T:]))
     return header, x, y, floats
@@ -2107,7 +2163,8 @@ def check_debug_state(args, model, device, dtype, use_compile):
     side by side, tensor by tensor."""
     path = args.check_debug_state
     header, x, y, floats = read_debug_state(path)
-    version4 = header[1] == DEBUG_STATE_VERSION_MODERN
+    version4 = header[1] in (DEBUG_STATE_VERSION_MODERN, DEBUG_STATE_VERSION_SETTINGS)
+    apply_debug_state_settings(model, *read_debug_state_settings(path, header)[:2], path)
     if version4 and bool(header[30]) != bool(args.fp8_head):
         head = "FP8 (--fp8_head 1), the rest in float32" if header[30] else "float32"
         fail(f"--check_debug_state {path}: its steps took the head in {head}, and this check's --fp8_head is "

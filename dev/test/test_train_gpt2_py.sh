@@ -27,9 +27,10 @@ print("seed 5489 -> 3499211612; seeds 0, 42, 1337 agree with torch for 2000 draw
 EOF
 
 check "the prefix table of GPT-2's vocabulary (record #89's construction) and the loss's terms" <<'EOF'
-import json, os, tempfile, numpy as np, torch, train_gpt2 as tg
+import json, os, numpy as np, torch, train_gpt2 as tg
 # encoder.json's tokens as bytes (GPT-2's printable stand-ins for the bytes), written as an llm.c
-# vocabulary file and read back
+# vocabulary file ($WORK/gpt2_tokenizer.bin, for the debug state of the loss's settings below) and
+# read back
 printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
 stand_in = printable + [256 + i for i in range(256 - len(printable))]
 byte_of = {chr(c): b for b, c in zip(printable + [b for b in range(256) if b not in printable], stand_in)}
@@ -37,7 +38,7 @@ encoder = json.load(open("dev/data/gpt2/encoder.json"))
 tokens = [b""] * len(encoder)
 for text, i in encoder.items():
     tokens[i] = bytes(byte_of[ch] for ch in text)
-path = os.path.join(tempfile.mkdtemp(), "gpt2_tokenizer.bin")
+path = os.path.join(os.environ["WORK"], "gpt2_tokenizer.bin")
 header = np.zeros(tg.TOKENIZER_HEADER_INTS, np.int32)
 header[:4] = [tg.TOKENIZER_MAGIC, 2, len(tokens), tg.GPT2_EOT_TOKEN]
 with open(path, "wb") as f:
@@ -318,6 +319,27 @@ for model, names in (("speedrun", speedrun), ("gpt2", gpt2)):
     assert all(1e-4 < e < 0.1 for name, e in rounded.items() if name != "loss"), (model, rounded)
     print(f"{model}: float32 largest {max(exact.values()):.1e}; bfloat16 {min(rounded.values()):.1e} to "
           f"{max(rounded.values()):.1e}")
+EOF
+
+echo "--- the loss's settings in a debug state (version 5): record #89's cap and terms written, read back, checked"
+"$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 1 -b 1 -t 128 --flash 0 \
+  --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer "$WORK/gpt2_tokenizer.bin" \
+  --write_debug_state "$WORK/settings_state" --debug_steps 1 --device cpu >/dev/null
+"$PYTHON" train_gpt2.py --recipe speedrun --init_from "$WORK/settings_state/gpt2_speedrun_tiny.bin" --flash 0 \
+  --check_debug_state "$WORK/settings_state/gpt2_speedrun_tiny_muon_debug_state.bin" --device cpu \
+  > "$WORK/check_settings.out"
+check "the settings and prefix table read back; --check_debug_state applies them (its loss the state's)" <<'EOF'
+import os, train_gpt2 as tg
+work = os.environ["WORK"]
+path = f"{work}/settings_state/gpt2_speedrun_tiny_muon_debug_state.bin"
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25", text
+assert prefix.tolist() == tg.prefix_table(*tg.read_vocabulary(f"{work}/gpt2_tokenizer.bin", "--tokenizer"), 50304)
+lines = open(f"{work}/check_settings.out").read().splitlines()[1:]
+errors = {line[:24].strip(): float(line.split()[-1]) for line in lines}
+assert max(errors.values()) <= 1e-6, errors
+print(f"version {header[1]}: '{text}', {len(prefix)} prefix rows; checked: largest error {max(errors.values()):.1e}")
 EOF
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
