@@ -15,7 +15,7 @@
 // the bits of the unshifted cap of z + shift where that sum is exact. The training loss's terms
 // (ClassifierTerms: later targets of the row's sequence, the target's prefix token) against a
 // reference in double: sequences whose last rows lose their later targets, targets repeated within
-// a row's terms, tokens without a prefix, each kernel, twice.
+// a row's terms, tokens without a prefix, each kernel, twice, and (BF16) their FP8 gradient.
 #include "dev/cuda/kernel_test.h"
 
 namespace classifier_tests {
@@ -60,10 +60,11 @@ constexpr float kExtremeLogits[] = {-700.0f, -1000.0f, -3.0e4f, -3.0e38f, 700.0f
 
 // The FP8 head's gradient (BF16 builds), after a training run whose losses and in-place dlogits
 // are `training`: the rows hold e5m2(dlogits * 448) (the speedrun's grad_s = 1/448), the losses are
-// the same bits, the logits are left as they were; twice.
+// the same bits, the logits are left as they were; twice. With the loss's terms where given.
 void test_fp8_gradient(const Snapshot& training, const std::vector<float>& logits, DeviceArray<floatX>& d_logits,
                        DeviceArray<float>& losses, const DeviceArray<int>& d_targets, int N, int V, int Vp,
-                       float dloss, const llmc::LogitCap& cap, bool recompute, const std::string& kernel) {
+                       float dloss, const llmc::LogitCap& cap, bool recompute, const std::string& kernel,
+                       const ClassifierTerms& terms = {}) {
   const size_t n = logits.size();
   const Fp8Scale fixed = fp8_fixed_scale(1.0 / 448.0);
   DeviceArray<Fp8Scale> scale(std::vector<Fp8Scale>{fixed});
@@ -79,7 +80,7 @@ void test_fp8_gradient(const Snapshot& training, const std::vector<float>& logit
     d_logits.upload(logits);
     losses.poison();
     rows.poison();
-    fused_classifier(d_logits, losses, d_targets, N, V, Vp, dloss, 0, cap, recompute, {rows, scale});
+    fused_classifier(d_logits, losses, d_targets, N, V, Vp, dloss, 0, cap, recompute, {rows, scale}, terms);
     return Snapshot(losses, rows);
   };
   const Snapshot first = run();
@@ -294,6 +295,10 @@ void test_classifier_terms(int B, int T, int V, int Vp, const llmc::LogitCap& ca
     check_close("terms' losses" + kernel, losses.download(), ref_losses, kTolFP32);
     check_close("terms' dlogits" + kernel, d_logits.download(), ref_dlogits, tol_dlogits);
     check_same_bits("terms twice" + kernel, first, run());
+    if (sizeof(floatX) == 2) {
+      test_fp8_gradient(first, logits, d_logits, losses, d_targets, N, V, Vp, dloss, cap, recompute, " with terms" + kernel,
+                        terms);
+    }
   }
 }
 
