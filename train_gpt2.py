@@ -56,6 +56,7 @@ ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
 CHECKSUM_NONE, CHECKSUM_CRC32 = 0, 1
 DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, DEBUG_STATE_VERSION_MODERN = 20240327, 3, 4
+DEBUG_STATE_VERSION_SETTINGS = 5  # version 4's header, then the loss's settings (debug_state_settings)
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 VOCAB_PAD_MULTIPLE = 128
 
@@ -158,6 +159,127 @@ FP8_DIM_MULTIPLE = 16
 
 def fail(message):
     sys.exit(f"error: {message}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The training loss's terms (modded-nanogpt record #89's multi-token and prefix prediction)
+
+MAX_PREDICTED_TOKENS = 3
+TOKENIZER_MAGIC, TOKENIZER_HEADER_INTS, GPT2_EOT_TOKEN = 20240328, 256, 50256
+
+
+def read_vocabulary(path, flag):
+    """An llm.c vocabulary file (llmc/tokenizer.h): each token's bytes, and the end-of-text id."""
+    if not os.path.isfile(path):
+        fail(f"{flag} {path}: no such vocabulary file; dev/data/tinyshakespeare.sh makes one (gpt2_tokenizer.bin)")
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(TOKENIZER_HEADER_INTS * 4), "<i4")
+        if len(header) < TOKENIZER_HEADER_INTS or header[0] != TOKENIZER_MAGIC or header[1] not in (1, 2):
+            fail(f"{flag} {path}: not an llm.c vocabulary file (magic {TOKENIZER_MAGIC}, version 1 or 2)")
+        tokens = []
+        for _ in range(int(header[2])):
+            length = f.read(1)
+            tokens.append(f.read(length[0]) if length else b"")
+        if not all(tokens) or f.read(1):
+            fail(f"{flag} {path}: the tokens do not fill the file as its header says: the file is damaged")
+    return tokens, int(header[3]) if header[1] == 2 else GPT2_EOT_TOKEN
+
+
+def prefix_table(tokens, eot, rows):
+    """Each token's prefix token, as record #89's build_prefix_table makes it from tiktoken's ranks
+    (llmc/tokenizer.h's token_prefix_table): the id of the longest proper prefix of its bytes that is
+    a token, -1 where none is, for `rows` ids (the padded rows -1). Sorted, a byte string comes after
+    its prefixes and before its extensions, so a stack of the current one's prefixes that are tokens
+    holds the longest on top. The end-of-text token has no bytes there: no prefix, and none."""
+    table = [-1] * rows
+    stack = []  # (bytes, id), shortest first
+    for token, tid in sorted((b, i) for i, b in enumerate(tokens) if i != eot):
+        while stack and not token.startswith(stack[-1][0]):
+            stack.pop()
+        if stack:
+            table[tid] = stack[-1][1]
+        stack.append((token, tid))
+    return table
+
+
+def parse_prediction_weights(text):
+    """--mtp's value: 1 to 3 weights within [0, 1] apart by commas (llmc/flags.h's parse_prediction_weights)."""
+    items = text.split(",")
+    if len(items) > MAX_PREDICTED_TOKENS:
+        fail(f"--mtp {text}: more than {MAX_PREDICTED_TOKENS} weights (the next token's and the "
+             f"{MAX_PREDICTED_TOKENS - 1} after it)")
+    weights = []
+    for item in items:
+        try:
+            weight = float(np.float32(item))
+        except ValueError:
+            fail(f"--mtp '{item}': not a number")
+        if not 0.0 <= weight <= 1.0:
+            fail(f"--mtp {item}: must be within [0, 1]")
+        weights.append(weight)
+    return weights
+
+
+@dataclass
+class LossTerms:
+    """The training loss's terms (the CUDA trainer's ClassifierTerms): position t's cross-entropy
+    against target t + k times next_token_weights[k] where t + k is inside its sequence of T, and
+    against prefix[target t] times prefix_weight where that is not -1 (prefix: prefix_table's, or
+    None without the term)."""
+    next_token_weights: list
+    prefix_weight: float = 0.0
+    prefix: torch.Tensor = None
+
+    def loss(self, capped, targets, reduction):
+        """The mean or the sum of the positions' losses; capped: [B, T, columns] float32 logits."""
+        log_p = F.log_softmax(capped, dim=-1)
+        T = targets.size(1)
+        losses = torch.zeros(targets.shape, dtype=log_p.dtype, device=log_p.device)
+        for k, weight in enumerate(self.next_token_weights[:T]):
+            nll = -log_p[:, :T - k].gather(-1, targets[:, k:, None])[..., 0]
+            losses[:, :T - k] += weight * nll
+        if self.prefix is not None:
+            prefix = self.prefix.to(targets.device)[targets]
+            nll = -log_p.gather(-1, prefix.clamp(min=0)[..., None])[..., 0]
+            losses += self.prefix_weight * torch.where(prefix >= 0, nll, torch.zeros_like(nll))
+        return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def set_logit_cap(model, text):
+    """--logit_cap: the head's cap within [1, 40] and the sigmoid cap's shift within [-100, 100] ("23,5"), in
+    place of the architecture's (llmc/recipe.h's logit_cap_of); None keeps the architecture's."""
+    if text is None:
+        return
+    items = text.split(",")
+    try:
+        values = [float(np.float32(item)) for item in items]
+    except ValueError:
+        fail(f"--logit_cap {text}: not a number, or two apart by a comma")
+    if len(values) > 2 or not 1.0 <= values[0] <= 40.0 or (len(values) == 2 and not -100.0 <= values[1] <= 100.0):
+        fail(f"--logit_cap {text}: the cap within [1, 40], and the sigmoid cap's shift within [-100, 100]")
+    if not model.config.modern:
+        fail(f"--logit_cap {text}: the {model.config.arch} architecture's logits are uncapped: leave --logit_cap out")
+    if len(values) == 2 and values[1] != 0.0 and not model.config.speedrun:
+        fail(f"--logit_cap {text}: a shift moves the sigmoid cap, and the {model.config.arch} architecture's cap is "
+             f"the rational one: give --logit_cap {items[0]}")
+    model.logit_cap = values[0]
+    model.logit_shift = values[1] if len(values) == 2 else 0.0
+
+
+def loss_terms(args, config):
+    """--mtp's and --prefix_weight's terms, the prefix table read from --tokenizer's vocabulary; None
+    for the next token's loss alone."""
+    weights = parse_prediction_weights(args.mtp)
+    if weights == [1.0] and args.prefix_weight == 0.0:
+        return None
+    prefix = None
+    if args.prefix_weight > 0.0:
+        tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
+        if len(tokens) > config.vocab_size:
+            fail(f"--prefix_weight {args.prefix_weight}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, "
+                 f"more than the model's {config.vocab_size}: give the model's vocabulary file")
+        prefix = torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
+    return LossTerms(weights, args.prefix_weight, prefix)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -605,6 +727,10 @@ class GPT(nn.Module):
         self.documents = False
         self.window_blocks = None
         self.short_window_blocks = None
+        self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
+        # the head's cap (soft_cap; --logit_cap sets another)
+        self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
+        self.logit_shift = 0.0
 
     def attention_masks(self, idx):
         """Each layer's attention mask for the rows of idx (None for every layer without documents:
@@ -690,18 +816,21 @@ class GPT(nn.Module):
         return x + self.skip_weights[spec.skip_weight] * outputs[spec.skip_source]
 
     def soft_cap(self, logits):
-        """The logits the softmax sees, in float32: the modern model's 15 z / sqrt(z^2 + 225), the
-        speedrun's 30 sigmoid(z / 7.5)."""
+        """The logits the softmax sees, in float32: the modern model's c z / sqrt(z^2 + c^2) (c = 15), the
+        speedrun's c sigmoid((z + shift) / 7.5) (c = 30, shift 0; record #89's 23 and 5: --logit_cap)."""
         if not self.config.modern:
             return logits
         z = logits.float()
+        cap = self.logit_cap
         if self.config.speedrun:
-            return SPEEDRUN_SOFTCAP * torch.sigmoid(z / SPEEDRUN_SOFTCAP_SCALE)
-        return LOGIT_SOFTCAP_MODERN * z * torch.rsqrt(z.square() + LOGIT_SOFTCAP_MODERN ** 2)
+            return cap * torch.sigmoid((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
+        return cap * z * torch.rsqrt(z.square() + cap ** 2)
 
     def forward(self, idx, targets=None, reduction="mean", masks=None):
         """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
-        cap), and the loss: the mean or the sum of the token losses. masks: as final_hidden's."""
+        cap), and the loss: the mean or the sum of the token losses, with loss_terms' terms where
+        gradients are taken (training; evaluation under torch.no_grad keeps the next token's alone, as
+        the CUDA trainer's validation). masks: as final_hidden's."""
         # The padded columns are dropped before the loss, so padded wte rows get zero gradient; the
         # speedrun's reference keeps them in the softmax (capped, a zero logit is 15 there).
         logits = self.lm_head(self.final_hidden(idx, masks))
@@ -709,7 +838,10 @@ class GPT(nn.Module):
         if targets is not None:
             columns = self.config.padded_vocab_size if self.config.speedrun else self.config.vocab_size
             capped = self.soft_cap(logits[:, :, :columns])
-            loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
+            if self.loss_terms is not None and torch.is_grad_enabled():
+                loss = self.loss_terms.loss(capped, targets, reduction)
+            else:
+                loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits[:, :, :self.config.vocab_size], loss
 
     def padded_vocab_loss(self, idx, targets, reduction="mean"):
@@ -1920,10 +2052,11 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             muon_optimizer.step()
     model.window_blocks, model.short_window_blocks = windows
 
-    version4 = config.modern or muon or summed or model.documents or plan is not None
+    settings = debug_state_settings(model)
+    version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
+    version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
-    header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION, B, T,
-                  args.debug_steps, config.vocab_size]
+    header[:6] = [DEBUG_STATE_MAGIC, version, B, T, args.debug_steps, config.vocab_size]
     hyper = [args.learning_rate, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip]
     header[6:12] = np.array(hyper, np.float32).view(np.int32)
     if version4:
@@ -1948,6 +2081,13 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
+        if settings:
+            text = settings.encode()
+            prefix = model.loss_terms.prefix if model.loss_terms and model.loss_terms.prefix is not None else None
+            f.write(np.array([len(text)], np.int32).tobytes() + text.ljust(-(-len(text) // 4) * 4, b"\0"))
+            f.write(np.array([0 if prefix is None else len(prefix)], np.int32).tobytes())
+            if prefix is not None:
+                f.write(prefix.numpy().astype(np.int32).tobytes())
         for t in batch:
             f.write(t.numpy().astype(np.int32).tobytes())
         for t in first:
@@ -1977,6 +2117,52 @@ def debug_first_values(model, x, y, params, args, autocast):
 DEBUG_STAGES_SLOT = 32
 DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
+
+
+def debug_state_settings(model):
+    """The loss's settings a version-5 debug state keeps, as the CUDA trainer's flags ("-lc 23,5 -mtp
+    1.0,0.5,0.25 -pw 0.25"; "" for the defaults). The file holds them after its header: their
+    length in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without -pw) and
+    its int32 ids."""
+    words = []
+    default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
+    if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
+        words += ["-lc", f"{np.float32(model.logit_cap)},{np.float32(model.logit_shift)}"]
+    terms = model.loss_terms
+    if terms is not None:
+        words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
+        if terms.prefix is not None:
+            words += ["-pw", str(np.float32(terms.prefix_weight))]
+    return " ".join(words)
+
+
+def read_debug_state_settings(path, header):
+    """(the settings' text, the prefix table or None, the byte offset of the batch) of a debug state."""
+    if header[1] != DEBUG_STATE_VERSION_SETTINGS:
+        return "", None, 4 * HEADER_INTS
+    at = 4 * HEADER_INTS
+    length = int(np.fromfile(path, np.int32, 1, offset=at)[0])
+    text = np.fromfile(path, np.uint8, length, offset=at + 4).tobytes().decode()
+    at += 4 + -(-length // 4) * 4
+    rows = int(np.fromfile(path, np.int32, 1, offset=at)[0])
+    prefix = torch.from_numpy(np.fromfile(path, np.int32, rows, offset=at + 4).astype(np.int64)) if rows else None
+    return text, prefix, at + 4 + 4 * rows
+
+
+def apply_debug_state_settings(model, text, prefix, path):
+    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms."""
+    words = text.split()
+    settings = dict(zip(words[::2], words[1::2]))
+    unknown = set(settings) - {"-lc", "-mtp", "-pw"}
+    if len(words) % 2 or unknown:
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp and -pw: re-create it")
+    set_logit_cap(model, settings.get("-lc"))
+    prefix_weight = float(settings.get("-pw", 0.0))
+    if (prefix is None) != (prefix_weight == 0.0):
+        fail(f"--check_debug_state {path}: -pw {prefix_weight} and a prefix table of "
+             f"{0 if prefix is None else len(prefix)} rows: the file is damaged; re-create it")
+    weights = parse_prediction_weights(settings.get("-mtp", "1"))
+    model.loss_terms = None if weights == [1.0] and prefix is None else LossTerms(weights, prefix_weight, prefix)
 
 
 def debug_state_stages(header):
@@ -2021,10 +2207,11 @@ def read_debug_state(path, header_only=False):
     if header_only:
         return header
     B, T = int(header[2]), int(header[3])
-    floats_at = 4 * (HEADER_INTS + 2 * B * T)
+    batch_at = read_debug_state_settings(path, header)[2]
+    floats_at = batch_at + 4 * 2 * B * T
     if size < floats_at:
         fail(f"--check_debug_state {path}: shorter than its batch of {B} x {T}: the file is cut off")
-    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=4 * HEADER_INTS).astype(np.int64)
+    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=batch_at).astype(np.int64)
     floats = np.memmap(path, np.float32, "r", floats_at, ((size - floats_at) // 4,))
     x, y = (torch.from_numpy(t.reshape(B, T).copy()) for t in (tokens[:B * T], tokens[B * T:]))
     return header, x, y, floats
@@ -2039,7 +2226,8 @@ def check_debug_state(args, model, device, dtype, use_compile):
     side by side, tensor by tensor."""
     path = args.check_debug_state
     header, x, y, floats = read_debug_state(path)
-    version4 = header[1] == DEBUG_STATE_VERSION_MODERN
+    version4 = header[1] in (DEBUG_STATE_VERSION_MODERN, DEBUG_STATE_VERSION_SETTINGS)
+    apply_debug_state_settings(model, *read_debug_state_settings(path, header)[:2], path)
     if version4 and bool(header[30]) != bool(args.fp8_head):
         head = "FP8 (--fp8_head 1), the rest in float32" if header[30] else "float32"
         fail(f"--check_debug_state {path}: its steps took the head in {head}, and this check's --fp8_head is "
@@ -2166,6 +2354,16 @@ def parse_args(argv=None):
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
+    a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
+                   "sigmoid cap's shift within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5)")
+    a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
+                   "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
+                   "#89's first stage); a target past the sequence's end adds nothing")
+    a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
+                   "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
+                   "vocabulary), where it has one: record #89's 0.25 (0: none)")
+    a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
+                   "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
     a.add_argument("--final_lr_frac", type=float, help=recipe_help("final_lr_frac", "final lr as a fraction of the peak"))
     a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay", "cooldown"],
@@ -2306,6 +2504,12 @@ def check_args(args):
         fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
+    weights = parse_prediction_weights(args.mtp)
+    if not 0.0 <= args.prefix_weight <= 1.0:
+        fail(f"--prefix_weight {args.prefix_weight}: must be within [0, 1]")
+    if args.prefix_weight == 0.0 and not any(weights):
+        fail(f"--mtp {args.mtp} and --prefix_weight 0: every term of the training loss has weight 0; give the next "
+             f"token a weight (--mtp 1)")
     if not 0.0 < args.cooldown_frac <= 1.0:
         fail(f"--cooldown_frac {args.cooldown_frac}: the decaying fraction of the steps is within (0, 1]")
     if args.recipe and args.arch != RECIPE_FLAGS["arch"][RECIPES.index(args.recipe)]:
@@ -2884,6 +3088,8 @@ def main(argv=None, step_hook=None):
     if args.fp8_head:
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
+    model.loss_terms = loss_terms(args, config)
+    set_logit_cap(model, args.logit_cap)
     set_attention_window(model, args, 0)
     if args.check_debug_state:
         return check_debug_state(args, model, device, dtype, use_compile)

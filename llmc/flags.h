@@ -82,6 +82,42 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
   return parse_real(flag, text, min, max);
 }
 
+// -lc's value: the cap within [1, 40], or the cap and the sigmoid cap's shift within [-100, 100]
+// ("23,5"): record #89's 23 sigmoid((z + 5) / 7.5).
+inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* text) {
+  const std::string all = text;
+  const size_t comma = all.find(',');
+  LogitCapSetting s;
+  s.cap = parse_float(flag, all.substr(0, comma).c_str(), 1.0f, 40.0f);
+  if (comma != std::string::npos) s.shift = parse_float(flag, all.substr(comma + 1).c_str(), -100.0f, 100.0f);
+  return s;
+}
+
+// The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
+// -mtp and -pw), the defaults where it names none; `path` names the file.
+struct LossSettings {
+  LogitCapSetting logit_cap;
+  PredictionWeights next_token_weights;
+  float prefix_weight = 0.0f;
+};
+
+// -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
+inline PredictionWeights parse_prediction_weights(const char* flag, const char* text) {
+  const std::string all = text;
+  PredictionWeights w;
+  w.count = 0;
+  for (size_t start = 0;;) {
+    if (w.count == kMaxPredictedTokens) {
+      LLMC_FAIL("%s %s: more than %d weights (the next token's and the %d after it)", flag, text, kMaxPredictedTokens,
+                kMaxPredictedTokens - 1);
+    }
+    const size_t end = std::min(all.find(',', start), all.size());
+    w.weight[w.count++] = parse_float(flag, all.substr(start, end - start).c_str(), 0.0f, 1.0f);
+    if (end == all.size()) return w;
+    start = end + 1;
+  }
+}
+
 // A data tool's "--flag value" pairs, in order, each given to set (false: not a flag of the
 // tool); -h or --help prints usage and exits. Errors end with where the flags are listed.
 inline void parse_tool_flags(int argc, char** argv, const char* usage,
@@ -141,6 +177,32 @@ struct TrainFlags : Recipe {
 };
 
 // The shared flags, then the program's own (`own`); a name in both is a programming error.
+inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
+  LossSettings s;
+  std::vector<std::string> words;
+  for (size_t at = 0; at < d.settings.size();) {
+    const size_t end = std::min(d.settings.find(' ', at), d.settings.size());
+    if (end > at) words.push_back(d.settings.substr(at, end - at));
+    at = end + 1;
+  }
+  for (size_t i = 0; i < words.size(); i += 2) {
+    const std::string& flag = words[i];
+    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp and -pw: re-create it with train_gpt2.py", path.c_str(),
+                d.settings.c_str());
+    }
+    const char* value = words[i + 1].c_str();
+    if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
+    if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
+    if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
+  }
+  if ((s.prefix_weight > 0.0f) != !d.prefix_table.empty()) {
+    LLMC_FAIL("%s: -pw %g and a prefix table of %zu rows: the file is damaged; re-create it with train_gpt2.py",
+              path.c_str(), s.prefix_weight, d.prefix_table.size());
+  }
+  return s;
+}
+
 inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
   constexpr long kIntMax = INT32_MAX;
   Flag schedule = text_flag("-k", "lr schedule",

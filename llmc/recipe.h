@@ -115,6 +115,49 @@ inline NewtonSchulz debug_state_newton_schulz(const DebugState& d, const std::st
   return ns;
 }
 
+// The training loss's weights of the targets after a position's next token (modded-nanogpt record
+// #89's multi-token prediction): position t's cross-entropy against target t + k (k = 0 the next
+// token) times weight[k], k < count, where t + k is inside t's sequence. Only the next token, weight
+// 1: the plain loss.
+constexpr int kMaxPredictedTokens = 3;
+struct PredictionWeights {
+  int count = 1;
+  float weight[kMaxPredictedTokens] = {1.0f, 0.0f, 0.0f};
+};
+
+// -lc: the head's cap, and the sigmoid cap's shift, in place of the architecture's (cap 0: its own).
+struct LogitCapSetting {
+  float cap = 0.0f, shift = 0.0f;
+};
+
+inline std::string logit_cap_setting_text(const LogitCapSetting& s) {
+  if (s.cap == 0.0f) return "the architecture's";
+  return s.shift == 0.0f ? strformat("%g", s.cap) : strformat("%g,%g", s.cap, s.shift);
+}
+
+// The architecture's cap with -lc's values in place of its own; `arch` names the architecture.
+inline LogitCap logit_cap_of(const LogitCap& arch_cap, const LogitCapSetting& s, const char* arch) {
+  if (s.cap == 0.0f) return arch_cap;
+  const std::string text = logit_cap_setting_text(s);
+  if (arch_cap.kind == LogitCap::kNone) {
+    LLMC_FAIL("-lc %s: the %s architecture's logits are uncapped: leave -lc out", text.c_str(), arch);
+  }
+  if (arch_cap.kind == LogitCap::kRational && s.shift != 0.0f) {
+    LLMC_FAIL("-lc %s: a shift moves the sigmoid cap, and the %s architecture's cap is %s: give -lc %g", text.c_str(),
+              arch, arch_cap.describe().c_str(), s.cap);
+  }
+  LogitCap cap = arch_cap;
+  cap.cap = s.cap;
+  cap.shift = s.shift;
+  return cap;
+}
+
+inline std::string prediction_weights_text(const PredictionWeights& w) {
+  std::string text;
+  for (int k = 0; k < w.count; k++) text += strformat(k ? ",%g" : "%g", w.weight[k]);
+  return text;
+}
+
 // A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
 // where no recipe sets another. The fields a flag writes are named by it in their comment, in the
 // order the flags are listed as the recipe's (recipe_flags); the others have no flag.
@@ -164,6 +207,12 @@ struct Recipe {
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
   bool muon_scale_tall = true;
   bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
+  // The training loss's terms (record #89's; validation keeps the next token's alone): the targets
+  // after the next one (-mtp), and the next token's prefix token (llmc/tokenizer.h's
+  // token_prefix_table) with the weight -pw where it has one (0: none).
+  PredictionWeights next_token_weights;  // -mtp
+  LogitCapSetting logit_cap;             // -lc
+  float prefix_weight = 0.0f;            // -pw
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;

@@ -529,7 +529,9 @@ gpu_setup() {
 # modern: the flash kernels in BF16, 12 layers' long and short windows); the speedrun's block
 # (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup; d12 also at the
 # schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
-# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header).
+# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header);
+# the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
+# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -546,7 +548,8 @@ gpu_against_pytorch() {
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_tiny:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
-              "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024"; do
+              "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
+              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then

@@ -520,6 +520,43 @@ if has_flag -ns; then
     -ns polar
 fi
 
+# --- -mtp and -pw, the training loss's terms (record #89's): 1 to 3 weights and a prefix weight,
+# each within [0, 1], not all 0; the prefix term's vocabulary file (flag and file errors, before the
+# GPU)
+if has_flag -mtp; then
+  expect "-mtp of 4 weights" "^error: -mtp 1,0.5,0.25,0.1: more than 3 weights \(the next token's and the 2 after it\)\$" \
+    -mtp 1,0.5,0.25,0.1
+  expect "-mtp weight above 1" "^error: -mtp 2: must be within \[0, 1\]\$" -mtp 1,2
+  expect "-mtp weight not a number" "^error: -mtp 'x': not a number\$" -mtp 1,x
+  expect "-mtp with an empty weight" "^error: -mtp '': not a number\$" -mtp 1,
+  expect "-pw above 1" "^error: -pw 2: must be within \[0, 1\]\$" -pw 2
+  expect "-mtp 0 with -pw 0" "^error: -mtp 0 and -pw 0: every term of the training loss has weight 0; give the next token a weight \(-mtp 1\); -pw 0 comes from -recipe gpt2: give -pw to override it\$" \
+    -mtp 0
+  expect "-pw with -tk naming no file" "^error: -tk $DIR/no_tokenizer\.bin: no such vocabulary file" \
+    -pw 0.25 -tk "$DIR/no_tokenizer.bin"
+  if [ ! -e dev/data/tinyshakespeare/gpt2_tokenizer.bin ]; then
+    expect "-pw without a vocabulary file" "^error: -pw 0.25: the prefix term reads each token's bytes from the vocabulary file, and there is none: give -tk FILE" \
+      -pw 0.25
+  else
+    skip "-pw without a vocabulary file" "the default vocabulary file dev/data/tinyshakespeare/gpt2_tokenizer.bin exists"
+  fi
+else
+  skip "-mtp and -pw" "$TRAINER has no -mtp"
+fi
+
+# --- -lc, the head's cap in place of the architecture's: within its range, on a capped head, a
+# shift on the sigmoid cap only (before the GPU)
+if has_flag -lc; then
+  expect "-lc above 40" "^error: -lc 50: must be within \[1, 40\]\$" -lc 50
+  expect "-lc with a shift out of range" "^error: -lc 200: must be within \[-100, 100\]\$" -lc 23,200
+  expect "-lc on GPT-2's uncapped head" "^error: -lc 23,5: the gpt2 architecture's logits are uncapped: leave -lc out\$" \
+    -lc 23,5
+  expect "-lc with a shift on the modern cap" "^error: -lc 15,5: a shift moves the sigmoid cap, and the modern architecture's cap is soft-capped at 15: give -lc 15\$" \
+    -recipe modern -lc 15,5
+else
+  skip "-lc" "$TRAINER has no -lc"
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

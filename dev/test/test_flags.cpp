@@ -483,6 +483,35 @@ void test_usage() {
 
 }  // namespace
 
+// The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
+// read as those flags, the defaults where it names none; settings that are not such pairs, or a
+// prefix weight without its table, refused.
+void test_loss_settings() {
+  const llmc::PredictionWeights w = llmc::parse_prediction_weights("-mtp", "1,0.5,0.25");
+  const llmc::LogitCapSetting cap = llmc::parse_logit_cap_setting("-lc", "23,5");
+  check_verbose(w.count == 3 && w.weight[1] == 0.5f && w.weight[2] == 0.25f && llmc::prediction_weights_text(w) ==
+                    "1,0.5,0.25" && cap.cap == 23.0f && cap.shift == 5.0f,
+                "-mtp 1,0.5,0.25 and -lc 23,5 parsed and shown");
+  llmc::DebugState d;
+  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25";
+  d.prefix_table.assign(128, -1);
+  const llmc::LossSettings s = llmc::debug_state_loss_settings(d, "d.bin");
+  check_verbose(s.logit_cap.cap == 23.0f && s.logit_cap.shift == 5.0f && s.next_token_weights.count == 3 &&
+                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f,
+                "a debug state's settings '" + d.settings + "' read as the flags'");
+  const llmc::LossSettings none = llmc::debug_state_loss_settings(llmc::DebugState(), "d.bin");
+  check_verbose(none.logit_cap.cap == 0.0f && none.next_token_weights.count == 1 &&
+                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f,
+                "a debug state without settings: the architecture's cap, the next token's loss alone");
+  d.settings = "-mtp 1 -ns polar";
+  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
+               "a debug state's setting of another flag");
+  d.settings = "-pw 0.25";
+  d.prefix_table.clear();
+  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "-pw 0.25 and a prefix table of 0 rows",
+               "a debug state's prefix weight without its table");
+}
+
 int main() {
   try {
     llmc::make_dirs(kDir);
@@ -498,6 +527,7 @@ int main() {
     test_text_wrap();
     test_startup_table();
     test_usage();
+    test_loss_settings();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }
