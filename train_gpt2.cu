@@ -6707,6 +6707,7 @@ void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
 // One slice's AdamW hyperparameters: its parameter role's row of llmc::OptimizerTable at the step.
 struct AdamWRates {
   float lr, beta1, beta2, eps, weight_decay;
+  llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
 };
 
 // What every slice of one update shares.
@@ -6824,6 +6825,7 @@ struct AdamWSlices {
   AdamWRates rates[kMaxAdamWSlices] = {};
   float beta1_correction[kMaxAdamWSlices] = {};  // 1 - beta1^step, set by adamw_update
   float beta2_correction[kMaxAdamWSlices] = {};
+  float cautious_rate[kMaxAdamWSlices] = {};  // lr^2 wd, the cautious decay's, set by adamw_update
   uint32_t seed[kMaxAdamWSlices] = {};
   bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
   bool fp8_head[kMaxAdamWSlices] = {};    // the FP8 head's weight: its copy by fp8_head_weight_copy
@@ -6847,15 +6849,31 @@ struct AdamWSlices {
 
 __device__ __forceinline__ float bf16_nearest(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// bf16_state: the update from the new moments in FP32, then the moments and the weight rounded to
-// nearest BF16, as the speedrun's reference computes its BF16 tensors' steps (in FP32 from BF16
-// loads, each result stored once in BF16).
+// AdamW's cautious decay (llmc::WeightDecayKind): old - (u + rate old [u old > 0]), rate = lr^2 wd,
+// in the order of record #89's reference (update.addcmul_(p, mask, value=rate); p - update), each
+// operation rounded on its own as its eager steps are (no fused multiply-add), and the product
+// u old, not the signs, deciding, as there.
+__device__ __forceinline__ float adamw_cautious_decay(float old, float u, float rate) {
+  const float mask = __fmul_rn(u, old) > 0.0f ? 1.0f : 0.0f;
+  return __fsub_rn(old, __fadd_rn(u, __fmul_rn(__fmul_rn(rate, old), mask)));
+}
+
+// The decay decoupled, old - lr (direction + wd old), or cautious with u = lr direction
+// (adamw_cautious_decay). bf16_state: the update from the new moments in FP32, then the moments and
+// the weight rounded to nearest BF16, as the speedrun's reference computes its BF16 tensors' steps
+// (in FP32 from BF16 loads, each result stored once in BF16).
 __device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWRates& r,
-                                               float beta1_correction, float beta2_correction, bool bf16_state) {
+                                               float beta1_correction, float beta2_correction, float cautious_rate,
+                                               bool bf16_state) {
   m = r.beta1 * m + (1.0f - r.beta1) * g;
   v = r.beta2 * v + (1.0f - r.beta2) * g * g;
   const float mhat = m / beta1_correction, vhat = v / beta2_correction;
-  const float updated = old - r.lr * (mhat / (sqrtf(vhat) + r.eps) + r.weight_decay * old);
+  float updated;
+  if (r.decay == llmc::WeightDecayKind::kCautious) {
+    updated = adamw_cautious_decay(old, r.lr * (mhat / (sqrtf(vhat) + r.eps)), cautious_rate);
+  } else {
+    updated = old - r.lr * (mhat / (sqrtf(vhat) + r.eps) + r.weight_decay * old);
+  }
   if (!bf16_state) return updated;
   m = bf16_nearest(m);
   v = bf16_nearest(v);
@@ -6887,6 +6905,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const size_t p = slices.begin[s] + local, st = p - state_offset, sm = slices.state[s] + local;
   const AdamWRates rates = slices.rates[s];
   const float beta1_correction = slices.beta1_correction[s], beta2_correction = slices.beta2_correction[s];
+  const float cautious_rate = slices.cautious_rate[s];
   const uint32_t seed = slices.seed[s];
   const bool bf16_state = slices.bf16_state[s], fp8_head = slices.fp8_head[s];
   const size_t index = slices.index_offset[s] + local;
@@ -6897,7 +6916,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       float mi = m[sm + i], vi = v[sm + i];
       const float old = master ? master[st + i] : (float)params[p + i];
       const float updated = adamw_element((float)grads[p + i] * grad_scale, mi, vi, old, rates, beta1_correction,
-                                          beta2_correction, bf16_state);
+                                          beta2_correction, cautious_rate, bf16_state);
       out_m[sm + i] = mi;
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
@@ -6926,7 +6945,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       const int e = piece * f128::size + k;
       const float previous = master ? old[piece][k] : (float)stored[e];
       old[piece][k] = adamw_element((float)g[e] * grad_scale, mi[piece][k], vi[piece][k], previous, rates,
-                                    beta1_correction, beta2_correction, bf16_state);
+                                    beta1_correction, beta2_correction, cautious_rate, bf16_state);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
       if (fp8_head) out[e] = fp8_head_weight_copy(out[e], old[piece][k]);
     }
@@ -6954,6 +6973,8 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
   for (int s = 0; s < launch.count; s++) {
     launch.beta1_correction[s] = 1.0f - powf(launch.rates[s].beta1, (float)hp.step);
     launch.beta2_correction[s] = 1.0f - powf(launch.rates[s].beta2, (float)hp.step);
+    const AdamWRates& r = launch.rates[s];
+    launch.cautious_rate[s] = (float)((double)r.lr * r.lr * r.weight_decay);
   }
   const int blocks = slices.first_block[slices.count];
   if (to.adam_m) {
@@ -6988,6 +7009,7 @@ struct MuonParams {
   float grad_scale = 1.0f;  // the gradient's clipping factor, as AdamW's
   llmc::NewtonSchulz newton_schulz = llmc::kNewtonSchulzBaseline;
   bool scale_tall = true;  // a tall matrix's update times sqrt(n / m) (llmc::Recipe::muon_scale_tall)
+  llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -7345,14 +7367,27 @@ __global__ void muon_normalize_scalar_kernel(__nv_bfloat16* out, const __nv_bflo
 
 // One 32x32 tile of X [m, n] of each matrix of the batch: u = X (transposed back through shared
 // memory for a tall parameter, then scaled by tall_scale, sqrt(n / m) or 1, in BF16 as the
-// reference scales its BF16 update); p = p (1 - lr wd) - lr u in FP32 from the master weights (or
-// the parameter), stored with stochastic rounding at the element's index in the whole group, so
-// that the bits do not depend on which matrices a call covers.
+// reference scales its BF16 update); p = p (1 - lr wd) - lr u, or with the cautious decay
+// (llmc::WeightDecayKind, muon_cautious_decay) p - (wd lr) lr_eff p [u p >= 0] - lr u, lr_eff the
+// matrix's rate lr tall_scale, in which record #89's reference puts the shape; in FP32 from the
+// master weights (or the parameter), stored with stochastic rounding at the element's index in
+// the whole group, so that the bits do not depend on which matrices a call covers.
 struct MuonApply {
   float lr, decay, tall_scale;
+  bool cautious;
+  float wd_lr, tall_lr;  // the cautious decay's wd lr, and a tall matrix's lr_eff (lr sqrt(n / m) or lr)
   uint32_t seed;
   int first;  // the batch's first matrix in its group
 };
+
+// Muon's cautious step: old - (wd lr) lr_eff old [u old >= 0] - lr u, in the order of record #89's
+// reference (p - p mask wd lr_eff - grad lr_eff), each operation rounded on its own as its eager
+// steps are (no fused multiply-add), and the product u old, not the signs, deciding, as there.
+__device__ __forceinline__ float muon_cautious_decay(float old, float u, float lr, float wd_lr, float lr_eff) {
+  const float mask = __fmul_rn(u, old) >= 0.0f ? 1.0f : 0.0f;
+  const float decay = __fmul_rn(__fmul_rn(__fmul_rn(old, mask), wd_lr), lr_eff);
+  return __fsub_rn(__fsub_rn(old, decay), __fmul_rn(lr, u));
+}
 
 // The tile's elements inside [shard_begin, shard_end) of the parameter buffer (all where null).
 __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* const* master,
@@ -7384,7 +7419,8 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
     const float u = transpose ? __bfloat162float(__float2bfloat16_rn(tile[i][tx] * a.tall_scale))
                               : __bfloat162float(in[at]);
     const float old = pm ? pm[at] : (float)p[at];
-    const float updated = old * a.decay - a.lr * u;
+    const float updated = a.cautious ? muon_cautious_decay(old, u, a.lr, a.wd_lr, transpose ? a.tall_lr : a.lr)
+                                     : old * a.decay - a.lr * u;
     if (pm) pm[at] = updated;
     p[at] = round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
   }
@@ -7454,6 +7490,9 @@ MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_
   a.lr = hp.lr;
   a.decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
   a.tall_scale = hp.scale_tall ? (float)std::sqrt((double)g.n / g.m) : 1.0f;
+  a.cautious = hp.decay == llmc::WeightDecayKind::kCautious;
+  a.wd_lr = (float)((double)hp.weight_decay * hp.lr);
+  a.tall_lr = (float)(hp.lr * (hp.scale_tall ? std::sqrt((double)g.n / g.m) : 1.0));
   a.seed = seed;
   a.first = first;
   return a;
@@ -9410,7 +9449,7 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
 MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scale) {
   const llmc::RoleOptimizer& row = opt.of(llmc::ParamRole::kMatrix);
   return {row.lr, row.weight_decay, (float)opt.muon_momentum.at(step), grad_scale, opt.muon_newton_schulz,
-          opt.muon_scale_tall};
+          opt.muon_scale_tall, row.decay};
 }
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
@@ -9570,7 +9609,8 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
     const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
-    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay};
+    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay,
+                              row.decay};
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i], rates,
                seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
                i == llmc::kHeadw && fp8_head_support(m.arch()));
@@ -10734,8 +10774,11 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       recipe_flag(a),
       optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
-      float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
+      float_flag("-mw", "Muon weight decay", "Muon's weight decay (-cd: decoupled or cautious)", &a.muon_weight_decay, 0.0f, FLT_MAX),
       newton_schulz_flag(a),
+      int_flag("-cd", "cautious weight decay", "1: both optimizers' weight decay cautious, record #89's: only where "
+               "the step and the weight agree in sign, AdamW's lr^2 wd p where u p > 0, Muon's wd lr lr_eff p where "
+               "u p >= 0; 0: decoupled, lr wd p on every weight", &a.cautious_decay, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -10786,6 +10829,10 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!ns_given || a.optimizer == llmc::OptimizerKind::kMuon,
           "-ns %s sets Muon's orthogonalisation, which -opt %s does not use: add -opt muon or drop -ns",
           a.muon_newton_schulz.name, llmc::optimizer_name(a.optimizer));
+  const bool muon = a.optimizer == llmc::OptimizerKind::kMuon;
+  REQUIRE(!a.cautious_decay || a.weight_decay > 0.0f || (muon && a.muon_weight_decay > 0.0f),
+          "-cd 1 makes the weight decay cautious, and this run decays nothing (-c 0%s): give -c%s a decay, or drop -cd",
+          muon ? ", -mw 0" : "", muon ? " or -mw" : "");
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);

@@ -127,7 +127,7 @@ RECIPE_FLAGS = {
     "embedding_lr": (None, 0.7, 0.008 * 75), "head_lr": (None, 0.004, 0.008),
     "scalar_lr": (None, 0.015, 0.008 * 5), "beta1": (ADAMW_BETA1, 0.8, 0.8), "beta2": (ADAMW_BETA2, 0.95, 0.95),
     "adam_eps": (ADAMW_EPS, 1e-10, 1e-10), "adam_eps_before_correction": (0, 0, 1),
-    "weight_decay": (0.1, 0.001, 0.0), "grad_clip": (1.0, 0.0, 0.0),
+    "weight_decay": (0.1, 0.001, 0.0), "cautious_decay": (0, 0, 0), "grad_clip": (1.0, 0.0, 0.0),
     "lr_schedule": ("cosine", "stable_decay", "stable_decay"), "cooldown_frac": (0.7, 0.7, 0.45),
     "final_lr_frac": (0.0, 0.0, 0.1), "num_iterations": (10, 10, 1695), "batch_size": (4, 64, 1),
     "seq_len": (64, 1024, 49152), "total_batch_size": (-1, 524288, 8 * 49152), "documents": (0, 0, 1),
@@ -1798,6 +1798,48 @@ def adamw_step(params, moments, t, lr, weight_decay, betas=(ADAMW_BETA1, ADAMW_B
             p.sub_(lr * (mhat / (vhat.sqrt() + eps) + decay * p))
 
 
+def adamw_cautious_step(p, m, v, t, lr, weight_decay, betas, eps):
+    """SPEC.md's AdamW with record #89's cautious weight decay on one tensor, in float32 op by op
+    (t counts from 1): the moments as adamw_step's, u = lr mhat / (sqrt(vhat) + eps), then
+    p <- p - (u + (lr^2 wd) p [u p > 0]), in the order of the reference's
+    update.addcmul_(p, mask, value=lr^2 wd); p - update. A BF16 tensor's step (the speedrun's
+    embeddings) is computed in float32 too, its moments and weight rounded to nearest once, as the
+    CUDA trainer's BF16 state. lr may be a tensor (a compiled step's)."""
+    beta1, beta2 = betas
+    g, p32 = p.grad.float(), p.float()
+    m32 = beta1 * m.float() + (1 - beta1) * g
+    v32 = beta2 * v.float() + (1 - beta2) * g * g
+    mhat = m32 / (1 - beta1 ** t)
+    vhat = v32 / (1 - beta2 ** t)
+    u = lr * (mhat / (vhat.sqrt() + eps))
+    mask = (u * p32 > 0).float()
+    m.copy_(m32)
+    v.copy_(v32)
+    p.copy_(p32 - (u + lr * lr * weight_decay * p32 * mask))
+
+
+class CautiousAdamW(torch.optim.Optimizer):
+    """AdamW with the cautious weight decay (--cautious_decay 1), which torch's AdamW cannot apply:
+    adamw_cautious_step on each tensor. Its groups hold what torch AdamW's hold (lr, betas, eps,
+    weight_decay), so the schedule sets them alike."""
+
+    def __init__(self, groups, lr, betas, eps):
+        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"], state["m"], state["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] += 1
+                adamw_cautious_step(p, state["m"], state["v"], state["step"], group["lr"], group["weight_decay"],
+                                    group["betas"], group["eps"])
+
+
 def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     """modern.md's Newton-Schulz iteration towards the nearest semi-orthogonal matrix of G, in
     bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (scale
@@ -1815,6 +1857,13 @@ def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     return X.t() if tall else X
 
 
+def muon_scale(block, transposed):
+    """sqrt(max(1, rows/cols)) of one row block, of its transpose when `transposed`: the factor of its
+    update, and of its rate under the cautious decay (record #89's rate of the matrix)."""
+    rows, cols = block.shape[::-1] if transposed else block.shape
+    return max(1, rows / cols) ** 0.5
+
+
 def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
     each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols)), of the
@@ -1822,24 +1871,23 @@ def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthog
     by `orthogonalise` (Muon's: compiled or not)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
-    parts = []
-    for b in u.chunk(blocks):
-        rows, cols = b.shape[::-1] if transposed else b.shape
-        parts.append(orthogonalise(b, newton_schulz) * max(1, rows / cols) ** 0.5)
-    return torch.cat(parts)
+    return torch.cat([orthogonalise(b, newton_schulz) * muon_scale(b, transposed) for b in u.chunk(blocks)])
 
 
 class Muon(torch.optim.Optimizer):
-    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction. A group's
-    "blocks" splits each of its matrices into that many row blocks (qkvw: q, k and v, three C x C
-    matrices); its "transposed" scales by the transpose's shape. newton_schulz: a row of
-    NEWTON_SCHULZ. compile: Newton-Schulz as one torch.compile graph per shape, as modded-nanogpt
-    compiles its; the momentum stays eager, as there, so the warmup's momentum (a float that changes
-    every step) does not recompile it."""
+    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction; with cautious
+    (record #89's cautious weight decay, SPEC.md) p <- p - (wd lr) lr_eff p [u p >= 0], then
+    p <- p - lr * u, lr_eff = lr muon_scale. A group's "blocks" splits each of its matrices into that
+    many row blocks (qkvw: q, k and v, three C x C matrices); its "transposed" scales by the
+    transpose's shape. newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one
+    torch.compile graph per shape, as modded-nanogpt compiles its; the momentum stays eager, as
+    there, so the warmup's momentum (a float that changes every step) does not recompile it."""
 
-    def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False):
+    def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False,
+                 cautious=False):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
         super().__init__(groups, defaults)
+        self.cautious = cautious
         self.newton_schulz = newton_schulz
         self.orthogonalise = torch.compile(orthogonalise) if compile else orthogonalise
 
@@ -1852,8 +1900,14 @@ class Muon(torch.optim.Optimizer):
                     state["momentum"] = torch.zeros_like(p)
                 update = muon_direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
                                         self.newton_schulz, group["transposed"], self.orthogonalise)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"])
+                lr, wd = group["lr"], group["weight_decay"]
+                if self.cautious:
+                    lr_eff = lr * muon_scale(p.chunk(group["blocks"])[0], group["transposed"])
+                    mask = (update.float() * p >= 0).to(p.dtype)
+                    p.sub_(p * mask * (wd * lr) * lr_eff)
+                else:
+                    p.mul_(1 - lr * wd)
+                p.add_(update, alpha=-lr)
 
 
 def muon_param_groups(model):
@@ -1904,23 +1958,25 @@ def optimizer_groups(model, args):
 def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=False):
     """The optimizers of optimizer_groups: torch AdamW (the same update as adamw_step: decoupled
     decay lr*wd*p, bias-corrected m and v, eps added to sqrt(vhat)), fused on CUDA where this
-    PyTorch has it, and Muon. Each group keeps its peak rate as "peak_lr". tensor_lr keeps AdamW's
-    rates in device tensors, so a compiled step does not recompile when they change. Returns
-    (optimizers, fused)."""
+    PyTorch has it, or with --cautious_decay 1 CautiousAdamW, and Muon (cautious likewise). Each
+    group keeps its peak rate as "peak_lr". tensor_lr keeps AdamW's rates in device tensors, so a
+    compiled step does not recompile when they change. Returns (optimizers, fused)."""
     groups = optimizer_groups(model, args)
     for _, group in groups:
         group["peak_lr"] = group.get("lr", args.muon_lr)
     adamw_groups = [group for kind, group in groups if kind == "adamw"]
     for group in adamw_groups:
         group["lr"] = torch.tensor(group["lr"], device=device_type) if tensor_lr else group["lr"]
-    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    cautious = bool(args.cautious_decay)
+    fused = not cautious and device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     extra = {"fused": True} if fused else {}
-    optimizers = [torch.optim.AdamW(adamw_groups, lr=args.learning_rate, betas=(args.beta1, args.beta2),
-                                    eps=args.adam_eps, **extra)]
+    adamw = CautiousAdamW if cautious else torch.optim.AdamW
+    optimizers = [adamw(adamw_groups, lr=args.learning_rate, betas=(args.beta1, args.beta2), eps=args.adam_eps,
+                        **extra)]
     muon_groups = [group for kind, group in groups if kind == "muon"]
     if muon_groups:
         optimizers.append(Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon))
+                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon, cautious=cautious))
     return optimizers, fused
 
 
@@ -2339,6 +2395,9 @@ def parse_args(argv=None):
         "speedrun's reference adds it; 0: to the corrected sqrt(vhat), as torch's AdamW"))
     a.add_argument("--weight_decay", type=float, help=recipe_help(
         "weight_decay", "AdamW decay (GPT-2: of the 2-D matrices; modern: of every AdamW tensor)"))
+    a.add_argument("--cautious_decay", type=int, choices=[0, 1], help=recipe_help(
+        "cautious_decay", "1: both optimizers' weight decay cautious, record #89's (SPEC.md): only where the step and "
+        "the weight agree in sign, AdamW's lr^2 wd p, Muon's wd lr lr_eff p; 0: decoupled, lr wd p on every weight"))
     a.add_argument("--muon_lr", type=float, help=muon_help("muon_lr", "Muon's peak learning rate"))
     a.add_argument("--muon_weight_decay", type=float, help=muon_help("muon_weight_decay", "Muon's weight decay"))
     a.add_argument("--muon_momentum", type=float, help=muon_help("muon_momentum", "Muon's momentum"))
@@ -2530,7 +2589,22 @@ def check_args(args):
     if args.write_debug_state and args.optimizer == "muon" and args.muon_momentum_cooldown > 0:
         fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the debug state's header holds no momentum "
              f"cooldown, so test_gpt2cu would step without it; drop it")
+    check_cautious_args(args)
     check_document_args(args)
+
+
+def check_cautious_args(args):
+    """--cautious_decay 1 needs a weight decay to make cautious, and a run the debug state can describe."""
+    if not args.cautious_decay:
+        return
+    muon = args.optimizer == "muon"
+    if args.weight_decay <= 0 and not (muon and args.muon_weight_decay > 0):
+        zero, flags = (", --muon_weight_decay 0", " or --muon_weight_decay") if muon else ("", "")
+        fail(f"--cautious_decay 1 makes the weight decay cautious, and this run decays nothing (--weight_decay 0{zero}): "
+             f"give --weight_decay{flags} a decay, or drop --cautious_decay")
+    if args.write_debug_state:
+        fail("--cautious_decay 1: the debug state's header holds no decay kind, so test_gpt2cu would step with the "
+             "decoupled decay; drop it")
 
 
 def stage_plan(args, world):

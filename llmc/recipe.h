@@ -31,6 +31,17 @@ inline OptimizerKind parse_optimizer(const std::string& name, const char* flag) 
             "the rest)", flag, name.c_str());
 }
 
+// How an optimizer's weight decay falls on a weight p (-cd). Decoupled: on every weight, AdamW's
+// p - lr (u + wd p), Muon's p (1 - lr wd) - lr u (u the step's direction). Cautious (record #89's):
+// only where the step moves p towards zero, its direction and p of one sign, and times the rate
+// twice: AdamW's p - u - [u p > 0] lr^2 wd p (u = lr x its direction), Muon's
+// p - [u p >= 0] (wd lr) lr_eff p - lr u, lr_eff = lr x the matrix's shape scale (MuonParams).
+enum class WeightDecayKind { kDecoupled, kCautious };
+
+inline const char* weight_decay_name(WeightDecayKind k) {
+  return k == WeightDecayKind::kCautious ? "cautious weight decay" : "weight decay";
+}
+
 // One step of Muon's orthogonalisation: X <- a X + B X, B = b A + c A A, A = X X^T.
 struct NewtonSchulzStep {
   float a, b, c;
@@ -186,6 +197,7 @@ struct Recipe {
   int short_window_blocks = kShortWindowHalf;  // -aw S/L's S (kShortWindowHalf: half of -aw's long one)
   std::string stages;         // -sp: the stage plan (llmc/stages.h; empty: one stage of the flags)
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
+  int cautious_decay = 0;  // -cd: 1 both optimizers' decay cautious (WeightDecayKind), 0 decoupled
   // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
   // more all-gather a step.
   int zero_stage = 1;
@@ -309,7 +321,8 @@ struct RoleOptimizer {
   // follows the schedule's shape.
   float lr = 1.0f;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW's
-  float weight_decay = 0.0f;                       // decoupled, on every tensor of the role
+  float weight_decay = 0.0f;                       // on every tensor of the role
+  WeightDecayKind decay = WeightDecayKind::kDecoupled;  // how it falls
   // AdamW's moments and the weights rounded to nearest BF16 after each step (BF16 builds).
   bool bf16_state = false;
 };
@@ -343,7 +356,7 @@ struct OptimizerTable {
 // rate is the schedule's times its multiplier (Recipe::role_lr): 1 in GPT-2's recipe; in the
 // modern ones, whose schedule peaks at 1 (-l scales it), the reference's rate of the role.
 // AdamW's weight decay (-c) falls on the roles of 2-D tensors (ParamSpec::decayed), and on the
-// vectors too with decay_vectors; Muon's is its own (-mw).
+// vectors too with decay_vectors; Muon's is its own (-mw); in every row cautious with -cd 1.
 inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   OptimizerTable t;
   for (int i = 0; i < kParamRoles; i++) {
@@ -354,6 +367,7 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
     row.beta2 = r.beta2;
     row.eps = r.eps;
     row.weight_decay = role != ParamRole::kVector || r.decay_vectors ? r.weight_decay : 0.0f;
+    row.decay = r.cautious_decay ? WeightDecayKind::kCautious : WeightDecayKind::kDecoupled;
     row.bf16_state = role == ParamRole::kEmbedding && r.bf16_embeddings && bf16_build;
     if (role == ParamRole::kMatrix && r.optimizer == OptimizerKind::kMuon) {
       row.method = OptimizerKind::kMuon;
@@ -391,8 +405,9 @@ inline std::string newton_schulz_description(const NewtonSchulz& ns) {
 // rates at the schedule's peak.
 inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   const float* x = r.role_lr;
-  std::string adamw = strformat("AdamW betas %g %g eps %g, weight decay on %s", r.beta1, r.beta2, r.eps,
-                                r.decay_vectors ? "every tensor" : "the 2-D tensors");
+  const WeightDecayKind decay = r.cautious_decay ? WeightDecayKind::kCautious : WeightDecayKind::kDecoupled;
+  std::string adamw = strformat("AdamW betas %g %g eps %g, %s on %s", r.beta1, r.beta2, r.eps,
+                                weight_decay_name(decay), r.decay_vectors ? "every tensor" : "the 2-D tensors");
   if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
     adamw += strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
   }
@@ -404,8 +419,8 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
     momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
   }
   if (mu.cooldown_steps > 0) momentum += strformat(", back to %g over the last %ld", mu.start, mu.cooldown_steps);
-  return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %s in BF16%s); "
-                   "%s for the rest", r.muon_lr, r.muon_weight_decay, momentum.c_str(),
+  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s); "
+                   "%s for the rest", r.muon_lr, weight_decay_name(decay), r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),
                    r.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
 }

@@ -557,6 +557,16 @@ else
   skip "-lc" "$TRAINER has no -lc"
 fi
 
+# --- -cd, the cautious weight decay: 0 or 1, and only where some weight decays (flag errors, before
+# the GPU)
+if has_flag -cd; then
+  expect "-cd out of range" "^error: -cd 2: must be 0 or 1" -cd 2
+  expect "-cd 1 without AdamW's decay" "^error: -cd 1 makes the weight decay cautious, and this run decays nothing \(-c 0\): give -c a decay, or drop -cd" \
+    -c 0 -cd 1
+  expect "-cd 1 without AdamW's or Muon's decay" "^error: -cd 1 makes the weight decay cautious, and this run decays nothing \(-c 0, -mw 0\): give -c or -mw a decay, or drop -cd" \
+    -opt muon -c 0 -mw 0 -cd 1
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

@@ -176,6 +176,49 @@ print(f"5 steps: max relative difference {diff:.2e}")
 assert diff < 1e-5
 EOF
 
+check "cautious weight decay: CautiousAdamW's and Muon's steps against float64, each mask" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+def start(rows, cols, std):  # weights of both signs, every 7th zero; gradients, every 5th zero
+    w, g = torch.randn(rows, cols) * std, torch.randn(rows, cols)
+    w.view(-1)[::7] = 0
+    g.view(-1)[3::5] = 0
+    p = w.clone().requires_grad_()
+    p.grad = g.clone()
+    return w, g, p
+def compare(name, got, expected, w, u, strict):
+    diff = ((got.detach().double() - expected).abs() / expected.abs().clamp(min=1e-3)).max().item()
+    zero_u = (u == 0) & (w != 0)
+    kept = torch.equal(got.detach()[zero_u], w[zero_u])
+    cases = [int(x.sum()) for x in (u * w.double() > 0, u * w.double() < 0, zero_u, w == 0)]
+    print(f"{name}: max relative difference {diff:.2e}; u p > 0, u p < 0, u = 0 with p != 0, p = 0: {cases}")
+    assert diff < 1e-5 and min(cases) > 0, name
+    assert kept == strict, f"{name}: a weight whose step is zero {'decayed' if strict else 'kept its value'}"
+# AdamW, step 1: u = lr sign(g) (zero where g is), decayed by lr^2 wd p where u p > 0.
+lr, wd, betas, eps = 1e-2, 2.0, (0.9, 0.95), 1e-8
+w, g, p = start(64, 32, 0.02)
+tg.CautiousAdamW([{"params": [p], "weight_decay": wd}], lr=lr, betas=betas, eps=eps).step()
+m, v, wd64 = (1 - betas[0]) * g.double(), (1 - betas[1]) * g.double() ** 2, w.double()
+u = lr * (m / (1 - betas[0])) / ((v / (1 - betas[1])).sqrt() + eps)
+compare("CautiousAdamW", p, wd64 - u - (u * wd64 > 0) * lr * lr * wd * wd64, w, u, True)
+# Muon on a tall matrix (lr_eff = lr sqrt(3)), the orthogonalisation left out so that u = 0 where g is.
+lr, wd = 0.05, 1.2
+w, g, p = start(48, 16, 0.05)
+muon = tg.Muon([dict(params=[p])], lr, wd, 0.95, cautious=True)
+muon.orthogonalise = lambda b, ns: b.bfloat16()
+muon.step()
+u = tg.muon_direction(g, torch.zeros_like(g), 0.95, 1, tg.NEWTON_SCHULZ["baseline"], False,
+                      lambda b, ns: b.bfloat16()).double()
+wd64 = w.double()
+compare("Muon", p, wd64 - (u * wd64 >= 0) * wd * lr * (lr * 3 ** 0.5) * wd64 - lr * u, w, u, False)
+# The trainer's optimizers: CautiousAdamW and a cautious Muon with the flag, torch's AdamW without.
+for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.AdamW, False)):
+    args = tg.parse_args(["--model", "tiny", "--optimizer", "muon", "--cautious_decay", flag, "--input_bin", "x"])
+    optimizers, _ = tg.make_optimizers(tg.GPT(tg.resolve_config(args)), args, "cpu")
+    assert [type(o) for o in optimizers] == [adamw, tg.Muon] and optimizers[1].cautious == cautious, flag
+print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
+EOF
+
 check "learning rate schedules" <<'EOF'
 import math, argparse, train_gpt2 as tg
 a = argparse.Namespace(learning_rate=1.0, warmup_iters=2, num_iterations=12, final_lr_frac=0.1)
@@ -552,6 +595,10 @@ expect_error "gpt2_l2h4c128t64v256_debug_state.bin: holds .* give the state writ
   --device cpu
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --check_debug_state" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --check_debug_state "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin"
+expect_error "cautious_decay 1 makes the weight decay cautious, and this run decays nothing .--weight_decay 0.: give --weight_decay a decay" \
+  "${TINY[@]}" --bench --weight_decay 0 --cautious_decay 1
+expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
+  --cautious_decay 1
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1
