@@ -20,6 +20,20 @@
 
 namespace classifier_tests {
 
+// Row z's capped logits y and their slopes dy/dz over its V real columns; returns the softmax's
+// max m and sum s of exp(y - m).
+std::pair<double, double> capped_row(const float* z, const llmc::LogitCap& cap, int V, std::vector<double>& y,
+                                     std::vector<double>& slope) {
+  double m = -INFINITY;
+  for (int i = 0; i < V; i++) {
+    y[i] = cap.apply((double)z[i], &slope[i]);
+    m = std::max(m, y[i]);
+  }
+  double s = 0.0;
+  for (int i = 0; i < V; i++) s += std::exp(y[i] - m);
+  return {m, s};
+}
+
 // losses[r] = logsumexp(y) - y[target] over the first V columns, y the capped logits; dlogits =
 // dloss * (softmax(y) - onehot(target)) * dy/dz, zero in the padding. In double (LogitCap::apply):
 // more exact than either build.
@@ -29,13 +43,7 @@ void capped_classifier_reference(std::vector<float>& losses, std::vector<float>&
   std::vector<double> y(V), slope(V);
   for (int r = 0; r < N; r++) {
     const float* z = &logits[(size_t)r * Vp];
-    double m = -INFINITY;
-    for (int i = 0; i < V; i++) {
-      y[i] = cap.apply((double)z[i], &slope[i]);
-      m = std::max(m, y[i]);
-    }
-    double s = 0.0;
-    for (int i = 0; i < V; i++) s += std::exp(y[i] - m);
+    const auto [m, s] = capped_row(z, cap, V, y, slope);
     const int t = targets[r];
     losses[r] = (float)(std::log(s) + m - y[t]);
     float* d = &dlogits[(size_t)r * Vp];
@@ -226,13 +234,7 @@ void terms_classifier_reference(std::vector<float>& losses, std::vector<float>& 
     for (int k = 0; k < next_tokens.count && r % T + k < T; k++) terms.emplace_back(targets[r + k], next_tokens.weight[k]);
     if (prefix_weight > 0.0f && prefix[targets[r]] >= 0) terms.emplace_back(prefix[targets[r]], prefix_weight);
     const float* z = &logits[(size_t)r * Vp];
-    double m = -INFINITY;
-    for (int i = 0; i < V; i++) {
-      y[i] = cap.apply((double)z[i], &slope[i]);
-      m = std::max(m, y[i]);
-    }
-    double s = 0.0;
-    for (int i = 0; i < V; i++) s += std::exp(y[i] - m);
+    const auto [m, s] = capped_row(z, cap, V, y, slope);
     const double lse = std::log(s) + m;
     double loss = 0.0, total = 0.0;
     std::fill(column_weight.begin(), column_weight.end(), 0.0);
