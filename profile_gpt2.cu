@@ -68,7 +68,7 @@ int profile_main(int argc, char** argv) {
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon()}, 42);
   gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention, head_in_fp8);
-  if (attention.documents) gpt2_set_window(m, window);
+  if (attention.documents) gpt2_set_window(m, llmc::step_windows(window));
   cudaEvent_t events[5];
   for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));
   // Warm-up steps keep library setup and matmul tuning out of the profiled step.

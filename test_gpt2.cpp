@@ -246,6 +246,10 @@ int run(int argc, char** argv) {
     LLMC_FAIL("%s holds attention within documents (train_gpt2.py --documents 1), which this CPU trainer "
               "does not have: check it with ./test_gpt2cu", debug_state.c_str());
   }
+  if (!ref.settings.empty()) {
+    LLMC_FAIL("%s holds the loss's settings '%s' (train_gpt2.py --logit_cap, --mtp, --prefix_weight), which this "
+              "CPU trainer does not have: check it with ./test_gpt2cu", debug_state.c_str(), ref.settings.c_str());
+  }
   printf("model %s, %zu parameters; debug batch B=%d T=%d, %d AdamW steps (lr %g, weight "
          "decay %g, clip %g); %d threads\n", model.config.describe().c_str(),
          model.num_parameters, ref.B, ref.T, ref.steps, ref.lr, ref.weight_decay, ref.grad_clip,

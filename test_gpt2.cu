@@ -93,7 +93,7 @@ float debug_state_dloss(const llmc::DebugState& ref, int T) { return ref.loss_su
 // The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch and
 // window. Each step is one micro batch of B rows.
 llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
-  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, ref.window_blocks);
+  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks});
   plan.resolve(ref.steps - (plan.has_extension() ? plan.stages().back().extension_steps : 0));
   REQUIRE(plan.total_steps() == ref.steps && plan.max_T() <= ref.T,
           "the debug state's stage plan '%s' does not fit its %d steps of B=%d T=%d: re-create it with train_gpt2.py",
@@ -103,27 +103,30 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
 
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
-// its stages').
-void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, bool fp8) {
+// its stages'); its loss's settings (version 5: the cap, the loss's terms and their prefix table).
+void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::LossSettings& loss, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref).max_window());
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
-  gpt2_set_window(m, ref.window_blocks);
+  gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
+  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, loss.logit_cap, m.arch().name);
+  gpt2_set_loss_terms(m, loss.next_token_weights, loss.prefix_weight, ref.prefix_table);
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
 // s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window and rate multiplier.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
-                       const llmc::DebugState& ref, const llmc::OptimizerTable& opt, bool fp8, float tol) {
+                       const llmc::DebugState& ref, const llmc::LossSettings& loss, const llmc::OptimizerTable& opt,
+                       bool fp8, float tol) {
   const llmc::StagePlan stages = debug_state_stages(ref);
   GPT2 m;
   gpt2_init(m, config, values, {true, opt.muon()}, 42);
-  debug_state_allocate(m, ref, fp8);
+  debug_state_allocate(m, ref, loss, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
     const int T = p.T;
-    if (ref.documents) gpt2_set_window(m, p.window);
+    if (ref.documents) gpt2_set_window(m, p.windows);
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, T, debug_state_dloss(ref, T));
@@ -191,22 +194,23 @@ int test_main(int argc, char** argv) {
       : ref.window_blocks == 0 ? "attention within documents"
       : llmc::strformat("attention within documents and a window of %d blocks", ref.window_blocks);
   const llmc::OptimizerTable opt = debug_state_optimizer(ref, config, state_path);
+  const llmc::LossSettings settings = llmc::debug_state_loss_settings(ref, state_path);
   const std::string muon = ref.muon ? ", Muon: " + llmc::newton_schulz_description(opt.muon_newton_schulz) : "";
-  printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s%s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
+  printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s%s%s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
          ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str(),
-         muon.c_str());
+         muon.c_str(), ref.settings.empty() ? "" : (", " + ref.settings).c_str());
   REQUIRE(!ref.fp8_head || sizeof(floatX) == 2, "%s was written with the head in FP8 (train_gpt2.py --fp8_head "
           "1), which only the BF16 build runs: check it with ./test_gpt2cu", state_path.c_str());
 
   matmul_setup(/*allow_tf32=*/false);
   if (fp8) {
-    check_step_losses(config, values, ref, opt, fp8, kFp8StepLossTol);
+    check_step_losses(config, values, ref, settings, opt, fp8, kFp8StepLossTol);
     matmul_teardown();
     return testing::summary("test_gpt2cu --fp8");
   }
   GPT2 m;
   gpt2_init(m, config, values, StateSpec(), 42);
-  debug_state_allocate(m, ref, false);
+  debug_state_allocate(m, ref, settings, false);
 
   // Forward: logits (the padded columns are not part of the reference).
   gpt2_forward(m, ref.inputs.data(), B, T, ForwardPass::kTraining);
@@ -268,7 +272,7 @@ int test_main(int argc, char** argv) {
 
   // The optimizer steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
-  check_step_losses(config, values, ref, opt, false,
+  check_step_losses(config, values, ref, settings, opt, false,
                     ref.fp8_head ? kFp8StepLossTol : ref.muon ? kMuonStepLossTol : kStepLossTol);
   matmul_teardown();
   return testing::summary(ref.fp8_head ? "test_gpt2cu (-fh 1)" : "test_gpt2cu");

@@ -6151,7 +6151,7 @@ void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, s
 // Capped logits (llmc::LogitCap, the kernels' CAP): the softmax, loss and gradient are those of
 // y = cap(z) for each logit z, and the gradient written is that of z, dL/dy * dy/dz. The modern
 // head's y = c * z / sqrt(z^2 + c^2), dy/dz = (c / sqrt(z^2 + c^2))^3, costs a reciprocal square
-// root per logit; the speedrun's y = c * sigmoid(z / s), dy/dz = (c / s) * sigmoid * (1 - sigmoid),
+// root per logit; the speedrun's y = c * sigmoid((z + shift) / s), dy/dz = (c / s) * sigmoid * (1 - sigmoid),
 // an exponential and a reciprocal (1 - sigmoid as e * sigmoid, exact where the sigmoid nears 1).
 // These run on the SM's 16-lane special-function unit, one instruction in eight, and bound the
 // capped classifier: an exponential and a reciprocal for the cap and one for the softmax are
@@ -6173,8 +6173,13 @@ void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, s
 // cast-transpose would make of the BF16 dlogits, and leave the logits as they were. That cast
 // read the dlogits back (4.9 GB a 49,152-token micro step) after the classifier wrote them; the
 // head's backward now only transposes the bytes (fp8_transpose). It records no amax: the loss's
-// gradient is bounded (|dlogit| <= dloss * max dy/dz, 1 at the speedrun's cap, 448 after its
-// scale, where E5M2 saturates at 57,344).
+// gradient is bounded (|dlogit| <= dloss * max dy/dz times the terms' weights, at most 4: 1 at the
+// speedrun's cap, 1,792 after its scale, where E5M2 saturates at 57,344).
+// The training loss may add terms (ClassifierTerms, record #89's): row r's cross-entropy against
+// the targets of later rows of its sequence and against its target's prefix token, each weighted;
+// with S the sum of a row's weights and W(c) that of the terms whose target is column c, the loss is
+// the weighted sum of the terms' losses and dlogits = (S softmax - W) * dloss * dy/dz. One weight of
+// 1 on the row's own target gives the plain loss's bits (S p - W = p - 1 exactly).
 constexpr int kClassifierThreads = 512;
 
 // Where the classifier writes the gradient of an FP8 head: rows [N, Vp] of E5M2 bytes under the
@@ -6183,6 +6188,60 @@ struct ClassifierFp8Grad {
   uint8_t* rows = nullptr;
   const Fp8Scale* scale = nullptr;
 };
+
+// The loss's terms of each row (llmc::PredictionWeights, Recipe::prefix_weight): row r, at position
+// t = r % row_length of its sequence, against targets[r + k] weighted weights[k] for k < predict and
+// t + k < row_length, then against prefix[targets[r]] weighted prefix_weight where that is not -1
+// (prefix: the token_prefix_table on the GPU, or none). The default: the row's target, weight 1.
+constexpr int kClassifierMaxTerms = llmc::kMaxPredictedTokens + 1;
+struct ClassifierTerms {
+  int row_length = 1;
+  int predict = 1;
+  float weights[llmc::kMaxPredictedTokens] = {1.0f, 0.0f, 0.0f};
+  const int* prefix = nullptr;
+  float prefix_weight = 0.0f;
+};
+
+// A row's terms in order (the next tokens', then the prefix's): each one's column and weight, and
+// for the first term of each column the weights of all its terms (0 for a repeat of a column);
+// total: the sum of the weights, the softmax's factor in the gradient.
+struct RowTerms {
+  int count = 0;
+  int column[kClassifierMaxTerms];
+  float weight[kClassifierMaxTerms], column_weight[kClassifierMaxTerms];
+  float total = 0.0f;
+};
+
+__device__ __forceinline__ RowTerms row_terms(const int* targets, size_t row, const ClassifierTerms& terms) {
+  RowTerms r;
+  const int position = (int)(row % terms.row_length);
+  for (int k = 0; k < terms.predict && position + k < terms.row_length; k++) {
+    r.column[r.count] = targets[row + k];
+    r.weight[r.count++] = terms.weights[k];
+  }
+  const int prefix = terms.prefix ? terms.prefix[targets[row]] : -1;
+  if (prefix >= 0) {
+    r.column[r.count] = prefix;
+    r.weight[r.count++] = terms.prefix_weight;
+  }
+#pragma unroll
+  for (int j = 0; j < kClassifierMaxTerms; j++) {
+    if (j >= r.count) break;
+    r.total += r.weight[j];
+    bool repeat = false;
+    for (int i = 0; i < j; i++) repeat = repeat || r.column[i] == r.column[j];
+    r.column_weight[j] = 0.0f;
+    for (int i = j; i < r.count && !repeat; i++) r.column_weight[j] += r.column[i] == r.column[j] ? r.weight[i] : 0.0f;
+  }
+  return r;
+}
+
+// The row's loss from its log-sum-exp and its terms' capped logits y[j].
+__device__ __forceinline__ float row_terms_loss(const RowTerms& r, float lse, const float* y) {
+  float loss = 0.0f;
+  for (int j = 0; j < r.count; j++) loss += r.weight[j] * (lse - y[j]);
+  return loss;
+}
 
 // A piece of dlogits d (columns col...) stored over the logits x, or cast into row8 (the row's
 // FP8 bytes) under the factor s8. d is finite or NaN (|dlogit| <= dloss * max dy/dz): the cast
@@ -6221,11 +6280,17 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
   for (int k = 0; k < x128::size; k++) s += exp2_ftz(fmaf(f[k], kLog2e, -m_log2));
 }
 
-// The capped logit y the softmax sees; *slope = dy/dz (capped kinds only). inv_scale: 1 / scale.
+// A cap's constants as the kernels read them (llmc::LogitCap's, inv_scale = 1 / scale).
+struct ClassifierCap {
+  float cap = 0.0f, inv_scale = 0.0f, shift = 0.0f;
+};
+
+// The capped logit y the softmax sees; *slope = dy/dz (capped kinds only).
 constexpr float kSigmoidCapMaxExponentLog2 = 126.0f;  // 2^126 = 8.5e37 < FLT_MAX
 constexpr float kRationalCapMaxLogit = 1e18f;    // (1e18)^2 < FLT_MAX
 template <llmc::LogitCap::Kind CAP>
-__device__ __forceinline__ float classifier_logit(float z, float cap, float inv_scale, float* slope = nullptr) {
+__device__ __forceinline__ float classifier_logit(float z, const ClassifierCap& c, float* slope = nullptr) {
+  const float cap = c.cap;
   if (CAP == llmc::LogitCap::kRational) {
     // z clamped where z^2 would overflow (|z| > 1.8e19): y is cap there to FP32's precision.
     z = fminf(fmaxf(z, -kRationalCapMaxLogit), kRationalCapMaxLogit);
@@ -6234,11 +6299,13 @@ __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_
     return z * cap_rsqrt;
   }
   if (CAP == llmc::LogitCap::kSigmoid) {
-    // e = exp(-z / s), clamped where it would overflow (z < -87 s): inf * 0 would make the slope
-    // NaN, where the sigmoid and its slope are below 1e-38 and round to the same y. Both
-    // instructions are within 2 ulp: y within about 3e-6 of exact at the cap of 30.
-    const float e = exp2_ftz(fminf(z * (-inv_scale * kLog2e), kSigmoidCapMaxExponentLog2)), s = rcp_ftz(1.0f + e);
-    if (slope) *slope = cap * inv_scale * s * (e * s);
+    // e = exp(-(z + shift) / s), clamped where it would overflow (z + shift < -87 s): inf * 0
+    // would make the slope NaN, where the sigmoid and its slope are below 1e-38 and round to the
+    // same y. Both instructions are within 2 ulp: y within about 3e-6 of exact at the cap of 30.
+    // A shift of 0 adds nothing: the bits of the unshifted cap.
+    const float e = exp2_ftz(fminf((z + c.shift) * (-c.inv_scale * kLog2e), kSigmoidCapMaxExponentLog2));
+    const float s = rcp_ftz(1.0f + e);
+    if (slope) *slope = cap * c.inv_scale * s * (e * s);
     return cap * s;
   }
   return z;
@@ -6247,8 +6314,8 @@ __device__ __forceinline__ float classifier_logit(float z, float cap, float inv_
 // Dynamic shared memory: one row, Vp elements.
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
-    ClassifierFp8Grad grad8) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, ClassifierCap cap,
+    ClassifierFp8Grad grad8, ClassifierTerms terms) {
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   floatX* row_s = reinterpret_cast<floatX*>(classifier_shared);
   __shared__ float shared_max[WARP_SIZE], shared_sum[WARP_SIZE];
@@ -6257,7 +6324,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   constexpr int kStep = kClassifierThreads * x128::size;
   for (int col = threadIdx.x * x128::size; col < Vp; col += kStep) copy_async_16(row_s + col, x + col, true);
   copy_async_commit();
-  const int target = targets[row];
+  const RowTerms targets_of_row = row_terms(targets, row, terms);
   copy_async_wait<0>();
   __syncthreads();
   // Whole pieces below V first; then at most one piece straddles V and needs per-column checks.
@@ -6267,14 +6334,14 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
     const x128 v = load128(row_s + col);
     float f[x128::size];
 #pragma unroll
-    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<CAP>((float)v[k], cap, inv_scale);
+    for (int k = 0; k < x128::size; k++) f[k] = classifier_logit<CAP>((float)v[k], cap);
     softmax_accumulate_piece(m, s, f);
   }
   if (col < V) {
     const x128 v = load128(row_s + col);
     float f[x128::size];
     for (int k = 0; k < x128::size; k++) {
-      f[k] = col + k < V ? classifier_logit<CAP>((float)v[k], cap, inv_scale) : -FLT_MAX;  // exp -> 0
+      f[k] = col + k < V ? classifier_logit<CAP>((float)v[k], cap) : -FLT_MAX;  // exp -> 0
     }
     softmax_accumulate_piece(m, s, f);
   }
@@ -6291,18 +6358,20 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
   s = lane < kWarps ? shared_sum[lane] : 0.0f;
   warp_reduce_max_sum(m, s);
   if (threadIdx.x == 0) {
-    losses[row] = logf(s) + m - classifier_logit<CAP>((float)row_s[target], cap, inv_scale);
+    float y[kClassifierMaxTerms];
+    for (int j = 0; j < targets_of_row.count; j++) y[j] = classifier_logit<CAP>((float)row_s[targets_of_row.column[j]], cap);
+    losses[row] = row_terms_loss(targets_of_row, logf(s) + m, y);
   }
   if (dloss == 0.0f) return;
-  // dlogits = softmax * dloss, and (softmax - 1) * dloss in the target's column; times dy/dz when
+  // dlogits = S softmax * dloss, and (S softmax - W) * dloss in a target's column; times dy/dz when
   // capped.
-  const float row_max_log2 = m * kLog2e, scale = dloss / s;
+  const float row_max_log2 = m * kLog2e, scale = dloss * targets_of_row.total / s;
   uint8_t* row8 = grad8.rows ? grad8.rows + row * Vp : nullptr;
   const float s8 = grad8.rows ? grad8.scale->scale : 0.0f;
   constexpr bool kCapped = CAP != llmc::LogitCap::kNone;
   auto dlogit_off_target = [&](float z) {
     float slope = 1.0f;
-    const float y = classifier_logit<CAP>(z, cap, inv_scale, &slope);
+    const float y = classifier_logit<CAP>(z, cap, &slope);
     const float g = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) * scale;
     return kCapped ? g * slope : g;
   };
@@ -6318,11 +6387,14 @@ __global__ void __launch_bounds__(kClassifierThreads, 2) fused_classifier_kernel
         d[k] = (floatX)(col + k < V ? dlogit_off_target((float)v[k]) : 0.0f);
       }
     }
-    if (target >= col && target < col + x128::size) {
+    for (int j = 0; j < targets_of_row.count; j++) {
+      const int target = targets_of_row.column[j];
+      if (target < col || target >= col + x128::size || targets_of_row.column_weight[j] == 0.0f) continue;
       float slope = 1.0f;
-      const float y = classifier_logit<CAP>((float)row_s[target], cap, inv_scale, &slope);
+      const float y = classifier_logit<CAP>((float)row_s[target], cap, &slope);
       const float p = exp2_ftz(fmaf(y, kLog2e, -row_max_log2)) / s;
-      d[target - col] = (floatX)(kCapped ? (p - 1.0f) * dloss * slope : (p - 1.0f) * dloss);
+      const float g = targets_of_row.total * p - targets_of_row.column_weight[j];
+      d[target - col] = (floatX)(kCapped ? g * dloss * slope : g * dloss);
     }
     store_dlogits(x, row8, s8, col, d);
   }
@@ -6364,12 +6436,12 @@ inline int capped_classifier_block_pieces(int Vp) {
 // dy/dz into g. kWhole: every column of the piece is below V; otherwise the columns at or past V
 // (the padding, NaN allowed there) add nothing and get 0.
 template <llmc::LogitCap::Kind CAP, bool kWhole>
-__device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V, float cap, float inv_scale,
+__device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V, const ClassifierCap& cap,
                                                    float bound_log2, float& s, float g[x128::size]) {
 #pragma unroll
   for (int k = 0; k < x128::size; k++) {
     float slope;
-    const float y = classifier_logit<CAP>((float)v[k], cap, inv_scale, &slope);
+    const float y = classifier_logit<CAP>((float)v[k], cap, &slope);
     const float p = exp2_ftz(fmaf(y, kLog2e, -bound_log2));
     const bool real = kWhole || col + k < V;
     s += real ? p : 0.0f;
@@ -6385,15 +6457,15 @@ __device__ __forceinline__ void capped_piece_terms(const x128& v, int col, int V
 // entry: the other block has started by then. Hopper (compute capability 9.0+).
 template <llmc::LogitCap::Kind CAP>
 __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlocks) capped_classifier_kernel(
-    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, float cap, float inv_scale,
-    ClassifierFp8Grad grad8) {
+    floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss, ClassifierCap cap,
+    ClassifierFp8Grad grad8, ClassifierTerms terms) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char classifier_shared[];
   float* grad_s = reinterpret_cast<float*>(classifier_shared);
   constexpr int kHalfWarps = kCappedClassifierHalfThreads / WARP_SIZE;
   constexpr int kSize = x128::size, kHalf = kCappedClassifierHalfThreads;
   constexpr int kStride = kHalf * kCappedClassifierPiecesInFlight;
-  __shared__ float warp_sums[2 * kHalfWarps], target_logit, target_slope;
+  __shared__ float warp_sums[2 * kHalfWarps], target_logit[kClassifierMaxTerms], target_slope[kClassifierMaxTerms];
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.barrier_arrive();
   const int rank = (int)cluster.block_rank(), half = rank / kCappedClassifierBlocksPerHalf;
@@ -6401,10 +6473,13 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
   const int t = (rank % kCappedClassifierBlocksPerHalf) * kCappedClassifierThreads + threadIdx.x;
   const size_t row = blockIdx.x / kCappedClassifierBlocks;
   floatX* x = logits + row * Vp;
-  const int target = targets[row];
+  const RowTerms targets_of_row = row_terms(targets, row, terms);
   const bool training = dloss != 0.0f;
-  if (threadIdx.x == 0) target_logit = classifier_logit<CAP>((float)x[target], cap, inv_scale, &target_slope);
-  const float bound_log2 = cap * kLog2e;
+  if (threadIdx.x < targets_of_row.count) {
+    const int j = threadIdx.x;
+    target_logit[j] = classifier_logit<CAP>((float)x[targets_of_row.column[j]], cap, &target_slope[j]);
+  }
+  const float bound_log2 = cap.cap * kLog2e;
   int first_piece, end_piece;
   capped_classifier_half(Vp / kSize, half, first_piece, end_piece);
   // The block's pieces first_piece + t + kHalf i are kept in slot threadIdx.x + kThreads i.
@@ -6423,9 +6498,9 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
       if (piece >= end_piece) break;
       float g[kSize];
       if (col + kSize <= V) {
-        capped_piece_terms<CAP, true>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
+        capped_piece_terms<CAP, true>(v[u], col, V, cap, bound_log2, s, g);
       } else {
-        capped_piece_terms<CAP, false>(v[u], col, V, cap, inv_scale, bound_log2, s, g);
+        capped_piece_terms<CAP, false>(v[u], col, V, cap, bound_log2, s, g);
       }
       if (training) {
         float* kept = grad_s + (size_t)(slot + u * kCappedClassifierThreads) * kSize;
@@ -6449,11 +6524,11 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
   const float half0 = warp_reduce_sum(lane < kHalfWarps ? warp_sums[lane] : 0.0f);
   const float half1 = warp_reduce_sum(lane < kHalfWarps ? warp_sums[kHalfWarps + lane] : 0.0f);
   const float row_sum = half0 + half1;
-  if (rank == 0 && threadIdx.x == 0) losses[row] = logf(row_sum) + cap - target_logit;
+  if (rank == 0 && threadIdx.x == 0) losses[row] = row_terms_loss(targets_of_row, logf(row_sum) + cap.cap, target_logit);
   if (!training) return;
-  // dlogits = g * dloss / sum; the target's column gets (softmax - 1) * dloss * dy/dz. Each thread
-  // reads back the columns it wrote.
-  const float scale = dloss / row_sum;
+  // dlogits = g * S * dloss / sum; a target's column gets (S softmax - W) * dloss * dy/dz. Each
+  // thread reads back the columns it wrote.
+  const float scale = dloss * targets_of_row.total / row_sum;
   uint8_t* row8 = grad8.rows ? grad8.rows + row * Vp : nullptr;
   const float s8 = grad8.rows ? grad8.scale->scale : 0.0f;
   for (int piece = first_piece + t, slot = threadIdx.x; piece < end_piece;
@@ -6466,11 +6541,13 @@ __global__ void __launch_bounds__(kCappedClassifierThreads, kCappedClassifierBlo
 #pragma unroll
       for (int j = 0; j < f128::size; j++) dz[k + j] = g[j] * scale;
     }
-    // One piece of the row holds the target: the test per column only there.
-    if ((unsigned)(target - col) < (unsigned)kSize) {
+    // A few pieces of the row hold targets: the test per column only there.
+    for (int j = 0; j < targets_of_row.count; j++) {
+      const int target = targets_of_row.column[j];
+      if ((unsigned)(target - col) >= (unsigned)kSize || targets_of_row.column_weight[j] == 0.0f) continue;
 #pragma unroll
       for (int k = 0; k < kSize; k++) {
-        if (col + k == target) dz[k] = dz[k] - dloss * target_slope;
+        if (col + k == target) dz[k] = dz[k] - targets_of_row.column_weight[j] * dloss * target_slope[j];
       }
     }
     store_dlogits(x, row8, s8, col, round_x128(dz));
@@ -6499,7 +6576,8 @@ const ClassifierLimits& classifier_limits() {
 // Launches capped_classifier_kernel where the GPU has clusters and shared memory for a quarter row;
 // false where it does not.
 bool capped_classifier_launch(floatX* logits, float* losses, const int* targets, int N, int V, int Vp, float dloss,
-                              const llmc::LogitCap& cap, float inv_scale, const ClassifierFp8Grad& grad8,
+                              const llmc::LogitCap& cap, const ClassifierCap& constants,
+                              const ClassifierFp8Grad& grad8, const ClassifierTerms& terms,
                               cudaStream_t stream) {
   const ClassifierLimits& limits = classifier_limits();
   if (!limits.clusters) return false;
@@ -6522,7 +6600,8 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale, grad8));
+  cudaCheck(cudaLaunchKernelEx(&config, kernel, logits, losses, targets, V, Vp, dloss, constants, grad8,
+                               terms));
   return true;
 }
 
@@ -6536,7 +6615,8 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
 enum class ClassifierKernel { kRecomputing, kKeeping };
 ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
                                   float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {},
-                                  bool recompute = false, const ClassifierFp8Grad& grad8 = {}) {
+                                  bool recompute = false, const ClassifierFp8Grad& grad8 = {},
+                                  const ClassifierTerms& terms = {}) {
   REQUIRE(Vp % x128::size == 0 && V <= Vp, "fused_classifier: Vp=%d must be a multiple of %d, and V=%d at most Vp",
           Vp, x128::size, V);
   REQUIRE(!grad8.rows || (dloss != 0.0f && grad8.scale && sizeof(floatX) == 2 && (uintptr_t)grad8.rows % 16 == 0),
@@ -6546,12 +6626,19 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
   REQUIRE(!capped || (std::isfinite(cap.cap) && cap.cap > 0.0f && capped_shift_range_log2(cap) <= kCappedShiftMaxLog2),
           "fused_classifier: a cap of %g: it must be a positive number of at most %g (%s)", cap.cap,
           kCappedShiftMaxLog2 / kLog2e / (cap.kind == llmc::LogitCap::kRational ? 2.0f : 1.0f), cap.describe().c_str());
-  REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f),
-          "fused_classifier: a sigmoid cap's scale of %g: it must be a positive finite number", cap.scale);
+  REQUIRE(cap.kind != llmc::LogitCap::kSigmoid || (std::isfinite(cap.scale) && cap.scale > 0.0f && std::isfinite(cap.shift)),
+          "fused_classifier: a sigmoid cap's scale of %g and shift of %g: the scale must be a positive finite number, "
+          "the shift finite", cap.scale, cap.shift);
+  REQUIRE(terms.row_length > 0 && N % terms.row_length == 0 && terms.predict >= 1 &&
+              terms.predict <= llmc::kMaxPredictedTokens && (!terms.prefix || terms.prefix_weight > 0.0f),
+          "fused_classifier: %d rows in sequences of %d, %d next-token weights (1 to %d), a prefix table with a "
+          "weight of %g: the rows must be whole sequences, a prefix table needs a positive weight", N,
+          terms.row_length, terms.predict, llmc::kMaxPredictedTokens, terms.prefix_weight);
   const int max_shared = classifier_limits().max_shared;
-  const float inv_scale = cap.kind == llmc::LogitCap::kSigmoid ? 1.0f / cap.scale : 0.0f;
+  const bool sigmoid = cap.kind == llmc::LogitCap::kSigmoid;
+  const ClassifierCap constants = {cap.cap, sigmoid ? 1.0f / cap.scale : 0.0f, sigmoid ? cap.shift : 0.0f};
   if (capped && !recompute &&
-      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, inv_scale, grad8, stream)) {
+      capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, constants, grad8, terms, stream)) {
     return ClassifierKernel::kKeeping;
   }
   const size_t shared = (size_t)Vp * sizeof(floatX);
@@ -6562,8 +6649,8 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
                       : cap.kind == llmc::LogitCap::kSigmoid ? fused_classifier_kernel<llmc::LogitCap::kSigmoid>
                                                              : fused_classifier_kernel<llmc::LogitCap::kNone>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, cap.cap, inv_scale,
-                                                    grad8);
+  kernel<<<N, kClassifierThreads, shared, stream>>>(logits, losses, targets, V, Vp, dloss, constants, grad8,
+                                                    terms);
   cudaCheckLaunch();
   return ClassifierKernel::kRecomputing;
 }
@@ -6620,6 +6707,7 @@ void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
 // One slice's AdamW hyperparameters: its parameter role's row of llmc::OptimizerTable at the step.
 struct AdamWRates {
   float lr, beta1, beta2, eps, weight_decay;
+  llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
 };
 
 // What every slice of one update shares.
@@ -6737,6 +6825,7 @@ struct AdamWSlices {
   AdamWRates rates[kMaxAdamWSlices] = {};
   float beta1_correction[kMaxAdamWSlices] = {};  // 1 - beta1^step, set by adamw_update
   float beta2_correction[kMaxAdamWSlices] = {};
+  float cautious_rate[kMaxAdamWSlices] = {};  // lr^2 wd, the cautious decay's, set by adamw_update
   uint32_t seed[kMaxAdamWSlices] = {};
   bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
   bool fp8_head[kMaxAdamWSlices] = {};    // the FP8 head's weight: its copy by fp8_head_weight_copy
@@ -6760,15 +6849,31 @@ struct AdamWSlices {
 
 __device__ __forceinline__ float bf16_nearest(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// bf16_state: the update from the new moments in FP32, then the moments and the weight rounded to
-// nearest BF16, as the speedrun's reference computes its BF16 tensors' steps (in FP32 from BF16
-// loads, each result stored once in BF16).
+// AdamW's cautious decay (llmc::WeightDecayKind): old - (u + rate old [u old > 0]), rate = lr^2 wd,
+// in the order of record #89's reference (update.addcmul_(p, mask, value=rate); p - update), each
+// operation rounded on its own as its eager steps are (no fused multiply-add), and the product
+// u old, not the signs, deciding, as there.
+__device__ __forceinline__ float adamw_cautious_decay(float old, float u, float rate) {
+  const float mask = __fmul_rn(u, old) > 0.0f ? 1.0f : 0.0f;
+  return __fsub_rn(old, __fadd_rn(u, __fmul_rn(__fmul_rn(rate, old), mask)));
+}
+
+// The decay decoupled, old - lr (direction + wd old), or cautious with u = lr direction
+// (adamw_cautious_decay). bf16_state: the update from the new moments in FP32, then the moments and
+// the weight rounded to nearest BF16, as the speedrun's reference computes its BF16 tensors' steps
+// (in FP32 from BF16 loads, each result stored once in BF16).
 __device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWRates& r,
-                                               float beta1_correction, float beta2_correction, bool bf16_state) {
+                                               float beta1_correction, float beta2_correction, float cautious_rate,
+                                               bool bf16_state) {
   m = r.beta1 * m + (1.0f - r.beta1) * g;
   v = r.beta2 * v + (1.0f - r.beta2) * g * g;
   const float mhat = m / beta1_correction, vhat = v / beta2_correction;
-  const float updated = old - r.lr * (mhat / (sqrtf(vhat) + r.eps) + r.weight_decay * old);
+  float updated;
+  if (r.decay == llmc::WeightDecayKind::kCautious) {
+    updated = adamw_cautious_decay(old, r.lr * (mhat / (sqrtf(vhat) + r.eps)), cautious_rate);
+  } else {
+    updated = old - r.lr * (mhat / (sqrtf(vhat) + r.eps) + r.weight_decay * old);
+  }
   if (!bf16_state) return updated;
   m = bf16_nearest(m);
   v = bf16_nearest(v);
@@ -6800,6 +6905,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const size_t p = slices.begin[s] + local, st = p - state_offset, sm = slices.state[s] + local;
   const AdamWRates rates = slices.rates[s];
   const float beta1_correction = slices.beta1_correction[s], beta2_correction = slices.beta2_correction[s];
+  const float cautious_rate = slices.cautious_rate[s];
   const uint32_t seed = slices.seed[s];
   const bool bf16_state = slices.bf16_state[s], fp8_head = slices.fp8_head[s];
   const size_t index = slices.index_offset[s] + local;
@@ -6810,7 +6916,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       float mi = m[sm + i], vi = v[sm + i];
       const float old = master ? master[st + i] : (float)params[p + i];
       const float updated = adamw_element((float)grads[p + i] * grad_scale, mi, vi, old, rates, beta1_correction,
-                                          beta2_correction, bf16_state);
+                                          beta2_correction, cautious_rate, bf16_state);
       out_m[sm + i] = mi;
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
@@ -6839,7 +6945,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       const int e = piece * f128::size + k;
       const float previous = master ? old[piece][k] : (float)stored[e];
       old[piece][k] = adamw_element((float)g[e] * grad_scale, mi[piece][k], vi[piece][k], previous, rates,
-                                    beta1_correction, beta2_correction, bf16_state);
+                                    beta1_correction, beta2_correction, cautious_rate, bf16_state);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
       if (fp8_head) out[e] = fp8_head_weight_copy(out[e], old[piece][k]);
     }
@@ -6867,6 +6973,8 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
   for (int s = 0; s < launch.count; s++) {
     launch.beta1_correction[s] = 1.0f - powf(launch.rates[s].beta1, (float)hp.step);
     launch.beta2_correction[s] = 1.0f - powf(launch.rates[s].beta2, (float)hp.step);
+    const AdamWRates& r = launch.rates[s];
+    launch.cautious_rate[s] = (float)((double)r.lr * r.lr * r.weight_decay);
   }
   const int blocks = slices.first_block[slices.count];
   if (to.adam_m) {
@@ -6901,6 +7009,7 @@ struct MuonParams {
   float grad_scale = 1.0f;  // the gradient's clipping factor, as AdamW's
   llmc::NewtonSchulz newton_schulz = llmc::kNewtonSchulzBaseline;
   bool scale_tall = true;  // a tall matrix's update times sqrt(n / m) (llmc::Recipe::muon_scale_tall)
+  llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -7258,14 +7367,27 @@ __global__ void muon_normalize_scalar_kernel(__nv_bfloat16* out, const __nv_bflo
 
 // One 32x32 tile of X [m, n] of each matrix of the batch: u = X (transposed back through shared
 // memory for a tall parameter, then scaled by tall_scale, sqrt(n / m) or 1, in BF16 as the
-// reference scales its BF16 update); p = p (1 - lr wd) - lr u in FP32 from the master weights (or
-// the parameter), stored with stochastic rounding at the element's index in the whole group, so
-// that the bits do not depend on which matrices a call covers.
+// reference scales its BF16 update); p = p (1 - lr wd) - lr u, or with the cautious decay
+// (llmc::WeightDecayKind, muon_cautious_decay) p - (wd lr) lr_eff p [u p >= 0] - lr u, lr_eff the
+// matrix's rate lr tall_scale, in which record #89's reference puts the shape; in FP32 from the
+// master weights (or the parameter), stored with stochastic rounding at the element's index in
+// the whole group, so that the bits do not depend on which matrices a call covers.
 struct MuonApply {
   float lr, decay, tall_scale;
+  bool cautious;
+  float wd_lr, tall_lr;  // the cautious decay's wd lr, and a tall matrix's lr_eff (lr sqrt(n / m) or lr)
   uint32_t seed;
   int first;  // the batch's first matrix in its group
 };
+
+// Muon's cautious step: old - (wd lr) lr_eff old [u old >= 0] - lr u, in the order of record #89's
+// reference (p - p mask wd lr_eff - grad lr_eff), each operation rounded on its own as its eager
+// steps are (no fused multiply-add), and the product u old, not the signs, deciding, as there.
+__device__ __forceinline__ float muon_cautious_decay(float old, float u, float lr, float wd_lr, float lr_eff) {
+  const float mask = __fmul_rn(u, old) >= 0.0f ? 1.0f : 0.0f;
+  const float decay = __fmul_rn(__fmul_rn(__fmul_rn(old, mask), wd_lr), lr_eff);
+  return __fsub_rn(__fsub_rn(old, decay), __fmul_rn(lr, u));
+}
 
 // The tile's elements inside [shard_begin, shard_end) of the parameter buffer (all where null).
 __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* const* master,
@@ -7297,7 +7419,8 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
     const float u = transpose ? __bfloat162float(__float2bfloat16_rn(tile[i][tx] * a.tall_scale))
                               : __bfloat162float(in[at]);
     const float old = pm ? pm[at] : (float)p[at];
-    const float updated = old * a.decay - a.lr * u;
+    const float updated = a.cautious ? muon_cautious_decay(old, u, a.lr, a.wd_lr, transpose ? a.tall_lr : a.lr)
+                                     : old * a.decay - a.lr * u;
     if (pm) pm[at] = updated;
     p[at] = round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
   }
@@ -7367,6 +7490,9 @@ MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_
   a.lr = hp.lr;
   a.decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
   a.tall_scale = hp.scale_tall ? (float)std::sqrt((double)g.n / g.m) : 1.0f;
+  a.cautious = hp.decay == llmc::WeightDecayKind::kCautious;
+  a.wd_lr = (float)((double)hp.weight_decay * hp.lr);
+  a.tall_lr = (float)(hp.lr * (hp.scale_tall ? std::sqrt((double)g.n / g.m) : 1.0));
   a.seed = seed;
   a.first = first;
   return a;
@@ -7606,6 +7732,7 @@ constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units 
 struct ModelParams {
   llmc::GPT2Config config;
   const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
+  llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
@@ -7761,7 +7888,7 @@ struct Fp8State {
 // on the model's stream; the backward reads the same.
 struct DocumentAttention {
   bool documents = false;
-  int window_blocks = 0;      // the long window of the passes to come (gpt2_set_window; 0: none)
+  llmc::StepWindows windows;  // of the passes to come (gpt2_set_window; long 0: none)
   int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
   llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
   int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
@@ -7781,6 +7908,10 @@ void document_buffers_free(DocumentAttention& d) {
 
 struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
+  // The training loss's terms (gpt2_set_loss_terms; each call's rows give the sequence length) and
+  // their prefix table on the GPU (none without a prefix term).
+  ClassifierTerms loss_terms;
+  int* prefix_table = nullptr;
   // Validation's forward pass at another B x T than the training passes' (gpt2_allocate_validation);
   // else empty.
   Activations forward_only;
@@ -7812,6 +7943,7 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
                           int shard_count) {
   m.config = config;
   m.plan = llmc::layer_plan(config);
+  m.logit_cap = llmc::arch_spec(config.arch).logit_cap;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
@@ -7899,7 +8031,8 @@ void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
 }
 
 // The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
-// window over the run (llmc::run_window_blocks_max; 0: none) sizes the windowed backward's scratch.
+// window over the run (llmc::StagePlan::max_window; 0: none), which no short one is wider than,
+// sizes the windowed backward's scratch.
 struct AttentionSpec {
   bool documents = false;
   int max_window_blocks = 0;
@@ -7973,7 +8106,7 @@ void document_buffers_allocate(DocumentAttention& d, size_t tokens) {
 void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   m.documents = spec.documents;
   m.max_window_blocks = spec.max_window_blocks;
-  m.window_blocks = 0;
+  m.windows = {};
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
           "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
@@ -8168,7 +8301,7 @@ void gpt2_free(GPT2& m) {
                   (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history, (void*)m.fp8_inputs_t,
                   (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_head_weight.w8,
                   (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t, (void*)m.fp8_head_buffers.rows,
-                  (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight}) {
+                  (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight, (void*)m.prefix_table}) {
     device_free(p);
   }
   activations_free(m);
@@ -8482,14 +8615,14 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
                           m.config.head_size(), m.stream);
 }
 
-// Layer l's window in blocks at sequence length T: its share of the run's (LayerSpec::window), as
-// train_gpt2.py's layer_window; without a window every block (every earlier key of the document).
+// Layer l's window in blocks at sequence length T: the step's long or short one (LayerSpec::window),
+// as train_gpt2.py's layer_window; without a window every block (every earlier key of the document).
 // A window wider than T selects what one of T's blocks does, so none is passed wider than the
 // scratch.
 int layer_window(const GPT2& m, int l, int T) {
   const int blocks = T / llmc::kAttentionBlock;
-  if (m.window_blocks == 0) return blocks;
-  return std::min(blocks, m.plan[l].window_blocks(m.window_blocks));
+  if (m.windows.long_blocks == 0) return blocks;
+  return std::min(blocks, m.plan[l].window_blocks(m.windows.long_blocks, m.windows.short_blocks));
 }
 
 // The first position layer l's decoding query r.first_position attends to: 0, or within documents
@@ -9087,15 +9220,18 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   return r;
 }
 
-// The long window of the passes to come with documents (gpt2_allocate's AttentionSpec), in blocks;
-// 0: none. A schedule sets each step's (llmc::run_window_blocks).
-void gpt2_set_window(GPT2& m, int window_blocks) {
-  REQUIRE(window_blocks == 0 || m.documents, "a window of %d blocks needs attention within documents",
-          window_blocks);
-  REQUIRE(window_blocks >= 0 && window_blocks <= m.max_window_blocks,
+// The windows of the passes to come with documents (gpt2_allocate's AttentionSpec), in blocks; long
+// 0: none. A stage plan sets each step's (llmc::StagePlan::windows_at).
+void gpt2_set_window(GPT2& m, llmc::StepWindows windows) {
+  REQUIRE(windows.long_blocks == 0 || m.documents, "a window of %d blocks needs attention within documents",
+          windows.long_blocks);
+  REQUIRE(windows.long_blocks >= 0 && windows.long_blocks <= m.max_window_blocks,
           "a window of %d blocks, but the attention was allocated for windows of up to %d (0: none)",
-          window_blocks, m.max_window_blocks);
-  m.window_blocks = window_blocks;
+          windows.long_blocks, m.max_window_blocks);
+  REQUIRE(windows.short_blocks >= 0 && windows.short_blocks <= windows.long_blocks,
+          "a short window of %d blocks beside a long one of %d: the short one is no wider", windows.short_blocks,
+          windows.long_blocks);
+  m.windows = windows;
 }
 
 // With documents, the mask's metadata of the B x T inputs: each row's block spans and tokens'
@@ -9146,10 +9282,11 @@ void gpt2_forward(GPT2& m, const int* inputs, int B, int T, ForwardPass pass = F
 }
 
 // The losses of rows [first, first + n) of the last forward, whose logits act(kOutput) holds from
-// its first row on, against the targets uploaded (targets_upload). With dloss != 0 the logits are
-// replaced by dlogits scaled by dloss (1 / (B*T*micro steps) for training), or after a training
-// forward with the FP8 head, cast for its backward into fp8_head_buffers.rows.
-void classifier_rows(GPT2& m, int first, int n, float dloss) {
+// its first row on, against the targets uploaded (targets_upload), with the terms given (the next
+// token's alone by default). With dloss != 0 the logits are replaced by dlogits scaled by dloss
+// (1 / (B*T*micro steps) for training), or after a training forward with the FP8 head, cast for its
+// backward into fp8_head_buffers.rows.
+void classifier_rows(GPT2& m, int first, int n, float dloss, const ClassifierTerms& terms = {}) {
   const int Vp = m.config.padded_vocab_size, V = m.arch().loss_over_padded_vocab ? Vp : m.config.vocab_size;
   ClassifierFp8Grad grad8;
   if (dloss != 0.0f && m.fp8_head_tokens > 0) {
@@ -9158,7 +9295,24 @@ void classifier_rows(GPT2& m, int first, int n, float dloss) {
     grad8 = {m.fp8_head_buffers.rows, m.fp8_head_scales + 2};
   }
   fused_classifier(m.act(kOutput), m.act_f(kLosses) + first, m.targets + first, n, V, Vp, dloss, m.stream,
-                   m.arch().logit_cap, false, grad8);
+                   m.logit_cap, false, grad8, terms);
+}
+
+// The training loss's terms (Recipe::next_token_weights, prefix_weight), with the prefix table of
+// llmc::token_prefix_table (padded_vocab_size rows), uploaded once where the prefix term has a weight.
+void gpt2_set_loss_terms(GPT2& m, const llmc::PredictionWeights& next_tokens, float prefix_weight,
+                         const std::vector<int>& prefix_table) {
+  m.loss_terms.predict = next_tokens.count;
+  std::copy(next_tokens.weight, next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
+  m.loss_terms.prefix_weight = prefix_weight;
+  if (prefix_weight == 0.0f) return;
+  const size_t rows = m.config.padded_vocab_size;
+  REQUIRE(prefix_table.size() == rows, "gpt2_set_loss_terms: a prefix table of %zu rows for %zu tokens",
+          prefix_table.size(), rows);
+  device_free(m.prefix_table);
+  m.prefix_table = device_alloc<int>(rows, "the prefix table");
+  cudaCheck(cudaMemcpy(m.prefix_table, prefix_table.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
+  m.loss_terms.prefix = m.prefix_table;
 }
 
 void targets_upload(GPT2& m, const int* targets, int N) {
@@ -9187,11 +9341,16 @@ float losses_mean(GPT2& m, int N) {
 }
 
 // Queues the losses of the last forward against `targets` and their copy into losses_host
-// (pinned, B*T floats), waiting for nothing. With dloss != 0 the logits are replaced by dlogits
-// (classifier_rows).
+// (pinned, B*T floats), waiting for nothing. With dloss != 0 (training) the loss has the terms of
+// gpt2_set_loss_terms over sequences of T, and the logits are replaced by dlogits (classifier_rows).
 void gpt2_classifier_enqueue(GPT2& m, const int* targets, int B, int T, float dloss, float* losses_host) {
   targets_upload(m, targets, B * T);
-  classifier_rows(m, 0, B * T, dloss);
+  ClassifierTerms terms;
+  if (dloss != 0.0f) {
+    terms = m.loss_terms;
+    terms.row_length = T;
+  }
+  classifier_rows(m, 0, B * T, dloss, terms);
   losses_download(m, losses_host, B * T);
 }
 
@@ -9290,7 +9449,7 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
 MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scale) {
   const llmc::RoleOptimizer& row = opt.of(llmc::ParamRole::kMatrix);
   return {row.lr, row.weight_decay, (float)opt.muon_momentum.at(step), grad_scale, opt.muon_newton_schulz,
-          opt.muon_scale_tall};
+          opt.muon_scale_tall, row.decay};
 }
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
@@ -9450,7 +9609,8 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
     const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
-    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay};
+    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay,
+                              row.decay};
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i], rates,
                seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
                i == llmc::kHeadw && fp8_head_support(m.arch()));
@@ -9615,7 +9775,7 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
   decoder_init(d, m);
   std::vector<floatX> row(m.config.vocab_size);
   std::vector<float> logits(m.config.vocab_size);
-  const llmc::LogitCap& cap = m.arch().logit_cap;  // the distribution is the capped logits' softmax
+  const llmc::LogitCap& cap = m.logit_cap;  // the distribution is the capped logits' softmax
   std::vector<int> out;
   const floatX* device_logits = nullptr;
   for (int token : prompt) device_logits = decoder_step(d, m, token);
@@ -10456,6 +10616,7 @@ struct TrainArgs : llmc::TrainFlags {
   int async_checkpoints = 1;
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
+  int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -10496,13 +10657,20 @@ llmc::Flag recipe_flag(TrainArgs& a) {
           [&a] { return std::string(a.recipe->name); }};
 }
 
-// -aw: N blocks, -1 the schedule, 0 none (llmc::parse_window_blocks).
+// -aw's long and short windows.
+llmc::WindowSetting window_setting(const TrainArgs& a) { return {a.window_blocks, a.short_window_blocks}; }
+
+// -aw: N blocks, -1 the schedule, 0 none, or S/N (llmc::parse_window_setting).
 llmc::Flag window_flag(TrainArgs& a) {
   return {"-aw", "attention window", "with -pd 1: attention within modded-nanogpt's window of N blocks of 128 "
-          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer); -1: its "
-          "schedule, 1 block growing to 14 over -x; 0: none",
-          [&a](const char* text) { a.window_blocks = llmc::parse_window_blocks("-aw", text); },
-          [&a] { return std::to_string(a.window_blocks); }, &a.window_blocks};
+          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer), or S/N: S "
+          "blocks in the short layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over -x; 0: none",
+          [&a](const char* text) {
+            const llmc::WindowSetting w = llmc::parse_window_flag("-aw", text);
+            a.window_blocks = w.long_blocks;
+            a.short_window_blocks = w.short_blocks;
+          },
+          [&a] { return window_setting(a).text(); }, &a.window_blocks};
 }
 
 // -ns's help: each row of llmc::kNewtonSchulzMethods by its name, as the start-up table describes it.
@@ -10523,6 +10691,24 @@ llmc::Flag newton_schulz_flag(TrainArgs& a) {
   return {"-ns", "Muon orthogonalisation", help.c_str(),
           [&a](const char* text) { a.muon_newton_schulz = llmc::parse_newton_schulz(text, "-ns"); },
           [&a] { return std::string(a.muon_newton_schulz.name); }, &a.muon_newton_schulz};
+}
+
+// -lc: the head's cap in place of the architecture's.
+llmc::Flag logit_cap_flag(TrainArgs& a) {
+  return {"-lc", "logit cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid "
+          "cap's shift within [-100, 100]: \"23,5\", record #89's 23 sigmoid((z + 5) / 7.5) (the speedrun's own: "
+          "30 sigmoid(z / 7.5)); checkpoints keep the architecture's: give -lc with -e's model too",
+          [&a](const char* text) { a.logit_cap = llmc::parse_logit_cap_setting("-lc", text); },
+          [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
+}
+
+// -mtp: the training loss's weights of the next token and the ones after it.
+llmc::Flag prediction_weights_flag(TrainArgs& a) {
+  return {"-mtp", "next-token weights", "the training loss's weights of the next token and of the one or two "
+          "after it, each within [0, 1] (validation keeps the next token's alone): \"1,0.5,0.25\" (record #89's "
+          "first stage); a target past the sequence's end adds nothing",
+          [&a](const char* text) { a.next_token_weights = llmc::parse_prediction_weights("-mtp", text); },
+          [&a] { return llmc::prediction_weights_text(a.next_token_weights); }, &a.next_token_weights};
 }
 
 llmc::Flag optimizer_flag(TrainArgs& a) {
@@ -10567,6 +10753,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
+               "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
+               "stage's", &a.final_window_blocks, 0, kIntMax),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
                 "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
                 "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
@@ -10585,12 +10774,20 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       recipe_flag(a),
       optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
-      float_flag("-mw", "Muon weight decay", "Muon's decoupled weight decay", &a.muon_weight_decay, 0.0f, FLT_MAX),
+      float_flag("-mw", "Muon weight decay", "Muon's weight decay (-cd: decoupled or cautious)", &a.muon_weight_decay, 0.0f, FLT_MAX),
       newton_schulz_flag(a),
+      int_flag("-cd", "cautious weight decay", "1: both optimizers' weight decay cautious, record #89's: only where "
+               "the step and the weight agree in sign, AdamW's lr^2 wd p where u p > 0, Muon's wd lr lr_eff p where "
+               "u p >= 0; 0: decoupled, lr wd p on every weight", &a.cautious_decay, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
       float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
+      prediction_weights_flag(a),
+      logit_cap_flag(a),
+      float_flag("-pw", "prefix weight", "the training loss's weight of the next token's prefix token, the longest "
+                 "proper prefix of its bytes that is a token (-tk's vocabulary file), where it has one: record #89's "
+                 "0.25 (0: none)", &a.prefix_weight, 0.0f, 1.0f),
       llmc::double_flag("-kc", "cooldown fraction", "-k cooldown: the fraction c of -x's steps its cooldown takes, "
                         "from step int(N (1 - c)) linear from each stage's lr multiplier to -q (of the peak, whatever "
                         "the multiplier) at step N (0: the last fifth)", &a.cooldown_fraction, 0.0, 1.0),
@@ -10632,6 +10829,10 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!ns_given || a.optimizer == llmc::OptimizerKind::kMuon,
           "-ns %s sets Muon's orthogonalisation, which -opt %s does not use: add -opt muon or drop -ns",
           a.muon_newton_schulz.name, llmc::optimizer_name(a.optimizer));
+  const bool muon = a.optimizer == llmc::OptimizerKind::kMuon;
+  REQUIRE(!a.cautious_decay || a.weight_decay > 0.0f || (muon && a.muon_weight_decay > 0.0f),
+          "-cd 1 makes the weight decay cautious, and this run decays nothing (-c 0%s): give -c%s a decay, or drop -cd",
+          muon ? ", -mw 0" : "", muon ? " or -mw" : "");
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -10643,6 +10844,10 @@ void validate_args(const TrainArgs& a) {
           "-mc %ld cools Muon's momentum, and -opt %s has no Muon: give -opt muon with it, or leave -mc out", cooldown,
           llmc::optimizer_name(a.optimizer));
   REQUIRE(cooldown == 0 || a.max_steps >= 0, "-mc %ld counts back from the run's last step: give -x", cooldown);
+  const llmc::PredictionWeights& w = a.next_token_weights;
+  REQUIRE(a.prefix_weight > 0.0f || std::any_of(w.weight, w.weight + w.count, [](float x) { return x > 0.0f; }),
+          "-mtp %s and -pw 0: every term of the training loss has weight 0; give the next token a weight (-mtp 1)",
+          llmc::prediction_weights_text(w).c_str());
 }
 
 // The process count of this launch as multi_gpu_init finds it (mpirun's, or -pr/-pn's and
@@ -10726,25 +10931,34 @@ std::string architecture_description(const llmc::ArchSpec& s) {
                          "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
-// -pd and -aw: the training sequences and what a token attends to.
+// -pd, -aw and -awf: the training sequences and what a token attends to.
 std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan, const llmc::StagePlan& stages) {
   if (!a.documents) return "causal, over contiguous training sequences";
   const char* documents = "within each document (token 50256 opens each) of document-aligned training "
                           "sequences, validation's contiguous";
-  const bool short_layers = plan.windows().find((char)llmc::LayerWindow::kShort) != std::string::npos;
-  const std::string layers = short_layers ? ", N/2 in the short layers (" + plan.windows() + ")" : " in every layer";
   if (stages.max_window() == 0) return llmc::strformat("%s; every earlier token of it", documents);
-  if (stages.stages().size() > 1) {
-    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N each stage's (the stages row)", documents,
-                           llmc::kAttentionBlock, layers.c_str());
+  const bool one_stage = stages.stages().size() == 1;
+  const llmc::WindowSetting& w = stages.stages()[0].window;
+  std::string layers = " in every layer";
+  bool shorts_given = false;
+  for (const llmc::Stage& s : stages.stages()) shorts_given = shorts_given || s.window.short_given();
+  if (plan.has_short_windows()) {
+    const std::string shorts = !shorts_given ? std::string("N/2")
+                               : one_stage   ? llmc::strformat("S = %d", w.short_blocks)
+                                             : std::string("each stage's short window");
+    layers = ", " + shorts + " in the short layers (" + plan.windows() + ")";
   }
-  if (a.window_blocks == llmc::kWindowSchedule) {
-    return llmc::strformat("%s; within a window of N blocks of %d tokens%s, N growing from 1 to %d over the "
-                           "steps", documents, llmc::kAttentionBlock, layers.c_str(),
-                           llmc::run_window_blocks_max(a.window_blocks));
-  }
-  return llmc::strformat("%s; within a window of N = %d blocks of %d tokens%s", documents, a.window_blocks,
-                         llmc::kAttentionBlock, layers.c_str());
+  const bool fixed = one_stage && w.long_blocks != llmc::kWindowSchedule;
+  const std::string n = fixed ? llmc::strformat("N = %d", w.long_blocks) : std::string("N");
+  const std::string which = !one_stage ? ", N each stage's (the stages row)"
+                            : fixed    ? ""
+                                       : llmc::strformat(", N growing from 1 to %d over the steps",
+                                                         llmc::run_window_blocks_max(w.long_blocks));
+  const std::string final = stages.final_window() > 0
+      ? llmc::strformat("; N = %d at the validation after the last step (-awf)", stages.final_window())
+      : std::string();
+  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s", documents, n.c_str(),
+                         llmc::kAttentionBlock, layers.c_str(), which.c_str(), final.c_str());
 }
 
 // -fh given on the command line, not set by -recipe.
@@ -10930,15 +11144,27 @@ void check_stage(const llmc::StagePlan& plan, size_t i, const std::function<void
   } catch (const llmc::Error& e) {
     if (plan.stages().size() == 1) throw;
     const llmc::Stage& s = plan.stages()[i];
-    throw llmc::Error(llmc::strformat("-sp stage %zu (t=%d z=%ld aw=%d): %s", i + 1, s.T, s.tokens, s.window, e.what()));
+    throw llmc::Error(llmc::strformat("-sp stage %zu (t=%d z=%ld aw=%s): %s", i + 1, s.T, s.tokens,
+                                      s.window.text().c_str(), e.what()));
   }
+}
+
+// -awf: the long window of the evaluations after the last step, checked as -aw is against the
+// sequences it attends over (-vt's, or without validation the longest stage's t).
+void resolve_final_window(llmc::StagePlan& plan, const TrainArgs& a, bool validating) {
+  if (a.final_window_blocks == 0) return;
+  plan.set_final_window(a.final_window_blocks, "-awf");
+  const int length = validating ? a.val_T : plan.max_T(), blocks = length / llmc::kAttentionBlock;
+  REQUIRE(a.final_window_blocks <= blocks, "-awf %d counts blocks of %d tokens, and %s %d is %d block%s: -awf %d "
+          "already attends to all of it; use -awf %d or less", a.final_window_blocks, llmc::kAttentionBlock,
+          validating ? "-vt" : "t", length, blocks, blocks == 1 ? "" : "s", blocks, blocks);
 }
 
 // -sp's stages over the resolved flags, each checked as the flags are: against the model, -pd and
 // the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
 // loader changes its shape at a boundary without losing its place.
 llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
-  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, a.window_blocks);
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a));
   const size_t count = plan.stages().size();
   REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
   if (a.max_steps >= 0) plan.resolve(a.max_steps);
@@ -10951,7 +11177,7 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
               s.T, config.max_seq_len, config.max_seq_len);
       llmc::micro_steps_of(s.tokens, a.B, s.T, world, plan.tokens_name());
       if (count == 1) return;  // the flags' own, checked as such
-      llmc::check_document_flags(a.documents, s.window, s.T, a.max_steps);
+      llmc::check_document_flags(a.documents, s.window.long_blocks, s.T, a.max_steps);
       if (a.documents) llmc::check_window_length(s.window, "t", std::max(s.T, validating ? a.val_T : 0), layers);
     });
   }
@@ -10963,6 +11189,7 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
   REQUIRE(!a.overfit || change == 0, "-a 1 trains on its first batch, of the first stage's t=%d, and -sp stage %d sets "
           "t=%d: keep t the same in every stage, or leave -a 1 out", plan.stages()[0].T, change + 1,
           plan.stages()[change].T);
+  resolve_final_window(plan, a, validating);
   return plan;
 }
 
@@ -10973,7 +11200,23 @@ struct RunInputs {
   StartParams start;
   llmc::StagePlan stages;  // -sp's, its steps shared out where -x gives them
   llmc::HellaSwagSet hellaswag;  // with -h 1
+  std::vector<int> prefix_table;  // with -pw above 0 (prefix_table_of)
 };
+
+// -pw's table, each token's prefix token (llmc::token_prefix_table), read from -tk's vocabulary
+// file, in the padded vocabulary's rows.
+std::vector<int> prefix_table_of(const TrainArgs& a, const llmc::GPT2Config& config) {
+  if (a.tokenizer.empty()) {
+    LLMC_FAIL("-pw %g: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
+              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or -pw 0", a.prefix_weight);
+  }
+  const llmc::Tokenizer tokenizer(a.tokenizer);
+  if (tokenizer.vocab_size() > config.vocab_size) {
+    LLMC_FAIL("-pw %g: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
+              a.prefix_weight, a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
+  }
+  return llmc::token_prefix_table(tokenizer.token_bytes(), tokenizer.eot_token(), config.padded_vocab_size);
+}
 
 // -e's or -y 1's parameters, then the flags against the model, the data, HellaSwag's set and
 // -o's state; -o comes last, so that a directory of an earlier run names no other mistake.
@@ -11021,7 +11264,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   if (a.documents) {
     const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
-    llmc::check_window_length(a.window_blocks, longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
+    llmc::check_window_length(window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
   in.stages = resolve_stage_plan(a, config, world);
@@ -11032,6 +11275,8 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                                        (extension ? llmc::strformat(" and -sp's %ld extension steps", extension) : ""));
   }
   llmc::resolve_tokenizer(a);
+  if (a.prefix_weight > 0.0f) in.prefix_table = prefix_table_of(a, config);
+  llmc::logit_cap_of(llmc::arch_spec(config.arch).logit_cap, a.logit_cap, llmc::arch_spec(config.arch).name);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
   if (a.hellaswag) in.hellaswag = read_hellaswag(a, config.vocab_size, in.stages.max_T());
@@ -11433,7 +11678,7 @@ int train_loop(TrainRun& r, int* final_step) {
     multi_gpu_progress(r.mg);
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
-    if (a.documents) gpt2_set_window(r.m, r.step.window);
+    if (a.documents) gpt2_set_window(r.m, r.step.windows);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -11549,6 +11794,7 @@ int train_main(int argc, char** argv) {
   const StateSpec state = {a.master_weights != 0, a.update.muon()};
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
+  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
@@ -11557,6 +11803,7 @@ int train_main(int argc, char** argv) {
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
                   {a.documents != 0, in.stages.max_window()}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
+    gpt2_set_loss_terms(m, a.next_token_weights, a.prefix_weight, in.prefix_table);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

@@ -56,6 +56,7 @@ ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
 CHECKSUM_NONE, CHECKSUM_CRC32 = 0, 1
 DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, DEBUG_STATE_VERSION_MODERN = 20240327, 3, 4
+DEBUG_STATE_VERSION_SETTINGS = 5  # version 4's header, then the loss's settings (debug_state_settings)
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 VOCAB_PAD_MULTIPLE = 128
 
@@ -126,7 +127,7 @@ RECIPE_FLAGS = {
     "embedding_lr": (None, 0.7, 0.008 * 75), "head_lr": (None, 0.004, 0.008),
     "scalar_lr": (None, 0.015, 0.008 * 5), "beta1": (ADAMW_BETA1, 0.8, 0.8), "beta2": (ADAMW_BETA2, 0.95, 0.95),
     "adam_eps": (ADAMW_EPS, 1e-10, 1e-10), "adam_eps_before_correction": (0, 0, 1),
-    "weight_decay": (0.1, 0.001, 0.0), "grad_clip": (1.0, 0.0, 0.0),
+    "weight_decay": (0.1, 0.001, 0.0), "cautious_decay": (0, 0, 0), "grad_clip": (1.0, 0.0, 0.0),
     "lr_schedule": ("cosine", "stable_decay", "stable_decay"), "cooldown_frac": (0.7, 0.7, 0.45),
     "final_lr_frac": (0.0, 0.0, 0.1), "num_iterations": (10, 10, 1695), "batch_size": (4, 64, 1),
     "seq_len": (64, 1024, 49152), "total_batch_size": (-1, 524288, 8 * 49152), "documents": (0, 0, 1),
@@ -158,6 +159,127 @@ FP8_DIM_MULTIPLE = 16
 
 def fail(message):
     sys.exit(f"error: {message}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The training loss's terms (modded-nanogpt record #89's multi-token and prefix prediction)
+
+MAX_PREDICTED_TOKENS = 3
+TOKENIZER_MAGIC, TOKENIZER_HEADER_INTS, GPT2_EOT_TOKEN = 20240328, 256, 50256
+
+
+def read_vocabulary(path, flag):
+    """An llm.c vocabulary file (llmc/tokenizer.h): each token's bytes, and the end-of-text id."""
+    if not os.path.isfile(path):
+        fail(f"{flag} {path}: no such vocabulary file; dev/data/tinyshakespeare.sh makes one (gpt2_tokenizer.bin)")
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(TOKENIZER_HEADER_INTS * 4), "<i4")
+        if len(header) < TOKENIZER_HEADER_INTS or header[0] != TOKENIZER_MAGIC or header[1] not in (1, 2):
+            fail(f"{flag} {path}: not an llm.c vocabulary file (magic {TOKENIZER_MAGIC}, version 1 or 2)")
+        tokens = []
+        for _ in range(int(header[2])):
+            length = f.read(1)
+            tokens.append(f.read(length[0]) if length else b"")
+        if not all(tokens) or f.read(1):
+            fail(f"{flag} {path}: the tokens do not fill the file as its header says: the file is damaged")
+    return tokens, int(header[3]) if header[1] == 2 else GPT2_EOT_TOKEN
+
+
+def prefix_table(tokens, eot, rows):
+    """Each token's prefix token, as record #89's build_prefix_table makes it from tiktoken's ranks
+    (llmc/tokenizer.h's token_prefix_table): the id of the longest proper prefix of its bytes that is
+    a token, -1 where none is, for `rows` ids (the padded rows -1). Sorted, a byte string comes after
+    its prefixes and before its extensions, so a stack of the current one's prefixes that are tokens
+    holds the longest on top. The end-of-text token has no bytes there: no prefix, and none."""
+    table = [-1] * rows
+    stack = []  # (bytes, id), shortest first
+    for token, tid in sorted((b, i) for i, b in enumerate(tokens) if i != eot):
+        while stack and not token.startswith(stack[-1][0]):
+            stack.pop()
+        if stack:
+            table[tid] = stack[-1][1]
+        stack.append((token, tid))
+    return table
+
+
+def parse_prediction_weights(text):
+    """--mtp's value: 1 to 3 weights within [0, 1] apart by commas (llmc/flags.h's parse_prediction_weights)."""
+    items = text.split(",")
+    if len(items) > MAX_PREDICTED_TOKENS:
+        fail(f"--mtp {text}: more than {MAX_PREDICTED_TOKENS} weights (the next token's and the "
+             f"{MAX_PREDICTED_TOKENS - 1} after it)")
+    weights = []
+    for item in items:
+        try:
+            weight = float(np.float32(item))
+        except ValueError:
+            fail(f"--mtp '{item}': not a number")
+        if not 0.0 <= weight <= 1.0:
+            fail(f"--mtp {item}: must be within [0, 1]")
+        weights.append(weight)
+    return weights
+
+
+@dataclass
+class LossTerms:
+    """The training loss's terms (the CUDA trainer's ClassifierTerms): position t's cross-entropy
+    against target t + k times next_token_weights[k] where t + k is inside its sequence of T, and
+    against prefix[target t] times prefix_weight where that is not -1 (prefix: prefix_table's, or
+    None without the term)."""
+    next_token_weights: list
+    prefix_weight: float = 0.0
+    prefix: torch.Tensor = None
+
+    def loss(self, capped, targets, reduction):
+        """The mean or the sum of the positions' losses; capped: [B, T, columns] float32 logits."""
+        log_p = F.log_softmax(capped, dim=-1)
+        T = targets.size(1)
+        losses = torch.zeros(targets.shape, dtype=log_p.dtype, device=log_p.device)
+        for k, weight in enumerate(self.next_token_weights[:T]):
+            nll = -log_p[:, :T - k].gather(-1, targets[:, k:, None])[..., 0]
+            losses[:, :T - k] += weight * nll
+        if self.prefix is not None:
+            prefix = self.prefix.to(targets.device)[targets]
+            nll = -log_p.gather(-1, prefix.clamp(min=0)[..., None])[..., 0]
+            losses += self.prefix_weight * torch.where(prefix >= 0, nll, torch.zeros_like(nll))
+        return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def set_logit_cap(model, text):
+    """--logit_cap: the head's cap within [1, 40] and the sigmoid cap's shift within [-100, 100] ("23,5"), in
+    place of the architecture's (llmc/recipe.h's logit_cap_of); None keeps the architecture's."""
+    if text is None:
+        return
+    items = text.split(",")
+    try:
+        values = [float(np.float32(item)) for item in items]
+    except ValueError:
+        fail(f"--logit_cap {text}: not a number, or two apart by a comma")
+    if len(values) > 2 or not 1.0 <= values[0] <= 40.0 or (len(values) == 2 and not -100.0 <= values[1] <= 100.0):
+        fail(f"--logit_cap {text}: the cap within [1, 40], and the sigmoid cap's shift within [-100, 100]")
+    if not model.config.modern:
+        fail(f"--logit_cap {text}: the {model.config.arch} architecture's logits are uncapped: leave --logit_cap out")
+    if len(values) == 2 and values[1] != 0.0 and not model.config.speedrun:
+        fail(f"--logit_cap {text}: a shift moves the sigmoid cap, and the {model.config.arch} architecture's cap is "
+             f"the rational one: give --logit_cap {items[0]}")
+    model.logit_cap = values[0]
+    model.logit_shift = values[1] if len(values) == 2 else 0.0
+
+
+def loss_terms(args, config):
+    """--mtp's and --prefix_weight's terms, the prefix table read from --tokenizer's vocabulary; None
+    for the next token's loss alone."""
+    weights = parse_prediction_weights(args.mtp)
+    if weights == [1.0] and args.prefix_weight == 0.0:
+        return None
+    prefix = None
+    if args.prefix_weight > 0.0:
+        tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
+        if len(tokens) > config.vocab_size:
+            fail(f"--prefix_weight {args.prefix_weight}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, "
+                 f"more than the model's {config.vocab_size}: give the model's vocabulary file")
+        prefix = torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
+    return LossTerms(weights, args.prefix_weight, prefix)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -600,16 +722,22 @@ class GPT(nn.Module):
         # (set_compute_dtype). GPT-2's bfloat16 runs use autocast instead.
         self.compute_dtype = torch.float32
         # --documents: attention stays within a document; window_blocks (>= 0, with documents):
-        # within the reference's window of that many 128-token blocks (attention_masks)
+        # within the reference's window of that many 128-token blocks (attention_masks), the short
+        # layers' short_window_blocks (None: half of it)
         self.documents = False
         self.window_blocks = None
+        self.short_window_blocks = None
+        self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
+        # the head's cap (soft_cap; --logit_cap sets another)
+        self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
+        self.logit_shift = 0.0
 
     def attention_masks(self, idx):
         """Each layer's attention mask for the rows of idx (None for every layer without documents:
         causal). With documents a query attends to the earlier keys of its own document; with
         window_blocks also only within the key blocks the reference selects, the window in each
         layer as its LayerSpec.window gives it (12 layers: the reference's long and short windows;
-        other depths: the window in every layer). A mask is FlexAttention's BlockMask where the
+        other depths: the long window in every layer). A mask is FlexAttention's BlockMask where the
         attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
         and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
         layers = self.config.num_layers
@@ -654,7 +782,7 @@ class GPT(nn.Module):
     def layer_window(self, layer):
         if self.window_blocks is None:
             return None
-        return layer_window_blocks(self.config.plan[layer].window, self.window_blocks)
+        return layer_window_blocks(self.config.plan[layer].window, self.window_blocks, self.short_window_blocks)
 
     def final_hidden(self, idx, masks=None):
         """The blocks' output after the final norm, [B, T, C]: the classifier's input. masks: each
@@ -688,18 +816,21 @@ class GPT(nn.Module):
         return x + self.skip_weights[spec.skip_weight] * outputs[spec.skip_source]
 
     def soft_cap(self, logits):
-        """The logits the softmax sees, in float32: the modern model's 15 z / sqrt(z^2 + 225), the
-        speedrun's 30 sigmoid(z / 7.5)."""
+        """The logits the softmax sees, in float32: the modern model's c z / sqrt(z^2 + c^2) (c = 15), the
+        speedrun's c sigmoid((z + shift) / 7.5) (c = 30, shift 0; record #89's 23 and 5: --logit_cap)."""
         if not self.config.modern:
             return logits
         z = logits.float()
+        cap = self.logit_cap
         if self.config.speedrun:
-            return SPEEDRUN_SOFTCAP * torch.sigmoid(z / SPEEDRUN_SOFTCAP_SCALE)
-        return LOGIT_SOFTCAP_MODERN * z * torch.rsqrt(z.square() + LOGIT_SOFTCAP_MODERN ** 2)
+            return cap * torch.sigmoid((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
+        return cap * z * torch.rsqrt(z.square() + cap ** 2)
 
     def forward(self, idx, targets=None, reduction="mean", masks=None):
         """Returns the logits over the real vocabulary, [B, T, vocab_size] (before the modern soft
-        cap), and the loss: the mean or the sum of the token losses. masks: as final_hidden's."""
+        cap), and the loss: the mean or the sum of the token losses, with loss_terms' terms where
+        gradients are taken (training; evaluation under torch.no_grad keeps the next token's alone, as
+        the CUDA trainer's validation). masks: as final_hidden's."""
         # The padded columns are dropped before the loss, so padded wte rows get zero gradient; the
         # speedrun's reference keeps them in the softmax (capped, a zero logit is 15 there).
         logits = self.lm_head(self.final_hidden(idx, masks))
@@ -707,7 +838,10 @@ class GPT(nn.Module):
         if targets is not None:
             columns = self.config.padded_vocab_size if self.config.speedrun else self.config.vocab_size
             capped = self.soft_cap(logits[:, :, :columns])
-            loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
+            if self.loss_terms is not None and torch.is_grad_enabled():
+                loss = self.loss_terms.loss(capped, targets, reduction)
+            else:
+                loss = F.cross_entropy(capped.reshape(-1, capped.size(-1)), targets.reshape(-1), reduction=reduction)
         return logits[:, :, :self.config.vocab_size], loss
 
     def padded_vocab_loss(self, idx, targets, reduction="mean"):
@@ -1248,9 +1382,40 @@ def attention_window_blocks(step, num_steps):
     return next_multiple_of_n(1728 * x, n=ATTENTION_BLOCK) // ATTENTION_BLOCK
 
 
-def layer_window_blocks(window, window_blocks):
-    """A layer's window within the run's window_blocks: all of it (window "L") or half of it ("S")."""
-    return window_blocks if window == "L" else window_blocks // 2
+def layer_window_blocks(window, window_blocks, short_window_blocks=None):
+    """A layer's window among the run's: the long window_blocks (window "L") or the short one ("S"),
+    short_window_blocks or, where None, half the long one rounded down."""
+    if window == "L":
+        return window_blocks
+    return window_blocks // 2 if short_window_blocks is None else short_window_blocks
+
+
+def window_setting(text, what):
+    """--window_blocks' value and a stage's aw= (llmc/stages.h's parse_window_setting): "L" or "S/L"
+    as (long, short), short None where not given. `what` names it in messages. A short window takes a
+    fixed long one: the schedule's grows from 1 block, and 0 is none."""
+    first, slash, rest = text.partition("/")
+    long_text, short_text = (rest, first) if slash else (first, None)
+
+    def blocks(digits):
+        if not INTEGER.fullmatch(digits) or not -2**31 <= int(digits) < 2**31:
+            fail(f"{what}: give the window in blocks of 128 tokens (N, -1 for the schedule, 0 for none), or the "
+                 f"short and the long window as S/L")
+        return int(digits)
+
+    long_blocks = blocks(long_text)
+    if long_blocks < -1:
+        fail(f"{what}: give a window of 1 or more blocks, -1 for the schedule or 0 for none")
+    if not slash:
+        return long_blocks, None
+    short_blocks = blocks(short_text)
+    if long_blocks <= 0:
+        fail(f"{what}: a short window takes a fixed long one of 1 or more blocks (the schedule's grows from 1, 0 is "
+             f"none): give S/L with 1 <= S <= L, or the long window alone")
+    if not 1 <= short_blocks <= long_blocks:
+        fail(f"{what}: the short window {short_blocks} is not within 1 and the long window {long_blocks}: give S/L "
+             f"with 1 <= S <= L")
+    return long_blocks, short_blocks
 
 
 def attention_block_lists(tokens, window_blocks):
@@ -1389,6 +1554,7 @@ class Stage:
     total_batch_size: int  # -1: one micro batch
     cap: int  # tokens of one document a sequence takes; 0: all
     window_blocks: int  # -1: the schedule
+    short_window_blocks: object  # None: half the long window, rounded down
     lr_multiplier: float
 
 
@@ -1400,6 +1566,7 @@ class StepPlan:
     micro_steps: int
     cap: int
     window_blocks: int  # resolved: the schedule's at -1; 0 none
+    short_window_blocks: int  # resolved: half the long one where not given
     lr_multiplier: float
 
 
@@ -1423,7 +1590,9 @@ def stage_share(word, number):
 
 def stage_value(key, text, number):
     """KEY=VALUE's value, checked against what the key takes."""
-    minimum = {"t": 1, "z": -1, "cap": 0, "aw": -1}
+    if key == "aw":
+        return window_setting(text, f"--stages: stage {number}: aw={text}")
+    minimum = {"t": 1, "z": -1, "cap": 0}
     number_format = DECIMAL if key == "lr" else INTEGER
     value = (float if key == "lr" else int)(text) if number_format.fullmatch(text) else None
     if key == "lr":
@@ -1432,17 +1601,17 @@ def stage_value(key, text, number):
     else:
         good = value is not None and value >= minimum[key] and not (key == "z" and value == 0)
         wanted = {"t": "an integer >= 1", "z": "an integer >= 1, or -1 for one micro batch",
-                  "cap": "an integer >= 0 (0: all of a document)", "aw": "an integer >= -1 (-1: the schedule)"}[key]
+                  "cap": "an integer >= 0 (0: all of a document)"}[key]
     if not good:
         fail(f"--stages: stage {number} sets {key}={text}; {key} takes {wanted}")
     return value
 
 
-def parse_stages(text, seq_len, total_batch_size, window_blocks):
+def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_blocks=None):
     """The stages of PLAN (`;` between stages; a stage's words: its share, then KEY=VALUE), a key
-    not given taking the stage before's value, the first stage's the flags'. "" is one stage of
-    the flags."""
-    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, 1.0)
+    not given taking the stage before's value, the first stage's the flags'; aw= sets both windows,
+    aw=N the short one to half of N. "" is one stage of the flags."""
+    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, short_window_blocks, 1.0)
     if not text.strip():
         return [previous]
     stages, parts = [], text.split(";")
@@ -1462,7 +1631,10 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks):
                 fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr; fix it")
             if STAGE_KEYS[key] in settings:
                 fail(f"--stages: stage {number} sets {key} twice; give it once")
-            settings[STAGE_KEYS[key]] = stage_value(key, value, number)
+            if key == "aw":
+                settings["window_blocks"], settings["short_window_blocks"] = stage_value(key, value, number)
+            else:
+                settings[STAGE_KEYS[key]] = stage_value(key, value, number)
         previous = Stage(**{**vars(previous), "share": share, "extension": extension, **settings})
         stages.append(previous)
     scheduled = stages[:-1] if stages[-1].extension else stages
@@ -1476,11 +1648,13 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks):
 class StagePlan:
     """The plan of every step of a run: the stages of parse_stages over N scheduled steps, which
     stage i ends at e_i = round((share_0 + ... + share_i) * N) (half to even; the last at N), then
-    the extension's E steps. A step's tokens resolve -1 to B*T*world, and its window -1 to the
-    schedule's over the N + E steps."""
+    the extension's E steps. A step's tokens resolve -1 to B*T*world, its window -1 to the
+    schedule's over the N + E steps, and its short window to half the long one where not given; step
+    N + E, the final validation's, takes final_window_blocks (set_final_window) as its long window."""
 
     def __init__(self, stages, num_iterations, batch_size, world, steps_flag="--num_iterations"):
         self.stages, self.N, self.B, self.world = stages, num_iterations, batch_size, world
+        self.final_window_blocks = 0
         self.extension = stages[-1].extension
         scheduled = len(stages) - (1 if self.extension else 0)
         self.ends, cumulative = [], 0.0
@@ -1497,6 +1671,21 @@ class StagePlan:
     def steps(self):
         """The steps trained: the scheduled ones and the extension's."""
         return self.N + self.extension
+
+    def set_final_window(self, blocks, flag):
+        """The long window of the final evaluation (step N + E) in place of the last stage's (0: the
+        last stage's); its short window stays the last stage's."""
+        self.final_window_blocks = 0
+        if blocks == 0:
+            return
+        last = self.step(self.steps)
+        if last.window_blocks == 0:
+            fail(f"{flag} {blocks} sets the long window of the validation after the last step, and the last stage "
+                 f"has no window: give it one (aw=, or --window_blocks, with documents), or drop {flag}")
+        if blocks < last.short_window_blocks:
+            fail(f"{flag} {blocks} is below the last stage's short window of {last.short_window_blocks} blocks, which "
+                 f"the final validation keeps: give {flag} {last.short_window_blocks} or more")
+        self.final_window_blocks = blocks
 
     def tokens(self, stage):
         micro_batch = self.B * stage.seq_len * self.world
@@ -1516,6 +1705,8 @@ class StagePlan:
         for i, stage in enumerate(self.stages):
             first, last = (starts[i], self.ends[i] - 1) if i < len(self.ends) else (self.N, self.steps - 1)
             window = "schedule" if stage.window_blocks == -1 else stage.window_blocks
+            if stage.short_window_blocks is not None:
+                window = f"{stage.short_window_blocks}/{stage.window_blocks}"
             lines.append(f"stage {i + 1}: steps {first}-{last} | t {stage.seq_len} | tokens a step "
                          f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g}")
         return lines
@@ -1525,8 +1716,11 @@ class StagePlan:
         stage = self.stages[i]
         tokens = self.tokens(stage)
         window = attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+        short = window // 2 if stage.short_window_blocks is None else stage.short_window_blocks
+        if step == self.steps and self.final_window_blocks:
+            window = self.final_window_blocks
         return StepPlan(i, stage.seq_len, tokens, tokens // (self.B * stage.seq_len * self.world), stage.cap,
-                        window, stage.lr_multiplier)
+                        window, short, stage.lr_multiplier)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1604,6 +1798,48 @@ def adamw_step(params, moments, t, lr, weight_decay, betas=(ADAMW_BETA1, ADAMW_B
             p.sub_(lr * (mhat / (vhat.sqrt() + eps) + decay * p))
 
 
+def adamw_cautious_step(p, m, v, t, lr, weight_decay, betas, eps):
+    """SPEC.md's AdamW with record #89's cautious weight decay on one tensor, in float32 op by op
+    (t counts from 1): the moments as adamw_step's, u = lr mhat / (sqrt(vhat) + eps), then
+    p <- p - (u + (lr^2 wd) p [u p > 0]), in the order of the reference's
+    update.addcmul_(p, mask, value=lr^2 wd); p - update. A BF16 tensor's step (the speedrun's
+    embeddings) is computed in float32 too, its moments and weight rounded to nearest once, as the
+    CUDA trainer's BF16 state. lr may be a tensor (a compiled step's)."""
+    beta1, beta2 = betas
+    g, p32 = p.grad.float(), p.float()
+    m32 = beta1 * m.float() + (1 - beta1) * g
+    v32 = beta2 * v.float() + (1 - beta2) * g * g
+    mhat = m32 / (1 - beta1 ** t)
+    vhat = v32 / (1 - beta2 ** t)
+    u = lr * (mhat / (vhat.sqrt() + eps))
+    mask = (u * p32 > 0).float()
+    m.copy_(m32)
+    v.copy_(v32)
+    p.copy_(p32 - (u + lr * lr * weight_decay * p32 * mask))
+
+
+class CautiousAdamW(torch.optim.Optimizer):
+    """AdamW with the cautious weight decay (--cautious_decay 1), which torch's AdamW cannot apply:
+    adamw_cautious_step on each tensor. Its groups hold what torch AdamW's hold (lr, betas, eps,
+    weight_decay), so the schedule sets them alike."""
+
+    def __init__(self, groups, lr, betas, eps):
+        super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"], state["m"], state["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] += 1
+                adamw_cautious_step(p, state["m"], state["v"], state["step"], group["lr"], group["weight_decay"],
+                                    group["betas"], group["eps"])
+
+
 def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     """modern.md's Newton-Schulz iteration towards the nearest semi-orthogonal matrix of G, in
     bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (scale
@@ -1621,6 +1857,13 @@ def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
     return X.t() if tall else X
 
 
+def muon_scale(block, transposed):
+    """sqrt(max(1, rows/cols)) of one row block, of its transpose when `transposed`: the factor of its
+    update, and of its rate under the cautious decay (record #89's rate of the matrix)."""
+    rows, cols = block.shape[::-1] if transposed else block.shape
+    return max(1, rows / cols) ** 0.5
+
+
 def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
     each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols)), of the
@@ -1628,24 +1871,23 @@ def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthog
     by `orthogonalise` (Muon's: compiled or not)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
-    parts = []
-    for b in u.chunk(blocks):
-        rows, cols = b.shape[::-1] if transposed else b.shape
-        parts.append(orthogonalise(b, newton_schulz) * max(1, rows / cols) ** 0.5)
-    return torch.cat(parts)
+    return torch.cat([orthogonalise(b, newton_schulz) * muon_scale(b, transposed) for b in u.chunk(blocks)])
 
 
 class Muon(torch.optim.Optimizer):
-    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction. A group's
-    "blocks" splits each of its matrices into that many row blocks (qkvw: q, k and v, three C x C
-    matrices); its "transposed" scales by the transpose's shape. newton_schulz: a row of
-    NEWTON_SCHULZ. compile: Newton-Schulz as one torch.compile graph per shape, as modded-nanogpt
-    compiles its; the momentum stays eager, as there, so the warmup's momentum (a float that changes
-    every step) does not recompile it."""
+    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction; with cautious
+    (record #89's cautious weight decay, SPEC.md) p <- p - (wd lr) lr_eff p [u p >= 0], then
+    p <- p - lr * u, lr_eff = lr muon_scale. A group's "blocks" splits each of its matrices into that
+    many row blocks (qkvw: q, k and v, three C x C matrices); its "transposed" scales by the
+    transpose's shape. newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one
+    torch.compile graph per shape, as modded-nanogpt compiles its; the momentum stays eager, as
+    there, so the warmup's momentum (a float that changes every step) does not recompile it."""
 
-    def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False):
+    def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False,
+                 cautious=False):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
         super().__init__(groups, defaults)
+        self.cautious = cautious
         self.newton_schulz = newton_schulz
         self.orthogonalise = torch.compile(orthogonalise) if compile else orthogonalise
 
@@ -1658,8 +1900,14 @@ class Muon(torch.optim.Optimizer):
                     state["momentum"] = torch.zeros_like(p)
                 update = muon_direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
                                         self.newton_schulz, group["transposed"], self.orthogonalise)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"])
+                lr, wd = group["lr"], group["weight_decay"]
+                if self.cautious:
+                    lr_eff = lr * muon_scale(p.chunk(group["blocks"])[0], group["transposed"])
+                    mask = (update.float() * p >= 0).to(p.dtype)
+                    p.sub_(p * mask * (wd * lr) * lr_eff)
+                else:
+                    p.mul_(1 - lr * wd)
+                p.add_(update, alpha=-lr)
 
 
 def muon_param_groups(model):
@@ -1710,23 +1958,25 @@ def optimizer_groups(model, args):
 def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=False):
     """The optimizers of optimizer_groups: torch AdamW (the same update as adamw_step: decoupled
     decay lr*wd*p, bias-corrected m and v, eps added to sqrt(vhat)), fused on CUDA where this
-    PyTorch has it, and Muon. Each group keeps its peak rate as "peak_lr". tensor_lr keeps AdamW's
-    rates in device tensors, so a compiled step does not recompile when they change. Returns
-    (optimizers, fused)."""
+    PyTorch has it, or with --cautious_decay 1 CautiousAdamW, and Muon (cautious likewise). Each
+    group keeps its peak rate as "peak_lr". tensor_lr keeps AdamW's rates in device tensors, so a
+    compiled step does not recompile when they change. Returns (optimizers, fused)."""
     groups = optimizer_groups(model, args)
     for _, group in groups:
         group["peak_lr"] = group.get("lr", args.muon_lr)
     adamw_groups = [group for kind, group in groups if kind == "adamw"]
     for group in adamw_groups:
         group["lr"] = torch.tensor(group["lr"], device=device_type) if tensor_lr else group["lr"]
-    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    cautious = bool(args.cautious_decay)
+    fused = not cautious and device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     extra = {"fused": True} if fused else {}
-    optimizers = [torch.optim.AdamW(adamw_groups, lr=args.learning_rate, betas=(args.beta1, args.beta2),
-                                    eps=args.adam_eps, **extra)]
+    adamw = CautiousAdamW if cautious else torch.optim.AdamW
+    optimizers = [adamw(adamw_groups, lr=args.learning_rate, betas=(args.beta1, args.beta2), eps=args.adam_eps,
+                        **extra)]
     muon_groups = [group for kind, group in groups if kind == "muon"]
     if muon_groups:
         optimizers.append(Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon))
+                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon, cautious=cautious))
     return optimizers, fused
 
 
@@ -1830,7 +2080,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
                            NEWTON_SCHULZ[args.muon_ns]) if muon else None)
     B, T = x.shape
-    window, first, losses = model.window_blocks, None, []
+    windows, first, losses = (model.window_blocks, model.short_window_blocks), None, []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -1839,6 +2089,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             step_plan = plan.step(step)
             xs, ys = (t.reshape(-1)[:B * step_plan.seq_len].view(B, step_plan.seq_len) for t in (x, y))
             model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
+            model.short_window_blocks = step_plan.short_window_blocks
         if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
@@ -1855,12 +2106,13 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             for group in muon_optimizer.param_groups:
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
-    model.window_blocks = window
+    model.window_blocks, model.short_window_blocks = windows
 
-    version4 = config.modern or muon or summed or model.documents or plan is not None
+    settings = debug_state_settings(model)
+    version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
+    version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
-    header[:6] = [DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION, B, T,
-                  args.debug_steps, config.vocab_size]
+    header[:6] = [DEBUG_STATE_MAGIC, version, B, T, args.debug_steps, config.vocab_size]
     hyper = [args.learning_rate, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip]
     header[6:12] = np.array(hyper, np.float32).view(np.int32)
     if version4:
@@ -1885,6 +2137,13 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
+        if settings:
+            text = settings.encode()
+            prefix = model.loss_terms.prefix if model.loss_terms and model.loss_terms.prefix is not None else None
+            f.write(np.array([len(text)], np.int32).tobytes() + text.ljust(-(-len(text) // 4) * 4, b"\0"))
+            f.write(np.array([0 if prefix is None else len(prefix)], np.int32).tobytes())
+            if prefix is not None:
+                f.write(prefix.numpy().astype(np.int32).tobytes())
         for t in batch:
             f.write(t.numpy().astype(np.int32).tobytes())
         for t in first:
@@ -1914,6 +2173,52 @@ def debug_first_values(model, x, y, params, args, autocast):
 DEBUG_STAGES_SLOT = 32
 DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
+
+
+def debug_state_settings(model):
+    """The loss's settings a version-5 debug state keeps, as the CUDA trainer's flags ("-lc 23,5 -mtp
+    1.0,0.5,0.25 -pw 0.25"; "" for the defaults). The file holds them after its header: their
+    length in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without -pw) and
+    its int32 ids."""
+    words = []
+    default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
+    if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
+        words += ["-lc", f"{np.float32(model.logit_cap)},{np.float32(model.logit_shift)}"]
+    terms = model.loss_terms
+    if terms is not None:
+        words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
+        if terms.prefix is not None:
+            words += ["-pw", str(np.float32(terms.prefix_weight))]
+    return " ".join(words)
+
+
+def read_debug_state_settings(path, header):
+    """(the settings' text, the prefix table or None, the byte offset of the batch) of a debug state."""
+    if header[1] != DEBUG_STATE_VERSION_SETTINGS:
+        return "", None, 4 * HEADER_INTS
+    at = 4 * HEADER_INTS
+    length = int(np.fromfile(path, np.int32, 1, offset=at)[0])
+    text = np.fromfile(path, np.uint8, length, offset=at + 4).tobytes().decode()
+    at += 4 + -(-length // 4) * 4
+    rows = int(np.fromfile(path, np.int32, 1, offset=at)[0])
+    prefix = torch.from_numpy(np.fromfile(path, np.int32, rows, offset=at + 4).astype(np.int64)) if rows else None
+    return text, prefix, at + 4 + 4 * rows
+
+
+def apply_debug_state_settings(model, text, prefix, path):
+    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms."""
+    words = text.split()
+    settings = dict(zip(words[::2], words[1::2]))
+    unknown = set(settings) - {"-lc", "-mtp", "-pw"}
+    if len(words) % 2 or unknown:
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp and -pw: re-create it")
+    set_logit_cap(model, settings.get("-lc"))
+    prefix_weight = float(settings.get("-pw", 0.0))
+    if (prefix is None) != (prefix_weight == 0.0):
+        fail(f"--check_debug_state {path}: -pw {prefix_weight} and a prefix table of "
+             f"{0 if prefix is None else len(prefix)} rows: the file is damaged; re-create it")
+    weights = parse_prediction_weights(settings.get("-mtp", "1"))
+    model.loss_terms = None if weights == [1.0] and prefix is None else LossTerms(weights, prefix_weight, prefix)
 
 
 def debug_state_stages(header):
@@ -1958,10 +2263,11 @@ def read_debug_state(path, header_only=False):
     if header_only:
         return header
     B, T = int(header[2]), int(header[3])
-    floats_at = 4 * (HEADER_INTS + 2 * B * T)
+    batch_at = read_debug_state_settings(path, header)[2]
+    floats_at = batch_at + 4 * 2 * B * T
     if size < floats_at:
         fail(f"--check_debug_state {path}: shorter than its batch of {B} x {T}: the file is cut off")
-    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=4 * HEADER_INTS).astype(np.int64)
+    tokens = np.fromfile(path, np.int32, 2 * B * T, offset=batch_at).astype(np.int64)
     floats = np.memmap(path, np.float32, "r", floats_at, ((size - floats_at) // 4,))
     x, y = (torch.from_numpy(t.reshape(B, T).copy()) for t in (tokens[:B * T], tokens[B * T:]))
     return header, x, y, floats
@@ -1976,13 +2282,15 @@ def check_debug_state(args, model, device, dtype, use_compile):
     side by side, tensor by tensor."""
     path = args.check_debug_state
     header, x, y, floats = read_debug_state(path)
-    version4 = header[1] == DEBUG_STATE_VERSION_MODERN
+    version4 = header[1] in (DEBUG_STATE_VERSION_MODERN, DEBUG_STATE_VERSION_SETTINGS)
+    apply_debug_state_settings(model, *read_debug_state_settings(path, header)[:2], path)
     if version4 and bool(header[30]) != bool(args.fp8_head):
         head = "FP8 (--fp8_head 1), the rest in float32" if header[30] else "float32"
         fail(f"--check_debug_state {path}: its steps took the head in {head}, and this check's --fp8_head is "
              f"{int(bool(args.fp8_head))}; give the state's head, so that only the rest's dtype differs")
     if version4:
         model.documents, model.window_blocks = bool(header[21]), int(header[22]) or None
+        model.short_window_blocks = None  # the header's: half the long window
     reduction = "sum" if version4 and header[14] else "mean"
     if version4 and debug_state_stages(header):
         print(f"{path}'s debug steps followed --stages {debug_state_stages(header)!r}; its first step, "
@@ -2061,10 +2369,14 @@ def parse_args(argv=None):
                    "sequences of whole documents, each from a document start (token 50256), in modded-nanogpt's "
                    "order (DocumentLoader), and attention within a document: a token attends only to the earlier "
                    "tokens of its own document (validation too, its sequences contiguous slices)"))
-    a.add_argument("--window_blocks", type=int, help=recipe_help("window_blocks", "with --documents 1: "
+    a.add_argument("--window_blocks", help=recipe_help("window_blocks", "with --documents 1: "
                    "attention within modded-nanogpt's window of N blocks of 128 tokens (12 layers: N in its long "
-                   "layers, N // 2 in its short ones; other depths: N in every layer); -1: its schedule, 1 block "
-                   "growing to 14 over --num_iterations; 0: no window"))
+                   "layers, N // 2 in its short ones; other depths: N in every layer), or S/N: S blocks in the short "
+                   "layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over --num_iterations; 0: no "
+                   "window"))
+    a.add_argument("--final_window_blocks", type=int, default=0, help="with --documents 1 and a window: the long "
+                   "window N of the validation after the last step, its short one staying the last stage's "
+                   "(modded-nanogpt's record #89: 20); 0: the last stage's")
     a = p.add_argument_group("optimisation")
     a.add_argument("--optimizer", choices=["adamw", "muon"], help=recipe_help(
         "optimizer", "muon: Muon for the blocks' matrices, AdamW for the rest"))
@@ -2083,6 +2395,9 @@ def parse_args(argv=None):
         "speedrun's reference adds it; 0: to the corrected sqrt(vhat), as torch's AdamW"))
     a.add_argument("--weight_decay", type=float, help=recipe_help(
         "weight_decay", "AdamW decay (GPT-2: of the 2-D matrices; modern: of every AdamW tensor)"))
+    a.add_argument("--cautious_decay", type=int, choices=[0, 1], help=recipe_help(
+        "cautious_decay", "1: both optimizers' weight decay cautious, record #89's (SPEC.md): only where the step and "
+        "the weight agree in sign, AdamW's lr^2 wd p, Muon's wd lr lr_eff p; 0: decoupled, lr wd p on every weight"))
     a.add_argument("--muon_lr", type=float, help=muon_help("muon_lr", "Muon's peak learning rate"))
     a.add_argument("--muon_weight_decay", type=float, help=muon_help("muon_weight_decay", "Muon's weight decay"))
     a.add_argument("--muon_momentum", type=float, help=muon_help("muon_momentum", "Muon's momentum"))
@@ -2098,6 +2413,16 @@ def parse_args(argv=None):
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
+    a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
+                   "sigmoid cap's shift within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5)")
+    a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
+                   "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
+                   "#89's first stage); a target past the sequence's end adds nothing")
+    a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
+                   "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
+                   "vocabulary), where it has one: record #89's 0.25 (0: none)")
+    a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
+                   "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
     a.add_argument("--final_lr_frac", type=float, help=recipe_help("final_lr_frac", "final lr as a fraction of the peak"))
     a.add_argument("--lr_schedule", choices=["cosine", "linear", "constant", "wsd", "stable_decay", "cooldown"],
@@ -2113,7 +2438,7 @@ def parse_args(argv=None):
                    "share of --num_iterations (0.25 or 1/3; the last may be +E: E steps more after them) and "
                    "KEY=VALUE words that hold from it on: t= sequence length, z= tokens a step (-1: one micro "
                    "batch), cap= tokens of one document a sequence takes (0: all; needs --documents 1), aw= window "
-                   "as --window_blocks, lr= learning-rate multiplier; the first stage's start from -t, "
+                   "as --window_blocks (N or S/N), lr= learning-rate multiplier; the first stage's start from -t, "
                    "--total_batch_size, --window_blocks, cap 0, lr 1. Default: one stage of the flags")
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
     a.add_argument("--val_steps", type=int, help=recipe_help(
@@ -2165,6 +2490,8 @@ def parse_args(argv=None):
             setattr(args, key, values[column])
     if args.val_seq_len is None:
         args.val_seq_len = args.seq_len
+    args.window_blocks, args.short_window_blocks = window_setting(str(args.window_blocks),
+                                                                  f"--window_blocks {args.window_blocks}")
     if args.optimizer == "muon":
         for key, values in MUON_FLAGS.items():
             setattr(args, key, values[column] if getattr(args, key) is None else getattr(args, key))
@@ -2236,6 +2563,12 @@ def check_args(args):
         fail("--compile_optimizer applies to --benchmark 1 only; drop it")
     if args.warmup_iters < 0 or not 0.0 <= args.final_lr_frac <= 1.0:
         fail("--warmup_iters must be >= 0 and --final_lr_frac within [0, 1]")
+    weights = parse_prediction_weights(args.mtp)
+    if not 0.0 <= args.prefix_weight <= 1.0:
+        fail(f"--prefix_weight {args.prefix_weight}: must be within [0, 1]")
+    if args.prefix_weight == 0.0 and not any(weights):
+        fail(f"--mtp {args.mtp} and --prefix_weight 0: every term of the training loss has weight 0; give the next "
+             f"token a weight (--mtp 1)")
     if not 0.0 < args.cooldown_frac <= 1.0:
         fail(f"--cooldown_frac {args.cooldown_frac}: the decaying fraction of the steps is within (0, 1]")
     if args.recipe and args.arch != RECIPE_FLAGS["arch"][RECIPES.index(args.recipe)]:
@@ -2256,7 +2589,22 @@ def check_args(args):
     if args.write_debug_state and args.optimizer == "muon" and args.muon_momentum_cooldown > 0:
         fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the debug state's header holds no momentum "
              f"cooldown, so test_gpt2cu would step without it; drop it")
+    check_cautious_args(args)
     check_document_args(args)
+
+
+def check_cautious_args(args):
+    """--cautious_decay 1 needs a weight decay to make cautious, and a run the debug state can describe."""
+    if not args.cautious_decay:
+        return
+    muon = args.optimizer == "muon"
+    if args.weight_decay <= 0 and not (muon and args.muon_weight_decay > 0):
+        zero, flags = (", --muon_weight_decay 0", " or --muon_weight_decay") if muon else ("", "")
+        fail(f"--cautious_decay 1 makes the weight decay cautious, and this run decays nothing (--weight_decay 0{zero}): "
+             f"give --weight_decay{flags} a decay, or drop --cautious_decay")
+    if args.write_debug_state:
+        fail("--cautious_decay 1: the debug state's header holds no decay kind, so test_gpt2cu would step with the "
+             "decoupled decay; drop it")
 
 
 def stage_plan(args, world):
@@ -2265,7 +2613,8 @@ def stage_plan(args, world):
     given = bool(args.stages.strip())
     if given and (args.benchmark or args.eval_only or args.check_debug_state):
         fail("--stages plans a training run or --write_debug_state's steps; drop it")
-    stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks)
+    stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks,
+                          args.short_window_blocks)
     if args.write_debug_state:
         if not given:
             return None
@@ -2291,7 +2640,25 @@ def stage_plan(args, world):
             what = f"--stages: stage {number}'s z={tokens}" if given else f"--total_batch_size {tokens}"
             fail(f"{what} is not a positive multiple of B*T*world = {args.batch_size}*{stage.seq_len}*{world} = "
                  f"{micro_batch}; pick a multiple (or -1 for one micro batch) or change -b/-t")
+    resolve_final_window(plan, args)
     return plan
+
+
+def resolve_final_window(plan, args):
+    """--final_window_blocks (the CUDA trainer's -awf) into the plan, checked as --window_blocks is
+    against the sequences it attends over: --val_seq_len's where the run validates, else the longest
+    stage's t."""
+    if not args.final_window_blocks:
+        return
+    flag = "--final_window_blocks"
+    plan.set_final_window(args.final_window_blocks, flag)
+    validating = args.val_every > 0 and bool(args.input_val_bin)
+    length = args.val_seq_len if validating else max(stage.seq_len for stage in plan.stages)
+    blocks = length // ATTENTION_BLOCK
+    if args.final_window_blocks > blocks:
+        fail(f"{flag} {args.final_window_blocks} counts blocks of {ATTENTION_BLOCK} tokens, and "
+             f"{'--val_seq_len' if validating else 't'} {length} is {blocks} block{'' if blocks == 1 else 's'}: "
+             f"{flag} {blocks} already attends to all of it; use {flag} {blocks} or less")
 
 
 def check_stage(args, stage, number, first_seq_len, given):
@@ -2350,9 +2717,16 @@ def check_eval_only_args(args):
 
 
 def check_document_args(args):
-    if args.window_blocks < -1:
-        fail(f"--window_blocks {args.window_blocks}: give a window of 1 or more blocks, -1 for the schedule "
-             f"or 0 for none")
+    if args.final_window_blocks < 0:
+        fail(f"--final_window_blocks {args.final_window_blocks}: give a window of 1 or more blocks, or 0 for the "
+             f"last stage's")
+    if args.final_window_blocks and (args.write_debug_state or args.benchmark or args.eval_only
+                                     or args.check_debug_state):
+        fail("--final_window_blocks sets the window of a training run's validation after its last step; drop it")
+    if args.write_debug_state and args.short_window_blocks is not None:
+        fail(f"--window_blocks {args.short_window_blocks}/{args.window_blocks}: the debug state's header holds the "
+             f"long window alone, the short one half of it; give the short windows in --stages' aw=S/L, which "
+             f"the header keeps")
     if args.window_blocks != 0 and not args.documents:
         if "window_blocks" in args.from_recipe:
             fail(f"--recipe {args.recipe} trains within a window of blocks (--window_blocks {args.window_blocks}), "
@@ -2531,10 +2905,11 @@ def step_batch(args, world):
 
 
 def set_attention_window(model, args, step):
-    """The window of step `step`: --window_blocks, or its schedule's (-1); none without it."""
+    """The windows of step `step`: --window_blocks, or its schedule's (-1); none without it."""
     if args.window_blocks != 0:
         schedule = args.window_blocks == -1
         model.window_blocks = attention_window_blocks(step, args.num_iterations) if schedule else args.window_blocks
+        model.short_window_blocks = args.short_window_blocks
 
 
 def placed_model(args, model, device, dtype, use_compile):
@@ -2584,6 +2959,7 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     for step in range(N + 1):
         step_plan = plan.step(step)
         raw_model.window_blocks = step_plan.window_blocks or None
+        raw_model.short_window_blocks = step_plan.short_window_blocks
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -2786,6 +3162,8 @@ def main(argv=None, step_hook=None):
     if args.fp8_head:
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
+    model.loss_terms = loss_terms(args, config)
+    set_logit_cap(model, args.logit_cap)
     set_attention_window(model, args, 0)
     if args.check_debug_state:
         return check_debug_state(args, model, device, dtype, use_compile)

@@ -82,6 +82,42 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
   return parse_real(flag, text, min, max);
 }
 
+// -lc's value: the cap within [1, 40], or the cap and the sigmoid cap's shift within [-100, 100]
+// ("23,5"): record #89's 23 sigmoid((z + 5) / 7.5).
+inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* text) {
+  const std::string all = text;
+  const size_t comma = all.find(',');
+  LogitCapSetting s;
+  s.cap = parse_float(flag, all.substr(0, comma).c_str(), 1.0f, 40.0f);
+  if (comma != std::string::npos) s.shift = parse_float(flag, all.substr(comma + 1).c_str(), -100.0f, 100.0f);
+  return s;
+}
+
+// The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
+// -mtp and -pw), the defaults where it names none; `path` names the file.
+struct LossSettings {
+  LogitCapSetting logit_cap;
+  PredictionWeights next_token_weights;
+  float prefix_weight = 0.0f;
+};
+
+// -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
+inline PredictionWeights parse_prediction_weights(const char* flag, const char* text) {
+  const std::string all = text;
+  PredictionWeights w;
+  w.count = 0;
+  for (size_t start = 0;;) {
+    if (w.count == kMaxPredictedTokens) {
+      LLMC_FAIL("%s %s: more than %d weights (the next token's and the %d after it)", flag, text, kMaxPredictedTokens,
+                kMaxPredictedTokens - 1);
+    }
+    const size_t end = std::min(all.find(',', start), all.size());
+    w.weight[w.count++] = parse_float(flag, all.substr(start, end - start).c_str(), 0.0f, 1.0f);
+    if (end == all.size()) return w;
+    start = end + 1;
+  }
+}
+
 // A data tool's "--flag value" pairs, in order, each given to set (false: not a flag of the
 // tool); -h or --help prints usage and exits. Errors end with where the flags are listed.
 inline void parse_tool_flags(int argc, char** argv, const char* usage,
@@ -141,6 +177,32 @@ struct TrainFlags : Recipe {
 };
 
 // The shared flags, then the program's own (`own`); a name in both is a programming error.
+inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
+  LossSettings s;
+  std::vector<std::string> words;
+  for (size_t at = 0; at < d.settings.size();) {
+    const size_t end = std::min(d.settings.find(' ', at), d.settings.size());
+    if (end > at) words.push_back(d.settings.substr(at, end - at));
+    at = end + 1;
+  }
+  for (size_t i = 0; i < words.size(); i += 2) {
+    const std::string& flag = words[i];
+    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp and -pw: re-create it with train_gpt2.py", path.c_str(),
+                d.settings.c_str());
+    }
+    const char* value = words[i + 1].c_str();
+    if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
+    if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
+    if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
+  }
+  if ((s.prefix_weight > 0.0f) != !d.prefix_table.empty()) {
+    LLMC_FAIL("%s: -pw %g and a prefix table of %zu rows: the file is damaged; re-create it with train_gpt2.py",
+              path.c_str(), s.prefix_weight, d.prefix_table.size());
+  }
+  return s;
+}
+
 inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
   constexpr long kIntMax = INT32_MAX;
   Flag schedule = text_flag("-k", "lr schedule",
@@ -390,15 +452,10 @@ inline StepBatch step_batch(const TrainFlags& f, int processes) {
   return {(long)micro_steps * f.B * f.T * processes, micro_steps};
 }
 
-// The CUDA trainer's -pd (documents) and -aw (window, llmc/schedulers.h's run_window_blocks), which
-// the CPU trainer refuses. -aw's value: N blocks, kWindowSchedule or 0.
-inline int parse_window_blocks(const char* flag, const char* text) {
-  const long window = parse_int(flag, text, LONG_MIN, INT32_MAX);
-  if (window < kWindowSchedule) {
-    LLMC_FAIL("%s %ld: give a window of 1 or more blocks, %d for the schedule or 0 for none", flag, window,
-              kWindowSchedule);
-  }
-  return (int)window;
+// The CUDA trainer's -pd (documents) and -aw (window, llmc/stages.h's WindowSetting: N blocks,
+// kWindowSchedule or 0, or S/L), which the CPU trainer refuses.
+inline WindowSetting parse_window_flag(const char* flag, const char* text) {
+  return parse_window_setting(text, strformat("%s %s", flag, text));
 }
 
 // The checks between -pd, -aw, -t (resolved) and -x, as train_gpt2.py's check_document_args: a
@@ -423,15 +480,18 @@ inline void check_document_flags(int documents, int window, int T, int max_steps
   }
 }
 
-// -aw N against the longest sequence the run attends over (length_flag's `length` tokens, a multiple
-// of 128): a window wider than what spans it changes nothing, so it is taken for a slip (tokens
-// given for blocks). The schedule (-1) grows to its own end whatever the length.
-inline void check_window_length(int window, const char* length_flag, int length, const LayerPlan& plan) {
-  const int blocks = length / 128, spanning = plan.window_blocks_spanning(blocks);
-  if (window <= spanning) return;
-  LLMC_FAIL("-aw %d counts blocks of 128 tokens, and %s %d is %d block%s: -aw %d already attends to all of "
-            "it%s; use -aw %d or less (0: no window)", window, length_flag, length, blocks, blocks == 1 ? "" : "s",
-            spanning, plan.has_short_windows() ? " (the short layers take half the window)" : "", spanning);
+// -aw N (or S/N) against the longest sequence the run attends over (length_flag's `length` tokens, a
+// multiple of 128): a long window wider than what spans it changes nothing, so it is taken for a
+// slip (tokens given for blocks). The schedule (-1) grows to its own end whatever the length.
+inline void check_window_length(const WindowSetting& window, const char* length_flag, int length,
+                                const LayerPlan& plan) {
+  const int blocks = length / 128, spanning = plan.window_blocks_spanning(blocks, window.short_given());
+  if (window.long_blocks <= spanning) return;
+  const bool halves = plan.has_short_windows() && !window.short_given();
+  LLMC_FAIL("-aw %s counts blocks of 128 tokens, and %s %d is %d block%s: -aw %d already attends to all of it%s; "
+            "use -aw %d or less%s", window.text().c_str(), length_flag, length, blocks, blocks == 1 ? "" : "s",
+            spanning, halves ? " (the short layers take half the window)" : "", spanning,
+            window.short_given() ? " (the long one)" : " (0: no window)");
 }
 
 // The start-up table: rows of a setting and its value in a box as wide as its longest key and

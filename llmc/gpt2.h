@@ -14,7 +14,7 @@
 // architecture travels in the config.
 //
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
-//   [0] magic 20240327  [1] version 3 or 4  [2] B  [3] T  [4] number of optimizer steps
+//   [0] magic 20240327  [1] version 3, 4 or 5  [2] B  [3] T  [4] number of optimizer steps
 //   [5] vocab_size  [6..11] float bits of AdamW's lr, beta1, beta2, eps, weight_decay, grad_clip
 // version 4 (the modern or speedrun architecture, Muon, the summed loss, or documents; version 3
 // is GPT-2 with AdamW, the mean loss and causal attention) also has
@@ -24,7 +24,8 @@
 //   the embedding (wte; GPT-2: wte, wpe; speedrun: and the value embeddings), the head weight and
 //   the 1-D tensors (GPT-2: each [6]; speedrun: its scalars)
 //   [21] attention within documents (0 causal, 1 documents: token 50256 opens each)
-//   [22] with documents, the long window in 128-token blocks of every step (0: none)
+//   [22] with documents, the long window in 128-token blocks of every step (0: none; the short
+//   one half of it, rounded down; a stage plan's aw=S/L gives its steps' own)
 //   [23] Muon's Newton-Schulz steps, [24..26] float bits of their coefficients a, b, c (0 without
 //   Muon; files written before these slots have 0 there: the baseline's 12 of (2, -1.5, 0.5))
 //   [27] float bits of Muon's momentum at step 0, [28] the steps over which it rises linearly to
@@ -40,6 +41,11 @@
 //   train_gpt2.py's NEWTON_SCHULZ), whose steps and first polynomial [23..26] repeat; 0 without Muon
 //   and in files written before this slot, where [23..26]'s one polynomial makes every step after
 //   X / (|X|_F + 1e-7), and whose stage plans of 885 to 888 bytes filled it with text
+// version 5 (version 4 with the loss's settings: train_gpt2.py --logit_cap, --mtp, --prefix_weight)
+// then has the settings as train_gpt2cu's flags (int32 byte length, the text padded with zeros to
+// 4-byte words: "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25"), then the prefix table's rows (int32: 0,
+// or padded_vocab_size with -pw) and its ids (int32 each, -1 none); the logits, loss, gradients and
+// step losses below are of the loss those settings make;
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
@@ -70,6 +76,8 @@ constexpr int kCheckpointVersionModernBF16 = 7;
 constexpr int kDebugStateMagic = 20240327;
 constexpr int kDebugStateVersion = 3;
 constexpr int kDebugStateVersionRecipe = 4;  // the modern architectures or Muon
+constexpr int kDebugStateVersionSettings = 5;  // version 4 and the loss's settings after the header
+constexpr int kDebugStateSettingsMaxBytes = 4096;
 constexpr int kVocabPadMultiple = 128;
 
 // GPT-2 (LayerNorm, learned positions, GELU, tied head), the modern architecture of
@@ -109,12 +117,13 @@ struct GPT2Config {
 
 // How the head's logits z are capped before the softmax, stated once for the classifier, the
 // sampler and the tests: not at all (GPT-2's), y = cap * z / sqrt(z^2 + cap^2) (kRational, the
-// modern architecture's), or y = cap * sigmoid(z / scale) (kSigmoid, modded-nanogpt's speedrun's,
-// whose logits all lie in (0, cap)).
+// modern architecture's), or y = cap * sigmoid((z + shift) / scale) (kSigmoid, modded-nanogpt's
+// speedrun's, whose logits all lie in (0, cap): record #28's 30 sigmoid(z / 7.5), record #89's
+// 23 sigmoid((z + 5) / 7.5)).
 struct LogitCap {
   enum Kind : int { kNone, kRational, kSigmoid };
   Kind kind = kNone;
-  float cap = 0.0f, scale = 0.0f;
+  float cap = 0.0f, scale = 0.0f, shift = 0.0f;
 
   // y, and dy/dz into *slope when given: in double, the reference the kernels are tested against;
   // in float, the sampler's.
@@ -129,7 +138,7 @@ struct LogitCap {
     if (kind == kSigmoid) {
       // The exponent clamped below exp's overflow (in float, as the kernel's): past it 1 - sigmoid
       // would be inf * 0, a NaN slope, where both are below 1e-38.
-      const F e = std::exp(std::min(-z / (F)scale, (F)88)), s = 1 / (1 + e);
+      const F e = std::exp(std::min(-(z + (F)shift) / (F)scale, (F)88)), s = 1 / (1 + e);
       if (slope) *slope = (F)cap / scale * s * (e * s);
       return cap * s;
     }
@@ -138,6 +147,7 @@ struct LogitCap {
   }
   std::string describe() const {
     if (kind == kRational) return strformat("soft-capped at %g", cap);
+    if (kind == kSigmoid && shift != 0.0f) return strformat("capped as %g sigmoid((z + %g) / %g)", cap, shift, scale);
     if (kind == kSigmoid) return strformat("capped as %g sigmoid(z / %g)", cap, scale);
     return "uncapped";
   }
@@ -188,8 +198,8 @@ inline const ArchSpec& arch_spec(Arch a) {
 // The speedrun reference's layers (modded-nanogpt record #28; train_gpt2.py's SPEEDRUN_* lists are
 // the same), one list a feature and one entry a layer:
 //   attention: A attention and MLP, - the MLP alone (no ln1, no attention tensors);
-//   windows: with a window (-aw), all of it (L, long) or half of it rounded down (S, short), also
-//     the other architectures' windows at this depth;
+//   windows: with a window (-aw), the long one (L) or the short one (S; half the long rounded down
+//     unless given, -aw S/L), also the other architectures' windows at this depth;
 //   value embeddings: the ve[k] the layer's value mix adds (ArchSpec::value_mix), -1 none;
 //   skip sources: the earlier layer whose output the U-net adds to the layer's input, -1 none.
 //                                                0   1   2   3   4   5   6   7   8   9  10  11
@@ -210,16 +220,16 @@ enum class LayerWindow : char { kLong = 'L', kShort = 'S' };
 // order.
 struct LayerSpec {
   bool attention;       // attention and MLP, else the MLP alone
-  LayerWindow window;   // its share of the run's window (-aw)
+  LayerWindow window;   // which of the run's windows it takes (-aw)
   int attention_slab;   // its slab of the attention tensors (ParamStack::kAttentionLayers)
   int value_embedding;  // the ve[k] its value mix adds
   int skip_source;      // the earlier layer whose output the U-net adds to its input
   int skip_weight;      // the skipw[j] it adds that output with
   int kept;             // its output's slot among those the U-net keeps for later layers
 
-  // Its window in blocks within a run's of window_blocks (llmc::run_window_blocks).
-  int window_blocks(int run_window_blocks) const {
-    return window == LayerWindow::kLong ? run_window_blocks : run_window_blocks / 2;
+  // Its window in blocks among a step's long and short ones (llmc::StepWindows).
+  int window_blocks(int long_blocks, int short_blocks) const {
+    return window == LayerWindow::kLong ? long_blocks : short_blocks;
   }
 };
 
@@ -243,9 +253,12 @@ struct LayerPlan {
     return s;
   }
   bool has_short_windows() const { return windows().find((char)LayerWindow::kShort) != std::string::npos; }
-  // The smallest run window, in blocks, from which every layer attends to all of a sequence's
-  // `blocks` blocks (a wider one selects the same keys): the short layers take half of it.
-  int window_blocks_spanning(int blocks) const { return has_short_windows() ? 2 * blocks : blocks; }
+  // The smallest long window, in blocks, from which every layer attends to all of a sequence's
+  // `blocks` blocks (a wider one selects the same keys): the short layers take half of it unless
+  // the short window is given (short_given), which is no wider than the long one.
+  int window_blocks_spanning(int blocks, bool short_given) const {
+    return has_short_windows() && !short_given ? 2 * blocks : blocks;
+  }
   // The start-up table's: the columns that differ from plain attention with the long window (the
   // windows only where the run has one: `windowed`).
   std::string describe(bool windowed) const {
@@ -774,6 +787,11 @@ struct DebugState {
   bool eps_before_correction = false;
   bool fp8_head = false;  // version 4: the head's training products in FP8 (--fp8_head 1)
   std::string stages;     // version 4: the steps' stage plan (empty: none)
+  // Version 5: the loss's settings as train_gpt2cu's flags -lc, -mtp and -pw ("-lc 23.0,5.0 -mtp
+  // 1.0,0.5,0.25 -pw 0.25"), after the header: their length in bytes, the text padded to 4-byte
+  // words, then the prefix table's rows (0 without -pw) and its ids (int32).
+  std::string settings;
+  std::vector<int> prefix_table;
   std::vector<int> inputs, targets;
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
@@ -841,6 +859,27 @@ inline std::string debug_state_read_stages(const int h[kHeaderInts], const std::
   return text;
 }
 
+// A version-5 debug state's settings and prefix table (padded_vocab_size rows, or none), read from
+// after the header into d.
+inline void debug_state_read_settings(File& f, const std::string& path, const GPT2Config& c, DebugState* d) {
+  int bytes = 0, rows = 0;
+  f.read(&bytes, sizeof(int), "the settings' length");
+  if (bytes < 0 || bytes > kDebugStateSettingsMaxBytes) {
+    LLMC_FAIL("%s: settings of %d bytes (0 to %d): the file is damaged; re-create it with train_gpt2.py",
+              path.c_str(), bytes, kDebugStateSettingsMaxBytes);
+  }
+  std::vector<char> text((bytes + 3) / 4 * 4);
+  f.read(text.data(), text.size(), "the settings");
+  d->settings.assign(text.data(), bytes);
+  f.read(&rows, sizeof(int), "the prefix table's rows");
+  if (rows != 0 && rows != c.padded_vocab_size) {
+    LLMC_FAIL("%s: a prefix table of %d rows for the model's %d (or none): the file is damaged; re-create it "
+              "with train_gpt2.py", path.c_str(), rows, c.padded_vocab_size);
+  }
+  d->prefix_table.resize(rows);
+  f.read(d->prefix_table.data(), rows * sizeof(int), "the prefix table");
+}
+
 inline DebugState debug_state_load(const std::string& path, const GPT2Config& c) {
   File f(path, "rb");
   int h[kHeaderInts];
@@ -849,11 +888,12 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     LLMC_FAIL("%s: not a debug-state file (magic %d, expected %d)", path.c_str(), h[0],
               kDebugStateMagic);
   }
-  if (h[1] != kDebugStateVersion && h[1] != kDebugStateVersionRecipe) {
-    LLMC_FAIL("%s: debug-state version %d, expected %d or %d: re-create it with train_gpt2.py",
-              path.c_str(), h[1], kDebugStateVersion, kDebugStateVersionRecipe);
+  if (h[1] != kDebugStateVersion && h[1] != kDebugStateVersionRecipe && h[1] != kDebugStateVersionSettings) {
+    LLMC_FAIL("%s: debug-state version %d, expected %d to %d: re-create it with train_gpt2.py",
+              path.c_str(), h[1], kDebugStateVersion, kDebugStateVersionSettings);
   }
-  const int arch = h[1] == kDebugStateVersionRecipe ? h[12] : 0;
+  const bool recipe_header = h[1] != kDebugStateVersion;
+  const int arch = recipe_header ? h[12] : 0;
   if (arch != (int)c.arch) {
     LLMC_FAIL("%s: a debug state of architecture %d, but the model is %s: pass the model file "
               "written beside it", path.c_str(), arch, arch_spec(c.arch).name);
@@ -870,7 +910,7 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
   d.weight_decay = float_from_bits(h[10]);
   d.grad_clip = float_from_bits(h[11]);
   d.lr_embedding = d.lr_head = d.lr_vector = d.lr;
-  if (h[1] == kDebugStateVersionRecipe) {
+  if (recipe_header) {
     d.muon = h[13] == 1;
     d.loss_sum = h[14] == 1;
     d.muon_lr = float_from_bits(h[15]);
@@ -902,7 +942,8 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
   // The body's size follows from the header; it is checked against the file before anything is
   // allocated, so that a damaged B, T or step count fails here instead of asking for absurd
   // amounts of memory. B*T is compared by division first so that the product cannot overflow.
-  const size_t body_bytes = (size_t)f.size() - sizeof(h);
+  if (h[1] == kDebugStateVersionSettings) debug_state_read_settings(f, path, c, &d);
+  const size_t body_bytes = (size_t)f.size() - (size_t)ftell(f.handle());
   const size_t body_floats = body_bytes / sizeof(float);
   const size_t BT = (size_t)d.B * d.T;
   const size_t floats_per_position = 2 + (size_t)d.vocab_size;  // input, target, logits

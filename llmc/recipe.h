@@ -31,6 +31,17 @@ inline OptimizerKind parse_optimizer(const std::string& name, const char* flag) 
             "the rest)", flag, name.c_str());
 }
 
+// How an optimizer's weight decay falls on a weight p (-cd). Decoupled: on every weight, AdamW's
+// p - lr (u + wd p), Muon's p (1 - lr wd) - lr u (u the step's direction). Cautious (record #89's):
+// only where the step moves p towards zero, its direction and p of one sign, and times the rate
+// twice: AdamW's p - u - [u p > 0] lr^2 wd p (u = lr x its direction), Muon's
+// p - [u p >= 0] (wd lr) lr_eff p - lr u, lr_eff = lr x the matrix's shape scale (MuonParams).
+enum class WeightDecayKind { kDecoupled, kCautious };
+
+inline const char* weight_decay_name(WeightDecayKind k) {
+  return k == WeightDecayKind::kCautious ? "cautious weight decay" : "weight decay";
+}
+
 // One step of Muon's orthogonalisation: X <- a X + B X, B = b A + c A A, A = X X^T.
 struct NewtonSchulzStep {
   float a, b, c;
@@ -115,6 +126,49 @@ inline NewtonSchulz debug_state_newton_schulz(const DebugState& d, const std::st
   return ns;
 }
 
+// The training loss's weights of the targets after a position's next token (modded-nanogpt record
+// #89's multi-token prediction): position t's cross-entropy against target t + k (k = 0 the next
+// token) times weight[k], k < count, where t + k is inside t's sequence. Only the next token, weight
+// 1: the plain loss.
+constexpr int kMaxPredictedTokens = 3;
+struct PredictionWeights {
+  int count = 1;
+  float weight[kMaxPredictedTokens] = {1.0f, 0.0f, 0.0f};
+};
+
+// -lc: the head's cap, and the sigmoid cap's shift, in place of the architecture's (cap 0: its own).
+struct LogitCapSetting {
+  float cap = 0.0f, shift = 0.0f;
+};
+
+inline std::string logit_cap_setting_text(const LogitCapSetting& s) {
+  if (s.cap == 0.0f) return "the architecture's";
+  return s.shift == 0.0f ? strformat("%g", s.cap) : strformat("%g,%g", s.cap, s.shift);
+}
+
+// The architecture's cap with -lc's values in place of its own; `arch` names the architecture.
+inline LogitCap logit_cap_of(const LogitCap& arch_cap, const LogitCapSetting& s, const char* arch) {
+  if (s.cap == 0.0f) return arch_cap;
+  const std::string text = logit_cap_setting_text(s);
+  if (arch_cap.kind == LogitCap::kNone) {
+    LLMC_FAIL("-lc %s: the %s architecture's logits are uncapped: leave -lc out", text.c_str(), arch);
+  }
+  if (arch_cap.kind == LogitCap::kRational && s.shift != 0.0f) {
+    LLMC_FAIL("-lc %s: a shift moves the sigmoid cap, and the %s architecture's cap is %s: give -lc %g", text.c_str(),
+              arch, arch_cap.describe().c_str(), s.cap);
+  }
+  LogitCap cap = arch_cap;
+  cap.cap = s.cap;
+  cap.shift = s.shift;
+  return cap;
+}
+
+inline std::string prediction_weights_text(const PredictionWeights& w) {
+  std::string text;
+  for (int k = 0; k < w.count; k++) text += strformat(k ? ",%g" : "%g", w.weight[k]);
+  return text;
+}
+
 // A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
 // where no recipe sets another. The fields a flag writes are named by it in their comment, in the
 // order the flags are listed as the recipe's (recipe_flags); the others have no flag.
@@ -140,8 +194,10 @@ struct Recipe {
   int shuffle = 1;             // -sh
   int documents = 0;           // -pd
   int window_blocks = 0;       // -aw (-1: the window's schedule)
+  int short_window_blocks = kShortWindowHalf;  // -aw S/L's S (kShortWindowHalf: half of -aw's long one)
   std::string stages;         // -sp: the stage plan (llmc/stages.h; empty: one stage of the flags)
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
+  int cautious_decay = 0;  // -cd: 1 both optimizers' decay cautious (WeightDecayKind), 0 decoupled
   // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
   // more all-gather a step.
   int zero_stage = 1;
@@ -163,6 +219,12 @@ struct Recipe {
   // recipe's reference holds every matrix so that its scale is 1 (the speedrun's fc as [C, 4C]).
   bool muon_scale_tall = true;
   bool loss_sum = false;  // the gradient of the summed token losses, not of their mean
+  // The training loss's terms (record #89's; validation keeps the next token's alone): the targets
+  // after the next one (-mtp), and the next token's prefix token (llmc/tokenizer.h's
+  // token_prefix_table) with the weight -pw where it has one (0: none).
+  PredictionWeights next_token_weights;  // -mtp
+  LogitCapSetting logit_cap;             // -lc
+  float prefix_weight = 0.0f;            // -pw
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;
@@ -259,7 +321,8 @@ struct RoleOptimizer {
   // follows the schedule's shape.
   float lr = 1.0f;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW's
-  float weight_decay = 0.0f;                       // decoupled, on every tensor of the role
+  float weight_decay = 0.0f;                       // on every tensor of the role
+  WeightDecayKind decay = WeightDecayKind::kDecoupled;  // how it falls
   // AdamW's moments and the weights rounded to nearest BF16 after each step (BF16 builds).
   bool bf16_state = false;
 };
@@ -293,7 +356,7 @@ struct OptimizerTable {
 // rate is the schedule's times its multiplier (Recipe::role_lr): 1 in GPT-2's recipe; in the
 // modern ones, whose schedule peaks at 1 (-l scales it), the reference's rate of the role.
 // AdamW's weight decay (-c) falls on the roles of 2-D tensors (ParamSpec::decayed), and on the
-// vectors too with decay_vectors; Muon's is its own (-mw).
+// vectors too with decay_vectors; Muon's is its own (-mw); in every row cautious with -cd 1.
 inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   OptimizerTable t;
   for (int i = 0; i < kParamRoles; i++) {
@@ -304,6 +367,7 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
     row.beta2 = r.beta2;
     row.eps = r.eps;
     row.weight_decay = role != ParamRole::kVector || r.decay_vectors ? r.weight_decay : 0.0f;
+    row.decay = r.cautious_decay ? WeightDecayKind::kCautious : WeightDecayKind::kDecoupled;
     row.bf16_state = role == ParamRole::kEmbedding && r.bf16_embeddings && bf16_build;
     if (role == ParamRole::kMatrix && r.optimizer == OptimizerKind::kMuon) {
       row.method = OptimizerKind::kMuon;
@@ -341,8 +405,9 @@ inline std::string newton_schulz_description(const NewtonSchulz& ns) {
 // rates at the schedule's peak.
 inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   const float* x = r.role_lr;
-  std::string adamw = strformat("AdamW betas %g %g eps %g, weight decay on %s", r.beta1, r.beta2, r.eps,
-                                r.decay_vectors ? "every tensor" : "the 2-D tensors");
+  const WeightDecayKind decay = r.cautious_decay ? WeightDecayKind::kCautious : WeightDecayKind::kDecoupled;
+  std::string adamw = strformat("AdamW betas %g %g eps %g, %s on %s", r.beta1, r.beta2, r.eps,
+                                weight_decay_name(decay), r.decay_vectors ? "every tensor" : "the 2-D tensors");
   if (x[0] != 1.0f || x[1] != 1.0f || x[2] != 1.0f || x[3] != 1.0f) {
     adamw += strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
   }
@@ -354,8 +419,8 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
     momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
   }
   if (mu.cooldown_steps > 0) momentum += strformat(", back to %g over the last %ld", mu.start, mu.cooldown_steps);
-  return strformat("Muon for the blocks' matrices (lr %g, weight decay %g, Nesterov momentum %s, %s in BF16%s); "
-                   "%s for the rest", r.muon_lr, r.muon_weight_decay, momentum.c_str(),
+  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s); "
+                   "%s for the rest", r.muon_lr, weight_decay_name(decay), r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),
                    r.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
 }

@@ -25,8 +25,8 @@
 // extension steps of a stage plan (s >= N) take f = 1 (t = 1).
 //
 // Then Muon's momentum at each step (MomentumSchedule), and at the end the attention window's
-// schedule (attention_window_blocks) and a run's window at each step (each layer's share of it is
-// the layer plan's, llmc/gpt2.h).
+// schedule (attention_window_blocks), a run's long window at each step and its short one (which
+// layers take which is the layer plan's, llmc/gpt2.h).
 #pragma once
 
 #include <algorithm>
@@ -200,6 +200,23 @@ inline int run_window_blocks(int window, long step, long num_steps) {
 // The largest window of any step of a run (0: none): the schedule's last, 14 blocks.
 inline int run_window_blocks_max(int window) {
   return window == kWindowSchedule ? attention_window_blocks(1, 1) : window;
+}
+
+// A short window not given (-aw N, a stage's aw=N): half of the long one, rounded down, as the
+// reference's layers take it before record #89, which gives each stage's (short, long) pair.
+constexpr int kShortWindowHalf = -1;
+
+// One step's windows in blocks: the long one, which the layer plan's L layers take (0: none, every
+// earlier block of the document), and the short one, which its S layers take.
+struct StepWindows {
+  int long_blocks = 0;
+  int short_blocks = 0;
+};
+
+// The windows of a long window of long_blocks and a short one of short_window blocks
+// (kShortWindowHalf: half the long).
+inline StepWindows step_windows(int long_blocks, int short_window = kShortWindowHalf) {
+  return {long_blocks, short_window == kShortWindowHalf ? long_blocks / 2 : short_window};
 }
 
 }  // namespace llmc

@@ -8,15 +8,17 @@
 // ("1/3"); or "+E", E extension steps after the N (the last stage only). Then KEY=VALUE words:
 //   t=N    tokens a sequence (-t)              z=N    tokens a step, all processes (-z; -1: one
 //   cap=N  tokens of a document a sequence            micro batch of the stage's t)
-//          takes (0: all)                      aw=N   attention window (-aw; -1: the schedule)
-//   lr=X   learning-rate multiplier
+//          takes (0: all)                      aw=N   attention window (-aw; -1: the schedule), or
+//   lr=X   learning-rate multiplier            aw=S/L short and long windows (1 <= S <= L)
 // A key not given keeps the stage before's value; the first stage's come from the flags (cap 0,
-// lr 1). An empty plan is one stage of the flags: every recipe's today.
+// lr 1). An empty plan is one stage of the flags: every recipe's today. aw=N sets both windows:
+// the short one is half the long, rounded down.
 //
 // Stage i of the scheduled ones ends at round(c_i N), c_i the shares summed left to right in
 // double and rounded half to even (Python's round); the last ends at N. Step s belongs to the
 // first stage that ends after it; from N on, to the extension stage (else the last). The run
-// trains N + E steps; step N + E is its final evaluation.
+// trains N + E steps; step N + E is its final evaluation, whose long window a final window (-awf)
+// may widen, the short one staying the last stage's.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -44,6 +47,59 @@ inline bool plain_decimal(const std::string& s) {
          s.find_first_not_of("0123456789.eE+-") == std::string::npos;
 }
 
+// -aw's value and a stage's aw=: the long window (N blocks, kWindowSchedule or 0 for none) and the
+// short one (kShortWindowHalf: half the long, rounded down).
+struct WindowSetting {
+  int long_blocks = 0;
+  int short_blocks = kShortWindowHalf;
+
+  bool short_given() const { return short_blocks != kShortWindowHalf; }
+  // As given: "7" or "3/7".
+  std::string text() const {
+    return short_given() ? strformat("%d/%d", short_blocks, long_blocks) : std::to_string(long_blocks);
+  }
+  // The start-up table's: "the schedule's", "none", "7 blocks" or "7 blocks, short 3".
+  std::string describe() const {
+    if (long_blocks == kWindowSchedule) return "the schedule's";
+    if (long_blocks == 0) return "none";
+    const std::string blocks = strformat("%d block%s", long_blocks, long_blocks == 1 ? "" : "s");
+    return short_given() ? blocks + strformat(", short %d", short_blocks) : blocks;
+  }
+};
+
+// "L" or "S/L" as a WindowSetting (`what` names it in messages: "-aw 5/3", "-sp: stage 2: aw=5/3"). A
+// short window takes a fixed long one: the schedule's grows from 1 block, and 0 is none.
+inline WindowSetting parse_window_setting(const std::string& text, const std::string& what) {
+  const size_t slash = text.find('/');
+  auto blocks = [&](const std::string& digits) {
+    char* end = nullptr;
+    errno = 0;
+    const long n = strtol(digits.c_str(), &end, 10);
+    if (!plain_integer(digits) || *end != '\0' || errno != 0 || n < INT32_MIN || n > INT32_MAX) {
+      LLMC_FAIL("%s: give the window in blocks of 128 tokens (N, %d for the schedule, 0 for none), or the short "
+                "and the long window as S/L", what.c_str(), kWindowSchedule);
+    }
+    return (int)n;
+  };
+  WindowSetting w;
+  w.long_blocks = blocks(slash == std::string::npos ? text : text.substr(slash + 1));
+  if (w.long_blocks < kWindowSchedule) {
+    LLMC_FAIL("%s: give a window of 1 or more blocks, %d for the schedule or 0 for none", what.c_str(),
+              kWindowSchedule);
+  }
+  if (slash == std::string::npos) return w;
+  w.short_blocks = blocks(text.substr(0, slash));
+  if (w.long_blocks <= 0) {
+    LLMC_FAIL("%s: a short window takes a fixed long one of 1 or more blocks (the schedule's grows from 1, 0 is "
+              "none): give S/L with 1 <= S <= L, or the long window alone", what.c_str());
+  }
+  if (w.short_blocks < 1 || w.short_blocks > w.long_blocks) {
+    LLMC_FAIL("%s: the short window %d is not within 1 and the long window %d: give S/L with 1 <= S <= L",
+              what.c_str(), w.short_blocks, w.long_blocks);
+  }
+  return w;
+}
+
 // What a stage sets; the flags' values fill the first stage.
 struct Stage {
   double share = 1.0;       // of the scheduled steps (0 for the extension stage)
@@ -51,7 +107,7 @@ struct Stage {
   int T = 0;                // t
   long tokens = -1;         // z (-1: B*T*processes)
   int cap = 0;              // the document cap in tokens (0: none)
-  int window = 0;           // aw, in blocks (kWindowSchedule: the schedule; 0: none)
+  WindowSetting window;     // aw
   double lr_multiplier = 1.0;
   long end = 0;             // the step it ends before (resolved)
 };
@@ -63,7 +119,7 @@ struct StepPlan {
   long tokens = 0;       // of all processes
   int micro_steps = 1;   // of B*T tokens a process
   int cap = 0;
-  int window = 0;        // in blocks at this step (0: none)
+  StepWindows windows;   // in blocks at this step (long 0: none)
   double lr_multiplier = 1.0;
 
   // Whether a loader reading `other` reads other sequences than one reading this.
@@ -95,7 +151,8 @@ class StagePlan {
   StagePlan() = default;
 
   // The plan of `text` (`flag` names it in messages) over the flags' T, tokens and window.
-  StagePlan(const std::string& text, const char* flag, int T, long tokens, int window) : flag_(flag) {
+  StagePlan(const std::string& text, const char* flag, int T, long tokens, const WindowSetting& window)
+      : flag_(flag) {
     Stage first;
     first.T = T;
     first.tokens = tokens;
@@ -133,6 +190,24 @@ class StagePlan {
     if (has_extension()) stages_.back().end = scheduled_steps + stages_.back().extension_steps;
   }
 
+  // The long window of the final evaluation (step N + E) in blocks, in place of the last stage's
+  // (0: the last stage's); its short window stays the last stage's. Once resolved; `flag` names it.
+  void set_final_window(int long_blocks, const char* flag) {
+    final_window_ = 0;
+    if (long_blocks == 0) return;
+    const StepWindows last = windows_at(total_steps());
+    if (last.long_blocks == 0) {
+      LLMC_FAIL("%s %d sets the long window of the validation after the last step, and the last stage has no "
+                "window: give it one (aw=, or -aw, with documents), or drop %s", flag, long_blocks, flag);
+    }
+    if (long_blocks < last.short_blocks) {
+      LLMC_FAIL("%s %d is below the last stage's short window of %d blocks, which the final validation keeps: give "
+                "%s %d or more", flag, long_blocks, last.short_blocks, flag, last.short_blocks);
+    }
+    final_window_ = long_blocks;
+  }
+  int final_window() const { return final_window_; }
+
   const std::vector<Stage>& stages() const { return stages_; }
   bool has_extension() const { return stages_.back().extension_steps > 0; }
   int scheduled_count() const { return (int)stages_.size() - (has_extension() ? 1 : 0); }
@@ -147,6 +222,14 @@ class StagePlan {
     return (int)stages_.size() - 1;
   }
 
+  // The windows of step s (0 <= s <= total_steps()): its stage's, the final window's long one at N + E.
+  StepWindows windows_at(long step) const {
+    const Stage& s = stages_[stage_of(step)];
+    StepWindows w = step_windows(run_window_blocks(s.window.long_blocks, step, total_steps()), s.window.short_blocks);
+    if (step == total_steps() && final_window_ > 0) w.long_blocks = final_window_;
+    return w;
+  }
+
   // What holds at step s of B sequences a process on `processes` processes.
   StepPlan at(long step, int B, int processes) const {
     StepPlan p;
@@ -156,7 +239,7 @@ class StagePlan {
     p.micro_steps = micro_steps_of(s.tokens, B, s.T, processes, tokens_name());
     p.tokens = (long)p.micro_steps * B * s.T * processes;
     p.cap = s.cap;
-    p.window = run_window_blocks(s.window, step, total_steps());
+    p.windows = windows_at(step);
     p.lr_multiplier = s.lr_multiplier;
     return p;
   }
@@ -189,10 +272,11 @@ class StagePlan {
     for (const Stage& s : stages_) T = std::max(T, s.T);
     return T;
   }
-  // The largest window of any step (0: none).
+  // The largest long window of any step, the final one's among them (0: none): no short window
+  // is wider.
   int max_window() const {
-    int blocks = 0;
-    for (const Stage& s : stages_) blocks = std::max(blocks, run_window_blocks_max(s.window));
+    int blocks = final_window_;
+    for (const Stage& s : stages_) blocks = std::max(blocks, run_window_blocks_max(s.window.long_blocks));
     return blocks;
   }
   bool has_cap() const {
@@ -209,8 +293,9 @@ class StagePlan {
     return 0;
   }
 
-  // The start-up table's row, one stage a line: "1: steps 0-422 (1/3), t 256, z 8192, cap 896, aw 3,
-  // lr x 1" (with B and processes for the micro steps).
+  // The start-up table's row, one stage a line: "1: steps 0-422, t 256, 8192 tokens a step (1 micro
+  // step), documents capped at 896 tokens, window 3 blocks, short 1, lr x 1" (with B and processes
+  // for the micro steps).
   std::string describe(int B, int processes) const {
     std::string out;
     for (size_t i = 0; i < stages_.size(); i++) {
@@ -221,10 +306,7 @@ class StagePlan {
                        i == 0 ? "" : "; ", i + 1, first, s.end - 1, s.extension_steps ? " (extension)" : "",
                        s.T, (long)micro * B * s.T * processes, micro, micro == 1 ? "" : "s",
                        s.cap ? strformat("documents capped at %d tokens", s.cap).c_str() : "no document cap",
-                       s.window == kWindowSchedule ? "the schedule's"
-                       : s.window == 0             ? "none"
-                                                   : strformat("%d block%s", s.window, s.window == 1 ? "" : "s").c_str(),
-                       s.lr_multiplier);
+                       s.window.describe().c_str(), s.lr_multiplier);
     }
     return out;
   }
@@ -288,7 +370,7 @@ class StagePlan {
     } else if (key == "cap") {
       s.cap = (int)parse_value(key, value, 0, INT32_MAX);
     } else if (key == "aw") {
-      s.window = (int)parse_value(key, value, kWindowSchedule, INT32_MAX);
+      s.window = parse_window_setting(value, strformat("%s: stage %zu: aw=%s", flag_, stages_.size() + 1, value.c_str()));
     } else if (key == "lr") {
       char* end = nullptr;
       s.lr_multiplier = strtod(value.c_str(), &end);
@@ -354,6 +436,7 @@ class StagePlan {
   const char* flag_ = "-sp";
   std::vector<Stage> stages_;
   long scheduled_ = 0;
+  int final_window_ = 0;
 };
 
 }  // namespace llmc

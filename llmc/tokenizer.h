@@ -519,6 +519,7 @@ class Tokenizer {
 
   int vocab_size() const { return (int)tokens_.size(); }
   int eot_token() const { return eot_token_; }
+  const std::vector<std::string>& token_bytes() const { return tokens_; }
 
   // The token's bytes: possibly only part of a UTF-8 character (see Utf8Joiner).
   const std::string& decode(int id) const {
@@ -540,5 +541,36 @@ class Tokenizer {
   std::vector<std::string> tokens_;
   int eot_token_ = -1;
 };
+
+// ----------------------------------------------------------------------------------------------
+// Prefix tokens
+
+// Each token's prefix token (modded-nanogpt record #89's prefix prediction): the id of the longest
+// proper prefix of its bytes that is itself a token, -1 where none is (the 256 byte tokens), for
+// `rows` ids, the padded rows -1. The end-of-text token stands for no bytes: it has no prefix and
+// is none. Each token looks up its prefixes from the longest down (GPT-2's are at most 128 bytes);
+// the reference's sort of the byte strings finds the same ids (a proper prefix sorts before its
+// extensions, and each token after the longest of them).
+inline std::vector<int> token_prefix_table(const std::vector<std::string>& tokens, int eot_token, int rows) {
+  if (rows < (int)tokens.size()) {
+    LLMC_FAIL("token_prefix_table: %d rows for a vocabulary of %zu tokens", rows, tokens.size());
+  }
+  std::unordered_map<std::string_view, int> ids;
+  for (int id = 0; id < (int)tokens.size(); id++) {
+    if (id != eot_token) ids.emplace(tokens[id], id);
+  }
+  std::vector<int> table(rows, -1);
+  for (int id = 0; id < (int)tokens.size(); id++) {
+    const std::string_view bytes = tokens[id];
+    for (size_t length = bytes.size() - 1; id != eot_token && length > 0; length--) {
+      const auto found = ids.find(bytes.substr(0, length));
+      if (found != ids.end()) {
+        table[id] = found->second;
+        break;
+      }
+    }
+  }
+  return table;
+}
 
 }  // namespace llmc

@@ -529,7 +529,9 @@ gpu_setup() {
 # modern: the flash kernels in BF16, 12 layers' long and short windows); the speedrun's block
 # (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup; d12 also at the
 # schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
-# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header).
+# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header);
+# the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
+# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -546,7 +548,8 @@ gpu_against_pytorch() {
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_tiny:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
-              "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024"; do
+              "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
+              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -563,6 +566,11 @@ gpu_against_pytorch() {
     --debug_noise 0.02 --documents 1 --window_blocks 1 --batch_size 2 --seq_len 256 --total_batch_size -1
   staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 t=256 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
     --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1
+  # Short windows given (aw=S/L), none half its long one: the short layers' 2 of (2, 2) at t=256,
+  # 3 of (3, 4) and 1 of (1, 4) at t=512.
+  staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
+    --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 \
+    --total_batch_size -1
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
@@ -603,7 +611,8 @@ staged_against_pytorch() {
 
 # The speedrun's validation at -vt (a forward pass of its own: one layer's activations, the head in
 # chunks) against train_gpt2.py --eval_only 1 on the same weights, 10 steps trained: a window of 3
-# blocks (the short layers' 1) over 1,024-token sequences of documents, in both builds. At the
+# blocks (the short layers' 1) over 1,024-token sequences of documents, in both builds; then the
+# final validation's long window of 6 (-awf) beside the short 1. At the
 # recipe's 262,144-token validation after 100 steps of the corpus the two gave 1.976082 and 1.976066.
 speedrun_validation_against_pytorch() {
   local device=$1 spec binary dtype tolerance
@@ -617,6 +626,15 @@ speedrun_validation_against_pytorch() {
       --val_steps 4 --dtype "$dtype" --device "$device"
     run "validation_pytorch_${binary}_agrees" val_losses_agree "$LOGS/validation_pytorch_$binary.log" \
       "$LOGS/validation_pytorch_reference_$dtype.log" "$tolerance"
+    # The final validation's windows: -awf 6 over -aw 1/3 validates at (1, 6), which --eval_only
+    # takes as --window_blocks 1/6 (without -awf it would be the (1, 3) above).
+    run "final_window_pytorch_$binary" ./$binary $COMMON -recipe speedrun -e "$SPEEDRUN_TRAINED" -aw 1/3 -awf 6 \
+      -b 4 -t 256 -vt 1024 -z 1024 -x 0 -m 4 -s 0
+    run "final_window_pytorch_reference_$dtype" "$PYTHON" train_gpt2.py --recipe speedrun --eval_only 1 \
+      --init_from "$SPEEDRUN_TRAINED" --input_val_bin "$COMMON_VAL" --window_blocks 1/6 -b 4 --val_seq_len 1024 \
+      --val_steps 4 --dtype "$dtype" --device "$device"
+    run "final_window_pytorch_${binary}_agrees" val_losses_agree "$LOGS/final_window_pytorch_$binary.log" \
+      "$LOGS/final_window_pytorch_reference_$dtype.log" "$tolerance"
   done
 }
 

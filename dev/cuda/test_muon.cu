@@ -8,13 +8,15 @@
 // hyperparameters (12 steps of the baseline's polynomial, tall matrices scaled), the speedrun's (5
 // steps of its polynomial, no tall scale), 3 steps of the speedrun's polynomial with the tall
 // scale (odd counts, whose iterations start in the workspace's second buffer) and Polar Express (5
-// steps, each of its own polynomial, after a norm 1.02 |X| + 1e-6). Each stage is checked on its
+// steps, each of its own polynomial, after a norm 1.02 |X| + 1e-6) and the cautious weight decay
+// (record #89's, whose master weights must be its formula's bits). Each stage is checked on its
 // own (momentum, the norm, orthogonalised update, parameters from the GPU's update), the
 // baseline's orthogonalised update also for its property (X X^T near I), then muon_update twice
 // for the same bits, in pieces of a smaller workspace, and over sub-ranges, which must give the
 // whole group's bits for their matrices and leave the others as they were; then
 // muon_update_spread as each process of 1, 2 and 3 runs it, and the ZeRO-1 step
-// (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does.
+// (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does. Then the cautious
+// decay from updates and weights of both signs and zeros of each, where u = 0 decays too (>=).
 #include "dev/cuda/kernel_test.h"
 
 namespace muon_tests {
@@ -84,6 +86,13 @@ std::vector<float> cpu_newton_schulz(std::vector<float> x, int m, int n, const l
     for (size_t i = 0; i < x.size(); i++) x[i] = bf16_round(bf16_round(p.a * x[i]) + bx[i]);
   }
   return x;
+}
+
+// Muon's cautious step on the CPU in muon_cautious_decay's order, each operation an FP32 rounding
+// (no fused multiply-add on the host).
+float cpu_cautious_decay(float old, float u, float lr, float wd_lr, float lr_eff) {
+  const float mask = u * old >= 0.0f ? 1.0f : 0.0f;
+  return (old - old * mask * wd_lr * lr_eff) - lr * u;
 }
 
 // One group's matrices in a shared parameter buffer, each kGap elements after the previous; tall[i]:
@@ -328,6 +337,27 @@ void test_zero(const TestGroup& t, const HostState& s, Device& d, const MuonGrou
   muon_workspace_free(ws);
 }
 
+// Matrix i's weights `old` after the step from its orthogonalised update x [m, n] (the wide
+// orientation, as the GPU leaves it): x transposed back and scaled for a tall matrix as
+// muon_apply_tile does, then the decoupled step p (1 - lr wd) - lr u, or the cautious one with the
+// matrix's lr_eff.
+std::vector<float> cpu_muon_apply(const TestGroup& t, int i, std::vector<float> x, std::vector<float> old,
+                                  const MuonParams& hp) {
+  const double scale = hp.scale_tall ? std::sqrt((double)t.n / t.m) : 1.0;
+  if (t.tall[i]) {
+    x = transposed(x, t.m, t.n);
+    for (float& v : x) v = bf16_round(v * (float)scale);
+  }
+  const float decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
+  const float wd_lr = (float)((double)hp.weight_decay * hp.lr);
+  const float lr_eff = t.tall[i] ? (float)(hp.lr * scale) : hp.lr;
+  for (size_t k = 0; k < old.size(); k++) {
+    old[k] = hp.decay == llmc::WeightDecayKind::kCautious ? cpu_cautious_decay(old[k], x[k], hp.lr, wd_lr, lr_eff)
+                                                          : old[k] * decay - hp.lr * x[k];
+  }
+  return old;
+}
+
 // A recipe's hyperparameters, the bound on its orthogonalised update against the CPU's, and
 // whether its iteration takes the singular values to 1 (the baseline's), where X X^T = I is checked.
 struct TestRecipe {
@@ -394,20 +424,16 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   const std::vector<float> got_params = d.params.download(), got_master = d.master.download();
   check_gaps("params", t, got_params, s.params);
   check_gaps("master", t, got_master, s.master);
-  const float decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
-  const float tall_scale = hp.scale_tall ? (float)std::sqrt((double)n / m) : 1.0f;
+  // The GPU may fuse the decoupled step's product and difference; the cautious step it rounds as
+  // the CPU does.
+  const float master_tol = hp.decay == llmc::WeightDecayKind::kCautious ? 0.0f : kTolFP32;
   for (int i = 0; i < count; i++) {
     const float* x_i = got_x.data() + (size_t)i * m * n;
-    std::vector<float> x(x_i, x_i + (size_t)m * n);
-    if (t.tall[i]) {
-      x = transposed(x, m, n);
-      for (float& v : x) v = bf16_round(v * tall_scale);
-    }
-    std::vector<float> ref = matrix(t, with_master ? s.master : s.params, i);
-    for (size_t k = 0; k < ref.size(); k++) ref[k] = ref[k] * decay - hp.lr * x[k];
+    const std::vector<float> ref = cpu_muon_apply(t, i, std::vector<float>(x_i, x_i + (size_t)m * n),
+                                                  matrix(t, with_master ? s.master : s.params, i), hp);
     // Stochastic rounding of the FP32 result: within one ulp (kTolSum).
     check_close(llmc::strformat("params %d", i), matrix(t, got_params, i), ref, kTolSum);
-    if (with_master) check_close(llmc::strformat("master %d", i), matrix(t, got_master, i), ref, kTolFP32);
+    if (with_master) check_close(llmc::strformat("master %d", i), matrix(t, got_master, i), ref, master_tol);
     else check_same_bits(llmc::strformat("master %d untouched", i), Snapshot(DeviceArray<float>(s.master)),
                          Snapshot(d.master));
   }
@@ -452,6 +478,63 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   muon_workspace_free(ws);
 }
 
+// The cautious step (muon_apply) from updates x placed in the workspace: weights of both signs
+// with every 7th zero, updates of both signs with every 5th zero, wide and tall matrices (the
+// tall ones scaled, their lr_eff lr sqrt(n / m)), with master weights: the master weights bit for
+// bit the CPU's formula (a weight whose update is zero decays, the non-strict mask; one the update
+// moves away from zero does not), the parameters within one ulp, each case present (u p > 0,
+// u p < 0, u = 0 with p != 0, p = 0), twice the same bits.
+void test_apply_cautious(llmc::Rng& rng) {
+  const TestGroup t = {"wide and tall", 96, 160, {0, 1, 0, 0, 1}};
+  const MuonParams hp = {0.05f, 1.2f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true, llmc::WeightDecayKind::kCautious};
+  printf("\nmuon_apply %s: %d of %dx%d, the cautious weight decay\n", t.name, t.count(), t.m, t.n);
+  const int m = t.m, n = t.n, count = t.count();
+  HostState s;
+  s.params = random_stored(rng, t.elements(), 0.0f, 0.05f);
+  for (size_t k = 0; k < s.params.size(); k += 7) s.params[k] = 0.0f;
+  s.master = s.params;
+  s.grads = s.params;
+  s.momentum.assign(t.elements(), 0.0f);
+  std::vector<float> x((size_t)count * m * n);
+  rng.normal(x.data(), x.size(), 0.0f, 0.03f);
+  std::vector<__nv_bfloat16> staged(x.size());
+  for (size_t k = 0; k < x.size(); k++) {
+    if (k % 5 == 3) x[k] = 0.0f;
+    staged[k] = __float2bfloat16_rn(x[k]);
+    x[k] = __bfloat162float(staged[k]);
+  }
+  Device d(t, s);
+  const MuonGroup g = d.group(t, true);
+  MuonWorkspace ws;
+  muon_workspace_alloc(ws, {g}, count);
+  auto run = [&] {
+    d.reset(s);
+    cudaCheck(cudaMemcpy(ws.x[0], staged.data(), staged.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    muon_apply(g, 0, count, hp, 4321u, ws, 0, 0);
+  };
+  run();
+  const std::vector<float> got_params = d.params.download(), got_master = d.master.download();
+  size_t cases[4] = {};  // u p > 0, u p < 0, u = 0 with p != 0, p = 0
+  for (int i = 0; i < count; i++) {
+    const std::vector<float> x_i(x.begin() + (size_t)i * m * n, x.begin() + (size_t)(i + 1) * m * n);
+    const std::vector<float> old = matrix(t, s.master, i), ref = cpu_muon_apply(t, i, x_i, old, hp);
+    const std::vector<float> u = t.tall[i] ? transposed(x_i, m, n) : x_i;  // the signs of the scaled update
+    for (size_t k = 0; k < old.size(); k++) {
+      cases[old[k] == 0.0f ? 3 : u[k] == 0.0f ? 2 : u[k] * old[k] > 0.0f ? 0 : 1]++;
+    }
+    check_close(llmc::strformat("master %d", i), matrix(t, got_master, i), ref, 0.0f);
+    check_close(llmc::strformat("params %d", i), matrix(t, got_params, i), ref, kTolSum);
+  }
+  check_gaps("master", t, got_master, s.master);
+  testing::check_verbose(cases[0] > 0 && cases[1] > 0 && cases[2] > 0 && cases[3] > 0,
+                         llmc::strformat("u p > 0: %zu, u p < 0: %zu, u = 0 with p != 0 (decayed): %zu, p = 0: %zu",
+                                         cases[0], cases[1], cases[2], cases[3]));
+  const Snapshot bits(d.params, d.master);
+  run();
+  check_same_bits("twice", bits, Snapshot(d.params, d.master));
+  muon_workspace_free(ws);
+}
+
 void run() {
   llmc::Rng rng(1337);
   const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
@@ -463,12 +546,15 @@ void run() {
       {"modern", {0.025f, 0.05f, 0.95f}, kTolOrthogonal, true},
       {"speedrun", {0.05f, 0.0f, 0.85f, 1.0f, llmc::kNewtonSchulzSpeedrun, false}, kTolSteepOrthogonal, false},
       {"3 steps", {0.05f, 0.01f, 0.9f, 1.0f, steep3, true}, kTolSteepOrthogonal, false},
-      {"polar", {0.05f, 0.0f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true}, kTolPolarOrthogonal, false}};
+      {"polar", {0.05f, 0.0f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true}, kTolPolarOrthogonal, false},
+      {"cautious", {0.05f, 1.2f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true, llmc::WeightDecayKind::kCautious},
+       kTolPolarOrthogonal, false}};
   for (const TestRecipe& recipe : recipes) {
     for (const TestGroup& t : groups) {
       for (bool with_master : {true, false}) test_group(t, with_master, recipe, rng);
     }
   }
+  test_apply_cautious(rng);
 }
 
 }  // namespace muon_tests

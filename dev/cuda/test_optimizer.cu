@@ -7,7 +7,10 @@
 // the stochastic rounding of the parameters must be unbiased. A slice with BF16 state (the
 // speedrun's embeddings): every value BF16, rounded to nearest. An update that puts the new state
 // in other arrays (the step after a checkpoint) gives in place's bits and leaves the old state.
-// The FP8 head's weight: each BF16 copy casts to its master weight's E4M3 byte.
+// The FP8 head's weight: each BF16 copy casts to its master weight's E4M3 byte. The cautious
+// decay (record #89's): against the CPU, and bit for bit against its formula from the GPU's new
+// moments, on weights and steps of both signs and zeros of each, where u = 0 leaves the weight
+// as it was (the strict mask).
 // The shard's moments are compact arrays of the AdamW tensors' parts (state_layout, with a tensor
 // of Muon's between them), and state_file_copies and state_file_zero_gaps give the state files'
 // flat layout.
@@ -230,6 +233,90 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   check_same_bits("twice", bits, slice.bits());
   run(seed + 1);
   check_same_bits("another seed: the same bits (no stochastic rounding)", bits, slice.bits());
+}
+
+// The weight after AdamW's cautious decay on the CPU, in adamw_cautious_decay's order, each
+// operation an FP32 rounding (no fused multiply-add on the host).
+float cpu_cautious_decay(float old, float u, float rate) {
+  const float mask = u * old > 0.0f ? 1.0f : 0.0f;
+  return old - (u + rate * old * mask);
+}
+
+// AdamW's step u = lr mhat / (sqrt(vhat) + eps) from the new moments, as the kernel computes it:
+// no product is added to another, so no fused multiply-add moves its bits.
+float cpu_adamw_direction(float m, float v, const AdamWRates& r, float beta1_correction, float beta2_correction) {
+  return r.lr * ((m / beta1_correction) / (sqrtf(v / beta2_correction) + r.eps));
+}
+
+// A slice with the cautious decay: weights of both signs with every 7th zero, steps of both signs
+// (each gradient of its moment's sign) with every 5th zero (m and g zero), a rate and decay at which lr^2 wd p is many FP32 ulps of p.
+// The moments and master weights against the CPU's whole step (kTolFP32); the master weights
+// bit for bit against the cautious formula from the GPU's new moments, which checks each mask (a
+// weight the step moves away from zero, and one whose step is zero, keeps its value past u); the
+// parameters within one ulp; each case (u p > 0, u p < 0, u = 0 with p != 0, p = 0) present;
+// twice, the same bits.
+void test_adamw_cautious(size_t n, llmc::Rng& rng) {
+  printf("\nadamw n=%zu, the cautious weight decay\n", n);
+  AdamWCase t = test_hyperparameters(0.5f, 3);
+  t.rates.lr = 1e-2f;
+  t.rates.weight_decay = 2.0f;
+  t.rates.decay = llmc::WeightDecayKind::kCautious;
+  const AdamWRates& r = t.rates;
+  const AdamWParams& hp = t.hp;
+  std::vector<float> start = random_stored(rng, n, 0.0f, 0.02f), grads = random_stored(rng, n, 0.0f, 1.0f), m0(n),
+                     v0(n);
+  random_moments(rng, m0, v0);
+  // Each gradient of its first moment's sign: the new moment cancels nowhere, so the GPU's fused
+  // roundings of it and the CPU's give the step one sign, and the CPU's masks are the GPU's.
+  for (size_t i = 0; i < n; i++) grads[i] = std::copysign(grads[i], m0[i]);
+  for (size_t i = 0; i < n; i += 7) start[i] = 0.0f;
+  for (size_t i = 3; i < n; i += 5) m0[i] = grads[i] = 0.0f;
+  const float beta1_correction = 1.0f - powf(r.beta1, (float)hp.step);
+  const float beta2_correction = 1.0f - powf(r.beta2, (float)hp.step);
+  const float rate = (float)((double)r.lr * r.lr * r.weight_decay);
+  std::vector<float> ref_m = m0, ref_v = v0, ref_master = start;
+  size_t cases[4] = {};  // u p > 0, u p < 0, u = 0 with p != 0, p = 0
+  for (size_t i = 0; i < n; i++) {
+    const float g = grads[i] * hp.grad_scale;
+    ref_m[i] = r.beta1 * ref_m[i] + (1.0f - r.beta1) * g;
+    ref_v[i] = r.beta2 * ref_v[i] + (1.0f - r.beta2) * g * g;
+    const float u = cpu_adamw_direction(ref_m[i], ref_v[i], r, beta1_correction, beta2_correction);
+    cases[start[i] == 0.0f ? 3 : u == 0.0f ? 2 : u * start[i] > 0.0f ? 0 : 1]++;
+    ref_master[i] = cpu_cautious_decay(start[i], u, rate);
+  }
+  MasterSlice slice(start, grads, m0, v0);
+  auto run = [&] {
+    slice.params.upload(start);
+    slice.master.upload(start);
+    slice.m.upload(m0);
+    slice.v.upload(v0);
+    AdamWSlices slices;
+    slices.add(0, n, 0, 0, r, 1234u);
+    OptimizerArrays from;
+    from.adam_m = slice.m;
+    from.adam_v = slice.v;
+    from.master = slice.master;
+    adamw_update(slice.params, slice.grads, from, 0, slices, hp, 0);
+  };
+  run();
+  const std::vector<float> got_m = slice.m.download(), got_v = slice.v.download();
+  const std::vector<float> got_master = slice.master.download();
+  check_close("m", got_m, ref_m, kTolFP32);
+  check_close("v", got_v, ref_v, kTolFP32);
+  check_close("master", got_master, ref_master, kTolFP32);
+  std::vector<float> from_moments(n);
+  for (size_t i = 0; i < n; i++) {
+    const float u = cpu_adamw_direction(got_m[i], got_v[i], r, beta1_correction, beta2_correction);
+    from_moments[i] = cpu_cautious_decay(start[i], u, rate);
+  }
+  check_close("master = the formula from the GPU's moments", got_master, from_moments, 0.0f);
+  check_close("params", slice.params.download(), ref_master, kTolSum);
+  testing::check_verbose(cases[0] > 0 && cases[1] > 0 && cases[2] > 0 && cases[3] > 0,
+                         llmc::strformat("u p > 0 (decayed): %zu, u p < 0: %zu, u = 0 with p != 0: %zu, p = 0: %zu",
+                                         cases[0], cases[1], cases[2], cases[3]));
+  const Snapshot bits = slice.bits();
+  run();
+  check_same_bits("twice", bits, slice.bits());
 }
 
 // E4M3's byte for x / w_s, the FP8 head's weight cast (fp8_fixed_weight_cast), on the host.
@@ -485,6 +572,8 @@ void run() {
   test_adamw(5, true, false, rng);            // a partial block only
   test_adamw_bf16_state(1000003, rng);        // the speedrun's embeddings
   test_adamw_bf16_state(7, rng);
+  test_adamw_cautious(1000003, rng);          // the vector path and a tail
+  test_adamw_cautious(29, rng);               // a partial block only
   if (sizeof(floatX) == 2) {                  // BF16 copies of FP32 masters
     test_adamw_fp8_head(1000003 - 3, rng);
     test_adamw_fp8_head(7, rng);

@@ -1,7 +1,8 @@
 // Fuzzes debug_state_load with the input as a debug-state file for a fixed tiny model (below; the
 // seeds that dev/test/test_fuzz.sh writes are for the same model). An accepted file's arrays must
-// have the sizes its header gives.
+// have the sizes its header gives (version 5: and its settings' block).
 #include <cstdint>
+#include <cstring>
 
 #include "dev/fuzz/fuzz_file.h"
 #include "llmc/gpt2.h"
@@ -20,10 +21,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                       d.grads.size() == llmc::num_parameters(config) &&
                       d.losses.size() == (size_t)d.steps,
                   "an accepted debug state has the sizes of its header");
-    fuzz::require(size == llmc::kHeaderInts * sizeof(int) +
+    int version = 0;
+    memcpy(&version, data + sizeof(int), sizeof(int));
+    const size_t settings = version != llmc::kDebugStateVersionSettings
+                                ? 0
+                                : 2 * sizeof(int) + (d.settings.size() + 3) / 4 * 4 + sizeof(int) * d.prefix_table.size();
+    fuzz::require(size == llmc::kHeaderInts * sizeof(int) + settings +
                               sizeof(float) * (2 * BT + d.logits.size() + 1 + d.grads.size() +
                                                d.losses.size()),
-                  "an accepted debug state has no bytes beyond its arrays");
+                  "an accepted debug state has no bytes beyond its arrays (and version 5's settings)");
   } catch (const llmc::Error&) {
   }
   return 0;

@@ -123,16 +123,18 @@ def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps):
     return np.fromfile(out, np.int32).reshape(-1, T + 1)
 
 
-def port_plan_lines(plan, B, T, Z, AW, world, steps):
+def port_plan_lines(plan, B, T, Z, AW, AWF, world, steps):
     """train_gpt2.py's plan of each step 0..N+E as build/test_stages --dump prints it, or its error."""
-    args = tg.parse_args(["--input_bin", "x", "--documents", "1", "-b", str(B), "-t", str(T), "--total_batch_size",
-                          str(Z), "--window_blocks", str(AW), "--num_iterations", str(steps), "--stages", plan])
     try:
+        args = tg.parse_args(["--input_bin", "x", "--documents", "1", "-b", str(B), "-t", str(T), "--total_batch_size",
+                              str(Z), "--window_blocks", str(AW), "--final_window_blocks", str(AWF),
+                              "--num_iterations", str(steps), "--stages", plan])
         stages = tg.stage_plan(args, world)
     except SystemExit as e:
         return str(e)
     return [f"{s} {p.stage} {p.seq_len} {p.tokens} {p.micro_steps} {p.cap} {p.window_blocks} "
-            f"{'%.17g' % p.lr_multiplier}" for s, p in ((s, stages.step(s)) for s in range(stages.steps + 1))]
+            f"{p.short_window_blocks} {'%.17g' % p.lr_multiplier}"
+            for s, p in ((s, stages.step(s)) for s in range(stages.steps + 1))]
 
 
 def run_cpp(what, command):
@@ -145,30 +147,45 @@ def run_cpp(what, command):
 
 
 def check_plan_dumps(scratch):
-    """The plan of every step, llmc/stages.h's (build/test_stages --dump) against train_gpt2.py's."""
-    cases = [  # (PLAN, B, T, Z, AW, WORLD, STEPS)
-        ("", 4, 256, -1, -1, 1, 37),
-        ("1 lr=0.75", 2, 128, 1024, 3, 2, 20),
-        ("1/3 t=1024; 1/3 t=2048 lr=0.5; 1/3 aw=7; +15 lr=0.25", 1, 2048, -1, -1, 1, 1270),
-        ("1/3; 1/3; 1/3; +15", 1, 2048, -1, 0, 1, 1270),
+    """The plan of every step, llmc/stages.h's (build/test_stages --dump) against train_gpt2.py's: its
+    long and short windows among them, record #89's (short, long) pairs and its final window of 20."""
+    record89 = "1/3 t=16384 aw=1/3; 1/3 t=32768 aw=3/7 lr=1.52; 1/3 t=49152 aw=5/11 lr=1.73; +15 aw=6/13 lr=1"
+    cases = [  # (PLAN, B, T, Z, AW, AWF, WORLD, STEPS)
+        ("", 4, 256, -1, -1, 0, 1, 37),
+        ("1 lr=0.75", 2, 128, 1024, 3, 0, 2, 20),
+        ("1/3 t=1024; 1/3 t=2048 lr=0.5; 1/3 aw=7; +15 lr=0.25", 1, 2048, -1, -1, 0, 1, 1270),
+        ("1/3; 1/3; 1/3; +15", 1, 2048, -1, 0, 0, 1, 1270),
         ("0.25 t=256 z=4096 cap=64; 0.5 aw=2 lr=1e-1; 0.25 z=-1 aw=-1 lr=0.3333333333333333; +7 cap=0",
-         2, 128, 2048, -1, 2, 101),
-        ("0.1; 2/7 t=512; 0.2 cap=100; 29/70 t=256 aw=5", 1, 256, -1, 0, 1, 997),
-        ("1/2; 1/2", 1, 128, -1, 0, 1, 7),
-        ("0.5; 0.4", 1, 128, -1, 0, 1, 10),
-        ("0.5 q=1; 0.5", 1, 128, -1, 0, 1, 10),
-        ("+3; 1", 1, 128, -1, 0, 1, 10),
-        ("0.01; 0.99", 1, 128, -1, 0, 1, 10),
-        ("1 t=+64", 1, 128, -1, 0, 1, 10),
-        ("+1/2; 1/2", 1, 128, -1, 0, 1, 10),
-        ("0x1p-1; 0x1p-1", 1, 128, -1, 0, 1, 10),
-        ("1; ++2", 1, 128, -1, 0, 1, 10),
-        ("1 lr=0x1p0", 1, 128, -1, 0, 1, 10),
+         2, 128, 2048, -1, 0, 2, 101),
+        ("0.1; 2/7 t=512; 0.2 cap=100; 29/70 t=256 aw=5", 1, 256, -1, 0, 0, 1, 997),
+        (record89, 1, 16384, -1, 0, 20, 1, 1270),
+        (record89, 1, 16384, -1, 0, 0, 1, 1270),
+        ("1/2 aw=2/5; 1/2 lr=0.5; +3 aw=9", 1, 2048, -1, "1/4", 12, 1, 40),
+        ("1/2; 1/2 aw=4", 1, 2048, -1, "3/8", 0, 1, 10),
+        ("1", 1, 2048, -1, -1, 16, 1, 10),
+        ("1/2; 1/2", 1, 128, -1, 0, 0, 1, 7),
+        ("0.5; 0.4", 1, 128, -1, 0, 0, 1, 10),
+        ("0.5 q=1; 0.5", 1, 128, -1, 0, 0, 1, 10),
+        ("+3; 1", 1, 128, -1, 0, 0, 1, 10),
+        ("0.01; 0.99", 1, 128, -1, 0, 0, 1, 10),
+        ("1 t=+64", 1, 128, -1, 0, 0, 1, 10),
+        ("+1/2; 1/2", 1, 128, -1, 0, 0, 1, 10),
+        ("0x1p-1; 0x1p-1", 1, 128, -1, 0, 0, 1, 10),
+        ("1; ++2", 1, 128, -1, 0, 0, 1, 10),
+        ("1 lr=0x1p0", 1, 128, -1, 0, 0, 1, 10),
+        ("1 aw=5/3", 1, 256, -1, 0, 0, 1, 10),
+        ("1 aw=0/3", 1, 256, -1, 0, 0, 1, 10),
+        ("1 aw=2/-1", 1, 256, -1, 0, 0, 1, 10),
+        ("1 aw=1/x", 1, 256, -1, 0, 0, 1, 10),
+        ("1 aw=1/2/3", 1, 256, -1, 0, 0, 1, 10),
+        ("1", 1, 256, -1, "4/2", 0, 1, 10),
+        ("1 aw=2/5", 1, 256, -1, 0, 1, 1, 10),
+        ("1/2 aw=3; 1/2 aw=0", 1, 256, -1, 0, 20, 1, 10),
     ]
-    for plan, B, T, Z, AW, world, steps in cases:
-        what = f"--stages {plan!r} (B {B}, T {T}, z {Z}, aw {AW}, {world} process(es), {steps} steps)"
-        port = port_plan_lines(plan, B, T, Z, AW, world, steps)
-        out, result = run_cpp(what, ["build/test_stages", "--dump", plan, str(B), str(T), str(Z), str(AW),
+    for plan, B, T, Z, AW, AWF, world, steps in cases:
+        what = f"--stages {plan!r} (B {B}, T {T}, z {Z}, aw {AW}, awf {AWF}, {world} process(es), {steps} steps)"
+        port = port_plan_lines(plan, B, T, Z, AW, AWF, world, steps)
+        out, result = run_cpp(what, ["build/test_stages", "--dump", plan, str(B), str(T), str(Z), str(AW), str(AWF),
                                      str(world), str(steps)])
         if result is None:
             continue

@@ -423,6 +423,25 @@ if has_flag -pd; then
   expect "-aw 100000 at -t 128 (tokens given for blocks)" \
     "^error: -aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of it \(the short layers take half the window\); use -aw 2 or less \(0: no window\)\$" \
     -e d12 -t 128 -pd 1 -aw 100000
+  # A short window given (-aw S/L): no wider than its long one, which is fixed and 1 or more blocks
+  expect "-aw S/L, the short above the long" \
+    "^error: -aw 5/3: the short window 5 is not within 1 and the long window 3: give S/L with 1 <= S <= L\$" \
+    -e d12 -t 128 -pd 1 -aw 5/3
+  expect "-aw S/L beside the schedule" "^error: -aw 2/-1: a short window takes a fixed long one of 1 or more blocks" \
+    -e d12 -t 128 -pd 1 -aw 2/-1
+  expect "-aw S/L without a window" "^error: -aw 1/0: a short window takes a fixed long one" -e d12 -t 128 -pd 1 \
+    -aw 1/0
+  # The final validation's long window (-awf): beside a last stage's window, no narrower than its
+  # short one, in blocks
+  expect "-awf without a window" \
+    "^error: -awf 4 sets the long window of the validation after the last step, and the last stage has no window" \
+    -e d12 -t 256 -pd 1 -awf 4
+  expect "-awf below the last stage's short window" \
+    "^error: -awf 1 is below the last stage's short window of 2 blocks, which the final validation keeps: give -awf 2 or more\$" \
+    -e d12 -t 256 -pd 1 -aw 2/2 -awf 1
+  expect "-awf wider than the sequences" \
+    "^error: -awf 5 counts blocks of 128 tokens, and t 256 is 2 blocks: -awf 2 already attends to all of it; use -awf 2 or less\$" \
+    -e d12 -t 256 -pd 1 -aw 2 -awf 5
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi
@@ -446,6 +465,9 @@ if has_flag -sp; then
     -e d12 -t 64 -sp "1 cap=64"
   expect "-sp stage's window wider than its t" "^error: -sp stage 2 \(t=256 z=-1 aw=9\): -aw 9 counts blocks of 128 tokens, and t 256 is 2 blocks" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2; 1/2 t=256 aw=9"
+  expect "-sp stage's short window above its long one" \
+    "^error: -sp: stage 2: aw=4/3: the short window 4 is not within 1 and the long window 3: give S/L with 1 <= S <= L\$" \
+    -e d12 -t 128 -b 1 -pd 1 -sp "1/2 aw=1/3; 1/2 aw=4/3"
   expect "-sp with -x -1" "-sp shares out -x's steps among its 2 stages: give -x" -sp "1/2; 1/2" -x -1
   expect "-sp t changing with -a 1" "-a 1 trains on its first batch, of the first stage's t=128, and -sp stage 2 sets t=256" \
     -e d12 -t 128 -b 1 -pd 1 -a 1 -sp "1/2; 1/2 t=256"
@@ -496,6 +518,53 @@ if has_flag -ns; then
     -opt muon -ns newton
   expect "-ns without Muon" "^error: -ns polar sets Muon's orthogonalisation, which -opt adamw does not use: add -opt muon or drop -ns; -opt adamw comes from -recipe gpt2" \
     -ns polar
+fi
+
+# --- -mtp and -pw, the training loss's terms (record #89's): 1 to 3 weights and a prefix weight,
+# each within [0, 1], not all 0; the prefix term's vocabulary file (flag and file errors, before the
+# GPU)
+if has_flag -mtp; then
+  expect "-mtp of 4 weights" "^error: -mtp 1,0.5,0.25,0.1: more than 3 weights \(the next token's and the 2 after it\)\$" \
+    -mtp 1,0.5,0.25,0.1
+  expect "-mtp weight above 1" "^error: -mtp 2: must be within \[0, 1\]\$" -mtp 1,2
+  expect "-mtp weight not a number" "^error: -mtp 'x': not a number\$" -mtp 1,x
+  expect "-mtp with an empty weight" "^error: -mtp '': not a number\$" -mtp 1,
+  expect "-pw above 1" "^error: -pw 2: must be within \[0, 1\]\$" -pw 2
+  expect "-mtp 0 with -pw 0" "^error: -mtp 0 and -pw 0: every term of the training loss has weight 0; give the next token a weight \(-mtp 1\); -pw 0 comes from -recipe gpt2: give -pw to override it\$" \
+    -mtp 0
+  expect "-pw with -tk naming no file" "^error: -tk $DIR/no_tokenizer\.bin: no such vocabulary file" \
+    -pw 0.25 -tk "$DIR/no_tokenizer.bin"
+  if [ ! -e dev/data/tinyshakespeare/gpt2_tokenizer.bin ]; then
+    expect "-pw without a vocabulary file" "^error: -pw 0.25: the prefix term reads each token's bytes from the vocabulary file, and there is none: give -tk FILE" \
+      -pw 0.25
+  else
+    skip "-pw without a vocabulary file" "the default vocabulary file dev/data/tinyshakespeare/gpt2_tokenizer.bin exists"
+  fi
+else
+  skip "-mtp and -pw" "$TRAINER has no -mtp"
+fi
+
+# --- -lc, the head's cap in place of the architecture's: within its range, on a capped head, a
+# shift on the sigmoid cap only (before the GPU)
+if has_flag -lc; then
+  expect "-lc above 40" "^error: -lc 50: must be within \[1, 40\]\$" -lc 50
+  expect "-lc with a shift out of range" "^error: -lc 200: must be within \[-100, 100\]\$" -lc 23,200
+  expect "-lc on GPT-2's uncapped head" "^error: -lc 23,5: the gpt2 architecture's logits are uncapped: leave -lc out\$" \
+    -lc 23,5
+  expect "-lc with a shift on the modern cap" "^error: -lc 15,5: a shift moves the sigmoid cap, and the modern architecture's cap is soft-capped at 15: give -lc 15\$" \
+    -recipe modern -lc 15,5
+else
+  skip "-lc" "$TRAINER has no -lc"
+fi
+
+# --- -cd, the cautious weight decay: 0 or 1, and only where some weight decays (flag errors, before
+# the GPU)
+if has_flag -cd; then
+  expect "-cd out of range" "^error: -cd 2: must be 0 or 1" -cd 2
+  expect "-cd 1 without AdamW's decay" "^error: -cd 1 makes the weight decay cautious, and this run decays nothing \(-c 0\): give -c a decay, or drop -cd" \
+    -c 0 -cd 1
+  expect "-cd 1 without AdamW's or Muon's decay" "^error: -cd 1 makes the weight decay cautious, and this run decays nothing \(-c 0, -mw 0\): give -c or -mw a decay, or drop -cd" \
+    -opt muon -c 0 -mw 0 -cd 1
 fi
 
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm

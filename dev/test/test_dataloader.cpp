@@ -973,7 +973,7 @@ void test_long_document() {
 // T_s+1 tokens a sequence.
 int dump_stages(char** argv) {
   const int B = atoi(argv[4]), world = atoi(argv[5]);
-  llmc::StagePlan plan(argv[8], "-sp", atoi(argv[9]), atol(argv[10]), 0);
+  llmc::StagePlan plan(argv[8], "-sp", atoi(argv[9]), atol(argv[10]), {});
   plan.resolve(atol(argv[11]));
   llmc::StepPlan shape = plan.at(0, B, world);
   std::vector<DocumentLoader> ranks;

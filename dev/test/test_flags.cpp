@@ -258,12 +258,26 @@ void test_model_and_batch() {
 // -pd and -aw (the CUDA trainer's): -aw's values, and the checks against -t and -x that
 // train_gpt2.py's check_document_args makes.
 void test_document_flags() {
-  check_verbose(llmc::parse_window_blocks("-aw", "14") == 14 && llmc::parse_window_blocks("-aw", "-1") == -1 &&
-                    llmc::parse_window_blocks("-aw", "0") == 0,
-                "-aw takes N blocks, -1 (the schedule) and 0 (none)");
-  check_throws([] { llmc::parse_window_blocks("-aw", "-2"); },
+  const llmc::WindowSetting pair = llmc::parse_window_flag("-aw", "6/13");
+  check_verbose(llmc::parse_window_flag("-aw", "14").long_blocks == 14 &&
+                    !llmc::parse_window_flag("-aw", "14").short_given() &&
+                    llmc::parse_window_flag("-aw", "-1").long_blocks == -1 &&
+                    llmc::parse_window_flag("-aw", "0").long_blocks == 0 && pair.long_blocks == 13 &&
+                    pair.short_blocks == 6 && pair.text() == "6/13" && llmc::parse_window_flag("-aw", "3/3").short_given(),
+                "-aw takes N blocks, -1 (the schedule), 0 (none) and S/L (1 <= S <= L)");
+  check_throws([] { llmc::parse_window_flag("-aw", "-2"); },
                "-aw -2: give a window of 1 or more blocks, -1 for the schedule or 0 for none", "-aw -2");
-  check_throws([] { llmc::parse_window_blocks("-aw", "x"); }, "-aw 'x': not an integer", "-aw x");
+  check_throws([] { llmc::parse_window_flag("-aw", "x"); },
+               "-aw x: give the window in blocks of 128 tokens (N, -1 for the schedule, 0 for none), or the short "
+               "and the long window as S/L", "-aw x");
+  check_throws([] { llmc::parse_window_flag("-aw", "4/3"); },
+               "-aw 4/3: the short window 4 is not within 1 and the long window 3: give S/L with 1 <= S <= L",
+               "-aw 4/3: a short window above its long one");
+  check_throws([] { llmc::parse_window_flag("-aw", "2/-1"); },
+               "-aw 2/-1: a short window takes a fixed long one of 1 or more blocks", "-aw 2/-1: a short window "
+               "beside the schedule");
+  check_throws([] { llmc::parse_window_flag("-aw", "1/0"); }, "-aw 1/0: a short window takes a fixed long one",
+               "-aw 1/0: a short window without a window");
   std::string accepted;
   for (const std::vector<int>& flags : {std::vector<int>{0, 0, 64, -1}, {1, 0, 256, 10}, {1, -1, 1024, 1},
                                         {1, 3, 128, 0}}) {
@@ -292,13 +306,14 @@ void test_document_flags() {
 }
 
 // -aw N against the longest sequence: up to the window that spans it (with 12 layers twice its
-// blocks, the short layers taking half), the schedule and no window at any length.
+// blocks, the short layers taking half; with a short window given, its blocks), the schedule and no
+// window at any length.
 void test_window_length() {
   std::string accepted;
   for (const std::vector<int>& w : {std::vector<int>{2, 128, 12}, {3, 128, 12}, {8, 1024, 4}, {9, 1024, 4},
                                     {16, 1024, 12}, {17, 1024, 12}, {-1, 128, 12}, {0, 128, 4}}) {
     try {
-      llmc::check_window_length(w[0], "-t", w[1], llmc::layer_plan(llmc::Arch::kGpt2, w[2]));
+      llmc::check_window_length({w[0]}, "-t", w[1], llmc::layer_plan(llmc::Arch::kGpt2, w[2]));
       accepted += llmc::strformat(" %d", w[0]);
     } catch (const llmc::Error&) {
       accepted += llmc::strformat(" (%d)", w[0]);
@@ -306,11 +321,23 @@ void test_window_length() {
   }
   check_verbose(accepted == " 2 (3) 8 (9) 16 (17) -1 0",
                 "-aw against -t 128 (12 layers), 1024 (4 layers), 1024 (12 layers), refused in ():" + accepted);
-  check_throws([] { llmc::check_window_length(100000, "-t", 128, llmc::layer_plan(llmc::Arch::kGpt2, 12)); },
+  const llmc::LayerPlan twelve = llmc::layer_plan(llmc::Arch::kGpt2, 12);
+  bool given_short_spans = true;
+  try {
+    llmc::check_window_length({8, 3}, "-t", 1024, twelve);
+  } catch (const llmc::Error&) {
+    given_short_spans = false;
+  }
+  check_verbose(given_short_spans, "-aw 3/8 at -t 1024 (8 blocks), 12 layers: the long window spans it");
+  check_throws([] { llmc::check_window_length({9, 3}, "-t", 1024, llmc::layer_plan(llmc::Arch::kGpt2, 12)); },
+               "-aw 3/9 counts blocks of 128 tokens, and -t 1024 is 8 blocks: -aw 8 already attends to all of it; "
+               "use -aw 8 or less (the long one)", "-aw 3/9 at -t 1024, 12 layers: a short window given, the long one "
+               "spans at 8");
+  check_throws([] { llmc::check_window_length({100000}, "-t", 128, llmc::layer_plan(llmc::Arch::kGpt2, 12)); },
                "-aw 100000 counts blocks of 128 tokens, and -t 128 is 1 block: -aw 2 already attends to all of "
                "it (the short layers take half the window); use -aw 2 or less (0: no window)",
                "-aw 100000 (tokens for blocks) at -t 128, 12 layers");
-  check_throws([] { llmc::check_window_length(INT32_MAX, "-vt", 262144, llmc::layer_plan(llmc::Arch::kGpt2, 4)); },
+  check_throws([] { llmc::check_window_length({INT32_MAX}, "-vt", 262144, llmc::layer_plan(llmc::Arch::kGpt2, 4)); },
                "-aw 2147483647 counts blocks of 128 tokens, and -vt 262144 is 2048 blocks: -aw 2048 already "
                "attends to all of it; use -aw 2048 or less (0: no window)",
                "-aw INT_MAX at -vt 262144, 4 layers");
@@ -456,6 +483,35 @@ void test_usage() {
 
 }  // namespace
 
+// The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
+// read as those flags, the defaults where it names none; settings that are not such pairs, or a
+// prefix weight without its table, refused.
+void test_loss_settings() {
+  const llmc::PredictionWeights w = llmc::parse_prediction_weights("-mtp", "1,0.5,0.25");
+  const llmc::LogitCapSetting cap = llmc::parse_logit_cap_setting("-lc", "23,5");
+  check_verbose(w.count == 3 && w.weight[1] == 0.5f && w.weight[2] == 0.25f && llmc::prediction_weights_text(w) ==
+                    "1,0.5,0.25" && cap.cap == 23.0f && cap.shift == 5.0f,
+                "-mtp 1,0.5,0.25 and -lc 23,5 parsed and shown");
+  llmc::DebugState d;
+  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25";
+  d.prefix_table.assign(128, -1);
+  const llmc::LossSettings s = llmc::debug_state_loss_settings(d, "d.bin");
+  check_verbose(s.logit_cap.cap == 23.0f && s.logit_cap.shift == 5.0f && s.next_token_weights.count == 3 &&
+                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f,
+                "a debug state's settings '" + d.settings + "' read as the flags'");
+  const llmc::LossSettings none = llmc::debug_state_loss_settings(llmc::DebugState(), "d.bin");
+  check_verbose(none.logit_cap.cap == 0.0f && none.next_token_weights.count == 1 &&
+                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f,
+                "a debug state without settings: the architecture's cap, the next token's loss alone");
+  d.settings = "-mtp 1 -ns polar";
+  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
+               "a debug state's setting of another flag");
+  d.settings = "-pw 0.25";
+  d.prefix_table.clear();
+  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "-pw 0.25 and a prefix table of 0 rows",
+               "a debug state's prefix weight without its table");
+}
+
 int main() {
   try {
     llmc::make_dirs(kDir);
@@ -471,6 +527,7 @@ int main() {
     test_text_wrap();
     test_startup_table();
     test_usage();
+    test_loss_settings();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

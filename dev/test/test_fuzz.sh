@@ -119,6 +119,13 @@ seed("debug_state", "two_steps", two_steps)
 seed("debug_state", "full_batch", debug_state(B=2, T=4, steps=0))
 # Regression: B = 2^31-1 was allocated for (16 GiB) before the file size was checked.
 seed("debug_state", "huge_batch", two_steps[:8] + struct.pack("<i", 2**31 - 1) + two_steps[12:])
+# Version 5: the loss's settings after the header (their length, the text padded to 4-byte words),
+# then the prefix table's rows (Vp) and ids.
+settings = b"-mtp 1.0,0.5 -pw 0.25"
+settings_block = (struct.pack("<i", len(settings)) + settings.ljust(-(-len(settings) // 4) * 4, b"\0") +
+                  struct.pack("<i", 128) + struct.pack("<128i", *[-1] * 128))
+seed("debug_state", "settings", two_steps[:4] + struct.pack("<i", 5) + two_steps[8:1024] + settings_block +
+     two_steps[1024:])
 
 # Tokenizer vocabulary: header [0]=20240328 [1]=2 [2]=count [3]=EOT id, then per token a uint8
 # length and the bytes.

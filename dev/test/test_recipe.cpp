@@ -1,11 +1,11 @@
 // Tests llmc/recipe.h's optimizer table: each recipe's row for every parameter role (method, rate,
 // betas, eps, weight decay, state precision) as its record gives it, with -opt and the decay flags
-// written into the record; the per-role weight decay against the parameter table's decayed
-// tensors in every architecture; AdamW's betas and eps in each of its rows; the start-up
-// table's description of each recipe's optimizers; and Muon's orthogonalisations: the rows of
-// kNewtonSchulzMethods (the baseline's, the speedrun's, Polar Express) as -ns names them, each
-// recipe's, and the one a debug state's header names (its row, or in older files its one
-// polynomial).
+// written into the record; -cd's decay kind in every row and its description; the per-role weight
+// decay against the parameter table's decayed tensors in every architecture; AdamW's betas and eps
+// in each of its rows; the start-up table's description of each recipe's optimizers; and Muon's
+// orthogonalisations: the rows of kNewtonSchulzMethods (the baseline's, the speedrun's, Polar
+// Express) as -ns names them, each recipe's, and the one a debug state's header names (its row, or
+// in older files its one polynomial).
 #include <cmath>
 #include <string>
 
@@ -82,6 +82,34 @@ void test_flags_in_rows() {
                     row_text(muon.of(ParamRole::kMatrix)) == "muon lr 0.1 betas 0.9 0.95 eps 1e-08 decay 0.2 fp32" &&
                     muon.of(ParamRole::kEmbedding).weight_decay == 0.0f,
                 "gpt2 -opt muon -ml 0.1 -mw 0.2 -c 0: Muon's row 0.1 and 0.2, AdamW's embeddings undecayed");
+}
+
+// -cd writes the record's cautious_decay: every row's decay cautious, AdamW's and Muon's (each
+// kernel has its own form of it), the rates and decays as without; the start-up table names it for
+// both optimizers; no recipe sets it, so every recipe's rows stay decoupled.
+void test_cautious_rows() {
+  bool decoupled = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    for (const RoleOptimizer& row : llmc::optimizer_table(*r, true).roles) {
+      decoupled = decoupled && row.decay == llmc::WeightDecayKind::kDecoupled;
+    }
+  }
+  check_verbose(decoupled, "gpt2, modern and speedrun: every row's decay decoupled");
+  Recipe r = llmc::recipe_modern();
+  r.cautious_decay = 1;
+  const OptimizerTable cautious = llmc::optimizer_table(r, true);
+  bool rows = true;
+  for (int i = 0; i < llmc::kParamRoles; i++) {
+    const RoleOptimizer& row = cautious.roles[i];
+    rows = rows && row.decay == llmc::WeightDecayKind::kCautious &&
+           row_text(row) == row_text(llmc::optimizer_table(llmc::recipe_modern(), true).roles[i]);
+  }
+  check_verbose(rows && cautious.of(ParamRole::kMatrix).method == OptimizerKind::kMuon,
+                "modern -cd 1: every row cautious, Muon's and AdamW's, with the rates and decays of -cd 0");
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(described.find("(lr 0.025, cautious weight decay 0.05, ") != std::string::npos &&
+                    described.find("eps 1e-10, cautious weight decay on every tensor") != std::string::npos,
+                "modern -cd 1 described: " + described);
 }
 
 // A role's weight decay falls on all of its tensors: in every architecture a role's tensors are all
@@ -232,6 +260,7 @@ int main() {
   try {
     test_recipe_rows();
     test_flags_in_rows();
+    test_cautious_rows();
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();

@@ -1,11 +1,13 @@
 // Tests llmc/stages.h: the plan's text (shares as decimals and fractions, extension steps, every
 // key, values kept from the stage before), the stage ends of record #89's thirds of 1,270 steps and
 // its 15 extension steps, the plan of each step (tokens, micro steps, the window's schedule, the
-// rate multiplier), the tokens a run has seen, and one error per malformed plan.
+// rate multiplier), the tokens a run has seen, record #89's (short, long) windows and its final
+// validation's window, and one error per malformed plan.
 // With --dump it prints a plan's steps for dev/test/test_documents.sh to compare with
 // train_gpt2.py's:
-//   build/test_stages --dump PLAN B T Z AW WORLD STEPS
-// one line a step s = 0 .. N+E: "s stage T tokens micro_steps cap window lr_multiplier"; and with
+//   build/test_stages --dump PLAN B T Z AW AWF WORLD STEPS
+// (AW as -aw: N or S/L; AWF as -awf) one line a step s = 0 .. N+E: "s stage T tokens micro_steps cap
+// long_window short_window lr_multiplier"; and with
 // --dump-rates each step's learning rate (llmc/schedulers.h's LrSchedule at the step's stage
 // multiplier, as the CUDA trainer takes it) and Muon's momentum over the plan's N+E steps:
 //   build/test_stages --dump-rates PLAN STEPS SCHEDULE LR WARMUP FINAL_FRAC COOLDOWN_FRAC
@@ -28,7 +30,7 @@ using testing::check_verbose;
 namespace {
 
 StagePlan resolved(const std::string& text, long steps, int T = 256, long tokens = -1, int window = 0) {
-  StagePlan plan(text, "-sp", T, tokens, window);
+  StagePlan plan(text, "-sp", T, tokens, {window});
   plan.resolve(steps);
   return plan;
 }
@@ -39,7 +41,8 @@ void test_one_stage() {
   for (long s = 0; s <= 100; s++) {
     const StepPlan p = plan.at(s, 16, 2);
     same = same && p.stage == 0 && p.T == 1024 && p.tokens == 524288 && p.micro_steps == 16 && p.cap == 0 &&
-           p.window == llmc::run_window_blocks(llmc::kWindowSchedule, s, 100) && p.lr_multiplier == 1.0;
+           p.windows.long_blocks == llmc::run_window_blocks(llmc::kWindowSchedule, s, 100) &&
+           p.windows.short_blocks == p.windows.long_blocks / 2 && p.lr_multiplier == 1.0;
   }
   check_verbose(same, "no plan: one stage of the flags at every step (the window's schedule over -x)");
   check_verbose(resolved(" ", 0).total_steps() == 0, "an empty plan takes -x 0 (evaluation only)");
@@ -54,10 +57,10 @@ void test_record89_ends() {
                 "thirds of 1,270 steps end at 423, 847 and 1,270 (round half to even), then 15 extension steps");
   const StepPlan a = plan.at(422, 1, 1), b = plan.at(423, 1, 1), c = plan.at(1269, 1, 1), d = plan.at(1270, 1, 1),
                  e = plan.at(1285, 1, 1);
-  check_verbose(a.stage == 0 && a.T == 16384 && a.micro_steps == 8 && a.cap == 896 && a.window == 3 &&
+  check_verbose(a.stage == 0 && a.T == 16384 && a.micro_steps == 8 && a.cap == 896 && a.windows.long_blocks == 3 &&
                     b.stage == 1 && b.T == 32768 && b.micro_steps == 8 && b.cap == 2048 && b.lr_multiplier == 1.52 &&
-                    c.stage == 2 && c.cap == 2048 && c.window == 11 && d.stage == 3 && d.T == 49152 &&
-                    d.micro_steps == 8 && d.window == 13 && d.lr_multiplier == 1.0 && e.stage == 3,
+                    c.stage == 2 && c.cap == 2048 && c.windows.long_blocks == 11 && d.stage == 3 && d.T == 49152 &&
+                    d.micro_steps == 8 && d.windows.long_blocks == 13 && d.lr_multiplier == 1.0 && e.stage == 3,
                 "steps 422, 423, 1269, 1270, 1285: each stage's values, kept from the stage before where not set");
   check_verbose(plan.tokens_through(1285, 1, 1) == 423L * 131072 + 424L * 262144 + 423L * 393216 + 15L * 393216 &&
                     plan.tokens_through(500, 1, 1) == 423L * 131072 + 77L * 262144,
@@ -75,11 +78,48 @@ void test_schedule_window() {
   bool ok = true;
   for (long s = 0; s <= 12; s++) {
     const int expected = s < 5 || s >= 10 ? llmc::attention_window_blocks(s, 12) : 4;
-    ok = ok && plan.at(s, 2, 1).window == expected;
+    const llmc::StepWindows w = plan.at(s, 2, 1).windows;
+    ok = ok && w.long_blocks == expected && w.short_blocks == expected / 2;
   }
   check_verbose(ok && plan.max_window() == 14, "aw=-1 takes the window's schedule over all N + E steps");
   const StepPlan p = resolved("1 z=-1 t=512", 4, 256, 4096).at(0, 2, 2);
   check_verbose(p.T == 512 && p.tokens == 2048 && p.micro_steps == 1, "z=-1: one micro batch of the stage's t");
+}
+
+bool windows_are(const StepPlan& p, int long_blocks, int short_blocks) {
+  return p.windows.long_blocks == long_blocks && p.windows.short_blocks == short_blocks;
+}
+
+// Record #89's (short, long) pair a stage and its final validation's long window of 20, the short
+// staying the last stage's.
+void test_record89_windows() {
+  StagePlan plan = resolved("1/3 aw=1/3; 1/3 aw=3/7; 1/3 aw=5/11; +15 aw=6/13", 1270, 2048);
+  check_verbose(windows_are(plan.at(0, 1, 1), 3, 1) && windows_are(plan.at(422, 1, 1), 3, 1) &&
+                    windows_are(plan.at(423, 1, 1), 7, 3) && windows_are(plan.at(1269, 1, 1), 11, 5) &&
+                    windows_are(plan.at(1270, 1, 1), 13, 6) && windows_are(plan.at(1285, 1, 1), 13, 6) &&
+                    plan.max_window() == 13,
+                "aw=S/L: each stage's short and long windows, (1, 3), (3, 7), (5, 11), extension (6, 13)");
+  plan.set_final_window(20, "-awf");
+  check_verbose(windows_are(plan.at(1284, 1, 1), 13, 6) && windows_are(plan.at(1285, 1, 1), 20, 6) &&
+                    plan.max_window() == 20 && plan.final_window() == 20,
+                "-awf 20: the validation after the last step at (6, 20), the last step's at (6, 13); the scratch "
+                "sized for 20");
+  plan.set_final_window(0, "-awf");
+  check_verbose(windows_are(plan.at(1285, 1, 1), 13, 6) && plan.max_window() == 13, "-awf 0: the last stage's");
+  const StagePlan halves = resolved("1/2 aw=2/8 lr=2; 1/2 lr=1; +2 aw=9", 10, 256, -1, 4);
+  check_verbose(windows_are(halves.at(0, 1, 1), 8, 2) && windows_are(halves.at(5, 1, 1), 8, 2) &&
+                    windows_are(halves.at(10, 1, 1), 9, 4),
+                "a short window holds until a stage sets aw=N again, whose short is half of N");
+  const StagePlan flags("1/2; 1/2 aw=6", "-sp", 256, -1, {4, 3});
+  check_verbose(flags.stages()[0].window.text() == "3/4" && flags.stages()[1].window.text() == "6" &&
+                    flags.stages()[0].window.describe() == "4 blocks, short 3",
+                "the flags' -aw 3/4 fills the first stage");
+  check_throws([] { resolved("1 aw=2/5", 10).set_final_window(1, "-awf"); },
+               "-awf 1 is below the last stage's short window of 2 blocks, which the final validation keeps: give "
+               "-awf 2 or more", "a final window below the last short one");
+  check_throws([] { resolved("1/2 aw=3; 1/2 aw=0", 10).set_final_window(20, "-awf"); },
+               "-awf 20 sets the long window of the validation after the last step, and the last stage has no window",
+               "a final window where the last stage has none");
 }
 
 void test_errors() {
@@ -101,7 +141,14 @@ void test_errors() {
   bad("-0.5; 1.5", 10, "share '-0.5'");
   bad("1 lr=-1", 10, "lr=-1");
   bad("1 z=0", 10, "z=0");
-  bad("1 aw=-2", 10, "aw=-2");
+  bad("1 aw=-2", 10, "-sp: stage 1: aw=-2: give a window of 1 or more blocks, -1 for the schedule or 0 for none");
+  bad("1 aw=5/3", 10, "aw=5/3: the short window 5 is not within 1 and the long window 3: give S/L with 1 <= S <= L");
+  bad("1 aw=0/3", 10, "aw=0/3: the short window 0 is not within 1 and the long window 3");
+  bad("1 aw=2/0", 10, "aw=2/0: a short window takes a fixed long one of 1 or more blocks");
+  bad("1 aw=1/-1", 10, "aw=1/-1: a short window takes a fixed long one");
+  bad("1 aw=1/x", 10, "aw=1/x: give the window in blocks of 128 tokens");
+  bad("1 aw=/3", 10, "aw=/3: give the window in blocks");
+  bad("1 aw=1/2/3", 10, "aw=1/2/3: give the window in blocks");
   bad("1 t=+64", 10, "t=+64");      // plain numbers, as train_gpt2.py reads them
   bad("+1/2; 1/2", 10, "'+1/2'");
   bad("0x1p-1; 0x1p-1", 10, "share '0x1p-1'");
@@ -114,15 +161,16 @@ void test_errors() {
                "2*256*1 = 512: use z=512", "a stage's z of several: the stage's setting");
 }
 
-// --dump PLAN B T Z AW WORLD STEPS
+// --dump PLAN B T Z AW AWF WORLD STEPS
 int dump(char** argv) {
-  const int B = atoi(argv[3]), world = atoi(argv[7]);
-  StagePlan plan(argv[2], "-sp", atoi(argv[4]), atol(argv[5]), atoi(argv[6]));
-  plan.resolve(atol(argv[8]));
+  const int B = atoi(argv[3]), world = atoi(argv[8]);
+  StagePlan plan(argv[2], "-sp", atoi(argv[4]), atol(argv[5]), llmc::parse_window_setting(argv[6], "AW"));
+  plan.resolve(atol(argv[9]));
+  plan.set_final_window(atoi(argv[7]), "-awf");
   for (long s = 0; s <= plan.total_steps(); s++) {
     const StepPlan p = plan.at(s, B, world);
-    printf("%ld %d %d %ld %d %d %d %.17g\n", s, p.stage, p.T, p.tokens, p.micro_steps, p.cap, p.window,
-           p.lr_multiplier);
+    printf("%ld %d %d %ld %d %d %d %d %.17g\n", s, p.stage, p.T, p.tokens, p.micro_steps, p.cap, p.windows.long_blocks,
+           p.windows.short_blocks, p.lr_multiplier);
   }
   return 0;
 }
@@ -130,7 +178,7 @@ int dump(char** argv) {
 // --dump-rates PLAN STEPS SCHEDULE LR WARMUP FINAL_FRAC COOLDOWN_FRAC MOMENTUM_START MOMENTUM_END
 //              MOMENTUM_WARMUP MOMENTUM_COOLDOWN; the numbers read as train_gpt2.py reads them (strtod)
 int dump_rates(char** argv) {
-  StagePlan plan(argv[2], "-sp", 128, -1, 0);
+  StagePlan plan(argv[2], "-sp", 128, -1, {});
   plan.resolve(atol(argv[3]));
   llmc::LrSchedule schedule = llmc::make_lr_schedule(argv[4], "-k", strtod(argv[5], nullptr), atol(argv[6]),
                                                      std::max(1L, plan.scheduled_steps()), strtod(argv[7], nullptr));
@@ -152,8 +200,8 @@ int dump_rates(char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1) {
     const std::string mode = argv[1];
-    if (!(mode == "--dump" && argc == 9) && !(mode == "--dump-rates" && argc == 13)) {
-      fprintf(stderr, "usage: %s [--dump PLAN B T Z AW WORLD STEPS | --dump-rates PLAN STEPS SCHEDULE LR WARMUP "
+    if (!(mode == "--dump" && argc == 10) && !(mode == "--dump-rates" && argc == 13)) {
+      fprintf(stderr, "usage: %s [--dump PLAN B T Z AW AWF WORLD STEPS | --dump-rates PLAN STEPS SCHEDULE LR WARMUP "
               "FINAL_FRAC COOLDOWN_FRAC MOMENTUM_START MOMENTUM_END MOMENTUM_WARMUP MOMENTUM_COOLDOWN]\n", argv[0]);
       return 2;
     }
@@ -168,6 +216,7 @@ int main(int argc, char** argv) {
     test_one_stage();
     test_record89_ends();
     test_schedule_window();
+    test_record89_windows();
     test_errors();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());

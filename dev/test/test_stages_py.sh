@@ -48,7 +48,11 @@ cases = [  # (plan, extra flags, what the error says)
     ("1 t=0", [], "t takes an integer >= 1"),
     ("1 z=0", [], "z takes an integer >= 1, or -1"),
     ("1 cap=-1", ["--documents", "1"], "cap takes an integer >= 0"),
-    ("1 aw=-2", [], "aw takes an integer >= -1"),
+    ("1 aw=-2", [], "stage 1: aw=-2: give a window of 1 or more blocks, -1 for the schedule or 0 for none"),
+    ("1 aw=5/3", [], "stage 1: aw=5/3: the short window 5 is not within 1 and the long window 3: give S/L"),
+    ("1 aw=2/0", [], "stage 1: aw=2/0: a short window takes a fixed long one of 1 or more blocks"),
+    ("1 aw=1/-1", [], "stage 1: aw=1/-1: a short window takes a fixed long one"),
+    ("1 aw=1/x", [], "stage 1: aw=1/x: give the window in blocks of 128 tokens"),
     ("1 lr=-0.5", [], "lr takes a number >= 0"),
     ("1 lr=inf", [], "lr takes a number >= 0"),
     ("half", [], "stage 1 begins with 'half', which is no share"),
@@ -98,6 +102,7 @@ for flags, world in [(["-t", "256", "--window_blocks", "-1", "--documents", "1"]
         assert (p.stage, p.seq_len, p.tokens, p.micro_steps, p.cap, p.lr_multiplier) == (
             0, args.seq_len, tokens, micro_steps, 0, 1.0), (flags, step, p)
         assert p.window_blocks == todays_window(step, args), (flags, step, p)
+        assert p.short_window_blocks == p.window_blocks // 2, (flags, step, p)
         assert tg.learning_rate(step, args) * p.lr_multiplier == tg.learning_rate(step, args)
     print(f"{' '.join(flags)}, {world} process(es): {plan.steps + 1} steps as today")
 # The extension's steps take the schedule's end value, for every schedule
@@ -108,6 +113,51 @@ for schedule in ("cosine", "linear", "wsd", "stable_decay", "constant", "cooldow
     assert [tg.learning_rate(s, args) for s in range(20, 25)] == [end] * 5, schedule
     assert abs(end - (args.learning_rate if schedule == "constant" else 0.1 * args.learning_rate)) < 1e-15, schedule
 print("extension steps: each schedule's end value")
+EOF
+
+check "record #89's (short, long) windows a stage and its final validation's long window" <<'EOF'
+import train_gpt2 as tg
+record89 = "1/3 aw=1/3; 1/3 aw=3/7; 1/3 aw=5/11; +15 aw=6/13"
+args = tg.parse_args(["--input_bin", "x", "--documents", "1", "-t", "2560", "--num_iterations", "1270",
+                      "--stages", record89, "--final_window_blocks", "20"])
+plan = tg.stage_plan(args, 1)
+windows = {s: (plan.step(s).short_window_blocks, plan.step(s).window_blocks) for s in (0, 423, 847, 1270, 1284, 1285)}
+assert windows == {0: (1, 3), 423: (3, 7), 847: (5, 11), 1270: (6, 13), 1284: (6, 13), 1285: (6, 20)}, windows
+halves = tg.StagePlan(tg.parse_stages("1/2 aw=2/8; 1/2 lr=1; +2 aw=9", 256, -1, 4, 3), 10, 1, 1)
+assert [(halves.step(s).short_window_blocks, halves.step(s).window_blocks) for s in (0, 5, 10)] == [(2, 8), (2, 8), (4, 9)]
+first = tg.parse_stages("1/2; 1/2 aw=6", 256, -1, 4, 3)
+assert [(s.short_window_blocks, s.window_blocks) for s in first] == [(3, 4), (None, 6)], first
+assert tg.layer_window_blocks("S", 13, 6) == 6 and tg.layer_window_blocks("S", 13) == 6 and tg.layer_window_blocks("L", 13, 6) == 13
+flags = tg.parse_args(["--input_bin", "x", "--documents", "1", "-t", "1024", "--window_blocks", "3/8"])
+assert (flags.window_blocks, flags.short_window_blocks) == (8, 3), flags
+print("(1, 3) (3, 7) (5, 11) (6, 13), final (6, 20); aw=N resets the short to half; --window_blocks 3/8")
+
+def error(argv, check=False):
+    args = tg.parse_args(["--input_bin", "x", "--documents", "1", "-t", "256", "--num_iterations", "10"] + argv)
+    tg.check_args(args) if check else tg.stage_plan(args, 1)
+for argv, check, words in [
+        (["--stages", "1 aw=2/5", "--final_window_blocks", "1"], False,
+         "error: --final_window_blocks 1 is below the last stage's short window of 2 blocks, which the final "
+         "validation keeps: give --final_window_blocks 2 or more"),
+        (["--stages", "1/2 aw=1; 1/2 aw=0", "--final_window_blocks", "2"], False,
+         "error: --final_window_blocks 2 sets the long window of the validation after the last step, and the last "
+         "stage has no window"),
+        (["--window_blocks", "2", "--final_window_blocks", "3"], False,
+         "error: --final_window_blocks 3 counts blocks of 128 tokens, and t 256 is 2 blocks"),
+        (["--window_blocks", "1/2", "--write_debug_state", "d"], True,
+         "error: --window_blocks 1/2: the debug state's header holds the long window alone"),
+        (["--window_blocks", "2", "--final_window_blocks", "2", "--write_debug_state", "d"], True,
+         "error: --final_window_blocks sets the window of a training run's validation after its last step"),
+        (["--window_blocks=-1/4"], False, "error: --window_blocks -1/4: the short window -1 is not within 1"),
+        (["--window_blocks", "2/-1"], False, "error: --window_blocks 2/-1: a short window takes a fixed long one")]:
+    try:
+        error(argv, check)
+    except SystemExit as e:
+        message = str(e)
+    else:
+        raise AssertionError(f"no error for {argv}")
+    assert message.startswith(words), (argv, message)
+    print(f"{' '.join(argv)}: {message}")
 EOF
 
 check "the momentum's cooldown: one error line for each bad value" <<'EOF'
@@ -249,6 +299,20 @@ step_values "$WORK/run1"
 [ "$(step_values "$WORK/run1" | wc -l)" -eq 8 ] || { echo "FAIL: the run did not take its 8 steps"; exit 1; }
 [ "$(step_values "$WORK/run1")" = "$(step_values "$WORK/run2")" ] || { echo "FAIL: the two runs differ"; exit 1; }
 echo "ok: 8 steps (6 and 2 of extension), the same twice"
+
+echo "--- the final validation's long window (--final_window_blocks): only the validation after the last step"
+FINAL=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --input_val_bin "$WORK/train_*.bin" --val_every 4 --val_steps 1
+       --documents 1 -b 2 -t 256 --num_iterations 6 --total_batch_size -1 --stages "1/2 aw=2; 1/2 lr=0.5; +2 aw=1")
+"$PYTHON" train_gpt2.py "${FINAL[@]}" > "$WORK/last_stage"
+"$PYTHON" train_gpt2.py "${FINAL[@]}" --final_window_blocks 2 > "$WORK/final_window"
+val_loss() { grep -E "^step +$2/8 \| train time .* \| val loss" "$1" | sed 's/.*val loss //'; }
+for step in 0 4 8; do echo "step $step: val loss $(val_loss "$WORK/last_stage" $step), $(val_loss "$WORK/final_window" $step) with 2"; done
+[ -n "$(val_loss "$WORK/last_stage" 8)" ] && [ "$(step_values "$WORK/last_stage")" = "$(step_values "$WORK/final_window")" ] &&
+  [ "$(val_loss "$WORK/last_stage" 0)" = "$(val_loss "$WORK/final_window" 0)" ] &&
+  [ "$(val_loss "$WORK/last_stage" 4)" = "$(val_loss "$WORK/final_window" 4)" ] &&
+  [ "$(val_loss "$WORK/last_stage" 8)" != "$(val_loss "$WORK/final_window" 8)" ] ||
+  { echo "FAIL: --final_window_blocks 2 should change the step-8 validation alone"; exit 1; }
+echo "ok: the same steps and validations but the last, at a long window of 2 blocks in place of the extension's 1"
 
 echo "--- the debug state of a plan: its text in the header, the steps it takes"
 "$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/debug" -b 2 -t 256 --debug_steps 5 --documents 1 \

@@ -1,7 +1,8 @@
 // Tests llmc/tokenizer.h: GPT-2 encodings known from tiktoken, the pre-tokenization pattern,
 // round trips, the vocabulary file (write, read back, malformed files), UTF-8 handling and the
-// encoder files. With TINYSHAKESPEARE set (the path of its input.txt) it also encodes the
+// encoder files; record #89's prefix table against its reference's construction. With TINYSHAKESPEARE set (the path of its input.txt) it also encodes the
 // whole text, timing it. Run from the repository root; scratch files go to build/.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -318,6 +319,55 @@ void test_encoder_files() {
 
 }  // namespace
 
+// The prefix table as record #89's reference builds it from tiktoken's ranks: the byte strings in
+// sorted order, a stack of the current one's prefixes that are tokens, its top the longest.
+std::vector<int> sorted_prefix_table(const std::vector<std::string>& tokens, int eot_token, int rows) {
+  std::vector<std::pair<std::string, int>> sorted;
+  for (int id = 0; id < (int)tokens.size(); id++) {
+    if (id != eot_token) sorted.emplace_back(tokens[id], id);
+  }
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> table(rows, -1);
+  std::vector<std::pair<std::string, int>> stack;
+  for (const auto& [bytes, id] : sorted) {
+    while (!stack.empty() && bytes.compare(0, stack.back().first.size(), stack.back().first) != 0) stack.pop_back();
+    if (!stack.empty()) table[id] = stack.back().second;
+    stack.emplace_back(bytes, id);
+  }
+  return table;
+}
+
+// llmc::token_prefix_table of GPT-2's vocabulary (encoder.json's and the vocabulary file's, 50,304
+// rows as the padded head) against the reference's construction; a few entries by their text; the
+// count of tokens with a prefix and a checksum, sum of id * prefix, which test_train_gpt2_py.sh
+// holds train_gpt2.py's table to.
+void test_prefix_table(llmc::BpeEncoder& encoder, const llmc::Tokenizer& tokenizer) {
+  constexpr int kRows = 50304;
+  const std::vector<int> table = llmc::token_prefix_table(tokenizer.token_bytes(), tokenizer.eot_token(), kRows);
+  check_verbose(table == sorted_prefix_table(encoder.token_bytes(), encoder.eot_token(), kRows),
+                "prefix table: the vocabulary file's, as the reference builds it from the sorted byte strings");
+  check_verbose(table == llmc::token_prefix_table(encoder.token_bytes(), encoder.eot_token(), kRows),
+                "prefix table: encoder.json's tokens give the vocabulary file's");
+  const auto id = [&](const char* text) { return encoder.encode(text).at(0); };
+  const std::vector<std::pair<const char*, const char*>> pairs = {
+      {" the", " th"}, {" th", " t"}, {" t", " "}, {"the", "th"}, {" gazed", " gaze"}};
+  for (const auto& [token, prefix] : pairs) {
+    check_verbose(table[id(token)] == id(prefix), llmc::strformat("prefix of \"%s\" is \"%s\"", token, prefix));
+  }
+  int with_prefix = 0, byte_tokens_without = 0;
+  long long checksum = 0;
+  for (int t = 0; t < kRows; t++) {
+    if (table[t] >= 0) with_prefix++, checksum = (checksum + (long long)t * table[t]) % 1000000007;
+    if (t < (int)tokenizer.token_bytes().size() && tokenizer.token_bytes()[t].size() == 1) byte_tokens_without += table[t] < 0;
+  }
+  const bool tail_empty = std::all_of(table.begin() + tokenizer.eot_token(), table.end(), [](int p) { return p < 0; });
+  check_verbose(byte_tokens_without == 256 && tail_empty,
+                "prefix table: none for the 256 byte tokens, the end-of-text token and the padded rows");
+  check_verbose(with_prefix == 50000 && checksum == 641303553,
+                llmc::strformat("prefix table: %d tokens with a prefix (50,000), checksum %lld (641303553)", with_prefix,
+                                checksum));
+}
+
 int main() {
   try {
     const auto start = std::chrono::steady_clock::now();
@@ -336,6 +386,7 @@ int main() {
     test_utf8();
     test_encoder_files();
     test_tiny_shakespeare(encoder, tokenizer);
+    test_prefix_table(encoder, tokenizer);
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

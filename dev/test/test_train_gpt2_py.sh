@@ -26,6 +26,47 @@ for seed in (0, 42, 1337):
 print("seed 5489 -> 3499211612; seeds 0, 42, 1337 agree with torch for 2000 draws")
 EOF
 
+check "the prefix table of GPT-2's vocabulary (record #89's construction) and the loss's terms" <<'EOF'
+import json, os, numpy as np, torch, train_gpt2 as tg
+# encoder.json's tokens as bytes (GPT-2's printable stand-ins for the bytes), written as an llm.c
+# vocabulary file ($WORK/gpt2_tokenizer.bin, for the debug state of the loss's settings below) and
+# read back
+printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+stand_in = printable + [256 + i for i in range(256 - len(printable))]
+byte_of = {chr(c): b for b, c in zip(printable + [b for b in range(256) if b not in printable], stand_in)}
+encoder = json.load(open("dev/data/gpt2/encoder.json"))
+tokens = [b""] * len(encoder)
+for text, i in encoder.items():
+    tokens[i] = bytes(byte_of[ch] for ch in text)
+path = os.path.join(os.environ["WORK"], "gpt2_tokenizer.bin")
+header = np.zeros(tg.TOKENIZER_HEADER_INTS, np.int32)
+header[:4] = [tg.TOKENIZER_MAGIC, 2, len(tokens), tg.GPT2_EOT_TOKEN]
+with open(path, "wb") as f:
+    f.write(header.tobytes() + b"".join(bytes([len(t)]) + t for t in tokens))
+assert tg.read_vocabulary(path, "--tokenizer") == (tokens, tg.GPT2_EOT_TOKEN)
+table = tg.prefix_table(tokens, tg.GPT2_EOT_TOKEN, 50304)
+ids = {t: i for i, t in enumerate(tokens) if i != tg.GPT2_EOT_TOKEN}
+longest = lambda t: next((ids[t[:n]] for n in range(len(t) - 1, 0, -1) if t[:n] in ids), -1)
+assert table[:len(tokens)] == [-1 if i == tg.GPT2_EOT_TOKEN else longest(t) for i, t in enumerate(tokens)]
+assert table[tg.GPT2_EOT_TOKEN:] == [-1] * (50304 - tg.GPT2_EOT_TOKEN)
+# test_tokenizer.cpp holds llmc's table to the same count and checksum
+count, checksum = sum(p >= 0 for p in table), sum(i * p for i, p in enumerate(table) if p >= 0) % 1000000007
+assert (count, checksum) == (50000, 641303553), (count, checksum)
+# the terms' loss against a sum over each position's terms
+torch.manual_seed(0)
+capped, targets, prefix = torch.randn(2, 5, 11, dtype=torch.float64) * 3, torch.randint(0, 11, (2, 5)), torch.randint(-1, 11, (11,))
+log_p = torch.log_softmax(capped, -1)
+expected = 0.0
+for b in range(2):
+    for t in range(5):
+        expected -= sum(w * log_p[b, t, targets[b, t + k]] for k, w in enumerate([1, 0.5, 0.25]) if t + k < 5)
+        expected -= 0.25 * log_p[b, t, prefix[targets[b, t]]] if prefix[targets[b, t]] >= 0 else 0.0
+got = tg.LossTerms([1.0, 0.5, 0.25], 0.25, prefix).loss(capped, targets, "sum")
+assert abs(got - expected) < 1e-12, (got, expected)
+assert abs(tg.LossTerms([1.0, 0.5, 0.25], 0.25, prefix).loss(capped, targets, "mean") - expected / 10) < 1e-12
+print(f"{count} tokens with a prefix, checksum {checksum}; the terms' loss {float(got):.6f}, as summed by hand")
+EOF
+
 "$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/a" -b 2 -t 32 --debug_steps 4 --seed 7 >/dev/null
 "$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/b" -b 2 -t 32 --debug_steps 4 --seed 7 >/dev/null
 "$PYTHON" train_gpt2.py "${TINY[@]}" --write_debug_state "$WORK/c" -b 2 -t 32 --debug_steps 4 --seed 8 >/dev/null
@@ -133,6 +174,49 @@ for t in range(1, 6):
 diff = max(((p - q).abs() / q.abs().clamp(min=1e-3)).max().item() for p, q in zip(ours, theirs))
 print(f"5 steps: max relative difference {diff:.2e}")
 assert diff < 1e-5
+EOF
+
+check "cautious weight decay: CautiousAdamW's and Muon's steps against float64, each mask" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+def start(rows, cols, std):  # weights of both signs, every 7th zero; gradients, every 5th zero
+    w, g = torch.randn(rows, cols) * std, torch.randn(rows, cols)
+    w.view(-1)[::7] = 0
+    g.view(-1)[3::5] = 0
+    p = w.clone().requires_grad_()
+    p.grad = g.clone()
+    return w, g, p
+def compare(name, got, expected, w, u, strict):
+    diff = ((got.detach().double() - expected).abs() / expected.abs().clamp(min=1e-3)).max().item()
+    zero_u = (u == 0) & (w != 0)
+    kept = torch.equal(got.detach()[zero_u], w[zero_u])
+    cases = [int(x.sum()) for x in (u * w.double() > 0, u * w.double() < 0, zero_u, w == 0)]
+    print(f"{name}: max relative difference {diff:.2e}; u p > 0, u p < 0, u = 0 with p != 0, p = 0: {cases}")
+    assert diff < 1e-5 and min(cases) > 0, name
+    assert kept == strict, f"{name}: a weight whose step is zero {'decayed' if strict else 'kept its value'}"
+# AdamW, step 1: u = lr sign(g) (zero where g is), decayed by lr^2 wd p where u p > 0.
+lr, wd, betas, eps = 1e-2, 2.0, (0.9, 0.95), 1e-8
+w, g, p = start(64, 32, 0.02)
+tg.CautiousAdamW([{"params": [p], "weight_decay": wd}], lr=lr, betas=betas, eps=eps).step()
+m, v, wd64 = (1 - betas[0]) * g.double(), (1 - betas[1]) * g.double() ** 2, w.double()
+u = lr * (m / (1 - betas[0])) / ((v / (1 - betas[1])).sqrt() + eps)
+compare("CautiousAdamW", p, wd64 - u - (u * wd64 > 0) * lr * lr * wd * wd64, w, u, True)
+# Muon on a tall matrix (lr_eff = lr sqrt(3)), the orthogonalisation left out so that u = 0 where g is.
+lr, wd = 0.05, 1.2
+w, g, p = start(48, 16, 0.05)
+muon = tg.Muon([dict(params=[p])], lr, wd, 0.95, cautious=True)
+muon.orthogonalise = lambda b, ns: b.bfloat16()
+muon.step()
+u = tg.muon_direction(g, torch.zeros_like(g), 0.95, 1, tg.NEWTON_SCHULZ["baseline"], False,
+                      lambda b, ns: b.bfloat16()).double()
+wd64 = w.double()
+compare("Muon", p, wd64 - (u * wd64 >= 0) * wd * lr * (lr * 3 ** 0.5) * wd64 - lr * u, w, u, False)
+# The trainer's optimizers: CautiousAdamW and a cautious Muon with the flag, torch's AdamW without.
+for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.AdamW, False)):
+    args = tg.parse_args(["--model", "tiny", "--optimizer", "muon", "--cautious_decay", flag, "--input_bin", "x"])
+    optimizers, _ = tg.make_optimizers(tg.GPT(tg.resolve_config(args)), args, "cpu")
+    assert [type(o) for o in optimizers] == [adamw, tg.Muon] and optimizers[1].cautious == cautious, flag
+print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
 EOF
 
 check "learning rate schedules" <<'EOF'
@@ -278,6 +362,27 @@ for model, names in (("speedrun", speedrun), ("gpt2", gpt2)):
     assert all(1e-4 < e < 0.1 for name, e in rounded.items() if name != "loss"), (model, rounded)
     print(f"{model}: float32 largest {max(exact.values()):.1e}; bfloat16 {min(rounded.values()):.1e} to "
           f"{max(rounded.values()):.1e}")
+EOF
+
+echo "--- the loss's settings in a debug state (version 5): record #89's cap and terms written, read back, checked"
+"$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 1 -b 1 -t 128 --flash 0 \
+  --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer "$WORK/gpt2_tokenizer.bin" \
+  --write_debug_state "$WORK/settings_state" --debug_steps 1 --device cpu >/dev/null
+"$PYTHON" train_gpt2.py --recipe speedrun --init_from "$WORK/settings_state/gpt2_speedrun_tiny.bin" --flash 0 \
+  --check_debug_state "$WORK/settings_state/gpt2_speedrun_tiny_muon_debug_state.bin" --device cpu \
+  > "$WORK/check_settings.out"
+check "the settings and prefix table read back; --check_debug_state applies them (its loss the state's)" <<'EOF'
+import os, train_gpt2 as tg
+work = os.environ["WORK"]
+path = f"{work}/settings_state/gpt2_speedrun_tiny_muon_debug_state.bin"
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25", text
+assert prefix.tolist() == tg.prefix_table(*tg.read_vocabulary(f"{work}/gpt2_tokenizer.bin", "--tokenizer"), 50304)
+lines = open(f"{work}/check_settings.out").read().splitlines()[1:]
+errors = {line[:24].strip(): float(line.split()[-1]) for line in lines}
+assert max(errors.values()) <= 1e-6, errors
+print(f"version {header[1]}: '{text}', {len(prefix)} prefix rows; checked: largest error {max(errors.values()):.1e}")
 EOF
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
@@ -445,6 +550,18 @@ expect_error "max_seq_len 64" "${TINY[@]}" --bench -t 128
 expect_error "drop --model" --init_from "$WORK/a/gpt2_l2h4c128t64v512.bin" --model tiny --bench
 expect_error "not divisible" --model tiny --num_heads 3 --bench
 expect_error "nothing to do" --model tiny
+expect_error "mtp 1,0.5,0.25,0.1: more than 3 weights" "${TINY[@]}" --bench --mtp 1,0.5,0.25,0.1
+expect_error "mtp 2: must be within" "${TINY[@]}" --bench --mtp 1,2
+expect_error "mtp 'x': not a number" "${TINY[@]}" --bench --mtp 1,x
+expect_error "prefix_weight 2.0: must be within" "${TINY[@]}" --bench --prefix_weight 2
+expect_error "every term of the training loss has weight 0" "${TINY[@]}" --bench --mtp 0
+expect_error "logit_cap 50: the cap within" --recipe speedrun --model tiny --bench --documents 0 --window_blocks 0 \
+  -b 1 -t 64 --logit_cap 50
+expect_error "logit_cap 23,5: the gpt2 architecture's logits are uncapped" "${TINY[@]}" --bench --logit_cap 23,5
+expect_error "logit_cap 15,5: a shift moves the sigmoid cap" --recipe modern --model tiny --bench -b 1 -t 64 \
+  --logit_cap 15,5
+expect_error "tokenizer $WORK/nothing.bin: no such vocabulary file" "${TINY[@]}" --bench --prefix_weight 0.25 \
+  --tokenizer "$WORK/nothing.bin"
 ckpt="$WORK/run/model_00000008.bin"
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"
@@ -478,6 +595,10 @@ expect_error "gpt2_l2h4c128t64v256_debug_state.bin: holds .* give the state writ
   --device cpu
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --check_debug_state" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --check_debug_state "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin"
+expect_error "cautious_decay 1 makes the weight decay cautious, and this run decays nothing .--weight_decay 0.: give --weight_decay a decay" \
+  "${TINY[@]}" --bench --weight_decay 0 --cautious_decay 1
+expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
+  --cautious_decay 1
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1

@@ -331,9 +331,12 @@ void test_layer_plan() {
                "a speedrun plan of 8 layers");
   const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 12);
   std::string windows;
-  for (const llmc::LayerSpec& l : plan.layers) windows += llmc::strformat(" %d", l.window_blocks(14));
-  check_verbose(windows == " 14 7 7 7 14 7 7 14 7 7 7 14" && plan[1].window_blocks(1) == 0,
-                "layers of a 14-block window:" + windows + "; the short window of 1 block is 0");
+  for (const llmc::LayerSpec& l : plan.layers) windows += llmc::strformat(" %d", l.window_blocks(13, 6));
+  check_verbose(windows == " 13 6 6 6 13 6 6 13 6 6 6 13" && plan.window_blocks_spanning(4, false) == 8 &&
+                    plan.window_blocks_spanning(4, true) == 4 &&
+                    llmc::layer_plan(llmc::Arch::kGpt2, 4).window_blocks_spanning(4, false) == 4,
+                "layers of windows (6, 13):" + windows + "; the long window that spans 4 blocks: 8 with halves, 4 "
+                "with a short one given or no short layers");
   const llmc::LayerPlan gpt2_12 = llmc::layer_plan(llmc::Arch::kGpt2, 12);
   check_verbose(plan.describe(true) == "12; attention AAAAAAA-AAAA; windows LSSSLSSLSSSL; value embeddings 0 1 "
                                        "2 - - - - - - 0 1 2; U-net skips from - - - - - - 5 4 3 2 1 0" &&
@@ -658,6 +661,47 @@ void test_debug_state_header() {
                "Muon's orthogonalisation -1 in the header", "debug state with orthogonalisation -1");
 }
 
+// Version 5: the settings' text and the prefix table after the header, read back; a length out of
+// range, a table of other than the padded vocabulary's rows, and a body that does not follow them.
+void test_debug_state_settings() {
+  const llmc::GPT2Config c = llmc::make_config(2, 4, 64, 16, 300);
+  const int B = 1, T = 4, Vp = c.padded_vocab_size;
+  int h[llmc::kHeaderInts] = {};
+  h[0] = llmc::kDebugStateMagic;
+  h[1] = llmc::kDebugStateVersionSettings;
+  h[2] = B, h[3] = T, h[4] = 0, h[5] = c.vocab_size;
+  const std::string text = "-lc 23.0,5.0 -mtp 1.0,0.5 -pw 0.25";  // 34 bytes, 2 of padding
+  std::vector<int> table(Vp, -1);
+  table[7] = 3;
+  const std::vector<float> body(2 * B * T + (size_t)B * T * c.vocab_size + 1 + llmc::num_parameters(c), 0.0f);
+  auto write = [&](const std::string& name, int bytes, int rows, size_t body_floats) {
+    std::vector<char> file((char*)h, (char*)h + sizeof(h));
+    auto put = [&](const void* p, size_t n) { file.insert(file.end(), (const char*)p, (const char*)p + n); };
+    put(&bytes, 4);
+    std::string padded = text;
+    padded.resize((text.size() + 3) / 4 * 4, '\0');
+    put(padded.data(), padded.size());
+    put(&rows, 4);
+    put(table.data(), (size_t)std::max(rows, 0) * 4);
+    put(body.data(), body_floats * 4);
+    const std::string path = kDir + "/" + name;
+    write_bytes(path, file.data(), file.size());
+    return path;
+  };
+  const llmc::DebugState d = llmc::debug_state_load(write("debug_settings.bin", (int)text.size(), Vp, body.size()), c);
+  check_verbose(d.settings == text && d.prefix_table == table && d.B == B && d.T == T,
+                "a version-5 debug state's settings '" + d.settings + "' and prefix table read back");
+  const std::string too_long = write("debug_settings_long.bin", 5000, Vp, body.size());
+  check_throws([&] { llmc::debug_state_load(too_long, c); }, "settings of 5000 bytes (0 to 4096)",
+               "debug state with settings longer than 4096 bytes");
+  const std::string rows = write("debug_settings_rows.bin", (int)text.size(), 7, body.size());
+  check_throws([&] { llmc::debug_state_load(rows, c); }, "a prefix table of 7 rows for the model's 384",
+               "debug state with a prefix table of 7 rows");
+  const std::string short_body = write("debug_settings_body.bin", (int)text.size(), Vp, body.size() - 1);
+  check_throws([&] { llmc::debug_state_load(short_body, c); }, "file is truncated",
+               "debug state whose body is one value short after its settings");
+}
+
 // Slot 253 names Muon's orthogonalisation where the stage plan leaves it free: a plan of 884 bytes
 // or less; a longer one (up to 888 bytes, written before the slot) keeps its text there, and the
 // orthogonalisation is the older files' (row 0).
@@ -809,6 +853,7 @@ int main(int argc, char** argv) {
     test_crc32();
     test_checkpoints();
     test_debug_state_header();
+    test_debug_state_settings();
     test_debug_state_newton_schulz_slot();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
