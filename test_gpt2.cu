@@ -28,12 +28,21 @@ constexpr float kLogitsAbsTol = 1e-3f;
 constexpr float kLossTol = 1e-5f;
 constexpr float kStepLossTol = 1e-5f;
 constexpr double kGradRelNorm = 1e-4;
+constexpr double kScalarGradRelNorm = kGradRelNorm;
 #else
 constexpr float kLogitsAbsTol = 0.1f;
 constexpr float kLossTol = 0.05f;
 constexpr float kStepLossTol = 0.05f;
 constexpr double kGradRelNorm = 4e-2;
+// A tensor of a few scalars (the speedrun's skip weights, lambdas, value scales) has each gradient
+// entry a single sum over all B T C BF16 products, and the sum cancels: its relative error is the
+// products' rounding times |terms| / |sum|, not averaged over many entries. Measured on an H200
+// (speedrun tiny, 10-step debug states): skip weights (6) 1.8e-2 to 4.4e-2, lambdas (24) 1.7e-2
+// to 3.0e-2, while the FP32 build holds both within 1.5e-6 of PyTorch.
+constexpr double kScalarGradRelNorm = 1e-1;
 #endif
+// Tensors of at most this many entries are the model's scalars above.
+constexpr size_t kScalarTensorMaxSize = 32;
 // Muon's Newton-Schulz products are BF16 in every build, as the reference's, and cuBLASLt rounds
 // them in another order than PyTorch: with Muon the FP32 build's step losses are bounded, not
 // tight. Measured on an H100 (10 steps, largest difference): GPT-2 tiny 8.8e-4, modern tiny
@@ -233,7 +242,8 @@ int test_main(int argc, char** argv) {
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const size_t o = m.param_offsets[i], n = m.param_specs[i].size;
     testing::check_tensor_norm(std::string("grad ") + m.param_specs[i].name, grads.data() + o,
-                               ref.grads.data() + o, n, kGradRelNorm);
+                               ref.grads.data() + o, n,
+                               n <= kScalarTensorMaxSize ? kScalarGradRelNorm : kGradRelNorm);
   }
 
   // The same micro step again gives the same gradient bits.
