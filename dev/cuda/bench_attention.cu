@@ -103,9 +103,10 @@ void bench_window(const std::vector<int>& tokens, int NH, int HS, const std::vec
   cudaCheck(cudaMemcpy(d_spans, spans.data(), spans.size() * sizeof(spans[0]), cudaMemcpyHostToDevice));
   DeviceArray<floatX> out(n), dqkv(3 * n);
   DeviceArray<float> lse(n_lse), dot(n_lse);
-  DeviceArray<floatX> ds(attention_window_ds_count(1, T, NH, *std::max_element(windows.begin(), windows.end())));
+  const int widest = *std::max_element(windows.begin(), windows.end());
+  DeviceArray<floatX> ds(attention_window_ds_count(1, T, NH, {widest, llmc::WindowUnit::kBlocks}));
   for (int window : windows) {
-    const DocumentWindow dw = {d_spans, d_documents, window};
+    const DocumentWindow dw = {d_spans, d_documents, {window, llmc::WindowUnit::kBlocks}};
     long visible = 0;
     for (int q = 0; q < blocks; q++) {
       const llmc::AttentionBlockSelection sel = llmc::attention_blocks_select(spans[q], q, window);
