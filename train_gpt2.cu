@@ -10604,9 +10604,15 @@ constexpr double kPeakFlops = 989e12;
 // The keys a query of a T-token sequence attends to on average under layer l's mask, where one
 // document spans the sequence (more documents hide more): T/2 causal; with documents, query block i
 // sees min(i + 1, N) blocks of layer l's window of N (every block without one), the last half. A
-// window of 0 (the short layers' half of 1) still sees the query's own block.
+// window of 0 (the short layers' half of 1) still sees the query's own block. A window in tokens
+// (-awt 1) of w: query t sees min(t + 1, w + 1) keys.
 double attention_mean_keys(const GPT2& m, int l, int T) {
   if (!m.documents) return T / 2.0;
+  if (m.window_unit == llmc::WindowUnit::kTokens && m.windows.long_blocks != 0) {
+    // The sum over t of min(t + 1, R), R = min(T, w + 1), in integers (train_gpt2.py's bits).
+    const long reach = std::min<long>(T, (long)layer_window(m, l, T) * llmc::kAttentionBlock + 1);
+    return (double)(reach * (reach + 1) / 2 + (T - reach) * reach) / T;
+  }
   const int blocks = T / llmc::kAttentionBlock, window = std::max(1, layer_window(m, l, T));
   double sum = 0.0;
   for (int i = 0; i < blocks; i++) sum += (std::min(i + 1, window) - 0.5) * llmc::kAttentionBlock;

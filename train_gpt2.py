@@ -765,7 +765,8 @@ class GPT(nn.Module):
         average, summed over the layers with attention. T/2 causal, and within documents without a
         window (as if one document spanned the row); with a window of N blocks, query block i sees
         min(i + 1, N) blocks, the last half (a window of 0, the short layers' half of 1, still sees
-        its own block, as attention_block_lists gives it)."""
+        its own block, as attention_block_lists gives it); with window_tokens query t sees
+        min(t + 1, 128 N + 1) keys."""
         blocks, keys = T // ATTENTION_BLOCK, 0.0
         for layer, spec in enumerate(self.config.plan):
             if not spec.attention:
@@ -773,6 +774,9 @@ class GPT(nn.Module):
             window = self.layer_window(layer) if self.documents else None
             if window is None:
                 keys += T / 2
+            elif self.window_tokens:  # the sum over t of min(t + 1, reach)
+                reach = min(T, window * ATTENTION_BLOCK + 1)
+                keys += (reach * (reach + 1) // 2 + (T - reach) * reach) / T
             else:
                 window = min(blocks, max(1, window))
                 keys += sum(min(i + 1, window) - 0.5 for i in range(blocks)) * ATTENTION_BLOCK / blocks
