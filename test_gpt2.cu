@@ -113,9 +113,10 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
 // its stages'); its loss's settings (version 5: the cap, the loss's terms and their prefix table).
-void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::LossSettings& loss, bool fp8) {
+void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::LossSettings& loss,
+                          llmc::WindowUnit window_unit, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref).max_window());
-  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
+  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, window_unit}, ref.fp8_head);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, loss.logit_cap, m.arch().name);
   gpt2_set_loss_terms(m, loss.next_token_weights, loss.prefix_weight, ref.prefix_table);
@@ -125,12 +126,12 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::Loss
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
 // s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window and rate multiplier.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
-                       const llmc::DebugState& ref, const llmc::LossSettings& loss, const llmc::OptimizerTable& opt,
-                       bool fp8, float tol) {
+                       const llmc::DebugState& ref, const llmc::LossSettings& loss, llmc::WindowUnit window_unit,
+                       const llmc::OptimizerTable& opt, bool fp8, float tol) {
   const llmc::StagePlan stages = debug_state_stages(ref);
   GPT2 m;
   gpt2_init(m, config, values, {true, opt.muon()}, 42);
-  debug_state_allocate(m, ref, loss, fp8);
+  debug_state_allocate(m, ref, loss, window_unit, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
@@ -199,9 +200,11 @@ int test_main(int argc, char** argv) {
   const llmc::GPT2Config config = llmc::checkpoint_load(model_path, &values);
   const llmc::DebugState ref = llmc::debug_state_load(state_path, config);
   const int B = ref.B, T = ref.T, V = config.vocab_size, Vp = config.padded_vocab_size;
+  const llmc::WindowUnit window_unit = llmc::debug_state_window_unit(ref, state_path);
   const std::string attention = !ref.documents ? "causal attention"
       : ref.window_blocks == 0 ? "attention within documents"
-      : llmc::strformat("attention within documents and a window of %d blocks", ref.window_blocks);
+      : llmc::strformat("attention within documents and a window of %d blocks%s", ref.window_blocks,
+                        window_unit == llmc::WindowUnit::kTokens ? " counted in tokens" : "");
   const llmc::OptimizerTable opt = debug_state_optimizer(ref, config, state_path);
   const llmc::LossSettings settings = llmc::debug_state_loss_settings(ref, state_path);
   const std::string muon = ref.muon ? ", Muon: " + llmc::newton_schulz_description(opt.muon_newton_schulz) : "";
@@ -213,13 +216,13 @@ int test_main(int argc, char** argv) {
 
   matmul_setup(/*allow_tf32=*/false);
   if (fp8) {
-    check_step_losses(config, values, ref, settings, opt, fp8, kFp8StepLossTol);
+    check_step_losses(config, values, ref, settings, window_unit, opt, fp8, kFp8StepLossTol);
     matmul_teardown();
     return testing::summary("test_gpt2cu --fp8");
   }
   GPT2 m;
   gpt2_init(m, config, values, StateSpec(), 42);
-  debug_state_allocate(m, ref, settings, false);
+  debug_state_allocate(m, ref, settings, window_unit, false);
 
   // Forward: logits (the padded columns are not part of the reference).
   gpt2_forward(m, ref.inputs.data(), B, T, ForwardPass::kTraining);
@@ -282,7 +285,7 @@ int test_main(int argc, char** argv) {
 
   // The optimizer steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
-  check_step_losses(config, values, ref, settings, opt, false,
+  check_step_losses(config, values, ref, settings, window_unit, opt, false,
                     ref.fp8_head ? kFp8StepLossTol : ref.muon ? kMuonStepLossTol : kStepLossTol);
   matmul_teardown();
   return testing::summary(ref.fp8_head ? "test_gpt2cu (-fh 1)" : "test_gpt2cu");

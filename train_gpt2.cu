@@ -3019,13 +3019,15 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
 
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
 // A query attends to the earlier keys of its own document inside the run of key blocks that
-// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
-// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
-// is the span of query block q of sequence b. T is a multiple of 128.
+// attention_window_select gives its 128-token block: modded-nanogpt's block mask, or with a window
+// in tokens also only to the keys at most that many tokens back (FlashAttention's window). The
+// kernels mask token by token only in a selection's partial blocks, the window's edge among them.
+// documents[b][t] is any id that differs between documents (attention_block_spans' tokens give
+// them); spans[b][q] is the span of query block q of sequence b. T is a multiple of 128.
 struct DocumentWindow {
   const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
   const int* documents;                   // [B, T]
-  int window;                             // blocks (0: the query's own block only)
+  llmc::AttentionWindow window;           // blocks (0: the query's own block only) or tokens
 };
 
 // ---- Causal attention through batched GEMMs (FP32 builds, head sizes flash does not take) ----
@@ -3083,7 +3085,8 @@ __global__ void attention_unpermute_kernel(floatX* out, const floatX* y, int B, 
 
 // One warp per row (b, h, t): att[j] = softmax over the keys j visible to t of scale * preatt[j],
 // exactly 0 for the others. Causal (dw.spans null): j <= t. With documents (DocumentWindow) also
-// j in t's document and in the run of blocks attention_blocks_select gives t's block. A masked key
+// j in t's document, in the run of blocks attention_window_select gives t's block and within a
+// token window's reach. A masked key
 // then has probability 0, and so the backward through att (attention_backward) gives it no
 // gradient unchanged; the causal rows take the same arithmetic as without the mask.
 __global__ void attention_softmax_forward_kernel(floatX* att, const floatX* preatt, int rows,
@@ -3097,9 +3100,11 @@ __global__ void attention_softmax_forward_kernel(floatX* att, const floatX* prea
   const int* documents = nullptr;
   if (dw.spans) {
     const int b = row / T / NH, q_block = t / llmc::kAttentionBlock;
-    const llmc::AttentionBlockSelection selection = llmc::attention_blocks_select(
+    const llmc::AttentionBlockSelection selection = llmc::attention_window_select(
         dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, dw.window);
-    first_key = (q_block - selection.full - selection.partial + 1) * llmc::kAttentionBlock;
+    // t - reach: t less at most INT_MAX, which an int holds.
+    first_key = max((q_block - selection.full - selection.partial + 1) * llmc::kAttentionBlock,
+                    t - llmc::attention_window_reach(dw.window));
     documents = dw.documents + (size_t)b * T;
     document = documents[t];
   }
@@ -3866,31 +3871,33 @@ struct CausalPairs {
 constexpr int kTilesPerAttentionBlock = llmc::kAttentionBlock / kTileRows;
 
 // dS tiles a windowed backward keeps per query tile: its key tiles nearest first. A selection
-// holds at most max(window, 1) blocks, its own last, so a query tile's key tiles are at most that
-// many blocks' tiles back from it (and no more than the sequence's).
-__host__ __device__ inline int window_ds_slots(int window, int tiles) {
-  const int slots = kTilesPerAttentionBlock * (window > 1 ? window : 1);
+// holds at most llmc::attention_window_run(window) blocks, its own last, so a query tile's key
+// tiles are at most that many blocks' tiles back from it (and no more than the sequence's).
+__host__ __device__ inline int window_ds_slots(llmc::AttentionWindow window, int tiles) {
+  const int slots = kTilesPerAttentionBlock * llmc::attention_window_run(window);
   return slots < tiles ? slots : tiles;
 }
 
 // Document-causal attention within dw's window: a query block sees the run of key blocks that
-// attention_blocks_select gives it; its full blocks take no mask, its partial ones the position
-// and the document. The dS scratch holds window_ds_slots tiles per query tile, slot d for key
-// tile q_tile - d. T a multiple of 128.
+// attention_window_select gives it; its full blocks take no mask, its partial ones the position
+// (causal, and a token window's reach) and the document. The dS scratch holds window_ds_slots
+// tiles per query tile, slot d for key tile q_tile - d. T a multiple of 128.
 struct WindowPairs {
   DocumentWindow dw;
   int T, tiles, slots;
+  int reach;  // llmc::attention_window_reach(dw.window)
   __device__ llmc::AttentionBlockSelection selection(int b, int q_block) const {
-    return llmc::attention_blocks_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block,
+    return llmc::attention_window_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block,
                                          dw.window);
   }
   __device__ int first_key_block(int b, int q_block) const {
     const llmc::AttentionBlockSelection s = selection(b, q_block);
     return q_block - s.full - s.partial + 1;
   }
-  // A key block is seen by query blocks up to max(window, 1) - 1 blocks after it.
+  // A key block is seen by query blocks up to attention_window_run - 1 blocks after it.
   __device__ int query_end(int kv_tile) const {
-    return min(T, (kv_tile / kTilesPerAttentionBlock + max(dw.window, 1)) * llmc::kAttentionBlock);
+    return min(T, (kv_tile / kTilesPerAttentionBlock + llmc::attention_window_run(dw.window)) *
+                      llmc::kAttentionBlock);
   }
   __device__ bool sees(int b, int q0, int kv_tile) const {
     return kv_tile / kTilesPerAttentionBlock >= first_key_block(b, q0 / llmc::kAttentionBlock);
@@ -3903,8 +3910,11 @@ struct WindowPairs {
   __device__ bool hidden(int b, int q, int key, int key_doc) const {
     return hidden_from(q, dw.documents[(size_t)b * T + q], key, key_doc);
   }
-  // The same for a query whose document the caller holds.
-  __device__ static bool hidden_from(int q, int q_doc, int key, int key_doc) { return q < key || q_doc != key_doc; }
+  // The same for a query whose document the caller holds. One unsigned compare hides both the
+  // keys after q (q - key negative wraps past any reach) and those beyond the reach.
+  __device__ bool hidden_from(int q, int q_doc, int key, int key_doc) const {
+    return (unsigned)(q - key) > (unsigned)reach || q_doc != key_doc;
+  }
   __device__ int first_key_tile(int b, int q_tile) const {
     return first_key_block(b, q_tile / kTilesPerAttentionBlock) * kTilesPerAttentionBlock;
   }
@@ -3981,7 +3991,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int c = n * 8 + 2 * t + e % 2, key = j * kTileRows + c;
-          if (key > row[e / 2] || docs_s[buf * kTileRows + c] != row_doc[e / 2]) s[n][e] = -INFINITY;
+          if (pairs.hidden_from(row[e / 2], row_doc[e / 2], key, docs_s[buf * kTileRows + c])) s[n][e] = -INFINITY;
         }
       }
     }
@@ -4151,14 +4161,18 @@ struct ProductTurns {
 
 // What a masked tile of the Hopper forward hides from query `row` (its r-th of the lane's two):
 // the keys after it (the causal diagonal), and in DocumentMask also the keys of other documents
-// (key_docs: the documents of the tile's keys, c the key's column in the tile).
+// (key_docs: the documents of the tile's keys, c the key's column in the tile) and those beyond
+// the reach (WindowPairs::hidden_from's compare).
 struct CausalMask {
   __device__ bool hidden(int key, int, int row, int) const { return key > row; }
 };
 struct DocumentMask {
   const int* key_docs;
   int row_doc[2];
-  __device__ bool hidden(int key, int c, int row, int r) const { return key > row || key_docs[c] != row_doc[r]; }
+  int reach;
+  __device__ bool hidden(int key, int c, int row, int r) const {
+    return (unsigned)(row - key) > (unsigned)reach || key_docs[c] != row_doc[r];
+  }
 };
 
 // One key tile of the Hopper forward for a warpgroup: S = Q K^T over the tile's first KEYS keys
@@ -4500,7 +4514,7 @@ __device__ void window_forward_produce(const WindowForwardSmem<HS>& sm, const CU
 // passes, so that every barrier's arrivals match its waits.
 template <int HS>
 __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* out, float* lse, int T, int NH,
-                                       float scale_log2) {
+                                       float scale_log2, int reach) {
 #if FLASH_WGMMA
   constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages;
   constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
@@ -4533,7 +4547,7 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
         row_doc[0] = key_docs[row[0] - key0];
         row_doc[1] = key_docs[row[1] - key0];
       }
-      const DocumentMask mask{key_docs, {row_doc[0], row_doc[1]}};
+      const DocumentMask mask{key_docs, {row_doc[0], row_doc[1]}, reach};
       if (i == 0 && group == 0) {  // the diagonal: warpgroup 0's rows have their keys in its first 64 rows
         forward_tile<HS, kKeys, 64, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
                                           false, mask);
@@ -4574,7 +4588,7 @@ __global__ void __launch_bounds__(kWindowForwardThreads, 1) attention_forward_wi
     if (threadIdx.x == kTmaForwardThreads) window_forward_produce<HS>(sm, &qkv_map, T, NH, heads, pairs, work_counter);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    window_forward_consume<HS>(sm, out, lse, T, NH, scale_log2);
+    window_forward_consume<HS>(sm, out, lse, T, NH, scale_log2, pairs.reach);
   }
 #else
   __trap();  // launched only where hopper_support().usable
@@ -4910,11 +4924,11 @@ constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot 
          1024 * 1024;
 }
 // The kernel's shared memory: K and V, the stages, their barriers and counts, and the list of the
-// query blocks that see the key block (of the max(window, 1) that may, at most T / 128), with its
-// length.
+// query blocks that see the key block (of the attention_window_run that may, at most T / 128),
+// with its length.
 template <int HS>
-size_t tma_window_dkdv_smem_bytes(int window, int T) {
-  const size_t blocks = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
+size_t tma_window_dkdv_smem_bytes(llmc::AttentionWindow window, int T) {
+  const size_t blocks = std::min(llmc::attention_window_run(window), T / llmc::kAttentionBlock);
   return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * tma_window_dkdv_stage_bytes<HS>() +
          (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + (kTmaWindowDkdvStages + 1) * sizeof(int) +
          (blocks * sizeof(uint16_t) + 15) / 16 * 16;
@@ -5801,7 +5815,7 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
 
 WindowPairs window_pairs(const DocumentWindow& dw, int T) {
   const int tiles = T / kTileRows;
-  return {dw, T, tiles, window_ds_slots(dw.window, tiles)};
+  return {dw, T, tiles, window_ds_slots(dw.window, tiles), llmc::attention_window_reach(dw.window)};
 }
 
 template <int HS>
@@ -5842,9 +5856,9 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
     const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
     const size_t smem = tma_window_dkdv_smem_bytes<HS>(dw.window, T);
     REQUIRE(smem <= (size_t)shared_memory_optin(),
-            "attention: a window of %d blocks at T = %d needs %zu bytes of shared memory a block, more than the "
-            "GPU's %d; use a shorter window or sequence",
-            dw.window, T, smem, shared_memory_optin());
+            "attention: a window of %d %s at T = %d needs %zu bytes of shared memory a block, more than the "
+            "GPU's %d; use a shorter window or sequence", dw.window.size,
+            dw.window.unit == llmc::WindowUnit::kTokens ? "tokens" : "blocks", T, smem, shared_memory_optin());
     attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, smem, stream>>>(
         sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
         row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2,
@@ -5902,13 +5916,13 @@ void attention_forward_window(floatX* out, float* lse, const floatX* qkv, int B,
 #endif
 }
 
-// Elements of attention_backward_window's dS scratch for windows of up to max_window blocks.
-size_t attention_window_ds_count(int B, int T, int NH, int max_window) {
+// Elements of attention_backward_window's dS scratch for windows of up to `widest` (of its unit).
+size_t attention_window_ds_count(int B, int T, int NH, llmc::AttentionWindow widest) {
 #if !defined(ENABLE_FP32)
   const int tiles = T / 64;
-  return (size_t)B * NH * tiles * flash::window_ds_slots(max_window, tiles) * 64 * 64;
+  return (size_t)B * NH * tiles * flash::window_ds_slots(widest, tiles) * 64 * 64;
 #else
-  (void)B, (void)T, (void)NH, (void)max_window;
+  (void)B, (void)T, (void)NH, (void)widest;
   return 0;
 #endif
 }
@@ -5948,7 +5962,8 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 }
 
 // attention_backward_flash's dqkv (and tile_sums) for attention_forward_window's attention:
-// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w >= dw.window. With
+// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w of dw.window's unit
+// at least as wide. With
 // qk_rstd (qk_norm_rotary_forward's, of the q and k in qkv), q's and k's gradients go on through
 // QK-norm's and the rotary's backward (qk_norm_rotary_backward's result; on Hopper, without
 // tile_sums, in the kernels' epilogues from dQ and dK unrounded).
@@ -7890,6 +7905,7 @@ struct DocumentAttention {
   bool documents = false;
   llmc::StepWindows windows;  // of the passes to come (gpt2_set_window; long 0: none)
   int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
+  llmc::WindowUnit window_unit = llmc::WindowUnit::kBlocks;  // -awt: whole blocks, or blocks x 128 tokens
   llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
   int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
   UploadStaging spans_staging, document_ids_staging;  // their host halves (section 1)
@@ -8032,10 +8048,11 @@ void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
 
 // The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
 // window over the run (llmc::StagePlan::max_window; 0: none), which no short one is wider than,
-// sizes the windowed backward's scratch.
+// sizes the windowed backward's scratch; its blocks masked whole or counted in tokens (-awt 1).
 struct AttentionSpec {
   bool documents = false;
   int max_window_blocks = 0;
+  llmc::WindowUnit window_unit = llmc::WindowUnit::kBlocks;
 };
 
 // The blocks of the widest window any layer takes with `spec` at sequence length T: no window is
@@ -8057,7 +8074,9 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   if (m.flash_attention) {
     m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
     const size_t ds_count = attention.documents
-        ? attention_window_ds_count(B, T, c.num_heads, attention_widest_window(attention, T))
+        ? attention_window_ds_count(B, T, c.num_heads,
+                                    llmc::AttentionWindow::of_blocks(attention_widest_window(attention, T),
+                                                                     attention.window_unit))
         : attention_flash_ds_count(B, T, c.num_heads);
     m.attention_ds = device_alloc<floatX>(ds_count, "the attention score-gradient scratch");
   } else {
@@ -8106,6 +8125,7 @@ void document_buffers_allocate(DocumentAttention& d, size_t tokens) {
 void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   m.documents = spec.documents;
   m.max_window_blocks = spec.max_window_blocks;
+  m.window_unit = spec.window_unit;
   m.windows = {};
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
@@ -8625,18 +8645,23 @@ int layer_window(const GPT2& m, int l, int T) {
   return std::min(blocks, m.plan[l].window_blocks(m.windows.long_blocks, m.windows.short_blocks));
 }
 
+// Layer l's window at sequence length T in the run's unit (layer_window's blocks, or as tokens).
+llmc::AttentionWindow layer_attention_window(const GPT2& m, int l, int T) {
+  return llmc::AttentionWindow::of_blocks(layer_window(m, l, T), m.window_unit);
+}
+
 // The first position layer l's decoding query r.first_position attends to: 0, or within documents
-// the first of its document and window (llmc::attention_first_key; layer_window at a length that
-// covers the query's block, so that no window is every block up to it).
+// the first of its document and window (llmc::attention_window_first_key; the layer's window at a
+// length that covers the query's block, so that no window is every block up to it).
 int decode_first_key(const GPT2& m, int l, const BlockRows& r) {
   if (!m.documents) return 0;
   const int t = r.first_position, covered = (t / llmc::kAttentionBlock + 1) * llmc::kAttentionBlock;
-  return llmc::attention_first_key(t, r.document_start, layer_window(m, l, covered));
+  return llmc::attention_window_first_key(t, r.document_start, layer_attention_window(m, l, covered));
 }
 
 // Layer l's mask over the last forward's rows of T tokens (documents_upload).
 DocumentWindow layer_document_window(const GPT2& m, int l, int T) {
-  return {m.spans, m.document_ids, layer_window(m, l, T)};
+  return {m.spans, m.document_ids, layer_attention_window(m, l, T)};
 }
 
 // r.atty from r.qkv: the decoder's one query against the layer's KV cache, which it extends; or
@@ -10579,9 +10604,15 @@ constexpr double kPeakFlops = 989e12;
 // The keys a query of a T-token sequence attends to on average under layer l's mask, where one
 // document spans the sequence (more documents hide more): T/2 causal; with documents, query block i
 // sees min(i + 1, N) blocks of layer l's window of N (every block without one), the last half. A
-// window of 0 (the short layers' half of 1) still sees the query's own block.
+// window of 0 (the short layers' half of 1) still sees the query's own block. A window in tokens
+// (-awt 1) of w: query t sees min(t + 1, w + 1) keys.
 double attention_mean_keys(const GPT2& m, int l, int T) {
   if (!m.documents) return T / 2.0;
+  if (m.window_unit == llmc::WindowUnit::kTokens && m.windows.long_blocks != 0) {
+    // The sum over t of min(t + 1, R), R = min(T, w + 1), in integers (train_gpt2.py's bits).
+    const long reach = std::min<long>(T, (long)layer_window(m, l, T) * llmc::kAttentionBlock + 1);
+    return (double)(reach * (reach + 1) / 2 + (T - reach) * reach) / T;
+  }
   const int blocks = T / llmc::kAttentionBlock, window = std::max(1, layer_window(m, l, T));
   double sum = 0.0;
   for (int i = 0; i < blocks; i++) sum += (std::min(i + 1, window) - 0.5) * llmc::kAttentionBlock;
@@ -10617,6 +10648,7 @@ struct TrainArgs : llmc::TrainFlags {
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
+  int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -10659,6 +10691,11 @@ llmc::Flag recipe_flag(TrainArgs& a) {
 
 // -aw's long and short windows.
 llmc::WindowSetting window_setting(const TrainArgs& a) { return {a.window_blocks, a.short_window_blocks}; }
+
+// -awt: whether a window's blocks are masked whole or counted in tokens.
+llmc::WindowUnit window_unit(const TrainArgs& a) {
+  return a.window_tokens ? llmc::WindowUnit::kTokens : llmc::WindowUnit::kBlocks;
+}
 
 // -aw: N blocks, -1 the schedule, 0 none, or S/N (llmc::parse_window_setting).
 llmc::Flag window_flag(TrainArgs& a) {
@@ -10756,6 +10793,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
                "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
                "stage's", &a.final_window_blocks, 0, kIntMax),
+      int_flag("-awt", "window in tokens", "with -pd 1 and a window: 1: a window of N blocks is N x 128 tokens back "
+               "from each query (record #89's FlashAttention window: key j seen by query i when i - 128N <= j <= i), "
+               "masked token by token at its edge; 0: whole blocks of 128 tokens (modded-nanogpt's block mask)",
+               &a.window_tokens, 0, 1),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
                 "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
                 "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
@@ -10931,7 +10972,7 @@ std::string architecture_description(const llmc::ArchSpec& s) {
                          "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
-// -pd, -aw and -awf: the training sequences and what a token attends to.
+// -pd, -aw, -awt and -awf: the training sequences and what a token attends to.
 std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan, const llmc::StagePlan& stages) {
   if (!a.documents) return "causal, over contiguous training sequences";
   const char* documents = "within each document (token 50256 opens each) of document-aligned training "
@@ -10957,8 +10998,9 @@ std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& pla
   const std::string final = stages.final_window() > 0
       ? llmc::strformat("; N = %d at the validation after the last step (-awf)", stages.final_window())
       : std::string();
-  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s", documents, n.c_str(),
-                         llmc::kAttentionBlock, layers.c_str(), which.c_str(), final.c_str());
+  const char* unit = a.window_tokens ? " counted in tokens from each query (-awt 1)" : "";
+  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s%s", documents, n.c_str(),
+                         llmc::kAttentionBlock, unit, layers.c_str(), which.c_str(), final.c_str());
 }
 
 // -fh given on the command line, not set by -recipe.
@@ -11190,6 +11232,8 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
           "t=%d: keep t the same in every stage, or leave -a 1 out", plan.stages()[0].T, change + 1,
           plan.stages()[change].T);
   resolve_final_window(plan, a, validating);
+  REQUIRE(!a.window_tokens || (a.documents && plan.max_window() != 0), "-awt 1 counts the attention windows in "
+          "tokens, and this run has none: give -pd 1 with a window (-aw, or -sp's aw=), or leave -awt out");
   return plan;
 }
 
@@ -11801,7 +11845,7 @@ int train_main(int argc, char** argv) {
   } else {
     resolve_fp8_head(a);
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
-                  {a.documents != 0, in.stages.max_window()}, a.fp8_head != 0);
+                  {a.documents != 0, in.stages.max_window(), window_unit(a)}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
     gpt2_set_loss_terms(m, a.next_token_weights, a.prefix_weight, in.prefix_table);
     TrainRun r(a, mg, m);

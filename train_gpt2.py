@@ -727,6 +727,7 @@ class GPT(nn.Module):
         self.documents = False
         self.window_blocks = None
         self.short_window_blocks = None
+        self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         # the head's cap (soft_cap; --logit_cap sets another)
         self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
@@ -737,7 +738,8 @@ class GPT(nn.Module):
         causal). With documents a query attends to the earlier keys of its own document; with
         window_blocks also only within the key blocks the reference selects, the window in each
         layer as its LayerSpec.window gives it (12 layers: the reference's long and short windows;
-        other depths: the long window in every layer). A mask is FlexAttention's BlockMask where the
+        other depths: the long window in every layer); with window_tokens the window is N x 128 tokens
+        back from each query instead (record #89's). A mask is FlexAttention's BlockMask where the
         attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
         and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
         layers = self.config.num_layers
@@ -750,10 +752,11 @@ class GPT(nn.Module):
             window = self.layer_window(layer)
             if window in masks:
                 continue
+            tokens = window * ATTENTION_BLOCK if self.window_tokens and window is not None else None
             if flex:
-                masks[window] = document_block_mask(idx, window)
+                masks[window] = document_block_mask(idx, window, tokens)
             else:
-                rows = [document_attention_mask(row.cpu(), window) for row in idx]
+                rows = [document_attention_mask(row.cpu(), window, tokens) for row in idx]
                 masks[window] = torch.stack(rows)[:, None].to(idx.device)
         return [masks[self.layer_window(layer)] for layer in range(layers)]
 
@@ -762,7 +765,8 @@ class GPT(nn.Module):
         average, summed over the layers with attention. T/2 causal, and within documents without a
         window (as if one document spanned the row); with a window of N blocks, query block i sees
         min(i + 1, N) blocks, the last half (a window of 0, the short layers' half of 1, still sees
-        its own block, as attention_block_lists gives it)."""
+        its own block, as attention_block_lists gives it); with window_tokens query t sees
+        min(t + 1, 128 N + 1) keys."""
         blocks, keys = T // ATTENTION_BLOCK, 0.0
         for layer, spec in enumerate(self.config.plan):
             if not spec.attention:
@@ -770,6 +774,9 @@ class GPT(nn.Module):
             window = self.layer_window(layer) if self.documents else None
             if window is None:
                 keys += T / 2
+            elif self.window_tokens:  # the sum over t of min(t + 1, reach)
+                reach = min(T, window * ATTENTION_BLOCK + 1)
+                keys += (reach * (reach + 1) // 2 + (T - reach) * reach) / T
             else:
                 window = min(blocks, max(1, window))
                 keys += sum(min(i + 1, window) - 0.5 for i in range(blocks)) * ATTENTION_BLOCK / blocks
@@ -1449,13 +1456,16 @@ def attention_block_lists(tokens, window_blocks):
     return partial_num, partial_indices, full_num, full_indices
 
 
-def document_attention_mask(tokens, window_blocks):
+def document_attention_mask(tokens, window_blocks, window_tokens=None):
     """The [T, T] boolean mask of one sequence (True where query i attends to key j): document-causal
     (j <= i, one document) within the key blocks attention_block_lists selects for i's block; every
-    earlier key of the document where window_blocks is None."""
+    earlier key of the document where window_blocks is None. With window_tokens w (a number) instead
+    within w tokens: i - w <= j (FlashAttention's window_size=(w, 0), record #89's)."""
     docs = (tokens == DOCUMENT_START).cumsum(0)
     position = torch.arange(len(tokens))
     document_causal = (position[:, None] >= position) & (docs[:, None] == docs)
+    if window_tokens is not None:
+        return document_causal & (position[:, None] - position <= window_tokens)
     if window_blocks is None:
         return document_causal
     partial_num, partial_indices, full_num, full_indices = attention_block_lists(tokens, window_blocks)
@@ -1493,13 +1503,14 @@ def compiled_flex_attention():
 _compiled_flex_attention = None
 
 
-def document_block_mask(idx, window_blocks):
+def document_block_mask(idx, window_blocks, window_tokens=None):
     """FlexAttention's BlockMask for the rows of idx [B, T] (on the GPU), as the reference builds it:
     attention_block_lists' blocks (every block up to the query's where window_blocks is None) and
-    the document-causal mask inside them."""
+    the document-causal mask inside them. With window_tokens w: the blocks of a window one block
+    wider (which hold every key within w tokens), all masked, the mask also i - w <= j."""
     from torch.nn.attention.flex_attention import BlockMask
     window = idx.size(1) // ATTENTION_BLOCK if window_blocks is None else window_blocks
-    lists = [attention_block_lists(row.cpu(), window) for row in idx]
+    lists = [attention_block_lists(row.cpu(), window if window_tokens is None else window + 1) for row in idx]
     partial_num, partial_indices, full_num, full_indices = (
         torch.stack([row[i] for row in lists])[:, None].to(idx.device).contiguous() for i in range(4))
     docs = (idx == DOCUMENT_START).cumsum(1)
@@ -1507,8 +1518,20 @@ def document_block_mask(idx, window_blocks):
     def document_causal(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
 
-    return BlockMask.from_kv_blocks(partial_num, partial_indices, full_num, full_indices,
-                                    BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_causal)
+    if window_tokens is None:
+        return BlockMask.from_kv_blocks(partial_num, partial_indices, full_num, full_indices,
+                                        BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_causal)
+
+    def document_window(b, h, q_idx, kv_idx):
+        return document_causal(b, h, q_idx, kv_idx) & (q_idx - kv_idx <= window_tokens)
+
+    # Each query block's full blocks follow its partial ones, as one list of partial blocks.
+    blocks = partial_num.size(-1)
+    take = torch.arange(blocks, device=idx.device)
+    run_indices = torch.where(take < partial_num[..., None], partial_indices,
+                              full_indices.gather(-1, (take - partial_num[..., None]).clamp(0, blocks - 1)))
+    return BlockMask.from_kv_blocks(partial_num + full_num, run_indices.contiguous(),
+                                    BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_window)
 
 
 class RandomTokens:
@@ -2176,10 +2199,10 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
 def debug_state_settings(model):
-    """The loss's settings a version-5 debug state keeps, as the CUDA trainer's flags ("-lc 23,5 -mtp
-    1.0,0.5,0.25 -pw 0.25"; "" for the defaults). The file holds them after its header: their
-    length in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without -pw) and
-    its int32 ids."""
+    """The loss's settings a version-5 debug state keeps, and windows in tokens, as the CUDA trainer's
+    flags ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -awt 1"; "" for the defaults). The file holds them
+    after its header: their length in bytes, the text padded to 4-byte words, then the prefix
+    table's rows (0 without -pw) and its int32 ids."""
     words = []
     default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
     if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
@@ -2189,6 +2212,8 @@ def debug_state_settings(model):
         words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
         if terms.prefix is not None:
             words += ["-pw", str(np.float32(terms.prefix_weight))]
+    if model.window_tokens:
+        words += ["-awt", "1"]
     return " ".join(words)
 
 
@@ -2206,12 +2231,14 @@ def read_debug_state_settings(path, header):
 
 
 def apply_debug_state_settings(model, text, prefix, path):
-    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms."""
+    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
+    and windows' unit."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw"}
-    if len(words) % 2 or unknown:
-        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp and -pw: re-create it")
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-awt"}
+    if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw and -awt 1: re-create it")
+    model.window_tokens = "-awt" in settings
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if (prefix is None) != (prefix_weight == 0.0):
@@ -2374,6 +2401,9 @@ def parse_args(argv=None):
                    "layers, N // 2 in its short ones; other depths: N in every layer), or S/N: S blocks in the short "
                    "layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over --num_iterations; 0: no "
                    "window"))
+    a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
+                   "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
+                   "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
     a.add_argument("--final_window_blocks", type=int, default=0, help="with --documents 1 and a window: the long "
                    "window N of the validation after the last step, its short one staying the last stage's "
                    "(modded-nanogpt's record #89: 20); 0: the last stage's")
@@ -2717,6 +2747,9 @@ def check_eval_only_args(args):
 
 
 def check_document_args(args):
+    if args.window_tokens and (not args.documents or (args.window_blocks == 0 and "aw=" not in args.stages)):
+        fail("--window_tokens 1 counts the attention windows in tokens, and this run has none: give --documents 1 "
+             "with a window (--window_blocks, or --stages' aw=), or drop --window_tokens")
     if args.final_window_blocks < 0:
         fail(f"--final_window_blocks {args.final_window_blocks}: give a window of 1 or more blocks, or 0 for the "
              f"last stage's")
@@ -3162,6 +3195,7 @@ def main(argv=None, step_hook=None):
     if args.fp8_head:
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
+    model.window_tokens = bool(args.window_tokens)
     model.loss_terms = loss_terms(args, config)
     set_logit_cap(model, args.logit_cap)
     set_attention_window(model, args, 0)

@@ -20,8 +20,10 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "attention_blocks.h"
 #include "gpt2.h"
 #include "recipe.h"
 #include "schedulers.h"
@@ -176,22 +178,31 @@ struct TrainFlags : Recipe {
   int seed = 42;
 };
 
-// The shared flags, then the program's own (`own`); a name in both is a programming error.
-inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
-  LossSettings s;
+// The flag-value pairs of a version-5 debug state's settings (train_gpt2.py's debug_state_settings).
+inline std::vector<std::pair<std::string, std::string>> debug_state_setting_pairs(const DebugState& d,
+                                                                                  const std::string& path) {
   std::vector<std::string> words;
   for (size_t at = 0; at < d.settings.size();) {
     const size_t end = std::min(d.settings.find(' ', at), d.settings.size());
     if (end > at) words.push_back(d.settings.substr(at, end - at));
     at = end + 1;
   }
+  std::vector<std::pair<std::string, std::string>> pairs;
   for (size_t i = 0; i < words.size(); i += 2) {
     const std::string& flag = words[i];
-    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp and -pw: re-create it with train_gpt2.py", path.c_str(),
-                d.settings.c_str());
+    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-awt")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw and -awt: re-create it with train_gpt2.py",
+                path.c_str(), d.settings.c_str());
     }
-    const char* value = words[i + 1].c_str();
+    pairs.emplace_back(flag, words[i + 1]);
+  }
+  return pairs;
+}
+
+inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
+  LossSettings s;
+  for (const auto& [flag, text] : debug_state_setting_pairs(d, path)) {
+    const char* value = text.c_str();
     if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
     if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
     if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
@@ -203,6 +214,15 @@ inline LossSettings debug_state_loss_settings(const DebugState& d, const std::st
   return s;
 }
 
+// The unit of a debug state's attention windows: tokens with -awt 1 in its settings, else blocks.
+inline WindowUnit debug_state_window_unit(const DebugState& d, const std::string& path) {
+  for (const auto& [flag, text] : debug_state_setting_pairs(d, path)) {
+    if (flag == "-awt" && parse_int("-awt", text.c_str(), 0, 1)) return WindowUnit::kTokens;
+  }
+  return WindowUnit::kBlocks;
+}
+
+// The shared flags, then the program's own (`own`); a name in both is a programming error.
 inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
   constexpr long kIntMax = INT32_MAX;
   Flag schedule = text_flag("-k", "lr schedule",

@@ -531,7 +531,9 @@ gpu_setup() {
 # schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
 # the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header);
 # the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
-# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5).
+# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5), and with
+# its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
+# the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -549,7 +551,8 @@ gpu_against_pytorch() {
               "speedrun_tiny:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
-              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin"; do
+              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
+              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then

@@ -442,6 +442,12 @@ if has_flag -pd; then
   expect "-awf wider than the sequences" \
     "^error: -awf 5 counts blocks of 128 tokens, and t 256 is 2 blocks: -awf 2 already attends to all of it; use -awf 2 or less\$" \
     -e d12 -t 256 -pd 1 -aw 2 -awf 5
+  # Windows counted in tokens (-awt 1) need a window to count
+  expect "-awt 1 without documents" "^error: -awt 1 counts the attention windows in tokens, and this run has none" \
+    -e d12 -t 256 -awt 1
+  expect "-awt 1 without a window" "^error: -awt 1 counts the attention windows in tokens, and this run has none" \
+    -e d12 -t 256 -pd 1 -awt 1
+  expect "-awt out of range" "^error: -awt 2: must be" -e d12 -t 256 -pd 1 -aw 2 -awt 2
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi

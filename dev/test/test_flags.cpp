@@ -484,8 +484,8 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, the defaults where it names none; settings that are not such pairs, or a
-// prefix weight without its table, refused.
+// read as those flags, the defaults where it names none, and its windows' unit (-awt); settings
+// that are not such pairs, or a prefix weight without its table, refused.
 void test_loss_settings() {
   const llmc::PredictionWeights w = llmc::parse_prediction_weights("-mtp", "1,0.5,0.25");
   const llmc::LogitCapSetting cap = llmc::parse_logit_cap_setting("-lc", "23,5");
@@ -510,6 +510,18 @@ void test_loss_settings() {
   d.prefix_table.clear();
   check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "-pw 0.25 and a prefix table of 0 rows",
                "a debug state's prefix weight without its table");
+  // -awt beside the loss's settings: the windows' unit, which the loss's reading passes over.
+  d.settings = "-mtp 1.0,0.5 -awt 1";
+  const llmc::LossSettings with_tokens = llmc::debug_state_loss_settings(d, "d.bin");
+  check_verbose(llmc::debug_state_window_unit(d, "d.bin") == llmc::WindowUnit::kTokens &&
+                    with_tokens.next_token_weights.count == 2,
+                "a debug state's settings '" + d.settings + "': windows in tokens, two next-token weights");
+  d.settings = "-mtp 1.0,0.5";
+  check_verbose(llmc::debug_state_window_unit(d, "d.bin") == llmc::WindowUnit::kBlocks &&
+                    llmc::debug_state_window_unit(llmc::DebugState(), "d.bin") == llmc::WindowUnit::kBlocks,
+                "a debug state without -awt: windows in blocks");
+  d.settings = "-awt 2";
+  check_throws([&] { llmc::debug_state_window_unit(d, "d.bin"); }, "-awt 2: must be", "a debug state's -awt 2");
 }
 
 int main() {

@@ -258,7 +258,7 @@ for name in ("Attention", "Windows", "ValueEmbeddings", "SkipSources"):
 print("speedrun:", speedrun)
 EOF
 
-check "the MFU count (SPEC.md): causal, and the speedrun's windows, against a closed form" <<'EOF'
+check "the MFU count (SPEC.md): causal, and the speedrun's windows in blocks and in tokens" <<'EOF'
 import train_gpt2 as tg
 g = tg.make_config(*tg.PRESETS["d12"], source="d12")
 assert g.flops_per_token(1024) == 6 * g.num_parameters() + 6 * 12 * 768 * 1024
@@ -276,6 +276,15 @@ for window in (1, 5, 14):
     expected = 6 * (config.num_parameters() - lookups) + 12 * 768 * keys
     assert abs(model.flops_per_token(T) - expected) < 1e-9 * expected, (window, model.flops_per_token(T), expected)
     print(f"speedrun d12, window {window:2d}: {model.flops_per_token(T) / 1e6:.1f} MFLOP a token")
+model.window_tokens = True  # query t sees min(t + 1, 128 n + 1) keys, counted one by one
+for window in (1, 5):
+    model.window_blocks = window
+    keys = sum(sum(min(t + 1, (window if spec.window == "L" else window // 2) * 128 + 1) for t in range(T)) / T
+               for spec in config.plan if spec.attention)
+    expected = 6 * (config.num_parameters() - lookups) + 12 * 768 * keys
+    assert abs(model.flops_per_token(T) - expected) < 1e-9 * expected, (window, model.flops_per_token(T), expected)
+    print(f"speedrun d12, window {window:2d} in tokens: {model.flops_per_token(T) / 1e6:.1f} MFLOP a token")
+model.window_tokens = False
 model.documents = False
 assert model.flops_per_token(T) == config.flops_per_token(T, 11 * T / 2)
 EOF
