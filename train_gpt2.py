@@ -1228,7 +1228,7 @@ class DocumentLoader:
     stream that every rank computes alike; micro batch m gives rank r, row b the step's sequence
     (m*world + r)*B + b. Epochs take the shards in the order of permutation(num_shards) drawn from
     MT19937(seed) at each epoch's start (the identity without shuffle). With a document cap C > 0
-    a row is pieces of whole documents instead, at most C tokens of each (_next_capped_sequence).
+    a row is a group of documents capped at C tokens, as record #89 packs a forward (_pack_group).
     reshape() changes (T, grad_accum, cap) between steps."""
 
     def __init__(self, pattern, flag, B, T, grad_accum, rank, world, shuffle, seed, vocab_size, cap=0):
@@ -1309,56 +1309,64 @@ class DocumentLoader:
         self.position = end if end < len(self.tokens) else start + T
         return start
 
-    def _capped_pieces(self):
-        """The (start, length) pieces of the next capped row from the position: from the first
-        document start on, at most cap tokens of each document until T+1 are taken; None when the
-        shard ends first."""
-        need, pieces = self.T + 1, []
-        d = self._next_document(self.position)
-        while need > 0 and d < len(self.tokens):
-            end = self._next_document(d + 1)
-            n = min(end - d, self.cap, need)
-            pieces.append((d, n))
-            need -= n
-            d = end
-        return pieces if need == 0 else None
+    def _pack_group(self, position):
+        """Record #89's Shard.next_batch for one forward: from the first document start at or after
+        `position`, each document's first tokens up to the cap (a document runs to the next start or
+        the shard's end) until T+1 are taken, the last one cut to fit. Returns the row and the
+        document start after the last document's, or None where no start is left before it is full."""
+        i = int(np.searchsorted(self.documents, position))
+        pieces, filled = [], 0
+        while filled < self.T + 1:
+            if i == len(self.documents):
+                return None
+            start = int(self.documents[i])
+            i += 1
+            end = int(self.documents[i]) if i < len(self.documents) else len(self.tokens)
+            n = min(end - start, self.cap, self.T + 1 - filled)
+            pieces.append(self.tokens[start:start + n])
+            filled += n
+        return np.concatenate(pieces), int(self.documents[i]) if i < len(self.documents) else len(self.tokens)
 
-    def _next_capped_sequence(self):
-        """The next row of whole-document pieces (with the cap), its last token the position's
-        next document start. The shard's end before a row is full moves to the next shard, whose
-        row starts at its first document start; a fresh shard too short for a row is an error."""
-        if self.position + self.T >= len(self.tokens):
+    def _packed_step(self):
+        """The step's groups, all from the shard held; where it cannot give them all, the whole step
+        from the next shard's first document start (as the reference's call for 8 processes moves
+        on). A shard that cannot give one step from its start is an error."""
+        while True:
+            rows, position = [], self.position
+            for _ in range(self.grad_accum * self.world * self.B):
+                group = self._pack_group(position)
+                if group is None:
+                    break
+                row, position = group
+                rows.append(row)
+            else:
+                self.position = position
+                return rows
+            if self.position == 0:
+                count = self.grad_accum * self.world * self.B
+                fail(f"{self.paths[self.shard_order[self.shard_position]]}: its documents, capped at {self.cap} "
+                     f"tokens each, hold fewer than one step's {count} sequence{'' if count == 1 else 's'} of "
+                     f"T+1 = {self.T + 1} tokens from its first document start: use a smaller --seq_len or "
+                     f"--total_batch_size, a larger cap, or longer shards")
             self._open_next_shard()
-        pieces = self._capped_pieces()
-        if pieces is None:
-            self._open_next_shard()
-            pieces = self._capped_pieces()
-            if pieces is None:
-                fail(f"{self.paths[self.shard_order[self.shard_position]]}: documents capped at {self.cap} tokens "
-                     f"hold fewer than T+1 = {self.T + 1} tokens from its first document start: use a smaller "
-                     f"--seq_len or cap, or longer shards")
-        start, n = pieces[-1]
-        self.position = self._next_document(start + n - 1)
-        return np.concatenate([self.tokens[d:d + n] for d, n in pieces])
 
     def _read_step(self):
-        """The step's sequences in stream order, this rank's rows kept; the step begins in the
-        next shard when its window and one token more do not fit (the reference's test). Where the
-        step's search began is kept for reshape()."""
+        """The step's sequences in stream order, this rank's rows kept. Where the step began is kept
+        for reshape() before it may move on to the next shard. Without a cap the step begins in the
+        next shard when its window and one token more do not fit (the reference's test)."""
         self.step_start = (self.epoch, list(self.shard_order), self.shard_position, self.position,
                            (list(self.rng.state), self.rng.index))
-        if self.position + self.window + 1 >= len(self.tokens):
-            self._open_next_shard()
-        per_batch = self.world * self.B
-        rows = []
-        for q in range(self.grad_accum * per_batch):
-            if self.cap > 0:
-                row = self._next_capped_sequence()
-            else:
+        if self.cap > 0:
+            sequences = self._packed_step()
+        else:
+            if self.position + self.window + 1 >= len(self.tokens):
+                self._open_next_shard()
+            sequences = []
+            for _ in range(self.grad_accum * self.world * self.B):
                 start = self._next_sequence()
-                row = self.tokens[start:start + self.T + 1]
-            if q % per_batch // self.B == self.rank:
-                rows.append(row.astype(np.int64))
+                sequences.append(self.tokens[start:start + self.T + 1])
+        per_batch = self.world * self.B
+        rows = [row.astype(np.int64) for q, row in enumerate(sequences) if q % per_batch // self.B == self.rank]
         self.rows = torch.from_numpy(np.stack(rows)).view(self.grad_accum, self.B, self.T + 1)
         self.batch = 0
 

@@ -3,8 +3,10 @@
 train_gpt2.py's against modded-nanogpt's own loader, transcribed below, as it is and as
 dev/bench_quality.py's copy of it searches; the stage plan's steps, rates and momentum of
 llmc/stages.h and llmc/schedulers.h (build/test_stages) against train_gpt2.py's, and record #89's
-rate and momentum against its reference's expressions (transcribed below too). Writes its shards under the folder given; prints one
-line per check, "what<TAB>same" or "what<TAB>the difference", and notes without a tab.
+rate and momentum against its reference's expressions (transcribed below too); record #89's packing
+of documents under a cap, both languages' against its loader (transcribed below). Writes its shards
+under the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the difference", and
+notes without a tab.
 
   python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
 """
@@ -76,6 +78,84 @@ def load_shard(path):
 
 
 # ------------------------------------------------------------------------------------------------
+# Record #89 (modded-nanogpt f411b3d3, train_gpt.py 1710-1777 and 1796-1874): Shard.next_batch and
+# distributed_data_generator with align_to_bos=True, in numpy, every rank's groups at once (each
+# rank computes all of them alike and keeps its own). As there: the document starts indexed once
+# per shard (the full index; the reference's partial index of the first 6,000,000 tokens gives the
+# same starts where a batch does not outrun it), each rank's group filled to num_tokens_local + 1
+# tokens from the starts in order, each document cut at max_seq_len and at what the group still
+# needs, the index moving past every document taken; StopIteration where no start is left, the
+# call then repeated whole on the next file; the boundaries cum_lengths padded to max_num_docs.
+# What is left out: the GPU, the bigram hash, the async loads. The generator ends where the files
+# do (TypeError: the reference calls its getter None); `sends` maps a call to the
+# (num_tokens, max_seq_len, grad_accum_steps) the loop sends with it at a stage's first step.
+
+RECORD89_MAX_NUM_DOCS = {16384: 64, 32768: 96, 49152: 128}
+
+
+def record89_shard_next_batch(tokens, bos_idx, i, num_tokens_local, max_seq_len, world_size):
+    n = len(bos_idx)
+    starts = [[] for _ in range(world_size)]
+    ends = [[] for _ in range(world_size)]
+    idx = i
+    for r in range(world_size):
+        cur_len = 0
+        while cur_len <= num_tokens_local:
+            if idx >= n:
+                raise StopIteration("Insufficient BOS ahead; hit tail of shard.")
+            cur = bos_idx[idx]
+            starts[r].append(cur)
+            idx += 1
+            end = min(bos_idx[idx] if idx < n else len(tokens), cur + max_seq_len, cur + num_tokens_local - cur_len + 1)
+            ends[r].append(end)
+            cur_len += end - cur
+        assert cur_len == num_tokens_local + 1
+    return starts, ends, idx
+
+
+def record89_batches(files, num_tokens, max_seq_len, world_size, grad_accum_steps=1, sends=None):
+    """Yields each call's groups, every rank's: (rows of num_tokens_local + 1 tokens, the padded
+    cum_lengths of each rank). sends: {call: the arguments sent with it}."""
+    assert num_tokens % (world_size * grad_accum_steps) == 0
+    num_tokens = num_tokens // grad_accum_steps
+    file_iter = iter(files)
+    tokens = load_shard(next(file_iter))
+    bos_idx, i = np.flatnonzero(tokens == 50256), 0
+    call = 0
+    while True:
+        num_tokens_local = num_tokens // world_size
+        max_num_docs = RECORD89_MAX_NUM_DOCS.get(num_tokens_local, tg.next_multiple_of_n(num_tokens_local // 300, n=128))
+        try:
+            seq_starts, seq_ends, i_next = record89_shard_next_batch(tokens, bos_idx, i, num_tokens_local,
+                                                                     max_seq_len, world_size)
+        except StopIteration:
+            path = next(file_iter, None)
+            if path is None:
+                return
+            tokens = load_shard(path)
+            bos_idx, i = np.flatnonzero(tokens == 50256), 0
+            continue
+        i = i_next
+        rows, boundaries = [], []
+        for starts, ends in zip(seq_starts, seq_ends):
+            rows.append(np.concatenate([tokens[a:b] for a, b in zip(starts, ends)]))
+            lengths = np.array(ends) - np.array(starts)
+            lengths[-1] -= 1  # the last document's last token is a target only
+            cum_lengths = np.cumsum(lengths)
+            padded = np.full(max_num_docs, num_tokens_local)
+            padded[0] = 0
+            padded[1:len(cum_lengths) + 1] = cum_lengths  # the reference fails where they do not fit
+            boundaries.append(padded)
+        yield rows, boundaries
+        call += 1
+        new_params = (sends or {}).get(call)
+        if new_params is not None:
+            new_num_tokens, max_seq_len, new_grad_accum_steps = new_params
+            assert new_num_tokens % (world_size * new_grad_accum_steps) == 0
+            num_tokens = new_num_tokens // new_grad_accum_steps
+
+
+# ------------------------------------------------------------------------------------------------
 
 def write_shard(path, tokens):
     header = np.zeros(tg.HEADER_INTS, np.int32)
@@ -99,10 +179,10 @@ def write_dataset(folder, name, shards):
     return f"{folder}/{name}_*.bin"
 
 
-def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epochs=None):
+def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epochs=None, cap=0):
     """train_gpt2.py's sequences over every rank, in stream order (micro batch by micro batch, rank
     by rank, row by row), for `steps` steps or until the step after `epochs` epochs; and the steps."""
-    ranks = [tg.DocumentLoader(pattern, "test", B, T, grad_accum, r, world, shuffle, seed, 50257)
+    ranks = [tg.DocumentLoader(pattern, "test", B, T, grad_accum, r, world, shuffle, seed, 50257, cap)
              for r in range(world)]
     rows, step = [], 0
     while (steps is None or step < steps) and (epochs is None or ranks[0].epoch < epochs):
@@ -115,10 +195,10 @@ def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epoch
     return np.array(rows), step
 
 
-def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps):
+def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps, cap=0):
     out = f"{scratch}/dump.bin"
     subprocess.run(["build/test_dataloader", "--dump-documents", out, pattern, str(B), str(T),
-                    str(grad_accum), str(world), str(int(shuffle)), str(seed), str(steps)],
+                    str(grad_accum), str(world), str(int(shuffle)), str(seed), str(steps), str(cap)],
                    check=True, stdout=subprocess.DEVNULL)
     return np.fromfile(out, np.int32).reshape(-1, T + 1)
 
@@ -345,6 +425,70 @@ def check_stage_rows(scratch, pattern, T):
                       f"{'same' if same else f'{len(cpp)} and {len(port)} tokens, first difference at {differ}'}")
 
 
+def record89_rows(pattern, T, cap, world_size=8, grad_accum_steps=1, sends=None):
+    """Record #89's groups (num_tokens = 8T a step, so T a forward) in stream order until its files
+    end, and every forward's boundaries."""
+    files = sorted(glob.glob(pattern))
+    rows, boundaries = [], []
+    for call_rows, call_boundaries in record89_batches(files, 8 * T, cap, world_size, grad_accum_steps, sends):
+        rows += call_rows
+        boundaries += call_boundaries
+    return rows, boundaries
+
+
+def check_packing(scratch, rng):
+    """Record #89's packing (a stage's cap): llmc/dataloader.h's against train_gpt2.py's over layouts
+    of 8 forwards a step, plain and shuffled, two epochs; train_gpt2.py's against the reference's
+    groups on 8 processes (its own layout) to its files' end, and the boundaries it hands its
+    attention against the document starts of each forward's inputs (where ours are found); across
+    a stage boundary where the length and the cap change, C++, train_gpt2.py and the reference."""
+    T = 64
+
+    def lengths(n):  # one token, short, exactly T+1, longer than T+1 or than a cap of 24 or 100
+        return [int(rng.choice([1, int(rng.integers(2, 24)), 24, 25, T + 1, 100, int(rng.integers(26, 3 * T)),
+                                5 * T])) for _ in range(n)]
+
+    pattern = write_dataset(scratch, "packing", [documents(rng, lengths(150)), documents(rng, lengths(120), prefix=7),
+                                                 documents(rng, lengths(170))])
+    layouts = [(1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 4, 2)]
+    for cap in (24, 100):
+        for B, grad_accum, world in layouts:
+            setting = f"packing, cap {cap}: T={T} B={B} x {grad_accum} micro batches x {world} processes"
+            for shuffle in (False, True):
+                port, steps = port_rows(pattern, B, T, grad_accum, world, shuffle, 1337, epochs=2, cap=cap)
+                cpp = cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, 1337, steps, cap)
+                compare(f"{setting}{', shuffled' if shuffle else ''}: C++ and train_gpt2.py, {steps} steps over "
+                        f"2 epochs", cpp, port)
+            reference, boundaries = record89_rows(pattern, T, cap)
+            port = port_rows(pattern, B, T, grad_accum, world, False, 0, epochs=1, cap=cap)[0]
+            compare(f"{setting}: train_gpt2.py and record #89's loader on 8 processes, its {len(reference)} "
+                    f"forwards to its files' end", port, np.array(reference))
+        starts_agree = all((np.flatnonzero(row[:-1] == 50256) == np.concatenate([[0], b[1:][b[1:] < T]])).all()
+                           for row, b in zip(reference, boundaries))
+        print(f"packing, cap {cap}: record #89's boundaries of each of {len(reference)} forwards (cum_lengths "
+              f"before its padding) are the document starts of its inputs\t{'same' if starts_agree else 'differ'}")
+    # The reference on 2 processes of 4 micro batches reads a call's 2 groups where 8 processes read
+    # 8: at a shard's end it goes on in the shard, so from there its forwards are others.
+    eight, _ = record89_rows(pattern, T, 24)
+    two, _ = record89_rows(pattern, T, 24, world_size=2, grad_accum_steps=4)
+    differ = next((i for i in range(min(len(eight), len(two))) if not (eight[i] == two[i]).all()), None)
+    print(f"packing, cap 24: record #89's loader on 2 processes x 4 micro batches reads its 8-process forwards "
+          f"up to forward {differ} of {len(eight)} (a shard's end)")
+    plan, Z, steps = f"1/2 cap=24; 1/2 t={2 * T} z={16 * T} cap=100", 8 * T, 12  # within the reference's files
+    reference = np.concatenate(record89_rows(pattern, T, 24, sends={steps // 2: (16 * T, 100, 1)})[0])
+    for B, world in [(1, 1), (1, 2), (2, 4)]:
+        what = f"packing, --stages {plan!r}, T {T}, z {Z}, B {B} x {world} process(es), {steps} steps"
+        port = port_stage_rows(pattern, B, world, False, 0, plan, T, Z, steps)[0]
+        out = f"{scratch}/dump_stages.bin"
+        _, result = run_cpp(what, ["build/test_dataloader", "--dump-stages", out, pattern, str(B), str(world), "0",
+                                   "0", plan, str(T), str(Z), str(steps)])
+        if result is not None:
+            cpp = np.fromfile(out, np.int32) if result.returncode == 0 else np.zeros(0, np.int32)
+            print(f"{what}: C++ and train_gpt2.py\t{'same' if cpp.shape == port.shape and (cpp == port).all() else 'differ'}")
+        print(f"{what}: train_gpt2.py and record #89's loader, the stage sent at step {steps // 2}\t"
+              f"{'same' if len(reference) >= len(port) and (reference[:len(port)] == port).all() else 'differ'}")
+
+
 def reference_rows(pattern, B, T, grad_accum, world, **edits):
     """The reference's sequences over world*B processes of one row each (rank r's row b is the
     reference's rank r*B + b), in stream order, until it stops; and how it stopped. `edits`: the
@@ -469,6 +613,7 @@ def main(scratch):
     check_plan_dumps(scratch)
     check_rate_dumps()
     check_stage_rows(scratch, patterns["short"], T)
+    check_packing(scratch, rng)
 
     # modded-nanogpt's own setting: T = 48K, 8 processes of one micro batch, a window of 786,432
     # tokens; a 663,000-token document after 16 of T tokens (the third step starts at it).

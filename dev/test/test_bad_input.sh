@@ -469,6 +469,8 @@ if has_flag -sp; then
     -e d12 -t 64 -sp "1/2; 1/2 t=128"
   expect "-sp cap without -pd 1" "-sp: a document cap \(cap=N\) cuts document-aligned sequences: add -pd 1" \
     -e d12 -t 64 -sp "1 cap=64"
+  expect "-sp negative cap" "^error: -sp: stage 2: cap=-1: give an integer from 0 to 2147483647\$" \
+    -e d12 -t 128 -b 1 -pd 1 -sp "1/2 cap=64; 1/2 cap=-1"
   expect "-sp stage's window wider than its t" "^error: -sp stage 2 \(t=256 z=-1 aw=9\): -aw 9 counts blocks of 128 tokens, and t 256 is 2 blocks" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2; 1/2 t=256 aw=9"
   expect "-sp stage's short window above its long one" \

@@ -212,10 +212,10 @@ rows = []
 for _ in range(3):
     x, y = loader.next_batch()
     rows.append(np.concatenate([x[0].numpy(), y[0, -1:].numpy()]))
-# 1: 3 of [0, 5), all 2 of [5, 7), 3 of [7, 15); next from 15, the document start at or after 9.
-# 2: 1 of [15, 16), 3 of [16, 30), 3 of [30, 40): the shard ends before 8 tokens, so the row is
-#    cut again from the next shard's first document start: 3 of [3, 10), 3 of [10, 20), 2 of [20, 38).
-# 3: from 38, the step (15 tokens and 1 more) does not fit: the next epoch's first shard, as row 1.
+# 1: 3 of [0, 5), all 2 of [5, 7), 3 of [7, 15); next from 15, the document start after 7.
+# 2: 1 of [15, 16), 3 of [16, 30), 3 of [30, 40): no document start is left before 8 tokens, so the
+#    step is read from the next shard's first document start: 3 of [3, 10), 3 of [10, 20), 2 of [20, 38).
+# 3: 2 of [38, 40) and no document start left: the next epoch's first shard, as row 1.
 expected = [a[[0, 1, 2, 5, 6, 7, 8, 9]], b[[3, 4, 5, 10, 11, 12, 20, 21]], a[[0, 1, 2, 5, 6, 7, 8, 9]]]
 for i, (got, want) in enumerate(zip(rows, expected)):
     assert (got == want).all(), (i, got, want)
@@ -225,9 +225,10 @@ try:
     tg.DocumentLoader(f"{work}/short_*.bin", "test", 1, 7, 1, 0, 1, False, 0, 50304, cap=3)
     raise AssertionError("no error for a shard whose capped documents are too short for a row")
 except SystemExit as e:
-    assert str(e) == (f"error: {work}/short_000.bin: documents capped at 3 tokens hold fewer than T+1 = 8 tokens "
-                      "from its first document start: use a smaller --seq_len or cap, or longer shards"), str(e)
-print("cap 3, T 7: rows of whole-document pieces, the shard's end cutting a row anew in the next shard; "
+    assert str(e) == (f"error: {work}/short_000.bin: its documents, capped at 3 tokens each, hold fewer than one "
+                      "step's 1 sequence of T+1 = 8 tokens from its first document start: use a smaller --seq_len "
+                      "or --total_batch_size, a larger cap, or longer shards"), str(e)
+print("cap 3, T 7: rows of capped documents, a step the shard cannot finish read from the next shard; "
       "too few capped tokens in a fresh shard: the error")
 EOF
 
