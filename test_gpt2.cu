@@ -99,35 +99,40 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
 // (the modern recipe's reduction).
 float debug_state_dloss(const llmc::DebugState& ref, int T) { return ref.loss_sum ? 1.0f : 1.0f / (ref.B * T); }
 
-// The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch and
-// window. Each step is one micro batch of B rows.
-llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
-  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks});
+// The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch,
+// window and loss weights. Each step is one micro batch of B rows.
+llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::LossSettings& loss) {
+  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks},
+                       {loss.next_token_weights, loss.prefix_weight});
   plan.resolve(ref.steps - (plan.has_extension() ? plan.stages().back().extension_steps : 0));
   REQUIRE(plan.total_steps() == ref.steps && plan.max_T() <= ref.T,
           "the debug state's stage plan '%s' does not fit its %d steps of B=%d T=%d: re-create it with train_gpt2.py",
           ref.stages.c_str(), ref.steps, ref.B, ref.T);
+  REQUIRE(!plan.has_prefix_term() || !ref.prefix_table.empty(), "the debug state's stage plan '%s' weights the "
+          "prefix term, and the file holds no prefix table: re-create it with train_gpt2.py", ref.stages.c_str());
   return plan;
 }
 
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
-// its stages'); its loss's settings (version 5: the cap, the loss's terms and their prefix table).
+// its stages'); its loss's settings (version 5: the cap, the loss's weights and their prefix table).
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::LossSettings& loss, bool fp8) {
-  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref).max_window());
+  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, loss).max_window());
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, loss.logit_cap, m.arch().name);
-  gpt2_set_loss_terms(m, loss.next_token_weights, loss.prefix_weight, ref.prefix_table);
+  gpt2_set_prefix_table(m, ref.prefix_table);
+  gpt2_set_loss_weights(m, {loss.next_token_weights, loss.prefix_weight});
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
-// s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window and rate multiplier.
+// s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window, rate multiplier and
+// loss weights.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
                        const llmc::DebugState& ref, const llmc::LossSettings& loss, const llmc::OptimizerTable& opt,
                        bool fp8, float tol) {
-  const llmc::StagePlan stages = debug_state_stages(ref);
+  const llmc::StagePlan stages = debug_state_stages(ref, loss);
   GPT2 m;
   gpt2_init(m, config, values, {true, opt.muon()}, 42);
   debug_state_allocate(m, ref, loss, fp8);
@@ -136,6 +141,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
     const int T = p.T;
     if (ref.documents) gpt2_set_window(m, p.windows);
+    gpt2_set_loss_weights(m, p.loss);
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, T, debug_state_dloss(ref, T));
@@ -145,7 +151,10 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     gpt2_update(m, opt, step, lr, lr, norm);
     const float diff = std::fabs(step_loss - ref.losses[step]);
     max_diff = std::max(max_diff, diff);
-    const std::string stage = ref.stages.empty() ? "" : llmc::strformat(" (stage %d, T=%d, lr x %g)", p.stage + 1, T, lr);
+    const std::string stage =
+        ref.stages.empty() ? "" : llmc::strformat(" (stage %d, T=%d, lr x %g, mtp %s, pw %g)", p.stage + 1, T, lr,
+                                                  llmc::prediction_weights_text(p.loss.next_tokens).c_str(),
+                                                  p.loss.prefix);
     testing::check_verbose(diff <= tol,
                            llmc::strformat("step %2d%s loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
                                            step, stage.c_str(), step_loss, ref.losses[step], diff, tol));

@@ -7908,8 +7908,8 @@ void document_buffers_free(DocumentAttention& d) {
 
 struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
-  // The training loss's terms (gpt2_set_loss_terms; each call's rows give the sequence length) and
-  // their prefix table on the GPU (none without a prefix term).
+  // The training loss's terms (gpt2_set_loss_weights; each call's rows give the sequence length) and
+  // their prefix table on the GPU (gpt2_set_prefix_table; none without a prefix term).
   ClassifierTerms loss_terms;
   int* prefix_table = nullptr;
   // Validation's forward pass at another B x T than the training passes' (gpt2_allocate_validation);
@@ -9298,21 +9298,27 @@ void classifier_rows(GPT2& m, int first, int n, float dloss, const ClassifierTer
                    m.logit_cap, false, grad8, terms);
 }
 
-// The training loss's terms (Recipe::next_token_weights, prefix_weight), with the prefix table of
-// llmc::token_prefix_table (padded_vocab_size rows), uploaded once where the prefix term has a weight.
-void gpt2_set_loss_terms(GPT2& m, const llmc::PredictionWeights& next_tokens, float prefix_weight,
-                         const std::vector<int>& prefix_table) {
-  m.loss_terms.predict = next_tokens.count;
-  std::copy(next_tokens.weight, next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
-  m.loss_terms.prefix_weight = prefix_weight;
-  if (prefix_weight == 0.0f) return;
+// The prefix table of llmc::token_prefix_table (padded_vocab_size rows) for the loss's prefix term,
+// uploaded once where some step weights it; empty: none.
+void gpt2_set_prefix_table(GPT2& m, const std::vector<int>& prefix_table) {
+  if (prefix_table.empty()) return;
   const size_t rows = m.config.padded_vocab_size;
-  REQUIRE(prefix_table.size() == rows, "gpt2_set_loss_terms: a prefix table of %zu rows for %zu tokens",
+  REQUIRE(prefix_table.size() == rows, "gpt2_set_prefix_table: a prefix table of %zu rows for %zu tokens",
           prefix_table.size(), rows);
   device_free(m.prefix_table);
   m.prefix_table = device_alloc<int>(rows, "the prefix table");
   cudaCheck(cudaMemcpy(m.prefix_table, prefix_table.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
-  m.loss_terms.prefix = m.prefix_table;
+}
+
+// The training loss's weights from the next training pass on: a step's of the stage plan
+// (llmc::StepPlan::loss; -mtp's and -pw's without one). A prefix weight takes the prefix table.
+void gpt2_set_loss_weights(GPT2& m, const llmc::LossWeights& w) {
+  REQUIRE(w.prefix == 0.0f || m.prefix_table, "gpt2_set_loss_weights: a prefix weight of %g and no prefix table "
+          "(gpt2_set_prefix_table)", w.prefix);
+  m.loss_terms.predict = w.next_tokens.count;
+  std::copy(w.next_tokens.weight, w.next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
+  m.loss_terms.prefix_weight = w.prefix;
+  m.loss_terms.prefix = w.prefix > 0.0f ? m.prefix_table : nullptr;
 }
 
 void targets_upload(GPT2& m, const int* targets, int N) {
@@ -9342,7 +9348,7 @@ float losses_mean(GPT2& m, int N) {
 
 // Queues the losses of the last forward against `targets` and their copy into losses_host
 // (pinned, B*T floats), waiting for nothing. With dloss != 0 (training) the loss has the terms of
-// gpt2_set_loss_terms over sequences of T, and the logits are replaced by dlogits (classifier_rows).
+// gpt2_set_loss_weights over sequences of T, and the logits are replaced by dlogits (classifier_rows).
 void gpt2_classifier_enqueue(GPT2& m, const int* targets, int B, int T, float dloss, float* losses_host) {
   targets_upload(m, targets, B * T);
   ClassifierTerms terms;
@@ -10757,7 +10763,8 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
                "stage's", &a.final_window_blocks, 0, kIntMax),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
-                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
+                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw), lr (rate multiplier), mtp "
+                "(-mtp) and pw (-pw), these two constant or A>B linear over the stage, "
                 "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
                 "(a stage keeps the one before's values, the first the flags'; none: one stage)", &a.stages),
       int_flag("-vt", "validation length", "validation sequence length, batches of -b sequences of it (0: -t); "
@@ -11164,9 +11171,12 @@ void resolve_final_window(llmc::StagePlan& plan, const TrainArgs& a, bool valida
 // the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
 // loader changes its shape at a boundary without losing its place.
 llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
-  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a));
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a),
+                       {a.next_token_weights, a.prefix_weight});
   const size_t count = plan.stages().size();
   REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
+  REQUIRE(!plan.has_loss_ramp() || a.max_steps >= 0, "-sp: mtp=A>B and pw=A>B change the loss's weights over a "
+          "stage's steps, which -x gives: give -x");
   if (a.max_steps >= 0) plan.resolve(a.max_steps);
   const llmc::LayerPlan layers = llmc::layer_plan(config);
   const bool validating = a.val_every > 0 && a.val_batches > 0;
@@ -11200,20 +11210,22 @@ struct RunInputs {
   StartParams start;
   llmc::StagePlan stages;  // -sp's, its steps shared out where -x gives them
   llmc::HellaSwagSet hellaswag;  // with -h 1
-  std::vector<int> prefix_table;  // with -pw above 0 (prefix_table_of)
+  std::vector<int> prefix_table;  // where -pw or a stage's pw= is above 0 (prefix_table_of)
 };
 
-// -pw's table, each token's prefix token (llmc::token_prefix_table), read from -tk's vocabulary
-// file, in the padded vocabulary's rows.
+// The prefix term's table, each token's prefix token (llmc::token_prefix_table), read from -tk's
+// vocabulary file, in the padded vocabulary's rows.
 std::vector<int> prefix_table_of(const TrainArgs& a, const llmc::GPT2Config& config) {
+  const std::string asked = a.prefix_weight > 0.0f ? llmc::strformat("-pw %g", a.prefix_weight) : "-sp's pw=";
   if (a.tokenizer.empty()) {
-    LLMC_FAIL("-pw %g: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
-              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or -pw 0", a.prefix_weight);
+    LLMC_FAIL("%s: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
+              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or %s", asked.c_str(),
+              a.prefix_weight > 0.0f ? "-pw 0" : "pw=0");
   }
   const llmc::Tokenizer tokenizer(a.tokenizer);
   if (tokenizer.vocab_size() > config.vocab_size) {
-    LLMC_FAIL("-pw %g: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
-              a.prefix_weight, a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
+    LLMC_FAIL("%s: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
+              asked.c_str(), a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
   }
   return llmc::token_prefix_table(tokenizer.token_bytes(), tokenizer.eot_token(), config.padded_vocab_size);
 }
@@ -11275,7 +11287,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                                        (extension ? llmc::strformat(" and -sp's %ld extension steps", extension) : ""));
   }
   llmc::resolve_tokenizer(a);
-  if (a.prefix_weight > 0.0f) in.prefix_table = prefix_table_of(a, config);
+  if (a.prefix_weight > 0.0f || in.stages.has_prefix_term()) in.prefix_table = prefix_table_of(a, config);
   llmc::logit_cap_of(llmc::arch_spec(config.arch).logit_cap, a.logit_cap, llmc::arch_spec(config.arch).name);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
@@ -11679,6 +11691,7 @@ int train_loop(TrainRun& r, int* final_step) {
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
     if (a.documents) gpt2_set_window(r.m, r.step.windows);
+    gpt2_set_loss_weights(r.m, r.step.loss);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -11803,7 +11816,7 @@ int train_main(int argc, char** argv) {
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
                   {a.documents != 0, in.stages.max_window()}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
-    gpt2_set_loss_terms(m, a.next_token_weights, a.prefix_weight, in.prefix_table);
+    gpt2_set_prefix_table(m, in.prefix_table);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

@@ -94,7 +94,8 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
 }
 
 // The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
-// -mtp and -pw), the defaults where it names none; `path` names the file.
+// -mtp and -pw, the prefix table beside -pw 0 where its stage plan's pw= weights the prefix term),
+// the defaults where it names none; `path` names the file.
 struct LossSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -196,9 +197,9 @@ inline LossSettings debug_state_loss_settings(const DebugState& d, const std::st
     if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
     if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
   }
-  if ((s.prefix_weight > 0.0f) != !d.prefix_table.empty()) {
-    LLMC_FAIL("%s: -pw %g and a prefix table of %zu rows: the file is damaged; re-create it with train_gpt2.py",
-              path.c_str(), s.prefix_weight, d.prefix_table.size());
+  if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
+    LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),
+              s.prefix_weight);
   }
   return s;
 }

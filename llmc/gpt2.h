@@ -44,8 +44,9 @@
 // version 5 (version 4 with the loss's settings: train_gpt2.py --logit_cap, --mtp, --prefix_weight)
 // then has the settings as train_gpt2cu's flags (int32 byte length, the text padded with zeros to
 // 4-byte words: "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25"), then the prefix table's rows (int32: 0,
-// or padded_vocab_size with -pw) and its ids (int32 each, -1 none); the logits, loss, gradients and
-// step losses below are of the loss those settings make;
+// or padded_vocab_size with -pw, maybe -pw 0.0 where the stage plan's pw= weights the prefix term)
+// and its ids (int32 each, -1 none); the logits, loss and gradients below are of the loss those
+// settings make, the step losses of each step's weights of the stage plan (its first stage's those);
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
@@ -789,7 +790,7 @@ struct DebugState {
   std::string stages;     // version 4: the steps' stage plan (empty: none)
   // Version 5: the loss's settings as train_gpt2cu's flags -lc, -mtp and -pw ("-lc 23.0,5.0 -mtp
   // 1.0,0.5,0.25 -pw 0.25"), after the header: their length in bytes, the text padded to 4-byte
-  // words, then the prefix table's rows (0 without -pw) and its ids (int32).
+  // words, then the prefix table's rows (0 where no -pw or pw= weights the prefix term) and its ids.
   std::string settings;
   std::vector<int> prefix_table;
   std::vector<int> inputs, targets;

@@ -571,6 +571,12 @@ gpu_against_pytorch() {
   staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
     --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 \
     --total_batch_size -1
+  # The loss's weights a stage (mtp=, pw=): record #89's first two stages over 10 steps, each weight
+  # linear within its stage (test_gpt2cu sets each step's), the prefix table kept beside -pw 0.0.
+  staged_against_pytorch stages_loss_weights_speedrun_tiny \
+    "1/2 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/2 mtp=1,0.5>1,0 pw=0.25>0" --recipe speedrun --model tiny \
+    --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1 --logit_cap 23,5 \
+    --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||

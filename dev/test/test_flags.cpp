@@ -484,8 +484,8 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, the defaults where it names none; settings that are not such pairs, or a
-// prefix weight without its table, refused.
+// read as those flags, the defaults where it names none, a table beside -pw 0 kept (a stage plan's
+// pw= weights it); settings that are not such pairs, or a prefix weight without its table, refused.
 void test_loss_settings() {
   const llmc::PredictionWeights w = llmc::parse_prediction_weights("-mtp", "1,0.5,0.25");
   const llmc::LogitCapSetting cap = llmc::parse_logit_cap_setting("-lc", "23,5");
@@ -506,10 +506,13 @@ void test_loss_settings() {
   d.settings = "-mtp 1 -ns polar";
   check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
                "a debug state's setting of another flag");
+  d.settings = "-pw 0.0";
+  check_verbose(llmc::debug_state_loss_settings(d, "d.bin").prefix_weight == 0.0f,
+                "a debug state's prefix table beside -pw 0.0, for its stage plan's pw=");
   d.settings = "-pw 0.25";
   d.prefix_table.clear();
-  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "-pw 0.25 and a prefix table of 0 rows",
-               "a debug state's prefix weight without its table");
+  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "d.bin: -pw 0.25 and no prefix table: the file "
+               "is damaged", "a debug state's prefix weight without its table");
 }
 
 int main() {
