@@ -101,9 +101,9 @@ float debug_state_dloss(const llmc::DebugState& ref, int T) { return ref.loss_su
 
 // The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch,
 // window and loss weights. Each step is one micro batch of B rows.
-llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::LossSettings& loss) {
+llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings) {
   llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks},
-                       {loss.next_token_weights, loss.prefix_weight});
+                       {settings.next_token_weights, settings.prefix_weight});
   plan.resolve(ref.steps - (plan.has_extension() ? plan.stages().back().extension_steps : 0));
   REQUIRE(plan.total_steps() == ref.steps && plan.max_T() <= ref.T,
           "the debug state's stage plan '%s' does not fit its %d steps of B=%d T=%d: re-create it with train_gpt2.py",
@@ -115,14 +115,16 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::Loss
 
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
-// its stages'); its loss's settings (version 5: the cap, the loss's weights and their prefix table).
-void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::LossSettings& loss, bool fp8) {
-  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, loss).max_window());
+// its stages'); its settings (version 5: the cap, the loss's weights and their prefix table, the
+// untie step, through which the file's embedding is its head).
+void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
+  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
-  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, loss.logit_cap, m.arch().name);
+  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, settings.logit_cap, m.arch().name);
   gpt2_set_prefix_table(m, ref.prefix_table);
-  gpt2_set_loss_weights(m, {loss.next_token_weights, loss.prefix_weight});
+  gpt2_set_loss_weights(m, {settings.next_token_weights, settings.prefix_weight});
+  m.untie_step = settings.untie_step;
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
@@ -130,12 +132,12 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::Loss
 // s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window, rate multiplier and
 // loss weights.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
-                       const llmc::DebugState& ref, const llmc::LossSettings& loss, const llmc::OptimizerTable& opt,
+                       const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, const llmc::OptimizerTable& opt,
                        bool fp8, float tol) {
-  const llmc::StagePlan stages = debug_state_stages(ref, loss);
+  const llmc::StagePlan stages = debug_state_stages(ref, settings);
   GPT2 m;
   gpt2_init(m, config, values, {true, opt.muon()}, 42);
-  debug_state_allocate(m, ref, loss, fp8);
+  debug_state_allocate(m, ref, settings, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
@@ -212,7 +214,7 @@ int test_main(int argc, char** argv) {
       : ref.window_blocks == 0 ? "attention within documents"
       : llmc::strformat("attention within documents and a window of %d blocks", ref.window_blocks);
   const llmc::OptimizerTable opt = debug_state_optimizer(ref, config, state_path);
-  const llmc::LossSettings settings = llmc::debug_state_loss_settings(ref, state_path);
+  const llmc::DebugStateSettings settings = llmc::debug_state_settings(ref, state_path);
   const std::string muon = ref.muon ? ", Muon: " + llmc::newton_schulz_description(opt.muon_newton_schulz) : "";
   printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s%s%s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
          ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str(),

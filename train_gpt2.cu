@@ -7775,6 +7775,8 @@ struct OptimizerState {
   OptimizerArrays state_next;
   bool use_master_weights = true;
   int optimizer_steps = 0;
+  // The embedding tied to the head through this step's update (-ut; -1: never): gpt2_update.
+  long untie_step = -1;
   // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
   // pointers made for the state arrays muon_state_for (the arrays move after a checkpoint), and
   // the scratch of the orthogonalisation.
@@ -9590,6 +9592,38 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   }
 }
 
+// The embedding tied to the head (-ut, modded-nanogpt record #89's tied phase), on one optimizer
+// shard: the embedding's weights (and their FP32 masters) the head's, which are the same shape
+// [Vp, C]. The tied update steps the head with the sum of both gradients (gpt2_update); the
+// embedding's own AdamW state is unused until the untie step copies the head's over it.
+void gpt2_tie_embedding(GPT2& m) {
+  const size_t wte = m.param_offsets[llmc::kWte], head = m.param_offsets[llmc::kHeadw];
+  const size_t n = m.param_specs[llmc::kHeadw].size;
+  REQUIRE(m.shard_count == 1 && n == m.param_specs[llmc::kWte].size,
+          "gpt2_tie_embedding: a head of %zu elements, an embedding of %zu, %d optimizer shards (one only)", n,
+          (size_t)m.param_specs[llmc::kWte].size, m.shard_count);
+  cudaCheck(cudaMemcpyAsync(m.params + wte, m.params + head, n * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
+  if (m.state.master) {
+    cudaCheck(cudaMemcpyAsync(m.state.master + wte, m.state.master + head, n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
+// At the untie step, after its tied update: the head's AdamW moments become the embedding's (the
+// step count, which bias-corrects them, is the run's for every tensor), which from the next step
+// is updated on its own.
+void gpt2_untie_embedding_state(GPT2& m) {
+  const StateLayout& l = m.state_layout;
+  const size_t n = l.size[llmc::kHeadw];
+  const bool adamw = l.owner[llmc::kWte] == StateOwner::kAdamW && l.owner[llmc::kHeadw] == StateOwner::kAdamW;
+  REQUIRE(adamw && n == l.size[llmc::kWte], "gpt2_untie_embedding_state: the embedding and the head must be AdamW's "
+          "whole tensors of one size");
+  for (float* moments : {m.state.adam_m, m.state.adam_v}) {
+    cudaCheck(cudaMemcpyAsync(moments + l.state[llmc::kWte], moments + l.state[llmc::kHeadw], n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
 // The first steps of a process, whose products are tuned: the first; where the init zeroes the
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
@@ -9598,7 +9632,8 @@ inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 :
 // (each tensor's part inside it), given the gradient norm, each tensor by its role's row of opt:
 // AdamW with clipping at opt.grad_clip and the schedule's lr times the row's; Muon with its rate
 // times lr_fraction, the schedule's lr over its peak, and the step's momentum, its
-// orthogonalisation spread over the processes by muon_spread.
+// orthogonalisation spread over the processes by muon_spread. Through the untie step the head
+// takes the embedding's gradient too, and the embedding the head's new weights (gpt2_tie_embedding).
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
@@ -9610,6 +9645,11 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
   const uint32_t seed = m.rng.u32();
+  const bool tied = step <= m.untie_step;
+  if (tied) {
+    add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
+                seed + 0x9e3779b9u * (llmc::kNumParamTensors + 1), m.stream);
+  }
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
@@ -9627,6 +9667,8 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
     m.state = m.state_next;
     m.state_next = OptimizerArrays();
   }
+  if (tied) gpt2_tie_embedding(m);
+  if (step == m.untie_step) gpt2_untie_embedding_state(m);
   m.fp8_weights_stale = true;
   // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
   // the first steps' products see zeros, on which algorithms of different summation orders give
@@ -9902,6 +9944,7 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
   // The run's optimizer, not this rank's slice: with ZeRO-1 a slice may hold no Muon matrix.
   id.matrix_optimizer = m.muon ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
   id.data_tokens = data_tokens;
+  id.untie_step = (int)m.untie_step;
   return id;
 }
 
@@ -10623,6 +10666,7 @@ struct TrainArgs : llmc::TrainFlags {
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
+  int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -10759,6 +10803,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      int_flag("-ut", "untie step", "an untied head tied to the embedding through step U's update (the head "
+               "stepped with both gradients, the embedding its copy), then the head's AdamW state copied to the "
+               "embedding, separate from step U + 1 (modded-nanogpt's record #89: the first odd step of stage 3, "
+               "847); -1: separate throughout", &a.untie_step, -1, kIntMax),
       int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
                "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
                "stage's", &a.final_window_blocks, 0, kIntMax),
@@ -11203,6 +11251,17 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
   return plan;
 }
 
+// -ut: the embedding tied to a head of its own, whose weights and AdamW state it takes whole
+// (gpt2_tie_embedding), so on one optimizer shard.
+void check_untie_step(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
+  if (a.untie_step < 0) return;
+  const llmc::ArchSpec& arch = llmc::arch_spec(config.arch);
+  REQUIRE(!arch.tied_head, "-ut %d ties the embedding to the head through step %d, and the %s architecture's head "
+          "is the embedding throughout: leave -ut out", a.untie_step, a.untie_step, arch.name);
+  REQUIRE(llmc::zero_shard_count(world, a.zero_stage) == 1, "-ut %d copies the head's weights and AdamW state to "
+          "the embedding's, which -zs 1 shards apart over the %d processes: give -zs 0", a.untie_step, world);
+}
+
 // What a run reads and checks before any GPU is touched, so that a bad flag or file fails with
 // its own message on any machine, before GPU memory is set up.
 struct RunInputs {
@@ -11280,6 +11339,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                               llmc::layer_plan(config));
   }
   in.stages = resolve_stage_plan(a, config, world);
+  check_untie_step(a, config, world);
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -11477,6 +11537,9 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
   }
+  // Tied at its first step, a run starts from the head's weights in the embedding too (a resumed
+  // one has them already).
+  if (std::max(0, resume_step) <= r.m.untie_step) gpt2_tie_embedding(r.m);
   if (!a.output_dir.empty() && r.mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
@@ -11656,6 +11719,7 @@ bool train_step(TrainRun& r, int step) {
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;
+    if (step == m.untie_step) gpt2_untie_embedding_state(m);  // the untie does not wait for an update
   }
   multi_gpu_fp8_end_step(r.mg, m, s.finite && !s.spike);
   cudaCheck(cudaEventRecord(r.end, m.stream));
@@ -11808,6 +11872,7 @@ int train_main(int argc, char** argv) {
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
+  m.untie_step = a.untie_step;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

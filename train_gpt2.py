@@ -2060,6 +2060,40 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     return optimizers, fused
 
 
+def tie_embedding(model):
+    """While the embedding is tied to the head (--untie_step, record #89's tied phase): its weights
+    the head's, the same [Vp, C]."""
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(model.lm_head.weight)
+
+
+def tied_step_gradient(model):
+    """Before a tied update: the head steps with the sum of both gradients (the CUDA trainer's
+    gpt2_update: head + embedding, rounded once)."""
+    model.lm_head.weight.grad.add_(model.transformer.wte.weight.grad)
+
+
+def untie_step_done(model, step, args, moments):
+    """After the update of a step through --untie_step: the embedding the head's copy, and at the
+    untie step itself the head's AdamW state (`moments`: a parameter's dict of its state tensors)
+    copied to the embedding's, which from the next step is updated on its own."""
+    if step > args.untie_step:
+        return
+    tie_embedding(model)
+    if step == args.untie_step:
+        head, wte = moments(model.lm_head.weight), moments(model.transformer.wte.weight)
+        for key, value in head.items():
+            if torch.is_tensor(value):
+                wte[key].copy_(value)
+
+
+def optimizer_state_of(optimizers):
+    """A parameter's state dict in whichever of the torch optimizers holds it."""
+    def state(p):
+        return next(o.state[p] for o in optimizers if p in o.state)
+    return state
+
+
 def muon_momentum(step, args, steps=None):
     """Muon's momentum at `step` (0-based) of a run of `steps` steps, scheduled and extension (default
     --num_iterations): from --muon_momentum_start rising linearly to --muon_momentum over the first
@@ -2149,6 +2183,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "") + ("_fp8_head" if args.fp8_head else "")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
+    if args.untie_step >= 0:  # the file's model starts tied: its embedding the head
+        tie_embedding(model)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}.bin"), CHECKPOINT_FP32)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}_bf16.bin"), CHECKPOINT_BF16)
     model.to(device)
@@ -2178,6 +2214,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             losses.append(debug_forward_backward(model, xs, ys, args, autocast)[1].item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
         clip_gradients(params, args.grad_clip)
+        if step <= args.untie_step:
+            tied_step_gradient(model)
         for owner, group in groups:
             if owner == "adamw":
                 adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1,
@@ -2187,10 +2225,11 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             for group in muon_optimizer.param_groups:
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
+        untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
 
-    settings = debug_state_settings(model)
+    settings = debug_state_settings(model, args.untie_step)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2257,12 +2296,12 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model):
-    """The loss's settings a version-5 debug state keeps, as the CUDA trainer's flags ("-lc 23,5 -mtp
-    1.0,0.5,0.25 -pw 0.25"; "" for the defaults; -pw, maybe 0, wherever the prefix table is, which
-    --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length in
-    bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its int32
-    ids."""
+def debug_state_settings(model, untie_step=-1):
+    """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's and the
+    untie step ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4"; "" for the defaults; -pw, maybe 0,
+    wherever the prefix table is, which --prefix_weight or a stage's pw= asks for). The file holds
+    them after its header: their length in bytes, the text padded to 4-byte words, then the prefix
+    table's rows (0 without one) and its int32 ids."""
     words = []
     default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
     if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
@@ -2272,6 +2311,8 @@ def debug_state_settings(model):
         words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
     if model.prefix_table is not None:
         words += ["-pw", str(np.float32(terms.prefix_weight if terms is not None else 0.0))]
+    if untie_step >= 0:
+        words += ["-ut", str(untie_step)]
     return " ".join(words)
 
 
@@ -2289,12 +2330,13 @@ def read_debug_state_settings(path, header):
 
 
 def apply_debug_state_settings(model, text, prefix, path):
-    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms."""
+    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms
+    (-ut: its checkpoint's embedding is the head already, and one step is checked)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut"}
     if len(words) % 2 or unknown:
-        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp and -pw: re-create it")
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw and -ut: re-create it")
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
@@ -2503,6 +2545,10 @@ def parse_args(argv=None):
     a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
                    "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
                    "vocabulary), where it has one: record #89's 0.25 (0: none)")
+    a.add_argument("--untie_step", type=int, default=-1, help="the modern models' head tied to the embedding "
+                   "through step U's update (the head stepped with both gradients, the embedding its copy), then "
+                   "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
+                   "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -2835,6 +2881,13 @@ def settle_arch(args, config):
         fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
              f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
     args.arch = config.arch
+    if args.untie_step < -1:
+        fail(f"--untie_step {args.untie_step}: give the step through which the embedding is tied to the head, or -1")
+    if args.untie_step >= 0 and args.benchmark:
+        fail(f"--untie_step {args.untie_step}: --benchmark times untied steps; drop --untie_step")
+    if args.untie_step >= 0 and not config.modern:
+        fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
+             f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
     if args.fp8_head and not config.speedrun:
         fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
              f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
@@ -3020,6 +3073,8 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
+    if args.untie_step >= 0:  # tied at step 0: the embedding starts as the head
+        tie_embedding(raw_model)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
     num_params = config.num_parameters()
@@ -3102,8 +3157,11 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
             train_loss += mean_share
             loss.backward()
     norm = clip_gradients(raw_model.parameters(), args.grad_clip)
+    if step <= args.untie_step:
+        tied_step_gradient(raw_model)
     for optimizer in optimizers:
         optimizer.step()
+    untie_step_done(raw_model, step, args, optimizer_state_of(optimizers))
     return mean_over_ranks(train_loss, world), norm.item(), lr
 
 

@@ -93,13 +93,13 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
   return s;
 }
 
-// The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
-// -mtp and -pw, the prefix table beside -pw 0 where its stage plan's pw= weights the prefix term),
-// the defaults where it names none; `path` names the file.
-struct LossSettings {
+// A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings): the loss's
+// (-lc, -mtp, -pw) and the untie step (-ut).
+struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
   float prefix_weight = 0.0f;
+  int untie_step = -1;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -177,9 +177,10 @@ struct TrainFlags : Recipe {
   int seed = 42;
 };
 
-// The shared flags, then the program's own (`own`); a name in both is a programming error.
-inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
-  LossSettings s;
+// The settings a debug state names, the defaults where it names none (its prefix table also beside
+// -pw 0, where its stage plan's pw= weights the prefix term); `path` names the file.
+inline DebugStateSettings debug_state_settings(const DebugState& d, const std::string& path) {
+  DebugStateSettings s;
   std::vector<std::string> words;
   for (size_t at = 0; at < d.settings.size();) {
     const size_t end = std::min(d.settings.find(' ', at), d.settings.size());
@@ -188,14 +189,15 @@ inline LossSettings debug_state_loss_settings(const DebugState& d, const std::st
   }
   for (size_t i = 0; i < words.size(); i += 2) {
     const std::string& flag = words[i];
-    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp and -pw: re-create it with train_gpt2.py", path.c_str(),
-                d.settings.c_str());
+    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw and -ut: re-create it with train_gpt2.py",
+                path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
     if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
     if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
     if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
+    if (flag == "-ut") s.untie_step = (int)parse_int("-ut", value, -1, INT32_MAX);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),
@@ -204,6 +206,7 @@ inline LossSettings debug_state_loss_settings(const DebugState& d, const std::st
   return s;
 }
 
+// The shared flags, then the program's own (`own`); a name in both is a programming error.
 inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
   constexpr long kIntMax = INT32_MAX;
   Flag schedule = text_flag("-k", "lr schedule",

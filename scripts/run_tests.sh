@@ -549,7 +549,8 @@ gpu_against_pytorch() {
               "speedrun_tiny:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
-              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin"; do
+              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
+              "speedrun_tiny_untie:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --untie_step 4"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -812,6 +813,9 @@ gpu_resume() {
   resume_test ./train_gpt2cu resume_stages_bf16 -pd 1 -z 2048 -aw 1 -sp "$stages"
   resume_test ./train_gpt2fp32cu resume_stages_fp32 -pd 1 -z 2048 -aw 1 -sp "$stages"
   resume_test ./train_gpt2cu resume_stages_at_boundary_bf16 -pd 1 -aw 2 -sp "1/2 cap=100; 1/2 t=512"
+  # The untie step (-ut 12): the checkpoint of step 10 is tied (the embedding the head's copy, its
+  # own AdamW state unused), and the resumed run unties after step 12's update as the straight one.
+  resume_test ./train_gpt2cu resume_untie_bf16 -recipe modern -z 1024 -ut 12
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

@@ -556,6 +556,16 @@ else
   skip "-mtp and -pw" "$TRAINER has no -mtp"
 fi
 
+# --- -ut, the embedding tied to an untied head through a step (record #89's): not on a tied head,
+# not below -1 (before the GPU)
+if has_flag -ut; then
+  expect "-ut on GPT-2's tied head" "^error: -ut 3 ties the embedding to the head through step 3, and the gpt2 architecture's head is the embedding throughout: leave -ut out\$" \
+    -ut 3
+  expect "-ut below -1" "^error: -ut -2: must be " -ut -2
+else
+  skip "-ut" "$TRAINER has no -ut"
+fi
+
 # --- -lc, the head's cap in place of the architecture's: within its range, on a capped head, a
 # shift on the sigmoid cap only (before the GPU)
 if has_flag -lc; then
