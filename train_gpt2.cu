@@ -7790,6 +7790,8 @@ struct OptimizerState {
   OptimizerArrays state_next;
   bool use_master_weights = true;
   int optimizer_steps = 0;
+  // The embedding tied to the head through this step's update (-ut; -1: never): gpt2_update.
+  long untie_step = -1;
   // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
   // pointers made for the state arrays muon_state_for (the arrays move after a checkpoint), and
   // the scratch of the orthogonalisation.
@@ -7924,8 +7926,8 @@ void document_buffers_free(DocumentAttention& d) {
 
 struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
-  // The training loss's terms (gpt2_set_loss_terms; each call's rows give the sequence length) and
-  // their prefix table on the GPU (none without a prefix term).
+  // The training loss's terms (gpt2_set_loss_weights; each call's rows give the sequence length) and
+  // their prefix table on the GPU (gpt2_set_prefix_table; none without a prefix term).
   ClassifierTerms loss_terms;
   int* prefix_table = nullptr;
   // Validation's forward pass at another B x T than the training passes' (gpt2_allocate_validation);
@@ -9323,21 +9325,27 @@ void classifier_rows(GPT2& m, int first, int n, float dloss, const ClassifierTer
                    m.logit_cap, false, grad8, terms);
 }
 
-// The training loss's terms (Recipe::next_token_weights, prefix_weight), with the prefix table of
-// llmc::token_prefix_table (padded_vocab_size rows), uploaded once where the prefix term has a weight.
-void gpt2_set_loss_terms(GPT2& m, const llmc::PredictionWeights& next_tokens, float prefix_weight,
-                         const std::vector<int>& prefix_table) {
-  m.loss_terms.predict = next_tokens.count;
-  std::copy(next_tokens.weight, next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
-  m.loss_terms.prefix_weight = prefix_weight;
-  if (prefix_weight == 0.0f) return;
+// The prefix table of llmc::token_prefix_table (padded_vocab_size rows) for the loss's prefix term,
+// uploaded once where some step weights it; empty: none.
+void gpt2_set_prefix_table(GPT2& m, const std::vector<int>& prefix_table) {
+  if (prefix_table.empty()) return;
   const size_t rows = m.config.padded_vocab_size;
-  REQUIRE(prefix_table.size() == rows, "gpt2_set_loss_terms: a prefix table of %zu rows for %zu tokens",
+  REQUIRE(prefix_table.size() == rows, "gpt2_set_prefix_table: a prefix table of %zu rows for %zu tokens",
           prefix_table.size(), rows);
   device_free(m.prefix_table);
   m.prefix_table = device_alloc<int>(rows, "the prefix table");
   cudaCheck(cudaMemcpy(m.prefix_table, prefix_table.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
-  m.loss_terms.prefix = m.prefix_table;
+}
+
+// The training loss's weights from the next training pass on: a step's of the stage plan
+// (llmc::StepPlan::loss; -mtp's and -pw's without one). A prefix weight takes the prefix table.
+void gpt2_set_loss_weights(GPT2& m, const llmc::LossWeights& w) {
+  REQUIRE(w.prefix == 0.0f || m.prefix_table, "gpt2_set_loss_weights: a prefix weight of %g and no prefix table "
+          "(gpt2_set_prefix_table)", w.prefix);
+  m.loss_terms.predict = w.next_tokens.count;
+  std::copy(w.next_tokens.weight, w.next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
+  m.loss_terms.prefix_weight = w.prefix;
+  m.loss_terms.prefix = w.prefix > 0.0f ? m.prefix_table : nullptr;
 }
 
 void targets_upload(GPT2& m, const int* targets, int N) {
@@ -9367,7 +9375,7 @@ float losses_mean(GPT2& m, int N) {
 
 // Queues the losses of the last forward against `targets` and their copy into losses_host
 // (pinned, B*T floats), waiting for nothing. With dloss != 0 (training) the loss has the terms of
-// gpt2_set_loss_terms over sequences of T, and the logits are replaced by dlogits (classifier_rows).
+// gpt2_set_loss_weights over sequences of T, and the logits are replaced by dlogits (classifier_rows).
 void gpt2_classifier_enqueue(GPT2& m, const int* targets, int B, int T, float dloss, float* losses_host) {
   targets_upload(m, targets, B * T);
   ClassifierTerms terms;
@@ -9609,6 +9617,38 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   }
 }
 
+// The embedding tied to the head (-ut, modded-nanogpt record #89's tied phase), on one optimizer
+// shard: the embedding's weights (and their FP32 masters) the head's, which are the same shape
+// [Vp, C]. The tied update steps the head with the sum of both gradients (gpt2_update); the
+// embedding's own AdamW state is unused until the untie step copies the head's over it.
+void gpt2_tie_embedding(GPT2& m) {
+  const size_t wte = m.param_offsets[llmc::kWte], head = m.param_offsets[llmc::kHeadw];
+  const size_t n = m.param_specs[llmc::kHeadw].size;
+  REQUIRE(m.shard_count == 1 && n == m.param_specs[llmc::kWte].size,
+          "gpt2_tie_embedding: a head of %zu elements, an embedding of %zu, %d optimizer shards (one only)", n,
+          (size_t)m.param_specs[llmc::kWte].size, m.shard_count);
+  cudaCheck(cudaMemcpyAsync(m.params + wte, m.params + head, n * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
+  if (m.state.master) {
+    cudaCheck(cudaMemcpyAsync(m.state.master + wte, m.state.master + head, n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
+// At the untie step, after its tied update: the head's AdamW moments become the embedding's (the
+// step count, which bias-corrects them, is the run's for every tensor), which from the next step
+// is updated on its own.
+void gpt2_untie_embedding_state(GPT2& m) {
+  const StateLayout& l = m.state_layout;
+  const size_t n = l.size[llmc::kHeadw];
+  const bool adamw = l.owner[llmc::kWte] == StateOwner::kAdamW && l.owner[llmc::kHeadw] == StateOwner::kAdamW;
+  REQUIRE(adamw && n == l.size[llmc::kWte], "gpt2_untie_embedding_state: the embedding and the head must be AdamW's "
+          "whole tensors of one size");
+  for (float* moments : {m.state.adam_m, m.state.adam_v}) {
+    cudaCheck(cudaMemcpyAsync(moments + l.state[llmc::kWte], moments + l.state[llmc::kHeadw], n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
 // The first steps of a process, whose products are tuned: the first; where the init zeroes the
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
@@ -9617,7 +9657,8 @@ inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 :
 // (each tensor's part inside it), given the gradient norm, each tensor by its role's row of opt:
 // AdamW with clipping at opt.grad_clip and the schedule's lr times the row's; Muon with its rate
 // times lr_fraction, the schedule's lr over its peak, and the step's momentum, its
-// orthogonalisation spread over the processes by muon_spread.
+// orthogonalisation spread over the processes by muon_spread. Through the untie step the head
+// takes the embedding's gradient too, and the embedding the head's new weights (gpt2_tie_embedding).
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
@@ -9629,6 +9670,11 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
   const uint32_t seed = m.rng.u32();
+  const bool tied = step <= m.untie_step;
+  if (tied) {
+    add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
+                seed + 0x9e3779b9u * (llmc::kNumParamTensors + 1), m.stream);
+  }
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
@@ -9646,6 +9692,8 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
     m.state = m.state_next;
     m.state_next = OptimizerArrays();
   }
+  if (tied) gpt2_tie_embedding(m);
+  if (step == m.untie_step) gpt2_untie_embedding_state(m);
   m.fp8_weights_stale = true;
   // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
   // the first steps' products see zeros, on which algorithms of different summation orders give
@@ -9921,6 +9969,7 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
   // The run's optimizer, not this rank's slice: with ZeRO-1 a slice may hold no Muon matrix.
   id.matrix_optimizer = m.muon ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
   id.data_tokens = data_tokens;
+  id.untie_step = (int)m.untie_step;
   return id;
 }
 
@@ -10649,6 +10698,7 @@ struct TrainArgs : llmc::TrainFlags {
   float loss_z = 0.0f, norm_z = 0.0f;
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
+  int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -10790,6 +10840,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      int_flag("-ut", "untie step", "an untied head tied to the embedding through step U's update (the head "
+               "stepped with both gradients, the embedding its copy), then the head's AdamW state copied to the "
+               "embedding, separate from step U + 1 (modded-nanogpt's record #89: the first odd step of stage 3, "
+               "847); -1: separate throughout", &a.untie_step, -1, kIntMax),
       int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
                "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
                "stage's", &a.final_window_blocks, 0, kIntMax),
@@ -10798,7 +10852,8 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "masked token by token at its edge; 0: whole blocks of 128 tokens (modded-nanogpt's block mask)",
                &a.window_tokens, 0, 1),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
-                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
+                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw), lr (rate multiplier), mtp "
+                "(-mtp) and pw (-pw), these two constant or A>B linear over the stage, "
                 "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
                 "(a stage keeps the one before's values, the first the flags'; none: one stage)", &a.stages),
       int_flag("-vt", "validation length", "validation sequence length, batches of -b sequences of it (0: -t); "
@@ -11206,9 +11261,12 @@ void resolve_final_window(llmc::StagePlan& plan, const TrainArgs& a, bool valida
 // the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
 // loader changes its shape at a boundary without losing its place.
 llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
-  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a));
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a),
+                       {a.next_token_weights, a.prefix_weight});
   const size_t count = plan.stages().size();
   REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
+  REQUIRE(!plan.has_loss_ramp() || a.max_steps >= 0, "-sp: mtp=A>B and pw=A>B change the loss's weights over a "
+          "stage's steps, which -x gives: give -x");
   if (a.max_steps >= 0) plan.resolve(a.max_steps);
   const llmc::LayerPlan layers = llmc::layer_plan(config);
   const bool validating = a.val_every > 0 && a.val_batches > 0;
@@ -11237,6 +11295,17 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
   return plan;
 }
 
+// -ut: the embedding tied to a head of its own, whose weights and AdamW state it takes whole
+// (gpt2_tie_embedding), so on one optimizer shard.
+void check_untie_step(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
+  if (a.untie_step < 0) return;
+  const llmc::ArchSpec& arch = llmc::arch_spec(config.arch);
+  REQUIRE(!arch.tied_head, "-ut %d ties the embedding to the head through step %d, and the %s architecture's head "
+          "is the embedding throughout: leave -ut out", a.untie_step, a.untie_step, arch.name);
+  REQUIRE(llmc::zero_shard_count(world, a.zero_stage) == 1, "-ut %d copies the head's weights and AdamW state to "
+          "the embedding's, which -zs 1 shards apart over the %d processes: give -zs 0", a.untie_step, world);
+}
+
 // What a run reads and checks before any GPU is touched, so that a bad flag or file fails with
 // its own message on any machine, before GPU memory is set up.
 struct RunInputs {
@@ -11244,20 +11313,22 @@ struct RunInputs {
   StartParams start;
   llmc::StagePlan stages;  // -sp's, its steps shared out where -x gives them
   llmc::HellaSwagSet hellaswag;  // with -h 1
-  std::vector<int> prefix_table;  // with -pw above 0 (prefix_table_of)
+  std::vector<int> prefix_table;  // where -pw or a stage's pw= is above 0 (prefix_table_of)
 };
 
-// -pw's table, each token's prefix token (llmc::token_prefix_table), read from -tk's vocabulary
-// file, in the padded vocabulary's rows.
+// The prefix term's table, each token's prefix token (llmc::token_prefix_table), read from -tk's
+// vocabulary file, in the padded vocabulary's rows.
 std::vector<int> prefix_table_of(const TrainArgs& a, const llmc::GPT2Config& config) {
+  const std::string asked = a.prefix_weight > 0.0f ? llmc::strformat("-pw %g", a.prefix_weight) : "-sp's pw=";
   if (a.tokenizer.empty()) {
-    LLMC_FAIL("-pw %g: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
-              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or -pw 0", a.prefix_weight);
+    LLMC_FAIL("%s: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
+              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or %s", asked.c_str(),
+              a.prefix_weight > 0.0f ? "-pw 0" : "pw=0");
   }
   const llmc::Tokenizer tokenizer(a.tokenizer);
   if (tokenizer.vocab_size() > config.vocab_size) {
-    LLMC_FAIL("-pw %g: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
-              a.prefix_weight, a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
+    LLMC_FAIL("%s: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
+              asked.c_str(), a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
   }
   return llmc::token_prefix_table(tokenizer.token_bytes(), tokenizer.eot_token(), config.padded_vocab_size);
 }
@@ -11312,6 +11383,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                               llmc::layer_plan(config));
   }
   in.stages = resolve_stage_plan(a, config, world);
+  check_untie_step(a, config, world);
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -11319,7 +11391,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                                        (extension ? llmc::strformat(" and -sp's %ld extension steps", extension) : ""));
   }
   llmc::resolve_tokenizer(a);
-  if (a.prefix_weight > 0.0f) in.prefix_table = prefix_table_of(a, config);
+  if (a.prefix_weight > 0.0f || in.stages.has_prefix_term()) in.prefix_table = prefix_table_of(a, config);
   llmc::logit_cap_of(llmc::arch_spec(config.arch).logit_cap, a.logit_cap, llmc::arch_spec(config.arch).name);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
@@ -11509,6 +11581,9 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
   }
+  // Tied at its first step, a run starts from the head's weights in the embedding too (a resumed
+  // one has them already).
+  if (std::max(0, resume_step) <= r.m.untie_step) gpt2_tie_embedding(r.m);
   if (!a.output_dir.empty() && r.mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
@@ -11688,6 +11763,7 @@ bool train_step(TrainRun& r, int step) {
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;
+    if (step == m.untie_step) gpt2_untie_embedding_state(m);  // the untie does not wait for an update
   }
   multi_gpu_fp8_end_step(r.mg, m, s.finite && !s.spike);
   cudaCheck(cudaEventRecord(r.end, m.stream));
@@ -11723,6 +11799,7 @@ int train_loop(TrainRun& r, int* final_step) {
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
     if (a.documents) gpt2_set_window(r.m, r.step.windows);
+    gpt2_set_loss_weights(r.m, r.step.loss);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -11839,6 +11916,7 @@ int train_main(int argc, char** argv) {
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
+  m.untie_step = a.untie_step;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
@@ -11847,7 +11925,7 @@ int train_main(int argc, char** argv) {
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
                   {a.documents != 0, in.stages.max_window(), window_unit(a)}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
-    gpt2_set_loss_terms(m, a.next_token_weights, a.prefix_weight, in.prefix_table);
+    gpt2_set_prefix_table(m, in.prefix_table);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

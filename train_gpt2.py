@@ -266,20 +266,34 @@ def set_logit_cap(model, text):
     model.logit_shift = values[1] if len(values) == 2 else 0.0
 
 
-def loss_terms(args, config):
-    """--mtp's and --prefix_weight's terms, the prefix table read from --tokenizer's vocabulary; None
-    for the next token's loss alone."""
-    weights = parse_prediction_weights(args.mtp)
-    if weights == [1.0] and args.prefix_weight == 0.0:
+def run_prefix_table(args, config, plan):
+    """The prefix table of --tokenizer's vocabulary where --prefix_weight or a stage's pw= gives the
+    prefix term a weight, else None."""
+    if args.prefix_weight == 0.0 and not (plan and plan.has_prefix_term()):
         return None
-    prefix = None
-    if args.prefix_weight > 0.0:
-        tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
-        if len(tokens) > config.vocab_size:
-            fail(f"--prefix_weight {args.prefix_weight}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, "
-                 f"more than the model's {config.vocab_size}: give the model's vocabulary file")
-        prefix = torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
-    return LossTerms(weights, args.prefix_weight, prefix)
+    what = f"--prefix_weight {args.prefix_weight}" if args.prefix_weight > 0.0 else "--stages' pw="
+    tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
+    if len(tokens) > config.vocab_size:
+        fail(f"{what}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, more than the model's "
+             f"{config.vocab_size}: give the model's vocabulary file")
+    return torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
+
+
+def loss_terms(next_token_weights, prefix_weight, prefix):
+    """The terms of these weights (--mtp's and --prefix_weight's, or a step's of the plan), the prefix
+    table `prefix` where the prefix term has a weight; None for the next token's loss alone."""
+    if list(next_token_weights) == [1.0] and prefix_weight == 0.0:
+        return None
+    return LossTerms(list(next_token_weights), prefix_weight, prefix if prefix_weight > 0.0 else None)
+
+
+def set_step_loss_terms(model, step_plan):
+    """The step's loss weights (StepPlan) into the model's terms, replaced only where they change, so
+    that a compiled model is not traced again at every step of constant weights."""
+    terms = model.loss_terms
+    weights = ([1.0], 0.0) if terms is None else (terms.next_token_weights, terms.prefix_weight)
+    if weights != (step_plan.next_token_weights, step_plan.prefix_weight):
+        model.loss_terms = loss_terms(step_plan.next_token_weights, step_plan.prefix_weight, model.prefix_table)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -729,6 +743,7 @@ class GPT(nn.Module):
         self.short_window_blocks = None
         self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
+        self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
         self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
         self.logit_shift = 0.0
@@ -1571,10 +1586,12 @@ class RandomTokens:
 
 # ------------------------------------------------------------------------------------------------
 # Stage plan (llmc/stages.h): the run as stages, each a share of the scheduled steps with its own
-# sequence length, tokens a step, document cap, attention window and learning-rate multiplier
+# sequence length, tokens a step, document cap, attention window, learning-rate multiplier and loss
+# weights
 
 
-STAGE_KEYS = {"t": "seq_len", "z": "total_batch_size", "cap": "cap", "aw": "window_blocks", "lr": "lr_multiplier"}
+STAGE_KEYS = {"t": "seq_len", "z": "total_batch_size", "cap": "cap", "aw": "window_blocks", "lr": "lr_multiplier",
+              "mtp": "next_token_weights", "pw": "prefix_weight"}
 
 
 @dataclass
@@ -1587,6 +1604,8 @@ class Stage:
     window_blocks: int  # -1: the schedule
     short_window_blocks: object  # None: half the long window, rounded down
     lr_multiplier: float
+    next_token_weights: tuple = ((1.0,), (1.0,))  # (at the stage's first step, at its end): mtp=A>B
+    prefix_weight: tuple = (0.0, 0.0)  # pw=A>B
 
 
 @dataclass
@@ -1599,6 +1618,50 @@ class StepPlan:
     window_blocks: int  # resolved: the schedule's at -1; 0 none
     short_window_blocks: int  # resolved: half the long one where not given
     lr_multiplier: float
+    next_token_weights: list = None  # the loss's at this step (loss_weights_at)
+    prefix_weight: float = 0.0
+
+
+def loss_weights_at(stage, t):
+    """A stage's loss weights at t = (s - first) / (end - first) of its steps: each a + (b - a) t in
+    double, rounded to float32 (record #89's TrainingSchedule, a float32 tensor of Python floats)."""
+    def lerp(a, b):
+        return float(np.float32(a + (b - a) * t))
+    return [lerp(a, b) for a, b in zip(*stage.next_token_weights)], lerp(*stage.prefix_weight)
+
+
+def loss_weight(text):
+    """A loss weight of mtp= or pw= as -mtp and -pw read theirs (a float), or None where it is no
+    plain decimal within [0, 1]."""
+    weight = float(np.float32(text)) if DECIMAL.fullmatch(text) else None
+    return weight if weight is not None and 0.0 <= weight <= 1.0 else None
+
+
+def loss_weight_ramp(key, text, number):
+    """mtp='s or pw='s value: "A" (constant) or "A>B", (start, end); mtp's ends tuples of 1 to
+    MAX_PREDICTED_TOKENS weights, as many at each."""
+    ends = []
+    for end in text.split(">", 1):
+        weights = [loss_weight(item) for item in end.split(",")] if key == "mtp" else [loss_weight(end)]
+        if None in weights or len(weights) > MAX_PREDICTED_TOKENS:
+            wanted = (f"1 to {MAX_PREDICTED_TOKENS} next-token weights within [0, 1] apart by commas (1,0.5,0.25)"
+                      if key == "mtp" else "the prefix term's weight within [0, 1]")
+            fail(f"--stages: stage {number} sets {key}={text}; {key} takes {wanted}, or START>END")
+        ends.append(tuple(weights) if key == "mtp" else weights[0])
+    if len(ends) == 1:
+        ends.append(ends[0])
+    if key == "mtp" and len(ends[0]) != len(ends[1]):
+        fail(f"--stages: stage {number} sets mtp={text}: {len(ends[0])} weights at the start and {len(ends[1])} at "
+             f"the end; give as many at each end")
+    return tuple(ends)
+
+
+def loss_ramp_text(stage):
+    """"mtp 1,0.5,0.25>1,0.5,0, pw 0.25" (llmc/stages.h's LossWeightRamp::describe)."""
+    def ends(a, b):
+        return a if a == b else f"{a}>{b}"
+    mtp = [",".join(f"{w:g}" for w in end) for end in stage.next_token_weights]
+    return f"mtp {ends(*mtp)}, pw {ends(*(f'{w:g}' for w in stage.prefix_weight))}"
 
 
 # The numbers of a plan, in plain ASCII notation (no signs but an integer's minus, no "inf", no "1_000").
@@ -1623,6 +1686,8 @@ def stage_value(key, text, number):
     """KEY=VALUE's value, checked against what the key takes."""
     if key == "aw":
         return window_setting(text, f"--stages: stage {number}: aw={text}")
+    if key in ("mtp", "pw"):
+        return loss_weight_ramp(key, text, number)
     minimum = {"t": 1, "z": -1, "cap": 0}
     number_format = DECIMAL if key == "lr" else INTEGER
     value = (float if key == "lr" else int)(text) if number_format.fullmatch(text) else None
@@ -1638,11 +1703,15 @@ def stage_value(key, text, number):
     return value
 
 
-def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_blocks=None):
+def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_blocks=None, next_token_weights=(1.0,),
+                 prefix_weight=0.0):
     """The stages of PLAN (`;` between stages; a stage's words: its share, then KEY=VALUE), a key
     not given taking the stage before's value, the first stage's the flags'; aw= sets both windows,
-    aw=N the short one to half of N. "" is one stage of the flags."""
-    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, short_window_blocks, 1.0)
+    aw=N the short one to half of N; mtp= and pw= a constant or START>END. "" is one stage of the
+    flags."""
+    weights = tuple(next_token_weights)
+    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, short_window_blocks, 1.0, (weights, weights),
+                     (prefix_weight, prefix_weight))
     if not text.strip():
         return [previous]
     stages, parts = [], text.split(";")
@@ -1650,7 +1719,7 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_bl
         words = part.split()
         if not words:
             fail(f"--stages: stage {number} is empty; give its share (0.25, 1/3 or +E) and any of "
-                 f"t=, z=, cap=, aw=, lr=, or drop the extra ';'")
+                 f"t=, z=, cap=, aw=, lr=, mtp=, pw=, or drop the extra ';'")
         share, extension = stage_share(words[0], number)
         if extension and number != len(parts):
             fail(f"--stages: stage {number} is {words[0]} extension steps, which only the last stage can be; "
@@ -1659,7 +1728,7 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_bl
         for word in words[1:]:
             key, equals, value = word.partition("=")
             if key not in STAGE_KEYS or not equals:
-                fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr; fix it")
+                fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr, mtp, pw; fix it")
             if STAGE_KEYS[key] in settings:
                 fail(f"--stages: stage {number} sets {key} twice; give it once")
             if key == "aw":
@@ -1667,6 +1736,9 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_bl
             else:
                 settings[STAGE_KEYS[key]] = stage_value(key, value, number)
         previous = Stage(**{**vars(previous), "share": share, "extension": extension, **settings})
+        if not any(w > 0.0 for w in previous.next_token_weights[0]) and previous.prefix_weight[0] <= 0.0:
+            fail(f"--stages: stage {number}: every term of the loss starts at weight 0 ({loss_ramp_text(previous)}); "
+                 f"give the next token a weight (mtp=1)")
         stages.append(previous)
     scheduled = stages[:-1] if stages[-1].extension else stages
     total = sum(stage.share for stage in scheduled)
@@ -1739,7 +1811,8 @@ class StagePlan:
             if stage.short_window_blocks is not None:
                 window = f"{stage.short_window_blocks}/{stage.window_blocks}"
             lines.append(f"stage {i + 1}: steps {first}-{last} | t {stage.seq_len} | tokens a step "
-                         f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g}")
+                         f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g} | "
+                         f"{loss_ramp_text(stage)}")
         return lines
 
     def step(self, step):
@@ -1750,8 +1823,15 @@ class StagePlan:
         short = window // 2 if stage.short_window_blocks is None else stage.short_window_blocks
         if step == self.steps and self.final_window_blocks:
             window = self.final_window_blocks
+        first = ([0] + self.ends)[i] if i < len(self.ends) else self.N
+        end = self.ends[i] if i < len(self.ends) else self.steps
+        weights, prefix_weight = loss_weights_at(stage, (step - first) / (end - first) if end > first else 0.0)
         return StepPlan(i, stage.seq_len, tokens, tokens // (self.B * stage.seq_len * self.world), stage.cap,
-                        window, short, stage.lr_multiplier)
+                        window, short, stage.lr_multiplier, weights, prefix_weight)
+
+    def has_prefix_term(self):
+        """Whether a stage's prefix term has a weight, so the run needs the prefix table."""
+        return any(w > 0.0 for stage in self.stages for w in stage.prefix_weight)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -2011,6 +2091,40 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     return optimizers, fused
 
 
+def tie_embedding(model):
+    """While the embedding is tied to the head (--untie_step, record #89's tied phase): its weights
+    the head's, the same [Vp, C]."""
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(model.lm_head.weight)
+
+
+def tied_step_gradient(model):
+    """Before a tied update: the head steps with the sum of both gradients (the CUDA trainer's
+    gpt2_update: head + embedding, rounded once)."""
+    model.lm_head.weight.grad.add_(model.transformer.wte.weight.grad)
+
+
+def untie_step_done(model, step, args, moments):
+    """After the update of a step through --untie_step: the embedding the head's copy, and at the
+    untie step itself the head's AdamW state (`moments`: a parameter's dict of its state tensors)
+    copied to the embedding's, which from the next step is updated on its own."""
+    if step > args.untie_step:
+        return
+    tie_embedding(model)
+    if step == args.untie_step:
+        head, wte = moments(model.lm_head.weight), moments(model.transformer.wte.weight)
+        for key, value in head.items():
+            if torch.is_tensor(value):
+                wte[key].copy_(value)
+
+
+def optimizer_state_of(optimizers):
+    """A parameter's state dict in whichever of the torch optimizers holds it."""
+    def state(p):
+        return next(o.state[p] for o in optimizers if p in o.state)
+    return state
+
+
 def muon_momentum(step, args, steps=None):
     """Muon's momentum at `step` (0-based) of a run of `steps` steps, scheduled and extension (default
     --num_iterations): from --muon_momentum_start rising linearly to --muon_momentum over the first
@@ -2100,6 +2214,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "") + ("_fp8_head" if args.fp8_head else "")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
+    if args.untie_step >= 0:  # the file's model starts tied: its embedding the head
+        tie_embedding(model)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}.bin"), CHECKPOINT_FP32)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}_bf16.bin"), CHECKPOINT_BF16)
     model.to(device)
@@ -2111,7 +2227,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
                            NEWTON_SCHULZ[args.muon_ns]) if muon else None)
     B, T = x.shape
-    windows, first, losses = (model.window_blocks, model.short_window_blocks), None, []
+    windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -2121,6 +2237,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             xs, ys = (t.reshape(-1)[:B * step_plan.seq_len].view(B, step_plan.seq_len) for t in (x, y))
             model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
             model.short_window_blocks = step_plan.short_window_blocks
+            set_step_loss_terms(model, step_plan)
         if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
@@ -2128,6 +2245,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             losses.append(debug_forward_backward(model, xs, ys, args, autocast)[1].item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
         clip_gradients(params, args.grad_clip)
+        if step <= args.untie_step:
+            tied_step_gradient(model)
         for owner, group in groups:
             if owner == "adamw":
                 adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1,
@@ -2137,9 +2256,11 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             for group in muon_optimizer.param_groups:
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
+        untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows
+    model.loss_terms = terms
 
-    settings = debug_state_settings(model)
+    settings = debug_state_settings(model, args.untie_step)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2170,7 +2291,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         f.write(header.tobytes())
         if settings:
             text = settings.encode()
-            prefix = model.loss_terms.prefix if model.loss_terms and model.loss_terms.prefix is not None else None
+            prefix = model.prefix_table
             f.write(np.array([len(text)], np.int32).tobytes() + text.ljust(-(-len(text) // 4) * 4, b"\0"))
             f.write(np.array([0 if prefix is None else len(prefix)], np.int32).tobytes())
             if prefix is not None:
@@ -2206,11 +2327,12 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model):
-    """The loss's settings a version-5 debug state keeps, and windows in tokens, as the CUDA trainer's
-    flags ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -awt 1"; "" for the defaults). The file holds them
-    after its header: their length in bytes, the text padded to 4-byte words, then the prefix
-    table's rows (0 without -pw) and its int32 ids."""
+def debug_state_settings(model, untie_step=-1):
+    """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
+    untie step and windows in tokens ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1"; "" for the
+    defaults; -pw, maybe 0, wherever the prefix table is, which --prefix_weight or a stage's pw= asks
+    for). The file holds them after its header: their length in bytes, the text padded to 4-byte
+    words, then the prefix table's rows (0 without one) and its int32 ids."""
     words = []
     default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
     if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
@@ -2218,8 +2340,10 @@ def debug_state_settings(model):
     terms = model.loss_terms
     if terms is not None:
         words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
-        if terms.prefix is not None:
-            words += ["-pw", str(np.float32(terms.prefix_weight))]
+    if model.prefix_table is not None:
+        words += ["-pw", str(np.float32(terms.prefix_weight if terms is not None else 0.0))]
+    if untie_step >= 0:
+        words += ["-ut", str(untie_step)]
     if model.window_tokens:
         words += ["-awt", "1"]
     return " ".join(words)
@@ -2240,20 +2364,20 @@ def read_debug_state_settings(path, header):
 
 def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
-    and windows' unit."""
+    and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-awt"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
-        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw and -awt 1: re-create it")
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut and -awt 1: "
+             "re-create it")
     model.window_tokens = "-awt" in settings
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
-    if (prefix is None) != (prefix_weight == 0.0):
-        fail(f"--check_debug_state {path}: -pw {prefix_weight} and a prefix table of "
-             f"{0 if prefix is None else len(prefix)} rows: the file is damaged; re-create it")
-    weights = parse_prediction_weights(settings.get("-mtp", "1"))
-    model.loss_terms = None if weights == [1.0] and prefix is None else LossTerms(weights, prefix_weight, prefix)
+    if prefix is None and prefix_weight > 0.0:
+        fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
+    model.prefix_table = prefix
+    model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
 
 
 def debug_state_stages(header):
@@ -2459,6 +2583,10 @@ def parse_args(argv=None):
     a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
                    "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
                    "vocabulary), where it has one: record #89's 0.25 (0: none)")
+    a.add_argument("--untie_step", type=int, default=-1, help="the modern models' head tied to the embedding "
+                   "through step U's update (the head stepped with both gradients, the embedding its copy), then "
+                   "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
+                   "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -2476,8 +2604,10 @@ def parse_args(argv=None):
                    "share of --num_iterations (0.25 or 1/3; the last may be +E: E steps more after them) and "
                    "KEY=VALUE words that hold from it on: t= sequence length, z= tokens a step (-1: one micro "
                    "batch), cap= tokens of one document a sequence takes (0: all; needs --documents 1), aw= window "
-                   "as --window_blocks (N or S/N), lr= learning-rate multiplier; the first stage's start from -t, "
-                   "--total_batch_size, --window_blocks, cap 0, lr 1. Default: one stage of the flags")
+                   "as --window_blocks (N or S/N), lr= learning-rate multiplier, mtp= and pw= the loss's weights as "
+                   "--mtp and --prefix_weight (constant, or A>B linear from A at the stage's first step towards B "
+                   "at its end); the first stage's start from -t, --total_batch_size, --window_blocks, cap 0, lr 1, "
+                   "--mtp, --prefix_weight. Default: one stage of the flags")
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
     a.add_argument("--val_steps", type=int, help=recipe_help(
         "val_steps", "batches per validation and process (--recipe speedrun's 40: in all, shared)"))
@@ -2652,7 +2782,8 @@ def stage_plan(args, world):
     if given and (args.benchmark or args.eval_only or args.check_debug_state):
         fail("--stages plans a training run or --write_debug_state's steps; drop it")
     stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks,
-                          args.short_window_blocks)
+                          args.short_window_blocks, parse_prediction_weights(args.mtp),
+                          float(np.float32(args.prefix_weight)))
     if args.write_debug_state:
         if not given:
             return None
@@ -2791,6 +2922,13 @@ def settle_arch(args, config):
         fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
              f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
     args.arch = config.arch
+    if args.untie_step < -1:
+        fail(f"--untie_step {args.untie_step}: give the step through which the embedding is tied to the head, or -1")
+    if args.untie_step >= 0 and args.benchmark:
+        fail(f"--untie_step {args.untie_step}: --benchmark times untied steps; drop --untie_step")
+    if args.untie_step >= 0 and not config.modern:
+        fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
+             f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
     if args.fp8_head and not config.speedrun:
         fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
              f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
@@ -2976,6 +3114,8 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
+    if args.untie_step >= 0:  # tied at step 0: the embedding starts as the head
+        tie_embedding(raw_model)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
     num_params = config.num_parameters()
@@ -3001,6 +3141,7 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
         step_plan = plan.step(step)
         raw_model.window_blocks = step_plan.window_blocks or None
         raw_model.short_window_blocks = step_plan.short_window_blocks
+        set_step_loss_terms(raw_model, step_plan)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -3057,8 +3198,11 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
             train_loss += mean_share
             loss.backward()
     norm = clip_gradients(raw_model.parameters(), args.grad_clip)
+    if step <= args.untie_step:
+        tied_step_gradient(raw_model)
     for optimizer in optimizers:
         optimizer.step()
+    untie_step_done(raw_model, step, args, optimizer_state_of(optimizers))
     return mean_over_ranks(train_loss, world), norm.item(), lr
 
 
@@ -3204,7 +3348,8 @@ def main(argv=None, step_hook=None):
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
     model.window_tokens = bool(args.window_tokens)
-    model.loss_terms = loss_terms(args, config)
+    model.prefix_table = run_prefix_table(args, config, plan)
+    model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)
     set_attention_window(model, args, 0)
     if args.check_debug_state:

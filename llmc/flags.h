@@ -95,12 +95,14 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
   return s;
 }
 
-// The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
-// -mtp and -pw), the defaults where it names none; `path` names the file.
-struct LossSettings {
+// A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings): the loss's
+// (-lc, -mtp, -pw), the untie step (-ut) and the windows' unit (-awt).
+struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
   float prefix_weight = 0.0f;
+  int untie_step = -1;
+  WindowUnit window_unit = WindowUnit::kBlocks;  // -awt 1: windows counted in tokens
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -178,48 +180,35 @@ struct TrainFlags : Recipe {
   int seed = 42;
 };
 
-// The flag-value pairs of a version-5 debug state's settings (train_gpt2.py's debug_state_settings).
-inline std::vector<std::pair<std::string, std::string>> debug_state_setting_pairs(const DebugState& d,
-                                                                                  const std::string& path) {
+// The settings a debug state names, the defaults where it names none (its prefix table also beside
+// -pw 0, where its stage plan's pw= weights the prefix term); `path` names the file.
+inline DebugStateSettings debug_state_settings(const DebugState& d, const std::string& path) {
+  DebugStateSettings s;
   std::vector<std::string> words;
   for (size_t at = 0; at < d.settings.size();) {
     const size_t end = std::min(d.settings.find(' ', at), d.settings.size());
     if (end > at) words.push_back(d.settings.substr(at, end - at));
     at = end + 1;
   }
-  std::vector<std::pair<std::string, std::string>> pairs;
   for (size_t i = 0; i < words.size(); i += 2) {
     const std::string& flag = words[i];
-    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-awt")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw and -awt: re-create it with train_gpt2.py",
+    if (i + 1 == words.size() ||
+        (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut and -awt: re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
-    pairs.emplace_back(flag, words[i + 1]);
-  }
-  return pairs;
-}
-
-inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
-  LossSettings s;
-  for (const auto& [flag, text] : debug_state_setting_pairs(d, path)) {
-    const char* value = text.c_str();
+    const char* value = words[i + 1].c_str();
     if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
     if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
     if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
+    if (flag == "-ut") s.untie_step = (int)parse_int("-ut", value, -1, INT32_MAX);
+    if (flag == "-awt") s.window_unit = parse_int("-awt", value, 0, 1) ? WindowUnit::kTokens : WindowUnit::kBlocks;
   }
-  if ((s.prefix_weight > 0.0f) != !d.prefix_table.empty()) {
-    LLMC_FAIL("%s: -pw %g and a prefix table of %zu rows: the file is damaged; re-create it with train_gpt2.py",
-              path.c_str(), s.prefix_weight, d.prefix_table.size());
+  if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
+    LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),
+              s.prefix_weight);
   }
   return s;
-}
-
-// The unit of a debug state's attention windows: tokens with -awt 1 in its settings, else blocks.
-inline WindowUnit debug_state_window_unit(const DebugState& d, const std::string& path) {
-  for (const auto& [flag, text] : debug_state_setting_pairs(d, path)) {
-    if (flag == "-awt" && parse_int("-awt", text.c_str(), 0, 1)) return WindowUnit::kTokens;
-  }
-  return WindowUnit::kBlocks;
 }
 
 // The shared flags, then the program's own (`own`); a name in both is a programming error.

@@ -552,7 +552,8 @@ gpu_against_pytorch() {
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
               "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
-              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384"; do
+              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
+              "speedrun_tiny_untie:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --untie_step 4"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -574,6 +575,12 @@ gpu_against_pytorch() {
   staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
     --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 \
     --total_batch_size -1
+  # The loss's weights a stage (mtp=, pw=): record #89's first two stages over 10 steps, each weight
+  # linear within its stage (test_gpt2cu sets each step's), the prefix table kept beside -pw 0.0.
+  staged_against_pytorch stages_loss_weights_speedrun_tiny \
+    "1/2 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/2 mtp=1,0.5>1,0 pw=0.25>0" --recipe speedrun --model tiny \
+    --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1 --logit_cap 23,5 \
+    --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
@@ -809,6 +816,9 @@ gpu_resume() {
   resume_test ./train_gpt2cu resume_stages_bf16 -pd 1 -z 2048 -aw 1 -sp "$stages"
   resume_test ./train_gpt2fp32cu resume_stages_fp32 -pd 1 -z 2048 -aw 1 -sp "$stages"
   resume_test ./train_gpt2cu resume_stages_at_boundary_bf16 -pd 1 -aw 2 -sp "1/2 cap=100; 1/2 t=512"
+  # The untie step (-ut 12): the checkpoint of step 10 is tied (the embedding the head's copy, its
+  # own AdamW state unused), and the resumed run unties after step 12's update as the straight one.
+  resume_test ./train_gpt2cu resume_untie_bf16 -recipe modern -z 1024 -ut 12
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

@@ -3,10 +3,10 @@
 train_gpt2.py's against modded-nanogpt's own loader, transcribed below, as it is and as
 dev/bench_quality.py's copy of it searches; the stage plan's steps, rates and momentum of
 llmc/stages.h and llmc/schedulers.h (build/test_stages) against train_gpt2.py's, and record #89's
-rate and momentum against its reference's expressions (transcribed below too); record #89's packing
-of documents under a cap, both languages' against its loader (transcribed below). Writes its shards
-under the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the difference", and
-notes without a tab.
+rate, momentum and loss weights against its reference's expressions (transcribed below too); record
+#89's packing of documents under a cap, both languages' against its loader (transcribed below).
+Writes its shards under the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the
+difference", and notes without a tab.
 
   python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
 """
@@ -20,6 +20,7 @@ from pydeps import require  # noqa: E402
 
 require("numpy", "torch")
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 import train_gpt2 as tg  # noqa: E402
 
@@ -397,6 +398,87 @@ def port_stage_rows(pattern, B, world, shuffle, seed, plan, T, Z, steps):
     return np.concatenate(rows), ranks[0].epoch
 
 
+# modded-nanogpt's record #89 (train_gpt.py at f411b3d3, TrainingSchedule.__init__'s lists and its
+# lookup), the loss weights of a step: the stages' (mtp start, mtp end, prefix start, prefix end) and
+# its boundaries (the scheduled stages' and the extension's (start, end)) as arguments instead of its
+# TRAINING_STAGES; the expressions as there, torch.tensor's default dtype float32.
+def reference_loss_weights(step, stages, boundaries):
+    for i, (start, end) in enumerate(boundaries):
+        if step < end:
+            stage, t = stages[i], (step - start) / (end - start)
+            break
+    else:
+        stage, t = stages[-1], 1.0
+    mtp_start, mtp_end, prefix_start, prefix_end = stage
+    w = [a + (b - a) * t for a, b in zip(mtp_start, mtp_end)]
+    pw = prefix_start + (prefix_end - prefix_start) * t
+    return torch.tensor(w).tolist(), torch.tensor([pw]).item()
+
+
+def port_loss_lines(plan, steps, mtp, prefix_weight):
+    """train_gpt2.py's loss weights of each step 0..N+E as build/test_stages --dump-loss prints them, or
+    its error."""
+    try:
+        args = tg.parse_args(["--input_bin", "x", "--num_iterations", str(steps), "--stages", plan, "--mtp", mtp,
+                              "--prefix_weight", prefix_weight])
+        stages = tg.stage_plan(args, 1)
+    except SystemExit as e:
+        return str(e)
+    return [f"{s} {','.join('%.9g' % w for w in p.next_token_weights)} {'%.9g' % p.prefix_weight}"
+            for s, p in ((s, stages.step(s)) for s in range(stages.steps + 1))]
+
+
+def check_loss_dumps():
+    """The loss weights of every step (mtp=, pw=), llmc/stages.h's (build/test_stages --dump-loss)
+    against train_gpt2.py's, bit for bit; record #89's against its reference's expressions too."""
+    record89 = "1/3 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 mtp=1,0.5>1,0 pw=0.25>0; 1/3 mtp=1 pw=0; +15"
+    cases = [  # (PLAN, STEPS, -mtp, -pw)
+        (record89, 1270, "1", "0"),
+        ("1/7 mtp=1,0.333>0.1,0.9 pw=0.123456789>0.987654321; 6/7 pw=0; +4", 997, "1", "0"),
+        ("1/2 mtp=0.3,0.7>0.9,0.1 pw=.1>6e-1; 1/2 mtp=0.2 pw=0.3>0; +3", 97, "1", "0"),
+        ("1/2; 1/2 mtp=1 pw=0", 11, "1,0.5,0.25", "0.25"),
+        ("1/3; 1/3 mtp=1,1>1,0; 1/3", 10, "0.7", "0.1"),
+        ("1", 0, "1,0.5", "0.25"),
+        ("1 mtp=1,0.5>1", 10, "1", "0"),
+        ("1 mtp=0 pw=0", 10, "1", "0"),
+        ("1/2; 1/2 mtp=0>1", 10, "1", "0"),
+        ("1 pw=1.5", 10, "1", "0"),
+        ("1 pw=-0", 10, "1", "0"),
+        ("1 mtp=1,1,1,1", 10, "1", "0"),
+        ("1 mtp=1>", 10, "1", "0"),
+        ("1 mtp=1>0>1", 10, "1", "0"),
+        ("1 mtp=1,,1", 10, "1", "0"),
+        ("1 pw=0x1p-2", 10, "1", "0"),
+    ]
+    for plan, steps, mtp, prefix_weight in cases:
+        what = f"--stages {plan!r} of {steps} steps, -mtp {mtp} -pw {prefix_weight}"
+        port = port_loss_lines(plan, steps, mtp, prefix_weight)
+        out, result = run_cpp(what, ["build/test_stages", "--dump-loss", plan, str(steps), mtp, prefix_weight])
+        if result is None:
+            continue
+        if isinstance(port, str):
+            errors = result.returncode == 1 and result.stderr.startswith("error: ") and not out
+            print(f"{what}: both reject it\t{'same' if errors else f'C++ exit {result.returncode}: {result.stderr!r}'}")
+            continue
+        lines = out.splitlines()
+        differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
+        verdict = ("same" if lines == port else f"C++ {len(lines)} lines (exit {result.returncode}: "
+                   f"{result.stderr.strip()!r}), train_gpt2.py {len(port)}" if differ is None
+                   else f"first difference at step {differ}: {lines[differ]!r} and {port[differ]!r}")
+        print(f"{what}: every step's loss weights, C++ and train_gpt2.py\t{verdict}")
+    reference_stages = [([1.0, 0.5, 0.25], [1.0, 0.5, 0.0], 0.25, 0.25), ([1.0, 0.5], [1.0, 0.0], 0.25, 0.0),
+                        ([1.0], [1.0], 0.0, 0.0), ([1.0], [1.0], 0.0, 0.0)]
+    boundaries = [(0, 423), (423, 847), (847, 1270), (1270, 1285)]
+    reference = []
+    for step in range(1286):
+        w, pw = reference_loss_weights(step, reference_stages, boundaries)
+        reference.append(f"{step} {','.join('%.9g' % x for x in w)} {'%.9g' % pw}")
+    port = port_loss_lines(*cases[0])
+    differ = [s for s, (a, b) in enumerate(zip(port, reference)) if a != b]
+    print(f"record #89's plan: the loss weights at each of {len(reference)} steps, train_gpt2.py and its reference\t"
+          f"{'same' if not differ and len(port) == len(reference) else f'differ at steps {differ[:5]}'}")
+
+
 def check_stage_rows(scratch, pattern, T):
     """The sequences of loaders following a plan, llmc/dataloader.h's (build/test_dataloader
     --dump-stages) against train_gpt2.py's: the length doubling as the cap begins, and one cap
@@ -612,6 +694,7 @@ def main(scratch):
     check_bench_edit(patterns, layouts, T)
     check_plan_dumps(scratch)
     check_rate_dumps()
+    check_loss_dumps()
     check_stage_rows(scratch, patterns["short"], T)
     check_packing(scratch, rng)
 

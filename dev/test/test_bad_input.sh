@@ -457,7 +457,7 @@ fi
 if has_flag -sp; then
   expect "-sp shares not summing to 1" "^error: -sp: the stages' shares of the steps sum to 0\.75, not 1" \
     -sp "0.5; 0.25"
-  expect "-sp unknown setting" "^error: -sp: stage 2: unknown setting 'depth': a stage sets t, z, cap, aw and lr" \
+  expect "-sp unknown setting" "^error: -sp: stage 2: unknown setting 'depth': a stage sets t, z, cap, aw, lr, mtp and pw" \
     -sp "1/2; 1/2 depth=3"
   expect "-sp extension before a stage" "stage 2: comes after the extension steps" -sp "+5; 1"
   expect "-sp stage without a step" "-sp: stage 2 of 2 gets no step of -x 2" -sp "0.9; 0.1"
@@ -476,7 +476,17 @@ if has_flag -sp; then
   expect "-sp stage's short window above its long one" \
     "^error: -sp: stage 2: aw=4/3: the short window 4 is not within 1 and the long window 3: give S/L with 1 <= S <= L\$" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2 aw=1/3; 1/2 aw=4/3"
+  expect "-sp mtp= of 4 weights" "^error: -sp: stage 2: mtp=1,0.5,0.25,0.1: give 1 to 3 next-token weights within \[0, 1\] apart by commas \(1,0.5,0.25\), or START>END\$" \
+    -sp "1/2; 1/2 mtp=1,0.5,0.25,0.1"
+  expect "-sp mtp= ends of different counts" "^error: -sp: stage 1: mtp=1,0.5>1: 2 weights at the start and 1 at the end: give as many at each end\$" \
+    -sp "1 mtp=1,0.5>1"
+  expect "-sp pw= above 1" "^error: -sp: stage 1: pw=0.25>2: give the prefix term's weight within \[0, 1\], or START>END\$" \
+    -sp "1 pw=0.25>2"
+  expect "-sp loss weights starting at 0" "^error: -sp: stage 2: mtp 0>1, pw 0: every term of the loss starts at weight 0: give the next token a weight \(mtp=1\)\$" \
+    -sp "1/2; 1/2 mtp=0>1"
   expect "-sp with -x -1" "-sp shares out -x's steps among its 2 stages: give -x" -sp "1/2; 1/2" -x -1
+  expect "-sp loss weights ramping with -x -1" "^error: -sp: mtp=A>B and pw=A>B change the loss's weights over a stage's steps, which -x gives: give -x\$" \
+    -sp "1 pw=0.5>0" -x -1
   expect "-sp t changing with -a 1" "-a 1 trains on its first batch, of the first stage's t=128, and -sp stage 2 sets t=256" \
     -e d12 -t 128 -b 1 -pd 1 -a 1 -sp "1/2; 1/2 t=256"
 else
@@ -545,11 +555,23 @@ if has_flag -mtp; then
   if [ ! -e dev/data/tinyshakespeare/gpt2_tokenizer.bin ]; then
     expect "-pw without a vocabulary file" "^error: -pw 0.25: the prefix term reads each token's bytes from the vocabulary file, and there is none: give -tk FILE" \
       -pw 0.25
+    expect "-sp pw= without a vocabulary file" "^error: -sp's pw=: the prefix term reads each token's bytes from the vocabulary file, and there is none: give -tk FILE .*, or pw=0\$" \
+      -sp "1 pw=0.25>0"
   else
     skip "-pw without a vocabulary file" "the default vocabulary file dev/data/tinyshakespeare/gpt2_tokenizer.bin exists"
   fi
 else
   skip "-mtp and -pw" "$TRAINER has no -mtp"
+fi
+
+# --- -ut, the embedding tied to an untied head through a step (record #89's): not on a tied head,
+# not below -1 (before the GPU)
+if has_flag -ut; then
+  expect "-ut on GPT-2's tied head" "^error: -ut 3 ties the embedding to the head through step 3, and the gpt2 architecture's head is the embedding throughout: leave -ut out\$" \
+    -ut 3
+  expect "-ut below -1" "^error: -ut -2: must be " -ut -2
+else
+  skip "-ut" "$TRAINER has no -ut"
 fi
 
 # --- -lc, the head's cap in place of the architecture's: within its range, on a capped head, a

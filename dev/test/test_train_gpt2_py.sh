@@ -394,6 +394,62 @@ assert max(errors.values()) <= 1e-6, errors
 print(f"version {header[1]}: '{text}', {len(prefix)} prefix rows; checked: largest error {max(errors.values()):.1e}")
 EOF
 
+check "--untie_step: the head steps with both gradients through step U, the embedding its copy, then its own" <<'EOF'
+import copy, contextlib, torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "modern", "--model", "tiny", "--vocab_size", "512", "-b", "2", "-t", "32",
+                      "--total_batch_size", "-1", "--num_iterations", "4", "--untie_step", "1", "--input_bin", "x",
+                      "--device", "cpu"])
+config = tg.resolve_config(args)
+tg.settle_arch(args, config)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+tg.add_debug_noise(model, 0.02, 42)
+tg.tie_embedding(model)
+head, wte = model.lm_head.weight, model.transformer.wte.weight
+plan = tg.stage_plan(args, 1)
+optimizers, _ = tg.make_optimizers(model, args, "cpu")
+state = tg.optimizer_state_of(optimizers)
+loader = tg.RandomTokens(2, 32, 512, 3, False)
+for step in range(4):
+    before = copy.deepcopy(model)
+    by_hand, _ = tg.make_optimizers(before, args, "cpu")
+    for o, h in zip(optimizers, by_hand):
+        h.load_state_dict(o.state_dict())
+    tg.train_step(args, step, plan.step(step), 4, model, model, optimizers, loader, "cpu", contextlib.nullcontext(), 1)
+    # the same step by hand: where tied, the head's gradient plus the embedding's, then the embedding the head
+    x, y = loader.next_batch()
+    tg.set_learning_rates(by_hand, step, args, 1.0, 4)
+    before.zero_grad(set_to_none=True)
+    before(x, y, args.loss_reduction, before.attention_masks(x))[1].backward()
+    tg.clip_gradients(before.parameters(), args.grad_clip)
+    if step <= args.untie_step:
+        before.lm_head.weight.grad += before.transformer.wte.weight.grad
+    for h in by_hand:
+        h.step()
+    if step <= args.untie_step:
+        with torch.no_grad():
+            before.transformer.wte.weight.copy_(before.lm_head.weight)
+    assert torch.equal(before.lm_head.weight, head) and torch.equal(before.transformer.wte.weight, wte), step
+    tied = torch.equal(wte, head)
+    same_state = all(torch.equal(state(wte)[k], state(head)[k]) for k in ("exp_avg", "exp_avg_sq"))
+    assert tied == (step <= 1) and same_state == (step == 1), (step, tied, same_state)
+    print(f"step {step}: as by hand; {'tied' if tied else 'separate'}, the AdamW states "
+          f"{'the same (copied at the untie step)' if same_state else 'apart'}")
+EOF
+"$PYTHON" train_gpt2.py --recipe modern --model tiny --vocab_size 512 --debug_noise 0.02 -b 2 -t 32 --untie_step 2 \
+  --write_debug_state "$WORK/untie_state" --debug_steps 4 --device cpu >/dev/null
+check "--untie_step in the debug state: -ut in its settings, its model tied" <<'EOF'
+import os, torch, train_gpt2 as tg
+work = os.environ["WORK"]
+path = f"{work}/untie_state/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin"
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+model = tg.read_checkpoint(f"{work}/untie_state/gpt2_modern_l2h1c128t64v512.bin")
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 2" and prefix is None, text
+assert torch.equal(model.transformer.wte.weight, model.lm_head.weight)
+print(f"version {header[1]}: '{text}', the checkpoint's embedding its head")
+EOF
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
   common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
@@ -571,6 +627,12 @@ expect_error "logit_cap 15,5: a shift moves the sigmoid cap" --recipe modern --m
   --logit_cap 15,5
 expect_error "tokenizer $WORK/nothing.bin: no such vocabulary file" "${TINY[@]}" --bench --prefix_weight 0.25 \
   --tokenizer "$WORK/nothing.bin"
+expect_error "untie_step 3 ties the embedding to the head through step 3, and the gpt2 architecture's head is the embedding" \
+  "${TINY[@]}" --untie_step 3 --write_debug_state "$WORK/untie_gpt2"
+expect_error "untie_step -2: give the step through which" --recipe modern --model tiny --untie_step -2 \
+  --write_debug_state "$WORK/untie_bad"
+expect_error "untie_step 1: --benchmark times untied steps" --recipe modern --model tiny --bench -b 1 -t 64 \
+  --untie_step 1
 ckpt="$WORK/run/model_00000008.bin"
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"

@@ -219,7 +219,8 @@ void test_damaged() {
       {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
       {"a flipped bit in a reserved slot", 100, 1 << 12,
        "reserved header slot 100 holds 4096 (must be 0): the header is damaged; " + std::string(kRemedy)},
-      {"the first reserved slot set", 15, 1, "reserved header slot 15 holds 1 (must be 0)"},
+      {"a negative untie step", 15, -1, "untie step -2: the header is damaged; " + std::string(kRemedy)},
+      {"the first reserved slot set", 16, 1, "reserved header slot 16 holds 1 (must be 0)"},
       {"the last reserved slot set", llmc::kHeaderChecksumKindSlot - 1, -1, "reserved header slot 253 holds -1"},
       {"a flipped bit in the checksum", llmc::kHeaderChecksumSlot,
        (int32_t)(read_int(saved.bytes, llmc::kHeaderChecksumSlot) ^ 1), "checksum mismatch"},
@@ -262,6 +263,21 @@ void test_damaged() {
                good_path + ": written over training data of 12345678901 tokens, but this run's -i holds 12345678902: "
                            "resume with the run's training data",
                "a state file of training data of another size");
+  other = saved.id;
+  other.untie_step = 846;
+  check_throws(load(good_path, other),
+               good_path + ": written by a run with -ut -1, but this run has -ut 846: resume with -ut -1",
+               "a state file of a run without -ut read by one with it");
+  const std::string untie_path = kDir + "/state_untie.bin";
+  llmc::train_state_save(untie_path, other, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
+                         saved.master.data());
+  int updates = 0;
+  check_verbose(llmc::train_state_read_id(untie_path, &updates, kRemedy).untie_step == 846 &&
+                    llmc::train_state_load(untie_path, other, kRemedy).adam_v == saved.adam_v,
+                "-ut 846 written in header slot 15 (847) and read back");
+  check_throws(load(untie_path, saved.id),
+               untie_path + ": written by a run with -ut 846, but this run has -ut -1: resume with -ut 846",
+               "a state file of a run with -ut read by one without it");
   // A file from before the optimizer and the data were recorded ([12] to [14] = 0) loads with any.
   llmc::TrainStateId unrecorded = saved.id;
   unrecorded.matrix_optimizer = llmc::kMatrixOptimizerUnrecorded;
