@@ -94,11 +94,13 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
 }
 
 // The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
-// -mtp and -pw), the defaults where it names none; `path` names the file.
+// -mtp and -pw), and Muon's NorMuon (-mn), which the header does not hold either; the defaults
+// where it names none; `path` names the file.
 struct LossSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
   float prefix_weight = 0.0f;
+  int normuon = 0;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -187,14 +189,15 @@ inline LossSettings debug_state_loss_settings(const DebugState& d, const std::st
   }
   for (size_t i = 0; i < words.size(); i += 2) {
     const std::string& flag = words[i];
-    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp and -pw: re-create it with train_gpt2.py", path.c_str(),
-                d.settings.c_str());
+    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-mn")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw and -mn: re-create it with train_gpt2.py",
+                path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
     if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
     if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
     if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
+    if (flag == "-mn") s.normuon = (int)parse_int("-mn", value, 0, 1);
   }
   if ((s.prefix_weight > 0.0f) != !d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and a prefix table of %zu rows: the file is damaged; re-create it with train_gpt2.py",

@@ -543,6 +543,7 @@ gpu_against_pytorch() {
               "modern_d48_width:--recipe modern --num_layers 2 --num_heads 25 --channels 1600 --debug_noise 0.02 --batch_size 1 --seq_len 1000" \
               "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
               "modern_d12_polar:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --batch_size 4 --seq_len 64" \
+              "modern_d12_normuon:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --batch_size 4 --seq_len 64" \
               "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
