@@ -790,6 +790,8 @@ gpu_resume() {
   # The modern recipe: Muon's momentum lives in the state files' first moments.
   resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
+  # NorMuon: its second moments live in the state files' second moments of Muon's matrices.
+  resume_test ./train_gpt2cu resume_normuon_bf16 -recipe modern -z 1024 -mn 1
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
   # Rows of 8 blocks (-t 1024): the short windows of steps 10-20 (3-7 blocks) are narrower than a
   # row, so a resume that took another step's window would train differently.
