@@ -26,7 +26,7 @@
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
-//                                 (batched BF16 Newton-Schulz)
+//                                 (batched BF16 Newton-Schulz, NorMuon's second moment)
 //  10. Model                      parameter and activation tables, the architectures' steps
 //                                 (GPT-2's, the modern or the speedrun's), the block features
 //                                 (the value mix, the attention gate, the residual mix: each one
@@ -7002,7 +7002,8 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
 // Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by the
 // recipe's Newton-Schulz iterations in BF16 (in every build, as the reference does; the
 // baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315), Polar
-// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), then decoupled weight decay.
+// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), with -mn 1 normalised by
+// NorMuon's second moment (muon_second_moment), then the weight decay and the step.
 // Matrices of one shape form a group, orthogonalised in their wide orientation, X [m, n] with
 // m = min(rows, cols) (a tall parameter transposed), every matrix of a call in one batched
 // cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16 in and out with
