@@ -68,12 +68,15 @@ constexpr float kFp8StepLossTol = 0.2f;
 constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
-// as its multiplier (GPT-2's: all the same), Muon's own; the record that gives them. `path` names
-// the debug state's file.
-llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config,
-                                           const std::string& path) {
+// as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon where its settings name it;
+// the record that gives them. `path` names the debug state's file.
+llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings,
+                                           const llmc::GPT2Config& config, const std::string& path) {
   llmc::Recipe r;
   r.optimizer = ref.muon ? llmc::OptimizerKind::kMuon : llmc::OptimizerKind::kAdamW;
+  REQUIRE(!settings.normuon || ref.muon, "%s: NorMuon (-mn 1) in its settings, and its steps ran no Muon: the file "
+          "is damaged; re-create it with train_gpt2.py", path.c_str());
+  r.normuon = settings.normuon;
   r.muon_lr = ref.muon_lr;
   r.muon_weight_decay = ref.muon_weight_decay;
   r.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
@@ -137,7 +140,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
                        bool fp8, float tol) {
   const llmc::StagePlan stages = debug_state_stages(ref, settings);
   GPT2 m;
-  gpt2_init(m, config, values, {true, opt.muon()}, 42);
+  gpt2_init(m, config, values, {true, opt.muon(), opt.normuon}, 42);
   debug_state_allocate(m, ref, settings, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
@@ -216,7 +219,7 @@ int test_main(int argc, char** argv) {
       : ref.window_blocks == 0 ? "attention within documents"
       : llmc::strformat("attention within documents and a window of %d blocks%s", ref.window_blocks,
                         settings.window_unit == llmc::WindowUnit::kTokens ? " counted in tokens" : "");
-  const llmc::OptimizerTable opt = debug_state_optimizer(ref, config, state_path);
+  const llmc::OptimizerTable opt = debug_state_optimizer(ref, settings, config, state_path);
   const std::string muon = ref.muon ? ", Muon: " + llmc::newton_schulz_description(opt.muon_newton_schulz) : "";
   printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s%s%s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
          ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str(),

@@ -26,7 +26,7 @@
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
-//                                 (batched BF16 Newton-Schulz)
+//                                 (batched BF16 Newton-Schulz, NorMuon's second moment)
 //  10. Model                      parameter and activation tables, the architectures' steps
 //                                 (GPT-2's, the modern or the speedrun's), the block features
 //                                 (the value mix, the attention gate, the residual mix: each one
@@ -6748,7 +6748,10 @@ struct StateLayout {
   size_t size[llmc::kNumParamTensors] = {};   // its elements
   size_t state[llmc::kNumParamTensors] = {};  // its first element's position in its owner's array
   size_t adamw_size = 0, muon_size = 0;       // the owners' array lengths
-  int count = 0;                              // tensors
+  // NorMuon's second moments (-mn 1): muon_size, laid out as Muon's momentum, a matrix's n values
+  // where its first n elements' momentum lies; 0 without.
+  size_t second_moment_size = 0;
+  int count = 0;  // tensors
 };
 
 // Tensor i holds sizes[i] elements from offsets[i] of the parameter buffer; muon[i]: Muon updates it.
@@ -6781,27 +6784,31 @@ struct OptimizerArrays {
   float* adam_v = nullptr;    // AdamW's second moments, adamw_size
   float* momentum = nullptr;  // Muon's, muon_size
   float* master = nullptr;    // FP32 master weights, shard_size; null without
+  float* second_moments = nullptr;  // NorMuon's, second_moment_size; null without
 };
 
 size_t optimizer_arrays_bytes(const StateLayout& l, bool master) {
-  return (2 * l.adamw_size + l.muon_size + (master ? l.shard_size : 0)) * sizeof(float);
+  return (2 * l.adamw_size + l.muon_size + l.second_moment_size + (master ? l.shard_size : 0)) * sizeof(float);
 }
 
 // A zeroed set of arrays; with `spare`, none (false) where the GPU has not their bytes and
 // `spare` beyond free, else out of memory is an error.
 bool optimizer_arrays_alloc(OptimizerArrays* a, const StateLayout& l, bool master, const size_t* spare = nullptr) {
   *a = OptimizerArrays();
-  const std::pair<float**, size_t> arrays[] = {{&a->adam_m, l.adamw_size}, {&a->adam_v, l.adamw_size},
-                                               {&a->momentum, l.muon_size}, {&a->master, master ? l.shard_size : 0}};
+  const std::pair<float**, size_t> arrays[] = {{&a->adam_m, l.adamw_size},
+                                               {&a->adam_v, l.adamw_size},
+                                               {&a->momentum, l.muon_size},
+                                               {&a->master, master ? l.shard_size : 0},
+                                               {&a->second_moments, l.second_moment_size}};
   const char* names[] = {"AdamW's first moments", "AdamW's second moments", "Muon's momentum",
-                         "the FP32 master weights"};
-  for (int i = 0; i < 4; i++) {
+                         "the FP32 master weights", "NorMuon's second moments"};
+  for (int i = 0; i < 5; i++) {
     float*& p = *arrays[i].first;
     const size_t bytes = arrays[i].second * sizeof(float);
     if (bytes == 0) continue;
     p = spare ? (float*)device_try_alloc(bytes, *spare) : device_alloc<float>(arrays[i].second, names[i]);
     if (!p) {
-      for (float* q : {a->adam_m, a->adam_v, a->momentum, a->master}) device_free(q);
+      for (float* q : {a->adam_m, a->adam_v, a->momentum, a->master, a->second_moments}) device_free(q);
       *a = OptimizerArrays();
       return false;
     }
@@ -6810,13 +6817,16 @@ bool optimizer_arrays_alloc(OptimizerArrays* a, const StateLayout& l, bool maste
   return true;
 }
 
-inline bool has_arrays(const OptimizerArrays& a) { return a.adam_m || a.adam_v || a.momentum || a.master; }
+inline bool has_arrays(const OptimizerArrays& a) {
+  return a.adam_m || a.adam_v || a.momentum || a.master || a.second_moments;
+}
 inline bool same_arrays(const OptimizerArrays& a, const OptimizerArrays& b) {
-  return a.adam_m == b.adam_m && a.adam_v == b.adam_v && a.momentum == b.momentum && a.master == b.master;
+  return a.adam_m == b.adam_m && a.adam_v == b.adam_v && a.momentum == b.momentum && a.master == b.master &&
+         a.second_moments == b.second_moments;
 }
 
 void optimizer_arrays_free(OptimizerArrays& a) {
-  for (float* p : {a.adam_m, a.adam_v, a.momentum, a.master}) device_free(p);
+  for (float* p : {a.adam_m, a.adam_v, a.momentum, a.master, a.second_moments}) device_free(p);
   a = OptimizerArrays();
 }
 
@@ -7007,7 +7017,8 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
 // Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by the
 // recipe's Newton-Schulz iterations in BF16 (in every build, as the reference does; the
 // baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315), Polar
-// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), then decoupled weight decay.
+// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), with -mn 1 normalised by
+// NorMuon's second moment (muon_second_moment), then the weight decay and the step.
 // Matrices of one shape form a group, orthogonalised in their wide orientation, X [m, n] with
 // m = min(rows, cols) (a tall parameter transposed), every matrix of a call in one batched
 // cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16 in and out with
@@ -7025,6 +7036,8 @@ struct MuonParams {
   llmc::NewtonSchulz newton_schulz = llmc::kNewtonSchulzBaseline;
   bool scale_tall = true;  // a tall matrix's update times sqrt(n / m) (llmc::Recipe::muon_scale_tall)
   llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
+  bool normuon = false;         // NorMuon's second moment (llmc::Recipe::normuon; muon_second_moment)
+  float normuon_weight = 0.0f;  // the new mean's weight in its running mean, 1 - beta2 rounded to FP32
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -7032,7 +7045,8 @@ struct MuonParams {
 // scattered in the parameter buffer and named by device arrays of pointers. master is null
 // without master weights (then the parameter is the master), tall null where none is tall; the
 // momentum is FP32 of the parameter's shape. The sharded step (muon_prepare_shard) overwrites the
-// gradients with the Nesterov inputs.
+// gradients with the Nesterov inputs. second_moments: NorMuon's state, n FP32 values a matrix
+// (muon_second_moment; null without it). lr_scale: each matrix's rate multiplier (null: 1).
 struct MuonGroup {
   int m = 0, n = 0, count = 0;
   floatX** params = nullptr;
@@ -7040,8 +7054,11 @@ struct MuonGroup {
   floatX** grads = nullptr;
   float** momentum = nullptr;
   const uint8_t* tall = nullptr;
+  float** second_moments = nullptr;
+  const float* lr_scale = nullptr;
 };
 
+constexpr int kMuonPointerSets = 5;  // MuonGroup's arrays of pointers: params to second_moments
 constexpr int kMuonTile = 32;      // the elementwise kernels' tiles, and the norm's partial sums
 constexpr int kMuonThreads = 256;  // a tile's block: each thread kMuonTile^2 / kMuonThreads elements
 
@@ -7058,15 +7075,19 @@ struct MuonProduct {
 };
 
 // The scratch of muon_update, for `capacity` matrices of its groups at a time: the iterates X
-// (ping-pong), A and B in BF16, and the norms' tile sums and denominators.
+// (ping-pong), A and B in BF16, the norms' tile sums and denominators, and NorMuon's means of X^2
+// along the longer side and its factors of the norm.
 struct MuonWorkspace {
   int capacity = 0;
   size_t x_elements = 0, square_elements = 0, partial_count = 0;  // per matrix, the groups' largest
+  size_t side_elements = 0;                                       // n, the groups' largest
   __nv_bfloat16* x[2] = {nullptr, nullptr};
   __nv_bfloat16* a = nullptr;
   __nv_bfloat16* b = nullptr;
   float* partials = nullptr;
   float* denominators = nullptr;
+  float* second_means = nullptr;
+  float* second_factors = nullptr;
   std::vector<MuonProduct> products;
 };
 
@@ -7080,10 +7101,11 @@ size_t muon_workspace_size(const std::vector<MuonGroup>& groups, int capacity,
     ws.x_elements = std::max(ws.x_elements, (size_t)g.m * g.n);
     ws.square_elements = std::max(ws.square_elements, (size_t)g.m * g.m);
     ws.partial_count = std::max(ws.partial_count, (size_t)muon_tiles(g));
+    ws.side_elements = std::max(ws.side_elements, (size_t)g.n);
   }
   if (sizes) *sizes = ws;
   return (size_t)capacity * (2 * sizeof(__nv_bfloat16) * (ws.x_elements + ws.square_elements) +
-                             sizeof(float) * (ws.partial_count + 1));
+                             sizeof(float) * (ws.partial_count + ws.side_elements + 2));
 }
 
 void muon_workspace_alloc(MuonWorkspace& ws, const std::vector<MuonGroup>& groups, int capacity) {
@@ -7096,6 +7118,8 @@ void muon_workspace_alloc(MuonWorkspace& ws, const std::vector<MuonGroup>& group
   ws.b = device_alloc<__nv_bfloat16>(n * ws.square_elements, "Muon's polynomial in X X^T");
   ws.partials = device_alloc<float>(n * ws.partial_count, "Muon's norm partial sums");
   ws.denominators = device_alloc<float>(n, "Muon's norms");
+  ws.second_means = device_alloc<float>(n * ws.side_elements, "NorMuon's means of X^2");
+  ws.second_factors = device_alloc<float>(n, "NorMuon's norm factors");
 }
 
 void muon_workspace_free(MuonWorkspace& ws) {
@@ -7110,6 +7134,8 @@ void muon_workspace_free(MuonWorkspace& ws) {
   device_free(ws.b);
   device_free(ws.partials);
   device_free(ws.denominators);
+  device_free(ws.second_means);
+  device_free(ws.second_factors);
   ws = MuonWorkspace();
 }
 
@@ -7380,19 +7406,92 @@ __global__ void muon_normalize_scalar_kernel(__nv_bfloat16* out, const __nv_bflo
   out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) / denominators[i / matrix_elements]);
 }
 
+// NorMuon's second moment (record #89's), on the orthogonalised X [m, n] (wide, m <= n) of each
+// matrix of a batch, with its state s of n values: for each entry k of the matrix's longer side,
+// mean_k the mean of X^2 over the other side; s_k <- lerp(s_k, mean_k, 1 - beta2); X_k <- X_k /
+// sqrt(max(s_k, 1e-10)); then X scaled back to its norm before. The reference takes the rows of
+// a tall matrix as it stores it, the columns of a wide one and the rows of a square one: in the
+// wide orientation X's columns, or its rows where m = n (no square matrix is stored transposed),
+// the same entries of the same matrix wherever our storage is the reference's transposed (the
+// MLP's down projection). In its order and types: the means, s and the factors FP32, each mean
+// the sum of the m squares times 1/m, the norm before sqrt(m sum_k mean_k), the one after
+// sqrt(sum_k (m mean_k) step_k^2), an entry's scale step_k (norm / max(after, 1e-10)) rounded to
+// BF16 and its product with X too; every operation rounded on its own. Deterministic: each mean
+// adds its squares in order, the norms in block_reduce_sum's tree of one block per matrix. X's
+// bytes read twice and written once: 6 an element.
+
+// 1 / sqrt(max(s, 1e-10)), each operation rounded as the CPU rounds it.
+__device__ __forceinline__ float muon_second_moment_step(float s) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(fmaxf(s, 1e-10f)));
+}
+
+// Entry k = blockIdx.x * blockDim.x + threadIdx.x of matrix blockIdx.y: its mean, kept for
+// muon_second_moment_norm_kernel, and its running mean, torch.lerp's s + w (mean - s) (w < 0.5)
+// as its CUDA kernel evaluates it, one fused multiply-add.
+__global__ void muon_second_moment_kernel(float* means, float* const* second_moments, const __nv_bfloat16* x,
+                                          int m, int n, float weight) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x, z = blockIdx.y;
+  if (k >= n) return;
+  const __nv_bfloat16* in = x + (size_t)z * m * n;
+  const bool rows = m == n;
+  float sum = 0.0f;
+  for (int i = 0; i < m; i++) {
+    const float v = __bfloat162float(rows ? in[(size_t)k * n + i] : in[(size_t)i * n + k]);
+    sum = __fadd_rn(sum, __fmul_rn(v, v));
+  }
+  const float mean = __fmul_rn(sum, __frcp_rn((float)m));
+  float* s = second_moments[z];
+  means[(size_t)z * n + k] = mean;
+  s[k] = __fmaf_rn(weight, __fsub_rn(mean, s[k]), s[k]);
+}
+
+// Matrix blockIdx.x's factor norm / max(after, 1e-10), from its means and updated state.
+__global__ void muon_second_moment_norm_kernel(float* factors, const float* means, float* const* second_moments,
+                                               int m, int n) {
+  __shared__ float shared[WARP_SIZE];
+  const int z = blockIdx.x;
+  const float* mean = means + (size_t)z * n;
+  const float* s = second_moments[z];
+  const float side = (float)m;
+  float before = 0.0f, after = 0.0f;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) {
+    const float step = muon_second_moment_step(s[k]);
+    before = __fadd_rn(before, mean[k]);
+    after = __fadd_rn(after, __fmul_rn(__fmul_rn(mean[k], side), __fmul_rn(step, step)));
+  }
+  before = block_reduce_sum(before, shared);
+  after = block_reduce_sum(after, shared);
+  if (threadIdx.x > 0) return;
+  factors[z] = __fdiv_rn(__fsqrt_rn(__fmul_rn(before, side)), fmaxf(__fsqrt_rn(after), 1e-10f));
+}
+
+// X = bf16(X bf16(step_k factor)), one element a thread.
+__global__ void muon_second_moment_scale_kernel(__nv_bfloat16* x, const float* factors,
+                                                float* const* second_moments, int m, int n, size_t elements) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= elements) return;
+  const size_t matrix = (size_t)m * n, z = i / matrix, at = i % matrix;
+  const size_t k = m == n ? at / n : at % n;
+  const float step = muon_second_moment_step(second_moments[z][k]);
+  const float scale = __bfloat162float(__float2bfloat16_rn(__fmul_rn(step, factors[z])));
+  x[i] = __float2bfloat16_rn(__fmul_rn(__bfloat162float(x[i]), scale));
+}
+
 // One 32x32 tile of X [m, n] of each matrix of the batch: u = X (transposed back through shared
 // memory for a tall parameter, then scaled by tall_scale, sqrt(n / m) or 1, in BF16 as the
 // reference scales its BF16 update); p = p (1 - lr wd) - lr u, or with the cautious decay
 // (llmc::WeightDecayKind, muon_cautious_decay) p - (wd lr) lr_eff p [u p >= 0] - lr u, lr_eff the
-// matrix's rate lr tall_scale, in which record #89's reference puts the shape; in FP32 from the
-// master weights (or the parameter), stored with stochastic rounding at the element's index in
-// the whole group, so that the bits do not depend on which matrices a call covers.
+// matrix's rate lr tall_scale, in which record #89's reference puts the shape; lr and lr_eff
+// times the matrix's multiplier (MuonGroup::lr_scale), the decoupled decay's lr wd not; in FP32
+// from the master weights (or the parameter), stored with stochastic rounding at the element's
+// index in the whole group, so that the bits do not depend on which matrices a call covers.
 struct MuonApply {
   float lr, decay, tall_scale;
   bool cautious;
   float wd_lr, tall_lr;  // the cautious decay's wd lr, and a tall matrix's lr_eff (lr sqrt(n / m) or lr)
   uint32_t seed;
-  int first;  // the batch's first matrix in its group
+  int first;                        // the batch's first matrix in its group
+  const float* lr_scale = nullptr;  // the batch's matrices' multipliers (null: 1)
 };
 
 // Muon's cautious step: old - (wd lr) lr_eff old [u old >= 0] - lr u, in the order of record #89's
@@ -7426,6 +7525,7 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
   }
   floatX* p = params[z];
   float* pm = master ? master[z] : nullptr;
+  const float rate = a.lr_scale ? a.lr_scale[z] : 1.0f;
   for (int i = ty; i < kMuonTile; i += kStep) {
     const int r = row0 + i, c = col0 + tx;
     if (r >= rows || c >= cols) continue;
@@ -7434,8 +7534,8 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
     const float u = transpose ? __bfloat162float(__float2bfloat16_rn(tile[i][tx] * a.tall_scale))
                               : __bfloat162float(in[at]);
     const float old = pm ? pm[at] : (float)p[at];
-    const float updated = a.cautious ? muon_cautious_decay(old, u, a.lr, a.wd_lr, transpose ? a.tall_lr : a.lr)
-                                     : old * a.decay - a.lr * u;
+    const float lr = __fmul_rn(a.lr, rate), lr_eff = __fmul_rn(transpose ? a.tall_lr : a.lr, rate);
+    const float updated = a.cautious ? muon_cautious_decay(old, u, lr, a.wd_lr, lr_eff) : old * a.decay - lr * u;
     if (pm) pm[at] = updated;
     p[at] = round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
   }
@@ -7459,7 +7559,8 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_shard_kernel(
 void muon_require_fits(const MuonGroup& g, int slot, int batch, const MuonWorkspace& ws) {
   const int m = g.m, n = g.n;
   REQUIRE(batch > 0 && slot >= 0 && slot + batch <= ws.capacity && (size_t)m * n <= ws.x_elements &&
-              (size_t)m * m <= ws.square_elements && (size_t)muon_tiles(g) <= ws.partial_count,
+              (size_t)m * m <= ws.square_elements && (size_t)muon_tiles(g) <= ws.partial_count &&
+              (size_t)n <= ws.side_elements,
           "Muon: %d matrices of %dx%d from slot %d do not fit a workspace for %d of %zu elements", batch, m,
           n, slot, ws.capacity, ws.x_elements);
 }
@@ -7500,6 +7601,29 @@ void muon_orthogonalize(const MuonGroup& g, const llmc::NewtonSchulz& ns, int sl
   muon_newton_schulz(ws, ns, m, n, slot, batch, g.count, stream);
 }
 
+// NorMuon's step (muon_second_moment_kernel) on slots [slot, slot + batch) of X, as
+// muon_orthogonalize left them in ws.x[0], matrices [first, first + batch) of the group.
+void muon_second_moment(const MuonGroup& g, int first, int batch, const MuonParams& hp, MuonWorkspace& ws,
+                        int slot, cudaStream_t stream) {
+  muon_require_fits(g, slot, batch, ws);
+  REQUIRE(g.second_moments, "Muon: NorMuon's step on a group of %dx%d matrices without its second moments", g.m,
+          g.n);
+  const int m = g.m, n = g.n;
+  __nv_bfloat16* x = ws.x[0] + (size_t)slot * m * n;
+  float* means = ws.second_means + (size_t)slot * n;
+  float* factors = ws.second_factors + slot;
+  float* const* second_moments = g.second_moments + first;
+  muon_second_moment_kernel<<<dim3(ceil_div(n, kMuonThreads), batch), kMuonThreads, 0, stream>>>(
+      means, second_moments, x, m, n, hp.normuon_weight);
+  cudaCheckLaunch();
+  muon_second_moment_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(factors, means, second_moments, m, n);
+  cudaCheckLaunch();
+  const size_t elements = (size_t)batch * m * n;
+  muon_second_moment_scale_kernel<<<ceil_div((long)elements, kMuonThreads), kMuonThreads, 0, stream>>>(
+      x, factors, second_moments, m, n, elements);
+  cudaCheckLaunch();
+}
+
 MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_t seed, int first) {
   MuonApply a;
   a.lr = hp.lr;
@@ -7510,6 +7634,7 @@ MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_
   a.tall_lr = (float)(hp.lr * (hp.scale_tall ? std::sqrt((double)g.n / g.m) : 1.0));
   a.seed = seed;
   a.first = first;
+  a.lr_scale = g.lr_scale ? g.lr_scale + first : nullptr;
   return a;
 }
 
@@ -7538,6 +7663,7 @@ void muon_update(const MuonGroup& g, int begin, int end, const MuonParams& hp, u
     const int batch = std::min(ws.capacity, end - first);
     muon_prepare(g, first, batch, hp, ws, 0, stream);
     muon_orthogonalize(g, hp.newton_schulz, 0, batch, ws, stream);
+    if (hp.normuon) muon_second_moment(g, first, batch, hp, ws, 0, stream);
     muon_apply(g, first, batch, hp, seed, ws, 0, stream);
   }
 }
@@ -7567,7 +7693,8 @@ struct MuonSpread {
 // workspace holds the group). Every process updates the momentum of every matrix (elementwise
 // and cheap; the averaged gradient is the same on every process, so the state stays replicated),
 // orthogonalises its share, gathers the others', and applies the whole group's update with the
-// same seeds, so that every process keeps the same parameters and master weights. The bits do not
+// same seeds (NorMuon's step, where it runs, on every matrix, its state replicated as the
+// momentum), so that every process keeps the same parameters and master weights. The bits do not
 // depend on which process orthogonalised a matrix where cuBLASLt runs the group's algorithm for a
 // share (muon_product); one process runs muon_update's kernels.
 void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
@@ -7578,6 +7705,7 @@ void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed,
     muon_orthogonalize(g, hp.newton_schulz, share.begin, share.end - share.begin, ws, stream);
   }
   if (spread.world > 1) spread.gather(ws.x[0], (size_t)g.m * g.n, g.count, stream);
+  if (hp.normuon) muon_second_moment(g, 0, g.count, hp, ws, 0, stream);
   muon_apply(g, 0, g.count, hp, seed, ws, 0, stream);
 }
 
@@ -7610,6 +7738,8 @@ void muon_prepare_shard(const MuonGroup& g, const MuonParams& hp, const MuonShar
 // gets the bits muon_update_spread gives it.
 void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
                          const MuonSpread& spread, const MuonShard& shard, cudaStream_t stream) {
+  REQUIRE(!hp.normuon, "Muon with ZeRO-1: NorMuon's second moments are kept whole on every process, not "
+          "sharded (-mn 1 runs with -zs 0)");
   const MuonShare share = muon_share(g.count, spread.rank, spread.world);
   const int m = g.m, n = g.n, batch = share.end - share.begin;
   if (batch > 0) {
@@ -7797,7 +7927,7 @@ struct OptimizerState {
   // the scratch of the orthogonalisation.
   std::vector<MuonGroup> muon_groups;
   std::vector<size_t> muon_offsets;  // each group's matrices' first elements, group after group
-  void* muon_pointers = nullptr;     // the groups' device arrays of pointers and tall flags
+  void* muon_pointers = nullptr;     // the groups' device arrays of pointers, multipliers and tall flags
   OptimizerArrays muon_state_for;
   MuonWorkspace muon_workspace;
   size_t state_bytes = 0;  // on the GPU, the workspace left out
@@ -7939,9 +8069,10 @@ struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttent
 inline bool muon_updates(const llmc::ParamSpec& spec) { return spec.role == llmc::ParamRole::kMatrix; }
 
 // The optimizer state of this process's shard of p's parameters, zeroed (StateLayout): AdamW's
-// moments, Muon's momentum where muon, and the FP32 master weights where the parameters are stored
-// in BF16 and master_weights asks for them.
-void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool master_weights, bool muon) {
+// moments, Muon's momentum where muon, NorMuon's second moments where normuon, and the FP32
+// master weights where the parameters are stored in BF16 and master_weights asks for them.
+void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool master_weights, bool muon,
+                                   bool normuon) {
   size_t sizes[llmc::kNumParamTensors];
   bool by_muon[llmc::kNumParamTensors];
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
@@ -7950,6 +8081,7 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
   }
   o.state_layout = state_layout(llmc::kNumParamTensors, p.param_offsets, sizes, by_muon, p.shard_offset,
                                 p.shard_size);
+  if (normuon) o.state_layout.second_moment_size = o.state_layout.muon_size;
   o.muon = muon;
   o.use_master_weights = master_weights && sizeof(floatX) < sizeof(float);
   optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
@@ -7986,13 +8118,15 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
 struct StateSpec {
   bool master_weights = true;
   bool muon = false;
+  bool normuon = false;  // NorMuon's second moments (-mn 1)
 };
 
 // The parameters, zeroed, and the optimizer state of spec.
 void gpt2_allocate_model(GPT2& m, const llmc::GPT2Config& config, StateSpec spec, uint64_t seed,
                          int shard_rank, int shard_count) {
   m.param_bytes = device_bytes_of([&] { gpt2_allocate_params(m, config, seed, shard_rank, shard_count); });
-  m.state_bytes = device_bytes_of([&] { gpt2_allocate_optimizer_state(m, m, spec.master_weights, spec.muon); });
+  m.state_bytes = device_bytes_of(
+      [&] { gpt2_allocate_optimizer_state(m, m, spec.master_weights, spec.muon, spec.normuon); });
 }
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation): rounded to the storage
@@ -9481,15 +9615,23 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
 // Muon's hyperparameters at `step` (0-based; its momentum's schedule), at the schedule's peak.
 MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scale) {
   const llmc::RoleOptimizer& row = opt.of(llmc::ParamRole::kMatrix);
-  return {row.lr, row.weight_decay, (float)opt.muon_momentum.at(step), grad_scale, opt.muon_newton_schulz,
-          opt.muon_scale_tall, row.decay};
+  return {row.lr,
+          row.weight_decay,
+          (float)opt.muon_momentum.at(step),
+          grad_scale,
+          opt.muon_newton_schulz,
+          opt.muon_scale_tall,
+          row.decay,
+          opt.normuon,
+          (float)(1.0 - llmc::kNorMuonBeta2)};
 }
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
 // wide orientation, layer by layer within a group: each group is orthogonalised in one batched
-// call. Fills m.muon_offsets; the groups' pointers are made by gpt2_muon_pointers.
-void gpt2_muon_groups(GPT2& m) {
-  struct Matrix { size_t offset; bool tall; };
+// call. Each matrix's rate multiplier is its tensor's of tensor_lr. Fills m.muon_offsets; the
+// groups' pointers are made by gpt2_muon_pointers.
+void gpt2_muon_groups(GPT2& m, const llmc::TensorMultipliers& tensor_lr) {
+  struct Matrix { size_t offset; bool tall; float lr_scale; };
   std::vector<std::pair<std::pair<int, int>, std::vector<Matrix>>> groups;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const llmc::ParamSpec& spec = m.param_specs[i];
@@ -9501,13 +9643,15 @@ void gpt2_muon_groups(GPT2& m) {
     for (int l = 0; l < m.config.num_layers; l++) {
       if (llmc::param_slab(m.plan, spec, l) < 0) continue;
       for (int k = 0; k < spec.split; k++) {
-        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols});
+        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols,
+                                 tensor_lr[i]});
       }
     }
   }
   m.muon_groups.clear();
   m.muon_offsets.clear();
   std::vector<uint8_t> tall;
+  std::vector<float> lr_scale;
   for (const auto& g : groups) {
     MuonGroup group;
     group.m = g.first.first;
@@ -9517,25 +9661,29 @@ void gpt2_muon_groups(GPT2& m) {
     for (const Matrix& matrix : g.second) {
       m.muon_offsets.push_back(matrix.offset);
       tall.push_back(matrix.tall);
+      lr_scale.push_back(matrix.lr_scale);
     }
   }
-  const size_t count = m.muon_offsets.size();
-  m.muon_pointers = device_alloc<char>(count * (4 * sizeof(void*) + 1), "Muon's matrix pointers");
-  cudaCheck(cudaMemcpy((char*)m.muon_pointers + count * 4 * sizeof(void*), tall.data(), count,
-                       cudaMemcpyHostToDevice));
+  // kMuonPointerSets arrays of pointers, the multipliers, the tall flags.
+  const size_t count = m.muon_offsets.size(), pointers = count * kMuonPointerSets * sizeof(void*);
+  m.muon_pointers = device_alloc<char>(pointers + count * (sizeof(float) + 1), "Muon's matrix pointers");
+  char* device = (char*)m.muon_pointers;
+  cudaCheck(cudaMemcpy(device + pointers, lr_scale.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  cudaCheck(cudaMemcpy(device + pointers + count * sizeof(float), tall.data(), count, cudaMemcpyHostToDevice));
   int largest = 0;
   for (const MuonGroup& g : m.muon_groups) largest = std::max(largest, g.count);
   muon_workspace_alloc(m.muon_workspace, m.muon_groups, largest);
 }
 
-// Points the groups at the parameters, gradients and the state arrays of `arrays` (Muon's momentum
-// and the master weights; StateLayout). A matrix's state pointer is where its first element's
-// state would be: with ZeRO-1 a matrix may start before the shard or lie past it, and then the
-// pointer lies outside the arrays, but the sharded kernels touch only the shard's elements.
+// Points the groups at the parameters, gradients and the state arrays of `arrays` (Muon's momentum,
+// NorMuon's second moments and the master weights; StateLayout). A matrix's state pointer is where
+// its first element's state would be: with ZeRO-1 a matrix may start before the shard or lie past
+// it, and then the pointer lies outside the arrays, but the sharded kernels touch only the shard's
+// elements.
 void gpt2_muon_pointers(GPT2& m, const OptimizerArrays& arrays) {
   const StateLayout& layout = m.state_layout;
   const size_t count = m.muon_offsets.size();
-  std::vector<void*> host(4 * count);
+  std::vector<void*> host(kMuonPointerSets * count);
   auto at = [](float* array, ptrdiff_t element) { return (void*)((uintptr_t)array + element * sizeof(float)); };
   for (size_t i = 0; i < count; i++) {
     const size_t offset = m.muon_offsets[i];
@@ -9546,31 +9694,40 @@ void gpt2_muon_pointers(GPT2& m, const OptimizerArrays& arrays) {
     host[count + i] = arrays.master ? at(arrays.master, (ptrdiff_t)offset - (ptrdiff_t)m.shard_offset) : nullptr;
     host[2 * count + i] = m.grads + offset;
     host[3 * count + i] = at(arrays.momentum, (ptrdiff_t)layout.state[tensor] + in_part);
+    host[4 * count + i] =
+        arrays.second_moments ? at(arrays.second_moments, (ptrdiff_t)layout.state[tensor] + in_part) : nullptr;
   }
   void** device = (void**)m.muon_pointers;
   cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, m.stream));
   cudaCheck(cudaStreamSynchronize(m.stream));  // host is a local
-  const uint8_t* tall = (const uint8_t*)(device + 4 * count);
+  const float* lr_scale = (const float*)(device + kMuonPointerSets * count);
+  const uint8_t* tall = (const uint8_t*)(lr_scale + count);
   size_t first = 0;
   for (MuonGroup& g : m.muon_groups) {
     g.params = (floatX**)device + first;
     g.master = arrays.master ? (float**)device + count + first : nullptr;
     g.grads = (floatX**)device + 2 * count + first;
     g.momentum = (float**)device + 3 * count + first;
+    g.second_moments = arrays.second_moments ? (float**)device + 4 * count + first : nullptr;
     g.tall = tall + first;
+    g.lr_scale = lr_scale + first;
     first += g.count;
   }
   m.muon_state_for = arrays;
 }
 
 // After a checkpoint the optimizer state moves to other arrays (OptimizerState::state_next):
-// Muon's momentum and its matrices' master weights in this rank's shard are copied there, to be
-// updated in place (AdamW writes its tensors' new state there itself).
+// Muon's momentum, NorMuon's second moments and its matrices' master weights in this rank's shard
+// are copied there, to be updated in place (AdamW writes its tensors' new state there itself).
 void gpt2_muon_copy_state(GPT2& m) {
   const StateLayout& layout = m.state_layout;
   const OptimizerArrays &from = m.state, &to = m.state_next;
   cudaCheck(cudaMemcpyAsync(to.momentum, from.momentum, layout.muon_size * sizeof(float),
                             cudaMemcpyDeviceToDevice, m.stream));
+  if (layout.second_moment_size > 0) {
+    cudaCheck(cudaMemcpyAsync(to.second_moments, from.second_moments, layout.second_moment_size * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
   if (!from.master) return;
   for (int i = 0; i < layout.count; i++) {
     if (layout.owner[i] != StateOwner::kMuon) continue;
@@ -9587,9 +9744,9 @@ void gpt2_muon_copy_state(GPT2& m) {
 // update to its shard (muon_update_sharded), whose parameters multi_gpu_gather_params then
 // gathers. Both give every element the same bits for a process count, and a group's matrices
 // the same bits on any process count where cuBLASLt runs the group's algorithm for a share.
-void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed,
-                      const MuonSpread& spread) {
-  if (m.muon_groups.empty()) gpt2_muon_groups(m);
+void gpt2_muon_update(GPT2& m, const MuonParams& params, const llmc::TensorMultipliers& tensor_lr,
+                      float lr_fraction, uint32_t seed, const MuonSpread& spread) {
+  if (m.muon_groups.empty()) gpt2_muon_groups(m, tensor_lr);
   const bool moved = has_arrays(m.state_next);
   const OptimizerArrays& arrays = moved ? m.state_next : m.state;
   if (moved) gpt2_muon_copy_state(m);
@@ -9663,6 +9820,10 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
                  const MuonSpread& muon_spread = MuonSpread()) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
+  const bool second_moments = m.state_layout.second_moment_size > 0;
+  REQUIRE(opt.normuon == second_moments, "gpt2_update: the optimizer state was allocated %s NorMuon's second "
+          "moments, and the update is %s NorMuon's", second_moments ? "with" : "without",
+          opt.normuon ? "with" : "without");
   nvtxRangePush("update");
   m.optimizer_steps++;
   AdamWParams hp = {};
@@ -9686,7 +9847,9 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
                seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
                i == llmc::kHeadw && fp8_head_support(m.arch()));
   }
-  if (opt.muon()) gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), lr_fraction, seed, muon_spread);
+  if (opt.muon()) {
+    gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, muon_spread);
+  }
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
@@ -9914,8 +10077,10 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // (exact for every value but NaN).
 //
 // A state file keeps the optimizer state as three flat arrays over the shard, m, v and master
-// (llmc/train_state.h), whichever optimizer owns a tensor: Muon's momentum in m's place, and v
-// zero for Muon's matrices, as in the files of the versions that kept those arrays on the GPU.
+// (llmc/train_state.h), whichever optimizer owns a tensor: Muon's momentum in m's place, and in v's
+// NorMuon's second moments as the GPU lays them out (a matrix's n values where its first n
+// elements lie, zeros after), or without them zero, as in the files of the versions that kept
+// those arrays on the GPU.
 // The copies between the GPU's compact arrays (StateLayout) and that layout are
 // state_file_copies'; the host buffers hold zeros wherever no copy writes (state_file_gaps).
 
@@ -9936,6 +10101,7 @@ std::vector<StateCopy> state_file_copies(const StateLayout& l, const OptimizerAr
       copies.push_back({a.adam_v + l.state[i], 1, at, l.size[i]});
     } else if (l.owner[i] == StateOwner::kMuon) {
       copies.push_back({a.momentum + l.state[i], 0, at, l.size[i]});
+      if (a.second_moments) copies.push_back({a.second_moments + l.state[i], 1, at, l.size[i]});
     }
   }
   if (a.master) copies.push_back({a.master, 2, 0, l.shard_size});
@@ -9943,14 +10109,16 @@ std::vector<StateCopy> state_file_copies(const StateLayout& l, const OptimizerAr
 }
 
 // Zeroes what no copy writes of the file's m and v in the host buffer `optimizer` (m, then v, each
-// shard_size): v of Muon's matrices, and a last ZeRO shard's elements past the parameters.
+// shard_size): v of Muon's matrices without NorMuon, and a last ZeRO shard's elements past the
+// parameters.
 void state_file_zero_gaps(const StateLayout& l, float* optimizer) {
   for (int array = 0; array < 2; array++) {
     float* base = optimizer + array * l.shard_size;
     size_t covered = 0;  // the tensors' parts lie in the shard in order
     for (int i = 0; i <= l.count; i++) {
       const bool end = i == l.count;
-      if (!end && (l.owner[i] == StateOwner::kNone || (array == 1 && l.owner[i] == StateOwner::kMuon))) continue;
+      const bool v_of_muon = !end && array == 1 && l.owner[i] == StateOwner::kMuon && l.second_moment_size == 0;
+      if (!end && (l.owner[i] == StateOwner::kNone || v_of_muon)) continue;
       const size_t at = end ? l.shard_size : l.begin[i] - l.shard_offset;
       if (at > covered) host_zero_parallel(base + covered, (at - covered) * sizeof(float));
       if (!end) covered = at + l.size[i];
@@ -9967,7 +10135,9 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
   id.master_weights = m.state.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
   // The run's optimizer, not this rank's slice: with ZeRO-1 a slice may hold no Muon matrix.
-  id.matrix_optimizer = m.muon ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
+  id.matrix_optimizer = !m.muon                               ? llmc::kMatrixOptimizerAdamw
+                        : m.state_layout.second_moment_size > 0 ? llmc::kMatrixOptimizerNorMuon
+                                                                : llmc::kMatrixOptimizerMuon;
   id.data_tokens = data_tokens;
   id.untie_step = (int)m.untie_step;
   return id;
@@ -10875,6 +11045,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-cd", "cautious weight decay", "1: both optimizers' weight decay cautious, record #89's: only where "
                "the step and the weight agree in sign, AdamW's lr^2 wd p where u p > 0, Muon's wd lr lr_eff p where "
                "u p >= 0; 0: decoupled, lr wd p on every weight", &a.cautious_decay, 0, 1),
+      int_flag("-mn", "NorMuon", "-opt muon: 1 Muon's orthogonalised update divided, per entry of each matrix's "
+               "longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm "
+               "(record #89's NorMuon); 0: plain Muon", &a.normuon, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -10929,6 +11102,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.cautious_decay || a.weight_decay > 0.0f || (muon && a.muon_weight_decay > 0.0f),
           "-cd 1 makes the weight decay cautious, and this run decays nothing (-c 0%s): give -c%s a decay, or drop -cd",
           muon ? ", -mw 0" : "", muon ? " or -mw" : "");
+  REQUIRE(!a.normuon || muon, "-mn 1 normalises Muon's update, and -opt %s has no Muon: give -opt muon with it, or "
+          "drop -mn", llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -11381,6 +11556,10 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
     llmc::check_window_length(window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
+  }
+  if (a.normuon && world > 1 && a.zero_stage == 1) {
+    LLMC_FAIL("-mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over "
+              "the %d processes: give -zs 0", world);
   }
   in.stages = resolve_stage_plan(a, config, world);
   check_untie_step(a, config, world);
@@ -11912,7 +12091,7 @@ int train_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  const StateSpec state = {a.master_weights != 0, a.update.muon()};
+  const StateSpec state = {a.master_weights != 0, a.update.muon(), a.update.normuon};
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);

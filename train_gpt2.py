@@ -139,8 +139,9 @@ MUON_FLAGS = {
     "muon_lr": (0.025, 0.025, 0.05), "muon_weight_decay": (0.05, 0.05, 0.0), "muon_momentum": (0.95, 0.95, 0.95),
     "muon_momentum_start": (0.85, 0.85, 0.85), "muon_momentum_warmup": (0, 0, 300),
     "muon_momentum_cooldown": (0, 0, 0),
-    "muon_ns": ("baseline", "baseline", "speedrun"),
+    "muon_ns": ("baseline", "baseline", "speedrun"), "normuon": (0, 0, 0),
 }
+NORMUON_BETA2 = 0.9  # NorMuon's running mean of the update's squares (normuon_step)
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -1975,14 +1976,36 @@ def muon_scale(block, transposed):
     return max(1, rows / cols) ** 0.5
 
 
-def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise):
+def normuon_step(v, second_moment, beta2=NORMUON_BETA2):
+    """Record #89's NorMuon on one orthogonalised matrix v (bfloat16, [rows, cols] as stored), in its
+    order and types (SPEC.md): the float32 means of v^2 along the shorter side, one per row when rows >=
+    cols, else per column; second_moment (float32, one per mean, updated in place) their running mean;
+    v divided by its root and scaled back to its norm before, the scale rounded to bfloat16."""
+    dim = 1 if v.size(0) >= v.size(1) else 0
+    size = v.size(dim)
+    mean = v.float().square().mean(dim=dim)
+    norm = (mean.sum() * size).sqrt()
+    second_moment.lerp_(mean, 1 - beta2)
+    step = second_moment.clamp_min(1e-10).rsqrt()
+    after = ((mean * size) * step.square()).sum().sqrt()
+    scale = step * (norm / after.clamp_min(1e-10))
+    return v * scale.unsqueeze(dim).to(v.dtype)
+
+
+def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise,
+                   second_moments=None):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
-    each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols)), of the
-    block transposed when `transposed` (the speedrun's reference holds its fc as [C, 4C]: scale 1),
-    by `orthogonalise` (Muon's: compiled or not)."""
+    each of its `blocks` row blocks orthogonalised (by `orthogonalise`, Muon's: compiled or not), with
+    second_moments (NorMuon's state, a row a block) normalised by normuon_step, and scaled by
+    sqrt(max(1, rows/cols)), of the block transposed when `transposed` (the speedrun's reference holds
+    its fc as [C, 4C]: scale 1)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
-    return torch.cat([orthogonalise(b, newton_schulz) * muon_scale(b, transposed) for b in u.chunk(blocks)])
+    blocks = u.chunk(blocks)
+    updates = [orthogonalise(b, newton_schulz) for b in blocks]
+    if second_moments is not None:
+        updates = [normuon_step(v, s) for v, s in zip(updates, second_moments)]
+    return torch.cat([v * muon_scale(b, transposed) for v, b in zip(updates, blocks)])
 
 
 class Muon(torch.optim.Optimizer):
@@ -1992,13 +2015,15 @@ class Muon(torch.optim.Optimizer):
     many row blocks (qkvw: q, k and v, three C x C matrices); its "transposed" scales by the
     transpose's shape. newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one
     torch.compile graph per shape, as modded-nanogpt compiles its; the momentum stays eager, as
-    there, so the warmup's momentum (a float that changes every step) does not recompile it."""
+    there, so the warmup's momentum (a float that changes every step) does not recompile it.
+    normuon: record #89's NorMuon (normuon_step), its state a row of max(rows, cols) a block."""
 
     def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False,
-                 cautious=False):
+                 cautious=False, normuon=False):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
         super().__init__(groups, defaults)
         self.cautious = cautious
+        self.normuon = normuon
         self.newton_schulz = newton_schulz
         self.orthogonalise = torch.compile(orthogonalise) if compile else orthogonalise
 
@@ -2009,8 +2034,12 @@ class Muon(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["momentum"] = torch.zeros_like(p)
+                    if self.normuon:
+                        side = max(p.chunk(group["blocks"])[0].shape)
+                        state["second_moments"] = torch.zeros(group["blocks"], side, device=p.device)
                 update = muon_direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
-                                        self.newton_schulz, group["transposed"], self.orthogonalise)
+                                        self.newton_schulz, group["transposed"], self.orthogonalise,
+                                        state.get("second_moments"))
                 lr, wd = group["lr"], group["weight_decay"]
                 if self.cautious:
                     lr_eff = lr * muon_scale(p.chunk(group["blocks"])[0], group["transposed"])
@@ -2087,7 +2116,8 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     muon_groups = [group for kind, group in groups if kind == "muon"]
     if muon_groups:
         optimizers.append(Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon, cautious=cautious))
+                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon, cautious=cautious,
+                               normuon=bool(args.normuon)))
     return optimizers, fused
 
 
@@ -2225,7 +2255,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     moments = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p in params}
     muon_groups = [group for kind, group in groups if kind == "muon"]
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                           NEWTON_SCHULZ[args.muon_ns]) if muon else None)
+                           NEWTON_SCHULZ[args.muon_ns], normuon=bool(args.normuon)) if muon else None)
     B, T = x.shape
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
@@ -2260,7 +2290,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
 
-    settings = debug_state_settings(model, args.untie_step)
+    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon))
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2327,12 +2357,13 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model, untie_step=-1):
+def debug_state_settings(model, untie_step=-1, normuon=False):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step and windows in tokens ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1"; "" for the
-    defaults; -pw, maybe 0, wherever the prefix table is, which --prefix_weight or a stage's pw= asks
-    for). The file holds them after its header: their length in bytes, the text padded to 4-byte
-    words, then the prefix table's rows (0 without one) and its int32 ids."""
+    untie step, windows in tokens and Muon's NorMuon ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4
+    -awt 1 -mn 1"; "" for the defaults; -pw, maybe 0, wherever the prefix table is, which
+    --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
+    in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
+    int32 ids."""
     words = []
     default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
     if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
@@ -2346,6 +2377,8 @@ def debug_state_settings(model, untie_step=-1):
         words += ["-ut", str(untie_step)]
     if model.window_tokens:
         words += ["-awt", "1"]
+    if normuon:
+        words += ["-mn", "1"]
     return " ".join(words)
 
 
@@ -2364,13 +2397,14 @@ def read_debug_state_settings(path, header):
 
 def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
-    and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked)."""
+    and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
+    -mn: its first step's gradients, which the check compares, come before NorMuon)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
-        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut and -awt 1: "
-             "re-create it")
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1 and "
+             "-mn: re-create it")
     model.window_tokens = "-awt" in settings
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
@@ -2573,6 +2607,9 @@ def parse_args(argv=None):
     a.add_argument("--muon_ns", choices=sorted(NEWTON_SCHULZ), help=muon_help(
         "muon_ns", "Muon's orthogonalisation: " + "; ".join(
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
+    a.add_argument("--normuon", type=int, choices=[0, 1], help=muon_help(
+        "normuon", "1: record #89's NorMuon (SPEC.md): Muon's orthogonalised update divided, per row or column of "
+        "the longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm"))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "

@@ -65,15 +65,23 @@ struct TrainStateId {
   int untie_step = -1;       // -ut: header [15] (its value + 1); -1: none
 };
 
-constexpr int kMatrixOptimizerUnrecorded = 0, kMatrixOptimizerAdamw = 1, kMatrixOptimizerMuon = 2;
+// NorMuon: Muon with its second moments in v's place (-opt muon -mn 1).
+constexpr int kMatrixOptimizerUnrecorded = 0, kMatrixOptimizerAdamw = 1, kMatrixOptimizerMuon = 2,
+              kMatrixOptimizerNorMuon = 3;
 
 inline const char* matrix_optimizer_name(int optimizer) {
-  return optimizer == kMatrixOptimizerMuon ? "muon" : optimizer == kMatrixOptimizerAdamw ? "adamw" : "unrecorded";
+  switch (optimizer) {
+    case kMatrixOptimizerAdamw: return "adamw";
+    case kMatrixOptimizerMuon: return "muon";
+    case kMatrixOptimizerNorMuon: return "muon -mn 1";
+    default: return "unrecorded";
+  }
 }
 
 // Fails where the state file at path was written by a run that `expected` cannot continue, as far
 // as both record it (0: not recorded): another optimizer for the blocks' matrices (Muon's momentum
-// would be read as AdamW's first moment, or the reverse), or training data of another size (the
+// would be read as AdamW's first moment, or the reverse; NorMuon's second moments dropped or taken
+// as zero), or training data of another size (the
 // loader's position would be taken in other text; another shard count fails in the loader itself).
 inline void require_same_run(const char* path, const TrainStateId& written, const TrainStateId& expected) {
   if (written.matrix_optimizer != kMatrixOptimizerUnrecorded &&
@@ -244,8 +252,8 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
     LLMC_FAIL("%s: %d AdamW updates recorded at step %d (must be 0..%d): the header is damaged; "
               "%s", path, h[5], step, step, remedy);
   }
-  if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerMuon) {
-    LLMC_FAIL("%s: optimizer %d (must be 0, 1 or 2): the header is damaged; %s", path, h[12], remedy);
+  if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerNorMuon) {
+    LLMC_FAIL("%s: optimizer %d (must be 0 to 3): the header is damaged; %s", path, h[12], remedy);
   }
   if (h[15] < 0) LLMC_FAIL("%s: untie step %d: the header is damaged; %s", path, h[15] - 1, remedy);
   // Slots past [15] are reserved: every writer leaves them 0, so a set one is damage, even where

@@ -545,6 +545,7 @@ gpu_against_pytorch() {
               "modern_d48_width:--recipe modern --num_layers 2 --num_heads 25 --channels 1600 --debug_noise 0.02 --batch_size 1 --seq_len 1000" \
               "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
               "modern_d12_polar:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --batch_size 4 --seq_len 64" \
+              "modern_d12_normuon:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --batch_size 4 --seq_len 64" \
               "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
@@ -799,6 +800,8 @@ gpu_resume() {
   # The modern recipe: Muon's momentum lives in the state files' first moments.
   resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
+  # NorMuon: its second moments live in the state files' second moments of Muon's matrices.
+  resume_test ./train_gpt2cu resume_normuon_bf16 -recipe modern -z 1024 -mn 1
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
   # Rows of 8 blocks (-t 1024): the short windows of steps 10-20 (3-7 blocks) are narrower than a
   # row, so a resume that took another step's window would train differently.

@@ -597,6 +597,18 @@ if has_flag -cd; then
     -opt muon -c 0 -mw 0 -cd 1
 fi
 
+# --- -mn, NorMuon's second moment: 0 or 1, with Muon, its state whole on every process (-zs 0)
+# (before the GPU)
+if has_flag -mn; then
+  expect "-mn out of range" "^error: -mn 2: must be 0 or 1" -mn 2
+  expect "-mn 1 without Muon" "^error: -mn 1 normalises Muon's update, and -opt adamw has no Muon: give -opt muon with it, or drop -mn; -opt adamw comes from -recipe gpt2: give -opt to override it\$" \
+    -mn 1
+  WATCH=("$KEEP")
+  OMPI_COMM_WORLD_SIZE=2 attempt "^error: -mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over the 2 processes: give -zs 0\$" \
+    "${COMMON[@]}" -x 2 -o "$KEEP" -opt muon -mn 1 -zs 1
+  report "-mn 1 with ZeRO-1 on 2 processes"
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

@@ -219,6 +219,49 @@ for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.A
 print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
 EOF
 
+check "NorMuon: normuon_step against float64 (tall, wide, square, odd shapes, two steps), Muon's state" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+def reference(v, s, dim):  # SPEC.md's NorMuon in float64, no rounding
+    v = v.double()
+    mean = v.square().mean(dim)
+    s = s + (1 - tg.NORMUON_BETA2) * (mean - s)
+    step = s.clamp(min=1e-10).rsqrt()
+    after = ((mean * v.size(dim)) * step.square()).sum().sqrt()
+    return v * (step * v.norm() / after).unsqueeze(dim), s
+for rows, cols in ((48, 16), (16, 40), (24, 24), (7, 5)):
+    dim = 1 if rows >= cols else 0  # one value per row when rows >= cols, else per column
+    s, s64 = torch.zeros(max(rows, cols)), torch.zeros(max(rows, cols), dtype=torch.float64)
+    for step in range(2):
+        v = (torch.randn(rows, cols) * torch.rand(rows, 1) * torch.rand(1, cols)).bfloat16()
+        got = tg.normuon_step(v, s)
+        expected, s64 = reference(v, s64, dim)
+        diff = ((got.double() - expected).abs() / expected.abs().clamp(min=1e-3)).max().item()
+        state = ((s.double() - s64).abs() / s64).max().item()
+        norm = abs(got.double().norm().item() / v.double().norm().item() - 1)
+        print(f"{rows}x{cols} step {step + 1}: update within {diff:.1e}, state {state:.1e}, norm kept within {norm:.1e}")
+        # two BF16 roundings (the scale, the product), each within 2^-8 of its value
+        assert got.dtype == torch.bfloat16 and diff < 2 * 2 ** -8 + 1e-4 and state < 1e-6 and norm < 4e-3, (rows, cols, step)
+    # a state of the other side's entries is another normalisation
+    other, _ = reference(v, torch.zeros(min(rows, cols), dtype=torch.float64), 1 - dim)
+    assert rows == cols or ((got.double() - other).abs() / other.abs().clamp(min=1e-3)).max() > 0.05
+# Muon's state: a row of max(rows, cols) a block (qkvw's three C x C blocks), the blocks' updates each its own.
+p = torch.randn(48, 16).requires_grad_()
+p.grad = torch.randn(48, 16)
+muon = tg.Muon([dict(params=[p], blocks=3)], 0.05, 0.0, 0.95, normuon=True)
+muon.orthogonalise = lambda b, ns: b.bfloat16()
+muon.step()
+state = muon.state[p]["second_moments"]
+u = p.grad.lerp(0.05 * p.grad, 0.95).bfloat16()  # the Nesterov input from a zero momentum
+expected = torch.stack([(1 - tg.NORMUON_BETA2) * b.float().square().mean(1) for b in u.chunk(3)])
+assert state.shape == (3, 16) and torch.allclose(state, expected, rtol=1e-6, atol=0), state
+for flag in ("1", "0"):
+    args = tg.parse_args(["--model", "tiny", "--optimizer", "muon", "--normuon", flag, "--input_bin", "x"])
+    optimizers, _ = tg.make_optimizers(tg.GPT(tg.resolve_config(args)), args, "cpu")
+    assert optimizers[1].normuon == (flag == "1"), flag
+print("--normuon 1: Muon with NorMuon's state; 0: without")
+EOF
+
 check "learning rate schedules" <<'EOF'
 import math, argparse, train_gpt2 as tg
 a = argparse.Namespace(learning_rate=1.0, warmup_iters=2, num_iterations=12, final_lr_frac=0.1)
@@ -449,6 +492,17 @@ assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 2" and pref
 assert torch.equal(model.transformer.wte.weight, model.lm_head.weight)
 print(f"version {header[1]}: '{text}', the checkpoint's embedding its head")
 EOF
+echo "--- NorMuon in a debug state (version 5's settings: -mn 1)"
+"$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --write_debug_state "$WORK/normuon_state" \
+  --debug_steps 2 --device cpu >/dev/null
+check "the debug state names NorMuon in its settings" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/normuon_state/*_muon_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-mn 1" and prefix is None, (header[1], text)
+print(f"version {header[1]}: '{text}'")
+EOF
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
@@ -670,6 +724,7 @@ expect_error "cautious_decay 1 makes the weight decay cautious, and this run dec
   "${TINY[@]}" --bench --weight_decay 0 --cautious_decay 1
 expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
   --cautious_decay 1
+expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1

@@ -213,7 +213,7 @@ void test_damaged() {
       {"a master-weights flag of 2", 6, 2,
        "master-weights flag 2 (must be 0 or 1): the header is damaged; " + std::string(kRemedy)},
       {"no master weights", 6, 0, "state for 1000 parameters without master weights, but the model"},
-      {"an optimizer of 3", 12, 3, "optimizer 3 (must be 0, 1 or 2): the header is damaged; " + std::string(kRemedy)},
+      {"an optimizer of 4", 12, 4, "optimizer 4 (must be 0 to 3): the header is damaged; " + std::string(kRemedy)},
       {"negative data tokens", 14, -1, "training data of -"},
       {"another parameter count", 8, (int32_t)kParams + 1, "state for 1001 parameters"},
       {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
@@ -257,6 +257,11 @@ void test_damaged() {
                good_path + ": written with -opt muon for the blocks' matrices, but this run has -opt adamw: resume "
                            "with -opt muon",
                "a state file with Muon's momentum read by a run with AdamW for the matrices");
+  other.matrix_optimizer = llmc::kMatrixOptimizerNorMuon;
+  check_throws(load(good_path, other),
+               good_path + ": written with -opt muon for the blocks' matrices, but this run has -opt muon -mn 1: "
+                           "resume with -opt muon",
+               "a state file of Muon without NorMuon's second moments read by a run with them");
   other = saved.id;
   other.data_tokens += 1;
   check_throws(load(good_path, other),
@@ -286,7 +291,8 @@ void test_damaged() {
   llmc::train_state_save(old_path, unrecorded, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
                          saved.master.data());
   bool loads = true;
-  for (const int optimizer : {llmc::kMatrixOptimizerAdamw, llmc::kMatrixOptimizerMuon}) {
+  for (const int optimizer :
+       {llmc::kMatrixOptimizerAdamw, llmc::kMatrixOptimizerMuon, llmc::kMatrixOptimizerNorMuon}) {
     other = saved.id;
     other.matrix_optimizer = optimizer;
     loads = loads && llmc::train_state_load(old_path, other, kRemedy).adam_m == saved.adam_m;
