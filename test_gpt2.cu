@@ -68,12 +68,15 @@ constexpr float kFp8StepLossTol = 0.2f;
 constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
-// as its multiplier (GPT-2's: all the same), Muon's own; the record that gives them. `path` names
-// the debug state's file.
-llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::GPT2Config& config,
-                                           const std::string& path) {
+// as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon where its settings name it;
+// the record that gives them. `path` names the debug state's file.
+llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings,
+                                           const llmc::GPT2Config& config, const std::string& path) {
   llmc::Recipe r;
   r.optimizer = ref.muon ? llmc::OptimizerKind::kMuon : llmc::OptimizerKind::kAdamW;
+  REQUIRE(!settings.normuon || ref.muon, "%s: NorMuon (-mn 1) in its settings, and its steps ran no Muon: the file "
+          "is damaged; re-create it with train_gpt2.py", path.c_str());
+  r.normuon = settings.normuon;
   r.muon_lr = ref.muon_lr;
   r.muon_weight_decay = ref.muon_weight_decay;
   r.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
@@ -99,43 +102,52 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
 // (the modern recipe's reduction).
 float debug_state_dloss(const llmc::DebugState& ref, int T) { return ref.loss_sum ? 1.0f : 1.0f / (ref.B * T); }
 
-// The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch and
-// window. Each step is one micro batch of B rows.
-llmc::StagePlan debug_state_stages(const llmc::DebugState& ref) {
-  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks});
+// The debug state's steps as a stage plan (llmc/stages.h): its own, or one stage of its batch,
+// window and loss weights. Each step is one micro batch of B rows.
+llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings) {
+  llmc::StagePlan plan(ref.stages, "the debug state's stage plan", ref.T, -1, {ref.window_blocks},
+                       {settings.next_token_weights, settings.prefix_weight});
   plan.resolve(ref.steps - (plan.has_extension() ? plan.stages().back().extension_steps : 0));
   REQUIRE(plan.total_steps() == ref.steps && plan.max_T() <= ref.T,
           "the debug state's stage plan '%s' does not fit its %d steps of B=%d T=%d: re-create it with train_gpt2.py",
           ref.stages.c_str(), ref.steps, ref.B, ref.T);
+  REQUIRE(!plan.has_prefix_term() || !ref.prefix_table.empty(), "the debug state's stage plan '%s' weights the "
+          "prefix term, and the file holds no prefix table: re-create it with train_gpt2.py", ref.stages.c_str());
   return plan;
 }
 
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
-// its stages'); its loss's settings (version 5: the cap, the loss's terms and their prefix table).
-void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::LossSettings& loss, bool fp8) {
-  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref).max_window());
-  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window}, ref.fp8_head);
+// its stages', in the unit of -awt); its settings (version 5: the cap, the loss's weights and their
+// prefix table, the untie step, through which the file's embedding is its head).
+void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
+  const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
+  gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
+                ref.fp8_head);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
-  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, loss.logit_cap, m.arch().name);
-  gpt2_set_loss_terms(m, loss.next_token_weights, loss.prefix_weight, ref.prefix_table);
+  m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, settings.logit_cap, m.arch().name);
+  gpt2_set_prefix_table(m, ref.prefix_table);
+  gpt2_set_loss_weights(m, {settings.next_token_weights, settings.prefix_weight});
+  m.untie_step = settings.untie_step;
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
-// s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window and rate multiplier.
+// s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window, rate multiplier and
+// loss weights.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
-                       const llmc::DebugState& ref, const llmc::LossSettings& loss, const llmc::OptimizerTable& opt,
+                       const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, const llmc::OptimizerTable& opt,
                        bool fp8, float tol) {
-  const llmc::StagePlan stages = debug_state_stages(ref);
+  const llmc::StagePlan stages = debug_state_stages(ref, settings);
   GPT2 m;
-  gpt2_init(m, config, values, {true, opt.muon()}, 42);
-  debug_state_allocate(m, ref, loss, fp8);
+  gpt2_init(m, config, values, {true, opt.muon(), opt.normuon}, 42);
+  debug_state_allocate(m, ref, settings, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
     const int T = p.T;
     if (ref.documents) gpt2_set_window(m, p.windows);
+    gpt2_set_loss_weights(m, p.loss);
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);
     const float step_loss = gpt2_classifier(m, ref.targets.data(), ref.B, T, debug_state_dloss(ref, T));
@@ -145,7 +157,10 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     gpt2_update(m, opt, step, lr, lr, norm);
     const float diff = std::fabs(step_loss - ref.losses[step]);
     max_diff = std::max(max_diff, diff);
-    const std::string stage = ref.stages.empty() ? "" : llmc::strformat(" (stage %d, T=%d, lr x %g)", p.stage + 1, T, lr);
+    const std::string stage =
+        ref.stages.empty() ? "" : llmc::strformat(" (stage %d, T=%d, lr x %g, mtp %s, pw %g)", p.stage + 1, T, lr,
+                                                  llmc::prediction_weights_text(p.loss.next_tokens).c_str(),
+                                                  p.loss.prefix);
     testing::check_verbose(diff <= tol,
                            llmc::strformat("step %2d%s loss %.6f vs PyTorch %.6f (diff %.2e, tolerance %.0e)",
                                            step, stage.c_str(), step_loss, ref.losses[step], diff, tol));
@@ -199,11 +214,12 @@ int test_main(int argc, char** argv) {
   const llmc::GPT2Config config = llmc::checkpoint_load(model_path, &values);
   const llmc::DebugState ref = llmc::debug_state_load(state_path, config);
   const int B = ref.B, T = ref.T, V = config.vocab_size, Vp = config.padded_vocab_size;
+  const llmc::DebugStateSettings settings = llmc::debug_state_settings(ref, state_path);
   const std::string attention = !ref.documents ? "causal attention"
       : ref.window_blocks == 0 ? "attention within documents"
-      : llmc::strformat("attention within documents and a window of %d blocks", ref.window_blocks);
-  const llmc::OptimizerTable opt = debug_state_optimizer(ref, config, state_path);
-  const llmc::LossSettings settings = llmc::debug_state_loss_settings(ref, state_path);
+      : llmc::strformat("attention within documents and a window of %d blocks%s", ref.window_blocks,
+                        settings.window_unit == llmc::WindowUnit::kTokens ? " counted in tokens" : "");
+  const llmc::OptimizerTable opt = debug_state_optimizer(ref, settings, config, state_path);
   const std::string muon = ref.muon ? ", Muon: " + llmc::newton_schulz_description(opt.muon_newton_schulz) : "";
   printf("%s build%s%s, model %s, B=%d T=%d, %d steps, %s%s%s\n", PRECISION_NAME, fp8 ? " with -fp8 1" : "",
          ref.fp8_head ? " with -fh 1" : "", config.describe().c_str(), B, T, ref.steps, attention.c_str(),

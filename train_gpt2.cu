@@ -26,7 +26,7 @@
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
-//                                 (batched BF16 Newton-Schulz)
+//                                 (batched BF16 Newton-Schulz, NorMuon's second moment)
 //  10. Model                      parameter and activation tables, the architectures' steps
 //                                 (GPT-2's, the modern or the speedrun's), the block features
 //                                 (the value mix, the attention gate, the residual mix: each one
@@ -3019,13 +3019,15 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
 
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
 // A query attends to the earlier keys of its own document inside the run of key blocks that
-// attention_blocks_select gives its 128-token block: modded-nanogpt's block mask. documents[b][t]
-// is any id that differs between documents (attention_block_spans' tokens give them); spans[b][q]
-// is the span of query block q of sequence b. T is a multiple of 128.
+// attention_window_select gives its 128-token block: modded-nanogpt's block mask, or with a window
+// in tokens also only to the keys at most that many tokens back (FlashAttention's window). The
+// kernels mask token by token only in a selection's partial blocks, the window's edge among them.
+// documents[b][t] is any id that differs between documents (attention_block_spans' tokens give
+// them); spans[b][q] is the span of query block q of sequence b. T is a multiple of 128.
 struct DocumentWindow {
   const llmc::AttentionBlockSpan* spans;  // [B, T / kAttentionBlock]
   const int* documents;                   // [B, T]
-  int window;                             // blocks (0: the query's own block only)
+  llmc::AttentionWindow window;           // blocks (0: the query's own block only) or tokens
 };
 
 // ---- Causal attention through batched GEMMs (FP32 builds, head sizes flash does not take) ----
@@ -3083,7 +3085,8 @@ __global__ void attention_unpermute_kernel(floatX* out, const floatX* y, int B, 
 
 // One warp per row (b, h, t): att[j] = softmax over the keys j visible to t of scale * preatt[j],
 // exactly 0 for the others. Causal (dw.spans null): j <= t. With documents (DocumentWindow) also
-// j in t's document and in the run of blocks attention_blocks_select gives t's block. A masked key
+// j in t's document, in the run of blocks attention_window_select gives t's block and within a
+// token window's reach. A masked key
 // then has probability 0, and so the backward through att (attention_backward) gives it no
 // gradient unchanged; the causal rows take the same arithmetic as without the mask.
 __global__ void attention_softmax_forward_kernel(floatX* att, const floatX* preatt, int rows,
@@ -3097,9 +3100,11 @@ __global__ void attention_softmax_forward_kernel(floatX* att, const floatX* prea
   const int* documents = nullptr;
   if (dw.spans) {
     const int b = row / T / NH, q_block = t / llmc::kAttentionBlock;
-    const llmc::AttentionBlockSelection selection = llmc::attention_blocks_select(
+    const llmc::AttentionBlockSelection selection = llmc::attention_window_select(
         dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, dw.window);
-    first_key = (q_block - selection.full - selection.partial + 1) * llmc::kAttentionBlock;
+    // t - reach: t less at most INT_MAX, which an int holds.
+    first_key = max((q_block - selection.full - selection.partial + 1) * llmc::kAttentionBlock,
+                    t - llmc::attention_window_reach(dw.window));
     documents = dw.documents + (size_t)b * T;
     document = documents[t];
   }
@@ -3866,31 +3871,33 @@ struct CausalPairs {
 constexpr int kTilesPerAttentionBlock = llmc::kAttentionBlock / kTileRows;
 
 // dS tiles a windowed backward keeps per query tile: its key tiles nearest first. A selection
-// holds at most max(window, 1) blocks, its own last, so a query tile's key tiles are at most that
-// many blocks' tiles back from it (and no more than the sequence's).
-__host__ __device__ inline int window_ds_slots(int window, int tiles) {
-  const int slots = kTilesPerAttentionBlock * (window > 1 ? window : 1);
+// holds at most llmc::attention_window_run(window) blocks, its own last, so a query tile's key
+// tiles are at most that many blocks' tiles back from it (and no more than the sequence's).
+__host__ __device__ inline int window_ds_slots(llmc::AttentionWindow window, int tiles) {
+  const int slots = kTilesPerAttentionBlock * llmc::attention_window_run(window);
   return slots < tiles ? slots : tiles;
 }
 
 // Document-causal attention within dw's window: a query block sees the run of key blocks that
-// attention_blocks_select gives it; its full blocks take no mask, its partial ones the position
-// and the document. The dS scratch holds window_ds_slots tiles per query tile, slot d for key
-// tile q_tile - d. T a multiple of 128.
+// attention_window_select gives it; its full blocks take no mask, its partial ones the position
+// (causal, and a token window's reach) and the document. The dS scratch holds window_ds_slots
+// tiles per query tile, slot d for key tile q_tile - d. T a multiple of 128.
 struct WindowPairs {
   DocumentWindow dw;
   int T, tiles, slots;
+  int reach;  // llmc::attention_window_reach(dw.window)
   __device__ llmc::AttentionBlockSelection selection(int b, int q_block) const {
-    return llmc::attention_blocks_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block,
+    return llmc::attention_window_select(dw.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block,
                                          dw.window);
   }
   __device__ int first_key_block(int b, int q_block) const {
     const llmc::AttentionBlockSelection s = selection(b, q_block);
     return q_block - s.full - s.partial + 1;
   }
-  // A key block is seen by query blocks up to max(window, 1) - 1 blocks after it.
+  // A key block is seen by query blocks up to attention_window_run - 1 blocks after it.
   __device__ int query_end(int kv_tile) const {
-    return min(T, (kv_tile / kTilesPerAttentionBlock + max(dw.window, 1)) * llmc::kAttentionBlock);
+    return min(T, (kv_tile / kTilesPerAttentionBlock + llmc::attention_window_run(dw.window)) *
+                      llmc::kAttentionBlock);
   }
   __device__ bool sees(int b, int q0, int kv_tile) const {
     return kv_tile / kTilesPerAttentionBlock >= first_key_block(b, q0 / llmc::kAttentionBlock);
@@ -3903,8 +3910,11 @@ struct WindowPairs {
   __device__ bool hidden(int b, int q, int key, int key_doc) const {
     return hidden_from(q, dw.documents[(size_t)b * T + q], key, key_doc);
   }
-  // The same for a query whose document the caller holds.
-  __device__ static bool hidden_from(int q, int q_doc, int key, int key_doc) { return q < key || q_doc != key_doc; }
+  // The same for a query whose document the caller holds. One unsigned compare hides both the
+  // keys after q (q - key negative wraps past any reach) and those beyond the reach.
+  __device__ bool hidden_from(int q, int q_doc, int key, int key_doc) const {
+    return (unsigned)(q - key) > (unsigned)reach || q_doc != key_doc;
+  }
   __device__ int first_key_tile(int b, int q_tile) const {
     return first_key_block(b, q_tile / kTilesPerAttentionBlock) * kTilesPerAttentionBlock;
   }
@@ -3981,7 +3991,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_window_kernel(
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int c = n * 8 + 2 * t + e % 2, key = j * kTileRows + c;
-          if (key > row[e / 2] || docs_s[buf * kTileRows + c] != row_doc[e / 2]) s[n][e] = -INFINITY;
+          if (pairs.hidden_from(row[e / 2], row_doc[e / 2], key, docs_s[buf * kTileRows + c])) s[n][e] = -INFINITY;
         }
       }
     }
@@ -4151,14 +4161,18 @@ struct ProductTurns {
 
 // What a masked tile of the Hopper forward hides from query `row` (its r-th of the lane's two):
 // the keys after it (the causal diagonal), and in DocumentMask also the keys of other documents
-// (key_docs: the documents of the tile's keys, c the key's column in the tile).
+// (key_docs: the documents of the tile's keys, c the key's column in the tile) and those beyond
+// the reach (WindowPairs::hidden_from's compare).
 struct CausalMask {
   __device__ bool hidden(int key, int, int row, int) const { return key > row; }
 };
 struct DocumentMask {
   const int* key_docs;
   int row_doc[2];
-  __device__ bool hidden(int key, int c, int row, int r) const { return key > row || key_docs[c] != row_doc[r]; }
+  int reach;
+  __device__ bool hidden(int key, int c, int row, int r) const {
+    return (unsigned)(row - key) > (unsigned)reach || key_docs[c] != row_doc[r];
+  }
 };
 
 // One key tile of the Hopper forward for a warpgroup: S = Q K^T over the tile's first KEYS keys
@@ -4500,7 +4514,7 @@ __device__ void window_forward_produce(const WindowForwardSmem<HS>& sm, const CU
 // passes, so that every barrier's arrivals match its waits.
 template <int HS>
 __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* out, float* lse, int T, int NH,
-                                       float scale_log2) {
+                                       float scale_log2, int reach) {
 #if FLASH_WGMMA
   constexpr int kKeys = kTmaForwardKeys, kStages = kTmaForwardStages;
   constexpr uint32_t kTileBytes = (uint32_t)tma_forward_tile_bytes<HS>();
@@ -4533,7 +4547,7 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
         row_doc[0] = key_docs[row[0] - key0];
         row_doc[1] = key_docs[row[1] - key0];
       }
-      const DocumentMask mask{key_docs, {row_doc[0], row_doc[1]}};
+      const DocumentMask mask{key_docs, {row_doc[0], row_doc[1]}, reach};
       if (i == 0 && group == 0) {  // the diagonal: warpgroup 0's rows have their keys in its first 64 rows
         forward_tile<HS, kKeys, 64, true>(o, row_max, row_sum, q_desc, k_desc, v_desc, key0, row, scale_log2, turns,
                                           false, mask);
@@ -4574,7 +4588,7 @@ __global__ void __launch_bounds__(kWindowForwardThreads, 1) attention_forward_wi
     if (threadIdx.x == kTmaForwardThreads) window_forward_produce<HS>(sm, &qkv_map, T, NH, heads, pairs, work_counter);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    window_forward_consume<HS>(sm, out, lse, T, NH, scale_log2);
+    window_forward_consume<HS>(sm, out, lse, T, NH, scale_log2, pairs.reach);
   }
 #else
   __trap();  // launched only where hopper_support().usable
@@ -4910,11 +4924,11 @@ constexpr size_t tma_window_dkdv_stage_bytes() {  // q and dout tiles, lse, dot 
          1024 * 1024;
 }
 // The kernel's shared memory: K and V, the stages, their barriers and counts, and the list of the
-// query blocks that see the key block (of the max(window, 1) that may, at most T / 128), with its
-// length.
+// query blocks that see the key block (of the attention_window_run that may, at most T / 128),
+// with its length.
 template <int HS>
-size_t tma_window_dkdv_smem_bytes(int window, int T) {
-  const size_t blocks = std::min(std::max(window, 1), T / llmc::kAttentionBlock);
+size_t tma_window_dkdv_smem_bytes(llmc::AttentionWindow window, int T) {
+  const size_t blocks = std::min(llmc::attention_window_run(window), T / llmc::kAttentionBlock);
   return 2 * llmc::kAttentionBlock * HS * sizeof(floatX) + kTmaWindowDkdvStages * tma_window_dkdv_stage_bytes<HS>() +
          (kTmaWindowDkdvStages + 1) * sizeof(uint64_t) + (kTmaWindowDkdvStages + 1) * sizeof(int) +
          (blocks * sizeof(uint16_t) + 15) / 16 * 16;
@@ -5801,7 +5815,7 @@ void backward(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratc
 
 WindowPairs window_pairs(const DocumentWindow& dw, int T) {
   const int tiles = T / kTileRows;
-  return {dw, T, tiles, window_ds_slots(dw.window, tiles)};
+  return {dw, T, tiles, window_ds_slots(dw.window, tiles), llmc::attention_window_reach(dw.window)};
 }
 
 template <int HS>
@@ -5842,9 +5856,9 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
     const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
     const size_t smem = tma_window_dkdv_smem_bytes<HS>(dw.window, T);
     REQUIRE(smem <= (size_t)shared_memory_optin(),
-            "attention: a window of %d blocks at T = %d needs %zu bytes of shared memory a block, more than the "
-            "GPU's %d; use a shorter window or sequence",
-            dw.window, T, smem, shared_memory_optin());
+            "attention: a window of %d %s at T = %d needs %zu bytes of shared memory a block, more than the "
+            "GPU's %d; use a shorter window or sequence", dw.window.size,
+            dw.window.unit == llmc::WindowUnit::kTokens ? "tokens" : "blocks", T, smem, shared_memory_optin());
     attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, smem, stream>>>(
         sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
         row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2,
@@ -5902,13 +5916,13 @@ void attention_forward_window(floatX* out, float* lse, const floatX* qkv, int B,
 #endif
 }
 
-// Elements of attention_backward_window's dS scratch for windows of up to max_window blocks.
-size_t attention_window_ds_count(int B, int T, int NH, int max_window) {
+// Elements of attention_backward_window's dS scratch for windows of up to `widest` (of its unit).
+size_t attention_window_ds_count(int B, int T, int NH, llmc::AttentionWindow widest) {
 #if !defined(ENABLE_FP32)
   const int tiles = T / 64;
-  return (size_t)B * NH * tiles * flash::window_ds_slots(max_window, tiles) * 64 * 64;
+  return (size_t)B * NH * tiles * flash::window_ds_slots(widest, tiles) * 64 * 64;
 #else
-  (void)B, (void)T, (void)NH, (void)max_window;
+  (void)B, (void)T, (void)NH, (void)widest;
   return 0;
 #endif
 }
@@ -5948,7 +5962,8 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 }
 
 // attention_backward_flash's dqkv (and tile_sums) for attention_forward_window's attention:
-// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w >= dw.window. With
+// scratch_ds holds attention_window_ds_count(B, T, NH, w) elements for some w of dw.window's unit
+// at least as wide. With
 // qk_rstd (qk_norm_rotary_forward's, of the q and k in qkv), q's and k's gradients go on through
 // QK-norm's and the rotary's backward (qk_norm_rotary_backward's result; on Hopper, without
 // tile_sums, in the kernels' epilogues from dQ and dK unrounded).
@@ -6733,7 +6748,10 @@ struct StateLayout {
   size_t size[llmc::kNumParamTensors] = {};   // its elements
   size_t state[llmc::kNumParamTensors] = {};  // its first element's position in its owner's array
   size_t adamw_size = 0, muon_size = 0;       // the owners' array lengths
-  int count = 0;                              // tensors
+  // NorMuon's second moments (-mn 1): muon_size, laid out as Muon's momentum, a matrix's n values
+  // where its first n elements' momentum lies; 0 without.
+  size_t second_moment_size = 0;
+  int count = 0;  // tensors
 };
 
 // Tensor i holds sizes[i] elements from offsets[i] of the parameter buffer; muon[i]: Muon updates it.
@@ -6766,27 +6784,31 @@ struct OptimizerArrays {
   float* adam_v = nullptr;    // AdamW's second moments, adamw_size
   float* momentum = nullptr;  // Muon's, muon_size
   float* master = nullptr;    // FP32 master weights, shard_size; null without
+  float* second_moments = nullptr;  // NorMuon's, second_moment_size; null without
 };
 
 size_t optimizer_arrays_bytes(const StateLayout& l, bool master) {
-  return (2 * l.adamw_size + l.muon_size + (master ? l.shard_size : 0)) * sizeof(float);
+  return (2 * l.adamw_size + l.muon_size + l.second_moment_size + (master ? l.shard_size : 0)) * sizeof(float);
 }
 
 // A zeroed set of arrays; with `spare`, none (false) where the GPU has not their bytes and
 // `spare` beyond free, else out of memory is an error.
 bool optimizer_arrays_alloc(OptimizerArrays* a, const StateLayout& l, bool master, const size_t* spare = nullptr) {
   *a = OptimizerArrays();
-  const std::pair<float**, size_t> arrays[] = {{&a->adam_m, l.adamw_size}, {&a->adam_v, l.adamw_size},
-                                               {&a->momentum, l.muon_size}, {&a->master, master ? l.shard_size : 0}};
+  const std::pair<float**, size_t> arrays[] = {{&a->adam_m, l.adamw_size},
+                                               {&a->adam_v, l.adamw_size},
+                                               {&a->momentum, l.muon_size},
+                                               {&a->master, master ? l.shard_size : 0},
+                                               {&a->second_moments, l.second_moment_size}};
   const char* names[] = {"AdamW's first moments", "AdamW's second moments", "Muon's momentum",
-                         "the FP32 master weights"};
-  for (int i = 0; i < 4; i++) {
+                         "the FP32 master weights", "NorMuon's second moments"};
+  for (int i = 0; i < 5; i++) {
     float*& p = *arrays[i].first;
     const size_t bytes = arrays[i].second * sizeof(float);
     if (bytes == 0) continue;
     p = spare ? (float*)device_try_alloc(bytes, *spare) : device_alloc<float>(arrays[i].second, names[i]);
     if (!p) {
-      for (float* q : {a->adam_m, a->adam_v, a->momentum, a->master}) device_free(q);
+      for (float* q : {a->adam_m, a->adam_v, a->momentum, a->master, a->second_moments}) device_free(q);
       *a = OptimizerArrays();
       return false;
     }
@@ -6795,13 +6817,16 @@ bool optimizer_arrays_alloc(OptimizerArrays* a, const StateLayout& l, bool maste
   return true;
 }
 
-inline bool has_arrays(const OptimizerArrays& a) { return a.adam_m || a.adam_v || a.momentum || a.master; }
+inline bool has_arrays(const OptimizerArrays& a) {
+  return a.adam_m || a.adam_v || a.momentum || a.master || a.second_moments;
+}
 inline bool same_arrays(const OptimizerArrays& a, const OptimizerArrays& b) {
-  return a.adam_m == b.adam_m && a.adam_v == b.adam_v && a.momentum == b.momentum && a.master == b.master;
+  return a.adam_m == b.adam_m && a.adam_v == b.adam_v && a.momentum == b.momentum && a.master == b.master &&
+         a.second_moments == b.second_moments;
 }
 
 void optimizer_arrays_free(OptimizerArrays& a) {
-  for (float* p : {a.adam_m, a.adam_v, a.momentum, a.master}) device_free(p);
+  for (float* p : {a.adam_m, a.adam_v, a.momentum, a.master, a.second_moments}) device_free(p);
   a = OptimizerArrays();
 }
 
@@ -6992,7 +7017,8 @@ void adamw_update(floatX* params, const floatX* grads, const OptimizerArrays& fr
 // Muon for the blocks' matrices: Nesterov momentum, then the update orthogonalised by the
 // recipe's Newton-Schulz iterations in BF16 (in every build, as the reference does; the
 // baseline's 12 of (a, b, c) = (2, -1.5, 0.5), the speedrun's 5 of (3.4445, -4.775, 2.0315), Polar
-// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), then decoupled weight decay.
+// Express's 5 of a polynomial each: llmc::kNewtonSchulzMethods), with -mn 1 normalised by
+// NorMuon's second moment (muon_second_moment), then the weight decay and the step.
 // Matrices of one shape form a group, orthogonalised in their wide orientation, X [m, n] with
 // m = min(rows, cols) (a tall parameter transposed), every matrix of a call in one batched
 // cuBLASLt product each: A = X X^T [m, m]; B = c A A + b A; X = B X + a X, BF16 in and out with
@@ -7010,6 +7036,8 @@ struct MuonParams {
   llmc::NewtonSchulz newton_schulz = llmc::kNewtonSchulzBaseline;
   bool scale_tall = true;  // a tall matrix's update times sqrt(n / m) (llmc::Recipe::muon_scale_tall)
   llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
+  bool normuon = false;         // NorMuon's second moment (llmc::Recipe::normuon; muon_second_moment)
+  float normuon_weight = 0.0f;  // the new mean's weight in its running mean, 1 - beta2 rounded to FP32
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -7017,7 +7045,8 @@ struct MuonParams {
 // scattered in the parameter buffer and named by device arrays of pointers. master is null
 // without master weights (then the parameter is the master), tall null where none is tall; the
 // momentum is FP32 of the parameter's shape. The sharded step (muon_prepare_shard) overwrites the
-// gradients with the Nesterov inputs.
+// gradients with the Nesterov inputs. second_moments: NorMuon's state, n FP32 values a matrix
+// (muon_second_moment; null without it). lr_scale: each matrix's rate multiplier (null: 1).
 struct MuonGroup {
   int m = 0, n = 0, count = 0;
   floatX** params = nullptr;
@@ -7025,8 +7054,11 @@ struct MuonGroup {
   floatX** grads = nullptr;
   float** momentum = nullptr;
   const uint8_t* tall = nullptr;
+  float** second_moments = nullptr;
+  const float* lr_scale = nullptr;
 };
 
+constexpr int kMuonPointerSets = 5;  // MuonGroup's arrays of pointers: params to second_moments
 constexpr int kMuonTile = 32;      // the elementwise kernels' tiles, and the norm's partial sums
 constexpr int kMuonThreads = 256;  // a tile's block: each thread kMuonTile^2 / kMuonThreads elements
 
@@ -7043,15 +7075,19 @@ struct MuonProduct {
 };
 
 // The scratch of muon_update, for `capacity` matrices of its groups at a time: the iterates X
-// (ping-pong), A and B in BF16, and the norms' tile sums and denominators.
+// (ping-pong), A and B in BF16, the norms' tile sums and denominators, and NorMuon's means of X^2
+// along the longer side and its factors of the norm.
 struct MuonWorkspace {
   int capacity = 0;
   size_t x_elements = 0, square_elements = 0, partial_count = 0;  // per matrix, the groups' largest
+  size_t side_elements = 0;                                       // n, the groups' largest
   __nv_bfloat16* x[2] = {nullptr, nullptr};
   __nv_bfloat16* a = nullptr;
   __nv_bfloat16* b = nullptr;
   float* partials = nullptr;
   float* denominators = nullptr;
+  float* second_means = nullptr;
+  float* second_factors = nullptr;
   std::vector<MuonProduct> products;
 };
 
@@ -7065,10 +7101,11 @@ size_t muon_workspace_size(const std::vector<MuonGroup>& groups, int capacity,
     ws.x_elements = std::max(ws.x_elements, (size_t)g.m * g.n);
     ws.square_elements = std::max(ws.square_elements, (size_t)g.m * g.m);
     ws.partial_count = std::max(ws.partial_count, (size_t)muon_tiles(g));
+    ws.side_elements = std::max(ws.side_elements, (size_t)g.n);
   }
   if (sizes) *sizes = ws;
   return (size_t)capacity * (2 * sizeof(__nv_bfloat16) * (ws.x_elements + ws.square_elements) +
-                             sizeof(float) * (ws.partial_count + 1));
+                             sizeof(float) * (ws.partial_count + ws.side_elements + 2));
 }
 
 void muon_workspace_alloc(MuonWorkspace& ws, const std::vector<MuonGroup>& groups, int capacity) {
@@ -7081,6 +7118,8 @@ void muon_workspace_alloc(MuonWorkspace& ws, const std::vector<MuonGroup>& group
   ws.b = device_alloc<__nv_bfloat16>(n * ws.square_elements, "Muon's polynomial in X X^T");
   ws.partials = device_alloc<float>(n * ws.partial_count, "Muon's norm partial sums");
   ws.denominators = device_alloc<float>(n, "Muon's norms");
+  ws.second_means = device_alloc<float>(n * ws.side_elements, "NorMuon's means of X^2");
+  ws.second_factors = device_alloc<float>(n, "NorMuon's norm factors");
 }
 
 void muon_workspace_free(MuonWorkspace& ws) {
@@ -7095,6 +7134,8 @@ void muon_workspace_free(MuonWorkspace& ws) {
   device_free(ws.b);
   device_free(ws.partials);
   device_free(ws.denominators);
+  device_free(ws.second_means);
+  device_free(ws.second_factors);
   ws = MuonWorkspace();
 }
 
@@ -7365,19 +7406,92 @@ __global__ void muon_normalize_scalar_kernel(__nv_bfloat16* out, const __nv_bflo
   out[i] = __float2bfloat16_rn(__bfloat162float(x[i]) / denominators[i / matrix_elements]);
 }
 
+// NorMuon's second moment (record #89's), on the orthogonalised X [m, n] (wide, m <= n) of each
+// matrix of a batch, with its state s of n values: for each entry k of the matrix's longer side,
+// mean_k the mean of X^2 over the other side; s_k <- lerp(s_k, mean_k, 1 - beta2); X_k <- X_k /
+// sqrt(max(s_k, 1e-10)); then X scaled back to its norm before. The reference takes the rows of
+// a tall matrix as it stores it, the columns of a wide one and the rows of a square one: in the
+// wide orientation X's columns, or its rows where m = n (no square matrix is stored transposed),
+// the same entries of the same matrix wherever our storage is the reference's transposed (the
+// MLP's down projection). In its order and types: the means, s and the factors FP32, each mean
+// the sum of the m squares times 1/m, the norm before sqrt(m sum_k mean_k), the one after
+// sqrt(sum_k (m mean_k) step_k^2), an entry's scale step_k (norm / max(after, 1e-10)) rounded to
+// BF16 and its product with X too; every operation rounded on its own. Deterministic: each mean
+// adds its squares in order, the norms in block_reduce_sum's tree of one block per matrix. X's
+// bytes read twice and written once: 6 an element.
+
+// 1 / sqrt(max(s, 1e-10)), each operation rounded as the CPU rounds it.
+__device__ __forceinline__ float muon_second_moment_step(float s) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(fmaxf(s, 1e-10f)));
+}
+
+// Entry k = blockIdx.x * blockDim.x + threadIdx.x of matrix blockIdx.y: its mean, kept for
+// muon_second_moment_norm_kernel, and its running mean, torch.lerp's s + w (mean - s) (w < 0.5)
+// as its CUDA kernel evaluates it, one fused multiply-add.
+__global__ void muon_second_moment_kernel(float* means, float* const* second_moments, const __nv_bfloat16* x,
+                                          int m, int n, float weight) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x, z = blockIdx.y;
+  if (k >= n) return;
+  const __nv_bfloat16* in = x + (size_t)z * m * n;
+  const bool rows = m == n;
+  float sum = 0.0f;
+  for (int i = 0; i < m; i++) {
+    const float v = __bfloat162float(rows ? in[(size_t)k * n + i] : in[(size_t)i * n + k]);
+    sum = __fadd_rn(sum, __fmul_rn(v, v));
+  }
+  const float mean = __fmul_rn(sum, __frcp_rn((float)m));
+  float* s = second_moments[z];
+  means[(size_t)z * n + k] = mean;
+  s[k] = __fmaf_rn(weight, __fsub_rn(mean, s[k]), s[k]);
+}
+
+// Matrix blockIdx.x's factor norm / max(after, 1e-10), from its means and updated state.
+__global__ void muon_second_moment_norm_kernel(float* factors, const float* means, float* const* second_moments,
+                                               int m, int n) {
+  __shared__ float shared[WARP_SIZE];
+  const int z = blockIdx.x;
+  const float* mean = means + (size_t)z * n;
+  const float* s = second_moments[z];
+  const float side = (float)m;
+  float before = 0.0f, after = 0.0f;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) {
+    const float step = muon_second_moment_step(s[k]);
+    before = __fadd_rn(before, mean[k]);
+    after = __fadd_rn(after, __fmul_rn(__fmul_rn(mean[k], side), __fmul_rn(step, step)));
+  }
+  before = block_reduce_sum(before, shared);
+  after = block_reduce_sum(after, shared);
+  if (threadIdx.x > 0) return;
+  factors[z] = __fdiv_rn(__fsqrt_rn(__fmul_rn(before, side)), fmaxf(__fsqrt_rn(after), 1e-10f));
+}
+
+// X = bf16(X bf16(step_k factor)), one element a thread.
+__global__ void muon_second_moment_scale_kernel(__nv_bfloat16* x, const float* factors,
+                                                float* const* second_moments, int m, int n, size_t elements) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= elements) return;
+  const size_t matrix = (size_t)m * n, z = i / matrix, at = i % matrix;
+  const size_t k = m == n ? at / n : at % n;
+  const float step = muon_second_moment_step(second_moments[z][k]);
+  const float scale = __bfloat162float(__float2bfloat16_rn(__fmul_rn(step, factors[z])));
+  x[i] = __float2bfloat16_rn(__fmul_rn(__bfloat162float(x[i]), scale));
+}
+
 // One 32x32 tile of X [m, n] of each matrix of the batch: u = X (transposed back through shared
 // memory for a tall parameter, then scaled by tall_scale, sqrt(n / m) or 1, in BF16 as the
 // reference scales its BF16 update); p = p (1 - lr wd) - lr u, or with the cautious decay
 // (llmc::WeightDecayKind, muon_cautious_decay) p - (wd lr) lr_eff p [u p >= 0] - lr u, lr_eff the
-// matrix's rate lr tall_scale, in which record #89's reference puts the shape; in FP32 from the
-// master weights (or the parameter), stored with stochastic rounding at the element's index in
-// the whole group, so that the bits do not depend on which matrices a call covers.
+// matrix's rate lr tall_scale, in which record #89's reference puts the shape; lr and lr_eff
+// times the matrix's multiplier (MuonGroup::lr_scale), the decoupled decay's lr wd not; in FP32
+// from the master weights (or the parameter), stored with stochastic rounding at the element's
+// index in the whole group, so that the bits do not depend on which matrices a call covers.
 struct MuonApply {
   float lr, decay, tall_scale;
   bool cautious;
   float wd_lr, tall_lr;  // the cautious decay's wd lr, and a tall matrix's lr_eff (lr sqrt(n / m) or lr)
   uint32_t seed;
-  int first;  // the batch's first matrix in its group
+  int first;                        // the batch's first matrix in its group
+  const float* lr_scale = nullptr;  // the batch's matrices' multipliers (null: 1)
 };
 
 // Muon's cautious step: old - (wd lr) lr_eff old [u old >= 0] - lr u, in the order of record #89's
@@ -7411,6 +7525,7 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
   }
   floatX* p = params[z];
   float* pm = master ? master[z] : nullptr;
+  const float rate = a.lr_scale ? a.lr_scale[z] : 1.0f;
   for (int i = ty; i < kMuonTile; i += kStep) {
     const int r = row0 + i, c = col0 + tx;
     if (r >= rows || c >= cols) continue;
@@ -7419,8 +7534,8 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
     const float u = transpose ? __bfloat162float(__float2bfloat16_rn(tile[i][tx] * a.tall_scale))
                               : __bfloat162float(in[at]);
     const float old = pm ? pm[at] : (float)p[at];
-    const float updated = a.cautious ? muon_cautious_decay(old, u, a.lr, a.wd_lr, transpose ? a.tall_lr : a.lr)
-                                     : old * a.decay - a.lr * u;
+    const float lr = __fmul_rn(a.lr, rate), lr_eff = __fmul_rn(transpose ? a.tall_lr : a.lr, rate);
+    const float updated = a.cautious ? muon_cautious_decay(old, u, lr, a.wd_lr, lr_eff) : old * a.decay - lr * u;
     if (pm) pm[at] = updated;
     p[at] = round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
   }
@@ -7444,7 +7559,8 @@ __global__ void __launch_bounds__(kMuonThreads) muon_apply_shard_kernel(
 void muon_require_fits(const MuonGroup& g, int slot, int batch, const MuonWorkspace& ws) {
   const int m = g.m, n = g.n;
   REQUIRE(batch > 0 && slot >= 0 && slot + batch <= ws.capacity && (size_t)m * n <= ws.x_elements &&
-              (size_t)m * m <= ws.square_elements && (size_t)muon_tiles(g) <= ws.partial_count,
+              (size_t)m * m <= ws.square_elements && (size_t)muon_tiles(g) <= ws.partial_count &&
+              (size_t)n <= ws.side_elements,
           "Muon: %d matrices of %dx%d from slot %d do not fit a workspace for %d of %zu elements", batch, m,
           n, slot, ws.capacity, ws.x_elements);
 }
@@ -7485,6 +7601,29 @@ void muon_orthogonalize(const MuonGroup& g, const llmc::NewtonSchulz& ns, int sl
   muon_newton_schulz(ws, ns, m, n, slot, batch, g.count, stream);
 }
 
+// NorMuon's step (muon_second_moment_kernel) on slots [slot, slot + batch) of X, as
+// muon_orthogonalize left them in ws.x[0], matrices [first, first + batch) of the group.
+void muon_second_moment(const MuonGroup& g, int first, int batch, const MuonParams& hp, MuonWorkspace& ws,
+                        int slot, cudaStream_t stream) {
+  muon_require_fits(g, slot, batch, ws);
+  REQUIRE(g.second_moments, "Muon: NorMuon's step on a group of %dx%d matrices without its second moments", g.m,
+          g.n);
+  const int m = g.m, n = g.n;
+  __nv_bfloat16* x = ws.x[0] + (size_t)slot * m * n;
+  float* means = ws.second_means + (size_t)slot * n;
+  float* factors = ws.second_factors + slot;
+  float* const* second_moments = g.second_moments + first;
+  muon_second_moment_kernel<<<dim3(ceil_div(n, kMuonThreads), batch), kMuonThreads, 0, stream>>>(
+      means, second_moments, x, m, n, hp.normuon_weight);
+  cudaCheckLaunch();
+  muon_second_moment_norm_kernel<<<batch, kMuonThreads, 0, stream>>>(factors, means, second_moments, m, n);
+  cudaCheckLaunch();
+  const size_t elements = (size_t)batch * m * n;
+  muon_second_moment_scale_kernel<<<ceil_div((long)elements, kMuonThreads), kMuonThreads, 0, stream>>>(
+      x, factors, second_moments, m, n, elements);
+  cudaCheckLaunch();
+}
+
 MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_t seed, int first) {
   MuonApply a;
   a.lr = hp.lr;
@@ -7495,6 +7634,7 @@ MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_
   a.tall_lr = (float)(hp.lr * (hp.scale_tall ? std::sqrt((double)g.n / g.m) : 1.0));
   a.seed = seed;
   a.first = first;
+  a.lr_scale = g.lr_scale ? g.lr_scale + first : nullptr;
   return a;
 }
 
@@ -7523,6 +7663,7 @@ void muon_update(const MuonGroup& g, int begin, int end, const MuonParams& hp, u
     const int batch = std::min(ws.capacity, end - first);
     muon_prepare(g, first, batch, hp, ws, 0, stream);
     muon_orthogonalize(g, hp.newton_schulz, 0, batch, ws, stream);
+    if (hp.normuon) muon_second_moment(g, first, batch, hp, ws, 0, stream);
     muon_apply(g, first, batch, hp, seed, ws, 0, stream);
   }
 }
@@ -7552,7 +7693,8 @@ struct MuonSpread {
 // workspace holds the group). Every process updates the momentum of every matrix (elementwise
 // and cheap; the averaged gradient is the same on every process, so the state stays replicated),
 // orthogonalises its share, gathers the others', and applies the whole group's update with the
-// same seeds, so that every process keeps the same parameters and master weights. The bits do not
+// same seeds (NorMuon's step, where it runs, on every matrix, its state replicated as the
+// momentum), so that every process keeps the same parameters and master weights. The bits do not
 // depend on which process orthogonalised a matrix where cuBLASLt runs the group's algorithm for a
 // share (muon_product); one process runs muon_update's kernels.
 void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
@@ -7563,6 +7705,7 @@ void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed,
     muon_orthogonalize(g, hp.newton_schulz, share.begin, share.end - share.begin, ws, stream);
   }
   if (spread.world > 1) spread.gather(ws.x[0], (size_t)g.m * g.n, g.count, stream);
+  if (hp.normuon) muon_second_moment(g, 0, g.count, hp, ws, 0, stream);
   muon_apply(g, 0, g.count, hp, seed, ws, 0, stream);
 }
 
@@ -7595,6 +7738,8 @@ void muon_prepare_shard(const MuonGroup& g, const MuonParams& hp, const MuonShar
 // gets the bits muon_update_spread gives it.
 void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
                          const MuonSpread& spread, const MuonShard& shard, cudaStream_t stream) {
+  REQUIRE(!hp.normuon, "Muon with ZeRO-1: NorMuon's second moments are kept whole on every process, not "
+          "sharded (-mn 1 runs with -zs 0)");
   const MuonShare share = muon_share(g.count, spread.rank, spread.world);
   const int m = g.m, n = g.n, batch = share.end - share.begin;
   if (batch > 0) {
@@ -7775,12 +7920,14 @@ struct OptimizerState {
   OptimizerArrays state_next;
   bool use_master_weights = true;
   int optimizer_steps = 0;
+  // The embedding tied to the head through this step's update (-ut; -1: never): gpt2_update.
+  long untie_step = -1;
   // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
   // pointers made for the state arrays muon_state_for (the arrays move after a checkpoint), and
   // the scratch of the orthogonalisation.
   std::vector<MuonGroup> muon_groups;
   std::vector<size_t> muon_offsets;  // each group's matrices' first elements, group after group
-  void* muon_pointers = nullptr;     // the groups' device arrays of pointers and tall flags
+  void* muon_pointers = nullptr;     // the groups' device arrays of pointers, multipliers and tall flags
   OptimizerArrays muon_state_for;
   MuonWorkspace muon_workspace;
   size_t state_bytes = 0;  // on the GPU, the workspace left out
@@ -7890,6 +8037,7 @@ struct DocumentAttention {
   bool documents = false;
   llmc::StepWindows windows;  // of the passes to come (gpt2_set_window; long 0: none)
   int max_window_blocks = 0;  // the largest the scratch was sized for (0: none)
+  llmc::WindowUnit window_unit = llmc::WindowUnit::kBlocks;  // -awt: whole blocks, or blocks x 128 tokens
   llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
   int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
   UploadStaging spans_staging, document_ids_staging;  // their host halves (section 1)
@@ -7908,8 +8056,8 @@ void document_buffers_free(DocumentAttention& d) {
 
 struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttention {
   cudaStream_t stream = 0;  // every pass's and the update's
-  // The training loss's terms (gpt2_set_loss_terms; each call's rows give the sequence length) and
-  // their prefix table on the GPU (none without a prefix term).
+  // The training loss's terms (gpt2_set_loss_weights; each call's rows give the sequence length) and
+  // their prefix table on the GPU (gpt2_set_prefix_table; none without a prefix term).
   ClassifierTerms loss_terms;
   int* prefix_table = nullptr;
   // Validation's forward pass at another B x T than the training passes' (gpt2_allocate_validation);
@@ -7921,9 +8069,10 @@ struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttent
 inline bool muon_updates(const llmc::ParamSpec& spec) { return spec.role == llmc::ParamRole::kMatrix; }
 
 // The optimizer state of this process's shard of p's parameters, zeroed (StateLayout): AdamW's
-// moments, Muon's momentum where muon, and the FP32 master weights where the parameters are stored
-// in BF16 and master_weights asks for them.
-void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool master_weights, bool muon) {
+// moments, Muon's momentum where muon, NorMuon's second moments where normuon, and the FP32
+// master weights where the parameters are stored in BF16 and master_weights asks for them.
+void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool master_weights, bool muon,
+                                   bool normuon) {
   size_t sizes[llmc::kNumParamTensors];
   bool by_muon[llmc::kNumParamTensors];
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
@@ -7932,6 +8081,7 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
   }
   o.state_layout = state_layout(llmc::kNumParamTensors, p.param_offsets, sizes, by_muon, p.shard_offset,
                                 p.shard_size);
+  if (normuon) o.state_layout.second_moment_size = o.state_layout.muon_size;
   o.muon = muon;
   o.use_master_weights = master_weights && sizeof(floatX) < sizeof(float);
   optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
@@ -7968,13 +8118,15 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
 struct StateSpec {
   bool master_weights = true;
   bool muon = false;
+  bool normuon = false;  // NorMuon's second moments (-mn 1)
 };
 
 // The parameters, zeroed, and the optimizer state of spec.
 void gpt2_allocate_model(GPT2& m, const llmc::GPT2Config& config, StateSpec spec, uint64_t seed,
                          int shard_rank, int shard_count) {
   m.param_bytes = device_bytes_of([&] { gpt2_allocate_params(m, config, seed, shard_rank, shard_count); });
-  m.state_bytes = device_bytes_of([&] { gpt2_allocate_optimizer_state(m, m, spec.master_weights, spec.muon); });
+  m.state_bytes = device_bytes_of(
+      [&] { gpt2_allocate_optimizer_state(m, m, spec.master_weights, spec.muon, spec.normuon); });
 }
 
 // Parameters from FP32 values (a checkpoint or a seeded initialisation): rounded to the storage
@@ -8032,10 +8184,11 @@ void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
 
 // The attention of a run: causal, or within documents (-pd 1) and a window whose largest long
 // window over the run (llmc::StagePlan::max_window; 0: none), which no short one is wider than,
-// sizes the windowed backward's scratch.
+// sizes the windowed backward's scratch; its blocks masked whole or counted in tokens (-awt 1).
 struct AttentionSpec {
   bool documents = false;
   int max_window_blocks = 0;
+  llmc::WindowUnit window_unit = llmc::WindowUnit::kBlocks;
 };
 
 // The blocks of the widest window any layer takes with `spec` at sequence length T: no window is
@@ -8057,7 +8210,9 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   if (m.flash_attention) {
     m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
     const size_t ds_count = attention.documents
-        ? attention_window_ds_count(B, T, c.num_heads, attention_widest_window(attention, T))
+        ? attention_window_ds_count(B, T, c.num_heads,
+                                    llmc::AttentionWindow::of_blocks(attention_widest_window(attention, T),
+                                                                     attention.window_unit))
         : attention_flash_ds_count(B, T, c.num_heads);
     m.attention_ds = device_alloc<floatX>(ds_count, "the attention score-gradient scratch");
   } else {
@@ -8106,6 +8261,7 @@ void document_buffers_allocate(DocumentAttention& d, size_t tokens) {
 void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   m.documents = spec.documents;
   m.max_window_blocks = spec.max_window_blocks;
+  m.window_unit = spec.window_unit;
   m.windows = {};
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
@@ -8625,18 +8781,23 @@ int layer_window(const GPT2& m, int l, int T) {
   return std::min(blocks, m.plan[l].window_blocks(m.windows.long_blocks, m.windows.short_blocks));
 }
 
+// Layer l's window at sequence length T in the run's unit (layer_window's blocks, or as tokens).
+llmc::AttentionWindow layer_attention_window(const GPT2& m, int l, int T) {
+  return llmc::AttentionWindow::of_blocks(layer_window(m, l, T), m.window_unit);
+}
+
 // The first position layer l's decoding query r.first_position attends to: 0, or within documents
-// the first of its document and window (llmc::attention_first_key; layer_window at a length that
-// covers the query's block, so that no window is every block up to it).
+// the first of its document and window (llmc::attention_window_first_key; the layer's window at a
+// length that covers the query's block, so that no window is every block up to it).
 int decode_first_key(const GPT2& m, int l, const BlockRows& r) {
   if (!m.documents) return 0;
   const int t = r.first_position, covered = (t / llmc::kAttentionBlock + 1) * llmc::kAttentionBlock;
-  return llmc::attention_first_key(t, r.document_start, layer_window(m, l, covered));
+  return llmc::attention_window_first_key(t, r.document_start, layer_attention_window(m, l, covered));
 }
 
 // Layer l's mask over the last forward's rows of T tokens (documents_upload).
 DocumentWindow layer_document_window(const GPT2& m, int l, int T) {
-  return {m.spans, m.document_ids, layer_window(m, l, T)};
+  return {m.spans, m.document_ids, layer_attention_window(m, l, T)};
 }
 
 // r.atty from r.qkv: the decoder's one query against the layer's KV cache, which it extends; or
@@ -9298,21 +9459,27 @@ void classifier_rows(GPT2& m, int first, int n, float dloss, const ClassifierTer
                    m.logit_cap, false, grad8, terms);
 }
 
-// The training loss's terms (Recipe::next_token_weights, prefix_weight), with the prefix table of
-// llmc::token_prefix_table (padded_vocab_size rows), uploaded once where the prefix term has a weight.
-void gpt2_set_loss_terms(GPT2& m, const llmc::PredictionWeights& next_tokens, float prefix_weight,
-                         const std::vector<int>& prefix_table) {
-  m.loss_terms.predict = next_tokens.count;
-  std::copy(next_tokens.weight, next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
-  m.loss_terms.prefix_weight = prefix_weight;
-  if (prefix_weight == 0.0f) return;
+// The prefix table of llmc::token_prefix_table (padded_vocab_size rows) for the loss's prefix term,
+// uploaded once where some step weights it; empty: none.
+void gpt2_set_prefix_table(GPT2& m, const std::vector<int>& prefix_table) {
+  if (prefix_table.empty()) return;
   const size_t rows = m.config.padded_vocab_size;
-  REQUIRE(prefix_table.size() == rows, "gpt2_set_loss_terms: a prefix table of %zu rows for %zu tokens",
+  REQUIRE(prefix_table.size() == rows, "gpt2_set_prefix_table: a prefix table of %zu rows for %zu tokens",
           prefix_table.size(), rows);
   device_free(m.prefix_table);
   m.prefix_table = device_alloc<int>(rows, "the prefix table");
   cudaCheck(cudaMemcpy(m.prefix_table, prefix_table.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
-  m.loss_terms.prefix = m.prefix_table;
+}
+
+// The training loss's weights from the next training pass on: a step's of the stage plan
+// (llmc::StepPlan::loss; -mtp's and -pw's without one). A prefix weight takes the prefix table.
+void gpt2_set_loss_weights(GPT2& m, const llmc::LossWeights& w) {
+  REQUIRE(w.prefix == 0.0f || m.prefix_table, "gpt2_set_loss_weights: a prefix weight of %g and no prefix table "
+          "(gpt2_set_prefix_table)", w.prefix);
+  m.loss_terms.predict = w.next_tokens.count;
+  std::copy(w.next_tokens.weight, w.next_tokens.weight + llmc::kMaxPredictedTokens, m.loss_terms.weights);
+  m.loss_terms.prefix_weight = w.prefix;
+  m.loss_terms.prefix = w.prefix > 0.0f ? m.prefix_table : nullptr;
 }
 
 void targets_upload(GPT2& m, const int* targets, int N) {
@@ -9342,7 +9509,7 @@ float losses_mean(GPT2& m, int N) {
 
 // Queues the losses of the last forward against `targets` and their copy into losses_host
 // (pinned, B*T floats), waiting for nothing. With dloss != 0 (training) the loss has the terms of
-// gpt2_set_loss_terms over sequences of T, and the logits are replaced by dlogits (classifier_rows).
+// gpt2_set_loss_weights over sequences of T, and the logits are replaced by dlogits (classifier_rows).
 void gpt2_classifier_enqueue(GPT2& m, const int* targets, int B, int T, float dloss, float* losses_host) {
   targets_upload(m, targets, B * T);
   ClassifierTerms terms;
@@ -9448,15 +9615,23 @@ float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ra
 // Muon's hyperparameters at `step` (0-based; its momentum's schedule), at the schedule's peak.
 MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scale) {
   const llmc::RoleOptimizer& row = opt.of(llmc::ParamRole::kMatrix);
-  return {row.lr, row.weight_decay, (float)opt.muon_momentum.at(step), grad_scale, opt.muon_newton_schulz,
-          opt.muon_scale_tall, row.decay};
+  return {row.lr,
+          row.weight_decay,
+          (float)opt.muon_momentum.at(step),
+          grad_scale,
+          opt.muon_newton_schulz,
+          opt.muon_scale_tall,
+          row.decay,
+          opt.normuon,
+          (float)(1.0 - llmc::kNorMuonBeta2)};
 }
 
 // The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
 // wide orientation, layer by layer within a group: each group is orthogonalised in one batched
-// call. Fills m.muon_offsets; the groups' pointers are made by gpt2_muon_pointers.
-void gpt2_muon_groups(GPT2& m) {
-  struct Matrix { size_t offset; bool tall; };
+// call. Each matrix's rate multiplier is its tensor's of tensor_lr. Fills m.muon_offsets; the
+// groups' pointers are made by gpt2_muon_pointers.
+void gpt2_muon_groups(GPT2& m, const llmc::TensorMultipliers& tensor_lr) {
+  struct Matrix { size_t offset; bool tall; float lr_scale; };
   std::vector<std::pair<std::pair<int, int>, std::vector<Matrix>>> groups;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const llmc::ParamSpec& spec = m.param_specs[i];
@@ -9468,13 +9643,15 @@ void gpt2_muon_groups(GPT2& m) {
     for (int l = 0; l < m.config.num_layers; l++) {
       if (llmc::param_slab(m.plan, spec, l) < 0) continue;
       for (int k = 0; k < spec.split; k++) {
-        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols});
+        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols,
+                                 tensor_lr[i]});
       }
     }
   }
   m.muon_groups.clear();
   m.muon_offsets.clear();
   std::vector<uint8_t> tall;
+  std::vector<float> lr_scale;
   for (const auto& g : groups) {
     MuonGroup group;
     group.m = g.first.first;
@@ -9484,25 +9661,29 @@ void gpt2_muon_groups(GPT2& m) {
     for (const Matrix& matrix : g.second) {
       m.muon_offsets.push_back(matrix.offset);
       tall.push_back(matrix.tall);
+      lr_scale.push_back(matrix.lr_scale);
     }
   }
-  const size_t count = m.muon_offsets.size();
-  m.muon_pointers = device_alloc<char>(count * (4 * sizeof(void*) + 1), "Muon's matrix pointers");
-  cudaCheck(cudaMemcpy((char*)m.muon_pointers + count * 4 * sizeof(void*), tall.data(), count,
-                       cudaMemcpyHostToDevice));
+  // kMuonPointerSets arrays of pointers, the multipliers, the tall flags.
+  const size_t count = m.muon_offsets.size(), pointers = count * kMuonPointerSets * sizeof(void*);
+  m.muon_pointers = device_alloc<char>(pointers + count * (sizeof(float) + 1), "Muon's matrix pointers");
+  char* device = (char*)m.muon_pointers;
+  cudaCheck(cudaMemcpy(device + pointers, lr_scale.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  cudaCheck(cudaMemcpy(device + pointers + count * sizeof(float), tall.data(), count, cudaMemcpyHostToDevice));
   int largest = 0;
   for (const MuonGroup& g : m.muon_groups) largest = std::max(largest, g.count);
   muon_workspace_alloc(m.muon_workspace, m.muon_groups, largest);
 }
 
-// Points the groups at the parameters, gradients and the state arrays of `arrays` (Muon's momentum
-// and the master weights; StateLayout). A matrix's state pointer is where its first element's
-// state would be: with ZeRO-1 a matrix may start before the shard or lie past it, and then the
-// pointer lies outside the arrays, but the sharded kernels touch only the shard's elements.
+// Points the groups at the parameters, gradients and the state arrays of `arrays` (Muon's momentum,
+// NorMuon's second moments and the master weights; StateLayout). A matrix's state pointer is where
+// its first element's state would be: with ZeRO-1 a matrix may start before the shard or lie past
+// it, and then the pointer lies outside the arrays, but the sharded kernels touch only the shard's
+// elements.
 void gpt2_muon_pointers(GPT2& m, const OptimizerArrays& arrays) {
   const StateLayout& layout = m.state_layout;
   const size_t count = m.muon_offsets.size();
-  std::vector<void*> host(4 * count);
+  std::vector<void*> host(kMuonPointerSets * count);
   auto at = [](float* array, ptrdiff_t element) { return (void*)((uintptr_t)array + element * sizeof(float)); };
   for (size_t i = 0; i < count; i++) {
     const size_t offset = m.muon_offsets[i];
@@ -9513,31 +9694,40 @@ void gpt2_muon_pointers(GPT2& m, const OptimizerArrays& arrays) {
     host[count + i] = arrays.master ? at(arrays.master, (ptrdiff_t)offset - (ptrdiff_t)m.shard_offset) : nullptr;
     host[2 * count + i] = m.grads + offset;
     host[3 * count + i] = at(arrays.momentum, (ptrdiff_t)layout.state[tensor] + in_part);
+    host[4 * count + i] =
+        arrays.second_moments ? at(arrays.second_moments, (ptrdiff_t)layout.state[tensor] + in_part) : nullptr;
   }
   void** device = (void**)m.muon_pointers;
   cudaCheck(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice, m.stream));
   cudaCheck(cudaStreamSynchronize(m.stream));  // host is a local
-  const uint8_t* tall = (const uint8_t*)(device + 4 * count);
+  const float* lr_scale = (const float*)(device + kMuonPointerSets * count);
+  const uint8_t* tall = (const uint8_t*)(lr_scale + count);
   size_t first = 0;
   for (MuonGroup& g : m.muon_groups) {
     g.params = (floatX**)device + first;
     g.master = arrays.master ? (float**)device + count + first : nullptr;
     g.grads = (floatX**)device + 2 * count + first;
     g.momentum = (float**)device + 3 * count + first;
+    g.second_moments = arrays.second_moments ? (float**)device + 4 * count + first : nullptr;
     g.tall = tall + first;
+    g.lr_scale = lr_scale + first;
     first += g.count;
   }
   m.muon_state_for = arrays;
 }
 
 // After a checkpoint the optimizer state moves to other arrays (OptimizerState::state_next):
-// Muon's momentum and its matrices' master weights in this rank's shard are copied there, to be
-// updated in place (AdamW writes its tensors' new state there itself).
+// Muon's momentum, NorMuon's second moments and its matrices' master weights in this rank's shard
+// are copied there, to be updated in place (AdamW writes its tensors' new state there itself).
 void gpt2_muon_copy_state(GPT2& m) {
   const StateLayout& layout = m.state_layout;
   const OptimizerArrays &from = m.state, &to = m.state_next;
   cudaCheck(cudaMemcpyAsync(to.momentum, from.momentum, layout.muon_size * sizeof(float),
                             cudaMemcpyDeviceToDevice, m.stream));
+  if (layout.second_moment_size > 0) {
+    cudaCheck(cudaMemcpyAsync(to.second_moments, from.second_moments, layout.second_moment_size * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
   if (!from.master) return;
   for (int i = 0; i < layout.count; i++) {
     if (layout.owner[i] != StateOwner::kMuon) continue;
@@ -9554,9 +9744,9 @@ void gpt2_muon_copy_state(GPT2& m) {
 // update to its shard (muon_update_sharded), whose parameters multi_gpu_gather_params then
 // gathers. Both give every element the same bits for a process count, and a group's matrices
 // the same bits on any process count where cuBLASLt runs the group's algorithm for a share.
-void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint32_t seed,
-                      const MuonSpread& spread) {
-  if (m.muon_groups.empty()) gpt2_muon_groups(m);
+void gpt2_muon_update(GPT2& m, const MuonParams& params, const llmc::TensorMultipliers& tensor_lr,
+                      float lr_fraction, uint32_t seed, const MuonSpread& spread) {
+  if (m.muon_groups.empty()) gpt2_muon_groups(m, tensor_lr);
   const bool moved = has_arrays(m.state_next);
   const OptimizerArrays& arrays = moved ? m.state_next : m.state;
   if (moved) gpt2_muon_copy_state(m);
@@ -9584,6 +9774,38 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, float lr_fraction, uint
   }
 }
 
+// The embedding tied to the head (-ut, modded-nanogpt record #89's tied phase), on one optimizer
+// shard: the embedding's weights (and their FP32 masters) the head's, which are the same shape
+// [Vp, C]. The tied update steps the head with the sum of both gradients (gpt2_update); the
+// embedding's own AdamW state is unused until the untie step copies the head's over it.
+void gpt2_tie_embedding(GPT2& m) {
+  const size_t wte = m.param_offsets[llmc::kWte], head = m.param_offsets[llmc::kHeadw];
+  const size_t n = m.param_specs[llmc::kHeadw].size;
+  REQUIRE(m.shard_count == 1 && n == m.param_specs[llmc::kWte].size,
+          "gpt2_tie_embedding: a head of %zu elements, an embedding of %zu, %d optimizer shards (one only)", n,
+          (size_t)m.param_specs[llmc::kWte].size, m.shard_count);
+  cudaCheck(cudaMemcpyAsync(m.params + wte, m.params + head, n * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
+  if (m.state.master) {
+    cudaCheck(cudaMemcpyAsync(m.state.master + wte, m.state.master + head, n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
+// At the untie step, after its tied update: the head's AdamW moments become the embedding's (the
+// step count, which bias-corrects them, is the run's for every tensor), which from the next step
+// is updated on its own.
+void gpt2_untie_embedding_state(GPT2& m) {
+  const StateLayout& l = m.state_layout;
+  const size_t n = l.size[llmc::kHeadw];
+  const bool adamw = l.owner[llmc::kWte] == StateOwner::kAdamW && l.owner[llmc::kHeadw] == StateOwner::kAdamW;
+  REQUIRE(adamw && n == l.size[llmc::kWte], "gpt2_untie_embedding_state: the embedding and the head must be AdamW's "
+          "whole tensors of one size");
+  for (float* moments : {m.state.adam_m, m.state.adam_v}) {
+    cudaCheck(cudaMemcpyAsync(moments + l.state[llmc::kWte], moments + l.state[llmc::kHeadw], n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
 // The first steps of a process, whose products are tuned: the first; where the init zeroes the
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
@@ -9592,11 +9814,16 @@ inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 :
 // (each tensor's part inside it), given the gradient norm, each tensor by its role's row of opt:
 // AdamW with clipping at opt.grad_clip and the schedule's lr times the row's; Muon with its rate
 // times lr_fraction, the schedule's lr over its peak, and the step's momentum, its
-// orthogonalisation spread over the processes by muon_spread.
+// orthogonalisation spread over the processes by muon_spread. Through the untie step the head
+// takes the embedding's gradient too, and the embedding the head's new weights (gpt2_tie_embedding).
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
+  const bool second_moments = m.state_layout.second_moment_size > 0;
+  REQUIRE(opt.normuon == second_moments, "gpt2_update: the optimizer state was allocated %s NorMuon's second "
+          "moments, and the update is %s NorMuon's", second_moments ? "with" : "without",
+          opt.normuon ? "with" : "without");
   nvtxRangePush("update");
   m.optimizer_steps++;
   AdamWParams hp = {};
@@ -9604,6 +9831,11 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
   hp.step = m.optimizer_steps;
   const uint32_t seed = m.rng.u32();
+  const bool tied = step <= m.untie_step;
+  if (tied) {
+    add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
+                seed + 0x9e3779b9u * (llmc::kNumParamTensors + 1), m.stream);
+  }
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
@@ -9615,12 +9847,16 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
                seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
                i == llmc::kHeadw && fp8_head_support(m.arch()));
   }
-  if (opt.muon()) gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), lr_fraction, seed, muon_spread);
+  if (opt.muon()) {
+    gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, muon_spread);
+  }
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
     m.state_next = OptimizerArrays();
   }
+  if (tied) gpt2_tie_embedding(m);
+  if (step == m.untie_step) gpt2_untie_embedding_state(m);
   m.fp8_weights_stale = true;
   // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
   // the first steps' products see zeros, on which algorithms of different summation orders give
@@ -9841,8 +10077,10 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
 // (exact for every value but NaN).
 //
 // A state file keeps the optimizer state as three flat arrays over the shard, m, v and master
-// (llmc/train_state.h), whichever optimizer owns a tensor: Muon's momentum in m's place, and v
-// zero for Muon's matrices, as in the files of the versions that kept those arrays on the GPU.
+// (llmc/train_state.h), whichever optimizer owns a tensor: Muon's momentum in m's place, and in v's
+// NorMuon's second moments as the GPU lays them out (a matrix's n values where its first n
+// elements lie, zeros after), or without them zero, as in the files of the versions that kept
+// those arrays on the GPU.
 // The copies between the GPU's compact arrays (StateLayout) and that layout are
 // state_file_copies'; the host buffers hold zeros wherever no copy writes (state_file_gaps).
 
@@ -9863,6 +10101,7 @@ std::vector<StateCopy> state_file_copies(const StateLayout& l, const OptimizerAr
       copies.push_back({a.adam_v + l.state[i], 1, at, l.size[i]});
     } else if (l.owner[i] == StateOwner::kMuon) {
       copies.push_back({a.momentum + l.state[i], 0, at, l.size[i]});
+      if (a.second_moments) copies.push_back({a.second_moments + l.state[i], 1, at, l.size[i]});
     }
   }
   if (a.master) copies.push_back({a.master, 2, 0, l.shard_size});
@@ -9870,14 +10109,16 @@ std::vector<StateCopy> state_file_copies(const StateLayout& l, const OptimizerAr
 }
 
 // Zeroes what no copy writes of the file's m and v in the host buffer `optimizer` (m, then v, each
-// shard_size): v of Muon's matrices, and a last ZeRO shard's elements past the parameters.
+// shard_size): v of Muon's matrices without NorMuon, and a last ZeRO shard's elements past the
+// parameters.
 void state_file_zero_gaps(const StateLayout& l, float* optimizer) {
   for (int array = 0; array < 2; array++) {
     float* base = optimizer + array * l.shard_size;
     size_t covered = 0;  // the tensors' parts lie in the shard in order
     for (int i = 0; i <= l.count; i++) {
       const bool end = i == l.count;
-      if (!end && (l.owner[i] == StateOwner::kNone || (array == 1 && l.owner[i] == StateOwner::kMuon))) continue;
+      const bool v_of_muon = !end && array == 1 && l.owner[i] == StateOwner::kMuon && l.second_moment_size == 0;
+      if (!end && (l.owner[i] == StateOwner::kNone || v_of_muon)) continue;
       const size_t at = end ? l.shard_size : l.begin[i] - l.shard_offset;
       if (at > covered) host_zero_parallel(base + covered, (at - covered) * sizeof(float));
       if (!end) covered = at + l.size[i];
@@ -9894,8 +10135,11 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
   id.master_weights = m.state.master != nullptr;
   id.zero_stage = m.shard_count > 1 ? 1 : 0;
   // The run's optimizer, not this rank's slice: with ZeRO-1 a slice may hold no Muon matrix.
-  id.matrix_optimizer = m.muon ? llmc::kMatrixOptimizerMuon : llmc::kMatrixOptimizerAdamw;
+  id.matrix_optimizer = !m.muon                               ? llmc::kMatrixOptimizerAdamw
+                        : m.state_layout.second_moment_size > 0 ? llmc::kMatrixOptimizerNorMuon
+                                                                : llmc::kMatrixOptimizerMuon;
   id.data_tokens = data_tokens;
+  id.untie_step = (int)m.untie_step;
   return id;
 }
 
@@ -10579,9 +10823,15 @@ constexpr double kPeakFlops = 989e12;
 // The keys a query of a T-token sequence attends to on average under layer l's mask, where one
 // document spans the sequence (more documents hide more): T/2 causal; with documents, query block i
 // sees min(i + 1, N) blocks of layer l's window of N (every block without one), the last half. A
-// window of 0 (the short layers' half of 1) still sees the query's own block.
+// window of 0 (the short layers' half of 1) still sees the query's own block. A window in tokens
+// (-awt 1) of w: query t sees min(t + 1, w + 1) keys.
 double attention_mean_keys(const GPT2& m, int l, int T) {
   if (!m.documents) return T / 2.0;
+  if (m.window_unit == llmc::WindowUnit::kTokens && m.windows.long_blocks != 0) {
+    // The sum over t of min(t + 1, R), R = min(T, w + 1), in integers (train_gpt2.py's bits).
+    const long reach = std::min<long>(T, (long)layer_window(m, l, T) * llmc::kAttentionBlock + 1);
+    return (double)(reach * (reach + 1) / 2 + (T - reach) * reach) / T;
+  }
   const int blocks = T / llmc::kAttentionBlock, window = std::max(1, layer_window(m, l, T));
   double sum = 0.0;
   for (int i = 0; i < blocks; i++) sum += (std::min(i + 1, window) - 0.5) * llmc::kAttentionBlock;
@@ -10617,6 +10867,8 @@ struct TrainArgs : llmc::TrainFlags {
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
+  int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
+  int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -10659,6 +10911,11 @@ llmc::Flag recipe_flag(TrainArgs& a) {
 
 // -aw's long and short windows.
 llmc::WindowSetting window_setting(const TrainArgs& a) { return {a.window_blocks, a.short_window_blocks}; }
+
+// -awt: whether a window's blocks are masked whole or counted in tokens.
+llmc::WindowUnit window_unit(const TrainArgs& a) {
+  return a.window_tokens ? llmc::WindowUnit::kTokens : llmc::WindowUnit::kBlocks;
+}
 
 // -aw: N blocks, -1 the schedule, 0 none, or S/N (llmc::parse_window_setting).
 llmc::Flag window_flag(TrainArgs& a) {
@@ -10753,11 +11010,20 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
                "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
       window_flag(a),
+      int_flag("-ut", "untie step", "an untied head tied to the embedding through step U's update (the head "
+               "stepped with both gradients, the embedding its copy), then the head's AdamW state copied to the "
+               "embedding, separate from step U + 1 (modded-nanogpt's record #89: the first odd step of stage 3, "
+               "847); -1: separate throughout", &a.untie_step, -1, kIntMax),
       int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
                "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
                "stage's", &a.final_window_blocks, 0, kIntMax),
+      int_flag("-awt", "window in tokens", "with -pd 1 and a window: 1: a window of N blocks is N x 128 tokens back "
+               "from each query (record #89's FlashAttention window: key j seen by query i when i - 128N <= j <= i), "
+               "masked token by token at its edge; 0: whole blocks of 128 tokens (modded-nanogpt's block mask)",
+               &a.window_tokens, 0, 1),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
-                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw) and lr (rate multiplier), "
+                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw), lr (rate multiplier), mtp "
+                "(-mtp) and pw (-pw), these two constant or A>B linear over the stage, "
                 "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
                 "(a stage keeps the one before's values, the first the flags'; none: one stage)", &a.stages),
       int_flag("-vt", "validation length", "validation sequence length, batches of -b sequences of it (0: -t); "
@@ -10779,6 +11045,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-cd", "cautious weight decay", "1: both optimizers' weight decay cautious, record #89's: only where "
                "the step and the weight agree in sign, AdamW's lr^2 wd p where u p > 0, Muon's wd lr lr_eff p where "
                "u p >= 0; 0: decoupled, lr wd p on every weight", &a.cautious_decay, 0, 1),
+      int_flag("-mn", "NorMuon", "-opt muon: 1 Muon's orthogonalised update divided, per entry of each matrix's "
+               "longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm "
+               "(record #89's NorMuon); 0: plain Muon", &a.normuon, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -10833,6 +11102,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.cautious_decay || a.weight_decay > 0.0f || (muon && a.muon_weight_decay > 0.0f),
           "-cd 1 makes the weight decay cautious, and this run decays nothing (-c 0%s): give -c%s a decay, or drop -cd",
           muon ? ", -mw 0" : "", muon ? " or -mw" : "");
+  REQUIRE(!a.normuon || muon, "-mn 1 normalises Muon's update, and -opt %s has no Muon: give -opt muon with it, or "
+          "drop -mn", llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -10931,7 +11202,7 @@ std::string architecture_description(const llmc::ArchSpec& s) {
                          "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
 }
 
-// -pd, -aw and -awf: the training sequences and what a token attends to.
+// -pd, -aw, -awt and -awf: the training sequences and what a token attends to.
 std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& plan, const llmc::StagePlan& stages) {
   if (!a.documents) return "causal, over contiguous training sequences";
   const char* documents = "within each document (token 50256 opens each) of document-aligned training "
@@ -10957,8 +11228,9 @@ std::string attention_description(const TrainArgs& a, const llmc::LayerPlan& pla
   const std::string final = stages.final_window() > 0
       ? llmc::strformat("; N = %d at the validation after the last step (-awf)", stages.final_window())
       : std::string();
-  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s", documents, n.c_str(),
-                         llmc::kAttentionBlock, layers.c_str(), which.c_str(), final.c_str());
+  const char* unit = a.window_tokens ? " counted in tokens from each query (-awt 1)" : "";
+  return llmc::strformat("%s; within a window of %s blocks of %d tokens%s%s%s%s", documents, n.c_str(),
+                         llmc::kAttentionBlock, unit, layers.c_str(), which.c_str(), final.c_str());
 }
 
 // -fh given on the command line, not set by -recipe.
@@ -11164,9 +11436,12 @@ void resolve_final_window(llmc::StagePlan& plan, const TrainArgs& a, bool valida
 // the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
 // loader changes its shape at a boundary without losing its place.
 llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
-  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a));
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a),
+                       {a.next_token_weights, a.prefix_weight});
   const size_t count = plan.stages().size();
   REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
+  REQUIRE(!plan.has_loss_ramp() || a.max_steps >= 0, "-sp: mtp=A>B and pw=A>B change the loss's weights over a "
+          "stage's steps, which -x gives: give -x");
   if (a.max_steps >= 0) plan.resolve(a.max_steps);
   const llmc::LayerPlan layers = llmc::layer_plan(config);
   const bool validating = a.val_every > 0 && a.val_batches > 0;
@@ -11190,7 +11465,20 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
           "t=%d: keep t the same in every stage, or leave -a 1 out", plan.stages()[0].T, change + 1,
           plan.stages()[change].T);
   resolve_final_window(plan, a, validating);
+  REQUIRE(!a.window_tokens || (a.documents && plan.max_window() != 0), "-awt 1 counts the attention windows in "
+          "tokens, and this run has none: give -pd 1 with a window (-aw, or -sp's aw=), or leave -awt out");
   return plan;
+}
+
+// -ut: the embedding tied to a head of its own, whose weights and AdamW state it takes whole
+// (gpt2_tie_embedding), so on one optimizer shard.
+void check_untie_step(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
+  if (a.untie_step < 0) return;
+  const llmc::ArchSpec& arch = llmc::arch_spec(config.arch);
+  REQUIRE(!arch.tied_head, "-ut %d ties the embedding to the head through step %d, and the %s architecture's head "
+          "is the embedding throughout: leave -ut out", a.untie_step, a.untie_step, arch.name);
+  REQUIRE(llmc::zero_shard_count(world, a.zero_stage) == 1, "-ut %d copies the head's weights and AdamW state to "
+          "the embedding's, which -zs 1 shards apart over the %d processes: give -zs 0", a.untie_step, world);
 }
 
 // What a run reads and checks before any GPU is touched, so that a bad flag or file fails with
@@ -11200,20 +11488,22 @@ struct RunInputs {
   StartParams start;
   llmc::StagePlan stages;  // -sp's, its steps shared out where -x gives them
   llmc::HellaSwagSet hellaswag;  // with -h 1
-  std::vector<int> prefix_table;  // with -pw above 0 (prefix_table_of)
+  std::vector<int> prefix_table;  // where -pw or a stage's pw= is above 0 (prefix_table_of)
 };
 
-// -pw's table, each token's prefix token (llmc::token_prefix_table), read from -tk's vocabulary
-// file, in the padded vocabulary's rows.
+// The prefix term's table, each token's prefix token (llmc::token_prefix_table), read from -tk's
+// vocabulary file, in the padded vocabulary's rows.
 std::vector<int> prefix_table_of(const TrainArgs& a, const llmc::GPT2Config& config) {
+  const std::string asked = a.prefix_weight > 0.0f ? llmc::strformat("-pw %g", a.prefix_weight) : "-sp's pw=";
   if (a.tokenizer.empty()) {
-    LLMC_FAIL("-pw %g: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
-              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or -pw 0", a.prefix_weight);
+    LLMC_FAIL("%s: the prefix term reads each token's bytes from the vocabulary file, and there is none: give "
+              "-tk FILE (gpt2_tokenizer.bin, which dev/data/tinyshakespeare.sh makes), or %s", asked.c_str(),
+              a.prefix_weight > 0.0f ? "-pw 0" : "pw=0");
   }
   const llmc::Tokenizer tokenizer(a.tokenizer);
   if (tokenizer.vocab_size() > config.vocab_size) {
-    LLMC_FAIL("-pw %g: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
-              a.prefix_weight, a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
+    LLMC_FAIL("%s: -tk %s holds %d tokens, more than the model's %d: give the model's vocabulary file",
+              asked.c_str(), a.tokenizer.c_str(), tokenizer.vocab_size(), config.vocab_size);
   }
   return llmc::token_prefix_table(tokenizer.token_bytes(), tokenizer.eot_token(), config.padded_vocab_size);
 }
@@ -11267,7 +11557,12 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     llmc::check_window_length(window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
+  if (a.normuon && world > 1 && a.zero_stage == 1) {
+    LLMC_FAIL("-mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over "
+              "the %d processes: give -zs 0", world);
+  }
   in.stages = resolve_stage_plan(a, config, world);
+  check_untie_step(a, config, world);
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -11275,7 +11570,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
                                        (extension ? llmc::strformat(" and -sp's %ld extension steps", extension) : ""));
   }
   llmc::resolve_tokenizer(a);
-  if (a.prefix_weight > 0.0f) in.prefix_table = prefix_table_of(a, config);
+  if (a.prefix_weight > 0.0f || in.stages.has_prefix_term()) in.prefix_table = prefix_table_of(a, config);
   llmc::logit_cap_of(llmc::arch_spec(config.arch).logit_cap, a.logit_cap, llmc::arch_spec(config.arch).name);
   if (a.fp8) fp8_require_layer(config.channels, config.channels);
   check_data(a, world, in.stages);
@@ -11465,6 +11760,9 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
     r.loss_outliers.restore(resumed_host.loss_window);
     r.norm_outliers.restore(resumed_host.norm_window);
   }
+  // Tied at its first step, a run starts from the head's weights in the embedding too (a resumed
+  // one has them already).
+  if (std::max(0, resume_step) <= r.m.untie_step) gpt2_tie_embedding(r.m);
   if (!a.output_dir.empty() && r.mg.rank == 0) {
     llmc::make_dirs(a.output_dir);
     // A resumed log keeps every line up to the checkpoint's step, which the run does not repeat.
@@ -11644,6 +11942,7 @@ bool train_step(TrainRun& r, int step) {
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;
+    if (step == m.untie_step) gpt2_untie_embedding_state(m);  // the untie does not wait for an update
   }
   multi_gpu_fp8_end_step(r.mg, m, s.finite && !s.spike);
   cudaCheck(cudaEventRecord(r.end, m.stream));
@@ -11679,6 +11978,7 @@ int train_loop(TrainRun& r, int* final_step) {
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
     if (a.documents) gpt2_set_window(r.m, r.step.windows);
+    gpt2_set_loss_weights(r.m, r.step.loss);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
     const bool halt = step == a.halt_after || step == halt_for_signal;
@@ -11791,19 +12091,20 @@ int train_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  const StateSpec state = {a.master_weights != 0, a.update.muon()};
+  const StateSpec state = {a.master_weights != 0, a.update.muon(), a.update.normuon};
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
+  m.untie_step = a.untie_step;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);
   } else {
     resolve_fp8_head(a);
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
-                  {a.documents != 0, in.stages.max_window()}, a.fp8_head != 0);
+                  {a.documents != 0, in.stages.max_window(), window_unit(a)}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
-    gpt2_set_loss_terms(m, a.next_token_weights, a.prefix_weight, in.prefix_table);
+    gpt2_set_prefix_table(m, in.prefix_table);
     TrainRun r(a, mg, m);
     train_setup(r, in, run_start, model_seconds);
     int final_step;

@@ -139,8 +139,9 @@ MUON_FLAGS = {
     "muon_lr": (0.025, 0.025, 0.05), "muon_weight_decay": (0.05, 0.05, 0.0), "muon_momentum": (0.95, 0.95, 0.95),
     "muon_momentum_start": (0.85, 0.85, 0.85), "muon_momentum_warmup": (0, 0, 300),
     "muon_momentum_cooldown": (0, 0, 0),
-    "muon_ns": ("baseline", "baseline", "speedrun"),
+    "muon_ns": ("baseline", "baseline", "speedrun"), "normuon": (0, 0, 0),
 }
+NORMUON_BETA2 = 0.9  # NorMuon's running mean of the update's squares (normuon_step)
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -266,20 +267,34 @@ def set_logit_cap(model, text):
     model.logit_shift = values[1] if len(values) == 2 else 0.0
 
 
-def loss_terms(args, config):
-    """--mtp's and --prefix_weight's terms, the prefix table read from --tokenizer's vocabulary; None
-    for the next token's loss alone."""
-    weights = parse_prediction_weights(args.mtp)
-    if weights == [1.0] and args.prefix_weight == 0.0:
+def run_prefix_table(args, config, plan):
+    """The prefix table of --tokenizer's vocabulary where --prefix_weight or a stage's pw= gives the
+    prefix term a weight, else None."""
+    if args.prefix_weight == 0.0 and not (plan and plan.has_prefix_term()):
         return None
-    prefix = None
-    if args.prefix_weight > 0.0:
-        tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
-        if len(tokens) > config.vocab_size:
-            fail(f"--prefix_weight {args.prefix_weight}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, "
-                 f"more than the model's {config.vocab_size}: give the model's vocabulary file")
-        prefix = torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
-    return LossTerms(weights, args.prefix_weight, prefix)
+    what = f"--prefix_weight {args.prefix_weight}" if args.prefix_weight > 0.0 else "--stages' pw="
+    tokens, eot = read_vocabulary(args.tokenizer, "--tokenizer")
+    if len(tokens) > config.vocab_size:
+        fail(f"{what}: --tokenizer {args.tokenizer} holds {len(tokens)} tokens, more than the model's "
+             f"{config.vocab_size}: give the model's vocabulary file")
+    return torch.tensor(prefix_table(tokens, eot, config.padded_vocab_size), dtype=torch.int64)
+
+
+def loss_terms(next_token_weights, prefix_weight, prefix):
+    """The terms of these weights (--mtp's and --prefix_weight's, or a step's of the plan), the prefix
+    table `prefix` where the prefix term has a weight; None for the next token's loss alone."""
+    if list(next_token_weights) == [1.0] and prefix_weight == 0.0:
+        return None
+    return LossTerms(list(next_token_weights), prefix_weight, prefix if prefix_weight > 0.0 else None)
+
+
+def set_step_loss_terms(model, step_plan):
+    """The step's loss weights (StepPlan) into the model's terms, replaced only where they change, so
+    that a compiled model is not traced again at every step of constant weights."""
+    terms = model.loss_terms
+    weights = ([1.0], 0.0) if terms is None else (terms.next_token_weights, terms.prefix_weight)
+    if weights != (step_plan.next_token_weights, step_plan.prefix_weight):
+        model.loss_terms = loss_terms(step_plan.next_token_weights, step_plan.prefix_weight, model.prefix_table)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -727,7 +742,9 @@ class GPT(nn.Module):
         self.documents = False
         self.window_blocks = None
         self.short_window_blocks = None
+        self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
+        self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
         self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
         self.logit_shift = 0.0
@@ -737,7 +754,8 @@ class GPT(nn.Module):
         causal). With documents a query attends to the earlier keys of its own document; with
         window_blocks also only within the key blocks the reference selects, the window in each
         layer as its LayerSpec.window gives it (12 layers: the reference's long and short windows;
-        other depths: the long window in every layer). A mask is FlexAttention's BlockMask where the
+        other depths: the long window in every layer); with window_tokens the window is N x 128 tokens
+        back from each query instead (record #89's). A mask is FlexAttention's BlockMask where the
         attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
         and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
         layers = self.config.num_layers
@@ -750,10 +768,11 @@ class GPT(nn.Module):
             window = self.layer_window(layer)
             if window in masks:
                 continue
+            tokens = window * ATTENTION_BLOCK if self.window_tokens and window is not None else None
             if flex:
-                masks[window] = document_block_mask(idx, window)
+                masks[window] = document_block_mask(idx, window, tokens)
             else:
-                rows = [document_attention_mask(row.cpu(), window) for row in idx]
+                rows = [document_attention_mask(row.cpu(), window, tokens) for row in idx]
                 masks[window] = torch.stack(rows)[:, None].to(idx.device)
         return [masks[self.layer_window(layer)] for layer in range(layers)]
 
@@ -762,7 +781,8 @@ class GPT(nn.Module):
         average, summed over the layers with attention. T/2 causal, and within documents without a
         window (as if one document spanned the row); with a window of N blocks, query block i sees
         min(i + 1, N) blocks, the last half (a window of 0, the short layers' half of 1, still sees
-        its own block, as attention_block_lists gives it)."""
+        its own block, as attention_block_lists gives it); with window_tokens query t sees
+        min(t + 1, 128 N + 1) keys."""
         blocks, keys = T // ATTENTION_BLOCK, 0.0
         for layer, spec in enumerate(self.config.plan):
             if not spec.attention:
@@ -770,6 +790,9 @@ class GPT(nn.Module):
             window = self.layer_window(layer) if self.documents else None
             if window is None:
                 keys += T / 2
+            elif self.window_tokens:  # the sum over t of min(t + 1, reach)
+                reach = min(T, window * ATTENTION_BLOCK + 1)
+                keys += (reach * (reach + 1) // 2 + (T - reach) * reach) / T
             else:
                 window = min(blocks, max(1, window))
                 keys += sum(min(i + 1, window) - 0.5 for i in range(blocks)) * ATTENTION_BLOCK / blocks
@@ -1221,7 +1244,7 @@ class DocumentLoader:
     stream that every rank computes alike; micro batch m gives rank r, row b the step's sequence
     (m*world + r)*B + b. Epochs take the shards in the order of permutation(num_shards) drawn from
     MT19937(seed) at each epoch's start (the identity without shuffle). With a document cap C > 0
-    a row is pieces of whole documents instead, at most C tokens of each (_next_capped_sequence).
+    a row is a group of documents capped at C tokens, as record #89 packs a forward (_pack_group).
     reshape() changes (T, grad_accum, cap) between steps."""
 
     def __init__(self, pattern, flag, B, T, grad_accum, rank, world, shuffle, seed, vocab_size, cap=0):
@@ -1302,56 +1325,64 @@ class DocumentLoader:
         self.position = end if end < len(self.tokens) else start + T
         return start
 
-    def _capped_pieces(self):
-        """The (start, length) pieces of the next capped row from the position: from the first
-        document start on, at most cap tokens of each document until T+1 are taken; None when the
-        shard ends first."""
-        need, pieces = self.T + 1, []
-        d = self._next_document(self.position)
-        while need > 0 and d < len(self.tokens):
-            end = self._next_document(d + 1)
-            n = min(end - d, self.cap, need)
-            pieces.append((d, n))
-            need -= n
-            d = end
-        return pieces if need == 0 else None
+    def _pack_group(self, position):
+        """Record #89's Shard.next_batch for one forward: from the first document start at or after
+        `position`, each document's first tokens up to the cap (a document runs to the next start or
+        the shard's end) until T+1 are taken, the last one cut to fit. Returns the row and the
+        document start after the last document's, or None where no start is left before it is full."""
+        i = int(np.searchsorted(self.documents, position))
+        pieces, filled = [], 0
+        while filled < self.T + 1:
+            if i == len(self.documents):
+                return None
+            start = int(self.documents[i])
+            i += 1
+            end = int(self.documents[i]) if i < len(self.documents) else len(self.tokens)
+            n = min(end - start, self.cap, self.T + 1 - filled)
+            pieces.append(self.tokens[start:start + n])
+            filled += n
+        return np.concatenate(pieces), int(self.documents[i]) if i < len(self.documents) else len(self.tokens)
 
-    def _next_capped_sequence(self):
-        """The next row of whole-document pieces (with the cap), its last token the position's
-        next document start. The shard's end before a row is full moves to the next shard, whose
-        row starts at its first document start; a fresh shard too short for a row is an error."""
-        if self.position + self.T >= len(self.tokens):
+    def _packed_step(self):
+        """The step's groups, all from the shard held; where it cannot give them all, the whole step
+        from the next shard's first document start (as the reference's call for 8 processes moves
+        on). A shard that cannot give one step from its start is an error."""
+        while True:
+            rows, position = [], self.position
+            for _ in range(self.grad_accum * self.world * self.B):
+                group = self._pack_group(position)
+                if group is None:
+                    break
+                row, position = group
+                rows.append(row)
+            else:
+                self.position = position
+                return rows
+            if self.position == 0:
+                count = self.grad_accum * self.world * self.B
+                fail(f"{self.paths[self.shard_order[self.shard_position]]}: its documents, capped at {self.cap} "
+                     f"tokens each, hold fewer than one step's {count} sequence{'' if count == 1 else 's'} of "
+                     f"T+1 = {self.T + 1} tokens from its first document start: use a smaller --seq_len or "
+                     f"--total_batch_size, a larger cap, or longer shards")
             self._open_next_shard()
-        pieces = self._capped_pieces()
-        if pieces is None:
-            self._open_next_shard()
-            pieces = self._capped_pieces()
-            if pieces is None:
-                fail(f"{self.paths[self.shard_order[self.shard_position]]}: documents capped at {self.cap} tokens "
-                     f"hold fewer than T+1 = {self.T + 1} tokens from its first document start: use a smaller "
-                     f"--seq_len or cap, or longer shards")
-        start, n = pieces[-1]
-        self.position = self._next_document(start + n - 1)
-        return np.concatenate([self.tokens[d:d + n] for d, n in pieces])
 
     def _read_step(self):
-        """The step's sequences in stream order, this rank's rows kept; the step begins in the
-        next shard when its window and one token more do not fit (the reference's test). Where the
-        step's search began is kept for reshape()."""
+        """The step's sequences in stream order, this rank's rows kept. Where the step began is kept
+        for reshape() before it may move on to the next shard. Without a cap the step begins in the
+        next shard when its window and one token more do not fit (the reference's test)."""
         self.step_start = (self.epoch, list(self.shard_order), self.shard_position, self.position,
                            (list(self.rng.state), self.rng.index))
-        if self.position + self.window + 1 >= len(self.tokens):
-            self._open_next_shard()
-        per_batch = self.world * self.B
-        rows = []
-        for q in range(self.grad_accum * per_batch):
-            if self.cap > 0:
-                row = self._next_capped_sequence()
-            else:
+        if self.cap > 0:
+            sequences = self._packed_step()
+        else:
+            if self.position + self.window + 1 >= len(self.tokens):
+                self._open_next_shard()
+            sequences = []
+            for _ in range(self.grad_accum * self.world * self.B):
                 start = self._next_sequence()
-                row = self.tokens[start:start + self.T + 1]
-            if q % per_batch // self.B == self.rank:
-                rows.append(row.astype(np.int64))
+                sequences.append(self.tokens[start:start + self.T + 1])
+        per_batch = self.world * self.B
+        rows = [row.astype(np.int64) for q, row in enumerate(sequences) if q % per_batch // self.B == self.rank]
         self.rows = torch.from_numpy(np.stack(rows)).view(self.grad_accum, self.B, self.T + 1)
         self.batch = 0
 
@@ -1449,13 +1480,16 @@ def attention_block_lists(tokens, window_blocks):
     return partial_num, partial_indices, full_num, full_indices
 
 
-def document_attention_mask(tokens, window_blocks):
+def document_attention_mask(tokens, window_blocks, window_tokens=None):
     """The [T, T] boolean mask of one sequence (True where query i attends to key j): document-causal
     (j <= i, one document) within the key blocks attention_block_lists selects for i's block; every
-    earlier key of the document where window_blocks is None."""
+    earlier key of the document where window_blocks is None. With window_tokens w (a number) instead
+    within w tokens: i - w <= j (FlashAttention's window_size=(w, 0), record #89's)."""
     docs = (tokens == DOCUMENT_START).cumsum(0)
     position = torch.arange(len(tokens))
     document_causal = (position[:, None] >= position) & (docs[:, None] == docs)
+    if window_tokens is not None:
+        return document_causal & (position[:, None] - position <= window_tokens)
     if window_blocks is None:
         return document_causal
     partial_num, partial_indices, full_num, full_indices = attention_block_lists(tokens, window_blocks)
@@ -1493,13 +1527,14 @@ def compiled_flex_attention():
 _compiled_flex_attention = None
 
 
-def document_block_mask(idx, window_blocks):
+def document_block_mask(idx, window_blocks, window_tokens=None):
     """FlexAttention's BlockMask for the rows of idx [B, T] (on the GPU), as the reference builds it:
     attention_block_lists' blocks (every block up to the query's where window_blocks is None) and
-    the document-causal mask inside them."""
+    the document-causal mask inside them. With window_tokens w: the blocks of a window one block
+    wider (which hold every key within w tokens), all masked, the mask also i - w <= j."""
     from torch.nn.attention.flex_attention import BlockMask
     window = idx.size(1) // ATTENTION_BLOCK if window_blocks is None else window_blocks
-    lists = [attention_block_lists(row.cpu(), window) for row in idx]
+    lists = [attention_block_lists(row.cpu(), window if window_tokens is None else window + 1) for row in idx]
     partial_num, partial_indices, full_num, full_indices = (
         torch.stack([row[i] for row in lists])[:, None].to(idx.device).contiguous() for i in range(4))
     docs = (idx == DOCUMENT_START).cumsum(1)
@@ -1507,8 +1542,20 @@ def document_block_mask(idx, window_blocks):
     def document_causal(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (docs[b, q_idx] == docs[b, kv_idx])
 
-    return BlockMask.from_kv_blocks(partial_num, partial_indices, full_num, full_indices,
-                                    BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_causal)
+    if window_tokens is None:
+        return BlockMask.from_kv_blocks(partial_num, partial_indices, full_num, full_indices,
+                                        BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_causal)
+
+    def document_window(b, h, q_idx, kv_idx):
+        return document_causal(b, h, q_idx, kv_idx) & (q_idx - kv_idx <= window_tokens)
+
+    # Each query block's full blocks follow its partial ones, as one list of partial blocks.
+    blocks = partial_num.size(-1)
+    take = torch.arange(blocks, device=idx.device)
+    run_indices = torch.where(take < partial_num[..., None], partial_indices,
+                              full_indices.gather(-1, (take - partial_num[..., None]).clamp(0, blocks - 1)))
+    return BlockMask.from_kv_blocks(partial_num + full_num, run_indices.contiguous(),
+                                    BLOCK_SIZE=ATTENTION_BLOCK, mask_mod=document_window)
 
 
 class RandomTokens:
@@ -1540,10 +1587,12 @@ class RandomTokens:
 
 # ------------------------------------------------------------------------------------------------
 # Stage plan (llmc/stages.h): the run as stages, each a share of the scheduled steps with its own
-# sequence length, tokens a step, document cap, attention window and learning-rate multiplier
+# sequence length, tokens a step, document cap, attention window, learning-rate multiplier and loss
+# weights
 
 
-STAGE_KEYS = {"t": "seq_len", "z": "total_batch_size", "cap": "cap", "aw": "window_blocks", "lr": "lr_multiplier"}
+STAGE_KEYS = {"t": "seq_len", "z": "total_batch_size", "cap": "cap", "aw": "window_blocks", "lr": "lr_multiplier",
+              "mtp": "next_token_weights", "pw": "prefix_weight"}
 
 
 @dataclass
@@ -1556,6 +1605,8 @@ class Stage:
     window_blocks: int  # -1: the schedule
     short_window_blocks: object  # None: half the long window, rounded down
     lr_multiplier: float
+    next_token_weights: tuple = ((1.0,), (1.0,))  # (at the stage's first step, at its end): mtp=A>B
+    prefix_weight: tuple = (0.0, 0.0)  # pw=A>B
 
 
 @dataclass
@@ -1568,6 +1619,50 @@ class StepPlan:
     window_blocks: int  # resolved: the schedule's at -1; 0 none
     short_window_blocks: int  # resolved: half the long one where not given
     lr_multiplier: float
+    next_token_weights: list = None  # the loss's at this step (loss_weights_at)
+    prefix_weight: float = 0.0
+
+
+def loss_weights_at(stage, t):
+    """A stage's loss weights at t = (s - first) / (end - first) of its steps: each a + (b - a) t in
+    double, rounded to float32 (record #89's TrainingSchedule, a float32 tensor of Python floats)."""
+    def lerp(a, b):
+        return float(np.float32(a + (b - a) * t))
+    return [lerp(a, b) for a, b in zip(*stage.next_token_weights)], lerp(*stage.prefix_weight)
+
+
+def loss_weight(text):
+    """A loss weight of mtp= or pw= as -mtp and -pw read theirs (a float), or None where it is no
+    plain decimal within [0, 1]."""
+    weight = float(np.float32(text)) if DECIMAL.fullmatch(text) else None
+    return weight if weight is not None and 0.0 <= weight <= 1.0 else None
+
+
+def loss_weight_ramp(key, text, number):
+    """mtp='s or pw='s value: "A" (constant) or "A>B", (start, end); mtp's ends tuples of 1 to
+    MAX_PREDICTED_TOKENS weights, as many at each."""
+    ends = []
+    for end in text.split(">", 1):
+        weights = [loss_weight(item) for item in end.split(",")] if key == "mtp" else [loss_weight(end)]
+        if None in weights or len(weights) > MAX_PREDICTED_TOKENS:
+            wanted = (f"1 to {MAX_PREDICTED_TOKENS} next-token weights within [0, 1] apart by commas (1,0.5,0.25)"
+                      if key == "mtp" else "the prefix term's weight within [0, 1]")
+            fail(f"--stages: stage {number} sets {key}={text}; {key} takes {wanted}, or START>END")
+        ends.append(tuple(weights) if key == "mtp" else weights[0])
+    if len(ends) == 1:
+        ends.append(ends[0])
+    if key == "mtp" and len(ends[0]) != len(ends[1]):
+        fail(f"--stages: stage {number} sets mtp={text}: {len(ends[0])} weights at the start and {len(ends[1])} at "
+             f"the end; give as many at each end")
+    return tuple(ends)
+
+
+def loss_ramp_text(stage):
+    """"mtp 1,0.5,0.25>1,0.5,0, pw 0.25" (llmc/stages.h's LossWeightRamp::describe)."""
+    def ends(a, b):
+        return a if a == b else f"{a}>{b}"
+    mtp = [",".join(f"{w:g}" for w in end) for end in stage.next_token_weights]
+    return f"mtp {ends(*mtp)}, pw {ends(*(f'{w:g}' for w in stage.prefix_weight))}"
 
 
 # The numbers of a plan, in plain ASCII notation (no signs but an integer's minus, no "inf", no "1_000").
@@ -1592,6 +1687,8 @@ def stage_value(key, text, number):
     """KEY=VALUE's value, checked against what the key takes."""
     if key == "aw":
         return window_setting(text, f"--stages: stage {number}: aw={text}")
+    if key in ("mtp", "pw"):
+        return loss_weight_ramp(key, text, number)
     minimum = {"t": 1, "z": -1, "cap": 0}
     number_format = DECIMAL if key == "lr" else INTEGER
     value = (float if key == "lr" else int)(text) if number_format.fullmatch(text) else None
@@ -1607,11 +1704,15 @@ def stage_value(key, text, number):
     return value
 
 
-def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_blocks=None):
+def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_blocks=None, next_token_weights=(1.0,),
+                 prefix_weight=0.0):
     """The stages of PLAN (`;` between stages; a stage's words: its share, then KEY=VALUE), a key
     not given taking the stage before's value, the first stage's the flags'; aw= sets both windows,
-    aw=N the short one to half of N. "" is one stage of the flags."""
-    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, short_window_blocks, 1.0)
+    aw=N the short one to half of N; mtp= and pw= a constant or START>END. "" is one stage of the
+    flags."""
+    weights = tuple(next_token_weights)
+    previous = Stage(1.0, 0, seq_len, total_batch_size, 0, window_blocks, short_window_blocks, 1.0, (weights, weights),
+                     (prefix_weight, prefix_weight))
     if not text.strip():
         return [previous]
     stages, parts = [], text.split(";")
@@ -1619,7 +1720,7 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_bl
         words = part.split()
         if not words:
             fail(f"--stages: stage {number} is empty; give its share (0.25, 1/3 or +E) and any of "
-                 f"t=, z=, cap=, aw=, lr=, or drop the extra ';'")
+                 f"t=, z=, cap=, aw=, lr=, mtp=, pw=, or drop the extra ';'")
         share, extension = stage_share(words[0], number)
         if extension and number != len(parts):
             fail(f"--stages: stage {number} is {words[0]} extension steps, which only the last stage can be; "
@@ -1628,7 +1729,7 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_bl
         for word in words[1:]:
             key, equals, value = word.partition("=")
             if key not in STAGE_KEYS or not equals:
-                fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr; fix it")
+                fail(f"--stages: stage {number}: '{word}' is no KEY=VALUE of t, z, cap, aw, lr, mtp, pw; fix it")
             if STAGE_KEYS[key] in settings:
                 fail(f"--stages: stage {number} sets {key} twice; give it once")
             if key == "aw":
@@ -1636,6 +1737,9 @@ def parse_stages(text, seq_len, total_batch_size, window_blocks, short_window_bl
             else:
                 settings[STAGE_KEYS[key]] = stage_value(key, value, number)
         previous = Stage(**{**vars(previous), "share": share, "extension": extension, **settings})
+        if not any(w > 0.0 for w in previous.next_token_weights[0]) and previous.prefix_weight[0] <= 0.0:
+            fail(f"--stages: stage {number}: every term of the loss starts at weight 0 ({loss_ramp_text(previous)}); "
+                 f"give the next token a weight (mtp=1)")
         stages.append(previous)
     scheduled = stages[:-1] if stages[-1].extension else stages
     total = sum(stage.share for stage in scheduled)
@@ -1708,7 +1812,8 @@ class StagePlan:
             if stage.short_window_blocks is not None:
                 window = f"{stage.short_window_blocks}/{stage.window_blocks}"
             lines.append(f"stage {i + 1}: steps {first}-{last} | t {stage.seq_len} | tokens a step "
-                         f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g}")
+                         f"{self.tokens(stage)} | cap {stage.cap} | window {window} | lr x{stage.lr_multiplier:g} | "
+                         f"{loss_ramp_text(stage)}")
         return lines
 
     def step(self, step):
@@ -1719,8 +1824,15 @@ class StagePlan:
         short = window // 2 if stage.short_window_blocks is None else stage.short_window_blocks
         if step == self.steps and self.final_window_blocks:
             window = self.final_window_blocks
+        first = ([0] + self.ends)[i] if i < len(self.ends) else self.N
+        end = self.ends[i] if i < len(self.ends) else self.steps
+        weights, prefix_weight = loss_weights_at(stage, (step - first) / (end - first) if end > first else 0.0)
         return StepPlan(i, stage.seq_len, tokens, tokens // (self.B * stage.seq_len * self.world), stage.cap,
-                        window, short, stage.lr_multiplier)
+                        window, short, stage.lr_multiplier, weights, prefix_weight)
+
+    def has_prefix_term(self):
+        """Whether a stage's prefix term has a weight, so the run needs the prefix table."""
+        return any(w > 0.0 for stage in self.stages for w in stage.prefix_weight)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1864,14 +1976,36 @@ def muon_scale(block, transposed):
     return max(1, rows / cols) ** 0.5
 
 
-def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise):
+def normuon_step(v, second_moment, beta2=NORMUON_BETA2):
+    """Record #89's NorMuon on one orthogonalised matrix v (bfloat16, [rows, cols] as stored), in its
+    order and types (SPEC.md): the float32 means of v^2 along the shorter side, one per row when rows >=
+    cols, else per column; second_moment (float32, one per mean, updated in place) their running mean;
+    v divided by its root and scaled back to its norm before, the scale rounded to bfloat16."""
+    dim = 1 if v.size(0) >= v.size(1) else 0
+    size = v.size(dim)
+    mean = v.float().square().mean(dim=dim)
+    norm = (mean.sum() * size).sqrt()
+    second_moment.lerp_(mean, 1 - beta2)
+    step = second_moment.clamp_min(1e-10).rsqrt()
+    after = ((mean * size) * step.square()).sum().sqrt()
+    scale = step * (norm / after.clamp_min(1e-10))
+    return v * scale.unsqueeze(dim).to(v.dtype)
+
+
+def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise,
+                   second_moments=None):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
-    each of its `blocks` row blocks orthogonalised and scaled by sqrt(max(1, rows/cols)), of the
-    block transposed when `transposed` (the speedrun's reference holds its fc as [C, 4C]: scale 1),
-    by `orthogonalise` (Muon's: compiled or not)."""
+    each of its `blocks` row blocks orthogonalised (by `orthogonalise`, Muon's: compiled or not), with
+    second_moments (NorMuon's state, a row a block) normalised by normuon_step, and scaled by
+    sqrt(max(1, rows/cols)), of the block transposed when `transposed` (the speedrun's reference holds
+    its fc as [C, 4C]: scale 1)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
-    return torch.cat([orthogonalise(b, newton_schulz) * muon_scale(b, transposed) for b in u.chunk(blocks)])
+    blocks = u.chunk(blocks)
+    updates = [orthogonalise(b, newton_schulz) for b in blocks]
+    if second_moments is not None:
+        updates = [normuon_step(v, s) for v, s in zip(updates, second_moments)]
+    return torch.cat([v * muon_scale(b, transposed) for v, b in zip(updates, blocks)])
 
 
 class Muon(torch.optim.Optimizer):
@@ -1881,13 +2015,15 @@ class Muon(torch.optim.Optimizer):
     many row blocks (qkvw: q, k and v, three C x C matrices); its "transposed" scales by the
     transpose's shape. newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one
     torch.compile graph per shape, as modded-nanogpt compiles its; the momentum stays eager, as
-    there, so the warmup's momentum (a float that changes every step) does not recompile it."""
+    there, so the warmup's momentum (a float that changes every step) does not recompile it.
+    normuon: record #89's NorMuon (normuon_step), its state a row of max(rows, cols) a block."""
 
     def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False,
-                 cautious=False):
+                 cautious=False, normuon=False):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
         super().__init__(groups, defaults)
         self.cautious = cautious
+        self.normuon = normuon
         self.newton_schulz = newton_schulz
         self.orthogonalise = torch.compile(orthogonalise) if compile else orthogonalise
 
@@ -1898,8 +2034,12 @@ class Muon(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["momentum"] = torch.zeros_like(p)
+                    if self.normuon:
+                        side = max(p.chunk(group["blocks"])[0].shape)
+                        state["second_moments"] = torch.zeros(group["blocks"], side, device=p.device)
                 update = muon_direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
-                                        self.newton_schulz, group["transposed"], self.orthogonalise)
+                                        self.newton_schulz, group["transposed"], self.orthogonalise,
+                                        state.get("second_moments"))
                 lr, wd = group["lr"], group["weight_decay"]
                 if self.cautious:
                     lr_eff = lr * muon_scale(p.chunk(group["blocks"])[0], group["transposed"])
@@ -1976,8 +2116,43 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     muon_groups = [group for kind, group in groups if kind == "muon"]
     if muon_groups:
         optimizers.append(Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon, cautious=cautious))
+                               NEWTON_SCHULZ[args.muon_ns], compile=compile_muon, cautious=cautious,
+                               normuon=bool(args.normuon)))
     return optimizers, fused
+
+
+def tie_embedding(model):
+    """While the embedding is tied to the head (--untie_step, record #89's tied phase): its weights
+    the head's, the same [Vp, C]."""
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(model.lm_head.weight)
+
+
+def tied_step_gradient(model):
+    """Before a tied update: the head steps with the sum of both gradients (the CUDA trainer's
+    gpt2_update: head + embedding, rounded once)."""
+    model.lm_head.weight.grad.add_(model.transformer.wte.weight.grad)
+
+
+def untie_step_done(model, step, args, moments):
+    """After the update of a step through --untie_step: the embedding the head's copy, and at the
+    untie step itself the head's AdamW state (`moments`: a parameter's dict of its state tensors)
+    copied to the embedding's, which from the next step is updated on its own."""
+    if step > args.untie_step:
+        return
+    tie_embedding(model)
+    if step == args.untie_step:
+        head, wte = moments(model.lm_head.weight), moments(model.transformer.wte.weight)
+        for key, value in head.items():
+            if torch.is_tensor(value):
+                wte[key].copy_(value)
+
+
+def optimizer_state_of(optimizers):
+    """A parameter's state dict in whichever of the torch optimizers holds it."""
+    def state(p):
+        return next(o.state[p] for o in optimizers if p in o.state)
+    return state
 
 
 def muon_momentum(step, args, steps=None):
@@ -2069,6 +2244,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "") + ("_fp8_head" if args.fp8_head else "")
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
+    if args.untie_step >= 0:  # the file's model starts tied: its embedding the head
+        tie_embedding(model)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}.bin"), CHECKPOINT_FP32)
     write_checkpoint(model, os.path.join(out_dir, f"gpt2_{name}_bf16.bin"), CHECKPOINT_BF16)
     model.to(device)
@@ -2078,9 +2255,9 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     moments = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p in params}
     muon_groups = [group for kind, group in groups if kind == "muon"]
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                           NEWTON_SCHULZ[args.muon_ns]) if muon else None)
+                           NEWTON_SCHULZ[args.muon_ns], normuon=bool(args.normuon)) if muon else None)
     B, T = x.shape
-    windows, first, losses = (model.window_blocks, model.short_window_blocks), None, []
+    windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -2090,6 +2267,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             xs, ys = (t.reshape(-1)[:B * step_plan.seq_len].view(B, step_plan.seq_len) for t in (x, y))
             model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
             model.short_window_blocks = step_plan.short_window_blocks
+            set_step_loss_terms(model, step_plan)
         if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
@@ -2097,6 +2275,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             losses.append(debug_forward_backward(model, xs, ys, args, autocast)[1].item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
         clip_gradients(params, args.grad_clip)
+        if step <= args.untie_step:
+            tied_step_gradient(model)
         for owner, group in groups:
             if owner == "adamw":
                 adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1,
@@ -2106,9 +2286,11 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             for group in muon_optimizer.param_groups:
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
+        untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows
+    model.loss_terms = terms
 
-    settings = debug_state_settings(model)
+    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon))
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2139,7 +2321,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         f.write(header.tobytes())
         if settings:
             text = settings.encode()
-            prefix = model.loss_terms.prefix if model.loss_terms and model.loss_terms.prefix is not None else None
+            prefix = model.prefix_table
             f.write(np.array([len(text)], np.int32).tobytes() + text.ljust(-(-len(text) // 4) * 4, b"\0"))
             f.write(np.array([0 if prefix is None else len(prefix)], np.int32).tobytes())
             if prefix is not None:
@@ -2175,11 +2357,13 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model):
-    """The loss's settings a version-5 debug state keeps, as the CUDA trainer's flags ("-lc 23,5 -mtp
-    1.0,0.5,0.25 -pw 0.25"; "" for the defaults). The file holds them after its header: their
-    length in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without -pw) and
-    its int32 ids."""
+def debug_state_settings(model, untie_step=-1, normuon=False):
+    """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
+    untie step, windows in tokens and Muon's NorMuon ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4
+    -awt 1 -mn 1"; "" for the defaults; -pw, maybe 0, wherever the prefix table is, which
+    --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
+    in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
+    int32 ids."""
     words = []
     default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
     if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
@@ -2187,8 +2371,14 @@ def debug_state_settings(model):
     terms = model.loss_terms
     if terms is not None:
         words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
-        if terms.prefix is not None:
-            words += ["-pw", str(np.float32(terms.prefix_weight))]
+    if model.prefix_table is not None:
+        words += ["-pw", str(np.float32(terms.prefix_weight if terms is not None else 0.0))]
+    if untie_step >= 0:
+        words += ["-ut", str(untie_step)]
+    if model.window_tokens:
+        words += ["-awt", "1"]
+    if normuon:
+        words += ["-mn", "1"]
     return " ".join(words)
 
 
@@ -2206,19 +2396,22 @@ def read_debug_state_settings(path, header):
 
 
 def apply_debug_state_settings(model, text, prefix, path):
-    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap and loss terms."""
+    """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
+    and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
+    -mn: its first step's gradients, which the check compares, come before NorMuon)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw"}
-    if len(words) % 2 or unknown:
-        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp and -pw: re-create it")
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn"}
+    if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1 and "
+             "-mn: re-create it")
+    model.window_tokens = "-awt" in settings
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
-    if (prefix is None) != (prefix_weight == 0.0):
-        fail(f"--check_debug_state {path}: -pw {prefix_weight} and a prefix table of "
-             f"{0 if prefix is None else len(prefix)} rows: the file is damaged; re-create it")
-    weights = parse_prediction_weights(settings.get("-mtp", "1"))
-    model.loss_terms = None if weights == [1.0] and prefix is None else LossTerms(weights, prefix_weight, prefix)
+    if prefix is None and prefix_weight > 0.0:
+        fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
+    model.prefix_table = prefix
+    model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
 
 
 def debug_state_stages(header):
@@ -2374,6 +2567,9 @@ def parse_args(argv=None):
                    "layers, N // 2 in its short ones; other depths: N in every layer), or S/N: S blocks in the short "
                    "layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over --num_iterations; 0: no "
                    "window"))
+    a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
+                   "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
+                   "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
     a.add_argument("--final_window_blocks", type=int, default=0, help="with --documents 1 and a window: the long "
                    "window N of the validation after the last step, its short one staying the last stage's "
                    "(modded-nanogpt's record #89: 20); 0: the last stage's")
@@ -2411,6 +2607,9 @@ def parse_args(argv=None):
     a.add_argument("--muon_ns", choices=sorted(NEWTON_SCHULZ), help=muon_help(
         "muon_ns", "Muon's orthogonalisation: " + "; ".join(
             f"{name} {newton_schulz.describe()}" for name, newton_schulz in NEWTON_SCHULZ.items())))
+    a.add_argument("--normuon", type=int, choices=[0, 1], help=muon_help(
+        "normuon", "1: record #89's NorMuon (SPEC.md): Muon's orthogonalised update divided, per row or column of "
+        "the longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm"))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
@@ -2421,6 +2620,10 @@ def parse_args(argv=None):
     a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
                    "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
                    "vocabulary), where it has one: record #89's 0.25 (0: none)")
+    a.add_argument("--untie_step", type=int, default=-1, help="the modern models' head tied to the embedding "
+                   "through step U's update (the head stepped with both gradients, the embedding its copy), then "
+                   "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
+                   "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -2438,8 +2641,10 @@ def parse_args(argv=None):
                    "share of --num_iterations (0.25 or 1/3; the last may be +E: E steps more after them) and "
                    "KEY=VALUE words that hold from it on: t= sequence length, z= tokens a step (-1: one micro "
                    "batch), cap= tokens of one document a sequence takes (0: all; needs --documents 1), aw= window "
-                   "as --window_blocks (N or S/N), lr= learning-rate multiplier; the first stage's start from -t, "
-                   "--total_batch_size, --window_blocks, cap 0, lr 1. Default: one stage of the flags")
+                   "as --window_blocks (N or S/N), lr= learning-rate multiplier, mtp= and pw= the loss's weights as "
+                   "--mtp and --prefix_weight (constant, or A>B linear from A at the stage's first step towards B "
+                   "at its end); the first stage's start from -t, --total_batch_size, --window_blocks, cap 0, lr 1, "
+                   "--mtp, --prefix_weight. Default: one stage of the flags")
     a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
     a.add_argument("--val_steps", type=int, help=recipe_help(
         "val_steps", "batches per validation and process (--recipe speedrun's 40: in all, shared)"))
@@ -2614,7 +2819,8 @@ def stage_plan(args, world):
     if given and (args.benchmark or args.eval_only or args.check_debug_state):
         fail("--stages plans a training run or --write_debug_state's steps; drop it")
     stages = parse_stages(args.stages, args.seq_len, args.total_batch_size, args.window_blocks,
-                          args.short_window_blocks)
+                          args.short_window_blocks, parse_prediction_weights(args.mtp),
+                          float(np.float32(args.prefix_weight)))
     if args.write_debug_state:
         if not given:
             return None
@@ -2717,6 +2923,9 @@ def check_eval_only_args(args):
 
 
 def check_document_args(args):
+    if args.window_tokens and (not args.documents or (args.window_blocks == 0 and "aw=" not in args.stages)):
+        fail("--window_tokens 1 counts the attention windows in tokens, and this run has none: give --documents 1 "
+             "with a window (--window_blocks, or --stages' aw=), or drop --window_tokens")
     if args.final_window_blocks < 0:
         fail(f"--final_window_blocks {args.final_window_blocks}: give a window of 1 or more blocks, or 0 for the "
              f"last stage's")
@@ -2750,6 +2959,13 @@ def settle_arch(args, config):
         fail(f"--init_from {args.init_from} is a {config.arch} checkpoint, but --arch/--recipe ask for "
              f"{args.arch}; drop --arch/--recipe or use a {args.arch} checkpoint")
     args.arch = config.arch
+    if args.untie_step < -1:
+        fail(f"--untie_step {args.untie_step}: give the step through which the embedding is tied to the head, or -1")
+    if args.untie_step >= 0 and args.benchmark:
+        fail(f"--untie_step {args.untie_step}: --benchmark times untied steps; drop --untie_step")
+    if args.untie_step >= 0 and not config.modern:
+        fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
+             f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
     if args.fp8_head and not config.speedrun:
         fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
              f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
@@ -2935,6 +3151,8 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     device_type = "cuda" if device.startswith("cuda") else "cpu"
     raw_model, model, autocast = placed_model(args, model, device, dtype, use_compile)
     optimizers, fused = make_optimizers(raw_model, args, device_type, compile_muon=use_compile)
+    if args.untie_step >= 0:  # tied at step 0: the embedding starts as the head
+        tie_embedding(raw_model)
     if world > 1:
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
     num_params = config.num_parameters()
@@ -2960,6 +3178,7 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
         step_plan = plan.step(step)
         raw_model.window_blocks = step_plan.window_blocks or None
         raw_model.short_window_blocks = step_plan.short_window_blocks
+        set_step_loss_terms(raw_model, step_plan)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -3016,8 +3235,11 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
             train_loss += mean_share
             loss.backward()
     norm = clip_gradients(raw_model.parameters(), args.grad_clip)
+    if step <= args.untie_step:
+        tied_step_gradient(raw_model)
     for optimizer in optimizers:
         optimizer.step()
+    untie_step_done(raw_model, step, args, optimizer_state_of(optimizers))
     return mean_over_ranks(train_loss, world), norm.item(), lr
 
 
@@ -3162,7 +3384,9 @@ def main(argv=None, step_hook=None):
     if args.fp8_head:
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
-    model.loss_terms = loss_terms(args, config)
+    model.window_tokens = bool(args.window_tokens)
+    model.prefix_table = run_prefix_table(args, config, plan)
+    model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)
     set_attention_window(model, args, 0)
     if args.check_debug_state:

@@ -103,6 +103,62 @@ LLMC_HOST_DEVICE inline int attention_first_key(int t, int document_start, int w
   return document_start > window_start ? document_start : window_start;
 }
 
+// A sliding window in blocks (the reference's block mask above) or in tokens (record #89's
+// FlashAttention window_size=(w, 0): key j is seen by query i when i - w <= j <= i, w + 1 keys).
+// A token window is the same run of key blocks, reaching back to the block of the query block's
+// first row's farthest key, with the full blocks those whose every key lies within w tokens of
+// every query of q; the blocks at the window's edge join the partial ones, masked token by token.
+enum class WindowUnit { kBlocks, kTokens };
+
+struct AttentionWindow {
+  int size;  // blocks (0: the query's own block) or tokens (0: the query alone)
+  WindowUnit unit;
+
+  // A window of `blocks` blocks of kAttentionBlock tokens, as blocks or as that many tokens.
+  LLMC_HOST_DEVICE static AttentionWindow of_blocks(int blocks, WindowUnit unit) {
+    return {unit == WindowUnit::kTokens ? blocks * kAttentionBlock : blocks, unit};
+  }
+};
+
+// The key blocks query block q (with its span) attends to with a window of `tokens` tokens (0 or
+// more): the run of at most ceil(tokens / 128) + 1 blocks, of which the nearest blocks wholly in
+// q's document and wholly within reach ((q - k) x 128 + 127 <= tokens) are full.
+LLMC_HOST_DEVICE inline AttentionBlockSelection attention_tokens_select(AttentionBlockSpan span, int q, int tokens) {
+  const int back = tokens / kAttentionBlock + (tokens % kAttentionBlock != 0);
+  const int full_room = tokens >= kAttentionBlock - 1 ? (tokens - (kAttentionBlock - 1)) / kAttentionBlock : 0;
+  const int full_total = q - span.first_full, total = q - span.first_key + 1;
+  const int run = total < back + 1 ? total : back + 1;
+  const int full = full_total < full_room ? full_total : full_room;
+  return {full, run - full};
+}
+
+// The selection of either unit.
+LLMC_HOST_DEVICE inline AttentionBlockSelection attention_window_select(AttentionBlockSpan span, int q,
+                                                                        AttentionWindow window) {
+  return window.unit == WindowUnit::kTokens ? attention_tokens_select(span, q, window.size)
+                                            : attention_blocks_select(span, q, window.size);
+}
+
+// The most key blocks a selection of `window` holds: what a key block's readers and a query
+// block's scratch are sized for.
+LLMC_HOST_DEVICE inline int attention_window_run(AttentionWindow window) {
+  if (window.unit == WindowUnit::kBlocks) return window.size > 1 ? window.size : 1;
+  return window.size / kAttentionBlock + (window.size % kAttentionBlock != 0) + 1;
+}
+
+// The farthest a key may lie behind its query, in tokens, within a selection's partial blocks: a
+// token window's size, and for a block window no limit (its blocks are the whole of it).
+LLMC_HOST_DEVICE inline int attention_window_reach(AttentionWindow window) {
+  return window.unit == WindowUnit::kTokens ? window.size : 0x7fffffff;
+}
+
+// attention_first_key for either unit: a token window starts w tokens back (not before token 0).
+LLMC_HOST_DEVICE inline int attention_window_first_key(int t, int document_start, AttentionWindow window) {
+  if (window.unit == WindowUnit::kBlocks) return attention_first_key(t, document_start, window.size);
+  const int window_start = t > window.size ? t - window.size : 0;
+  return document_start > window_start ? document_start : window_start;
+}
+
 // The document of each of the T tokens of one sequence, as the reference counts them: the number
 // of tokens equal to `document_start` among tokens 0..i (0 before the first start). Ids only ever
 // grow along a sequence, so two tokens share a document exactly when their ids are equal; on the

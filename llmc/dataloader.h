@@ -542,12 +542,14 @@ constexpr int kDocumentStartToken = 50256;
 // window (document_window) and gives up where that holds no document start, or none T or more
 // tokens after one; this searches on to the shard's end (what a larger window would find) and
 // cuts where the shard has none (next_sequence), so it never fails and never reads past a shard.
+// With a document cap (a stage's cap=) every sequence is instead a group of capped documents, as
+// record #89's loader packs a forward (read_packed_step); the groups of a step come from one shard.
 // The step's rows of this rank are read when the previous step ends, so that state() between
 // steps is simply where the next one begins.
 class DocumentLoader {
  public:
   // `flag` names the command-line flag the pattern came from, for error messages.
-  // cap: the tokens of one document a sequence takes (0: all; next_capped_sequence).
+  // cap: the tokens of one document a sequence takes (0: none, the sequences above; pack_group).
   DocumentLoader(const std::string& pattern, const char* flag, int B, int T, int grad_accum,
                  int rank, int world, bool shuffle, uint64_t seed, int vocab_size, int cap = 0)
       : B_(B), T_(T), grad_accum_(grad_accum), rank_(rank), world_(world), cap_(cap),
@@ -640,11 +642,10 @@ class DocumentLoader {
     shards_.restore(s);
     open_shard((long)s.shard_position);
     const long length = (long)shards_.tokens().size();
-    if (s.token_position < 0 || s.token_position + window() + 1 >= length) {
-      dataloader_detail::fail_corrupt_state(
-          strformat("position (token %lld of %ld in %s, with a window of %ld)",
-                    (long long)s.token_position, length, shards_.current().path.c_str(),
-                    window()));
+    if (s.token_position < 0 || s.token_position > length) {
+      dataloader_detail::fail_corrupt_state(strformat("position (token %lld of %ld in %s)",
+                                                      (long long)s.token_position, length,
+                                                      shards_.current().path.c_str()));
     }
     position_ = (long)s.token_position;
     read_step();
@@ -697,11 +698,28 @@ class DocumentLoader {
     return it == documents_.end() ? shard_length() : *it;
   }
 
-  // The step begins in the next shard when its window and one token more do not fit before the
-  // shard's end (the reference's test); its sequences are then read in stream order, and this
-  // rank's rows kept.
+  // Reads the step's sequences in stream order and keeps this rank's rows (the step's sequence q
+  // is row q % B of micro batch q / (world*B), on rank (q / B) % world). Where the step begins is
+  // kept before it may move on to the next shard, so that a reshape or a resume there decides that
+  // again with its own shape.
   void read_step() {
-    if (position_ + window() + 1 >= shard_length()) open_next_shard();
+    save_step_start();
+    if (cap_ > 0) {
+      read_packed_step();
+    } else {
+      // The step begins in the next shard when its window and one token more do not fit before the
+      // shard's end (the reference's test).
+      if (position_ + window() + 1 >= shard_length()) open_next_shard();
+      for (long q = 0; q < step_sequences(); q++) {
+        const long start = next_sequence();
+        uint16_t* row = row_of(q);
+        if (row) std::copy_n(shards_.tokens().data() + start, T_ + 1, row);
+      }
+    }
+    batch_ = 0;
+  }
+
+  void save_step_start() {
     step_start_ = {};
     step_start_.order = DataOrder::kDocuments;
     shards_.save(&step_start_);
@@ -710,52 +728,62 @@ class DocumentLoader {
     step_start_.seq_len = T_;
     step_start_.world = world_;
     step_start_.grad_accum = grad_accum_;
+  }
+
+  // Where the step's sequence q goes: this rank's row of it, or null when another rank's.
+  uint16_t* row_of(long q) {
     const long per_batch = (long)world_ * B_;
-    std::vector<uint16_t> capped;
-    for (long q = 0; q < step_sequences(); q++) {
-      const long row = q / per_batch * B_ + q % B_;
-      const bool mine = (q % per_batch) / B_ == rank_;
-      if (cap_ > 0) {
-        next_capped_sequence(&capped);
-        if (mine) std::copy(capped.begin(), capped.end(), rows_.data() + row * (T_ + 1));
-        continue;
+    if ((q % per_batch) / B_ != rank_) return nullptr;
+    return rows_.data() + (q / per_batch * B_ + q % B_) * (T_ + 1);
+  }
+
+  // Record #89's packing (its Shard.next_batch) with the cap: every sequence of the step is a group
+  // of documents taken from the position in the shard held, all of them from that shard; where it
+  // cannot give them all, the whole step is taken from the next shard's first document start on,
+  // as the reference's call for 8 processes of one forward each moves on. A shard that cannot give
+  // one step from its start fails, naming it.
+  void read_packed_step() {
+    while (!pack_step()) {
+      if (position_ == 0) {
+        LLMC_FAIL("%s: its documents, capped at %d tokens each, hold fewer than one step's %ld sequence%s of "
+                  "T+1 = %d tokens from its first document start: use a smaller -t or -z, a larger cap, or "
+                  "longer shards", shards_.current().path.c_str(), cap_, step_sequences(),
+                  step_sequences() == 1 ? "" : "s", T_ + 1);
       }
-      const long start = next_sequence();
-      if (mine) std::copy_n(shards_.tokens().data() + start, T_ + 1, rows_.data() + row * (T_ + 1));
+      open_next_shard();
     }
-    batch_ = 0;
   }
 
-  // The next sequence of the stream where documents are capped at cap_ tokens: from the first
-  // document start at or after the position, each document's first cap_ tokens (fewer where the
-  // document is shorter) until T+1 are taken, the last document cut to fit; the position moves on
-  // to the first document start at or after the last token taken. Where the shard has no
-  // document start left, or ends before the row is full, the sequence starts again in the next
-  // shard, at its first document start; where that shard cannot fill one row either, it fails.
-  void next_capped_sequence(std::vector<uint16_t>* row) {
-    for (int attempt = 0; attempt < 2; attempt++) {
-      if (attempt > 0 || position_ + T_ >= shard_length()) open_next_shard();
-      if (fill_capped_row(row)) return;
+  // The step's groups from the position on; false (the position kept) where the shard ends first.
+  bool pack_step() {
+    long position = position_;
+    std::vector<uint16_t> others((size_t)T_ + 1);  // the rows of other ranks, read and dropped
+    for (long q = 0; q < step_sequences(); q++) {
+      uint16_t* row = row_of(q);
+      if (!pack_group(&position, row ? row : others.data())) return false;
     }
-    LLMC_FAIL("%s: its documents, capped at %d tokens each, hold fewer than T+1 = %d tokens from its first "
-              "document start: use a smaller -t or a larger cap, or longer shards", shards_.current().path.c_str(),
-              cap_, T_ + 1);
+    position_ = position;
+    return true;
   }
 
-  // One capped row from the position in the shard held; false where the shard ends first.
-  bool fill_capped_row(std::vector<uint16_t>* row) {
-    const std::vector<uint16_t>& x = shards_.tokens();
-    row->clear();
-    long d = next_document(position_), last = d;
-    while ((long)row->size() < T_ + 1) {
-      if (d >= shard_length()) return false;
-      const long end = next_document(d + 1);
-      const long n = std::min({end - d, (long)cap_, (long)(T_ + 1) - (long)row->size()});
-      row->insert(row->end(), x.begin() + d, x.begin() + d + n);
-      last = d + n - 1;
-      d = end;
+  // One group of T+1 tokens into `row`: from the first document start at or after *position, each
+  // document's first tokens up to the cap, until the row is full (the last document cut to fit);
+  // a document runs to the next document start or the shard's end. *position moves to the
+  // document start after the last document's, whatever of it was taken (the reference's index
+  // into its document starts). False where no document start is left before the row is full.
+  bool pack_group(long* position, uint16_t* row) {
+    const uint16_t* x = shards_.tokens().data();
+    auto next = std::lower_bound(documents_.begin(), documents_.end(), *position);
+    long filled = 0;
+    while (filled < T_ + 1) {
+      if (next == documents_.end()) return false;
+      const long start = *next++;
+      const long end = next == documents_.end() ? shard_length() : *next;
+      const long n = std::min({end - start, (long)cap_, (long)T_ + 1 - filled});
+      std::copy_n(x + start, n, row + filled);
+      filled += n;
     }
-    position_ = next_document(last);
+    *position = next == documents_.end() ? shard_length() : *next;
     return true;
   }
 

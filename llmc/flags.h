@@ -20,8 +20,10 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "attention_blocks.h"
 #include "gpt2.h"
 #include "recipe.h"
 #include "schedulers.h"
@@ -93,12 +95,16 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
   return s;
 }
 
-// The loss's settings of a debug state (version 5: DebugState::settings, train_gpt2cu's flags -lc,
-// -mtp and -pw), the defaults where it names none; `path` names the file.
-struct LossSettings {
+// A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
+// header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt)
+// and Muon's NorMuon (-mn).
+struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
   float prefix_weight = 0.0f;
+  int untie_step = -1;
+  WindowUnit window_unit = WindowUnit::kBlocks;  // -awt 1: windows counted in tokens
+  int normuon = 0;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -176,9 +182,10 @@ struct TrainFlags : Recipe {
   int seed = 42;
 };
 
-// The shared flags, then the program's own (`own`); a name in both is a programming error.
-inline LossSettings debug_state_loss_settings(const DebugState& d, const std::string& path) {
-  LossSettings s;
+// The settings a debug state names, the defaults where it names none (its prefix table also beside
+// -pw 0, where its stage plan's pw= weights the prefix term); `path` names the file.
+inline DebugStateSettings debug_state_settings(const DebugState& d, const std::string& path) {
+  DebugStateSettings s;
   std::vector<std::string> words;
   for (size_t at = 0; at < d.settings.size();) {
     const size_t end = std::min(d.settings.find(' ', at), d.settings.size());
@@ -187,22 +194,28 @@ inline LossSettings debug_state_loss_settings(const DebugState& d, const std::st
   }
   for (size_t i = 0; i < words.size(); i += 2) {
     const std::string& flag = words[i];
-    if (i + 1 == words.size() || (flag != "-lc" && flag != "-mtp" && flag != "-pw")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp and -pw: re-create it with train_gpt2.py", path.c_str(),
-                d.settings.c_str());
+    if (i + 1 == words.size() ||
+        (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt and -mn: re-create it with "
+                "train_gpt2.py",
+                path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
     if (flag == "-lc") s.logit_cap = parse_logit_cap_setting("-lc", value);
     if (flag == "-mtp") s.next_token_weights = parse_prediction_weights("-mtp", value);
     if (flag == "-pw") s.prefix_weight = parse_float("-pw", value, 0.0f, 1.0f);
+    if (flag == "-ut") s.untie_step = (int)parse_int("-ut", value, -1, INT32_MAX);
+    if (flag == "-awt") s.window_unit = parse_int("-awt", value, 0, 1) ? WindowUnit::kTokens : WindowUnit::kBlocks;
+    if (flag == "-mn") s.normuon = (int)parse_int("-mn", value, 0, 1);
   }
-  if ((s.prefix_weight > 0.0f) != !d.prefix_table.empty()) {
-    LLMC_FAIL("%s: -pw %g and a prefix table of %zu rows: the file is damaged; re-create it with train_gpt2.py",
-              path.c_str(), s.prefix_weight, d.prefix_table.size());
+  if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
+    LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),
+              s.prefix_weight);
   }
   return s;
 }
 
+// The shared flags, then the program's own (`own`); a name in both is a programming error.
 inline std::vector<Flag> train_flags(TrainFlags& f, const std::vector<Flag>& own = {}) {
   constexpr long kIntMax = INT32_MAX;
   Flag schedule = text_flag("-k", "lr schedule",

@@ -41,11 +41,14 @@
 //   train_gpt2.py's NEWTON_SCHULZ), whose steps and first polynomial [23..26] repeat; 0 without Muon
 //   and in files written before this slot, where [23..26]'s one polynomial makes every step after
 //   X / (|X|_F + 1e-7), and whose stage plans of 885 to 888 bytes filled it with text
-// version 5 (version 4 with the loss's settings: train_gpt2.py --logit_cap, --mtp, --prefix_weight)
-// then has the settings as train_gpt2cu's flags (int32 byte length, the text padded with zeros to
-// 4-byte words: "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25"), then the prefix table's rows (int32: 0,
-// or padded_vocab_size with -pw) and its ids (int32 each, -1 none); the logits, loss, gradients and
-// step losses below are of the loss those settings make;
+// version 5 (version 4 with settings: train_gpt2.py --logit_cap, --mtp, --prefix_weight,
+// --untie_step, --window_tokens, --normuon) then has the settings as train_gpt2cu's flags (int32
+// byte length, the text padded with zeros to 4-byte words: "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25
+// -ut 4 -awt 1 -mn 1"; with -ut the checkpoint's embedding is its head), then the prefix table's
+// rows (int32: 0, or padded_vocab_size with -pw, maybe -pw 0.0 where the stage plan's pw= weights
+// the prefix term) and its ids (int32 each, -1 none); the logits, loss and gradients below are of
+// the loss those settings make, the step losses of each step's weights of the stage plan (its first
+// stage's those) and of the optimizer's steps;
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
@@ -787,9 +790,9 @@ struct DebugState {
   bool eps_before_correction = false;
   bool fp8_head = false;  // version 4: the head's training products in FP8 (--fp8_head 1)
   std::string stages;     // version 4: the steps' stage plan (empty: none)
-  // Version 5: the loss's settings as train_gpt2cu's flags -lc, -mtp and -pw ("-lc 23.0,5.0 -mtp
-  // 1.0,0.5,0.25 -pw 0.25"), after the header: their length in bytes, the text padded to 4-byte
-  // words, then the prefix table's rows (0 without -pw) and its ids (int32).
+  // Version 5: the settings as train_gpt2cu's flags -lc, -mtp, -pw and -ut ("-lc 23.0,5.0 -mtp
+  // 1.0,0.5,0.25 -pw 0.25 -ut 4"), after the header: their length in bytes, the text padded to 4-byte
+  // words, then the prefix table's rows (0 where no -pw or pw= weights the prefix term) and its ids.
   std::string settings;
   std::vector<int> prefix_table;
   std::vector<int> inputs, targets;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -163,6 +164,19 @@ inline LogitCap logit_cap_of(const LogitCap& arch_cap, const LogitCapSetting& s,
   return cap;
 }
 
+// NorMuon's (record #89's): Muon's orthogonalised update divided, entry by entry of the matrix's
+// longer side, by the square root of a running mean of its squares (this beta2's), then scaled
+// back to the norm it had.
+constexpr double kNorMuonBeta2 = 0.9;
+
+// A multiplier for each parameter tensor (by ParamIndex), 1 for all.
+using TensorMultipliers = std::array<float, kNumParamTensors>;
+inline TensorMultipliers tensor_multipliers_one() {
+  TensorMultipliers x;
+  x.fill(1.0f);
+  return x;
+}
+
 inline std::string prediction_weights_text(const PredictionWeights& w) {
   std::string text;
   for (int k = 0; k < w.count; k++) text += strformat(k ? ",%g" : "%g", w.weight[k]);
@@ -198,6 +212,11 @@ struct Recipe {
   std::string stages;         // -sp: the stage plan (llmc/stages.h; empty: one stage of the flags)
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   int cautious_decay = 0;  // -cd: 1 both optimizers' decay cautious (WeightDecayKind), 0 decoupled
+  int normuon = 0;         // -mn: 1 Muon's update normalised by its second moment (kNorMuonBeta2)
+  // Muon's rate of each tensor's matrices times its multiplier (record #89's per-matrix
+  // multiplier; where the reference stores a matrix transposed, also the ratio of its shape scale
+  // to ours): the step's lr_eff, also in the cautious decay.
+  TensorMultipliers muon_tensor_lr = tensor_multipliers_one();
   // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
   // more all-gather a step.
   int zero_stage = 1;
@@ -340,6 +359,8 @@ struct OptimizerTable {
   MomentumSchedule muon_momentum;  // Muon's, as Recipe's fields of these names
   NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
   bool muon_scale_tall = true;
+  bool normuon = false;                                        // Recipe::normuon
+  TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // Recipe::muon_tensor_lr
 
   const RoleOptimizer& of(ParamRole role) const { return roles[(int)role]; }
   bool muon() const {
@@ -380,7 +401,22 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   t.muon_momentum = r.muon_momentum;
   t.muon_newton_schulz = r.muon_newton_schulz;
   t.muon_scale_tall = r.muon_scale_tall;
+  t.normuon = r.normuon != 0;
+  t.muon_tensor_lr = r.muon_tensor_lr;
   return t;
+}
+
+// Parameter tensor i's name (ParamIndex), which no configuration changes: GPT-2 d12's table's.
+inline const char* param_tensor_name(int i) {
+  GPT2Config c;
+  c.max_seq_len = 1024;
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  c.num_layers = c.num_heads = 12;
+  c.channels = 768;
+  ParamSpec table[kNumParamTensors];
+  param_table(c, table);
+  return table[i].name;
 }
 
 // Muon's orthogonalisation in the start-up table: its steps, their polynomial where it is not the
@@ -419,10 +455,15 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
     momentum = strformat("%g rising to %g over %ld steps", mu.start, mu.end, mu.warmup_steps);
   }
   if (mu.cooldown_steps > 0) momentum += strformat(", back to %g over the last %ld", mu.start, mu.cooldown_steps);
-  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s); "
+  std::string rates;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    if (r.muon_tensor_lr[i] != 1.0f) rates += strformat(", %s's rate x %g", param_tensor_name(i), r.muon_tensor_lr[i]);
+  }
+  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s); "
                    "%s for the rest", r.muon_lr, weight_decay_name(decay), r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),
-                   r.muon_scale_tall ? "" : ", tall matrices unscaled", adamw.c_str());
+                   r.normuon ? strformat(", NorMuon's second moment (beta2 %g)", kNorMuonBeta2).c_str() : "",
+                   r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(), adamw.c_str());
 }
 
 // -m's default on `world` processes: the recipe's val_batches, or where they are shared by the

@@ -10,6 +10,10 @@
 //   cap=N  tokens of a document a sequence            micro batch of the stage's t)
 //          takes (0: all)                      aw=N   attention window (-aw; -1: the schedule), or
 //   lr=X   learning-rate multiplier            aw=S/L short and long windows (1 <= S <= L)
+//   mtp=W  the loss's next-token weights (-mtp: 1 to 3 within [0, 1], "1,0.5")
+//   pw=P   the loss's prefix-term weight (-pw)
+//   mtp=A>B, pw=A>B: A at the stage's first step, linear towards B at its end (as many weights at
+//          each; LossWeightRamp)
 // A key not given keeps the stage before's value; the first stage's come from the flags (cap 0,
 // lr 1). An empty plan is one stage of the flags: every recipe's today. aw=N sets both windows:
 // the short one is half the long, rounded down.
@@ -31,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "recipe.h"
 #include "schedulers.h"
 #include "utils.h"
 
@@ -100,6 +105,46 @@ inline WindowSetting parse_window_setting(const std::string& text, const std::st
   return w;
 }
 
+// The training loss's weights at one step: the next tokens' (-mtp) and the prefix term's (-pw).
+struct LossWeights {
+  PredictionWeights next_tokens;
+  float prefix = 0.0f;
+
+  bool any_positive() const {
+    return prefix > 0.0f || std::any_of(next_tokens.weight, next_tokens.weight + next_tokens.count,
+                                        [](float w) { return w > 0.0f; });
+  }
+};
+
+// A stage's loss weights (mtp=, pw=): `start` at its first step, linear to `end` at the step it ends
+// before, as record #89's TrainingSchedule: at step s of a stage from `first` to `end`, with
+// t = (s - first) / (end - first) in double, each weight a + (b - a) t in double rounded to float
+// (its float32 tensor of Python floats); a + 0 t = a where the two ends are equal.
+struct LossWeightRamp {
+  LossWeights start, end;
+
+  LossWeights at(double t) const {
+    LossWeights w = start;
+    auto lerp = [t](float a, float b) { return (float)((double)a + ((double)b - (double)a) * t); };
+    for (int k = 0; k < w.next_tokens.count; k++) {
+      w.next_tokens.weight[k] = lerp(start.next_tokens.weight[k], end.next_tokens.weight[k]);
+    }
+    w.prefix = lerp(start.prefix, end.prefix);
+    return w;
+  }
+  bool ramps() const {
+    return start.prefix != end.prefix || !std::equal(start.next_tokens.weight,
+                                                     start.next_tokens.weight + start.next_tokens.count,
+                                                     end.next_tokens.weight);
+  }
+  // "mtp 1,0.5,0.25>1,0.5,0, pw 0.25" for the start-up table.
+  std::string describe() const {
+    auto ends = [](const std::string& a, const std::string& b) { return a == b ? a : a + ">" + b; };
+    return "mtp " + ends(prediction_weights_text(start.next_tokens), prediction_weights_text(end.next_tokens)) +
+           ", pw " + ends(strformat("%g", start.prefix), strformat("%g", end.prefix));
+  }
+};
+
 // What a stage sets; the flags' values fill the first stage.
 struct Stage {
   double share = 1.0;       // of the scheduled steps (0 for the extension stage)
@@ -109,6 +154,7 @@ struct Stage {
   int cap = 0;              // the document cap in tokens (0: none)
   WindowSetting window;     // aw
   double lr_multiplier = 1.0;
+  LossWeightRamp loss;      // mtp, pw
   long end = 0;             // the step it ends before (resolved)
 };
 
@@ -121,6 +167,7 @@ struct StepPlan {
   int cap = 0;
   StepWindows windows;   // in blocks at this step (long 0: none)
   double lr_multiplier = 1.0;
+  LossWeights loss;
 
   // Whether a loader reading `other` reads other sequences than one reading this.
   bool same_sequences(const StepPlan& other) const {
@@ -150,13 +197,16 @@ class StagePlan {
  public:
   StagePlan() = default;
 
-  // The plan of `text` (`flag` names it in messages) over the flags' T, tokens and window.
-  StagePlan(const std::string& text, const char* flag, int T, long tokens, const WindowSetting& window)
+  // The plan of `text` (`flag` names it in messages) over the flags' T, tokens, window and loss
+  // weights.
+  StagePlan(const std::string& text, const char* flag, int T, long tokens, const WindowSetting& window,
+            const LossWeights& loss = {})
       : flag_(flag) {
     Stage first;
     first.T = T;
     first.tokens = tokens;
     first.window = window;
+    first.loss = {loss, loss};
     if (text.find_first_not_of(" \t") == std::string::npos) {
       stages_.push_back(first);
       return;
@@ -241,6 +291,8 @@ class StagePlan {
     p.cap = s.cap;
     p.windows = windows_at(step);
     p.lr_multiplier = s.lr_multiplier;
+    const long first = p.stage == 0 ? 0 : stages_[p.stage - 1].end;
+    p.loss = s.loss.at(s.end > first ? (double)(step - first) / (double)(s.end - first) : 0.0);
     return p;
   }
 
@@ -285,6 +337,20 @@ class StagePlan {
     }
     return false;
   }
+  // Whether a stage's loss weights change within it (mtp=A>B, pw=A>B), over steps that resolve gives.
+  bool has_loss_ramp() const {
+    for (const Stage& s : stages_) {
+      if (s.loss.ramps()) return true;
+    }
+    return false;
+  }
+  // Whether a stage's prefix term has a weight, so the run needs the prefix table.
+  bool has_prefix_term() const {
+    for (const Stage& s : stages_) {
+      if (s.loss.start.prefix > 0.0f || s.loss.end.prefix > 0.0f) return true;
+    }
+    return false;
+  }
   // The first stage whose t differs from the first's (0: none).
   int first_length_change() const {
     for (size_t i = 1; i < stages_.size(); i++) {
@@ -294,19 +360,19 @@ class StagePlan {
   }
 
   // The start-up table's row, one stage a line: "1: steps 0-422, t 256, 8192 tokens a step (1 micro
-  // step), documents capped at 896 tokens, window 3 blocks, short 1, lr x 1" (with B and processes
-  // for the micro steps).
+  // step), documents capped at 896 tokens, window 3 blocks, short 1, lr x 1, mtp 1,0.5,0.25>1,0.5,0,
+  // pw 0.25" (with B and processes for the micro steps).
   std::string describe(int B, int processes) const {
     std::string out;
     for (size_t i = 0; i < stages_.size(); i++) {
       const Stage& s = stages_[i];
       const long first = i == 0 ? 0 : stages_[i - 1].end;
       const int micro = micro_steps_of(s.tokens, B, s.T, processes, tokens_name());
-      out += strformat("%s%zu: steps %ld-%ld%s, t %d, %ld tokens a step (%d micro step%s), %s, window %s, lr x %g",
+      out += strformat("%s%zu: steps %ld-%ld%s, t %d, %ld tokens a step (%d micro step%s), %s, window %s, lr x %g, %s",
                        i == 0 ? "" : "; ", i + 1, first, s.end - 1, s.extension_steps ? " (extension)" : "",
                        s.T, (long)micro * B * s.T * processes, micro, micro == 1 ? "" : "s",
                        s.cap ? strformat("documents capped at %d tokens", s.cap).c_str() : "no document cap",
-                       s.window.describe().c_str(), s.lr_multiplier);
+                       s.window.describe().c_str(), s.lr_multiplier, s.loss.describe().c_str());
     }
     return out;
   }
@@ -377,8 +443,53 @@ class StagePlan {
       if (!plain_decimal(value) || *end != '\0' || !(s.lr_multiplier >= 0.0) || !std::isfinite(s.lr_multiplier)) {
         fail(strformat("lr=%s: give the learning-rate multiplier, a number of 0 or more", value.c_str()));
       }
+    } else if (key == "mtp") {
+      parse_ramp(key, value, [&](const std::string& text, LossWeights& w) {
+        w.next_tokens = parse_next_token_weights(text, value);
+      }, s.loss);
+    } else if (key == "pw") {
+      parse_ramp(key, value, [&](const std::string& text, LossWeights& w) {
+        if (!parse_weight(text, &w.prefix)) {
+          fail(strformat("pw=%s: give the prefix term's weight within [0, 1], or START>END", value.c_str()));
+        }
+      }, s.loss);
     } else {
-      fail(strformat("unknown setting '%s': a stage sets t, z, cap, aw and lr (KEY=VALUE)", key.c_str()));
+      fail(strformat("unknown setting '%s': a stage sets t, z, cap, aw, lr, mtp and pw (KEY=VALUE)", key.c_str()));
+    }
+  }
+
+  // A loss weight: a plain decimal within [0, 1], read as -mtp and -pw read theirs (strtof).
+  static bool parse_weight(const std::string& text, float* weight) {
+    char* end = nullptr;
+    *weight = strtof(text.c_str(), &end);
+    return plain_decimal(text) && *end == '\0' && *weight >= 0.0f && *weight <= 1.0f;
+  }
+
+  // mtp='s weights at one end of the stage: 1 to kMaxPredictedTokens apart by commas.
+  PredictionWeights parse_next_token_weights(const std::string& text, const std::string& value) const {
+    PredictionWeights w;
+    w.count = 0;
+    for (size_t start = 0;;) {
+      const size_t comma = std::min(text.find(',', start), text.size());
+      if (w.count == kMaxPredictedTokens || !parse_weight(text.substr(start, comma - start), &w.weight[w.count])) {
+        fail(strformat("mtp=%s: give 1 to %d next-token weights within [0, 1] apart by commas (1,0.5,0.25), or "
+                       "START>END", value.c_str(), kMaxPredictedTokens));
+      }
+      w.count++;
+      if (comma == text.size()) return w;
+      start = comma + 1;
+    }
+  }
+
+  // mtp='s or pw='s VALUE, "A" (constant) or "A>B", each end set into `ramp` by parse_end.
+  template <typename ParseEnd>
+  void parse_ramp(const std::string& key, const std::string& value, ParseEnd parse_end, LossWeightRamp& ramp) const {
+    const size_t arrow = value.find('>');
+    parse_end(value.substr(0, arrow), ramp.start);
+    parse_end(arrow == std::string::npos ? value : value.substr(arrow + 1), ramp.end);
+    if (ramp.start.next_tokens.count != ramp.end.next_tokens.count) {
+      fail(strformat("%s=%s: %d weights at the start and %d at the end: give as many at each end", key.c_str(),
+                     value.c_str(), ramp.start.next_tokens.count, ramp.end.next_tokens.count));
     }
   }
 
@@ -399,11 +510,17 @@ class StagePlan {
     std::vector<std::string> keys;
     for (size_t i = 1; i < words.size(); i++) {
       const size_t eq = words[i].find('=');
-      if (eq == std::string::npos) fail(strformat("'%s': settings are KEY=VALUE (t, z, cap, aw, lr)", words[i].c_str()));
+      if (eq == std::string::npos) {
+        fail(strformat("'%s': settings are KEY=VALUE (t, z, cap, aw, lr, mtp, pw)", words[i].c_str()));
+      }
       const std::string key = words[i].substr(0, eq);
       if (std::count(keys.begin(), keys.end(), key)) fail(strformat("sets %s twice", key.c_str()));
       keys.push_back(key);
       set_key(s, key, words[i].substr(eq + 1));
+    }
+    if (!s.loss.start.any_positive()) {
+      fail(strformat("%s: every term of the loss starts at weight 0: give the next token a weight (mtp=1)",
+                     s.loss.describe().c_str()));
     }
     return s;
   }

@@ -9,7 +9,8 @@
 //   [10] FP8 amax history entries h (0 unless -fp8 2)  [11] the steps the history has recorded
 //   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon  [13..14] the tokens of the
 //   training data, all its shards (int64)  ([12] to [14] are 0 in files written before they were
-//   recorded, which load with any)  [15..253] reserved, 0
+//   recorded, which load with any)  [15] the untie step + 1 (-ut; 0: the embedding and the head
+//   apart throughout, as in files written before it)  [16..253] reserved, 0
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
@@ -37,7 +38,7 @@ constexpr int kStateMagic = 20240528;
 constexpr int kStateVersion = 5;
 constexpr int kStateVersionBatchesOnly = 4;  // still read: the data loader state before DataOrder
 constexpr int kStateVersionNoFp8 = 3;        // still read: that, and no FP8 history
-constexpr int kStateReservedFirstSlot = 15;  // header slots [15, 254) are 0
+constexpr int kStateReservedFirstSlot = 16;  // header slots [16, 254) are 0
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -61,17 +62,26 @@ struct TrainStateId {
   int zero_stage = 0;
   int matrix_optimizer = 0;  // kMatrixOptimizer...: header [12]
   int64_t data_tokens = 0;   // of the training data (-i): header [13..14]; 0: not recorded
+  int untie_step = -1;       // -ut: header [15] (its value + 1); -1: none
 };
 
-constexpr int kMatrixOptimizerUnrecorded = 0, kMatrixOptimizerAdamw = 1, kMatrixOptimizerMuon = 2;
+// NorMuon: Muon with its second moments in v's place (-opt muon -mn 1).
+constexpr int kMatrixOptimizerUnrecorded = 0, kMatrixOptimizerAdamw = 1, kMatrixOptimizerMuon = 2,
+              kMatrixOptimizerNorMuon = 3;
 
 inline const char* matrix_optimizer_name(int optimizer) {
-  return optimizer == kMatrixOptimizerMuon ? "muon" : optimizer == kMatrixOptimizerAdamw ? "adamw" : "unrecorded";
+  switch (optimizer) {
+    case kMatrixOptimizerAdamw: return "adamw";
+    case kMatrixOptimizerMuon: return "muon";
+    case kMatrixOptimizerNorMuon: return "muon -mn 1";
+    default: return "unrecorded";
+  }
 }
 
 // Fails where the state file at path was written by a run that `expected` cannot continue, as far
 // as both record it (0: not recorded): another optimizer for the blocks' matrices (Muon's momentum
-// would be read as AdamW's first moment, or the reverse), or training data of another size (the
+// would be read as AdamW's first moment, or the reverse; NorMuon's second moments dropped or taken
+// as zero), or training data of another size (the
 // loader's position would be taken in other text; another shard count fails in the loader itself).
 inline void require_same_run(const char* path, const TrainStateId& written, const TrainStateId& expected) {
   if (written.matrix_optimizer != kMatrixOptimizerUnrecorded &&
@@ -84,6 +94,11 @@ inline void require_same_run(const char* path, const TrainStateId& written, cons
   if (written.data_tokens != 0 && expected.data_tokens != 0 && written.data_tokens != expected.data_tokens) {
     LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
               "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
+  }
+  // Whether the embedding is tied at the checkpoint's step, and when it unties, are the run's.
+  if (written.untie_step != expected.untie_step) {
+    LLMC_FAIL("%s: written by a run with -ut %d, but this run has -ut %d: resume with -ut %d", path,
+              written.untie_step, expected.untie_step, written.untie_step);
   }
 }
 
@@ -175,6 +190,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[11] = fp8.recorded_steps;
   h[12] = id.matrix_optimizer;
   memcpy(&h[13], &id.data_tokens, sizeof(id.data_tokens));
+  h[15] = id.untie_step + 1;
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
                                                              adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
@@ -236,10 +252,11 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
     LLMC_FAIL("%s: %d AdamW updates recorded at step %d (must be 0..%d): the header is damaged; "
               "%s", path, h[5], step, step, remedy);
   }
-  if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerMuon) {
-    LLMC_FAIL("%s: optimizer %d (must be 0, 1 or 2): the header is damaged; %s", path, h[12], remedy);
+  if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerNorMuon) {
+    LLMC_FAIL("%s: optimizer %d (must be 0 to 3): the header is damaged; %s", path, h[12], remedy);
   }
-  // Slots past [14] are reserved: every writer leaves them 0, so a set one is damage, even where
+  if (h[15] < 0) LLMC_FAIL("%s: untie step %d: the header is damaged; %s", path, h[15] - 1, remedy);
+  // Slots past [15] are reserved: every writer leaves them 0, so a set one is damage, even where
   // the checksum was recomputed over it.
   for (int slot = kStateReservedFirstSlot; slot < kHeaderChecksumKindSlot; slot++) {
     if (h[slot] != 0) {
@@ -290,6 +307,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   id.zero_stage = h[7];
   id.matrix_optimizer = h[12];
   memcpy(&id.data_tokens, &h[13], sizeof(id.data_tokens));
+  id.untie_step = h[15] - 1;
   if (id.data_tokens < 0) {
     LLMC_FAIL("%s: training data of %lld tokens: the header is damaged; %s", path, (long long)id.data_tokens, remedy);
   }

@@ -531,7 +531,9 @@ gpu_setup() {
 # schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
 # the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header);
 # the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
-# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5).
+# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5), and with
+# its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
+# the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -543,13 +545,15 @@ gpu_against_pytorch() {
               "modern_d48_width:--recipe modern --num_layers 2 --num_heads 25 --channels 1600 --debug_noise 0.02 --batch_size 1 --seq_len 1000" \
               "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
               "modern_d12_polar:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --batch_size 4 --seq_len 64" \
+              "modern_d12_normuon:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --batch_size 4 --seq_len 64" \
               "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_tiny:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256" \
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
-              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin"; do
+              "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
+              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -558,6 +562,16 @@ gpu_against_pytorch() {
     fi
     against_pytorch "$name" "$dir"
   done
+  # The untie (-ut 4), in the FP32 build: the speedrun recipe steps the embedding at 0.6 and the head
+  # at 0.008, so the first untied step moves each embedding weight by up to 0.6 from the head's
+  # moments, and the BF16 build's rounding then grows: its step losses parted from PyTorch's float32
+  # by up to 0.138 (H200; the FP32 build's by 2.95e-4). Record #89 steps both at 0.008.
+  local untie="$REF/gpu_speedrun_tiny_untie"
+  run reference_speedrun_tiny_untie "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
+    --window_blocks 2 --batch_size 2 --seq_len 256 --untie_step 4 --write_debug_state "$untie" --debug_steps 10 \
+    --seed 42 --device $device
+  run test_gpt2fp32cu_speedrun_tiny_untie ./test_gpt2fp32cu "$untie/gpt2_speedrun_tiny.bin" \
+    "$untie/gpt2_speedrun_tiny_muon_debug_state.bin"
   # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
   # stage's, across a boundary where T doubles, and the speedrun's extension steps.
   staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
@@ -571,6 +585,12 @@ gpu_against_pytorch() {
   staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
     --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 \
     --total_batch_size -1
+  # The loss's weights a stage (mtp=, pw=): record #89's first two stages over 10 steps, each weight
+  # linear within its stage (test_gpt2cu sets each step's), the prefix table kept beside -pw 0.0.
+  staged_against_pytorch stages_loss_weights_speedrun_tiny \
+    "1/2 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/2 mtp=1,0.5>1,0 pw=0.25>0" --recipe speedrun --model tiny \
+    --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1 --logit_cap 23,5 \
+    --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
@@ -789,6 +809,8 @@ gpu_resume() {
   # The modern recipe: Muon's momentum lives in the state files' first moments.
   resume_test ./train_gpt2cu resume_modern_bf16 -recipe modern -z 1024
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
+  # NorMuon: its second moments live in the state files' second moments of Muon's matrices.
+  resume_test ./train_gpt2cu resume_normuon_bf16 -recipe modern -z 1024 -mn 1
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
   # Rows of 8 blocks (-t 1024): the short windows of steps 10-20 (3-7 blocks) are narrower than a
   # row, so a resume that took another step's window would train differently.
@@ -806,6 +828,9 @@ gpu_resume() {
   resume_test ./train_gpt2cu resume_stages_bf16 -pd 1 -z 2048 -aw 1 -sp "$stages"
   resume_test ./train_gpt2fp32cu resume_stages_fp32 -pd 1 -z 2048 -aw 1 -sp "$stages"
   resume_test ./train_gpt2cu resume_stages_at_boundary_bf16 -pd 1 -aw 2 -sp "1/2 cap=100; 1/2 t=512"
+  # The untie step (-ut 12): the checkpoint of step 10 is tied (the embedding the head's copy, its
+  # own AdamW state unused), and the resumed run unties after step 12's update as the straight one.
+  resume_test ./train_gpt2cu resume_untie_bf16 -recipe modern -z 1024 -ut 12
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

@@ -8,6 +8,9 @@
 // attention_backward_window) over one sequence, the int32 token ids in the file TOKENS (documents
 // open with token 50256): window W, visible blocks, forward ms, backward ms, TFLOP/s counted on the
 // visible blocks (4 * 128^2 * HS FLOPs per block and head forward, 2.5 times that backward).
+//   build/bench_kernels attention --window-tokens TOKENS NH HS W...
+// the same with each window of W blocks counted in tokens (-awt 1: W x 128 tokens back from each
+// query, its edge blocks masked token by token), the edge blocks among the visible ones.
 // Inputs are random (never zeros) and rotate among several sets so that the timed runs do not
 // read from a warm L2. dev/cuda/bench_attention.py and dev/cuda/bench_window_attention.py run these
 // next to PyTorch's attention.
@@ -88,9 +91,10 @@ void bench(const BenchShape& s) {
          s.B, s.NH, s.T, s.HS, f, b, flops / f / 1e9, 2.5 * flops / b / 1e9);
 }
 
-// The windowed kernels over one sequence of `tokens`, at each window, with the modern recipe's
-// scale and no qkv bias (no tile sums), as the speedrun trains.
-void bench_window(const std::vector<int>& tokens, int NH, int HS, const std::vector<int>& windows) {
+// The windowed kernels over one sequence of `tokens`, at each window (blocks, counted in `unit`),
+// with the modern recipe's scale and no qkv bias (no tile sums), as the speedrun trains.
+void bench_window(const std::vector<int>& tokens, int NH, int HS, const std::vector<int>& windows,
+                  llmc::WindowUnit unit) {
   const int T = (int)tokens.size(), C = NH * HS, blocks = T / llmc::kAttentionBlock;
   const size_t n = (size_t)T * C, n_lse = (size_t)NH * T;
   const BenchInputs in(n);
@@ -103,12 +107,13 @@ void bench_window(const std::vector<int>& tokens, int NH, int HS, const std::vec
   cudaCheck(cudaMemcpy(d_spans, spans.data(), spans.size() * sizeof(spans[0]), cudaMemcpyHostToDevice));
   DeviceArray<floatX> out(n), dqkv(3 * n);
   DeviceArray<float> lse(n_lse), dot(n_lse);
-  DeviceArray<floatX> ds(attention_window_ds_count(1, T, NH, *std::max_element(windows.begin(), windows.end())));
+  const int widest = *std::max_element(windows.begin(), windows.end());
+  DeviceArray<floatX> ds(attention_window_ds_count(1, T, NH, llmc::AttentionWindow::of_blocks(widest, unit)));
   for (int window : windows) {
-    const DocumentWindow dw = {d_spans, d_documents, window};
+    const DocumentWindow dw = {d_spans, d_documents, llmc::AttentionWindow::of_blocks(window, unit)};
     long visible = 0;
     for (int q = 0; q < blocks; q++) {
-      const llmc::AttentionBlockSelection sel = llmc::attention_blocks_select(spans[q], q, window);
+      const llmc::AttentionBlockSelection sel = llmc::attention_window_select(spans[q], q, dw.window);
       visible += sel.full + sel.partial;
     }
     const PassTimes times = time_passes(
@@ -119,8 +124,9 @@ void bench_window(const std::vector<int>& tokens, int NH, int HS, const std::vec
         });
     const double flops = 4.0 * llmc::kAttentionBlock * llmc::kAttentionBlock * HS * NH * (double)visible;
     const float f = times.forward_ms, b = times.backward_ms;
-    printf("window %d visible %ld forward_ms %.3f backward_ms %.3f forward_tflops %.1f backward_tflops %.1f\n",
-           window, visible, f, b, flops / f / 1e9, 2.5 * flops / b / 1e9);
+    printf("window %d%s visible %ld forward_ms %.3f backward_ms %.3f forward_tflops %.1f backward_tflops %.1f\n",
+           window, unit == llmc::WindowUnit::kTokens ? " (tokens)" : "", visible, f, b, flops / f / 1e9,
+           2.5 * flops / b / 1e9);
   }
 }
 
@@ -137,10 +143,12 @@ std::vector<int> read_tokens(const char* path) {
 }
 
 int run(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "--window") {
+  if (argc > 1 && (std::string(argv[1]) == "--window" || std::string(argv[1]) == "--window-tokens")) {
+    const llmc::WindowUnit unit =
+        std::string(argv[1]) == "--window" ? llmc::WindowUnit::kBlocks : llmc::WindowUnit::kTokens;
     if (argc < 6) {
-      fprintf(stderr, "error: bench_kernels attention --window: give TOKENS NH HS W... (int32 token ids, windows "
-                      "in blocks)\n");
+      fprintf(stderr, "error: bench_kernels attention %s: give TOKENS NH HS W... (int32 token ids, windows "
+                      "in blocks)\n", argv[1]);
       return 1;
     }
     const int NH = atoi(argv[3]), HS = atoi(argv[4]);
@@ -148,7 +156,7 @@ int run(int argc, char** argv) {
     for (int i = 5; i < argc; i++) windows.push_back(atoi(argv[i]));
     return run_kernel_tests("bench_kernels attention", [&] {
       REQUIRE(NH > 0 && attention_flash_supported(HS), "--window: need NH > 0 and head size 64 or 128 in a BF16 build");
-      bench_window(read_tokens(argv[2]), NH, HS, windows);
+      bench_window(read_tokens(argv[2]), NH, HS, windows, unit);
     });
   }
   std::vector<BenchShape> shapes = {{64, 12, 1024, 64}, {8, 25, 1024, 64}, {32, 6, 1024, 128}};

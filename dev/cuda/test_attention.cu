@@ -12,7 +12,8 @@
 // (attention_forward_window, attention_backward_window: documents, windows of 0 to 16 blocks)
 // against the CPU in double, also with QK-norm's backward taken by the window backward (qk_rstd);
 // the GEMM path within documents and windows (both builds), forward and backward, and its bits
-// equal to the causal path's where the mask hides nothing more.
+// equal to the causal path's where the mask hides nothing more. Windows in tokens (-awt 1) alike,
+// against their own definition, and a token window over the whole row with a block window's bits.
 #include "dev/cuda/kernel_test.h"
 #include "dev/cuda/qk_rotary_reference.h"
 
@@ -215,17 +216,23 @@ void test_attention_flash(const AttentionShape& s, llmc::Rng& rng) {
 
 // Document-causal attention within a window (attention_forward_window, attention_backward_window,
 // and the GEMM path's with a DocumentWindow) against the CPU in double precision, with the mask of
-// its definition: key u is visible to query
-// t when u <= t, both lie in one document, and u's 128-token block is in the run that
-// llmc::attention_blocks_select (tested against train_gpt2.py's port of the reference) gives t's
-// block. `starts`: the document starts of every row (each row also gets random ones when
-// `random_starts`), T a multiple of 128. The backward's scratch is sized for `max_window`.
+// its definition: key u is visible to query t when u <= t, both lie in one document, and u's
+// 128-token block is in the run that llmc::attention_blocks_select (tested against train_gpt2.py's
+// port of the reference) gives t's block; with a window in tokens instead t - window <= u.
+// `starts`: the document starts of every row (each row also gets random ones when
+// `random_starts`), T a multiple of 128. The backward's scratch is sized for `max_window`; both
+// windows count `unit`.
 struct WindowCase {
   int B, T, C, NH, window;
   std::vector<int> starts;
   bool random_starts;
   float scale;
   int max_window;
+  llmc::WindowUnit unit = llmc::WindowUnit::kBlocks;
+
+  llmc::AttentionWindow attention_window() const { return {window, unit}; }
+  llmc::AttentionWindow widest() const { return {max_window, unit}; }
+  const char* unit_name() const { return unit == llmc::WindowUnit::kTokens ? "tokens" : "blocks"; }
 };
 
 // The rows' document ids (the number of starts up to each token) and block spans.
@@ -239,7 +246,7 @@ struct DeviceDocuments {
   DeviceArray<int> documents;
   DeviceArray<llmc::AttentionBlockSpan> spans;
   explicit DeviceDocuments(const DocumentRows& rows) : documents(rows.documents), spans(rows.spans) {}
-  DocumentWindow window(int blocks) const { return {spans, documents, blocks}; }
+  DocumentWindow window(llmc::AttentionWindow w) const { return {spans, documents, w}; }
 };
 
 DocumentRows window_case_documents(const WindowCase& w, llmc::Rng& rng) {
@@ -262,10 +269,14 @@ DocumentRows window_case_documents(const WindowCase& w, llmc::Rng& rng) {
 // The keys query t of row b sees, in order.
 std::vector<int> window_keys(const WindowCase& w, const DocumentRows& rows, int b, int t) {
   const int T = w.T, q_block = t / llmc::kAttentionBlock;
-  const llmc::AttentionBlockSelection sel = llmc::attention_blocks_select(
-      rows.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, w.window);
+  int first = std::max(0, t - w.window);
+  if (w.unit == llmc::WindowUnit::kBlocks) {
+    const llmc::AttentionBlockSelection sel = llmc::attention_blocks_select(
+        rows.spans[(size_t)b * (T / llmc::kAttentionBlock) + q_block], q_block, w.window);
+    first = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock;
+  }
   std::vector<int> keys;
-  for (int u = (q_block - sel.full - sel.partial + 1) * llmc::kAttentionBlock; u <= t; u++) {
+  for (int u = first; u <= t; u++) {
     if (rows.documents[(size_t)b * T + u] == rows.documents[(size_t)b * T + t]) keys.push_back(u);
   }
   return keys;
@@ -332,18 +343,19 @@ WindowReference window_reference(const WindowCase& w, const DocumentRows& rows, 
 #if !defined(ENABLE_FP32)
 void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
-  printf("\nwindowed attention B=%d T=%d NH=%d (head size %d), window %d (scratch for %d), %zu starts%s\n", B, T,
-         NH, HS, w.window, w.max_window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  printf("\nwindowed attention B=%d T=%d NH=%d (head size %d), window %d %s (scratch for %d), %zu starts%s\n", B, T,
+         NH, HS, w.window, w.unit_name(), w.max_window, w.starts.size(), w.random_starts ? " and random ones" : "");
   const DocumentRows rows = window_case_documents(w, rng);
   const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
   const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
   const WindowReference ref = window_reference(w, rows, qkv, dout);
-  DeviceArray<floatX> d_qkv(qkv), out(n), d_dout(dout), dqkv(3 * n), ds(attention_window_ds_count(B, T, NH, w.max_window));
+  DeviceArray<floatX> d_qkv(qkv), out(n), d_dout(dout), dqkv(3 * n);
+  DeviceArray<floatX> ds(attention_window_ds_count(B, T, NH, w.widest()));
   DeviceArray<float> lse(n_lse), dot(n_lse);
   const int tile_rows = attention_flash_tile_rows(B, T);
   DeviceArray<float> tile_sums((size_t)tile_rows * 3 * C);
   const DeviceDocuments documents(rows);
-  const DocumentWindow dw = documents.window(w.window);
+  const DocumentWindow dw = documents.window(w.attention_window());
   auto forward = [&] {
     out.poison();
     lse.poison();
@@ -381,13 +393,13 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
 // kernels' epilogues take it, elsewhere the separate pass. Run twice for identical bits.
 void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng) {
   const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
-  printf("\nwindowed attention with QK-norm's backward B=%d T=%d NH=%d (head size %d), window %d, %zu starts%s\n", B,
-         T, NH, HS, w.window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  printf("\nwindowed attention with QK-norm's backward B=%d T=%d NH=%d (head size %d), window %d %s, %zu starts%s\n",
+         B, T, NH, HS, w.window, w.unit_name(), w.starts.size(), w.random_starts ? " and random ones" : "");
   const DocumentRows rows = window_case_documents(w, rng);
   const size_t N = (size_t)B * T, n = N * C, n_lse = (size_t)B * NH * T;
   const std::vector<float> x = random_stored(rng, 3 * n, 0.5f, 2.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
   DeviceArray<floatX> d_qkv(x), out(n), d_dout(dout), dqkv(3 * n);
-  DeviceArray<floatX> ds(attention_window_ds_count(B, T, NH, w.max_window));
+  DeviceArray<floatX> ds(attention_window_ds_count(B, T, NH, w.widest()));
   DeviceArray<float> lse(n_lse), dot(n_lse), rstd(N * 2 * NH);
   qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, 0);
   const std::vector<float> qkv = d_qkv.download();
@@ -404,7 +416,7 @@ void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng) {
     }
   }
   const DeviceDocuments documents(rows);
-  const DocumentWindow dw = documents.window(w.window);
+  const DocumentWindow dw = documents.window(w.attention_window());
   attention_forward_window(out, lse, d_qkv, B, T, C, NH, w.scale, dw, 0);
   auto backward = [&] {
     dqkv.poison();
@@ -451,15 +463,15 @@ void test_causal_block_order() {
 // first, each pass twice for identical bits.
 void test_attention_gemm_window(const WindowCase& w, llmc::Rng& rng) {
   const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
-  printf("\nGEMM attention within documents B=%d T=%d NH=%d (head size %d), window %d, %zu starts%s\n", B, T, NH,
-         HS, w.window, w.starts.size(), w.random_starts ? " and random ones" : "");
+  printf("\nGEMM attention within documents B=%d T=%d NH=%d (head size %d), window %d %s, %zu starts%s\n", B, T,
+         NH, HS, w.window, w.unit_name(), w.starts.size(), w.random_starts ? " and random ones" : "");
   const DocumentRows rows = window_case_documents(w, rng);
   const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
   const std::vector<float> qkv = random_stored(rng, 3 * n, 0.0f, 1.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
   const WindowReference ref = window_reference(w, rows, qkv, dout);
   DeviceArray<floatX> d_qkv(qkv), out(n), qkvr(3 * n), att(n_att), preatt(n_att), y(n);
   const DeviceDocuments documents(rows);
-  const DocumentWindow dw = documents.window(w.window);
+  const DocumentWindow dw = documents.window(w.attention_window());
   auto forward = [&] {
     out.poison();
     qkvr.poison();
@@ -505,13 +517,53 @@ void test_attention_gemm_window_is_causal(int B, int T, int C, int NH, llmc::Rng
   DeviceArray<floatX> d_qkv(random_stored(rng, 3 * n, 0.0f, 1.0f)), out(n), qkvr(3 * n), att(n_att),
       preatt(n_att), y(n);
   const DeviceDocuments documents(rows);
-  const DocumentWindow dw = documents.window(w.window);
+  const DocumentWindow dw = documents.window(w.attention_window());
   attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, w.scale, 0);
   const Snapshot causal(out, att);
   out.poison();
   att.poison();
   attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, w.scale, 0, &dw);
   check_same_bits("GEMM attention in one whole document and window, causal", causal, Snapshot(out, att));
+}
+
+// A token window that reaches over the whole row (T tokens) selects what a block window of every
+// block does, and its reach hides nothing more: the same bits as the block window, forward and
+// backward, through the flash kernels (BF16 builds) and the GEMM path (both builds). Random
+// documents over B rows of T tokens, head size C / NH.
+void test_attention_window_units_agree(int B, int T, int C, int NH, llmc::Rng& rng) {
+  const int blocks = T / llmc::kAttentionBlock;
+  printf("\nattention within documents: a window of %d tokens against one of all %d blocks, for the same bits\n", T,
+         blocks);
+  const WindowCase w = {B, T, C, NH, blocks, {0, 200}, true, 0.12f, blocks};
+  const DeviceDocuments documents(window_case_documents(w, rng));
+  const DocumentWindow by_blocks = documents.window({blocks, llmc::WindowUnit::kBlocks});
+  const DocumentWindow by_tokens = documents.window({T, llmc::WindowUnit::kTokens});
+  const size_t n = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+  DeviceArray<floatX> d_qkv(random_stored(rng, 3 * n, 0.0f, 1.0f)), out(n);
+#if !defined(ENABLE_FP32)
+  DeviceArray<floatX> d_dout(random_stored(rng, n, 0.0f, 1.0f)), dqkv(3 * n);
+  DeviceArray<floatX> ds(attention_window_ds_count(B, T, NH, {T, llmc::WindowUnit::kTokens}));
+  DeviceArray<float> lse((size_t)B * NH * T), dot((size_t)B * NH * T);
+  auto flash = [&](const DocumentWindow& dw) {
+    out.poison();
+    lse.poison();
+    dqkv.poison();
+    attention_forward_window(out, lse, d_qkv, B, T, C, NH, 0.12f, dw, 0);
+    attention_backward_window(dqkv, nullptr, dot, ds, d_dout, d_qkv, out, lse, B, T, C, NH, 0.12f, dw, 0);
+    return Snapshot(out, lse, dqkv);
+  };
+  const Snapshot flash_blocks = flash(by_blocks);
+  check_same_bits("flash window of T tokens, of all blocks", flash_blocks, flash(by_tokens));
+#endif
+  DeviceArray<floatX> qkvr(3 * n), att(n_att), preatt(n_att), y(n);
+  auto gemm = [&](const DocumentWindow& dw) {
+    out.poison();
+    att.poison();
+    attention_forward(out, qkvr, att, preatt, y, d_qkv, B, T, C, NH, 0.12f, 0, &dw);
+    return Snapshot(out, att);
+  };
+  const Snapshot gemm_blocks = gemm(by_blocks);
+  check_same_bits("GEMM window of T tokens, of all blocks", gemm_blocks, gemm(by_tokens));
 }
 
 void run() {
@@ -565,6 +617,22 @@ void run() {
   test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.12f, 14}, rng);
   test_attention_window_qk_norm({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
   test_attention_window_qk_norm({3, 128, 512, 4, 16, {0, 5, 127}, false, 0.12f, 16}, rng);
+  // Windows in tokens (-awt 1): a block's worth (the edge block masked, no full one), windows off
+  // the blocks and off the 64-row tiles (100, 200, 255: one or two edge blocks), none (0: a query
+  // alone), the reference's long windows of 5 and 13 blocks, one past the row; documents shorter
+  // and longer than the window; 3 blocks a row; head sizes 64 and 128, the speedrun's length.
+  constexpr llmc::WindowUnit kTokens = llmc::WindowUnit::kTokens;
+  test_attention_window({2, 512, 768, 12, 128, {0}, false, 0.125f, 128, kTokens}, rng);
+  test_attention_window({1, 1024, 768, 6, 100, {0, 128, 256, 300, 301, 302, 700}, false, 0.12f, 300, kTokens}, rng);
+  test_attention_window({2, 1024, 768, 6, 0, {5, 200}, true, 0.12f, 0, kTokens}, rng);
+  test_attention_window({2, 2048, 768, 12, 200, {0}, true, 0.125f, 200, kTokens}, rng);
+  test_attention_window({1, 2048, 768, 6, 640, {0, 1, 2, 3, 1000}, true, 0.12f, 640, kTokens}, rng);
+  test_attention_window({1, 384, 256, 4, 255, {}, true, 0.125f, 255, kTokens}, rng);  // no start at token 0
+  test_attention_window({1, 8192, 256, 2, 1664, {0, 3000, 3001, 6000}, true, 0.12f, 1664, kTokens}, rng);
+  test_attention_window({2, 128, 256, 2, 2048, {0, 5, 127}, true, 0.12f, 2048, kTokens}, rng);
+  test_attention_window({1, 49152, 256, 2, 384, {0, 1000, 1001, 30000, 49151}, false, 0.12f, 1664, kTokens}, rng);
+  test_attention_window_qk_norm({1, 2048, 768, 6, 384, {0, 128, 300, 301, 1500}, true, 0.12f, 640, kTokens}, rng);
+  test_attention_window_qk_norm({2, 1024, 256, 4, 129, {5, 200}, true, 0.12f, 129, kTokens}, rng);
 #endif
   // The GEMM path within documents, in both builds: windows of 0 to 4 blocks and of every block
   // (-pd 1 without -aw), starts on block edges and off them, documents of one token, head sizes
@@ -576,6 +644,11 @@ void run() {
   test_attention_gemm_window({2, 512, 128, 4, 4, {0, 129, 130}, true, 0.125f, 4}, rng);
   test_attention_gemm_window({1, 384, 256, 4, 2, {}, true, 0.125f, 2}, rng);  // no start at token 0
   test_attention_gemm_window_is_causal(2, 256, 768, 12, rng);
+  // Windows in tokens through the GEMM path: off the blocks, none, two blocks' worth.
+  test_attention_gemm_window({2, 512, 128, 4, 100, {0, 129, 130}, true, 0.125f, 100, llmc::WindowUnit::kTokens}, rng);
+  test_attention_gemm_window({1, 384, 256, 4, 0, {}, true, 0.125f, 0, llmc::WindowUnit::kTokens}, rng);
+  test_attention_gemm_window({2, 768, 128, 4, 256, {0, 383, 384}, true, 0.125f, 256, llmc::WindowUnit::kTokens}, rng);
+  test_attention_window_units_agree(2, 1024, 768, 6, rng);
 }
 
 }  // namespace attention_tests

@@ -8,15 +8,19 @@
 // hyperparameters (12 steps of the baseline's polynomial, tall matrices scaled), the speedrun's (5
 // steps of its polynomial, no tall scale), 3 steps of the speedrun's polynomial with the tall
 // scale (odd counts, whose iterations start in the workspace's second buffer) and Polar Express (5
-// steps, each of its own polynomial, after a norm 1.02 |X| + 1e-6) and the cautious weight decay
-// (record #89's, whose master weights must be its formula's bits). Each stage is checked on its
-// own (momentum, the norm, orthogonalised update, parameters from the GPU's update), the
+// steps, each of its own polynomial, after a norm 1.02 |X| + 1e-6), the cautious weight decay
+// (record #89's, whose master weights must be its formula's bits) and NorMuon's second moment
+// with per-matrix rate multipliers (record #89's, with the cautious decay). Each stage is checked
+// on its own (momentum, the norm, orthogonalised update, NorMuon's state bit for bit and its
+// update, parameters from the GPU's update), the
 // baseline's orthogonalised update also for its property (X X^T near I), then muon_update twice
 // for the same bits, in pieces of a smaller workspace, and over sub-ranges, which must give the
 // whole group's bits for their matrices and leave the others as they were; then
 // muon_update_spread as each process of 1, 2 and 3 runs it, and the ZeRO-1 step
-// (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does. Then the cautious
-// decay from updates and weights of both signs and zeros of each, where u = 0 decays too (>=).
+// (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does (without NorMuon,
+// whose state is not sharded). Then the cautious decay from updates and weights of both signs and
+// zeros of each, where u = 0 decays too (>=); and NorMuon's step alone on tall, wide, square and
+// odd shapes, from zero and from a running state, twice for the same bits.
 #include "dev/cuda/kernel_test.h"
 
 namespace muon_tests {
@@ -42,6 +46,9 @@ constexpr float kTolPolarOrthogonal = 0.5f;
 constexpr float kTolNorm = 4e-3f;
 // X X^T of the orthogonalised update: singular values within about an ulp of BF16 of 1.
 constexpr float kTolIdentity = 5e-2f;
+// NorMuon's update: the GPU adds its two norms in a tree, the CPU in order, so their factor may
+// differ by FP32 ulps, and an entry's BF16 scale, then its product, by an ulp each (2 x 2^-7).
+constexpr float kTolNorMuon = 1.6e-2f;
 
 float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
@@ -95,6 +102,35 @@ float cpu_cautious_decay(float old, float u, float lr, float wd_lr, float lr_eff
   return (old - old * mask * wd_lr * lr_eff) - lr * u;
 }
 
+// NorMuon's step on the CPU (muon_second_moment_kernel's) on x [m, n] (wide) with its state s of n
+// values, every FP32 operation rounded on its own as there; the norms' sums in order (the GPU's
+// in a tree).
+std::vector<float> cpu_second_moment(std::vector<float> x, int m, int n, std::vector<float>& s, float weight) {
+  const bool rows = m == n;
+  auto at = [&](int k, int i) -> float& { return rows ? x[(size_t)k * n + i] : x[(size_t)i * n + k]; };
+  std::vector<float> mean(n), step(n);
+  const float side = (float)m;
+  float before = 0.0f, after = 0.0f;
+  for (int k = 0; k < n; k++) {
+    float sum = 0.0f;
+    for (int i = 0; i < m; i++) sum += at(k, i) * at(k, i);
+    mean[k] = sum * (1.0f / side);
+    s[k] = std::fma(weight, mean[k] - s[k], s[k]);
+    step[k] = 1.0f / std::sqrt(std::max(s[k], 1e-10f));
+    before += mean[k];
+    after += (mean[k] * side) * (step[k] * step[k]);
+  }
+  const float factor = std::sqrt(before * side) / std::max(std::sqrt(after), 1e-10f);
+  for (int k = 0; k < n; k++) {
+    const float scale = bf16_round(step[k] * factor);
+    for (int i = 0; i < m; i++) at(k, i) = bf16_round(at(k, i) * scale);
+  }
+  return x;
+}
+
+// Matrix i's rate multiplier in the groups that have them (MuonGroup::lr_scale).
+float test_rate(int i) { return i % 3 == 0 ? 1.0f : i % 3 == 1 ? 2.0f : 0.75f; }
+
 // One group's matrices in a shared parameter buffer, each kGap elements after the previous; tall[i]:
 // matrix i is stored [n, m].
 struct TestGroup {
@@ -111,6 +147,7 @@ struct TestGroup {
 
 struct HostState {
   std::vector<float> params, master, grads, momentum;  // whole buffers, gaps included
+  std::vector<float> second;  // NorMuon's, matrix i's n values from offset(i), as the trainer lays them out
 };
 
 // The matrix i of a whole buffer.
@@ -130,36 +167,45 @@ std::vector<float> transposed(const std::vector<float>& x, int rows, int cols) {
 
 struct Device {
   DeviceArray<floatX> params;
-  DeviceArray<float> master, momentum;
+  DeviceArray<float> master, momentum, second;
   DeviceArray<floatX> grads;
   DeviceArray<floatX*> param_ptrs;
-  DeviceArray<float*> master_ptrs, momentum_ptrs;
+  DeviceArray<float*> master_ptrs, momentum_ptrs, second_ptrs;
   DeviceArray<floatX*> grad_ptrs;
   DeviceArray<uint8_t> tall;
+  DeviceArray<float> rates;
   Device(const TestGroup& t, const HostState& s)
-      : params(s.params), master(s.master), momentum(s.momentum), grads(s.grads), param_ptrs(t.count()),
-        master_ptrs(t.count()), momentum_ptrs(t.count()), grad_ptrs(t.count()), tall(t.tall) {
+      : params(s.params), master(s.master), momentum(s.momentum), second(s.second), grads(s.grads),
+        param_ptrs(t.count()), master_ptrs(t.count()), momentum_ptrs(t.count()), second_ptrs(t.count()),
+        grad_ptrs(t.count()), tall(t.tall), rates(t.count()) {
     std::vector<floatX*> p;
-    std::vector<float*> pm, pmo;
+    std::vector<float*> pm, pmo, ps;
     std::vector<floatX*> pg;
+    std::vector<float> r;
     for (int i = 0; i < t.count(); i++) {
       p.push_back((floatX*)params + t.offset(i));
       pm.push_back((float*)master + t.offset(i));
       pmo.push_back((float*)momentum + t.offset(i));
+      ps.push_back((float*)second + t.offset(i));
       pg.push_back((floatX*)grads + t.offset(i));
+      r.push_back(test_rate(i));
     }
     param_ptrs.upload(p);
     master_ptrs.upload(pm);
     momentum_ptrs.upload(pmo);
+    second_ptrs.upload(ps);
     grad_ptrs.upload(pg);
+    rates.upload(r);
   }
   void reset(const HostState& s) {
     grads.upload(s.grads);
     params.upload(s.params);
     master.upload(s.master);
     momentum.upload(s.momentum);
+    second.upload(s.second);
   }
-  MuonGroup group(const TestGroup& t, bool with_master) const {
+  // normuon: with NorMuon's state; rates: with test_rate's multipliers.
+  MuonGroup group(const TestGroup& t, bool with_master, bool normuon = false, bool with_rates = false) const {
     MuonGroup g;
     g.m = t.m;
     g.n = t.n;
@@ -169,8 +215,11 @@ struct Device {
     g.grads = grad_ptrs;
     g.momentum = momentum_ptrs;
     g.tall = tall;
+    g.second_moments = normuon ? (float**)second_ptrs : nullptr;
+    g.lr_scale = with_rates ? (const float*)rates : nullptr;
     return g;
   }
+  Snapshot snapshot() const { return Snapshot(params, master, momentum, second); }
 };
 
 void poison(MuonWorkspace& ws) {
@@ -180,6 +229,8 @@ void poison(MuonWorkspace& ws) {
   cudaCheck(cudaMemset(ws.b, 0xff, n * ws.square_elements * sizeof(__nv_bfloat16)));
   cudaCheck(cudaMemset(ws.partials, 0xff, n * ws.partial_count * sizeof(float)));
   cudaCheck(cudaMemset(ws.denominators, 0xff, n * sizeof(float)));
+  cudaCheck(cudaMemset(ws.second_means, 0xff, n * ws.side_elements * sizeof(float)));
+  cudaCheck(cudaMemset(ws.second_factors, 0xff, n * sizeof(float)));
 }
 
 // Every value of `got` outside the group's matrices equals `before`'s (the gaps are not written).
@@ -263,7 +314,7 @@ void test_spread(const TestGroup& t, const HostState& s, Device& d, const MuonGr
       muon_update_spread(g, hp, seed, ws, spread, 0);
       check_share("spread", t, rank, world, share_differs);
       check_same_bits(llmc::strformat("spread, process %d of %d", rank, world), staged,
-                      Snapshot(d.params, d.master, d.momentum));
+                      d.snapshot());
     }
   }
   muon_workspace_free(ws);
@@ -290,6 +341,7 @@ size_t take_shard(const std::vector<T>& got, const std::vector<T>& before, size_
 // group's bits.
 void test_zero(const TestGroup& t, const HostState& s, Device& d, const MuonGroup& g, const MuonParams& hp,
                uint32_t seed, const std::vector<__nv_bfloat16>& staged_x, const Snapshot& staged) {
+  if (hp.normuon) return;  // NorMuon's state is whole on every process (the trainer runs it with -zs 0)
   MuonWorkspace ws;
   muon_workspace_alloc(ws, {g}, t.count());
   const size_t total = t.elements();
@@ -332,7 +384,7 @@ void test_zero(const TestGroup& t, const HostState& s, Device& d, const MuonGrou
     d.master.upload(master);
     d.momentum.upload(momentum);
     check_same_bits(llmc::strformat("ZeRO-1 on %d processes", world), staged,
-                    Snapshot(d.params, d.master, d.momentum));
+                    d.snapshot());
   }
   muon_workspace_free(ws);
 }
@@ -340,9 +392,9 @@ void test_zero(const TestGroup& t, const HostState& s, Device& d, const MuonGrou
 // Matrix i's weights `old` after the step from its orthogonalised update x [m, n] (the wide
 // orientation, as the GPU leaves it): x transposed back and scaled for a tall matrix as
 // muon_apply_tile does, then the decoupled step p (1 - lr wd) - lr u, or the cautious one with the
-// matrix's lr_eff.
+// matrix's lr_eff, lr and lr_eff times the matrix's rate multiplier.
 std::vector<float> cpu_muon_apply(const TestGroup& t, int i, std::vector<float> x, std::vector<float> old,
-                                  const MuonParams& hp) {
+                                  const MuonParams& hp, float rate = 1.0f) {
   const double scale = hp.scale_tall ? std::sqrt((double)t.n / t.m) : 1.0;
   if (t.tall[i]) {
     x = transposed(x, t.m, t.n);
@@ -350,29 +402,32 @@ std::vector<float> cpu_muon_apply(const TestGroup& t, int i, std::vector<float> 
   }
   const float decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
   const float wd_lr = (float)((double)hp.weight_decay * hp.lr);
-  const float lr_eff = t.tall[i] ? (float)(hp.lr * scale) : hp.lr;
+  const float lr = hp.lr * rate, lr_eff = (t.tall[i] ? (float)(hp.lr * scale) : hp.lr) * rate;
   for (size_t k = 0; k < old.size(); k++) {
-    old[k] = hp.decay == llmc::WeightDecayKind::kCautious ? cpu_cautious_decay(old[k], x[k], hp.lr, wd_lr, lr_eff)
-                                                          : old[k] * decay - hp.lr * x[k];
+    old[k] = hp.decay == llmc::WeightDecayKind::kCautious ? cpu_cautious_decay(old[k], x[k], lr, wd_lr, lr_eff)
+                                                          : old[k] * decay - lr * x[k];
   }
   return old;
 }
 
 // A recipe's hyperparameters, the bound on its orthogonalised update against the CPU's, and
-// whether its iteration takes the singular values to 1 (the baseline's), where X X^T = I is checked.
+// whether its iteration takes the singular values to 1 (the baseline's), where X X^T = I is checked,
+// and whether its matrices take test_rate's multipliers.
 struct TestRecipe {
   const char* name;
   MuonParams hp;
   float tol_orthogonal;
   bool converges;
+  bool rates = false;
 };
 
 void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, llmc::Rng& rng) {
   const MuonParams& hp = recipe.hp;
   const llmc::NewtonSchulz& ns = hp.newton_schulz;
-  printf("\nmuon %s: %d of %dx%d, %s master weights; %s: %s, tall %s\n", t.name, t.count(), t.m, t.n,
+  printf("\nmuon %s: %d of %dx%d, %s master weights; %s: %s, tall %s%s%s\n", t.name, t.count(), t.m, t.n,
          with_master ? "with" : "without", recipe.name, llmc::newton_schulz_description(ns).c_str(),
-         hp.scale_tall ? "scaled" : "unscaled");
+         hp.scale_tall ? "scaled" : "unscaled", hp.normuon ? ", NorMuon" : "",
+         recipe.rates ? ", rates x 1, 2, 0.75" : "");
   const size_t total = t.elements();
   const int m = t.m, n = t.n, count = t.count();
   HostState s;
@@ -383,8 +438,11 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   s.grads = random_stored(rng, total, 0.0f, 1.0f);
   s.momentum.resize(total);
   rng.normal(s.momentum.data(), total, 0.0f, 0.5f);
+  // A running state: squares of the orthogonalised update's size (about 1 / n an entry).
+  s.second = random_stored(rng, total, 0.0f, 1.0f / std::sqrt((float)n));
+  for (float& v : s.second) v *= v;
   Device d(t, s);
-  const MuonGroup g = d.group(t, with_master);
+  const MuonGroup g = d.group(t, with_master, hp.normuon, recipe.rates);
   MuonWorkspace ws;
   muon_workspace_alloc(ws, {g}, count);
   const uint32_t seed = rng.u32();
@@ -419,6 +477,34 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   check_close("norm denominators", got_denominators, ref_denominators, kTolNorm);
   // A random square matrix may be ill-conditioned.
   if (m < n && recipe.converges) check_orthogonal(got_x, m, n, count);
+  if (hp.normuon) {
+    muon_second_moment(g, 0, count, hp, ws, 0, 0);
+    std::vector<__nv_bfloat16> normalized(staged_x.size());
+    cudaCheck(cudaMemcpy(normalized.data(), ws.x[0], normalized.size() * sizeof(__nv_bfloat16),
+                         cudaMemcpyDeviceToHost));
+    const std::vector<float> got_second = d.second.download();
+    for (int i = 0; i < count; i++) {
+      const float* x_i = got_x.data() + (size_t)i * m * n;
+      std::vector<float> s_i(s.second.begin() + t.offset(i), s.second.begin() + t.offset(i) + n);
+      const std::vector<float> ref = cpu_second_moment(std::vector<float>(x_i, x_i + (size_t)m * n), m, n, s_i,
+                                                       hp.normuon_weight);
+      std::vector<float> got_i(m * (size_t)n);
+      for (size_t k = 0; k < got_i.size(); k++) got_i[k] = __bfloat162float(normalized[(size_t)i * m * n + k]);
+      check_close(llmc::strformat("NorMuon's update %d", i), got_i, ref, kTolNorMuon);
+      const float* g_s = got_second.data() + t.offset(i);
+      check_close(llmc::strformat("NorMuon's state %d", i), std::vector<float>(g_s, g_s + n), s_i, 0.0f);
+    }
+    // The state's other elements (past a matrix's n values) are not written.
+    size_t changed = 0;
+    for (int i = 0; i < count; i++) {
+      for (size_t k = t.offset(i) + n; k < t.offset(i + 1); k++) {
+        changed += memcmp(&got_second[k], &s.second[k], sizeof(float)) != 0;
+      }
+    }
+    testing::check_verbose(changed == 0, llmc::strformat("NorMuon's state: %zu values past the matrices' n changed",
+                                                         changed));
+    for (size_t k = 0; k < got_x.size(); k++) got_x[k] = __bfloat162float(normalized[k]);
+  }
 
   muon_apply(g, 0, count, hp, seed, ws, 0, 0);
   const std::vector<float> got_params = d.params.download(), got_master = d.master.download();
@@ -430,7 +516,8 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   for (int i = 0; i < count; i++) {
     const float* x_i = got_x.data() + (size_t)i * m * n;
     const std::vector<float> ref = cpu_muon_apply(t, i, std::vector<float>(x_i, x_i + (size_t)m * n),
-                                                  matrix(t, with_master ? s.master : s.params, i), hp);
+                                                  matrix(t, with_master ? s.master : s.params, i), hp,
+                                                  recipe.rates ? test_rate(i) : 1.0f);
     // Stochastic rounding of the FP32 result: within one ulp (kTolSum).
     check_close(llmc::strformat("params %d", i), matrix(t, got_params, i), ref, kTolSum);
     if (with_master) check_close(llmc::strformat("master %d", i), matrix(t, got_master, i), ref, master_tol);
@@ -446,15 +533,15 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   };
   d.reset(s);
   update(ws, 0, count);
-  check_same_bits("muon_update = stages", staged, Snapshot(d.params, d.master, d.momentum));
+  check_same_bits("muon_update = stages", staged, d.snapshot());
   d.reset(s);
   update(ws, 0, count);
-  check_same_bits("muon_update twice", staged, Snapshot(d.params, d.master, d.momentum));
+  check_same_bits("muon_update twice", staged, d.snapshot());
   MuonWorkspace small;
   muon_workspace_alloc(small, {g}, 2);
   d.reset(s);
   update(small, 0, count);
-  check_same_bits("two at a time", staged, Snapshot(d.params, d.master, d.momentum));
+  check_same_bits("two at a time", staged, d.snapshot());
   // Matrices [1, count), then [0, 1): after the first, matrix 0 as it was and the others updated.
   const int split = std::min(1, count);
   d.reset(s);
@@ -471,7 +558,7 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   testing::check_verbose(wrong == 0, llmc::strformat("[%d, %d) alone: %zu values differ from the whole "
                                                      "group's or the initial ones", split, count, wrong));
   update(small, 0, split);
-  check_same_bits("[1, count) then [0, 1)", staged, Snapshot(d.params, d.master, d.momentum));
+  check_same_bits("[1, count) then [0, 1)", staged, d.snapshot());
   test_spread(t, s, d, g, hp, seed, staged_x, staged);
   test_zero(t, s, d, g, hp, seed, staged_x, staged);
   muon_workspace_free(small);
@@ -495,6 +582,7 @@ void test_apply_cautious(llmc::Rng& rng) {
   s.master = s.params;
   s.grads = s.params;
   s.momentum.assign(t.elements(), 0.0f);
+  s.second.assign(t.elements(), 0.0f);
   std::vector<float> x((size_t)count * m * n);
   rng.normal(x.data(), x.size(), 0.0f, 0.03f);
   std::vector<__nv_bfloat16> staged(x.size());
@@ -535,6 +623,72 @@ void test_apply_cautious(llmc::Rng& rng) {
   muon_workspace_free(ws);
 }
 
+// NorMuon's step alone (muon_second_moment) on updates x placed in the workspace, of rows and
+// columns of unequal sizes (so that a state of the wrong side's entries would show), from a zero
+// state and then from the one it left over a second step: the state bit for bit the CPU's, the
+// update within kTolNorMuon, its norm kept, a matrix's zero update left zero, twice the same bits.
+void test_second_moment(const TestGroup& t, llmc::Rng& rng) {
+  const int m = t.m, n = t.n, count = t.count();
+  printf("\nmuon_second_moment %s: %d of %dx%d\n", t.name, count, m, n);
+  MuonParams hp = {};
+  hp.normuon = true;
+  hp.normuon_weight = (float)(1.0 - llmc::kNorMuonBeta2);
+  HostState s;
+  s.params = s.master = s.grads = s.momentum = s.second = std::vector<float>(t.elements(), 0.0f);
+  Device d(t, s);
+  const MuonGroup g = d.group(t, false, true);
+  MuonWorkspace ws;
+  muon_workspace_alloc(ws, {g}, count);
+  std::vector<float> state = s.second;
+  for (int step = 0; step < 2; step++) {
+    std::vector<float> x((size_t)count * m * n);
+    rng.normal(x.data(), x.size(), 0.0f, 0.05f);
+    for (size_t k = 0; k < x.size(); k++) {  // rows and columns of unequal sizes
+      const size_t r = k / n % m, c = k % n;
+      x[k] = bf16_round(x[k] * (1.0f + (float)(r % 5)) * (1.0f + 0.25f * (float)(c % 7)));
+    }
+    std::fill(x.begin(), x.begin() + (size_t)m * n, 0.0f);  // matrix 0's update zero: the clamps
+    std::vector<__nv_bfloat16> staged(x.size());
+    for (size_t k = 0; k < x.size(); k++) staged[k] = __float2bfloat16_rn(x[k]);
+    std::vector<__nv_bfloat16> first;
+    for (int run = 0; run < 2; run++) {
+      d.second.upload(std::vector<float>(state));
+      poison(ws);
+      cudaCheck(cudaMemcpy(ws.x[0], staged.data(), staged.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+      muon_second_moment(g, 0, count, hp, ws, 0, 0);
+      std::vector<__nv_bfloat16> got(staged.size());
+      cudaCheck(cudaMemcpy(got.data(), ws.x[0], got.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+      if (run == 0) {
+        first = got;
+        continue;
+      }
+      testing::check_verbose(memcmp(first.data(), got.data(), got.size() * sizeof(__nv_bfloat16)) == 0,
+                             llmc::strformat("step %d twice: the same bits", step + 1));
+    }
+    const std::vector<float> got_state = d.second.download();
+    for (int i = 0; i < count; i++) {
+      std::vector<float> s_i(state.begin() + t.offset(i), state.begin() + t.offset(i) + n);
+      const std::vector<float> x_i(x.begin() + (size_t)i * m * n, x.begin() + (size_t)(i + 1) * m * n);
+      const std::vector<float> ref = cpu_second_moment(x_i, m, n, s_i, hp.normuon_weight);
+      std::vector<float> got_i(x_i.size());
+      double before_norm = 0.0, after_norm = 0.0;
+      for (size_t k = 0; k < got_i.size(); k++) {
+        got_i[k] = __bfloat162float(first[(size_t)i * m * n + k]);
+        before_norm += (double)x_i[k] * x_i[k];
+        after_norm += (double)got_i[k] * got_i[k];
+      }
+      check_close(llmc::strformat("step %d, update %d", step + 1, i), got_i, ref, kTolNorMuon);
+      check_close(llmc::strformat("step %d, state %d", step + 1, i),
+                  std::vector<float>(got_state.begin() + t.offset(i), got_state.begin() + t.offset(i) + n), s_i, 0.0f);
+      const double kept = before_norm > 0.0 ? std::fabs(std::sqrt(after_norm / before_norm) - 1.0) : after_norm;
+      testing::check_verbose(kept <= kTolNorMuon, llmc::strformat("step %d, update %d: norm kept within %.1e",
+                                                                  step + 1, i, kept));
+      std::copy(s_i.begin(), s_i.end(), state.begin() + t.offset(i));
+    }
+  }
+  muon_workspace_free(ws);
+}
+
 void run() {
   llmc::Rng rng(1337);
   const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
@@ -548,13 +702,21 @@ void run() {
       {"3 steps", {0.05f, 0.01f, 0.9f, 1.0f, steep3, true}, kTolSteepOrthogonal, false},
       {"polar", {0.05f, 0.0f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true}, kTolPolarOrthogonal, false},
       {"cautious", {0.05f, 1.2f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true, llmc::WeightDecayKind::kCautious},
-       kTolPolarOrthogonal, false}};
+       kTolPolarOrthogonal, false},
+      {"normuon",
+       {0.05f, 1.2f, 0.95f, 1.0f, llmc::kNewtonSchulzPolar, true, llmc::WeightDecayKind::kCautious, true,
+        (float)(1.0 - llmc::kNorMuonBeta2)},
+       kTolPolarOrthogonal, false, true}};
   for (const TestRecipe& recipe : recipes) {
     for (const TestGroup& t : groups) {
       for (bool with_master : {true, false}) test_group(t, with_master, recipe, rng);
     }
   }
   test_apply_cautious(rng);
+  for (const TestGroup& t : {TestGroup{"tall and wide", 37, 101, {1, 0, 1, 0}}, TestGroup{"square", 48, 48, {0, 0}},
+                             TestGroup{"gates' shape", 6, 12, {0, 1, 0}}}) {
+    test_second_moment(t, rng);
+  }
 }
 
 }  // namespace muon_tests

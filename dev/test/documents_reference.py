@@ -3,8 +3,10 @@
 train_gpt2.py's against modded-nanogpt's own loader, transcribed below, as it is and as
 dev/bench_quality.py's copy of it searches; the stage plan's steps, rates and momentum of
 llmc/stages.h and llmc/schedulers.h (build/test_stages) against train_gpt2.py's, and record #89's
-rate and momentum against its reference's expressions (transcribed below too). Writes its shards under the folder given; prints one
-line per check, "what<TAB>same" or "what<TAB>the difference", and notes without a tab.
+rate, momentum and loss weights against its reference's expressions (transcribed below too); record
+#89's packing of documents under a cap, both languages' against its loader (transcribed below).
+Writes its shards under the folder given; prints one line per check, "what<TAB>same" or "what<TAB>the
+difference", and notes without a tab.
 
   python3 dev/test/documents_reference.py SCRATCH     (from the repository's root)
 """
@@ -18,6 +20,7 @@ from pydeps import require  # noqa: E402
 
 require("numpy", "torch")
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 import train_gpt2 as tg  # noqa: E402
 
@@ -76,6 +79,84 @@ def load_shard(path):
 
 
 # ------------------------------------------------------------------------------------------------
+# Record #89 (modded-nanogpt f411b3d3, train_gpt.py 1710-1777 and 1796-1874): Shard.next_batch and
+# distributed_data_generator with align_to_bos=True, in numpy, every rank's groups at once (each
+# rank computes all of them alike and keeps its own). As there: the document starts indexed once
+# per shard (the full index; the reference's partial index of the first 6,000,000 tokens gives the
+# same starts where a batch does not outrun it), each rank's group filled to num_tokens_local + 1
+# tokens from the starts in order, each document cut at max_seq_len and at what the group still
+# needs, the index moving past every document taken; StopIteration where no start is left, the
+# call then repeated whole on the next file; the boundaries cum_lengths padded to max_num_docs.
+# What is left out: the GPU, the bigram hash, the async loads. The generator ends where the files
+# do (TypeError: the reference calls its getter None); `sends` maps a call to the
+# (num_tokens, max_seq_len, grad_accum_steps) the loop sends with it at a stage's first step.
+
+RECORD89_MAX_NUM_DOCS = {16384: 64, 32768: 96, 49152: 128}
+
+
+def record89_shard_next_batch(tokens, bos_idx, i, num_tokens_local, max_seq_len, world_size):
+    n = len(bos_idx)
+    starts = [[] for _ in range(world_size)]
+    ends = [[] for _ in range(world_size)]
+    idx = i
+    for r in range(world_size):
+        cur_len = 0
+        while cur_len <= num_tokens_local:
+            if idx >= n:
+                raise StopIteration("Insufficient BOS ahead; hit tail of shard.")
+            cur = bos_idx[idx]
+            starts[r].append(cur)
+            idx += 1
+            end = min(bos_idx[idx] if idx < n else len(tokens), cur + max_seq_len, cur + num_tokens_local - cur_len + 1)
+            ends[r].append(end)
+            cur_len += end - cur
+        assert cur_len == num_tokens_local + 1
+    return starts, ends, idx
+
+
+def record89_batches(files, num_tokens, max_seq_len, world_size, grad_accum_steps=1, sends=None):
+    """Yields each call's groups, every rank's: (rows of num_tokens_local + 1 tokens, the padded
+    cum_lengths of each rank). sends: {call: the arguments sent with it}."""
+    assert num_tokens % (world_size * grad_accum_steps) == 0
+    num_tokens = num_tokens // grad_accum_steps
+    file_iter = iter(files)
+    tokens = load_shard(next(file_iter))
+    bos_idx, i = np.flatnonzero(tokens == 50256), 0
+    call = 0
+    while True:
+        num_tokens_local = num_tokens // world_size
+        max_num_docs = RECORD89_MAX_NUM_DOCS.get(num_tokens_local, tg.next_multiple_of_n(num_tokens_local // 300, n=128))
+        try:
+            seq_starts, seq_ends, i_next = record89_shard_next_batch(tokens, bos_idx, i, num_tokens_local,
+                                                                     max_seq_len, world_size)
+        except StopIteration:
+            path = next(file_iter, None)
+            if path is None:
+                return
+            tokens = load_shard(path)
+            bos_idx, i = np.flatnonzero(tokens == 50256), 0
+            continue
+        i = i_next
+        rows, boundaries = [], []
+        for starts, ends in zip(seq_starts, seq_ends):
+            rows.append(np.concatenate([tokens[a:b] for a, b in zip(starts, ends)]))
+            lengths = np.array(ends) - np.array(starts)
+            lengths[-1] -= 1  # the last document's last token is a target only
+            cum_lengths = np.cumsum(lengths)
+            padded = np.full(max_num_docs, num_tokens_local)
+            padded[0] = 0
+            padded[1:len(cum_lengths) + 1] = cum_lengths  # the reference fails where they do not fit
+            boundaries.append(padded)
+        yield rows, boundaries
+        call += 1
+        new_params = (sends or {}).get(call)
+        if new_params is not None:
+            new_num_tokens, max_seq_len, new_grad_accum_steps = new_params
+            assert new_num_tokens % (world_size * new_grad_accum_steps) == 0
+            num_tokens = new_num_tokens // new_grad_accum_steps
+
+
+# ------------------------------------------------------------------------------------------------
 
 def write_shard(path, tokens):
     header = np.zeros(tg.HEADER_INTS, np.int32)
@@ -99,10 +180,10 @@ def write_dataset(folder, name, shards):
     return f"{folder}/{name}_*.bin"
 
 
-def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epochs=None):
+def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epochs=None, cap=0):
     """train_gpt2.py's sequences over every rank, in stream order (micro batch by micro batch, rank
     by rank, row by row), for `steps` steps or until the step after `epochs` epochs; and the steps."""
-    ranks = [tg.DocumentLoader(pattern, "test", B, T, grad_accum, r, world, shuffle, seed, 50257)
+    ranks = [tg.DocumentLoader(pattern, "test", B, T, grad_accum, r, world, shuffle, seed, 50257, cap)
              for r in range(world)]
     rows, step = [], 0
     while (steps is None or step < steps) and (epochs is None or ranks[0].epoch < epochs):
@@ -115,10 +196,10 @@ def port_rows(pattern, B, T, grad_accum, world, shuffle, seed, steps=None, epoch
     return np.array(rows), step
 
 
-def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps):
+def cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, seed, steps, cap=0):
     out = f"{scratch}/dump.bin"
     subprocess.run(["build/test_dataloader", "--dump-documents", out, pattern, str(B), str(T),
-                    str(grad_accum), str(world), str(int(shuffle)), str(seed), str(steps)],
+                    str(grad_accum), str(world), str(int(shuffle)), str(seed), str(steps), str(cap)],
                    check=True, stdout=subprocess.DEVNULL)
     return np.fromfile(out, np.int32).reshape(-1, T + 1)
 
@@ -317,6 +398,87 @@ def port_stage_rows(pattern, B, world, shuffle, seed, plan, T, Z, steps):
     return np.concatenate(rows), ranks[0].epoch
 
 
+# modded-nanogpt's record #89 (train_gpt.py at f411b3d3, TrainingSchedule.__init__'s lists and its
+# lookup), the loss weights of a step: the stages' (mtp start, mtp end, prefix start, prefix end) and
+# its boundaries (the scheduled stages' and the extension's (start, end)) as arguments instead of its
+# TRAINING_STAGES; the expressions as there, torch.tensor's default dtype float32.
+def reference_loss_weights(step, stages, boundaries):
+    for i, (start, end) in enumerate(boundaries):
+        if step < end:
+            stage, t = stages[i], (step - start) / (end - start)
+            break
+    else:
+        stage, t = stages[-1], 1.0
+    mtp_start, mtp_end, prefix_start, prefix_end = stage
+    w = [a + (b - a) * t for a, b in zip(mtp_start, mtp_end)]
+    pw = prefix_start + (prefix_end - prefix_start) * t
+    return torch.tensor(w).tolist(), torch.tensor([pw]).item()
+
+
+def port_loss_lines(plan, steps, mtp, prefix_weight):
+    """train_gpt2.py's loss weights of each step 0..N+E as build/test_stages --dump-loss prints them, or
+    its error."""
+    try:
+        args = tg.parse_args(["--input_bin", "x", "--num_iterations", str(steps), "--stages", plan, "--mtp", mtp,
+                              "--prefix_weight", prefix_weight])
+        stages = tg.stage_plan(args, 1)
+    except SystemExit as e:
+        return str(e)
+    return [f"{s} {','.join('%.9g' % w for w in p.next_token_weights)} {'%.9g' % p.prefix_weight}"
+            for s, p in ((s, stages.step(s)) for s in range(stages.steps + 1))]
+
+
+def check_loss_dumps():
+    """The loss weights of every step (mtp=, pw=), llmc/stages.h's (build/test_stages --dump-loss)
+    against train_gpt2.py's, bit for bit; record #89's against its reference's expressions too."""
+    record89 = "1/3 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 mtp=1,0.5>1,0 pw=0.25>0; 1/3 mtp=1 pw=0; +15"
+    cases = [  # (PLAN, STEPS, -mtp, -pw)
+        (record89, 1270, "1", "0"),
+        ("1/7 mtp=1,0.333>0.1,0.9 pw=0.123456789>0.987654321; 6/7 pw=0; +4", 997, "1", "0"),
+        ("1/2 mtp=0.3,0.7>0.9,0.1 pw=.1>6e-1; 1/2 mtp=0.2 pw=0.3>0; +3", 97, "1", "0"),
+        ("1/2; 1/2 mtp=1 pw=0", 11, "1,0.5,0.25", "0.25"),
+        ("1/3; 1/3 mtp=1,1>1,0; 1/3", 10, "0.7", "0.1"),
+        ("1", 0, "1,0.5", "0.25"),
+        ("1 mtp=1,0.5>1", 10, "1", "0"),
+        ("1 mtp=0 pw=0", 10, "1", "0"),
+        ("1/2; 1/2 mtp=0>1", 10, "1", "0"),
+        ("1 pw=1.5", 10, "1", "0"),
+        ("1 pw=-0", 10, "1", "0"),
+        ("1 mtp=1,1,1,1", 10, "1", "0"),
+        ("1 mtp=1>", 10, "1", "0"),
+        ("1 mtp=1>0>1", 10, "1", "0"),
+        ("1 mtp=1,,1", 10, "1", "0"),
+        ("1 pw=0x1p-2", 10, "1", "0"),
+    ]
+    for plan, steps, mtp, prefix_weight in cases:
+        what = f"--stages {plan!r} of {steps} steps, -mtp {mtp} -pw {prefix_weight}"
+        port = port_loss_lines(plan, steps, mtp, prefix_weight)
+        out, result = run_cpp(what, ["build/test_stages", "--dump-loss", plan, str(steps), mtp, prefix_weight])
+        if result is None:
+            continue
+        if isinstance(port, str):
+            errors = result.returncode == 1 and result.stderr.startswith("error: ") and not out
+            print(f"{what}: both reject it\t{'same' if errors else f'C++ exit {result.returncode}: {result.stderr!r}'}")
+            continue
+        lines = out.splitlines()
+        differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
+        verdict = ("same" if lines == port else f"C++ {len(lines)} lines (exit {result.returncode}: "
+                   f"{result.stderr.strip()!r}), train_gpt2.py {len(port)}" if differ is None
+                   else f"first difference at step {differ}: {lines[differ]!r} and {port[differ]!r}")
+        print(f"{what}: every step's loss weights, C++ and train_gpt2.py\t{verdict}")
+    reference_stages = [([1.0, 0.5, 0.25], [1.0, 0.5, 0.0], 0.25, 0.25), ([1.0, 0.5], [1.0, 0.0], 0.25, 0.0),
+                        ([1.0], [1.0], 0.0, 0.0), ([1.0], [1.0], 0.0, 0.0)]
+    boundaries = [(0, 423), (423, 847), (847, 1270), (1270, 1285)]
+    reference = []
+    for step in range(1286):
+        w, pw = reference_loss_weights(step, reference_stages, boundaries)
+        reference.append(f"{step} {','.join('%.9g' % x for x in w)} {'%.9g' % pw}")
+    port = port_loss_lines(*cases[0])
+    differ = [s for s, (a, b) in enumerate(zip(port, reference)) if a != b]
+    print(f"record #89's plan: the loss weights at each of {len(reference)} steps, train_gpt2.py and its reference\t"
+          f"{'same' if not differ and len(port) == len(reference) else f'differ at steps {differ[:5]}'}")
+
+
 def check_stage_rows(scratch, pattern, T):
     """The sequences of loaders following a plan, llmc/dataloader.h's (build/test_dataloader
     --dump-stages) against train_gpt2.py's: the length doubling as the cap begins, and one cap
@@ -343,6 +505,70 @@ def check_stage_rows(scratch, pattern, T):
                 differ = next((i for i in range(min(len(cpp), len(port))) if cpp[i] != port[i]), None)
                 print(f"{what} (to epoch {epoch}): C++ and train_gpt2.py\t"
                       f"{'same' if same else f'{len(cpp)} and {len(port)} tokens, first difference at {differ}'}")
+
+
+def record89_rows(pattern, T, cap, world_size=8, grad_accum_steps=1, sends=None):
+    """Record #89's groups (num_tokens = 8T a step, so T a forward) in stream order until its files
+    end, and every forward's boundaries."""
+    files = sorted(glob.glob(pattern))
+    rows, boundaries = [], []
+    for call_rows, call_boundaries in record89_batches(files, 8 * T, cap, world_size, grad_accum_steps, sends):
+        rows += call_rows
+        boundaries += call_boundaries
+    return rows, boundaries
+
+
+def check_packing(scratch, rng):
+    """Record #89's packing (a stage's cap): llmc/dataloader.h's against train_gpt2.py's over layouts
+    of 8 forwards a step, plain and shuffled, two epochs; train_gpt2.py's against the reference's
+    groups on 8 processes (its own layout) to its files' end, and the boundaries it hands its
+    attention against the document starts of each forward's inputs (where ours are found); across
+    a stage boundary where the length and the cap change, C++, train_gpt2.py and the reference."""
+    T = 64
+
+    def lengths(n):  # one token, short, exactly T+1, longer than T+1 or than a cap of 24 or 100
+        return [int(rng.choice([1, int(rng.integers(2, 24)), 24, 25, T + 1, 100, int(rng.integers(26, 3 * T)),
+                                5 * T])) for _ in range(n)]
+
+    pattern = write_dataset(scratch, "packing", [documents(rng, lengths(150)), documents(rng, lengths(120), prefix=7),
+                                                 documents(rng, lengths(170))])
+    layouts = [(1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 4, 2)]
+    for cap in (24, 100):
+        for B, grad_accum, world in layouts:
+            setting = f"packing, cap {cap}: T={T} B={B} x {grad_accum} micro batches x {world} processes"
+            for shuffle in (False, True):
+                port, steps = port_rows(pattern, B, T, grad_accum, world, shuffle, 1337, epochs=2, cap=cap)
+                cpp = cpp_rows(scratch, pattern, B, T, grad_accum, world, shuffle, 1337, steps, cap)
+                compare(f"{setting}{', shuffled' if shuffle else ''}: C++ and train_gpt2.py, {steps} steps over "
+                        f"2 epochs", cpp, port)
+            reference, boundaries = record89_rows(pattern, T, cap)
+            port = port_rows(pattern, B, T, grad_accum, world, False, 0, epochs=1, cap=cap)[0]
+            compare(f"{setting}: train_gpt2.py and record #89's loader on 8 processes, its {len(reference)} "
+                    f"forwards to its files' end", port, np.array(reference))
+        starts_agree = all((np.flatnonzero(row[:-1] == 50256) == np.concatenate([[0], b[1:][b[1:] < T]])).all()
+                           for row, b in zip(reference, boundaries))
+        print(f"packing, cap {cap}: record #89's boundaries of each of {len(reference)} forwards (cum_lengths "
+              f"before its padding) are the document starts of its inputs\t{'same' if starts_agree else 'differ'}")
+    # The reference on 2 processes of 4 micro batches reads a call's 2 groups where 8 processes read
+    # 8: at a shard's end it goes on in the shard, so from there its forwards are others.
+    eight, _ = record89_rows(pattern, T, 24)
+    two, _ = record89_rows(pattern, T, 24, world_size=2, grad_accum_steps=4)
+    differ = next((i for i in range(min(len(eight), len(two))) if not (eight[i] == two[i]).all()), None)
+    print(f"packing, cap 24: record #89's loader on 2 processes x 4 micro batches reads its 8-process forwards "
+          f"up to forward {differ} of {len(eight)} (a shard's end)")
+    plan, Z, steps = f"1/2 cap=24; 1/2 t={2 * T} z={16 * T} cap=100", 8 * T, 12  # within the reference's files
+    reference = np.concatenate(record89_rows(pattern, T, 24, sends={steps // 2: (16 * T, 100, 1)})[0])
+    for B, world in [(1, 1), (1, 2), (2, 4)]:
+        what = f"packing, --stages {plan!r}, T {T}, z {Z}, B {B} x {world} process(es), {steps} steps"
+        port = port_stage_rows(pattern, B, world, False, 0, plan, T, Z, steps)[0]
+        out = f"{scratch}/dump_stages.bin"
+        _, result = run_cpp(what, ["build/test_dataloader", "--dump-stages", out, pattern, str(B), str(world), "0",
+                                   "0", plan, str(T), str(Z), str(steps)])
+        if result is not None:
+            cpp = np.fromfile(out, np.int32) if result.returncode == 0 else np.zeros(0, np.int32)
+            print(f"{what}: C++ and train_gpt2.py\t{'same' if cpp.shape == port.shape and (cpp == port).all() else 'differ'}")
+        print(f"{what}: train_gpt2.py and record #89's loader, the stage sent at step {steps // 2}\t"
+              f"{'same' if len(reference) >= len(port) and (reference[:len(port)] == port).all() else 'differ'}")
 
 
 def reference_rows(pattern, B, T, grad_accum, world, **edits):
@@ -468,7 +694,9 @@ def main(scratch):
     check_bench_edit(patterns, layouts, T)
     check_plan_dumps(scratch)
     check_rate_dumps()
+    check_loss_dumps()
     check_stage_rows(scratch, patterns["short"], T)
+    check_packing(scratch, rng)
 
     # modded-nanogpt's own setting: T = 48K, 8 processes of one micro batch, a window of 786,432
     # tokens; a 663,000-token document after 16 of T tokens (the third step starts at it).

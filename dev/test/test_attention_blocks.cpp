@@ -1,6 +1,7 @@
 // Tests llmc/attention_blocks.h on hand-worked sequences: the spans of each query block, and the
 // key blocks selected for windows of 0 to 16 blocks (documents crossing block edges, starting on
-// them, one token long, one spanning the whole sequence); the document ids of each token, by hand
+// them, one token long, one spanning the whole sequence) and token windows against their
+// definition; the document ids of each token, by hand
 // and against the spans of random sequences. dev/test/test_attention_blocks_py.sh
 // compares the rule with train_gpt2.py's port of the reference on random documents, through
 // the dump modes:
@@ -173,6 +174,84 @@ void test_first_key() {
                                                  queries) + (failure.empty() ? "" : ": " + failure));
 }
 
+// Token windows against their definition, on random sequences: key u is visible to query t when
+// t - w <= u <= t and both lie in one document. For every query block q the selection's run must
+// hold every key visible to one of q's queries, its first block must hold one (the run is no
+// longer than it needs), and every full block must hide nothing from any of q's queries; the
+// visible keys of each query must be exactly [attention_window_first_key, t], and no selection
+// longer than attention_window_run. Windows of 0 tokens up to past the sequence, on block edges,
+// one off them and between.
+void test_token_windows() {
+  std::vector<int> windows = {0, 1, 63, 64, 100, 126, 127, 128, 129, 200, 255, 256, 257, 383, 384, 1000, 1537,
+                              INT32_MAX};
+  uint64_t state = 777;
+  auto next = [&state] { return (uint32_t)((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33); };
+  std::string failure;
+  int blocks_checked = 0;
+  for (int round = 0; round < 40 && failure.empty(); round++) {
+    const int T = llmc::kAttentionBlock * (1 + next() % 12);
+    std::vector<int> tokens(T, 7), documents(T);
+    const int starts = next() % (round % 2 ? 3 : 12);
+    for (int k = 0; k < starts; k++) tokens[next() % T] = kStart;
+    if (round % 4 == 0) tokens[0] = kStart;
+    for (int t = 0, document = 0; t < T; t++) documents[t] = document += tokens[t] == kStart;
+    const std::vector<AttentionBlockSpan> spans = spans_of(tokens);
+    for (int w : windows) {
+      const llmc::AttentionWindow window{w, llmc::WindowUnit::kTokens};
+      auto visible = [&](int t, int u) { return u <= t && t - u <= w && documents[u] == documents[t]; };
+      for (int q = 0; q * llmc::kAttentionBlock < T && failure.empty(); q++, blocks_checked++) {
+        const AttentionBlockSelection s = llmc::attention_window_select(spans[q], q, window);
+        const int first_block = q - s.full - s.partial + 1, rows = q * llmc::kAttentionBlock;
+        if (s.full < 0 || s.partial < 1 || s.full + s.partial > llmc::attention_window_run(window)) {
+          failure = llmc::strformat("full %d, partial %d, run at most %d", s.full, s.partial,
+                                    llmc::attention_window_run(window));
+        }
+        bool first_block_seen = false;
+        for (int t = rows; t < rows + llmc::kAttentionBlock && failure.empty(); t++) {
+          for (int u = 0; u <= t; u++) {
+            const int k = u / llmc::kAttentionBlock;
+            if (visible(t, u) && k < first_block) failure = llmc::strformat("key %d of query %d is visible", u, t);
+            if (!visible(t, u) && k >= q - s.full && k < q) {
+              failure = llmc::strformat("key %d of query %d is hidden in full block %d", u, t, k);
+            }
+            first_block_seen = first_block_seen || (visible(t, u) && k == first_block);
+          }
+        }
+        if (failure.empty() && !first_block_seen) failure = llmc::strformat("no key of block %d visible", first_block);
+        if (!failure.empty()) failure = llmc::strformat("T %d, window %d, query block %d: ", T, w, q) + failure;
+      }
+      int document_start = 0;
+      for (int t = 0; t < T && failure.empty(); t++) {
+        if (tokens[t] == kStart) document_start = t;
+        const int first = llmc::attention_window_first_key(t, document_start, window);
+        for (int u = 0; u <= t; u++) {
+          if (visible(t, u) != (u >= first)) {
+            failure = llmc::strformat("T %d, window %d, query %d: key %d is %s, attention_window_first_key gives %d",
+                                      T, w, t, u, visible(t, u) ? "visible" : "hidden", first);
+            break;
+          }
+        }
+      }
+    }
+  }
+  check_verbose(failure.empty(), llmc::strformat("token windows: the selections of %d query blocks hold exactly "
+                                                 "their visible keys, full blocks none hidden", blocks_checked) +
+                                     (failure.empty() ? "" : ": " + failure));
+  // By hand, one document: a window of 128 tokens reaches into block q - 1 (query 128i sees key
+  // 128(i - 1)) with no full block; 255 and 256 make q - 1 full and q - 2 the edge; 0 is q alone.
+  const std::vector<AttentionBlockSpan> one = spans_of(sequence(1024, {0}));
+  const AttentionBlockSelection w128 = llmc::attention_tokens_select(one[5], 5, 128);
+  const AttentionBlockSelection w256 = llmc::attention_tokens_select(one[5], 5, 256);
+  const AttentionBlockSelection w0 = llmc::attention_tokens_select(one[5], 5, 0);
+  const AttentionBlockSelection w255 = llmc::attention_tokens_select(one[5], 5, 255);
+  check_verbose(w128.full == 0 && w128.partial == 2 && w256.full == 1 && w256.partial == 2 && w0.full == 0 &&
+                    w0.partial == 1 && w255.full == 1 && w255.partial == 2,
+                llmc::strformat("token windows at block 5 of one document (full, partial): 128 (%d, %d), 256 (%d, "
+                                "%d), 255 (%d, %d), 0 (%d, %d); expected (0, 2), (1, 2), (1, 2), (0, 1)",
+                                w128.full, w128.partial, w256.full, w256.partial, w255.full, w255.partial, w0.full,
+                                w0.partial));
+}
+
 std::vector<int> ids_of(const std::vector<int>& tokens) {
   std::vector<int> ids(tokens.size());
   llmc::document_ids(tokens.data(), (int)tokens.size(), kStart, ids.data());
@@ -262,6 +341,7 @@ int main(int argc, char** argv) {
     }
     test_hand_cases();
     test_first_key();
+    test_token_windows();
     test_document_ids();
   } catch (const llmc::Error& e) {
     if (argc > 1) {

@@ -442,6 +442,12 @@ if has_flag -pd; then
   expect "-awf wider than the sequences" \
     "^error: -awf 5 counts blocks of 128 tokens, and t 256 is 2 blocks: -awf 2 already attends to all of it; use -awf 2 or less\$" \
     -e d12 -t 256 -pd 1 -aw 2 -awf 5
+  # Windows counted in tokens (-awt 1) need a window to count
+  expect "-awt 1 without documents" "^error: -awt 1 counts the attention windows in tokens, and this run has none" \
+    -e d12 -t 256 -awt 1
+  expect "-awt 1 without a window" "^error: -awt 1 counts the attention windows in tokens, and this run has none" \
+    -e d12 -t 256 -pd 1 -awt 1
+  expect "-awt out of range" "^error: -awt 2: must be" -e d12 -t 256 -pd 1 -aw 2 -awt 2
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi
@@ -451,7 +457,7 @@ fi
 if has_flag -sp; then
   expect "-sp shares not summing to 1" "^error: -sp: the stages' shares of the steps sum to 0\.75, not 1" \
     -sp "0.5; 0.25"
-  expect "-sp unknown setting" "^error: -sp: stage 2: unknown setting 'depth': a stage sets t, z, cap, aw and lr" \
+  expect "-sp unknown setting" "^error: -sp: stage 2: unknown setting 'depth': a stage sets t, z, cap, aw, lr, mtp and pw" \
     -sp "1/2; 1/2 depth=3"
   expect "-sp extension before a stage" "stage 2: comes after the extension steps" -sp "+5; 1"
   expect "-sp stage without a step" "-sp: stage 2 of 2 gets no step of -x 2" -sp "0.9; 0.1"
@@ -463,12 +469,24 @@ if has_flag -sp; then
     -e d12 -t 64 -sp "1/2; 1/2 t=128"
   expect "-sp cap without -pd 1" "-sp: a document cap \(cap=N\) cuts document-aligned sequences: add -pd 1" \
     -e d12 -t 64 -sp "1 cap=64"
+  expect "-sp negative cap" "^error: -sp: stage 2: cap=-1: give an integer from 0 to 2147483647\$" \
+    -e d12 -t 128 -b 1 -pd 1 -sp "1/2 cap=64; 1/2 cap=-1"
   expect "-sp stage's window wider than its t" "^error: -sp stage 2 \(t=256 z=-1 aw=9\): -aw 9 counts blocks of 128 tokens, and t 256 is 2 blocks" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2; 1/2 t=256 aw=9"
   expect "-sp stage's short window above its long one" \
     "^error: -sp: stage 2: aw=4/3: the short window 4 is not within 1 and the long window 3: give S/L with 1 <= S <= L\$" \
     -e d12 -t 128 -b 1 -pd 1 -sp "1/2 aw=1/3; 1/2 aw=4/3"
+  expect "-sp mtp= of 4 weights" "^error: -sp: stage 2: mtp=1,0.5,0.25,0.1: give 1 to 3 next-token weights within \[0, 1\] apart by commas \(1,0.5,0.25\), or START>END\$" \
+    -sp "1/2; 1/2 mtp=1,0.5,0.25,0.1"
+  expect "-sp mtp= ends of different counts" "^error: -sp: stage 1: mtp=1,0.5>1: 2 weights at the start and 1 at the end: give as many at each end\$" \
+    -sp "1 mtp=1,0.5>1"
+  expect "-sp pw= above 1" "^error: -sp: stage 1: pw=0.25>2: give the prefix term's weight within \[0, 1\], or START>END\$" \
+    -sp "1 pw=0.25>2"
+  expect "-sp loss weights starting at 0" "^error: -sp: stage 2: mtp 0>1, pw 0: every term of the loss starts at weight 0: give the next token a weight \(mtp=1\)\$" \
+    -sp "1/2; 1/2 mtp=0>1"
   expect "-sp with -x -1" "-sp shares out -x's steps among its 2 stages: give -x" -sp "1/2; 1/2" -x -1
+  expect "-sp loss weights ramping with -x -1" "^error: -sp: mtp=A>B and pw=A>B change the loss's weights over a stage's steps, which -x gives: give -x\$" \
+    -sp "1 pw=0.5>0" -x -1
   expect "-sp t changing with -a 1" "-a 1 trains on its first batch, of the first stage's t=128, and -sp stage 2 sets t=256" \
     -e d12 -t 128 -b 1 -pd 1 -a 1 -sp "1/2; 1/2 t=256"
 else
@@ -537,11 +555,23 @@ if has_flag -mtp; then
   if [ ! -e dev/data/tinyshakespeare/gpt2_tokenizer.bin ]; then
     expect "-pw without a vocabulary file" "^error: -pw 0.25: the prefix term reads each token's bytes from the vocabulary file, and there is none: give -tk FILE" \
       -pw 0.25
+    expect "-sp pw= without a vocabulary file" "^error: -sp's pw=: the prefix term reads each token's bytes from the vocabulary file, and there is none: give -tk FILE .*, or pw=0\$" \
+      -sp "1 pw=0.25>0"
   else
     skip "-pw without a vocabulary file" "the default vocabulary file dev/data/tinyshakespeare/gpt2_tokenizer.bin exists"
   fi
 else
   skip "-mtp and -pw" "$TRAINER has no -mtp"
+fi
+
+# --- -ut, the embedding tied to an untied head through a step (record #89's): not on a tied head,
+# not below -1 (before the GPU)
+if has_flag -ut; then
+  expect "-ut on GPT-2's tied head" "^error: -ut 3 ties the embedding to the head through step 3, and the gpt2 architecture's head is the embedding throughout: leave -ut out\$" \
+    -ut 3
+  expect "-ut below -1" "^error: -ut -2: must be " -ut -2
+else
+  skip "-ut" "$TRAINER has no -ut"
 fi
 
 # --- -lc, the head's cap in place of the architecture's: within its range, on a capped head, a
@@ -565,6 +595,18 @@ if has_flag -cd; then
     -c 0 -cd 1
   expect "-cd 1 without AdamW's or Muon's decay" "^error: -cd 1 makes the weight decay cautious, and this run decays nothing \(-c 0, -mw 0\): give -c or -mw a decay, or drop -cd" \
     -opt muon -c 0 -mw 0 -cd 1
+fi
+
+# --- -mn, NorMuon's second moment: 0 or 1, with Muon, its state whole on every process (-zs 0)
+# (before the GPU)
+if has_flag -mn; then
+  expect "-mn out of range" "^error: -mn 2: must be 0 or 1" -mn 2
+  expect "-mn 1 without Muon" "^error: -mn 1 normalises Muon's update, and -opt adamw has no Muon: give -opt muon with it, or drop -mn; -opt adamw comes from -recipe gpt2: give -opt to override it\$" \
+    -mn 1
+  WATCH=("$KEEP")
+  OMPI_COMM_WORLD_SIZE=2 attempt "^error: -mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over the 2 processes: give -zs 0\$" \
+    "${COMMON[@]}" -x 2 -o "$KEEP" -opt muon -mn 1 -zs 1
+  report "-mn 1 with ZeRO-1 on 2 processes"
 fi
 
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm

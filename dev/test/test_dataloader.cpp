@@ -597,10 +597,10 @@ void test_documents_by_hand() {
                 "the same with 2 processes of one micro batch each");
 }
 
-// Random documents of 1 to 24T tokens (a fifth of one token, some longer than a window of 16T),
-// over shards of which the second begins 7 tokens before its first document and the last is a
-// single document.
-std::vector<std::vector<uint16_t>> random_document_shards(int T, int count, uint64_t seed) {
+// Random documents of 1 to `longest` T tokens (a fifth of one token, some longer than a window of
+// 16T by default), over shards of which the second begins 7 tokens before its first document and
+// the last is a single document.
+std::vector<std::vector<uint16_t>> random_document_shards(int T, int count, uint64_t seed, int longest = 24) {
   llmc::Rng rng(seed);
   std::vector<std::vector<uint16_t>> shards;
   for (int s = 0; s < count; s++) {
@@ -611,7 +611,7 @@ std::vector<std::vector<uint16_t>> random_document_shards(int T, int count, uint
       const uint32_t kind = rng.u32() % 10;
       const int length = kind < 2   ? 1
                          : kind < 8 ? 1 + (int)(rng.u32() % T)
-                                    : 1 + (int)(rng.u32() % (24 * T));
+                                    : 1 + (int)(rng.u32() % (longest * T));
       lengths.push_back(length);
       total += length;
     }
@@ -622,11 +622,14 @@ std::vector<std::vector<uint16_t>> random_document_shards(int T, int count, uint
 }
 
 // A step's sequences are one stream: whatever the processes, micro batches and B, runs whose
-// steps take as many sequences read the same ones in the same order.
-void test_documents_over_processes() {
+// steps take as many sequences read the same ones in the same order; with a cap (> 0) too, over
+// shards without the last one (a single document, which cannot fill a step of capped documents)
+// and of shorter documents (up to 3T), so that a shard holds many steps of them.
+void test_documents_over_processes(int cap) {
   const int T = 8;
-  const std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 4, 3);
-  const std::string pattern = write_document_shards("doc_world", shards);
+  std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 4, 3, cap > 0 ? 3 : 24);
+  if (cap > 0) shards.pop_back();
+  const std::string pattern = write_document_shards(llmc::strformat("doc_world_cap%d", cap), shards);
   for (bool shuffle : {false, true}) {
     // 8 sequences a step: 1 process x 8 micro batches of 1, 2 x 4, 4 x 2, 8 x 1, and B=2 and 4.
     const std::vector<Settings> layouts = {{1, T, 8, 1}, {1, T, 4, 2}, {1, T, 2, 4}, {1, T, 1, 8},
@@ -635,6 +638,7 @@ void test_documents_over_processes() {
     bool all_equal = true, shifted = true;
     for (Settings s : layouts) {
       s.shuffle = shuffle;
+      s.cap = cap;
       std::vector<DocumentLoader> ranks = document_loaders(pattern, s);
       const std::vector<Row> rows = take_rows(ranks, s, 40, &shifted);
       if (first.empty()) first = rows;
@@ -647,6 +651,13 @@ void test_documents_over_processes() {
     for (size_t i = 0; i < at.size(); i++) {
       in_shards += at[i].shard >= 0;
       starts += first[i][0] == llmc::kDocumentStartToken;
+    }
+    if (cap > 0) {
+      check_verbose(all_equal && shifted && starts == (long)first.size(),
+                    llmc::strformat("%s, cap %d: 7 layouts of 8 sequences a step read the same %zu "
+                                    "sequences over 40 steps, each starting at a document",
+                                    shuffle ? "shuffled" : "plain", cap, first.size()));
+      continue;
     }
     check_verbose(all_equal && shifted && in_shards == (long)at.size(),
                   llmc::strformat("%s: 7 layouts of 8 sequences a step read the same %zu "
@@ -719,12 +730,15 @@ void test_document_epochs() {
 }
 
 // state() and restore() continue at the same sequence: between steps and within one, across a
-// shard and an epoch, into another process count (as many sequences a step), and B.
-void test_document_restore() {
+// shard and an epoch, into another process count (as many sequences a step), and B; with a cap
+// (> 0) too, over shards of documents up to 3T without the last one (a single document).
+void test_document_restore(int cap) {
   const int T = 8;
-  const std::vector<std::vector<uint16_t>> shards = random_document_shards(T, 3, 21);
-  const std::string pattern = write_document_shards("doc_restore", shards);
-  const Settings four{1, T, 4, 1, true, 21};
+  std::vector<std::vector<uint16_t>> shards = random_document_shards(T, cap > 0 ? 4 : 3, 21, cap > 0 ? 3 : 24);
+  if (cap > 0) shards.pop_back();
+  const std::string pattern = write_document_shards(llmc::strformat("doc_restore_cap%d", cap), shards);
+  Settings four{1, T, 4, 1, true, 21};
+  four.cap = cap;
   std::vector<DocumentLoader> reference = document_loaders(pattern, four);
   bool shifted = true;
   const std::vector<Row> stream = take_rows(reference, four, 120, &shifted);  // past 2 epochs
@@ -736,6 +750,7 @@ void test_document_restore() {
     for (long i = 0; i < taken; i++) original[0].next_batch(x.data(), y.data());
     const llmc::DataLoaderState saved = original[0].state();
     Settings other = into;
+    other.cap = cap;
     other.shuffle = true;
     other.seed = 999;  // the generator comes from the state
     std::vector<DocumentLoader> ranks = document_loaders(pattern, other);
@@ -759,8 +774,8 @@ void test_document_restore() {
     all = check(resume(taken, four),
                 llmc::strformat("restore after %ld sequences continues identically", taken)) && all;
   }
-  check_verbose(all, "state/restore continues identically from 9 positions (within steps, across shards "
-                     "and epochs)");
+  check_verbose(all, llmc::strformat("cap %d: state/restore continues identically from 9 positions (within steps, "
+                                     "across shards and epochs)", cap));
   all = true;
   const std::vector<std::pair<Settings, std::vector<long>>> others = {
       {{1, T, 2, 2}, {0, 2, 40, 122}}, {{1, T, 1, 4}, {0, 8, 124}},
@@ -772,8 +787,8 @@ void test_document_restore() {
                                   into.world, into.grad_accum, into.B, taken)) && all;
     }
   }
-  check_verbose(all, "a state restores into 2 and 4 processes and B=2 (as many sequences a step), "
-                     "within steps too");
+  check_verbose(all, llmc::strformat("cap %d: a state restores into 2 and 4 processes and B=2 (as many sequences "
+                                     "a step), within steps too", cap));
   std::vector<DocumentLoader> loader = document_loaders(pattern, four);
   std::vector<int> x(T), y(T);
   loader[0].next_batch(x.data(), y.data());
@@ -791,9 +806,9 @@ Row slices(const std::vector<uint16_t>& shard, const std::vector<std::pair<int, 
   return row;
 }
 
-// Documents capped at 4 tokens, T=4 (rows of 5): each row takes each document's first 4 tokens
-// from a document start until it is full, the last document cut to fit; the next row starts at
-// the first document start at or after the row's last token.
+// Documents capped at 4 tokens, T=4 (rows of 5), one row a step: each row takes each document's
+// first 4 tokens from a document start until it is full, the last document cut to fit; the next
+// row starts at the document start after the last document's, however little of it was taken.
 void test_document_cap_by_hand() {
   const std::vector<std::vector<uint16_t>> shards = {document_tokens(0, {10, 3, 7, 2, 20, 6}, 2)};
   const std::string pattern = write_document_shards("doc_cap", shards);
@@ -803,17 +818,44 @@ void test_document_cap_by_hand() {
   std::vector<DocumentLoader> loader = document_loaders(pattern, capped);
   bool shifted = true;
   const std::vector<Row> rows = take_rows(loader, capped, 5, &shifted);
-  const Row first = slices(x, {{2, 4}, {12, 1}}), second = slices(x, {{12, 3}, {15, 2}});
-  const std::vector<Row> expected = {first, second, slices(x, {{22, 2}, {24, 3}}), first, second};
+  const Row first = slices(x, {{2, 4}, {12, 1}}), second = slices(x, {{15, 4}, {22, 1}});
+  const std::vector<Row> expected = {first, second, slices(x, {{24, 4}, {44, 1}}), first, second};
   check_verbose(shifted && rows == expected,
-                "cap 4, T=4: rows of whole-document pieces (2 tokens before the first document skipped, the "
-                "10-token document cut to 4, a row ending on the next document's start begins the next row "
-                "there), then the next epoch where the last document cannot fill a row");
+                "cap 4, T=4: rows of capped documents (2 tokens before the first document skipped, the "
+                "10-token document cut to 4, a row ending on a document's start going on at the next "
+                "document), then the next epoch where no document is left");
   Settings too_small = capped;
   too_small.T = 128;
   check_throws([&] { document_loaders(write_document_shards("doc_cap_small", {document_tokens(0, {300})}), too_small); },
-               "capped at 4 tokens each, hold fewer than T+1 = 129 tokens",
-               "a shard whose capped documents cannot fill one row");
+               "its documents, capped at 4 tokens each, hold fewer than one step's 1 sequence of T+1 = 129 tokens "
+               "from its first document start",
+               "a shard whose capped documents cannot fill one step");
+}
+
+// Documents capped at 8 tokens, T=4, two rows a step: a document of exactly T+1 tokens fills a
+// row, a longer one is cut to T+1 (the cap above the row's length), a document runs to the
+// shard's end; where the shard cannot give both rows of a step, the whole step comes from the
+// next shard's first document start, whatever the processes, micro batches and B.
+void test_document_packing_by_hand() {
+  const std::vector<std::vector<uint16_t>> shards = {document_tokens(0, {5, 9, 3, 4}, 3),
+                                                     document_tokens(1, {2, 6, 12})};
+  const std::string pattern = write_document_shards("doc_pack", shards);
+  const std::vector<uint16_t>& a = shards[0];  // documents at 3, 8, 17, 20 (24 tokens)
+  const std::vector<uint16_t>& b = shards[1];  // documents at 0, 2, 8 (20 tokens)
+  const Row step1_a = slices(a, {{3, 5}}), step1_b = slices(a, {{8, 5}});
+  // Step 2 from shard 0 would be [17, 3) + [20, 2) and then nothing: it is read from shard 1.
+  const std::vector<Row> expected = {step1_a, step1_b, slices(b, {{0, 2}, {2, 3}}), slices(b, {{8, 5}}),
+                                     step1_a, step1_b};
+  bool all = true, shifted = true;
+  for (Settings s : std::vector<Settings>{{1, 4, 2, 1}, {1, 4, 1, 2}, {2, 4, 1, 1}}) {
+    s.cap = 8;
+    std::vector<DocumentLoader> ranks = document_loaders(pattern, s);
+    all = check(take_rows(ranks, s, 3, &shifted) == expected,
+                llmc::strformat("%d processes x %d micro batches x B=%d", s.world, s.grad_accum, s.B)) && all;
+  }
+  check_verbose(all && shifted, "cap 8, T=4, 2 rows a step (1 x 2 micro batches, 2 processes, B=2): a document of "
+                                "T+1 whole, one of 9 cut to T+1, the step the first shard cannot finish read "
+                                "whole from the second, then the next epoch");
 }
 
 // A stage's new shape (reshape between steps) reads the step about to begin again, as a loader
@@ -967,7 +1009,8 @@ void test_long_document() {
 
 // --dump-documents: the sequences of DocumentLoaders of every rank, for dev/test/test_documents.sh
 // to compare with train_gpt2.py's DocumentLoader; int32, in stream order (step by step, micro
-// batch by micro batch, rank by rank, row by row), T+1 tokens a sequence.
+// batch by micro batch, rank by rank, row by row), T+1 tokens a sequence; with CAP, of documents
+// capped at CAP tokens.
 // --dump-stages: the sequences of DocumentLoaders of every rank following a stage plan
 // (llmc/stages.h) over its N + E steps, reshaped where a step's shape changes; as --dump-documents,
 // T_s+1 tokens a sequence.
@@ -998,13 +1041,13 @@ int dump_stages(char** argv) {
 }
 
 int dump_documents(int argc, char** argv) {
-  if (argc != 11 || std::string(argv[1]) != "--dump-documents") {
+  if ((argc != 11 && argc != 12) || std::string(argv[1]) != "--dump-documents") {
     fprintf(stderr, "usage: %s [--dump-documents OUT PATTERN B T GRAD_ACCUM WORLD SHUFFLE SEED "
-                    "STEPS | --dump-stages OUT PATTERN B WORLD SHUFFLE SEED PLAN T Z STEPS]\n", argv[0]);
+                    "STEPS [CAP] | --dump-stages OUT PATTERN B WORLD SHUFFLE SEED PLAN T Z STEPS]\n", argv[0]);
     return 2;
   }
   const Settings s{atoi(argv[4]), atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atoi(argv[8]) != 0,
-                   (uint64_t)atoll(argv[9])};
+                   (uint64_t)atoll(argv[9]), argc == 12 ? atoi(argv[11]) : 0};
   std::vector<DocumentLoader> ranks = document_loaders(argv[3], s);
   bool shifted = true;
   const std::vector<Row> rows = take_rows(ranks, s, atoi(argv[10]), &shifted);
@@ -1041,10 +1084,13 @@ int main(int argc, char** argv) {
     test_malformed_shards();
     test_disjoint_shards();
     test_documents_by_hand();
-    test_documents_over_processes();
+    test_documents_over_processes(0);
+    test_documents_over_processes(5);
     test_document_epochs();
-    test_document_restore();
+    test_document_restore(0);
+    test_document_restore(5);
     test_document_cap_by_hand();
+    test_document_packing_by_hand();
     test_document_reshape();
     test_document_errors();
     test_long_document();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Tests train_gpt2.py's --documents and --window_blocks on the CPU: a document's logits do not
-# depend on the tokens of the documents before it, and with a window a block's logits do not
-# depend on the key blocks outside it (each also the other way round, so the test can fail),
+# Tests train_gpt2.py's --documents, --window_blocks and --window_tokens on the CPU: a document's
+# logits do not depend on the tokens of the documents before it, and with a window a block's
+# logits do not depend on the key blocks outside it, nor with a window in tokens a query's on the
+# tokens out of its reach (each also the other way round, so the test can fail),
 # in both architectures and both attention paths (the explicit softmax and
 # F.scaled_dot_product_attention), and on a CUDA GPU FlexAttention's BlockMask against the dense
 # mask; a short training on document shards with the window's schedule
@@ -52,6 +53,39 @@ for arch in ("gpt2", "modern"):
         model.window_blocks = None
         print(f"{name}: document 2 apart from document 1; window 1 apart from the block before")
 
+# Windows in tokens (--window_tokens): a window of 1 block is 128 tokens back from each query, so
+# in one layer query 400 sees token 272 (a block further back than the block window's) and nothing
+# before it; the mask is its definition and holds the block mask of as many blocks (a block's
+# first query sees a whole block further back).
+T = 512
+for flash in ([False, True] if hasattr(torch.nn.functional, "scaled_dot_product_attention") else [False]):
+    config = tg.GPTConfig(1, 4, 64, T, 50304, arch="modern")
+    torch.manual_seed(1)
+    model = tg.GPT(config, flash=flash)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.05)
+    generator = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, tg.DOCUMENT_START, (1, T), generator=generator)
+    idx[0, 0] = tg.DOCUMENT_START
+    model.documents, model.window_blocks, model.window_tokens = True, 1, True
+    change = largest_change(model, idx, range(1, 272), range(400, T))
+    assert change == 0.0, f"flash {int(flash)}: window of 128 tokens: queries 400.. moved by {change} with tokens ..271"
+    assert largest_change(model, idx, range(272, 280), range(400, 408)) > 1e-4, f"flash {int(flash)}: 272.. unseen"
+    print(f"flash {int(flash)}: a window of 128 tokens: query 400 sees token 272, no further back")
+tokens = torch.randint(0, tg.DOCUMENT_START, (T,), generator=generator)
+tokens[0] = tokens[40] = tokens[41] = tg.DOCUMENT_START  # documents shorter than the windows, and longer
+for blocks in (0, 1, 3):
+    by_blocks = tg.document_attention_mask(tokens, blocks)
+    by_tokens = tg.document_attention_mask(tokens, blocks, blocks * tg.ATTENTION_BLOCK)
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    docs = (tokens == tg.DOCUMENT_START).cumsum(0)
+    definition = (j <= i) & (i - j <= blocks * tg.ATTENTION_BLOCK) & (docs[i] == docs[j])
+    assert torch.equal(by_tokens, definition), f"{blocks} blocks in tokens: not the definition's mask"
+    # (A block window of 0 still sees the query's own block, a token window of 0 the query alone.)
+    assert blocks == 0 or not (by_blocks & ~by_tokens).any() and (by_tokens & ~by_blocks).any(), f"{blocks} blocks"
+    print(f"window of {blocks} blocks in tokens: the definition's {int(by_tokens.sum())} keys (block mask: "
+          f"{int(by_blocks.sum())})")
+
 # On a CUDA GPU with FlexAttention the masks are the reference's BlockMasks: the same logits as the
 # dense masks, over two rows of different documents.
 if torch.cuda.is_available() and tg.flex_attention_available():
@@ -63,13 +97,14 @@ if torch.cuda.is_available() and tg.flex_attention_available():
     dense.load_state_dict(flex.state_dict())
     idx = torch.randint(0, tg.DOCUMENT_START, (2, T), device="cuda")
     idx[:, 0] = idx[0, 200] = idx[1, 333] = idx[1, 334] = tg.DOCUMENT_START
-    for window in (None, 0, 1, 3):
+    for window, tokens in [(None, False), (0, False), (1, False), (3, False), (0, True), (1, True), (3, True)]:
         for model in (flex, dense):
-            model.documents, model.window_blocks = True, window
+            model.documents, model.window_blocks, model.window_tokens = True, window, tokens
         assert not torch.is_tensor(flex.attention_masks(idx)[0]), "no BlockMask on the GPU"
         difference = (logits(flex, idx) - logits(dense, idx)).abs().max().item()
-        assert difference < 1e-4, f"window {window}: FlexAttention's logits {difference} from the dense mask's"
-        print(f"FlexAttention's BlockMask, window {window}: the dense mask's logits within {difference:.1e}")
+        unit = " in tokens" if tokens else ""
+        assert difference < 1e-4, f"window {window}{unit}: FlexAttention's logits {difference} from the dense mask's"
+        print(f"FlexAttention's BlockMask, window {window}{unit}: the dense mask's logits within {difference:.1e}")
 
 # The mask of a layer follows the reference's long/short pattern at 12 layers.
 model = tg.GPT(tg.GPTConfig(12, 2, 32, T, 50304))
@@ -134,8 +169,28 @@ assert (x[changed] == tg.DOCUMENT_START).all(), "documents change tokens other t
 print("without --documents: version 3 and the same tokens but the starts")
 EOF
 
+"$PYTHON" train_gpt2.py --model tiny --max_seq_len 384 --documents 1 --window_blocks 1 --window_tokens 1 -b 2 \
+  -t 384 --write_debug_state "$WORK/tokens" --debug_steps 1 --seed 42 > /dev/null
+"$PYTHON" train_gpt2.py --init_from "$WORK/tokens/gpt2_l2h4c128t384v50257.bin" --flash 0 --device cpu \
+  --check_debug_state "$WORK/tokens/gpt2_l2h4c128t384v50257_debug_state.bin" > "$WORK/check_tokens.out"
+check "--window_tokens 1: the debug state's settings hold -awt 1, which --check_debug_state applies" <<'EOF'
+import os, train_gpt2 as tg
+work = os.environ["WORK"]
+path = f"{work}/tokens/gpt2_l2h4c128t384v50257_debug_state.bin"
+header, x, _, _ = tg.read_debug_state(path)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-awt 1", (header[1], text)
+# Its rows have documents across a block's edge, where the window in tokens sees more than in blocks.
+assert any(not tg.document_attention_mask(row, 1).equal(tg.document_attention_mask(row, 1, 128)) for row in x)
+lines = open(f"{work}/check_tokens.out").read().splitlines()[1:]
+errors = {line[:24].strip(): float(line.split()[-1]) for line in lines}
+assert max(errors.values()) <= 1e-6, errors
+print(f"version {header[1]}, settings '{text}'; checked in tokens: largest error {max(errors.values()):.1e}")
+EOF
+
 echo "--- errors"
 expect_error "add --documents 1" --model tiny --write_debug_state "$WORK/e" -t 128 --window_blocks 2
+expect_error "drop --window_tokens" --model tiny --write_debug_state "$WORK/e" -t 128 --documents 1 --window_tokens 1
 expect_error "not a multiple of 128" --model tiny --write_debug_state "$WORK/e" -t 64 --documents 1 --window_blocks 2
 expect_error "give a window of 1 or more" --model tiny --write_debug_state "$WORK/e" -t 128 --documents 1 --window_blocks -2
 expect_error "drop --documents" --model tiny --benchmark 1 --documents 1

@@ -15,7 +15,11 @@
 # floor and the momentum's cooldown among them) against train_gpt2.py's, bit for bit, and record
 # #89's against the expressions of its reference (transcribed in documents_reference.py); and the
 # sequences of loaders following a plan (build/test_dataloader --dump-stages: a document cap,
-# reshaped between steps) against train_gpt2.py's. Scratch files go to build/scratch/test_documents.
+# reshaped between steps) against train_gpt2.py's. Last, record #89's packing (a cap): C++ against
+# train_gpt2.py over layouts of 8 forwards a step, both against a transcription of the reference's
+# Shard.next_batch on its 8 processes (documents longer than the cap, shorter, of exactly T+1,
+# steps a shard cannot finish), its boundaries against the document starts of the inputs, and a
+# stage boundary where the length and the cap change. Scratch files go to build/scratch/test_documents.
 #
 #   bash dev/test/test_documents.sh     (PYTHON=... to pick the python with torch)
 set -uo pipefail

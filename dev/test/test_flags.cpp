@@ -484,8 +484,9 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, the defaults where it names none; settings that are not such pairs, or a
-// prefix weight without its table, refused.
+// read as those flags, -ut and -awt, the defaults where it names none, a table beside -pw 0 kept
+// (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
+// table, refused.
 void test_loss_settings() {
   const llmc::PredictionWeights w = llmc::parse_prediction_weights("-mtp", "1,0.5,0.25");
   const llmc::LogitCapSetting cap = llmc::parse_logit_cap_setting("-lc", "23,5");
@@ -493,23 +494,38 @@ void test_loss_settings() {
                     "1,0.5,0.25" && cap.cap == 23.0f && cap.shift == 5.0f,
                 "-mtp 1,0.5,0.25 and -lc 23,5 parsed and shown");
   llmc::DebugState d;
-  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25";
+  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1";
   d.prefix_table.assign(128, -1);
-  const llmc::LossSettings s = llmc::debug_state_loss_settings(d, "d.bin");
+  const llmc::DebugStateSettings s = llmc::debug_state_settings(d, "d.bin");
   check_verbose(s.logit_cap.cap == 23.0f && s.logit_cap.shift == 5.0f && s.next_token_weights.count == 3 &&
-                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f,
+                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f && s.normuon == 1,
                 "a debug state's settings '" + d.settings + "' read as the flags'");
-  const llmc::LossSettings none = llmc::debug_state_loss_settings(llmc::DebugState(), "d.bin");
+  const llmc::DebugStateSettings none = llmc::debug_state_settings(llmc::DebugState(), "d.bin");
   check_verbose(none.logit_cap.cap == 0.0f && none.next_token_weights.count == 1 &&
-                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f,
+                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f && none.normuon == 0,
                 "a debug state without settings: the architecture's cap, the next token's loss alone");
   d.settings = "-mtp 1 -ns polar";
-  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
                "a debug state's setting of another flag");
+  d.settings = "-pw 0.0 -ut 4";
+  const llmc::DebugStateSettings tied = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(tied.prefix_weight == 0.0f && tied.untie_step == 4 && s.untie_step == -1,
+                "a debug state's prefix table beside -pw 0.0, for its stage plan's pw=; its -ut 4 (none: -1)");
+  d.settings = "-mn 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-mn 2: must be 0 or 1",
+               "a debug state's -mn out of range");
   d.settings = "-pw 0.25";
   d.prefix_table.clear();
-  check_throws([&] { llmc::debug_state_loss_settings(d, "d.bin"); }, "-pw 0.25 and a prefix table of 0 rows",
-               "a debug state's prefix weight without its table");
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: -pw 0.25 and no prefix table: the file "
+               "is damaged", "a debug state's prefix weight without its table");
+  d.settings = "-mtp 1.0,0.5 -awt 1";
+  const llmc::DebugStateSettings with_tokens = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(with_tokens.window_unit == llmc::WindowUnit::kTokens && with_tokens.next_token_weights.count == 2 &&
+                    s.window_unit == llmc::WindowUnit::kBlocks,
+                "a debug state's settings '" + d.settings + "': windows in tokens, two next-token weights (none: "
+                "blocks)");
+  d.settings = "-awt 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-awt 2: must be", "a debug state's -awt 2");
 }
 
 int main() {

@@ -112,6 +112,34 @@ void test_cautious_rows() {
                 "modern -cd 1 described: " + described);
 }
 
+// -mn writes the record's normuon, and the recipe its per-tensor multipliers of Muon's rate: the
+// table takes both, the rows as without; no recipe sets either; the start-up table names NorMuon
+// and each multiplier that is not 1 by its tensor.
+void test_normuon_rows() {
+  bool plain = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    const OptimizerTable t = llmc::optimizer_table(*r, true);
+    plain = plain && !t.normuon && t.muon_tensor_lr == llmc::tensor_multipliers_one();
+  }
+  check_verbose(plain, "gpt2, modern and speedrun: no NorMuon, every tensor's Muon rate x 1");
+  Recipe r = llmc::recipe_modern();
+  r.normuon = 1;
+  r.muon_tensor_lr[llmc::kFcprojw] = 4.0f;
+  const OptimizerTable t = llmc::optimizer_table(r, true);
+  bool rows = true;
+  for (int i = 0; i < llmc::kParamRoles; i++) {
+    rows = rows && row_text(t.roles[i]) == row_text(llmc::optimizer_table(llmc::recipe_modern(), true).roles[i]);
+  }
+  llmc::TensorMultipliers expected = llmc::tensor_multipliers_one();
+  expected[llmc::kFcprojw] = 4.0f;
+  check_verbose(rows && t.normuon && t.muon_tensor_lr == expected,
+                "modern -mn 1, fcprojw x 4: NorMuon and the multiplier in the table, the rows as without");
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(described.find("12 Newton-Schulz steps in BF16, NorMuon's second moment (beta2 0.9), fcprojw's rate "
+                               "x 4); AdamW") != std::string::npos,
+                "modern -mn 1, fcprojw x 4 described: " + described);
+}
+
 // A role's weight decay falls on all of its tensors: in every architecture a role's tensors are all
 // decayed (2-D) or all not (the vectors), as the parameter table says of each.
 void test_decay_by_role() {
@@ -261,6 +289,7 @@ int main() {
     test_recipe_rows();
     test_flags_in_rows();
     test_cautious_rows();
+    test_normuon_rows();
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();

@@ -2,7 +2,7 @@
 // key, values kept from the stage before), the stage ends of record #89's thirds of 1,270 steps and
 // its 15 extension steps, the plan of each step (tokens, micro steps, the window's schedule, the
 // rate multiplier), the tokens a run has seen, record #89's (short, long) windows and its final
-// validation's window, and one error per malformed plan.
+// validation's window, record #89's loss weights a step (mtp=, pw=), and one error per malformed plan.
 // With --dump it prints a plan's steps for dev/test/test_documents.sh to compare with
 // train_gpt2.py's:
 //   build/test_stages --dump PLAN B T Z AW AWF WORLD STEPS
@@ -12,7 +12,10 @@
 // multiplier, as the CUDA trainer takes it) and Muon's momentum over the plan's N+E steps:
 //   build/test_stages --dump-rates PLAN STEPS SCHEDULE LR WARMUP FINAL_FRAC COOLDOWN_FRAC
 //                                  MOMENTUM_START MOMENTUM_END MOMENTUM_WARMUP MOMENTUM_COOLDOWN
-// one line a step: "s lr momentum" (%.17g).
+// one line a step: "s lr momentum" (%.17g); and with --dump-loss each step's loss weights over a
+// plan whose first stage takes -mtp MTP and -pw PW:
+//   build/test_stages --dump-loss PLAN STEPS MTP PW
+// one line a step: "s w0,w1,... prefix" (%.9g, each a float).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "dev/test/testing.h"
+#include "llmc/flags.h"
 #include "llmc/stages.h"
 
 using llmc::StagePlan;
@@ -122,6 +126,47 @@ void test_record89_windows() {
                "a final window where the last stage has none");
 }
 
+bool loss_is(const StepPlan& p, std::vector<float> next_tokens, float prefix) {
+  const llmc::PredictionWeights& w = p.loss.next_tokens;
+  return w.count == (int)next_tokens.size() && std::equal(next_tokens.begin(), next_tokens.end(), w.weight) &&
+         p.loss.prefix == prefix;
+}
+
+// Record #89's loss weights: stage 1 (1, 0.5, 0.25 -> 0) and 0.25, stage 2 (1, 0.5 -> 0) and 0.25 -> 0,
+// stage 3 and the extension (1) and 0; each ramp from its start at the stage's first step towards its
+// end, which the next stage's first step would reach.
+void test_record89_loss_weights() {
+  const StagePlan plan = resolved("1/3 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 mtp=1,0.5>1,0 pw=0.25>0; 1/3 mtp=1 pw=0; "
+                                  "+15", 1270);
+  check_verbose(loss_is(plan.at(0, 1, 1), {1.0f, 0.5f, 0.25f}, 0.25f) &&
+                    loss_is(plan.at(422, 1, 1), {1.0f, 0.5f, (float)(0.25 - 0.25 * (422.0 / 423.0))}, 0.25f) &&
+                    loss_is(plan.at(423, 1, 1), {1.0f, 0.5f}, 0.25f) &&
+                    loss_is(plan.at(846, 1, 1), {1.0f, (float)(0.5 - 0.5 * (423.0 / 424.0))},
+                            (float)(0.25 - 0.25 * (423.0 / 424.0))) &&
+                    loss_is(plan.at(847, 1, 1), {1.0f}, 0.0f) && loss_is(plan.at(1270, 1, 1), {1.0f}, 0.0f) &&
+                    loss_is(plan.at(1285, 1, 1), {1.0f}, 0.0f) && plan.has_prefix_term(),
+                "record #89: 3, 2 and 1 weights, w2 0.25 -> 0 in stage 1, w1 and the prefix 0.5 and 0.25 -> 0 in "
+                "stage 2, then 1 and 0");
+  const StagePlan fifths = resolved("1/2 mtp=1,1>1,0 pw=0>1; 1/2", 10);
+  check_verbose(loss_is(fifths.at(1, 1, 1), {1.0f, 0.8f}, 0.2f) && loss_is(fifths.at(4, 1, 1), {1.0f, 0.2f}, 0.8f) &&
+                    loss_is(fifths.at(5, 1, 1), {1.0f, 1.0f}, 0.0f) && loss_is(fifths.at(9, 1, 1), {1.0f, 0.2f}, 0.8f) &&
+                    loss_is(fifths.at(10, 1, 1), {1.0f, 0.0f}, 1.0f),
+                "a + (b - a) t with t = (s - first) / (end - first): 0.8, 0.2 at steps 1 and 4 of 5; a stage without "
+                "mtp= and pw= repeats the stage before's ramp; the final evaluation's step at t = 1");
+  llmc::LossWeights flags;
+  flags.next_tokens = {2, {1.0f, 0.5f, 0.0f}};
+  flags.prefix = 0.25f;
+  StagePlan flagged("1/2; 1/2 pw=0", "-sp", 256, -1, {}, flags);
+  flagged.resolve(10);
+  check_verbose(loss_is(flagged.at(0, 1, 1), {1.0f, 0.5f}, 0.25f) && !resolved("", 10).has_prefix_term() &&
+                    loss_is(resolved("", 10).at(3, 1, 1), {1.0f}, 0.0f) && plan.has_loss_ramp() &&
+                    !flagged.has_loss_ramp() && !resolved("1/2 mtp=1,0.5; 1/2 pw=0.25>0.25", 10).has_loss_ramp(),
+                "-mtp and -pw fill the first stage; no plan: the next token alone; ramps told from constants");
+  check_verbose(plan.describe(1, 1).find("mtp 1,0.5,0.25>1,0.5,0, pw 0.25; 2:") != std::string::npos &&
+                    plan.describe(1, 1).find("mtp 1,0.5>1,0, pw 0.25>0; 3:") != std::string::npos,
+                "the start-up table names each stage's weights");
+}
+
 void test_errors() {
   auto bad = [](const std::string& text, long steps, const std::string& needle) {
     check_throws([&] { resolved(text, steps); }, needle, "-sp \"" + text + "\"");
@@ -155,6 +200,18 @@ void test_errors() {
   bad("1; ++2", 10, "'++2'");
   bad("1 lr=0x1p0", 10, "lr=0x1p0");
   bad("0.95; 0.05", 5, "stage 2 of 2 gets no step of -x 5");
+  bad("1 mtp=1,0.5,0.25,0.1", 10, "-sp: stage 1: mtp=1,0.5,0.25,0.1: give 1 to 3 next-token weights within [0, 1]");
+  bad("1 mtp=1,1.5", 10, "mtp=1,1.5: give 1 to 3");
+  bad("1 mtp=1,", 10, "mtp=1,: give 1 to 3");
+  bad("1 mtp=1>", 10, "mtp=1>: give 1 to 3");
+  bad("1 mtp=1>0.5>0", 10, "mtp=1>0.5>0: give 1 to 3");
+  bad("1 mtp=0x1p0", 10, "mtp=0x1p0: give 1 to 3");
+  bad("1 mtp=1,0.5>1", 10, "-sp: stage 1: mtp=1,0.5>1: 2 weights at the start and 1 at the end: give as many at each end");
+  bad("1 pw=-0.5", 10, "-sp: stage 1: pw=-0.5: give the prefix term's weight within [0, 1], or START>END");
+  bad("1 pw=0.25>x", 10, "pw=0.25>x: give the prefix term's weight");
+  bad("1 mtp=0>1", 10, "-sp: stage 1: mtp 0>1, pw 0: every term of the loss starts at weight 0");
+  bad("1/2; 1/2 mtp=0,0 pw=0>0.5", 10, "stage 2: mtp 0,0, pw 0>0.5: every term of the loss starts at weight 0");
+  bad("1 mtp=1 mtp=1", 10, "sets mtp twice");
   check_throws([] { resolved("1 z=1000", 4).at(0, 2, 1); }, "-z 1000 is not a multiple of B*T*processes",
                "one stage's z that B*T*processes does not divide names -z");
   check_throws([] { resolved("0.5; 0.5 z=1000", 4).at(3, 2, 1); }, "z 1000 is not a multiple of B*T*processes = "
@@ -171,6 +228,22 @@ int dump(char** argv) {
     const StepPlan p = plan.at(s, B, world);
     printf("%ld %d %d %ld %d %d %d %d %.17g\n", s, p.stage, p.T, p.tokens, p.micro_steps, p.cap, p.windows.long_blocks,
            p.windows.short_blocks, p.lr_multiplier);
+  }
+  return 0;
+}
+
+// --dump-loss PLAN STEPS MTP PW (MTP and PW as -mtp and -pw)
+int dump_loss(char** argv) {
+  llmc::LossWeights flags;
+  flags.next_tokens = llmc::parse_prediction_weights("-mtp", argv[4]);
+  flags.prefix = llmc::parse_float("-pw", argv[5], 0.0f, 1.0f);
+  StagePlan plan(argv[2], "-sp", 128, -1, {}, flags);
+  plan.resolve(atol(argv[3]));
+  for (long s = 0; s <= plan.total_steps(); s++) {
+    const llmc::LossWeights w = plan.at(s, 1, 1).loss;
+    std::string next_tokens;
+    for (int k = 0; k < w.next_tokens.count; k++) next_tokens += llmc::strformat(k ? ",%.9g" : "%.9g", w.next_tokens.weight[k]);
+    printf("%ld %s %.9g\n", s, next_tokens.c_str(), w.prefix);
   }
   return 0;
 }
@@ -200,12 +273,15 @@ int dump_rates(char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1) {
     const std::string mode = argv[1];
-    if (!(mode == "--dump" && argc == 10) && !(mode == "--dump-rates" && argc == 13)) {
+    if (!(mode == "--dump" && argc == 10) && !(mode == "--dump-rates" && argc == 13) &&
+        !(mode == "--dump-loss" && argc == 6)) {
       fprintf(stderr, "usage: %s [--dump PLAN B T Z AW AWF WORLD STEPS | --dump-rates PLAN STEPS SCHEDULE LR WARMUP "
-              "FINAL_FRAC COOLDOWN_FRAC MOMENTUM_START MOMENTUM_END MOMENTUM_WARMUP MOMENTUM_COOLDOWN]\n", argv[0]);
+              "FINAL_FRAC COOLDOWN_FRAC MOMENTUM_START MOMENTUM_END MOMENTUM_WARMUP MOMENTUM_COOLDOWN | --dump-loss "
+              "PLAN STEPS MTP PW]\n", argv[0]);
       return 2;
     }
     try {
+      if (mode == "--dump-loss") return dump_loss(argv);
       return mode == "--dump" ? dump(argv) : dump_rates(argv);
     } catch (const llmc::Error& e) {
       fprintf(stderr, "error: %s\n", e.what());
@@ -217,6 +293,7 @@ int main(int argc, char** argv) {
     test_record89_ends();
     test_schedule_window();
     test_record89_windows();
+    test_record89_loss_weights();
     test_errors();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());

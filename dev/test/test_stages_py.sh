@@ -55,6 +55,15 @@ cases = [  # (plan, extra flags, what the error says)
     ("1 aw=1/x", [], "stage 1: aw=1/x: give the window in blocks of 128 tokens"),
     ("1 lr=-0.5", [], "lr takes a number >= 0"),
     ("1 lr=inf", [], "lr takes a number >= 0"),
+    ("1 mtp=1,0.5,0.25,0.1", [], "stage 1 sets mtp=1,0.5,0.25,0.1; mtp takes 1 to 3 next-token weights within [0, 1]"),
+    ("1 mtp=1,x", [], "mtp takes 1 to 3 next-token weights"),
+    ("1 mtp=1>", [], "mtp takes 1 to 3 next-token weights"),
+    ("1 mtp=1,0.5>1", [], "stage 1 sets mtp=1,0.5>1: 2 weights at the start and 1 at the end; give as many at each end"),
+    ("1 pw=1.5", [], "stage 1 sets pw=1.5; pw takes the prefix term's weight within [0, 1], or START>END"),
+    ("1 pw=0.25>-1", [], "pw takes the prefix term's weight"),
+    ("1/2; 1/2 mtp=0>1", [], "stage 2: every term of the loss starts at weight 0 (mtp 0>1, pw 0); give the next token "
+                              "a weight (mtp=1)"),
+    ("1 mtp=1 mtp=0.5", [], "stage 1 sets mtp twice"),
     ("half", [], "stage 1 begins with 'half', which is no share"),
     ("1/0", [], "which is no share"),
     ("-0.5; 1.5", [], "stage 1 begins with '-0.5'"),
@@ -212,10 +221,10 @@ rows = []
 for _ in range(3):
     x, y = loader.next_batch()
     rows.append(np.concatenate([x[0].numpy(), y[0, -1:].numpy()]))
-# 1: 3 of [0, 5), all 2 of [5, 7), 3 of [7, 15); next from 15, the document start at or after 9.
-# 2: 1 of [15, 16), 3 of [16, 30), 3 of [30, 40): the shard ends before 8 tokens, so the row is
-#    cut again from the next shard's first document start: 3 of [3, 10), 3 of [10, 20), 2 of [20, 38).
-# 3: from 38, the step (15 tokens and 1 more) does not fit: the next epoch's first shard, as row 1.
+# 1: 3 of [0, 5), all 2 of [5, 7), 3 of [7, 15); next from 15, the document start after 7.
+# 2: 1 of [15, 16), 3 of [16, 30), 3 of [30, 40): no document start is left before 8 tokens, so the
+#    step is read from the next shard's first document start: 3 of [3, 10), 3 of [10, 20), 2 of [20, 38).
+# 3: 2 of [38, 40) and no document start left: the next epoch's first shard, as row 1.
 expected = [a[[0, 1, 2, 5, 6, 7, 8, 9]], b[[3, 4, 5, 10, 11, 12, 20, 21]], a[[0, 1, 2, 5, 6, 7, 8, 9]]]
 for i, (got, want) in enumerate(zip(rows, expected)):
     assert (got == want).all(), (i, got, want)
@@ -225,9 +234,10 @@ try:
     tg.DocumentLoader(f"{work}/short_*.bin", "test", 1, 7, 1, 0, 1, False, 0, 50304, cap=3)
     raise AssertionError("no error for a shard whose capped documents are too short for a row")
 except SystemExit as e:
-    assert str(e) == (f"error: {work}/short_000.bin: documents capped at 3 tokens hold fewer than T+1 = 8 tokens "
-                      "from its first document start: use a smaller --seq_len or cap, or longer shards"), str(e)
-print("cap 3, T 7: rows of whole-document pieces, the shard's end cutting a row anew in the next shard; "
+    assert str(e) == (f"error: {work}/short_000.bin: its documents, capped at 3 tokens each, hold fewer than one "
+                      "step's 1 sequence of T+1 = 8 tokens from its first document start: use a smaller --seq_len "
+                      "or --total_batch_size, a larger cap, or longer shards"), str(e)
+print("cap 3, T 7: rows of capped documents, a step the shard cannot finish read from the next shard; "
       "too few capped tokens in a fresh shard: the error")
 EOF
 
@@ -335,5 +345,57 @@ losses, plain_losses = floats[-5:], pfloats[-5:]
 assert losses[0] != plain_losses[0] and all(np.isfinite(losses)), (losses, plain_losses)
 print(f"header slot 31 = 41 bytes of plan; the step count 5 (4 and 1 of extension); the logits and gradients "
       f"the plain state's; the losses {np.round(losses, 6).tolist()}")
+EOF
+check "record #89's loss weights a step (mtp=, pw=): linear within a stage, float32" <<'EOF'
+import numpy as np, train_gpt2 as tg
+record89 = "1/3 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 mtp=1,0.5>1,0 pw=0.25>0; 1/3 mtp=1 pw=0; +15"
+plan = tg.stage_plan(tg.parse_args(["--input_bin", "x", "--num_iterations", "1270", "--stages", record89]), 1)
+weights = {s: (plan.step(s).next_token_weights, plan.step(s).prefix_weight) for s in (0, 422, 423, 846, 847, 1285)}
+f32 = lambda x: float(np.float32(x))
+assert weights == {0: ([1.0, 0.5, 0.25], 0.25), 422: ([1.0, 0.5, f32(0.25 - 0.25 * (422 / 423))], 0.25),
+                   423: ([1.0, 0.5], 0.25), 846: ([1.0, f32(0.5 - 0.5 * (423 / 424))], f32(0.25 - 0.25 * (423 / 424))),
+                   847: ([1.0], 0.0), 1285: ([1.0], 0.0)}, weights
+assert plan.has_prefix_term() and "mtp 1,0.5>1,0, pw 0.25>0" in plan.table()[1]
+flags = tg.stage_plan(tg.parse_args(["--input_bin", "x", "--num_iterations", "10", "--mtp", "1,0.5",
+                                     "--prefix_weight", "0.1", "--stages", "1/2; 1/2 pw=0"]), 1)
+assert (flags.step(0).next_token_weights, flags.step(0).prefix_weight, flags.step(5).prefix_weight) == (
+    [1.0, 0.5], f32(0.1), 0.0)
+print("3, 2 and 1 weights; w2 0.25 -> 0, then w1 0.5 -> 0 and the prefix 0.25 -> 0; --mtp and --prefix_weight fill "
+      "the first stage")
+EOF
+
+echo "--- the debug state of a plan with loss weights: the steps take each step's weights"
+# A vocabulary of the 256 bytes, then pairs of bytes (each with its first byte as its prefix token), then
+# the end of text: the prefix term applies at most positions of the random batch.
+PYTHONPATH=. "$PYTHON" - <<'EOF'
+import os, numpy as np, train_gpt2 as tg
+tokens = [bytes([i]) for i in range(256)] + [bytes(divmod(i, 256)) for i in range(tg.GPT2_EOT_TOKEN - 256)]
+header = np.zeros(tg.TOKENIZER_HEADER_INTS, np.int32)
+header[:4] = [tg.TOKENIZER_MAGIC, 2, len(tokens) + 1, tg.GPT2_EOT_TOKEN]
+with open(os.path.join(os.environ["WORK"], "pairs_tokenizer.bin"), "wb") as f:
+    f.write(header.tobytes() + b"".join(bytes([len(t)]) + t for t in tokens + [b"<|endoftext|>"]))
+EOF
+LOSS=("${TINY[@]}" -b 2 -t 256 --debug_steps 4 --tokenizer "$WORK/pairs_tokenizer.bin")
+"$PYTHON" train_gpt2.py "${LOSS[@]}" --write_debug_state "$WORK/ramp" \
+  --stages "1/2 mtp=1,0.5>1,0 pw=0.25>0; 1/2 mtp=1 pw=0" > "$WORK/ramp.out"
+"$PYTHON" train_gpt2.py "${LOSS[@]}" --write_debug_state "$WORK/constant" --stages "1 mtp=1,0.5 pw=0.25" \
+  > "$WORK/constant.out"
+"$PYTHON" train_gpt2.py "${LOSS[@]}" --write_debug_state "$WORK/flags" --mtp 1,0.5 --prefix_weight 0.25 \
+  > "$WORK/flags.out"
+check "the debug state of a plan with loss weights" <<'EOF'
+import os, numpy as np, train_gpt2 as tg
+work = os.environ["WORK"]
+name = "gpt2_l2h4c128t256v50304_debug_state.bin"
+def losses(folder):
+    header = tg.read_debug_state(f"{work}/{folder}/{name}", header_only=True)
+    return header, tg.read_debug_state(f"{work}/{folder}/{name}")[3][-4:]
+(ramp_header, ramp), (_, constant), (_, flags) = losses("ramp"), losses("constant"), losses("flags")
+text, prefix, _ = tg.read_debug_state_settings(f"{work}/ramp/{name}", ramp_header)
+assert ramp_header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-pw 0.0" and prefix is not None, (text, prefix)
+assert np.array_equal(constant, flags), (constant, flags)
+assert ramp[0] == flags[0] and all(ramp[1:] != flags[1:]) and all(np.isfinite(ramp)), (ramp, flags)
+print(f"a plan's constant mtp= and pw= take the steps --mtp and --prefix_weight take ({np.round(flags, 6).tolist()}); "
+      f"the ramp the same first step, then its own ({np.round(ramp, 6).tolist()}); the prefix table kept "
+      f"with -pw 0.0 for its steps")
 EOF
 echo "test_stages_py: all passed"

@@ -219,6 +219,49 @@ for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.A
 print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
 EOF
 
+check "NorMuon: normuon_step against float64 (tall, wide, square, odd shapes, two steps), Muon's state" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+def reference(v, s, dim):  # SPEC.md's NorMuon in float64, no rounding
+    v = v.double()
+    mean = v.square().mean(dim)
+    s = s + (1 - tg.NORMUON_BETA2) * (mean - s)
+    step = s.clamp(min=1e-10).rsqrt()
+    after = ((mean * v.size(dim)) * step.square()).sum().sqrt()
+    return v * (step * v.norm() / after).unsqueeze(dim), s
+for rows, cols in ((48, 16), (16, 40), (24, 24), (7, 5)):
+    dim = 1 if rows >= cols else 0  # one value per row when rows >= cols, else per column
+    s, s64 = torch.zeros(max(rows, cols)), torch.zeros(max(rows, cols), dtype=torch.float64)
+    for step in range(2):
+        v = (torch.randn(rows, cols) * torch.rand(rows, 1) * torch.rand(1, cols)).bfloat16()
+        got = tg.normuon_step(v, s)
+        expected, s64 = reference(v, s64, dim)
+        diff = ((got.double() - expected).abs() / expected.abs().clamp(min=1e-3)).max().item()
+        state = ((s.double() - s64).abs() / s64).max().item()
+        norm = abs(got.double().norm().item() / v.double().norm().item() - 1)
+        print(f"{rows}x{cols} step {step + 1}: update within {diff:.1e}, state {state:.1e}, norm kept within {norm:.1e}")
+        # two BF16 roundings (the scale, the product), each within 2^-8 of its value
+        assert got.dtype == torch.bfloat16 and diff < 2 * 2 ** -8 + 1e-4 and state < 1e-6 and norm < 4e-3, (rows, cols, step)
+    # a state of the other side's entries is another normalisation
+    other, _ = reference(v, torch.zeros(min(rows, cols), dtype=torch.float64), 1 - dim)
+    assert rows == cols or ((got.double() - other).abs() / other.abs().clamp(min=1e-3)).max() > 0.05
+# Muon's state: a row of max(rows, cols) a block (qkvw's three C x C blocks), the blocks' updates each its own.
+p = torch.randn(48, 16).requires_grad_()
+p.grad = torch.randn(48, 16)
+muon = tg.Muon([dict(params=[p], blocks=3)], 0.05, 0.0, 0.95, normuon=True)
+muon.orthogonalise = lambda b, ns: b.bfloat16()
+muon.step()
+state = muon.state[p]["second_moments"]
+u = p.grad.lerp(0.05 * p.grad, 0.95).bfloat16()  # the Nesterov input from a zero momentum
+expected = torch.stack([(1 - tg.NORMUON_BETA2) * b.float().square().mean(1) for b in u.chunk(3)])
+assert state.shape == (3, 16) and torch.allclose(state, expected, rtol=1e-6, atol=0), state
+for flag in ("1", "0"):
+    args = tg.parse_args(["--model", "tiny", "--optimizer", "muon", "--normuon", flag, "--input_bin", "x"])
+    optimizers, _ = tg.make_optimizers(tg.GPT(tg.resolve_config(args)), args, "cpu")
+    assert optimizers[1].normuon == (flag == "1"), flag
+print("--normuon 1: Muon with NorMuon's state; 0: without")
+EOF
+
 check "learning rate schedules" <<'EOF'
 import math, argparse, train_gpt2 as tg
 a = argparse.Namespace(learning_rate=1.0, warmup_iters=2, num_iterations=12, final_lr_frac=0.1)
@@ -258,7 +301,7 @@ for name in ("Attention", "Windows", "ValueEmbeddings", "SkipSources"):
 print("speedrun:", speedrun)
 EOF
 
-check "the MFU count (SPEC.md): causal, and the speedrun's windows, against a closed form" <<'EOF'
+check "the MFU count (SPEC.md): causal, and the speedrun's windows in blocks and in tokens" <<'EOF'
 import train_gpt2 as tg
 g = tg.make_config(*tg.PRESETS["d12"], source="d12")
 assert g.flops_per_token(1024) == 6 * g.num_parameters() + 6 * 12 * 768 * 1024
@@ -276,6 +319,15 @@ for window in (1, 5, 14):
     expected = 6 * (config.num_parameters() - lookups) + 12 * 768 * keys
     assert abs(model.flops_per_token(T) - expected) < 1e-9 * expected, (window, model.flops_per_token(T), expected)
     print(f"speedrun d12, window {window:2d}: {model.flops_per_token(T) / 1e6:.1f} MFLOP a token")
+model.window_tokens = True  # query t sees min(t + 1, 128 n + 1) keys, counted one by one
+for window in (1, 5):
+    model.window_blocks = window
+    keys = sum(sum(min(t + 1, (window if spec.window == "L" else window // 2) * 128 + 1) for t in range(T)) / T
+               for spec in config.plan if spec.attention)
+    expected = 6 * (config.num_parameters() - lookups) + 12 * 768 * keys
+    assert abs(model.flops_per_token(T) - expected) < 1e-9 * expected, (window, model.flops_per_token(T), expected)
+    print(f"speedrun d12, window {window:2d} in tokens: {model.flops_per_token(T) / 1e6:.1f} MFLOP a token")
+model.window_tokens = False
 model.documents = False
 assert model.flops_per_token(T) == config.flops_per_token(T, 11 * T / 2)
 EOF
@@ -383,6 +435,73 @@ lines = open(f"{work}/check_settings.out").read().splitlines()[1:]
 errors = {line[:24].strip(): float(line.split()[-1]) for line in lines}
 assert max(errors.values()) <= 1e-6, errors
 print(f"version {header[1]}: '{text}', {len(prefix)} prefix rows; checked: largest error {max(errors.values()):.1e}")
+EOF
+
+check "--untie_step: the head steps with both gradients through step U, the embedding its copy, then its own" <<'EOF'
+import copy, contextlib, torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "modern", "--model", "tiny", "--vocab_size", "512", "-b", "2", "-t", "32",
+                      "--total_batch_size", "-1", "--num_iterations", "4", "--untie_step", "1", "--input_bin", "x",
+                      "--device", "cpu"])
+config = tg.resolve_config(args)
+tg.settle_arch(args, config)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+tg.add_debug_noise(model, 0.02, 42)
+tg.tie_embedding(model)
+head, wte = model.lm_head.weight, model.transformer.wte.weight
+plan = tg.stage_plan(args, 1)
+optimizers, _ = tg.make_optimizers(model, args, "cpu")
+state = tg.optimizer_state_of(optimizers)
+loader = tg.RandomTokens(2, 32, 512, 3, False)
+for step in range(4):
+    before = copy.deepcopy(model)
+    by_hand, _ = tg.make_optimizers(before, args, "cpu")
+    for o, h in zip(optimizers, by_hand):
+        h.load_state_dict(o.state_dict())
+    tg.train_step(args, step, plan.step(step), 4, model, model, optimizers, loader, "cpu", contextlib.nullcontext(), 1)
+    # the same step by hand: where tied, the head's gradient plus the embedding's, then the embedding the head
+    x, y = loader.next_batch()
+    tg.set_learning_rates(by_hand, step, args, 1.0, 4)
+    before.zero_grad(set_to_none=True)
+    before(x, y, args.loss_reduction, before.attention_masks(x))[1].backward()
+    tg.clip_gradients(before.parameters(), args.grad_clip)
+    if step <= args.untie_step:
+        before.lm_head.weight.grad += before.transformer.wte.weight.grad
+    for h in by_hand:
+        h.step()
+    if step <= args.untie_step:
+        with torch.no_grad():
+            before.transformer.wte.weight.copy_(before.lm_head.weight)
+    assert torch.equal(before.lm_head.weight, head) and torch.equal(before.transformer.wte.weight, wte), step
+    tied = torch.equal(wte, head)
+    same_state = all(torch.equal(state(wte)[k], state(head)[k]) for k in ("exp_avg", "exp_avg_sq"))
+    assert tied == (step <= 1) and same_state == (step == 1), (step, tied, same_state)
+    print(f"step {step}: as by hand; {'tied' if tied else 'separate'}, the AdamW states "
+          f"{'the same (copied at the untie step)' if same_state else 'apart'}")
+EOF
+"$PYTHON" train_gpt2.py --recipe modern --model tiny --vocab_size 512 --debug_noise 0.02 -b 2 -t 32 --untie_step 2 \
+  --write_debug_state "$WORK/untie_state" --debug_steps 4 --device cpu >/dev/null
+check "--untie_step in the debug state: -ut in its settings, its model tied" <<'EOF'
+import os, torch, train_gpt2 as tg
+work = os.environ["WORK"]
+path = f"{work}/untie_state/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin"
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+model = tg.read_checkpoint(f"{work}/untie_state/gpt2_modern_l2h1c128t64v512.bin")
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 2" and prefix is None, text
+assert torch.equal(model.transformer.wte.weight, model.lm_head.weight)
+print(f"version {header[1]}: '{text}', the checkpoint's embedding its head")
+EOF
+echo "--- NorMuon in a debug state (version 5's settings: -mn 1)"
+"$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --write_debug_state "$WORK/normuon_state" \
+  --debug_steps 2 --device cpu >/dev/null
+check "the debug state names NorMuon in its settings" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/normuon_state/*_muon_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-mn 1" and prefix is None, (header[1], text)
+print(f"version {header[1]}: '{text}'")
 EOF
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
@@ -562,6 +681,12 @@ expect_error "logit_cap 15,5: a shift moves the sigmoid cap" --recipe modern --m
   --logit_cap 15,5
 expect_error "tokenizer $WORK/nothing.bin: no such vocabulary file" "${TINY[@]}" --bench --prefix_weight 0.25 \
   --tokenizer "$WORK/nothing.bin"
+expect_error "untie_step 3 ties the embedding to the head through step 3, and the gpt2 architecture's head is the embedding" \
+  "${TINY[@]}" --untie_step 3 --write_debug_state "$WORK/untie_gpt2"
+expect_error "untie_step -2: give the step through which" --recipe modern --model tiny --untie_step -2 \
+  --write_debug_state "$WORK/untie_bad"
+expect_error "untie_step 1: --benchmark times untied steps" --recipe modern --model tiny --bench -b 1 -t 64 \
+  --untie_step 1
 ckpt="$WORK/run/model_00000008.bin"
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"
@@ -599,6 +724,7 @@ expect_error "cautious_decay 1 makes the weight decay cautious, and this run dec
   "${TINY[@]}" --bench --weight_decay 0 --cautious_decay 1
 expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
   --cautious_decay 1
+expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1

@@ -213,13 +213,14 @@ void test_damaged() {
       {"a master-weights flag of 2", 6, 2,
        "master-weights flag 2 (must be 0 or 1): the header is damaged; " + std::string(kRemedy)},
       {"no master weights", 6, 0, "state for 1000 parameters without master weights, but the model"},
-      {"an optimizer of 3", 12, 3, "optimizer 3 (must be 0, 1 or 2): the header is damaged; " + std::string(kRemedy)},
+      {"an optimizer of 4", 12, 4, "optimizer 4 (must be 0 to 3): the header is damaged; " + std::string(kRemedy)},
       {"negative data tokens", 14, -1, "training data of -"},
       {"another parameter count", 8, (int32_t)kParams + 1, "state for 1001 parameters"},
       {"no checksum kind", llmc::kHeaderChecksumKindSlot, 0, "the header has no checksum"},
       {"a flipped bit in a reserved slot", 100, 1 << 12,
        "reserved header slot 100 holds 4096 (must be 0): the header is damaged; " + std::string(kRemedy)},
-      {"the first reserved slot set", 15, 1, "reserved header slot 15 holds 1 (must be 0)"},
+      {"a negative untie step", 15, -1, "untie step -2: the header is damaged; " + std::string(kRemedy)},
+      {"the first reserved slot set", 16, 1, "reserved header slot 16 holds 1 (must be 0)"},
       {"the last reserved slot set", llmc::kHeaderChecksumKindSlot - 1, -1, "reserved header slot 253 holds -1"},
       {"a flipped bit in the checksum", llmc::kHeaderChecksumSlot,
        (int32_t)(read_int(saved.bytes, llmc::kHeaderChecksumSlot) ^ 1), "checksum mismatch"},
@@ -256,12 +257,32 @@ void test_damaged() {
                good_path + ": written with -opt muon for the blocks' matrices, but this run has -opt adamw: resume "
                            "with -opt muon",
                "a state file with Muon's momentum read by a run with AdamW for the matrices");
+  other.matrix_optimizer = llmc::kMatrixOptimizerNorMuon;
+  check_throws(load(good_path, other),
+               good_path + ": written with -opt muon for the blocks' matrices, but this run has -opt muon -mn 1: "
+                           "resume with -opt muon",
+               "a state file of Muon without NorMuon's second moments read by a run with them");
   other = saved.id;
   other.data_tokens += 1;
   check_throws(load(good_path, other),
                good_path + ": written over training data of 12345678901 tokens, but this run's -i holds 12345678902: "
                            "resume with the run's training data",
                "a state file of training data of another size");
+  other = saved.id;
+  other.untie_step = 846;
+  check_throws(load(good_path, other),
+               good_path + ": written by a run with -ut -1, but this run has -ut 846: resume with -ut -1",
+               "a state file of a run without -ut read by one with it");
+  const std::string untie_path = kDir + "/state_untie.bin";
+  llmc::train_state_save(untie_path, other, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
+                         saved.master.data());
+  int updates = 0;
+  check_verbose(llmc::train_state_read_id(untie_path, &updates, kRemedy).untie_step == 846 &&
+                    llmc::train_state_load(untie_path, other, kRemedy).adam_v == saved.adam_v,
+                "-ut 846 written in header slot 15 (847) and read back");
+  check_throws(load(untie_path, saved.id),
+               untie_path + ": written by a run with -ut 846, but this run has -ut -1: resume with -ut 846",
+               "a state file of a run with -ut read by one without it");
   // A file from before the optimizer and the data were recorded ([12] to [14] = 0) loads with any.
   llmc::TrainStateId unrecorded = saved.id;
   unrecorded.matrix_optimizer = llmc::kMatrixOptimizerUnrecorded;
@@ -270,7 +291,8 @@ void test_damaged() {
   llmc::train_state_save(old_path, unrecorded, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
                          saved.master.data());
   bool loads = true;
-  for (const int optimizer : {llmc::kMatrixOptimizerAdamw, llmc::kMatrixOptimizerMuon}) {
+  for (const int optimizer :
+       {llmc::kMatrixOptimizerAdamw, llmc::kMatrixOptimizerMuon, llmc::kMatrixOptimizerNorMuon}) {
     other = saved.id;
     other.matrix_optimizer = optimizer;
     loads = loads && llmc::train_state_load(old_path, other, kRemedy).adam_m == saved.adam_m;
