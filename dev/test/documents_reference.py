@@ -227,6 +227,22 @@ def run_cpp(what, command):
     return result.stdout, result
 
 
+def print_dump_check(what, dumped, port, out, result):
+    """One check line of a build/test_stages dump against train_gpt2.py's lines (port), or, where
+    train_gpt2.py refused the plan (port its error), that the C++ side refused it too."""
+    if isinstance(port, str):
+        errors = result.returncode == 1 and result.stderr.startswith("error: ") and not out
+        print(f"{what}: both reject it\t{'same' if errors else f'C++ exit {result.returncode}: {result.stderr!r}'}")
+        return
+    lines = out.splitlines()
+    differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
+    verdict = ("same" if lines == port else f"C++ {len(lines)} lines, train_gpt2.py {len(port)}; first "
+               f"difference at step {differ}: {lines[differ]!r} and {port[differ]!r}" if differ is not None
+               else f"C++ {len(lines)} lines (exit {result.returncode}: {result.stderr.strip()!r}), "
+                    f"train_gpt2.py {len(port)}")
+    print(f"{what}: {dumped}, C++ and train_gpt2.py\t{verdict}")
+
+
 def check_plan_dumps(scratch):
     """The plan of every step, llmc/stages.h's (build/test_stages --dump) against train_gpt2.py's: its
     long and short windows among them, record #89's (short, long) pairs and its final window of 20."""
@@ -270,17 +286,7 @@ def check_plan_dumps(scratch):
                                      str(world), str(steps)])
         if result is None:
             continue
-        if isinstance(port, str):
-            errors = result.returncode == 1 and result.stderr.startswith("error: ") and not out
-            print(f"{what}: both reject it\t{'same' if errors else f'C++ exit {result.returncode}: {result.stderr!r}'}")
-            continue
-        lines = out.splitlines()
-        differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
-        verdict = ("same" if lines == port else f"C++ {len(lines)} lines, train_gpt2.py {len(port)}; first "
-                   f"difference at step {differ}: {lines[differ]!r} and {port[differ]!r}" if differ is not None
-                   else f"C++ {len(lines)} lines (exit {result.returncode}: {result.stderr.strip()!r}), "
-                        f"train_gpt2.py {len(port)}")
-        print(f"{what}: every step's plan, C++ and train_gpt2.py\t{verdict}")
+        print_dump_check(what, "every step's plan", port, out, result)
 
 
 # modded-nanogpt's record #89 (train_gpt.py at f411b3d3, TrainingSchedule.get_lr and
@@ -456,16 +462,7 @@ def check_loss_dumps():
         out, result = run_cpp(what, ["build/test_stages", "--dump-loss", plan, str(steps), mtp, prefix_weight])
         if result is None:
             continue
-        if isinstance(port, str):
-            errors = result.returncode == 1 and result.stderr.startswith("error: ") and not out
-            print(f"{what}: both reject it\t{'same' if errors else f'C++ exit {result.returncode}: {result.stderr!r}'}")
-            continue
-        lines = out.splitlines()
-        differ = next((i for i, (a, b) in enumerate(zip(lines, port)) if a != b), None)
-        verdict = ("same" if lines == port else f"C++ {len(lines)} lines (exit {result.returncode}: "
-                   f"{result.stderr.strip()!r}), train_gpt2.py {len(port)}" if differ is None
-                   else f"first difference at step {differ}: {lines[differ]!r} and {port[differ]!r}")
-        print(f"{what}: every step's loss weights, C++ and train_gpt2.py\t{verdict}")
+        print_dump_check(what, "every step's loss weights", port, out, result)
     reference_stages = [([1.0, 0.5, 0.25], [1.0, 0.5, 0.0], 0.25, 0.25), ([1.0, 0.5], [1.0, 0.0], 0.25, 0.0),
                         ([1.0], [1.0], 0.0, 0.0), ([1.0], [1.0], 0.0, 0.0)]
     boundaries = [(0, 423), (423, 847), (847, 1270), (1270, 1285)]
