@@ -19,12 +19,14 @@
 //                                 bytes transposed)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
 //                                 gates; causal multi-head attention, or within documents and a
-//                                 window of 128-token blocks: flash kernels (BF16), batched GEMMs;
-//                                 one query against a KV cache; on Hopper, a product of our own
-//                                 (TMA, wgmma) with the MLP's ReLU^2 and ReLU^2' in its epilogue
+//                                 window of 128-token blocks or of tokens: flash kernels (BF16),
+//                                 batched GEMMs; one query against a KV cache; on Hopper, a
+//                                 product of our own (TMA, wgmma) with the MLP's ReLU^2 and
+//                                 ReLU^2' in its epilogue
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
-//                                 their E5M2 cast), optional soft cap
+//                                 their E5M2 cast), optional soft cap, the later tokens' and the
+//                                 prefix tokens' loss terms
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz, NorMuon's second moment)
 //  10. Model                      parameter and activation tables, the architectures' steps
@@ -32,7 +34,8 @@
 //                                 (the value mix, the attention gate, the residual mix: each one
 //                                 group of its rows, forward, backward and decoding), the block
 //                                 (forward and backward, written once), the attention's documents
-//                                 and windows, the training passes, the optimizers' update
+//                                 and windows, the training passes, the optimizers' update (the
+//                                 embedding tied to the head up to an untie step)
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
