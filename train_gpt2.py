@@ -142,6 +142,7 @@ MUON_FLAGS = {
     "muon_ns": ("baseline", "baseline", "speedrun"), "normuon": (0, 0, 0),
 }
 NORMUON_BETA2 = 0.9  # NorMuon's running mean of the update's squares (normuon_step)
+ADAM_EVERY_MAX = 1000  # --adam_every's largest interval (the CUDA trainer's kMaxAdamEvery)
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -2174,11 +2175,33 @@ def muon_momentum(step, args, steps=None):
 
 def adam_eps(step, args):
     """The eps torch's AdamW adds to sqrt(vhat) at `step` (0-based): --adam_eps; with
-    --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t) (t = step + 1), which gives the
-    update lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps) of the speedrun's reference."""
+    --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t) (t = adamw_updates(step, args)),
+    which gives the update lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps) of the speedrun's
+    reference."""
     if not args.adam_eps_before_correction:
         return args.adam_eps
-    return args.adam_eps / math.sqrt(1 - args.beta2 ** (step + 1))
+    return args.adam_eps / math.sqrt(1 - args.beta2 ** adamw_updates(step, args))
+
+
+def adamw_steps_at(step, args):
+    """Whether AdamW updates its tensors at `step` (0-based): every --adam_every-th step, (step + 1) % K
+    == 0 (record #89's K = 2: its odd steps); at the others their gradients are kept and added to."""
+    return (step + 1) % args.adam_every == 0
+
+
+def adamw_updates(step, args):
+    """AdamW's updates through `step`, the t of its bias correction at an update."""
+    return (step + 1) // args.adam_every
+
+
+def zero_step_grads(model, optimizers, step, args):
+    """Clears the gradients for `step`'s micro steps to add into, but AdamW's tensors' where its last
+    update was before the previous step (adamw_steps_at): those add up until its next update."""
+    keep = step % args.adam_every != 0
+    kept = {id(p) for group in optimizers[0].param_groups for p in group["params"]} if keep else set()
+    for p in model.parameters():
+        if id(p) not in kept:
+            p.grad = None
 
 
 def set_learning_rates(optimizers, step, args, multiplier=1.0, steps=None):
@@ -2258,6 +2281,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
                            NEWTON_SCHULZ[args.muon_ns], normuon=bool(args.normuon)) if muon else None)
     B, T = x.shape
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
+    adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
+    kept = {}  # AdamW's tensors' gradients since its last update (--adam_every)
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -2274,12 +2299,16 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         else:
             losses.append(debug_forward_backward(model, xs, ys, args, autocast)[1].item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
+        for p in adamw_params:
+            p.grad = kept[id(p)] + p.grad if kept else p.grad
         clip_gradients(params, args.grad_clip)
-        if step <= args.untie_step:
+        adamw_steps = adamw_steps_at(step, args)
+        kept = {} if adamw_steps else {id(p): p.grad.clone() for p in adamw_params}
+        if step <= args.untie_step and adamw_steps:
             tied_step_gradient(model)
         for owner, group in groups:
-            if owner == "adamw":
-                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1,
+            if owner == "adamw" and adamw_steps:
+                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], adamw_updates(step, args),
                            group["lr"] * multiplier, group["weight_decay"], (args.beta1, args.beta2),
                            adam_eps(step, args), decay_all=config.modern)
         if muon_optimizer:
@@ -2290,7 +2319,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
 
-    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon))
+    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2357,10 +2386,10 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model, untie_step=-1, normuon=False):
+def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step, windows in tokens and Muon's NorMuon ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4
-    -awt 1 -mn 1"; "" for the defaults; -pw, maybe 0, wherever the prefix table is, which
+    untie step, windows in tokens, Muon's NorMuon and AdamW's interval ("-lc 23,5 -mtp 1.0,0.5,0.25
+    -pw 0.25 -ut 4 -awt 1 -mn 1 -ao 2"; "" for the defaults; -pw, maybe 0, wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
     int32 ids."""
@@ -2379,6 +2408,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False):
         words += ["-awt", "1"]
     if normuon:
         words += ["-mn", "1"]
+    if adam_every > 1:
+        words += ["-ao", str(adam_every)]
     return " ".join(words)
 
 
@@ -2624,6 +2655,9 @@ def parse_args(argv=None):
                    "through step U's update (the head stepped with both gradients, the embedding its copy), then "
                    "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
                    "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
+    a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
+                   "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
+                   "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -2963,6 +2997,16 @@ def settle_arch(args, config):
         fail(f"--untie_step {args.untie_step}: give the step through which the embedding is tied to the head, or -1")
     if args.untie_step >= 0 and args.benchmark:
         fail(f"--untie_step {args.untie_step}: --benchmark times untied steps; drop --untie_step")
+    if not 1 <= args.adam_every <= ADAM_EVERY_MAX:
+        fail(f"--adam_every {args.adam_every}: give AdamW's interval in steps, 1 to {ADAM_EVERY_MAX} (1: every step)")
+    if args.adam_every > 1 and args.benchmark:
+        fail(f"--adam_every {args.adam_every}: --benchmark times AdamW at every step; drop --adam_every")
+    if args.adam_every > 1 and args.grad_clip > 0:
+        fail(f"--adam_every {args.adam_every} sums {args.adam_every} steps' gradients for AdamW, and --grad_clip "
+             f"{args.grad_clip:g} would clip each step's apart: give --grad_clip 0 with it (record #89 clips nothing)")
+    if args.untie_step >= 0 and (args.untie_step + 1) % args.adam_every != 0:
+        fail(f"--untie_step {args.untie_step} unties at a step without AdamW's update under --adam_every "
+             f"{args.adam_every}: give an untie step U with (U + 1) % {args.adam_every} == 0 (record #89's is odd)")
     if args.untie_step >= 0 and not config.modern:
         fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
              f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
@@ -3221,7 +3265,7 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
     if isinstance(train_loader, DocumentLoader):
         train_loader.reshape(step_plan.seq_len, step_plan.micro_steps, step_plan.cap)
     lr = set_learning_rates(optimizers, step, args, step_plan.lr_multiplier, steps)
-    raw_model.zero_grad(set_to_none=True)
+    zero_step_grads(raw_model, optimizers, step, args)
     train_loss = torch.zeros((), device=device)
     grad_accum_steps = step_plan.micro_steps
     for micro_step in range(grad_accum_steps):
@@ -3235,9 +3279,10 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
             train_loss += mean_share
             loss.backward()
     norm = clip_gradients(raw_model.parameters(), args.grad_clip)
-    if step <= args.untie_step:
+    adamw_steps = adamw_steps_at(step, args)
+    if step <= args.untie_step and adamw_steps:
         tied_step_gradient(raw_model)
-    for optimizer in optimizers:
+    for optimizer in optimizers[0 if adamw_steps else 1:]:  # make_optimizers': AdamW first
         optimizer.step()
     untie_step_done(raw_model, step, args, optimizer_state_of(optimizers))
     return mean_over_ranks(train_loss, world), norm.item(), lr
@@ -3364,6 +3409,9 @@ def main(argv=None, step_hook=None):
     args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
         fail("--benchmark times one process; run it without torchrun")
+    if args.adam_every > 1 and world > 1:
+        fail(f"--adam_every {args.adam_every} keeps AdamW's gradients between its updates on one process; DDP "
+             f"would average them at each step: run it without torchrun, or give --adam_every 1")
     if flash:
         select_sdpa_backend(args.sdpa_backend or (BENCHMARK_RECIPE["sdpa_backend"] if args.benchmark else "auto"), device)
     if config is None:

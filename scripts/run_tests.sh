@@ -533,7 +533,9 @@ gpu_setup() {
 # the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
 # test_gpt2cu reads them and the prefix table in the debug state's settings, version 5), and with
 # its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
-# the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token).
+# the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token);
+# and with AdamW on odd steps (-ao 2 in the settings: its gradients of two steps summed, its t its
+# own count of updates, Muon every step).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -553,7 +555,8 @@ gpu_against_pytorch() {
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
               "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
-              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384"; do
+              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
+              "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -831,6 +834,10 @@ gpu_resume() {
   # The untie step (-ut 12): the checkpoint of step 10 is tied (the embedding the head's copy, its
   # own AdamW state unused), and the resumed run unties after step 12's update as the straight one.
   resume_test ./train_gpt2cu resume_untie_bf16 -recipe modern -z 1024 -ut 12
+  # AdamW every 4th step (-ao 4: at steps 3, 7, 11, ...): the checkpoint of step 10 holds the
+  # gradients of steps 8 and 9, kept for step 11's update, and the resumed step 10 steps Muon alone
+  # (AdamW's state carried to the arrays after the checkpoint).
+  resume_test ./train_gpt2cu resume_adam_every_bf16 -recipe modern -z 1024 -ao 4
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

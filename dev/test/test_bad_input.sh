@@ -609,6 +609,23 @@ if has_flag -mn; then
   report "-mn 1 with ZeRO-1 on 2 processes"
 fi
 
+# --- -ao, AdamW on every K-th step with the K steps' gradients: within [1, 1000], without clipping
+# (which would scale each step's apart), an untie step where AdamW steps, on one process (before
+# the GPU)
+if has_flag -ao; then
+  expect "-ao out of range" "^error: -ao 0: must be " -ao 0
+  expect "-ao 2 with clipping" "^error: -ao 2 sums 2 steps' gradients for AdamW, and -gc 1 would clip each step's apart: give -gc 0 with it \(record #89 clips nothing\)" \
+    -ao 2
+  expect "-ao 2 with an even untie step" "^error: -ut 2 unties at a step without AdamW's update under -ao 2: give an untie step U with \(U \+ 1\) % 2 == 0 \(record #89's is odd\)\$" \
+    -recipe modern -ao 2 -ut 2
+  WATCH=("$KEEP")
+  OMPI_COMM_WORLD_SIZE=2 attempt "^error: -ao 2 keeps AdamW's gradients between its updates on one process; 2 processes would average them at each step: run it on one process, or give -ao 1\$" \
+    "${COMMON[@]}" -x 2 -o "$KEEP" -recipe modern -ao 2 -zs 0
+  report "-ao 2 on 2 processes"
+else
+  skip "-ao" "$TRAINER has no -ao"
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

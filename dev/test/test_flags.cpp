@@ -484,7 +484,7 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut and -awt, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt and -ao, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -514,6 +514,12 @@ void test_loss_settings() {
   d.settings = "-mn 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-mn 2: must be 0 or 1",
                "a debug state's -mn out of range");
+  d.settings = "-ut 1 -ao 2";
+  const llmc::DebugStateSettings odd_steps = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(odd_steps.adam_every == 2 && odd_steps.untie_step == 1 && none.adam_every == 1,
+                "a debug state's settings '" + d.settings + "': AdamW every 2 steps (none: every step)");
+  d.settings = "-ao 0";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ao 0: must be", "a debug state's -ao 0");
   d.settings = "-pw 0.25";
   d.prefix_table.clear();
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: -pw 0.25 and no prefix table: the file "

@@ -112,6 +112,26 @@ void test_cautious_rows() {
                 "modern -cd 1 described: " + described);
 }
 
+// -ao writes the record's adam_every: the table steps AdamW at every K-th step, (step + 1) % K == 0
+// (K 2: the odd steps), every step in every recipe; the start-up table names the interval.
+void test_adam_every() {
+  bool every_step = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    const OptimizerTable t = llmc::optimizer_table(*r, true);
+    for (long step = 0; step < 5; step++) every_step = every_step && t.adamw_steps_at(step);
+  }
+  check_verbose(every_step, "gpt2, modern and speedrun: AdamW at every step");
+  Recipe r = llmc::recipe_speedrun();
+  r.adam_every = 2;
+  const OptimizerTable t = llmc::optimizer_table(r, true);
+  std::string steps;
+  for (long step = 0; step < 6; step++) steps += t.adamw_steps_at(step) ? "A" : "-";
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(t.adam_every == 2 && steps == "-A-A-A" &&
+                    described.find(", every 2 steps with their summed gradients") != std::string::npos,
+                "speedrun -ao 2: AdamW at steps 1, 3, 5 of 0..5 (" + steps + "); described: " + described);
+}
+
 // -mn writes the record's normuon, and the recipe its per-tensor multipliers of Muon's rate: the
 // table takes both, the rows as without; no recipe sets either; the start-up table names NorMuon
 // and each multiplier that is not 1 by its tensor.
@@ -290,6 +310,7 @@ int main() {
     test_flags_in_rows();
     test_cautious_rows();
     test_normuon_rows();
+    test_adam_every();
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();

@@ -492,6 +492,61 @@ assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 2" and pref
 assert torch.equal(model.transformer.wte.weight, model.lm_head.weight)
 print(f"version {header[1]}: '{text}', the checkpoint's embedding its head")
 EOF
+check "--adam_every 2: AdamW on odd steps with the two steps' gradients summed, its t its updates; Muon every step" <<'EOF'
+import copy, contextlib, torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "modern", "--model", "tiny", "--vocab_size", "512", "-b", "2", "-t", "32",
+                      "--total_batch_size", "-1", "--num_iterations", "4", "--adam_every", "2", "--untie_step", "1",
+                      "--input_bin", "x", "--device", "cpu"])
+config = tg.resolve_config(args)
+tg.settle_arch(args, config)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+tg.add_debug_noise(model, 0.02, 42)
+tg.tie_embedding(model)
+plan = tg.stage_plan(args, 1)
+optimizers, _ = tg.make_optimizers(model, args, "cpu")
+adamw = [p for group in optimizers[0].param_groups for p in group["params"]]
+loader = tg.RandomTokens(2, 32, 512, 3, False)
+kept = {}  # by hand: AdamW's tensors' gradients of the even step before
+for step in range(4):
+    before = copy.deepcopy(model)
+    by_hand, _ = tg.make_optimizers(before, args, "cpu")
+    for o, h in zip(optimizers, by_hand):
+        h.load_state_dict(o.state_dict())
+    tg.train_step(args, step, plan.step(step), 4, model, model, optimizers, loader, "cpu", contextlib.nullcontext(), 1)
+    x, y = loader.next_batch()
+    tg.set_learning_rates(by_hand, step, args, 1.0, 4)
+    before.zero_grad(set_to_none=True)
+    before(x, y, args.loss_reduction, before.attention_masks(x))[1].backward()
+    hand_adamw = [p for group in by_hand[0].param_groups for p in group["params"]]
+    for i, p in enumerate(hand_adamw):
+        p.grad = kept[i] + p.grad if kept else p.grad
+    odd = step % 2 == 1
+    kept = {} if odd else {i: p.grad.clone() for i, p in enumerate(hand_adamw)}
+    if odd and step <= args.untie_step:
+        before.lm_head.weight.grad += before.transformer.wte.weight.grad
+    for h in by_hand if odd else by_hand[1:]:
+        h.step()
+    if step <= args.untie_step:
+        with torch.no_grad():
+            before.transformer.wte.weight.copy_(before.lm_head.weight)
+    for (name, a), b in zip(before.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), (step, name)
+    updates = {int(optimizers[0].state[p]["step"]) for p in adamw if p in optimizers[0].state}
+    assert updates == ({(step + 1) // 2} if step else set()), (step, updates)
+    print(f"step {step}: as by hand; AdamW's updates {(step + 1) // 2}, its gradients "
+          f"{'applied' if odd else 'kept for the next step'}")
+EOF
+"$PYTHON" train_gpt2.py --recipe modern --model tiny --vocab_size 512 --debug_noise 0.02 -b 2 -t 32 --adam_every 2 \
+  --untie_step 1 --write_debug_state "$WORK/adam_every_state" --debug_steps 4 --device cpu >/dev/null
+check "--adam_every in the debug state: -ao in its settings" <<'EOF'
+import os, train_gpt2 as tg
+path = f"{os.environ['WORK']}/adam_every_state/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin"
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 1 -ao 2" and prefix is None, text
+print(f"version {header[1]}: '{text}'")
+EOF
 echo "--- NorMuon in a debug state (version 5's settings: -mn 1)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --write_debug_state "$WORK/normuon_state" \
   --debug_steps 2 --device cpu >/dev/null
@@ -687,6 +742,14 @@ expect_error "untie_step -2: give the step through which" --recipe modern --mode
   --write_debug_state "$WORK/untie_bad"
 expect_error "untie_step 1: --benchmark times untied steps" --recipe modern --model tiny --bench -b 1 -t 64 \
   --untie_step 1
+expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe modern --model tiny --bench -b 1 -t 64 \
+  --adam_every 2
+expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
+  --write_debug_state "$WORK/adam_every_bad"
+expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
+  "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
+expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \
+  --adam_every 2 --untie_step 2 --write_debug_state "$WORK/adam_every_untie"
 ckpt="$WORK/run/model_00000008.bin"
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"
