@@ -10,7 +10,9 @@
 //   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon  [13..14] the tokens of the
 //   training data, all its shards (int64)  ([12] to [14] are 0 in files written before they were
 //   recorded, which load with any)  [15] the untie step + 1 (-ut; 0: the embedding and the head
-//   apart throughout, as in files written before it)  [16..253] reserved, 0
+//   apart throughout, as in files written before it)  [16] Muon's Q and K blocks in heads (-mq; 0:
+//   whole, as in files written before it; NorMuon's second moments lie a row a block)
+//   [17..253] reserved, 0
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
@@ -38,7 +40,7 @@ constexpr int kStateMagic = 20240528;
 constexpr int kStateVersion = 5;
 constexpr int kStateVersionBatchesOnly = 4;  // still read: the data loader state before DataOrder
 constexpr int kStateVersionNoFp8 = 3;        // still read: that, and no FP8 history
-constexpr int kStateReservedFirstSlot = 16;  // header slots [16, 254) are 0
+constexpr int kStateReservedFirstSlot = 17;  // header slots [17, 254) are 0
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -63,6 +65,7 @@ struct TrainStateId {
   int matrix_optimizer = 0;  // kMatrixOptimizer...: header [12]
   int64_t data_tokens = 0;   // of the training data (-i): header [13..14]; 0: not recorded
   int untie_step = -1;       // -ut: header [15] (its value + 1); -1: none
+  int muon_qk_heads = 0;     // -mq: header [16]; 0: Q and K whole
 };
 
 // NorMuon: Muon with its second moments in v's place (-opt muon -mn 1).
@@ -94,6 +97,11 @@ inline void require_same_run(const char* path, const TrainStateId& written, cons
   if (written.data_tokens != 0 && expected.data_tokens != 0 && written.data_tokens != expected.data_tokens) {
     LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
               "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
+  }
+  // Muon's matrices, and so where NorMuon's second moments lie in the state, are the run's.
+  if (written.muon_qk_heads != expected.muon_qk_heads) {
+    LLMC_FAIL("%s: written by a run with -mq %d, but this run has -mq %d: resume with -mq %d", path,
+              written.muon_qk_heads, expected.muon_qk_heads, written.muon_qk_heads);
   }
   // Whether the embedding is tied at the checkpoint's step, and when it unties, are the run's.
   if (written.untie_step != expected.untie_step) {
@@ -191,6 +199,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[12] = id.matrix_optimizer;
   memcpy(&h[13], &id.data_tokens, sizeof(id.data_tokens));
   h[15] = id.untie_step + 1;
+  h[16] = id.muon_qk_heads;
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
                                                              adam_m, adam_v, master, n, fp8));
   write_file_atomically(path, [&](File& f) {
@@ -256,7 +265,10 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
     LLMC_FAIL("%s: optimizer %d (must be 0 to 3): the header is damaged; %s", path, h[12], remedy);
   }
   if (h[15] < 0) LLMC_FAIL("%s: untie step %d: the header is damaged; %s", path, h[15] - 1, remedy);
-  // Slots past [15] are reserved: every writer leaves them 0, so a set one is damage, even where
+  if (h[16] < 0) {
+    LLMC_FAIL("%s: Muon's Q and K in blocks of %d heads: the header is damaged; %s", path, h[16], remedy);
+  }
+  // Slots past [16] are reserved: every writer leaves them 0, so a set one is damage, even where
   // the checksum was recomputed over it.
   for (int slot = kStateReservedFirstSlot; slot < kHeaderChecksumKindSlot; slot++) {
     if (h[slot] != 0) {
@@ -308,6 +320,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   id.matrix_optimizer = h[12];
   memcpy(&id.data_tokens, &h[13], sizeof(id.data_tokens));
   id.untie_step = h[15] - 1;
+  id.muon_qk_heads = h[16];
   if (id.data_tokens < 0) {
     LLMC_FAIL("%s: training data of %lld tokens: the header is damaged; %s", path, (long long)id.data_tokens, remedy);
   }
