@@ -389,6 +389,12 @@ speedrun_test() {
   check speedrun_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -zs 1
   check speedrun_zs1_same_as_zs0 same_steps "$out/speedrun_two_ranks.log" "$out/speedrun_zs1.log" no-norm
   check speedrun_zs1_ranks_identical grep -a "^parameters identical on 2 processes" "$out/speedrun_zs1.log"
+  # Record #89's Q and K in head pairs (-mq 2): its [256, 768] group spread over the processes like
+  # the others, -zs 1 the bits of -zs 0.
+  check speedrun_qk_pairs_zs0 $mpi ./train_gpt2cu $args -x 10 -m 4 -mq 2 -zs 0
+  check speedrun_qk_pairs_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -mq 2 -zs 1
+  check speedrun_qk_pairs_zs1_same same_steps "$out/speedrun_qk_pairs_zs0.log" "$out/speedrun_qk_pairs_zs1.log" \
+    no-norm
   # Each layer's gradients reduced during the backward (-ov 1): its scalars, value embeddings and
   # FP8 head among the tensors reduced at the end; two ranks' sums are the same in any order.
   check speedrun_overlap $mpi ./train_gpt2cu $args -x 10 -m 4 -ov 1
