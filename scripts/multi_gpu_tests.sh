@@ -32,7 +32,8 @@
 #    FP8 head where the GPU has FP8 products): 2 ranks x 2 micro batches against 1 rank x 4 (the
 #    same sequences; BF16 within 2e-2, FP32 within 2e-3), two 2-rank runs bit for bit, resume bit
 #    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, -zs 1
-#    with the bits of -zs 0, and -ov 1 with the bits of -ov 0;
+#    with the bits of -zs 0 (also with record #89's Q and K head pairs, -mq 2), and -ov 1 with the
+#    bits of -ov 0;
 #  - every run of 2 ranks against 1 (and the speedrun's -zs 1) ends with both ranks' parameters
 #    identical (the trainer compares their checksums);
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
