@@ -7930,6 +7930,7 @@ struct OptimizerState {
   int adamw_every = 1;  // -ao, the run's: gpt2_update's table must agree; in the state files
   // The embedding tied to the head through this step's update (-ut; -1: never): gpt2_update.
   long untie_step = -1;
+  int muon_qk_heads = 0;  // -mq: Muon's Q and K in blocks of this many heads (muon_matrix_rows; 0: whole)
   // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
   // pointers made for the state arrays muon_state_for (the arrays move after a checkpoint), and
   // the scratch of the orthogonalisation.
@@ -9643,25 +9644,42 @@ MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scal
           (float)(1.0 - llmc::kNorMuonBeta2)};
 }
 
-// The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
-// wide orientation, layer by layer within a group: each group is orthogonalised in one batched
-// call. Each matrix's rate multiplier is its tensor's of tensor_lr. Fills m.muon_offsets; the
-// groups' pointers are made by gpt2_muon_pointers.
+// The row counts of Muon's matrices in one layer's slab of tensor i, top to bottom: its `split`
+// matrices of spec.rows rows; with qk_heads > 0 qkvw's Q and K each in blocks of qk_heads heads
+// (record #89's qk_bank: Q's head pairs, then K's), V whole. Each is orthogonalised on its own.
+std::vector<int> muon_matrix_rows(int i, const llmc::ParamSpec& spec, int qk_heads, const llmc::GPT2Config& c) {
+  REQUIRE(qk_heads >= 0 && (qk_heads == 0 || c.num_heads % qk_heads == 0),
+          "Muon: Q and K in blocks of %d heads, of %d heads", qk_heads, c.num_heads);
+  std::vector<int> rows;
+  for (int k = 0; k < spec.split; k++) {
+    const bool blocked = i == llmc::kQkvw && qk_heads > 0 && k < 2;
+    const int block = blocked ? qk_heads * (c.channels / c.num_heads) : spec.rows;
+    for (int r = 0; r < spec.rows; r += block) rows.push_back(block);
+  }
+  return rows;
+}
+
+// The blocks' matrices (role kMatrix; q, k and v of qkvw one by one, or muon_matrix_rows' blocks
+// of m.muon_qk_heads) grouped by their shape in the wide orientation, tensor by tensor and layer
+// by layer within a group: each group is orthogonalised in one batched call. Each matrix's rate
+// multiplier is its tensor's of tensor_lr. Fills m.muon_offsets; the groups' pointers are made by
+// gpt2_muon_pointers.
 void gpt2_muon_groups(GPT2& m, const llmc::TensorMultipliers& tensor_lr) {
   struct Matrix { size_t offset; bool tall; float lr_scale; };
   std::vector<std::pair<std::pair<int, int>, std::vector<Matrix>>> groups;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const llmc::ParamSpec& spec = m.param_specs[i];
     if (!muon_updates(spec) || spec.size == 0) continue;
-    const std::pair<int, int> wide = {std::min(spec.rows, spec.cols), std::max(spec.rows, spec.cols)};
-    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == wide; });
-    if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
-    const size_t matrix = (size_t)spec.rows * spec.cols;
+    const std::vector<int> rows = muon_matrix_rows(i, spec, m.muon_qk_heads, m.config);
     for (int l = 0; l < m.config.num_layers; l++) {
       if (llmc::param_slab(m.plan, spec, l) < 0) continue;
-      for (int k = 0; k < spec.split; k++) {
-        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols,
-                                 tensor_lr[i]});
+      size_t offset = m.param(i, l) - m.params;
+      for (int r : rows) {
+        const std::pair<int, int> wide = {std::min(r, spec.cols), std::max(r, spec.cols)};
+        auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == wide; });
+        if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
+        group->second.push_back({offset, r > spec.cols, tensor_lr[i]});
+        offset += (size_t)r * spec.cols;
       }
     }
   }
@@ -10184,6 +10202,7 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
   id.data_tokens = data_tokens;
   id.untie_step = (int)m.untie_step;
   id.adam_every = m.adamw_every;
+  id.muon_qk_heads = m.muon_qk_heads;
   return id;
 }
 
@@ -11123,6 +11142,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ao", "AdamW interval", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of "
                "the K steps' gradients, which the steps between keep (record #89's 2: its odd steps; one process, "
                "-gc 0); 1: every step", &a.adam_every, 1, llmc::kMaxAdamEvery),
+      int_flag("-mq", "Muon Q/K blocks", "-opt muon: qkvw's Q and K orthogonalised in blocks of N heads each, V "
+               "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
+               &a.muon_qk_heads, 0, kIntMax),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11185,6 +11207,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(a.untie_step < 0 || (a.untie_step + 1) % a.adam_every == 0, "-ut %d unties at a step without AdamW's "
           "update under -ao %d: give an untie step U with (U + 1) %% %d == 0 (record #89's is odd)", a.untie_step,
           a.adam_every, a.adam_every);
+  REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
+          "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -11641,6 +11665,10 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (a.adam_every > 1 && world > 1) {
     LLMC_FAIL("-ao %d keeps AdamW's gradients between its updates on one process; %d processes would average "
               "them at each step: run it on one process, or give -ao 1", a.adam_every, world);
+  }
+  if (a.muon_qk_heads && config.num_heads % a.muon_qk_heads) {
+    LLMC_FAIL("-mq %d: the model's %d heads do not split into blocks of %d: give a divisor of %d (record #89's 2), or "
+              "-mq 0 for Q and K whole", a.muon_qk_heads, config.num_heads, a.muon_qk_heads, config.num_heads);
   }
   if (a.normuon && world > 1 && a.zero_stage == 1) {
     LLMC_FAIL("-mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over "
@@ -12183,6 +12211,7 @@ int train_main(int argc, char** argv) {
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
   m.untie_step = a.untie_step;
   m.adamw_every = a.update.adam_every;
+  m.muon_qk_heads = a.muon_qk_heads;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

@@ -217,6 +217,9 @@ struct Recipe {
   // -ao K: AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of the K steps'
   // gradients, which the steps between keep (record #89's 2: its odd steps); 1: every step.
   int adam_every = 1;
+  // -mq: qkvw's Q and K orthogonalised in row blocks of this many heads each (record #89's 2, its
+  // qk_bank's head pairs), V whole; 0: Q, K and V whole (muon_matrix_rows).
+  int muon_qk_heads = 0;
   // Muon's rate of each tensor's matrices times its multiplier (record #89's per-matrix
   // multiplier; where the reference stores a matrix transposed, also the ratio of its shape scale
   // to ours): the step's lr_eff, also in the cautious decay.
@@ -468,11 +471,12 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   for (int i = 0; i < kNumParamTensors; i++) {
     if (r.muon_tensor_lr[i] != 1.0f) rates += strformat(", %s's rate x %g", param_tensor_name(i), r.muon_tensor_lr[i]);
   }
-  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s); "
+  const std::string qk = r.muon_qk_heads ? strformat(", Q and K in blocks of %d heads", r.muon_qk_heads) : "";
+  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s%s); "
                    "%s for the rest", r.muon_lr, weight_decay_name(decay), r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),
                    r.normuon ? strformat(", NorMuon's second moment (beta2 %g)", kNorMuonBeta2).c_str() : "",
-                   r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(), adamw.c_str());
+                   qk.c_str(), r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(), adamw.c_str());
 }
 
 // -m's default on `world` processes: the recipe's val_batches, or where they are shared by the

@@ -13,7 +13,8 @@
 //   apart throughout, as in files written before it)  [16] AdamW's interval (-ao K; 0 where K is
 //   1, as in files written before it)  [17] AdamW's updates so far, its bias correction's step
 //   (with [16]; else [5])  [18] 1 where the gradients AdamW keeps between its steps follow
-//   [19..253] reserved, 0
+//   [19] Muon's Q and K blocks in heads (-mq; 0: whole, as in files written before it; NorMuon's
+//   second moments lie a row a block)  [20..253] reserved, 0
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
@@ -42,7 +43,7 @@ constexpr int kStateMagic = 20240528;
 constexpr int kStateVersion = 5;
 constexpr int kStateVersionBatchesOnly = 4;  // still read: the data loader state before DataOrder
 constexpr int kStateVersionNoFp8 = 3;        // still read: that, and no FP8 history
-constexpr int kStateReservedFirstSlot = 19;  // header slots [19, 254) are 0
+constexpr int kStateReservedFirstSlot = 20;  // header slots [20, 254) are 0
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -68,6 +69,7 @@ struct TrainStateId {
   int64_t data_tokens = 0;   // of the training data (-i): header [13..14]; 0: not recorded
   int untie_step = -1;       // -ut: header [15] (its value + 1); -1: none
   int adam_every = 1;        // -ao: header [16] (0: 1)
+  int muon_qk_heads = 0;     // -mq: header [19]; 0: Q and K whole
 };
 
 // NorMuon: Muon with its second moments in v's place (-opt muon -mn 1).
@@ -99,6 +101,11 @@ inline void require_same_run(const char* path, const TrainStateId& written, cons
   if (written.data_tokens != 0 && expected.data_tokens != 0 && written.data_tokens != expected.data_tokens) {
     LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
               "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
+  }
+  // Muon's matrices, and so where NorMuon's second moments lie in the state, are the run's.
+  if (written.muon_qk_heads != expected.muon_qk_heads) {
+    LLMC_FAIL("%s: written by a run with -mq %d, but this run has -mq %d: resume with -mq %d", path,
+              written.muon_qk_heads, expected.muon_qk_heads, written.muon_qk_heads);
   }
   // Whether the embedding is tied at the checkpoint's step, and when it unties, are the run's.
   if (written.untie_step != expected.untie_step) {
@@ -221,6 +228,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[17] = interval ? adam.updates : 0;
   h[18] = adam.grads.empty() ? 0 : 1;
   const AdamKept& kept = interval ? adam : AdamKept();
+  h[19] = id.muon_qk_heads;
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
                                                              adam_m, adam_v, master, n, fp8, kept));
   write_file_atomically(path, [&](File& f) {
@@ -293,7 +301,10 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
               "updates 0..%d, the flag 0 or 1, both 0 without an interval): the header is damaged; %s", path, h[16],
               h[17], h[18], h[5], remedy);
   }
-  // Slots past [15] are reserved: every writer leaves them 0, so a set one is damage, even where
+  if (h[19] < 0) {
+    LLMC_FAIL("%s: Muon's Q and K in blocks of %d heads: the header is damaged; %s", path, h[19], remedy);
+  }
+  // Slots past [19] are reserved: every writer leaves them 0, so a set one is damage, even where
   // the checksum was recomputed over it.
   for (int slot = kStateReservedFirstSlot; slot < kHeaderChecksumKindSlot; slot++) {
     if (h[slot] != 0) {
@@ -346,6 +357,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   memcpy(&id.data_tokens, &h[13], sizeof(id.data_tokens));
   id.untie_step = h[15] - 1;
   id.adam_every = std::max(1, h[16]);
+  id.muon_qk_heads = h[19];
   if (id.data_tokens < 0) {
     LLMC_FAIL("%s: training data of %lld tokens: the header is damaged; %s", path, (long long)id.data_tokens, remedy);
   }

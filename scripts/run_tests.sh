@@ -529,7 +529,9 @@ gpu_setup() {
 # modern: the flash kernels in BF16, 12 layers' long and short windows); the speedrun's block
 # (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup; d12 also at the
 # schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
-# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header);
+# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header),
+# with NorMuon, and with record #89's Q and K in head pairs (--muon_qk_heads 2: 6 heads of 128, so
+# blocks of [256, 768]; -mq 2 in the debug state's settings);
 # the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
 # test_gpt2cu reads them and the prefix table in the debug state's settings, version 5), and with
 # its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
@@ -548,6 +550,7 @@ gpu_against_pytorch() {
               "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
               "modern_d12_polar:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --batch_size 4 --seq_len 64" \
               "modern_d12_normuon:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --batch_size 4 --seq_len 64" \
+              "modern_d12_qk_pairs:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --muon_qk_heads 2 --batch_size 4 --seq_len 64" \
               "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
@@ -814,6 +817,8 @@ gpu_resume() {
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
   # NorMuon: its second moments live in the state files' second moments of Muon's matrices.
   resume_test ./train_gpt2cu resume_normuon_bf16 -recipe modern -z 1024 -mn 1
+  # Q and K in head pairs (-mq 2): NorMuon's second moments a row a [256, 768] block of each.
+  resume_test ./train_gpt2cu resume_qk_pairs_bf16 -recipe modern -z 1024 -mn 1 -mq 2
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
   # Rows of 8 blocks (-t 1024): the short windows of steps 10-20 (3-7 blocks) are narrower than a
   # row, so a resume that took another step's window would train differently.

@@ -625,6 +625,14 @@ if has_flag -ao; then
 else
   skip "-ao" "$TRAINER has no -ao"
 fi
+# --- -mq, Muon's Q and K in blocks of heads: with Muon, blocks that split the model's heads
+# (before the GPU)
+if has_flag -mq; then
+  expect "-mq without Muon" "^error: -mq 2 splits Muon's Q and K matrices, and -opt adamw has no Muon: give -opt muon with it, or drop -mq; -opt adamw comes from -recipe gpt2: give -opt to override it\$" \
+    -mq 2
+  expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
+    -opt muon -mq 3
+fi
 
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk

@@ -494,15 +494,17 @@ void test_loss_settings() {
                     "1,0.5,0.25" && cap.cap == 23.0f && cap.shift == 5.0f,
                 "-mtp 1,0.5,0.25 and -lc 23,5 parsed and shown");
   llmc::DebugState d;
-  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1";
+  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1 -mq 2";
   d.prefix_table.assign(128, -1);
   const llmc::DebugStateSettings s = llmc::debug_state_settings(d, "d.bin");
   check_verbose(s.logit_cap.cap == 23.0f && s.logit_cap.shift == 5.0f && s.next_token_weights.count == 3 &&
-                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f && s.normuon == 1,
+                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f && s.normuon == 1 &&
+                    s.muon_qk_heads == 2,
                 "a debug state's settings '" + d.settings + "' read as the flags'");
   const llmc::DebugStateSettings none = llmc::debug_state_settings(llmc::DebugState(), "d.bin");
   check_verbose(none.logit_cap.cap == 0.0f && none.next_token_weights.count == 1 &&
-                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f && none.normuon == 0,
+                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f && none.normuon == 0 &&
+                    none.muon_qk_heads == 0,
                 "a debug state without settings: the architecture's cap, the next token's loss alone");
   d.settings = "-mtp 1 -ns polar";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
@@ -520,6 +522,9 @@ void test_loss_settings() {
                 "a debug state's settings '" + d.settings + "': AdamW every 2 steps (none: every step)");
   d.settings = "-ao 0";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ao 0: must be", "a debug state's -ao 0");
+  d.settings = "-mq 0";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-mq 0: must be",
+               "a debug state's -mq 0 (its writer names Q and K blocks only where it has them)");
   d.settings = "-pw 0.25";
   d.prefix_table.clear();
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: -pw 0.25 and no prefix table: the file "

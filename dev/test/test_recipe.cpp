@@ -160,6 +160,24 @@ void test_normuon_rows() {
                 "modern -mn 1, fcprojw x 4 described: " + described);
 }
 
+// -mq writes the record's muon_qk_heads (Muon's Q and K blocks, the model's for gpt2_muon_groups),
+// which no recipe sets; the start-up table names them after NorMuon.
+void test_qk_blocks_described() {
+  bool whole = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    whole = whole && r->muon_qk_heads == 0 &&
+            llmc::optimizer_description(*r, true).find("Q and K in blocks") == std::string::npos;
+  }
+  check_verbose(whole, "gpt2, modern and speedrun: Q, K and V whole, not described as blocks");
+  Recipe r = llmc::recipe_speedrun();
+  r.normuon = 1;
+  r.muon_qk_heads = 2;
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(described.find("NorMuon's second moment (beta2 0.9), Q and K in blocks of 2 heads, tall matrices "
+                               "unscaled") != std::string::npos,
+                "speedrun -mn 1 -mq 2 described: " + described);
+}
+
 // A role's weight decay falls on all of its tensors: in every architecture a role's tensors are all
 // decayed (2-D) or all not (the vectors), as the parameter table says of each.
 void test_decay_by_role() {
@@ -311,6 +329,7 @@ int main() {
     test_cautious_rows();
     test_normuon_rows();
     test_adam_every();
+    test_qk_blocks_described();
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();

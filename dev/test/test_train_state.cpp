@@ -220,10 +220,12 @@ void test_damaged() {
       {"a flipped bit in a reserved slot", 100, 1 << 12,
        "reserved header slot 100 holds 4096 (must be 0): the header is damaged; " + std::string(kRemedy)},
       {"a negative untie step", 15, -1, "untie step -2: the header is damaged; " + std::string(kRemedy)},
-      {"the first reserved slot set", 19, 1, "reserved header slot 19 holds 1 (must be 0)"},
-      {"an AdamW interval of 1", 16, 1, "AdamW every 1 steps, 0 of its updates, kept gradients 0"},
+            {"an AdamW interval of 1", 16, 1, "AdamW every 1 steps, 0 of its updates, kept gradients 0"},
       {"AdamW's updates without an interval", 17, 3, "AdamW every 0 steps, 3 of its updates"},
       {"kept gradients without an interval", 18, 1, "AdamW every 0 steps, 0 of its updates, kept gradients 1"},
+      {"negative Q and K blocks", 19, -2,
+       "Muon's Q and K in blocks of -2 heads: the header is damaged; " + std::string(kRemedy)},
+      {"the first reserved slot set", 20, 1, "reserved header slot 20 holds 1 (must be 0)"},
       {"the last reserved slot set", llmc::kHeaderChecksumKindSlot - 1, -1, "reserved header slot 253 holds -1"},
       {"a flipped bit in the checksum", llmc::kHeaderChecksumSlot,
        (int32_t)(read_int(saved.bytes, llmc::kHeaderChecksumSlot) ^ 1), "checksum mismatch"},
@@ -286,6 +288,20 @@ void test_damaged() {
   check_throws(load(untie_path, saved.id),
                untie_path + ": written by a run with -ut 846, but this run has -ut -1: resume with -ut 846",
                "a state file of a run with -ut read by one without it");
+  other = saved.id;
+  other.muon_qk_heads = 2;
+  const std::string pairs_path = kDir + "/state_qk_pairs.bin";
+  llmc::train_state_save(pairs_path, other, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
+                         saved.master.data());
+  check_verbose(llmc::train_state_read_id(pairs_path, &updates, kRemedy).muon_qk_heads == 2 &&
+                    llmc::train_state_load(pairs_path, other, kRemedy).adam_v == saved.adam_v,
+                "-mq 2 written in header slot 19 and read back");
+  check_throws(load(pairs_path, saved.id),
+               pairs_path + ": written by a run with -mq 2, but this run has -mq 0: resume with -mq 2",
+               "a state file of Muon's Q and K in head pairs read by a run with them whole");
+  check_throws(load(good_path, other),
+               good_path + ": written by a run with -mq 0, but this run has -mq 2: resume with -mq 0",
+               "a state file of Muon's Q and K whole read by a run with them in head pairs");
   // A file from before the optimizer and the data were recorded ([12] to [14] = 0) loads with any.
   llmc::TrainStateId unrecorded = saved.id;
   unrecorded.matrix_optimizer = llmc::kMatrixOptimizerUnrecorded;
