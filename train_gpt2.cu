@@ -9828,8 +9828,8 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, const llmc::TensorMulti
 
 // The embedding tied to the head (-ut, modded-nanogpt record #89's tied phase), on one optimizer
 // shard: the embedding's weights (and their FP32 masters) the head's, which are the same shape
-// [Vp, C]. The tied update steps the head with the sum of both gradients (gpt2_update); the
-// embedding's own AdamW state is unused until the untie step copies the head's over it.
+// [Vp, C]. The tied update steps the head with the sum of both gradients and not the embedding
+// (gpt2_update), whose AdamW state stays as it was until the untie step copies the head's over it.
 void gpt2_tie_embedding(GPT2& m) {
   const size_t wte = m.param_offsets[llmc::kWte], head = m.param_offsets[llmc::kHeadw];
   const size_t n = m.param_specs[llmc::kHeadw].size;
@@ -9899,6 +9899,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   const StateLayout& layout = m.state_layout;
   for (int i = 0; i < llmc::kNumParamTensors && adamw_steps; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
+    if (tied && i == llmc::kWte) continue;  // the head's copy after this update (gpt2_tie_embedding)
     const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
     const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay,
                               row.decay};
