@@ -126,7 +126,7 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::Debu
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
 // its stages', in the unit of -awt); its settings (version 5: the cap, the loss's weights and their
 // prefix table, the untie step, through which the file's embedding is its head, AdamW's interval,
-// Muon's Q and K blocks).
+// Muon's Q and K blocks; the FP8 head's scales go to gpt2_init's StateSpec).
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
@@ -149,7 +149,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
                        bool fp8, float tol) {
   const llmc::StagePlan stages = debug_state_stages(ref, settings);
   GPT2 m;
-  gpt2_init(m, config, values, {true, opt.muon(), opt.normuon}, 42);
+  gpt2_init(m, config, values, {true, opt.muon(), opt.normuon, settings.fp8_head_scales}, 42);
   debug_state_allocate(m, ref, settings, fp8);
   float max_diff = 0.0f;
   for (int step = 0; step < ref.steps; step++) {
@@ -243,7 +243,7 @@ int test_main(int argc, char** argv) {
     return testing::summary("test_gpt2cu --fp8");
   }
   GPT2 m;
-  gpt2_init(m, config, values, StateSpec(), 42);
+  gpt2_init(m, config, values, {true, false, false, settings.fp8_head_scales}, 42);
   debug_state_allocate(m, ref, settings, false);
 
   // Forward: logits (the padded columns are not part of the reference).

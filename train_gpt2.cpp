@@ -873,7 +873,7 @@ struct TrainConfig : TrainFlags {
 // The CUDA trainer's own flags (train_gpt2.cu's train_flags, but its -h, which here asks for the
 // usage): refused as its, not as unknown. test_bad_input.sh checks them against its --help.
 constexpr const char* kCudaTrainerFlags[] = {
-    "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-fh", "-n", "-nk",
+    "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-fh", "-fhs", "-n", "-nk",
     "-nm", "-ac", "-y", "-halt", "-hs", "-sh", "-pr", "-pn", "-pl", "-rv", "-rt", "-ct", "-zs",
     "-ov", "-recipe", "-opt", "-ml", "-mw", "-ns", "-cd", "-mn", "-mq", "-mc", "-mtp", "-lc", "-pw", "-kd", "-kc",
     "-pd", "-aw", "-awf", "-awt", "-sp", "-vt", "-ut", "-ao"};

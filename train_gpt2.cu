@@ -2474,24 +2474,32 @@ void matmul_backward_fp8_fixed(floatX* dinp, floatX* dweight, float* dweight_fp3
                       fp8_operands(Fp8Format::kE4M3, w.scale, Fp8Format::kE5M2, dout_scale), stream);
 }
 
-// The recipe's scales: x_s = sqrt(C)/448 (fp8_head_input_scale), w_s and grad_s.
-inline double fp8_head_input_scale(int C) { return std::sqrt((double)C) / 448.0; }
-constexpr double kFp8HeadWeightScale = 1.0 / 512.0;  // 2^-9
-constexpr double kFp8HeadGradScale = 1.0 / 448.0;
+// The recipe's scales (llmc::Fp8HeadScales, -fhs) as values: x_s, w_s and grad_s.
+struct Fp8HeadScaleValues {
+  double input, weight, grad;
+};
+inline Fp8HeadScaleValues fp8_head_scale_values(const llmc::Fp8HeadScales& s, int C) {
+  return {(s.input == 0.0 ? std::sqrt((double)C) : s.input) / 448.0, s.weight / 448.0, s.grad / 448.0};
+}
+
+// The factor of the head weight's cast, 1 / w_s rounded once to FP32.
+inline float fp8_head_weight_factor(const llmc::Fp8HeadScales& s) {
+  return fp8_fixed_scale(fp8_head_scale_values(s, 0).weight).scale;
+}
 
 // The head's BF16 copy, b, of its master weight u (BF16 builds), made so that the E4M3 cast of
-// b / w_s (fp8_fixed_weight_cast, once per update) gives the bits of u / w_s cast as the reference
-// casts its FP32 weight. The midpoints between two E4M3 values of that scale are BF16 numbers:
-// where rounding u to BF16 lands on one, E4M3's ties-to-even can take the other side than u's, one
-// E4M3 unit (12.5%) off; then b moves one BF16 unit towards u, to u's side. Everywhere else b is
-// as rounded. With b rounded stochastically some 3% of the weights' casts had gone the other way,
+// b / w_s (fp8_fixed_weight_cast, once per update; to_fp8 = 1 / w_s, fp8_head_weight_factor) gives
+// the bits of u / w_s cast as the reference casts its FP32 weight. Where rounding u to BF16 crosses
+// a midpoint between two E4M3 values (or lands on one, which at w_s = 2^-9 is a BF16 number, and
+// E4M3's ties-to-even can take the other side than u's), the cast is one E4M3 unit (12.5%) off;
+// then b moves one BF16 unit towards u, to u's side (E4M3's midpoints are at least 14 BF16 units
+// apart at any scale, so no other lies between). Everywhere else b is as rounded. With b rounded stochastically some 3% of the weights' casts had gone the other way,
 // and every gradient the head sends into the blocks had twice PyTorch's error
 // (dev/notes/speedrun-correctness.md).
-__host__ __device__ inline floatX fp8_head_weight_copy(floatX b, float u) {
+__host__ __device__ inline floatX fp8_head_weight_copy(floatX b, float u, float to_fp8) {
 #if defined(ENABLE_FP32)
   return b;
 #else
-  const float to_fp8 = (float)(1.0 / kFp8HeadWeightScale);
   const __nv_fp8_storage_t cast = __nv_cvt_float_to_fp8((float)b * to_fp8, __NV_SATFINITE, __NV_E4M3);
   if (cast == __nv_cvt_float_to_fp8(u * to_fp8, __NV_SATFINITE, __NV_E4M3)) return b;
   __nv_bfloat16_raw raw = b;
@@ -6856,11 +6864,12 @@ struct AdamWSlices {
   float cautious_rate[kMaxAdamWSlices] = {};  // lr^2 wd, the cautious decay's, set by adamw_update
   uint32_t seed[kMaxAdamWSlices] = {};
   bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
-  bool fp8_head[kMaxAdamWSlices] = {};    // the FP8 head's weight: its copy by fp8_head_weight_copy
+  // The FP8 head's weight: its copy by fp8_head_weight_copy with this factor (0: another tensor).
+  float fp8_head_to_fp8[kMaxAdamWSlices] = {};
 
   void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, size_t slice_state,
            const AdamWRates& slice_rates, uint32_t slice_seed, bool slice_bf16_state = false,
-           bool slice_fp8_head = false) {
+           float slice_fp8_head_to_fp8 = 0.0f) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
     size[count] = slice_size;
@@ -6869,7 +6878,7 @@ struct AdamWSlices {
     rates[count] = slice_rates;
     seed[count] = slice_seed;
     bf16_state[count] = slice_bf16_state;
-    fp8_head[count] = slice_fp8_head;
+    fp8_head_to_fp8[count] = slice_fp8_head_to_fp8;
     first_block[count + 1] = first_block[count] + (int)ceil_div(slice_size, (size_t)kAdamWBlockElements);
     count++;
   }
@@ -6935,7 +6944,8 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const float beta1_correction = slices.beta1_correction[s], beta2_correction = slices.beta2_correction[s];
   const float cautious_rate = slices.cautious_rate[s];
   const uint32_t seed = slices.seed[s];
-  const bool bf16_state = slices.bf16_state[s], fp8_head = slices.fp8_head[s];
+  const bool bf16_state = slices.bf16_state[s];
+  const float fp8_head_to_fp8 = slices.fp8_head_to_fp8[s];
   const size_t index = slices.index_offset[s] + local;
   const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0 &&
                       sm % f128::size == 0;
@@ -6949,7 +6959,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
       const floatX rounded = round_stochastic(updated, seed, index + i);
-      params[p + i] = fp8_head ? fp8_head_weight_copy(rounded, updated) : rounded;
+      params[p + i] = fp8_head_to_fp8 != 0.0f ? fp8_head_weight_copy(rounded, updated, fp8_head_to_fp8) : rounded;
     }
     return;
   }
@@ -6975,7 +6985,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       old[piece][k] = adamw_element((float)g[e] * grad_scale, mi[piece][k], vi[piece][k], previous, rates,
                                     beta1_correction, beta2_correction, cautious_rate, bf16_state);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
-      if (fp8_head) out[e] = fp8_head_weight_copy(out[e], old[piece][k]);
+      if (fp8_head_to_fp8 != 0.0f) out[e] = fp8_head_weight_copy(out[e], old[piece][k], fp8_head_to_fp8);
     }
   }
 #pragma unroll
@@ -8004,6 +8014,7 @@ struct Fp8State {
   // training passes (ForwardPass::kTraining); evaluation and decoding take its BF16 product. Its
   // weight is cast with the blocks' (fp8_weights_stale).
   bool fp8_head = false;
+  llmc::Fp8HeadScales fp8_head_setting;   // -fhs (StateSpec::fp8_head), also without -fh 1
   Fp8Weight fp8_head_weight = {};         // w8 [Vp, C], w8t [C, Vp]; its scale fp8_head_scales + 1
   Fp8Scale* fp8_head_scales = nullptr;    // fixed: x_s, w_s, grad_s
   uint8_t* fp8_head_input_t = nullptr;    // [C, fp8_padded(B * T)]: the forward's cast, transposed
@@ -8128,11 +8139,15 @@ struct StateSpec {
   bool master_weights = true;
   bool muon = false;
   bool normuon = false;  // NorMuon's second moments (-mn 1)
+  // The FP8 head's scales (-fhs), whose w_s the head's BF16 copies keep (fp8_head_weight_copy)
+  // wherever the architecture could take the FP8 head.
+  llmc::Fp8HeadScales fp8_head;
 };
 
 // The parameters, zeroed, and the optimizer state of spec.
 void gpt2_allocate_model(GPT2& m, const llmc::GPT2Config& config, StateSpec spec, uint64_t seed,
                          int shard_rank, int shard_count) {
+  m.fp8_head_setting = spec.fp8_head;
   m.param_bytes = device_bytes_of([&] { gpt2_allocate_params(m, config, seed, shard_rank, shard_count); });
   m.state_bytes = device_bytes_of(
       [&] { gpt2_allocate_optimizer_state(m, m, spec.master_weights, spec.muon, spec.normuon); });
@@ -8149,7 +8164,8 @@ void gpt2_init(GPT2& m, const llmc::GPT2Config& config, const std::vector<float>
   float_to_floatX(converted.get(), values.data(), m.num_params);
   if (fp8_head_support(m.arch())) {
     const size_t head = m.param_offsets[llmc::kHeadw], n = m.param_specs[llmc::kHeadw].size;
-    for (size_t i = head; i < head + n; i++) converted[i] = fp8_head_weight_copy(converted[i], values[i]);
+    const float to_fp8 = fp8_head_weight_factor(m.fp8_head_setting);
+    for (size_t i = head; i < head + n; i++) converted[i] = fp8_head_weight_copy(converted[i], values[i], to_fp8);
   }
   copy_pageable(m.params, converted.get(), m.num_params * sizeof(floatX), cudaMemcpyHostToDevice, m.stream);
   if (m.state.master) {
@@ -8361,8 +8377,9 @@ void gpt2_allocate_fp8_head(GPT2& m, int B, int T, bool fp8_head) {
   const int C = m.config.channels, Vp = m.config.padded_vocab_size;
   fp8_require_layer(C, Vp);
   const size_t N = (size_t)B * T, Np = fp8_padded(B * T), VpC = (size_t)Vp * C;
-  const Fp8Scale scales[3] = {fp8_fixed_scale(fp8_head_input_scale(C)), fp8_fixed_scale(kFp8HeadWeightScale),
-                              fp8_fixed_scale(kFp8HeadGradScale)};
+  const Fp8HeadScaleValues values = fp8_head_scale_values(m.fp8_head_setting, C);
+  const Fp8Scale scales[3] = {fp8_fixed_scale(values.input), fp8_fixed_scale(values.weight),
+                              fp8_fixed_scale(values.grad)};
   m.fp8_head_scales = device_alloc<Fp8Scale>(3, "the FP8 head's scales");
   cudaCheck(cudaMemcpy(m.fp8_head_scales, scales, sizeof(scales), cudaMemcpyHostToDevice));
   uint8_t* w8 = device_alloc<uint8_t>(2 * VpC, "the FP8 head's weight");
@@ -9905,7 +9922,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
                               row.decay};
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i], rates,
                seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
-               i == llmc::kHeadw && fp8_head_support(m.arch()));
+               i == llmc::kHeadw && fp8_head_support(m.arch()) ? fp8_head_weight_factor(m.fp8_head_setting) : 0.0f);
   }
   if (opt.muon()) {
     gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, muon_spread);
@@ -11051,6 +11068,15 @@ llmc::Flag logit_cap_flag(TrainArgs& a) {
           [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
 }
 
+// -fhs: the FP8 head's fixed scales.
+llmc::Flag fp8_head_scales_flag(TrainArgs& a) {
+  return {"-fhs", "FP8 head scales", "X,W,G: the FP8 head's x_s = X/448 (0: sqrt(C)/448, the bound of its RMS-normed "
+          "input), w_s = W/448 and grad_s = G/448: 0,0.875,1 is record #28's (the speedrun's), 100,1.6,0.75 record "
+          "#89's; W also sets how the head's BF16 copies round without -fh 1",
+          [&a](const char* text) { a.fp8_head_scales = llmc::parse_fp8_head_scales("-fhs", text); },
+          [&a] { return llmc::fp8_head_scales_text(a.fp8_head_scales); }, &a.fp8_head_scales};
+}
+
 // -mtp: the training loss's weights of the next token and the ones after it.
 llmc::Flag prediction_weights_flag(TrainArgs& a) {
   return {"-mtp", "next-token weights", "the training loss's weights of the next token and of the one or two "
@@ -11089,6 +11115,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-fp8", "FP8 linear layers", "FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+): 1 current scaling, 2 delayed (amax history)", &a.fp8, 0, 2),
       int_flag("-fp8g", "FP8 gradient format", "with -fp8: the output gradients in 0 E5M2 (range), 1 E4M3 (precision)", &a.fp8_grad_e4m3, 0, 1),
       int_flag("-fh", "FP8 head", "1: the speedrun head's training products in FP8 with its record's fixed scales (BF16 builds, compute capability 8.9+; evaluation stays BF16)", &a.fp8_head, 0, 1),
+      fp8_head_scales_flag(a),
       int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
       int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
       int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
@@ -11192,6 +11219,10 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
           "-fh 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after a weightless "
           "RMS norm); -recipe %s's head runs in BF16: use -fh 0 or -recipe speedrun", a.recipe->name);
+  const bool fhs_given = std::count(a.given.begin(), a.given.end(), "-fhs") > 0;
+  REQUIRE(!fhs_given || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
+          "-fhs sets the FP8 head's scales, and -recipe %s's head has no FP8 form: drop -fhs or use -recipe speedrun",
+          a.recipe->name);
   const bool ns_given = std::count(a.given.begin(), a.given.end(), "-ns") > 0;
   REQUIRE(!ns_given || a.optimizer == llmc::OptimizerKind::kMuon,
           "-ns %s sets Muon's orthogonalisation, which -opt %s does not use: add -opt muon or drop -ns",
@@ -12206,7 +12237,7 @@ int train_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   const int shard_count = llmc::zero_shard_count(mg.world, mg.zero_stage);
-  const StateSpec state = {a.master_weights != 0, a.update.muon(), a.update.normuon};
+  const StateSpec state = {a.master_weights != 0, a.update.muon(), a.update.normuon, a.fp8_head_scales};
   const double model_seconds = gpt2_init_start(m, std::move(in.start), state, a.seed,
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);

@@ -515,16 +515,31 @@ class CastLinear(nn.Linear):
         return F.linear(x, self.weight.type_as(x), None if self.bias is None else self.bias.type_as(x))
 
 
-# The speedrun head's FP8 layer (--fp8_head 1): record #28's training products with fixed scales
-# (train_gpt2.cu section 5, "FP8 with fixed scales"): x / x_s and w / w_s cast to E4M3, x_s =
-# sqrt(C)/448 (x is RMS-normed: |x| / x_s <= 448) and w_s = 2^-9, the output gradient / grad_s to
-# E5M2, grad_s = 1/448; the output BF16 with fast accumulation, the input gradient BF16 and the
-# weight gradient FP32, both without.
-FP8_HEAD_W_SCALE, FP8_HEAD_GRAD_SCALE = 2.0 ** -9, 1.0 / 448
+# The speedrun head's FP8 layer (--fp8_head 1): training products with fixed scales (train_gpt2.cu
+# section 5, "FP8 with fixed scales"): x / x_s and w / w_s cast to E4M3, the output gradient / grad_s
+# to E5M2; the output BF16 with fast accumulation, the input gradient BF16 and the weight gradient
+# FP32, both without. The scales (--fp8_head_scales X,W,G, the CUDA trainer's -fhs) are values over
+# 448: x_s = X/448 (0: sqrt(C)/448, as x is RMS-normed: |x| / x_s <= 448), w_s = W/448, grad_s = G/448;
+# record #28's x_s = sqrt(C)/448, w_s = 2^-9, grad_s = 1/448 and record #89's 100, 1.6, 0.75.
+FP8_HEAD_SCALES_RECORD28 = (0.0, 0.875, 1.0)
 
 
-def fp8_head_input_scale(channels):
-    return math.sqrt(channels) / 448
+def parse_fp8_head_scales(text):
+    """--fp8_head_scales' "X,W,G" as three floats (X 0 or more, W and G above 0), or fail."""
+    try:
+        scales = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        scales = ()
+    if len(scales) != 3 or not all(math.isfinite(v) for v in scales) or scales[0] < 0 or min(scales[1:]) <= 0:
+        fail(f"--fp8_head_scales {text}: give three numbers apart by commas, X,W,G (x_s = X/448 with 0 for "
+             "sqrt(C)/448, w_s = W/448, grad_s = G/448, W and G above 0), e.g. 100,1.6,0.75")
+    return scales
+
+
+def fp8_head_scale_values(setting, channels):
+    """(x_s, w_s, grad_s) of the setting (X, W, G) for a head of `channels` inputs."""
+    x, w, g = setting
+    return (math.sqrt(channels) if x == 0 else x) / 448, w / 448, g / 448
 
 
 def fp8_fixed_cast(x, s, dtype):
@@ -538,36 +553,39 @@ class Fp8HeadFunction(torch.autograd.Function):
     """y = x @ w^T with the reference's mm_op and mm_backward_op: FP8 products under fixed scales."""
 
     @staticmethod
-    def forward(ctx, x, weight, x_s):
+    def forward(ctx, x, weight, scales):
+        x_s, w_s, _ = scales
         x2 = x.reshape(-1, x.size(-1)).contiguous()  # _scaled_mm's first operand is row-major
         xq = fp8_fixed_cast(x2, x_s, torch.float8_e4m3fn)
-        wq = fp8_fixed_cast(weight, FP8_HEAD_W_SCALE, torch.float8_e4m3fn)
+        wq = fp8_fixed_cast(weight, w_s, torch.float8_e4m3fn)
         ctx.save_for_backward(xq, wq)
-        ctx.x_s, ctx.x_dtype = x_s, x.dtype
+        ctx.scales, ctx.x_dtype = scales, x.dtype
         scale = partial(torch.tensor, dtype=torch.float32, device=x.device)
-        y = scaled_mm(xq, wq.t(), scale(x_s), scale(FP8_HEAD_W_SCALE), torch.bfloat16, fast_accum=True)
+        y = scaled_mm(xq, wq.t(), scale(x_s), scale(w_s), torch.bfloat16, fast_accum=True)
         return y.view(*x.shape[:-1], weight.size(0))
 
     @staticmethod
     def backward(ctx, dy):
         xq, wq = ctx.saved_tensors
         scale = partial(torch.tensor, dtype=torch.float32, device=dy.device)
-        x_s, w_s, grad_s = scale(ctx.x_s), scale(FP8_HEAD_W_SCALE), scale(FP8_HEAD_GRAD_SCALE)
-        dyq = fp8_fixed_cast(dy.reshape(-1, dy.size(-1)).contiguous(), FP8_HEAD_GRAD_SCALE, torch.float8_e5m2)
+        x_s, w_s, grad_s = (scale(v) for v in ctx.scales)
+        dyq = fp8_fixed_cast(dy.reshape(-1, dy.size(-1)).contiguous(), ctx.scales[2], torch.float8_e5m2)
         dx = scaled_mm(dyq, column_major(wq), grad_s, w_s, torch.bfloat16)
         dweight = scaled_mm(xq.t().contiguous(), column_major(dyq), x_s, grad_s, torch.float32).t()
         return dx.view(*dy.shape[:-1], xq.size(1)).to(ctx.x_dtype), dweight, None
 
 
 class Fp8Head(CastLinear):
-    """The speedrun's head (no bias) with --fp8_head 1: Fp8HeadFunction in a forward whose graph a
-    backward pass will take (training), CastLinear's product where none will (validation, under
-    torch.no_grad), as the reference evaluates its head."""
+    """The speedrun's head (no bias) with --fp8_head 1: Fp8HeadFunction under the scales of `setting`
+    (X, W, G) in a forward whose graph a backward pass will take (training), CastLinear's product where
+    none will (validation, under torch.no_grad), as the reference evaluates its head."""
+
+    setting = FP8_HEAD_SCALES_RECORD28
 
     def forward(self, x):
         if not torch.is_grad_enabled():
             return super().forward(x)
-        return Fp8HeadFunction.apply(x, self.weight, fp8_head_input_scale(x.size(-1)))
+        return Fp8HeadFunction.apply(x, self.weight, fp8_head_scale_values(self.setting, x.size(-1)))
 
 
 def rms_norm(x, weight=None):
@@ -2411,8 +2429,9 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, and AdamW's interval ("-lc 23,5
-    -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2"; "" for the defaults; -pw, maybe 0,
+    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and the FP8
+    head's scales ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -fhs
+    100.0,1.6,0.75"; "" for the defaults; -pw, maybe 0,
     wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
@@ -2436,6 +2455,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-ao", str(adam_every)]
     if muon_qk_heads:
         words += ["-mq", str(muon_qk_heads)]
+    if isinstance(model.lm_head, Fp8Head) and model.lm_head.setting != FP8_HEAD_SCALES_RECORD28:
+        words += ["-fhs", ",".join(repr(v) for v in model.lm_head.setting)]
     return " ".join(words)
 
 
@@ -2456,13 +2477,15 @@ def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
     -mn, -mq, -ao: its first step's gradients, which the check compares, come before the
-    optimizers' steps)."""
+    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-fhs"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq and -ao: re-create it")
+             "-mn, -mq, -ao and -fhs: re-create it")
+    if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
+        model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
@@ -2723,6 +2746,9 @@ def parse_args(argv=None):
     a.add_argument("--fp8_head", type=int, choices=[0, 1], default=0, help="1: the speedrun head's training "
                    "products in FP8 with its record's fixed scales (torch._scaled_mm; evaluation stays in the run's "
                    "dtype), the CUDA trainer's -fh 1 (CUDA, compute capability 8.9+)")
+    a.add_argument("--fp8_head_scales", help="X,W,G: the FP8 head's x_s = X/448 (0: sqrt(C)/448), w_s = W/448 "
+                   "and grad_s = G/448, the CUDA trainer's -fhs (with --fp8_head 1; default 0,0.875,1, record #28's; "
+                   "record #89's 100,1.6,0.75)")
     a.add_argument("--flash", type=int, choices=[0, 1], help="F.scaled_dot_product_attention "
                    "(default 1 in benchmark mode)")
     a.add_argument("--sdpa_backend", choices=sorted(SDPA_BACKENDS), help="the one kernel family "
@@ -2801,7 +2827,12 @@ def muon_help(flag, text):
 
 
 def check_args(args):
-    """Rejects flag combinations that cannot work, before any work is done."""
+    """Rejects flag combinations that cannot work, before any work is done (--fp8_head_scales read
+    into its three numbers)."""
+    if args.fp8_head_scales is not None:
+        if not args.fp8_head:
+            fail(f"--fp8_head_scales {args.fp8_head_scales} sets the FP8 head's scales: give --fp8_head 1 with it")
+        args.fp8_head_scales = parse_fp8_head_scales(args.fp8_head_scales)
     if args.write_debug_state and args.benchmark:
         fail("--write_debug_state and --benchmark are separate modes; give one")
     if args.eval_only:
@@ -3466,6 +3497,8 @@ def main(argv=None, step_hook=None):
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)
+    if args.fp8_head_scales is not None:
+        model.lm_head.setting = args.fp8_head_scales
     set_attention_window(model, args, 0)
     if args.check_debug_state:
         return check_debug_state(args, model, device, dtype, use_compile)

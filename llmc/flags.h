@@ -95,9 +95,39 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
   return s;
 }
 
+// -fhs's value: the FP8 head's three scales over 448, "X,W,G" (Fp8HeadScales), X 0 for sqrt(C)
+// and W, G above 0 ("100,1.6,0.75": record #89's).
+inline Fp8HeadScales parse_fp8_head_scales(const char* flag, const char* text) {
+  const std::string all = text;
+  const size_t first = all.find(','), second = first == std::string::npos ? first : all.find(',', first + 1);
+  if (second == std::string::npos || all.find(',', second + 1) != std::string::npos) {
+    LLMC_FAIL("%s %s: give three numbers apart by commas, X,W,G (x_s = X/448 with 0 for sqrt(C)/448, w_s = W/448, "
+              "grad_s = G/448), e.g. 100,1.6,0.75", flag, text);
+  }
+  constexpr double kMax = 1e6, kMin = 1e-6;
+  Fp8HeadScales s;
+  s.input = parse_real(flag, all.substr(0, first).c_str(), 0.0, kMax);
+  s.weight = parse_real(flag, all.substr(first + 1, second - first - 1).c_str(), kMin, kMax);
+  s.grad = parse_real(flag, all.substr(second + 1).c_str(), kMin, kMax);
+  return s;
+}
+
+// -fhs's text of the scales: each with 6 significant digits, or more where it needs them to read
+// back as its double.
+inline std::string fp8_head_scales_text(const Fp8HeadScales& s) {
+  auto text_of = [](double v) {
+    for (int digits = 6;; digits++) {
+      const std::string text = strformat("%.*g", digits, v);
+      if (strtod(text.c_str(), nullptr) == v) return text;
+    }
+  };
+  return text_of(s.input) + "," + text_of(s.weight) + "," + text_of(s.grad);
+}
+
 // A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
 // header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
-// Muon's NorMuon (-mn) and Q and K blocks (-mq), and AdamW's interval (-ao).
+// Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao) and the FP8 head's scales
+// (-fhs).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -107,6 +137,7 @@ struct DebugStateSettings {
   int normuon = 0;
   int adam_every = 1;
   int muon_qk_heads = 0;
+  Fp8HeadScales fp8_head_scales;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -198,9 +229,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     const std::string& flag = words[i];
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
-         flag != "-ao" && flag != "-mq")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao and -mq: re-create it with "
-                "train_gpt2.py",
+         flag != "-ao" && flag != "-mq" && flag != "-fhs")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq and -fhs: re-create it "
+                "with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -212,6 +243,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-mn") s.normuon = (int)parse_int("-mn", value, 0, 1);
     if (flag == "-ao") s.adam_every = (int)parse_int("-ao", value, 1, kMaxAdamEvery);
     if (flag == "-mq") s.muon_qk_heads = (int)parse_int("-mq", value, 1, INT32_MAX);
+    if (flag == "-fhs") s.fp8_head_scales = parse_fp8_head_scales("-fhs", value);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

@@ -184,6 +184,17 @@ inline std::string prediction_weights_text(const PredictionWeights& w) {
   return text;
 }
 
+// The FP8 head's fixed scales (-fhs X,W,G), each a value over 448 (E4M3's largest): the input's
+// x_s = X / 448 (0: sqrt(C) / 448, the bound of a weightless RMS norm's output), the weight's
+// w_s = W / 448 and the output gradient's grad_s = G / 448. Record #28's: 0, 0.875 (w_s = 2^-9), 1;
+// record #89's: 100, 1.6, 0.75 (both over the dlogits of a summed loss, Recipe::loss_sum).
+struct Fp8HeadScales {
+  double input = 0.0, weight = 0.875, grad = 1.0;
+  bool operator==(const Fp8HeadScales& o) const {
+    return input == o.input && weight == o.weight && grad == o.grad;
+  }
+};
+
 // A run's settings, the record that a recipe fills and the command line's flags then write: GPT-2's
 // where no recipe sets another. The fields a flag writes are named by it in their comment, in the
 // order the flags are listed as the recipe's (recipe_flags); the others have no flag.
@@ -228,6 +239,7 @@ struct Recipe {
   // more all-gather a step.
   int zero_stage = 1;
   int fp8_head = 0;            // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
+  Fp8HeadScales fp8_head_scales;  // -fhs
   // AdamW: betas, eps, weight decay on the 2-D tensors (or on every AdamW tensor with
   // decay_vectors), and each role's rate as a multiplier of the schedule's (by ParamRole:
   // embedding, matrix, vector, head).

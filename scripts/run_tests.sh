@@ -619,6 +619,13 @@ gpu_against_pytorch() {
       --debug_steps 10 --seed 42 --device $device
     run test_gpt2cu_speedrun_d12_fp8_head ./test_gpt2cu "$head_dir/gpt2_speedrun_d12.bin" \
       "$head_dir/gpt2_speedrun_d12_muon_fp8_head_debug_state.bin"
+    # Record #89's scales (--fp8_head_scales, -fhs in the debug state's settings).
+    local scales_dir="$REF/gpu_speedrun_tiny_fp8_head_scales"
+    run reference_speedrun_tiny_fp8_head_scales "$PYTHON" train_gpt2.py --recipe speedrun --model tiny \
+      --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --fp8_head 1 \
+      --fp8_head_scales 100,1.6,0.75 --write_debug_state "$scales_dir" --debug_steps 10 --seed 42 --device $device
+    run test_gpt2cu_speedrun_tiny_fp8_head_scales ./test_gpt2cu "$scales_dir/gpt2_speedrun_tiny.bin" \
+      "$scales_dir/gpt2_speedrun_tiny_muon_fp8_head_debug_state.bin"
   fi
   speedrun_validation_against_pytorch $device
 }

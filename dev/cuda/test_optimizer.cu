@@ -174,13 +174,14 @@ struct MasterSlice {
               const std::vector<float>& v0)
       : start(start), m0(m0), v0(v0), params(start.size()), grads(grads), master(start.size()), m(start.size()),
         v(start.size()) {}
-  void run(const AdamWCase& t, float decay, uint32_t seed, bool bf16_state, bool fp8_head) {
+  // fp8_head_to_fp8: the FP8 head's weight factor 1 / w_s (AdamWSlices::fp8_head_to_fp8), 0: none.
+  void run(const AdamWCase& t, float decay, uint32_t seed, bool bf16_state, float fp8_head_to_fp8) {
     params.upload(start);
     master.upload(start);
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
-    slices.add(0, start.size(), 0, 0, t.with_decay(decay), seed, bf16_state, fp8_head);
+    slices.add(0, start.size(), 0, 0, t.with_decay(decay), seed, bf16_state, fp8_head_to_fp8);
     OptimizerArrays from;
     from.adam_m = m;
     from.adam_v = v;
@@ -213,7 +214,7 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
     for (float& e : *x) e = bf16_value(e);
   }
   MasterSlice slice(start, grads, m0, v0);
-  auto run = [&](uint32_t seed) { slice.run(t, t.rates.weight_decay, seed, true, false); };
+  auto run = [&](uint32_t seed) { slice.run(t, t.rates.weight_decay, seed, true, 0.0f); };
   const uint32_t seed = rng.u32();
   run(seed);
   const std::vector<float> got_m = slice.m.download(), got_v = slice.v.download();
@@ -319,36 +320,40 @@ void test_adamw_cautious(size_t n, llmc::Rng& rng) {
   check_same_bits("twice", bits, slice.bits());
 }
 
-// E4M3's byte for x / w_s, the FP8 head's weight cast (fp8_fixed_weight_cast), on the host.
-__nv_fp8_storage_t head_weight_byte(float x) {
-  return __nv_cvt_float_to_fp8(x * (float)(1.0 / kFp8HeadWeightScale), __NV_SATFINITE, __NV_E4M3);
+// E4M3's byte for x / w_s, the FP8 head's weight cast (fp8_fixed_weight_cast) with its factor
+// to_fp8 = 1 / w_s, on the host.
+__nv_fp8_storage_t head_weight_byte(float x, float to_fp8) {
+  return __nv_cvt_float_to_fp8(x * to_fp8, __NV_SATFINITE, __NV_E4M3);
 }
 
-// The FP8 head's weight (AdamWSlices::fp8_head; fp8_head_weight_copy): each BF16 copy casts to the
-// E4M3 byte its master weight casts to, and is within one BF16 ulp of it; the same step as a slice
-// without the flag except where that slice's copy casts otherwise (some must, or nothing was
-// tested), and there one ulp from it. Head-like weights (std 0.02: E4M3 steps of 2^-9 near 0.02
-// at w_s = 2^-9). The vector path (n a multiple of 8) and the element one (n = 7); twice, the same
-// bits. Then gpt2_init's host copy of FP32 values: rounded to nearest and moved alike.
-void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
-  printf("\nadamw n=%zu, the FP8 head's weight: BF16 copies that cast as the master weights do\n", n);
+// The FP8 head's weight (AdamWSlices::fp8_head_to_fp8; fp8_head_weight_copy) under the scales
+// given: each BF16 copy casts to the E4M3 byte its master weight casts to, and is within one BF16
+// ulp of it; the same step as a slice without the factor except where that slice's copy casts
+// otherwise (some must, or nothing was tested), and there one ulp from it. Head-like weights (std
+// 0.02: E4M3 steps of 2^-9 near 0.02 at w_s = 2^-9, of 1/560 at record #89's 1.6/448, whose
+// midpoints are not BF16 numbers). The vector path (n a multiple of 8) and the element one (n = 7);
+// twice, the same bits. Then gpt2_init's host copy of FP32 values: rounded to nearest and moved alike.
+void test_adamw_fp8_head(size_t n, const llmc::Fp8HeadScales& scales, llmc::Rng& rng) {
+  const float to_fp8 = fp8_head_weight_factor(scales);
+  printf("\nadamw n=%zu, the FP8 head's weight at w_s = %s/448: BF16 copies that cast as the master weights do\n", n,
+         llmc::strformat("%g", scales.weight).c_str());
   const AdamWCase t = test_hyperparameters(0.01f, 3);
   const std::vector<float> master0 = random_stored(rng, n, 0.0f, 0.02f), grads = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> m0(n), v0(n);
   random_moments(rng, m0, v0);
   MasterSlice slice(master0, grads, m0, v0);
   const uint32_t seed = rng.u32();
-  slice.run(t, 0.0f, seed, false, false);
+  slice.run(t, 0.0f, seed, false, 0.0f);
   const std::vector<float> plain = slice.params.download();
-  slice.run(t, 0.0f, seed, false, true);
+  slice.run(t, 0.0f, seed, false, to_fp8);
   const std::vector<float> got = slice.params.download(), updated = slice.master.download();
   size_t mismatched = 0, moved = 0, far = 0, plain_mismatched = 0;
   for (size_t i = 0; i < n; i++) {
     const float ulp = std::ldexp(1.0f, std::ilogb(updated[i]) - 7);
-    mismatched += head_weight_byte(got[i]) != head_weight_byte(updated[i]);
-    plain_mismatched += head_weight_byte(plain[i]) != head_weight_byte(updated[i]);
+    mismatched += head_weight_byte(got[i], to_fp8) != head_weight_byte(updated[i], to_fp8);
+    plain_mismatched += head_weight_byte(plain[i], to_fp8) != head_weight_byte(updated[i], to_fp8);
     far += std::fabs(got[i] - updated[i]) > ulp;
-    if (got[i] != plain[i]) moved += head_weight_byte(plain[i]) == head_weight_byte(updated[i]) ||
+    if (got[i] != plain[i]) moved += head_weight_byte(plain[i], to_fp8) == head_weight_byte(updated[i], to_fp8) ||
                                      std::fabs(got[i] - plain[i]) > ulp;  // counts wrong moves
   }
   testing::check_verbose(mismatched == 0 && far == 0,
@@ -358,15 +363,15 @@ void test_adamw_fp8_head(size_t n, llmc::Rng& rng) {
                          llmc::strformat("only the %zu copies a plain slice casts otherwise move, one ulp (%zu others)",
                                          plain_mismatched, moved));
   const Snapshot bits = slice.bits();
-  slice.run(t, 0.0f, seed, false, true);
+  slice.run(t, 0.0f, seed, false, to_fp8);
   check_same_bits("twice", bits, slice.bits());
   if (n < 1000) return;
   std::vector<floatX> host(n);
   float_to_floatX(host.data(), updated.data(), n);  // FP32 values, as a checkpoint's
   size_t init_mismatched = 0, init_moved = 0;
   for (size_t i = 0; i < n; i++) {
-    const floatX copy = fp8_head_weight_copy(host[i], updated[i]);
-    init_mismatched += head_weight_byte((float)copy) != head_weight_byte(updated[i]);
+    const floatX copy = fp8_head_weight_copy(host[i], updated[i], to_fp8);
+    init_mismatched += head_weight_byte((float)copy, to_fp8) != head_weight_byte(updated[i], to_fp8);
     init_moved += (float)copy != (float)host[i];
   }
   testing::check_verbose(init_mismatched == 0 && init_moved > 0,
@@ -575,8 +580,11 @@ void run() {
   test_adamw_cautious(1000003, rng);          // the vector path and a tail
   test_adamw_cautious(29, rng);               // a partial block only
   if (sizeof(floatX) == 2) {                  // BF16 copies of FP32 masters
-    test_adamw_fp8_head(1000003 - 3, rng);
-    test_adamw_fp8_head(7, rng);
+    const llmc::Fp8HeadScales record28, record89 = {100.0, 1.6, 0.75};
+    for (const llmc::Fp8HeadScales& scales : {record28, record89}) {
+      test_adamw_fp8_head(1000003 - 3, scales, rng);
+      test_adamw_fp8_head(7, scales, rng);
+    }
   }
   test_adamw_slices(rng);
   test_state_file_layout(rng);

@@ -528,6 +528,14 @@ if has_flag -fh; then
       -fh 1
   fi
 fi
+# --- -fhs, the FP8 head's scales: three numbers, on the speedrun's head (flag errors, before the GPU)
+if has_flag -fhs; then
+  expect "-fhs of two numbers" "^error: -fhs 100,1.6: give three numbers apart by commas, X,W,G .*e.g. 100,1.6,0.75\$" \
+    -recipe speedrun -fhs 100,1.6
+  expect "-fhs with W = 0" "^error: -fhs 0: must be within " -recipe speedrun -fhs 100,0,0.75
+  expect "-fhs on GPT-2's head" "^error: -fhs sets the FP8 head's scales, and -recipe gpt2's head has no FP8 form: drop -fhs or use -recipe speedrun\$" \
+    -fhs 100,1.6,0.75
+fi
 
 # --- -ns, Muon's orthogonalisation: a name of its table, and only with Muon (flag errors, before the
 # GPU)

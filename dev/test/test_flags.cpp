@@ -537,6 +537,30 @@ void test_loss_settings() {
                 "blocks)");
   d.settings = "-awt 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-awt 2: must be", "a debug state's -awt 2");
+  d.settings = "-fhs 100.0,1.6,0.75";
+  const llmc::DebugStateSettings scaled = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(scaled.fp8_head_scales == llmc::Fp8HeadScales{100.0, 1.6, 0.75} &&
+                    s.fp8_head_scales == llmc::Fp8HeadScales(),
+                "a debug state's settings '" + d.settings + "': the FP8 head's scales (none: record #28's)");
+}
+
+// -fhs's value: three numbers read as doubles (as train_gpt2.py reads them) and shown so that they
+// read back; other counts, a negative X, a W or G of 0 refused.
+void test_fp8_head_scales() {
+  const llmc::Fp8HeadScales s = llmc::parse_fp8_head_scales("-fhs", "100,1.6,0.75");
+  check_verbose(s.input == 100.0 && s.weight == 1.6 && s.grad == 0.75 && llmc::fp8_head_scales_text(s) ==
+                    "100,1.6,0.75" && llmc::fp8_head_scales_text(llmc::Fp8HeadScales()) == "0,0.875,1",
+                "-fhs 100,1.6,0.75 parsed as doubles and shown; the default shown as 0,0.875,1");
+  const llmc::Fp8HeadScales third = {0.0, 1.0 / 3.0, 1.0};
+  check_verbose(llmc::parse_fp8_head_scales("-fhs", llmc::fp8_head_scales_text(third).c_str()) == third,
+                "a scale of 17 digits shown so that it reads back (" + llmc::fp8_head_scales_text(third) + ")");
+  check_throws([] { llmc::parse_fp8_head_scales("-fhs", "100,1.6"); }, "-fhs 100,1.6: give three numbers",
+               "-fhs with two numbers");
+  check_throws([] { llmc::parse_fp8_head_scales("-fhs", "1,2,3,4"); }, "-fhs 1,2,3,4: give three numbers",
+               "-fhs with four numbers");
+  check_throws([] { llmc::parse_fp8_head_scales("-fhs", "0,0,1"); }, "-fhs 0: must be", "-fhs with W = 0");
+  check_throws([] { llmc::parse_fp8_head_scales("-fhs", "-1,1,1"); }, "-fhs -1: must be", "-fhs with X < 0");
+  check_throws([] { llmc::parse_fp8_head_scales("-fhs", "1,x,1"); }, "-fhs 'x': not a number", "-fhs with a word");
 }
 
 int main() {
@@ -555,6 +579,7 @@ int main() {
     test_startup_table();
     test_usage();
     test_loss_settings();
+    test_fp8_head_scales();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

@@ -598,6 +598,27 @@ assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-mn 1 -mq 2" an
 print(f"version {header[1]}: '{text}'")
 EOF
 
+check "--fp8_head_scales: the FP8 head's x_s, w_s and grad_s, and the debug state's -fhs" <<'EOF'
+import math, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x"])
+model = tg.GPT(tg.resolve_config(args), fp8_head=True)
+C = model.config.channels
+assert tg.fp8_head_scale_values(model.lm_head.setting, C) == (math.sqrt(C) / 448, 2.0 ** -9, 1.0 / 448)
+assert tg.debug_state_settings(model) == "", tg.debug_state_settings(model)
+model.lm_head.setting = tg.parse_fp8_head_scales("100,1.6,0.75")
+assert tg.fp8_head_scale_values(model.lm_head.setting, C) == (100 / 448, 1.6 / 448, 0.75 / 448)
+text = tg.debug_state_settings(model)
+assert text == "-fhs 100.0,1.6,0.75", text
+other = tg.GPT(tg.resolve_config(args), fp8_head=True)
+tg.apply_debug_state_settings(other, text, None, "d.bin")
+assert other.lm_head.setting == (100.0, 1.6, 0.75), other.lm_head.setting
+print(f"record #28's scales by default (no setting), record #89's as '{text}' and read back")
+EOF
+expect_error "--fp8_head_scales 100,1.6: give three numbers apart by commas" --recipe speedrun --model tiny \
+  --fp8_head 1 --fp8_head_scales 100,1.6 --input_bin "$WORK/train_*.bin" --device cpu
+expect_error "--fp8_head_scales 100,1.6,0.75 sets the FP8 head's scales: give --fp8_head 1 with it" \
+  --recipe speedrun --model tiny --fp8_head_scales 100,1.6,0.75 --input_bin "$WORK/train_*.bin" --device cpu
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
   common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
