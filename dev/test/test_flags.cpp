@@ -484,7 +484,7 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut, -awt and -ao, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt, -ao and -ko, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -537,6 +537,12 @@ void test_loss_settings() {
                 "blocks)");
   d.settings = "-awt 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-awt 2: must be", "a debug state's -awt 2");
+  d.settings = "-ao 2 -ko 1";
+  const llmc::DebugStateSettings key_offset = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(key_offset.key_offset == 1 && key_offset.adam_every == 2 && none.key_offset == 0,
+                "a debug state's settings '" + d.settings + "': the key offset (none: off)");
+  d.settings = "-ko 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ko 2: must be", "a debug state's -ko 2");
 }
 
 int main() {
