@@ -2701,6 +2701,112 @@ void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rs
   cudaCheckLaunch();
 }
 
+// ---- Record #89's key offset, in place on qkv's k [N, 3C] after the rotary ----
+// Over the forward's N = B x T rows as one flat sequence (rows continue each other; documents do not
+// matter), key n's stationary dims (those the rotary leaves unturned: j and j + HS/2 for
+// HS/4 <= j < HS/2) become key n-1's, key 0 keeping its own: a key then also
+// carries its predecessor's, which lets one layer find a token's successor (an induction head).
+// N x NH x HS/2 values, key_offset_column: head h's s-th stationary dim. The forward gathers them into
+// scratch [N, C/2] and writes each one a row on, keeping the last row's (which no key takes) in
+// tail [C/2] for the backward; the backward moves the gradient a row back (row 0's own adds to
+// row 1's, in FP32 and rounded once; row N-1's is zero) and restores k as the rotary wrote it (row
+// N-1's from tail), which QK-norm's backward reads. Copies alone: deterministic. Floor: the forward
+// reads and writes NC/2 values twice, the backward NC twice; memory-bound.
+// Decoding one token at position p against the cache: the token takes the key stationary dims the
+// cache's row p holds, and leaves its own in row p + 1 for the next token (key_offset_decode).
+
+constexpr int kKeyOffsetThreads = 256;
+
+// The column of qkv's row holding head h's s-th stationary key dim (s < HS/2): dims HS/4 to HS/2 - 1
+// and 3HS/4 to HS - 1 (rotary_frequencies's zeros).
+__host__ __device__ inline int key_offset_column(int h, int s, int C, int HS) {
+  const int quarter = HS / 4;
+  return C + h * HS + quarter + s + (s >= quarter ? quarter : 0);
+}
+
+__global__ void key_offset_gather_kernel(floatX* scratch, floatX* tail, const floatX* qkv, int N, int C, int HS) {
+  const int half = C / 2;
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * half) return;
+  const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
+  const floatX x = qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS)];
+  scratch[i] = x;
+  if (tail && n == N - 1) tail[c] = x;
+}
+
+__global__ void key_offset_forward_kernel(floatX* qkv, const floatX* scratch, int N, int C, int HS) {
+  const int half = C / 2;
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * half) return;
+  const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
+  if (n > 0) qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS)] = scratch[i - half];
+}
+
+// scratch [2, N, C/2]: the shifted keys' gradient, then the shifted keys.
+__global__ void key_offset_backward_kernel(floatX* dqkv, floatX* qkv, const floatX* scratch, const floatX* tail,
+                                           int N, int C, int HS) {
+  const int half = C / 2;
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, count = (size_t)N * half;
+  if (i >= count) return;
+  const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
+  const size_t at = (size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS);
+  float d = n + 1 < N ? (float)scratch[i + half] : 0.0f;
+  if (n == 0) d += (float)scratch[i];
+  dqkv[at] = (floatX)d;
+  qkv[at] = n + 1 < N ? scratch[count + i + half] : tail[c];
+}
+
+__global__ void key_offset_decode_kernel(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, S = HS / 2;
+  if (c >= C / 2) return;
+  const int h = c / S, d = key_offset_column(h, c % S, C, HS) - C - h * HS;
+  floatX* keys = k_cache + (size_t)h * max_t * HS + d;
+  const floatX own = qkv[C + h * HS + d];
+  if (t > 0) qkv[C + h * HS + d] = keys[(size_t)t * HS];
+  if (t + 1 < max_t) keys[(size_t)(t + 1) * HS] = own;
+}
+
+void key_offset_check(const char* name, int N, int C, int HS) {
+  REQUIRE(N > 0 && C > 0 && HS >= 4 && HS % 4 == 0 && C % HS == 0,
+          "%s: N=%d and C=%d must be positive, the head size %d a multiple of 4 dividing C", name, N, C, HS);
+}
+
+// qkv [N, 3C]: k's stationary dims a row on (row 0 keeps its own); scratch [N, C/2]; tail [C/2]
+// gets row N-1's (null: not kept, for a pass without a backward).
+void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C, int HS, cudaStream_t stream) {
+  key_offset_check("key_offset_forward", N, C, HS);
+  const int grid = ceil_div((long)N * (C / 2), kKeyOffsetThreads);
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, tail, qkv, N, C, HS);
+  cudaCheckLaunch();
+  key_offset_forward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(qkv, scratch, N, C, HS);
+  cudaCheckLaunch();
+}
+
+// dqkv [N, 3C]: the gradient of the shifted keys' stationary dims becomes that of the keys before
+// the shift, and qkv's keys are put back as the rotary wrote them (row N-1's from tail), both in
+// place; scratch [N, C].
+void key_offset_backward(floatX* dqkv, floatX* qkv, floatX* scratch, const floatX* tail, int N, int C, int HS,
+                         cudaStream_t stream) {
+  key_offset_check("key_offset_backward", N, C, HS);
+  const int grid = ceil_div((long)N * (C / 2), kKeyOffsetThreads);
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, nullptr, dqkv, N, C, HS);
+  cudaCheckLaunch();
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch + (size_t)N * (C / 2), nullptr, qkv, N,
+                                                                   C, HS);
+  cudaCheckLaunch();
+  key_offset_backward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(dqkv, qkv, scratch, tail, N, C, HS);
+  cudaCheckLaunch();
+}
+
+// qkv [3C]: the token at position t (< max_t) of a layer's cache k_cache [NH, max_t, HS].
+void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS, cudaStream_t stream) {
+  key_offset_check("key_offset_decode", 1, C, HS);
+  REQUIRE(t >= 0 && t < max_t, "key_offset_decode: position %d outside the cache's %d", t, max_t);
+  key_offset_decode_kernel<<<ceil_div(C / 2, kKeyOffsetThreads), kKeyOffsetThreads, 0, stream>>>(qkv, k_cache, t,
+                                                                                                 max_t, C, HS);
+  cudaCheckLaunch();
+}
+
 // ---- The speedrun's value mix (SPEC "The speedrun architecture"), in place on qkv's v ----
 // v = a v + b ve[token] in the layers with a value embedding (ve [Vp, C], a parameter), v = a v in
 // the others; (a, b) = scales, two values read from the parameters on the device. qkv [N, 3C],
@@ -7970,6 +8076,10 @@ struct Activations {
   floatX* scratch_dqkvr = nullptr;   // 4*B*T*C: dq, dk, dv, dy (GEMM attention)
   float* attention_dot = nullptr;    // B*NH*T: rowwise dout.out (flash attention)
   floatX* attention_ds = nullptr;    // the flash backward's dS tiles (the windowed one's with -pd 1)
+  // Where the plan has key offsets (-ko 1): the shift's scratch [B*T, C] and each layer's last key's
+  // stationary dims [L, C/2] (key_offset_forward's tail).
+  floatX* key_offset_scratch = nullptr;
+  floatX* key_offset_tails = nullptr;
   // The speedrun's backward (x0_lambdas, the plan's skips): the gradient of x0 the blocks' mixes add
   // up, and of each of the U-net's kept outputs (LayerPlan::kept_outputs of them, [B*T*C] each).
   floatX* dx0 = nullptr;
@@ -8294,6 +8404,28 @@ void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   document_buffers_allocate(m, (size_t)B * T);
 }
 
+// Whether any layer of the plan shifts its keys (LayerSpec::key_offset).
+bool plan_has_key_offset(const llmc::LayerPlan& plan) {
+  for (const llmc::LayerSpec& l : plan.layers) {
+    if (l.key_offset) return true;
+  }
+  return false;
+}
+
+// The key offset's scratch of B x T tokens in a: the shift's [B*T, C] and each layer's tail.
+void key_offset_allocate(Activations& a, const llmc::GPT2Config& c, int B, int T) {
+  a.key_offset_scratch = device_alloc<floatX>((size_t)B * T * c.channels, "the key offset's scratch");
+  a.key_offset_tails = device_alloc<floatX>((size_t)c.num_layers * c.channels / 2, "the key offset's last keys");
+}
+
+// -ko 1: record #89's key offset on the plan's long-window layers (llmc::plan_key_offsets), after
+// the rotary, which only the modern architectures have; before gpt2_allocate, which sizes its scratch.
+void gpt2_set_key_offset(GPT2& m) {
+  REQUIRE(m.arch().qk_norm_rotary, "the key offset shifts the keys' stationary rotary dims: the %s architecture has "
+          "no rotary", m.arch().name);
+  llmc::plan_key_offsets(m.plan);
+}
+
 // The current GPU; cuBLASLt runs FP8 products on those of compute capability 8.9 or newer (Ada,
 // Hopper).
 cudaDeviceProp current_gpu() {
@@ -8411,6 +8543,7 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
     gpt2_allocate_activations(m, B, T, recompute, fp8);
     gpt2_allocate_scratch(m, B, T, fp8, attention);
     gpt2_allocate_documents(m, B, T, attention);
+    if (plan_has_key_offset(m.plan)) key_offset_allocate(m, c, B, T);
   });
   m.fp8_bytes = device_bytes_of([&] {
     gpt2_allocate_fp8(m, B, T, fp8, grad_format);
@@ -8424,7 +8557,7 @@ void activations_free(Activations& a) {
                   (void*)a.scratch_att, (void*)a.scratch_dqkvr, (void*)a.attention_dot, (void*)a.attention_ds,
                   (void*)a.partials, (void*)a.norm_partials, (void*)a.dx0, (void*)a.dkept, (void*)a.inputs,
                   (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
-                  (void*)a.encoder_plan.slice_sums}) {
+                  (void*)a.encoder_plan.slice_sums, (void*)a.key_offset_scratch, (void*)a.key_offset_tails}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
@@ -8465,6 +8598,7 @@ void gpt2_allocate_validation(GPT2& m, int B, int T) {
     upload_staging_allocate(a.inputs_staging, BT * sizeof(int));
     upload_staging_allocate(a.targets_staging, BT * sizeof(int));
     if (m.documents) document_buffers_allocate(m, BT);
+    if (plan_has_key_offset(m.plan)) key_offset_allocate(a, c, B, T);
   });
 }
 
@@ -8776,25 +8910,39 @@ floatX* attention_qkv(GPT2& m, int l) {
   return m.arch().qk_norm_rotary ? m.act(kQkvNormed, l) : m.scratch_bt4c;
 }
 
-// QK-norm and rotary positions of q and k in r's qkv, in place (nothing for GPT-2).
-void qk_prepare(GPT2& m, const BlockRows& r) {
+// QK-norm and rotary positions of q and k in r's qkv, in place (nothing for GPT-2), then layer l's
+// key offset where the plan has one: over the rows as one sequence, or against the decoder's cache.
+void qk_prepare(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().qk_norm_rotary) return;
-  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, m.config.head_size(), m.stream,
-                         r.first_position);
+  const int C = m.config.channels, HS = m.config.head_size();
+  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, m.stream, r.first_position);
+  if (!m.plan[l].key_offset) return;
+  if (r.k_cache) {
+    key_offset_decode(r.qkv, r.k_cache, r.first_position, m.config.max_seq_len, C, HS, m.stream);
+  } else {
+    key_offset_forward(r.qkv, m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2, r.rows(), C, HS,
+                       m.stream);
+  }
 }
 
 // The flash backward within documents takes QK-norm's backward as well (attention_backward_window's
-// qk_rstd): on Hopper in its kernels' epilogues, saving a pass over q and k.
-bool qk_norm_in_attention_backward(const GPT2& m) {
-  return m.flash_attention && m.documents && m.arch().qk_norm_rotary;
+// qk_rstd): on Hopper in its kernels' epilogues, saving a pass over q and k; not in a layer with a
+// key offset, whose backward comes between the two.
+bool qk_norm_in_attention_backward(const GPT2& m, int l) {
+  return m.flash_attention && m.documents && m.arch().qk_norm_rotary && !m.plan[l].key_offset;
 }
 
 // dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place
-// (where the attention's backward has not done it).
+// (where the attention's backward has not done it); the key offset's first, which also puts layer
+// l's keys back as the rotary wrote them for QK-norm's backward.
 void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
-  if (!m.arch().qk_norm_rotary || qk_norm_in_attention_backward(m)) return;
-  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads,
-                          m.config.head_size(), m.stream);
+  if (!m.arch().qk_norm_rotary || qk_norm_in_attention_backward(m, l)) return;
+  const int C = m.config.channels, HS = m.config.head_size();
+  if (m.plan[l].key_offset) {
+    key_offset_backward(dqkv, attention_qkv(m, l), m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2,
+                        B * T, C, HS, m.stream);
+  }
+  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS, m.stream);
 }
 
 // Layer l's window in blocks at sequence length T: the step's long or short one (LayerSpec::window),
@@ -8862,7 +9010,7 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   if (m.flash_attention) {
     const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m);
     if (m.documents) {
-      const float* qk_rstd = qk_norm_in_attention_backward(m) ? m.act_f(kQkRstd, l) : nullptr;
+      const float* qk_rstd = qk_norm_in_attention_backward(m, l) ? m.act_f(kQkRstd, l) : nullptr;
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
                                 attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd);
@@ -9319,7 +9467,7 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
   const floatX* x = block_mix_norm(m, l, r, attention ? kNorm1 : kNorm2, attention ? r.ln1 : r.ln2);
   if (attention) {
     gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, x);
-    qk_prepare(m, r);
+    qk_prepare(m, l, r);
     value_mix(m, l, r);
     attention_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, attention_gated(m, l, r), nullptr);
@@ -10977,6 +11125,7 @@ struct TrainArgs : llmc::TrainFlags {
   float loss_z = 0.0f, norm_z = 0.0f;
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
+  int key_offset = 0;           // -ko 1: record #89's key offset on the long-window layers
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
@@ -11140,6 +11289,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "from each query (record #89's FlashAttention window: key j seen by query i when i - 128N <= j <= i), "
                "masked token by token at its edge; 0: whole blocks of 128 tokens (modded-nanogpt's block mask)",
                &a.window_tokens, 0, 1),
+      int_flag("-ko", "key offset", "1: record #89's key offset on the layers with the long window (every "
+               "layer at a depth other than the speedrun's 12): after the rotary, each key's stationary dims are "
+               "the previous key's over the forward's tokens as one sequence (the first key keeping its own); "
+               "the modern and speedrun architectures", &a.key_offset, 0, 1),
       text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
                 "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw), lr (rate multiplier), mtp "
                 "(-mtp) and pw (-pw), these two constant or A>B linear over the stage, "
@@ -11708,6 +11861,9 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   in.stages = resolve_stage_plan(a, config, world);
   check_untie_step(a, config, world);
+  REQUIRE(!a.key_offset || llmc::arch_spec(config.arch).qk_norm_rotary, "-ko 1 shifts the keys' stationary rotary "
+          "dims, and the %s architecture has no rotary: give -recipe modern or speedrun, or leave -ko out",
+          llmc::arch_spec(config.arch).name);
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -12244,6 +12400,7 @@ int train_main(int argc, char** argv) {
   m.untie_step = a.untie_step;
   m.adamw_every = a.update.adam_every;
   m.muon_qk_heads = a.muon_qk_heads;
+  if (a.key_offset) gpt2_set_key_offset(m);
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

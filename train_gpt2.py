@@ -625,6 +625,17 @@ def rotate(x, freq):
     return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).type_as(x)
 
 
+def shift_stationary_keys(k):
+    """Record #89's key offset: k [B, T, NH, hs] after the rotary, each key's stationary dims (those
+    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2) taken from the key before it over the
+    B x T tokens as one sequence (rows continue each other, documents do not matter); the first key
+    keeps its own."""
+    B, T, NH, hs = k.shape
+    flat = k.reshape(B * T, NH, hs)
+    stationary = torch.arange(hs, device=k.device) % (hs // 2) >= hs // 4
+    return torch.where(stationary, torch.cat((flat[:1], flat[:-1])), flat).view(B, T, NH, hs)
+
+
 def make_norm(config):
     return RMSNorm(config.channels, gain=not config.speedrun) if config.modern else nn.LayerNorm(config.channels)
 
@@ -640,6 +651,7 @@ class CausalSelfAttention(nn.Module):
         self.modern = config.modern
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
+        self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
         # two scalars in every layer, as the reference's, the second unused where no value embedding
         # comes); each head's output gated by a sigmoid of the input's first C/64 channels
@@ -672,6 +684,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
             q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
+        if self.key_offset:
+            k = shift_stationary_keys(k)
         v = self.mix_values(v, value_embedding)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
@@ -762,6 +776,7 @@ class GPT(nn.Module):
         self.window_blocks = None
         self.short_window_blocks = None
         self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
+        self.key_offset = False  # --key_offset: set_key_offset's
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -2429,9 +2444,9 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and the FP8
-    head's scales ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -fhs
-    100.0,1.6,0.75"; "" for the defaults; -pw, maybe 0,
+    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval, the FP8 head's
+    scales and the key offset ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -fhs
+    100.0,1.6,0.75 -ko 1"; "" for the defaults; -pw, maybe 0,
     wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
@@ -2457,6 +2472,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-mq", str(muon_qk_heads)]
     if isinstance(model.lm_head, Fp8Head) and model.lm_head.setting != FP8_HEAD_SCALES_RECORD28:
         words += ["-fhs", ",".join(repr(v) for v in model.lm_head.setting)]
+    if model.key_offset:
+        words += ["-ko", "1"]
     return " ".join(words)
 
 
@@ -2480,19 +2497,33 @@ def apply_debug_state_settings(model, text, prefix, path):
     optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-fhs"}
-    if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-fhs", "-ko"}
+    if len(words) % 2 or unknown or settings.get("-awt", "1") != "1" or settings.get("-ko", "1") != "1":
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao and -fhs: re-create it")
+             "-mn, -mq, -ao, -fhs and -ko 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
+    set_key_offset(model, "-ko" in settings)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
         fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
     model.prefix_table = prefix
     model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
+
+
+def set_key_offset(model, on):
+    """--key_offset: record #89's key offset (shift_stationary_keys) in the layers with attention and
+    the long window, as its reference's key_offset = [b == ws_long for b in bm_sizes]: every layer at
+    a depth other than the speedrun's 12."""
+    if on and not model.config.modern:
+        fail("--key_offset 1 shifts the keys' stationary rotary dims, and GPT-2 has no rotary: give --recipe "
+             "modern or speedrun, or drop --key_offset")
+    model.key_offset = on
+    for spec, block in zip(model.config.plan, model.transformer.h):
+        if block.attn is not None:
+            block.attn.key_offset = on and spec.window == "L"
 
 
 def debug_state_stages(header):
@@ -2651,6 +2682,10 @@ def parse_args(argv=None):
     a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
                    "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
                    "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
+    a.add_argument("--key_offset", type=int, choices=[0, 1], default=0, help="1: record #89's key offset on the "
+                   "layers with the long window (every layer at a depth other than the speedrun's 12): after the "
+                   "rotary, each key's stationary dims are the previous key's over the batch's tokens as one "
+                   "sequence (the first key keeping its own); the modern architectures")
     a.add_argument("--final_window_blocks", type=int, default=0, help="with --documents 1 and a window: the long "
                    "window N of the validation after the last step, its short one staying the last stage's "
                    "(modded-nanogpt's record #89: 20); 0: the last stage's")
@@ -3494,6 +3529,7 @@ def main(argv=None, step_hook=None):
         check_fp8(config, device, "--fp8_head")
     model.documents = bool(args.documents)
     model.window_tokens = bool(args.window_tokens)
+    set_key_offset(model, bool(args.key_offset))
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

@@ -126,8 +126,8 @@ inline std::string fp8_head_scales_text(const Fp8HeadScales& s) {
 
 // A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
 // header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
-// Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao) and the FP8 head's scales
-// (-fhs).
+// Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao), the FP8 head's scales (-fhs)
+// and the key offset (-ko).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -138,6 +138,7 @@ struct DebugStateSettings {
   int adam_every = 1;
   int muon_qk_heads = 0;
   Fp8HeadScales fp8_head_scales;
+  int key_offset = 0;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -229,9 +230,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     const std::string& flag = words[i];
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
-         flag != "-ao" && flag != "-mq" && flag != "-fhs")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq and -fhs: re-create it "
-                "with train_gpt2.py",
+         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs and -ko: re-create "
+                "it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -244,6 +245,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-ao") s.adam_every = (int)parse_int("-ao", value, 1, kMaxAdamEvery);
     if (flag == "-mq") s.muon_qk_heads = (int)parse_int("-mq", value, 1, INT32_MAX);
     if (flag == "-fhs") s.fp8_head_scales = parse_fp8_head_scales("-fhs", value);
+    if (flag == "-ko") s.key_offset = (int)parse_int("-ko", value, 0, 1);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

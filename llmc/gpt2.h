@@ -229,6 +229,8 @@ struct LayerSpec {
   int skip_source;      // the earlier layer whose output the U-net adds to its input
   int skip_weight;      // the skipw[j] it adds that output with
   int kept;             // its output's slot among those the U-net keeps for later layers
+  bool key_offset;      // after the rotary, each key's stationary dims are the previous key's
+                        // (record #89's, on its long-window layers: plan_key_offsets)
 
   // Its window in blocks among a step's long and short ones (llmc::StepWindows).
   int window_blocks(int long_blocks, int short_blocks) const {
@@ -276,9 +278,23 @@ struct LayerPlan {
     if (windowed && has_short_windows()) s += "; windows " + windows();
     if (value_embeddings > 0) s += "; value embeddings" + values;
     if (skip_weights > 0) s += "; U-net skips from" + skips;
+    if (key_offsets() != std::string(size(), '-')) s += "; key offset " + key_offsets();
+    return s;
+  }
+  // Each layer's key offset, "K" or "-".
+  std::string key_offsets() const {
+    std::string s;
+    for (const LayerSpec& l : layers) s += l.key_offset ? "K" : "-";
     return s;
   }
 };
+
+// Record #89's key offset (-ko 1) on the layers with attention and the long window, as its
+// reference's `key_offset = [b == ws_long for b in bm_sizes]`: every attention layer at a depth
+// other than the reference's, whose windows are all long.
+inline void plan_key_offsets(LayerPlan& plan) {
+  for (LayerSpec& l : plan.layers) l.key_offset = l.attention && l.window == LayerWindow::kLong;
+}
 
 // The speedrun's layers are its reference's lists (at their depth only); the other architectures
 // attend in every layer, with the reference's windows at its depth and the long one at any other.
@@ -298,6 +314,7 @@ inline LayerPlan layer_plan(Arch arch, int num_layers) {
     plan.value_embeddings = std::max(plan.value_embeddings, s.value_embedding + 1);
     s.skip_source = speedrun ? kSpeedrunSkipSources[l] : -1;
     s.skip_weight = s.skip_source >= 0 ? plan.skip_weights++ : -1;
+    s.key_offset = false;
   }
   // The outputs a skip reads, kept in layer order; one pass, as a checkpoint's header may give up
   // to kMaxLayers layers.

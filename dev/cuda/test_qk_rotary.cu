@@ -1,5 +1,6 @@
 // Tests qk_norm_rotary_forward and qk_norm_rotary_backward (the modern architecture's QK-norm and
-// half-truncated rotary, in place on qkv [B, T, 3C]) against the double-precision CPU reference of
+// half-truncated rotary, in place on qkv [B, T, 3C]), and record #89's key offset after it (its
+// own section below). The first two against the double-precision CPU reference of
 // qk_rotary_reference.h, written from the definition: odd token counts and head counts, head sizes
 // 128 and 64 (and 8 and 256, the smallest and largest the launcher takes; 72, whose lanes hold a
 // pair past the half of the head), positions up to 1022, head counts that leave a part of the heads
@@ -121,6 +122,93 @@ void test_qk_rotary_bad_head_size() {
                         "qk_norm_rotary_backward at head size 6");
 }
 
+// ---- The key offset (key_offset_forward, key_offset_backward, key_offset_decode) ----
+// Against a CPU reference written from the definition: over the N = B x T rows as one sequence,
+// dims d of a key head with d % (HS/2) >= HS/4 (the rotary's unturned ones) from the row before,
+// row 0 keeping its own. Copies are exact (tolerance 0), the gradient's row 0 (two values summed,
+// rounded once) to a rounding; q, v and the turned dims must come back unchanged, the scratch and
+// the tail are poisoned first, and each launcher runs twice for identical bits.
+
+bool key_stationary(int column, int C, int HS) {
+  return column >= C && column < 2 * C && (column - C) % HS % (HS / 2) >= HS / 4;
+}
+
+void test_key_offset(int B, int T, int NH, int HS, llmc::Rng& rng) {
+  const int C = NH * HS, N = B * T, W = 3 * C;
+  printf("\nkey offset B=%d T=%d NH=%d HS=%d\n", B, T, NH, HS);
+  const std::vector<float> qkv = random_stored(rng, (size_t)N * W, 0.0f, 1.0f);
+  const std::vector<float> dout = random_stored(rng, (size_t)N * W, 0.0f, 1.0f);
+  std::vector<float> shifted = qkv, dshifted = dout, tail;
+  for (int n = 0; n < N; n++) {
+    for (int c = 0; c < W; c++) {
+      if (!key_stationary(c, C, HS)) continue;
+      const size_t at = (size_t)n * W + c;
+      if (n > 0) shifted[at] = qkv[at - W];
+      dshifted[at] = (n + 1 < N ? dout[at + W] : 0.0f) + (n == 0 ? dout[at] : 0.0f);
+      if (n == N - 1) tail.push_back(qkv[at]);
+    }
+  }
+  DeviceArray<floatX> d_qkv(qkv.size()), d_tail(C / 2), scratch((size_t)N * C);
+  auto forward = [&] {
+    d_qkv.upload(qkv);
+    d_tail.poison();
+    scratch.poison();
+    key_offset_forward(d_qkv, scratch, d_tail, N, C, HS, 0);
+  };
+  forward();
+  check_close("forward qkv", d_qkv.download(), shifted, 0.0f);
+  check_close("forward tail (last key's)", d_tail.download(), tail, 0.0f);
+  const Snapshot forward_bits(d_qkv, d_tail);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(d_qkv, d_tail));
+
+  DeviceArray<floatX> d(dout.size());
+  auto backward = [&] {
+    d.upload(dout);
+    d_qkv.upload(shifted);
+    scratch.poison();
+    key_offset_backward(d, d_qkv, scratch, d_tail, N, C, HS, 0);
+  };
+  backward();
+  check_close("backward dqkv", d.download(), dshifted, kTolStore);
+  check_close("backward qkv restored", d_qkv.download(), qkv, 0.0f);
+  const Snapshot backward_bits(d, d_qkv);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(d, d_qkv));
+}
+
+// Decoding token by token (B = 1): the keys each step leaves in the cache, where the attention's
+// decoder puts the token's k (emulated: copied in on the host), are the forward's shifted ones.
+void test_key_offset_decode(int T, int NH, int HS, llmc::Rng& rng) {
+  const int C = NH * HS, W = 3 * C, max_t = T + 1;
+  printf("\nkey offset decoding T=%d NH=%d HS=%d\n", T, NH, HS);
+  const std::vector<float> qkv = random_stored(rng, (size_t)T * W, 0.0f, 1.0f);
+  std::vector<float> ref_cache((size_t)NH * max_t * HS, 0.0f);
+  for (int t = 0; t < T; t++) {
+    for (int c = C; c < 2 * C; c++) {
+      const int h = (c - C) / HS, i = (c - C) % HS, from = key_stationary(c, C, HS) && t > 0 ? t - 1 : t;
+      ref_cache[((size_t)h * max_t + t) * HS + i] = qkv[(size_t)from * W + c];
+    }
+  }
+  DeviceArray<floatX> cache(ref_cache.size()), row(W);
+  cache.upload(std::vector<float>(ref_cache.size(), 0.0f));
+  for (int t = 0; t < T; t++) {
+    row.upload(std::vector<float>(qkv.begin() + (size_t)t * W, qkv.begin() + (size_t)(t + 1) * W));
+    key_offset_decode(row, cache, t, max_t, C, HS, 0);
+    std::vector<float> host = cache.download();
+    const std::vector<float> k = row.download();
+    for (int h = 0; h < NH; h++) {
+      for (int i = 0; i < HS; i++) host[((size_t)h * max_t + t) * HS + i] = k[C + h * HS + i];
+    }
+    cache.upload(host);
+  }
+  std::vector<float> got = cache.download();
+  for (int h = 0; h < NH; h++) {  // row T: the last token's own keys, left for a next token
+    for (int i = 0; i < HS; i++) got[((size_t)h * max_t + T) * HS + i] = 0.0f;
+  }
+  check_close("decoded keys in the cache", got, ref_cache, 0.0f);
+}
+
 void run() {
   llmc::Rng rng(35);
   test_qk_rotary({3, 37, 5, 128}, rng);  // d12's head size, 111 tokens
@@ -130,6 +218,10 @@ void run() {
   test_qk_rotary({1, 9, 3, 256}, rng);  // the largest head size: 4 pairs a lane
   test_qk_rotary({5, 3, 1, 8}, rng);  // the smallest: 2 frequencies, 1 and 1/1024
   test_qk_rotary_bad_head_size();
+  test_key_offset(3, 37, 5, 128, rng);  // d12's head size, 111 rows, the last block part-filled
+  test_key_offset(1, 1, 1, 8, rng);     // one row: nothing shifts, the tail its own
+  test_key_offset(2, 29, 3, 64, rng);   // row 29 takes row 28's over the rows' seam
+  test_key_offset_decode(13, 3, 64, rng);
 }
 
 }  // namespace qk_rotary_tests

@@ -448,6 +448,10 @@ if has_flag -pd; then
   expect "-awt 1 without a window" "^error: -awt 1 counts the attention windows in tokens, and this run has none" \
     -e d12 -t 256 -pd 1 -awt 1
   expect "-awt out of range" "^error: -awt 2: must be" -e d12 -t 256 -pd 1 -aw 2 -awt 2
+  # The key offset shifts the rotary's stationary dims: the modern architectures only
+  expect "-ko 1 without rotary" "^error: -ko 1 shifts the keys' stationary rotary dims, and the gpt2 architecture has no rotary" \
+    -e d12 -t 256 -ko 1
+  expect "-ko out of range" "^error: -ko 2: must be" -e d12 -t 256 -ko 2
 else
   skip "-pd and -aw" "$TRAINER has no -pd"
 fi

@@ -484,7 +484,7 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut, -awt and -ao, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt, -ao and -ko, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -542,6 +542,12 @@ void test_loss_settings() {
   check_verbose(scaled.fp8_head_scales == llmc::Fp8HeadScales{100.0, 1.6, 0.75} &&
                     s.fp8_head_scales == llmc::Fp8HeadScales(),
                 "a debug state's settings '" + d.settings + "': the FP8 head's scales (none: record #28's)");
+  d.settings = "-ao 2 -ko 1";
+  const llmc::DebugStateSettings key_offset = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(key_offset.key_offset == 1 && key_offset.adam_every == 2 && none.key_offset == 0,
+                "a debug state's settings '" + d.settings + "': the key offset (none: off)");
+  d.settings = "-ko 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ko 2: must be", "a debug state's -ko 2");
 }
 
 // -fhs's value: three numbers read as doubles (as train_gpt2.py reads them) and shown so that they

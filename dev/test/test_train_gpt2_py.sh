@@ -618,6 +618,51 @@ expect_error "--fp8_head_scales 100,1.6: give three numbers apart by commas" --r
   --fp8_head 1 --fp8_head_scales 100,1.6 --input_bin "$WORK/train_*.bin" --device cpu
 expect_error "--fp8_head_scales 100,1.6,0.75 sets the FP8 head's scales: give --fp8_head 1 with it" \
   --recipe speedrun --model tiny --fp8_head_scales 100,1.6,0.75 --input_bin "$WORK/train_*.bin" --device cpu
+check "--key_offset: each key's stationary dims the previous key's over the batch as one sequence, long layers" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+B, T, NH, hs = 2, 5, 3, 16
+k = torch.randn(B, T, NH, hs, dtype=torch.float64, requires_grad=True)
+shifted = tg.shift_stationary_keys(k)
+flat, out = k.detach().reshape(B * T, NH, hs), shifted.detach().reshape(B * T, NH, hs)
+for n in range(B * T):
+    for d in range(hs):
+        stationary = hs // 4 <= d % (hs // 2)  # rotary_frequencies's zeros, on pairs (j, j + hs/2)
+        source = n - 1 if stationary and n > 0 else n
+        assert torch.equal(out[n, :, d], flat[source, :, d]), (n, d)
+g = torch.randn_like(shifted)
+shifted.backward(g)
+g, dk = g.reshape(B * T, NH, hs), k.grad.reshape(B * T, NH, hs)
+for n in range(B * T):
+    for d in range(hs):
+        if hs // 4 > d % (hs // 2):
+            expected = g[n, :, d]
+        else:
+            expected = (g[n + 1, :, d] if n + 1 < B * T else 0 * g[n, :, d]) + (g[0, :, d] if n == 0 else 0)
+        assert torch.equal(dk[n, :, d], expected), (n, d)
+print(f"B={B} T={T} NH={NH} hs={hs}: the shift and its gradient as by hand (row 0 keeps its own, its "
+      f"gradient that of rows 0 and 1; row {B * T - 1}'s stationary gradient 0)")
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun")
+model = tg.GPT(config)
+tg.set_key_offset(model, True)
+layers = [l for l, b in enumerate(model.transformer.h) if b.attn is not None and b.attn.key_offset]
+assert layers == [0, 4, 11] and tg.debug_state_settings(model) == "-ko 1", layers
+print(f"speedrun tiny: key offset in layers {layers} (windows {tg.SPEEDRUN_WINDOWS}, layer 7 without attention)")
+EOF
+"$PYTHON" train_gpt2.py "${TINY[@]}" --recipe modern -b 2 -t 32 --key_offset 1 --write_debug_state "$WORK/ko_state" \
+  --debug_steps 2 --device cpu >/dev/null
+check "--key_offset in the debug state: -ko 1 in its settings, which --check_debug_state applies" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/ko_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert text == "-ko 1", text
+config = tg.make_config(*tg.MODERN_PRESETS["tiny"], source="tiny", arch="modern")
+model = tg.GPT(config)
+tg.apply_debug_state_settings(model, text, prefix, path)
+assert model.key_offset and all(b.attn.key_offset for b in model.transformer.h)
+print(f"'{text}': both layers of the modern tiny shift their keys")
+EOF
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
@@ -848,6 +893,8 @@ expect_error "cautious_decay 1 makes the weight decay cautious, and this run dec
 expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
   --cautious_decay 1
 expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
+expect_error "key_offset 1 shifts the keys' stationary rotary dims, and GPT-2 has no rotary" "${TINY[@]}" --bench \
+  --key_offset 1
 expect_error "muon_qk_heads sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --muon_qk_heads 2
 expect_error "muon_qk_heads 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4" "${TINY[@]}" \
   --bench --optimizer muon --muon_qk_heads 3

@@ -307,7 +307,7 @@ std::string plan_text(const llmc::LayerPlan& plan) {
 }
 
 // The layer plans: the speedrun's reference's 12 layers; GPT-2's and the modern ones with the
-// reference's windows at its depth and the long one at others; the windows' blocks.
+// reference's windows at its depth and the long one at others; the windows' blocks; the key offset.
 void test_layer_plan() {
   const std::string speedrun = plan_text(llmc::layer_plan(llmc::Arch::kSpeedrun, 12));
   check_verbose(speedrun == "AL0,0,-1:-1,0 AS1,1,-1:-1,1 AS2,2,-1:-1,2 AS3,-1,-1:-1,3 AL4,-1,-1:-1,4 "
@@ -343,6 +343,14 @@ void test_layer_plan() {
                     d24.describe(true) == "24" && gpt2_12.describe(true) == "12; windows LSSSLSSLSSSL" &&
                     gpt2_12.describe(false) == "12",
                 "the start-up table's plan: " + plan.describe(true) + "; without a window: " + gpt2_12.describe(false));
+  llmc::LayerPlan keyed = plan, tiny_keyed = llmc::layer_plan(llmc::Arch::kModern, 2);
+  llmc::plan_key_offsets(keyed);
+  llmc::plan_key_offsets(tiny_keyed);
+  check_verbose(plan.key_offsets() == "------------" && keyed.key_offsets() == "K---K------K" &&
+                    tiny_keyed.key_offsets() == "KK" && plan_text(keyed) == speedrun &&
+                    keyed.describe(false) == plan.describe(false) + "; key offset K---K------K",
+                "the key offset (-ko 1) on the long-window layers with attention: speedrun " + keyed.key_offsets() +
+                    " (layer 7 has none), modern tiny " + tiny_keyed.key_offsets() + "; the rest of the plan kept");
 }
 
 void test_configs() {
