@@ -68,8 +68,9 @@ constexpr float kFp8StepLossTol = 0.2f;
 constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
-// as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon and AdamW's interval where
-// its settings name them; the record that gives them. `path` names the debug state's file.
+// as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon, AdamW's interval and its
+// tensors' rows where its settings name them; the record that gives them. `path` names the debug
+// state's file.
 llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings,
                                            const llmc::GPT2Config& config, const std::string& path) {
   llmc::Recipe r;
@@ -101,6 +102,8 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
   r.role_lr[(int)R::kVector] = ref.lr_vector;
   r.role_lr[(int)R::kHead] = ref.lr_head;
   r.decay_vectors = config.modern();
+  r.adam_rows = settings.adam_rows;
+  llmc::adam_rows_check(r, (path + ": its settings' -ar").c_str());
   return llmc::optimizer_table(r, sizeof(floatX) == 2);
 }
 

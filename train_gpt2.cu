@@ -6836,7 +6836,7 @@ void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
   cudaCheckLaunch();
 }
 
-// One slice's AdamW hyperparameters: its parameter role's row of llmc::OptimizerTable at the step.
+// One slice's AdamW hyperparameters: its tensor's row of llmc::OptimizerTable at the step.
 struct AdamWRates {
   float lr, beta1, beta2, eps, weight_decay;
   llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
@@ -10028,11 +10028,12 @@ void gpt2_untie_embedding_state(GPT2& m) {
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
 // Optimizer step `step` (0-based, the one whose rates lr and lr_fraction are) on this rank's shard
-// (each tensor's part inside it), given the gradient norm, each tensor by its role's row of opt:
-// AdamW with clipping at opt.grad_clip and the schedule's lr times the row's; Muon with its rate
-// times lr_fraction, the schedule's lr over its peak, and the step's momentum, its
-// orthogonalisation spread over the processes by muon_spread. Through the untie step the head
-// takes the embedding's gradient too, and the embedding the head's new weights (gpt2_tie_embedding).
+// (each tensor's part inside it), given the gradient norm, each tensor by its row of opt (its
+// role's; an AdamW tensor's with its own rate, betas and decay): AdamW with clipping at
+// opt.grad_clip and the schedule's lr times the row's; Muon with its rate times lr_fraction, the
+// schedule's lr over its peak, and the step's momentum, its orthogonalisation spread over the
+// processes by muon_spread. Through the untie step the head takes the embedding's gradient too,
+// and the embedding the head's new weights (gpt2_tie_embedding).
 // With -ao K AdamW steps at every K-th step only (opt.adamw_steps_at), with the gradients the
 // steps since its last update added up (gpt2_zero_grad keeps them), its bias correction's t its
 // own count of updates; the head takes the embedding's gradient then too, as record #89's.
@@ -10065,7 +10066,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   for (int i = 0; i < llmc::kNumParamTensors && adamw_steps; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
     if (tied && i == llmc::kWte) continue;  // the head's copy after this update (gpt2_tie_embedding)
-    const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
+    const llmc::RoleOptimizer& row = opt.of_tensor(i);
     const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay,
                               row.decay};
     slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i], rates,
@@ -11235,6 +11236,20 @@ llmc::Flag prediction_weights_flag(TrainArgs& a) {
           [&a] { return llmc::prediction_weights_text(a.next_token_weights); }, &a.next_token_weights};
 }
 
+// -ar: AdamW's tensors' own rates, betas and decays (record #89's rows).
+llmc::Flag adam_rows_flag(TrainArgs& a) {
+  return {"-ar", "AdamW tensor rows", "AdamW tensors' own rows over their roles', NAME:key=value,... apart by ';' "
+          "(quote it), NAME as the start-up table names the tensor, keys lr (times its role's rate), b1 and b2 (its "
+          "betas) and wd (times its role's decay): \"ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5\" (record #89's "
+          "value embeddings and head); not the tensors Muon takes",
+          [&a](const char* text) { a.adam_rows = llmc::parse_adam_rows("-ar", text); },
+          [&a] {
+            const std::string text = llmc::adam_rows_text(a.adam_rows);
+            return text.empty() ? std::string("none") : text;
+          },
+          &a.adam_rows};
+}
+
 llmc::Flag optimizer_flag(TrainArgs& a) {
   return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
           [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
@@ -11326,6 +11341,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-mq", "Muon Q/K blocks", "-opt muon: qkvw's Q and K orthogonalised in blocks of N heads each, V "
                "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
                &a.muon_qk_heads, 0, kIntMax),
+      adam_rows_flag(a),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11394,6 +11410,7 @@ void validate_args(const TrainArgs& a) {
           a.adam_every, a.adam_every);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
+  llmc::adam_rows_check(a, "-ar");
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -11854,6 +11871,14 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   if (a.muon_qk_heads && config.num_heads % a.muon_qk_heads) {
     LLMC_FAIL("-mq %d: the model's %d heads do not split into blocks of %d: give a divisor of %d (record #89's 2), or "
               "-mq 0 for Q and K whole", a.muon_qk_heads, config.num_heads, a.muon_qk_heads, config.num_heads);
+  }
+  llmc::ParamSpec specs[llmc::kNumParamTensors];
+  llmc::param_table(config, specs);
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (a.adam_rows[i] != llmc::AdamTensorRow() && specs[i].size == 0) {
+      LLMC_FAIL("-ar %s: the %s model has no %s: drop its row", llmc::adam_rows_text(a.adam_rows).c_str(),
+                llmc::arch_spec(config.arch).name, specs[i].name);
+    }
   }
   if (a.normuon && world > 1 && a.zero_stage == 1) {
     LLMC_FAIL("-mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over "

@@ -2146,9 +2146,77 @@ def optimizer_groups(model, args):
                                   weight_decay=args.weight_decay)),
                    ("adamw", dict(params=[p for p in rest if p.dim() != 2], lr=args.learning_rate,
                                   weight_decay=0.0))]
+    groups = adam_row_groups(model, groups, args)
     covered = [id(p) for _, group in groups for p in group["params"]]
     assert sorted(covered) == sorted(id(p) for p in model.parameters()), "a parameter has no or two optimizers"
     return groups
+
+
+# --adam_rows' keys (the CUDA trainer's -ar): multipliers of the role's rate and decay, and betas.
+ADAM_ROW_KEYS = ("lr", "b1", "b2", "wd")
+
+
+def parse_adam_rows(text, flag="--adam_rows"):
+    """--adam_rows' rows as {tensor: {key: value}} (llmc/flags.h parse_adam_rows): "NAME:key=value,...;..."
+    with NAME a tensor of llmc/gpt2.h's table (TABLE_NAMES), keys lr and wd (multipliers of its role's
+    rate and decay) and b1, b2 (its betas, within (0, 1)); "" none."""
+    names, rows = list(TABLE_NAMES.values()), {}
+    parts = text.split(";")
+    for row in parts[:-1] + ([parts[-1]] if parts[-1] else []):
+        name, colon, keys = row.partition(":")
+        if not colon or not keys:
+            fail(f"{flag} '{row}': a row is NAME:key=value,... (keys lr, b1, b2, wd): 've:lr=75,b1=0.75,b2=0.95,wd=5'")
+        if name not in names:
+            fail(f"{flag} {row}: no parameter tensor '{name}': name one of {', '.join(names)}")
+        if name in rows:
+            fail(f"{flag} {text}: {name} has two rows: give it one")
+        rows[name] = {}
+        for pair in keys.split(","):
+            key, _, value = pair.partition("=")
+            if key not in ADAM_ROW_KEYS:
+                fail(f"{flag} {row}: '{pair}' is not key=value of lr, b1, b2 or wd")
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            if not math.isfinite(number):
+                fail(f"{flag} {name}:{key} '{value}': not a number")
+            if key in ("b1", "b2") and not 0 < number < 1:
+                fail(f"{flag} {name}:{key} {value}: must be within (0, 1)")
+            if key in ("lr", "wd") and number < 0:
+                fail(f"{flag} {name}:{key} {value}: must be at least 0")
+            rows[name][key] = number
+    return rows
+
+
+def adam_row_groups(model, groups, args):
+    """optimizer_groups' AdamW groups with --adam_rows: each group's tensors with a row of their own
+    (parse_adam_rows) taken out into a group per distinct row after it, its rate and decay times
+    the row's lr and wd, its betas the row's b1 and b2 where given; every AdamW group with its betas.
+    A row of a tensor Muon takes, or that the model lacks, is refused."""
+    rows = parse_adam_rows(args.adam_rows)
+    names = {id(p): table_name(n) for n, p in model.named_parameters()}
+    muon = {names[id(p)] for kind, group in groups if kind == "muon" for p in group["params"]}
+    for name in rows:
+        if name in muon:
+            fail(f"--adam_rows {args.adam_rows}: {name} is Muon's (--optimizer muon takes the blocks' matrices), "
+                 "its rate and decay Muon's (--muon_lr, --muon_weight_decay): drop its row, or give --optimizer adamw")
+        if name not in names.values():
+            fail(f"--adam_rows {args.adam_rows}: the {model.config.arch} model has no {name}: drop its row")
+    split = []
+    for kind, group in groups:
+        if kind != "adamw":
+            split.append((kind, group))
+            continue
+        by_row = {}
+        for p in group["params"]:
+            by_row.setdefault(tuple(sorted(rows.get(names[id(p)], {}).items())), []).append(p)
+        for row, params in by_row.items():
+            row = dict(row)
+            split.append((kind, dict(group, params=params, lr=group["lr"] * row.get("lr", 1.0),
+                                     weight_decay=group["weight_decay"] * row.get("wd", 1.0),
+                                     betas=(row.get("b1", args.beta1), row.get("b2", args.beta2)))))
+    return split
 
 
 def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=False):
@@ -2228,14 +2296,14 @@ def muon_momentum(step, args, steps=None):
     return args.muon_momentum
 
 
-def adam_eps(step, args):
-    """The eps torch's AdamW adds to sqrt(vhat) at `step` (0-based): --adam_eps; with
-    --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t) (t = adamw_updates(step, args)),
-    which gives the update lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps) of the speedrun's
-    reference."""
+def adam_eps(step, args, beta2):
+    """The eps torch's AdamW adds to sqrt(vhat) at `step` (0-based) in a group of beta2 `beta2`:
+    --adam_eps; with --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t)
+    (t = adamw_updates(step, args)), which gives the update lr sqrt(1 - beta2^t) / (1 - beta1^t) m /
+    (sqrt(v) + eps) of the speedrun's reference."""
     if not args.adam_eps_before_correction:
         return args.adam_eps
-    return args.adam_eps / math.sqrt(1 - args.beta2 ** adamw_updates(step, args))
+    return args.adam_eps / math.sqrt(1 - beta2 ** adamw_updates(step, args))
 
 
 def adamw_steps_at(step, args):
@@ -2268,7 +2336,7 @@ def set_learning_rates(optimizers, step, args, multiplier=1.0, steps=None):
             if isinstance(optimizer, Muon):
                 group["momentum"] = muon_momentum(step, args, steps)
             elif args.adam_eps_before_correction:
-                group["eps"] = adam_eps(step, args)
+                group["eps"] = adam_eps(step, args, group["betas"][1])
             lr = learning_rate(step, args, group["peak_lr"], multiplier)
             if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device
                 group["lr"].fill_(lr)
@@ -2364,8 +2432,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         for owner, group in groups:
             if owner == "adamw" and adamw_steps:
                 adamw_step(group["params"], [moments[id(p)] for p in group["params"]], adamw_updates(step, args),
-                           group["lr"] * multiplier, group["weight_decay"], (args.beta1, args.beta2),
-                           adam_eps(step, args), decay_all=config.modern)
+                           group["lr"] * multiplier, group["weight_decay"], group["betas"],
+                           adam_eps(step, args, group["betas"][1]), decay_all=config.modern)
         if muon_optimizer:
             for group in muon_optimizer.param_groups:
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
@@ -2375,7 +2443,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     model.loss_terms = terms
 
     settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
-                                    args.muon_qk_heads if muon else 0)
+                                    args.muon_qk_heads if muon else 0, args.adam_rows)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2442,11 +2510,11 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0):
+def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows=""):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval, the FP8 head's
-    scales and the key offset ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -fhs
-    100.0,1.6,0.75 -ko 1"; "" for the defaults; -pw, maybe 0,
+    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and tensors'
+    rows, the FP8 head's scales and the key offset ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1
+    -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1"; "" for the defaults; -pw, maybe 0,
     wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
@@ -2470,6 +2538,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-ao", str(adam_every)]
     if muon_qk_heads:
         words += ["-mq", str(muon_qk_heads)]
+    if adam_rows:
+        words += ["-ar", adam_rows]
     if isinstance(model.lm_head, Fp8Head) and model.lm_head.setting != FP8_HEAD_SCALES_RECORD28:
         words += ["-fhs", ",".join(repr(v) for v in model.lm_head.setting)]
     if model.key_offset:
@@ -2493,14 +2563,14 @@ def read_debug_state_settings(path, header):
 def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
-    -mn, -mq, -ao: its first step's gradients, which the check compares, come before the
+    -mn, -mq, -ao, -ar: its first step's gradients, which the check compares, come before the
     optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-fhs", "-ko"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1" or settings.get("-ko", "1") != "1":
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -fhs and -ko 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs and -ko 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
@@ -2746,6 +2816,11 @@ def parse_args(argv=None):
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
+    a.add_argument("--adam_rows", default="", help="AdamW tensors' own rows over their roles' (the CUDA trainer's "
+                   "-ar), NAME:key=value,... apart by ';', NAME a tensor of llmc/gpt2.h's table, keys lr (times its "
+                   "role's rate), b1 and b2 (its betas) and wd (times its role's decay): "
+                   "'ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5' (record #89's value embeddings and head); not the "
+                   "tensors Muon takes")
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -3093,6 +3168,7 @@ def settle_arch(args, config):
         fail(f"--untie_step {args.untie_step}: give the step through which the embedding is tied to the head, or -1")
     if args.untie_step >= 0 and args.benchmark:
         fail(f"--untie_step {args.untie_step}: --benchmark times untied steps; drop --untie_step")
+    parse_adam_rows(args.adam_rows)
     if not 1 <= args.adam_every <= ADAM_EVERY_MAX:
         fail(f"--adam_every {args.adam_every}: give AdamW's interval in steps, 1 to {ADAM_EVERY_MAX} (1: every step)")
     if args.adam_every > 1 and args.benchmark:

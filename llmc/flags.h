@@ -124,10 +124,59 @@ inline std::string fp8_head_scales_text(const Fp8HeadScales& s) {
   return text_of(s.input) + "," + text_of(s.weight) + "," + text_of(s.grad);
 }
 
+// -ar's value (`flag`): AdamW tensors' own rows, "NAME:key=value,...;NAME:..." with NAME a tensor
+// of the parameter table (the start-up table's names) and keys lr (times its role's rate), b1, b2
+// (its betas, within (0, 1)) and wd (times its role's decay): "ve:lr=75,b1=0.75,b2=0.95,wd=5"
+// (record #89's value embeddings); "" none.
+inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text) {
+  AdamTensorRows rows;
+  std::vector<bool> named(kNumParamTensors, false);
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = std::min(text.find(';', start), text.size());
+    const std::string row_text = text.substr(start, end - start);
+    start = end + 1;
+    const size_t colon = row_text.find(':');
+    if (colon == std::string::npos || colon + 1 == row_text.size()) {
+      LLMC_FAIL("%s '%s': a row is NAME:key=value,... (keys lr, b1, b2, wd): \"ve:lr=75,b1=0.75,b2=0.95,wd=5\"",
+                flag, row_text.c_str());
+    }
+    const std::string name = row_text.substr(0, colon);
+    const int tensor = param_tensor_index(name);
+    if (tensor < 0) {
+      std::string names;
+      for (int i = 0; i < kNumParamTensors; i++) names += strformat(i ? ", %s" : "%s", param_tensor_name(i));
+      LLMC_FAIL("%s %s: no parameter tensor '%s': name one of %s", flag, row_text.c_str(), name.c_str(),
+                names.c_str());
+    }
+    if (named[tensor]) LLMC_FAIL("%s %s: %s has two rows: give it one", flag, text.c_str(), name.c_str());
+    named[tensor] = true;
+    AdamTensorRow& row = rows[tensor];
+    for (size_t at = colon + 1; at <= row_text.size();) {
+      const size_t stop = std::min(row_text.find(',', at), row_text.size());
+      const std::string pair = row_text.substr(at, stop - at);
+      at = stop + 1;
+      const size_t eq = pair.find('=');
+      const std::string key = pair.substr(0, eq);
+      const std::string label = strformat("%s %s:%s", flag, name.c_str(), key.c_str());
+      const char* value = eq == std::string::npos ? "" : pair.c_str() + eq + 1;
+      if (key == "lr" || key == "wd") {
+        (key == "lr" ? row.lr : row.weight_decay) = parse_float(label.c_str(), value, 0.0f, FLT_MAX);
+      } else if (key == "b1" || key == "b2") {
+        const float beta = parse_float(label.c_str(), value, 0.0f, 1.0f);
+        if (beta == 0.0f || beta == 1.0f) LLMC_FAIL("%s %g: must be within (0, 1)", label.c_str(), beta);
+        (key == "b1" ? row.beta1 : row.beta2) = beta;
+      } else {
+        LLMC_FAIL("%s %s: '%s' is not key=value of lr, b1, b2 or wd", flag, row_text.c_str(), pair.c_str());
+      }
+    }
+  }
+  return rows;
+}
+
 // A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
 // header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
-// Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao), the FP8 head's scales (-fhs)
-// and the key offset (-ko).
+// Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao) and tensors' rows (-ar), the FP8
+// head's scales (-fhs) and the key offset (-ko).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -139,6 +188,7 @@ struct DebugStateSettings {
   int muon_qk_heads = 0;
   Fp8HeadScales fp8_head_scales;
   int key_offset = 0;
+  AdamTensorRows adam_rows;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -230,9 +280,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     const std::string& flag = words[i];
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
-         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs and -ko: re-create "
-                "it with train_gpt2.py",
+         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko and -ar: "
+                "re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -246,6 +296,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-mq") s.muon_qk_heads = (int)parse_int("-mq", value, 1, INT32_MAX);
     if (flag == "-fhs") s.fp8_head_scales = parse_fp8_head_scales("-fhs", value);
     if (flag == "-ko") s.key_offset = (int)parse_int("-ko", value, 0, 1);
+    if (flag == "-ar") s.adam_rows = parse_adam_rows("-ar", value);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

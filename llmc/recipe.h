@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "gpt2.h"
@@ -178,6 +179,20 @@ inline TensorMultipliers tensor_multipliers_one() {
   return x;
 }
 
+// One AdamW tensor's own hyperparameters (record #89's table, a row a tensor; -ar): its rate and
+// weight decay as multipliers of its role's, its betas in place of the role's where set. The
+// default row is the role's.
+struct AdamTensorRow {
+  float lr = 1.0f, weight_decay = 1.0f;
+  std::optional<float> beta1, beta2;
+
+  bool operator==(const AdamTensorRow& o) const {
+    return lr == o.lr && weight_decay == o.weight_decay && beta1 == o.beta1 && beta2 == o.beta2;
+  }
+  bool operator!=(const AdamTensorRow& o) const { return !(*this == o); }
+};
+using AdamTensorRows = std::array<AdamTensorRow, kNumParamTensors>;  // by ParamIndex
+
 inline std::string prediction_weights_text(const PredictionWeights& w) {
   std::string text;
   for (int k = 0; k < w.count; k++) text += strformat(k ? ",%g" : "%g", w.weight[k]);
@@ -235,6 +250,9 @@ struct Recipe {
   // multiplier; where the reference stores a matrix transposed, also the ratio of its shape scale
   // to ours): the step's lr_eff, also in the cautious decay.
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();
+  // -ar: AdamW's tensors' own rates, betas and decays over their roles' (record #89's rows); a row
+  // of a tensor Muon updates is refused (adam_rows_check).
+  AdamTensorRows adam_rows;
   // -zs: 1 ran fastest (train_gpt2.cu's MultiGpuOptions); 0 with Muon, which with 1 takes one
   // more all-gather a step.
   int zero_stage = 1;
@@ -381,8 +399,12 @@ struct OptimizerTable {
   bool normuon = false;                                        // Recipe::normuon
   int adam_every = 1;                                          // Recipe::adam_every
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // Recipe::muon_tensor_lr
+  // Each tensor's row (by ParamIndex): its role's, an AdamW tensor's with its own rate, betas and
+  // decay (Recipe::adam_rows).
+  RoleOptimizer tensors[kNumParamTensors];
 
   const RoleOptimizer& of(ParamRole role) const { return roles[(int)role]; }
+  const RoleOptimizer& of_tensor(int tensor) const { return tensors[tensor]; }
   // Whether AdamW steps at `step` (0-based); at the others its tensors' gradients are kept.
   bool adamw_steps_at(long step) const { return (step + 1) % adam_every == 0; }
   bool muon() const {
@@ -394,12 +416,67 @@ struct OptimizerTable {
   }
 };
 
+// Parameter tensor i's entry of the table (ParamIndex) in what no configuration changes, its name
+// and role: GPT-2 d12's table's.
+inline ParamSpec param_tensor_spec(int i) {
+  GPT2Config c;
+  c.max_seq_len = 1024;
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  c.num_layers = c.num_heads = 12;
+  c.channels = 768;
+  ParamSpec table[kNumParamTensors];
+  param_table(c, table);
+  return table[i];
+}
+
+inline const char* param_tensor_name(int i) { return param_tensor_spec(i).name; }
+
+// The tensor of that name (ParamIndex), or -1.
+inline int param_tensor_index(const std::string& name) {
+  for (int i = 0; i < kNumParamTensors; i++) {
+    if (name == param_tensor_name(i)) return i;
+  }
+  return -1;
+}
+
+// -ar's text of the rows other than the default, "wte:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5" (its
+// keys in that order; "" for none), which parse_adam_rows reads back.
+inline std::string adam_rows_text(const AdamTensorRows& rows) {
+  std::string text;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    const AdamTensorRow& row = rows[i];
+    if (row == AdamTensorRow()) continue;
+    std::string keys;
+    if (row.lr != 1.0f) keys += strformat(",lr=%g", row.lr);
+    if (row.beta1) keys += strformat(",b1=%g", *row.beta1);
+    if (row.beta2) keys += strformat(",b2=%g", *row.beta2);
+    if (row.weight_decay != 1.0f) keys += strformat(",wd=%g", row.weight_decay);
+    text += strformat("%s%s:%s", text.empty() ? "" : ";", param_tensor_name(i), keys.c_str() + 1);
+  }
+  return text;
+}
+
+// Fails where a row of -ar (`flag`) names a tensor that Muon updates (the blocks' matrices with
+// -opt muon), whose rate and decay are Muon's.
+inline void adam_rows_check(const Recipe& r, const char* flag) {
+  if (r.optimizer != OptimizerKind::kMuon) return;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    if (r.adam_rows[i] != AdamTensorRow() && param_tensor_spec(i).role == ParamRole::kMatrix) {
+      LLMC_FAIL("%s %s: %s is Muon's (-opt muon takes the blocks' matrices), its rate and decay Muon's (-ml, -mw): "
+                "drop its row, or give -opt adamw", flag, adam_rows_text(r.adam_rows).c_str(), param_tensor_name(i));
+    }
+  }
+}
+
 // The run's optimizers from its record (bf16_build: BF16 state can be kept): AdamW for every
 // role, or Muon for the blocks' matrices (-opt muon) and AdamW for the rest. Each AdamW role's
 // rate is the schedule's times its multiplier (Recipe::role_lr): 1 in GPT-2's recipe; in the
 // modern ones, whose schedule peaks at 1 (-l scales it), the reference's rate of the role.
 // AdamW's weight decay (-c) falls on the roles of 2-D tensors (ParamSpec::decayed), and on the
-// vectors too with decay_vectors; Muon's is its own (-mw); in every row cautious with -cd 1.
+// vectors too with decay_vectors; Muon's is its own (-mw); in every row cautious with -cd 1. Each
+// AdamW tensor's row is its role's with its own of Recipe::adam_rows: the rate and the decay times
+// its multipliers (a role without decay keeps none), its betas where it sets them.
 inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   OptimizerTable t;
   for (int i = 0; i < kParamRoles; i++) {
@@ -426,20 +503,16 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   t.normuon = r.normuon != 0;
   t.adam_every = r.adam_every;
   t.muon_tensor_lr = r.muon_tensor_lr;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    RoleOptimizer& row = t.tensors[i] = t.of(param_tensor_spec(i).role);
+    if (row.method != OptimizerKind::kAdamW) continue;
+    const AdamTensorRow& own = r.adam_rows[i];
+    row.lr *= own.lr;
+    row.weight_decay *= own.weight_decay;
+    row.beta1 = own.beta1.value_or(row.beta1);
+    row.beta2 = own.beta2.value_or(row.beta2);
+  }
   return t;
-}
-
-// Parameter tensor i's name (ParamIndex), which no configuration changes: GPT-2 d12's table's.
-inline const char* param_tensor_name(int i) {
-  GPT2Config c;
-  c.max_seq_len = 1024;
-  c.vocab_size = 50257;
-  c.padded_vocab_size = 50304;
-  c.num_layers = c.num_heads = 12;
-  c.channels = 768;
-  ParamSpec table[kNumParamTensors];
-  param_table(c, table);
-  return table[i].name;
 }
 
 // Muon's orthogonalisation in the start-up table: its steps, their polynomial where it is not the
@@ -472,6 +545,12 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   }
   if (r.bf16_embeddings && bf16_build) adamw += ", the embeddings' steps in BF16";
   if (r.adam_every > 1) adamw += strformat(", every %d steps with their summed gradients", r.adam_every);
+  for (int i = 0; i < kNumParamTensors; i++) {
+    const AdamTensorRow& own = r.adam_rows[i];
+    if (own == AdamTensorRow()) continue;
+    adamw += strformat(", %s's lr x %g betas %g %g decay x %g", param_tensor_name(i), own.lr,
+                       own.beta1.value_or(r.beta1), own.beta2.value_or(r.beta2), own.weight_decay);
+  }
   if (r.optimizer != OptimizerKind::kMuon) return adamw;
   const MomentumSchedule& mu = r.muon_momentum;
   std::string momentum = strformat("%g", mu.end);

@@ -539,7 +539,9 @@ gpu_setup() {
 # and with AdamW on odd steps (-ao 2 in the settings: its gradients of two steps summed, its t its
 # own count of updates, Muon every step), and with record #89's key offset (-ko 1 in the settings:
 # layers 0, 4 and 11, the long-window ones; the rows as one sequence, so row 1's first key takes row
-# 0's last; the flash kernels in BF16 with Hopper's QK-norm backward left to its own kernel there).
+# 0's last; the flash kernels in BF16 with Hopper's QK-norm backward left to its own kernel there);
+# and with AdamW's tensors' own rows (-ar in the settings: wte's, ve's and the head's betas, ve's and
+# the lambdas' rates, the head's decay x 150 of -c 0.005, the scalars' none, as record #89's).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -562,7 +564,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
               "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
               "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2" \
-              "speedrun_tiny_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --key_offset 1"; do
+              "speedrun_tiny_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --key_offset 1" \
+              "speedrun_tiny_adam_rows:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --weight_decay 0.005 --adam_rows wte:b1=0.75;ve:lr=0.5,b2=0.99;headw:b1=0.5,wd=150;skipw:wd=0;lambdas:lr=5,wd=0;value_scales:wd=0"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then

@@ -646,6 +646,21 @@ if has_flag -mq; then
     -opt muon -mq 3
 fi
 
+# --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
+# the matrices Muon takes (before the GPU)
+if has_flag -ar; then
+  expect "-ar of an unknown tensor" "^error: -ar emb:lr=2: no parameter tensor 'emb': name one of wte, wpe, lnew, .*, value_scales\$" \
+    -ar emb:lr=2
+  expect "-ar with a rate that is not a number" "^error: -ar wte:lr 'x': not a number\$" -ar wte:lr=x
+  expect "-ar with a beta of 1" "^error: -ar wte:b2 1: must be within \(0, 1\)\$" -ar wte:b2=1
+  expect "-ar of an unknown key" "^error: -ar wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, b1, b2 or wd\$" \
+    -ar wte:beta1=0.5
+  expect "-ar of a matrix Muon takes" "^error: -ar qkvw:lr=2: qkvw is Muon's \(-opt muon takes the blocks' matrices\), its rate and decay Muon's \(-ml, -mw\): drop its row, or give -opt adamw\$" \
+    -opt muon -ar qkvw:lr=2
+  expect "-ar of a tensor the model lacks" "^error: -ar headw:b1=0.5: the gpt2 model has no headw: drop its row\$" \
+    -ar headw:b1=0.5
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

@@ -2,8 +2,9 @@
 // flag (and another program's flag), a stray word and a missing value, when the usage is asked
 // for, a program's own flags after the shared ones, the flags a recipe sets, the sequence length,
 // sample length, vocabulary file and batch that follow from the flags, the CUDA trainer's document
-// flags against -t and -x and its window against the sequence length, the start-up table's box and
-// the usage, both within kScreenWidth. Scratch files go to build/test_tmp/flags/.
+// flags against -t and -x and its window against the sequence length, AdamW's tensors' rows (-ar),
+// the start-up table's box and the usage, both within kScreenWidth. Scratch files go to
+// build/test_tmp/flags/.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -483,6 +484,40 @@ void test_usage() {
 
 }  // namespace
 
+// -ar's rows: tensors by their table names, each key once read (lr and wd multipliers, b1 and b2
+// betas), shown back as given in table order; an unknown tensor, key, number or beta, a row without
+// its keys or a tensor named twice is refused with the flag and the row; "" none.
+void test_adam_rows() {
+  const llmc::AdamTensorRows rows = llmc::parse_adam_rows("-ar", "ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5");
+  const llmc::AdamTensorRow& ve = rows[llmc::kVe];
+  const llmc::AdamTensorRow& head = rows[llmc::kHeadw];
+  const bool others = std::count(rows.begin(), rows.end(), llmc::AdamTensorRow()) == llmc::kNumParamTensors - 2;
+  check_verbose(ve.lr == 75.0f && ve.beta1 == 0.75f && ve.beta2 == 0.95f && ve.weight_decay == 5.0f &&
+                    head.lr == 1.0f && head.beta1 == 0.5f && !head.beta2 && head.weight_decay == 1.0f && others &&
+                    llmc::adam_rows_text(rows) == "headw:b1=0.5;ve:lr=75,b1=0.75,b2=0.95,wd=5" &&
+                    llmc::parse_adam_rows("-ar", llmc::adam_rows_text(rows)) == rows,
+                "-ar ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5 read, shown as " + llmc::adam_rows_text(rows));
+  check_verbose(llmc::parse_adam_rows("-ar", "") == llmc::AdamTensorRows() &&
+                    llmc::adam_rows_text(llmc::AdamTensorRows()).empty(), "-ar '': no rows");
+  check_throws([] { llmc::parse_adam_rows("-ar", "emb:lr=2"); }, "-ar emb:lr=2: no parameter tensor 'emb': name "
+               "one of wte, wpe, lnew, ", "-ar of an unknown tensor");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=x"); }, "-ar wte:lr 'x': not a number", "-ar wte:lr=x");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:wd=-1"); }, "-ar wte:wd -1: must be at least 0",
+               "-ar wte:wd=-1");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:b2=1"); }, "-ar wte:b2 1: must be within (0, 1)",
+               "-ar wte:b2=1");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:b1=0"); }, "-ar wte:b1 0: must be within (0, 1)",
+               "-ar wte:b1=0");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:beta1=0.5"); }, "-ar wte:beta1=0.5: 'beta1=0.5' is not "
+               "key=value of lr, b1, b2 or wd", "-ar of an unknown key");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=2,"); }, "-ar wte:lr=2,: '' is not key=value",
+               "-ar with an empty key");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte"); }, "-ar 'wte': a row is NAME:key=value,...",
+               "-ar of a tensor without keys");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=2;wte:b1=0.5"); }, "-ar wte:lr=2;wte:b1=0.5: wte has two "
+               "rows: give it one", "-ar naming wte twice");
+}
+
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
 // read as those flags, -ut, -awt, -ao and -ko, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
@@ -548,6 +583,14 @@ void test_loss_settings() {
                 "a debug state's settings '" + d.settings + "': the key offset (none: off)");
   d.settings = "-ko 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ko 2: must be", "a debug state's -ko 2");
+  d.settings = "-ao 2 -ar ve:lr=75,b1=0.75;headw:b2=0.99";
+  const llmc::DebugStateSettings rows = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(rows.adam_rows[llmc::kVe].lr == 75.0f && rows.adam_rows[llmc::kHeadw].beta2 == 0.99f &&
+                    rows.adam_every == 2 && none.adam_rows == llmc::AdamTensorRows(),
+                "a debug state's settings '" + d.settings + "': AdamW's rows of ve and headw (none: no rows)");
+  d.settings = "-ar ve:lr=75,b2=2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ar ve:b2 2: must be within [0, 1]",
+               "a debug state's -ar with a beta of 2");
 }
 
 // -fhs's value: three numbers read as doubles (as train_gpt2.py reads them) and shown so that they
@@ -584,6 +627,7 @@ int main() {
     test_text_wrap();
     test_startup_table();
     test_usage();
+    test_adam_rows();
     test_loss_settings();
     test_fp8_head_scales();
   } catch (const llmc::Error& e) {

@@ -2,10 +2,11 @@
 // betas, eps, weight decay, state precision) as its record gives it, with -opt and the decay flags
 // written into the record; -cd's decay kind in every row and its description; the per-role weight
 // decay against the parameter table's decayed tensors in every architecture; AdamW's betas and eps
-// in each of its rows; the start-up table's description of each recipe's optimizers; and Muon's
-// orthogonalisations: the rows of kNewtonSchulzMethods (the baseline's, the speedrun's, Polar
-// Express) as -ns names them, each recipe's, and the one a debug state's header names (its row, or
-// in older files its one polynomial).
+// in each of its rows; each tensor's own AdamW row (-ar) over its role's; the start-up table's
+// description of each recipe's optimizers; and Muon's orthogonalisations: the rows of
+// kNewtonSchulzMethods (the baseline's, the speedrun's, Polar Express) as -ns names them, each
+// recipe's, and the one a debug state's header names (its row, or in older files its one
+// polynomial).
 #include <cmath>
 #include <string>
 
@@ -178,6 +179,54 @@ void test_qk_blocks_described() {
                 "speedrun -mn 1 -mq 2 described: " + described);
 }
 
+// Each tensor's row is its role's where no row of its own is given (every recipe: the same bits as
+// the roles' rows); -ar's rows (record #89's value embeddings and head here) multiply the role's rate
+// and decay and set the betas of their tensors alone, each described by its name; a row of a matrix
+// is refused with Muon, which owns the matrices, and taken with -opt adamw.
+void test_adam_rows() {
+  bool by_role = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    const OptimizerTable t = llmc::optimizer_table(*r, true);
+    for (int i = 0; i < llmc::kNumParamTensors; i++) {
+      const RoleOptimizer& row = t.of_tensor(i);
+      by_role = by_role && row_text(row) == row_text(t.of(llmc::param_tensor_spec(i).role)) &&
+                row.decay == t.of(llmc::param_tensor_spec(i).role).decay;
+    }
+  }
+  check_verbose(by_role, "gpt2, modern and speedrun: every tensor's row its role's");
+  Recipe r = llmc::recipe_speedrun();
+  r.weight_decay = 0.005f;
+  r.adam_rows[llmc::kVe].lr = 75.0f;
+  r.adam_rows[llmc::kVe].beta1 = 0.75f;
+  r.adam_rows[llmc::kVe].weight_decay = 5.0f;
+  r.adam_rows[llmc::kHeadw].beta1 = 0.5f;
+  r.adam_rows[llmc::kHeadw].beta2 = 0.99f;
+  r.adam_rows[llmc::kLambdas].lr = 5.0f;
+  const OptimizerTable t = llmc::optimizer_table(r, true);
+  const std::string ve = row_text(t.of_tensor(llmc::kVe)), head = row_text(t.of_tensor(llmc::kHeadw));
+  const std::string wte = row_text(t.of_tensor(llmc::kWte)), lambdas = row_text(t.of_tensor(llmc::kLambdas));
+  const std::string qkvw = row_text(t.of_tensor(llmc::kQkvw));
+  check_verbose(ve == "adamw lr 45 betas 0.75 0.95 eps 1e-10 decay 0.025 bf16" &&
+                    head == "adamw lr 0.008 betas 0.5 0.99 eps 1e-10 decay 0.005 fp32" &&
+                    wte == row_text(t.of(ParamRole::kEmbedding)) && lambdas == "adamw lr 0.2 betas 0.8 0.95 eps 1e-10 "
+                    "decay 0 fp32" && qkvw == row_text(t.of(ParamRole::kMatrix)),
+                "speedrun -c 0.005 -ar 've:lr=75,b1=0.75,wd=5;headw:b1=0.5,b2=0.99;lambdas:lr=5': ve " + ve +
+                    ", headw " + head + ", lambdas " + lambdas + " (no decay: a vector's), wte and qkvw their roles'");
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(described.find(", headw's lr x 1 betas 0.5 0.99 decay x 1, ve's lr x 75 betas 0.75 0.95 decay x 5, "
+                               "lambdas's lr x 5 betas 0.8 0.95 decay x 1") != std::string::npos,
+                "speedrun with those rows described: " + described);
+  llmc::adam_rows_check(r, "-ar");
+  r.adam_rows[llmc::kFcw].lr = 2.0f;
+  check_throws([&] { llmc::adam_rows_check(r, "-ar"); }, "-ar fcw:lr=2;headw:b1=0.5,b2=0.99;ve:lr=75,b1=0.75,wd=5;"
+               "lambdas:lr=5: fcw is Muon's (-opt muon takes the blocks' matrices), its rate and decay Muon's (-ml, "
+               "-mw): drop its row, or give -opt adamw", "a row of Muon's fcw");
+  r.optimizer = OptimizerKind::kAdamW;
+  llmc::adam_rows_check(r, "-ar");
+  check_verbose(llmc::optimizer_table(r, true).of_tensor(llmc::kFcw).lr == 2.0f * r.role_lr[(int)ParamRole::kMatrix],
+                "speedrun -opt adamw: fcw's row taken, 2 x the matrices' rate");
+}
+
 // A role's weight decay falls on all of its tensors: in every architecture a role's tensors are all
 // decayed (2-D) or all not (the vectors), as the parameter table says of each.
 void test_decay_by_role() {
@@ -330,6 +379,7 @@ int main() {
     test_normuon_rows();
     test_adam_every();
     test_qk_blocks_described();
+    test_adam_rows();
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();

@@ -2,9 +2,10 @@
 # Tests of train_gpt2.py on its default device (a GPU where one is present): the MT19937
 # self-check, seeded init, the debug state read back and recomputed, checkpoint round trips (FP32
 # and BF16), the AdamW formula, the data order, training on small shards (one process and two),
-# the LR schedules, --check_debug_state, the benchmark mode, the FP8 recipe (its scales on any PyTorch, its casts from
-# 2.1, its products on a GPU of compute capability 8.9+) and the error messages. PYTHON names a
-# python with torch and numpy (default: the first of python3, /usr/bin/python3 that has them).
+# the LR schedules, AdamW's tensors' rows, --check_debug_state, the benchmark mode, the FP8 recipe
+# (its scales on any PyTorch, its casts from 2.1, its products on a GPU of compute capability
+# 8.9+) and the error messages. PYTHON names a python with torch and numpy (default: the first of
+# python3, /usr/bin/python3 that has them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -833,6 +834,63 @@ expect_error "mtp 1,0.5,0.25,0.1: more than 3 weights" "${TINY[@]}" --bench --mt
 expect_error "mtp 2: must be within" "${TINY[@]}" --bench --mtp 1,2
 expect_error "mtp 'x': not a number" "${TINY[@]}" --bench --mtp 1,x
 expect_error "prefix_weight 2.0: must be within" "${TINY[@]}" --bench --prefix_weight 2
+echo "--- AdamW's tensors' own rows (--adam_rows, the CUDA trainer's -ar)"
+check "--adam_rows: a group a distinct row beside its role's, the rate and decay multiplied, its betas" <<'EOF'
+import torch, train_gpt2 as tg
+
+def groups_of(extra):
+    args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--weight_decay", "0.005", "--input_bin", "x",
+                          "--device", "cpu"] + extra)
+    config = tg.resolve_config(args)
+    tg.settle_arch(args, config)
+    model = tg.GPT(config)
+    names = {id(p): tg.table_name(n) for n, p in model.named_parameters()}
+    rows = [(kind, sorted({names[id(p)] for p in g["params"]}), g.get("lr"), g.get("weight_decay"), g.get("betas"))
+            for kind, g in tg.optimizer_groups(model, args)]
+    return args, model, rows
+
+args, _, plain = groups_of([])
+adamw = [r for r in plain if r[0] == "adamw"]
+assert [r[1] for r in adamw] == [["ve", "wte"], ["headw"], ["lambdas", "skipw", "value_scales"]], adamw
+assert all(r[4] == (args.beta1, args.beta2) and r[3] == 0.005 for r in adamw), adamw
+print("no rows: the role groups (embeddings, head, scalars), each with --beta1, --beta2 and --weight_decay")
+args, model, rows = groups_of(["--adam_rows", "ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5;lambdas:lr=5;skipw:lr=5"])
+by_name = {name: r for r in rows for name in r[1]}
+e, h, s = args.embedding_lr, args.head_lr, args.scalar_lr
+assert by_name["wte"] == ("adamw", ["wte"], e, 0.005, (0.8, 0.95)), by_name["wte"]
+assert by_name["ve"] == ("adamw", ["ve"], e * 75, 0.005 * 5, (0.75, 0.95)), by_name["ve"]
+assert by_name["headw"] == ("adamw", ["headw"], h, 0.005, (0.5, 0.95)), by_name["headw"]
+assert by_name["lambdas"] == ("adamw", ["lambdas", "skipw"], s * 5, 0.005, (0.8, 0.95)), by_name["lambdas"]
+assert by_name["value_scales"] == ("adamw", ["value_scales"], s, 0.005, (0.8, 0.95)), by_name["value_scales"]
+assert [r[1] for r in rows if r[0] == "muon"] == [r[1] for r in plain if r[0] == "muon"]
+print("ve x75 (0.75, 0.95) decay x5, headw (0.5, 0.95), lambdas and skipw one group x5, the rest their roles', "
+      "Muon's as without")
+optimizers, _ = tg.make_optimizers(model, args, "cpu")
+tg.set_learning_rates(optimizers, 0, args, 1.0)
+for group in optimizers[0].param_groups:
+    expected = args.adam_eps / (1 - group["betas"][1]) ** 0.5
+    assert group["eps"] == expected and group["betas"] in ((0.8, 0.95), (0.75, 0.95), (0.5, 0.95)), group["betas"]
+print("torch's AdamW takes each group's betas, its eps before the correction from the group's beta2")
+EOF
+"$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --adam_rows "wte:lr=2,b1=0.5;ln1w:b2=0.99" \
+  --write_debug_state "$WORK/adam_rows_state" --debug_steps 2 --device cpu >/dev/null
+check "the debug state names AdamW's rows in its settings" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/adam_rows_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ar wte:lr=2,b1=0.5;ln1w:b2=0.99", (header[1], text)
+print(f"version {header[1]}: '{text}'")
+EOF
+expect_error "adam_rows emb:lr=2: no parameter tensor 'emb': name one of wte, wpe, " "${TINY[@]}" --bench \
+  --adam_rows "emb:lr=2"
+expect_error "adam_rows wte:b1 1.5: must be within .0, 1." "${TINY[@]}" --bench --adam_rows "wte:b1=1.5"
+expect_error "adam_rows wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, b1, b2 or wd" "${TINY[@]}" --bench \
+  --adam_rows "wte:beta1=0.5"
+expect_error "adam_rows qkvw:lr=2: qkvw is Muon's .--optimizer muon takes the blocks' matrices." "${TINY[@]}" --bench \
+  --optimizer muon --adam_rows "qkvw:lr=2"
+expect_error "adam_rows wpe:lr=2: the speedrun model has no wpe: drop its row" --recipe speedrun --model tiny --bench \
+  --documents 0 --window_blocks 0 -b 1 -t 64 --adam_rows "wpe:lr=2"
 expect_error "every term of the training loss has weight 0" "${TINY[@]}" --bench --mtp 0
 expect_error "logit_cap 50: the cap within" --recipe speedrun --model tiny --bench --documents 0 --window_blocks 0 \
   -b 1 -t 64 --logit_cap 50
