@@ -9916,6 +9916,20 @@ void gpt2_muon_pointers(GPT2& m, const OptimizerArrays& arrays) {
   m.muon_state_for = arrays;
 }
 
+// The FP32 master weights of `owner`'s tensors in this rank's shard, from the model's arrays to
+// state_next (where there are master weights).
+void copy_masters_to_next(GPT2& m, StateOwner owner) {
+  const StateLayout& layout = m.state_layout;
+  const OptimizerArrays &from = m.state, &to = m.state_next;
+  if (!from.master) return;
+  for (int i = 0; i < layout.count; i++) {
+    if (layout.owner[i] != owner) continue;
+    const size_t o = layout.begin[i] - layout.shard_offset;
+    cudaCheck(cudaMemcpyAsync(to.master + o, from.master + o, layout.size[i] * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
 // After a checkpoint the optimizer state moves to other arrays (OptimizerState::state_next):
 // Muon's momentum, NorMuon's second moments and its matrices' master weights in this rank's shard
 // are copied there, to be updated in place (AdamW writes its tensors' new state there itself).
@@ -9928,13 +9942,7 @@ void gpt2_muon_copy_state(GPT2& m) {
     cudaCheck(cudaMemcpyAsync(to.second_moments, from.second_moments, layout.second_moment_size * sizeof(float),
                               cudaMemcpyDeviceToDevice, m.stream));
   }
-  if (!from.master) return;
-  for (int i = 0; i < layout.count; i++) {
-    if (layout.owner[i] != StateOwner::kMuon) continue;
-    const size_t o = layout.begin[i] - layout.shard_offset;
-    cudaCheck(cudaMemcpyAsync(to.master + o, from.master + o, layout.size[i] * sizeof(float),
-                              cudaMemcpyDeviceToDevice, m.stream));
-  }
+  copy_masters_to_next(m, StateOwner::kMuon);
 }
 
 // A step without AdamW's update (-ao) after a checkpoint: its moments and its tensors' master
@@ -9945,13 +9953,7 @@ void gpt2_adamw_copy_state(GPT2& m) {
   for (const auto& [source, target] : {std::pair{from.adam_m, to.adam_m}, std::pair{from.adam_v, to.adam_v}}) {
     cudaCheck(cudaMemcpyAsync(target, source, layout.adamw_size * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
   }
-  if (!from.master) return;
-  for (int i = 0; i < layout.count; i++) {
-    if (layout.owner[i] != StateOwner::kAdamW) continue;
-    const size_t o = layout.begin[i] - layout.shard_offset;
-    cudaCheck(cudaMemcpyAsync(to.master + o, from.master + o, layout.size[i] * sizeof(float),
-                              cudaMemcpyDeviceToDevice, m.stream));
-  }
+  copy_masters_to_next(m, StateOwner::kAdamW);
 }
 
 // Muon's step on the blocks' matrices, its rate times lr_fraction. Each process orthogonalises
