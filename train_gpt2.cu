@@ -9,7 +9,8 @@
 //   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads) and
 //                                 over row blocks (scalar grads)
-//   3. Encoder                    token + position embedding, bucketed deterministic backward
+//   3. Encoder                    token + position embedding, bucketed deterministic backward;
+//                                 record #89's smear and bigram hash embedding
 //   4. Normalisation              LayerNorm and RMSNorm (with or without a gain): forward, fused
 //                                 residual + forward, fused backward; the speedrun's residual mix
 //                                 (U-net skip, x0 lambdas)
@@ -938,6 +939,204 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
         dwte, plan.buckets + plan.num_long, short_buckets, plan.positions, dout, C, seed_wte);
     cudaCheckLaunch();
   }
+}
+
+// ---- Record #89's smear (SPEC "Record #89's embedding"): each token's embedding takes a gated
+// share of the one before ----
+// x [N, C] the embedding of a forward's tokens as one flat sequence (rows cross documents and the
+// B rows of a batch, as the reference's one sequence a forward does); w [kSmearWidth] and lambda
+// are parameters' values on the device. Row t >= 1, in the reference's BF16 steps, each rounded:
+// z = w . x_t[:12] (FP32, in order), s = sigmoid(z), g = lambda s, out_t = x_t + g x_{t-1}; row 0
+// is copied. gates [N] (FP32) keeps s, 0 at row 0, for the backward. One warp a row; out apart
+// from x (row t reads x_{t-1}). Backward, dx apart from dout (row t reads dout_{t+1}): a = dout_t
+// . x_{t-1} (each lane's 16-byte pieces in order, then the warp's fixed tree), dz = lambda a s (1 -
+// s), dx_t = dout_t + g_{t+1} dout_{t+1} (+ dz w in the first 12 channels), dw += sum of dz x_t[:12]
+// and dlambda += sum of a s over rows, by row blocks (section 2): deterministic. Floor: forward
+// reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+constexpr int kSmearWidth = 12;  // the channels the smear's gate reads
+constexpr int kSmearThreads = 256;
+
+// Row t's rounded gate s = sigmoid(w . x_t[:12]), 0 at row 0.
+__device__ __forceinline__ float smear_gate(const floatX* x, const floatX* w, int row, int C) {
+  if (row == 0) return 0.0f;
+  const floatX* xt = x + (size_t)row * C;
+  float z = 0.0f;
+  for (int j = 0; j < kSmearWidth; j++) z += (float)w[j] * (float)xt[j];
+  z = (float)(floatX)z;
+  return (float)(floatX)(1.0f / (1.0f + expf(-z)));
+}
+
+// g = lambda s, rounded as the forward adds it.
+__device__ __forceinline__ float smear_share(float lambda, float s) { return (float)(floatX)(lambda * s); }
+
+__global__ void smear_forward_kernel(floatX* out, float* gates, const floatX* x, const floatX* w,
+                                     const floatX* lambda, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= N) return;
+  const int lane = threadIdx.x % WARP_SIZE;
+  const float s = smear_gate(x, w, row, C), g = smear_share((float)lambda[0], s);
+  if (lane == 0) gates[row] = s;
+  const floatX* xt = x + (size_t)row * C;
+  floatX* o = out + (size_t)row * C;
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 v = load128(xt + c);
+    if (row == 0) {
+      store128(o + c, v);
+      continue;
+    }
+    const x128 p = load128(xt - C + c);
+    x128 r;
+    // The product rounded on its own (never fused into the add), as the reference's two steps.
+    for (int k = 0; k < x128::size; k++) r[k] = (floatX)((float)v[k] + (float)(floatX)__fmul_rn(g, (float)p[k]));
+    store128(o + c, r);
+  }
+}
+
+// grid kRowBlocks, 1-D blocks of whole warps: warp i of a block takes its rows i, i + warps, ...
+// in order; partials [kRowBlocks, kSmearWidth + 1] (dw's 12, then dlambda's).
+__global__ void smear_backward_kernel(floatX* dx, float* partials, const floatX* dout, const floatX* x,
+                                      const float* gates, const floatX* w, const floatX* lambda, int N, int C) {
+  const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  const float l = (float)lambda[0];
+  float sums[kSmearWidth + 1] = {};
+  for (int row = r0 + warp; row < r1; row += warps) {
+    const floatX* d = dout + (size_t)row * C;
+    const float s = gates[row];
+    float a = 0.0f;
+    if (row > 0) {
+      for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+        const x128 dd = load128(d + c), p = load128(x + (size_t)(row - 1) * C + c);
+        for (int k = 0; k < x128::size; k++) a += (float)dd[k] * (float)p[k];
+      }
+      a = warp_reduce_sum(a);
+    }
+    const float dz = l * a * s * (1.0f - s);
+    const bool next = row + 1 < N;
+    const float g_next = next ? smear_share(l, gates[row + 1]) : 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 dd = load128(d + c), dn = next ? load128(d + C + c) : x128();
+      x128 r;
+      for (int k = 0; k < x128::size; k++) {
+        float v = (float)dd[k] + g_next * (float)dn[k];
+        if (c + k < kSmearWidth) v += dz * (float)w[c + k];
+        r[k] = (floatX)v;
+      }
+      store128(dx + (size_t)row * C + c, r);
+    }
+    if (lane == 0 && row > 0) {
+      for (int j = 0; j < kSmearWidth; j++) sums[j] += dz * (float)x[(size_t)row * C + j];
+      sums[kSmearWidth] += a * s;
+    }
+  }
+  row_block_sums_store(partials, sums);
+}
+
+void smear_check(const char* name, const void* out, const void* in, int N, int C) {
+  REQUIRE(N > 0 && C >= kSmearWidth && C % x128::size == 0,
+          "%s: N=%d must be positive and C=%d a multiple of %d of at least %d", name, N, C, x128::size, kSmearWidth);
+  REQUIRE(out != in, "%s: the output must be apart from the input (row t reads row t +- 1 of it)", name);
+}
+
+// out [N, C] = x smeared (above), gates [N] its gates s. w [12], lambda [1] on the device.
+void smear_forward(floatX* out, float* gates, const floatX* x, const floatX* w, const floatX* lambda, int N, int C,
+                   cudaStream_t stream) {
+  smear_check("smear_forward", out, x, N, C);
+  const int warps_per_block = kSmearThreads / WARP_SIZE;
+  smear_forward_kernel<<<ceil_div(N, warps_per_block), kSmearThreads, 0, stream>>>(out, gates, x, w, lambda, N, C);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of smear_forward's out: dx [N, C] (written), dw [12] and dlambda [1]
+// (added, with stochastic rounding from seed). gates: the forward's. partials: kRowBlocks * 13 floats.
+void smear_backward(floatX* dx, floatX* dw, floatX* dlambda, float* partials, const floatX* dout, const floatX* x,
+                    const float* gates, const floatX* w, const floatX* lambda, int N, int C, uint32_t seed,
+                    cudaStream_t stream) {
+  smear_check("smear_backward", dx, dout, N, C);
+  smear_backward_kernel<<<kRowBlocks, kSmearThreads, 0, stream>>>(dx, partials, dout, x, gates, w, lambda, N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dw, partials, kSmearWidth + 1, kSmearWidth, kRowBlocks, seed, stream);
+  column_sum_finalize(dlambda, partials + kSmearWidth, kSmearWidth + 1, 1, kRowBlocks, seed ^ 0x27d4eb2fu, stream);
+}
+
+// ---- Record #89's bigram hash embedding (SPEC "Record #89's embedding") ----
+// Each token's (previous token, token) pair picks a row of a table [R, C] (R = Vp 15 / 2: 377,280
+// at Vp 50,304) and a row of a sign table [kBigramSignRows, C] of +-1; the embedding is their
+// product, exact in either precision. The rows come from the tokens on the host (bigram_rows), as
+// the encoder's plan does: the table's gradient is the encoder's bucketed backward (section 3) of
+// dout times the signs, keyed by the table's rows: deterministic, no atomics. Floor: forward reads
+// 2NC values, writes NC; backward reads 2NC, writes NC (the scratch, which the encoder reads).
+constexpr int kBigramSignRows = 8192;
+constexpr int kBigramHashCurrent = 36313, kBigramHashPrevious = 27191;
+
+// The table's rows for padded vocabulary Vp.
+inline int bigram_table_rows(int Vp) { return Vp * 15 / 2; }
+
+// ids [N] and sign_rows [N] of tokens [N], one flat sequence, as the reference's get_bigram_hash
+// and sign index compute them: with m = R - 1, id_0 = m; id_t = (36313 p_t XOR 27191 p_{t-1}) mod m
+// in int32 (the products wrapping, the remainder's sign the divisor's), where p is the tokens with
+// p_0 replaced by m (the reference overwrites it before its shifted read: id_1 hashes m, not the
+// first token); sign_row_0 = 0, sign_row_t = (token_{t-1} XOR token_t) mod 8192.
+void bigram_rows(int* ids, int* sign_rows, const int* tokens, int N, int table_rows) {
+  const int32_t m = table_rows - 1;
+  auto wrapped = [](int32_t factor, int32_t v) { return (int32_t)((uint32_t)factor * (uint32_t)v); };
+  for (int t = 0; t < N; t++) {
+    if (t == 0) {
+      ids[t] = m;
+      sign_rows[t] = 0;
+      continue;
+    }
+    const int32_t previous = t == 1 ? m : tokens[t - 1];
+    const int32_t h = wrapped(kBigramHashCurrent, tokens[t]) ^ wrapped(kBigramHashPrevious, previous);
+    ids[t] = ((h % m) + m) % m;
+    sign_rows[t] = (tokens[t - 1] ^ tokens[t]) % kBigramSignRows;
+  }
+}
+
+// out[t] = rows[ids[t]] * signs[sign_rows[t]]; without ids rows[t] (the backward's dout).
+__global__ void bigram_signed_kernel(floatX* out, const floatX* rows, const int* ids, const floatX* signs,
+                                     const int* sign_rows, int N, int C) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= (size_t)N * C) return;
+  const size_t t = i / C;
+  const int c = (int)(i % C);
+  const x128 v = load128(rows + (ids ? (size_t)ids[t] * C + c : i));
+  const x128 sg = load128(signs + (size_t)sign_rows[t] * C + c);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * (float)sg[k]);
+  store128(out + i, o);
+}
+
+constexpr int kBigramThreads = 256;
+
+void bigram_check(const char* name, int N, int C) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+}
+
+// out [N, C] = table[ids[t]] * signs[sign_rows[t]] (ids, sign_rows [N] on the device: bigram_rows').
+void bigram_forward(floatX* out, const floatX* table, const int* ids, const floatX* signs, const int* sign_rows,
+                    int N, int C, cudaStream_t stream) {
+  bigram_check("bigram_forward", N, C);
+  const size_t pieces = (size_t)N * C / x128::size;
+  bigram_signed_kernel<<<ceil_div(pieces, kBigramThreads), kBigramThreads, 0, stream>>>(out, table, ids, signs,
+                                                                                       sign_rows, N, C);
+  cudaCheckLaunch();
+}
+
+// dtable[ids[t]] += dout[t] * signs[sign_rows[t]] summed over each row's tokens, with stochastic
+// rounding (seed): scratch [N, C] (overwritten) takes the signed gradient, then the encoder's
+// backward through plan, made of the ids (encoder_backward_plan with the ids as its tokens).
+void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const floatX* signs, const int* sign_rows,
+                     const EncoderBackwardPlan& plan, int N, int C, uint32_t seed, cudaStream_t stream) {
+  bigram_check("bigram_backward", N, C);
+  REQUIRE(scratch != dout, "bigram_backward: the scratch must be apart from dout");
+  const size_t pieces = (size_t)N * C / x128::size;
+  bigram_signed_kernel<<<ceil_div(pieces, kBigramThreads), kBigramThreads, 0, stream>>>(scratch, dout, nullptr,
+                                                                                       signs, sign_rows, N, C);
+  cudaCheckLaunch();
+  encoder_backward(dtable, nullptr, plan, scratch, 1, N, C, seed, stream);
 }
 
 // ============================================================================
