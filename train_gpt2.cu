@@ -80,6 +80,7 @@
 #include <omp.h>
 
 #include "llmc/attention_blocks.h"
+#include "llmc/bigram_hash.h"
 #include "llmc/checkpoint_files.h"
 #include "llmc/checkpoint_writer.h"
 #include "llmc/dataloader.h"
@@ -1062,37 +1063,11 @@ void smear_backward(floatX* dx, floatX* dw, floatX* dlambda, float* partials, co
 
 // ---- Record #89's bigram hash embedding (SPEC "Record #89's embedding") ----
 // Each token's (previous token, token) pair picks a row of a table [R, C] (R = Vp 15 / 2: 377,280
-// at Vp 50,304) and a row of a sign table [kBigramSignRows, C] of +-1; the embedding is their
-// product, exact in either precision. The rows come from the tokens on the host (bigram_rows), as
-// the encoder's plan does: the table's gradient is the encoder's bucketed backward (section 3) of
-// dout times the signs, keyed by the table's rows: deterministic, no atomics. Floor: forward reads
-// 2NC values, writes NC; backward reads 2NC, writes NC (the scratch, which the encoder reads).
-constexpr int kBigramSignRows = 8192;
-constexpr int kBigramHashCurrent = 36313, kBigramHashPrevious = 27191;
-
-// The table's rows for padded vocabulary Vp.
-inline int bigram_table_rows(int Vp) { return Vp * 15 / 2; }
-
-// ids [N] and sign_rows [N] of tokens [N], one flat sequence, as the reference's get_bigram_hash
-// and sign index compute them: with m = R - 1, id_0 = m; id_t = (36313 p_t XOR 27191 p_{t-1}) mod m
-// in int32 (the products wrapping, the remainder's sign the divisor's), where p is the tokens with
-// p_0 replaced by m (the reference overwrites it before its shifted read: id_1 hashes m, not the
-// first token); sign_row_0 = 0, sign_row_t = (token_{t-1} XOR token_t) mod 8192.
-void bigram_rows(int* ids, int* sign_rows, const int* tokens, int N, int table_rows) {
-  const int32_t m = table_rows - 1;
-  auto wrapped = [](int32_t factor, int32_t v) { return (int32_t)((uint32_t)factor * (uint32_t)v); };
-  for (int t = 0; t < N; t++) {
-    if (t == 0) {
-      ids[t] = m;
-      sign_rows[t] = 0;
-      continue;
-    }
-    const int32_t previous = t == 1 ? m : tokens[t - 1];
-    const int32_t h = wrapped(kBigramHashCurrent, tokens[t]) ^ wrapped(kBigramHashPrevious, previous);
-    ids[t] = ((h % m) + m) % m;
-    sign_rows[t] = (tokens[t - 1] ^ tokens[t]) % kBigramSignRows;
-  }
-}
+// at Vp 50,304) and a row of a sign table [llmc::kBigramSignRows, C] of +-1; the embedding is their
+// product, exact in either precision. The rows come from the tokens on the host (llmc/bigram_hash.h),
+// as the encoder's plan does: the table's gradient is the encoder's bucketed backward (section 3)
+// of dout times the signs, keyed by the table's rows: deterministic, no atomics. Floor: forward
+// reads 2NC values, writes NC; backward reads 2NC, writes NC (the scratch, which the encoder reads).
 
 // out[t] = rows[ids[t]] * signs[sign_rows[t]]; without ids rows[t] (the backward's dout).
 __global__ void bigram_signed_kernel(floatX* out, const floatX* rows, const int* ids, const floatX* signs,
@@ -1115,7 +1090,7 @@ void bigram_check(const char* name, int N, int C) {
           name, N, C, x128::size);
 }
 
-// out [N, C] = table[ids[t]] * signs[sign_rows[t]] (ids, sign_rows [N] on the device: bigram_rows').
+// out [N, C] = table[ids[t]] * signs[sign_rows[t]] (ids, sign_rows [N] on the device: llmc::bigram_rows').
 void bigram_forward(floatX* out, const floatX* table, const int* ids, const floatX* signs, const int* sign_rows,
                     int N, int C, cudaStream_t stream) {
   bigram_check("bigram_forward", N, C);

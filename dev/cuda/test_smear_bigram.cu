@@ -3,10 +3,9 @@
 //  - smear_forward/backward: x_t + lambda sigmoid(w . x_t[:12]) x_{t-1}, row 0 copied, each step
 //    rounded as the kernel's comment says (the reference below rounds at the same points); the
 //    gates kept; dx, dw and dlambda in double from the same stored values;
-//  - bigram_rows: the reference's ids and sign rows of a few tokens, pinned (computed with its
-//    get_bigram_hash and sign index), and their ranges on random tokens;
-//  - bigram_forward/backward: the signed gather exactly; the table's gradient through the encoder's
-//    bucketed backward, ids repeated thousands of times (long buckets) and rows never hit left alone.
+//  - bigram_forward/backward: the signed gather exactly, of llmc::bigram_rows' ids and sign rows
+//    (dev/test/test_bigram_hash.cpp pins those); the table's gradient through the encoder's
+//    bucketed backward, ids repeated hundreds of times (long buckets) and rows never hit left alone.
 // Row counts below, at and above the backward's 256 fixed row blocks, widths with partial warps;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits.
@@ -104,51 +103,19 @@ void test_smear(const SmearCase& s, llmc::Rng& rng) {
 
 // ---- Bigram hash ----
 
-// The reference's get_bigram_hash and sign index of these tokens at Vp 50,304.
-void test_bigram_rows_pinned() {
-  printf("\nbigram rows of a few tokens, pinned\n");
-  const int rows = bigram_table_rows(50304);
-  testing::check(rows == 377280, llmc::strformat("the table's rows at Vp 50304: %d, expected 377280", rows));
-  const std::vector<int> tokens = {50256, 15496, 11, 995, 0, 50303, 7};
-  const std::vector<int> expected_ids = {377279, 126884, 175303, 56405, 268236, 245200, 46095};
-  const std::vector<int> expected_signs = {0, 6360, 7299, 1000, 995, 1151, 1144};
-  std::vector<int> ids(tokens.size()), sign_rows(tokens.size());
-  bigram_rows(ids.data(), sign_rows.data(), tokens.data(), (int)tokens.size(), rows);
-  for (size_t t = 0; t < tokens.size(); t++) {
-    testing::check(ids[t] == expected_ids[t],
-                   llmc::strformat("bigram id of position %zu: %d, expected %d", t, ids[t], expected_ids[t]));
-    testing::check(sign_rows[t] == expected_signs[t], llmc::strformat("sign row of position %zu: %d, expected %d", t,
-                                                                      sign_rows[t], expected_signs[t]));
-  }
-  // Random tokens of the whole padded vocabulary: every id within the table, the last row only first.
-  llmc::Rng rng(89);
-  const int n = 100000;
-  const std::vector<int> many = random_ints(rng, n, 0, 50304);
-  std::vector<int> many_ids(n), many_signs(n);
-  bigram_rows(many_ids.data(), many_signs.data(), many.data(), n, rows);
-  int out_of_range = 0;
-  for (int t = 1; t < n; t++) {
-    if (many_ids[t] < 0 || many_ids[t] >= rows - 1 || many_signs[t] < 0 || many_signs[t] >= kBigramSignRows) {
-      out_of_range++;
-    }
-  }
-  testing::check(out_of_range == 0 && many_ids[0] == rows - 1 && many_signs[0] == 0,
-                 llmc::strformat("bigram rows of %d random tokens: %d out of range", n, out_of_range));
-}
-
 struct BigramCase {
   int N, C, Vp;  // Vp sets the table's rows (bigram_table_rows): a small one repeats each id often
 };
 
 void test_bigram(const BigramCase& s, llmc::Rng& rng) {
-  const int N = s.N, C = s.C, R = bigram_table_rows(s.Vp);
+  const int N = s.N, C = s.C, R = llmc::bigram_table_rows(s.Vp);
   printf("\nbigram N=%d C=%d, a table of %d rows\n", N, C, R);
   const size_t n = (size_t)N * C;
   const std::vector<int> tokens = random_ints(rng, N, 0, s.Vp);
   std::vector<int> ids(N), sign_rows(N);
-  bigram_rows(ids.data(), sign_rows.data(), tokens.data(), N, R);
+  llmc::bigram_rows(ids.data(), sign_rows.data(), tokens.data(), N, R);
   const std::vector<float> table = random_stored(rng, (size_t)R * C, 0.0f, 1.0f);
-  std::vector<float> signs((size_t)kBigramSignRows * C);
+  std::vector<float> signs((size_t)llmc::kBigramSignRows * C);
   for (float& v : signs) v = rng.u32() % 2 ? 1.0f : -1.0f;
   DeviceArray<floatX> d_table(table), d_signs(signs), out(n);
   DeviceArray<int> d_ids(ids), d_sign_rows(sign_rows);
@@ -231,7 +198,6 @@ void run() {
   test_smear({7, 136}, rng);           // 17 pieces of a row: a partial warp
   test_smear({1, 16}, rng);            // one row: copied, no gradient into w or lambda
 
-  test_bigram_rows_pinned();
   test_bigram({4 * 64 + 1, 768, 64}, rng);  // 480 rows: most never hit
   test_bigram({3999, 768, 2}, rng);         // 15 rows: hundreds of positions each (long buckets)
   test_bigram({37, 128, 301}, rng);
