@@ -1017,10 +1017,11 @@ __global__ void smear_backward_kernel(floatX* dx, float* partials, const floatX*
     const bool next = row + 1 < N;
     const float g_next = next ? smear_share(l, gates[row + 1]) : 0.0f;
     for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
-      const x128 dd = load128(d + c), dn = next ? load128(d + C + c) : x128();
+      const x128 dd = load128(d + c), dn = next ? load128(d + C + c) : dd;  // dn unread without a next row
       x128 r;
       for (int k = 0; k < x128::size; k++) {
-        float v = (float)dd[k] + g_next * (float)dn[k];
+        float v = (float)dd[k];
+        if (next) v += g_next * (float)dn[k];
         if (c + k < kSmearWidth) v += dz * (float)w[c + k];
         r[k] = (floatX)v;
       }
