@@ -68,8 +68,8 @@ constexpr float kFp8StepLossTol = 0.2f;
 constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
-// as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon where its settings name it;
-// the record that gives them. `path` names the debug state's file.
+// as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon and AdamW's interval where
+// its settings name them; the record that gives them. `path` names the debug state's file.
 llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings,
                                            const llmc::GPT2Config& config, const std::string& path) {
   llmc::Recipe r;
@@ -77,6 +77,12 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
   REQUIRE(!settings.normuon || ref.muon, "%s: NorMuon (-mn 1) in its settings, and its steps ran no Muon: the file "
           "is damaged; re-create it with train_gpt2.py", path.c_str());
   r.normuon = settings.normuon;
+  r.adam_every = settings.adam_every;
+  REQUIRE(!settings.muon_qk_heads || ref.muon, "%s: Muon's Q and K blocks (-mq %d) in its settings, and its steps ran "
+          "no Muon: the file is damaged; re-create it with train_gpt2.py", path.c_str(), settings.muon_qk_heads);
+  REQUIRE(!settings.muon_qk_heads || config.num_heads % settings.muon_qk_heads == 0,
+          "%s: -mq %d in its settings, and the model's %d heads do not split into such blocks: the file is damaged; "
+          "re-create it with train_gpt2.py", path.c_str(), settings.muon_qk_heads, config.num_heads);
   r.muon_lr = ref.muon_lr;
   r.muon_weight_decay = ref.muon_weight_decay;
   r.muon_momentum = {ref.muon_momentum_start, ref.muon_momentum, ref.muon_momentum_warmup};
@@ -119,7 +125,8 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::Debu
 // The activations of the debug state's batch (fp8: with -fp8 1; its FP8 head with -fh 1), and its
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
 // its stages', in the unit of -awt); its settings (version 5: the cap, the loss's weights and their
-// prefix table, the untie step, through which the file's embedding is its head).
+// prefix table, the untie step, through which the file's embedding is its head, AdamW's interval,
+// Muon's Q and K blocks).
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
@@ -129,6 +136,8 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::Debu
   gpt2_set_prefix_table(m, ref.prefix_table);
   gpt2_set_loss_weights(m, {settings.next_token_weights, settings.prefix_weight});
   m.untie_step = settings.untie_step;
+  m.adamw_every = settings.adam_every;
+  m.muon_qk_heads = settings.muon_qk_heads;
 }
 
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),

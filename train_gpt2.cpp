@@ -875,8 +875,8 @@ struct TrainConfig : TrainFlags {
 constexpr const char* kCudaTrainerFlags[] = {
     "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-fh", "-n", "-nk",
     "-nm", "-ac", "-y", "-halt", "-hs", "-sh", "-pr", "-pn", "-pl", "-rv", "-rt", "-ct", "-zs",
-    "-ov", "-recipe", "-opt", "-ml", "-mw", "-ns", "-cd", "-mn", "-mc", "-mtp", "-lc", "-pw", "-kd", "-kc", "-pd",
-    "-aw", "-awf", "-awt", "-sp", "-vt", "-ut"};
+    "-ov", "-recipe", "-opt", "-ml", "-mw", "-ns", "-cd", "-mn", "-mq", "-mc", "-mtp", "-lc", "-pw", "-kd", "-kc",
+    "-pd", "-aw", "-awf", "-awt", "-sp", "-vt", "-ut", "-ao"};
 
 void fail_cuda_trainer_flag(const std::string& name) {
   for (const char* flag : kCudaTrainerFlags) {

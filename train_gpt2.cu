@@ -20,12 +20,14 @@
 //                                 bytes transposed)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
 //                                 gates; causal multi-head attention, or within documents and a
-//                                 window of 128-token blocks: flash kernels (BF16), batched GEMMs;
-//                                 one query against a KV cache; on Hopper, a product of our own
-//                                 (TMA, wgmma) with the MLP's ReLU^2 and ReLU^2' in its epilogue
+//                                 window of 128-token blocks or of tokens: flash kernels (BF16),
+//                                 batched GEMMs; one query against a KV cache; on Hopper, a
+//                                 product of our own (TMA, wgmma) with the MLP's ReLU^2 and
+//                                 ReLU^2' in its epilogue
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
-//                                 their E5M2 cast), optional soft cap
+//                                 their E5M2 cast), optional soft cap, the later tokens' and the
+//                                 prefix tokens' loss terms
 //   9. Norms and optimizers       global gradient norm, AdamW with stochastic rounding, Muon
 //                                 (batched BF16 Newton-Schulz, NorMuon's second moment)
 //  10. Model                      parameter and activation tables, the architectures' steps
@@ -33,7 +35,8 @@
 //                                 (the value mix, the attention gate, the residual mix: each one
 //                                 group of its rows, forward, backward and decoding), the block
 //                                 (forward and backward, written once), the attention's documents
-//                                 and windows, the training passes, the optimizers' update
+//                                 and windows, the training passes, the optimizers' update (the
+//                                 embedding tied to the head up to an untie step)
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
@@ -8095,8 +8098,14 @@ struct OptimizerState {
   OptimizerArrays state_next;
   bool use_master_weights = true;
   int optimizer_steps = 0;
+  // AdamW's updates so far, the step of its bias correction (optimizer_steps unless -ao K > 1), and
+  // whether its tensors' gradients are kept for its next update (-ao: gpt2_zero_grad leaves them).
+  int adamw_updates = 0;
+  bool adamw_grads_kept = false;
+  int adamw_every = 1;  // -ao, the run's: gpt2_update's table must agree; in the state files
   // The embedding tied to the head through this step's update (-ut; -1: never): gpt2_update.
   long untie_step = -1;
+  int muon_qk_heads = 0;  // -mq: Muon's Q and K in blocks of this many heads (muon_matrix_rows; 0: whole)
   // Muon (-opt muon; gpt2_muon_groups): the blocks' matrices in groups of one wide shape, their
   // pointers made for the state arrays muon_state_for (the arrays move after a checkpoint), and
   // the scratch of the orthogonalisation.
@@ -9734,8 +9743,17 @@ void encoder_plan_upload(GPT2& m, int N) {
   upload_staging_copy(m.plan_positions_staging, m.encoder_plan.positions, N * sizeof(int), m.stream);
 }
 
+// Zeroes the gradients for the next step's micro steps to add into; where AdamW keeps its tensors'
+// gradients for its next update (-ao), the other tensors' alone.
 void gpt2_zero_grad(GPT2& m) {
-  cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params_padded * sizeof(floatX), m.stream));
+  if (m.adamw_grads_kept) {
+    for (int i = 0; i < llmc::kNumParamTensors; i++) {
+      if (m.state_layout.owner[i] == StateOwner::kAdamW) continue;
+      cudaCheck(cudaMemsetAsync(m.grads + m.param_offsets[i], 0, m.param_specs[i].size * sizeof(floatX), m.stream));
+    }
+  } else {
+    cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params_padded * sizeof(floatX), m.stream));
+  }
   cudaCheck(cudaMemsetAsync(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX),
                             m.stream));
 }
@@ -9801,25 +9819,42 @@ MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scal
           (float)(1.0 - llmc::kNorMuonBeta2)};
 }
 
-// The blocks' matrices (role kMatrix; q, k and v of qkvw one by one) grouped by their shape in the
-// wide orientation, layer by layer within a group: each group is orthogonalised in one batched
-// call. Each matrix's rate multiplier is its tensor's of tensor_lr. Fills m.muon_offsets; the
-// groups' pointers are made by gpt2_muon_pointers.
+// The row counts of Muon's matrices in one layer's slab of tensor i, top to bottom: its `split`
+// matrices of spec.rows rows; with qk_heads > 0 qkvw's Q and K each in blocks of qk_heads heads
+// (record #89's qk_bank: Q's head pairs, then K's), V whole. Each is orthogonalised on its own.
+std::vector<int> muon_matrix_rows(int i, const llmc::ParamSpec& spec, int qk_heads, const llmc::GPT2Config& c) {
+  REQUIRE(qk_heads >= 0 && (qk_heads == 0 || c.num_heads % qk_heads == 0),
+          "Muon: Q and K in blocks of %d heads, of %d heads", qk_heads, c.num_heads);
+  std::vector<int> rows;
+  for (int k = 0; k < spec.split; k++) {
+    const bool blocked = i == llmc::kQkvw && qk_heads > 0 && k < 2;
+    const int block = blocked ? qk_heads * (c.channels / c.num_heads) : spec.rows;
+    for (int r = 0; r < spec.rows; r += block) rows.push_back(block);
+  }
+  return rows;
+}
+
+// The blocks' matrices (role kMatrix; q, k and v of qkvw one by one, or muon_matrix_rows' blocks
+// of m.muon_qk_heads) grouped by their shape in the wide orientation, tensor by tensor and layer
+// by layer within a group: each group is orthogonalised in one batched call. Each matrix's rate
+// multiplier is its tensor's of tensor_lr. Fills m.muon_offsets; the groups' pointers are made by
+// gpt2_muon_pointers.
 void gpt2_muon_groups(GPT2& m, const llmc::TensorMultipliers& tensor_lr) {
   struct Matrix { size_t offset; bool tall; float lr_scale; };
   std::vector<std::pair<std::pair<int, int>, std::vector<Matrix>>> groups;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const llmc::ParamSpec& spec = m.param_specs[i];
     if (!muon_updates(spec) || spec.size == 0) continue;
-    const std::pair<int, int> wide = {std::min(spec.rows, spec.cols), std::max(spec.rows, spec.cols)};
-    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == wide; });
-    if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
-    const size_t matrix = (size_t)spec.rows * spec.cols;
+    const std::vector<int> rows = muon_matrix_rows(i, spec, m.muon_qk_heads, m.config);
     for (int l = 0; l < m.config.num_layers; l++) {
       if (llmc::param_slab(m.plan, spec, l) < 0) continue;
-      for (int k = 0; k < spec.split; k++) {
-        group->second.push_back({(size_t)(m.param(i, l) - m.params) + k * matrix, spec.rows > spec.cols,
-                                 tensor_lr[i]});
+      size_t offset = m.param(i, l) - m.params;
+      for (int r : rows) {
+        const std::pair<int, int> wide = {std::min(r, spec.cols), std::max(r, spec.cols)};
+        auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == wide; });
+        if (group == groups.end()) group = groups.insert(groups.end(), {wide, {}});
+        group->second.push_back({offset, r > spec.cols, tensor_lr[i]});
+        offset += (size_t)r * spec.cols;
       }
     }
   }
@@ -9912,6 +9947,23 @@ void gpt2_muon_copy_state(GPT2& m) {
   }
 }
 
+// A step without AdamW's update (-ao) after a checkpoint: its moments and its tensors' master
+// weights are copied to the arrays the model goes on with, as its update would have written them.
+void gpt2_adamw_copy_state(GPT2& m) {
+  const StateLayout& layout = m.state_layout;
+  const OptimizerArrays &from = m.state, &to = m.state_next;
+  for (const auto& [source, target] : {std::pair{from.adam_m, to.adam_m}, std::pair{from.adam_v, to.adam_v}}) {
+    cudaCheck(cudaMemcpyAsync(target, source, layout.adamw_size * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+  }
+  if (!from.master) return;
+  for (int i = 0; i < layout.count; i++) {
+    if (layout.owner[i] != StateOwner::kAdamW) continue;
+    const size_t o = layout.begin[i] - layout.shard_offset;
+    cudaCheck(cudaMemcpyAsync(to.master + o, from.master + o, layout.size[i] * sizeof(float),
+                              cudaMemcpyDeviceToDevice, m.stream));
+  }
+}
+
 // Muon's step on the blocks' matrices, its rate times lr_fraction. Each process orthogonalises
 // its share of every group and takes the others' from spread. With -zs 0 every process holds the
 // whole averaged gradient and momentum and updates them all (muon_update_spread); with ZeRO-1 it
@@ -9951,8 +10003,8 @@ void gpt2_muon_update(GPT2& m, const MuonParams& params, const llmc::TensorMulti
 
 // The embedding tied to the head (-ut, modded-nanogpt record #89's tied phase), on one optimizer
 // shard: the embedding's weights (and their FP32 masters) the head's, which are the same shape
-// [Vp, C]. The tied update steps the head with the sum of both gradients (gpt2_update); the
-// embedding's own AdamW state is unused until the untie step copies the head's over it.
+// [Vp, C]. The tied update steps the head with the sum of both gradients and not the embedding
+// (gpt2_update), whose AdamW state stays as it was until the untie step copies the head's over it.
 void gpt2_tie_embedding(GPT2& m) {
   const size_t wte = m.param_offsets[llmc::kWte], head = m.param_offsets[llmc::kHeadw];
   const size_t n = m.param_specs[llmc::kHeadw].size;
@@ -9991,6 +10043,9 @@ inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 :
 // times lr_fraction, the schedule's lr over its peak, and the step's momentum, its
 // orthogonalisation spread over the processes by muon_spread. Through the untie step the head
 // takes the embedding's gradient too, and the embedding the head's new weights (gpt2_tie_embedding).
+// With -ao K AdamW steps at every K-th step only (opt.adamw_steps_at), with the gradients the
+// steps since its last update added up (gpt2_zero_grad keeps them), its bias correction's t its
+// own count of updates; the head takes the embedding's gradient then too, as record #89's.
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
                  const MuonSpread& muon_spread = MuonSpread()) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
@@ -9999,22 +10054,27 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   REQUIRE(opt.normuon == second_moments, "gpt2_update: the optimizer state was allocated %s NorMuon's second "
           "moments, and the update is %s NorMuon's", second_moments ? "with" : "without",
           opt.normuon ? "with" : "without");
+  REQUIRE(opt.adam_every == m.adamw_every, "gpt2_update: AdamW every %d steps, and the model was set up for every %d",
+          opt.adam_every, m.adamw_every);
   nvtxRangePush("update");
   m.optimizer_steps++;
+  const bool adamw_steps = opt.adamw_steps_at(step);
+  if (adamw_steps) m.adamw_updates++;
   AdamWParams hp = {};
   const float clip = opt.grad_clip;
   hp.grad_scale = (clip > 0.0f && grad_norm > clip) ? clip / (grad_norm + 1e-6f) : 1.0f;
-  hp.step = m.optimizer_steps;
+  hp.step = m.adamw_updates;
   const uint32_t seed = m.rng.u32();
-  const bool tied = step <= m.untie_step;
+  const bool tied = step <= m.untie_step && adamw_steps;
   if (tied) {
     add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
                 seed + 0x9e3779b9u * (llmc::kNumParamTensors + 1), m.stream);
   }
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
-  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+  for (int i = 0; i < llmc::kNumParamTensors && adamw_steps; i++) {
     if (layout.owner[i] != StateOwner::kAdamW) continue;
+    if (tied && i == llmc::kWte) continue;  // the head's copy after this update (gpt2_tie_embedding)
     const llmc::RoleOptimizer& row = opt.of(m.param_specs[i].role);
     const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay,
                               row.decay};
@@ -10025,7 +10085,9 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   if (opt.muon()) {
     gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, muon_spread);
   }
+  if (!adamw_steps && has_arrays(m.state_next)) gpt2_adamw_copy_state(m);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
+  m.adamw_grads_kept = !adamw_steps;
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
     m.state_next = OptimizerArrays();
@@ -10038,8 +10100,8 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   // the same bits: the choices tuned there (fastest_matching_algo) could differ from those of a
   // resumed process, tuned on trained weights. The head moves at the first update; the
   // projections, whose gradients flow through it, at the second: the choices are made again after
-  // each (tuning_steps).
-  if (m.optimizer_steps < tuning_steps(m)) matmul_forget_choices();
+  // each (tuning_steps); with -ao, until AdamW's updates are as many.
+  if (m.optimizer_steps < tuning_steps(m) || m.adamw_updates < tuning_steps(m)) matmul_forget_choices();
   nvtxRangePop();
 }
 
@@ -10315,7 +10377,36 @@ llmc::TrainStateId train_state_id(const GPT2& m, int step, int rank, int world, 
                                                                 : llmc::kMatrixOptimizerMuon;
   id.data_tokens = data_tokens;
   id.untie_step = (int)m.untie_step;
+  id.adam_every = m.adamw_every;
+  id.muon_qk_heads = m.muon_qk_heads;
   return id;
+}
+
+// AdamW's state besides its moments (-ao; llmc::AdamKept): its updates so far, and this rank's
+// gradients where it keeps its tensors' for its next update (the next step's backward adds to them).
+llmc::AdamKept gpt2_adamw_kept(const GPT2& m) {
+  llmc::AdamKept kept;
+  kept.updates = m.adamw_updates;
+  if (!m.adamw_grads_kept) return kept;
+  std::vector<floatX> bits(m.shard_size);
+  copy_pageable(bits.data(), m.grads + m.shard_offset, m.shard_size * sizeof(floatX), cudaMemcpyDeviceToHost,
+                m.stream);
+  kept.grads.resize(m.shard_size);
+  floatX_to_float(kept.grads.data(), bits.data(), m.shard_size);
+  return kept;
+}
+
+void gpt2_adamw_restore(GPT2& m, const llmc::AdamKept& kept) {
+  m.adamw_updates = kept.updates;
+  m.adamw_grads_kept = !kept.grads.empty();
+  if (!m.adamw_grads_kept) return;
+  REQUIRE(kept.grads.size() == m.shard_size, "gpt2_adamw_restore: %zu kept gradients for a shard of %zu",
+          kept.grads.size(), m.shard_size);
+  std::vector<floatX> bits(m.shard_size);
+  float_to_floatX(bits.data(), kept.grads.data(), m.shard_size);
+  cudaCheck(cudaMemsetAsync(m.grads, 0, m.num_params_padded * sizeof(floatX), m.stream));
+  copy_pageable(m.grads + m.shard_offset, bits.data(), m.shard_size * sizeof(floatX), cudaMemcpyHostToDevice,
+                m.stream);
 }
 
 // Loads the checkpoint's training state into the model (which holds its parameters already),
@@ -10353,6 +10444,7 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
     state_file_zero_gaps(m.state_layout, pinned);
   }
   m.optimizer_steps = s.optimizer_steps;
+  gpt2_adamw_restore(m, s.adam);
   m.rng.restore(s.host.model_rng);
   gpt2_fp8_restore_history(m, s.fp8, llmc::checkpoint_path(dir, "state", step, 0));
   return s.host;
@@ -10606,8 +10698,8 @@ void checkpoint_submit(Checkpointer& ck, const GPT2& m, int rank, int world, int
                              id = train_state_id(m, step, rank, world, ck.data_tokens),
                              optimizer_steps = m.optimizer_steps, host, moments, n,
                              master = m.state.master ? moments + 2 * n : nullptr,
-                             fp8 = gpt2_fp8_history(m)] {
-    llmc::train_state_save(path, id, optimizer_steps, host, moments, moments + n, master, fp8);
+                             fp8 = gpt2_fp8_history(m), adam = gpt2_adamw_kept(m)] {
+    llmc::train_state_save(path, id, optimizer_steps, host, moments, moments + n, master, fp8, adam);
   });
   job.mark_done = world == 1;
   ck.writer.submit(std::move(job));
@@ -11223,6 +11315,12 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-mn", "NorMuon", "-opt muon: 1 Muon's orthogonalised update divided, per entry of each matrix's "
                "longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm "
                "(record #89's NorMuon); 0: plain Muon", &a.normuon, 0, 1),
+      int_flag("-ao", "AdamW interval", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of "
+               "the K steps' gradients, which the steps between keep (record #89's 2: its odd steps; one process, "
+               "-gc 0); 1: every step", &a.adam_every, 1, llmc::kMaxAdamEvery),
+      int_flag("-mq", "Muon Q/K blocks", "-opt muon: qkvw's Q and K orthogonalised in blocks of N heads each, V "
+               "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
+               &a.muon_qk_heads, 0, kIntMax),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11279,6 +11377,14 @@ void validate_args(const TrainArgs& a) {
           muon ? ", -mw 0" : "", muon ? " or -mw" : "");
   REQUIRE(!a.normuon || muon, "-mn 1 normalises Muon's update, and -opt %s has no Muon: give -opt muon with it, or "
           "drop -mn", llmc::optimizer_name(a.optimizer));
+  REQUIRE(a.adam_every == 1 || a.grad_clip <= 0.0f, "-ao %d sums %d steps' gradients for AdamW, and -gc %g would "
+          "clip each step's apart: give -gc 0 with it (record #89 clips nothing)", a.adam_every, a.adam_every,
+          a.grad_clip);
+  REQUIRE(a.untie_step < 0 || (a.untie_step + 1) % a.adam_every == 0, "-ut %d unties at a step without AdamW's "
+          "update under -ao %d: give an untie step U with (U + 1) %% %d == 0 (record #89's is odd)", a.untie_step,
+          a.adam_every, a.adam_every);
+  REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
+          "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
   REQUIRE(!kd_given || a.decay_fraction == 0.0f || a.schedule == "wsd",
           "-kd %g is the decay of -k wsd: give -k wsd with it", a.decay_fraction);
@@ -11732,6 +11838,14 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     llmc::check_window_length(window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
+  if (a.adam_every > 1 && world > 1) {
+    LLMC_FAIL("-ao %d keeps AdamW's gradients between its updates on one process; %d processes would average "
+              "them at each step: run it on one process, or give -ao 1", a.adam_every, world);
+  }
+  if (a.muon_qk_heads && config.num_heads % a.muon_qk_heads) {
+    LLMC_FAIL("-mq %d: the model's %d heads do not split into blocks of %d: give a divisor of %d (record #89's 2), or "
+              "-mq 0 for Q and K whole", a.muon_qk_heads, config.num_heads, a.muon_qk_heads, config.num_heads);
+  }
   if (a.normuon && world > 1 && a.zero_stage == 1) {
     LLMC_FAIL("-mn 1 keeps NorMuon's second moments whole on every process, and -zs 1 shards Muon's state over "
               "the %d processes: give -zs 0", world);
@@ -12117,6 +12231,7 @@ bool train_step(TrainRun& r, int step) {
     multi_gpu_gather_params(r.mg, m);
   } else {
     r.skipped_updates++;
+    m.adamw_grads_kept = false;  // the gradients of a skipped update are dropped, kept ones too
     if (step == m.untie_step) gpt2_untie_embedding_state(m);  // the untie does not wait for an update
   }
   multi_gpu_fp8_end_step(r.mg, m, s.finite && !s.spike);
@@ -12271,6 +12386,8 @@ int train_main(int argc, char** argv) {
                                                shard_count == 1 ? 0 : mg.rank, shard_count);
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, a.logit_cap, m.arch().name);
   m.untie_step = a.untie_step;
+  m.adamw_every = a.update.adam_every;
+  m.muon_qk_heads = a.muon_qk_heads;
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

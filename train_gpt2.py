@@ -139,9 +139,10 @@ MUON_FLAGS = {
     "muon_lr": (0.025, 0.025, 0.05), "muon_weight_decay": (0.05, 0.05, 0.0), "muon_momentum": (0.95, 0.95, 0.95),
     "muon_momentum_start": (0.85, 0.85, 0.85), "muon_momentum_warmup": (0, 0, 300),
     "muon_momentum_cooldown": (0, 0, 0),
-    "muon_ns": ("baseline", "baseline", "speedrun"), "normuon": (0, 0, 0),
+    "muon_ns": ("baseline", "baseline", "speedrun"), "normuon": (0, 0, 0), "muon_qk_heads": (0, 0, 0),
 }
 NORMUON_BETA2 = 0.9  # NorMuon's running mean of the update's squares (normuon_step)
+ADAM_EVERY_MAX = 1000  # --adam_every's largest interval (the CUDA trainer's kMaxAdamEvery)
 WARMUP_STEPS_UNTIMED = 3  # the first steps include compilation and autotuning; averages skip them
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -1992,31 +1993,37 @@ def normuon_step(v, second_moment, beta2=NORMUON_BETA2):
     return v * scale.unsqueeze(dim).to(v.dtype)
 
 
+def block_rows(p, blocks):
+    """The row counts of p's row blocks: `blocks` equal ones (an int), or the counts listed."""
+    return [p.size(0) // blocks] * blocks if isinstance(blocks, int) else list(blocks)
+
+
 def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthogonalise=orthogonalise,
                    second_moments=None):
     """Muon's update of one parameter (bfloat16): Nesterov momentum (momentum updated in place), then
-    each of its `blocks` row blocks orthogonalised (by `orthogonalise`, Muon's: compiled or not), with
-    second_moments (NorMuon's state, a row a block) normalised by normuon_step, and scaled by
-    sqrt(max(1, rows/cols)), of the block transposed when `transposed` (the speedrun's reference holds
-    its fc as [C, 4C]: scale 1)."""
+    each of its row blocks (block_rows) orthogonalised (by `orthogonalise`, Muon's: compiled or not),
+    with second_moments (NorMuon's state, a row a block, its first max(rows, cols) values the block's)
+    normalised by normuon_step, and scaled by sqrt(max(1, rows/cols)), of the block transposed when
+    `transposed` (the speedrun's reference holds its fc as [C, 4C]: scale 1)."""
     momentum.lerp_(grad, 1 - mu)
     u = grad.lerp(momentum, mu)
-    blocks = u.chunk(blocks)
+    blocks = u.split(block_rows(u, blocks))
     updates = [orthogonalise(b, newton_schulz) for b in blocks]
     if second_moments is not None:
-        updates = [normuon_step(v, s) for v, s in zip(updates, second_moments)]
+        updates = [normuon_step(v, s[:max(v.shape)]) for v, s in zip(updates, second_moments)]
     return torch.cat([v * muon_scale(b, transposed) for v, b in zip(updates, blocks)])
 
 
 class Muon(torch.optim.Optimizer):
     """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction; with cautious
     (record #89's cautious weight decay, SPEC.md) p <- p - (wd lr) lr_eff p [u p >= 0], then
-    p <- p - lr * u, lr_eff = lr muon_scale. A group's "blocks" splits each of its matrices into that
-    many row blocks (qkvw: q, k and v, three C x C matrices); its "transposed" scales by the
-    transpose's shape. newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one
-    torch.compile graph per shape, as modded-nanogpt compiles its; the momentum stays eager, as
-    there, so the warmup's momentum (a float that changes every step) does not recompile it.
-    normuon: record #89's NorMuon (normuon_step), its state a row of max(rows, cols) a block."""
+    p <- p - lr * u, lr_eff = lr muon_scale of each block. A group's "blocks" splits each of its
+    matrices into that many equal row blocks (qkvw: q, k and v, three C x C matrices), or into blocks
+    of the row counts it lists (--muon_qk_heads); its "transposed" scales by the transpose's shape.
+    newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one torch.compile graph per
+    shape, as modded-nanogpt compiles its; the momentum stays eager, as there, so the warmup's
+    momentum (a float that changes every step) does not recompile it. normuon: record #89's NorMuon
+    (normuon_step), its state a row a block, of the blocks' largest max(rows, cols)."""
 
     def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False,
                  cautious=False, normuon=False):
@@ -2032,36 +2039,52 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
+                rows = block_rows(p, group["blocks"])
                 if not state:
                     state["momentum"] = torch.zeros_like(p)
                     if self.normuon:
-                        side = max(p.chunk(group["blocks"])[0].shape)
-                        state["second_moments"] = torch.zeros(group["blocks"], side, device=p.device)
-                update = muon_direction(p.grad, state["momentum"], group["momentum"], group["blocks"],
+                        side = max(max(r, p.size(1)) for r in rows)
+                        state["second_moments"] = torch.zeros(len(rows), side, device=p.device)
+                update = muon_direction(p.grad, state["momentum"], group["momentum"], rows,
                                         self.newton_schulz, group["transposed"], self.orthogonalise,
                                         state.get("second_moments"))
                 lr, wd = group["lr"], group["weight_decay"]
                 if self.cautious:
-                    lr_eff = lr * muon_scale(p.chunk(group["blocks"])[0], group["transposed"])
-                    mask = (update.float() * p >= 0).to(p.dtype)
-                    p.sub_(p * mask * (wd * lr) * lr_eff)
+                    for block, u in zip(p.split(rows), update.split(rows)):
+                        lr_eff = lr * muon_scale(block, group["transposed"])
+                        mask = (u.float() * block >= 0).to(p.dtype)
+                        block.sub_(block * mask * (wd * lr) * lr_eff)
                 else:
                     p.mul_(1 - lr * wd)
                 p.add_(update, alpha=-lr)
 
 
-def muon_param_groups(model):
-    """Muon's groups: the blocks' matrices, qkvw as q, k, v. The speedrun's also takes the gates,
-    and its fc is scaled as its reference holds it, [C, 4C] (transposed)."""
+def qkv_blocks(config, qk_heads):
+    """qkvw's row blocks for Muon: q, k and v (3), or with qk_heads > 0 (--muon_qk_heads) q's rows in
+    blocks of qk_heads heads, then k's, then v whole (record #89's qk_bank: Q's head pairs, K's)."""
+    if not qk_heads:
+        return 3
+    if qk_heads < 0 or config.num_heads % qk_heads:
+        fail(f"--muon_qk_heads {qk_heads}: the model's {config.num_heads} heads do not split into blocks of "
+             f"{qk_heads}: give a divisor of {config.num_heads} (record #89's 2), or 0 for q and k whole")
+    rows = qk_heads * (config.channels // config.num_heads)
+    return [rows] * (2 * config.num_heads // qk_heads) + [config.channels]
+
+
+def muon_param_groups(model, qk_heads=0):
+    """Muon's groups: the blocks' matrices, qkvw as q, k, v (or qkv_blocks' blocks of qk_heads
+    heads). The speedrun's also takes the gates, and its fc is scaled as its reference holds it,
+    [C, 4C] (transposed)."""
     blocks = model.transformer.h
-    qkv = [b.attn.c_attn.weight for b in blocks if b.attn is not None]
+    qkv = dict(params=[b.attn.c_attn.weight for b in blocks if b.attn is not None],
+               blocks=qkv_blocks(model.config, qk_heads))
     if model.config.speedrun:
         projections = [p for b in blocks if b.attn is not None for p in (b.attn.c_proj.weight, b.attn.gate.weight)]
         others = projections + [b.mlp.c_proj.weight for b in blocks]
         fc = [b.mlp.c_fc.weight for b in blocks]
-        return [dict(params=qkv, blocks=3), dict(params=others), dict(params=fc, transposed=True)]
+        return [qkv, dict(params=others), dict(params=fc, transposed=True)]
     others = [p for b in blocks for p in (b.attn.c_proj.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
-    return [dict(params=qkv, blocks=3), dict(params=others)]
+    return [qkv, dict(params=others)]
 
 
 def optimizer_groups(model, args):
@@ -2073,7 +2096,7 @@ def optimizer_groups(model, args):
     rates, all with weight decay."""
     t, groups = model.transformer, []
     if args.optimizer == "muon":
-        groups = [("muon", group) for group in muon_param_groups(model)]
+        groups = [("muon", group) for group in muon_param_groups(model, args.muon_qk_heads)]
     taken = {id(p) for _, group in groups for p in group["params"]}
     rest = [p for p in params_in_file_order(model) if id(p) not in taken]
     if model.config.modern:
@@ -2174,11 +2197,33 @@ def muon_momentum(step, args, steps=None):
 
 def adam_eps(step, args):
     """The eps torch's AdamW adds to sqrt(vhat) at `step` (0-based): --adam_eps; with
-    --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t) (t = step + 1), which gives the
-    update lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps) of the speedrun's reference."""
+    --adam_eps_before_correction 1, --adam_eps / sqrt(1 - beta2^t) (t = adamw_updates(step, args)),
+    which gives the update lr sqrt(1 - beta2^t) / (1 - beta1^t) m / (sqrt(v) + eps) of the speedrun's
+    reference."""
     if not args.adam_eps_before_correction:
         return args.adam_eps
-    return args.adam_eps / math.sqrt(1 - args.beta2 ** (step + 1))
+    return args.adam_eps / math.sqrt(1 - args.beta2 ** adamw_updates(step, args))
+
+
+def adamw_steps_at(step, args):
+    """Whether AdamW updates its tensors at `step` (0-based): every --adam_every-th step, (step + 1) % K
+    == 0 (record #89's K = 2: its odd steps); at the others their gradients are kept and added to."""
+    return (step + 1) % args.adam_every == 0
+
+
+def adamw_updates(step, args):
+    """AdamW's updates through `step`, the t of its bias correction at an update."""
+    return (step + 1) // args.adam_every
+
+
+def zero_step_grads(model, optimizers, step, args):
+    """Clears the gradients for `step`'s micro steps to add into, but AdamW's tensors' where its last
+    update was before the previous step (adamw_steps_at): those add up until its next update."""
+    keep = step % args.adam_every != 0
+    kept = {id(p) for group in optimizers[0].param_groups for p in group["params"]} if keep else set()
+    for p in model.parameters():
+        if id(p) not in kept:
+            p.grad = None
 
 
 def set_learning_rates(optimizers, step, args, multiplier=1.0, steps=None):
@@ -2258,6 +2303,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
                            NEWTON_SCHULZ[args.muon_ns], normuon=bool(args.normuon)) if muon else None)
     B, T = x.shape
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
+    adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
+    kept = {}  # AdamW's tensors' gradients since its last update (--adam_every)
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -2274,12 +2321,16 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         else:
             losses.append(debug_forward_backward(model, xs, ys, args, autocast)[1].item())
         print(f"debug step {step + 1}/{args.debug_steps} | loss {losses[-1]:.6f}")
+        for p in adamw_params:
+            p.grad = kept[id(p)] + p.grad if kept else p.grad
         clip_gradients(params, args.grad_clip)
-        if step <= args.untie_step:
+        adamw_steps = adamw_steps_at(step, args)
+        kept = {} if adamw_steps else {id(p): p.grad.clone() for p in adamw_params}
+        if step <= args.untie_step and adamw_steps:
             tied_step_gradient(model)
         for owner, group in groups:
-            if owner == "adamw":
-                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], step + 1,
+            if owner == "adamw" and adamw_steps:
+                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], adamw_updates(step, args),
                            group["lr"] * multiplier, group["weight_decay"], (args.beta1, args.beta2),
                            adam_eps(step, args), decay_all=config.modern)
         if muon_optimizer:
@@ -2290,7 +2341,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
 
-    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon))
+    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
+                                    args.muon_qk_heads if muon else 0)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
@@ -2357,10 +2409,11 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model, untie_step=-1, normuon=False):
+def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step, windows in tokens and Muon's NorMuon ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4
-    -awt 1 -mn 1"; "" for the defaults; -pw, maybe 0, wherever the prefix table is, which
+    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, and AdamW's interval ("-lc 23,5
+    -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2"; "" for the defaults; -pw, maybe 0,
+    wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
     int32 ids."""
@@ -2379,6 +2432,10 @@ def debug_state_settings(model, untie_step=-1, normuon=False):
         words += ["-awt", "1"]
     if normuon:
         words += ["-mn", "1"]
+    if adam_every > 1:
+        words += ["-ao", str(adam_every)]
+    if muon_qk_heads:
+        words += ["-mq", str(muon_qk_heads)]
     return " ".join(words)
 
 
@@ -2398,13 +2455,14 @@ def read_debug_state_settings(path, header):
 def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
-    -mn: its first step's gradients, which the check compares, come before NorMuon)."""
+    -mn, -mq, -ao: its first step's gradients, which the check compares, come before the
+    optimizers' steps)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1":
-        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1 and "
-             "-mn: re-create it")
+        fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
+             "-mn, -mq and -ao: re-create it")
     model.window_tokens = "-awt" in settings
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
@@ -2610,6 +2668,9 @@ def parse_args(argv=None):
     a.add_argument("--normuon", type=int, choices=[0, 1], help=muon_help(
         "normuon", "1: record #89's NorMuon (SPEC.md): Muon's orthogonalised update divided, per row or column of "
         "the longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm"))
+    a.add_argument("--muon_qk_heads", type=int, help=muon_help(
+        "muon_qk_heads", "N: each attention's q and k orthogonalised in row blocks of N heads, v whole (record "
+        "#89's 2: its head pairs, a matrix of 2 heads' rows); 0: q, k and v whole"))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
@@ -2624,6 +2685,9 @@ def parse_args(argv=None):
                    "through step U's update (the head stepped with both gradients, the embedding its copy), then "
                    "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
                    "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
+    a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
+                   "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
+                   "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -2963,6 +3027,16 @@ def settle_arch(args, config):
         fail(f"--untie_step {args.untie_step}: give the step through which the embedding is tied to the head, or -1")
     if args.untie_step >= 0 and args.benchmark:
         fail(f"--untie_step {args.untie_step}: --benchmark times untied steps; drop --untie_step")
+    if not 1 <= args.adam_every <= ADAM_EVERY_MAX:
+        fail(f"--adam_every {args.adam_every}: give AdamW's interval in steps, 1 to {ADAM_EVERY_MAX} (1: every step)")
+    if args.adam_every > 1 and args.benchmark:
+        fail(f"--adam_every {args.adam_every}: --benchmark times AdamW at every step; drop --adam_every")
+    if args.adam_every > 1 and args.grad_clip > 0:
+        fail(f"--adam_every {args.adam_every} sums {args.adam_every} steps' gradients for AdamW, and --grad_clip "
+             f"{args.grad_clip:g} would clip each step's apart: give --grad_clip 0 with it (record #89 clips nothing)")
+    if args.untie_step >= 0 and (args.untie_step + 1) % args.adam_every != 0:
+        fail(f"--untie_step {args.untie_step} unties at a step without AdamW's update under --adam_every "
+             f"{args.adam_every}: give an untie step U with (U + 1) % {args.adam_every} == 0 (record #89's is odd)")
     if args.untie_step >= 0 and not config.modern:
         fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
              f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
@@ -3221,7 +3295,7 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
     if isinstance(train_loader, DocumentLoader):
         train_loader.reshape(step_plan.seq_len, step_plan.micro_steps, step_plan.cap)
     lr = set_learning_rates(optimizers, step, args, step_plan.lr_multiplier, steps)
-    raw_model.zero_grad(set_to_none=True)
+    zero_step_grads(raw_model, optimizers, step, args)
     train_loss = torch.zeros((), device=device)
     grad_accum_steps = step_plan.micro_steps
     for micro_step in range(grad_accum_steps):
@@ -3235,9 +3309,10 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
             train_loss += mean_share
             loss.backward()
     norm = clip_gradients(raw_model.parameters(), args.grad_clip)
-    if step <= args.untie_step:
+    adamw_steps = adamw_steps_at(step, args)
+    if step <= args.untie_step and adamw_steps:
         tied_step_gradient(raw_model)
-    for optimizer in optimizers:
+    for optimizer in optimizers[0 if adamw_steps else 1:]:  # make_optimizers': AdamW first
         optimizer.step()
     untie_step_done(raw_model, step, args, optimizer_state_of(optimizers))
     return mean_over_ranks(train_loss, world), norm.item(), lr
@@ -3364,6 +3439,9 @@ def main(argv=None, step_hook=None):
     args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
         fail("--benchmark times one process; run it without torchrun")
+    if args.adam_every > 1 and world > 1:
+        fail(f"--adam_every {args.adam_every} keeps AdamW's gradients between its updates on one process; DDP "
+             f"would average them at each step: run it without torchrun, or give --adam_every 1")
     if flash:
         select_sdpa_backend(args.sdpa_backend or (BENCHMARK_RECIPE["sdpa_backend"] if args.benchmark else "auto"), device)
     if config is None:

@@ -96,8 +96,8 @@ inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* tex
 }
 
 // A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
-// header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt)
-// and Muon's NorMuon (-mn).
+// header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
+// Muon's NorMuon (-mn) and Q and K blocks (-mq), and AdamW's interval (-ao).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -105,6 +105,8 @@ struct DebugStateSettings {
   int untie_step = -1;
   WindowUnit window_unit = WindowUnit::kBlocks;  // -awt 1: windows counted in tokens
   int normuon = 0;
+  int adam_every = 1;
+  int muon_qk_heads = 0;
 };
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
@@ -195,8 +197,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
   for (size_t i = 0; i < words.size(); i += 2) {
     const std::string& flag = words[i];
     if (i + 1 == words.size() ||
-        (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt and -mn: re-create it with "
+        (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
+         flag != "-ao" && flag != "-mq")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao and -mq: re-create it with "
                 "train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
@@ -207,6 +210,8 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-ut") s.untie_step = (int)parse_int("-ut", value, -1, INT32_MAX);
     if (flag == "-awt") s.window_unit = parse_int("-awt", value, 0, 1) ? WindowUnit::kTokens : WindowUnit::kBlocks;
     if (flag == "-mn") s.normuon = (int)parse_int("-mn", value, 0, 1);
+    if (flag == "-ao") s.adam_every = (int)parse_int("-ao", value, 1, kMaxAdamEvery);
+    if (flag == "-mq") s.muon_qk_heads = (int)parse_int("-mq", value, 1, INT32_MAX);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

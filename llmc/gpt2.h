@@ -42,9 +42,9 @@
 //   and in files written before this slot, where [23..26]'s one polynomial makes every step after
 //   X / (|X|_F + 1e-7), and whose stage plans of 885 to 888 bytes filled it with text
 // version 5 (version 4 with settings: train_gpt2.py --logit_cap, --mtp, --prefix_weight,
-// --untie_step, --window_tokens, --normuon) then has the settings as train_gpt2cu's flags (int32
-// byte length, the text padded with zeros to 4-byte words: "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25
-// -ut 4 -awt 1 -mn 1"; with -ut the checkpoint's embedding is its head), then the prefix table's
+// --untie_step, --window_tokens, --normuon, --adam_every) then has the settings as train_gpt2cu's
+// flags (int32 byte length, the text padded with zeros to 4-byte words: "-lc 23.0,5.0 -mtp
+// 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -ao 2"; with -ut the checkpoint's embedding is its head), then the prefix table's
 // rows (int32: 0, or padded_vocab_size with -pw, maybe -pw 0.0 where the stage plan's pw= weights
 // the prefix term) and its ids (int32 each, -1 none); the logits, loss and gradients below are of
 // the loss those settings make, the step losses of each step's weights of the stage plan (its first

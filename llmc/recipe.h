@@ -168,6 +168,7 @@ inline LogitCap logit_cap_of(const LogitCap& arch_cap, const LogitCapSetting& s,
 // longer side, by the square root of a running mean of its squares (this beta2's), then scaled
 // back to the norm it had.
 constexpr double kNorMuonBeta2 = 0.9;
+constexpr int kMaxAdamEvery = 1000;  // -ao's largest interval
 
 // A multiplier for each parameter tensor (by ParamIndex), 1 for all.
 using TensorMultipliers = std::array<float, kNumParamTensors>;
@@ -213,6 +214,12 @@ struct Recipe {
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   int cautious_decay = 0;  // -cd: 1 both optimizers' decay cautious (WeightDecayKind), 0 decoupled
   int normuon = 0;         // -mn: 1 Muon's update normalised by its second moment (kNorMuonBeta2)
+  // -ao K: AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of the K steps'
+  // gradients, which the steps between keep (record #89's 2: its odd steps); 1: every step.
+  int adam_every = 1;
+  // -mq: qkvw's Q and K orthogonalised in row blocks of this many heads each (record #89's 2, its
+  // qk_bank's head pairs), V whole; 0: Q, K and V whole (muon_matrix_rows).
+  int muon_qk_heads = 0;
   // Muon's rate of each tensor's matrices times its multiplier (record #89's per-matrix
   // multiplier; where the reference stores a matrix transposed, also the ratio of its shape scale
   // to ours): the step's lr_eff, also in the cautious decay.
@@ -360,9 +367,12 @@ struct OptimizerTable {
   NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
   bool muon_scale_tall = true;
   bool normuon = false;                                        // Recipe::normuon
+  int adam_every = 1;                                          // Recipe::adam_every
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // Recipe::muon_tensor_lr
 
   const RoleOptimizer& of(ParamRole role) const { return roles[(int)role]; }
+  // Whether AdamW steps at `step` (0-based); at the others its tensors' gradients are kept.
+  bool adamw_steps_at(long step) const { return (step + 1) % adam_every == 0; }
   bool muon() const {
     return std::any_of(roles, roles + kParamRoles,
                        [](const RoleOptimizer& r) { return r.method == OptimizerKind::kMuon; });
@@ -402,6 +412,7 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   t.muon_newton_schulz = r.muon_newton_schulz;
   t.muon_scale_tall = r.muon_scale_tall;
   t.normuon = r.normuon != 0;
+  t.adam_every = r.adam_every;
   t.muon_tensor_lr = r.muon_tensor_lr;
   return t;
 }
@@ -448,6 +459,7 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
     adamw += strformat(", lr x %g embedding, %g matrices, %g gains and biases, %g head", x[0], x[1], x[2], x[3]);
   }
   if (r.bf16_embeddings && bf16_build) adamw += ", the embeddings' steps in BF16";
+  if (r.adam_every > 1) adamw += strformat(", every %d steps with their summed gradients", r.adam_every);
   if (r.optimizer != OptimizerKind::kMuon) return adamw;
   const MomentumSchedule& mu = r.muon_momentum;
   std::string momentum = strformat("%g", mu.end);
@@ -459,11 +471,12 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   for (int i = 0; i < kNumParamTensors; i++) {
     if (r.muon_tensor_lr[i] != 1.0f) rates += strformat(", %s's rate x %g", param_tensor_name(i), r.muon_tensor_lr[i]);
   }
-  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s); "
+  const std::string qk = r.muon_qk_heads ? strformat(", Q and K in blocks of %d heads", r.muon_qk_heads) : "";
+  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s%s); "
                    "%s for the rest", r.muon_lr, weight_decay_name(decay), r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),
                    r.normuon ? strformat(", NorMuon's second moment (beta2 %g)", kNorMuonBeta2).c_str() : "",
-                   r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(), adamw.c_str());
+                   qk.c_str(), r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(), adamw.c_str());
 }
 
 // -m's default on `world` processes: the recipe's val_batches, or where they are shared by the

@@ -110,6 +110,10 @@ TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int 
     LLMC_FAIL("reshard: rank %d of %d processes", new_rank, new_world);
   }
   check_input(first, first, 0, num_params, false);
+  if (first.id.adam_every > 1) {
+    LLMC_FAIL("%s: written with -ao %d, which runs on one process (its kept gradients are not averaged over "
+              "processes): resume it on one process, as it was written", first.path.c_str(), first.id.adam_every);
+  }
   const int new_shard_count = zero_shard_count(new_world, new_zero_stage);
   const ZeroShard to = zero_shard(num_params, new_shard_count, new_shard_count == 1 ? 0 : new_rank);
   TrainStateFile out;

@@ -10,12 +10,17 @@
 //   [12] the optimizer of the blocks' matrices: 1 AdamW, 2 Muon  [13..14] the tokens of the
 //   training data, all its shards (int64)  ([12] to [14] are 0 in files written before they were
 //   recorded, which load with any)  [15] the untie step + 1 (-ut; 0: the embedding and the head
-//   apart throughout, as in files written before it)  [16..253] reserved, 0
+//   apart throughout, as in files written before it)  [16] AdamW's interval (-ao K; 0 where K is
+//   1, as in files written before it)  [17] AdamW's updates so far, its bias correction's step
+//   (with [16]; else [5])  [18] 1 where the gradients AdamW keeps between its steps follow
+//   [19] Muon's Q and K blocks in heads (-mq; 0: whole, as in files written before it; NorMuon's
+//   second moments lie a row a block)  [20..253] reserved, 0
 //   [254] [255] checksum kind (always CRC-32) and the CRC-32 over the whole file
 // then HostTrainState (its bytes as laid out here), AdamW's first and second moments (n float32
 // each; for a matrix Muon updates, its momentum and zeros), when [6] is 1 the FP32 master
-// weights (n float32), and the FP8 amax history (h uint32, the trainer's delayed scaling state,
-// the same on every rank). Older files still load: version 4 (its DataLoaderState ends at its
+// weights (n float32), the FP8 amax history (h uint32, the trainer's delayed scaling state,
+// the same on every rank), and when [18] is 1 the gradients (n float32: AdamW's tensors' sums of
+// the steps since its last update, the others' unread). Older files still load: version 4 (its DataLoaderState ends at its
 // generator, kDataLoaderStateBytesV4 bytes, and is of contiguous batches) and version 3 (that,
 // and no [10], [11] or history).
 #pragma once
@@ -38,7 +43,7 @@ constexpr int kStateMagic = 20240528;
 constexpr int kStateVersion = 5;
 constexpr int kStateVersionBatchesOnly = 4;  // still read: the data loader state before DataOrder
 constexpr int kStateVersionNoFp8 = 3;        // still read: that, and no FP8 history
-constexpr int kStateReservedFirstSlot = 16;  // header slots [16, 254) are 0
+constexpr int kStateReservedFirstSlot = 20;  // header slots [20, 254) are 0
 
 // The host-side part of a rank's training state.
 struct HostTrainState {
@@ -63,6 +68,8 @@ struct TrainStateId {
   int matrix_optimizer = 0;  // kMatrixOptimizer...: header [12]
   int64_t data_tokens = 0;   // of the training data (-i): header [13..14]; 0: not recorded
   int untie_step = -1;       // -ut: header [15] (its value + 1); -1: none
+  int adam_every = 1;        // -ao: header [16] (0: 1)
+  int muon_qk_heads = 0;     // -mq: header [19]; 0: Q and K whole
 };
 
 // NorMuon: Muon with its second moments in v's place (-opt muon -mn 1).
@@ -95,10 +102,20 @@ inline void require_same_run(const char* path, const TrainStateId& written, cons
     LLMC_FAIL("%s: written over training data of %lld tokens, but this run's -i holds %lld: resume with the run's "
               "training data", path, (long long)written.data_tokens, (long long)expected.data_tokens);
   }
+  // Muon's matrices, and so where NorMuon's second moments lie in the state, are the run's.
+  if (written.muon_qk_heads != expected.muon_qk_heads) {
+    LLMC_FAIL("%s: written by a run with -mq %d, but this run has -mq %d: resume with -mq %d", path,
+              written.muon_qk_heads, expected.muon_qk_heads, written.muon_qk_heads);
+  }
   // Whether the embedding is tied at the checkpoint's step, and when it unties, are the run's.
   if (written.untie_step != expected.untie_step) {
     LLMC_FAIL("%s: written by a run with -ut %d, but this run has -ut %d: resume with -ut %d", path,
               written.untie_step, expected.untie_step, written.untie_step);
+  }
+  // The kept gradients and AdamW's step count are those of the run's interval.
+  if (written.adam_every != expected.adam_every) {
+    LLMC_FAIL("%s: written by a run with -ao %d, but this run has -ao %d: resume with -ao %d", path,
+              written.adam_every, expected.adam_every, written.adam_every);
   }
 }
 
@@ -109,11 +126,19 @@ struct Fp8History {
   std::vector<uint32_t> amax;
 };
 
+// AdamW under -ao K > 1: its updates so far (the step of its bias correction) and the gradients
+// kept since its last update (n values; empty: none kept, as after an update).
+struct AdamKept {
+  int updates = 0;
+  std::vector<float> grads;
+};
+
 struct TrainState {
   int optimizer_steps = 0;
   HostTrainState host;
   std::vector<float> adam_m, adam_v, master;  // master is empty without master weights
   Fp8History fp8;
+  AdamKept adam;  // without -ao: updates optimizer_steps, no gradients
 };
 
 // ZeRO stage 1 splits the parameter-ordered optimizer state (AdamW's moments, the master weights)
@@ -160,21 +185,24 @@ inline size_t host_bytes(int version) {
 
 inline uint32_t payload_crc32(uint32_t crc, int version, const HostTrainState& host,
                               const float* adam_m, const float* adam_v, const float* master,
-                              size_t n, const Fp8History& fp8) {
+                              size_t n, const Fp8History& fp8, const AdamKept& adam) {
   host_parts(host, version,
              [&](const void* p, size_t bytes) { crc = crc32_update(crc, p, bytes); });
   crc = crc32_update(crc, adam_m, n * sizeof(float));
   crc = crc32_update(crc, adam_v, n * sizeof(float));
   if (master) crc = crc32_update(crc, master, n * sizeof(float));
-  return crc32_update(crc, fp8.amax.data(), fp8.amax.size() * sizeof(uint32_t));
+  crc = crc32_update(crc, fp8.amax.data(), fp8.amax.size() * sizeof(uint32_t));
+  return crc32_update(crc, adam.grads.data(), adam.grads.size() * sizeof(float));
 }
 
 }  // namespace train_state_detail
 
-// Writes a state file through write_file_atomically. master is null without master weights.
+// Writes a state file through write_file_atomically. master is null without master weights; adam
+// is read where id.adam_every > 1, its gradients empty or n values.
 inline void train_state_save(const std::string& path, const TrainStateId& id, int optimizer_steps,
                              const HostTrainState& host, const float* adam_m, const float* adam_v,
-                             const float* master, const Fp8History& fp8 = Fp8History()) {
+                             const float* master, const Fp8History& fp8 = Fp8History(),
+                             const AdamKept& adam = AdamKept()) {
   int h[kHeaderInts] = {};
   h[0] = kStateMagic;
   h[1] = kStateVersion;
@@ -191,8 +219,18 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
   h[12] = id.matrix_optimizer;
   memcpy(&h[13], &id.data_tokens, sizeof(id.data_tokens));
   h[15] = id.untie_step + 1;
+  const bool interval = id.adam_every > 1;
+  if ((!interval && !adam.grads.empty()) || (!adam.grads.empty() && adam.grads.size() != n)) {
+    LLMC_FAIL("%s: %zu kept gradients for %llu parameters with AdamW every %d steps (n, and only with more than "
+              "1): a bug in the caller", path.c_str(), adam.grads.size(), (unsigned long long)n, id.adam_every);
+  }
+  h[16] = interval ? id.adam_every : 0;
+  h[17] = interval ? adam.updates : 0;
+  h[18] = adam.grads.empty() ? 0 : 1;
+  const AdamKept& kept = interval ? adam : AdamKept();
+  h[19] = id.muon_qk_heads;
   header_store_checksum(h, train_state_detail::payload_crc32(header_checksum_begin(h), h[1], host,
-                                                             adam_m, adam_v, master, n, fp8));
+                                                             adam_m, adam_v, master, n, fp8, kept));
   write_file_atomically(path, [&](File& f) {
     f.write(h, sizeof(h), "the state header");
     train_state_detail::host_parts(host, h[1], [&](const void* p, size_t bytes) {
@@ -202,6 +240,7 @@ inline void train_state_save(const std::string& path, const TrainStateId& id, in
     f.write(adam_v, n * sizeof(float), "AdamW's second moments");
     if (master) f.write(master, n * sizeof(float), "the master weights");
     if (!fp8.amax.empty()) f.write(fp8.amax.data(), fp8.amax.size() * sizeof(uint32_t), "the FP8 amax history");
+    if (h[18]) f.write(kept.grads.data(), n * sizeof(float), "AdamW's kept gradients");
   });
 }
 
@@ -256,7 +295,16 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
     LLMC_FAIL("%s: optimizer %d (must be 0 to 3): the header is damaged; %s", path, h[12], remedy);
   }
   if (h[15] < 0) LLMC_FAIL("%s: untie step %d: the header is damaged; %s", path, h[15] - 1, remedy);
-  // Slots past [15] are reserved: every writer leaves them 0, so a set one is damage, even where
+  if (h[16] < 0 || h[16] == 1 || (h[16] == 0 && (h[17] != 0 || h[18] != 0)) || h[17] < 0 || h[17] > h[5] ||
+      (h[18] != 0 && h[18] != 1)) {
+    LLMC_FAIL("%s: AdamW every %d steps, %d of its updates, kept gradients %d (the interval 0 or 2 and more, the "
+              "updates 0..%d, the flag 0 or 1, both 0 without an interval): the header is damaged; %s", path, h[16],
+              h[17], h[18], h[5], remedy);
+  }
+  if (h[19] < 0) {
+    LLMC_FAIL("%s: Muon's Q and K in blocks of %d heads: the header is damaged; %s", path, h[19], remedy);
+  }
+  // Slots past [19] are reserved: every writer leaves them 0, so a set one is damage, even where
   // the checksum was recomputed over it.
   for (int slot = kStateReservedFirstSlot; slot < kHeaderChecksumKindSlot; slot++) {
     if (h[slot] != 0) {
@@ -290,7 +338,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   }
   const long expected_bytes = (long)(kHeaderInts * sizeof(int) + host_bytes(h[1]) +
                                      (2 + (master ? 1 : 0)) * n * sizeof(float) +
-                                     (size_t)h[10] * sizeof(uint32_t));
+                                     (size_t)h[10] * sizeof(uint32_t) + (h[18] ? n * sizeof(float) : 0));
   const long actual = f.size();
   if (actual != expected_bytes) {
     LLMC_FAIL("%s: a state for %llu parameters %s master weights (and %d FP8 history entries) "
@@ -308,6 +356,8 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   id.matrix_optimizer = h[12];
   memcpy(&id.data_tokens, &h[13], sizeof(id.data_tokens));
   id.untie_step = h[15] - 1;
+  id.adam_every = std::max(1, h[16]);
+  id.muon_qk_heads = h[19];
   if (id.data_tokens < 0) {
     LLMC_FAIL("%s: training data of %lld tokens: the header is damaged; %s", path, (long long)id.data_tokens, remedy);
   }
@@ -328,6 +378,7 @@ inline TrainStateFile read(const std::string& path, const TrainStateId* expected
   const size_t n = file.id.num_params;
   TrainState& s = file.state;
   s.optimizer_steps = h[5];
+  s.adam.updates = h[16] ? h[17] : h[5];
   if (!into) {
     s.adam_m.resize(n);
     s.adam_v.resize(n);
@@ -346,8 +397,10 @@ inline TrainStateFile read(const std::string& path, const TrainStateId* expected
   s.fp8.recorded_steps = h[11];
   s.fp8.amax.resize((size_t)h[10]);
   if (h[10] > 0) f.read(s.fp8.amax.data(), s.fp8.amax.size() * sizeof(uint32_t), "the FP8 amax history");
+  s.adam.grads.resize(h[18] ? n : 0);
+  if (h[18]) f.read(s.adam.grads.data(), n * sizeof(float), "AdamW's kept gradients");
   header_verify_checksum(h, payload_crc32(header_checksum_start(h), h[1], s.host, adam_m, adam_v,
-                                          master, n, s.fp8),
+                                          master, n, s.fp8, s.adam),
                          path, remedy);
   return file;
 }

@@ -32,7 +32,8 @@
 #    FP8 head where the GPU has FP8 products): 2 ranks x 2 micro batches against 1 rank x 4 (the
 #    same sequences; BF16 within 2e-2, FP32 within 2e-3), two 2-rank runs bit for bit, resume bit
 #    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, -zs 1
-#    with the bits of -zs 0, and -ov 1 with the bits of -ov 0;
+#    with the bits of -zs 0 (also with record #89's Q and K head pairs, -mq 2), and -ov 1 with the
+#    bits of -ov 0;
 #  - every run of 2 ranks against 1 (and the speedrun's -zs 1) ends with both ranks' parameters
 #    identical (the trainer compares their checksums);
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
@@ -389,6 +390,12 @@ speedrun_test() {
   check speedrun_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -zs 1
   check speedrun_zs1_same_as_zs0 same_steps "$out/speedrun_two_ranks.log" "$out/speedrun_zs1.log" no-norm
   check speedrun_zs1_ranks_identical grep -a "^parameters identical on 2 processes" "$out/speedrun_zs1.log"
+  # Record #89's Q and K in head pairs (-mq 2): its [256, 768] group spread over the processes like
+  # the others, -zs 1 the bits of -zs 0.
+  check speedrun_qk_pairs_zs0 $mpi ./train_gpt2cu $args -x 10 -m 4 -mq 2 -zs 0
+  check speedrun_qk_pairs_zs1 $mpi ./train_gpt2cu $args -x 10 -m 4 -mq 2 -zs 1
+  check speedrun_qk_pairs_zs1_same same_steps "$out/speedrun_qk_pairs_zs0.log" "$out/speedrun_qk_pairs_zs1.log" \
+    no-norm
   # Each layer's gradients reduced during the backward (-ov 1): its scalars, value embeddings and
   # FP8 head among the tensors reduced at the end; two ranks' sums are the same in any order.
   check speedrun_overlap $mpi ./train_gpt2cu $args -x 10 -m 4 -ov 1

@@ -529,11 +529,15 @@ gpu_setup() {
 # modern: the flash kernels in BF16, 12 layers' long and short windows); the speedrun's block
 # (tiny and d12, documents and a window, Muon's 5 steps and momentum warmup; d12 also at the
 # schedule's window of step 100 of 300, 5 blocks, whose short layers' 2 no other case reaches);
-# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header);
+# the modern recipe with Muon's Polar Express (--muon_ns polar: test_gpt2cu reads it in the header),
+# with NorMuon, and with record #89's Q and K in head pairs (--muon_qk_heads 2: 6 heads of 128, so
+# blocks of [256, 768]; -mq 2 in the debug state's settings);
 # the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
 # test_gpt2cu reads them and the prefix table in the debug state's settings, version 5), and with
 # its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
-# the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token).
+# the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token);
+# and with AdamW on odd steps (-ao 2 in the settings: its gradients of two steps summed, its t its
+# own count of updates, Muon every step).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -546,6 +550,7 @@ gpu_against_pytorch() {
               "d12_muon:--model d12 --optimizer muon --batch_size 4 --seq_len 64" \
               "modern_d12_polar:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --batch_size 4 --seq_len 64" \
               "modern_d12_normuon:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --batch_size 4 --seq_len 64" \
+              "modern_d12_qk_pairs:--recipe modern --model d12 --debug_noise 0.02 --muon_ns polar --normuon 1 --muon_qk_heads 2 --batch_size 4 --seq_len 64" \
               "documents_tiny:--model tiny --max_seq_len 256 --documents 1 --batch_size 4 --seq_len 256" \
               "documents_d12_window:--model d12 --documents 1 --window_blocks 3 --batch_size 2 --seq_len 512" \
               "documents_modern_d12_window:--recipe modern --model d12 --debug_noise 0.02 --documents 1 --window_blocks 2 --batch_size 2 --seq_len 256" \
@@ -553,7 +558,8 @@ gpu_against_pytorch() {
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
               "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
-              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384"; do
+              "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
+              "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -811,6 +817,8 @@ gpu_resume() {
   resume_test ./train_gpt2fp32cu resume_modern_fp32 -recipe modern -z 1024
   # NorMuon: its second moments live in the state files' second moments of Muon's matrices.
   resume_test ./train_gpt2cu resume_normuon_bf16 -recipe modern -z 1024 -mn 1
+  # Q and K in head pairs (-mq 2): NorMuon's second moments a row a [256, 768] block of each.
+  resume_test ./train_gpt2cu resume_qk_pairs_bf16 -recipe modern -z 1024 -mn 1 -mq 2
   # Packed documents: the document loader's state, and the window's schedule from the resumed step.
   # Rows of 8 blocks (-t 1024): the short windows of steps 10-20 (3-7 blocks) are narrower than a
   # row, so a resume that took another step's window would train differently.
@@ -831,6 +839,10 @@ gpu_resume() {
   # The untie step (-ut 12): the checkpoint of step 10 is tied (the embedding the head's copy, its
   # own AdamW state unused), and the resumed run unties after step 12's update as the straight one.
   resume_test ./train_gpt2cu resume_untie_bf16 -recipe modern -z 1024 -ut 12
+  # AdamW every 4th step (-ao 4: at steps 3, 7, 11, ...): the checkpoint of step 10 holds the
+  # gradients of steps 8 and 9, kept for step 11's update, and the resumed step 10 steps Muon alone
+  # (AdamW's state carried to the arrays after the checkpoint).
+  resume_test ./train_gpt2cu resume_adam_every_bf16 -recipe modern -z 1024 -ao 4
   async_checkpoint_test train_gpt2cu async_checkpoints_bf16
   async_checkpoint_test train_gpt2fp32cu async_checkpoints_fp32
   kill_during_write_test

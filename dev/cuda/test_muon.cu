@@ -20,7 +20,9 @@
 // (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does (without NorMuon,
 // whose state is not sharded). Then the cautious decay from updates and weights of both signs and
 // zeros of each, where u = 0 decays too (>=); and NorMuon's step alone on tall, wide, square and
-// odd shapes, from zero and from a running state, twice for the same bits.
+// odd shapes, from zero and from a running state, twice for the same bits. Last, record #89's
+// Q and K head pairs: qkvw's rows as muon_matrix_rows lists them, and a group of the speedrun's
+// 6 [256, 768] blocks under NorMuon against the CPU as above.
 #include "dev/cuda/kernel_test.h"
 
 namespace muon_tests {
@@ -689,6 +691,31 @@ void test_second_moment(const TestGroup& t, llmc::Rng& rng) {
   muon_workspace_free(ws);
 }
 
+// Record #89's Q and K in head pairs (-mq 2; muon_matrix_rows) on the speedrun's qkvw, a layer's
+// [3C, C] of C = 768 and 6 heads of 128: Q's rows listed as 3 blocks of 2 heads, then K's, V
+// whole, other tensors untouched; a head count that the blocks do not divide refused. Then the
+// blocks' group, 6 wide [256, 768] matrices side by side (one layer's), run by test_group under
+// `recipe` (each block orthogonalised on its own, its second moments a row of 768).
+void test_qk_blocks(const TestRecipe& recipe, llmc::Rng& rng) {
+  llmc::GPT2Config c;
+  c.channels = 768;
+  c.num_heads = 6;
+  llmc::ParamSpec qkvw = {}, fcw = {};
+  qkvw.rows = qkvw.cols = fcw.cols = c.channels;
+  qkvw.split = 3;
+  fcw.rows = 4 * c.channels;
+  printf("\nmuon_matrix_rows: qkvw [%d, %d] of %d heads\n", 3 * c.channels, c.channels, c.num_heads);
+  auto listed = [&](int heads) { return muon_matrix_rows(llmc::kQkvw, qkvw, heads, c); };
+  testing::check_verbose(listed(2) == std::vector<int>{256, 256, 256, 256, 256, 256, 768},
+                         "-mq 2: Q's rows in 3 blocks of 256, then K's, V's 768 whole");
+  testing::check_verbose(listed(0) == std::vector<int>{768, 768, 768} && listed(6) == listed(0) &&
+                             listed(3) == std::vector<int>{384, 384, 384, 384, 768} &&
+                             muon_matrix_rows(llmc::kFcw, fcw, 2, c) == std::vector<int>{3072},
+                         "-mq 0 and -mq 6: Q, K and V whole; -mq 3: blocks of 384; fcw whole under -mq 2");
+  testing::check_throws([&] { listed(4); }, "Muon: Q and K in blocks of 4 heads, of 6 heads", "-mq 4 of 6 heads");
+  test_group({"Q and K head pairs", 256, 768, std::vector<uint8_t>(6, 0)}, true, recipe, rng);
+}
+
 void run() {
   llmc::Rng rng(1337);
   const std::vector<TestGroup> groups = {{"wide and tall", 96, 160, {0, 1, 0, 0, 1}},
@@ -713,6 +740,7 @@ void run() {
     }
   }
   test_apply_cautious(rng);
+  test_qk_blocks(recipes.back(), rng);
   for (const TestGroup& t : {TestGroup{"tall and wide", 37, 101, {1, 0, 1, 0}}, TestGroup{"square", 48, 48, {0, 0}},
                              TestGroup{"gates' shape", 6, 12, {0, 1, 0}}}) {
     test_second_moment(t, rng);

@@ -609,6 +609,31 @@ if has_flag -mn; then
   report "-mn 1 with ZeRO-1 on 2 processes"
 fi
 
+# --- -ao, AdamW on every K-th step with the K steps' gradients: within [1, 1000], without clipping
+# (which would scale each step's apart), an untie step where AdamW steps, on one process (before
+# the GPU)
+if has_flag -ao; then
+  expect "-ao out of range" "^error: -ao 0: must be " -ao 0
+  expect "-ao 2 with clipping" "^error: -ao 2 sums 2 steps' gradients for AdamW, and -gc 1 would clip each step's apart: give -gc 0 with it \(record #89 clips nothing\)" \
+    -ao 2
+  expect "-ao 2 with an even untie step" "^error: -ut 2 unties at a step without AdamW's update under -ao 2: give an untie step U with \(U \+ 1\) % 2 == 0 \(record #89's is odd\)\$" \
+    -recipe modern -ao 2 -ut 2
+  WATCH=("$KEEP")
+  OMPI_COMM_WORLD_SIZE=2 attempt "^error: -ao 2 keeps AdamW's gradients between its updates on one process; 2 processes would average them at each step: run it on one process, or give -ao 1\$" \
+    "${COMMON[@]}" -x 2 -o "$KEEP" -recipe modern -ao 2 -zs 0
+  report "-ao 2 on 2 processes"
+else
+  skip "-ao" "$TRAINER has no -ao"
+fi
+# --- -mq, Muon's Q and K in blocks of heads: with Muon, blocks that split the model's heads
+# (before the GPU)
+if has_flag -mq; then
+  expect "-mq without Muon" "^error: -mq 2 splits Muon's Q and K matrices, and -opt adamw has no Muon: give -opt muon with it, or drop -mq; -opt adamw comes from -recipe gpt2: give -opt to override it\$" \
+    -mq 2
+  expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
+    -opt muon -mq 3
+fi
+
 # --- flags that do nothing without another are refused: the checkpoints' flags without -o, -nm
 # without -nk
 for flag in -y -halt -n -nk -nm; do

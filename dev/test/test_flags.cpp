@@ -484,7 +484,7 @@ void test_usage() {
 }  // namespace
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut and -awt, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt and -ao, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -494,15 +494,17 @@ void test_loss_settings() {
                     "1,0.5,0.25" && cap.cap == 23.0f && cap.shift == 5.0f,
                 "-mtp 1,0.5,0.25 and -lc 23,5 parsed and shown");
   llmc::DebugState d;
-  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1";
+  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1 -mq 2";
   d.prefix_table.assign(128, -1);
   const llmc::DebugStateSettings s = llmc::debug_state_settings(d, "d.bin");
   check_verbose(s.logit_cap.cap == 23.0f && s.logit_cap.shift == 5.0f && s.next_token_weights.count == 3 &&
-                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f && s.normuon == 1,
+                    s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f && s.normuon == 1 &&
+                    s.muon_qk_heads == 2,
                 "a debug state's settings '" + d.settings + "' read as the flags'");
   const llmc::DebugStateSettings none = llmc::debug_state_settings(llmc::DebugState(), "d.bin");
   check_verbose(none.logit_cap.cap == 0.0f && none.next_token_weights.count == 1 &&
-                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f && none.normuon == 0,
+                    none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f && none.normuon == 0 &&
+                    none.muon_qk_heads == 0,
                 "a debug state without settings: the architecture's cap, the next token's loss alone");
   d.settings = "-mtp 1 -ns polar";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
@@ -514,6 +516,15 @@ void test_loss_settings() {
   d.settings = "-mn 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-mn 2: must be 0 or 1",
                "a debug state's -mn out of range");
+  d.settings = "-ut 1 -ao 2";
+  const llmc::DebugStateSettings odd_steps = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(odd_steps.adam_every == 2 && odd_steps.untie_step == 1 && none.adam_every == 1,
+                "a debug state's settings '" + d.settings + "': AdamW every 2 steps (none: every step)");
+  d.settings = "-ao 0";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ao 0: must be", "a debug state's -ao 0");
+  d.settings = "-mq 0";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-mq 0: must be",
+               "a debug state's -mq 0 (its writer names Q and K blocks only where it has them)");
   d.settings = "-pw 0.25";
   d.prefix_table.clear();
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: -pw 0.25 and no prefix table: the file "

@@ -112,6 +112,26 @@ void test_cautious_rows() {
                 "modern -cd 1 described: " + described);
 }
 
+// -ao writes the record's adam_every: the table steps AdamW at every K-th step, (step + 1) % K == 0
+// (K 2: the odd steps), every step in every recipe; the start-up table names the interval.
+void test_adam_every() {
+  bool every_step = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    const OptimizerTable t = llmc::optimizer_table(*r, true);
+    for (long step = 0; step < 5; step++) every_step = every_step && t.adamw_steps_at(step);
+  }
+  check_verbose(every_step, "gpt2, modern and speedrun: AdamW at every step");
+  Recipe r = llmc::recipe_speedrun();
+  r.adam_every = 2;
+  const OptimizerTable t = llmc::optimizer_table(r, true);
+  std::string steps;
+  for (long step = 0; step < 6; step++) steps += t.adamw_steps_at(step) ? "A" : "-";
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(t.adam_every == 2 && steps == "-A-A-A" &&
+                    described.find(", every 2 steps with their summed gradients") != std::string::npos,
+                "speedrun -ao 2: AdamW at steps 1, 3, 5 of 0..5 (" + steps + "); described: " + described);
+}
+
 // -mn writes the record's normuon, and the recipe its per-tensor multipliers of Muon's rate: the
 // table takes both, the rows as without; no recipe sets either; the start-up table names NorMuon
 // and each multiplier that is not 1 by its tensor.
@@ -138,6 +158,24 @@ void test_normuon_rows() {
   check_verbose(described.find("12 Newton-Schulz steps in BF16, NorMuon's second moment (beta2 0.9), fcprojw's rate "
                                "x 4); AdamW") != std::string::npos,
                 "modern -mn 1, fcprojw x 4 described: " + described);
+}
+
+// -mq writes the record's muon_qk_heads (Muon's Q and K blocks, the model's for gpt2_muon_groups),
+// which no recipe sets; the start-up table names them after NorMuon.
+void test_qk_blocks_described() {
+  bool whole = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    whole = whole && r->muon_qk_heads == 0 &&
+            llmc::optimizer_description(*r, true).find("Q and K in blocks") == std::string::npos;
+  }
+  check_verbose(whole, "gpt2, modern and speedrun: Q, K and V whole, not described as blocks");
+  Recipe r = llmc::recipe_speedrun();
+  r.normuon = 1;
+  r.muon_qk_heads = 2;
+  const std::string described = llmc::optimizer_description(r, true);
+  check_verbose(described.find("NorMuon's second moment (beta2 0.9), Q and K in blocks of 2 heads, tall matrices "
+                               "unscaled") != std::string::npos,
+                "speedrun -mn 1 -mq 2 described: " + described);
 }
 
 // A role's weight decay falls on all of its tensors: in every architecture a role's tensors are all
@@ -290,6 +328,8 @@ int main() {
     test_flags_in_rows();
     test_cautious_rows();
     test_normuon_rows();
+    test_adam_every();
+    test_qk_blocks_described();
     test_decay_by_role();
     test_adamw_rows();
     test_descriptions();

@@ -167,6 +167,12 @@ void test_mismatched_inputs() {
                second + ": ZeRO stage 1 without master weights, but", "state files of two -w settings");
   check_throws(reshard(changed([](llmc::TrainStateFile& f) { f.id.rank = 0; }), kParams),
                second + ": state of rank 0 of 2, expected rank 1 of 2", "a rank given twice");
+  std::vector<llmc::TrainStateFile> one_process = files_of(whole, 1, 0);
+  one_process[0].id.adam_every = 2;
+  check_throws(reshard(one_process, kParams),
+               one_process[0].path + ": written with -ao 2, which runs on one process (its kept gradients are not "
+                                     "averaged over processes): resume it on one process, as it was written",
+               "the state of a run with AdamW every 2 steps");
   check_throws(reshard({good[0]}, kParams),
                good[0].path + ": state of a run of 2 processes, but 1 state files were given",
                "a rank missing");

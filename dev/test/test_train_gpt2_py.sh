@@ -262,6 +262,45 @@ for flag in ("1", "0"):
 print("--normuon 1: Muon with NorMuon's state; 0: without")
 EOF
 
+check "--muon_qk_heads 2: qkvw's q and k in blocks of 2 heads, each orthogonalised on its own, v whole" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+args = tg.parse_args(["--model", "tiny", "--optimizer", "muon", "--muon_qk_heads", "2", "--input_bin", "x"])
+model = tg.GPT(tg.resolve_config(args))
+C, hs = model.config.channels, model.config.channels // model.config.num_heads  # 4 heads of 32
+qkv = tg.muon_param_groups(model, args.muon_qk_heads)[0]
+assert qkv["blocks"] == [2 * hs] * 4 + [C] and tg.muon_param_groups(model)[0]["blocks"] == 3, qkv["blocks"]
+polar, lr, wd, mu = tg.NEWTON_SCHULZ["polar"], 0.05, 1.2, 0.95
+p0 = model.transformer.h[0].attn.c_attn.weight.detach()
+grad = torch.randn(3 * C, C)
+def stepped(blocks):  # one Muon step of qkvw alone, NorMuon and the cautious decay, from zero state
+    p = p0.clone().requires_grad_()
+    p.grad = grad.clone()
+    muon = tg.Muon([dict(params=[p], blocks=blocks)], lr, wd, mu, polar, cautious=True, normuon=True)
+    muon.step()
+    return p.detach(), muon.state[p]["second_moments"]
+got, second = stepped(qkv["blocks"])
+# By hand: q's rows [2h hs, (2h + 2) hs) for each head pair h, then k's, then v, each orthogonalised
+# and normalised on its own from a zero state, all wide (scale 1).
+u = grad.lerp((1 - mu) * grad, mu)
+rows = [(part * C + pair * 2 * hs, part * C + (pair + 1) * 2 * hs) for part in (0, 1) for pair in range(2)]
+expected, states = p0.clone(), []
+for begin, end in rows + [(2 * C, 3 * C)]:
+    state = torch.zeros(C)
+    v = tg.normuon_step(tg.orthogonalise(u[begin:end], polar), state)
+    old = p0[begin:end]
+    mask = (v.float() * old >= 0).to(old.dtype)
+    expected[begin:end] = (old - old * mask * (wd * lr) * lr) - lr * v.float()
+    states.append(state)
+whole, _ = stepped(3)
+diff = (got - expected).abs().max().item()
+print(f"{len(states)} blocks against the by-hand step: within {diff:.1e}; q and k against them whole: "
+      f"{(got[:2 * C] - whole[:2 * C]).abs().max().item():.1e} apart")
+# Muon's p.add_(update, alpha=-lr) may fuse the product: an FP32 ulp or two of the weights (about 4e-9).
+assert diff <= 2e-8 and torch.equal(second, torch.stack(states)), diff
+assert (got[:2 * C] - whole[:2 * C]).abs().max() > 1e-3 and torch.equal(got[2 * C:], whole[2 * C:])
+EOF
+
 check "learning rate schedules" <<'EOF'
 import math, argparse, train_gpt2 as tg
 a = argparse.Namespace(learning_rate=1.0, warmup_iters=2, num_iterations=12, final_lr_frac=0.1)
@@ -492,15 +531,70 @@ assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 2" and pref
 assert torch.equal(model.transformer.wte.weight, model.lm_head.weight)
 print(f"version {header[1]}: '{text}', the checkpoint's embedding its head")
 EOF
-echo "--- NorMuon in a debug state (version 5's settings: -mn 1)"
-"$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --write_debug_state "$WORK/normuon_state" \
-  --debug_steps 2 --device cpu >/dev/null
-check "the debug state names NorMuon in its settings" <<'EOF'
+check "--adam_every 2: AdamW on odd steps with the two steps' gradients summed, its t its updates; Muon every step" <<'EOF'
+import copy, contextlib, torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "modern", "--model", "tiny", "--vocab_size", "512", "-b", "2", "-t", "32",
+                      "--total_batch_size", "-1", "--num_iterations", "4", "--adam_every", "2", "--untie_step", "1",
+                      "--input_bin", "x", "--device", "cpu"])
+config = tg.resolve_config(args)
+tg.settle_arch(args, config)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+tg.add_debug_noise(model, 0.02, 42)
+tg.tie_embedding(model)
+plan = tg.stage_plan(args, 1)
+optimizers, _ = tg.make_optimizers(model, args, "cpu")
+adamw = [p for group in optimizers[0].param_groups for p in group["params"]]
+loader = tg.RandomTokens(2, 32, 512, 3, False)
+kept = {}  # by hand: AdamW's tensors' gradients of the even step before
+for step in range(4):
+    before = copy.deepcopy(model)
+    by_hand, _ = tg.make_optimizers(before, args, "cpu")
+    for o, h in zip(optimizers, by_hand):
+        h.load_state_dict(o.state_dict())
+    tg.train_step(args, step, plan.step(step), 4, model, model, optimizers, loader, "cpu", contextlib.nullcontext(), 1)
+    x, y = loader.next_batch()
+    tg.set_learning_rates(by_hand, step, args, 1.0, 4)
+    before.zero_grad(set_to_none=True)
+    before(x, y, args.loss_reduction, before.attention_masks(x))[1].backward()
+    hand_adamw = [p for group in by_hand[0].param_groups for p in group["params"]]
+    for i, p in enumerate(hand_adamw):
+        p.grad = kept[i] + p.grad if kept else p.grad
+    odd = step % 2 == 1
+    kept = {} if odd else {i: p.grad.clone() for i, p in enumerate(hand_adamw)}
+    if odd and step <= args.untie_step:
+        before.lm_head.weight.grad += before.transformer.wte.weight.grad
+    for h in by_hand if odd else by_hand[1:]:
+        h.step()
+    if step <= args.untie_step:
+        with torch.no_grad():
+            before.transformer.wte.weight.copy_(before.lm_head.weight)
+    for (name, a), b in zip(before.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), (step, name)
+    updates = {int(optimizers[0].state[p]["step"]) for p in adamw if p in optimizers[0].state}
+    assert updates == ({(step + 1) // 2} if step else set()), (step, updates)
+    print(f"step {step}: as by hand; AdamW's updates {(step + 1) // 2}, its gradients "
+          f"{'applied' if odd else 'kept for the next step'}")
+EOF
+"$PYTHON" train_gpt2.py --recipe modern --model tiny --vocab_size 512 --debug_noise 0.02 -b 2 -t 32 --adam_every 2 \
+  --untie_step 1 --write_debug_state "$WORK/adam_every_state" --debug_steps 4 --device cpu >/dev/null
+check "--adam_every in the debug state: -ao in its settings" <<'EOF'
+import os, train_gpt2 as tg
+path = f"{os.environ['WORK']}/adam_every_state/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin"
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 1 -ao 2" and prefix is None, text
+print(f"version {header[1]}: '{text}'")
+EOF
+echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
+"$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
+  --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
+check "the debug state names NorMuon and Muon's Q and K blocks in its settings" <<'EOF'
 import glob, os, train_gpt2 as tg
 path, = glob.glob(f"{os.environ['WORK']}/normuon_state/*_muon_debug_state.bin")
 header = tg.read_debug_state(path, header_only=True)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-mn 1" and prefix is None, (header[1], text)
+assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-mn 1 -mq 2" and prefix is None, (header[1], text)
 print(f"version {header[1]}: '{text}'")
 EOF
 
@@ -687,6 +781,14 @@ expect_error "untie_step -2: give the step through which" --recipe modern --mode
   --write_debug_state "$WORK/untie_bad"
 expect_error "untie_step 1: --benchmark times untied steps" --recipe modern --model tiny --bench -b 1 -t 64 \
   --untie_step 1
+expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe modern --model tiny --bench -b 1 -t 64 \
+  --adam_every 2
+expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
+  --write_debug_state "$WORK/adam_every_bad"
+expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
+  "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
+expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \
+  --adam_every 2 --untie_step 2 --write_debug_state "$WORK/adam_every_untie"
 ckpt="$WORK/run/model_00000008.bin"
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"
@@ -725,6 +827,9 @@ expect_error "cautious_decay 1 makes the weight decay cautious, and this run dec
 expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
   --cautious_decay 1
 expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
+expect_error "muon_qk_heads sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --muon_qk_heads 2
+expect_error "muon_qk_heads 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4" "${TINY[@]}" \
+  --bench --optimizer muon --muon_qk_heads 3
 expect_error "compile_optimizer applies to --benchmark 1 only" "${TINY[@]}" --write_debug_state "$WORK/x" --compile_optimizer 1
 expect_error "fp8 1 needs" "${TINY[@]}" --write_debug_state "$WORK/x" --fp8 1 --device cpu
 expect_error "fp8 1 needs B\*T = 1\*15 to be a multiple of 16" "${TINY[@]}" --bench -b 1 -t 15 --fp8 1

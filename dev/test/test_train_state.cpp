@@ -220,7 +220,12 @@ void test_damaged() {
       {"a flipped bit in a reserved slot", 100, 1 << 12,
        "reserved header slot 100 holds 4096 (must be 0): the header is damaged; " + std::string(kRemedy)},
       {"a negative untie step", 15, -1, "untie step -2: the header is damaged; " + std::string(kRemedy)},
-      {"the first reserved slot set", 16, 1, "reserved header slot 16 holds 1 (must be 0)"},
+            {"an AdamW interval of 1", 16, 1, "AdamW every 1 steps, 0 of its updates, kept gradients 0"},
+      {"AdamW's updates without an interval", 17, 3, "AdamW every 0 steps, 3 of its updates"},
+      {"kept gradients without an interval", 18, 1, "AdamW every 0 steps, 0 of its updates, kept gradients 1"},
+      {"negative Q and K blocks", 19, -2,
+       "Muon's Q and K in blocks of -2 heads: the header is damaged; " + std::string(kRemedy)},
+      {"the first reserved slot set", 20, 1, "reserved header slot 20 holds 1 (must be 0)"},
       {"the last reserved slot set", llmc::kHeaderChecksumKindSlot - 1, -1, "reserved header slot 253 holds -1"},
       {"a flipped bit in the checksum", llmc::kHeaderChecksumSlot,
        (int32_t)(read_int(saved.bytes, llmc::kHeaderChecksumSlot) ^ 1), "checksum mismatch"},
@@ -283,6 +288,20 @@ void test_damaged() {
   check_throws(load(untie_path, saved.id),
                untie_path + ": written by a run with -ut 846, but this run has -ut -1: resume with -ut 846",
                "a state file of a run with -ut read by one without it");
+  other = saved.id;
+  other.muon_qk_heads = 2;
+  const std::string pairs_path = kDir + "/state_qk_pairs.bin";
+  llmc::train_state_save(pairs_path, other, kStep - 1, saved.host, saved.adam_m.data(), saved.adam_v.data(),
+                         saved.master.data());
+  check_verbose(llmc::train_state_read_id(pairs_path, &updates, kRemedy).muon_qk_heads == 2 &&
+                    llmc::train_state_load(pairs_path, other, kRemedy).adam_v == saved.adam_v,
+                "-mq 2 written in header slot 19 and read back");
+  check_throws(load(pairs_path, saved.id),
+               pairs_path + ": written by a run with -mq 2, but this run has -mq 0: resume with -mq 2",
+               "a state file of Muon's Q and K in head pairs read by a run with them whole");
+  check_throws(load(good_path, other),
+               good_path + ": written by a run with -mq 0, but this run has -mq 2: resume with -mq 0",
+               "a state file of Muon's Q and K whole read by a run with them in head pairs");
   // A file from before the optimizer and the data were recorded ([12] to [14] = 0) loads with any.
   llmc::TrainStateId unrecorded = saved.id;
   unrecorded.matrix_optimizer = llmc::kMatrixOptimizerUnrecorded;
@@ -300,6 +319,80 @@ void test_damaged() {
   check_verbose(loads, "a state file without a recorded optimizer or data loads with AdamW and with Muon, and any data");
 }
 
+// -ao K: the interval, AdamW's updates and the gradients kept since its last one come back (after
+// the FP8 history), or none kept; a file without -ao reads as AdamW updated at every step. A run of
+// another interval refuses the file either way, and every field of them is checked.
+void test_adam_every() {
+  const Saved plain = save(kDir + "/state_plain_ao.bin", true);
+  llmc::TrainStateId id = plain.id;
+  id.adam_every = 2;
+  llmc::AdamKept kept;
+  kept.updates = 4;
+  for (size_t i = 0; i < kParams; i++) kept.grads.push_back(0.25f - 1e-4f * i);
+  llmc::Fp8History fp8;
+  fp8.recorded_steps = 3;
+  fp8.amax = {0x3f800000u, 0x40000000u};
+  const std::string path = kDir + "/state_ao_kept.bin";
+  llmc::train_state_save(path, id, kStep - 1, plain.host, plain.adam_m.data(), plain.adam_v.data(),
+                         plain.master.data(), fp8, kept);
+  const std::vector<char> bytes = read_bytes(path);
+  const llmc::TrainState loaded = llmc::train_state_load(path, id, kRemedy);
+  check_verbose(loaded.adam.updates == 4 && loaded.adam.grads == kept.grads && loaded.fp8.amax == fp8.amax &&
+                    loaded.adam_m == plain.adam_m && loaded.master == plain.master && read_int(bytes, 16) == 2 &&
+                    read_int(bytes, 17) == 4 && read_int(bytes, 18) == 1 &&
+                    bytes.size() == plain.bytes.size() + fp8.amax.size() * sizeof(uint32_t) + kParams * sizeof(float),
+                "-ao 2 in header slot 16, AdamW's 4 updates in 17, its kept gradients (18: 1) after the FP8 history: "
+                "every value back");
+  kept.grads.clear();
+  const std::string applied = kDir + "/state_ao_applied.bin";
+  llmc::train_state_save(applied, id, kStep - 1, plain.host, plain.adam_m.data(), plain.adam_v.data(),
+                         plain.master.data(), llmc::Fp8History(), kept);
+  const llmc::TrainState none_kept = llmc::train_state_load(applied, id, kRemedy);
+  check_verbose(none_kept.adam.updates == 4 && none_kept.adam.grads.empty() &&
+                    read_bytes(applied).size() == plain.bytes.size(),
+                "-ao 2 after AdamW's update: its updates back, no gradients kept");
+  const llmc::TrainState every_step = llmc::train_state_load(kDir + "/state_plain_ao.bin", plain.id, kRemedy);
+  check_verbose(every_step.adam.updates == kStep - 1 && every_step.adam.grads.empty() &&
+                    read_int(plain.bytes, 16) == 0 && read_int(plain.bytes, 17) == 0 && read_int(plain.bytes, 18) == 0,
+                "without -ao: slots 16 to 18 zero, AdamW's updates the optimizer's, no gradients");
+  check_throws([&] { llmc::train_state_load(path, plain.id, kRemedy); },
+               path + ": written by a run with -ao 2, but this run has -ao 1: resume with -ao 2",
+               "a state file of -ao 2 read by a run without it");
+  check_throws([&] { llmc::train_state_load(applied, plain.id, kRemedy); }, "resume with -ao 2",
+               "a state file of -ao 2 without kept gradients read by a run without it");
+  llmc::TrainStateId four = id;
+  four.adam_every = 4;
+  check_throws([&] { llmc::train_state_load(path, four, kRemedy); }, "this run has -ao 4: resume with -ao 2",
+               "a state file of -ao 2 read by a run of -ao 4");
+  check_throws([&] { llmc::train_state_load(kDir + "/state_plain_ao.bin", id, kRemedy); },
+               "written by a run with -ao 1, but this run has -ao 2: resume with -ao 1",
+               "a state file without -ao read by a run with it");
+  kept.grads.assign(kParams, 1.0f);
+  check_throws([&] {
+    llmc::train_state_save(kDir + "/state_ao_bad.bin", plain.id, kStep - 1, plain.host, plain.adam_m.data(),
+                           plain.adam_v.data(), plain.master.data(), llmc::Fp8History(), kept);
+  }, "1000 kept gradients for 1000 parameters with AdamW every 1 steps", "kept gradients without an interval");
+  auto damaged = [&](const std::string& name, int slot, int32_t value) {
+    std::vector<char> copy = bytes;
+    if (slot >= 0) memcpy(copy.data() + 4L * slot, &value, sizeof(value));
+    if (slot < 0) copy[copy.size() - 5] ^= 0x40;  // in the kept gradients
+    write_bytes(kDir + "/" + name, copy);
+    return kDir + "/" + name;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {damaged("ao_updates.bin", 17, kStep), "AdamW every 2 steps, 10 of its updates, kept gradients 1 (the interval "
+                                             "0 or 2 and more, the updates 0..9"},
+      {damaged("ao_negative.bin", 16, -2), "AdamW every -2 steps"},
+      {damaged("ao_flag.bin", 18, 2), "kept gradients 2"},
+      {damaged("ao_no_grads.bin", 18, 0), "should be"},
+      {damaged("ao_grad_byte.bin", -1, 0), "checksum mismatch"},
+  };
+  for (const auto& [damaged_path, needle] : cases) {
+    check_throws([&] { llmc::train_state_load(damaged_path, id, kRemedy); }, needle,
+                 "a damaged -ao state file: " + needle);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -309,6 +402,7 @@ int main() {
     test_load_into();
     test_damaged();
     test_fp8_history_and_older_versions();
+    test_adam_every();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }
