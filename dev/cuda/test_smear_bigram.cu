@@ -182,12 +182,14 @@ void test_bad_shapes() {
   DeviceArray<float> partials((size_t)kRowBlocks * (kSmearWidth + 1));
   testing::check_throws([&] { smear_backward(a, b, b, partials, a, b, g, b, b, 3, 768, 1, 0); },
                         "apart from the input", "smear_backward with dx over dout");
-  DeviceArray<int> rows(3);
+  // Valid rows, so that a check that failed to throw would launch on initialised ids.
+  const DeviceArray<int> rows(std::vector<int>{0, 1, 2});
   const DeviceEncoderPlan plan({0, 1, 2}, 768);
   testing::check_throws([&] { bigram_backward(a, a, a, b, rows, plan.plan, 3, 768, 1, 0); }, "apart from dout",
                         "bigram_backward with the scratch over dout");
-  testing::check_throws([&] { bigram_forward(a, b, rows, b, rows, 3, 100, 0); }, "multiple of",
-                        "bigram_forward at C = 100");
+  // 102: a multiple of neither 4 (FP32's x128::size) nor 8 (BF16's).
+  testing::check_throws([&] { bigram_forward(a, b, rows, b, rows, 3, 102, 0); }, "multiple of",
+                        "bigram_forward at C = 102");
 }
 
 void run() {
