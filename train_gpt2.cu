@@ -957,7 +957,7 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
 // s), dx_t = dout_t + g_{t+1} dout_{t+1} (+ dz w in the first 12 channels), dw += sum of dz x_t[:12]
 // and dlambda += sum of a s over rows, by row blocks (section 2): deterministic. Floor: forward
 // reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
-constexpr int kSmearWidth = 12;  // the channels the smear's gate reads
+using llmc::kSmearWidth;  // the channels the smear's gate reads
 constexpr int kSmearThreads = 256;
 
 // Row t's rounded gate s = sigmoid(w . x_t[:12]), 0 at row 0.
@@ -7950,7 +7950,7 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
-  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kNumActTensors
+  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kNumActTensors
 };
 
 struct ActSpec {
@@ -7975,8 +7975,18 @@ void residual_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, 
 void residual_mix_allocate_scratch(GPT2& m, size_t N);
 void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void attention_gate_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void smear_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 size_t attention_gate_partials(const GPT2& m, size_t N);
 bool gates_take_row_dots(const GPT2& m);
+// The smear's rows: the embedding before it and each row's gate; context: rows before the first
+// that the smear reads (decoding: the token before's; training: none).
+struct SmearRows {
+  floatX* token_embedded = nullptr;
+  float* gates = nullptr;
+  int context = 0;
+};
+const floatX* smear_embedding(GPT2& m, floatX* embedded, const int* tokens, int N, const SmearRows& s);
+const floatX* smear_embedding_backward(GPT2& m, const floatX* dembedded, int N, uint32_t seed);
 
 // act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
 // kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
@@ -7995,7 +8005,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const ActDims dims = {L, C, NH, BT, act_per_layer};
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
-  const llmc::ArchSpec& arch = llmc::arch_spec(c.arch);
+  const llmc::ArchSpec arch = llmc::arch_spec(c);
   const size_t embedding_norm = arch.embedding_norm ? 1 : 0, means = arch.rms_norm ? 0 : 1;
   const size_t qk = arch.qk_norm_rotary ? 1 : 0;
   const ActSpec table[kNumActTensors] = {
@@ -8027,11 +8037,14 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"v_pre", 0, L, false},
       {"gates", 0, L, true},
       {"gated", 0, L, false},
+      {"token_embedded", 0, 1, false},
+      {"smear_gates", 0, 1, true},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
   value_mix_activation_rows(arch, dims, t);
   attention_gate_activation_rows(arch, dims, t);
+  smear_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -8054,7 +8067,7 @@ constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units 
 // The parameters and their gradients: gpt2_allocate_params.
 struct ModelParams {
   llmc::GPT2Config config;
-  const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
+  llmc::ArchSpec arch() const { return llmc::arch_spec(config); }
   llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
@@ -8893,9 +8906,10 @@ float attention_scale(const GPT2& m) {
 }
 
 // The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
-// or the RMS-normalised embedding (embedded: the embedding before its norm, rstd its statistics).
+// or the RMS-normalised embedding (embedded: the embedding before its norm, smeared where the
+// architecture smears: smear_embedding, whose rows smear gives; rstd the norm's statistics).
 void embedding_rows(GPT2& m, floatX* out, floatX* embedded, float* rstd, const int* tokens, int B, int T,
-                    int first_position) {
+                    int first_position, const SmearRows& smear = {}) {
   const int C = m.config.channels;
   if (!m.arch().embedding_norm) {
     // wpe shifted to the first position, so the encoder's position 0 is first_position.
@@ -8903,25 +8917,31 @@ void embedding_rows(GPT2& m, floatX* out, floatX* embedded, float* rstd, const i
                     C, m.stream);
     return;
   }
-  encoder_forward(embedded, tokens, m.param(llmc::kWte), nullptr, B, T, C, m.stream);
-  rmsnorm_forward(out, rstd, embedded, m.param_or_null(llmc::kLnew), B * T, C, m.stream);
+  const floatX* norm_input = embedded;
+  if (m.arch().smear) {
+    norm_input = smear_embedding(m, embedded, tokens, B * T, smear);
+  } else {
+    encoder_forward(embedded, tokens, m.param(llmc::kWte), nullptr, B, T, C, m.stream);
+  }
+  rmsnorm_forward(out, rstd, norm_input, m.param_or_null(llmc::kLnew), B * T, C, m.stream);
 }
 
 void embedding_forward(GPT2& m, int B, int T) {
-  embedding_rows(m, m.act(kEncoded), m.act(kEmbedded), m.act_f(kEmbRstd), m.inputs, B, T, 0);
+  const SmearRows smear = {m.act(kTokenEmbedded), m.act_f(kSmearGates), 0};
+  embedding_rows(m, m.act(kEncoded), m.act(kEmbedded), m.act_f(kEmbRstd), m.inputs, B, T, 0, smear);
 }
 
 // From dresidual, the gradient of kEncoded: the embedding's (and wpe's) gradients, through the
 // encoder plan gpt2_backward made of the inputs. The encoder's wte part accumulates in
-// wte_grad_encoder (see GPT2). Overwrites scratch_btc.
-void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed_encoder) {
+// wte_grad_encoder (see GPT2). Overwrites scratch_btc (and with the smear dresidual).
+void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed_smear, uint32_t seed_encoder) {
   const int C = m.config.channels, N = B * T;
   const floatX* dembedded = m.dresidual;
   if (m.arch().embedding_norm) {
     cudaCheck(cudaMemsetAsync(m.scratch_btc, 0, (size_t)N * C * sizeof(floatX), m.stream));
     rmsnorm_backward(m.scratch_btc, m.grad_or_null(llmc::kLnew), nullptr, m.partials, m.dresidual,
                      m.act(kEmbedded), m.param_or_null(llmc::kLnew), m.act_f(kEmbRstd), N, C, seed_norm, m.stream);
-    dembedded = m.scratch_btc;
+    dembedded = smear_embedding_backward(m, m.scratch_btc, N, seed_smear);
   }
   encoder_backward(m.wte_grad_encoder, m.arch().learned_positions ? m.grad(llmc::kWpe) : nullptr,
                    m.encoder_plan, dembedded, B, T, C, seed_encoder, m.stream);
@@ -9443,6 +9463,38 @@ void residual_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
                         C, seed, m.stream, join);
 }
 
+// ---- The smear (ArchSpec::smear, record #89's): before the embedding's norm, each token of a
+// forward's flat sequence takes a gated share of the embedding of the token before (SPEC "Record
+// #89's embedding"). Parameters: smearw [12] and smear_lambda. Kernels: section 3, "Record #89's
+// smear". The decoder embeds the token before its token as well (SmearRows::context).
+
+// The embedding before the smear and each row's gate, which the backward reads.
+void smear_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.smear) return;
+  t[kTokenEmbedded].count = d.BT * d.C;
+  t[kSmearGates].count = d.BT;
+}
+
+// wte's rows of tokens[-context, N) into s.token_embedded, smeared into embedded; returns the smeared
+// rows of tokens[0, N), which the embedding's norm reads.
+const floatX* smear_embedding(GPT2& m, floatX* embedded, const int* tokens, int N, const SmearRows& s) {
+  const int C = m.config.channels, rows = N + s.context;
+  encoder_forward(s.token_embedded, tokens - s.context, m.param(llmc::kWte), nullptr, 1, rows, C, m.stream);
+  smear_forward(embedded, s.gates, s.token_embedded, m.param(llmc::kSmearw), m.param(llmc::kSmearLambda), rows, C,
+                m.stream);
+  return embedded + (size_t)s.context * C;
+}
+
+// From dembedded, the gradient of the smeared embedding (not in dresidual): that of wte's rows, into
+// dresidual, which it returns, and smearw's and smear_lambda's; without the smear dembedded itself.
+const floatX* smear_embedding_backward(GPT2& m, const floatX* dembedded, int N, uint32_t seed) {
+  if (!m.arch().smear) return dembedded;
+  smear_backward(m.dresidual, m.grad(llmc::kSmearw), m.grad(llmc::kSmearLambda), m.partials, dembedded,
+                 m.act(kTokenEmbedded), m.act_f(kSmearGates), m.param(llmc::kSmearw), m.param(llmc::kSmearLambda), N,
+                 m.config.channels, seed, m.stream);
+  return m.dresidual;
+}
+
 // ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
 // training passes and the decoder ----
 
@@ -9782,7 +9834,9 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
     if (last_micro_step && grads_final) grads_final(l);
   }
   const uint32_t seed_encoder = seeds.next();
-  embedding_backward(m, B, T, m.arch().embedding_norm ? seeds.next() : 0, seed_encoder);
+  const uint32_t seed_norm = m.arch().embedding_norm ? seeds.next() : 0;
+  const uint32_t seed_smear = m.arch().smear ? seeds.next() : 0;
+  embedding_backward(m, B, T, seed_norm, seed_smear, seed_encoder);
   if (last_micro_step) {
     add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size, seeds.next(),
                 m.stream);
@@ -10037,6 +10091,10 @@ void gpt2_untie_embedding_state(GPT2& m) {
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
+// The stochastic rounding seed index of the tied head's added gradient: the table's count of 24
+// tensors plus one when it was chosen, fixed so that tied runs keep their bits as the table grows.
+constexpr uint32_t kTiedHeadSeedIndex = 25;
+
 // Optimizer step `step` (0-based, the one whose rates lr and lr_fraction are) on this rank's shard
 // (each tensor's part inside it), given the gradient norm, each tensor by its role's row of opt:
 // AdamW with clipping at opt.grad_clip and the schedule's lr times the row's; Muon with its rate
@@ -10068,7 +10126,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   const bool tied = step <= m.untie_step && adamw_steps;
   if (tied) {
     add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
-                seed + 0x9e3779b9u * (llmc::kNumParamTensors + 1), m.stream);
+                seed + 0x9e3779b9u * kTiedHeadSeedIndex, m.stream);
   }
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
@@ -10130,8 +10188,10 @@ struct GPT2Decoder {
   // (block_forward with the cache pointers of the layer); the norms' statistics are not needed
   // afterwards.
   BlockRows rows;
-  floatX* embedded = nullptr;  // the embedding before its norm
+  floatX* embedded = nullptr;  // the embedding before its norm (with the smear: the token before's, then its)
   floatX* x0 = nullptr;        // the embedding's output
+  SmearRows smear;             // the smear's rows of the token before and the token
+  int previous_token = 0;      // the token fed before (the smear's)
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -10155,9 +10215,11 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   r.fch = a.take<floatX>(4 * C);
   r.fch_act = a.take<floatX>(4 * C);
   d.logits = a.take<floatX>(c.padded_vocab_size);
-  d.embedded = a.take<floatX>(C);
+  const int smear_rows = m.arch().smear ? 2 : 1;  // the token before's and the token's
+  d.embedded = a.take<floatX>(smear_rows * C);
   d.x0 = a.take<floatX>(C);
-  d.token = a.take<int>(1);
+  d.token = a.take<int>(smear_rows);
+  if (m.arch().smear) d.smear = {a.take<floatX>(smear_rows * C), a.take<float>(smear_rows), 0};
   r.x0 = d.x0;
   r.tokens = d.token;
   value_mix_point_rows(m, 0, r, &a);
@@ -10196,9 +10258,19 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   r.first_position = d.position;
   if (token == llmc::kDocumentStartToken) d.document_start = d.position;
   r.document_start = d.document_start;
-  cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
   const size_t C = c.channels, row_bytes = C * sizeof(floatX);
-  embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
+  if (m.arch().smear) {
+    // The token before it, which the smear reads, from the second position on.
+    const int pair[2] = {d.previous_token, token};
+    cudaCheck(cudaMemcpyAsync(d.token, pair, sizeof(pair), cudaMemcpyHostToDevice, m.stream));
+    SmearRows smear = d.smear;
+    smear.context = d.position > 0 ? 1 : 0;
+    embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token + 1, 1, 1, d.position, smear);
+    d.previous_token = token;
+  } else {
+    cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
+    embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
+  }
   cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   const size_t layer_cache = (size_t)c.max_seq_len * C;
   for (int l = 0; l < c.num_layers; l++) {
@@ -11136,6 +11208,7 @@ struct TrainArgs : llmc::TrainFlags {
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
+  int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11321,6 +11394,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-mq", "Muon Q/K blocks", "-opt muon: qkvw's Q and K orthogonalised in blocks of N heads each, V "
                "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
                &a.muon_qk_heads, 0, kIntMax),
+      int_flag("-sm", "smear", "-recipe speedrun: 1 the model made from -e's preset smears its embedding (record "
+               "#89's: each token's takes a gated share of the one before, before the norm); a model file's header "
+               "says whether it smears", &a.smear, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11383,6 +11459,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(a.untie_step < 0 || (a.untie_step + 1) % a.adam_every == 0, "-ut %d unties at a step without AdamW's "
           "update under -ao %d: give an untie step U with (U + 1) %% %d == 0 (record #89's is odd)", a.untie_step,
           a.adam_every, a.adam_every);
+  REQUIRE(!a.smear || a.recipe->arch == llmc::Arch::kSpeedrun, "-sm 1 smears the speedrun's embedding, and "
+          "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -sm", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
@@ -11596,21 +11674,33 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
+// A model file's header says whether it smears; a -sm given must agree.
+void check_smear_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
+  if (!std::count(a.given.begin(), a.given.end(), "-sm") || a.smear == (int)config.smear) return;
+  LLMC_FAIL("-sm %d, but %s holds a model %s the smear: its header says so; drop -sm", a.smear, path.c_str(),
+            config.smear ? "with" : "without");
+}
+
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
   const double start = llmc::wall_seconds();
   StartParams p;
   if (resume_step < 0) {
     p.from_seed = llmc::config_from_preset(a.model, &p.config, a.recipe->arch);
+    p.config.smear = a.smear != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
+      check_smear_given(a, p.config, a.model);
     }
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
     llmc::GPT2Config requested;
-    if (llmc::config_from_preset(a.model, &requested, a.recipe->arch) && requested != p.config) {
+    check_smear_given(a, p.config, path);
+    const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
+    requested.smear = p.config.smear;  // the header's, which -sm, where given, matches
+    if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
     }

@@ -51,6 +51,8 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 # the architecture id in header slot 8 (0 GPT-2, as llm.c's files have it, 1 modern).
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
+# The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
+FEATURES_SLOT, FEATURE_SMEAR = 9, 1
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -84,6 +86,7 @@ SPEEDRUN_PRESETS = {
     "tiny": (12, 2, 128, 1024, 50257),
 }
 SPEEDRUN_GATE_DIVISOR = 64  # the attention gate reads the first C/64 channels of the block's input
+SMEAR_WIDTH = 12  # record #89's smear gate reads the first 12 channels of each token's embedding
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -354,6 +357,8 @@ class GPTConfig:
     # reference (x0 lambdas, U-net skips, value embeddings, gated heads, no attention in layer 7), a
     # head without bias whose logits are capped by a sigmoid, the loss over the padded vocabulary.
     arch: str = "gpt2"
+    # speedrun: record #89's smear before the embedding's norm (SPEC.md "Record #89's embedding")
+    smear: bool = False
 
     @property
     def modern(self):
@@ -388,7 +393,8 @@ class GPTConfig:
             attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 2  # 2: the value scales
             layers = sum(2 + 8 * C * C + (attention if spec.attention else 0) for spec in self.plan)
             skips = sum(spec.skip_weight is not None for spec in self.plan)
-            return (2 + self.value_embeddings) * Vp * C + skips + layers
+            smear = (SMEAR_WIDTH + 1) if self.smear else 0  # the gate's weights and lambda
+            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -415,8 +421,11 @@ class GPTConfig:
 ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_PRESETS}
 
 
-def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2"):
-    config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch)
+def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False):
+    config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
+                       bool(smear))
+    if config.smear and not config.speedrun:
+        fail(f"{source}: the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -730,6 +739,9 @@ class GPT(nn.Module):
         # speedrun: the U-net's weights, one for each layer with a skip source (unet_skip)
         skips = sum(spec.skip_weight is not None for spec in config.plan)
         self.skip_weights = nn.Parameter(torch.ones(skips)) if config.speedrun else None
+        # speedrun with the smear: the gate's weights over the first 12 channels and its lambda (smear)
+        self.smear_weight = nn.Parameter(torch.zeros(SMEAR_WIDTH)) if config.smear else None
+        self.smear_lambda = nn.Parameter(torch.zeros(1)) if config.smear else None
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -813,7 +825,7 @@ class GPT(nn.Module):
         layer's attention mask (attention_masks(idx)); None builds them here."""
         t = self.transformer
         if self.config.modern:
-            x = t.ln_e(t.wte(idx).to(self.compute_dtype))
+            x = t.ln_e(self.smear(t.wte(idx).to(self.compute_dtype)))
         else:
             pos = torch.arange(idx.size(1), device=idx.device)
             x = t.wte(idx) + t.wpe(pos)
@@ -838,6 +850,17 @@ class GPT(nn.Module):
         if spec.skip_source is None:
             return x
         return x + self.skip_weights[spec.skip_weight] * outputs[spec.skip_source]
+
+    def smear(self, x):
+        """Record #89's smear of the embedding x [B, T, C] (SPEC.md "Record #89's embedding"): over its
+        rows as one flat sequence, x_t + lambda sigmoid(w . x_t[:12]) x_{t-1} for t >= 1, each step in
+        x's dtype; x itself without the smear."""
+        if self.smear_weight is None:
+            return x
+        flat = x.reshape(-1, x.size(-1))
+        gate = torch.sigmoid(F.linear(flat[1:, :SMEAR_WIDTH], self.smear_weight.type_as(x)[None]))
+        share = self.smear_lambda.type_as(x) * gate
+        return torch.cat([flat[:1], flat[1:] + share * flat[:-1]]).view_as(x)
 
     def soft_cap(self, logits):
         """The logits the softmax sees, in float32: the modern model's c z / sqrt(z^2 + c^2) (c = 15), the
@@ -911,7 +934,8 @@ def params_in_file_order(model):
     entry in turn, the per-layer entries layer by layer. GPT-2: wte, wpe, the blocks, ln_f's weight
     and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias;
     speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
-    weight, the value embeddings, the gates, the skip weights, the lambdas, the value scales."""
+    weight, the value embeddings, the gates, the skip weights, the lambdas, the value scales (with the
+    smear: its gate's weights and lambda)."""
     t = model.transformer
 
     def stacked(names):
@@ -919,8 +943,9 @@ def params_in_file_order(model):
                 if name in dict(block.named_parameters())]
 
     if model.config.speedrun:
+        smear = [model.smear_weight, model.smear_lambda] if model.config.smear else []
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
-                + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS))
+                + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1017,6 +1042,7 @@ def write_checkpoint(model, path, version):
     header[:8] = [CHECKPOINT_MAGIC, file_version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
+    header[FEATURES_SLOT] = FEATURE_SMEAR if c.smear else 0
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1077,7 +1103,13 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
                  f"re-create it")
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
-    config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch)
+    features = int(header[FEATURES_SLOT])
+    if features & ~FEATURE_SMEAR or (features and arch != "speedrun"):
+        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any "
+             f"({FEATURE_SMEAR}: the smear): the header is damaged or the file comes from a newer version; "
+             f"re-create it")
+    config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
+                         smear=features & FEATURE_SMEAR)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2487,7 +2519,7 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "mlp.c_proj.bias": "fcprojb", "transformer.ln_f.weight": "lnfw", "transformer.ln_f.bias": "lnfb",
                "lm_head.weight": "headw", "lm_head.bias": "headb", "transformer.ve.weight": "ve",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
-               "attn.value_scales": "value_scales"}
+               "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda"}
 
 
 def table_name(parameter_name):
@@ -2685,6 +2717,9 @@ def parse_args(argv=None):
                    "through step U's update (the head stepped with both gradients, the embedding its copy), then "
                    "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
                    "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
+    a.add_argument("--smear", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model smears its embedding "
+                   "(record #89's: each token's takes a gated share of the one before, before the norm; the CUDA "
+                   "trainer's -sm); --init_from's checkpoint says whether it smears")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3057,9 +3092,9 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        if args.model or args.arch_given or any(v is not None for v in overrides):
+        if args.model or args.arch_given or args.smear is not None or any(v is not None for v in overrides):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch and the size flags")
+                 "--arch, --smear and the size flags")
         return None
     presets = ARCH_PRESETS[args.arch]
     if (args.model or "d12") not in presets:
@@ -3068,7 +3103,7 @@ def resolve_config(args):
     preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
-                       arch=args.arch)
+                       arch=args.arch, smear=args.smear)
 
 
 def check_fp8(config, device, flag="--fp8"):

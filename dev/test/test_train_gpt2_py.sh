@@ -586,6 +586,35 @@ text, prefix, _ = tg.read_debug_state_settings(path, header)
 assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 1 -ao 2" and prefix is None, text
 print(f"version {header[1]}: '{text}'")
 EOF
+check "--smear: record #89's smear against a loop over the flat sequence; its header slot and parameters read back" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert not model.smear_weight.any() and not model.smear_lambda.any(), "the smear starts at zero"
+with torch.no_grad():
+    model.smear_weight.normal_(0.0, 0.5)
+    model.smear_lambda.fill_(0.7)
+x = torch.randn(2, 5, 128)
+flat = x.reshape(-1, 128)
+want = flat.clone()
+for t in range(1, flat.size(0)):  # the flat sequence: row 1's first token reads row 0's last
+    want[t] = flat[t] + 0.7 * torch.sigmoid(flat[t, :12] @ model.smear_weight) * flat[t - 1]
+got = model.smear(x).reshape(-1, 128)
+error = (got - want).abs().max().item()
+assert error < 1e-5, error
+path = f"{os.environ['WORK']}/smear.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_SMEAR and back.config.smear
+assert torch.equal(back.smear_weight, model.smear_weight) and torch.equal(back.smear_lambda, model.smear_lambda)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+names = [tg.table_name(n) for n, _ in model.named_parameters()]
+assert "smearw" in names and "smear_lambda" in names
+print(f"the smear within {error:.1e} of its loop over 10 flat rows; header slot {tg.FEATURES_SLOT} "
+      f"{int(header[tg.FEATURES_SLOT])}, its 13 parameters read back")
+EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -785,6 +814,7 @@ expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe mode
   --adam_every 2
 expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
   --write_debug_state "$WORK/adam_every_bad"
+expect_error "the smear (record #89's) is the speedrun's" "${TINY[@]}" --smear 1 --write_debug_state "$WORK/smear_gpt2"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
   "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
 expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \

@@ -295,6 +295,43 @@ void test_speedrun_table() {
         "speedrun init: lambdas (1, 0), value scales 0.5, skips one, head zero");
 }
 
+// Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
+// after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
+// refused where it names a feature that is not there or an architecture without any.
+void test_smear_table() {
+  llmc::GPT2Config tiny;
+  llmc::config_from_preset("tiny", &tiny, llmc::Arch::kSpeedrun);
+  const size_t plain = llmc::num_parameters(tiny);
+  tiny.smear = true;
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(tiny, t);
+  llmc::param_offsets(tiny, offsets);
+  const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
+  const bool zero = std::all_of(init.begin() + offsets[llmc::kSmearw], init.end(), [](float x) { return x == 0.0f; });
+  check_verbose(llmc::arch_spec(tiny).smear && !llmc::arch_spec(tiny.arch).smear &&
+                    llmc::num_parameters(tiny) == plain + 13 && t[llmc::kSmearw].size == 12 &&
+                    t[llmc::kSmearLambda].size == 1 && offsets[llmc::kSmearw] + 13 == init.size() && zero &&
+                    t[llmc::kSmearw].role == llmc::ParamRole::kVector &&
+                    t[llmc::kSmearLambda].role == llmc::ParamRole::kVector,
+                llmc::strformat("smear: %zu parameters (%zu + 13), smearw [12] and smear_lambda [1] last, zero, "
+                                "the scalars' role", llmc::num_parameters(tiny), plain));
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(tiny, llmc::kCheckpointVersionBF16, h);
+  check(h[llmc::kFeaturesSlot] == llmc::kFeatureSmear && llmc::config_from_header(h, "smear.bin") == tiny,
+        "smear: header slot 9 holds 1 and reads back the same config");
+  h[llmc::kFeaturesSlot] = 4;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4",
+               "a header naming an unknown feature is refused");
+  llmc::GPT2Config gpt2;
+  llmc::config_from_preset("tiny", &gpt2);
+  llmc::header_from_config(gpt2, llmc::kCheckpointVersionFP32, h);
+  check(h[llmc::kFeaturesSlot] == 0, "GPT-2's header slot 9 holds 0, as llm.c's files");
+  h[llmc::kFeaturesSlot] = llmc::kFeatureSmear;
+  check_throws([&] { llmc::config_from_header(h, "gpt2.bin"); }, "only the speedrun has any",
+               "a GPT-2 header with the smear is refused");
+}
+
 // One line a plan: each layer's record as "A|- window ve skip:weight kept" (-1: none), and the counts.
 std::string plan_text(const llmc::LayerPlan& plan) {
   std::string s;
@@ -386,7 +423,7 @@ void test_configs() {
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
-  test_speedrun_table();  test_layer_plan();
+  test_speedrun_table();  test_smear_table();  test_layer_plan();
 }
 
 void test_bf16() {
