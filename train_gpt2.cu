@@ -1118,6 +1118,66 @@ void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const 
   encoder_backward(dtable, nullptr, plan, scratch, 1, N, C, seed, stream);
 }
 
+// ---- The bigram embedding's gated adds into the residual stream ----
+// out [N, C] = in + (g b), b the bigram embedding [N, C], g a gate on the device: the product
+// rounded on its own, then the sum (the reference's two steps); out may be in (the attention's
+// output in place). Backward: db += g dout (each value's sum rounded; db accumulates the layers'
+// parts), dg += the sum of dout . b over the rows, by row blocks (section 2): deterministic. Floor:
+// forward reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+constexpr int kBigramGateThreads = 256;
+
+__global__ void bigram_gate_forward_kernel(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate,
+                                           size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const float g = (float)gate[0];
+  const x128 x = load128(in + i), b = load128(bigram + i);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)x[k] + (float)(floatX)__fmul_rn(g, (float)b[k]));
+  store128(out + i, o);
+}
+
+// grid kRowBlocks, 1-D blocks: block j takes its rows' values in 16-byte pieces, thread by thread.
+__global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, const floatX* dout,
+                                            const floatX* bigram, const floatX* gate, int N, int C) {
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  const float g = (float)gate[0];
+  float sums[1] = {0.0f};
+  for (size_t i = ((size_t)r0 * C) + threadIdx.x * x128::size; i < (size_t)r1 * C; i += blockDim.x * x128::size) {
+    const x128 d = load128(dout + i), b = load128(bigram + i), acc = load128(dbigram + i);
+    x128 o;
+    for (int k = 0; k < x128::size; k++) {
+      sums[0] += (float)d[k] * (float)b[k];
+      o[k] = (floatX)((float)acc[k] + g * (float)d[k]);
+    }
+    store128(dbigram + i, o);
+  }
+  row_block_sums_store(partials, sums);
+}
+
+// out = in + gate * bigram (above), [N, C]; gate one value on the device.
+void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
+                         cudaStream_t stream) {
+  bigram_check("bigram_gate_forward", N, C);
+  const size_t n = (size_t)N * C;
+  bigram_gate_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
+      out, in, bigram, gate, n);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of bigram_gate_forward's out: dbigram += gate dout, and dgate += the sum
+// of dout . bigram (stochastic rounding from seed); partials: kRowBlocks floats.
+void bigram_gate_backward(floatX* dbigram, floatX* dgate, float* partials, const floatX* dout, const floatX* bigram,
+                          const floatX* gate, int N, int C, uint32_t seed, cudaStream_t stream) {
+  bigram_check("bigram_gate_backward", N, C);
+  REQUIRE(dbigram != dout, "bigram_gate_backward: dbigram must be apart from dout");
+  bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dbigram, partials, dout, bigram, gate,
+                                                                             N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dgate, partials, 1, 1, kRowBlocks, seed, stream);
+}
+
 // ============================================================================
 // 4. Normalisation
 // ============================================================================
@@ -7950,7 +8010,8 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
-  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kNumActTensors
+  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
+  kStreamStart, kNumActTensors
 };
 
 struct ActSpec {
@@ -7976,6 +8037,10 @@ void residual_mix_allocate_scratch(GPT2& m, size_t N);
 void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void attention_gate_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void smear_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void bigram_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void bigram_allocate_scratch(GPT2& m, size_t N);
+struct Activations;
+void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
 bool gates_take_row_dots(const GPT2& m);
 // The smear's rows: the embedding before it and each row's gate; context: rows before the first
@@ -8039,12 +8104,15 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"gated", 0, L, false},
       {"token_embedded", 0, 1, false},
       {"smear_gates", 0, 1, true},
+      {"bigram_embedded", 0, 1, false},
+      {"stream_start", 0, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
   value_mix_activation_rows(arch, dims, t);
   attention_gate_activation_rows(arch, dims, t);
   smear_activation_rows(arch, dims, t);
+  bigram_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -8080,6 +8148,9 @@ struct ModelParams {
   // contribution, the head's, each micro step, and so k micro steps of a batch sum in the same
   // order as one step of k times the batch.
   floatX* wte_grad_encoder = nullptr;
+  // The bigram embedding's fixed sign table [llmc::kBigramSignRows, C] (ArchSpec::bigram; not a
+  // parameter: llmc::bigram_sign_table).
+  floatX* bigram_signs = nullptr;
   // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
   // params and grads hold num_params_padded = shard_size * shard_count elements (zeros past
   // num_params), so that every shard has the same length for NCCL's reduce-scatter / all-gather.
@@ -8161,6 +8232,13 @@ struct Activations {
   // plan is made of them), the targets, and the plan's buckets and positions.
   UploadStaging inputs_staging, targets_staging, plan_buckets_staging, plan_positions_staging;
   EncoderBackwardPlan encoder_plan;  // the last backward's, on the GPU
+  // The bigram embedding (ArchSpec::bigram): each token's table row, then its sign row, [2 B*T] on
+  // the GPU and pinned on the host (the last forward's: the backward's plan of the table is made of
+  // them); that plan and its uploads; the gradient of the embedding that the layers' gates add up.
+  int* bigram_rows = nullptr;
+  UploadStaging bigram_rows_staging, bigram_plan_buckets_staging, bigram_plan_positions_staging;
+  EncoderBackwardPlan bigram_plan;
+  floatX* dbigram = nullptr;
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -8307,6 +8385,12 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   cudaCheck(cudaMemset(m.params, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.grads, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
+  if (m.arch().bigram) {
+    const std::vector<float> signs = llmc::bigram_sign_table(config.channels);
+    const std::vector<floatX> stored(signs.begin(), signs.end());
+    m.bigram_signs = device_alloc<floatX>(stored.size(), "the bigram embedding's sign table");
+    cudaCheck(cudaMemcpy(m.bigram_signs, stored.data(), stored.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+  }
   m.rng.seed(seed);
 }
 
@@ -8425,6 +8509,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   m.partials = device_alloc<float>(std::max(partials, attention_gate_partials(m, BT)),
                                   "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
+  bigram_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -8595,11 +8680,13 @@ void activations_free(Activations& a) {
                   (void*)a.scratch_att, (void*)a.scratch_dqkvr, (void*)a.attention_dot, (void*)a.attention_ds,
                   (void*)a.partials, (void*)a.norm_partials, (void*)a.dx0, (void*)a.dkept, (void*)a.inputs,
                   (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
-                  (void*)a.encoder_plan.slice_sums}) {
+                  (void*)a.encoder_plan.slice_sums, (void*)a.bigram_rows, (void*)a.bigram_plan.buckets,
+                  (void*)a.bigram_plan.positions, (void*)a.bigram_plan.slice_sums, (void*)a.dbigram}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
-  for (UploadStaging* s : {&a.inputs_staging, &a.targets_staging, &a.plan_buckets_staging, &a.plan_positions_staging}) {
+  for (UploadStaging* s : {&a.inputs_staging, &a.targets_staging, &a.plan_buckets_staging, &a.plan_positions_staging,
+                           &a.bigram_rows_staging, &a.bigram_plan_buckets_staging, &a.bigram_plan_positions_staging}) {
     upload_staging_free(*s);
   }
 }
@@ -8636,6 +8723,7 @@ void gpt2_allocate_validation(GPT2& m, int B, int T) {
     upload_staging_allocate(a.inputs_staging, BT * sizeof(int));
     upload_staging_allocate(a.targets_staging, BT * sizeof(int));
     if (m.documents) document_buffers_allocate(m, BT);
+    bigram_allocate_rows(a, m.arch(), BT);
   });
 }
 
@@ -8650,11 +8738,12 @@ void with_forward_only(GPT2& m, const Pass& pass) {
 
 void gpt2_free(GPT2& m) {
   optimizer_arrays_free(m.state);
-  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.fp8_weights,
-                  (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history, (void*)m.fp8_inputs_t,
-                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_head_weight.w8,
-                  (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t, (void*)m.fp8_head_buffers.rows,
-                  (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight, (void*)m.prefix_table}) {
+  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.bigram_signs,
+                  (void*)m.fp8_weights, (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history,
+                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
+                  (void*)m.fp8_head_weight.w8, (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t,
+                  (void*)m.fp8_head_buffers.rows, (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight,
+                  (void*)m.prefix_table}) {
     device_free(p);
   }
   activations_free(m);
@@ -8799,6 +8888,7 @@ struct BlockRows {
   floatX* v_pre = nullptr;         // the value mix: v before it
   float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
+  floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
 };
 
@@ -9194,7 +9284,11 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
 
 // The residual stream into block l: the embedding's, or block l-1's output; l = L: the final
 // norm's input.
-floatX* block_input(GPT2& m, int l) { return l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1); }
+// With the bigram embedding the stream starts at the embedding plus its gated bigram embedding.
+floatX* block_input(GPT2& m, int l) {
+  if (l > 0) return m.act(kResidual3, l - 1);
+  return m.arch().bigram ? m.act(kStreamStart) : m.act(kEncoded);
+}
 
 // The norm after block l, fused with its second residual add: the next block's first, or after
 // the last block the final norm; none (present false) where the next block mixes its input first
@@ -9438,7 +9532,7 @@ void residual_mix_zero_gradients(GPT2& m, int N) {
 // x0's. Block l's mix backward adds it (residual_mix_backward_rows). The top block's output is never
 // kept (only a later layer's skip reads a kept output).
 const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
-  if (l == 0) return m.dx0;
+  if (l == 0) return m.arch().bigram ? nullptr : m.dx0;  // bigram_stream_start_backward's, after its gate
   const int kept = m.plan[l - 1].kept;
   return kept >= 0 ? m.dkept + (size_t)kept * N * m.config.channels : nullptr;
 }
@@ -9495,6 +9589,117 @@ const floatX* smear_embedding_backward(GPT2& m, const floatX* dembedded, int N, 
   return m.dresidual;
 }
 
+// ---- The bigram embedding (ArchSpec::bigram, record #89's): each token's row of a table hashed
+// from (previous token, token) times a fixed sign row (SPEC "Record #89's embedding"), added to the
+// residual stream with a gate: before layer 0, and after the attention of every later layer with
+// attention, as the reference's listed layers. The reference's gates come from its MUDD gate
+// generators, which this model has not: each gate here is a learned scalar. Parameters: bigram
+// [R, C] and bigram_gates, one an attention layer (layer 0's the one before it). Kernels: section
+// 3, "Record #89's bigram hash embedding" and "The bigram embedding's gated adds"; the table's
+// gradient goes through the encoder backward's bucketed plan of the ids (section 3).
+
+// The embedding, which the gates' backward reads, and the stream's start x0 + g_0 b (block_input).
+void bigram_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.bigram) return;
+  t[kBigramEmbedded].count = d.BT * d.C;
+  t[kStreamStart].count = d.BT * d.C;
+}
+
+// The rows of N tokens, for every pass (training or evaluation).
+void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N) {
+  if (!arch.bigram) return;
+  a.bigram_rows = device_alloc<int>(2 * N, "the bigram embedding's rows");
+  upload_staging_allocate(a.bigram_rows_staging, 2 * N * sizeof(int));
+}
+
+// The training passes': the rows, the backward's plan of the table and the embedding's gradient.
+void bigram_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().bigram) return;
+  const size_t C = m.config.channels, buckets = N * encoder_plan_groups((int)C);
+  bigram_allocate_rows(m, m.arch(), N);
+  m.bigram_plan.buckets = device_alloc<int4>(buckets, "the bigram table's backward plan");
+  m.bigram_plan.positions = device_alloc<int>(N, "the bigram table's backward plan");
+  m.bigram_plan.slice_sums = device_alloc<float>(encoder_plan_max_slices((int)N, (int)C) * kEncoderGroupWidth,
+                                                 "the bigram table backward's slice sums");
+  upload_staging_allocate(m.bigram_plan_buckets_staging, buckets * sizeof(int4));
+  upload_staging_allocate(m.bigram_plan_positions_staging, N * sizeof(int));
+  m.dbigram = device_alloc<floatX>(N * C, "the bigram embedding's gradient");
+}
+
+int bigram_table_rows(const GPT2& m) { return llmc::bigram_table_rows(m.config.padded_vocab_size); }
+
+// The table's rows and the sign rows of a forward's N inputs, [ids, sign rows], made on the host and
+// queued for upload.
+void bigram_rows_upload(GPT2& m, const int* inputs, int N) {
+  if (!m.arch().bigram) return;
+  int* rows = upload_staging_host<int>(m.bigram_rows_staging);
+  llmc::bigram_rows(rows, rows + N, inputs, N, bigram_table_rows(m));
+  upload_staging_copy(m.bigram_rows_staging, m.bigram_rows, 2 * N * sizeof(int), m.stream);
+}
+
+// The embedding of the forward's N tokens, and the stream's start x0 + g_0 b.
+void bigram_embedding_forward(GPT2& m, int N) {
+  if (!m.arch().bigram) return;
+  const int C = m.config.channels;
+  bigram_forward(m.act(kBigramEmbedded), m.param(llmc::kBigram), m.bigram_rows, m.bigram_signs, m.bigram_rows + N, N,
+                 C, m.stream);
+  bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded), m.param(llmc::kBigramGates, 0),
+                      N, C, m.stream);
+}
+
+void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().bigram) return;
+  r.bigram = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kBigramEmbedded);
+}
+
+// Block l's attention output in r.proj plus its gated embedding, where the layer adds one (after the
+// first).
+void bigram_inject(GPT2& m, int l, const BlockRows& r) {
+  if (!r.bigram || l == 0) return;
+  bigram_gate_forward(r.proj, r.proj, r.bigram, m.param(llmc::kBigramGates, l), r.rows(), m.config.channels,
+                      m.stream);
+}
+
+// From dresidual, the gradient of block l's residual2 (its input + (the attention's output + g_l b)):
+// g_l's, and b's part into dbigram.
+void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().bigram || l == 0) return;
+  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, l), m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       m.param(llmc::kBigramGates, l), N, m.config.channels, seeds.next(), m.stream);
+}
+
+// After block 0's backward, from dresidual, the gradient of the stream's start x0 + g_0 b: g_0's and
+// b's parts, then x0's, which the blocks' mixes added up in dx0 (joined here, not after block 0:
+// gradient_joining_after_block), added: dresidual is then x0's gradient.
+void bigram_stream_start_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().bigram || l != 0) return;
+  const int C = m.config.channels;
+  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, 0), m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       m.param(llmc::kBigramGates, 0), N, C, seeds.next(), m.stream);
+  add_inplace(m.dresidual, m.dx0, (size_t)N * C, seeds.next(), m.stream);
+}
+
+// The backward's plan of the table, made on the host of the last forward's ids while the GPU runs,
+// and queued for upload; the embedding's gradient zeroed for the layers to add into.
+void bigram_backward_prepare(GPT2& m, int N) {
+  if (!m.arch().bigram) return;
+  const int* ids = (const int*)m.bigram_rows_staging.host;  // the last forward's (bigram_rows_upload)
+  int4* buckets = upload_staging_host<int4>(m.bigram_plan_buckets_staging);
+  int* positions = upload_staging_host<int>(m.bigram_plan_positions_staging);
+  encoder_backward_plan(&m.bigram_plan, buckets, positions, ids, N, m.config.channels);
+  upload_staging_copy(m.bigram_plan_buckets_staging, m.bigram_plan.buckets,
+                      encoder_plan_upload_count(m.bigram_plan) * sizeof(int4), m.stream);
+  upload_staging_copy(m.bigram_plan_positions_staging, m.bigram_plan.positions, N * sizeof(int), m.stream);
+  cudaCheck(cudaMemsetAsync(m.dbigram, 0, (size_t)N * m.config.channels * sizeof(floatX), m.stream));
+}
+
+// The table's gradient from dbigram, through the plan of the forward's ids (scratch_btc its scratch).
+void bigram_table_backward(GPT2& m, int N, uint32_t seed) {
+  if (!m.arch().bigram) return;
+  bigram_backward(m.grad(llmc::kBigram), m.scratch_btc, m.dbigram, m.bigram_signs, m.bigram_rows + N, m.bigram_plan,
+                  N, m.config.channels, seed, m.stream);
+}
+
 // ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
 // training passes and the decoder ----
 
@@ -9533,6 +9738,7 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     value_mix(m, l, r);
     attention_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, attention_gated(m, l, r), nullptr);
+    bigram_inject(m, l, r);
     norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, r.proj, N);
   }
   mlp_forward(m, l, r);
@@ -9556,6 +9762,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
   // already in attproj's bias gradient.
   if (m.plan[l].attention) {
+    bigram_inject_backward(m, l, N, seeds);
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
@@ -9570,6 +9777,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
                   seeds.next());
   }
   residual_mix_backward_rows(m, l, N, seeds);
+  bigram_stream_start_backward(m, l, N, seeds);
 }
 
 // ---- The training passes ----
@@ -9614,6 +9822,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   value_mix_point_rows(m, l, r, nullptr);
   attention_gate_point_rows(m, l, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
+  bigram_point_rows(m, r, nullptr);
   return r;
 }
 
@@ -9662,8 +9871,10 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   std::copy(inputs, inputs + N, upload_staging_host<int>(m.inputs_staging));
   upload_staging_copy(m.inputs_staging, m.inputs, N * sizeof(int), m.stream);
   if (m.documents) documents_upload(m, inputs, B, T);
+  bigram_rows_upload(m, inputs, N);
   if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
+  bigram_embedding_forward(m, N);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
 }
 
@@ -9822,6 +10033,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   const size_t NC = (size_t)N * C;
   KernelSeeds seeds = {m.rng.u32()};
   encoder_plan_upload(m, N);
+  bigram_backward_prepare(m, N);
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   residual_mix_zero_gradients(m, N);
   head_backward(m, N, seeds.next());
@@ -9836,6 +10048,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   const uint32_t seed_encoder = seeds.next();
   const uint32_t seed_norm = m.arch().embedding_norm ? seeds.next() : 0;
   const uint32_t seed_smear = m.arch().smear ? seeds.next() : 0;
+  bigram_table_backward(m, N, m.arch().bigram ? seeds.next() : 0);
   embedding_backward(m, B, T, seed_norm, seed_smear, seed_encoder);
   if (last_micro_step) {
     add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size, seeds.next(),
@@ -10191,7 +10404,8 @@ struct GPT2Decoder {
   floatX* embedded = nullptr;  // the embedding before its norm (with the smear: the token before's, then its)
   floatX* x0 = nullptr;        // the embedding's output
   SmearRows smear;             // the smear's rows of the token before and the token
-  int previous_token = 0;      // the token fed before (the smear's)
+  int previous_token = 0;      // the token fed before (the smear's and the bigram embedding's)
+  int* bigram_rows = nullptr;  // the token's bigram table row and sign row
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -10220,11 +10434,13 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   d.x0 = a.take<floatX>(C);
   d.token = a.take<int>(smear_rows);
   if (m.arch().smear) d.smear = {a.take<floatX>(smear_rows * C), a.take<float>(smear_rows), 0};
+  if (m.arch().bigram) d.bigram_rows = a.take<int>(2);
   r.x0 = d.x0;
   r.tokens = d.token;
   value_mix_point_rows(m, 0, r, &a);
   attention_gate_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
+  bigram_point_rows(m, r, &a);
 }
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
@@ -10266,12 +10482,22 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     SmearRows smear = d.smear;
     smear.context = d.position > 0 ? 1 : 0;
     embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token + 1, 1, 1, d.position, smear);
-    d.previous_token = token;
   } else {
     cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
     embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
   }
-  cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+  if (m.arch().bigram) {
+    // The token's rows at its position of the sequence, the stream's start x0 + g_0 b.
+    int rows[2];
+    llmc::bigram_row_at(d.position, token, d.previous_token, bigram_table_rows(m), rows, rows + 1);
+    cudaCheck(cudaMemcpyAsync(d.bigram_rows, rows, sizeof(rows), cudaMemcpyHostToDevice, m.stream));
+    bigram_forward(r.bigram, m.param(llmc::kBigram), d.bigram_rows, m.bigram_signs, d.bigram_rows + 1, 1,
+                   (int)C, m.stream);
+    bigram_gate_forward(r.residual3, d.x0, r.bigram, m.param(llmc::kBigramGates, 0), 1, (int)C, m.stream);
+  } else {
+    cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+  }
+  d.previous_token = token;
   const size_t layer_cache = (size_t)c.max_seq_len * C;
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
@@ -11178,11 +11404,12 @@ double attention_mean_keys(const GPT2& m, int l, int T) {
 }
 
 // 6 FLOPs a token for each parameter of a product (an embedding not tied to the head, and the
-// speedrun's value embeddings, are lookups), and 12 C for each key a query attends to in each
-// layer with attention (causal: llm.c's 6 L C T); with a window, those of the current step's.
+// speedrun's value embeddings and bigram table, are lookups), and 12 C for each key a query attends
+// to in each layer with attention (causal: llm.c's 6 L C T); with a window, those of the current
+// step's.
 double flops_per_token(const GPT2& m, int T) {
   const llmc::GPT2Config& c = m.config;
-  double lookups = (double)m.param_specs[llmc::kVe].size;
+  double lookups = (double)m.param_specs[llmc::kVe].size + (double)m.param_specs[llmc::kBigram].size;
   if (!m.arch().tied_head) lookups += (double)m.param_specs[llmc::kWte].size;
   double keys = 0.0;
   for (int l = 0; l < c.num_layers; l++) {
@@ -11209,6 +11436,7 @@ struct TrainArgs : llmc::TrainFlags {
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
+  int bigram = 0;               // -bg: and its bigram hash embedding
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11397,6 +11625,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-sm", "smear", "-recipe speedrun: 1 the model made from -e's preset smears its embedding (record "
                "#89's: each token's takes a gated share of the one before, before the norm); a model file's header "
                "says whether it smears", &a.smear, 0, 1),
+      int_flag("-bg", "bigram embedding", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
+               "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 and "
+               "after the later layers' attention); a model file's header says whether it has it", &a.bigram, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11461,6 +11692,8 @@ void validate_args(const TrainArgs& a) {
           a.adam_every, a.adam_every);
   REQUIRE(!a.smear || a.recipe->arch == llmc::Arch::kSpeedrun, "-sm 1 smears the speedrun's embedding, and "
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -sm", a.recipe->name);
+  REQUIRE(!a.bigram || a.recipe->arch == llmc::Arch::kSpeedrun, "-bg 1 gives the speedrun a bigram embedding, and "
+          "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -bg", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   const bool kd_given = std::count(a.given.begin(), a.given.end(), "-kd") > 0;
@@ -11674,11 +11907,16 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
-// A model file's header says whether it smears; a -sm given must agree.
-void check_smear_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
-  if (!std::count(a.given.begin(), a.given.end(), "-sm") || a.smear == (int)config.smear) return;
-  LLMC_FAIL("-sm %d, but %s holds a model %s the smear: its header says so; drop -sm", a.smear, path.c_str(),
-            config.smear ? "with" : "without");
+// A model file's header says whether it has record #89's smear and bigram embedding; -sm and -bg,
+// where given, must agree.
+void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
+  auto check = [&](const char* flag, int given, bool has, const char* what) {
+    if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
+    LLMC_FAIL("%s %d, but %s holds a model %s %s: its header says so; drop %s", flag, given, path.c_str(),
+              has ? "with" : "without", what, flag);
+  };
+  check("-sm", a.smear, config.smear, "the smear");
+  check("-bg", a.bigram, config.bigram, "the bigram embedding");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -11687,19 +11925,21 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
   if (resume_step < 0) {
     p.from_seed = llmc::config_from_preset(a.model, &p.config, a.recipe->arch);
     p.config.smear = a.smear != 0;
+    p.config.bigram = a.bigram != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
-      check_smear_given(a, p.config, a.model);
+      check_features_given(a, p.config, a.model);
     }
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
     llmc::GPT2Config requested;
-    check_smear_given(a, p.config, path);
+    check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm, where given, matches
+    requested.smear = p.config.smear;  // the header's, which -sm and -bg, where given, match
+    requested.bigram = p.config.bigram;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

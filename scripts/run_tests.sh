@@ -537,8 +537,9 @@ gpu_setup() {
 # its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
 # the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token);
 # and with AdamW on odd steps (-ao 2 in the settings: its gradients of two steps summed, its t its
-# own count of updates, Muon every step); and with record #89's smear (the model file's header
-# slot 9: its two rows of parameters, the smear over the batch's rows as one flat sequence).
+# own count of updates, Muon every step); and with record #89's smear and bigram embedding (the
+# model file's header slot 9: their rows of parameters, the batch's rows as one flat sequence, the
+# bigram table's 377,280 rows, the fixed sign table, the gates before layer 0 and after attention).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -561,7 +562,7 @@ gpu_against_pytorch() {
               "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
               "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
               "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2" \
-              "speedrun_tiny_smear:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1"; do
+              "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then

@@ -5,7 +5,9 @@
 //    gates kept; dx, dw and dlambda in double from the same stored values;
 //  - bigram_forward/backward: the signed gather exactly, of llmc::bigram_rows' ids and sign rows
 //    (dev/test/test_bigram_hash.cpp pins those); the table's gradient through the encoder's
-//    bucketed backward, ids repeated hundreds of times (long buckets) and rows never hit left alone.
+//    bucketed backward, ids repeated hundreds of times (long buckets) and rows never hit left alone;
+//  - bigram_gate_forward/backward: in + g b (the product rounded, then the sum), apart and in place;
+//    db += g dout and dg += the sum of dout . b in double from the same stored values.
 // Row counts below, at and above the backward's 256 fixed row blocks, widths with partial warps;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits.
@@ -172,6 +174,55 @@ void test_bigram(const BigramCase& s, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dtable));
 }
 
+// ---- The bigram embedding's gated adds ----
+
+void test_bigram_gate(int N, int C, llmc::Rng& rng) {
+  printf("\nbigram gate N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 1.0f), b = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> gate = stored({0.3f});
+  DeviceArray<floatX> d_x(x), d_b(b), d_gate(gate), out(n);
+  std::vector<float> ref_out(n);
+  for (size_t i = 0; i < n; i++) ref_out[i] = (float)(x[i] + rounded((double)gate[0] * b[i]));
+  auto forward = [&] {
+    out.poison();
+    bigram_gate_forward(out, d_x, d_b, d_gate, N, C, 0);
+  };
+  forward();
+  check_close("forward out", out.download(), ref_out, kTolStore);
+  const Snapshot forward_bits(out);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(out));
+  DeviceArray<floatX> in_place(x);
+  bigram_gate_forward(in_place, in_place, d_b, d_gate, N, C, 0);
+  check_same_bits("forward in place", forward_bits, Snapshot(in_place));
+
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f), db0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dg0 = random_stored(rng, 1, 0.0f, 1.0f);
+  std::vector<float> ref_db(n);
+  double dg_sum = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    ref_db[i] = (float)(db0[i] + (double)gate[0] * dout[i]);
+    dg_sum += (double)dout[i] * b[i];
+  }
+  const std::vector<float> ref_dg = {(float)(dg0[0] + dg_sum)};
+  DeviceArray<floatX> d_dout(dout), db(n), dg(1);
+  DeviceArray<float> partials(kRowBlocks);
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    db.upload(db0);
+    dg.upload(dg0);
+    partials.poison();
+    bigram_gate_backward(db, dg, partials, d_dout, d_b, d_gate, N, C, seed, 0);
+  };
+  backward();
+  check_close("backward db", db.download(), ref_db, kTolStore);
+  check_close("backward dgate", dg.download(), ref_dg, kTolSum);
+  const Snapshot backward_bits(db, dg);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(db, dg));
+}
+
 void test_bad_shapes() {
   printf("\nbad shapes\n");
   DeviceArray<floatX> a(3 * 768), b(3 * 768);
@@ -190,6 +241,10 @@ void test_bad_shapes() {
   // 102: a multiple of neither 4 (FP32's x128::size) nor 8 (BF16's).
   testing::check_throws([&] { bigram_forward(a, b, rows, b, rows, 3, 102, 0); }, "multiple of",
                         "bigram_forward at C = 102");
+  testing::check_throws([&] { bigram_gate_backward(a, b, partials, a, b, b, 3, 768, 1, 0); }, "apart from dout",
+                        "bigram_gate_backward with dbigram over dout");
+  testing::check_throws([&] { bigram_gate_forward(a, a, b, b, 3, 102, 0); }, "multiple of",
+                        "bigram_gate_forward at C = 102");
 }
 
 void run() {
@@ -204,6 +259,9 @@ void run() {
   test_bigram({3999, 768, 2}, rng);         // 15 rows: hundreds of positions each (long buckets)
   test_bigram({37, 128, 301}, rng);
   test_bigram({7, 136, 5}, rng);            // 17 pieces of a row: a partial warp
+  test_bigram_gate(4 * 64 + 1, 768, rng);   // one row per backward block, one more
+  test_bigram_gate(3999, 768, rng);         // 16 rows per block; one short, six empty
+  test_bigram_gate(7, 136, rng);            // most blocks empty, a row of 17 pieces
   test_bad_shapes();
 }
 

@@ -2,6 +2,7 @@
 // record #89), their values computed with its int32 arithmetic: GPT-2 tokens at Vp 50,304; tokens
 // whose products wrap past int32 (negative hashes, whose remainder must still be non-negative); a
 // small table; and on random tokens every id within the table, the last row at position 0 alone.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -43,6 +44,20 @@ void test_ranges() {
                                          outside, ids[0]));
 }
 
+// The sign table against torch.randint(0, 2, (8192, 128), generator seeded 89) * 2 - 1, which
+// train_gpt2.py draws: its first 16 and last 8 values and its sum, pinned from torch 1.13.
+void test_sign_table() {
+  const std::vector<float> signs = llmc::bigram_sign_table(128);
+  const std::vector<float> first = {1, -1, -1, 1, -1, 1, 1, -1, -1, -1, -1, 1, -1, 1, 1, -1};
+  const std::vector<float> last = {-1, 1, -1, 1, -1, -1, -1, 1};
+  double sum = 0.0;
+  for (float v : signs) sum += v;
+  testing::check_verbose(signs.size() == (size_t)8192 * 128 && std::equal(first.begin(), first.end(), signs.begin()) &&
+                             std::equal(last.begin(), last.end(), signs.end() - last.size()) && sum == 1262.0,
+                         llmc::strformat("the sign table [8192, 128]: torch's first and last values, sum %g "
+                                         "(torch's 1262)", sum));
+}
+
 }  // namespace
 
 int main() {
@@ -55,5 +70,6 @@ int main() {
   check_rows("a table of 480 rows", {3, 1, 4, 1, 5, 9, 2, 6}, 480, {479, 156, 246, 289, 89, 7, 164, 410},
              {0, 2, 5, 5, 4, 12, 11, 4});
   test_ranges();
+  test_sign_table();
   return testing::summary("test_bigram_hash");
 }

@@ -295,6 +295,37 @@ void test_speedrun_table() {
         "speedrun init: lambdas (1, 0), value scales 0.5, skips one, head zero");
 }
 
+// Record #89's bigram embedding on top of the smear: its table [Vp 15 / 2, C] (the embeddings' role)
+// and a gate for each attention layer (the scalars'), zero and 0.05 at init, after the smear's
+// tensors; both features in header slot 9.
+void test_bigram_table(llmc::GPT2Config c) {
+  const size_t smeared = llmc::num_parameters(c);
+  c.bigram = true;
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(c, t);
+  llmc::param_offsets(c, offsets);
+  const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+  const size_t rows = 50304 * 15 / 2, table = rows * 128;
+  const auto gates = init.begin() + offsets[llmc::kBigramGates];
+  const bool zero = std::all_of(init.begin() + offsets[llmc::kBigram], gates, [](float x) { return x == 0.0f; });
+  const bool gates_start = std::all_of(gates, init.end(), [](float x) { return x == llmc::kBigramGateInit; });
+  check_verbose(llmc::num_parameters(c) == smeared + table + 11 && t[llmc::kBigram].size == table &&
+                    offsets[llmc::kBigram] == offsets[llmc::kSmearLambda] + 1 && t[llmc::kBigramGates].size == 11 &&
+                    offsets[llmc::kBigramGates] + 11 == init.size() && zero && gates_start &&
+                    t[llmc::kBigram].role == llmc::ParamRole::kEmbedding &&
+                    t[llmc::kBigramGates].role == llmc::ParamRole::kVector &&
+                    llmc::param_slab(llmc::layer_plan(c), t[llmc::kBigramGates], 8) == 7,
+                llmc::strformat("bigram: %zu parameters (%zu + %zu rows x 128 + 11), the table zero (embeddings' "
+                                "role), 11 gates 0.05 (scalars'), layer 8's the 8th", llmc::num_parameters(c),
+                                smeared, rows));
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  check(h[llmc::kFeaturesSlot] == (llmc::kFeatureSmear | llmc::kFeatureBigram) &&
+            llmc::config_from_header(h, "both.bin") == c,
+        "smear and bigram: header slot 9 holds 3 and reads back the same config");
+}
+
 // Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
 // after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
 // refused where it names a feature that is not there or an architecture without any.
@@ -320,6 +351,7 @@ void test_smear_table() {
   llmc::header_from_config(tiny, llmc::kCheckpointVersionBF16, h);
   check(h[llmc::kFeaturesSlot] == llmc::kFeatureSmear && llmc::config_from_header(h, "smear.bin") == tiny,
         "smear: header slot 9 holds 1 and reads back the same config");
+  test_bigram_table(tiny);
   h[llmc::kFeaturesSlot] = 4;
   check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4",
                "a header naming an unknown feature is refused");
@@ -414,7 +446,7 @@ void test_configs() {
     if (i > 0) contiguous = contiguous && offsets[i] == offsets[i - 1] + table[i - 1].size;
     const bool matrix = i == llmc::kWte || i == llmc::kWpe || i == llmc::kQkvw ||
                         i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw ||
-                        i == llmc::kHeadw || i == llmc::kVe || i == llmc::kAttngate;
+                        i == llmc::kHeadw || i == llmc::kVe || i == llmc::kAttngate || i == llmc::kBigram;
     decay_on_matrices = decay_on_matrices && table[i].decayed == matrix;
   }
   check_verbose(
