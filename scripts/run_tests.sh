@@ -831,6 +831,10 @@ gpu_resume() {
   # from the resumed step.
   resume_test ./train_gpt2cu resume_speedrun_bf16 -recipe speedrun -b 1 -t 1024 -z 1024 -vt 512
   resume_test ./train_gpt2fp32cu resume_speedrun_fp32 -recipe speedrun -b 1 -t 1024 -z 1024 -vt 512
+  # With record #89's smear and bigram embedding: their tensors and AdamW state, and the resume's
+  # model from the checkpoint's header, which its -sm 1 -bg 1 agree with.
+  resume_test ./train_gpt2cu resume_speedrun_smear_bigram_bf16 -recipe speedrun -sm 1 -bg 1 -b 1 -t 1024 -z 1024 \
+    -vt 512
   # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
   # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
   # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose
