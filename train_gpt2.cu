@@ -8374,6 +8374,11 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   m.num_params = llmc::num_parameters(config);
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
+  // bigram_forward's gather and the encoder's backward into its gradient move 16-byte pieces of rows.
+  REQUIRE(m.param_offsets[llmc::kBigram] % 16 == 0,
+          "the bigram table's offset %zu in the parameters is not a multiple of 16 elements: its rows' "
+          "16-byte loads would be misaligned (llmc::param_table's order places it)",
+          m.param_offsets[llmc::kBigram]);
   m.shard_count = shard_count;
   const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
   m.shard_size = shard.size;

@@ -1011,8 +1011,9 @@ def params_in_file_order(model):
     entry in turn, the per-layer entries layer by layer. GPT-2: wte, wpe, the blocks, ln_f's weight
     and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias;
     speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
-    weight, the value embeddings, the gates, the skip weights, the lambdas, the value scales (with the
-    smear: its gate's weights and lambda; with the bigram embedding: its table and gates)."""
+    weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
+    the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
+    with the bigram embedding: its gates)."""
     t = model.transformer
 
     def stacked(names):
@@ -1021,9 +1022,10 @@ def params_in_file_order(model):
 
     if model.config.speedrun:
         smear = [model.smear_weight, model.smear_lambda] if model.config.smear else []
-        bigram = [model.bigram.weight, model.bigram_gates] if model.config.bigram else []
+        bigram, bigram_gates = ([model.bigram.weight], [model.bigram_gates]) if model.config.bigram else ([], [])
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
-                + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear + bigram)
+                + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
+                + bigram_gates)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:

@@ -422,14 +422,16 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 
 // One table for every architecture: a tensor its switches (ArchSpec) leave out has size 0, so
 // GPT-2's sizes, offsets and file layout are those of llm.c, the modern ones follow the same order,
-// and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint").
+// and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
+// bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
+// so that its rows' 16-byte loads are aligned; the small tensors come last.
 constexpr int kNumParamTensors = 28;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
-  kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
-  kBigram, kBigramGates,
+  kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
+  kBigramGates,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -493,6 +495,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"headw", head * Vp * C, whole, true, true, R::kHead},
       {"headb", head * bias * Vp, whole, false, false, R::kVector},
       {"ve", ve * Vp * C, whole, true, false, R::kEmbedding},
+      {"bigram", bigram * bigram_table_rows((int)Vp) * C, whole, true, false, R::kEmbedding},
       {"attngate", gate * La * NH * (C / kGateDivisor), attention, true, false, R::kMatrix, (int)NH,
        Ci / kGateDivisor},
       {"skipw", skips, whole, false, false, R::kVector},
@@ -500,7 +503,6 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"value_scales", La * value_scales, attention, false, false, R::kVector},
       {"smearw", smear * kSmearWidth, whole, false, false, R::kVector},
       {"smear_lambda", smear, whole, false, false, R::kVector},
-      {"bigram", bigram * bigram_table_rows((int)Vp) * C, whole, true, false, R::kEmbedding},
       {"bigram_gates", bigram * La, attention, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
@@ -533,12 +535,20 @@ inline int param_slab(const LayerPlan& plan, const ParamSpec& s, int layer) {
 constexpr int kSeededTensors = 19;
 constexpr int kMaxMuonGroups = 16;
 
-// The tensor's position in llm.c's GPT-2 table, the modern tensors after it: what seeds a tensor's
-// stochastic rounding, so that GPT-2's seeds stay those of its 16-tensor table.
+// The speedrun's tensors in the order they joined the table, which gives their seeds: a tensor
+// placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
+constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
+    kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates};
+
+// The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
+// Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
+// 16-tensor table.
 inline int param_seed_index(int i) {
   if (i == kLnew) return kSeededTensors - 1;
-  if (i >= kSeededTensors) return kSeededTensors + kMaxMuonGroups + (i - kSeededTensors);
-  return i > kLnew ? i - 1 : i;
+  if (i < kSeededTensors) return i > kLnew ? i - 1 : i;
+  const ParamIndex* order = std::find(std::begin(kSpeedrunSeedOrder), std::end(kSpeedrunSeedOrder), i);
+  if (order == std::end(kSpeedrunSeedOrder)) LLMC_FAIL("tensor %d has no rounding seed", i);
+  return kSeededTensors + kMaxMuonGroups + (int)(order - std::begin(kSpeedrunSeedOrder));
 }
 
 inline int muon_group_seed_index(size_t g) {

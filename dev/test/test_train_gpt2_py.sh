@@ -662,8 +662,14 @@ header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_BIGRAM and back.config.bigram and not back.config.smear
 assert torch.equal(back.bigram.weight, model.bigram.weight) and torch.equal(back.bigram_gates, model.bigram_gates)
 assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+both = tg.GPT(tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True, bigram=True))
+names = {id(p): tg.table_name(name) for name, p in both.named_parameters()}
+order = list(dict.fromkeys(names[id(p)] for p in tg.params_in_file_order(both)))
+assert order == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "bigram", "attngate", "skipw", "lambdas",
+                 "value_scales", "smearw", "smear_lambda", "bigram_gates"], order  # llmc/gpt2.h's table
 print(f"the hash's rows as llmc's, the sign table torch's; {config.bigram_rows} rows, 11 gates; layer 0's before it, "
-      f"the later attention layers' after it, by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
+      f"the later attention layers' after it, by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; "
+      f"with the smear, the file order {' '.join(order)}")
 EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \

@@ -273,10 +273,15 @@ void test_speedrun_table() {
   for (int i = 0; i < llmc::kNumParamTensors; i++) indices.push_back(llmc::param_seed_index(i));
   for (int g = 0; g < llmc::kMaxMuonGroups; g++) indices.push_back(llmc::muon_group_seed_index(g));
   std::sort(indices.begin(), indices.end());
+  // The speedrun's in the order they joined the table (the bigram table since placed after ve).
+  const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
+                        llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates};
+  for (int k = 0; k < 9; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
-                "rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the speedrun's "
-                "tensors from 35 on, no two alike");
+                llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
+                                "speedrun's 35-43 in the order they joined (bigram %d, bigram_gates %d), no two alike",
+                                llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -296,8 +301,8 @@ void test_speedrun_table() {
 }
 
 // Record #89's bigram embedding on top of the smear: its table [Vp 15 / 2, C] (the embeddings' role)
-// and a gate for each attention layer (the scalars'), zero and 0.05 at init, after the smear's
-// tensors; both features in header slot 9.
+// right after the value embeddings, and a gate for each attention layer (the scalars'), last; zero
+// and 0.05 at init; both features in header slot 9.
 void test_bigram_table(llmc::GPT2Config c) {
   const size_t smeared = llmc::num_parameters(c);
   c.bigram = true;
@@ -307,23 +312,52 @@ void test_bigram_table(llmc::GPT2Config c) {
   llmc::param_offsets(c, offsets);
   const std::vector<float> init = llmc::init_params_from_seed(c, 3);
   const size_t rows = 50304 * 15 / 2, table = rows * 128;
-  const auto gates = init.begin() + offsets[llmc::kBigramGates];
-  const bool zero = std::all_of(init.begin() + offsets[llmc::kBigram], gates, [](float x) { return x == 0.0f; });
+  const auto bigram = init.begin() + offsets[llmc::kBigram], gates = init.begin() + offsets[llmc::kBigramGates];
+  const bool zero = std::all_of(bigram, bigram + table, [](float x) { return x == 0.0f; });
   const bool gates_start = std::all_of(gates, init.end(), [](float x) { return x == llmc::kBigramGateInit; });
   check_verbose(llmc::num_parameters(c) == smeared + table + 11 && t[llmc::kBigram].size == table &&
-                    offsets[llmc::kBigram] == offsets[llmc::kSmearLambda] + 1 && t[llmc::kBigramGates].size == 11 &&
+                    offsets[llmc::kBigram] == offsets[llmc::kVe] + t[llmc::kVe].size &&
+                    t[llmc::kBigramGates].size == 11 &&
                     offsets[llmc::kBigramGates] + 11 == init.size() && zero && gates_start &&
                     t[llmc::kBigram].role == llmc::ParamRole::kEmbedding &&
                     t[llmc::kBigramGates].role == llmc::ParamRole::kVector &&
                     llmc::param_slab(llmc::layer_plan(c), t[llmc::kBigramGates], 8) == 7,
-                llmc::strformat("bigram: %zu parameters (%zu + %zu rows x 128 + 11), the table zero (embeddings' "
-                                "role), 11 gates 0.05 (scalars'), layer 8's the 8th", llmc::num_parameters(c),
-                                smeared, rows));
+                llmc::strformat("bigram: %zu parameters (%zu + %zu rows x 128 + 11), the table after ve, zero "
+                                "(embeddings' role), 11 gates 0.05 last (scalars'), layer 8's the 8th",
+                                llmc::num_parameters(c), smeared, rows));
   int h[llmc::kHeaderInts];
   llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
   check(h[llmc::kFeaturesSlot] == (llmc::kFeatureSmear | llmc::kFeatureBigram) &&
             llmc::config_from_header(h, "both.bin") == c,
         "smear and bigram: header slot 9 holds 3 and reads back the same config");
+}
+
+// The bigram table at a multiple of 16 elements (its rows' 16-byte loads in either precision), with
+// and without the smear, at tiny and at d12 (whose tensors before the smear's end 4 elements past a
+// multiple of 8), and the table's order with both features.
+void test_bigram_alignment() {
+  for (const char* preset : {"tiny", "d12"}) {
+    for (bool smear : {false, true}) {
+      llmc::GPT2Config c;
+      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      c.smear = smear;
+      c.bigram = true;
+      llmc::ParamSpec t[llmc::kNumParamTensors];
+      size_t offsets[llmc::kNumParamTensors];
+      llmc::param_table(c, t);
+      llmc::param_offsets(c, offsets);
+      std::string order;
+      for (int i = 0; i < llmc::kNumParamTensors; i++) {
+        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
+      }
+      const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve bigram attngate skipw lambdas "
+                                           "value_scales ") + (smear ? "smearw smear_lambda " : "") + "bigram_gates";
+      check_verbose(offsets[llmc::kBigram] % 16 == 0 && order == want,
+                    llmc::strformat("speedrun %s%s -bg 1: the bigram table at %zu (%zu mod 16), tensors %s", preset,
+                                    smear ? " -sm 1" : "", offsets[llmc::kBigram], offsets[llmc::kBigram] % 16,
+                                    order.c_str()));
+    }
+  }
 }
 
 // Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
@@ -352,6 +386,7 @@ void test_smear_table() {
   check(h[llmc::kFeaturesSlot] == llmc::kFeatureSmear && llmc::config_from_header(h, "smear.bin") == tiny,
         "smear: header slot 9 holds 1 and reads back the same config");
   test_bigram_table(tiny);
+  test_bigram_alignment();
   h[llmc::kFeaturesSlot] = 4;
   check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4",
                "a header naming an unknown feature is refused");
