@@ -9,7 +9,8 @@
 //   1. Utilities and precision   floatX, error checks, 128-bit vectors, stochastic rounding
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads) and
 //                                 over row blocks (scalar grads)
-//   3. Encoder                    token + position embedding, bucketed deterministic backward
+//   3. Encoder                    token + position embedding, bucketed deterministic backward;
+//                                 record #89's smear and bigram hash embedding
 //   4. Normalisation              LayerNorm and RMSNorm (with or without a gain): forward, fused
 //                                 residual + forward, fused backward; the speedrun's residual mix
 //                                 (U-net skip, x0 lambdas)
@@ -82,6 +83,7 @@
 #include <omp.h>
 
 #include "llmc/attention_blocks.h"
+#include "llmc/bigram_hash.h"
 #include "llmc/checkpoint_files.h"
 #include "llmc/checkpoint_writer.h"
 #include "llmc/dataloader.h"
@@ -941,6 +943,239 @@ void encoder_backward(floatX* dwte, floatX* dwpe, const EncoderBackwardPlan& pla
         dwte, plan.buckets + plan.num_long, short_buckets, plan.positions, dout, C, seed_wte);
     cudaCheckLaunch();
   }
+}
+
+// ---- Record #89's smear (SPEC "Record #89's embedding"): each token's embedding takes a gated
+// share of the one before ----
+// x [N, C] the embedding of a forward's tokens as one flat sequence (rows cross documents and the
+// B rows of a batch, as the reference's one sequence a forward does); w [kSmearWidth] and lambda
+// are parameters' values on the device. Row t >= 1, in the reference's BF16 steps, each rounded:
+// z = w . x_t[:12] (FP32, in order), s = sigmoid(z), g = lambda s, out_t = x_t + g x_{t-1}; row 0
+// is copied. gates [N] (FP32) keeps s, 0 at row 0, for the backward. One warp a row; out apart
+// from x (row t reads x_{t-1}). Backward, dx apart from dout (row t reads dout_{t+1}): a = dout_t
+// . x_{t-1} (each lane's 16-byte pieces in order, then the warp's fixed tree), dz = lambda a s (1 -
+// s), dx_t = dout_t + g_{t+1} dout_{t+1} (+ dz w in the first 12 channels), dw += sum of dz x_t[:12]
+// and dlambda += sum of a s over rows, by row blocks (section 2): deterministic. Floor: forward
+// reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+using llmc::kSmearWidth;  // the channels the smear's gate reads
+constexpr int kSmearThreads = 256;
+
+// Row t's rounded gate s = sigmoid(w . x_t[:12]), 0 at row 0.
+__device__ __forceinline__ float smear_gate(const floatX* x, const floatX* w, int row, int C) {
+  if (row == 0) return 0.0f;
+  const floatX* xt = x + (size_t)row * C;
+  float z = 0.0f;
+  for (int j = 0; j < kSmearWidth; j++) z += (float)w[j] * (float)xt[j];
+  z = (float)(floatX)z;
+  return (float)(floatX)(1.0f / (1.0f + expf(-z)));
+}
+
+// g = lambda s, rounded as the forward adds it.
+__device__ __forceinline__ float smear_share(float lambda, float s) { return (float)(floatX)(lambda * s); }
+
+__global__ void smear_forward_kernel(floatX* out, float* gates, const floatX* x, const floatX* w,
+                                     const floatX* lambda, int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+  if (row >= N) return;
+  const int lane = threadIdx.x % WARP_SIZE;
+  const float s = smear_gate(x, w, row, C), g = smear_share((float)lambda[0], s);
+  if (lane == 0) gates[row] = s;
+  const floatX* xt = x + (size_t)row * C;
+  floatX* o = out + (size_t)row * C;
+  for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+    const x128 v = load128(xt + c);
+    if (row == 0) {
+      store128(o + c, v);
+      continue;
+    }
+    const x128 p = load128(xt - C + c);
+    x128 r;
+    // The product rounded on its own (never fused into the add), as the reference's two steps.
+    for (int k = 0; k < x128::size; k++) r[k] = (floatX)((float)v[k] + (float)(floatX)__fmul_rn(g, (float)p[k]));
+    store128(o + c, r);
+  }
+}
+
+// grid kRowBlocks, 1-D blocks of whole warps: warp i of a block takes its rows i, i + warps, ...
+// in order; partials [kRowBlocks, kSmearWidth + 1] (dw's 12, then dlambda's).
+__global__ void smear_backward_kernel(floatX* dx, float* partials, const floatX* dout, const floatX* x,
+                                      const float* gates, const floatX* w, const floatX* lambda, int N, int C) {
+  const int warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  const float l = (float)lambda[0];
+  float sums[kSmearWidth + 1] = {};
+  for (int row = r0 + warp; row < r1; row += warps) {
+    const floatX* d = dout + (size_t)row * C;
+    const float s = gates[row];
+    float a = 0.0f;
+    if (row > 0) {
+      for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+        const x128 dd = load128(d + c), p = load128(x + (size_t)(row - 1) * C + c);
+        for (int k = 0; k < x128::size; k++) a += (float)dd[k] * (float)p[k];
+      }
+      a = warp_reduce_sum(a);
+    }
+    const float dz = l * a * s * (1.0f - s);
+    const bool next = row + 1 < N;
+    const float g_next = next ? smear_share(l, gates[row + 1]) : 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 dd = load128(d + c), dn = next ? load128(d + C + c) : dd;  // dn unread without a next row
+      x128 r;
+      for (int k = 0; k < x128::size; k++) {
+        float v = (float)dd[k];
+        if (next) v += g_next * (float)dn[k];
+        if (c + k < kSmearWidth) v += dz * (float)w[c + k];
+        r[k] = (floatX)v;
+      }
+      store128(dx + (size_t)row * C + c, r);
+    }
+    if (lane == 0 && row > 0) {
+      for (int j = 0; j < kSmearWidth; j++) sums[j] += dz * (float)x[(size_t)row * C + j];
+      sums[kSmearWidth] += a * s;
+    }
+  }
+  row_block_sums_store(partials, sums);
+}
+
+void smear_check(const char* name, const void* out, const void* in, int N, int C) {
+  REQUIRE(N > 0 && C >= kSmearWidth && C % x128::size == 0,
+          "%s: N=%d must be positive and C=%d a multiple of %d of at least %d", name, N, C, x128::size, kSmearWidth);
+  REQUIRE(out != in, "%s: the output must be apart from the input (row t reads row t +- 1 of it)", name);
+}
+
+// out [N, C] = x smeared (above), gates [N] its gates s. w [12], lambda [1] on the device.
+void smear_forward(floatX* out, float* gates, const floatX* x, const floatX* w, const floatX* lambda, int N, int C,
+                   cudaStream_t stream) {
+  smear_check("smear_forward", out, x, N, C);
+  const int warps_per_block = kSmearThreads / WARP_SIZE;
+  smear_forward_kernel<<<ceil_div(N, warps_per_block), kSmearThreads, 0, stream>>>(out, gates, x, w, lambda, N, C);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of smear_forward's out: dx [N, C] (written), dw [12] and dlambda [1]
+// (added, with stochastic rounding from seed). gates: the forward's. partials: kRowBlocks * 13 floats.
+void smear_backward(floatX* dx, floatX* dw, floatX* dlambda, float* partials, const floatX* dout, const floatX* x,
+                    const float* gates, const floatX* w, const floatX* lambda, int N, int C, uint32_t seed,
+                    cudaStream_t stream) {
+  smear_check("smear_backward", dx, dout, N, C);
+  smear_backward_kernel<<<kRowBlocks, kSmearThreads, 0, stream>>>(dx, partials, dout, x, gates, w, lambda, N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dw, partials, kSmearWidth + 1, kSmearWidth, kRowBlocks, seed, stream);
+  column_sum_finalize(dlambda, partials + kSmearWidth, kSmearWidth + 1, 1, kRowBlocks, seed ^ 0x27d4eb2fu, stream);
+}
+
+// ---- Record #89's bigram hash embedding (SPEC "Record #89's embedding") ----
+// Each token's (previous token, token) pair picks a row of a table [R, C] (R = Vp 15 / 2: 377,280
+// at Vp 50,304) and a row of a sign table [llmc::kBigramSignRows, C] of +-1; the embedding is their
+// product, exact in either precision. The rows come from the tokens on the host (llmc/bigram_hash.h),
+// as the encoder's plan does: the table's gradient is the encoder's bucketed backward (section 3)
+// of dout times the signs, keyed by the table's rows: deterministic, no atomics. Floor: forward
+// reads 2NC values, writes NC; backward reads 2NC, writes NC (the scratch, which the encoder reads).
+
+// out[t] = rows[ids[t]] * signs[sign_rows[t]]; without ids rows[t] (the backward's dout).
+__global__ void bigram_signed_kernel(floatX* out, const floatX* rows, const int* ids, const floatX* signs,
+                                     const int* sign_rows, int N, int C) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= (size_t)N * C) return;
+  const size_t t = i / C;
+  const int c = (int)(i % C);
+  const x128 v = load128(rows + (ids ? (size_t)ids[t] * C + c : i));
+  const x128 sg = load128(signs + (size_t)sign_rows[t] * C + c);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * (float)sg[k]);
+  store128(out + i, o);
+}
+
+constexpr int kBigramThreads = 256;
+
+void bigram_check(const char* name, int N, int C) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+}
+
+// out [N, C] = table[ids[t]] * signs[sign_rows[t]] (ids, sign_rows [N] on the device: llmc::bigram_rows').
+void bigram_forward(floatX* out, const floatX* table, const int* ids, const floatX* signs, const int* sign_rows,
+                    int N, int C, cudaStream_t stream) {
+  bigram_check("bigram_forward", N, C);
+  const size_t pieces = (size_t)N * C / x128::size;
+  bigram_signed_kernel<<<ceil_div(pieces, kBigramThreads), kBigramThreads, 0, stream>>>(out, table, ids, signs,
+                                                                                       sign_rows, N, C);
+  cudaCheckLaunch();
+}
+
+// dtable[ids[t]] += dout[t] * signs[sign_rows[t]] summed over each row's tokens, with stochastic
+// rounding (seed): scratch [N, C] (overwritten) takes the signed gradient, then the encoder's
+// backward through plan, made of the ids (encoder_backward_plan with the ids as its tokens).
+void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const floatX* signs, const int* sign_rows,
+                     const EncoderBackwardPlan& plan, int N, int C, uint32_t seed, cudaStream_t stream) {
+  bigram_check("bigram_backward", N, C);
+  REQUIRE(scratch != dout, "bigram_backward: the scratch must be apart from dout");
+  const size_t pieces = (size_t)N * C / x128::size;
+  bigram_signed_kernel<<<ceil_div(pieces, kBigramThreads), kBigramThreads, 0, stream>>>(scratch, dout, nullptr,
+                                                                                       signs, sign_rows, N, C);
+  cudaCheckLaunch();
+  encoder_backward(dtable, nullptr, plan, scratch, 1, N, C, seed, stream);
+}
+
+// ---- The bigram embedding's gated adds into the residual stream ----
+// out [N, C] = in + (g b), b the bigram embedding [N, C], g a gate on the device: the product
+// rounded on its own, then the sum (the reference's two steps); out may be in (the attention's
+// output in place). Backward: db += g dout (each value's sum rounded; db accumulates the layers'
+// parts), dg += the sum of dout . b over the rows, by row blocks (section 2): deterministic. Floor:
+// forward reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+constexpr int kBigramGateThreads = 256;
+
+__global__ void bigram_gate_forward_kernel(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate,
+                                           size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const float g = (float)gate[0];
+  const x128 x = load128(in + i), b = load128(bigram + i);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)x[k] + (float)(floatX)__fmul_rn(g, (float)b[k]));
+  store128(out + i, o);
+}
+
+// grid kRowBlocks, 1-D blocks: block j takes its rows' values in 16-byte pieces, thread by thread.
+__global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, const floatX* dout,
+                                            const floatX* bigram, const floatX* gate, int N, int C) {
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  const float g = (float)gate[0];
+  float sums[1] = {0.0f};
+  for (size_t i = ((size_t)r0 * C) + threadIdx.x * x128::size; i < (size_t)r1 * C; i += blockDim.x * x128::size) {
+    const x128 d = load128(dout + i), b = load128(bigram + i), acc = load128(dbigram + i);
+    x128 o;
+    for (int k = 0; k < x128::size; k++) {
+      sums[0] += (float)d[k] * (float)b[k];
+      o[k] = (floatX)((float)acc[k] + g * (float)d[k]);
+    }
+    store128(dbigram + i, o);
+  }
+  row_block_sums_store(partials, sums);
+}
+
+// out = in + gate * bigram (above), [N, C]; gate one value on the device.
+void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
+                         cudaStream_t stream) {
+  bigram_check("bigram_gate_forward", N, C);
+  const size_t n = (size_t)N * C;
+  bigram_gate_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
+      out, in, bigram, gate, n);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of bigram_gate_forward's out: dbigram += gate dout, and dgate += the sum
+// of dout . bigram (stochastic rounding from seed); partials: kRowBlocks floats.
+void bigram_gate_backward(floatX* dbigram, floatX* dgate, float* partials, const floatX* dout, const floatX* bigram,
+                          const floatX* gate, int N, int C, uint32_t seed, cudaStream_t stream) {
+  bigram_check("bigram_gate_backward", N, C);
+  REQUIRE(dbigram != dout, "bigram_gate_backward: dbigram must be apart from dout");
+  bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dbigram, partials, dout, bigram, gate,
+                                                                             N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dgate, partials, 1, 1, kRowBlocks, seed, stream);
 }
 
 // ============================================================================
@@ -7891,7 +8126,8 @@ void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed
 enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
-  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kNumActTensors
+  kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
+  kStreamStart, kNumActTensors
 };
 
 struct ActSpec {
@@ -7916,8 +8152,22 @@ void residual_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, 
 void residual_mix_allocate_scratch(GPT2& m, size_t N);
 void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void attention_gate_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void smear_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void bigram_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void bigram_allocate_scratch(GPT2& m, size_t N);
+struct Activations;
+void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
 bool gates_take_row_dots(const GPT2& m);
+// The smear's rows: the embedding before it and each row's gate; context: rows before the first
+// that the smear reads (decoding: the token before's; training: none).
+struct SmearRows {
+  floatX* token_embedded = nullptr;
+  float* gates = nullptr;
+  int context = 0;
+};
+const floatX* smear_embedding(GPT2& m, floatX* embedded, const int* tokens, int N, const SmearRows& s);
+const floatX* smear_embedding_backward(GPT2& m, const floatX* dembedded, int N, uint32_t seed);
 
 // act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
 // kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
@@ -7936,7 +8186,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   const size_t L = c.num_layers, C = c.channels, NH = c.num_heads, BT = (size_t)B * T;
   const ActDims dims = {L, C, NH, BT, act_per_layer};
   const bool flash = attention_flash_supported(c.channels / c.num_heads);
-  const llmc::ArchSpec& arch = llmc::arch_spec(c.arch);
+  const llmc::ArchSpec arch = llmc::arch_spec(c);
   const size_t embedding_norm = arch.embedding_norm ? 1 : 0, means = arch.rms_norm ? 0 : 1;
   const size_t qk = arch.qk_norm_rotary ? 1 : 0;
   const ActSpec table[kNumActTensors] = {
@@ -7968,11 +8218,17 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"v_pre", 0, L, false},
       {"gates", 0, L, true},
       {"gated", 0, L, false},
+      {"token_embedded", 0, 1, false},
+      {"smear_gates", 0, 1, true},
+      {"bigram_embedded", 0, 1, false},
+      {"stream_start", 0, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
   value_mix_activation_rows(arch, dims, t);
   attention_gate_activation_rows(arch, dims, t);
+  smear_activation_rows(arch, dims, t);
+  bigram_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -7995,7 +8251,7 @@ constexpr int kBlockInputWidths = 7;  // the four layers' input widths in units 
 // The parameters and their gradients: gpt2_allocate_params.
 struct ModelParams {
   llmc::GPT2Config config;
-  const llmc::ArchSpec& arch() const { return llmc::arch_spec(config.arch); }
+  llmc::ArchSpec arch() const { return llmc::arch_spec(config); }
   llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
@@ -8008,6 +8264,9 @@ struct ModelParams {
   // contribution, the head's, each micro step, and so k micro steps of a batch sum in the same
   // order as one step of k times the batch.
   floatX* wte_grad_encoder = nullptr;
+  // The bigram embedding's fixed sign table [llmc::kBigramSignRows, C] (ArchSpec::bigram; not a
+  // parameter: llmc::bigram_sign_table).
+  floatX* bigram_signs = nullptr;
   // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
   // params and grads hold num_params_padded = shard_size * shard_count elements (zeros past
   // num_params), so that every shard has the same length for NCCL's reduce-scatter / all-gather.
@@ -8093,6 +8352,13 @@ struct Activations {
   // plan is made of them), the targets, and the plan's buckets and positions.
   UploadStaging inputs_staging, targets_staging, plan_buckets_staging, plan_positions_staging;
   EncoderBackwardPlan encoder_plan;  // the last backward's, on the GPU
+  // The bigram embedding (ArchSpec::bigram): each token's table row, then its sign row, [2 B*T] on
+  // the GPU and pinned on the host (the last forward's: the backward's plan of the table is made of
+  // them); that plan and its uploads; the gradient of the embedding that the layers' gates add up.
+  int* bigram_rows = nullptr;
+  UploadStaging bigram_rows_staging, bigram_plan_buckets_staging, bigram_plan_positions_staging;
+  EncoderBackwardPlan bigram_plan;
+  floatX* dbigram = nullptr;
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -8229,6 +8495,11 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   m.num_params = llmc::num_parameters(config);
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
+  // bigram_forward's gather and the encoder's backward into its gradient move 16-byte pieces of rows.
+  REQUIRE(m.param_offsets[llmc::kBigram] % 16 == 0,
+          "the bigram table's offset %zu in the parameters is not a multiple of 16 elements: its rows' "
+          "16-byte loads would be misaligned (llmc::param_table's order places it)",
+          m.param_offsets[llmc::kBigram]);
   m.shard_count = shard_count;
   const llmc::ZeroShard shard = llmc::zero_shard(m.num_params, shard_count, shard_rank);
   m.shard_size = shard.size;
@@ -8240,6 +8511,12 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   cudaCheck(cudaMemset(m.params, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.grads, 0, m.num_params_padded * sizeof(floatX)));
   cudaCheck(cudaMemset(m.wte_grad_encoder, 0, m.param_specs[llmc::kWte].size * sizeof(floatX)));
+  if (m.arch().bigram) {
+    const std::vector<float> signs = llmc::bigram_sign_table(config.channels);
+    const std::vector<floatX> stored(signs.begin(), signs.end());
+    m.bigram_signs = device_alloc<floatX>(stored.size(), "the bigram embedding's sign table");
+    cudaCheck(cudaMemcpy(m.bigram_signs, stored.data(), stored.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+  }
   m.rng.seed(seed);
 }
 
@@ -8363,6 +8640,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   m.partials = device_alloc<float>(std::max(partials, attention_gate_partials(m, BT)),
                                   "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
+  bigram_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -8557,11 +8835,14 @@ void activations_free(Activations& a) {
                   (void*)a.scratch_att, (void*)a.scratch_dqkvr, (void*)a.attention_dot, (void*)a.attention_ds,
                   (void*)a.partials, (void*)a.norm_partials, (void*)a.dx0, (void*)a.dkept, (void*)a.inputs,
                   (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
-                  (void*)a.encoder_plan.slice_sums, (void*)a.key_offset_scratch, (void*)a.key_offset_tails}) {
+                  (void*)a.encoder_plan.slice_sums, (void*)a.key_offset_scratch, (void*)a.key_offset_tails,
+                  (void*)a.bigram_rows, (void*)a.bigram_plan.buckets, (void*)a.bigram_plan.positions,
+                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
-  for (UploadStaging* s : {&a.inputs_staging, &a.targets_staging, &a.plan_buckets_staging, &a.plan_positions_staging}) {
+  for (UploadStaging* s : {&a.inputs_staging, &a.targets_staging, &a.plan_buckets_staging, &a.plan_positions_staging,
+                           &a.bigram_rows_staging, &a.bigram_plan_buckets_staging, &a.bigram_plan_positions_staging}) {
     upload_staging_free(*s);
   }
 }
@@ -8599,6 +8880,7 @@ void gpt2_allocate_validation(GPT2& m, int B, int T) {
     upload_staging_allocate(a.targets_staging, BT * sizeof(int));
     if (m.documents) document_buffers_allocate(m, BT);
     if (plan_has_key_offset(m.plan)) key_offset_allocate(a, c, B, T);
+    bigram_allocate_rows(a, m.arch(), BT);
   });
 }
 
@@ -8613,11 +8895,12 @@ void with_forward_only(GPT2& m, const Pass& pass) {
 
 void gpt2_free(GPT2& m) {
   optimizer_arrays_free(m.state);
-  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.fp8_weights,
-                  (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history, (void*)m.fp8_inputs_t,
-                  (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t, (void*)m.fp8_head_weight.w8,
-                  (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t, (void*)m.fp8_head_buffers.rows,
-                  (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight, (void*)m.prefix_table}) {
+  for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.bigram_signs,
+                  (void*)m.fp8_weights, (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history,
+                  (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
+                  (void*)m.fp8_head_weight.w8, (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t,
+                  (void*)m.fp8_head_buffers.rows, (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight,
+                  (void*)m.prefix_table}) {
     device_free(p);
   }
   activations_free(m);
@@ -8762,6 +9045,7 @@ struct BlockRows {
   floatX* v_pre = nullptr;         // the value mix: v before it
   float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
+  floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
 };
 
@@ -8869,9 +9153,10 @@ float attention_scale(const GPT2& m) {
 }
 
 // The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
-// or the RMS-normalised embedding (embedded: the embedding before its norm, rstd its statistics).
+// or the RMS-normalised embedding (embedded: the embedding before its norm, smeared where the
+// architecture smears: smear_embedding, whose rows smear gives; rstd the norm's statistics).
 void embedding_rows(GPT2& m, floatX* out, floatX* embedded, float* rstd, const int* tokens, int B, int T,
-                    int first_position) {
+                    int first_position, const SmearRows& smear = {}) {
   const int C = m.config.channels;
   if (!m.arch().embedding_norm) {
     // wpe shifted to the first position, so the encoder's position 0 is first_position.
@@ -8879,25 +9164,31 @@ void embedding_rows(GPT2& m, floatX* out, floatX* embedded, float* rstd, const i
                     C, m.stream);
     return;
   }
-  encoder_forward(embedded, tokens, m.param(llmc::kWte), nullptr, B, T, C, m.stream);
-  rmsnorm_forward(out, rstd, embedded, m.param_or_null(llmc::kLnew), B * T, C, m.stream);
+  const floatX* norm_input = embedded;
+  if (m.arch().smear) {
+    norm_input = smear_embedding(m, embedded, tokens, B * T, smear);
+  } else {
+    encoder_forward(embedded, tokens, m.param(llmc::kWte), nullptr, B, T, C, m.stream);
+  }
+  rmsnorm_forward(out, rstd, norm_input, m.param_or_null(llmc::kLnew), B * T, C, m.stream);
 }
 
 void embedding_forward(GPT2& m, int B, int T) {
-  embedding_rows(m, m.act(kEncoded), m.act(kEmbedded), m.act_f(kEmbRstd), m.inputs, B, T, 0);
+  const SmearRows smear = {m.act(kTokenEmbedded), m.act_f(kSmearGates), 0};
+  embedding_rows(m, m.act(kEncoded), m.act(kEmbedded), m.act_f(kEmbRstd), m.inputs, B, T, 0, smear);
 }
 
 // From dresidual, the gradient of kEncoded: the embedding's (and wpe's) gradients, through the
 // encoder plan gpt2_backward made of the inputs. The encoder's wte part accumulates in
-// wte_grad_encoder (see GPT2). Overwrites scratch_btc.
-void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed_encoder) {
+// wte_grad_encoder (see GPT2). Overwrites scratch_btc (and with the smear dresidual).
+void embedding_backward(GPT2& m, int B, int T, uint32_t seed_norm, uint32_t seed_smear, uint32_t seed_encoder) {
   const int C = m.config.channels, N = B * T;
   const floatX* dembedded = m.dresidual;
   if (m.arch().embedding_norm) {
     cudaCheck(cudaMemsetAsync(m.scratch_btc, 0, (size_t)N * C * sizeof(floatX), m.stream));
     rmsnorm_backward(m.scratch_btc, m.grad_or_null(llmc::kLnew), nullptr, m.partials, m.dresidual,
                      m.act(kEmbedded), m.param_or_null(llmc::kLnew), m.act_f(kEmbRstd), N, C, seed_norm, m.stream);
-    dembedded = m.scratch_btc;
+    dembedded = smear_embedding_backward(m, m.scratch_btc, N, seed_smear);
   }
   encoder_backward(m.wte_grad_encoder, m.arch().learned_positions ? m.grad(llmc::kWpe) : nullptr,
                    m.encoder_plan, dembedded, B, T, C, seed_encoder, m.stream);
@@ -9164,7 +9455,11 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
 
 // The residual stream into block l: the embedding's, or block l-1's output; l = L: the final
 // norm's input.
-floatX* block_input(GPT2& m, int l) { return l == 0 ? m.act(kEncoded) : m.act(kResidual3, l - 1); }
+// With the bigram embedding the stream starts at the embedding plus its gated bigram embedding.
+floatX* block_input(GPT2& m, int l) {
+  if (l > 0) return m.act(kResidual3, l - 1);
+  return m.arch().bigram ? m.act(kStreamStart) : m.act(kEncoded);
+}
 
 // The norm after block l, fused with its second residual add: the next block's first, or after
 // the last block the final norm; none (present false) where the next block mixes its input first
@@ -9408,7 +9703,7 @@ void residual_mix_zero_gradients(GPT2& m, int N) {
 // x0's. Block l's mix backward adds it (residual_mix_backward_rows). The top block's output is never
 // kept (only a later layer's skip reads a kept output).
 const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
-  if (l == 0) return m.dx0;
+  if (l == 0) return m.arch().bigram ? nullptr : m.dx0;  // bigram_stream_start_backward's, after its gate
   const int kept = m.plan[l - 1].kept;
   return kept >= 0 ? m.dkept + (size_t)kept * N * m.config.channels : nullptr;
 }
@@ -9431,6 +9726,149 @@ void residual_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
                         m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
                         skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
                         C, seed, m.stream, join);
+}
+
+// ---- The smear (ArchSpec::smear, record #89's): before the embedding's norm, each token of a
+// forward's flat sequence takes a gated share of the embedding of the token before (SPEC "Record
+// #89's embedding"). Parameters: smearw [12] and smear_lambda. Kernels: section 3, "Record #89's
+// smear". The decoder embeds the token before its token as well (SmearRows::context).
+
+// The embedding before the smear and each row's gate, which the backward reads.
+void smear_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.smear) return;
+  t[kTokenEmbedded].count = d.BT * d.C;
+  t[kSmearGates].count = d.BT;
+}
+
+// wte's rows of tokens[-context, N) into s.token_embedded, smeared into embedded; returns the smeared
+// rows of tokens[0, N), which the embedding's norm reads.
+const floatX* smear_embedding(GPT2& m, floatX* embedded, const int* tokens, int N, const SmearRows& s) {
+  const int C = m.config.channels, rows = N + s.context;
+  encoder_forward(s.token_embedded, tokens - s.context, m.param(llmc::kWte), nullptr, 1, rows, C, m.stream);
+  smear_forward(embedded, s.gates, s.token_embedded, m.param(llmc::kSmearw), m.param(llmc::kSmearLambda), rows, C,
+                m.stream);
+  return embedded + (size_t)s.context * C;
+}
+
+// From dembedded, the gradient of the smeared embedding (not in dresidual): that of wte's rows, into
+// dresidual, which it returns, and smearw's and smear_lambda's; without the smear dembedded itself.
+const floatX* smear_embedding_backward(GPT2& m, const floatX* dembedded, int N, uint32_t seed) {
+  if (!m.arch().smear) return dembedded;
+  smear_backward(m.dresidual, m.grad(llmc::kSmearw), m.grad(llmc::kSmearLambda), m.partials, dembedded,
+                 m.act(kTokenEmbedded), m.act_f(kSmearGates), m.param(llmc::kSmearw), m.param(llmc::kSmearLambda), N,
+                 m.config.channels, seed, m.stream);
+  return m.dresidual;
+}
+
+// ---- The bigram embedding (ArchSpec::bigram, record #89's): each token's row of a table hashed
+// from (previous token, token) times a fixed sign row (SPEC "Record #89's embedding"), added to the
+// residual stream with a gate: before layer 0, and after the attention of every later layer with
+// attention, as the reference's listed layers. The reference's gates come from its MUDD gate
+// generators, which this model has not: each gate here is a learned scalar. Parameters: bigram
+// [R, C] and bigram_gates, one an attention layer (layer 0's the one before it). Kernels: section
+// 3, "Record #89's bigram hash embedding" and "The bigram embedding's gated adds"; the table's
+// gradient goes through the encoder backward's bucketed plan of the ids (section 3).
+
+// The embedding, which the gates' backward reads, and the stream's start x0 + g_0 b (block_input).
+void bigram_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.bigram) return;
+  t[kBigramEmbedded].count = d.BT * d.C;
+  t[kStreamStart].count = d.BT * d.C;
+}
+
+// The rows of N tokens, for every pass (training or evaluation).
+void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N) {
+  if (!arch.bigram) return;
+  a.bigram_rows = device_alloc<int>(2 * N, "the bigram embedding's rows");
+  upload_staging_allocate(a.bigram_rows_staging, 2 * N * sizeof(int));
+}
+
+// The training passes': the rows, the backward's plan of the table and the embedding's gradient.
+void bigram_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().bigram) return;
+  const size_t C = m.config.channels, buckets = N * encoder_plan_groups((int)C);
+  bigram_allocate_rows(m, m.arch(), N);
+  m.bigram_plan.buckets = device_alloc<int4>(buckets, "the bigram table's backward plan");
+  m.bigram_plan.positions = device_alloc<int>(N, "the bigram table's backward plan");
+  m.bigram_plan.slice_sums = device_alloc<float>(encoder_plan_max_slices((int)N, (int)C) * kEncoderGroupWidth,
+                                                 "the bigram table backward's slice sums");
+  upload_staging_allocate(m.bigram_plan_buckets_staging, buckets * sizeof(int4));
+  upload_staging_allocate(m.bigram_plan_positions_staging, N * sizeof(int));
+  m.dbigram = device_alloc<floatX>(N * C, "the bigram embedding's gradient");
+}
+
+int bigram_table_rows(const GPT2& m) { return llmc::bigram_table_rows(m.config.padded_vocab_size); }
+
+// The table's rows and the sign rows of a forward's N inputs, [ids, sign rows], made on the host and
+// queued for upload.
+void bigram_rows_upload(GPT2& m, const int* inputs, int N) {
+  if (!m.arch().bigram) return;
+  int* rows = upload_staging_host<int>(m.bigram_rows_staging);
+  llmc::bigram_rows(rows, rows + N, inputs, N, bigram_table_rows(m));
+  upload_staging_copy(m.bigram_rows_staging, m.bigram_rows, 2 * N * sizeof(int), m.stream);
+}
+
+// The embedding of the forward's N tokens, and the stream's start x0 + g_0 b.
+void bigram_embedding_forward(GPT2& m, int N) {
+  if (!m.arch().bigram) return;
+  const int C = m.config.channels;
+  bigram_forward(m.act(kBigramEmbedded), m.param(llmc::kBigram), m.bigram_rows, m.bigram_signs, m.bigram_rows + N, N,
+                 C, m.stream);
+  bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded), m.param(llmc::kBigramGates, 0),
+                      N, C, m.stream);
+}
+
+void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().bigram) return;
+  r.bigram = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kBigramEmbedded);
+}
+
+// Block l's attention output in r.proj plus its gated embedding, where the layer adds one (after the
+// first).
+void bigram_inject(GPT2& m, int l, const BlockRows& r) {
+  if (!r.bigram || l == 0) return;
+  bigram_gate_forward(r.proj, r.proj, r.bigram, m.param(llmc::kBigramGates, l), r.rows(), m.config.channels,
+                      m.stream);
+}
+
+// From dresidual, the gradient of block l's residual2 (its input + (the attention's output + g_l b)):
+// g_l's, and b's part into dbigram.
+void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().bigram || l == 0) return;
+  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, l), m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       m.param(llmc::kBigramGates, l), N, m.config.channels, seeds.next(), m.stream);
+}
+
+// After block 0's backward, from dresidual, the gradient of the stream's start x0 + g_0 b: g_0's and
+// b's parts, then x0's, which the blocks' mixes added up in dx0 (joined here, not after block 0:
+// gradient_joining_after_block), added: dresidual is then x0's gradient.
+void bigram_stream_start_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().bigram || l != 0) return;
+  const int C = m.config.channels;
+  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, 0), m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       m.param(llmc::kBigramGates, 0), N, C, seeds.next(), m.stream);
+  add_inplace(m.dresidual, m.dx0, (size_t)N * C, seeds.next(), m.stream);
+}
+
+// The backward's plan of the table, made on the host of the last forward's ids while the GPU runs,
+// and queued for upload; the embedding's gradient zeroed for the layers to add into.
+void bigram_backward_prepare(GPT2& m, int N) {
+  if (!m.arch().bigram) return;
+  const int* ids = (const int*)m.bigram_rows_staging.host;  // the last forward's (bigram_rows_upload)
+  int4* buckets = upload_staging_host<int4>(m.bigram_plan_buckets_staging);
+  int* positions = upload_staging_host<int>(m.bigram_plan_positions_staging);
+  encoder_backward_plan(&m.bigram_plan, buckets, positions, ids, N, m.config.channels);
+  upload_staging_copy(m.bigram_plan_buckets_staging, m.bigram_plan.buckets,
+                      encoder_plan_upload_count(m.bigram_plan) * sizeof(int4), m.stream);
+  upload_staging_copy(m.bigram_plan_positions_staging, m.bigram_plan.positions, N * sizeof(int), m.stream);
+  cudaCheck(cudaMemsetAsync(m.dbigram, 0, (size_t)N * m.config.channels * sizeof(floatX), m.stream));
+}
+
+// The table's gradient from dbigram, through the plan of the forward's ids (scratch_btc its scratch).
+void bigram_table_backward(GPT2& m, int N, uint32_t seed) {
+  if (!m.arch().bigram) return;
+  bigram_backward(m.grad(llmc::kBigram), m.scratch_btc, m.dbigram, m.bigram_signs, m.bigram_rows + N, m.bigram_plan,
+                  N, m.config.channels, seed, m.stream);
 }
 
 // ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
@@ -9471,6 +9909,7 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     value_mix(m, l, r);
     attention_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, attention_gated(m, l, r), nullptr);
+    bigram_inject(m, l, r);
     norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, r.proj, N);
   }
   mlp_forward(m, l, r);
@@ -9494,6 +9933,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
   // already in attproj's bias gradient.
   if (m.plan[l].attention) {
+    bigram_inject_backward(m, l, N, seeds);
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
@@ -9508,6 +9948,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
                   seeds.next());
   }
   residual_mix_backward_rows(m, l, N, seeds);
+  bigram_stream_start_backward(m, l, N, seeds);
 }
 
 // ---- The training passes ----
@@ -9552,6 +9993,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   value_mix_point_rows(m, l, r, nullptr);
   attention_gate_point_rows(m, l, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
+  bigram_point_rows(m, r, nullptr);
   return r;
 }
 
@@ -9600,8 +10042,10 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   std::copy(inputs, inputs + N, upload_staging_host<int>(m.inputs_staging));
   upload_staging_copy(m.inputs_staging, m.inputs, N * sizeof(int), m.stream);
   if (m.documents) documents_upload(m, inputs, B, T);
+  bigram_rows_upload(m, inputs, N);
   if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
+  bigram_embedding_forward(m, N);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
 }
 
@@ -9760,6 +10204,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   const size_t NC = (size_t)N * C;
   KernelSeeds seeds = {m.rng.u32()};
   encoder_plan_upload(m, N);
+  bigram_backward_prepare(m, N);
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   residual_mix_zero_gradients(m, N);
   head_backward(m, N, seeds.next());
@@ -9772,7 +10217,10 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
     if (last_micro_step && grads_final) grads_final(l);
   }
   const uint32_t seed_encoder = seeds.next();
-  embedding_backward(m, B, T, m.arch().embedding_norm ? seeds.next() : 0, seed_encoder);
+  const uint32_t seed_norm = m.arch().embedding_norm ? seeds.next() : 0;
+  const uint32_t seed_smear = m.arch().smear ? seeds.next() : 0;
+  bigram_table_backward(m, N, m.arch().bigram ? seeds.next() : 0);
+  embedding_backward(m, B, T, seed_norm, seed_smear, seed_encoder);
   if (last_micro_step) {
     add_inplace(m.grad(llmc::kWte), m.wte_grad_encoder, m.param_specs[llmc::kWte].size, seeds.next(),
                 m.stream);
@@ -10029,6 +10477,10 @@ void gpt2_untie_embedding_state(GPT2& m) {
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
 
+// The stochastic rounding seed index of the tied head's added gradient: the table's count of 24
+// tensors plus one when it was chosen, fixed so that tied runs keep their bits as the table grows.
+constexpr uint32_t kTiedHeadSeedIndex = 25;
+
 // Optimizer step `step` (0-based, the one whose rates lr and lr_fraction are) on this rank's shard
 // (each tensor's part inside it), given the gradient norm, each tensor by its row of opt (its
 // role's; an AdamW tensor's with its own rate, betas and decay): AdamW with clipping at
@@ -10061,7 +10513,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   const bool tied = step <= m.untie_step && adamw_steps;
   if (tied) {
     add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
-                seed + 0x9e3779b9u * (llmc::kNumParamTensors + 1), m.stream);
+                seed + 0x9e3779b9u * kTiedHeadSeedIndex, m.stream);
   }
   AdamWSlices slices;
   const StateLayout& layout = m.state_layout;
@@ -10123,8 +10575,11 @@ struct GPT2Decoder {
   // (block_forward with the cache pointers of the layer); the norms' statistics are not needed
   // afterwards.
   BlockRows rows;
-  floatX* embedded = nullptr;  // the embedding before its norm
+  floatX* embedded = nullptr;  // the embedding before its norm (with the smear: the token before's, then its)
   floatX* x0 = nullptr;        // the embedding's output
+  SmearRows smear;             // the smear's rows of the token before and the token
+  int previous_token = 0;      // the token fed before (the smear's and the bigram embedding's)
+  int* bigram_rows = nullptr;  // the token's bigram table row and sign row
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -10148,14 +10603,18 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   r.fch = a.take<floatX>(4 * C);
   r.fch_act = a.take<floatX>(4 * C);
   d.logits = a.take<floatX>(c.padded_vocab_size);
-  d.embedded = a.take<floatX>(C);
+  const int smear_rows = m.arch().smear ? 2 : 1;  // the token before's and the token's
+  d.embedded = a.take<floatX>(smear_rows * C);
   d.x0 = a.take<floatX>(C);
-  d.token = a.take<int>(1);
+  d.token = a.take<int>(smear_rows);
+  if (m.arch().smear) d.smear = {a.take<floatX>(smear_rows * C), a.take<float>(smear_rows), 0};
+  if (m.arch().bigram) d.bigram_rows = a.take<int>(2);
   r.x0 = d.x0;
   r.tokens = d.token;
   value_mix_point_rows(m, 0, r, &a);
   attention_gate_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
+  bigram_point_rows(m, r, &a);
 }
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
@@ -10189,10 +10648,30 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   r.first_position = d.position;
   if (token == llmc::kDocumentStartToken) d.document_start = d.position;
   r.document_start = d.document_start;
-  cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
   const size_t C = c.channels, row_bytes = C * sizeof(floatX);
-  embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
-  cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+  if (m.arch().smear) {
+    // The token before it, which the smear reads, from the second position on.
+    const int pair[2] = {d.previous_token, token};
+    cudaCheck(cudaMemcpyAsync(d.token, pair, sizeof(pair), cudaMemcpyHostToDevice, m.stream));
+    SmearRows smear = d.smear;
+    smear.context = d.position > 0 ? 1 : 0;
+    embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token + 1, 1, 1, d.position, smear);
+  } else {
+    cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
+    embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
+  }
+  if (m.arch().bigram) {
+    // The token's rows at its position of the sequence, the stream's start x0 + g_0 b.
+    int rows[2];
+    llmc::bigram_row_at(d.position, token, d.previous_token, bigram_table_rows(m), rows, rows + 1);
+    cudaCheck(cudaMemcpyAsync(d.bigram_rows, rows, sizeof(rows), cudaMemcpyHostToDevice, m.stream));
+    bigram_forward(r.bigram, m.param(llmc::kBigram), d.bigram_rows, m.bigram_signs, d.bigram_rows + 1, 1,
+                   (int)C, m.stream);
+    bigram_gate_forward(r.residual3, d.x0, r.bigram, m.param(llmc::kBigramGates, 0), 1, (int)C, m.stream);
+  } else {
+    cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+  }
+  d.previous_token = token;
   const size_t layer_cache = (size_t)c.max_seq_len * C;
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
@@ -11099,11 +11578,12 @@ double attention_mean_keys(const GPT2& m, int l, int T) {
 }
 
 // 6 FLOPs a token for each parameter of a product (an embedding not tied to the head, and the
-// speedrun's value embeddings, are lookups), and 12 C for each key a query attends to in each
-// layer with attention (causal: llm.c's 6 L C T); with a window, those of the current step's.
+// speedrun's value embeddings and bigram table, are lookups), and 12 C for each key a query attends
+// to in each layer with attention (causal: llm.c's 6 L C T); with a window, those of the current
+// step's.
 double flops_per_token(const GPT2& m, int T) {
   const llmc::GPT2Config& c = m.config;
-  double lookups = (double)m.param_specs[llmc::kVe].size;
+  double lookups = (double)m.param_specs[llmc::kVe].size + (double)m.param_specs[llmc::kBigram].size;
   if (!m.arch().tied_head) lookups += (double)m.param_specs[llmc::kWte].size;
   double keys = 0.0;
   for (int l = 0; l < c.num_layers; l++) {
@@ -11130,6 +11610,8 @@ struct TrainArgs : llmc::TrainFlags {
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   int key_offset = 0;           // -ko 1: record #89's key offset on the long-window layers
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
+  int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
+  int bigram = 0;               // -bg: and its bigram hash embedding
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11344,6 +11826,12 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
                &a.muon_qk_heads, 0, kIntMax),
       adam_rows_flag(a),
+      int_flag("-sm", "smear", "-recipe speedrun: 1 the model made from -e's preset smears its embedding (record "
+               "#89's: each token's takes a gated share of the one before, before the norm); a model file's header "
+               "says whether it smears", &a.smear, 0, 1),
+      int_flag("-bg", "bigram embedding", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
+               "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 and "
+               "after the later layers' attention); a model file's header says whether it has it", &a.bigram, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11410,6 +11898,10 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(a.untie_step < 0 || (a.untie_step + 1) % a.adam_every == 0, "-ut %d unties at a step without AdamW's "
           "update under -ao %d: give an untie step U with (U + 1) %% %d == 0 (record #89's is odd)", a.untie_step,
           a.adam_every, a.adam_every);
+  REQUIRE(!a.smear || a.recipe->arch == llmc::Arch::kSpeedrun, "-sm 1 smears the speedrun's embedding, and "
+          "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -sm", a.recipe->name);
+  REQUIRE(!a.bigram || a.recipe->arch == llmc::Arch::kSpeedrun, "-bg 1 gives the speedrun a bigram embedding, and "
+          "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -bg", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -11624,21 +12116,40 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
+// A model file's header says whether it has record #89's smear and bigram embedding; -sm and -bg,
+// where given, must agree.
+void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
+  auto check = [&](const char* flag, int given, bool has, const char* what) {
+    if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
+    LLMC_FAIL("%s %d, but %s holds a model %s %s: its header says so; drop %s", flag, given, path.c_str(),
+              has ? "with" : "without", what, flag);
+  };
+  check("-sm", a.smear, config.smear, "the smear");
+  check("-bg", a.bigram, config.bigram, "the bigram embedding");
+}
+
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
   const double start = llmc::wall_seconds();
   StartParams p;
   if (resume_step < 0) {
     p.from_seed = llmc::config_from_preset(a.model, &p.config, a.recipe->arch);
+    p.config.smear = a.smear != 0;
+    p.config.bigram = a.bigram != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
+      check_features_given(a, p.config, a.model);
     }
   } else {
     const std::string path = llmc::checkpoint_path(a.output_dir, "model", resume_step);
     p.stored = llmc::checkpoint_read(path);
     p.config = p.stored.config;
     llmc::GPT2Config requested;
-    if (llmc::config_from_preset(a.model, &requested, a.recipe->arch) && requested != p.config) {
+    check_features_given(a, p.config, path);
+    const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
+    requested.smear = p.config.smear;  // the header's, which -sm and -bg, where given, match
+    requested.bigram = p.config.bigram;
+    if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
     }

@@ -51,6 +51,8 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 # the architecture id in header slot 8 (0 GPT-2, as llm.c's files have it, 1 modern).
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
+# The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
+FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -84,6 +86,12 @@ SPEEDRUN_PRESETS = {
     "tiny": (12, 2, 128, 1024, 50257),
 }
 SPEEDRUN_GATE_DIVISOR = 64  # the attention gate reads the first C/64 channels of the block's input
+SMEAR_WIDTH = 12  # record #89's smear gate reads the first 12 channels of each token's embedding
+# Record #89's bigram hash embedding (llmc/bigram_hash.h): the hash's factors, the sign table's rows,
+# and our pinned sign table's seed (the reference draws it unseeded); the gates' start (the
+# reference's bias of its generated gates).
+BIGRAM_HASH_CURRENT, BIGRAM_HASH_PREVIOUS, BIGRAM_SIGN_ROWS, BIGRAM_SIGN_SEED = 36313, 27191, 8192, 89
+BIGRAM_GATE_INIT = 0.05
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -354,6 +362,10 @@ class GPTConfig:
     # reference (x0 lambdas, U-net skips, value embeddings, gated heads, no attention in layer 7), a
     # head without bias whose logits are capped by a sigmoid, the loss over the padded vocabulary.
     arch: str = "gpt2"
+    # speedrun: record #89's smear before the embedding's norm, and its bigram hash embedding added to
+    # the residual stream with gates (SPEC.md "Record #89's embedding")
+    smear: bool = False
+    bigram: bool = False
 
     @property
     def modern(self):
@@ -378,6 +390,11 @@ class GPTConfig:
     def padded_vocab_size(self):
         return -(-self.vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
+    @property
+    def bigram_rows(self):
+        """The bigram table's rows: 377,280 at 50,304 (bigram_table_rows)."""
+        return self.padded_vocab_size * 15 // 2
+
     def shape(self):
         return (self.num_layers, self.num_heads, self.channels, self.max_seq_len, self.vocab_size)
 
@@ -388,7 +405,10 @@ class GPTConfig:
             attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 2  # 2: the value scales
             layers = sum(2 + 8 * C * C + (attention if spec.attention else 0) for spec in self.plan)
             skips = sum(spec.skip_weight is not None for spec in self.plan)
-            return (2 + self.value_embeddings) * Vp * C + skips + layers
+            smear = (SMEAR_WIDTH + 1) if self.smear else 0  # the gate's weights and lambda
+            attention_layers = sum(spec.attention for spec in self.plan)
+            bigram = self.bigram_rows * C + attention_layers if self.bigram else 0  # the table and its gates
+            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -396,12 +416,13 @@ class GPTConfig:
     def flops_per_token(self, T, keys=None):
         """SPEC.md's MFU count: 6*N + 12*C*K FLOPs per token, N = all parameters (padded vocabulary)
         less the embeddings that are lookups only (the modern one, not tied to the head; speedrun's
-        value embeddings too), K = `keys`, the keys a query attends to summed over the layers with
-        attention (GPT.attention_keys); causal where not given (T/2 in each: GPT-2's 6*L*C*T)."""
+        value embeddings and bigram table too), K = `keys`, the keys a query attends to summed over the
+        layers with attention (GPT.attention_keys); causal where not given (T/2 in each: GPT-2's
+        6*L*C*T)."""
         if keys is None:
             keys = sum(T / 2 for spec in self.plan if spec.attention)
         lookups = (1 + self.value_embeddings) if self.speedrun else int(self.modern)
-        lookup = lookups * self.padded_vocab_size * self.channels
+        lookup = (lookups * self.padded_vocab_size + (self.bigram_rows if self.bigram else 0)) * self.channels
         return 6 * (self.num_parameters() - lookup) + 12 * self.channels * keys
 
     def name(self):
@@ -415,8 +436,15 @@ class GPTConfig:
 ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_PRESETS}
 
 
-def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2"):
-    config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch)
+def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
+                bigram=False):
+    config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
+                       bool(smear), bool(bigram))
+    if config.smear and not config.speedrun:
+        fail(f"{source}: the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear")
+    if config.bigram and not config.speedrun:
+        fail(f"{source}: the bigram embedding (record #89's) is the speedrun's; give --recipe speedrun or drop "
+             f"--bigram")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -717,6 +745,36 @@ class MLP(nn.Module):
         return self.c_proj(F.relu(h).square() if self.modern else F.gelu(h, approximate="tanh"))
 
 
+def bigram_rows(tokens, table_rows):
+    """Record #89's bigram hash (llmc/bigram_hash.h) of tokens as one flat sequence: each token's row
+    of the table and of the sign table, (ids, sign_rows) [N] int64. With m = table_rows - 1, id_0 = m
+    and id_t = (36313 p_t XOR 27191 p_{t-1}) mod m in int32, products wrapping, p the tokens with p_0
+    replaced by m (the reference overwrites position 0 before its shifted read); sign row 0 at t = 0,
+    else (token_{t-1} XOR token_t) mod 8192."""
+    flat, m = tokens.reshape(-1).long(), table_rows - 1
+    previous = torch.cat([flat.new_full((1,), m), flat[:-1]])
+    hashed = previous.clone()
+    hashed[:2] = m
+
+    def wrapped(factor, v):  # the int32 product's bits, as uint32
+        return (factor * v) & 0xFFFFFFFF
+
+    h = wrapped(BIGRAM_HASH_CURRENT, flat) ^ wrapped(BIGRAM_HASH_PREVIOUS, hashed)
+    ids = torch.remainder(torch.where(h >= 2 ** 31, h - 2 ** 32, h), m)
+    ids[0] = m
+    sign_rows = torch.remainder(previous ^ flat, BIGRAM_SIGN_ROWS)
+    sign_rows[0] = 0
+    return ids, sign_rows
+
+
+def bigram_sign_table(channels):
+    """The fixed sign table [8192, C] of +-1 (llmc::bigram_sign_table): the reference's sign(randn) drawn
+    unseeded, ours torch.randint(0, 2) from a generator seeded with BIGRAM_SIGN_SEED, one MT19937 u32 a
+    value (odd: +1)."""
+    generator = torch.Generator().manual_seed(BIGRAM_SIGN_SEED)
+    return (torch.randint(0, 2, (BIGRAM_SIGN_ROWS, channels), generator=generator) * 2 - 1).float()
+
+
 class Block(nn.Module):
     def __init__(self, config, flash, linear, layer):
         super().__init__()
@@ -731,10 +789,12 @@ class Block(nn.Module):
     def mix_input(self, x, x0):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
-    def forward(self, x, mask=None, x0=None, value_embedding=None):
+    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None):
+        """bigram: the gated bigram embedding the layer adds to its attention's output, or None."""
         x = self.mix_input(x, x0)
         if self.attn is not None:
-            x = x + self.attn(self.ln_1(x), mask, value_embedding)
+            y = self.attn(self.ln_1(x), mask, value_embedding)
+            x = x + (y if bigram is None else y + bigram)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -762,6 +822,17 @@ class GPT(nn.Module):
         # speedrun: the U-net's weights, one for each layer with a skip source (unet_skip)
         skips = sum(spec.skip_weight is not None for spec in config.plan)
         self.skip_weights = nn.Parameter(torch.ones(skips)) if config.speedrun else None
+        # speedrun with the smear: the gate's weights over the first 12 channels and its lambda (smear)
+        self.smear_weight = nn.Parameter(torch.zeros(SMEAR_WIDTH)) if config.smear else None
+        self.smear_lambda = nn.Parameter(torch.zeros(1)) if config.smear else None
+        # speedrun with the bigram embedding: its table, the fixed sign table, and a gate for each
+        # attention layer (layer 0's before it, the others' after their attention: bigram_terms)
+        self.bigram = self.bigram_gates = None
+        if config.bigram:
+            self.bigram = nn.Embedding(config.bigram_rows, C)
+            self.register_buffer("bigram_signs", bigram_sign_table(C), persistent=False)
+            self.bigram_gates = nn.Parameter(torch.full((sum(spec.attention for spec in config.plan),),
+                                                        BIGRAM_GATE_INIT))
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -846,18 +917,35 @@ class GPT(nn.Module):
         layer's attention mask (attention_masks(idx)); None builds them here."""
         t = self.transformer
         if self.config.modern:
-            x = t.ln_e(t.wte(idx).to(self.compute_dtype))
+            x = t.ln_e(self.smear(t.wte(idx).to(self.compute_dtype)))
         else:
             pos = torch.arange(idx.size(1), device=idx.device)
             x = t.wte(idx) + t.wpe(pos)
         x0, outputs = x, []
+        bigram_terms = self.bigram_terms(idx)
+        if bigram_terms[0] is not None:
+            x = x0 + bigram_terms[0]
         value_embeddings = self.layer_value_embeddings(idx)
         masks = self.attention_masks(idx) if masks is None else masks
-        for spec, block, mask, value_embedding in zip(self.config.plan, t.h, masks, value_embeddings):
+        for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
+                                                                          value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
-            x = block(x, mask, x0, value_embedding)
+            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None)
             outputs.append(x)
         return t.ln_f(x)
+
+    def bigram_terms(self, idx):
+        """Each layer's gated bigram embedding g_l b of idx, None without one: layer 0's added to x0
+        before it, the later attention layers' to their attention's output (the reference's layers; its
+        gates come from its MUDD gate generators, ours are learned scalars, one an attention layer)."""
+        layers = self.config.num_layers
+        if self.bigram is None:
+            return [None] * layers
+        ids, sign_rows = bigram_rows(idx, self.config.bigram_rows)
+        b = (self.bigram(ids) * self.bigram_signs[sign_rows]).view(*idx.shape, -1).to(self.compute_dtype)
+        slabs = [sum(spec.attention for spec in self.config.plan[:layer]) for layer in range(layers)]
+        return [self.bigram_gates[slab].type_as(b) * b if spec.attention else None
+                for spec, slab in zip(self.config.plan, slabs)]
 
     def layer_value_embeddings(self, idx):
         """Each layer's value embedding of idx (speedrun), or None."""
@@ -871,6 +959,17 @@ class GPT(nn.Module):
         if spec.skip_source is None:
             return x
         return x + self.skip_weights[spec.skip_weight] * outputs[spec.skip_source]
+
+    def smear(self, x):
+        """Record #89's smear of the embedding x [B, T, C] (SPEC.md "Record #89's embedding"): over its
+        rows as one flat sequence, x_t + lambda sigmoid(w . x_t[:12]) x_{t-1} for t >= 1, each step in
+        x's dtype; x itself without the smear."""
+        if self.smear_weight is None:
+            return x
+        flat = x.reshape(-1, x.size(-1))
+        gate = torch.sigmoid(F.linear(flat[1:, :SMEAR_WIDTH], self.smear_weight.type_as(x)[None]))
+        share = self.smear_lambda.type_as(x) * gate
+        return torch.cat([flat[:1], flat[1:] + share * flat[:-1]]).view_as(x)
 
     def soft_cap(self, logits):
         """The logits the softmax sees, in float32: the modern model's c z / sqrt(z^2 + c^2) (c = 15), the
@@ -912,11 +1011,12 @@ class GPT(nn.Module):
 
 
 def set_parameter_dtypes(model, dtype):
-    """The speedrun's embedding and value embeddings are bfloat16 parameters in bfloat16 runs, as
-    its reference stores them (their AdamW state follows them); every other parameter stays
-    float32. Called before the optimizers and DDP take the parameters."""
+    """The speedrun's embedding, value embeddings (and bigram table) are bfloat16 parameters in
+    bfloat16 runs, as its reference stores them (their AdamW state follows them); every other
+    parameter stays float32. Called before the optimizers and DDP take the parameters."""
     if model.config.speedrun and dtype == "bfloat16":
-        for embedding in [model.transformer.wte, *model.transformer.ve]:
+        bigram = [model.bigram] if model.bigram is not None else []
+        for embedding in [model.transformer.wte, *model.transformer.ve] + bigram:
             embedding.bfloat16()
 
 
@@ -944,7 +1044,9 @@ def params_in_file_order(model):
     entry in turn, the per-layer entries layer by layer. GPT-2: wte, wpe, the blocks, ln_f's weight
     and bias; modern: wte, ln_e, the blocks (no norm biases), ln_f, the head's weight and bias;
     speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
-    weight, the value embeddings, the gates, the skip weights, the lambdas, the value scales."""
+    weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
+    the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
+    with the bigram embedding: its gates)."""
     t = model.transformer
 
     def stacked(names):
@@ -952,8 +1054,11 @@ def params_in_file_order(model):
                 if name in dict(block.named_parameters())]
 
     if model.config.speedrun:
+        smear = [model.smear_weight, model.smear_lambda] if model.config.smear else []
+        bigram, bigram_gates = ([model.bigram.weight], [model.bigram_gates]) if model.config.bigram else ([], [])
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
-                + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS))
+                + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
+                + bigram_gates)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1010,7 +1115,8 @@ def init_weights_speedrun(model, seed):
     """The speedrun's init, its reference's values (which draws them unseeded, in its own order):
     wte and the value embeddings N(0, 1) (every row), then per layer qkvw and fcw uniform in
     +-sqrt(3) * 0.5 / sqrt(C); the output projections, the gates and the head zero; the skip weights
-    one, the lambdas (1, 0) and the value scales 0.5."""
+    one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
+    bigram gates 0.05."""
     config, t = model.config, model.transformer
     bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
     torch.manual_seed(seed)
@@ -1026,6 +1132,8 @@ def init_weights_speedrun(model, seed):
                 block.attn.value_scales.fill_(0.5)
                 block.attn.c_attn.weight.uniform_(-bound, bound)
             block.mlp.c_fc.weight.uniform_(-bound, bound)
+        if model.bigram_gates is not None:
+            model.bigram_gates.fill_(BIGRAM_GATE_INIT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1050,6 +1158,7 @@ def write_checkpoint(model, path, version):
     header[:8] = [CHECKPOINT_MAGIC, file_version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
+    header[FEATURES_SLOT] = (FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1110,7 +1219,13 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
                  f"re-create it")
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
-    config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch)
+    features = int(header[FEATURES_SLOT])
+    if features & ~(FEATURE_SMEAR | FEATURE_BIGRAM) or (features and arch != "speedrun"):
+        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any "
+             f"({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding): the header is damaged or the "
+             f"file comes from a newer version; re-create it")
+    config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
+                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2135,6 +2250,7 @@ def optimizer_groups(model, args):
     if model.config.modern:
         head = model.lm_head.weight
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
+        embeddings += [model.bigram.weight] if model.config.bigram else []
         roles = [(args.embedding_lr, lambda p: any(p is e for e in embeddings)), (args.head_lr, lambda p: p is head),
                  (args.scalar_lr, lambda p: p.dim() == 1), (args.learning_rate, lambda p: True)]
         for lr, belongs in roles:
@@ -2611,7 +2727,8 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "mlp.c_proj.bias": "fcprojb", "transformer.ln_f.weight": "lnfw", "transformer.ln_f.bias": "lnfb",
                "lm_head.weight": "headw", "lm_head.bias": "headb", "transformer.ve.weight": "ve",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
-               "attn.value_scales": "value_scales"}
+               "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
+               "bigram.weight": "bigram", "bigram_gates": "bigram_gates"}
 
 
 def table_name(parameter_name):
@@ -2813,6 +2930,13 @@ def parse_args(argv=None):
                    "through step U's update (the head stepped with both gradients, the embedding its copy), then "
                    "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
                    "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
+    a.add_argument("--smear", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model smears its embedding "
+                   "(record #89's: each token's takes a gated share of the one before, before the norm; the CUDA "
+                   "trainer's -sm); --init_from's checkpoint says whether it smears")
+    a.add_argument("--bigram", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
+                   "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 "
+                   "and after the later layers' attention; the CUDA trainer's -bg); --init_from's checkpoint says "
+                   "whether it has it")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3199,9 +3323,10 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        if args.model or args.arch_given or any(v is not None for v in overrides):
+        features = (args.smear, args.bigram)
+        if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch and the size flags")
+                 "--arch, --smear, --bigram and the size flags")
         return None
     presets = ARCH_PRESETS[args.arch]
     if (args.model or "d12") not in presets:
@@ -3210,7 +3335,7 @@ def resolve_config(args):
     preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
-                       arch=args.arch)
+                       arch=args.arch, smear=args.smear, bigram=args.bigram)
 
 
 def check_fp8(config, device, flag="--fp8"):

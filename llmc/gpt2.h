@@ -7,7 +7,9 @@
 //   [0] magic 20240326  [1] version (GPT-2: 3 = FP32 params, 5 = BF16 params; the modern and
 //   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
-//   2 speedrun; 0 in llm.c's files)  [254] [255] checksum kind and CRC-32 (llmc/file_header.h)
+//   2 speedrun; 0 in llm.c's files)  [9] the speedrun's record #89 embedding features, bits
+//   (kFeatureSmear, kFeatureBigram; 0 in files written before this slot)  [254] [255] checksum kind and CRC-32
+//   (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
 // padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
 // file written here carries one. In memory a checkpoint's version is its precision (3 or 5); the
@@ -65,6 +67,7 @@
 #include <utility>
 #include <vector>
 
+#include "bigram_hash.h"
 #include "file_header.h"
 #include "rand.h"
 #include "utils.h"
@@ -99,11 +102,14 @@ struct GPT2Config {
   int num_layers = 0;         // L
   int num_heads = 0;          // NH
   int channels = 0;           // C
+  bool smear = false;         // the speedrun with record #89's smear (ArchSpec::smear; -sm)
+  bool bigram = false;        // and its bigram hash embedding (ArchSpec::bigram; -bg)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
-           num_heads == o.num_heads && channels == o.channels;
+           num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
+           bigram == o.bigram;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -113,8 +119,8 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d", prefix, num_layers,
-                     num_heads, channels, max_seq_len, vocab_size, padded_vocab_size);
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s", prefix, num_layers, num_heads, channels,
+                     max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "");
   }
 };
 
@@ -180,20 +186,41 @@ struct ArchSpec {
                            // k), v = a v where it has none
   bool x0_lambdas;         // a block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
   bool attention_gate;     // each head's output times sigmoid(gate . h[:C/64]), h the normed input
+  // Record #89's embedding (SPEC.md "Record #89's embedding"), off in every architecture and set
+  // from the config (GPT2Config::smear, bigram: -sm, -bg, a checkpoint's header [9]):
+  bool smear;              // x_t += lambda sigmoid(w . x_t[:12]) x_{t-1} before the embedding's norm
+  bool bigram;             // the bigram hash embedding b, added with a gate to the residual stream
+                           // before layer 0 and after the attention of every later attention layer
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
 constexpr int kGateDivisor = 64;
+// The smear's gate reads the first kSmearWidth channels of each token's embedding.
+constexpr int kSmearWidth = 12;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false};
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
-                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true};
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
+
+// A model's switches: its architecture's, with the features its config turns on.
+inline ArchSpec arch_spec(const GPT2Config& c) {
+  ArchSpec a = arch_spec(c.arch);
+  a.smear = c.smear;
+  a.bigram = c.bigram;
+  return a;
+}
+
+// The checkpoint header's slot of the config's record #89 features, and their bits.
+constexpr int kFeaturesSlot = 9;
+constexpr int kFeatureSmear = 1, kFeatureBigram = 2;
+// The bigram gates' start, the reference's bias of its generated gates (0.05).
+constexpr float kBigramGateInit = 0.05f;
 
 // ----------------------------------------------------------------------------
 // Layer plan
@@ -412,13 +439,16 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 
 // One table for every architecture: a tensor its switches (ArchSpec) leave out has size 0, so
 // GPT-2's sizes, offsets and file layout are those of llm.c, the modern ones follow the same order,
-// and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint").
-constexpr int kNumParamTensors = 24;
+// and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
+// bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
+// so that its rows' 16-byte loads are aligned; the small tensors come last.
+constexpr int kNumParamTensors = 28;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
-  kVe, kAttngate, kSkipw, kLambdas, kValueScales,
+  kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
+  kBigramGates,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -449,7 +479,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const LayerPlan plan = layer_plan(c);
   const size_t NH = c.num_heads, La = plan.attention_layers;
   const int Ci = c.channels;
-  const ArchSpec& a = arch_spec(c.arch);
+  const ArchSpec a = arch_spec(c);
   // 1 where the switch gives the model the tensor(s), else 0.
   const size_t positions = a.learned_positions ? 1 : 0;
   const size_t gains = a.norm_gains ? 1 : 0, embedding_gain = a.embedding_norm && a.norm_gains ? 1 : 0;
@@ -457,6 +487,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t ve = plan.value_embeddings, lambdas = a.x0_lambdas ? 2 : 0;
   const size_t skips = plan.skip_weights, gate = a.attention_gate ? 1 : 0;
   const size_t value_scales = a.value_mix ? 2 : 0;  // (a, b) in every attention layer
+  const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0;
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
   const ParamStack attention = ParamStack::kAttentionLayers;
@@ -481,11 +512,15 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"headw", head * Vp * C, whole, true, true, R::kHead},
       {"headb", head * bias * Vp, whole, false, false, R::kVector},
       {"ve", ve * Vp * C, whole, true, false, R::kEmbedding},
+      {"bigram", bigram * bigram_table_rows((int)Vp) * C, whole, true, false, R::kEmbedding},
       {"attngate", gate * La * NH * (C / kGateDivisor), attention, true, false, R::kMatrix, (int)NH,
        Ci / kGateDivisor},
       {"skipw", skips, whole, false, false, R::kVector},
       {"lambdas", L * lambdas, layers, false, false, R::kVector},
       {"value_scales", La * value_scales, attention, false, false, R::kVector},
+      {"smearw", smear * kSmearWidth, whole, false, false, R::kVector},
+      {"smear_lambda", smear, whole, false, false, R::kVector},
+      {"bigram_gates", bigram * La, attention, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -517,12 +552,20 @@ inline int param_slab(const LayerPlan& plan, const ParamSpec& s, int layer) {
 constexpr int kSeededTensors = 19;
 constexpr int kMaxMuonGroups = 16;
 
-// The tensor's position in llm.c's GPT-2 table, the modern tensors after it: what seeds a tensor's
-// stochastic rounding, so that GPT-2's seeds stay those of its 16-tensor table.
+// The speedrun's tensors in the order they joined the table, which gives their seeds: a tensor
+// placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
+constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
+    kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates};
+
+// The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
+// Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
+// 16-tensor table.
 inline int param_seed_index(int i) {
   if (i == kLnew) return kSeededTensors - 1;
-  if (i >= kSeededTensors) return kSeededTensors + kMaxMuonGroups + (i - kSeededTensors);
-  return i > kLnew ? i - 1 : i;
+  if (i < kSeededTensors) return i > kLnew ? i - 1 : i;
+  const ParamIndex* order = std::find(std::begin(kSpeedrunSeedOrder), std::end(kSpeedrunSeedOrder), i);
+  if (order == std::end(kSpeedrunSeedOrder)) LLMC_FAIL("tensor %d has no rounding seed", i);
+  return kSeededTensors + kMaxMuonGroups + (int)(order - std::begin(kSpeedrunSeedOrder));
 }
 
 inline int muon_group_seed_index(size_t g) {
@@ -592,6 +635,14 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
     LLMC_FAIL("%s: padded vocab size %d does not match vocab %d padded to a multiple of %d (%d)",
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
   }
+  const int features = h[kFeaturesSlot];
+  if ((features & ~(kFeatureSmear | kFeatureBigram)) != 0 || (features != 0 && !c.speedrun())) {
+    LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any (%d: the smear, %d: the "
+              "bigram embedding): the header is damaged or the file comes from a newer version; re-create it",
+              path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram);
+  }
+  c.smear = (features & kFeatureSmear) != 0;
+  c.bigram = (features & kFeatureBigram) != 0;
   return c;
 }
 
@@ -607,6 +658,7 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[6] = c.channels;
   h[7] = c.padded_vocab_size;
   h[8] = (int)c.arch;
+  h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1020,12 +1072,14 @@ inline void init_modern_from_seed(const GPT2Config& c, const ParamSpec* table, c
 // embedding, N(0, 1) with every row drawn (the loss reads the padded columns), then for each layer
 // in turn qkvw (layers with attention) and fcw uniform in +-sqrt(3) * 0.5 / sqrt(C), one slab per
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
-// lambdas (1, 0) and value scales 0.5.
+// lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
+// zero, the bigram gates kBigramGateInit.
 inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table, const size_t* offsets,
                                     Rng& rng, std::vector<float>& params) {
   std::fill_n(params.begin() + offsets[kSkipw], table[kSkipw].size, 1.0f);
   for (int layer = 0; layer < c.num_layers; layer++) params[offsets[kLambdas] + 2 * layer] = 1.0f;
   std::fill_n(params.begin() + offsets[kValueScales], table[kValueScales].size, 0.5f);
+  std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
   rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, 1.0);
   const size_t embedding = table[kWte].size;
   for (size_t k = 0; k < table[kVe].size / embedding; k++) {

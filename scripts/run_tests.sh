@@ -541,7 +541,10 @@ gpu_setup() {
 # layers 0, 4 and 11, the long-window ones; the rows as one sequence, so row 1's first key takes row
 # 0's last; the flash kernels in BF16 with Hopper's QK-norm backward left to its own kernel there);
 # and with AdamW's tensors' own rows (-ar in the settings: wte's, ve's and the head's betas, ve's and
-# the lambdas' rates, the head's decay x 150 of -c 0.005, the scalars' none, as record #89's).
+# the lambdas' rates, the head's decay x 150 of -c 0.005, the scalars' none, as record #89's);
+# and with record #89's smear and bigram embedding (the model file's header slot 9: their rows of
+# parameters, the batch's rows as one flat sequence, the bigram table's 377,280 rows, the fixed sign
+# table, the gates before layer 0 and after attention).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -565,7 +568,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
               "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2" \
               "speedrun_tiny_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --key_offset 1" \
-              "speedrun_tiny_adam_rows:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --weight_decay 0.005 --adam_rows wte:b1=0.75;ve:lr=0.5,b2=0.99;headw:b1=0.5,wd=150;skipw:wd=0;lambdas:lr=5,wd=0;value_scales:wd=0"; do
+              "speedrun_tiny_adam_rows:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --weight_decay 0.005 --adam_rows wte:b1=0.75;ve:lr=0.5,b2=0.99;headw:b1=0.5,wd=150;skipw:wd=0;lambdas:lr=5,wd=0;value_scales:wd=0" \
+              "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -841,6 +845,10 @@ gpu_resume() {
   # from the resumed step.
   resume_test ./train_gpt2cu resume_speedrun_bf16 -recipe speedrun -b 1 -t 1024 -z 1024 -vt 512
   resume_test ./train_gpt2fp32cu resume_speedrun_fp32 -recipe speedrun -b 1 -t 1024 -z 1024 -vt 512
+  # With record #89's smear and bigram embedding: their tensors and AdamW state, and the resume's
+  # model from the checkpoint's header, which its -sm 1 -bg 1 agree with.
+  resume_test ./train_gpt2cu resume_speedrun_smear_bigram_bf16 -recipe speedrun -sm 1 -bg 1 -b 1 -t 1024 -z 1024 \
+    -vt 512
   # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
   # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
   # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose

@@ -18,6 +18,7 @@
 #include "dev/cuda/test_optimizer.cu"
 #include "dev/cuda/test_qk_rotary.cu"
 #include "dev/cuda/test_rmsnorm.cu"
+#include "dev/cuda/test_smear_bigram.cu"
 #include "dev/cuda/test_speedrun_steps.cu"
 
 int main(int argc, char** argv) {
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
       {"optimizer", optimizer_tests::run},
       {"qk_rotary", qk_rotary_tests::run},
       {"rmsnorm", rmsnorm_tests::run},
+      {"smear_bigram", smear_bigram_tests::run},
       {"speedrun_steps", speedrun_steps_tests::run},
   };
   return run_kernel_suites(suites, argc, argv);

@@ -645,6 +645,15 @@ if has_flag -mq; then
   expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
     -opt muon -mq 3
 fi
+# --- -sm and -bg, record #89's smear and bigram embedding: the speedrun's (before the GPU)
+if has_flag -sm; then
+  expect "-sm 1 without the speedrun" "^error: -sm 1 smears the speedrun's embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -sm\$" \
+    -sm 1
+fi
+if has_flag -bg; then
+  expect "-bg 1 without the speedrun" "^error: -bg 1 gives the speedrun a bigram embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -bg\$" \
+    -bg 1
+fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
 # the matrices Muon takes (before the GPU)

@@ -587,6 +587,91 @@ text, prefix, _ = tg.read_debug_state_settings(path, header)
 assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 1 -ao 2" and prefix is None, text
 print(f"version {header[1]}: '{text}'")
 EOF
+check "--smear: the smear against a loop over the flat sequence; its header slot and parameters read back" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert not model.smear_weight.any() and not model.smear_lambda.any(), "the smear starts at zero"
+with torch.no_grad():
+    model.smear_weight.normal_(0.0, 0.5)
+    model.smear_lambda.fill_(0.7)
+x = torch.randn(2, 5, 128)
+flat = x.reshape(-1, 128)
+want = flat.clone()
+for t in range(1, flat.size(0)):  # the flat sequence: row 1's first token reads row 0's last
+    want[t] = flat[t] + 0.7 * torch.sigmoid(flat[t, :12] @ model.smear_weight) * flat[t - 1]
+got = model.smear(x).reshape(-1, 128)
+error = (got - want).abs().max().item()
+assert error < 1e-5, error
+path = f"{os.environ['WORK']}/smear.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_SMEAR and back.config.smear
+assert torch.equal(back.smear_weight, model.smear_weight) and torch.equal(back.smear_lambda, model.smear_lambda)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+names = [tg.table_name(n) for n, _ in model.named_parameters()]
+assert "smearw" in names and "smear_lambda" in names
+print(f"the smear within {error:.1e} of its loop over 10 flat rows; header slot {tg.FEATURES_SLOT} "
+      f"{int(header[tg.FEATURES_SLOT])}, its 13 parameters read back")
+EOF
+check "--bigram: the hash as llmc's, the pinned signs, each layer's gated term by hand; its header and parameters" <<'EOF'
+import os, torch, train_gpt2 as tg
+# the hash's rows against llmc/bigram_hash.h's pinned values (dev/test/test_bigram_hash.cpp)
+for tokens, rows, ids, signs in [
+        ([50256, 15496, 11, 995, 0, 50303, 7], 377280, [377279, 126884, 175303, 56405, 268236, 245200, 46095],
+         [0, 6360, 7299, 1000, 995, 1151, 1144]),
+        ([100000, 2000000000, 59139, 5, 123456789], 377280, [377279, 54871, 145461, 166078, 97912],
+         [0, 4768, 4867, 1798, 3344]),
+        ([3, 1, 4, 1, 5, 9, 2, 6], 480, [479, 156, 246, 289, 89, 7, 164, 410], [0, 2, 5, 5, 4, 12, 11, 4])]:
+    got_ids, got_signs = tg.bigram_rows(torch.tensor(tokens), rows)
+    assert got_ids.tolist() == ids and got_signs.tolist() == signs, (tokens, got_ids.tolist(), got_signs.tolist())
+signs = tg.bigram_sign_table(128).flatten()
+assert signs[:4].tolist() == [1, -1, -1, 1] and signs[-4:].tolist() == [-1, -1, -1, 1] and signs.sum() == 1262
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", bigram=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert not model.bigram.weight.any() and (model.bigram_gates == tg.BIGRAM_GATE_INIT).all()
+tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
+with torch.no_grad():
+    model.bigram.weight.normal_()
+    model.bigram_gates.uniform_(0.5, 1.5)
+idx = torch.randint(0, 512, (2, 6))
+terms = model.bigram_terms(idx)
+flat = idx.flatten().tolist()
+for layer, spec in enumerate(config.plan):  # by hand: the flat sequence's pairs, each layer's gate
+    if not spec.attention:
+        assert terms[layer] is None
+        continue
+    slab = sum(s.attention for s in config.plan[:layer])
+    for t in range(len(flat)):
+        id_t, sign = (config.bigram_rows - 1, 0) if t == 0 else (None, (flat[t - 1] ^ flat[t]) % 8192)
+        if t:
+            previous = config.bigram_rows - 1 if t == 1 else flat[t - 1]
+            h = ((36313 * flat[t]) & 0xFFFFFFFF) ^ ((27191 * previous) & 0xFFFFFFFF)
+            id_t = (h - (1 << 32) if h >= 1 << 31 else h) % (config.bigram_rows - 1)
+        want = model.bigram_gates[slab] * model.bigram.weight[id_t] * model.bigram_signs[sign]
+        assert torch.allclose(terms[layer].view(-1, 128)[t], want), (layer, t)
+x, y = idx, torch.randint(0, 512, (2, 6))
+model(x, y)[1].backward()
+assert model.bigram_gates.grad.abs().sum() > 0 and model.bigram.weight.grad.abs().sum() > 0
+path = f"{os.environ['WORK']}/bigram.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_BIGRAM and back.config.bigram and not back.config.smear
+assert torch.equal(back.bigram.weight, model.bigram.weight) and torch.equal(back.bigram_gates, model.bigram_gates)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+both = tg.GPT(tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True, bigram=True))
+names = {id(p): tg.table_name(name) for name, p in both.named_parameters()}
+order = list(dict.fromkeys(names[id(p)] for p in tg.params_in_file_order(both)))
+assert order == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "bigram", "attngate", "skipw", "lambdas",
+                 "value_scales", "smearw", "smear_lambda", "bigram_gates"], order  # llmc/gpt2.h's table
+print(f"the hash's rows as llmc's, the sign table torch's; {config.bigram_rows} rows, 11 gates; layer 0's before it, "
+      f"the later attention layers' after it, by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; "
+      f"with the smear, the file order {' '.join(order)}")
+EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -909,6 +994,9 @@ expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe mode
   --adam_every 2
 expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
   --write_debug_state "$WORK/adam_every_bad"
+expect_error "the smear (record #89's) is the speedrun's" "${TINY[@]}" --smear 1 --write_debug_state "$WORK/smear_gpt2"
+expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}" --bigram 1 \
+  --write_debug_state "$WORK/bigram_gpt2"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
   "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
 expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \

@@ -273,10 +273,15 @@ void test_speedrun_table() {
   for (int i = 0; i < llmc::kNumParamTensors; i++) indices.push_back(llmc::param_seed_index(i));
   for (int g = 0; g < llmc::kMaxMuonGroups; g++) indices.push_back(llmc::muon_group_seed_index(g));
   std::sort(indices.begin(), indices.end());
+  // The speedrun's in the order they joined the table (the bigram table since placed after ve).
+  const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
+                        llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates};
+  for (int k = 0; k < 9; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
-                "rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the speedrun's "
-                "tensors from 35 on, no two alike");
+                llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
+                                "speedrun's 35-43 in the order they joined (bigram %d, bigram_gates %d), no two alike",
+                                llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -293,6 +298,105 @@ void test_speedrun_table() {
             std::all_of(skips.begin(), skips.end(), [](float x) { return x == 1.0f; }) &&
             std::all_of(head.begin(), head.end(), [](float x) { return x == 0.0f; }),
         "speedrun init: lambdas (1, 0), value scales 0.5, skips one, head zero");
+}
+
+// Record #89's bigram embedding on top of the smear: its table [Vp 15 / 2, C] (the embeddings' role)
+// right after the value embeddings, and a gate for each attention layer (the scalars'), last; zero
+// and 0.05 at init; both features in header slot 9.
+void test_bigram_table(llmc::GPT2Config c) {
+  const size_t smeared = llmc::num_parameters(c);
+  c.bigram = true;
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(c, t);
+  llmc::param_offsets(c, offsets);
+  const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+  const size_t rows = 50304 * 15 / 2, table = rows * 128;
+  const auto bigram = init.begin() + offsets[llmc::kBigram], gates = init.begin() + offsets[llmc::kBigramGates];
+  const bool zero = std::all_of(bigram, bigram + table, [](float x) { return x == 0.0f; });
+  const bool gates_start = std::all_of(gates, init.end(), [](float x) { return x == llmc::kBigramGateInit; });
+  check_verbose(llmc::num_parameters(c) == smeared + table + 11 && t[llmc::kBigram].size == table &&
+                    offsets[llmc::kBigram] == offsets[llmc::kVe] + t[llmc::kVe].size &&
+                    t[llmc::kBigramGates].size == 11 &&
+                    offsets[llmc::kBigramGates] + 11 == init.size() && zero && gates_start &&
+                    t[llmc::kBigram].role == llmc::ParamRole::kEmbedding &&
+                    t[llmc::kBigramGates].role == llmc::ParamRole::kVector &&
+                    llmc::param_slab(llmc::layer_plan(c), t[llmc::kBigramGates], 8) == 7,
+                llmc::strformat("bigram: %zu parameters (%zu + %zu rows x 128 + 11), the table after ve, zero "
+                                "(embeddings' role), 11 gates 0.05 last (scalars'), layer 8's the 8th",
+                                llmc::num_parameters(c), smeared, rows));
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  check(h[llmc::kFeaturesSlot] == (llmc::kFeatureSmear | llmc::kFeatureBigram) &&
+            llmc::config_from_header(h, "both.bin") == c,
+        "smear and bigram: header slot 9 holds 3 and reads back the same config");
+}
+
+// The bigram table at a multiple of 16 elements (its rows' 16-byte loads in either precision), with
+// and without the smear, at tiny and at d12 (whose tensors before the smear's end 4 elements past a
+// multiple of 8), and the table's order with both features.
+void test_bigram_alignment() {
+  for (const char* preset : {"tiny", "d12"}) {
+    for (bool smear : {false, true}) {
+      llmc::GPT2Config c;
+      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      c.smear = smear;
+      c.bigram = true;
+      llmc::ParamSpec t[llmc::kNumParamTensors];
+      size_t offsets[llmc::kNumParamTensors];
+      llmc::param_table(c, t);
+      llmc::param_offsets(c, offsets);
+      std::string order;
+      for (int i = 0; i < llmc::kNumParamTensors; i++) {
+        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
+      }
+      const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve bigram attngate skipw lambdas "
+                                           "value_scales ") + (smear ? "smearw smear_lambda " : "") + "bigram_gates";
+      check_verbose(offsets[llmc::kBigram] % 16 == 0 && order == want,
+                    llmc::strformat("speedrun %s%s -bg 1: the bigram table at %zu (%zu mod 16), tensors %s", preset,
+                                    smear ? " -sm 1" : "", offsets[llmc::kBigram], offsets[llmc::kBigram] % 16,
+                                    order.c_str()));
+    }
+  }
+}
+
+// Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
+// after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
+// refused where it names a feature that is not there or an architecture without any.
+void test_smear_table() {
+  llmc::GPT2Config tiny;
+  llmc::config_from_preset("tiny", &tiny, llmc::Arch::kSpeedrun);
+  const size_t plain = llmc::num_parameters(tiny);
+  tiny.smear = true;
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(tiny, t);
+  llmc::param_offsets(tiny, offsets);
+  const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
+  const bool zero = std::all_of(init.begin() + offsets[llmc::kSmearw], init.end(), [](float x) { return x == 0.0f; });
+  check_verbose(llmc::arch_spec(tiny).smear && !llmc::arch_spec(tiny.arch).smear &&
+                    llmc::num_parameters(tiny) == plain + 13 && t[llmc::kSmearw].size == 12 &&
+                    t[llmc::kSmearLambda].size == 1 && offsets[llmc::kSmearw] + 13 == init.size() && zero &&
+                    t[llmc::kSmearw].role == llmc::ParamRole::kVector &&
+                    t[llmc::kSmearLambda].role == llmc::ParamRole::kVector,
+                llmc::strformat("smear: %zu parameters (%zu + 13), smearw [12] and smear_lambda [1] last, zero, "
+                                "the scalars' role", llmc::num_parameters(tiny), plain));
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(tiny, llmc::kCheckpointVersionBF16, h);
+  check(h[llmc::kFeaturesSlot] == llmc::kFeatureSmear && llmc::config_from_header(h, "smear.bin") == tiny,
+        "smear: header slot 9 holds 1 and reads back the same config");
+  test_bigram_table(tiny);
+  test_bigram_alignment();
+  h[llmc::kFeaturesSlot] = 4;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4",
+               "a header naming an unknown feature is refused");
+  llmc::GPT2Config gpt2;
+  llmc::config_from_preset("tiny", &gpt2);
+  llmc::header_from_config(gpt2, llmc::kCheckpointVersionFP32, h);
+  check(h[llmc::kFeaturesSlot] == 0, "GPT-2's header slot 9 holds 0, as llm.c's files");
+  h[llmc::kFeaturesSlot] = llmc::kFeatureSmear;
+  check_throws([&] { llmc::config_from_header(h, "gpt2.bin"); }, "only the speedrun has any",
+               "a GPT-2 header with the smear is refused");
 }
 
 // One line a plan: each layer's record as "A|- window ve skip:weight kept" (-1: none), and the counts.
@@ -385,7 +489,7 @@ void test_configs() {
     if (i > 0) contiguous = contiguous && offsets[i] == offsets[i - 1] + table[i - 1].size;
     const bool matrix = i == llmc::kWte || i == llmc::kWpe || i == llmc::kQkvw ||
                         i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw ||
-                        i == llmc::kHeadw || i == llmc::kVe || i == llmc::kAttngate;
+                        i == llmc::kHeadw || i == llmc::kVe || i == llmc::kAttngate || i == llmc::kBigram;
     decay_on_matrices = decay_on_matrices && table[i].decayed == matrix;
   }
   check_verbose(
@@ -394,7 +498,7 @@ void test_configs() {
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
-  test_speedrun_table();  test_layer_plan();
+  test_speedrun_table();  test_smear_table();  test_layer_plan();
 }
 
 void test_bf16() {
