@@ -10610,7 +10610,7 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   if (m.arch().smear) d.smear = {a.take<floatX>(smear_rows * C), a.take<float>(smear_rows), 0};
   if (m.arch().bigram) d.bigram_rows = a.take<int>(2);
   r.x0 = d.x0;
-  r.tokens = d.token;
+  r.tokens = d.token + smear_rows - 1;  // the token's own (the value embeddings' rows), after the one before
   value_mix_point_rows(m, 0, r, &a);
   attention_gate_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
