@@ -2241,7 +2241,8 @@ def optimizer_groups(model, args):
     matrices. AdamW takes the rest: GPT-2's 2-D tensors with weight decay and the others without,
     at --learning_rate; the modern models' embeddings (speedrun: with its value embeddings), head
     weight, 1-D tensors (gains, biases; the speedrun's scalars) and any block matrix at their own
-    rates, all with weight decay."""
+    rates, all with weight decay but the speedrun's scalars (the CUDA trainer's decay_vectors is the
+    modern recipe's alone)."""
     t, groups = model.transformer, []
     if args.optimizer == "muon":
         groups = [("muon", group) for group in muon_param_groups(model, args.muon_qk_heads)]
@@ -2251,12 +2252,14 @@ def optimizer_groups(model, args):
         head = model.lm_head.weight
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
         embeddings += [model.bigram.weight] if model.config.bigram else []
-        roles = [(args.embedding_lr, lambda p: any(p is e for e in embeddings)), (args.head_lr, lambda p: p is head),
-                 (args.scalar_lr, lambda p: p.dim() == 1), (args.learning_rate, lambda p: True)]
-        for lr, belongs in roles:
+        decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
+        roles = [(args.embedding_lr, decay, lambda p: any(p is e for e in embeddings)),
+                 (args.head_lr, decay, lambda p: p is head), (args.scalar_lr, vector_decay, lambda p: p.dim() == 1),
+                 (args.learning_rate, decay, lambda p: True)]
+        for lr, weight_decay, belongs in roles:
             params = [p for p in rest if belongs(p)]
             rest = [p for p in rest if not belongs(p)]
-            groups += [("adamw", dict(params=params, lr=lr, weight_decay=args.weight_decay))] if params else []
+            groups += [("adamw", dict(params=params, lr=lr, weight_decay=weight_decay))] if params else []
     else:
         groups += [("adamw", dict(params=[p for p in rest if p.dim() == 2], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)),
