@@ -294,7 +294,7 @@ inline TrainStateId read_header(File& f, int h[kHeaderInts], const TrainStateId*
   if (h[12] < kMatrixOptimizerUnrecorded || h[12] > kMatrixOptimizerNorMuon) {
     LLMC_FAIL("%s: optimizer %d (must be 0 to 3): the header is damaged; %s", path, h[12], remedy);
   }
-  if (h[15] < 0) LLMC_FAIL("%s: untie step %d: the header is damaged; %s", path, h[15] - 1, remedy);
+  if (h[15] < 0) LLMC_FAIL("%s: untie step %lld: the header is damaged; %s", path, (long long)h[15] - 1, remedy);
   if (h[16] < 0 || h[16] == 1 || (h[16] == 0 && (h[17] != 0 || h[18] != 0)) || h[17] < 0 || h[17] > h[5] ||
       (h[18] != 0 && h[18] != 1)) {
     LLMC_FAIL("%s: AdamW every %d steps, %d of its updates, kept gradients %d (the interval 0 or 2 and more, the "
