@@ -9850,17 +9850,24 @@ void bigram_stream_start_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   add_inplace(m.dresidual, m.dx0, (size_t)N * C, seeds.next(), m.stream);
 }
 
+// An encoder backward plan of N ids (in host memory) made on the host into the staging buffers
+// and queued for upload into `plan` on the stream: the inputs' plan and the bigram table's.
+void encoder_plan_make_upload(EncoderBackwardPlan& plan, UploadStaging& buckets_staging,
+                              UploadStaging& positions_staging, const int* ids, int N, int C, cudaStream_t stream) {
+  int4* buckets = upload_staging_host<int4>(buckets_staging);
+  int* positions = upload_staging_host<int>(positions_staging);
+  encoder_backward_plan(&plan, buckets, positions, ids, N, C);
+  upload_staging_copy(buckets_staging, plan.buckets, encoder_plan_upload_count(plan) * sizeof(int4), stream);
+  upload_staging_copy(positions_staging, plan.positions, N * sizeof(int), stream);
+}
+
 // The backward's plan of the table, made on the host of the last forward's ids while the GPU runs,
 // and queued for upload; the embedding's gradient zeroed for the layers to add into.
 void bigram_backward_prepare(GPT2& m, int N) {
   if (!m.arch().bigram) return;
   const int* ids = (const int*)m.bigram_rows_staging.host;  // the last forward's (bigram_rows_upload)
-  int4* buckets = upload_staging_host<int4>(m.bigram_plan_buckets_staging);
-  int* positions = upload_staging_host<int>(m.bigram_plan_positions_staging);
-  encoder_backward_plan(&m.bigram_plan, buckets, positions, ids, N, m.config.channels);
-  upload_staging_copy(m.bigram_plan_buckets_staging, m.bigram_plan.buckets,
-                      encoder_plan_upload_count(m.bigram_plan) * sizeof(int4), m.stream);
-  upload_staging_copy(m.bigram_plan_positions_staging, m.bigram_plan.positions, N * sizeof(int), m.stream);
+  encoder_plan_make_upload(m.bigram_plan, m.bigram_plan_buckets_staging, m.bigram_plan_positions_staging, ids, N,
+                           m.config.channels, m.stream);
   cudaCheck(cudaMemsetAsync(m.dbigram, 0, (size_t)N * m.config.channels * sizeof(floatX), m.stream));
 }
 
@@ -10169,12 +10176,8 @@ float gpt2_forward_loss(GPT2& m, const int* inputs, const int* targets, int B, i
 // that forward, and queued for upload.
 void encoder_plan_upload(GPT2& m, int N) {
   const int* inputs = (const int*)m.inputs_staging.host;  // the last forward's (gpt2_forward_blocks)
-  int4* buckets = upload_staging_host<int4>(m.plan_buckets_staging);
-  int* positions = upload_staging_host<int>(m.plan_positions_staging);
-  encoder_backward_plan(&m.encoder_plan, buckets, positions, inputs, N, m.config.channels);
-  upload_staging_copy(m.plan_buckets_staging, m.encoder_plan.buckets,
-                      encoder_plan_upload_count(m.encoder_plan) * sizeof(int4), m.stream);
-  upload_staging_copy(m.plan_positions_staging, m.encoder_plan.positions, N * sizeof(int), m.stream);
+  encoder_plan_make_upload(m.encoder_plan, m.plan_buckets_staging, m.plan_positions_staging, inputs, N,
+                           m.config.channels, m.stream);
 }
 
 // Zeroes the gradients for the next step's micro steps to add into; where AdamW keeps its tensors'
