@@ -6650,6 +6650,7 @@ __device__ __forceinline__ void softmax_accumulate_piece(float& m, float& s, con
 // A cap's constants as the kernels read them (llmc::LogitCap's, inv_scale = 1 / scale).
 struct ClassifierCap {
   float cap = 0.0f, inv_scale = 0.0f, shift = 0.0f;
+  bool bf16_sigmoid = false;
 };
 
 // The capped logit y the softmax sees; *slope = dy/dz (capped kinds only).
@@ -6670,8 +6671,14 @@ __device__ __forceinline__ float classifier_logit(float z, const ClassifierCap& 
     // would make the slope NaN, where the sigmoid and its slope are below 1e-38 and round to the
     // same y. Both instructions are within 2 ulp: y within about 3e-6 of exact at the cap of 30.
     // A shift of 0 adds nothing: the bits of the unshifted cap.
+    // The BF16 sigmoid (record #89's) rounds s, then takes 1 - s, exact for a BF16 s in [0, 1].
     const float e = exp2_ftz(fminf((z + c.shift) * (-c.inv_scale * kLog2e), kSigmoidCapMaxExponentLog2));
     const float s = rcp_ftz(1.0f + e);
+    if (c.bf16_sigmoid) {
+      const float r = __bfloat162float(__float2bfloat16_rn(s));
+      if (slope) *slope = cap * c.inv_scale * r * (1.0f - r);
+      return cap * r;
+    }
     if (slope) *slope = cap * c.inv_scale * s * (e * s);
     return cap * s;
   }
@@ -7003,7 +7010,8 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
           terms.row_length, terms.predict, llmc::kMaxPredictedTokens, terms.prefix_weight);
   const int max_shared = classifier_limits().max_shared;
   const bool sigmoid = cap.kind == llmc::LogitCap::kSigmoid;
-  const ClassifierCap constants = {cap.cap, sigmoid ? 1.0f / cap.scale : 0.0f, sigmoid ? cap.shift : 0.0f};
+  const ClassifierCap constants = {cap.cap, sigmoid ? 1.0f / cap.scale : 0.0f, sigmoid ? cap.shift : 0.0f,
+                                   sigmoid && cap.bf16_sigmoid};
   if (capped && !recompute &&
       capped_classifier_launch(logits, losses, targets, N, V, Vp, dloss, cap, constants, grad8, terms, stream)) {
     return ClassifierKernel::kKeeping;
@@ -11700,7 +11708,8 @@ llmc::Flag newton_schulz_flag(TrainArgs& a) {
 llmc::Flag logit_cap_flag(TrainArgs& a) {
   return {"-lc", "logit cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid "
           "cap's shift within [-100, 100]: \"23,5\", record #89's 23 sigmoid((z + 5) / 7.5) (the speedrun's own: "
-          "30 sigmoid(z / 7.5)); checkpoints keep the architecture's: give -lc with -e's model too",
+          "30 sigmoid(z / 7.5)); a third item bf16 rounds the sigmoid to BF16, as record #89's kernel: \"23,5,bf16\"; "
+          "checkpoints keep the architecture's: give -lc with -e's model too",
           [&a](const char* text) { a.logit_cap = llmc::parse_logit_cap_setting("-lc", text); },
           [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
 }

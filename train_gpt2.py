@@ -255,25 +255,46 @@ class LossTerms:
         return losses.sum() if reduction == "sum" else losses.mean()
 
 
+class Bf16Sigmoid(torch.autograd.Function):
+    """sigmoid(u) rounded to bfloat16 (in u's float32), its gradient s (1 - s) of the rounded s: record #89's
+    loss kernel keeps the sigmoid so for its softmax and its dlogits alike."""
+
+    @staticmethod
+    def forward(ctx, u):
+        s = torch.sigmoid(u).bfloat16().float()
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return grad * s * (1 - s)
+
+
 def set_logit_cap(model, text):
-    """--logit_cap: the head's cap within [1, 40] and the sigmoid cap's shift within [-100, 100] ("23,5"), in
-    place of the architecture's (llmc/recipe.h's logit_cap_of); None keeps the architecture's."""
+    """--logit_cap: the head's cap within [1, 40] and the sigmoid cap's shift within [-100, 100] ("23,5"), and a
+    third item bf16 for the sigmoid rounded to bfloat16 ("23,5,bf16"), in place of the architecture's
+    (llmc/recipe.h's logit_cap_of); None keeps the architecture's."""
     if text is None:
         return
     items = text.split(",")
+    rounded = len(items) == 3
+    if rounded and items[2] != "bf16":
+        fail(f"--logit_cap {text}: the third item rounds the sigmoid to BF16 and can only be bf16 (e.g. 23,5,bf16)")
     try:
-        values = [float(np.float32(item)) for item in items]
+        values = [float(np.float32(item)) for item in items[:2]]
     except ValueError:
         fail(f"--logit_cap {text}: not a number, or two apart by a comma")
-    if len(values) > 2 or not 1.0 <= values[0] <= 40.0 or (len(values) == 2 and not -100.0 <= values[1] <= 100.0):
+    if len(items) > 3 or not 1.0 <= values[0] <= 40.0 or (len(values) == 2 and not -100.0 <= values[1] <= 100.0):
         fail(f"--logit_cap {text}: the cap within [1, 40], and the sigmoid cap's shift within [-100, 100]")
     if not model.config.modern:
         fail(f"--logit_cap {text}: the {model.config.arch} architecture's logits are uncapped: leave --logit_cap out")
-    if len(values) == 2 and values[1] != 0.0 and not model.config.speedrun:
-        fail(f"--logit_cap {text}: a shift moves the sigmoid cap, and the {model.config.arch} architecture's cap is "
-             f"the rational one: give --logit_cap {items[0]}")
+    if ((len(values) == 2 and values[1] != 0.0) or rounded) and not model.config.speedrun:
+        fail(f"--logit_cap {text}: a shift and a BF16 sigmoid are the sigmoid cap's, and the {model.config.arch} "
+             f"architecture's cap is the rational one: give --logit_cap {items[0]}")
     model.logit_cap = values[0]
     model.logit_shift = values[1] if len(values) == 2 else 0.0
+    model.logit_bf16_sigmoid = rounded
 
 
 def run_prefix_table(args, config, plan):
@@ -852,6 +873,7 @@ class GPT(nn.Module):
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
         self.logit_cap = SPEEDRUN_SOFTCAP if config.speedrun else LOGIT_SOFTCAP_MODERN
+        self.logit_bf16_sigmoid = False  # the sigmoid cap's sigmoid rounded to bfloat16 (--logit_cap's bf16)
         self.logit_shift = 0.0
 
     def attention_masks(self, idx):
@@ -978,6 +1000,8 @@ class GPT(nn.Module):
             return logits
         z = logits.float()
         cap = self.logit_cap
+        if self.config.speedrun and self.logit_bf16_sigmoid:
+            return cap * Bf16Sigmoid.apply((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
         if self.config.speedrun:
             return cap * torch.sigmoid((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
         return cap * z * torch.rsqrt(z.square() + cap ** 2)
@@ -2640,8 +2664,10 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
     int32 ids."""
     words = []
     default_cap = SPEEDRUN_SOFTCAP if model.config.speedrun else LOGIT_SOFTCAP_MODERN
-    if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0):
-        words += ["-lc", f"{np.float32(model.logit_cap)},{np.float32(model.logit_shift)}"]
+    if model.config.modern and (model.logit_cap != default_cap or model.logit_shift != 0.0 or
+                                model.logit_bf16_sigmoid):
+        rounded = ",bf16" if model.logit_bf16_sigmoid else ""
+        words += ["-lc", f"{np.float32(model.logit_cap)},{np.float32(model.logit_shift)}{rounded}"]
     terms = model.loss_terms
     if terms is not None:
         words += ["-mtp", ",".join(str(np.float32(w)) for w in terms.next_token_weights)]
@@ -2922,7 +2948,8 @@ def parse_args(argv=None):
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
-                   "sigmoid cap's shift within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5)")
+                   "sigmoid cap's shift within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5); a third "
+                   "item bf16 rounds the sigmoid to bfloat16, as record #89's kernel: '23,5,bf16'")
     a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
                    "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
                    "#89's first stage); a target past the sequence's end adds nothing")

@@ -85,13 +85,20 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
 }
 
 // -lc's value: the cap within [1, 40], or the cap and the sigmoid cap's shift within [-100, 100]
-// ("23,5"): record #89's 23 sigmoid((z + 5) / 7.5).
+// ("23,5"): record #89's 23 sigmoid((z + 5) / 7.5); a third item "bf16" rounds the sigmoid to BF16
+// ("23,5,bf16"), as record #89's kernel does.
 inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* text) {
   const std::string all = text;
-  const size_t comma = all.find(',');
+  const size_t comma = all.find(','), second = comma == std::string::npos ? comma : all.find(',', comma + 1);
   LogitCapSetting s;
   s.cap = parse_float(flag, all.substr(0, comma).c_str(), 1.0f, 40.0f);
-  if (comma != std::string::npos) s.shift = parse_float(flag, all.substr(comma + 1).c_str(), -100.0f, 100.0f);
+  if (comma == std::string::npos) return s;
+  s.shift = parse_float(flag, all.substr(comma + 1, second - comma - 1).c_str(), -100.0f, 100.0f);
+  if (second == std::string::npos) return s;
+  if (all.substr(second + 1) != "bf16") {
+    LLMC_FAIL("%s %s: the third item rounds the sigmoid to BF16 and can only be bf16 (e.g. 23,5,bf16)", flag, text);
+  }
+  s.bf16_sigmoid = true;
   return s;
 }
 

@@ -124,15 +124,36 @@ struct GPT2Config {
   }
 };
 
+// ----------------------------------------------------------------------------
+// BF16 on the host (checkpoint conversion, the sigmoid cap's rounding): round to nearest even, NaN
+// kept NaN.
+
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+inline float bf16_bits_to_float(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 // How the head's logits z are capped before the softmax, stated once for the classifier, the
 // sampler and the tests: not at all (GPT-2's), y = cap * z / sqrt(z^2 + cap^2) (kRational, the
 // modern architecture's), or y = cap * sigmoid((z + shift) / scale) (kSigmoid, modded-nanogpt's
 // speedrun's, whose logits all lie in (0, cap): record #28's 30 sigmoid(z / 7.5), record #89's
-// 23 sigmoid((z + 5) / 7.5)).
+// 23 sigmoid((z + 5) / 7.5)). bf16_sigmoid: the sigmoid rounded to BF16 before the cap multiplies
+// it, in the loss and in dy/dz = (cap / scale) s (1 - s) alike, as record #89's kernel keeps it.
 struct LogitCap {
   enum Kind : int { kNone, kRational, kSigmoid };
   Kind kind = kNone;
   float cap = 0.0f, scale = 0.0f, shift = 0.0f;
+  bool bf16_sigmoid = false;
 
   // y, and dy/dz into *slope when given: in double, the reference the kernels are tested against;
   // in float, the sampler's.
@@ -148,6 +169,11 @@ struct LogitCap {
       // The exponent clamped below exp's overflow (in float, as the kernel's): past it 1 - sigmoid
       // would be inf * 0, a NaN slope, where both are below 1e-38.
       const F e = std::exp(std::min(-(z + (F)shift) / (F)scale, (F)88)), s = 1 / (1 + e);
+      if (bf16_sigmoid) {
+        const F r = bf16_bits_to_float(float_to_bf16_bits((float)s));
+        if (slope) *slope = (F)cap / scale * r * (1 - r);
+        return cap * r;
+      }
       if (slope) *slope = (F)cap / scale * s * (e * s);
       return cap * s;
     }
@@ -156,8 +182,11 @@ struct LogitCap {
   }
   std::string describe() const {
     if (kind == kRational) return strformat("soft-capped at %g", cap);
-    if (kind == kSigmoid && shift != 0.0f) return strformat("capped as %g sigmoid((z + %g) / %g)", cap, shift, scale);
-    if (kind == kSigmoid) return strformat("capped as %g sigmoid(z / %g)", cap, scale);
+    const char* rounded = bf16_sigmoid ? " (the sigmoid in BF16)" : "";
+    if (kind == kSigmoid && shift != 0.0f) {
+      return strformat("capped as %g sigmoid((z + %g) / %g)%s", cap, shift, scale, rounded);
+    }
+    if (kind == kSigmoid) return strformat("capped as %g sigmoid(z / %g)%s", cap, scale, rounded);
     return "uncapped";
   }
 };
@@ -738,23 +767,6 @@ inline CheckpointParams checkpoint_read(const std::string& path) {
   return p;
 }
 
-// ----------------------------------------------------------------------------
-// BF16 on the host (checkpoint conversion): round to nearest even, NaN kept NaN.
-
-inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-inline float bf16_bits_to_float(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 // The parameters checkpoint_read read, as FP32 values: moved out of p where they are FP32, else
 // converted from its BF16 bits, which are then freed (p keeps its config and version only).

@@ -138,13 +138,16 @@ struct PredictionWeights {
   float weight[kMaxPredictedTokens] = {1.0f, 0.0f, 0.0f};
 };
 
-// -lc: the head's cap, and the sigmoid cap's shift, in place of the architecture's (cap 0: its own).
+// -lc: the head's cap, the sigmoid cap's shift and its sigmoid in BF16, in place of the
+// architecture's (cap 0: its own).
 struct LogitCapSetting {
   float cap = 0.0f, shift = 0.0f;
+  bool bf16_sigmoid = false;
 };
 
 inline std::string logit_cap_setting_text(const LogitCapSetting& s) {
   if (s.cap == 0.0f) return "the architecture's";
+  if (s.bf16_sigmoid) return strformat("%g,%g,bf16", s.cap, s.shift);
   return s.shift == 0.0f ? strformat("%g", s.cap) : strformat("%g,%g", s.cap, s.shift);
 }
 
@@ -155,13 +158,14 @@ inline LogitCap logit_cap_of(const LogitCap& arch_cap, const LogitCapSetting& s,
   if (arch_cap.kind == LogitCap::kNone) {
     LLMC_FAIL("-lc %s: the %s architecture's logits are uncapped: leave -lc out", text.c_str(), arch);
   }
-  if (arch_cap.kind == LogitCap::kRational && s.shift != 0.0f) {
-    LLMC_FAIL("-lc %s: a shift moves the sigmoid cap, and the %s architecture's cap is %s: give -lc %g", text.c_str(),
-              arch, arch_cap.describe().c_str(), s.cap);
+  if (arch_cap.kind == LogitCap::kRational && (s.shift != 0.0f || s.bf16_sigmoid)) {
+    LLMC_FAIL("-lc %s: a shift and a BF16 sigmoid are the sigmoid cap's, and the %s architecture's cap is %s: give "
+              "-lc %g", text.c_str(), arch, arch_cap.describe().c_str(), s.cap);
   }
   LogitCap cap = arch_cap;
   cap.cap = s.cap;
   cap.shift = s.shift;
+  cap.bf16_sigmoid = s.bf16_sigmoid;
   return cap;
 }
 

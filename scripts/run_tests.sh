@@ -533,7 +533,8 @@ gpu_setup() {
 # with NorMuon, and with record #89's Q and K in head pairs (--muon_qk_heads 2: 6 heads of 128, so
 # blocks of [256, 768]; -mq 2 in the debug state's settings);
 # the speedrun tiny with record #89's loss (its shifted cap, three next tokens and the prefix term:
-# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5), and with
+# test_gpt2cu reads them and the prefix table in the debug state's settings, version 5; and the
+# cap's sigmoid rounded to BF16, -lc 23,5,bf16), and with
 # its windows counted in tokens (-awt 1, also in the settings: 256 tokens back from each query in
 # the long layers, 128 in the short ones, over 3 blocks, the edge blocks masked token by token);
 # and with AdamW on odd steps (-ao 2 in the settings: its gradients of two steps summed, its t its
@@ -565,6 +566,7 @@ gpu_against_pytorch() {
               "speedrun_d12:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512" \
               "speedrun_d12_window5:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 5 --batch_size 1 --seq_len 1024" \
               "speedrun_tiny_loss_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5 --mtp 1,0.5,0.25 --prefix_weight 0.25 --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin" \
+              "speedrun_tiny_bf16_sigmoid:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --logit_cap 23,5,bf16 --mtp 1,0.5,0.25" \
               "speedrun_tiny_window_tokens:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --window_tokens 1 --batch_size 2 --seq_len 384" \
               "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2" \
               "speedrun_tiny_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --key_offset 1" \

@@ -12,7 +12,8 @@
 // FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the dlogits the same kernel
 // wrote in place (cuda_fp8.h's conversion on the host, which test_fp8 checks), the same losses,
 // the logits left as they were, twice. The shift is added to z exactly: the shifted cap of z gives
-// the bits of the unshifted cap of z + shift where that sum is exact. The training loss's terms
+// the bits of the unshifted cap of z + shift where that sum is exact; record #89's sigmoid rounded to
+// BF16 (-lc 23,5,bf16) against the reference's rounding of the exact sigmoid. The training loss's terms
 // (ClassifierTerms: later targets of the row's sequence, the target's prefix token) against a
 // reference in double: sequences whose last rows lose their later targets, targets repeated within
 // a row's terms, tokens without a prefix, each kernel, twice, and (BF16) their FP8 gradient.
@@ -107,6 +108,22 @@ void test_fp8_gradient(const Snapshot& training, const std::vector<float>& logit
   check_same_bits("FP8 gradient twice" + kernel, first, run());
 }
 
+// A BF16 sigmoid cap rounds s = sigmoid((z + shift) / scale) to BF16: the kernel's s is within a few
+// FP32 units of the exact one, so where the exact s lies that close to a BF16 rounding edge the
+// two round apart, either rightly, and the column's y moves by a BF16 step. Such logits (those
+// within 2^-16 of an edge, relatively: about one in 250) are moved up a stored step or more until
+// clear of it; the extremes are far from every edge.
+void keep_off_bf16_sigmoid_edges(std::vector<float>& logits, const llmc::LogitCap& cap) {
+  if (!cap.bf16_sigmoid) return;
+  auto near_edge = [&](float z) {
+    const double s = 1.0 / (1.0 + std::exp(-((double)z + cap.shift) / cap.scale)), margin = 1.0 / 65536;
+    return llmc::float_to_bf16_bits((float)(s * (1 - margin))) != llmc::float_to_bf16_bits((float)(s * (1 + margin)));
+  };
+  for (float& z : logits) {
+    while (std::isfinite(z) && near_edge(z)) z = (float)(floatX)(z + std::max(std::fabs(z), 1.0f) / 128);
+  }
+}
+
 // No cap: GPT-2's classifier, logits of std 2. Capped: logits of std 20, so that most are well
 // into the cap's bend, and dloss = 1 (the modern recipes backpropagate the sum of the token
 // losses). extremes: each row's first real columns (the target's excepted) hold kExtremeLogits.
@@ -118,6 +135,7 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   for (int r = 0; r < N; r++) {
     for (int i = V; i < Vp; i++) logits[(size_t)r * Vp + i] = NAN;
   }
+  keep_off_bf16_sigmoid_edges(logits, cap);
   std::vector<int> targets = random_ints(rng, N, 0, V);
   targets[0] = 0;
   targets[N - 1] = V - 1;
@@ -265,6 +283,7 @@ void test_classifier_terms(int B, int T, int V, int Vp, const llmc::LogitCap& ca
   for (int r = 0; r < N; r++) {
     for (int i = V; i < Vp; i++) logits[(size_t)r * Vp + i] = NAN;
   }
+  keep_off_bf16_sigmoid_edges(logits, cap);
   std::vector<int> targets = random_ints(rng, N, 0, V);
   for (int r = 1; r < N; r += 5) targets[r] = targets[r - 1];
   std::vector<int> prefix = random_ints(rng, Vp, 0, V);
@@ -331,12 +350,20 @@ void run() {
   test_classifier(5, 99, 136, {llmc::LogitCap::kSigmoid, 15.0f, 3.0f, -2.5f}, rng);
   test_shift_is_added(7, 1001, 1016, shifted, rng);
   test_shift_is_added(3, 50304, 50304, shifted, rng);
+  // Its sigmoid rounded to BF16 before the cap (-lc 23,5,bf16): y and dy/dz of the rounded s, in
+  // both kernels and with the loss's terms.
+  llmc::LogitCap rounded = shifted;
+  rounded.bf16_sigmoid = true;
+  test_classifier(64, 50304, 50304, rounded, rng);
+  test_classifier(3 * 101, 1001, 1016, rounded, rng);
+  test_classifier(9, 50304, 50304, rounded, rng, true);
   // Record #89's loss terms: three next tokens and the prefix on its cap over the padded vocabulary;
   // two with the prefix's weight 0, odd sizes (sequences shorter than the terms, of 1 row), the
   // other caps.
   const llmc::PredictionWeights three = {3, {1.0f, 0.5f, 0.25f}}, two = {2, {1.0f, 0.5f}};
   test_classifier_terms(4, 16, 50304, 50304, shifted, three, 0.25f, rng);
   test_classifier_terms(3, 37, 1001, 1016, shifted, two, 0.0f, rng);
+  test_classifier_terms(4, 16, 50304, 50304, rounded, three, 0.25f, rng);
   test_classifier_terms(5, 2, 1001, 1016, speedrun, three, 0.25f, rng);
   test_classifier_terms(7, 1, 99, 136, modern, three, 1.0f, rng);
   test_classifier_terms(2, 33, 50257, 50304, none, {3, {0.0f, 1.0f, 0.5f}}, 0.25f, rng);

@@ -593,8 +593,12 @@ if has_flag -lc; then
   expect "-lc with a shift out of range" "^error: -lc 200: must be within \[-100, 100\]\$" -lc 23,200
   expect "-lc on GPT-2's uncapped head" "^error: -lc 23,5: the gpt2 architecture's logits are uncapped: leave -lc out\$" \
     -lc 23,5
-  expect "-lc with a shift on the modern cap" "^error: -lc 15,5: a shift moves the sigmoid cap, and the modern architecture's cap is soft-capped at 15: give -lc 15\$" \
+  expect "-lc with a shift on the modern cap" "^error: -lc 15,5: a shift and a BF16 sigmoid are the sigmoid cap's, and the modern architecture's cap is soft-capped at 15: give -lc 15\$" \
     -recipe modern -lc 15,5
+  expect "-lc with a BF16 sigmoid on the modern cap" "^error: -lc 15,0,bf16: a shift and a BF16 sigmoid are the sigmoid cap's, and the modern architecture's cap is soft-capped at 15: give -lc 15\$" \
+    -recipe modern -lc 15,0,bf16
+  expect "-lc with a third item other than bf16" "^error: -lc 23,5,fp8: the third item rounds the sigmoid to BF16 and can only be bf16 \(e.g. 23,5,bf16\)\$" \
+    -lc 23,5,fp8
 else
   skip "-lc" "$TRAINER has no -lc"
 fi

@@ -528,6 +528,12 @@ void test_loss_settings() {
   check_verbose(w.count == 3 && w.weight[1] == 0.5f && w.weight[2] == 0.25f && llmc::prediction_weights_text(w) ==
                     "1,0.5,0.25" && cap.cap == 23.0f && cap.shift == 5.0f,
                 "-mtp 1,0.5,0.25 and -lc 23,5 parsed and shown");
+  const llmc::LogitCapSetting rounded = llmc::parse_logit_cap_setting("-lc", "23,5,bf16");
+  check_verbose(rounded.cap == 23.0f && rounded.shift == 5.0f && rounded.bf16_sigmoid && !cap.bf16_sigmoid &&
+                    llmc::logit_cap_setting_text(rounded) == "23,5,bf16" && llmc::logit_cap_setting_text(cap) == "23,5",
+                "-lc 23,5,bf16: the sigmoid in BF16, parsed and shown");
+  check_throws([] { llmc::parse_logit_cap_setting("-lc", "23,5,fp8"); },
+               "-lc 23,5,fp8: the third item rounds the sigmoid to BF16 and can only be bf16", "-lc's third item refused");
   llmc::DebugState d;
   d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1 -mq 2";
   d.prefix_table.assign(128, -1);

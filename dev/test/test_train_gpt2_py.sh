@@ -477,6 +477,28 @@ assert max(errors.values()) <= 1e-6, errors
 print(f"version {header[1]}: '{text}', {len(prefix)} prefix rows; checked: largest error {max(errors.values()):.1e}")
 EOF
 
+check "--logit_cap 23,5,bf16: the sigmoid rounded to bfloat16, its gradient of the rounded value, the settings' text" <<'EOF'
+import torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "-b", "1", "-t", "64", "--input_bin", "x",
+                      "--device", "cpu"])
+config = tg.resolve_config(args)
+tg.settle_arch(args, config)
+model = tg.GPT(config)
+z = torch.linspace(-60, 60, 4001, dtype=torch.float32, requires_grad=True)
+tg.set_logit_cap(model, "23,5,bf16")
+y = model.soft_cap(z)
+s = torch.sigmoid((z.detach() + 5) / 7.5).bfloat16().float()
+assert torch.equal(y.detach(), 23 * s), (y - 23 * s).abs().max()
+assert (y.detach() - 23 * torch.sigmoid((z.detach() + 5) / 7.5)).abs().max() > 1e-2  # the rounding shows
+y.sum().backward()
+assert torch.allclose(z.grad, 23 / 7.5 * s * (1 - s), rtol=1e-6, atol=0), (z.grad - 23 / 7.5 * s * (1 - s)).abs().max()
+text = tg.debug_state_settings(model)
+assert text == "-lc 23.0,5.0,bf16", text
+print(f"y = 23 bf16(s) over {z.numel()} logits, its gradient s (1 - s) of the rounded s; settings '{text}'")
+EOF
+expect_error "logit_cap 23,5,fp8: the third item rounds the sigmoid to BF16" --recipe speedrun --model tiny --bench \
+  --documents 0 --window_blocks 0 -b 1 -t 64 --logit_cap 23,5,fp8
+
 check "--untie_step: the head steps with both gradients through step U, the embedding its copy, then its own" <<'EOF'
 import copy, contextlib, torch, train_gpt2 as tg
 args = tg.parse_args(["--recipe", "modern", "--model", "tiny", "--vocab_size", "512", "-b", "2", "-t", "32",
@@ -981,7 +1003,7 @@ expect_error "every term of the training loss has weight 0" "${TINY[@]}" --bench
 expect_error "logit_cap 50: the cap within" --recipe speedrun --model tiny --bench --documents 0 --window_blocks 0 \
   -b 1 -t 64 --logit_cap 50
 expect_error "logit_cap 23,5: the gpt2 architecture's logits are uncapped" "${TINY[@]}" --bench --logit_cap 23,5
-expect_error "logit_cap 15,5: a shift moves the sigmoid cap" --recipe modern --model tiny --bench -b 1 -t 64 \
+expect_error "logit_cap 15,5: a shift and a BF16 sigmoid are the sigmoid cap's" --recipe modern --model tiny --bench -b 1 -t 64 \
   --logit_cap 15,5
 expect_error "tokenizer $WORK/nothing.bin: no such vocabulary file" "${TINY[@]}" --bench --prefix_weight 0.25 \
   --tokenizer "$WORK/nothing.bin"
