@@ -53,6 +53,7 @@ MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
+FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -366,6 +367,8 @@ class GPTConfig:
     # the residual stream with gates (SPEC.md "Record #89's embedding")
     smear: bool = False
     bigram: bool = False
+    # modern or speedrun: the rotary in record #89's layout (rotate's pairs)
+    rotary_pairs: bool = False
 
     @property
     def modern(self):
@@ -437,9 +440,12 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False):
+                bigram=False, rotary_pairs=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
-                       bool(smear), bool(bigram))
+                       bool(smear), bool(bigram), bool(rotary_pairs))
+    if config.rotary_pairs and not config.modern:
+        fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
+             f"give --recipe modern or speedrun or drop --rotary_pairs")
     if config.smear and not config.speedrun:
         fail(f"{source}: the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear")
     if config.bigram and not config.speedrun:
@@ -644,23 +650,30 @@ def rotary_frequencies(head_size):
     return torch.cat([freq, freq.new_zeros(head_size // 4)])
 
 
-def rotate(x, freq):
-    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32."""
-    pos = torch.arange(x.size(1), dtype=torch.float32, device=x.device)
-    theta = torch.outer(pos, freq)[None, :, None, :]
+def rotate(x, freq, pairs=False):
+    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32;
+    pairs: record #89's layout, each pair (2j, 2j + 1) at its place in the B x T tokens as one sequence
+    (b T + t)."""
+    B, T = x.shape[:2]
+    pos = torch.arange(B * T if pairs else T, dtype=torch.float32, device=x.device)
+    theta = torch.outer(pos, freq).view(B if pairs else 1, T, 1, -1)
     cos, sin = theta.cos(), theta.sin()
+    if pairs:
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        return torch.stack((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).flatten(-2).type_as(x)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).type_as(x)
 
 
-def shift_stationary_keys(k):
+def shift_stationary_keys(k, pairs=False):
     """Record #89's key offset: k [B, T, NH, hs] after the rotary, each key's stationary dims (those
-    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2) taken from the key before it over the
-    B x T tokens as one sequence (rows continue each other, documents do not matter); the first key
-    keeps its own."""
+    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2; with its pairs hs/2 to hs - 1) taken
+    from the key before it over the B x T tokens as one sequence (rows continue each other, documents
+    do not matter); the first key keeps its own."""
     B, T, NH, hs = k.shape
     flat = k.reshape(B * T, NH, hs)
-    stationary = torch.arange(hs, device=k.device) % (hs // 2) >= hs // 4
+    dims = torch.arange(hs, device=k.device)
+    stationary = dims >= hs // 2 if pairs else dims % (hs // 2) >= hs // 4
     return torch.where(stationary, torch.cat((flat[:1], flat[:-1])), flat).view(B, T, NH, hs)
 
 
@@ -679,6 +692,7 @@ class CausalSelfAttention(nn.Module):
         self.modern = config.modern
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
+        self.rotary_pairs = config.rotary_pairs  # rotate's record #89 layout
         self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
         # two scalars in every layer, as the reference's, the second unused where no value embedding
@@ -711,9 +725,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
-            q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
+            q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs) for t in (q, k))
         if self.key_offset:
-            k = shift_stationary_keys(k)
+            k = shift_stationary_keys(k, self.rotary_pairs)
         v = self.mix_values(v, value_embedding)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
@@ -1158,7 +1172,8 @@ def write_checkpoint(model, path, version):
     header[:8] = [CHECKPOINT_MAGIC, file_version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
-    header[FEATURES_SLOT] = (FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
+    header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
+                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1220,12 +1235,16 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    if features & ~(FEATURE_SMEAR | FEATURE_BIGRAM) or (features and arch != "speedrun"):
-        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any "
-             f"({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding): the header is damaged or the "
-             f"file comes from a newer version; re-create it")
+    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM
+    if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
+            or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
+        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
+             f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding), and GPT-2 has no "
+             f"rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
+             f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
-                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM)
+                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
+                         rotary_pairs=features & FEATURE_ROTARY_PAIRS)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2940,6 +2959,10 @@ def parse_args(argv=None):
                    "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 "
                    "and after the later layers' attention; the CUDA trainer's -bg); --init_from's checkpoint says "
                    "whether it has it")
+    a.add_argument("--rotary_pairs", type=int, choices=[0, 1], help="--recipe modern or speedrun: 1 the rotary in "
+                   "record #89's layout: adjacent dims (2i, 2i + 1) turned for i < hs/4, hs/2 to hs - 1 unturned, at "
+                   "positions over each forward's rows as one sequence (the CUDA trainer's -rp); --init_from's "
+                   "checkpoint says which it has")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3326,10 +3349,10 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram)
+        features = (args.smear, args.bigram, args.rotary_pairs)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram and the size flags")
+                 "--arch, --smear, --bigram, --rotary_pairs and the size flags")
         return None
     presets = ARCH_PRESETS[args.arch]
     if (args.model or "d12") not in presets:
@@ -3338,7 +3361,7 @@ def resolve_config(args):
     preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
-                       arch=args.arch, smear=args.smear, bigram=args.bigram)
+                       arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs)
 
 
 def check_fp8(config, device, flag="--fp8"):
