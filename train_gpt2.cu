@@ -8307,10 +8307,12 @@ struct ModelParams {
   llmc::ArchSpec arch() const { return llmc::arch_spec(config); }
   llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
-  // The attention's rotary frequencies and layout (rotary_frequencies) and softmax scale (the
-  // architecture's): model state, which YaRN changes at the stage plan's window changes.
+  // The attention's rotary frequencies and layout (rotary_frequencies) and softmax scale: model
+  // state, which YaRN changes at the stage plan's window changes from the base scale (the
+  // architecture's, or -asc's: gpt2_set_attention_scale).
   RotaryFrequencies rotary = {};
   float softmax_scale = 0.0f;
+  double base_softmax_scale = 0.0;
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
   size_t num_params = 0;
@@ -8550,7 +8552,8 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   const llmc::ArchSpec arch = llmc::arch_spec(config);
   const int HS = config.head_size();
   if (arch.qk_norm_rotary && HS <= kQkNormMaxHeadSize) m.rotary = rotary_frequencies(HS, arch.rotary_pairs);
-  m.softmax_scale = arch.attention_scale > 0.0f ? arch.attention_scale : attention_default_scale(HS);
+  m.base_softmax_scale = arch.attention_scale > 0.0f ? arch.attention_scale : attention_default_scale(HS);
+  m.softmax_scale = (float)m.base_softmax_scale;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
@@ -9209,6 +9212,14 @@ void norm_backward(GPT2& m, const NormSpec& n, int l, floatX* dresidual, floatX*
 }
 
 float attention_scale(const GPT2& m) { return m.softmax_scale; }
+
+// -asc: the attention's softmax scale instead of the architecture's (record #89's 0.1), before YaRN's
+// changes; a double, as train_gpt2.py's, rounded to float where the kernels take it.
+void gpt2_set_attention_scale(GPT2& m, double scale) {
+  REQUIRE(scale > 0.0 && std::isfinite(scale), "the attention's softmax scale %g must be positive", scale);
+  m.base_softmax_scale = scale;
+  m.softmax_scale = (float)scale;
+}
 
 // The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
 // or the RMS-normalised embedding (embedded: the embedding before its norm, smeared where the
@@ -11777,6 +11788,15 @@ llmc::Flag fp8_head_scales_flag(TrainArgs& a) {
           [&a] { return llmc::fp8_head_scales_text(a.fp8_head_scales); }, &a.fp8_head_scales};
 }
 
+// -asc: the attention's softmax scale, before YaRN's changes (0, the default: the architecture's).
+llmc::Flag attention_scale_flag(TrainArgs& a) {
+  return {"-asc", "attention scale", "the attention's softmax scale, positive (record #89's 0.1; YaRN, -yn 1, "
+          "changes it from there); none given: the architecture's (0.12 modern and speedrun, 1/sqrt(HS) GPT-2)",
+          [&a](const char* text) { a.attention_scale = llmc::parse_attention_scale("-asc", text); },
+          [&a] { return a.attention_scale > 0.0 ? llmc::strformat("%g", a.attention_scale) : std::string("arch's"); },
+          &a.attention_scale};
+}
+
 // -mtp: the training loss's weights of the next token and the ones after it.
 llmc::Flag prediction_weights_flag(TrainArgs& a) {
   return {"-mtp", "next-token weights", "the training loss's weights of the next token and of the one or two "
@@ -11902,6 +11922,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "#89's rotary pairs: adjacent dims (2i, 2i + 1) for i < HS/4, HS/2 to HS - 1 unturned, at positions "
                "over each forward's rows as one sequence (0: pairs (j, j + HS/2) at each row's positions); a model "
                "file's header says which it has", &a.rotary_pairs, 0, 1),
+      attention_scale_flag(a),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -12062,20 +12083,20 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 
 // Every flag, then what follows from them, the GPU and the launch; checkpoints: how they are
 // written (checkpoint_mode).
-std::string architecture_description(const llmc::ArchSpec& s) {
+std::string architecture_description(const llmc::ArchSpec& s, float attention_scale) {
   if (!s.rms_norm) return "GPT-2: LayerNorm, learned positions, GELU, head tied to the embedding";
   const char* rotary = s.rotary_pairs ? "record #89's rotary pairs (adjacent dims, positions over each forward's "
                                         "rows as one sequence)"
                                       : "half-truncated rotary positions";
   if (!s.x0_lambdas) {
     return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and %s, attention scale %g, ReLU^2, a "
-                           "head of its own with bias, logits %s", s.name, rotary, s.attention_scale,
+                           "head of its own with bias, logits %s", s.name, rotary, attention_scale,
                            s.logit_cap.describe().c_str());
   }
   return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and %s, "
                          "attention scale %g, ReLU^2, value embeddings, x0 lambdas, U-net skips and gated heads as "
                          "its layers say, a head of its own, logits %s over the padded vocabulary", s.name, rotary,
-                         s.attention_scale, s.logit_cap.describe().c_str());
+                         attention_scale, s.logit_cap.describe().c_str());
 }
 
 // -pd, -aw, -awt and -awf: the training sequences and what a token attends to.
@@ -12139,7 +12160,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
-  table.row("architecture", architecture_description(m.arch()));
+  table.row("architecture", architecture_description(m.arch(), attention_scale(m)));
   table.row("layers", m.plan.describe(a.documents && stages.max_window() != 0));
   table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
@@ -13017,6 +13038,7 @@ int train_main(int argc, char** argv) {
   m.adamw_every = a.update.adam_every;
   m.muon_qk_heads = a.muon_qk_heads;
   if (a.key_offset) gpt2_set_key_offset(m);
+  if (a.attention_scale > 0.0) gpt2_set_attention_scale(m, a.attention_scale);
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

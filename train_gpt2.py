@@ -693,6 +693,8 @@ class CausalSelfAttention(nn.Module):
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
         self.rotary_pairs = config.rotary_pairs  # rotate's record #89 layout
+        # the softmax scale (None: 1/sqrt(hs)); set_attention_scale's, and YaRN's (set_yarn)
+        self.scale = ATTENTION_SCALE_MODERN if self.modern else None
         self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
         # two scalars in every layer, as the reference's, the second unused where no value embedding
@@ -731,14 +733,14 @@ class CausalSelfAttention(nn.Module):
         v = self.mix_values(v, value_embedding)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
-            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            scale = {} if self.scale is None else {"scale": self.scale}
             y = compiled_flex_attention()(q, k, v, block_mask=mask, **scale)
         elif self.flash:
-            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            scale = {} if self.scale is None else {"scale": self.scale}
             masking = {"is_causal": True} if mask is None else {"attn_mask": mask}
             y = F.scaled_dot_product_attention(q, k, v, **masking, **scale)
         else:
-            scale = ATTENTION_SCALE_MODERN if self.modern else 1.0 / math.sqrt(k.size(-1))
+            scale = 1.0 / math.sqrt(k.size(-1)) if self.scale is None else self.scale
             att = (q @ k.transpose(-2, -1)) * scale
             if mask is None:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -862,6 +864,7 @@ class GPT(nn.Module):
         self.short_window_blocks = None
         self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.key_offset = False  # --key_offset: set_key_offset's
+        self.attention_scale = None  # --attention_scale: set_attention_scale's (None: the architecture's)
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -2651,9 +2654,9 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows=""):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
     untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and tensors'
-    rows, the FP8 head's scales and the key offset ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1
-    -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1"; "" for the defaults; -pw, maybe 0,
-    wherever the prefix table is, which
+    rows, the FP8 head's scales, the key offset and the attention's scale ("-lc 23,5 -mtp 1.0,0.5,0.25
+    -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1 -asc 0.1"; ""
+    for the defaults; -pw, maybe 0, wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
     int32 ids."""
@@ -2682,6 +2685,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-fhs", ",".join(repr(v) for v in model.lm_head.setting)]
     if model.key_offset:
         words += ["-ko", "1"]
+    if model.attention_scale is not None:
+        words += ["-asc", repr(model.attention_scale)]
     return " ".join(words)
 
 
@@ -2702,23 +2707,36 @@ def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
     -mn, -mq, -ao, -ar: its first step's gradients, which the check compares, come before the
-    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8)."""
+    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8; -asc: the attention's scale)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1" or settings.get("-ko", "1") != "1":
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs and -ko 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1 and -asc: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
     set_key_offset(model, "-ko" in settings)
+    set_attention_scale(model, float(settings["-asc"]) if "-asc" in settings else None)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
         fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
     model.prefix_table = prefix
     model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
+
+
+def set_attention_scale(model, scale):
+    """--attention_scale: every attention's softmax scale (a Python float, as record #89's 0.1) instead
+    of the architecture's; None: the architecture's."""
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        fail(f"--attention_scale {scale}: the attention's softmax scale must be positive (record #89's 0.1; leave "
+             f"it out for the architecture's)")
+    model.attention_scale = scale
+    for block in model.transformer.h:
+        if block.attn is not None:
+            block.attn.scale = scale if scale is not None else ATTENTION_SCALE_MODERN if model.config.modern else None
 
 
 def set_key_offset(model, on):
@@ -2891,6 +2909,9 @@ def parse_args(argv=None):
     a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
                    "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
                    "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
+    a.add_argument("--attention_scale", type=float, help="the attention's softmax scale, positive (record #89's "
+                   "0.1; --yarn 1 changes it from there; the CUDA trainer's -asc); none given: the architecture's "
+                   "(0.12 modern and speedrun, 1/sqrt(hs) GPT-2)")
     a.add_argument("--key_offset", type=int, choices=[0, 1], default=0, help="1: record #89's key offset on the "
                    "layers with the long window (every layer at a depth other than the speedrun's 12): after the "
                    "rotary, each key's stationary dims are the previous key's over the batch's tokens as one "
@@ -3757,6 +3778,7 @@ def main(argv=None, step_hook=None):
     model.documents = bool(args.documents)
     model.window_tokens = bool(args.window_tokens)
     set_key_offset(model, bool(args.key_offset))
+    set_attention_scale(model, args.attention_scale)
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

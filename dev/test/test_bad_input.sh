@@ -660,6 +660,13 @@ if has_flag -rp; then
     -rp 1
   expect "-rp out of range" "^error: -rp 2: must be" -recipe modern -rp 2
 fi
+# --- -asc, the attention's softmax scale: positive and finite (before the GPU)
+if has_flag -asc; then
+  expect "-asc 0" "^error: -asc 0: the attention's softmax scale must be positive \(record #89's 0.1; leave -asc out for the architecture's\)\$" \
+    -recipe speedrun -asc 0
+  expect "-asc negative" "^error: -asc -0.1: the attention's softmax scale must be positive" -asc -0.1
+  expect "-asc not finite" "^error: -asc 'nan': not a number" -asc nan
+fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
 # the matrices Muon takes (before the GPU)

@@ -790,6 +790,23 @@ for path in glob.glob(f"{os.environ['WORK']}/rp_state/*.bin"):
     print(f"{os.path.basename(path)}: slot {tg.FEATURES_SLOT} holds {header[tg.FEATURES_SLOT]}; {config}")
 EOF
 
+"$PYTHON" train_gpt2.py "${TINY[@]}" --recipe modern -b 2 -t 32 --attention_scale 0.1 \
+  --write_debug_state "$WORK/asc_state" --debug_steps 2 --device cpu >/dev/null
+check "--attention_scale: every attention's softmax scale, -asc in the debug state's settings, applied back" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/asc_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert text == "-asc 0.1", text
+config = tg.make_config(*tg.MODERN_PRESETS["tiny"], source="tiny", arch="modern")
+model = tg.GPT(config)
+attentions = [b.attn for b in model.transformer.h if b.attn is not None]
+assert all(a.scale == tg.ATTENTION_SCALE_MODERN for a in attentions)
+tg.apply_debug_state_settings(model, text, prefix, path)
+assert model.attention_scale == 0.1 and all(a.scale == 0.1 for a in attentions)
+print(f"'{text}': the modern tiny's {len(attentions)} attentions at 0.1 (0.12 before)")
+EOF
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
   common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
@@ -1084,6 +1101,8 @@ expect_error "key_offset 1 shifts the keys' stationary rotary dims, and GPT-2 ha
   --key_offset 1
 expect_error "the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none" "${TINY[@]}" \
   --bench --rotary_pairs 1
+expect_error "attention_scale 0.0: the attention's softmax scale must be positive" "${TINY[@]}" --bench \
+  --attention_scale 0
 expect_error "muon_qk_heads sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --muon_qk_heads 2
 expect_error "muon_qk_heads 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4" "${TINY[@]}" \
   --bench --optimizer muon --muon_qk_heads 3
