@@ -129,10 +129,12 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::Debu
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
 // its stages', in the unit of -awt); its settings (version 5: the cap, the loss's weights and their
 // prefix table, the untie step, through which the file's embedding is its head, AdamW's interval,
-// Muon's Q and K blocks, the key offset; the FP8 head's scales go to gpt2_init's StateSpec).
+// Muon's Q and K blocks, the key offset, the attention's scale; the FP8 head's scales go to gpt2_init's
+// StateSpec).
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
   if (settings.key_offset) gpt2_set_key_offset(m);
+  if (settings.attention_scale > 0.0) gpt2_set_attention_scale(m, settings.attention_scale);
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
                 ref.fp8_head);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));

@@ -2758,7 +2758,10 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 // alone) gets a weightless RMS norm, xhat = x * rstd with rstd = rsqrt(mean(x^2) + FLT_EPSILON)
 // (F.rms_norm's default eps), then the half-truncated rotary of its position t: the pair
 // (j, j + HS/2) turns by theta = t * freq[j], freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4
-// and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX.
+// and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX. Record
+// #89's layout (-rp 1, RotaryFrequencies::adjacent_pairs): pair j is (2j, 2j + 1), so dims HS/2 to
+// HS - 1 pass unrotated, and t is the token's place in the forward's rows as one sequence; YaRN
+// rescales freq (the model's, passed in).
 // rstd [B*T, 2*NH] (q heads, then k heads) is kept for the backward, which recovers xhat from the
 // stored output by the inverse rotation (the rotation is orthogonal) instead of keeping a copy.
 // One warp per token, each lane holding pairs j = lane + 32i of a head in registers and forming
@@ -2775,29 +2778,45 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 constexpr int kQkNormMaxHeadSize = 256;
 constexpr int kQkNormWarps = 4;  // tokens a block
 
-// The rotary frequencies freq[j], j < HS/2: a kernel argument (__grid_constant__, read in place,
-// not copied per thread).
+// The rotary frequencies freq[p] of pair p < HS/2 and the pairs' layout: a kernel argument
+// (__grid_constant__, read in place, not copied per thread). adjacent_pairs: pair p is dims (2p,
+// 2p + 1) (record #89's layout, -rp 1) instead of (p, p + HS/2); flat_positions: a token's position
+// is its place in the forward's B x T rows as one sequence (b T + t, record #89's, which runs one row
+// of all the tokens) instead of t within its row. The frequencies are model state: YaRN rescales them.
 struct RotaryFrequencies {
   float freq[kQkNormMaxHeadSize / 2];
+  bool adjacent_pairs;
+  bool flat_positions;
+  // The dims of pair p of a head: its first, and its partner.
+  __host__ __device__ int first(int p) const { return adjacent_pairs ? 2 * p : p; }
+  __host__ __device__ int second(int p, int HS) const { return adjacent_pairs ? 2 * p + 1 : p + HS / 2; }
+  // The position of row b's token t of a forward's rows of T.
+  __host__ __device__ int position(int b, int t, int T) const { return flat_positions ? b * T + t : t; }
 };
 
-RotaryFrequencies rotary_frequencies(int HS) {
+// The base frequencies (1/1024)^(p / (HS/4 - 1)) of the first HS/4 pairs, 0 above; adjacent_pairs:
+// record #89's layout (both of RotaryFrequencies's switches).
+RotaryFrequencies rotary_frequencies(int HS, bool adjacent_pairs = false) {
   RotaryFrequencies f = {};
   const int rotated = HS / 4;
   for (int j = 0; j < rotated; j++) f.freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (rotated - 1));
+  f.adjacent_pairs = adjacent_pairs;
+  f.flat_positions = adjacent_pairs;
   return f;
 }
 
-// A lane's pairs j = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
+// A lane's pairs p = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
 // kHeads heads are loaded at once.
 template <int PAIRS>
 struct QkNormLane {
   static constexpr int kHeads = 8 / PAIRS;
   float cos_j[PAIRS], sin_j[PAIRS];
   int id, half;
+  bool adjacent;
 
-  // cos and sin of theta = t * freq[j] for the lane's pairs (1 and 0 past HS/2, unused).
-  __device__ QkNormLane(const RotaryFrequencies& f, int t, int HS) : id(threadIdx.x % WARP_SIZE), half(HS / 2) {
+  // cos and sin of theta = t * freq[p] for the lane's pairs (1 and 0 past HS/2, unused).
+  __device__ QkNormLane(const RotaryFrequencies& f, int t, int HS)
+      : id(threadIdx.x % WARP_SIZE), half(HS / 2), adjacent(f.adjacent_pairs) {
 #pragma unroll
     for (int i = 0; i < PAIRS; i++) {
       cos_j[i] = 1.0f;
@@ -2806,15 +2825,18 @@ struct QkNormLane {
     }
   }
   __device__ int pair(int i) const { return id + i * WARP_SIZE; }
-  // x[j] and x[j + HS/2] of the lane's pairs of head `head` of a row (0 where j >= HS/2, or where
-  // the head is past the row's `heads`).
+  // The columns of pair i within a head (RotaryFrequencies::first and second).
+  __device__ int first(int i) const { return adjacent ? 2 * pair(i) : pair(i); }
+  __device__ int second(int i) const { return adjacent ? 2 * pair(i) + 1 : pair(i) + half; }
+  // The two dims of the lane's pairs of head `head` of a row (0 where the pair is past HS/2, or
+  // where the head is past the row's `heads`).
   __device__ void load(float (&x1)[PAIRS], float (&x2)[PAIRS], const floatX* row, int head, int heads,
                        int HS) const {
 #pragma unroll
     for (int i = 0; i < PAIRS; i++) {
       const bool in = head < heads && pair(i) < half;
-      x1[i] = in ? (float)row[head * HS + pair(i)] : 0.0f;
-      x2[i] = in ? (float)row[head * HS + pair(i) + half] : 0.0f;
+      x1[i] = in ? (float)row[head * HS + first(i)] : 0.0f;
+      x2[i] = in ? (float)row[head * HS + second(i)] : 0.0f;
     }
   }
 };
@@ -2825,7 +2847,7 @@ __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N
   using Lane = QkNormLane<PAIRS>;
   const int token = blockIdx.x * kQkNormWarps + threadIdx.x / WARP_SIZE;
   if (token >= N) return;
-  const Lane lane(f, first_position + token % T, HS);
+  const Lane lane(f, first_position + f.position(token / T, token % T, T), HS);
   floatX* row = qkv + (size_t)token * 3 * NH * HS;  // q's heads, then k's
   for (int first = 0; first < 2 * NH; first += Lane::kHeads) {
     float x1[Lane::kHeads][PAIRS], x2[Lane::kHeads][PAIRS];
@@ -2841,11 +2863,10 @@ __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N
       const float rstd = rsqrtf(warp_reduce_sum(squares) / HS + FLT_EPSILON);
 #pragma unroll
       for (int i = 0; i < PAIRS; i++) {
-        const int j = lane.pair(i);
-        if (j >= lane.half) break;
+        if (lane.pair(i) >= lane.half) break;
         const float a = x1[h][i] * rstd, b = x2[h][i] * rstd;
-        row[head * HS + j] = (floatX)(a * lane.cos_j[i] + b * lane.sin_j[i]);
-        row[head * HS + j + lane.half] = (floatX)(b * lane.cos_j[i] - a * lane.sin_j[i]);
+        row[head * HS + lane.first(i)] = (floatX)(a * lane.cos_j[i] + b * lane.sin_j[i]);
+        row[head * HS + lane.second(i)] = (floatX)(b * lane.cos_j[i] - a * lane.sin_j[i]);
       }
       if (lane.id == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
     }
@@ -2860,7 +2881,7 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
   using Lane = QkNormLane<PAIRS>;
   const int token = blockIdx.x * kQkNormWarps + threadIdx.x / WARP_SIZE;
   if (token >= N) return;
-  const Lane lane(f, token % T, HS);
+  const Lane lane(f, f.position(token / T, token % T, T), HS);
   const size_t offset = (size_t)token * 3 * NH * HS;
   floatX* d = dqkv + offset;
   const floatX* y = qkv + offset;
@@ -2888,10 +2909,9 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
       const float rstd = qk_rstd[(size_t)token * 2 * NH + head], mean_dot = warp_reduce_sum(dot) / HS;
 #pragma unroll
       for (int i = 0; i < PAIRS; i++) {
-        const int j = lane.pair(i);
-        if (j >= lane.half) break;
-        d[head * HS + j] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
-        d[head * HS + j + lane.half] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
+        if (lane.pair(i) >= lane.half) break;
+        d[head * HS + lane.first(i)] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
+        d[head * HS + lane.second(i)] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
       }
     }
   }
@@ -2910,36 +2930,36 @@ Kernel qk_norm_rotary_instance(int HS, Kernel one, Kernel two, Kernel four) {
   return pairs == 1 ? one : pairs == 2 ? two : four;
 }
 
-// qkv [B, T, 3C]: q and k of every head normalised and rotated in place; qk_rstd [B*T, 2*NH].
+// qkv [B, T, 3C]: q and k of every head normalised and rotated (f) in place; qk_rstd [B*T, 2*NH].
 // first_position: the position of the sequences' first token (decoding one token at a time).
-void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream,
-                            int first_position = 0) {
+void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, const RotaryFrequencies& f,
+                            cudaStream_t stream, int first_position = 0) {
   qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_forward_kernel<1>, qk_norm_rotary_forward_kernel<2>,
                                               qk_norm_rotary_forward_kernel<4>);
   kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(qkv, qk_rstd, N, T, NH, HS,
-                                                                            first_position, rotary_frequencies(HS));
+                                                                            first_position, f);
   cudaCheckLaunch();
 }
 
 // dqkv [B, T, 3C]: the gradient of q and k after the rotary becomes their gradient before the norm,
 // in place, from the forward's output qkv and qk_rstd; v's gradient is left alone.
 void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
-                             int HS, cudaStream_t stream) {
+                             int HS, const RotaryFrequencies& f, cudaStream_t stream) {
   qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_backward_kernel<1>,
                                               qk_norm_rotary_backward_kernel<2>, qk_norm_rotary_backward_kernel<4>);
   kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(dqkv, qkv, qk_rstd, N, T, NH, HS,
-                                                                            rotary_frequencies(HS));
+                                                                            f);
   cudaCheckLaunch();
 }
 
 // ---- Record #89's key offset, in place on qkv's k [N, 3C] after the rotary ----
 // Over the forward's N = B x T rows as one flat sequence (rows continue each other; documents do not
 // matter), key n's stationary dims (those the rotary leaves unturned: j and j + HS/2 for
-// HS/4 <= j < HS/2) become key n-1's, key 0 keeping its own: a key then also
+// HS/4 <= j < HS/2; with record #89's adjacent pairs HS/2 to HS - 1) become key n-1's, key 0 keeping its own: a key then also
 // carries its predecessor's, which lets one layer find a token's successor (an induction head).
 // N x NH x HS/2 values, key_offset_column: head h's s-th stationary dim. The forward gathers them into
 // scratch [N, C/2] and writes each one a row on, keeping the last row's (which no key takes) in
@@ -2952,49 +2972,54 @@ void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rs
 
 constexpr int kKeyOffsetThreads = 256;
 
-// The column of qkv's row holding head h's s-th stationary key dim (s < HS/2): dims HS/4 to HS/2 - 1
-// and 3HS/4 to HS - 1 (rotary_frequencies's zeros).
-__host__ __device__ inline int key_offset_column(int h, int s, int C, int HS) {
+// The column of qkv's row holding head h's s-th stationary key dim (s < HS/2), the pairs of
+// rotary_frequencies's zeros: dims HS/4 to HS/2 - 1 and 3HS/4 to HS - 1, or with adjacent pairs
+// (record #89's layout) HS/2 to HS - 1.
+__host__ __device__ inline int key_offset_column(int h, int s, int C, int HS, bool adjacent_pairs) {
   const int quarter = HS / 4;
+  if (adjacent_pairs) return C + h * HS + 2 * quarter + s;
   return C + h * HS + quarter + s + (s >= quarter ? quarter : 0);
 }
 
-__global__ void key_offset_gather_kernel(floatX* scratch, floatX* tail, const floatX* qkv, int N, int C, int HS) {
+__global__ void key_offset_gather_kernel(floatX* scratch, floatX* tail, const floatX* qkv, int N, int C, int HS,
+                                         bool adjacent_pairs) {
   const int half = C / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * half) return;
   const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
-  const floatX x = qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS)];
+  const floatX x = qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS, adjacent_pairs)];
   scratch[i] = x;
   if (tail && n == N - 1) tail[c] = x;
 }
 
-__global__ void key_offset_forward_kernel(floatX* qkv, const floatX* scratch, int N, int C, int HS) {
+__global__ void key_offset_forward_kernel(floatX* qkv, const floatX* scratch, int N, int C, int HS,
+                                          bool adjacent_pairs) {
   const int half = C / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * half) return;
   const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
-  if (n > 0) qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS)] = scratch[i - half];
+  if (n > 0) qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS, adjacent_pairs)] = scratch[i - half];
 }
 
 // scratch [2, N, C/2]: the shifted keys' gradient, then the shifted keys.
 __global__ void key_offset_backward_kernel(floatX* dqkv, floatX* qkv, const floatX* scratch, const floatX* tail,
-                                           int N, int C, int HS) {
+                                           int N, int C, int HS, bool adjacent_pairs) {
   const int half = C / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, count = (size_t)N * half;
   if (i >= count) return;
   const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
-  const size_t at = (size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS);
+  const size_t at = (size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS, adjacent_pairs);
   float d = n + 1 < N ? (float)scratch[i + half] : 0.0f;
   if (n == 0) d += (float)scratch[i];
   dqkv[at] = (floatX)d;
   qkv[at] = n + 1 < N ? scratch[count + i + half] : tail[c];
 }
 
-__global__ void key_offset_decode_kernel(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS) {
+__global__ void key_offset_decode_kernel(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS,
+                                         bool adjacent_pairs) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, S = HS / 2;
   if (c >= C / 2) return;
-  const int h = c / S, d = key_offset_column(h, c % S, C, HS) - C - h * HS;
+  const int h = c / S, d = key_offset_column(h, c % S, C, HS, adjacent_pairs) - C - h * HS;
   floatX* keys = k_cache + (size_t)h * max_t * HS + d;
   const floatX own = qkv[C + h * HS + d];
   if (t > 0) qkv[C + h * HS + d] = keys[(size_t)t * HS];
@@ -3007,13 +3032,15 @@ void key_offset_check(const char* name, int N, int C, int HS) {
 }
 
 // qkv [N, 3C]: k's stationary dims a row on (row 0 keeps its own); scratch [N, C/2]; tail [C/2]
-// gets row N-1's (null: not kept, for a pass without a backward).
-void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C, int HS, cudaStream_t stream) {
+// gets row N-1's (null: not kept, for a pass without a backward). adjacent_pairs: the rotary's layout
+// (RotaryFrequencies::adjacent_pairs), which says which dims are stationary.
+void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C, int HS, bool adjacent_pairs,
+                        cudaStream_t stream) {
   key_offset_check("key_offset_forward", N, C, HS);
   const int grid = ceil_div((long)N * (C / 2), kKeyOffsetThreads);
-  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, tail, qkv, N, C, HS);
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, tail, qkv, N, C, HS, adjacent_pairs);
   cudaCheckLaunch();
-  key_offset_forward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(qkv, scratch, N, C, HS);
+  key_offset_forward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(qkv, scratch, N, C, HS, adjacent_pairs);
   cudaCheckLaunch();
 }
 
@@ -3021,24 +3048,28 @@ void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C
 // the shift, and qkv's keys are put back as the rotary wrote them (row N-1's from tail), both in
 // place; scratch [N, C].
 void key_offset_backward(floatX* dqkv, floatX* qkv, floatX* scratch, const floatX* tail, int N, int C, int HS,
-                         cudaStream_t stream) {
+                         bool adjacent_pairs, cudaStream_t stream) {
   key_offset_check("key_offset_backward", N, C, HS);
   const int grid = ceil_div((long)N * (C / 2), kKeyOffsetThreads);
-  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, nullptr, dqkv, N, C, HS);
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, nullptr, dqkv, N, C, HS,
+                                                                   adjacent_pairs);
   cudaCheckLaunch();
   key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch + (size_t)N * (C / 2), nullptr, qkv, N,
-                                                                   C, HS);
+                                                                   C, HS, adjacent_pairs);
   cudaCheckLaunch();
-  key_offset_backward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(dqkv, qkv, scratch, tail, N, C, HS);
+  key_offset_backward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(dqkv, qkv, scratch, tail, N, C, HS,
+                                                                     adjacent_pairs);
   cudaCheckLaunch();
 }
 
 // qkv [3C]: the token at position t (< max_t) of a layer's cache k_cache [NH, max_t, HS].
-void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS, cudaStream_t stream) {
+void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS, bool adjacent_pairs,
+                       cudaStream_t stream) {
   key_offset_check("key_offset_decode", 1, C, HS);
   REQUIRE(t >= 0 && t < max_t, "key_offset_decode: position %d outside the cache's %d", t, max_t);
   key_offset_decode_kernel<<<ceil_div(C / 2, kKeyOffsetThreads), kKeyOffsetThreads, 0, stream>>>(qkv, k_cache, t,
-                                                                                                 max_t, C, HS);
+                                                                                                 max_t, C, HS,
+                                                                                                 adjacent_pairs);
   cudaCheckLaunch();
 }
 
@@ -3964,7 +3995,8 @@ __device__ __forceinline__ void load_ds_a_fragment(uint32_t a[4], const floatX* 
 // of dQ or dK, in place, before it is stored: the gradient after the rotary becomes the gradient
 // before the norm without a pass of its own, and from dy unrounded. The thread's rows are g and
 // g + 8 (e / 2 of acc[dn][e]); column j = 8 dn + 2t + e % 2 has its rotary partner j + HS/2 in
-// acc[dn + HS/16] of the same thread, and a row's columns lie in the 4 lanes of a quad. y(row, dn)
+// acc[dn + HS/16] of the same thread (with record #89's adjacent pairs, j = 2p and j + 1 in acc[dn][e]
+// and acc[dn][e + 1], e even: pair p = 4 dn + t), and a row's columns lie in the 4 lanes of a quad. y(row, dn)
 // gives the forward's output (the attention's q or k) at columns 8 dn + 2t and + 1 of the thread's
 // row 0 or 1; rstd and position are the rows'. A rotation keeps dot products, so with g = scale acc:
 // dx = rstd R^T (g - y mean(g y)).
@@ -3994,6 +4026,22 @@ __device__ __forceinline__ void qk_norm_rotary_backward_rows(float acc[HS / 8][4
     mean[row] += __shfl_xor_sync(~0u, mean[row], 1);
     mean[row] += __shfl_xor_sync(~0u, mean[row], 2);
     mean[row] /= HS;
+  }
+  if (f.adjacent_pairs) {
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; dn++) {
+#pragma unroll
+      for (int row = 0; row < 2; row++) {
+        const int e = 2 * row, p = dn * 4 + t;
+        const float u1 = acc[dn][e] - y_acc[dn][e] * mean[row];
+        const float u2 = acc[dn][e + 1] - y_acc[dn][e + 1] * mean[row];
+        float c = 1.0f, s = 0.0f;
+        if (p < HS / 4) sincosf((float)position[row] * f.freq[p], &s, &c);
+        acc[dn][e] = rstd[row] * (c * u1 - s * u2);
+        acc[dn][e + 1] = rstd[row] * (s * u1 + c * u2);
+      }
+    }
+    return;
   }
 #pragma unroll
   for (int dn = 0; dn < kPartner; dn++) {
@@ -5503,7 +5551,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
       const int offset = staged_offset(warp * 16 + lane / 4 + 8 * row, dn * 8 + 2 * t, kKeys);
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dk_s + offset));
     };
-    qk_norm_rotary_backward_rows<HS>(dk, scale, y, rstd, kv_row, freq);
+    const int position[2] = {freq.position(b, kv_row[0], T), freq.position(b, kv_row[1], T)};
+    qk_norm_rotary_backward_rows<HS>(dk, scale, y, rstd, position, freq);
     stage_rows<HS>(dk_s, kKeys, dk, 1.0f);
   } else {
     stage_rows<HS>(dk_s, kKeys, dk, scale);
@@ -5585,7 +5634,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
       if (row[i] >= T) return make_float2(0.0f, 0.0f);
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_g + (size_t)row[i] * ld + dn * 8 + 2 * t));
     };
-    qk_norm_rotary_backward_rows<HS>(dq, scale, y, rstd, row, freq);
+    const int position[2] = {freq.position(b, row[0], T), freq.position(b, row[1], T)};
+    qk_norm_rotary_backward_rows<HS>(dq, scale, y, rstd, position, freq);
     store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, 1.0f, 1.0f);
   } else {
     store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
@@ -6193,13 +6243,13 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
 template <int HS>
 void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
                      const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
-                     const DocumentWindow& dw, bool row_dots_given, const float* qk_rstd, cudaStream_t stream) {
+                     const DocumentWindow& dw, bool row_dots_given, const float* qk_rstd,
+                     const RotaryFrequencies& freq, cudaStream_t stream) {
   set_smem_limits<HS>();
   if (!row_dots_given) backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const WindowPairs pairs = window_pairs(dw, T);
   const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(T / kTileRows, B * NH);
-  const RotaryFrequencies freq = rotary_frequencies(HS);
   // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other, and takes QK-norm's
   // backward into its epilogue and the dQ kernel's; the other leaves it to a pass of its own.
   const bool hopper = hopper_support().usable && !tile_sums;
@@ -6223,7 +6273,7 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
   attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
       dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs, epilogue_rstd, freq);
   cudaCheckLaunch();
-  if (qk_rstd && !hopper) qk_norm_rotary_backward(dqkv, qkv, qk_rstd, B, T, NH, HS, stream);
+  if (qk_rstd && !hopper) qk_norm_rotary_backward(dqkv, qkv, qk_rstd, B, T, NH, HS, freq, stream);
 }
 }  // namespace flash
 #endif  // !ENABLE_FP32
@@ -6318,28 +6368,31 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 // at least as wide. With
 // qk_rstd (qk_norm_rotary_forward's, of the q and k in qkv), q's and k's gradients go on through
 // QK-norm's and the rotary's backward (qk_norm_rotary_backward's result; on Hopper, without
-// tile_sums, in the kernels' epilogues from dQ and dK unrounded).
+// tile_sums, in the kernels' epilogues from dQ and dK unrounded), rotated by freq (given with it).
 void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                                const floatX* dout, const floatX* qkv, const floatX* out, const float* lse, int B,
                                int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream,
-                               bool row_dots_given = false, const float* qk_rstd = nullptr) {
+                               bool row_dots_given = false, const float* qk_rstd = nullptr,
+                               const RotaryFrequencies* freq = nullptr) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
   REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
           llmc::kAttentionBlock, T);
   REQUIRE(!tile_sums || !qk_rstd, "attention_backward_window: tile sums are of the attention's own gradient, "
           "which QK-norm's backward then changes: give tile_sums or qk_rstd, not both");
+  REQUIRE(!qk_rstd || freq, "attention_backward_window: QK-norm's backward (qk_rstd) needs the rotary's frequencies");
 #if !defined(ENABLE_FP32)
+  const RotaryFrequencies rotary = freq ? *freq : RotaryFrequencies{};
   if (HS == 64) {
     flash::backward_window<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                               row_dots_given, qk_rstd, stream);
+                               row_dots_given, qk_rstd, rotary, stream);
   } else {
     flash::backward_window<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                                row_dots_given, qk_rstd, stream);
+                                row_dots_given, qk_rstd, rotary, stream);
   }
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
-      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd;
+      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd, (void)freq;
 #endif
 }
 
@@ -8262,6 +8315,12 @@ struct ModelParams {
   llmc::ArchSpec arch() const { return llmc::arch_spec(config); }
   llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
+  // The attention's rotary frequencies and layout (rotary_frequencies) and softmax scale: model
+  // state, which YaRN changes at the stage plan's window changes from the base scale (the
+  // architecture's, or -asc's: gpt2_set_attention_scale).
+  RotaryFrequencies rotary = {};
+  float softmax_scale = 0.0f;
+  double base_softmax_scale = 0.0;
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
   size_t num_params = 0;
@@ -8498,6 +8557,11 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   m.config = config;
   m.plan = llmc::layer_plan(config);
   m.logit_cap = llmc::arch_spec(config.arch).logit_cap;
+  const llmc::ArchSpec arch = llmc::arch_spec(config);
+  const int HS = config.head_size();
+  if (arch.qk_norm_rotary && HS <= kQkNormMaxHeadSize) m.rotary = rotary_frequencies(HS, arch.rotary_pairs);
+  m.base_softmax_scale = arch.attention_scale > 0.0f ? arch.attention_scale : attention_default_scale(HS);
+  m.softmax_scale = (float)m.base_softmax_scale;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
@@ -9155,9 +9219,14 @@ void norm_backward(GPT2& m, const NormSpec& n, int l, floatX* dresidual, floatX*
   }
 }
 
-float attention_scale(const GPT2& m) {
-  const float scale = m.arch().attention_scale;
-  return scale > 0.0f ? scale : attention_default_scale(m.config.head_size());
+float attention_scale(const GPT2& m) { return m.softmax_scale; }
+
+// -asc: the attention's softmax scale instead of the architecture's (record #89's 0.1), before YaRN's
+// changes; a double, as train_gpt2.py's, rounded to float where the kernels take it.
+void gpt2_set_attention_scale(GPT2& m, double scale) {
+  REQUIRE(scale > 0.0 && std::isfinite(scale), "the attention's softmax scale %g must be positive", scale);
+  m.base_softmax_scale = scale;
+  m.softmax_scale = (float)scale;
 }
 
 // The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
@@ -9214,12 +9283,14 @@ floatX* attention_qkv(GPT2& m, int l) {
 void qk_prepare(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().qk_norm_rotary) return;
   const int C = m.config.channels, HS = m.config.head_size();
-  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, m.stream, r.first_position);
+  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, m.rotary, m.stream,
+                         r.first_position);
   if (!m.plan[l].key_offset) return;
+  const bool pairs = m.rotary.adjacent_pairs;
   if (r.k_cache) {
-    key_offset_decode(r.qkv, r.k_cache, r.first_position, m.config.max_seq_len, C, HS, m.stream);
+    key_offset_decode(r.qkv, r.k_cache, r.first_position, m.config.max_seq_len, C, HS, pairs, m.stream);
   } else {
-    key_offset_forward(r.qkv, m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2, r.rows(), C, HS,
+    key_offset_forward(r.qkv, m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2, r.rows(), C, HS, pairs,
                        m.stream);
   }
 }
@@ -9239,9 +9310,10 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
   const int C = m.config.channels, HS = m.config.head_size();
   if (m.plan[l].key_offset) {
     key_offset_backward(dqkv, attention_qkv(m, l), m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2,
-                        B * T, C, HS, m.stream);
+                        B * T, C, HS, m.rotary.adjacent_pairs, m.stream);
   }
-  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS, m.stream);
+  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS, m.rotary,
+                          m.stream);
 }
 
 // Layer l's window in blocks at sequence length T: the step's long or short one (LayerSpec::window),
@@ -9312,7 +9384,8 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
       const float* qk_rstd = qk_norm_in_attention_backward(m, l) ? m.act_f(kQkRstd, l) : nullptr;
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd);
+                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd,
+                                &m.rotary);
     } else {
       attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
@@ -11623,6 +11696,7 @@ struct TrainArgs : llmc::TrainFlags {
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
   int bigram = 0;               // -bg: and its bigram hash embedding
+  int rotary_pairs = 0;         // -rp: a modern or speedrun model made from a preset turns record #89's pairs
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11721,6 +11795,15 @@ llmc::Flag fp8_head_scales_flag(TrainArgs& a) {
           "#89's; W also sets how the head's BF16 copies round without -fh 1",
           [&a](const char* text) { a.fp8_head_scales = llmc::parse_fp8_head_scales("-fhs", text); },
           [&a] { return llmc::fp8_head_scales_text(a.fp8_head_scales); }, &a.fp8_head_scales};
+}
+
+// -asc: the attention's softmax scale, before YaRN's changes (0, the default: the architecture's).
+llmc::Flag attention_scale_flag(TrainArgs& a) {
+  return {"-asc", "attention scale", "the attention's softmax scale, positive (record #89's 0.1; YaRN, -yn 1, "
+          "changes it from there); none given: the architecture's (0.12 modern and speedrun, 1/sqrt(HS) GPT-2)",
+          [&a](const char* text) { a.attention_scale = llmc::parse_attention_scale("-asc", text); },
+          [&a] { return a.attention_scale > 0.0 ? llmc::strformat("%g", a.attention_scale) : std::string("arch's"); },
+          &a.attention_scale};
 }
 
 // -mtp: the training loss's weights of the next token and the ones after it.
@@ -11844,6 +11927,11 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-bg", "bigram embedding", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
                "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 and "
                "after the later layers' attention); a model file's header says whether it has it", &a.bigram, 0, 1),
+      int_flag("-rp", "rotary pairs", "-recipe modern or speedrun: 1 the model made from -e's preset turns record "
+               "#89's rotary pairs: adjacent dims (2i, 2i + 1) for i < HS/4, HS/2 to HS - 1 unturned, at positions "
+               "over each forward's rows as one sequence (0: pairs (j, j + HS/2) at each row's positions); a model "
+               "file's header says which it has", &a.rotary_pairs, 0, 1),
+      attention_scale_flag(a),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11914,6 +12002,8 @@ void validate_args(const TrainArgs& a) {
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -sm", a.recipe->name);
   REQUIRE(!a.bigram || a.recipe->arch == llmc::Arch::kSpeedrun, "-bg 1 gives the speedrun a bigram embedding, and "
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -bg", a.recipe->name);
+  REQUIRE(!a.rotary_pairs || llmc::arch_spec(a.recipe->arch).qk_norm_rotary, "-rp 1 lays out the rotary's pairs, "
+          "and -recipe %s has no rotary: give -recipe modern or speedrun with it, or drop -rp", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12002,17 +12092,20 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 
 // Every flag, then what follows from them, the GPU and the launch; checkpoints: how they are
 // written (checkpoint_mode).
-std::string architecture_description(const llmc::ArchSpec& s) {
+std::string architecture_description(const llmc::ArchSpec& s, float attention_scale) {
   if (!s.rms_norm) return "GPT-2: LayerNorm, learned positions, GELU, head tied to the embedding";
+  const char* rotary = s.rotary_pairs ? "record #89's rotary pairs (adjacent dims, positions over each forward's "
+                                        "rows as one sequence)"
+                                      : "half-truncated rotary positions";
   if (!s.x0_lambdas) {
-    return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and half-truncated rotary positions, "
-                           "attention scale %g, ReLU^2, a head of its own with bias, logits %s",
-                           s.name, s.attention_scale, s.logit_cap.describe().c_str());
+    return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and %s, attention scale %g, ReLU^2, a "
+                           "head of its own with bias, logits %s", s.name, rotary, attention_scale,
+                           s.logit_cap.describe().c_str());
   }
-  return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and "
-                         "half-truncated rotary positions, attention scale %g, ReLU^2, value embeddings, x0 "
-                         "lambdas, U-net skips and gated heads as its layers say, a head of its own, logits %s "
-                         "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
+  return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and %s, "
+                         "attention scale %g, ReLU^2, value embeddings, x0 lambdas, U-net skips and gated heads as "
+                         "its layers say, a head of its own, logits %s over the padded vocabulary", s.name, rotary,
+                         attention_scale, s.logit_cap.describe().c_str());
 }
 
 // -pd, -aw, -awt and -awf: the training sequences and what a token attends to.
@@ -12076,7 +12169,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
-  table.row("architecture", architecture_description(m.arch()));
+  table.row("architecture", architecture_description(m.arch(), attention_scale(m)));
   table.row("layers", m.plan.describe(a.documents && stages.max_window() != 0));
   table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
@@ -12128,8 +12221,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
-// A model file's header says whether it has record #89's smear and bigram embedding; -sm and -bg,
-// where given, must agree.
+// A model file's header says whether it has record #89's smear, bigram embedding and rotary pairs; -sm,
+// -bg and -rp, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -12138,6 +12231,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   };
   check("-sm", a.smear, config.smear, "the smear");
   check("-bg", a.bigram, config.bigram, "the bigram embedding");
+  check("-rp", a.rotary_pairs, config.rotary_pairs, "record #89's rotary pairs");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -12147,6 +12241,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.from_seed = llmc::config_from_preset(a.model, &p.config, a.recipe->arch);
     p.config.smear = a.smear != 0;
     p.config.bigram = a.bigram != 0;
+    p.config.rotary_pairs = a.rotary_pairs != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12159,8 +12254,9 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm and -bg, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, -bg and -rp, where given, match
     requested.bigram = p.config.bigram;
+    requested.rotary_pairs = p.config.rotary_pairs;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
@@ -12951,6 +13047,7 @@ int train_main(int argc, char** argv) {
   m.adamw_every = a.update.adam_every;
   m.muon_qk_heads = a.muon_qk_heads;
   if (a.key_offset) gpt2_set_key_offset(m);
+  if (a.attention_scale > 0.0) gpt2_set_attention_scale(m, a.attention_scale);
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

@@ -53,6 +53,7 @@ MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
+FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -387,6 +388,8 @@ class GPTConfig:
     # the residual stream with gates (SPEC.md "Record #89's embedding")
     smear: bool = False
     bigram: bool = False
+    # modern or speedrun: the rotary in record #89's layout (rotate's pairs)
+    rotary_pairs: bool = False
 
     @property
     def modern(self):
@@ -458,9 +461,12 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False):
+                bigram=False, rotary_pairs=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
-                       bool(smear), bool(bigram))
+                       bool(smear), bool(bigram), bool(rotary_pairs))
+    if config.rotary_pairs and not config.modern:
+        fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
+             f"give --recipe modern or speedrun or drop --rotary_pairs")
     if config.smear and not config.speedrun:
         fail(f"{source}: the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear")
     if config.bigram and not config.speedrun:
@@ -665,23 +671,30 @@ def rotary_frequencies(head_size):
     return torch.cat([freq, freq.new_zeros(head_size // 4)])
 
 
-def rotate(x, freq):
-    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32."""
-    pos = torch.arange(x.size(1), dtype=torch.float32, device=x.device)
-    theta = torch.outer(pos, freq)[None, :, None, :]
+def rotate(x, freq, pairs=False):
+    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32;
+    pairs: record #89's layout, each pair (2j, 2j + 1) at its place in the B x T tokens as one sequence
+    (b T + t)."""
+    B, T = x.shape[:2]
+    pos = torch.arange(B * T if pairs else T, dtype=torch.float32, device=x.device)
+    theta = torch.outer(pos, freq).view(B if pairs else 1, T, 1, -1)
     cos, sin = theta.cos(), theta.sin()
+    if pairs:
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        return torch.stack((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).flatten(-2).type_as(x)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).type_as(x)
 
 
-def shift_stationary_keys(k):
+def shift_stationary_keys(k, pairs=False):
     """Record #89's key offset: k [B, T, NH, hs] after the rotary, each key's stationary dims (those
-    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2) taken from the key before it over the
-    B x T tokens as one sequence (rows continue each other, documents do not matter); the first key
-    keeps its own."""
+    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2; with its pairs hs/2 to hs - 1) taken
+    from the key before it over the B x T tokens as one sequence (rows continue each other, documents
+    do not matter); the first key keeps its own."""
     B, T, NH, hs = k.shape
     flat = k.reshape(B * T, NH, hs)
-    stationary = torch.arange(hs, device=k.device) % (hs // 2) >= hs // 4
+    dims = torch.arange(hs, device=k.device)
+    stationary = dims >= hs // 2 if pairs else dims % (hs // 2) >= hs // 4
     return torch.where(stationary, torch.cat((flat[:1], flat[:-1])), flat).view(B, T, NH, hs)
 
 
@@ -700,6 +713,9 @@ class CausalSelfAttention(nn.Module):
         self.modern = config.modern
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
+        self.rotary_pairs = config.rotary_pairs  # rotate's record #89 layout
+        # the softmax scale (None: 1/sqrt(hs)); set_attention_scale's, and YaRN's (set_yarn)
+        self.scale = ATTENTION_SCALE_MODERN if self.modern else None
         self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
         # two scalars in every layer, as the reference's, the second unused where no value embedding
@@ -732,20 +748,20 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
-            q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
+            q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs) for t in (q, k))
         if self.key_offset:
-            k = shift_stationary_keys(k)
+            k = shift_stationary_keys(k, self.rotary_pairs)
         v = self.mix_values(v, value_embedding)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
-            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            scale = {} if self.scale is None else {"scale": self.scale}
             y = compiled_flex_attention()(q, k, v, block_mask=mask, **scale)
         elif self.flash:
-            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            scale = {} if self.scale is None else {"scale": self.scale}
             masking = {"is_causal": True} if mask is None else {"attn_mask": mask}
             y = F.scaled_dot_product_attention(q, k, v, **masking, **scale)
         else:
-            scale = ATTENTION_SCALE_MODERN if self.modern else 1.0 / math.sqrt(k.size(-1))
+            scale = 1.0 / math.sqrt(k.size(-1)) if self.scale is None else self.scale
             att = (q @ k.transpose(-2, -1)) * scale
             if mask is None:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -869,6 +885,7 @@ class GPT(nn.Module):
         self.short_window_blocks = None
         self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.key_offset = False  # --key_offset: set_key_offset's
+        self.attention_scale = None  # --attention_scale: set_attention_scale's (None: the architecture's)
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -1182,7 +1199,8 @@ def write_checkpoint(model, path, version):
     header[:8] = [CHECKPOINT_MAGIC, file_version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
-    header[FEATURES_SLOT] = (FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
+    header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
+                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1244,12 +1262,16 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    if features & ~(FEATURE_SMEAR | FEATURE_BIGRAM) or (features and arch != "speedrun"):
-        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any "
-             f"({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding): the header is damaged or the "
-             f"file comes from a newer version; re-create it")
+    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM
+    if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
+            or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
+        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
+             f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding), and GPT-2 has no "
+             f"rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
+             f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
-                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM)
+                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
+                         rotary_pairs=features & FEATURE_ROTARY_PAIRS)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2656,9 +2678,9 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows=""):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
     untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and tensors'
-    rows, the FP8 head's scales and the key offset ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1
-    -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1"; "" for the defaults; -pw, maybe 0,
-    wherever the prefix table is, which
+    rows, the FP8 head's scales, the key offset and the attention's scale ("-lc 23,5 -mtp 1.0,0.5,0.25
+    -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1 -asc 0.1"; ""
+    for the defaults; -pw, maybe 0, wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
     int32 ids."""
@@ -2689,6 +2711,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-fhs", ",".join(repr(v) for v in model.lm_head.setting)]
     if model.key_offset:
         words += ["-ko", "1"]
+    if model.attention_scale is not None:
+        words += ["-asc", repr(model.attention_scale)]
     return " ".join(words)
 
 
@@ -2709,23 +2733,36 @@ def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
     -mn, -mq, -ao, -ar: its first step's gradients, which the check compares, come before the
-    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8)."""
+    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8; -asc: the attention's scale)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko"}
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc"}
     if len(words) % 2 or unknown or settings.get("-awt", "1") != "1" or settings.get("-ko", "1") != "1":
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs and -ko 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1 and -asc: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
     set_key_offset(model, "-ko" in settings)
+    set_attention_scale(model, float(settings["-asc"]) if "-asc" in settings else None)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
         fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
     model.prefix_table = prefix
     model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
+
+
+def set_attention_scale(model, scale):
+    """--attention_scale: every attention's softmax scale (a Python float, as record #89's 0.1) instead
+    of the architecture's; None: the architecture's."""
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        fail(f"--attention_scale {scale}: the attention's softmax scale must be positive (record #89's 0.1; leave "
+             f"it out for the architecture's)")
+    model.attention_scale = scale
+    for block in model.transformer.h:
+        if block.attn is not None:
+            block.attn.scale = scale if scale is not None else ATTENTION_SCALE_MODERN if model.config.modern else None
 
 
 def set_key_offset(model, on):
@@ -2898,6 +2935,9 @@ def parse_args(argv=None):
     a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
                    "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
                    "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
+    a.add_argument("--attention_scale", type=float, help="the attention's softmax scale, positive (record #89's "
+                   "0.1; --yarn 1 changes it from there; the CUDA trainer's -asc); none given: the architecture's "
+                   "(0.12 modern and speedrun, 1/sqrt(hs) GPT-2)")
     a.add_argument("--key_offset", type=int, choices=[0, 1], default=0, help="1: record #89's key offset on the "
                    "layers with the long window (every layer at a depth other than the speedrun's 12): after the "
                    "rotary, each key's stationary dims are the previous key's over the batch's tokens as one "
@@ -2967,6 +3007,10 @@ def parse_args(argv=None):
                    "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 "
                    "and after the later layers' attention; the CUDA trainer's -bg); --init_from's checkpoint says "
                    "whether it has it")
+    a.add_argument("--rotary_pairs", type=int, choices=[0, 1], help="--recipe modern or speedrun: 1 the rotary in "
+                   "record #89's layout: adjacent dims (2i, 2i + 1) turned for i < hs/4, hs/2 to hs - 1 unturned, at "
+                   "positions over each forward's rows as one sequence (the CUDA trainer's -rp); --init_from's "
+                   "checkpoint says which it has")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3353,10 +3397,10 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram)
+        features = (args.smear, args.bigram, args.rotary_pairs)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram and the size flags")
+                 "--arch, --smear, --bigram, --rotary_pairs and the size flags")
         return None
     presets = ARCH_PRESETS[args.arch]
     if (args.model or "d12") not in presets:
@@ -3365,7 +3409,7 @@ def resolve_config(args):
     preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
-                       arch=args.arch, smear=args.smear, bigram=args.bigram)
+                       arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs)
 
 
 def check_fp8(config, device, flag="--fp8"):
@@ -3761,6 +3805,7 @@ def main(argv=None, step_hook=None):
     model.documents = bool(args.documents)
     model.window_tokens = bool(args.window_tokens)
     set_key_offset(model, bool(args.key_offset))
+    set_attention_scale(model, args.attention_scale)
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

@@ -7,8 +7,9 @@
 //   [0] magic 20240326  [1] version (GPT-2: 3 = FP32 params, 5 = BF16 params; the modern and
 //   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
-//   2 speedrun; 0 in llm.c's files)  [9] the speedrun's record #89 embedding features, bits
-//   (kFeatureSmear, kFeatureBigram; 0 in files written before this slot)  [254] [255] checksum kind and CRC-32
+//   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
+//   kFeatureBigram; the modern and speedrun's kFeatureRotaryPairs; 0 in files written before this
+//   slot)  [254] [255] checksum kind and CRC-32
 //   (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
 // padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
@@ -104,12 +105,13 @@ struct GPT2Config {
   int channels = 0;           // C
   bool smear = false;         // the speedrun with record #89's smear (ArchSpec::smear; -sm)
   bool bigram = false;        // and its bigram hash embedding (ArchSpec::bigram; -bg)
+  bool rotary_pairs = false;  // the modern or speedrun rotary in record #89's layout (ArchSpec::rotary_pairs; -rp)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
-           bigram == o.bigram;
+           bigram == o.bigram && rotary_pairs == o.rotary_pairs;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -119,8 +121,9 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s", prefix, num_layers, num_heads, channels,
-                     max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "");
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s", prefix, num_layers, num_heads, channels,
+                     max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "",
+                     rotary_pairs ? " rotary-pairs" : "");
   }
 };
 
@@ -220,6 +223,10 @@ struct ArchSpec {
   bool smear;              // x_t += lambda sigmoid(w . x_t[:12]) x_{t-1} before the embedding's norm
   bool bigram;             // the bigram hash embedding b, added with a gate to the residual stream
                            // before layer 0 and after the attention of every later attention layer
+  // Record #89's rotary layout, off in every architecture and set from the config (rotary_pairs:
+  // -rp, header [9]'s bit 4; the modern and speedrun architectures):
+  bool rotary_pairs;       // adjacent pairs (2i, 2i + 1) turn (i < HS/4), dims HS/2 to HS - 1 not, at
+                           // positions over the forward's rows as one sequence
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
@@ -229,11 +236,11 @@ constexpr int kSmearWidth = 12;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false, false};
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
-                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true, false, false};
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -242,12 +249,13 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   ArchSpec a = arch_spec(c.arch);
   a.smear = c.smear;
   a.bigram = c.bigram;
+  a.rotary_pairs = c.rotary_pairs;
   return a;
 }
 
 // The checkpoint header's slot of the config's record #89 features, and their bits.
 constexpr int kFeaturesSlot = 9;
-constexpr int kFeatureSmear = 1, kFeatureBigram = 2;
+constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 
@@ -665,13 +673,17 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
   }
   const int features = h[kFeaturesSlot];
-  if ((features & ~(kFeatureSmear | kFeatureBigram)) != 0 || (features != 0 && !c.speedrun())) {
-    LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any (%d: the smear, %d: the "
-              "bigram embedding): the header is damaged or the file comes from a newer version; re-create it",
-              path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram);
+  const int speedrun_only = kFeatureSmear | kFeatureBigram;
+  if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
+      ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
+    LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
+              "smear, %d: the bigram embedding), and GPT-2 has no rotary (%d: its pairs): the header is damaged or "
+              "the file comes from a newer version; re-create it", path.c_str(), kFeaturesSlot, features,
+              kFeatureSmear, kFeatureBigram, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
+  c.rotary_pairs = (features & kFeatureRotaryPairs) != 0;
   return c;
 }
 
@@ -687,7 +699,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[6] = c.channels;
   h[7] = c.padded_vocab_size;
   h[8] = (int)c.arch;
-  h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0);
+  h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
+                     (c.rotary_pairs ? kFeatureRotaryPairs : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file

@@ -658,6 +658,19 @@ if has_flag -bg; then
   expect "-bg 1 without the speedrun" "^error: -bg 1 gives the speedrun a bigram embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -bg\$" \
     -bg 1
 fi
+# --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
+if has_flag -rp; then
+  expect "-rp 1 without rotary" "^error: -rp 1 lays out the rotary's pairs, and -recipe gpt2 has no rotary: give -recipe modern or speedrun with it, or drop -rp\$" \
+    -rp 1
+  expect "-rp out of range" "^error: -rp 2: must be" -recipe modern -rp 2
+fi
+# --- -asc, the attention's softmax scale: positive and finite (before the GPU)
+if has_flag -asc; then
+  expect "-asc 0" "^error: -asc 0: the attention's softmax scale must be positive \(record #89's 0.1; leave -asc out for the architecture's\)\$" \
+    -recipe speedrun -asc 0
+  expect "-asc negative" "^error: -asc -0.1: the attention's softmax scale must be positive" -asc -0.1
+  expect "-asc not finite" "^error: -asc 'nan': not a number" -asc nan
+fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
 # the matrices Muon takes (before the GPU)

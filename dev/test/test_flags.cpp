@@ -519,7 +519,7 @@ void test_adam_rows() {
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut, -awt, -ao and -ko, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt, -ao, -ko and -asc, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -589,6 +589,19 @@ void test_loss_settings() {
                 "a debug state's settings '" + d.settings + "': the key offset (none: off)");
   d.settings = "-ko 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ko 2: must be", "a debug state's -ko 2");
+  d.settings = "-ko 1 -asc 0.1";
+  const llmc::DebugStateSettings attention_scaled = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(attention_scaled.attention_scale == 0.1 && attention_scaled.key_offset == 1 &&
+                    none.attention_scale == 0.0,
+                "a debug state's settings '" + d.settings + "': the attention's scale, Python's double (none: 0, "
+                "the architecture's)");
+  for (const char* bad : {"-asc 0", "-asc -0.1"}) {
+    d.settings = bad;
+    check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "the attention's softmax scale must be positive",
+                 std::string("a debug state's ") + bad);
+  }
+  d.settings = "-asc inf";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-asc 'inf': not a number", "a debug state's -asc inf");
   d.settings = "-ao 2 -ar ve:lr=75,b1=0.75;headw:b2=0.99";
   const llmc::DebugStateSettings rows = llmc::debug_state_settings(d, "d.bin");
   check_verbose(rows.adam_rows[llmc::kVe].lr == 75.0f && rows.adam_rows[llmc::kHeadw].beta2 == 0.99f &&

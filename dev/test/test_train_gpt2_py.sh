@@ -772,6 +772,63 @@ assert model.key_offset and all(b.attn.key_offset for b in model.transformer.h)
 print(f"'{text}': both layers of the modern tiny shift their keys")
 EOF
 
+check "--rotary_pairs: rotate turns adjacent pairs at flat positions, as by hand; the key offset's dims move" <<'EOF'
+import math, torch, train_gpt2 as tg
+torch.manual_seed(0)
+B, T, NH, hs = 2, 5, 3, 16
+x = torch.randn(B, T, NH, hs, dtype=torch.float32)
+freq = tg.rotary_frequencies(hs)
+y = tg.rotate(x, freq, pairs=True)
+for b in range(B):
+    for t in range(T):
+        for i in range(hs // 2):
+            theta = torch.tensor(float(b * T + t), dtype=torch.float32) * freq[i]  # float32, as torch.outer
+            c, s = math.cos(theta.item()), math.sin(theta.item())
+            x0, x1 = x[b, t, :, 2 * i].double(), x[b, t, :, 2 * i + 1].double()
+            assert torch.allclose(y[b, t, :, 2 * i].double(), c * x0 + s * x1, atol=1e-6), (b, t, i)
+            assert torch.allclose(y[b, t, :, 2 * i + 1].double(), c * x1 - s * x0, atol=1e-6), (b, t, i)
+assert torch.equal(y[..., hs // 2:], x[..., hs // 2:]), "dims hs/2 and up are not turned"
+k = torch.randn(B, T, NH, hs, dtype=torch.float64)
+shifted = tg.shift_stationary_keys(k, pairs=True).reshape(B * T, NH, hs)
+flat = k.reshape(B * T, NH, hs)
+assert torch.equal(shifted[1:, :, hs // 2:], flat[:-1, :, hs // 2:]) and torch.equal(shifted[0], flat[0])
+assert torch.equal(shifted[:, :, :hs // 2], flat[:, :, :hs // 2])
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun", rotary_pairs=True)
+model = tg.GPT(config)
+assert all(b.attn.rotary_pairs for b in model.transformer.h if b.attn is not None)
+print(f"B={B} T={T} NH={NH} hs={hs}: pairs (2i, 2i + 1) at positions b T + t, dims {hs // 2}.. unturned; the key "
+      f"offset shifts dims {hs // 2}..{hs - 1}")
+EOF
+"$PYTHON" train_gpt2.py "${TINY[@]}" --recipe modern -b 2 -t 32 --rotary_pairs 1 --write_debug_state "$WORK/rp_state" \
+  --debug_steps 2 --device cpu >/dev/null
+check "--rotary_pairs in the model file: header slot 9's bit 4, read back into the config" <<'EOF'
+import glob, os, numpy as np, train_gpt2 as tg
+for path in glob.glob(f"{os.environ['WORK']}/rp_state/*.bin"):
+    if path.endswith("_debug_state.bin"):
+        continue
+    header = np.fromfile(path, np.int32, tg.HEADER_INTS)
+    config = tg.read_checkpoint(path).config
+    assert header[tg.FEATURES_SLOT] == tg.FEATURE_ROTARY_PAIRS and config.rotary_pairs, (path, config)
+    print(f"{os.path.basename(path)}: slot {tg.FEATURES_SLOT} holds {header[tg.FEATURES_SLOT]}; {config}")
+EOF
+
+"$PYTHON" train_gpt2.py "${TINY[@]}" --recipe modern -b 2 -t 32 --attention_scale 0.1 \
+  --write_debug_state "$WORK/asc_state" --debug_steps 2 --device cpu >/dev/null
+check "--attention_scale: every attention's softmax scale, -asc in the debug state's settings, applied back" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/asc_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert text == "-asc 0.1", text
+config = tg.make_config(*tg.MODERN_PRESETS["tiny"], source="tiny", arch="modern")
+model = tg.GPT(config)
+attentions = [b.attn for b in model.transformer.h if b.attn is not None]
+assert all(a.scale == tg.ATTENTION_SCALE_MODERN for a in attentions)
+tg.apply_debug_state_settings(model, text, prefix, path)
+assert model.attention_scale == 0.1 and all(a.scale == 0.1 for a in attentions)
+print(f"'{text}': the modern tiny's {len(attentions)} attentions at 0.1 (0.12 before)")
+EOF
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
   common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
@@ -1064,6 +1121,10 @@ expect_error "cautious_decay 1: the debug state's header holds no decay kind" "$
 expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
 expect_error "key_offset 1 shifts the keys' stationary rotary dims, and GPT-2 has no rotary" "${TINY[@]}" --bench \
   --key_offset 1
+expect_error "the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none" "${TINY[@]}" \
+  --bench --rotary_pairs 1
+expect_error "attention_scale 0.0: the attention's softmax scale must be positive" "${TINY[@]}" --bench \
+  --attention_scale 0
 expect_error "muon_qk_heads sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --muon_qk_heads 2
 expect_error "muon_qk_heads 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4" "${TINY[@]}" \
   --bench --optimizer muon --muon_qk_heads 3

@@ -387,8 +387,8 @@ void test_smear_table() {
         "smear: header slot 9 holds 1 and reads back the same config");
   test_bigram_table(tiny);
   test_bigram_alignment();
-  h[llmc::kFeaturesSlot] = 4;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4",
+  h[llmc::kFeaturesSlot] = 8;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 8",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
@@ -397,6 +397,31 @@ void test_smear_table() {
   h[llmc::kFeaturesSlot] = llmc::kFeatureSmear;
   check_throws([&] { llmc::config_from_header(h, "gpt2.bin"); }, "only the speedrun has any",
                "a GPT-2 header with the smear is refused");
+}
+
+// Record #89's rotary layout (-rp 1): a header bit of the modern and speedrun models, which reads back
+// into the config and the ArchSpec; GPT-2 has no rotary, and a header naming its pairs is refused.
+void test_rotary_pairs_header() {
+  int h[llmc::kHeaderInts];
+  for (llmc::Arch arch : {llmc::Arch::kModern, llmc::Arch::kSpeedrun}) {
+    llmc::GPT2Config c;
+    llmc::config_from_preset("tiny", &c, arch);
+    const llmc::GPT2Config plain = c;
+    c.rotary_pairs = true;
+    llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+    const llmc::GPT2Config read = llmc::config_from_header(h, "pairs.bin");
+    check(h[llmc::kFeaturesSlot] == llmc::kFeatureRotaryPairs && read == c && read != plain &&
+              llmc::arch_spec(read).rotary_pairs && !llmc::arch_spec(arch).rotary_pairs &&
+              llmc::num_parameters(c) == llmc::num_parameters(plain),
+          llmc::strformat("rotary pairs (%s): header slot 9 holds 4 and reads back, no tensor more",
+                          llmc::arch_spec(arch).name));
+  }
+  llmc::GPT2Config gpt2;
+  llmc::config_from_preset("tiny", &gpt2);
+  llmc::header_from_config(gpt2, llmc::kCheckpointVersionFP32, h);
+  h[llmc::kFeaturesSlot] = llmc::kFeatureRotaryPairs;
+  check_throws([&] { llmc::config_from_header(h, "gpt2.bin"); }, "GPT-2 has no rotary",
+               "a GPT-2 header with the rotary pairs is refused");
 }
 
 // One line a plan: each layer's record as "A|- window ve skip:weight kept" (-1: none), and the counts.
@@ -498,7 +523,7 @@ void test_configs() {
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
-  test_speedrun_table();  test_smear_table();  test_layer_plan();
+  test_speedrun_table();  test_smear_table();  test_rotary_pairs_header();  test_layer_plan();
 }
 
 void test_bf16() {
