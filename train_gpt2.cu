@@ -11697,6 +11697,7 @@ struct TrainArgs : llmc::TrainFlags {
   int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
   int bigram = 0;               // -bg: and its bigram hash embedding
   int rotary_pairs = 0;         // -rp: a modern or speedrun model made from a preset turns record #89's pairs
+  llmc::SpeedrunInit record_init = llmc::SpeedrunInit::kRecord28;  // -ri: its init from the seed
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11786,6 +11787,15 @@ llmc::Flag logit_cap_flag(TrainArgs& a) {
           "checkpoints keep the architecture's: give -lc with -e's model too",
           [&a](const char* text) { a.logit_cap = llmc::parse_logit_cap_setting("-lc", text); },
           [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
+}
+
+// -ri: the speedrun's init from the seed.
+llmc::Flag record_init_flag(TrainArgs& a) {
+  return {"-ri", "record init", "-recipe speedrun: 89 the model made from -e's preset starts from record #89's init "
+          "(the head N(0, 0.005) and the embedding its copy, the value embeddings N(0, 0.01), the attention's output "
+          "projection uniform as its input's); 0: record #28's (the head zero)",
+          [&a](const char* text) { a.record_init = llmc::parse_speedrun_init("-ri", text); },
+          [&a] { return std::to_string((int)a.record_init); }, &a.record_init};
 }
 
 // -fhs: the FP8 head's fixed scales.
@@ -11932,6 +11942,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "over each forward's rows as one sequence (0: pairs (j, j + HS/2) at each row's positions); a model "
                "file's header says which it has", &a.rotary_pairs, 0, 1),
       attention_scale_flag(a),
+      record_init_flag(a),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -12004,6 +12015,13 @@ void validate_args(const TrainArgs& a) {
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -bg", a.recipe->name);
   REQUIRE(!a.rotary_pairs || llmc::arch_spec(a.recipe->arch).qk_norm_rotary, "-rp 1 lays out the rotary's pairs, "
           "and -recipe %s has no rotary: give -recipe modern or speedrun with it, or drop -rp", a.recipe->name);
+  REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || a.recipe->arch == llmc::Arch::kSpeedrun, "-ri %d is "
+          "the speedrun's init, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -ri",
+          (int)a.record_init, a.recipe->name);
+  llmc::GPT2Config preset;
+  REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || llmc::config_from_preset(a.model, &preset, a.recipe->arch),
+          "-ri %d initialises a preset's model from the seed, and -e %s is a model file, which holds the parameters: "
+          "drop -ri", (int)a.record_init, a.model.c_str());
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12208,6 +12226,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
 struct StartParams {
   llmc::GPT2Config config;
   bool from_seed = false;         // -e's preset, whose values gpt2_init_start makes
+  llmc::SpeedrunInit init = llmc::SpeedrunInit::kRecord28;  // -ri: which, for the speedrun
   std::vector<float> values;      // empty where stored holds them, or from the seed
   llmc::CheckpointParams stored;  // -y 1's model file
   double load_seconds = 0.0;
@@ -12242,6 +12261,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.smear = a.smear != 0;
     p.config.bigram = a.bigram != 0;
     p.config.rotary_pairs = a.rotary_pairs != 0;
+    p.init = a.record_init;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12273,7 +12293,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
 double gpt2_init_start(GPT2& m, StartParams start, StateSpec spec, uint64_t seed, int shard_rank,
                        int shard_count) {
   const double init_start = llmc::wall_seconds();
-  if (start.from_seed) start.values = llmc::init_params_from_seed(start.config, seed);
+  if (start.from_seed) start.values = llmc::init_params_from_seed(start.config, seed, start.init);
   if (const floatX* stored = stored_params(start.stored)) {
     gpt2_init_stored(m, start.config, stored, spec, seed, shard_rank, shard_count);
   } else {

@@ -1107,11 +1107,11 @@ def params_in_file_order(model):
     return [t.wte.weight, t.wpe.weight] + blocks + [t.ln_f.weight, t.ln_f.bias]
 
 
-def init_weights(model, seed):
+def init_weights(model, seed, record_init=0):
     """SPEC.md "Model initialisation from a seed". The C++ trainers reproduce these weights bit
     for bit, so the draw order (one normal_ call per tensor, on the CPU) is part of the contract."""
     if model.config.speedrun:
-        return init_weights_speedrun(model, seed)
+        return init_weights_speedrun(model, seed, record_init)
     if model.config.modern:
         return init_weights_modern(model, seed)
     config, t = model.config, model.transformer
@@ -1152,26 +1152,36 @@ def init_weights_modern(model, seed):
             block.mlp.c_fc.weight.normal_(0.0, std)
 
 
-def init_weights_speedrun(model, seed):
+def init_weights_speedrun(model, seed, record_init=0):
     """The speedrun's init, its reference's values (which draws them unseeded, in its own order):
     wte and the value embeddings N(0, 1) (every row), then per layer qkvw and fcw uniform in
     +-sqrt(3) * 0.5 / sqrt(C); the output projections, the gates and the head zero; the skip weights
     one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
-    bigram gates 0.05."""
+    bigram gates 0.05. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
+    wte's place and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's
+    c_proj of the attention drawn with c_attn and c_fc, in that order."""
     config, t = model.config, model.transformer
     bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
+    record89 = record_init == 89
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
         model.skip_weights.fill_(1.0)
-        for embedding in [t.wte] + list(t.ve):
-            embedding.weight.normal_(0.0, 1.0)
+        if record89:
+            model.lm_head.weight.normal_(0.0, 0.005)
+            t.wte.weight.copy_(model.lm_head.weight)
+        else:
+            t.wte.weight.normal_(0.0, 1.0)
+        for embedding in t.ve:
+            embedding.weight.normal_(0.0, 0.01 if record89 else 1.0)
         for block in t.h:
             block.lambdas.copy_(torch.tensor([1.0, 0.0]))
             if block.attn is not None:
                 block.attn.value_scales.fill_(0.5)
                 block.attn.c_attn.weight.uniform_(-bound, bound)
+                if record89:
+                    block.attn.c_proj.weight.uniform_(-bound, bound)
             block.mlp.c_fc.weight.uniform_(-bound, bound)
         if model.bigram_gates is not None:
             model.bigram_gates.fill_(BIGRAM_GATE_INIT)
@@ -3011,6 +3021,10 @@ def parse_args(argv=None):
                    "record #89's layout: adjacent dims (2i, 2i + 1) turned for i < hs/4, hs/2 to hs - 1 unturned, at "
                    "positions over each forward's rows as one sequence (the CUDA trainer's -rp); --init_from's "
                    "checkpoint says which it has")
+    a.add_argument("--record_init", type=int, default=0, choices=[0, 89], help="--recipe speedrun: 89 the "
+                   "model's init from --seed is record #89's (the head N(0, 0.005) and the embedding its copy, the "
+                   "value embeddings N(0, 0.01), the attention's output projection uniform as its input's; the CUDA "
+                   "trainer's -ri); 0: record #28's")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3380,6 +3394,9 @@ def settle_arch(args, config):
     if args.untie_step >= 0 and not config.modern:
         fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
              f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
+    if args.record_init and not config.speedrun:
+        fail(f"--record_init {args.record_init} is the speedrun's init, and the {config.arch} architecture has its "
+             f"own: give --recipe speedrun with it, or drop --record_init")
     if args.fp8_head and not config.speedrun:
         fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
              f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
@@ -3401,6 +3418,9 @@ def resolve_config(args):
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
                  "--arch, --smear, --bigram, --rotary_pairs and the size flags")
+        if args.record_init:
+            fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
+                 f"holds the parameters: drop --record_init")
         return None
     presets = ARCH_PRESETS[args.arch]
     if (args.model or "d12") not in presets:
@@ -3790,7 +3810,7 @@ def main(argv=None, step_hook=None):
         config = model.config
     else:
         model = GPT(config, flash, args.fp8, args.fp8_head)
-        init_weights(model, args.seed)
+        init_weights(model, args.seed, args.record_init)
     settle_arch(args, config)
     B, T = args.batch_size, args.seq_len
     lengths = [("-t/--seq_len", T)] + ([("--val_seq_len", args.val_seq_len)] if args.input_val_bin else [])

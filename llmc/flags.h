@@ -59,6 +59,15 @@ inline long parse_int(const char* flag, const char* text, long min, long max) {
   return v;
 }
 
+// -ri's init of a speedrun model from the seed: 0 (record #28's) or 89 (record #89's).
+inline SpeedrunInit parse_speedrun_init(const char* flag, const char* text) {
+  const long v = parse_int(flag, text, 0, INT32_MAX);
+  if (v != (long)SpeedrunInit::kRecord28 && v != (long)SpeedrunInit::kRecord89) {
+    LLMC_FAIL("%s %ld: no such init; give 89 (record #89's) or 0 (record #28's, the speedrun's own)", flag, v);
+  }
+  return (SpeedrunInit)v;
+}
+
 // A number read as its type (float: strtof, double: strtod, so each is the nearest to the text).
 template <typename Real>
 Real parse_real(const char* flag, const char* text, Real min, Real max) {

@@ -1093,27 +1093,40 @@ inline void init_modern_from_seed(const GPT2Config& c, const ParamSpec* table, c
   }
 }
 
+// The speedrun's inits from a seed (-ri, train_gpt2.py --record_init): record #28's, or record
+// #89's (its head and value embeddings far smaller, its attention's output projection drawn).
+enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
+
 // The speedrun (train_gpt2.py init_weights_speedrun, its reference's values): wte, then each value
 // embedding, N(0, 1) with every row drawn (the loss reads the padded columns), then for each layer
 // in turn qkvw (layers with attention) and fcw uniform in +-sqrt(3) * 0.5 / sqrt(C), one slab per
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
-// zero, the bigram gates kBigramGateInit.
+// zero, the bigram gates kBigramGateInit. Record #89's init (SpeedrunInit::kRecord89) draws the head
+// N(0, 0.005) in place of wte, which is its copy (tied at init; both [Vp, C]), each value embedding
+// N(0, 0.01), and attprojw with qkvw and fcw, in that order in each layer; the rest as above.
 inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table, const size_t* offsets,
-                                    Rng& rng, std::vector<float>& params) {
+                                    Rng& rng, std::vector<float>& params, SpeedrunInit init) {
+  const bool record89 = init == SpeedrunInit::kRecord89;
   std::fill_n(params.begin() + offsets[kSkipw], table[kSkipw].size, 1.0f);
   for (int layer = 0; layer < c.num_layers; layer++) params[offsets[kLambdas] + 2 * layer] = 1.0f;
   std::fill_n(params.begin() + offsets[kValueScales], table[kValueScales].size, 0.5f);
   std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
-  rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, 1.0);
   const size_t embedding = table[kWte].size;
+  if (record89) {
+    rng.normal(params.data() + offsets[kHeadw], embedding, 0.0, 0.005);
+    std::copy_n(params.begin() + offsets[kHeadw], embedding, params.begin() + offsets[kWte]);
+  } else {
+    rng.normal(params.data() + offsets[kWte], embedding, 0.0, 1.0);
+  }
   for (size_t k = 0; k < table[kVe].size / embedding; k++) {
-    rng.normal(params.data() + offsets[kVe] + k * embedding, embedding, 0.0, 1.0);
+    rng.normal(params.data() + offsets[kVe] + k * embedding, embedding, 0.0, record89 ? 0.01 : 1.0);
   }
   const double bound = std::sqrt(3.0) * 0.5 / std::sqrt((double)c.channels);
   const LayerPlan plan = layer_plan(c);
+  const std::vector<int> drawn = record89 ? std::vector<int>{kQkvw, kAttprojw, kFcw} : std::vector<int>{kQkvw, kFcw};
   for (int layer = 0; layer < c.num_layers; layer++) {
-    for (int i : {kQkvw, kFcw}) {
+    for (int i : drawn) {
       const int slab = param_slab(plan, table[i], layer);
       if (slab < 0) continue;
       const size_t size = param_slab_size(plan, table[i]);
@@ -1122,7 +1135,9 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
   }
 }
 
-inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed) {
+// init: the speedrun's (-ri); the other architectures have one init each.
+inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed,
+                                                SpeedrunInit init = SpeedrunInit::kRecord28) {
   ParamSpec table[kNumParamTensors];
   size_t offsets[kNumParamTensors];
   param_table(c, table);
@@ -1130,7 +1145,7 @@ inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t se
   std::vector<float> params(num_parameters(c), 0.0f);
   Rng rng(seed);
   if (c.arch == Arch::kSpeedrun) {
-    init_speedrun_from_seed(c, table, offsets, rng, params);
+    init_speedrun_from_seed(c, table, offsets, rng, params, init);
     return params;
   }
   if (c.arch == Arch::kModern) {

@@ -548,7 +548,8 @@ gpu_setup() {
 # table, the gates before layer 0 and after attention); and with record #89's rotary pairs (the
 # model file's header slot 9: adjacent pairs, positions over the batch's rows as one sequence, the
 # Hopper backward's epilogue turning a pair in one thread), alone and with the key offset (its
-# stationary dims then the upper half of each head).
+# stationary dims then the upper half of each head); and from record #89's init (the model file:
+# the head N(0, 0.005), wte its copy, the value embeddings N(0, 0.01), attprojw drawn).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -576,7 +577,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_adam_rows:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --weight_decay 0.005 --adam_rows wte:b1=0.75;ve:lr=0.5,b2=0.99;headw:b1=0.5,wd=150;skipw:wd=0;lambdas:lr=5,wd=0;value_scales:wd=0" \
               "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1" \
               "speedrun_tiny_rotary_pairs:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1" \
-              "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1"; do
+              "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1" \
+              "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -595,6 +597,14 @@ gpu_against_pytorch() {
     --seed 42 --device $device
   run test_gpt2fp32cu_speedrun_tiny_untie ./test_gpt2fp32cu "$untie/gpt2_speedrun_tiny.bin" \
     "$untie/gpt2_speedrun_tiny_muon_debug_state.bin"
+  # The untie from record #89's init, where the tied embedding is the head's N(0, 0.005) copy (record
+  # #28's zero head leaves it zero), in the FP32 build as above.
+  local untie89="$REF/gpu_speedrun_tiny_record89_untie"
+  run reference_speedrun_tiny_record89_untie "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
+    --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89 --untie_step 4 --write_debug_state "$untie89" \
+    --debug_steps 10 --seed 42 --device $device
+  run test_gpt2fp32cu_speedrun_tiny_record89_untie ./test_gpt2fp32cu "$untie89/gpt2_speedrun_tiny.bin" \
+    "$untie89/gpt2_speedrun_tiny_muon_debug_state.bin"
   # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
   # stage's, across a boundary where T doubles, and the speedrun's extension steps.
   staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \

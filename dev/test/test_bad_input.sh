@@ -671,6 +671,15 @@ if has_flag -asc; then
   expect "-asc negative" "^error: -asc -0.1: the attention's softmax scale must be positive" -asc -0.1
   expect "-asc not finite" "^error: -asc 'nan': not a number" -asc nan
 fi
+# --- -ri, record #89's init: the speedrun's, of a preset's model, 0 or 89 (before the GPU)
+if has_flag -ri; then
+  expect "-ri 89 without the speedrun" "^error: -ri 89 is the speedrun's init, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -ri\$" \
+    -ri 89
+  expect "-ri of no record" "^error: -ri 28: no such init; give 89 \(record #89's\) or 0 \(record #28's, the speedrun's own\)\$" \
+    -recipe speedrun -ri 28
+  expect "-ri with a model file" "^error: -ri 89 initialises a preset's model from the seed, and -e $DIR/model.bin is a model file, which holds the parameters: drop -ri\$" \
+    -recipe speedrun -ri 89 -e "$DIR/model.bin"
+fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
 # the matrices Muon takes (before the GPU)

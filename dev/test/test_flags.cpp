@@ -3,8 +3,8 @@
 // for, a program's own flags after the shared ones, the flags a recipe sets, the sequence length,
 // sample length, vocabulary file and batch that follow from the flags, the CUDA trainer's document
 // flags against -t and -x and its window against the sequence length, AdamW's tensors' rows (-ar),
-// the start-up table's box and the usage, both within kScreenWidth. Scratch files go to
-// build/test_tmp/flags/.
+// the speedrun's init (-ri), the start-up table's box and the usage, both within kScreenWidth.
+// Scratch files go to build/test_tmp/flags/.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -631,6 +631,17 @@ void test_fp8_head_scales() {
   check_throws([] { llmc::parse_fp8_head_scales("-fhs", "1,x,1"); }, "-fhs 'x': not a number", "-fhs with a word");
 }
 
+// -ri: 0 and 89 the two inits; any other number, or a word, refused by name.
+void test_speedrun_init() {
+  check(llmc::parse_speedrun_init("-ri", "89") == llmc::SpeedrunInit::kRecord89 &&
+            llmc::parse_speedrun_init("-ri", "0") == llmc::SpeedrunInit::kRecord28,
+        "-ri 89 and -ri 0 parsed as record #89's and record #28's inits");
+  check_throws([] { llmc::parse_speedrun_init("-ri", "28"); },
+               "-ri 28: no such init; give 89 (record #89's) or 0 (record #28's, the speedrun's own)", "-ri 28");
+  check_throws([] { llmc::parse_speedrun_init("-ri", "-1"); }, "-ri -1: must be at least 0", "-ri -1");
+  check_throws([] { llmc::parse_speedrun_init("-ri", "x"); }, "-ri 'x': not an integer", "-ri with a word");
+}
+
 int main() {
   try {
     llmc::make_dirs(kDir);
@@ -649,6 +660,7 @@ int main() {
     test_adam_rows();
     test_loss_settings();
     test_fp8_head_scales();
+    test_speedrun_init();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

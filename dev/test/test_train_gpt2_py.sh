@@ -1075,6 +1075,8 @@ expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe mode
 expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
   --write_debug_state "$WORK/adam_every_bad"
 expect_error "the smear (record #89's) is the speedrun's" "${TINY[@]}" --smear 1 --write_debug_state "$WORK/smear_gpt2"
+expect_error "record_init 89 is the speedrun's init, and the gpt2 architecture has its own" "${TINY[@]}" \
+  --record_init 89 --write_debug_state "$WORK/record_init_gpt2"
 expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}" --bigram 1 \
   --write_debug_state "$WORK/bigram_gpt2"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \

@@ -13,6 +13,7 @@
 
 #include "dev/test/testing.h"
 #include "llmc/file_header.h"
+#include "llmc/flags.h"
 #include "llmc/gpt2.h"
 #include "llmc/utils.h"
 
@@ -964,20 +965,53 @@ void check_speedrun_files(const std::string& init, uint64_t seed, const std::str
   check_speedrun_gradient_order(c, d, tensors);
 }
 
+// --init: a checkpoint of train_gpt2.py's seeded speedrun init (--record_init `init`), which must
+// equal init_params_from_seed bit for bit, tensor by tensor of the table.
+void check_speedrun_init(const std::string& path, uint64_t seed, llmc::SpeedrunInit init) {
+  std::vector<float> values;
+  const llmc::GPT2Config c = llmc::checkpoint_load(path, &values);
+  const std::vector<float> ours = llmc::init_params_from_seed(c, seed, init);
+  check(c.arch == llmc::Arch::kSpeedrun && ours.size() == values.size(),
+        llmc::strformat("%s: a speedrun model of %zu values, as the table's %zu", path.c_str(), values.size(),
+                        ours.size()));
+  if (ours.size() != values.size()) return;
+  llmc::ParamSpec table[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(c, table);
+  llmc::param_offsets(c, offsets);
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (table[i].size == 0) continue;
+    size_t differ = 0, nonzero = 0;
+    for (size_t k = offsets[i]; k < offsets[i] + table[i].size; k++) {
+      differ += memcmp(&ours[k], &values[k], sizeof(float)) != 0;
+      nonzero += ours[k] != 0.0f;
+    }
+    check_verbose(differ == 0, llmc::strformat("init -ri %d, seed %llu, %s: %zu of %zu values differ in any bit from "
+                                               "train_gpt2.py's (%zu nonzero)", (int)init, (unsigned long long)seed,
+                                               table[i].name, differ, table[i].size, nonzero));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1) {
-    if (argc != 6 || std::string(argv[1]) != "--speedrun") {
-      fprintf(stderr, "usage: %s [--speedrun INIT_CHECKPOINT SEED DEBUG_STATE TENSORS]\n", argv[0]);
+    const std::string mode = argv[1];
+    if (!((argc == 6 && mode == "--speedrun") || (argc == 5 && mode == "--init"))) {
+      fprintf(stderr, "usage: %s [--speedrun INIT_CHECKPOINT SEED DEBUG_STATE TENSORS | --init CHECKPOINT SEED "
+              "RECORD_INIT]\n", argv[0]);
       return 2;
     }
     try {
-      check_speedrun_files(argv[2], strtoull(argv[3], nullptr, 10), argv[4], argv[5]);
+      if (mode == "--init") {
+        check_speedrun_init(argv[2], strtoull(argv[3], nullptr, 10), llmc::parse_speedrun_init("-ri", argv[4]));
+      } else {
+        check_speedrun_files(argv[2], strtoull(argv[3], nullptr, 10), argv[4], argv[5]);
+      }
     } catch (const llmc::Error& e) {
       check(false, std::string("unexpected error: ") + e.what());
     }
-    return testing::summary("test_utils --speedrun");
+    return testing::summary(("test_utils " + mode).c_str());
   }
   try {
     llmc::make_dirs(kDir);
