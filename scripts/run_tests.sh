@@ -569,7 +569,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2" \
               "speedrun_tiny_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --key_offset 1" \
               "speedrun_tiny_adam_rows:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --weight_decay 0.005 --adam_rows wte:b1=0.75;ve:lr=0.5,b2=0.99;headw:b1=0.5,wd=150;skipw:wd=0;lambdas:lr=5,wd=0;value_scales:wd=0" \
-              "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1"; do
+              "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1" \
+              "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -849,6 +850,8 @@ gpu_resume() {
   # model from the checkpoint's header, which its -sm 1 -bg 1 agree with.
   resume_test ./train_gpt2cu resume_speedrun_smear_bigram_bf16 -recipe speedrun -sm 1 -bg 1 -b 1 -t 1024 -z 1024 \
     -vt 512
+  # With its value-embedding gates (-vg 1): their weights and AdamW state, the model from the header.
+  resume_test ./train_gpt2cu resume_speedrun_ve_gates_bf16 -recipe speedrun -vg 1 -b 1 -t 1024 -z 1024 -vt 512
   # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
   # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
   # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose
