@@ -3075,16 +3075,43 @@ void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, in
 
 // ---- The speedrun's value mix (SPEC "The speedrun architecture"), in place on qkv's v ----
 // v = a v + b ve[token] in the layers with a value embedding (ve [Vp, C], a parameter), v = a v in
-// the others; (a, b) = scales, two values read from the parameters on the device. qkv [N, 3C],
-// q | k | v as the flash attention reads it (v in columns [2C, 3C)), after QK-norm and rotary; the
-// mixed v is rounded once. The forward keeps v before the mix in v_pre [N, C] for the backward,
-// which writes dv_pre = a dv in place, sums da and db over row blocks (section 2) and adds
-// dve[token] += b dv through the encoder's bucketed backward (section 3) of b dv, written to a
-// scratch [N, C]: deterministic. Floor: forward reads 2NC values, writes 2NC; backward reads 3NC,
-// writes 2NC (the scratch, which the encoder's backward reads again); memory-bound.
+// the others; (a, b) = scales, two values read from the parameters on the device. With record #89's
+// value-embedding gates (ValueMixGates) b is each head's gate instead: g_h = 2 sigmoid(z_h), z_h =
+// W[h] . [hn[:6], e[:6]] (e = ve[token], hn the attention's normed input, W [NH, 12]), its 12
+// products added in that order in FP32 (ve_gate_value), recomputed where needed, not stored. qkv
+// [N, 3C], q | k | v as the flash attention reads it (v in columns [2C, 3C)), after QK-norm and
+// rotary; the mixed v is rounded once. The forward keeps v before the mix in v_pre [N, C] for the
+// backward, which writes dv_pre = a dv in place, sums da and db (or dW) over row blocks (section 2)
+// and adds dve[token] += b dv (g_h dv, and the gates' part of e[:6]) through the encoder's bucketed
+// backward (section 3) of a scratch [N, C]: deterministic. Floor: forward reads 2NC values, writes
+// 2NC; backward reads 3NC, writes 2NC (the scratch, which the encoder's backward reads again);
+// memory-bound, the gates' 12 products a head and row beside it.
+
+// A layer's value-embedding gates: W [NH, kVeGateWidth] and the attention's normed input hn [N, C];
+// for the backward their gradients, dW (stochastic rounding) and dhn, whose first kVeGateInputs
+// columns (rows ld_dhn apart) the gates' part is added to, rounded to nearest. W null: no gates.
+struct ValueMixGates {
+  const floatX* W = nullptr;
+  const floatX* hn = nullptr;
+  int NH = 0;
+  floatX* dW = nullptr;
+  floatX* dhn = nullptr;
+  int ld_dhn = 0;
+};
+using llmc::kVeGateInputs;
+using llmc::kVeGateWidth;
+
+// 2 sigmoid(w . [hn_row[:6], e_row[:6]]), w a head's kVeGateWidth weights: the forward's and the
+// backward's one expression, so that both have the same bits.
+__device__ __forceinline__ float ve_gate_value(const floatX* w, const floatX* hn_row, const floatX* e_row) {
+  float z = 0.0f;
+  for (int j = 0; j < kVeGateInputs; j++) z = __fmaf_rn((float)w[j], (float)hn_row[j], z);
+  for (int j = 0; j < kVeGateInputs; j++) z = __fmaf_rn((float)w[kVeGateInputs + j], (float)e_row[j], z);
+  return 2.0f / (1.0f + expf(-z));
+}
 
 __global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens,
-                                         const floatX* scales, int N, int C) {
+                                         const floatX* scales, ValueMixGates gates, int N, int C) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= (size_t)N * C) return;
   const size_t row = i / C;
@@ -3095,8 +3122,10 @@ __global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const float
   const float a = (float)scales[0];
   x128 o;
   if (ve) {
-    const float b = (float)scales[1];
-    const x128 e = load128(ve + (size_t)tokens[row] * C + c);
+    const floatX* e_row = ve + (size_t)tokens[row] * C;
+    const float b = gates.W ? ve_gate_value(gates.W + (c / (C / gates.NH)) * kVeGateWidth, gates.hn + row * C, e_row)
+                            : (float)scales[1];
+    const x128 e = load128(e_row + c);
     for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k] + b * (float)e[k]);
   } else {
     for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k]);
@@ -3133,42 +3162,157 @@ __global__ void value_mix_backward_kernel(floatX* dqkv, floatX* dve_rows, float*
   row_block_sums_store(partials, sums);
 }
 
-constexpr int kValueMixThreads = 256;
-
-void value_mix_check(const char* name, int N, int C) {
-  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
-          name, N, C, x128::size);
+// The backward with gates: grid kRowBlocks of kValueMixGateWarps warps, warp w taking its block's
+// rows w, w + 8, ... in turn, a 16-byte piece a lane. Dynamic shared memory, in floats: W [NH 12],
+// then per warp (value_mix_gate_warp_floats) its dW sums [NH 12], the row's gate inputs [12], gates
+// [NH], dz [NH], dv[:6] and its pieces' dv . e [C / x128::size]. Per row: dg_h = the head's piece dots
+// in order, dz_h = dg_h g_h (1 - g_h / 2); dhn[j] += sum_h dz_h W[h, j] and the scratch's e[:6]
+// columns g dv + sum_h dz_h W[h, 6 + j] (h in order); dW sums dz_h x_j in row order. Then the block's
+// da (block_reduce_sum's tree) into partials[block], and dW's warps in order into dw_partials[block].
+constexpr int kValueMixGateWarps = 8;
+__host__ __device__ inline int value_mix_gate_warp_floats(int NH, int C) {
+  return NH * kVeGateWidth + kVeGateWidth + 2 * NH + kVeGateInputs + C / x128::size;
 }
 
+__global__ void value_mix_gated_backward_kernel(floatX* dqkv, floatX* dve_rows, float* partials, float* dw_partials,
+                                                const floatX* v_pre, const floatX* ve, const int* tokens,
+                                                const floatX* scales, ValueMixGates gates, int N, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int NH = gates.NH, HS = C / NH, weights = NH * kVeGateWidth, pieces = C / x128::size;
+  float* w_s = shared;
+  float* dw_acc = shared + weights + warp * value_mix_gate_warp_floats(NH, C);
+  float* inputs = dw_acc + weights;
+  float* gate = inputs + kVeGateWidth;
+  float* dz = gate + NH;
+  float* dv_first = dz + NH;
+  float* piece_dot = dv_first + kVeGateInputs;
+  for (int e = threadIdx.x; e < weights; e += blockDim.x) w_s[e] = (float)gates.W[e];
+  for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] = 0.0f;
+  __syncthreads();
+  const float a = (float)scales[0];
+  float da = 0.0f;
+  const int rpb = rows_per_block(N), r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kValueMixGateWarps) {
+    const floatX* hn_row = gates.hn + (size_t)row * C;
+    const floatX* e_row = ve + (size_t)tokens[row] * C;
+    if (lane < kVeGateWidth) inputs[lane] = (float)(lane < kVeGateInputs ? hn_row[lane] : e_row[lane - kVeGateInputs]);
+    for (int h = lane; h < NH; h += WARP_SIZE) gate[h] = ve_gate_value(gates.W + h * kVeGateWidth, hn_row, e_row);
+    __syncwarp();
+    for (int p = lane; p < pieces; p += WARP_SIZE) {
+      const int c = p * x128::size;
+      const size_t at = (size_t)row * C + c;
+      floatX* dv_at = dqkv + (size_t)row * 3 * C + 2 * C + c;
+      const x128 dv = load128(dv_at), vp = load128(v_pre + at), e = load128(e_row + c);
+      const float g = gate[c / HS];
+      x128 o, scaled;
+      float dot = 0.0f;
+      for (int k = 0; k < x128::size; k++) {
+        const float d = (float)dv[k];
+        da += d * (float)vp[k];
+        dot += d * (float)e[k];
+        o[k] = (floatX)(a * d);
+        scaled[k] = (floatX)(g * d);
+        if (c + k < kVeGateInputs) dv_first[c + k] = d;
+      }
+      store128(dv_at, o);
+      store128(dve_rows + at, scaled);
+      piece_dot[p] = dot;
+    }
+    __syncwarp();
+    for (int h = lane; h < NH; h += WARP_SIZE) {
+      float dg = 0.0f;
+      for (int p = h * HS / x128::size; p < (h + 1) * HS / x128::size; p++) dg += piece_dot[p];
+      dz[h] = dg * gate[h] * (1.0f - 0.5f * gate[h]);
+    }
+    __syncwarp();
+    if (lane < kVeGateWidth) {
+      float sum = 0.0f;
+      for (int h = 0; h < NH; h++) sum += dz[h] * w_s[h * kVeGateWidth + lane];
+      if (lane < kVeGateInputs) {
+        floatX& d = gates.dhn[(size_t)row * gates.ld_dhn + lane];
+        d = (floatX)((float)d + sum);
+      } else {
+        const int j = lane - kVeGateInputs;  // after the piece's store: __syncwarp orders them
+        dve_rows[(size_t)row * C + j] = (floatX)(gate[j / HS] * dv_first[j] + sum);
+      }
+    }
+    for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] += dz[e / kVeGateWidth] * inputs[e % kVeGateWidth];
+    __syncwarp();  // the row's shared values are the next row's
+  }
+  const float sums[1] = {da};
+  row_block_sums_store(partials, sums);
+  __syncthreads();
+  for (int e = threadIdx.x; e < weights; e += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kValueMixGateWarps; w++) {
+      sum += shared[weights + w * value_mix_gate_warp_floats(NH, C) + e];
+    }
+    dw_partials[(size_t)blockIdx.x * weights + e] = sum;
+  }
+}
+
+constexpr int kValueMixThreads = 256;
+
+void value_mix_check(const char* name, int N, int C, const floatX* ve, const ValueMixGates& gates) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+  if (!gates.W) return;
+  REQUIRE(ve && gates.hn && gates.NH > 0 && C % gates.NH == 0 && (C / gates.NH) % x128::size == 0 &&
+              C >= kVeGateInputs,
+          "%s: the value-embedding gates need a value embedding, the normed input hn, and NH=%d heads of a whole "
+          "multiple of %d channels in C=%d (at least %d)", name, gates.NH, x128::size, C, kVeGateInputs);
+}
+
+// The column-reduction partials value_mix_backward takes for NH heads (with or without gates).
+size_t value_mix_backward_partials(int NH) { return (size_t)kRowBlocks * (2 + NH * kVeGateWidth); }
+
 // qkv [N, 3C]: v_pre [N, C] = v, then v = scales[0] v + scales[1] ve[tokens] (ve nullptr: scales[0]
-// v). tokens [N] on the device (read only with ve).
+// v), with gates each head's gate in place of scales[1]. tokens [N] on the device (read only with ve).
 void value_mix_forward(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
-                       int N, int C, cudaStream_t stream) {
-  value_mix_check("value_mix_forward", N, C);
+                       int N, int C, cudaStream_t stream, const ValueMixGates& gates = {}) {
+  value_mix_check("value_mix_forward", N, C, ve, gates);
   REQUIRE(!ve || tokens, "value_mix_forward: a value embedding needs the tokens");
   const size_t pieces = (size_t)N * C / x128::size;
   value_mix_forward_kernel<<<ceil_div(pieces, kValueMixThreads), kValueMixThreads, 0, stream>>>(
-      qkv, v_pre, ve, tokens, scales, N, C);
+      qkv, v_pre, ve, tokens, scales, gates, N, C);
   cudaCheckLaunch();
 }
 
 // dqkv [N, 3C]: its v part, dv (the gradient of the mixed v), becomes scales[0] dv, the gradient of
 // v_pre, in place; dscales[0] += sum(dv * v_pre). With ve: dscales[1] += sum(dv * ve[tokens]), and
 // dve[token] += the sum of scales[1] dv over the token's rows, from scratch [N, C] (overwritten)
-// through encoder_backward with plan (of these N tokens, on the GPU). Scalar sums and dve with
-// stochastic rounding (seed). partials: kRowBlocks * 2 floats. Without ve, dve, scratch and plan
-// are unused.
+// through encoder_backward with plan (of these N tokens, on the GPU). With gates dscales[1] is left
+// alone, each head's gate takes scales[1]'s place in dve, the gates' part of e[:6] joins it, and
+// gates.dW and gates.dhn[:, :6] take theirs. Scalar sums and dve with stochastic rounding (seed).
+// partials: value_mix_backward_partials(NH) floats. Without ve, dve, scratch and plan are unused.
 void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scratch, float* partials,
                         const floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
-                        const EncoderBackwardPlan* plan, int N, int C, uint32_t seed, cudaStream_t stream) {
+                        const EncoderBackwardPlan* plan, int N, int C, uint32_t seed, cudaStream_t stream,
+                        const ValueMixGates& gates = {}) {
   const char* name = "value_mix_backward";
-  value_mix_check(name, N, C);
+  value_mix_check(name, N, C, ve, gates);
   REQUIRE(!ve || (dve && scratch && tokens && plan),
           "%s: a value embedding needs dve, the scratch, the tokens and the encoder's plan", name);
-  value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
-                                                                         tokens, scales, N, C);
-  cudaCheckLaunch();
-  column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+  if (gates.W) {
+    REQUIRE(gates.dW && gates.dhn && gates.ld_dhn >= kVeGateInputs,
+            "%s: the gates need dW and dhn, its rows at least %d apart (ld_dhn %d)", name, kVeGateInputs, gates.ld_dhn);
+    const int weights = gates.NH * kVeGateWidth;
+    float* dw_partials = partials + kRowBlocks;
+    const size_t shared = sizeof(float) * (weights + (size_t)kValueMixGateWarps * value_mix_gate_warp_floats(gates.NH, C));
+    cudaCheck(cudaFuncSetAttribute(value_mix_gated_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared));
+    value_mix_gated_backward_kernel<<<kRowBlocks, kValueMixGateWarps * WARP_SIZE, shared, stream>>>(
+        dqkv, scratch, partials, dw_partials, v_pre, ve, tokens, scales, gates, N, C);
+    cudaCheckLaunch();
+    column_sum_finalize(dscales, partials, 1, 1, kRowBlocks, seed, stream);
+    column_sum_finalize(gates.dW, dw_partials, weights, weights, kRowBlocks, seed ^ 0x85ebca6bu, stream);
+  } else {
+    value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
+                                                                           tokens, scales, N, C);
+    cudaCheckLaunch();
+    column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+  }
   if (ve) encoder_backward(dve, nullptr, *plan, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
 }
 
@@ -8219,6 +8363,7 @@ void bigram_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
+size_t value_mix_partials(const GPT2& m);
 bool gates_take_row_dots(const GPT2& m);
 // The smear's rows: the embedding before it and each row's gate; context: rows before the first
 // that the smear reads (decoding: the token before's; training: none).
@@ -8709,7 +8854,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
-  m.partials = device_alloc<float>(std::max(partials, attention_gate_partials(m, BT)),
+  m.partials = device_alloc<float>(std::max({partials, attention_gate_partials(m, BT), value_mix_partials(m)}),
                                   "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
@@ -9568,14 +9713,48 @@ struct RowArena {
   }
 };
 
+// ---- The gates' part of ln1's gradient: the attention gate reads ln1's first C / 64 columns, the
+// value-embedding gates its first 6; their gradients go into one [N, gate_norm_columns] block, added
+// to ln1's gradient from qkv's backward once.
+
+int gate_norm_columns(const GPT2& m) {
+  const int attention = m.arch().attention_gate ? m.config.channels / kAttentionGateDivisor : 0;
+  return std::max(attention, m.arch().ve_gates ? kVeGateInputs : 0);
+}
+
+// The gates' part of ln1's gradient for N rows, after the first 3 N*C elements of scratch_bt4c
+// (which the attention's dqkv fills), zeroed; null without gates.
+floatX* gate_norm_gradient_rows(GPT2& m, int N) {
+  const int columns = gate_norm_columns(m);
+  if (columns == 0) return nullptr;
+  floatX* dln1_gates = m.scratch_bt4c + (size_t)3 * N * m.config.channels;
+  cudaCheck(cudaMemsetAsync(dln1_gates, 0, (size_t)N * columns * sizeof(floatX), m.stream));
+  return dln1_gates;
+}
+
+// dln1 (scratch_btc, from qkv's backward) += the gates' part dln1_gates (gate_norm_gradient_rows).
+void gate_norm_gradient(GPT2& m, const floatX* dln1_gates, int N, KernelSeeds& seeds) {
+  if (!dln1_gates) return;
+  const int columns = gate_norm_columns(m);
+  add_columns_inplace(m.scratch_btc, m.config.channels, dln1_gates, columns, N, columns, seeds.next(), m.stream);
+}
+
 // ---- The value mix (ArchSpec::value_mix): v = a v + b ve[k] in each attention layer, v = a v where
 // the plan gives the layer no value embedding k (LayerSpec::value_embedding). Parameters: ve (the
-// value embeddings) and value_scales (a, b). Kernels: section 6, "The speedrun's value mix"; ve's
-// gradient goes through the encoder backward's bucketed plan (section 3).
+// value embeddings) and value_scales (a, b); with record #89's gates (ArchSpec::ve_gates) vegate [NH,
+// 12] a layer with a value embedding, each head's gate taking b's place (b then unused). Kernels:
+// section 6, "The speedrun's value mix"; ve's gradient goes through the encoder backward's bucketed
+// plan (section 3), the gates' part of ln1's gradient through the gates' columns (gate_norm_columns).
 
-// v before the mix, which the backward reads.
+// v before the mix, which the backward reads; the gates read each layer's ln1.
 void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
   if (arch.value_mix) t[kVPre].count = d.BT * d.C;
+  if (arch.ve_gates) t[kLn1].layers = d.L;
+}
+
+// The column-reduction partials the value mix's backward takes (gpt2_allocate_scratch).
+size_t value_mix_partials(const GPT2& m) {
+  return m.arch().value_mix ? value_mix_backward_partials(m.config.num_heads) : 0;
 }
 
 void value_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
@@ -9589,23 +9768,34 @@ floatX* layer_value_embedding(const GPT2& m, floatX* ve, int l) {
   return k >= 0 ? ve + (size_t)k * m.config.padded_vocab_size * m.config.channels : nullptr;
 }
 
+// Layer l's value-embedding gates over hn, its attention's normed input (none without them or
+// without a value embedding); for the backward with their gradients, dhn the gates' columns
+// (gate_norm_gradient_rows).
+ValueMixGates value_mix_gates(GPT2& m, int l, const floatX* hn, floatX* dhn = nullptr) {
+  if (!m.arch().ve_gates || m.plan[l].value_embedding < 0) return {};
+  const bool backward = dhn != nullptr;
+  return {m.param(llmc::kVegate, l), hn, m.config.num_heads, backward ? m.grad(llmc::kVegate, l) : nullptr, dhn,
+          gate_norm_columns(m)};
+}
+
 // Layer l's mix of v in r.qkv.
 void value_mix(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().value_mix) return;
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), m.config.channels,
-                    m.stream);
+                    m.stream, value_mix_gates(m, l, r.ln1.out));
 }
 
 // From the attention's dqkv in scratch_bt4c: v's gradient before the mix (in place), the scales' and
-// the value embedding's (scratch_btc its scratch).
-void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+// the value embedding's (scratch_btc its scratch); with gates theirs, and their part of ln1's
+// gradient into dln1_gates (gate_norm_gradient_rows).
+void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSeeds& seeds) {
   if (!m.arch().value_mix) return;
   floatX* dve = layer_value_embedding(m, m.grad(llmc::kVe), l);
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), dve, m.scratch_btc, m.partials, m.act(kVPre, l),
                      ve, m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, N, m.config.channels,
-                     seeds.next(), m.stream);
+                     seeds.next(), m.stream, value_mix_gates(m, l, m.act(kLn1, l), dln1_gates));
 }
 
 // ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
@@ -9666,28 +9856,17 @@ const floatX* attproj_input(GPT2& m, int l, int N) {
 }
 
 // From scratch_btc, the gradient of the gated output: that of the attention's output (in place)
-// and the gate's; the gates' part of ln1's gradient, its first G columns alone ([N, G]), goes after
-// the first 3 N*C elements of scratch_bt4c (which the attention's dqkv fills), zeroed first, and is
-// returned (null without gates). With the flash backward (gates_take_row_dots) the gates' kernel
-// also writes the flash backward's row dots into attention_dot.
-floatX* attention_gate_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
-  if (!m.arch().attention_gate) return nullptr;
-  const int N = B * T, C = m.config.channels, G = C / kAttentionGateDivisor;
-  floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
-  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * G * sizeof(floatX), m.stream));
+// and the gate's; the gate's part of ln1's gradient into dln1_gates (gate_norm_gradient_rows). With
+// the flash backward (gates_take_row_dots) the gates' kernel also writes the flash backward's row
+// dots into attention_dot.
+void attention_gate_backward_rows(GPT2& m, int l, int B, int T, floatX* dln1_gates, KernelSeeds& seeds) {
+  if (!m.arch().attention_gate) return;
+  const int N = B * T;
   const AttentionRowDots dots = gates_take_row_dots(m) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
-  attention_gate_backward(m.scratch_btc, dln1, G, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
-                          m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
-                          m.config.num_heads, C, seeds.next(), m.stream, dots);
-  return dln1;
-}
-
-// dln1 (scratch_btc, from qkv's backward) += the gates' part dln1_gates (attention_gate_backward_rows),
-// its first G columns.
-void attention_gate_norm_gradient(GPT2& m, const floatX* dln1_gates, int N, KernelSeeds& seeds) {
-  if (!dln1_gates) return;
-  const int C = m.config.channels, G = C / kAttentionGateDivisor;
-  add_columns_inplace(m.scratch_btc, C, dln1_gates, G, N, G, seeds.next(), m.stream);
+  attention_gate_backward(m.scratch_btc, dln1_gates, gate_norm_columns(m), m.grad(llmc::kAttngate, l), m.partials,
+                          m.scratch_btc, m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l),
+                          m.param(llmc::kAttngate, l), N, m.config.num_heads, m.config.channels, seeds.next(),
+                          m.stream, dots);
 }
 
 // ---- The residual mix (ArchSpec::x0_lambdas, with the plan's U-net skips): block l's input is
@@ -10025,13 +10204,14 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
-    const floatX* dln1_gates = attention_gate_backward_rows(m, l, B, T, seeds);
+    floatX* dln1_gates = gate_norm_gradient_rows(m, N);
+    attention_gate_backward_rows(m, l, B, T, dln1_gates, seeds);
     attention_backward_rows(m, l, B, T, seeds);
-    value_mix_backward_rows(m, l, N, seeds);
+    value_mix_backward_rows(m, l, N, dln1_gates, seeds);
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, seeds.next());
-    attention_gate_norm_gradient(m, dln1_gates, N, seeds);
+    gate_norm_gradient(m, dln1_gates, N, seeds);
     norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_mixed(m, l), N,
                   seeds.next());
   }
@@ -10058,7 +10238,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   const NormAt next = norm_after_block(m, l);
   // The norms' outputs where the products read them, and the final norm's, which the head reads.
   auto norm = [&](const NormSpec& n, int layer) {
-    const bool gates_read = n.out == kLn1 && m.arch().attention_gate;
+    const bool gates_read = n.out == kLn1 && (m.arch().attention_gate || m.arch().ve_gates);
     const bool written = !r.fp8_sources || n.out == kLnf || gates_read;
     return NormRows{written ? m.act(n.out, layer) : nullptr, m.act_f(n.mean, layer), m.act_f(n.rstd, layer)};
   };
@@ -11698,6 +11878,7 @@ struct TrainArgs : llmc::TrainFlags {
   int bigram = 0;               // -bg: and its bigram hash embedding
   int rotary_pairs = 0;         // -rp: a modern or speedrun model made from a preset turns record #89's pairs
   llmc::SpeedrunInit record_init = llmc::SpeedrunInit::kRecord28;  // -ri: its init from the seed
+  int ve_gates = 0;             // -vg: and its value-embedding gates
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11943,6 +12124,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "file's header says which it has", &a.rotary_pairs, 0, 1),
       attention_scale_flag(a),
       record_init_flag(a),
+      int_flag("-vg", "value-embedding gates", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
+               "value-embedding gates (each head's share of the value embedding 2 sigmoid of a learned weight "
+               "times the first 6 channels of the attention's input and of the embedding); a model file's header "
+               "says whether it has them", &a.ve_gates, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -12022,6 +12207,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || llmc::config_from_preset(a.model, &preset, a.recipe->arch),
           "-ri %d initialises a preset's model from the seed, and -e %s is a model file, which holds the parameters: "
           "drop -ri", (int)a.record_init, a.model.c_str());
+  REQUIRE(!a.ve_gates || a.recipe->arch == llmc::Arch::kSpeedrun, "-vg 1 gates the speedrun's value embeddings, "
+          "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -vg", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12240,8 +12427,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
-// A model file's header says whether it has record #89's smear, bigram embedding and rotary pairs; -sm,
-// -bg and -rp, where given, must agree.
+// A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs and
+// value-embedding gates; -sm, -bg, -rp and -vg, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -12251,6 +12438,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-sm", a.smear, config.smear, "the smear");
   check("-bg", a.bigram, config.bigram, "the bigram embedding");
   check("-rp", a.rotary_pairs, config.rotary_pairs, "record #89's rotary pairs");
+  check("-vg", a.ve_gates, config.ve_gates, "the value-embedding gates");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -12262,6 +12450,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.bigram = a.bigram != 0;
     p.config.rotary_pairs = a.rotary_pairs != 0;
     p.init = a.record_init;
+    p.config.ve_gates = a.ve_gates != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12274,9 +12463,10 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm, -bg and -rp, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp and -vg, where given, match
     requested.bigram = p.config.bigram;
     requested.rotary_pairs = p.config.rotary_pairs;
+    requested.ve_gates = p.config.ve_gates;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

@@ -54,6 +54,7 @@ ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
 FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
+FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -88,6 +89,9 @@ SPEEDRUN_PRESETS = {
 }
 SPEEDRUN_GATE_DIVISOR = 64  # the attention gate reads the first C/64 channels of the block's input
 SMEAR_WIDTH = 12  # record #89's smear gate reads the first 12 channels of each token's embedding
+# Record #89's value-embedding gates read the first 6 channels of the attention's normed input and of
+# the layer's value embedding (llmc::kVeGateInputs): 12 weights a head.
+VE_GATE_INPUTS = 6
 # Record #89's bigram hash embedding (llmc/bigram_hash.h): the hash's factors, the sign table's rows,
 # and our pinned sign table's seed (the reference draws it unseeded); the gates' start (the
 # reference's bias of its generated gates).
@@ -384,12 +388,14 @@ class GPTConfig:
     # reference (x0 lambdas, U-net skips, value embeddings, gated heads, no attention in layer 7), a
     # head without bias whose logits are capped by a sigmoid, the loss over the padded vocabulary.
     arch: str = "gpt2"
-    # speedrun: record #89's smear before the embedding's norm, and its bigram hash embedding added to
-    # the residual stream with gates (SPEC.md "Record #89's embedding")
+    # speedrun: record #89's smear before the embedding's norm, its bigram hash embedding added to
+    # the residual stream with gates (SPEC.md "Record #89's embedding"), and its value-embedding gates
+    # (SPEC.md "The speedrun architecture")
     smear: bool = False
     bigram: bool = False
     # modern or speedrun: the rotary in record #89's layout (rotate's pairs)
     rotary_pairs: bool = False
+    ve_gates: bool = False
 
     @property
     def modern(self):
@@ -432,7 +438,9 @@ class GPTConfig:
             smear = (SMEAR_WIDTH + 1) if self.smear else 0  # the gate's weights and lambda
             attention_layers = sum(spec.attention for spec in self.plan)
             bigram = self.bigram_rows * C + attention_layers if self.bigram else 0  # the table and its gates
-            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram
+            ve_layers = sum(spec.value_embedding is not None for spec in self.plan)
+            ve_gates = ve_layers * self.num_heads * 2 * VE_GATE_INPUTS if self.ve_gates else 0
+            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -461,9 +469,9 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False, rotary_pairs=False):
+                bigram=False, rotary_pairs=False, ve_gates=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
-                       bool(smear), bool(bigram), bool(rotary_pairs))
+                       bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -472,6 +480,9 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.bigram and not config.speedrun:
         fail(f"{source}: the bigram embedding (record #89's) is the speedrun's; give --recipe speedrun or drop "
              f"--bigram")
+    if config.ve_gates and not config.speedrun:
+        fail(f"{source}: the value-embedding gates (record #89's) are the speedrun's; give --recipe speedrun or "
+             f"drop --ve_gates")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -725,13 +736,20 @@ class CausalSelfAttention(nn.Module):
             self.value_scales = nn.Parameter(torch.full((2,), 0.5))
             self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
-    def mix_values(self, v, value_embedding):
-        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]."""
+    def mix_values(self, v, value_embedding, x=None, ve_gate=None):
+        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]; with record #89's
+        gate weights ve_gate [NH, 12] each head's b is 2 sigmoid(ve_gate[h] . [x[:6], ve[:6]]), x the
+        attention's normed input, in v's dtype as the rest of the mix."""
         if self.value_scales is None:
             return v
         if value_embedding is None:
             return self.value_scales[0] * v
-        return self.value_scales[0] * v + self.value_scales[1] * value_embedding.view_as(v)
+        ve = value_embedding.view_as(v)
+        if ve_gate is None:
+            return self.value_scales[0] * v + self.value_scales[1] * ve
+        gate_in = torch.cat([x[..., :VE_GATE_INPUTS], value_embedding[..., :VE_GATE_INPUTS]], dim=-1)
+        gate = 2 * torch.sigmoid(F.linear(gate_in, ve_gate.type_as(v)))
+        return self.value_scales[0] * v + gate[..., None] * ve
 
     def gate_heads(self, x, y):
         """speedrun: each head's output y [B, T, NH, hs] times sigmoid(gate . x[..., :C/64]), x the
@@ -741,9 +759,9 @@ class CausalSelfAttention(nn.Module):
         gate = torch.sigmoid(self.gate(x[..., :self.gate.in_features]))
         return y * gate.view(*gate.shape, 1)
 
-    def forward(self, x, mask=None, value_embedding=None):
+    def forward(self, x, mask=None, value_embedding=None, ve_gate=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
-        causal. value_embedding: this layer's (speedrun), or None."""
+        causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -751,7 +769,7 @@ class CausalSelfAttention(nn.Module):
             q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs) for t in (q, k))
         if self.key_offset:
             k = shift_stationary_keys(k, self.rotary_pairs)
-        v = self.mix_values(v, value_embedding)
+        v = self.mix_values(v, value_embedding, x, ve_gate)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
             scale = {} if self.scale is None else {"scale": self.scale}
@@ -826,11 +844,12 @@ class Block(nn.Module):
     def mix_input(self, x, x0):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
-    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None):
-        """bigram: the gated bigram embedding the layer adds to its attention's output, or None."""
+    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None):
+        """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
+        ve_gate: the weights of its value embedding's gates, or None."""
         x = self.mix_input(x, x0)
         if self.attn is not None:
-            y = self.attn(self.ln_1(x), mask, value_embedding)
+            y = self.attn(self.ln_1(x), mask, value_embedding, ve_gate)
             x = x + (y if bigram is None else y + bigram)
         return x + self.mlp(self.ln_2(x))
 
@@ -870,6 +889,11 @@ class GPT(nn.Module):
             self.register_buffer("bigram_signs", bigram_sign_table(C), persistent=False)
             self.bigram_gates = nn.Parameter(torch.full((sum(spec.attention for spec in config.plan),),
                                                         BIGRAM_GATE_INIT))
+        # speedrun with the value-embedding gates: [NH, 12] weights for each layer with a value embedding,
+        # in layer order (layer_ve_gates)
+        ve_layers = sum(spec.value_embedding is not None for spec in config.plan)
+        self.ve_gates = (nn.Parameter(torch.zeros(ve_layers, config.num_heads, 2 * VE_GATE_INPUTS))
+                         if config.ve_gates else None)
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -965,11 +989,12 @@ class GPT(nn.Module):
         if bigram_terms[0] is not None:
             x = x0 + bigram_terms[0]
         value_embeddings = self.layer_value_embeddings(idx)
+        ve_gates = self.layer_ve_gates()
         masks = self.attention_masks(idx) if masks is None else masks
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
-            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None)
+            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer])
             outputs.append(x)
         return t.ln_f(x)
 
@@ -990,6 +1015,13 @@ class GPT(nn.Module):
         """Each layer's value embedding of idx (speedrun), or None."""
         lookups = [ve(idx).to(self.compute_dtype) for ve in self.transformer.ve] if self.config.speedrun else []
         return [None if spec.value_embedding is None else lookups[spec.value_embedding] for spec in self.config.plan]
+
+    def layer_ve_gates(self):
+        """Each layer's value-embedding gate weights [NH, 12] (a row of ve_gates for each layer with a
+        value embedding, in layer order), or None."""
+        rows = iter(self.ve_gates if self.ve_gates is not None else [])
+        return [next(rows) if self.ve_gates is not None and spec.value_embedding is not None else None
+                for spec in self.config.plan]
 
     def unet_skip(self, spec, x, outputs):
         """The speedrun's U-net, before the layer of `spec` whose input is x: it adds
@@ -1087,7 +1119,7 @@ def params_in_file_order(model):
     speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
     weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
-    with the bigram embedding: its gates)."""
+    with the bigram embedding: its gates; with the value-embedding gates: theirs)."""
     t = model.transformer
 
     def stacked(names):
@@ -1097,9 +1129,10 @@ def params_in_file_order(model):
     if model.config.speedrun:
         smear = [model.smear_weight, model.smear_lambda] if model.config.smear else []
         bigram, bigram_gates = ([model.bigram.weight], [model.bigram_gates]) if model.config.bigram else ([], [])
+        ve_gates = [model.ve_gates] if model.config.ve_gates else []
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
-                + bigram_gates)
+                + bigram_gates + ve_gates)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1157,7 +1190,7 @@ def init_weights_speedrun(model, seed, record_init=0):
     wte and the value embeddings N(0, 1) (every row), then per layer qkvw and fcw uniform in
     +-sqrt(3) * 0.5 / sqrt(C); the output projections, the gates and the head zero; the skip weights
     one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
-    bigram gates 0.05. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
+    bigram gates 0.05, its value-embedding gates' weights zero (each gate 1). record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
     wte's place and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's
     c_proj of the attention drawn with c_attn and c_fc, in that order."""
     config, t = model.config, model.transformer
@@ -1210,7 +1243,7 @@ def write_checkpoint(model, path, version):
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
     header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
-                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0))
+                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1272,16 +1305,16 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM
+    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
-             f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding), and GPT-2 has no "
-             f"rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
-             f"version; re-create it")
+             f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
+             f"the value-embedding gates), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is "
+             f"damaged or the file comes from a newer version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
                          smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
-                         rotary_pairs=features & FEATURE_ROTARY_PAIRS)
+                         rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2309,8 +2342,13 @@ def optimizer_groups(model, args):
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
+        ve_gates = model.ve_gates  # the scalars' role, as the CUDA trainer's vegate
+
+        def scalar(p):
+            return p.dim() == 1 or p is ve_gates
+
         roles = [(args.embedding_lr, decay, lambda p: any(p is e for e in embeddings)),
-                 (args.head_lr, decay, lambda p: p is head), (args.scalar_lr, vector_decay, lambda p: p.dim() == 1),
+                 (args.head_lr, decay, lambda p: p is head), (args.scalar_lr, vector_decay, scalar),
                  (args.learning_rate, decay, lambda p: True)]
         for lr, weight_decay, belongs in roles:
             params = [p for p in rest if belongs(p)]
@@ -2804,7 +2842,7 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "lm_head.weight": "headw", "lm_head.bias": "headb", "transformer.ve.weight": "ve",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
-               "bigram.weight": "bigram", "bigram_gates": "bigram_gates"}
+               "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate"}
 
 
 def table_name(parameter_name):
@@ -3025,6 +3063,10 @@ def parse_args(argv=None):
                    "model's init from --seed is record #89's (the head N(0, 0.005) and the embedding its copy, the "
                    "value embeddings N(0, 0.01), the attention's output projection uniform as its input's; the CUDA "
                    "trainer's -ri); 0: record #28's")
+    a.add_argument("--ve_gates", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
+                   "value-embedding gates (each head's share of the value embedding 2 sigmoid of learned weights "
+                   "times the first 6 channels of the attention's input and of the embedding; the CUDA trainer's "
+                   "-vg); --init_from's checkpoint says whether it has them")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3414,10 +3456,10 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram, args.rotary_pairs)
+        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram, --rotary_pairs and the size flags")
+                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3429,7 +3471,8 @@ def resolve_config(args):
     preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
-                       arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs)
+                       arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
+                       ve_gates=args.ve_gates)
 
 
 def check_fp8(config, device, flag="--fp8"):

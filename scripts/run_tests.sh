@@ -578,7 +578,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1" \
               "speedrun_tiny_rotary_pairs:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1" \
               "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1" \
-              "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89"; do
+              "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89" \
+              "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -866,6 +867,8 @@ gpu_resume() {
   # model from the checkpoint's header, which its -sm 1 -bg 1 agree with.
   resume_test ./train_gpt2cu resume_speedrun_smear_bigram_bf16 -recipe speedrun -sm 1 -bg 1 -b 1 -t 1024 -z 1024 \
     -vt 512
+  # With its value-embedding gates (-vg 1): their weights and AdamW state, the model from the header.
+  resume_test ./train_gpt2cu resume_speedrun_ve_gates_bf16 -recipe speedrun -vg 1 -b 1 -t 1024 -z 1024 -vt 512
   # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
   # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
   # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose

@@ -649,7 +649,8 @@ if has_flag -mq; then
   expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
     -opt muon -mq 3
 fi
-# --- -sm and -bg, record #89's smear and bigram embedding: the speedrun's (before the GPU)
+# --- -sm, -bg and -vg, record #89's smear, bigram embedding and value-embedding gates: the speedrun's
+# (before the GPU)
 if has_flag -sm; then
   expect "-sm 1 without the speedrun" "^error: -sm 1 smears the speedrun's embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -sm\$" \
     -sm 1
@@ -679,6 +680,11 @@ if has_flag -ri; then
     -recipe speedrun -ri 28
   expect "-ri with a model file" "^error: -ri 89 initialises a preset's model from the seed, and -e $DIR/model.bin is a model file, which holds the parameters: drop -ri\$" \
     -recipe speedrun -ri 89 -e "$DIR/model.bin"
+fi
+# --- -vg, record #89's value-embedding gates: the speedrun's (before the GPU)
+if has_flag -vg; then
+  expect "-vg 1 without the speedrun" "^error: -vg 1 gates the speedrun's value embeddings, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -vg\$" \
+    -vg 1
 fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
@@ -801,6 +807,7 @@ if ! has_flag -recipe; then
   expect "-recipe modern on the CPU trainer" "-recipe $cuda_flag_error" -recipe modern
   expect "-opt muon on the CPU trainer" "-opt $cuda_flag_error" -opt muon
   expect "-pd 1 on the CPU trainer" "-pd $cuda_flag_error" -pd 1
+  expect "-vg 1 on the CPU trainer" "-vg $cuda_flag_error" -vg 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

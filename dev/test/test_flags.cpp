@@ -516,6 +516,18 @@ void test_adam_rows() {
                "-ar of a tensor without keys");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=2;wte:b1=0.5"); }, "-ar wte:lr=2;wte:b1=0.5: wte has two "
                "rows: give it one", "-ar naming wte twice");
+  // Record #89's value-embedding gates (-vg 1): AdamW's, the scalars' role (so Muon never takes them),
+  // and its row of them (its ve_gate_bank's betas) accepted beside -opt muon.
+  llmc::Recipe speedrun = llmc::recipe_speedrun();
+  speedrun.adam_rows = llmc::parse_adam_rows("-ar", "vegate:b1=0.9,b2=0.99");
+  llmc::adam_rows_check(speedrun, "-ar");
+  const llmc::OptimizerTable table = llmc::optimizer_table(speedrun, true);
+  const llmc::RoleOptimizer& gates = table.of_tensor(llmc::kVegate);
+  const llmc::RoleOptimizer& scalars = table.of(llmc::ParamRole::kVector);
+  check_verbose(gates.method == llmc::OptimizerKind::kAdamW && gates.lr == scalars.lr && gates.beta1 == 0.9f &&
+                    gates.beta2 == 0.99f && gates.weight_decay == scalars.weight_decay,
+                llmc::strformat("-recipe speedrun -ar vegate:b1=0.9,b2=0.99: the gates' AdamW row the scalars' (lr %g, "
+                                "decay %g) with betas %g %g", gates.lr, gates.weight_decay, gates.beta1, gates.beta2));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings

@@ -694,6 +694,79 @@ print(f"the hash's rows as llmc's, the sign table torch's; {config.bigram_rows} 
       f"the later attention layers' after it, by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; "
       f"with the smear, the file order {' '.join(order)}")
 EOF
+check "--ve_gates: each head's gate by hand, its gradients against autograd's; file order, header, refusals" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", ve_gates=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert model.ve_gates.shape == (6, 2, 12) and not model.ve_gates.any(), "the gates' weights start at zero"
+tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
+assert model.ve_gates.all(), "the debug state's noise reaches every gate weight"
+with torch.no_grad():
+    model.ve_gates.normal_(0.0, 0.5)
+layers = [layer for layer, spec in enumerate(config.plan) if spec.value_embedding is not None]
+gates = model.layer_ve_gates()
+assert layers == [0, 1, 2, 9, 10, 11] and [g is not None for g in gates] == [l in layers for l in range(12)]
+assert all(gates[layer] is model.ve_gates[row] or torch.equal(gates[layer], model.ve_gates[row])
+           for row, layer in enumerate(layers))
+# By hand, layer 10 (the gates' row 4): v = a v + 2 sigmoid(w_h . [x[:6], ve[:6]]) ve, head by head.
+attn, w = model.transformer.h[10].attn, model.ve_gates[4].detach()
+x, v, ve = torch.randn(2, 3, 128), torch.randn(2, 3, 2, 64), torch.randn(2, 3, 128)
+a = attn.value_scales[0].item()
+got = attn.mix_values(v, ve, x, gates[10]).detach()
+want = torch.empty_like(v)
+for b in range(2):
+    for t in range(3):
+        inputs = torch.cat([x[b, t, :6], ve[b, t, :6]])
+        for h in range(2):
+            gate = 2 / (1 + torch.exp(-(w[h] @ inputs)))
+            want[b, t, h] = a * v[b, t, h] + gate * ve[b, t, 64 * h:64 * (h + 1)]
+error = (got - want).abs().max().item()
+assert error < 1e-5, error
+# The gradients autograd takes, in float64, against the formulas the CUDA kernels compute.
+wd = w.double().requires_grad_()
+xd, ved, vd = x.double().requires_grad_(), ve.double().requires_grad_(), v.double().requires_grad_()
+out = attn.mix_values(vd, ved, xd, wd)
+dout = torch.randn_like(out)
+out.backward(dout)
+inputs = torch.cat([xd[..., :6], ved[..., :6]], -1).detach()
+g = 2 * torch.sigmoid(inputs @ wd.detach().T)                      # [2, 3, NH]
+dz = (dout * ved.detach().view(2, 3, 2, 64)).sum(-1) * g * (1 - g / 2)
+want_dw = torch.einsum("bth,btj->hj", dz, inputs)
+want_dx = torch.zeros_like(xd)
+want_dx[..., :6] = dz @ wd.detach()[:, :6]
+want_dve = (g[..., None] * dout).reshape(2, 3, 128)
+want_dve[..., :6] += dz @ wd.detach()[:, 6:]
+grad_errors = [(got_grad - ref).abs().max().item() for got_grad, ref in
+               [(wd.grad, want_dw), (xd.grad, want_dx), (ved.grad, want_dve), (vd.grad, a * dout)]]
+assert max(grad_errors) < 1e-12, grad_errors
+# The whole model: the gates take b's place, whose gradient is zero in every layer.
+idx, targets = torch.randint(0, 512, (2, 6)), torch.randint(0, 512, (2, 6))
+model(idx, targets)[1].backward()
+scales = [block.attn.value_scales.grad for block in model.transformer.h if block.attn is not None]
+assert model.ve_gates.grad.abs().sum() > 0 and all(s[1] == 0 and s[0] != 0 for s in scales)
+path = f"{os.environ['WORK']}/ve_gates.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_VE_GATES and back.config.ve_gates and not back.config.bigram
+assert torch.equal(back.ve_gates, model.ve_gates)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+every = tg.GPT(tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True, bigram=True,
+                              ve_gates=True))
+names = {id(p): tg.table_name(name) for name, p in every.named_parameters()}
+order = list(dict.fromkeys(names[id(p)] for p in tg.params_in_file_order(every)))
+assert order == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "bigram", "attngate", "skipw", "lambdas",
+                 "value_scales", "smearw", "smear_lambda", "bigram_gates", "vegate"], order  # llmc/gpt2.h's table
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x", "--device", "cpu"])
+tg.settle_arch(args, tg.resolve_config(args))
+groups = tg.optimizer_groups(every, args)
+scalar_group, = [group for _, group in groups if any(p is every.ve_gates for p in group["params"])]
+assert all(p.dim() == 1 or p is every.ve_gates for p in scalar_group["params"]), "the gates go with the scalars"
+print(f"layer 10's mix within {error:.1e} of the gates by hand; dW, dx, dve, dv within "
+      f"{max(grad_errors):.1e} of autograd's; b's gradient zero in every layer; header slot {tg.FEATURES_SLOT} "
+      f"{int(header[tg.FEATURES_SLOT])}; with the smear and the bigram embedding, the file order {' '.join(order)}")
+EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -1079,6 +1152,8 @@ expect_error "record_init 89 is the speedrun's init, and the gpt2 architecture h
   --record_init 89 --write_debug_state "$WORK/record_init_gpt2"
 expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}" --bigram 1 \
   --write_debug_state "$WORK/bigram_gpt2"
+expect_error "the value-embedding gates (record #89's) are the speedrun's" "${TINY[@]}" --ve_gates 1 \
+  --write_debug_state "$WORK/ve_gates_gpt2"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
   "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
 expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \
