@@ -242,11 +242,13 @@ constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false, false, false};
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false,
+                                   false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
-                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true, false, false, false};
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true,
+                                     false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
