@@ -149,7 +149,7 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::Debu
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
 // s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window, rate multiplier and
-// loss weights.
+// loss weights, and with -yn 1 in the settings YaRN's frequencies and scale at the step.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
                        const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, const llmc::OptimizerTable& opt,
                        bool fp8, float tol) {
@@ -162,6 +162,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
     const int T = p.T;
     if (ref.documents) gpt2_set_window(m, p.windows);
+    if (settings.yarn) gpt2_set_yarn(m, llmc::yarn_at(stages, step, gpt2_yarn_base(m)));
     gpt2_set_loss_weights(m, p.loss);
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);

@@ -102,6 +102,7 @@
 #include "llmc/train_state.h"
 #include "llmc/utils.h"
 #include "llmc/watchdog.h"
+#include "llmc/yarn.h"
 
 // ============================================================================
 // 1. Utilities and precision
@@ -9374,6 +9375,22 @@ void gpt2_set_attention_scale(GPT2& m, double scale) {
   m.softmax_scale = (float)scale;
 }
 
+// YaRN's start (llmc/yarn.h): the base rotary frequencies of the model's layout and its base scale.
+llmc::YarnState gpt2_yarn_base(const GPT2& m) {
+  const int pairs = m.config.head_size() / 2;
+  const RotaryFrequencies base = rotary_frequencies(m.config.head_size(), m.rotary.adjacent_pairs);
+  return {std::vector<float>(base.freq, base.freq + pairs), m.base_softmax_scale};
+}
+
+// -yn 1: YaRN's frequencies and scale for the passes to come (llmc::yarn_at's of the step).
+void gpt2_set_yarn(GPT2& m, const llmc::YarnState& y) {
+  REQUIRE(m.arch().qk_norm_rotary && y.freq.size() == (size_t)m.config.head_size() / 2,
+          "YaRN's %zu frequencies do not fit the model's rotary (head size %d)", y.freq.size(),
+          m.config.head_size());
+  std::copy(y.freq.begin(), y.freq.end(), m.rotary.freq);
+  m.softmax_scale = (float)y.scale;
+}
+
 // The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
 // or the RMS-normalised embedding (embedded: the embedding before its norm, smeared where the
 // architecture smears: smear_embedding, whose rows smear gives; rstd the norm's statistics).
@@ -11873,6 +11890,7 @@ struct TrainArgs : llmc::TrainFlags {
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   int key_offset = 0;           // -ko 1: record #89's key offset on the long-window layers
+  int yarn = 0;                 // -yn 1: record #89's YaRN at the stage plan's long-window changes
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
   int bigram = 0;               // -bg: and its bigram hash embedding
@@ -12128,6 +12146,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "value-embedding gates (each head's share of the value embedding 2 sigmoid of a learned weight "
                "times the first 6 channels of the attention's input and of the embedding); a model file's header "
                "says whether it has them", &a.ve_gates, 0, 1),
+      int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
+               "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
+               "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
+               "a window; the modern and speedrun architectures", &a.yarn, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -12379,6 +12401,10 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("attention", attention_description(a, m.plan, stages));
+  if (a.yarn) {
+    table.row("YaRN", "the rotary's frequencies and the attention's scale rescaled at each change of the stage "
+                      "plan's long window (record #89's)");
+  }
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   table.row("head", head_description(a, m));
@@ -12720,6 +12746,10 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   REQUIRE(!a.key_offset || llmc::arch_spec(config.arch).qk_norm_rotary, "-ko 1 shifts the keys' stationary rotary "
           "dims, and the %s architecture has no rotary: give -recipe modern or speedrun, or leave -ko out",
           llmc::arch_spec(config.arch).name);
+  REQUIRE(!a.yarn || llmc::arch_spec(config.arch).qk_norm_rotary, "-yn 1 rescales the rotary's frequencies, and "
+          "the %s architecture has no rotary: give -recipe modern or speedrun, or leave -yn out",
+          llmc::arch_spec(config.arch).name);
+  if (a.yarn) llmc::yarn_check(in.stages, "-yn");
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -12821,6 +12851,7 @@ struct TrainRun {
   long timed_tokens = 0;
   int timed_steps = 0, skipped_updates = 0;
   std::unique_ptr<llmc::EtaEstimator> eta;
+  llmc::YarnState yarn;  // -yn 1: YaRN's state at the step the loop is at
 };
 
 // Only the checkpoint at the end (or at a halt) gains nothing from buffers pinned for the run.
@@ -13122,6 +13153,17 @@ bool train_step(TrainRun& r, int step) {
   return shared[0] > 0;
 }
 
+// -yn 1: YaRN's state at `step`, derived from the plan at the loop's first step (a resume's too, so
+// that it continues bitwise), then advanced a step at a time.
+void yarn_to_step(TrainRun& r, int step, bool first) {
+  if (first) {
+    r.yarn = llmc::yarn_at(r.stages, step, gpt2_yarn_base(r.m));
+  } else {
+    llmc::yarn_advance(r.yarn, r.stages, step);
+  }
+  gpt2_set_yarn(r.m, r.yarn);
+}
+
 // The steps from the first (0, or the resumed checkpoint's) to the last: at each its evaluations,
 // its checkpoint when one is due, then the step to the next. Returns the exit status;
 // *final_step is the last step reached.
@@ -13136,6 +13178,7 @@ int train_loop(TrainRun& r, int* final_step) {
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
     if (a.documents) gpt2_set_window(r.m, r.step.windows);
+    if (a.yarn) yarn_to_step(r, step, step == first_step);
     gpt2_set_loss_weights(r.m, r.step.loss);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;

@@ -101,6 +101,8 @@ SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
 ATTENTION_SCALE_MODERN = 0.12
+# Record #89's YaRN (yarn_rescale): the interpolation's bounds in rotations over the old window, the scale's slope.
+YARN_ALPHA, YARN_BETA, YARN_SCALE_SLOPE = 1, 32, 0.2
 LOGIT_SOFTCAP_MODERN = 15.0
 # Muon's orthogonalisation in bfloat16 (--muon_ns): X <- X / (scale |X|_F + eps), then a step
 # X <- a X + (b A + c A A) X, A = X X^T, for each (a, b, c) of its polynomials. The baseline's (modern.md:
@@ -910,6 +912,7 @@ class GPT(nn.Module):
         self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.key_offset = False  # --key_offset: set_key_offset's
         self.attention_scale = None  # --attention_scale: set_attention_scale's (None: the architecture's)
+        self.yarn = False  # --yarn: set_yarn_switch's
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -2054,11 +2057,16 @@ class StagePlan:
                          f"{loss_ramp_text(stage)}")
         return lines
 
+    def stage_window_blocks(self, step):
+        """The long window of step `step`'s stage, at the last step too (the windows YaRN follows)."""
+        stage = self.stages[self.stage_index(step)]
+        return attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+
     def step(self, step):
         i = self.stage_index(step)
         stage = self.stages[i]
         tokens = self.tokens(stage)
-        window = attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+        window = self.stage_window_blocks(step)
         short = window // 2 if stage.short_window_blocks is None else stage.short_window_blocks
         if step == self.steps and self.final_window_blocks:
             window = self.final_window_blocks
@@ -2629,6 +2637,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
             model.short_window_blocks = step_plan.short_window_blocks
             set_step_loss_terms(model, step_plan)
+            if model.yarn:
+                set_yarn(model, *yarn_at(plan, step, *yarn_base(model)))
         if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
@@ -2654,6 +2664,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
+    if model.yarn:
+        set_yarn(model, *yarn_base(model))
 
     settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
                                     args.muon_qk_heads if muon else 0, args.adam_rows)
@@ -2761,6 +2773,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-ko", "1"]
     if model.attention_scale is not None:
         words += ["-asc", repr(model.attention_scale)]
+    if model.yarn:
+        words += ["-yn", "1"]
     return " ".join(words)
 
 
@@ -2784,21 +2798,84 @@ def apply_debug_state_settings(model, text, prefix, path):
     optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8; -asc: the attention's scale)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc"}
-    if len(words) % 2 or unknown or settings.get("-awt", "1") != "1" or settings.get("-ko", "1") != "1":
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc",
+                               "-yn"}
+    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn"))
+    if len(words) % 2 or unknown or not ones:
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs, -ko 1 and -asc: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc and -yn 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
     set_key_offset(model, "-ko" in settings)
     set_attention_scale(model, float(settings["-asc"]) if "-asc" in settings else None)
+    set_yarn_switch(model, "-yn" in settings)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
         fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
     model.prefix_table = prefix
     model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
+
+
+def yarn_rescale(freq, scale, old_window, new_window):
+    """Record #89's YaRN (its reference's Yarn.apply) at a change of the long window from old_window
+    to new_window tokens: the rotary's frequencies freq (float32, on the CPU, whose divisions are
+    true ones) and the attention's scale (a Python float), rescaled."""
+    rotations = old_window * freq / (2 * math.pi)
+    s = old_window / new_window
+    w = torch.clamp((rotations - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA), 0, 1)
+    return freq * (s + w * (1 - s)), scale * (YARN_SCALE_SLOPE * math.log(new_window / old_window) + 1)
+
+
+def yarn_advance(plan, step, freq, scale):
+    """YaRN's (freq, scale) at `step` from those at step - 1: the change of the plan's long window
+    between them, if any (its stages' windows: the final validation's is none)."""
+    old, new = (plan.stage_window_blocks(s) * ATTENTION_BLOCK for s in (step - 1, step))
+    return yarn_rescale(freq, scale, old, new) if step > 0 and old != new else (freq, scale)
+
+
+def yarn_at(plan, step, freq, scale):
+    """YaRN's (freq, scale) at `step` from the base ones: every change from step 1 to `step`, in order."""
+    for s in range(1, step + 1):
+        freq, scale = yarn_advance(plan, s, freq, scale)
+    return freq, scale
+
+
+def yarn_base(model):
+    """YaRN's start: the base rotary frequencies (CPU float32) and the attention's base scale."""
+    attn = next(block.attn for block in model.transformer.h if block.attn is not None)
+    scale = model.attention_scale if model.attention_scale is not None else ATTENTION_SCALE_MODERN
+    return rotary_frequencies(attn.freq.numel() * 2), scale
+
+
+def set_yarn(model, freq, scale):
+    """YaRN's frequencies and scale into every attention (the model's base scale unchanged)."""
+    for block in model.transformer.h:
+        if block.attn is not None:
+            block.attn.freq.copy_(freq)
+            block.attn.scale = scale
+
+
+def set_yarn_switch(model, on):
+    """--yarn: YaRN at the stage plan's long-window changes, which the steps apply (yarn_at)."""
+    if on and not model.config.modern:
+        fail("--yarn 1 rescales the rotary's frequencies, and GPT-2 has no rotary: give --recipe modern or speedrun, "
+             "or drop --yarn")
+    model.yarn = on
+
+
+def check_yarn(args, plan):
+    """--yarn 1 follows the stage plan's long window: every stage needs one (and --write_debug_state
+    a --stages plan)."""
+    if not args.yarn:
+        return
+    stages = plan.stages if plan is not None else []
+    missing = [number for number, stage in enumerate(stages, 1) if stage.window_blocks == 0]
+    if plan is None or missing:
+        where = f"stage {missing[0]} of {len(stages)} has no window" if missing else "--write_debug_state has none"
+        fail(f"--yarn 1 rescales the rotary at the stage plan's changes of the long window, and {where}: give every "
+             f"stage one (--stages' aw=, or --window_blocks, with --documents 1), or drop --yarn")
 
 
 def set_attention_scale(model, scale):
@@ -2986,6 +3063,10 @@ def parse_args(argv=None):
     a.add_argument("--attention_scale", type=float, help="the attention's softmax scale, positive (record #89's "
                    "0.1; --yarn 1 changes it from there; the CUDA trainer's -asc); none given: the architecture's "
                    "(0.12 modern and speedrun, 1/sqrt(hs) GPT-2)")
+    a.add_argument("--yarn", type=int, choices=[0, 1], default=0, help="1: record #89's YaRN: at each change of the "
+                   "stage plan's long window (--stages' aw=, not --final_window_blocks) from O to N tokens, each "
+                   "rotary frequency f times s + w (1 - s), s = O/N, w = clamp((O f / 2 pi - 1) / 31, 0, 1), the "
+                   "attention's scale times 1 + 0.2 ln(N/O) (the CUDA trainer's -yn); every stage needs a window")
     a.add_argument("--key_offset", type=int, choices=[0, 1], default=0, help="1: record #89's key offset on the "
                    "layers with the long window (every layer at a depth other than the speedrun's 12): after the "
                    "rotary, each key's stationary dims are the previous key's over the batch's tokens as one "
@@ -3652,11 +3733,15 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
         log_file = open(os.path.join(args.output_dir, "main.log"), "w")
 
     step_times, step_flops, step_tokens = [], [], []
+    yarn = yarn_base(raw_model) if raw_model.yarn else None
     for step in range(N + 1):
         step_plan = plan.step(step)
         raw_model.window_blocks = step_plan.window_blocks or None
         raw_model.short_window_blocks = step_plan.short_window_blocks
         set_step_loss_terms(raw_model, step_plan)
+        if yarn:
+            yarn = yarn_advance(plan, step, *yarn)
+            set_yarn(raw_model, *yarn)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -3839,6 +3924,7 @@ def main(argv=None, step_hook=None):
     use_compile = feature_flag(args, "compile", hasattr(torch, "compile"), "PyTorch 2.0 or newer (torch.compile)")
     dtype = args.dtype or ("bfloat16" if args.benchmark or args.fp8 else "float32")
     plan = stage_plan(args, int(os.environ.get("WORLD_SIZE", 1)))  # torchrun's process count
+    check_yarn(args, plan)
     device, rank, world = setup_processes(args)
     args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
@@ -3869,6 +3955,7 @@ def main(argv=None, step_hook=None):
     model.window_tokens = bool(args.window_tokens)
     set_key_offset(model, bool(args.key_offset))
     set_attention_scale(model, args.attention_scale)
+    set_yarn_switch(model, bool(args.yarn))
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

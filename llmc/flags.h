@@ -192,7 +192,7 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
 // A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
 // header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
 // Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao) and tensors' rows (-ar), the FP8
-// head's scales (-fhs), the key offset (-ko) and the attention's scale (-asc).
+// head's scales (-fhs), the key offset (-ko), the attention's scale (-asc) and YaRN (-yn).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -206,6 +206,7 @@ struct DebugStateSettings {
   int key_offset = 0;
   AdamTensorRows adam_rows;
   double attention_scale = 0.0;  // 0: the architecture's
+  int yarn = 0;
 };
 
 // -asc's value: the attention's softmax scale, positive and finite (record #89's 0.1).
@@ -307,9 +308,10 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     const std::string& flag = words[i];
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
-         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar" && flag != "-asc")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko, -ar "
-                "and -asc: re-create it with train_gpt2.py",
+         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar" && flag != "-asc" &&
+         flag != "-yn")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko, -ar, "
+                "-asc and -yn: re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -325,6 +327,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-ko") s.key_offset = (int)parse_int("-ko", value, 0, 1);
     if (flag == "-ar") s.adam_rows = parse_adam_rows("-ar", value);
     if (flag == "-asc") s.attention_scale = parse_attention_scale("-asc", value);
+    if (flag == "-yn") s.yarn = (int)parse_int("-yn", value, 0, 1);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

@@ -625,6 +625,12 @@ gpu_against_pytorch() {
     "1/2 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/2 mtp=1,0.5>1,0 pw=0.25>0" --recipe speedrun --model tiny \
     --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1 --logit_cap 23,5 \
     --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
+  # Record #89's YaRN (-yn 1 in the settings) from its attention scale 0.1 (-asc 0.1), with its rotary
+  # pairs and key offset: the long window 1 -> 3 blocks at step 4 and 3 -> 4 at step 8 (the
+  # extension's), each rescaling the frequencies and the scale that test_gpt2cu derives a step.
+  staged_against_pytorch stages_yarn_speedrun_tiny "1/2 aw=1; 1/2 aw=3; +2 aw=4" --recipe speedrun --model tiny \
+    --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 --total_batch_size -1 --rotary_pairs 1 \
+    --key_offset 1 --yarn 1 --attention_scale 0.1
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
@@ -869,6 +875,11 @@ gpu_resume() {
     -vt 512
   # With its value-embedding gates (-vg 1): their weights and AdamW state, the model from the header.
   resume_test ./train_gpt2cu resume_speedrun_ve_gates_bf16 -recipe speedrun -vg 1 -b 1 -t 1024 -z 1024 -vt 512
+  # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
+  # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
+  # frequencies and scale of both changes from the plan again.
+  resume_test ./train_gpt2cu resume_speedrun_yarn_bf16 -recipe speedrun -rp 1 -ko 1 -asc 0.1 -yn 1 -b 1 -t 1024 \
+    -z 1024 -vt 512 -sp "1/4 aw=1; 1/4 aw=3; 1/2 aw=5"
   # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
   # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
   # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose

@@ -686,6 +686,16 @@ if has_flag -vg; then
   expect "-vg 1 without the speedrun" "^error: -vg 1 gates the speedrun's value embeddings, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -vg\$" \
     -vg 1
 fi
+# --- -yn, record #89's YaRN: the rotary's, over a stage plan whose every stage has a window (before the GPU)
+if has_flag -yn; then
+  expect "-yn 1 without rotary" "^error: -yn 1 rescales the rotary's frequencies, and the gpt2 architecture has no rotary: give -recipe modern or speedrun, or leave -yn out\$" \
+    -e d12 -t 256 -pd 1 -aw 2 -yn 1
+  expect "-yn 1 without a window" "^error: -yn 1 rescales the rotary at the stage plan's changes of the long window, and stage 1 of 1 has no window: give every stage one \(aw=, or -aw, with -pd 1\), or drop -yn" \
+    -recipe modern -yn 1
+  expect "-yn 1 with a stage without a window" "^error: -yn 1 rescales the rotary at the stage plan's changes of the long window, and stage 2 of 2 has no window" \
+    -recipe modern -e d12 -t 256 -pd 1 -sp "1/2 aw=1; 1/2 aw=0" -yn 1
+  expect "-yn out of range" "^error: -yn 2: must be" -yn 2
+fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
 # the matrices Muon takes (before the GPU)

@@ -531,7 +531,7 @@ void test_adam_rows() {
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut, -awt, -ao, -ko and -asc, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt, -ao, -ko, -asc and -yn, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -612,6 +612,12 @@ void test_loss_settings() {
     check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "the attention's softmax scale must be positive",
                  std::string("a debug state's ") + bad);
   }
+  d.settings = "-asc 0.1 -yn 1";
+  const llmc::DebugStateSettings yarn = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(yarn.yarn == 1 && yarn.attention_scale == 0.1 && none.yarn == 0,
+                "a debug state's settings '" + d.settings + "': YaRN (none: off)");
+  d.settings = "-yn 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-yn 2: must be", "a debug state's -yn 2");
   d.settings = "-asc inf";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-asc 'inf': not a number", "a debug state's -asc inf");
   d.settings = "-ao 2 -ar ve:lr=75,b1=0.75;headw:b2=0.99";

@@ -902,6 +902,47 @@ assert model.attention_scale == 0.1 and all(a.scale == 0.1 for a in attentions)
 print(f"'{text}': the modern tiny's {len(attentions)} attentions at 0.1 (0.12 before)")
 EOF
 
+check "--yarn: YaRN's rescaling against its formula by hand, record #89's scales at its window changes" <<'EOF'
+import math, numpy as np, torch, train_gpt2 as tg
+freq = tg.rotary_frequencies(128)
+got, scale = tg.yarn_rescale(freq, 0.1, 384, 896)
+f32 = np.float32
+for j in range(64):  # float32 step by step, true divisions, each Python scalar a float32
+    f = f32(freq[j].item())
+    r = f32(f32(384) * f) / f32(2 * math.pi)
+    w = min(max(f32(r - f32(1)) / f32(31), f32(0)), f32(1))
+    expected = f32(f * f32(f32(384 / 896) + f32(w * f32(1 - 384 / 896))))
+    assert got[j].item() == expected, (j, got[j].item(), expected)
+assert torch.equal(got[32:], freq[32:]) and scale == 0.1 * (0.2 * math.log(896 / 384) + 1)
+plan = tg.StagePlan(tg.parse_stages("1/3 aw=1/3; 1/3 aw=3/7; 1/3 aw=5/11; +15 aw=6/13", 2048, -1, 0), 1270, 1, 1)
+plan.set_final_window(20, "--final_window_blocks")
+scales = [tg.yarn_at(plan, step, freq, 0.1)[1] for step in (422, 423, 847, 1270, 1285)]
+assert scales == [0.1, 0.11694595720774409, 0.12751752379570258, 0.1317779884389435, 0.1317779884389435], scales
+stepped = (freq, 0.1)
+for step in range(1, 1286):
+    stepped = tg.yarn_advance(plan, step, *stepped)
+derived = tg.yarn_at(plan, 1285, freq, 0.1)
+assert torch.equal(stepped[0], derived[0]) and stepped[1] == derived[1]
+print(f"f[10] {freq[10].item():.9g} -> {got[10].item():.9g} at 384 -> 896 tokens; scales {scales} (the final "
+      f"window 20 no change); stepped and derived the same")
+EOF
+"$PYTHON" train_gpt2.py --model tiny --recipe modern -b 2 -t 256 --max_seq_len 256 --documents 1 --yarn 1 \
+  --attention_scale 0.1 --stages "1/2 aw=1; 1/2 aw=2" --total_batch_size -1 --write_debug_state "$WORK/yn_state" \
+  --debug_steps 4 --device cpu >/dev/null
+check "--yarn in the debug state: -yn 1 in its settings beside -asc, the model's base frequencies kept" <<'EOF'
+import glob, os, torch, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/yn_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert text == "-asc 0.1 -yn 1", text
+config = tg.make_config(*tg.MODERN_PRESETS["tiny"], source="tiny", arch="modern")
+model = tg.GPT(config)
+tg.apply_debug_state_settings(model, text, prefix, path)
+freq, scale = tg.yarn_base(model)
+assert model.yarn and scale == 0.1 and torch.equal(freq, tg.rotary_frequencies(128))
+print(f"'{text}': YaRN from the base frequencies and scale {scale}")
+EOF
+
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
   echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
   common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
@@ -1202,6 +1243,14 @@ expect_error "the rotary pairs (record #89's) lay out the modern and speedrun ro
   --bench --rotary_pairs 1
 expect_error "attention_scale 0.0: the attention's softmax scale must be positive" "${TINY[@]}" --bench \
   --attention_scale 0
+expect_error "yarn 1 rescales the rotary's frequencies, and GPT-2 has no rotary" --model tiny -b 2 -t 256 \
+  --max_seq_len 256 --documents 1 --stages "1/2 aw=1; 1/2 aw=2" --total_batch_size -1 --yarn 1 \
+  --write_debug_state "$WORK/x" --device cpu
+expect_error "yarn 1 rescales the rotary at the stage plan's changes of the long window, and stage 2 of 2 has no window" \
+  --model tiny --recipe modern -b 2 -t 256 --max_seq_len 256 --documents 1 --stages "1/2 aw=1; 1/2 aw=0" \
+  --total_batch_size -1 --yarn 1 --write_debug_state "$WORK/x" --device cpu
+expect_error "yarn 1 rescales the rotary at the stage plan's changes of the long window, and --write_debug_state has none" \
+  "${TINY[@]}" --recipe modern --yarn 1 --write_debug_state "$WORK/x" --device cpu
 expect_error "muon_qk_heads sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --muon_qk_heads 2
 expect_error "muon_qk_heads 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4" "${TINY[@]}" \
   --bench --optimizer muon --muon_qk_heads 3
