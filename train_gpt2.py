@@ -51,7 +51,8 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 # the architecture id in header slot 8 (0 GPT-2, as llm.c's files have it, 1 modern).
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
-# The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
+# Record #89's features in header slot 9, as bits (0 in files written before): the speedrun's smear, bigram
+# embedding and value-embedding gates, and the modern and speedrun models' rotary pairs.
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
 FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
 FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
