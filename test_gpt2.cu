@@ -129,10 +129,12 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::Debu
 // attention: causal, or within the batch's documents and the debug state's window (the largest of
 // its stages', in the unit of -awt); its settings (version 5: the cap, the loss's weights and their
 // prefix table, the untie step, through which the file's embedding is its head, AdamW's interval,
-// Muon's Q and K blocks, the key offset; the FP8 head's scales go to gpt2_init's StateSpec).
+// Muon's Q and K blocks, the key offset, the attention's scale; the FP8 head's scales go to gpt2_init's
+// StateSpec).
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
   if (settings.key_offset) gpt2_set_key_offset(m);
+  if (settings.attention_scale > 0.0) gpt2_set_attention_scale(m, settings.attention_scale);
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
                 ref.fp8_head);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
@@ -147,7 +149,7 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::Debu
 // The debug state's optimizer steps on its batch from the checkpoint's values (fp8: with -fp8 1),
 // each step's loss within tol of PyTorch's; prints the largest difference. With a stage plan, step
 // s takes the batch's first B*T_s tokens as B rows of T_s, its stage's window, rate multiplier and
-// loss weights.
+// loss weights, and with -yn 1 in the settings YaRN's frequencies and scale at the step.
 void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>& values,
                        const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, const llmc::OptimizerTable& opt,
                        bool fp8, float tol) {
@@ -160,6 +162,7 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
     const llmc::StepPlan p = stages.at(step, ref.B, 1);
     const int T = p.T;
     if (ref.documents) gpt2_set_window(m, p.windows);
+    if (settings.yarn) gpt2_set_yarn(m, llmc::yarn_at(stages, step, gpt2_yarn_base(m)));
     gpt2_set_loss_weights(m, p.loss);
     gpt2_zero_grad(m);
     gpt2_forward(m, ref.inputs.data(), ref.B, T, ForwardPass::kTraining);

@@ -102,6 +102,7 @@
 #include "llmc/train_state.h"
 #include "llmc/utils.h"
 #include "llmc/watchdog.h"
+#include "llmc/yarn.h"
 
 // ============================================================================
 // 1. Utilities and precision
@@ -2758,7 +2759,10 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 // alone) gets a weightless RMS norm, xhat = x * rstd with rstd = rsqrt(mean(x^2) + FLT_EPSILON)
 // (F.rms_norm's default eps), then the half-truncated rotary of its position t: the pair
 // (j, j + HS/2) turns by theta = t * freq[j], freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4
-// and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX.
+// and 0 above (a quarter of the pairs pass unrotated); the result is rounded once to floatX. Record
+// #89's layout (-rp 1, RotaryFrequencies::adjacent_pairs): pair j is (2j, 2j + 1), so dims HS/2 to
+// HS - 1 pass unrotated, and t is the token's place in the forward's rows as one sequence; YaRN
+// rescales freq (the model's, passed in).
 // rstd [B*T, 2*NH] (q heads, then k heads) is kept for the backward, which recovers xhat from the
 // stored output by the inverse rotation (the rotation is orthogonal) instead of keeping a copy.
 // One warp per token, each lane holding pairs j = lane + 32i of a head in registers and forming
@@ -2775,29 +2779,45 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 constexpr int kQkNormMaxHeadSize = 256;
 constexpr int kQkNormWarps = 4;  // tokens a block
 
-// The rotary frequencies freq[j], j < HS/2: a kernel argument (__grid_constant__, read in place,
-// not copied per thread).
+// The rotary frequencies freq[p] of pair p < HS/2 and the pairs' layout: a kernel argument
+// (__grid_constant__, read in place, not copied per thread). adjacent_pairs: pair p is dims (2p,
+// 2p + 1) (record #89's layout, -rp 1) instead of (p, p + HS/2); flat_positions: a token's position
+// is its place in the forward's B x T rows as one sequence (b T + t, record #89's, which runs one row
+// of all the tokens) instead of t within its row. The frequencies are model state: YaRN rescales them.
 struct RotaryFrequencies {
   float freq[kQkNormMaxHeadSize / 2];
+  bool adjacent_pairs;
+  bool flat_positions;
+  // The dims of pair p of a head: its first, and its partner.
+  __host__ __device__ int first(int p) const { return adjacent_pairs ? 2 * p : p; }
+  __host__ __device__ int second(int p, int HS) const { return adjacent_pairs ? 2 * p + 1 : p + HS / 2; }
+  // The position of row b's token t of a forward's rows of T.
+  __host__ __device__ int position(int b, int t, int T) const { return flat_positions ? b * T + t : t; }
 };
 
-RotaryFrequencies rotary_frequencies(int HS) {
+// The base frequencies (1/1024)^(p / (HS/4 - 1)) of the first HS/4 pairs, 0 above; adjacent_pairs:
+// record #89's layout (both of RotaryFrequencies's switches).
+RotaryFrequencies rotary_frequencies(int HS, bool adjacent_pairs = false) {
   RotaryFrequencies f = {};
   const int rotated = HS / 4;
   for (int j = 0; j < rotated; j++) f.freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (rotated - 1));
+  f.adjacent_pairs = adjacent_pairs;
+  f.flat_positions = adjacent_pairs;
   return f;
 }
 
-// A lane's pairs j = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
+// A lane's pairs p = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
 // kHeads heads are loaded at once.
 template <int PAIRS>
 struct QkNormLane {
   static constexpr int kHeads = 8 / PAIRS;
   float cos_j[PAIRS], sin_j[PAIRS];
   int id, half;
+  bool adjacent;
 
-  // cos and sin of theta = t * freq[j] for the lane's pairs (1 and 0 past HS/2, unused).
-  __device__ QkNormLane(const RotaryFrequencies& f, int t, int HS) : id(threadIdx.x % WARP_SIZE), half(HS / 2) {
+  // cos and sin of theta = t * freq[p] for the lane's pairs (1 and 0 past HS/2, unused).
+  __device__ QkNormLane(const RotaryFrequencies& f, int t, int HS)
+      : id(threadIdx.x % WARP_SIZE), half(HS / 2), adjacent(f.adjacent_pairs) {
 #pragma unroll
     for (int i = 0; i < PAIRS; i++) {
       cos_j[i] = 1.0f;
@@ -2806,15 +2826,18 @@ struct QkNormLane {
     }
   }
   __device__ int pair(int i) const { return id + i * WARP_SIZE; }
-  // x[j] and x[j + HS/2] of the lane's pairs of head `head` of a row (0 where j >= HS/2, or where
-  // the head is past the row's `heads`).
+  // The columns of pair i within a head (RotaryFrequencies::first and second).
+  __device__ int first(int i) const { return adjacent ? 2 * pair(i) : pair(i); }
+  __device__ int second(int i) const { return adjacent ? 2 * pair(i) + 1 : pair(i) + half; }
+  // The two dims of the lane's pairs of head `head` of a row (0 where the pair is past HS/2, or
+  // where the head is past the row's `heads`).
   __device__ void load(float (&x1)[PAIRS], float (&x2)[PAIRS], const floatX* row, int head, int heads,
                        int HS) const {
 #pragma unroll
     for (int i = 0; i < PAIRS; i++) {
       const bool in = head < heads && pair(i) < half;
-      x1[i] = in ? (float)row[head * HS + pair(i)] : 0.0f;
-      x2[i] = in ? (float)row[head * HS + pair(i) + half] : 0.0f;
+      x1[i] = in ? (float)row[head * HS + first(i)] : 0.0f;
+      x2[i] = in ? (float)row[head * HS + second(i)] : 0.0f;
     }
   }
 };
@@ -2825,7 +2848,7 @@ __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N
   using Lane = QkNormLane<PAIRS>;
   const int token = blockIdx.x * kQkNormWarps + threadIdx.x / WARP_SIZE;
   if (token >= N) return;
-  const Lane lane(f, first_position + token % T, HS);
+  const Lane lane(f, first_position + f.position(token / T, token % T, T), HS);
   floatX* row = qkv + (size_t)token * 3 * NH * HS;  // q's heads, then k's
   for (int first = 0; first < 2 * NH; first += Lane::kHeads) {
     float x1[Lane::kHeads][PAIRS], x2[Lane::kHeads][PAIRS];
@@ -2841,11 +2864,10 @@ __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N
       const float rstd = rsqrtf(warp_reduce_sum(squares) / HS + FLT_EPSILON);
 #pragma unroll
       for (int i = 0; i < PAIRS; i++) {
-        const int j = lane.pair(i);
-        if (j >= lane.half) break;
+        if (lane.pair(i) >= lane.half) break;
         const float a = x1[h][i] * rstd, b = x2[h][i] * rstd;
-        row[head * HS + j] = (floatX)(a * lane.cos_j[i] + b * lane.sin_j[i]);
-        row[head * HS + j + lane.half] = (floatX)(b * lane.cos_j[i] - a * lane.sin_j[i]);
+        row[head * HS + lane.first(i)] = (floatX)(a * lane.cos_j[i] + b * lane.sin_j[i]);
+        row[head * HS + lane.second(i)] = (floatX)(b * lane.cos_j[i] - a * lane.sin_j[i]);
       }
       if (lane.id == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
     }
@@ -2860,7 +2882,7 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
   using Lane = QkNormLane<PAIRS>;
   const int token = blockIdx.x * kQkNormWarps + threadIdx.x / WARP_SIZE;
   if (token >= N) return;
-  const Lane lane(f, token % T, HS);
+  const Lane lane(f, f.position(token / T, token % T, T), HS);
   const size_t offset = (size_t)token * 3 * NH * HS;
   floatX* d = dqkv + offset;
   const floatX* y = qkv + offset;
@@ -2888,10 +2910,9 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
       const float rstd = qk_rstd[(size_t)token * 2 * NH + head], mean_dot = warp_reduce_sum(dot) / HS;
 #pragma unroll
       for (int i = 0; i < PAIRS; i++) {
-        const int j = lane.pair(i);
-        if (j >= lane.half) break;
-        d[head * HS + j] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
-        d[head * HS + j + lane.half] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
+        if (lane.pair(i) >= lane.half) break;
+        d[head * HS + lane.first(i)] = (floatX)(rstd * (dxhat1[i] - xhat1[i] * mean_dot));
+        d[head * HS + lane.second(i)] = (floatX)(rstd * (dxhat2[i] - xhat2[i] * mean_dot));
       }
     }
   }
@@ -2910,36 +2931,36 @@ Kernel qk_norm_rotary_instance(int HS, Kernel one, Kernel two, Kernel four) {
   return pairs == 1 ? one : pairs == 2 ? two : four;
 }
 
-// qkv [B, T, 3C]: q and k of every head normalised and rotated in place; qk_rstd [B*T, 2*NH].
+// qkv [B, T, 3C]: q and k of every head normalised and rotated (f) in place; qk_rstd [B*T, 2*NH].
 // first_position: the position of the sequences' first token (decoding one token at a time).
-void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, cudaStream_t stream,
-                            int first_position = 0) {
+void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, const RotaryFrequencies& f,
+                            cudaStream_t stream, int first_position = 0) {
   qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_forward_kernel<1>, qk_norm_rotary_forward_kernel<2>,
                                               qk_norm_rotary_forward_kernel<4>);
   kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(qkv, qk_rstd, N, T, NH, HS,
-                                                                            first_position, rotary_frequencies(HS));
+                                                                            first_position, f);
   cudaCheckLaunch();
 }
 
 // dqkv [B, T, 3C]: the gradient of q and k after the rotary becomes their gradient before the norm,
 // in place, from the forward's output qkv and qk_rstd; v's gradient is left alone.
 void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
-                             int HS, cudaStream_t stream) {
+                             int HS, const RotaryFrequencies& f, cudaStream_t stream) {
   qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_backward_kernel<1>,
                                               qk_norm_rotary_backward_kernel<2>, qk_norm_rotary_backward_kernel<4>);
   kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(dqkv, qkv, qk_rstd, N, T, NH, HS,
-                                                                            rotary_frequencies(HS));
+                                                                            f);
   cudaCheckLaunch();
 }
 
 // ---- Record #89's key offset, in place on qkv's k [N, 3C] after the rotary ----
 // Over the forward's N = B x T rows as one flat sequence (rows continue each other; documents do not
 // matter), key n's stationary dims (those the rotary leaves unturned: j and j + HS/2 for
-// HS/4 <= j < HS/2) become key n-1's, key 0 keeping its own: a key then also
+// HS/4 <= j < HS/2; with record #89's adjacent pairs HS/2 to HS - 1) become key n-1's, key 0 keeping its own: a key then also
 // carries its predecessor's, which lets one layer find a token's successor (an induction head).
 // N x NH x HS/2 values, key_offset_column: head h's s-th stationary dim. The forward gathers them into
 // scratch [N, C/2] and writes each one a row on, keeping the last row's (which no key takes) in
@@ -2952,49 +2973,54 @@ void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rs
 
 constexpr int kKeyOffsetThreads = 256;
 
-// The column of qkv's row holding head h's s-th stationary key dim (s < HS/2): dims HS/4 to HS/2 - 1
-// and 3HS/4 to HS - 1 (rotary_frequencies's zeros).
-__host__ __device__ inline int key_offset_column(int h, int s, int C, int HS) {
+// The column of qkv's row holding head h's s-th stationary key dim (s < HS/2), the pairs of
+// rotary_frequencies's zeros: dims HS/4 to HS/2 - 1 and 3HS/4 to HS - 1, or with adjacent pairs
+// (record #89's layout) HS/2 to HS - 1.
+__host__ __device__ inline int key_offset_column(int h, int s, int C, int HS, bool adjacent_pairs) {
   const int quarter = HS / 4;
+  if (adjacent_pairs) return C + h * HS + 2 * quarter + s;
   return C + h * HS + quarter + s + (s >= quarter ? quarter : 0);
 }
 
-__global__ void key_offset_gather_kernel(floatX* scratch, floatX* tail, const floatX* qkv, int N, int C, int HS) {
+__global__ void key_offset_gather_kernel(floatX* scratch, floatX* tail, const floatX* qkv, int N, int C, int HS,
+                                         bool adjacent_pairs) {
   const int half = C / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * half) return;
   const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
-  const floatX x = qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS)];
+  const floatX x = qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS, adjacent_pairs)];
   scratch[i] = x;
   if (tail && n == N - 1) tail[c] = x;
 }
 
-__global__ void key_offset_forward_kernel(floatX* qkv, const floatX* scratch, int N, int C, int HS) {
+__global__ void key_offset_forward_kernel(floatX* qkv, const floatX* scratch, int N, int C, int HS,
+                                          bool adjacent_pairs) {
   const int half = C / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * half) return;
   const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
-  if (n > 0) qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS)] = scratch[i - half];
+  if (n > 0) qkv[(size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS, adjacent_pairs)] = scratch[i - half];
 }
 
 // scratch [2, N, C/2]: the shifted keys' gradient, then the shifted keys.
 __global__ void key_offset_backward_kernel(floatX* dqkv, floatX* qkv, const floatX* scratch, const floatX* tail,
-                                           int N, int C, int HS) {
+                                           int N, int C, int HS, bool adjacent_pairs) {
   const int half = C / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, count = (size_t)N * half;
   if (i >= count) return;
   const int n = (int)(i / half), c = (int)(i % half), S = HS / 2;
-  const size_t at = (size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS);
+  const size_t at = (size_t)n * 3 * C + key_offset_column(c / S, c % S, C, HS, adjacent_pairs);
   float d = n + 1 < N ? (float)scratch[i + half] : 0.0f;
   if (n == 0) d += (float)scratch[i];
   dqkv[at] = (floatX)d;
   qkv[at] = n + 1 < N ? scratch[count + i + half] : tail[c];
 }
 
-__global__ void key_offset_decode_kernel(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS) {
+__global__ void key_offset_decode_kernel(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS,
+                                         bool adjacent_pairs) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, S = HS / 2;
   if (c >= C / 2) return;
-  const int h = c / S, d = key_offset_column(h, c % S, C, HS) - C - h * HS;
+  const int h = c / S, d = key_offset_column(h, c % S, C, HS, adjacent_pairs) - C - h * HS;
   floatX* keys = k_cache + (size_t)h * max_t * HS + d;
   const floatX own = qkv[C + h * HS + d];
   if (t > 0) qkv[C + h * HS + d] = keys[(size_t)t * HS];
@@ -3007,13 +3033,15 @@ void key_offset_check(const char* name, int N, int C, int HS) {
 }
 
 // qkv [N, 3C]: k's stationary dims a row on (row 0 keeps its own); scratch [N, C/2]; tail [C/2]
-// gets row N-1's (null: not kept, for a pass without a backward).
-void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C, int HS, cudaStream_t stream) {
+// gets row N-1's (null: not kept, for a pass without a backward). adjacent_pairs: the rotary's layout
+// (RotaryFrequencies::adjacent_pairs), which says which dims are stationary.
+void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C, int HS, bool adjacent_pairs,
+                        cudaStream_t stream) {
   key_offset_check("key_offset_forward", N, C, HS);
   const int grid = ceil_div((long)N * (C / 2), kKeyOffsetThreads);
-  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, tail, qkv, N, C, HS);
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, tail, qkv, N, C, HS, adjacent_pairs);
   cudaCheckLaunch();
-  key_offset_forward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(qkv, scratch, N, C, HS);
+  key_offset_forward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(qkv, scratch, N, C, HS, adjacent_pairs);
   cudaCheckLaunch();
 }
 
@@ -3021,39 +3049,70 @@ void key_offset_forward(floatX* qkv, floatX* scratch, floatX* tail, int N, int C
 // the shift, and qkv's keys are put back as the rotary wrote them (row N-1's from tail), both in
 // place; scratch [N, C].
 void key_offset_backward(floatX* dqkv, floatX* qkv, floatX* scratch, const floatX* tail, int N, int C, int HS,
-                         cudaStream_t stream) {
+                         bool adjacent_pairs, cudaStream_t stream) {
   key_offset_check("key_offset_backward", N, C, HS);
   const int grid = ceil_div((long)N * (C / 2), kKeyOffsetThreads);
-  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, nullptr, dqkv, N, C, HS);
+  key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch, nullptr, dqkv, N, C, HS,
+                                                                   adjacent_pairs);
   cudaCheckLaunch();
   key_offset_gather_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(scratch + (size_t)N * (C / 2), nullptr, qkv, N,
-                                                                   C, HS);
+                                                                   C, HS, adjacent_pairs);
   cudaCheckLaunch();
-  key_offset_backward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(dqkv, qkv, scratch, tail, N, C, HS);
+  key_offset_backward_kernel<<<grid, kKeyOffsetThreads, 0, stream>>>(dqkv, qkv, scratch, tail, N, C, HS,
+                                                                     adjacent_pairs);
   cudaCheckLaunch();
 }
 
 // qkv [3C]: the token at position t (< max_t) of a layer's cache k_cache [NH, max_t, HS].
-void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS, cudaStream_t stream) {
+void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, int HS, bool adjacent_pairs,
+                       cudaStream_t stream) {
   key_offset_check("key_offset_decode", 1, C, HS);
   REQUIRE(t >= 0 && t < max_t, "key_offset_decode: position %d outside the cache's %d", t, max_t);
   key_offset_decode_kernel<<<ceil_div(C / 2, kKeyOffsetThreads), kKeyOffsetThreads, 0, stream>>>(qkv, k_cache, t,
-                                                                                                 max_t, C, HS);
+                                                                                                 max_t, C, HS,
+                                                                                                 adjacent_pairs);
   cudaCheckLaunch();
 }
 
 // ---- The speedrun's value mix (SPEC "The speedrun architecture"), in place on qkv's v ----
 // v = a v + b ve[token] in the layers with a value embedding (ve [Vp, C], a parameter), v = a v in
-// the others; (a, b) = scales, two values read from the parameters on the device. qkv [N, 3C],
-// q | k | v as the flash attention reads it (v in columns [2C, 3C)), after QK-norm and rotary; the
-// mixed v is rounded once. The forward keeps v before the mix in v_pre [N, C] for the backward,
-// which writes dv_pre = a dv in place, sums da and db over row blocks (section 2) and adds
-// dve[token] += b dv through the encoder's bucketed backward (section 3) of b dv, written to a
-// scratch [N, C]: deterministic. Floor: forward reads 2NC values, writes 2NC; backward reads 3NC,
-// writes 2NC (the scratch, which the encoder's backward reads again); memory-bound.
+// the others; (a, b) = scales, two values read from the parameters on the device. With record #89's
+// value-embedding gates (ValueMixGates) b is each head's gate instead: g_h = 2 sigmoid(z_h), z_h =
+// W[h] . [hn[:6], e[:6]] (e = ve[token], hn the attention's normed input, W [NH, 12]), its 12
+// products added in that order in FP32 (ve_gate_value), recomputed where needed, not stored. qkv
+// [N, 3C], q | k | v as the flash attention reads it (v in columns [2C, 3C)), after QK-norm and
+// rotary; the mixed v is rounded once. The forward keeps v before the mix in v_pre [N, C] for the
+// backward, which writes dv_pre = a dv in place, sums da and db (or dW) over row blocks (section 2)
+// and adds dve[token] += b dv (g_h dv, and the gates' part of e[:6]) through the encoder's bucketed
+// backward (section 3) of a scratch [N, C]: deterministic. Floor: forward reads 2NC values, writes
+// 2NC; backward reads 3NC, writes 2NC (the scratch, which the encoder's backward reads again);
+// memory-bound, the gates' 12 products a head and row beside it.
+
+// A layer's value-embedding gates: W [NH, kVeGateWidth] and the attention's normed input hn [N, C];
+// for the backward their gradients, dW (stochastic rounding) and dhn, whose first kVeGateInputs
+// columns (rows ld_dhn apart) the gates' part is added to, rounded to nearest. W null: no gates.
+struct ValueMixGates {
+  const floatX* W = nullptr;
+  const floatX* hn = nullptr;
+  int NH = 0;
+  floatX* dW = nullptr;
+  floatX* dhn = nullptr;
+  int ld_dhn = 0;
+};
+using llmc::kVeGateInputs;
+using llmc::kVeGateWidth;
+
+// 2 sigmoid(w . [hn_row[:6], e_row[:6]]), w a head's kVeGateWidth weights: the forward's and the
+// backward's one expression, so that both have the same bits.
+__device__ __forceinline__ float ve_gate_value(const floatX* w, const floatX* hn_row, const floatX* e_row) {
+  float z = 0.0f;
+  for (int j = 0; j < kVeGateInputs; j++) z = __fmaf_rn((float)w[j], (float)hn_row[j], z);
+  for (int j = 0; j < kVeGateInputs; j++) z = __fmaf_rn((float)w[kVeGateInputs + j], (float)e_row[j], z);
+  return 2.0f / (1.0f + expf(-z));
+}
 
 __global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens,
-                                         const floatX* scales, int N, int C) {
+                                         const floatX* scales, ValueMixGates gates, int N, int C) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= (size_t)N * C) return;
   const size_t row = i / C;
@@ -3064,8 +3123,10 @@ __global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const float
   const float a = (float)scales[0];
   x128 o;
   if (ve) {
-    const float b = (float)scales[1];
-    const x128 e = load128(ve + (size_t)tokens[row] * C + c);
+    const floatX* e_row = ve + (size_t)tokens[row] * C;
+    const float b = gates.W ? ve_gate_value(gates.W + (c / (C / gates.NH)) * kVeGateWidth, gates.hn + row * C, e_row)
+                            : (float)scales[1];
+    const x128 e = load128(e_row + c);
     for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k] + b * (float)e[k]);
   } else {
     for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k]);
@@ -3102,42 +3163,157 @@ __global__ void value_mix_backward_kernel(floatX* dqkv, floatX* dve_rows, float*
   row_block_sums_store(partials, sums);
 }
 
-constexpr int kValueMixThreads = 256;
-
-void value_mix_check(const char* name, int N, int C) {
-  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
-          name, N, C, x128::size);
+// The backward with gates: grid kRowBlocks of kValueMixGateWarps warps, warp w taking its block's
+// rows w, w + 8, ... in turn, a 16-byte piece a lane. Dynamic shared memory, in floats: W [NH 12],
+// then per warp (value_mix_gate_warp_floats) its dW sums [NH 12], the row's gate inputs [12], gates
+// [NH], dz [NH], dv[:6] and its pieces' dv . e [C / x128::size]. Per row: dg_h = the head's piece dots
+// in order, dz_h = dg_h g_h (1 - g_h / 2); dhn[j] += sum_h dz_h W[h, j] and the scratch's e[:6]
+// columns g dv + sum_h dz_h W[h, 6 + j] (h in order); dW sums dz_h x_j in row order. Then the block's
+// da (block_reduce_sum's tree) into partials[block], and dW's warps in order into dw_partials[block].
+constexpr int kValueMixGateWarps = 8;
+__host__ __device__ inline int value_mix_gate_warp_floats(int NH, int C) {
+  return NH * kVeGateWidth + kVeGateWidth + 2 * NH + kVeGateInputs + C / x128::size;
 }
 
+__global__ void value_mix_gated_backward_kernel(floatX* dqkv, floatX* dve_rows, float* partials, float* dw_partials,
+                                                const floatX* v_pre, const floatX* ve, const int* tokens,
+                                                const floatX* scales, ValueMixGates gates, int N, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int NH = gates.NH, HS = C / NH, weights = NH * kVeGateWidth, pieces = C / x128::size;
+  float* w_s = shared;
+  float* dw_acc = shared + weights + warp * value_mix_gate_warp_floats(NH, C);
+  float* inputs = dw_acc + weights;
+  float* gate = inputs + kVeGateWidth;
+  float* dz = gate + NH;
+  float* dv_first = dz + NH;
+  float* piece_dot = dv_first + kVeGateInputs;
+  for (int e = threadIdx.x; e < weights; e += blockDim.x) w_s[e] = (float)gates.W[e];
+  for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] = 0.0f;
+  __syncthreads();
+  const float a = (float)scales[0];
+  float da = 0.0f;
+  const int rpb = rows_per_block(N), r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kValueMixGateWarps) {
+    const floatX* hn_row = gates.hn + (size_t)row * C;
+    const floatX* e_row = ve + (size_t)tokens[row] * C;
+    if (lane < kVeGateWidth) inputs[lane] = (float)(lane < kVeGateInputs ? hn_row[lane] : e_row[lane - kVeGateInputs]);
+    for (int h = lane; h < NH; h += WARP_SIZE) gate[h] = ve_gate_value(gates.W + h * kVeGateWidth, hn_row, e_row);
+    __syncwarp();
+    for (int p = lane; p < pieces; p += WARP_SIZE) {
+      const int c = p * x128::size;
+      const size_t at = (size_t)row * C + c;
+      floatX* dv_at = dqkv + (size_t)row * 3 * C + 2 * C + c;
+      const x128 dv = load128(dv_at), vp = load128(v_pre + at), e = load128(e_row + c);
+      const float g = gate[c / HS];
+      x128 o, scaled;
+      float dot = 0.0f;
+      for (int k = 0; k < x128::size; k++) {
+        const float d = (float)dv[k];
+        da += d * (float)vp[k];
+        dot += d * (float)e[k];
+        o[k] = (floatX)(a * d);
+        scaled[k] = (floatX)(g * d);
+        if (c + k < kVeGateInputs) dv_first[c + k] = d;
+      }
+      store128(dv_at, o);
+      store128(dve_rows + at, scaled);
+      piece_dot[p] = dot;
+    }
+    __syncwarp();
+    for (int h = lane; h < NH; h += WARP_SIZE) {
+      float dg = 0.0f;
+      for (int p = h * HS / x128::size; p < (h + 1) * HS / x128::size; p++) dg += piece_dot[p];
+      dz[h] = dg * gate[h] * (1.0f - 0.5f * gate[h]);
+    }
+    __syncwarp();
+    if (lane < kVeGateWidth) {
+      float sum = 0.0f;
+      for (int h = 0; h < NH; h++) sum += dz[h] * w_s[h * kVeGateWidth + lane];
+      if (lane < kVeGateInputs) {
+        floatX& d = gates.dhn[(size_t)row * gates.ld_dhn + lane];
+        d = (floatX)((float)d + sum);
+      } else {
+        const int j = lane - kVeGateInputs;  // after the piece's store: __syncwarp orders them
+        dve_rows[(size_t)row * C + j] = (floatX)(gate[j / HS] * dv_first[j] + sum);
+      }
+    }
+    for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] += dz[e / kVeGateWidth] * inputs[e % kVeGateWidth];
+    __syncwarp();  // the row's shared values are the next row's
+  }
+  const float sums[1] = {da};
+  row_block_sums_store(partials, sums);
+  __syncthreads();
+  for (int e = threadIdx.x; e < weights; e += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kValueMixGateWarps; w++) {
+      sum += shared[weights + w * value_mix_gate_warp_floats(NH, C) + e];
+    }
+    dw_partials[(size_t)blockIdx.x * weights + e] = sum;
+  }
+}
+
+constexpr int kValueMixThreads = 256;
+
+void value_mix_check(const char* name, int N, int C, const floatX* ve, const ValueMixGates& gates) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+  if (!gates.W) return;
+  REQUIRE(ve && gates.hn && gates.NH > 0 && C % gates.NH == 0 && (C / gates.NH) % x128::size == 0 &&
+              C >= kVeGateInputs,
+          "%s: the value-embedding gates need a value embedding, the normed input hn, and NH=%d heads of a whole "
+          "multiple of %d channels in C=%d (at least %d)", name, gates.NH, x128::size, C, kVeGateInputs);
+}
+
+// The column-reduction partials value_mix_backward takes for NH heads (with or without gates).
+size_t value_mix_backward_partials(int NH) { return (size_t)kRowBlocks * (2 + NH * kVeGateWidth); }
+
 // qkv [N, 3C]: v_pre [N, C] = v, then v = scales[0] v + scales[1] ve[tokens] (ve nullptr: scales[0]
-// v). tokens [N] on the device (read only with ve).
+// v), with gates each head's gate in place of scales[1]. tokens [N] on the device (read only with ve).
 void value_mix_forward(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
-                       int N, int C, cudaStream_t stream) {
-  value_mix_check("value_mix_forward", N, C);
+                       int N, int C, cudaStream_t stream, const ValueMixGates& gates = {}) {
+  value_mix_check("value_mix_forward", N, C, ve, gates);
   REQUIRE(!ve || tokens, "value_mix_forward: a value embedding needs the tokens");
   const size_t pieces = (size_t)N * C / x128::size;
   value_mix_forward_kernel<<<ceil_div(pieces, kValueMixThreads), kValueMixThreads, 0, stream>>>(
-      qkv, v_pre, ve, tokens, scales, N, C);
+      qkv, v_pre, ve, tokens, scales, gates, N, C);
   cudaCheckLaunch();
 }
 
 // dqkv [N, 3C]: its v part, dv (the gradient of the mixed v), becomes scales[0] dv, the gradient of
 // v_pre, in place; dscales[0] += sum(dv * v_pre). With ve: dscales[1] += sum(dv * ve[tokens]), and
 // dve[token] += the sum of scales[1] dv over the token's rows, from scratch [N, C] (overwritten)
-// through encoder_backward with plan (of these N tokens, on the GPU). Scalar sums and dve with
-// stochastic rounding (seed). partials: kRowBlocks * 2 floats. Without ve, dve, scratch and plan
-// are unused.
+// through encoder_backward with plan (of these N tokens, on the GPU). With gates dscales[1] is left
+// alone, each head's gate takes scales[1]'s place in dve, the gates' part of e[:6] joins it, and
+// gates.dW and gates.dhn[:, :6] take theirs. Scalar sums and dve with stochastic rounding (seed).
+// partials: value_mix_backward_partials(NH) floats. Without ve, dve, scratch and plan are unused.
 void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scratch, float* partials,
                         const floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
-                        const EncoderBackwardPlan* plan, int N, int C, uint32_t seed, cudaStream_t stream) {
+                        const EncoderBackwardPlan* plan, int N, int C, uint32_t seed, cudaStream_t stream,
+                        const ValueMixGates& gates = {}) {
   const char* name = "value_mix_backward";
-  value_mix_check(name, N, C);
+  value_mix_check(name, N, C, ve, gates);
   REQUIRE(!ve || (dve && scratch && tokens && plan),
           "%s: a value embedding needs dve, the scratch, the tokens and the encoder's plan", name);
-  value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
-                                                                         tokens, scales, N, C);
-  cudaCheckLaunch();
-  column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+  if (gates.W) {
+    REQUIRE(gates.dW && gates.dhn && gates.ld_dhn >= kVeGateInputs,
+            "%s: the gates need dW and dhn, its rows at least %d apart (ld_dhn %d)", name, kVeGateInputs, gates.ld_dhn);
+    const int weights = gates.NH * kVeGateWidth;
+    float* dw_partials = partials + kRowBlocks;
+    const size_t shared = sizeof(float) * (weights + (size_t)kValueMixGateWarps * value_mix_gate_warp_floats(gates.NH, C));
+    cudaCheck(cudaFuncSetAttribute(value_mix_gated_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared));
+    value_mix_gated_backward_kernel<<<kRowBlocks, kValueMixGateWarps * WARP_SIZE, shared, stream>>>(
+        dqkv, scratch, partials, dw_partials, v_pre, ve, tokens, scales, gates, N, C);
+    cudaCheckLaunch();
+    column_sum_finalize(dscales, partials, 1, 1, kRowBlocks, seed, stream);
+    column_sum_finalize(gates.dW, dw_partials, weights, weights, kRowBlocks, seed ^ 0x85ebca6bu, stream);
+  } else {
+    value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
+                                                                           tokens, scales, N, C);
+    cudaCheckLaunch();
+    column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+  }
   if (ve) encoder_backward(dve, nullptr, *plan, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
 }
 
@@ -3964,7 +4140,8 @@ __device__ __forceinline__ void load_ds_a_fragment(uint32_t a[4], const floatX* 
 // of dQ or dK, in place, before it is stored: the gradient after the rotary becomes the gradient
 // before the norm without a pass of its own, and from dy unrounded. The thread's rows are g and
 // g + 8 (e / 2 of acc[dn][e]); column j = 8 dn + 2t + e % 2 has its rotary partner j + HS/2 in
-// acc[dn + HS/16] of the same thread, and a row's columns lie in the 4 lanes of a quad. y(row, dn)
+// acc[dn + HS/16] of the same thread (with record #89's adjacent pairs, j = 2p and j + 1 in acc[dn][e]
+// and acc[dn][e + 1], e even: pair p = 4 dn + t), and a row's columns lie in the 4 lanes of a quad. y(row, dn)
 // gives the forward's output (the attention's q or k) at columns 8 dn + 2t and + 1 of the thread's
 // row 0 or 1; rstd and position are the rows'. A rotation keeps dot products, so with g = scale acc:
 // dx = rstd R^T (g - y mean(g y)).
@@ -3994,6 +4171,22 @@ __device__ __forceinline__ void qk_norm_rotary_backward_rows(float acc[HS / 8][4
     mean[row] += __shfl_xor_sync(~0u, mean[row], 1);
     mean[row] += __shfl_xor_sync(~0u, mean[row], 2);
     mean[row] /= HS;
+  }
+  if (f.adjacent_pairs) {
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; dn++) {
+#pragma unroll
+      for (int row = 0; row < 2; row++) {
+        const int e = 2 * row, p = dn * 4 + t;
+        const float u1 = acc[dn][e] - y_acc[dn][e] * mean[row];
+        const float u2 = acc[dn][e + 1] - y_acc[dn][e + 1] * mean[row];
+        float c = 1.0f, s = 0.0f;
+        if (p < HS / 4) sincosf((float)position[row] * f.freq[p], &s, &c);
+        acc[dn][e] = rstd[row] * (c * u1 - s * u2);
+        acc[dn][e + 1] = rstd[row] * (s * u1 + c * u2);
+      }
+    }
+    return;
   }
 #pragma unroll
   for (int dn = 0; dn < kPartner; dn++) {
@@ -5503,7 +5696,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
       const int offset = staged_offset(warp * 16 + lane / 4 + 8 * row, dn * 8 + 2 * t, kKeys);
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dk_s + offset));
     };
-    qk_norm_rotary_backward_rows<HS>(dk, scale, y, rstd, kv_row, freq);
+    const int position[2] = {freq.position(b, kv_row[0], T), freq.position(b, kv_row[1], T)};
+    qk_norm_rotary_backward_rows<HS>(dk, scale, y, rstd, position, freq);
     stage_rows<HS>(dk_s, kKeys, dk, 1.0f);
   } else {
     stage_rows<HS>(dk_s, kKeys, dk, scale);
@@ -5585,7 +5779,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
       if (row[i] >= T) return make_float2(0.0f, 0.0f);
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_g + (size_t)row[i] * ld + dn * 8 + 2 * t));
     };
-    qk_norm_rotary_backward_rows<HS>(dq, scale, y, rstd, row, freq);
+    const int position[2] = {freq.position(b, row[0], T), freq.position(b, row[1], T)};
+    qk_norm_rotary_backward_rows<HS>(dq, scale, y, rstd, position, freq);
     store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, 1.0f, 1.0f);
   } else {
     store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
@@ -6193,13 +6388,13 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
 template <int HS>
 void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
                      const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
-                     const DocumentWindow& dw, bool row_dots_given, const float* qk_rstd, cudaStream_t stream) {
+                     const DocumentWindow& dw, bool row_dots_given, const float* qk_rstd,
+                     const RotaryFrequencies& freq, cudaStream_t stream) {
   set_smem_limits<HS>();
   if (!row_dots_given) backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const WindowPairs pairs = window_pairs(dw, T);
   const float scale_log2 = scale_in_log2_units(scale);
   const dim3 grid(T / kTileRows, B * NH);
-  const RotaryFrequencies freq = rotary_frequencies(HS);
   // The Hopper kernel leaves the qkv bias's tile sums (GPT-2's) to the other, and takes QK-norm's
   // backward into its epilogue and the dQ kernel's; the other leaves it to a pass of its own.
   const bool hopper = hopper_support().usable && !tile_sums;
@@ -6223,7 +6418,7 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
   attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
       dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs, epilogue_rstd, freq);
   cudaCheckLaunch();
-  if (qk_rstd && !hopper) qk_norm_rotary_backward(dqkv, qkv, qk_rstd, B, T, NH, HS, stream);
+  if (qk_rstd && !hopper) qk_norm_rotary_backward(dqkv, qkv, qk_rstd, B, T, NH, HS, freq, stream);
 }
 }  // namespace flash
 #endif  // !ENABLE_FP32
@@ -6318,28 +6513,31 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 // at least as wide. With
 // qk_rstd (qk_norm_rotary_forward's, of the q and k in qkv), q's and k's gradients go on through
 // QK-norm's and the rotary's backward (qk_norm_rotary_backward's result; on Hopper, without
-// tile_sums, in the kernels' epilogues from dQ and dK unrounded).
+// tile_sums, in the kernels' epilogues from dQ and dK unrounded), rotated by freq (given with it).
 void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                                const floatX* dout, const floatX* qkv, const floatX* out, const float* lse, int B,
                                int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream,
-                               bool row_dots_given = false, const float* qk_rstd = nullptr) {
+                               bool row_dots_given = false, const float* qk_rstd = nullptr,
+                               const RotaryFrequencies* freq = nullptr) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
   REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
           llmc::kAttentionBlock, T);
   REQUIRE(!tile_sums || !qk_rstd, "attention_backward_window: tile sums are of the attention's own gradient, "
           "which QK-norm's backward then changes: give tile_sums or qk_rstd, not both");
+  REQUIRE(!qk_rstd || freq, "attention_backward_window: QK-norm's backward (qk_rstd) needs the rotary's frequencies");
 #if !defined(ENABLE_FP32)
+  const RotaryFrequencies rotary = freq ? *freq : RotaryFrequencies{};
   if (HS == 64) {
     flash::backward_window<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                               row_dots_given, qk_rstd, stream);
+                               row_dots_given, qk_rstd, rotary, stream);
   } else {
     flash::backward_window<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                                row_dots_given, qk_rstd, stream);
+                                row_dots_given, qk_rstd, rotary, stream);
   }
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
-      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd;
+      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd, (void)freq;
 #endif
 }
 
@@ -8166,6 +8364,7 @@ void bigram_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
+size_t value_mix_partials(const GPT2& m);
 bool gates_take_row_dots(const GPT2& m);
 // The smear's rows: the embedding before it and each row's gate; context: rows before the first
 // that the smear reads (decoding: the token before's; training: none).
@@ -8262,6 +8461,12 @@ struct ModelParams {
   llmc::ArchSpec arch() const { return llmc::arch_spec(config); }
   llmc::LogitCap logit_cap;  // the head's: the architecture's, or -lc's (llmc::logit_cap_of)
   llmc::LayerPlan plan;  // what each layer does (llmc::layer_plan)
+  // The attention's rotary frequencies and layout (rotary_frequencies) and softmax scale: model
+  // state, which YaRN changes at the stage plan's window changes from the base scale (the
+  // architecture's, or -asc's: gpt2_set_attention_scale).
+  RotaryFrequencies rotary = {};
+  float softmax_scale = 0.0f;
+  double base_softmax_scale = 0.0;
   llmc::ParamSpec param_specs[llmc::kNumParamTensors];
   size_t param_offsets[llmc::kNumParamTensors];
   size_t num_params = 0;
@@ -8498,6 +8703,11 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   m.config = config;
   m.plan = llmc::layer_plan(config);
   m.logit_cap = llmc::arch_spec(config.arch).logit_cap;
+  const llmc::ArchSpec arch = llmc::arch_spec(config);
+  const int HS = config.head_size();
+  if (arch.qk_norm_rotary && HS <= kQkNormMaxHeadSize) m.rotary = rotary_frequencies(HS, arch.rotary_pairs);
+  m.base_softmax_scale = arch.attention_scale > 0.0f ? arch.attention_scale : attention_default_scale(HS);
+  m.softmax_scale = (float)m.base_softmax_scale;
   llmc::param_table(config, m.param_specs);
   llmc::param_offsets(config, m.param_offsets);
   m.num_params = llmc::num_parameters(config);
@@ -8645,7 +8855,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
-  m.partials = device_alloc<float>(std::max(partials, attention_gate_partials(m, BT)),
+  m.partials = device_alloc<float>(std::max({partials, attention_gate_partials(m, BT), value_mix_partials(m)}),
                                   "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
@@ -9155,9 +9365,30 @@ void norm_backward(GPT2& m, const NormSpec& n, int l, floatX* dresidual, floatX*
   }
 }
 
-float attention_scale(const GPT2& m) {
-  const float scale = m.arch().attention_scale;
-  return scale > 0.0f ? scale : attention_default_scale(m.config.head_size());
+float attention_scale(const GPT2& m) { return m.softmax_scale; }
+
+// -asc: the attention's softmax scale instead of the architecture's (record #89's 0.1), before YaRN's
+// changes; a double, as train_gpt2.py's, rounded to float where the kernels take it.
+void gpt2_set_attention_scale(GPT2& m, double scale) {
+  REQUIRE(scale > 0.0 && std::isfinite(scale), "the attention's softmax scale %g must be positive", scale);
+  m.base_softmax_scale = scale;
+  m.softmax_scale = (float)scale;
+}
+
+// YaRN's start (llmc/yarn.h): the base rotary frequencies of the model's layout and its base scale.
+llmc::YarnState gpt2_yarn_base(const GPT2& m) {
+  const int pairs = m.config.head_size() / 2;
+  const RotaryFrequencies base = rotary_frequencies(m.config.head_size(), m.rotary.adjacent_pairs);
+  return {std::vector<float>(base.freq, base.freq + pairs), m.base_softmax_scale};
+}
+
+// -yn 1: YaRN's frequencies and scale for the passes to come (llmc::yarn_at's of the step).
+void gpt2_set_yarn(GPT2& m, const llmc::YarnState& y) {
+  REQUIRE(m.arch().qk_norm_rotary && y.freq.size() == (size_t)m.config.head_size() / 2,
+          "YaRN's %zu frequencies do not fit the model's rotary (head size %d)", y.freq.size(),
+          m.config.head_size());
+  std::copy(y.freq.begin(), y.freq.end(), m.rotary.freq);
+  m.softmax_scale = (float)y.scale;
 }
 
 // The residual stream's start out [B*T, C] for tokens at positions first_position.. : wte + wpe,
@@ -9214,12 +9445,14 @@ floatX* attention_qkv(GPT2& m, int l) {
 void qk_prepare(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().qk_norm_rotary) return;
   const int C = m.config.channels, HS = m.config.head_size();
-  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, m.stream, r.first_position);
+  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, m.rotary, m.stream,
+                         r.first_position);
   if (!m.plan[l].key_offset) return;
+  const bool pairs = m.rotary.adjacent_pairs;
   if (r.k_cache) {
-    key_offset_decode(r.qkv, r.k_cache, r.first_position, m.config.max_seq_len, C, HS, m.stream);
+    key_offset_decode(r.qkv, r.k_cache, r.first_position, m.config.max_seq_len, C, HS, pairs, m.stream);
   } else {
-    key_offset_forward(r.qkv, m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2, r.rows(), C, HS,
+    key_offset_forward(r.qkv, m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2, r.rows(), C, HS, pairs,
                        m.stream);
   }
 }
@@ -9239,9 +9472,10 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
   const int C = m.config.channels, HS = m.config.head_size();
   if (m.plan[l].key_offset) {
     key_offset_backward(dqkv, attention_qkv(m, l), m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2,
-                        B * T, C, HS, m.stream);
+                        B * T, C, HS, m.rotary.adjacent_pairs, m.stream);
   }
-  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS, m.stream);
+  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS, m.rotary,
+                          m.stream);
 }
 
 // Layer l's window in blocks at sequence length T: the step's long or short one (LayerSpec::window),
@@ -9312,7 +9546,8 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
       const float* qk_rstd = qk_norm_in_attention_backward(m, l) ? m.act_f(kQkRstd, l) : nullptr;
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd);
+                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd,
+                                &m.rotary);
     } else {
       attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
@@ -9495,14 +9730,48 @@ struct RowArena {
   }
 };
 
+// ---- The gates' part of ln1's gradient: the attention gate reads ln1's first C / 64 columns, the
+// value-embedding gates its first 6; their gradients go into one [N, gate_norm_columns] block, added
+// to ln1's gradient from qkv's backward once.
+
+int gate_norm_columns(const GPT2& m) {
+  const int attention = m.arch().attention_gate ? m.config.channels / kAttentionGateDivisor : 0;
+  return std::max(attention, m.arch().ve_gates ? kVeGateInputs : 0);
+}
+
+// The gates' part of ln1's gradient for N rows, after the first 3 N*C elements of scratch_bt4c
+// (which the attention's dqkv fills), zeroed; null without gates.
+floatX* gate_norm_gradient_rows(GPT2& m, int N) {
+  const int columns = gate_norm_columns(m);
+  if (columns == 0) return nullptr;
+  floatX* dln1_gates = m.scratch_bt4c + (size_t)3 * N * m.config.channels;
+  cudaCheck(cudaMemsetAsync(dln1_gates, 0, (size_t)N * columns * sizeof(floatX), m.stream));
+  return dln1_gates;
+}
+
+// dln1 (scratch_btc, from qkv's backward) += the gates' part dln1_gates (gate_norm_gradient_rows).
+void gate_norm_gradient(GPT2& m, const floatX* dln1_gates, int N, KernelSeeds& seeds) {
+  if (!dln1_gates) return;
+  const int columns = gate_norm_columns(m);
+  add_columns_inplace(m.scratch_btc, m.config.channels, dln1_gates, columns, N, columns, seeds.next(), m.stream);
+}
+
 // ---- The value mix (ArchSpec::value_mix): v = a v + b ve[k] in each attention layer, v = a v where
 // the plan gives the layer no value embedding k (LayerSpec::value_embedding). Parameters: ve (the
-// value embeddings) and value_scales (a, b). Kernels: section 6, "The speedrun's value mix"; ve's
-// gradient goes through the encoder backward's bucketed plan (section 3).
+// value embeddings) and value_scales (a, b); with record #89's gates (ArchSpec::ve_gates) vegate [NH,
+// 12] a layer with a value embedding, each head's gate taking b's place (b then unused). Kernels:
+// section 6, "The speedrun's value mix"; ve's gradient goes through the encoder backward's bucketed
+// plan (section 3), the gates' part of ln1's gradient through the gates' columns (gate_norm_columns).
 
-// v before the mix, which the backward reads.
+// v before the mix, which the backward reads; the gates read each layer's ln1.
 void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
   if (arch.value_mix) t[kVPre].count = d.BT * d.C;
+  if (arch.ve_gates) t[kLn1].layers = d.L;
+}
+
+// The column-reduction partials the value mix's backward takes (gpt2_allocate_scratch).
+size_t value_mix_partials(const GPT2& m) {
+  return m.arch().value_mix ? value_mix_backward_partials(m.config.num_heads) : 0;
 }
 
 void value_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
@@ -9516,23 +9785,34 @@ floatX* layer_value_embedding(const GPT2& m, floatX* ve, int l) {
   return k >= 0 ? ve + (size_t)k * m.config.padded_vocab_size * m.config.channels : nullptr;
 }
 
+// Layer l's value-embedding gates over hn, its attention's normed input (none without them or
+// without a value embedding); for the backward with their gradients, dhn the gates' columns
+// (gate_norm_gradient_rows).
+ValueMixGates value_mix_gates(GPT2& m, int l, const floatX* hn, floatX* dhn = nullptr) {
+  if (!m.arch().ve_gates || m.plan[l].value_embedding < 0) return {};
+  const bool backward = dhn != nullptr;
+  return {m.param(llmc::kVegate, l), hn, m.config.num_heads, backward ? m.grad(llmc::kVegate, l) : nullptr, dhn,
+          gate_norm_columns(m)};
+}
+
 // Layer l's mix of v in r.qkv.
 void value_mix(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().value_mix) return;
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), m.config.channels,
-                    m.stream);
+                    m.stream, value_mix_gates(m, l, r.ln1.out));
 }
 
 // From the attention's dqkv in scratch_bt4c: v's gradient before the mix (in place), the scales' and
-// the value embedding's (scratch_btc its scratch).
-void value_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+// the value embedding's (scratch_btc its scratch); with gates theirs, and their part of ln1's
+// gradient into dln1_gates (gate_norm_gradient_rows).
+void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSeeds& seeds) {
   if (!m.arch().value_mix) return;
   floatX* dve = layer_value_embedding(m, m.grad(llmc::kVe), l);
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), dve, m.scratch_btc, m.partials, m.act(kVPre, l),
                      ve, m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, N, m.config.channels,
-                     seeds.next(), m.stream);
+                     seeds.next(), m.stream, value_mix_gates(m, l, m.act(kLn1, l), dln1_gates));
 }
 
 // ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
@@ -9593,28 +9873,17 @@ const floatX* attproj_input(GPT2& m, int l, int N) {
 }
 
 // From scratch_btc, the gradient of the gated output: that of the attention's output (in place)
-// and the gate's; the gates' part of ln1's gradient, its first G columns alone ([N, G]), goes after
-// the first 3 N*C elements of scratch_bt4c (which the attention's dqkv fills), zeroed first, and is
-// returned (null without gates). With the flash backward (gates_take_row_dots) the gates' kernel
-// also writes the flash backward's row dots into attention_dot.
-floatX* attention_gate_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
-  if (!m.arch().attention_gate) return nullptr;
-  const int N = B * T, C = m.config.channels, G = C / kAttentionGateDivisor;
-  floatX* dln1 = m.scratch_bt4c + (size_t)3 * N * C;
-  cudaCheck(cudaMemsetAsync(dln1, 0, (size_t)N * G * sizeof(floatX), m.stream));
+// and the gate's; the gate's part of ln1's gradient into dln1_gates (gate_norm_gradient_rows). With
+// the flash backward (gates_take_row_dots) the gates' kernel also writes the flash backward's row
+// dots into attention_dot.
+void attention_gate_backward_rows(GPT2& m, int l, int B, int T, floatX* dln1_gates, KernelSeeds& seeds) {
+  if (!m.arch().attention_gate) return;
+  const int N = B * T;
   const AttentionRowDots dots = gates_take_row_dots(m) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
-  attention_gate_backward(m.scratch_btc, dln1, G, m.grad(llmc::kAttngate, l), m.partials, m.scratch_btc,
-                          m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l), m.param(llmc::kAttngate, l), N,
-                          m.config.num_heads, C, seeds.next(), m.stream, dots);
-  return dln1;
-}
-
-// dln1 (scratch_btc, from qkv's backward) += the gates' part dln1_gates (attention_gate_backward_rows),
-// its first G columns.
-void attention_gate_norm_gradient(GPT2& m, const floatX* dln1_gates, int N, KernelSeeds& seeds) {
-  if (!dln1_gates) return;
-  const int C = m.config.channels, G = C / kAttentionGateDivisor;
-  add_columns_inplace(m.scratch_btc, C, dln1_gates, G, N, G, seeds.next(), m.stream);
+  attention_gate_backward(m.scratch_btc, dln1_gates, gate_norm_columns(m), m.grad(llmc::kAttngate, l), m.partials,
+                          m.scratch_btc, m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l),
+                          m.param(llmc::kAttngate, l), N, m.config.num_heads, m.config.channels, seeds.next(),
+                          m.stream, dots);
 }
 
 // ---- The residual mix (ArchSpec::x0_lambdas, with the plan's U-net skips): block l's input is
@@ -9952,13 +10221,14 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
-    const floatX* dln1_gates = attention_gate_backward_rows(m, l, B, T, seeds);
+    floatX* dln1_gates = gate_norm_gradient_rows(m, N);
+    attention_gate_backward_rows(m, l, B, T, dln1_gates, seeds);
     attention_backward_rows(m, l, B, T, seeds);
-    value_mix_backward_rows(m, l, N, seeds);
+    value_mix_backward_rows(m, l, N, dln1_gates, seeds);
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, seeds.next());
-    attention_gate_norm_gradient(m, dln1_gates, N, seeds);
+    gate_norm_gradient(m, dln1_gates, N, seeds);
     norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_mixed(m, l), N,
                   seeds.next());
   }
@@ -9985,7 +10255,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   const NormAt next = norm_after_block(m, l);
   // The norms' outputs where the products read them, and the final norm's, which the head reads.
   auto norm = [&](const NormSpec& n, int layer) {
-    const bool gates_read = n.out == kLn1 && m.arch().attention_gate;
+    const bool gates_read = n.out == kLn1 && (m.arch().attention_gate || m.arch().ve_gates);
     const bool written = !r.fp8_sources || n.out == kLnf || gates_read;
     return NormRows{written ? m.act(n.out, layer) : nullptr, m.act_f(n.mean, layer), m.act_f(n.rstd, layer)};
   };
@@ -11620,9 +11890,13 @@ struct TrainArgs : llmc::TrainFlags {
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
   int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   int key_offset = 0;           // -ko 1: record #89's key offset on the long-window layers
+  int yarn = 0;                 // -yn 1: record #89's YaRN at the stage plan's long-window changes
   int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
   int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
   int bigram = 0;               // -bg: and its bigram hash embedding
+  int rotary_pairs = 0;         // -rp: a modern or speedrun model made from a preset turns record #89's pairs
+  llmc::SpeedrunInit record_init = llmc::SpeedrunInit::kRecord28;  // -ri: its init from the seed
+  int ve_gates = 0;             // -vg: and its value-embedding gates
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -11714,6 +11988,15 @@ llmc::Flag logit_cap_flag(TrainArgs& a) {
           [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
 }
 
+// -ri: the speedrun's init from the seed.
+llmc::Flag record_init_flag(TrainArgs& a) {
+  return {"-ri", "record init", "-recipe speedrun: 89 the model made from -e's preset starts from record #89's init "
+          "(the head N(0, 0.005) and the embedding its copy, the value embeddings N(0, 0.01), the attention's output "
+          "projection uniform as its input's); 0: record #28's (the head zero)",
+          [&a](const char* text) { a.record_init = llmc::parse_speedrun_init("-ri", text); },
+          [&a] { return std::to_string((int)a.record_init); }, &a.record_init};
+}
+
 // -fhs: the FP8 head's fixed scales.
 llmc::Flag fp8_head_scales_flag(TrainArgs& a) {
   return {"-fhs", "FP8 head scales", "X,W,G: the FP8 head's x_s = X/448 (0: sqrt(C)/448, the bound of its RMS-normed "
@@ -11721,6 +12004,15 @@ llmc::Flag fp8_head_scales_flag(TrainArgs& a) {
           "#89's; W also sets how the head's BF16 copies round without -fh 1",
           [&a](const char* text) { a.fp8_head_scales = llmc::parse_fp8_head_scales("-fhs", text); },
           [&a] { return llmc::fp8_head_scales_text(a.fp8_head_scales); }, &a.fp8_head_scales};
+}
+
+// -asc: the attention's softmax scale, before YaRN's changes (0, the default: the architecture's).
+llmc::Flag attention_scale_flag(TrainArgs& a) {
+  return {"-asc", "attention scale", "the attention's softmax scale, positive (record #89's 0.1; YaRN, -yn 1, "
+          "changes it from there); none given: the architecture's (0.12 modern and speedrun, 1/sqrt(HS) GPT-2)",
+          [&a](const char* text) { a.attention_scale = llmc::parse_attention_scale("-asc", text); },
+          [&a] { return a.attention_scale > 0.0 ? llmc::strformat("%g", a.attention_scale) : std::string("arch's"); },
+          &a.attention_scale};
 }
 
 // -mtp: the training loss's weights of the next token and the ones after it.
@@ -11844,6 +12136,20 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-bg", "bigram embedding", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
                "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 and "
                "after the later layers' attention); a model file's header says whether it has it", &a.bigram, 0, 1),
+      int_flag("-rp", "rotary pairs", "-recipe modern or speedrun: 1 the model made from -e's preset turns record "
+               "#89's rotary pairs: adjacent dims (2i, 2i + 1) for i < HS/4, HS/2 to HS - 1 unturned, at positions "
+               "over each forward's rows as one sequence (0: pairs (j, j + HS/2) at each row's positions); a model "
+               "file's header says which it has", &a.rotary_pairs, 0, 1),
+      attention_scale_flag(a),
+      record_init_flag(a),
+      int_flag("-vg", "value-embedding gates", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
+               "value-embedding gates (each head's share of the value embedding 2 sigmoid of a learned weight "
+               "times the first 6 channels of the attention's input and of the embedding); a model file's header "
+               "says whether it has them", &a.ve_gates, 0, 1),
+      int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
+               "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
+               "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
+               "a window; the modern and speedrun architectures", &a.yarn, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),
@@ -11914,6 +12220,17 @@ void validate_args(const TrainArgs& a) {
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -sm", a.recipe->name);
   REQUIRE(!a.bigram || a.recipe->arch == llmc::Arch::kSpeedrun, "-bg 1 gives the speedrun a bigram embedding, and "
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -bg", a.recipe->name);
+  REQUIRE(!a.rotary_pairs || llmc::arch_spec(a.recipe->arch).qk_norm_rotary, "-rp 1 lays out the rotary's pairs, "
+          "and -recipe %s has no rotary: give -recipe modern or speedrun with it, or drop -rp", a.recipe->name);
+  REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || a.recipe->arch == llmc::Arch::kSpeedrun, "-ri %d is "
+          "the speedrun's init, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -ri",
+          (int)a.record_init, a.recipe->name);
+  llmc::GPT2Config preset;
+  REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || llmc::config_from_preset(a.model, &preset, a.recipe->arch),
+          "-ri %d initialises a preset's model from the seed, and -e %s is a model file, which holds the parameters: "
+          "drop -ri", (int)a.record_init, a.model.c_str());
+  REQUIRE(!a.ve_gates || a.recipe->arch == llmc::Arch::kSpeedrun, "-vg 1 gates the speedrun's value embeddings, "
+          "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -vg", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12002,17 +12319,20 @@ llmc::HellaSwagCounts evaluate_hellaswag(GPT2& m, MultiGpu& mg, const llmc::Hell
 
 // Every flag, then what follows from them, the GPU and the launch; checkpoints: how they are
 // written (checkpoint_mode).
-std::string architecture_description(const llmc::ArchSpec& s) {
+std::string architecture_description(const llmc::ArchSpec& s, float attention_scale) {
   if (!s.rms_norm) return "GPT-2: LayerNorm, learned positions, GELU, head tied to the embedding";
+  const char* rotary = s.rotary_pairs ? "record #89's rotary pairs (adjacent dims, positions over each forward's "
+                                        "rows as one sequence)"
+                                      : "half-truncated rotary positions";
   if (!s.x0_lambdas) {
-    return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and half-truncated rotary positions, "
-                           "attention scale %g, ReLU^2, a head of its own with bias, logits %s",
-                           s.name, s.attention_scale, s.logit_cap.describe().c_str());
+    return llmc::strformat("%s: RMSNorm (also after the embedding), QK-norm and %s, attention scale %g, ReLU^2, a "
+                           "head of its own with bias, logits %s", s.name, rotary, attention_scale,
+                           s.logit_cap.describe().c_str());
   }
-  return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and "
-                         "half-truncated rotary positions, attention scale %g, ReLU^2, value embeddings, x0 "
-                         "lambdas, U-net skips and gated heads as its layers say, a head of its own, logits %s "
-                         "over the padded vocabulary", s.name, s.attention_scale, s.logit_cap.describe().c_str());
+  return llmc::strformat("%s: RMSNorm without gains (also after the embedding), no biases, QK-norm and %s, "
+                         "attention scale %g, ReLU^2, value embeddings, x0 lambdas, U-net skips and gated heads as "
+                         "its layers say, a head of its own, logits %s over the padded vocabulary", s.name, rotary,
+                         attention_scale, s.logit_cap.describe().c_str());
 }
 
 // -pd, -aw, -awt and -awf: the training sequences and what a token attends to.
@@ -12076,11 +12396,15 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
   if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
   table.row("model", m.config.describe());
-  table.row("architecture", architecture_description(m.arch()));
+  table.row("architecture", architecture_description(m.arch(), attention_scale(m)));
   table.row("layers", m.plan.describe(a.documents && stages.max_window() != 0));
   table.row("optimizers", llmc::optimizer_description(a, sizeof(floatX) == 2));
   table.row("loss", a.recipe->loss_sum ? "the sum of the token losses (its gradient)" : "the mean token loss");
   table.row("attention", attention_description(a, m.plan, stages));
+  if (a.yarn) {
+    table.row("YaRN", "the rotary's frequencies and the attention's scale rescaled at each change of the stage "
+                      "plan's long window (record #89's)");
+  }
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   table.row("head", head_description(a, m));
@@ -12115,6 +12439,7 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
 struct StartParams {
   llmc::GPT2Config config;
   bool from_seed = false;         // -e's preset, whose values gpt2_init_start makes
+  llmc::SpeedrunInit init = llmc::SpeedrunInit::kRecord28;  // -ri: which, for the speedrun
   std::vector<float> values;      // empty where stored holds them, or from the seed
   llmc::CheckpointParams stored;  // -y 1's model file
   double load_seconds = 0.0;
@@ -12128,8 +12453,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
-// A model file's header says whether it has record #89's smear and bigram embedding; -sm and -bg,
-// where given, must agree.
+// A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs and
+// value-embedding gates; -sm, -bg, -rp and -vg, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -12138,6 +12463,8 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   };
   check("-sm", a.smear, config.smear, "the smear");
   check("-bg", a.bigram, config.bigram, "the bigram embedding");
+  check("-rp", a.rotary_pairs, config.rotary_pairs, "record #89's rotary pairs");
+  check("-vg", a.ve_gates, config.ve_gates, "the value-embedding gates");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -12147,6 +12474,9 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.from_seed = llmc::config_from_preset(a.model, &p.config, a.recipe->arch);
     p.config.smear = a.smear != 0;
     p.config.bigram = a.bigram != 0;
+    p.config.rotary_pairs = a.rotary_pairs != 0;
+    p.init = a.record_init;
+    p.config.ve_gates = a.ve_gates != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12159,8 +12489,10 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm and -bg, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp and -vg, where given, match
     requested.bigram = p.config.bigram;
+    requested.rotary_pairs = p.config.rotary_pairs;
+    requested.ve_gates = p.config.ve_gates;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
@@ -12177,7 +12509,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
 double gpt2_init_start(GPT2& m, StartParams start, StateSpec spec, uint64_t seed, int shard_rank,
                        int shard_count) {
   const double init_start = llmc::wall_seconds();
-  if (start.from_seed) start.values = llmc::init_params_from_seed(start.config, seed);
+  if (start.from_seed) start.values = llmc::init_params_from_seed(start.config, seed, start.init);
   if (const floatX* stored = stored_params(start.stored)) {
     gpt2_init_stored(m, start.config, stored, spec, seed, shard_rank, shard_count);
   } else {
@@ -12414,6 +12746,10 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   REQUIRE(!a.key_offset || llmc::arch_spec(config.arch).qk_norm_rotary, "-ko 1 shifts the keys' stationary rotary "
           "dims, and the %s architecture has no rotary: give -recipe modern or speedrun, or leave -ko out",
           llmc::arch_spec(config.arch).name);
+  REQUIRE(!a.yarn || llmc::arch_spec(config.arch).qk_norm_rotary, "-yn 1 rescales the rotary's frequencies, and "
+          "the %s architecture has no rotary: give -recipe modern or speedrun, or leave -yn out",
+          llmc::arch_spec(config.arch).name);
+  if (a.yarn) llmc::yarn_check(in.stages, "-yn");
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -12515,6 +12851,7 @@ struct TrainRun {
   long timed_tokens = 0;
   int timed_steps = 0, skipped_updates = 0;
   std::unique_ptr<llmc::EtaEstimator> eta;
+  llmc::YarnState yarn;  // -yn 1: YaRN's state at the step the loop is at
 };
 
 // Only the checkpoint at the end (or at a halt) gains nothing from buffers pinned for the run.
@@ -12816,6 +13153,17 @@ bool train_step(TrainRun& r, int step) {
   return shared[0] > 0;
 }
 
+// -yn 1: YaRN's state at `step`, derived from the plan at the loop's first step (a resume's too, so
+// that it continues bitwise), then advanced a step at a time.
+void yarn_to_step(TrainRun& r, int step, bool first) {
+  if (first) {
+    r.yarn = llmc::yarn_at(r.stages, step, gpt2_yarn_base(r.m));
+  } else {
+    llmc::yarn_advance(r.yarn, r.stages, step);
+  }
+  gpt2_set_yarn(r.m, r.yarn);
+}
+
 // The steps from the first (0, or the resumed checkpoint's) to the last: at each its evaluations,
 // its checkpoint when one is due, then the step to the next. Returns the exit status;
 // *final_step is the last step reached.
@@ -12830,6 +13178,7 @@ int train_loop(TrainRun& r, int* final_step) {
     r.step = r.stages.at(step, a.B, r.mg.world);
     r.train_loader.reshape(r.step);
     if (a.documents) gpt2_set_window(r.m, r.step.windows);
+    if (a.yarn) yarn_to_step(r, step, step == first_step);
     gpt2_set_loss_weights(r.m, r.step.loss);
     evaluate_at_step(r, step);
     const bool last = step == r.train_steps;
@@ -12951,6 +13300,7 @@ int train_main(int argc, char** argv) {
   m.adamw_every = a.update.adam_every;
   m.muon_qk_heads = a.muon_qk_heads;
   if (a.key_offset) gpt2_set_key_offset(m);
+  if (a.attention_scale > 0.0) gpt2_set_attention_scale(m, a.attention_scale);
   int exit_status = 0;
   if (!a.prompt.empty()) {
     generate_from_prompt(a, m);

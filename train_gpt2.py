@@ -51,8 +51,11 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 # the architecture id in header slot 8 (0 GPT-2, as llm.c's files have it, 1 modern).
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
-# The speedrun's record #89 embedding features in header slot 9, as bits (0 in files written before).
+# Record #89's features in header slot 9, as bits (0 in files written before): the speedrun's smear, bigram
+# embedding and value-embedding gates, and the modern and speedrun models' rotary pairs.
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
+FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
+FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -87,6 +90,9 @@ SPEEDRUN_PRESETS = {
 }
 SPEEDRUN_GATE_DIVISOR = 64  # the attention gate reads the first C/64 channels of the block's input
 SMEAR_WIDTH = 12  # record #89's smear gate reads the first 12 channels of each token's embedding
+# Record #89's value-embedding gates read the first 6 channels of the attention's normed input and of
+# the layer's value embedding (llmc::kVeGateInputs): 12 weights a head.
+VE_GATE_INPUTS = 6
 # Record #89's bigram hash embedding (llmc/bigram_hash.h): the hash's factors, the sign table's rows,
 # and our pinned sign table's seed (the reference draws it unseeded); the gates' start (the
 # reference's bias of its generated gates).
@@ -96,6 +102,8 @@ SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
 ATTENTION_SCALE_MODERN = 0.12
+# Record #89's YaRN (yarn_rescale): the interpolation's bounds in rotations over the old window, the scale's slope.
+YARN_ALPHA, YARN_BETA, YARN_SCALE_SLOPE = 1, 32, 0.2
 LOGIT_SOFTCAP_MODERN = 15.0
 # Muon's orthogonalisation in bfloat16 (--muon_ns): X <- X / (scale |X|_F + eps), then a step
 # X <- a X + (b A + c A A) X, A = X X^T, for each (a, b, c) of its polynomials. The baseline's (modern.md:
@@ -383,10 +391,14 @@ class GPTConfig:
     # reference (x0 lambdas, U-net skips, value embeddings, gated heads, no attention in layer 7), a
     # head without bias whose logits are capped by a sigmoid, the loss over the padded vocabulary.
     arch: str = "gpt2"
-    # speedrun: record #89's smear before the embedding's norm, and its bigram hash embedding added to
-    # the residual stream with gates (SPEC.md "Record #89's embedding")
+    # speedrun: record #89's smear before the embedding's norm, its bigram hash embedding added to
+    # the residual stream with gates (SPEC.md "Record #89's embedding"), and its value-embedding gates
+    # (SPEC.md "The speedrun architecture")
     smear: bool = False
     bigram: bool = False
+    # modern or speedrun: the rotary in record #89's layout (rotate's pairs)
+    rotary_pairs: bool = False
+    ve_gates: bool = False
 
     @property
     def modern(self):
@@ -429,7 +441,9 @@ class GPTConfig:
             smear = (SMEAR_WIDTH + 1) if self.smear else 0  # the gate's weights and lambda
             attention_layers = sum(spec.attention for spec in self.plan)
             bigram = self.bigram_rows * C + attention_layers if self.bigram else 0  # the table and its gates
-            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram
+            ve_layers = sum(spec.value_embedding is not None for spec in self.plan)
+            ve_gates = ve_layers * self.num_heads * 2 * VE_GATE_INPUTS if self.ve_gates else 0
+            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -458,14 +472,20 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False):
+                bigram=False, rotary_pairs=False, ve_gates=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
-                       bool(smear), bool(bigram))
+                       bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates))
+    if config.rotary_pairs and not config.modern:
+        fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
+             f"give --recipe modern or speedrun or drop --rotary_pairs")
     if config.smear and not config.speedrun:
         fail(f"{source}: the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear")
     if config.bigram and not config.speedrun:
         fail(f"{source}: the bigram embedding (record #89's) is the speedrun's; give --recipe speedrun or drop "
              f"--bigram")
+    if config.ve_gates and not config.speedrun:
+        fail(f"{source}: the value-embedding gates (record #89's) are the speedrun's; give --recipe speedrun or "
+             f"drop --ve_gates")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -665,23 +685,30 @@ def rotary_frequencies(head_size):
     return torch.cat([freq, freq.new_zeros(head_size // 4)])
 
 
-def rotate(x, freq):
-    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32."""
-    pos = torch.arange(x.size(1), dtype=torch.float32, device=x.device)
-    theta = torch.outer(pos, freq)[None, :, None, :]
+def rotate(x, freq, pairs=False):
+    """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32;
+    pairs: record #89's layout, each pair (2j, 2j + 1) at its place in the B x T tokens as one sequence
+    (b T + t)."""
+    B, T = x.shape[:2]
+    pos = torch.arange(B * T if pairs else T, dtype=torch.float32, device=x.device)
+    theta = torch.outer(pos, freq).view(B if pairs else 1, T, 1, -1)
     cos, sin = theta.cos(), theta.sin()
+    if pairs:
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        return torch.stack((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).flatten(-2).type_as(x)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).type_as(x)
 
 
-def shift_stationary_keys(k):
+def shift_stationary_keys(k, pairs=False):
     """Record #89's key offset: k [B, T, NH, hs] after the rotary, each key's stationary dims (those
-    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2) taken from the key before it over the
-    B x T tokens as one sequence (rows continue each other, documents do not matter); the first key
-    keeps its own."""
+    rotate leaves unturned, j and j + hs/2 for hs/4 <= j < hs/2; with its pairs hs/2 to hs - 1) taken
+    from the key before it over the B x T tokens as one sequence (rows continue each other, documents
+    do not matter); the first key keeps its own."""
     B, T, NH, hs = k.shape
     flat = k.reshape(B * T, NH, hs)
-    stationary = torch.arange(hs, device=k.device) % (hs // 2) >= hs // 4
+    dims = torch.arange(hs, device=k.device)
+    stationary = dims >= hs // 2 if pairs else dims % (hs // 2) >= hs // 4
     return torch.where(stationary, torch.cat((flat[:1], flat[:-1])), flat).view(B, T, NH, hs)
 
 
@@ -700,6 +727,9 @@ class CausalSelfAttention(nn.Module):
         self.modern = config.modern
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
+        self.rotary_pairs = config.rotary_pairs  # rotate's record #89 layout
+        # the softmax scale (None: 1/sqrt(hs)); set_attention_scale's, and YaRN's (set_yarn)
+        self.scale = ATTENTION_SCALE_MODERN if self.modern else None
         self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
         # two scalars in every layer, as the reference's, the second unused where no value embedding
@@ -709,13 +739,20 @@ class CausalSelfAttention(nn.Module):
             self.value_scales = nn.Parameter(torch.full((2,), 0.5))
             self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
-    def mix_values(self, v, value_embedding):
-        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]."""
+    def mix_values(self, v, value_embedding, x=None, ve_gate=None):
+        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]; with record #89's
+        gate weights ve_gate [NH, 12] each head's b is 2 sigmoid(ve_gate[h] . [x[:6], ve[:6]]), x the
+        attention's normed input, in v's dtype as the rest of the mix."""
         if self.value_scales is None:
             return v
         if value_embedding is None:
             return self.value_scales[0] * v
-        return self.value_scales[0] * v + self.value_scales[1] * value_embedding.view_as(v)
+        ve = value_embedding.view_as(v)
+        if ve_gate is None:
+            return self.value_scales[0] * v + self.value_scales[1] * ve
+        gate_in = torch.cat([x[..., :VE_GATE_INPUTS], value_embedding[..., :VE_GATE_INPUTS]], dim=-1)
+        gate = 2 * torch.sigmoid(F.linear(gate_in, ve_gate.type_as(v)))
+        return self.value_scales[0] * v + gate[..., None] * ve
 
     def gate_heads(self, x, y):
         """speedrun: each head's output y [B, T, NH, hs] times sigmoid(gate . x[..., :C/64]), x the
@@ -725,27 +762,27 @@ class CausalSelfAttention(nn.Module):
         gate = torch.sigmoid(self.gate(x[..., :self.gate.in_features]))
         return y * gate.view(*gate.shape, 1)
 
-    def forward(self, x, mask=None, value_embedding=None):
+    def forward(self, x, mask=None, value_embedding=None, ve_gate=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
-        causal. value_embedding: this layer's (speedrun), or None."""
+        causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
-            q, k = rotate(rms_norm(q), self.freq), rotate(rms_norm(k), self.freq)
+            q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs) for t in (q, k))
         if self.key_offset:
-            k = shift_stationary_keys(k)
-        v = self.mix_values(v, value_embedding)
+            k = shift_stationary_keys(k, self.rotary_pairs)
+        v = self.mix_values(v, value_embedding, x, ve_gate)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
-            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            scale = {} if self.scale is None else {"scale": self.scale}
             y = compiled_flex_attention()(q, k, v, block_mask=mask, **scale)
         elif self.flash:
-            scale = {"scale": ATTENTION_SCALE_MODERN} if self.modern else {}
+            scale = {} if self.scale is None else {"scale": self.scale}
             masking = {"is_causal": True} if mask is None else {"attn_mask": mask}
             y = F.scaled_dot_product_attention(q, k, v, **masking, **scale)
         else:
-            scale = ATTENTION_SCALE_MODERN if self.modern else 1.0 / math.sqrt(k.size(-1))
+            scale = 1.0 / math.sqrt(k.size(-1)) if self.scale is None else self.scale
             att = (q @ k.transpose(-2, -1)) * scale
             if mask is None:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -810,11 +847,12 @@ class Block(nn.Module):
     def mix_input(self, x, x0):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
-    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None):
-        """bigram: the gated bigram embedding the layer adds to its attention's output, or None."""
+    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None):
+        """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
+        ve_gate: the weights of its value embedding's gates, or None."""
         x = self.mix_input(x, x0)
         if self.attn is not None:
-            y = self.attn(self.ln_1(x), mask, value_embedding)
+            y = self.attn(self.ln_1(x), mask, value_embedding, ve_gate)
             x = x + (y if bigram is None else y + bigram)
         return x + self.mlp(self.ln_2(x))
 
@@ -854,6 +892,11 @@ class GPT(nn.Module):
             self.register_buffer("bigram_signs", bigram_sign_table(C), persistent=False)
             self.bigram_gates = nn.Parameter(torch.full((sum(spec.attention for spec in config.plan),),
                                                         BIGRAM_GATE_INIT))
+        # speedrun with the value-embedding gates: [NH, 12] weights for each layer with a value embedding,
+        # in layer order (layer_ve_gates)
+        ve_layers = sum(spec.value_embedding is not None for spec in config.plan)
+        self.ve_gates = (nn.Parameter(torch.zeros(ve_layers, config.num_heads, 2 * VE_GATE_INPUTS))
+                         if config.ve_gates else None)
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -869,6 +912,8 @@ class GPT(nn.Module):
         self.short_window_blocks = None
         self.window_tokens = False  # --window_tokens: a window of N blocks reaches N x 128 tokens back
         self.key_offset = False  # --key_offset: set_key_offset's
+        self.attention_scale = None  # --attention_scale: set_attention_scale's (None: the architecture's)
+        self.yarn = False  # --yarn: set_yarn_switch's
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -948,11 +993,12 @@ class GPT(nn.Module):
         if bigram_terms[0] is not None:
             x = x0 + bigram_terms[0]
         value_embeddings = self.layer_value_embeddings(idx)
+        ve_gates = self.layer_ve_gates()
         masks = self.attention_masks(idx) if masks is None else masks
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
-            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None)
+            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer])
             outputs.append(x)
         return t.ln_f(x)
 
@@ -973,6 +1019,13 @@ class GPT(nn.Module):
         """Each layer's value embedding of idx (speedrun), or None."""
         lookups = [ve(idx).to(self.compute_dtype) for ve in self.transformer.ve] if self.config.speedrun else []
         return [None if spec.value_embedding is None else lookups[spec.value_embedding] for spec in self.config.plan]
+
+    def layer_ve_gates(self):
+        """Each layer's value-embedding gate weights [NH, 12] (a row of ve_gates for each layer with a
+        value embedding, in layer order), or None."""
+        rows = iter(self.ve_gates if self.ve_gates is not None else [])
+        return [next(rows) if self.ve_gates is not None and spec.value_embedding is not None else None
+                for spec in self.config.plan]
 
     def unet_skip(self, spec, x, outputs):
         """The speedrun's U-net, before the layer of `spec` whose input is x: it adds
@@ -1070,7 +1123,7 @@ def params_in_file_order(model):
     speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
     weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
-    with the bigram embedding: its gates)."""
+    with the bigram embedding: its gates; with the value-embedding gates: theirs)."""
     t = model.transformer
 
     def stacked(names):
@@ -1080,9 +1133,10 @@ def params_in_file_order(model):
     if model.config.speedrun:
         smear = [model.smear_weight, model.smear_lambda] if model.config.smear else []
         bigram, bigram_gates = ([model.bigram.weight], [model.bigram_gates]) if model.config.bigram else ([], [])
+        ve_gates = [model.ve_gates] if model.config.ve_gates else []
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
-                + bigram_gates)
+                + bigram_gates + ve_gates)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1090,11 +1144,11 @@ def params_in_file_order(model):
     return [t.wte.weight, t.wpe.weight] + blocks + [t.ln_f.weight, t.ln_f.bias]
 
 
-def init_weights(model, seed):
+def init_weights(model, seed, record_init=0):
     """SPEC.md "Model initialisation from a seed". The C++ trainers reproduce these weights bit
     for bit, so the draw order (one normal_ call per tensor, on the CPU) is part of the contract."""
     if model.config.speedrun:
-        return init_weights_speedrun(model, seed)
+        return init_weights_speedrun(model, seed, record_init)
     if model.config.modern:
         return init_weights_modern(model, seed)
     config, t = model.config, model.transformer
@@ -1135,26 +1189,36 @@ def init_weights_modern(model, seed):
             block.mlp.c_fc.weight.normal_(0.0, std)
 
 
-def init_weights_speedrun(model, seed):
+def init_weights_speedrun(model, seed, record_init=0):
     """The speedrun's init, its reference's values (which draws them unseeded, in its own order):
     wte and the value embeddings N(0, 1) (every row), then per layer qkvw and fcw uniform in
     +-sqrt(3) * 0.5 / sqrt(C); the output projections, the gates and the head zero; the skip weights
     one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
-    bigram gates 0.05."""
+    bigram gates 0.05, its value-embedding gates' weights zero (each gate 1). record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
+    wte's place and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's
+    c_proj of the attention drawn with c_attn and c_fc, in that order."""
     config, t = model.config, model.transformer
     bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
+    record89 = record_init == 89
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
         model.skip_weights.fill_(1.0)
-        for embedding in [t.wte] + list(t.ve):
-            embedding.weight.normal_(0.0, 1.0)
+        if record89:
+            model.lm_head.weight.normal_(0.0, 0.005)
+            t.wte.weight.copy_(model.lm_head.weight)
+        else:
+            t.wte.weight.normal_(0.0, 1.0)
+        for embedding in t.ve:
+            embedding.weight.normal_(0.0, 0.01 if record89 else 1.0)
         for block in t.h:
             block.lambdas.copy_(torch.tensor([1.0, 0.0]))
             if block.attn is not None:
                 block.attn.value_scales.fill_(0.5)
                 block.attn.c_attn.weight.uniform_(-bound, bound)
+                if record89:
+                    block.attn.c_proj.weight.uniform_(-bound, bound)
             block.mlp.c_fc.weight.uniform_(-bound, bound)
         if model.bigram_gates is not None:
             model.bigram_gates.fill_(BIGRAM_GATE_INIT)
@@ -1182,7 +1246,8 @@ def write_checkpoint(model, path, version):
     header[:8] = [CHECKPOINT_MAGIC, file_version, c.max_seq_len, c.vocab_size, c.num_layers,
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
-    header[FEATURES_SLOT] = (FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
+    header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
+                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1244,12 +1309,16 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    if features & ~(FEATURE_SMEAR | FEATURE_BIGRAM) or (features and arch != "speedrun"):
-        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any "
-             f"({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding): the header is damaged or the "
-             f"file comes from a newer version; re-create it")
+    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES
+    if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
+            or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
+        fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
+             f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
+             f"the value-embedding gates), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is "
+             f"damaged or the file comes from a newer version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
-                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM)
+                         smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
+                         rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -1989,11 +2058,16 @@ class StagePlan:
                          f"{loss_ramp_text(stage)}")
         return lines
 
+    def stage_window_blocks(self, step):
+        """The long window of step `step`'s stage, at the last step too (the windows YaRN follows)."""
+        stage = self.stages[self.stage_index(step)]
+        return attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+
     def step(self, step):
         i = self.stage_index(step)
         stage = self.stages[i]
         tokens = self.tokens(stage)
-        window = attention_window_blocks(step, self.steps) if stage.window_blocks == -1 else stage.window_blocks
+        window = self.stage_window_blocks(step)
         short = window // 2 if stage.short_window_blocks is None else stage.short_window_blocks
         if step == self.steps and self.final_window_blocks:
             window = self.final_window_blocks
@@ -2277,8 +2351,13 @@ def optimizer_groups(model, args):
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
+        ve_gates = model.ve_gates  # the scalars' role, as the CUDA trainer's vegate
+
+        def scalar(p):
+            return p.dim() == 1 or p is ve_gates
+
         roles = [(args.embedding_lr, decay, lambda p: any(p is e for e in embeddings)),
-                 (args.head_lr, decay, lambda p: p is head), (args.scalar_lr, vector_decay, lambda p: p.dim() == 1),
+                 (args.head_lr, decay, lambda p: p is head), (args.scalar_lr, vector_decay, scalar),
                  (args.learning_rate, decay, lambda p: True)]
         for lr, weight_decay, belongs in roles:
             params = [p for p in rest if belongs(p)]
@@ -2559,6 +2638,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             model.window_blocks, multiplier = step_plan.window_blocks or None, step_plan.lr_multiplier
             model.short_window_blocks = step_plan.short_window_blocks
             set_step_loss_terms(model, step_plan)
+            if model.yarn:
+                set_yarn(model, *yarn_at(plan, step, *yarn_base(model)))
         if first is None:  # step 0 on the whole batch: one forward gives the file's values and its loss
             first = debug_first_values(model, xs, ys, params, args, autocast)
             losses.append(first[1].item())
@@ -2584,6 +2665,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
+    if model.yarn:
+        set_yarn(model, *yarn_base(model))
 
     settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
                                     args.muon_qk_heads if muon else 0, args.adam_rows)
@@ -2656,9 +2739,9 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows=""):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
     untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and tensors'
-    rows, the FP8 head's scales and the key offset ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1
-    -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1"; "" for the defaults; -pw, maybe 0,
-    wherever the prefix table is, which
+    rows, the FP8 head's scales, the key offset and the attention's scale ("-lc 23,5 -mtp 1.0,0.5,0.25
+    -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1 -asc 0.1"; ""
+    for the defaults; -pw, maybe 0, wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
     int32 ids."""
@@ -2689,6 +2772,10 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-fhs", ",".join(repr(v) for v in model.lm_head.setting)]
     if model.key_offset:
         words += ["-ko", "1"]
+    if model.attention_scale is not None:
+        words += ["-asc", repr(model.attention_scale)]
+    if model.yarn:
+        words += ["-yn", "1"]
     return " ".join(words)
 
 
@@ -2709,23 +2796,99 @@ def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
     -mn, -mq, -ao, -ar: its first step's gradients, which the check compares, come before the
-    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8)."""
+    optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8; -asc: the attention's scale)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
-    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko"}
-    if len(words) % 2 or unknown or settings.get("-awt", "1") != "1" or settings.get("-ko", "1") != "1":
+    unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc",
+                               "-yn"}
+    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn"))
+    if len(words) % 2 or unknown or not ones:
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs and -ko 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc and -yn 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
     set_key_offset(model, "-ko" in settings)
+    set_attention_scale(model, float(settings["-asc"]) if "-asc" in settings else None)
+    set_yarn_switch(model, "-yn" in settings)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
         fail(f"--check_debug_state {path}: -pw {prefix_weight} and no prefix table: the file is damaged; re-create it")
     model.prefix_table = prefix
     model.loss_terms = loss_terms(parse_prediction_weights(settings.get("-mtp", "1")), prefix_weight, prefix)
+
+
+def yarn_rescale(freq, scale, old_window, new_window):
+    """Record #89's YaRN (its reference's Yarn.apply) at a change of the long window from old_window
+    to new_window tokens: the rotary's frequencies freq (float32, on the CPU, whose divisions are
+    true ones) and the attention's scale (a Python float), rescaled."""
+    rotations = old_window * freq / (2 * math.pi)
+    s = old_window / new_window
+    w = torch.clamp((rotations - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA), 0, 1)
+    return freq * (s + w * (1 - s)), scale * (YARN_SCALE_SLOPE * math.log(new_window / old_window) + 1)
+
+
+def yarn_advance(plan, step, freq, scale):
+    """YaRN's (freq, scale) at `step` from those at step - 1: the change of the plan's long window
+    between them, if any (its stages' windows: the final validation's is none)."""
+    old, new = (plan.stage_window_blocks(s) * ATTENTION_BLOCK for s in (step - 1, step))
+    return yarn_rescale(freq, scale, old, new) if step > 0 and old != new else (freq, scale)
+
+
+def yarn_at(plan, step, freq, scale):
+    """YaRN's (freq, scale) at `step` from the base ones: every change from step 1 to `step`, in order."""
+    for s in range(1, step + 1):
+        freq, scale = yarn_advance(plan, s, freq, scale)
+    return freq, scale
+
+
+def yarn_base(model):
+    """YaRN's start: the base rotary frequencies (CPU float32) and the attention's base scale."""
+    attn = next(block.attn for block in model.transformer.h if block.attn is not None)
+    scale = model.attention_scale if model.attention_scale is not None else ATTENTION_SCALE_MODERN
+    return rotary_frequencies(attn.freq.numel() * 2), scale
+
+
+def set_yarn(model, freq, scale):
+    """YaRN's frequencies and scale into every attention (the model's base scale unchanged)."""
+    for block in model.transformer.h:
+        if block.attn is not None:
+            block.attn.freq.copy_(freq)
+            block.attn.scale = scale
+
+
+def set_yarn_switch(model, on):
+    """--yarn: YaRN at the stage plan's long-window changes, which the steps apply (yarn_at)."""
+    if on and not model.config.modern:
+        fail("--yarn 1 rescales the rotary's frequencies, and GPT-2 has no rotary: give --recipe modern or speedrun, "
+             "or drop --yarn")
+    model.yarn = on
+
+
+def check_yarn(args, plan):
+    """--yarn 1 follows the stage plan's long window: every stage needs one (and --write_debug_state
+    a --stages plan)."""
+    if not args.yarn:
+        return
+    stages = plan.stages if plan is not None else []
+    missing = [number for number, stage in enumerate(stages, 1) if stage.window_blocks == 0]
+    if plan is None or missing:
+        where = f"stage {missing[0]} of {len(stages)} has no window" if missing else "--write_debug_state has none"
+        fail(f"--yarn 1 rescales the rotary at the stage plan's changes of the long window, and {where}: give every "
+             f"stage one (--stages' aw=, or --window_blocks, with --documents 1), or drop --yarn")
+
+
+def set_attention_scale(model, scale):
+    """--attention_scale: every attention's softmax scale (a Python float, as record #89's 0.1) instead
+    of the architecture's; None: the architecture's."""
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        fail(f"--attention_scale {scale}: the attention's softmax scale must be positive (record #89's 0.1; leave "
+             f"it out for the architecture's)")
+    model.attention_scale = scale
+    for block in model.transformer.h:
+        if block.attn is not None:
+            block.attn.scale = scale if scale is not None else ATTENTION_SCALE_MODERN if model.config.modern else None
 
 
 def set_key_offset(model, on):
@@ -2757,7 +2920,7 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "lm_head.weight": "headw", "lm_head.bias": "headb", "transformer.ve.weight": "ve",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
-               "bigram.weight": "bigram", "bigram_gates": "bigram_gates"}
+               "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate"}
 
 
 def table_name(parameter_name):
@@ -2898,6 +3061,13 @@ def parse_args(argv=None):
     a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
                    "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
                    "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
+    a.add_argument("--attention_scale", type=float, help="the attention's softmax scale, positive (record #89's "
+                   "0.1; --yarn 1 changes it from there; the CUDA trainer's -asc); none given: the architecture's "
+                   "(0.12 modern and speedrun, 1/sqrt(hs) GPT-2)")
+    a.add_argument("--yarn", type=int, choices=[0, 1], default=0, help="1: record #89's YaRN: at each change of the "
+                   "stage plan's long window (--stages' aw=, not --final_window_blocks) from O to N tokens, each "
+                   "rotary frequency f times s + w (1 - s), s = O/N, w = clamp((O f / 2 pi - 1) / 31, 0, 1), the "
+                   "attention's scale times 1 + 0.2 ln(N/O) (the CUDA trainer's -yn); every stage needs a window")
     a.add_argument("--key_offset", type=int, choices=[0, 1], default=0, help="1: record #89's key offset on the "
                    "layers with the long window (every layer at a depth other than the speedrun's 12): after the "
                    "rotary, each key's stationary dims are the previous key's over the batch's tokens as one "
@@ -2967,6 +3137,18 @@ def parse_args(argv=None):
                    "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 "
                    "and after the later layers' attention; the CUDA trainer's -bg); --init_from's checkpoint says "
                    "whether it has it")
+    a.add_argument("--rotary_pairs", type=int, choices=[0, 1], help="--recipe modern or speedrun: 1 the rotary in "
+                   "record #89's layout: adjacent dims (2i, 2i + 1) turned for i < hs/4, hs/2 to hs - 1 unturned, at "
+                   "positions over each forward's rows as one sequence (the CUDA trainer's -rp); --init_from's "
+                   "checkpoint says which it has")
+    a.add_argument("--record_init", type=int, default=0, choices=[0, 89], help="--recipe speedrun: 89 the "
+                   "model's init from --seed is record #89's (the head N(0, 0.005) and the embedding its copy, the "
+                   "value embeddings N(0, 0.01), the attention's output projection uniform as its input's; the CUDA "
+                   "trainer's -ri); 0: record #28's")
+    a.add_argument("--ve_gates", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
+                   "value-embedding gates (each head's share of the value embedding 2 sigmoid of learned weights "
+                   "times the first 6 channels of the attention's input and of the embedding; the CUDA trainer's "
+                   "-vg); --init_from's checkpoint says whether it has them")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3336,6 +3518,9 @@ def settle_arch(args, config):
     if args.untie_step >= 0 and not config.modern:
         fail(f"--untie_step {args.untie_step} ties the embedding to the head through step {args.untie_step}, and the "
              f"{config.arch} architecture's head is the embedding throughout: drop --untie_step")
+    if args.record_init and not config.speedrun:
+        fail(f"--record_init {args.record_init} is the speedrun's init, and the {config.arch} architecture has its "
+             f"own: give --recipe speedrun with it, or drop --record_init")
     if args.fp8_head and not config.speedrun:
         fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
              f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
@@ -3353,10 +3538,13 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram)
+        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram and the size flags")
+                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates and the size flags")
+        if args.record_init:
+            fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
+                 f"holds the parameters: drop --record_init")
         return None
     presets = ARCH_PRESETS[args.arch]
     if (args.model or "d12") not in presets:
@@ -3365,7 +3553,8 @@ def resolve_config(args):
     preset = presets[args.model or "d12"]
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
-                       arch=args.arch, smear=args.smear, bigram=args.bigram)
+                       arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
+                       ve_gates=args.ve_gates)
 
 
 def check_fp8(config, device, flag="--fp8"):
@@ -3545,11 +3734,15 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
         log_file = open(os.path.join(args.output_dir, "main.log"), "w")
 
     step_times, step_flops, step_tokens = [], [], []
+    yarn = yarn_base(raw_model) if raw_model.yarn else None
     for step in range(N + 1):
         step_plan = plan.step(step)
         raw_model.window_blocks = step_plan.window_blocks or None
         raw_model.short_window_blocks = step_plan.short_window_blocks
         set_step_loss_terms(raw_model, step_plan)
+        if yarn:
+            yarn = yarn_advance(plan, step, *yarn)
+            set_yarn(raw_model, *yarn)
         if val_loader and args.val_every > 0 and (step % args.val_every == 0 or step == N):
             val_loss = evaluate(model, raw_model, val_loader, args.val_steps, device, autocast, world)
             # the training time so far, validation left out, for loss-against-time comparisons
@@ -3732,6 +3925,7 @@ def main(argv=None, step_hook=None):
     use_compile = feature_flag(args, "compile", hasattr(torch, "compile"), "PyTorch 2.0 or newer (torch.compile)")
     dtype = args.dtype or ("bfloat16" if args.benchmark or args.fp8 else "float32")
     plan = stage_plan(args, int(os.environ.get("WORLD_SIZE", 1)))  # torchrun's process count
+    check_yarn(args, plan)
     device, rank, world = setup_processes(args)
     args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
@@ -3746,7 +3940,7 @@ def main(argv=None, step_hook=None):
         config = model.config
     else:
         model = GPT(config, flash, args.fp8, args.fp8_head)
-        init_weights(model, args.seed)
+        init_weights(model, args.seed, args.record_init)
     settle_arch(args, config)
     B, T = args.batch_size, args.seq_len
     lengths = [("-t/--seq_len", T)] + ([("--val_seq_len", args.val_seq_len)] if args.input_val_bin else [])
@@ -3761,6 +3955,8 @@ def main(argv=None, step_hook=None):
     model.documents = bool(args.documents)
     model.window_tokens = bool(args.window_tokens)
     set_key_offset(model, bool(args.key_offset))
+    set_attention_scale(model, args.attention_scale)
+    set_yarn_switch(model, bool(args.yarn))
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

@@ -59,6 +59,15 @@ inline long parse_int(const char* flag, const char* text, long min, long max) {
   return v;
 }
 
+// -ri's init of a speedrun model from the seed: 0 (record #28's) or 89 (record #89's).
+inline SpeedrunInit parse_speedrun_init(const char* flag, const char* text) {
+  const long v = parse_int(flag, text, 0, INT32_MAX);
+  if (v != (long)SpeedrunInit::kRecord28 && v != (long)SpeedrunInit::kRecord89) {
+    LLMC_FAIL("%s %ld: no such init; give 89 (record #89's) or 0 (record #28's, the speedrun's own)", flag, v);
+  }
+  return (SpeedrunInit)v;
+}
+
 // A number read as its type (float: strtof, double: strtod, so each is the nearest to the text).
 template <typename Real>
 Real parse_real(const char* flag, const char* text, Real min, Real max) {
@@ -183,7 +192,7 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
 // A debug state's settings of train_gpt2cu's flags (version 5: DebugState::settings), which its
 // header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
 // Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao) and tensors' rows (-ar), the FP8
-// head's scales (-fhs) and the key offset (-ko).
+// head's scales (-fhs), the key offset (-ko), the attention's scale (-asc) and YaRN (-yn).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -196,7 +205,19 @@ struct DebugStateSettings {
   Fp8HeadScales fp8_head_scales;
   int key_offset = 0;
   AdamTensorRows adam_rows;
+  double attention_scale = 0.0;  // 0: the architecture's
+  int yarn = 0;
 };
+
+// -asc's value: the attention's softmax scale, positive and finite (record #89's 0.1).
+inline double parse_attention_scale(const char* flag, const char* text) {
+  const double scale = parse_real(flag, text, -DBL_MAX, DBL_MAX);
+  if (!(scale > 0.0)) {
+    LLMC_FAIL("%s %g: the attention's softmax scale must be positive (record #89's 0.1; leave %s out for the "
+              "architecture's)", flag, scale, flag);
+  }
+  return scale;
+}
 
 // -mtp's value: 1 to 3 weights within [0, 1] apart by commas ("1,0.5,0.25").
 inline PredictionWeights parse_prediction_weights(const char* flag, const char* text) {
@@ -287,9 +308,10 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     const std::string& flag = words[i];
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
-         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar")) {
-      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko and -ar: "
-                "re-create it with train_gpt2.py",
+         flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar" && flag != "-asc" &&
+         flag != "-yn")) {
+      LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko, -ar, "
+                "-asc and -yn: re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -304,6 +326,8 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-fhs") s.fp8_head_scales = parse_fp8_head_scales("-fhs", value);
     if (flag == "-ko") s.key_offset = (int)parse_int("-ko", value, 0, 1);
     if (flag == "-ar") s.adam_rows = parse_adam_rows("-ar", value);
+    if (flag == "-asc") s.attention_scale = parse_attention_scale("-asc", value);
+    if (flag == "-yn") s.yarn = (int)parse_int("-yn", value, 0, 1);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

@@ -7,8 +7,9 @@
 //   [0] magic 20240326  [1] version (GPT-2: 3 = FP32 params, 5 = BF16 params; the modern and
 //   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
-//   2 speedrun; 0 in llm.c's files)  [9] the speedrun's record #89 embedding features, bits
-//   (kFeatureSmear, kFeatureBigram; 0 in files written before this slot)  [254] [255] checksum kind and CRC-32
+//   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
+//   kFeatureBigram, kFeatureVeGates; the modern and speedrun's kFeatureRotaryPairs; 0 in files
+//   written before this slot)  [254] [255] checksum kind and CRC-32
 //   (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
 // padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
@@ -104,12 +105,14 @@ struct GPT2Config {
   int channels = 0;           // C
   bool smear = false;         // the speedrun with record #89's smear (ArchSpec::smear; -sm)
   bool bigram = false;        // and its bigram hash embedding (ArchSpec::bigram; -bg)
+  bool rotary_pairs = false;  // the modern or speedrun rotary in record #89's layout (ArchSpec::rotary_pairs; -rp)
+  bool ve_gates = false;      // and its value-embedding gates (ArchSpec::ve_gates; -vg)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
-           bigram == o.bigram;
+           bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -119,8 +122,9 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s", prefix, num_layers, num_heads, channels,
-                     max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "");
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s", prefix, num_layers, num_heads, channels,
+                     max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "",
+                     rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "");
   }
 };
 
@@ -216,24 +220,35 @@ struct ArchSpec {
   bool x0_lambdas;         // a block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
   bool attention_gate;     // each head's output times sigmoid(gate . h[:C/64]), h the normed input
   // Record #89's embedding (SPEC.md "Record #89's embedding"), off in every architecture and set
-  // from the config (GPT2Config::smear, bigram: -sm, -bg, a checkpoint's header [9]):
+  // from the config (GPT2Config::smear, bigram, ve_gates: -sm, -bg, -vg, a checkpoint's header [9]):
   bool smear;              // x_t += lambda sigmoid(w . x_t[:12]) x_{t-1} before the embedding's norm
   bool bigram;             // the bigram hash embedding b, added with a gate to the residual stream
                            // before layer 0 and after the attention of every later attention layer
+  bool ve_gates;           // the value mix's b a gate per head, 2 sigmoid(w_h . [h[:6], ve[:6]]), h the
+                           // attention's normed input, in each layer with a value embedding
+  // Record #89's rotary layout, off in every architecture and set from the config (rotary_pairs:
+  // -rp, header [9]'s bit 4; the modern and speedrun architectures):
+  bool rotary_pairs;       // adjacent pairs (2i, 2i + 1) turn (i < HS/4), dims HS/2 to HS - 1 not, at
+                           // positions over the forward's rows as one sequence
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
 constexpr int kGateDivisor = 64;
 // The smear's gate reads the first kSmearWidth channels of each token's embedding.
 constexpr int kSmearWidth = 12;
+// A value-embedding gate reads the first kVeGateInputs channels of the attention's normed input and of
+// the layer's value embedding row: kVeGateWidth weights a head.
+constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false, false};
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false,
+                                   false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
-                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true, false, false};
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true,
+                                     false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -242,12 +257,14 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   ArchSpec a = arch_spec(c.arch);
   a.smear = c.smear;
   a.bigram = c.bigram;
+  a.rotary_pairs = c.rotary_pairs;
+  a.ve_gates = c.ve_gates;
   return a;
 }
 
 // The checkpoint header's slot of the config's record #89 features, and their bits.
 constexpr int kFeaturesSlot = 9;
-constexpr int kFeatureSmear = 1, kFeatureBigram = 2;
+constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 
@@ -282,6 +299,7 @@ struct LayerSpec {
   LayerWindow window;   // which of the run's windows it takes (-aw)
   int attention_slab;   // its slab of the attention tensors (ParamStack::kAttentionLayers)
   int value_embedding;  // the ve[k] its value mix adds
+  int value_embedding_slab;  // its slab among the layers with a value embedding (their gates' rows)
   int skip_source;      // the earlier layer whose output the U-net adds to its input
   int skip_weight;      // the skipw[j] it adds that output with
   int kept;             // its output's slot among those the U-net keeps for later layers
@@ -301,6 +319,7 @@ struct LayerPlan {
   std::vector<LayerSpec> layers;
   int attention_layers = 0;  // the slabs of the attention tensors
   int value_embeddings = 0;  // the ve tables [Vp, C]
+  int value_embedding_layers = 0;  // the layers that add one (ParamStack::kValueEmbeddingLayers)
   int skip_weights = 0;
   int kept_outputs = 0;
 
@@ -368,6 +387,7 @@ inline LayerPlan layer_plan(Arch arch, int num_layers) {
     s.attention_slab = s.attention ? plan.attention_layers++ : -1;
     s.value_embedding = speedrun ? kSpeedrunValueEmbeddings[l] : -1;
     plan.value_embeddings = std::max(plan.value_embeddings, s.value_embedding + 1);
+    s.value_embedding_slab = s.value_embedding >= 0 ? plan.value_embedding_layers++ : -1;
     s.skip_source = speedrun ? kSpeedrunSkipSources[l] : -1;
     s.skip_weight = s.skip_source >= 0 ? plan.skip_weights++ : -1;
     s.key_offset = false;
@@ -471,13 +491,13 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 28;
+constexpr int kNumParamTensors = 29;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
-  kBigramGates,
+  kBigramGates, kVegate,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -485,9 +505,10 @@ enum ParamIndex {
 // speedrun's scalars).
 enum class ParamRole { kEmbedding, kMatrix, kVector, kHead };
 
-// How a tensor is stacked: one tensor, one slab per layer, or one per layer with attention (the
-// attention's tensors: the layers whose LayerSpec::attention is set).
-enum class ParamStack { kWhole, kLayers, kAttentionLayers };
+// How a tensor is stacked: one tensor, one slab per layer, one per layer with attention (the
+// attention's tensors: the layers whose LayerSpec::attention is set), or one per layer with a value
+// embedding (LayerSpec::value_embedding).
+enum class ParamStack { kWhole, kLayers, kAttentionLayers, kValueEmbeddingLayers };
 
 struct ParamSpec {
   const char* name;
@@ -516,10 +537,11 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t ve = plan.value_embeddings, lambdas = a.x0_lambdas ? 2 : 0;
   const size_t skips = plan.skip_weights, gate = a.attention_gate ? 1 : 0;
   const size_t value_scales = a.value_mix ? 2 : 0;  // (a, b) in every attention layer
-  const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0;
+  const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0, ve_gates = a.ve_gates ? 1 : 0;
+  const size_t Lve = plan.value_embedding_layers;
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
-  const ParamStack attention = ParamStack::kAttentionLayers;
+  const ParamStack attention = ParamStack::kAttentionLayers, with_ve = ParamStack::kValueEmbeddingLayers;
   ParamSpec t[kNumParamTensors] = {
       {"wte", Vp * C, whole, true, false, R::kEmbedding},
       {"wpe", positions * T * C, whole, true, false, R::kEmbedding},
@@ -550,14 +572,21 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"smearw", smear * kSmearWidth, whole, false, false, R::kVector},
       {"smear_lambda", smear, whole, false, false, R::kVector},
       {"bigram_gates", bigram * La, attention, false, false, R::kVector},
+      {"vegate", ve_gates * Lve * NH * kVeGateWidth, with_ve, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
 
-// The layers a tensor is stacked over (ParamStack): L, the attention layers, or 1 (kWhole).
+// The layers a tensor is stacked over (ParamStack): L, the attention layers, those with a value
+// embedding, or 1 (kWhole).
 inline int param_layers(const LayerPlan& plan, const ParamSpec& s) {
-  if (s.stack == ParamStack::kWhole) return 1;
-  return s.stack == ParamStack::kAttentionLayers ? plan.attention_layers : plan.size();
+  switch (s.stack) {
+    case ParamStack::kWhole: return 1;
+    case ParamStack::kAttentionLayers: return plan.attention_layers;
+    case ParamStack::kValueEmbeddingLayers: return plan.value_embedding_layers;
+    case ParamStack::kLayers: break;
+  }
+  return plan.size();
 }
 
 // Elements of one layer's slab (kWhole: the tensor).
@@ -567,10 +596,15 @@ inline size_t param_slab_size(const LayerPlan& plan, const ParamSpec& s) {
 
 // Which slab of tensor s layer `layer` reads: its position among the layers s is stacked over; 0
 // for a tensor of kWhole (any layer); -1 where the layer has none (an attention tensor in a layer
-// without attention).
+// without attention, a value-embedding gate in a layer without a value embedding).
 inline int param_slab(const LayerPlan& plan, const ParamSpec& s, int layer) {
-  if (s.stack == ParamStack::kWhole) return 0;
-  return s.stack == ParamStack::kLayers ? layer : plan[layer].attention_slab;
+  switch (s.stack) {
+    case ParamStack::kWhole: return 0;
+    case ParamStack::kAttentionLayers: return plan[layer].attention_slab;
+    case ParamStack::kValueEmbeddingLayers: return plan[layer].value_embedding_slab;
+    case ParamStack::kLayers: break;
+  }
+  return layer;
 }
 
 // The stochastic rounding seeds of AdamW's tensors and Muon's groups take an index each, fixed when
@@ -584,7 +618,7 @@ constexpr int kMaxMuonGroups = 16;
 // The speedrun's tensors in the order they joined the table, which gives their seeds: a tensor
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
-    kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates};
+    kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -665,13 +699,18 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
   }
   const int features = h[kFeaturesSlot];
-  if ((features & ~(kFeatureSmear | kFeatureBigram)) != 0 || (features != 0 && !c.speedrun())) {
-    LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any (%d: the smear, %d: the "
-              "bigram embedding): the header is damaged or the file comes from a newer version; re-create it",
-              path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram);
+  const int speedrun_only = kFeatureSmear | kFeatureBigram | kFeatureVeGates;
+  if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
+      ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
+    LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
+              "smear, %d: the bigram embedding, %d: the value-embedding gates), and GPT-2 has no rotary (%d: its "
+              "pairs): the header is damaged or the file comes from a newer version; re-create it", path.c_str(),
+              kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
+  c.rotary_pairs = (features & kFeatureRotaryPairs) != 0;
+  c.ve_gates = (features & kFeatureVeGates) != 0;
   return c;
 }
 
@@ -687,7 +726,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[6] = c.channels;
   h[7] = c.padded_vocab_size;
   h[8] = (int)c.arch;
-  h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0);
+  h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
+                     (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1080,27 +1120,41 @@ inline void init_modern_from_seed(const GPT2Config& c, const ParamSpec* table, c
   }
 }
 
+// The speedrun's inits from a seed (-ri, train_gpt2.py --record_init): record #28's, or record
+// #89's (its head and value embeddings far smaller, its attention's output projection drawn).
+enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
+
 // The speedrun (train_gpt2.py init_weights_speedrun, its reference's values): wte, then each value
 // embedding, N(0, 1) with every row drawn (the loss reads the padded columns), then for each layer
 // in turn qkvw (layers with attention) and fcw uniform in +-sqrt(3) * 0.5 / sqrt(C), one slab per
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
-// zero, the bigram gates kBigramGateInit.
+// zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1).
+// Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
+// its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
+// fcw, in that order in each layer; the rest as above.
 inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table, const size_t* offsets,
-                                    Rng& rng, std::vector<float>& params) {
+                                    Rng& rng, std::vector<float>& params, SpeedrunInit init) {
+  const bool record89 = init == SpeedrunInit::kRecord89;
   std::fill_n(params.begin() + offsets[kSkipw], table[kSkipw].size, 1.0f);
   for (int layer = 0; layer < c.num_layers; layer++) params[offsets[kLambdas] + 2 * layer] = 1.0f;
   std::fill_n(params.begin() + offsets[kValueScales], table[kValueScales].size, 0.5f);
   std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
-  rng.normal(params.data() + offsets[kWte], table[kWte].size, 0.0, 1.0);
   const size_t embedding = table[kWte].size;
+  if (record89) {
+    rng.normal(params.data() + offsets[kHeadw], embedding, 0.0, 0.005);
+    std::copy_n(params.begin() + offsets[kHeadw], embedding, params.begin() + offsets[kWte]);
+  } else {
+    rng.normal(params.data() + offsets[kWte], embedding, 0.0, 1.0);
+  }
   for (size_t k = 0; k < table[kVe].size / embedding; k++) {
-    rng.normal(params.data() + offsets[kVe] + k * embedding, embedding, 0.0, 1.0);
+    rng.normal(params.data() + offsets[kVe] + k * embedding, embedding, 0.0, record89 ? 0.01 : 1.0);
   }
   const double bound = std::sqrt(3.0) * 0.5 / std::sqrt((double)c.channels);
   const LayerPlan plan = layer_plan(c);
+  const std::vector<int> drawn = record89 ? std::vector<int>{kQkvw, kAttprojw, kFcw} : std::vector<int>{kQkvw, kFcw};
   for (int layer = 0; layer < c.num_layers; layer++) {
-    for (int i : {kQkvw, kFcw}) {
+    for (int i : drawn) {
       const int slab = param_slab(plan, table[i], layer);
       if (slab < 0) continue;
       const size_t size = param_slab_size(plan, table[i]);
@@ -1109,7 +1163,9 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
   }
 }
 
-inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed) {
+// init: the speedrun's (-ri); the other architectures have one init each.
+inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t seed,
+                                                SpeedrunInit init = SpeedrunInit::kRecord28) {
   ParamSpec table[kNumParamTensors];
   size_t offsets[kNumParamTensors];
   param_table(c, table);
@@ -1117,7 +1173,7 @@ inline std::vector<float> init_params_from_seed(const GPT2Config& c, uint64_t se
   std::vector<float> params(num_parameters(c), 0.0f);
   Rng rng(seed);
   if (c.arch == Arch::kSpeedrun) {
-    init_speedrun_from_seed(c, table, offsets, rng, params);
+    init_speedrun_from_seed(c, table, offsets, rng, params, init);
     return params;
   }
   if (c.arch == Arch::kModern) {

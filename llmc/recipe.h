@@ -285,6 +285,9 @@ struct Recipe {
   PredictionWeights next_token_weights;  // -mtp
   LogitCapSetting logit_cap;             // -lc
   float prefix_weight = 0.0f;            // -pw
+  // -asc: the attention's softmax scale before YaRN's changes (record #89's 0.1), a double as
+  // train_gpt2.py's; 0: the architecture's (ArchSpec::attention_scale).
+  double attention_scale = 0.0;
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;

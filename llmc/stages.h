@@ -274,10 +274,14 @@ class StagePlan {
 
   // The windows of step s (0 <= s <= total_steps()): its stage's, the final window's long one at N + E.
   StepWindows windows_at(long step) const {
-    const Stage& s = stages_[stage_of(step)];
-    StepWindows w = step_windows(run_window_blocks(s.window.long_blocks, step, total_steps()), s.window.short_blocks);
+    StepWindows w = stage_windows_at(step);
     if (step == total_steps() && final_window_ > 0) w.long_blocks = final_window_;
     return w;
+  }
+  // Its stage's alone, at N + E too (the windows YaRN follows: llmc/yarn.h).
+  StepWindows stage_windows_at(long step) const {
+    const Stage& s = stages_[stage_of(step)];
+    return step_windows(run_window_blocks(s.window.long_blocks, step, total_steps()), s.window.short_blocks);
   }
 
   // What holds at step s of B sequences a process on `processes` processes.

@@ -545,7 +545,11 @@ gpu_setup() {
 # the lambdas' rates, the head's decay x 150 of -c 0.005, the scalars' none, as record #89's);
 # and with record #89's smear and bigram embedding (the model file's header slot 9: their rows of
 # parameters, the batch's rows as one flat sequence, the bigram table's 377,280 rows, the fixed sign
-# table, the gates before layer 0 and after attention).
+# table, the gates before layer 0 and after attention); and with record #89's rotary pairs (the
+# model file's header slot 9: adjacent pairs, positions over the batch's rows as one sequence, the
+# Hopper backward's epilogue turning a pair in one thread), alone and with the key offset (its
+# stationary dims then the upper half of each head); and from record #89's init (the model file:
+# the head N(0, 0.005), wte its copy, the value embeddings N(0, 0.01), attprojw drawn).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -571,7 +575,11 @@ gpu_against_pytorch() {
               "speedrun_tiny_adam_every:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --adam_every 2" \
               "speedrun_tiny_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --key_offset 1" \
               "speedrun_tiny_adam_rows:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --weight_decay 0.005 --adam_rows wte:b1=0.75;ve:lr=0.5,b2=0.99;headw:b1=0.5,wd=150;skipw:wd=0;lambdas:lr=5,wd=0;value_scales:wd=0" \
-              "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1"; do
+              "speedrun_tiny_smear_bigram:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --smear 1 --bigram 1" \
+              "speedrun_tiny_rotary_pairs:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1" \
+              "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1" \
+              "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89" \
+              "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -590,6 +598,14 @@ gpu_against_pytorch() {
     --seed 42 --device $device
   run test_gpt2fp32cu_speedrun_tiny_untie ./test_gpt2fp32cu "$untie/gpt2_speedrun_tiny.bin" \
     "$untie/gpt2_speedrun_tiny_muon_debug_state.bin"
+  # The untie from record #89's init, where the tied embedding is the head's N(0, 0.005) copy (record
+  # #28's zero head leaves it zero), in the FP32 build as above.
+  local untie89="$REF/gpu_speedrun_tiny_record89_untie"
+  run reference_speedrun_tiny_record89_untie "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
+    --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89 --untie_step 4 --write_debug_state "$untie89" \
+    --debug_steps 10 --seed 42 --device $device
+  run test_gpt2fp32cu_speedrun_tiny_record89_untie ./test_gpt2fp32cu "$untie89/gpt2_speedrun_tiny.bin" \
+    "$untie89/gpt2_speedrun_tiny_muon_debug_state.bin"
   # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
   # stage's, across a boundary where T doubles, and the speedrun's extension steps.
   staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
@@ -609,6 +625,12 @@ gpu_against_pytorch() {
     "1/2 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/2 mtp=1,0.5>1,0 pw=0.25>0" --recipe speedrun --model tiny \
     --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1 --logit_cap 23,5 \
     --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
+  # Record #89's YaRN (-yn 1 in the settings) from its attention scale 0.1 (-asc 0.1), with its rotary
+  # pairs and key offset: the long window 1 -> 3 blocks at step 4 and 3 -> 4 at step 8 (the
+  # extension's), each rescaling the frequencies and the scale that test_gpt2cu derives a step.
+  staged_against_pytorch stages_yarn_speedrun_tiny "1/2 aw=1; 1/2 aw=3; +2 aw=4" --recipe speedrun --model tiny \
+    --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 --total_batch_size -1 --rotary_pairs 1 \
+    --key_offset 1 --yarn 1 --attention_scale 0.1
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
@@ -851,6 +873,13 @@ gpu_resume() {
   # model from the checkpoint's header, which its -sm 1 -bg 1 agree with.
   resume_test ./train_gpt2cu resume_speedrun_smear_bigram_bf16 -recipe speedrun -sm 1 -bg 1 -b 1 -t 1024 -z 1024 \
     -vt 512
+  # With its value-embedding gates (-vg 1): their weights and AdamW state, the model from the header.
+  resume_test ./train_gpt2cu resume_speedrun_ve_gates_bf16 -recipe speedrun -vg 1 -b 1 -t 1024 -z 1024 -vt 512
+  # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
+  # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
+  # frequencies and scale of both changes from the plan again.
+  resume_test ./train_gpt2cu resume_speedrun_yarn_bf16 -recipe speedrun -rp 1 -ko 1 -asc 0.1 -yn 1 -b 1 -t 1024 \
+    -z 1024 -vt 512 -sp "1/4 aw=1; 1/4 aw=3; 1/2 aw=5"
   # A stage plan (-sp): at step 11 of 20 a step's tokens double (T 256 -> 512 in 2 micro steps), the
   # document cap goes from 64 to 128 tokens, the window from 1 to 3 blocks and the rate to 0.8 of the
   # schedule's, so the checkpoint of step 10 is the last before the boundary; then a plan whose

@@ -1,6 +1,7 @@
 // The CPU reference of QK-norm and the half-truncated rotary (qk_norm_rotary_forward and _backward)
 // in double precision, written from the definition; test_qk_rotary checks its backward against
-// central differences of its forward. Included by the kernel tests that use it.
+// central differences of its forward. Included by the kernel tests that use it. Pair j of a head is
+// dims (j, j + HS/2), or with adjacent (record #89's layout) (2j, 2j + 1).
 #pragma once
 #include <cfloat>
 #include <cmath>
@@ -13,6 +14,14 @@ inline std::vector<float> reference_frequencies(int HS) {
   return freq;
 }
 
+// The frequencies as YaRN could leave them: each rotated pair's times a factor from 1/2 to nearly 1 (its
+// s + w (1 - s) at a doubling of the window), in FP32; the unturned pairs' stay 0.
+inline std::vector<float> reference_rescaled_frequencies(int HS) {
+  std::vector<float> freq = reference_frequencies(HS);
+  for (int j = 0; j < HS / 4; j++) freq[j] *= 0.5f + 0.5f * (float)j / (float)(HS / 4);
+  return freq;
+}
+
 // The rotation of pair j at position t: theta = t * freq[j] in FP32 (torch.outer(pos, freq)), then
 // its cosine and sine in double precision.
 inline void reference_angle(double* c, double* s, int t, int j, const std::vector<float>& freq) {
@@ -21,8 +30,13 @@ inline void reference_angle(double* c, double* s, int t, int j, const std::vecto
   *s = std::sin((double)theta);
 }
 
+// The dims of pair j of a head: its first, and its partner.
+inline int reference_first(int j, bool adjacent) { return adjacent ? 2 * j : j; }
+inline int reference_second(int j, int HS, bool adjacent) { return adjacent ? 2 * j + 1 : j + HS / 2; }
+
 // One head's q or k at position t: y = rotary(x * rstd); returns rstd.
-inline double reference_forward(double* y, const double* x, int HS, int t, const std::vector<float>& freq) {
+inline double reference_forward(double* y, const double* x, int HS, int t, const std::vector<float>& freq,
+                                bool adjacent = false) {
   const int half = HS / 2;
   double squares = 0.0;
   for (int i = 0; i < HS; i++) squares += x[i] * x[i];
@@ -30,9 +44,10 @@ inline double reference_forward(double* y, const double* x, int HS, int t, const
   for (int j = 0; j < half; j++) {
     double c, s;
     reference_angle(&c, &s, t, j, freq);
-    const double a = x[j] * rstd, b = x[j + half] * rstd;
-    y[j] = a * c + b * s;
-    y[j + half] = -a * s + b * c;
+    const int i1 = reference_first(j, adjacent), i2 = reference_second(j, HS, adjacent);
+    const double a = x[i1] * rstd, b = x[i2] * rstd;
+    y[i1] = a * c + b * s;
+    y[i2] = -a * s + b * c;
   }
   return rstd;
 }
@@ -40,7 +55,7 @@ inline double reference_forward(double* y, const double* x, int HS, int t, const
 // The analytic gradient of reference_forward w.r.t. x from dy, from x itself: dxhat = R^T dy,
 // dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
 inline void reference_backward(double* dx, const double* dy, const double* x, int HS, int t,
-                        const std::vector<float>& freq) {
+                               const std::vector<float>& freq, bool adjacent = false) {
   const int half = HS / 2;
   double squares = 0.0;
   for (int i = 0; i < HS; i++) squares += x[i] * x[i];
@@ -50,9 +65,10 @@ inline void reference_backward(double* dx, const double* dy, const double* x, in
   for (int j = 0; j < half; j++) {
     double c, s;
     reference_angle(&c, &s, t, j, freq);
-    dxhat[j] = c * dy[j] - s * dy[j + half];
-    dxhat[j + half] = s * dy[j] + c * dy[j + half];
-    dot += dxhat[j] * x[j] * rstd + dxhat[j + half] * x[j + half] * rstd;
+    const int i1 = reference_first(j, adjacent), i2 = reference_second(j, HS, adjacent);
+    dxhat[i1] = c * dy[i1] - s * dy[i2];
+    dxhat[i2] = s * dy[i1] + c * dy[i2];
+    dot += dxhat[i1] * x[i1] * rstd + dxhat[i2] * x[i2] * rstd;
   }
   for (int i = 0; i < HS; i++) dx[i] = rstd * (dxhat[i] - x[i] * rstd * dot / HS);
 }

@@ -390,28 +390,33 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
 // k before the norm) through qk_norm_rotary_forward on the GPU into the attention's q and k; dqkv
 // against window_reference's gradient at those q and k (downloaded), carried back to x through
 // reference_backward (qk_rotary_reference.h); v's gradient is window_reference's. On Hopper the
-// kernels' epilogues take it, elsewhere the separate pass. Run twice for identical bits.
-void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng) {
+// kernels' epilogues take it, elsewhere the separate pass. Run twice for identical bits. record89:
+// the rotary in record #89's layout (adjacent pairs, positions over the rows as one sequence) with
+// frequencies as YaRN rescales them.
+void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng, bool record89 = false) {
   const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH;
-  printf("\nwindowed attention with QK-norm's backward B=%d T=%d NH=%d (head size %d), window %d %s, %zu starts%s\n",
-         B, T, NH, HS, w.window, w.unit_name(), w.starts.size(), w.random_starts ? " and random ones" : "");
+  printf("\nwindowed attention with QK-norm's backward B=%d T=%d NH=%d (head size %d), window %d %s, %zu starts%s%s\n",
+         B, T, NH, HS, w.window, w.unit_name(), w.starts.size(), w.random_starts ? " and random ones" : "",
+         record89 ? ", record #89's rotary pairs" : "");
   const DocumentRows rows = window_case_documents(w, rng);
   const size_t N = (size_t)B * T, n = N * C, n_lse = (size_t)B * NH * T;
   const std::vector<float> x = random_stored(rng, 3 * n, 0.5f, 2.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
   DeviceArray<floatX> d_qkv(x), out(n), d_dout(dout), dqkv(3 * n);
   DeviceArray<floatX> ds(attention_window_ds_count(B, T, NH, w.widest()));
   DeviceArray<float> lse(n_lse), dot(n_lse), rstd(N * 2 * NH);
-  qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, 0);
+  const std::vector<float> freq = record89 ? reference_rescaled_frequencies(HS) : reference_frequencies(HS);
+  RotaryFrequencies f = rotary_frequencies(HS, record89);
+  for (int j = 0; j < HS / 2; j++) f.freq[j] = freq[j];
+  qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, f, 0);
   const std::vector<float> qkv = d_qkv.download();
   const WindowReference ref = window_reference(w, rows, qkv, dout);
-  const std::vector<float> freq = reference_frequencies(HS);
   std::vector<float> expected = ref.dqkv;
   std::vector<double> xh(HS), dy(HS), dx(HS);
   for (size_t token = 0; token < N; token++) {
     for (int head = 0; head < 2 * NH; head++) {
       const size_t at = token * 3 * C + (size_t)head * HS;
       for (int i = 0; i < HS; i++) xh[i] = x[at + i], dy[i] = ref.dqkv[at + i];
-      reference_backward(dx.data(), dy.data(), xh.data(), HS, (int)(token % T), freq);
+      reference_backward(dx.data(), dy.data(), xh.data(), HS, (int)(record89 ? token : token % T), freq, record89);
       for (int i = 0; i < HS; i++) expected[at + i] = (float)dx[i];
     }
   }
@@ -422,7 +427,7 @@ void test_attention_window_qk_norm(const WindowCase& w, llmc::Rng& rng) {
     dqkv.poison();
     ds.poison();
     attention_backward_window(dqkv, nullptr, dot, ds, d_dout, d_qkv, out, lse, B, T, C, NH, w.scale, dw, 0, false,
-                              rstd);
+                              rstd, &f);
   };
   backward();
   const std::vector<float> got = dqkv.download();
@@ -617,6 +622,11 @@ void run() {
   test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.12f, 14}, rng);
   test_attention_window_qk_norm({2, 1024, 256, 4, 0, {5, 200}, true, 0.12f, 0}, rng);
   test_attention_window_qk_norm({3, 128, 512, 4, 16, {0, 5, 127}, false, 0.12f, 16}, rng);
+  // The same in record #89's rotary layout (adjacent pairs; two rows: positions past T) with frequencies
+  // as YaRN rescales them, at its scales.
+  test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.1f, 14}, rng, true);
+  test_attention_window_qk_norm({2, 1024, 256, 4, 0, {5, 200}, true, 0.11695f, 0}, rng, true);
+  test_attention_window_qk_norm({3, 128, 512, 4, 16, {0, 5, 127}, false, 0.1f, 16}, rng, true);
   // Windows in tokens (-awt 1): a block's worth (the edge block masked, no full one), windows off
   // the blocks and off the 64-row tiles (100, 200, 255: one or two edge blocks), none (0: a query
   // alone), the reference's long windows of 5 and 13 blocks, one past the row; documents shorter

@@ -9,7 +9,9 @@
 // work in place, so their outputs cannot be poisoned; the inputs (mean 0.5, std 2: rstd near 0.5)
 // differ from every correct output, so an element left unwritten fails. The CPU's analytic backward
 // is itself checked against central differences of its forward on a few elements: q's and k's,
-// rotated and unrotated pairs.
+// rotated and unrotated pairs. Each shape also runs in record #89's layout (adjacent pairs (2j,
+// 2j + 1), positions over the rows as one sequence), with frequencies rescaled as YaRN's are, passed
+// in as the model passes its own.
 #include "dev/cuda/kernel_test.h"
 #include "dev/cuda/qk_rotary_reference.h"
 
@@ -22,12 +24,12 @@ struct QkShape {
 // d(sum_i dy_i y_i)/dx_i by central differences of reference_forward, beside reference_backward,
 // for elements of both halves, rotated (i < HS/4 and its partner) and passed unrotated.
 void check_reference_backward(const std::vector<double>& x, const std::vector<double>& dy, int t,
-                              const std::vector<float>& freq, const std::string& what) {
+                              const std::vector<float>& freq, bool adjacent, const std::string& what) {
   const int HS = (int)x.size();
   std::vector<double> dx(HS), y(HS), xh = x;
-  reference_backward(dx.data(), dy.data(), x.data(), HS, t, freq);
+  reference_backward(dx.data(), dy.data(), x.data(), HS, t, freq, adjacent);
   auto loss = [&](const std::vector<double>& at) {
-    reference_forward(y.data(), at.data(), HS, t, freq);
+    reference_forward(y.data(), at.data(), HS, t, freq, adjacent);
     double sum = 0.0;
     for (int i = 0; i < HS; i++) sum += dy[i] * y[i];
     return sum;
@@ -36,7 +38,7 @@ void check_reference_backward(const std::vector<double>& x, const std::vector<do
   for (double v : dx) squares += v * v;
   const double rms = std::sqrt(squares / HS);
   double worst = 0.0;
-  for (int i : {0, HS / 4 - 1, HS / 4, HS / 2 - 1, HS / 2, HS / 2 + 1, 3 * HS / 4, HS - 1}) {
+  for (int i : {0, 1, HS / 4 - 1, HS / 4, HS / 2 - 1, HS / 2, HS / 2 + 1, 3 * HS / 4, HS - 1}) {
     const double h = 1e-5 * (std::fabs(x[i]) + 1.0);
     xh[i] = x[i] + h;
     const double up = loss(xh);
@@ -50,26 +52,37 @@ void check_reference_backward(const std::vector<double>& x, const std::vector<do
                                                         what.c_str(), worst));
 }
 
-void test_qk_rotary(const QkShape& s, llmc::Rng& rng) {
+// The kernels' frequencies: the base ones, or record #89's layout with frequencies as YaRN rescales
+// them; freq: the same for the reference.
+RotaryFrequencies test_frequencies(int HS, bool record89, std::vector<float>* freq) {
+  RotaryFrequencies f = rotary_frequencies(HS, record89);
+  *freq = record89 ? reference_rescaled_frequencies(HS) : reference_frequencies(HS);
+  for (int j = 0; j < HS / 2; j++) f.freq[j] = (*freq)[j];
+  return f;
+}
+
+void test_qk_rotary(const QkShape& s, bool record89, llmc::Rng& rng) {
   const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS;
-  printf("\nqk norm rotary B=%d T=%d NH=%d HS=%d\n", B, T, NH, HS);
+  printf("\nqk norm rotary B=%d T=%d NH=%d HS=%d%s\n", B, T, NH, HS,
+         record89 ? " record #89's pairs, flat positions, YaRN's frequencies" : "");
   const size_t N = (size_t)B * T, n = N * 3 * C;
   const std::vector<float> qkv = random_stored(rng, n, 0.5f, 2.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
-  const std::vector<float> freq = reference_frequencies(HS);
+  std::vector<float> freq;
+  const RotaryFrequencies f = test_frequencies(HS, record89, &freq);
 
   // q and k heads of each token, in double, from the stored inputs; v is neither changed nor used.
   std::vector<float> ref_out = qkv, ref_dqkv = dout, ref_rstd(N * 2 * NH);
   std::vector<double> x(HS), dy(HS), y(HS), dx(HS);
   for (size_t token = 0; token < N; token++) {
-    const int t = (int)(token % T);
+    const int t = (int)(record89 ? token : token % T);
     for (int head = 0; head < 2 * NH; head++) {
       const size_t at = token * 3 * C + (size_t)head * HS;
       for (int i = 0; i < HS; i++) x[i] = qkv[at + i], dy[i] = dout[at + i];
-      ref_rstd[token * 2 * NH + head] = (float)reference_forward(y.data(), x.data(), HS, t, freq);
-      reference_backward(dx.data(), dy.data(), x.data(), HS, t, freq);
+      ref_rstd[token * 2 * NH + head] = (float)reference_forward(y.data(), x.data(), HS, t, freq, record89);
+      reference_backward(dx.data(), dy.data(), x.data(), HS, t, freq, record89);
       for (int i = 0; i < HS; i++) ref_out[at + i] = (float)y[i], ref_dqkv[at + i] = (float)dx[i];
       const bool spot = token == N - 1 && (head == 0 || head == 2 * NH - 1);
-      if (spot) check_reference_backward(x, dy, t, freq, head == 0 ? "q head 0" : "k's last head");
+      if (spot) check_reference_backward(x, dy, t, freq, record89, head == 0 ? "q head 0" : "k's last head");
     }
   }
 
@@ -78,7 +91,7 @@ void test_qk_rotary(const QkShape& s, llmc::Rng& rng) {
   auto forward = [&] {
     d_qkv.upload(qkv);
     rstd.poison();
-    qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, 0);
+    qk_norm_rotary_forward(d_qkv, rstd, B, T, NH, HS, f, 0);
   };
   forward();
   const std::vector<float> got = d_qkv.download();
@@ -96,7 +109,7 @@ void test_qk_rotary(const QkShape& s, llmc::Rng& rng) {
   DeviceArray<floatX> d(n);
   auto backward = [&] {
     d.upload(dout);
-    qk_norm_rotary_backward(d, d_qkv, rstd, B, T, NH, HS, 0);
+    qk_norm_rotary_backward(d, d_qkv, rstd, B, T, NH, HS, f, 0);
   };
   backward();
   const std::vector<float> got_d = d.download();
@@ -116,32 +129,58 @@ void test_qk_rotary(const QkShape& s, llmc::Rng& rng) {
 void test_qk_rotary_bad_head_size() {
   DeviceArray<floatX> qkv(3 * 512);
   DeviceArray<float> rstd(2);
-  testing::check_throws([&] { qk_norm_rotary_forward(qkv, rstd, 1, 1, 1, 512, 0); }, "head size 512",
+  const RotaryFrequencies f = rotary_frequencies(8);
+  testing::check_throws([&] { qk_norm_rotary_forward(qkv, rstd, 1, 1, 1, 512, f, 0); }, "head size 512",
                         "qk_norm_rotary_forward at head size 512");
-  testing::check_throws([&] { qk_norm_rotary_backward(qkv, qkv, rstd, 1, 1, 1, 6, 0); }, "head size 6",
+  testing::check_throws([&] { qk_norm_rotary_backward(qkv, qkv, rstd, 1, 1, 1, 6, f, 0); }, "head size 6",
                         "qk_norm_rotary_backward at head size 6");
+}
+
+// Decoding token by token (B = 1, T = 1, first_position t) in record #89's layout gives the bits of
+// the forward over the whole sequence: the position is the token's place in the decoded sequence.
+void test_qk_rotary_decode(int T, int NH, int HS, llmc::Rng& rng) {
+  const int C = NH * HS, W = 3 * C;
+  printf("\nqk norm rotary decoding T=%d NH=%d HS=%d, record #89's pairs\n", T, NH, HS);
+  const std::vector<float> qkv = random_stored(rng, (size_t)T * W, 0.5f, 2.0f);
+  std::vector<float> freq;
+  const RotaryFrequencies f = test_frequencies(HS, true, &freq);
+  DeviceArray<floatX> whole(qkv.size()), row(W);
+  DeviceArray<float> rstd((size_t)T * 2 * NH), row_rstd(2 * NH);
+  whole.upload(qkv);
+  qk_norm_rotary_forward(whole, rstd, 1, T, NH, HS, f, 0);
+  std::vector<float> decoded;
+  for (int t = 0; t < T; t++) {
+    row.upload(std::vector<float>(qkv.begin() + (size_t)t * W, qkv.begin() + (size_t)(t + 1) * W));
+    qk_norm_rotary_forward(row, row_rstd, 1, 1, NH, HS, f, 0, t);
+    const std::vector<float> got = row.download();
+    decoded.insert(decoded.end(), got.begin(), got.end());
+  }
+  check_close("decoded rows against the forward", decoded, whole.download(), 0.0f);
 }
 
 // ---- The key offset (key_offset_forward, key_offset_backward, key_offset_decode) ----
 // Against a CPU reference written from the definition: over the N = B x T rows as one sequence,
-// dims d of a key head with d % (HS/2) >= HS/4 (the rotary's unturned ones) from the row before,
+// dims d of a key head with d % (HS/2) >= HS/4 (the rotary's unturned ones; in record #89's layout of
+// adjacent pairs d >= HS/2) from the row before,
 // row 0 keeping its own. Copies are exact (tolerance 0), the gradient's row 0 (two values summed,
 // rounded once) to a rounding; q, v and the turned dims must come back unchanged, the scratch and
 // the tail are poisoned first, and each launcher runs twice for identical bits.
 
-bool key_stationary(int column, int C, int HS) {
-  return column >= C && column < 2 * C && (column - C) % HS % (HS / 2) >= HS / 4;
+bool key_stationary(int column, int C, int HS, bool adjacent) {
+  if (column < C || column >= 2 * C) return false;
+  const int d = (column - C) % HS;
+  return adjacent ? d >= HS / 2 : d % (HS / 2) >= HS / 4;
 }
 
-void test_key_offset(int B, int T, int NH, int HS, llmc::Rng& rng) {
+void test_key_offset(int B, int T, int NH, int HS, bool adjacent, llmc::Rng& rng) {
   const int C = NH * HS, N = B * T, W = 3 * C;
-  printf("\nkey offset B=%d T=%d NH=%d HS=%d\n", B, T, NH, HS);
+  printf("\nkey offset B=%d T=%d NH=%d HS=%d%s\n", B, T, NH, HS, adjacent ? " record #89's pairs" : "");
   const std::vector<float> qkv = random_stored(rng, (size_t)N * W, 0.0f, 1.0f);
   const std::vector<float> dout = random_stored(rng, (size_t)N * W, 0.0f, 1.0f);
   std::vector<float> shifted = qkv, dshifted = dout, tail;
   for (int n = 0; n < N; n++) {
     for (int c = 0; c < W; c++) {
-      if (!key_stationary(c, C, HS)) continue;
+      if (!key_stationary(c, C, HS, adjacent)) continue;
       const size_t at = (size_t)n * W + c;
       if (n > 0) shifted[at] = qkv[at - W];
       dshifted[at] = (n + 1 < N ? dout[at + W] : 0.0f) + (n == 0 ? dout[at] : 0.0f);
@@ -153,7 +192,7 @@ void test_key_offset(int B, int T, int NH, int HS, llmc::Rng& rng) {
     d_qkv.upload(qkv);
     d_tail.poison();
     scratch.poison();
-    key_offset_forward(d_qkv, scratch, d_tail, N, C, HS, 0);
+    key_offset_forward(d_qkv, scratch, d_tail, N, C, HS, adjacent, 0);
   };
   forward();
   check_close("forward qkv", d_qkv.download(), shifted, 0.0f);
@@ -167,7 +206,7 @@ void test_key_offset(int B, int T, int NH, int HS, llmc::Rng& rng) {
     d.upload(dout);
     d_qkv.upload(shifted);
     scratch.poison();
-    key_offset_backward(d, d_qkv, scratch, d_tail, N, C, HS, 0);
+    key_offset_backward(d, d_qkv, scratch, d_tail, N, C, HS, adjacent, 0);
   };
   backward();
   check_close("backward dqkv", d.download(), dshifted, kTolStore);
@@ -179,14 +218,14 @@ void test_key_offset(int B, int T, int NH, int HS, llmc::Rng& rng) {
 
 // Decoding token by token (B = 1): the keys each step leaves in the cache, where the attention's
 // decoder puts the token's k (emulated: copied in on the host), are the forward's shifted ones.
-void test_key_offset_decode(int T, int NH, int HS, llmc::Rng& rng) {
+void test_key_offset_decode(int T, int NH, int HS, bool adjacent, llmc::Rng& rng) {
   const int C = NH * HS, W = 3 * C, max_t = T + 1;
-  printf("\nkey offset decoding T=%d NH=%d HS=%d\n", T, NH, HS);
+  printf("\nkey offset decoding T=%d NH=%d HS=%d%s\n", T, NH, HS, adjacent ? " record #89's pairs" : "");
   const std::vector<float> qkv = random_stored(rng, (size_t)T * W, 0.0f, 1.0f);
   std::vector<float> ref_cache((size_t)NH * max_t * HS, 0.0f);
   for (int t = 0; t < T; t++) {
     for (int c = C; c < 2 * C; c++) {
-      const int h = (c - C) / HS, i = (c - C) % HS, from = key_stationary(c, C, HS) && t > 0 ? t - 1 : t;
+      const int h = (c - C) / HS, i = (c - C) % HS, from = key_stationary(c, C, HS, adjacent) && t > 0 ? t - 1 : t;
       ref_cache[((size_t)h * max_t + t) * HS + i] = qkv[(size_t)from * W + c];
     }
   }
@@ -194,7 +233,7 @@ void test_key_offset_decode(int T, int NH, int HS, llmc::Rng& rng) {
   cache.upload(std::vector<float>(ref_cache.size(), 0.0f));
   for (int t = 0; t < T; t++) {
     row.upload(std::vector<float>(qkv.begin() + (size_t)t * W, qkv.begin() + (size_t)(t + 1) * W));
-    key_offset_decode(row, cache, t, max_t, C, HS, 0);
+    key_offset_decode(row, cache, t, max_t, C, HS, adjacent, 0);
     std::vector<float> host = cache.download();
     const std::vector<float> k = row.download();
     for (int h = 0; h < NH; h++) {
@@ -211,17 +250,23 @@ void test_key_offset_decode(int T, int NH, int HS, llmc::Rng& rng) {
 
 void run() {
   llmc::Rng rng(35);
-  test_qk_rotary({3, 37, 5, 128}, rng);  // d12's head size, 111 tokens
-  test_qk_rotary({1, 1023, 1, 128}, rng);  // the tiny preset's one head; positions up to 1022
-  test_qk_rotary({3, 29, 7, 64}, rng);  // d48's head size; 14 heads: 8 loaded at once, then 6
-  test_qk_rotary({2, 7, 3, 72}, rng);   // 36 pairs: a lane's second pair only on lanes 0-3
-  test_qk_rotary({1, 9, 3, 256}, rng);  // the largest head size: 4 pairs a lane
-  test_qk_rotary({5, 3, 1, 8}, rng);  // the smallest: 2 frequencies, 1 and 1/1024
+  for (bool record89 : {false, true}) {
+    test_qk_rotary({3, 37, 5, 128}, record89, rng);  // d12's head size, 111 tokens
+    test_qk_rotary({1, 1023, 1, 128}, record89, rng);  // the tiny preset's one head; positions up to 1022
+    test_qk_rotary({3, 29, 7, 64}, record89, rng);  // d48's head size; 14 heads: 8 loaded at once, then 6
+    test_qk_rotary({2, 7, 3, 72}, record89, rng);   // 36 pairs: a lane's second pair only on lanes 0-3
+    test_qk_rotary({1, 9, 3, 256}, record89, rng);  // the largest head size: 4 pairs a lane
+    test_qk_rotary({5, 3, 1, 8}, record89, rng);  // the smallest: 2 frequencies, 1 and 1/1024
+  }
+  test_qk_rotary({4, 300, 1, 64}, true, rng);  // flat positions up to 1199 over 4 rows
+  test_qk_rotary_decode(37, 3, 64, rng);
   test_qk_rotary_bad_head_size();
-  test_key_offset(3, 37, 5, 128, rng);  // d12's head size, 111 rows, the last block part-filled
-  test_key_offset(1, 1, 1, 8, rng);     // one row: nothing shifts, the tail its own
-  test_key_offset(2, 29, 3, 64, rng);   // row 29 takes row 28's over the rows' seam
-  test_key_offset_decode(13, 3, 64, rng);
+  for (bool adjacent : {false, true}) {
+    test_key_offset(3, 37, 5, 128, adjacent, rng);  // d12's head size, 111 rows, the last block part-filled
+    test_key_offset(1, 1, 1, 8, adjacent, rng);     // one row: nothing shifts, the tail its own
+    test_key_offset(2, 29, 3, 64, adjacent, rng);   // row 29 takes row 28's over the rows' seam
+    test_key_offset_decode(13, 3, 64, adjacent, rng);
+  }
 }
 
 }  // namespace qk_rotary_tests

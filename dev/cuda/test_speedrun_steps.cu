@@ -5,7 +5,10 @@
 //    decoder's mix in place); the RMSNorm of out fused with it, with and without a gain and
 //    without its output, bitwise against rmsnorm_forward of the rounded out; dx in place over dout;
 //  - value_mix_forward/backward: qkv's v = a v + b ve[token] (or a v), v_pre kept, q and k left
-//    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen;
+//    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen; with
+//    record #89's gates (2 sigmoid(W[h] . [hn[:6], ve[:6]]) a head in b's place): dW, dhn's first 6
+//    columns (rows apart by more than 6), dve's first 6 with the gates' part, heads of 136, 128, 64
+//    and 8 channels (4 in the FP32 build, where the first 6 channels span two heads);
 //  - attention_gate_forward/apply/backward: y times sigmoid(W hn[:, :C/64]) per head, head size
 //    128 (C 768 with 6 heads, 256 with 2, 128 with 1: G = 12, 4, 2) and 136 with one head; apply
 //    must give the forward's bits; dy in place over dyg; dhn's gate columns alone (rows G apart)
@@ -281,6 +284,162 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(d_dqkv, dscales, dve));
 }
 
+// ---- Value mix with record #89's gates ----
+
+struct ValueMixGateCase {
+  int N, NH, C, Vp;
+};
+
+// v = a v + g_h ve[token] per head, g_h = 2 sigmoid(W[h] . [hn[:6], ve[token][:6]]); the backward's
+// dW, the gates' part of dhn's first 6 columns (rows ld apart, the 2 after them left alone) and of
+// dve's, b's gradient untouched.
+// ve's gradient is each row's term, stored in floatX, summed over a token's rows: with the gates'
+// terms in the first columns, rows can cancel, and the stored terms' rounding (half a unit of each)
+// then shows against a small sum. Each element is held to kTolSum of its value and a unit of
+// floatX of the sum of its rows' sizes.
+void check_dve_rows(const std::string& name, const std::vector<float>& got, const std::vector<float>& ref,
+                    const std::vector<double>& row_sizes) {
+  const double unit = sizeof(floatX) == 2 ? 1.0 / 256 : 1.0 / (1 << 23);
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < got.size(); i++) {
+    const double bound = kTolSum * std::fabs(ref[i]) + unit * row_sizes[i] + 1e-6;
+    const double ratio = std::fabs((double)got[i] - ref[i]) / bound;
+    if (!(ratio <= 1.0)) bad++;
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+  }
+  testing::check_verbose(bad == 0, llmc::strformat("%s within %g of its value and a unit of its rows' sizes (%zu bad; "
+                                                   "worst [%zu] got %.7g ref %.7g, %.2f of its bound)", name.c_str(),
+                                                   kTolSum, bad, worst, got[worst], ref[worst], worst_ratio));
+}
+
+void test_value_mix_gates(const ValueMixGateCase& s, llmc::Rng& rng) {
+  const int N = s.N, NH = s.NH, C = s.C, Vp = s.Vp, HS = C / NH, ld = kVeGateInputs + 2;
+  printf("\nvalue mix with gates N=%d NH=%d C=%d (head size %d) Vp=%d\n", N, NH, C, HS, Vp);
+  const size_t n = (size_t)N * C, n3 = 3 * n, weights = (size_t)NH * kVeGateWidth;
+  const std::vector<float> qkv = random_stored(rng, n3, 0.0f, 1.0f);
+  const std::vector<float> ve = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
+  const std::vector<float> hn = random_stored(rng, n, 0.0f, 1.0f);
+  // z of a unit or so, so that the gates spread over (0, 2).
+  const std::vector<float> W = random_stored(rng, weights, 0.0f, 0.4f);
+  const std::vector<int> tokens = random_ints(rng, N, 0, std::max(1, Vp - 1));
+  const std::vector<float> scales = stored({0.6f, 0.45f});
+  const double a = scales[0];
+  DeviceArray<floatX> d_qkv(n3), v_pre(n), d_ve(ve), d_hn(hn), d_W(W), d_scales(scales);
+  DeviceArray<int> d_tokens(tokens);
+
+  // Each row's gate inputs, gates and the mixed v.
+  std::vector<double> inputs((size_t)N * kVeGateWidth), gate((size_t)N * NH);
+  std::vector<float> ref_qkv = qkv;
+  for (int t = 0; t < N; t++) {
+    const float* e = ve.data() + (size_t)tokens[t] * C;
+    for (int j = 0; j < kVeGateInputs; j++) {
+      inputs[(size_t)t * kVeGateWidth + j] = hn[(size_t)t * C + j];
+      inputs[(size_t)t * kVeGateWidth + kVeGateInputs + j] = e[j];
+    }
+    for (int h = 0; h < NH; h++) {
+      double z = 0.0;
+      for (int j = 0; j < kVeGateWidth; j++) z += (double)W[h * kVeGateWidth + j] * inputs[(size_t)t * kVeGateWidth + j];
+      gate[(size_t)t * NH + h] = 2.0 / (1.0 + std::exp(-z));
+    }
+    for (int c = 0; c < C; c++) {
+      const size_t at = (size_t)t * 3 * C + 2 * C + c;
+      ref_qkv[at] = (float)(a * qkv[at] + gate[(size_t)t * NH + c / HS] * e[c]);
+    }
+  }
+  const ValueMixGates forward_gates = {d_W, d_hn, NH};
+  auto forward = [&] {
+    d_qkv.upload(qkv);
+    v_pre.poison();
+    value_mix_forward(d_qkv, v_pre, d_ve, d_tokens, d_scales, N, C, 0, forward_gates);
+  };
+  forward();
+  const std::vector<float> got = d_qkv.download();
+  check_close("forward q, k unchanged", columns(got, N, 3 * C, 0, 2 * C), columns(qkv, N, 3 * C, 0, 2 * C), 0.0f);
+  check_close("forward v", columns(got, N, 3 * C, 2 * C, 3 * C), columns(ref_qkv, N, 3 * C, 2 * C, 3 * C),
+              kTolStore);
+  check_close("forward v_pre", v_pre.download(), columns(qkv, N, 3 * C, 2 * C, 3 * C), 0.0f);
+  const Snapshot forward_bits(d_qkv, v_pre);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(d_qkv, v_pre));
+
+  const std::vector<float> dqkv = random_stored(rng, n3, 0.0f, 1.0f);
+  const std::vector<float> dscales0 = random_stored(rng, 2, 0.0f, 1.0f);
+  const std::vector<float> dve0 = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
+  const std::vector<float> dW0 = random_stored(rng, weights, 0.0f, 1.0f);
+  // dhn's own gradient small beside the gates' part, so that theirs is what is measured.
+  const std::vector<float> dhn0 = random_stored(rng, (size_t)N * ld, 0.0f, 0.1f);
+  std::vector<float> ref_dqkv = dqkv, ref_dhn = dhn0;
+  std::vector<double> dve_sum((size_t)Vp * C, 0.0), dve_size((size_t)Vp * C, 0.0), dW_sum(weights, 0.0), dz(NH);
+  double da = 0.0;
+  for (int t = 0; t < N; t++) {
+    const float* e = ve.data() + (size_t)tokens[t] * C;
+    const size_t v_at = (size_t)t * 3 * C + 2 * C;
+    for (int h = 0; h < NH; h++) {
+      double dg = 0.0;
+      for (int c = h * HS; c < (h + 1) * HS; c++) dg += (double)dqkv[v_at + c] * e[c];
+      const double g = gate[(size_t)t * NH + h];
+      dz[h] = dg * g * (1.0 - 0.5 * g);
+      for (int j = 0; j < kVeGateWidth; j++) dW_sum[h * kVeGateWidth + j] += dz[h] * inputs[(size_t)t * kVeGateWidth + j];
+    }
+    for (int c = 0; c < C; c++) {
+      const double d = dqkv[v_at + c];
+      ref_dqkv[v_at + c] = (float)(a * d);
+      da += d * qkv[v_at + c];
+      double dve = gate[(size_t)t * NH + c / HS] * d;
+      for (int h = 0; c < kVeGateInputs && h < NH; h++) dve += dz[h] * W[h * kVeGateWidth + kVeGateInputs + c];
+      dve_sum[(size_t)tokens[t] * C + c] += dve;
+      dve_size[(size_t)tokens[t] * C + c] += std::fabs(dve);
+    }
+    for (int j = 0; j < kVeGateInputs; j++) {
+      double sum = 0.0;
+      for (int h = 0; h < NH; h++) sum += dz[h] * W[h * kVeGateWidth + j];
+      ref_dhn[(size_t)t * ld + j] = (float)(dhn0[(size_t)t * ld + j] + sum);
+    }
+  }
+  std::vector<float> ref_dve(dve0.size()), ref_dW(weights);
+  for (size_t i = 0; i < ref_dve.size(); i++) ref_dve[i] = (float)(dve0[i] + dve_sum[i]);
+  for (size_t e = 0; e < weights; e++) ref_dW[e] = (float)(dW0[e] + dW_sum[e]);
+
+  DeviceArray<floatX> d_dqkv(n3), dscales(2), dve((size_t)Vp * C), scratch(n), dW(weights), dhn((size_t)N * ld);
+  DeviceArray<float> partials(value_mix_backward_partials(NH));
+  const DeviceEncoderPlan plan(tokens, C);
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    d_dqkv.upload(dqkv);
+    dscales.upload(dscales0);
+    dve.upload(dve0);
+    dW.upload(dW0);
+    dhn.upload(dhn0);
+    scratch.poison();
+    partials.poison();
+    value_mix_backward(d_dqkv, dscales, dve, scratch, partials, v_pre, d_ve, d_tokens, d_scales, &plan.plan, N, C,
+                       seed, 0, ValueMixGates{d_W, d_hn, NH, dW, dhn, ld});
+  };
+  backward();
+  const std::vector<float> got_d = d_dqkv.download();
+  check_close("backward dq, dk unchanged", columns(got_d, N, 3 * C, 0, 2 * C), columns(dqkv, N, 3 * C, 0, 2 * C),
+              0.0f);
+  check_close("backward dv_pre", columns(got_d, N, 3 * C, 2 * C, 3 * C), columns(ref_dqkv, N, 3 * C, 2 * C, 3 * C),
+              kTolStore);
+  const std::vector<float> got_dscales = dscales.download();
+  check_close("backward da", {got_dscales[0]}, {(float)(dscales0[0] + da)}, kTolSum);
+  check_close("backward db untouched (the gates take b's place)", {got_dscales[1]}, {dscales0[1]}, 0.0f);
+  check_close("backward dW", dW.download(), ref_dW, kTolSum);
+  const std::vector<float> got_dhn = dhn.download();
+  check_close("backward dhn[:, :6]", columns(got_dhn, N, ld, 0, kVeGateInputs), columns(ref_dhn, N, ld, 0, kVeGateInputs),
+              kTolStore);
+  check_close("backward dhn[:, 6:8] unchanged", columns(got_dhn, N, ld, kVeGateInputs, ld),
+              columns(dhn0, N, ld, kVeGateInputs, ld), 0.0f);
+  const std::vector<float> got_dve = dve.download();
+  check_dve_rows("backward dve", got_dve, ref_dve, dve_size);
+  check_close("backward dve of an unseen token", std::vector<float>(got_dve.end() - C, got_dve.end()),
+              std::vector<float>(dve0.end() - C, dve0.end()), 0.0f);
+  const Snapshot backward_bits(d_dqkv, dscales, dve, dW, dhn);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(d_dqkv, dscales, dve, dW, dhn));
+}
+
 // ---- Attention gate ----
 
 struct GateCase {
@@ -447,6 +606,11 @@ void test_bad_shapes() {
       "joining dx", "residual_mix_backward with dx itself joining it");
   testing::check_throws([&] { value_mix_forward(a, b, b, nullptr, b, 1, 768, 0); }, "tokens",
                         "value_mix_forward with a value embedding but no tokens");
+  DeviceArray<int> tokens(1);
+  testing::check_throws([&] { value_mix_forward(a, b, nullptr, tokens, b, 1, 768, 0, ValueMixGates{b, b, 6}); },
+                        "need a value embedding", "value_mix_forward with gates but no value embedding");
+  testing::check_throws([&] { value_mix_forward(a, b, b, tokens, b, 1, 768, 0, ValueMixGates{b, b, 5}); },
+                        "NH=5 heads", "value_mix_forward with gates over 5 heads of 768 channels");
   DeviceArray<float> dots(8), partials(attention_gate_backward_partials(8, 1, 136));
   testing::check_throws(
       [&] { attention_gate_backward(a, b, 2, b, partials, a, b, g, b, b, 8, 1, 136, 1, 0, AttentionRowDots{dots, 8}); },
@@ -468,6 +632,11 @@ void run() {
     test_value_mix({37, 128, 5, ve}, rng);           // a few ids, many repeats
   }
   test_value_mix({7, 136, 3, true}, rng);  // 17 pieces of a row: a partial warp
+  test_value_mix_gates({4 * 64 + 1, 6, 768, 64}, rng);  // d12: 6 heads of 128; one row per block, one more
+  test_value_mix_gates({3999, 6, 768, 301}, rng);       // 16 rows per block: each warp two, some one
+  test_value_mix_gates({37, 2, 128, 5}, rng);           // tiny: 2 heads of 64; most blocks empty
+  test_value_mix_gates({7, 1, 136, 3}, rng);            // 17 pieces of a row: a partial warp
+  test_value_mix_gates({301, 64 / x128::size, 64, 7}, rng);  // heads of one piece: 8 channels (FP32: 4)
 
   test_attention_gate({4 * 64 + 1, 6, 768}, rng);  // d12: head size 128, G = 12
   test_attention_gate({3999, 6, 768}, rng);

@@ -649,7 +649,8 @@ if has_flag -mq; then
   expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
     -opt muon -mq 3
 fi
-# --- -sm and -bg, record #89's smear and bigram embedding: the speedrun's (before the GPU)
+# --- -sm, -bg and -vg, record #89's smear, bigram embedding and value-embedding gates: the speedrun's
+# (before the GPU)
 if has_flag -sm; then
   expect "-sm 1 without the speedrun" "^error: -sm 1 smears the speedrun's embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -sm\$" \
     -sm 1
@@ -657,6 +658,43 @@ fi
 if has_flag -bg; then
   expect "-bg 1 without the speedrun" "^error: -bg 1 gives the speedrun a bigram embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -bg\$" \
     -bg 1
+fi
+# --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
+if has_flag -rp; then
+  expect "-rp 1 without rotary" "^error: -rp 1 lays out the rotary's pairs, and -recipe gpt2 has no rotary: give -recipe modern or speedrun with it, or drop -rp\$" \
+    -rp 1
+  expect "-rp out of range" "^error: -rp 2: must be" -recipe modern -rp 2
+fi
+# --- -asc, the attention's softmax scale: positive and finite (before the GPU)
+if has_flag -asc; then
+  expect "-asc 0" "^error: -asc 0: the attention's softmax scale must be positive \(record #89's 0.1; leave -asc out for the architecture's\)\$" \
+    -recipe speedrun -asc 0
+  expect "-asc negative" "^error: -asc -0.1: the attention's softmax scale must be positive" -asc -0.1
+  expect "-asc not finite" "^error: -asc 'nan': not a number" -asc nan
+fi
+# --- -ri, record #89's init: the speedrun's, of a preset's model, 0 or 89 (before the GPU)
+if has_flag -ri; then
+  expect "-ri 89 without the speedrun" "^error: -ri 89 is the speedrun's init, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -ri\$" \
+    -ri 89
+  expect "-ri of no record" "^error: -ri 28: no such init; give 89 \(record #89's\) or 0 \(record #28's, the speedrun's own\)\$" \
+    -recipe speedrun -ri 28
+  expect "-ri with a model file" "^error: -ri 89 initialises a preset's model from the seed, and -e $DIR/model.bin is a model file, which holds the parameters: drop -ri\$" \
+    -recipe speedrun -ri 89 -e "$DIR/model.bin"
+fi
+# --- -vg, record #89's value-embedding gates: the speedrun's (before the GPU)
+if has_flag -vg; then
+  expect "-vg 1 without the speedrun" "^error: -vg 1 gates the speedrun's value embeddings, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -vg\$" \
+    -vg 1
+fi
+# --- -yn, record #89's YaRN: the rotary's, over a stage plan whose every stage has a window (before the GPU)
+if has_flag -yn; then
+  expect "-yn 1 without rotary" "^error: -yn 1 rescales the rotary's frequencies, and the gpt2 architecture has no rotary: give -recipe modern or speedrun, or leave -yn out\$" \
+    -e d12 -t 256 -pd 1 -aw 2 -yn 1
+  expect "-yn 1 without a window" "^error: -yn 1 rescales the rotary at the stage plan's changes of the long window, and stage 1 of 1 has no window: give every stage one \(aw=, or -aw, with -pd 1\), or drop -yn" \
+    -recipe modern -yn 1
+  expect "-yn 1 with a stage without a window" "^error: -yn 1 rescales the rotary at the stage plan's changes of the long window, and stage 2 of 2 has no window" \
+    -recipe modern -e d12 -t 256 -pd 1 -sp "1/2 aw=1; 1/2 aw=0" -yn 1
+  expect "-yn out of range" "^error: -yn 2: must be" -yn 2
 fi
 
 # --- -ar, AdamW's tensors' own rows: tensors of the table and of the model, numbers and betas, not
@@ -779,6 +817,7 @@ if ! has_flag -recipe; then
   expect "-recipe modern on the CPU trainer" "-recipe $cuda_flag_error" -recipe modern
   expect "-opt muon on the CPU trainer" "-opt $cuda_flag_error" -opt muon
   expect "-pd 1 on the CPU trainer" "-pd $cuda_flag_error" -pd 1
+  expect "-vg 1 on the CPU trainer" "-vg $cuda_flag_error" -vg 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

@@ -3,8 +3,8 @@
 // for, a program's own flags after the shared ones, the flags a recipe sets, the sequence length,
 // sample length, vocabulary file and batch that follow from the flags, the CUDA trainer's document
 // flags against -t and -x and its window against the sequence length, AdamW's tensors' rows (-ar),
-// the start-up table's box and the usage, both within kScreenWidth. Scratch files go to
-// build/test_tmp/flags/.
+// the speedrun's init (-ri), the start-up table's box and the usage, both within kScreenWidth.
+// Scratch files go to build/test_tmp/flags/.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -516,10 +516,22 @@ void test_adam_rows() {
                "-ar of a tensor without keys");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=2;wte:b1=0.5"); }, "-ar wte:lr=2;wte:b1=0.5: wte has two "
                "rows: give it one", "-ar naming wte twice");
+  // Record #89's value-embedding gates (-vg 1): AdamW's, the scalars' role (so Muon never takes them),
+  // and its row of them (its ve_gate_bank's betas) accepted beside -opt muon.
+  llmc::Recipe speedrun = llmc::recipe_speedrun();
+  speedrun.adam_rows = llmc::parse_adam_rows("-ar", "vegate:b1=0.9,b2=0.99");
+  llmc::adam_rows_check(speedrun, "-ar");
+  const llmc::OptimizerTable table = llmc::optimizer_table(speedrun, true);
+  const llmc::RoleOptimizer& gates = table.of_tensor(llmc::kVegate);
+  const llmc::RoleOptimizer& scalars = table.of(llmc::ParamRole::kVector);
+  check_verbose(gates.method == llmc::OptimizerKind::kAdamW && gates.lr == scalars.lr && gates.beta1 == 0.9f &&
+                    gates.beta2 == 0.99f && gates.weight_decay == scalars.weight_decay,
+                llmc::strformat("-recipe speedrun -ar vegate:b1=0.9,b2=0.99: the gates' AdamW row the scalars' (lr %g, "
+                                "decay %g) with betas %g %g", gates.lr, gates.weight_decay, gates.beta1, gates.beta2));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
-// read as those flags, -ut, -awt, -ao and -ko, the defaults where it names none, a table beside -pw 0 kept
+// read as those flags, -ut, -awt, -ao, -ko, -asc and -yn, the defaults where it names none, a table beside -pw 0 kept
 // (a stage plan's pw= weights it); settings that are not such pairs, or a prefix weight without its
 // table, refused.
 void test_loss_settings() {
@@ -589,6 +601,25 @@ void test_loss_settings() {
                 "a debug state's settings '" + d.settings + "': the key offset (none: off)");
   d.settings = "-ko 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-ko 2: must be", "a debug state's -ko 2");
+  d.settings = "-ko 1 -asc 0.1";
+  const llmc::DebugStateSettings attention_scaled = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(attention_scaled.attention_scale == 0.1 && attention_scaled.key_offset == 1 &&
+                    none.attention_scale == 0.0,
+                "a debug state's settings '" + d.settings + "': the attention's scale, Python's double (none: 0, "
+                "the architecture's)");
+  for (const char* bad : {"-asc 0", "-asc -0.1"}) {
+    d.settings = bad;
+    check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "the attention's softmax scale must be positive",
+                 std::string("a debug state's ") + bad);
+  }
+  d.settings = "-asc 0.1 -yn 1";
+  const llmc::DebugStateSettings yarn = llmc::debug_state_settings(d, "d.bin");
+  check_verbose(yarn.yarn == 1 && yarn.attention_scale == 0.1 && none.yarn == 0,
+                "a debug state's settings '" + d.settings + "': YaRN (none: off)");
+  d.settings = "-yn 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-yn 2: must be", "a debug state's -yn 2");
+  d.settings = "-asc inf";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-asc 'inf': not a number", "a debug state's -asc inf");
   d.settings = "-ao 2 -ar ve:lr=75,b1=0.75;headw:b2=0.99";
   const llmc::DebugStateSettings rows = llmc::debug_state_settings(d, "d.bin");
   check_verbose(rows.adam_rows[llmc::kVe].lr == 75.0f && rows.adam_rows[llmc::kHeadw].beta2 == 0.99f &&
@@ -618,6 +649,17 @@ void test_fp8_head_scales() {
   check_throws([] { llmc::parse_fp8_head_scales("-fhs", "1,x,1"); }, "-fhs 'x': not a number", "-fhs with a word");
 }
 
+// -ri: 0 and 89 the two inits; any other number, or a word, refused by name.
+void test_speedrun_init() {
+  check(llmc::parse_speedrun_init("-ri", "89") == llmc::SpeedrunInit::kRecord89 &&
+            llmc::parse_speedrun_init("-ri", "0") == llmc::SpeedrunInit::kRecord28,
+        "-ri 89 and -ri 0 parsed as record #89's and record #28's inits");
+  check_throws([] { llmc::parse_speedrun_init("-ri", "28"); },
+               "-ri 28: no such init; give 89 (record #89's) or 0 (record #28's, the speedrun's own)", "-ri 28");
+  check_throws([] { llmc::parse_speedrun_init("-ri", "-1"); }, "-ri -1: must be at least 0", "-ri -1");
+  check_throws([] { llmc::parse_speedrun_init("-ri", "x"); }, "-ri 'x': not an integer", "-ri with a word");
+}
+
 int main() {
   try {
     llmc::make_dirs(kDir);
@@ -636,6 +678,7 @@ int main() {
     test_adam_rows();
     test_loss_settings();
     test_fp8_head_scales();
+    test_speedrun_init();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());
   }

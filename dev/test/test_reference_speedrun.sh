@@ -7,7 +7,8 @@
 # coefficients, Muon's scale of fc, Adam's eps before the bias correction, its checkpoints (SPEC's
 # order, round trips, the CPU trainer's refusal), its debug state read back by build/test_utils
 # --speedrun (with the seeded init against llmc's), the bfloat16 embeddings of bfloat16 runs, a short
-# training on document shards (the loss falls, twice the same), and the flag errors (--fp8_head 1 on
+# training on document shards (the loss falls, twice the same), record #89's init (against llmc's
+# tensor by tensor; tied through an untie step, the loss falls), and the flag errors (--fp8_head 1 on
 # the CPU, whose default 0 leaves the debug state as it was). PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -393,6 +394,28 @@ assert offset + header[4] == grads.size, "the gradients and step losses fill the
 print(f"{len(names)} tensors, {offset:,} gradients; init of seed 9 written")
 EOF
 build/test_utils --speedrun "$WORK/init.bin" 9 "$WORK/debug/gpt2_speedrun_tiny_muon_debug_state.bin" "$WORK/tensors.txt"
+check "--record_init 89: record #89's init (the head N(0, 0.005), wte its copy, ve N(0, 0.01), c_proj drawn)" <<'EOF'
+import math, os, torch, train_gpt2 as tg
+out = os.environ["WORK"]
+for name, features in [("tiny", {}), ("tiny_smear_bigram", {"smear": True, "bigram": True})]:
+    config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun", **features)
+    model = tg.GPT(config)
+    tg.init_weights(model, 11, 89)
+    bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
+    head, wte = model.lm_head.weight, model.transformer.wte.weight
+    assert torch.equal(head, wte) and abs(head.std().item() - 0.005) < 1e-4 and head.abs().min() > 0
+    for p_name, p in model.named_parameters():
+        if ".attn.c_" in p_name or p_name.endswith("c_fc.weight"):
+            assert p.abs().max() <= bound and p.abs().max() > 0.99 * bound, p_name
+        elif ".ve." in p_name:
+            assert abs(p.std().item() - 0.01) < 1e-4, p_name
+        elif p_name.endswith("mlp.c_proj.weight"):
+            assert torch.all(p == 0), p_name
+    tg.write_checkpoint(model, f"{out}/record89_{name}.bin", tg.CHECKPOINT_FP32)
+    print(f"{name}: head std {head.std().item():.5f}, wte its copy; written for build/test_utils --init")
+EOF
+build/test_utils --init "$WORK/record89_tiny.bin" 11 89
+build/test_utils --init "$WORK/record89_tiny_smear_bigram.bin" 11 89
 echo "--- --fp8_head 0 (the default) writes the same files"
 "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --write_debug_state "$WORK/debug_fp8_head_0" -b 1 -t 128 \
   --debug_steps 2 --seed 7 --debug_noise 0.02 --device cpu --fp8_head 0 > /dev/null
@@ -418,6 +441,13 @@ awk '/^step +1\/8 \| loss/ {first = $5} /^step +8\/8 \| loss/ {last = $5}
 awk '/val loss/ {v[n++] = $NF} END {printf "val loss %s -> %s\n", v[0], v[1]; exit !(n == 2 && v[1] < v[0])}' \
   "$WORK/first.log"
 
+echo "--- record #89's init tied to the head through step 4 (--record_init 89 --untie_step 4): the loss falls"
+# With record #28's zero head the tied embedding is zero too, and no gradient reaches either.
+"$PYTHON" train_gpt2.py --recipe speedrun --model tiny -t 256 --total_batch_size 512 --num_iterations 6 \
+  --input_bin "$WORK/data/train_*.bin" --device cpu --record_init 89 --untie_step 4 > "$WORK/record89.log"
+awk '/^step +1\/6 \| loss/ {first = $5} /^step +6\/6 \| loss/ {last = $5}
+     END {printf "loss %s -> %s\n", first, last; exit !(last < first - 1.0)}' "$WORK/record89.log"
+
 echo "--- flag errors"
 SPEEDRUN=(--recipe speedrun -t 256 --device cpu --input_bin "$WORK/data/train_*.bin")
 expect_error "drop --arch modern" "${SPEEDRUN[@]}" --arch modern
@@ -434,4 +464,6 @@ expect_error "window of blocks (--window_blocks -1), which needs documents: add 
 expect_error "but --recipe speedrun trains on documents: add --documents 0 --window_blocks 0" \
   --recipe speedrun --benchmark 1 --device cpu
 expect_error "--cooldown_frac 0.0" "${SPEEDRUN[@]}" --cooldown_frac 0
+expect_error "--record_init 89 initialises a model from --seed, and --init_from's checkpoint holds the parameters" \
+  --init_from "$WORK/record89_tiny.bin" --record_init 89 --device cpu --input_bin "$WORK/data/train_*.bin"
 echo "PASS"

@@ -2,7 +2,8 @@
 // key, values kept from the stage before), the stage ends of record #89's thirds of 1,270 steps and
 // its 15 extension steps, the plan of each step (tokens, micro steps, the window's schedule, the
 // rate multiplier), the tokens a run has seen, record #89's (short, long) windows and its final
-// validation's window, record #89's loss weights a step (mtp=, pw=), and one error per malformed plan.
+// validation's window, record #89's loss weights a step (mtp=, pw=), YaRN's frequencies and scale at
+// record #89's window changes (llmc/yarn.h, against torch's float32), and one error per malformed plan.
 // With --dump it prints a plan's steps for dev/test/test_documents.sh to compare with
 // train_gpt2.py's:
 //   build/test_stages --dump PLAN B T Z AW AWF WORLD STEPS
@@ -25,6 +26,7 @@
 #include "dev/test/testing.h"
 #include "llmc/flags.h"
 #include "llmc/stages.h"
+#include "llmc/yarn.h"
 
 using llmc::StagePlan;
 using llmc::StepPlan;
@@ -135,6 +137,55 @@ bool loss_is(const StepPlan& p, std::vector<float> next_tokens, float prefix) {
 // Record #89's loss weights: stage 1 (1, 0.5, 0.25 -> 0) and 0.25, stage 2 (1, 0.5 -> 0) and 0.25 -> 0,
 // stage 3 and the extension (1) and 0; each ramp from its start at the stage's first step towards its
 // end, which the next stage's first step would reach.
+// YaRN over record #89's plan (long windows 3, 7, 11, then 13 blocks of 128 tokens; the final
+// validation's 20 is none of its changes), from its base scale 0.1 and a head size 128's base
+// frequencies ((1/1024)^(j/31) rounded once to float, then 32 unturned): the frequencies after each
+// change as torch computes them on float32 tensors (pinned bit for bit from torch 1.13 on a CPU:
+// r = old f / (2 pi), w = clamp((r - 1) / 31, 0, 1), f *= old/new + w (1 - old/new)), the scale as
+// Python's doubles (0.11695, 0.12752, 0.13178, the notes' values); a step's state derived from the
+// start equals the one advanced step by step (a resume's), and steps without a change keep it.
+void test_yarn() {
+  StagePlan plan = resolved("1/3 aw=1/3; 1/3 aw=3/7; 1/3 aw=5/11; +15 aw=6/13", 1270, 2048);
+  plan.set_final_window(20, "-awf");
+  llmc::YarnState base;
+  for (int j = 0; j < 32; j++) base.freq.push_back((float)std::pow(1.0 / 1024.0, j / 31.0));
+  base.freq.resize(64, 0.0f);
+  base.scale = 0.1;
+  struct Pinned {
+    long step;
+    double scale;
+    float f5, f10, f12, f20, f31;
+  };
+  const Pinned pinned[] = {
+      {0, 0.1, base.freq[5], base.freq[10], base.freq[12], base.freq[20], base.freq[31]},
+      {423, 0.11694595720774409, 0x1.049d9p-2f, 0x1.d09338p-5f, 0x1.10bf94p-5f, 0x1.40e73cp-8f, 0x1.b6db6ep-12f},
+      {847, 0.12751752379570258, 0x1.049d9p-2f, 0x1.4e42a8p-5f, 0x1.731dcp-6f, 0x1.986c1ep-9f, 0x1.1745d2p-12f},
+      {1270, 0.1317779884389435, 0x1.049d9p-2f, 0x1.285846p-5f, 0x1.41873cp-6f, 0x1.59969p-9f, 0x1.d89d8cp-13f},
+      {1285, 0.1317779884389435, 0x1.049d9p-2f, 0x1.285846p-5f, 0x1.41873cp-6f, 0x1.59969p-9f, 0x1.d89d8cp-13f},
+  };
+  llmc::YarnState stepped = base;  // a run's, one step at a time
+  long at = 0;
+  for (const Pinned& p : pinned) {
+    while (at < p.step) llmc::yarn_advance(stepped, plan, ++at);
+    const llmc::YarnState y = llmc::yarn_at(plan, p.step, base);
+    const bool unturned = std::all_of(y.freq.begin() + 32, y.freq.end(), [](float f) { return f == 0.0f; });
+    check_verbose(y.scale == p.scale && y.freq[0] == 1.0f && y.freq[5] == p.f5 && y.freq[10] == p.f10 &&
+                      y.freq[12] == p.f12 && y.freq[20] == p.f20 && y.freq[31] == p.f31 && unturned &&
+                      y.freq == stepped.freq && y.scale == stepped.scale,
+                  llmc::strformat("YaRN at step %ld: scale %.17g (torch's %.17g), f[10] %a (%a), f[31] %a (%a); the "
+                                  "unturned 0; stepped from the start the same", p.step, y.scale, p.scale, y.freq[10],
+                                  p.f10, y.freq[31], p.f31));
+  }
+  const llmc::YarnState before = llmc::yarn_at(plan, 422, base), after = llmc::yarn_at(plan, 423, base);
+  check_verbose(before.freq == base.freq && before.scale == 0.1 && after.scale != 0.1,
+                "YaRN: step 422 keeps the base (the first stage's window), step 423 takes the change 384 -> 896");
+  check_throws([] { llmc::yarn_check(resolved("1/2 aw=3; 1/2 aw=0", 10), "-yn"); },
+               "-yn 1 rescales the rotary at the stage plan's changes of the long window, and stage 2 of 2 has no "
+               "window", "YaRN over a stage without a window");
+  check_throws([] { llmc::yarn_check(resolved("", 10), "-yn"); }, "stage 1 of 1 has no window",
+               "YaRN without a window");
+}
+
 void test_record89_loss_weights() {
   const StagePlan plan = resolved("1/3 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 mtp=1,0.5>1,0 pw=0.25>0; 1/3 mtp=1 pw=0; "
                                   "+15", 1270);
@@ -294,6 +345,7 @@ int main(int argc, char** argv) {
     test_schedule_window();
     test_record89_windows();
     test_record89_loss_weights();
+    test_yarn();
     test_errors();
   } catch (const llmc::Error& e) {
     testing::check(false, std::string("unexpected error: ") + e.what());

@@ -694,6 +694,79 @@ print(f"the hash's rows as llmc's, the sign table torch's; {config.bigram_rows} 
       f"the later attention layers' after it, by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; "
       f"with the smear, the file order {' '.join(order)}")
 EOF
+check "--ve_gates: each head's gate by hand, its gradients against autograd's; file order, header, refusals" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", ve_gates=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert model.ve_gates.shape == (6, 2, 12) and not model.ve_gates.any(), "the gates' weights start at zero"
+tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
+assert model.ve_gates.all(), "the debug state's noise reaches every gate weight"
+with torch.no_grad():
+    model.ve_gates.normal_(0.0, 0.5)
+layers = [layer for layer, spec in enumerate(config.plan) if spec.value_embedding is not None]
+gates = model.layer_ve_gates()
+assert layers == [0, 1, 2, 9, 10, 11] and [g is not None for g in gates] == [l in layers for l in range(12)]
+assert all(gates[layer] is model.ve_gates[row] or torch.equal(gates[layer], model.ve_gates[row])
+           for row, layer in enumerate(layers))
+# By hand, layer 10 (the gates' row 4): v = a v + 2 sigmoid(w_h . [x[:6], ve[:6]]) ve, head by head.
+attn, w = model.transformer.h[10].attn, model.ve_gates[4].detach()
+x, v, ve = torch.randn(2, 3, 128), torch.randn(2, 3, 2, 64), torch.randn(2, 3, 128)
+a = attn.value_scales[0].item()
+got = attn.mix_values(v, ve, x, gates[10]).detach()
+want = torch.empty_like(v)
+for b in range(2):
+    for t in range(3):
+        inputs = torch.cat([x[b, t, :6], ve[b, t, :6]])
+        for h in range(2):
+            gate = 2 / (1 + torch.exp(-(w[h] @ inputs)))
+            want[b, t, h] = a * v[b, t, h] + gate * ve[b, t, 64 * h:64 * (h + 1)]
+error = (got - want).abs().max().item()
+assert error < 1e-5, error
+# The gradients autograd takes, in float64, against the formulas the CUDA kernels compute.
+wd = w.double().requires_grad_()
+xd, ved, vd = x.double().requires_grad_(), ve.double().requires_grad_(), v.double().requires_grad_()
+out = attn.mix_values(vd, ved, xd, wd)
+dout = torch.randn_like(out)
+out.backward(dout)
+inputs = torch.cat([xd[..., :6], ved[..., :6]], -1).detach()
+g = 2 * torch.sigmoid(inputs @ wd.detach().T)                      # [2, 3, NH]
+dz = (dout * ved.detach().view(2, 3, 2, 64)).sum(-1) * g * (1 - g / 2)
+want_dw = torch.einsum("bth,btj->hj", dz, inputs)
+want_dx = torch.zeros_like(xd)
+want_dx[..., :6] = dz @ wd.detach()[:, :6]
+want_dve = (g[..., None] * dout).reshape(2, 3, 128)
+want_dve[..., :6] += dz @ wd.detach()[:, 6:]
+grad_errors = [(got_grad - ref).abs().max().item() for got_grad, ref in
+               [(wd.grad, want_dw), (xd.grad, want_dx), (ved.grad, want_dve), (vd.grad, a * dout)]]
+assert max(grad_errors) < 1e-12, grad_errors
+# The whole model: the gates take b's place, whose gradient is zero in every layer.
+idx, targets = torch.randint(0, 512, (2, 6)), torch.randint(0, 512, (2, 6))
+model(idx, targets)[1].backward()
+scales = [block.attn.value_scales.grad for block in model.transformer.h if block.attn is not None]
+assert model.ve_gates.grad.abs().sum() > 0 and all(s[1] == 0 and s[0] != 0 for s in scales)
+path = f"{os.environ['WORK']}/ve_gates.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_VE_GATES and back.config.ve_gates and not back.config.bigram
+assert torch.equal(back.ve_gates, model.ve_gates)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+every = tg.GPT(tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True, bigram=True,
+                              ve_gates=True))
+names = {id(p): tg.table_name(name) for name, p in every.named_parameters()}
+order = list(dict.fromkeys(names[id(p)] for p in tg.params_in_file_order(every)))
+assert order == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "bigram", "attngate", "skipw", "lambdas",
+                 "value_scales", "smearw", "smear_lambda", "bigram_gates", "vegate"], order  # llmc/gpt2.h's table
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x", "--device", "cpu"])
+tg.settle_arch(args, tg.resolve_config(args))
+groups = tg.optimizer_groups(every, args)
+scalar_group, = [group for _, group in groups if any(p is every.ve_gates for p in group["params"])]
+assert all(p.dim() == 1 or p is every.ve_gates for p in scalar_group["params"]), "the gates go with the scalars"
+print(f"layer 10's mix within {error:.1e} of the gates by hand; dW, dx, dve, dv within "
+      f"{max(grad_errors):.1e} of autograd's; b's gradient zero in every layer; header slot {tg.FEATURES_SLOT} "
+      f"{int(header[tg.FEATURES_SLOT])}; with the smear and the bigram embedding, the file order {' '.join(order)}")
+EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -770,6 +843,104 @@ model = tg.GPT(config)
 tg.apply_debug_state_settings(model, text, prefix, path)
 assert model.key_offset and all(b.attn.key_offset for b in model.transformer.h)
 print(f"'{text}': both layers of the modern tiny shift their keys")
+EOF
+
+check "--rotary_pairs: rotate turns adjacent pairs at flat positions, as by hand; the key offset's dims move" <<'EOF'
+import math, torch, train_gpt2 as tg
+torch.manual_seed(0)
+B, T, NH, hs = 2, 5, 3, 16
+x = torch.randn(B, T, NH, hs, dtype=torch.float32)
+freq = tg.rotary_frequencies(hs)
+y = tg.rotate(x, freq, pairs=True)
+for b in range(B):
+    for t in range(T):
+        for i in range(hs // 2):
+            theta = torch.tensor(float(b * T + t), dtype=torch.float32) * freq[i]  # float32, as torch.outer
+            c, s = math.cos(theta.item()), math.sin(theta.item())
+            x0, x1 = x[b, t, :, 2 * i].double(), x[b, t, :, 2 * i + 1].double()
+            assert torch.allclose(y[b, t, :, 2 * i].double(), c * x0 + s * x1, atol=1e-6), (b, t, i)
+            assert torch.allclose(y[b, t, :, 2 * i + 1].double(), c * x1 - s * x0, atol=1e-6), (b, t, i)
+assert torch.equal(y[..., hs // 2:], x[..., hs // 2:]), "dims hs/2 and up are not turned"
+k = torch.randn(B, T, NH, hs, dtype=torch.float64)
+shifted = tg.shift_stationary_keys(k, pairs=True).reshape(B * T, NH, hs)
+flat = k.reshape(B * T, NH, hs)
+assert torch.equal(shifted[1:, :, hs // 2:], flat[:-1, :, hs // 2:]) and torch.equal(shifted[0], flat[0])
+assert torch.equal(shifted[:, :, :hs // 2], flat[:, :, :hs // 2])
+config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun", rotary_pairs=True)
+model = tg.GPT(config)
+assert all(b.attn.rotary_pairs for b in model.transformer.h if b.attn is not None)
+print(f"B={B} T={T} NH={NH} hs={hs}: pairs (2i, 2i + 1) at positions b T + t, dims {hs // 2}.. unturned; the key "
+      f"offset shifts dims {hs // 2}..{hs - 1}")
+EOF
+"$PYTHON" train_gpt2.py "${TINY[@]}" --recipe modern -b 2 -t 32 --rotary_pairs 1 --write_debug_state "$WORK/rp_state" \
+  --debug_steps 2 --device cpu >/dev/null
+check "--rotary_pairs in the model file: header slot 9's bit 4, read back into the config" <<'EOF'
+import glob, os, numpy as np, train_gpt2 as tg
+for path in glob.glob(f"{os.environ['WORK']}/rp_state/*.bin"):
+    if path.endswith("_debug_state.bin"):
+        continue
+    header = np.fromfile(path, np.int32, tg.HEADER_INTS)
+    config = tg.read_checkpoint(path).config
+    assert header[tg.FEATURES_SLOT] == tg.FEATURE_ROTARY_PAIRS and config.rotary_pairs, (path, config)
+    print(f"{os.path.basename(path)}: slot {tg.FEATURES_SLOT} holds {header[tg.FEATURES_SLOT]}; {config}")
+EOF
+
+"$PYTHON" train_gpt2.py "${TINY[@]}" --recipe modern -b 2 -t 32 --attention_scale 0.1 \
+  --write_debug_state "$WORK/asc_state" --debug_steps 2 --device cpu >/dev/null
+check "--attention_scale: every attention's softmax scale, -asc in the debug state's settings, applied back" <<'EOF'
+import glob, os, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/asc_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert text == "-asc 0.1", text
+config = tg.make_config(*tg.MODERN_PRESETS["tiny"], source="tiny", arch="modern")
+model = tg.GPT(config)
+attentions = [b.attn for b in model.transformer.h if b.attn is not None]
+assert all(a.scale == tg.ATTENTION_SCALE_MODERN for a in attentions)
+tg.apply_debug_state_settings(model, text, prefix, path)
+assert model.attention_scale == 0.1 and all(a.scale == 0.1 for a in attentions)
+print(f"'{text}': the modern tiny's {len(attentions)} attentions at 0.1 (0.12 before)")
+EOF
+
+check "--yarn: YaRN's rescaling against its formula by hand, record #89's scales at its window changes" <<'EOF'
+import math, numpy as np, torch, train_gpt2 as tg
+freq = tg.rotary_frequencies(128)
+got, scale = tg.yarn_rescale(freq, 0.1, 384, 896)
+f32 = np.float32
+for j in range(64):  # float32 step by step, true divisions, each Python scalar a float32
+    f = f32(freq[j].item())
+    r = f32(f32(384) * f) / f32(2 * math.pi)
+    w = min(max(f32(r - f32(1)) / f32(31), f32(0)), f32(1))
+    expected = f32(f * f32(f32(384 / 896) + f32(w * f32(1 - 384 / 896))))
+    assert got[j].item() == expected, (j, got[j].item(), expected)
+assert torch.equal(got[32:], freq[32:]) and scale == 0.1 * (0.2 * math.log(896 / 384) + 1)
+plan = tg.StagePlan(tg.parse_stages("1/3 aw=1/3; 1/3 aw=3/7; 1/3 aw=5/11; +15 aw=6/13", 2048, -1, 0), 1270, 1, 1)
+plan.set_final_window(20, "--final_window_blocks")
+scales = [tg.yarn_at(plan, step, freq, 0.1)[1] for step in (422, 423, 847, 1270, 1285)]
+assert scales == [0.1, 0.11694595720774409, 0.12751752379570258, 0.1317779884389435, 0.1317779884389435], scales
+stepped = (freq, 0.1)
+for step in range(1, 1286):
+    stepped = tg.yarn_advance(plan, step, *stepped)
+derived = tg.yarn_at(plan, 1285, freq, 0.1)
+assert torch.equal(stepped[0], derived[0]) and stepped[1] == derived[1]
+print(f"f[10] {freq[10].item():.9g} -> {got[10].item():.9g} at 384 -> 896 tokens; scales {scales} (the final "
+      f"window 20 no change); stepped and derived the same")
+EOF
+"$PYTHON" train_gpt2.py --model tiny --recipe modern -b 2 -t 256 --max_seq_len 256 --documents 1 --yarn 1 \
+  --attention_scale 0.1 --stages "1/2 aw=1; 1/2 aw=2" --total_batch_size -1 --write_debug_state "$WORK/yn_state" \
+  --debug_steps 4 --device cpu >/dev/null
+check "--yarn in the debug state: -yn 1 in its settings beside -asc, the model's base frequencies kept" <<'EOF'
+import glob, os, torch, train_gpt2 as tg
+path, = glob.glob(f"{os.environ['WORK']}/yn_state/*_debug_state.bin")
+header = tg.read_debug_state(path, header_only=True)
+text, prefix, _ = tg.read_debug_state_settings(path, header)
+assert text == "-asc 0.1 -yn 1", text
+config = tg.make_config(*tg.MODERN_PRESETS["tiny"], source="tiny", arch="modern")
+model = tg.GPT(config)
+tg.apply_debug_state_settings(model, text, prefix, path)
+freq, scale = tg.yarn_base(model)
+assert model.yarn and scale == 0.1 and torch.equal(freq, tg.rotary_frequencies(128))
+print(f"'{text}': YaRN from the base frequencies and scale {scale}")
 EOF
 
 if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
@@ -1018,8 +1189,12 @@ expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe mode
 expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
   --write_debug_state "$WORK/adam_every_bad"
 expect_error "the smear (record #89's) is the speedrun's" "${TINY[@]}" --smear 1 --write_debug_state "$WORK/smear_gpt2"
+expect_error "record_init 89 is the speedrun's init, and the gpt2 architecture has its own" "${TINY[@]}" \
+  --record_init 89 --write_debug_state "$WORK/record_init_gpt2"
 expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}" --bigram 1 \
   --write_debug_state "$WORK/bigram_gpt2"
+expect_error "the value-embedding gates (record #89's) are the speedrun's" "${TINY[@]}" --ve_gates 1 \
+  --write_debug_state "$WORK/ve_gates_gpt2"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
   "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
 expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \
@@ -1064,6 +1239,18 @@ expect_error "cautious_decay 1: the debug state's header holds no decay kind" "$
 expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
 expect_error "key_offset 1 shifts the keys' stationary rotary dims, and GPT-2 has no rotary" "${TINY[@]}" --bench \
   --key_offset 1
+expect_error "the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none" "${TINY[@]}" \
+  --bench --rotary_pairs 1
+expect_error "attention_scale 0.0: the attention's softmax scale must be positive" "${TINY[@]}" --bench \
+  --attention_scale 0
+expect_error "yarn 1 rescales the rotary's frequencies, and GPT-2 has no rotary" --model tiny -b 2 -t 256 \
+  --max_seq_len 256 --documents 1 --stages "1/2 aw=1; 1/2 aw=2" --total_batch_size -1 --yarn 1 \
+  --write_debug_state "$WORK/x" --device cpu
+expect_error "yarn 1 rescales the rotary at the stage plan's changes of the long window, and stage 2 of 2 has no window" \
+  --model tiny --recipe modern -b 2 -t 256 --max_seq_len 256 --documents 1 --stages "1/2 aw=1; 1/2 aw=0" \
+  --total_batch_size -1 --yarn 1 --write_debug_state "$WORK/x" --device cpu
+expect_error "yarn 1 rescales the rotary at the stage plan's changes of the long window, and --write_debug_state has none" \
+  "${TINY[@]}" --recipe modern --yarn 1 --write_debug_state "$WORK/x" --device cpu
 expect_error "muon_qk_heads sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --muon_qk_heads 2
 expect_error "muon_qk_heads 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4" "${TINY[@]}" \
   --bench --optimizer muon --muon_qk_heads 3

@@ -13,6 +13,7 @@
 
 #include "dev/test/testing.h"
 #include "llmc/file_header.h"
+#include "llmc/flags.h"
 #include "llmc/gpt2.h"
 #include "llmc/utils.h"
 
@@ -275,13 +276,14 @@ void test_speedrun_table() {
   std::sort(indices.begin(), indices.end());
   // The speedrun's in the order they joined the table (the bigram table since placed after ve).
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
-                        llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates};
-  for (int k = 0; k < 9; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate};
+  for (int k = 0; k < 10; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-43 in the order they joined (bigram %d, bigram_gates %d), no two alike",
-                                llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates)));
+                                "speedrun's 35-44 in the order they joined (bigram %d, bigram_gates %d, vegate %d), no "
+                                "two alike", llmc::param_seed_index(llmc::kBigram),
+                                llmc::param_seed_index(llmc::kBigramGates), llmc::param_seed_index(llmc::kVegate)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -360,6 +362,61 @@ void test_bigram_alignment() {
   }
 }
 
+// Record #89's value-embedding gates (-vg 1): vegate [6, NH, 12], a row for each layer with a value
+// embedding (0-2 and 9-11) in layer order, the scalars' role, last in the table, zero at init; every
+// other tensor where it was without them; header slot 9's bit 4. At tiny and d12, alone and with the
+// smear and the bigram embedding (-sm 1 -bg 1).
+void test_ve_gate_table() {
+  for (const char* preset : {"tiny", "d12"}) {
+    for (bool embedding : {false, true}) {
+      llmc::GPT2Config c;
+      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      c.smear = c.bigram = embedding;
+      size_t before[llmc::kNumParamTensors], offsets[llmc::kNumParamTensors];
+      llmc::param_offsets(c, before);
+      const size_t without = llmc::num_parameters(c), rows = 6, NH = c.num_heads, size = rows * NH * 12;
+      c.ve_gates = true;
+      llmc::ParamSpec t[llmc::kNumParamTensors];
+      llmc::param_table(c, t);
+      llmc::param_offsets(c, offsets);
+      bool kept = true;
+      for (int i = 0; i < llmc::kVegate; i++) kept = kept && offsets[i] == before[i];
+      std::string order;
+      for (int i = 0; i < llmc::kNumParamTensors; i++) {
+        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
+      }
+      const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve ") + (embedding ? "bigram " : "") +
+                               "attngate skipw lambdas value_scales " +
+                               (embedding ? "smearw smear_lambda bigram_gates " : "") + "vegate";
+      const llmc::ParamSpec& g = t[llmc::kVegate];
+      const llmc::LayerPlan plan = llmc::layer_plan(c);
+      const int slabs[] = {0, 1, 2, -1, -1, -1, -1, -1, -1, 3, 4, 5};
+      bool slabs_ok = plan.value_embedding_layers == 6 && llmc::param_slab_size(plan, g) == NH * 12;
+      for (int l = 0; l < 12; l++) slabs_ok = slabs_ok && llmc::param_slab(plan, g, l) == slabs[l];
+      check_verbose(kept && order == want && g.size == size && offsets[llmc::kVegate] == without &&
+                        llmc::num_parameters(c) == without + size && g.role == llmc::ParamRole::kVector &&
+                        g.stack == llmc::ParamStack::kValueEmbeddingLayers && slabs_ok,
+                    llmc::strformat("speedrun %s%s -vg 1: vegate [6, %zu, 12] at %zu (%zu parameters before it), "
+                                    "slabs 0-2 in layers 0-2 and 3-5 in 9-11, every other offset kept; tensors %s",
+                                    preset, embedding ? " -sm 1 -bg 1" : "", NH, offsets[llmc::kVegate], without,
+                                    order.c_str()));
+      int h[llmc::kHeaderInts];
+      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+      const int features = llmc::kFeatureVeGates | (embedding ? llmc::kFeatureSmear | llmc::kFeatureBigram : 0);
+      check(h[llmc::kFeaturesSlot] == features && llmc::config_from_header(h, "vegate.bin") == c,
+            llmc::strformat("speedrun %s%s -vg 1: header slot 9 holds %d and reads back the same config", preset,
+                            embedding ? " -sm 1 -bg 1" : "", features));
+      if (std::string(preset) != "tiny" || embedding) continue;  // the init's draws: once, at tiny
+      const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+      c.ve_gates = false;
+      const std::vector<float> plain = llmc::init_params_from_seed(c, 3);
+      check(init.size() == plain.size() + size && std::equal(plain.begin(), plain.end(), init.begin()) &&
+                std::all_of(init.begin() + without, init.end(), [](float x) { return x == 0.0f; }),
+            "speedrun tiny -vg 1: the gates' weights zero at init, every other value as without them");
+    }
+  }
+}
+
 // Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
 // after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
 // refused where it names a feature that is not there or an architecture without any.
@@ -387,8 +444,9 @@ void test_smear_table() {
         "smear: header slot 9 holds 1 and reads back the same config");
   test_bigram_table(tiny);
   test_bigram_alignment();
-  h[llmc::kFeaturesSlot] = 4;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4",
+  test_ve_gate_table();
+  h[llmc::kFeaturesSlot] = 16;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 16",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
@@ -397,6 +455,31 @@ void test_smear_table() {
   h[llmc::kFeaturesSlot] = llmc::kFeatureSmear;
   check_throws([&] { llmc::config_from_header(h, "gpt2.bin"); }, "only the speedrun has any",
                "a GPT-2 header with the smear is refused");
+}
+
+// Record #89's rotary layout (-rp 1): a header bit of the modern and speedrun models, which reads back
+// into the config and the ArchSpec; GPT-2 has no rotary, and a header naming its pairs is refused.
+void test_rotary_pairs_header() {
+  int h[llmc::kHeaderInts];
+  for (llmc::Arch arch : {llmc::Arch::kModern, llmc::Arch::kSpeedrun}) {
+    llmc::GPT2Config c;
+    llmc::config_from_preset("tiny", &c, arch);
+    const llmc::GPT2Config plain = c;
+    c.rotary_pairs = true;
+    llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+    const llmc::GPT2Config read = llmc::config_from_header(h, "pairs.bin");
+    check(h[llmc::kFeaturesSlot] == llmc::kFeatureRotaryPairs && read == c && read != plain &&
+              llmc::arch_spec(read).rotary_pairs && !llmc::arch_spec(arch).rotary_pairs &&
+              llmc::num_parameters(c) == llmc::num_parameters(plain),
+          llmc::strformat("rotary pairs (%s): header slot 9 holds 4 and reads back, no tensor more",
+                          llmc::arch_spec(arch).name));
+  }
+  llmc::GPT2Config gpt2;
+  llmc::config_from_preset("tiny", &gpt2);
+  llmc::header_from_config(gpt2, llmc::kCheckpointVersionFP32, h);
+  h[llmc::kFeaturesSlot] = llmc::kFeatureRotaryPairs;
+  check_throws([&] { llmc::config_from_header(h, "gpt2.bin"); }, "GPT-2 has no rotary",
+               "a GPT-2 header with the rotary pairs is refused");
 }
 
 // One line a plan: each layer's record as "A|- window ve skip:weight kept" (-1: none), and the counts.
@@ -498,7 +581,7 @@ void test_configs() {
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
-  test_speedrun_table();  test_smear_table();  test_layer_plan();
+  test_speedrun_table();  test_smear_table();  test_rotary_pairs_header();  test_layer_plan();
 }
 
 void test_bf16() {
@@ -939,20 +1022,53 @@ void check_speedrun_files(const std::string& init, uint64_t seed, const std::str
   check_speedrun_gradient_order(c, d, tensors);
 }
 
+// --init: a checkpoint of train_gpt2.py's seeded speedrun init (--record_init `init`), which must
+// equal init_params_from_seed bit for bit, tensor by tensor of the table.
+void check_speedrun_init(const std::string& path, uint64_t seed, llmc::SpeedrunInit init) {
+  std::vector<float> values;
+  const llmc::GPT2Config c = llmc::checkpoint_load(path, &values);
+  const std::vector<float> ours = llmc::init_params_from_seed(c, seed, init);
+  check(c.arch == llmc::Arch::kSpeedrun && ours.size() == values.size(),
+        llmc::strformat("%s: a speedrun model of %zu values, as the table's %zu", path.c_str(), values.size(),
+                        ours.size()));
+  if (ours.size() != values.size()) return;
+  llmc::ParamSpec table[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(c, table);
+  llmc::param_offsets(c, offsets);
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    if (table[i].size == 0) continue;
+    size_t differ = 0, nonzero = 0;
+    for (size_t k = offsets[i]; k < offsets[i] + table[i].size; k++) {
+      differ += memcmp(&ours[k], &values[k], sizeof(float)) != 0;
+      nonzero += ours[k] != 0.0f;
+    }
+    check_verbose(differ == 0, llmc::strformat("init -ri %d, seed %llu, %s: %zu of %zu values differ in any bit from "
+                                               "train_gpt2.py's (%zu nonzero)", (int)init, (unsigned long long)seed,
+                                               table[i].name, differ, table[i].size, nonzero));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1) {
-    if (argc != 6 || std::string(argv[1]) != "--speedrun") {
-      fprintf(stderr, "usage: %s [--speedrun INIT_CHECKPOINT SEED DEBUG_STATE TENSORS]\n", argv[0]);
+    const std::string mode = argv[1];
+    if (!((argc == 6 && mode == "--speedrun") || (argc == 5 && mode == "--init"))) {
+      fprintf(stderr, "usage: %s [--speedrun INIT_CHECKPOINT SEED DEBUG_STATE TENSORS | --init CHECKPOINT SEED "
+              "RECORD_INIT]\n", argv[0]);
       return 2;
     }
     try {
-      check_speedrun_files(argv[2], strtoull(argv[3], nullptr, 10), argv[4], argv[5]);
+      if (mode == "--init") {
+        check_speedrun_init(argv[2], strtoull(argv[3], nullptr, 10), llmc::parse_speedrun_init("-ri", argv[4]));
+      } else {
+        check_speedrun_files(argv[2], strtoull(argv[3], nullptr, 10), argv[4], argv[5]);
+      }
     } catch (const llmc::Error& e) {
       check(false, std::string("unexpected error: ") + e.what());
     }
-    return testing::summary("test_utils --speedrun");
+    return testing::summary(("test_utils " + mode).c_str());
   }
   try {
     llmc::make_dirs(kDir);
