@@ -8713,6 +8713,9 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   m.num_params = llmc::num_parameters(config);
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
+  REQUIRE(!config.resid_lambdas, "the model %s has record #89's residual lambdas (header slot %d's bit %d), which "
+          "this trainer's blocks do not apply: train it with train_gpt2.py", config.describe().c_str(),
+          llmc::kFeaturesSlot, llmc::kFeatureResidLambdas);
   // bigram_forward's gather and the encoder's backward into its gradient move 16-byte pieces of rows.
   REQUIRE(m.param_offsets[llmc::kBigram] % 16 == 0,
           "the bigram table's offset %zu in the parameters is not a multiple of 16 elements: its rows' "

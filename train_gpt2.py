@@ -52,10 +52,11 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # Record #89's features in header slot 9, as bits (0 in files written before): the speedrun's smear, bigram
-# embedding and value-embedding gates, and the modern and speedrun models' rotary pairs.
+# embedding, value-embedding gates and residual lambdas, and the modern and speedrun models' rotary pairs.
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
 FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
 FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
+FEATURE_RESID_LAMBDAS = 16  # the speedrun's residual and post lambdas (--resid_lambdas)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -98,6 +99,9 @@ VE_GATE_INPUTS = 6
 # reference's bias of its generated gates).
 BIGRAM_HASH_CURRENT, BIGRAM_HASH_PREVIOUS, BIGRAM_SIGN_ROWS, BIGRAM_SIGN_SEED = 36313, 27191, 8192, 89
 BIGRAM_GATE_INIT = 0.05
+# Record #89's residual lambdas' start (llmc/gpt2.h kResidLambdaInit), so that a layer's two sublayers
+# scale the stream by 1.1 (the post lambdas start at 1).
+RESID_LAMBDA_INIT = 1.1 ** 0.5
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -399,6 +403,8 @@ class GPTConfig:
     # modern or speedrun: the rotary in record #89's layout (rotate's pairs)
     rotary_pairs: bool = False
     ve_gates: bool = False
+    # speedrun: record #89's residual and post lambdas, each sublayer's add r x + p out (SPEC.md)
+    resid_lambdas: bool = False
 
     @property
     def modern(self):
@@ -443,7 +449,9 @@ class GPTConfig:
             bigram = self.bigram_rows * C + attention_layers if self.bigram else 0  # the table and its gates
             ve_layers = sum(spec.value_embedding is not None for spec in self.plan)
             ve_gates = ve_layers * self.num_heads * 2 * VE_GATE_INPUTS if self.ve_gates else 0
-            return (2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
+            sublayer_lambdas = 4 * L if self.resid_lambdas else 0  # r and p of both sublayers a layer
+            return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
+                    + sublayer_lambdas)
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -472,9 +480,9 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False, rotary_pairs=False, ve_gates=False):
+                bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
-                       bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates))
+                       bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -486,6 +494,9 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.ve_gates and not config.speedrun:
         fail(f"{source}: the value-embedding gates (record #89's) are the speedrun's; give --recipe speedrun or "
              f"drop --ve_gates")
+    if config.resid_lambdas and not config.speedrun:
+        fail(f"{source}: the residual lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
+             f"--resid_lambdas")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -847,14 +858,21 @@ class Block(nn.Module):
     def mix_input(self, x, x0):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
-    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None):
+    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, lambdas=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
-        ve_gate: the weights of its value embedding's gates, or None."""
+        ve_gate: the weights of its value embedding's gates, or None; lambdas: (r_attention, p_attention,
+        r_mlp, p_mlp) of the residual lambdas, each sublayer's add r x + p out (the bigram term beside
+        p out, as the reference's), or None: x + out."""
         x = self.mix_input(x, x0)
+        r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
             y = self.attn(self.ln_1(x), mask, value_embedding, ve_gate)
-            x = x + (y if bigram is None else y + bigram)
-        return x + self.mlp(self.ln_2(x))
+            if lambdas is None:
+                x = x + (y if bigram is None else y + bigram)
+            else:
+                x = r_attention * x + p_attention * y + (0 if bigram is None else bigram)
+        y = self.mlp(self.ln_2(x))
+        return x + y if lambdas is None else r_mlp * x + p_mlp * y
 
 
 class GPT(nn.Module):
@@ -897,6 +915,11 @@ class GPT(nn.Module):
         ve_layers = sum(spec.value_embedding is not None for spec in config.plan)
         self.ve_gates = (nn.Parameter(torch.zeros(ve_layers, config.num_heads, 2 * VE_GATE_INPUTS))
                          if config.ve_gates else None)
+        # speedrun with record #89's residual lambdas: [L, 2] each, column 0 the attention's, 1 the MLP's
+        self.resid_lambdas = self.post_lambdas = None
+        if config.resid_lambdas:
+            self.resid_lambdas = nn.Parameter(torch.full((config.num_layers, 2), RESID_LAMBDA_INIT))
+            self.post_lambdas = nn.Parameter(torch.ones(config.num_layers, 2))
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -995,12 +1018,22 @@ class GPT(nn.Module):
         value_embeddings = self.layer_value_embeddings(idx)
         ve_gates = self.layer_ve_gates()
         masks = self.attention_masks(idx) if masks is None else masks
+        lambdas = self.sublayer_lambdas(x)
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
-            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer])
+            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer],
+                      lambdas[layer])
             outputs.append(x)
         return t.ln_f(x)
+
+    def sublayer_lambdas(self, x):
+        """Each layer's (r_attention, p_attention, r_mlp, p_mlp) in x's dtype (the reference's bfloat16
+        casts in bfloat16 runs), or None without the residual lambdas."""
+        if self.resid_lambdas is None:
+            return [None] * self.config.num_layers
+        r, p = self.resid_lambdas.type_as(x), self.post_lambdas.type_as(x)
+        return [(r[layer, 0], p[layer, 0], r[layer, 1], p[layer, 1]) for layer in range(self.config.num_layers)]
 
     def bigram_terms(self, idx):
         """Each layer's gated bigram embedding g_l b of idx, None without one: layer 0's added to x0
@@ -1123,7 +1156,8 @@ def params_in_file_order(model):
     speedrun: wte, the blocks' matrices (the attention's over the layers that have it), the head's
     weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
-    with the bigram embedding: its gates; with the value-embedding gates: theirs)."""
+    with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
+    lambdas: resid_lambdas, post_lambdas)."""
     t = model.transformer
 
     def stacked(names):
@@ -1134,9 +1168,10 @@ def params_in_file_order(model):
         smear = [model.smear_weight, model.smear_lambda] if model.config.smear else []
         bigram, bigram_gates = ([model.bigram.weight], [model.bigram_gates]) if model.config.bigram else ([], [])
         ve_gates = [model.ve_gates] if model.config.ve_gates else []
+        lambdas = [model.resid_lambdas, model.post_lambdas] if model.config.resid_lambdas else []
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
-                + bigram_gates + ve_gates)
+                + bigram_gates + ve_gates + lambdas)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1222,6 +1257,9 @@ def init_weights_speedrun(model, seed, record_init=0):
             block.mlp.c_fc.weight.uniform_(-bound, bound)
         if model.bigram_gates is not None:
             model.bigram_gates.fill_(BIGRAM_GATE_INIT)
+        if model.resid_lambdas is not None:
+            model.resid_lambdas.fill_(RESID_LAMBDA_INIT)
+            model.post_lambdas.fill_(1.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1247,7 +1285,8 @@ def write_checkpoint(model, path, version):
                   c.num_heads, c.channels, c.padded_vocab_size]
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
     header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
-                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0))
+                             | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0)
+                             | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1309,16 +1348,18 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES
+    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
-             f"the value-embedding gates), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is "
-             f"damaged or the file comes from a newer version; re-create it")
+             f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas), and GPT-2 has no rotary "
+             f"({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer version; "
+             f"re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
                          smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
-                         rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES)
+                         rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
+                         resid_lambdas=features & FEATURE_RESID_LAMBDAS)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2351,10 +2392,11 @@ def optimizer_groups(model, args):
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
-        ve_gates = model.ve_gates  # the scalars' role, as the CUDA trainer's vegate
+        # the scalars' role, as the CUDA trainer's vegate, resid_lambdas and post_lambdas
+        scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas) if q is not None]
 
         def scalar(p):
-            return p.dim() == 1 or p is ve_gates
+            return p.dim() == 1 or any(p is q for q in scalar_tables)
 
         roles = [(args.embedding_lr, decay, lambda p: any(p is e for e in embeddings)),
                  (args.head_lr, decay, lambda p: p is head), (args.scalar_lr, vector_decay, scalar),
@@ -2920,7 +2962,8 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "lm_head.weight": "headw", "lm_head.bias": "headb", "transformer.ve.weight": "ve",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
-               "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate"}
+               "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate",
+               "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas"}
 
 
 def table_name(parameter_name):
@@ -3141,6 +3184,9 @@ def parse_args(argv=None):
                    "record #89's layout: adjacent dims (2i, 2i + 1) turned for i < hs/4, hs/2 to hs - 1 unturned, at "
                    "positions over each forward's rows as one sequence (the CUDA trainer's -rp); --init_from's "
                    "checkpoint says which it has")
+    a.add_argument("--resid_lambdas", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record "
+                   "#89's residual and post lambdas (each sublayer's add r x + p out, r and p learned a layer and "
+                   "sublayer; the CUDA trainer's -rl); --init_from's checkpoint says whether it has them")
     a.add_argument("--record_init", type=int, default=0, choices=[0, 89], help="--recipe speedrun: 89 the "
                    "model's init from --seed is record #89's (the head N(0, 0.005) and the embedding its copy, the "
                    "value embeddings N(0, 0.01), the attention's output projection uniform as its input's; the CUDA "
@@ -3538,10 +3584,10 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates)
+        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates and the size flags")
+                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3554,7 +3600,7 @@ def resolve_config(args):
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
-                       ve_gates=args.ve_gates)
+                       ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas)
 
 
 def check_fp8(config, device, flag="--fp8"):

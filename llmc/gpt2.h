@@ -107,12 +107,14 @@ struct GPT2Config {
   bool bigram = false;        // and its bigram hash embedding (ArchSpec::bigram; -bg)
   bool rotary_pairs = false;  // the modern or speedrun rotary in record #89's layout (ArchSpec::rotary_pairs; -rp)
   bool ve_gates = false;      // and its value-embedding gates (ArchSpec::ve_gates; -vg)
+  bool resid_lambdas = false;  // and its residual and post lambdas (ArchSpec::resid_lambdas; -rl)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
-           bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates;
+           bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
+           resid_lambdas == o.resid_lambdas;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -122,9 +124,10 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s", prefix, num_layers, num_heads, channels,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s", prefix, num_layers, num_heads, channels,
                      max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "",
-                     rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "");
+                     rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
+                     resid_lambdas ? " resid-lambdas" : "");
   }
 };
 
@@ -226,6 +229,7 @@ struct ArchSpec {
                            // before layer 0 and after the attention of every later attention layer
   bool ve_gates;           // the value mix's b a gate per head, 2 sigmoid(w_h . [h[:6], ve[:6]]), h the
                            // attention's normed input, in each layer with a value embedding
+  bool resid_lambdas;      // each sublayer's add x <- r x + p out, (r, p) its layer's and sublayer's
   // Record #89's rotary layout, off in every architecture and set from the config (rotary_pairs:
   // -rp, header [9]'s bit 4; the modern and speedrun architectures):
   bool rotary_pairs;       // adjacent pairs (2i, 2i + 1) turn (i < HS/4), dims HS/2 to HS - 1 not, at
@@ -242,13 +246,13 @@ constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
                                    {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false,
-                                   false, false, false, false};
+                                   false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
                                      {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true,
-                                     false, false, false, false};
+                                     false, false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -259,14 +263,19 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.bigram = c.bigram;
   a.rotary_pairs = c.rotary_pairs;
   a.ve_gates = c.ve_gates;
+  a.resid_lambdas = c.resid_lambdas;
   return a;
 }
 
 // The checkpoint header's slot of the config's record #89 features, and their bits.
 constexpr int kFeaturesSlot = 9;
 constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
+constexpr int kFeatureResidLambdas = 16;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
+// The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
+// stream by 1.1, and p = 1 (the reference's float32 of the double sqrt).
+constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
 
 // ----------------------------------------------------------------------------
 // Layer plan
@@ -491,13 +500,13 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 29;
+constexpr int kNumParamTensors = 31;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
-  kBigramGates, kVegate,
+  kBigramGates, kVegate, kResidLambdas, kPostLambdas,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -539,6 +548,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t value_scales = a.value_mix ? 2 : 0;  // (a, b) in every attention layer
   const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0, ve_gates = a.ve_gates ? 1 : 0;
   const size_t Lve = plan.value_embedding_layers;
+  const size_t sublayer_lambdas = a.resid_lambdas ? 2 : 0;  // (attention, MLP) in every layer
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
   const ParamStack attention = ParamStack::kAttentionLayers, with_ve = ParamStack::kValueEmbeddingLayers;
@@ -573,6 +583,8 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"smear_lambda", smear, whole, false, false, R::kVector},
       {"bigram_gates", bigram * La, attention, false, false, R::kVector},
       {"vegate", ve_gates * Lve * NH * kVeGateWidth, with_ve, false, false, R::kVector},
+      {"resid_lambdas", L * sublayer_lambdas, layers, false, false, R::kVector},
+      {"post_lambdas", L * sublayer_lambdas, layers, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -618,7 +630,8 @@ constexpr int kMaxMuonGroups = 16;
 // The speedrun's tensors in the order they joined the table, which gives their seeds: a tensor
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
-    kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate};
+    kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
+    kResidLambdas, kPostLambdas};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -699,18 +712,20 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
   }
   const int features = h[kFeaturesSlot];
-  const int speedrun_only = kFeatureSmear | kFeatureBigram | kFeatureVeGates;
+  const int speedrun_only = kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
-              "smear, %d: the bigram embedding, %d: the value-embedding gates), and GPT-2 has no rotary (%d: its "
-              "pairs): the header is damaged or the file comes from a newer version; re-create it", path.c_str(),
-              kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates, kFeatureRotaryPairs);
+              "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas), and GPT-2 "
+              "has no rotary (%d: its pairs): the header is damaged or the file comes from a newer version; "
+              "re-create it", path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates,
+              kFeatureResidLambdas, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
   c.rotary_pairs = (features & kFeatureRotaryPairs) != 0;
   c.ve_gates = (features & kFeatureVeGates) != 0;
+  c.resid_lambdas = (features & kFeatureResidLambdas) != 0;
   return c;
 }
 
@@ -727,7 +742,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[7] = c.padded_vocab_size;
   h[8] = (int)c.arch;
   h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
-                     (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0);
+                     (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
+                     (c.resid_lambdas ? kFeatureResidLambdas : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1129,7 +1145,8 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // in turn qkvw (layers with attention) and fcw uniform in +-sqrt(3) * 0.5 / sqrt(C), one slab per
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
-// zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1).
+// zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1), its
+// residual lambdas r sqrt(1.1) and p 1 (with either init).
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.
@@ -1140,6 +1157,8 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
   for (int layer = 0; layer < c.num_layers; layer++) params[offsets[kLambdas] + 2 * layer] = 1.0f;
   std::fill_n(params.begin() + offsets[kValueScales], table[kValueScales].size, 0.5f);
   std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
+  std::fill_n(params.begin() + offsets[kResidLambdas], table[kResidLambdas].size, kResidLambdaInit);
+  std::fill_n(params.begin() + offsets[kPostLambdas], table[kPostLambdas].size, kPostLambdaInit);
   const size_t embedding = table[kWte].size;
   if (record89) {
     rng.normal(params.data() + offsets[kHeadw], embedding, 0.0, 0.005);

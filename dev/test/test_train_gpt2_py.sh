@@ -767,6 +767,77 @@ print(f"layer 10's mix within {error:.1e} of the gates by hand; dW, dx, dve, dv 
       f"{max(grad_errors):.1e} of autograd's; b's gradient zero in every layer; header slot {tg.FEATURES_SLOT} "
       f"{int(header[tg.FEATURES_SLOT])}; with the smear and the bigram embedding, the file order {' '.join(order)}")
 EOF
+check "--resid_lambdas: r x + p out by hand and the gradients of r and p; AdamW's groups; header and parameters back" <<'EOF'
+import math, os, torch, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", resid_lambdas=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42, 89)
+assert torch.equal(model.resid_lambdas, torch.full((12, 2), math.sqrt(1.1), dtype=torch.float32))
+assert torch.equal(model.post_lambdas, torch.ones(12, 2))
+order = tg.params_in_file_order(model)
+assert order[-2] is model.resid_lambdas and order[-1] is model.post_lambdas
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+with torch.no_grad():
+    model.resid_lambdas.uniform_(0.5, 1.5)
+    model.post_lambdas.uniform_(0.5, 1.5)
+    for block in model.transformer.h:  # the MLP's output, zero at init, nonzero: p's gradient too
+        block.mlp.c_proj.weight.normal_(0.0, 0.02)
+seen = {}
+def keep(name):
+    def hook(module, inputs, output):
+        seen[name + "_in"] = inputs[0]
+        seen[name + "_out"] = output
+        output.retain_grad()
+    return hook
+for layer in (7, 10):
+    block = model.transformer.h[layer]
+    block.ln_2.register_forward_hook(keep(f"ln2_{layer}"))  # its input: the stream after the attention's add
+    block.mlp.register_forward_hook(keep(f"mlp_{layer}"))
+    block.register_forward_hook(keep(f"block_{layer}"))
+    if block.attn is not None:
+        block.attn.register_forward_hook(keep(f"attn_{layer}"))
+        block.ln_1.register_forward_hook(keep(f"ln1_{layer}"))  # its input: the block's mixed input
+x, y = tg.RandomTokens(2, 64, 512, 3).next_batch()
+model(x, y)[1].backward()
+r, p = model.resid_lambdas, model.post_lambdas
+errors = []
+for layer in (7, 10):
+    g = seen[f"block_{layer}_out"].grad
+    mid, mlp = seen[f"ln2_{layer}_in"], seen[f"mlp_{layer}_out"]
+    out = seen[f"block_{layer}_out"]
+    errors.append((out - (r[layer, 1] * mid + p[layer, 1] * mlp)).abs().max().item())
+    errors.append(abs(r.grad[layer, 1] - (mid * g).sum()).item() / (mid * g).sum().abs().item())
+    errors.append(abs(p.grad[layer, 1] - (mlp * g).sum()).item() / (mlp * g).sum().abs().item())
+    if layer == 10:
+        mixed, attn, g_mid = seen["ln1_10_in"], seen["attn_10_out"], seen["ln2_10_in"]
+        errors.append((mid - (r[10, 0] * mixed + p[10, 0] * attn)).abs().max().item())
+assert max(errors) < 1e-5, errors
+assert r.grad[7, 0] == 0 and p.grad[7, 0] == 0, "layer 7's attention pair: no attention, no gradient"
+assert r.grad.count_nonzero() == 23 and p.grad.count_nonzero() == 23
+# The reference's AdamW rows for them, as --adam_rows gives them: betas (0.9, 0.95), rates 5 and 1 times
+# 0.008 (the scalars' rate is 0.008 x 5), no decay.
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--resid_lambdas", "1", "--benchmark", "1",
+                      "--adam_rows", "resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9"])
+tg.settle_arch(args, config)
+groups = [g for kind, g in tg.optimizer_groups(model, args) if kind == "adamw"]
+for tensor, lr in ((r, 0.008 * 5), (p, 0.008)):
+    group, = [g for g in groups if any(q is tensor for q in g["params"])]
+    assert group["params"] == [tensor] and group["betas"] == (0.9, 0.95) and group["weight_decay"] == 0.0
+    assert math.isclose(group["lr"], lr), (group["lr"], lr)
+path = f"{os.environ['WORK']}/resid_lambdas.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_RESID_LAMBDAS and back.config.resid_lambdas
+assert torch.equal(back.resid_lambdas, r) and torch.equal(back.post_lambdas, p)
+tg.init_weights(model, 5)
+tg.write_checkpoint(model, f"{os.environ['WORK']}/resid_lambdas_init.bin", tg.CHECKPOINT_FP32)
+print(f"r x + p out by hand and d r = sum x dy, d p = sum out dy within {max(errors):.1e} (layers 7 and 10; "
+      f"layer 7's attention pair zero); AdamW: r at 0.04, p at 0.008, betas (0.9, 0.95), no decay; header slot "
+      f"{tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}, the 48 lambdas read back")
+EOF
+MAKEFLAGS= ${MAKE:-make} -s build/test_utils
+build/test_utils --init "$WORK/resid_lambdas_init.bin" 5 0
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -1189,6 +1260,8 @@ expect_error "adam_every 2: --benchmark times AdamW at every step" --recipe mode
 expect_error "adam_every 0: give AdamW's interval in steps, 1 to 1000" "${TINY[@]}" --adam_every 0 \
   --write_debug_state "$WORK/adam_every_bad"
 expect_error "the smear (record #89's) is the speedrun's" "${TINY[@]}" --smear 1 --write_debug_state "$WORK/smear_gpt2"
+expect_error "the residual lambdas (record #89's) are the speedrun's" "${TINY[@]}" --resid_lambdas 1 \
+  --write_debug_state "$WORK/resid_lambdas_gpt2"
 expect_error "record_init 89 is the speedrun's init, and the gpt2 architecture has its own" "${TINY[@]}" \
   --record_init 89 --write_debug_state "$WORK/record_init_gpt2"
 expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}" --bigram 1 \

@@ -276,12 +276,13 @@ void test_speedrun_table() {
   std::sort(indices.begin(), indices.end());
   // The speedrun's in the order they joined the table (the bigram table since placed after ve).
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
-                        llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate};
-  for (int k = 0; k < 10; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate,
+                        llmc::kResidLambdas, llmc::kPostLambdas};
+  for (int k = 0; k < 12; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-44 in the order they joined (bigram %d, bigram_gates %d, vegate %d), no "
+                                "speedrun's 35-46 in the order they joined (bigram %d, bigram_gates %d, vegate %d), no "
                                 "two alike", llmc::param_seed_index(llmc::kBigram),
                                 llmc::param_seed_index(llmc::kBigramGates), llmc::param_seed_index(llmc::kVegate)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
@@ -417,6 +418,56 @@ void test_ve_gate_table() {
   }
 }
 
+// Record #89's residual and post lambdas: [L, 2] each after every other tensor, at tiny and d12, alone
+// and with the smear and the bigram embedding: no other tensor's offset or rounding seed moves (the
+// bigram table's offset still a multiple of 16), theirs 45 and 46; the scalars' role; sqrt(1.1) and
+// 1 at init; header slot 9's bit 16.
+void test_resid_lambdas_table() {
+  for (const char* preset : {"tiny", "d12"}) {
+    for (bool features : {false, true}) {
+      llmc::GPT2Config c;
+      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      c.smear = c.bigram = features;
+      llmc::ParamSpec before[llmc::kNumParamTensors], t[llmc::kNumParamTensors];
+      size_t offsets_before[llmc::kNumParamTensors], offsets[llmc::kNumParamTensors];
+      llmc::param_table(c, before);
+      llmc::param_offsets(c, offsets_before);
+      const size_t n_before = llmc::num_parameters(c);
+      c.resid_lambdas = true;
+      llmc::param_table(c, t);
+      llmc::param_offsets(c, offsets);
+      const size_t L = c.num_layers, n = llmc::num_parameters(c);
+      bool kept = true;
+      for (int i = 0; i < llmc::kResidLambdas; i++) {
+        kept = kept && offsets[i] == offsets_before[i] && t[i].size == before[i].size;
+      }
+      const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+      const auto resid = init.begin() + offsets[llmc::kResidLambdas], post = init.begin() + offsets[llmc::kPostLambdas];
+      const bool starts = std::all_of(resid, resid + 2 * L, [](float x) { return x == (float)std::sqrt(1.1); }) &&
+                          std::all_of(post, post + 2 * L, [](float x) { return x == 1.0f; });
+      check_verbose(kept && n == n_before + 4 * L && offsets[llmc::kResidLambdas] == n_before &&
+                        offsets[llmc::kPostLambdas] == n_before + 2 * L && t[llmc::kResidLambdas].size == 2 * L &&
+                        t[llmc::kPostLambdas].size == 2 * L && offsets[llmc::kBigram] % 16 == 0 && starts &&
+                        t[llmc::kResidLambdas].role == llmc::ParamRole::kVector &&
+                        t[llmc::kPostLambdas].role == llmc::ParamRole::kVector &&
+                        llmc::param_slab(llmc::layer_plan(c), t[llmc::kPostLambdas], 7) == 7 &&
+                        llmc::param_seed_index(llmc::kResidLambdas) == 45 &&
+                        llmc::param_seed_index(llmc::kPostLambdas) == 46,
+                    llmc::strformat("speedrun %s%s -rl 1: %zu parameters (%zu + 4 x %zu), resid_lambdas at %zu and "
+                                    "post_lambdas at %zu last, the others where they were (bigram at %zu mod 16 = "
+                                    "%zu), seeds 45 and 46, sqrt(1.1) and 1 at init", preset,
+                                    features ? " -sm 1 -bg 1" : "", n, n_before, L, offsets[llmc::kResidLambdas],
+                                    offsets[llmc::kPostLambdas], offsets[llmc::kBigram], offsets[llmc::kBigram] % 16));
+      int h[llmc::kHeaderInts];
+      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+      const int bits = llmc::kFeatureResidLambdas | (features ? llmc::kFeatureSmear | llmc::kFeatureBigram : 0);
+      check(h[llmc::kFeaturesSlot] == bits && llmc::config_from_header(h, "lambdas.bin") == c,
+            llmc::strformat("-rl 1%s: header slot 9 holds %d and reads back the same config",
+                            features ? " -sm 1 -bg 1" : "", bits));
+    }
+  }
+}
+
 // Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
 // after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
 // refused where it names a feature that is not there or an architecture without any.
@@ -445,8 +496,9 @@ void test_smear_table() {
   test_bigram_table(tiny);
   test_bigram_alignment();
   test_ve_gate_table();
-  h[llmc::kFeaturesSlot] = 16;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 16",
+  test_resid_lambdas_table();
+  h[llmc::kFeaturesSlot] = 32;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 32",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
