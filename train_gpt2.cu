@@ -1122,19 +1122,23 @@ void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const 
 // ---- The bigram embedding's gated adds into the residual stream ----
 // out [N, C] = in + (g b), b the bigram embedding [N, C], g a gate on the device: the product
 // rounded on its own, then the sum (the reference's two steps); out may be in (the attention's
-// output in place). Backward: db += g dout (each value's sum rounded; db accumulates the layers'
+// output in place). With record #89's residual lambdas out = p in + (g b), p the attention's post
+// lambda, rounded once (the bigram term beside p's product, as the reference adds it). Backward: db += g dout (each value's sum rounded; db accumulates the layers'
 // parts), dg += the sum of dout . b over the rows, by row blocks (section 2): deterministic. Floor:
 // forward reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
 constexpr int kBigramGateThreads = 256;
 
-__global__ void bigram_gate_forward_kernel(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate,
-                                           size_t n) {
+__global__ void bigram_gate_forward_kernel(floatX* out, const floatX* in, const floatX* in_scale,
+                                           const floatX* bigram, const floatX* gate, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
-  const float g = (float)gate[0];
+  const float g = (float)gate[0], p = in_scale ? (float)in_scale[0] : 1.0f;
   const x128 x = load128(in + i), b = load128(bigram + i);
   x128 o;
-  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)x[k] + (float)(floatX)__fmul_rn(g, (float)b[k]));
+  for (int k = 0; k < x128::size; k++) {
+    const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
+    o[k] = (floatX)(v + (float)(floatX)__fmul_rn(g, (float)b[k]));
+  }
   store128(out + i, o);
 }
 
@@ -1157,13 +1161,14 @@ __global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, co
   row_block_sums_store(partials, sums);
 }
 
-// out = in + gate * bigram (above), [N, C]; gate one value on the device.
+// out = in + gate * bigram (above), [N, C]; gate one value on the device; in_scale (one value on the
+// device, or null): out = in_scale * in + gate * bigram.
 void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const floatX* in_scale = nullptr) {
   bigram_check("bigram_gate_forward", N, C);
   const size_t n = (size_t)N * C;
   bigram_gate_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
-      out, in, bigram, gate, n);
+      out, in, in_scale, bigram, gate, n);
   cudaCheckLaunch();
 }
 
@@ -1256,19 +1261,39 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
                      inp + (size_t)row * C, weight, bias, C, threadIdx.x % WARP_SIZE);
 }
 
+// Record #89's residual lambdas: a residual add x + y becomes r x + p y, r and p one value each on
+// the device (null: 1), a layer's and sublayer's (section 10, "The residual lambdas"). The sum is
+// rounded once; without scales it is x + y, the plain add's bits.
+struct SublayerScales {
+  const floatX* r = nullptr;
+  const floatX* p = nullptr;
+  __host__ __device__ bool any() const { return r || p; }
+};
+struct SublayerScaleValues {
+  bool scaled;
+  float r, p;
+};
+__device__ __forceinline__ SublayerScaleValues sublayer_scale_values(const SublayerScales& s) {
+  return {s.any(), s.r ? (float)s.r[0] : 1.0f, s.p ? (float)s.p[0] : 1.0f};
+}
+__device__ __forceinline__ float sublayer_add(float x, float y, const SublayerScaleValues& s) {
+  return s.scaled ? __fmaf_rn(s.r, x, __fmul_rn(s.p, y)) : x + y;
+}
+
 template <bool RMS, bool WEIGHTED>
 __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean,
                                                         float* rstd, const floatX* a,
                                                         const floatX* b, const floatX* weight,
-                                                        const floatX* bias, int N, int C) {
+                                                        const floatX* bias, SublayerScales scales, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
   const int lane = threadIdx.x % WARP_SIZE;
   const size_t base = (size_t)row * C;
+  const SublayerScaleValues s = sublayer_scale_values(scales);
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     const x128 va = load128(a + base + c), vb = load128(b + base + c);
     x128 r;
-    for (int k = 0; k < x128::size; k++) r[k] = (floatX)((float)va[k] + (float)vb[k]);
+    for (int k = 0; k < x128::size; k++) r[k] = (floatX)sublayer_add((float)va[k], (float)vb[k], s);
     store128(residual + base + c, r);
   }
   // Each lane reads back only what it wrote, so no barrier is needed before normalising.
@@ -1278,12 +1303,12 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
 
 constexpr int kLayerNormForwardThreads = 256;
 
-// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b. RMSNorm
-// with weight nullptr: without a gain.
+// residual == nullptr: the plain forward of inp (a); otherwise the fused one of a + b (with scales
+// r a + p b). RMSNorm with weight nullptr: without a gain.
 template <bool RMS>
 void norm_launch_forward(const char* name, floatX* residual, floatX* out, float* mean, float* rstd,
                   const floatX* a, const floatX* b, const floatX* weight, const floatX* bias, int N,
-                  int C, cudaStream_t stream) {
+                  int C, cudaStream_t stream, const SublayerScales& scales = {}) {
   REQUIRE(C % x128::size == 0, "%s: C=%d must be a multiple of %d", name, C, x128::size);
   REQUIRE(RMS || weight, "%s: LayerNorm needs its weight (only RMSNorm may have none)", name);
   const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
@@ -1291,7 +1316,7 @@ void norm_launch_forward(const char* name, floatX* residual, floatX* out, float*
     constexpr bool WEIGHTED = decltype(weighted)::value;
     if (residual) {
       fused_residual_layernorm_forward_kernel<RMS, WEIGHTED><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
-          residual, out, mean, rstd, a, b, weight, bias, N, C);
+          residual, out, mean, rstd, a, b, weight, bias, scales, N, C);
     } else {
       layernorm_forward_kernel<RMS, WEIGHTED><<<blocks, kLayerNormForwardThreads, 0, stream>>>(
           out, mean, rstd, a, weight, bias, N, C);
@@ -1327,11 +1352,12 @@ void rmsnorm_forward(floatX* out, float* rstd, const floatX* inp, const floatX* 
                      N, C, stream);
 }
 
+// scales: r a + p b (record #89's residual lambdas) in place of a + b.
 void fused_residual_rmsnorm_forward(floatX* residual, floatX* out, float* rstd, const floatX* a,
                                     const floatX* b, const floatX* weight, int N, int C,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, const SublayerScales& scales = {}) {
   norm_launch_forward<true>("fused_residual_rmsnorm_forward", residual, out, nullptr, rstd, a, b, weight,
-                     nullptr, N, C, stream);
+                     nullptr, N, C, stream, scales);
 }
 
 constexpr int kLayerNormBackwardWarps = 8;
@@ -1534,19 +1560,21 @@ template <bool WEIGHTED>
 __global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, float* rstd, const floatX* x,
                                                  const floatX* x_add, floatX* x_sum, const floatX* x0,
                                                  const floatX* skip, const floatX* lambdas,
-                                                 const floatX* skip_weight, const floatX* weight, int N, int C) {
+                                                 const floatX* skip_weight, const floatX* weight,
+                                                 SublayerScales add_scales, int N, int C) {
   const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
   if (row >= N) return;
   const int lane = threadIdx.x % WARP_SIZE;
   const size_t base = (size_t)row * C;
   const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
   const float w = skip ? (float)skip_weight[0] : 0.0f;
+  const SublayerScaleValues s = sublayer_scale_values(add_scales);
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     x128 vx = load128(x + base + c);
     const x128 v0 = load128(x0 + base + c);
     if (x_add) {  // the residual add before the mix, as fused_residual_layernorm_forward_kernel's
       const x128 va = load128(x_add + base + c);
-      for (int k = 0; k < x128::size; k++) vx[k] = (floatX)((float)vx[k] + (float)va[k]);
+      for (int k = 0; k < x128::size; k++) vx[k] = (floatX)sublayer_add((float)vx[k], (float)va[k], s);
       store128(x_sum + base + c, vx);
     }
     // The skip may be the sum itself (the U-net's first skip adds the block before's output).
@@ -1620,12 +1648,14 @@ void residual_mix_check(const char* name, int N, int C, const floatX* skip, cons
 // out [N, C] = lambdas[0] * (x + skip_weight * skip) + lambdas[1] * x0 (skip, skip_weight nullptr:
 // no skip; x may be x0, the first layer, or out itself), then norm_out [N, C] (nullptr: rstd alone)
 // and rstd [N] of out's RMSNorm, rmsnorm_forward's bits (weight nullptr: without a gain). With
-// add.x_add, x is first replaced by x + x_add, rounded (fused_residual_rmsnorm_forward's bits), and
-// written into add.x_sum: the residual add that ends the block before (its output) in this pass,
-// which reads them anyway; skip may be add.x_sum (that output is the U-net's skip).
+// add.x_add, x is first replaced by x + x_add (with add.scales r x + p x_add), rounded
+// (fused_residual_rmsnorm_forward's bits), and written into add.x_sum: the residual add that ends
+// the block before (its output) in this pass, which reads them anyway; skip may be add.x_sum (that
+// output is the U-net's skip).
 struct ResidualAddFirst {
   const floatX* x_add = nullptr;
   floatX* x_sum = nullptr;
+  SublayerScales scales;
 };
 void residual_mix_norm_forward(floatX* out, floatX* norm_out, float* rstd, const floatX* x, const floatX* x0,
                                const floatX* skip, const floatX* lambdas, const floatX* skip_weight,
@@ -1638,7 +1668,7 @@ void residual_mix_norm_forward(floatX* out, floatX* norm_out, float* rstd, const
   const int blocks = ceil_div(N, kLayerNormForwardThreads / WARP_SIZE);
   const auto kernel = weight ? residual_mix_norm_forward_kernel<true> : residual_mix_norm_forward_kernel<false>;
   kernel<<<blocks, kLayerNormForwardThreads, 0, stream>>>(out, norm_out, rstd, x, add.x_add, add.x_sum, x0, skip,
-                                                          lambdas, skip_weight, weight, N, C);
+                                                          lambdas, skip_weight, weight, add.scales, N, C);
   cudaCheckLaunch();
 }
 
@@ -1666,6 +1696,52 @@ void residual_mix_backward(floatX* dx, floatX* dx0, floatX* dskip, floatX* dlamb
   cudaCheckLaunch();
   column_sum_finalize(dlambdas, partials, 3, 2, kRowBlocks, seed, stream);
   if (skip) column_sum_finalize(dskip_weight, partials + 2, 3, 1, kRowBlocks, seed ^ 0x2545f491u, stream);
+}
+
+// ---- Record #89's residual lambdas' backward ----
+// From dout, the gradient of out = r x + p y (SublayerScales, both given): the gradient of y,
+// p dout, into dy; that of x, r dout, in place of dout; dr += the sum of dout x and dp += the sum of
+// dout y over the rows, section 2's row-block sums, stochastic rounding under seed: deterministic.
+// The products are rounded to nearest, as the forward's sum. Floor: reads 3 NC values, writes 2 NC;
+// memory-bound.
+
+// grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials (dr, dp).
+__global__ void sublayer_lambdas_backward_kernel(floatX* dy, floatX* dout, float* partials, const floatX* x,
+                                                 const floatX* y, SublayerScales scales, int N, int C) {
+  const SublayerScaleValues s = sublayer_scale_values(scales);
+  float sums[2] = {};
+  const RowBlockRange range = row_block_range(N, C);
+  for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
+    const x128 d = load128(dout + i), vx = load128(x + i), vy = load128(y + i);
+    x128 ox, oy;
+    for (int k = 0; k < x128::size; k++) {
+      const float g = (float)d[k];
+      sums[0] += g * (float)vx[k];
+      sums[1] += g * (float)vy[k];
+      ox[k] = (floatX)__fmul_rn(s.r, g);
+      oy[k] = (floatX)__fmul_rn(s.p, g);
+    }
+    store128(dout + i, ox);
+    store128(dy + i, oy);
+  }
+  row_block_sums_store(partials, sums);
+}
+
+// partials: kRowBlocks * 2 floats.
+void sublayer_lambdas_backward(floatX* dy, floatX* dout, floatX* dr, floatX* dp, float* partials, const floatX* x,
+                               const floatX* y, const SublayerScales& scales, int N, int C, uint32_t seed,
+                               cudaStream_t stream) {
+  const char* name = "sublayer_lambdas_backward";
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+  REQUIRE(scales.r && scales.p && dr && dp, "%s: give both scales and both of their gradients", name);
+  REQUIRE(dy != dout && dy != x && dy != y && dout != x && dout != y,
+          "%s: dy and dout must not share memory with each other, x or y", name);
+  sublayer_lambdas_backward_kernel<<<kRowBlocks, kResidualMixThreads, 0, stream>>>(dy, dout, partials, x, y, scales,
+                                                                                    N, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dr, partials, 2, 1, kRowBlocks, seed, stream);
+  column_sum_finalize(dp, partials + 1, 2, 1, kRowBlocks, seed ^ 0x2545f491u, stream);
 }
 
 // ============================================================================
@@ -8333,7 +8409,7 @@ enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
-  kStreamStart, kNumActTensors
+  kStreamStart, kAttentionOut, kMlpOut, kNumActTensors
 };
 
 struct ActSpec {
@@ -8361,6 +8437,8 @@ void attention_gate_activation_rows(const llmc::ArchSpec& arch, const ActDims& d
 void smear_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void bigram_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void bigram_allocate_scratch(GPT2& m, size_t N);
+void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
@@ -8429,6 +8507,8 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"smear_gates", 0, 1, true},
       {"bigram_embedded", 0, 1, false},
       {"stream_start", 0, 1, false},
+      {"attention_out", 0, L, false},
+      {"mlp_out", 0, L, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
@@ -8436,6 +8516,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   attention_gate_activation_rows(arch, dims, t);
   smear_activation_rows(arch, dims, t);
   bigram_activation_rows(arch, dims, t);
+  sublayer_lambdas_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -8572,6 +8653,9 @@ struct Activations {
   UploadStaging bigram_rows_staging, bigram_plan_buckets_staging, bigram_plan_positions_staging;
   EncoderBackwardPlan bigram_plan;
   floatX* dbigram = nullptr;
+  // Record #89's residual lambdas (ArchSpec::resid_lambdas): the gradient of the sublayer's output
+  // p dy, which its product's backward reads [B*T*C].
+  floatX* dsublayer = nullptr;
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -8713,9 +8797,6 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
   m.num_params = llmc::num_parameters(config);
   REQUIRE(config.channels % 64 == 0 || config.channels % 8 == 0,
           "model channels %d must be a multiple of 8", config.channels);
-  REQUIRE(!config.resid_lambdas, "the model %s has record #89's residual lambdas (header slot %d's bit %d), which "
-          "this trainer's blocks do not apply: train it with train_gpt2.py", config.describe().c_str(),
-          llmc::kFeaturesSlot, llmc::kFeatureResidLambdas);
   // bigram_forward's gather and the encoder's backward into its gradient move 16-byte pieces of rows.
   REQUIRE(m.param_offsets[llmc::kBigram] % 16 == 0,
           "the bigram table's offset %zu in the parameters is not a multiple of 16 elements: its rows' "
@@ -8862,6 +8943,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
                                   "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
+  sublayer_lambdas_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -9058,7 +9140,7 @@ void activations_free(Activations& a) {
                   (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
                   (void*)a.encoder_plan.slice_sums, (void*)a.key_offset_scratch, (void*)a.key_offset_tails,
                   (void*)a.bigram_rows, (void*)a.bigram_plan.buckets, (void*)a.bigram_plan.positions,
-                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram}) {
+                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram, (void*)a.dsublayer}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
@@ -9241,6 +9323,10 @@ struct BlockRows {
   float* qk_rstd = nullptr;
   floatX* atty = nullptr;
   floatX* proj = nullptr;          // attproj's, then fcproj's output
+  // Where attproj and fcproj write: proj, or with the residual lambdas each layer's kept outputs,
+  // which their backward reads (sublayer_lambdas_point_rows).
+  floatX* attention_out = nullptr;
+  floatX* mlp_out = nullptr;
   floatX* residual2 = nullptr;     // input + attproj
   floatX* fch = nullptr;           // fc's output: the activation's input
   floatX* fch_act = nullptr;       // the activation's output: fcproj's input
@@ -9343,12 +9429,13 @@ void norm_rows(GPT2& m, const NormSpec& n, int l, const NormRows& out, const flo
 
 // residual = a + b, then out = norm(residual), as norm_rows.
 void norm_residual_rows(GPT2& m, const NormSpec& n, int l, floatX* residual, const NormRows& out,
-                        const floatX* a, const floatX* b, int N) {
+                        const floatX* a, const floatX* b, int N, const SublayerScales& scales = {}) {
   const int C = m.config.channels;
   if (m.arch().rms_norm) {
     fused_residual_rmsnorm_forward(residual, out.out, out.rstd, a, b, m.param_or_null(n.weight, l), N, C,
-                                   m.stream);
+                                   m.stream, scales);
   } else {
+    REQUIRE(!scales.any(), "the residual lambdas (resid_lambdas) scale the adds of RMSNorm models alone");
     fused_residual_layernorm_forward(residual, out.out, out.mean, out.rstd, a, b, m.param(n.weight, l),
                                      m.param(n.bias, l), N, C, m.stream);
   }
@@ -9595,47 +9682,48 @@ void fc_relu2_forward(GPT2& m, const BlockRows& r, int l, size_t n) {
   relu2_forward(r.fch_act, r.fch, n, m.stream);
 }
 
-// fcproj's gradients of layer l and ReLU^2' of its input gradient: dweight as gpt2_linear_backward
-// (no bias), the input gradient times ReLU^2'(pre_act) into dinp, in one product's epilogue. BF16
-// builds only: FP32 ones never take this path (mlp_relu2_in_epilogues).
-void fcproj_relu2_backward(GPT2& m, int l, floatX* dinp, const floatX* pre_act, int N) {
+// fcproj's gradients of layer l from dout and ReLU^2' of its input gradient: dweight as
+// gpt2_linear_backward (no bias), the input gradient times ReLU^2'(pre_act) into dinp, in one
+// product's epilogue. BF16 builds only: FP32 ones never take this path (mlp_relu2_in_epilogues).
+void fcproj_relu2_backward(GPT2& m, int l, floatX* dinp, const floatX* dout, const floatX* pre_act, int N) {
 #if !defined(ENABLE_FP32)
   const int C = m.config.channels;
-  matmul_dweight(m.grad(llmc::kFcprojw, l), m.dresidual, m.act(kFchAct, l), N, 4 * C, C, m.stream);
-  flash::gemm<flash::GemmB::kKN>(m.dresidual, m.param(llmc::kFcprojw, l), N, 4 * C, C,
+  matmul_dweight(m.grad(llmc::kFcprojw, l), dout, m.act(kFchAct, l), N, 4 * C, C, m.stream);
+  flash::gemm<flash::GemmB::kKN>(dout, m.param(llmc::kFcprojw, l), N, 4 * C, C,
                                  flash::GemmStoreRelu2Grad{pre_act, dinp}, m.stream);
 #endif
 }
 
 // The MLP of layer l over r's rows, from its norm's output r.ln2 (or, with r.fp8_sources, the
-// norm's input residual2) into r.proj: fc, the activation (GELU in fc's epilogue, or ReLU^2; with
+// norm's input residual2) into r.mlp_out: fc, the activation (GELU in fc's epilogue, or ReLU^2; with
 // r.fp8_sources in fcproj's cast), fcproj.
 void mlp_forward(GPT2& m, int l, const BlockRows& r) {
   const size_t n = (size_t)r.rows() * 4 * m.config.channels;
   if (r.fp8_sources) {
     gpt2_linear_forward_normed(m, r, kLinearFc, l, r.fch, kNorm2, r.ln2, r.residual2);
-    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch, nullptr, fp8_activation_source(mlp_activation(m)));
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.mlp_out, r.fch, nullptr, fp8_activation_source(mlp_activation(m)));
   } else if (m.arch().relu2) {
     fc_relu2_forward(m, r, l, n);
-    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.mlp_out, r.fch_act, nullptr);
   } else if (r.fp8 && m.fp8_delayed) {
     // Delayed scaling's first step, before any amax is recorded: the fc product the later steps
     // run (GELU's input alone), so that it is tuned in this step and not in a timed one, and
     // GELU in a pass of its own, with the bits the later steps' casts compute.
     gpt2_linear_forward(m, r, kLinearFc, l, r.fch, r.ln2.out, nullptr);
     gelu_forward(r.fch_act, r.fch, n, m.stream);
-    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.mlp_out, r.fch_act, nullptr);
   } else {
     gpt2_linear_forward(m, r, kLinearFc, l, r.fch_act, r.ln2.out, r.fch);
-    gpt2_linear_forward(m, r, kLinearFcproj, l, r.proj, r.fch_act, nullptr);
+    gpt2_linear_forward(m, r, kLinearFcproj, l, r.mlp_out, r.fch_act, nullptr);
   }
 }
 
-// The MLP's gradients from dresidual (the gradient of residual3[l], whose column sums the norm
-// backward that wrote it has added into fcproj's bias gradient) into scratch_btc, the gradient of
+// The MLP's gradients from dout, the gradient of its output (dresidual, that of residual3[l], whose
+// column sums the norm backward that wrote it has added into fcproj's bias gradient; with the
+// residual lambdas p times it, sublayer_lambdas_backward_rows) into scratch_btc, the gradient of
 // the MLP's input. Between the two layers scratch_bt4c holds the gradient of the activation's
 // input (BF16) or output (FP8, which applies GELU' in fc's backward).
-void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc) {
+void mlp_backward(GPT2& m, int l, int N, floatX* dout, uint32_t seed_fcproj, uint32_t seed_fc) {
   const size_t n = (size_t)N * 4 * m.config.channels;
   const bool relu2 = m.arch().relu2;
   // FP8's fcproj backward reads the transposed cast its forward kept, not the activation's output.
@@ -9645,10 +9733,10 @@ void mlp_backward(GPT2& m, int l, int N, uint32_t seed_fcproj, uint32_t seed_fc)
   }
   const floatX* pre_act = m.act(kFch, l);
   if (mlp_relu2_in_epilogues(m)) {
-    fcproj_relu2_backward(m, l, m.scratch_bt4c, pre_act, N);
+    fcproj_relu2_backward(m, l, m.scratch_bt4c, dout, pre_act, N);
   } else {
-    gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, m.dresidual, m.act(kFchAct, l), pre_act,
-                         N, seed_fcproj);
+    gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, dout, m.act(kFchAct, l), pre_act, N,
+                         seed_fcproj);
     if (relu2 && !m.fp8) relu2_backward_inplace(m.scratch_bt4c, pre_act, n, m.stream);
   }
   gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_act, N,
@@ -9889,6 +9977,57 @@ void attention_gate_backward_rows(GPT2& m, int l, int B, int T, floatX* dln1_gat
                           m.stream, dots);
 }
 
+// ---- The residual lambdas (ArchSpec::resid_lambdas, record #89's): each sublayer's residual add
+// x + out becomes r x + p out, (r, p) its layer's and sublayer's (Sublayer: the attention's column,
+// the MLP's; a layer without attention has its MLP's alone), the gated bigram term beside p out
+// (bigram_inject). Parameters: resid_lambdas and post_lambdas [L, 2]. Kernels: section 4's residual
+// adds take the scales (SublayerScales) and "Record #89's residual lambdas' backward". The backward
+// reads each sublayer's output, so attproj and fcproj write theirs into rows of their own, kept for
+// every layer (the decoder's: proj); the gradient p dy that the product's backward takes goes to
+// dsublayer.
+
+enum Sublayer { kAttentionSublayer = 0, kMlpSublayer = 1 };
+
+void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.resid_lambdas) return;
+  t[kAttentionOut].count = d.BT * d.C;
+  t[kMlpOut].count = d.BT * d.C;
+}
+
+void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().resid_lambdas) return;
+  m.dsublayer = device_alloc<floatX>(N * m.config.channels, "the sublayers' output gradient");
+}
+
+// Layer l's scales of a sublayer's add, none without the lambdas.
+SublayerScales sublayer_scales(GPT2& m, int l, Sublayer s) {
+  if (!m.arch().resid_lambdas) return {};
+  return {m.param(llmc::kResidLambdas, l) + s, m.param(llmc::kPostLambdas, l) + s};
+}
+
+// Where layer l's fcproj writes in a training pass: its kept output, or scratch_btc (proj).
+floatX* mlp_output_rows(GPT2& m, int l) { return m.arch().resid_lambdas ? m.act(kMlpOut, l) : m.scratch_btc; }
+
+// The sublayers' outputs: kept rows in a training pass with the lambdas, else r.proj (set before).
+void sublayer_lambdas_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
+  const bool kept = m.arch().resid_lambdas && !decoder;
+  r.attention_out = kept ? m.act(kAttentionOut, l) : r.proj;
+  r.mlp_out = kept ? m.act(kMlpOut, l) : r.proj;
+}
+
+// From dresidual, the gradient of layer l's sublayer add r x + p out (x the add's other input): r's
+// and p's gradients, dresidual r times it (x's part, to which the sublayer's input gradient is added
+// next), and the gradient of out, p times it, into dsublayer, which is returned for the product's
+// backward; without the lambdas dresidual itself.
+floatX* sublayer_lambdas_backward_rows(GPT2& m, int l, Sublayer s, const floatX* x, int N, KernelSeeds& seeds) {
+  if (!m.arch().resid_lambdas) return m.dresidual;
+  const floatX* out = m.act(s == kAttentionSublayer ? kAttentionOut : kMlpOut, l);
+  sublayer_lambdas_backward(m.dsublayer, m.dresidual, m.grad(llmc::kResidLambdas, l) + s,
+                            m.grad(llmc::kPostLambdas, l) + s, m.partials, x, out, sublayer_scales(m, l, s), N,
+                            m.config.channels, seeds.next(), m.stream);
+  return m.dsublayer;
+}
+
 // ---- The residual mix (ArchSpec::x0_lambdas, with the plan's U-net skips): block l's input is
 // lambdas[0] (x + w kept) + lambdas[1] x0, x0 the normed embedding, kept an earlier block's output
 // (LayerSpec::skip_source, w its skip_weight). Parameters: lambdas (two a layer), skipw. Kernels:
@@ -9936,11 +10075,11 @@ void residual_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
   const int source = m.plan[l].skip_source;
   r.kept = source >= 0 ? m.act(kResidual3, source) : nullptr;
   r.mixed = block_mixed(m, l);
-  // Block l - 1's fcproj output stays in scratch_btc (its r.proj) until this block's mix.
+  // Block l - 1's fcproj output stays in its rows (mlp_output_rows) until this block's mix.
   r.output_in_next_mix = !norm_after_block(m, l).present;
   if (l > 0) {
     r.input_before_add = m.act(kResidual2, l - 1);
-    r.input_add = {m.scratch_btc, block_input(m, l)};
+    r.input_add = {mlp_output_rows(m, l - 1), block_input(m, l), sublayer_scales(m, l - 1, kMlpSublayer)};
   }
 }
 
@@ -10103,12 +10242,15 @@ void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
   r.bigram = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kBigramEmbedded);
 }
 
-// Block l's attention output in r.proj plus its gated embedding, where the layer adds one (after the
-// first).
-void bigram_inject(GPT2& m, int l, const BlockRows& r) {
-  if (!r.bigram || l == 0) return;
-  bigram_gate_forward(r.proj, r.proj, r.bigram, m.param(llmc::kBigramGates, l), r.rows(), m.config.channels,
-                      m.stream);
+// What block l's residual add takes of its attention output r.attention_out (with scales): that
+// output, or where the layer adds its gated embedding (after the first) the sum in r.proj, out + g_l
+// b; with the residual lambdas p out + g_l b, and the add's p then 1 (scales.p cleared).
+const floatX* bigram_inject(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
+  if (!r.bigram || l == 0) return r.attention_out;
+  bigram_gate_forward(r.proj, r.attention_out, r.bigram, m.param(llmc::kBigramGates, l), r.rows(),
+                      m.config.channels, m.stream, scales.p);
+  scales.p = nullptr;
+  return r.proj;
 }
 
 // From dresidual, the gradient of block l's residual2 (its input + (the attention's output + g_l b)):
@@ -10166,10 +10308,11 @@ void bigram_table_backward(GPT2& m, int N, uint32_t seed) {
 // without biases).
 floatX* block_input_dbias(GPT2& m, int l) { return l == 0 ? nullptr : m.grad_or_null(llmc::kFcprojb, l - 1); }
 
-// residual = a + b alone, where no norm follows it (norm_after_block): the fused kernel's add, its
-// row statistics into stats (scratch).
-void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, float* stats, int N) {
-  fused_residual_rmsnorm_forward(residual, nullptr, stats, a, b, nullptr, N, m.config.channels, m.stream);
+// residual = a + b (with scales r a + p b) alone, where no norm follows it (norm_after_block): the
+// fused kernel's add, its row statistics into stats (scratch).
+void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, float* stats, int N,
+                   const SublayerScales& scales) {
+  fused_residual_rmsnorm_forward(residual, nullptr, stats, a, b, nullptr, N, m.config.channels, m.stream, scales);
 }
 
 // Block l's input as its steps read it, and its first norm (spec: kNorm1, or kNorm2 in a layer
@@ -10195,16 +10338,18 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     qk_prepare(m, l, r);
     value_mix(m, l, r);
     attention_rows(m, l, r);
-    gpt2_linear_forward(m, r, kLinearAttproj, l, r.proj, attention_gated(m, l, r), nullptr);
-    bigram_inject(m, l, r);
-    norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, r.proj, N);
+    gpt2_linear_forward(m, r, kLinearAttproj, l, r.attention_out, attention_gated(m, l, r), nullptr);
+    SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer);
+    const floatX* attention_add = bigram_inject(m, l, r, scales);
+    norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, attention_add, N, scales);
   }
   mlp_forward(m, l, r);
   const NormAt next = norm_after_block(m, l);
+  const SublayerScales scales = sublayer_scales(m, l, kMlpSublayer);
   if (next.present) {
-    norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.proj, N);
+    norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.mlp_out, N, scales);
   } else if (!r.output_in_next_mix) {
-    residual_rows(m, r.residual3, r.residual2, r.proj, r.next.rstd, N);
+    residual_rows(m, r.residual3, r.residual2, r.mlp_out, r.next.rstd, N, scales);
   }
 }
 
@@ -10214,16 +10359,18 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
 void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int N = B * T;
   const uint32_t seed_fcproj = seeds.next(), seed_fc = seeds.next();
-  mlp_backward(m, l, N, seed_fcproj, seed_fc);
+  floatX* dmlp = sublayer_lambdas_backward_rows(m, l, kMlpSublayer, m.act(kResidual2, l), N, seeds);
+  mlp_backward(m, l, N, dmlp, seed_fcproj, seed_fc);
   norm_backward(m, kNorm2, l, m.dresidual, m.grad_or_null(llmc::kAttprojb, l), m.scratch_btc, m.act(kResidual2, l),
                 N, seeds.next());
   // dresidual is now the gradient of residual2[l] = input + attproj(...), its column sums
   // already in attproj's bias gradient.
   if (m.plan[l].attention) {
     bigram_inject_backward(m, l, N, seeds);
+    floatX* dattention = sublayer_lambdas_backward_rows(m, l, kAttentionSublayer, block_mixed(m, l), N, seeds);
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
-    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, m.dresidual, gated, nullptr, N, seeds.next());
+    gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, dattention, gated, nullptr, N, seeds.next());
     floatX* dln1_gates = gate_norm_gradient_rows(m, N);
     attention_gate_backward_rows(m, l, B, T, dln1_gates, seeds);
     attention_backward_rows(m, l, B, T, seeds);
@@ -10282,6 +10429,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   attention_gate_point_rows(m, l, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
   bigram_point_rows(m, r, nullptr);
+  sublayer_lambdas_point_rows(m, l, r, nullptr);
   return r;
 }
 
@@ -10899,6 +11047,7 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   attention_gate_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
   bigram_point_rows(m, r, &a);
+  sublayer_lambdas_point_rows(m, 0, r, &a);
 }
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
@@ -11900,6 +12049,7 @@ struct TrainArgs : llmc::TrainFlags {
   int rotary_pairs = 0;         // -rp: a modern or speedrun model made from a preset turns record #89's pairs
   llmc::SpeedrunInit record_init = llmc::SpeedrunInit::kRecord28;  // -ri: its init from the seed
   int ve_gates = 0;             // -vg: and its value-embedding gates
+  int resid_lambdas = 0;        // -rl: and its residual and post lambdas
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -12149,6 +12299,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "value-embedding gates (each head's share of the value embedding 2 sigmoid of a learned weight "
                "times the first 6 channels of the attention's input and of the embedding); a model file's header "
                "says whether it has them", &a.ve_gates, 0, 1),
+      int_flag("-rl", "residual lambdas", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
+               "residual and post lambdas (each sublayer's add r x + p out, r and p learned for each layer and "
+               "sublayer); a model file's header says whether it has them", &a.resid_lambdas, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -12234,6 +12387,8 @@ void validate_args(const TrainArgs& a) {
           "drop -ri", (int)a.record_init, a.model.c_str());
   REQUIRE(!a.ve_gates || a.recipe->arch == llmc::Arch::kSpeedrun, "-vg 1 gates the speedrun's value embeddings, "
           "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -vg", a.recipe->name);
+  REQUIRE(!a.resid_lambdas || a.recipe->arch == llmc::Arch::kSpeedrun, "-rl 1 scales the speedrun's residual adds, "
+          "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -rl", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12456,8 +12611,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
   return p.version == llmc::kCheckpointVersionBF16 ? reinterpret_cast<const floatX*>(p.bf16.get()) : nullptr;
 }
 
-// A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs and
-// value-embedding gates; -sm, -bg, -rp and -vg, where given, must agree.
+// A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
+// value-embedding gates and residual lambdas; -sm, -bg, -rp, -vg and -rl, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -12468,6 +12623,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-bg", a.bigram, config.bigram, "the bigram embedding");
   check("-rp", a.rotary_pairs, config.rotary_pairs, "record #89's rotary pairs");
   check("-vg", a.ve_gates, config.ve_gates, "the value-embedding gates");
+  check("-rl", a.resid_lambdas, config.resid_lambdas, "the residual lambdas");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -12480,6 +12636,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.rotary_pairs = a.rotary_pairs != 0;
     p.init = a.record_init;
     p.config.ve_gates = a.ve_gates != 0;
+    p.config.resid_lambdas = a.resid_lambdas != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12492,10 +12649,11 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp and -vg, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp, -vg and -rl, where given, match
     requested.bigram = p.config.bigram;
     requested.rotary_pairs = p.config.rotary_pairs;
     requested.ve_gates = p.config.ve_gates;
+    requested.resid_lambdas = p.config.resid_lambdas;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

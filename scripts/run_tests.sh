@@ -579,7 +579,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_rotary_pairs:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1" \
               "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1" \
               "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89" \
-              "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1"; do
+              "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1" \
+              "speedrun_tiny_resid_lambdas:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --resid_lambdas 1 --smear 1 --bigram 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -875,6 +876,9 @@ gpu_resume() {
     -vt 512
   # With its value-embedding gates (-vg 1): their weights and AdamW state, the model from the header.
   resume_test ./train_gpt2cu resume_speedrun_ve_gates_bf16 -recipe speedrun -vg 1 -b 1 -t 1024 -z 1024 -vt 512
+  # With its residual lambdas (-rl 1) beside the bigram embedding: their values and AdamW state.
+  resume_test ./train_gpt2cu resume_speedrun_resid_lambdas_bf16 -recipe speedrun -rl 1 -bg 1 -b 1 -t 1024 -z 1024 \
+    -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
   # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
   # frequencies and scale of both changes from the plan again.

@@ -4,6 +4,10 @@
 //    without the U-net's skip, x the same tensor as x0 (the first layer), and out itself (the
 //    decoder's mix in place); the RMSNorm of out fused with it, with and without a gain and
 //    without its output, bitwise against rmsnorm_forward of the rounded out; dx in place over dout;
+//  - record #89's residual lambdas: fused_residual_rmsnorm_forward's r x + p y (and r x + y, p null)
+//    with its norm bitwise against rmsnorm_forward of the rounded sum; the mix's add first with
+//    scales, bitwise the scaled add and then the mix; bigram_gate_forward's p in + g b, also in
+//    place; sublayer_lambdas_backward's dy = p dout, dx = r dout in place, dr and dp;
 //  - value_mix_forward/backward: qkv's v = a v + b ve[token] (or a v), v_pre kept, q and k left
 //    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen; with
 //    record #89's gates (2 sigmoid(W[h] . [hn[:6], ve[:6]]) a head in b's place): dW, dhn's first 6
@@ -180,6 +184,96 @@ void test_residual_mix(const ResidualMixCase& s, llmc::Rng& rng) {
     check_same_bits(std::string("backward with ") + names[which] + " gradient joining = the mix, then add_inplace",
                     joined_bits, Snapshot(d_dout, dx0, dskip, dlambdas, dskip_weight));
   }
+}
+
+// ---- Record #89's residual lambdas ----
+
+void test_sublayer_lambdas(int N, int C, llmc::Rng& rng) {
+  printf("\nresidual lambdas N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 1.0f), y = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> bigram = random_stored(rng, n, 0.0f, 1.0f), x0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> scalars = stored({1.0488088f, 0.8125f, 0.05f});  // r, p, the bigram gate
+  const double r = scalars[0], p = scalars[1], g = scalars[2];
+  DeviceArray<floatX> d_x(x), d_y(y), d_bigram(bigram), d_x0(x0), d_scalars(scalars), sum(n), normed(n);
+  DeviceArray<floatX> ref_normed(n), ref_sum(n), mixed(n), ref_mixed(n);
+  DeviceArray<float> rstd(N), ref_rstd(N);
+  const floatX* r_in = d_scalars;
+  const floatX* p_in = (floatX*)d_scalars + 1;
+  const floatX* gate = (floatX*)d_scalars + 2;
+  for (const bool with_p : {true, false}) {
+    const SublayerScales scales{r_in, with_p ? p_in : nullptr};
+    const std::string which = with_p ? " r x + p y" : " r x + y";
+    std::vector<float> ref(n);
+    for (size_t i = 0; i < n; i++) ref[i] = (float)(r * x[i] + (with_p ? p : 1.0) * y[i]);
+    auto forward = [&] {
+      sum.poison();
+      normed.poison();
+      rstd.poison();
+      fused_residual_rmsnorm_forward(sum, normed, rstd, d_x, d_y, nullptr, N, C, 0, scales);
+    };
+    forward();
+    check_close("fused add" + which, sum.download(), ref, kTolStore);
+    rmsnorm_forward(ref_normed, ref_rstd, sum, nullptr, N, C, 0);
+    check_same_bits("fused add's norm = rmsnorm_forward of the sum" + which, Snapshot(ref_normed, ref_rstd),
+                    Snapshot(normed, rstd));
+    const Snapshot bits(sum, normed, rstd);
+    forward();
+    check_same_bits("fused add twice" + which, bits, Snapshot(sum, normed, rstd));
+    // The block before's add inside the next block's mix: the scaled add's bits, then the mix's.
+    const std::vector<float> lambdas = stored({0.9f, 0.35f});
+    DeviceArray<floatX> d_lambdas(lambdas);
+    fused_residual_rmsnorm_forward(ref_sum, nullptr, ref_rstd, d_x, d_y, nullptr, N, C, 0, scales);
+    residual_mix_norm_forward(ref_mixed, ref_normed, ref_rstd, ref_sum, d_x0, nullptr, d_lambdas, nullptr, nullptr, N,
+                              C, 0);
+    sum.poison();
+    mixed.poison();
+    residual_mix_norm_forward(mixed, normed, rstd, d_x, d_x0, nullptr, d_lambdas, nullptr, nullptr, N, C, 0,
+                              ResidualAddFirst{d_y, sum, scales});
+    check_same_bits("the mix's add first" + which + " = the scaled add, then the mix",
+                    Snapshot(ref_sum, ref_mixed, ref_normed, ref_rstd), Snapshot(sum, mixed, normed, rstd));
+  }
+  // The bigram term beside p's product: p y + round(g b), once rounded; in place the same bits.
+  std::vector<float> gb(n), ref_bigram(n);
+  for (size_t i = 0; i < n; i++) gb[i] = (float)(g * bigram[i]);
+  gb = stored(gb);
+  for (size_t i = 0; i < n; i++) ref_bigram[i] = (float)(p * y[i] + gb[i]);
+  DeviceArray<floatX> gated(n), in_place(y);
+  gated.poison();
+  bigram_gate_forward(gated, d_y, d_bigram, gate, N, C, 0, p_in);
+  check_close("bigram term beside p y", gated.download(), ref_bigram, kTolStore);
+  bigram_gate_forward(in_place, in_place, d_bigram, gate, N, C, 0, p_in);
+  check_same_bits("bigram term beside p y, in place", Snapshot(gated), Snapshot(in_place));
+
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f), d0 = random_stored(rng, 2, 0.0f, 1.0f);
+  std::vector<float> ref_dx(n), ref_dy(n);
+  double sums[2] = {};
+  for (size_t i = 0; i < n; i++) {
+    ref_dx[i] = (float)(r * dout[i]);
+    ref_dy[i] = (float)(p * dout[i]);
+    sums[0] += (double)dout[i] * x[i];
+    sums[1] += (double)dout[i] * y[i];
+  }
+  const std::vector<float> ref_dr = {(float)(d0[0] + sums[0])}, ref_dp = {(float)(d0[1] + sums[1])};
+  DeviceArray<floatX> d_dout(dout), dy(n), dr(1), dp(1);
+  DeviceArray<float> partials((size_t)kRowBlocks * 2);
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    d_dout.upload(dout);
+    dy.poison();
+    dr.upload(std::vector<float>{d0[0]});
+    dp.upload(std::vector<float>{d0[1]});
+    partials.poison();
+    sublayer_lambdas_backward(dy, d_dout, dr, dp, partials, d_x, d_y, SublayerScales{r_in, p_in}, N, C, seed, 0);
+  };
+  backward();
+  check_close("backward dx = r dout, in place", d_dout.download(), ref_dx, kTolStore);
+  check_close("backward dy = p dout", dy.download(), ref_dy, kTolStore);
+  check_close("backward dr", dr.download(), ref_dr, kTolSum);
+  check_close("backward dp", dp.download(), ref_dp, kTolSum);
+  const Snapshot bits(d_dout, dy, dr, dp);
+  backward();
+  check_same_bits("backward twice", bits, Snapshot(d_dout, dy, dr, dp));
 }
 
 // ---- Value mix ----
@@ -596,6 +690,9 @@ void test_bad_shapes() {
         residual_mix_norm_forward(a, a, g, b, b, nullptr, b, nullptr, nullptr, 1, 768, 0, ResidualAddFirst{b, a});
       },
       "x_sum apart", "residual_mix_norm_forward with the add's sum into out");
+  testing::check_throws(
+      [&] { sublayer_lambdas_backward(a, b, a, a, g, b, b, SublayerScales{b, nullptr}, 1, 768, 1, 0); },
+      "both scales", "sublayer_lambdas_backward without p");
   DeviceArray<floatX> dx0(3 * 768), scalars(2);
   DeviceArray<float> mix_partials((size_t)kRowBlocks * 3);
   testing::check_throws(
@@ -625,6 +722,9 @@ void run() {
     test_residual_mix({37, 128, skip, false}, rng);          // tiny width; most blocks empty
   }
   test_residual_mix({1001, 256, false, true}, rng);  // the first layer: x is x0
+  test_sublayer_lambdas(4 * 64 + 1, 768, rng);  // d12 width; one row per backward block, one more
+  test_sublayer_lambdas(3999, 768, rng);        // 16 rows per block; one short, six empty
+  test_sublayer_lambdas(37, 128, rng);          // tiny width; most blocks empty
 
   for (bool ve : {true, false}) {
     test_value_mix({4 * 64 + 1, 768, 64, ve}, rng);  // tokens repeated about four times

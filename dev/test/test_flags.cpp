@@ -516,10 +516,11 @@ void test_adam_rows() {
                "-ar of a tensor without keys");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=2;wte:b1=0.5"); }, "-ar wte:lr=2;wte:b1=0.5: wte has two "
                "rows: give it one", "-ar naming wte twice");
-  // Record #89's value-embedding gates (-vg 1): AdamW's, the scalars' role (so Muon never takes them),
-  // and its row of them (its ve_gate_bank's betas) accepted beside -opt muon.
+  // Record #89's value-embedding gates (-vg 1) and residual lambdas (-rl 1): AdamW's, the scalars'
+  // role (so Muon never takes them), and the reference's rows of them accepted beside -opt muon.
   llmc::Recipe speedrun = llmc::recipe_speedrun();
-  speedrun.adam_rows = llmc::parse_adam_rows("-ar", "vegate:b1=0.9,b2=0.99");
+  speedrun.adam_rows = llmc::parse_adam_rows("-ar", "vegate:b1=0.9,b2=0.99;resid_lambdas:b1=0.9;"
+                                             "post_lambdas:lr=0.2,b1=0.9");
   llmc::adam_rows_check(speedrun, "-ar");
   const llmc::OptimizerTable table = llmc::optimizer_table(speedrun, true);
   const llmc::RoleOptimizer& gates = table.of_tensor(llmc::kVegate);
@@ -528,6 +529,14 @@ void test_adam_rows() {
                     gates.beta2 == 0.99f && gates.weight_decay == scalars.weight_decay,
                 llmc::strformat("-recipe speedrun -ar vegate:b1=0.9,b2=0.99: the gates' AdamW row the scalars' (lr %g, "
                                 "decay %g) with betas %g %g", gates.lr, gates.weight_decay, gates.beta1, gates.beta2));
+  const llmc::RoleOptimizer& resid = table.of_tensor(llmc::kResidLambdas);
+  const llmc::RoleOptimizer& post = table.of_tensor(llmc::kPostLambdas);
+  check_verbose(resid.method == llmc::OptimizerKind::kAdamW && post.method == llmc::OptimizerKind::kAdamW &&
+                    resid.lr == scalars.lr && post.lr == scalars.lr * 0.2f && resid.beta1 == 0.9f &&
+                    post.beta1 == 0.9f && resid.beta2 == scalars.beta2 && resid.weight_decay == 0.0f &&
+                    post.weight_decay == 0.0f,
+                llmc::strformat("-ar resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9: rates %g and %g (the scalars' "
+                                "%g), betas 0.9 %g, no decay", resid.lr, post.lr, scalars.lr, resid.beta2));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
