@@ -2840,10 +2840,11 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 // HS - 1 pass unrotated, and t is the token's place in the forward's rows as one sequence; YaRN
 // rescales freq (the model's, passed in).
 // rstd [B*T, 2*NH] (q heads, then k heads) is kept for the backward, which recovers xhat from the
-// stored output by the inverse rotation (the rotation is orthogonal) instead of keeping a copy.
+// stored output by the inverse rotation (R^T, over c^2 + s^2 with BF16 tables) instead of keeping a
+// copy.
 // One warp per token, each lane holding pairs j = lane + 32i of a head in registers and forming
-// their (cos, sin) itself, once for the token's 2*NH heads: sincosf (accurate, as torch's cos and
-// sin; theta in FP32, as torch.outer(pos, freq)), so no [T, HS/2] table is stored or read. freq is
+// their (cos, sin) itself, once for the token's 2*NH heads (rotary_cos_sin; record #89's rounded to
+// BF16 as its tables), so no [T, HS/2] table is stored or read. freq is
 // computed on the host in double precision and rounded once. A lane loads a group of heads before
 // it uses any (several hundred bytes a warp in flight: the kernels are bound by memory latency
 // otherwise); each head's sums in lane order, then a fixed butterfly: deterministic. The sum of
@@ -2864,6 +2865,7 @@ struct RotaryFrequencies {
   float freq[kQkNormMaxHeadSize / 2];
   bool adjacent_pairs;
   bool flat_positions;
+  bool bf16_tables;  // each (cos, sin) rounded to BF16, as record #89's tables hold them
   // The dims of pair p of a head: its first, and its partner.
   __host__ __device__ int first(int p) const { return adjacent_pairs ? 2 * p : p; }
   __host__ __device__ int second(int p, int HS) const { return adjacent_pairs ? 2 * p + 1 : p + HS / 2; }
@@ -2872,14 +2874,33 @@ struct RotaryFrequencies {
 };
 
 // The base frequencies (1/1024)^(p / (HS/4 - 1)) of the first HS/4 pairs, 0 above; adjacent_pairs:
-// record #89's layout (both of RotaryFrequencies's switches).
+// record #89's layout (each of RotaryFrequencies's switches).
 RotaryFrequencies rotary_frequencies(int HS, bool adjacent_pairs = false) {
   RotaryFrequencies f = {};
   const int rotated = HS / 4;
   for (int j = 0; j < rotated; j++) f.freq[j] = (float)std::pow(1.0 / 1024.0, (double)j / (rotated - 1));
   f.adjacent_pairs = adjacent_pairs;
   f.flat_positions = adjacent_pairs;
+  f.bf16_tables = adjacent_pairs;
   return f;
+}
+
+// Pair p's (cos, sin) of theta = t freq[p] (t: its position): sincosf, accurate as torch's cos and sin,
+// of theta in FP32 as torch.outer(pos, freq); with bf16_tables each rounded to BF16 (record #89 builds
+// its tables so in every build; the products that read them stay FP32).
+__device__ __forceinline__ void rotary_cos_sin(const RotaryFrequencies& f, int t, int p, float* c, float* s) {
+  sincosf((float)t * f.freq[p], s, c);
+  if (f.bf16_tables) {
+    *c = __bfloat162float(__float2bfloat16_rn(*c));
+    *s = __bfloat162float(__float2bfloat16_rn(*s));
+  }
+}
+
+// The backward's dx = rstd R^T (dy - y mean), mean = mean(dy . y) = mean(dxhat . xhat), takes the
+// normalised input xhat back from the stored y as R^T y, exact while R is a rotation; with BF16
+// tables R R^T = (c^2 + s^2) I, so the pair's xhat term is mean / (c^2 + s^2).
+__device__ __forceinline__ float rotary_unscaled_mean(const RotaryFrequencies& f, float mean, float c, float s) {
+  return f.bf16_tables ? mean / __fmaf_rn(s, s, c * c) : mean;
 }
 
 // A lane's pairs p = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
@@ -2898,7 +2919,7 @@ struct QkNormLane {
     for (int i = 0; i < PAIRS; i++) {
       cos_j[i] = 1.0f;
       sin_j[i] = 0.0f;
-      if (pair(i) < half) sincosf((float)t * f.freq[pair(i)], &sin_j[i], &cos_j[i]);
+      if (pair(i) < half) rotary_cos_sin(f, t, pair(i), &cos_j[i], &sin_j[i]);
     }
   }
   __device__ int pair(int i) const { return id + i * WARP_SIZE; }
@@ -2950,8 +2971,8 @@ __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N
   }
 }
 
-// In place on dqkv's q and k: dxhat = R^T dy, xhat = R^T y (y the stored forward output), then
-// dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
+// In place on dqkv's q and k: dxhat = R^T dy, xhat = R^T y (y the stored forward output; with BF16
+// tables over c^2 + s^2, R's scale), then dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
 template <int PAIRS>
 __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int N, int T,
                                                int NH, int HS, const __grid_constant__ RotaryFrequencies f) {
@@ -2979,6 +3000,11 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
         const float c = lane.cos_j[i], s = lane.sin_j[i];
         xhat1[i] = c * y1[h][i] - s * y2[h][i];
         xhat2[i] = s * y1[h][i] + c * y2[h][i];
+        if (f.bf16_tables) {  // R R^T = (c^2 + s^2) I, no longer I: xhat = R^T y / (c^2 + s^2)
+          const float k = __fmaf_rn(s, s, c * c);
+          xhat1[i] /= k;
+          xhat2[i] /= k;
+        }
         dxhat1[i] = c * dy1[h][i] - s * dy2[h][i];
         dxhat2[i] = s * dy1[h][i] + c * dy2[h][i];
         dot += dxhat1[i] * xhat1[i] + dxhat2[i] * xhat2[i];
@@ -4254,10 +4280,11 @@ __device__ __forceinline__ void qk_norm_rotary_backward_rows(float acc[HS / 8][4
 #pragma unroll
       for (int row = 0; row < 2; row++) {
         const int e = 2 * row, p = dn * 4 + t;
-        const float u1 = acc[dn][e] - y_acc[dn][e] * mean[row];
-        const float u2 = acc[dn][e + 1] - y_acc[dn][e + 1] * mean[row];
         float c = 1.0f, s = 0.0f;
-        if (p < HS / 4) sincosf((float)position[row] * f.freq[p], &s, &c);
+        if (p < HS / 4) rotary_cos_sin(f, position[row], p, &c, &s);
+        const float m = rotary_unscaled_mean(f, mean[row], c, s);
+        const float u1 = acc[dn][e] - y_acc[dn][e] * m;
+        const float u2 = acc[dn][e + 1] - y_acc[dn][e + 1] * m;
         acc[dn][e] = rstd[row] * (c * u1 - s * u2);
         acc[dn][e + 1] = rstd[row] * (s * u1 + c * u2);
       }
@@ -4269,10 +4296,11 @@ __device__ __forceinline__ void qk_norm_rotary_backward_rows(float acc[HS / 8][4
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int row = e / 2, j = dn * 8 + 2 * t + e % 2;
-      const float u1 = acc[dn][e] - y_acc[dn][e] * mean[row];
-      const float u2 = acc[dn + kPartner][e] - y_acc[dn + kPartner][e] * mean[row];
       float c = 1.0f, s = 0.0f;
-      if (j < HS / 4) sincosf((float)position[row] * f.freq[j], &s, &c);
+      if (j < HS / 4) rotary_cos_sin(f, position[row], j, &c, &s);
+      const float m = rotary_unscaled_mean(f, mean[row], c, s);
+      const float u1 = acc[dn][e] - y_acc[dn][e] * m;
+      const float u2 = acc[dn + kPartner][e] - y_acc[dn + kPartner][e] * m;
       acc[dn][e] = rstd[row] * (c * u1 - s * u2);
       acc[dn + kPartner][e] = rstd[row] * (s * u1 + c * u2);
     }

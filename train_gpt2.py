@@ -699,12 +699,13 @@ def rotary_frequencies(head_size):
 def rotate(x, freq, pairs=False):
     """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32;
     pairs: record #89's layout, each pair (2j, 2j + 1) at its place in the B x T tokens as one sequence
-    (b T + t)."""
+    (b T + t), its cos and sin rounded to bfloat16 as the reference's tables hold them (in every dtype)."""
     B, T = x.shape[:2]
     pos = torch.arange(B * T if pairs else T, dtype=torch.float32, device=x.device)
     theta = torch.outer(pos, freq).view(B if pairs else 1, T, 1, -1)
     cos, sin = theta.cos(), theta.sin()
     if pairs:
+        cos, sin = cos.bfloat16().float(), sin.bfloat16().float()
         x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
         return torch.stack((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), dim=-1).flatten(-2).type_as(x)
     x1, x2 = x.float().chunk(2, dim=-1)

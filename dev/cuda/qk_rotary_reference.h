@@ -1,10 +1,13 @@
 // The CPU reference of QK-norm and the half-truncated rotary (qk_norm_rotary_forward and _backward)
 // in double precision, written from the definition; test_qk_rotary checks its backward against
 // central differences of its forward. Included by the kernel tests that use it. Pair j of a head is
-// dims (j, j + HS/2), or with adjacent (record #89's layout) (2j, 2j + 1).
+// dims (j, j + HS/2), or with adjacent (record #89's layout) (2j, 2j + 1), whose (cos, sin) are
+// rounded to BF16 (RotaryFrequencies::bf16_tables).
 #pragma once
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 // freq[j] = (1/1024)^(j / (HS/4 - 1)) for j < HS/4 and 0 for HS/4 <= j < HS/2, kept in FP32.
@@ -22,12 +25,28 @@ inline std::vector<float> reference_rescaled_frequencies(int HS) {
   return freq;
 }
 
+// BF16's nearest value to x (round to nearest even; x finite).
+inline double reference_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  float rounded;
+  std::memcpy(&rounded, &bits, sizeof(rounded));
+  return rounded;
+}
+
 // The rotation of pair j at position t: theta = t * freq[j] in FP32 (torch.outer(pos, freq)), then
-// its cosine and sine in double precision.
-inline void reference_angle(double* c, double* s, int t, int j, const std::vector<float>& freq) {
+// its cosine and sine in double precision; bf16_tables (record #89's layout): each as FP32 rounds
+// it, then rounded to BF16, as the reference's tables hold them.
+inline void reference_angle(double* c, double* s, int t, int j, const std::vector<float>& freq,
+                            bool bf16_tables = false) {
   const float theta = (float)t * freq[j];
   *c = std::cos((double)theta);
   *s = std::sin((double)theta);
+  if (bf16_tables) {
+    *c = reference_bf16((float)*c);
+    *s = reference_bf16((float)*s);
+  }
 }
 
 // The dims of pair j of a head: its first, and its partner.
@@ -43,7 +62,7 @@ inline double reference_forward(double* y, const double* x, int HS, int t, const
   const double rstd = 1.0 / std::sqrt(squares / HS + FLT_EPSILON);
   for (int j = 0; j < half; j++) {
     double c, s;
-    reference_angle(&c, &s, t, j, freq);
+    reference_angle(&c, &s, t, j, freq, adjacent);
     const int i1 = reference_first(j, adjacent), i2 = reference_second(j, HS, adjacent);
     const double a = x[i1] * rstd, b = x[i2] * rstd;
     y[i1] = a * c + b * s;
@@ -64,7 +83,7 @@ inline void reference_backward(double* dx, const double* dy, const double* x, in
   double dot = 0.0;
   for (int j = 0; j < half; j++) {
     double c, s;
-    reference_angle(&c, &s, t, j, freq);
+    reference_angle(&c, &s, t, j, freq, adjacent);
     const int i1 = reference_first(j, adjacent), i2 = reference_second(j, HS, adjacent);
     dxhat[i1] = c * dy[i1] - s * dy[i2];
     dxhat[i2] = s * dy[i1] + c * dy[i2];

@@ -916,7 +916,7 @@ assert model.key_offset and all(b.attn.key_offset for b in model.transformer.h)
 print(f"'{text}': both layers of the modern tiny shift their keys")
 EOF
 
-check "--rotary_pairs: rotate turns adjacent pairs at flat positions, as by hand; the key offset's dims move" <<'EOF'
+check "--rotary_pairs: rotate turns adjacent pairs at flat positions by BF16 tables, as by hand; the key offset's dims move" <<'EOF'
 import math, torch, train_gpt2 as tg
 torch.manual_seed(0)
 B, T, NH, hs = 2, 5, 3, 16
@@ -927,7 +927,8 @@ for b in range(B):
     for t in range(T):
         for i in range(hs // 2):
             theta = torch.tensor(float(b * T + t), dtype=torch.float32) * freq[i]  # float32, as torch.outer
-            c, s = math.cos(theta.item()), math.sin(theta.item())
+            # the reference's tables: each of cos and sin in float32, then rounded to bfloat16
+            c, s = (torch.tensor(f(theta.item()), dtype=torch.float32).bfloat16().item() for f in (math.cos, math.sin))
             x0, x1 = x[b, t, :, 2 * i].double(), x[b, t, :, 2 * i + 1].double()
             assert torch.allclose(y[b, t, :, 2 * i].double(), c * x0 + s * x1, atol=1e-6), (b, t, i)
             assert torch.allclose(y[b, t, :, 2 * i + 1].double(), c * x1 - s * x0, atol=1e-6), (b, t, i)
