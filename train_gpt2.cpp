@@ -876,7 +876,8 @@ constexpr const char* kCudaTrainerFlags[] = {
     "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-fh", "-fhs", "-n", "-nk",
     "-nm", "-ac", "-y", "-halt", "-hs", "-sh", "-pr", "-pn", "-pl", "-rv", "-rt", "-ct", "-zs",
     "-ov", "-recipe", "-opt", "-ml", "-mw", "-ns", "-cd", "-mn", "-mq", "-mc", "-mtp", "-lc", "-pw", "-kd", "-kc",
-    "-pd", "-aw", "-awf", "-awt", "-sp", "-vt", "-ut", "-ao", "-ko", "-ar", "-sm", "-bg", "-rp", "-asc", "-ri", "-vg", "-yn"};
+    "-pd", "-aw", "-awf", "-awt", "-sp", "-vt", "-ut", "-ao", "-ko", "-ar", "-sm", "-bg", "-rp", "-asc", "-ri", "-vg", "-yn",
+    "-xs"};
 
 void fail_cuda_trainer_flag(const std::string& name) {
   for (const char* flag : kCudaTrainerFlags) {

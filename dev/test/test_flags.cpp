@@ -528,6 +528,13 @@ void test_adam_rows() {
                     gates.beta2 == 0.99f && gates.weight_decay == scalars.weight_decay,
                 llmc::strformat("-recipe speedrun -ar vegate:b1=0.9,b2=0.99: the gates' AdamW row the scalars' (lr %g, "
                                 "decay %g) with betas %g %g", gates.lr, gates.weight_decay, gates.beta1, gates.beta2));
+  // Record #89's XSA strengths (-xs 1): AdamW's, the scalars' own row where -ar names none.
+  const llmc::RoleOptimizer& strengths = table.of_tensor(llmc::kXsaAlpha);
+  check_verbose(strengths.method == llmc::OptimizerKind::kAdamW && strengths.lr == scalars.lr &&
+                    strengths.beta1 == scalars.beta1 && strengths.beta2 == scalars.beta2 &&
+                    strengths.weight_decay == scalars.weight_decay,
+                llmc::strformat("-recipe speedrun: xsa_alpha's AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
+                                strengths.lr, strengths.beta1, strengths.beta2, strengths.weight_decay));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
