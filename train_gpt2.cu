@@ -19,11 +19,11 @@
 //                                 speedrun head's FP8 layer with fixed scales (its gradient's
 //                                 bytes transposed)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
-//                                 gates; causal multi-head attention, or within documents and a
-//                                 window of 128-token blocks or of tokens: flash kernels (BF16),
-//                                 batched GEMMs; one query against a KV cache; on Hopper, a
-//                                 product of our own (TMA, wgmma) with the MLP's ReLU^2 and
-//                                 ReLU^2' in its epilogue
+//                                 gates, record #89's XSA; causal multi-head attention, or within
+//                                 documents and a window of 128-token blocks or of tokens: flash
+//                                 kernels (BF16), batched GEMMs; one query against a KV cache; on
+//                                 Hopper, a product of our own (TMA, wgmma) with the MLP's ReLU^2
+//                                 and ReLU^2' in its epilogue
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap, the later tokens' and the
