@@ -9049,8 +9049,8 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
-  m.partials = device_alloc<float>(std::max({partials, attention_gate_partials(m, BT), value_mix_partials(m), xsa_partials(m)}),
-                                  "the column-reduction partials");
+  const size_t features = std::max({attention_gate_partials(m, BT), value_mix_partials(m), xsa_partials(m)});
+  m.partials = device_alloc<float>(std::max(partials, features), "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");

@@ -1352,8 +1352,8 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
-             f"the value-embedding gates, {FEATURE_XSA}: XSA), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is "
-             f"damaged or the file comes from a newer version; re-create it")
+             f"the value-embedding gates, {FEATURE_XSA}: XSA), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its "
+             f"pairs): the header is damaged or the file comes from a newer version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
                          smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
                          rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
