@@ -19,11 +19,11 @@
 //                                 speedrun head's FP8 layer with fixed scales (its gradient's
 //                                 bytes transposed)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
-//                                 gates; causal multi-head attention, or within documents and a
-//                                 window of 128-token blocks or of tokens: flash kernels (BF16),
-//                                 batched GEMMs; one query against a KV cache; on Hopper, a
-//                                 product of our own (TMA, wgmma) with the MLP's ReLU^2 and
-//                                 ReLU^2' in its epilogue
+//                                 gates, record #89's XSA; causal multi-head attention, or within
+//                                 documents and a window of 128-token blocks or of tokens: flash
+//                                 kernels (BF16), batched GEMMs; one query against a KV cache; on
+//                                 Hopper, a product of our own (TMA, wgmma) with the MLP's ReLU^2
+//                                 and ReLU^2' in its epilogue
 //   7. GELU and ReLU^2            forward and backward
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap, the later tokens' and the
@@ -3645,6 +3645,196 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
       partials, dz, hn, N, NH, C);
   cudaCheckLaunch();
   column_sum_finalize(dW, partials, weights, weights, kRowBlocks, seed, stream);
+}
+
+// ---- Record #89's exclusive self-attention (XSA; SPEC "The speedrun architecture") ----
+// In the plan's XSA layers each head's attention output y [N, C] loses its part along the value it
+// read: out = y - s (y . v / max(|v|^2, 1e-8)) v per row and head, s = tanh(alpha_h), alpha [NH] a
+// parameter, v [N, C] with rows ld_v apart (qkv's v columns after the value mix). Rounded to floatX
+// where train_gpt2.py's tensors are (each product in the two dots, the dots, the ratio, s, s times
+// the ratio, its product with v, the difference); the rest FP32 in registers. One warp a row, a
+// 16-byte piece a lane; a head's dots over its pieces in order, the pieces' products in order. The
+// backward writes dy (over dout, in place) and dv (its own rows), and sums dalpha over row blocks
+// (section 2): deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC,
+// writes 2NC; memory-bound.
+
+constexpr int kXsaWarps = 8;
+constexpr float kXsaMinSquares = 1e-8f;  // the clamp of |v|^2, the reference's
+// Per warp, in floats: its pieces' y . v, v . v and dout . v [C / x128::size each], then each
+// head's scalars: the coefficient, dy's and dv's factors of v, and the warp's dalpha sums [NH each].
+__host__ __device__ inline int xsa_warp_floats(int NH, int C) { return 3 * (C / x128::size) + 4 * NH; }
+
+// A head's forward scalars, from its pieces' sums.
+struct XsaHead {
+  float dot, den, coef;
+  bool clamped;  // |v|^2 below the clamp, whose gradient then stops
+};
+
+__device__ __forceinline__ float xsa_strength(const floatX* alpha, int h) {
+  return (float)(floatX)tanhf((float)alpha[h]);
+}
+
+// Each of the row's pieces' rounded products y v and v v, added in order, into piece_yv, piece_vv.
+__device__ void xsa_piece_sums(float* piece_yv, float* piece_vv, const floatX* y_row, const floatX* v_row,
+                               int pieces, int lane) {
+  for (int p = lane; p < pieces; p += WARP_SIZE) {
+    const x128 y = load128(y_row + p * x128::size), v = load128(v_row + p * x128::size);
+    float yv = 0.0f, vv = 0.0f;
+    for (int k = 0; k < x128::size; k++) {
+      yv += (float)(floatX)((float)y[k] * (float)v[k]);
+      vv += (float)(floatX)((float)v[k] * (float)v[k]);
+    }
+    piece_yv[p] = yv;
+    piece_vv[p] = vv;
+  }
+}
+
+// Head h's scalars (its head_pieces pieces in order), s its strength: the forward's and the
+// backward's one expression, so that both have the same bits.
+__device__ XsaHead xsa_head(const float* piece_yv, const float* piece_vv, int h, int head_pieces, float s) {
+  float yv = 0.0f, vv = 0.0f;
+  for (int p = h * head_pieces; p < (h + 1) * head_pieces; p++) {
+    yv += piece_yv[p];
+    vv += piece_vv[p];
+  }
+  XsaHead x;
+  x.dot = (float)(floatX)yv;
+  const float squares = (float)(floatX)vv, floor = (float)(floatX)kXsaMinSquares;
+  x.clamped = squares < floor;
+  x.den = x.clamped ? floor : squares;
+  const float ratio = (float)(floatX)(x.dot / x.den);
+  x.coef = (float)(floatX)(s * ratio);
+  return x;
+}
+
+__global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v, int ld_v, const floatX* alpha,
+                                   int N, int NH, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int pieces = C / x128::size, head_pieces = pieces / NH;
+  float* piece_yv = shared + warp * xsa_warp_floats(NH, C);
+  float* piece_vv = piece_yv + pieces;
+  float* coef = piece_vv + 2 * pieces;
+  const int row = blockIdx.x * kXsaWarps + warp;
+  if (row >= N) return;
+  const floatX* y_row = y + (size_t)row * C;
+  const floatX* v_row = v + (size_t)row * ld_v;
+  xsa_piece_sums(piece_yv, piece_vv, y_row, v_row, pieces, lane);
+  __syncwarp();
+  for (int h = lane; h < NH; h += WARP_SIZE) {
+    coef[h] = xsa_head(piece_yv, piece_vv, h, head_pieces, xsa_strength(alpha, h)).coef;
+  }
+  __syncwarp();
+  for (int p = lane; p < pieces; p += WARP_SIZE) {
+    const float cf = coef[p / head_pieces];
+    const x128 yy = load128(y_row + p * x128::size), vv = load128(v_row + p * x128::size);
+    x128 o;
+    for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)yy[k] - (float)(floatX)(cf * (float)vv[k]));
+    store128(out + (size_t)row * C + p * x128::size, o);
+  }
+}
+
+// With g = dout, per row and head: gv = g . v, a = s gv / den, dy = g - a v, dv = -coef g - a y + b v
+// (b = 2 s gv dot / den^2, 0 where clamped), dalpha = -(dot / den) gv (1 - tanh(alpha)^2). Grid
+// kRowBlocks of kXsaWarps warps, warp w taking its block's rows w, w + 8, ... in turn; the block's
+// dalpha sums, warps in order, into partials[block][NH].
+__global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, const floatX* dout, const floatX* y,
+                                    const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int pieces = C / x128::size, head_pieces = pieces / NH;
+  float* piece_yv = shared + warp * xsa_warp_floats(NH, C);
+  float* piece_vv = piece_yv + pieces;
+  float* piece_gv = piece_vv + pieces;
+  float* coef = piece_gv + pieces;
+  float* dy_v = coef + NH;
+  float* dv_v = dy_v + NH;
+  float* dalpha = dv_v + NH;
+  for (int h = lane; h < NH; h += WARP_SIZE) dalpha[h] = 0.0f;
+  const int rpb = rows_per_block(N), r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kXsaWarps) {
+    const floatX* y_row = y + (size_t)row * C;
+    const floatX* v_row = v + (size_t)row * ld_v;
+    const floatX* g_row = dout + (size_t)row * C;
+    xsa_piece_sums(piece_yv, piece_vv, y_row, v_row, pieces, lane);
+    for (int p = lane; p < pieces; p += WARP_SIZE) {
+      const x128 g = load128(g_row + p * x128::size), vv = load128(v_row + p * x128::size);
+      float gv = 0.0f;
+      for (int k = 0; k < x128::size; k++) gv += (float)g[k] * (float)vv[k];
+      piece_gv[p] = gv;
+    }
+    __syncwarp();
+    for (int h = lane; h < NH; h += WARP_SIZE) {
+      const float t = tanhf((float)alpha[h]), s = (float)(floatX)t;
+      const XsaHead x = xsa_head(piece_yv, piece_vv, h, head_pieces, s);
+      float gv = 0.0f;
+      for (int p = h * head_pieces; p < (h + 1) * head_pieces; p++) gv += piece_gv[p];
+      coef[h] = x.coef;
+      dy_v[h] = s * gv / x.den;
+      dv_v[h] = x.clamped ? 0.0f : 2.0f * s * gv * x.dot / (x.den * x.den);
+      dalpha[h] += -(x.dot / x.den) * gv * (1.0f - t * t);
+    }
+    __syncwarp();
+    for (int p = lane; p < pieces; p += WARP_SIZE) {
+      const int c = p * x128::size, h = p / head_pieces;
+      const x128 g = load128(g_row + c), yy = load128(y_row + c), vv = load128(v_row + c);
+      x128 dy_o, dv_o;
+      for (int k = 0; k < x128::size; k++) {
+        dy_o[k] = (floatX)((float)g[k] - dy_v[h] * (float)vv[k]);
+        dv_o[k] = (floatX)(-coef[h] * (float)g[k] - dy_v[h] * (float)yy[k] + dv_v[h] * (float)vv[k]);
+      }
+      store128(dy + (size_t)row * C + c, dy_o);
+      store128(dv + (size_t)row * C + c, dv_o);
+    }
+    __syncwarp();  // the row's shared values are the next row's
+  }
+  __syncthreads();
+  for (int h = threadIdx.x; h < NH; h += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < kXsaWarps; w++) sum += shared[w * xsa_warp_floats(NH, C) + 3 * pieces + 3 * NH + h];
+    partials[(size_t)blockIdx.x * NH + h] = sum;
+  }
+}
+
+void xsa_check(const char* name, const floatX* y, const floatX* v, int ld_v, const floatX* alpha, int N, int NH,
+               int C) {
+  REQUIRE(y && v && alpha, "%s: XSA needs the attention's output, its values and the strengths", name);
+  REQUIRE(N > 0 && NH > 0 && C % NH == 0 && (C / NH) % x128::size == 0 && ld_v >= C && ld_v % x128::size == 0,
+          "%s: N=%d, NH=%d, C=%d, ld_v=%d: N and NH must be positive, the head size C/NH a whole multiple of %d, "
+          "and v's rows at least C apart, a multiple of %d", name, N, NH, C, ld_v, x128::size, x128::size);
+}
+
+size_t xsa_shared_bytes(int NH, int C) { return sizeof(float) * kXsaWarps * (size_t)xsa_warp_floats(NH, C); }
+
+// out [N, C] = XSA of y [N, C] with v (rows ld_v apart) and alpha [NH]; out must not be y or v.
+void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C,
+                 cudaStream_t stream) {
+  xsa_check("xsa_forward", y, v, ld_v, alpha, N, NH, C);
+  REQUIRE(out != y && out != v, "xsa_forward: out must not share memory with y or v");
+  const size_t shared = xsa_shared_bytes(NH, C);
+  cudaCheck(cudaFuncSetAttribute(xsa_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  xsa_forward_kernel<<<ceil_div(N, kXsaWarps), kXsaWarps * WARP_SIZE, shared, stream>>>(out, y, v, ld_v, alpha, N,
+                                                                                       NH, C);
+  cudaCheckLaunch();
+}
+
+// From dout [N, C], the gradient of the forward's out: dy [N, C] (written; may be dout itself), dv
+// [N, C] (written, rows C apart; not dout), dalpha [NH] += the rows' sum (stochastic rounding,
+// seed). partials: xsa_backward_partials(NH) floats.
+size_t xsa_backward_partials(int NH) { return (size_t)kRowBlocks * NH; }
+void xsa_backward(floatX* dy, floatX* dv, floatX* dalpha, float* partials, const floatX* dout, const floatX* y,
+                  const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C, uint32_t seed,
+                  cudaStream_t stream) {
+  const char* name = "xsa_backward";
+  xsa_check(name, y, v, ld_v, alpha, N, NH, C);
+  REQUIRE(dy && dv && dalpha && partials && dv != dout && dv != dy,
+          "%s: dy, dv, dalpha and the partials are needed, dv apart from dout and dy", name);
+  const size_t shared = xsa_shared_bytes(NH, C);
+  cudaCheck(cudaFuncSetAttribute(xsa_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+  xsa_backward_kernel<<<kRowBlocks, kXsaWarps * WARP_SIZE, shared, stream>>>(dy, dv, partials, dout, y, v, ld_v,
+                                                                           alpha, N, NH, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dalpha, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
@@ -8437,7 +8627,7 @@ enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
-  kStreamStart, kAttentionOut, kMlpOut, kNumActTensors
+  kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kNumActTensors
 };
 
 struct ActSpec {
@@ -8467,11 +8657,13 @@ void bigram_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpe
 void bigram_allocate_scratch(GPT2& m, size_t N);
 void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N);
+void xsa_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
 size_t value_mix_partials(const GPT2& m);
-bool gates_take_row_dots(const GPT2& m);
+size_t xsa_partials(const GPT2& m);
+bool gates_take_row_dots(const GPT2& m, int l);
 // The smear's rows: the embedding before it and each row's gate; context: rows before the first
 // that the smear reads (decoding: the token before's; training: none).
 struct SmearRows {
@@ -8537,6 +8729,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"stream_start", 0, 1, false},
       {"attention_out", 0, L, false},
       {"mlp_out", 0, L, false},
+      {"xsa_out", 0, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
@@ -8545,6 +8738,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   smear_activation_rows(arch, dims, t);
   bigram_activation_rows(arch, dims, t);
   sublayer_lambdas_activation_rows(arch, dims, t);
+  xsa_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -8967,8 +9161,8 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   const size_t widest = m.arch().tied_head ? 4 * C : std::max(4 * C, (size_t)c.padded_vocab_size);
   const size_t partials = std::max((size_t)std::max(kRowBlocks, fp8 ? fp8_tile_rows((int)BT) : 0) * widest,
                                    m.flash_attention ? (size_t)attention_flash_tile_rows(B, T) * 3 * C : 0);
-  m.partials = device_alloc<float>(std::max({partials, attention_gate_partials(m, BT), value_mix_partials(m)}),
-                                  "the column-reduction partials");
+  const size_t features = std::max({attention_gate_partials(m, BT), value_mix_partials(m), xsa_partials(m)});
+  m.partials = device_alloc<float>(std::max(partials, features), "the column-reduction partials");
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
   sublayer_lambdas_allocate_scratch(m, BT);
@@ -9380,6 +9574,7 @@ struct BlockRows {
   floatX* v_pre = nullptr;         // the value mix: v before it
   float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
+  floatX* xsa_out = nullptr;       // XSA's output, the gate's input in XSA layers
   floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
 };
@@ -9659,7 +9854,7 @@ bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arc
 void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int C = m.config.channels, NH = m.config.num_heads;
   if (m.flash_attention) {
-    const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m);
+    const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m, l);
     if (m.documents) {
       const float* qk_rstd = qk_norm_in_attention_backward(m, l) ? m.act_f(kQkRstd, l) : nullptr;
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
@@ -9934,6 +10129,65 @@ void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSe
                      seeds.next(), m.stream, value_mix_gates(m, l, m.act(kLn1, l), dln1_gates));
 }
 
+// ---- Record #89's XSA (ArchSpec::xsa, in the plan's XSA layers: LayerSpec::xsa): each head's
+// attention output loses tanh(alpha_h) times its part along the value it read (v after the value
+// mix), before the attention gate. Parameters: xsa_alpha [NH] a layer with XSA. Kernels: section 6,
+// "Record #89's exclusive self-attention". The gate and attproj read XSA's output (xsa_out, kept a
+// layer), the attention's backward its own output (atty), whose gradient XSA's backward gives: so
+// on XSA layers the gate's backward leaves the flash backward's row dots to it (gates_take_row_dots).
+// XSA's backward writes v's gradient over the layer's xsa_out, which nothing reads after the gate's
+// backward, and adds it to the attention's dv once the attention's backward has written dqkv.
+
+bool xsa_layer(const GPT2& m, int l) { return m.arch().xsa && m.plan[l].xsa; }
+
+// XSA's output, what the gate reads: every layer's rows (only the XSA layers' written).
+void xsa_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.xsa) return;
+  t[kXsaOut].count = d.BT * d.C;
+  t[kXsaOut].layers = d.L;
+}
+
+// The column-reduction partials XSA's backward takes (gpt2_allocate_scratch).
+size_t xsa_partials(const GPT2& m) { return m.arch().xsa ? xsa_backward_partials(m.config.num_heads) : 0; }
+
+void xsa_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().xsa) return;
+  r.xsa_out = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kXsaOut, l);
+}
+
+// Layer l's attention output as the gate (or attproj) reads it: XSA's where the layer has it.
+const floatX* attention_output(const GPT2& m, int l, const BlockRows& r) {
+  return xsa_layer(m, l) ? r.xsa_out : r.atty;
+}
+
+// The same, as the forward kept it, for the backward.
+const floatX* attention_output_kept(GPT2& m, int l) { return xsa_layer(m, l) ? m.act(kXsaOut, l) : m.act(kAtty, l); }
+
+// Layer l's XSA of r.atty into r.xsa_out, with the values in r.qkv (the decoder's token's too).
+void xsa_rows(GPT2& m, int l, const BlockRows& r) {
+  if (!xsa_layer(m, l)) return;
+  const int C = m.config.channels;
+  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, m.param(llmc::kXsaAlpha, l), r.rows(), m.config.num_heads, C,
+              m.stream);
+}
+
+// From scratch_btc, the gradient of XSA's output: that of the attention's output (in place), the
+// strengths', and v's into the layer's xsa_out (xsa_values_gradient adds it to dqkv).
+void xsa_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!xsa_layer(m, l)) return;
+  const int C = m.config.channels;
+  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), m.grad(llmc::kXsaAlpha, l), m.partials, m.scratch_btc,
+               m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C, m.param(llmc::kXsaAlpha, l), N,
+               m.config.num_heads, C, seeds.next(), m.stream);
+}
+
+// dqkv's v part (scratch_bt4c, from the attention's backward) += XSA's part of v's gradient.
+void xsa_values_gradient(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!xsa_layer(m, l)) return;
+  const int C = m.config.channels;
+  add_columns_inplace(m.scratch_bt4c + 2 * C, 3 * C, m.act(kXsaOut, l), C, N, C, seeds.next(), m.stream);
+}
+
 // ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
 // h the block's normed input (ln1), G = C / 64. Parameters: attngate [NH, G] per attention layer.
 // Kernels: section 6, "The speedrun's attention gate"; with the flash backward the gate's backward
@@ -9966,27 +10220,28 @@ void attention_gate_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) 
   r.gated = m.act_specs[kGated].count > 0 ? m.act(kGated, l) : m.scratch_bt4c;
 }
 
-// attproj's input: the attention's output, or its heads gated into r.gated.
+// attproj's input: the attention's output (XSA's on its layers), or its heads gated into r.gated.
 const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
-  if (!m.arch().attention_gate) return r.atty;
-  attention_gate_forward(r.gated, r.gates, r.atty, r.ln1.out, m.param(llmc::kAttngate, l), r.rows(),
+  if (!m.arch().attention_gate) return attention_output(m, l, r);
+  attention_gate_forward(r.gated, r.gates, attention_output(m, l, r), r.ln1.out, m.param(llmc::kAttngate, l), r.rows(),
                          m.config.num_heads, m.config.channels, m.stream);
   return r.gated;
 }
 
 // The gates' backward reads the attention's output and writes its gradient, so it takes the flash
-// backward's row dots as well (attention_gate_backward's row_dots), where its warps can.
-bool gates_take_row_dots(const GPT2& m) {
-  return m.flash_attention && m.arch().attention_gate &&
+// backward's row dots as well (attention_gate_backward's row_dots), where its warps can; not in an
+// XSA layer, where it reads XSA's output and writes that one's gradient.
+bool gates_take_row_dots(const GPT2& m, int l) {
+  return m.flash_attention && m.arch().attention_gate && !xsa_layer(m, l) &&
          attention_gate_row_dots_supported(m.config.num_heads, m.config.channels);
 }
 
-// attproj's input as the forward kept it, or recomputed from the attention's output and the gates
-// into scratch_bt4c (-r 1); without gates the attention's output.
+// attproj's input as the forward kept it, or recomputed from the attention's output (XSA's on its
+// layers) and the gates into scratch_bt4c (-r 1); without gates the attention's output.
 const floatX* attproj_input(GPT2& m, int l, int N) {
-  if (!m.arch().attention_gate) return m.act(kAtty, l);
+  if (!m.arch().attention_gate) return attention_output_kept(m, l);
   if (m.act_specs[kGated].count > 0) return m.act(kGated, l);
-  attention_gate_apply(m.scratch_bt4c, m.act(kAtty, l), m.act_f(kGates, l), N, m.config.num_heads,
+  attention_gate_apply(m.scratch_bt4c, attention_output_kept(m, l), m.act_f(kGates, l), N, m.config.num_heads,
                        m.config.channels, m.stream);
   return m.scratch_bt4c;
 }
@@ -9998,9 +10253,10 @@ const floatX* attproj_input(GPT2& m, int l, int N) {
 void attention_gate_backward_rows(GPT2& m, int l, int B, int T, floatX* dln1_gates, KernelSeeds& seeds) {
   if (!m.arch().attention_gate) return;
   const int N = B * T;
-  const AttentionRowDots dots = gates_take_row_dots(m) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
+  const AttentionRowDots dots =
+      gates_take_row_dots(m, l) ? AttentionRowDots{m.attention_dot, T} : AttentionRowDots{};
   attention_gate_backward(m.scratch_btc, dln1_gates, gate_norm_columns(m), m.grad(llmc::kAttngate, l), m.partials,
-                          m.scratch_btc, m.act(kAtty, l), m.act_f(kGates, l), m.act(kLn1, l),
+                          m.scratch_btc, attention_output_kept(m, l), m.act_f(kGates, l), m.act(kLn1, l),
                           m.param(llmc::kAttngate, l), N, m.config.num_heads, m.config.channels, seeds.next(),
                           m.stream, dots);
 }
@@ -10366,6 +10622,7 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     qk_prepare(m, l, r);
     value_mix(m, l, r);
     attention_rows(m, l, r);
+    xsa_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.attention_out, attention_gated(m, l, r), nullptr);
     SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer);
     const floatX* attention_add = bigram_inject(m, l, r, scales);
@@ -10401,7 +10658,9 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, dattention, gated, nullptr, N, seeds.next());
     floatX* dln1_gates = gate_norm_gradient_rows(m, N);
     attention_gate_backward_rows(m, l, B, T, dln1_gates, seeds);
+    xsa_backward_rows(m, l, N, seeds);
     attention_backward_rows(m, l, B, T, seeds);
+    xsa_values_gradient(m, l, N, seeds);
     value_mix_backward_rows(m, l, N, dln1_gates, seeds);
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
@@ -10455,6 +10714,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.tokens = m.inputs;
   value_mix_point_rows(m, l, r, nullptr);
   attention_gate_point_rows(m, l, r, nullptr);
+  xsa_point_rows(m, l, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
   bigram_point_rows(m, r, nullptr);
   sublayer_lambdas_point_rows(m, l, r, nullptr);
@@ -11073,6 +11333,7 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   r.tokens = d.token + smear_rows - 1;  // the token's own (the value embeddings' rows), after the one before
   value_mix_point_rows(m, 0, r, &a);
   attention_gate_point_rows(m, 0, r, &a);
+  xsa_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
   bigram_point_rows(m, r, &a);
   sublayer_lambdas_point_rows(m, 0, r, &a);
@@ -12078,6 +12339,7 @@ struct TrainArgs : llmc::TrainFlags {
   llmc::SpeedrunInit record_init = llmc::SpeedrunInit::kRecord28;  // -ri: its init from the seed
   int ve_gates = 0;             // -vg: and its value-embedding gates
   int resid_lambdas = 0;        // -rl: and its residual and post lambdas
+  int xsa = 0;                  // -xs: and its exclusive self-attention
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -12330,6 +12592,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-rl", "residual lambdas", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
                "residual and post lambdas (each sublayer's add r x + p out, r and p learned for each layer and "
                "sublayer); a model file's header says whether it has them", &a.resid_lambdas, 0, 1),
+      int_flag("-xs", "XSA", "-recipe speedrun: 1 the model made from -e's preset has record #89's exclusive "
+               "self-attention in its layers 1, 3 and 4 (each head's output less tanh(alpha) times its part along "
+               "the value it read, alpha learned per layer and head); a model file's header says whether it has it",
+               &a.xsa, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -12417,6 +12683,8 @@ void validate_args(const TrainArgs& a) {
           "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -vg", a.recipe->name);
   REQUIRE(!a.resid_lambdas || a.recipe->arch == llmc::Arch::kSpeedrun, "-rl 1 scales the speedrun's residual adds, "
           "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -rl", a.recipe->name);
+  REQUIRE(!a.xsa || a.recipe->arch == llmc::Arch::kSpeedrun, "-xs 1 gives the speedrun's attention XSA, and "
+          "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -xs", a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12640,7 +12908,7 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates and residual lambdas; -sm, -bg, -rp, -vg and -rl, where given, must agree.
+// value-embedding gates, residual lambdas and XSA; -sm, -bg, -rp, -vg, -rl and -xs, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -12652,6 +12920,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-rp", a.rotary_pairs, config.rotary_pairs, "record #89's rotary pairs");
   check("-vg", a.ve_gates, config.ve_gates, "the value-embedding gates");
   check("-rl", a.resid_lambdas, config.resid_lambdas, "the residual lambdas");
+  check("-xs", a.xsa, config.xsa, "XSA");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -12665,6 +12934,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.init = a.record_init;
     p.config.ve_gates = a.ve_gates != 0;
     p.config.resid_lambdas = a.resid_lambdas != 0;
+    p.config.xsa = a.xsa != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12677,11 +12947,12 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp, -vg and -rl, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp, -vg, -rl and -xs, where given, match
     requested.bigram = p.config.bigram;
     requested.rotary_pairs = p.config.rotary_pairs;
     requested.ve_gates = p.config.ve_gates;
     requested.resid_lambdas = p.config.resid_lambdas;
+    requested.xsa = p.config.xsa;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

@@ -52,11 +52,12 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # Record #89's features in header slot 9, as bits (0 in files written before): the speedrun's smear, bigram
-# embedding, value-embedding gates and residual lambdas, and the modern and speedrun models' rotary pairs.
+# embedding, value-embedding gates, residual lambdas and XSA, and the modern and speedrun models' rotary pairs.
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
 FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
 FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
 FEATURE_RESID_LAMBDAS = 16  # the speedrun's residual and post lambdas (--resid_lambdas)
+FEATURE_XSA = 32  # the speedrun's exclusive self-attention (--xsa)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -94,6 +95,7 @@ SMEAR_WIDTH = 12  # record #89's smear gate reads the first 12 channels of each 
 # Record #89's value-embedding gates read the first 6 channels of the attention's normed input and of
 # the layer's value embedding (llmc::kVeGateInputs): 12 weights a head.
 VE_GATE_INPUTS = 6
+XSA_MIN_SQUARES = 1e-8  # record #89's XSA clamps each head's |v|^2 to at least this (llmc's kXsaMinSquares)
 # Record #89's bigram hash embedding (llmc/bigram_hash.h): the hash's factors, the sign table's rows,
 # and our pinned sign table's seed (the reference draws it unseeded); the gates' start (the
 # reference's bias of its generated gates).
@@ -348,12 +350,15 @@ def set_step_loss_terms(model, step_plan):
 #   windows: with --window_blocks, all of it (L, long) or half of it rounded down (S, short), also
 #     the other architectures' windows at this depth;
 #   value embeddings: the ve[k] the layer's value mix adds;
-#   skip sources: the earlier layer whose output the U-net adds to the layer's input.
+#   skip sources: the earlier layer whose output the U-net adds to the layer's input;
+#   XSA: X where record #89's exclusive self-attention runs (--xsa 1), its reference's layers 1, 3, 4
+#     and 7 (layer 7 has no attention here, so none there).
 #                            0     1     2     3     4     5     6     7     8     9     10    11
 SPEEDRUN_ATTENTION =        "AAAAAAA-AAAA"
 SPEEDRUN_WINDOWS =          "LSSSLSSLSSSL"
 SPEEDRUN_VALUE_EMBEDDINGS = [0,    1,    2,    None, None, None, None, None, None, 0,    1,    2]
 SPEEDRUN_SKIP_SOURCES =     [None, None, None, None, None, None, 5,    4,    3,    2,    1,    0]
+SPEEDRUN_XSA =              "-X-XX--X----"
 SPEEDRUN_LAYERS = len(SPEEDRUN_WINDOWS)  # its only depth
 
 
@@ -365,6 +370,7 @@ class LayerSpec:
     value_embedding: int = None  # the ve[k] its value mix adds
     skip_source: int = None  # the earlier layer whose output the U-net adds to its input
     skip_weight: int = None  # the skip_weights[j] it adds that output with
+    xsa: bool = False  # record #89's exclusive self-attention runs here (with --xsa 1)
 
 
 def layer_plan(arch, num_layers):
@@ -377,7 +383,8 @@ def layer_plan(arch, num_layers):
     assert num_layers == SPEEDRUN_LAYERS, f"the speedrun's layers are its reference's {SPEEDRUN_LAYERS}"
     skips = [layer for layer, source in enumerate(SPEEDRUN_SKIP_SOURCES) if source is not None]
     return [LayerSpec(SPEEDRUN_ATTENTION[layer] == "A", SPEEDRUN_WINDOWS[layer], SPEEDRUN_VALUE_EMBEDDINGS[layer],
-                      SPEEDRUN_SKIP_SOURCES[layer], skips.index(layer) if layer in skips else None)
+                      SPEEDRUN_SKIP_SOURCES[layer], skips.index(layer) if layer in skips else None,
+                      SPEEDRUN_ATTENTION[layer] == "A" and SPEEDRUN_XSA[layer] == "X")
             for layer in range(num_layers)]
 
 
@@ -405,6 +412,7 @@ class GPTConfig:
     ve_gates: bool = False
     # speedrun: record #89's residual and post lambdas, each sublayer's add r x + p out (SPEC.md)
     resid_lambdas: bool = False
+    xsa: bool = False  # speedrun: record #89's exclusive self-attention in the plan's XSA layers
 
     @property
     def modern(self):
@@ -450,8 +458,9 @@ class GPTConfig:
             ve_layers = sum(spec.value_embedding is not None for spec in self.plan)
             ve_gates = ve_layers * self.num_heads * 2 * VE_GATE_INPUTS if self.ve_gates else 0
             sublayer_lambdas = 4 * L if self.resid_lambdas else 0  # r and p of both sublayers a layer
+            xsa = sum(spec.xsa for spec in self.plan) * self.num_heads if self.xsa else 0
             return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
-                    + sublayer_lambdas)
+                    + sublayer_lambdas + xsa)
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -480,9 +489,10 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False):
+                bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
-                       bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas))
+                       bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
+                       bool(xsa))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -497,6 +507,8 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.resid_lambdas and not config.speedrun:
         fail(f"{source}: the residual lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
              f"--resid_lambdas")
+    if config.xsa and not config.speedrun:
+        fail(f"{source}: XSA (record #89's) is the speedrun's; give --recipe speedrun or drop --xsa")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -728,6 +740,18 @@ def make_norm(config):
     return RMSNorm(config.channels, gain=not config.speedrun) if config.modern else nn.LayerNorm(config.channels)
 
 
+def exclusive_self_attention(y, v, alpha):
+    """Record #89's XSA: each head's output y [B, T, NH, hs] less tanh(alpha_h) times its part along
+    the value v [B, T, NH, hs] it read (after the value mix), y . v / max(|v|^2, 1e-8) v; alpha [NH]
+    (None: y as it is). In y's dtype, as the reference's BF16 tensors."""
+    if alpha is None:
+        return y
+    dot = (y * v).sum(-1, keepdim=True)
+    squares = v.square().sum(-1, keepdim=True).clamp_min(XSA_MIN_SQUARES)
+    strength = torch.tanh(alpha).type_as(y).view(1, 1, -1, 1)
+    return y - strength * (dot / squares) * v
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, flash, linear, layer):
         super().__init__()
@@ -774,9 +798,10 @@ class CausalSelfAttention(nn.Module):
         gate = torch.sigmoid(self.gate(x[..., :self.gate.in_features]))
         return y * gate.view(*gate.shape, 1)
 
-    def forward(self, x, mask=None, value_embedding=None, ve_gate=None):
+    def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
-        causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None."""
+        causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
+        xsa_alpha: its XSA strengths [NH], or None."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -799,7 +824,8 @@ class CausalSelfAttention(nn.Module):
             if mask is None:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
-        y = self.gate_heads(x, y.transpose(1, 2))
+        y = exclusive_self_attention(y.transpose(1, 2), v.transpose(1, 2), xsa_alpha)
+        y = self.gate_heads(x, y)
         return self.c_proj(y.contiguous().view(B, T, C))
 
 
@@ -859,15 +885,16 @@ class Block(nn.Module):
     def mix_input(self, x, x0):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
-    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, lambdas=None):
+    def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, xsa_alpha=None,
+                lambdas=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
-        ve_gate: the weights of its value embedding's gates, or None; lambdas: (r_attention, p_attention,
-        r_mlp, p_mlp) of the residual lambdas, each sublayer's add r x + p out (the bigram term beside
-        p out, as the reference's), or None: x + out."""
+        ve_gate: the weights of its value embedding's gates, or None; xsa_alpha: its XSA strengths, or None;
+        lambdas: (r_attention, p_attention, r_mlp, p_mlp) of the residual lambdas, each sublayer's add
+        r x + p out (the bigram term beside p out, as the reference's), or None: x + out."""
         x = self.mix_input(x, x0)
         r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
-            y = self.attn(self.ln_1(x), mask, value_embedding, ve_gate)
+            y = self.attn(self.ln_1(x), mask, value_embedding, ve_gate, xsa_alpha)
             if lambdas is None:
                 x = x + (y if bigram is None else y + bigram)
             else:
@@ -921,6 +948,9 @@ class GPT(nn.Module):
         if config.resid_lambdas:
             self.resid_lambdas = nn.Parameter(torch.full((config.num_layers, 2), RESID_LAMBDA_INIT))
             self.post_lambdas = nn.Parameter(torch.ones(config.num_layers, 2))
+        # speedrun with XSA: each head's strength alpha for each XSA layer, in layer order (layer_xsa_alphas)
+        xsa_layers = sum(spec.xsa for spec in config.plan)
+        self.xsa_alpha = nn.Parameter(torch.zeros(xsa_layers, config.num_heads)) if config.xsa else None
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -1018,13 +1048,14 @@ class GPT(nn.Module):
             x = x0 + bigram_terms[0]
         value_embeddings = self.layer_value_embeddings(idx)
         ve_gates = self.layer_ve_gates()
+        xsa_alphas = self.layer_xsa_alphas()
         masks = self.attention_masks(idx) if masks is None else masks
         lambdas = self.sublayer_lambdas(x)
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
             x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer],
-                      lambdas[layer])
+                      xsa_alphas[layer], lambdas[layer])
             outputs.append(x)
         return t.ln_f(x)
 
@@ -1060,6 +1091,12 @@ class GPT(nn.Module):
         rows = iter(self.ve_gates if self.ve_gates is not None else [])
         return [next(rows) if self.ve_gates is not None and spec.value_embedding is not None else None
                 for spec in self.config.plan]
+
+    def layer_xsa_alphas(self):
+        """Each layer's XSA strengths alpha [NH] (a row of xsa_alpha for each XSA layer, in layer order),
+        or None."""
+        rows = iter(self.xsa_alpha if self.xsa_alpha is not None else [])
+        return [next(rows) if self.xsa_alpha is not None and spec.xsa else None for spec in self.config.plan]
 
     def unet_skip(self, spec, x, outputs):
         """The speedrun's U-net, before the layer of `spec` whose input is x: it adds
@@ -1170,9 +1207,10 @@ def params_in_file_order(model):
         bigram, bigram_gates = ([model.bigram.weight], [model.bigram_gates]) if model.config.bigram else ([], [])
         ve_gates = [model.ve_gates] if model.config.ve_gates else []
         lambdas = [model.resid_lambdas, model.post_lambdas] if model.config.resid_lambdas else []
+        xsa = [model.xsa_alpha] if model.config.xsa else []
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
-                + bigram_gates + ve_gates + lambdas)
+                + bigram_gates + ve_gates + lambdas + xsa)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1287,7 +1325,7 @@ def write_checkpoint(model, path, version):
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
     header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
                              | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0)
-                             | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0))
+                             | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0) | (FEATURE_XSA if c.xsa else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1349,18 +1387,18 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS
+    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
-             f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas), and GPT-2 has no rotary "
-             f"({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer version; "
-             f"re-create it")
+             f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA), and "
+             f"GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from "
+             f"a newer version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
                          smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
                          rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
-                         resid_lambdas=features & FEATURE_RESID_LAMBDAS)
+                         resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2393,8 +2431,9 @@ def optimizer_groups(model, args):
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
-        # the scalars' role, as the CUDA trainer's vegate, resid_lambdas and post_lambdas
-        scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas) if q is not None]
+        # the scalars' role, as the CUDA trainer's vegate, resid_lambdas, post_lambdas and xsa_alpha
+        scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas, model.xsa_alpha)
+                         if q is not None]
 
         def scalar(p):
             return p.dim() == 1 or any(p is q for q in scalar_tables)
@@ -2964,7 +3003,7 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
                "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate",
-               "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas"}
+               "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha"}
 
 
 def table_name(parameter_name):
@@ -3196,6 +3235,10 @@ def parse_args(argv=None):
                    "value-embedding gates (each head's share of the value embedding 2 sigmoid of learned weights "
                    "times the first 6 channels of the attention's input and of the embedding; the CUDA trainer's "
                    "-vg); --init_from's checkpoint says whether it has them")
+    a.add_argument("--xsa", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
+                   "exclusive self-attention in its layers 1, 3 and 4 (each head's output less tanh(alpha) times its "
+                   "part along the value it read, alpha learned per layer and head; the CUDA trainer's -xs); "
+                   "--init_from's checkpoint says whether it has it")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3585,10 +3628,10 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas)
+        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas and the size flags")
+                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3601,7 +3644,7 @@ def resolve_config(args):
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
-                       ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas)
+                       ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa)
 
 
 def check_fp8(config, device, flag="--fp8"):

@@ -8,8 +8,8 @@
 //   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
 //   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
-//   kFeatureBigram, kFeatureVeGates; the modern and speedrun's kFeatureRotaryPairs; 0 in files
-//   written before this slot)  [254] [255] checksum kind and CRC-32
+//   kFeatureBigram, kFeatureVeGates, kFeatureXsa; the modern and speedrun's kFeatureRotaryPairs; 0
+//   in files written before this slot)  [254] [255] checksum kind and CRC-32
 //   (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
 // padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
@@ -108,13 +108,14 @@ struct GPT2Config {
   bool rotary_pairs = false;  // the modern or speedrun rotary in record #89's layout (ArchSpec::rotary_pairs; -rp)
   bool ve_gates = false;      // and its value-embedding gates (ArchSpec::ve_gates; -vg)
   bool resid_lambdas = false;  // and its residual and post lambdas (ArchSpec::resid_lambdas; -rl)
+  bool xsa = false;           // and its exclusive self-attention (ArchSpec::xsa; -xs)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
-           resid_lambdas == o.resid_lambdas;
+           resid_lambdas == o.resid_lambdas && xsa == o.xsa;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -127,7 +128,7 @@ struct GPT2Config {
     return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s", prefix, num_layers, num_heads, channels,
                      max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "",
                      rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
-                     resid_lambdas ? " resid-lambdas" : "");
+                     resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "");
   }
 };
 
@@ -234,6 +235,10 @@ struct ArchSpec {
   // -rp, header [9]'s bit 4; the modern and speedrun architectures):
   bool rotary_pairs;       // adjacent pairs (2i, 2i + 1) turn (i < HS/4), dims HS/2 to HS - 1 not, at
                            // positions over the forward's rows as one sequence
+  // Record #89's exclusive self-attention, off in every architecture and set from the config (xsa:
+  // -xs, header [9]'s bit 32; the speedrun's):
+  bool xsa;                // in the plan's XSA layers (LayerSpec::xsa) each head's output y loses
+                           // tanh(alpha_h) times its part along the value v it read, before the gate
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
@@ -246,13 +251,13 @@ constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false, false, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false, false, false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
                                    {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false,
-                                   false, false, false, false, false};
+                                   false, false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
                                      {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true,
-                                     false, false, false, false, false};
+                                     false, false, false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -264,13 +269,14 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.rotary_pairs = c.rotary_pairs;
   a.ve_gates = c.ve_gates;
   a.resid_lambdas = c.resid_lambdas;
+  a.xsa = c.xsa;
   return a;
 }
 
 // The checkpoint header's slot of the config's record #89 features, and their bits.
 constexpr int kFeaturesSlot = 9;
 constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
-constexpr int kFeatureResidLambdas = 16;
+constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
@@ -286,15 +292,18 @@ constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
 //   windows: with a window (-aw), the long one (L) or the short one (S; half the long rounded down
 //     unless given, -aw S/L), also the other architectures' windows at this depth;
 //   value embeddings: the ve[k] the layer's value mix adds (ArchSpec::value_mix), -1 none;
-//   skip sources: the earlier layer whose output the U-net adds to the layer's input, -1 none.
+//   skip sources: the earlier layer whose output the U-net adds to the layer's input, -1 none;
+//   XSA: X where record #89's exclusive self-attention runs (-xs 1), its reference's layers 1, 3,
+//     4 and 7 (layer 7 has no attention here, so none there).
 //                                                0   1   2   3   4   5   6   7   8   9  10  11
 constexpr char kSpeedrunAttention[] =           "AAAAAAA-AAAA";
 constexpr char kSpeedrunWindows[] =             "LSSSLSSLSSSL";
 constexpr int kSpeedrunValueEmbeddings[] =    { 0,  1,  2, -1, -1, -1, -1, -1, -1,  0,  1,  2};
 constexpr int kSpeedrunSkipSources[] =        {-1, -1, -1, -1, -1, -1,  5,  4,  3,  2,  1,  0};
+constexpr char kSpeedrunXsa[] =                 "-X-XX--X----";
 // Its only depth.
 constexpr int kSpeedrunLayers = (int)sizeof(kSpeedrunWindows) - 1;
-static_assert(sizeof(kSpeedrunAttention) - 1 == kSpeedrunLayers &&
+static_assert(sizeof(kSpeedrunAttention) - 1 == kSpeedrunLayers && sizeof(kSpeedrunXsa) - 1 == kSpeedrunLayers &&
                   sizeof(kSpeedrunValueEmbeddings) / sizeof(int) == kSpeedrunLayers &&
                   sizeof(kSpeedrunSkipSources) / sizeof(int) == kSpeedrunLayers,
               "the speedrun's lists give one entry a layer");
@@ -314,6 +323,8 @@ struct LayerSpec {
   int kept;             // its output's slot among those the U-net keeps for later layers
   bool key_offset;      // after the rotary, each key's stationary dims are the previous key's
                         // (record #89's, on its long-window layers: plan_key_offsets)
+  bool xsa;             // record #89's exclusive self-attention runs here (with ArchSpec::xsa)
+  int xsa_slab;         // its slab among the XSA layers (xsa_alpha's rows)
 
   // Its window in blocks among a step's long and short ones (llmc::StepWindows).
   int window_blocks(int long_blocks, int short_blocks) const {
@@ -329,6 +340,7 @@ struct LayerPlan {
   int attention_layers = 0;  // the slabs of the attention tensors
   int value_embeddings = 0;  // the ve tables [Vp, C]
   int value_embedding_layers = 0;  // the layers that add one (ParamStack::kValueEmbeddingLayers)
+  int xsa_layers = 0;        // the layers with XSA (ParamStack::kXsaLayers)
   int skip_weights = 0;
   int kept_outputs = 0;
 
@@ -400,6 +412,8 @@ inline LayerPlan layer_plan(Arch arch, int num_layers) {
     s.skip_source = speedrun ? kSpeedrunSkipSources[l] : -1;
     s.skip_weight = s.skip_source >= 0 ? plan.skip_weights++ : -1;
     s.key_offset = false;
+    s.xsa = speedrun && s.attention && kSpeedrunXsa[l] == 'X';
+    s.xsa_slab = s.xsa ? plan.xsa_layers++ : -1;
   }
   // The outputs a skip reads, kept in layer order; one pass, as a checkpoint's header may give up
   // to kMaxLayers layers.
@@ -500,13 +514,13 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 31;
+constexpr int kNumParamTensors = 32;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
-  kBigramGates, kVegate, kResidLambdas, kPostLambdas,
+  kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -515,9 +529,9 @@ enum ParamIndex {
 enum class ParamRole { kEmbedding, kMatrix, kVector, kHead };
 
 // How a tensor is stacked: one tensor, one slab per layer, one per layer with attention (the
-// attention's tensors: the layers whose LayerSpec::attention is set), or one per layer with a value
-// embedding (LayerSpec::value_embedding).
-enum class ParamStack { kWhole, kLayers, kAttentionLayers, kValueEmbeddingLayers };
+// attention's tensors: the layers whose LayerSpec::attention is set), one per layer with a value
+// embedding (LayerSpec::value_embedding), or one per layer with XSA (LayerSpec::xsa).
+enum class ParamStack { kWhole, kLayers, kAttentionLayers, kValueEmbeddingLayers, kXsaLayers };
 
 struct ParamSpec {
   const char* name;
@@ -547,11 +561,12 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t skips = plan.skip_weights, gate = a.attention_gate ? 1 : 0;
   const size_t value_scales = a.value_mix ? 2 : 0;  // (a, b) in every attention layer
   const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0, ve_gates = a.ve_gates ? 1 : 0;
-  const size_t Lve = plan.value_embedding_layers;
+  const size_t Lve = plan.value_embedding_layers, xsa = a.xsa ? 1 : 0, Lx = plan.xsa_layers;
   const size_t sublayer_lambdas = a.resid_lambdas ? 2 : 0;  // (attention, MLP) in every layer
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
   const ParamStack attention = ParamStack::kAttentionLayers, with_ve = ParamStack::kValueEmbeddingLayers;
+  const ParamStack with_xsa = ParamStack::kXsaLayers;
   ParamSpec t[kNumParamTensors] = {
       {"wte", Vp * C, whole, true, false, R::kEmbedding},
       {"wpe", positions * T * C, whole, true, false, R::kEmbedding},
@@ -585,17 +600,19 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"vegate", ve_gates * Lve * NH * kVeGateWidth, with_ve, false, false, R::kVector},
       {"resid_lambdas", L * sublayer_lambdas, layers, false, false, R::kVector},
       {"post_lambdas", L * sublayer_lambdas, layers, false, false, R::kVector},
+      {"xsa_alpha", xsa * Lx * NH, with_xsa, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
 
 // The layers a tensor is stacked over (ParamStack): L, the attention layers, those with a value
-// embedding, or 1 (kWhole).
+// embedding, those with XSA, or 1 (kWhole).
 inline int param_layers(const LayerPlan& plan, const ParamSpec& s) {
   switch (s.stack) {
     case ParamStack::kWhole: return 1;
     case ParamStack::kAttentionLayers: return plan.attention_layers;
     case ParamStack::kValueEmbeddingLayers: return plan.value_embedding_layers;
+    case ParamStack::kXsaLayers: return plan.xsa_layers;
     case ParamStack::kLayers: break;
   }
   return plan.size();
@@ -608,12 +625,14 @@ inline size_t param_slab_size(const LayerPlan& plan, const ParamSpec& s) {
 
 // Which slab of tensor s layer `layer` reads: its position among the layers s is stacked over; 0
 // for a tensor of kWhole (any layer); -1 where the layer has none (an attention tensor in a layer
-// without attention, a value-embedding gate in a layer without a value embedding).
+// without attention, a value-embedding gate in a layer without a value embedding, an XSA strength in
+// a layer without XSA).
 inline int param_slab(const LayerPlan& plan, const ParamSpec& s, int layer) {
   switch (s.stack) {
     case ParamStack::kWhole: return 0;
     case ParamStack::kAttentionLayers: return plan[layer].attention_slab;
     case ParamStack::kValueEmbeddingLayers: return plan[layer].value_embedding_slab;
+    case ParamStack::kXsaLayers: return plan[layer].xsa_slab;
     case ParamStack::kLayers: break;
   }
   return layer;
@@ -631,7 +650,7 @@ constexpr int kMaxMuonGroups = 16;
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
     kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
-    kResidLambdas, kPostLambdas};
+    kResidLambdas, kPostLambdas, kXsaAlpha};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -712,20 +731,21 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
   }
   const int features = h[kFeaturesSlot];
-  const int speedrun_only = kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas;
+  const int speedrun_only = kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
-              "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas), and GPT-2 "
-              "has no rotary (%d: its pairs): the header is damaged or the file comes from a newer version; "
-              "re-create it", path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates,
-              kFeatureResidLambdas, kFeatureRotaryPairs);
+              "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA), "
+              "and GPT-2 has no rotary (%d: its pairs): the header is damaged or the file comes from a newer "
+              "version; re-create it", path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram,
+              kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
   c.rotary_pairs = (features & kFeatureRotaryPairs) != 0;
   c.ve_gates = (features & kFeatureVeGates) != 0;
   c.resid_lambdas = (features & kFeatureResidLambdas) != 0;
+  c.xsa = (features & kFeatureXsa) != 0;
   return c;
 }
 
@@ -743,7 +763,7 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[8] = (int)c.arch;
   h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
                      (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
-                     (c.resid_lambdas ? kFeatureResidLambdas : 0);
+                     (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1146,7 +1166,7 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
 // zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1), its
-// residual lambdas r sqrt(1.1) and p 1 (with either init).
+// residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero.
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.

@@ -549,7 +549,10 @@ gpu_setup() {
 # model file's header slot 9: adjacent pairs, positions over the batch's rows as one sequence, the
 # Hopper backward's epilogue turning a pair in one thread), alone and with the key offset (its
 # stationary dims then the upper half of each head); and from record #89's init (the model file:
-# the head N(0, 0.005), wte its copy, the value embeddings N(0, 0.01), attprojw drawn).
+# the head N(0, 0.005), wte its copy, the value embeddings N(0, 0.01), attprojw drawn); and with
+# record #89's XSA (the model file's header slot 9: the strengths of layers 1, 3 and 4, nonzero from
+# --debug_noise), at tiny and with heads of 128 (C 256), where the gate takes the flash backward's row
+# dots on the other layers and leaves them to the flash backward on the XSA layers.
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -580,7 +583,9 @@ gpu_against_pytorch() {
               "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1" \
               "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89" \
               "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1" \
-              "speedrun_tiny_resid_lambdas:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --resid_lambdas 1 --smear 1 --bigram 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9"; do
+              "speedrun_tiny_resid_lambdas:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --resid_lambdas 1 --smear 1 --bigram 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9" \
+              "speedrun_tiny_xsa:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1" \
+              "speedrun_h2c256_xsa:--recipe speedrun --model tiny --num_heads 2 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1 --ve_gates 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -879,6 +884,8 @@ gpu_resume() {
   # With its residual lambdas (-rl 1) beside the bigram embedding: their values and AdamW state.
   resume_test ./train_gpt2cu resume_speedrun_resid_lambdas_bf16 -recipe speedrun -rl 1 -bg 1 -b 1 -t 1024 -z 1024 \
     -vt 512
+  # With its XSA (-xs 1): the strengths and their AdamW state, the model from the header.
+  resume_test ./train_gpt2cu resume_speedrun_xsa_bf16 -recipe speedrun -xs 1 -b 1 -t 1024 -z 1024 -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
   # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
   # frequencies and scale of both changes from the plan again.

@@ -16,7 +16,11 @@
 //  - attention_gate_forward/apply/backward: y times sigmoid(W hn[:, :C/64]) per head, head size
 //    128 (C 768 with 6 heads, 256 with 2, 128 with 1: G = 12, 4, 2) and 136 with one head; apply
 //    must give the forward's bits; dy in place over dyg; dhn's gate columns alone (rows G apart)
-//    added by add_columns_inplace with add_inplace's bits.
+//    added by add_columns_inplace with add_inplace's bits;
+//  - xsa_forward/backward (record #89's XSA): y - tanh(alpha_h) (y . v / max(|v|^2, 1e-8)) v per head,
+//    v a qkv row's v columns (rows 3C apart), the reference rounding where the kernel does; a zero
+//    v row and zero heads (the clamp), 6 and 12 heads of 64 and 128; dy in place over dout, dv,
+//    dalpha summed over row blocks.
 // Row counts below, at and above the backward's 256 fixed row blocks, with short and empty blocks;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
@@ -675,6 +679,131 @@ void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
                   Snapshot(sum_columns));
 }
 
+// ---- Record #89's XSA ----
+
+struct XsaCase {
+  int N, NH, C;
+};
+
+// The forward's scalars of one row and head, rounded where the kernel (and train_gpt2.py) round:
+// each product, the dots, the ratio, s and s times the ratio; the sums in double.
+struct XsaHeadRef {
+  double dot, den, coef, s, t;
+  bool clamped;
+};
+
+float to_stored(double x) { return (float)(floatX)(float)x; }
+
+XsaHeadRef xsa_head_ref(const float* y, const float* v, int HS, float alpha) {
+  double yv = 0.0, vv = 0.0;
+  for (int d = 0; d < HS; d++) {
+    yv += to_stored((double)y[d] * v[d]);
+    vv += to_stored((double)v[d] * v[d]);
+  }
+  XsaHeadRef r;
+  r.t = std::tanh((double)alpha);
+  r.s = to_stored(r.t);
+  r.dot = to_stored(yv);
+  const double squares = to_stored(vv), floor = to_stored(kXsaMinSquares);
+  r.clamped = squares < floor;
+  r.den = r.clamped ? floor : squares;
+  r.coef = to_stored(r.s * to_stored(r.dot / r.den));
+  return r;
+}
+
+void test_xsa(const XsaCase& s, llmc::Rng& rng) {
+  const int N = s.N, NH = s.NH, C = s.C, HS = C / NH, ld_v = 3 * C;
+  printf("\nXSA N=%d NH=%d C=%d (head size %d)\n", N, NH, C, HS);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> y = random_stored(rng, n, 0.0f, 1.0f);
+  // v inside a qkv row [N, 3C] (q and k random), columns [2C, 3C): a whole zero row, and head 0 of
+  // every 5th row zero (the clamp of |v|^2).
+  std::vector<float> qkv = random_stored(rng, (size_t)N * ld_v, 0.0f, 1.0f);
+  for (int t = 0; t < N; t++) {
+    for (int c = 0; c < C; c++) {
+      if (t == N / 2 || (t % 5 == 0 && c < HS)) qkv[(size_t)t * ld_v + 2 * C + c] = 0.0f;
+    }
+  }
+  const std::vector<float> alpha = random_stored(rng, NH, 0.0f, 1.0f);
+  DeviceArray<floatX> d_y(y), d_qkv(qkv), d_alpha(alpha), out(n);
+  const floatX* d_v = (floatX*)d_qkv + 2 * C;
+  auto v_at = [&](int t, int c) { return qkv[(size_t)t * ld_v + 2 * C + c]; };
+
+  std::vector<XsaHeadRef> heads((size_t)N * NH);
+  std::vector<float> ref_out(n);
+  std::vector<float> vrow(HS);
+  for (int t = 0; t < N; t++) {
+    for (int h = 0; h < NH; h++) {
+      for (int d = 0; d < HS; d++) vrow[d] = v_at(t, h * HS + d);
+      const XsaHeadRef r = xsa_head_ref(&y[(size_t)t * C + h * HS], vrow.data(), HS, alpha[h]);
+      heads[(size_t)t * NH + h] = r;
+      for (int d = 0; d < HS; d++) {
+        ref_out[(size_t)t * C + h * HS + d] = (float)(y[(size_t)t * C + h * HS + d] - to_stored(r.coef * vrow[d]));
+      }
+    }
+  }
+  auto forward = [&] {
+    out.poison();
+    xsa_forward(out, d_y, d_v, ld_v, d_alpha, N, NH, C, 0);
+  };
+  forward();
+  const std::vector<float> got_out = out.download();
+  check_close("forward out", got_out, ref_out, kTolStore);
+  std::vector<float> zero_row_out(got_out.begin() + (size_t)(N / 2) * C, got_out.begin() + (size_t)(N / 2 + 1) * C);
+  check_close("forward out = y where v is zero (the clamp)", zero_row_out,
+              std::vector<float>(y.begin() + (size_t)(N / 2) * C, y.begin() + (size_t)(N / 2 + 1) * C), 0.0f);
+  const Snapshot forward_bits(out);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(out));
+
+  // Backward from the forward's scalars: dy = g - a v, dv = -coef g - a y + b v (b 0 where clamped),
+  // a = s (g . v) / den, b = 2 s (g . v) dot / den^2, dalpha += -(dot / den) (g . v) (1 - t^2).
+  const std::vector<float> g = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dalpha0 = random_stored(rng, NH, 0.0f, 1.0f);
+  std::vector<float> ref_dy(n), ref_dv(n);
+  std::vector<double> dalpha_sum(NH, 0.0);
+  for (int t = 0; t < N; t++) {
+    for (int h = 0; h < NH; h++) {
+      const XsaHeadRef& r = heads[(size_t)t * NH + h];
+      const size_t base = (size_t)t * C + h * HS;
+      double gv = 0.0;
+      for (int d = 0; d < HS; d++) gv += (double)g[base + d] * v_at(t, h * HS + d);
+      const double a = r.s * gv / r.den, b = r.clamped ? 0.0 : 2.0 * r.s * gv * r.dot / (r.den * r.den);
+      for (int d = 0; d < HS; d++) {
+        const double vd = v_at(t, h * HS + d);
+        ref_dy[base + d] = (float)(g[base + d] - a * vd);
+        ref_dv[base + d] = (float)(-r.coef * g[base + d] - a * y[base + d] + b * vd);
+      }
+      dalpha_sum[h] += -(r.dot / r.den) * gv * (1.0 - r.t * r.t);
+    }
+  }
+  std::vector<float> ref_dalpha(NH);
+  for (int h = 0; h < NH; h++) ref_dalpha[h] = (float)(dalpha0[h] + dalpha_sum[h]);
+
+  DeviceArray<floatX> d_g(g), dy(n), dv(n), dalpha(NH);
+  DeviceArray<float> partials(xsa_backward_partials(NH));
+  const uint32_t seed = rng.u32();
+  // in_place: dy is dout's own memory (d_g holds g again first).
+  auto backward = [&](bool in_place) {
+    d_g.upload(g);
+    dy.poison();
+    dv.poison();
+    dalpha.upload(dalpha0);
+    partials.poison();
+    xsa_backward(in_place ? (floatX*)d_g : (floatX*)dy, dv, dalpha, partials, d_g, d_y, d_v, ld_v, d_alpha, N, NH, C,
+                 seed, 0);
+  };
+  backward(false);
+  check_close("backward dy", dy.download(), ref_dy, kTolStore);
+  check_close("backward dv", dv.download(), ref_dv, kTolStore);
+  check_close("backward dalpha", dalpha.download(), ref_dalpha, kTolSum);
+  const Snapshot backward_bits(dy, dv, dalpha);
+  backward(false);
+  check_same_bits("backward twice", backward_bits, Snapshot(dy, dv, dalpha));
+  backward(true);
+  check_same_bits("backward dy in place over dout", backward_bits, Snapshot(d_g, dv, dalpha));
+}
+
 // Shapes the kernels cannot take are refused with a message naming them.
 void test_bad_shapes() {
   DeviceArray<floatX> a(3 * 768), b(3 * 768);
@@ -712,6 +841,13 @@ void test_bad_shapes() {
   testing::check_throws(
       [&] { attention_gate_backward(a, b, 2, b, partials, a, b, g, b, b, 8, 1, 136, 1, 0, AttentionRowDots{dots, 8}); },
       "row dots", "attention_gate_backward's row dots at head size 136 (a row's pieces not whole warps)");
+  testing::check_throws([&] { xsa_forward(a, b, b, 768, b, 1, 5, 768, 0); }, "head size",
+                        "xsa_forward with 5 heads of 768 channels");
+  testing::check_throws([&] { xsa_forward(a, b, a, 768, b, 1, 6, 768, 0); }, "out must not",
+                        "xsa_forward writing over v");
+  DeviceArray<float> xsa_partials(xsa_backward_partials(6));
+  testing::check_throws([&] { xsa_backward(a, a, b, xsa_partials, b, b, b, 2304, b, 1, 6, 768, 1, 0); }, "dv apart",
+                        "xsa_backward with dv over dy");
 }
 
 void run() {
@@ -743,6 +879,13 @@ void run() {
   test_attention_gate({1001, 2, 256}, rng);  // G = 4
   test_attention_gate({37, 1, 128}, rng);    // tiny: one head, G = 2
   test_attention_gate({7, 1, 136}, rng);     // head size 136: 17 pieces, G = 2
+
+  test_xsa({4 * 64 + 1, 6, 768}, rng);  // d12: 6 heads of 128; one row per backward block, one more
+  test_xsa({3999, 6, 768}, rng);        // 16 rows per block: each warp two, some one
+  test_xsa({1001, 12, 768}, rng);       // 12 heads of 64
+  test_xsa({37, 2, 128}, rng);          // tiny: 2 heads of 64; most blocks empty
+  test_xsa({301, 6, 384}, rng);         // 6 heads of 64, 48 pieces a row: a warp and a half
+  test_xsa({513, 12, 1536}, rng);       // 12 heads of 128
   test_bad_shapes();
 }
 

@@ -690,6 +690,12 @@ fi
 if has_flag -rl; then
   expect "-rl 1 without the speedrun" "^error: -rl 1 scales the speedrun's residual adds, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -rl\$" \
     -rl 1
+# --- -xs, record #89's XSA: the speedrun's (before the GPU)
+if has_flag -xs; then
+  expect "-xs 1 without the speedrun" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
+    -xs 1
+  expect "-xs 1 with -recipe modern" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe modern is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
+    -recipe modern -xs 1
 fi
 # --- -yn, record #89's YaRN: the rotary's, over a stage plan whose every stage has a window (before the GPU)
 if has_flag -yn; then
@@ -824,6 +830,7 @@ if ! has_flag -recipe; then
   expect "-pd 1 on the CPU trainer" "-pd $cuda_flag_error" -pd 1
   expect "-vg 1 on the CPU trainer" "-vg $cuda_flag_error" -vg 1
   expect "-rl 1 on the CPU trainer" "-rl $cuda_flag_error" -rl 1
+  expect "-xs 1 on the CPU trainer" "-xs $cuda_flag_error" -xs 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

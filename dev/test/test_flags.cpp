@@ -537,6 +537,13 @@ void test_adam_rows() {
                     post.weight_decay == 0.0f,
                 llmc::strformat("-ar resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9: rates %g and %g (the scalars' "
                                 "%g), betas 0.9 %g, no decay", resid.lr, post.lr, scalars.lr, resid.beta2));
+  // Record #89's XSA strengths (-xs 1): AdamW's, the scalars' own row where -ar names none.
+  const llmc::RoleOptimizer& strengths = table.of_tensor(llmc::kXsaAlpha);
+  check_verbose(strengths.method == llmc::OptimizerKind::kAdamW && strengths.lr == scalars.lr &&
+                    strengths.beta1 == scalars.beta1 && strengths.beta2 == scalars.beta2 &&
+                    strengths.weight_decay == scalars.weight_decay,
+                llmc::strformat("-recipe speedrun: xsa_alpha's AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
+                                strengths.lr, strengths.beta1, strengths.beta2, strengths.weight_decay));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings

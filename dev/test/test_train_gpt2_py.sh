@@ -838,6 +838,76 @@ print(f"r x + p out by hand and d r = sum x dy, d p = sum out dy within {max(err
 EOF
 MAKEFLAGS= ${MAKE:-make} -s build/test_utils
 build/test_utils --init "$WORK/resid_lambdas_init.bin" 5 0
+check "--xsa: XSA by hand, its gradients against autograd's; the plan's layers, file order, header, groups" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", xsa=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert model.xsa_alpha.shape == (3, 2) and not model.xsa_alpha.any(), "the strengths start at zero"
+tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
+assert model.xsa_alpha.all(), "the debug state's noise reaches every strength"
+layers = [layer for layer, spec in enumerate(config.plan) if spec.xsa]
+alphas = model.layer_xsa_alphas()
+assert layers == [1, 3, 4] and [a is not None for a in alphas] == [l in layers for l in range(12)], layers
+assert all(torch.equal(alphas[layer], model.xsa_alpha[row]) for row, layer in enumerate(layers))
+# By hand: y - tanh(alpha_h) (y . v / max(|v|^2, 1e-8)) v, head by head; head 1 of row (1, 2) has v = 0.
+y, v, alpha = torch.randn(2, 3, 2, 64), torch.randn(2, 3, 2, 64), torch.tensor([0.7, -1.3])
+v[1, 2, 1] = 0
+got = tg.exclusive_self_attention(y, v, alpha)
+want = torch.empty_like(y)
+for b in range(2):
+    for t in range(3):
+        for h in range(2):
+            yh, vh = y[b, t, h], v[b, t, h]
+            want[b, t, h] = yh - torch.tanh(alpha[h]) * (yh @ vh) / max((vh @ vh).item(), 1e-8) * vh
+error = (got - want).abs().max().item()
+assert error < 1e-5 and torch.equal(got[1, 2, 1], y[1, 2, 1]), error
+assert tg.exclusive_self_attention(y, v, None) is y
+low = tg.exclusive_self_attention(y.bfloat16(), v.bfloat16(), alpha)
+assert low.dtype == torch.bfloat16, "in y's dtype, as the reference's BF16 tensors"
+# The gradients autograd takes, in float64, against the formulas the CUDA kernels compute.
+yd, vd, ad = y.double().requires_grad_(), v.double().requires_grad_(), alpha.double().requires_grad_()
+out = tg.exclusive_self_attention(yd, vd, ad)
+g = torch.randn_like(out)
+out.backward(g)
+y64, v64, s, t = yd.detach(), vd.detach(), torch.tanh(ad.detach()).view(1, 1, 2, 1), torch.tanh(ad.detach())
+dot, squares = (y64 * v64).sum(-1, keepdim=True), (v64 * v64).sum(-1, keepdim=True)
+den = squares.clamp_min(1e-8)
+gv = (g * v64).sum(-1, keepdim=True)
+a = s * gv / den
+b = torch.where(squares < 1e-8, torch.zeros_like(den), 2 * s * gv * dot / den ** 2)
+want_dy = g - a * v64
+want_dv = -s * dot / den * g - a * y64 + b * v64
+want_dalpha = (-(dot / den) * gv).sum((0, 1, 3)) * (1 - t * t)
+grad_errors = [(got_grad - ref).abs().max().item() for got_grad, ref in
+               [(yd.grad, want_dy), (vd.grad, want_dv), (ad.grad, want_dalpha)]]
+assert max(grad_errors) < 1e-10, grad_errors
+# The whole model: each strength has a gradient; the file, its header and the optimizer's groups.
+idx, targets = torch.randint(0, 512, (2, 6)), torch.randint(0, 512, (2, 6))
+model(idx, targets)[1].backward()
+assert model.xsa_alpha.grad.abs().min() > 0, model.xsa_alpha.grad
+path = f"{os.environ['WORK']}/xsa.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_XSA == 32 and back.config.xsa and not back.config.ve_gates
+assert torch.equal(back.xsa_alpha, model.xsa_alpha)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+every = tg.GPT(tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True, bigram=True,
+                              ve_gates=True, xsa=True))
+names = {id(p): tg.table_name(name) for name, p in every.named_parameters()}
+order = list(dict.fromkeys(names[id(p)] for p in tg.params_in_file_order(every)))
+assert order == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "bigram", "attngate", "skipw", "lambdas",
+                 "value_scales", "smearw", "smear_lambda", "bigram_gates", "vegate", "xsa_alpha"], order
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x", "--device", "cpu"])
+tg.settle_arch(args, tg.resolve_config(args))
+groups = tg.optimizer_groups(every, args)
+scalar_group, = [group for _, group in groups if any(p is every.xsa_alpha for p in group["params"])]
+assert any(p is every.skip_weights for p in scalar_group["params"]), "the strengths go with the scalars"
+print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dalpha within "
+      f"{max(grad_errors):.1e} of autograd's; layers {layers}; header slot {tg.FEATURES_SLOT} "
+      f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
+EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -1269,6 +1339,7 @@ expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}
   --write_debug_state "$WORK/bigram_gpt2"
 expect_error "the value-embedding gates (record #89's) are the speedrun's" "${TINY[@]}" --ve_gates 1 \
   --write_debug_state "$WORK/ve_gates_gpt2"
+expect_error "XSA (record #89's) is the speedrun's" "${TINY[@]}" --xsa 1 --write_debug_state "$WORK/xsa_gpt2"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
   "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
 expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \

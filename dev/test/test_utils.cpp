@@ -277,14 +277,15 @@ void test_speedrun_table() {
   // The speedrun's in the order they joined the table (the bigram table since placed after ve).
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
                         llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate,
-                        llmc::kResidLambdas, llmc::kPostLambdas};
-  for (int k = 0; k < 12; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha};
+  for (int k = 0; k < 13; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-46 in the order they joined (bigram %d, bigram_gates %d, vegate %d), no "
-                                "two alike", llmc::param_seed_index(llmc::kBigram),
-                                llmc::param_seed_index(llmc::kBigramGates), llmc::param_seed_index(llmc::kVegate)));
+                                "speedrun's 35-47 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
+                                "xsa_alpha %d), no two alike", llmc::param_seed_index(llmc::kBigram),
+                                llmc::param_seed_index(llmc::kBigramGates), llmc::param_seed_index(llmc::kVegate),
+                                llmc::param_seed_index(llmc::kXsaAlpha)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -468,6 +469,75 @@ void test_resid_lambdas_table() {
   }
 }
 
+// Record #89's XSA (-xs 1): xsa_alpha [3, NH], a row for each XSA layer (1, 3, 4: the reference's 1,
+// 3, 4 and 7, ours 7 without attention) in layer order, the scalars' role, last in the table, zero at
+// init, its rounding seed after post_lambdas'; every other tensor where it was without it; header slot 9's
+// bit 32. At tiny and d12, alone and with the smear, the bigram embedding and the value-embedding gates
+// (-sm 1 -bg 1 -vg 1).
+void test_xsa_table() {
+  for (const char* preset : {"tiny", "d12"}) {
+    for (bool others : {false, true}) {
+      llmc::GPT2Config c;
+      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      c.smear = c.bigram = c.ve_gates = others;
+      size_t before[llmc::kNumParamTensors], offsets[llmc::kNumParamTensors];
+      llmc::param_offsets(c, before);
+      const size_t without = llmc::num_parameters(c), rows = 3, NH = c.num_heads, size = rows * NH;
+      c.xsa = true;
+      llmc::ParamSpec t[llmc::kNumParamTensors];
+      llmc::param_table(c, t);
+      llmc::param_offsets(c, offsets);
+      bool kept = true;
+      for (int i = 0; i < llmc::kXsaAlpha; i++) kept = kept && offsets[i] == before[i];
+      std::string order;
+      for (int i = 0; i < llmc::kNumParamTensors; i++) {
+        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
+      }
+      const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve ") + (others ? "bigram " : "") +
+                               "attngate skipw lambdas value_scales " +
+                               (others ? "smearw smear_lambda bigram_gates vegate " : "") + "xsa_alpha";
+      const llmc::ParamSpec& x = t[llmc::kXsaAlpha];
+      const llmc::LayerPlan plan = llmc::layer_plan(c);
+      const int slabs[] = {-1, 0, -1, 1, 2, -1, -1, -1, -1, -1, -1, -1};
+      bool slabs_ok = plan.xsa_layers == 3 && llmc::param_slab_size(plan, x) == NH;
+      for (int l = 0; l < 12; l++) {
+        slabs_ok = slabs_ok && llmc::param_slab(plan, x, l) == slabs[l] && plan[l].xsa == (slabs[l] >= 0);
+      }
+      check_verbose(kept && order == want && x.size == size && offsets[llmc::kXsaAlpha] == without &&
+                        llmc::num_parameters(c) == without + size && x.role == llmc::ParamRole::kVector &&
+                        x.stack == llmc::ParamStack::kXsaLayers && slabs_ok &&
+                        llmc::param_seed_index(llmc::kXsaAlpha) == llmc::param_seed_index(llmc::kPostLambdas) + 1,
+                    llmc::strformat("speedrun %s%s -xs 1: xsa_alpha [3, %zu] at %zu (%zu parameters before it), "
+                                    "slabs 0-2 in layers 1, 3, 4, seed %d after post_lambdas', every other offset kept; "
+                                    "tensors %s", preset, others ? " -sm 1 -bg 1 -vg 1" : "", NH,
+                                    offsets[llmc::kXsaAlpha], without, llmc::param_seed_index(llmc::kXsaAlpha),
+                                    order.c_str()));
+      int h[llmc::kHeaderInts];
+      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+      const int features =
+          llmc::kFeatureXsa | (others ? llmc::kFeatureSmear | llmc::kFeatureBigram | llmc::kFeatureVeGates : 0);
+      check(h[llmc::kFeaturesSlot] == features && llmc::config_from_header(h, "xsa.bin") == c,
+            llmc::strformat("speedrun %s%s -xs 1: header slot 9 holds %d and reads back the same config", preset,
+                            others ? " -sm 1 -bg 1 -vg 1" : "", features));
+      if (std::string(preset) != "tiny") continue;  // the init's draws: at tiny
+      const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+      c.xsa = false;
+      const std::vector<float> plain = llmc::init_params_from_seed(c, 3);
+      check(init.size() == plain.size() + size && std::equal(plain.begin(), plain.end(), init.begin()) &&
+                std::all_of(init.begin() + without, init.end(), [](float v) { return v == 0.0f; }),
+            llmc::strformat("speedrun tiny%s -xs 1: the strengths zero at init, every other value as without them",
+                            others ? " -sm 1 -bg 1 -vg 1" : ""));
+    }
+  }
+  llmc::GPT2Config modern;
+  llmc::config_from_preset("tiny", &modern, llmc::Arch::kModern);
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(modern, llmc::kCheckpointVersionBF16, h);
+  h[llmc::kFeaturesSlot] = llmc::kFeatureXsa;
+  check_throws([&] { llmc::config_from_header(h, "xsa.bin"); }, "slot 9 holds features 32",
+               "a modern model's header naming XSA is refused");
+}
+
 // Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
 // after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
 // refused where it names a feature that is not there or an architecture without any.
@@ -497,8 +567,9 @@ void test_smear_table() {
   test_bigram_alignment();
   test_ve_gate_table();
   test_resid_lambdas_table();
-  h[llmc::kFeaturesSlot] = 32;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 32",
+  test_xsa_table();
+  h[llmc::kFeaturesSlot] = 64;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 64",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
