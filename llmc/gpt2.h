@@ -125,7 +125,7 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s", prefix, num_layers, num_heads, channels,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s", prefix, num_layers, num_heads, channels,
                      max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "",
                      rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
                      resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "");
