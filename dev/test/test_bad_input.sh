@@ -649,15 +649,21 @@ if has_flag -mq; then
   expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
     -opt muon -mq 3
 fi
-# --- -sm, -bg and -vg, record #89's smear, bigram embedding and value-embedding gates: the speedrun's
-# (before the GPU)
-if has_flag -sm; then
-  expect "-sm 1 without the speedrun" "^error: -sm 1 smears the speedrun's embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -sm\$" \
-    -sm 1
-fi
-if has_flag -bg; then
-  expect "-bg 1 without the speedrun" "^error: -bg 1 gives the speedrun a bigram embedding, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -bg\$" \
-    -bg 1
+# --- -sm, -bg, -vg, -rl and -xs, record #89's smear, bigram embedding, value-embedding gates, residual
+# lambdas and XSA: the speedrun's (before the GPU)
+speedrun_only() {  # FLAG WHAT: FLAG 1 under -recipe gpt2 is refused, saying FLAG 1 WHAT
+  has_flag "$1" || return 0
+  expect "$1 1 without the speedrun" "^error: $1 1 $2, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop $1\$" \
+    "$1" 1
+}
+speedrun_only -sm "smears the speedrun's embedding"
+speedrun_only -bg "gives the speedrun a bigram embedding"
+speedrun_only -vg "gates the speedrun's value embeddings"
+speedrun_only -rl "scales the speedrun's residual adds"
+speedrun_only -xs "gives the speedrun's attention XSA"
+if has_flag -xs; then
+  expect "-xs 1 with -recipe modern" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe modern is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
+    -recipe modern -xs 1
 fi
 # --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
 if has_flag -rp; then
@@ -680,22 +686,6 @@ if has_flag -ri; then
     -recipe speedrun -ri 28
   expect "-ri with a model file" "^error: -ri 89 initialises a preset's model from the seed, and -e $DIR/model.bin is a model file, which holds the parameters: drop -ri\$" \
     -recipe speedrun -ri 89 -e "$DIR/model.bin"
-fi
-# --- -vg, record #89's value-embedding gates: the speedrun's (before the GPU)
-if has_flag -vg; then
-  expect "-vg 1 without the speedrun" "^error: -vg 1 gates the speedrun's value embeddings, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -vg\$" \
-    -vg 1
-fi
-# --- -rl, record #89's residual and post lambdas: the speedrun's (before the GPU)
-if has_flag -rl; then
-  expect "-rl 1 without the speedrun" "^error: -rl 1 scales the speedrun's residual adds, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -rl\$" \
-    -rl 1
-# --- -xs, record #89's XSA: the speedrun's (before the GPU)
-if has_flag -xs; then
-  expect "-xs 1 without the speedrun" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
-    -xs 1
-  expect "-xs 1 with -recipe modern" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe modern is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
-    -recipe modern -xs 1
 fi
 # --- -yn, record #89's YaRN: the rotary's, over a stage plan whose every stage has a window (before the GPU)
 if has_flag -yn; then
