@@ -1,6 +1,6 @@
 // One full training step inside NVTX ranges, for nsys and ncu:
 //   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern|speedrun]
-//                    [-aw N] [-fh 0|1] [-i SHARDS]
+//                    [-aw N] [-fh 0|1] [-i SHARDS] [-f89 sm,bg,rp,ko,vg,rl,xs]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // A model initialised from a seed; prints the time of each phase. The tokens are random, or with -i
 // the first B x T of those shards (contiguous): real text's frequent tokens and documents change
@@ -8,7 +8,8 @@
 // documents (speedrun) attends within them and a window of -aw N blocks (0: every earlier block);
 // random tokens hold few document starts, so the window sets the attention's work. The head's
 // products are the recipe's (FP8 for the speedrun, where the build and the GPU have it) unless -fh
-// says otherwise, as in train_gpt2cu.
+// says otherwise, as in train_gpt2cu. -f89 gives the model record #89's parts of those names, as
+// train_gpt2cu's flags of them (-sm 1, -bg 1, -rp 1, -ko 1, -vg 1, -rl 1, -xs 1).
 #define TESTING
 #include "train_gpt2.cu"
 
@@ -26,9 +27,29 @@ void profile_tokens(const std::string& data, int B, int T, int vocab_size, int* 
   }
 }
 
+// -f89's list: record #89's parts, each a model feature of the config but the key offset (a setting
+// of the plan, *key_offset).
+void apply_record89_parts(const std::string& list, llmc::GPT2Config* c, bool* key_offset) {
+  const std::pair<const char*, bool*> parts[] = {{"sm", &c->smear},        {"bg", &c->bigram},
+                                                 {"rp", &c->rotary_pairs}, {"ko", key_offset},
+                                                 {"vg", &c->ve_gates},     {"rl", &c->resid_lambdas},
+                                                 {"xs", &c->xsa}};
+  for (size_t at = 0; at < list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    at = end + 1;
+    const auto part = std::find_if(std::begin(parts), std::end(parts), [&](const auto& p) { return name == p.first; });
+    if (part == std::end(parts)) {
+      LLMC_FAIL("-f89 %s: no part '%s'; name some of sm, bg, rp, ko, vg, rl, xs, apart by commas", list.c_str(),
+                name.c_str());
+    }
+    *part->second = true;
+  }
+}
+
 int profile_main(int argc, char** argv) {
   int B = 8, T = 1024, layers = -1, fp8 = 0, window = 0;
-  std::string preset = "d12", recipe_name = "gpt2", data, fp8_head;  // fp8_head "": the recipe's
+  std::string preset = "d12", recipe_name = "gpt2", data, fp8_head, parts89;  // fp8_head "": the recipe's
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "-b") B = atoi(argv[i + 1]);
@@ -40,8 +61,9 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-aw") window = atoi(argv[i + 1]);
     else if (flag == "-fh") fp8_head = argv[i + 1];
     else if (flag == "-i") data = argv[i + 1];
+    else if (flag == "-f89") parts89 = argv[i + 1];
     else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe "
-                   "gpt2|modern|speedrun, -aw N, -fh 0|1, -i SHARDS", flag.c_str());
+                   "gpt2|modern|speedrun, -aw N, -fh 0|1, -i SHARDS, -f89 PARTS", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
@@ -50,6 +72,10 @@ int profile_main(int argc, char** argv) {
   REQUIRE(llmc::config_from_preset(preset, &config, recipe.arch), "-e %s: not a preset (d12 d24 d36 d48 tiny)",
           preset.c_str());
   if (layers > 0) config.num_layers = layers;
+  bool key_offset = false;
+  apply_record89_parts(parts89, &config, &key_offset);
+  REQUIRE(parts89.empty() || recipe.arch == llmc::Arch::kSpeedrun, "-f89 %s: record #89's parts are the "
+          "speedrun's: give -recipe speedrun", parts89.c_str());
   REQUIRE(B > 0 && T > 0 && T <= config.max_seq_len, "need B > 0 and 0 < T <= %d", config.max_seq_len);
   const AttentionSpec attention = {recipe.documents != 0, window};
   REQUIRE(window >= 0 && (window == 0 || attention.documents), "-aw %d: a window of N >= 0 blocks, with a "
@@ -67,6 +93,7 @@ int profile_main(int argc, char** argv) {
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon()}, 42);
+  if (key_offset) gpt2_set_key_offset(m);
   gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention, head_in_fp8);
   if (attention.documents) gpt2_set_window(m, llmc::step_windows(window));
   cudaEvent_t events[5];

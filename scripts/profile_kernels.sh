@@ -7,7 +7,8 @@
 # floor. Two modes side by side: profile each into its own OUTDIR, then
 # dev/cuda/kernel_table.py A/kernels.csv B/kernels.csv --labels A,B.
 # usage: scripts/profile_kernels.sh OUTDIR [--memory] [profile_gpt2cu flags: -b B -t T -e preset
-#                                           -l layers -fp8 1|2 -recipe NAME -aw N -fh 0|1 -i SHARDS]
+#                                           -l layers -fp8 1|2 -recipe NAME -aw N -fh 0|1 -i SHARDS
+#                                           -f89 PARTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
@@ -16,7 +17,7 @@ fail() {
   exit 1
 }
 [ $# -ge 1 ] && [ "${1:0:1}" != - ] ||
-  fail "usage: scripts/profile_kernels.sh OUTDIR [--memory] [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2] [-recipe NAME] [-aw N] [-fh 0|1] [-i SHARDS]"
+  fail "usage: scripts/profile_kernels.sh OUTDIR [--memory] [-b B] [-t T] [-e preset] [-l layers] [-fp8 1|2] [-recipe NAME] [-aw N] [-fh 0|1] [-i SHARDS] [-f89 PARTS]"
 out=$1
 shift
 metrics=gpu__time_duration.sum
