@@ -1119,25 +1119,41 @@ void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const 
   encoder_backward(dtable, nullptr, plan, scratch, 1, N, C, seed, stream);
 }
 
-// ---- The bigram embedding's gated adds into the residual stream ----
-// out [N, C] = in + (g b), b the bigram embedding [N, C], g a gate on the device: the product
-// rounded on its own, then the sum (the reference's two steps); out may be in (the attention's
-// output in place). With record #89's residual lambdas out = p in + (g b), p the attention's post
-// lambda, rounded once (the bigram term beside p's product, as the reference adds it). Backward: db += g dout (each value's sum rounded; db accumulates the layers'
-// parts), dg += the sum of dout . b over the rows, by row blocks (section 2): deterministic. Floor:
-// forward reads 2NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+// ---- The gated adds into the residual stream: record #89's bigram embedding and x0 ----
+// out [N, C] = in + (g t) + (g' t'), each term t [N, C] (the bigram embedding b, record #89's plan's
+// x0) times its gate g, one value on the device: each product rounded on its own, then the sum (the
+// reference's steps; the x0 term first, then the bigram's); out may be in (the attention's output
+// in place). With record #89's residual lambdas out = p in + (g t) + ..., p the attention's post
+// lambda, rounded once (the terms beside p's product, as the reference adds them). Backward of a
+// term: dt += g dout (each value's sum rounded; dt accumulates the layers' parts), dg += the sum of
+// dout . t over the rows, by row blocks (section 2): deterministic. Floor: forward reads (1 +
+// terms) NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
 constexpr int kBigramGateThreads = 256;
 
-__global__ void bigram_gate_forward_kernel(floatX* out, const floatX* in, const floatX* in_scale,
-                                           const floatX* bigram, const floatX* gate, size_t n) {
+// A gated term g t of the sum; none where values is null.
+struct GatedTerm {
+  const floatX* values = nullptr;
+  const floatX* gate = nullptr;
+};
+
+// v plus the term's value k of its 16 bytes `loaded` (unread without the term).
+__device__ __forceinline__ float gated_term_add(float v, const GatedTerm& t, const x128& loaded, int k) {
+  return t.values ? v + (float)(floatX)__fmul_rn((float)t.gate[0], (float)loaded[k]) : v;
+}
+
+__global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first,
+                                           GatedTerm second, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
-  const float g = (float)gate[0], p = in_scale ? (float)in_scale[0] : 1.0f;
-  const x128 x = load128(in + i), b = load128(bigram + i);
+  const float p = in_scale ? (float)in_scale[0] : 1.0f;
+  const x128 x = load128(in + i);
+  x128 a, b;
+  if (first.values) a = load128(first.values + i);
+  if (second.values) b = load128(second.values + i);
   x128 o;
   for (int k = 0; k < x128::size; k++) {
     const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
-    o[k] = (floatX)(v + (float)(floatX)__fmul_rn(g, (float)b[k]));
+    o[k] = (floatX)gated_term_add(gated_term_add(v, first, a, k), second, b, k);
   }
   store128(out + i, o);
 }
@@ -1161,27 +1177,81 @@ __global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, co
   row_block_sums_store(partials, sums);
 }
 
-// out = in + gate * bigram (above), [N, C]; gate one value on the device; in_scale (one value on the
-// device, or null): out = in_scale * in + gate * bigram.
-void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
-                         cudaStream_t stream, const floatX* in_scale = nullptr) {
-  bigram_check("bigram_gate_forward", N, C);
+// out = in + (first) + (second) (above), [N, C]; in_scale (one value on the device, or null): out =
+// in_scale * in + ...
+void gated_terms_forward(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first, GatedTerm second,
+                         int N, int C, cudaStream_t stream) {
+  bigram_check("gated_terms_forward", N, C);
   const size_t n = (size_t)N * C;
-  bigram_gate_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
-      out, in, in_scale, bigram, gate, n);
+  gated_terms_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
+      out, in, in_scale, first, second, n);
   cudaCheckLaunch();
 }
 
-// From dout, the gradient of bigram_gate_forward's out: dbigram += gate dout, and dgate += the sum
-// of dout . bigram (stochastic rounding from seed); partials: kRowBlocks floats.
-void bigram_gate_backward(floatX* dbigram, floatX* dgate, float* partials, const floatX* dout, const floatX* bigram,
-                          const floatX* gate, int N, int C, uint32_t seed, cudaStream_t stream) {
+// out = in + gate * bigram, or in_scale * in + gate * bigram (gated_terms_forward's one term).
+void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
+                         cudaStream_t stream, const floatX* in_scale = nullptr) {
+  gated_terms_forward(out, in, in_scale, {bigram, gate}, {}, N, C, stream);
+}
+
+// The rows' part of a term's backward: dbigram += gate dout, and each row block's sum of dout . bigram
+// into partials (kRowBlocks floats), for a finalize to add up.
+void gated_term_rows_backward(floatX* dbigram, float* partials, const floatX* dout, const floatX* bigram,
+                              const floatX* gate, int N, int C, cudaStream_t stream) {
   bigram_check("bigram_gate_backward", N, C);
   REQUIRE(dbigram != dout, "bigram_gate_backward: dbigram must be apart from dout");
   bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dbigram, partials, dout, bigram, gate,
                                                                              N, C);
   cudaCheckLaunch();
+}
+
+// From dout, the gradient of a term's part of gated_terms_forward's out (the bigram embedding's, or
+// x0's): dbigram += gate dout, and dgate += the sum of dout . bigram (stochastic rounding from seed);
+// partials: kRowBlocks floats.
+void bigram_gate_backward(floatX* dbigram, floatX* dgate, float* partials, const floatX* dout, const floatX* bigram,
+                          const floatX* gate, int N, int C, uint32_t seed, cudaStream_t stream) {
+  gated_term_rows_backward(dbigram, partials, dout, bigram, gate, N, C, stream);
   column_sum_finalize(dgate, partials, 1, 1, kRowBlocks, seed, stream);
+}
+
+// ---- Record #89's gated skip: x + s kept, s = sigmoid(skip_lambda) g from skip_gate's two values
+// (skip_lambda, g), each step rounded as the reference's BF16 tensors are; the add itself is a
+// residual add with scales (section 4's, p = s). Backward: dkept += s dx (gated_term_rows_backward),
+// and from S, the sum of dx . kept: d skip_lambda = g sig (1 - sig) S and dg = sig S, sig the rounded
+// sigmoid. One thread each: two values.
+
+__device__ __forceinline__ float skip_sigmoid(const floatX* skip_gate) {
+  return (float)(floatX)(1.0f / (1.0f + expf(-(float)skip_gate[0])));
+}
+
+__global__ void gated_skip_scale_kernel(floatX* scale, const floatX* skip_gate) {
+  scale[0] = (floatX)(skip_sigmoid(skip_gate) * (float)skip_gate[1]);
+}
+
+// dskip_gate[0..1] += the gradients from the kRowBlocks partial sums S, added in block order.
+__global__ void gated_skip_gradient_kernel(floatX* dskip_gate, const float* partials, const floatX* skip_gate,
+                                           uint32_t seed) {
+  float S = 0.0f;
+  for (int b = 0; b < kRowBlocks; b++) S += partials[b];
+  const float sig = skip_sigmoid(skip_gate), g = (float)skip_gate[1];
+  dskip_gate[0] = round_stochastic((float)dskip_gate[0] + g * sig * (1.0f - sig) * S, seed, 0);
+  dskip_gate[1] = round_stochastic((float)dskip_gate[1] + sig * S, seed, 1);
+}
+
+// scale = sigmoid(skip_gate[0]) skip_gate[1], one value on the device.
+void gated_skip_scale(floatX* scale, const floatX* skip_gate, cudaStream_t stream) {
+  gated_skip_scale_kernel<<<1, 1, 0, stream>>>(scale, skip_gate);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of x + scale kept [N, C] (scale from gated_skip_scale): dkept += scale dout,
+// dskip_gate's two values (stochastic rounding from seed); partials: kRowBlocks floats.
+void gated_skip_backward(floatX* dkept, floatX* dskip_gate, float* partials, const floatX* dout, const floatX* kept,
+                         const floatX* scale, const floatX* skip_gate, int N, int C, uint32_t seed,
+                         cudaStream_t stream) {
+  gated_term_rows_backward(dkept, partials, dout, kept, scale, N, C, stream);
+  gated_skip_gradient_kernel<<<1, 1, 0, stream>>>(dskip_gate, partials, skip_gate, seed);
+  cudaCheckLaunch();
 }
 
 // ============================================================================
@@ -8783,6 +8853,9 @@ struct ModelParams {
   // The bigram embedding's fixed sign table [llmc::kBigramSignRows, C] (ArchSpec::bigram; not a
   // parameter: llmc::bigram_sign_table).
   floatX* bigram_signs = nullptr;
+  // Record #89's gated skip's scale sigmoid(skip_lambda) g, one value, as the forward computes it for
+  // the backward (gated_skip_norm); where the plan has the skip.
+  floatX* skip_scale = nullptr;
   // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
   // params and grads hold num_params_padded = shard_size * shard_count elements (zeros past
   // num_params), so that every shard has the same length for NCCL's reduce-scatter / all-gather.
@@ -9041,6 +9114,7 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
     m.bigram_signs = device_alloc<floatX>(stored.size(), "the bigram embedding's sign table");
     cudaCheck(cudaMemcpy(m.bigram_signs, stored.data(), stored.size() * sizeof(floatX), cudaMemcpyHostToDevice));
   }
+  if (m.param_specs[llmc::kSkipGate].size > 0) m.skip_scale = device_alloc<floatX>(1, "the gated skip's scale");
   m.rng.seed(seed);
 }
 
@@ -9421,6 +9495,7 @@ void with_forward_only(GPT2& m, const Pass& pass) {
 void gpt2_free(GPT2& m) {
   optimizer_arrays_free(m.state);
   for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.bigram_signs,
+                  (void*)m.skip_scale,
                   (void*)m.fp8_weights, (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history,
                   (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
                   (void*)m.fp8_head_weight.w8, (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t,
@@ -9560,9 +9635,12 @@ struct BlockRows {
   const int* tokens = nullptr;     // the rows' tokens, on the device (the value embeddings')
   // The block features' rows (section 10, "Block features": each group's *_point_rows sets its
   // own; null without the feature). The residual mix:
-  const floatX* kept = nullptr;    // the U-net's kept output this block adds (skip_source), or null
+  const floatX* kept = nullptr;    // the kept output this block adds (skip_source, record #89's
+                                   // gated_skip_source), or null
   floatX* kept_rows = nullptr;     // decoding: the kept outputs' rows (LayerSpec::kept's)
   floatX* mixed = nullptr;         // the block's input after its mix, what attention and MLP add to
+  // Record #89's plan: the kept output its attention reads (attention_source), or null: its input.
+  const floatX* attention_source = nullptr;
   // The training and evaluation passes: the block before leaves its last residual add, residual2 +
   // fcproj's output into its residual3 (this block's input), to this block's mix, which reads them
   // (residual_mix_norm): input_before_add is that residual2, input_add the fcproj output and input;
@@ -10018,9 +10096,16 @@ floatX* block_input(GPT2& m, int l) {
   return m.arch().bigram ? m.act(kStreamStart) : m.act(kEncoded);
 }
 
+// Whether block l's first norm is of its input as the block before leaves it: not where record #89's
+// plan has its attention read an earlier layer's output, nor where its gated skip comes before the norm.
+bool block_norms_own_input(const GPT2& m, int l) {
+  const llmc::LayerSpec& s = m.plan[l];
+  return s.attention_source < 0 && s.gated_skip_source < 0;
+}
+
 // The norm after block l, fused with its second residual add: the next block's first, or after
 // the last block the final norm; none (present false) where the next block mixes its input first
-// (x0_lambdas), so that its norm follows the mix.
+// (x0_lambdas), so that its norm follows the mix, or normalises another input (block_norms_own_input).
 struct NormAt {
   NormSpec spec;
   int layer;
@@ -10028,7 +10113,33 @@ struct NormAt {
 };
 NormAt norm_after_block(const GPT2& m, int l) {
   if (l == m.config.num_layers - 1) return {kNormF, 0, true};
-  return {kNorm1, l + 1, !m.arch().x0_lambdas};
+  return {kNorm1, l + 1, !m.arch().x0_lambdas && block_norms_own_input(m, l + 1)};
+}
+
+// The gradient of layer `layer`'s kept output (LayerSpec::kept) for N rows, which the later layers
+// that read it add into (the residual mix's, record #89's plan's).
+floatX* kept_gradient(GPT2& m, int layer, int N) {
+  return m.dkept + (size_t)m.plan[layer].kept * N * m.config.channels;
+}
+
+// Decoding block l: the kept outputs it reads (a skip's, an attention source's: before the block), and
+// its output kept where a later layer reads it (after the block). The stream is updated in place, so a
+// kept output is a copy.
+void decode_kept_inputs(const GPT2& m, int l, BlockRows& r) {
+  if (!r.kept_rows) return;
+  const llmc::LayerSpec& s = m.plan[l];
+  auto row = [&](int source) {
+    return source >= 0 ? r.kept_rows + (size_t)m.plan[source].kept * m.config.channels : nullptr;
+  };
+  r.kept = row(s.skip_source >= 0 ? s.skip_source : s.gated_skip_source);
+  r.attention_source = row(s.attention_source);
+}
+void decode_keep_output(GPT2& m, int l, const BlockRows& r) {
+  const int kept = m.plan[l].kept;
+  if (!r.kept_rows || kept < 0) return;
+  const size_t C = m.config.channels;
+  cudaCheck(cudaMemcpyAsync(r.kept_rows + kept * C, r.residual3, C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                            m.stream));
 }
 
 // The decoder's rows of one token, carved in turn from one allocation (decoder_init): a first pass
@@ -10264,7 +10375,7 @@ void attention_gate_backward_rows(GPT2& m, int l, int B, int T, floatX* dln1_gat
 // ---- The residual lambdas (ArchSpec::resid_lambdas, record #89's): each sublayer's residual add
 // x + out becomes r x + p out, (r, p) its layer's and sublayer's (Sublayer: the attention's column,
 // the MLP's; a layer without attention has its MLP's alone), the gated bigram term beside p out
-// (bigram_inject). Parameters: resid_lambdas and post_lambdas [L, 2]. Kernels: section 4's residual
+// (attention_terms). Parameters: resid_lambdas and post_lambdas [L, 2]. Kernels: section 4's residual
 // adds take the scales (SublayerScales) and "Record #89's residual lambdas' backward". The backward
 // reads each sublayer's output, so attproj and fcproj write theirs into rows of their own, kept for
 // every layer (the decoder's: proj); the gradient p dy that the product's backward takes goes to
@@ -10323,10 +10434,10 @@ void residual_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, 
   if (arch.x0_lambdas) t[kMixed].count = d.BT * d.C;
 }
 
-// The gradients of x0, which the blocks' mixes add up, and of each kept output (LayerPlan's
-// kept_outputs of them), for N rows.
+// The gradients of x0, which the blocks' mixes (or record #89's x0 terms) add up, and of each kept
+// output (LayerPlan's kept_outputs of them), for N rows.
 void residual_mix_allocate_scratch(GPT2& m, size_t N) {
-  if (!m.arch().x0_lambdas) return;
+  if (!m.arch().x0_lambdas && !m.arch().x0_gates) return;
   const size_t C = m.config.channels;
   m.dx0 = device_alloc<floatX>(N * C, "the gradient of x0");
   m.dkept = device_alloc<floatX>(m.plan.kept_outputs * N * C, "the gradients of the U-net's kept outputs");
@@ -10347,8 +10458,7 @@ const floatX* unet_weight(GPT2& m, int l) {
 
 // Training: the kept output block l adds, its mix's output, and its input's last add, which the
 // block before leaves to this mix (BlockRows::input_before_add). Decoding: rows for the kept
-// outputs (the stream is updated in place, so a kept output is a copy: residual_mix_decode_keep),
-// the mix in place.
+// outputs (decode_kept_inputs), the mix in place.
 void residual_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
   if (!m.arch().x0_lambdas) return;
   if (decoder) {
@@ -10378,24 +10488,10 @@ const floatX* residual_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSp
   return r.mixed;
 }
 
-// Decoding block l: the kept output its skip adds (before the block), and its output kept where a
-// later block's skip reads it (after the block).
-void residual_mix_decode_skip(const GPT2& m, int l, BlockRows& r) {
-  if (!r.kept_rows) return;
-  const int source = m.plan[l].skip_source;
-  r.kept = source >= 0 ? r.kept_rows + (size_t)m.plan[source].kept * m.config.channels : nullptr;
-}
-void residual_mix_decode_keep(GPT2& m, int l, const BlockRows& r) {
-  const int kept = m.plan[l].kept;
-  if (!r.kept_rows || kept < 0) return;
-  const size_t C = m.config.channels;
-  cudaCheck(cudaMemcpyAsync(r.kept_rows + kept * C, r.residual3, C * sizeof(floatX), cudaMemcpyDeviceToDevice,
-                            m.stream));
-}
-
-// The gradients the blocks' mixes add into, zeroed before a backward pass of N rows.
+// The gradients the blocks' mixes (or record #89's plan's x0 terms and kept outputs) add into, zeroed
+// before a backward pass of N rows.
 void residual_mix_zero_gradients(GPT2& m, int N) {
-  if (!m.arch().x0_lambdas) return;
+  if (!m.arch().x0_lambdas && !m.arch().x0_gates) return;
   const size_t NC = (size_t)N * m.config.channels;
   cudaCheck(cudaMemsetAsync(m.dx0, 0, NC * sizeof(floatX), m.stream));
   cudaCheck(cudaMemsetAsync(m.dkept, 0, m.plan.kept_outputs * NC * sizeof(floatX), m.stream));
@@ -10407,8 +10503,7 @@ void residual_mix_zero_gradients(GPT2& m, int N) {
 // kept (only a later layer's skip reads a kept output).
 const floatX* gradient_joining_after_block(GPT2& m, int l, int N) {
   if (l == 0) return m.arch().bigram ? nullptr : m.dx0;  // bigram_stream_start_backward's, after its gate
-  const int kept = m.plan[l - 1].kept;
-  return kept >= 0 ? m.dkept + (size_t)kept * N * m.config.channels : nullptr;
+  return m.plan[l - 1].kept >= 0 ? kept_gradient(m, l - 1, N) : nullptr;
 }
 
 // From dresidual, the gradient of block l's mixed input, to that of its input, in place, and then
@@ -10424,7 +10519,7 @@ void residual_mix_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   GradientJoin join;
   join.add = gradient_joining_after_block(m, l, N);
   if (join.add) join.seed = seeds.next();
-  residual_mix_backward(m.dresidual, m.dx0, skip ? m.dkept + (size_t)m.plan[source].kept * N * C : nullptr,
+  residual_mix_backward(m.dresidual, m.dx0, skip ? kept_gradient(m, source, N) : nullptr,
                         m.grad(llmc::kLambdas, l), skip ? m.grad(llmc::kSkipw) + layer.skip_weight : nullptr,
                         m.partials, m.dresidual, block_input(m, l), m.act(kEncoded),
                         skip ? m.act(kResidual3, source) : nullptr, m.param(llmc::kLambdas, l), unet_weight(m, l), N,
@@ -10526,17 +10621,6 @@ void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
   r.bigram = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kBigramEmbedded);
 }
 
-// What block l's residual add takes of its attention output r.attention_out (with scales): that
-// output, or where the layer adds its gated embedding (after the first) the sum in r.proj, out + g_l
-// b; with the residual lambdas p out + g_l b, and the add's p then 1 (scales.p cleared).
-const floatX* bigram_inject(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
-  if (!r.bigram || l == 0) return r.attention_out;
-  bigram_gate_forward(r.proj, r.attention_out, r.bigram, m.param(llmc::kBigramGates, l), r.rows(),
-                      m.config.channels, m.stream, scales.p);
-  scales.p = nullptr;
-  return r.proj;
-}
-
 // From dresidual, the gradient of block l's residual2 (its input + (the attention's output + g_l b)):
 // g_l's, and b's part into dbigram.
 void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
@@ -10584,6 +10668,88 @@ void bigram_table_backward(GPT2& m, int N, uint32_t seed) {
                   N, m.config.channels, seed, m.stream);
 }
 
+// ---- Record #89's plan (ArchSpec::x0_gates, with the plan's gated skip and attention sources:
+// LayerSpec): x0, the normed embedding, added after each attention with a gate (one more term of the
+// attention's add, before the bigram embedding's: attention_terms); its layer without attention adding
+// an earlier layer's output times sigmoid(skip_lambda) g before its MLP's norm; layers whose attention
+// reads an earlier layer's output (normed) instead of their input. The reference's gates come from its
+// MUDD gate generators, which this model has not: each is a learned scalar. Parameters: x0_gates (one
+// an attention layer), skip_gate (skip_lambda, g). Kernels: section 3's gated adds and gated skip,
+// section 4's residual add with scales (p the skip's scale). The blocks add x0's gradient into dx0
+// and the kept outputs' into dkept (the residual mix's scratch), each joined once the block whose input
+// it is has its gradient (record89_plan_join).
+
+// Training: the kept outputs block l reads (its gated skip's, its attention's source). Decoding: rows
+// for the kept outputs (decode_kept_inputs).
+void record89_plan_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().x0_gates) return;
+  if (decoder) {
+    r.kept_rows = decoder->take<floatX>((size_t)m.plan.kept_outputs * m.config.channels);
+    return;
+  }
+  const llmc::LayerSpec& s = m.plan[l];
+  r.kept = s.gated_skip_source >= 0 ? m.act(kResidual3, s.gated_skip_source) : nullptr;
+  r.attention_source = s.attention_source >= 0 ? m.act(kResidual3, s.attention_source) : nullptr;
+}
+
+// What block l's residual add takes of its attention output r.attention_out (with scales): that
+// output, or where the layer adds gated terms (x0 with record #89's plan, the bigram embedding after
+// the first layer) their sum in r.proj, out + g x0 + g' b; with the residual lambdas p out + ..., and
+// the add's p then 1 (scales.p cleared).
+const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
+  GatedTerm x0, bigram;
+  if (m.arch().x0_gates) x0 = {r.x0, m.param(llmc::kX0Gates, l)};
+  if (r.bigram && l > 0) bigram = {r.bigram, m.param(llmc::kBigramGates, l)};
+  if (!x0.values && !bigram.values) return r.attention_out;
+  gated_terms_forward(r.proj, r.attention_out, scales.p, x0, bigram, r.rows(), m.config.channels, m.stream);
+  scales.p = nullptr;
+  return r.proj;
+}
+
+// Layer l's gated skip, r.residual2 = r.input + s r.kept, normalised into ln2 in the same pass.
+void gated_skip_norm(GPT2& m, int l, const BlockRows& r) {
+  gated_skip_scale(m.skip_scale, m.param(llmc::kSkipGate), m.stream);
+  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), {nullptr, m.skip_scale});
+}
+
+// What layer l's first norm reads: an earlier layer's output (LayerSpec::attention_source), or the
+// block's input (block_mixed); and the gradient its backward adds into.
+const floatX* attention_input(GPT2& m, int l) {
+  const int source = m.plan[l].attention_source;
+  return source >= 0 ? m.act(kResidual3, source) : block_mixed(m, l);
+}
+floatX* attention_input_gradient(GPT2& m, int l, int N) {
+  const int source = m.plan[l].attention_source;
+  return source >= 0 ? kept_gradient(m, source, N) : m.dresidual;
+}
+
+// From dresidual, the gradient of block l's residual2: x0's term's (its gate's; x0's part into dx0).
+void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().x0_gates) return;
+  bigram_gate_backward(m.dx0, m.grad(llmc::kX0Gates, l), m.partials, m.dresidual, m.act(kEncoded),
+                       m.param(llmc::kX0Gates, l), N, m.config.channels, seeds.next(), m.stream);
+}
+
+// From dresidual, the gradient of layer l's residual2 = input + s kept: the skip gate's, and the kept
+// output's part into its dkept; dresidual is then the input's.
+void gated_skip_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  const int source = m.plan[l].gated_skip_source;
+  if (source < 0) return;
+  gated_skip_backward(kept_gradient(m, source, N), m.grad(llmc::kSkipGate), m.partials, m.dresidual,
+                      m.act(kResidual3, source), m.skip_scale, m.param(llmc::kSkipGate), N, m.config.channels,
+                      seeds.next(), m.stream);
+}
+
+// After block l's backward, dresidual (the gradient of its input) takes what joins it: that of block
+// l - 1's output kept for later layers (complete by then), or after the first block x0's (but with the
+// bigram embedding, whose stream start joins it: bigram_stream_start_backward).
+void record89_plan_join(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().x0_gates) return;
+  const floatX* join = l > 0 ? (m.plan[l - 1].kept >= 0 ? kept_gradient(m, l - 1, N) : nullptr)
+                             : (m.arch().bigram ? nullptr : m.dx0);
+  if (join) add_inplace(m.dresidual, join, (size_t)N * m.config.channels, seeds.next(), m.stream);
+}
+
 // ---- The block: one layer's steps and the wiring between layers, forward and backward, for the
 // training passes and the decoder ----
 
@@ -10602,10 +10768,19 @@ void residual_rows(GPT2& m, floatX* residual, const floatX* a, const floatX* b, 
 // Block l's input as its steps read it, and its first norm (spec: kNorm1, or kNorm2 in a layer
 // without attention) into out where the block takes it: r.input, normalised in the first block and
 // in a layer without attention (the norm after the previous block took it otherwise:
-// norm_after_block); or with x0_lambdas its mix (residual_mix_norm).
+// norm_after_block), or its attention's source normalised; with x0_lambdas its mix
+// (residual_mix_norm); with record #89's gated skip its residual2 (gated_skip_norm).
 const floatX* block_mix_norm(GPT2& m, int l, const BlockRows& r, const NormSpec& spec, const NormRows& out) {
   if (m.arch().x0_lambdas) return residual_mix_norm(m, l, r, spec, out);
-  if (l == 0 || spec.out == kLn2) norm_rows(m, spec, l, out, r.input, r.rows());
+  if (r.kept) {
+    gated_skip_norm(m, l, r);
+    return r.residual2;
+  }
+  if (r.attention_source) {
+    norm_rows(m, spec, l, out, r.attention_source, r.rows());
+  } else if (l == 0 || spec.out == kLn2) {
+    norm_rows(m, spec, l, out, r.input, r.rows());
+  }
   return r.input;
 }
 
@@ -10618,14 +10793,15 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
   const bool attention = m.plan[l].attention;
   const floatX* x = block_mix_norm(m, l, r, attention ? kNorm1 : kNorm2, attention ? r.ln1 : r.ln2);
   if (attention) {
-    gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, x);
+    const floatX* normed_input = r.attention_source ? r.attention_source : x;
+    gpt2_linear_forward_normed(m, r, kLinearQkv, l, r.qkv, kNorm1, r.ln1, normed_input);
     qk_prepare(m, l, r);
     value_mix(m, l, r);
     attention_rows(m, l, r);
     xsa_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.attention_out, attention_gated(m, l, r), nullptr);
     SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer);
-    const floatX* attention_add = bigram_inject(m, l, r, scales);
+    const floatX* attention_add = attention_terms(m, l, r, scales);
     norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, attention_add, N, scales);
   }
   mlp_forward(m, l, r);
@@ -10652,6 +10828,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   // already in attproj's bias gradient.
   if (m.plan[l].attention) {
     bigram_inject_backward(m, l, N, seeds);
+    x0_gate_backward(m, l, N, seeds);
     floatX* dattention = sublayer_lambdas_backward_rows(m, l, kAttentionSublayer, block_mixed(m, l), N, seeds);
     // FP8's product reads the transposed cast its forward kept, not the gated output.
     const floatX* gated = m.fp8 ? nullptr : attproj_input(m, l, N);
@@ -10666,11 +10843,13 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     gpt2_linear_backward(m, kLinearQkv, l, m.scratch_btc, !attention_sums_qkv_bias(m), m.scratch_bt4c,
                          m.act(kLn1, l), nullptr, N, seeds.next());
     gate_norm_gradient(m, dln1_gates, N, seeds);
-    norm_backward(m, kNorm1, l, m.dresidual, block_input_dbias(m, l), m.scratch_btc, block_mixed(m, l), N,
-                  seeds.next());
+    norm_backward(m, kNorm1, l, attention_input_gradient(m, l, N), block_input_dbias(m, l), m.scratch_btc,
+                  attention_input(m, l), N, seeds.next());
   }
+  gated_skip_backward_rows(m, l, N, seeds);
   residual_mix_backward_rows(m, l, N, seeds);
   bigram_stream_start_backward(m, l, N, seeds);
+  record89_plan_join(m, l, N, seeds);
 }
 
 // ---- The training passes ----
@@ -10716,6 +10895,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   attention_gate_point_rows(m, l, r, nullptr);
   xsa_point_rows(m, l, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
+  record89_plan_point_rows(m, l, r, nullptr);
   bigram_point_rows(m, r, nullptr);
   sublayer_lambdas_point_rows(m, l, r, nullptr);
   return r;
@@ -11335,6 +11515,7 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   attention_gate_point_rows(m, 0, r, &a);
   xsa_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
+  record89_plan_point_rows(m, 0, r, &a);
   bigram_point_rows(m, r, &a);
   sublayer_lambdas_point_rows(m, 0, r, &a);
 }
@@ -11398,9 +11579,9 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
     r.v_cache = d.v_cache + l * layer_cache;
-    residual_mix_decode_skip(m, l, r);
+    decode_kept_inputs(m, l, r);
     block_forward(m, l, r);
-    residual_mix_decode_keep(m, l, r);
+    decode_keep_output(m, l, r);
   }
   head_rows(m, d.logits, r.next.out, 1);
   d.position++;
@@ -12340,6 +12521,7 @@ struct TrainArgs : llmc::TrainFlags {
   int ve_gates = 0;             // -vg: and its value-embedding gates
   int resid_lambdas = 0;        // -rl: and its residual and post lambdas
   int xsa = 0;                  // -xs: and its exclusive self-attention
+  int record89_plan = 0;        // -lp: and its 11-layer plan
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -12596,6 +12778,11 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "self-attention in its layers 1, 3 and 4 (each head's output less tanh(alpha) times its part along "
                "the value it read, alpha learned per layer and head); a model file's header says whether it has it",
                &a.xsa, 0, 1),
+      int_flag("-lp", "record #89's plan", "-recipe speedrun: 1 the model made from -e's preset has record #89's 11 "
+               "layers (no attention in layer 6, which adds layer 3's output times sigmoid(skip_lambda) g; layers 9 "
+               "and 10 attend over layer 7's output; five value embeddings; x0 added after each attention with a "
+               "learned gate in place of the x0 lambdas; no attention gates); a model file's header says whether it "
+               "has it", &a.record89_plan, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -12685,6 +12872,9 @@ void validate_args(const TrainArgs& a) {
           "and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -rl", a.recipe->name);
   REQUIRE(!a.xsa || a.recipe->arch == llmc::Arch::kSpeedrun, "-xs 1 gives the speedrun's attention XSA, and "
           "-recipe %s is not the speedrun: give -recipe speedrun with it, or drop -xs", a.recipe->name);
+  REQUIRE(!a.record89_plan || a.recipe->arch == llmc::Arch::kSpeedrun, "-lp 1 lays out the speedrun's layers as "
+          "record #89's, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -lp",
+          a.recipe->name);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -12908,7 +13098,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates, residual lambdas and XSA; -sm, -bg, -rp, -vg, -rl and -xs, where given, must agree.
+// value-embedding gates, residual lambdas, XSA and plan; -sm, -bg, -rp, -vg, -rl, -xs and -lp, where given,
+// must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -12921,6 +13112,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-vg", a.ve_gates, config.ve_gates, "the value-embedding gates");
   check("-rl", a.resid_lambdas, config.resid_lambdas, "the residual lambdas");
   check("-xs", a.xsa, config.xsa, "XSA");
+  check("-lp", a.record89_plan, config.record89_plan, "record #89's plan");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -12935,6 +13127,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.ve_gates = a.ve_gates != 0;
     p.config.resid_lambdas = a.resid_lambdas != 0;
     p.config.xsa = a.xsa != 0;
+    llmc::set_record89_plan(p.config, a.record89_plan != 0);
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -12947,12 +13140,13 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm, -bg, -rp, -vg, -rl and -xs, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, ..., -xs and -lp, where given, match
     requested.bigram = p.config.bigram;
     requested.rotary_pairs = p.config.rotary_pairs;
     requested.ve_gates = p.config.ve_gates;
     requested.resid_lambdas = p.config.resid_lambdas;
     requested.xsa = p.config.xsa;
+    llmc::set_record89_plan(requested, p.config.record89_plan);
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

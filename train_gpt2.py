@@ -52,12 +52,14 @@ CHECKPOINT_MAGIC, CHECKPOINT_FP32, CHECKPOINT_BF16 = 20240326, 3, 5
 MODERN_CHECKPOINT_VERSION = {CHECKPOINT_FP32: 6, CHECKPOINT_BF16: 7}
 ARCH_SLOT, ARCH_IDS = 8, {"gpt2": 0, "modern": 1, "speedrun": 2}
 # Record #89's features in header slot 9, as bits (0 in files written before): the speedrun's smear, bigram
-# embedding, value-embedding gates, residual lambdas and XSA, and the modern and speedrun models' rotary pairs.
+# embedding, value-embedding gates, residual lambdas, XSA and plan, and the modern and speedrun models' rotary
+# pairs.
 FEATURES_SLOT, FEATURE_SMEAR, FEATURE_BIGRAM = 9, 1, 2
 FEATURE_ROTARY_PAIRS = 4  # the modern and speedrun models' rotary in record #89's layout (--rotary_pairs)
 FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
 FEATURE_RESID_LAMBDAS = 16  # the speedrun's residual and post lambdas (--resid_lambdas)
 FEATURE_XSA = 32  # the speedrun's exclusive self-attention (--xsa)
+FEATURE_RECORD89_PLAN = 64  # the speedrun's 11-layer plan (--record89_plan)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -104,6 +106,9 @@ BIGRAM_GATE_INIT = 0.05
 # Record #89's residual lambdas' start (llmc/gpt2.h kResidLambdaInit), so that a layer's two sublayers
 # scale the stream by 1.1 (the post lambdas start at 1).
 RESID_LAMBDA_INIT = 1.1 ** 0.5
+# Record #89's gated skip's start, sigmoid(skip_lambda) g: its scalars' skip_lambda and its generated
+# gate's bias (llmc's kSkipLambdaInit, kSkipGateInit); its x0 gates start at 0.
+SKIP_LAMBDA_INIT, SKIP_GATE_INIT = -1.5, 0.5
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -359,7 +364,22 @@ SPEEDRUN_WINDOWS =          "LSSSLSSLSSSL"
 SPEEDRUN_VALUE_EMBEDDINGS = [0,    1,    2,    None, None, None, None, None, None, 0,    1,    2]
 SPEEDRUN_SKIP_SOURCES =     [None, None, None, None, None, None, 5,    4,    3,    2,    1,    0]
 SPEEDRUN_XSA =              "-X-XX--X----"
-SPEEDRUN_LAYERS = len(SPEEDRUN_WINDOWS)  # its only depth
+SPEEDRUN_LAYERS = len(SPEEDRUN_WINDOWS)  # its depth
+
+# Record #89's plan (--record89_plan 1; llmc/gpt2.h's kRecord89* lists), the lists above and:
+#   gated skips: the earlier layer whose output the layer adds, times sigmoid(skip_lambda) g, before its
+#     MLP (its one layer without attention);
+#   attention sources: the earlier layer whose output its attention reads (normed) instead of its input
+#     (layer 8's input is layer 7's output: the reference's out7 for layers 8 to 10).
+# The windows' entry of the layer without attention is not read. No U-net skips.
+#                            0     1     2     3     4     5     6     7     8     9     10
+RECORD89_ATTENTION =        "AAAAAA-AAAA"
+RECORD89_WINDOWS =          "SSSLSSSSSSL"
+RECORD89_VALUE_EMBEDDINGS = [None, 0,    1,    None, None, None, None, None, 2,    3,    4]
+RECORD89_GATED_SKIPS =      [None, None, None, None, None, None, 3,    None, None, None, None]
+RECORD89_ATTENTION_SOURCES = [None, None, None, None, None, None, None, None, None, 7,   7]
+RECORD89_XSA =              "-X-XX--X---"
+RECORD89_LAYERS = len(RECORD89_WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -371,15 +391,24 @@ class LayerSpec:
     skip_source: int = None  # the earlier layer whose output the U-net adds to its input
     skip_weight: int = None  # the skip_weights[j] it adds that output with
     xsa: bool = False  # record #89's exclusive self-attention runs here (with --xsa 1)
+    gated_skip_source: int = None  # record #89's: the earlier layer whose output it adds with the skip gate
+    attention_source: int = None  # record #89's: the earlier layer whose output its attention reads
 
 
-def layer_plan(arch, num_layers):
-    """Every layer's LayerSpec: the speedrun's from its reference's lists (at their depth only); the
-    other architectures attend in every layer, with the reference's windows at its depth and the long
-    one at any other."""
+def layer_plan(arch, num_layers, record89_plan=False):
+    """Every layer's LayerSpec: the speedrun's from its reference's lists, record #28's or with
+    record89_plan record #89's (at their depth only); the other architectures attend in every layer,
+    with record #28's windows at its depth and the long one at any other."""
     if arch != "speedrun":
         windows = SPEEDRUN_WINDOWS if num_layers == SPEEDRUN_LAYERS else "L" * num_layers
         return [LayerSpec(True, window) for window in windows]
+    if record89_plan:
+        assert num_layers == RECORD89_LAYERS, f"record #89's plan has its reference's {RECORD89_LAYERS} layers"
+        return [LayerSpec(RECORD89_ATTENTION[layer] == "A", RECORD89_WINDOWS[layer], RECORD89_VALUE_EMBEDDINGS[layer],
+                          xsa=RECORD89_ATTENTION[layer] == "A" and RECORD89_XSA[layer] == "X",
+                          gated_skip_source=RECORD89_GATED_SKIPS[layer],
+                          attention_source=RECORD89_ATTENTION_SOURCES[layer])
+                for layer in range(num_layers)]
     assert num_layers == SPEEDRUN_LAYERS, f"the speedrun's layers are its reference's {SPEEDRUN_LAYERS}"
     skips = [layer for layer, source in enumerate(SPEEDRUN_SKIP_SOURCES) if source is not None]
     return [LayerSpec(SPEEDRUN_ATTENTION[layer] == "A", SPEEDRUN_WINDOWS[layer], SPEEDRUN_VALUE_EMBEDDINGS[layer],
@@ -413,6 +442,9 @@ class GPTConfig:
     # speedrun: record #89's residual and post lambdas, each sublayer's add r x + p out (SPEC.md)
     resid_lambdas: bool = False
     xsa: bool = False  # speedrun: record #89's exclusive self-attention in the plan's XSA layers
+    # speedrun: record #89's 11-layer plan (RECORD89_*), x0 added after each attention with a learned gate
+    # in place of the x0 lambdas, no attention gates (SPEC.md)
+    record89_plan: bool = False
 
     @property
     def modern(self):
@@ -426,7 +458,18 @@ class GPTConfig:
     @cached_property
     def plan(self):
         """What each layer does (layer_plan)."""
-        return layer_plan(self.arch, self.num_layers)
+        return layer_plan(self.arch, self.num_layers, self.record89_plan)
+
+    @property
+    def x0_lambdas(self):
+        """Record #28's mix of each block's input, lambdas[0] x + lambdas[1] x0 (the speedrun's but in
+        record #89's plan)."""
+        return self.speedrun and not self.record89_plan
+
+    @property
+    def attention_gate(self):
+        """Record #28's gate of each head's output (the speedrun's but in record #89's plan)."""
+        return self.x0_lambdas
 
     @cached_property
     def value_embeddings(self):
@@ -449,8 +492,10 @@ class GPTConfig:
         """All parameters, wte (and the modern head) with padded_vocab_size rows (llmc/gpt2.h)."""
         C, L, Vp = self.channels, self.num_layers, self.padded_vocab_size
         if self.speedrun:
-            attention = 4 * C * C + self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) + 2  # 2: the value scales
-            layers = sum(2 + 8 * C * C + (attention if spec.attention else 0) for spec in self.plan)
+            gate = self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) if self.attention_gate else 0
+            attention = 4 * C * C + gate + 2  # 2: the value scales
+            x0 = 2 if self.x0_lambdas else 0  # each layer's x0 lambdas
+            layers = sum(x0 + 8 * C * C + (attention if spec.attention else 0) for spec in self.plan)
             skips = sum(spec.skip_weight is not None for spec in self.plan)
             smear = (SMEAR_WIDTH + 1) if self.smear else 0  # the gate's weights and lambda
             attention_layers = sum(spec.attention for spec in self.plan)
@@ -459,8 +504,10 @@ class GPTConfig:
             ve_gates = ve_layers * self.num_heads * 2 * VE_GATE_INPUTS if self.ve_gates else 0
             sublayer_lambdas = 4 * L if self.resid_lambdas else 0  # r and p of both sublayers a layer
             xsa = sum(spec.xsa for spec in self.plan) * self.num_heads if self.xsa else 0
+            x0_gates = attention_layers if self.record89_plan else 0
+            skip_gate = 2 if any(spec.gated_skip_source is not None for spec in self.plan) else 0
             return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
-                    + sublayer_lambdas + xsa)
+                    + sublayer_lambdas + xsa + x0_gates + skip_gate)
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -489,10 +536,11 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
-                bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False):
+                bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
+                record89_plan=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
-                       bool(xsa))
+                       bool(xsa), bool(record89_plan))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -509,6 +557,8 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
              f"--resid_lambdas")
     if config.xsa and not config.speedrun:
         fail(f"{source}: XSA (record #89's) is the speedrun's; give --recipe speedrun or drop --xsa")
+    if config.record89_plan and not config.speedrun:
+        fail(f"{source}: record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -517,9 +567,10 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.modern and (channels // num_heads) % 4 != 0:
         fail(f"{source}: head size {channels // num_heads} (C/NH) is not a multiple of 4, which the "
              f"modern architecture's rotary embedding needs; change --channels or --num_heads")
-    if config.speedrun and num_layers != SPEEDRUN_LAYERS:
-        fail(f"{source}: the speedrun architecture has its reference's {SPEEDRUN_LAYERS} layers, not "
-             f"{num_layers}; drop --num_layers")
+    depth, plan = (RECORD89_LAYERS, " (record #89's plan)") if config.record89_plan else (SPEEDRUN_LAYERS, "")
+    if config.speedrun and num_layers != depth:
+        fail(f"{source}: the speedrun architecture has its reference's {depth} layers{plan}, not {num_layers}; "
+             f"drop --num_layers")
     if config.speedrun and channels < SPEEDRUN_GATE_DIVISOR:
         fail(f"{source}: the speedrun's attention gate reads C/{SPEEDRUN_GATE_DIVISOR} channels, so "
              f"channels {channels} must be at least {SPEEDRUN_GATE_DIVISOR}; raise --channels")
@@ -773,6 +824,7 @@ class CausalSelfAttention(nn.Module):
         self.value_scales = self.gate = None
         if config.speedrun:
             self.value_scales = nn.Parameter(torch.full((2,), 0.5))
+        if config.attention_gate:
             self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
     def mix_values(self, v, value_embedding, x=None, ve_gate=None):
@@ -874,8 +926,8 @@ def bigram_sign_table(channels):
 class Block(nn.Module):
     def __init__(self, config, flash, linear, layer):
         super().__init__()
-        # speedrun: the block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.speedrun else None
+        # speedrun: the block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding (record #28's)
+        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if config.x0_lambdas else None
         attention = config.plan[layer].attention
         self.ln_1 = make_norm(config) if attention else None
         self.attn = CausalSelfAttention(config, flash, linear, layer) if attention else None
@@ -886,16 +938,22 @@ class Block(nn.Module):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
     def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, xsa_alpha=None,
-                lambdas=None):
+                lambdas=None, x0_term=None, source=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
         ve_gate: the weights of its value embedding's gates, or None; xsa_alpha: its XSA strengths, or None;
         lambdas: (r_attention, p_attention, r_mlp, p_mlp) of the residual lambdas, each sublayer's add
-        r x + p out (the bigram term beside p out, as the reference's), or None: x + out."""
+        r x + p out (the bigram term beside p out, as the reference's), or None: x + out; x0_term: record
+        #89's gated x0 the layer adds after its attention, before the bigram term, or None; source: the
+        earlier layer's output its attention reads instead of x (LayerSpec.attention_source), or None."""
         x = self.mix_input(x, x0)
         r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
-            y = self.attn(self.ln_1(x), mask, value_embedding, ve_gate, xsa_alpha)
-            if lambdas is None:
+            y = self.attn(self.ln_1(x if source is None else source), mask, value_embedding, ve_gate, xsa_alpha)
+            if x0_term is not None:  # record #89's plan: the attention's terms summed, then the stream's add
+                terms = (y if lambdas is None else p_attention * y) + x0_term
+                terms = terms if bigram is None else terms + bigram
+                x = (x if lambdas is None else r_attention * x) + terms
+            elif lambdas is None:
                 x = x + (y if bigram is None else y + bigram)
             else:
                 x = r_attention * x + p_attention * y + (0 if bigram is None else bigram)
@@ -951,6 +1009,13 @@ class GPT(nn.Module):
         # speedrun with XSA: each head's strength alpha for each XSA layer, in layer order (layer_xsa_alphas)
         xsa_layers = sum(spec.xsa for spec in config.plan)
         self.xsa_alpha = nn.Parameter(torch.zeros(xsa_layers, config.num_heads)) if config.xsa else None
+        # speedrun in record #89's plan: a gate for each attention layer's x0 term (layer_x0_terms), and
+        # the gated skip's (skip_lambda, g) where the plan has one (gated_skip)
+        self.x0_gates = self.skip_gate = None
+        if config.record89_plan:
+            self.x0_gates = nn.Parameter(torch.zeros(sum(spec.attention for spec in config.plan)))
+        if any(spec.gated_skip_source is not None for spec in config.plan):
+            self.skip_gate = nn.Parameter(torch.tensor([SKIP_LAMBDA_INIT, SKIP_GATE_INIT]))
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -1051,11 +1116,14 @@ class GPT(nn.Module):
         xsa_alphas = self.layer_xsa_alphas()
         masks = self.attention_masks(idx) if masks is None else masks
         lambdas = self.sublayer_lambdas(x)
+        x0_terms = self.layer_x0_terms(x0)
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
+            x = self.gated_skip(spec, x, outputs)
+            source = None if spec.attention_source is None else outputs[spec.attention_source]
             x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer],
-                      xsa_alphas[layer], lambdas[layer])
+                      xsa_alphas[layer], lambdas[layer], x0_terms[layer], source)
             outputs.append(x)
         return t.ln_f(x)
 
@@ -1097,6 +1165,23 @@ class GPT(nn.Module):
         or None."""
         rows = iter(self.xsa_alpha if self.xsa_alpha is not None else [])
         return [next(rows) if self.xsa_alpha is not None and spec.xsa else None for spec in self.config.plan]
+
+    def layer_x0_terms(self, x0):
+        """Each attention layer's gated x0, g_l x0 in x0's dtype (record #89's plan; its reference's gates
+        come from its MUDD gate generators, ours are learned scalars, one an attention layer), or None."""
+        if self.x0_gates is None:
+            return [None] * self.config.num_layers
+        slabs = [sum(spec.attention for spec in self.config.plan[:layer]) for layer in range(self.config.num_layers)]
+        return [self.x0_gates[slab].type_as(x0) * x0 if spec.attention else None
+                for spec, slab in zip(self.config.plan, slabs)]
+
+    def gated_skip(self, spec, x, outputs):
+        """Record #89's skip, before the layer of `spec` (its MLP alone): x + sigmoid(skip_lambda) g times
+        the output of layer spec.gated_skip_source, each step in x's dtype."""
+        if spec.gated_skip_source is None:
+            return x
+        skip_lambda, gate = self.skip_gate.type_as(x)
+        return x + (torch.sigmoid(skip_lambda) * gate) * outputs[spec.gated_skip_source]
 
     def unet_skip(self, spec, x, outputs):
         """The speedrun's U-net, before the layer of `spec` whose input is x: it adds
@@ -1195,7 +1280,7 @@ def params_in_file_order(model):
     weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
     with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
-    lambdas: resid_lambdas, post_lambdas)."""
+    lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate)."""
     t = model.transformer
 
     def stacked(names):
@@ -1208,9 +1293,10 @@ def params_in_file_order(model):
         ve_gates = [model.ve_gates] if model.config.ve_gates else []
         lambdas = [model.resid_lambdas, model.post_lambdas] if model.config.resid_lambdas else []
         xsa = [model.xsa_alpha] if model.config.xsa else []
+        record89 = [q for q in (model.x0_gates, model.skip_gate) if q is not None]
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
-                + bigram_gates + ve_gates + lambdas + xsa)
+                + bigram_gates + ve_gates + lambdas + xsa + record89)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
     if model.config.modern:
@@ -1287,7 +1373,8 @@ def init_weights_speedrun(model, seed, record_init=0):
         for embedding in t.ve:
             embedding.weight.normal_(0.0, 0.01 if record89 else 1.0)
         for block in t.h:
-            block.lambdas.copy_(torch.tensor([1.0, 0.0]))
+            if block.lambdas is not None:
+                block.lambdas.copy_(torch.tensor([1.0, 0.0]))
             if block.attn is not None:
                 block.attn.value_scales.fill_(0.5)
                 block.attn.c_attn.weight.uniform_(-bound, bound)
@@ -1299,6 +1386,8 @@ def init_weights_speedrun(model, seed, record_init=0):
         if model.resid_lambdas is not None:
             model.resid_lambdas.fill_(RESID_LAMBDA_INIT)
             model.post_lambdas.fill_(1.0)
+        if model.skip_gate is not None:
+            model.skip_gate.copy_(torch.tensor([SKIP_LAMBDA_INIT, SKIP_GATE_INIT]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1325,7 +1414,8 @@ def write_checkpoint(model, path, version):
     header[ARCH_SLOT] = ARCH_IDS[c.arch]
     header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
                              | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0)
-                             | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0) | (FEATURE_XSA if c.xsa else 0))
+                             | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0) | (FEATURE_XSA if c.xsa else 0)
+                             | (FEATURE_RECORD89_PLAN if c.record89_plan else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1387,18 +1477,20 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
         arch = ids[int(header[ARCH_SLOT])]
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
-    speedrun_only = FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
+    speedrun_only = (FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
+                     | FEATURE_RECORD89_PLAN)
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
-             f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA), and "
-             f"GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from "
-             f"a newer version; re-create it")
+             f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA, "
+             f"{FEATURE_RECORD89_PLAN}: record #89's plan), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its "
+             f"pairs): the header is damaged or the file comes from a newer version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
                          smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
                          rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
-                         resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA)
+                         resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA,
+                         record89_plan=features & FEATURE_RECORD89_PLAN)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -3003,7 +3095,8 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "attn.gate.weight": "attngate", "skip_weights": "skipw", "lambdas": "lambdas",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
                "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate",
-               "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha"}
+               "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha",
+               "x0_gates": "x0_gates", "skip_gate": "skip_gate"}
 
 
 def table_name(parameter_name):
@@ -3238,6 +3331,11 @@ def parse_args(argv=None):
     a.add_argument("--xsa", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
                    "exclusive self-attention in its layers 1, 3 and 4 (each head's output less tanh(alpha) times its "
                    "part along the value it read, alpha learned per layer and head; the CUDA trainer's -xs); "
+                   "--init_from's checkpoint says whether it has it")
+    a.add_argument("--record89_plan", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record "
+                   "#89's 11 layers (no attention in layer 6, which adds layer 3's output with a gate, layers 9 and 10 "
+                   "attending over layer 7's output, five value embeddings, x0 added after each attention with a "
+                   "learned gate in place of the x0 lambdas, no attention gates; the CUDA trainer's -lp); "
                    "--init_from's checkpoint says whether it has it")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
@@ -3628,10 +3726,12 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa)
+        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
+                    args.record89_plan)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
-            fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, "
-                 "--arch, --smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa and the size flags")
+            fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
+                 "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan and the size "
+                 "flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3641,10 +3741,13 @@ def resolve_config(args):
         fail(f"--model {args.model}: the {args.arch} architecture's presets are {', '.join(sorted(presets))}; "
              f"pick one")
     preset = presets[args.model or "d12"]
+    if args.record89_plan and args.arch == "speedrun":
+        preset = (RECORD89_LAYERS,) + preset[1:]  # the preset's width at record #89's depth
     shape = [v if v is not None else base for v, base in zip(overrides, preset)]
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
-                       ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa)
+                       ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa,
+                       record89_plan=args.record89_plan)
 
 
 def check_fp8(config, device, flag="--fp8"):

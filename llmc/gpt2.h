@@ -109,13 +109,14 @@ struct GPT2Config {
   bool ve_gates = false;      // and its value-embedding gates (ArchSpec::ve_gates; -vg)
   bool resid_lambdas = false;  // and its residual and post lambdas (ArchSpec::resid_lambdas; -rl)
   bool xsa = false;           // and its exclusive self-attention (ArchSpec::xsa; -xs)
+  bool record89_plan = false;  // and its 11-layer plan (layer_plan, ArchSpec::x0_gates; -lp)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
-           resid_lambdas == o.resid_lambdas && xsa == o.xsa;
+           resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -125,10 +126,11 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s", prefix, num_layers, num_heads, channels,
-                     max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "", bigram ? " bigram" : "",
-                     rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
-                     resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "");
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
+                     channels, max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "",
+                     bigram ? " bigram" : "", rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
+                     resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "",
+                     record89_plan ? " record89-plan" : "");
   }
 };
 
@@ -222,6 +224,9 @@ struct ArchSpec {
   bool value_mix;          // v = a v + b ve[k] in every attention layer (LayerSpec::value_embedding
                            // k), v = a v where it has none
   bool x0_lambdas;         // a block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
+  bool x0_gates;           // record #89's in place of x0_lambdas (its plan, -lp 1): x0 added after each
+                           // attention with a learned gate, x <- x + attn + g x0 (the plan's gated skip
+                           // and attention sources come with it: LayerSpec)
   bool attention_gate;     // each head's output times sigmoid(gate . h[:C/64]), h the normed input
   // Record #89's embedding (SPEC.md "Record #89's embedding"), off in every architecture and set
   // from the config (GPT2Config::smear, bigram, ve_gates: -sm, -bg, -vg, a checkpoint's header [9]):
@@ -251,12 +256,13 @@ constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
-                                 {}, 0.0f, false, false, false, false, false, false, false, false, false, false};
+                                 {}, 0.0f, false, false, false, false, false, false, false, false, false, false,
+                                 false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
-                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false,
+                                   {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false,
                                    false, false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
-                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, true,
+                                     {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, false, true,
                                      false, false, false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
@@ -270,18 +276,28 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.ve_gates = c.ve_gates;
   a.resid_lambdas = c.resid_lambdas;
   a.xsa = c.xsa;
+  // Record #89's plan: x0 after each attention with a gate, not mixed into each block's input, and
+  // none of record #28's attention gates (the reference's, on two layers, come from MUDD).
+  if (c.record89_plan) {
+    a.x0_lambdas = false;
+    a.x0_gates = true;
+    a.attention_gate = false;
+  }
   return a;
 }
 
 // The checkpoint header's slot of the config's record #89 features, and their bits.
 constexpr int kFeaturesSlot = 9;
 constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
-constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32;
+constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan = 64;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
 // stream by 1.1, and p = 1 (the reference's float32 of the double sqrt).
 constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
+// Record #89's gated skip's start: sigmoid(skip_lambda) g, skip_lambda -1.5 (its scalars') and g 0.5 (the
+// bias of the reference's generated gate); its x0 gates start at 0.
+constexpr float kSkipLambdaInit = -1.5f, kSkipGateInit = 0.5f;
 
 // ----------------------------------------------------------------------------
 // Layer plan
@@ -308,6 +324,29 @@ static_assert(sizeof(kSpeedrunAttention) - 1 == kSpeedrunLayers && sizeof(kSpeed
                   sizeof(kSpeedrunSkipSources) / sizeof(int) == kSpeedrunLayers,
               "the speedrun's lists give one entry a layer");
 
+// Record #89's plan (-lp 1, GPT2Config::record89_plan; its reference's forward), the lists above and:
+//   gated skips: the earlier layer whose output the layer adds, times sigmoid(skip_lambda) g, before
+//     its MLP (its one layer without attention; skip_gate's two values);
+//   attention sources: the earlier layer whose output its attention reads (normed) instead of its
+//     input, -1 its input (layer 8's input is layer 7's output: the reference's out7 for 8 to 10).
+// The windows' entry of the layer without attention is not read. No U-net skips.
+//                                                0   1   2   3   4   5   6   7   8   9  10
+constexpr char kRecord89Attention[] =           "AAAAAA-AAAA";
+constexpr char kRecord89Windows[] =             "SSSLSSSSSSL";
+constexpr int kRecord89ValueEmbeddings[] =    {-1,  0,  1, -1, -1, -1, -1, -1,  2,  3,  4};
+constexpr int kRecord89GatedSkips[] =         {-1, -1, -1, -1, -1, -1,  3, -1, -1, -1, -1};
+constexpr int kRecord89AttentionSources[] =   {-1, -1, -1, -1, -1, -1, -1, -1, -1,  7,  7};
+constexpr char kRecord89Xsa[] =                 "-X-XX--X---";
+constexpr int kRecord89Layers = (int)sizeof(kRecord89Windows) - 1;
+static_assert(sizeof(kRecord89Attention) - 1 == kRecord89Layers && sizeof(kRecord89Xsa) - 1 == kRecord89Layers &&
+                  sizeof(kRecord89ValueEmbeddings) / sizeof(int) == kRecord89Layers &&
+                  sizeof(kRecord89GatedSkips) / sizeof(int) == kRecord89Layers &&
+                  sizeof(kRecord89AttentionSources) / sizeof(int) == kRecord89Layers,
+              "record #89's lists give one entry a layer");
+
+// The speedrun's depth: its reference's, record #28's or record #89's (its plan).
+inline int speedrun_layers(bool record89_plan) { return record89_plan ? kRecord89Layers : kSpeedrunLayers; }
+
 enum class LayerWindow : char { kLong = 'L', kShort = 'S' };
 
 // What one layer does; -1: none. The slabs, skip weights and kept outputs are numbered in layer
@@ -320,7 +359,9 @@ struct LayerSpec {
   int value_embedding_slab;  // its slab among the layers with a value embedding (their gates' rows)
   int skip_source;      // the earlier layer whose output the U-net adds to its input
   int skip_weight;      // the skipw[j] it adds that output with
-  int kept;             // its output's slot among those the U-net keeps for later layers
+  int gated_skip_source;  // record #89's: the earlier layer whose output it adds with the skip gate
+  int attention_source;   // record #89's: the earlier layer whose output its attention reads, -1 its input
+  int kept;             // its output's slot among those kept for later layers (skips, attention sources)
   bool key_offset;      // after the rotary, each key's stationary dims are the previous key's
                         // (record #89's, on its long-window layers: plan_key_offsets)
   bool xsa;             // record #89's exclusive self-attention runs here (with ArchSpec::xsa)
@@ -363,17 +404,22 @@ struct LayerPlan {
   // The start-up table's: the columns that differ from plain attention with the long window (the
   // windows only where the run has one: `windowed`).
   std::string describe(bool windowed) const {
-    std::string attention, values, skips;
+    std::string attention, values, skips, gated_skips, sources;
+    auto entry = [](int layer) { return layer >= 0 ? strformat(" %d", layer) : std::string(" -"); };
     for (const LayerSpec& l : layers) {
       attention += l.attention ? "A" : "-";
-      values += l.value_embedding >= 0 ? strformat(" %d", l.value_embedding) : std::string(" -");
-      skips += l.skip_source >= 0 ? strformat(" %d", l.skip_source) : std::string(" -");
+      values += entry(l.value_embedding);
+      skips += entry(l.skip_source);
+      gated_skips += entry(l.gated_skip_source);
+      sources += entry(l.attention_source);
     }
     std::string s = strformat("%d", size());
     if (attention_layers < size()) s += "; attention " + attention;
     if (windowed && has_short_windows()) s += "; windows " + windows();
     if (value_embeddings > 0) s += "; value embeddings" + values;
     if (skip_weights > 0) s += "; U-net skips from" + skips;
+    if (gated_skips.find_first_of("0123456789") != std::string::npos) s += "; gated skip from" + gated_skips;
+    if (sources.find_first_of("0123456789") != std::string::npos) s += "; attention over the output of" + sources;
     if (key_offsets() != std::string(size(), '-')) s += "; key offset " + key_offsets();
     return s;
   }
@@ -392,40 +438,51 @@ inline void plan_key_offsets(LayerPlan& plan) {
   for (LayerSpec& l : plan.layers) l.key_offset = l.attention && l.window == LayerWindow::kLong;
 }
 
-// The speedrun's layers are its reference's lists (at their depth only); the other architectures
-// attend in every layer, with the reference's windows at its depth and the long one at any other.
-inline LayerPlan layer_plan(Arch arch, int num_layers) {
-  const bool speedrun = arch == Arch::kSpeedrun, reference_depth = num_layers == kSpeedrunLayers;
-  if (speedrun && !reference_depth) {
-    LLMC_FAIL("layer plan: the speedrun's layers are its reference's %d, not %d", kSpeedrunLayers, num_layers);
+// The speedrun's layers are its reference's lists, record #28's or with record89_plan record #89's
+// (at their depth only); the other architectures attend in every layer, with record #28's windows at
+// its depth and the long one at any other.
+inline LayerPlan layer_plan(Arch arch, int num_layers, bool record89_plan = false) {
+  const bool speedrun = arch == Arch::kSpeedrun, record89 = speedrun && record89_plan;
+  const bool reference_depth = num_layers == kSpeedrunLayers;
+  if (speedrun && num_layers != speedrun_layers(record89)) {
+    LLMC_FAIL("layer plan: the speedrun's layers are its reference's %d, not %d", speedrun_layers(record89),
+              num_layers);
   }
+  const char* attention = record89 ? kRecord89Attention : kSpeedrunAttention;
+  const char* windows = record89 ? kRecord89Windows : kSpeedrunWindows;
+  const int* value_embeddings = record89 ? kRecord89ValueEmbeddings : kSpeedrunValueEmbeddings;
+  const char* xsa = record89 ? kRecord89Xsa : kSpeedrunXsa;
   LayerPlan plan;
   plan.layers.resize(num_layers);
   for (int l = 0; l < num_layers; l++) {
     LayerSpec& s = plan.layers[l];
-    s.attention = !speedrun || kSpeedrunAttention[l] == 'A';
-    s.window = reference_depth ? (LayerWindow)kSpeedrunWindows[l] : LayerWindow::kLong;
+    s.attention = !speedrun || attention[l] == 'A';
+    s.window = speedrun || reference_depth ? (LayerWindow)windows[l] : LayerWindow::kLong;
     s.attention_slab = s.attention ? plan.attention_layers++ : -1;
-    s.value_embedding = speedrun ? kSpeedrunValueEmbeddings[l] : -1;
+    s.value_embedding = speedrun ? value_embeddings[l] : -1;
     plan.value_embeddings = std::max(plan.value_embeddings, s.value_embedding + 1);
     s.value_embedding_slab = s.value_embedding >= 0 ? plan.value_embedding_layers++ : -1;
-    s.skip_source = speedrun ? kSpeedrunSkipSources[l] : -1;
+    s.skip_source = speedrun && !record89 ? kSpeedrunSkipSources[l] : -1;
     s.skip_weight = s.skip_source >= 0 ? plan.skip_weights++ : -1;
+    s.gated_skip_source = record89 ? kRecord89GatedSkips[l] : -1;
+    s.attention_source = record89 ? kRecord89AttentionSources[l] : -1;
     s.key_offset = false;
-    s.xsa = speedrun && s.attention && kSpeedrunXsa[l] == 'X';
+    s.xsa = speedrun && s.attention && xsa[l] == 'X';
     s.xsa_slab = s.xsa ? plan.xsa_layers++ : -1;
   }
-  // The outputs a skip reads, kept in layer order; one pass, as a checkpoint's header may give up
-  // to kMaxLayers layers.
-  std::vector<char> skipped_from(num_layers, 0);
+  // The outputs a later layer reads, kept in layer order; one pass, as a checkpoint's header may give
+  // up to kMaxLayers layers.
+  std::vector<char> read_later(num_layers, 0);
   for (const LayerSpec& s : plan.layers) {
-    if (s.skip_source >= 0) skipped_from[s.skip_source] = 1;
+    for (int source : {s.skip_source, s.gated_skip_source, s.attention_source}) {
+      if (source >= 0) read_later[source] = 1;
+    }
   }
-  for (int l = 0; l < num_layers; l++) plan.layers[l].kept = skipped_from[l] ? plan.kept_outputs++ : -1;
+  for (int l = 0; l < num_layers; l++) plan.layers[l].kept = read_later[l] ? plan.kept_outputs++ : -1;
   return plan;
 }
 
-inline LayerPlan layer_plan(const GPT2Config& c) { return layer_plan(c.arch, c.num_layers); }
+inline LayerPlan layer_plan(const GPT2Config& c) { return layer_plan(c.arch, c.num_layers, c.record89_plan); }
 
 // PyTorch's F.rms_norm default (eps=None): the FP32 epsilon, also for BF16 inputs.
 constexpr float kRmsNormEps = 1.1920928955078125e-07f;
@@ -462,10 +519,11 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
     LLMC_FAIL("invalid %s model config: head size %d must be a multiple of 4 (rotary pairs)",
               arch_spec(arch).name, channels / num_heads);
   }
-  if (arch == Arch::kSpeedrun && (num_layers != kSpeedrunLayers || channels < kGateDivisor)) {
-    LLMC_FAIL("invalid speedrun model config L=%d C=%d: its reference's %d layers, and C at least %d "
-              "(the attention gate reads C/%d channels)", num_layers, channels, kSpeedrunLayers,
-              kGateDivisor, kGateDivisor);
+  const bool speedrun_depth = num_layers == kSpeedrunLayers || num_layers == kRecord89Layers;
+  if (arch == Arch::kSpeedrun && (!speedrun_depth || channels < kGateDivisor)) {
+    LLMC_FAIL("invalid speedrun model config L=%d C=%d: its references' %d layers (record #28's; %d record "
+              "#89's), and C at least %d (the attention gate reads C/%d channels)", num_layers, channels,
+              kSpeedrunLayers, kRecord89Layers, kGateDivisor, kGateDivisor);
   }
   GPT2Config c;
   c.arch = arch;
@@ -476,6 +534,12 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
   c.vocab_size = vocab_size;
   c.padded_vocab_size = pad_vocab(vocab_size);
   return c;
+}
+
+// A speedrun config with record #89's plan, or without: its depth follows (speedrun_layers).
+inline void set_record89_plan(GPT2Config& c, bool on) {
+  c.record89_plan = on;
+  if (c.speedrun()) c.num_layers = speedrun_layers(on);
 }
 
 // "d12", "d24", "d36", "d48" are GPT-2 124M/350M/774M/1.5B; "tiny" is a small
@@ -514,13 +578,13 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 32;
+constexpr int kNumParamTensors = 34;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
-  kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha,
+  kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -563,6 +627,9 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0, ve_gates = a.ve_gates ? 1 : 0;
   const size_t Lve = plan.value_embedding_layers, xsa = a.xsa ? 1 : 0, Lx = plan.xsa_layers;
   const size_t sublayer_lambdas = a.resid_lambdas ? 2 : 0;  // (attention, MLP) in every layer
+  const size_t x0_gates = a.x0_gates ? 1 : 0;  // one an attention layer
+  size_t gated_skips = 0;  // (skip_lambda, g) where the plan has a gated skip
+  for (const LayerSpec& l : plan.layers) gated_skips = l.gated_skip_source >= 0 ? 2 : gated_skips;
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
   const ParamStack attention = ParamStack::kAttentionLayers, with_ve = ParamStack::kValueEmbeddingLayers;
@@ -601,6 +668,8 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"resid_lambdas", L * sublayer_lambdas, layers, false, false, R::kVector},
       {"post_lambdas", L * sublayer_lambdas, layers, false, false, R::kVector},
       {"xsa_alpha", xsa * Lx * NH, with_xsa, false, false, R::kVector},
+      {"x0_gates", x0_gates * La, attention, false, false, R::kVector},
+      {"skip_gate", gated_skips, whole, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -650,7 +719,7 @@ constexpr int kMaxMuonGroups = 16;
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
     kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
-    kResidLambdas, kPostLambdas, kXsaAlpha};
+    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -731,14 +800,16 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               path.c_str(), h[7], h[3], kVocabPadMultiple, c.padded_vocab_size);
   }
   const int features = h[kFeaturesSlot];
-  const int speedrun_only = kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa;
+  const int speedrun_only =
+      kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
-              "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA), "
-              "and GPT-2 has no rotary (%d: its pairs): the header is damaged or the file comes from a newer "
-              "version; re-create it", path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram,
-              kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRotaryPairs);
+              "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA, "
+              "%d: record #89's plan), and GPT-2 has no rotary (%d: its pairs): the header is damaged or the file "
+              "comes from a newer version; re-create it", path.c_str(), kFeaturesSlot, features, kFeatureSmear,
+              kFeatureBigram, kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan,
+              kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
@@ -746,6 +817,13 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   c.ve_gates = (features & kFeatureVeGates) != 0;
   c.resid_lambdas = (features & kFeatureResidLambdas) != 0;
   c.xsa = (features & kFeatureXsa) != 0;
+  c.record89_plan = (features & kFeatureRecord89Plan) != 0;
+  if (c.speedrun() && c.num_layers != speedrun_layers(c.record89_plan)) {
+    LLMC_FAIL("%s: a speedrun model of %d layers %s record #89's plan (header slot %d's bit %d), whose depth is %d: "
+              "the header is damaged; re-create the file", path.c_str(), c.num_layers,
+              c.record89_plan ? "with" : "without", kFeaturesSlot, kFeatureRecord89Plan,
+              speedrun_layers(c.record89_plan));
+  }
   return c;
 }
 
@@ -763,7 +841,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[8] = (int)c.arch;
   h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
                      (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
-                     (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0);
+                     (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0) |
+                     (c.record89_plan ? kFeatureRecord89Plan : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1166,7 +1245,8 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
 // zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1), its
-// residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero.
+// residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero; with its plan its x0
+// gates zero and its skip gate's skip_lambda -1.5 and g 0.5.
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.
@@ -1179,6 +1259,10 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
   std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
   std::fill_n(params.begin() + offsets[kResidLambdas], table[kResidLambdas].size, kResidLambdaInit);
   std::fill_n(params.begin() + offsets[kPostLambdas], table[kPostLambdas].size, kPostLambdaInit);
+  if (table[kSkipGate].size > 0) {
+    params[offsets[kSkipGate]] = kSkipLambdaInit;
+    params[offsets[kSkipGate] + 1] = kSkipGateInit;
+  }
   const size_t embedding = table[kWte].size;
   if (record89) {
     rng.normal(params.data() + offsets[kHeadw], embedding, 0.0, 0.005);
