@@ -984,7 +984,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(layers)
         # speedrun: the U-net's weights, one for each layer with a skip source (unet_skip)
         skips = sum(spec.skip_weight is not None for spec in config.plan)
-        self.skip_weights = nn.Parameter(torch.ones(skips)) if config.speedrun else None
+        self.skip_weights = nn.Parameter(torch.ones(skips)) if skips else None
         # speedrun with the smear: the gate's weights over the first 12 channels and its lambda (smear)
         self.smear_weight = nn.Parameter(torch.zeros(SMEAR_WIDTH)) if config.smear else None
         self.smear_lambda = nn.Parameter(torch.zeros(1)) if config.smear else None
@@ -1294,8 +1294,9 @@ def params_in_file_order(model):
         lambdas = [model.resid_lambdas, model.post_lambdas] if model.config.resid_lambdas else []
         xsa = [model.xsa_alpha] if model.config.xsa else []
         record89 = [q for q in (model.x0_gates, model.skip_gate) if q is not None]
+        unet = [model.skip_weights] if model.skip_weights is not None else []  # none in record #89's plan
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
-                + bigram + stacked(SPEEDRUN_GATES) + [model.skip_weights] + stacked(SPEEDRUN_SCALARS) + smear
+                + bigram + stacked(SPEEDRUN_GATES) + unet + stacked(SPEEDRUN_SCALARS) + smear
                 + bigram_gates + ve_gates + lambdas + xsa + record89)
     present = dict(t.h[0].named_parameters())
     blocks = stacked([name for name in BLOCK_PARAMS if name in present])
@@ -1364,7 +1365,8 @@ def init_weights_speedrun(model, seed, record_init=0):
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-        model.skip_weights.fill_(1.0)
+        if model.skip_weights is not None:
+            model.skip_weights.fill_(1.0)
         if record89:
             model.lm_head.weight.normal_(0.0, 0.005)
             t.wte.weight.copy_(model.lm_head.weight)
@@ -2497,7 +2499,8 @@ def muon_param_groups(model, qk_heads=0):
     qkv = dict(params=[b.attn.c_attn.weight for b in blocks if b.attn is not None],
                blocks=qkv_blocks(model.config, qk_heads))
     if model.config.speedrun:
-        projections = [p for b in blocks if b.attn is not None for p in (b.attn.c_proj.weight, b.attn.gate.weight)]
+        projections = [linear.weight for b in blocks if b.attn is not None for linear in (b.attn.c_proj, b.attn.gate)
+                       if linear is not None]  # record #89's plan has no gates
         others = projections + [b.mlp.c_proj.weight for b in blocks]
         fc = [b.mlp.c_fc.weight for b in blocks]
         return [qkv, dict(params=others), dict(params=fc, transposed=True)]
