@@ -552,7 +552,11 @@ gpu_setup() {
 # the head N(0, 0.005), wte its copy, the value embeddings N(0, 0.01), attprojw drawn); and with
 # record #89's XSA (the model file's header slot 9: the strengths of layers 1, 3 and 4, nonzero from
 # --debug_noise), at tiny and with heads of 128 (C 256), where the gate takes the flash backward's row
-# dots on the other layers and leaves them to the flash backward on the XSA layers.
+# dots on the other layers and leaves them to the flash backward on the XSA layers; and in record #89's
+# plan (the model file's header slot 9: 11 layers, layer 6 adding layer 3's output with its gate,
+# layers 9 and 10 attending over layer 7's, x0 added after each attention with a gate), alone, with
+# the bigram embedding, residual lambdas, value-embedding gates and XSA (the terms of the attention's
+# add together), and at d12.
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -585,7 +589,10 @@ gpu_against_pytorch() {
               "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1" \
               "speedrun_tiny_resid_lambdas:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --resid_lambdas 1 --smear 1 --bigram 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9" \
               "speedrun_tiny_xsa:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1" \
-              "speedrun_h2c256_xsa:--recipe speedrun --model tiny --num_heads 2 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1 --ve_gates 1"; do
+              "speedrun_h2c256_xsa:--recipe speedrun --model tiny --num_heads 2 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1 --ve_gates 1" \
+              "speedrun_tiny_record89_plan:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1" \
+              "speedrun_tiny_record89_plan_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --bigram 1 --resid_lambdas 1 --ve_gates 1 --xsa 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9" \
+              "speedrun_d12_record89_plan:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -886,6 +893,10 @@ gpu_resume() {
     -vt 512
   # With its XSA (-xs 1): the strengths and their AdamW state, the model from the header.
   resume_test ./train_gpt2cu resume_speedrun_xsa_bf16 -recipe speedrun -xs 1 -b 1 -t 1024 -z 1024 -vt 512
+  # In record #89's plan (-lp 1) with the bigram embedding and residual lambdas: the x0 gates, the skip
+  # gate and their AdamW state, the 11-layer model from the header.
+  resume_test ./train_gpt2cu resume_speedrun_record89_plan_bf16 -recipe speedrun -lp 1 -bg 1 -rl 1 -b 1 -t 1024 \
+    -z 1024 -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
   # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
   # frequencies and scale of both changes from the plan again.
