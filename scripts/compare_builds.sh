@@ -2,7 +2,7 @@
 # Bit for bit against another tree of this project (a change that must not move a bit, such as a
 # restructuring): builds both trees' CUDA trainers, runs the same short trainings in each (GPT-2
 # in BF16, FP32 and -fp8 2, GPT-2 with -opt muon, the modern and speedrun recipes in BF16 and
-# FP32; validation and samples every 10 steps), generates from each final model with the KV
+# FP32, the speedrun with record #89's parts of its 12-layer plan in BF16; validation and samples every 10 steps), generates from each final model with the KV
 # cache, and resumes
 # this tree's trainer from the other's checkpoint of step 10. Every loss line, validation loss,
 # sample, parameter checksum and generated text must be identical, and so must the model and
@@ -14,7 +14,7 @@
 #   OUTDIR      logs and runs, one folder per tree (checkpoints removed once compared); the
 #               summary is OUTDIR/summary.txt
 #   NAME        only these runs (default all): gpt2_bf16 gpt2_fp32 gpt2_fp8 gpt2_muon modern_bf16
-#               modern_fp32 speedrun_bf16 speedrun_fp32
+#               modern_fp32 speedrun_bf16 speedrun_fp32 speedrun89_bf16
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
@@ -24,7 +24,8 @@ shift 3
 [ -f "$other/train_gpt2.cu" ] || { echo "error: $other holds no train_gpt2.cu: give a checkout" >&2; exit 1; }
 [ -f "$text" ] || { echo "error: $text: no such file (tiny shakespeare's input.txt)" >&2; exit 1; }
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(gpt2_bf16 gpt2_fp32 gpt2_fp8 gpt2_muon modern_bf16 modern_fp32 speedrun_bf16 speedrun_fp32)
+[ ${#names[@]} -gt 0 ] || names=(gpt2_bf16 gpt2_fp32 gpt2_fp8 gpt2_muon modern_bf16 modern_fp32 speedrun_bf16 speedrun_fp32
+  speedrun89_bf16)
 mkdir -p "$out"
 summary=$out/summary.txt
 : > "$summary"
@@ -33,7 +34,8 @@ summary=$out/summary.txt
 declare -A flags=(
   [gpt2_bf16]="-e d12" [gpt2_fp32]="-e d12" [gpt2_fp8]="-e d12 -fp8 2" [gpt2_muon]="-e d12 -opt muon"
   [modern_bf16]="-recipe modern -e d12 -z -1" [modern_fp32]="-recipe modern -e d12 -z -1"
-  [speedrun_bf16]="-recipe speedrun -e d12 -vt 512 -z 1024" [speedrun_fp32]="-recipe speedrun -e d12 -vt 512 -z 1024")
+  [speedrun_bf16]="-recipe speedrun -e d12 -vt 512 -z 1024" [speedrun_fp32]="-recipe speedrun -e d12 -vt 512 -z 1024"
+  [speedrun89_bf16]="-recipe speedrun -e d12 -vt 512 -z 1024 -sm 1 -bg 1 -rp 1 -ko 1 -vg 1 -rl 1 -xs 1")
 trainer_of() { case "$1" in *_fp32) echo train_gpt2fp32cu ;; *) echo train_gpt2cu ;; esac; }
 
 make -s -j"$(nproc)" train_gpt2cu train_gpt2fp32cu build/prepare_shards >/dev/null &
