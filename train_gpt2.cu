@@ -1194,14 +1194,14 @@ void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, co
   gated_terms_forward(out, in, in_scale, {bigram, gate}, {}, N, C, stream);
 }
 
-// The rows' part of a term's backward: dbigram += gate dout, and each row block's sum of dout . bigram
+// The rows' part of a term's backward: dterm += gate dout, and each row block's sum of dout . term
 // into partials (kRowBlocks floats), for a finalize to add up.
-void gated_term_rows_backward(floatX* dbigram, float* partials, const floatX* dout, const floatX* bigram,
+void gated_term_rows_backward(floatX* dterm, float* partials, const floatX* dout, const floatX* term,
                               const floatX* gate, int N, int C, cudaStream_t stream) {
-  bigram_check("bigram_gate_backward", N, C);
-  REQUIRE(dbigram != dout, "bigram_gate_backward: dbigram must be apart from dout");
-  bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dbigram, partials, dout, bigram, gate,
-                                                                             N, C);
+  bigram_check("gated_term_rows_backward", N, C);
+  REQUIRE(dterm != dout, "gated_term_rows_backward: the term's gradient must be apart from dout");
+  bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dterm, partials, dout, term, gate, N,
+                                                                             C);
   cudaCheckLaunch();
 }
 
