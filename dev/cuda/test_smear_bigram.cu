@@ -7,7 +7,11 @@
 //    (dev/test/test_bigram_hash.cpp pins those); the table's gradient through the encoder's
 //    bucketed backward, ids repeated hundreds of times (long buckets) and rows never hit left alone;
 //  - bigram_gate_forward/backward: in + g b (the product rounded, then the sum), apart and in place;
-//    db += g dout and dg += the sum of dout . b in double from the same stored values.
+//    db += g dout and dg += the sum of dout . b in double from the same stored values;
+//  - gated_terms_forward (record #89's plan's x0 term, then the bigram's): [p] in + g x0 + g' b
+//    with and without p, apart and in place, bitwise against a reference that rounds where the kernel
+//    does (each product to the storage type, the FP32 sum in that order, once at the end); either
+//    term alone bitwise bigram_gate_forward.
 // Row counts below, at and above the backward's 256 fixed row blocks, widths with partial warps;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits.
@@ -223,6 +227,71 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(db, dg));
 }
 
+// One term g t of gated_terms_forward's sum on the CPU; none where values is null.
+struct HostTerm {
+  const std::vector<float>* values = nullptr;
+  float gate = 0.0f;
+};
+
+// [p] in + g t + g' t', rounded as gated_terms_forward_kernel: p in and each product rounded once to
+// FP32 (their double products are exact), each product then to the storage type, the sum in FP32 in
+// this order, rounded once to the storage type.
+std::vector<float> gated_terms_reference(const std::vector<float>& in, const float* p, const HostTerm& first,
+                                         const HostTerm& second) {
+  std::vector<float> out(in.size());
+  for (size_t i = 0; i < in.size(); i++) {
+    float v = p ? (float)((double)*p * in[i]) : in[i];
+    for (const HostTerm* t : {&first, &second}) {
+      if (t->values) v += (float)(floatX)(float)((double)t->gate * (*t->values)[i]);
+    }
+    out[i] = (float)(floatX)v;
+  }
+  return out;
+}
+
+void test_gated_terms(int N, int C, llmc::Rng& rng) {
+  printf("\ngated terms N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 1.0f), x0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> b = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> scalars = stored({0.8125f, 0.37f, 0.05f});  // p, x0's gate, the bigram's gate
+  DeviceArray<floatX> d_x(x), d_x0(x0), d_b(b), d_scalars(scalars), out(n), one(n), bigram_gated(n);
+  const floatX* gates = d_scalars;
+  const GatedTerm x0_term{d_x0, gates + 1}, bigram_term{d_b, gates + 2};
+  const HostTerm host_x0{&x0, scalars[1]}, host_bigram{&b, scalars[2]};
+  for (const bool with_p : {false, true}) {
+    const floatX* p = with_p ? gates : nullptr;
+    const std::string which = with_p ? " p in + g x0 + g' b" : " in + g x0 + g' b";
+    auto forward = [&] {
+      out.poison();
+      gated_terms_forward(out, d_x, p, x0_term, bigram_term, N, C, 0);
+    };
+    forward();
+    const std::vector<float> ref = gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, host_bigram);
+    check_close("forward (exact)" + which, out.download(), ref, 0.0f);
+    const Snapshot bits(out);
+    forward();
+    check_same_bits("forward twice" + which, bits, Snapshot(out));
+    DeviceArray<floatX> in_place(x);
+    gated_terms_forward(in_place, in_place, p, x0_term, bigram_term, N, C, 0);
+    check_same_bits("forward in place" + which, bits, Snapshot(in_place));
+
+    // Each term alone, first or second: bigram_gate_forward's bits.
+    for (const bool alone_first : {true, false}) {
+      const std::string where = alone_first ? " (first)" : " (second)";
+      one.poison();
+      bigram_gated.poison();
+      gated_terms_forward(one, d_x, p, alone_first ? x0_term : GatedTerm{}, alone_first ? GatedTerm{} : x0_term, N,
+                          C, 0);
+      bigram_gate_forward(bigram_gated, d_x, d_x0, gates + 1, N, C, 0, p);
+      const std::vector<float> ref_one =
+          gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, HostTerm{});
+      check_close("one term (exact)" + which + where, one.download(), ref_one, 0.0f);
+      check_same_bits("one term = bigram_gate_forward" + where, Snapshot(bigram_gated), Snapshot(one));
+    }
+  }
+}
+
 void test_bad_shapes() {
   printf("\nbad shapes\n");
   DeviceArray<floatX> a(3 * 768), b(3 * 768);
@@ -245,6 +314,8 @@ void test_bad_shapes() {
                         "bigram_gate_backward with dbigram over dout");
   testing::check_throws([&] { bigram_gate_forward(a, a, b, b, 3, 102, 0); }, "multiple of",
                         "bigram_gate_forward at C = 102");
+  testing::check_throws([&] { gated_terms_forward(a, a, nullptr, {b, b}, {b, b}, 3, 102, 0); }, "multiple of",
+                        "gated_terms_forward at C = 102");
 }
 
 void run() {
@@ -262,6 +333,11 @@ void run() {
   test_bigram_gate(4 * 64 + 1, 768, rng);   // one row per backward block, one more
   test_bigram_gate(3999, 768, rng);         // 16 rows per block; one short, six empty
   test_bigram_gate(7, 136, rng);            // most blocks empty, a row of 17 pieces
+  test_gated_terms(37, 128, rng);           // tiny width
+  test_gated_terms(1, 128, rng);            // one row: most of a block's threads idle
+  test_gated_terms(300, 768, rng);          // d12 width
+  test_gated_terms(1, 768, rng);
+  test_gated_terms(7, 136, rng);            // a row of 17 pieces
   test_bad_shapes();
 }
 

@@ -8,6 +8,10 @@
 //    with its norm bitwise against rmsnorm_forward of the rounded sum; the mix's add first with
 //    scales, bitwise the scaled add and then the mix; bigram_gate_forward's p in + g b, also in
 //    place; sublayer_lambdas_backward's dy = p dout, dx = r dout in place, dr and dp;
+//  - record #89's gated skip: gated_skip_scale's s = round(round(sigmoid(l)) g) for a few (l, g);
+//    the add x + s kept through fused_residual_rmsnorm_forward (scales {null, s}), bitwise, its norm
+//    bitwise rmsnorm_forward's; gated_skip_backward's dkept += s dout rounded as the kernel does, and
+//    d skip_lambda = g sig (1 - sig) S, dg = sig S, S the sum of dout . kept, in double;
 //  - value_mix_forward/backward: qkv's v = a v + b ve[token] (or a v), v_pre kept, q and k left
 //    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen; with
 //    record #89's gates (2 sigmoid(W[h] . [hn[:6], ve[:6]]) a head in b's place): dW, dhn's first 6
@@ -278,6 +282,104 @@ void test_sublayer_lambdas(int N, int C, llmc::Rng& rng) {
   const Snapshot bits(d_dout, dy, dr, dp);
   backward();
   check_same_bits("backward twice", bits, Snapshot(d_dout, dy, dr, dp));
+}
+
+// ---- Record #89's gated skip ----
+
+// The BF16 build rounds the sigmoid to 8 bits, which the GPU's expf (a few units of 6e-8 off) cannot
+// move where the sigmoid lies away from a rounding midpoint, as it does (by over 1e-4 of its value)
+// for every skip_lambda below: exact. The FP32 build keeps expf's error.
+#if defined(ENABLE_FP32)
+constexpr float kTolSkipScale = kTolStore;
+#else
+constexpr float kTolSkipScale = 0.0f;
+#endif
+
+// sigmoid(l) rounded to the storage type, as the kernels round it.
+double rounded_sigmoid(float l) { return (float)(floatX)(float)(1.0 / (1.0 + std::exp(-(double)l))); }
+
+// s = round(round(sigmoid(l)) g) from skip_gate's two values (l, g); the cases after the first (the
+// initial values) are ones where rounding the sigmoid first changes s in the BF16 build.
+void test_gated_skip_scale() {
+  printf("\ngated skip scale\n");
+  const std::vector<std::pair<float, float>> cases = {{-1.5f, 0.5f},  {-1.5f, 1.3f}, {-2.25f, 0.7f},
+                                                      {1.5f, -0.8f},  {3.0f, 1.9f},  {-0.375f, 0.45f}};
+  std::vector<float> got, ref;
+  for (const auto& [l, g] : cases) {
+    const std::vector<float> skip_gate = stored({l, g});
+    DeviceArray<floatX> d_skip_gate(skip_gate), scale(1);
+    scale.poison();
+    gated_skip_scale(scale, d_skip_gate, 0);
+    got.push_back(scale.download()[0]);
+    ref.push_back((float)(floatX)(float)(rounded_sigmoid(skip_gate[0]) * skip_gate[1]));
+    printf("     l=%g g=%g: s=%.9g, reference %.9g\n", skip_gate[0], skip_gate[1], got.back(), ref.back());
+  }
+  check_close("gated skip scale", got, ref, kTolSkipScale);
+}
+
+void test_gated_skip(int N, int C, llmc::Rng& rng) {
+  printf("\ngated skip N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 1.0f), kept = random_stored(rng, n, 0.5f, 1.0f);
+  const std::vector<float> skip_gate = stored({-1.5f, 1.3f});  // skip_lambda, g
+  DeviceArray<floatX> d_x(x), d_kept(kept), d_skip_gate(skip_gate), scale(1), sum(n), normed(n), ref_normed(n);
+  DeviceArray<float> rstd(N), ref_rstd(N);
+  gated_skip_scale(scale, d_skip_gate, 0);
+  const double s = scale.download()[0];
+
+  // The add x + s kept, s's product rounded to FP32 and the sum once to the storage type.
+  std::vector<float> ref_sum(n);
+  for (size_t i = 0; i < n; i++) ref_sum[i] = (float)(floatX)(x[i] + (float)(s * kept[i]));
+  auto forward = [&] {
+    sum.poison();
+    normed.poison();
+    rstd.poison();
+    fused_residual_rmsnorm_forward(sum, normed, rstd, d_x, d_kept, nullptr, N, C, 0, SublayerScales{nullptr, scale});
+  };
+  forward();
+  check_close("x + s kept (exact)", sum.download(), ref_sum, 0.0f);
+  rmsnorm_forward(ref_normed, ref_rstd, sum, nullptr, N, C, 0);
+  check_same_bits("its norm = rmsnorm_forward of the sum", Snapshot(ref_normed, ref_rstd), Snapshot(normed, rstd));
+  const Snapshot forward_bits(sum, normed, rstd);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(sum, normed, rstd));
+
+  // dout's and kept's means keep S = sum dout . kept positive, and the gradients accumulated onto
+  // positive values: no cancellation for the FP32 sums' error to stand out in.
+  const std::vector<float> dout = random_stored(rng, n, 0.5f, 1.0f), dkept0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dskip0 = random_stored(rng, 2, 1.0f, 0.25f);
+  // dkept0 + s dout is exact in double (products of stored values), so rounding it to FP32 and then to
+  // the storage type gives the kernel's bits in BF16 (FMA or not); FP32 may round the product first.
+  std::vector<float> ref_dkept(n);
+  double S = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    ref_dkept[i] = (float)(floatX)(float)(dkept0[i] + s * dout[i]);
+    S += (double)dout[i] * kept[i];
+  }
+  const double sig = rounded_sigmoid(skip_gate[0]), g = skip_gate[1];
+  const std::vector<float> ref_dlambda = {(float)(dskip0[0] + g * sig * (1.0 - sig) * S)};
+  const std::vector<float> ref_dg = {(float)(dskip0[1] + sig * S)};
+  DeviceArray<floatX> d_dout(dout), dkept(n), dskip(2);
+  DeviceArray<float> partials(kRowBlocks);
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    dkept.upload(dkept0);
+    dskip.upload(dskip0);
+    partials.poison();
+    gated_skip_backward(dkept, dskip, partials, d_dout, d_kept, scale, d_skip_gate, N, C, seed, 0);
+  };
+  backward();
+#if defined(ENABLE_FP32)
+  check_close("backward dkept += s dout", dkept.download(), ref_dkept, kTolStore);
+#else
+  check_close("backward dkept += s dout (exact)", dkept.download(), ref_dkept, 0.0f);
+#endif
+  const std::vector<float> dskip_got = dskip.download();
+  check_close("backward d skip_lambda", {dskip_got[0]}, ref_dlambda, kTolSum);
+  check_close("backward dg", {dskip_got[1]}, ref_dg, kTolSum);
+  const Snapshot backward_bits(dkept, dskip);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(dkept, dskip));
 }
 
 // ---- Value mix ----
@@ -848,6 +950,9 @@ void test_bad_shapes() {
   DeviceArray<float> xsa_partials(xsa_backward_partials(6));
   testing::check_throws([&] { xsa_backward(a, a, b, xsa_partials, b, b, b, 2304, b, 1, 6, 768, 1, 0); }, "dv apart",
                         "xsa_backward with dv over dy");
+  DeviceArray<float> skip_partials(kRowBlocks);
+  testing::check_throws([&] { gated_skip_backward(a, b, skip_partials, a, b, b, b, 3, 768, 1, 0); },
+                        "apart from dout", "gated_skip_backward with dkept over dout");
 }
 
 void run() {
@@ -861,6 +966,12 @@ void run() {
   test_sublayer_lambdas(4 * 64 + 1, 768, rng);  // d12 width; one row per backward block, one more
   test_sublayer_lambdas(3999, 768, rng);        // 16 rows per block; one short, six empty
   test_sublayer_lambdas(37, 128, rng);          // tiny width; most blocks empty
+  test_gated_skip_scale();
+  llmc::Rng skip_rng(89);  // its own draws, so that the later cases keep their inputs
+  test_gated_skip(4 * 64 + 1, 768, skip_rng);  // d12 width; one row per backward block, one more
+  test_gated_skip(3999, 768, skip_rng);        // 16 rows per block; one short, six empty
+  test_gated_skip(37, 128, skip_rng);          // tiny width; most blocks empty
+  test_gated_skip(1, 768, skip_rng);           // one row: every block but the first empty
 
   for (bool ve : {true, false}) {
     test_value_mix({4 * 64 + 1, 768, 64, ve}, rng);  // tokens repeated about four times
