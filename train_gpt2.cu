@@ -3907,6 +3907,77 @@ void xsa_backward(floatX* dy, floatX* dv, floatX* dalpha, float* partials, const
   column_sum_finalize(dalpha, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
+// ---- Record #89's head gates (SPEC "Record #89's plan") ----
+// In the plan's head-gate layers each head's attention output (XSA's where the layer has it) is
+// scaled by its gate before the output projection: out = y g_h, g [NH] on the device, the product
+// rounded once (as train_gpt2.py's tensor product). Backward: dy = g_h dout (in place allowed) and
+// dg_h += the sum of dout . y over the head's columns and the rows, by row blocks (section 2):
+// each thread its 16-byte pieces in order, a head's sums over the block in block_reduce_sum's tree.
+// Floor: forward reads NC, writes NC; backward reads 2NC, writes NC; memory-bound.
+constexpr int kHeadGateThreads = 256;
+constexpr int kHeadGateMaxHeads = 32;
+
+__global__ void head_gate_forward_kernel(floatX* out, const floatX* y, const floatX* gate, size_t n, int C, int HS) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const float g = (float)gate[(i % C) / HS];
+  const x128 v = load128(y + i);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * g);
+  store128(out + i, o);
+}
+
+// grid kRowBlocks: block b takes its rows' pieces, thread by thread; partials[b][h] its heads' sums.
+__global__ void head_gate_backward_kernel(floatX* dy, float* partials, const floatX* dout, const floatX* y,
+                                          const floatX* gate, int N, int NH, int C) {
+  __shared__ float shared[WARP_SIZE];
+  const int HS = C / NH;
+  const RowBlockRange range = row_block_range(N, C);
+  float sums[kHeadGateMaxHeads] = {};
+  for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
+    const int h = (int)(i % C) / HS;
+    const float g = (float)gate[h];
+    const x128 d = load128(dout + i), v = load128(y + i);
+    x128 o;
+    float sum = 0.0f;
+    for (int k = 0; k < x128::size; k++) {
+      sum += (float)d[k] * (float)v[k];
+      o[k] = (floatX)((float)d[k] * g);
+    }
+    sums[h] += sum;
+    store128(dy + i, o);
+  }
+  for (int h = 0; h < NH; h++) {
+    const float total = block_reduce_sum(sums[h], shared);
+    if (threadIdx.x == 0) partials[blockIdx.x * NH + h] = total;
+  }
+}
+
+void head_gate_check(const char* name, int N, int NH, int C) {
+  REQUIRE(N > 0 && NH > 0 && NH <= kHeadGateMaxHeads && C % NH == 0 && (C / NH) % x128::size == 0,
+          "%s: %d rows of %d heads in %d channels (up to %d heads, each a multiple of %d channels)", name, N, NH, C,
+          kHeadGateMaxHeads, x128::size);
+}
+
+// out [N, C] = y with each head's columns times its gate g [NH].
+void head_gate_forward(floatX* out, const floatX* y, const floatX* gate, int N, int NH, int C, cudaStream_t stream) {
+  head_gate_check("head_gate_forward", N, NH, C);
+  const size_t n = (size_t)N * C;
+  head_gate_forward_kernel<<<ceil_div(n / x128::size, kHeadGateThreads), kHeadGateThreads, 0, stream>>>(out, y, gate,
+                                                                                                       n, C, C / NH);
+  cudaCheckLaunch();
+}
+
+// From dout, the gradient of head_gate_forward's out: dy = g dout (dy may be dout), and dgate += the
+// sums of dout . y by head (stochastic rounding from seed); partials: kRowBlocks x NH floats.
+void head_gate_backward(floatX* dy, floatX* dgate, float* partials, const floatX* dout, const floatX* y,
+                        const floatX* gate, int N, int NH, int C, uint32_t seed, cudaStream_t stream) {
+  head_gate_check("head_gate_backward", N, NH, C);
+  head_gate_backward_kernel<<<kRowBlocks, kHeadGateThreads, 0, stream>>>(dy, partials, dout, y, gate, N, NH, C);
+  cudaCheckLaunch();
+  column_sum_finalize(dgate, partials, NH, NH, kRowBlocks, seed, stream);
+}
+
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
 // A query attends to the earlier keys of its own document inside the run of key blocks that
 // attention_window_select gives its 128-token block: modded-nanogpt's block mask, or with a window
@@ -10299,6 +10370,45 @@ void xsa_values_gradient(GPT2& m, int l, int N, KernelSeeds& seeds) {
   add_columns_inplace(m.scratch_bt4c + 2 * C, 3 * C, m.act(kXsaOut, l), C, N, C, seeds.next(), m.stream);
 }
 
+// ---- Record #89's head gates (its plan's LayerSpec::head_gate): each head's attention output (XSA's
+// on its layers) times its gate before the output projection; record #28's attention gate is not in
+// that plan. The reference's gates come from its MUDD gate generators, which this model has not: each
+// is a learned scalar a layer and head. Parameters: head_gates [NH] a head-gate layer. Kernels:
+// section 6, "Record #89's head gates". The gated output goes to scratch (attproj's backward has it
+// recomputed: head_gated_kept); the flash backward takes its row dots from the attention's own
+// output and the gradient the gates' backward gives it, as without gates.
+bool head_gate_layer(const GPT2& m, int l) { return m.plan[l].head_gate; }
+
+// The gated output's rows: scratch_bt4c in a training pass (free between the attention and attproj),
+// the decoder's own row.
+void head_gate_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
+  if (m.plan.head_gate_layers == 0) return;
+  r.gated = decoder ? decoder->take<floatX>(m.config.channels) : m.scratch_bt4c;
+}
+
+// Layer l's attention output with its heads gated, into r.gated.
+const floatX* head_gated(GPT2& m, int l, const BlockRows& r) {
+  head_gate_forward(r.gated, attention_output(m, l, r), m.param(llmc::kHeadGates, l), r.rows(), m.config.num_heads,
+                    m.config.channels, m.stream);
+  return r.gated;
+}
+
+// The same for the backward, recomputed from the kept attention output into scratch_bt4c.
+const floatX* head_gated_kept(GPT2& m, int l, int N) {
+  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l), m.param(llmc::kHeadGates, l), N,
+                    m.config.num_heads, m.config.channels, m.stream);
+  return m.scratch_bt4c;
+}
+
+// From scratch_btc, the gradient of the gated output: that of the attention's output (in place) and
+// the gates'.
+void head_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!head_gate_layer(m, l)) return;
+  head_gate_backward(m.scratch_btc, m.grad(llmc::kHeadGates, l), m.partials, m.scratch_btc,
+                     attention_output_kept(m, l), m.param(llmc::kHeadGates, l), N, m.config.num_heads,
+                     m.config.channels, seeds.next(), m.stream);
+}
+
 // ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
 // h the block's normed input (ln1), G = C / 64. Parameters: attngate [NH, G] per attention layer.
 // Kernels: section 6, "The speedrun's attention gate"; with the flash backward the gate's backward
@@ -10331,8 +10441,10 @@ void attention_gate_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) 
   r.gated = m.act_specs[kGated].count > 0 ? m.act(kGated, l) : m.scratch_bt4c;
 }
 
-// attproj's input: the attention's output (XSA's on its layers), or its heads gated into r.gated.
+// attproj's input: the attention's output (XSA's on its layers), or its heads gated into r.gated
+// (record #89's head gates where the plan has them: head_gated).
 const floatX* attention_gated(GPT2& m, int l, const BlockRows& r) {
+  if (head_gate_layer(m, l)) return head_gated(m, l, r);
   if (!m.arch().attention_gate) return attention_output(m, l, r);
   attention_gate_forward(r.gated, r.gates, attention_output(m, l, r), r.ln1.out, m.param(llmc::kAttngate, l), r.rows(),
                          m.config.num_heads, m.config.channels, m.stream);
@@ -10350,6 +10462,7 @@ bool gates_take_row_dots(const GPT2& m, int l) {
 // attproj's input as the forward kept it, or recomputed from the attention's output (XSA's on its
 // layers) and the gates into scratch_bt4c (-r 1); without gates the attention's output.
 const floatX* attproj_input(GPT2& m, int l, int N) {
+  if (head_gate_layer(m, l)) return head_gated_kept(m, l, N);
   if (!m.arch().attention_gate) return attention_output_kept(m, l);
   if (m.act_specs[kGated].count > 0) return m.act(kGated, l);
   attention_gate_apply(m.scratch_bt4c, attention_output_kept(m, l), m.act_f(kGates, l), N, m.config.num_heads,
@@ -10835,6 +10948,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     gpt2_linear_backward(m, kLinearAttproj, l, m.scratch_btc, false, dattention, gated, nullptr, N, seeds.next());
     floatX* dln1_gates = gate_norm_gradient_rows(m, N);
     attention_gate_backward_rows(m, l, B, T, dln1_gates, seeds);
+    head_gate_backward_rows(m, l, N, seeds);
     xsa_backward_rows(m, l, N, seeds);
     attention_backward_rows(m, l, B, T, seeds);
     xsa_values_gradient(m, l, N, seeds);
@@ -10893,6 +11007,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.tokens = m.inputs;
   value_mix_point_rows(m, l, r, nullptr);
   attention_gate_point_rows(m, l, r, nullptr);
+  head_gate_point_rows(m, r, nullptr);
   xsa_point_rows(m, l, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
   record89_plan_point_rows(m, l, r, nullptr);
@@ -11513,6 +11628,7 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   r.tokens = d.token + smear_rows - 1;  // the token's own (the value embeddings' rows), after the one before
   value_mix_point_rows(m, 0, r, &a);
   attention_gate_point_rows(m, 0, r, &a);
+  head_gate_point_rows(m, r, &a);
   xsa_point_rows(m, 0, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
   record89_plan_point_rows(m, 0, r, &a);

@@ -109,6 +109,7 @@ RESID_LAMBDA_INIT = 1.1 ** 0.5
 # Record #89's gated skip's start, sigmoid(skip_lambda) g: its scalars' skip_lambda and its generated
 # gate's bias (llmc's kSkipLambdaInit, kSkipGateInit); its x0 gates start at 0.
 SKIP_LAMBDA_INIT, SKIP_GATE_INIT = -1.5, 0.5
+HEAD_GATE_INIT = 0.25  # record #89's head gates' start, their generated gates' bias (llmc's kHeadGateInit)
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -370,7 +371,8 @@ SPEEDRUN_LAYERS = len(SPEEDRUN_WINDOWS)  # its depth
 #   gated skips: the earlier layer whose output the layer adds, times sigmoid(skip_lambda) g, before its
 #     MLP (its one layer without attention);
 #   attention sources: the earlier layer whose output its attention reads (normed) instead of its input
-#     (layer 8's input is layer 7's output: the reference's out7 for layers 8 to 10).
+#     (layer 8's input is layer 7's output: the reference's out7 for layers 8 to 10);
+#   head gates: G where each head's attention output is scaled by its gate before the output projection.
 # The windows' entry of the layer without attention is not read. No U-net skips.
 #                            0     1     2     3     4     5     6     7     8     9     10
 RECORD89_ATTENTION =        "AAAAAA-AAAA"
@@ -379,6 +381,7 @@ RECORD89_VALUE_EMBEDDINGS = [None, 0,    1,    None, None, None, None, None, 2, 
 RECORD89_GATED_SKIPS =      [None, None, None, None, None, None, 3,    None, None, None, None]
 RECORD89_ATTENTION_SOURCES = [None, None, None, None, None, None, None, None, None, 7,   7]
 RECORD89_XSA =              "-X-XX--X---"
+RECORD89_HEAD_GATES =       "---G------G"
 RECORD89_LAYERS = len(RECORD89_WINDOWS)
 
 
@@ -393,6 +396,7 @@ class LayerSpec:
     xsa: bool = False  # record #89's exclusive self-attention runs here (with --xsa 1)
     gated_skip_source: int = None  # record #89's: the earlier layer whose output it adds with the skip gate
     attention_source: int = None  # record #89's: the earlier layer whose output its attention reads
+    head_gate: bool = False  # record #89's: each head's output times its gate (head_gates)
 
 
 def layer_plan(arch, num_layers, record89_plan=False):
@@ -407,7 +411,8 @@ def layer_plan(arch, num_layers, record89_plan=False):
         return [LayerSpec(RECORD89_ATTENTION[layer] == "A", RECORD89_WINDOWS[layer], RECORD89_VALUE_EMBEDDINGS[layer],
                           xsa=RECORD89_ATTENTION[layer] == "A" and RECORD89_XSA[layer] == "X",
                           gated_skip_source=RECORD89_GATED_SKIPS[layer],
-                          attention_source=RECORD89_ATTENTION_SOURCES[layer])
+                          attention_source=RECORD89_ATTENTION_SOURCES[layer],
+                          head_gate=RECORD89_ATTENTION[layer] == "A" and RECORD89_HEAD_GATES[layer] == "G")
                 for layer in range(num_layers)]
     assert num_layers == SPEEDRUN_LAYERS, f"the speedrun's layers are its reference's {SPEEDRUN_LAYERS}"
     skips = [layer for layer, source in enumerate(SPEEDRUN_SKIP_SOURCES) if source is not None]
@@ -506,8 +511,9 @@ class GPTConfig:
             xsa = sum(spec.xsa for spec in self.plan) * self.num_heads if self.xsa else 0
             x0_gates = attention_layers if self.record89_plan else 0
             skip_gate = 2 if any(spec.gated_skip_source is not None for spec in self.plan) else 0
+            head_gates = sum(spec.head_gate for spec in self.plan) * self.num_heads
             return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
-                    + sublayer_lambdas + xsa + x0_gates + skip_gate)
+                    + sublayer_lambdas + xsa + x0_gates + skip_gate + head_gates)
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -850,10 +856,11 @@ class CausalSelfAttention(nn.Module):
         gate = torch.sigmoid(self.gate(x[..., :self.gate.in_features]))
         return y * gate.view(*gate.shape, 1)
 
-    def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None):
+    def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None, head_gate=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
         causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
-        xsa_alpha: its XSA strengths [NH], or None."""
+        xsa_alpha: its XSA strengths [NH], or None; head_gate: record #89's gate of each head [NH], which
+        scales its output (after XSA) before the output projection, or None."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -878,6 +885,8 @@ class CausalSelfAttention(nn.Module):
             y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
         y = exclusive_self_attention(y.transpose(1, 2), v.transpose(1, 2), xsa_alpha)
         y = self.gate_heads(x, y)
+        if head_gate is not None:
+            y = y * head_gate.type_as(y)[:, None]
         return self.c_proj(y.contiguous().view(B, T, C))
 
 
@@ -938,17 +947,19 @@ class Block(nn.Module):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
     def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, xsa_alpha=None,
-                lambdas=None, x0_term=None, source=None):
+                lambdas=None, x0_term=None, source=None, head_gate=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
         ve_gate: the weights of its value embedding's gates, or None; xsa_alpha: its XSA strengths, or None;
         lambdas: (r_attention, p_attention, r_mlp, p_mlp) of the residual lambdas, each sublayer's add
         r x + p out (the bigram term beside p out, as the reference's), or None: x + out; x0_term: record
         #89's gated x0 the layer adds after its attention, before the bigram term, or None; source: the
-        earlier layer's output its attention reads instead of x (LayerSpec.attention_source), or None."""
+        earlier layer's output its attention reads instead of x (LayerSpec.attention_source), or None;
+        head_gate: its heads' gates (record #89's), or None."""
         x = self.mix_input(x, x0)
         r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
-            y = self.attn(self.ln_1(x if source is None else source), mask, value_embedding, ve_gate, xsa_alpha)
+            y = self.attn(self.ln_1(x if source is None else source), mask, value_embedding, ve_gate, xsa_alpha,
+                          head_gate)
             if x0_term is not None:  # record #89's plan: the attention's terms summed, then the stream's add
                 terms = (y if lambdas is None else p_attention * y) + x0_term
                 terms = terms if bigram is None else terms + bigram
@@ -1016,6 +1027,10 @@ class GPT(nn.Module):
             self.x0_gates = nn.Parameter(torch.zeros(sum(spec.attention for spec in config.plan)))
         if any(spec.gated_skip_source is not None for spec in config.plan):
             self.skip_gate = nn.Parameter(torch.tensor([SKIP_LAMBDA_INIT, SKIP_GATE_INIT]))
+        # and each head's gate [NH] on the plan's head-gate layers, in layer order (layer_head_gates)
+        head_gate_layers = sum(spec.head_gate for spec in config.plan)
+        self.head_gates = (nn.Parameter(torch.full((head_gate_layers, config.num_heads), HEAD_GATE_INIT))
+                           if head_gate_layers else None)
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -1117,13 +1132,14 @@ class GPT(nn.Module):
         masks = self.attention_masks(idx) if masks is None else masks
         lambdas = self.sublayer_lambdas(x)
         x0_terms = self.layer_x0_terms(x0)
+        head_gates = self.layer_head_gates()
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
             x = self.gated_skip(spec, x, outputs)
             source = None if spec.attention_source is None else outputs[spec.attention_source]
             x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer],
-                      xsa_alphas[layer], lambdas[layer], x0_terms[layer], source)
+                      xsa_alphas[layer], lambdas[layer], x0_terms[layer], source, head_gates[layer])
             outputs.append(x)
         return t.ln_f(x)
 
@@ -1165,6 +1181,12 @@ class GPT(nn.Module):
         or None."""
         rows = iter(self.xsa_alpha if self.xsa_alpha is not None else [])
         return [next(rows) if self.xsa_alpha is not None and spec.xsa else None for spec in self.config.plan]
+
+    def layer_head_gates(self):
+        """Each layer's head gates [NH] (a row of head_gates for each head-gate layer of record #89's plan,
+        in layer order; its reference's come from its MUDD gate generators), or None."""
+        rows = iter(self.head_gates if self.head_gates is not None else [])
+        return [next(rows) if spec.head_gate else None for spec in self.config.plan]
 
     def layer_x0_terms(self, x0):
         """Each attention layer's gated x0, g_l x0 in x0's dtype (record #89's plan; its reference's gates
@@ -1280,7 +1302,7 @@ def params_in_file_order(model):
     weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
     with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
-    lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate)."""
+    lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate, head_gates)."""
     t = model.transformer
 
     def stacked(names):
@@ -1293,7 +1315,7 @@ def params_in_file_order(model):
         ve_gates = [model.ve_gates] if model.config.ve_gates else []
         lambdas = [model.resid_lambdas, model.post_lambdas] if model.config.resid_lambdas else []
         xsa = [model.xsa_alpha] if model.config.xsa else []
-        record89 = [q for q in (model.x0_gates, model.skip_gate) if q is not None]
+        record89 = [q for q in (model.x0_gates, model.skip_gate, model.head_gates) if q is not None]
         unet = [model.skip_weights] if model.skip_weights is not None else []  # none in record #89's plan
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + unet + stacked(SPEEDRUN_SCALARS) + smear
@@ -1390,6 +1412,8 @@ def init_weights_speedrun(model, seed, record_init=0):
             model.post_lambdas.fill_(1.0)
         if model.skip_gate is not None:
             model.skip_gate.copy_(torch.tensor([SKIP_LAMBDA_INIT, SKIP_GATE_INIT]))
+        if model.head_gates is not None:
+            model.head_gates.fill_(HEAD_GATE_INIT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -2527,7 +2551,8 @@ def optimizer_groups(model, args):
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
         # the scalars' role, as the CUDA trainer's vegate, resid_lambdas, post_lambdas and xsa_alpha
-        scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas, model.xsa_alpha)
+        scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas, model.xsa_alpha,
+                                     model.head_gates)
                          if q is not None]
 
         def scalar(p):
@@ -3099,7 +3124,7 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
                "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate",
                "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha",
-               "x0_gates": "x0_gates", "skip_gate": "skip_gate"}
+               "x0_gates": "x0_gates", "skip_gate": "skip_gate", "head_gates": "head_gates"}
 
 
 def table_name(parameter_name):

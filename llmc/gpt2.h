@@ -295,9 +295,10 @@ constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
 // stream by 1.1, and p = 1 (the reference's float32 of the double sqrt).
 constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
-// Record #89's gated skip's start: sigmoid(skip_lambda) g, skip_lambda -1.5 (its scalars') and g 0.5 (the
-// bias of the reference's generated gate); its x0 gates start at 0.
-constexpr float kSkipLambdaInit = -1.5f, kSkipGateInit = 0.5f;
+// Record #89's gated skip's start, sigmoid(skip_lambda) g, skip_lambda -1.5 (its scalars') and g 0.5 (the
+// bias of the reference's generated gate); its x0 gates start at 0, its head gates at 0.25 (their
+// generated gates' bias).
+constexpr float kSkipLambdaInit = -1.5f, kSkipGateInit = 0.5f, kHeadGateInit = 0.25f;
 
 // ----------------------------------------------------------------------------
 // Layer plan
@@ -328,7 +329,9 @@ static_assert(sizeof(kSpeedrunAttention) - 1 == kSpeedrunLayers && sizeof(kSpeed
 //   gated skips: the earlier layer whose output the layer adds, times sigmoid(skip_lambda) g, before
 //     its MLP (its one layer without attention; skip_gate's two values);
 //   attention sources: the earlier layer whose output its attention reads (normed) instead of its
-//     input, -1 its input (layer 8's input is layer 7's output: the reference's out7 for 8 to 10).
+//     input, -1 its input (layer 8's input is layer 7's output: the reference's out7 for 8 to 10);
+//   head gates: G where each head's attention output is scaled by its gate before the output
+//     projection (head_gates' rows; XSA's output where the layer has both).
 // The windows' entry of the layer without attention is not read. No U-net skips.
 //                                                0   1   2   3   4   5   6   7   8   9  10
 constexpr char kRecord89Attention[] =           "AAAAAA-AAAA";
@@ -337,8 +340,10 @@ constexpr int kRecord89ValueEmbeddings[] =    {-1,  0,  1, -1, -1, -1, -1, -1,  
 constexpr int kRecord89GatedSkips[] =         {-1, -1, -1, -1, -1, -1,  3, -1, -1, -1, -1};
 constexpr int kRecord89AttentionSources[] =   {-1, -1, -1, -1, -1, -1, -1, -1, -1,  7,  7};
 constexpr char kRecord89Xsa[] =                 "-X-XX--X---";
+constexpr char kRecord89HeadGates[] =           "---G------G";
 constexpr int kRecord89Layers = (int)sizeof(kRecord89Windows) - 1;
 static_assert(sizeof(kRecord89Attention) - 1 == kRecord89Layers && sizeof(kRecord89Xsa) - 1 == kRecord89Layers &&
+                  sizeof(kRecord89HeadGates) - 1 == kRecord89Layers &&
                   sizeof(kRecord89ValueEmbeddings) / sizeof(int) == kRecord89Layers &&
                   sizeof(kRecord89GatedSkips) / sizeof(int) == kRecord89Layers &&
                   sizeof(kRecord89AttentionSources) / sizeof(int) == kRecord89Layers,
@@ -366,6 +371,8 @@ struct LayerSpec {
                         // (record #89's, on its long-window layers: plan_key_offsets)
   bool xsa;             // record #89's exclusive self-attention runs here (with ArchSpec::xsa)
   int xsa_slab;         // its slab among the XSA layers (xsa_alpha's rows)
+  bool head_gate;       // record #89's plan: each head's output times its gate (head_gates)
+  int head_gate_slab;   // its slab among the head-gate layers (head_gates' rows)
 
   // Its window in blocks among a step's long and short ones (llmc::StepWindows).
   int window_blocks(int long_blocks, int short_blocks) const {
@@ -382,6 +389,7 @@ struct LayerPlan {
   int value_embeddings = 0;  // the ve tables [Vp, C]
   int value_embedding_layers = 0;  // the layers that add one (ParamStack::kValueEmbeddingLayers)
   int xsa_layers = 0;        // the layers with XSA (ParamStack::kXsaLayers)
+  int head_gate_layers = 0;  // the layers with head gates (ParamStack::kHeadGateLayers)
   int skip_weights = 0;
   int kept_outputs = 0;
 
@@ -469,6 +477,8 @@ inline LayerPlan layer_plan(Arch arch, int num_layers, bool record89_plan = fals
     s.key_offset = false;
     s.xsa = speedrun && s.attention && xsa[l] == 'X';
     s.xsa_slab = s.xsa ? plan.xsa_layers++ : -1;
+    s.head_gate = record89 && s.attention && kRecord89HeadGates[l] == 'G';
+    s.head_gate_slab = s.head_gate ? plan.head_gate_layers++ : -1;
   }
   // The outputs a later layer reads, kept in layer order; one pass, as a checkpoint's header may give
   // up to kMaxLayers layers.
@@ -578,13 +588,13 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 34;
+constexpr int kNumParamTensors = 35;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
-  kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate,
+  kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -594,8 +604,9 @@ enum class ParamRole { kEmbedding, kMatrix, kVector, kHead };
 
 // How a tensor is stacked: one tensor, one slab per layer, one per layer with attention (the
 // attention's tensors: the layers whose LayerSpec::attention is set), one per layer with a value
-// embedding (LayerSpec::value_embedding), or one per layer with XSA (LayerSpec::xsa).
-enum class ParamStack { kWhole, kLayers, kAttentionLayers, kValueEmbeddingLayers, kXsaLayers };
+// embedding (LayerSpec::value_embedding), one per layer with XSA (LayerSpec::xsa), or one per layer
+// with head gates (LayerSpec::head_gate).
+enum class ParamStack { kWhole, kLayers, kAttentionLayers, kValueEmbeddingLayers, kXsaLayers, kHeadGateLayers };
 
 struct ParamSpec {
   const char* name;
@@ -633,7 +644,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   using R = ParamRole;
   const ParamStack whole = ParamStack::kWhole, layers = ParamStack::kLayers;
   const ParamStack attention = ParamStack::kAttentionLayers, with_ve = ParamStack::kValueEmbeddingLayers;
-  const ParamStack with_xsa = ParamStack::kXsaLayers;
+  const ParamStack with_xsa = ParamStack::kXsaLayers, with_head_gates = ParamStack::kHeadGateLayers;
   ParamSpec t[kNumParamTensors] = {
       {"wte", Vp * C, whole, true, false, R::kEmbedding},
       {"wpe", positions * T * C, whole, true, false, R::kEmbedding},
@@ -670,6 +681,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"xsa_alpha", xsa * Lx * NH, with_xsa, false, false, R::kVector},
       {"x0_gates", x0_gates * La, attention, false, false, R::kVector},
       {"skip_gate", gated_skips, whole, false, false, R::kVector},
+      {"head_gates", plan.head_gate_layers * NH, with_head_gates, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -682,6 +694,7 @@ inline int param_layers(const LayerPlan& plan, const ParamSpec& s) {
     case ParamStack::kAttentionLayers: return plan.attention_layers;
     case ParamStack::kValueEmbeddingLayers: return plan.value_embedding_layers;
     case ParamStack::kXsaLayers: return plan.xsa_layers;
+    case ParamStack::kHeadGateLayers: return plan.head_gate_layers;
     case ParamStack::kLayers: break;
   }
   return plan.size();
@@ -702,6 +715,7 @@ inline int param_slab(const LayerPlan& plan, const ParamSpec& s, int layer) {
     case ParamStack::kAttentionLayers: return plan[layer].attention_slab;
     case ParamStack::kValueEmbeddingLayers: return plan[layer].value_embedding_slab;
     case ParamStack::kXsaLayers: return plan[layer].xsa_slab;
+    case ParamStack::kHeadGateLayers: return plan[layer].head_gate_slab;
     case ParamStack::kLayers: break;
   }
   return layer;
@@ -719,7 +733,7 @@ constexpr int kMaxMuonGroups = 16;
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
     kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
-    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate};
+    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -1246,7 +1260,7 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
 // zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1), its
 // residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero; with its plan its x0
-// gates zero and its skip gate's skip_lambda -1.5 and g 0.5.
+// gates zero, its skip gate's skip_lambda -1.5 and g 0.5, its head gates 0.25.
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.
@@ -1259,6 +1273,7 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
   std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
   std::fill_n(params.begin() + offsets[kResidLambdas], table[kResidLambdas].size, kResidLambdaInit);
   std::fill_n(params.begin() + offsets[kPostLambdas], table[kPostLambdas].size, kPostLambdaInit);
+  std::fill_n(params.begin() + offsets[kHeadGates], table[kHeadGates].size, kHeadGateInit);
   if (table[kSkipGate].size > 0) {
     params[offsets[kSkipGate]] = kSkipLambdaInit;
     params[offsets[kSkipGate] + 1] = kSkipGateInit;

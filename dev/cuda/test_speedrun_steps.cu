@@ -24,7 +24,10 @@
 //  - xsa_forward/backward (record #89's XSA): y - tanh(alpha_h) (y . v / max(|v|^2, 1e-8)) v per head,
 //    v a qkv row's v columns (rows 3C apart), the reference rounding where the kernel does; a zero
 //    v row and zero heads (the clamp), 6 and 12 heads of 64 and 128; dy in place over dout, dv,
-//    dalpha summed over row blocks.
+//    dalpha summed over row blocks;
+//  - head_gate_forward/backward (record #89's head gates): y times g_h per head, the product rounded
+//    once, bitwise; dy = g_h dout in place and apart, dg_h the sum of dout . y over the head's columns
+//    and the rows; 6 heads of 128, 2 of 64, one of 136, 12 of 64.
 // Row counts below, at and above the backward's 256 fixed row blocks, with short and empty blocks;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
@@ -380,6 +383,64 @@ void test_gated_skip(int N, int C, llmc::Rng& rng) {
   const Snapshot backward_bits(dkept, dskip);
   backward();
   check_same_bits("backward twice", backward_bits, Snapshot(dkept, dskip));
+}
+
+// ---- Record #89's head gates ----
+
+struct HeadGateCase {
+  int N, NH, C;
+};
+
+void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
+  printf("\nhead gates N=%d NH=%d C=%d\n", c.N, c.NH, c.C);
+  const size_t n = (size_t)c.N * c.C;
+  const int HS = c.C / c.NH;
+  const std::vector<float> y = random_stored(rng, n, 0.0f, 1.0f), gate = random_stored(rng, c.NH, 0.25f, 0.5f);
+  DeviceArray<floatX> d_y(y), d_gate(gate), out(n), in_place(n);
+  std::vector<float> ref_out(n);
+  for (size_t i = 0; i < n; i++) ref_out[i] = (float)(floatX)(float)((double)y[i] * gate[(i % c.C) / HS]);
+  auto forward = [&] {
+    out.poison();
+    head_gate_forward(out, d_y, d_gate, c.N, c.NH, c.C, 0);
+  };
+  forward();
+  check_close("y g_h (exact)", out.download(), ref_out, 0.0f);
+  const Snapshot forward_bits(out);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(out));
+  in_place.upload(y);
+  head_gate_forward(in_place, in_place, d_gate, c.N, c.NH, c.C, 0);
+  check_same_bits("forward in place", forward_bits, Snapshot(in_place));
+
+  // dout's and y's means keep each head's sum away from cancelling; the gradients accumulate onto
+  // random values.
+  const std::vector<float> dout = random_stored(rng, n, 0.5f, 1.0f), dgate0 = random_stored(rng, c.NH, 0.0f, 1.0f);
+  std::vector<float> ref_dy(n), ref_dgate(dgate0);
+  std::vector<double> sums(c.NH, 0.0);
+  for (size_t i = 0; i < n; i++) {
+    const int h = (int)(i % c.C) / HS;
+    ref_dy[i] = (float)(floatX)(float)((double)dout[i] * gate[h]);
+    sums[h] += (double)dout[i] * y[i];
+  }
+  for (int h = 0; h < c.NH; h++) ref_dgate[h] = (float)(dgate0[h] + sums[h]);
+  DeviceArray<floatX> d_dout(dout), dy(n), dgate(c.NH);
+  DeviceArray<float> partials((size_t)kRowBlocks * c.NH);
+  const uint32_t seed = rng.u32();
+  auto backward = [&](floatX* target, bool over_dout) {
+    if (over_dout) d_dout.upload(dout);
+    else dy.poison();
+    dgate.upload(dgate0);
+    partials.poison();
+    head_gate_backward(target, dgate, partials, d_dout, d_y, d_gate, c.N, c.NH, c.C, seed, 0);
+  };
+  backward(dy, false);
+  check_close("dy = g_h dout (exact)", dy.download(), ref_dy, 0.0f);
+  check_close("dg_h", dgate.download(), ref_dgate, kTolSum);
+  const Snapshot backward_bits(dy, dgate);
+  backward(dy, false);
+  check_same_bits("backward twice", backward_bits, Snapshot(dy, dgate));
+  backward(d_dout, true);
+  check_same_bits("backward in place over dout", backward_bits, Snapshot(d_dout, dgate));
 }
 
 // ---- Value mix ----
@@ -953,6 +1014,10 @@ void test_bad_shapes() {
   DeviceArray<float> skip_partials(kRowBlocks);
   testing::check_throws([&] { gated_skip_backward(a, b, skip_partials, a, b, b, b, 3, 768, 1, 0); },
                         "apart from dout", "gated_skip_backward with dkept over dout");
+  testing::check_throws([&] { head_gate_forward(a, b, b, 3, 33, 768, 0); }, "up to 32 heads",
+                        "head_gate_forward with 33 heads");
+  testing::check_throws([&] { head_gate_forward(a, b, b, 3, 6, 100, 0); }, "multiple of",
+                        "head_gate_forward with heads of 100 / 6 channels");
 }
 
 void run() {
@@ -997,6 +1062,12 @@ void run() {
   test_xsa({37, 2, 128}, rng);          // tiny: 2 heads of 64; most blocks empty
   test_xsa({301, 6, 384}, rng);         // 6 heads of 64, 48 pieces a row: a warp and a half
   test_xsa({513, 12, 1536}, rng);       // 12 heads of 128
+  llmc::Rng head_gate_rng(3);  // its own draws, so that the later cases keep their inputs
+  test_head_gates({4 * 64 + 1, 6, 768}, head_gate_rng);  // d12: 6 heads of 128; one row per block, one more
+  test_head_gates({3999, 6, 768}, head_gate_rng);        // 16 rows per block; one short, six empty
+  test_head_gates({37, 2, 128}, head_gate_rng);          // tiny: 2 heads of 64; most blocks empty
+  test_head_gates({7, 1, 136}, head_gate_rng);           // one head of 17 pieces
+  test_head_gates({1001, 12, 768}, head_gate_rng);       // 12 heads of 64
   test_bad_shapes();
 }
 
