@@ -19,7 +19,7 @@
 //                                 speedrun head's FP8 layer with fixed scales (its gradient's
 //                                 bytes transposed)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
-//                                 gates, record #89's XSA; causal multi-head attention, or within
+//                                 gates, record #89's XSA and head gates; causal attention, or within
 //                                 documents and a window of 128-token blocks or of tokens: flash
 //                                 kernels (BF16), batched GEMMs; one query against a KV cache; on
 //                                 Hopper, a product of our own (TMA, wgmma) with the MLP's ReLU^2
