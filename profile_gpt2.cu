@@ -45,7 +45,7 @@ void apply_record89_parts(const std::string& list, llmc::GPT2Config* c, bool* ke
     }
     *part->second = true;
   }
-  llmc::set_record89_plan(*c, c->record89_plan);  // its depth
+  if (c->record89_plan) llmc::set_record89_plan(*c, true);  // its depth
 }
 
 int profile_main(int argc, char** argv) {

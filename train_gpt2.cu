@@ -10,7 +10,8 @@
 //   2. Column reduction           deterministic FP32 sums over rows (bias and layernorm grads) and
 //                                 over row blocks (scalar grads)
 //   3. Encoder                    token + position embedding, bucketed deterministic backward;
-//                                 record #89's smear and bigram hash embedding
+//                                 record #89's smear and bigram hash embedding, the gated adds
+//                                 into the stream (the bigram embedding, x0) and its gated skip
 //   4. Normalisation              LayerNorm and RMSNorm (with or without a gain): forward, fused
 //                                 residual + forward, fused backward; the speedrun's residual mix
 //                                 (U-net skip, x0 lambdas)

@@ -1268,7 +1268,7 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
                                     Rng& rng, std::vector<float>& params, SpeedrunInit init) {
   const bool record89 = init == SpeedrunInit::kRecord89;
   std::fill_n(params.begin() + offsets[kSkipw], table[kSkipw].size, 1.0f);
-  for (int layer = 0; layer < c.num_layers; layer++) params[offsets[kLambdas] + 2 * layer] = 1.0f;
+  for (size_t k = 0; k < table[kLambdas].size; k += 2) params[offsets[kLambdas] + k] = 1.0f;
   std::fill_n(params.begin() + offsets[kValueScales], table[kValueScales].size, 0.5f);
   std::fill_n(params.begin() + offsets[kBigramGates], table[kBigramGates].size, kBigramGateInit);
   std::fill_n(params.begin() + offsets[kResidLambdas], table[kResidLambdas].size, kResidLambdaInit);

@@ -649,8 +649,8 @@ if has_flag -mq; then
   expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
     -opt muon -mq 3
 fi
-# --- -sm, -bg, -vg, -rl and -xs, record #89's smear, bigram embedding, value-embedding gates, residual
-# lambdas and XSA: the speedrun's (before the GPU)
+# --- -sm, -bg, -vg, -rl, -xs and -lp, record #89's smear, bigram embedding, value-embedding gates,
+# residual lambdas, XSA and plan: the speedrun's (before the GPU)
 speedrun_only() {  # FLAG WHAT: FLAG 1 under -recipe gpt2 is refused, saying FLAG 1 WHAT
   has_flag "$1" || return 0
   expect "$1 1 without the speedrun" "^error: $1 1 $2, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop $1\$" \
@@ -661,9 +661,15 @@ speedrun_only -bg "gives the speedrun a bigram embedding"
 speedrun_only -vg "gates the speedrun's value embeddings"
 speedrun_only -rl "scales the speedrun's residual adds"
 speedrun_only -xs "gives the speedrun's attention XSA"
+speedrun_only -lp "lays out the speedrun's layers as record #89's"
 if has_flag -xs; then
   expect "-xs 1 with -recipe modern" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe modern is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
     -recipe modern -xs 1
+fi
+if has_flag -lp; then
+  expect "-lp 1 with -recipe modern" "^error: -lp 1 lays out the speedrun's layers as record #89's, and -recipe modern is not the speedrun: give -recipe speedrun with it, or drop -lp\$" \
+    -recipe modern -lp 1
+  expect "-lp out of range" "^error: -lp 2: must be" -recipe speedrun -lp 2
 fi
 # --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
 if has_flag -rp; then
@@ -821,6 +827,7 @@ if ! has_flag -recipe; then
   expect "-vg 1 on the CPU trainer" "-vg $cuda_flag_error" -vg 1
   expect "-rl 1 on the CPU trainer" "-rl $cuda_flag_error" -rl 1
   expect "-xs 1 on the CPU trainer" "-xs $cuda_flag_error" -xs 1
+  expect "-lp 1 on the CPU trainer" "-lp $cuda_flag_error" -lp 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

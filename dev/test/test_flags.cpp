@@ -544,6 +544,16 @@ void test_adam_rows() {
                     strengths.weight_decay == scalars.weight_decay,
                 llmc::strformat("-recipe speedrun: xsa_alpha's AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
                                 strengths.lr, strengths.beta1, strengths.beta2, strengths.weight_decay));
+  // Record #89's plan's gates (-lp 1): x0_gates and skip_gate AdamW's, the scalars' row likewise.
+  for (int i : {llmc::kX0Gates, llmc::kSkipGate}) {
+    const llmc::RoleOptimizer& gate = table.of_tensor(i);
+    check_verbose(gate.method == llmc::OptimizerKind::kAdamW && gate.lr == scalars.lr &&
+                      gate.beta1 == scalars.beta1 && gate.beta2 == scalars.beta2 &&
+                      gate.weight_decay == scalars.weight_decay,
+                  llmc::strformat("-recipe speedrun: %s's AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
+                                  i == llmc::kX0Gates ? "x0_gates" : "skip_gate", gate.lr, gate.beta1, gate.beta2,
+                                  gate.weight_decay));
+  }
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings

@@ -30,10 +30,12 @@ fails_with() {
 }
 
 fails_with "an unknown flag" "^error: unknown flag -q: use .*-i SHARDS, -f89 PARTS" -q 1
-fails_with "-f89 of an unknown part" "^error: -f89 sm,zz: no part 'zz'; name some of sm, bg, rp, ko, vg, rl, xs" \
+fails_with "-f89 of an unknown part" "^error: -f89 sm,zz: no part 'zz'; name some of sm, bg, rp, ko, vg, rl, xs, lp," \
   -recipe speedrun -f89 sm,zz
 fails_with "-f89 without the speedrun" "^error: -f89 rl: record #89's parts are the speedrun's: give -recipe speedrun" \
   -f89 rl
+fails_with "-f89 lp without the speedrun" "^error: -f89 lp: record #89's parts are the speedrun's: give -recipe speedrun" \
+  -recipe modern -f89 lp
 fails_with "-i matching no file" "^error: no files match -i '$DIR/none_\*.bin'" -i "$DIR/none_*.bin"
 # A shard of 100 tokens: fewer than B x T + 1 = 8 x 1024 + 1.
 "$PY" - "$DIR" <<'PY'

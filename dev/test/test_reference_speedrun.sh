@@ -8,8 +8,9 @@
 # order, round trips, the CPU trainer's refusal), its debug state read back by build/test_utils
 # --speedrun (with the seeded init against llmc's), the bfloat16 embeddings of bfloat16 runs, a short
 # training on document shards (the loss falls, twice the same), record #89's init (against llmc's
-# tensor by tensor; tied through an untie step, the loss falls), and the flag errors (--fp8_head 1 on
-# the CPU, whose default 0 leaves the debug state as it was). PYTHON as in train_gpt2_py_lib.sh.
+# tensor by tensor, also in record #89's plan; tied through an untie step, the loss falls), and the
+# flag errors (--fp8_head 1 on the CPU, whose default 0 leaves the debug state as it was). PYTHON as
+# in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -397,8 +398,12 @@ build/test_utils --speedrun "$WORK/init.bin" 9 "$WORK/debug/gpt2_speedrun_tiny_m
 check "--record_init 89: record #89's init (the head N(0, 0.005), wte its copy, ve N(0, 0.01), c_proj drawn)" <<'EOF'
 import math, os, torch, train_gpt2 as tg
 out = os.environ["WORK"]
-for name, features in [("tiny", {}), ("tiny_smear_bigram", {"smear": True, "bigram": True})]:
-    config = tg.make_config(*tg.SPEEDRUN_PRESETS["tiny"], source="tiny", arch="speedrun", **features)
+plan = {"record89_plan": True}  # record #89's plan: its 11 layers, x0_gates and skip_gate
+for name, features in [("tiny", {}), ("tiny_smear_bigram", {"smear": True, "bigram": True}),
+                       ("tiny_plan", {**plan, "bigram": True, "resid_lambdas": True}), ("tiny_plan_alone", plan)]:
+    shape = tg.SPEEDRUN_PRESETS["tiny"]
+    shape = (tg.RECORD89_LAYERS,) + shape[1:] if features.get("record89_plan") else shape
+    config = tg.make_config(*shape, source="tiny", arch="speedrun", **features)
     model = tg.GPT(config)
     tg.init_weights(model, 11, 89)
     bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
@@ -416,6 +421,8 @@ for name, features in [("tiny", {}), ("tiny_smear_bigram", {"smear": True, "bigr
 EOF
 build/test_utils --init "$WORK/record89_tiny.bin" 11 89
 build/test_utils --init "$WORK/record89_tiny_smear_bigram.bin" 11 89
+build/test_utils --init "$WORK/record89_tiny_plan.bin" 11 89
+build/test_utils --init "$WORK/record89_tiny_plan_alone.bin" 11 89
 echo "--- --fp8_head 0 (the default) writes the same files"
 "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --write_debug_state "$WORK/debug_fp8_head_0" -b 1 -t 128 \
   --debug_steps 2 --seed 7 --debug_noise 0.02 --device cpu --fp8_head 0 > /dev/null

@@ -908,6 +908,100 @@ print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dal
       f"{max(grad_errors):.1e} of autograd's; layers {layers}; header slot {tg.FEATURES_SLOT} "
       f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
 EOF
+check "--record89_plan: the plan's lists as llmc's; the gated skip, an x0 term and an attention source by hand, their gates' gradients; file order, header, groups" <<'EOF'
+import math, os, re, torch, train_gpt2 as tg
+header_text = open("llmc/gpt2.h").read()
+def cpp(name):  # a list of llmc/gpt2.h's record #89 plan, -1 as None
+    value = re.search(name + r"\[\] = +(.+?);", header_text).group(1)
+    if value.startswith('"'):
+        return value.strip('"')
+    return [None if v == -1 else v for v in map(int, value.strip("{}").split(","))]
+for name in ("Attention", "Windows", "ValueEmbeddings", "GatedSkips", "AttentionSources", "Xsa"):
+    python = getattr(tg, "RECORD89_" + re.sub(r"(?<=.)([A-Z])", r"_\1", name).upper())
+    assert cpp("kRecord89" + name) == python, (name, cpp("kRecord89" + name), python)
+config = tg.make_config(11, 2, 128, 1024, 512, "test", arch="speedrun", record89_plan=True)
+plan = config.plan
+assert [l for l, s in enumerate(plan) if not s.attention] == [6] and plan[6].gated_skip_source == 3
+assert [s.attention_source for s in plan] == [None] * 9 + [7, 7] and config.value_embeddings == 5
+assert all(s.skip_source is None for s in plan) and not config.x0_lambdas and not config.attention_gate
+model = tg.GPT(config)
+tg.init_weights(model, 42, 89)
+t = model.transformer
+assert model.skip_weights is None and all(b.lambdas is None for b in t.h)
+assert all(b.attn is None or b.attn.gate is None for b in t.h), "no attention gates in the plan"
+assert torch.equal(model.x0_gates, torch.zeros(10)) and torch.equal(model.skip_gate, torch.tensor([-1.5, 0.5]))
+order = tg.params_in_file_order(model)
+names = {id(p): tg.table_name(name) for name, p in model.named_parameters()}
+tables = list(dict.fromkeys(names[id(p)] for p in order))
+assert tables == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "value_scales", "x0_gates",
+                  "skip_gate"], tables
+n = sum(p.numel() for p in model.parameters())
+assert len(order) == len(list(model.parameters())) and sum(p.numel() for p in order) == n == config.num_parameters()
+# Record #89's init: every gate's gradient nonzero through the drawn head and projections.
+x, y = tg.RandomTokens(2, 64, 512, 3).next_batch()
+model(x, y)[1].backward()
+assert model.x0_gates.grad.abs().min() > 0 and model.skip_gate.grad.abs().min() > 0, \
+    (model.x0_gates.grad, model.skip_gate.grad)
+init_grads = (model.x0_gates.grad.clone(), model.skip_gate.grad.clone())
+# By hand, with the gates moved off their start: layer 6's input is layer 5's output plus
+# sigmoid(skip_lambda) g layer 3's; layer 7's stream after its attention x + (attn + g_6 x0) (its x0
+# gate's slab 6); layers 9 and 10 norm layer 7's output for their attention.
+with torch.no_grad():
+    model.x0_gates.uniform_(-0.5, 0.5)
+    model.skip_gate.copy_(torch.tensor([0.3, 0.8]))
+model.zero_grad()
+seen = {}
+def keep(name, take_input=False):
+    def hook(module, inputs, output):
+        tensor = inputs[0] if take_input else output
+        tensor.retain_grad()
+        seen[name] = tensor
+    return hook
+t.ln_e.register_forward_hook(keep("x0"))
+for layer in (3, 5, 7):
+    t.h[layer].register_forward_hook(keep(f"out{layer}"))
+t.h[6].ln_2.register_forward_hook(keep("in6", True))  # layer 6's input: it has no attention
+t.h[7].ln_1.register_forward_hook(keep("ln1_7_in", True))
+t.h[7].attn.register_forward_hook(keep("attn7"))
+t.h[7].ln_2.register_forward_hook(keep("mid7", True))
+for layer in (8, 9, 10):
+    t.h[layer].ln_1.register_forward_hook(keep(f"ln1_{layer}_in", True))
+model(x, y)[1].backward()
+sig, g = torch.sigmoid(model.skip_gate[0]).item(), model.skip_gate[1].item()
+errors = [(seen["in6"] - (seen["out5"] + sig * g * seen["out3"])).abs().max().item(),
+          (seen["mid7"] - (seen["ln1_7_in"] + (seen["attn7"] + model.x0_gates[6] * seen["x0"]))).abs().max().item()]
+assert max(errors) < 1e-5, errors
+assert all(torch.equal(seen[f"ln1_{layer}_in"], seen["out7"]) for layer in (8, 9, 10)), "the attention's source"
+# The gradients the CUDA trainer computes: S = sum dout . out3, d skip_lambda = g sig (1 - sig) S, dg = sig S;
+# an x0 gate's, sum d(stream after the attention) . x0.
+S = (seen["in6"].grad * seen["out3"]).sum().item()
+want = [g * sig * (1 - sig) * S, sig * S, (seen["mid7"].grad * seen["x0"]).sum().item()]
+got = [model.skip_gate.grad[0].item(), model.skip_gate.grad[1].item(), model.x0_gates.grad[6].item()]
+grad_errors = [abs(a - b) / abs(b) for a, b in zip(got, want)]
+assert max(grad_errors) < 1e-4, (got, want)
+# The file, its header, the optimizer's groups: the gates with the scalars.
+path = f"{os.environ['WORK']}/record89_plan.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_RECORD89_PLAN == 64 and header[4] == 11, "bit 64, 11 layers"
+assert back.config == config and back.config.record89_plan
+assert torch.equal(back.x0_gates, model.x0_gates) and torch.equal(back.skip_gate, model.skip_gate)
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--record89_plan", "1", "--input_bin", "x",
+                      "--device", "cpu"])
+resolved = tg.resolve_config(args)
+assert resolved.record89_plan and resolved.num_layers == 11 and resolved.channels == 128, resolved
+tg.settle_arch(args, resolved)
+groups = tg.optimizer_groups(model, args)
+owners = [group for _, group in groups for p in group["params"] if p is model.x0_gates or p is model.skip_gate]
+value_scales = t.h[0].attn.value_scales
+assert len(owners) == 2 and owners[0] is owners[1] and any(p is value_scales for p in owners[0]["params"])
+assert sum(len(group["params"]) for _, group in groups) == len(order), "every tensor in one group"
+print(f"the lists as llmc's; the gated skip and layer 7's x0 term within {max(errors):.1e} by hand, layers 8-10 "
+      f"attend over layer 7's output; d skip_lambda, dg, d g_x0 within {max(grad_errors):.1e} of the formulas "
+      f"(at record #89's init: skip_gate's {init_grads[1].tolist()}, x0_gates' nonzero); {n:,} parameters; header "
+      f"slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; the file order {' '.join(tables)}")
+EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null
@@ -1340,11 +1434,17 @@ expect_error "the bigram embedding (record #89's) is the speedrun's" "${TINY[@]}
 expect_error "the value-embedding gates (record #89's) are the speedrun's" "${TINY[@]}" --ve_gates 1 \
   --write_debug_state "$WORK/ve_gates_gpt2"
 expect_error "XSA (record #89's) is the speedrun's" "${TINY[@]}" --xsa 1 --write_debug_state "$WORK/xsa_gpt2"
+expect_error "record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan" --recipe modern \
+  --model tiny --record89_plan 1 --write_debug_state "$WORK/record89_plan_modern"
+expect_error "the speedrun architecture has its reference's 11 layers .record #89's plan., not 12; drop --num_layers" \
+  --recipe speedrun --model tiny --record89_plan 1 --num_layers 12 --write_debug_state "$WORK/record89_plan_12"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \
   "${TINY[@]}" --adam_every 2 --write_debug_state "$WORK/adam_every_clip"
 expect_error "untie_step 2 unties at a step without AdamW's update under --adam_every 2" --recipe modern --model tiny \
   --adam_every 2 --untie_step 2 --write_debug_state "$WORK/adam_every_untie"
 ckpt="$WORK/run/model_00000008.bin"
+expect_error "init_from takes the model shape and architecture from the checkpoint; drop .*--record89_plan" \
+  --init_from "$ckpt" --record89_plan 1 --input_bin "$WORK/train_*.bin"
 expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --input_bin" --eval_only 1 \
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --input_bin "$WORK/train_*.bin"
 expect_error "eval_only 1 validates --init_from's weights on --input_val_bin; give both" --eval_only 1 \

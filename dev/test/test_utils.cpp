@@ -231,7 +231,7 @@ void test_speedrun_table() {
             !llmc::config_from_preset("d24", &tiny, llmc::Arch::kSpeedrun),
         "speedrun presets: d12 L12 NH6 C768 maxT 262144, tiny L12 NH2 C128 maxT 1024, no d24");
   check_throws([] { llmc::make_config(8, 2, 128, 64, 300, llmc::Arch::kSpeedrun); },
-               "its reference's 12 layers", "a speedrun of 8 layers is refused");
+               "its references' 12 layers (record #28's; 11 record #89's)", "a speedrun of 8 layers is refused");
   llmc::ParamSpec t[llmc::kNumParamTensors];
   size_t offsets[llmc::kNumParamTensors];
   llmc::param_table(d12, t);
@@ -277,15 +277,16 @@ void test_speedrun_table() {
   // The speedrun's in the order they joined the table (the bigram table since placed after ve).
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
                         llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate,
-                        llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha};
-  for (int k = 0; k < 13; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha, llmc::kX0Gates, llmc::kSkipGate};
+  for (int k = 0; k < 15; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-47 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
-                                "xsa_alpha %d), no two alike", llmc::param_seed_index(llmc::kBigram),
-                                llmc::param_seed_index(llmc::kBigramGates), llmc::param_seed_index(llmc::kVegate),
-                                llmc::param_seed_index(llmc::kXsaAlpha)));
+                                "speedrun's 35-49 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
+                                "xsa_alpha %d, x0_gates %d, skip_gate %d), no two alike",
+                                llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates),
+                                llmc::param_seed_index(llmc::kVegate), llmc::param_seed_index(llmc::kXsaAlpha),
+                                llmc::param_seed_index(llmc::kX0Gates), llmc::param_seed_index(llmc::kSkipGate)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -538,6 +539,124 @@ void test_xsa_table() {
                "a modern model's header naming XSA is refused");
 }
 
+// Record #89's plan (-lp 1): 11 layers; no x0 lambdas, attention gates or skip weights; five value
+// embeddings; x0_gates [10] (one an attention layer, the scalars' role, zero at init) and skip_gate [2]
+// (skip_lambda -1.5 and g 0.5 at init) last, their rounding seeds after xsa_alpha's; header slot 9's
+// bit 64, whose depth the header's must match. At tiny and d12, alone and with XSA (4 layers: 1, 3, 4
+// and 7, each with attention in this plan).
+void test_record89_plan_table() {
+  for (const char* preset : {"tiny", "d12"}) {
+    for (bool xsa : {false, true}) {
+      llmc::GPT2Config c;
+      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      llmc::set_record89_plan(c, true);
+      c.xsa = xsa;
+      const llmc::ArchSpec a = llmc::arch_spec(c);
+      llmc::ParamSpec t[llmc::kNumParamTensors];
+      size_t offsets[llmc::kNumParamTensors];
+      llmc::param_table(c, t);
+      llmc::param_offsets(c, offsets);
+      const size_t L = 11, La = 10, C = c.channels, Vp = c.padded_vocab_size, NH = c.num_heads;
+      const size_t xsa_size = xsa ? 4 * NH : 0, n = llmc::num_parameters(c);
+      // train_gpt2.py's count: wte, the head and 5 value embeddings; per layer 8 C^2 of the MLP; per
+      // attention layer 4 C^2 and 2 value scales; the x0 gates and the skip gate.
+      const size_t expected = 7 * Vp * C + L * 8 * C * C + La * (4 * C * C + 2) + xsa_size + La + 2;
+      std::string order;
+      for (int i = 0; i < llmc::kNumParamTensors; i++) {
+        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
+      }
+      const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve value_scales ") +
+                               (xsa ? "xsa_alpha " : "") + "x0_gates skip_gate";
+      const llmc::ParamSpec &gates = t[llmc::kX0Gates], &skip = t[llmc::kSkipGate];
+      check_verbose(c.num_layers == 11 && !a.x0_lambdas && a.x0_gates && !a.attention_gate &&
+                        !llmc::arch_spec(llmc::Arch::kSpeedrun).x0_gates && n == expected && order == want &&
+                        t[llmc::kVe].size == 5 * Vp * C && t[llmc::kAttngate].size == 0 &&
+                        t[llmc::kLambdas].size == 0 && t[llmc::kSkipw].size == 0 &&
+                        t[llmc::kValueScales].size == 2 * La && t[llmc::kXsaAlpha].size == xsa_size &&
+                        gates.size == La && skip.size == 2 && offsets[llmc::kX0Gates] == n - La - 2 &&
+                        offsets[llmc::kSkipGate] == n - 2,
+                    llmc::strformat("speedrun %s -lp 1%s: %zu parameters (%zu), x0_gates [%zu] at %zu, skip_gate "
+                                    "[%zu] at %zu; tensors %s", preset, xsa ? " -xs 1" : "", n, expected,
+                                    gates.size, offsets[llmc::kX0Gates], skip.size, offsets[llmc::kSkipGate],
+                                    order.c_str()));
+      const llmc::LayerPlan plan = llmc::layer_plan(c);
+      const int attention_slabs[] = {0, 1, 2, 3, 4, 5, -1, 6, 7, 8, 9};
+      const int xsa_slabs[] = {-1, 0, -1, 1, 2, -1, -1, 3, -1, -1, -1};
+      bool slabs_ok = llmc::param_slab_size(plan, gates) == 1 && llmc::param_slab_size(plan, skip) == 2 &&
+                      llmc::param_slab(plan, skip, 6) == 0 && plan.xsa_layers == 4;
+      for (int l = 0; l < 11; l++) {
+        slabs_ok = slabs_ok && llmc::param_slab(plan, gates, l) == attention_slabs[l] &&
+                   llmc::param_slab(plan, t[llmc::kQkvw], l) == attention_slabs[l] &&
+                   llmc::param_slab(plan, t[llmc::kXsaAlpha], l) == (xsa ? xsa_slabs[l] : plan[l].xsa_slab);
+      }
+      check(slabs_ok && gates.role == llmc::ParamRole::kVector && skip.role == llmc::ParamRole::kVector &&
+                gates.stack == llmc::ParamStack::kAttentionLayers && skip.stack == llmc::ParamStack::kWhole &&
+                llmc::param_seed_index(llmc::kX0Gates) == llmc::param_seed_index(llmc::kXsaAlpha) + 1 &&
+                llmc::param_seed_index(llmc::kSkipGate) == llmc::param_seed_index(llmc::kXsaAlpha) + 2,
+            llmc::strformat("speedrun %s -lp 1%s: the x0 gates a slab an attention layer (layer 6 none, 7 slab "
+                            "6), the skip gate whole, both the scalars' role, seeds the two after xsa_alpha's",
+                            preset, xsa ? " -xs 1" : ""));
+      int h[llmc::kHeaderInts];
+      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+      const int features = llmc::kFeatureRecord89Plan | (xsa ? llmc::kFeatureXsa : 0);
+      check(h[llmc::kFeaturesSlot] == features && llmc::kFeatureRecord89Plan == 64 &&
+                llmc::config_from_header(h, "plan.bin") == c &&
+                c.describe().size() > 14 && c.describe().substr(c.describe().size() - 14) == " record89-plan",
+            llmc::strformat("speedrun %s -lp 1%s: header slot 9 holds %d and reads back the same config (%s)",
+                            preset, xsa ? " -xs 1" : "", features, c.describe().c_str()));
+      if (std::string(preset) != "tiny") continue;  // the init's values: at tiny
+      const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+      auto all = [&](int i, float v) {
+        return std::all_of(init.begin() + offsets[i], init.begin() + offsets[i] + t[i].size,
+                           [v](float x) { return x == v; });
+      };
+      const float* fc = init.data() + offsets[llmc::kFcw];
+      check_verbose(init.size() == n && all(llmc::kX0Gates, 0.0f) && all(llmc::kXsaAlpha, 0.0f) &&
+                        all(llmc::kValueScales, 0.5f) && all(llmc::kHeadw, 0.0f) &&
+                        init[offsets[llmc::kSkipGate]] == -1.5f && init[offsets[llmc::kSkipGate] + 1] == 0.5f &&
+                        fc[0] != 0.0f && fc[t[llmc::kFcw].size - 1] != 0.0f,
+                    llmc::strformat("speedrun tiny -lp 1%s init: the x0 gates zero (the first %g)%s, skip_gate "
+                                    "(%g, %g) (-1.5, 0.5), value scales 0.5, head zero, fcw drawn in all 11 layers",
+                                    xsa ? " -xs 1" : "", init[offsets[llmc::kX0Gates]],
+                                    xsa ? llmc::strformat(", the XSA strengths zero (the first %g)",
+                                                          init[offsets[llmc::kXsaAlpha]]).c_str() : "",
+                                    init[offsets[llmc::kSkipGate]], init[offsets[llmc::kSkipGate] + 1]));
+    }
+  }
+  // The header's depth must be the plan's: 11 layers with bit 64, 12 without.
+  llmc::GPT2Config twelve, eleven = llmc::make_config(11, 2, 128, 1024, 50257, llmc::Arch::kSpeedrun);
+  llmc::config_from_preset("tiny", &twelve, llmc::Arch::kSpeedrun);
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(twelve, llmc::kCheckpointVersionBF16, h);
+  h[llmc::kFeaturesSlot] = llmc::kFeatureRecord89Plan;
+  check_throws([&] { llmc::config_from_header(h, "plan.bin"); },
+               "plan.bin: a speedrun model of 12 layers with record #89's plan (header slot 9's bit 64), whose depth "
+               "is 11: the header is damaged",
+               "a 12-layer speedrun's header naming record #89's plan is refused");
+  llmc::header_from_config(eleven, llmc::kCheckpointVersionBF16, h);
+  check_throws([&] { llmc::config_from_header(h, "plan.bin"); },
+               "plan.bin: a speedrun model of 11 layers without record #89's plan (header slot 9's bit 64), whose "
+               "depth is 12: the header is damaged",
+               "an 11-layer speedrun's header without record #89's plan is refused");
+  check_throws([] { llmc::make_config(10, 2, 128, 1024, 50257, llmc::Arch::kSpeedrun); },
+               "invalid speedrun model config L=10 C=128: its references' 12 layers (record #28's; 11 record #89's)",
+               "make_config: a speedrun of 10 layers is refused, of 11 (record #89's) and 12 taken");
+  llmc::GPT2Config modern;
+  llmc::config_from_preset("tiny", &modern, llmc::Arch::kModern);
+  llmc::header_from_config(modern, llmc::kCheckpointVersionBF16, h);
+  h[llmc::kFeaturesSlot] = llmc::kFeatureRecord89Plan;
+  check_throws([&] { llmc::config_from_header(h, "plan.bin"); }, "slot 9 holds features 64",
+               "a modern model's header naming record #89's plan is refused");
+  llmc::GPT2Config back = eleven;
+  llmc::set_record89_plan(back, true);
+  const int eleven_layers = back.num_layers;
+  llmc::set_record89_plan(back, false);
+  llmc::set_record89_plan(modern, true);
+  check(eleven_layers == 11 && back.num_layers == 12 && !back.record89_plan && modern.num_layers == 2 &&
+            llmc::speedrun_layers(true) == 11 && llmc::speedrun_layers(false) == 12,
+        "set_record89_plan: the speedrun's depth 11 with the plan and 12 without; a modern model's kept");
+}
+
 // Record #89's smear (SPEC.md "Record #89's embedding"): a speedrun config's switch, its two tensors
 // after the value scales (zero at init, the scalars' role), and the header's slot 9 that carries it,
 // refused where it names a feature that is not there or an architecture without any.
@@ -568,8 +687,9 @@ void test_smear_table() {
   test_ve_gate_table();
   test_resid_lambdas_table();
   test_xsa_table();
-  h[llmc::kFeaturesSlot] = 64;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 64",
+  test_record89_plan_table();
+  h[llmc::kFeaturesSlot] = 128;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 128",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
@@ -663,6 +783,52 @@ void test_layer_plan() {
                     " (layer 7 has none), modern tiny " + tiny_keyed.key_offsets() + "; the rest of the plan kept");
 }
 
+// Record #89's plan (layer_plan(kSpeedrun, 11, true)): its lists; layer 6 without attention adds layer
+// 3's output through the gate, layers 9 and 10 attend over layer 7's; those two outputs kept (slots 0,
+// 1); no U-net skips; the key offset on its long-window layers 3 and 10. Its depth only, and record
+// #28's plan at its own.
+void test_record89_layer_plan() {
+  const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true);
+  const std::string text = plan_text(plan);
+  std::string gated, sources, xsa;
+  for (const llmc::LayerSpec& l : plan.layers) {
+    gated += llmc::strformat(" %d", l.gated_skip_source);
+    sources += llmc::strformat(" %d", l.attention_source);
+    xsa += l.xsa ? llmc::strformat(" %d", l.xsa_slab) : std::string(" -");
+  }
+  check_verbose(text == "AS0,-1,-1:-1,-1 AS1,0,-1:-1,-1 AS2,1,-1:-1,-1 AL3,-1,-1:-1,0 AS4,-1,-1:-1,-1 "
+                        "AS5,-1,-1:-1,-1 -S-1,-1,-1:-1,-1 AS6,-1,-1:-1,1 AS7,2,-1:-1,-1 AS8,3,-1:-1,-1 "
+                        "AL9,4,-1:-1,-1 | 10 5 0 2" &&
+                    gated == " -1 -1 -1 -1 -1 -1 3 -1 -1 -1 -1" && sources == " -1 -1 -1 -1 -1 -1 -1 -1 -1 7 7" &&
+                    xsa == " - 0 - 1 2 - - 3 - - -" && plan.xsa_layers == 4 && plan.value_embedding_layers == 5,
+                "record #89's plan (attention slab, value embedding, skip source:weight, kept slot): " + text +
+                    "; gated skip sources" + gated + "; attention sources" + sources + "; XSA slabs" + xsa);
+  llmc::LayerPlan keyed = plan;
+  llmc::plan_key_offsets(keyed);
+  const std::string described = keyed.describe(true);
+  check_verbose(described == "11; attention AAAAAA-AAAA; windows SSSLSSSSSSL; value embeddings - 0 1 - - - - - 2 3 4; "
+                             "gated skip from - - - - - - 3 - - - -; attention over the output of - - - - - - - - - "
+                             "7 7; key offset ---K------K" &&
+                    keyed.key_offsets() == "---K------K" && plan.key_offsets() == std::string(11, '-') &&
+                    plan_text(keyed) == text &&
+                    plan.describe(false) == "11; attention AAAAAA-AAAA; value embeddings - 0 1 - - - - - 2 3 4; "
+                                            "gated skip from - - - - - - 3 - - - -; attention over the output of "
+                                            "- - - - - - - - - 7 7",
+                "the start-up table's plan of record #89 with -ko 1: " + described);
+  check_throws([] { llmc::layer_plan(llmc::Arch::kSpeedrun, 12, true); },
+               "the speedrun's layers are its reference's 11, not 12", "record #89's plan at 12 layers");
+  check_throws([] { llmc::layer_plan(llmc::Arch::kSpeedrun, 11, false); },
+               "the speedrun's layers are its reference's 12, not 11", "record #28's plan at 11 layers");
+  llmc::GPT2Config c;
+  llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
+  const std::string record28 = plan_text(llmc::layer_plan(c));
+  llmc::set_record89_plan(c, true);
+  check(plan_text(llmc::layer_plan(c)) == text && record28 == plan_text(llmc::layer_plan(llmc::Arch::kSpeedrun, 12)) &&
+            plan_text(llmc::layer_plan(llmc::Arch::kGpt2, 12, true)) ==
+                plan_text(llmc::layer_plan(llmc::Arch::kGpt2, 12)),
+        "layer_plan(config) follows record89_plan; GPT-2's plan is its own with it");
+}
+
 void test_configs() {
   llmc::GPT2Config d12;
   const bool found = llmc::config_from_preset("d12", &d12);
@@ -705,6 +871,7 @@ void test_configs() {
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
   test_modern_table();
   test_speedrun_table();  test_smear_table();  test_rotary_pairs_header();  test_layer_plan();
+  test_record89_layer_plan();
 }
 
 void test_bf16() {
