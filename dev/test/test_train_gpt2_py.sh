@@ -908,7 +908,7 @@ print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dal
       f"{max(grad_errors):.1e} of autograd's; layers {layers}; header slot {tg.FEATURES_SLOT} "
       f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
 EOF
-check "--record89_plan: the plan's lists as llmc's; the gated skip, an x0 term and an attention source by hand, their gates' gradients; file order, header, groups" <<'EOF'
+check "--record89_plan: the plan's lists as llmc's; the gated skip, an x0 term and an attention source by hand, their gates' and a head gate's gradients; file order, header, groups" <<'EOF'
 import math, os, re, torch, train_gpt2 as tg
 header_text = open("llmc/gpt2.h").read()
 def cpp(name):  # a list of llmc/gpt2.h's record #89 plan, -1 as None
@@ -916,7 +916,7 @@ def cpp(name):  # a list of llmc/gpt2.h's record #89 plan, -1 as None
     if value.startswith('"'):
         return value.strip('"')
     return [None if v == -1 else v for v in map(int, value.strip("{}").split(","))]
-for name in ("Attention", "Windows", "ValueEmbeddings", "GatedSkips", "AttentionSources", "Xsa"):
+for name in ("Attention", "Windows", "ValueEmbeddings", "GatedSkips", "AttentionSources", "Xsa", "HeadGates"):
     python = getattr(tg, "RECORD89_" + re.sub(r"(?<=.)([A-Z])", r"_\1", name).upper())
     assert cpp("kRecord89" + name) == python, (name, cpp("kRecord89" + name), python)
 config = tg.make_config(11, 2, 128, 1024, 512, "test", arch="speedrun", record89_plan=True)
@@ -930,18 +930,20 @@ t = model.transformer
 assert model.skip_weights is None and all(b.lambdas is None for b in t.h)
 assert all(b.attn is None or b.attn.gate is None for b in t.h), "no attention gates in the plan"
 assert torch.equal(model.x0_gates, torch.zeros(10)) and torch.equal(model.skip_gate, torch.tensor([-1.5, 0.5]))
+assert [l for l, s in enumerate(plan) if s.head_gate] == [3, 10]
+assert torch.equal(model.head_gates, torch.full((2, 2), 0.25))
 order = tg.params_in_file_order(model)
 names = {id(p): tg.table_name(name) for name, p in model.named_parameters()}
 tables = list(dict.fromkeys(names[id(p)] for p in order))
 assert tables == ["wte", "qkvw", "attprojw", "fcw", "fcprojw", "headw", "ve", "value_scales", "x0_gates",
-                  "skip_gate"], tables
+                  "skip_gate", "head_gates"], tables
 n = sum(p.numel() for p in model.parameters())
 assert len(order) == len(list(model.parameters())) and sum(p.numel() for p in order) == n == config.num_parameters()
 # Record #89's init: every gate's gradient nonzero through the drawn head and projections.
 x, y = tg.RandomTokens(2, 64, 512, 3).next_batch()
 model(x, y)[1].backward()
-assert model.x0_gates.grad.abs().min() > 0 and model.skip_gate.grad.abs().min() > 0, \
-    (model.x0_gates.grad, model.skip_gate.grad)
+assert min(q.grad.abs().min() for q in (model.x0_gates, model.skip_gate, model.head_gates)) > 0, \
+    (model.x0_gates.grad, model.skip_gate.grad, model.head_gates.grad)
 init_grads = (model.x0_gates.grad.clone(), model.skip_gate.grad.clone())
 # By hand, with the gates moved off their start: layer 6's input is layer 5's output plus
 # sigmoid(skip_lambda) g layer 3's; layer 7's stream after its attention x + (attn + g_6 x0) (its x0
@@ -949,6 +951,7 @@ init_grads = (model.x0_gates.grad.clone(), model.skip_gate.grad.clone())
 with torch.no_grad():
     model.x0_gates.uniform_(-0.5, 0.5)
     model.skip_gate.copy_(torch.tensor([0.3, 0.8]))
+    model.head_gates.uniform_(0.2, 0.6)
 model.zero_grad()
 seen = {}
 def keep(name, take_input=False):
@@ -966,6 +969,7 @@ t.h[7].attn.register_forward_hook(keep("attn7"))
 t.h[7].ln_2.register_forward_hook(keep("mid7", True))
 for layer in (8, 9, 10):
     t.h[layer].ln_1.register_forward_hook(keep(f"ln1_{layer}_in", True))
+t.h[10].attn.c_proj.register_forward_hook(keep("gated10", True))  # layer 10's heads after their gates
 model(x, y)[1].backward()
 sig, g = torch.sigmoid(model.skip_gate[0]).item(), model.skip_gate[1].item()
 errors = [(seen["in6"] - (seen["out5"] + sig * g * seen["out3"])).abs().max().item(),
@@ -976,7 +980,12 @@ assert all(torch.equal(seen[f"ln1_{layer}_in"], seen["out7"]) for layer in (8, 9
 # an x0 gate's, sum d(stream after the attention) . x0.
 S = (seen["in6"].grad * seen["out3"]).sum().item()
 want = [g * sig * (1 - sig) * S, sig * S, (seen["mid7"].grad * seen["x0"]).sum().item()]
-got = [model.skip_gate.grad[0].item(), model.skip_gate.grad[1].item(), model.x0_gates.grad[6].item()]
+# A head gate's, the sum over its head's columns of d(gated output) . the output before the gate.
+heads = seen["gated10"].view(2, 64, 2, 64)
+gate10 = model.head_gates[1, 1].item()
+want.append((seen["gated10"].grad.view(2, 64, 2, 64)[:, :, 1] * heads[:, :, 1] / gate10).sum().item())
+got = [model.skip_gate.grad[0].item(), model.skip_gate.grad[1].item(), model.x0_gates.grad[6].item(),
+       model.head_gates.grad[1, 1].item()]
 grad_errors = [abs(a - b) / abs(b) for a, b in zip(got, want)]
 assert max(grad_errors) < 1e-4, (got, want)
 # The file, its header, the optimizer's groups: the gates with the scalars.
@@ -993,12 +1002,13 @@ resolved = tg.resolve_config(args)
 assert resolved.record89_plan and resolved.num_layers == 11 and resolved.channels == 128, resolved
 tg.settle_arch(args, resolved)
 groups = tg.optimizer_groups(model, args)
-owners = [group for _, group in groups for p in group["params"] if p is model.x0_gates or p is model.skip_gate]
+gates = (model.x0_gates, model.skip_gate, model.head_gates)
+owners = [group for _, group in groups for p in group["params"] if any(p is q for q in gates)]
 value_scales = t.h[0].attn.value_scales
-assert len(owners) == 2 and owners[0] is owners[1] and any(p is value_scales for p in owners[0]["params"])
+assert len(owners) == 3 and owners[0] is owners[1] is owners[2] and any(p is value_scales for p in owners[0]["params"])
 assert sum(len(group["params"]) for _, group in groups) == len(order), "every tensor in one group"
 print(f"the lists as llmc's; the gated skip and layer 7's x0 term within {max(errors):.1e} by hand, layers 8-10 "
-      f"attend over layer 7's output; d skip_lambda, dg, d g_x0 within {max(grad_errors):.1e} of the formulas "
+      f"attend over layer 7's output; d skip_lambda, dg, d g_x0 and a head gate's within {max(grad_errors):.1e} of the formulas "
       f"(at record #89's init: skip_gate's {init_grads[1].tolist()}, x0_gates' nonzero); {n:,} parameters; header "
       f"slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; the file order {' '.join(tables)}")
 EOF

@@ -277,16 +277,18 @@ void test_speedrun_table() {
   // The speedrun's in the order they joined the table (the bigram table since placed after ve).
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
                         llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate,
-                        llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha, llmc::kX0Gates, llmc::kSkipGate};
-  for (int k = 0; k < 15; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha, llmc::kX0Gates, llmc::kSkipGate,
+                        llmc::kHeadGates};
+  for (int k = 0; k < 16; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-49 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
-                                "xsa_alpha %d, x0_gates %d, skip_gate %d), no two alike",
+                                "speedrun's 35-50 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
+                                "xsa_alpha %d, x0_gates %d, skip_gate %d, head_gates %d), no two alike",
                                 llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates),
                                 llmc::param_seed_index(llmc::kVegate), llmc::param_seed_index(llmc::kXsaAlpha),
-                                llmc::param_seed_index(llmc::kX0Gates), llmc::param_seed_index(llmc::kSkipGate)));
+                                llmc::param_seed_index(llmc::kX0Gates), llmc::param_seed_index(llmc::kSkipGate),
+                                llmc::param_seed_index(llmc::kHeadGates)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -540,8 +542,9 @@ void test_xsa_table() {
 }
 
 // Record #89's plan (-lp 1): 11 layers; no x0 lambdas, attention gates or skip weights; five value
-// embeddings; x0_gates [10] (one an attention layer, the scalars' role, zero at init) and skip_gate [2]
-// (skip_lambda -1.5 and g 0.5 at init) last, their rounding seeds after xsa_alpha's; header slot 9's
+// embeddings; x0_gates [10] (one an attention layer, the scalars' role, zero at init), skip_gate [2]
+// (skip_lambda -1.5 and g 0.5 at init) and head_gates [2, NH] (layers 3 and 10, 0.25 at init) last,
+// their rounding seeds after xsa_alpha's; header slot 9's
 // bit 64, whose depth the header's must match. At tiny and d12, alone and with XSA (4 layers: 1, 3, 4
 // and 7, each with attention in this plan).
 void test_record89_plan_table() {
@@ -559,42 +562,48 @@ void test_record89_plan_table() {
       const size_t L = 11, La = 10, C = c.channels, Vp = c.padded_vocab_size, NH = c.num_heads;
       const size_t xsa_size = xsa ? 4 * NH : 0, n = llmc::num_parameters(c);
       // train_gpt2.py's count: wte, the head and 5 value embeddings; per layer 8 C^2 of the MLP; per
-      // attention layer 4 C^2 and 2 value scales; the x0 gates and the skip gate.
-      const size_t expected = 7 * Vp * C + L * 8 * C * C + La * (4 * C * C + 2) + xsa_size + La + 2;
+      // attention layer 4 C^2 and 2 value scales; the x0 gates, the skip gate and two layers' head gates.
+      const size_t expected = 7 * Vp * C + L * 8 * C * C + La * (4 * C * C + 2) + xsa_size + La + 2 + 2 * NH;
       std::string order;
       for (int i = 0; i < llmc::kNumParamTensors; i++) {
         if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
       }
       const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve value_scales ") +
-                               (xsa ? "xsa_alpha " : "") + "x0_gates skip_gate";
-      const llmc::ParamSpec &gates = t[llmc::kX0Gates], &skip = t[llmc::kSkipGate];
+                               (xsa ? "xsa_alpha " : "") + "x0_gates skip_gate head_gates";
+      const llmc::ParamSpec &gates = t[llmc::kX0Gates], &skip = t[llmc::kSkipGate], &heads = t[llmc::kHeadGates];
       check_verbose(c.num_layers == 11 && !a.x0_lambdas && a.x0_gates && !a.attention_gate &&
                         !llmc::arch_spec(llmc::Arch::kSpeedrun).x0_gates && n == expected && order == want &&
                         t[llmc::kVe].size == 5 * Vp * C && t[llmc::kAttngate].size == 0 &&
                         t[llmc::kLambdas].size == 0 && t[llmc::kSkipw].size == 0 &&
                         t[llmc::kValueScales].size == 2 * La && t[llmc::kXsaAlpha].size == xsa_size &&
-                        gates.size == La && skip.size == 2 && offsets[llmc::kX0Gates] == n - La - 2 &&
-                        offsets[llmc::kSkipGate] == n - 2,
+                        gates.size == La && skip.size == 2 && heads.size == 2 * NH &&
+                        offsets[llmc::kX0Gates] == n - La - 2 - 2 * NH && offsets[llmc::kSkipGate] == n - 2 - 2 * NH &&
+                        offsets[llmc::kHeadGates] == n - 2 * NH,
                     llmc::strformat("speedrun %s -lp 1%s: %zu parameters (%zu), x0_gates [%zu] at %zu, skip_gate "
-                                    "[%zu] at %zu; tensors %s", preset, xsa ? " -xs 1" : "", n, expected,
-                                    gates.size, offsets[llmc::kX0Gates], skip.size, offsets[llmc::kSkipGate],
-                                    order.c_str()));
+                                    "[%zu] at %zu, head_gates [%zu] at %zu; tensors %s", preset, xsa ? " -xs 1" : "", n,
+                                    expected, gates.size, offsets[llmc::kX0Gates], skip.size,
+                                    offsets[llmc::kSkipGate], heads.size, offsets[llmc::kHeadGates], order.c_str()));
       const llmc::LayerPlan plan = llmc::layer_plan(c);
       const int attention_slabs[] = {0, 1, 2, 3, 4, 5, -1, 6, 7, 8, 9};
       const int xsa_slabs[] = {-1, 0, -1, 1, 2, -1, -1, 3, -1, -1, -1};
+      const int head_gate_slabs[] = {-1, -1, -1, 0, -1, -1, -1, -1, -1, -1, 1};
       bool slabs_ok = llmc::param_slab_size(plan, gates) == 1 && llmc::param_slab_size(plan, skip) == 2 &&
-                      llmc::param_slab(plan, skip, 6) == 0 && plan.xsa_layers == 4;
+                      llmc::param_slab(plan, skip, 6) == 0 && plan.xsa_layers == 4 && plan.head_gate_layers == 2 &&
+                      llmc::param_slab_size(plan, heads) == NH && heads.role == llmc::ParamRole::kVector;
       for (int l = 0; l < 11; l++) {
         slabs_ok = slabs_ok && llmc::param_slab(plan, gates, l) == attention_slabs[l] &&
                    llmc::param_slab(plan, t[llmc::kQkvw], l) == attention_slabs[l] &&
-                   llmc::param_slab(plan, t[llmc::kXsaAlpha], l) == (xsa ? xsa_slabs[l] : plan[l].xsa_slab);
+                   llmc::param_slab(plan, t[llmc::kXsaAlpha], l) == (xsa ? xsa_slabs[l] : plan[l].xsa_slab) &&
+                   llmc::param_slab(plan, heads, l) == head_gate_slabs[l];
       }
       check(slabs_ok && gates.role == llmc::ParamRole::kVector && skip.role == llmc::ParamRole::kVector &&
                 gates.stack == llmc::ParamStack::kAttentionLayers && skip.stack == llmc::ParamStack::kWhole &&
                 llmc::param_seed_index(llmc::kX0Gates) == llmc::param_seed_index(llmc::kXsaAlpha) + 1 &&
-                llmc::param_seed_index(llmc::kSkipGate) == llmc::param_seed_index(llmc::kXsaAlpha) + 2,
+                llmc::param_seed_index(llmc::kSkipGate) == llmc::param_seed_index(llmc::kXsaAlpha) + 2 &&
+                llmc::param_seed_index(llmc::kHeadGates) == llmc::param_seed_index(llmc::kXsaAlpha) + 3,
             llmc::strformat("speedrun %s -lp 1%s: the x0 gates a slab an attention layer (layer 6 none, 7 slab "
-                            "6), the skip gate whole, both the scalars' role, seeds the two after xsa_alpha's",
+                            "6), the skip gate whole, the head gates a slab of NH on layers 3 and 10, all the "
+                            "scalars' role, seeds the three after xsa_alpha's",
                             preset, xsa ? " -xs 1" : ""));
       int h[llmc::kHeaderInts];
       llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
@@ -614,9 +623,11 @@ void test_record89_plan_table() {
       check_verbose(init.size() == n && all(llmc::kX0Gates, 0.0f) && all(llmc::kXsaAlpha, 0.0f) &&
                         all(llmc::kValueScales, 0.5f) && all(llmc::kHeadw, 0.0f) &&
                         init[offsets[llmc::kSkipGate]] == -1.5f && init[offsets[llmc::kSkipGate] + 1] == 0.5f &&
+                        all(llmc::kHeadGates, 0.25f) &&
                         fc[0] != 0.0f && fc[t[llmc::kFcw].size - 1] != 0.0f,
                     llmc::strformat("speedrun tiny -lp 1%s init: the x0 gates zero (the first %g)%s, skip_gate "
-                                    "(%g, %g) (-1.5, 0.5), value scales 0.5, head zero, fcw drawn in all 11 layers",
+                                    "(%g, %g) (-1.5, 0.5), head gates 0.25, value scales 0.5, head zero, fcw drawn "
+                                    "in all 11 layers",
                                     xsa ? " -xs 1" : "", init[offsets[llmc::kX0Gates]],
                                     xsa ? llmc::strformat(", the XSA strengths zero (the first %g)",
                                                           init[offsets[llmc::kXsaAlpha]]).c_str() : "",
@@ -790,8 +801,9 @@ void test_layer_plan() {
 void test_record89_layer_plan() {
   const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true);
   const std::string text = plan_text(plan);
-  std::string gated, sources, xsa;
+  std::string gated, sources, xsa, head_gates;
   for (const llmc::LayerSpec& l : plan.layers) {
+    head_gates += l.head_gate ? llmc::strformat(" %d", l.head_gate_slab) : std::string(" -");
     gated += llmc::strformat(" %d", l.gated_skip_source);
     sources += llmc::strformat(" %d", l.attention_source);
     xsa += l.xsa ? llmc::strformat(" %d", l.xsa_slab) : std::string(" -");
@@ -800,9 +812,11 @@ void test_record89_layer_plan() {
                         "AS5,-1,-1:-1,-1 -S-1,-1,-1:-1,-1 AS6,-1,-1:-1,1 AS7,2,-1:-1,-1 AS8,3,-1:-1,-1 "
                         "AL9,4,-1:-1,-1 | 10 5 0 2" &&
                     gated == " -1 -1 -1 -1 -1 -1 3 -1 -1 -1 -1" && sources == " -1 -1 -1 -1 -1 -1 -1 -1 -1 7 7" &&
-                    xsa == " - 0 - 1 2 - - 3 - - -" && plan.xsa_layers == 4 && plan.value_embedding_layers == 5,
+                    xsa == " - 0 - 1 2 - - 3 - - -" && plan.xsa_layers == 4 && plan.value_embedding_layers == 5 &&
+                    head_gates == " - - - 0 - - - - - - 1" && plan.head_gate_layers == 2,
                 "record #89's plan (attention slab, value embedding, skip source:weight, kept slot): " + text +
-                    "; gated skip sources" + gated + "; attention sources" + sources + "; XSA slabs" + xsa);
+                    "; gated skip sources" + gated + "; attention sources" + sources + "; XSA slabs" + xsa +
+                    "; head-gate slabs" + head_gates);
   llmc::LayerPlan keyed = plan;
   llmc::plan_key_offsets(keyed);
   const std::string described = keyed.describe(true);
