@@ -1008,8 +1008,9 @@ value_scales = t.h[0].attn.value_scales
 assert len(owners) == 3 and owners[0] is owners[1] is owners[2] and any(p is value_scales for p in owners[0]["params"])
 assert sum(len(group["params"]) for _, group in groups) == len(order), "every tensor in one group"
 print(f"the lists as llmc's; the gated skip and layer 7's x0 term within {max(errors):.1e} by hand, layers 8-10 "
-      f"attend over layer 7's output; d skip_lambda, dg, d g_x0 and a head gate's within {max(grad_errors):.1e} of the formulas "
-      f"(at record #89's init: skip_gate's {init_grads[1].tolist()}, x0_gates' nonzero); {n:,} parameters; header "
+      f"attend over layer 7's output; d skip_lambda, dg, d g_x0 and a head gate's within {max(grad_errors):.1e} of "
+      f"the formulas (at record #89's init: skip_gate's {init_grads[1].tolist()}, x0_gates' nonzero); {n:,} "
+      f"parameters; header "
       f"slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; the file order {' '.join(tables)}")
 EOF
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
