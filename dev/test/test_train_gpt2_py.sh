@@ -909,7 +909,7 @@ print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dal
       f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
 EOF
 check "--paired_heads: the rotary against the reference's paired tables, the attention by positions by hand, masks" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, re, torch, train_gpt2 as tg
 torch.manual_seed(3)
 # The rotary: the reference's paired tables (each token's [NH/2, 2 hs] view, its first hs dims at 2t, the
 # rest at 2t + 1; cos and sin in bfloat16), applied as its Yarn.rotary does.
@@ -929,6 +929,10 @@ assert torch.equal(tg.rotate(x, freq, pairs=True, paired_heads=True), want), "th
 config = tg.make_config(11, 4, 256, 1024, 512, "test", arch="speedrun", rotary_pairs=True, record89_plan=True,
                         paired_heads=True)
 assert [layer for layer, spec in enumerate(config.plan) if spec.paired] == [0, 2, 5, 9]
+header = open("llmc/gpt2.h").read()
+assert re.search(r'kRecord89Paired\[\] = +"(.+?)";', header).group(1) == tg.RECORD89_PAIRED, "llmc/gpt2.h's list"
+# The MFU count: a paired layer's queries are its 2T positions of C/2 (causal: T keys on average).
+assert tg.GPT(config).attention_keys(256) == 6 * 128 + 4 * 256
 # One paired layer's attention against positions by hand: position 2t + j holds heads 2j, 2j + 1 of token t
 # (the first or the last NH/2 of its qkv), documents doubled, the window 128 positions back.
 model = tg.GPT(config)
