@@ -3107,8 +3107,10 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
   }
 }
 
-void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
+void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS, const RotaryFrequencies& f) {
   REQUIRE(B > 0 && T > 0 && NH > 0, "%s: B=%d, T=%d and NH=%d must be positive", name, B, T, NH);
+  REQUIRE(!f.paired_heads || NH % 2 == 0, "%s: paired heads of %d heads: a head's parity is its position's, "
+          "and k's heads take q's parities only where NH is even", name, NH);
   REQUIRE(HS % 4 == 0 && HS >= 8 && HS <= kQkNormMaxHeadSize,
           "%s: head size %d must be a multiple of 4 from 8 to %d", name, HS, kQkNormMaxHeadSize);
 }
@@ -3124,7 +3126,7 @@ Kernel qk_norm_rotary_instance(int HS, Kernel one, Kernel two, Kernel four) {
 // first_position: the position of the sequences' first token (decoding one token at a time).
 void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, const RotaryFrequencies& f,
                             cudaStream_t stream, int first_position = 0) {
-  qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
+  qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS, f);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_forward_kernel<1>, qk_norm_rotary_forward_kernel<2>,
                                               qk_norm_rotary_forward_kernel<4>);
@@ -3137,7 +3139,7 @@ void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, i
 // in place, from the forward's output qkv and qk_rstd; v's gradient is left alone.
 void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
                              int HS, const RotaryFrequencies& f, cudaStream_t stream) {
-  qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
+  qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS, f);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_backward_kernel<1>,
                                               qk_norm_rotary_backward_kernel<2>, qk_norm_rotary_backward_kernel<4>);

@@ -395,7 +395,7 @@ class LayerSpec:
     xsa: bool = False  # record #89's exclusive self-attention runs here (with --xsa 1)
     gated_skip_source: int = None  # record #89's: the earlier layer whose output it adds with the skip gate
     attention_source: int = None  # record #89's: the earlier layer whose output its attention reads
-    paired: bool = False  # record #89's paired heads (CausalSelfAttention's paired_positions, paired_attention)
+    paired: bool = False  # record #89's paired heads (rotate's paired_heads, CausalSelfAttention.forward's views)
 
 
 def layer_plan(arch, num_layers, record89_plan=False, paired_heads=False):
@@ -832,7 +832,7 @@ class CausalSelfAttention(nn.Module):
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
         self.rotary_pairs = config.rotary_pairs  # rotate's record #89 layout
         # record #89's paired heads: rotate's paired positions, then half the heads a position of each row
-        # doubled (paired_attention)
+        # doubled (forward's views, GPT.attention_masks' paired_rows)
         self.paired = config.plan[layer].paired
         # the softmax scale (None: 1/sqrt(hs)); set_attention_scale's, and YaRN's (set_yarn)
         self.scale = ATTENTION_SCALE_MODERN if self.modern else None
@@ -3788,8 +3788,8 @@ def resolve_config(args):
                     args.record89_plan, args.paired_heads)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
-                 "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, --paired_heads "
-                 "and the size flags")
+                 "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
+                 "--paired_heads and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")

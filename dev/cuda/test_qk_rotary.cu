@@ -130,7 +130,8 @@ void test_qk_rotary(const QkShape& s, bool record89, llmc::Rng& rng, bool paired
   check_same_bits("backward twice", backward_bits, Snapshot(d));
 }
 
-// Head sizes the kernels cannot take are refused with a message naming the limit.
+// Head sizes the kernels cannot take are refused with a message naming the limit; so are paired heads of
+// an odd number of heads.
 void test_qk_rotary_bad_head_size() {
   DeviceArray<floatX> qkv(3 * 512);
   DeviceArray<float> rstd(2);
@@ -139,6 +140,10 @@ void test_qk_rotary_bad_head_size() {
                         "qk_norm_rotary_forward at head size 512");
   testing::check_throws([&] { qk_norm_rotary_backward(qkv, qkv, rstd, 1, 1, 1, 6, f, 0); }, "head size 6",
                         "qk_norm_rotary_backward at head size 6");
+  RotaryFrequencies paired = rotary_frequencies(8, true);
+  paired.paired_heads = true;
+  testing::check_throws([&] { qk_norm_rotary_forward(qkv, rstd, 1, 1, 3, 8, paired, 0); }, "paired heads of 3 heads",
+                        "qk_norm_rotary_forward with paired heads of 3 heads");
 }
 
 // Decoding token by token (B = 1, T = 1, first_position t) in record #89's layout gives the bits of

@@ -908,7 +908,7 @@ print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dal
       f"{max(grad_errors):.1e} of autograd's; layers {layers}; header slot {tg.FEATURES_SLOT} "
       f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
 EOF
-check "--paired_heads: the rotary against the reference's paired tables, the attention by positions by hand, masks" <<'EOF'
+check "--paired_heads: the rotary as the reference's paired tables; the attention by positions by hand" <<'EOF'
 import os, re, torch, train_gpt2 as tg
 torch.manual_seed(3)
 # The rotary: the reference's paired tables (each token's [NH/2, 2 hs] view, its first hs dims at 2t, the
