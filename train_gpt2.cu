@@ -2932,16 +2932,21 @@ constexpr int kQkNormWarps = 4;  // tokens a block
 // 2p + 1) (record #89's layout, -rp 1) instead of (p, p + HS/2); flat_positions: a token's position
 // is its place in the forward's B x T rows as one sequence (b T + t, record #89's, which runs one row
 // of all the tokens) instead of t within its row. The frequencies are model state: YaRN rescales them.
+// paired_heads: record #89's paired heads (a layer's switch, LayerSpec::paired): head h of the token at
+// position t is rotated at 2t + (h & 1), the reference's paired tables.
 struct RotaryFrequencies {
   float freq[kQkNormMaxHeadSize / 2];
   bool adjacent_pairs;
   bool flat_positions;
   bool bf16_tables;  // each (cos, sin) rounded to BF16, as record #89's tables hold them
+  bool paired_heads;
   // The dims of pair p of a head: its first, and its partner.
   __host__ __device__ int first(int p) const { return adjacent_pairs ? 2 * p : p; }
   __host__ __device__ int second(int p, int HS) const { return adjacent_pairs ? 2 * p + 1 : p + HS / 2; }
   // The position of row b's token t of a forward's rows of T.
   __host__ __device__ int position(int b, int t, int T) const { return flat_positions ? b * T + t : t; }
+  // The position head h of a token at position t is rotated at.
+  __host__ __device__ int head_position(int t, int h) const { return paired_heads ? 2 * t + (h & 1) : t; }
 };
 
 // The base frequencies (1/1024)^(p / (HS/4 - 1)) of the first HS/4 pairs, 0 above; adjacent_pairs:
@@ -2974,23 +2979,34 @@ __device__ __forceinline__ float rotary_unscaled_mean(const RotaryFrequencies& f
   return f.bf16_tables ? mean / __fmaf_rn(s, s, c * c) : mean;
 }
 
-// A lane's pairs p = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin;
-// kHeads heads are loaded at once.
+// A lane's pairs p = lane + 32i (i < PAIRS = ceil(HS / 64)) of each head, with their cos and sin for
+// the even heads and the odd ones (cos_j[h & 1]: the same but with paired heads); kHeads heads are
+// loaded at once, an even number, so that a group's h-th head has h's parity.
 template <int PAIRS>
 struct QkNormLane {
   static constexpr int kHeads = 8 / PAIRS;
-  float cos_j[PAIRS], sin_j[PAIRS];
+  static_assert(kHeads % 2 == 0, "a group of heads starts at an even head");
+  float cos_j[2][PAIRS], sin_j[2][PAIRS];
   int id, half;
   bool adjacent;
 
-  // cos and sin of theta = t * freq[p] for the lane's pairs (1 and 0 past HS/2, unused).
+  // cos and sin of theta = t' * freq[p] for the lane's pairs (1 and 0 past HS/2, unused), t' the
+  // position of a head of a token at t (RotaryFrequencies::head_position) of each parity.
   __device__ QkNormLane(const RotaryFrequencies& f, int t, int HS)
       : id(threadIdx.x % WARP_SIZE), half(HS / 2), adjacent(f.adjacent_pairs) {
 #pragma unroll
-    for (int i = 0; i < PAIRS; i++) {
-      cos_j[i] = 1.0f;
-      sin_j[i] = 0.0f;
-      if (pair(i) < half) rotary_cos_sin(f, t, pair(i), &cos_j[i], &sin_j[i]);
+    for (int parity = 0; parity < 2; parity++) {
+#pragma unroll
+      for (int i = 0; i < PAIRS; i++) {
+        cos_j[parity][i] = 1.0f;
+        sin_j[parity][i] = 0.0f;
+        if (parity == 1 && !f.paired_heads) {
+          cos_j[1][i] = cos_j[0][i];
+          sin_j[1][i] = sin_j[0][i];
+        } else if (pair(i) < half) {
+          rotary_cos_sin(f, f.head_position(t, parity), pair(i), &cos_j[parity][i], &sin_j[parity][i]);
+        }
+      }
     }
   }
   __device__ int pair(int i) const { return id + i * WARP_SIZE; }
@@ -3034,8 +3050,9 @@ __global__ void qk_norm_rotary_forward_kernel(floatX* qkv, float* qk_rstd, int N
       for (int i = 0; i < PAIRS; i++) {
         if (lane.pair(i) >= lane.half) break;
         const float a = x1[h][i] * rstd, b = x2[h][i] * rstd;
-        row[head * HS + lane.first(i)] = (floatX)(a * lane.cos_j[i] + b * lane.sin_j[i]);
-        row[head * HS + lane.second(i)] = (floatX)(b * lane.cos_j[i] - a * lane.sin_j[i]);
+        const float c = lane.cos_j[h & 1][i], s = lane.sin_j[h & 1][i];
+        row[head * HS + lane.first(i)] = (floatX)(a * c + b * s);
+        row[head * HS + lane.second(i)] = (floatX)(b * c - a * s);
       }
       if (lane.id == 0) qk_rstd[(size_t)token * 2 * NH + head] = rstd;
     }
@@ -3068,7 +3085,7 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
       float xhat1[PAIRS], xhat2[PAIRS], dxhat1[PAIRS], dxhat2[PAIRS], dot = 0.0f;
 #pragma unroll
       for (int i = 0; i < PAIRS; i++) {
-        const float c = lane.cos_j[i], s = lane.sin_j[i];
+        const float c = lane.cos_j[h & 1][i], s = lane.sin_j[h & 1][i];
         xhat1[i] = c * y1[h][i] - s * y2[h][i];
         xhat2[i] = s * y1[h][i] + c * y2[h][i];
         if (f.bf16_tables) {  // R R^T = (c^2 + s^2) I, no longer I: xhat = R^T y / (c^2 + s^2)
@@ -3091,8 +3108,10 @@ __global__ void qk_norm_rotary_backward_kernel(floatX* dqkv, const floatX* qkv, 
   }
 }
 
-void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS) {
+void qk_norm_rotary_check(const char* name, int B, int T, int NH, int HS, const RotaryFrequencies& f) {
   REQUIRE(B > 0 && T > 0 && NH > 0, "%s: B=%d, T=%d and NH=%d must be positive", name, B, T, NH);
+  REQUIRE(!f.paired_heads || NH % 2 == 0, "%s: paired heads of %d heads: a head's parity is its position's, "
+          "and k's heads take q's parities only where NH is even", name, NH);
   REQUIRE(HS % 4 == 0 && HS >= 8 && HS <= kQkNormMaxHeadSize,
           "%s: head size %d must be a multiple of 4 from 8 to %d", name, HS, kQkNormMaxHeadSize);
 }
@@ -3108,7 +3127,7 @@ Kernel qk_norm_rotary_instance(int HS, Kernel one, Kernel two, Kernel four) {
 // first_position: the position of the sequences' first token (decoding one token at a time).
 void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, int HS, const RotaryFrequencies& f,
                             cudaStream_t stream, int first_position = 0) {
-  qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS);
+  qk_norm_rotary_check("qk_norm_rotary_forward", B, T, NH, HS, f);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_forward_kernel<1>, qk_norm_rotary_forward_kernel<2>,
                                               qk_norm_rotary_forward_kernel<4>);
@@ -3121,12 +3140,48 @@ void qk_norm_rotary_forward(floatX* qkv, float* qk_rstd, int B, int T, int NH, i
 // in place, from the forward's output qkv and qk_rstd; v's gradient is left alone.
 void qk_norm_rotary_backward(floatX* dqkv, const floatX* qkv, const float* qk_rstd, int B, int T, int NH,
                              int HS, const RotaryFrequencies& f, cudaStream_t stream) {
-  qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS);
+  qk_norm_rotary_check("qk_norm_rotary_backward", B, T, NH, HS, f);
   const int N = B * T;
   const auto kernel = qk_norm_rotary_instance(HS, qk_norm_rotary_backward_kernel<1>,
                                               qk_norm_rotary_backward_kernel<2>, qk_norm_rotary_backward_kernel<4>);
   kernel<<<ceil_div(N, kQkNormWarps), kQkNormWarps * WARP_SIZE, 0, stream>>>(dqkv, qkv, qk_rstd, N, T, NH, HS,
                                                                             f);
+  cudaCheckLaunch();
+}
+
+// ---- Record #89's paired heads: each token's qkv row regrouped by halves, in place ----
+// A token's row [q0 q1 k0 k1 v0 v1] (halves of C/2: heads 0..NH/2-1, then the rest) becomes [q0 k0
+// v0 q1 k1 v1] (kPairedForward), so that qkv [N, 3C] reads as [2N, 3C/2]: position 2t holds q, k and
+// v of token t's first NH/2 heads, 2t + 1 those of the rest, NH/2 heads each, as the attention
+// kernels take them; kPairedInverse puts a row back (the attention's dqkv comes out regrouped). The
+// attention's output [2N, C/2] is then [N, C] as it stands. One block a row through shared memory,
+// 16 bytes a thread; reads and writes 3C values a token, memory-bound.
+enum class PairedDirection { kForward, kInverse };
+constexpr int kPairedRegroupThreads = 128;
+// Where each of the regrouped row's six halves comes from, in each direction.
+__constant__ int kPairedSourceHalf[2][6] = {{0, 2, 4, 1, 3, 5}, {0, 3, 1, 4, 2, 5}};
+
+__global__ void paired_heads_regroup_kernel(floatX* qkv, int half, int direction) {
+  extern __shared__ __align__(16) unsigned char paired_row_bytes[];
+  floatX* row_copy = reinterpret_cast<floatX*>(paired_row_bytes);
+  floatX* row = qkv + (size_t)blockIdx.x * 6 * half;
+  for (int i = threadIdx.x * x128::size; i < 6 * half; i += blockDim.x * x128::size) {
+    store128(row_copy + i, load128(row + i));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x * x128::size; i < 6 * half; i += blockDim.x * x128::size) {
+    const int source = kPairedSourceHalf[direction][i / half] * half + i % half;
+    store128(row + i, load128(row_copy + source));
+  }
+}
+
+// qkv [N, 3C] regrouped in place (above), C/2 a multiple of 16 bytes of values.
+void paired_heads_regroup(floatX* qkv, int N, int C, PairedDirection direction, cudaStream_t stream) {
+  const size_t shared = 3 * (size_t)C * sizeof(floatX);
+  REQUIRE(N > 0 && C > 0 && C % 2 == 0 && (C / 2) % x128::size == 0 && shared <= 48 * 1024,
+          "paired_heads_regroup: N=%d must be positive and C=%d even, its half a multiple of %d, its row at "
+          "most 48 KiB", N, C, (int)x128::size);
+  paired_heads_regroup_kernel<<<N, kPairedRegroupThreads, shared, stream>>>(qkv, C / 2, (int)direction);
   cudaCheckLaunch();
 }
 
@@ -8816,6 +8871,12 @@ struct SmearRows {
 const floatX* smear_embedding(GPT2& m, floatX* embedded, const int* tokens, int N, const SmearRows& s);
 const floatX* smear_embedding_backward(GPT2& m, const floatX* dembedded, int N, uint32_t seed);
 
+// The attention's pairs of positions of B rows of T tokens (the GEMM path's T x T scores a head): with
+// record #89's paired heads, its paired layers' half the heads over twice the positions take twice.
+size_t attention_score_count(const llmc::GPT2Config& c, size_t B, size_t T) {
+  return B * c.num_heads * T * T * (c.paired_heads ? 2 : 1);
+}
+
 // act_per_layer false: one layer's worth of the MLP activation's outputs (GELU's or ReLU^2's) is
 // kept, since the backward pass does not read them: it recomputes them (-r 1), or reads the FP8
 // layers' transposed casts instead.
@@ -8846,7 +8907,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"qkv_normed", (flash ? 0 : qk) * 3 * BT * C, L, false},
       {"qk_rstd", qk * 2 * NH * BT, L, true},
       {"qkvr", 3 * BT * C, L, false},
-      {flash ? "att_lse" : "att", B * NH * (flash ? 1 : T) * T, L, flash},
+      {flash ? "att_lse" : "att", flash ? B * NH * T : attention_score_count(c, B, T), L, flash},
       {"atty", BT * C, L, false},
       {"residual2", BT * C, L, false},
       {"ln2", BT * C, ln_per_layer ? L : 1, false},
@@ -9100,9 +9161,16 @@ struct DocumentAttention {
   llmc::WindowUnit window_unit = llmc::WindowUnit::kBlocks;  // -awt: whole blocks, or blocks x 128 tokens
   llmc::AttentionBlockSpan* spans = nullptr;       // [B, T / 128]: each query block's
   int* document_ids = nullptr;                     // [B, T]: each token's (llmc::document_ids)
+  // With record #89's paired heads the same of the rows doubled, [B, 2T / 128] and [B, 2T], after
+  // them in the same buffers (documents_upload; 3 B T tokens' room: document_tokens).
+  llmc::AttentionBlockSpan* paired_spans = nullptr;
+  int* paired_document_ids = nullptr;
   UploadStaging spans_staging, document_ids_staging;  // their host halves (section 1)
   size_t capacity = 0;                                // the tokens the buffers hold
 };
+
+// The tokens the mask's metadata of B x T = BT tokens takes: with paired heads also their rows doubled.
+size_t document_tokens(const llmc::GPT2Config& c, size_t BT) { return c.paired_heads ? 3 * BT : BT; }
 
 void document_buffers_free(DocumentAttention& d) {
   device_free(d.spans);
@@ -9111,6 +9179,8 @@ void document_buffers_free(DocumentAttention& d) {
   upload_staging_free(d.document_ids_staging);
   d.spans = nullptr;
   d.document_ids = nullptr;
+  d.paired_spans = nullptr;
+  d.paired_document_ids = nullptr;
   d.capacity = 0;
 }
 
@@ -9280,6 +9350,14 @@ int attention_widest_window(const AttentionSpec& spec, int T) {
   return spec.max_window_blocks == 0 ? blocks : std::min(spec.max_window_blocks, blocks);
 }
 
+// The flash backward's dS scratch for sequences of T positions of NH heads (its widest window of T's).
+size_t attention_ds_count(int B, int T, int NH, const AttentionSpec& attention) {
+  if (!attention.documents) return attention_flash_ds_count(B, T, NH);
+  const llmc::AttentionWindow widest =
+      llmc::AttentionWindow::of_blocks(attention_widest_window(attention, T), attention.window_unit);
+  return attention_window_ds_count(B, T, NH, widest);
+}
+
 // The passes' scratch of B x T tokens: the buffers the layers reuse, the attention's, the
 // column-reduction partials, the inputs and targets and the encoder backward's plan.
 void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& attention) {
@@ -9291,14 +9369,11 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   m.flash_attention = attention_flash_supported(C / c.num_heads);
   if (m.flash_attention) {
     m.attention_dot = device_alloc<float>((size_t)B * c.num_heads * T, "the attention gradient scratch");
-    const size_t ds_count = attention.documents
-        ? attention_window_ds_count(B, T, c.num_heads,
-                                    llmc::AttentionWindow::of_blocks(attention_widest_window(attention, T),
-                                                                     attention.window_unit))
-        : attention_flash_ds_count(B, T, c.num_heads);
+    size_t ds_count = attention_ds_count(B, T, c.num_heads, attention);
+    if (c.paired_heads) ds_count = std::max(ds_count, attention_ds_count(B, 2 * T, c.num_heads / 2, attention));
     m.attention_ds = device_alloc<floatX>(ds_count, "the attention score-gradient scratch");
   } else {
-    m.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "the attention scratch");
+    m.scratch_att = device_alloc<floatX>(attention_score_count(c, B, T), "the attention scratch");
     m.scratch_dqkvr = device_alloc<floatX>(4 * BT * C, "the attention gradient scratch");
   }
   // Column sums of up to 4C columns in kRowBlocks blocks, or in the FP8 casts' tiles of 128 rows
@@ -9350,7 +9425,7 @@ void gpt2_allocate_documents(GPT2& m, int B, int T, const AttentionSpec& spec) {
   if (!spec.documents) return;
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: -t %d "
           "is not a multiple of %d", llmc::kAttentionBlock, T, llmc::kAttentionBlock);
-  document_buffers_allocate(m, (size_t)B * T);
+  document_buffers_allocate(m, document_tokens(m.config, (size_t)B * T));
 }
 
 // Whether any layer of the plan shifts its keys (LayerSpec::key_offset).
@@ -9542,14 +9617,14 @@ void gpt2_allocate_validation(GPT2& m, int B, int T) {
     a.scratch_bt4c = device_alloc<floatX>(BT * 4 * C, "validation's B*T*4C scratch buffer");
     a.flash_attention = attention_flash_supported(C / c.num_heads);
     if (!a.flash_attention) {
-      a.scratch_att = device_alloc<floatX>((size_t)B * c.num_heads * T * T, "validation's attention scratch");
+      a.scratch_att = device_alloc<floatX>(attention_score_count(c, B, T), "validation's attention scratch");
     }
     a.inputs = device_alloc<int>(BT, "validation's inputs");
     a.targets = device_alloc<int>(BT, "validation's targets");
     cudaCheck(cudaMallocHost(&a.losses_host, BT * sizeof(float)));
     upload_staging_allocate(a.inputs_staging, BT * sizeof(int));
     upload_staging_allocate(a.targets_staging, BT * sizeof(int));
-    if (m.documents) document_buffers_allocate(m, BT);
+    if (m.documents) document_buffers_allocate(m, document_tokens(c, BT));
     if (plan_has_key_offset(m.plan)) key_offset_allocate(a, c, B, T);
     bigram_allocate_rows(a, m.arch(), BT);
   });
@@ -9903,12 +9978,19 @@ floatX* attention_qkv(GPT2& m, int l) {
   return m.arch().qk_norm_rotary ? m.act(kQkvNormed, l) : m.scratch_bt4c;
 }
 
+// Layer l's rotary: the model's, with its paired heads' positions where the plan pairs them.
+RotaryFrequencies layer_rotary(const GPT2& m, int l) {
+  RotaryFrequencies f = m.rotary;
+  f.paired_heads = m.plan[l].paired;
+  return f;
+}
+
 // QK-norm and rotary positions of q and k in r's qkv, in place (nothing for GPT-2), then layer l's
 // key offset where the plan has one: over the rows as one sequence, or against the decoder's cache.
 void qk_prepare(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().qk_norm_rotary) return;
   const int C = m.config.channels, HS = m.config.head_size();
-  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, m.rotary, m.stream,
+  qk_norm_rotary_forward(r.qkv, r.qk_rstd, r.B, r.T, m.config.num_heads, HS, layer_rotary(m, l), m.stream,
                          r.first_position);
   if (!m.plan[l].key_offset) return;
   const bool pairs = m.rotary.adjacent_pairs;
@@ -9922,9 +10004,10 @@ void qk_prepare(GPT2& m, int l, const BlockRows& r) {
 
 // The flash backward within documents takes QK-norm's backward as well (attention_backward_window's
 // qk_rstd): on Hopper in its kernels' epilogues, saving a pass over q and k; not in a layer with a
-// key offset, whose backward comes between the two.
+// key offset, whose backward comes between the two, nor with paired heads, whose regrouped rows do.
 bool qk_norm_in_attention_backward(const GPT2& m, int l) {
-  return m.flash_attention && m.documents && m.arch().qk_norm_rotary && !m.plan[l].key_offset;
+  return m.flash_attention && m.documents && m.arch().qk_norm_rotary && !m.plan[l].key_offset &&
+         !m.plan[l].paired;
 }
 
 // dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place
@@ -9937,8 +10020,8 @@ void qk_prepare_backward(GPT2& m, floatX* dqkv, int l, int B, int T) {
     key_offset_backward(dqkv, attention_qkv(m, l), m.key_offset_scratch, m.key_offset_tails + (size_t)l * C / 2,
                         B * T, C, HS, m.rotary.adjacent_pairs, m.stream);
   }
-  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS, m.rotary,
-                          m.stream);
+  qk_norm_rotary_backward(dqkv, attention_qkv(m, l), m.act_f(kQkRstd, l), B, T, m.config.num_heads, HS,
+                          layer_rotary(m, l), m.stream);
 }
 
 // Layer l's window in blocks at sequence length T: the step's long or short one (LayerSpec::window),
@@ -9956,39 +10039,80 @@ llmc::AttentionWindow layer_attention_window(const GPT2& m, int l, int T) {
   return llmc::AttentionWindow::of_blocks(layer_window(m, l, T), m.window_unit);
 }
 
-// The first position layer l's decoding query r.first_position attends to: 0, or within documents
-// the first of its document and window (llmc::attention_window_first_key; the layer's window at a
-// length that covers the query's block, so that no window is every block up to it).
-int decode_first_key(const GPT2& m, int l, const BlockRows& r) {
+// The first position layer l's decoding query at position t attends to: 0, or within documents the
+// first of its document (which starts at document_start) and window (llmc::attention_window_first_key;
+// the layer's window at a length that covers the query's block, so that no window is every block up
+// to it).
+int decode_first_key_at(const GPT2& m, int l, int t, int document_start) {
   if (!m.documents) return 0;
-  const int t = r.first_position, covered = (t / llmc::kAttentionBlock + 1) * llmc::kAttentionBlock;
-  return llmc::attention_window_first_key(t, r.document_start, layer_attention_window(m, l, covered));
+  const int covered = (t / llmc::kAttentionBlock + 1) * llmc::kAttentionBlock;
+  return llmc::attention_window_first_key(t, document_start, layer_attention_window(m, l, covered));
+}
+int decode_first_key(const GPT2& m, int l, const BlockRows& r) {
+  return decode_first_key_at(m, l, r.first_position, r.document_start);
 }
 
-// Layer l's mask over the last forward's rows of T tokens (documents_upload).
+// Layer l's mask over the last forward's rows of T tokens (documents_upload); with paired heads over
+// their rows of 2T positions, the window in positions.
 DocumentWindow layer_document_window(const GPT2& m, int l, int T) {
+  if (m.plan[l].paired) return {m.paired_spans, m.paired_document_ids, layer_attention_window(m, l, 2 * T)};
   return {m.spans, m.document_ids, layer_attention_window(m, l, T)};
 }
 
 // r.atty from r.qkv: the decoder's one query against the layer's KV cache, which it extends; or
-// attention over each sequence of T tokens, causal or within its documents (m.documents),
-// keeping what layer l's backward reads.
-void attention_rows(GPT2& m, int l, const BlockRows& r) {
+// attention over B sequences of T positions of NH heads (C = NH HS), causal or within their documents
+// (m.documents; layer_document_window of the layer's rows of T tokens), keeping what layer l's
+// backward reads.
+void attention_rows_of(GPT2& m, int l, const BlockRows& r, int B, int T, int C, int NH) {
   const llmc::GPT2Config& c = m.config;
-  const int C = c.channels, NH = c.num_heads;
   if (r.k_cache) {
     attention_forward_decode(r.atty, r.k_cache, r.v_cache, r.qkv, decode_first_key(m, l, r), r.first_position,
                              c.max_seq_len, NH, c.head_size(), attention_scale(m), m.stream);
   } else if (m.flash_attention && m.documents) {
-    attention_forward_window(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m),
+    attention_forward_window(r.atty, m.act_f(kAtt, l), r.qkv, B, T, C, NH, attention_scale(m),
                              layer_document_window(m, l, r.T), m.stream);
   } else if (m.flash_attention) {
-    attention_forward_flash(r.atty, m.act_f(kAtt, l), r.qkv, r.B, r.T, C, NH, attention_scale(m), m.stream);
+    attention_forward_flash(r.atty, m.act_f(kAtt, l), r.qkv, B, T, C, NH, attention_scale(m), m.stream);
   } else {
     const DocumentWindow dw = layer_document_window(m, l, r.T);
-    attention_forward(r.atty, m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att, m.scratch_btc, r.qkv, r.B, r.T,
-                      C, NH, attention_scale(m), m.stream, m.documents ? &dw : nullptr);
+    attention_forward(r.atty, m.act(kQkvr, l), m.act(kAtt, l), m.scratch_att, m.scratch_btc, r.qkv, B, T, C, NH,
+                      attention_scale(m), m.stream, m.documents ? &dw : nullptr);
   }
+}
+
+// Record #89's paired heads in training (LayerSpec::paired): r.qkv's rows regrouped, the attention over
+// sequences of 2T positions of NH/2 heads (r.atty [2N, C/2] is then [N, C]), the rows put back for
+// what comes after (and, flash, the backward's stored qkv).
+void paired_attention_rows(GPT2& m, int l, const BlockRows& r) {
+  const llmc::GPT2Config& c = m.config;
+  paired_heads_regroup(r.qkv, r.rows(), c.channels, PairedDirection::kForward, m.stream);
+  attention_rows_of(m, l, r, r.B, 2 * r.T, c.channels / 2, c.num_heads / 2);
+  paired_heads_regroup(r.qkv, r.rows(), c.channels, PairedDirection::kInverse, m.stream);
+}
+
+// Decoding with paired heads: the token at position p is positions 2p and 2p + 1 of the layer's cache
+// [NH/2, 2 maxT, HS] (the document start doubled), one query each in turn, the second seeing the
+// first's key; its regrouped row's halves give each its q, k and v, and its output's halves.
+void paired_attention_decode(GPT2& m, int l, const BlockRows& r) {
+  const llmc::GPT2Config& c = m.config;
+  const int C = c.channels, half = C / 2;
+  paired_heads_regroup(r.qkv, 1, C, PairedDirection::kForward, m.stream);
+  for (int j = 0; j < 2; j++) {
+    const int t = 2 * r.first_position + j;
+    attention_forward_decode(r.atty + (size_t)j * half, r.k_cache, r.v_cache, r.qkv + (size_t)j * 3 * half,
+                             decode_first_key_at(m, l, t, 2 * r.document_start), t, 2 * c.max_seq_len,
+                             c.num_heads / 2, c.head_size(), attention_scale(m), m.stream);
+  }
+  paired_heads_regroup(r.qkv, 1, C, PairedDirection::kInverse, m.stream);
+}
+
+void attention_rows(GPT2& m, int l, const BlockRows& r) {
+  const llmc::GPT2Config& c = m.config;
+  if (m.plan[l].paired) {
+    r.k_cache ? paired_attention_decode(m, l, r) : paired_attention_rows(m, l, r);
+    return;
+  }
+  attention_rows_of(m, l, r, r.B, r.T, c.channels, c.num_heads);
 }
 
 // The flash kernels sum dqkv's columns per tile as they store it: the qkv bias gradient is then a
@@ -9997,19 +10121,19 @@ void attention_rows(GPT2& m, int l, const BlockRows& r) {
 bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arch().qk_norm_rotary; }
 
 // The gradient of layer l's attention input (the qkv after QK-norm; before it where
-// qk_norm_in_attention_backward) into scratch_bt4c, from that of its output in scratch_btc. The
+// qk_norm_in_attention_backward) into scratch_bt4c, from that of its output in scratch_btc, over B
+// sequences of T positions of NH heads (C = NH HS; the layer's rows of `tokens` tokens a sequence). The
 // flash path draws the qkv bias reduction's seed (also where it does not run, so that the seeds
 // after it stay put). The GEMM path needs nothing of the mask: its att holds zeros at the keys the
 // mask hid.
-void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
-  const int C = m.config.channels, NH = m.config.num_heads;
+void attention_backward_of(GPT2& m, int l, int B, int T, int C, int NH, int tokens, KernelSeeds& seeds) {
   if (m.flash_attention) {
     const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m, l);
     if (m.documents) {
       const float* qk_rstd = qk_norm_in_attention_backward(m, l) ? m.act_f(kQkRstd, l) : nullptr;
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
-                                attention_scale(m), layer_document_window(m, l, T), m.stream, dots, qk_rstd,
+                                attention_scale(m), layer_document_window(m, l, tokens), m.stream, dots, qk_rstd,
                                 &m.rotary);
     } else {
       attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
@@ -10025,6 +10149,21 @@ void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     attention_backward(m.scratch_bt4c, m.scratch_dqkvr, m.scratch_att, m.scratch_btc, m.act(kQkvr, l),
                        m.act(kAtt, l), B, T, C, NH, attention_scale(m), m.stream);
   }
+}
+
+// With paired heads (paired_attention_rows) the flash backward reads the stored qkv regrouped, as its
+// forward did, and dqkv comes out regrouped: both put back. (The GEMM path keeps q, k and v permuted
+// from the regrouped rows in qkvr: only dqkv.) No qkv bias: the speedrun has none.
+void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
+  const int C = m.config.channels, NH = m.config.num_heads, N = B * T;
+  if (!m.plan[l].paired) {
+    attention_backward_of(m, l, B, T, C, NH, T, seeds);
+    return;
+  }
+  if (m.flash_attention) paired_heads_regroup(m.act(kQkvr, l), N, C, PairedDirection::kForward, m.stream);
+  attention_backward_of(m, l, B, 2 * T, C / 2, NH / 2, T, seeds);
+  paired_heads_regroup(m.scratch_bt4c, N, C, PairedDirection::kInverse, m.stream);
+  if (m.flash_attention) paired_heads_regroup(m.act(kQkvr, l), N, C, PairedDirection::kInverse, m.stream);
 }
 
 // Whether the MLP's ReLU^2 and its derivative run in the epilogues of products of our own
@@ -11034,10 +11173,13 @@ void gpt2_set_window(GPT2& m, llmc::StepWindows windows) {
 // With documents, the mask's metadata of the B x T inputs: each row's block spans and tokens'
 // documents, made on the host in the pinned buffers (once their last copies are done) and copied
 // to the GPU.
+// With record #89's paired heads also those of the rows doubled (each token followed by a placeholder
+// that opens no document: a document of tokens [s, e) is positions [2s, 2e)), after them.
 void documents_upload(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(T % llmc::kAttentionBlock == 0, "attention within documents takes whole blocks of %d tokens: a "
           "forward of T = %d", llmc::kAttentionBlock, T);
   const int blocks = T / llmc::kAttentionBlock;
+  const size_t BT = (size_t)B * T, B_blocks = (size_t)B * blocks;
   llmc::AttentionBlockSpan* spans = upload_staging_host<llmc::AttentionBlockSpan>(m.spans_staging);
   int* document_ids = upload_staging_host<int>(m.document_ids_staging);
   for (int b = 0; b < B; b++) {
@@ -11045,8 +11187,24 @@ void documents_upload(GPT2& m, const int* inputs, int B, int T) {
     llmc::attention_block_spans(row, T, llmc::kDocumentStartToken, spans + (size_t)b * blocks);
     llmc::document_ids(row, T, llmc::kDocumentStartToken, document_ids + (size_t)b * T);
   }
-  upload_staging_copy(m.spans_staging, m.spans, (size_t)B * blocks * sizeof(llmc::AttentionBlockSpan), m.stream);
-  upload_staging_copy(m.document_ids_staging, m.document_ids, (size_t)B * T * sizeof(int), m.stream);
+  const bool paired = m.config.paired_heads;
+  if (paired) {
+    std::vector<int> doubled(2 * (size_t)T);
+    for (int b = 0; b < B; b++) {
+      for (int t = 0; t < T; t++) {
+        doubled[2 * t] = inputs[(size_t)b * T + t];
+        doubled[2 * t + 1] = llmc::kDocumentStartToken + 1;  // any token but a document's start
+      }
+      llmc::attention_block_spans(doubled.data(), 2 * T, llmc::kDocumentStartToken,
+                                  spans + B_blocks + (size_t)b * 2 * blocks);
+      llmc::document_ids(doubled.data(), 2 * T, llmc::kDocumentStartToken, document_ids + BT + (size_t)b * 2 * T);
+    }
+  }
+  const size_t copies = paired ? 3 : 1;
+  upload_staging_copy(m.spans_staging, m.spans, copies * B_blocks * sizeof(llmc::AttentionBlockSpan), m.stream);
+  upload_staging_copy(m.document_ids_staging, m.document_ids, copies * BT * sizeof(int), m.stream);
+  m.paired_spans = paired ? m.spans + B_blocks : nullptr;
+  m.paired_document_ids = paired ? m.document_ids + BT : nullptr;
 }
 
 // What a forward pass is for: training, a backward pass follows (-fh 1: the head's products in
@@ -12600,14 +12758,14 @@ double attention_mean_keys(const GPT2& m, int l, int T) {
 // 6 FLOPs a token for each parameter of a product (an embedding not tied to the head, and the
 // speedrun's value embeddings and bigram table, are lookups), and 12 C for each key a query attends
 // to in each layer with attention (causal: llm.c's 6 L C T); with a window, those of the current
-// step's.
+// step's. A layer with paired heads: those of its 2T positions, each of C/2 (two a token).
 double flops_per_token(const GPT2& m, int T) {
   const llmc::GPT2Config& c = m.config;
   double lookups = (double)m.param_specs[llmc::kVe].size + (double)m.param_specs[llmc::kBigram].size;
   if (!m.arch().tied_head) lookups += (double)m.param_specs[llmc::kWte].size;
   double keys = 0.0;
   for (int l = 0; l < c.num_layers; l++) {
-    if (m.plan[l].attention) keys += attention_mean_keys(m, l, T);
+    if (m.plan[l].attention) keys += attention_mean_keys(m, l, m.plan[l].paired ? 2 * T : T);
   }
   return 6.0 * ((double)m.num_params - lookups) + 12.0 * c.channels * keys;
 }
@@ -12639,6 +12797,7 @@ struct TrainArgs : llmc::TrainFlags {
   int resid_lambdas = 0;        // -rl: and its residual and post lambdas
   int xsa = 0;                  // -xs: and its exclusive self-attention
   int record89_plan = 0;        // -lp: and its 11-layer plan
+  int paired_heads = 0;         // -ph: and the plan's paired heads
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -12900,6 +13059,11 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "and 10 attend over layer 7's output; five value embeddings; x0 added after each attention with a "
                "learned gate in place of the x0 lambdas; no attention gates); a model file's header says whether it "
                "has it", &a.record89_plan, 0, 1),
+      int_flag("-ph", "paired heads", "-recipe speedrun with -lp 1 and -rp 1: 1 the model made from -e's preset has "
+               "record #89's paired heads in its layers 0, 2, 5 and 9 (head h of token t rotated at position 2t + (h "
+               "& 1); heads 0..NH/2-1 of token t attend at position 2t and the rest at 2t + 1 of each sequence "
+               "doubled, as NH/2 heads; windows in positions: -awt 1); a model file's header says whether it has "
+               "them", &a.paired_heads, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -12992,6 +13156,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.record89_plan || a.recipe->arch == llmc::Arch::kSpeedrun, "-lp 1 lays out the speedrun's layers as "
           "record #89's, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -lp",
           a.recipe->name);
+  REQUIRE(!a.paired_heads || (a.record89_plan && a.rotary_pairs), "-ph 1 pairs the heads of record #89's plan's "
+          "layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it (and -recipe speedrun), or drop -ph");
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -13215,8 +13381,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates, residual lambdas, XSA and plan; -sm, -bg, -rp, -vg, -rl, -xs and -lp, where given,
-// must agree.
+// value-embedding gates, residual lambdas, XSA, plan and paired heads; -sm, -bg, -rp, -vg, -rl, -xs, -lp and
+// -ph, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -13230,6 +13396,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-rl", a.resid_lambdas, config.resid_lambdas, "the residual lambdas");
   check("-xs", a.xsa, config.xsa, "XSA");
   check("-lp", a.record89_plan, config.record89_plan, "record #89's plan");
+  check("-ph", a.paired_heads, config.paired_heads, "record #89's paired heads");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -13245,6 +13412,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.resid_lambdas = a.resid_lambdas != 0;
     p.config.xsa = a.xsa != 0;
     llmc::set_record89_plan(p.config, a.record89_plan != 0);
+    p.config.paired_heads = a.paired_heads != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -13257,13 +13425,14 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::GPT2Config requested;
     check_features_given(a, p.config, path);
     const bool preset = llmc::config_from_preset(a.model, &requested, a.recipe->arch);
-    requested.smear = p.config.smear;  // the header's, which -sm, ..., -xs and -lp, where given, match
+    requested.smear = p.config.smear;  // the header's, which -sm, ..., -lp and -ph, where given, match
     requested.bigram = p.config.bigram;
     requested.rotary_pairs = p.config.rotary_pairs;
     requested.ve_gates = p.config.ve_gates;
     requested.resid_lambdas = p.config.resid_lambdas;
     requested.xsa = p.config.xsa;
     llmc::set_record89_plan(requested, p.config.record89_plan);
+    requested.paired_heads = p.config.paired_heads;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
@@ -13514,6 +13683,9 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   in.stages = resolve_stage_plan(a, config, world);
   check_untie_step(a, config, world);
+  REQUIRE(!config.paired_heads || !a.documents || in.stages.max_window() == 0 || a.window_tokens, "the model's "
+          "paired heads (-ph 1) attend over each sequence doubled, whose windows record #89 counts in positions: "
+          "give -awt 1 (a window of N blocks is then N x 128 positions back from each query)");
   REQUIRE(!a.key_offset || llmc::arch_spec(config.arch).qk_norm_rotary, "-ko 1 shifts the keys' stationary rotary "
           "dims, and the %s architecture has no rotary: give -recipe modern or speedrun, or leave -ko out",
           llmc::arch_spec(config.arch).name);

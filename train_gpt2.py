@@ -60,6 +60,7 @@ FEATURE_VE_GATES = 8  # the speedrun's value-embedding gates (--ve_gates)
 FEATURE_RESID_LAMBDAS = 16  # the speedrun's residual and post lambdas (--resid_lambdas)
 FEATURE_XSA = 32  # the speedrun's exclusive self-attention (--xsa)
 FEATURE_RECORD89_PLAN = 64  # the speedrun's 11-layer plan (--record89_plan)
+FEATURE_PAIRED_HEADS = 128  # that plan's paired heads (--paired_heads)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -382,6 +383,7 @@ RECORD89_GATED_SKIPS =      [None, None, None, None, None, None, 3,    None, Non
 RECORD89_ATTENTION_SOURCES = [None, None, None, None, None, None, None, None, None, 7,   7]
 RECORD89_XSA =              "-X-XX--X---"
 RECORD89_HEAD_GATES =       "---G------G"
+RECORD89_PAIRED =           "P-P--P---P-"  # its paired heads (--paired_heads 1; LayerSpec.paired)
 RECORD89_LAYERS = len(RECORD89_WINDOWS)
 
 
@@ -397,9 +399,10 @@ class LayerSpec:
     gated_skip_source: int = None  # record #89's: the earlier layer whose output it adds with the skip gate
     attention_source: int = None  # record #89's: the earlier layer whose output its attention reads
     head_gate: bool = False  # record #89's: each head's output times its gate (head_gates)
+    paired: bool = False  # record #89's paired heads (rotate's paired_heads, CausalSelfAttention.forward's views)
 
 
-def layer_plan(arch, num_layers, record89_plan=False):
+def layer_plan(arch, num_layers, record89_plan=False, paired_heads=False):
     """Every layer's LayerSpec: the speedrun's from its reference's lists, record #28's or with
     record89_plan record #89's (at their depth only); the other architectures attend in every layer,
     with record #28's windows at its depth and the long one at any other."""
@@ -412,7 +415,8 @@ def layer_plan(arch, num_layers, record89_plan=False):
                           xsa=RECORD89_ATTENTION[layer] == "A" and RECORD89_XSA[layer] == "X",
                           gated_skip_source=RECORD89_GATED_SKIPS[layer],
                           attention_source=RECORD89_ATTENTION_SOURCES[layer],
-                          head_gate=RECORD89_ATTENTION[layer] == "A" and RECORD89_HEAD_GATES[layer] == "G")
+                          head_gate=RECORD89_ATTENTION[layer] == "A" and RECORD89_HEAD_GATES[layer] == "G",
+                          paired=paired_heads and RECORD89_PAIRED[layer] == "P")
                 for layer in range(num_layers)]
     assert num_layers == SPEEDRUN_LAYERS, f"the speedrun's layers are its reference's {SPEEDRUN_LAYERS}"
     skips = [layer for layer, source in enumerate(SPEEDRUN_SKIP_SOURCES) if source is not None]
@@ -450,6 +454,7 @@ class GPTConfig:
     # speedrun: record #89's 11-layer plan (RECORD89_*), x0 added after each attention with a learned gate
     # in place of the x0 lambdas, no attention gates (SPEC.md)
     record89_plan: bool = False
+    paired_heads: bool = False  # speedrun in record #89's plan: its paired heads (RECORD89_PAIRED; SPEC.md)
 
     @property
     def modern(self):
@@ -463,7 +468,7 @@ class GPTConfig:
     @cached_property
     def plan(self):
         """What each layer does (layer_plan)."""
-        return layer_plan(self.arch, self.num_layers, self.record89_plan)
+        return layer_plan(self.arch, self.num_layers, self.record89_plan, self.paired_heads)
 
     @property
     def x0_lambdas(self):
@@ -543,10 +548,10 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
                 bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
-                record89_plan=False):
+                record89_plan=False, paired_heads=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
-                       bool(xsa), bool(record89_plan))
+                       bool(xsa), bool(record89_plan), bool(paired_heads))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -565,6 +570,12 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
         fail(f"{source}: XSA (record #89's) is the speedrun's; give --recipe speedrun or drop --xsa")
     if config.record89_plan and not config.speedrun:
         fail(f"{source}: record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan")
+    if config.paired_heads and not (config.record89_plan and config.rotary_pairs):
+        fail(f"{source}: record #89's paired heads pair the heads of its plan's layers, rotated in its rotary pairs; "
+             f"give --record89_plan 1 and --rotary_pairs 1 or drop --paired_heads")
+    if config.paired_heads and num_heads % 2 != 0:
+        fail(f"{source}: record #89's paired heads attend half the heads a position, and num_heads {num_heads} is "
+             f"odd; give an even --num_heads or drop --paired_heads")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -765,13 +776,18 @@ def rotary_frequencies(head_size):
     return torch.cat([freq, freq.new_zeros(head_size // 4)])
 
 
-def rotate(x, freq, pairs=False):
+def rotate(x, freq, pairs=False, paired_heads=False):
     """x [B, T, NH, hs] with each pair (j, j + hs/2) rotated by t * freq[j] at position t, in float32;
     pairs: record #89's layout, each pair (2j, 2j + 1) at its place in the B x T tokens as one sequence
-    (b T + t), its cos and sin rounded to bfloat16 as the reference's tables hold them (in every dtype)."""
-    B, T = x.shape[:2]
+    (b T + t), its cos and sin rounded to bfloat16 as the reference's tables hold them (in every dtype).
+    paired_heads (with pairs; record #89's paired tables): head h of the token at t rotated at 2t + (h & 1)."""
+    B, T, NH = x.shape[:3]
     pos = torch.arange(B * T if pairs else T, dtype=torch.float32, device=x.device)
-    theta = torch.outer(pos, freq).view(B if pairs else 1, T, 1, -1)
+    if paired_heads:
+        head_parity = torch.arange(NH, device=x.device) % 2
+        theta = ((2 * pos[:, None] + head_parity)[..., None] * freq).view(B, T, NH, -1)
+    else:
+        theta = torch.outer(pos, freq).view(B if pairs else 1, T, 1, -1)
     cos, sin = theta.cos(), theta.sin()
     if pairs:
         cos, sin = cos.bfloat16().float(), sin.bfloat16().float()
@@ -821,6 +837,9 @@ class CausalSelfAttention(nn.Module):
         if self.modern:
             self.register_buffer("freq", rotary_frequencies(config.channels // config.num_heads), persistent=False)
         self.rotary_pairs = config.rotary_pairs  # rotate's record #89 layout
+        # record #89's paired heads: rotate's paired positions, then half the heads a position of each row
+        # doubled (forward's views, GPT.attention_masks' paired_rows)
+        self.paired = config.plan[layer].paired
         # the softmax scale (None: 1/sqrt(hs)); set_attention_scale's, and YaRN's (set_yarn)
         self.scale = ATTENTION_SCALE_MODERN if self.modern else None
         self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
@@ -860,15 +879,18 @@ class CausalSelfAttention(nn.Module):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
         causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
         xsa_alpha: its XSA strengths [NH], or None; head_gate: record #89's gate of each head [NH], which
-        scales its output (after XSA) before the output projection, or None."""
+        scales its output (after XSA) before the output projection, or None. With paired heads the mask
+        is of the rows doubled ([B, 1, 2T, 2T]: GPT.attention_masks)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
-            q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs) for t in (q, k))
+            q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs, self.paired) for t in (q, k))
         if self.key_offset:
             k = shift_stationary_keys(k, self.rotary_pairs)
         v = self.mix_values(v, value_embedding, x, ve_gate)
+        if self.paired:  # record #89's views: token t's first NH/2 heads at position 2t, the rest at 2t + 1
+            q, k, v = (t.reshape(B, 2 * T, self.num_heads // 2, C // self.num_heads) for t in (q, k, v))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.flash and mask is not None and not torch.is_tensor(mask):
             scale = {} if self.scale is None else {"scale": self.scale}
@@ -881,9 +903,11 @@ class CausalSelfAttention(nn.Module):
             scale = 1.0 / math.sqrt(k.size(-1)) if self.scale is None else self.scale
             att = (q @ k.transpose(-2, -1)) * scale
             if mask is None:
-                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+                positions = q.size(2)
+                mask = torch.ones(positions, positions, dtype=torch.bool, device=x.device).tril()
             y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
         y = exclusive_self_attention(y.transpose(1, 2), v.transpose(1, 2), xsa_alpha)
+        y = y.reshape(B, T, self.num_heads, C // self.num_heads)  # paired: the positions back as tokens
         y = self.gate_heads(x, y)
         if head_gate is not None:
             y = y * head_gate.type_as(y)[:, None]
@@ -1063,24 +1087,31 @@ class GPT(nn.Module):
         other depths: the long window in every layer); with window_tokens the window is N x 128 tokens
         back from each query instead (record #89's). A mask is FlexAttention's BlockMask where the
         attention is F.scaled_dot_product_attention's (--flash 1) on a CUDA GPU with FlexAttention
-        and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor."""
+        and T a multiple of 128, as the reference runs it; else a [B, 1, T, T] boolean tensor. A layer
+        with record #89's paired heads takes the mask of the rows doubled (paired_rows), its window in
+        positions."""
         layers = self.config.num_layers
         if not self.documents:
             return [None] * layers
         flex = (self.transformer.h[0].attn.flash and idx.is_cuda and idx.size(1) % ATTENTION_BLOCK == 0
                 and flex_attention_available())
         masks = {}
+
+        def key(layer):
+            return self.layer_window(layer), self.config.plan[layer].paired
+
         for layer in range(layers):
-            window = self.layer_window(layer)
-            if window in masks:
+            if key(layer) in masks:
                 continue
+            window, paired = key(layer)
+            rows = paired_rows(idx) if paired else idx
             tokens = window * ATTENTION_BLOCK if self.window_tokens and window is not None else None
             if flex:
-                masks[window] = document_block_mask(idx, window, tokens)
+                masks[key(layer)] = document_block_mask(rows, window, tokens)
             else:
-                rows = [document_attention_mask(row.cpu(), window, tokens) for row in idx]
-                masks[window] = torch.stack(rows)[:, None].to(idx.device)
-        return [masks[self.layer_window(layer)] for layer in range(layers)]
+                row_masks = [document_attention_mask(row.cpu(), window, tokens) for row in rows]
+                masks[key(layer)] = torch.stack(row_masks)[:, None].to(idx.device)
+        return [masks[key(layer)] for layer in range(layers)]
 
     def attention_keys(self, T):
         """SPEC.md's K at the current window for rows of T tokens: the keys a query attends to on
@@ -1088,17 +1119,20 @@ class GPT(nn.Module):
         window (as if one document spanned the row); with a window of N blocks, query block i sees
         min(i + 1, N) blocks, the last half (a window of 0, the short layers' half of 1, still sees
         its own block, as attention_block_lists gives it); with window_tokens query t sees
-        min(t + 1, 128 N + 1) keys."""
-        blocks, keys = T // ATTENTION_BLOCK, 0.0
+        min(t + 1, 128 N + 1) keys. A layer with paired heads: those of its rows of 2T positions (each
+        token two positions of C/2, as one of C)."""
+        keys = 0.0
         for layer, spec in enumerate(self.config.plan):
             if not spec.attention:
                 continue
+            n = 2 * T if spec.paired else T  # the layer's positions a row
+            blocks = n // ATTENTION_BLOCK
             window = self.layer_window(layer) if self.documents else None
             if window is None:
-                keys += T / 2
+                keys += n / 2
             elif self.window_tokens:  # the sum over t of min(t + 1, reach)
-                reach = min(T, window * ATTENTION_BLOCK + 1)
-                keys += (reach * (reach + 1) // 2 + (T - reach) * reach) / T
+                reach = min(n, window * ATTENTION_BLOCK + 1)
+                keys += (reach * (reach + 1) // 2 + (n - reach) * reach) / n
             else:
                 window = min(blocks, max(1, window))
                 keys += sum(min(i + 1, window) - 0.5 for i in range(blocks)) * ATTENTION_BLOCK / blocks
@@ -1441,7 +1475,8 @@ def write_checkpoint(model, path, version):
     header[FEATURES_SLOT] = ((FEATURE_SMEAR if c.smear else 0) | (FEATURE_BIGRAM if c.bigram else 0)
                              | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0)
                              | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0) | (FEATURE_XSA if c.xsa else 0)
-                             | (FEATURE_RECORD89_PLAN if c.record89_plan else 0))
+                             | (FEATURE_RECORD89_PLAN if c.record89_plan else 0)
+                             | (FEATURE_PAIRED_HEADS if c.paired_heads else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1504,19 +1539,21 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
     speedrun_only = (FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
-                     | FEATURE_RECORD89_PLAN)
+                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS)
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
              f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA, "
-             f"{FEATURE_RECORD89_PLAN}: record #89's plan), and GPT-2 has no rotary ({FEATURE_ROTARY_PAIRS}: its "
-             f"pairs): the header is damaged or the file comes from a newer version; re-create it")
+             f"{FEATURE_RECORD89_PLAN}: record #89's plan, {FEATURE_PAIRED_HEADS}: its paired heads), and GPT-2 has "
+             f"no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
+             f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
                          smear=features & FEATURE_SMEAR, bigram=features & FEATURE_BIGRAM,
                          rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
                          resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA,
-                         record89_plan=features & FEATURE_RECORD89_PLAN)
+                         record89_plan=features & FEATURE_RECORD89_PLAN,
+                         paired_heads=features & FEATURE_PAIRED_HEADS)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -1940,6 +1977,14 @@ def document_attention_mask(tokens, window_blocks, window_tokens=None):
         selected[q, full_indices[q, :full_num[q]].long()] = True
     tokens_selected = selected.repeat_interleave(ATTENTION_BLOCK, 0).repeat_interleave(ATTENTION_BLOCK, 1)
     return document_causal & tokens_selected
+
+
+def paired_rows(idx):
+    """The rows of idx [B, T] doubled for record #89's paired heads, [B, 2T]: each token followed by a
+    placeholder that opens no document, so that a document of tokens [s, e) is positions [2s, 2e) (the
+    reference's sequence lengths doubled)."""
+    placeholder = torch.full_like(idx, DOCUMENT_START + 1)
+    return torch.stack((idx, placeholder), dim=2).view(idx.size(0), 2 * idx.size(1))
 
 
 def flex_attention_available():
@@ -3365,6 +3410,11 @@ def parse_args(argv=None):
                    "attending over layer 7's output, five value embeddings, x0 added after each attention with a "
                    "learned gate in place of the x0 lambdas, no attention gates; the CUDA trainer's -lp); "
                    "--init_from's checkpoint says whether it has it")
+    a.add_argument("--paired_heads", type=int, choices=[0, 1], help="--recipe speedrun with --record89_plan 1 and "
+                   "--rotary_pairs 1: 1 the model has record #89's paired heads in its layers 0, 2, 5 and 9 (head h of "
+                   "token t rotated at position 2t + (h & 1); heads 0..NH/2-1 of token t attend at position 2t and "
+                   "the rest at 2t + 1 of each row doubled, as NH/2 heads; windows in positions: --window_tokens 1; "
+                   "the CUDA trainer's -ph); --init_from's checkpoint says whether it has them")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3737,6 +3787,11 @@ def settle_arch(args, config):
     if args.record_init and not config.speedrun:
         fail(f"--record_init {args.record_init} is the speedrun's init, and the {config.arch} architecture has its "
              f"own: give --recipe speedrun with it, or drop --record_init")
+    windowed = args.documents and (args.window_blocks != 0 or "aw=" in args.stages)
+    if config.paired_heads and windowed and not args.window_tokens:
+        fail("the model's paired heads (--paired_heads 1) attend over each row doubled, whose windows record #89 "
+             "counts in positions: give --window_tokens 1 (a window of N blocks is then N x 128 positions back from "
+             "each query)")
     if args.fp8_head and not config.speedrun:
         fail(f"--fp8_head 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after "
              f"a weightless RMS norm); the {config.arch} head runs in the run's dtype: use --fp8_head 0 or "
@@ -3755,11 +3810,11 @@ def resolve_config(args):
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
         features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
-                    args.record89_plan)
+                    args.record89_plan, args.paired_heads)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
-                 "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan and the size "
-                 "flags")
+                 "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
+                 "--paired_heads and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3775,7 +3830,7 @@ def resolve_config(args):
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
                        ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa,
-                       record89_plan=args.record89_plan)
+                       record89_plan=args.record89_plan, paired_heads=args.paired_heads)
 
 
 def check_fp8(config, device, flag="--fp8"):

@@ -8,9 +8,9 @@
 //   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
 //   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
-//   kFeatureBigram, kFeatureVeGates, kFeatureXsa; the modern and speedrun's kFeatureRotaryPairs; 0
-//   in files written before this slot)  [254] [255] checksum kind and CRC-32
-//   (llmc/file_header.h)
+//   kFeatureBigram, kFeatureVeGates, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads; the modern
+//   and speedrun's kFeatureRotaryPairs; 0 in files written before this slot)  [254] [255] checksum
+//   kind and CRC-32 (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
 // padded_vocab_size rows. Files without a checksum (llm.c's, [254] = 0) load unchecked; every
 // file written here carries one. In memory a checkpoint's version is its precision (3 or 5); the
@@ -110,13 +110,15 @@ struct GPT2Config {
   bool resid_lambdas = false;  // and its residual and post lambdas (ArchSpec::resid_lambdas; -rl)
   bool xsa = false;           // and its exclusive self-attention (ArchSpec::xsa; -xs)
   bool record89_plan = false;  // and its 11-layer plan (layer_plan, ArchSpec::x0_gates; -lp)
+  bool paired_heads = false;  // and the plan's paired-head attention (LayerSpec::paired; -ph)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
            padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
-           resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan;
+           resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan &&
+           paired_heads == o.paired_heads;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -126,11 +128,11 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
                      channels, max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "",
                      bigram ? " bigram" : "", rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
                      resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "",
-                     record89_plan ? " record89-plan" : "");
+                     record89_plan ? " record89-plan" : "", paired_heads ? " paired-heads" : "");
   }
 };
 
@@ -289,7 +291,7 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
 // The checkpoint header's slot of the config's record #89 features, and their bits.
 constexpr int kFeaturesSlot = 9;
 constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
-constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan = 64;
+constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan = 64, kFeaturePairedHeads = 128;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
@@ -341,9 +343,12 @@ constexpr int kRecord89GatedSkips[] =         {-1, -1, -1, -1, -1, -1,  3, -1, -
 constexpr int kRecord89AttentionSources[] =   {-1, -1, -1, -1, -1, -1, -1, -1, -1,  7,  7};
 constexpr char kRecord89Xsa[] =                 "-X-XX--X---";
 constexpr char kRecord89HeadGates[] =           "---G------G";
+// Its paired heads (-ph 1): the layers whose heads attend in pairs (LayerSpec::paired).
+constexpr char kRecord89Paired[] =              "P-P--P---P-";
 constexpr int kRecord89Layers = (int)sizeof(kRecord89Windows) - 1;
 static_assert(sizeof(kRecord89Attention) - 1 == kRecord89Layers && sizeof(kRecord89Xsa) - 1 == kRecord89Layers &&
                   sizeof(kRecord89HeadGates) - 1 == kRecord89Layers &&
+                  sizeof(kRecord89Paired) - 1 == kRecord89Layers &&
                   sizeof(kRecord89ValueEmbeddings) / sizeof(int) == kRecord89Layers &&
                   sizeof(kRecord89GatedSkips) / sizeof(int) == kRecord89Layers &&
                   sizeof(kRecord89AttentionSources) / sizeof(int) == kRecord89Layers,
@@ -373,6 +378,9 @@ struct LayerSpec {
   int xsa_slab;         // its slab among the XSA layers (xsa_alpha's rows)
   bool head_gate;       // record #89's plan: each head's output times its gate (head_gates)
   int head_gate_slab;   // its slab among the head-gate layers (head_gates' rows)
+  bool paired;          // record #89's paired heads (GPT2Config::paired_heads): head h of token t rotated
+                        // at 2t + (h & 1), then heads 0..NH/2-1 attend at position 2t and the rest at
+                        // 2t + 1 of a sequence twice as long, as NH/2 heads (SPEC.md)
 
   // Its window in blocks among a step's long and short ones (llmc::StepWindows).
   int window_blocks(int long_blocks, int short_blocks) const {
@@ -429,6 +437,13 @@ struct LayerPlan {
     if (gated_skips.find_first_of("0123456789") != std::string::npos) s += "; gated skip from" + gated_skips;
     if (sources.find_first_of("0123456789") != std::string::npos) s += "; attention over the output of" + sources;
     if (key_offsets() != std::string(size(), '-')) s += "; key offset " + key_offsets();
+    if (paired_layers() != std::string(size(), '-')) s += "; paired heads " + paired_layers();
+    return s;
+  }
+  // Each layer's paired heads, "P" or "-".
+  std::string paired_layers() const {
+    std::string s;
+    for (const LayerSpec& l : layers) s += l.paired ? "P" : "-";
     return s;
   }
   // Each layer's key offset, "K" or "-".
@@ -449,7 +464,7 @@ inline void plan_key_offsets(LayerPlan& plan) {
 // The speedrun's layers are its reference's lists, record #28's or with record89_plan record #89's
 // (at their depth only); the other architectures attend in every layer, with record #28's windows at
 // its depth and the long one at any other.
-inline LayerPlan layer_plan(Arch arch, int num_layers, bool record89_plan = false) {
+inline LayerPlan layer_plan(Arch arch, int num_layers, bool record89_plan = false, bool paired_heads = false) {
   const bool speedrun = arch == Arch::kSpeedrun, record89 = speedrun && record89_plan;
   const bool reference_depth = num_layers == kSpeedrunLayers;
   if (speedrun && num_layers != speedrun_layers(record89)) {
@@ -479,6 +494,7 @@ inline LayerPlan layer_plan(Arch arch, int num_layers, bool record89_plan = fals
     s.xsa_slab = s.xsa ? plan.xsa_layers++ : -1;
     s.head_gate = record89 && s.attention && kRecord89HeadGates[l] == 'G';
     s.head_gate_slab = s.head_gate ? plan.head_gate_layers++ : -1;
+    s.paired = record89 && paired_heads && kRecord89Paired[l] == 'P';
   }
   // The outputs a later layer reads, kept in layer order; one pass, as a checkpoint's header may give
   // up to kMaxLayers layers.
@@ -492,7 +508,9 @@ inline LayerPlan layer_plan(Arch arch, int num_layers, bool record89_plan = fals
   return plan;
 }
 
-inline LayerPlan layer_plan(const GPT2Config& c) { return layer_plan(c.arch, c.num_layers, c.record89_plan); }
+inline LayerPlan layer_plan(const GPT2Config& c) {
+  return layer_plan(c.arch, c.num_layers, c.record89_plan, c.paired_heads);
+}
 
 // PyTorch's F.rms_norm default (eps=None): the FP32 epsilon, also for BF16 inputs.
 constexpr float kRmsNormEps = 1.1920928955078125e-07f;
@@ -544,6 +562,17 @@ inline GPT2Config make_config(int num_layers, int num_heads, int channels, int m
   c.vocab_size = vocab_size;
   c.padded_vocab_size = pad_vocab(vocab_size);
   return c;
+}
+
+// What a config with record #89's paired heads lacks of what they need, or null: its plan (the paired
+// layers are the plan's), its rotary pairs (the paired positions are their tables'), an even number of
+// heads (half of them a position).
+inline const char* paired_heads_missing(const GPT2Config& c) {
+  if (!c.paired_heads) return nullptr;
+  if (!c.record89_plan) return "record #89's plan";
+  if (!c.rotary_pairs) return "record #89's rotary pairs";
+  if (c.num_heads % 2 != 0) return "an even number of heads";
+  return nullptr;
 }
 
 // A speedrun config with record #89's plan, or without: its depth follows (speedrun_layers).
@@ -815,15 +844,16 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   }
   const int features = h[kFeaturesSlot];
   const int speedrun_only =
-      kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan;
+      kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan |
+      kFeaturePairedHeads;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
               "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA, "
-              "%d: record #89's plan), and GPT-2 has no rotary (%d: its pairs): the header is damaged or the file "
-              "comes from a newer version; re-create it", path.c_str(), kFeaturesSlot, features, kFeatureSmear,
-              kFeatureBigram, kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan,
-              kFeatureRotaryPairs);
+              "%d: record #89's plan, %d: its paired heads), and GPT-2 has no rotary (%d: its pairs): the header is "
+              "damaged or the file comes from a newer version; re-create it", path.c_str(), kFeaturesSlot, features,
+              kFeatureSmear, kFeatureBigram, kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan,
+              kFeaturePairedHeads, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
@@ -837,6 +867,11 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               "the header is damaged; re-create the file", path.c_str(), c.num_layers,
               c.record89_plan ? "with" : "without", kFeaturesSlot, kFeatureRecord89Plan,
               speedrun_layers(c.record89_plan));
+  }
+  c.paired_heads = (features & kFeaturePairedHeads) != 0;
+  if (const char* missing = paired_heads_missing(c)) {
+    LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's paired heads, which need %s: the header is "
+              "damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeaturePairedHeads, missing);
   }
   return c;
 }
@@ -856,7 +891,7 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
                      (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
                      (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0) |
-                     (c.record89_plan ? kFeatureRecord89Plan : 0);
+                     (c.record89_plan ? kFeatureRecord89Plan : 0) | (c.paired_heads ? kFeaturePairedHeads : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file

@@ -556,7 +556,11 @@ gpu_setup() {
 # plan (the model file's header slot 9: 11 layers, layer 6 adding layer 3's output with its gate,
 # layers 9 and 10 attending over layer 7's, x0 added after each attention with a gate), alone, with
 # the bigram embedding, residual lambdas, value-embedding gates and XSA (the terms of the attention's
-# add together), and at d12.
+# add together), and at d12; and with its paired heads (the model file's header slot 9: layers 0, 2, 5
+# and 9 rotated at 2t + (h & 1), their attention over the rows doubled, windows in positions, -awt 1 in
+# the settings): at tiny (one head a position), at 4 heads of 64 (C 256) with the bigram embedding,
+# value-embedding gates (two paired layers mix a value embedding) and XSA, and at d12 (6 heads of 128:
+# the Hopper flash kernels, QK-norm's backward apart on the paired layers).
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -592,7 +596,10 @@ gpu_against_pytorch() {
               "speedrun_h2c256_xsa:--recipe speedrun --model tiny --num_heads 2 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1 --ve_gates 1" \
               "speedrun_tiny_record89_plan:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1" \
               "speedrun_tiny_record89_plan_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --bigram 1 --resid_lambdas 1 --ve_gates 1 --xsa 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9" \
-              "speedrun_d12_record89_plan:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1"; do
+              "speedrun_d12_record89_plan:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1" \
+              "speedrun_tiny_paired_heads:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1" \
+              "speedrun_h4c256_paired_heads:--recipe speedrun --model tiny --num_heads 4 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --ve_gates 1 --xsa 1" \
+              "speedrun_d12_paired_heads:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --resid_lambdas 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
@@ -897,6 +904,10 @@ gpu_resume() {
   # gate and their AdamW state, the 11-layer model from the header.
   resume_test ./train_gpt2cu resume_speedrun_record89_plan_bf16 -recipe speedrun -lp 1 -bg 1 -rl 1 -b 1 -t 1024 \
     -z 1024 -vt 512
+  # With its paired heads (-ph 1, windows in positions: -awt 1): the model from the header, the rows'
+  # doubled document metadata and the window's schedule from the resumed step.
+  resume_test ./train_gpt2cu resume_speedrun_paired_heads_bf16 -recipe speedrun -lp 1 -rp 1 -ph 1 -awt 1 -b 1 \
+    -t 1024 -z 1024 -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
   # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
   # frequencies and scale of both changes from the plan again.

@@ -11,7 +11,9 @@
 // is itself checked against central differences of its forward on a few elements: q's and k's,
 // rotated and unrotated pairs. Each shape also runs in record #89's layout (adjacent pairs (2j,
 // 2j + 1), positions over the rows as one sequence), with frequencies rescaled as YaRN's are, passed
-// in as the model passes its own.
+// in as the model passes its own; and with record #89's paired heads, which rotate head h of the token
+// at position t at 2t + (h & 1) (q's and k's heads alike). The paired heads' regrouping of each
+// token's qkv row (paired_heads_regroup) has its own section below.
 #include "dev/cuda/kernel_test.h"
 #include "dev/cuda/qk_rotary_reference.h"
 
@@ -61,21 +63,24 @@ RotaryFrequencies test_frequencies(int HS, bool record89, std::vector<float>* fr
   return f;
 }
 
-void test_qk_rotary(const QkShape& s, bool record89, llmc::Rng& rng) {
+// paired: record #89's paired heads (with its layout; NH even).
+void test_qk_rotary(const QkShape& s, bool record89, llmc::Rng& rng, bool paired = false) {
   const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS;
-  printf("\nqk norm rotary B=%d T=%d NH=%d HS=%d%s\n", B, T, NH, HS,
-         record89 ? " record #89's pairs, flat positions, YaRN's frequencies" : "");
+  printf("\nqk norm rotary B=%d T=%d NH=%d HS=%d%s%s\n", B, T, NH, HS,
+         record89 ? " record #89's pairs, flat positions, YaRN's frequencies" : "", paired ? ", paired heads" : "");
   const size_t N = (size_t)B * T, n = N * 3 * C;
   const std::vector<float> qkv = random_stored(rng, n, 0.5f, 2.0f), dout = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> freq;
-  const RotaryFrequencies f = test_frequencies(HS, record89, &freq);
+  RotaryFrequencies f = test_frequencies(HS, record89, &freq);
+  f.paired_heads = paired;
 
   // q and k heads of each token, in double, from the stored inputs; v is neither changed nor used.
   std::vector<float> ref_out = qkv, ref_dqkv = dout, ref_rstd(N * 2 * NH);
   std::vector<double> x(HS), dy(HS), y(HS), dx(HS);
   for (size_t token = 0; token < N; token++) {
-    const int t = (int)(record89 ? token : token % T);
+    const int token_position = (int)(record89 ? token : token % T);
     for (int head = 0; head < 2 * NH; head++) {
+      const int t = paired ? 2 * token_position + (head % NH) % 2 : token_position;
       const size_t at = token * 3 * C + (size_t)head * HS;
       for (int i = 0; i < HS; i++) x[i] = qkv[at + i], dy[i] = dout[at + i];
       ref_rstd[token * 2 * NH + head] = (float)reference_forward(y.data(), x.data(), HS, t, freq, record89);
@@ -125,7 +130,8 @@ void test_qk_rotary(const QkShape& s, bool record89, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(d));
 }
 
-// Head sizes the kernels cannot take are refused with a message naming the limit.
+// Head sizes the kernels cannot take are refused with a message naming the limit; so are paired heads of
+// an odd number of heads.
 void test_qk_rotary_bad_head_size() {
   DeviceArray<floatX> qkv(3 * 512);
   DeviceArray<float> rstd(2);
@@ -134,16 +140,23 @@ void test_qk_rotary_bad_head_size() {
                         "qk_norm_rotary_forward at head size 512");
   testing::check_throws([&] { qk_norm_rotary_backward(qkv, qkv, rstd, 1, 1, 1, 6, f, 0); }, "head size 6",
                         "qk_norm_rotary_backward at head size 6");
+  RotaryFrequencies paired = rotary_frequencies(8, true);
+  paired.paired_heads = true;
+  testing::check_throws([&] { qk_norm_rotary_forward(qkv, rstd, 1, 1, 3, 8, paired, 0); }, "paired heads of 3 heads",
+                        "qk_norm_rotary_forward with paired heads of 3 heads");
 }
 
 // Decoding token by token (B = 1, T = 1, first_position t) in record #89's layout gives the bits of
-// the forward over the whole sequence: the position is the token's place in the decoded sequence.
-void test_qk_rotary_decode(int T, int NH, int HS, llmc::Rng& rng) {
+// the forward over the whole sequence: the position is the token's place in the decoded sequence
+// (with paired heads, its heads' positions 2t and 2t + 1 follow it).
+void test_qk_rotary_decode(int T, int NH, int HS, llmc::Rng& rng, bool paired = false) {
   const int C = NH * HS, W = 3 * C;
-  printf("\nqk norm rotary decoding T=%d NH=%d HS=%d, record #89's pairs\n", T, NH, HS);
+  printf("\nqk norm rotary decoding T=%d NH=%d HS=%d, record #89's pairs%s\n", T, NH, HS,
+         paired ? ", paired heads" : "");
   const std::vector<float> qkv = random_stored(rng, (size_t)T * W, 0.5f, 2.0f);
   std::vector<float> freq;
-  const RotaryFrequencies f = test_frequencies(HS, true, &freq);
+  RotaryFrequencies f = test_frequencies(HS, true, &freq);
+  f.paired_heads = paired;
   DeviceArray<floatX> whole(qkv.size()), row(W);
   DeviceArray<float> rstd((size_t)T * 2 * NH), row_rstd(2 * NH);
   whole.upload(qkv);
@@ -248,6 +261,47 @@ void test_key_offset_decode(int T, int NH, int HS, bool adjacent, llmc::Rng& rng
   check_close("decoded keys in the cache", got, ref_cache, 0.0f);
 }
 
+// ---- Record #89's paired heads' regrouping (paired_heads_regroup) ----
+// Against a CPU reference written from the definition: a token's row [q0 q1 k0 k1 v0 v1] (halves of
+// C/2) becomes [q0 k0 v0 q1 k1 v1], and the inverse puts it back. Copies: exact (tolerance 0). Each
+// direction runs twice for identical bits; a half that is not a whole number of 16-byte pieces is
+// refused with a message naming the launcher.
+
+void test_paired_regroup(int N, int C, llmc::Rng& rng) {
+  printf("\npaired heads' regrouping N=%d C=%d\n", N, C);
+  const int half = C / 2;
+  const std::vector<float> rows = random_stored(rng, (size_t)N * 3 * C, 0.0f, 1.0f);
+  std::vector<float> ref(rows.size());
+  const int order[6] = {0, 2, 4, 1, 3, 5};  // q0 k0 v0 q1 k1 v1 of q0 q1 k0 k1 v0 v1
+  for (int n = 0; n < N; n++) {
+    for (int part = 0; part < 6; part++) {
+      const float* from = rows.data() + (size_t)n * 3 * C + (size_t)order[part] * half;
+      std::copy(from, from + half, ref.begin() + (size_t)n * 3 * C + (size_t)part * half);
+    }
+  }
+  DeviceArray<floatX> qkv(rows.size());
+  auto regroup = [&](PairedDirection direction, const std::vector<float>& from) {
+    qkv.upload(from);
+    paired_heads_regroup(qkv, N, C, direction, 0);
+  };
+  regroup(PairedDirection::kForward, rows);
+  check_close("regrouped rows", qkv.download(), ref, 0.0f);
+  const Snapshot forward_bits(qkv);
+  regroup(PairedDirection::kForward, rows);
+  check_same_bits("regrouped twice", forward_bits, Snapshot(qkv));
+  regroup(PairedDirection::kInverse, ref);
+  check_close("the inverse gives the rows back", qkv.download(), rows, 0.0f);
+  const Snapshot inverse_bits(qkv);
+  regroup(PairedDirection::kInverse, ref);
+  check_same_bits("inverse twice", inverse_bits, Snapshot(qkv));
+}
+
+void test_paired_regroup_refused() {
+  DeviceArray<floatX> qkv(3 * 12);
+  testing::check_throws([&] { paired_heads_regroup(qkv, 1, 12, PairedDirection::kForward, 0); },
+                        "paired_heads_regroup", "paired_heads_regroup at C 12 (halves of 6 values)");
+}
+
 void run() {
   llmc::Rng rng(35);
   for (bool record89 : {false, true}) {
@@ -259,7 +313,17 @@ void run() {
     test_qk_rotary({5, 3, 1, 8}, record89, rng);  // the smallest: 2 frequencies, 1 and 1/1024
   }
   test_qk_rotary({4, 300, 1, 64}, true, rng);  // flat positions up to 1199 over 4 rows
+  // Record #89's paired heads: d12's 6 heads of 128 (q's and k's 12 loaded 4 at once, a group taking q's
+  // last two and k's first two), the tiny preset's 2 of 64 (positions up to 2 x 299 + 1 over 2 rows), 14
+  // of 64 (8 at once, the last group part-filled), 4 of 72, 2 of 256 (2 at once), 2 of 8.
+  test_qk_rotary({3, 37, 6, 128}, true, rng, true);
+  test_qk_rotary({2, 150, 2, 64}, true, rng, true);
+  test_qk_rotary({3, 29, 14, 64}, true, rng, true);
+  test_qk_rotary({2, 7, 4, 72}, true, rng, true);
+  test_qk_rotary({1, 9, 2, 256}, true, rng, true);
+  test_qk_rotary({5, 3, 2, 8}, true, rng, true);
   test_qk_rotary_decode(37, 3, 64, rng);
+  test_qk_rotary_decode(29, 6, 128, rng, true);
   test_qk_rotary_bad_head_size();
   for (bool adjacent : {false, true}) {
     test_key_offset(3, 37, 5, 128, adjacent, rng);  // d12's head size, 111 rows, the last block part-filled
@@ -267,6 +331,11 @@ void run() {
     test_key_offset(2, 29, 3, 64, adjacent, rng);   // row 29 takes row 28's over the rows' seam
     test_key_offset_decode(13, 3, 64, adjacent, rng);
   }
+  test_paired_regroup(37, 768, rng);  // d12's width, an odd number of rows
+  test_paired_regroup(1, 128, rng);   // the tiny preset's, one row
+  test_paired_regroup(300, 256, rng);
+  test_paired_regroup(5, 16, rng);    // halves of one 16-byte piece (BF16)
+  test_paired_regroup_refused();
 }
 
 }  // namespace qk_rotary_tests

@@ -671,6 +671,15 @@ if has_flag -lp; then
     -recipe modern -lp 1
   expect "-lp out of range" "^error: -lp 2: must be" -recipe speedrun -lp 2
 fi
+# --- -ph, record #89's paired heads: with its plan and rotary pairs (before the GPU)
+if has_flag -ph; then
+  expect "-ph 1 without -lp 1 and -rp 1" "^error: -ph 1 pairs the heads of record #89's plan's layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it \(and -recipe speedrun\), or drop -ph\$" \
+    -recipe speedrun -ph 1
+  expect "-ph 1 without -rp 1" "^error: -ph 1 pairs the heads of record #89's plan's layers" -recipe speedrun -lp 1 -ph 1
+  expect "-ph out of range" "^error: -ph 2: must be" -recipe speedrun -ph 2
+  expect "-ph 1 with windows in blocks" "^error: the model's paired heads \(-ph 1\) attend over each sequence doubled, whose windows record #89 counts in positions: give -awt 1" \
+    -recipe speedrun -lp 1 -rp 1 -ph 1 -t 128 -vt 128
+fi
 # --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
 if has_flag -rp; then
   expect "-rp 1 without rotary" "^error: -rp 1 lays out the rotary's pairs, and -recipe gpt2 has no rotary: give -recipe modern or speedrun with it, or drop -rp\$" \
@@ -828,6 +837,7 @@ if ! has_flag -recipe; then
   expect "-rl 1 on the CPU trainer" "-rl $cuda_flag_error" -rl 1
   expect "-xs 1 on the CPU trainer" "-xs $cuda_flag_error" -xs 1
   expect "-lp 1 on the CPU trainer" "-lp $cuda_flag_error" -lp 1
+  expect "-ph 1 on the CPU trainer" "-ph $cuda_flag_error" -ph 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

@@ -32,6 +32,10 @@ fails_with() {
 fails_with "an unknown flag" "^error: unknown flag -q: use .*-i SHARDS, -f89 PARTS" -q 1
 fails_with "-f89 of an unknown part" "^error: -f89 sm,zz: no part 'zz'; name some of sm, bg, rp, ko, vg, rl, xs, lp," \
   -recipe speedrun -f89 sm,zz
+fails_with "-f89 ph without lp and rp" "^error: -f89 ph: the paired heads (ph) need record #89's plan: name lp and rp" \
+  -recipe speedrun -f89 ph
+fails_with "-f89 ph without rp" "^error: -f89 lp,ph: the paired heads (ph) need record #89's rotary pairs" \
+  -recipe speedrun -f89 lp,ph
 fails_with "-f89 without the speedrun" "^error: -f89 rl: record #89's parts are the speedrun's: give -recipe speedrun" \
   -f89 rl
 fails_with "-f89 lp without the speedrun" "^error: -f89 lp: record #89's parts are the speedrun's: give -recipe speedrun" \

@@ -1013,6 +1013,81 @@ print(f"the lists as llmc's; the gated skip and layer 7's x0 term within {max(er
       f"parameters; header "
       f"slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; the file order {' '.join(tables)}")
 EOF
+check "--paired_heads: the rotary as the reference's paired tables; the attention by positions by hand" <<'EOF'
+import os, re, torch, train_gpt2 as tg
+torch.manual_seed(3)
+# The rotary: the reference's paired tables (each token's [NH/2, 2 hs] view, its first hs dims at 2t, the
+# rest at 2t + 1; cos and sin in bfloat16), applied as its Yarn.rotary does.
+B, T, NH, hs = 2, 16, 6, 128
+x = torch.randn(B, T, NH, hs)
+freq = tg.rotary_frequencies(hs)
+angular = torch.cat([((1 / 1024) ** torch.linspace(0, 1, steps=hs // 4)).repeat_interleave(2), torch.zeros(hs // 2)])
+t = torch.arange(2 * B * T, dtype=torch.float32)
+cos = torch.cat((torch.outer(2 * t, angular).cos(), torch.outer(2 * t + 1, angular).cos()), -1).bfloat16()
+sin = torch.cat((torch.outer(2 * t, angular).sin(), torch.outer(2 * t + 1, angular).sin()), -1).bfloat16()
+sin[..., 1::2] *= -1
+view = x.reshape(1, B * T, NH // 2, 2 * hs)
+flipped = view.view(*view.shape[:-1], hs, 2).flip(-1).view(view.shape)
+want = (cos[None, :B * T, None] * view + sin[None, :B * T, None] * flipped).view(B, T, NH, hs)
+assert torch.equal(tg.rotate(x, freq, pairs=True, paired_heads=True), want), "the paired rotary"
+# The plan: layers 0, 2, 5 and 9.
+config = tg.make_config(11, 4, 256, 1024, 512, "test", arch="speedrun", rotary_pairs=True, record89_plan=True,
+                        paired_heads=True)
+assert [layer for layer, spec in enumerate(config.plan) if spec.paired] == [0, 2, 5, 9]
+header = open("llmc/gpt2.h").read()
+assert re.search(r'kRecord89Paired\[\] = +"(.+?)";', header).group(1) == tg.RECORD89_PAIRED, "llmc/gpt2.h's list"
+# The MFU count: a paired layer's queries are its 2T positions of C/2 (causal: T keys on average).
+assert tg.GPT(config).attention_keys(256) == 6 * 128 + 4 * 256
+# One paired layer's attention against positions by hand: position 2t + j holds heads 2j, 2j + 1 of token t
+# (the first or the last NH/2 of its qkv), documents doubled, the window 128 positions back.
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+tg.add_debug_noise(model, 0.02, 42)
+model.documents, model.window_tokens, model.window_blocks = True, True, 2
+T = 256
+idx = torch.randint(0, 512, (1, T))
+idx[0, [0, 70, 201]] = tg.DOCUMENT_START
+layer = 2
+attn = model.transformer.h[layer].attn
+outputs = []  # the heads' outputs, c_proj's input
+attn.c_proj.register_forward_hook(lambda module, inputs, output: outputs.append(inputs[0]))
+xin = torch.randn(1, T, 256)
+mask = model.attention_masks(idx)[layer]
+window = model.layer_window(layer) * tg.ATTENTION_BLOCK
+with torch.no_grad():
+    attn(xin, mask)
+    got = outputs[0].view(T, 4, 64)
+    q, k, v = attn.c_attn(xin).split(256, dim=2)
+    q, k = (tg.rotate(tg.rms_norm(u.view(1, T, 4, 64)), attn.freq, True, True)[0] for u in (q, k))
+    v = attn.mix_values(v.view(1, T, 4, 64), None)[0]
+docs = (idx[0] == tg.DOCUMENT_START).cumsum(0)
+error = 0.0
+for p in range(2 * T):
+    token, j = divmod(p, 2)
+    keys = [r for r in range(p + 1) if docs[r // 2] == docs[token] and p - r <= window]
+    for h in range(2):
+        head = 2 * j + h
+        kk = torch.stack([k[r // 2, 2 * (r % 2) + h] for r in keys])
+        vv = torch.stack([v[r // 2, 2 * (r % 2) + h] for r in keys])
+        y = torch.softmax(kk @ q[token, head] * attn.scale, 0) @ vv
+        error = max(error, (y - got[token, head]).abs().max().item())
+assert error < 1e-5, error
+path = f"{os.environ['WORK']}/paired.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert int(header[tg.FEATURES_SLOT]) == tg.FEATURE_PAIRED_HEADS | tg.FEATURE_RECORD89_PLAN | tg.FEATURE_ROTARY_PAIRS
+assert tg.read_checkpoint(path).config == config
+print(f"the rotary the reference's paired tables' bits; layer {layer}'s attention (window {window} positions) "
+      f"within {error:.1e} of positions by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
+EOF
+expect_error "paired heads pair the heads of its plan's layers" --recipe speedrun --model tiny --paired_heads 1 \
+  --rotary_pairs 1 --input_bin x
+expect_error "paired heads pair the heads of its plan's layers" --recipe speedrun --model tiny --paired_heads 1 \
+  --record89_plan 1 --input_bin x
+expect_error "num_heads 3 is odd" --recipe speedrun --model tiny --paired_heads 1 --record89_plan 1 \
+  --rotary_pairs 1 --num_heads 3 --channels 192 --input_bin x
+expect_error "give --window_tokens 1" --recipe speedrun --model tiny --paired_heads 1 --record89_plan 1 \
+  --rotary_pairs 1 --window_blocks 2 --batch_size 2 --seq_len 256 --write_debug_state "$WORK/paired_state"
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null

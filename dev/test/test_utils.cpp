@@ -843,6 +843,47 @@ void test_record89_layer_plan() {
         "layer_plan(config) follows record89_plan; GPT-2's plan is its own with it");
 }
 
+// Record #89's paired heads (-ph 1): its plan's layers 0, 2, 5 and 9 with the feature, none without it
+// or without the plan; the start-up table's column; no tensor of their own; header slot 9's bit 128 read
+// back, and refused without the plan, without the rotary pairs or with an odd number of heads.
+void test_paired_heads_header() {
+  llmc::GPT2Config c;
+  llmc::config_from_preset("d12", &c, llmc::Arch::kSpeedrun);
+  c.rotary_pairs = true;
+  llmc::set_record89_plan(c, true);
+  const size_t without = llmc::num_parameters(c);
+  c.paired_heads = true;
+  const llmc::LayerPlan plan = llmc::layer_plan(c);
+  const std::string table = plan.describe(false);
+  check_verbose(plan.paired_layers() == "P-P--P---P-" && llmc::num_parameters(c) == without &&
+                    table.find("; paired heads P-P--P---P-") != std::string::npos &&
+                    llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true, false).paired_layers() == "-----------" &&
+                    llmc::layer_plan(llmc::Arch::kSpeedrun, 12, false, true).paired_layers() == "------------" &&
+                    c.describe().find(" record89-plan paired-heads") != std::string::npos,
+                "speedrun d12 -lp 1 -rp 1 -ph 1: paired layers " + plan.paired_layers() + ", the parameters as "
+                "without them, none without -ph or -lp; table: " + table + "; config " + c.describe());
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  const int features = llmc::kFeatureRotaryPairs | llmc::kFeatureRecord89Plan | llmc::kFeaturePairedHeads;
+  check(h[llmc::kFeaturesSlot] == features && llmc::config_from_header(h, "paired.bin") == c,
+        llmc::strformat("header slot 9 holds %d (bit 128 the paired heads) and reads back the same config", features));
+  auto refused = [](llmc::GPT2Config bad, int heads, const char* needle, const char* what) {
+    int b[llmc::kHeaderInts];
+    llmc::header_from_config(bad, llmc::kCheckpointVersionBF16, b);
+    b[5] = heads;
+    check_throws([&] { llmc::config_from_header(b, "paired.bin"); }, needle, what);
+  };
+  llmc::GPT2Config no_pairs = c, no_plan = c;
+  no_pairs.rotary_pairs = false;
+  llmc::set_record89_plan(no_plan, false);
+  refused(no_pairs, c.num_heads, "paired heads, which need record #89's rotary pairs: the header is damaged",
+          "a header with the paired heads but not the rotary pairs is refused");
+  refused(no_plan, c.num_heads, "paired heads, which need record #89's plan: the header is damaged",
+          "a header with the paired heads but not record #89's plan is refused");
+  refused(c, 3, "paired heads, which need an even number of heads: the header is damaged",
+          "a header with the paired heads and 3 heads is refused");
+}
+
 void test_configs() {
   llmc::GPT2Config d12;
   const bool found = llmc::config_from_preset("d12", &d12);
@@ -886,6 +927,7 @@ void test_configs() {
   test_modern_table();
   test_speedrun_table();  test_smear_table();  test_rotary_pairs_header();  test_layer_plan();
   test_record89_layer_plan();
+  test_paired_heads_header();
 }
 
 void test_bf16() {
