@@ -699,8 +699,8 @@ void test_smear_table() {
   test_resid_lambdas_table();
   test_xsa_table();
   test_record89_plan_table();
-  h[llmc::kFeaturesSlot] = 128;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 128",
+  h[llmc::kFeaturesSlot] = 256;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 256",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
