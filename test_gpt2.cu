@@ -28,7 +28,11 @@ constexpr float kLogitsAbsTol = 1e-3f;
 constexpr float kLossTol = 1e-5f;
 constexpr float kStepLossTol = 1e-5f;
 constexpr double kGradRelNorm = 1e-4;
-constexpr double kScalarGradRelNorm = kGradRelNorm;
+// A tensor of a few scalars has each gradient entry one sum over all B T C products, which may
+// cancel: its relative error is the sum's order times |terms| / |sum|. Measured on an H200: record
+// #89's skip gate with paired heads (4 heads of 64, the bigram embedding, value-embedding gates, XSA;
+// |terms| / |sum| about 4,600 at the first step) 1.15e-4, value_scales from record #89's init 1.21e-4.
+constexpr double kScalarGradRelNorm = 3e-4;
 #else
 constexpr float kLogitsAbsTol = 0.1f;
 constexpr float kLossTol = 0.05f;
