@@ -1336,7 +1336,8 @@ def params_in_file_order(model):
     weight, the value embeddings (with the bigram embedding: its table, aligned as theirs), the gates,
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
     with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
-    lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate, head_gates)."""
+    lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate,
+    head_gates)."""
     t = model.transformer
 
     def stacked(names):
