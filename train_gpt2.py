@@ -61,6 +61,7 @@ FEATURE_RESID_LAMBDAS = 16  # the speedrun's residual and post lambdas (--resid_
 FEATURE_XSA = 32  # the speedrun's exclusive self-attention (--xsa)
 FEATURE_RECORD89_PLAN = 64  # the speedrun's 11-layer plan (--record89_plan)
 FEATURE_PAIRED_HEADS = 128  # that plan's paired heads (--paired_heads)
+FEATURE_ATTN_LAMBDAS = 256  # the speedrun's attention lambdas (--attn_lambdas)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -111,6 +112,7 @@ RESID_LAMBDA_INIT = 1.1 ** 0.5
 # gate's bias (llmc's kSkipLambdaInit, kSkipGateInit); its x0 gates start at 0.
 SKIP_LAMBDA_INIT, SKIP_GATE_INIT = -1.5, 0.5
 HEAD_GATE_INIT = 0.25  # record #89's head gates' start, their generated gates' bias (llmc's kHeadGateInit)
+ATTN_LAMBDA_INIT = (0.5, 1.0)  # record #89's attention lambdas' start, qkv's and the output projection's
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -455,6 +457,7 @@ class GPTConfig:
     # in place of the x0 lambdas, no attention gates (SPEC.md)
     record89_plan: bool = False
     paired_heads: bool = False  # speedrun in record #89's plan: its paired heads (RECORD89_PAIRED; SPEC.md)
+    attn_lambdas: bool = False  # speedrun: record #89's attention lambdas, the attention's weights scaled (SPEC.md)
 
     @property
     def modern(self):
@@ -517,8 +520,9 @@ class GPTConfig:
             x0_gates = attention_layers if self.record89_plan else 0
             skip_gate = 2 if any(spec.gated_skip_source is not None for spec in self.plan) else 0
             head_gates = sum(spec.head_gate for spec in self.plan) * self.num_heads
+            attn_lambdas = 2 * L if self.attn_lambdas else 0  # (qkv's, the output projection's) a layer
             return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
-                    + sublayer_lambdas + xsa + x0_gates + skip_gate + head_gates)
+                    + sublayer_lambdas + xsa + x0_gates + skip_gate + head_gates + attn_lambdas)
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -548,10 +552,10 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
                 bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
-                record89_plan=False, paired_heads=False):
+                record89_plan=False, paired_heads=False, attn_lambdas=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
-                       bool(xsa), bool(record89_plan), bool(paired_heads))
+                       bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -570,6 +574,9 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
         fail(f"{source}: XSA (record #89's) is the speedrun's; give --recipe speedrun or drop --xsa")
     if config.record89_plan and not config.speedrun:
         fail(f"{source}: record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan")
+    if config.attn_lambdas and not config.speedrun:
+        fail(f"{source}: the attention lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
+             f"--attn_lambdas")
     if config.paired_heads and not (config.record89_plan and config.rotary_pairs):
         fail(f"{source}: record #89's paired heads pair the heads of its plan's layers, rotated in its rotary pairs; "
              f"give --record89_plan 1 and --rotary_pairs 1 or drop --paired_heads")
@@ -875,14 +882,16 @@ class CausalSelfAttention(nn.Module):
         gate = torch.sigmoid(self.gate(x[..., :self.gate.in_features]))
         return y * gate.view(*gate.shape, 1)
 
-    def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None, head_gate=None):
+    def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None, head_gate=None,
+                attn_lambda=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
         causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
         xsa_alpha: its XSA strengths [NH], or None; head_gate: record #89's gate of each head [NH], which
-        scales its output (after XSA) before the output projection, or None. With paired heads the mask
-        is of the rows doubled ([B, 1, 2T, 2T]: GPT.attention_masks)."""
+        scales its output (after XSA) before the output projection, or None; attn_lambda: record #89's
+        (s0, s1) of the layer, which scale c_attn's and c_proj's weights (scaled_linear), or None. With
+        paired heads the mask is of the rows doubled ([B, 1, 2T, 2T]: GPT.attention_masks)."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = scaled_linear(self.c_attn, x, None if attn_lambda is None else attn_lambda[0]).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
         if self.modern:
             q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs, self.paired) for t in (q, k))
@@ -911,7 +920,18 @@ class CausalSelfAttention(nn.Module):
         y = self.gate_heads(x, y)
         if head_gate is not None:
             y = y * head_gate.type_as(y)[:, None]
-        return self.c_proj(y.contiguous().view(B, T, C))
+        y = y.contiguous().view(B, T, C)
+        return scaled_linear(self.c_proj, y, None if attn_lambda is None else attn_lambda[1])
+
+
+def scaled_linear(layer, x, s=None):
+    """layer(x), or with s (record #89's attention lambda, a float32 0-dim tensor) the product with its
+    weight scaled, F.linear(x, s W), W cast to x's dtype first as the reference's: in bfloat16 runs torch
+    casts s to bfloat16 too and rounds each product once, bf16(bf16(s) W) (the CUDA trainer's lambdas are
+    bfloat16 parameters); in float32 runs s W. The speedrun's layers have no bias."""
+    if s is None:
+        return layer(x)
+    return F.linear(x, s * layer.weight.type_as(x))
 
 
 class MLP(nn.Module):
@@ -971,19 +991,20 @@ class Block(nn.Module):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
     def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, xsa_alpha=None,
-                lambdas=None, x0_term=None, source=None, head_gate=None):
+                lambdas=None, x0_term=None, source=None, head_gate=None, attn_lambda=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
         ve_gate: the weights of its value embedding's gates, or None; xsa_alpha: its XSA strengths, or None;
         lambdas: (r_attention, p_attention, r_mlp, p_mlp) of the residual lambdas, each sublayer's add
         r x + p out (the bigram term beside p out, as the reference's), or None: x + out; x0_term: record
         #89's gated x0 the layer adds after its attention, before the bigram term, or None; source: the
         earlier layer's output its attention reads instead of x (LayerSpec.attention_source), or None;
-        head_gate: its heads' gates (record #89's), or None."""
+        head_gate: its heads' gates (record #89's), or None; attn_lambda: its attention lambdas (s0, s1), or
+        None."""
         x = self.mix_input(x, x0)
         r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
             y = self.attn(self.ln_1(x if source is None else source), mask, value_embedding, ve_gate, xsa_alpha,
-                          head_gate)
+                          head_gate, attn_lambda)
             if x0_term is not None:  # record #89's plan: the attention's terms summed, then the stream's add
                 terms = (y if lambdas is None else p_attention * y) + x0_term
                 terms = terms if bigram is None else terms + bigram
@@ -1055,6 +1076,10 @@ class GPT(nn.Module):
         head_gate_layers = sum(spec.head_gate for spec in config.plan)
         self.head_gates = (nn.Parameter(torch.full((head_gate_layers, config.num_heads), HEAD_GATE_INIT))
                            if head_gate_layers else None)
+        # speedrun with record #89's attention lambdas: (s0, s1) for every layer [L, 2], the pair of a layer
+        # without attention unused, as the reference's
+        self.attn_lambdas = (nn.Parameter(torch.tensor([ATTN_LAMBDA_INIT] * config.num_layers))
+                             if config.attn_lambdas else None)
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -1167,13 +1192,15 @@ class GPT(nn.Module):
         lambdas = self.sublayer_lambdas(x)
         x0_terms = self.layer_x0_terms(x0)
         head_gates = self.layer_head_gates()
+        attn_lambdas = [None] * self.config.num_layers if self.attn_lambdas is None else self.attn_lambdas
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
             x = self.unet_skip(spec, x, outputs)
             x = self.gated_skip(spec, x, outputs)
             source = None if spec.attention_source is None else outputs[spec.attention_source]
             x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer],
-                      xsa_alphas[layer], lambdas[layer], x0_terms[layer], source, head_gates[layer])
+                      xsa_alphas[layer], lambdas[layer], x0_terms[layer], source, head_gates[layer],
+                      attn_lambdas[layer])
             outputs.append(x)
         return t.ln_f(x)
 
@@ -1337,7 +1364,7 @@ def params_in_file_order(model):
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
     with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
     lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate,
-    head_gates)."""
+    head_gates; with the attention lambdas: attn_lambdas)."""
     t = model.transformer
 
     def stacked(names):
@@ -1350,7 +1377,8 @@ def params_in_file_order(model):
         ve_gates = [model.ve_gates] if model.config.ve_gates else []
         lambdas = [model.resid_lambdas, model.post_lambdas] if model.config.resid_lambdas else []
         xsa = [model.xsa_alpha] if model.config.xsa else []
-        record89 = [q for q in (model.x0_gates, model.skip_gate, model.head_gates) if q is not None]
+        record89 = [q for q in (model.x0_gates, model.skip_gate, model.head_gates, model.attn_lambdas)
+                    if q is not None]
         unet = [model.skip_weights] if model.skip_weights is not None else []  # none in record #89's plan
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + unet + stacked(SPEEDRUN_SCALARS) + smear
@@ -1449,6 +1477,8 @@ def init_weights_speedrun(model, seed, record_init=0):
             model.skip_gate.copy_(torch.tensor([SKIP_LAMBDA_INIT, SKIP_GATE_INIT]))
         if model.head_gates is not None:
             model.head_gates.fill_(HEAD_GATE_INIT)
+        if model.attn_lambdas is not None:
+            model.attn_lambdas.copy_(torch.tensor([ATTN_LAMBDA_INIT] * model.config.num_layers))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1477,7 +1507,8 @@ def write_checkpoint(model, path, version):
                              | (FEATURE_ROTARY_PAIRS if c.rotary_pairs else 0) | (FEATURE_VE_GATES if c.ve_gates else 0)
                              | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0) | (FEATURE_XSA if c.xsa else 0)
                              | (FEATURE_RECORD89_PLAN if c.record89_plan else 0)
-                             | (FEATURE_PAIRED_HEADS if c.paired_heads else 0))
+                             | (FEATURE_PAIRED_HEADS if c.paired_heads else 0)
+                             | (FEATURE_ATTN_LAMBDAS if c.attn_lambdas else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1540,13 +1571,14 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
     speedrun_only = (FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
-                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS)
+                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS | FEATURE_ATTN_LAMBDAS)
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
              f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA, "
-             f"{FEATURE_RECORD89_PLAN}: record #89's plan, {FEATURE_PAIRED_HEADS}: its paired heads), and GPT-2 has "
+             f"{FEATURE_RECORD89_PLAN}: record #89's plan, {FEATURE_PAIRED_HEADS}: its paired heads, "
+             f"{FEATURE_ATTN_LAMBDAS}: its attention lambdas), and GPT-2 has "
              f"no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
              f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
@@ -1554,7 +1586,7 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
                          rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
                          resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA,
                          record89_plan=features & FEATURE_RECORD89_PLAN,
-                         paired_heads=features & FEATURE_PAIRED_HEADS)
+                         paired_heads=features & FEATURE_PAIRED_HEADS, attn_lambdas=features & FEATURE_ATTN_LAMBDAS)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2598,7 +2630,7 @@ def optimizer_groups(model, args):
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
         # the scalars' role, as the CUDA trainer's vegate, resid_lambdas, post_lambdas and xsa_alpha
         scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas, model.xsa_alpha,
-                                     model.head_gates)
+                                     model.head_gates, model.attn_lambdas)
                          if q is not None]
 
         def scalar(p):
@@ -3170,7 +3202,8 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "attn.value_scales": "value_scales", "smear_weight": "smearw", "smear_lambda": "smear_lambda",
                "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate",
                "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha",
-               "x0_gates": "x0_gates", "skip_gate": "skip_gate", "head_gates": "head_gates"}
+               "x0_gates": "x0_gates", "skip_gate": "skip_gate", "head_gates": "head_gates",
+               "attn_lambdas": "attn_lambdas"}
 
 
 def table_name(parameter_name):
@@ -3416,6 +3449,10 @@ def parse_args(argv=None):
                    "token t rotated at position 2t + (h & 1); heads 0..NH/2-1 of token t attend at position 2t and "
                    "the rest at 2t + 1 of each row doubled, as NH/2 heads; windows in positions: --window_tokens 1; "
                    "the CUDA trainer's -ph); --init_from's checkpoint says whether it has them")
+    a.add_argument("--attn_lambdas", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record "
+                   "#89's attention lambdas (each attention layer's qkv and output projections read their weights "
+                   "times learned scalars s0 and s1, 0.5 and 1 at the start; the CUDA trainer's -al); --init_from's "
+                   "checkpoint says whether it has them")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3811,11 +3848,11 @@ def resolve_config(args):
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
         features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
-                    args.record89_plan, args.paired_heads)
+                    args.record89_plan, args.paired_heads, args.attn_lambdas)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
                  "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
-                 "--paired_heads and the size flags")
+                 "--paired_heads, --attn_lambdas and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3831,7 +3868,8 @@ def resolve_config(args):
     return make_config(*shape, source="--model/--num_layers/--num_heads/--channels/--max_seq_len/--vocab_size",
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
                        ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa,
-                       record89_plan=args.record89_plan, paired_heads=args.paired_heads)
+                       record89_plan=args.record89_plan, paired_heads=args.paired_heads,
+                       attn_lambdas=args.attn_lambdas)
 
 
 def check_fp8(config, device, flag="--fp8"):

@@ -8,7 +8,8 @@
 //   speedrun architectures: 6 = FP32, 7 = BF16)  [2] max_seq_len  [3] vocab_size  [4] num_layers
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
 //   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
-//   kFeatureBigram, kFeatureVeGates, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads; the modern
+//   kFeatureBigram, kFeatureVeGates, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads,
+//   kFeatureAttnLambdas; the modern
 //   and speedrun's kFeatureRotaryPairs; 0 in files written before this slot)  [254] [255] checksum
 //   kind and CRC-32 (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
@@ -111,6 +112,7 @@ struct GPT2Config {
   bool xsa = false;           // and its exclusive self-attention (ArchSpec::xsa; -xs)
   bool record89_plan = false;  // and its 11-layer plan (layer_plan, ArchSpec::x0_gates; -lp)
   bool paired_heads = false;  // and the plan's paired-head attention (LayerSpec::paired; -ph)
+  bool attn_lambdas = false;  // and its attention lambdas (ArchSpec::attn_lambdas; -al)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
@@ -118,7 +120,7 @@ struct GPT2Config {
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
            resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan &&
-           paired_heads == o.paired_heads;
+           paired_heads == o.paired_heads && attn_lambdas == o.attn_lambdas;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -128,11 +130,12 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
                      channels, max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "",
                      bigram ? " bigram" : "", rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
                      resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "",
-                     record89_plan ? " record89-plan" : "", paired_heads ? " paired-heads" : "");
+                     record89_plan ? " record89-plan" : "", paired_heads ? " paired-heads" : "",
+                     attn_lambdas ? " attn-lambdas" : "");
   }
 };
 
@@ -246,6 +249,10 @@ struct ArchSpec {
   // -xs, header [9]'s bit 32; the speedrun's):
   bool xsa;                // in the plan's XSA layers (LayerSpec::xsa) each head's output y loses
                            // tanh(alpha_h) times its part along the value v it read, before the gate
+  // Record #89's attention lambdas, off in every architecture and set from the config (attn_lambdas:
+  // -al, header [9]'s bit 256; the speedrun's):
+  bool attn_lambdas;       // each attention layer's qkv and output projections read their weights
+                           // scaled by the layer's (s0, s1), each product bf16(s W) rounded once
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
@@ -259,13 +266,13 @@ constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
                                  {}, 0.0f, false, false, false, false, false, false, false, false, false, false,
-                                 false};
+                                 false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
                                    {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false,
-                                   false, false, false, false, false, false};
+                                   false, false, false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
                                      {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, false, true,
-                                     false, false, false, false, false, false};
+                                     false, false, false, false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -278,6 +285,7 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.ve_gates = c.ve_gates;
   a.resid_lambdas = c.resid_lambdas;
   a.xsa = c.xsa;
+  a.attn_lambdas = c.attn_lambdas;
   // Record #89's plan: x0 after each attention with a gate, not mixed into each block's input, and
   // none of record #28's attention gates (the reference's, on two layers, come from MUDD).
   if (c.record89_plan) {
@@ -292,6 +300,7 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
 constexpr int kFeaturesSlot = 9;
 constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
 constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan = 64, kFeaturePairedHeads = 128;
+constexpr int kFeatureAttnLambdas = 256;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
@@ -301,6 +310,8 @@ constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
 // bias of the reference's generated gate); its x0 gates start at 0, its head gates at 0.25 (their
 // generated gates' bias).
 constexpr float kSkipLambdaInit = -1.5f, kSkipGateInit = 0.5f, kHeadGateInit = 0.25f;
+// Record #89's attention lambdas' start: qkv's weight times 0.5, the output projection's times 1.
+constexpr float kAttnLambdaQkvInit = 0.5f, kAttnLambdaProjInit = 1.0f;
 
 // ----------------------------------------------------------------------------
 // Layer plan
@@ -617,13 +628,14 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 35;
+constexpr int kNumParamTensors = 36;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kHeadw, kHeadb,
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
   kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates,
+  kAttnLambdas,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -668,6 +680,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t Lve = plan.value_embedding_layers, xsa = a.xsa ? 1 : 0, Lx = plan.xsa_layers;
   const size_t sublayer_lambdas = a.resid_lambdas ? 2 : 0;  // (attention, MLP) in every layer
   const size_t x0_gates = a.x0_gates ? 1 : 0;  // one an attention layer
+  const size_t attn_lambdas = a.attn_lambdas ? 2 : 0;  // (qkv's, attproj's) in every layer
   size_t gated_skips = 0;  // (skip_lambda, g) where the plan has a gated skip
   for (const LayerSpec& l : plan.layers) gated_skips = l.gated_skip_source >= 0 ? 2 : gated_skips;
   using R = ParamRole;
@@ -711,6 +724,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"x0_gates", x0_gates * La, attention, false, false, R::kVector},
       {"skip_gate", gated_skips, whole, false, false, R::kVector},
       {"head_gates", plan.head_gate_layers * NH, with_head_gates, false, false, R::kVector},
+      {"attn_lambdas", L * attn_lambdas, layers, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -762,7 +776,7 @@ constexpr int kMaxMuonGroups = 16;
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
     kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
-    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates};
+    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates, kAttnLambdas};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -845,15 +859,16 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   const int features = h[kFeaturesSlot];
   const int speedrun_only =
       kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan |
-      kFeaturePairedHeads;
+      kFeaturePairedHeads | kFeatureAttnLambdas;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
               "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA, "
-              "%d: record #89's plan, %d: its paired heads), and GPT-2 has no rotary (%d: its pairs): the header is "
-              "damaged or the file comes from a newer version; re-create it", path.c_str(), kFeaturesSlot, features,
+              "%d: record #89's plan, %d: its paired heads, %d: its attention lambdas), and GPT-2 has no rotary (%d: "
+              "its pairs): the header is damaged or the file comes from a newer version; re-create it",
+              path.c_str(), kFeaturesSlot, features,
               kFeatureSmear, kFeatureBigram, kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan,
-              kFeaturePairedHeads, kFeatureRotaryPairs);
+              kFeaturePairedHeads, kFeatureAttnLambdas, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
@@ -869,6 +884,7 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               speedrun_layers(c.record89_plan));
   }
   c.paired_heads = (features & kFeaturePairedHeads) != 0;
+  c.attn_lambdas = (features & kFeatureAttnLambdas) != 0;
   if (const char* missing = paired_heads_missing(c)) {
     LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's paired heads, which need %s: the header is "
               "damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeaturePairedHeads, missing);
@@ -891,7 +907,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
   h[kFeaturesSlot] = (c.smear ? kFeatureSmear : 0) | (c.bigram ? kFeatureBigram : 0) |
                      (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
                      (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0) |
-                     (c.record89_plan ? kFeatureRecord89Plan : 0) | (c.paired_heads ? kFeaturePairedHeads : 0);
+                     (c.record89_plan ? kFeatureRecord89Plan : 0) | (c.paired_heads ? kFeaturePairedHeads : 0) |
+                     (c.attn_lambdas ? kFeatureAttnLambdas : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1294,8 +1311,8 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // draw; the output projections, the gates and the head zero, the skip weights one, each layer's
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
 // zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1), its
-// residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero; with its plan its x0
-// gates zero, its skip gate's skip_lambda -1.5 and g 0.5, its head gates 0.25.
+// residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero, its attention lambdas
+// (0.5, 1); with its plan its x0 gates zero, its skip gate's skip_lambda -1.5 and g 0.5, its head gates 0.25.
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.
@@ -1309,6 +1326,10 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
   std::fill_n(params.begin() + offsets[kResidLambdas], table[kResidLambdas].size, kResidLambdaInit);
   std::fill_n(params.begin() + offsets[kPostLambdas], table[kPostLambdas].size, kPostLambdaInit);
   std::fill_n(params.begin() + offsets[kHeadGates], table[kHeadGates].size, kHeadGateInit);
+  for (size_t k = 0; k < table[kAttnLambdas].size; k += 2) {
+    params[offsets[kAttnLambdas] + k] = kAttnLambdaQkvInit;
+    params[offsets[kAttnLambdas] + k + 1] = kAttnLambdaProjInit;
+  }
   if (table[kSkipGate].size > 0) {
     params[offsets[kSkipGate]] = kSkipLambdaInit;
     params[offsets[kSkipGate] + 1] = kSkipGateInit;

@@ -908,6 +908,71 @@ print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dal
       f"{max(grad_errors):.1e} of autograd's; layers {layers}; header slot {tg.FEATURES_SLOT} "
       f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
 EOF
+check "--attn_lambdas: the loss and gradients against a copy scaled by hand, the BF16 product's rounding; init, file order, header, groups" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(11, 2, 128, 1024, 512, "test", arch="speedrun", record89_plan=True, attn_lambdas=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+assert torch.equal(model.attn_lambdas, torch.tensor([[0.5, 1.0]] * 11)), "(0.5, 1) in every layer at init"
+tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
+with torch.no_grad():
+    model.attn_lambdas.copy_(torch.rand(11, 2) + 0.5)
+# A copy without the lambdas whose attention weights are s W by hand gives the same loss, and its weight
+# gradients dW' give W's (s dW') and the lambdas' (sum dW' W).
+plain = tg.GPT(tg.make_config(11, 2, 128, 1024, 512, "test", arch="speedrun", record89_plan=True))
+scaled = {n: p for n, p in model.named_parameters() if n != "attn_lambdas"}
+plain.load_state_dict(scaled, strict=True)
+attention = [layer for layer, spec in enumerate(config.plan) if spec.attention]
+with torch.no_grad():
+    for layer in attention:
+        s = model.attn_lambdas[layer]
+        plain.transformer.h[layer].attn.c_attn.weight.mul_(s[0])
+        plain.transformer.h[layer].attn.c_proj.weight.mul_(s[1])
+idx, targets = torch.randint(0, 512, (2, 16)), torch.randint(0, 512, (2, 16))
+loss = model(idx, targets)[1]
+loss.backward()
+loss_plain = plain(idx, targets)[1]
+loss_plain.backward()
+assert (loss - loss_plain).abs().item() < 1e-5, (loss.item(), loss_plain.item())
+errors = []
+for layer in attention:
+    s = model.attn_lambdas[layer].detach()
+    for k, name in enumerate(("c_attn", "c_proj")):
+        w = getattr(model.transformer.h[layer].attn, name).weight
+        dw_scaled = getattr(plain.transformer.h[layer].attn, name).weight.grad
+        errors.append((w.grad - s[k] * dw_scaled).abs().max().item())
+        errors.append(abs(model.attn_lambdas.grad[layer, k].item() - (dw_scaled * w.detach()).sum().item()))
+assert max(errors) < 1e-5, max(errors)
+assert model.attn_lambdas.grad[6].abs().max() == 0, "layer 6 has no attention: its pair is unused"
+assert model.attn_lambdas.grad[attention].abs().min() > 0, model.attn_lambdas.grad
+# bfloat16: a float32 0-dim tensor times a bfloat16 matrix, s cast to bfloat16 first, s W rounded once
+w, s = torch.randn(6, 4), torch.tensor(0.7)
+layer = torch.nn.Linear(4, 6, bias=False)
+with torch.no_grad():
+    layer.weight.copy_(w)
+x = torch.randn(3, 4).bfloat16()
+want = torch.nn.functional.linear(x, (s.bfloat16().float() * w.bfloat16().float()).bfloat16())
+assert torch.equal(tg.scaled_linear(layer, x, s), want)
+assert torch.equal(tg.scaled_linear(layer, x.float(), s), torch.nn.functional.linear(x.float(), s * w))
+# the file, its header and the optimizer's groups
+path = f"{os.environ['WORK']}/attn_lambdas.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+back = tg.read_checkpoint(path)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert header[tg.FEATURES_SLOT] == tg.FEATURE_RECORD89_PLAN | tg.FEATURE_ATTN_LAMBDAS == 64 + 256, header[9]
+assert back.config == config and torch.equal(back.attn_lambdas, model.attn_lambdas)
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+names = {id(p): tg.table_name(name) for name, p in model.named_parameters()}
+order = list(dict.fromkeys(names[id(p)] for p in tg.params_in_file_order(model)))
+assert order[-1] == "attn_lambdas" and order[-2] == "head_gates", order
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x", "--device", "cpu"])
+tg.settle_arch(args, tg.resolve_config(args))
+groups = tg.optimizer_groups(model, args)
+scalar_group, = [group for _, group in groups if any(p is model.attn_lambdas for p in group["params"])]
+assert any(p is model.x0_gates for p in scalar_group["params"]), "the lambdas go with the scalars"
+print(f"the loss and gradients within {max(errors):.1e} of a copy with s W by hand; bf16(bf16(s) W) in "
+      f"bfloat16; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; file order ... {' '.join(order[-3:])}")
+EOF
 check "--record89_plan: the plan's lists as llmc's; the gated skip, an x0 term and an attention source by hand, their gates' and a head gate's gradients; file order, header, groups" <<'EOF'
 import math, os, re, torch, train_gpt2 as tg
 header_text = open("llmc/gpt2.h").read()
@@ -1522,6 +1587,8 @@ expect_error "the value-embedding gates (record #89's) are the speedrun's" "${TI
 expect_error "XSA (record #89's) is the speedrun's" "${TINY[@]}" --xsa 1 --write_debug_state "$WORK/xsa_gpt2"
 expect_error "record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan" --recipe modern \
   --model tiny --record89_plan 1 --write_debug_state "$WORK/record89_plan_modern"
+expect_error "the attention lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop --attn_lambdas" \
+  --recipe modern --model tiny --attn_lambdas 1 --write_debug_state "$WORK/attn_lambdas_modern"
 expect_error "the speedrun architecture has its reference's 11 layers .record #89's plan., not 12; drop --num_layers" \
   --recipe speedrun --model tiny --record89_plan 1 --num_layers 12 --write_debug_state "$WORK/record89_plan_12"
 expect_error "adam_every 2 sums 2 steps' gradients for AdamW, and --grad_clip 1 would clip each step's apart" \

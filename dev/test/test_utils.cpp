@@ -278,17 +278,19 @@ void test_speedrun_table() {
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
                         llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate,
                         llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha, llmc::kX0Gates, llmc::kSkipGate,
-                        llmc::kHeadGates};
-  for (int k = 0; k < 16; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kHeadGates, llmc::kAttnLambdas};
+  for (int k = 0; k < 17; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-50 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
-                                "xsa_alpha %d, x0_gates %d, skip_gate %d, head_gates %d), no two alike",
+                                "speedrun's 35-51 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
+                                "xsa_alpha %d, x0_gates %d, skip_gate %d, head_gates %d, attn_lambdas %d), no two "
+                                "alike",
                                 llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates),
                                 llmc::param_seed_index(llmc::kVegate), llmc::param_seed_index(llmc::kXsaAlpha),
                                 llmc::param_seed_index(llmc::kX0Gates), llmc::param_seed_index(llmc::kSkipGate),
-                                llmc::param_seed_index(llmc::kHeadGates)));
+                                llmc::param_seed_index(llmc::kHeadGates),
+                                llmc::param_seed_index(llmc::kAttnLambdas)));
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
@@ -541,6 +543,59 @@ void test_xsa_table() {
                "a modern model's header naming XSA is refused");
 }
 
+// Record #89's attention lambdas (-al 1): attn_lambdas [L, 2] last (a pair a layer, layer 6's of the
+// plan unused), the scalars' role, its rounding seed after head_gates', (0.5, 1) at init; header slot 9's
+// bit 256; describe() names them; with record #89's plan and record #28's layers.
+void test_attn_lambdas_table() {
+  for (bool plan : {true, false}) {
+    llmc::GPT2Config c;
+    llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
+    llmc::set_record89_plan(c, plan);
+    const size_t before = llmc::num_parameters(c);
+    c.attn_lambdas = true;
+    llmc::ParamSpec t[llmc::kNumParamTensors];
+    size_t offsets[llmc::kNumParamTensors];
+    llmc::param_table(c, t);
+    llmc::param_offsets(c, offsets);
+    const size_t L = c.num_layers, n = llmc::num_parameters(c);
+    const llmc::ParamSpec& s = t[llmc::kAttnLambdas];
+    const llmc::LayerPlan layers = llmc::layer_plan(c);
+    bool slabs_ok = llmc::param_slab_size(layers, s) == 2;
+    for (int l = 0; l < (int)L; l++) slabs_ok = slabs_ok && llmc::param_slab(layers, s, l) == l;
+    check(n == before + 2 * L && s.size == 2 * L && offsets[llmc::kAttnLambdas] == n - 2 * L &&
+              std::string(s.name) == "attn_lambdas" && s.stack == llmc::ParamStack::kLayers &&
+              s.role == llmc::ParamRole::kVector && slabs_ok && llmc::arch_spec(c).attn_lambdas &&
+              !llmc::arch_spec(llmc::Arch::kSpeedrun).attn_lambdas &&
+              llmc::param_seed_index(llmc::kAttnLambdas) == llmc::param_seed_index(llmc::kHeadGates) + 1,
+          llmc::strformat("speedrun tiny%s -al 1: %zu parameters (%zu + 2 x %zu), attn_lambdas [%zu] last, a "
+                          "pair a layer, the scalars' role, its seed after head_gates'",
+                          plan ? " -lp 1" : "", n, before, L, s.size));
+    const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+    bool init_ok = true;
+    for (size_t l = 0; l < L; l++) {
+      init_ok = init_ok && init[offsets[llmc::kAttnLambdas] + 2 * l] == 0.5f &&
+                init[offsets[llmc::kAttnLambdas] + 2 * l + 1] == 1.0f;
+    }
+    check(init_ok, llmc::strformat("speedrun tiny%s -al 1 init: (0.5, 1) in every layer", plan ? " -lp 1" : ""));
+    int h[llmc::kHeaderInts];
+    llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+    const int features = llmc::kFeatureAttnLambdas | (plan ? llmc::kFeatureRecord89Plan : 0);
+    const std::string text = c.describe();
+    check(h[llmc::kFeaturesSlot] == features && llmc::kFeatureAttnLambdas == 256 &&
+              llmc::config_from_header(h, "al.bin") == c && text.size() > 13 &&
+              text.substr(text.size() - 13) == " attn-lambdas",
+          llmc::strformat("speedrun tiny%s -al 1: header slot 9 holds %d and reads back the same config (%s)",
+                          plan ? " -lp 1" : "", features, text.c_str()));
+  }
+  llmc::GPT2Config modern;
+  llmc::config_from_preset("tiny", &modern, llmc::Arch::kModern);
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(modern, llmc::kCheckpointVersionBF16, h);
+  h[llmc::kFeaturesSlot] = llmc::kFeatureAttnLambdas;
+  check_throws([&] { llmc::config_from_header(h, "al.bin"); }, "slot 9 holds features 256",
+               "a modern model's header naming the attention lambdas is refused");
+}
+
 // Record #89's plan (-lp 1): 11 layers; no x0 lambdas, attention gates or skip weights; five value
 // embeddings; x0_gates [10] (one an attention layer, the scalars' role, zero at init), skip_gate [2]
 // (skip_lambda -1.5 and g 0.5 at init) and head_gates [2, NH] (layers 3 and 10, 0.25 at init) last,
@@ -699,8 +754,9 @@ void test_smear_table() {
   test_resid_lambdas_table();
   test_xsa_table();
   test_record89_plan_table();
-  h[llmc::kFeaturesSlot] = 256;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 256",
+  test_attn_lambdas_table();
+  h[llmc::kFeaturesSlot] = 1024;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 1024",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
