@@ -18,7 +18,8 @@
 //   5. Matmul                     cuBLASLt with bias / GELU epilogues, bias gradient; FP8 linear
 //                                 layers (amax, casts, cast-transpose, scaled FP8 products); the
 //                                 speedrun head's FP8 layer with fixed scales (its gradient's
-//                                 bytes transposed)
+//                                 bytes transposed); record #89's attention lambdas (the
+//                                 attention's weights scaled, their gradients)
 //   6. Attention                  QK-norm and rotary positions; the speedrun's value mix and head
 //                                 gates, record #89's XSA and head gates; causal attention, or within
 //                                 documents and a window of 128-token blocks or of tokens: flash
@@ -2896,6 +2897,64 @@ __host__ __device__ inline floatX fp8_head_weight_copy(floatX b, float u, float 
 // (|x| <= sqrt(C)), and the layer has no bias. Of the architectures, the speedrun's.
 bool fp8_head_support(const llmc::ArchSpec& a) {
   return !a.tied_head && !a.biases && a.rms_norm && !a.norm_gains;
+}
+
+// ---- Record #89's attention lambdas (ArchSpec::attn_lambdas) ----
+// Each attention layer's qkv and output projections read their weight W scaled by the layer's
+// lambda s: attention_lambda_scale writes W' = s W rounded once to the storage type (the reference's
+// FP32 scalar times a BF16 matrix, which torch computes as bf16(bf16(s) W); our s is a BF16
+// parameter). The products' weight gradient is then dW', summed over the micro steps (s is constant
+// within a step); attention_lambda_backward turns it into dW = s dW' in place and ds = sum(dW' W)
+// in fixed row blocks (section 2's scalar sums). Floor: one read and one write of W (forward), two
+// reads and one write (backward).
+
+// out[i] = round(s * w[i]) (to nearest), s = *lambda; n a multiple of 8.
+__global__ void attention_lambda_scale_kernel(floatX* out, const floatX* w, const floatX* lambda, size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const float s = (float)*lambda;
+  const x128 v = load128cs(w + i);
+  x128 scaled;
+  for (int k = 0; k < x128::size; k++) scaled[k] = (floatX)(s * (float)v[k]);
+  store128(out + i, scaled);
+}
+
+void attention_lambda_scale(floatX* out, const floatX* w, const floatX* lambda, size_t n, cudaStream_t stream) {
+  REQUIRE(n % x128::size == 0, "attention_lambda_scale: n=%zu must be a multiple of %d", n, x128::size);
+  attention_lambda_scale_kernel<<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(out, w, lambda, n);
+  cudaCheckLaunch();
+}
+
+// From dweight = dW' (in place) and w = W, a matrix of n values seen as kRowBlocks row blocks of
+// its rows of `cols`: dweight[i] = round(s dW'[i]) stochastically (index i), and each row block's
+// sum of dW'[i] W[i] (each thread's 16-byte pieces in order, then block_reduce_sum's tree) into
+// partials[blockIdx.x].
+__global__ void attention_lambda_backward_kernel(floatX* dweight, float* partials, const floatX* w,
+                                                 const floatX* lambda, int rows, int cols, uint32_t seed) {
+  const RowBlockRange range = row_block_range(rows, cols);
+  const float s = (float)*lambda;
+  float sums[1] = {0.0f};
+  for (size_t i = range.begin + (size_t)threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
+    const x128 d = load128(dweight + i), v = load128cs(w + i);
+    x128 out;
+    for (int k = 0; k < x128::size; k++) {
+      sums[0] += (float)d[k] * (float)v[k];
+      out[k] = round_stochastic(s * (float)d[k], seed, i + k);
+    }
+    store128(dweight + i, out);
+  }
+  row_block_sums_store(partials, sums);
+}
+
+// The gradients of W' = s W: dweight (dW' on entry) becomes s dW', and dlambda += sum(dW' W) in
+// FP32 (row blocks, then column_sum_finalize: fixed order), rounded once. cols a multiple of 8.
+void attention_lambda_backward(floatX* dweight, floatX* dlambda, float* partials, const floatX* w,
+                               const floatX* lambda, int rows, int cols, uint32_t seed, uint32_t seed_lambda,
+                               cudaStream_t stream) {
+  REQUIRE(cols % x128::size == 0, "attention_lambda_backward: %d columns, not a multiple of %d", cols, x128::size);
+  attention_lambda_backward_kernel<<<kRowBlocks, 256, 0, stream>>>(dweight, partials, w, lambda, rows, cols, seed);
+  cudaCheckLaunch();
+  column_sum_finalize(dlambda, partials, 1, 1, kRowBlocks, seed_lambda, stream);
 }
 
 // ============================================================================
@@ -8989,6 +9048,10 @@ struct ModelParams {
   // Record #89's gated skip's scale sigmoid(skip_lambda) g, one value, as the forward computes it for
   // the backward (gated_skip_norm); where the plan has the skip.
   floatX* skip_scale = nullptr;
+  // Record #89's attention lambdas (ArchSpec::attn_lambdas): each attention layer's qkvw and attprojw
+  // scaled by its lambdas, [attention layers][4C x C] (attention_lambdas_forward), the weights its
+  // products read (linear_weight).
+  floatX* scaled_attention_weights = nullptr;
   // The optimizer's shard [shard_offset, shard_offset + shard_size): everything without ZeRO.
   // params and grads hold num_params_padded = shard_size * shard_count elements (zeros past
   // num_params), so that every shard has the same length for NCCL's reduce-scatter / all-gather.
@@ -9257,6 +9320,11 @@ void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64
     cudaCheck(cudaMemcpy(m.bigram_signs, stored.data(), stored.size() * sizeof(floatX), cudaMemcpyHostToDevice));
   }
   if (m.param_specs[llmc::kSkipGate].size > 0) m.skip_scale = device_alloc<floatX>(1, "the gated skip's scale");
+  if (m.arch().attn_lambdas) {
+    const size_t C = config.channels;
+    m.scaled_attention_weights = device_alloc<floatX>(m.plan.attention_layers * 4 * C * C,
+                                                      "the attention's weights scaled by its lambdas");
+  }
   m.rng.seed(seed);
 }
 
@@ -9560,6 +9628,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   REQUIRE(T <= c.max_seq_len, "sequence length -t %d is above the model's maximum %d: use -t %d or less",
           T, c.max_seq_len, c.max_seq_len);
   REQUIRE(recompute == 0 || recompute == 1, "-r %d: the recompute level must be 0 or 1", recompute);
+  REQUIRE(fp8 == 0 || !m.arch().attn_lambdas, "-fp8 %d casts the attention's weights unscaled, and the model has "
+          "record #89's attention lambdas, which scale them: give -fp8 0", fp8);
   m.B = B;
   m.T = T;
   m.recompute = recompute;
@@ -9642,7 +9712,7 @@ void with_forward_only(GPT2& m, const Pass& pass) {
 void gpt2_free(GPT2& m) {
   optimizer_arrays_free(m.state);
   for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.wte_grad_encoder, (void*)m.bigram_signs,
-                  (void*)m.skip_scale,
+                  (void*)m.skip_scale, (void*)m.scaled_attention_weights,
                   (void*)m.fp8_weights, (void*)m.fp8_scales, (void*)m.fp8_act_scales, (void*)m.fp8_history,
                   (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
                   (void*)m.fp8_head_weight.w8, (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t,
@@ -9804,6 +9874,54 @@ struct BlockRows {
   int rows() const { return B * T; }
 };
 
+// ---- The attention lambdas (ArchSpec::attn_lambdas, record #89's): each attention layer's qkv and
+// output projections read W' = s W, s the layer's lambda of that projection (attn_lambdas [L, 2]),
+// from scaled_attention_weights (section 5's kernels). ----
+
+// Layer l's scaled copy of its qkv (kLinearQkv) or output projection's (kLinearAttproj) weight.
+floatX* scaled_attention_weight(GPT2& m, int linear, int l) {
+  REQUIRE(m.plan[l].attention, "scaled_attention_weight: layer %d has no attention", l);
+  const size_t C2 = (size_t)m.config.channels * m.config.channels;
+  return m.scaled_attention_weights + m.plan[l].attention_slab * 4 * C2 + (linear == kLinearAttproj ? 3 * C2 : 0);
+}
+
+// The weight a block's linear layer of layer l reads: its parameter, or the attention's scaled copy.
+const floatX* linear_weight(GPT2& m, int linear, int l) {
+  const bool attention = linear == kLinearQkv || linear == kLinearAttproj;
+  if (attention && m.arch().attn_lambdas) return scaled_attention_weight(m, linear, l);
+  return m.param(kBlockLinears[linear].weight, l);
+}
+
+// Every attention layer's W' = s W, before the blocks of a forward pass or of decoding.
+void attention_lambdas_forward(GPT2& m) {
+  if (!m.arch().attn_lambdas) return;
+  const size_t C2 = (size_t)m.config.channels * m.config.channels;
+  for (int l = 0; l < m.config.num_layers; l++) {
+    if (!m.plan[l].attention) continue;
+    const floatX* lambdas = m.param(llmc::kAttnLambdas, l);
+    attention_lambda_scale(scaled_attention_weight(m, kLinearQkv, l), m.param(llmc::kQkvw, l), lambdas, 3 * C2,
+                           m.stream);
+    attention_lambda_scale(scaled_attention_weight(m, kLinearAttproj, l), m.param(llmc::kAttprojw, l),
+                           lambdas + 1, C2, m.stream);
+  }
+}
+
+// Layer l's attention weights' gradients, dW' summed over the step's micro steps, into those of W
+// (s dW') and of its lambdas (sum dW' W): on the last micro step, once the layer's backward is done
+// and before anything reads its gradients (gpt2_backward's grads_final, the norm, the update).
+void attention_lambdas_backward(GPT2& m, int l, KernelSeeds& seeds) {
+  if (!m.arch().attn_lambdas || !m.plan[l].attention) return;
+  const int C = m.config.channels;
+  const floatX* lambdas = m.param(llmc::kAttnLambdas, l);
+  floatX* dlambdas = m.grad(llmc::kAttnLambdas, l);
+  const int weights[2] = {llmc::kQkvw, llmc::kAttprojw}, rows[2] = {3 * C, C};
+  for (int k = 0; k < 2; k++) {
+    const uint32_t seed = seeds.next(), seed_lambda = seeds.next();
+    attention_lambda_backward(m.grad(weights[k], l), dlambdas + k, m.partials, m.param(weights[k], l), lambdas + k,
+                              rows[k], C, seed, seed_lambda, m.stream);
+  }
+}
+
 // out = inp @ weight^T + bias of a block's linear layer over r's rows (GELU of it into out with
 // pre_gelu kept, for the fc layer), in BF16 or FP8 (r.fp8). source (FP8 with delayed scaling):
 // the layer's input is GELU(inp) or LayerNorm(inp), computed in its FP8 cast (matmul_forward_fp8).
@@ -9817,7 +9935,7 @@ void gpt2_linear_forward(GPT2& m, const BlockRows& r, int linear, int l, floatX*
                        m.fp8_input_scale(linear, l), m.fp8_buffers.rows, m.fp8_input_t(linear, l),
                        m.fp8_scaling(), m.stream, source);
   } else {
-    matmul_forward(out, inp, m.param(spec.weight, l), bias, N, C, OC, pre_gelu, m.stream);
+    matmul_forward(out, inp, linear_weight(m, linear, l), bias, N, C, OC, pre_gelu, m.stream);
   }
 }
 
@@ -9859,7 +9977,7 @@ void gpt2_linear_backward(GPT2& m, int linear, int l, floatX* dinp, bool dbias_s
                         m.fp8_scaling(), m.stream);
   } else {
     const bool dgelu = linear == kLinearFcproj && act == Activation::kGelu;
-    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, m.param(spec.weight, l),
+    matmul_backward(dinp, dweight, dbias, m.partials, dout, inp, linear_weight(m, linear, l),
                     dgelu ? mlp_pre_act : nullptr, N, C, OC, seed, m.stream);
   }
 }
@@ -11224,6 +11342,7 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
   bigram_embedding_forward(m, N);
+  attention_lambdas_forward(m);
   for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
 }
 
@@ -11388,6 +11507,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   // joining the stream after it (gradient_joining_after_block).
   for (int l = L - 1; l >= 0; l--) {
     block_backward(m, l, B, T, seeds);
+    if (last_micro_step) attention_lambdas_backward(m, l, seeds);
     if (last_micro_step && grads_final) grads_final(l);
   }
   const uint32_t seed_encoder = seeds.next();
@@ -11807,6 +11927,7 @@ void decoder_init(GPT2Decoder& d, GPT2& m) {
   decoder_rows(d, m, rows);
   d.position = 0;
   d.document_start = 0;
+  attention_lambdas_forward(m);  // the parameters stay as they are while it decodes
 }
 
 void decoder_free(GPT2Decoder& d) {
@@ -12798,6 +12919,7 @@ struct TrainArgs : llmc::TrainFlags {
   int xsa = 0;                  // -xs: and its exclusive self-attention
   int record89_plan = 0;        // -lp: and its 11-layer plan
   int paired_heads = 0;         // -ph: and the plan's paired heads
+  int attn_lambdas = 0;         // -al: and its attention lambdas
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -13064,6 +13186,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "& 1); heads 0..NH/2-1 of token t attend at position 2t and the rest at 2t + 1 of each sequence "
                "doubled, as NH/2 heads; windows in positions: -awt 1); a model file's header says whether it has "
                "them", &a.paired_heads, 0, 1),
+      int_flag("-al", "attention lambdas", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
+               "attention lambdas (each attention layer's qkv and output projections read their weights times "
+               "learned scalars s0 and s1, 0.5 and 1 at the start); a model file's header says whether it has them",
+               &a.attn_lambdas, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -13156,6 +13282,13 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.record89_plan || a.recipe->arch == llmc::Arch::kSpeedrun, "-lp 1 lays out the speedrun's layers as "
           "record #89's, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -lp",
           a.recipe->name);
+  REQUIRE(!a.attn_lambdas || a.recipe->arch == llmc::Arch::kSpeedrun, "-al 1 scales the speedrun's attention "
+          "weights, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -al", a.recipe->name);
+  REQUIRE(!a.attn_lambdas || a.fp8 == 0, "-al 1 scales the attention's weights, which -fp8 %d casts to FP8 unscaled "
+          "(record #89's FP8 is the MLP's alone): give -fp8 0 with it, or drop -al", a.fp8);
+  REQUIRE(!a.attn_lambdas || a.adam_every == 1 || muon, "-al 1 turns the attention weights' gradients into the "
+          "lambdas' at each step's end, and -ao %d with -opt %s keeps those gradients over steps: give -opt muon "
+          "with it, or drop -al", a.adam_every, llmc::optimizer_name(a.optimizer));
   REQUIRE(!a.paired_heads || (a.record89_plan && a.rotary_pairs), "-ph 1 pairs the heads of record #89's plan's "
           "layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it (and -recipe speedrun), or drop -ph");
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
@@ -13381,8 +13514,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates, residual lambdas, XSA, plan and paired heads; -sm, -bg, -rp, -vg, -rl, -xs, -lp and
-// -ph, where given, must agree.
+// value-embedding gates, residual lambdas, XSA, plan, paired heads and attention lambdas; -sm, -bg, -rp, -vg,
+// -rl, -xs, -lp, -ph and -al, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -13397,6 +13530,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-xs", a.xsa, config.xsa, "XSA");
   check("-lp", a.record89_plan, config.record89_plan, "record #89's plan");
   check("-ph", a.paired_heads, config.paired_heads, "record #89's paired heads");
+  check("-al", a.attn_lambdas, config.attn_lambdas, "record #89's attention lambdas");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -13413,6 +13547,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.xsa = a.xsa != 0;
     llmc::set_record89_plan(p.config, a.record89_plan != 0);
     p.config.paired_heads = a.paired_heads != 0;
+    p.config.attn_lambdas = a.attn_lambdas != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -13433,6 +13568,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     requested.xsa = p.config.xsa;
     llmc::set_record89_plan(requested, p.config.record89_plan);
     requested.paired_heads = p.config.paired_heads;
+    requested.attn_lambdas = p.config.attn_lambdas;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

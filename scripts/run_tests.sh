@@ -560,7 +560,10 @@ gpu_setup() {
 # and 9 rotated at 2t + (h & 1), their attention over the rows doubled, windows in positions, -awt 1 in
 # the settings): at tiny (one head a position), at 4 heads of 64 (C 256) with the bigram embedding,
 # value-embedding gates (two paired layers mix a value embedding) and XSA, and at d12 (6 heads of 128:
-# the Hopper flash kernels, QK-norm's backward apart on the paired layers).
+# the Hopper flash kernels, QK-norm's backward apart on the paired layers); and with its attention
+# lambdas (the model file's header slot 9: each attention layer's qkv and output products read s W,
+# the weights' gradients s dW' and the lambdas' sum dW' W, the reference's betas through -ar), at tiny
+# in the plan and at d12 with the bigram embedding and residual lambdas.
 gpu_against_pytorch() {
   local device=cpu
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -597,6 +600,8 @@ gpu_against_pytorch() {
               "speedrun_tiny_record89_plan:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1" \
               "speedrun_tiny_record89_plan_terms:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --bigram 1 --resid_lambdas 1 --ve_gates 1 --xsa 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9" \
               "speedrun_d12_record89_plan:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1" \
+              "speedrun_tiny_attn_lambdas:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --attn_lambdas 1 --adam_rows attn_lambdas:b1=0.9,b2=0.99" \
+              "speedrun_d12_attn_lambdas:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1 --attn_lambdas 1" \
               "speedrun_tiny_paired_heads:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1" \
               "speedrun_h4c256_paired_heads:--recipe speedrun --model tiny --num_heads 4 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --ve_gates 1 --xsa 1" \
               "speedrun_d12_paired_heads:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --resid_lambdas 1"; do
@@ -906,6 +911,10 @@ gpu_resume() {
     -z 1024 -vt 512
   # With its paired heads (-ph 1, windows in positions: -awt 1): the model from the header, the rows'
   # doubled document metadata and the window's schedule from the resumed step.
+  # With its attention lambdas (-al 1), over two micro steps a step: the lambdas and their AdamW state,
+  # the scaled weights made again from them after the resume, dW' summed over the micro steps.
+  resume_test ./train_gpt2cu resume_speedrun_attn_lambdas_bf16 -recipe speedrun -lp 1 -al 1 -b 1 -t 1024 -z 2048 \
+    -vt 512
   resume_test ./train_gpt2cu resume_speedrun_paired_heads_bf16 -recipe speedrun -lp 1 -rp 1 -ph 1 -awt 1 -b 1 \
     -t 1024 -z 1024 -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5

@@ -27,7 +27,10 @@
 //    dalpha summed over row blocks;
 //  - head_gate_forward/backward (record #89's head gates): y times g_h per head, the product rounded
 //    once, bitwise; dy = g_h dout in place and apart, dg_h the sum of dout . y over the head's columns
-//    and the rows; 6 heads of 128, 2 of 64, one of 136, 12 of 64.
+//    and the rows; 6 heads of 128, 2 of 64, one of 136, 12 of 64;
+//  - attention_lambda_scale/backward (record #89's attention lambdas): W' = s W rounded once, exact;
+//    dW = s dW' in place, ds += sum dW' W over the row blocks; d12's and tiny's qkv and output
+//    projection, rows of 17 pieces, one piece.
 // Row counts below, at and above the backward's 256 fixed row blocks, with short and empty blocks;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
@@ -441,6 +444,56 @@ void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dy, dgate));
   backward(d_dout, true);
   check_same_bits("backward in place over dout", backward_bits, Snapshot(d_dout, dgate));
+}
+
+// ---- Record #89's attention lambdas ----
+
+// W' = round(s W) of a [rows, cols] weight, exact (a product of two stored values is exact in FP32
+// in the BF16 build, correctly rounded in the FP32 one); the backward's dW = s dW' in place and
+// ds += sum dW' W over the row blocks.
+void test_attention_lambdas(int rows, int cols, llmc::Rng& rng) {
+  printf("\nattention lambdas rows=%d cols=%d\n", rows, cols);
+  const size_t n = (size_t)rows * cols;
+  const std::vector<float> w = random_stored(rng, n, 0.0f, 0.05f), lambda = stored({0.7f, 1.3f});
+  DeviceArray<floatX> d_w(w), d_lambda(lambda), scaled(n);
+  for (int k = 0; k < 2; k++) {
+    std::vector<float> ref(n);
+    for (size_t i = 0; i < n; i++) ref[i] = (float)(floatX)(float)((double)lambda[k] * w[i]);
+    auto forward = [&] {
+      scaled.poison();
+      attention_lambda_scale(scaled, d_w, (floatX*)d_lambda + k, n, 0);
+    };
+    forward();
+    check_close(k == 0 ? "W' = s0 W (exact)" : "W' = s1 W (exact)", scaled.download(), ref, 0.0f);
+    const Snapshot bits(scaled);
+    forward();
+    check_same_bits("forward twice", bits, Snapshot(scaled));
+  }
+  // dW' and W with positive means keep the sum away from cancelling; ds accumulates onto a random value.
+  const std::vector<float> dscaled = random_stored(rng, n, 0.5f, 1.0f), w_pos = random_stored(rng, n, 0.5f, 1.0f);
+  const std::vector<float> ds0 = random_stored(rng, 1, 0.0f, 1.0f);
+  std::vector<float> ref_dw(n);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    ref_dw[i] = (float)((double)lambda[1] * dscaled[i]);
+    sum += (double)dscaled[i] * w_pos[i];
+  }
+  const std::vector<float> ref_ds = {(float)(ds0[0] + sum)};
+  DeviceArray<floatX> dw(n), ds(1), d_w_pos(w_pos);
+  DeviceArray<float> partials(kRowBlocks);
+  const uint32_t seed = rng.u32(), seed_lambda = rng.u32();
+  auto backward = [&] {
+    dw.upload(dscaled);
+    ds.upload(ds0);
+    partials.poison();
+    attention_lambda_backward(dw, ds, partials, d_w_pos, (floatX*)d_lambda + 1, rows, cols, seed, seed_lambda, 0);
+  };
+  backward();
+  check_close("backward dW = s dW', in place", dw.download(), ref_dw, kTolSum);
+  check_close("backward ds += sum dW' W", ds.download(), ref_ds, kTolSum);
+  const Snapshot bits(dw, ds);
+  backward();
+  check_same_bits("backward twice", bits, Snapshot(dw, ds));
 }
 
 // ---- Value mix ----
@@ -1018,6 +1071,10 @@ void test_bad_shapes() {
                         "head_gate_forward with 33 heads");
   testing::check_throws([&] { head_gate_forward(a, b, b, 3, 6, 100, 0); }, "multiple of",
                         "head_gate_forward with heads of 100 / 6 channels");
+  testing::check_throws([&] { attention_lambda_scale(a, b, b, 12, 0); }, "multiple of",
+                        "attention_lambda_scale of 12 values");
+  testing::check_throws([&] { attention_lambda_backward(a, b, g, b, b, 2, 6, 1, 2, 0); }, "not a multiple",
+                        "attention_lambda_backward of rows of 6 columns");
 }
 
 void run() {
@@ -1068,6 +1125,12 @@ void run() {
   test_head_gates({37, 2, 128}, head_gate_rng);          // tiny: 2 heads of 64; most blocks empty
   test_head_gates({7, 1, 136}, head_gate_rng);           // one head of 17 pieces
   test_head_gates({1001, 12, 768}, head_gate_rng);       // 12 heads of 64
+  llmc::Rng attn_lambda_rng(5);  // its own draws, so that the later cases keep their inputs
+  test_attention_lambdas(3 * 768, 768, attn_lambda_rng);  // d12's qkv: 9 rows a backward block
+  test_attention_lambdas(768, 768, attn_lambda_rng);      // d12's output projection: 3 rows a block
+  test_attention_lambdas(3 * 128, 128, attn_lambda_rng);  // tiny's qkv: 2 rows a block, some blocks empty
+  test_attention_lambdas(136, 136, attn_lambda_rng);      // 17 pieces a row; one row a block, most empty
+  test_attention_lambdas(1, 8, attn_lambda_rng);          // one piece: every block but the first empty
   test_bad_shapes();
 }
 

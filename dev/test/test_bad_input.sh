@@ -649,8 +649,8 @@ if has_flag -mq; then
   expect "-mq not dividing the heads" "^error: -mq 3: the model's 4 heads do not split into blocks of 3: give a divisor of 4 \(record #89's 2\), or -mq 0 for Q and K whole\$" \
     -opt muon -mq 3
 fi
-# --- -sm, -bg, -vg, -rl, -xs and -lp, record #89's smear, bigram embedding, value-embedding gates,
-# residual lambdas, XSA and plan: the speedrun's (before the GPU)
+# --- -sm, -bg, -vg, -rl, -xs, -lp and -al, record #89's smear, bigram embedding, value-embedding gates,
+# residual lambdas, XSA, plan and attention lambdas: the speedrun's (before the GPU)
 speedrun_only() {  # FLAG WHAT: FLAG 1 under -recipe gpt2 is refused, saying FLAG 1 WHAT
   has_flag "$1" || return 0
   expect "$1 1 without the speedrun" "^error: $1 1 $2, and -recipe gpt2 is not the speedrun: give -recipe speedrun with it, or drop $1\$" \
@@ -662,6 +662,14 @@ speedrun_only -vg "gates the speedrun's value embeddings"
 speedrun_only -rl "scales the speedrun's residual adds"
 speedrun_only -xs "gives the speedrun's attention XSA"
 speedrun_only -lp "lays out the speedrun's layers as record #89's"
+speedrun_only -al "scales the speedrun's attention weights"
+if has_flag -al; then
+  expect "-al 1 with -fp8 1" "^error: -al 1 scales the attention's weights, which -fp8 1 casts to FP8 unscaled \(record #89's FP8 is the MLP's alone\): give -fp8 0 with it, or drop -al\$" \
+    -recipe speedrun -al 1 -fp8 1
+  expect "-al 1 with AdamW's kept gradients" "^error: -al 1 turns the attention weights' gradients into the lambdas' at each step's end, and -ao 2 with -opt adamw keeps those gradients over steps: give -opt muon with it, or drop -al\$" \
+    -recipe speedrun -al 1 -opt adamw -ao 2 -gc 0
+  expect "-al out of range" "^error: -al 2: must be" -recipe speedrun -al 2
+fi
 if has_flag -xs; then
   expect "-xs 1 with -recipe modern" "^error: -xs 1 gives the speedrun's attention XSA, and -recipe modern is not the speedrun: give -recipe speedrun with it, or drop -xs\$" \
     -recipe modern -xs 1
@@ -838,6 +846,7 @@ if ! has_flag -recipe; then
   expect "-xs 1 on the CPU trainer" "-xs $cuda_flag_error" -xs 1
   expect "-lp 1 on the CPU trainer" "-lp $cuda_flag_error" -lp 1
   expect "-ph 1 on the CPU trainer" "-ph $cuda_flag_error" -ph 1
+  expect "-al 1 on the CPU trainer" "-al $cuda_flag_error" -al 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

@@ -554,6 +554,14 @@ void test_adam_rows() {
                                   i == llmc::kX0Gates ? "x0_gates" : "skip_gate", gate.lr, gate.beta1, gate.beta2,
                                   gate.weight_decay));
   }
+  // Record #89's attention lambdas (-al 1): AdamW's, the scalars' row; the reference's own (betas 0.9 0.99,
+  // rate x5, no decay) through -ar.
+  const llmc::RoleOptimizer& attn = table.of_tensor(llmc::kAttnLambdas);
+  check_verbose(attn.method == llmc::OptimizerKind::kAdamW && attn.lr == scalars.lr &&
+                    attn.beta1 == scalars.beta1 && attn.beta2 == scalars.beta2 &&
+                    attn.weight_decay == scalars.weight_decay,
+                llmc::strformat("-recipe speedrun: attn_lambdas' AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
+                                attn.lr, attn.beta1, attn.beta2, attn.weight_decay));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings
