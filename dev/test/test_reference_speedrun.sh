@@ -400,7 +400,8 @@ import math, os, torch, train_gpt2 as tg
 out = os.environ["WORK"]
 plan = {"record89_plan": True}  # record #89's plan: its 11 layers, x0_gates and skip_gate
 for name, features in [("tiny", {}), ("tiny_smear_bigram", {"smear": True, "bigram": True}),
-                       ("tiny_plan", {**plan, "bigram": True, "resid_lambdas": True}), ("tiny_plan_alone", plan)]:
+                       ("tiny_plan", {**plan, "bigram": True, "resid_lambdas": True, "attn_lambdas": True}),
+                       ("tiny_plan_alone", plan)]:
     shape = tg.SPEEDRUN_PRESETS["tiny"]
     shape = (tg.RECORD89_LAYERS,) + shape[1:] if features.get("record89_plan") else shape
     config = tg.make_config(*shape, source="tiny", arch="speedrun", **features)
