@@ -599,6 +599,8 @@ gpu_against_pytorch() {
               "speedrun_d12_record89_plan:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1" \
               "speedrun_tiny_paired_heads:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1" \
               "speedrun_h4c256_paired_heads:--recipe speedrun --model tiny --num_heads 4 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --ve_gates 1 --xsa 1" \
+              "speedrun_tiny_mudd_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --mudd_gates 1 --bigram 1 --resid_lambdas 1 --ve_gates 1 --xsa 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9;mudd_gate_w1:lr=0.1,b2=0.99;mudd_gate_w2:lr=0.1,b2=0.99;mudd_gate_b2:lr=0.1,b2=0.99;mudd_gate_scale:lr=0.1,b2=0.99" \
+              "speedrun_d12_mudd_gates:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1 --mudd_gates 1 --xsa 1" \
               "speedrun_d12_paired_heads:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --resid_lambdas 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
