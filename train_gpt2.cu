@@ -1120,46 +1120,79 @@ void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const 
   encoder_backward(dtable, nullptr, plan, scratch, 1, N, C, seed, stream);
 }
 
+// ---- Gates: a learned value a layer (or NH, one a head) that every row shares, or record #89's
+// MUDD gates, a value per token: a row of a gate generator's output (section 10) ----
+// stride 0: values' one value (or NH) for every row, the scalar parameters; stride > 0: row n's at
+// values + n * stride, its NH heads consecutive.
+struct GateRows {
+  const floatX* values = nullptr;
+  int stride = 0;
+  __device__ __forceinline__ float at(size_t row, int h = 0) const { return (float)values[row * stride + h]; }
+};
+// A gate's gradient: stride 0, values += the sum over the rows (row-block partials, then
+// column_sum_finalize's stochastic rounding, as every scalar parameter's); stride > 0, row n's
+// gradient written (not accumulated) at values + n * stride, rounded once to floatX.
+struct GateGradient {
+  floatX* values = nullptr;
+  int stride = 0;
+};
+
+// A gate of width values a row (1, or NH) and its gradient, read and written with the same kind of
+// stride (both 0, or both at least the width).
+void gate_check(const char* name, const GateRows& gate, const GateGradient* dgate, int width) {
+  REQUIRE(gate.values && gate.stride >= 0 && (gate.stride == 0 || gate.stride >= width),
+          "%s: the gate needs its values and a stride of 0 or at least %d (stride %d)", name, width, gate.stride);
+  if (!dgate) return;
+  REQUIRE(dgate->values && (dgate->stride == 0) == (gate.stride == 0) && (dgate->stride == 0 || dgate->stride >= width),
+          "%s: the gate's gradient needs its values and a stride of 0 with the gate's 0, at least %d with rows "
+          "(strides %d and %d)", name, width, gate.stride, dgate->stride);
+}
+
 // ---- The gated adds into the residual stream: record #89's bigram embedding and x0 ----
 // out [N, C] = in + (g t) + (g' t'), each term t [N, C] (the bigram embedding b, record #89's plan's
-// x0) times its gate g, one value on the device: each product rounded on its own, then the sum (the
-// reference's steps; the x0 term first, then the bigram's); out may be in (the attention's output
-// in place). With record #89's residual lambdas out = p in + (g t) + ..., p the attention's post
-// lambda, rounded once (the terms beside p's product, as the reference adds them). Backward of a
-// term: dt += g dout (each value's sum rounded; dt accumulates the layers' parts), dg += the sum of
-// dout . t over the rows, by row blocks (section 2): deterministic. Floor: forward reads (1 +
-// terms) NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+// x0) times its gate g (GateRows: one value, or one a row): each product rounded on its own, then
+// the sum (the reference's steps; the x0 term first, then the bigram's); out may be in (the
+// attention's output in place). With record #89's residual lambdas out = p in + (g t) + ..., p the
+// attention's post lambda, rounded once (the terms beside p's product, as the reference adds them).
+// Backward of a term: dt += g dout (each value's sum rounded; dt accumulates the layers' parts); a
+// shared gate's dg += the sum of dout . t over the rows, by row blocks (section 2), a row's gate's
+// dg_n = dout_n . t_n over the row, one warp's tree: deterministic. Floor: forward reads (1 + terms)
+// NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
 constexpr int kBigramGateThreads = 256;
+constexpr int kGateRowWarps = 8;
 
 // A gated term g t of the sum; none where values is null.
 struct GatedTerm {
   const floatX* values = nullptr;
-  const floatX* gate = nullptr;
+  GateRows gate;
 };
 
-// v plus the term's value k of its 16 bytes `loaded` (unread without the term).
-__device__ __forceinline__ float gated_term_add(float v, const GatedTerm& t, const x128& loaded, int k) {
-  return t.values ? v + (float)(floatX)__fmul_rn((float)t.gate[0], (float)loaded[k]) : v;
+// v plus the term's value k of its 16 bytes `loaded` (unread without the term), g its gate's value.
+__device__ __forceinline__ float gated_term_add(float v, const GatedTerm& t, float g, const x128& loaded, int k) {
+  return t.values ? v + (float)(floatX)__fmul_rn(g, (float)loaded[k]) : v;
 }
 
 __global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first,
-                                           GatedTerm second, size_t n) {
+                                           GatedTerm second, size_t n, int C) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
+  const size_t row = i / C;
   const float p = in_scale ? (float)in_scale[0] : 1.0f;
   const x128 x = load128(in + i);
   x128 a, b;
-  if (first.values) a = load128(first.values + i);
-  if (second.values) b = load128(second.values + i);
+  float ga = 0.0f, gb = 0.0f;
+  if (first.values) a = load128(first.values + i), ga = first.gate.at(row);
+  if (second.values) b = load128(second.values + i), gb = second.gate.at(row);
   x128 o;
   for (int k = 0; k < x128::size; k++) {
     const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
-    o[k] = (floatX)gated_term_add(gated_term_add(v, first, a, k), second, b, k);
+    o[k] = (floatX)gated_term_add(gated_term_add(v, first, ga, a, k), second, gb, b, k);
   }
   store128(out + i, o);
 }
 
-// grid kRowBlocks, 1-D blocks: block j takes its rows' values in 16-byte pieces, thread by thread.
+// A shared gate: grid kRowBlocks, 1-D blocks: block j takes its rows' values in 16-byte pieces,
+// thread by thread.
 __global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, const floatX* dout,
                                             const floatX* bigram, const floatX* gate, int N, int C) {
   const int rpb = rows_per_block(N);
@@ -1178,80 +1211,159 @@ __global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, co
   row_block_sums_store(partials, sums);
 }
 
+// Record #89's gated skip's sigmoid(skip_lambda), rounded as the reference's BF16 tensor.
+__device__ __forceinline__ float skip_sigmoid(const floatX* skip_lambda) {
+  return (float)(floatX)(1.0f / (1.0f + expf(-(float)skip_lambda[0])));
+}
+
+// A gate a row: grid kRowBlocks of kGateRowWarps warps, warp w taking its block's rows w, w + 8, ...
+// in turn, a lane its 16-byte pieces in order: dterm += g_n dout and S_n = dout . term over row n
+// (the lanes' sums in warp_reduce_sum's tree), written into dgate times sigmoid(skip_lambda) with
+// the gated skip (skip_lambda given; times 1 otherwise). With weights (the skip's g rows) given,
+// partials[block] = the sum of weight_n S_n over the block's rows, each warp's in order, then the
+// warps in order.
+__global__ void gated_term_row_gates_backward_kernel(floatX* dterm, GateGradient dgate, float* partials,
+                                                     const floatX* dout, const floatX* term, GateRows gate,
+                                                     const floatX* skip_lambda, GateRows weights, int N, int C) {
+  __shared__ float warp_sums[kGateRowWarps];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const float factor = skip_lambda ? skip_sigmoid(skip_lambda) : 1.0f;
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  float weighted = 0.0f;
+  for (int row = r0 + warp; row < r1; row += kGateRowWarps) {
+    const size_t base = (size_t)row * C;
+    const float g = gate.at(row);
+    float sum = 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 d = load128(dout + base + c), t = load128(term + base + c), acc = load128(dterm + base + c);
+      x128 o;
+      for (int k = 0; k < x128::size; k++) {
+        sum += (float)d[k] * (float)t[k];
+        o[k] = (floatX)((float)acc[k] + g * (float)d[k]);
+      }
+      store128(dterm + base + c, o);
+    }
+    const float S = warp_reduce_sum(sum);
+    if (lane == 0) dgate.values[(size_t)row * dgate.stride] = (floatX)(factor * S);
+    if (weights.values) weighted += weights.at(row) * S;
+  }
+  if (!weights.values) return;
+  if (lane == 0) warp_sums[warp] = weighted;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float total = 0.0f;
+  for (int w = 0; w < kGateRowWarps; w++) total += warp_sums[w];
+  partials[blockIdx.x] = total;
+}
+
 // out = in + (first) + (second) (above), [N, C]; in_scale (one value on the device, or null): out =
 // in_scale * in + ...
 void gated_terms_forward(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first, GatedTerm second,
                          int N, int C, cudaStream_t stream) {
   bigram_check("gated_terms_forward", N, C);
+  if (first.values) gate_check("gated_terms_forward", first.gate, nullptr, 1);
+  if (second.values) gate_check("gated_terms_forward", second.gate, nullptr, 1);
   const size_t n = (size_t)N * C;
   gated_terms_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
-      out, in, in_scale, first, second, n);
+      out, in, in_scale, first, second, n, C);
   cudaCheckLaunch();
 }
 
 // out = in + gate * bigram, or in_scale * in + gate * bigram (gated_terms_forward's one term).
-void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
+void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, GateRows gate, int N, int C,
                          cudaStream_t stream, const floatX* in_scale = nullptr) {
   gated_terms_forward(out, in, in_scale, {bigram, gate}, {}, N, C, stream);
 }
 
-// The rows' part of a term's backward: dterm += gate dout, and each row block's sum of dout . term
-// into partials (kRowBlocks floats), for a finalize to add up.
-void gated_term_rows_backward(floatX* dterm, float* partials, const floatX* dout, const floatX* term,
-                              const floatX* gate, int N, int C, cudaStream_t stream) {
-  bigram_check("gated_term_rows_backward", N, C);
-  REQUIRE(dterm != dout, "gated_term_rows_backward: the term's gradient must be apart from dout");
-  bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dterm, partials, dout, term, gate, N,
-                                                                             C);
+// The rows' part of a term's backward: dterm += gate dout; a shared gate's row blocks' sums of
+// dout . term into partials (kRowBlocks floats) for a finalize to add up, or a row's gate's sum
+// written into dgate (partials unused).
+void gated_term_rows_backward(floatX* dterm, GateGradient dgate, float* partials, const floatX* dout,
+                              const floatX* term, GateRows gate, int N, int C, cudaStream_t stream) {
+  const char* name = "gated_term_rows_backward";
+  bigram_check(name, N, C);
+  gate_check(name, gate, gate.stride > 0 ? &dgate : nullptr, 1);
+  REQUIRE(dterm != dout, "%s: the term's gradient must be apart from dout", name);
+  if (gate.stride == 0) {
+    bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dterm, partials, dout, term,
+                                                                               gate.values, N, C);
+  } else {
+    gated_term_row_gates_backward_kernel<<<kRowBlocks, kGateRowWarps * WARP_SIZE, 0, stream>>>(
+        dterm, dgate, nullptr, dout, term, gate, nullptr, {}, N, C);
+  }
   cudaCheckLaunch();
 }
 
 // From dout, the gradient of a term's part of gated_terms_forward's out (the bigram embedding's, or
-// x0's): dbigram += gate dout, and dgate += the sum of dout . bigram (stochastic rounding from seed);
-// partials: kRowBlocks floats.
-void bigram_gate_backward(floatX* dbigram, floatX* dgate, float* partials, const floatX* dout, const floatX* bigram,
-                          const floatX* gate, int N, int C, uint32_t seed, cudaStream_t stream) {
-  gated_term_rows_backward(dbigram, partials, dout, bigram, gate, N, C, stream);
-  column_sum_finalize(dgate, partials, 1, 1, kRowBlocks, seed, stream);
+// x0's): dbigram += gate dout, and the gate's gradient (GateGradient: a shared gate's += the sum of
+// dout . bigram, stochastic rounding from seed; a row's written); partials: kRowBlocks floats.
+void bigram_gate_backward(floatX* dbigram, GateGradient dgate, float* partials, const floatX* dout,
+                          const floatX* bigram, GateRows gate, int N, int C, uint32_t seed, cudaStream_t stream) {
+  gate_check("bigram_gate_backward", gate, &dgate, 1);
+  gated_term_rows_backward(dbigram, dgate, partials, dout, bigram, gate, N, C, stream);
+  if (gate.stride == 0) column_sum_finalize(dgate.values, partials, 1, 1, kRowBlocks, seed, stream);
 }
 
-// ---- Record #89's gated skip: x + s kept, s = sigmoid(skip_lambda) g from skip_gate's two values
-// (skip_lambda, g), each step rounded as the reference's BF16 tensors are; the add itself is a
-// residual add with scales (section 4's, p = s). Backward: dkept += s dx (gated_term_rows_backward),
-// and from S, the sum of dx . kept: d skip_lambda = g sig (1 - sig) S and dg = sig S, sig the rounded
-// sigmoid. One thread each: two values.
+// ---- Record #89's gated skip: x + s kept, s = sigmoid(skip_lambda) g, each step rounded as the
+// reference's BF16 tensors are, g skip_gate's second value (GateRows, stride 0) or MUDD's g_n a row
+// (s_n a row); the add itself is a residual add with scales (section 4's, p = s, a row's with
+// p_stride 1). Backward: dkept += s dout (gated_term_rows_backward), S (S_n) the sum of dout . kept
+// (over row n): d skip_lambda += g sig (1 - sig) S and dg += sig S, sig the rounded sigmoid; with
+// rows dg_n = sig S_n written and d skip_lambda += sig (1 - sig) (the sum of g_n S_n over row blocks,
+// then blocks in order). The scale: one thread a value.
 
-__device__ __forceinline__ float skip_sigmoid(const floatX* skip_gate) {
-  return (float)(floatX)(1.0f / (1.0f + expf(-(float)skip_gate[0])));
+__global__ void gated_skip_scale_kernel(floatX* scale, const floatX* skip_lambda, GateRows g, int N) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= N) return;
+  scale[row] = (floatX)(skip_sigmoid(skip_lambda) * g.at(row));
 }
 
-__global__ void gated_skip_scale_kernel(floatX* scale, const floatX* skip_gate) {
-  scale[0] = (floatX)(skip_sigmoid(skip_gate) * (float)skip_gate[1]);
-}
-
-// dskip_gate[0..1] += the gradients from the kRowBlocks partial sums S, added in block order.
-__global__ void gated_skip_gradient_kernel(floatX* dskip_gate, const float* partials, const floatX* skip_gate,
-                                           uint32_t seed) {
+// With a shared g: dskip_lambda and dg.values[0] += the gradients from the kRowBlocks partial sums S,
+// added in block order; with g's rows, dskip_lambda alone from the partial sums of g_n S_n.
+__global__ void gated_skip_gradient_kernel(floatX* dskip_lambda, GateGradient dg, const float* partials,
+                                           const floatX* skip_lambda, GateRows g, uint32_t seed) {
   float S = 0.0f;
   for (int b = 0; b < kRowBlocks; b++) S += partials[b];
-  const float sig = skip_sigmoid(skip_gate), g = (float)skip_gate[1];
-  dskip_gate[0] = round_stochastic((float)dskip_gate[0] + g * sig * (1.0f - sig) * S, seed, 0);
-  dskip_gate[1] = round_stochastic((float)dskip_gate[1] + sig * S, seed, 1);
+  const float sig = skip_sigmoid(skip_lambda);
+  if (g.stride > 0) {
+    dskip_lambda[0] = round_stochastic((float)dskip_lambda[0] + sig * (1.0f - sig) * S, seed, 0);
+    return;
+  }
+  dskip_lambda[0] = round_stochastic((float)dskip_lambda[0] + g.at(0) * sig * (1.0f - sig) * S, seed, 0);
+  dg.values[0] = round_stochastic((float)dg.values[0] + sig * S, seed, 1);
 }
 
-// scale = sigmoid(skip_gate[0]) skip_gate[1], one value on the device.
-void gated_skip_scale(floatX* scale, const floatX* skip_gate, cudaStream_t stream) {
-  gated_skip_scale_kernel<<<1, 1, 0, stream>>>(scale, skip_gate);
+// scale = sigmoid(skip_lambda[0]) g: one value on the device with a shared g (skip_gate's second
+// value), N (scale [N], a row's) with g's rows.
+void gated_skip_scale(floatX* scale, const floatX* skip_lambda, GateRows g, int N, cudaStream_t stream) {
+  gate_check("gated_skip_scale", g, nullptr, 1);
+  REQUIRE(N > 0, "gated_skip_scale: N=%d must be positive", N);
+  const int values = g.stride == 0 ? 1 : N;
+  gated_skip_scale_kernel<<<ceil_div(values, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(scale,
+                                                                                                  skip_lambda, g,
+                                                                                                  values);
   cudaCheckLaunch();
 }
 
 // From dout, the gradient of x + scale kept [N, C] (scale from gated_skip_scale): dkept += scale dout,
-// dskip_gate's two values (stochastic rounding from seed); partials: kRowBlocks floats.
-void gated_skip_backward(floatX* dkept, floatX* dskip_gate, float* partials, const floatX* dout, const floatX* kept,
-                         const floatX* scale, const floatX* skip_gate, int N, int C, uint32_t seed,
-                         cudaStream_t stream) {
-  gated_term_rows_backward(dkept, partials, dout, kept, scale, N, C, stream);
-  gated_skip_gradient_kernel<<<1, 1, 0, stream>>>(dskip_gate, partials, skip_gate, seed);
+// dskip_lambda's and g's gradients (dg: GateGradient, stride g's); stochastic rounding of the shared
+// values from seed. partials: kRowBlocks floats.
+void gated_skip_backward(floatX* dkept, floatX* dskip_lambda, GateGradient dg, float* partials, const floatX* dout,
+                         const floatX* kept, const floatX* scale, const floatX* skip_lambda, GateRows g, int N,
+                         int C, uint32_t seed, cudaStream_t stream) {
+  const char* name = "gated_skip_backward";
+  gate_check(name, g, &dg, 1);
+  if (g.stride == 0) {
+    gated_term_rows_backward(dkept, {}, partials, dout, kept, {scale, 0}, N, C, stream);
+  } else {
+    bigram_check(name, N, C);
+    REQUIRE(dkept != dout, "%s: the kept output's gradient must be apart from dout", name);
+    gated_term_row_gates_backward_kernel<<<kRowBlocks, kGateRowWarps * WARP_SIZE, 0, stream>>>(
+        dkept, dg, partials, dout, kept, {scale, 1}, skip_lambda, g, N, C);
+    cudaCheckLaunch();
+  }
+  gated_skip_gradient_kernel<<<1, 1, 0, stream>>>(dskip_lambda, dg, partials, skip_lambda, g, seed);
   cudaCheckLaunch();
 }
 
@@ -1333,19 +1445,21 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
 }
 
 // Record #89's residual lambdas: a residual add x + y becomes r x + p y, r and p one value each on
-// the device (null: 1), a layer's and sublayer's (section 10, "The residual lambdas"). The sum is
-// rounded once; without scales it is x + y, the plain add's bits.
+// the device (null: 1), a layer's and sublayer's (section 10, "The residual lambdas"); p may instead
+// be a value a row, row n's at p + n * p_stride (record #89's gated skip with MUDD gates, s_n). The
+// sum is rounded once; without scales it is x + y, the plain add's bits.
 struct SublayerScales {
   const floatX* r = nullptr;
   const floatX* p = nullptr;
+  int p_stride = 0;
   __host__ __device__ bool any() const { return r || p; }
 };
 struct SublayerScaleValues {
   bool scaled;
   float r, p;
 };
-__device__ __forceinline__ SublayerScaleValues sublayer_scale_values(const SublayerScales& s) {
-  return {s.any(), s.r ? (float)s.r[0] : 1.0f, s.p ? (float)s.p[0] : 1.0f};
+__device__ __forceinline__ SublayerScaleValues sublayer_scale_values(const SublayerScales& s, size_t row) {
+  return {s.any(), s.r ? (float)s.r[0] : 1.0f, s.p ? (float)s.p[row * s.p_stride] : 1.0f};
 }
 __device__ __forceinline__ float sublayer_add(float x, float y, const SublayerScaleValues& s) {
   return s.scaled ? __fmaf_rn(s.r, x, __fmul_rn(s.p, y)) : x + y;
@@ -1360,7 +1474,7 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
   if (row >= N) return;
   const int lane = threadIdx.x % WARP_SIZE;
   const size_t base = (size_t)row * C;
-  const SublayerScaleValues s = sublayer_scale_values(scales);
+  const SublayerScaleValues s = sublayer_scale_values(scales, row);
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     const x128 va = load128(a + base + c), vb = load128(b + base + c);
     x128 r;
@@ -1639,7 +1753,7 @@ __global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, 
   const size_t base = (size_t)row * C;
   const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
   const float w = skip ? (float)skip_weight[0] : 0.0f;
-  const SublayerScaleValues s = sublayer_scale_values(add_scales);
+  const SublayerScaleValues s = sublayer_scale_values(add_scales, row);
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     x128 vx = load128(x + base + c);
     const x128 v0 = load128(x0 + base + c);
@@ -1779,7 +1893,7 @@ void residual_mix_backward(floatX* dx, floatX* dx0, floatX* dskip, floatX* dlamb
 // grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials (dr, dp).
 __global__ void sublayer_lambdas_backward_kernel(floatX* dy, floatX* dout, float* partials, const floatX* x,
                                                  const floatX* y, SublayerScales scales, int N, int C) {
-  const SublayerScaleValues s = sublayer_scale_values(scales);
+  const SublayerScaleValues s = sublayer_scale_values(scales, 0);
   float sums[2] = {};
   const RowBlockRange range = row_block_range(N, C);
   for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
@@ -1805,7 +1919,8 @@ void sublayer_lambdas_backward(floatX* dy, floatX* dout, floatX* dr, floatX* dp,
   const char* name = "sublayer_lambdas_backward";
   REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
           name, N, C, x128::size);
-  REQUIRE(scales.r && scales.p && dr && dp, "%s: give both scales and both of their gradients", name);
+  REQUIRE(scales.r && scales.p && dr && dp && scales.p_stride == 0,
+          "%s: give both scales (one value each) and both of their gradients", name);
   REQUIRE(dy != dout && dy != x && dy != y && dout != x && dout != y,
           "%s: dy and dout must not share memory with each other, x or y", name);
   sublayer_lambdas_backward_kernel<<<kRowBlocks, kResidualMixThreads, 0, stream>>>(dy, dout, partials, x, y, scales,
@@ -3776,12 +3891,13 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
 // ---- Record #89's exclusive self-attention (XSA; SPEC "The speedrun architecture") ----
 // In the plan's XSA layers each head's attention output y [N, C] loses its part along the value it
 // read: out = y - s (y . v / max(|v|^2, 1e-8)) v per row and head, s = tanh(alpha_h), alpha [NH] a
-// parameter, v [N, C] with rows ld_v apart (qkv's v columns after the value mix). Rounded to floatX
+// parameter or MUDD's alpha_n,h a row (GateRows), v [N, C] with rows ld_v apart (qkv's v columns
+// after the value mix). Rounded to floatX
 // where train_gpt2.py's tensors are (each product in the two dots, the dots, the ratio, s, s times
 // the ratio, its product with v, the difference); the rest FP32 in registers. One warp a row, a
 // 16-byte piece a lane; a head's dots over its pieces in order, the pieces' products in order. The
-// backward writes dy (over dout, in place) and dv (its own rows), and sums dalpha over row blocks
-// (section 2): deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC,
+// backward writes dy (over dout, in place) and dv (its own rows), and sums a shared dalpha over row
+// blocks (section 2) or writes a row's dalpha_n,h: deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC,
 // writes 2NC; memory-bound.
 
 constexpr int kXsaWarps = 8;
@@ -3796,8 +3912,8 @@ struct XsaHead {
   bool clamped;  // |v|^2 below the clamp, whose gradient then stops
 };
 
-__device__ __forceinline__ float xsa_strength(const floatX* alpha, int h) {
-  return (float)(floatX)tanhf((float)alpha[h]);
+__device__ __forceinline__ float xsa_strength(const GateRows& alpha, size_t row, int h) {
+  return (float)(floatX)tanhf(alpha.at(row, h));
 }
 
 // Each of the row's pieces' rounded products y v and v v, added in order, into piece_yv, piece_vv.
@@ -3833,8 +3949,8 @@ __device__ XsaHead xsa_head(const float* piece_yv, const float* piece_vv, int h,
   return x;
 }
 
-__global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v, int ld_v, const floatX* alpha,
-                                   int N, int NH, int C) {
+__global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v, int ld_v, GateRows alpha, int N,
+                                   int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int pieces = C / x128::size, head_pieces = pieces / NH;
@@ -3848,7 +3964,7 @@ __global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v
   xsa_piece_sums(piece_yv, piece_vv, y_row, v_row, pieces, lane);
   __syncwarp();
   for (int h = lane; h < NH; h += WARP_SIZE) {
-    coef[h] = xsa_head(piece_yv, piece_vv, h, head_pieces, xsa_strength(alpha, h)).coef;
+    coef[h] = xsa_head(piece_yv, piece_vv, h, head_pieces, xsa_strength(alpha, row, h)).coef;
   }
   __syncwarp();
   for (int p = lane; p < pieces; p += WARP_SIZE) {
@@ -3863,9 +3979,11 @@ __global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v
 // With g = dout, per row and head: gv = g . v, a = s gv / den, dy = g - a v, dv = -coef g - a y + b v
 // (b = 2 s gv dot / den^2, 0 where clamped), dalpha = -(dot / den) gv (1 - tanh(alpha)^2). Grid
 // kRowBlocks of kXsaWarps warps, warp w taking its block's rows w, w + 8, ... in turn; the block's
-// dalpha sums, warps in order, into partials[block][NH].
+// dalpha sums, warps in order, into partials[block][NH] with a shared alpha; with alpha's rows each
+// row's dalpha written into dalpha_rows (partials unused).
 __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, const floatX* dout, const floatX* y,
-                                    const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C) {
+                                    const floatX* v, int ld_v, GateRows alpha, GateGradient dalpha_rows, int N,
+                                    int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int pieces = C / x128::size, head_pieces = pieces / NH;
@@ -3891,14 +4009,19 @@ __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, con
     }
     __syncwarp();
     for (int h = lane; h < NH; h += WARP_SIZE) {
-      const float t = tanhf((float)alpha[h]), s = (float)(floatX)t;
+      const float t = tanhf(alpha.at(row, h)), s = (float)(floatX)t;
       const XsaHead x = xsa_head(piece_yv, piece_vv, h, head_pieces, s);
       float gv = 0.0f;
       for (int p = h * head_pieces; p < (h + 1) * head_pieces; p++) gv += piece_gv[p];
       coef[h] = x.coef;
       dy_v[h] = s * gv / x.den;
       dv_v[h] = x.clamped ? 0.0f : 2.0f * s * gv * x.dot / (x.den * x.den);
-      dalpha[h] += -(x.dot / x.den) * gv * (1.0f - t * t);
+      const float da = -(x.dot / x.den) * gv * (1.0f - t * t);
+      if (alpha.stride == 0) {
+        dalpha[h] += da;
+      } else {
+        dalpha_rows.values[(size_t)row * dalpha_rows.stride + h] = (floatX)da;
+      }
     }
     __syncwarp();
     for (int p = lane; p < pieces; p += WARP_SIZE) {
@@ -3914,6 +4037,7 @@ __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, con
     }
     __syncwarp();  // the row's shared values are the next row's
   }
+  if (alpha.stride > 0) return;
   __syncthreads();
   for (int h = threadIdx.x; h < NH; h += blockDim.x) {
     float sum = 0.0f;
@@ -3922,18 +4046,20 @@ __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, con
   }
 }
 
-void xsa_check(const char* name, const floatX* y, const floatX* v, int ld_v, const floatX* alpha, int N, int NH,
+void xsa_check(const char* name, const floatX* y, const floatX* v, int ld_v, const GateRows& alpha, int N, int NH,
                int C) {
-  REQUIRE(y && v && alpha, "%s: XSA needs the attention's output, its values and the strengths", name);
+  REQUIRE(y && v && alpha.values, "%s: XSA needs the attention's output, its values and the strengths", name);
   REQUIRE(N > 0 && NH > 0 && C % NH == 0 && (C / NH) % x128::size == 0 && ld_v >= C && ld_v % x128::size == 0,
           "%s: N=%d, NH=%d, C=%d, ld_v=%d: N and NH must be positive, the head size C/NH a whole multiple of %d, "
           "and v's rows at least C apart, a multiple of %d", name, N, NH, C, ld_v, x128::size, x128::size);
+  gate_check(name, alpha, nullptr, NH);
 }
 
 size_t xsa_shared_bytes(int NH, int C) { return sizeof(float) * kXsaWarps * (size_t)xsa_warp_floats(NH, C); }
 
-// out [N, C] = XSA of y [N, C] with v (rows ld_v apart) and alpha [NH]; out must not be y or v.
-void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C,
+// out [N, C] = XSA of y [N, C] with v (rows ld_v apart) and alpha (NH values, shared or a row's); out
+// must not be y or v.
+void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, GateRows alpha, int N, int NH, int C,
                  cudaStream_t stream) {
   xsa_check("xsa_forward", y, v, ld_v, alpha, N, NH, C);
   REQUIRE(out != y && out != v, "xsa_forward: out must not share memory with y or v");
@@ -3945,38 +4071,41 @@ void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, const 
 }
 
 // From dout [N, C], the gradient of the forward's out: dy [N, C] (written; may be dout itself), dv
-// [N, C] (written, rows C apart; not dout), dalpha [NH] += the rows' sum (stochastic rounding,
-// seed). partials: xsa_backward_partials(NH) floats.
+// [N, C] (written, rows C apart; not dout), dalpha (GateGradient: a shared alpha's [NH] += the rows'
+// sum, stochastic rounding from seed; a row's written). partials: xsa_backward_partials(NH) floats.
 size_t xsa_backward_partials(int NH) { return (size_t)kRowBlocks * NH; }
-void xsa_backward(floatX* dy, floatX* dv, floatX* dalpha, float* partials, const floatX* dout, const floatX* y,
-                  const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C, uint32_t seed,
+void xsa_backward(floatX* dy, floatX* dv, GateGradient dalpha, float* partials, const floatX* dout, const floatX* y,
+                  const floatX* v, int ld_v, GateRows alpha, int N, int NH, int C, uint32_t seed,
                   cudaStream_t stream) {
   const char* name = "xsa_backward";
   xsa_check(name, y, v, ld_v, alpha, N, NH, C);
-  REQUIRE(dy && dv && dalpha && partials && dv != dout && dv != dy,
-          "%s: dy, dv, dalpha and the partials are needed, dv apart from dout and dy", name);
+  gate_check(name, alpha, &dalpha, NH);
+  REQUIRE(dy && dv && partials && dv != dout && dv != dy,
+          "%s: dy, dv and the partials are needed, dv apart from dout and dy", name);
   const size_t shared = xsa_shared_bytes(NH, C);
   cudaCheck(cudaFuncSetAttribute(xsa_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   xsa_backward_kernel<<<kRowBlocks, kXsaWarps * WARP_SIZE, shared, stream>>>(dy, dv, partials, dout, y, v, ld_v,
-                                                                           alpha, N, NH, C);
+                                                                           alpha, dalpha, N, NH, C);
   cudaCheckLaunch();
-  column_sum_finalize(dalpha, partials, NH, NH, kRowBlocks, seed, stream);
+  if (alpha.stride == 0) column_sum_finalize(dalpha.values, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
 // ---- Record #89's head gates (SPEC "Record #89's plan") ----
 // In the plan's head-gate layers each head's attention output (XSA's where the layer has it) is
-// scaled by its gate before the output projection: out = y g_h, g [NH] on the device, the product
-// rounded once (as train_gpt2.py's tensor product). Backward: dy = g_h dout (in place allowed) and
-// dg_h += the sum of dout . y over the head's columns and the rows, by row blocks (section 2):
-// each thread its 16-byte pieces in order, a head's sums over the block in block_reduce_sum's tree.
-// Floor: forward reads NC, writes NC; backward reads 2NC, writes NC; memory-bound.
+// scaled by its gate before the output projection: out = y g_h, g [NH] on the device (or MUDD's
+// g_n,h a row: GateRows), the product rounded once (as train_gpt2.py's tensor product). Backward: dy
+// = g_h dout (in place allowed) and a shared gate's dg_h += the sum of dout . y over the head's
+// columns and the rows, by row blocks (section 2): each thread its 16-byte pieces in order, a head's
+// sums over the block in block_reduce_sum's tree; a row's gate's dg_n,h = the sum over the head's
+// columns of the row, one warp a row, its pieces' sums added in order. Floor: forward reads NC,
+// writes NC; backward reads 2NC, writes NC; memory-bound.
 constexpr int kHeadGateThreads = 256;
 constexpr int kHeadGateMaxHeads = 32;
 
-__global__ void head_gate_forward_kernel(floatX* out, const floatX* y, const floatX* gate, size_t n, int C, int HS) {
+__global__ void head_gate_forward_kernel(floatX* out, const floatX* y, GateRows gate, size_t n, int C, int HS) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
-  const float g = (float)gate[(i % C) / HS];
+  const float g = gate.at(i / C, (int)(i % C) / HS);
   const x128 v = load128(y + i);
   x128 o;
   for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * g);
@@ -4009,29 +4138,76 @@ __global__ void head_gate_backward_kernel(floatX* dy, float* partials, const flo
   }
 }
 
+// A gate a row: one warp a row (kHeadGateThreads / 32 rows a block), a lane its 16-byte pieces in
+// order, each piece's sum into the warp's shared floats [C / 8], then lane h adds head h's pieces in
+// order and writes dgate's row.
+__global__ void head_gate_row_gates_backward_kernel(floatX* dy, GateGradient dgate, const floatX* dout,
+                                                    const floatX* y, GateRows gate, int N, int NH, int C) {
+  extern __shared__ float piece_sums[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int pieces = C / x128::size, head_pieces = pieces / NH;
+  const int row = blockIdx.x * (kHeadGateThreads / WARP_SIZE) + warp;
+  if (row >= N) return;
+  float* sums = piece_sums + warp * pieces;
+  const size_t base = (size_t)row * C;
+  for (int p = lane; p < pieces; p += WARP_SIZE) {
+    const int c = p * x128::size;
+    const float g = gate.at(row, p / head_pieces);
+    const x128 d = load128(dout + base + c), v = load128(y + base + c);
+    x128 o;
+    float sum = 0.0f;
+    for (int k = 0; k < x128::size; k++) {
+      sum += (float)d[k] * (float)v[k];
+      o[k] = (floatX)((float)d[k] * g);
+    }
+    sums[p] = sum;
+    store128(dy + base + c, o);
+  }
+  __syncwarp();
+  for (int h = lane; h < NH; h += WARP_SIZE) {
+    float sum = 0.0f;
+    for (int p = h * head_pieces; p < (h + 1) * head_pieces; p++) sum += sums[p];
+    dgate.values[(size_t)row * dgate.stride + h] = (floatX)sum;
+  }
+}
+
 void head_gate_check(const char* name, int N, int NH, int C) {
   REQUIRE(N > 0 && NH > 0 && NH <= kHeadGateMaxHeads && C % NH == 0 && (C / NH) % x128::size == 0,
           "%s: %d rows of %d heads in %d channels (up to %d heads, each a multiple of %d channels)", name, N, NH, C,
           kHeadGateMaxHeads, x128::size);
 }
 
-// out [N, C] = y with each head's columns times its gate g [NH].
-void head_gate_forward(floatX* out, const floatX* y, const floatX* gate, int N, int NH, int C, cudaStream_t stream) {
+// out [N, C] = y with each head's columns times its gate g (NH values, shared or a row's).
+void head_gate_forward(floatX* out, const floatX* y, GateRows gate, int N, int NH, int C, cudaStream_t stream) {
   head_gate_check("head_gate_forward", N, NH, C);
+  gate_check("head_gate_forward", gate, nullptr, NH);
   const size_t n = (size_t)N * C;
   head_gate_forward_kernel<<<ceil_div(n / x128::size, kHeadGateThreads), kHeadGateThreads, 0, stream>>>(out, y, gate,
                                                                                                        n, C, C / NH);
   cudaCheckLaunch();
 }
 
-// From dout, the gradient of head_gate_forward's out: dy = g dout (dy may be dout), and dgate += the
-// sums of dout . y by head (stochastic rounding from seed); partials: kRowBlocks x NH floats.
-void head_gate_backward(floatX* dy, floatX* dgate, float* partials, const floatX* dout, const floatX* y,
-                        const floatX* gate, int N, int NH, int C, uint32_t seed, cudaStream_t stream) {
-  head_gate_check("head_gate_backward", N, NH, C);
-  head_gate_backward_kernel<<<kRowBlocks, kHeadGateThreads, 0, stream>>>(dy, partials, dout, y, gate, N, NH, C);
+// From dout, the gradient of head_gate_forward's out: dy = g dout (dy may be dout), and the gate's
+// gradient (GateGradient: a shared gate's += the sums of dout . y by head, stochastic rounding from
+// seed; a row's written); partials: kRowBlocks x NH floats (unused with rows).
+void head_gate_backward(floatX* dy, GateGradient dgate, float* partials, const floatX* dout, const floatX* y,
+                        GateRows gate, int N, int NH, int C, uint32_t seed, cudaStream_t stream) {
+  const char* name = "head_gate_backward";
+  head_gate_check(name, N, NH, C);
+  gate_check(name, gate, &dgate, NH);
+  if (gate.stride > 0) {
+    const size_t shared = sizeof(float) * (kHeadGateThreads / WARP_SIZE) * (C / x128::size);
+    cudaCheck(cudaFuncSetAttribute(head_gate_row_gates_backward_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    head_gate_row_gates_backward_kernel<<<ceil_div(N, kHeadGateThreads / WARP_SIZE), kHeadGateThreads, shared,
+                                          stream>>>(dy, dgate, dout, y, gate, N, NH, C);
+    cudaCheckLaunch();
+    return;
+  }
+  head_gate_backward_kernel<<<kRowBlocks, kHeadGateThreads, 0, stream>>>(dy, partials, dout, y, gate.values, N, NH,
+                                                                         C);
   cudaCheckLaunch();
-  column_sum_finalize(dgate, partials, NH, NH, kRowBlocks, seed, stream);
+  column_sum_finalize(dgate.values, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
@@ -10489,8 +10665,8 @@ const floatX* attention_output_kept(GPT2& m, int l) { return xsa_layer(m, l) ? m
 void xsa_rows(GPT2& m, int l, const BlockRows& r) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, m.param(llmc::kXsaAlpha, l), r.rows(), m.config.num_heads, C,
-              m.stream);
+  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, {m.param(llmc::kXsaAlpha, l), 0}, r.rows(), m.config.num_heads,
+              C, m.stream);
 }
 
 // From scratch_btc, the gradient of XSA's output: that of the attention's output (in place), the
@@ -10498,8 +10674,8 @@ void xsa_rows(GPT2& m, int l, const BlockRows& r) {
 void xsa_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), m.grad(llmc::kXsaAlpha, l), m.partials, m.scratch_btc,
-               m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C, m.param(llmc::kXsaAlpha, l), N,
+  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), {m.grad(llmc::kXsaAlpha, l), 0}, m.partials, m.scratch_btc,
+               m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C, {m.param(llmc::kXsaAlpha, l), 0}, N,
                m.config.num_heads, C, seeds.next(), m.stream);
 }
 
@@ -10528,14 +10704,14 @@ void head_gate_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
 
 // Layer l's attention output with its heads gated, into r.gated.
 const floatX* head_gated(GPT2& m, int l, const BlockRows& r) {
-  head_gate_forward(r.gated, attention_output(m, l, r), m.param(llmc::kHeadGates, l), r.rows(), m.config.num_heads,
-                    m.config.channels, m.stream);
+  head_gate_forward(r.gated, attention_output(m, l, r), {m.param(llmc::kHeadGates, l), 0}, r.rows(),
+                    m.config.num_heads, m.config.channels, m.stream);
   return r.gated;
 }
 
 // The same for the backward, recomputed from the kept attention output into scratch_bt4c.
 const floatX* head_gated_kept(GPT2& m, int l, int N) {
-  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l), m.param(llmc::kHeadGates, l), N,
+  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l), {m.param(llmc::kHeadGates, l), 0}, N,
                     m.config.num_heads, m.config.channels, m.stream);
   return m.scratch_bt4c;
 }
@@ -10544,8 +10720,8 @@ const floatX* head_gated_kept(GPT2& m, int l, int N) {
 // the gates'.
 void head_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!head_gate_layer(m, l)) return;
-  head_gate_backward(m.scratch_btc, m.grad(llmc::kHeadGates, l), m.partials, m.scratch_btc,
-                     attention_output_kept(m, l), m.param(llmc::kHeadGates, l), N, m.config.num_heads,
+  head_gate_backward(m.scratch_btc, {m.grad(llmc::kHeadGates, l), 0}, m.partials, m.scratch_btc,
+                     attention_output_kept(m, l), {m.param(llmc::kHeadGates, l), 0}, N, m.config.num_heads,
                      m.config.channels, seeds.next(), m.stream);
 }
 
@@ -10865,8 +11041,8 @@ void bigram_embedding_forward(GPT2& m, int N) {
   const int C = m.config.channels;
   bigram_forward(m.act(kBigramEmbedded), m.param(llmc::kBigram), m.bigram_rows, m.bigram_signs, m.bigram_rows + N, N,
                  C, m.stream);
-  bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded), m.param(llmc::kBigramGates, 0),
-                      N, C, m.stream);
+  bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded),
+                      {m.param(llmc::kBigramGates, 0), 0}, N, C, m.stream);
 }
 
 void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
@@ -10878,8 +11054,9 @@ void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
 // g_l's, and b's part into dbigram.
 void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().bigram || l == 0) return;
-  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, l), m.partials, m.dresidual, m.act(kBigramEmbedded),
-                       m.param(llmc::kBigramGates, l), N, m.config.channels, seeds.next(), m.stream);
+  bigram_gate_backward(m.dbigram, {m.grad(llmc::kBigramGates, l), 0}, m.partials, m.dresidual,
+                       m.act(kBigramEmbedded), {m.param(llmc::kBigramGates, l), 0}, N, m.config.channels, seeds.next(),
+                       m.stream);
 }
 
 // After block 0's backward, from dresidual, the gradient of the stream's start x0 + g_0 b: g_0's and
@@ -10888,8 +11065,8 @@ void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
 void bigram_stream_start_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().bigram || l != 0) return;
   const int C = m.config.channels;
-  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, 0), m.partials, m.dresidual, m.act(kBigramEmbedded),
-                       m.param(llmc::kBigramGates, 0), N, C, seeds.next(), m.stream);
+  bigram_gate_backward(m.dbigram, {m.grad(llmc::kBigramGates, 0), 0}, m.partials, m.dresidual,
+                       m.act(kBigramEmbedded), {m.param(llmc::kBigramGates, 0), 0}, N, C, seeds.next(), m.stream);
   add_inplace(m.dresidual, m.dx0, (size_t)N * C, seeds.next(), m.stream);
 }
 
@@ -10951,8 +11128,8 @@ void record89_plan_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
 // the add's p then 1 (scales.p cleared).
 const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
   GatedTerm x0, bigram;
-  if (m.arch().x0_gates) x0 = {r.x0, m.param(llmc::kX0Gates, l)};
-  if (r.bigram && l > 0) bigram = {r.bigram, m.param(llmc::kBigramGates, l)};
+  if (m.arch().x0_gates) x0 = {r.x0, {m.param(llmc::kX0Gates, l), 0}};
+  if (r.bigram && l > 0) bigram = {r.bigram, {m.param(llmc::kBigramGates, l), 0}};
   if (!x0.values && !bigram.values) return r.attention_out;
   gated_terms_forward(r.proj, r.attention_out, scales.p, x0, bigram, r.rows(), m.config.channels, m.stream);
   scales.p = nullptr;
@@ -10961,7 +11138,8 @@ const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales
 
 // Layer l's gated skip, r.residual2 = r.input + s r.kept, normalised into ln2 in the same pass.
 void gated_skip_norm(GPT2& m, int l, const BlockRows& r) {
-  gated_skip_scale(m.skip_scale, m.param(llmc::kSkipGate), m.stream);
+  const floatX* skip_gate = m.param(llmc::kSkipGate);
+  gated_skip_scale(m.skip_scale, skip_gate, {skip_gate + 1, 0}, r.rows(), m.stream);
   norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), {nullptr, m.skip_scale});
 }
 
@@ -10979,8 +11157,8 @@ floatX* attention_input_gradient(GPT2& m, int l, int N) {
 // From dresidual, the gradient of block l's residual2: x0's term's (its gate's; x0's part into dx0).
 void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_gates) return;
-  bigram_gate_backward(m.dx0, m.grad(llmc::kX0Gates, l), m.partials, m.dresidual, m.act(kEncoded),
-                       m.param(llmc::kX0Gates, l), N, m.config.channels, seeds.next(), m.stream);
+  bigram_gate_backward(m.dx0, {m.grad(llmc::kX0Gates, l), 0}, m.partials, m.dresidual, m.act(kEncoded),
+                       {m.param(llmc::kX0Gates, l), 0}, N, m.config.channels, seeds.next(), m.stream);
 }
 
 // From dresidual, the gradient of layer l's residual2 = input + s kept: the skip gate's, and the kept
@@ -10988,8 +11166,10 @@ void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
 void gated_skip_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   const int source = m.plan[l].gated_skip_source;
   if (source < 0) return;
-  gated_skip_backward(kept_gradient(m, source, N), m.grad(llmc::kSkipGate), m.partials, m.dresidual,
-                      m.act(kResidual3, source), m.skip_scale, m.param(llmc::kSkipGate), N, m.config.channels,
+  const floatX* skip_gate = m.param(llmc::kSkipGate);
+  floatX* dskip_gate = m.grad(llmc::kSkipGate);
+  gated_skip_backward(kept_gradient(m, source, N), dskip_gate, {dskip_gate + 1, 0}, m.partials, m.dresidual,
+                      m.act(kResidual3, source), m.skip_scale, skip_gate, {skip_gate + 1, 0}, N, m.config.channels,
                       seeds.next(), m.stream);
 }
 
@@ -11845,7 +12025,7 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(d.bigram_rows, rows, sizeof(rows), cudaMemcpyHostToDevice, m.stream));
     bigram_forward(r.bigram, m.param(llmc::kBigram), d.bigram_rows, m.bigram_signs, d.bigram_rows + 1, 1,
                    (int)C, m.stream);
-    bigram_gate_forward(r.residual3, d.x0, r.bigram, m.param(llmc::kBigramGates, 0), 1, (int)C, m.stream);
+    bigram_gate_forward(r.residual3, d.x0, r.bigram, {m.param(llmc::kBigramGates, 0), 0}, 1, (int)C, m.stream);
   } else {
     cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   }

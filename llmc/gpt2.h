@@ -422,6 +422,52 @@ static_assert(sizeof(kRecord89Attention) - 1 == kRecord89Layers && sizeof(kRecor
                   sizeof(kRecord89AttentionSources) / sizeof(int) == kRecord89Layers,
               "record #89's lists give one entry a layer");
 
+// Record #89's MUDD gates (-mg 1): two generators' rows, a row a token, give some of its plan's gates
+// per token in place of their scalar parameters: generator 0, the "pre", reads x0; generator 1, the
+// "post", layer 4's input. A row's columns (the reference's fixed layouts, for its 6 heads):
+//   pre  [26]: 0-5 the XSA strengths of layer 1, 6-11 of layer 3; 12-17 the head gates of layer 3;
+//              18 + 2j the x0 gate and 19 + 2j the bigram gate of layer j for j = 0..3 (layer 0's
+//              bigram gate the stream start's);
+//   post [41]: 0-5 the XSA strengths of layer 4, 6-11 of layer 7; 12-17 the head gates of layer 10;
+//              18-27 the (x0, bigram) gate pairs of layers 4, 5, 7, 8, 9; 28 the gated skip's g (layer
+//              6's); 29-40 the composed attention's weights of layer 10 (not built: unread).
+// A kind's columns for a layer start at mudd_gate_column's, its heads consecutive.
+enum MuddGate { kMuddXsa, kMuddHeadGate, kMuddX0, kMuddBigram, kMuddSkip };
+constexpr int kMuddGenerators = 2;
+constexpr int kMuddGateColumns[kMuddGenerators] = {26, 41};
+constexpr int kMuddGateHeads = 6;
+// The rows as the model keeps them: kMuddGateStride floats apart (16-aligned for the products).
+constexpr int kMuddGateStride = 48;
+constexpr int kMuddXsaLayers[kMuddGenerators][2] = {{1, 3}, {4, 7}};
+constexpr int kMuddHeadGateLayers[kMuddGenerators] = {3, 10};
+constexpr int kMuddInjectLayers[kMuddGenerators][5] = {{0, 1, 2, 3, -1}, {4, 5, 7, 8, 9}};
+constexpr int kMuddXsaColumn = 0, kMuddHeadGateColumn = 12, kMuddInjectColumn = 18;
+constexpr int kMuddSkipLayer = 6, kMuddSkipColumn = 28;  // the post generator's
+static_assert(kMuddGateColumns[0] <= kMuddGateStride && kMuddGateColumns[1] <= kMuddGateStride &&
+                  kMuddGateStride % 16 == 0,
+              "the MUDD gates' rows hold both generators' columns");
+
+// Where a gate generator gives gate `kind` of `layer`.
+struct MuddGateColumn {
+  int generator;  // 0 the pre, 1 the post; -1 none (the gate is its scalar parameter)
+  int column;     // its first column (the first head's), -1 with none
+};
+inline MuddGateColumn mudd_gate_column(MuddGate kind, int layer) {
+  for (int g = 0; g < kMuddGenerators; g++) {
+    for (int i = 0; i < 2; i++) {
+      if (kind == kMuddXsa && kMuddXsaLayers[g][i] == layer) return {g, kMuddXsaColumn + i * kMuddGateHeads};
+    }
+    if (kind == kMuddHeadGate && kMuddHeadGateLayers[g] == layer) return {g, kMuddHeadGateColumn};
+    for (int i = 0; i < 5; i++) {
+      if (kMuddInjectLayers[g][i] != layer || layer < 0) continue;
+      if (kind == kMuddX0) return {g, kMuddInjectColumn + 2 * i};
+      if (kind == kMuddBigram) return {g, kMuddInjectColumn + 2 * i + 1};
+    }
+  }
+  if (kind == kMuddSkip && layer == kMuddSkipLayer) return {1, kMuddSkipColumn};
+  return {-1, -1};
+}
+
 // The speedrun's depth: its reference's, record #28's or record #89's (its plan).
 inline int speedrun_layers(bool record89_plan) { return record89_plan ? kRecord89Layers : kSpeedrunLayers; }
 

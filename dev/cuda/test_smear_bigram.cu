@@ -190,7 +190,7 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
   for (size_t i = 0; i < n; i++) ref_out[i] = (float)(x[i] + rounded((double)gate[0] * b[i]));
   auto forward = [&] {
     out.poison();
-    bigram_gate_forward(out, d_x, d_b, d_gate, N, C, 0);
+    bigram_gate_forward(out, d_x, d_b, {d_gate, 0}, N, C, 0);
   };
   forward();
   check_close("forward out", out.download(), ref_out, kTolStore);
@@ -198,7 +198,7 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(out));
   DeviceArray<floatX> in_place(x);
-  bigram_gate_forward(in_place, in_place, d_b, d_gate, N, C, 0);
+  bigram_gate_forward(in_place, in_place, d_b, {d_gate, 0}, N, C, 0);
   check_same_bits("forward in place", forward_bits, Snapshot(in_place));
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f), db0 = random_stored(rng, n, 0.0f, 1.0f);
@@ -217,7 +217,7 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
     db.upload(db0);
     dg.upload(dg0);
     partials.poison();
-    bigram_gate_backward(db, dg, partials, d_dout, d_b, d_gate, N, C, seed, 0);
+    bigram_gate_backward(db, {dg, 0}, partials, d_dout, d_b, {d_gate, 0}, N, C, seed, 0);
   };
   backward();
   check_close("backward db", db.download(), ref_db, kTolStore);
@@ -257,7 +257,7 @@ void test_gated_terms(int N, int C, llmc::Rng& rng) {
   const std::vector<float> scalars = stored({0.8125f, 0.37f, 0.05f});  // p, x0's gate, the bigram's gate
   DeviceArray<floatX> d_x(x), d_x0(x0), d_b(b), d_scalars(scalars), out(n), one(n), bigram_gated(n);
   const floatX* gates = d_scalars;
-  const GatedTerm x0_term{d_x0, gates + 1}, bigram_term{d_b, gates + 2};
+  const GatedTerm x0_term{d_x0, {gates + 1, 0}}, bigram_term{d_b, {gates + 2, 0}};
   const HostTerm host_x0{&x0, scalars[1]}, host_bigram{&b, scalars[2]};
   for (const bool with_p : {false, true}) {
     const floatX* p = with_p ? gates : nullptr;
@@ -283,7 +283,7 @@ void test_gated_terms(int N, int C, llmc::Rng& rng) {
       bigram_gated.poison();
       gated_terms_forward(one, d_x, p, alone_first ? x0_term : GatedTerm{}, alone_first ? GatedTerm{} : x0_term, N,
                           C, 0);
-      bigram_gate_forward(bigram_gated, d_x, d_x0, gates + 1, N, C, 0, p);
+      bigram_gate_forward(bigram_gated, d_x, d_x0, {gates + 1, 0}, N, C, 0, p);
       const std::vector<float> ref_one =
           gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, HostTerm{});
       check_close("one term (exact)" + which + where, one.download(), ref_one, 0.0f);
@@ -310,11 +310,11 @@ void test_bad_shapes() {
   // 102: a multiple of neither 4 (FP32's x128::size) nor 8 (BF16's).
   testing::check_throws([&] { bigram_forward(a, b, rows, b, rows, 3, 102, 0); }, "multiple of",
                         "bigram_forward at C = 102");
-  testing::check_throws([&] { bigram_gate_backward(a, b, partials, a, b, b, 3, 768, 1, 0); }, "apart from dout",
+  testing::check_throws([&] { bigram_gate_backward(a, {b, 0}, partials, a, b, {b, 0}, 3, 768, 1, 0); }, "apart from dout",
                         "bigram_gate_backward with dbigram over dout");
-  testing::check_throws([&] { bigram_gate_forward(a, a, b, b, 3, 102, 0); }, "multiple of",
+  testing::check_throws([&] { bigram_gate_forward(a, a, b, {b, 0}, 3, 102, 0); }, "multiple of",
                         "bigram_gate_forward at C = 102");
-  testing::check_throws([&] { gated_terms_forward(a, a, nullptr, {b, b}, {b, b}, 3, 102, 0); }, "multiple of",
+  testing::check_throws([&] { gated_terms_forward(a, a, nullptr, {b, {b, 0}}, {b, {b, 0}}, 3, 102, 0); }, "multiple of",
                         "gated_terms_forward at C = 102");
 }
 

@@ -251,9 +251,9 @@ void test_sublayer_lambdas(int N, int C, llmc::Rng& rng) {
   for (size_t i = 0; i < n; i++) ref_bigram[i] = (float)(p * y[i] + gb[i]);
   DeviceArray<floatX> gated(n), in_place(y);
   gated.poison();
-  bigram_gate_forward(gated, d_y, d_bigram, gate, N, C, 0, p_in);
+  bigram_gate_forward(gated, d_y, d_bigram, {gate, 0}, N, C, 0, p_in);
   check_close("bigram term beside p y", gated.download(), ref_bigram, kTolStore);
-  bigram_gate_forward(in_place, in_place, d_bigram, gate, N, C, 0, p_in);
+  bigram_gate_forward(in_place, in_place, d_bigram, {gate, 0}, N, C, 0, p_in);
   check_same_bits("bigram term beside p y, in place", Snapshot(gated), Snapshot(in_place));
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f), d0 = random_stored(rng, 2, 0.0f, 1.0f);
@@ -312,7 +312,7 @@ void test_gated_skip_scale() {
     const std::vector<float> skip_gate = stored({l, g});
     DeviceArray<floatX> d_skip_gate(skip_gate), scale(1);
     scale.poison();
-    gated_skip_scale(scale, d_skip_gate, 0);
+    gated_skip_scale(scale, d_skip_gate, {(floatX*)d_skip_gate + 1, 0}, 1, 0);
     got.push_back(scale.download()[0]);
     ref.push_back((float)(floatX)(float)(rounded_sigmoid(skip_gate[0]) * skip_gate[1]));
     printf("     l=%g g=%g: s=%.9g, reference %.9g\n", skip_gate[0], skip_gate[1], got.back(), ref.back());
@@ -327,7 +327,7 @@ void test_gated_skip(int N, int C, llmc::Rng& rng) {
   const std::vector<float> skip_gate = stored({-1.5f, 1.3f});  // skip_lambda, g
   DeviceArray<floatX> d_x(x), d_kept(kept), d_skip_gate(skip_gate), scale(1), sum(n), normed(n), ref_normed(n);
   DeviceArray<float> rstd(N), ref_rstd(N);
-  gated_skip_scale(scale, d_skip_gate, 0);
+  gated_skip_scale(scale, d_skip_gate, {(floatX*)d_skip_gate + 1, 0}, N, 0);
   const double s = scale.download()[0];
 
   // The add x + s kept, s's product rounded to FP32 and the sum once to the storage type.
@@ -369,7 +369,8 @@ void test_gated_skip(int N, int C, llmc::Rng& rng) {
     dkept.upload(dkept0);
     dskip.upload(dskip0);
     partials.poison();
-    gated_skip_backward(dkept, dskip, partials, d_dout, d_kept, scale, d_skip_gate, N, C, seed, 0);
+    gated_skip_backward(dkept, dskip, {(floatX*)dskip + 1, 0}, partials, d_dout, d_kept, scale, d_skip_gate,
+                        {(floatX*)d_skip_gate + 1, 0}, N, C, seed, 0);
   };
   backward();
 #if defined(ENABLE_FP32)
@@ -401,7 +402,7 @@ void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
   for (size_t i = 0; i < n; i++) ref_out[i] = (float)(floatX)(float)((double)y[i] * gate[(i % c.C) / HS]);
   auto forward = [&] {
     out.poison();
-    head_gate_forward(out, d_y, d_gate, c.N, c.NH, c.C, 0);
+    head_gate_forward(out, d_y, {d_gate, 0}, c.N, c.NH, c.C, 0);
   };
   forward();
   check_close("y g_h (exact)", out.download(), ref_out, 0.0f);
@@ -409,7 +410,7 @@ void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(out));
   in_place.upload(y);
-  head_gate_forward(in_place, in_place, d_gate, c.N, c.NH, c.C, 0);
+  head_gate_forward(in_place, in_place, {d_gate, 0}, c.N, c.NH, c.C, 0);
   check_same_bits("forward in place", forward_bits, Snapshot(in_place));
 
   // dout's and y's means keep each head's sum away from cancelling; the gradients accumulate onto
@@ -431,7 +432,7 @@ void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
     else dy.poison();
     dgate.upload(dgate0);
     partials.poison();
-    head_gate_backward(target, dgate, partials, d_dout, d_y, d_gate, c.N, c.NH, c.C, seed, 0);
+    head_gate_backward(target, {dgate, 0}, partials, d_dout, d_y, {d_gate, 0}, c.N, c.NH, c.C, seed, 0);
   };
   backward(dy, false);
   check_close("dy = g_h dout (exact)", dy.download(), ref_dy, 0.0f);
@@ -907,7 +908,7 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
   }
   auto forward = [&] {
     out.poison();
-    xsa_forward(out, d_y, d_v, ld_v, d_alpha, N, NH, C, 0);
+    xsa_forward(out, d_y, d_v, ld_v, {d_alpha, 0}, N, NH, C, 0);
   };
   forward();
   const std::vector<float> got_out = out.download();
@@ -953,8 +954,8 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
     dv.poison();
     dalpha.upload(dalpha0);
     partials.poison();
-    xsa_backward(in_place ? (floatX*)d_g : (floatX*)dy, dv, dalpha, partials, d_g, d_y, d_v, ld_v, d_alpha, N, NH, C,
-                 seed, 0);
+    xsa_backward(in_place ? (floatX*)d_g : (floatX*)dy, dv, {dalpha, 0}, partials, d_g, d_y, d_v, ld_v, {d_alpha, 0}, N,
+                 NH, C, seed, 0);
   };
   backward(false);
   check_close("backward dy", dy.download(), ref_dy, kTolStore);
@@ -1004,19 +1005,19 @@ void test_bad_shapes() {
   testing::check_throws(
       [&] { attention_gate_backward(a, b, 2, b, partials, a, b, g, b, b, 8, 1, 136, 1, 0, AttentionRowDots{dots, 8}); },
       "row dots", "attention_gate_backward's row dots at head size 136 (a row's pieces not whole warps)");
-  testing::check_throws([&] { xsa_forward(a, b, b, 768, b, 1, 5, 768, 0); }, "head size",
+  testing::check_throws([&] { xsa_forward(a, b, b, 768, {b, 0}, 1, 5, 768, 0); }, "head size",
                         "xsa_forward with 5 heads of 768 channels");
-  testing::check_throws([&] { xsa_forward(a, b, a, 768, b, 1, 6, 768, 0); }, "out must not",
+  testing::check_throws([&] { xsa_forward(a, b, a, 768, {b, 0}, 1, 6, 768, 0); }, "out must not",
                         "xsa_forward writing over v");
   DeviceArray<float> xsa_partials(xsa_backward_partials(6));
-  testing::check_throws([&] { xsa_backward(a, a, b, xsa_partials, b, b, b, 2304, b, 1, 6, 768, 1, 0); }, "dv apart",
+  testing::check_throws([&] { xsa_backward(a, a, {b, 0}, xsa_partials, b, b, b, 2304, {b, 0}, 1, 6, 768, 1, 0); }, "dv apart",
                         "xsa_backward with dv over dy");
   DeviceArray<float> skip_partials(kRowBlocks);
-  testing::check_throws([&] { gated_skip_backward(a, b, skip_partials, a, b, b, b, 3, 768, 1, 0); },
+  testing::check_throws([&] { gated_skip_backward(a, b, {b, 0}, skip_partials, a, b, b, b, {b, 0}, 3, 768, 1, 0); },
                         "apart from dout", "gated_skip_backward with dkept over dout");
-  testing::check_throws([&] { head_gate_forward(a, b, b, 3, 33, 768, 0); }, "up to 32 heads",
+  testing::check_throws([&] { head_gate_forward(a, b, {b, 0}, 3, 33, 768, 0); }, "up to 32 heads",
                         "head_gate_forward with 33 heads");
-  testing::check_throws([&] { head_gate_forward(a, b, b, 3, 6, 100, 0); }, "multiple of",
+  testing::check_throws([&] { head_gate_forward(a, b, {b, 0}, 3, 6, 100, 0); }, "multiple of",
                         "head_gate_forward with heads of 100 / 6 channels");
 }
 

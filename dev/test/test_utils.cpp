@@ -870,6 +870,50 @@ void test_layer_plan() {
 // 3's output through the gate, layers 9 and 10 attend over layer 7's; those two outputs kept (slots 0,
 // 1); no U-net skips; the key offset on its long-window layers 3 and 10. Its depth only, and record
 // #28's plan at its own.
+// Record #89's MUDD gate layouts: each (kind, layer) that a generator gives at its column, the others
+// none; every column given once, within its generator's, at a layer whose plan has the gate.
+void test_mudd_gate_columns() {
+  const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true);
+  const llmc::MuddGate kinds[] = {llmc::kMuddXsa, llmc::kMuddHeadGate, llmc::kMuddX0, llmc::kMuddBigram,
+                                  llmc::kMuddSkip};
+  std::string layout;
+  std::vector<int> owners[llmc::kMuddGenerators];
+  for (int g = 0; g < llmc::kMuddGenerators; g++) owners[g].assign(llmc::kMuddGateColumns[g], 0);
+  bool in_plan = true, within = true;
+  for (llmc::MuddGate kind : kinds) {
+    layout += " |";
+    for (int l = -1; l <= 11; l++) {
+      const llmc::MuddGateColumn at = llmc::mudd_gate_column(kind, l);
+      if (l < 0 || l == 11) {
+        within = within && at.generator == -1 && at.column == -1;
+        continue;
+      }
+      layout += at.generator < 0 ? std::string(" -") : llmc::strformat(" %d:%d", at.generator, at.column);
+      if (at.generator < 0) continue;
+      const llmc::LayerSpec& s = plan.layers[l];
+      in_plan = in_plan && (kind == llmc::kMuddXsa ? s.xsa : kind == llmc::kMuddHeadGate ? s.head_gate
+                            : kind == llmc::kMuddSkip ? s.gated_skip_source >= 0 : s.attention);
+      const int width = kind == llmc::kMuddXsa || kind == llmc::kMuddHeadGate ? llmc::kMuddGateHeads : 1;
+      for (int c = at.column; c < at.column + width; c++) {
+        within = within && c >= 0 && c < llmc::kMuddGateColumns[at.generator] && c < llmc::kMuddGateStride;
+        if (within) owners[at.generator][c]++;
+      }
+    }
+  }
+  std::string counts;
+  for (int g = 0; g < llmc::kMuddGenerators; g++) {
+    counts += " |";
+    for (int n : owners[g]) counts += llmc::strformat("%d", n);
+  }
+  check_verbose(layout == " | - 0:0 - 0:6 1:0 - - 1:6 - - - | - - - 0:12 - - - - - - 1:12"
+                          " | 0:18 0:20 0:22 0:24 1:18 1:20 - 1:22 1:24 1:26 -"
+                          " | 0:19 0:21 0:23 0:25 1:19 1:21 - 1:23 1:25 1:27 -"
+                          " | - - - - - - 1:28 - - - -" &&
+                    counts == " |11111111111111111111111111 |11111111111111111111111111111" + std::string(12, '0') &&
+                    in_plan && within,
+                "MUDD gate columns (generator:column by kind, layers 0-10): " + layout + "; columns' uses" + counts);
+}
+
 void test_record89_layer_plan() {
   const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true);
   const std::string text = plan_text(plan);
@@ -999,6 +1043,7 @@ void test_configs() {
   test_modern_table();
   test_speedrun_table();  test_smear_table();  test_rotary_pairs_header();  test_layer_plan();
   test_record89_layer_plan();
+  test_mudd_gate_columns();
   test_paired_heads_header();
 }
 
