@@ -310,55 +310,13 @@ constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
 // generated gates' bias).
 constexpr float kSkipLambdaInit = -1.5f, kSkipGateInit = 0.5f, kHeadGateInit = 0.25f;
 
-// Record #89's MUDD gate generators (-mg 1, GPT2Config::mudd_gates; train_gpt2.py's MUDD_*): two, "pre" (0)
-// reading x0 (the normed embedding) and "post" (1) reading the stream entering layer kMuddPostLayer, each
-// giving a token a row (gelu(x W1^T) W2[:n]^T + b2[:n]) x scale, GELU the exact one, W1 [kMuddGateHidden, C],
-// W2 [kMuddGateColumns, kMuddGateHidden], b2 [kMuddGateColumns]; the pre one reads kMuddPreColumns of them.
-// A layer's heads take kMuddHeadSlots columns (the reference's 6 heads; fewer read the first NH). The CUDA
-// model keeps each generator's rows kMuddGateStride apart (a multiple of 16 for the products).
-constexpr int kMuddGateHidden = 64, kMuddGateColumns = 41, kMuddPreColumns = 26, kMuddHeadSlots = 6;
-constexpr int kMuddPostLayer = 4, kMuddGateStride = 48;
+// Record #89's MUDD gate generators (-mg 1, GPT2Config::mudd_gates; train_gpt2.py's MUDD_*): the pre (0)
+// reads x0 (the normed embedding) and the post (1) the stream entering layer kMuddPostLayer, each giving a
+// token a row (gelu(x W1^T) W2[:n]^T + b2[:n]) x scale, GELU the exact one, W1 [kMuddGateHidden, C], W2
+// [kMuddGateWidth, kMuddGateHidden], b2 [kMuddGateWidth], n kMuddGateColumns[generator] (mudd_gate_column
+// gives each gate's columns).
+constexpr int kMuddGateHidden = 64, kMuddGateWidth = 41, kMuddPostLayer = 4;
 constexpr float kMuddGateScaleInit = 0.1f;
-
-// The gates the generators give: XSA strengths (NH), head gates (NH), x0 and bigram gates, the skip's g.
-enum MuddGate : int { kMuddXsa, kMuddHeadGate, kMuddX0, kMuddBigram, kMuddSkip };
-
-// Where a gate's values are in the generators' rows: generator -1 for a gate that stays its learned
-// scalar parameter.
-struct MuddGateColumn {
-  int generator;
-  int column;
-};
-
-// The reference's layout. pre [26]: 0-5 XSA of layer 1, 6-11 XSA of layer 3, 12-17 head gates of layer 3,
-// 18 + 2j and 19 + 2j layer j's x0 and bigram gates (j = 0..3; layer 0's bigram gate the stream start's).
-// post [41]: 0-5 XSA of layer 4, 6-11 XSA of layer 7, 12-17 head gates of layer 10, 18-27 the (x0, bigram)
-// pairs of layers 4, 5, 7, 8, 9, 28 the skip's g (layer 6), 29-40 layer 10's composed attention (not built:
-// unread). Layer 10's x0 and bigram gates stay scalars (the reference's come from another block).
-inline MuddGateColumn mudd_gate_column(MuddGate kind, int layer) {
-  constexpr int kPairLayers[] = {0, 1, 2, 3, 4, 5, 7, 8, 9};
-  switch (kind) {
-    case kMuddXsa:
-      if (layer == 1 || layer == 3) return {0, layer == 1 ? 0 : kMuddHeadSlots};
-      if (layer == 4 || layer == 7) return {1, layer == 4 ? 0 : kMuddHeadSlots};
-      break;
-    case kMuddHeadGate:
-      if (layer == 3 || layer == 10) return {layer == 3 ? 0 : 1, 2 * kMuddHeadSlots};
-      break;
-    case kMuddX0:
-    case kMuddBigram:
-      for (int k = 0; k < (int)(sizeof(kPairLayers) / sizeof(int)); k++) {
-        if (kPairLayers[k] != layer) continue;
-        const int pair = k < kMuddPostLayer ? k : k - kMuddPostLayer;
-        return {k < kMuddPostLayer ? 0 : 1, 3 * kMuddHeadSlots + 2 * pair + (kind == kMuddBigram ? 1 : 0)};
-      }
-      break;
-    case kMuddSkip:
-      if (layer == 6) return {1, 28};
-      break;
-  }
-  return {-1, 0};
-}
 
 // b2's start (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
 // composed attention's first six weights 1.0, each over the scale's 0.1; the rest 0.
@@ -691,11 +649,11 @@ inline const char* paired_heads_missing(const GPT2Config& c) {
 
 // A speedrun config with record #89's plan, or without: its depth follows (speedrun_layers).
 // What a config with record #89's MUDD gate generators lacks of what they need, or null: its plan (the
-// gates are the plan's), at most kMuddHeadSlots heads (a layer's heads' columns).
+// gates are the plan's), at most kMuddGateHeads heads (a layer's heads' columns).
 inline const char* mudd_gates_missing(const GPT2Config& c) {
   if (!c.mudd_gates) return nullptr;
   if (!c.record89_plan) return "record #89's plan";
-  if (c.num_heads > kMuddHeadSlots) return "at most 6 heads";
+  if (c.num_heads > kMuddGateHeads) return "at most 6 heads";
   return nullptr;
 }
 
@@ -837,8 +795,8 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"skip_gate", gated_skips, whole, false, false, R::kVector},
       {"head_gates", plan.head_gate_layers * NH, with_head_gates, false, false, R::kVector},
       {"mudd_gate_w1", mudd * 2 * kMuddGateHidden * C, whole, false, false, R::kVector},
-      {"mudd_gate_w2", mudd * 2 * kMuddGateColumns * kMuddGateHidden, whole, false, false, R::kVector},
-      {"mudd_gate_b2", mudd * 2 * kMuddGateColumns, whole, false, false, R::kVector},
+      {"mudd_gate_w2", mudd * 2 * kMuddGateWidth * kMuddGateHidden, whole, false, false, R::kVector},
+      {"mudd_gate_b2", mudd * 2 * kMuddGateWidth, whole, false, false, R::kVector},
       {"mudd_gate_scale", mudd, whole, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
@@ -1480,8 +1438,8 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
     rng.uniform(params.data() + offsets[kMuddGateW1] + g * generator, generator, -mudd_bound, mudd_bound);
   }
   for (int g = 0; g < 2; g++) {
-    for (int k = 0; k < kMuddGateColumns; k++) {
-      params[offsets[kMuddGateB2] + g * kMuddGateColumns + k] = mudd_gate_bias_init(g, k);
+    for (int k = 0; k < kMuddGateWidth; k++) {
+      params[offsets[kMuddGateB2] + g * kMuddGateWidth + k] = mudd_gate_bias_init(g, k);
     }
   }
   params[offsets[kMuddGateScale]] = kMuddGateScaleInit;
