@@ -2174,8 +2174,8 @@ bool matmul_cublaslt(void* d, const void* a, const void* b, const floatX* bias, 
   return ok;
 }
 
-// The MLP's activations (section 7).
-enum class Activation { kGelu, kRelu2 };
+// The MLP's activations (section 7), and record #89's MUDD gate generators' exact GELU.
+enum class Activation { kGelu, kRelu2, kGeluErf };
 __device__ __forceinline__ float gelu(float x);
 __device__ __forceinline__ float gelu_grad(float x);
 __device__ __forceinline__ float relu2(float x);
@@ -7303,14 +7303,21 @@ __device__ __forceinline__ float relu2(float x) {
 
 __device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.0f); }
 
+// The exact GELU, x Phi(x) (PyTorch's gelu), and its derivative Phi(x) + x phi(x).
+constexpr float kInvSqrt2 = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * kInvSqrt2)); }
+__device__ __forceinline__ float gelu_erf_grad(float x) {
+  return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+}
+
 template <Activation A>
 __device__ __forceinline__ float activation(float x) {
-  return A == Activation::kGelu ? gelu(x) : relu2(x);
+  return A == Activation::kGelu ? gelu(x) : A == Activation::kGeluErf ? gelu_erf(x) : relu2(x);
 }
 
 template <Activation A>
 __device__ __forceinline__ float activation_grad(float x) {
-  return A == Activation::kGelu ? gelu_grad(x) : relu2_grad(x);
+  return A == Activation::kGelu ? gelu_grad(x) : A == Activation::kGeluErf ? gelu_erf_grad(x) : relu2_grad(x);
 }
 
 template <Activation A>
@@ -7355,6 +7362,94 @@ void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream)
 
 void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
   activation_backward_inplace<Activation::kGelu>("gelu_backward", d, inp, n, stream);
+}
+
+// out = the exact GELU of x (record #89's MUDD gate generators' hidden layer, section 10).
+void gelu_erf_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_forward<Activation::kGeluErf>("gelu_erf_forward", out, inp, n, stream);
+}
+
+// d *= the exact GELU's derivative at x.
+void gelu_erf_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kGeluErf>("gelu_erf_backward", d, inp, n, stream);
+}
+
+// ---- Record #89's MUDD gate rows (section 10): the generator's product [N, stride] (W2's rows padded
+// to stride with zeros) becomes pre = product + b2 and rows = pre scale over its first `columns`
+// columns, each rounded to floatX as the reference's BF16 steps, its other columns zero. Backward:
+// dpre = drows scale rounded (zero past `columns`), db2[k] += the sum of dpre over the rows, and dscale
+// += the sum of pre . drows over the rows and columns: one block a column (and one for the scale),
+// each thread its rows in order, then block_reduce_sum's tree: deterministic. Floor: forward reads
+// 2N stride values, writes 2N stride; backward reads 2N stride, writes N stride; memory-bound and tiny.
+constexpr int kGateRowsThreads = 256;
+
+__global__ void gate_rows_bias_scale_kernel(floatX* rows, floatX* pre, const floatX* product, const floatX* bias,
+                                            const floatX* scale, int N, int columns, int stride) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * stride) return;
+  const int k = (int)(i % stride);
+  if (k >= columns) {
+    pre[i] = rows[i] = (floatX)0.0f;
+    return;
+  }
+  const floatX sum = (floatX)((float)product[i] + (float)bias[k]);
+  pre[i] = sum;
+  rows[i] = (floatX)((float)sum * (float)scale[0]);
+}
+
+__global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, floatX* dbias, floatX* dscale,
+                                                     const floatX* drows, const floatX* pre, const floatX* scale,
+                                                     int N, int columns, int stride, uint32_t seed) {
+  __shared__ float shared[WARP_SIZE];
+  const int k = blockIdx.x;
+  const float s = (float)scale[0];
+  float sum = 0.0f;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+    const size_t row = (size_t)n * stride;
+    if (k < columns) {
+      const floatX d = (floatX)((float)drows[row + k] * s);
+      dpre[row + k] = d;
+      sum += (float)d;
+      continue;
+    }
+    for (int c = columns; c < stride; c++) dpre[row + c] = (floatX)0.0f;
+    for (int c = 0; c < columns; c++) sum += (float)pre[row + c] * (float)drows[row + c];
+  }
+  const float total = block_reduce_sum(sum, shared);
+  if (threadIdx.x != 0) return;
+  if (k < columns) {
+    dbias[k] = round_stochastic((float)dbias[k] + total, seed, k);
+  } else {
+    dscale[0] = round_stochastic((float)dscale[0] + total, seed, columns);
+  }
+}
+
+void gate_rows_check(const char* name, int N, int columns, int stride) {
+  REQUIRE(N > 0 && columns > 0 && columns <= stride, "%s: N=%d must be positive and columns=%d within 1..%d",
+          name, N, columns, stride);
+}
+
+// rows [N, stride] = (product + bias) scale over the first `columns` columns (zero after), pre [N,
+// stride] the sum before the scale, which the backward reads; bias [columns], scale one value.
+void gate_rows_bias_scale(floatX* rows, floatX* pre, const floatX* product, const floatX* bias, const floatX* scale,
+                          int N, int columns, int stride, cudaStream_t stream) {
+  gate_rows_check("gate_rows_bias_scale", N, columns, stride);
+  const size_t n = (size_t)N * stride;
+  gate_rows_bias_scale_kernel<<<ceil_div(n, (size_t)kGateRowsThreads), kGateRowsThreads, 0, stream>>>(
+      rows, pre, product, bias, scale, N, columns, stride);
+  cudaCheckLaunch();
+}
+
+// From drows [N, stride], dpre [N, stride] (written: drows scale, zero past `columns`), dbias [columns]
+// += its column sums and dscale += the sum of pre . drows, each rounded stochastically from seed.
+void gate_rows_bias_scale_backward(floatX* dpre, floatX* dbias, floatX* dscale, const floatX* drows,
+                                   const floatX* pre, const floatX* scale, int N, int columns, int stride,
+                                   uint32_t seed, cudaStream_t stream) {
+  gate_rows_check("gate_rows_bias_scale_backward", N, columns, stride);
+  REQUIRE(dpre != drows, "gate_rows_bias_scale_backward: dpre must be apart from drows");
+  gate_rows_bias_scale_backward_kernel<<<columns + 1, kGateRowsThreads, 0, stream>>>(
+      dpre, dbias, dscale, drows, pre, scale, N, columns, stride, seed);
+  cudaCheckLaunch();
 }
 
 // out = relu(x)^2.
@@ -9000,7 +9095,8 @@ enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
-  kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kNumActTensors
+  kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kMuddHiddenPre, kMuddHidden, kMuddPreScale, kMuddGates,
+  kMuddWeights, kMuddSkipScale, kNumActTensors
 };
 
 struct ActSpec {
@@ -9031,6 +9127,8 @@ void bigram_allocate_scratch(GPT2& m, size_t N);
 void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N);
 void xsa_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void mudd_gates_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
@@ -9109,6 +9207,12 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"attention_out", 0, L, false},
       {"mlp_out", 0, L, false},
       {"xsa_out", 0, 1, false},
+      {"mudd_hidden_pre", 0, 1, false},
+      {"mudd_hidden", 0, 1, false},
+      {"mudd_pre_scale", 0, 1, false},
+      {"mudd_gates", 0, 1, false},
+      {"mudd_weights", 0, 1, false},
+      {"mudd_skip_scale", 0, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
@@ -9118,6 +9222,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   bigram_activation_rows(arch, dims, t);
   sublayer_lambdas_activation_rows(arch, dims, t);
   xsa_activation_rows(arch, dims, t);
+  mudd_gates_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -9260,6 +9365,14 @@ struct Activations {
   // Record #89's residual lambdas (ArchSpec::resid_lambdas): the gradient of the sublayer's output
   // p dy, which its product's backward reads [B*T*C].
   floatX* dsublayer = nullptr;
+  // Record #89's MUDD gate generators (ArchSpec::mudd_gates): the gradient of their rows [2][B*T,
+  // llmc::kMuddGateStride], which the gates' backward writes (the pre generator's first), and the
+  // backward's scratch: the rows' gradient before the scale [B*T, stride], the hidden layer's [B*T, 64],
+  // and a weight's gradient, 16-byte aligned for the products [64, C].
+  floatX* dmudd_gates = nullptr;
+  floatX* mudd_dpre = nullptr;
+  floatX* mudd_dhidden = nullptr;
+  floatX* mudd_dweight = nullptr;
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -9563,6 +9676,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
   sublayer_lambdas_allocate_scratch(m, BT);
+  mudd_gates_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -9759,7 +9873,8 @@ void activations_free(Activations& a) {
                   (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
                   (void*)a.encoder_plan.slice_sums, (void*)a.key_offset_scratch, (void*)a.key_offset_tails,
                   (void*)a.bigram_rows, (void*)a.bigram_plan.buckets, (void*)a.bigram_plan.positions,
-                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram, (void*)a.dsublayer}) {
+                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram, (void*)a.dsublayer,
+                  (void*)a.dmudd_gates, (void*)a.mudd_dpre, (void*)a.mudd_dhidden, (void*)a.mudd_dweight}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
@@ -9976,6 +10091,9 @@ struct BlockRows {
   float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
   floatX* xsa_out = nullptr;       // XSA's output, the gate's input in XSA layers
+  // Record #89's MUDD gate generators' rows (pre, post; llmc::kMuddGateStride apart), or null.
+  const floatX* mudd_rows[2] = {nullptr, nullptr};
+  floatX* skip_scale = nullptr;     // the gated skip's scale a row, with MUDD's g a row
   floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
 };
@@ -10627,6 +10745,161 @@ void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSe
                      seeds.next(), m.stream, value_mix_gates(m, l, m.act(kLn1, l), dln1_gates));
 }
 
+// ---- Record #89's MUDD gate generators (ArchSpec::mudd_gates, in its plan): two small MLPs whose
+// rows give some of the plan's gates a token each (llmc::mudd_gate_column): the pre generator (0)
+// reads x0 before the stream start's bigram add, the post one (1) block 4's input, each row
+// (gelu(x W1^T) W2[:n]^T + b2[:n]) scale, n its columns (llmc::kMuddGateColumns), every step rounded
+// to floatX as the reference's BF16 tensors. The products are section 1's, of copies of W1 and W2
+// (act(kMuddWeights): the parameters' offsets are not 16-byte aligned; W2's rows padded with zero
+// rows to llmc::kMuddGateStride), their gradients accumulated in an aligned copy likewise; the exact
+// GELU is section 7's, the bias and scale section 7's gate rows. The rows, kept for the backward: act(kMuddGates) [2][N, stride], the pre generator's
+// first. The gates' backward writes their columns of dmudd_gates (zeroed before each backward pass);
+// each generator's backward then adds its input's gradient: the pre's into x0's (dresidual once block
+// 0's backward is done), the post's into block 4's input's (dresidual after block 4's backward).
+// Parameters: mudd_gate_w1 [2, 64, C], mudd_gate_w2 [2, 41, 64], mudd_gate_b2 [2, 41],
+// mudd_gate_scale [1].
+
+void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.mudd_gates) return;
+  const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride;
+  t[kMuddHiddenPre].count = 2 * d.BT * hidden;
+  t[kMuddHidden].count = 2 * d.BT * hidden;
+  t[kMuddPreScale].count = 2 * d.BT * stride;
+  t[kMuddGates].count = 2 * d.BT * stride;
+  t[kMuddWeights].count = 2 * (hidden * d.C + stride * hidden);
+  t[kMuddSkipScale].count = d.BT;
+}
+
+void mudd_gates_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().mudd_gates) return;
+  const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride;
+  m.dmudd_gates = device_alloc<floatX>(2 * N * stride, "the MUDD gate rows' gradient");
+  m.mudd_dpre = device_alloc<floatX>(N * stride, "the MUDD gate rows' gradient before the scale");
+  m.mudd_dhidden = device_alloc<floatX>(N * hidden, "the MUDD gate generators' hidden gradient");
+  m.mudd_dweight = device_alloc<floatX>(hidden * m.config.channels, "the MUDD gate generators' weight gradient");
+}
+
+// Generator g's rows of a pass of N rows, and their gradient.
+floatX* mudd_rows(GPT2& m, int g, int N) { return m.act(kMuddGates) + (size_t)g * N * llmc::kMuddGateStride; }
+floatX* mudd_rows_gradient(GPT2& m, int g, int N) {
+  return m.dmudd_gates + (size_t)g * N * llmc::kMuddGateStride;
+}
+
+// Layer l's gate of `kind` as the kernels read it: its columns of a generator's rows (r.mudd_rows),
+// where the model has the generators and they give it, else `scalar`, the parameter every row shares.
+GateRows gate_rows(const GPT2& m, const BlockRows& r, llmc::MuddGate kind, int l, const floatX* scalar) {
+  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  if (at.generator < 0) return {scalar, 0};
+  return {r.mudd_rows[at.generator] + at.column, llmc::kMuddGateStride};
+}
+
+// The same in a training pass of N rows (the backward's), and the gradient the gate's backward writes:
+// its columns of dmudd_gates, or dscalar's (accumulated).
+GateRows kept_gate_rows(GPT2& m, llmc::MuddGate kind, int l, int N, const floatX* scalar) {
+  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  if (at.generator < 0) return {scalar, 0};
+  return {mudd_rows(m, at.generator, N) + at.column, llmc::kMuddGateStride};
+}
+GateGradient gate_gradient(GPT2& m, llmc::MuddGate kind, int l, int N, floatX* dscalar) {
+  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  if (at.generator < 0) return {dscalar, 0};
+  return {mudd_rows_gradient(m, at.generator, N) + at.column, llmc::kMuddGateStride};
+}
+
+// A training or evaluation pass's rows of N tokens in block l's BlockRows (block_rows).
+void mudd_gates_point_rows(GPT2& m, BlockRows& r, int N) {
+  if (!m.arch().mudd_gates) return;
+  r.mudd_rows[0] = mudd_rows(m, 0, N);
+  r.mudd_rows[1] = mudd_rows(m, 1, N);
+  r.skip_scale = m.act(kMuddSkipScale);
+}
+
+// Where a generator's forward writes besides its rows: its copies of W1 [64, C] and of W2 padded [stride,
+// 64], which the products read, its hidden layer's input and output [N, 64] and its rows before the
+// scale [N, stride].
+struct MuddGeneratorRows {
+  floatX* w1 = nullptr;
+  floatX* w2 = nullptr;
+  floatX* hidden_pre = nullptr;
+  floatX* hidden = nullptr;
+  floatX* pre = nullptr;
+};
+
+// A pass's, of N rows, for generator g (the backward reads them).
+MuddGeneratorRows mudd_pass_rows(GPT2& m, int g, int N) {
+  const size_t H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride, C = m.config.channels;
+  floatX* w1 = m.act(kMuddWeights) + g * H * (C + S);
+  return {w1, w1 + H * C, m.act(kMuddHiddenPre) + g * N * H, m.act(kMuddHidden) + g * N * H,
+          m.act(kMuddPreScale) + g * N * S};
+}
+
+// The decoder's, one row, from the arena (both generators share it; each writes its own rows).
+MuddGeneratorRows mudd_decoder_rows(GPT2& m, RowArena& a) {
+  const size_t H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride, C = m.config.channels;
+  return {a.take<floatX>(H * C), a.take<floatX>(S * H), a.take<floatX>(H), a.take<floatX>(H), a.take<floatX>(S)};
+}
+
+// grad [rows, cols] (at any offset) += dout[N, rows]^T @ inp[N, cols], accumulated in the aligned
+// copy mudd_dweight (ld_out: dout's row length, at least rows).
+void mudd_weight_gradient(floatX* grad, const floatX* dout, const floatX* inp, int N, int cols, int rows, int ld_out,
+                  cudaStream_t stream, floatX* scratch) {
+  const size_t n = (size_t)rows * cols;
+  cudaCheck(cudaMemsetAsync(scratch, 0, (size_t)ld_out * cols * sizeof(floatX), stream));
+  cudaCheck(cudaMemcpyAsync(scratch, grad, n * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+  matmul_dweight(scratch, dout, inp, N, cols, ld_out, stream);
+  cudaCheck(cudaMemcpyAsync(grad, scratch, n * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+}
+
+// Generator g's rows of x [N, C] into rows [N, stride], the steps between into w's.
+void mudd_generator_forward(GPT2& m, int g, const floatX* x, floatX* rows, const MuddGeneratorRows& w, int N) {
+  const int C = m.config.channels, H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride;
+  const int columns = llmc::kMuddGateColumns[g];
+  floatX *w1 = w.w1, *w2 = w.w2, *hidden_pre = w.hidden_pre, *hidden = w.hidden, *pre = w.pre;
+  cudaCheck(cudaMemcpyAsync(w1, m.param(llmc::kMuddGateW1) + (size_t)g * H * C, (size_t)H * C * sizeof(floatX),
+                            cudaMemcpyDeviceToDevice, m.stream));
+  cudaCheck(cudaMemsetAsync(w2, 0, (size_t)S * H * sizeof(floatX), m.stream));
+  cudaCheck(cudaMemcpyAsync(w2, m.param(llmc::kMuddGateW2) + (size_t)g * llmc::kMuddGateWidth * H,
+                            (size_t)columns * H * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
+  matmul_forward(hidden_pre, x, w1, nullptr, N, C, H, nullptr, m.stream);
+  gelu_erf_forward(hidden, hidden_pre, (size_t)N * H, m.stream);
+  matmul_forward(pre, hidden, w2, nullptr, N, H, S, nullptr, m.stream);
+  gate_rows_bias_scale(rows, pre, pre, m.param(llmc::kMuddGateB2) + (size_t)g * llmc::kMuddGateWidth,
+                       m.param(llmc::kMuddGateScale), N, columns, S, m.stream);
+}
+
+// A pass's generator g of x [N, C] (x0 for the pre, block 4's input for the post) into its kept rows.
+void mudd_gates_forward(GPT2& m, int g, const floatX* x, int N) {
+  if (!m.arch().mudd_gates) return;
+  mudd_generator_forward(m, g, x, mudd_rows(m, g, N), mudd_pass_rows(m, g, N), N);
+}
+
+// Zeroes dmudd_gates before a backward pass of N rows: columns no gate reads keep a zero gradient.
+void mudd_gates_zero_gradients(GPT2& m, int N) {
+  if (!m.arch().mudd_gates) return;
+  cudaCheck(cudaMemsetAsync(m.dmudd_gates, 0, 2 * (size_t)N * llmc::kMuddGateStride * sizeof(floatX), m.stream));
+}
+
+// From generator g's rows' gradient (complete once the gates it gives have their backward), its
+// parameters' gradients and its input x's: dx [N, C] += it (scratch_btc its scratch).
+void mudd_gates_backward(GPT2& m, int g, const floatX* x, floatX* dx, int N, KernelSeeds& seeds) {
+  if (!m.arch().mudd_gates) return;
+  const int C = m.config.channels, H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride;
+  const int columns = llmc::kMuddGateColumns[g];
+  const size_t w2_offset = (size_t)g * llmc::kMuddGateWidth * H;
+  const MuddGeneratorRows w = mudd_pass_rows(m, g, N);
+  gate_rows_bias_scale_backward(m.mudd_dpre, m.grad(llmc::kMuddGateB2) + g * llmc::kMuddGateWidth,
+                                m.grad(llmc::kMuddGateScale), mudd_rows_gradient(m, g, N), w.pre,
+                                m.param(llmc::kMuddGateScale), N, columns, S, seeds.next(), m.stream);
+  mudd_weight_gradient(m.grad(llmc::kMuddGateW2) + w2_offset, m.mudd_dpre, w.hidden, N, H, columns, S, m.stream,
+                       m.mudd_dweight);
+  matmul_dinp_product(m.mudd_dhidden, w.w2, false, m.mudd_dpre, nullptr, N, H, S, MatmulOperands(), m.stream);
+  gelu_erf_backward_inplace(m.mudd_dhidden, w.hidden_pre, (size_t)N * H, m.stream);
+  mudd_weight_gradient(m.grad(llmc::kMuddGateW1) + (size_t)g * H * C, m.mudd_dhidden, x, N, C, H, H, m.stream,
+                       m.mudd_dweight);
+  matmul_dinp_product(m.scratch_btc, w.w1, false, m.mudd_dhidden, nullptr, N, C, H, MatmulOperands(), m.stream);
+  add_inplace(dx, m.scratch_btc, (size_t)N * C, seeds.next(), m.stream);
+}
+
 // ---- Record #89's XSA (ArchSpec::xsa, in the plan's XSA layers: LayerSpec::xsa): each head's
 // attention output loses tanh(alpha_h) times its part along the value it read (v after the value
 // mix), before the attention gate. Parameters: xsa_alpha [NH] a layer with XSA. Kernels: section 6,
@@ -10665,8 +10938,8 @@ const floatX* attention_output_kept(GPT2& m, int l) { return xsa_layer(m, l) ? m
 void xsa_rows(GPT2& m, int l, const BlockRows& r) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, {m.param(llmc::kXsaAlpha, l), 0}, r.rows(), m.config.num_heads,
-              C, m.stream);
+  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, gate_rows(m, r, llmc::kMuddXsa, l, m.param(llmc::kXsaAlpha, l)),
+              r.rows(), m.config.num_heads, C, m.stream);
 }
 
 // From scratch_btc, the gradient of XSA's output: that of the attention's output (in place), the
@@ -10674,8 +10947,9 @@ void xsa_rows(GPT2& m, int l, const BlockRows& r) {
 void xsa_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), {m.grad(llmc::kXsaAlpha, l), 0}, m.partials, m.scratch_btc,
-               m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C, {m.param(llmc::kXsaAlpha, l), 0}, N,
+  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), gate_gradient(m, llmc::kMuddXsa, l, N, m.grad(llmc::kXsaAlpha, l)),
+               m.partials, m.scratch_btc, m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C,
+               kept_gate_rows(m, llmc::kMuddXsa, l, N, m.param(llmc::kXsaAlpha, l)), N,
                m.config.num_heads, C, seeds.next(), m.stream);
 }
 
@@ -10704,14 +10978,16 @@ void head_gate_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
 
 // Layer l's attention output with its heads gated, into r.gated.
 const floatX* head_gated(GPT2& m, int l, const BlockRows& r) {
-  head_gate_forward(r.gated, attention_output(m, l, r), {m.param(llmc::kHeadGates, l), 0}, r.rows(),
+  head_gate_forward(r.gated, attention_output(m, l, r),
+                    gate_rows(m, r, llmc::kMuddHeadGate, l, m.param(llmc::kHeadGates, l)), r.rows(),
                     m.config.num_heads, m.config.channels, m.stream);
   return r.gated;
 }
 
 // The same for the backward, recomputed from the kept attention output into scratch_bt4c.
 const floatX* head_gated_kept(GPT2& m, int l, int N) {
-  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l), {m.param(llmc::kHeadGates, l), 0}, N,
+  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l),
+                    kept_gate_rows(m, llmc::kMuddHeadGate, l, N, m.param(llmc::kHeadGates, l)), N,
                     m.config.num_heads, m.config.channels, m.stream);
   return m.scratch_bt4c;
 }
@@ -10720,9 +10996,10 @@ const floatX* head_gated_kept(GPT2& m, int l, int N) {
 // the gates'.
 void head_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!head_gate_layer(m, l)) return;
-  head_gate_backward(m.scratch_btc, {m.grad(llmc::kHeadGates, l), 0}, m.partials, m.scratch_btc,
-                     attention_output_kept(m, l), {m.param(llmc::kHeadGates, l), 0}, N, m.config.num_heads,
-                     m.config.channels, seeds.next(), m.stream);
+  head_gate_backward(m.scratch_btc, gate_gradient(m, llmc::kMuddHeadGate, l, N, m.grad(llmc::kHeadGates, l)),
+                     m.partials, m.scratch_btc, attention_output_kept(m, l),
+                     kept_gate_rows(m, llmc::kMuddHeadGate, l, N, m.param(llmc::kHeadGates, l)), N,
+                     m.config.num_heads, m.config.channels, seeds.next(), m.stream);
 }
 
 // ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
@@ -11042,7 +11319,7 @@ void bigram_embedding_forward(GPT2& m, int N) {
   bigram_forward(m.act(kBigramEmbedded), m.param(llmc::kBigram), m.bigram_rows, m.bigram_signs, m.bigram_rows + N, N,
                  C, m.stream);
   bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded),
-                      {m.param(llmc::kBigramGates, 0), 0}, N, C, m.stream);
+                      kept_gate_rows(m, llmc::kMuddBigram, 0, N, m.param(llmc::kBigramGates, 0)), N, C, m.stream);
 }
 
 void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
@@ -11054,9 +11331,10 @@ void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
 // g_l's, and b's part into dbigram.
 void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().bigram || l == 0) return;
-  bigram_gate_backward(m.dbigram, {m.grad(llmc::kBigramGates, l), 0}, m.partials, m.dresidual,
-                       m.act(kBigramEmbedded), {m.param(llmc::kBigramGates, l), 0}, N, m.config.channels, seeds.next(),
-                       m.stream);
+  bigram_gate_backward(m.dbigram, gate_gradient(m, llmc::kMuddBigram, l, N, m.grad(llmc::kBigramGates, l)),
+                       m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       kept_gate_rows(m, llmc::kMuddBigram, l, N, m.param(llmc::kBigramGates, l)), N,
+                       m.config.channels, seeds.next(), m.stream);
 }
 
 // After block 0's backward, from dresidual, the gradient of the stream's start x0 + g_0 b: g_0's and
@@ -11065,8 +11343,10 @@ void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
 void bigram_stream_start_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().bigram || l != 0) return;
   const int C = m.config.channels;
-  bigram_gate_backward(m.dbigram, {m.grad(llmc::kBigramGates, 0), 0}, m.partials, m.dresidual,
-                       m.act(kBigramEmbedded), {m.param(llmc::kBigramGates, 0), 0}, N, C, seeds.next(), m.stream);
+  bigram_gate_backward(m.dbigram, gate_gradient(m, llmc::kMuddBigram, 0, N, m.grad(llmc::kBigramGates, 0)),
+                       m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       kept_gate_rows(m, llmc::kMuddBigram, 0, N, m.param(llmc::kBigramGates, 0)), N, C, seeds.next(),
+                       m.stream);
   add_inplace(m.dresidual, m.dx0, (size_t)N * C, seeds.next(), m.stream);
 }
 
@@ -11128,8 +11408,8 @@ void record89_plan_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
 // the add's p then 1 (scales.p cleared).
 const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
   GatedTerm x0, bigram;
-  if (m.arch().x0_gates) x0 = {r.x0, {m.param(llmc::kX0Gates, l), 0}};
-  if (r.bigram && l > 0) bigram = {r.bigram, {m.param(llmc::kBigramGates, l), 0}};
+  if (m.arch().x0_gates) x0 = {r.x0, gate_rows(m, r, llmc::kMuddX0, l, m.param(llmc::kX0Gates, l))};
+  if (r.bigram && l > 0) bigram = {r.bigram, gate_rows(m, r, llmc::kMuddBigram, l, m.param(llmc::kBigramGates, l))};
   if (!x0.values && !bigram.values) return r.attention_out;
   gated_terms_forward(r.proj, r.attention_out, scales.p, x0, bigram, r.rows(), m.config.channels, m.stream);
   scales.p = nullptr;
@@ -11139,8 +11419,10 @@ const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales
 // Layer l's gated skip, r.residual2 = r.input + s r.kept, normalised into ln2 in the same pass.
 void gated_skip_norm(GPT2& m, int l, const BlockRows& r) {
   const floatX* skip_gate = m.param(llmc::kSkipGate);
-  gated_skip_scale(m.skip_scale, skip_gate, {skip_gate + 1, 0}, r.rows(), m.stream);
-  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), {nullptr, m.skip_scale});
+  const GateRows g = gate_rows(m, r, llmc::kMuddSkip, l, skip_gate + 1);
+  floatX* scale = g.stride > 0 ? r.skip_scale : m.skip_scale;
+  gated_skip_scale(scale, skip_gate, g, r.rows(), m.stream);
+  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), {nullptr, scale, g.stride > 0 ? 1 : 0});
 }
 
 // What layer l's first norm reads: an earlier layer's output (LayerSpec::attention_source), or the
@@ -11157,8 +11439,9 @@ floatX* attention_input_gradient(GPT2& m, int l, int N) {
 // From dresidual, the gradient of block l's residual2: x0's term's (its gate's; x0's part into dx0).
 void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_gates) return;
-  bigram_gate_backward(m.dx0, {m.grad(llmc::kX0Gates, l), 0}, m.partials, m.dresidual, m.act(kEncoded),
-                       {m.param(llmc::kX0Gates, l), 0}, N, m.config.channels, seeds.next(), m.stream);
+  bigram_gate_backward(m.dx0, gate_gradient(m, llmc::kMuddX0, l, N, m.grad(llmc::kX0Gates, l)), m.partials,
+                       m.dresidual, m.act(kEncoded), kept_gate_rows(m, llmc::kMuddX0, l, N, m.param(llmc::kX0Gates, l)),
+                       N, m.config.channels, seeds.next(), m.stream);
 }
 
 // From dresidual, the gradient of layer l's residual2 = input + s kept: the skip gate's, and the kept
@@ -11168,9 +11451,10 @@ void gated_skip_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (source < 0) return;
   const floatX* skip_gate = m.param(llmc::kSkipGate);
   floatX* dskip_gate = m.grad(llmc::kSkipGate);
-  gated_skip_backward(kept_gradient(m, source, N), dskip_gate, {dskip_gate + 1, 0}, m.partials, m.dresidual,
-                      m.act(kResidual3, source), m.skip_scale, skip_gate, {skip_gate + 1, 0}, N, m.config.channels,
-                      seeds.next(), m.stream);
+  const GateRows g = kept_gate_rows(m, llmc::kMuddSkip, l, N, skip_gate + 1);
+  gated_skip_backward(kept_gradient(m, source, N), dskip_gate, gate_gradient(m, llmc::kMuddSkip, l, N, dskip_gate + 1),
+                      m.partials, m.dresidual, m.act(kResidual3, source), g.stride > 0 ? m.act(kMuddSkipScale) : m.skip_scale,
+                      skip_gate, g, N, m.config.channels, seeds.next(), m.stream);
 }
 
 // After block l's backward, dresidual (the gradient of its input) takes what joins it: that of block
@@ -11325,6 +11609,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.residual3 = m.act(kResidual3, l);
   r.x0 = m.act(kEncoded);
   r.tokens = m.inputs;
+  mudd_gates_point_rows(m, r, B * T);
   value_mix_point_rows(m, l, r, nullptr);
   attention_gate_point_rows(m, l, r, nullptr);
   head_gate_point_rows(m, r, nullptr);
@@ -11403,8 +11688,12 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   bigram_rows_upload(m, inputs, N);
   if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
+  mudd_gates_forward(m, 0, m.act(kEncoded), N);
   bigram_embedding_forward(m, N);
-  for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
+  for (int l = 0; l < m.config.num_layers; l++) {
+    if (l == llmc::kMuddPostLayer) mudd_gates_forward(m, 1, block_input(m, l), N);
+    block_forward(m, l, block_rows(m, l, B, T));
+  }
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
@@ -11561,6 +11850,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   bigram_backward_prepare(m, N);
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   residual_mix_zero_gradients(m, N);
+  mudd_gates_zero_gradients(m, N);
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
@@ -11568,8 +11858,10 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   // joining the stream after it (gradient_joining_after_block).
   for (int l = L - 1; l >= 0; l--) {
     block_backward(m, l, B, T, seeds);
+    if (l == llmc::kMuddPostLayer) mudd_gates_backward(m, 1, block_input(m, l), m.dresidual, N, seeds);
     if (last_micro_step && grads_final) grads_final(l);
   }
+  mudd_gates_backward(m, 0, m.act(kEncoded), m.dresidual, N, seeds);
   const uint32_t seed_encoder = seeds.next();
   const uint32_t seed_norm = m.arch().embedding_norm ? seeds.next() : 0;
   const uint32_t seed_smear = m.arch().smear ? seeds.next() : 0;
@@ -11934,6 +12226,7 @@ struct GPT2Decoder {
   SmearRows smear;             // the smear's rows of the token before and the token
   int previous_token = 0;      // the token fed before (the smear's and the bigram embedding's)
   int* bigram_rows = nullptr;  // the token's bigram table row and sign row
+  MuddGeneratorRows mudd;      // record #89's MUDD gate generators' steps (rows.mudd_rows their rows)
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -11973,6 +12266,13 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   record89_plan_point_rows(m, 0, r, &a);
   bigram_point_rows(m, r, &a);
   sublayer_lambdas_point_rows(m, 0, r, &a);
+  if (m.arch().mudd_gates) {
+    floatX* rows = a.take<floatX>(2 * llmc::kMuddGateStride);
+    r.mudd_rows[0] = rows;
+    r.mudd_rows[1] = rows + llmc::kMuddGateStride;
+    r.skip_scale = a.take<floatX>(1);
+    d.mudd = mudd_decoder_rows(m, a);
+  }
 }
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
@@ -12018,6 +12318,9 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
     embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
   }
+  if (m.arch().mudd_gates) {
+    mudd_generator_forward(m, 0, d.x0, (floatX*)r.mudd_rows[0], d.mudd, 1);
+  }
   if (m.arch().bigram) {
     // The token's rows at its position of the sequence, the stream's start x0 + g_0 b.
     int rows[2];
@@ -12025,7 +12328,8 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(d.bigram_rows, rows, sizeof(rows), cudaMemcpyHostToDevice, m.stream));
     bigram_forward(r.bigram, m.param(llmc::kBigram), d.bigram_rows, m.bigram_signs, d.bigram_rows + 1, 1,
                    (int)C, m.stream);
-    bigram_gate_forward(r.residual3, d.x0, r.bigram, {m.param(llmc::kBigramGates, 0), 0}, 1, (int)C, m.stream);
+    bigram_gate_forward(r.residual3, d.x0, r.bigram, gate_rows(m, r, llmc::kMuddBigram, 0, m.param(llmc::kBigramGates, 0)),
+                        1, (int)C, m.stream);
   } else {
     cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   }
@@ -12035,6 +12339,9 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     r.k_cache = d.k_cache + l * layer_cache;
     r.v_cache = d.v_cache + l * layer_cache;
     decode_kept_inputs(m, l, r);
+    if (m.arch().mudd_gates && l == llmc::kMuddPostLayer) {
+      mudd_generator_forward(m, 1, r.residual3, (floatX*)r.mudd_rows[1], d.mudd, 1);
+    }
     block_forward(m, l, r);
     decode_keep_output(m, l, r);
   }
@@ -12978,6 +13285,7 @@ struct TrainArgs : llmc::TrainFlags {
   int xsa = 0;                  // -xs: and its exclusive self-attention
   int record89_plan = 0;        // -lp: and its 11-layer plan
   int paired_heads = 0;         // -ph: and the plan's paired heads
+  int mudd_gates = 0;           // -mg: and the plan's MUDD gate generators
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -13244,6 +13552,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "& 1); heads 0..NH/2-1 of token t attend at position 2t and the rest at 2t + 1 of each sequence "
                "doubled, as NH/2 heads; windows in positions: -awt 1); a model file's header says whether it has "
                "them", &a.paired_heads, 0, 1),
+      int_flag("-mg", "MUDD gates", "-recipe speedrun with -lp 1: 1 the model made from -e's preset reads record "
+               "#89's XSA strengths, head gates, x0 and bigram gates (but layer 10's) and the skip's g a token, from "
+               "two MUDD gate generators (gelu(x W1^T) W2^T + b2) scale, one of x0 and one of layer 4's input; at "
+               "most 6 heads; a model file's header says whether it has them", &a.mudd_gates, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -13338,6 +13650,8 @@ void validate_args(const TrainArgs& a) {
           a.recipe->name);
   REQUIRE(!a.paired_heads || (a.record89_plan && a.rotary_pairs), "-ph 1 pairs the heads of record #89's plan's "
           "layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it (and -recipe speedrun), or drop -ph");
+  REQUIRE(!a.mudd_gates || a.record89_plan, "-mg 1 generates the gates of record #89's plan: give -lp 1 with it "
+          "(and -recipe speedrun), or drop -mg");
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -13561,8 +13875,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates, residual lambdas, XSA, plan and paired heads; -sm, -bg, -rp, -vg, -rl, -xs, -lp and
-// -ph, where given, must agree.
+// value-embedding gates, residual lambdas, XSA, plan, paired heads and MUDD gates; -sm, -bg, -rp, -vg, -rl,
+// -xs, -lp, -ph and -mg, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -13577,6 +13891,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-xs", a.xsa, config.xsa, "XSA");
   check("-lp", a.record89_plan, config.record89_plan, "record #89's plan");
   check("-ph", a.paired_heads, config.paired_heads, "record #89's paired heads");
+  check("-mg", a.mudd_gates, config.mudd_gates, "record #89's MUDD gate generators");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -13593,6 +13908,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.xsa = a.xsa != 0;
     llmc::set_record89_plan(p.config, a.record89_plan != 0);
     p.config.paired_heads = a.paired_heads != 0;
+    p.config.mudd_gates = a.mudd_gates != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -13613,6 +13929,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     requested.xsa = p.config.xsa;
     llmc::set_record89_plan(requested, p.config.record89_plan);
     requested.paired_heads = p.config.paired_heads;
+    requested.mudd_gates = p.config.mudd_gates;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

@@ -910,6 +910,10 @@ gpu_resume() {
   # doubled document metadata and the window's schedule from the resumed step.
   resume_test ./train_gpt2cu resume_speedrun_paired_heads_bf16 -recipe speedrun -lp 1 -rp 1 -ph 1 -awt 1 -b 1 \
     -t 1024 -z 1024 -vt 512
+  # With its MUDD gate generators (-mg 1) and XSA: their four tensors and AdamW state, the model from the
+  # header, the gates a token from the resumed parameters.
+  resume_test ./train_gpt2cu resume_speedrun_mudd_gates_bf16 -recipe speedrun -lp 1 -mg 1 -xs 1 -bg 1 -b 1 -t 1024 \
+    -z 1024 -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
   # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
   # frequencies and scale of both changes from the plan again.
