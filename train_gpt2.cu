@@ -1143,7 +1143,8 @@ void gate_check(const char* name, const GateRows& gate, const GateGradient* dgat
   REQUIRE(gate.values && gate.stride >= 0 && (gate.stride == 0 || gate.stride >= width),
           "%s: the gate needs its values and a stride of 0 or at least %d (stride %d)", name, width, gate.stride);
   if (!dgate) return;
-  REQUIRE(dgate->values && (dgate->stride == 0) == (gate.stride == 0) && (dgate->stride == 0 || dgate->stride >= width),
+  REQUIRE(dgate->values && (dgate->stride == 0) == (gate.stride == 0) &&
+              (dgate->stride == 0 || dgate->stride >= width),
           "%s: the gate's gradient needs its values and a stride of 0 with the gate's 0, at least %d with rows "
           "(strides %d and %d)", name, width, gate.stride, dgate->stride);
 }
@@ -1181,8 +1182,14 @@ __global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, const 
   const x128 x = load128(in + i);
   x128 a, b;
   float ga = 0.0f, gb = 0.0f;
-  if (first.values) a = load128(first.values + i), ga = first.gate.at(row);
-  if (second.values) b = load128(second.values + i), gb = second.gate.at(row);
+  if (first.values) {
+    a = load128(first.values + i);
+    ga = first.gate.at(row);
+  }
+  if (second.values) {
+    b = load128(second.values + i);
+    gb = second.gate.at(row);
+  }
   x128 o;
   for (int k = 0; k < x128::size; k++) {
     const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
