@@ -1143,7 +1143,8 @@ void gate_check(const char* name, const GateRows& gate, const GateGradient* dgat
   REQUIRE(gate.values && gate.stride >= 0 && (gate.stride == 0 || gate.stride >= width),
           "%s: the gate needs its values and a stride of 0 or at least %d (stride %d)", name, width, gate.stride);
   if (!dgate) return;
-  REQUIRE(dgate->values && (dgate->stride == 0) == (gate.stride == 0) && (dgate->stride == 0 || dgate->stride >= width),
+  REQUIRE(dgate->values && (dgate->stride == 0) == (gate.stride == 0) &&
+              (dgate->stride == 0 || dgate->stride >= width),
           "%s: the gate's gradient needs its values and a stride of 0 with the gate's 0, at least %d with rows "
           "(strides %d and %d)", name, width, gate.stride, dgate->stride);
 }
@@ -1181,8 +1182,14 @@ __global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, const 
   const x128 x = load128(in + i);
   x128 a, b;
   float ga = 0.0f, gb = 0.0f;
-  if (first.values) a = load128(first.values + i), ga = first.gate.at(row);
-  if (second.values) b = load128(second.values + i), gb = second.gate.at(row);
+  if (first.values) {
+    a = load128(first.values + i);
+    ga = first.gate.at(row);
+  }
+  if (second.values) {
+    b = load128(second.values + i);
+    gb = second.gate.at(row);
+  }
   x128 o;
   for (int k = 0; k < x128::size; k++) {
     const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
@@ -3892,13 +3899,13 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
 // In the plan's XSA layers each head's attention output y [N, C] loses its part along the value it
 // read: out = y - s (y . v / max(|v|^2, 1e-8)) v per row and head, s = tanh(alpha_h), alpha [NH] a
 // parameter or MUDD's alpha_n,h a row (GateRows), v [N, C] with rows ld_v apart (qkv's v columns
-// after the value mix). Rounded to floatX
-// where train_gpt2.py's tensors are (each product in the two dots, the dots, the ratio, s, s times
-// the ratio, its product with v, the difference); the rest FP32 in registers. One warp a row, a
-// 16-byte piece a lane; a head's dots over its pieces in order, the pieces' products in order. The
-// backward writes dy (over dout, in place) and dv (its own rows), and sums a shared dalpha over row
-// blocks (section 2) or writes a row's dalpha_n,h: deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC,
-// writes 2NC; memory-bound.
+// after the value mix). Rounded to floatX where train_gpt2.py's tensors are (each product in the two
+// dots, the dots, the ratio, s, s times the ratio, its product with v, the difference); the rest
+// FP32 in registers. One warp a row, a 16-byte piece a lane; a head's dots over its pieces in order,
+// the pieces' products in order. The backward writes dy (over dout, in place) and dv (its own
+// rows), and sums a shared dalpha over row blocks (section 2) or writes a row's dalpha_n,h:
+// deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC, writes 2NC;
+// memory-bound.
 
 constexpr int kXsaWarps = 8;
 constexpr float kXsaMinSquares = 1e-8f;  // the clamp of |v|^2, the reference's
