@@ -10759,12 +10759,12 @@ void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSe
 // to floatX as the reference's BF16 tensors. The products are section 1's, of copies of W1 and W2
 // (act(kMuddWeights): the parameters' offsets are not 16-byte aligned; W2's rows padded with zero
 // rows to llmc::kMuddGateStride), their gradients accumulated in an aligned copy likewise; the exact
-// GELU is section 7's, the bias and scale section 7's gate rows. The rows, kept for the backward: act(kMuddGates) [2][N, stride], the pre generator's
-// first. The gates' backward writes their columns of dmudd_gates (zeroed before each backward pass);
-// each generator's backward then adds its input's gradient: the pre's into x0's (dresidual once block
-// 0's backward is done), the post's into block 4's input's (dresidual after block 4's backward).
-// Parameters: mudd_gate_w1 [2, 64, C], mudd_gate_w2 [2, 41, 64], mudd_gate_b2 [2, 41],
-// mudd_gate_scale [1].
+// GELU is section 7's, the bias and scale section 7's gate rows. The rows, kept for the backward:
+// act(kMuddGates) [2][N, stride], the pre generator's first. The gates' backward writes their
+// columns of dmudd_gates (zeroed before each backward pass); each generator's backward then adds its
+// input's gradient: the pre's into x0's (dresidual once block 0's backward is done), the post's
+// into block 4's input's (dresidual after block 4's backward). Parameters: mudd_gate_w1 [2, 64, C],
+// mudd_gate_w2 [2, 41, 64], mudd_gate_b2 [2, 41], mudd_gate_scale [1].
 
 void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
   if (!arch.mudd_gates) return;
@@ -10849,7 +10849,7 @@ MuddGeneratorRows mudd_decoder_rows(GPT2& m, RowArena& a) {
 // grad [rows, cols] (at any offset) += dout[N, rows]^T @ inp[N, cols], accumulated in the aligned
 // copy mudd_dweight (ld_out: dout's row length, at least rows).
 void mudd_weight_gradient(floatX* grad, const floatX* dout, const floatX* inp, int N, int cols, int rows, int ld_out,
-                  cudaStream_t stream, floatX* scratch) {
+                          cudaStream_t stream, floatX* scratch) {
   const size_t n = (size_t)rows * cols;
   cudaCheck(cudaMemsetAsync(scratch, 0, (size_t)ld_out * cols * sizeof(floatX), stream));
   cudaCheck(cudaMemcpyAsync(scratch, grad, n * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
@@ -11429,7 +11429,8 @@ void gated_skip_norm(GPT2& m, int l, const BlockRows& r) {
   const GateRows g = gate_rows(m, r, llmc::kMuddSkip, l, skip_gate + 1);
   floatX* scale = g.stride > 0 ? r.skip_scale : m.skip_scale;
   gated_skip_scale(scale, skip_gate, g, r.rows(), m.stream);
-  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), {nullptr, scale, g.stride > 0 ? 1 : 0});
+  const SublayerScales scales = {nullptr, scale, g.stride > 0 ? 1 : 0};
+  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), scales);
 }
 
 // What layer l's first norm reads: an earlier layer's output (LayerSpec::attention_source), or the
@@ -11459,9 +11460,10 @@ void gated_skip_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   const floatX* skip_gate = m.param(llmc::kSkipGate);
   floatX* dskip_gate = m.grad(llmc::kSkipGate);
   const GateRows g = kept_gate_rows(m, llmc::kMuddSkip, l, N, skip_gate + 1);
+  const floatX* scale = g.stride > 0 ? m.act(kMuddSkipScale) : m.skip_scale;
   gated_skip_backward(kept_gradient(m, source, N), dskip_gate, gate_gradient(m, llmc::kMuddSkip, l, N, dskip_gate + 1),
-                      m.partials, m.dresidual, m.act(kResidual3, source), g.stride > 0 ? m.act(kMuddSkipScale) : m.skip_scale,
-                      skip_gate, g, N, m.config.channels, seeds.next(), m.stream);
+                      m.partials, m.dresidual, m.act(kResidual3, source), scale, skip_gate, g, N, m.config.channels,
+                      seeds.next(), m.stream);
 }
 
 // After block l's backward, dresidual (the gradient of its input) takes what joins it: that of block
@@ -12335,8 +12337,8 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(d.bigram_rows, rows, sizeof(rows), cudaMemcpyHostToDevice, m.stream));
     bigram_forward(r.bigram, m.param(llmc::kBigram), d.bigram_rows, m.bigram_signs, d.bigram_rows + 1, 1,
                    (int)C, m.stream);
-    bigram_gate_forward(r.residual3, d.x0, r.bigram, gate_rows(m, r, llmc::kMuddBigram, 0, m.param(llmc::kBigramGates, 0)),
-                        1, (int)C, m.stream);
+    const GateRows g = gate_rows(m, r, llmc::kMuddBigram, 0, m.param(llmc::kBigramGates, 0));
+    bigram_gate_forward(r.residual3, d.x0, r.bigram, g, 1, (int)C, m.stream);
   } else {
     cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   }

@@ -125,8 +125,8 @@ MUDD_GATE_COLUMNS_OF = {("xsa", 1): (0, 0), ("xsa", 3): (0, 6), ("head", 3): (0,
                         ("xsa", 4): (1, 0), ("xsa", 7): (1, 6), ("head", 10): (1, 12), ("skip", 6): (1, 28)}
 MUDD_GATE_COLUMNS_OF.update({(kind, layer): (0, 18 + 2 * layer + second)
                              for layer in range(4) for second, kind in enumerate(("x0", "bigram"))})
-MUDD_GATE_COLUMNS_OF.update({(kind, layer): (1, 18 + 2 * k + second)
-                             for k, layer in enumerate((4, 5, 7, 8, 9)) for second, kind in enumerate(("x0", "bigram"))})
+MUDD_GATE_COLUMNS_OF.update({(kind, layer): (1, 18 + 2 * k + second) for k, layer in enumerate((4, 5, 7, 8, 9))
+                             for second, kind in enumerate(("x0", "bigram"))})
 # b2's start a column (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
 # composed attention's first six weights (layer 10's, unused here) 1.0, over the scale; the rest 0.
 MUDD_GATE_BIAS_INIT = [((0, 12, 18), 2.5), ((0, 19, 26, 2), 0.5), ((1, 12, 18), 2.5), ((1, 19, 28, 2), 0.5),
@@ -1233,8 +1233,8 @@ class GPT(nn.Module):
             return None
         n = MUDD_PRE_COLUMNS if generator == 0 else MUDD_GATE_COLUMNS
         hidden = F.gelu(F.linear(x, self.mudd_gate_w1[generator].type_as(x)))
-        rows = F.linear(hidden, self.mudd_gate_w2[generator, :n].type_as(x)) + self.mudd_gate_b2[generator, :n].type_as(x)
-        return rows * self.mudd_gate_scale.type_as(x)
+        product = F.linear(hidden, self.mudd_gate_w2[generator, :n].type_as(x))
+        return (product + self.mudd_gate_b2[generator, :n].type_as(x)) * self.mudd_gate_scale.type_as(x)
 
     def mudd_gate(self, kind, layer, rows, width=1):
         """Layer `layer`'s gate of `kind` (MUDD_GATE_COLUMNS_OF) a token, [B, T, width] of its generator's rows;
