@@ -660,7 +660,8 @@ with torch.no_grad():
     model.bigram.weight.normal_()
     model.bigram_gates.uniform_(0.5, 1.5)
 idx = torch.randint(0, 512, (2, 6))
-terms = model.bigram_terms(idx)
+bigram = model.bigram_embedding(idx)
+terms = [model.bigram_term(layer, bigram, [None, None]) for layer in range(config.num_layers)]
 flat = idx.flatten().tolist()
 for layer, spec in enumerate(config.plan):  # by hand: the flat sequence's pairs, each layer's gate
     if not spec.attention:
@@ -847,7 +848,7 @@ assert model.xsa_alpha.shape == (3, 2) and not model.xsa_alpha.any(), "the stren
 tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
 assert model.xsa_alpha.all(), "the debug state's noise reaches every strength"
 layers = [layer for layer, spec in enumerate(config.plan) if spec.xsa]
-alphas = model.layer_xsa_alphas()
+alphas = [model.layer_xsa_alpha(layer, [None, None]) for layer in range(config.num_layers)]
 assert layers == [1, 3, 4] and [a is not None for a in alphas] == [l in layers for l in range(12)], layers
 assert all(torch.equal(alphas[layer], model.xsa_alpha[row]) for row, layer in enumerate(layers))
 # By hand: y - tanh(alpha_h) (y . v / max(|v|^2, 1e-8)) v, head by head; head 1 of row (1, 2) has v = 0.
