@@ -1,6 +1,6 @@
 // One full training step inside NVTX ranges, for nsys and ncu:
 //   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern|speedrun]
-//                    [-aw N] [-fh 0|1] [-i SHARDS] [-f89 sm,bg,rp,ko,vg,rl,xs,lp,ph,al]
+//                    [-aw N] [-fh 0|1] [-i SHARDS] [-f89 sm,bg,rp,ko,vg,rl,xs,lp,ph,al,mg]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // A model initialised from a seed; prints the time of each phase. The tokens are random, or with -i
 // the first B x T of those shards (contiguous): real text's frequent tokens and documents change
@@ -10,7 +10,8 @@
 // products are the recipe's (FP8 for the speedrun, where the build and the GPU have it) unless -fh
 // says otherwise, as in train_gpt2cu. -f89 gives the model record #89's parts of those names, as
 // train_gpt2cu's flags of them (-sm 1, -bg 1, -rp 1, -ko 1, -vg 1, -rl 1, -xs 1, -lp 1: its 11 layers,
-// -ph 1: its paired heads, with lp and rp; -al 1: its attention lambdas).
+// -ph 1: its paired heads, with lp and rp; -al 1: its attention lambdas; -mg 1: its MUDD gate generators,
+// with lp).
 #define TESTING
 #include "train_gpt2.cu"
 
@@ -35,14 +36,15 @@ void apply_record89_parts(const std::string& list, llmc::GPT2Config* c, bool* ke
                                                  {"rp", &c->rotary_pairs}, {"ko", key_offset},
                                                  {"vg", &c->ve_gates},     {"rl", &c->resid_lambdas},
                                                  {"xs", &c->xsa},          {"lp", &c->record89_plan},
-                                                 {"ph", &c->paired_heads}, {"al", &c->attn_lambdas}};
+                                                 {"ph", &c->paired_heads}, {"al", &c->attn_lambdas},
+                                                 {"mg", &c->mudd_gates}};
   for (size_t at = 0; at < list.size();) {
     const size_t end = std::min(list.find(',', at), list.size());
     const std::string name = list.substr(at, end - at);
     at = end + 1;
     const auto part = std::find_if(std::begin(parts), std::end(parts), [&](const auto& p) { return name == p.first; });
     if (part == std::end(parts)) {
-      LLMC_FAIL("-f89 %s: no part '%s'; name some of sm, bg, rp, ko, vg, rl, xs, lp, ph, al, apart by commas",
+      LLMC_FAIL("-f89 %s: no part '%s'; name some of sm, bg, rp, ko, vg, rl, xs, lp, ph, al, mg, apart by commas",
                 list.c_str(), name.c_str());
     }
     *part->second = true;
@@ -50,6 +52,9 @@ void apply_record89_parts(const std::string& list, llmc::GPT2Config* c, bool* ke
   if (c->record89_plan) llmc::set_record89_plan(*c, true);  // its depth
   if (const char* missing = llmc::paired_heads_missing(*c)) {
     LLMC_FAIL("-f89 %s: the paired heads (ph) need %s: name lp and rp with ph", list.c_str(), missing);
+  }
+  if (const char* missing = llmc::mudd_gates_missing(*c)) {
+    LLMC_FAIL("-f89 %s: the MUDD gates (mg) need %s: name lp with mg", list.c_str(), missing);
   }
 }
 

@@ -49,8 +49,9 @@ constexpr double kGradRelNorm = 4e-2;
 // wrong term is off by 1 or more.
 constexpr double kScalarGradRelNorm = 3e-1;
 #endif
-// Tensors of at most this many entries are the model's scalars above.
-constexpr size_t kScalarTensorMaxSize = 32;
+// Tensors of at most this many entries are the model's scalars above; record #89's MUDD gate
+// generators' biases (2 x 41), each entry a column sum over the rows as the gates they replace, are too.
+constexpr size_t kScalarTensorMaxSize = 2 * llmc::kMuddGateWidth;
 // Muon's Newton-Schulz products are BF16 in every build, as the reference's, and cuBLASLt rounds
 // them in another order than PyTorch: with Muon the FP32 build's step losses are bounded, not
 // tight. Measured on an H100 (10 steps, largest difference): GPT-2 tiny 8.8e-4, modern tiny

@@ -1121,46 +1121,86 @@ void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const 
   encoder_backward(dtable, nullptr, plan, scratch, 1, N, C, seed, stream);
 }
 
+// ---- Gates: a learned value a layer (or NH, one a head) that every row shares, or record #89's
+// MUDD gates, a value per token: a row of a gate generator's output (section 10) ----
+// stride 0: values' one value (or NH) for every row, the scalar parameters; stride > 0: row n's at
+// values + n * stride, its NH heads consecutive.
+struct GateRows {
+  const floatX* values = nullptr;
+  int stride = 0;
+  __device__ __forceinline__ float at(size_t row, int h = 0) const { return (float)values[row * stride + h]; }
+};
+// A gate's gradient: stride 0, values += the sum over the rows (row-block partials, then
+// column_sum_finalize's stochastic rounding, as every scalar parameter's); stride > 0, row n's
+// gradient written (not accumulated) at values + n * stride, rounded once to floatX.
+struct GateGradient {
+  floatX* values = nullptr;
+  int stride = 0;
+};
+
+// A gate of width values a row (1, or NH) and its gradient, read and written with the same kind of
+// stride (both 0, or both at least the width).
+void gate_check(const char* name, const GateRows& gate, const GateGradient* dgate, int width) {
+  REQUIRE(gate.values && gate.stride >= 0 && (gate.stride == 0 || gate.stride >= width),
+          "%s: the gate needs its values and a stride of 0 or at least %d (stride %d)", name, width, gate.stride);
+  if (!dgate) return;
+  REQUIRE(dgate->values && (dgate->stride == 0) == (gate.stride == 0) &&
+              (dgate->stride == 0 || dgate->stride >= width),
+          "%s: the gate's gradient needs its values and a stride of 0 with the gate's 0, at least %d with rows "
+          "(strides %d and %d)", name, width, gate.stride, dgate->stride);
+}
+
 // ---- The gated adds into the residual stream: record #89's bigram embedding and x0 ----
 // out [N, C] = in + (g t) + (g' t'), each term t [N, C] (the bigram embedding b, record #89's plan's
-// x0) times its gate g, one value on the device: each product rounded on its own, then the sum (the
-// reference's steps; the x0 term first, then the bigram's); out may be in (the attention's output
-// in place). With record #89's residual lambdas out = p in + (g t) + ..., p the attention's post
-// lambda, rounded once (the terms beside p's product, as the reference adds them). Backward of a
-// term: dt += g dout (each value's sum rounded; dt accumulates the layers' parts), dg += the sum of
-// dout . t over the rows, by row blocks (section 2): deterministic. Floor: forward reads (1 +
-// terms) NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
+// x0) times its gate g (GateRows: one value, or one a row): each product rounded on its own, then
+// the sum (the reference's steps; the x0 term first, then the bigram's); out may be in (the
+// attention's output in place). With record #89's residual lambdas out = p in + (g t) + ..., p the
+// attention's post lambda, rounded once (the terms beside p's product, as the reference adds them).
+// Backward of a term: dt += g dout (each value's sum rounded; dt accumulates the layers' parts); a
+// shared gate's dg += the sum of dout . t over the rows, by row blocks (section 2), a row's gate's
+// dg_n = dout_n . t_n over the row, one warp's tree: deterministic. Floor: forward reads (1 + terms)
+// NC values, writes NC; backward reads 3NC, writes NC; memory-bound.
 constexpr int kBigramGateThreads = 256;
+constexpr int kGateRowWarps = 8;
 
 // A gated term g t of the sum; none where values is null.
 struct GatedTerm {
   const floatX* values = nullptr;
-  const floatX* gate = nullptr;
+  GateRows gate;
 };
 
-// v plus the term's value k of its 16 bytes `loaded` (unread without the term).
-__device__ __forceinline__ float gated_term_add(float v, const GatedTerm& t, const x128& loaded, int k) {
-  return t.values ? v + (float)(floatX)__fmul_rn((float)t.gate[0], (float)loaded[k]) : v;
+// v plus the term's value k of its 16 bytes `loaded` (unread without the term), g its gate's value.
+__device__ __forceinline__ float gated_term_add(float v, const GatedTerm& t, float g, const x128& loaded, int k) {
+  return t.values ? v + (float)(floatX)__fmul_rn(g, (float)loaded[k]) : v;
 }
 
 __global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first,
-                                           GatedTerm second, size_t n) {
+                                           GatedTerm second, size_t n, int C) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
+  const size_t row = i / C;
   const float p = in_scale ? (float)in_scale[0] : 1.0f;
   const x128 x = load128(in + i);
   x128 a, b;
-  if (first.values) a = load128(first.values + i);
-  if (second.values) b = load128(second.values + i);
+  float ga = 0.0f, gb = 0.0f;
+  if (first.values) {
+    a = load128(first.values + i);
+    ga = first.gate.at(row);
+  }
+  if (second.values) {
+    b = load128(second.values + i);
+    gb = second.gate.at(row);
+  }
   x128 o;
   for (int k = 0; k < x128::size; k++) {
     const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
-    o[k] = (floatX)gated_term_add(gated_term_add(v, first, a, k), second, b, k);
+    o[k] = (floatX)gated_term_add(gated_term_add(v, first, ga, a, k), second, gb, b, k);
   }
   store128(out + i, o);
 }
 
-// grid kRowBlocks, 1-D blocks: block j takes its rows' values in 16-byte pieces, thread by thread.
+// A shared gate: grid kRowBlocks, 1-D blocks: block j takes its rows' values in 16-byte pieces,
+// thread by thread.
 __global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, const floatX* dout,
                                             const floatX* bigram, const floatX* gate, int N, int C) {
   const int rpb = rows_per_block(N);
@@ -1179,80 +1219,159 @@ __global__ void bigram_gate_backward_kernel(floatX* dbigram, float* partials, co
   row_block_sums_store(partials, sums);
 }
 
+// Record #89's gated skip's sigmoid(skip_lambda), rounded as the reference's BF16 tensor.
+__device__ __forceinline__ float skip_sigmoid(const floatX* skip_lambda) {
+  return (float)(floatX)(1.0f / (1.0f + expf(-(float)skip_lambda[0])));
+}
+
+// A gate a row: grid kRowBlocks of kGateRowWarps warps, warp w taking its block's rows w, w + 8, ...
+// in turn, a lane its 16-byte pieces in order: dterm += g_n dout and S_n = dout . term over row n
+// (the lanes' sums in warp_reduce_sum's tree), written into dgate times sigmoid(skip_lambda) with
+// the gated skip (skip_lambda given; times 1 otherwise). With weights (the skip's g rows) given,
+// partials[block] = the sum of weight_n S_n over the block's rows, each warp's in order, then the
+// warps in order.
+__global__ void gated_term_row_gates_backward_kernel(floatX* dterm, GateGradient dgate, float* partials,
+                                                     const floatX* dout, const floatX* term, GateRows gate,
+                                                     const floatX* skip_lambda, GateRows weights, int N, int C) {
+  __shared__ float warp_sums[kGateRowWarps];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const float factor = skip_lambda ? skip_sigmoid(skip_lambda) : 1.0f;
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  float weighted = 0.0f;
+  for (int row = r0 + warp; row < r1; row += kGateRowWarps) {
+    const size_t base = (size_t)row * C;
+    const float g = gate.at(row);
+    float sum = 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 d = load128(dout + base + c), t = load128(term + base + c), acc = load128(dterm + base + c);
+      x128 o;
+      for (int k = 0; k < x128::size; k++) {
+        sum += (float)d[k] * (float)t[k];
+        o[k] = (floatX)((float)acc[k] + g * (float)d[k]);
+      }
+      store128(dterm + base + c, o);
+    }
+    const float S = warp_reduce_sum(sum);
+    if (lane == 0) dgate.values[(size_t)row * dgate.stride] = (floatX)(factor * S);
+    if (weights.values) weighted += weights.at(row) * S;
+  }
+  if (!weights.values) return;
+  if (lane == 0) warp_sums[warp] = weighted;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float total = 0.0f;
+  for (int w = 0; w < kGateRowWarps; w++) total += warp_sums[w];
+  partials[blockIdx.x] = total;
+}
+
 // out = in + (first) + (second) (above), [N, C]; in_scale (one value on the device, or null): out =
 // in_scale * in + ...
 void gated_terms_forward(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first, GatedTerm second,
                          int N, int C, cudaStream_t stream) {
   bigram_check("gated_terms_forward", N, C);
+  if (first.values) gate_check("gated_terms_forward", first.gate, nullptr, 1);
+  if (second.values) gate_check("gated_terms_forward", second.gate, nullptr, 1);
   const size_t n = (size_t)N * C;
   gated_terms_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
-      out, in, in_scale, first, second, n);
+      out, in, in_scale, first, second, n, C);
   cudaCheckLaunch();
 }
 
 // out = in + gate * bigram, or in_scale * in + gate * bigram (gated_terms_forward's one term).
-void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, const floatX* gate, int N, int C,
+void bigram_gate_forward(floatX* out, const floatX* in, const floatX* bigram, GateRows gate, int N, int C,
                          cudaStream_t stream, const floatX* in_scale = nullptr) {
   gated_terms_forward(out, in, in_scale, {bigram, gate}, {}, N, C, stream);
 }
 
-// The rows' part of a term's backward: dterm += gate dout, and each row block's sum of dout . term
-// into partials (kRowBlocks floats), for a finalize to add up.
-void gated_term_rows_backward(floatX* dterm, float* partials, const floatX* dout, const floatX* term,
-                              const floatX* gate, int N, int C, cudaStream_t stream) {
-  bigram_check("gated_term_rows_backward", N, C);
-  REQUIRE(dterm != dout, "gated_term_rows_backward: the term's gradient must be apart from dout");
-  bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dterm, partials, dout, term, gate, N,
-                                                                             C);
+// The rows' part of a term's backward: dterm += gate dout; a shared gate's row blocks' sums of
+// dout . term into partials (kRowBlocks floats) for a finalize to add up, or a row's gate's sum
+// written into dgate (partials unused).
+void gated_term_rows_backward(floatX* dterm, GateGradient dgate, float* partials, const floatX* dout,
+                              const floatX* term, GateRows gate, int N, int C, cudaStream_t stream) {
+  const char* name = "gated_term_rows_backward";
+  bigram_check(name, N, C);
+  gate_check(name, gate, gate.stride > 0 ? &dgate : nullptr, 1);
+  REQUIRE(dterm != dout, "%s: the term's gradient must be apart from dout", name);
+  if (gate.stride == 0) {
+    bigram_gate_backward_kernel<<<kRowBlocks, kBigramGateThreads, 0, stream>>>(dterm, partials, dout, term,
+                                                                               gate.values, N, C);
+  } else {
+    gated_term_row_gates_backward_kernel<<<kRowBlocks, kGateRowWarps * WARP_SIZE, 0, stream>>>(
+        dterm, dgate, nullptr, dout, term, gate, nullptr, {}, N, C);
+  }
   cudaCheckLaunch();
 }
 
 // From dout, the gradient of a term's part of gated_terms_forward's out (the bigram embedding's, or
-// x0's): dbigram += gate dout, and dgate += the sum of dout . bigram (stochastic rounding from seed);
-// partials: kRowBlocks floats.
-void bigram_gate_backward(floatX* dbigram, floatX* dgate, float* partials, const floatX* dout, const floatX* bigram,
-                          const floatX* gate, int N, int C, uint32_t seed, cudaStream_t stream) {
-  gated_term_rows_backward(dbigram, partials, dout, bigram, gate, N, C, stream);
-  column_sum_finalize(dgate, partials, 1, 1, kRowBlocks, seed, stream);
+// x0's): dbigram += gate dout, and the gate's gradient (GateGradient: a shared gate's += the sum of
+// dout . bigram, stochastic rounding from seed; a row's written); partials: kRowBlocks floats.
+void bigram_gate_backward(floatX* dbigram, GateGradient dgate, float* partials, const floatX* dout,
+                          const floatX* bigram, GateRows gate, int N, int C, uint32_t seed, cudaStream_t stream) {
+  gate_check("bigram_gate_backward", gate, &dgate, 1);
+  gated_term_rows_backward(dbigram, dgate, partials, dout, bigram, gate, N, C, stream);
+  if (gate.stride == 0) column_sum_finalize(dgate.values, partials, 1, 1, kRowBlocks, seed, stream);
 }
 
-// ---- Record #89's gated skip: x + s kept, s = sigmoid(skip_lambda) g from skip_gate's two values
-// (skip_lambda, g), each step rounded as the reference's BF16 tensors are; the add itself is a
-// residual add with scales (section 4's, p = s). Backward: dkept += s dx (gated_term_rows_backward),
-// and from S, the sum of dx . kept: d skip_lambda = g sig (1 - sig) S and dg = sig S, sig the rounded
-// sigmoid. One thread each: two values.
+// ---- Record #89's gated skip: x + s kept, s = sigmoid(skip_lambda) g, each step rounded as the
+// reference's BF16 tensors are, g skip_gate's second value (GateRows, stride 0) or MUDD's g_n a row
+// (s_n a row); the add itself is a residual add with scales (section 4's, p = s, a row's with
+// p_stride 1). Backward: dkept += s dout (gated_term_rows_backward), S (S_n) the sum of dout . kept
+// (over row n): d skip_lambda += g sig (1 - sig) S and dg += sig S, sig the rounded sigmoid; with
+// rows dg_n = sig S_n written and d skip_lambda += sig (1 - sig) (the sum of g_n S_n over row blocks,
+// then blocks in order). The scale: one thread a value.
 
-__device__ __forceinline__ float skip_sigmoid(const floatX* skip_gate) {
-  return (float)(floatX)(1.0f / (1.0f + expf(-(float)skip_gate[0])));
+__global__ void gated_skip_scale_kernel(floatX* scale, const floatX* skip_lambda, GateRows g, int N) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= N) return;
+  scale[row] = (floatX)(skip_sigmoid(skip_lambda) * g.at(row));
 }
 
-__global__ void gated_skip_scale_kernel(floatX* scale, const floatX* skip_gate) {
-  scale[0] = (floatX)(skip_sigmoid(skip_gate) * (float)skip_gate[1]);
-}
-
-// dskip_gate[0..1] += the gradients from the kRowBlocks partial sums S, added in block order.
-__global__ void gated_skip_gradient_kernel(floatX* dskip_gate, const float* partials, const floatX* skip_gate,
-                                           uint32_t seed) {
+// With a shared g: dskip_lambda and dg.values[0] += the gradients from the kRowBlocks partial sums S,
+// added in block order; with g's rows, dskip_lambda alone from the partial sums of g_n S_n.
+__global__ void gated_skip_gradient_kernel(floatX* dskip_lambda, GateGradient dg, const float* partials,
+                                           const floatX* skip_lambda, GateRows g, uint32_t seed) {
   float S = 0.0f;
   for (int b = 0; b < kRowBlocks; b++) S += partials[b];
-  const float sig = skip_sigmoid(skip_gate), g = (float)skip_gate[1];
-  dskip_gate[0] = round_stochastic((float)dskip_gate[0] + g * sig * (1.0f - sig) * S, seed, 0);
-  dskip_gate[1] = round_stochastic((float)dskip_gate[1] + sig * S, seed, 1);
+  const float sig = skip_sigmoid(skip_lambda);
+  if (g.stride > 0) {
+    dskip_lambda[0] = round_stochastic((float)dskip_lambda[0] + sig * (1.0f - sig) * S, seed, 0);
+    return;
+  }
+  dskip_lambda[0] = round_stochastic((float)dskip_lambda[0] + g.at(0) * sig * (1.0f - sig) * S, seed, 0);
+  dg.values[0] = round_stochastic((float)dg.values[0] + sig * S, seed, 1);
 }
 
-// scale = sigmoid(skip_gate[0]) skip_gate[1], one value on the device.
-void gated_skip_scale(floatX* scale, const floatX* skip_gate, cudaStream_t stream) {
-  gated_skip_scale_kernel<<<1, 1, 0, stream>>>(scale, skip_gate);
+// scale = sigmoid(skip_lambda[0]) g: one value on the device with a shared g (skip_gate's second
+// value), N (scale [N], a row's) with g's rows.
+void gated_skip_scale(floatX* scale, const floatX* skip_lambda, GateRows g, int N, cudaStream_t stream) {
+  gate_check("gated_skip_scale", g, nullptr, 1);
+  REQUIRE(N > 0, "gated_skip_scale: N=%d must be positive", N);
+  const int values = g.stride == 0 ? 1 : N;
+  gated_skip_scale_kernel<<<ceil_div(values, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(scale,
+                                                                                                  skip_lambda, g,
+                                                                                                  values);
   cudaCheckLaunch();
 }
 
 // From dout, the gradient of x + scale kept [N, C] (scale from gated_skip_scale): dkept += scale dout,
-// dskip_gate's two values (stochastic rounding from seed); partials: kRowBlocks floats.
-void gated_skip_backward(floatX* dkept, floatX* dskip_gate, float* partials, const floatX* dout, const floatX* kept,
-                         const floatX* scale, const floatX* skip_gate, int N, int C, uint32_t seed,
-                         cudaStream_t stream) {
-  gated_term_rows_backward(dkept, partials, dout, kept, scale, N, C, stream);
-  gated_skip_gradient_kernel<<<1, 1, 0, stream>>>(dskip_gate, partials, skip_gate, seed);
+// dskip_lambda's and g's gradients (dg: GateGradient, stride g's); stochastic rounding of the shared
+// values from seed. partials: kRowBlocks floats.
+void gated_skip_backward(floatX* dkept, floatX* dskip_lambda, GateGradient dg, float* partials, const floatX* dout,
+                         const floatX* kept, const floatX* scale, const floatX* skip_lambda, GateRows g, int N,
+                         int C, uint32_t seed, cudaStream_t stream) {
+  const char* name = "gated_skip_backward";
+  gate_check(name, g, &dg, 1);
+  if (g.stride == 0) {
+    gated_term_rows_backward(dkept, {}, partials, dout, kept, {scale, 0}, N, C, stream);
+  } else {
+    bigram_check(name, N, C);
+    REQUIRE(dkept != dout, "%s: the kept output's gradient must be apart from dout", name);
+    gated_term_row_gates_backward_kernel<<<kRowBlocks, kGateRowWarps * WARP_SIZE, 0, stream>>>(
+        dkept, dg, partials, dout, kept, {scale, 1}, skip_lambda, g, N, C);
+    cudaCheckLaunch();
+  }
+  gated_skip_gradient_kernel<<<1, 1, 0, stream>>>(dskip_lambda, dg, partials, skip_lambda, g, seed);
   cudaCheckLaunch();
 }
 
@@ -1334,19 +1453,21 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
 }
 
 // Record #89's residual lambdas: a residual add x + y becomes r x + p y, r and p one value each on
-// the device (null: 1), a layer's and sublayer's (section 10, "The residual lambdas"). The sum is
-// rounded once; without scales it is x + y, the plain add's bits.
+// the device (null: 1), a layer's and sublayer's (section 10, "The residual lambdas"); p may instead
+// be a value a row, row n's at p + n * p_stride (record #89's gated skip with MUDD gates, s_n). The
+// sum is rounded once; without scales it is x + y, the plain add's bits.
 struct SublayerScales {
   const floatX* r = nullptr;
   const floatX* p = nullptr;
+  int p_stride = 0;
   __host__ __device__ bool any() const { return r || p; }
 };
 struct SublayerScaleValues {
   bool scaled;
   float r, p;
 };
-__device__ __forceinline__ SublayerScaleValues sublayer_scale_values(const SublayerScales& s) {
-  return {s.any(), s.r ? (float)s.r[0] : 1.0f, s.p ? (float)s.p[0] : 1.0f};
+__device__ __forceinline__ SublayerScaleValues sublayer_scale_values(const SublayerScales& s, size_t row) {
+  return {s.any(), s.r ? (float)s.r[0] : 1.0f, s.p ? (float)s.p[row * s.p_stride] : 1.0f};
 }
 __device__ __forceinline__ float sublayer_add(float x, float y, const SublayerScaleValues& s) {
   return s.scaled ? __fmaf_rn(s.r, x, __fmul_rn(s.p, y)) : x + y;
@@ -1361,7 +1482,7 @@ __global__ void fused_residual_layernorm_forward_kernel(floatX* residual, floatX
   if (row >= N) return;
   const int lane = threadIdx.x % WARP_SIZE;
   const size_t base = (size_t)row * C;
-  const SublayerScaleValues s = sublayer_scale_values(scales);
+  const SublayerScaleValues s = sublayer_scale_values(scales, row);
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     const x128 va = load128(a + base + c), vb = load128(b + base + c);
     x128 r;
@@ -1640,7 +1761,7 @@ __global__ void residual_mix_norm_forward_kernel(floatX* out, floatX* norm_out, 
   const size_t base = (size_t)row * C;
   const float l0 = (float)lambdas[0], l1 = (float)lambdas[1];
   const float w = skip ? (float)skip_weight[0] : 0.0f;
-  const SublayerScaleValues s = sublayer_scale_values(add_scales);
+  const SublayerScaleValues s = sublayer_scale_values(add_scales, row);
   for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
     x128 vx = load128(x + base + c);
     const x128 v0 = load128(x0 + base + c);
@@ -1780,7 +1901,7 @@ void residual_mix_backward(floatX* dx, floatX* dx0, floatX* dskip, floatX* dlamb
 // grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials (dr, dp).
 __global__ void sublayer_lambdas_backward_kernel(floatX* dy, floatX* dout, float* partials, const floatX* x,
                                                  const floatX* y, SublayerScales scales, int N, int C) {
-  const SublayerScaleValues s = sublayer_scale_values(scales);
+  const SublayerScaleValues s = sublayer_scale_values(scales, 0);
   float sums[2] = {};
   const RowBlockRange range = row_block_range(N, C);
   for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
@@ -1806,7 +1927,8 @@ void sublayer_lambdas_backward(floatX* dy, floatX* dout, floatX* dr, floatX* dp,
   const char* name = "sublayer_lambdas_backward";
   REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
           name, N, C, x128::size);
-  REQUIRE(scales.r && scales.p && dr && dp, "%s: give both scales and both of their gradients", name);
+  REQUIRE(scales.r && scales.p && dr && dp && scales.p_stride == 0,
+          "%s: give both scales (one value each) and both of their gradients", name);
   REQUIRE(dy != dout && dy != x && dy != y && dout != x && dout != y,
           "%s: dy and dout must not share memory with each other, x or y", name);
   sublayer_lambdas_backward_kernel<<<kRowBlocks, kResidualMixThreads, 0, stream>>>(dy, dout, partials, x, y, scales,
@@ -2060,8 +2182,8 @@ bool matmul_cublaslt(void* d, const void* a, const void* b, const floatX* bias, 
   return ok;
 }
 
-// The MLP's activations (section 7).
-enum class Activation { kGelu, kRelu2 };
+// The MLP's activations (section 7), and record #89's MUDD gate generators' exact GELU.
+enum class Activation { kGelu, kRelu2, kGeluErf };
 __device__ __forceinline__ float gelu(float x);
 __device__ __forceinline__ float gelu_grad(float x);
 __device__ __forceinline__ float relu2(float x);
@@ -3835,13 +3957,14 @@ void attention_gate_backward(floatX* dy, floatX* dhn, int ld_dhn, floatX* dW, fl
 // ---- Record #89's exclusive self-attention (XSA; SPEC "The speedrun architecture") ----
 // In the plan's XSA layers each head's attention output y [N, C] loses its part along the value it
 // read: out = y - s (y . v / max(|v|^2, 1e-8)) v per row and head, s = tanh(alpha_h), alpha [NH] a
-// parameter, v [N, C] with rows ld_v apart (qkv's v columns after the value mix). Rounded to floatX
-// where train_gpt2.py's tensors are (each product in the two dots, the dots, the ratio, s, s times
-// the ratio, its product with v, the difference); the rest FP32 in registers. One warp a row, a
-// 16-byte piece a lane; a head's dots over its pieces in order, the pieces' products in order. The
-// backward writes dy (over dout, in place) and dv (its own rows), and sums dalpha over row blocks
-// (section 2): deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC,
-// writes 2NC; memory-bound.
+// parameter or MUDD's alpha_n,h a row (GateRows), v [N, C] with rows ld_v apart (qkv's v columns
+// after the value mix). Rounded to floatX where train_gpt2.py's tensors are (each product in the two
+// dots, the dots, the ratio, s, s times the ratio, its product with v, the difference); the rest
+// FP32 in registers. One warp a row, a 16-byte piece a lane; a head's dots over its pieces in order,
+// the pieces' products in order. The backward writes dy (over dout, in place) and dv (its own
+// rows), and sums a shared dalpha over row blocks (section 2) or writes a row's dalpha_n,h:
+// deterministic. Floor: forward reads 2NC values, writes NC; backward reads 3NC, writes 2NC;
+// memory-bound.
 
 constexpr int kXsaWarps = 8;
 constexpr float kXsaMinSquares = 1e-8f;  // the clamp of |v|^2, the reference's
@@ -3855,8 +3978,8 @@ struct XsaHead {
   bool clamped;  // |v|^2 below the clamp, whose gradient then stops
 };
 
-__device__ __forceinline__ float xsa_strength(const floatX* alpha, int h) {
-  return (float)(floatX)tanhf((float)alpha[h]);
+__device__ __forceinline__ float xsa_strength(const GateRows& alpha, size_t row, int h) {
+  return (float)(floatX)tanhf(alpha.at(row, h));
 }
 
 // Each of the row's pieces' rounded products y v and v v, added in order, into piece_yv, piece_vv.
@@ -3892,8 +4015,8 @@ __device__ XsaHead xsa_head(const float* piece_yv, const float* piece_vv, int h,
   return x;
 }
 
-__global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v, int ld_v, const floatX* alpha,
-                                   int N, int NH, int C) {
+__global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v, int ld_v, GateRows alpha, int N,
+                                   int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int pieces = C / x128::size, head_pieces = pieces / NH;
@@ -3907,7 +4030,7 @@ __global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v
   xsa_piece_sums(piece_yv, piece_vv, y_row, v_row, pieces, lane);
   __syncwarp();
   for (int h = lane; h < NH; h += WARP_SIZE) {
-    coef[h] = xsa_head(piece_yv, piece_vv, h, head_pieces, xsa_strength(alpha, h)).coef;
+    coef[h] = xsa_head(piece_yv, piece_vv, h, head_pieces, xsa_strength(alpha, row, h)).coef;
   }
   __syncwarp();
   for (int p = lane; p < pieces; p += WARP_SIZE) {
@@ -3922,9 +4045,11 @@ __global__ void xsa_forward_kernel(floatX* out, const floatX* y, const floatX* v
 // With g = dout, per row and head: gv = g . v, a = s gv / den, dy = g - a v, dv = -coef g - a y + b v
 // (b = 2 s gv dot / den^2, 0 where clamped), dalpha = -(dot / den) gv (1 - tanh(alpha)^2). Grid
 // kRowBlocks of kXsaWarps warps, warp w taking its block's rows w, w + 8, ... in turn; the block's
-// dalpha sums, warps in order, into partials[block][NH].
+// dalpha sums, warps in order, into partials[block][NH] with a shared alpha; with alpha's rows each
+// row's dalpha written into dalpha_rows (partials unused).
 __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, const floatX* dout, const floatX* y,
-                                    const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C) {
+                                    const floatX* v, int ld_v, GateRows alpha, GateGradient dalpha_rows, int N,
+                                    int NH, int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int pieces = C / x128::size, head_pieces = pieces / NH;
@@ -3950,14 +4075,19 @@ __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, con
     }
     __syncwarp();
     for (int h = lane; h < NH; h += WARP_SIZE) {
-      const float t = tanhf((float)alpha[h]), s = (float)(floatX)t;
+      const float t = tanhf(alpha.at(row, h)), s = (float)(floatX)t;
       const XsaHead x = xsa_head(piece_yv, piece_vv, h, head_pieces, s);
       float gv = 0.0f;
       for (int p = h * head_pieces; p < (h + 1) * head_pieces; p++) gv += piece_gv[p];
       coef[h] = x.coef;
       dy_v[h] = s * gv / x.den;
       dv_v[h] = x.clamped ? 0.0f : 2.0f * s * gv * x.dot / (x.den * x.den);
-      dalpha[h] += -(x.dot / x.den) * gv * (1.0f - t * t);
+      const float da = -(x.dot / x.den) * gv * (1.0f - t * t);
+      if (alpha.stride == 0) {
+        dalpha[h] += da;
+      } else {
+        dalpha_rows.values[(size_t)row * dalpha_rows.stride + h] = (floatX)da;
+      }
     }
     __syncwarp();
     for (int p = lane; p < pieces; p += WARP_SIZE) {
@@ -3973,6 +4103,7 @@ __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, con
     }
     __syncwarp();  // the row's shared values are the next row's
   }
+  if (alpha.stride > 0) return;
   __syncthreads();
   for (int h = threadIdx.x; h < NH; h += blockDim.x) {
     float sum = 0.0f;
@@ -3981,18 +4112,20 @@ __global__ void xsa_backward_kernel(floatX* dy, floatX* dv, float* partials, con
   }
 }
 
-void xsa_check(const char* name, const floatX* y, const floatX* v, int ld_v, const floatX* alpha, int N, int NH,
+void xsa_check(const char* name, const floatX* y, const floatX* v, int ld_v, const GateRows& alpha, int N, int NH,
                int C) {
-  REQUIRE(y && v && alpha, "%s: XSA needs the attention's output, its values and the strengths", name);
+  REQUIRE(y && v && alpha.values, "%s: XSA needs the attention's output, its values and the strengths", name);
   REQUIRE(N > 0 && NH > 0 && C % NH == 0 && (C / NH) % x128::size == 0 && ld_v >= C && ld_v % x128::size == 0,
           "%s: N=%d, NH=%d, C=%d, ld_v=%d: N and NH must be positive, the head size C/NH a whole multiple of %d, "
           "and v's rows at least C apart, a multiple of %d", name, N, NH, C, ld_v, x128::size, x128::size);
+  gate_check(name, alpha, nullptr, NH);
 }
 
 size_t xsa_shared_bytes(int NH, int C) { return sizeof(float) * kXsaWarps * (size_t)xsa_warp_floats(NH, C); }
 
-// out [N, C] = XSA of y [N, C] with v (rows ld_v apart) and alpha [NH]; out must not be y or v.
-void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C,
+// out [N, C] = XSA of y [N, C] with v (rows ld_v apart) and alpha (NH values, shared or a row's); out
+// must not be y or v.
+void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, GateRows alpha, int N, int NH, int C,
                  cudaStream_t stream) {
   xsa_check("xsa_forward", y, v, ld_v, alpha, N, NH, C);
   REQUIRE(out != y && out != v, "xsa_forward: out must not share memory with y or v");
@@ -4004,38 +4137,41 @@ void xsa_forward(floatX* out, const floatX* y, const floatX* v, int ld_v, const 
 }
 
 // From dout [N, C], the gradient of the forward's out: dy [N, C] (written; may be dout itself), dv
-// [N, C] (written, rows C apart; not dout), dalpha [NH] += the rows' sum (stochastic rounding,
-// seed). partials: xsa_backward_partials(NH) floats.
+// [N, C] (written, rows C apart; not dout), dalpha (GateGradient: a shared alpha's [NH] += the rows'
+// sum, stochastic rounding from seed; a row's written). partials: xsa_backward_partials(NH) floats.
 size_t xsa_backward_partials(int NH) { return (size_t)kRowBlocks * NH; }
-void xsa_backward(floatX* dy, floatX* dv, floatX* dalpha, float* partials, const floatX* dout, const floatX* y,
-                  const floatX* v, int ld_v, const floatX* alpha, int N, int NH, int C, uint32_t seed,
+void xsa_backward(floatX* dy, floatX* dv, GateGradient dalpha, float* partials, const floatX* dout, const floatX* y,
+                  const floatX* v, int ld_v, GateRows alpha, int N, int NH, int C, uint32_t seed,
                   cudaStream_t stream) {
   const char* name = "xsa_backward";
   xsa_check(name, y, v, ld_v, alpha, N, NH, C);
-  REQUIRE(dy && dv && dalpha && partials && dv != dout && dv != dy,
-          "%s: dy, dv, dalpha and the partials are needed, dv apart from dout and dy", name);
+  gate_check(name, alpha, &dalpha, NH);
+  REQUIRE(dy && dv && partials && dv != dout && dv != dy,
+          "%s: dy, dv and the partials are needed, dv apart from dout and dy", name);
   const size_t shared = xsa_shared_bytes(NH, C);
   cudaCheck(cudaFuncSetAttribute(xsa_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
   xsa_backward_kernel<<<kRowBlocks, kXsaWarps * WARP_SIZE, shared, stream>>>(dy, dv, partials, dout, y, v, ld_v,
-                                                                           alpha, N, NH, C);
+                                                                           alpha, dalpha, N, NH, C);
   cudaCheckLaunch();
-  column_sum_finalize(dalpha, partials, NH, NH, kRowBlocks, seed, stream);
+  if (alpha.stride == 0) column_sum_finalize(dalpha.values, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
 // ---- Record #89's head gates (SPEC "Record #89's plan") ----
 // In the plan's head-gate layers each head's attention output (XSA's where the layer has it) is
-// scaled by its gate before the output projection: out = y g_h, g [NH] on the device, the product
-// rounded once (as train_gpt2.py's tensor product). Backward: dy = g_h dout (in place allowed) and
-// dg_h += the sum of dout . y over the head's columns and the rows, by row blocks (section 2):
-// each thread its 16-byte pieces in order, a head's sums over the block in block_reduce_sum's tree.
-// Floor: forward reads NC, writes NC; backward reads 2NC, writes NC; memory-bound.
+// scaled by its gate before the output projection: out = y g_h, g [NH] on the device (or MUDD's
+// g_n,h a row: GateRows), the product rounded once (as train_gpt2.py's tensor product). Backward: dy
+// = g_h dout (in place allowed) and a shared gate's dg_h += the sum of dout . y over the head's
+// columns and the rows, by row blocks (section 2): each thread its 16-byte pieces in order, a head's
+// sums over the block in block_reduce_sum's tree; a row's gate's dg_n,h = the sum over the head's
+// columns of the row, one warp a row, its pieces' sums added in order. Floor: forward reads NC,
+// writes NC; backward reads 2NC, writes NC; memory-bound.
 constexpr int kHeadGateThreads = 256;
 constexpr int kHeadGateMaxHeads = 32;
 
-__global__ void head_gate_forward_kernel(floatX* out, const floatX* y, const floatX* gate, size_t n, int C, int HS) {
+__global__ void head_gate_forward_kernel(floatX* out, const floatX* y, GateRows gate, size_t n, int C, int HS) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
-  const float g = (float)gate[(i % C) / HS];
+  const float g = gate.at(i / C, (int)(i % C) / HS);
   const x128 v = load128(y + i);
   x128 o;
   for (int k = 0; k < x128::size; k++) o[k] = (floatX)((float)v[k] * g);
@@ -4068,29 +4204,76 @@ __global__ void head_gate_backward_kernel(floatX* dy, float* partials, const flo
   }
 }
 
+// A gate a row: one warp a row (kHeadGateThreads / 32 rows a block), a lane its 16-byte pieces in
+// order, each piece's sum into the warp's shared floats [C / 8], then lane h adds head h's pieces in
+// order and writes dgate's row.
+__global__ void head_gate_row_gates_backward_kernel(floatX* dy, GateGradient dgate, const floatX* dout,
+                                                    const floatX* y, GateRows gate, int N, int NH, int C) {
+  extern __shared__ float piece_sums[];
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int pieces = C / x128::size, head_pieces = pieces / NH;
+  const int row = blockIdx.x * (kHeadGateThreads / WARP_SIZE) + warp;
+  if (row >= N) return;
+  float* sums = piece_sums + warp * pieces;
+  const size_t base = (size_t)row * C;
+  for (int p = lane; p < pieces; p += WARP_SIZE) {
+    const int c = p * x128::size;
+    const float g = gate.at(row, p / head_pieces);
+    const x128 d = load128(dout + base + c), v = load128(y + base + c);
+    x128 o;
+    float sum = 0.0f;
+    for (int k = 0; k < x128::size; k++) {
+      sum += (float)d[k] * (float)v[k];
+      o[k] = (floatX)((float)d[k] * g);
+    }
+    sums[p] = sum;
+    store128(dy + base + c, o);
+  }
+  __syncwarp();
+  for (int h = lane; h < NH; h += WARP_SIZE) {
+    float sum = 0.0f;
+    for (int p = h * head_pieces; p < (h + 1) * head_pieces; p++) sum += sums[p];
+    dgate.values[(size_t)row * dgate.stride + h] = (floatX)sum;
+  }
+}
+
 void head_gate_check(const char* name, int N, int NH, int C) {
   REQUIRE(N > 0 && NH > 0 && NH <= kHeadGateMaxHeads && C % NH == 0 && (C / NH) % x128::size == 0,
           "%s: %d rows of %d heads in %d channels (up to %d heads, each a multiple of %d channels)", name, N, NH, C,
           kHeadGateMaxHeads, x128::size);
 }
 
-// out [N, C] = y with each head's columns times its gate g [NH].
-void head_gate_forward(floatX* out, const floatX* y, const floatX* gate, int N, int NH, int C, cudaStream_t stream) {
+// out [N, C] = y with each head's columns times its gate g (NH values, shared or a row's).
+void head_gate_forward(floatX* out, const floatX* y, GateRows gate, int N, int NH, int C, cudaStream_t stream) {
   head_gate_check("head_gate_forward", N, NH, C);
+  gate_check("head_gate_forward", gate, nullptr, NH);
   const size_t n = (size_t)N * C;
   head_gate_forward_kernel<<<ceil_div(n / x128::size, kHeadGateThreads), kHeadGateThreads, 0, stream>>>(out, y, gate,
                                                                                                        n, C, C / NH);
   cudaCheckLaunch();
 }
 
-// From dout, the gradient of head_gate_forward's out: dy = g dout (dy may be dout), and dgate += the
-// sums of dout . y by head (stochastic rounding from seed); partials: kRowBlocks x NH floats.
-void head_gate_backward(floatX* dy, floatX* dgate, float* partials, const floatX* dout, const floatX* y,
-                        const floatX* gate, int N, int NH, int C, uint32_t seed, cudaStream_t stream) {
-  head_gate_check("head_gate_backward", N, NH, C);
-  head_gate_backward_kernel<<<kRowBlocks, kHeadGateThreads, 0, stream>>>(dy, partials, dout, y, gate, N, NH, C);
+// From dout, the gradient of head_gate_forward's out: dy = g dout (dy may be dout), and the gate's
+// gradient (GateGradient: a shared gate's += the sums of dout . y by head, stochastic rounding from
+// seed; a row's written); partials: kRowBlocks x NH floats (unused with rows).
+void head_gate_backward(floatX* dy, GateGradient dgate, float* partials, const floatX* dout, const floatX* y,
+                        GateRows gate, int N, int NH, int C, uint32_t seed, cudaStream_t stream) {
+  const char* name = "head_gate_backward";
+  head_gate_check(name, N, NH, C);
+  gate_check(name, gate, &dgate, NH);
+  if (gate.stride > 0) {
+    const size_t shared = sizeof(float) * (kHeadGateThreads / WARP_SIZE) * (C / x128::size);
+    cudaCheck(cudaFuncSetAttribute(head_gate_row_gates_backward_kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    head_gate_row_gates_backward_kernel<<<ceil_div(N, kHeadGateThreads / WARP_SIZE), kHeadGateThreads, shared,
+                                          stream>>>(dy, dgate, dout, y, gate, N, NH, C);
+    cudaCheckLaunch();
+    return;
+  }
+  head_gate_backward_kernel<<<kRowBlocks, kHeadGateThreads, 0, stream>>>(dy, partials, dout, y, gate.values, N, NH,
+                                                                         C);
   cudaCheckLaunch();
-  column_sum_finalize(dgate, partials, NH, NH, kRowBlocks, seed, stream);
+  column_sum_finalize(dgate.values, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
 // ---- Document-causal attention within a window of 128-token blocks (llmc/attention_blocks.h) ----
@@ -7186,14 +7369,21 @@ __device__ __forceinline__ float relu2(float x) {
 
 __device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.0f); }
 
+// The exact GELU, x Phi(x) (PyTorch's gelu), and its derivative Phi(x) + x phi(x).
+constexpr float kInvSqrt2 = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * kInvSqrt2)); }
+__device__ __forceinline__ float gelu_erf_grad(float x) {
+  return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+}
+
 template <Activation A>
 __device__ __forceinline__ float activation(float x) {
-  return A == Activation::kGelu ? gelu(x) : relu2(x);
+  return A == Activation::kGelu ? gelu(x) : A == Activation::kGeluErf ? gelu_erf(x) : relu2(x);
 }
 
 template <Activation A>
 __device__ __forceinline__ float activation_grad(float x) {
-  return A == Activation::kGelu ? gelu_grad(x) : relu2_grad(x);
+  return A == Activation::kGelu ? gelu_grad(x) : A == Activation::kGeluErf ? gelu_erf_grad(x) : relu2_grad(x);
 }
 
 template <Activation A>
@@ -7238,6 +7428,94 @@ void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream)
 
 void gelu_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
   activation_backward_inplace<Activation::kGelu>("gelu_backward", d, inp, n, stream);
+}
+
+// out = the exact GELU of x (record #89's MUDD gate generators' hidden layer, section 10).
+void gelu_erf_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_forward<Activation::kGeluErf>("gelu_erf_forward", out, inp, n, stream);
+}
+
+// d *= the exact GELU's derivative at x.
+void gelu_erf_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kGeluErf>("gelu_erf_backward", d, inp, n, stream);
+}
+
+// ---- Record #89's MUDD gate rows (section 10): the generator's product [N, stride] (W2's rows padded
+// to stride with zeros) becomes pre = product + b2 and rows = pre scale over its first `columns`
+// columns, each rounded to floatX as the reference's BF16 steps, its other columns zero. Backward:
+// dpre = drows scale rounded (zero past `columns`), db2[k] += the sum of dpre over the rows, and dscale
+// += the sum of pre . drows over the rows and columns: one block a column (and one for the scale),
+// each thread its rows in order, then block_reduce_sum's tree: deterministic. Floor: forward reads
+// 2N stride values, writes 2N stride; backward reads 2N stride, writes N stride; memory-bound and tiny.
+constexpr int kGateRowsThreads = 256;
+
+__global__ void gate_rows_bias_scale_kernel(floatX* rows, floatX* pre, const floatX* product, const floatX* bias,
+                                            const floatX* scale, int N, int columns, int stride) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * stride) return;
+  const int k = (int)(i % stride);
+  if (k >= columns) {
+    pre[i] = rows[i] = (floatX)0.0f;
+    return;
+  }
+  const floatX sum = (floatX)((float)product[i] + (float)bias[k]);
+  pre[i] = sum;
+  rows[i] = (floatX)((float)sum * (float)scale[0]);
+}
+
+__global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, floatX* dbias, floatX* dscale,
+                                                     const floatX* drows, const floatX* pre, const floatX* scale,
+                                                     int N, int columns, int stride, uint32_t seed) {
+  __shared__ float shared[WARP_SIZE];
+  const int k = blockIdx.x;
+  const float s = (float)scale[0];
+  float sum = 0.0f;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) {
+    const size_t row = (size_t)n * stride;
+    if (k < columns) {
+      const floatX d = (floatX)((float)drows[row + k] * s);
+      dpre[row + k] = d;
+      sum += (float)d;
+      continue;
+    }
+    for (int c = columns; c < stride; c++) dpre[row + c] = (floatX)0.0f;
+    for (int c = 0; c < columns; c++) sum += (float)pre[row + c] * (float)drows[row + c];
+  }
+  const float total = block_reduce_sum(sum, shared);
+  if (threadIdx.x != 0) return;
+  if (k < columns) {
+    dbias[k] = round_stochastic((float)dbias[k] + total, seed, k);
+  } else {
+    dscale[0] = round_stochastic((float)dscale[0] + total, seed, columns);
+  }
+}
+
+void gate_rows_check(const char* name, int N, int columns, int stride) {
+  REQUIRE(N > 0 && columns > 0 && columns <= stride, "%s: N=%d must be positive and columns=%d within 1..%d",
+          name, N, columns, stride);
+}
+
+// rows [N, stride] = (product + bias) scale over the first `columns` columns (zero after), pre [N,
+// stride] the sum before the scale, which the backward reads; bias [columns], scale one value.
+void gate_rows_bias_scale(floatX* rows, floatX* pre, const floatX* product, const floatX* bias, const floatX* scale,
+                          int N, int columns, int stride, cudaStream_t stream) {
+  gate_rows_check("gate_rows_bias_scale", N, columns, stride);
+  const size_t n = (size_t)N * stride;
+  gate_rows_bias_scale_kernel<<<ceil_div(n, (size_t)kGateRowsThreads), kGateRowsThreads, 0, stream>>>(
+      rows, pre, product, bias, scale, N, columns, stride);
+  cudaCheckLaunch();
+}
+
+// From drows [N, stride], dpre [N, stride] (written: drows scale, zero past `columns`), dbias [columns]
+// += its column sums and dscale += the sum of pre . drows, each rounded stochastically from seed.
+void gate_rows_bias_scale_backward(floatX* dpre, floatX* dbias, floatX* dscale, const floatX* drows,
+                                   const floatX* pre, const floatX* scale, int N, int columns, int stride,
+                                   uint32_t seed, cudaStream_t stream) {
+  gate_rows_check("gate_rows_bias_scale_backward", N, columns, stride);
+  REQUIRE(dpre != drows, "gate_rows_bias_scale_backward: dpre must be apart from drows");
+  gate_rows_bias_scale_backward_kernel<<<columns + 1, kGateRowsThreads, 0, stream>>>(
+      dpre, dbias, dscale, drows, pre, scale, N, columns, stride, seed);
+  cudaCheckLaunch();
 }
 
 // out = relu(x)^2.
@@ -8883,7 +9161,8 @@ enum ActIndex {
   kEmbedded, kEmbRstd, kEncoded, kLn1, kLn1Mean, kLn1Rstd, kQkvNormed, kQkRstd, kQkvr, kAtt, kAtty,
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
-  kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kNumActTensors
+  kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kMuddHiddenPre, kMuddHidden, kMuddPreScale, kMuddGates,
+  kMuddWeights, kMuddSkipScale, kNumActTensors
 };
 
 struct ActSpec {
@@ -8914,6 +9193,8 @@ void bigram_allocate_scratch(GPT2& m, size_t N);
 void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N);
 void xsa_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void mudd_gates_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
@@ -8992,6 +9273,12 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"attention_out", 0, L, false},
       {"mlp_out", 0, L, false},
       {"xsa_out", 0, 1, false},
+      {"mudd_hidden_pre", 0, 1, false},
+      {"mudd_hidden", 0, 1, false},
+      {"mudd_pre_scale", 0, 1, false},
+      {"mudd_gates", 0, 1, false},
+      {"mudd_weights", 0, 1, false},
+      {"mudd_skip_scale", 0, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
@@ -9001,6 +9288,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   bigram_activation_rows(arch, dims, t);
   sublayer_lambdas_activation_rows(arch, dims, t);
   xsa_activation_rows(arch, dims, t);
+  mudd_gates_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -9147,6 +9435,14 @@ struct Activations {
   // Record #89's residual lambdas (ArchSpec::resid_lambdas): the gradient of the sublayer's output
   // p dy, which its product's backward reads [B*T*C].
   floatX* dsublayer = nullptr;
+  // Record #89's MUDD gate generators (ArchSpec::mudd_gates): the gradient of their rows [2][B*T,
+  // llmc::kMuddGateStride], which the gates' backward writes (the pre generator's first), and the
+  // backward's scratch: the rows' gradient before the scale [B*T, stride], the hidden layer's [B*T, 64],
+  // and a weight's gradient, 16-byte aligned for the products [64, C].
+  floatX* dmudd_gates = nullptr;
+  floatX* mudd_dpre = nullptr;
+  floatX* mudd_dhidden = nullptr;
+  floatX* mudd_dweight = nullptr;
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -9455,6 +9751,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   residual_mix_allocate_scratch(m, BT);
   bigram_allocate_scratch(m, BT);
   sublayer_lambdas_allocate_scratch(m, BT);
+  mudd_gates_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -9653,7 +9950,8 @@ void activations_free(Activations& a) {
                   (void*)a.targets, (void*)a.encoder_plan.buckets, (void*)a.encoder_plan.positions,
                   (void*)a.encoder_plan.slice_sums, (void*)a.key_offset_scratch, (void*)a.key_offset_tails,
                   (void*)a.bigram_rows, (void*)a.bigram_plan.buckets, (void*)a.bigram_plan.positions,
-                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram, (void*)a.dsublayer}) {
+                  (void*)a.bigram_plan.slice_sums, (void*)a.dbigram, (void*)a.dsublayer,
+                  (void*)a.dmudd_gates, (void*)a.mudd_dpre, (void*)a.mudd_dhidden, (void*)a.mudd_dweight}) {
     device_free(p);
   }
   if (a.losses_host) cudaCheck(cudaFreeHost(a.losses_host));
@@ -9870,6 +10168,9 @@ struct BlockRows {
   float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
   floatX* xsa_out = nullptr;       // XSA's output, the gate's input in XSA layers
+  // Record #89's MUDD gate generators' rows (pre, post; llmc::kMuddGateStride apart), or null.
+  const floatX* mudd_rows[2] = {nullptr, nullptr};
+  floatX* skip_scale = nullptr;     // the gated skip's scale a row, with MUDD's g a row
   floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
 };
@@ -10569,6 +10870,161 @@ void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSe
                      seeds.next(), m.stream, value_mix_gates(m, l, m.act(kLn1, l), dln1_gates));
 }
 
+// ---- Record #89's MUDD gate generators (ArchSpec::mudd_gates, in its plan): two small MLPs whose
+// rows give some of the plan's gates a token each (llmc::mudd_gate_column): the pre generator (0)
+// reads x0 before the stream start's bigram add, the post one (1) block 4's input, each row
+// (gelu(x W1^T) W2[:n]^T + b2[:n]) scale, n its columns (llmc::kMuddGateColumns), every step rounded
+// to floatX as the reference's BF16 tensors. The products are section 1's, of copies of W1 and W2
+// (act(kMuddWeights): the parameters' offsets are not 16-byte aligned; W2's rows padded with zero
+// rows to llmc::kMuddGateStride), their gradients accumulated in an aligned copy likewise; the exact
+// GELU is section 7's, the bias and scale section 7's gate rows. The rows, kept for the backward:
+// act(kMuddGates) [2][N, stride], the pre generator's first. The gates' backward writes their
+// columns of dmudd_gates (zeroed before each backward pass); each generator's backward then adds its
+// input's gradient: the pre's into x0's (dresidual once block 0's backward is done), the post's
+// into block 4's input's (dresidual after block 4's backward). Parameters: mudd_gate_w1 [2, 64, C],
+// mudd_gate_w2 [2, 41, 64], mudd_gate_b2 [2, 41], mudd_gate_scale [1].
+
+void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.mudd_gates) return;
+  const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride;
+  t[kMuddHiddenPre].count = 2 * d.BT * hidden;
+  t[kMuddHidden].count = 2 * d.BT * hidden;
+  t[kMuddPreScale].count = 2 * d.BT * stride;
+  t[kMuddGates].count = 2 * d.BT * stride;
+  t[kMuddWeights].count = 2 * (hidden * d.C + stride * hidden);
+  t[kMuddSkipScale].count = d.BT;
+}
+
+void mudd_gates_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().mudd_gates) return;
+  const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride;
+  m.dmudd_gates = device_alloc<floatX>(2 * N * stride, "the MUDD gate rows' gradient");
+  m.mudd_dpre = device_alloc<floatX>(N * stride, "the MUDD gate rows' gradient before the scale");
+  m.mudd_dhidden = device_alloc<floatX>(N * hidden, "the MUDD gate generators' hidden gradient");
+  m.mudd_dweight = device_alloc<floatX>(hidden * m.config.channels, "the MUDD gate generators' weight gradient");
+}
+
+// Generator g's rows of a pass of N rows, and their gradient.
+floatX* mudd_rows(GPT2& m, int g, int N) { return m.act(kMuddGates) + (size_t)g * N * llmc::kMuddGateStride; }
+floatX* mudd_rows_gradient(GPT2& m, int g, int N) {
+  return m.dmudd_gates + (size_t)g * N * llmc::kMuddGateStride;
+}
+
+// Layer l's gate of `kind` as the kernels read it: its columns of a generator's rows (r.mudd_rows),
+// where the model has the generators and they give it, else `scalar`, the parameter every row shares.
+GateRows gate_rows(const GPT2& m, const BlockRows& r, llmc::MuddGate kind, int l, const floatX* scalar) {
+  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  if (at.generator < 0) return {scalar, 0};
+  return {r.mudd_rows[at.generator] + at.column, llmc::kMuddGateStride};
+}
+
+// The same in a training pass of N rows (the backward's), and the gradient the gate's backward writes:
+// its columns of dmudd_gates, or dscalar's (accumulated).
+GateRows kept_gate_rows(GPT2& m, llmc::MuddGate kind, int l, int N, const floatX* scalar) {
+  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  if (at.generator < 0) return {scalar, 0};
+  return {mudd_rows(m, at.generator, N) + at.column, llmc::kMuddGateStride};
+}
+GateGradient gate_gradient(GPT2& m, llmc::MuddGate kind, int l, int N, floatX* dscalar) {
+  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  if (at.generator < 0) return {dscalar, 0};
+  return {mudd_rows_gradient(m, at.generator, N) + at.column, llmc::kMuddGateStride};
+}
+
+// A training or evaluation pass's rows of N tokens in block l's BlockRows (block_rows).
+void mudd_gates_point_rows(GPT2& m, BlockRows& r, int N) {
+  if (!m.arch().mudd_gates) return;
+  r.mudd_rows[0] = mudd_rows(m, 0, N);
+  r.mudd_rows[1] = mudd_rows(m, 1, N);
+  r.skip_scale = m.act(kMuddSkipScale);
+}
+
+// Where a generator's forward writes besides its rows: its copies of W1 [64, C] and of W2 padded [stride,
+// 64], which the products read, its hidden layer's input and output [N, 64] and its rows before the
+// scale [N, stride].
+struct MuddGeneratorRows {
+  floatX* w1 = nullptr;
+  floatX* w2 = nullptr;
+  floatX* hidden_pre = nullptr;
+  floatX* hidden = nullptr;
+  floatX* pre = nullptr;
+};
+
+// A pass's, of N rows, for generator g (the backward reads them).
+MuddGeneratorRows mudd_pass_rows(GPT2& m, int g, int N) {
+  const size_t H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride, C = m.config.channels;
+  floatX* w1 = m.act(kMuddWeights) + g * H * (C + S);
+  return {w1, w1 + H * C, m.act(kMuddHiddenPre) + g * N * H, m.act(kMuddHidden) + g * N * H,
+          m.act(kMuddPreScale) + g * N * S};
+}
+
+// The decoder's, one row, from the arena (both generators share it; each writes its own rows).
+MuddGeneratorRows mudd_decoder_rows(GPT2& m, RowArena& a) {
+  const size_t H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride, C = m.config.channels;
+  return {a.take<floatX>(H * C), a.take<floatX>(S * H), a.take<floatX>(H), a.take<floatX>(H), a.take<floatX>(S)};
+}
+
+// grad [rows, cols] (at any offset) += dout[N, rows]^T @ inp[N, cols], accumulated in the aligned
+// copy mudd_dweight (ld_out: dout's row length, at least rows).
+void mudd_weight_gradient(floatX* grad, const floatX* dout, const floatX* inp, int N, int cols, int rows, int ld_out,
+                          cudaStream_t stream, floatX* scratch) {
+  const size_t n = (size_t)rows * cols;
+  cudaCheck(cudaMemsetAsync(scratch, 0, (size_t)ld_out * cols * sizeof(floatX), stream));
+  cudaCheck(cudaMemcpyAsync(scratch, grad, n * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+  matmul_dweight(scratch, dout, inp, N, cols, ld_out, stream);
+  cudaCheck(cudaMemcpyAsync(grad, scratch, n * sizeof(floatX), cudaMemcpyDeviceToDevice, stream));
+}
+
+// Generator g's rows of x [N, C] into rows [N, stride], the steps between into w's.
+void mudd_generator_forward(GPT2& m, int g, const floatX* x, floatX* rows, const MuddGeneratorRows& w, int N) {
+  const int C = m.config.channels, H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride;
+  const int columns = llmc::kMuddGateColumns[g];
+  floatX *w1 = w.w1, *w2 = w.w2, *hidden_pre = w.hidden_pre, *hidden = w.hidden, *pre = w.pre;
+  cudaCheck(cudaMemcpyAsync(w1, m.param(llmc::kMuddGateW1) + (size_t)g * H * C, (size_t)H * C * sizeof(floatX),
+                            cudaMemcpyDeviceToDevice, m.stream));
+  cudaCheck(cudaMemsetAsync(w2, 0, (size_t)S * H * sizeof(floatX), m.stream));
+  cudaCheck(cudaMemcpyAsync(w2, m.param(llmc::kMuddGateW2) + (size_t)g * llmc::kMuddGateWidth * H,
+                            (size_t)columns * H * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
+  matmul_forward(hidden_pre, x, w1, nullptr, N, C, H, nullptr, m.stream);
+  gelu_erf_forward(hidden, hidden_pre, (size_t)N * H, m.stream);
+  matmul_forward(pre, hidden, w2, nullptr, N, H, S, nullptr, m.stream);
+  gate_rows_bias_scale(rows, pre, pre, m.param(llmc::kMuddGateB2) + (size_t)g * llmc::kMuddGateWidth,
+                       m.param(llmc::kMuddGateScale), N, columns, S, m.stream);
+}
+
+// A pass's generator g of x [N, C] (x0 for the pre, block 4's input for the post) into its kept rows.
+void mudd_gates_forward(GPT2& m, int g, const floatX* x, int N) {
+  if (!m.arch().mudd_gates) return;
+  mudd_generator_forward(m, g, x, mudd_rows(m, g, N), mudd_pass_rows(m, g, N), N);
+}
+
+// Zeroes dmudd_gates before a backward pass of N rows: columns no gate reads keep a zero gradient.
+void mudd_gates_zero_gradients(GPT2& m, int N) {
+  if (!m.arch().mudd_gates) return;
+  cudaCheck(cudaMemsetAsync(m.dmudd_gates, 0, 2 * (size_t)N * llmc::kMuddGateStride * sizeof(floatX), m.stream));
+}
+
+// From generator g's rows' gradient (complete once the gates it gives have their backward), its
+// parameters' gradients and its input x's: dx [N, C] += it (scratch_btc its scratch).
+void mudd_gates_backward(GPT2& m, int g, const floatX* x, floatX* dx, int N, KernelSeeds& seeds) {
+  if (!m.arch().mudd_gates) return;
+  const int C = m.config.channels, H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride;
+  const int columns = llmc::kMuddGateColumns[g];
+  const size_t w2_offset = (size_t)g * llmc::kMuddGateWidth * H;
+  const MuddGeneratorRows w = mudd_pass_rows(m, g, N);
+  gate_rows_bias_scale_backward(m.mudd_dpre, m.grad(llmc::kMuddGateB2) + g * llmc::kMuddGateWidth,
+                                m.grad(llmc::kMuddGateScale), mudd_rows_gradient(m, g, N), w.pre,
+                                m.param(llmc::kMuddGateScale), N, columns, S, seeds.next(), m.stream);
+  mudd_weight_gradient(m.grad(llmc::kMuddGateW2) + w2_offset, m.mudd_dpre, w.hidden, N, H, columns, S, m.stream,
+                       m.mudd_dweight);
+  matmul_dinp_product(m.mudd_dhidden, w.w2, false, m.mudd_dpre, nullptr, N, H, S, MatmulOperands(), m.stream);
+  gelu_erf_backward_inplace(m.mudd_dhidden, w.hidden_pre, (size_t)N * H, m.stream);
+  mudd_weight_gradient(m.grad(llmc::kMuddGateW1) + (size_t)g * H * C, m.mudd_dhidden, x, N, C, H, H, m.stream,
+                       m.mudd_dweight);
+  matmul_dinp_product(m.scratch_btc, w.w1, false, m.mudd_dhidden, nullptr, N, C, H, MatmulOperands(), m.stream);
+  add_inplace(dx, m.scratch_btc, (size_t)N * C, seeds.next(), m.stream);
+}
+
 // ---- Record #89's XSA (ArchSpec::xsa, in the plan's XSA layers: LayerSpec::xsa): each head's
 // attention output loses tanh(alpha_h) times its part along the value it read (v after the value
 // mix), before the attention gate. Parameters: xsa_alpha [NH] a layer with XSA. Kernels: section 6,
@@ -10607,8 +11063,8 @@ const floatX* attention_output_kept(GPT2& m, int l) { return xsa_layer(m, l) ? m
 void xsa_rows(GPT2& m, int l, const BlockRows& r) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, m.param(llmc::kXsaAlpha, l), r.rows(), m.config.num_heads, C,
-              m.stream);
+  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, gate_rows(m, r, llmc::kMuddXsa, l, m.param(llmc::kXsaAlpha, l)),
+              r.rows(), m.config.num_heads, C, m.stream);
 }
 
 // From scratch_btc, the gradient of XSA's output: that of the attention's output (in place), the
@@ -10616,8 +11072,9 @@ void xsa_rows(GPT2& m, int l, const BlockRows& r) {
 void xsa_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), m.grad(llmc::kXsaAlpha, l), m.partials, m.scratch_btc,
-               m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C, m.param(llmc::kXsaAlpha, l), N,
+  xsa_backward(m.scratch_btc, m.act(kXsaOut, l), gate_gradient(m, llmc::kMuddXsa, l, N, m.grad(llmc::kXsaAlpha, l)),
+               m.partials, m.scratch_btc, m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C,
+               kept_gate_rows(m, llmc::kMuddXsa, l, N, m.param(llmc::kXsaAlpha, l)), N,
                m.config.num_heads, C, seeds.next(), m.stream);
 }
 
@@ -10646,14 +11103,16 @@ void head_gate_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
 
 // Layer l's attention output with its heads gated, into r.gated.
 const floatX* head_gated(GPT2& m, int l, const BlockRows& r) {
-  head_gate_forward(r.gated, attention_output(m, l, r), m.param(llmc::kHeadGates, l), r.rows(), m.config.num_heads,
-                    m.config.channels, m.stream);
+  head_gate_forward(r.gated, attention_output(m, l, r),
+                    gate_rows(m, r, llmc::kMuddHeadGate, l, m.param(llmc::kHeadGates, l)), r.rows(),
+                    m.config.num_heads, m.config.channels, m.stream);
   return r.gated;
 }
 
 // The same for the backward, recomputed from the kept attention output into scratch_bt4c.
 const floatX* head_gated_kept(GPT2& m, int l, int N) {
-  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l), m.param(llmc::kHeadGates, l), N,
+  head_gate_forward(m.scratch_bt4c, attention_output_kept(m, l),
+                    kept_gate_rows(m, llmc::kMuddHeadGate, l, N, m.param(llmc::kHeadGates, l)), N,
                     m.config.num_heads, m.config.channels, m.stream);
   return m.scratch_bt4c;
 }
@@ -10662,9 +11121,10 @@ const floatX* head_gated_kept(GPT2& m, int l, int N) {
 // the gates'.
 void head_gate_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!head_gate_layer(m, l)) return;
-  head_gate_backward(m.scratch_btc, m.grad(llmc::kHeadGates, l), m.partials, m.scratch_btc,
-                     attention_output_kept(m, l), m.param(llmc::kHeadGates, l), N, m.config.num_heads,
-                     m.config.channels, seeds.next(), m.stream);
+  head_gate_backward(m.scratch_btc, gate_gradient(m, llmc::kMuddHeadGate, l, N, m.grad(llmc::kHeadGates, l)),
+                     m.partials, m.scratch_btc, attention_output_kept(m, l),
+                     kept_gate_rows(m, llmc::kMuddHeadGate, l, N, m.param(llmc::kHeadGates, l)), N,
+                     m.config.num_heads, m.config.channels, seeds.next(), m.stream);
 }
 
 // ---- The attention gate (ArchSpec::attention_gate): each head's output times sigmoid(gate . h[:G]),
@@ -10983,8 +11443,8 @@ void bigram_embedding_forward(GPT2& m, int N) {
   const int C = m.config.channels;
   bigram_forward(m.act(kBigramEmbedded), m.param(llmc::kBigram), m.bigram_rows, m.bigram_signs, m.bigram_rows + N, N,
                  C, m.stream);
-  bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded), m.param(llmc::kBigramGates, 0),
-                      N, C, m.stream);
+  bigram_gate_forward(m.act(kStreamStart), m.act(kEncoded), m.act(kBigramEmbedded),
+                      kept_gate_rows(m, llmc::kMuddBigram, 0, N, m.param(llmc::kBigramGates, 0)), N, C, m.stream);
 }
 
 void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
@@ -10996,8 +11456,10 @@ void bigram_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
 // g_l's, and b's part into dbigram.
 void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().bigram || l == 0) return;
-  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, l), m.partials, m.dresidual, m.act(kBigramEmbedded),
-                       m.param(llmc::kBigramGates, l), N, m.config.channels, seeds.next(), m.stream);
+  bigram_gate_backward(m.dbigram, gate_gradient(m, llmc::kMuddBigram, l, N, m.grad(llmc::kBigramGates, l)),
+                       m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       kept_gate_rows(m, llmc::kMuddBigram, l, N, m.param(llmc::kBigramGates, l)), N,
+                       m.config.channels, seeds.next(), m.stream);
 }
 
 // After block 0's backward, from dresidual, the gradient of the stream's start x0 + g_0 b: g_0's and
@@ -11006,8 +11468,10 @@ void bigram_inject_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
 void bigram_stream_start_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().bigram || l != 0) return;
   const int C = m.config.channels;
-  bigram_gate_backward(m.dbigram, m.grad(llmc::kBigramGates, 0), m.partials, m.dresidual, m.act(kBigramEmbedded),
-                       m.param(llmc::kBigramGates, 0), N, C, seeds.next(), m.stream);
+  bigram_gate_backward(m.dbigram, gate_gradient(m, llmc::kMuddBigram, 0, N, m.grad(llmc::kBigramGates, 0)),
+                       m.partials, m.dresidual, m.act(kBigramEmbedded),
+                       kept_gate_rows(m, llmc::kMuddBigram, 0, N, m.param(llmc::kBigramGates, 0)), N, C, seeds.next(),
+                       m.stream);
   add_inplace(m.dresidual, m.dx0, (size_t)N * C, seeds.next(), m.stream);
 }
 
@@ -11069,8 +11533,8 @@ void record89_plan_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
 // the add's p then 1 (scales.p cleared).
 const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
   GatedTerm x0, bigram;
-  if (m.arch().x0_gates) x0 = {r.x0, m.param(llmc::kX0Gates, l)};
-  if (r.bigram && l > 0) bigram = {r.bigram, m.param(llmc::kBigramGates, l)};
+  if (m.arch().x0_gates) x0 = {r.x0, gate_rows(m, r, llmc::kMuddX0, l, m.param(llmc::kX0Gates, l))};
+  if (r.bigram && l > 0) bigram = {r.bigram, gate_rows(m, r, llmc::kMuddBigram, l, m.param(llmc::kBigramGates, l))};
   if (!x0.values && !bigram.values) return r.attention_out;
   gated_terms_forward(r.proj, r.attention_out, scales.p, x0, bigram, r.rows(), m.config.channels, m.stream);
   scales.p = nullptr;
@@ -11079,8 +11543,12 @@ const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales
 
 // Layer l's gated skip, r.residual2 = r.input + s r.kept, normalised into ln2 in the same pass.
 void gated_skip_norm(GPT2& m, int l, const BlockRows& r) {
-  gated_skip_scale(m.skip_scale, m.param(llmc::kSkipGate), m.stream);
-  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), {nullptr, m.skip_scale});
+  const floatX* skip_gate = m.param(llmc::kSkipGate);
+  const GateRows g = gate_rows(m, r, llmc::kMuddSkip, l, skip_gate + 1);
+  floatX* scale = g.stride > 0 ? r.skip_scale : m.skip_scale;
+  gated_skip_scale(scale, skip_gate, g, r.rows(), m.stream);
+  const SublayerScales scales = {nullptr, scale, g.stride > 0 ? 1 : 0};
+  norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, r.input, r.kept, r.rows(), scales);
 }
 
 // What layer l's first norm reads: an earlier layer's output (LayerSpec::attention_source), or the
@@ -11097,8 +11565,9 @@ floatX* attention_input_gradient(GPT2& m, int l, int N) {
 // From dresidual, the gradient of block l's residual2: x0's term's (its gate's; x0's part into dx0).
 void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_gates) return;
-  bigram_gate_backward(m.dx0, m.grad(llmc::kX0Gates, l), m.partials, m.dresidual, m.act(kEncoded),
-                       m.param(llmc::kX0Gates, l), N, m.config.channels, seeds.next(), m.stream);
+  bigram_gate_backward(m.dx0, gate_gradient(m, llmc::kMuddX0, l, N, m.grad(llmc::kX0Gates, l)), m.partials,
+                       m.dresidual, m.act(kEncoded), kept_gate_rows(m, llmc::kMuddX0, l, N, m.param(llmc::kX0Gates, l)),
+                       N, m.config.channels, seeds.next(), m.stream);
 }
 
 // From dresidual, the gradient of layer l's residual2 = input + s kept: the skip gate's, and the kept
@@ -11106,8 +11575,12 @@ void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
 void gated_skip_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   const int source = m.plan[l].gated_skip_source;
   if (source < 0) return;
-  gated_skip_backward(kept_gradient(m, source, N), m.grad(llmc::kSkipGate), m.partials, m.dresidual,
-                      m.act(kResidual3, source), m.skip_scale, m.param(llmc::kSkipGate), N, m.config.channels,
+  const floatX* skip_gate = m.param(llmc::kSkipGate);
+  floatX* dskip_gate = m.grad(llmc::kSkipGate);
+  const GateRows g = kept_gate_rows(m, llmc::kMuddSkip, l, N, skip_gate + 1);
+  const floatX* scale = g.stride > 0 ? m.act(kMuddSkipScale) : m.skip_scale;
+  gated_skip_backward(kept_gradient(m, source, N), dskip_gate, gate_gradient(m, llmc::kMuddSkip, l, N, dskip_gate + 1),
+                      m.partials, m.dresidual, m.act(kResidual3, source), scale, skip_gate, g, N, m.config.channels,
                       seeds.next(), m.stream);
 }
 
@@ -11263,6 +11736,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   r.residual3 = m.act(kResidual3, l);
   r.x0 = m.act(kEncoded);
   r.tokens = m.inputs;
+  mudd_gates_point_rows(m, r, B * T);
   value_mix_point_rows(m, l, r, nullptr);
   attention_gate_point_rows(m, l, r, nullptr);
   head_gate_point_rows(m, r, nullptr);
@@ -11341,9 +11815,13 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   bigram_rows_upload(m, inputs, N);
   if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
   embedding_forward(m, B, T);
+  mudd_gates_forward(m, 0, m.act(kEncoded), N);
   bigram_embedding_forward(m, N);
   attention_lambdas_forward(m);
-  for (int l = 0; l < m.config.num_layers; l++) block_forward(m, l, block_rows(m, l, B, T));
+  for (int l = 0; l < m.config.num_layers; l++) {
+    if (l == llmc::kMuddPostLayer) mudd_gates_forward(m, 1, block_input(m, l), N);
+    block_forward(m, l, block_rows(m, l, B, T));
+  }
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
@@ -11500,6 +11978,7 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   bigram_backward_prepare(m, N);
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   residual_mix_zero_gradients(m, N);
+  mudd_gates_zero_gradients(m, N);
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
@@ -11507,9 +11986,11 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   // joining the stream after it (gradient_joining_after_block).
   for (int l = L - 1; l >= 0; l--) {
     block_backward(m, l, B, T, seeds);
+    if (l == llmc::kMuddPostLayer) mudd_gates_backward(m, 1, block_input(m, l), m.dresidual, N, seeds);
     if (last_micro_step) attention_lambdas_backward(m, l, seeds);
     if (last_micro_step && grads_final) grads_final(l);
   }
+  mudd_gates_backward(m, 0, m.act(kEncoded), m.dresidual, N, seeds);
   const uint32_t seed_encoder = seeds.next();
   const uint32_t seed_norm = m.arch().embedding_norm ? seeds.next() : 0;
   const uint32_t seed_smear = m.arch().smear ? seeds.next() : 0;
@@ -11874,6 +12355,7 @@ struct GPT2Decoder {
   SmearRows smear;             // the smear's rows of the token before and the token
   int previous_token = 0;      // the token fed before (the smear's and the bigram embedding's)
   int* bigram_rows = nullptr;  // the token's bigram table row and sign row
+  MuddGeneratorRows mudd;      // record #89's MUDD gate generators' steps (rows.mudd_rows their rows)
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -11913,6 +12395,13 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   record89_plan_point_rows(m, 0, r, &a);
   bigram_point_rows(m, r, &a);
   sublayer_lambdas_point_rows(m, 0, r, &a);
+  if (m.arch().mudd_gates) {
+    floatX* rows = a.take<floatX>(2 * llmc::kMuddGateStride);
+    r.mudd_rows[0] = rows;
+    r.mudd_rows[1] = rows + llmc::kMuddGateStride;
+    r.skip_scale = a.take<floatX>(1);
+    d.mudd = mudd_decoder_rows(m, a);
+  }
 }
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
@@ -11959,6 +12448,9 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(d.token, &token, sizeof(int), cudaMemcpyHostToDevice, m.stream));
     embedding_rows(m, d.x0, d.embedded, r.ln1.rstd, d.token, 1, 1, d.position);
   }
+  if (m.arch().mudd_gates) {
+    mudd_generator_forward(m, 0, d.x0, (floatX*)r.mudd_rows[0], d.mudd, 1);
+  }
   if (m.arch().bigram) {
     // The token's rows at its position of the sequence, the stream's start x0 + g_0 b.
     int rows[2];
@@ -11966,7 +12458,8 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(d.bigram_rows, rows, sizeof(rows), cudaMemcpyHostToDevice, m.stream));
     bigram_forward(r.bigram, m.param(llmc::kBigram), d.bigram_rows, m.bigram_signs, d.bigram_rows + 1, 1,
                    (int)C, m.stream);
-    bigram_gate_forward(r.residual3, d.x0, r.bigram, m.param(llmc::kBigramGates, 0), 1, (int)C, m.stream);
+    const GateRows g = gate_rows(m, r, llmc::kMuddBigram, 0, m.param(llmc::kBigramGates, 0));
+    bigram_gate_forward(r.residual3, d.x0, r.bigram, g, 1, (int)C, m.stream);
   } else {
     cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   }
@@ -11976,6 +12469,9 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     r.k_cache = d.k_cache + l * layer_cache;
     r.v_cache = d.v_cache + l * layer_cache;
     decode_kept_inputs(m, l, r);
+    if (m.arch().mudd_gates && l == llmc::kMuddPostLayer) {
+      mudd_generator_forward(m, 1, r.residual3, (floatX*)r.mudd_rows[1], d.mudd, 1);
+    }
     block_forward(m, l, r);
     decode_keep_output(m, l, r);
   }
@@ -12920,6 +13416,7 @@ struct TrainArgs : llmc::TrainFlags {
   int record89_plan = 0;        // -lp: and its 11-layer plan
   int paired_heads = 0;         // -ph: and the plan's paired heads
   int attn_lambdas = 0;         // -al: and its attention lambdas
+  int mudd_gates = 0;           // -mg: and the plan's MUDD gate generators
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -13190,6 +13687,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "attention lambdas (each attention layer's qkv and output projections read their weights times "
                "learned scalars s0 and s1, 0.5 and 1 at the start); a model file's header says whether it has them",
                &a.attn_lambdas, 0, 1),
+      int_flag("-mg", "MUDD gates", "-recipe speedrun with -lp 1: 1 the model made from -e's preset reads record "
+               "#89's XSA strengths, head gates, x0 and bigram gates (but layer 10's) and the skip's g a token, from "
+               "two MUDD gate generators (gelu(x W1^T) W2^T + b2) scale, one of x0 and one of layer 4's input; at "
+               "most 6 heads; a model file's header says whether it has them", &a.mudd_gates, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -13291,6 +13792,8 @@ void validate_args(const TrainArgs& a) {
           "with it, or drop -al", a.adam_every, llmc::optimizer_name(a.optimizer));
   REQUIRE(!a.paired_heads || (a.record89_plan && a.rotary_pairs), "-ph 1 pairs the heads of record #89's plan's "
           "layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it (and -recipe speedrun), or drop -ph");
+  REQUIRE(!a.mudd_gates || a.record89_plan, "-mg 1 generates the gates of record #89's plan: give -lp 1 with it "
+          "(and -recipe speedrun), or drop -mg");
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -13514,8 +14017,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates, residual lambdas, XSA, plan, paired heads and attention lambdas; -sm, -bg, -rp, -vg,
-// -rl, -xs, -lp, -ph and -al, where given, must agree.
+// value-embedding gates, residual lambdas, XSA, plan, paired heads, attention lambdas and MUDD gates; -sm, -bg,
+// -rp, -vg, -rl, -xs, -lp, -ph, -al and -mg, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -13531,6 +14034,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-lp", a.record89_plan, config.record89_plan, "record #89's plan");
   check("-ph", a.paired_heads, config.paired_heads, "record #89's paired heads");
   check("-al", a.attn_lambdas, config.attn_lambdas, "record #89's attention lambdas");
+  check("-mg", a.mudd_gates, config.mudd_gates, "record #89's MUDD gate generators");
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -13548,6 +14052,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::set_record89_plan(p.config, a.record89_plan != 0);
     p.config.paired_heads = a.paired_heads != 0;
     p.config.attn_lambdas = a.attn_lambdas != 0;
+    p.config.mudd_gates = a.mudd_gates != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -13569,6 +14074,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     llmc::set_record89_plan(requested, p.config.record89_plan);
     requested.paired_heads = p.config.paired_heads;
     requested.attn_lambdas = p.config.attn_lambdas;
+    requested.mudd_gates = p.config.mudd_gates;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

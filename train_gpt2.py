@@ -62,6 +62,7 @@ FEATURE_XSA = 32  # the speedrun's exclusive self-attention (--xsa)
 FEATURE_RECORD89_PLAN = 64  # the speedrun's 11-layer plan (--record89_plan)
 FEATURE_PAIRED_HEADS = 128  # that plan's paired heads (--paired_heads)
 FEATURE_ATTN_LAMBDAS = 256  # the speedrun's attention lambdas (--attn_lambdas)
+FEATURE_MUDD_GATES = 512  # that plan's MUDD gate generators (--mudd_gates)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -113,6 +114,25 @@ RESID_LAMBDA_INIT = 1.1 ** 0.5
 SKIP_LAMBDA_INIT, SKIP_GATE_INIT = -1.5, 0.5
 HEAD_GATE_INIT = 0.25  # record #89's head gates' start, their generated gates' bias (llmc's kHeadGateInit)
 ATTN_LAMBDA_INIT = (0.5, 1.0)  # record #89's attention lambdas' start, qkv's and the output projection's
+# Record #89's MUDD gate generators (--mudd_gates 1; llmc/gpt2.h's kMudd*): two of them, "pre" reading x0 and
+# "post" reading the stream entering layer MUDD_POST_LAYER, each rows = (gelu(x W1^T) W2[:n]^T + b2[:n]) x scale
+# with a hidden width of MUDD_GATE_HIDDEN; W2 and b2 hold MUDD_GATE_COLUMNS rows, the pre generator reads the
+# first MUDD_PRE_COLUMNS. A head's gates take MUDD_HEAD_SLOTS columns (the reference's 6 heads; fewer heads
+# read the first NH). b2 starts in units before the scale (0.1): a gate's start over 0.1.
+MUDD_GATE_HIDDEN, MUDD_GATE_COLUMNS, MUDD_PRE_COLUMNS, MUDD_HEAD_SLOTS = 64, 41, 26, 6
+MUDD_POST_LAYER, MUDD_GATE_SCALE_INIT = 4, 0.1
+# Each gate's (generator, first column) by (kind, layer): XSA strengths, head gates, x0 and bigram gates, the
+# skip's g; a gate not here stays its learned scalar (layer 10's x0 and bigram gates).
+MUDD_GATE_COLUMNS_OF = {("xsa", 1): (0, 0), ("xsa", 3): (0, 6), ("head", 3): (0, 12),
+                        ("xsa", 4): (1, 0), ("xsa", 7): (1, 6), ("head", 10): (1, 12), ("skip", 6): (1, 28)}
+MUDD_GATE_COLUMNS_OF.update({(kind, layer): (0, 18 + 2 * layer + second)
+                             for layer in range(4) for second, kind in enumerate(("x0", "bigram"))})
+MUDD_GATE_COLUMNS_OF.update({(kind, layer): (1, 18 + 2 * k + second) for k, layer in enumerate((4, 5, 7, 8, 9))
+                             for second, kind in enumerate(("x0", "bigram"))})
+# b2's start a column (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
+# composed attention's first six weights (layer 10's, unused here) 1.0, over the scale; the rest 0.
+MUDD_GATE_BIAS_INIT = [((0, 12, 18), 2.5), ((0, 19, 26, 2), 0.5), ((1, 12, 18), 2.5), ((1, 19, 28, 2), 0.5),
+                       ((1, 28, 29), 5.0), ((1, 29, 35), 10.0)]
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -458,6 +478,8 @@ class GPTConfig:
     record89_plan: bool = False
     paired_heads: bool = False  # speedrun in record #89's plan: its paired heads (RECORD89_PAIRED; SPEC.md)
     attn_lambdas: bool = False  # speedrun: record #89's attention lambdas, the attention's weights scaled (SPEC.md)
+    # speedrun in record #89's plan: its gates read per token from two MUDD gate generators (SPEC.md)
+    mudd_gates: bool = False
 
     @property
     def modern(self):
@@ -521,8 +543,9 @@ class GPTConfig:
             skip_gate = 2 if any(spec.gated_skip_source is not None for spec in self.plan) else 0
             head_gates = sum(spec.head_gate for spec in self.plan) * self.num_heads
             attn_lambdas = 2 * L if self.attn_lambdas else 0  # (qkv's, the output projection's) a layer
+            mudd = (MUDD_GATE_HIDDEN * C + MUDD_GATE_COLUMNS * (MUDD_GATE_HIDDEN + 1)) * 2 + 1 if self.mudd_gates else 0
             return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
-                    + sublayer_lambdas + xsa + x0_gates + skip_gate + head_gates + attn_lambdas)
+                    + sublayer_lambdas + xsa + x0_gates + skip_gate + head_gates + attn_lambdas + mudd)
         if self.modern:
             return 2 * Vp * C + Vp + 2 * C + L * (12 * C * C + 11 * C)
         return (Vp + self.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -552,10 +575,10 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
                 bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
-                record89_plan=False, paired_heads=False, attn_lambdas=False):
+                record89_plan=False, paired_heads=False, attn_lambdas=False, mudd_gates=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
-                       bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas))
+                       bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas), bool(mudd_gates))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -583,6 +606,12 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.paired_heads and num_heads % 2 != 0:
         fail(f"{source}: record #89's paired heads attend half the heads a position, and num_heads {num_heads} is "
              f"odd; give an even --num_heads or drop --paired_heads")
+    if config.mudd_gates and not config.record89_plan:
+        fail(f"{source}: the MUDD gate generators make record #89's plan's gates; give --recipe speedrun and "
+             f"--record89_plan 1 or drop --mudd_gates")
+    if config.mudd_gates and num_heads > MUDD_HEAD_SLOTS:
+        fail(f"{source}: the MUDD gate generators hold {MUDD_HEAD_SLOTS} columns a layer's heads, and num_heads "
+             f"{num_heads} is more; give at most {MUDD_HEAD_SLOTS} --num_heads or drop --mudd_gates")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
@@ -822,13 +851,14 @@ def make_norm(config):
 
 def exclusive_self_attention(y, v, alpha):
     """Record #89's XSA: each head's output y [B, T, NH, hs] less tanh(alpha_h) times its part along
-    the value v [B, T, NH, hs] it read (after the value mix), y . v / max(|v|^2, 1e-8) v; alpha [NH]
-    (None: y as it is). In y's dtype, as the reference's BF16 tensors."""
+    the value v [B, T, NH, hs] it read (after the value mix), y . v / max(|v|^2, 1e-8) v; alpha [NH], or
+    [B, T, NH] a token (the MUDD gate generators'; None: y as it is). In y's dtype, as the reference's BF16 tensors."""
     if alpha is None:
         return y
     dot = (y * v).sum(-1, keepdim=True)
     squares = v.square().sum(-1, keepdim=True).clamp_min(XSA_MIN_SQUARES)
-    strength = torch.tanh(alpha).type_as(y).view(1, 1, -1, 1)
+    strength = torch.tanh(alpha).type_as(y)
+    strength = strength[..., None] if alpha.dim() > 1 else strength.view(1, 1, -1, 1)
     return y - strength * (dot / squares) * v
 
 
@@ -886,10 +916,11 @@ class CausalSelfAttention(nn.Module):
                 attn_lambda=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
         causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
-        xsa_alpha: its XSA strengths [NH], or None; head_gate: record #89's gate of each head [NH], which
-        scales its output (after XSA) before the output projection, or None; attn_lambda: record #89's
-        (s0, s1) of the layer, which scale c_attn's and c_proj's weights (scaled_linear), or None. With
-        paired heads the mask is of the rows doubled ([B, 1, 2T, 2T]: GPT.attention_masks)."""
+        xsa_alpha: its XSA strengths [NH] (or [B, T, NH]), or None; head_gate: record #89's gate of each head
+        [NH] (or [B, T, NH]: a token's, from the MUDD gate generators), which scales its output (after XSA)
+        before the output projection, or None; attn_lambda: record #89's (s0, s1) of the layer, which scale
+        c_attn's and c_proj's weights (scaled_linear), or None. With paired heads the mask is of the rows
+        doubled ([B, 1, 2T, 2T]: GPT.attention_masks)."""
         B, T, C = x.size()
         q, k, v = scaled_linear(self.c_attn, x, None if attn_lambda is None else attn_lambda[0]).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -919,7 +950,7 @@ class CausalSelfAttention(nn.Module):
         y = y.reshape(B, T, self.num_heads, C // self.num_heads)  # paired: the positions back as tokens
         y = self.gate_heads(x, y)
         if head_gate is not None:
-            y = y * head_gate.type_as(y)[:, None]
+            y = y * head_gate.type_as(y)[..., None]
         y = y.contiguous().view(B, T, C)
         return scaled_linear(self.c_proj, y, None if attn_lambda is None else attn_lambda[1])
 
@@ -966,6 +997,14 @@ def bigram_rows(tokens, table_rows):
     sign_rows = torch.remainder(previous ^ flat, BIGRAM_SIGN_ROWS)
     sign_rows[0] = 0
     return ids, sign_rows
+
+
+def mudd_gate_bias_init():
+    """The MUDD gate generators' b2 [2, 41] at init (MUDD_GATE_BIAS_INIT)."""
+    bias = torch.zeros(2, MUDD_GATE_COLUMNS)
+    for (generator, *columns), value in MUDD_GATE_BIAS_INIT:
+        bias[generator, slice(*columns)] = value
+    return bias
 
 
 def bigram_sign_table(channels):
@@ -1080,6 +1119,14 @@ class GPT(nn.Module):
         # without attention unused, as the reference's
         self.attn_lambdas = (nn.Parameter(torch.tensor([ATTN_LAMBDA_INIT] * config.num_layers))
                              if config.attn_lambdas else None)
+        # and with its MUDD gate generators (mudd_gate_rows) their W1 [2, 64, C], W2 [2, 41, 64], b2 [2, 41] and
+        # scale [1], which replace the gates above that MUDD_GATE_COLUMNS_OF names (those stay, unread)
+        self.mudd_gate_w1 = self.mudd_gate_w2 = self.mudd_gate_b2 = self.mudd_gate_scale = None
+        if config.mudd_gates:
+            self.mudd_gate_w1 = nn.Parameter(torch.zeros(2, MUDD_GATE_HIDDEN, C))
+            self.mudd_gate_w2 = nn.Parameter(torch.zeros(2, MUDD_GATE_COLUMNS, MUDD_GATE_HIDDEN))
+            self.mudd_gate_b2 = nn.Parameter(mudd_gate_bias_init())
+            self.mudd_gate_scale = nn.Parameter(torch.tensor([MUDD_GATE_SCALE_INIT]))
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -1182,27 +1229,48 @@ class GPT(nn.Module):
             pos = torch.arange(idx.size(1), device=idx.device)
             x = t.wte(idx) + t.wpe(pos)
         x0, outputs = x, []
-        bigram_terms = self.bigram_terms(idx)
-        if bigram_terms[0] is not None:
-            x = x0 + bigram_terms[0]
+        rows = [self.mudd_gate_rows(x0, 0), None]  # the MUDD gate generators' (the post one's from layer 4 on)
+        bigram = self.bigram_embedding(idx)
+        if bigram is not None:
+            x = x0 + self.bigram_term(0, bigram, rows)
         value_embeddings = self.layer_value_embeddings(idx)
         ve_gates = self.layer_ve_gates()
-        xsa_alphas = self.layer_xsa_alphas()
         masks = self.attention_masks(idx) if masks is None else masks
         lambdas = self.sublayer_lambdas(x)
-        x0_terms = self.layer_x0_terms(x0)
-        head_gates = self.layer_head_gates()
         attn_lambdas = [None] * self.config.num_layers if self.attn_lambdas is None else self.attn_lambdas
         for layer, (spec, block, mask, value_embedding) in enumerate(zip(self.config.plan, t.h, masks,
                                                                           value_embeddings)):
+            if layer == MUDD_POST_LAYER:
+                rows[1] = self.mudd_gate_rows(x, 1)
             x = self.unet_skip(spec, x, outputs)
-            x = self.gated_skip(spec, x, outputs)
+            x = self.gated_skip(spec, x, outputs, layer, rows)
             source = None if spec.attention_source is None else outputs[spec.attention_source]
-            x = block(x, mask, x0, value_embedding, bigram_terms[layer] if layer > 0 else None, ve_gates[layer],
-                      xsa_alphas[layer], lambdas[layer], x0_terms[layer], source, head_gates[layer],
+            bigram_term = self.bigram_term(layer, bigram, rows) if layer > 0 else None
+            x = block(x, mask, x0, value_embedding, bigram_term, ve_gates[layer], self.layer_xsa_alpha(layer, rows),
+                      lambdas[layer], self.x0_term(layer, x0, rows), source, self.layer_head_gate(layer, rows),
                       attn_lambdas[layer])
             outputs.append(x)
         return t.ln_f(x)
+
+    def mudd_gate_rows(self, x, generator):
+        """Record #89's MUDD gate generator `generator` (0 pre, 1 post) of x [B, T, C]: its rows [B, T, n],
+        (gelu(x W1^T) W2[:n]^T + b2[:n]) x scale, each step in x's dtype (the reference's BF16), the GELU the
+        exact one; n MUDD_PRE_COLUMNS or MUDD_GATE_COLUMNS. None without the generators."""
+        if self.mudd_gate_w1 is None:
+            return None
+        n = MUDD_PRE_COLUMNS if generator == 0 else MUDD_GATE_COLUMNS
+        hidden = F.gelu(F.linear(x, self.mudd_gate_w1[generator].type_as(x)))
+        product = F.linear(hidden, self.mudd_gate_w2[generator, :n].type_as(x))
+        return (product + self.mudd_gate_b2[generator, :n].type_as(x)) * self.mudd_gate_scale.type_as(x)
+
+    def mudd_gate(self, kind, layer, rows, width=1):
+        """Layer `layer`'s gate of `kind` (MUDD_GATE_COLUMNS_OF) a token, [B, T, width] of its generator's rows;
+        None without the generators, or where the gate stays a learned scalar."""
+        where = MUDD_GATE_COLUMNS_OF.get((kind, layer)) if self.mudd_gate_w1 is not None else None
+        if where is None:
+            return None
+        generator, column = where
+        return rows[generator][..., column:column + width]
 
     def sublayer_lambdas(self, x):
         """Each layer's (r_attention, p_attention, r_mlp, p_mlp) in x's dtype (the reference's bfloat16
@@ -1212,18 +1280,25 @@ class GPT(nn.Module):
         r, p = self.resid_lambdas.type_as(x), self.post_lambdas.type_as(x)
         return [(r[layer, 0], p[layer, 0], r[layer, 1], p[layer, 1]) for layer in range(self.config.num_layers)]
 
-    def bigram_terms(self, idx):
-        """Each layer's gated bigram embedding g_l b of idx, None without one: layer 0's added to x0
-        before it, the later attention layers' to their attention's output (the reference's layers; its
-        gates come from its MUDD gate generators, ours are learned scalars, one an attention layer)."""
-        layers = self.config.num_layers
+    def bigram_embedding(self, idx):
+        """The bigram embedding b of idx (its signed table rows, bigram_rows), or None without one."""
         if self.bigram is None:
-            return [None] * layers
+            return None
         ids, sign_rows = bigram_rows(idx, self.config.bigram_rows)
-        b = (self.bigram(ids) * self.bigram_signs[sign_rows]).view(*idx.shape, -1).to(self.compute_dtype)
-        slabs = [sum(spec.attention for spec in self.config.plan[:layer]) for layer in range(layers)]
-        return [self.bigram_gates[slab].type_as(b) * b if spec.attention else None
-                for spec, slab in zip(self.config.plan, slabs)]
+        return (self.bigram(ids) * self.bigram_signs[sign_rows]).view(*idx.shape, -1).to(self.compute_dtype)
+
+    def attention_slab(self, layer):
+        """The layer's place among the attention layers (the row of their per-layer tensors)."""
+        return sum(spec.attention for spec in self.config.plan[:layer])
+
+    def bigram_term(self, layer, b, rows):
+        """Layer `layer`'s gated bigram embedding g_l b, None without one: layer 0's added to x0 before it,
+        the later attention layers' to their attention's output (the reference's layers). g_l a learned
+        scalar, one an attention layer, or with the MUDD gate generators the layer's gate a token."""
+        if b is None or not self.config.plan[layer].attention:
+            return None
+        gate = self.mudd_gate("bigram", layer, rows)
+        return (self.bigram_gates[self.attention_slab(layer)].type_as(b) if gate is None else gate) * b
 
     def layer_value_embeddings(self, idx):
         """Each layer's value embedding of idx (speedrun), or None."""
@@ -1237,33 +1312,42 @@ class GPT(nn.Module):
         return [next(rows) if self.ve_gates is not None and spec.value_embedding is not None else None
                 for spec in self.config.plan]
 
-    def layer_xsa_alphas(self):
-        """Each layer's XSA strengths alpha [NH] (a row of xsa_alpha for each XSA layer, in layer order),
-        or None."""
-        rows = iter(self.xsa_alpha if self.xsa_alpha is not None else [])
-        return [next(rows) if self.xsa_alpha is not None and spec.xsa else None for spec in self.config.plan]
+    def layer_xsa_alpha(self, layer, rows):
+        """The layer's XSA strengths alpha: [NH], its row of xsa_alpha (a row for each XSA layer, in layer
+        order), or with the MUDD gate generators [B, T, NH] a token; None where it has no XSA."""
+        plan = self.config.plan
+        if self.xsa_alpha is None or not plan[layer].xsa:
+            return None
+        gate = self.mudd_gate("xsa", layer, rows, self.config.num_heads)
+        return self.xsa_alpha[sum(spec.xsa for spec in plan[:layer])] if gate is None else gate
 
-    def layer_head_gates(self):
-        """Each layer's head gates [NH] (a row of head_gates for each head-gate layer of record #89's plan,
-        in layer order; its reference's come from its MUDD gate generators), or None."""
-        rows = iter(self.head_gates if self.head_gates is not None else [])
-        return [next(rows) if spec.head_gate else None for spec in self.config.plan]
+    def layer_head_gate(self, layer, rows):
+        """The layer's head gates: [NH], its row of head_gates (a row for each head-gate layer of record
+        #89's plan, in layer order), or with the MUDD gate generators [B, T, NH] a token; None where it has
+        none."""
+        plan = self.config.plan
+        if not plan[layer].head_gate:
+            return None
+        gate = self.mudd_gate("head", layer, rows, self.config.num_heads)
+        return self.head_gates[sum(spec.head_gate for spec in plan[:layer])] if gate is None else gate
 
-    def layer_x0_terms(self, x0):
-        """Each attention layer's gated x0, g_l x0 in x0's dtype (record #89's plan; its reference's gates
-        come from its MUDD gate generators, ours are learned scalars, one an attention layer), or None."""
-        if self.x0_gates is None:
-            return [None] * self.config.num_layers
-        slabs = [sum(spec.attention for spec in self.config.plan[:layer]) for layer in range(self.config.num_layers)]
-        return [self.x0_gates[slab].type_as(x0) * x0 if spec.attention else None
-                for spec, slab in zip(self.config.plan, slabs)]
+    def x0_term(self, layer, x0, rows):
+        """An attention layer's gated x0, g_l x0 in x0's dtype (record #89's plan), or None: g_l a learned
+        scalar, one an attention layer, or with the MUDD gate generators the layer's gate a token."""
+        if self.x0_gates is None or not self.config.plan[layer].attention:
+            return None
+        gate = self.mudd_gate("x0", layer, rows)
+        return (self.x0_gates[self.attention_slab(layer)].type_as(x0) if gate is None else gate) * x0
 
-    def gated_skip(self, spec, x, outputs):
+    def gated_skip(self, spec, x, outputs, layer, rows):
         """Record #89's skip, before the layer of `spec` (its MLP alone): x + sigmoid(skip_lambda) g times
-        the output of layer spec.gated_skip_source, each step in x's dtype."""
+        the output of layer spec.gated_skip_source, each step in x's dtype; g with the MUDD gate generators
+        the layer's gate a token."""
         if spec.gated_skip_source is None:
             return x
         skip_lambda, gate = self.skip_gate.type_as(x)
+        generated = self.mudd_gate("skip", layer, rows)
+        gate = gate if generated is None else generated
         return x + (torch.sigmoid(skip_lambda) * gate) * outputs[spec.gated_skip_source]
 
     def unet_skip(self, spec, x, outputs):
@@ -1364,7 +1448,8 @@ def params_in_file_order(model):
     the skip weights, the lambdas, the value scales (with the smear: its gate's weights and lambda;
     with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
     lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate,
-    head_gates; with the attention lambdas: attn_lambdas)."""
+    head_gates; with the attention lambdas: attn_lambdas; with its MUDD gate generators: mudd_gate_w1,
+    mudd_gate_w2, mudd_gate_b2, mudd_gate_scale)."""
     t = model.transformer
 
     def stacked(names):
@@ -1379,6 +1464,8 @@ def params_in_file_order(model):
         xsa = [model.xsa_alpha] if model.config.xsa else []
         record89 = [q for q in (model.x0_gates, model.skip_gate, model.head_gates, model.attn_lambdas)
                     if q is not None]
+        record89 += ([model.mudd_gate_w1, model.mudd_gate_w2, model.mudd_gate_b2, model.mudd_gate_scale]
+                     if model.config.mudd_gates else [])
         unet = [model.skip_weights] if model.skip_weights is not None else []  # none in record #89's plan
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + unet + stacked(SPEEDRUN_SCALARS) + smear
@@ -1440,7 +1527,9 @@ def init_weights_speedrun(model, seed, record_init=0):
     wte and the value embeddings N(0, 1) (every row), then per layer qkvw and fcw uniform in
     +-sqrt(3) * 0.5 / sqrt(C); the output projections, the gates and the head zero; the skip weights
     one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
-    bigram gates 0.05, its value-embedding gates' weights zero (each gate 1). record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
+    bigram gates 0.05, its value-embedding gates' weights zero (each gate 1); its MUDD gate generators' W1
+    uniform in +-1/sqrt(C) (one draw a generator, after every layer's), W2 zero, b2 mudd_gate_bias_init and the
+    scale 0.1. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
     wte's place and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's
     c_proj of the attention drawn with c_attn and c_fc, in that order."""
     config, t = model.config, model.transformer
@@ -1479,6 +1568,12 @@ def init_weights_speedrun(model, seed, record_init=0):
             model.head_gates.fill_(HEAD_GATE_INIT)
         if model.attn_lambdas is not None:
             model.attn_lambdas.copy_(torch.tensor([ATTN_LAMBDA_INIT] * model.config.num_layers))
+        if model.mudd_gate_w1 is not None:
+            mudd_bound = 1.0 / math.sqrt(config.channels)  # kaiming_uniform_(a=sqrt(5))'s
+            for generator in model.mudd_gate_w1:
+                generator.uniform_(-mudd_bound, mudd_bound)
+            model.mudd_gate_b2.copy_(mudd_gate_bias_init())
+            model.mudd_gate_scale.fill_(MUDD_GATE_SCALE_INIT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1508,7 +1603,8 @@ def write_checkpoint(model, path, version):
                              | (FEATURE_RESID_LAMBDAS if c.resid_lambdas else 0) | (FEATURE_XSA if c.xsa else 0)
                              | (FEATURE_RECORD89_PLAN if c.record89_plan else 0)
                              | (FEATURE_PAIRED_HEADS if c.paired_heads else 0)
-                             | (FEATURE_ATTN_LAMBDAS if c.attn_lambdas else 0))
+                             | (FEATURE_ATTN_LAMBDAS if c.attn_lambdas else 0)
+                             | (FEATURE_MUDD_GATES if c.mudd_gates else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1571,14 +1667,15 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
     speedrun_only = (FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
-                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS | FEATURE_ATTN_LAMBDAS)
+                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS | FEATURE_ATTN_LAMBDAS | FEATURE_MUDD_GATES)
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
              f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA, "
              f"{FEATURE_RECORD89_PLAN}: record #89's plan, {FEATURE_PAIRED_HEADS}: its paired heads, "
-             f"{FEATURE_ATTN_LAMBDAS}: its attention lambdas), and GPT-2 has "
+             f"{FEATURE_ATTN_LAMBDAS}: its attention lambdas, {FEATURE_MUDD_GATES}: its MUDD gate generators), "
+             f"and GPT-2 has "
              f"no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
              f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
@@ -1586,7 +1683,8 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
                          rotary_pairs=features & FEATURE_ROTARY_PAIRS, ve_gates=features & FEATURE_VE_GATES,
                          resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA,
                          record89_plan=features & FEATURE_RECORD89_PLAN,
-                         paired_heads=features & FEATURE_PAIRED_HEADS, attn_lambdas=features & FEATURE_ATTN_LAMBDAS)
+                         paired_heads=features & FEATURE_PAIRED_HEADS, attn_lambdas=features & FEATURE_ATTN_LAMBDAS,
+                         mudd_gates=features & FEATURE_MUDD_GATES)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2628,9 +2726,11 @@ def optimizer_groups(model, args):
         embeddings = [t.wte.weight] + ([ve.weight for ve in t.ve] if model.config.speedrun else [])
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
-        # the scalars' role, as the CUDA trainer's vegate, resid_lambdas, post_lambdas and xsa_alpha
+        # the scalars' role, as the CUDA trainer's vegate, resid_lambdas, post_lambdas, xsa_alpha, head_gates
+        # and the MUDD gate generators' tensors
         scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas, model.xsa_alpha,
-                                     model.head_gates, model.attn_lambdas)
+                                     model.head_gates, model.attn_lambdas, model.mudd_gate_w1, model.mudd_gate_w2,
+                                     model.mudd_gate_b2)
                          if q is not None]
 
         def scalar(p):
@@ -2999,6 +3099,9 @@ def debug_forward_backward(model, x, y, args, autocast):
         logits, loss = model(x, y, args.loss_reduction)
     model.zero_grad(set_to_none=True)
     loss.backward()
+    for p in model.parameters():  # a tensor the forward does not read (the scalars MUDD gates replace): zero
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     return logits.detach(), loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()
 
 
@@ -3203,7 +3306,8 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "bigram.weight": "bigram", "bigram_gates": "bigram_gates", "ve_gates": "vegate",
                "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha",
                "x0_gates": "x0_gates", "skip_gate": "skip_gate", "head_gates": "head_gates",
-               "attn_lambdas": "attn_lambdas"}
+               "attn_lambdas": "attn_lambdas", "mudd_gate_w1": "mudd_gate_w1", "mudd_gate_w2": "mudd_gate_w2",
+               "mudd_gate_b2": "mudd_gate_b2", "mudd_gate_scale": "mudd_gate_scale"}
 
 
 def table_name(parameter_name):
@@ -3453,6 +3557,11 @@ def parse_args(argv=None):
                    "#89's attention lambdas (each attention layer's qkv and output projections read their weights "
                    "times learned scalars s0 and s1, 0.5 and 1 at the start; the CUDA trainer's -al); --init_from's "
                    "checkpoint says whether it has them")
+    a.add_argument("--mudd_gates", type=int, choices=[0, 1], help="--recipe speedrun with --record89_plan 1: 1 the "
+                   "model reads record #89's XSA strengths, head gates, x0 and bigram gates (but layer 10's) and the "
+                   "skip's gate a token, from two MUDD gate generators (gelu(x W1^T) W2^T + b2) x scale, one of x0 "
+                   "and one of layer 4's input; the CUDA trainer's -mg); --init_from's checkpoint says whether it "
+                   "has them")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -3848,11 +3957,11 @@ def resolve_config(args):
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
         features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
-                    args.record89_plan, args.paired_heads, args.attn_lambdas)
+                    args.record89_plan, args.paired_heads, args.attn_lambdas, args.mudd_gates)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
                  "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
-                 "--paired_heads, --attn_lambdas and the size flags")
+                 "--paired_heads, --attn_lambdas, --mudd_gates and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -3869,7 +3978,7 @@ def resolve_config(args):
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
                        ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa,
                        record89_plan=args.record89_plan, paired_heads=args.paired_heads,
-                       attn_lambdas=args.attn_lambdas)
+                       attn_lambdas=args.attn_lambdas, mudd_gates=args.mudd_gates)
 
 
 def check_fp8(config, device, flag="--fp8"):
@@ -4029,7 +4138,9 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     if args.untie_step >= 0:  # tied at step 0: the embedding starts as the head
         tie_embedding(raw_model)
     if world > 1:
-        model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None)
+        # the MUDD gate generators leave scalars they replace unread
+        model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None,
+                                        find_unused_parameters=config.mudd_gates)
     num_params = config.num_parameters()
     master = rank == 0
     log = print if master else (lambda *a, **k: None)

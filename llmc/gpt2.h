@@ -9,7 +9,7 @@
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
 //   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
 //   kFeatureBigram, kFeatureVeGates, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads,
-//   kFeatureAttnLambdas; the modern
+//   kFeatureAttnLambdas, kFeatureMuddGates; the modern
 //   and speedrun's kFeatureRotaryPairs; 0 in files written before this slot)  [254] [255] checksum
 //   kind and CRC-32 (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
@@ -113,6 +113,7 @@ struct GPT2Config {
   bool record89_plan = false;  // and its 11-layer plan (layer_plan, ArchSpec::x0_gates; -lp)
   bool paired_heads = false;  // and the plan's paired-head attention (LayerSpec::paired; -ph)
   bool attn_lambdas = false;  // and its attention lambdas (ArchSpec::attn_lambdas; -al)
+  bool mudd_gates = false;    // and the plan's gates a token from two generators (mudd_gate_column; -mg)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
@@ -120,7 +121,7 @@ struct GPT2Config {
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
            resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan &&
-           paired_heads == o.paired_heads && attn_lambdas == o.attn_lambdas;
+           paired_heads == o.paired_heads && attn_lambdas == o.attn_lambdas && mudd_gates == o.mudd_gates;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -130,12 +131,12 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
                      channels, max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "",
                      bigram ? " bigram" : "", rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
                      resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "",
                      record89_plan ? " record89-plan" : "", paired_heads ? " paired-heads" : "",
-                     attn_lambdas ? " attn-lambdas" : "");
+                     attn_lambdas ? " attn-lambdas" : "", mudd_gates ? " mudd-gates" : "");
   }
 };
 
@@ -253,6 +254,9 @@ struct ArchSpec {
   // -al, header [9]'s bit 256; the speedrun's):
   bool attn_lambdas;       // each attention layer's qkv and output projections read their weights
                            // scaled by the layer's (s0, s1), each product bf16(s W) rounded once
+  // Record #89's MUDD gate generators, off in every architecture and set from the config (mudd_gates:
+  // -mg, header [9]'s bit 512; the speedrun's in its plan):
+  bool mudd_gates;         // the plan's gates read a token from two generators' rows (mudd_gate_column)
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
@@ -286,6 +290,7 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.resid_lambdas = c.resid_lambdas;
   a.xsa = c.xsa;
   a.attn_lambdas = c.attn_lambdas;
+  a.mudd_gates = c.mudd_gates;
   // Record #89's plan: x0 after each attention with a gate, not mixed into each block's input, and
   // none of record #28's attention gates (the reference's, on two layers, come from MUDD).
   if (c.record89_plan) {
@@ -301,6 +306,7 @@ constexpr int kFeaturesSlot = 9;
 constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kFeatureVeGates = 8;
 constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan = 64, kFeaturePairedHeads = 128;
 constexpr int kFeatureAttnLambdas = 256;
+constexpr int kFeatureMuddGates = 512;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
@@ -312,6 +318,24 @@ constexpr float kResidLambdaInit = 1.0488088481701516f, kPostLambdaInit = 1.0f;
 constexpr float kSkipLambdaInit = -1.5f, kSkipGateInit = 0.5f, kHeadGateInit = 0.25f;
 // Record #89's attention lambdas' start: qkv's weight times 0.5, the output projection's times 1.
 constexpr float kAttnLambdaQkvInit = 0.5f, kAttnLambdaProjInit = 1.0f;
+
+// Record #89's MUDD gate generators (-mg 1, GPT2Config::mudd_gates; train_gpt2.py's MUDD_*): the pre (0)
+// reads x0 (the normed embedding) and the post (1) the stream entering layer kMuddPostLayer, each giving a
+// token a row (gelu(x W1^T) W2[:n]^T + b2[:n]) x scale, GELU the exact one, W1 [kMuddGateHidden, C], W2
+// [kMuddGateWidth, kMuddGateHidden], b2 [kMuddGateWidth], n kMuddGateColumns[generator] (mudd_gate_column
+// gives each gate's columns).
+constexpr int kMuddGateHidden = 64, kMuddGateWidth = 41, kMuddPostLayer = 4;
+constexpr float kMuddGateScaleInit = 0.1f;
+
+// b2's start (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
+// composed attention's first six weights 1.0, each over the scale's 0.1; the rest 0.
+inline float mudd_gate_bias_init(int generator, int column) {
+  if (column >= 12 && column < 18) return 2.5f;
+  if (generator == 0) return column >= 19 && column < 26 && column % 2 == 1 ? 0.5f : 0.0f;
+  if (column >= 19 && column < 28 && column % 2 == 1) return 0.5f;
+  if (column == 28) return 5.0f;
+  return column >= 29 && column < 35 ? 10.0f : 0.0f;
+}
 
 // ----------------------------------------------------------------------------
 // Layer plan
@@ -364,6 +388,52 @@ static_assert(sizeof(kRecord89Attention) - 1 == kRecord89Layers && sizeof(kRecor
                   sizeof(kRecord89GatedSkips) / sizeof(int) == kRecord89Layers &&
                   sizeof(kRecord89AttentionSources) / sizeof(int) == kRecord89Layers,
               "record #89's lists give one entry a layer");
+
+// Record #89's MUDD gates (-mg 1): two generators' rows, a row a token, give some of its plan's gates
+// per token in place of their scalar parameters: generator 0, the "pre", reads x0; generator 1, the
+// "post", layer 4's input. A row's columns (the reference's fixed layouts, for its 6 heads):
+//   pre  [26]: 0-5 the XSA strengths of layer 1, 6-11 of layer 3; 12-17 the head gates of layer 3;
+//              18 + 2j the x0 gate and 19 + 2j the bigram gate of layer j for j = 0..3 (layer 0's
+//              bigram gate the stream start's);
+//   post [41]: 0-5 the XSA strengths of layer 4, 6-11 of layer 7; 12-17 the head gates of layer 10;
+//              18-27 the (x0, bigram) gate pairs of layers 4, 5, 7, 8, 9; 28 the gated skip's g (layer
+//              6's); 29-40 the composed attention's weights of layer 10 (not built: unread).
+// A kind's columns for a layer start at mudd_gate_column's, its heads consecutive.
+enum MuddGate { kMuddXsa, kMuddHeadGate, kMuddX0, kMuddBigram, kMuddSkip };
+constexpr int kMuddGenerators = 2;
+constexpr int kMuddGateColumns[kMuddGenerators] = {26, 41};
+constexpr int kMuddGateHeads = 6;
+// The rows as the model keeps them: kMuddGateStride floats apart (16-aligned for the products).
+constexpr int kMuddGateStride = 48;
+constexpr int kMuddXsaLayers[kMuddGenerators][2] = {{1, 3}, {4, 7}};
+constexpr int kMuddHeadGateLayers[kMuddGenerators] = {3, 10};
+constexpr int kMuddInjectLayers[kMuddGenerators][5] = {{0, 1, 2, 3, -1}, {4, 5, 7, 8, 9}};
+constexpr int kMuddXsaColumn = 0, kMuddHeadGateColumn = 12, kMuddInjectColumn = 18;
+constexpr int kMuddSkipLayer = 6, kMuddSkipColumn = 28;  // the post generator's
+static_assert(kMuddGateColumns[0] <= kMuddGateStride && kMuddGateColumns[1] <= kMuddGateStride &&
+                  kMuddGateStride % 16 == 0,
+              "the MUDD gates' rows hold both generators' columns");
+
+// Where a gate generator gives gate `kind` of `layer`.
+struct MuddGateColumn {
+  int generator;  // 0 the pre, 1 the post; -1 none (the gate is its scalar parameter)
+  int column;     // its first column (the first head's), -1 with none
+};
+inline MuddGateColumn mudd_gate_column(MuddGate kind, int layer) {
+  for (int g = 0; g < kMuddGenerators; g++) {
+    for (int i = 0; i < 2; i++) {
+      if (kind == kMuddXsa && kMuddXsaLayers[g][i] == layer) return {g, kMuddXsaColumn + i * kMuddGateHeads};
+    }
+    if (kind == kMuddHeadGate && kMuddHeadGateLayers[g] == layer) return {g, kMuddHeadGateColumn};
+    for (int i = 0; i < 5; i++) {
+      if (kMuddInjectLayers[g][i] != layer || layer < 0) continue;
+      if (kind == kMuddX0) return {g, kMuddInjectColumn + 2 * i};
+      if (kind == kMuddBigram) return {g, kMuddInjectColumn + 2 * i + 1};
+    }
+  }
+  if (kind == kMuddSkip && layer == kMuddSkipLayer) return {1, kMuddSkipColumn};
+  return {-1, -1};
+}
 
 // The speedrun's depth: its reference's, record #28's or record #89's (its plan).
 inline int speedrun_layers(bool record89_plan) { return record89_plan ? kRecord89Layers : kSpeedrunLayers; }
@@ -587,6 +657,15 @@ inline const char* paired_heads_missing(const GPT2Config& c) {
 }
 
 // A speedrun config with record #89's plan, or without: its depth follows (speedrun_layers).
+// What a config with record #89's MUDD gate generators lacks of what they need, or null: its plan (the
+// gates are the plan's), at most kMuddGateHeads heads (a layer's heads' columns).
+inline const char* mudd_gates_missing(const GPT2Config& c) {
+  if (!c.mudd_gates) return nullptr;
+  if (!c.record89_plan) return "record #89's plan";
+  if (c.num_heads > kMuddGateHeads) return "at most 6 heads";
+  return nullptr;
+}
+
 inline void set_record89_plan(GPT2Config& c, bool on) {
   c.record89_plan = on;
   if (c.speedrun()) c.num_layers = speedrun_layers(on);
@@ -628,7 +707,7 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 36;
+constexpr int kNumParamTensors = 40;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
@@ -636,6 +715,7 @@ enum ParamIndex {
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
   kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates,
   kAttnLambdas,
+  kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddGateScale,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -681,6 +761,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t sublayer_lambdas = a.resid_lambdas ? 2 : 0;  // (attention, MLP) in every layer
   const size_t x0_gates = a.x0_gates ? 1 : 0;  // one an attention layer
   const size_t attn_lambdas = a.attn_lambdas ? 2 : 0;  // (qkv's, attproj's) in every layer
+  const size_t mudd = a.mudd_gates ? 1 : 0;  // the two MUDD gate generators' tensors (the scalars' role)
   size_t gated_skips = 0;  // (skip_lambda, g) where the plan has a gated skip
   for (const LayerSpec& l : plan.layers) gated_skips = l.gated_skip_source >= 0 ? 2 : gated_skips;
   using R = ParamRole;
@@ -725,6 +806,10 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"skip_gate", gated_skips, whole, false, false, R::kVector},
       {"head_gates", plan.head_gate_layers * NH, with_head_gates, false, false, R::kVector},
       {"attn_lambdas", L * attn_lambdas, layers, false, false, R::kVector},
+      {"mudd_gate_w1", mudd * 2 * kMuddGateHidden * C, whole, false, false, R::kVector},
+      {"mudd_gate_w2", mudd * 2 * kMuddGateWidth * kMuddGateHidden, whole, false, false, R::kVector},
+      {"mudd_gate_b2", mudd * 2 * kMuddGateWidth, whole, false, false, R::kVector},
+      {"mudd_gate_scale", mudd, whole, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -776,7 +861,8 @@ constexpr int kMaxMuonGroups = 16;
 // placed elsewhere in the table (the bigram table, for its alignment) keeps its seed.
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
     kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
-    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates, kAttnLambdas};
+    kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates, kAttnLambdas,
+    kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddGateScale};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -859,16 +945,17 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   const int features = h[kFeaturesSlot];
   const int speedrun_only =
       kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan |
-      kFeaturePairedHeads | kFeatureAttnLambdas;
+      kFeaturePairedHeads | kFeatureAttnLambdas | kFeatureMuddGates;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
               "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA, "
-              "%d: record #89's plan, %d: its paired heads, %d: its attention lambdas), and GPT-2 has no rotary (%d: "
-              "its pairs): the header is damaged or the file comes from a newer version; re-create it",
-              path.c_str(), kFeaturesSlot, features,
-              kFeatureSmear, kFeatureBigram, kFeatureVeGates, kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan,
-              kFeaturePairedHeads, kFeatureAttnLambdas, kFeatureRotaryPairs);
+              "%d: record #89's plan, %d: its paired heads, %d: its attention lambdas, %d: its MUDD gate "
+              "generators), and GPT-2 has no rotary (%d: its pairs): the header is damaged or the file comes from a "
+              "newer version; re-create it",
+              path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates,
+              kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads, kFeatureAttnLambdas,
+              kFeatureMuddGates, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
@@ -889,6 +976,11 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
     LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's paired heads, which need %s: the header is "
               "damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeaturePairedHeads, missing);
   }
+  c.mudd_gates = (features & kFeatureMuddGates) != 0;
+  if (const char* missing = mudd_gates_missing(c)) {
+    LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's MUDD gate generators, which need %s: the "
+              "header is damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeatureMuddGates, missing);
+  }
   return c;
 }
 
@@ -908,7 +1000,7 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
                      (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
                      (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0) |
                      (c.record89_plan ? kFeatureRecord89Plan : 0) | (c.paired_heads ? kFeaturePairedHeads : 0) |
-                     (c.attn_lambdas ? kFeatureAttnLambdas : 0);
+                     (c.attn_lambdas ? kFeatureAttnLambdas : 0) | (c.mudd_gates ? kFeatureMuddGates : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1312,7 +1404,9 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // lambdas (1, 0) and value scales 0.5; with record #89's embedding the smear and the bigram table
 // zero, the bigram gates kBigramGateInit, its value-embedding gates' weights zero (each gate 1), its
 // residual lambdas r sqrt(1.1) and p 1 (with either init), its XSA strengths zero, its attention lambdas
-// (0.5, 1); with its plan its x0 gates zero, its skip gate's skip_lambda -1.5 and g 0.5, its head gates 0.25.
+// (0.5, 1); with its plan its x0 gates zero, its skip gate's skip_lambda -1.5 and g 0.5, its head gates 0.25;
+// with its MUDD gate generators their W1 uniform in +-1/sqrt(C) (one draw a generator, after every layer's),
+// W2 zero, b2 mudd_gate_bias_init and the scale 0.1.
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.
@@ -1355,6 +1449,18 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
       rng.uniform(params.data() + offsets[i] + slab * size, size, -bound, bound);
     }
   }
+  if (table[kMuddGateW1].size == 0) return;
+  const double mudd_bound = 1.0 / std::sqrt((double)c.channels);  // kaiming_uniform_(a = sqrt(5))'s
+  const size_t generator = table[kMuddGateW1].size / 2;
+  for (size_t g = 0; g < 2; g++) {
+    rng.uniform(params.data() + offsets[kMuddGateW1] + g * generator, generator, -mudd_bound, mudd_bound);
+  }
+  for (int g = 0; g < 2; g++) {
+    for (int k = 0; k < kMuddGateWidth; k++) {
+      params[offsets[kMuddGateB2] + g * kMuddGateWidth + k] = mudd_gate_bias_init(g, k);
+    }
+  }
+  params[offsets[kMuddGateScale]] = kMuddGateScaleInit;
 }
 
 // init: the speedrun's (-ri); the other architectures have one init each.

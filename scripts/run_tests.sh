@@ -604,6 +604,8 @@ gpu_against_pytorch() {
               "speedrun_d12_attn_lambdas:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1 --attn_lambdas 1" \
               "speedrun_tiny_paired_heads:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1" \
               "speedrun_h4c256_paired_heads:--recipe speedrun --model tiny --num_heads 4 --channels 256 --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --ve_gates 1 --xsa 1" \
+              "speedrun_tiny_mudd_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --mudd_gates 1 --bigram 1 --resid_lambdas 1 --ve_gates 1 --xsa 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9;mudd_gate_w1:lr=0.1,b2=0.99;mudd_gate_w2:lr=0.1,b2=0.99;mudd_gate_b2:lr=0.1,b2=0.99;mudd_gate_scale:lr=0.1,b2=0.99" \
+              "speedrun_d12_mudd_gates:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1 --mudd_gates 1 --xsa 1" \
               "speedrun_d12_paired_heads:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --resid_lambdas 1"; do
     local name=${spec%%:*} args=${spec#*:}
     local dir="$REF/gpu_$name"
@@ -917,6 +919,10 @@ gpu_resume() {
     -vt 512
   resume_test ./train_gpt2cu resume_speedrun_paired_heads_bf16 -recipe speedrun -lp 1 -rp 1 -ph 1 -awt 1 -b 1 \
     -t 1024 -z 1024 -vt 512
+  # With its MUDD gate generators (-mg 1) and XSA: their four tensors and AdamW state, the model from the
+  # header, the gates a token from the resumed parameters.
+  resume_test ./train_gpt2cu resume_speedrun_mudd_gates_bf16 -recipe speedrun -lp 1 -mg 1 -xs 1 -bg 1 -b 1 -t 1024 \
+    -z 1024 -vt 512
   # Record #89's YaRN (-yn 1) over a plan whose long window changes at steps 5 and 10 (1 -> 3 -> 5
   # blocks), with its rotary pairs, key offset and scale 0.1: the resume at step 10 derives the
   # frequencies and scale of both changes from the plan again.

@@ -200,6 +200,28 @@ inline bool check_close(const std::string& name, const std::vector<float>& got,
   return testing::check_tensor(name, got.data(), ref.data(), got.size(), tol * rms, tol);
 }
 
+// Record #89's MUDD gates as the kernels read them (GateRows, stride > 0): N rows of `stride` values,
+// a gate's `width` values a row (one, or one a head) from `column` on, `fill` everywhere else.
+inline std::vector<float> gate_rows(const std::vector<float>& gates, int width, int stride, int column, float fill) {
+  const size_t N = gates.size() / width;
+  std::vector<float> rows(N * stride, fill);
+  for (size_t n = 0; n < N; n++) {
+    for (int h = 0; h < width; h++) rows[n * stride + column + h] = gates[n * width + h];
+  }
+  return rows;
+}
+
+// The gate's values of such rows (inside), or all the others.
+inline std::vector<float> gate_columns(const std::vector<float>& rows, int width, int stride, int column,
+                                       bool inside) {
+  std::vector<float> out;
+  for (size_t i = 0; i < rows.size(); i++) {
+    const int c = (int)(i % stride);
+    if ((c >= column && c < column + width) == inside) out.push_back(rows[i]);
+  }
+  return out;
+}
+
 // The raw bytes of some device arrays, to check that a second run reproduces the first.
 class Snapshot {
  public:

@@ -1,9 +1,12 @@
 // Tests the MLP's activations: gelu_forward and gelu_backward_inplace (the fallbacks of the
 // matmul's GELU epilogues and the recomputation of -r 1) against cpu::gelu_forward /
 // cpu::gelu_backward, and relu2_forward and relu2_backward_inplace (the modern architecture's
-// relu(x)^2) against a reference written here (the CPU trainer has GELU only): inputs of std 2 so
-// both tails (and ReLU's zero side) are covered, sizes of whole and partial launch blocks, the
-// forward output poisoned first, and both kernels run twice for identical bits.
+// relu(x)^2) and gelu_erf_forward and gelu_erf_backward_inplace (the exact GELU of record #89's MUDD
+// gate generators) against references written here (the CPU trainer has GELU only): inputs of std 2
+// so both tails (and ReLU's zero side) are covered, sizes of whole and partial launch blocks, the
+// forward output poisoned first, and both kernels run twice for identical bits. Also the generators'
+// gate rows, gate_rows_bias_scale and its backward, against a reference of their roundings: odd row
+// counts, both generators' columns, the outputs poisoned first, twice for identical bits.
 #include "dev/cuda/kernel_test.h"
 
 namespace gelu_tests {
@@ -27,6 +30,15 @@ void relu2_reference(std::vector<float>& ref, std::vector<float>& ref_dinp,
     const float r = std::max(inp[i], 0.0f);
     ref[i] = r * r;
     ref_dinp[i] = dout[i] * (2.0f * r);
+  }
+}
+
+void gelu_erf_reference(std::vector<float>& ref, std::vector<float>& ref_dinp,
+                        const std::vector<float>& inp, const std::vector<float>& dout) {
+  for (size_t i = 0; i < inp.size(); i++) {
+    const double x = inp[i], phi = 0.5 * (1.0 + std::erf(x / std::sqrt(2.0)));
+    ref[i] = (float)(x * phi);
+    ref_dinp[i] = (float)(dout[i] * (phi + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI)));
   }
 }
 
@@ -62,6 +74,57 @@ void test_activation(const char* name, ActivationLauncher forward_launch,
   check_same_bits("backward twice", backward_bits, Snapshot(d));
 }
 
+// gate_rows_bias_scale and its backward over N rows of stride 48, the first `columns` of each gated.
+void test_gate_rows(int N, int columns, llmc::Rng& rng) {
+  const int stride = llmc::kMuddGateStride;
+  printf("\ngate_rows N=%d columns=%d stride=%d\n", N, columns, stride);
+  const size_t n = (size_t)N * stride;
+  const std::vector<float> product = random_stored(rng, n, 0.0f, 1.0f), drows = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> bias = random_stored(rng, columns, 0.5f, 2.0f), scale = stored({0.1f});
+  const std::vector<float> dbias_start = random_stored(rng, columns, 0.0f, 1.0f), dscale_start = stored({0.25f});
+  std::vector<float> ref_pre(n, 0.0f), ref_rows(n, 0.0f), ref_dpre(n, 0.0f), ref_dbias(dbias_start);
+  double dscale_sum = dscale_start[0];
+  std::vector<double> dbias_sums(dbias_start.begin(), dbias_start.end());
+  for (int r = 0; r < N; r++) {
+    for (int k = 0; k < columns; k++) {
+      const size_t i = (size_t)r * stride + k;
+      ref_pre[i] = (float)(floatX)(product[i] + bias[k]);
+      ref_rows[i] = (float)(floatX)(ref_pre[i] * scale[0]);
+      ref_dpre[i] = (float)(floatX)(drows[i] * scale[0]);
+      dbias_sums[k] += ref_dpre[i];
+      dscale_sum += (double)ref_pre[i] * drows[i];
+    }
+  }
+  for (int k = 0; k < columns; k++) ref_dbias[k] = (float)dbias_sums[k];
+  DeviceArray<floatX> d_product(product), d_bias(bias), d_scale(scale), rows(n), pre(n);
+  auto forward = [&] {
+    rows.poison();
+    pre.poison();
+    gate_rows_bias_scale(rows, pre, d_product, d_bias, d_scale, N, columns, stride, 0);
+  };
+  forward();
+  check_close("rows", rows.download(), ref_rows, kTolStore);
+  check_close("pre-scale rows", pre.download(), ref_pre, kTolStore);
+  const Snapshot forward_bits(rows, pre);
+  forward();
+  check_same_bits("forward twice", forward_bits, Snapshot(rows, pre));
+
+  DeviceArray<floatX> d_drows(drows), dpre(n), dbias(columns), dscale(1);
+  auto backward = [&] {
+    dpre.poison();
+    dbias.upload(dbias_start);
+    dscale.upload(dscale_start);
+    gate_rows_bias_scale_backward(dpre, dbias, dscale, d_drows, pre, d_scale, N, columns, stride, 7, 0);
+  };
+  backward();
+  check_close("dpre", dpre.download(), ref_dpre, kTolStore);
+  check_close("dbias", dbias.download(), ref_dbias, kTolSum);
+  check_close("dscale", dscale.download(), {(float)dscale_sum}, kTolSum);
+  const Snapshot backward_bits(dpre, dbias, dscale);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(dpre, dbias, dscale));
+}
+
 void run() {
   llmc::Rng rng(11);
   const size_t sizes[] = {
@@ -74,6 +137,12 @@ void run() {
   }
   for (size_t n : sizes) {
     test_activation("relu2", relu2_forward, relu2_backward_inplace, relu2_reference, n, rng);
+  }
+  for (size_t n : sizes) {
+    test_activation("gelu_erf", gelu_erf_forward, gelu_erf_backward_inplace, gelu_erf_reference, n, rng);
+  }
+  for (int N : {1, 37, 1001}) {
+    for (int columns : {26, 41}) test_gate_rows(N, columns, rng);
   }
 }
 

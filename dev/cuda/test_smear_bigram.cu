@@ -11,7 +11,10 @@
 //  - gated_terms_forward (record #89's plan's x0 term, then the bigram's): [p] in + g x0 + g' b
 //    with and without p, apart and in place, bitwise against a reference that rounds where the kernel
 //    does (each product to the storage type, the FP32 sum in that order, once at the end); either
-//    term alone bitwise bigram_gate_forward.
+//    term alone bitwise bigram_gate_forward;
+//  - the same with record #89's MUDD gates, a gate a row (rows of 48 values, the gates at odd
+//    columns): the forward bitwise against the reference, and with every row the same gate bitwise
+//    the shared gate's; db += g_n dout, dg_n the row's dout . b written into its column alone.
 // Row counts below, at and above the backward's 256 fixed row blocks, widths with partial warps;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits.
@@ -190,7 +193,7 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
   for (size_t i = 0; i < n; i++) ref_out[i] = (float)(x[i] + rounded((double)gate[0] * b[i]));
   auto forward = [&] {
     out.poison();
-    bigram_gate_forward(out, d_x, d_b, d_gate, N, C, 0);
+    bigram_gate_forward(out, d_x, d_b, {d_gate, 0}, N, C, 0);
   };
   forward();
   check_close("forward out", out.download(), ref_out, kTolStore);
@@ -198,7 +201,7 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(out));
   DeviceArray<floatX> in_place(x);
-  bigram_gate_forward(in_place, in_place, d_b, d_gate, N, C, 0);
+  bigram_gate_forward(in_place, in_place, d_b, {d_gate, 0}, N, C, 0);
   check_same_bits("forward in place", forward_bits, Snapshot(in_place));
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f), db0 = random_stored(rng, n, 0.0f, 1.0f);
@@ -217,7 +220,7 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
     db.upload(db0);
     dg.upload(dg0);
     partials.poison();
-    bigram_gate_backward(db, dg, partials, d_dout, d_b, d_gate, N, C, seed, 0);
+    bigram_gate_backward(db, {dg, 0}, partials, d_dout, d_b, {d_gate, 0}, N, C, seed, 0);
   };
   backward();
   check_close("backward db", db.download(), ref_db, kTolStore);
@@ -227,22 +230,24 @@ void test_bigram_gate(int N, int C, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(db, dg));
 }
 
-// One term g t of gated_terms_forward's sum on the CPU; none where values is null.
+// One term g t of gated_terms_forward's sum on the CPU; none where values is null. gates: one value
+// every row shares, or one a row.
 struct HostTerm {
   const std::vector<float>* values = nullptr;
-  float gate = 0.0f;
+  std::vector<float> gates;
+  float gate(size_t i, int C) const { return gates.size() == 1 ? gates[0] : gates[i / C]; }
 };
 
 // [p] in + g t + g' t', rounded as gated_terms_forward_kernel: p in and each product rounded once to
 // FP32 (their double products are exact), each product then to the storage type, the sum in FP32 in
 // this order, rounded once to the storage type.
 std::vector<float> gated_terms_reference(const std::vector<float>& in, const float* p, const HostTerm& first,
-                                         const HostTerm& second) {
+                                         const HostTerm& second, int C) {
   std::vector<float> out(in.size());
   for (size_t i = 0; i < in.size(); i++) {
     float v = p ? (float)((double)*p * in[i]) : in[i];
     for (const HostTerm* t : {&first, &second}) {
-      if (t->values) v += (float)(floatX)(float)((double)t->gate * (*t->values)[i]);
+      if (t->values) v += (float)(floatX)(float)((double)t->gate(i, C) * (*t->values)[i]);
     }
     out[i] = (float)(floatX)v;
   }
@@ -257,8 +262,8 @@ void test_gated_terms(int N, int C, llmc::Rng& rng) {
   const std::vector<float> scalars = stored({0.8125f, 0.37f, 0.05f});  // p, x0's gate, the bigram's gate
   DeviceArray<floatX> d_x(x), d_x0(x0), d_b(b), d_scalars(scalars), out(n), one(n), bigram_gated(n);
   const floatX* gates = d_scalars;
-  const GatedTerm x0_term{d_x0, gates + 1}, bigram_term{d_b, gates + 2};
-  const HostTerm host_x0{&x0, scalars[1]}, host_bigram{&b, scalars[2]};
+  const GatedTerm x0_term{d_x0, {gates + 1, 0}}, bigram_term{d_b, {gates + 2, 0}};
+  const HostTerm host_x0{&x0, {scalars[1]}}, host_bigram{&b, {scalars[2]}};
   for (const bool with_p : {false, true}) {
     const floatX* p = with_p ? gates : nullptr;
     const std::string which = with_p ? " p in + g x0 + g' b" : " in + g x0 + g' b";
@@ -267,7 +272,8 @@ void test_gated_terms(int N, int C, llmc::Rng& rng) {
       gated_terms_forward(out, d_x, p, x0_term, bigram_term, N, C, 0);
     };
     forward();
-    const std::vector<float> ref = gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, host_bigram);
+    const std::vector<float> ref =
+        gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, host_bigram, C);
     check_close("forward (exact)" + which, out.download(), ref, 0.0f);
     const Snapshot bits(out);
     forward();
@@ -283,13 +289,90 @@ void test_gated_terms(int N, int C, llmc::Rng& rng) {
       bigram_gated.poison();
       gated_terms_forward(one, d_x, p, alone_first ? x0_term : GatedTerm{}, alone_first ? GatedTerm{} : x0_term, N,
                           C, 0);
-      bigram_gate_forward(bigram_gated, d_x, d_x0, gates + 1, N, C, 0, p);
+      bigram_gate_forward(bigram_gated, d_x, d_x0, {gates + 1, 0}, N, C, 0, p);
       const std::vector<float> ref_one =
-          gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, HostTerm{});
+          gated_terms_reference(x, with_p ? &scalars[0] : nullptr, host_x0, HostTerm{}, C);
       check_close("one term (exact)" + which + where, one.download(), ref_one, 0.0f);
       check_same_bits("one term = bigram_gate_forward" + where, Snapshot(bigram_gated), Snapshot(one));
     }
   }
+}
+
+// ---- Gates a row (record #89's MUDD gates) ----
+// Rows of kGateStride values as the model keeps them, the gates at odd columns (unaligned reads).
+constexpr int kGateStride = llmc::kMuddGateStride, kX0Column = 19, kBigramColumn = 21;
+constexpr float kGateFill = 1e4f;  // the rows' other columns: a gradient added onto them would show
+
+// [p] in + g_n x0 + g'_n b with the gates a row against the reference, apart, in place and twice;
+// rows that all hold the shared gates give the shared gates' bits. Backward of one term: db += g_n
+// dout, dg_n = the row's dout . b written at its column (the rows' other columns left alone).
+void test_gated_terms_rows(int N, int C, llmc::Rng& rng) {
+  printf("\ngated terms, gates a row, N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 1.0f), x0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> b = random_stored(rng, n, 0.0f, 1.0f), p = stored({0.8125f});
+  const std::vector<float> x0_gates = random_stored(rng, N, 0.4f, 0.3f);
+  const std::vector<float> bigram_gates = random_stored(rng, N, 0.05f, 0.1f);
+  std::vector<float> rows = gate_rows(x0_gates, 1, kGateStride, kX0Column, kGateFill);
+  for (int t = 0; t < N; t++) rows[(size_t)t * kGateStride + kBigramColumn] = bigram_gates[t];
+  DeviceArray<floatX> d_x(x), d_x0(x0), d_b(b), d_p(p), d_rows(rows), out(n), in_place(n);
+  const GatedTerm x0_term{d_x0, {(floatX*)d_rows + kX0Column, kGateStride}};
+  const GatedTerm bigram_term{d_b, {(floatX*)d_rows + kBigramColumn, kGateStride}};
+  auto forward = [&] {
+    out.poison();
+    gated_terms_forward(out, d_x, d_p, x0_term, bigram_term, N, C, 0);
+  };
+  forward();
+  const std::vector<float> ref = gated_terms_reference(x, &p[0], {&x0, x0_gates}, {&b, bigram_gates}, C);
+  check_close("forward p in + g_n x0 + g'_n b (exact)", out.download(), ref, 0.0f);
+  const Snapshot bits(out);
+  forward();
+  check_same_bits("forward twice", bits, Snapshot(out));
+  in_place.upload(x);
+  gated_terms_forward(in_place, in_place, d_p, x0_term, bigram_term, N, C, 0);
+  check_same_bits("forward in place", bits, Snapshot(in_place));
+
+  // Every row holding the same gates: the bits of those gates shared (stride 0).
+  const std::vector<float> shared = {x0_gates[0], bigram_gates[0]};
+  std::vector<float> same_rows = gate_rows(std::vector<float>(N, shared[0]), 1, kGateStride, kX0Column, kGateFill);
+  for (int t = 0; t < N; t++) same_rows[(size_t)t * kGateStride + kBigramColumn] = shared[1];
+  DeviceArray<floatX> d_same_rows(same_rows), d_shared(shared), shared_out(n);
+  out.poison();
+  shared_out.poison();
+  gated_terms_forward(out, d_x, d_p, {d_x0, {(floatX*)d_same_rows + kX0Column, kGateStride}},
+                      {d_b, {(floatX*)d_same_rows + kBigramColumn, kGateStride}}, N, C, 0);
+  gated_terms_forward(shared_out, d_x, d_p, {d_x0, {(floatX*)d_shared, 0}}, {d_b, {(floatX*)d_shared + 1, 0}}, N, C,
+                      0);
+  check_same_bits("rows of equal gates = the shared gates", Snapshot(shared_out), Snapshot(out));
+
+  const std::vector<float> dout = random_stored(rng, n, 0.5f, 1.0f), db0 = random_stored(rng, n, 0.0f, 1.0f);
+  std::vector<float> ref_db(n), ref_dg(N, 0.0f);
+  std::vector<double> sums(N, 0.0);
+  for (size_t i = 0; i < n; i++) {
+    ref_db[i] = (float)(db0[i] + (double)bigram_gates[i / C] * dout[i]);
+    sums[i / C] += (double)dout[i] * b[i];
+  }
+  for (int t = 0; t < N; t++) ref_dg[t] = (float)sums[t];
+  const std::vector<float> drows0(rows.size(), kGateFill);
+  DeviceArray<floatX> d_dout(dout), db(n), d_drows(drows0);
+  DeviceArray<float> partials(kRowBlocks);
+  auto backward = [&] {
+    db.upload(db0);
+    d_drows.upload(drows0);
+    partials.poison();
+    bigram_gate_backward(db, {(floatX*)d_drows + kBigramColumn, kGateStride}, partials, d_dout, d_b,
+                         bigram_term.gate, N, C, rng.u32(), 0);
+  };
+  backward();
+  check_close("backward db += g_n dout", db.download(), ref_db, kTolStore);
+  const std::vector<float> drows = d_drows.download();
+  check_close("backward dg_n, written", gate_columns(drows, 1, kGateStride, kBigramColumn, true), ref_dg, kTolSum);
+  check_close("backward: the rows' other columns untouched",
+              gate_columns(drows, 1, kGateStride, kBigramColumn, false),
+              gate_columns(drows0, 1, kGateStride, kBigramColumn, false), 0.0f);
+  const Snapshot backward_bits(db, d_drows);
+  backward();
+  check_same_bits("backward twice (any seed)", backward_bits, Snapshot(db, d_drows));
 }
 
 void test_bad_shapes() {
@@ -310,12 +393,17 @@ void test_bad_shapes() {
   // 102: a multiple of neither 4 (FP32's x128::size) nor 8 (BF16's).
   testing::check_throws([&] { bigram_forward(a, b, rows, b, rows, 3, 102, 0); }, "multiple of",
                         "bigram_forward at C = 102");
-  testing::check_throws([&] { bigram_gate_backward(a, b, partials, a, b, b, 3, 768, 1, 0); }, "apart from dout",
+  testing::check_throws([&] { bigram_gate_backward(a, {b, 0}, partials, a, b, {b, 0}, 3, 768, 1, 0); },
+                        "apart from dout",
                         "bigram_gate_backward with dbigram over dout");
-  testing::check_throws([&] { bigram_gate_forward(a, a, b, b, 3, 102, 0); }, "multiple of",
+  testing::check_throws([&] { bigram_gate_forward(a, a, b, {b, 0}, 3, 102, 0); }, "multiple of",
                         "bigram_gate_forward at C = 102");
-  testing::check_throws([&] { gated_terms_forward(a, a, nullptr, {b, b}, {b, b}, 3, 102, 0); }, "multiple of",
+  testing::check_throws([&] { gated_terms_forward(a, a, nullptr, {b, {b, 0}}, {b, {b, 0}}, 3, 102, 0); }, "multiple of",
                         "gated_terms_forward at C = 102");
+  testing::check_throws([&] { gated_terms_forward(a, a, nullptr, {b, {b, -1}}, {}, 3, 768, 0); }, "stride of 0",
+                        "gated_terms_forward with a negative gate stride");
+  testing::check_throws([&] { bigram_gate_backward(a, {a, 0}, partials, b, b, {b, 48}, 3, 768, 1, 0); },
+                        "gradient needs", "bigram_gate_backward with gates a row but a shared gradient");
 }
 
 void run() {
@@ -338,6 +426,11 @@ void run() {
   test_gated_terms(300, 768, rng);          // d12 width
   test_gated_terms(1, 768, rng);
   test_gated_terms(7, 136, rng);            // a row of 17 pieces
+  llmc::Rng rows_rng(48);  // its own draws, so that the cases above keep their inputs
+  test_gated_terms_rows(4 * 64 + 1, 768, rows_rng);  // d12 width; one row per backward block, one more
+  test_gated_terms_rows(3999, 768, rows_rng);        // 16 rows per block: each warp two, some one
+  test_gated_terms_rows(37, 128, rows_rng);          // tiny width; most blocks empty
+  test_gated_terms_rows(7, 136, rows_rng);           // a row of 17 pieces: a partial warp
   test_bad_shapes();
 }
 

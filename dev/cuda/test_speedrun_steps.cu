@@ -31,6 +31,10 @@
 //  - attention_lambda_scale/backward (record #89's attention lambdas): W' = s W rounded once, exact;
 //    dW = s dW' in place, ds += sum dW' W over the row blocks; d12's and tiny's qkv and output
 //    projection, rows of 17 pieces, one piece.
+//  - record #89's MUDD gates, a gate a row (rows of 48 values, the gates from odd columns): the
+//    gated skip's s_n and its add (bitwise, and rows of one g bitwise the shared g), dkept, dg_n =
+//    sig S_n and d skip_lambda from the sum of g_n S_n; XSA's and the head gates' forward and
+//    backward as above with alpha_n,h and g_n,h, each row's gradient written into its columns alone.
 // Row counts below, at and above the backward's 256 fixed row blocks, with short and empty blocks;
 // outputs poisoned first, gradients accumulated onto random ones, every kernel run twice for
 // identical bits. Scalar and weight gradients are sums over all rows: kTolSum.
@@ -254,9 +258,9 @@ void test_sublayer_lambdas(int N, int C, llmc::Rng& rng) {
   for (size_t i = 0; i < n; i++) ref_bigram[i] = (float)(p * y[i] + gb[i]);
   DeviceArray<floatX> gated(n), in_place(y);
   gated.poison();
-  bigram_gate_forward(gated, d_y, d_bigram, gate, N, C, 0, p_in);
+  bigram_gate_forward(gated, d_y, d_bigram, {gate, 0}, N, C, 0, p_in);
   check_close("bigram term beside p y", gated.download(), ref_bigram, kTolStore);
-  bigram_gate_forward(in_place, in_place, d_bigram, gate, N, C, 0, p_in);
+  bigram_gate_forward(in_place, in_place, d_bigram, {gate, 0}, N, C, 0, p_in);
   check_same_bits("bigram term beside p y, in place", Snapshot(gated), Snapshot(in_place));
 
   const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f), d0 = random_stored(rng, 2, 0.0f, 1.0f);
@@ -301,6 +305,11 @@ constexpr float kTolSkipScale = kTolStore;
 constexpr float kTolSkipScale = 0.0f;
 #endif
 
+// Rows of record #89's MUDD gates as the model keeps them (kMuddGateStride values), the gates read
+// from odd columns; kGateFill elsewhere, so that a gradient added onto the rows would show.
+constexpr int kGateStride = llmc::kMuddGateStride;
+constexpr float kGateFill = 1e4f;
+
 // sigmoid(l) rounded to the storage type, as the kernels round it.
 double rounded_sigmoid(float l) { return (float)(floatX)(float)(1.0 / (1.0 + std::exp(-(double)l))); }
 
@@ -315,7 +324,7 @@ void test_gated_skip_scale() {
     const std::vector<float> skip_gate = stored({l, g});
     DeviceArray<floatX> d_skip_gate(skip_gate), scale(1);
     scale.poison();
-    gated_skip_scale(scale, d_skip_gate, 0);
+    gated_skip_scale(scale, d_skip_gate, {(floatX*)d_skip_gate + 1, 0}, 1, 0);
     got.push_back(scale.download()[0]);
     ref.push_back((float)(floatX)(float)(rounded_sigmoid(skip_gate[0]) * skip_gate[1]));
     printf("     l=%g g=%g: s=%.9g, reference %.9g\n", skip_gate[0], skip_gate[1], got.back(), ref.back());
@@ -330,7 +339,7 @@ void test_gated_skip(int N, int C, llmc::Rng& rng) {
   const std::vector<float> skip_gate = stored({-1.5f, 1.3f});  // skip_lambda, g
   DeviceArray<floatX> d_x(x), d_kept(kept), d_skip_gate(skip_gate), scale(1), sum(n), normed(n), ref_normed(n);
   DeviceArray<float> rstd(N), ref_rstd(N);
-  gated_skip_scale(scale, d_skip_gate, 0);
+  gated_skip_scale(scale, d_skip_gate, {(floatX*)d_skip_gate + 1, 0}, N, 0);
   const double s = scale.download()[0];
 
   // The add x + s kept, s's product rounded to FP32 and the sum once to the storage type.
@@ -372,7 +381,8 @@ void test_gated_skip(int N, int C, llmc::Rng& rng) {
     dkept.upload(dkept0);
     dskip.upload(dskip0);
     partials.poison();
-    gated_skip_backward(dkept, dskip, partials, d_dout, d_kept, scale, d_skip_gate, N, C, seed, 0);
+    gated_skip_backward(dkept, dskip, {(floatX*)dskip + 1, 0}, partials, d_dout, d_kept, scale, d_skip_gate,
+                        {(floatX*)d_skip_gate + 1, 0}, N, C, seed, 0);
   };
   backward();
 #if defined(ENABLE_FP32)
@@ -388,23 +398,126 @@ void test_gated_skip(int N, int C, llmc::Rng& rng) {
   check_same_bits("backward twice", backward_bits, Snapshot(dkept, dskip));
 }
 
+// The gated skip with MUDD's g_n a row (at column kSkipColumn): s_n = round(round(sigmoid(l)) g_n) a
+// row, the add x + s_n kept (SublayerScales' p a row) exactly and its norm bitwise rmsnorm_forward's;
+// rows all holding one g give the shared g's bits. Backward: dkept += s_n dout, dg_n = sig S_n
+// written (S_n the row's dout . kept), d skip_lambda += sig (1 - sig) (the sum of g_n S_n).
+constexpr int kSkipColumn = 27;
+
+void test_gated_skip_rows(int N, int C, llmc::Rng& rng) {
+  printf("\ngated skip, g a row, N=%d C=%d\n", N, C);
+  const size_t n = (size_t)N * C;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 1.0f), kept = random_stored(rng, n, 0.5f, 1.0f);
+  const std::vector<float> skip_lambda = stored({-1.5f}), g = random_stored(rng, N, 1.0f, 0.25f);
+  const std::vector<float> rows = gate_rows(g, 1, kGateStride, kSkipColumn, kGateFill);
+  DeviceArray<floatX> d_x(x), d_kept(kept), d_lambda(skip_lambda), d_rows(rows), scale(N), sum(n), normed(n);
+  DeviceArray<floatX> ref_normed(n);
+  DeviceArray<float> rstd(N), ref_rstd(N);
+  const GateRows g_rows{(floatX*)d_rows + kSkipColumn, kGateStride};
+  scale.poison();
+  gated_skip_scale(scale, d_lambda, g_rows, N, 0);
+  const std::vector<float> s = scale.download();
+  const double sig = rounded_sigmoid(skip_lambda[0]);
+  std::vector<float> ref_s(N);
+  for (int t = 0; t < N; t++) ref_s[t] = (float)(floatX)(float)(sig * g[t]);
+  check_close("s_n = round(round(sigmoid(l)) g_n)", s, ref_s, kTolSkipScale);
+
+  std::vector<float> ref_sum(n);
+  for (size_t i = 0; i < n; i++) ref_sum[i] = (float)(floatX)(x[i] + (float)((double)s[i / C] * kept[i]));
+  auto forward = [&](const SublayerScales& scales) {
+    sum.poison();
+    normed.poison();
+    rstd.poison();
+    fused_residual_rmsnorm_forward(sum, normed, rstd, d_x, d_kept, nullptr, N, C, 0, scales);
+  };
+  forward(SublayerScales{nullptr, scale, 1});
+  check_close("x + s_n kept (exact)", sum.download(), ref_sum, 0.0f);
+  rmsnorm_forward(ref_normed, ref_rstd, sum, nullptr, N, C, 0);
+  check_same_bits("its norm = rmsnorm_forward of the sum", Snapshot(ref_normed, ref_rstd), Snapshot(normed, rstd));
+  const Snapshot forward_bits(sum, normed, rstd);
+  forward(SublayerScales{nullptr, scale, 1});
+  check_same_bits("forward twice", forward_bits, Snapshot(sum, normed, rstd));
+
+  // Every row's g the same: the shared g's bits, the scale and the add.
+  const std::vector<float> skip_gate = {skip_lambda[0], g[0]};
+  DeviceArray<floatX> d_skip_gate(skip_gate), same_rows(gate_rows(std::vector<float>(N, g[0]), 1, kGateStride,
+                                                                  kSkipColumn, kGateFill));
+  DeviceArray<floatX> shared_scale(1);
+  gated_skip_scale(shared_scale, d_skip_gate, {(floatX*)d_skip_gate + 1, 0}, N, 0);
+  gated_skip_scale(scale, d_skip_gate, {(floatX*)same_rows + kSkipColumn, kGateStride}, N, 0);
+  forward(SublayerScales{nullptr, shared_scale});
+  const Snapshot shared_bits(sum, normed, rstd);
+  forward(SublayerScales{nullptr, scale, 1});
+  check_same_bits("rows of one g = the shared g", shared_bits, Snapshot(sum, normed, rstd));
+  gated_skip_scale(scale, d_lambda, g_rows, N, 0);
+
+  // dout's and kept's means keep each S_n positive, g_n near 1: no cancellation in the sum of g_n S_n.
+  const std::vector<float> dout = random_stored(rng, n, 0.5f, 1.0f), dkept0 = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> dlambda0 = random_stored(rng, 1, 1.0f, 0.25f);
+  const std::vector<float> drows0(rows.size(), kGateFill);
+  std::vector<float> ref_dkept(n), ref_dg(N);
+  std::vector<double> S(N, 0.0);
+  for (size_t i = 0; i < n; i++) {
+    ref_dkept[i] = (float)(floatX)(float)(dkept0[i] + (double)s[i / C] * dout[i]);
+    S[i / C] += (double)dout[i] * kept[i];
+  }
+  double weighted = 0.0;
+  for (int t = 0; t < N; t++) {
+    ref_dg[t] = (float)(sig * S[t]);
+    weighted += g[t] * S[t];
+  }
+  const std::vector<float> ref_dlambda = {(float)(dlambda0[0] + sig * (1.0 - sig) * weighted)};
+  DeviceArray<floatX> d_dout(dout), dkept(n), dlambda(1), drows(drows0);
+  DeviceArray<float> partials(kRowBlocks);
+  const uint32_t seed = rng.u32();
+  auto backward = [&] {
+    dkept.upload(dkept0);
+    dlambda.upload(dlambda0);
+    drows.upload(drows0);
+    partials.poison();
+    gated_skip_backward(dkept, dlambda, {(floatX*)drows + kSkipColumn, kGateStride}, partials, d_dout, d_kept, scale,
+                        d_lambda, g_rows, N, C, seed, 0);
+  };
+  backward();
+#if defined(ENABLE_FP32)
+  check_close("backward dkept += s_n dout", dkept.download(), ref_dkept, kTolStore);
+#else
+  check_close("backward dkept += s_n dout (exact)", dkept.download(), ref_dkept, 0.0f);
+#endif
+  const std::vector<float> got = drows.download();
+  check_close("backward dg_n = sig S_n, written", gate_columns(got, 1, kGateStride, kSkipColumn, true), ref_dg,
+              kTolSum);
+  check_close("backward: the rows' other columns untouched", gate_columns(got, 1, kGateStride, kSkipColumn, false),
+              gate_columns(drows0, 1, kGateStride, kSkipColumn, false), 0.0f);
+  check_close("backward d skip_lambda", dlambda.download(), ref_dlambda, kTolSum);
+  const Snapshot backward_bits(dkept, dlambda, drows);
+  backward();
+  check_same_bits("backward twice", backward_bits, Snapshot(dkept, dlambda, drows));
+}
+
 // ---- Record #89's head gates ----
 
 struct HeadGateCase {
   int N, NH, C;
+  bool rows = false;  // MUDD's gates, NH a row from column kHeadGateColumn
 };
+constexpr int kHeadGateColumn = 13;
 
 void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
-  printf("\nhead gates N=%d NH=%d C=%d\n", c.N, c.NH, c.C);
+  printf("\nhead gates N=%d NH=%d C=%d%s\n", c.N, c.NH, c.C, c.rows ? ", gates a row" : "");
   const size_t n = (size_t)c.N * c.C;
   const int HS = c.C / c.NH;
-  const std::vector<float> y = random_stored(rng, n, 0.0f, 1.0f), gate = random_stored(rng, c.NH, 0.25f, 0.5f);
-  DeviceArray<floatX> d_y(y), d_gate(gate), out(n), in_place(n);
+  const std::vector<float> y = random_stored(rng, n, 0.0f, 1.0f);
+  const std::vector<float> gate = random_stored(rng, (size_t)(c.rows ? c.N : 1) * c.NH, 0.25f, 0.5f);
+  auto gate_at = [&](size_t i) { return gate[(c.rows ? (i / c.C) * c.NH : 0) + (i % c.C) / HS]; };
+  DeviceArray<floatX> d_y(y), out(n), in_place(n);
+  DeviceArray<floatX> d_gate(c.rows ? gate_rows(gate, c.NH, kGateStride, kHeadGateColumn, kGateFill) : gate);
+  const GateRows gates = c.rows ? GateRows{(floatX*)d_gate + kHeadGateColumn, kGateStride} : GateRows{d_gate, 0};
   std::vector<float> ref_out(n);
-  for (size_t i = 0; i < n; i++) ref_out[i] = (float)(floatX)(float)((double)y[i] * gate[(i % c.C) / HS]);
+  for (size_t i = 0; i < n; i++) ref_out[i] = (float)(floatX)(float)((double)y[i] * gate_at(i));
   auto forward = [&] {
     out.poison();
-    head_gate_forward(out, d_y, d_gate, c.N, c.NH, c.C, 0);
+    head_gate_forward(out, d_y, gates, c.N, c.NH, c.C, 0);
   };
   forward();
   check_close("y g_h (exact)", out.download(), ref_out, 0.0f);
@@ -412,21 +525,25 @@ void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(out));
   in_place.upload(y);
-  head_gate_forward(in_place, in_place, d_gate, c.N, c.NH, c.C, 0);
+  head_gate_forward(in_place, in_place, gates, c.N, c.NH, c.C, 0);
   check_same_bits("forward in place", forward_bits, Snapshot(in_place));
 
-  // dout's and y's means keep each head's sum away from cancelling; the gradients accumulate onto
-  // random values.
-  const std::vector<float> dout = random_stored(rng, n, 0.5f, 1.0f), dgate0 = random_stored(rng, c.NH, 0.0f, 1.0f);
-  std::vector<float> ref_dy(n), ref_dgate(dgate0);
-  std::vector<double> sums(c.NH, 0.0);
+  // dout's and y's means keep each head's sum away from cancelling; a shared gate's gradient
+  // accumulates onto random values, a row's is written over kGateFill.
+  const std::vector<float> dout = random_stored(rng, n, 0.5f, 1.0f);
+  const std::vector<float> dgate0 = c.rows ? std::vector<float>((size_t)c.N * kGateStride, kGateFill)
+                                           : random_stored(rng, c.NH, 0.0f, 1.0f);
+  std::vector<float> ref_dy(n);
+  std::vector<double> sums((size_t)(c.rows ? c.N : 1) * c.NH, 0.0);
   for (size_t i = 0; i < n; i++) {
-    const int h = (int)(i % c.C) / HS;
-    ref_dy[i] = (float)(floatX)(float)((double)dout[i] * gate[h]);
-    sums[h] += (double)dout[i] * y[i];
+    ref_dy[i] = (float)(floatX)(float)((double)dout[i] * gate_at(i));
+    sums[(c.rows ? (i / c.C) * c.NH : 0) + (i % c.C) / HS] += (double)dout[i] * y[i];
   }
-  for (int h = 0; h < c.NH; h++) ref_dgate[h] = (float)(dgate0[h] + sums[h]);
-  DeviceArray<floatX> d_dout(dout), dy(n), dgate(c.NH);
+  std::vector<float> ref_dgate(sums.size());
+  for (size_t k = 0; k < sums.size(); k++) ref_dgate[k] = (float)((c.rows ? 0.0 : dgate0[k]) + sums[k]);
+  DeviceArray<floatX> d_dout(dout), dy(n), dgate(dgate0);
+  const GateGradient dgates =
+      c.rows ? GateGradient{(floatX*)dgate + kHeadGateColumn, kGateStride} : GateGradient{dgate, 0};
   DeviceArray<float> partials((size_t)kRowBlocks * c.NH);
   const uint32_t seed = rng.u32();
   auto backward = [&](floatX* target, bool over_dout) {
@@ -434,11 +551,18 @@ void test_head_gates(const HeadGateCase& c, llmc::Rng& rng) {
     else dy.poison();
     dgate.upload(dgate0);
     partials.poison();
-    head_gate_backward(target, dgate, partials, d_dout, d_y, d_gate, c.N, c.NH, c.C, seed, 0);
+    head_gate_backward(target, dgates, partials, d_dout, d_y, gates, c.N, c.NH, c.C, seed, 0);
   };
   backward(dy, false);
   check_close("dy = g_h dout (exact)", dy.download(), ref_dy, 0.0f);
-  check_close("dg_h", dgate.download(), ref_dgate, kTolSum);
+  if (c.rows) {
+    const std::vector<float> got = dgate.download();
+    check_close("dg_n,h, written", gate_columns(got, c.NH, kGateStride, kHeadGateColumn, true), ref_dgate, kTolSum);
+    check_close("the rows' other columns untouched", gate_columns(got, c.NH, kGateStride, kHeadGateColumn, false),
+                gate_columns(dgate0, c.NH, kGateStride, kHeadGateColumn, false), 0.0f);
+  } else {
+    check_close("dg_h", dgate.download(), ref_dgate, kTolSum);
+  }
   const Snapshot backward_bits(dy, dgate);
   backward(dy, false);
   check_same_bits("backward twice", backward_bits, Snapshot(dy, dgate));
@@ -899,7 +1023,9 @@ void test_attention_gate(const GateCase& s, llmc::Rng& rng) {
 
 struct XsaCase {
   int N, NH, C;
+  bool rows = false;  // MUDD's strengths, NH a row from column kXsaColumn
 };
+constexpr int kXsaColumn = 7;
 
 // The forward's scalars of one row and head, rounded where the kernel (and train_gpt2.py) round:
 // each product, the dots, the ratio, s and s times the ratio; the sums in double.
@@ -929,7 +1055,7 @@ XsaHeadRef xsa_head_ref(const float* y, const float* v, int HS, float alpha) {
 
 void test_xsa(const XsaCase& s, llmc::Rng& rng) {
   const int N = s.N, NH = s.NH, C = s.C, HS = C / NH, ld_v = 3 * C;
-  printf("\nXSA N=%d NH=%d C=%d (head size %d)\n", N, NH, C, HS);
+  printf("\nXSA N=%d NH=%d C=%d (head size %d)%s\n", N, NH, C, HS, s.rows ? ", strengths a row" : "");
   const size_t n = (size_t)N * C;
   const std::vector<float> y = random_stored(rng, n, 0.0f, 1.0f);
   // v inside a qkv row [N, 3C] (q and k random), columns [2C, 3C): a whole zero row, and head 0 of
@@ -940,8 +1066,11 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
       if (t == N / 2 || (t % 5 == 0 && c < HS)) qkv[(size_t)t * ld_v + 2 * C + c] = 0.0f;
     }
   }
-  const std::vector<float> alpha = random_stored(rng, NH, 0.0f, 1.0f);
-  DeviceArray<floatX> d_y(y), d_qkv(qkv), d_alpha(alpha), out(n);
+  const std::vector<float> alpha = random_stored(rng, (size_t)(s.rows ? N : 1) * NH, 0.0f, 1.0f);
+  auto alpha_at = [&](int t, int h) { return alpha[(s.rows ? (size_t)t * NH : 0) + h]; };
+  DeviceArray<floatX> d_y(y), d_qkv(qkv), out(n);
+  DeviceArray<floatX> d_alpha(s.rows ? gate_rows(alpha, NH, kGateStride, kXsaColumn, kGateFill) : alpha);
+  const GateRows alphas = s.rows ? GateRows{(floatX*)d_alpha + kXsaColumn, kGateStride} : GateRows{d_alpha, 0};
   const floatX* d_v = (floatX*)d_qkv + 2 * C;
   auto v_at = [&](int t, int c) { return qkv[(size_t)t * ld_v + 2 * C + c]; };
 
@@ -951,7 +1080,7 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
   for (int t = 0; t < N; t++) {
     for (int h = 0; h < NH; h++) {
       for (int d = 0; d < HS; d++) vrow[d] = v_at(t, h * HS + d);
-      const XsaHeadRef r = xsa_head_ref(&y[(size_t)t * C + h * HS], vrow.data(), HS, alpha[h]);
+      const XsaHeadRef r = xsa_head_ref(&y[(size_t)t * C + h * HS], vrow.data(), HS, alpha_at(t, h));
       heads[(size_t)t * NH + h] = r;
       for (int d = 0; d < HS; d++) {
         ref_out[(size_t)t * C + h * HS + d] = (float)(y[(size_t)t * C + h * HS + d] - to_stored(r.coef * vrow[d]));
@@ -960,7 +1089,7 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
   }
   auto forward = [&] {
     out.poison();
-    xsa_forward(out, d_y, d_v, ld_v, d_alpha, N, NH, C, 0);
+    xsa_forward(out, d_y, d_v, ld_v, alphas, N, NH, C, 0);
   };
   forward();
   const std::vector<float> got_out = out.download();
@@ -975,9 +1104,10 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
   // Backward from the forward's scalars: dy = g - a v, dv = -coef g - a y + b v (b 0 where clamped),
   // a = s (g . v) / den, b = 2 s (g . v) dot / den^2, dalpha += -(dot / den) (g . v) (1 - t^2).
   const std::vector<float> g = random_stored(rng, n, 0.0f, 1.0f);
-  const std::vector<float> dalpha0 = random_stored(rng, NH, 0.0f, 1.0f);
+  const std::vector<float> dalpha0 =
+      s.rows ? std::vector<float>((size_t)N * kGateStride, kGateFill) : random_stored(rng, NH, 0.0f, 1.0f);
   std::vector<float> ref_dy(n), ref_dv(n);
-  std::vector<double> dalpha_sum(NH, 0.0);
+  std::vector<double> dalpha_sum((size_t)(s.rows ? N : 1) * NH, 0.0);
   for (int t = 0; t < N; t++) {
     for (int h = 0; h < NH; h++) {
       const XsaHeadRef& r = heads[(size_t)t * NH + h];
@@ -990,13 +1120,15 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
         ref_dy[base + d] = (float)(g[base + d] - a * vd);
         ref_dv[base + d] = (float)(-r.coef * g[base + d] - a * y[base + d] + b * vd);
       }
-      dalpha_sum[h] += -(r.dot / r.den) * gv * (1.0 - r.t * r.t);
+      dalpha_sum[(s.rows ? (size_t)t * NH : 0) + h] += -(r.dot / r.den) * gv * (1.0 - r.t * r.t);
     }
   }
-  std::vector<float> ref_dalpha(NH);
-  for (int h = 0; h < NH; h++) ref_dalpha[h] = (float)(dalpha0[h] + dalpha_sum[h]);
+  std::vector<float> ref_dalpha(dalpha_sum.size());
+  for (size_t k = 0; k < ref_dalpha.size(); k++) ref_dalpha[k] = (float)((s.rows ? 0.0 : dalpha0[k]) + dalpha_sum[k]);
 
-  DeviceArray<floatX> d_g(g), dy(n), dv(n), dalpha(NH);
+  DeviceArray<floatX> d_g(g), dy(n), dv(n), dalpha(dalpha0);
+  const GateGradient dalphas =
+      s.rows ? GateGradient{(floatX*)dalpha + kXsaColumn, kGateStride} : GateGradient{dalpha, 0};
   DeviceArray<float> partials(xsa_backward_partials(NH));
   const uint32_t seed = rng.u32();
   // in_place: dy is dout's own memory (d_g holds g again first).
@@ -1006,13 +1138,21 @@ void test_xsa(const XsaCase& s, llmc::Rng& rng) {
     dv.poison();
     dalpha.upload(dalpha0);
     partials.poison();
-    xsa_backward(in_place ? (floatX*)d_g : (floatX*)dy, dv, dalpha, partials, d_g, d_y, d_v, ld_v, d_alpha, N, NH, C,
+    xsa_backward(in_place ? (floatX*)d_g : (floatX*)dy, dv, dalphas, partials, d_g, d_y, d_v, ld_v, alphas, N, NH, C,
                  seed, 0);
   };
   backward(false);
   check_close("backward dy", dy.download(), ref_dy, kTolStore);
   check_close("backward dv", dv.download(), ref_dv, kTolStore);
-  check_close("backward dalpha", dalpha.download(), ref_dalpha, kTolSum);
+  if (s.rows) {
+    const std::vector<float> got = dalpha.download();
+    check_close("backward dalpha_n,h, written", gate_columns(got, NH, kGateStride, kXsaColumn, true), ref_dalpha,
+                kTolSum);
+    check_close("backward: the rows' other columns untouched", gate_columns(got, NH, kGateStride, kXsaColumn, false),
+                gate_columns(dalpha0, NH, kGateStride, kXsaColumn, false), 0.0f);
+  } else {
+    check_close("backward dalpha", dalpha.download(), ref_dalpha, kTolSum);
+  }
   const Snapshot backward_bits(dy, dv, dalpha);
   backward(false);
   check_same_bits("backward twice", backward_bits, Snapshot(dy, dv, dalpha));
@@ -1057,24 +1197,33 @@ void test_bad_shapes() {
   testing::check_throws(
       [&] { attention_gate_backward(a, b, 2, b, partials, a, b, g, b, b, 8, 1, 136, 1, 0, AttentionRowDots{dots, 8}); },
       "row dots", "attention_gate_backward's row dots at head size 136 (a row's pieces not whole warps)");
-  testing::check_throws([&] { xsa_forward(a, b, b, 768, b, 1, 5, 768, 0); }, "head size",
+  testing::check_throws([&] { xsa_forward(a, b, b, 768, {b, 0}, 1, 5, 768, 0); }, "head size",
                         "xsa_forward with 5 heads of 768 channels");
-  testing::check_throws([&] { xsa_forward(a, b, a, 768, b, 1, 6, 768, 0); }, "out must not",
+  testing::check_throws([&] { xsa_forward(a, b, a, 768, {b, 0}, 1, 6, 768, 0); }, "out must not",
                         "xsa_forward writing over v");
   DeviceArray<float> xsa_partials(xsa_backward_partials(6));
-  testing::check_throws([&] { xsa_backward(a, a, b, xsa_partials, b, b, b, 2304, b, 1, 6, 768, 1, 0); }, "dv apart",
+  testing::check_throws([&] { xsa_backward(a, a, {b, 0}, xsa_partials, b, b, b, 2304, {b, 0}, 1, 6, 768, 1, 0); },
+                        "dv apart",
                         "xsa_backward with dv over dy");
   DeviceArray<float> skip_partials(kRowBlocks);
-  testing::check_throws([&] { gated_skip_backward(a, b, skip_partials, a, b, b, b, 3, 768, 1, 0); },
+  testing::check_throws([&] { gated_skip_backward(a, b, {b, 0}, skip_partials, a, b, b, b, {b, 0}, 3, 768, 1, 0); },
                         "apart from dout", "gated_skip_backward with dkept over dout");
-  testing::check_throws([&] { head_gate_forward(a, b, b, 3, 33, 768, 0); }, "up to 32 heads",
+  testing::check_throws([&] { head_gate_forward(a, b, {b, 0}, 3, 33, 768, 0); }, "up to 32 heads",
                         "head_gate_forward with 33 heads");
-  testing::check_throws([&] { head_gate_forward(a, b, b, 3, 6, 100, 0); }, "multiple of",
+  testing::check_throws([&] { head_gate_forward(a, b, {b, 0}, 3, 6, 100, 0); }, "multiple of",
                         "head_gate_forward with heads of 100 / 6 channels");
   testing::check_throws([&] { attention_lambda_scale(a, b, b, 10, 0); }, "multiple of",
                         "attention_lambda_scale of 10 values");
   testing::check_throws([&] { attention_lambda_backward(a, b, g, b, b, 2, 6, 1, 2, 0); }, "not a multiple",
                         "attention_lambda_backward of rows of 6 columns");
+  testing::check_throws([&] { xsa_forward(a, b, b, 2304, {b, 3}, 1, 6, 768, 0); }, "stride of 0 or at least 6",
+                        "xsa_forward with rows of strengths 3 apart for 6 heads");
+  DeviceArray<float> head_partials((size_t)kRowBlocks * 6);
+  testing::check_throws([&] { head_gate_backward(a, {a, 0}, head_partials, b, b, {b, 48}, 3, 6, 768, 1, 0); },
+                        "gradient needs", "head_gate_backward with gates a row but a shared gradient");
+  testing::check_throws(
+      [&] { sublayer_lambdas_backward(a, b, a, a, g, b, b, SublayerScales{b, b, 1}, 1, 768, 1, 0); },
+      "one value each", "sublayer_lambdas_backward with p a row");
 }
 
 void run() {
@@ -1131,6 +1280,22 @@ void run() {
   test_attention_lambdas(3 * 128, 128, attn_lambda_rng);  // tiny's qkv: 2 rows a block, some blocks empty
   test_attention_lambdas(136, 136, attn_lambda_rng);      // 17 pieces a row; one row a block, most empty
   test_attention_lambdas(1, 8, attn_lambda_rng);          // one piece: every block but the first empty
+
+  llmc::Rng rows_rng(48);  // record #89's MUDD gates, a gate a row: draws of their own
+  test_gated_skip_rows(4 * 64 + 1, 768, rows_rng);  // d12 width; one row per backward block, one more
+  test_gated_skip_rows(3999, 768, rows_rng);        // 16 rows per block: each warp two, some one
+  test_gated_skip_rows(37, 128, rows_rng);          // tiny width; most blocks empty
+  test_gated_skip_rows(7, 136, rows_rng);           // a row of 17 pieces: a partial warp
+  test_gated_skip_rows(1, 768, rows_rng);           // one row: every block but the first empty
+  test_xsa({4 * 64 + 1, 6, 768, true}, rows_rng);   // d12: 6 heads of 128
+  test_xsa({3999, 6, 768, true}, rows_rng);
+  test_xsa({37, 2, 128, true}, rows_rng);           // tiny: 2 heads of 64
+  test_xsa({513, 12, 1536, true}, rows_rng);        // 12 heads of 128
+  test_head_gates({4 * 64 + 1, 6, 768, true}, rows_rng);  // d12: 6 heads of 128
+  test_head_gates({3999, 6, 768, true}, rows_rng);
+  test_head_gates({37, 2, 128, true}, rows_rng);          // tiny: 2 heads of 64
+  test_head_gates({7, 1, 136, true}, rows_rng);           // one head of 17 pieces
+  test_head_gates({1001, 12, 768, true}, rows_rng);       // 12 heads of 64
   test_bad_shapes();
 }
 

@@ -688,6 +688,12 @@ if has_flag -ph; then
   expect "-ph 1 with windows in blocks" "^error: the model's paired heads \(-ph 1\) attend over each sequence doubled, whose windows record #89 counts in positions: give -awt 1" \
     -recipe speedrun -lp 1 -rp 1 -ph 1 -t 128 -vt 128
 fi
+# --- -mg, record #89's MUDD gate generators: with its plan (before the GPU)
+if has_flag -mg; then
+  expect "-mg 1 without -lp 1" "^error: -mg 1 generates the gates of record #89's plan: give -lp 1 with it \(and -recipe speedrun\), or drop -mg\$" \
+    -recipe speedrun -mg 1
+  expect "-mg out of range" "^error: -mg 2: must be" -recipe speedrun -lp 1 -mg 2
+fi
 # --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
 if has_flag -rp; then
   expect "-rp 1 without rotary" "^error: -rp 1 lays out the rotary's pairs, and -recipe gpt2 has no rotary: give -recipe modern or speedrun with it, or drop -rp\$" \
@@ -847,6 +853,7 @@ if ! has_flag -recipe; then
   expect "-lp 1 on the CPU trainer" "-lp $cuda_flag_error" -lp 1
   expect "-ph 1 on the CPU trainer" "-ph $cuda_flag_error" -ph 1
   expect "-al 1 on the CPU trainer" "-al $cuda_flag_error" -al 1
+  expect "-mg 1 on the CPU trainer" "-mg $cuda_flag_error" -mg 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do

@@ -36,6 +36,8 @@ fails_with "-f89 ph without lp and rp" "^error: -f89 ph: the paired heads (ph) n
   -recipe speedrun -f89 ph
 fails_with "-f89 ph without rp" "^error: -f89 lp,ph: the paired heads (ph) need record #89's rotary pairs" \
   -recipe speedrun -f89 lp,ph
+fails_with "-f89 mg without lp" "^error: -f89 mg: the MUDD gates (mg) need record #89's plan: name lp with mg" \
+  -recipe speedrun -f89 mg
 fails_with "-f89 without the speedrun" "^error: -f89 rl: record #89's parts are the speedrun's: give -recipe speedrun" \
   -f89 rl
 fails_with "-f89 lp without the speedrun" "^error: -f89 lp: record #89's parts are the speedrun's: give -recipe speedrun" \

@@ -401,7 +401,8 @@ out = os.environ["WORK"]
 plan = {"record89_plan": True}  # record #89's plan: its 11 layers, x0_gates and skip_gate
 for name, features in [("tiny", {}), ("tiny_smear_bigram", {"smear": True, "bigram": True}),
                        ("tiny_plan", {**plan, "bigram": True, "resid_lambdas": True, "attn_lambdas": True}),
-                       ("tiny_plan_alone", plan)]:
+                       ("tiny_plan_alone", plan),
+                       ("tiny_mudd_gates", {**plan, "bigram": True, "xsa": True, "mudd_gates": True})]:
     shape = tg.SPEEDRUN_PRESETS["tiny"]
     shape = (tg.RECORD89_LAYERS,) + shape[1:] if features.get("record89_plan") else shape
     config = tg.make_config(*shape, source="tiny", arch="speedrun", **features)
@@ -424,6 +425,7 @@ build/test_utils --init "$WORK/record89_tiny.bin" 11 89
 build/test_utils --init "$WORK/record89_tiny_smear_bigram.bin" 11 89
 build/test_utils --init "$WORK/record89_tiny_plan.bin" 11 89
 build/test_utils --init "$WORK/record89_tiny_plan_alone.bin" 11 89
+build/test_utils --init "$WORK/record89_tiny_mudd_gates.bin" 11 89
 echo "--- --fp8_head 0 (the default) writes the same files"
 "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --write_debug_state "$WORK/debug_fp8_head_0" -b 1 -t 128 \
   --debug_steps 2 --seed 7 --debug_noise 0.02 --device cpu --fp8_head 0 > /dev/null

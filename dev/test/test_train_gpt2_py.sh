@@ -660,7 +660,8 @@ with torch.no_grad():
     model.bigram.weight.normal_()
     model.bigram_gates.uniform_(0.5, 1.5)
 idx = torch.randint(0, 512, (2, 6))
-terms = model.bigram_terms(idx)
+bigram = model.bigram_embedding(idx)
+terms = [model.bigram_term(layer, bigram, [None, None]) for layer in range(config.num_layers)]
 flat = idx.flatten().tolist()
 for layer, spec in enumerate(config.plan):  # by hand: the flat sequence's pairs, each layer's gate
     if not spec.attention:
@@ -847,7 +848,7 @@ assert model.xsa_alpha.shape == (3, 2) and not model.xsa_alpha.any(), "the stren
 tg.add_debug_noise(model, 0.02, 42)  # the head is zero at init: no gradient would pass it
 assert model.xsa_alpha.all(), "the debug state's noise reaches every strength"
 layers = [layer for layer, spec in enumerate(config.plan) if spec.xsa]
-alphas = model.layer_xsa_alphas()
+alphas = [model.layer_xsa_alpha(layer, [None, None]) for layer in range(config.num_layers)]
 assert layers == [1, 3, 4] and [a is not None for a in alphas] == [l in layers for l in range(12)], layers
 assert all(torch.equal(alphas[layer], model.xsa_alpha[row]) for row, layer in enumerate(layers))
 # By hand: y - tanh(alpha_h) (y . v / max(|v|^2, 1e-8)) v, head by head; head 1 of row (1, 2) has v = 0.
@@ -1153,6 +1154,35 @@ expect_error "num_heads 3 is odd" --recipe speedrun --model tiny --paired_heads 
   --rotary_pairs 1 --num_heads 3 --channels 192 --input_bin x
 expect_error "give --window_tokens 1" --recipe speedrun --model tiny --paired_heads 1 --record89_plan 1 \
   --rotary_pairs 1 --window_blocks 2 --batch_size 2 --seq_len 256 --write_debug_state "$WORK/paired_state"
+echo "--- record #89's MUDD gate generators (--mudd_gates 1)"
+check "the generators' tensors at init, their rows' columns, the checkpoint's bit 512 and its round trip" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", bigram=True, xsa=True, record89_plan=True,
+                        mudd_gates=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+b2 = model.mudd_gate_b2.detach().clone()
+assert 0 < model.mudd_gate_w1.abs().max() <= 128 ** -0.5 and model.mudd_gate_w2.abs().sum() == 0
+assert b2[0, 12] == b2[1, 17] == 2.5 and b2[0, 19] == b2[1, 27] == 0.5 and b2[1, 28] == 5.0 and b2[1, 34] == 10.0
+assert b2[0, 18] == b2[1, 35] == b2[0, 26] == 0 and abs(model.mudd_gate_scale.item() - 0.1) < 1e-8
+assert tg.MUDD_GATE_COLUMNS_OF[("bigram", 9)] == (1, 27) and tg.MUDD_GATE_COLUMNS_OF[("x0", 3)] == (0, 24)
+assert ("x0", 10) not in tg.MUDD_GATE_COLUMNS_OF
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+tg.add_debug_noise(model, 0.02, 42)
+idx = torch.randint(0, 512, (1, 64))
+loss = model(idx, idx)[1]
+loss.backward()
+assert model.mudd_gate_b2.grad[1, 28] != 0 and model.mudd_gate_scale.grad.item() != 0 and model.head_gates.grad is None
+path = f"{os.environ['WORK']}/mudd.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert int(header[tg.FEATURES_SLOT]) & tg.FEATURE_MUDD_GATES == 512
+back = tg.read_checkpoint(path)
+assert back.config == config and torch.equal(back.mudd_gate_b2, model.mudd_gate_b2)
+print(f"loss {loss.item():.4f}; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
+EOF
+expect_error "the MUDD gate generators make record #89's plan's gates" --recipe speedrun --model tiny --mudd_gates 1 \
+  --input_bin x
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null

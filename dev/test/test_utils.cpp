@@ -278,12 +278,13 @@ void test_speedrun_table() {
   const int joined[] = {llmc::kVe, llmc::kAttngate, llmc::kSkipw, llmc::kLambdas, llmc::kValueScales,
                         llmc::kSmearw, llmc::kSmearLambda, llmc::kBigram, llmc::kBigramGates, llmc::kVegate,
                         llmc::kResidLambdas, llmc::kPostLambdas, llmc::kXsaAlpha, llmc::kX0Gates, llmc::kSkipGate,
-                        llmc::kHeadGates, llmc::kAttnLambdas};
-  for (int k = 0; k < 17; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
+                        llmc::kHeadGates, llmc::kAttnLambdas, llmc::kMuddGateW1, llmc::kMuddGateW2,
+                        llmc::kMuddGateB2, llmc::kMuddGateScale};
+  for (int k = 0; k < 21; k++) seeds_kept = seeds_kept && llmc::param_seed_index(joined[k]) == 35 + k;
   check_verbose(seeds_kept && llmc::muon_group_seed_index(0) == 19 && llmc::param_seed_index(llmc::kVe) == 35 &&
                     std::adjacent_find(indices.begin(), indices.end()) == indices.end(),
                 llmc::strformat("rounding seeds: the 19 tensors' and Muon's groups' (19 + g) as before, the "
-                                "speedrun's 35-51 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
+                                "speedrun's 35-55 in the order they joined (bigram %d, bigram_gates %d, vegate %d, "
                                 "xsa_alpha %d, x0_gates %d, skip_gate %d, head_gates %d, attn_lambdas %d), no two "
                                 "alike",
                                 llmc::param_seed_index(llmc::kBigram), llmc::param_seed_index(llmc::kBigramGates),
@@ -594,6 +595,75 @@ void test_attn_lambdas_table() {
   h[llmc::kFeaturesSlot] = llmc::kFeatureAttnLambdas;
   check_throws([&] { llmc::config_from_header(h, "al.bin"); }, "slot 9 holds features 256",
                "a modern model's header naming the attention lambdas is refused");
+
+// Record #89's MUDD gate generators (-mg 1, in its plan): mudd_gate_w1 [2, 64, C], mudd_gate_w2 [2, 41, 64],
+// mudd_gate_b2 [2, 41] and mudd_gate_scale [1] after head_gates, the scalars' role, their seeds after
+// head_gates'; W1 drawn in +-1/sqrt(C), W2 zero, b2 the reference's start over the scale 0.1; header slot 9's
+// bit 512, refused without the plan; the gates' columns as the reference's layout.
+void test_mudd_gates_table() {
+  llmc::GPT2Config c;
+  llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
+  llmc::set_record89_plan(c, true);
+  const size_t without = llmc::num_parameters(c);
+  c.mudd_gates = true;
+  llmc::ParamSpec t[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  llmc::param_table(c, t);
+  llmc::param_offsets(c, offsets);
+  const size_t C = c.channels, n = llmc::num_parameters(c);
+  const size_t w1 = 2 * 64 * C, w2 = 2 * 41 * 64, b2 = 2 * 41;
+  bool roles = true;
+  for (int i : {llmc::kMuddGateW1, llmc::kMuddGateW2, llmc::kMuddGateB2, llmc::kMuddGateScale}) {
+    roles = roles && t[i].role == llmc::ParamRole::kVector && t[i].stack == llmc::ParamStack::kWhole &&
+            llmc::param_seed_index(i) == llmc::param_seed_index(llmc::kHeadGates) + (i - llmc::kHeadGates);
+  }
+  check_verbose(roles && n == without + w1 + w2 + b2 + 1 && t[llmc::kMuddGateW1].size == w1 &&
+                    t[llmc::kMuddGateW2].size == w2 && t[llmc::kMuddGateB2].size == b2 &&
+                    t[llmc::kMuddGateScale].size == 1 && offsets[llmc::kMuddGateW1] == without &&
+                    offsets[llmc::kMuddGateScale] == n - 1 && std::string(t[llmc::kMuddGateB2].name) == "mudd_gate_b2",
+                llmc::strformat("speedrun tiny -lp 1 -mg 1: %zu parameters (%zu without), the generators' four "
+                                "tensors last, the scalars' role, seeds after head_gates'", n, without));
+  const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+  const float* pw1 = init.data() + offsets[llmc::kMuddGateW1];
+  const float* pb2 = init.data() + offsets[llmc::kMuddGateB2];
+  const float bound = (float)(1.0 / std::sqrt((double)C));
+  bool drawn = true;
+  for (size_t k = 0; k < w1; k++) drawn = drawn && pw1[k] != 0.0f && std::fabs(pw1[k]) <= bound;
+  const bool w2_zero = std::all_of(init.begin() + offsets[llmc::kMuddGateW2],
+                                   init.begin() + offsets[llmc::kMuddGateW2] + w2, [](float x) { return x == 0.0f; });
+  const bool bias = pb2[12] == 2.5f && pb2[17] == 2.5f && pb2[18] == 0.0f && pb2[19] == 0.5f && pb2[25] == 0.5f &&
+                    pb2[26] == 0.0f && pb2[40] == 0.0f && pb2[41 + 12] == 2.5f && pb2[41 + 27] == 0.5f &&
+                    pb2[41 + 28] == 5.0f && pb2[41 + 29] == 10.0f && pb2[41 + 34] == 10.0f && pb2[41 + 35] == 0.0f &&
+                    pb2[41 + 18] == 0.0f && pb2[0] == 0.0f;
+  check_verbose(drawn && w2_zero && bias && init[offsets[llmc::kMuddGateScale]] == 0.1f,
+                llmc::strformat("speedrun tiny -lp 1 -mg 1 init: W1 in +-%g (first %g), W2 zero, b2 the "
+                                "reference's (pre 12 %g, 19 %g; post 28 %g, 29 %g), scale %g",
+                                bound, pw1[0], pb2[12], pb2[19], pb2[41 + 28], pb2[41 + 29],
+                                init[offsets[llmc::kMuddGateScale]]));
+  using llmc::mudd_gate_column;
+  auto at = [](llmc::MuddGateColumn g, int generator, int column) {
+    return g.generator == generator && (generator < 0 || g.column == column);
+  };
+  check(at(mudd_gate_column(llmc::kMuddXsa, 1), 0, 0) && at(mudd_gate_column(llmc::kMuddXsa, 3), 0, 6) &&
+            at(mudd_gate_column(llmc::kMuddHeadGate, 3), 0, 12) && at(mudd_gate_column(llmc::kMuddX0, 0), 0, 18) &&
+            at(mudd_gate_column(llmc::kMuddBigram, 0), 0, 19) && at(mudd_gate_column(llmc::kMuddBigram, 3), 0, 25) &&
+            at(mudd_gate_column(llmc::kMuddXsa, 4), 1, 0) && at(mudd_gate_column(llmc::kMuddXsa, 7), 1, 6) &&
+            at(mudd_gate_column(llmc::kMuddHeadGate, 10), 1, 12) && at(mudd_gate_column(llmc::kMuddX0, 4), 1, 18) &&
+            at(mudd_gate_column(llmc::kMuddBigram, 5), 1, 21) && at(mudd_gate_column(llmc::kMuddX0, 7), 1, 22) &&
+            at(mudd_gate_column(llmc::kMuddBigram, 9), 1, 27) && at(mudd_gate_column(llmc::kMuddSkip, 6), 1, 28) &&
+            at(mudd_gate_column(llmc::kMuddX0, 10), -1, 0) && at(mudd_gate_column(llmc::kMuddBigram, 10), -1, 0) &&
+            at(mudd_gate_column(llmc::kMuddXsa, 0), -1, 0) && at(mudd_gate_column(llmc::kMuddX0, 6), -1, 0),
+        "MUDD gate columns: the reference's pre and post layouts; layer 10's x0 and bigram gates scalars");
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  const std::string d = c.describe();
+  check(h[llmc::kFeaturesSlot] == (llmc::kFeatureRecord89Plan | 512) && llmc::config_from_header(h, "mg.bin") == c &&
+            d.substr(d.size() - 11) == " mudd-gates" && llmc::mudd_gates_missing(c) == nullptr,
+        "speedrun tiny -lp 1 -mg 1: header slot 9 holds 64 | 512 and reads back the same config");
+  h[llmc::kFeaturesSlot] = 512;
+  h[4] = 12;
+  check_throws([&] { llmc::config_from_header(h, "mg.bin"); }, "MUDD gate generators, which need record #89's plan",
+               "a header naming the MUDD gates without the plan is refused");
 }
 
 // Record #89's plan (-lp 1): 11 layers; no x0 lambdas, attention gates or skip weights; five value
@@ -755,6 +825,7 @@ void test_smear_table() {
   test_xsa_table();
   test_record89_plan_table();
   test_attn_lambdas_table();
+  test_mudd_gates_table();
   h[llmc::kFeaturesSlot] = 1024;
   check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 1024",
                "a header naming an unknown feature is refused");
@@ -854,6 +925,50 @@ void test_layer_plan() {
 // 3's output through the gate, layers 9 and 10 attend over layer 7's; those two outputs kept (slots 0,
 // 1); no U-net skips; the key offset on its long-window layers 3 and 10. Its depth only, and record
 // #28's plan at its own.
+// Record #89's MUDD gate layouts: each (kind, layer) that a generator gives at its column, the others
+// none; every column given once, within its generator's, at a layer whose plan has the gate.
+void test_mudd_gate_columns() {
+  const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true);
+  const llmc::MuddGate kinds[] = {llmc::kMuddXsa, llmc::kMuddHeadGate, llmc::kMuddX0, llmc::kMuddBigram,
+                                  llmc::kMuddSkip};
+  std::string layout;
+  std::vector<int> owners[llmc::kMuddGenerators];
+  for (int g = 0; g < llmc::kMuddGenerators; g++) owners[g].assign(llmc::kMuddGateColumns[g], 0);
+  bool in_plan = true, within = true;
+  for (llmc::MuddGate kind : kinds) {
+    layout += " |";
+    for (int l = -1; l <= 11; l++) {
+      const llmc::MuddGateColumn at = llmc::mudd_gate_column(kind, l);
+      if (l < 0 || l == 11) {
+        within = within && at.generator == -1 && at.column == -1;
+        continue;
+      }
+      layout += at.generator < 0 ? std::string(" -") : llmc::strformat(" %d:%d", at.generator, at.column);
+      if (at.generator < 0) continue;
+      const llmc::LayerSpec& s = plan.layers[l];
+      in_plan = in_plan && (kind == llmc::kMuddXsa ? s.xsa : kind == llmc::kMuddHeadGate ? s.head_gate
+                            : kind == llmc::kMuddSkip ? s.gated_skip_source >= 0 : s.attention);
+      const int width = kind == llmc::kMuddXsa || kind == llmc::kMuddHeadGate ? llmc::kMuddGateHeads : 1;
+      for (int c = at.column; c < at.column + width; c++) {
+        within = within && c >= 0 && c < llmc::kMuddGateColumns[at.generator] && c < llmc::kMuddGateStride;
+        if (within) owners[at.generator][c]++;
+      }
+    }
+  }
+  std::string counts;
+  for (int g = 0; g < llmc::kMuddGenerators; g++) {
+    counts += " |";
+    for (int n : owners[g]) counts += llmc::strformat("%d", n);
+  }
+  check_verbose(layout == " | - 0:0 - 0:6 1:0 - - 1:6 - - - | - - - 0:12 - - - - - - 1:12"
+                          " | 0:18 0:20 0:22 0:24 1:18 1:20 - 1:22 1:24 1:26 -"
+                          " | 0:19 0:21 0:23 0:25 1:19 1:21 - 1:23 1:25 1:27 -"
+                          " | - - - - - - 1:28 - - - -" &&
+                    counts == " |11111111111111111111111111 |11111111111111111111111111111" + std::string(12, '0') &&
+                    in_plan && within,
+                "MUDD gate columns (generator:column by kind, layers 0-10): " + layout + "; columns' uses" + counts);
+}
+
 void test_record89_layer_plan() {
   const llmc::LayerPlan plan = llmc::layer_plan(llmc::Arch::kSpeedrun, 11, true);
   const std::string text = plan_text(plan);
@@ -983,6 +1098,7 @@ void test_configs() {
   test_modern_table();
   test_speedrun_table();  test_smear_table();  test_rotary_pairs_header();  test_layer_plan();
   test_record89_layer_plan();
+  test_mudd_gate_columns();
   test_paired_heads_header();
 }
 
