@@ -544,24 +544,17 @@ void test_adam_rows() {
                     strengths.weight_decay == scalars.weight_decay,
                 llmc::strformat("-recipe speedrun: xsa_alpha's AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
                                 strengths.lr, strengths.beta1, strengths.beta2, strengths.weight_decay));
-  // Record #89's plan's gates (-lp 1): x0_gates and skip_gate AdamW's, the scalars' row likewise.
-  for (int i : {llmc::kX0Gates, llmc::kSkipGate}) {
+  // Record #89's plan's gates (-lp 1): x0_gates and skip_gate AdamW's, the scalars' row likewise; its
+  // attention lambdas (-al 1) too, the reference's own row (betas 0.9 0.99, rate x5, no decay) through -ar.
+  for (int i : {llmc::kX0Gates, llmc::kSkipGate, llmc::kAttnLambdas}) {
     const llmc::RoleOptimizer& gate = table.of_tensor(i);
+    const char* name = i == llmc::kX0Gates ? "x0_gates" : i == llmc::kSkipGate ? "skip_gate" : "attn_lambdas";
     check_verbose(gate.method == llmc::OptimizerKind::kAdamW && gate.lr == scalars.lr &&
                       gate.beta1 == scalars.beta1 && gate.beta2 == scalars.beta2 &&
                       gate.weight_decay == scalars.weight_decay,
                   llmc::strformat("-recipe speedrun: %s's AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
-                                  i == llmc::kX0Gates ? "x0_gates" : "skip_gate", gate.lr, gate.beta1, gate.beta2,
-                                  gate.weight_decay));
+                                  name, gate.lr, gate.beta1, gate.beta2, gate.weight_decay));
   }
-  // Record #89's attention lambdas (-al 1): AdamW's, the scalars' row; the reference's own (betas 0.9 0.99,
-  // rate x5, no decay) through -ar.
-  const llmc::RoleOptimizer& attn = table.of_tensor(llmc::kAttnLambdas);
-  check_verbose(attn.method == llmc::OptimizerKind::kAdamW && attn.lr == scalars.lr &&
-                    attn.beta1 == scalars.beta1 && attn.beta2 == scalars.beta2 &&
-                    attn.weight_decay == scalars.weight_decay,
-                llmc::strformat("-recipe speedrun: attn_lambdas' AdamW row the scalars' (lr %g, betas %g %g, decay %g)",
-                                attn.lr, attn.beta1, attn.beta2, attn.weight_decay));
 }
 
 // The loss's values (-lc, -mtp, -pw): their texts parsed, and a version-5 debug state's settings

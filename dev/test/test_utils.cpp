@@ -475,6 +475,18 @@ void test_resid_lambdas_table() {
   }
 }
 
+// A modern model's header naming a speedrun-only feature (header slot 9's bit `feature`) is refused.
+void check_modern_header_refuses(int feature, const char* what) {
+  llmc::GPT2Config modern;
+  llmc::config_from_preset("tiny", &modern, llmc::Arch::kModern);
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(modern, llmc::kCheckpointVersionBF16, h);
+  h[llmc::kFeaturesSlot] = feature;
+  check_throws([&] { llmc::config_from_header(h, "features.bin"); },
+               llmc::strformat("slot 9 holds features %d", feature),
+               llmc::strformat("a modern model's header naming %s is refused", what));
+}
+
 // Record #89's XSA (-xs 1): xsa_alpha [3, NH], a row for each XSA layer (1, 3, 4: the reference's 1,
 // 3, 4 and 7, ours 7 without attention) in layer order, the scalars' role, last in the table, zero at
 // init, its rounding seed after post_lambdas'; every other tensor where it was without it; header slot 9's
@@ -535,13 +547,7 @@ void test_xsa_table() {
                             others ? " -sm 1 -bg 1 -vg 1" : ""));
     }
   }
-  llmc::GPT2Config modern;
-  llmc::config_from_preset("tiny", &modern, llmc::Arch::kModern);
-  int h[llmc::kHeaderInts];
-  llmc::header_from_config(modern, llmc::kCheckpointVersionBF16, h);
-  h[llmc::kFeaturesSlot] = llmc::kFeatureXsa;
-  check_throws([&] { llmc::config_from_header(h, "xsa.bin"); }, "slot 9 holds features 32",
-               "a modern model's header naming XSA is refused");
+  check_modern_header_refuses(llmc::kFeatureXsa, "XSA");
 }
 
 // Record #89's attention lambdas (-al 1): attn_lambdas [L, 2] last (a pair a layer, layer 6's of the
@@ -588,13 +594,8 @@ void test_attn_lambdas_table() {
           llmc::strformat("speedrun tiny%s -al 1: header slot 9 holds %d and reads back the same config (%s)",
                           plan ? " -lp 1" : "", features, text.c_str()));
   }
-  llmc::GPT2Config modern;
-  llmc::config_from_preset("tiny", &modern, llmc::Arch::kModern);
-  int h[llmc::kHeaderInts];
-  llmc::header_from_config(modern, llmc::kCheckpointVersionBF16, h);
-  h[llmc::kFeaturesSlot] = llmc::kFeatureAttnLambdas;
-  check_throws([&] { llmc::config_from_header(h, "al.bin"); }, "slot 9 holds features 256",
-               "a modern model's header naming the attention lambdas is refused");
+  check_modern_header_refuses(llmc::kFeatureAttnLambdas, "the attention lambdas");
+}
 
 // Record #89's MUDD gate generators (-mg 1, in its plan): mudd_gate_w1 [2, 64, C], mudd_gate_w2 [2, 41, 64],
 // mudd_gate_b2 [2, 41] and mudd_gate_scale [1] after head_gates, the scalars' role, their seeds after
