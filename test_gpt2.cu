@@ -37,7 +37,9 @@ constexpr double kScalarGradRelNorm = 3e-4;
 constexpr float kLogitsAbsTol = 0.1f;
 constexpr float kLossTol = 0.05f;
 constexpr float kStepLossTol = 0.05f;
-constexpr double kGradRelNorm = 4e-2;
+// Record #89's MUDD gate generators' W2 (each entry a sum over the batch's rows against a hidden unit, as
+// its biases' are) came to 4.01e-2 in the speedrun tiny case with every part of its plan (H200).
+constexpr double kGradRelNorm = 5e-2;
 // A tensor of a few scalars (the speedrun's skip weights, lambdas, value scales) has each gradient
 // entry a single sum over all B T C BF16 products, and the sum cancels: its relative error is the
 // products' rounding times |terms| / |sum|, not averaged over many entries. Measured on an H200
@@ -52,6 +54,16 @@ constexpr double kScalarGradRelNorm = 3e-1;
 // Tensors of at most this many entries are the model's scalars above; record #89's MUDD gate
 // generators' biases (2 x 41), each entry a column sum over the rows as the gates they replace, are too.
 constexpr size_t kScalarTensorMaxSize = 2 * llmc::kMuddGateWidth;
+// A sum that cancels far more than these does defeats any fixed bound: with record #89's MUDD gate
+// generators only layer 10's x0 gate is a scalar, one sum against the normed embedding that cancels
+// 12,156-fold at the first step (speedrun tiny, measured in float32 on a CPU), so that BF16's rounding
+// alone moves it by more than its size. The debug state (version 6) also holds the small tensors'
+// gradients at the BF16 weights, whose distance from the float32 ones measures how far rounding at
+// BF16's precision moves each; the BF16 build bounds a scalar tensor by the larger of kScalarGradRelNorm
+// and this many times that distance. The BF16 build rounds every activation and gradient of every
+// layer as well, which moves a sum further: in that case x0_gates' distance is 1.47e-1 of its norm and
+// the BF16 build's error 1.36 (9.3 times), the skip gate's 9.0e-3 and ...; the factor is 1.3x the largest ratio.
+constexpr double kBf16WeightsDistanceFactor = 12.0;
 // Muon's Newton-Schulz products are BF16 in every build, as the reference's, and cuBLASLt rounds
 // them in another order than PyTorch: with Muon the FP32 build's step losses are bounded, not
 // tight. Measured on an H100 (10 steps, largest difference): GPT-2 tiny 8.8e-4, modern tiny
@@ -114,6 +126,38 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
   r.adam_rows = settings.adam_rows;
   llmc::adam_rows_check(r, (path + ": its settings' -ar").c_str());
   return llmc::optimizer_table(r, sizeof(floatX) == 2);
+}
+
+// ||a - b|| / ||b|| of n values.
+double relative_distance(const float* a, const float* b, size_t n) {
+  double diff = 0.0, base = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    base += (double)b[i] * b[i];
+  }
+  return std::sqrt(diff) / (std::sqrt(base) + 1e-30);
+}
+
+// Each parameter tensor's bound on its gradient's ||got - ref|| / ||ref||: the scalars' or the
+// others'; in the BF16 build, for a scalar tensor with gradients at the BF16 weights in the debug state
+// (version 6), at least kBf16WeightsDistanceFactor times their distance from the float32 ones (printed
+// where that is the larger).
+std::vector<double> gradient_bounds(const GPT2& m, const llmc::DebugState& ref) {
+  std::vector<double> bounds(llmc::kNumParamTensors);
+  size_t at = 0;  // into ref.grads_at_bf16_weights
+  for (int i = 0; i < llmc::kNumParamTensors; i++) {
+    const size_t o = m.param_offsets[i], n = m.param_specs[i].size;
+    bounds[i] = n <= kScalarTensorMaxSize ? kScalarGradRelNorm : kGradRelNorm;
+    if (ref.grads_at_bf16_weights.empty() || n > llmc::kDebugStateBf16WeightsMaxSize) continue;
+    const double distance = relative_distance(ref.grads_at_bf16_weights.data() + at, ref.grads.data() + o, n);
+    at += n;
+    if (sizeof(floatX) == 2 && n <= kScalarTensorMaxSize && kBf16WeightsDistanceFactor * distance > bounds[i]) {
+      bounds[i] = kBf16WeightsDistanceFactor * distance;
+      printf("     grad %s: the BF16 weights move it %.3e of its norm; bound %.0f times that\n", m.param_specs[i].name,
+             distance, kBf16WeightsDistanceFactor);
+    }
+  }
+  return bounds;
 }
 
 // The gradient the debug state's loss of B rows of T gives each logit: of the mean, or of the sum
@@ -280,11 +324,11 @@ int test_main(int argc, char** argv) {
                          llmc::strformat("loss %.7f vs PyTorch %.7f (tolerance %.0e)", loss, ref.loss, kLossTol));
   gpt2_backward(m, B, T, true);
   const std::vector<float> grads = device_to_host_float(m.grads, m.num_params);
+  const std::vector<double> bounds = gradient_bounds(m, ref);
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const size_t o = m.param_offsets[i], n = m.param_specs[i].size;
     testing::check_tensor_norm(std::string("grad ") + m.param_specs[i].name, grads.data() + o,
-                               ref.grads.data() + o, n,
-                               n <= kScalarTensorMaxSize ? kScalarGradRelNorm : kGradRelNorm);
+                               ref.grads.data() + o, n, bounds[i]);
   }
 
   // The same micro step again gives the same gradient bits.

@@ -69,6 +69,11 @@ HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
 CHECKSUM_NONE, CHECKSUM_CRC32 = 0, 1
 DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, DEBUG_STATE_VERSION_MODERN = 20240327, 3, 4
 DEBUG_STATE_VERSION_SETTINGS = 5  # version 4's header, then the loss's settings (debug_state_settings)
+# Version 5's layout with, between the gradients and the step losses, the first step's gradients at the
+# BF16 model file's weights of every tensor of at most DEBUG_BF16_WEIGHTS_MAX_SIZE entries
+# (gradients_at_bf16_weights).
+DEBUG_STATE_VERSION_BF16_WEIGHTS = 6
+DEBUG_BF16_WEIGHTS_MAX_SIZE = 8192
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
 VOCAB_PAD_MULTIPLE = 128
 
@@ -2971,10 +2976,12 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
     at constant learning rates, Muon's momentum and AdamW's eps as the recipe makes them step by
     step (the first loss is the one before any update). GPT-2 with AdamW and the mean loss writes
-    version 3; the modern or speedrun architecture, Muon, the summed loss or documents version 4,
-    whose header also names the architecture, the optimizers and their settings (Newton-Schulz's
-    steps, first coefficients and row, the momentum's warmup, AdamW's eps placement), and the attention's
-    documents and window (the window of step 0, which every debug step keeps).
+    version 3; the modern or speedrun architecture, Muon, the summed loss, documents or settings
+    version 6, whose header also names the architecture, the optimizers and their settings
+    (Newton-Schulz's steps, first coefficients and row, the momentum's warmup, AdamW's eps placement),
+    and the attention's documents and window (the window of step 0, which every debug step keeps);
+    then the settings (debug_state_settings, maybe none), and before the step losses the small
+    tensors' gradients at the BF16 weights (gradients_at_bf16_weights).
 
     The debug state is float32, the reference the C++ builds are checked against, except with
     --fp8 1 (gpt2_<name>_fp8_debug_state.bin): float32 has no FP8 products to compare with, so
@@ -3008,6 +3015,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
     kept = {}  # AdamW's tensors' gradients since its last update (--adam_every)
+    at_bf16_weights = gradients_at_bf16_weights(model, x, y, params, args, autocast)
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -3051,7 +3059,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
                                     args.muon_qk_heads if muon else 0, args.adam_rows)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
-    version = DEBUG_STATE_VERSION_SETTINGS if settings else DEBUG_STATE_VERSION_MODERN if version4 else DEBUG_STATE_VERSION
+    version = DEBUG_STATE_VERSION_BF16_WEIGHTS if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
     header[:6] = [DEBUG_STATE_MAGIC, version, B, T, args.debug_steps, config.vocab_size]
     hyper = [args.learning_rate, args.beta1, args.beta2, args.adam_eps, args.weight_decay, args.grad_clip]
@@ -3078,7 +3086,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     path = os.path.join(out_dir, f"gpt2_{name}{kind}_debug_state.bin")
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        if settings:
+        if version4:
             text = settings.encode()
             prefix = model.prefix_table
             f.write(np.array([len(text)], np.int32).tobytes() + text.ljust(-(-len(text) // 4) * 4, b"\0"))
@@ -3088,6 +3096,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
         for t in batch:
             f.write(t.numpy().astype(np.int32).tobytes())
         for t in first:
+            f.write(t.float().numpy().tobytes())
+        for t in at_bf16_weights if version4 else []:
             f.write(t.float().numpy().tobytes())
         f.write(np.array(losses, np.float32).tobytes())
     print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}{kind}_debug_state.bin")
@@ -3103,6 +3113,25 @@ def debug_forward_backward(model, x, y, args, autocast):
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     return logits.detach(), loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()
+
+
+def gradients_at_bf16_weights(model, x, y, params, args, autocast):
+    """The gradients of one forward and backward of x, y at the weights of the BF16 model file (every
+    parameter rounded to bfloat16), of each tensor of at most DEBUG_BF16_WEIGHTS_MAX_SIZE entries in
+    file order; the weights restored after. Their distance from the float32 gradients is how far
+    rounding at bfloat16's precision moves each: for a tensor of a few scalars, each entry one sum
+    over the batch that may cancel, test_gpt2cu's BF16 build bounds its error by a multiple of it."""
+    kept = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p in params:
+            p.copy_(p.bfloat16().float())
+    debug_forward_backward(model, x, y, args, autocast)
+    grads = [p.grad.detach().cpu().clone() for p in params if p.numel() <= DEBUG_BF16_WEIGHTS_MAX_SIZE]
+    with torch.no_grad():
+        for p, value in zip(params, kept):
+            p.copy_(value)
+    model.zero_grad(set_to_none=True)
+    return grads
 
 
 def debug_first_values(model, x, y, params, args, autocast):
@@ -3164,7 +3193,7 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
 
 def read_debug_state_settings(path, header):
     """(the settings' text, the prefix table or None, the byte offset of the batch) of a debug state."""
-    if header[1] != DEBUG_STATE_VERSION_SETTINGS:
+    if header[1] not in (DEBUG_STATE_VERSION_SETTINGS, DEBUG_STATE_VERSION_BF16_WEIGHTS):
         return "", None, 4 * HEADER_INTS
     at = 4 * HEADER_INTS
     length = int(np.fromfile(path, np.int32, 1, offset=at)[0])
@@ -3353,7 +3382,7 @@ def check_debug_state(args, model, device, dtype, use_compile):
     side by side, tensor by tensor."""
     path = args.check_debug_state
     header, x, y, floats = read_debug_state(path)
-    version4 = header[1] in (DEBUG_STATE_VERSION_MODERN, DEBUG_STATE_VERSION_SETTINGS)
+    version4 = header[1] in (DEBUG_STATE_VERSION_MODERN, DEBUG_STATE_VERSION_SETTINGS, DEBUG_STATE_VERSION_BF16_WEIGHTS)
     apply_debug_state_settings(model, *read_debug_state_settings(path, header)[:2], path)
     if version4 and bool(header[30]) != bool(args.fp8_head):
         head = "FP8 (--fp8_head 1), the rest in float32" if header[30] else "float32"
@@ -3372,11 +3401,14 @@ def check_debug_state(args, model, device, dtype, use_compile):
         logits, loss = model(x, y, reduction, raw_model.attention_masks(x))
     loss.backward()
     named = list(raw_model.named_parameters())
-    order = {id(p): i for i, p in enumerate(params_in_file_order(raw_model))}
+    in_file_order = params_in_file_order(raw_model)
+    order = {id(p): i for i, p in enumerate(in_file_order)}
     named.sort(key=lambda item: order[id(item[1])])
     got = [("logits", logits.detach()), ("loss", loss.detach() / (y.numel() if reduction == "sum" else 1))]
     got += [("grad " + table_name(name), torch.zeros_like(p) if p.grad is None else p.grad) for name, p in named]
     expected = sum(t.numel() for _, t in got) + int(header[4])
+    if header[1] == DEBUG_STATE_VERSION_BF16_WEIGHTS:
+        expected += sum(p.numel() for p in in_file_order if p.numel() <= DEBUG_BF16_WEIGHTS_MAX_SIZE)
     if len(floats) != expected:
         fail(f"--check_debug_state {path}: holds {len(floats)} values after its batch, where --init_from's "
              f"model's tensors and the losses of its {int(header[4])} steps take {expected}: give the state written "

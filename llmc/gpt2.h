@@ -85,6 +85,10 @@ constexpr int kDebugStateMagic = 20240327;
 constexpr int kDebugStateVersion = 3;
 constexpr int kDebugStateVersionRecipe = 4;  // the modern architectures or Muon
 constexpr int kDebugStateVersionSettings = 5;  // version 4 and the loss's settings after the header
+// Version 5, and before the step losses the first step's gradients at the BF16 model file's weights
+// of each tensor of at most kDebugStateBf16WeightsMaxSize entries (DebugState::grads_at_bf16_weights).
+constexpr int kDebugStateVersionBf16Weights = 6;
+constexpr size_t kDebugStateBf16WeightsMaxSize = 8192;
 constexpr int kDebugStateSettingsMaxBytes = 4096;
 constexpr int kVocabPadMultiple = 128;
 
@@ -270,13 +274,13 @@ constexpr int kVeGateInputs = 6, kVeGateWidth = 2 * kVeGateInputs;
 inline const ArchSpec& arch_spec(Arch a) {
   static const ArchSpec kGpt2 = {"gpt2", false, true, false, true, false, false, true, true, false,
                                  {}, 0.0f, false, false, false, false, false, false, false, false, false, false,
-                                 false, false};
+                                 false, false, false};
   static const ArchSpec kModern = {"modern", true, true, true, false, true, true, false, true, true,
                                    {LogitCap::kRational, 15.0f}, 0.12f, false, false, false, false, false,
-                                   false, false, false, false, false, false, false};
+                                   false, false, false, false, false, false, false, false};
   static const ArchSpec kSpeedrun = {"speedrun", true, false, true, false, true, true, false, false, true,
                                      {LogitCap::kSigmoid, 30.0f, 7.5f}, 0.12f, true, true, true, false, true,
-                                     false, false, false, false, false, false, false};
+                                     false, false, false, false, false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
 
@@ -1193,6 +1197,10 @@ struct DebugState {
   std::vector<float> logits;  // B*T*vocab_size
   float loss = 0;
   std::vector<float> grads;   // num_parameters(config), table order
+  // Version 6: the same batch's gradients with every weight rounded to BF16, of the tensors of at most
+  // kDebugStateBf16WeightsMaxSize entries (debug_state_bf16_weights_size) in table order, one after
+  // another: how far BF16's rounding of the weights alone moves each (empty before version 6).
+  std::vector<float> grads_at_bf16_weights;
   std::vector<float> losses;  // steps
 };
 
@@ -1277,6 +1285,16 @@ inline void debug_state_read_settings(File& f, const std::string& path, const GP
   f.read(d->prefix_table.data(), rows * sizeof(int), "the prefix table");
 }
 
+// The values of a version-6 debug state's gradients at the BF16 weights: the sizes of c's tensors of
+// at most kDebugStateBf16WeightsMaxSize entries.
+inline size_t debug_state_bf16_weights_size(const GPT2Config& c) {
+  ParamSpec table[kNumParamTensors];
+  param_table(c, table);
+  size_t n = 0;
+  for (const ParamSpec& s : table) n += s.size <= kDebugStateBf16WeightsMaxSize ? s.size : 0;
+  return n;
+}
+
 inline DebugState debug_state_load(const std::string& path, const GPT2Config& c) {
   File f(path, "rb");
   int h[kHeaderInts];
@@ -1285,9 +1303,9 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
     LLMC_FAIL("%s: not a debug-state file (magic %d, expected %d)", path.c_str(), h[0],
               kDebugStateMagic);
   }
-  if (h[1] != kDebugStateVersion && h[1] != kDebugStateVersionRecipe && h[1] != kDebugStateVersionSettings) {
+  if (h[1] < kDebugStateVersion || h[1] > kDebugStateVersionBf16Weights) {
     LLMC_FAIL("%s: debug-state version %d, expected %d to %d: re-create it with train_gpt2.py",
-              path.c_str(), h[1], kDebugStateVersion, kDebugStateVersionSettings);
+              path.c_str(), h[1], kDebugStateVersion, kDebugStateVersionBf16Weights);
   }
   const bool recipe_header = h[1] != kDebugStateVersion;
   const int arch = recipe_header ? h[12] : 0;
@@ -1339,13 +1357,14 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
   // The body's size follows from the header; it is checked against the file before anything is
   // allocated, so that a damaged B, T or step count fails here instead of asking for absurd
   // amounts of memory. B*T is compared by division first so that the product cannot overflow.
-  if (h[1] == kDebugStateVersionSettings) debug_state_read_settings(f, path, c, &d);
+  if (h[1] >= kDebugStateVersionSettings) debug_state_read_settings(f, path, c, &d);
+  const size_t at_bf16_weights = h[1] == kDebugStateVersionBf16Weights ? debug_state_bf16_weights_size(c) : 0;
   const size_t body_bytes = (size_t)f.size() - (size_t)ftell(f.handle());
   const size_t body_floats = body_bytes / sizeof(float);
   const size_t BT = (size_t)d.B * d.T;
   const size_t floats_per_position = 2 + (size_t)d.vocab_size;  // input, target, logits
   const size_t needed_floats = BT <= body_floats / floats_per_position
-                                   ? BT * floats_per_position + 1 + num_parameters(c) + d.steps
+                                   ? BT * floats_per_position + 1 + num_parameters(c) + at_bf16_weights + d.steps
                                    : SIZE_MAX;
   if (needed_floats > body_floats) {
     LLMC_FAIL("%s: file is truncated: reading the inputs, targets, logits, loss, gradients and "
@@ -1360,12 +1379,14 @@ inline DebugState debug_state_load(const std::string& path, const GPT2Config& c)
   d.targets.resize(BT);
   d.logits.resize(BT * d.vocab_size);
   d.grads.resize(num_parameters(c));
+  d.grads_at_bf16_weights.resize(at_bf16_weights);
   d.losses.resize(d.steps);
   f.read(d.inputs.data(), BT * sizeof(int), "the inputs");
   f.read(d.targets.data(), BT * sizeof(int), "the targets");
   f.read(d.logits.data(), d.logits.size() * sizeof(float), "the logits");
   f.read(&d.loss, sizeof(float), "the loss");
   f.read(d.grads.data(), d.grads.size() * sizeof(float), "the gradients");
+  f.read(d.grads_at_bf16_weights.data(), at_bf16_weights * sizeof(float), "the gradients at the BF16 weights");
   f.read(d.losses.data(), d.losses.size() * sizeof(float), "the step losses");
   return d;
 }

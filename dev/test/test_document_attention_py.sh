@@ -155,7 +155,7 @@ def read(directory):
     x = np.fromfile(path, np.int32, 2 * 256, offset=tg.HEADER_INTS * 4).reshape(2, 256)
     return header, x
 header, x = read("debug")
-assert header[1] == tg.DEBUG_STATE_VERSION_MODERN and list(header[21:23]) == [1, 2], header[:23]
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and list(header[21:23]) == [1, 2], header[:23]
 for row in x:
     starts = np.flatnonzero(row == tg.DOCUMENT_START)
     assert starts[0] == 0 and len(starts) >= 4, starts
@@ -179,7 +179,7 @@ work = os.environ["WORK"]
 path = f"{work}/tokens/gpt2_l2h4c128t384v50257_debug_state.bin"
 header, x, _, _ = tg.read_debug_state(path)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-awt 1", (header[1], text)
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-awt 1", (header[1], text)
 # Its rows have documents across a block's edge, where the window in tokens sees more than in blocks.
 assert any(not tg.document_attention_mask(row, 1).equal(tg.document_attention_mask(row, 1, 128)) for row in x)
 lines = open(f"{work}/check_tokens.out").read().splitlines()[1:]

@@ -337,7 +337,7 @@ header, x, y, floats = tg.read_debug_state(f"{work}/debug/{name}")
 plain, px, py, pfloats = tg.read_debug_state(f"{work}/plain/{name}")
 assert tg.debug_state_stages(header) == "1/2 t=128 aw=1; 1/2 lr=0.5; +1 t=256 aw=0" and header[31] == 41
 assert tg.debug_state_stages(plain) == "" and (plain[31:] == 0).all()
-assert header[4] == 5 and header[1] == tg.DEBUG_STATE_VERSION_MODERN and header[22] == 2
+assert header[4] == 5 and header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and header[22] == 2
 assert (header[:31] == plain[:31]).all() and torch.equal(x, px)
 # the first step's values are the whole batch's at --window_blocks, with or without a plan
 assert np.array_equal(floats[:-5], pfloats[:-5])
@@ -391,7 +391,7 @@ def losses(folder):
     return header, tg.read_debug_state(f"{work}/{folder}/{name}")[3][-4:]
 (ramp_header, ramp), (_, constant), (_, flags) = losses("ramp"), losses("constant"), losses("flags")
 text, prefix, _ = tg.read_debug_state_settings(f"{work}/ramp/{name}", ramp_header)
-assert ramp_header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-pw 0.0" and prefix is not None, (text, prefix)
+assert ramp_header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-pw 0.0" and prefix is not None, (text, prefix)
 assert np.array_equal(constant, flags), (constant, flags)
 assert ramp[0] == flags[0] and all(ramp[1:] != flags[1:]) and all(np.isfinite(ramp)), (ramp, flags)
 print(f"a plan's constant mtp= and pw= take the steps --mtp and --prefix_weight take ({np.round(flags, 6).tolist()}); "

@@ -469,7 +469,7 @@ work = os.environ["WORK"]
 path = f"{work}/settings_state/gpt2_speedrun_tiny_muon_debug_state.bin"
 header = tg.read_debug_state(path, header_only=True)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25", text
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25", text
 assert prefix.tolist() == tg.prefix_table(*tg.read_vocabulary(f"{work}/gpt2_tokenizer.bin", "--tokenizer"), 50304)
 lines = open(f"{work}/check_settings.out").read().splitlines()[1:]
 errors = {line[:24].strip(): float(line.split()[-1]) for line in lines}
@@ -550,7 +550,7 @@ path = f"{work}/untie_state/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin"
 header = tg.read_debug_state(path, header_only=True)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
 model = tg.read_checkpoint(f"{work}/untie_state/gpt2_modern_l2h1c128t64v512.bin")
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 2" and prefix is None, text
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-ut 2" and prefix is None, text
 assert torch.equal(model.transformer.wte.weight, model.lm_head.weight)
 print(f"version {header[1]}: '{text}', the checkpoint's embedding its head")
 EOF
@@ -606,7 +606,7 @@ import os, train_gpt2 as tg
 path = f"{os.environ['WORK']}/adam_every_state/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin"
 header = tg.read_debug_state(path, header_only=True)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ut 1 -ao 2" and prefix is None, text
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-ut 1 -ao 2" and prefix is None, text
 print(f"version {header[1]}: '{text}'")
 EOF
 check "--smear: the smear against a loop over the flat sequence; its header slot and parameters read back" <<'EOF'
@@ -1191,7 +1191,7 @@ import glob, os, train_gpt2 as tg
 path, = glob.glob(f"{os.environ['WORK']}/normuon_state/*_muon_debug_state.bin")
 header = tg.read_debug_state(path, header_only=True)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-mn 1 -mq 2" and prefix is None, (header[1], text)
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-mn 1 -mq 2" and prefix is None, (header[1], text)
 print(f"version {header[1]}: '{text}'")
 EOF
 
@@ -1575,7 +1575,7 @@ import glob, os, train_gpt2 as tg
 path, = glob.glob(f"{os.environ['WORK']}/adam_rows_state/*_debug_state.bin")
 header = tg.read_debug_state(path, header_only=True)
 text, prefix, _ = tg.read_debug_state_settings(path, header)
-assert header[1] == tg.DEBUG_STATE_VERSION_SETTINGS and text == "-ar wte:lr=2,b1=0.5;ln1w:b2=0.99", (header[1], text)
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-ar wte:lr=2,b1=0.5;ln1w:b2=0.99", (header[1], text)
 print(f"version {header[1]}: '{text}'")
 EOF
 expect_error "adam_rows emb:lr=2: no parameter tensor 'emb': name one of wte, wpe, " "${TINY[@]}" --bench \

@@ -1375,6 +1375,35 @@ void test_debug_state_header() {
                "Muon's orthogonalisation -1 in the header", "debug state with orthogonalisation -1");
 }
 
+// Version 6: version 5's file with, before the step losses, the gradients at the BF16 weights of the
+// tensors of at most 8192 entries, read back in place; a file
+// without them is cut off.
+// `write(name, floats)` writes the header h, version 5's settings and the first `floats` of `body`.
+template <typename Write>
+void test_debug_state_bf16_weights(const llmc::GPT2Config& c, int h[llmc::kHeaderInts], std::vector<float>& body,
+                                   const Write& write) {
+  // Of c's tensors only the token embedding (384 x 64) and the blocks' qkvw, fcw and fcprojw (2 layers of
+  // 192, 256 and 64 rows of 64, 256 and 256) are larger; attprojw (2 x 64 x 64) is 8192 entries.
+  const size_t n = llmc::debug_state_bf16_weights_size(c), C = c.channels;
+  check_verbose(n == llmc::num_parameters(c) - c.padded_vocab_size * C - 2 * (3 * C * C + 4 * C * C + 4 * C * C),
+                "a version-6 debug state holds the gradients at the BF16 weights of the tensors of 8192 entries "
+                "or fewer");
+  const size_t grads_end = body.size();
+  h[1] = llmc::kDebugStateVersionBf16Weights;
+  h[4] = 2;  // two step losses after them
+  for (size_t i = 0; i < n + 2; i++) body.push_back((float)(i + 1));
+  const llmc::DebugState d = llmc::debug_state_load(write("debug_bf16_weights.bin", body.size()), c);
+  const std::vector<float> losses = {(float)n + 1, (float)n + 2};
+  check_verbose(d.grads_at_bf16_weights.size() == n && d.grads_at_bf16_weights.front() == 1.0f &&
+                    d.grads_at_bf16_weights.back() == (float)n && d.losses == losses,
+                "a version-6 debug state's gradients at the BF16 weights read between the gradients and the losses");
+  check_throws([&] { llmc::debug_state_load(write("debug_bf16_weights_cut.bin", grads_end + 2), c); },
+               "file is truncated", "a version-6 debug state without its gradients at the BF16 weights");
+  h[1] = llmc::kDebugStateVersionBf16Weights + 1;
+  check_throws([&] { llmc::debug_state_load(write("debug_version7.bin", body.size()), c); },
+               "debug-state version 7, expected 3 to 6", "a debug state of version 7");
+}
+
 // Version 5: the settings' text and the prefix table after the header, read back; a length out of
 // range, a table of other than the padded vocabulary's rows, and a body that does not follow them.
 void test_debug_state_settings() {
@@ -1387,7 +1416,7 @@ void test_debug_state_settings() {
   const std::string text = "-lc 23.0,5.0 -mtp 1.0,0.5 -pw 0.25";  // 34 bytes, 2 of padding
   std::vector<int> table(Vp, -1);
   table[7] = 3;
-  const std::vector<float> body(2 * B * T + (size_t)B * T * c.vocab_size + 1 + llmc::num_parameters(c), 0.0f);
+  std::vector<float> body(2 * B * T + (size_t)B * T * c.vocab_size + 1 + llmc::num_parameters(c), 0.0f);
   auto write = [&](const std::string& name, int bytes, int rows, size_t body_floats) {
     std::vector<char> file((char*)h, (char*)h + sizeof(h));
     auto put = [&](const void* p, size_t n) { file.insert(file.end(), (const char*)p, (const char*)p + n); };
@@ -1414,6 +1443,9 @@ void test_debug_state_settings() {
   const std::string short_body = write("debug_settings_body.bin", (int)text.size(), Vp, body.size() - 1);
   check_throws([&] { llmc::debug_state_load(short_body, c); }, "file is truncated",
                "debug state whose body is one value short after its settings");
+  test_debug_state_bf16_weights(c, h, body, [&](const std::string& name, size_t floats) {
+    return write(name, (int)text.size(), Vp, floats);
+  });
 }
 
 // Slot 253 names Muon's orthogonalisation where the stage plan leaves it free: a plan of 884 bytes
