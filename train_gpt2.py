@@ -21,6 +21,7 @@ and --fp8_head 1 (the speedrun head's FP8 products) need PyTorch 2.1+ and a GPU 
 capability 8.9+.
 """
 import argparse
+import collections
 import glob
 import inspect
 import math
@@ -3115,10 +3116,20 @@ def debug_forward_backward(model, x, y, args, autocast):
     return logits.detach(), loss.detach() / y.numel() if args.loss_reduction == "sum" else loss.detach()
 
 
+def bf16_weights_tensors(model, params):
+    """The parameters among `params` (file order) whose table tensor (llmc/gpt2.h's: a block's are its
+    layers' together) holds at most DEBUG_BF16_WEIGHTS_MAX_SIZE entries."""
+    names = {id(p): table_name(name) for name, p in model.named_parameters()}
+    sizes = collections.Counter()
+    for p in params:
+        sizes[names[id(p)]] += p.numel()
+    return [p for p in params if sizes[names[id(p)]] <= DEBUG_BF16_WEIGHTS_MAX_SIZE]
+
+
 def gradients_at_bf16_weights(model, x, y, params, args, autocast):
     """The gradients of one forward and backward of x, y at the weights of the BF16 model file (every
-    parameter rounded to bfloat16), of each tensor of at most DEBUG_BF16_WEIGHTS_MAX_SIZE entries in
-    file order; the weights restored after. Their distance from the float32 gradients is how far
+    parameter rounded to bfloat16), of the tensors bf16_weights_tensors names, in file order; the
+    weights restored after. Their distance from the float32 gradients is how far
     rounding at bfloat16's precision moves each: for a tensor of a few scalars, each entry one sum
     over the batch that may cancel, test_gpt2cu's BF16 build bounds its error by a multiple of it."""
     kept = [p.detach().clone() for p in params]
@@ -3126,7 +3137,7 @@ def gradients_at_bf16_weights(model, x, y, params, args, autocast):
         for p in params:
             p.copy_(p.bfloat16().float())
     debug_forward_backward(model, x, y, args, autocast)
-    grads = [p.grad.detach().cpu().clone() for p in params if p.numel() <= DEBUG_BF16_WEIGHTS_MAX_SIZE]
+    grads = [p.grad.detach().cpu().clone() for p in bf16_weights_tensors(model, params)]
     with torch.no_grad():
         for p, value in zip(params, kept):
             p.copy_(value)
@@ -3408,7 +3419,7 @@ def check_debug_state(args, model, device, dtype, use_compile):
     got += [("grad " + table_name(name), torch.zeros_like(p) if p.grad is None else p.grad) for name, p in named]
     expected = sum(t.numel() for _, t in got) + int(header[4])
     if header[1] == DEBUG_STATE_VERSION_BF16_WEIGHTS:
-        expected += sum(p.numel() for p in in_file_order if p.numel() <= DEBUG_BF16_WEIGHTS_MAX_SIZE)
+        expected += sum(p.numel() for p in bf16_weights_tensors(raw_model, in_file_order))
     if len(floats) != expected:
         fail(f"--check_debug_state {path}: holds {len(floats)} values after its batch, where --init_from's "
              f"model's tensors and the losses of its {int(header[4])} steps take {expected}: give the state written "
