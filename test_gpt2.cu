@@ -61,8 +61,11 @@ constexpr size_t kScalarTensorMaxSize = 2 * llmc::kMuddGateWidth;
 // gradients at the BF16 weights, whose distance from the float32 ones measures how far rounding at
 // BF16's precision moves each; the BF16 build bounds a scalar tensor by the larger of kScalarGradRelNorm
 // and this many times that distance. The BF16 build rounds every activation and gradient of every
-// layer as well, which moves a sum further: in that case x0_gates' distance is 1.47e-1 of its norm and
-// the BF16 build's error 1.36 (9.3 times), the skip gate's 9.0e-3 and ...; the factor is 1.3x the largest ratio.
+// layer as well, which moves a sum further. Measured on an H200 where the distance exceeds 1/12 of the
+// bound: in that case x0_gates 1.47e-1 and the BF16 build's error 1.36 (9.3 times); the paired heads'
+// skip gate (h4c256) 6.89e-2 and 2.24e-1 (3.3), record #89's plan's x0 gates with its terms 5.70e-2 and
+// 2.09e-1 (3.7), d12's bigram gates with the MUDD gates 2.60e-2 and 3.32e-2 (1.3). The factor is 1.3x
+// the largest ratio.
 constexpr double kBf16WeightsDistanceFactor = 12.0;
 // Muon's Newton-Schulz products are BF16 in every build, as the reference's, and cuBLASLt rounds
 // them in another order than PyTorch: with Muon the FP32 build's step losses are bounded, not

@@ -18,7 +18,7 @@
 // architecture travels in the config.
 //
 // Debug-state file (written by train_gpt2.py, read by the tests): 256 int32 header
-//   [0] magic 20240327  [1] version 3, 4 or 5  [2] B  [3] T  [4] number of optimizer steps
+//   [0] magic 20240327  [1] version 3 to 6  [2] B  [3] T  [4] number of optimizer steps
 //   [5] vocab_size  [6..11] float bits of AdamW's lr, beta1, beta2, eps, weight_decay, grad_clip
 // version 4 (the modern or speedrun architecture, Muon, the summed loss, or documents; version 3
 // is GPT-2 with AdamW, the mean loss and causal attention) also has
@@ -53,10 +53,13 @@
 // the prefix term) and its ids (int32 each, -1 none); the logits, loss and gradients below are of
 // the loss those settings make, the step losses of each step's weights of the stage plan (its first
 // stage's those) and of the optimizer's steps;
+// version 6 (what train_gpt2.py writes for version 4 or 5; the settings maybe none) is version 5
+// with one array more, before the step losses (below);
 // then x (B*T int32), y (B*T int32), logits (B*T*vocab_size float32, unpadded; the modern
 // head's output before the soft cap), loss (float32, the mean token loss; the speedrun's over all
 // padded_vocab_size columns), every parameter gradient (float32, table order, padded wte; of the
-// loss [14] names), and the losses (means) of the optimizer steps on that batch at constant
+// loss [14] names), version 6: the same gradients with every weight rounded to BF16 (the _bf16
+// model file's) of the tensors of at most kDebugStateBf16WeightsMaxSize entries, and the losses (means) of the optimizer steps on that batch at constant
 // learning rates, Muon's momentum and AdamW's eps as [27..29] make them step by step (float32
 // each; the first is the loss before any update).
 #pragma once
