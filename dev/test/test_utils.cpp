@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dev/test/testing.h"
@@ -175,6 +176,82 @@ void test_glob_and_make_dirs() {
                "make_dirs below a file names the directory and the reason");
 }
 
+// The speedrun architecture's preset `name` (tiny, d12).
+llmc::GPT2Config speedrun_preset(const char* name) {
+  llmc::GPT2Config c;
+  llmc::config_from_preset(name, &c, llmc::Arch::kSpeedrun);
+  return c;
+}
+
+// A config's parameter table as llmc::param_table and llmc::param_offsets derive it.
+struct ParamTable {
+  llmc::GPT2Config config;
+  llmc::ParamSpec specs[llmc::kNumParamTensors];
+  size_t offsets[llmc::kNumParamTensors];
+  size_t count = 0;  // llmc::num_parameters
+  const llmc::ParamSpec& operator[](int i) const { return specs[i]; }
+  // The names of the tensors the config has, in the file's order.
+  std::string order() const {
+    std::string names;
+    for (int i = 0; i < llmc::kNumParamTensors; i++) {
+      if (specs[i].size > 0) names += std::string(names.empty() ? "" : " ") + specs[i].name;
+    }
+    return names;
+  }
+  // Whether tensors [0, end) have the sizes and offsets they have in other.
+  bool kept_before(const ParamTable& other, int end) const {
+    for (int i = 0; i < end; i++) {
+      if (offsets[i] != other.offsets[i] || specs[i].size != other.specs[i].size) return false;
+    }
+    return true;
+  }
+  // Whether this is `before` with tensor i of `size` elements added at its end.
+  bool appended(const ParamTable& before, int i, size_t size) const {
+    return kept_before(before, i) && offsets[i] == before.count && specs[i].size == size &&
+           count == before.count + size;
+  }
+};
+
+ParamTable table_of(const llmc::GPT2Config& c) {
+  ParamTable t;
+  t.config = c;
+  llmc::param_table(c, t.specs);
+  llmc::param_offsets(c, t.offsets);
+  t.count = llmc::num_parameters(c);
+  return t;
+}
+
+// The tables of c without and with its switch `feature` (c.*feature, left on).
+std::pair<ParamTable, ParamTable> tables_around(llmc::GPT2Config& c, bool llmc::GPT2Config::*feature) {
+  ParamTable without = table_of(c);
+  c.*feature = true;
+  return {without, table_of(c)};
+}
+
+// Whether tensor s's slab in each layer l of plan is slabs[l] (-1: the layer has none).
+bool slabs_are(const llmc::LayerPlan& plan, const llmc::ParamSpec& s, const std::vector<int>& slabs) {
+  for (size_t l = 0; l < slabs.size(); l++) {
+    if (llmc::param_slab(plan, s, (int)l) != slabs[l]) return false;
+  }
+  return true;
+}
+
+// Whether c's header holds `features` in slot 9 and reads back as c.
+bool header_holds(const llmc::GPT2Config& c, int features, const char* path) {
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  return h[llmc::kFeaturesSlot] == features && llmc::config_from_header(h, path) == c;
+}
+
+// Whether the init (seed 3) of a config with tensors appended is the one without them followed by zeros.
+bool init_appends_zeros(const ParamTable& before, const ParamTable& after) {
+  const std::vector<float> init = llmc::init_params_from_seed(after.config, 3);
+  const std::vector<float> plain = llmc::init_params_from_seed(before.config, 3);
+  return init.size() == after.count && plain.size() == before.count && after.count > before.count &&
+         std::equal(plain.begin(), plain.end(), init.begin()) &&
+         std::all_of(init.begin() + plain.size(), init.end(), [](float x) { return x == 0.0f; });
+}
+
 // The modern architecture's table: no wpe or biases of the norms, a norm after the embedding, a
 // separate head with bias after lnfw; q, k and v are three matrices for Muon.
 void test_modern_table() {
@@ -185,16 +262,13 @@ void test_modern_table() {
   llmc::GPT2Config d48;
   check(llmc::config_from_preset("d48", &d48, llmc::Arch::kModern) && d48.head_size() == 64,
         "modern preset d48: head size 64 (128 does not divide 1600)");
-  llmc::ParamSpec t[llmc::kNumParamTensors];
-  size_t offsets[llmc::kNumParamTensors];
-  llmc::param_table(d12, t);
-  llmc::param_offsets(d12, offsets);
+  const ParamTable t = table_of(d12);
   const size_t L = 12, C = 768, Vp = 50304;
   const size_t expected = Vp * C + C + L * (C + 3 * C * C + 3 * C + C * C + C + C + 4 * C * C + 4 * C +
                                             4 * C * C + C) + C + Vp * C + Vp;
   check_verbose(llmc::num_parameters(d12) == expected && t[llmc::kWpe].size == 0 &&
                     t[llmc::kLn1b].size == 0 && t[llmc::kLnfb].size == 0 &&
-                    offsets[llmc::kHeadb] + Vp == expected,
+                    t.offsets[llmc::kHeadb] + Vp == expected,
                 llmc::strformat("modern d12: %zu parameters (%zu), no wpe or norm biases, headb last",
                                 llmc::num_parameters(d12), expected));
   check(t[llmc::kQkvw].role == llmc::ParamRole::kMatrix && t[llmc::kQkvw].split == 3 &&
@@ -203,11 +277,11 @@ void test_modern_table() {
         "modern roles: q, k, v three 768x768 matrices, fc 3072x768, fcproj 768x3072, head and its bias");
   const std::vector<float> init = llmc::init_params_from_seed(d12, 42);
   auto all_equal = [&](int i, float v) {
-    return std::all_of(init.begin() + offsets[i], init.begin() + offsets[i] + t[i].size,
+    return std::all_of(init.begin() + t.offsets[i], init.begin() + t.offsets[i] + t[i].size,
                        [v](float x) { return x == v; });
   };
   double sum_squares = 0.0;
-  const size_t qkv0 = offsets[llmc::kQkvw], slab = 3 * C * C;
+  const size_t qkv0 = t.offsets[llmc::kQkvw], slab = 3 * C * C;
   for (size_t i = qkv0; i < qkv0 + slab; i++) sum_squares += (double)init[i] * init[i];
   const double qkv_std = std::sqrt(sum_squares / slab), want = std::sqrt(0.33 / 768);
   check_verbose(all_equal(llmc::kLnew, 1.0f) && all_equal(llmc::kLn1w, 1.0f) && all_equal(llmc::kLnfw, 1.0f) &&
@@ -232,18 +306,12 @@ void test_speedrun_table() {
         "speedrun presets: d12 L12 NH6 C768 maxT 262144, tiny L12 NH2 C128 maxT 1024, no d24");
   check_throws([] { llmc::make_config(8, 2, 128, 64, 300, llmc::Arch::kSpeedrun); },
                "its references' 12 layers (record #28's; 11 record #89's)", "a speedrun of 8 layers is refused");
-  llmc::ParamSpec t[llmc::kNumParamTensors];
-  size_t offsets[llmc::kNumParamTensors];
-  llmc::param_table(d12, t);
-  llmc::param_offsets(d12, offsets);
+  ParamTable t = table_of(d12);
   const size_t L = 12, La = 11, C = 768, Vp = 50304, NH = 6;
   // train_gpt2.py's count: 5 embeddings of Vp x C, L/2 skips, per layer 2 lambdas and 8 C^2 of the
   // MLP, per attention layer 4 C^2, the gate NH x C/64 and 2 value scales.
   const size_t expected = 5 * Vp * C + L / 2 + L * (2 + 8 * C * C) + La * (4 * C * C + NH * (C / 64) + 2);
-  std::string order;
-  for (int i = 0; i < llmc::kNumParamTensors; i++) {
-    if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
-  }
+  const std::string order = t.order();
   check_verbose(llmc::num_parameters(d12) == expected &&
                     order == "wte qkvw attprojw fcw fcprojw headw ve attngate skipw lambdas value_scales",
                 llmc::strformat("speedrun d12: %zu parameters (%zu), tensors %s", llmc::num_parameters(d12),
@@ -295,10 +363,9 @@ void test_speedrun_table() {
   check_throws([] { llmc::muon_group_seed_index(llmc::kMaxMuonGroups); }, "room for 16 groups",
                "a Muon group beyond the seeds' room");
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
-  llmc::param_table(tiny, t);
-  llmc::param_offsets(tiny, offsets);
+  t = table_of(tiny);
   auto values = [&](int i) {
-    return std::vector<float>(init.begin() + offsets[i], init.begin() + offsets[i] + t[i].size);
+    return std::vector<float>(init.begin() + t.offsets[i], init.begin() + t.offsets[i] + t[i].size);
   };
   const std::vector<float> lambdas = values(llmc::kLambdas), scales = values(llmc::kValueScales);
   const std::vector<float> skips = values(llmc::kSkipw), head = values(llmc::kHeadw);
@@ -316,29 +383,23 @@ void test_speedrun_table() {
 void test_bigram_table(llmc::GPT2Config c) {
   const size_t smeared = llmc::num_parameters(c);
   c.bigram = true;
-  llmc::ParamSpec t[llmc::kNumParamTensors];
-  size_t offsets[llmc::kNumParamTensors];
-  llmc::param_table(c, t);
-  llmc::param_offsets(c, offsets);
+  const ParamTable t = table_of(c);
   const std::vector<float> init = llmc::init_params_from_seed(c, 3);
   const size_t rows = 50304 * 15 / 2, table = rows * 128;
-  const auto bigram = init.begin() + offsets[llmc::kBigram], gates = init.begin() + offsets[llmc::kBigramGates];
+  const auto bigram = init.begin() + t.offsets[llmc::kBigram], gates = init.begin() + t.offsets[llmc::kBigramGates];
   const bool zero = std::all_of(bigram, bigram + table, [](float x) { return x == 0.0f; });
   const bool gates_start = std::all_of(gates, init.end(), [](float x) { return x == llmc::kBigramGateInit; });
   check_verbose(llmc::num_parameters(c) == smeared + table + 11 && t[llmc::kBigram].size == table &&
-                    offsets[llmc::kBigram] == offsets[llmc::kVe] + t[llmc::kVe].size &&
+                    t.offsets[llmc::kBigram] == t.offsets[llmc::kVe] + t[llmc::kVe].size &&
                     t[llmc::kBigramGates].size == 11 &&
-                    offsets[llmc::kBigramGates] + 11 == init.size() && zero && gates_start &&
+                    t.offsets[llmc::kBigramGates] + 11 == init.size() && zero && gates_start &&
                     t[llmc::kBigram].role == llmc::ParamRole::kEmbedding &&
                     t[llmc::kBigramGates].role == llmc::ParamRole::kVector &&
                     llmc::param_slab(llmc::layer_plan(c), t[llmc::kBigramGates], 8) == 7,
                 llmc::strformat("bigram: %zu parameters (%zu + %zu rows x 128 + 11), the table after ve, zero "
                                 "(embeddings' role), 11 gates 0.05 last (scalars'), layer 8's the 8th",
                                 llmc::num_parameters(c), smeared, rows));
-  int h[llmc::kHeaderInts];
-  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
-  check(h[llmc::kFeaturesSlot] == (llmc::kFeatureSmear | llmc::kFeatureBigram) &&
-            llmc::config_from_header(h, "both.bin") == c,
+  check(header_holds(c, llmc::kFeatureSmear | llmc::kFeatureBigram, "both.bin"),
         "smear and bigram: header slot 9 holds 3 and reads back the same config");
 }
 
@@ -348,24 +409,16 @@ void test_bigram_table(llmc::GPT2Config c) {
 void test_bigram_alignment() {
   for (const char* preset : {"tiny", "d12"}) {
     for (bool smear : {false, true}) {
-      llmc::GPT2Config c;
-      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      llmc::GPT2Config c = speedrun_preset(preset);
       c.smear = smear;
       c.bigram = true;
-      llmc::ParamSpec t[llmc::kNumParamTensors];
-      size_t offsets[llmc::kNumParamTensors];
-      llmc::param_table(c, t);
-      llmc::param_offsets(c, offsets);
-      std::string order;
-      for (int i = 0; i < llmc::kNumParamTensors; i++) {
-        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
-      }
+      const ParamTable t = table_of(c);
       const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve bigram attngate skipw lambdas "
                                            "value_scales ") + (smear ? "smearw smear_lambda " : "") + "bigram_gates";
-      check_verbose(offsets[llmc::kBigram] % 16 == 0 && order == want,
+      check_verbose(t.offsets[llmc::kBigram] % 16 == 0 && t.order() == want,
                     llmc::strformat("speedrun %s%s -bg 1: the bigram table at %zu (%zu mod 16), tensors %s", preset,
-                                    smear ? " -sm 1" : "", offsets[llmc::kBigram], offsets[llmc::kBigram] % 16,
-                                    order.c_str()));
+                                    smear ? " -sm 1" : "", t.offsets[llmc::kBigram], t.offsets[llmc::kBigram] % 16,
+                                    t.order().c_str()));
     }
   }
 }
@@ -377,49 +430,30 @@ void test_bigram_alignment() {
 void test_ve_gate_table() {
   for (const char* preset : {"tiny", "d12"}) {
     for (bool embedding : {false, true}) {
-      llmc::GPT2Config c;
-      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      llmc::GPT2Config c = speedrun_preset(preset);
       c.smear = c.bigram = embedding;
-      size_t before[llmc::kNumParamTensors], offsets[llmc::kNumParamTensors];
-      llmc::param_offsets(c, before);
-      const size_t without = llmc::num_parameters(c), rows = 6, NH = c.num_heads, size = rows * NH * 12;
-      c.ve_gates = true;
-      llmc::ParamSpec t[llmc::kNumParamTensors];
-      llmc::param_table(c, t);
-      llmc::param_offsets(c, offsets);
-      bool kept = true;
-      for (int i = 0; i < llmc::kVegate; i++) kept = kept && offsets[i] == before[i];
-      std::string order;
-      for (int i = 0; i < llmc::kNumParamTensors; i++) {
-        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
-      }
+      const auto [before, t] = tables_around(c, &llmc::GPT2Config::ve_gates);
+      const size_t rows = 6, NH = c.num_heads, size = rows * NH * 12;
       const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve ") + (embedding ? "bigram " : "") +
                                "attngate skipw lambdas value_scales " +
                                (embedding ? "smearw smear_lambda bigram_gates " : "") + "vegate";
       const llmc::ParamSpec& g = t[llmc::kVegate];
       const llmc::LayerPlan plan = llmc::layer_plan(c);
-      const int slabs[] = {0, 1, 2, -1, -1, -1, -1, -1, -1, 3, 4, 5};
-      bool slabs_ok = plan.value_embedding_layers == 6 && llmc::param_slab_size(plan, g) == NH * 12;
-      for (int l = 0; l < 12; l++) slabs_ok = slabs_ok && llmc::param_slab(plan, g, l) == slabs[l];
-      check_verbose(kept && order == want && g.size == size && offsets[llmc::kVegate] == without &&
-                        llmc::num_parameters(c) == without + size && g.role == llmc::ParamRole::kVector &&
+      const bool slabs_ok = plan.value_embedding_layers == 6 && llmc::param_slab_size(plan, g) == NH * 12 &&
+                            slabs_are(plan, g, {0, 1, 2, -1, -1, -1, -1, -1, -1, 3, 4, 5});
+      check_verbose(t.appended(before, llmc::kVegate, size) && t.order() == want &&
+                        g.role == llmc::ParamRole::kVector &&
                         g.stack == llmc::ParamStack::kValueEmbeddingLayers && slabs_ok,
                     llmc::strformat("speedrun %s%s -vg 1: vegate [6, %zu, 12] at %zu (%zu parameters before it), "
                                     "slabs 0-2 in layers 0-2 and 3-5 in 9-11, every other offset kept; tensors %s",
-                                    preset, embedding ? " -sm 1 -bg 1" : "", NH, offsets[llmc::kVegate], without,
-                                    order.c_str()));
-      int h[llmc::kHeaderInts];
-      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+                                    preset, embedding ? " -sm 1 -bg 1" : "", NH, t.offsets[llmc::kVegate], before.count,
+                                    t.order().c_str()));
       const int features = llmc::kFeatureVeGates | (embedding ? llmc::kFeatureSmear | llmc::kFeatureBigram : 0);
-      check(h[llmc::kFeaturesSlot] == features && llmc::config_from_header(h, "vegate.bin") == c,
+      check(header_holds(c, features, "vegate.bin"),
             llmc::strformat("speedrun %s%s -vg 1: header slot 9 holds %d and reads back the same config", preset,
                             embedding ? " -sm 1 -bg 1" : "", features));
       if (std::string(preset) != "tiny" || embedding) continue;  // the init's draws: once, at tiny
-      const std::vector<float> init = llmc::init_params_from_seed(c, 3);
-      c.ve_gates = false;
-      const std::vector<float> plain = llmc::init_params_from_seed(c, 3);
-      check(init.size() == plain.size() + size && std::equal(plain.begin(), plain.end(), init.begin()) &&
-                std::all_of(init.begin() + without, init.end(), [](float x) { return x == 0.0f; }),
+      check(init_appends_zeros(before, t),
             "speedrun tiny -vg 1: the gates' weights zero at init, every other value as without them");
     }
   }
@@ -432,29 +466,19 @@ void test_ve_gate_table() {
 void test_resid_lambdas_table() {
   for (const char* preset : {"tiny", "d12"}) {
     for (bool features : {false, true}) {
-      llmc::GPT2Config c;
-      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      llmc::GPT2Config c = speedrun_preset(preset);
       c.smear = c.bigram = features;
-      llmc::ParamSpec before[llmc::kNumParamTensors], t[llmc::kNumParamTensors];
-      size_t offsets_before[llmc::kNumParamTensors], offsets[llmc::kNumParamTensors];
-      llmc::param_table(c, before);
-      llmc::param_offsets(c, offsets_before);
-      const size_t n_before = llmc::num_parameters(c);
-      c.resid_lambdas = true;
-      llmc::param_table(c, t);
-      llmc::param_offsets(c, offsets);
-      const size_t L = c.num_layers, n = llmc::num_parameters(c);
-      bool kept = true;
-      for (int i = 0; i < llmc::kResidLambdas; i++) {
-        kept = kept && offsets[i] == offsets_before[i] && t[i].size == before[i].size;
-      }
+      const auto [before, t] = tables_around(c, &llmc::GPT2Config::resid_lambdas);
+      const size_t L = c.num_layers, n = t.count, n_before = before.count;
       const std::vector<float> init = llmc::init_params_from_seed(c, 3);
-      const auto resid = init.begin() + offsets[llmc::kResidLambdas], post = init.begin() + offsets[llmc::kPostLambdas];
+      const auto resid = init.begin() + t.offsets[llmc::kResidLambdas];
+      const auto post = init.begin() + t.offsets[llmc::kPostLambdas];
       const bool starts = std::all_of(resid, resid + 2 * L, [](float x) { return x == (float)std::sqrt(1.1); }) &&
                           std::all_of(post, post + 2 * L, [](float x) { return x == 1.0f; });
-      check_verbose(kept && n == n_before + 4 * L && offsets[llmc::kResidLambdas] == n_before &&
-                        offsets[llmc::kPostLambdas] == n_before + 2 * L && t[llmc::kResidLambdas].size == 2 * L &&
-                        t[llmc::kPostLambdas].size == 2 * L && offsets[llmc::kBigram] % 16 == 0 && starts &&
+      check_verbose(t.kept_before(before, llmc::kResidLambdas) && n == n_before + 4 * L &&
+                        t.offsets[llmc::kResidLambdas] == n_before &&
+                        t.offsets[llmc::kPostLambdas] == n_before + 2 * L && t[llmc::kResidLambdas].size == 2 * L &&
+                        t[llmc::kPostLambdas].size == 2 * L && t.offsets[llmc::kBigram] % 16 == 0 && starts &&
                         t[llmc::kResidLambdas].role == llmc::ParamRole::kVector &&
                         t[llmc::kPostLambdas].role == llmc::ParamRole::kVector &&
                         llmc::param_slab(llmc::layer_plan(c), t[llmc::kPostLambdas], 7) == 7 &&
@@ -463,12 +487,11 @@ void test_resid_lambdas_table() {
                     llmc::strformat("speedrun %s%s -rl 1: %zu parameters (%zu + 4 x %zu), resid_lambdas at %zu and "
                                     "post_lambdas at %zu last, the others where they were (bigram at %zu mod 16 = "
                                     "%zu), seeds 45 and 46, sqrt(1.1) and 1 at init", preset,
-                                    features ? " -sm 1 -bg 1" : "", n, n_before, L, offsets[llmc::kResidLambdas],
-                                    offsets[llmc::kPostLambdas], offsets[llmc::kBigram], offsets[llmc::kBigram] % 16));
-      int h[llmc::kHeaderInts];
-      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+                                    features ? " -sm 1 -bg 1" : "", n, n_before, L, t.offsets[llmc::kResidLambdas],
+                                    t.offsets[llmc::kPostLambdas], t.offsets[llmc::kBigram],
+                                    t.offsets[llmc::kBigram] % 16));
       const int bits = llmc::kFeatureResidLambdas | (features ? llmc::kFeatureSmear | llmc::kFeatureBigram : 0);
-      check(h[llmc::kFeaturesSlot] == bits && llmc::config_from_header(h, "lambdas.bin") == c,
+      check(header_holds(c, bits, "lambdas.bin"),
             llmc::strformat("-rl 1%s: header slot 9 holds %d and reads back the same config",
                             features ? " -sm 1 -bg 1" : "", bits));
     }
@@ -495,54 +518,34 @@ void check_modern_header_refuses(int feature, const char* what) {
 void test_xsa_table() {
   for (const char* preset : {"tiny", "d12"}) {
     for (bool others : {false, true}) {
-      llmc::GPT2Config c;
-      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      llmc::GPT2Config c = speedrun_preset(preset);
       c.smear = c.bigram = c.ve_gates = others;
-      size_t before[llmc::kNumParamTensors], offsets[llmc::kNumParamTensors];
-      llmc::param_offsets(c, before);
-      const size_t without = llmc::num_parameters(c), rows = 3, NH = c.num_heads, size = rows * NH;
-      c.xsa = true;
-      llmc::ParamSpec t[llmc::kNumParamTensors];
-      llmc::param_table(c, t);
-      llmc::param_offsets(c, offsets);
-      bool kept = true;
-      for (int i = 0; i < llmc::kXsaAlpha; i++) kept = kept && offsets[i] == before[i];
-      std::string order;
-      for (int i = 0; i < llmc::kNumParamTensors; i++) {
-        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
-      }
+      const auto [before, t] = tables_around(c, &llmc::GPT2Config::xsa);
+      const size_t rows = 3, NH = c.num_heads, size = rows * NH;
       const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve ") + (others ? "bigram " : "") +
                                "attngate skipw lambdas value_scales " +
                                (others ? "smearw smear_lambda bigram_gates vegate " : "") + "xsa_alpha";
       const llmc::ParamSpec& x = t[llmc::kXsaAlpha];
       const llmc::LayerPlan plan = llmc::layer_plan(c);
-      const int slabs[] = {-1, 0, -1, 1, 2, -1, -1, -1, -1, -1, -1, -1};
-      bool slabs_ok = plan.xsa_layers == 3 && llmc::param_slab_size(plan, x) == NH;
-      for (int l = 0; l < 12; l++) {
-        slabs_ok = slabs_ok && llmc::param_slab(plan, x, l) == slabs[l] && plan[l].xsa == (slabs[l] >= 0);
-      }
-      check_verbose(kept && order == want && x.size == size && offsets[llmc::kXsaAlpha] == without &&
-                        llmc::num_parameters(c) == without + size && x.role == llmc::ParamRole::kVector &&
+      const std::vector<int> slabs = {-1, 0, -1, 1, 2, -1, -1, -1, -1, -1, -1, -1};
+      bool slabs_ok = plan.xsa_layers == 3 && llmc::param_slab_size(plan, x) == NH && slabs_are(plan, x, slabs);
+      for (int l = 0; l < 12; l++) slabs_ok = slabs_ok && plan[l].xsa == (slabs[l] >= 0);
+      check_verbose(t.appended(before, llmc::kXsaAlpha, size) && t.order() == want &&
+                        x.role == llmc::ParamRole::kVector &&
                         x.stack == llmc::ParamStack::kXsaLayers && slabs_ok &&
                         llmc::param_seed_index(llmc::kXsaAlpha) == llmc::param_seed_index(llmc::kPostLambdas) + 1,
                     llmc::strformat("speedrun %s%s -xs 1: xsa_alpha [3, %zu] at %zu (%zu parameters before it), "
                                     "slabs 0-2 in layers 1, 3, 4, seed %d after post_lambdas', every other offset kept; "
                                     "tensors %s", preset, others ? " -sm 1 -bg 1 -vg 1" : "", NH,
-                                    offsets[llmc::kXsaAlpha], without, llmc::param_seed_index(llmc::kXsaAlpha),
-                                    order.c_str()));
-      int h[llmc::kHeaderInts];
-      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+                                    t.offsets[llmc::kXsaAlpha], before.count, llmc::param_seed_index(llmc::kXsaAlpha),
+                                    t.order().c_str()));
       const int features =
           llmc::kFeatureXsa | (others ? llmc::kFeatureSmear | llmc::kFeatureBigram | llmc::kFeatureVeGates : 0);
-      check(h[llmc::kFeaturesSlot] == features && llmc::config_from_header(h, "xsa.bin") == c,
+      check(header_holds(c, features, "xsa.bin"),
             llmc::strformat("speedrun %s%s -xs 1: header slot 9 holds %d and reads back the same config", preset,
                             others ? " -sm 1 -bg 1 -vg 1" : "", features));
       if (std::string(preset) != "tiny") continue;  // the init's draws: at tiny
-      const std::vector<float> init = llmc::init_params_from_seed(c, 3);
-      c.xsa = false;
-      const std::vector<float> plain = llmc::init_params_from_seed(c, 3);
-      check(init.size() == plain.size() + size && std::equal(plain.begin(), plain.end(), init.begin()) &&
-                std::all_of(init.begin() + without, init.end(), [](float v) { return v == 0.0f; }),
+      check(init_appends_zeros(before, t),
             llmc::strformat("speedrun tiny%s -xs 1: the strengths zero at init, every other value as without them",
                             others ? " -sm 1 -bg 1 -vg 1" : ""));
     }
@@ -555,41 +558,32 @@ void test_xsa_table() {
 // bit 256; describe() names them; with record #89's plan and record #28's layers.
 void test_attn_lambdas_table() {
   for (bool plan : {true, false}) {
-    llmc::GPT2Config c;
-    llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
+    llmc::GPT2Config c = speedrun_preset("tiny");
     llmc::set_record89_plan(c, plan);
-    const size_t before = llmc::num_parameters(c);
-    c.attn_lambdas = true;
-    llmc::ParamSpec t[llmc::kNumParamTensors];
-    size_t offsets[llmc::kNumParamTensors];
-    llmc::param_table(c, t);
-    llmc::param_offsets(c, offsets);
-    const size_t L = c.num_layers, n = llmc::num_parameters(c);
+    const auto [before, t] = tables_around(c, &llmc::GPT2Config::attn_lambdas);
+    const size_t L = c.num_layers, n = t.count;
     const llmc::ParamSpec& s = t[llmc::kAttnLambdas];
     const llmc::LayerPlan layers = llmc::layer_plan(c);
     bool slabs_ok = llmc::param_slab_size(layers, s) == 2;
     for (int l = 0; l < (int)L; l++) slabs_ok = slabs_ok && llmc::param_slab(layers, s, l) == l;
-    check(n == before + 2 * L && s.size == 2 * L && offsets[llmc::kAttnLambdas] == n - 2 * L &&
-              std::string(s.name) == "attn_lambdas" && s.stack == llmc::ParamStack::kLayers &&
+    check(t.appended(before, llmc::kAttnLambdas, 2 * L) && std::string(s.name) == "attn_lambdas" &&
+              s.stack == llmc::ParamStack::kLayers &&
               s.role == llmc::ParamRole::kVector && slabs_ok && llmc::arch_spec(c).attn_lambdas &&
               !llmc::arch_spec(llmc::Arch::kSpeedrun).attn_lambdas &&
               llmc::param_seed_index(llmc::kAttnLambdas) == llmc::param_seed_index(llmc::kHeadGates) + 1,
           llmc::strformat("speedrun tiny%s -al 1: %zu parameters (%zu + 2 x %zu), attn_lambdas [%zu] last, a "
                           "pair a layer, the scalars' role, its seed after head_gates'",
-                          plan ? " -lp 1" : "", n, before, L, s.size));
+                          plan ? " -lp 1" : "", n, before.count, L, s.size));
     const std::vector<float> init = llmc::init_params_from_seed(c, 3);
     bool init_ok = true;
     for (size_t l = 0; l < L; l++) {
-      init_ok = init_ok && init[offsets[llmc::kAttnLambdas] + 2 * l] == 0.5f &&
-                init[offsets[llmc::kAttnLambdas] + 2 * l + 1] == 1.0f;
+      init_ok = init_ok && init[t.offsets[llmc::kAttnLambdas] + 2 * l] == 0.5f &&
+                init[t.offsets[llmc::kAttnLambdas] + 2 * l + 1] == 1.0f;
     }
     check(init_ok, llmc::strformat("speedrun tiny%s -al 1 init: (0.5, 1) in every layer", plan ? " -lp 1" : ""));
-    int h[llmc::kHeaderInts];
-    llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
     const int features = llmc::kFeatureAttnLambdas | (plan ? llmc::kFeatureRecord89Plan : 0);
     const std::string text = c.describe();
-    check(h[llmc::kFeaturesSlot] == features && llmc::kFeatureAttnLambdas == 256 &&
-              llmc::config_from_header(h, "al.bin") == c && text.size() > 13 &&
+    check(header_holds(c, features, "al.bin") && llmc::kFeatureAttnLambdas == 256 && text.size() > 13 &&
               text.substr(text.size() - 13) == " attn-lambdas",
           llmc::strformat("speedrun tiny%s -al 1: header slot 9 holds %d and reads back the same config (%s)",
                           plan ? " -lp 1" : "", features, text.c_str()));
@@ -676,24 +670,17 @@ void test_mudd_gates_table() {
 void test_record89_plan_table() {
   for (const char* preset : {"tiny", "d12"}) {
     for (bool xsa : {false, true}) {
-      llmc::GPT2Config c;
-      llmc::config_from_preset(preset, &c, llmc::Arch::kSpeedrun);
+      llmc::GPT2Config c = speedrun_preset(preset);
       llmc::set_record89_plan(c, true);
       c.xsa = xsa;
       const llmc::ArchSpec a = llmc::arch_spec(c);
-      llmc::ParamSpec t[llmc::kNumParamTensors];
-      size_t offsets[llmc::kNumParamTensors];
-      llmc::param_table(c, t);
-      llmc::param_offsets(c, offsets);
+      const ParamTable t = table_of(c);
       const size_t L = 11, La = 10, C = c.channels, Vp = c.padded_vocab_size, NH = c.num_heads;
       const size_t xsa_size = xsa ? 4 * NH : 0, n = llmc::num_parameters(c);
       // train_gpt2.py's count: wte, the head and 5 value embeddings; per layer 8 C^2 of the MLP; per
       // attention layer 4 C^2 and 2 value scales; the x0 gates, the skip gate and two layers' head gates.
       const size_t expected = 7 * Vp * C + L * 8 * C * C + La * (4 * C * C + 2) + xsa_size + La + 2 + 2 * NH;
-      std::string order;
-      for (int i = 0; i < llmc::kNumParamTensors; i++) {
-        if (t[i].size > 0) order += std::string(order.empty() ? "" : " ") + t[i].name;
-      }
+      const std::string order = t.order();
       const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve value_scales ") +
                                (xsa ? "xsa_alpha " : "") + "x0_gates skip_gate head_gates";
       const llmc::ParamSpec &gates = t[llmc::kX0Gates], &skip = t[llmc::kSkipGate], &heads = t[llmc::kHeadGates];
@@ -703,12 +690,14 @@ void test_record89_plan_table() {
                         t[llmc::kLambdas].size == 0 && t[llmc::kSkipw].size == 0 &&
                         t[llmc::kValueScales].size == 2 * La && t[llmc::kXsaAlpha].size == xsa_size &&
                         gates.size == La && skip.size == 2 && heads.size == 2 * NH &&
-                        offsets[llmc::kX0Gates] == n - La - 2 - 2 * NH && offsets[llmc::kSkipGate] == n - 2 - 2 * NH &&
-                        offsets[llmc::kHeadGates] == n - 2 * NH,
+                        t.offsets[llmc::kX0Gates] == n - La - 2 - 2 * NH &&
+                        t.offsets[llmc::kSkipGate] == n - 2 - 2 * NH &&
+                        t.offsets[llmc::kHeadGates] == n - 2 * NH,
                     llmc::strformat("speedrun %s -lp 1%s: %zu parameters (%zu), x0_gates [%zu] at %zu, skip_gate "
                                     "[%zu] at %zu, head_gates [%zu] at %zu; tensors %s", preset, xsa ? " -xs 1" : "", n,
-                                    expected, gates.size, offsets[llmc::kX0Gates], skip.size,
-                                    offsets[llmc::kSkipGate], heads.size, offsets[llmc::kHeadGates], order.c_str()));
+                                    expected, gates.size, t.offsets[llmc::kX0Gates], skip.size,
+                                    t.offsets[llmc::kSkipGate], heads.size, t.offsets[llmc::kHeadGates],
+                                    order.c_str()));
       const llmc::LayerPlan plan = llmc::layer_plan(c);
       const int attention_slabs[] = {0, 1, 2, 3, 4, 5, -1, 6, 7, 8, 9};
       const int xsa_slabs[] = {-1, 0, -1, 1, 2, -1, -1, 3, -1, -1, -1};
@@ -731,33 +720,30 @@ void test_record89_plan_table() {
                             "6), the skip gate whole, the head gates a slab of NH on layers 3 and 10, all the "
                             "scalars' role, seeds the three after xsa_alpha's",
                             preset, xsa ? " -xs 1" : ""));
-      int h[llmc::kHeaderInts];
-      llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
       const int features = llmc::kFeatureRecord89Plan | (xsa ? llmc::kFeatureXsa : 0);
-      check(h[llmc::kFeaturesSlot] == features && llmc::kFeatureRecord89Plan == 64 &&
-                llmc::config_from_header(h, "plan.bin") == c &&
+      check(header_holds(c, features, "plan.bin") && llmc::kFeatureRecord89Plan == 64 &&
                 c.describe().size() > 14 && c.describe().substr(c.describe().size() - 14) == " record89-plan",
             llmc::strformat("speedrun %s -lp 1%s: header slot 9 holds %d and reads back the same config (%s)",
                             preset, xsa ? " -xs 1" : "", features, c.describe().c_str()));
       if (std::string(preset) != "tiny") continue;  // the init's values: at tiny
       const std::vector<float> init = llmc::init_params_from_seed(c, 3);
       auto all = [&](int i, float v) {
-        return std::all_of(init.begin() + offsets[i], init.begin() + offsets[i] + t[i].size,
+        return std::all_of(init.begin() + t.offsets[i], init.begin() + t.offsets[i] + t[i].size,
                            [v](float x) { return x == v; });
       };
-      const float* fc = init.data() + offsets[llmc::kFcw];
+      const float* fc = init.data() + t.offsets[llmc::kFcw];
       check_verbose(init.size() == n && all(llmc::kX0Gates, 0.0f) && all(llmc::kXsaAlpha, 0.0f) &&
                         all(llmc::kValueScales, 0.5f) && all(llmc::kHeadw, 0.0f) &&
-                        init[offsets[llmc::kSkipGate]] == -1.5f && init[offsets[llmc::kSkipGate] + 1] == 0.5f &&
+                        init[t.offsets[llmc::kSkipGate]] == -1.5f && init[t.offsets[llmc::kSkipGate] + 1] == 0.5f &&
                         all(llmc::kHeadGates, 0.25f) &&
                         fc[0] != 0.0f && fc[t[llmc::kFcw].size - 1] != 0.0f,
                     llmc::strformat("speedrun tiny -lp 1%s init: the x0 gates zero (the first %g)%s, skip_gate "
                                     "(%g, %g) (-1.5, 0.5), head gates 0.25, value scales 0.5, head zero, fcw drawn "
                                     "in all 11 layers",
-                                    xsa ? " -xs 1" : "", init[offsets[llmc::kX0Gates]],
+                                    xsa ? " -xs 1" : "", init[t.offsets[llmc::kX0Gates]],
                                     xsa ? llmc::strformat(", the XSA strengths zero (the first %g)",
-                                                          init[offsets[llmc::kXsaAlpha]]).c_str() : "",
-                                    init[offsets[llmc::kSkipGate]], init[offsets[llmc::kSkipGate] + 1]));
+                                                          init[t.offsets[llmc::kXsaAlpha]]).c_str() : "",
+                                    init[t.offsets[llmc::kSkipGate]], init[t.offsets[llmc::kSkipGate] + 1]));
     }
   }
   // The header's depth must be the plan's: 11 layers with bit 64, 12 without.
@@ -802,15 +788,12 @@ void test_smear_table() {
   llmc::config_from_preset("tiny", &tiny, llmc::Arch::kSpeedrun);
   const size_t plain = llmc::num_parameters(tiny);
   tiny.smear = true;
-  llmc::ParamSpec t[llmc::kNumParamTensors];
-  size_t offsets[llmc::kNumParamTensors];
-  llmc::param_table(tiny, t);
-  llmc::param_offsets(tiny, offsets);
+  const ParamTable t = table_of(tiny);
   const std::vector<float> init = llmc::init_params_from_seed(tiny, 3);
-  const bool zero = std::all_of(init.begin() + offsets[llmc::kSmearw], init.end(), [](float x) { return x == 0.0f; });
+  const bool zero = std::all_of(init.begin() + t.offsets[llmc::kSmearw], init.end(), [](float x) { return x == 0.0f; });
   check_verbose(llmc::arch_spec(tiny).smear && !llmc::arch_spec(tiny.arch).smear &&
                     llmc::num_parameters(tiny) == plain + 13 && t[llmc::kSmearw].size == 12 &&
-                    t[llmc::kSmearLambda].size == 1 && offsets[llmc::kSmearw] + 13 == init.size() && zero &&
+                    t[llmc::kSmearLambda].size == 1 && t.offsets[llmc::kSmearw] + 13 == init.size() && zero &&
                     t[llmc::kSmearw].role == llmc::ParamRole::kVector &&
                     t[llmc::kSmearLambda].role == llmc::ParamRole::kVector,
                 llmc::strformat("smear: %zu parameters (%zu + 13), smearw [12] and smear_lambda [1] last, zero, "
@@ -1079,20 +1062,17 @@ void test_configs() {
   check(llmc::pad_vocab(50257) == 50304 && llmc::pad_vocab(128) == 128, "pad_vocab");
 
   const llmc::GPT2Config tiny = llmc::make_config(2, 4, 64, 16, 300);
-  llmc::ParamSpec table[llmc::kNumParamTensors];
-  size_t offsets[llmc::kNumParamTensors];
-  llmc::param_table(tiny, table);
-  llmc::param_offsets(tiny, offsets);
-  bool contiguous = offsets[0] == 0, decay_on_matrices = true;
+  const ParamTable table = table_of(tiny);
+  bool contiguous = table.offsets[0] == 0, decay_on_matrices = true;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
-    if (i > 0) contiguous = contiguous && offsets[i] == offsets[i - 1] + table[i - 1].size;
+    if (i > 0) contiguous = contiguous && table.offsets[i] == table.offsets[i - 1] + table[i - 1].size;
     const bool matrix = i == llmc::kWte || i == llmc::kWpe || i == llmc::kQkvw ||
                         i == llmc::kAttprojw || i == llmc::kFcw || i == llmc::kFcprojw ||
                         i == llmc::kHeadw || i == llmc::kVe || i == llmc::kAttngate || i == llmc::kBigram;
     decay_on_matrices = decay_on_matrices && table[i].decayed == matrix;
   }
   check_verbose(
-      contiguous && offsets[llmc::kLnfb] + table[llmc::kLnfb].size == llmc::num_parameters(tiny) &&
+      contiguous && table.offsets[llmc::kLnfb] + table[llmc::kLnfb].size == llmc::num_parameters(tiny) &&
           table[llmc::kWte].size == 384u * 64 && decay_on_matrices &&
           table[llmc::kAttprojw].residual_projection && table[llmc::kFcprojw].residual_projection,
       "parameter table: contiguous offsets, padded wte, weight decay on the matrices only");
