@@ -379,11 +379,11 @@ model = tg.GPT(config)
 tg.init_weights(model, 9)
 tg.write_checkpoint(model, f"{out}/init.bin", tg.CHECKPOINT_FP32)
 path = f"{out}/debug/gpt2_speedrun_tiny_muon_debug_state.bin"
-header = np.fromfile(path, np.int32, tg.HEADER_INTS)
+header, _, _, floats = tg.read_debug_state(path)
 B, T, V = header[2], header[3], header[5]
-assert header[1] == 4 and header[12] == 2 and header[13] == 1 and header[14] == 1 and header[21] == 1
+assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and list(header[12:15]) == [2, 1, 1] and header[21] == 1
 assert header[30] == 0, "the head in FP8 without --fp8_head 1"
-grads = np.fromfile(path, np.float32, offset=4 * (tg.HEADER_INTS + 2 * B * T + B * T * V + 1))
+grads = np.asarray(floats[B * T * V + 1:])  # after the logits and the loss
 names = {id(p): name for name, p in model.named_parameters()}
 offset = 0
 with open(f"{out}/tensors.txt", "w") as f:
@@ -391,7 +391,9 @@ with open(f"{out}/tensors.txt", "w") as f:
         g = grads[offset:offset + p.numel()].astype(np.float64)
         f.write(f"{names[id(p)]} {p.numel()} {offset} {np.dot(g, g):.17g}\n")
         offset += p.numel()
-assert offset + header[4] == grads.size, "the gradients and step losses fill the file"
+at_bf16_weights = sum(p.numel() for p in tg.bf16_weights_tensors(model, tg.params_in_file_order(model)))
+assert offset + at_bf16_weights + header[4] == grads.size, \
+    "the gradients, those at the BF16 weights and the step losses fill the file"
 print(f"{len(names)} tensors, {offset:,} gradients; init of seed 9 written")
 EOF
 build/test_utils --speedrun "$WORK/init.bin" 9 "$WORK/debug/gpt2_speedrun_tiny_muon_debug_state.bin" "$WORK/tensors.txt"
