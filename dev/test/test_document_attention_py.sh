@@ -151,9 +151,8 @@ check "its header names the mask; its rows are document-aligned, with documents 
 import os, numpy as np, train_gpt2 as tg
 def read(directory):
     path = os.path.join(os.environ["WORK"], directory, "gpt2_l2h4c128t256v50257_debug_state.bin")
-    header = np.fromfile(path, np.int32, tg.HEADER_INTS)
-    x = np.fromfile(path, np.int32, 2 * 256, offset=tg.HEADER_INTS * 4).reshape(2, 256)
-    return header, x
+    header, x, _, _ = tg.read_debug_state(path)
+    return header, x.numpy()
 header, x = read("debug")
 assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and list(header[21:23]) == [1, 2], header[:23]
 for row in x:

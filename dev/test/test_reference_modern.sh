@@ -99,24 +99,24 @@ print(f"modern tiny at init: loss {loss:.6f}, ln(50257) = {math.log(50257):.6f}"
 assert abs(loss - math.log(50257)) < 1e-5, "a zero head gives zero logits: the loss is ln(V)"
 EOF
 
-check "debug state version 4: header, mean loss of summed gradients, and the loss falls" <<'EOF'
+check "debug state version 6: header, mean loss of summed gradients, and the loss falls" <<'EOF'
 import math, os, numpy as np, torch, train_gpt2 as tg
 d = os.environ["WORK"]
 def read(path):
-    header = np.fromfile(path, np.int32, 256)
+    header, _, _, data = tg.read_debug_state(path)
     floats = lambda s: header[s].view(np.float32).tolist()
     B, T, steps, V = header[2:6]
-    data = np.fromfile(path, np.float32, offset=1024 + 8 * B * T)
-    return header, floats, data[B * T * V], data[-steps:]
+    return header, floats, data[B * T * V], np.asarray(data[-steps:])
 h, f, loss0, losses = read(d + "/m/gpt2_modern_l2h1c128t64v512_muon_debug_state.bin")
-assert h[1] == 4 and list(h[12:15]) == [1, 1, 1], h[:21]
+assert h[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and list(h[12:15]) == [1, 1, 1], h[:21]
 assert np.allclose(f(slice(6, 12)), [1e-4, 0.8, 0.95, 1e-10, 0.001, 0.0])
 assert np.allclose(f(slice(15, 21)), [0.025, 0.05, 0.95, 0.7, 0.004, 0.015])
 assert abs(loss0 - math.log(512)) < 1e-5 and losses[0] == loss0
 print("modern + Muon:", " ".join(f"{l:.4f}" for l in losses))
 assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 1.0
 h, f, loss0, losses = read(d + "/g/gpt2_l2h4c128t64v512_muon_debug_state.bin")
-assert h[1] == 4 and list(h[12:15]) == [0, 1, 0] and np.allclose(f(slice(15, 21)), [0.025, 0.05, 0.95] + [1e-3] * 3)
+assert h[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and list(h[12:15]) == [0, 1, 0]
+assert np.allclose(f(slice(15, 21)), [0.025, 0.05, 0.95] + [1e-3] * 3)
 print("GPT-2 + Muon:", " ".join(f"{l:.4f}" for l in losses))
 assert all(b < a for a, b in zip(losses, losses[1:]))
 assert np.fromfile(d + "/g/gpt2_l2h4c128t64v512_debug_state.bin", np.int32, 2)[1] == 3, "GPT-2 + AdamW stays version 3"
