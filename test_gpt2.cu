@@ -131,16 +131,6 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
   return llmc::optimizer_table(r, sizeof(floatX) == 2);
 }
 
-// ||a - b|| / ||b|| of n values.
-double relative_distance(const float* a, const float* b, size_t n) {
-  double diff = 0.0, base = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    base += (double)b[i] * b[i];
-  }
-  return std::sqrt(diff) / (std::sqrt(base) + 1e-30);
-}
-
 // Each parameter tensor's bound on its gradient's ||got - ref|| / ||ref||: the scalars' or the
 // others'; in the BF16 build, for a scalar tensor with gradients at the BF16 weights in the debug state
 // (version 6), at least kBf16WeightsDistanceFactor times their distance from the float32 ones (printed
@@ -152,7 +142,8 @@ std::vector<double> gradient_bounds(const GPT2& m, const llmc::DebugState& ref) 
     const size_t o = m.param_offsets[i], n = m.param_specs[i].size;
     bounds[i] = n <= kScalarTensorMaxSize ? kScalarGradRelNorm : kGradRelNorm;
     if (ref.grads_at_bf16_weights.empty() || n > llmc::kDebugStateBf16WeightsMaxSize) continue;
-    const double distance = relative_distance(ref.grads_at_bf16_weights.data() + at, ref.grads.data() + o, n);
+    const double distance =
+        testing::relative_norm_error(ref.grads_at_bf16_weights.data() + at, ref.grads.data() + o, n);
     at += n;
     if (sizeof(floatX) == 2 && n <= kScalarTensorMaxSize && kBf16WeightsDistanceFactor * distance > bounds[i]) {
       bounds[i] = kBf16WeightsDistanceFactor * distance;

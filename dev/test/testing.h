@@ -68,16 +68,21 @@ inline bool check_tensor(const std::string& name, const float* got, const float*
   return ok;
 }
 
-// Relative error of the whole tensor: ||got - ref|| / ||ref||.
-inline bool check_tensor_norm(const std::string& name, const float* got, const float* ref,
-                              size_t n, double max_rel_norm) {
+// ||got - ref|| / ||ref|| of n values, in double.
+inline double relative_norm_error(const float* got, const float* ref, size_t n) {
   double diff = 0.0, base = 0.0;
   for (size_t i = 0; i < n; i++) {
     double d = (double)got[i] - ref[i];
     diff += d * d;
     base += (double)ref[i] * ref[i];
   }
-  double rel = std::sqrt(diff) / (std::sqrt(base) + 1e-30);
+  return std::sqrt(diff) / (std::sqrt(base) + 1e-30);
+}
+
+// Relative error of the whole tensor: ||got - ref|| / ||ref||.
+inline bool check_tensor_norm(const std::string& name, const float* got, const float* ref,
+                              size_t n, double max_rel_norm) {
+  double rel = relative_norm_error(got, ref, n);
   bool ok = rel <= max_rel_norm;  // NaN fails
   printf("%s %-24s n=%-10zu |got-ref|/|ref| %.3e  (bound %.1e)\n", ok ? "ok  " : "FAIL",
          name.c_str(), n, rel, max_rel_norm);
