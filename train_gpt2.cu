@@ -12266,8 +12266,9 @@ constexpr uint32_t kTiedHeadSeedIndex = 25;
 // With -ao K AdamW steps at every K-th step only (opt.adamw_steps_at), with the gradients the
 // steps since its last update added up (gpt2_zero_grad keeps them), its bias correction's t its
 // own count of updates; the head takes the embedding's gradient then too, as record #89's.
+// muon_done, where given, is recorded on the model's stream once Muon's work is enqueued (-pt).
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
-                 const MuonSpread& muon_spread = MuonSpread()) {
+                 const MuonSpread& muon_spread = MuonSpread(), cudaEvent_t muon_done = nullptr) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
   const bool second_moments = m.state_layout.second_moment_size > 0;
@@ -12305,6 +12306,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   if (opt.muon()) {
     gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, muon_spread);
   }
+  if (muon_done) cudaCheck(cudaEventRecord(muon_done, m.stream));
   if (!adamw_steps && has_arrays(m.state_next)) gpt2_adamw_copy_state(m);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
   m.adamw_grads_kept = !adamw_steps;
@@ -13081,6 +13083,7 @@ struct MultiGpuOptions {
   // all-reduce after it and of a per-layer reduction during it (whose NCCL kernels take SMs from
   // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
+  int step_phases = 0;  // -pt
 };
 
 struct MultiGpu {
@@ -13632,6 +13635,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
+      int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
+               "gradient reduction, loss and norm, Muon, AdamW, parameter gather, the rest; means over the timed "
+               "steps, a line for each rank) and the host's time between steps", &a.multi_gpu.step_phases, 0, 1),
       recipe_flag(a),
       optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
@@ -14404,6 +14410,78 @@ class TrainLoader {
   std::unique_ptr<llmc::DocumentLoader> documents_;
 };
 
+// -pt 1: where a step's time goes. An event on the model's stream at the end of each phase (the
+// step's start event opens the first) marks when the stream reached it, so a wait for the host or
+// for a peer counts in the phase that waited. Summed over the timed steps, with the host's time
+// from one step's end to the next one's start.
+enum StepPhase {
+  kPhaseMicroSteps, kPhaseReduction, kPhaseLossNorm, kPhaseMuon, kPhaseAdamW, kPhaseGather, kPhaseRest,
+  kStepPhases
+};
+constexpr const char* kStepPhaseNames[kStepPhases] = {"micro steps", "gradient reduction", "loss and norm", "Muon",
+                                                      "AdamW", "parameter gather", "rest"};
+
+struct StepPhases {
+  bool on = false;
+  cudaEvent_t ends[kStepPhases] = {};  // the last is the step's end event
+  double ms[kStepPhases] = {};
+  double host_between_ms = 0.0;
+  double last_step_end = -1.0;  // wall seconds when the last step's end was reached; -1: none yet
+  int host_gaps = 0;
+};
+
+void step_phases_setup(StepPhases& p, bool on, cudaEvent_t step_end) {
+  p.on = on;
+  if (!on) return;
+  for (int i = 0; i + 1 < kStepPhases; i++) cudaCheck(cudaEventCreate(&p.ends[i]));
+  p.ends[kPhaseRest] = step_end;
+}
+
+void step_phases_free(StepPhases& p) {
+  if (!p.on) return;
+  for (int i = 0; i + 1 < kStepPhases; i++) cudaCheck(cudaEventDestroy(p.ends[i]));
+}
+
+// The end of `phase` on `stream` (nothing without -pt).
+void step_phase_end(StepPhases& p, StepPhase phase, cudaStream_t stream) {
+  if (p.on) cudaCheck(cudaEventRecord(p.ends[phase], stream));
+}
+
+// Once the step's end event is reached: its phases added, if it is timed.
+void step_phases_add(StepPhases& p, cudaEvent_t step_start, bool timed) {
+  if (!p.on) return;
+  const double now = llmc::wall_seconds();
+  if (timed) {
+    cudaEvent_t from = step_start;
+    for (int i = 0; i < kStepPhases; i++) {
+      float ms = 0.0f;
+      cudaCheck(cudaEventElapsedTime(&ms, from, p.ends[i]));
+      p.ms[i] += ms;
+      from = p.ends[i];
+    }
+  }
+  p.last_step_end = now;
+}
+
+// At a step's start: the host's time since the last step's end, if this step is timed.
+void step_phases_start(StepPhases& p, bool timed) {
+  if (!p.on || p.last_step_end < 0.0 || !timed) return;
+  p.host_between_ms += (llmc::wall_seconds() - p.last_step_end) * 1e3;
+  p.host_gaps++;
+}
+
+// Every rank prints its own line: a rank that waits in the reduction for a slower one shows it.
+void print_step_phases(const StepPhases& p, int timed_steps, int rank, int world) {
+  if (!p.on || timed_steps == 0) return;
+  printf("step phases (rank %d of %d, ms, mean of %d timed steps):", rank, world, timed_steps);
+  for (int i = 0; i < kStepPhases; i++) {
+    printf("%s %s %.3f", i == 0 ? "" : " |", kStepPhaseNames[i], p.ms[i] / timed_steps);
+  }
+  if (p.host_gaps > 0) printf(" | host between steps %.3f", p.host_between_ms / p.host_gaps);
+  printf("\n");
+  fflush(stdout);
+}
+
 // What the training loop carries from step to step (train_setup fills it in).
 struct TrainRun {
   TrainRun(const TrainArgs& args, MultiGpu& multi_gpu, GPT2& model) : a(args), mg(multi_gpu), m(model) {}
@@ -14432,6 +14510,7 @@ struct TrainRun {
   MuonSpread muon_spread;
   Checkpointer checkpoints;
   cudaEvent_t start = nullptr, end = nullptr;  // around each step
+  StepPhases phases;                           // -pt 1
   double total_ms = 0.0;
   long timed_tokens = 0;
   int timed_steps = 0, skipped_updates = 0;
@@ -14564,6 +14643,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   }
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));
+  step_phases_setup(r.phases, a.multi_gpu.step_phases != 0, r.end);
   cudaCheck(cudaEventCreateWithFlags(&r.losses_copied, cudaEventDisableTiming));
   cudaCheck(cudaMallocHost(&r.micro_losses, (size_t)r.stages.max_step_tokens_per_process(a.B, r.mg.world) *
                                                 sizeof(float)));
@@ -14680,6 +14760,8 @@ float train_dloss(const TrainRun& r) {
 bool train_step(TrainRun& r, int step) {
   const TrainArgs& a = r.a;
   GPT2& m = r.m;
+  const bool timed = step >= tuning_steps(m);  // the first steps include setup and tuning
+  step_phases_start(r.phases, timed);
   cudaCheck(cudaEventRecord(r.start, m.stream));
   gpt2_zero_grad(m);
   const int T = r.step.T, micro_steps = r.step.micro_steps, N = a.B * T;
@@ -14691,7 +14773,9 @@ bool train_step(TrainRun& r, int step) {
     cudaCheck(cudaEventRecord(r.losses_copied, m.stream));
     gpt2_backward(m, a.B, T, micro == micro_steps - 1, r.grads_final);
   }
+  step_phase_end(r.phases, kPhaseMicroSteps, m.stream);
   multi_gpu_reduce_grads(r.mg, m);
+  step_phase_end(r.phases, kPhaseReduction, m.stream);
   cudaCheck(cudaEventSynchronize(r.losses_copied));  // the GPU is still in the last backward
   double loss_sum = 0.0;  // each micro step's mean, as gpt2_classifier returns it
   for (int micro = 0; micro < micro_steps; micro++) {
@@ -14708,21 +14792,27 @@ bool train_step(TrainRun& r, int step) {
   s.norm_score = r.norm_outliers.update_and_score(s.norm);
   s.spike = s.finite && ((a.loss_z > 0 && r.loss_outliers.is_spike(s.loss_score)) ||
                          (a.norm_z > 0 && r.norm_outliers.is_spike(s.norm_score)));
+  step_phase_end(r.phases, kPhaseLossNorm, m.stream);
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
     const float lr_fraction = a.lr > 0.0f ? (float)(lr / a.lr) : 0.0f;
-    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.muon_spread);
+    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.muon_spread, r.phases.ends[kPhaseMuon]);
+    step_phase_end(r.phases, kPhaseAdamW, m.stream);
     multi_gpu_gather_params(r.mg, m);
   } else {
+    step_phase_end(r.phases, kPhaseMuon, m.stream);
+    step_phase_end(r.phases, kPhaseAdamW, m.stream);
     r.skipped_updates++;
     m.adamw_grads_kept = false;  // the gradients of a skipped update are dropped, kept ones too
     if (step == m.untie_step) gpt2_untie_embedding_state(m);  // the untie does not wait for an update
   }
+  step_phase_end(r.phases, kPhaseGather, m.stream);
   multi_gpu_fp8_end_step(r.mg, m, s.finite && !s.spike);
   cudaCheck(cudaEventRecord(r.end, m.stream));
   cudaCheck(cudaEventSynchronize(r.end));
   cudaCheck(cudaEventElapsedTime(&s.ms, r.start, r.end));
-  if (step >= tuning_steps(m)) {  // the first steps include setup and tuning
+  step_phases_add(r.phases, r.start, timed);
+  if (timed) {
     r.total_ms += s.ms;
     r.timed_tokens += r.step.tokens;
     r.timed_steps++;
@@ -14799,6 +14889,7 @@ bool print_run_end(TrainRun& r, int final_step) {
   multi_gpu_sum(r.mg, &first, 1, r.m.stream);
   double differing = (uint32_t)first == checksum ? 0.0 : 1.0;
   multi_gpu_sum(r.mg, &differing, 1, r.m.stream);
+  print_step_phases(r.phases, r.timed_steps, r.mg.rank, r.mg.world);
   if (r.mg.rank != 0) return differing == 0.0;
   if (r.timed_steps > 0) {
     printf("average %.2f ms per step, %.0f tok/s\n", r.total_ms / r.timed_steps,
@@ -14904,6 +14995,7 @@ int train_main(int argc, char** argv) {
     checkpoint_teardown(r.checkpoints, r.m);
     cudaCheck(cudaEventDestroy(r.start));
     cudaCheck(cudaEventDestroy(r.end));
+    step_phases_free(r.phases);
     cudaCheck(cudaEventDestroy(r.losses_copied));
     cudaCheck(cudaFreeHost(r.micro_losses));
   }
