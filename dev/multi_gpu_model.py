@@ -1,0 +1,147 @@
+"""The step of N data-parallel processes predicted from train_gpt2cu's step phases (-pt 1) on one GPU
+and on two.
+
+    python3 dev/multi_gpu_model.py --one LOG --two LOG --muon_params P [--gpus 8]
+                                   [--check_one LOG --check_muon_params P [--check_two LOG]]
+
+LOG is the output of a train_gpt2cu run with -pt 1: --one of one process, --two of two (mpirun -np 2,
+a phases line for each rank), the same recipe and tokens a step. P is the count of the parameters Muon
+updates (the blocks' matrices: 12 x 12 x 768^2 = 84,934,656 for d12). The model, for N processes each
+running its 1/N of the step's micro steps:
+
+  compute    u / N            u: the one-process log's micro steps
+  reduction  2 (N-1)/N S / W  an all-reduce of the S bytes of BF16 gradients; W, its bus bandwidth, is
+                              S over the two-process log's shortest reduction (the rank that did not
+                              wait for the other)
+  loss, norm l                replicated
+  Muon       D/N + R + (N-1)/N S_m / W
+                              D: the orthogonalisation, divided among the processes; R: the momentum
+                              and the update's application, replicated; then the broadcast of the
+                              others' shares (S_m: the Muon parameters' BF16 bytes). D + R is the one-process
+                              Muon, D/2 + R + S_m / 2W the two-process one (the mean of the ranks)
+  AdamW      a                replicated
+
+and two schemes it does not run yet: "divided", every optimizer's work divided among the processes
+(Muon (D + R)/N, AdamW a/N) with a reduce-scatter and an all-gather of the parameters (the all-reduce's
+bytes); "divided, gather hidden", the same with the all-gather overlapped by the next step's forward
+pass. Scaling is the one-process step (the log's average) over the prediction.
+
+--check_one applies the fitted W and R (as a cost per Muon parameter) to another recipe's one-process
+log, predicts its two-process step, and with --check_two prints the measured one beside it.
+"""
+import argparse
+import os
+import re
+import sys
+
+PHASES = ("micro steps", "gradient reduction", "loss and norm", "Muon", "AdamW", "parameter gather", "rest")
+BYTES_PER_PARAMETER = 2  # BF16 gradients and parameters
+
+
+def fail(message):
+    print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def read_log(path, processes):
+    """{'parameters', 'average', 'ranks': [{phase: ms}]} of a train_gpt2cu -pt 1 log of `processes`."""
+    try:
+        text = open(path).read()
+    except OSError as e:
+        fail(f"{path}: {e.strerror}: give the output of a train_gpt2cu run")
+    found = re.search(r"^\| parameters\s+\| (\d+)", text, re.M)
+    average = re.search(r"^average ([\d.]+) ms per step", text, re.M)
+    ranks = {}
+    for m in re.finditer(r"^step phases \(rank (\d+) of (\d+), ms, mean of \d+ timed steps\): (.*)$", text, re.M):
+        if int(m.group(2)) != processes:
+            fail(f"{path}: a run of {m.group(2)} processes, expected {processes}")
+        ranks[int(m.group(1))] = {name.strip(): float(ms) for name, ms in
+                                  re.findall(r"([a-zA-Z ,]+?) ([\d.]+)(?: \||$)", m.group(3))}
+    if not found or not average or len(ranks) != processes:
+        fail(f"{path}: no parameter count, average step or phases line of each of {processes} ranks: give "
+             "the whole output of a train_gpt2cu run with -pt 1 and timed steps")
+    for r, phases in ranks.items():
+        missing = [p for p in PHASES if p not in phases]
+        if missing:
+            fail(f"{path}: rank {r}'s phases line lacks {', '.join(missing)}")
+    return {"parameters": int(found.group(1)), "average": float(average.group(1)),
+            "ranks": [ranks[r] for r in sorted(ranks)]}
+
+
+def fit(one, two, muon_params):
+    """The model's constants from a one-process and a two-process log of one recipe."""
+    if one["parameters"] != two["parameters"]:
+        fail(f"the logs are of models of {one['parameters']} and {two['parameters']} parameters: give one recipe's")
+    p = one["ranks"][0]
+    grad_bytes = one["parameters"] * BYTES_PER_PARAMETER
+    reduction = min(r["gradient reduction"] for r in two["ranks"])
+    bandwidth = grad_bytes / (reduction / 1e3)  # bytes/s, all-reduce bus bandwidth (2 (N-1)/N = 1)
+    muon_bytes = muon_params * BYTES_PER_PARAMETER
+    broadcast = muon_bytes / 2 / bandwidth * 1e3
+    muon_two = sum(r["Muon"] for r in two["ranks"]) / len(two["ranks"])
+    divided = 2 * (p["Muon"] - muon_two + broadcast)
+    return {"bandwidth": bandwidth, "divided": divided, "replicated": p["Muon"] - divided,
+            "replicated_per_param": (p["Muon"] - divided) / muon_params}
+
+
+def predict(one, k, n, muon_params, scheme):
+    """The step (ms) of n processes under `scheme` ("today", "divided" or "hidden"), and its parts."""
+    p = one["ranks"][0]
+    grad_bytes = one["parameters"] * BYTES_PER_PARAMETER
+    all_reduce = 2 * (n - 1) / n * grad_bytes / k["bandwidth"] * 1e3
+    broadcast = (n - 1) / n * muon_params * BYTES_PER_PARAMETER / k["bandwidth"] * 1e3
+    replicated = k["replicated_per_param"] * muon_params
+    divided = p["Muon"] - replicated
+    parts = {"compute": p["micro steps"] / n, "loss and norm": p["loss and norm"]}
+    if scheme == "today":
+        parts.update({"reduction": all_reduce, "Muon": divided / n + replicated + broadcast, "AdamW": p["AdamW"]})
+    else:
+        exposed = all_reduce if scheme == "divided" else all_reduce / 2  # the gather's half hidden
+        parts.update({"reduction": exposed, "Muon": p["Muon"] / n, "AdamW": p["AdamW"] / n})
+    return sum(parts.values()), parts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--one", required=True, help="train_gpt2cu -pt 1 output, one process")
+    ap.add_argument("--two", required=True, help="the same recipe's, two processes")
+    ap.add_argument("--muon_params", type=int, required=True, help="parameters Muon updates")
+    ap.add_argument("--gpus", type=int, default=8, help="the process count to predict")
+    ap.add_argument("--check_one", help="another recipe's one-process output, whose two-process step is predicted")
+    ap.add_argument("--check_two", help="its two-process output, the measurement set beside the prediction")
+    ap.add_argument("--check_muon_params", type=int, help="its Muon parameters")
+    a = ap.parse_args(argv)
+    if a.gpus < 2:
+        fail(f"--gpus {a.gpus}: give 2 or more")
+    if a.muon_params <= 0 or (a.check_muon_params is not None and a.check_muon_params <= 0):
+        fail("--muon_params and --check_muon_params: give the count of the parameters Muon updates, above 0")
+    if a.check_one and a.check_muon_params is None:
+        fail("--check_one needs --check_muon_params")
+    if a.check_two and not a.check_one:
+        fail("--check_two needs --check_one")
+    one, two = read_log(a.one, 1), read_log(a.two, 2)
+    k = fit(one, two, a.muon_params)
+    print(f"fitted: all-reduce bus bandwidth {k['bandwidth'] / 1e9:.1f} GB/s; Muon {k['divided']:.3f} ms divided, "
+          f"{k['replicated']:.3f} ms replicated on one process")
+    print(f"measured: 1 process {one['average']:.2f} ms, 2 processes {two['average']:.2f} ms "
+          f"(x{one['average'] / two['average']:.3f})")
+    for scheme, label in (("today", "today (all-reduce, optimizers replicated)"),
+                          ("divided", "divided optimizers (reduce-scatter, all-gather)"),
+                          ("hidden", "divided, the all-gather hidden")):
+        for n in sorted({2, a.gpus}):
+            step, parts = predict(one, k, n, a.muon_params, scheme)
+            detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
+            print(f"{label}, {n} processes: {step:.2f} ms (x{one['average'] / step:.3f}): {detail}")
+    if a.check_one:
+        other = read_log(a.check_one, 1)
+        step, parts = predict(other, k, 2, a.check_muon_params, "today")
+        detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
+        line = f"check, {a.check_one} on 2 processes: predicted {step:.2f} ms ({detail})"
+        if a.check_two:
+            measured = read_log(a.check_two, 2)["average"]
+            line += f"; measured {measured:.2f} ms ({(step / measured - 1) * 100:+.1f}%)"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Tests dev/multi_gpu_model.py without a GPU on logs fabricated in train_gpt2cu's formats (-pt 1):
+# the fitted bandwidth and Muon split, each scheme's prediction worked by hand, the check of another
+# recipe, and one-line errors for a log without phases and a bad flag. Scratch: build/test_tmp/multi_gpu_model.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DIR=build/test_tmp/multi_gpu_model
+rm -rf "$DIR"
+mkdir -p "$DIR"
+source "$(dirname "$0")/lib.sh"
+PY=${PYTHON:-python3}
+
+phases() {  # rank world micro reduction muon adamw
+  echo "step phases (rank $1 of $2, ms, mean of 10 timed steps): micro steps $3 | gradient reduction $4 | loss and" \
+       "norm 0.200 | Muon $5 | AdamW $6 | parameter gather 0.003 | rest 0.003 | host between steps 0.050"
+}
+# 1e9 parameters (2 GB of gradients); two ranks, the one that did not wait reducing them in 10 ms: 200 GB/s.
+{ echo "| parameters                    | 1000000000   |"; phases 0 1 800 0.003 4 2; echo "average 806.20 ms per step"; } > "$DIR/one.log"
+{ echo "| parameters                    | 1000000000   |"; phases 1 2 390 20 3 2; phases 0 2 400 10 3 2
+  echo "average 415.20 ms per step"; } > "$DIR/two.log"
+out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --muon_params 100000000 2>&1)
+check "runs" "$?" 0
+# Muon's broadcast of 1e8 BF16 parameters, half a process: 0.5 ms; D = 2 (4 - 3 + 0.5) = 3, R = 1.
+check "fitted" "$(sed -n 1p <<< "$out")" \
+  "fitted: all-reduce bus bandwidth 200.0 GB/s; Muon 3.000 ms divided, 1.000 ms replicated on one process"
+# 8 processes: compute 100, all-reduce 2 (7/8) 2e9 / 2e11 = 17.5, Muon 3/8 + 1 + (7/8) 2e8 / 2e11 = 2.25, AdamW 2.
+check "today, 8 processes" "$(grep -c '^today (all-reduce, optimizers replicated), 8 processes: 121.95 ms (x6.611): compute 100.000, loss and norm 0.200, reduction 17.500, Muon 2.250, AdamW 2.000$' <<< "$out")" 1
+check "divided, 8 processes: Muon 4/8, AdamW 2/8" "$(grep -c '^divided optimizers (reduce-scatter, all-gather), 8 processes: 118.45 ms .*Muon 0.500, AdamW 0.250$' <<< "$out")" 1
+check "divided with the gather hidden: half the all-reduce's time" "$(grep -c '^divided, the all-gather hidden, 8 processes: 109.70 ms .*reduction 8.750,' <<< "$out")" 1
+# Another recipe: half the parameters, the same Muon parameters (R = 1 of its Muon 5: D = 4).
+{ echo "| parameters                    | 500000000   |"; phases 0 1 600 0.003 5 1; echo "average 606.20 ms per step"; } > "$DIR/other_one.log"
+{ echo "| parameters                    | 500000000   |"; phases 0 2 303 5 4 1; phases 1 2 300 8 4 1; echo "average 313.30 ms per step"; } > "$DIR/other_two.log"
+out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --muon_params 100000000 --gpus 4 \
+  --check_one "$DIR/other_one.log" --check_two "$DIR/other_two.log" --check_muon_params 100000000 2>&1)
+# 300 + 0.2 + 5 (1e9 bytes at 200 GB/s) + (4/2 + 1 + 0.5) + 1 = 309.70; measured 313.30: -1.1%.
+check "check: the other recipe's two-process step" "$(tail -1 <<< "$out" | grep -c 'on 2 processes: predicted 309.70 ms (.*reduction 5.000, Muon 3.500, AdamW 1.000); measured 313.30 ms (-1.1%)$')" 1
+check "--gpus 4: predictions for 2 and 4 processes" "$(grep -c ', 4 processes: ' <<< "$out"):$(grep -c ', 8 processes: ' <<< "$out")" 3:0
+err=$("$PY" dev/multi_gpu_model.py --one "$DIR/other_two.log" --two "$DIR/two.log" --muon_params 1 2>&1 >/dev/null)
+check "a two-process log as --one: exit 1, one line naming it" "$?:$(wc -l <<< "$err"):$(grep -c "other_two.log: a run of 2 processes, expected 1" <<< "$err")" 1:1:1
+echo "average 1.0 ms per step" > "$DIR/bare.log"
+err=$("$PY" dev/multi_gpu_model.py --one "$DIR/bare.log" --two "$DIR/two.log" --muon_params 1 2>&1 >/dev/null)
+check "a log without -pt 1's lines: exit 1, one line naming it" "$?:$(wc -l <<< "$err"):$(grep -c "bare.log: no parameter count, average step or phases line" <<< "$err")" 1:1:1
+err=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --muon_params 1 --gpus 1 2>&1 >/dev/null)
+check "--gpus 1: exit 1, one line" "$?:$(wc -l <<< "$err")" 1:1
+finish test_multi_gpu_model
