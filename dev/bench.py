@@ -3,7 +3,8 @@ recipe measured for this model, which the table's header line spells out), side 
 run on one machine.
 
     python3 dev/bench.py OUTDIR [--configs d12:64,d48:8] [--steps 20] [--gpus 1] [--peer 1] [--peer_flags F]
-                         [--fp8 MODE] [--recipe gpt2|modern] [--batch_tokens N] [--peer_micro_batch B]
+                         [--fp8 MODE] [--recipe gpt2|modern|speedrun] [--batch_tokens N] [--peer_micro_batch B]
+                         [--train GLOB]
 
 For each config PRESET:B (micro batch B at T=1024 unless --seq_len says otherwise) it trains both
 on the same random-token shard for --steps steps with the recipe --recipe names (its architecture
@@ -16,9 +17,19 @@ table: tokens/s of each, their ratio, ms/step, MFU against the dense BF16 peak, 
 over our one-GPU run. With --fp8 MODE each config gets a second row: ours with -fp8 MODE against
 the peer's FP8 recipe (train_gpt2.py --fp8 1: torch._scaled_mm in the same layers), with a column
 for ours against the BF16 peer too; MFU stays counted on the BF16 FLOPs. Each program's output is
-kept in OUTDIR.
+kept in OUTDIR, ours with its step phases (-pt 1: where each rank's time went).
+
+--train GLOB: ours trains on those shards (quote the glob) in place of random tokens (the peer's
+benchmark always takes random tokens). The speedrun recipe needs it (its sequences are packed
+documents) and runs without the peer (--peer 0: its PyTorch reference is record #28's script,
+which dev/bench_quality.py runs); its MFU is left out, its attention's work depending on the
+documents and windows (each step line of ours prints it):
+
+    python3 dev/bench.py OUT --recipe speedrun --peer 0 --configs d12:1 --seq_len 49152 \
+        --batch_tokens 393216 --gpus 2 --train 'DATA/train_*.bin'
 """
 import argparse
+import glob
 import os
 import re
 import subprocess
@@ -33,7 +44,7 @@ import numpy as np  # noqa: E402
 SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
 VOCAB_SIZE = 50257
 PEAK_FLOPS = 989e12  # dense BF16 of an H100/H200 SXM, as in train_gpt2.cu
-RECIPES = ("gpt2", "modern")
+RECIPES = ("gpt2", "modern", "speedrun")
 FP8_MODES = (0, 1, 2)  # ours' -fp8: off, current scaling, delayed scaling
 PRESET_LAYERS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": (48, 1600)}
 
@@ -111,7 +122,7 @@ def run_ours(args, preset, B, shard, gpus, log_path, fp8=0):
     T = args.seq_len
     cmd = [args.trainer, "-recipe", args.recipe, "-i", shard, "-j", shard, "-e", preset, "-b", str(B),
            "-t", str(T), "-z", str(args.batch_tokens or B * T * gpus), "-x", str(args.steps), "-v", "0",
-           "-s", "0", "-n", "0", "-u", "0", "-r", str(args.recompute), "-fp8", str(fp8)]
+           "-s", "0", "-n", "0", "-u", "0", "-r", str(args.recompute), "-fp8", str(fp8), "-pt", "1"]
     env = None
     if gpus > 1:
         cmd = ["mpirun", "-np", str(gpus), "--allow-run-as-root", "--bind-to", "none"] + cmd
@@ -165,6 +176,7 @@ def parse_args(argv=None):
     p.add_argument("--recipe", default="gpt2", choices=RECIPES, help="both programs' recipe")
     p.add_argument("--batch_tokens", type=int, default=0, help="tokens a step (default: one micro batch)")
     p.add_argument("--peer_micro_batch", type=int, default=0, help="the peer's micro batch (default: B)")
+    p.add_argument("--train", default="", help="glob of shards ours trains on in place of random tokens (quote it)")
     p.add_argument("--trainer", default="./train_gpt2cu")
     p.add_argument("--python", default=sys.executable)
     return p.parse_args(argv)
@@ -182,6 +194,13 @@ def check_args(args, configs):
                      f"{micro}*{args.seq_len} for {preset}:{B}; pick a multiple")
     if args.steps < 3:
         fail(f"--steps {args.steps}: need at least 3 (the first steps are not timed)")
+    if args.recipe == "speedrun" and args.peer:
+        fail("--recipe speedrun: its PyTorch reference is record #28's script, which dev/bench_quality.py runs; "
+             "give --peer 0")
+    if args.recipe == "speedrun" and not args.train:
+        fail("--recipe speedrun trains on packed documents, which random tokens lack: give --train 'DATA/*.bin'")
+    if args.train and not glob.glob(args.train):
+        fail(f"--train {args.train}: no files match; check the path, or prepare the data first (see README.md)")
 
 
 def main():
@@ -191,9 +210,11 @@ def main():
     if not os.access(args.trainer, os.X_OK):
         fail(f"{args.trainer} is not an executable: build it with `make train_gpt2cu` or pass --trainer")
     os.makedirs(args.outdir, exist_ok=True)
-    shard = os.path.join(args.outdir, "random_tokens.bin")
-    largest = max(max(B for _, B in configs) * args.seq_len * max(args.gpus, 1), args.batch_tokens)
-    write_random_shard(shard, largest * 4 + 1, seed=1234)
+    shard = args.train
+    if not shard:
+        shard = os.path.join(args.outdir, "random_tokens.bin")
+        largest = max(max(B for _, B in configs) * args.seq_len * max(args.gpus, 1), args.batch_tokens)
+        write_random_shard(shard, largest * 4 + 1, seed=1234)
 
     rows, recipes = [], set()
     for preset, B in configs:
@@ -223,7 +244,7 @@ def main():
     print(head)
     bf16_peer = {}  # (preset, B): the BF16 peer's tokens/s, for the FP8 rows' last column
     for preset, B, fp8, ours, peer, multi in rows:
-        fpt = flops_per_token(preset, args.seq_len, args.recipe)
+        fpt = flops_per_token(preset, args.seq_len, args.recipe) if args.recipe != "speedrun" else None
         o_ms, o_tps, o_mem = ours or (None, None, None)
         p_ms, p_tps, p_mem = peer or (None, None, None)
         ratio = o_tps / p_tps if o_tps and p_tps else None
@@ -232,8 +253,8 @@ def main():
         config = f"{preset}:{B}" + (f" fp8 {fp8}" if fp8 else "")
         line = (f"{config:>16} {fmt(o_tps, '{:.0f}'):>11} {fmt(p_tps, '{:.0f}'):>11} "
                 f"{fmt(ratio, '{:.2f}'):>6} {fmt(o_ms, '{:.1f}'):>8} {fmt(p_ms, '{:.1f}'):>8} "
-                f"{fmt(o_tps and 100 * o_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
-                f"{fmt(p_tps and 100 * p_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
+                f"{fmt(o_tps and fpt and 100 * o_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
+                f"{fmt(p_tps and fpt and 100 * p_tps * fpt / PEAK_FLOPS, '{:.1f}%'):>8} "
                 f"{fmt(o_mem, '{}'):>9} {fmt(p_mem, '{}'):>9}")
         if args.fp8:
             against = bf16_peer.get((preset, B))

@@ -2,7 +2,8 @@
 # Tests dev/bench.py's table without a GPU: a stand-in trainer and a stand-in peer print the
 # summary lines the real programs print (ours faster with -fp8 2, the peer faster with --fp8 1),
 # and the table must show each row's numbers, the ratios against the peer of the same precision
-# and against the BF16 peer, and each program must have been given the precision of its row.
+# and against the BF16 peer, and each program must have been given the precision of its row; the
+# speedrun's row is ours alone on --train's shards, without MFU, and its refusals are one line each.
 # Scratch files go to build/test_tmp/bench.
 #
 #   bash dev/test/test_bench.sh     (BENCH_PYTHON=... to pick the python with numpy)
@@ -68,5 +69,23 @@ check "... its row shows no numbers" "$(echo "$out" | grep -E '^ *d12:64 fp8 2 '
 
 out=$(bench --configs d12:64 --fp8 3 2>&1)
 check "--fp8 3 is refused" "$?:$(echo "$out" | grep -c 'invalid choice')" "2:1"
+
+# The speedrun: ours alone on the shards --train names, its step phases asked for, no MFU.
+: > "$DIR/calls.txt"
+printf 'tokens' > "$DIR/train_000.bin"
+out=$(bench --recipe speedrun --peer 0 --configs d12:1 --seq_len 512 --batch_tokens 1024 \
+  --train "$DIR/train_*.bin" 2>&1)
+check "--recipe speedrun --peer 0 --train: exit 0, ours alone" "$?:$(grep -c '^peer' "$DIR/calls.txt")" "0:0"
+check "ours read --train's shards, with -pt 1" \
+  "$(grep -c -e "-recipe speedrun -i $DIR/train_\*.bin .*-pt 1" "$DIR/calls.txt")" 1
+check "the speedrun's row: no MFU, no peer" "$(row d12:1 | cut -d' ' -f2-8)" "600000 - - 100.0 - - -"
+err=$(bench --recipe speedrun --configs d12:1 --train "$DIR/train_*.bin" 2>&1 >/dev/null)
+check "--recipe speedrun with the peer: exit 1, one line naming --peer 0" \
+  "$?:$(wc -l <<< "$err"):$(grep -c 'give --peer 0' <<< "$err")" 1:1:1
+err=$(bench --recipe speedrun --peer 0 --configs d12:1 2>&1 >/dev/null)
+check "--recipe speedrun without --train: exit 1, one line" "$?:$(wc -l <<< "$err"):$(grep -c 'give --train' <<< "$err")" 1:1:1
+err=$(bench --configs d12:64 --train "$DIR/none_*.bin" 2>&1 >/dev/null)
+check "--train matching nothing: exit 1, one line naming it" \
+  "$?:$(wc -l <<< "$err"):$(grep -c "none_\*.bin: no files match" <<< "$err")" 1:1:1
 
 finish test_bench
