@@ -3016,7 +3016,10 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
     kept = {}  # AdamW's tensors' gradients since its last update (--adam_every)
-    at_bf16_weights = gradients_at_bf16_weights(model, x, y, params, args, autocast)
+    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
+                                    args.muon_qk_heads if muon else 0, args.adam_rows)
+    version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
+    at_bf16_weights = gradients_at_bf16_weights(model, x, y, params, args, autocast) if version4 else []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
     for step in range(args.debug_steps):
@@ -3057,9 +3060,6 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     if model.yarn:
         set_yarn(model, *yarn_base(model))
 
-    settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
-                                    args.muon_qk_heads if muon else 0, args.adam_rows)
-    version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     version = DEBUG_STATE_VERSION_BF16_WEIGHTS if version4 else DEBUG_STATE_VERSION
     header = np.zeros(HEADER_INTS, np.int32)
     header[:6] = [DEBUG_STATE_MAGIC, version, B, T, args.debug_steps, config.vocab_size]
@@ -3098,7 +3098,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             f.write(t.numpy().astype(np.int32).tobytes())
         for t in first:
             f.write(t.float().numpy().tobytes())
-        for t in at_bf16_weights if version4 else []:
+        for t in at_bf16_weights:
             f.write(t.float().numpy().tobytes())
         f.write(np.array(losses, np.float32).tobytes())
     print(f"wrote {out_dir}/gpt2_{name}.bin, gpt2_{name}_bf16.bin and gpt2_{name}{kind}_debug_state.bin")
