@@ -21,10 +21,12 @@ running its 1/N of the step's micro steps:
                               Muon, D/2 + R + S_m / 2W the two-process one (the mean of the ranks)
   AdamW      a                replicated
 
-and two schemes it does not run yet: "divided", every optimizer's work divided among the processes
-(Muon (D + R)/N, AdamW a/N) with a reduce-scatter and an all-gather of the parameters (the all-reduce's
-bytes); "divided, gather hidden", the same with the all-gather overlapped by the next step's forward
-pass. Scaling is the one-process step (the log's average) over the prediction.
+and schemes with every optimizer's work divided among the processes (Muon (D + R)/N, AdamW a/N):
+"divided after the all-reduce", each process's new parameters broadcast to the others after the
+whole gradient's all-reduce ((N-1)/N S / W more); "divided", a reduce-scatter
+and an all-gather of the parameters (the all-reduce's bytes); "divided, gather hidden", the same
+with the all-gather overlapped by the next step's forward pass. Scaling is the one-process step
+(the log's average) over the prediction.
 
 --check_one applies the fitted W and R (as a cost per Muon parameter) to another recipe's one-process
 log, predicts its two-process step, and with --check_two prints the measured one beside it.
@@ -85,7 +87,8 @@ def fit(one, two, muon_params):
 
 
 def predict(one, k, n, muon_params, scheme):
-    """The step (ms) of n processes under `scheme` ("today", "divided" or "hidden"), and its parts."""
+    """The step (ms) of n processes under `scheme` ("today", "after_all_reduce", "divided" or "hidden"),
+    and its parts."""
     p = one["ranks"][0]
     grad_bytes = one["parameters"] * BYTES_PER_PARAMETER
     all_reduce = 2 * (n - 1) / n * grad_bytes / k["bandwidth"] * 1e3
@@ -96,7 +99,7 @@ def predict(one, k, n, muon_params, scheme):
     if scheme == "today":
         parts.update({"reduction": all_reduce, "Muon": divided / n + replicated + broadcast, "AdamW": p["AdamW"]})
     else:
-        exposed = all_reduce if scheme == "divided" else all_reduce / 2  # the gather's half hidden
+        exposed = {"after_all_reduce": 1.5 * all_reduce, "divided": all_reduce, "hidden": all_reduce / 2}[scheme]
         parts.update({"reduction": exposed, "Muon": p["Muon"] / n, "AdamW": p["AdamW"] / n})
     return sum(parts.values()), parts
 
@@ -126,6 +129,7 @@ def main(argv=None):
     print(f"measured: 1 process {one['average']:.2f} ms, 2 processes {two['average']:.2f} ms "
           f"(x{one['average'] / two['average']:.3f})")
     for scheme, label in (("today", "today (all-reduce, optimizers replicated)"),
+                          ("after_all_reduce", "divided optimizers after the all-reduce"),
                           ("divided", "divided optimizers (reduce-scatter, all-gather)"),
                           ("hidden", "divided, the all-gather hidden")):
         for n in sorted({2, a.gpus}):

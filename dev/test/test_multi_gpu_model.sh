@@ -25,6 +25,8 @@ check "fitted" "$(sed -n 1p <<< "$out")" \
   "fitted: all-reduce bus bandwidth 200.0 GB/s; Muon 3.000 ms divided, 1.000 ms replicated on one process"
 # 8 processes: compute 100, all-reduce 2 (7/8) 2e9 / 2e11 = 17.5, Muon 3/8 + 1 + (7/8) 2e8 / 2e11 = 2.25, AdamW 2.
 check "today, 8 processes" "$(grep -c '^today (all-reduce, optimizers replicated), 8 processes: 121.95 ms (x6.611): compute 100.000, loss and norm 0.200, reduction 17.500, Muon 2.250, AdamW 2.000$' <<< "$out")" 1
+check "divided after the all-reduce, 8 processes: the parameters' gather after it (half its time)" \
+  "$(grep -c '^divided optimizers after the all-reduce, 8 processes: 127.20 ms .*reduction 26.250, Muon 0.500, AdamW 0.250$' <<< "$out")" 1
 check "divided, 8 processes: Muon 4/8, AdamW 2/8" "$(grep -c '^divided optimizers (reduce-scatter, all-gather), 8 processes: 118.45 ms .*Muon 0.500, AdamW 0.250$' <<< "$out")" 1
 check "divided with the gather hidden: half the all-reduce's time" "$(grep -c '^divided, the all-gather hidden, 8 processes: 109.70 ms .*reduction 8.750,' <<< "$out")" 1
 # Another recipe: half the parameters, the same Muon parameters (R = 1 of its Muon 5: D = 4).
@@ -34,7 +36,7 @@ out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --m
   --check_one "$DIR/other_one.log" --check_two "$DIR/other_two.log" --check_muon_params 100000000 2>&1)
 # 300 + 0.2 + 5 (1e9 bytes at 200 GB/s) + (4/2 + 1 + 0.5) + 1 = 309.70; measured 313.30: -1.1%.
 check "check: the other recipe's two-process step" "$(tail -1 <<< "$out" | grep -c 'on 2 processes: predicted 309.70 ms (.*reduction 5.000, Muon 3.500, AdamW 1.000); measured 313.30 ms (-1.1%)$')" 1
-check "--gpus 4: predictions for 2 and 4 processes" "$(grep -c ', 4 processes: ' <<< "$out"):$(grep -c ', 8 processes: ' <<< "$out")" 3:0
+check "--gpus 4: predictions for 2 and 4 processes" "$(grep -c ', 4 processes: ' <<< "$out"):$(grep -c ', 8 processes: ' <<< "$out")" 4:0
 err=$("$PY" dev/multi_gpu_model.py --one "$DIR/other_two.log" --two "$DIR/two.log" --muon_params 1 2>&1 >/dev/null)
 check "a two-process log as --one: exit 1, one line naming it" "$?:$(wc -l <<< "$err"):$(grep -c "other_two.log: a run of 2 processes, expected 1" <<< "$err")" 1:1:1
 echo "average 1.0 ms per step" > "$DIR/bare.log"
