@@ -9066,16 +9066,46 @@ inline MuonShare muon_share(int count, int rank, int world) {
   return {(int)((int64_t)count * rank / world), (int)((int64_t)count * (rank + 1) / world)};
 }
 
-// Muon's orthogonalisation spread over the `world` processes of a data-parallel run (this one is
-// `rank`): gather(x, matrix_elements, count, stream) fills the slots [0, count) of updates x that
-// the other processes orthogonalised (their muon_share) with their bits, in place.
-// With ZeRO-1, gather_shards(buffer, shard_size, stream) fills each of the `world` shards of
-// buffer [world * shard_size] with its process's, in place.
-struct MuonSpread {
+// A contiguous run of elements [begin, begin + count) of an array that process `owner` updates
+// and the others take from it.
+struct OwnedRun {
+  size_t begin, count;
+  int owner;
+};
+
+// The optimizers' work spread over the `world` processes of a data-parallel run (this one is
+// `rank`). Muon's orthogonalisation always: gather(x, matrix_elements, count, stream) fills the
+// slots [0, count) of updates x that the other processes orthogonalised (their muon_share) with
+// their bits, in place. With ZeRO-1, gather_shards(buffer, shard_size, stream) fills each of the
+// `world` shards of buffer [world * shard_size] with its process's, in place.
+// divided (-od 1, without ZeRO): each process steps its share of every Muon group and its slice of
+// every large AdamW tensor alone (adamw_owned_part), and share_params(params, runs, stream) then
+// gives every process each run of the parameters from its owner; the state of a run (moments,
+// momentum, master weights) is current on its owner alone (multi_gpu_share_state).
+struct OptimizerSpread {
   int rank = 0, world = 1;
   std::function<void(__nv_bfloat16* x, size_t matrix_elements, int count, cudaStream_t stream)> gather;
   std::function<void(floatX* buffer, size_t shard_size, cudaStream_t stream)> gather_shards;
+  bool divided = false;
+  std::function<void(floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream)> share_params;
 };
+
+// -od 1: the part [begin, end) of an AdamW tensor of `size` elements that process `rank` of
+// `world` steps: contiguous parts in order, cut at multiples of 64 elements (the kernel's 16-byte
+// pieces stay aligned). A tensor under kAdamWDividedMin elements a process is stepped whole by
+// every process: its update costs less than a collective.
+constexpr size_t kAdamWDividedMin = 1 << 16;
+constexpr size_t kAdamWPartAlign = 64;
+
+struct OwnedPart {
+  size_t begin, end;
+};
+
+inline OwnedPart adamw_owned_part(size_t size, int rank, int world) {
+  if (size < kAdamWDividedMin * world) return {0, size};
+  auto cut = [&](int r) { return r == world ? size : size * r / world / kAdamWPartAlign * kAdamWPartAlign; };
+  return {cut(rank), cut(rank + 1)};
+}
 
 // One Muon step for a whole group, its orthogonalisation spread (matrix i in slot i, so the
 // workspace holds the group). Every process updates the momentum of every matrix (elementwise
@@ -9085,9 +9115,20 @@ struct MuonSpread {
 // momentum), so that every process keeps the same parameters and master weights. The bits do not
 // depend on which process orthogonalised a matrix where cuBLASLt runs the group's algorithm for a
 // share (muon_product); one process runs muon_update's kernels.
+// spread.divided: the process runs every stage on its share alone, from the momentum to the new
+// parameters, and the caller shares the parameters (OptimizerSpread::share_params).
 void muon_update_spread(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
-                        const MuonSpread& spread, cudaStream_t stream) {
+                        const OptimizerSpread& spread, cudaStream_t stream) {
   const MuonShare share = muon_share(g.count, spread.rank, spread.world);
+  if (spread.divided) {
+    const int first = share.begin, batch = share.end - share.begin;
+    if (batch == 0) return;
+    muon_prepare(g, first, batch, hp, ws, first, stream);
+    muon_orthogonalize(g, hp.newton_schulz, first, batch, ws, stream);
+    if (hp.normuon) muon_second_moment(g, first, batch, hp, ws, first, stream);
+    muon_apply(g, first, batch, hp, seed, ws, first, stream);
+    return;
+  }
   muon_prepare(g, 0, g.count, hp, ws, 0, stream);
   if (share.end > share.begin) {
     muon_orthogonalize(g, hp.newton_schulz, share.begin, share.end - share.begin, ws, stream);
@@ -9109,7 +9150,7 @@ struct MuonShard {
 
 // The sharded step's first half, for every matrix of the group: the momentum of the shard's
 // elements stepped and their Nesterov inputs written over their gradients, which the processes
-// then gather whole (MuonSpread::gather_shards).
+// then gather whole (OptimizerSpread::gather_shards).
 void muon_prepare_shard(const MuonGroup& g, const MuonParams& hp, const MuonShard& shard,
                         cudaStream_t stream) {
   const size_t elements = (size_t)g.m * g.n;
@@ -9125,7 +9166,7 @@ void muon_prepare_shard(const MuonGroup& g, const MuonParams& hp, const MuonShar
 // update to its shard's elements alone, with the seeds of the whole step, so that each element
 // gets the bits muon_update_spread gives it.
 void muon_update_sharded(const MuonGroup& g, const MuonParams& hp, uint32_t seed, MuonWorkspace& ws,
-                         const MuonSpread& spread, const MuonShard& shard, cudaStream_t stream) {
+                         const OptimizerSpread& spread, const MuonShard& shard, cudaStream_t stream) {
   REQUIRE(!hp.normuon, "Muon with ZeRO-1: NorMuon's second moments are kept whole on every process, not "
           "sharded (-mn 1 runs with -zs 0)");
   const MuonShare share = muon_share(g.count, spread.rank, spread.world);
@@ -12187,7 +12228,7 @@ void gpt2_adamw_copy_state(GPT2& m) {
 // gathers. Both give every element the same bits for a process count, and a group's matrices
 // the same bits on any process count where cuBLASLt runs the group's algorithm for a share.
 void gpt2_muon_update(GPT2& m, const MuonParams& params, const llmc::TensorMultipliers& tensor_lr,
-                      float lr_fraction, uint32_t seed, const MuonSpread& spread) {
+                      float lr_fraction, uint32_t seed, const OptimizerSpread& spread) {
   if (m.muon_groups.empty()) gpt2_muon_groups(m, tensor_lr);
   const bool moved = has_arrays(m.state_next);
   const OptimizerArrays& arrays = moved ? m.state_next : m.state;
@@ -12248,6 +12289,74 @@ void gpt2_untie_embedding_state(GPT2& m) {
   }
 }
 
+// Appends [begin, begin + count) of `owner` to runs, joined to the last run where it continues it.
+void append_run(std::vector<OwnedRun>* runs, size_t begin, size_t count, int owner) {
+  if (!runs->empty() && runs->back().owner == owner && runs->back().begin + runs->back().count == begin) {
+    runs->back().count += count;
+    return;
+  }
+  runs->push_back({begin, count, owner});
+}
+
+// -od 1: the runs of the parameter buffer that Muon's matrices fill, each of the process whose
+// share of its group holds it (muon_share). With `state` the runs of the momentum instead (NorMuon's
+// second moments are laid out alike), which the tensors' alignment (StateLayout) separates.
+void append_muon_runs(const GPT2& m, int world, std::vector<OwnedRun>* runs, bool state = false) {
+  const StateLayout& layout = m.state_layout;
+  size_t first = 0;
+  for (const MuonGroup& g : m.muon_groups) {
+    const size_t elements = (size_t)g.m * g.n;
+    for (int r = 0; r < world; r++) {
+      const MuonShare share = muon_share(g.count, r, world);
+      for (int j = share.begin; j < share.end; j++) {
+        const size_t offset = m.muon_offsets[first + j];
+        int tensor = 0;  // the tensor holding the matrix
+        while (tensor + 1 < llmc::kNumParamTensors && m.param_offsets[tensor + 1] <= offset) tensor++;
+        append_run(runs, state ? layout.state[tensor] + (offset - layout.begin[tensor]) : offset, elements, r);
+      }
+    }
+    first += g.count;
+  }
+}
+
+// -od 1: the runs of a divided AdamW tensor (adamw_owned_part), in the parameter buffer or (state)
+// in AdamW's moments; none for a tensor every process steps whole.
+void append_adamw_runs(const StateLayout& layout, int tensor, int world, std::vector<OwnedRun>* runs,
+                       bool state = false) {
+  const size_t size = layout.size[tensor];
+  if (world == 1 || adamw_owned_part(size, 0, world).end == size) return;
+  for (int r = 0; r < world; r++) {
+    const OwnedPart part = adamw_owned_part(size, r, world);
+    append_run(runs, (state ? layout.state[tensor] : layout.begin[tensor]) + part.begin, part.end - part.begin, r);
+  }
+}
+
+// AdamW's slices of a step at rate lr (the schedule's) and bias-correction step `adamw_step`:
+// every AdamW tensor of the shard but the embedding while it is tied (the head's copy after the
+// update, gpt2_tie_embedding); none where AdamW does not step. With spread.divided this process's
+// part of each (adamw_owned_part), every part's run added to shared_runs.
+AdamWSlices adamw_step_slices(const GPT2& m, const llmc::OptimizerTable& opt, float lr, int adamw_step,
+                              uint32_t seed, bool adamw_steps, bool tied, const OptimizerSpread& spread,
+                              std::vector<OwnedRun>* shared_runs) {
+  AdamWSlices slices;
+  const StateLayout& layout = m.state_layout;
+  for (int i = 0; i < llmc::kNumParamTensors && adamw_steps; i++) {
+    if (layout.owner[i] != StateOwner::kAdamW) continue;
+    if (tied && i == llmc::kWte) continue;
+    const llmc::RoleOptimizer& row = opt.of_tensor(i);
+    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, adamw_step), row.weight_decay,
+                              row.decay};
+    const OwnedPart part = spread.divided ? adamw_owned_part(layout.size[i], spread.rank, spread.world)
+                                          : OwnedPart{0, layout.size[i]};
+    if (spread.divided) append_adamw_runs(layout, i, spread.world, shared_runs);
+    slices.add(layout.begin[i] + part.begin, part.end - part.begin, layout.begin[i] - m.param_offsets[i] + part.begin,
+               layout.state[i] + part.begin, rates, seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1),
+               row.bf16_state,
+               i == llmc::kHeadw && fp8_head_support(m.arch()) ? fp8_head_weight_factor(m.fp8_head_setting) : 0.0f);
+  }
+  return slices;
+}
+
 // The first steps of a process, whose products are tuned: the first; where the init zeroes the
 // output projections and the head, also the two after it (gpt2_update). Timings leave them out.
 inline int tuning_steps(const GPT2& m) { return m.arch().zero_init_outputs ? 3 : 1; }
@@ -12261,14 +12370,14 @@ constexpr uint32_t kTiedHeadSeedIndex = 25;
 // role's; an AdamW tensor's with its own rate, betas and decay): AdamW with clipping at
 // opt.grad_clip and the schedule's lr times the row's; Muon with its rate times lr_fraction, the
 // schedule's lr over its peak, and the step's momentum, its orthogonalisation spread over the
-// processes by muon_spread. Through the untie step the head takes the embedding's gradient too,
+// processes by optimizer_spread. Through the untie step the head takes the embedding's gradient too,
 // and the embedding the head's new weights (gpt2_tie_embedding).
 // With -ao K AdamW steps at every K-th step only (opt.adamw_steps_at), with the gradients the
 // steps since its last update added up (gpt2_zero_grad keeps them), its bias correction's t its
 // own count of updates; the head takes the embedding's gradient then too, as record #89's.
 // muon_done, where given, is recorded on the model's stream once Muon's work is enqueued (-pt).
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
-                 const MuonSpread& muon_spread = MuonSpread(), cudaEvent_t muon_done = nullptr) {
+                 const OptimizerSpread& optimizer_spread = OptimizerSpread(), cudaEvent_t muon_done = nullptr) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
   const bool second_moments = m.state_layout.second_moment_size > 0;
@@ -12291,24 +12400,17 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
     add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
                 seed + 0x9e3779b9u * kTiedHeadSeedIndex, m.stream);
   }
-  AdamWSlices slices;
-  const StateLayout& layout = m.state_layout;
-  for (int i = 0; i < llmc::kNumParamTensors && adamw_steps; i++) {
-    if (layout.owner[i] != StateOwner::kAdamW) continue;
-    if (tied && i == llmc::kWte) continue;  // the head's copy after this update (gpt2_tie_embedding)
-    const llmc::RoleOptimizer& row = opt.of_tensor(i);
-    const AdamWRates rates = {lr * row.lr, row.beta1, row.beta2, opt.adamw_eps(row, hp.step), row.weight_decay,
-                              row.decay};
-    slices.add(layout.begin[i], layout.size[i], layout.begin[i] - m.param_offsets[i], layout.state[i], rates,
-               seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1), row.bf16_state,
-               i == llmc::kHeadw && fp8_head_support(m.arch()) ? fp8_head_weight_factor(m.fp8_head_setting) : 0.0f);
-  }
+  std::vector<OwnedRun> shared_runs;  // -od 1: the parameters each process stepped for the others
+  const AdamWSlices slices = adamw_step_slices(m, opt, lr, hp.step, seed, adamw_steps, tied, optimizer_spread,
+                                               &shared_runs);
   if (opt.muon()) {
-    gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, muon_spread);
+    gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, optimizer_spread);
+    if (optimizer_spread.divided) append_muon_runs(m, optimizer_spread.world, &shared_runs);
   }
   if (muon_done) cudaCheck(cudaEventRecord(muon_done, m.stream));
   if (!adamw_steps && has_arrays(m.state_next)) gpt2_adamw_copy_state(m);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
+  if (optimizer_spread.divided) optimizer_spread.share_params(m.params, shared_runs, m.stream);
   m.adamw_grads_kept = !adamw_steps;
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
@@ -13049,7 +13151,7 @@ void install_stop_handlers() {
 // rank owning it (a reduce-scatter when not overlapped), the rank runs AdamW on its shard, and
 // an all-gather on the same stream, after the optimizer kernels, gives every rank the new
 // parameters. Muon orthogonalises each rank's share of the matrices and broadcasts the updates
-// (multi_gpu_muon_spread); with ZeRO-1 the ranks gather the inputs of the orthogonalisation
+// (multi_gpu_optimizer_spread); with ZeRO-1 the ranks gather the inputs of the orthogonalisation
 // first. The loss and the gradient norm are reduced over the ranks.
 //
 // Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
@@ -13083,6 +13185,7 @@ struct MultiGpuOptions {
   // all-reduce after it and of a per-layer reduction during it (whose NCCL kernels take SMs from
   // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
+  int divided = 0;      // -od
   int step_phases = 0;  // -pt
 };
 
@@ -13092,6 +13195,7 @@ struct MultiGpu {
   int local_rank = 0;
   int zero_stage = 0;
   bool overlap = false;
+  bool divided = false;  // -od 1 (OptimizerSpread::divided)
   bool by_mpi = false;
   std::string launched_by = "single process";
   ncclComm_t comm = nullptr;
@@ -13163,6 +13267,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options,
   if (mg.world == 1) return mg;
   mg.zero_stage = zero_stage;
   mg.overlap = options.overlap != 0;
+  mg.divided = options.divided != 0;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
   REQUIRE(mg.local_rank < devices, "rank %d has local rank %d, but only %d GPUs are visible: give "
@@ -13291,12 +13396,23 @@ void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
                           m.stream));
 }
 
+// -od 1: each run of `array` (elements of element_bytes) broadcast from its owner, in place.
+void broadcast_runs(MultiGpu& mg, void* array, ncclDataType_t type, size_t element_bytes,
+                    const std::vector<OwnedRun>& runs, cudaStream_t stream) {
+  ncclCheck(ncclGroupStart());
+  for (const OwnedRun& run : runs) {
+    void* first = (char*)array + run.begin * element_bytes;
+    ncclCheck(ncclBroadcast(first, first, run.count, type, run.owner, mg.comm, stream));
+  }
+  ncclCheck(ncclGroupEnd());
+}
+
 // Muon (gpt2_muon_update): each rank broadcasts the updates it orthogonalised, its share of a
 // group's slots, in place. Broadcasts copy, so every rank gets the owner's bits. With ZeRO-1 the
 // ranks first gather the Nesterov inputs of their shards, in the gradient buffer, as the
 // parameters are gathered.
-MuonSpread multi_gpu_muon_spread(MultiGpu& mg) {
-  MuonSpread spread;
+OptimizerSpread multi_gpu_optimizer_spread(MultiGpu& mg) {
+  OptimizerSpread spread;
   spread.rank = mg.rank;
   spread.world = mg.world;
   spread.gather = [&mg](__nv_bfloat16* x, size_t matrix_elements, int count, cudaStream_t stream) {
@@ -13316,7 +13432,36 @@ MuonSpread multi_gpu_muon_spread(MultiGpu& mg) {
                               stream));
     };
   }
+  spread.divided = mg.divided;
+  spread.share_params = [&mg](floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream) {
+    broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, stream);
+  };
   return spread;
+}
+
+// -od 1, before a checkpoint copies the optimizer state: every process takes from each run's owner
+// its AdamW moments, Muon momentum, NorMuon's second moments and master weights, so that every
+// state file holds the whole run's state, as without -od.
+void multi_gpu_share_state(MultiGpu& mg, GPT2& m) {
+  if (!mg.divided) return;
+  const StateLayout& layout = m.state_layout;
+  const OptimizerArrays& a = m.state;
+  std::vector<OwnedRun> params, adamw, muon;
+  for (int i = 0; i < layout.count; i++) {
+    if (layout.owner[i] != StateOwner::kAdamW) continue;
+    append_adamw_runs(layout, i, mg.world, &params);
+    append_adamw_runs(layout, i, mg.world, &adamw, true);
+  }
+  if (m.muon) {
+    append_muon_runs(m, mg.world, &params);
+    append_muon_runs(m, mg.world, &muon, true);
+  }
+  for (OwnedRun& run : params) run.begin -= m.shard_offset;  // the master weights' positions
+  for (float* array : {a.adam_m, a.adam_v}) broadcast_runs(mg, array, ncclFloat32, sizeof(float), adamw, m.stream);
+  for (float* array : {a.momentum, a.second_moments}) {
+    if (array) broadcast_runs(mg, array, ncclFloat32, sizeof(float), muon, m.stream);
+  }
+  if (a.master) broadcast_runs(mg, a.master, ncclFloat32, sizeof(float), params, m.stream);
 }
 
 // Delayed FP8 scaling at the end of a step (gpt2_fp8_end_step), with each amax the maximum over
@@ -13635,6 +13780,10 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
+      int_flag("-od", "divided optimizers", "1: with -zs 0 on several processes, each steps its share of Muon's "
+               "matrices and its part of each large AdamW tensor alone, keeping their state, and the others take "
+               "its new parameters (the bits of -od 0; the state is shared before a checkpoint)",
+               &a.multi_gpu.divided, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, Muon, AdamW, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.multi_gpu.step_phases, 0, 1),
@@ -13742,6 +13891,8 @@ void validate_args(const TrainArgs& a) {
           "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
           PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
+  REQUIRE(!a.multi_gpu.divided || a.zero_stage == 0, "-od 1 divides the optimizers' work of a run without ZeRO, "
+          "and -zs 1 shards it already: give -zs 0 with -od 1, or -od 0");
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
@@ -13963,7 +14114,10 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("device", prop.name);
   table.row("precision", PRECISION_NAME);
   table.row("processes", llmc::strformat("%d (%s)", mg.world, mg.launched_by.c_str()));
-  if (mg.world > 1) table.row("ZeRO stage / overlap", llmc::strformat("%d / %d", mg.zero_stage, (int)mg.overlap));
+  if (mg.world > 1) {
+    table.row("ZeRO stage / overlap / divided",
+              llmc::strformat("%d / %d / %d", mg.zero_stage, (int)mg.overlap, (int)mg.divided));
+  }
   table.row("model", m.config.describe());
   table.row("architecture", architecture_description(m.arch(), attention_scale(m)));
   table.row("layers", m.plan.describe(a.documents && stages.max_window() != 0));
@@ -14507,7 +14661,7 @@ struct TrainRun {
   float* micro_losses = nullptr;
   cudaEvent_t losses_copied = nullptr;
   std::function<void(int)> grads_final;
-  MuonSpread muon_spread;
+  OptimizerSpread optimizer_spread;
   Checkpointer checkpoints;
   cudaEvent_t start = nullptr, end = nullptr;  // around each step
   StepPhases phases;                           // -pt 1
@@ -14648,7 +14802,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   cudaCheck(cudaMallocHost(&r.micro_losses, (size_t)r.stages.max_step_tokens_per_process(a.B, r.mg.world) *
                                                 sizeof(float)));
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
-  r.muon_spread = multi_gpu_muon_spread(r.mg);
+  r.optimizer_spread = multi_gpu_optimizer_spread(r.mg);
   install_stop_handlers();
   r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow));
 }
@@ -14709,6 +14863,7 @@ void checkpoint_at_step(TrainRun& r, int step) {
   Checkpointer& ck = r.checkpoints;
   multi_gpu_pause(r.mg);  // copies from the GPU into pageable memory hold this thread
   if (ck.async) checkpoint_settle(r);
+  multi_gpu_share_state(r.mg, r.m);
   checkpoint_copy_to_host(ck, r.m, r.mg.rank);
   llmc::HostTrainState host;
   host.model_rng = r.m.rng.state();
@@ -14796,7 +14951,7 @@ bool train_step(TrainRun& r, int step) {
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
     const float lr_fraction = a.lr > 0.0f ? (float)(lr / a.lr) : 0.0f;
-    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.muon_spread, r.phases.ends[kPhaseMuon]);
+    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.optimizer_spread, r.phases.ends[kPhaseMuon]);
     step_phase_end(r.phases, kPhaseAdamW, m.stream);
     multi_gpu_gather_params(r.mg, m);
   } else {

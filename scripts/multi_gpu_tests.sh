@@ -11,6 +11,9 @@
 #  - speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch;
 #  - overlap: gradients reduced per layer during the backward pass (-ov 1) give the bits of one
 #    reduction after it (-ov 0), with ZeRO off and on;
+#  - divided optimizers (-od 1: each rank steps its share and the others take its parameters): the
+#    steps and the checkpoint's bytes of -od 0, for the speedrun, the modern recipe and GPT-2, and
+#    a resume bit for bit;
 #  - ZeRO-1 (-zs 1) against off: identical losses and parameters without clipping (FP32 and
 #    BF16), close with clipping; its checkpoint resumes exactly;
 #  - resharded resume: a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 (-y 1), and
@@ -43,13 +46,13 @@
 #
 # usage: scripts/multi_gpu_tests.sh [OUTDIR [GROUP...]]   (default build/test_multi_gpu, every group)
 #   The groups, in the order they run: gpt2_ranks_test modern_recipe_test packed_documents_test
-#   stages_test speedrun_test gpt2_muon_test overlap_test zero_test reshard_test by_hand_test lost_rank_test
+#   stages_test speedrun_test gpt2_muon_test overlap_test divided_test zero_test reshard_test by_hand_test lost_rank_test
 #   multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test speed_test
 set -u
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
 test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test stages_test speedrun_test gpt2_muon_test overlap_test
-  zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
+  divided_test zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
   speed_test)
 out=${1:-build/test_multi_gpu}
 selected=("${@:2}")
@@ -430,6 +433,34 @@ gpt2_muon_test() {
   # checkpoint still resumes bit for bit (a state file records the run's optimizer, not its slice's).
   resume_equivalence check gpt2_muon_tiny_zs1 "$out/resume_gpt2_muon_tiny_zs1" 2 \
     $mpi ./train_gpt2cu $common -e tiny -opt muon -b 4 -t 64 -v 5 -m 4 -zs 1
+}
+
+# -od 1 (each rank steps its share of Muon's matrices and its part of each large AdamW tensor, the
+# other taking its parameters) against -od 0: the same steps, norms included (every rank holds the
+# whole averaged gradient), and the same bytes in the checkpoint of step 10, whose state the ranks
+# share before writing it: the speedrun (its embeddings, value embeddings and FP8 head in AdamW's
+# parts), the modern recipe, GPT-2 with AdamW and clipping in both builds. Then the speedrun's
+# -od 1 resumed bit for bit.
+divided_test() {
+  local speedrun="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01 -m 4"
+  local modern="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048 -m 4"
+  local gpt2="$common -b 4 -z 2048 -v 5 -m 4 -zs 0" run name binary args od dir
+  for run in "speedrun:train_gpt2cu:$speedrun" "modern:train_gpt2cu:$modern" "gpt2:train_gpt2cu:$gpt2" \
+      "gpt2_fp32:train_gpt2fp32cu:$gpt2 -f 0"; do
+    IFS=: read -r name binary args <<< "$run"
+    dir=$out/divided_$name
+    rm -rf "$dir"
+    for od in 0 1; do
+      check "divided_${name}_od$od" $mpi ./$binary $args -x 10 -n 10 -o "$dir/od$od" -od $od
+    done
+    check "divided_${name}_same" same_steps "$out/divided_${name}_od0.log" "$out/divided_${name}_od1.log"
+    check "divided_${name}_same_checkpoint" same_checkpoint "$dir/od0" "$dir/od1" 10 2
+    check "divided_${name}_ranks_identical" grep -a "^parameters identical on 2 processes" \
+      "$out/divided_${name}_od1.log"
+    rm -f "$dir"/*/*.bin
+  done
+  resume_equivalence check divided_speedrun_resume "$out/resume_divided_speedrun" 2 \
+    $mpi ./train_gpt2cu $speedrun -od 1
 }
 
 # Speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch.

@@ -16,7 +16,8 @@
 // baseline's orthogonalised update also for its property (X X^T near I), then muon_update twice
 // for the same bits, in pieces of a smaller workspace, and over sub-ranges, which must give the
 // whole group's bits for their matrices and leave the others as they were; then
-// muon_update_spread as each process of 1, 2 and 3 runs it, and the ZeRO-1 step
+// muon_update_spread as each process of 1, 2 and 3 runs it, divided (-od 1) as each of 2 and 3
+// does (its share stepped alone), and the ZeRO-1 step
 // (muon_prepare_shard, muon_update_sharded) as each process of 2 and 3 does (without NorMuon,
 // whose state is not sharded). Then the cautious decay from updates and weights of both signs and
 // zeros of each, where u = 0 decays too (>=); and NorMuon's step alone on tall, wide, square and
@@ -267,9 +268,9 @@ void check_orthogonal(const std::vector<float>& x, int m, int n, int count) {
 // Process `rank` of `world` with a stand-in for the broadcasts: the others' shares of the updates
 // are filled in from the whole group's (staged_x, slot i for matrix i), and the values of its own
 // share that differ from them are counted in share_differs.
-MuonSpread stand_in_spread(int rank, int world, const std::vector<__nv_bfloat16>& staged_x,
+OptimizerSpread stand_in_spread(int rank, int world, const std::vector<__nv_bfloat16>& staged_x,
                            size_t& share_differs) {
-  MuonSpread spread;
+  OptimizerSpread spread;
   spread.rank = rank;
   spread.world = world;
   spread.gather = [rank, world, &staged_x, &share_differs](__nv_bfloat16* x, size_t elements, int count,
@@ -310,7 +311,7 @@ void test_spread(const TestGroup& t, const HostState& s, Device& d, const MuonGr
   for (int world = 1; world <= 3; world++) {
     for (int rank = 0; rank < world; rank++) {
       size_t share_differs = 0;
-      const MuonSpread spread = stand_in_spread(rank, world, staged_x, share_differs);
+      const OptimizerSpread spread = stand_in_spread(rank, world, staged_x, share_differs);
       d.reset(s);
       poison(ws);
       muon_update_spread(g, hp, seed, ws, spread, 0);
@@ -333,6 +334,48 @@ size_t take_shard(const std::vector<T>& got, const std::vector<T>& before, size_
     else outside += memcmp(&got[k], &before[k], sizeof(T)) != 0;
   }
   return outside;
+}
+
+// -od 1's step as each process of 2 and 3 runs it (muon_update_spread, spread.divided): each
+// steps its share's matrices alone, every value outside them as it was, and its share's
+// parameters, master weights, momentum and NorMuon's state, assembled with the others', have the
+// whole group's bits.
+void test_divided(const TestGroup& t, const HostState& s, Device& d, const MuonGroup& g, const MuonParams& hp,
+                  uint32_t seed, const Snapshot& staged) {
+  MuonWorkspace ws;
+  muon_workspace_alloc(ws, {g}, t.count());
+  d.reset(s);
+  const std::vector<floatX> params_before = d.params.raw();
+  const std::vector<float> master_before = d.master.raw(), momentum_before = d.momentum.raw(),
+                           second_before = d.second.raw();
+  for (int world = 2; world <= 3; world++) {
+    std::vector<floatX> params = params_before;
+    std::vector<float> master = master_before, momentum = momentum_before, second = second_before;
+    size_t outside = 0;
+    for (int rank = 0; rank < world; rank++) {
+      OptimizerSpread spread;
+      spread.rank = rank;
+      spread.world = world;
+      spread.divided = true;
+      d.reset(s);
+      poison(ws);
+      muon_update_spread(g, hp, seed, ws, spread, 0);
+      const MuonShare share = muon_share(t.count(), rank, world);
+      const size_t begin = t.offset(share.begin), end = share.end > share.begin ? t.offset(share.end) : begin;
+      outside += take_shard(d.params.raw(), params_before, begin, end, params);
+      outside += take_shard(d.master.raw(), master_before, begin, end, master);
+      outside += take_shard(d.momentum.raw(), momentum_before, begin, end, momentum);
+      outside += take_shard(d.second.raw(), second_before, begin, end, second);
+    }
+    testing::check_verbose(outside == 0, llmc::strformat("divided on %d processes: %zu values written outside "
+                                                         "their process's share", world, outside));
+    d.params.upload(params);
+    d.master.upload(master);
+    d.momentum.upload(momentum);
+    d.second.upload(second);
+    check_same_bits(llmc::strformat("divided on %d processes", world), staged, d.snapshot());
+  }
+  muon_workspace_free(ws);
 }
 
 // The ZeRO-1 step as each process of 2 and 3 runs it, the buffer cut into shards of an odd size
@@ -370,7 +413,7 @@ void test_zero(const TestGroup& t, const HostState& s, Device& d, const MuonGrou
     }
     for (int rank = 0; rank < world; rank++) {
       size_t share_differs = 0;
-      const MuonSpread spread = stand_in_spread(rank, world, staged_x, share_differs);
+      const OptimizerSpread spread = stand_in_spread(rank, world, staged_x, share_differs);
       d.reset(s);
       d.grads.upload(inputs);
       poison(ws);
@@ -562,6 +605,7 @@ void test_group(const TestGroup& t, bool with_master, const TestRecipe& recipe, 
   update(small, 0, split);
   check_same_bits("[1, count) then [0, 1)", staged, d.snapshot());
   test_spread(t, s, d, g, hp, seed, staged_x, staged);
+  test_divided(t, s, d, g, hp, seed, staged);
   test_zero(t, s, d, g, hp, seed, staged_x, staged);
   muon_workspace_free(small);
   muon_workspace_free(ws);
