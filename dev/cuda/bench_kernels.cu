@@ -8,6 +8,7 @@
 #include "dev/cuda/bench_fp8_cast.cu"
 #include "dev/cuda/bench_gemm.cu"
 #include "dev/cuda/bench_muon.cu"
+#include "dev/cuda/bench_overlap.cu"
 #include "dev/cuda/bench_products.cu"
 
 // A benchmark: its name on the command line, and its main, which reads the arguments after the
@@ -19,7 +20,8 @@ struct Benchmark {
 
 const Benchmark kBenchmarks[] = {
     {"attention", attention_bench::run}, {"fp8_cast", fp8_cast_bench::run}, {"gemm", gemm_bench::run},
-    {"muon", muon_bench::run},           {"products", products_bench::run},
+    {"muon", muon_bench::run},           {"overlap", overlap_bench::run},
+    {"products", products_bench::run},
 };
 
 int main(int argc, char** argv) {
