@@ -8069,11 +8069,10 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
 constexpr int kNormBlocks = 1024;
 constexpr int kNormThreads = 512;
 
-// Each thread adds 16-byte pieces (while x is aligned to them) at a stride of the grid, then the
-// elements of the tail: one element at a time, the loads kept too few bytes in flight.
-__global__ void norm_squared_partials_kernel(float* partials, const floatX* x, size_t n) {
-  __shared__ float shared[WARP_SIZE];
-  float sum = 0.0f;
+// Each thread adds to sum the squares of 16-byte pieces of x (while x is aligned to them) at a
+// stride of the grid, then of the elements of the tail: one element at a time, the loads kept too
+// few bytes in flight.
+__device__ void add_squares(float& sum, const floatX* x, size_t n) {
   const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
   const size_t pieces = (uintptr_t)x % sizeof(x128) == 0 ? n / x128::size : 0;
   for (size_t i = thread; i < pieces; i += stride) {
@@ -8084,6 +8083,21 @@ __global__ void norm_squared_partials_kernel(float* partials, const floatX* x, s
     const float v = (float)x[i];
     sum += v * v;
   }
+}
+
+__global__ void norm_squared_partials_kernel(float* partials, const floatX* x, size_t n) {
+  __shared__ float shared[WARP_SIZE];
+  float sum = 0.0f;
+  add_squares(sum, x, n);
+  sum = block_reduce_sum(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// The same over the runs of x given as (begin, count) pairs, in their order.
+__global__ void norm_squared_runs_partials_kernel(float* partials, const floatX* x, const size_t* runs, int count) {
+  __shared__ float shared[WARP_SIZE];
+  float sum = 0.0f;
+  for (int r = 0; r < count; r++) add_squares(sum, x + runs[2 * r], runs[2 * r + 1]);
   sum = block_reduce_sum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
@@ -8100,6 +8114,16 @@ __global__ void norm_squared_finalize_kernel(float* out, const float* partials, 
 void global_norm_squared(float* out, float* partials, const floatX* x, size_t n,
                          cudaStream_t stream) {
   norm_squared_partials_kernel<<<kNormBlocks, kNormThreads, 0, stream>>>(partials, x, n);
+  cudaCheckLaunch();
+  norm_squared_finalize_kernel<<<1, kNormBlocks, 0, stream>>>(out, partials, kNormBlocks);
+  cudaCheckLaunch();
+}
+
+// out (device, one float) = sum of squares of the `count` runs of x (runs: device (begin, count)
+// pairs). partials: kNormBlocks floats.
+void runs_norm_squared(float* out, float* partials, const floatX* x, const size_t* runs, int count,
+                       cudaStream_t stream) {
+  norm_squared_runs_partials_kernel<<<kNormBlocks, kNormThreads, 0, stream>>>(partials, x, runs, count);
   cudaCheckLaunch();
   norm_squared_finalize_kernel<<<1, kNormBlocks, 0, stream>>>(out, partials, kNormBlocks);
   cudaCheckLaunch();
@@ -9079,15 +9103,18 @@ struct OwnedRun {
 // their bits, in place. With ZeRO-1, gather_shards(buffer, shard_size, stream) fills each of the
 // `world` shards of buffer [world * shard_size] with its process's, in place.
 // divided (-od 1, without ZeRO): each process steps its share of every Muon group and its slice of
-// every large AdamW tensor alone (adamw_owned_part), and share_params(params, runs, stream) then
-// gives every process each run of the parameters from its owner; the state of a run (moments,
-// momentum, master weights) is current on its owner alone (multi_gpu_share_state).
+// every large AdamW tensor alone (adamw_owned_part), and share_params(params, runs, stream, beside)
+// then gives every process each run of the parameters from its owner: with beside, on another
+// stream, after `stream`'s work so far and beside its next; without, on `stream`, after the last
+// one beside. The state of a run (moments, momentum, master weights) is current on its owner alone
+// (multi_gpu_share_state).
 struct OptimizerSpread {
   int rank = 0, world = 1;
   std::function<void(__nv_bfloat16* x, size_t matrix_elements, int count, cudaStream_t stream)> gather;
   std::function<void(floatX* buffer, size_t shard_size, cudaStream_t stream)> gather_shards;
   bool divided = false;
-  std::function<void(floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream)> share_params;
+  std::function<void(floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream, bool beside)>
+      share_params;
 };
 
 // -od 1: the part [begin, end) of an AdamW tensor of `size` elements that process `rank` of
@@ -12045,18 +12072,31 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   nvtxRangePop();
 }
 
-// Global L2 norm of the gradients (deterministic; see section 9). With ZeRO a rank holds the
-// reduced gradient of its shard only; sum_over_ranks adds the shards' sums of squares (a device
-// float) over the ranks.
-float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ranks = nullptr) {
-  global_norm_squared(m.norm_partials + kNormBlocks, m.norm_partials, m.grads + m.shard_offset,
-                      m.shard_size, m.stream);
+// The root of the sum of squares a norm kernel left in m.norm_partials[kNormBlocks], added over
+// the ranks first by sum_over_ranks where given.
+float grad_norm_from_squares(GPT2& m, const std::function<void(float* sum)>& sum_over_ranks) {
   if (sum_over_ranks) sum_over_ranks(m.norm_partials + kNormBlocks);
   float norm_squared = 0.0f;
   cudaCheck(cudaMemcpyAsync(&norm_squared, m.norm_partials + kNormBlocks, sizeof(float),
                             cudaMemcpyDeviceToHost, m.stream));
   cudaCheck(cudaStreamSynchronize(m.stream));
   return sqrtf(norm_squared);
+}
+
+// Global L2 norm of the gradients (deterministic; see section 9). With ZeRO a rank holds the
+// reduced gradient of its shard only; sum_over_ranks adds the shards' sums of squares (a device
+// float) over the ranks.
+float gpt2_grad_norm(GPT2& m, const std::function<void(float* sum)>& sum_over_ranks = nullptr) {
+  global_norm_squared(m.norm_partials + kNormBlocks, m.norm_partials, m.grads + m.shard_offset,
+                      m.shard_size, m.stream);
+  return grad_norm_from_squares(m, sum_over_ranks);
+}
+
+// The same from the squares of `count` runs of the gradients (device (begin, count) pairs), which
+// sum_over_ranks adds over the ranks.
+float gpt2_runs_grad_norm(GPT2& m, const size_t* runs, int count, const std::function<void(float* sum)>& sum_over_ranks) {
+  runs_norm_squared(m.norm_partials + kNormBlocks, m.norm_partials, m.grads, runs, count, m.stream);
+  return grad_norm_from_squares(m, sum_over_ranks);
 }
 
 // Muon's hyperparameters at `step` (0-based; its momentum's schedule), at the schedule's peak.
@@ -12375,9 +12415,11 @@ constexpr uint32_t kTiedHeadSeedIndex = 25;
 // With -ao K AdamW steps at every K-th step only (opt.adamw_steps_at), with the gradients the
 // steps since its last update added up (gpt2_zero_grad keeps them), its bias correction's t its
 // own count of updates; the head takes the embedding's gradient then too, as record #89's.
-// muon_done, where given, is recorded on the model's stream once Muon's work is enqueued (-pt).
+// AdamW runs first: with -od 1 its new parameters go to the other processes while this one runs
+// Muon, whose parameters follow. adamw_done, where given, is recorded on the model's stream once
+// AdamW's work is enqueued (-pt).
 void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, float lr_fraction, float grad_norm,
-                 const OptimizerSpread& optimizer_spread = OptimizerSpread(), cudaEvent_t muon_done = nullptr) {
+                 const OptimizerSpread& optimizer_spread = OptimizerSpread(), cudaEvent_t adamw_done = nullptr) {
   REQUIRE(opt.muon() == m.muon, "gpt2_update: the optimizer state was allocated %s Muon's momentum, and the "
           "update is %s Muon's", m.muon ? "with" : "without", opt.muon() ? "with" : "without");
   const bool second_moments = m.state_layout.second_moment_size > 0;
@@ -12400,17 +12442,19 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
     add_inplace(m.grad(llmc::kHeadw), m.grad(llmc::kWte), m.param_specs[llmc::kHeadw].size,
                 seed + 0x9e3779b9u * kTiedHeadSeedIndex, m.stream);
   }
-  std::vector<OwnedRun> shared_runs;  // -od 1: the parameters each process stepped for the others
+  // -od 1: the parameters each process stepped for the others
+  std::vector<OwnedRun> adamw_runs, muon_runs;
   const AdamWSlices slices = adamw_step_slices(m, opt, lr, hp.step, seed, adamw_steps, tied, optimizer_spread,
-                                               &shared_runs);
-  if (opt.muon()) {
-    gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, optimizer_spread);
-    if (optimizer_spread.divided) append_muon_runs(m, optimizer_spread.world, &shared_runs);
-  }
-  if (muon_done) cudaCheck(cudaEventRecord(muon_done, m.stream));
+                                               &adamw_runs);
   if (!adamw_steps && has_arrays(m.state_next)) gpt2_adamw_copy_state(m);
   adamw_update(m.params, m.grads, m.state, m.shard_offset, slices, hp, m.stream, m.state_next);
-  if (optimizer_spread.divided) optimizer_spread.share_params(m.params, shared_runs, m.stream);
+  if (adamw_done) cudaCheck(cudaEventRecord(adamw_done, m.stream));
+  if (optimizer_spread.divided) optimizer_spread.share_params(m.params, adamw_runs, m.stream, true);
+  if (opt.muon()) {
+    gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, optimizer_spread);
+    if (optimizer_spread.divided) append_muon_runs(m, optimizer_spread.world, &muon_runs);
+  }
+  if (optimizer_spread.divided) optimizer_spread.share_params(m.params, muon_runs, m.stream, false);
   m.adamw_grads_kept = !adamw_steps;
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
@@ -13196,6 +13240,14 @@ struct MultiGpu {
   int zero_stage = 0;
   bool overlap = false;
   bool divided = false;  // -od 1 (OptimizerSpread::divided)
+  // -od 1: the runs of the gradient buffer each reduced to its owner alone, in buffer order (the
+  // rest is all-reduced), and on the device the (begin, count) pairs of the runs this process counts
+  // in the gradient norm (multi_gpu_divided_setup).
+  std::vector<OwnedRun> grad_owners;
+  size_t* norm_runs = nullptr;
+  int norm_run_count = 0;
+  // -od 1: the parameters' broadcast beside Muon starts after params_stepped and ends at params_shared.
+  cudaEvent_t params_stepped = nullptr, params_shared = nullptr;
   bool by_mpi = false;
   std::string launched_by = "single process";
   ncclComm_t comm = nullptr;
@@ -13296,6 +13348,8 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options,
   cudaCheck(cudaStreamCreate(&mg.reduce_stream));
   cudaCheck(cudaEventCreateWithFlags(&mg.grads_ready, cudaEventDisableTiming));
   cudaCheck(cudaEventCreateWithFlags(&mg.reduce_done, cudaEventDisableTiming));
+  cudaCheck(cudaEventCreateWithFlags(&mg.params_stepped, cudaEventDisableTiming));
+  cudaCheck(cudaEventCreateWithFlags(&mg.params_shared, cudaEventDisableTiming));
   mg.watchdog->pause();  // loading the model and the data is local work of any length
   return mg;
 }
@@ -13319,6 +13373,9 @@ void multi_gpu_finish(MultiGpu& mg) {
   cudaCheck(cudaStreamDestroy(mg.reduce_stream));
   cudaCheck(cudaEventDestroy(mg.grads_ready));
   cudaCheck(cudaEventDestroy(mg.reduce_done));
+  cudaCheck(cudaEventDestroy(mg.params_stepped));
+  cudaCheck(cudaEventDestroy(mg.params_shared));
+  device_free(mg.norm_runs);
   mg.watchdog.reset();
 #ifdef USE_MPI
   if (mg.by_mpi) MPI_Finalize();
@@ -13327,22 +13384,37 @@ void multi_gpu_finish(MultiGpu& mg) {
 
 constexpr ncclDataType_t kNcclFloatX = sizeof(floatX) == 4 ? ncclFloat32 : ncclBfloat16;
 
-// Averages grads[begin, end) over the ranks on `stream` (inside an NCCL group). With ZeRO only
-// the rank whose shard holds an element needs its average: the range is cut at the shard
-// boundaries and each piece reduced to its owner.
+// Averages grads[begin, end) over the ranks on `stream` (inside an NCCL group). Only the owner of
+// an element needs its average where one process steps it: with ZeRO the rank whose shard holds
+// it, with -od 1 the owner of its run in mg.grad_owners; the range is cut at the owners' ends and
+// each piece reduced to its owner, the rest all-reduced.
 void reduce_grad_range(MultiGpu& mg, GPT2& m, size_t begin, size_t end, cudaStream_t stream) {
-  if (mg.zero_stage == 0) {
-    ncclCheck(ncclAllReduce(m.grads + begin, m.grads + begin, end - begin, kNcclFloatX, ncclAvg,
-                            mg.comm, stream));
+  auto all_reduce = [&](size_t from, size_t to) {
+    ncclCheck(ncclAllReduce(m.grads + from, m.grads + from, to - from, kNcclFloatX, ncclAvg, mg.comm, stream));
+  };
+  auto reduce = [&](size_t from, size_t to, int owner) {
+    ncclCheck(ncclReduce(m.grads + from, m.grads + from, to - from, kNcclFloatX, ncclAvg, owner, mg.comm, stream));
+  };
+  if (mg.zero_stage == 1) {
+    while (begin < end) {
+      const int owner = (int)(begin / m.shard_size);
+      const size_t piece_end = std::min(end, (owner + 1) * m.shard_size);
+      reduce(begin, piece_end, owner);
+      begin = piece_end;
+    }
     return;
   }
-  while (begin < end) {
-    const int owner = (int)(begin / m.shard_size);
-    const size_t piece_end = std::min(end, (owner + 1) * m.shard_size);
-    ncclCheck(ncclReduce(m.grads + begin, m.grads + begin, piece_end - begin, kNcclFloatX, ncclAvg,
-                         owner, mg.comm, stream));
+  const std::vector<OwnedRun>& runs = mg.grad_owners;
+  auto run = std::upper_bound(runs.begin(), runs.end(), begin,
+                              [](size_t at, const OwnedRun& r) { return at < r.begin + r.count; });
+  for (; begin < end && run != runs.end() && run->begin < end; ++run) {
+    if (run->begin > begin) all_reduce(begin, run->begin);
+    begin = std::max(begin, run->begin);
+    const size_t piece_end = std::min(end, run->begin + run->count);
+    reduce(begin, piece_end, run->owner);
     begin = piece_end;
   }
+  if (begin < end) all_reduce(begin, end);
 }
 
 // gpt2_backward's grads_final for the last micro step (null when there is nothing to overlap):
@@ -13375,17 +13447,56 @@ void multi_gpu_reduce_grads(MultiGpu& mg, GPT2& m) {
   } else if (mg.zero_stage == 1) {
     ncclCheck(ncclReduceScatter(m.grads, m.grads + m.shard_offset, m.shard_size, kNcclFloatX,
                                 ncclAvg, mg.comm, m.stream));
+  } else if (!mg.grad_owners.empty()) {
+    ncclCheck(ncclGroupStart());
+    reduce_grad_range(mg, m, 0, m.num_params, m.stream);
+    ncclCheck(ncclGroupEnd());
   } else {
     ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, kNcclFloatX, ncclAvg, mg.comm, m.stream));
   }
 }
 
-// The norm of the whole averaged gradient: with ZeRO the shards' sums of squares are added.
+// The norm of the whole averaged gradient: with ZeRO the shards' sums of squares are added; with
+// -od 1 those of the runs each process counts (multi_gpu_divided_setup).
 float multi_gpu_grad_norm(MultiGpu& mg, GPT2& m) {
-  if (mg.world == 1 || mg.zero_stage == 0) return gpt2_grad_norm(m);
-  return gpt2_grad_norm(m, [&](float* sum) {
+  auto sum_over_ranks = [&](float* sum) {
     ncclCheck(ncclAllReduce(sum, sum, 1, ncclFloat32, ncclSum, mg.comm, m.stream));
-  });
+  };
+  if (mg.norm_runs) return gpt2_runs_grad_norm(m, mg.norm_runs, mg.norm_run_count, sum_over_ranks);
+  if (mg.world == 1 || mg.zero_stage == 0) return gpt2_grad_norm(m);
+  return gpt2_grad_norm(m, sum_over_ranks);
+}
+
+// -od 1 (without -ov, whose reduction stays an all-reduce): the gradient's runs that one process
+// steps (Muon's matrices of each process's shares; its part of each divided AdamW tensor where AdamW
+// steps at every step, since kept gradients (-ao) are added to after their average) are reduced to
+// their owner alone. The norm adds, over the processes, the squares of each one's runs, and rank 0's
+// of the rest, which every process holds averaged.
+void multi_gpu_divided_setup(MultiGpu& mg, GPT2& m, const llmc::OptimizerTable& opt) {
+  if (!mg.divided || mg.overlap) return;
+  std::vector<OwnedRun> runs;
+  if (opt.muon()) {
+    if (m.muon_groups.empty()) gpt2_muon_groups(m, opt.muon_tensor_lr);
+    append_muon_runs(m, mg.world, &runs);
+  }
+  for (int i = 0; i < llmc::kNumParamTensors && opt.adam_every == 1; i++) {
+    if (m.state_layout.owner[i] == StateOwner::kAdamW) append_adamw_runs(m.state_layout, i, mg.world, &runs);
+  }
+  std::sort(runs.begin(), runs.end(), [](const OwnedRun& a, const OwnedRun& b) { return a.begin < b.begin; });
+  mg.grad_owners.clear();
+  for (const OwnedRun& run : runs) append_run(&mg.grad_owners, run.begin, run.count, run.owner);
+  std::vector<size_t> counted;
+  size_t at = 0;
+  for (const OwnedRun& run : mg.grad_owners) {
+    if (mg.rank == 0 && run.begin > at) counted.insert(counted.end(), {at, run.begin - at});
+    if (run.owner == mg.rank) counted.insert(counted.end(), {run.begin, run.count});
+    at = run.begin + run.count;
+  }
+  if (mg.rank == 0 && at < m.num_params) counted.insert(counted.end(), {at, m.num_params - at});
+  mg.norm_run_count = (int)counted.size() / 2;
+  device_free(mg.norm_runs);
+  mg.norm_runs = device_alloc<size_t>(std::max<size_t>(counted.size(), 2), "the gradient norm's runs");
+  cudaCheck(cudaMemcpy(mg.norm_runs, counted.data(), counted.size() * sizeof(size_t), cudaMemcpyHostToDevice));
 }
 
 // ZeRO: every rank takes the shards the others just updated. On the model's stream, so it runs
@@ -13433,7 +13544,15 @@ OptimizerSpread multi_gpu_optimizer_spread(MultiGpu& mg) {
     };
   }
   spread.divided = mg.divided;
-  spread.share_params = [&mg](floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream) {
+  spread.share_params = [&mg](floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream, bool beside) {
+    if (beside) {
+      cudaCheck(cudaEventRecord(mg.params_stepped, stream));
+      cudaCheck(cudaStreamWaitEvent(mg.reduce_stream, mg.params_stepped, 0));
+      broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, mg.reduce_stream);
+      cudaCheck(cudaEventRecord(mg.params_shared, mg.reduce_stream));
+      return;
+    }
+    cudaCheck(cudaStreamWaitEvent(stream, mg.params_shared, 0));
     broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, stream);
   };
   return spread;
@@ -13781,11 +13900,12 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
       int_flag("-od", "divided optimizers", "1: with -zs 0 on several processes, each steps its share of Muon's "
-               "matrices and its part of each large AdamW tensor alone, keeping their state, and the others take "
-               "its new parameters (the bits of -od 0; the state is shared before a checkpoint)",
+               "matrices and its part of each large AdamW tensor alone, keeping their state, takes their averaged "
+               "gradients alone, and the others take its new parameters (the bits of -od 0 where the norm does not "
+               "clip; the state is shared before a checkpoint)",
                &a.multi_gpu.divided, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
-               "gradient reduction, loss and norm, Muon, AdamW, parameter gather, the rest; means over the timed "
+               "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.multi_gpu.step_phases, 0, 1),
       recipe_flag(a),
       optimizer_flag(a),
@@ -14569,11 +14689,11 @@ class TrainLoader {
 // for a peer counts in the phase that waited. Summed over the timed steps, with the host's time
 // from one step's end to the next one's start.
 enum StepPhase {
-  kPhaseMicroSteps, kPhaseReduction, kPhaseLossNorm, kPhaseMuon, kPhaseAdamW, kPhaseGather, kPhaseRest,
+  kPhaseMicroSteps, kPhaseReduction, kPhaseLossNorm, kPhaseAdamW, kPhaseMuon, kPhaseGather, kPhaseRest,
   kStepPhases
 };
-constexpr const char* kStepPhaseNames[kStepPhases] = {"micro steps", "gradient reduction", "loss and norm", "Muon",
-                                                      "AdamW", "parameter gather", "rest"};
+constexpr const char* kStepPhaseNames[kStepPhases] = {"micro steps", "gradient reduction", "loss and norm", "AdamW",
+                                                      "Muon", "parameter gather", "rest"};
 
 struct StepPhases {
   bool on = false;
@@ -14803,6 +14923,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
                                                 sizeof(float)));
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
   r.optimizer_spread = multi_gpu_optimizer_spread(r.mg);
+  multi_gpu_divided_setup(r.mg, r.m, a.update);
   install_stop_handlers();
   r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow));
 }
@@ -14951,12 +15072,12 @@ bool train_step(TrainRun& r, int step) {
   if (s.finite && !s.spike) {
     checkpoint_before_update(r.checkpoints, m);
     const float lr_fraction = a.lr > 0.0f ? (float)(lr / a.lr) : 0.0f;
-    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.optimizer_spread, r.phases.ends[kPhaseMuon]);
-    step_phase_end(r.phases, kPhaseAdamW, m.stream);
+    gpt2_update(m, a.update, step, s.lr, lr_fraction, s.norm, r.optimizer_spread, r.phases.ends[kPhaseAdamW]);
+    step_phase_end(r.phases, kPhaseMuon, m.stream);
     multi_gpu_gather_params(r.mg, m);
   } else {
-    step_phase_end(r.phases, kPhaseMuon, m.stream);
     step_phase_end(r.phases, kPhaseAdamW, m.stream);
+    step_phase_end(r.phases, kPhaseMuon, m.stream);
     r.skipped_updates++;
     m.adamw_grads_kept = false;  // the gradients of a skipped update are dropped, kept ones too
     if (step == m.untie_step) gpt2_untie_embedding_state(m);  // the untie does not wait for an update

@@ -11,9 +11,10 @@
 #  - speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch;
 #  - overlap: gradients reduced per layer during the backward pass (-ov 1) give the bits of one
 #    reduction after it (-ov 0), with ZeRO off and on;
-#  - divided optimizers (-od 1: each rank steps its share and the others take its parameters): the
-#    steps and the checkpoint's bytes of -od 0, for the speedrun, the modern recipe and GPT-2, and
-#    a resume bit for bit;
+#  - divided optimizers (-od 1: each rank steps its share, reducing its gradients to itself, and
+#    the others take its parameters): the steps and the checkpoint's bytes of -od 0 without
+#    clipping, for the speedrun, the modern recipe and GPT-2, close with clipping, and a resume bit
+#    for bit;
 #  - ZeRO-1 (-zs 1) against off: identical losses and parameters without clipping (FP32 and
 #    BF16), close with clipping; its checkpoint resumes exactly;
 #  - resharded resume: a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 (-y 1), and
@@ -435,30 +436,64 @@ gpt2_muon_test() {
     $mpi ./train_gpt2cu $common -e tiny -opt muon -b 4 -t 64 -v 5 -m 4 -zs 1
 }
 
-# -od 1 (each rank steps its share of Muon's matrices and its part of each large AdamW tensor, the
-# other taking its parameters) against -od 0: the same steps, norms included (every rank holds the
-# whole averaged gradient), and the same bytes in the checkpoint of step 10, whose state the ranks
-# share before writing it: the speedrun (its embeddings, value embeddings and FP8 head in AdamW's
-# parts), the modern recipe, GPT-2 with AdamW and clipping in both builds. Then the speedrun's
-# -od 1 resumed bit for bit.
+# The gradient norms of two logs' steps agree within the printed digits and float rounding (one part
+# in 10^5): the same gradients' squares added in another order.
+norms_close() {
+  paste <(grep -aoE "\| norm [0-9.]+" "$1") <(grep -aoE "\| norm [0-9.]+" "$2") | awk '
+    { d = $3 - $6; if (d < 0) d = -d; if (d > 1e-4 + 1e-5 * $3) bad++; count++ }
+    END { printf "%d norms, %d apart\n", count, bad; exit !(count >= 10 && bad == 0) }'
+}
+
+# same_checkpoint_but_norms DIR_A DIR_B STEP RANKS: STEP's model files are the same bytes, and so
+# is each rank's state file but for the checksum and the host part, which holds the spike detector's
+# recent gradient norms: the header before its checksum, and the payload after the host part (the
+# moments, master weights, FP8 history and kept gradients, their sizes from the header).
+same_checkpoint_but_norms() {
+  local step rank f n master history kept payload
+  step=$(printf %08d "$3")
+  cmp "$1/model_$step.bin" "$2/model_$step.bin" || return 1
+  header_int() { od -An -t d4 -j $((4 * $2)) -N 4 "$1" | tr -d ' '; }
+  for ((rank = 0; rank < $4; rank++)); do
+    f=$(printf "state_%s_%05d.bin" "$step" "$rank")
+    [ -s "$1/$f" ] && [ -s "$2/$f" ] && [ "$(stat -c %s "$1/$f")" = "$(stat -c %s "$2/$f")" ] || return 1
+    cmp -n 1020 "$1/$f" "$2/$f" || return 1
+    n=$(od -An -t u8 -j 32 -N 8 "$1/$f" | tr -d ' ')
+    master=$(header_int "$1/$f" 6); history=$(header_int "$1/$f" 10); kept=$(header_int "$1/$f" 18)
+    payload=$((n * 4 * (2 + master + kept) + history * 4))
+    cmp <(tail -c "$payload" "$1/$f") <(tail -c "$payload" "$2/$f") || return 1
+  done
+  echo "identical but the norms: model_$step.bin and $4 state files ($payload bytes of payload each)"
+}
+
+# -od 1 against -od 0, two processes: where the norm does not clip (the speedrun, the modern recipe,
+# GPT-2 with -gc 0 in both builds) the same losses, parameters and checkpoint bytes at step 10 (but
+# the spike detector's norms), the norms within rounding (-od 1 adds the processes' parts of the squares); GPT-2 clipping at 1: -od 1
+# twice the same bits, its losses within 1e-3 of -od 0's; the speedrun's -od 1 resumed bit for bit.
 divided_test() {
   local speedrun="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01 -m 4"
   local modern="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048 -m 4"
   local gpt2="$common -b 4 -z 2048 -v 5 -m 4 -zs 0" run name binary args od dir
-  for run in "speedrun:train_gpt2cu:$speedrun" "modern:train_gpt2cu:$modern" "gpt2:train_gpt2cu:$gpt2" \
-      "gpt2_fp32:train_gpt2fp32cu:$gpt2 -f 0"; do
+  for run in "speedrun:train_gpt2cu:$speedrun" "modern:train_gpt2cu:$modern" "gpt2:train_gpt2cu:$gpt2 -gc 0" \
+      "gpt2_fp32:train_gpt2fp32cu:$gpt2 -gc 0 -f 0"; do
     IFS=: read -r name binary args <<< "$run"
     dir=$out/divided_$name
     rm -rf "$dir"
     for od in 0 1; do
       check "divided_${name}_od$od" $mpi ./$binary $args -x 10 -n 10 -o "$dir/od$od" -od $od
     done
-    check "divided_${name}_same" same_steps "$out/divided_${name}_od0.log" "$out/divided_${name}_od1.log"
-    check "divided_${name}_same_checkpoint" same_checkpoint "$dir/od0" "$dir/od1" 10 2
+    check "divided_${name}_same" same_steps "$out/divided_${name}_od0.log" "$out/divided_${name}_od1.log" no-norm
+    check "divided_${name}_norms" norms_close "$out/divided_${name}_od0.log" "$out/divided_${name}_od1.log"
+    check "divided_${name}_same_checkpoint" same_checkpoint_but_norms "$dir/od0" "$dir/od1" 10 2
     check "divided_${name}_ranks_identical" grep -a "^parameters identical on 2 processes" \
       "$out/divided_${name}_od1.log"
     rm -f "$dir"/*/*.bin
   done
+  for run in od0:0 od1:1 od1_again:1; do
+    check "divided_gpt2_clip_${run%%:*}" $mpi ./train_gpt2cu $gpt2 -x 10 -od "${run##*:}"
+  done
+  check divided_gpt2_clip_clipped grep -aqE "\| norm ([1-9][0-9]*\.|[2-9])" "$out/divided_gpt2_clip_od0.log"
+  check divided_gpt2_clip_twice same_steps "$out/divided_gpt2_clip_od1.log" "$out/divided_gpt2_clip_od1_again.log"
+  check divided_gpt2_clip_near losses_close "$out/divided_gpt2_clip_od0.log" "$out/divided_gpt2_clip_od1.log" 1e-3
   resume_equivalence check divided_speedrun_resume "$out/resume_divided_speedrun" 2 \
     $mpi ./train_gpt2cu $speedrun -od 1
 }

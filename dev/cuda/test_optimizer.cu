@@ -38,6 +38,36 @@ void test_global_norm(size_t n, size_t offset, llmc::Rng& rng) {
   check_same_bits("twice", bits, Snapshot(out));
 }
 
+// runs_norm_squared over runs of one buffer (-od 1's norm: the runs a process counts), some at
+// odd offsets, one crossing the grid's pass: against the CPU over the runs; one run the whole
+// buffer gives global_norm_squared's bits.
+void test_runs_norm(llmc::Rng& rng) {
+  printf("\nruns_norm_squared\n");
+  const size_t n = 2000003;
+  const std::vector<float> x = random_stored(rng, n, 0.0f, 0.1f);
+  const std::vector<size_t> runs = {5, 1000, 4096, 700001, 900000, 1, 1000003, 999999};
+  DeviceArray<floatX> d_x(x);
+  DeviceArray<size_t> d_runs(runs);
+  DeviceArray<float> out(1), partials(kNormBlocks);
+  auto run = [&](const size_t* pairs, int count) {
+    out.poison();
+    runs_norm_squared(out, partials, d_x, pairs, count, 0);
+    return Snapshot(out);
+  };
+  const Snapshot first = run(d_runs, (int)runs.size() / 2);
+  double squares = 0.0;
+  for (size_t r = 0; r < runs.size(); r += 2) {
+    const double norm = cpu::global_norm(x.data() + runs[r], runs[r + 1]);
+    squares += norm * norm;
+  }
+  check_close("norm", {std::sqrt(out.download()[0])}, {(float)std::sqrt(squares)}, kTolFP32);
+  check_same_bits("twice", first, run(d_runs, (int)runs.size() / 2));
+  DeviceArray<size_t> whole(std::vector<size_t>{0, n});
+  const Snapshot one_run = run(whole, 1);
+  global_norm_squared(out, partials, d_x, n, 0);
+  check_same_bits("one run, the whole buffer", one_run, Snapshot(out));
+}
+
 // A slice's rates and what the update shares.
 struct AdamWCase {
   AdamWRates rates;
@@ -572,6 +602,7 @@ void run() {
   test_global_norm(100003, 0, rng);           // less than the grid's one pass
   test_global_norm(12345679, 0, rng);         // ~24 elements per thread, and a tail
   test_global_norm(100003, 3, rng);           // not 16-byte aligned: one element at a time
+  test_runs_norm(rng);
   test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
   test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
   test_adamw(5, true, false, rng);            // a partial block only
