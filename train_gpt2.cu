@@ -13196,7 +13196,10 @@ void install_stop_handlers() {
 // an all-gather on the same stream, after the optimizer kernels, gives every rank the new
 // parameters. Muon orthogonalises each rank's share of the matrices and broadcasts the updates
 // (multi_gpu_optimizer_spread); with ZeRO-1 the ranks gather the inputs of the orthogonalisation
-// first. The loss and the gradient norm are reduced over the ranks.
+// first. With -od 1 (without ZeRO) each rank steps its share of Muon's matrices and its part of
+// each large AdamW tensor alone: their gradients are reduced to it (multi_gpu_divided_setup), its
+// new parameters broadcast from it (OptimizerSpread::share_params), and their state shared before
+// a checkpoint (multi_gpu_share_state). The loss and the gradient norm are reduced over the ranks.
 //
 // Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
 // peer died or hangs, so a collective never completes): one line naming the rank and -ct, the
@@ -13230,7 +13233,6 @@ struct MultiGpuOptions {
   // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
   int divided = 0;      // -od
-  int step_phases = 0;  // -pt
 };
 
 struct MultiGpu {
@@ -13666,6 +13668,7 @@ struct TrainArgs : llmc::TrainFlags {
   int tf32 = 1, master_weights = 1, recompute = 0;
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
+  int step_phases = 0;  // -pt: where a step's time goes (StepPhases), on one process or several
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   int final_window_blocks = 0;  // -awf (0: the last stage's long window)
@@ -13906,7 +13909,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                &a.multi_gpu.divided, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
-               "steps, a line for each rank) and the host's time between steps", &a.multi_gpu.step_phases, 0, 1),
+               "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
       recipe_flag(a),
       optimizer_flag(a),
       float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
@@ -14917,7 +14920,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   }
   cudaCheck(cudaEventCreate(&r.start));
   cudaCheck(cudaEventCreate(&r.end));
-  step_phases_setup(r.phases, a.multi_gpu.step_phases != 0, r.end);
+  step_phases_setup(r.phases, a.step_phases != 0, r.end);
   cudaCheck(cudaEventCreateWithFlags(&r.losses_copied, cudaEventDisableTiming));
   cudaCheck(cudaMallocHost(&r.micro_losses, (size_t)r.stages.max_step_tokens_per_process(a.B, r.mg.world) *
                                                 sizeof(float)));
