@@ -3,6 +3,7 @@ and on two.
 
     python3 dev/multi_gpu_model.py --one LOG --two LOG --muon_params P [--gpus 8]
                                    [--check_one LOG --check_muon_params P [--check_two LOG]]
+                                   [--check_divided LOG]
 
 LOG is the output of a train_gpt2cu run with -pt 1: --one of one process, --two of two (mpirun -np 2,
 a phases line for each rank), the same recipe and tokens a step. P is the count of the parameters Muon
@@ -30,13 +31,16 @@ with the all-gather overlapped by the next step's forward pass. Scaling is the o
 
 --check_one applies the fitted W and R (as a cost per Muon parameter) to another recipe's one-process
 log, predicts its two-process step, and with --check_two prints the measured one beside it.
+--check_divided sets the "divided" scheme's two-process time after the micro steps beside that of a
+two-process -od 1 log of the same recipe (its rank that waited least in the reduction, the one
+whose micro steps set the step): train_gpt2cu -od 1 runs that scheme.
 """
 import argparse
 import os
 import re
 import sys
 
-PHASES = ("micro steps", "gradient reduction", "loss and norm", "Muon", "AdamW", "parameter gather", "rest")
+PHASES = ("micro steps", "gradient reduction", "loss and norm", "AdamW", "Muon", "parameter gather", "rest")
 BYTES_PER_PARAMETER = 2  # BF16 gradients and parameters
 
 
@@ -104,6 +108,16 @@ def predict(one, k, n, muon_params, scheme):
     return sum(parts.values()), parts
 
 
+def check_divided(one, k, muon_params, divided, path):
+    """The divided scheme's two-process time after the micro steps against a -od 1 log's."""
+    _, parts = predict(one, k, 2, muon_params, "divided")
+    predicted = sum(ms for name, ms in parts.items() if name != "compute")
+    rank = min(divided["ranks"], key=lambda r: r["gradient reduction"])
+    measured = sum(ms for name, ms in rank.items() if name not in ("micro steps", "host between steps"))
+    return (f"check, {path} (-od 1) on 2 processes: after the micro steps predicted {predicted:.2f} ms, "
+            f"measured {measured:.2f} ms ({(predicted / measured - 1) * 100:+.1f}%)")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--one", required=True, help="train_gpt2cu -pt 1 output, one process")
@@ -113,6 +127,7 @@ def main(argv=None):
     ap.add_argument("--check_one", help="another recipe's one-process output, whose two-process step is predicted")
     ap.add_argument("--check_two", help="its two-process output, the measurement set beside the prediction")
     ap.add_argument("--check_muon_params", type=int, help="its Muon parameters")
+    ap.add_argument("--check_divided", help="a two-process output of the --one recipe with -od 1")
     a = ap.parse_args(argv)
     if a.gpus < 2:
         fail(f"--gpus {a.gpus}: give 2 or more")
@@ -145,6 +160,8 @@ def main(argv=None):
             measured = read_log(a.check_two, 2)["average"]
             line += f"; measured {measured:.2f} ms ({(step / measured - 1) * 100:+.1f}%)"
         print(line)
+    if a.check_divided:
+        print(check_divided(one, k, a.muon_params, read_log(a.check_divided, 2), a.check_divided))
 
 
 if __name__ == "__main__":

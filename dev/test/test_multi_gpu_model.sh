@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests dev/multi_gpu_model.py without a GPU on logs fabricated in train_gpt2cu's formats (-pt 1):
 # the fitted bandwidth and Muon split, each scheme's prediction worked by hand, the check of another
-# recipe, and one-line errors for a log without phases and a bad flag. Scratch: build/test_tmp/multi_gpu_model.
+# recipe and of a -od 1 log, and one-line errors for a log without phases and a bad flag. Scratch: build/test_tmp/multi_gpu_model.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR=build/test_tmp/multi_gpu_model
@@ -37,6 +37,14 @@ out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --m
 # 300 + 0.2 + 5 (1e9 bytes at 200 GB/s) + (4/2 + 1 + 0.5) + 1 = 309.70; measured 313.30: -1.1%.
 check "check: the other recipe's two-process step" "$(tail -1 <<< "$out" | grep -c 'on 2 processes: predicted 309.70 ms (.*reduction 5.000, Muon 3.500, AdamW 1.000); measured 313.30 ms (-1.1%)$')" 1
 check "--gpus 4: predictions for 2 and 4 processes" "$(grep -c ', 4 processes: ' <<< "$out"):$(grep -c ', 8 processes: ' <<< "$out")" 4:0
+# -od 1 on two processes: the rank that waited least (rank 0, 5 ms) spent 5 + 0.2 + 2.5 + 1 + 0.006 after its
+# micro steps; the divided scheme predicts 0.2 + 10 (1e9 bytes reduced, 1e9 gathered at 200 GB/s) + 4/2 + 2/2.
+{ echo "| parameters                    | 1000000000   |"; phases 0 2 400 5 2.5 1; phases 1 2 395 10 2.5 1
+  echo "average 408.80 ms per step"; } > "$DIR/divided.log"
+out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --muon_params 100000000 \
+  --check_divided "$DIR/divided.log" 2>&1)
+check "check of -od 1: after the micro steps, the rank that waited least" "$(tail -1 <<< "$out" | grep -c \
+  'divided.log (-od 1) on 2 processes: after the micro steps predicted 13.20 ms, measured 8.71 ms (+51.6%)$')" 1
 err=$("$PY" dev/multi_gpu_model.py --one "$DIR/other_two.log" --two "$DIR/two.log" --muon_params 1 2>&1 >/dev/null)
 check "a two-process log as --one: exit 1, one line naming it" "$?:$(wc -l <<< "$err"):$(grep -c "other_two.log: a run of 2 processes, expected 1" <<< "$err")" 1:1:1
 echo "average 1.0 ms per step" > "$DIR/bare.log"
