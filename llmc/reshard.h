@@ -123,6 +123,7 @@ TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int 
   out.id.num_params = to.size;
   out.id.zero_stage = new_shard_count > 1 ? 1 : 0;
   out.state.optimizer_steps = first.state.optimizer_steps;
+  out.state.adam.updates = first.state.adam.updates;  // AdamW's bias-correction step (no kept gradients: -ao 1)
   out.state.host = first.state.host;
   out.state.fp8 = first.state.fp8;
   out.state.adam_m.assign(to.size, 0.0f);

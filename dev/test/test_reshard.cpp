@@ -33,6 +33,7 @@ llmc::TrainState random_whole_state(bool master, size_t num_params = kParams) {
   fill(s.adam_v);
   if (master) fill(s.master);
   s.optimizer_steps = kStep - 2;
+  s.adam.updates = s.optimizer_steps;  // as a file without -ao's interval reads back
   memset(&s.host, 0, sizeof(s.host));
   s.host.train_loader.batch_position = 5;
   s.host.train_loader.world = 2;
@@ -64,6 +65,7 @@ std::vector<llmc::TrainStateFile> files_of(const llmc::TrainState& whole, int wo
     f.id.matrix_optimizer = llmc::kMatrixOptimizerMuon;
     f.id.data_tokens = 5000;
     f.state.optimizer_steps = whole.optimizer_steps;
+    f.state.adam.updates = whole.adam.updates;
     f.state.host = whole.host;
     f.state.fp8 = whole.fp8;  // every rank's, reduced over the ranks at each step
     auto slice = [&](const std::vector<float>& v) {
@@ -82,7 +84,7 @@ bool same_file(const llmc::TrainStateFile& a, const llmc::TrainStateFile& b) {
   return a.id.step == b.id.step && a.id.rank == b.id.rank && a.id.world == b.id.world &&
          a.id.num_params == b.id.num_params && a.id.master_weights == b.id.master_weights &&
          a.id.zero_stage == b.id.zero_stage &&
-         a.state.optimizer_steps == b.state.optimizer_steps &&
+         a.state.optimizer_steps == b.state.optimizer_steps && a.state.adam.updates == b.state.adam.updates &&
          memcmp(&a.state.host, &b.state.host, sizeof(a.state.host)) == 0 &&
          a.state.adam_m == b.state.adam_m && a.state.adam_v == b.state.adam_v &&
          a.state.master == b.state.master &&  // float ==: no NaN here, so equal means equal bits
@@ -253,7 +255,8 @@ void test_checkpoint_train_state(const std::string& dir, const llmc::TrainState&
     return id;
   };
   auto same_state = [](const llmc::TrainState& a, const llmc::TrainState& b) {
-    return a.optimizer_steps == b.optimizer_steps && a.adam_m == b.adam_m && a.adam_v == b.adam_v &&
+    return a.optimizer_steps == b.optimizer_steps && a.adam.updates == b.adam.updates && a.adam_m == b.adam_m &&
+           a.adam_v == b.adam_v &&
            a.master == b.master && memcmp(&a.host, &b.host, sizeof(a.host)) == 0 &&
            a.fp8.amax == b.fp8.amax && a.fp8.recorded_steps == b.fp8.recorded_steps;
   };
