@@ -13232,7 +13232,6 @@ struct MultiGpuOptions {
   // all-reduce after it and of a per-layer reduction during it (whose NCCL kernels take SMs from
   // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
-  int divided = 0;      // -od
 };
 
 struct MultiGpu {
@@ -13288,7 +13287,7 @@ std::atomic<ncclComm_t> watched_comm{nullptr};
   _exit(kExitPeerLost);
 }
 
-MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options, int zero_stage) {
+MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options, int zero_stage, bool divided) {
   MultiGpu mg;
   const bool by_mpi = env_int("OMPI_COMM_WORLD_SIZE", 1) > 1;
   llmc::Launch launch;
@@ -13321,7 +13320,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options,
   if (mg.world == 1) return mg;
   mg.zero_stage = zero_stage;
   mg.overlap = options.overlap != 0;
-  mg.divided = options.divided != 0;
+  mg.divided = divided;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
   REQUIRE(mg.local_rank < devices, "rank %d has local rank %d, but only %d GPUs are visible: give "
@@ -13469,13 +13468,13 @@ float multi_gpu_grad_norm(MultiGpu& mg, GPT2& m) {
   return gpt2_grad_norm(m, sum_over_ranks);
 }
 
-// -od 1 (without -ov, whose reduction stays an all-reduce): the gradient's runs that one process
-// steps (Muon's matrices of each process's shares; its part of each divided AdamW tensor where AdamW
-// steps at every step, since kept gradients (-ao) are added to after their average) are reduced to
-// their owner alone. The norm adds, over the processes, the squares of each one's runs, and rank 0's
-// of the rest, which every process holds averaged.
+// -od 1: the gradient's runs that one process steps (Muon's matrices of each process's shares;
+// its part of each divided AdamW tensor where AdamW steps at every step, since kept gradients (-ao)
+// are added to after their average) are reduced to their owner alone, after the backward pass or
+// (-ov 1) during it. The norm adds, over the processes, the squares of each one's runs, and rank
+// 0's of the rest, which every process holds averaged.
 void multi_gpu_divided_setup(MultiGpu& mg, GPT2& m, const llmc::OptimizerTable& opt) {
-  if (!mg.divided || mg.overlap) return;
+  if (!mg.divided) return;
   std::vector<OwnedRun> runs;
   if (opt.muon()) {
     if (m.muon_groups.empty()) gpt2_muon_groups(m, opt.muon_tensor_lr);
@@ -13905,8 +13904,8 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-od", "divided optimizers", "1: with -zs 0 on several processes, each steps its share of Muon's "
                "matrices and its part of each large AdamW tensor alone, keeping their state, takes their averaged "
                "gradients alone, and the others take its new parameters (the bits of -od 0 where the norm does not "
-               "clip; the state is shared before a checkpoint)",
-               &a.multi_gpu.divided, 0, 1),
+               "clip; the state is shared before a checkpoint); a recipe's 1 yields to -zs 1",
+               &a.divided_optimizers, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
@@ -14014,7 +14013,7 @@ void validate_args(const TrainArgs& a) {
           "-fp8 %d needs the BF16 build (make train_gpt2cu); this is the %s build: use -fp8 0", a.fp8,
           PRECISION_NAME);
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
-  REQUIRE(!a.multi_gpu.divided || a.zero_stage == 0, "-od 1 divides the optimizers' work of a run without ZeRO, "
+  REQUIRE(!a.divided_optimizers || a.zero_stage == 0, "-od 1 divides the optimizers' work of a run without ZeRO, "
           "and -zs 1 shards it already: give -zs 0 with -od 1, or -od 0");
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
@@ -15191,6 +15190,8 @@ bool print_run_end(TrainRun& r, int final_step) {
 // and the settings they resolve to.
 void resolve_args(TrainArgs& a, const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); i += 2) a.given.push_back(args[i]);
+  // A recipe's -od 1 yields to -zs 1 on the command line: ZeRO-1 divides the optimizers its own way.
+  if (a.zero_stage == 1 && !std::count(a.given.begin(), a.given.end(), "-od")) a.divided_optimizers = 0;
   validate_args(a);
   a.update = llmc::optimizer_table(a, sizeof(floatX) == 2);
 }
@@ -15242,7 +15243,7 @@ int train_main(int argc, char** argv) {
     throw llmc::Error(e.what() + recipe_default_note(a, e.what()));
   }
   require_gpu(without_gpu(a, in.start.config));
-  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu, a.zero_stage);
+  MultiGpu mg = multi_gpu_init(&argc, &argv, a.multi_gpu, a.zero_stage, a.divided_optimizers != 0);
   matmul_setup(a.tf32 != 0);
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));

@@ -316,12 +316,13 @@ ranks_sequence() {
   rm -f "$dir"/*/*.bin  # compared: the logs stay; a d12 run's checkpoints take gigabytes
 }
 
-# The modern recipe on two ranks (its default -zs 0: every rank holds the averaged gradient and
-# the momentum, orthogonalises its share of the matrices with Muon and broadcasts it): against one
+# The modern recipe on two ranks (its defaults -zs 0 -od 1: each rank takes the averaged gradient
+# of its share of Muon's matrices and of its part of the large AdamW tensors, steps them and
+# broadcasts their new parameters): against one
 # rank with two accumulation steps within the BF16 rank tolerance, two runs bit for bit (the
 # shares are fixed by the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on
-# 1 and one of 1 rank on 2 against the runs that never stopped (ranks_sequence). Then ZeRO-1 (-zs 1: each rank
-# steps its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
+# 1 and one of 1 rank on 2 against the runs that never stopped (ranks_sequence). Then ZeRO-1 (-zs 1,
+# to which the recipe's -od 1 yields: each rank steps its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
 # shard): the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not
 # compared), two runs bit for bit, a resume bit for bit, and a -zs 1 checkpoint resumed with -zs
 # 0, bit for bit against the -zs 0 run, and on 1 rank, within the rank tolerance.
@@ -386,7 +387,8 @@ stages_test() {
 # all-reduce), but Muon's Newton-Schulz runs in BF16 in every build, so the inputs whose rounding
 # those bits flip give other updates: a tenth of BF16's bound, not GPT-2's 1e-5. Then -zs 1 gives
 # the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not compared), and
-# the startup table shows the FP8 head where the GPU has FP8 products.
+# the startup table shows the FP8 head where the GPU has FP8 products. Every two-rank run but those
+# with -zs 1 divides the optimizers (the recipe's -od 1).
 speedrun_test() {
   local args="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01"
   ranks_sequence speedrun 4 $args

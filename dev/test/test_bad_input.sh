@@ -625,6 +625,16 @@ if has_flag -mn; then
   report "-mn 1 with ZeRO-1 on 2 processes"
 fi
 
+# --- -od, the optimizers divided over the processes: 0 or 1, not with ZeRO-1 (before the GPU); the
+# modern and speedrun recipes' 1 yields to a -zs 1 given without it (the run goes on to the next check)
+if has_flag -od; then
+  expect "-od out of range" "^error: -od 2: must be 0 or 1" -od 2
+  expect "-od 1 with -zs 1" "^error: -od 1 divides the optimizers' work of a run without ZeRO, and -zs 1 shards it already: give -zs 0 with -od 1, or -od 0\$" \
+    -od 1 -zs 1
+  expect "-recipe speedrun -zs 1: the recipe's -od 1 yields" "^error: -pd 1 attends within whole blocks of 128 tokens" \
+    -recipe speedrun -zs 1
+fi
+
 # --- -ao, AdamW on every K-th step with the K steps' gradients: within [1, 1000], without clipping
 # (which would scale each step's apart), an untie step where AdamW steps, on one process (before
 # the GPU)
