@@ -107,7 +107,9 @@ import sys
 from fractions import Fraction
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pylib"))
 import pydeps  # noqa: E402
+import script_edits  # noqa: E402
 
 pydeps.require("matplotlib")
 import matplotlib  # noqa: E402
@@ -376,15 +378,11 @@ def reference_edits(args):
 
 
 def edit_reference(source, edits, path):
-    """source with each edit made; stops naming the first expected text that is not there exactly once
-    (another version of the script, which these edits would not run as intended)."""
-    for expected, replacement in edits:
-        count = source.count(expected)
-        if count != 1:
-            fail(f"--reference_script {path}: expected the line '{expected}' once (record #28's train_gpt.py), "
-                 f"found it {count} times: not the script these edits are for")
-        source = source.replace(expected, replacement)
-    return source
+    """source with each edit made; stops naming the first expected text that is not there exactly once."""
+    try:
+        return script_edits.edit_script(source, edits, f"--reference_script {path}", "record #28's train_gpt.py")
+    except script_edits.ScriptEditError as e:
+        fail(str(e))
 
 
 def prepare_reference(args):

@@ -1,0 +1,155 @@
+"""Record #89's train_gpt.py made to run offline, on our shards, with the fewest changes.
+
+    python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
+                                       [--gpt2 DIR] [--val_tokens N] [--python PY]
+
+DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
+f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
+unless told; its log in OUTDIR/logs/):
+- train_gpt.py with two lines changed: FlashAttention-3, which it loads from the Hugging Face hub, is
+  dev/pylib/flex_varlen_attention.py (FlexAttention with the same documents and token windows),
+  copied beside it; with --val_tokens its validation tokens (10,485,760) are N (a multiple of its validation
+  batch, 2,097,152). Nothing else is edited: a line not there exactly once stops it with an error
+  naming the line.
+- data/fineweb10B/fineweb_{train,val}_NNNNNN.bin: links to the shards of --train and --val in their
+  sorted order (the reference's own order, read from DATA_PATH, which run.sh sets to OUTDIR).
+- tiktoken/: tiktoken's cache of the GPT-2 encoding (TIKTOKEN_CACHE_DIR in run.sh), filled from
+  --gpt2's encoder.json and vocab.bpe (default dev/data/gpt2) through tiktoken itself, which checks
+  them against the official files' hashes (so it needs the python with tiktoken: --python, else this
+  one). It is filled first: when it fails, OUTDIR is not made.
+"""
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "pylib"))
+import script_edits  # noqa: E402
+SCRIPT = "record #89's train_gpt.py at modded-nanogpt f411b3d3"
+REFERENCE_FILES = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
+ATTENTION_MODULE = "flex_varlen_attention"
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+VAL_BATCH_TOKENS = 4 * 64 * 1024 * 8  # the reference's val_batch_size, which its val_tokens must be a multiple of
+
+# tiktoken's gpt2 encoding, built with tiktoken.load.read_file serving --gpt2's files by name: its
+# read_file_cached then writes each under the name it looks for, after checking its hash.
+FILL_TIKTOKEN_CACHE = """
+import os, sys
+import tiktoken.load
+from tiktoken_ext import openai_public
+gpt2_dir = sys.argv[1]
+def read_local(blobpath):
+    with open(os.path.join(gpt2_dir, os.path.basename(blobpath)), "rb") as f:
+        return f.read()
+tiktoken.load.read_file = read_local
+openai_public.gpt2()
+"""
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def edits(args):
+    """(the reference's text, the copy's) for each line changed."""
+    changed = [
+        ("from kernels import get_kernel",
+         f"import {ATTENTION_MODULE}  # offline: FlashAttention-3 by FlexAttention (dev/reference89_offline.py)"),
+        ("flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface",
+         f"flash_attn_interface = {ATTENTION_MODULE}"),
+    ]
+    if args.val_tokens is not None:
+        changed.append(("val_tokens: int = 10485760", f"val_tokens: int = {args.val_tokens}"))
+    return changed
+
+
+def shards(pattern, flag):
+    files = sorted(glob.glob(pattern))
+    if not files:
+        fail(f"{flag} '{pattern}': no file matches; give the glob of the shards (e.g. 'DIR/sp_train_*.bin')")
+    return files
+
+
+def link_shards(outdir, files, split):
+    folder = os.path.join(outdir, "data", "fineweb10B")
+    os.makedirs(folder, exist_ok=True)
+    for i, path in enumerate(files):
+        os.symlink(os.path.abspath(path), os.path.join(folder, f"fineweb_{split}_{i + 1:06d}.bin"))
+
+
+def fill_tiktoken_cache(cache, gpt2_dir, python):
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=cache)
+    done = subprocess.run([python, "-c", FILL_TIKTOKEN_CACHE, os.path.abspath(gpt2_dir)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        fail(f"--gpt2 {gpt2_dir}: tiktoken's GPT-2 cache not filled by {python} ({last}); give the python "
+             "with tiktoken (--python) and the official encoder.json and vocab.bpe")
+
+
+RUN_SH = """#!/usr/bin/env bash
+# Record #89's train_gpt.py, offline (dev/reference89_offline.py): bash run.sh [PROCESSES]
+cd "$(dirname "$0")"
+DATA_PATH=$PWD TIKTOKEN_CACHE_DIR=$PWD/tiktoken exec {python} -m torch.distributed.run --standalone \\
+  --nproc_per_node=${{1:-1}} train_gpt.py
+"""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir")
+    parser.add_argument("--reference", required=True, help="the folder of the reference's three files")
+    parser.add_argument("--train", required=True, help="glob of the training shards")
+    parser.add_argument("--val", required=True, help="glob of the validation shards")
+    parser.add_argument("--gpt2", default=os.path.join(HERE, "data", "gpt2"),
+                        help="the folder of GPT-2's encoder.json and vocab.bpe (default: dev/data/gpt2)")
+    parser.add_argument("--val_tokens", type=int, help="validation tokens instead of the reference's 10,485,760")
+    parser.add_argument("--python", default=sys.executable, help="the python that runs the reference")
+    args = parser.parse_args()
+    if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):
+        fail(f"--val_tokens {args.val_tokens}: must be a positive multiple of the reference's validation batch, "
+             f"{VAL_BATCH_TOKENS:,} tokens")
+    for name in REFERENCE_FILES:
+        if not os.path.isfile(os.path.join(args.reference, name)):
+            fail(f"--reference {args.reference}: no {name}; give the folder of {SCRIPT} and its kernel files")
+    for name in GPT2_FILES:
+        if not os.path.isfile(os.path.join(args.gpt2, name)):
+            fail(f"--gpt2 {args.gpt2}: no {name}; give the folder of GPT-2's encoder.json and vocab.bpe")
+    train, val = shards(args.train, "--train"), shards(args.val, "--val")
+    if os.path.exists(args.outdir) and os.listdir(args.outdir):
+        fail(f"{args.outdir} is not empty: give a new folder")
+    with open(os.path.join(args.reference, "train_gpt.py")) as f:
+        source = f.read()
+    try:
+        edited = script_edits.edit_script(source, edits(args), f"--reference {args.reference}/train_gpt.py", SCRIPT)
+    except script_edits.ScriptEditError as e:
+        fail(str(e))
+    try:
+        compile(edited, args.reference, "exec")
+    except SyntaxError as e:
+        fail(f"--reference {args.reference}/train_gpt.py: not Python after the edits (line {e.lineno}: {e.msg})")
+    # The cache first, in a folder of its own: a failure leaves no OUTDIR behind.
+    cache = tempfile.mkdtemp(prefix="tiktoken_")
+    fill_tiktoken_cache(cache, args.gpt2, args.python)
+    os.makedirs(args.outdir, exist_ok=True)
+    shutil.move(cache, os.path.join(args.outdir, "tiktoken"))
+    with open(os.path.join(args.outdir, "train_gpt.py"), "w") as f:
+        f.write(edited)
+    for name in REFERENCE_FILES[1:]:
+        shutil.copy(os.path.join(args.reference, name), args.outdir)
+    shutil.copy(os.path.join(HERE, "pylib", ATTENTION_MODULE + ".py"), args.outdir)
+    link_shards(args.outdir, train, "train")
+    link_shards(args.outdir, val, "val")
+    with open(os.path.join(args.outdir, "run.sh"), "w") as f:
+        f.write(RUN_SH.format(python=args.python))
+    print(f"{args.outdir}: record #89's train_gpt.py offline (shards: {len(train)} training, {len(val)} "
+          f"validation); run it with: bash {os.path.join(args.outdir, 'run.sh')} [PROCESSES]")
+
+
+if __name__ == "__main__":
+    main()

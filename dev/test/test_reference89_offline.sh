@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Tests dev/reference89_offline.py on a stand-in of record #89's files (its three lines that the copy
+# changes, in a script of its own) and a stand-in tiktoken that checks the files' hashes as tiktoken
+# does: the copy differs from the script in those lines alone, the kernel files and the attention
+# module beside it, the shards linked in sorted order under the reference's names, the GPT-2 cache
+# under the names tiktoken looks for, run.sh; and the one-line errors (a line not there once, no
+# shard, a folder in use, files that are not GPT-2's, which leave no folder behind).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source dev/test/lib.sh
+
+PY=python3
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+ref=$WORK/reference
+mkdir -p "$ref" "$WORK/shards" "$WORK/stub/tiktoken" "$WORK/stub/tiktoken_ext"
+cat > "$ref/train_gpt.py" <<'EOF'
+import os
+from kernels import get_kernel
+flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface
+class Hyperparameters:
+    val_tokens: int = 10485760 # how many tokens of validation data?
+EOF
+echo "# triton" > "$ref/triton_kernels.py"
+echo "# dc" > "$ref/dc_triton_kernels.py"
+for name in sp_train_000002 sp_train_000001 sp_train_000010 sp_val_000001; do
+  echo "$name" > "$WORK/shards/$name.bin"
+done
+
+# tiktoken's surface that the kit uses: read_file (the network here), read_file_cached (the cache under
+# sha1 of the address, the hash checked), openai_public.gpt2 (its two files and their sha256).
+touch "$WORK/stub/tiktoken/__init__.py" "$WORK/stub/tiktoken_ext/__init__.py"
+cat > "$WORK/stub/tiktoken/load.py" <<'EOF'
+import hashlib, os
+def read_file(blobpath):
+    raise OSError(f"no network for {blobpath}")
+def read_file_cached(blobpath, expected_hash=None):
+    path = os.path.join(os.environ["TIKTOKEN_CACHE_DIR"], hashlib.sha1(blobpath.encode()).hexdigest())
+    if os.path.exists(path):
+        return open(path, "rb").read()
+    contents = read_file(blobpath)
+    if expected_hash and hashlib.sha256(contents).hexdigest() != expected_hash:
+        raise ValueError(f"hash mismatch for {blobpath}")
+    with open(path, "wb") as f:
+        f.write(contents)
+    return contents
+EOF
+cat > "$WORK/stub/tiktoken_ext/openai_public.py" <<'EOF'
+from tiktoken import load
+BASE = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+def gpt2():
+    load.read_file_cached(BASE + "vocab.bpe", "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5")
+    load.read_file_cached(BASE + "encoder.json", "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783")
+EOF
+export PYTHONPATH=$WORK/stub
+
+holds() {  # holds NAME COMMAND...: the command succeeds (else its output's end is shown)
+  local name=$1 out rc
+  shift
+  out=$("$@" 2>&1)
+  rc=$?
+  check "$name" "$rc" 0
+  [ "$rc" -eq 0 ] || tail -5 <<< "$out"
+}
+
+kit() { "$PY" dev/reference89_offline.py "$@" --reference "$ref" --train "$WORK/shards/sp_train_*.bin" \
+  --val "$WORK/shards/sp_val_*.bin"; }
+
+out=$WORK/offline
+holds "the copy made" kit "$out" --val_tokens 4194304
+holds "two lines and val_tokens changed, nothing else" bash -c "
+  diff '$ref/train_gpt.py' '$out/train_gpt.py' | grep -c '^>' | grep -qx 3 &&
+  grep -qx 'import flex_varlen_attention  # offline: .*' '$out/train_gpt.py' &&
+  grep -qx 'flash_attn_interface = flex_varlen_attention' '$out/train_gpt.py' &&
+  grep -qx '    val_tokens: int = 4194304 # how many tokens of validation data?' '$out/train_gpt.py' &&
+  grep -qx 'import os' '$out/train_gpt.py'"
+holds "kernel files and the attention module beside it" bash -c "
+  cmp '$ref/triton_kernels.py' '$out/triton_kernels.py' &&
+  cmp '$ref/dc_triton_kernels.py' '$out/dc_triton_kernels.py' &&
+  cmp dev/pylib/flex_varlen_attention.py '$out/flex_varlen_attention.py'"
+holds "shards linked in sorted order" bash -c "
+  d='$out/data/fineweb10B'
+  [ \"\$(readlink \$d/fineweb_train_000001.bin)\" = '$WORK/shards/sp_train_000001.bin' ] &&
+  [ \"\$(readlink \$d/fineweb_train_000002.bin)\" = '$WORK/shards/sp_train_000002.bin' ] &&
+  [ \"\$(readlink \$d/fineweb_train_000003.bin)\" = '$WORK/shards/sp_train_000010.bin' ] &&
+  [ \"\$(readlink \$d/fineweb_val_000001.bin)\" = '$WORK/shards/sp_val_000001.bin' ] && [ \$(ls \$d | wc -l) = 4 ]"
+holds "the GPT-2 cache under tiktoken's names" bash -c "
+  base=https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/
+  cmp dev/data/gpt2/vocab.bpe '$out/tiktoken/'\$(printf %s \${base}vocab.bpe | sha1sum | cut -c1-40) &&
+  cmp dev/data/gpt2/encoder.json '$out/tiktoken/'\$(printf %s \${base}encoder.json | sha1sum | cut -c1-40)"
+holds "run.sh" bash -c "grep -q 'DATA_PATH=\$PWD TIKTOKEN_CACHE_DIR=\$PWD/tiktoken exec' '$out/run.sh'"
+
+expect_fail() {  # expect_fail NAME TEXT COMMAND...: a non-zero exit and one line, an error naming TEXT
+  local name=$1 text=$2 err rc
+  shift 2
+  err=$("$@" 2>&1)
+  rc=$?
+  check "$name: fails" "$([ "$rc" -ne 0 ] && echo yes)" yes
+  check "$name: one line naming it" "$(wc -l <<< "$err") $(grep -c "^error: .*$text" <<< "$err")" "1 1"
+}
+expect_fail "a folder in use" "$out is not empty: give a new folder" kit "$out"
+sed 's/from kernels import get_kernel/from kernels import load_kernel/' "$ref/train_gpt.py" > "$WORK/other.py"
+cp -r "$ref" "$WORK/other_ref" && mv "$WORK/other.py" "$WORK/other_ref/train_gpt.py"
+expect_fail "another version of the script" \
+  "expected the line 'from kernels import get_kernel' once .*found it 0 times" \
+  "$PY" dev/reference89_offline.py "$WORK/new1" --reference "$WORK/other_ref" \
+  --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/sp_val_*.bin"
+expect_fail "validation tokens off the batch" \
+  "--val_tokens 1048576: must be a positive multiple of the reference's validation batch, 2,097,152 tokens" \
+  kit "$WORK/new4" --val_tokens 1048576
+expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
+  "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
+  --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/none_*.bin"
+mkdir -p "$WORK/not_gpt2" && echo "{}" > "$WORK/not_gpt2/encoder.json" && cp dev/data/gpt2/vocab.bpe "$WORK/not_gpt2/"
+expect_fail "files that are not GPT-2's" "--gpt2 $WORK/not_gpt2: tiktoken's GPT-2 cache not filled .*hash mismatch" \
+  kit "$WORK/new3" --gpt2 "$WORK/not_gpt2"
+holds "no folder left by the failures" bash -c "
+  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ]"
+finish test_reference89_offline
