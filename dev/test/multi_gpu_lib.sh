@@ -1,7 +1,8 @@
 # Shared by scripts/multi_gpu_tests.sh and scripts/scaling_tests.sh (source it after setting
 # `out`, the folder for the logs, and `ranks`, the number of processes): the mpirun command line
 # in `mpi`, the training data and flags in `common`, and
-#   check NAME COMMAND...           runs COMMAND into $out/NAME.log and counts PASS or FAIL;
+#   check NAME COMMAND...           runs COMMAND into $out/NAME.log and counts PASS or FAIL (with
+#                                   its seconds);
 #   losses_close LOG1 LOG2 TOL      the step and validation losses of two logs agree within TOL
 #                                   (with TOL 0: equal as printed, and the same parameter checksum).
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off
@@ -13,12 +14,12 @@ passed=0
 failed=0
 
 check() {
-  local name=$1
+  local name=$1 start=$SECONDS
   shift
   if "$@" > "$out/$name.log" 2>&1; then
-    echo "PASS $name"; passed=$((passed + 1))
+    echo "PASS $name ($((SECONDS - start)) s)"; passed=$((passed + 1))
   else
-    echo "FAIL $name (log: $out/$name.log)"; tail -5 "$out/$name.log"; failed=$((failed + 1))
+    echo "FAIL $name ($((SECONDS - start)) s; log: $out/$name.log)"; tail -5 "$out/$name.log"; failed=$((failed + 1))
   fi
 }
 
