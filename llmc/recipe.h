@@ -261,7 +261,8 @@ struct Recipe {
   // more all-gather a step.
   int zero_stage = 1;
   // -od: 1 divides the optimizers' work over the processes (train_gpt2.cu's OptimizerSpread), where
-  // ZeRO does not (-zs 0): a step's optimizers cost 2 ms less on two GPUs.
+  // ZeRO does not (-zs 0): on two H200s all after the micro steps took 2.05 ms less a step for the
+  // speedrun, 1.34 for the modern recipe (dev/notes/multi-gpu-scaling.md).
   int divided_optimizers = 0;
   int fp8_head = 0;            // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
   Fp8HeadScales fp8_head_scales;  // -fhs

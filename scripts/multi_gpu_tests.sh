@@ -318,11 +318,11 @@ ranks_sequence() {
 
 # The modern recipe on two ranks (its defaults -zs 0 -od 1: each rank takes the averaged gradient
 # of its share of Muon's matrices and of its part of the large AdamW tensors, steps them and
-# broadcasts their new parameters): against one
-# rank with two accumulation steps within the BF16 rank tolerance, two runs bit for bit (the
-# shares are fixed by the process count), a resume bit for bit, a checkpoint of 2 ranks resumed on
-# 1 and one of 1 rank on 2 against the runs that never stopped (ranks_sequence). Then ZeRO-1 (-zs 1,
-# to which the recipe's -od 1 yields: each rank steps its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
+# broadcasts their new parameters): against one rank with two accumulation steps within the BF16
+# rank tolerance, two runs bit for bit (the shares are fixed by the process count), a resume bit
+# for bit, a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 against the runs that never
+# stopped (ranks_sequence). Then ZeRO-1 (-zs 1, to which the recipe's -od 1 yields: each rank steps
+# its shard's momentum, the Nesterov inputs are gathered, each applies the update to its
 # shard): the bits of -zs 0 (the recipe does not clip; the norms, summed per shard, are not
 # compared), two runs bit for bit, a resume bit for bit, and a -zs 1 checkpoint resumed with -zs
 # 0, bit for bit against the -zs 0 run, and on 1 rank, within the rank tolerance.
