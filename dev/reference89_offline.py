@@ -1,7 +1,7 @@
 """Record #89's train_gpt.py made to run offline, on our shards, with the fewest changes.
 
     python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
-                                       [--gpt2 DIR] [--val_tokens N] [--python PY]
+                                       [--passes N] [--gpt2 DIR] [--val_tokens N] [--python PY]
 
 DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
@@ -12,7 +12,10 @@ unless told; its log in OUTDIR/logs/):
   batch, 2,097,152). Nothing else is edited: a line not there exactly once stops it with an error
   naming the line.
 - data/fineweb10B/fineweb_{train,val}_NNNNNN.bin: links to the shards of --train and --val in their
-  sorted order (the reference's own order, read from DATA_PATH, which run.sh sets to OUTDIR).
+  sorted order (the reference's own order, read from DATA_PATH, which run.sh sets to OUTDIR). The
+  reference reads its training shards once and stops when they run out; with --passes N the training
+  shards are linked N times over, in the same order each time, for a corpus that holds fewer than the
+  338.8M tokens it trains on once each document is cut at its cap.
 - tiktoken/: tiktoken's cache of the GPT-2 encoding (TIKTOKEN_CACHE_DIR in run.sh), filled from
   --gpt2's encoder.json and vocab.bpe (default dev/data/gpt2) through tiktoken itself, which checks
   them against the official files' hashes (so it needs the python with tiktoken: --python, else this
@@ -75,10 +78,10 @@ def shards(pattern, flag):
     return files
 
 
-def link_shards(outdir, files, split):
+def link_shards(outdir, files, split, passes=1):
     folder = os.path.join(outdir, "data", "fineweb10B")
     os.makedirs(folder, exist_ok=True)
-    for i, path in enumerate(files):
+    for i, path in enumerate(files * passes):
         os.symlink(os.path.abspath(path), os.path.join(folder, f"fineweb_{split}_{i + 1:06d}.bin"))
 
 
@@ -106,6 +109,7 @@ def main():
     parser.add_argument("--reference", required=True, help="the folder of the reference's three files")
     parser.add_argument("--train", required=True, help="glob of the training shards")
     parser.add_argument("--val", required=True, help="glob of the validation shards")
+    parser.add_argument("--passes", type=int, default=1, help="times the training shards are linked over (default 1)")
     parser.add_argument("--gpt2", default=os.path.join(HERE, "data", "gpt2"),
                         help="the folder of GPT-2's encoder.json and vocab.bpe (default: dev/data/gpt2)")
     parser.add_argument("--val_tokens", type=int, help="validation tokens instead of the reference's 10,485,760")
@@ -114,6 +118,8 @@ def main():
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):
         fail(f"--val_tokens {args.val_tokens}: must be a positive multiple of the reference's validation batch, "
              f"{VAL_BATCH_TOKENS:,} tokens")
+    if args.passes < 1:
+        fail(f"--passes {args.passes}: must be at least 1 (the times the training shards are read)")
     for name in REFERENCE_FILES:
         if not os.path.isfile(os.path.join(args.reference, name)):
             fail(f"--reference {args.reference}: no {name}; give the folder of {SCRIPT} and its kernel files")
@@ -143,12 +149,12 @@ def main():
     for name in REFERENCE_FILES[1:]:
         shutil.copy(os.path.join(args.reference, name), args.outdir)
     shutil.copy(os.path.join(HERE, "pylib", ATTENTION_MODULE + ".py"), args.outdir)
-    link_shards(args.outdir, train, "train")
+    link_shards(args.outdir, train, "train", args.passes)
     link_shards(args.outdir, val, "val")
     with open(os.path.join(args.outdir, "run.sh"), "w") as f:
         f.write(RUN_SH.format(python=args.python))
-    print(f"{args.outdir}: record #89's train_gpt.py offline (shards: {len(train)} training, {len(val)} "
-          f"validation); run it with: bash {os.path.join(args.outdir, 'run.sh')} [PROCESSES]")
+    print(f"{args.outdir}: record #89's train_gpt.py offline (shards: {len(train)} training x {args.passes}, "
+          f"{len(val)} validation); run it with: bash {os.path.join(args.outdir, 'run.sh')} [PROCESSES]")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 // the split; each split is cut into shards of --shard_size tokens: NAME_val_000000.bin, ...,
 // NAME_train_000000.bin, ... Symbolic links are not followed. Empty files, and files that are not
 // UTF-8 text (invalid UTF-8 or a NUL byte, as in binary data), are skipped and counted: a corpus
-// of installed packages holds a few, and one of them is no reason to lose the rest.
+// of installed packages holds a few, and one of them is no reason to lose the rest. With
+// --min_tokens, files of fewer tokens are skipped and counted too: a trainer that packs documents
+// into fixed slots a sequence (record #89's script) needs them no shorter than its data's.
 //
 // Files are read and tokenized in batches on --threads threads, each with its own encoder (an
 // encoder's cache is not shared), and added to the shards in path order: the bytes written do not
@@ -38,7 +40,7 @@ namespace {
 const char* kUsage =
     "usage: build/shard_tree --root DIR --val_dirs NAME[,NAME...] --output_dir DIR --name NAME\n"
     "                        [--glob PATTERN] [--shard_size TOKENS] [--threads N]\n"
-    "                        [--encoder_dir DIR]\n"
+    "                        [--min_tokens N] [--encoder_dir DIR]\n"
     "  --root DIR         the tree of text files; each file is one document\n"
     "  --glob PATTERN     file names to take, a shell pattern (default '*'; quote it: '*.py')\n"
     "  --val_dirs NAMES   top-level folders of --root whose files form the val split\n"
@@ -46,6 +48,7 @@ const char* kUsage =
     "  --name NAME        shard file prefix: NAME_val_000000.bin, NAME_train_000000.bin, ...\n"
     "  --shard_size N     tokens per shard (default 100000000)\n"
     "  --threads N        tokenizing threads (default: OpenMP's, one per core)\n"
+    "  --min_tokens N     skip files of fewer tokens (EOT not counted; default 0, none skipped)\n"
     "  --encoder_dir DIR  directory with encoder.json and vocab.bpe (default dev/data/gpt2)\n";
 
 // Files read and tokenized per parallel batch: bounded by count and by bytes, to bound memory.
@@ -60,6 +63,7 @@ struct Options {
   std::string name;
   long shard_size = 100000000;
   int threads = omp_get_max_threads();
+  long min_tokens = 0;
   std::string encoder_dir = "dev/data/gpt2";
 };
 
@@ -90,6 +94,8 @@ Options parse_options(int argc, char** argv) {
       options.shard_size = llmc::parse_int("--shard_size", value.c_str(), 1, INT32_MAX);
     } else if (flag == "--threads") {
       options.threads = (int)llmc::parse_int("--threads", value.c_str(), 1, 4096);
+    } else if (flag == "--min_tokens") {
+      options.min_tokens = llmc::parse_int("--min_tokens", value.c_str(), 0, INT32_MAX);
     } else if (flag == "--encoder_dir") {
       options.encoder_dir = value;
     } else {
@@ -187,7 +193,7 @@ std::vector<TreeFile> list_files(const Options& options) {
   return files;
 }
 
-enum class FileKind { kText, kEmpty, kNotText };
+enum class FileKind { kText, kEmpty, kNotText, kShort };
 
 // One file's tokens (EOT first), or why it is skipped.
 struct TokenizedFile {
@@ -195,7 +201,7 @@ struct TokenizedFile {
   std::vector<uint16_t> tokens;
 };
 
-TokenizedFile tokenize_file(const std::string& path, llmc::BpeEncoder& encoder) {
+TokenizedFile tokenize_file(const std::string& path, long min_tokens, llmc::BpeEncoder& encoder) {
   TokenizedFile result;
   const std::string text = llmc::read_text_file(path);
   if (text.empty()) {
@@ -213,13 +219,17 @@ TokenizedFile tokenize_file(const std::string& path, llmc::BpeEncoder& encoder) 
     return result;
   }
   const std::vector<int> ids = encoder.encode_with_eot(text);
+  if ((long)ids.size() - 1 < min_tokens) {
+    result.kind = FileKind::kShort;
+    return result;
+  }
   result.tokens.assign(ids.begin(), ids.end());
   return result;
 }
 
 // What the run did, for its closing lines.
 struct Counts {
-  size_t val_files = 0, train_files = 0, empty = 0, not_text = 0;
+  size_t val_files = 0, train_files = 0, empty = 0, not_text = 0, short_files = 0;
   std::string first_not_text;
 };
 
@@ -233,7 +243,8 @@ void shard_batch(const Options& options, const std::vector<TreeFile>& files, siz
   for (size_t i = begin; i < end; i++) {
     try {
       tokenized[i - begin] =
-          tokenize_file(options.root + "/" + files[i].path, encoders[omp_get_thread_num()]);
+          tokenize_file(options.root + "/" + files[i].path, options.min_tokens,
+                        encoders[omp_get_thread_num()]);
     } catch (const std::exception& e) {
       errors[i - begin] = e.what();
     }
@@ -245,6 +256,8 @@ void shard_batch(const Options& options, const std::vector<TreeFile>& files, siz
       counts->empty++;
     } else if (file.kind == FileKind::kNotText) {
       if (counts->not_text++ == 0) counts->first_not_text = options.root + "/" + files[i].path;
+    } else if (file.kind == FileKind::kShort) {
+      counts->short_files++;
     } else if (in_val_dirs(options, files[i].path)) {
       val.add(file.tokens.data(), file.tokens.size());
       counts->val_files++;
@@ -268,9 +281,10 @@ void print_counts(const Options& options, const Counts& counts, const llmc::Toke
          val.total(), val.shard_count());
   printf("train: %zu files: %zu tokens in %d shards\n", counts.train_files, train.total(),
          train.shard_count());
-  printf("skipped: %zu empty files, %zu not UTF-8 text%s%s\n", counts.empty, counts.not_text,
-         counts.not_text ? " (the first: " : "",
-         counts.not_text ? (counts.first_not_text + ")").c_str() : "");
+  printf("skipped: %zu empty files, %zu not UTF-8 text%s%s, %zu under %ld tokens\n", counts.empty,
+         counts.not_text, counts.not_text ? " (the first: " : "",
+         counts.not_text ? (counts.first_not_text + ")").c_str() : "", counts.short_files,
+         options.min_tokens);
 }
 
 int run(int argc, char** argv) {
@@ -297,8 +311,8 @@ int run(int argc, char** argv) {
     begin = end;
   }
   if (val.total() == 0) {
-    LLMC_FAIL("the --val_dirs folders hold no text (their matching files are all empty or not "
-              "UTF-8): name other folders");
+    LLMC_FAIL("the --val_dirs folders hold no text (their matching files are all empty, not "
+              "UTF-8 or under --min_tokens): name other folders");
   }
   if (train.total() == 0) {
     LLMC_FAIL("no text is left to train on: every matching file with text is under --val_dirs; "

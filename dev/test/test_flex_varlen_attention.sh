@@ -4,7 +4,8 @@
 # query sees in a listed block, every full block seen whole, each list in order; documents of one
 # token, on block edges, the padded cu_seqlens; windows of 0, within a block, across blocks, none),
 # the refusal of a length off the block; and, on a CUDA GPU with FlexAttention, its attention and
-# gradients against attention under the dense mask. PYTHON as in train_gpt2_py_lib.sh.
+# gradients against attention under the dense mask, called as it is and inside a graph compiled
+# with fullgraph=True, as the reference calls it. PYTHON as in train_gpt2_py_lib.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/train_gpt2_py_lib.sh
@@ -97,21 +98,41 @@ def reference(q, k, v, starts, window, scale):
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     return torch.einsum("hij,jhd->ihd", probs, v.float())
 
+def worst_excess(outputs, expected, atol, rtol):
+    """The largest |a - b| - rtol |b| over the tensors: within atol, every entry is close."""
+    return max(((a.float() - b.float()).abs() - rtol * b.float().abs()).max().item() for a, b in zip(outputs, expected))
+
+# The reference compiles its whole forward with fullgraph=True and calls the attention on tensors that
+# the graph computed: the same here, with the inputs passed through a pointwise function first.
+@torch.compile(fullgraph=True, dynamic=False)
+def compiled_attention(q, k, v, cu, window):
+    q, k, v = (2 * torch.tanh(t) for t in (q, k, v))
+    return fva.flash_attn_varlen_func(q, k, v, cu, cu, q.size(0), q.size(0), causal=True, softmax_scale=0.12,
+                                      window_size=(window, 0))
+
+def eager_attention(q, k, v, cu, window):
+    return fva.flash_attn_varlen_func(q, k, v, cu, cu, q.size(0), q.size(0), causal=True, softmax_scale=0.12,
+                                      window_size=(window, 0))
+
 torch.manual_seed(3)
 length, heads, dim = 1024, 3, 128
 starts = [0, 100, 128, 129, 700]
 cu = torch.tensor(starts + [length] * 4, dtype=torch.int32, device="cuda")
-for dtype, tolerance in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
-    for window in (0, 100, 384, length):
-        q, k, v = (torch.randn(length, heads, dim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-        dy = torch.randn(length, heads, dim, device="cuda")
-        y = fva.flash_attn_varlen_func(q, k, v, cu, cu, length, length, causal=True, softmax_scale=0.12,
-                                       window_size=(window, 0))
-        grads = torch.autograd.grad((y.float() * dy).sum(), (q, k, v))
-        y_ref = reference(q, k, v, starts, window, 0.12)
-        grads_ref = torch.autograd.grad((y_ref * dy).sum(), (q, k, v))
-        worst = max((a.float() - b.float()).abs().max().item() for a, b in zip((y,) + grads, (y_ref,) + grads_ref))
-        assert worst <= tolerance, f"{dtype}, window {window}: largest difference {worst:.3g} (tolerance {tolerance})"
-        print(f"ok: {dtype}, window {window}: largest difference {worst:.3g}")
+for dtype, atol, rtol in ((torch.float32, 2e-4, 1e-4), (torch.bfloat16, 6e-2, 2 ** -6)):
+    for mode, attention, windows in (("eager", eager_attention, (0, 100, 384, length)),
+                                     ("compiled", compiled_attention, (100, length))):
+        for window in windows:
+            q, k, v = (torch.randn(length, heads, dim, device="cuda", dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+            dy = torch.randn(length, heads, dim, device="cuda")
+            y = attention(q, k, v, cu, window)
+            grads = torch.autograd.grad((y.float() * dy).sum(), (q, k, v))
+            inputs = (q, k, v) if mode == "eager" else tuple(2 * torch.tanh(t) for t in (q, k, v))
+            y_ref = reference(*inputs, starts, window, 0.12)
+            grads_ref = torch.autograd.grad((y_ref * dy).sum(), (q, k, v))
+            excess = worst_excess((y,) + grads, (y_ref,) + grads_ref, atol, rtol)
+            name = f"{dtype}, {mode}, window {window}"
+            assert excess <= atol, f"{name}: largest difference {excess:.3g} beyond {rtol:.3g} |x| (tolerance {atol})"
+            print(f"ok: {name}: largest difference {excess:.3g} beyond {rtol:.3g} |x|")
 EOF
 echo "test_flex_varlen_attention: passed"

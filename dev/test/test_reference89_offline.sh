@@ -2,9 +2,10 @@
 # Tests dev/reference89_offline.py on a stand-in of record #89's files (its three lines that the copy
 # changes, in a script of its own) and a stand-in tiktoken that checks the files' hashes as tiktoken
 # does: the copy differs from the script in those lines alone, the kernel files and the attention
-# module beside it, the shards linked in sorted order under the reference's names, the GPT-2 cache
-# under the names tiktoken looks for, run.sh; and the one-line errors (a line not there once, no
-# shard, a folder in use, files that are not GPT-2's, which leave no folder behind).
+# module beside it, the shards linked in sorted order under the reference's names (the training
+# ones --passes times over), the GPT-2 cache under the names tiktoken looks for, run.sh; and the
+# one-line errors (a line not there once, no pass, no shard, a folder in use, files that are not
+# GPT-2's, which leave no folder behind).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -85,6 +86,14 @@ holds "shards linked in sorted order" bash -c "
   [ \"\$(readlink \$d/fineweb_train_000002.bin)\" = '$WORK/shards/sp_train_000002.bin' ] &&
   [ \"\$(readlink \$d/fineweb_train_000003.bin)\" = '$WORK/shards/sp_train_000010.bin' ] &&
   [ \"\$(readlink \$d/fineweb_val_000001.bin)\" = '$WORK/shards/sp_val_000001.bin' ] && [ \$(ls \$d | wc -l) = 4 ]"
+out2=$WORK/offline2
+holds "the copy made with three passes" kit "$out2" --passes 3
+holds "the training shards linked three times over, in order" bash -c "
+  d='$out2/data/fineweb10B'
+  once='sp_train_000001.bin sp_train_000002.bin sp_train_000010.bin '
+  for i in 1 2 3 4 5 6 7 8 9; do readlink \$d/fineweb_train_00000\$i.bin; done | xargs -n1 basename |
+    tr '\n' ' ' | grep -qx \"\$once\$once\$once\" &&
+  [ \$(ls \$d | wc -l) = 10 ]"
 holds "the GPT-2 cache under tiktoken's names" bash -c "
   base=https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/
   cmp dev/data/gpt2/vocab.bpe '$out/tiktoken/'\$(printf %s \${base}vocab.bpe | sha1sum | cut -c1-40) &&
@@ -109,6 +118,7 @@ expect_fail "another version of the script" \
 expect_fail "validation tokens off the batch" \
   "--val_tokens 1048576: must be a positive multiple of the reference's validation batch, 2,097,152 tokens" \
   kit "$WORK/new4" --val_tokens 1048576
+expect_fail "no pass" "--passes 0: must be at least 1" kit "$WORK/new5" --passes 0
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
   --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/none_*.bin"
@@ -116,5 +126,5 @@ mkdir -p "$WORK/not_gpt2" && echo "{}" > "$WORK/not_gpt2/encoder.json" && cp dev
 expect_fail "files that are not GPT-2's" "--gpt2 $WORK/not_gpt2: tiktoken's GPT-2 cache not filled .*hash mismatch" \
   kit "$WORK/new3" --gpt2 "$WORK/not_gpt2"
 holds "no folder left by the failures" bash -c "
-  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ]"
+  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ]"
 finish test_reference89_offline

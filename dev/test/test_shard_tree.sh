@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tests build/shard_tree on a small made-up tree of Python files: the val split holds exactly the
 # files of the --val_dirs folders and train all others, each file is EOT + its tokens, in path
-# order; empty, binary and non-UTF-8 files and symbolic links are skipped; the bytes are the same
-# across runs and thread counts; and every error is one line that leaves nothing behind. Expected
-# tokens come from build/encode_text, file by file. Scratch files go to build/scratch/test_shard_tree.
+# order; empty, binary and non-UTF-8 files, symbolic links and (with --min_tokens) short files are
+# skipped; the bytes are the same across runs and thread counts; and every error is one line that
+# leaves nothing behind. Expected tokens come from build/encode_text, file by file. Scratch files go
+# to build/scratch/test_shard_tree.
 #
 #   bash dev/test/test_shard_tree.sh        (MAKE=... to use another make command)
 set -uo pipefail
@@ -88,8 +89,27 @@ read -r -a val <<< "$(expected_tokens "${val_files[@]}")"
 check "it prints the counts" "$(tail -n 3 "$SCRATCH/out1.log")" \
   "val:   3 files (beta,gamma): ${#val[@]} tokens in 1 shards
 train: 47 files: ${#train[@]} tokens in $(( (${#train[@]} + 99) / 100 )) shards
-skipped: 1 empty files, 2 not UTF-8 text (the first: $root/gamma/binary.py)"
+skipped: 1 empty files, 2 not UTF-8 text (the first: $root/gamma/binary.py), 0 under 0 tokens"
 check "no other files are written" "$(ls "$out" | grep -vc '^py_\(val\|train\)_[0-9]\{6\}\.bin$')" 0
+
+# --min_tokens: the files of fewer tokens than it (EOT not counted) are left out and counted.
+min_tokens=7
+at_least_min() {  # the files of at least min_tokens tokens
+  local path
+  for path in "$@"; do
+    [ "$(build/encode_text "$root/$path" 2>/dev/null | wc -w)" -ge "$min_tokens" ] && echo "$path"
+  done
+}
+mapfile -t long_val < <(at_least_min "${val_files[@]}")
+mapfile -t long_train < <(at_least_min "${train_files[@]}")
+short=$(( ${#val_files[@]} + ${#train_files[@]} - ${#long_val[@]} - ${#long_train[@]} ))
+shard "$SCRATCH/long" --min_tokens "$min_tokens" > "$SCRATCH/long.log"
+check "--min_tokens $min_tokens: val holds its ${#long_val[@]} of ${#val_files[@]} files" \
+  "$(shard_tokens "$SCRATCH/long" py_val)" "$(expected_tokens "${long_val[@]}")"
+check "--min_tokens $min_tokens: train holds its ${#long_train[@]} of ${#train_files[@]} files" \
+  "$(shard_tokens "$SCRATCH/long" py_train)" "$(expected_tokens "${long_train[@]}")"
+check "--min_tokens $min_tokens: the short files counted" "$(tail -n 1 "$SCRATCH/long.log")" \
+  "skipped: 1 empty files, 2 not UTF-8 text (the first: $root/gamma/binary.py), $short under 7 tokens"
 
 OMP_NUM_THREADS=2 shard "$SCRATCH/out2" > /dev/null
 shard "$SCRATCH/out3" --threads 3 > /dev/null
@@ -124,6 +144,9 @@ check_error "every file held out" "error: no text is left to train on" \
 check_error "a missing --root" "error: --root $SCRATCH/none is not a directory" \
   build/shard_tree --root "$SCRATCH/none" --val_dirs a --output_dir "$err" --name e
 check_error "--threads 0" "--threads 0: must be within [1, 4096]" shard "$err" --threads 0
+check_error "--min_tokens -1" "error: --min_tokens -1: must be at least 0" shard "$err" --min_tokens -1
+check_error "val files all under --min_tokens" "error: the --val_dirs folders hold no text" \
+  shard "$err" --min_tokens 1000
 check "failed runs leave nothing in --output_dir" "$(ls -A "$err" 2>/dev/null | wc -l)" 0
 sums_before=$(cd "$out" && sha256sum *)
 check_error "an --output_dir that holds shards" \
