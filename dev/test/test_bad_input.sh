@@ -109,6 +109,9 @@ shard("magic.bin", tokens, magic=20240326)
 shard("version.bin", tokens, version=2)
 shard("token.bin", tokens[:100] + [VOCAB] + tokens[101:])
 shard("big.bin", tokens * 257)  # one batch of 512 x 1024 and its target
+# documents of 700 tokens (EOT first), enough for record #89's last stage: 2 x 393,216 + 2 tokens
+shard("documents.bin", [VOCAB - 1 if i % 700 == 0 else t for i, t in enumerate(tokens * 400)])
+shard("documents_val.bin", tokens * 130)  # one validation sequence of 262,144 and its target
 PY
 
 COMMON=(-i "$DIR/train.bin" -j "$DIR/val.bin" -e tiny -b 4 -t 64 -v 0 -s 0 -k constant -l 1e-3)
@@ -969,6 +972,23 @@ if [ $no_gpu = 1 ]; then
     attempt "no CUDA GPU is visible \(check nvidia-smi and CUDA_VISIBLE_DEVICES\)\$" "${COMMON[@]}" -x 2 $extra
     report "no GPU: $extra is this trainer's alone, so no CPU trainer is named"
   done
+  # Every switch of record #89 this trainer has, together at the record's sizes (the command of
+  # dev/notes/record89-reference.md, "Our flags for record #89"): no two refuse each other.
+  if has_flag -lp && [ -x build/write_tokenizer ] && build/write_tokenizer --output "$DIR/vocab.bin" >/dev/null; then
+    stages="1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25;"
+    stages+=" 1/3 t=32768 z=262144 cap=2048 aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0;"
+    stages+=" 1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13"
+    WATCH=("$KEEP")
+    attempt "no CUDA GPU is visible" -recipe speedrun -e d12 -lp 1 -ph 1 -rp 1 -awt 1 -ko 1 -yn 1 -asc 0.1 \
+      -sm 1 -bg 1 -vg 1 -rl 1 -xs 1 -al 1 -mg 1 -ri 89 -i "$DIR/documents.bin" -j "$DIR/documents_val.bin" \
+      -x 1270 -sp "$stages" -awf 20 -k cooldown -kc 0.6 -q 0.15 -mc 50 -ns polar -mn 1 -mq 2 -cd 1 -ml 0.023 \
+      -mw 1.2 -c 0.005 -ao 2 -ut 847 -lc 23,5,bf16 -fhs 100,1.6,0.75 -pw 0.25 -tk "$DIR/vocab.bin" -v 250 \
+      -vt 262144 -m 40 -o "$DIR/record89_run"
+    [ -e "$DIR/record89_run" ] && problems+=("$DIR/record89_run was created before the GPU")
+    report "record #89's switches together get as far as the GPU"
+  elif has_flag -lp; then
+    skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
+  fi
 fi
 
 [ $skipped -gt 0 ] && echo "($skipped case(s) skipped, see above)"
