@@ -15,7 +15,9 @@ unless told; its log in OUTDIR/logs/):
   sorted order (the reference's own order, read from DATA_PATH, which run.sh sets to OUTDIR). The
   reference reads its training shards once and stops when they run out; with --passes N the training
   shards are linked N times over, in the same order each time, for a corpus that holds fewer than the
-  338.8M tokens it trains on once each document is cut at its cap.
+  338.8M tokens it trains on once each document is cut at its cap. --passes auto counts the passes
+  from the shards' documents (needs numpy): the reference's tokens at each cap over the tokens a pass
+  gives at it, one pass more for the ends of shards and forwards it drops.
 - tiktoken/: tiktoken's cache of the GPT-2 encoding (TIKTOKEN_CACHE_DIR in run.sh), filled from
   --gpt2's encoder.json and vocab.bpe (default dev/data/gpt2) through tiktoken itself, which checks
   them against the official files' hashes (so it needs the python with tiktoken: --python, else this
@@ -23,6 +25,7 @@ unless told; its log in OUTDIR/logs/):
 """
 import argparse
 import glob
+import math
 import os
 import shutil
 import subprocess
@@ -37,6 +40,10 @@ REFERENCE_FILES = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
 ATTENTION_MODULE = "flex_varlen_attention"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 VAL_BATCH_TOKENS = 4 * 64 * 1024 * 8  # the reference's val_batch_size, which its val_tokens must be a multiple of
+BOS = 50256
+# The reference's training tokens at each document cap (TRAINING_STAGES, 1979-1990): stage 1's 423 steps
+# of 131,072 at 896, then 424 steps of 262,144 and 423 + 15 of 393,216 at 2,048.
+TRAIN_TOKENS_BY_CAP = ((896, 423 * 131072), (2048, 424 * 262144 + 438 * 393216))
 
 # tiktoken's gpt2 encoding, built with tiktoken.load.read_file serving --gpt2's files by name: its
 # read_file_cached then writes each under the name it looks for, after checking its hash.
@@ -78,6 +85,42 @@ def shards(pattern, flag):
     return files
 
 
+def shard_tokens(path):
+    import numpy as np
+    count = int(np.fromfile(path, dtype=np.int32, count=256)[2])
+    return np.fromfile(path, dtype=np.uint16, offset=1024, count=count)
+
+
+def passes_needed(files):
+    """The passes over the training shards that the reference's run reads (--passes auto)."""
+    try:
+        import numpy as np
+    except ImportError:
+        fail("--passes auto: counting the shards' documents needs numpy: give --passes N, or a python with numpy")
+    per_pass = dict.fromkeys((cap for cap, _ in TRAIN_TOKENS_BY_CAP), 0)
+    for path in files:
+        tokens = shard_tokens(path)
+        starts = np.flatnonzero(tokens == BOS)
+        if len(starts) == 0:
+            fail(f"--train: {path} holds no document (no token {BOS}); the reference reads documents from their start")
+        lengths = np.diff(np.append(starts, len(tokens)))
+        for cap in per_pass:
+            per_pass[cap] += int(np.minimum(lengths, cap).sum())
+    return math.ceil(sum(tokens / per_pass[cap] for cap, tokens in TRAIN_TOKENS_BY_CAP)) + 1
+
+
+def passes_arg(text):
+    if text == "auto":
+        return text
+    try:
+        passes = int(text)
+    except ValueError:
+        passes = 0
+    if passes < 1:
+        fail(f"--passes {text}: give a whole number of at least 1 (the times the training shards are read) or auto")
+    return passes
+
+
 def link_shards(outdir, files, split, passes=1):
     folder = os.path.join(outdir, "data", "fineweb10B")
     os.makedirs(folder, exist_ok=True)
@@ -109,7 +152,8 @@ def main():
     parser.add_argument("--reference", required=True, help="the folder of the reference's three files")
     parser.add_argument("--train", required=True, help="glob of the training shards")
     parser.add_argument("--val", required=True, help="glob of the validation shards")
-    parser.add_argument("--passes", type=int, default=1, help="times the training shards are linked over (default 1)")
+    parser.add_argument("--passes", type=passes_arg, default=1,
+                        help="times the training shards are linked over, or auto: as many as the run reads (default 1)")
     parser.add_argument("--gpt2", default=os.path.join(HERE, "data", "gpt2"),
                         help="the folder of GPT-2's encoder.json and vocab.bpe (default: dev/data/gpt2)")
     parser.add_argument("--val_tokens", type=int, help="validation tokens instead of the reference's 10,485,760")
@@ -118,8 +162,6 @@ def main():
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):
         fail(f"--val_tokens {args.val_tokens}: must be a positive multiple of the reference's validation batch, "
              f"{VAL_BATCH_TOKENS:,} tokens")
-    if args.passes < 1:
-        fail(f"--passes {args.passes}: must be at least 1 (the times the training shards are read)")
     for name in REFERENCE_FILES:
         if not os.path.isfile(os.path.join(args.reference, name)):
             fail(f"--reference {args.reference}: no {name}; give the folder of {SCRIPT} and its kernel files")
@@ -129,6 +171,8 @@ def main():
     train, val = shards(args.train, "--train"), shards(args.val, "--val")
     if os.path.exists(args.outdir) and os.listdir(args.outdir):
         fail(f"{args.outdir} is not empty: give a new folder")
+    if args.passes == "auto":
+        args.passes = passes_needed(train)
     with open(os.path.join(args.reference, "train_gpt.py")) as f:
         source = f.read()
     try:

@@ -3,7 +3,7 @@
 # changes, in a script of its own) and a stand-in tiktoken that checks the files' hashes as tiktoken
 # does: the copy differs from the script in those lines alone, the kernel files and the attention
 # module beside it, the shards linked in sorted order under the reference's names (the training
-# ones --passes times over), the GPT-2 cache under the names tiktoken looks for, run.sh; and the
+# ones --passes times over, or as many as the run reads), the GPT-2 cache under the names tiktoken looks for, run.sh; and the
 # one-line errors (a line not there once, no pass, no shard, a folder in use, files that are not
 # GPT-2's, which leave no folder behind).
 set -uo pipefail
@@ -118,13 +118,43 @@ expect_fail "another version of the script" \
 expect_fail "validation tokens off the batch" \
   "--val_tokens 1048576: must be a positive multiple of the reference's validation batch, 2,097,152 tokens" \
   kit "$WORK/new4" --val_tokens 1048576
-expect_fail "no pass" "--passes 0: must be at least 1" kit "$WORK/new5" --passes 0
+expect_fail "no pass" "--passes 0: give a whole number of at least 1 .* or auto" kit "$WORK/new5" --passes 0
+expect_fail "passes not a number" "--passes two: give a whole number" kit "$WORK/new5" --passes two
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
   --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/none_*.bin"
 mkdir -p "$WORK/not_gpt2" && echo "{}" > "$WORK/not_gpt2/encoder.json" && cp dev/data/gpt2/vocab.bpe "$WORK/not_gpt2/"
 expect_fail "files that are not GPT-2's" "--gpt2 $WORK/not_gpt2: tiktoken's GPT-2 cache not filled .*hash mismatch" \
   kit "$WORK/new3" --gpt2 "$WORK/not_gpt2"
+# --passes auto on shards of documents of 1,000 tokens, two shards of 3,500: a pass gives 6,272,000
+# tokens at the cap 896 and 7,000,000 at 2,048, so stage 1's 55,443,456 take 8.84 passes and the
+# rest's 283,377,664 40.48: 50 passes, and one more.
+NUMPY_PY=$(python_with numpy)
+if [ -n "$NUMPY_PY" ]; then
+  "$NUMPY_PY" - "$WORK/docs" <<'EOF'
+import os, sys
+import numpy as np
+folder = sys.argv[1]
+os.makedirs(folder)
+def shard(name, tokens):
+    header = np.zeros(256, np.int32)
+    header[:3] = (20240520, 1, tokens.size)
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(header.tobytes() + tokens.tobytes())
+for i in range(2):
+    tokens = np.full(3500 * 1000, 7, dtype=np.uint16)
+    tokens[::1000] = 50256
+    shard(f"docs_train_{i:06d}.bin", tokens)
+shard("none_train_000000.bin", np.full(1000, 7, dtype=np.uint16))
+EOF
+  auto() { "$NUMPY_PY" dev/reference89_offline.py "$@" --reference "$ref" --val "$WORK/shards/sp_val_*.bin"; }
+  holds "--passes auto made" auto "$WORK/auto" --train "$WORK/docs/docs_train_*.bin" --passes auto
+  check "--passes auto: 51 passes of the two shards" "$(ls "$WORK/auto/data/fineweb10B" | grep -c train)" 102
+  expect_fail "--passes auto on a shard without a document" "--train: .*none_train_000000.bin holds no document" \
+    auto "$WORK/new6" --train "$WORK/docs/none_train_*.bin" --passes auto
+else
+  echo "skip --passes auto: no python with numpy (apt-get install python3-numpy)"
+fi
 holds "no folder left by the failures" bash -c "
-  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ]"
+  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ]"
 finish test_reference89_offline
