@@ -9644,10 +9644,19 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
   optimizer_arrays_alloc(&o.state, o.state_layout, o.use_master_weights);
 }
 
+// Fails for a model (from `where`) with a feature of its file's layout that this trainer does not run:
+// record #89's MUDD dense connections, which train_gpt2.py has.
+void require_runnable_features(const llmc::GPT2Config& config, const std::string& where) {
+  REQUIRE(!config.mudd_connections, "%s holds a model with record #89's MUDD dense connections (header slot %d's "
+          "bit %d), which this trainer does not run yet: train_gpt2.py --mudd_connections 1 does", where.c_str(),
+          llmc::kFeaturesSlot, llmc::kFeatureMuddConnections);
+}
+
 // The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process
 // keeps the optimizer state of shard shard_rank only.
 void gpt2_allocate_params(ModelParams& m, const llmc::GPT2Config& config, uint64_t seed, int shard_rank,
                           int shard_count) {
+  require_runnable_features(config, "the model");
   m.config = config;
   m.plan = llmc::layer_plan(config);
   m.logit_cap = llmc::arch_spec(config.arch).logit_cap;
@@ -14317,6 +14326,7 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-ph", a.paired_heads, config.paired_heads, "record #89's paired heads");
   check("-al", a.attn_lambdas, config.attn_lambdas, "record #89's attention lambdas");
   check("-mg", a.mudd_gates, config.mudd_gates, "record #89's MUDD gate generators");
+  require_runnable_features(config, path);
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {

@@ -64,6 +64,7 @@ FEATURE_RECORD89_PLAN = 64  # the speedrun's 11-layer plan (--record89_plan)
 FEATURE_PAIRED_HEADS = 128  # that plan's paired heads (--paired_heads)
 FEATURE_ATTN_LAMBDAS = 256  # the speedrun's attention lambdas (--attn_lambdas)
 FEATURE_MUDD_GATES = 512  # that plan's MUDD gate generators (--mudd_gates)
+FEATURE_MUDD_CONNECTIONS = 1024  # that plan's MUDD dense connections (--mudd_connections)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -135,6 +136,18 @@ MUDD_GATE_COLUMNS_OF.update({(kind, layer): (0, 18 + 2 * layer + second)
                              for layer in range(4) for second, kind in enumerate(("x0", "bigram"))})
 MUDD_GATE_COLUMNS_OF.update({(kind, layer): (1, 18 + 2 * k + second) for k, layer in enumerate((4, 5, 7, 8, 9))
                              for second, kind in enumerate(("x0", "bigram"))})
+# Record #89's MUDD dense connections (--mudd_connections 1; llmc/gpt2.h's kMuddConnection*): two generators of
+# the gate generators' form, (gelu(x W1^T) W2[:n]^T + b2[:n]) x MUDD_SCALE (fixed), hidden width MUDD_HIDDEN.
+# The first reads the last layer's input and gives its MUDD_LAYER_COEFFICIENTS per token (mudd_layer_terms):
+# v += m0 in0 + m1 out7 + m2 x, x <- (1 + m5) x + m3 in0 + m4 out7, heads' value-embedding gates m6 (the first
+# half) and m7, the attention's add m8 x + m9 attn + m10 in0 (+ m11 b), the MLP's m12 x + m13 mlp. The second
+# reads the last layer's output and gives MUDD_FINAL_COEFFICIENTS: x += m0 in0 + m1 out7 + m2 out9 + m3 ve0 +
+# m4 out3 (in0 the stream entering layer 0, outK layer K's output, ve0 the value-embedding lookup of layer 1).
+MUDD_HIDDEN, MUDD_LAYER_COEFFICIENTS, MUDD_FINAL_COEFFICIENTS, MUDD_SCALE = 64, 14, 5, 0.1
+# b2's start (before the scale): the layer's ve gates 2, its lambdas r sqrt(1.1) and p 1, its bigram gate 0.05
+# (its x0 gate 0), and the final mix's out7 coefficient -0.5, each over the scale.
+MUDD_BIAS_INIT = [((0, 6), 2.0), ((0, 7), 2.0), ((0, 8), 1.1 ** 0.5), ((0, 9), 1.0), ((0, 11), 0.05),
+                  ((0, 12), 1.1 ** 0.5), ((0, 13), 1.0), ((1, 1), -0.5)]
 # b2's start a column (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
 # composed attention's first six weights (layer 10's, unused here) 1.0, over the scale; the rest 0.
 MUDD_GATE_BIAS_INIT = [((0, 12, 18), 2.5), ((0, 19, 26, 2), 0.5), ((1, 12, 18), 2.5), ((1, 19, 28, 2), 0.5),
@@ -486,6 +499,8 @@ class GPTConfig:
     attn_lambdas: bool = False  # speedrun: record #89's attention lambdas, the attention's weights scaled (SPEC.md)
     # speedrun in record #89's plan: its gates read per token from two MUDD gate generators (SPEC.md)
     mudd_gates: bool = False
+    # speedrun in record #89's plan: its MUDD dense connections at the last layer and after it (SPEC.md)
+    mudd_connections: bool = False
 
     @property
     def modern(self):
@@ -550,6 +565,8 @@ class GPTConfig:
             head_gates = sum(spec.head_gate for spec in self.plan) * self.num_heads
             attn_lambdas = 2 * L if self.attn_lambdas else 0  # (qkv's, the output projection's) a layer
             mudd = (MUDD_GATE_HIDDEN * C + MUDD_GATE_COLUMNS * (MUDD_GATE_HIDDEN + 1)) * 2 + 1 if self.mudd_gates else 0
+            if self.mudd_connections:  # W1 [2, 64, C], W2 [2, 14, 64], b2 [2, 14]
+                mudd += (MUDD_HIDDEN * C + MUDD_LAYER_COEFFICIENTS * (MUDD_HIDDEN + 1)) * 2
             return ((2 + self.value_embeddings) * Vp * C + skips + layers + smear + bigram + ve_gates
                     + sublayer_lambdas + xsa + x0_gates + skip_gate + head_gates + attn_lambdas + mudd)
         if self.modern:
@@ -581,10 +598,11 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
                 bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
-                record89_plan=False, paired_heads=False, attn_lambdas=False, mudd_gates=False):
+                record89_plan=False, paired_heads=False, attn_lambdas=False, mudd_gates=False, mudd_connections=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
-                       bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas), bool(mudd_gates))
+                       bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas), bool(mudd_gates),
+                       bool(mudd_connections))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -615,6 +633,12 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.mudd_gates and not config.record89_plan:
         fail(f"{source}: the MUDD gate generators make record #89's plan's gates; give --recipe speedrun and "
              f"--record89_plan 1 or drop --mudd_gates")
+    if config.mudd_connections and not config.record89_plan:
+        fail(f"{source}: the MUDD dense connections join record #89's plan's layers; give --recipe speedrun and "
+             f"--record89_plan 1 or drop --mudd_connections")
+    if config.mudd_connections and num_heads % 2 != 0:
+        fail(f"{source}: the MUDD dense connections gate the value embedding a half of the heads each, and "
+             f"num_heads {num_heads} is odd; give an even --num_heads or drop --mudd_connections")
     if config.mudd_gates and num_heads > MUDD_HEAD_SLOTS:
         fail(f"{source}: the MUDD gate generators hold {MUDD_HEAD_SLOTS} columns a layer's heads, and num_heads "
              f"{num_heads} is more; give at most {MUDD_HEAD_SLOTS} --num_heads or drop --mudd_gates")
@@ -895,15 +919,19 @@ class CausalSelfAttention(nn.Module):
         if config.attention_gate:
             self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
-    def mix_values(self, v, value_embedding, x=None, ve_gate=None):
+    def mix_values(self, v, value_embedding, x=None, ve_gate=None, v_mix=None):
         """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]; with record #89's
         gate weights ve_gate [NH, 12] each head's b is 2 sigmoid(ve_gate[h] . [x[:6], ve[:6]]), x the
-        attention's normed input, in v's dtype as the rest of the mix."""
+        attention's normed input, in v's dtype as the rest of the mix. v_mix (MUDD's dense connections,
+        mudd_layer_terms): (g [B, T, NH], e [B, T, C]), a v + (g ve + e), each head's g in b's place."""
         if self.value_scales is None:
             return v
         if value_embedding is None:
             return self.value_scales[0] * v
         ve = value_embedding.view_as(v)
+        if v_mix is not None:
+            gate, extra = v_mix
+            return self.value_scales[0] * v + (gate[..., None] * ve + extra.view_as(v))
         if ve_gate is None:
             return self.value_scales[0] * v + self.value_scales[1] * ve
         gate_in = torch.cat([x[..., :VE_GATE_INPUTS], value_embedding[..., :VE_GATE_INPUTS]], dim=-1)
@@ -919,14 +947,14 @@ class CausalSelfAttention(nn.Module):
         return y * gate.view(*gate.shape, 1)
 
     def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None, head_gate=None,
-                attn_lambda=None):
+                attn_lambda=None, v_mix=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
         causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
         xsa_alpha: its XSA strengths [NH] (or [B, T, NH]), or None; head_gate: record #89's gate of each head
         [NH] (or [B, T, NH]: a token's, from the MUDD gate generators), which scales its output (after XSA)
         before the output projection, or None; attn_lambda: record #89's (s0, s1) of the layer, which scale
         c_attn's and c_proj's weights (scaled_linear), or None. With paired heads the mask is of the rows
-        doubled ([B, 1, 2T, 2T]: GPT.attention_masks)."""
+        doubled ([B, 1, 2T, 2T]: GPT.attention_masks). v_mix: MUDD's terms of the value (mix_values), or None."""
         B, T, C = x.size()
         q, k, v = scaled_linear(self.c_attn, x, None if attn_lambda is None else attn_lambda[0]).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -934,7 +962,7 @@ class CausalSelfAttention(nn.Module):
             q, k = (rotate(rms_norm(t), self.freq, self.rotary_pairs, self.paired) for t in (q, k))
         if self.key_offset:
             k = shift_stationary_keys(k, self.rotary_pairs)
-        v = self.mix_values(v, value_embedding, x, ve_gate)
+        v = self.mix_values(v, value_embedding, x, ve_gate, v_mix)
         if self.paired:  # record #89's views: token t's first NH/2 heads at position 2t, the rest at 2t + 1
             q, k, v = (t.reshape(B, 2 * T, self.num_heads // 2, C // self.num_heads) for t in (q, k, v))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -1005,6 +1033,14 @@ def bigram_rows(tokens, table_rows):
     return ids, sign_rows
 
 
+def mudd_bias_init():
+    """The MUDD dense connections' b2 [2, 14] at init (MUDD_BIAS_INIT, over the scale)."""
+    bias = torch.zeros(2, MUDD_LAYER_COEFFICIENTS)
+    for (generator, column), value in MUDD_BIAS_INIT:
+        bias[generator, column] = value / MUDD_SCALE
+    return bias
+
+
 def mudd_gate_bias_init():
     """The MUDD gate generators' b2 [2, 41] at init (MUDD_GATE_BIAS_INIT)."""
     bias = torch.zeros(2, MUDD_GATE_COLUMNS)
@@ -1036,7 +1072,7 @@ class Block(nn.Module):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
     def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, xsa_alpha=None,
-                lambdas=None, x0_term=None, source=None, head_gate=None, attn_lambda=None):
+                lambdas=None, x0_term=None, source=None, head_gate=None, attn_lambda=None, v_mix=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
         ve_gate: the weights of its value embedding's gates, or None; xsa_alpha: its XSA strengths, or None;
         lambdas: (r_attention, p_attention, r_mlp, p_mlp) of the residual lambdas, each sublayer's add
@@ -1044,12 +1080,13 @@ class Block(nn.Module):
         #89's gated x0 the layer adds after its attention, before the bigram term, or None; source: the
         earlier layer's output its attention reads instead of x (LayerSpec.attention_source), or None;
         head_gate: its heads' gates (record #89's), or None; attn_lambda: its attention lambdas (s0, s1), or
-        None."""
+        None; v_mix: MUDD's terms of its attention's value (CausalSelfAttention.mix_values), or None. The
+        lambdas and terms may be a token's ([B, T, 1]: MUDD's)."""
         x = self.mix_input(x, x0)
         r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
             y = self.attn(self.ln_1(x if source is None else source), mask, value_embedding, ve_gate, xsa_alpha,
-                          head_gate, attn_lambda)
+                          head_gate, attn_lambda, v_mix)
             if x0_term is not None:  # record #89's plan: the attention's terms summed, then the stream's add
                 terms = (y if lambdas is None else p_attention * y) + x0_term
                 terms = terms if bigram is None else terms + bigram
@@ -1133,6 +1170,14 @@ class GPT(nn.Module):
             self.mudd_gate_w2 = nn.Parameter(torch.zeros(2, MUDD_GATE_COLUMNS, MUDD_GATE_HIDDEN))
             self.mudd_gate_b2 = nn.Parameter(mudd_gate_bias_init())
             self.mudd_gate_scale = nn.Parameter(torch.tensor([MUDD_GATE_SCALE_INIT]))
+        # and with its MUDD dense connections (mudd_coefficients) their W1 [2, 64, C], W2 [2, 14, 64] and b2 [2, 14],
+        # whose coefficients replace the last layer's residual lambdas, x0 and bigram gates and value-embedding
+        # gates (those stay, unread)
+        self.mudd_w1 = self.mudd_w2 = self.mudd_b2 = None
+        if config.mudd_connections:
+            self.mudd_w1 = nn.Parameter(torch.zeros(2, MUDD_HIDDEN, C))
+            self.mudd_w2 = nn.Parameter(torch.zeros(2, MUDD_LAYER_COEFFICIENTS, MUDD_HIDDEN))
+            self.mudd_b2 = nn.Parameter(mudd_bias_init())
         # modern: a separate head with a bias (speedrun: without); GPT-2's is wte itself
         self.lm_head = (Fp8Head if fp8_head else plain)(C, Vp, bias=config.arch == "modern")
         if not config.modern:
@@ -1239,6 +1284,7 @@ class GPT(nn.Module):
         bigram = self.bigram_embedding(idx)
         if bigram is not None:
             x = x0 + self.bigram_term(0, bigram, rows)
+        in0 = x  # the stream entering layer 0, which MUDD's dense connections mix in
         value_embeddings = self.layer_value_embeddings(idx)
         ve_gates = self.layer_ve_gates()
         masks = self.attention_masks(idx) if masks is None else masks
@@ -1252,11 +1298,46 @@ class GPT(nn.Module):
             x = self.gated_skip(spec, x, outputs, layer, rows)
             source = None if spec.attention_source is None else outputs[spec.attention_source]
             bigram_term = self.bigram_term(layer, bigram, rows) if layer > 0 else None
+            layer_lambdas, x0_term, v_mix = lambdas[layer], self.x0_term(layer, x0, rows), None
+            if self.mudd_w1 is not None and layer == self.config.num_layers - 1:
+                x, layer_lambdas, x0_term, bigram_term, v_mix = self.mudd_layer_terms(x, in0, outputs, bigram)
             x = block(x, mask, x0, value_embedding, bigram_term, ve_gates[layer], self.layer_xsa_alpha(layer, rows),
-                      lambdas[layer], self.x0_term(layer, x0, rows), source, self.layer_head_gate(layer, rows),
-                      attn_lambdas[layer])
+                      layer_lambdas, x0_term, source, self.layer_head_gate(layer, rows), attn_lambdas[layer], v_mix)
             outputs.append(x)
-        return t.ln_f(x)
+        return t.ln_f(self.mudd_final_mix(x, in0, outputs, value_embeddings))
+
+    def mudd_coefficients(self, x, generator):
+        """Record #89's MUDD dense connections' coefficients of x [B, T, C] from generator 0 (the last layer's, 14)
+        or 1 (the final mix's, 5): (gelu(x W1^T) W2[:n]^T + b2[:n]) x 0.1, a list of n [B, T, 1], each step in
+        x's dtype, the GELU the exact one."""
+        n = MUDD_LAYER_COEFFICIENTS if generator == 0 else MUDD_FINAL_COEFFICIENTS
+        hidden = F.gelu(F.linear(x, self.mudd_w1[generator].type_as(x)))
+        product = F.linear(hidden, self.mudd_w2[generator, :n].type_as(x))
+        return list(((product + self.mudd_b2[generator, :n].type_as(x)) * MUDD_SCALE).split(1, dim=-1))
+
+    def mudd_layer_terms(self, x, in0, outputs, bigram):
+        """The last layer's terms from MUDD's first generator of its input x (MUDD_BIAS_INIT's comment): its
+        stream (1 + m5) x + m3 in0 + m4 out7, its lambdas (m8, m9, m12, m13), x0 term m10 in0, bigram term m11 b
+        (None without the bigram embedding) and value terms (each half of the heads' gate m6, m7; m0 in0 + m1
+        out7 + m2 x), each step in x's dtype."""
+        m, out7 = self.mudd_coefficients(x, 0), outputs[7]
+        extra = m[0] * in0 + m[1] * out7 + m[2] * x
+        stream = (1 + m[5]) * x + m[3] * in0 + m[4] * out7
+        half = self.config.num_heads // 2
+        gates = torch.cat([m[6].expand(*m[6].shape[:-1], half), m[7].expand(*m[7].shape[:-1], half)], dim=-1)
+        bigram_term = None if bigram is None else m[11] * bigram
+        return stream, (m[8], m[9], m[12], m[13]), m[10] * in0, bigram_term, (gates, extra)
+
+    def mudd_final_mix(self, x, in0, outputs, value_embeddings):
+        """After the last layer, x + m0 in0 + m1 out7 + m2 out9 + m3 ve0 + m4 out3 from MUDD's second generator
+        of x (ve0 layer 1's value embedding), added in that order in x's dtype; x itself without MUDD."""
+        if self.mudd_w1 is None:
+            return x
+        m = self.mudd_coefficients(x, 1)
+        terms = (in0, outputs[7], outputs[9], value_embeddings[1], outputs[3])
+        for coefficient, term in zip(m, terms):
+            x = x + coefficient * term
+        return x
 
     def mudd_gate_rows(self, x, generator):
         """Record #89's MUDD gate generator `generator` (0 pre, 1 post) of x [B, T, C]: its rows [B, T, n],
@@ -1455,7 +1536,7 @@ def params_in_file_order(model):
     with the bigram embedding: its gates; with the value-embedding gates: theirs; with the residual
     lambdas: resid_lambdas, post_lambdas; with XSA: xsa_alpha; in record #89's plan: x0_gates, skip_gate,
     head_gates; with the attention lambdas: attn_lambdas; with its MUDD gate generators: mudd_gate_w1,
-    mudd_gate_w2, mudd_gate_b2, mudd_gate_scale)."""
+    mudd_gate_w2, mudd_gate_b2, mudd_gate_scale; with its MUDD dense connections: mudd_w1, mudd_w2, mudd_b2)."""
     t = model.transformer
 
     def stacked(names):
@@ -1472,6 +1553,7 @@ def params_in_file_order(model):
                     if q is not None]
         record89 += ([model.mudd_gate_w1, model.mudd_gate_w2, model.mudd_gate_b2, model.mudd_gate_scale]
                      if model.config.mudd_gates else [])
+        record89 += [model.mudd_w1, model.mudd_w2, model.mudd_b2] if model.config.mudd_connections else []
         unet = [model.skip_weights] if model.skip_weights is not None else []  # none in record #89's plan
         return ([t.wte.weight] + stacked(SPEEDRUN_MATRICES) + [model.lm_head.weight] + [ve.weight for ve in t.ve]
                 + bigram + stacked(SPEEDRUN_GATES) + unet + stacked(SPEEDRUN_SCALARS) + smear
@@ -1535,7 +1617,7 @@ def init_weights_speedrun(model, seed, record_init=0):
     one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
     bigram gates 0.05, its value-embedding gates' weights zero (each gate 1); its MUDD gate generators' W1
     uniform in +-1/sqrt(C) (one draw a generator, after every layer's), W2 zero, b2 mudd_gate_bias_init and the
-    scale 0.1. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
+    scale 0.1; its MUDD dense connections' likewise (their draws after the gate generators'), b2 mudd_bias_init. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
     wte's place and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's
     c_proj of the attention drawn with c_attn and c_fc, in that order."""
     config, t = model.config, model.transformer
@@ -1580,6 +1662,12 @@ def init_weights_speedrun(model, seed, record_init=0):
                 generator.uniform_(-mudd_bound, mudd_bound)
             model.mudd_gate_b2.copy_(mudd_gate_bias_init())
             model.mudd_gate_scale.fill_(MUDD_GATE_SCALE_INIT)
+        if model.mudd_w1 is not None:
+            mudd_bound = 1.0 / math.sqrt(config.channels)  # kaiming_uniform_(a=sqrt(5))'s
+            for generator in model.mudd_w1:
+                generator.uniform_(-mudd_bound, mudd_bound)
+            model.mudd_w2.zero_()
+            model.mudd_b2.copy_(mudd_bias_init())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1610,7 +1698,8 @@ def write_checkpoint(model, path, version):
                              | (FEATURE_RECORD89_PLAN if c.record89_plan else 0)
                              | (FEATURE_PAIRED_HEADS if c.paired_heads else 0)
                              | (FEATURE_ATTN_LAMBDAS if c.attn_lambdas else 0)
-                             | (FEATURE_MUDD_GATES if c.mudd_gates else 0))
+                             | (FEATURE_MUDD_GATES if c.mudd_gates else 0)
+                             | (FEATURE_MUDD_CONNECTIONS if c.mudd_connections else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1673,15 +1762,16 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
     version = precisions[version]
     features = int(header[FEATURES_SLOT])
     speedrun_only = (FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
-                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS | FEATURE_ATTN_LAMBDAS | FEATURE_MUDD_GATES)
+                     | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS | FEATURE_ATTN_LAMBDAS | FEATURE_MUDD_GATES
+                     | FEATURE_MUDD_CONNECTIONS)
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
              f"rotary pairs ({FEATURE_SMEAR}: the smear, {FEATURE_BIGRAM}: the bigram embedding, {FEATURE_VE_GATES}: "
              f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA, "
              f"{FEATURE_RECORD89_PLAN}: record #89's plan, {FEATURE_PAIRED_HEADS}: its paired heads, "
-             f"{FEATURE_ATTN_LAMBDAS}: its attention lambdas, {FEATURE_MUDD_GATES}: its MUDD gate generators), "
-             f"and GPT-2 has "
+             f"{FEATURE_ATTN_LAMBDAS}: its attention lambdas, {FEATURE_MUDD_GATES}: its MUDD gate generators, "
+             f"{FEATURE_MUDD_CONNECTIONS}: its MUDD dense connections), and GPT-2 has "
              f"no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
              f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
@@ -1690,7 +1780,8 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
                          resid_lambdas=features & FEATURE_RESID_LAMBDAS, xsa=features & FEATURE_XSA,
                          record89_plan=features & FEATURE_RECORD89_PLAN,
                          paired_heads=features & FEATURE_PAIRED_HEADS, attn_lambdas=features & FEATURE_ATTN_LAMBDAS,
-                         mudd_gates=features & FEATURE_MUDD_GATES)
+                         mudd_gates=features & FEATURE_MUDD_GATES,
+                         mudd_connections=features & FEATURE_MUDD_CONNECTIONS)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -2733,10 +2824,10 @@ def optimizer_groups(model, args):
         embeddings += [model.bigram.weight] if model.config.bigram else []
         decay, vector_decay = args.weight_decay, args.weight_decay if model.config.arch == "modern" else 0.0
         # the scalars' role, as the CUDA trainer's vegate, resid_lambdas, post_lambdas, xsa_alpha, head_gates
-        # and the MUDD gate generators' tensors
+        # and the MUDD gate generators' and dense connections' tensors
         scalar_tables = [q for q in (model.ve_gates, model.resid_lambdas, model.post_lambdas, model.xsa_alpha,
                                      model.head_gates, model.attn_lambdas, model.mudd_gate_w1, model.mudd_gate_w2,
-                                     model.mudd_gate_b2)
+                                     model.mudd_gate_b2, model.mudd_w1, model.mudd_w2, model.mudd_b2)
                          if q is not None]
 
         def scalar(p):
@@ -3347,7 +3438,8 @@ TABLE_NAMES = {"transformer.wte.weight": "wte", "transformer.wpe.weight": "wpe",
                "resid_lambdas": "resid_lambdas", "post_lambdas": "post_lambdas", "xsa_alpha": "xsa_alpha",
                "x0_gates": "x0_gates", "skip_gate": "skip_gate", "head_gates": "head_gates",
                "attn_lambdas": "attn_lambdas", "mudd_gate_w1": "mudd_gate_w1", "mudd_gate_w2": "mudd_gate_w2",
-               "mudd_gate_b2": "mudd_gate_b2", "mudd_gate_scale": "mudd_gate_scale"}
+               "mudd_gate_b2": "mudd_gate_b2", "mudd_gate_scale": "mudd_gate_scale", "mudd_w1": "mudd_w1",
+               "mudd_w2": "mudd_w2", "mudd_b2": "mudd_b2"}
 
 
 def table_name(parameter_name):
@@ -3605,6 +3697,11 @@ def parse_args(argv=None):
                    "skip's gate a token, from two MUDD gate generators (gelu(x W1^T) W2^T + b2) x scale, one of x0 "
                    "and one of layer 4's input; the CUDA trainer's -mg); --init_from's checkpoint says whether it "
                    "has them")
+    a.add_argument("--mudd_connections", type=int, choices=[0, 1], help="--recipe speedrun with --record89_plan "
+                   "1: 1 the model has record #89's MUDD dense connections: coefficients a token from two generators "
+                   "(gelu(x W1^T) W2^T + b2) x 0.1, one of the last layer's input, which mix earlier layers' outputs "
+                   "into its value and stream and replace its lambdas and gates, one of its output, which mixes "
+                   "them into the final stream; --init_from's checkpoint says whether it has them")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -4000,11 +4097,11 @@ def resolve_config(args):
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
         features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
-                    args.record89_plan, args.paired_heads, args.attn_lambdas, args.mudd_gates)
+                    args.record89_plan, args.paired_heads, args.attn_lambdas, args.mudd_gates, args.mudd_connections)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
                  "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
-                 "--paired_heads, --attn_lambdas, --mudd_gates and the size flags")
+                 "--paired_heads, --attn_lambdas, --mudd_gates, --mudd_connections and the size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -4021,7 +4118,8 @@ def resolve_config(args):
                        arch=args.arch, smear=args.smear, bigram=args.bigram, rotary_pairs=args.rotary_pairs,
                        ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa,
                        record89_plan=args.record89_plan, paired_heads=args.paired_heads,
-                       attn_lambdas=args.attn_lambdas, mudd_gates=args.mudd_gates)
+                       attn_lambdas=args.attn_lambdas, mudd_gates=args.mudd_gates,
+                       mudd_connections=args.mudd_connections)
 
 
 def check_fp8(config, device, flag="--fp8"):
@@ -4183,7 +4281,7 @@ def train(args, plan, model, train_loader, val_loader, device, rank, world, dtyp
     if world > 1:
         # the MUDD gate generators leave scalars they replace unread
         model = DistributedDataParallel(model, device_ids=[device] if device_type == "cuda" else None,
-                                        find_unused_parameters=config.mudd_gates)
+                                        find_unused_parameters=config.mudd_gates or config.mudd_connections)
     num_params = config.num_parameters()
     master = rank == 0
     log = print if master else (lambda *a, **k: None)

@@ -9,7 +9,7 @@
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
 //   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
 //   kFeatureBigram, kFeatureVeGates, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads,
-//   kFeatureAttnLambdas, kFeatureMuddGates; the modern
+//   kFeatureAttnLambdas, kFeatureMuddGates, kFeatureMuddConnections; the modern
 //   and speedrun's kFeatureRotaryPairs; 0 in files written before this slot)  [254] [255] checksum
 //   kind and CRC-32 (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
@@ -121,6 +121,7 @@ struct GPT2Config {
   bool paired_heads = false;  // and the plan's paired-head attention (LayerSpec::paired; -ph)
   bool attn_lambdas = false;  // and its attention lambdas (ArchSpec::attn_lambdas; -al)
   bool mudd_gates = false;    // and the plan's gates a token from two generators (mudd_gate_column; -mg)
+  bool mudd_connections = false;  // and the plan's MUDD dense connections (ArchSpec::mudd_connections)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
@@ -128,7 +129,8 @@ struct GPT2Config {
            num_heads == o.num_heads && channels == o.channels && smear == o.smear &&
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
            resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan &&
-           paired_heads == o.paired_heads && attn_lambdas == o.attn_lambdas && mudd_gates == o.mudd_gates;
+           paired_heads == o.paired_heads && attn_lambdas == o.attn_lambdas && mudd_gates == o.mudd_gates &&
+           mudd_connections == o.mudd_connections;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -138,12 +140,13 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
                      channels, max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "",
                      bigram ? " bigram" : "", rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
                      resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "",
                      record89_plan ? " record89-plan" : "", paired_heads ? " paired-heads" : "",
-                     attn_lambdas ? " attn-lambdas" : "", mudd_gates ? " mudd-gates" : "");
+                     attn_lambdas ? " attn-lambdas" : "", mudd_gates ? " mudd-gates" : "",
+                     mudd_connections ? " mudd-connections" : "");
   }
 };
 
@@ -264,6 +267,10 @@ struct ArchSpec {
   // Record #89's MUDD gate generators, off in every architecture and set from the config (mudd_gates:
   // -mg, header [9]'s bit 512; the speedrun's in its plan):
   bool mudd_gates;         // the plan's gates read a token from two generators' rows (mudd_gate_column)
+  // Record #89's MUDD dense connections, off in every architecture and set from the config (header [9]'s
+  // bit 1024; the speedrun's in its plan): the last layer's value, stream, lambdas and gates and the
+  // final stream mixed from earlier layers' outputs by coefficients a token (kMuddConnection*)
+  bool mudd_connections = false;
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
@@ -298,6 +305,7 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.xsa = c.xsa;
   a.attn_lambdas = c.attn_lambdas;
   a.mudd_gates = c.mudd_gates;
+  a.mudd_connections = c.mudd_connections;
   // Record #89's plan: x0 after each attention with a gate, not mixed into each block's input, and
   // none of record #28's attention gates (the reference's, on two layers, come from MUDD).
   if (c.record89_plan) {
@@ -314,6 +322,7 @@ constexpr int kFeatureSmear = 1, kFeatureBigram = 2, kFeatureRotaryPairs = 4, kF
 constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan = 64, kFeaturePairedHeads = 128;
 constexpr int kFeatureAttnLambdas = 256;
 constexpr int kFeatureMuddGates = 512;
+constexpr int kFeatureMuddConnections = 1024;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
@@ -333,6 +342,26 @@ constexpr float kAttnLambdaQkvInit = 0.5f, kAttnLambdaProjInit = 1.0f;
 // gives each gate's columns).
 constexpr int kMuddGateHidden = 64, kMuddGateWidth = 41, kMuddPostLayer = 4;
 constexpr float kMuddGateScaleInit = 0.1f;
+
+// Record #89's MUDD dense connections (GPT2Config::mudd_connections; train_gpt2.py's MUDD_*): two generators
+// of the gate generators' form with a fixed scale kMuddConnectionScale, W1 [kMuddConnectionHidden, C], W2
+// [kMuddLayerCoefficients, kMuddConnectionHidden], b2 [kMuddLayerCoefficients]: the first reads the last
+// layer's input and gives it kMuddLayerCoefficients a token (m0-m2 its value's terms of in0, out7 and x;
+// m3-m5 its stream's, (1 + m5) x + m3 in0 + m4 out7; m6, m7 each half of the heads' value-embedding gate;
+// m8, m9 its attention's r and p, m10 its x0 gate (of in0), m11 its bigram gate; m12, m13 its MLP's r and
+// p), the second reads its output and gives kMuddFinalCoefficients, x += m0 in0 + m1 out7 + m2 out9 + m3 ve0
+// + m4 out3 (in0 the stream entering layer 0, ve0 layer 1's value embedding).
+constexpr int kMuddConnectionHidden = 64, kMuddLayerCoefficients = 14, kMuddFinalCoefficients = 5;
+constexpr double kMuddConnectionScale = 0.1;
+
+// b2's start (before the scale): the layer's gates 2, its r sqrt(1.1), p 1 and bigram gate 0.05, the final
+// mix's out7 coefficient -0.5, each over the scale (in double, then rounded); the rest 0.
+inline float mudd_connection_bias_init(int generator, int column) {
+  const double r = std::sqrt(1.1);
+  const double layer[kMuddLayerCoefficients] = {0, 0, 0, 0, 0, 0, 2.0, 2.0, r, 1.0, 0, 0.05, r, 1.0};
+  const double value = generator == 0 ? layer[column] : column == 1 ? -0.5 : 0.0;
+  return (float)(value / kMuddConnectionScale);
+}
 
 // b2's start (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
 // composed attention's first six weights 1.0, each over the scale's 0.1; the rest 0.
@@ -673,6 +702,15 @@ inline const char* mudd_gates_missing(const GPT2Config& c) {
   return nullptr;
 }
 
+// What a config with record #89's MUDD dense connections lacks of what they need, or null: its plan (they
+// join its layers), an even number of heads (each half's gate).
+inline const char* mudd_connections_missing(const GPT2Config& c) {
+  if (!c.mudd_connections) return nullptr;
+  if (!c.record89_plan) return "record #89's plan";
+  if (c.num_heads % 2 != 0) return "an even number of heads";
+  return nullptr;
+}
+
 inline void set_record89_plan(GPT2Config& c, bool on) {
   c.record89_plan = on;
   if (c.speedrun()) c.num_layers = speedrun_layers(on);
@@ -714,7 +752,7 @@ inline bool config_from_preset(const std::string& name, GPT2Config* out, Arch ar
 // and the speedrun's tensors only it has come after them (SPEC.md "Speedrun checkpoint"). The
 // bigram table follows the value embeddings, whose offset and size are multiples of 16 elements,
 // so that its rows' 16-byte loads are aligned; the small tensors come last.
-constexpr int kNumParamTensors = 40;
+constexpr int kNumParamTensors = 43;
 
 enum ParamIndex {
   kWte, kWpe, kLnew, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
@@ -722,7 +760,7 @@ enum ParamIndex {
   kVe, kBigram, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda,
   kBigramGates, kVegate, kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates,
   kAttnLambdas,
-  kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddGateScale,
+  kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddGateScale, kMuddW1, kMuddW2, kMuddB2,
 };
 
 // What a tensor is to the optimizers: Muon (-opt muon) takes the blocks' matrices, AdamW the rest,
@@ -769,6 +807,7 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t x0_gates = a.x0_gates ? 1 : 0;  // one an attention layer
   const size_t attn_lambdas = a.attn_lambdas ? 2 : 0;  // (qkv's, attproj's) in every layer
   const size_t mudd = a.mudd_gates ? 1 : 0;  // the two MUDD gate generators' tensors (the scalars' role)
+  const size_t connections = a.mudd_connections ? 1 : 0;  // and the dense connections' (the scalars' role)
   size_t gated_skips = 0;  // (skip_lambda, g) where the plan has a gated skip
   for (const LayerSpec& l : plan.layers) gated_skips = l.gated_skip_source >= 0 ? 2 : gated_skips;
   using R = ParamRole;
@@ -817,6 +856,10 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
       {"mudd_gate_w2", mudd * 2 * kMuddGateWidth * kMuddGateHidden, whole, false, false, R::kVector},
       {"mudd_gate_b2", mudd * 2 * kMuddGateWidth, whole, false, false, R::kVector},
       {"mudd_gate_scale", mudd, whole, false, false, R::kVector},
+      {"mudd_w1", connections * 2 * kMuddConnectionHidden * C, whole, false, false, R::kVector},
+      {"mudd_w2", connections * 2 * kMuddLayerCoefficients * kMuddConnectionHidden, whole, false, false,
+       R::kVector},
+      {"mudd_b2", connections * 2 * kMuddLayerCoefficients, whole, false, false, R::kVector},
   };
   for (int i = 0; i < kNumParamTensors; i++) table[i] = t[i];
 }
@@ -869,7 +912,7 @@ constexpr int kMaxMuonGroups = 16;
 constexpr ParamIndex kSpeedrunSeedOrder[kNumParamTensors - kSeededTensors] = {
     kVe, kAttngate, kSkipw, kLambdas, kValueScales, kSmearw, kSmearLambda, kBigram, kBigramGates, kVegate,
     kResidLambdas, kPostLambdas, kXsaAlpha, kX0Gates, kSkipGate, kHeadGates, kAttnLambdas,
-    kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddGateScale};
+    kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddGateScale, kMuddW1, kMuddW2, kMuddB2};
 
 // The tensor's position in llm.c's GPT-2 table, the modern tensors after it, the speedrun's after
 // Muon's groups: what seeds a tensor's stochastic rounding, so that GPT-2's seeds stay those of its
@@ -952,17 +995,17 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   const int features = h[kFeaturesSlot];
   const int speedrun_only =
       kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan |
-      kFeaturePairedHeads | kFeatureAttnLambdas | kFeatureMuddGates;
+      kFeaturePairedHeads | kFeatureAttnLambdas | kFeatureMuddGates | kFeatureMuddConnections;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
               "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA, "
               "%d: record #89's plan, %d: its paired heads, %d: its attention lambdas, %d: its MUDD gate "
-              "generators), and GPT-2 has no rotary (%d: its pairs): the header is damaged or the file comes from a "
-              "newer version; re-create it",
+              "generators, %d: its MUDD dense connections), and GPT-2 has no rotary (%d: its pairs): the header is "
+              "damaged or the file comes from a newer version; re-create it",
               path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates,
               kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads, kFeatureAttnLambdas,
-              kFeatureMuddGates, kFeatureRotaryPairs);
+              kFeatureMuddGates, kFeatureMuddConnections, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
@@ -988,6 +1031,12 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
     LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's MUDD gate generators, which need %s: the "
               "header is damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeatureMuddGates, missing);
   }
+  c.mudd_connections = (features & kFeatureMuddConnections) != 0;
+  if (const char* missing = mudd_connections_missing(c)) {
+    LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's MUDD dense connections, which need %s: "
+              "the header is damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeatureMuddConnections,
+              missing);
+  }
   return c;
 }
 
@@ -1007,7 +1056,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
                      (c.rotary_pairs ? kFeatureRotaryPairs : 0) | (c.ve_gates ? kFeatureVeGates : 0) |
                      (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0) |
                      (c.record89_plan ? kFeatureRecord89Plan : 0) | (c.paired_heads ? kFeaturePairedHeads : 0) |
-                     (c.attn_lambdas ? kFeatureAttnLambdas : 0) | (c.mudd_gates ? kFeatureMuddGates : 0);
+                     (c.attn_lambdas ? kFeatureAttnLambdas : 0) | (c.mudd_gates ? kFeatureMuddGates : 0) |
+                     (c.mudd_connections ? kFeatureMuddConnections : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file
@@ -1431,6 +1481,19 @@ enum class SpeedrunInit : int { kRecord28 = 0, kRecord89 = 89 };
 // (0.5, 1); with its plan its x0 gates zero, its skip gate's skip_lambda -1.5 and g 0.5, its head gates 0.25;
 // with its MUDD gate generators their W1 uniform in +-1/sqrt(C) (one draw a generator, after every layer's),
 // W2 zero, b2 mudd_gate_bias_init and the scale 0.1.
+// Two MUDD generators' W1 (table index w1, where the model has them): a draw of each in +-1/sqrt(C)
+// (kaiming_uniform_(a = sqrt(5))'s), in order; their b2 (index b2, width columns a generator) bias_init's.
+inline void init_mudd_generators(const GPT2Config& c, const ParamSpec* table, const size_t* offsets, int w1, int b2,
+                                 int width, float (*bias_init)(int, int), Rng& rng, std::vector<float>& params) {
+  if (table[w1].size == 0) return;
+  const double bound = 1.0 / std::sqrt((double)c.channels);
+  const size_t generator = table[w1].size / 2;
+  for (size_t g = 0; g < 2; g++) rng.uniform(params.data() + offsets[w1] + g * generator, generator, -bound, bound);
+  for (int g = 0; g < 2; g++) {
+    for (int k = 0; k < width; k++) params[offsets[b2] + g * width + k] = bias_init(g, k);
+  }
+}
+
 // Record #89's init (SpeedrunInit::kRecord89) draws the head N(0, 0.005) in place of wte, which is
 // its copy (tied at init; both [Vp, C]), each value embedding N(0, 0.01), and attprojw with qkvw and
 // fcw, in that order in each layer; the rest as above.
@@ -1473,18 +1536,11 @@ inline void init_speedrun_from_seed(const GPT2Config& c, const ParamSpec* table,
       rng.uniform(params.data() + offsets[i] + slab * size, size, -bound, bound);
     }
   }
-  if (table[kMuddGateW1].size == 0) return;
-  const double mudd_bound = 1.0 / std::sqrt((double)c.channels);  // kaiming_uniform_(a = sqrt(5))'s
-  const size_t generator = table[kMuddGateW1].size / 2;
-  for (size_t g = 0; g < 2; g++) {
-    rng.uniform(params.data() + offsets[kMuddGateW1] + g * generator, generator, -mudd_bound, mudd_bound);
-  }
-  for (int g = 0; g < 2; g++) {
-    for (int k = 0; k < kMuddGateWidth; k++) {
-      params[offsets[kMuddGateB2] + g * kMuddGateWidth + k] = mudd_gate_bias_init(g, k);
-    }
-  }
-  params[offsets[kMuddGateScale]] = kMuddGateScaleInit;
+  init_mudd_generators(c, table, offsets, kMuddGateW1, kMuddGateB2, kMuddGateWidth, mudd_gate_bias_init, rng, params);
+  if (table[kMuddGateScale].size != 0) params[offsets[kMuddGateScale]] = kMuddGateScaleInit;
+  // the dense connections' draws after the gate generators'
+  init_mudd_generators(c, table, offsets, kMuddW1, kMuddB2, kMuddLayerCoefficients, mudd_connection_bias_init, rng,
+                       params);
 }
 
 // init: the speedrun's (-ri); the other architectures have one init each.

@@ -989,6 +989,21 @@ if [ $no_gpu = 1 ]; then
   elif has_flag -lp; then
     skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
   fi
+  # A model file with record #89's MUDD dense connections (train_gpt2.py writes one): refused at its
+  # load, before the GPU, since this trainer does not run them yet.
+  torch_python=$(python_with "torch numpy")
+  if has_flag -lp && [ -n "$torch_python" ]; then
+    PYTHONPATH=. "$torch_python" -c "import train_gpt2 as tg
+c = tg.make_config(11, 2, 128, 256, 512, 'x', arch='speedrun', record89_plan=True, mudd_connections=True)
+tg.write_checkpoint(tg.GPT(c), '$DIR/mudd_connections.bin', tg.CHECKPOINT_FP32)"
+    WATCH=("$KEEP")
+    attempt "^error: $DIR/mudd_connections\.bin holds a model with record #89's MUDD dense connections \(header slot 9's bit 1024\), which this trainer does not run yet: train_gpt2\.py --mudd_connections 1 does\$" \
+      -recipe speedrun -e "$DIR/mudd_connections.bin" -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 \
+      -o "$KEEP"
+    report "a model with MUDD's dense connections: refused before the GPU"
+  elif has_flag -lp; then
+    skip "a model with MUDD's dense connections" "no python with torch and numpy to write one"
+  fi
 fi
 
 [ $skipped -gt 0 ] && echo "($skipped case(s) skipped, see above)"

@@ -1183,6 +1183,86 @@ print(f"loss {loss.item():.4f}; header slot {tg.FEATURES_SLOT} {int(header[tg.FE
 EOF
 expect_error "the MUDD gate generators make record #89's plan's gates" --recipe speedrun --model tiny --mudd_gates 1 \
   --input_bin x
+echo "--- record #89's MUDD dense connections (--mudd_connections 1)"
+check "the connections' tensors at init; layer 10's stream, value, adds and the final mix by hand; bit 1024" <<'EOF'
+import os, torch, train_gpt2 as tg
+config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", bigram=True, ve_gates=True, resid_lambdas=True,
+                        record89_plan=True, mudd_gates=True, mudd_connections=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42, 89)
+t, b2 = model.transformer, model.mudd_b2.detach()
+assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+assert 0 < model.mudd_w1.abs().max() <= 128 ** -0.5 and model.mudd_w2.abs().sum() == 0
+# The reference's starts over its 0.1: the ve gates 2, r sqrt(1.1), p 1, the bigram gate 0.05, out7's -0.5 after.
+assert torch.allclose(b2 * 0.1, torch.tensor([[0, 0, 0, 0, 0, 0, 2, 2, 1.1 ** 0.5, 1, 0, 0.05, 1.1 ** 0.5, 1],
+                                              [0, -0.5] + [0] * 12]))
+assert tg.params_in_file_order(model)[-3:] == [model.mudd_w1, model.mudd_w2, model.mudd_b2]
+with torch.no_grad():  # the coefficients off their start, different for each token
+    model.mudd_w2.normal_(0.0, 0.5)
+    model.mudd_b2.add_(torch.randn_like(model.mudd_b2))
+    model.bigram.weight.normal_(0.0, 0.1)
+seen = {}
+def keep(name, take_input=False):
+    def hook(module, inputs, output):
+        seen[name] = inputs[0] if take_input else output
+    return hook
+t.h[0].ln_1.register_forward_hook(keep("in0", True))
+for layer in (3, 7, 9):
+    t.h[layer].register_forward_hook(keep(f"out{layer}"))
+t.h[10].register_forward_hook(keep("out10"))
+t.h[10].ln_2.register_forward_hook(keep("mid10", True))
+t.h[10].attn.register_forward_hook(keep("attn10"))
+t.h[10].mlp.register_forward_hook(keep("mlp10"))
+t.ln_f.register_forward_hook(keep("final", True))
+attn10, mixes = t.h[10].attn, []
+plain_mix = attn10.mix_values
+def recorded_mix(v, ve, *rest):
+    out = plain_mix(v, ve, *rest)
+    mixes.append((v, ve, out))
+    return out
+attn10.mix_values = recorded_mix
+original_block = t.h[10].forward
+def recorded_block(x, *args, **kwargs):
+    seen["stream10"] = x
+    return original_block(x, *args, **kwargs)
+t.h[10].forward = recorded_block
+idx = torch.randint(0, 512, (2, 64))
+loss = model(idx, idx)[1]
+m = model.mudd_coefficients(seen["out9"], 0)
+hidden = torch.nn.functional.gelu(seen["out9"] @ model.mudd_w1[0].T)
+by_hand = (hidden @ model.mudd_w2[0].T + model.mudd_b2[0]) * 0.1
+assert m[0].shape == (2, 64, 1) and (torch.cat(m, dim=-1) - by_hand).abs().max() < 1e-6
+assert float(by_hand.std(dim=(0, 1)).min()) > 0.01, "each coefficient varies over the tokens"
+in0, out3, out7, out9 = seen["in0"], seen["out3"], seen["out7"], seen["out9"]
+bigram = model.bigram(tg.bigram_rows(idx, config.bigram_rows)[0]).view(2, 64, -1) * \
+    model.bigram_signs[tg.bigram_rows(idx, config.bigram_rows)[1]].view(2, 64, -1)
+errors = {"stream": (seen["stream10"] - ((1 + m[5]) * out9 + m[3] * in0 + m[4] * out7)).abs().max()}
+v, ve, mixed = mixes[0]
+gate = torch.cat([m[6].expand(2, 64, 1), m[7].expand(2, 64, 1)], dim=-1)[..., None]
+extra = (m[0] * in0 + m[1] * out7 + m[2] * out9).view_as(v)
+errors["value"] = (mixed - (attn10.value_scales[0] * v + (gate * ve.view_as(v) + extra))).abs().max()
+errors["attention add"] = (seen["mid10"] - (m[8] * seen["stream10"] + (m[9] * seen["attn10"] + m[10] * in0
+                                                                       + m[11] * bigram))).abs().max()
+errors["MLP add"] = (seen["out10"] - (m[12] * seen["mid10"] + m[13] * seen["mlp10"])).abs().max()
+f = model.mudd_coefficients(seen["out10"], 1)
+ve0 = t.ve[config.plan[1].value_embedding](idx)
+want = seen["out10"] + f[0] * in0 + f[1] * out7 + f[2] * out9 + f[3] * ve0 + f[4] * out3
+errors["final mix"] = (seen["final"] - want).abs().max()
+assert max(errors.values()) < 1e-5, errors
+loss.backward()
+assert all(q.grad is not None and q.grad.abs().sum() > 0 for q in (model.mudd_w1, model.mudd_w2, model.mudd_b2))
+assert model.resid_lambdas.grad[10].abs().sum() == 0, "layer 10's own lambdas, unread"
+path = f"{os.environ['WORK']}/mudd_connections.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert int(header[tg.FEATURES_SLOT]) & tg.FEATURE_MUDD_CONNECTIONS == 1024
+back = tg.read_checkpoint(path)
+assert back.config == config and torch.equal(back.mudd_b2, model.mudd_b2)
+print("layer 10 and the final mix within " + ", ".join(f"{k} {float(e):.1e}" for k, e in errors.items())
+      + f"; {config.num_parameters():,} parameters; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
+EOF
+expect_error "the MUDD dense connections join record #89's plan's layers" --recipe speedrun --model tiny \
+  --mudd_connections 1 --input_bin x
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null

@@ -591,6 +591,73 @@ void test_attn_lambdas_table() {
   check_modern_header_refuses(llmc::kFeatureAttnLambdas, "the attention lambdas");
 }
 
+// Whether the tensors are whole, in the scalars' role, their rounding seeds in table order after `after`'s.
+bool scalars_after(const llmc::ParamSpec* t, std::initializer_list<int> tensors, int after) {
+  bool ok = true;
+  for (int i : tensors) {
+    ok = ok && t[i].role == llmc::ParamRole::kVector && t[i].stack == llmc::ParamStack::kWhole &&
+         llmc::param_seed_index(i) == llmc::param_seed_index(after) + (i - after);
+  }
+  return ok;
+}
+
+// Record #89's MUDD dense connections (in its plan, with the gate generators here): mudd_w1 [2, 64, C],
+// mudd_w2 [2, 14, 64] and mudd_b2 [2, 14] after mudd_gate_scale, the scalars' role, their seeds after its;
+// W1 drawn in +-1/sqrt(C) after the gate generators' W1 (whose draws stay as without them), W2 zero, b2 the
+// reference's start over its 0.1; header slot 9's bit 1024, refused without the plan or with an odd number
+// of heads.
+void test_mudd_connections_table() {
+  llmc::GPT2Config c;
+  llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
+  llmc::set_record89_plan(c, true);
+  c.mudd_gates = true;
+  const size_t without = llmc::num_parameters(c);
+  const std::vector<float> gates_only = llmc::init_params_from_seed(c, 3);
+  c.mudd_connections = true;
+  const ParamTable t = table_of(c);
+  const size_t* offsets = t.offsets;
+  const size_t C = c.channels, n = t.count, w1 = 2 * 64 * C, w2 = 2 * 14 * 64, b2 = 2 * 14;
+  const bool roles = scalars_after(t.specs, {llmc::kMuddW1, llmc::kMuddW2, llmc::kMuddB2}, llmc::kMuddGateScale);
+  check_verbose(roles && n == without + w1 + w2 + b2 && t[llmc::kMuddW1].size == w1 && t[llmc::kMuddW2].size == w2 &&
+                    t[llmc::kMuddB2].size == b2 && offsets[llmc::kMuddW1] == without && offsets[llmc::kMuddB2] == n - b2 &&
+                    std::string(t[llmc::kMuddW2].name) == "mudd_w2",
+                llmc::strformat("speedrun tiny -lp 1 -mg 1 with the dense connections: %zu parameters (%zu without), "
+                                "their three tensors last, the scalars' role, seeds after mudd_gate_scale's", n, without));
+  const std::vector<float> init = llmc::init_params_from_seed(c, 3);
+  const float* pw1 = init.data() + offsets[llmc::kMuddW1];
+  const float* pb2 = init.data() + offsets[llmc::kMuddB2];
+  const float bound = (float)(1.0 / std::sqrt((double)C)), r = (float)(std::sqrt(1.1) / 0.1);
+  bool drawn = std::equal(gates_only.begin(), gates_only.end(), init.begin());
+  for (size_t k = 0; k < w1; k++) drawn = drawn && pw1[k] != 0.0f && std::fabs(pw1[k]) <= bound;
+  const bool w2_zero = std::all_of(init.begin() + offsets[llmc::kMuddW2],
+                                   init.begin() + offsets[llmc::kMuddW2] + w2, [](float x) { return x == 0.0f; });
+  const bool bias = pb2[0] == 0.0f && pb2[5] == 0.0f && pb2[6] == 20.0f && pb2[7] == 20.0f && pb2[8] == r &&
+                    pb2[9] == 10.0f && pb2[10] == 0.0f && pb2[11] == (float)(0.05 / 0.1) && pb2[12] == r &&
+                    pb2[13] == 10.0f && pb2[14] == 0.0f && pb2[15] == -5.0f && pb2[16] == 0.0f && pb2[27] == 0.0f;
+  check_verbose(drawn && w2_zero && bias,
+                llmc::strformat("speedrun tiny -lp 1 -mg 1 with the dense connections, init: the rest as without "
+                                "them, W1 in +-%g (first %g), W2 zero, b2 the reference's (ve gates %g, r %g, p %g, "
+                                "bigram gate %g; the final out7 %g)",
+                                bound, pw1[0], pb2[6], pb2[8], pb2[9], pb2[11], pb2[15]));
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  const std::string d = c.describe();
+  check(h[llmc::kFeaturesSlot] == (llmc::kFeatureRecord89Plan | 512 | 1024) &&
+            llmc::config_from_header(h, "md.bin") == c && d.substr(d.size() - 17) == " mudd-connections" &&
+            llmc::mudd_connections_missing(c) == nullptr,
+        "speedrun tiny -lp 1 -mg 1 with the dense connections: header slot 9 holds 64 | 512 | 1024 and reads back");
+  h[llmc::kFeaturesSlot] = 1024;
+  h[4] = 12;
+  check_throws([&] { llmc::config_from_header(h, "md.bin"); }, "MUDD dense connections, which need record #89's plan",
+               "a header naming the MUDD dense connections without the plan is refused");
+  h[llmc::kFeaturesSlot] = llmc::kFeatureRecord89Plan | 1024;
+  h[4] = 11;
+  h[5] = 3;
+  h[6] = 192;
+  check_throws([&] { llmc::config_from_header(h, "md.bin"); }, "which need an even number of heads",
+               "a header naming the MUDD dense connections over 3 heads is refused");
+}
+
 // Record #89's MUDD gate generators (-mg 1, in its plan): mudd_gate_w1 [2, 64, C], mudd_gate_w2 [2, 41, 64],
 // mudd_gate_b2 [2, 41] and mudd_gate_scale [1] after head_gates, the scalars' role, their seeds after
 // head_gates'; W1 drawn in +-1/sqrt(C), W2 zero, b2 the reference's start over the scale 0.1; header slot 9's
@@ -607,11 +674,8 @@ void test_mudd_gates_table() {
   llmc::param_offsets(c, offsets);
   const size_t C = c.channels, n = llmc::num_parameters(c);
   const size_t w1 = 2 * 64 * C, w2 = 2 * 41 * 64, b2 = 2 * 41;
-  bool roles = true;
-  for (int i : {llmc::kMuddGateW1, llmc::kMuddGateW2, llmc::kMuddGateB2, llmc::kMuddGateScale}) {
-    roles = roles && t[i].role == llmc::ParamRole::kVector && t[i].stack == llmc::ParamStack::kWhole &&
-            llmc::param_seed_index(i) == llmc::param_seed_index(llmc::kHeadGates) + (i - llmc::kHeadGates);
-  }
+  const bool roles =
+      scalars_after(t, {llmc::kMuddGateW1, llmc::kMuddGateW2, llmc::kMuddGateB2, llmc::kMuddGateScale}, llmc::kHeadGates);
   check_verbose(roles && n == without + w1 + w2 + b2 + 1 && t[llmc::kMuddGateW1].size == w1 &&
                     t[llmc::kMuddGateW2].size == w2 && t[llmc::kMuddGateB2].size == b2 &&
                     t[llmc::kMuddGateScale].size == 1 && offsets[llmc::kMuddGateW1] == without &&
@@ -810,8 +874,9 @@ void test_smear_table() {
   test_record89_plan_table();
   test_attn_lambdas_table();
   test_mudd_gates_table();
-  h[llmc::kFeaturesSlot] = 1024;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 1024",
+  test_mudd_connections_table();
+  h[llmc::kFeaturesSlot] = 2048;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 2048",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
