@@ -598,7 +598,8 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
                 bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
-                record89_plan=False, paired_heads=False, attn_lambdas=False, mudd_gates=False, mudd_connections=False):
+                record89_plan=False, paired_heads=False, attn_lambdas=False, mudd_gates=False,
+                mudd_connections=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
                        bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas), bool(mudd_gates),
@@ -1617,9 +1618,10 @@ def init_weights_speedrun(model, seed, record_init=0):
     one, the lambdas (1, 0) and the value scales 0.5; record #89's smear and bigram table zero, its
     bigram gates 0.05, its value-embedding gates' weights zero (each gate 1); its MUDD gate generators' W1
     uniform in +-1/sqrt(C) (one draw a generator, after every layer's), W2 zero, b2 mudd_gate_bias_init and the
-    scale 0.1; its MUDD dense connections' likewise (their draws after the gate generators'), b2 mudd_bias_init. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in
-    wte's place and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's
-    c_proj of the attention drawn with c_attn and c_fc, in that order."""
+    scale 0.1; its MUDD dense connections' likewise (their draws after the gate generators'), b2
+    mudd_bias_init. record_init 89 (--record_init): record #89's, the head N(0, 0.005) drawn in wte's place
+    and wte its copy (tied at init), the value embeddings N(0, 0.01), and each layer's c_proj of the attention
+    drawn with c_attn and c_fc, in that order."""
     config, t = model.config, model.transformer
     bound = math.sqrt(3) * 0.5 / math.sqrt(config.channels)
     record89 = record_init == 89

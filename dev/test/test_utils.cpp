@@ -618,11 +618,12 @@ void test_mudd_connections_table() {
   const size_t* offsets = t.offsets;
   const size_t C = c.channels, n = t.count, w1 = 2 * 64 * C, w2 = 2 * 14 * 64, b2 = 2 * 14;
   const bool roles = scalars_after(t.specs, {llmc::kMuddW1, llmc::kMuddW2, llmc::kMuddB2}, llmc::kMuddGateScale);
-  check_verbose(roles && n == without + w1 + w2 + b2 && t[llmc::kMuddW1].size == w1 && t[llmc::kMuddW2].size == w2 &&
-                    t[llmc::kMuddB2].size == b2 && offsets[llmc::kMuddW1] == without && offsets[llmc::kMuddB2] == n - b2 &&
-                    std::string(t[llmc::kMuddW2].name) == "mudd_w2",
-                llmc::strformat("speedrun tiny -lp 1 -mg 1 with the dense connections: %zu parameters (%zu without), "
-                                "their three tensors last, the scalars' role, seeds after mudd_gate_scale's", n, without));
+  check_verbose(roles && n == without + w1 + w2 + b2 && t[llmc::kMuddW1].size == w1 &&
+                    t[llmc::kMuddW2].size == w2 && t[llmc::kMuddB2].size == b2 && offsets[llmc::kMuddW1] == without &&
+                    offsets[llmc::kMuddB2] == n - b2 && std::string(t[llmc::kMuddW2].name) == "mudd_w2",
+                llmc::strformat("speedrun tiny -lp 1 -mg 1 with the dense connections: %zu parameters (%zu "
+                                "without), their three tensors last, the scalars' role, seeds after "
+                                "mudd_gate_scale's", n, without));
   const std::vector<float> init = llmc::init_params_from_seed(c, 3);
   const float* pw1 = init.data() + offsets[llmc::kMuddW1];
   const float* pb2 = init.data() + offsets[llmc::kMuddB2];
@@ -674,8 +675,8 @@ void test_mudd_gates_table() {
   llmc::param_offsets(c, offsets);
   const size_t C = c.channels, n = llmc::num_parameters(c);
   const size_t w1 = 2 * 64 * C, w2 = 2 * 41 * 64, b2 = 2 * 41;
-  const bool roles =
-      scalars_after(t, {llmc::kMuddGateW1, llmc::kMuddGateW2, llmc::kMuddGateB2, llmc::kMuddGateScale}, llmc::kHeadGates);
+  const bool roles = scalars_after(
+      t, {llmc::kMuddGateW1, llmc::kMuddGateW2, llmc::kMuddGateB2, llmc::kMuddGateScale}, llmc::kHeadGates);
   check_verbose(roles && n == without + w1 + w2 + b2 + 1 && t[llmc::kMuddGateW1].size == w1 &&
                     t[llmc::kMuddGateW2].size == w2 && t[llmc::kMuddGateB2].size == b2 &&
                     t[llmc::kMuddGateScale].size == 1 && offsets[llmc::kMuddGateW1] == without &&
