@@ -15,14 +15,6 @@ import torch
 BLOCK = 128  # FlexAttention's block of queries and keys
 
 
-def document_window_blocks(cu_seqlens, length, window, block=BLOCK):
-    """The BlockMask's block lists for `length` positions (a multiple of block): (partial_num,
-    partial_indices, full_num, full_indices), each [Q_BLOCKS] or [Q_BLOCKS, KV_BLOCKS], and doc [length]
-    each position's document; block_pairs says which lists each pair goes in."""
-    partial, full, doc = block_pairs(cu_seqlens, length, window, block)
-    return block_lists(partial) + block_lists(full) + (doc,)
-
-
 def block_pairs(cu_seqlens, length, window, block=BLOCK):
     """(partial, full, doc): [Q_BLOCKS, KV_BLOCKS] booleans and each position's document. A block pair is
     full when every query in it sees every key in it (one document, the keys all before the queries, the

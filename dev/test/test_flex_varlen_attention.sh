@@ -28,7 +28,8 @@ def padded(starts, length, slots):
 def check_lists(starts, length, window, block):
     mask = dense_mask(starts, length, window)
     cu = padded(starts, length, len(starts) + 3)
-    partial_num, partial_idx, full_num, full_idx, _ = fva.document_window_blocks(cu, length, window, block)
+    partial, full, _ = fva.block_pairs(cu, length, window, block)
+    (partial_num, partial_idx), (full_num, full_idx) = fva.block_lists(partial), fva.block_lists(full)
     n = length // block
     listed = torch.zeros(n, n, dtype=torch.bool)
     for qb in range(n):
@@ -66,7 +67,7 @@ for trial in range(40):
 assert fulls > 0, "no case had a full block: the full lists went untested"
 print("ok: 49 layouts")
 try:
-    fva.document_window_blocks(padded([0], 60, 2), 60, 4, block)
+    fva.block_pairs(padded([0], 60, 2), 60, 4, block)
     raise AssertionError("60 positions in blocks of 8 were taken")
 except ValueError as e:
     assert "not a multiple of 8" in str(e), str(e)
