@@ -200,6 +200,10 @@ inline bool check_close(const std::string& name, const std::vector<float>& got,
   return testing::check_tensor(name, got.data(), ref.data(), got.size(), tol * rms, tol);
 }
 
+// What gate_rows puts in the rows' other columns: exact in BF16 and small, so that a gradient
+// added onto them, or a gate read from the wrong column, would show.
+constexpr float kGateFill = 3.0f;
+
 // Record #89's MUDD gates as the kernels read them (GateRows, stride > 0): N rows of `stride` values,
 // a gate's `width` values a row (one, or one a head) from `column` on, `fill` everywhere else.
 inline std::vector<float> gate_rows(const std::vector<float>& gates, int width, int stride, int column, float fill) {

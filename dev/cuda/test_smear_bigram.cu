@@ -301,7 +301,6 @@ void test_gated_terms(int N, int C, llmc::Rng& rng) {
 // ---- Gates a row (record #89's MUDD gates) ----
 // Rows of kGateStride values as the model keeps them, the gates at odd columns (unaligned reads).
 constexpr int kGateStride = llmc::kMuddGateStride, kX0Column = 19, kBigramColumn = 21;
-constexpr float kGateFill = 1e4f;  // the rows' other columns: a gradient added onto them would show
 
 // [p] in + g_n x0 + g'_n b with the gates a row against the reference, apart, in place and twice;
 // rows that all hold the shared gates give the shared gates' bits. Backward of one term: db += g_n

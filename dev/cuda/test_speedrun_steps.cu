@@ -306,9 +306,8 @@ constexpr float kTolSkipScale = 0.0f;
 #endif
 
 // Rows of record #89's MUDD gates as the model keeps them (kMuddGateStride values), the gates read
-// from odd columns; kGateFill elsewhere, so that a gradient added onto the rows would show.
+// from odd columns; kGateFill elsewhere.
 constexpr int kGateStride = llmc::kMuddGateStride;
-constexpr float kGateFill = 1e4f;
 
 // sigmoid(l) rounded to the storage type, as the kernels round it.
 double rounded_sigmoid(float l) { return (float)(floatX)(float)(1.0 / (1.0 + std::exp(-(double)l))); }
