@@ -3485,13 +3485,15 @@ void key_offset_decode(floatX* qkv, floatX* k_cache, int t, int max_t, int C, in
 
 // ---- The speedrun's value mix (SPEC "The speedrun architecture"), in place on qkv's v ----
 // v = a v + b ve[token] in the layers with a value embedding (ve [Vp, C], a parameter), v = a v in
-// the others; (a, b) = scales, two values read from the parameters on the device. With record #89's
+// the others; (a, b) = scales, two values read from the parameters on the device. Without a learned
+// a (record #89's plan: learned_a false, scales = (b)) v + b ve[token], and v as it is elsewhere
+// (nothing to do), nothing kept and dv left as it is. With record #89's
 // value-embedding gates (ValueMixGates) b is each head's gate instead: g_h = 2 sigmoid(z_h), z_h =
 // W[h] . [hn[:6], e[:6]] (e = ve[token], hn the attention's normed input, W [NH, 12]), its 12
 // products added in that order in FP32 (ve_gate_value), recomputed where needed, not stored. qkv
 // [N, 3C], q | k | v as the flash attention reads it (v in columns [2C, 3C)), after QK-norm and
 // rotary; the mixed v is rounded once. The forward keeps v before the mix in v_pre [N, C] for the
-// backward, which writes dv_pre = a dv in place, sums da and db (or dW) over row blocks (section 2)
+// backward (with a), which writes dv_pre = a dv in place, sums da and db (or dW) over row blocks (section 2)
 // and adds dve[token] += b dv (g_h dv, and the gates' part of e[:6]) through the encoder's bucketed
 // backward (section 3) of a scratch [N, C]: deterministic. Floor: forward reads 2NC values, writes
 // 2NC; backward reads 3NC, writes 2NC (the scratch, which the encoder's backward reads again);
@@ -3521,20 +3523,20 @@ __device__ __forceinline__ float ve_gate_value(const floatX* w, const floatX* hn
 }
 
 __global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens,
-                                         const floatX* scales, ValueMixGates gates, int N, int C) {
+                                         const floatX* scales, bool learned_a, ValueMixGates gates, int N, int C) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= (size_t)N * C) return;
   const size_t row = i / C;
   const int c = (int)(i % C);
   floatX* v = qkv + row * 3 * C + 2 * C + c;
   const x128 vv = load128(v);
-  store128(v_pre + i, vv);
-  const float a = (float)scales[0];
+  if (learned_a) store128(v_pre + i, vv);
+  const float a = learned_a ? (float)scales[0] : 1.0f;
   x128 o;
   if (ve) {
     const floatX* e_row = ve + (size_t)tokens[row] * C;
     const float b = gates.W ? ve_gate_value(gates.W + (c / (C / gates.NH)) * kVeGateWidth, gates.hn + row * C, e_row)
-                            : (float)scales[1];
+                            : (float)scales[learned_a ? 1 : 0];
     const x128 e = load128(e_row + c);
     for (int k = 0; k < x128::size; k++) o[k] = (floatX)(a * (float)vv[k] + b * (float)e[k]);
   } else {
@@ -3543,30 +3545,33 @@ __global__ void value_mix_forward_kernel(floatX* qkv, floatX* v_pre, const float
   store128(v, o);
 }
 
-// grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials (da, db).
+// grid kRowBlocks, 1-D blocks: each block's elements in order, then its partials (da, db); without a
+// learned a, da is 0 and dv is left as it is.
 __global__ void value_mix_backward_kernel(floatX* dqkv, floatX* dve_rows, float* partials, const floatX* v_pre,
-                                          const floatX* ve, const int* tokens, const floatX* scales, int N,
-                                          int C) {
-  const float a = (float)scales[0], b = ve ? (float)scales[1] : 0.0f;
+                                          const floatX* ve, const int* tokens, const floatX* scales,
+                                          bool learned_a, int N, int C) {
+  const float a = learned_a ? (float)scales[0] : 1.0f, b = ve ? (float)scales[learned_a ? 1 : 0] : 0.0f;
   float sums[2] = {};
   const RowBlockRange range = row_block_range(N, C);
   for (size_t i = range.begin + threadIdx.x * x128::size; i < range.end; i += blockDim.x * x128::size) {
     const size_t row = i / C;
     const int c = (int)(i % C);
     floatX* dv_at = dqkv + row * 3 * C + 2 * C + c;
-    const x128 dv = load128(dv_at), vp = load128(v_pre + i);
+    const x128 dv = load128(dv_at), vp = learned_a ? load128(v_pre + i) : x128();
     const x128 e = ve ? load128(ve + (size_t)tokens[row] * C + c) : x128();
     x128 o, scaled;
     for (int k = 0; k < x128::size; k++) {
       const float g = (float)dv[k];
-      sums[0] += g * (float)vp[k];
-      o[k] = (floatX)(a * g);
+      if (learned_a) {
+        sums[0] += g * (float)vp[k];
+        o[k] = (floatX)(a * g);
+      }
       if (ve) {
         sums[1] += g * (float)e[k];
         scaled[k] = (floatX)(b * g);
       }
     }
-    store128(dv_at, o);
+    if (learned_a) store128(dv_at, o);
     if (ve) store128(dve_rows + i, scaled);
   }
   row_block_sums_store(partials, sums);
@@ -3579,6 +3584,7 @@ __global__ void value_mix_backward_kernel(floatX* dqkv, floatX* dve_rows, float*
 // in order, dz_h = dg_h g_h (1 - g_h / 2); dhn[j] += sum_h dz_h W[h, j] and the scratch's e[:6]
 // columns g dv + sum_h dz_h W[h, 6 + j] (h in order); dW sums dz_h x_j in row order. Then the block's
 // da (block_reduce_sum's tree) into partials[block], and dW's warps in order into dw_partials[block].
+// Without a learned a, dv is left as it is and da is 0.
 constexpr int kValueMixGateWarps = 8;
 __host__ __device__ inline int value_mix_gate_warp_floats(int NH, int C) {
   return NH * kVeGateWidth + kVeGateWidth + 2 * NH + kVeGateInputs + C / x128::size;
@@ -3586,7 +3592,8 @@ __host__ __device__ inline int value_mix_gate_warp_floats(int NH, int C) {
 
 __global__ void value_mix_gated_backward_kernel(floatX* dqkv, floatX* dve_rows, float* partials, float* dw_partials,
                                                 const floatX* v_pre, const floatX* ve, const int* tokens,
-                                                const floatX* scales, ValueMixGates gates, int N, int C) {
+                                                const floatX* scales, bool learned_a, ValueMixGates gates, int N,
+                                                int C) {
   extern __shared__ float shared[];
   const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
   const int NH = gates.NH, HS = C / NH, weights = NH * kVeGateWidth, pieces = C / x128::size;
@@ -3600,7 +3607,7 @@ __global__ void value_mix_gated_backward_kernel(floatX* dqkv, floatX* dve_rows, 
   for (int e = threadIdx.x; e < weights; e += blockDim.x) w_s[e] = (float)gates.W[e];
   for (int e = lane; e < weights; e += WARP_SIZE) dw_acc[e] = 0.0f;
   __syncthreads();
-  const float a = (float)scales[0];
+  const float a = learned_a ? (float)scales[0] : 1.0f;
   float da = 0.0f;
   const int rpb = rows_per_block(N), r0 = blockIdx.x * rpb, r1 = min(N, r0 + rpb);
   for (int row = r0 + warp; row < r1; row += kValueMixGateWarps) {
@@ -3613,19 +3620,21 @@ __global__ void value_mix_gated_backward_kernel(floatX* dqkv, floatX* dve_rows, 
       const int c = p * x128::size;
       const size_t at = (size_t)row * C + c;
       floatX* dv_at = dqkv + (size_t)row * 3 * C + 2 * C + c;
-      const x128 dv = load128(dv_at), vp = load128(v_pre + at), e = load128(e_row + c);
+      const x128 dv = load128(dv_at), vp = learned_a ? load128(v_pre + at) : x128(), e = load128(e_row + c);
       const float g = gate[c / HS];
       x128 o, scaled;
       float dot = 0.0f;
       for (int k = 0; k < x128::size; k++) {
         const float d = (float)dv[k];
-        da += d * (float)vp[k];
+        if (learned_a) {
+          da += d * (float)vp[k];
+          o[k] = (floatX)(a * d);
+        }
         dot += d * (float)e[k];
-        o[k] = (floatX)(a * d);
         scaled[k] = (floatX)(g * d);
         if (c + k < kVeGateInputs) dv_first[c + k] = d;
       }
-      store128(dv_at, o);
+      if (learned_a) store128(dv_at, o);
       store128(dve_rows + at, scaled);
       piece_dot[p] = dot;
     }
@@ -3678,14 +3687,18 @@ void value_mix_check(const char* name, int N, int C, const floatX* ve, const Val
 size_t value_mix_backward_partials(int NH) { return (size_t)kRowBlocks * (2 + NH * kVeGateWidth); }
 
 // qkv [N, 3C]: v_pre [N, C] = v, then v = scales[0] v + scales[1] ve[tokens] (ve nullptr: scales[0]
-// v), with gates each head's gate in place of scales[1]. tokens [N] on the device (read only with ve).
+// v), with gates each head's gate in place of scales[1]. Without learned_a: v + scales[0] ve[tokens]
+// (the gates in its place), v_pre unused, and nothing at all without ve. tokens [N] on the device
+// (read only with ve).
 void value_mix_forward(floatX* qkv, floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
-                       int N, int C, cudaStream_t stream, const ValueMixGates& gates = {}) {
+                       int N, int C, cudaStream_t stream, const ValueMixGates& gates = {}, bool learned_a = true) {
   value_mix_check("value_mix_forward", N, C, ve, gates);
   REQUIRE(!ve || tokens, "value_mix_forward: a value embedding needs the tokens");
+  REQUIRE(!learned_a || v_pre, "value_mix_forward: a learned a needs v_pre, v kept for the backward");
+  if (!learned_a && !ve) return;
   const size_t pieces = (size_t)N * C / x128::size;
   value_mix_forward_kernel<<<ceil_div(pieces, kValueMixThreads), kValueMixThreads, 0, stream>>>(
-      qkv, v_pre, ve, tokens, scales, gates, N, C);
+      qkv, v_pre, ve, tokens, scales, learned_a, gates, N, C);
   cudaCheckLaunch();
 }
 
@@ -3695,15 +3708,19 @@ void value_mix_forward(floatX* qkv, floatX* v_pre, const floatX* ve, const int* 
 // through encoder_backward with plan (of these N tokens, on the GPU). With gates dscales[1] is left
 // alone, each head's gate takes scales[1]'s place in dve, the gates' part of e[:6] joins it, and
 // gates.dW and gates.dhn[:, :6] take theirs. Scalar sums and dve with stochastic rounding (seed).
+// Without learned_a: dv stays (the gradient of v as it was), dscales[0] += sum(dv * ve[tokens]) (not
+// with gates), v_pre unused, and nothing at all without ve.
 // partials: value_mix_backward_partials(NH) floats. Without ve, dve, scratch and plan are unused.
 void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scratch, float* partials,
                         const floatX* v_pre, const floatX* ve, const int* tokens, const floatX* scales,
                         const EncoderBackwardPlan* plan, int N, int C, uint32_t seed, cudaStream_t stream,
-                        const ValueMixGates& gates = {}) {
+                        const ValueMixGates& gates = {}, bool learned_a = true) {
   const char* name = "value_mix_backward";
   value_mix_check(name, N, C, ve, gates);
   REQUIRE(!ve || (dve && scratch && tokens && plan),
           "%s: a value embedding needs dve, the scratch, the tokens and the encoder's plan", name);
+  REQUIRE(!learned_a || v_pre, "%s: a learned a needs v_pre, v as the forward kept it", name);
+  if (!learned_a && !ve) return;
   if (gates.W) {
     REQUIRE(gates.dW && gates.dhn && gates.ld_dhn >= kVeGateInputs,
             "%s: the gates need dW and dhn, its rows at least %d apart (ld_dhn %d)", name, kVeGateInputs, gates.ld_dhn);
@@ -3713,15 +3730,19 @@ void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scra
     cudaCheck(cudaFuncSetAttribute(value_mix_gated_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)shared));
     value_mix_gated_backward_kernel<<<kRowBlocks, kValueMixGateWarps * WARP_SIZE, shared, stream>>>(
-        dqkv, scratch, partials, dw_partials, v_pre, ve, tokens, scales, gates, N, C);
+        dqkv, scratch, partials, dw_partials, v_pre, ve, tokens, scales, learned_a, gates, N, C);
     cudaCheckLaunch();
-    column_sum_finalize(dscales, partials, 1, 1, kRowBlocks, seed, stream);
+    if (learned_a) column_sum_finalize(dscales, partials, 1, 1, kRowBlocks, seed, stream);
     column_sum_finalize(gates.dW, dw_partials, weights, weights, kRowBlocks, seed ^ 0x85ebca6bu, stream);
   } else {
     value_mix_backward_kernel<<<kRowBlocks, kValueMixThreads, 0, stream>>>(dqkv, scratch, partials, v_pre, ve,
-                                                                           tokens, scales, N, C);
+                                                                           tokens, scales, learned_a, N, C);
     cudaCheckLaunch();
-    column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+    if (learned_a) {
+      column_sum_finalize(dscales, partials, 2, ve ? 2 : 1, kRowBlocks, seed, stream);
+    } else {
+      column_sum_finalize(dscales, partials + 1, 2, 1, kRowBlocks, seed, stream);  // db alone
+    }
   }
   if (ve) encoder_backward(dve, nullptr, *plan, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
 }
@@ -10889,15 +10910,16 @@ void gate_norm_gradient(GPT2& m, const floatX* dln1_gates, int N, KernelSeeds& s
 }
 
 // ---- The value mix (ArchSpec::value_mix): v = a v + b ve[k] in each attention layer, v = a v where
-// the plan gives the layer no value embedding k (LayerSpec::value_embedding). Parameters: ve (the
-// value embeddings) and value_scales (a, b); with record #89's gates (ArchSpec::ve_gates) vegate [NH,
+// the plan gives the layer no value embedding k (LayerSpec::value_embedding); in record #89's plan
+// (llmc::value_mix_learns_a false) v + b ve[k], v untouched elsewhere. Parameters: ve (the value
+// embeddings) and value_scales (a, b), or (b); with record #89's gates (ArchSpec::ve_gates) vegate [NH,
 // 12] a layer with a value embedding, each head's gate taking b's place (b then unused). Kernels:
 // section 6, "The speedrun's value mix"; ve's gradient goes through the encoder backward's bucketed
 // plan (section 3), the gates' part of ln1's gradient through the gates' columns (gate_norm_columns).
 
-// v before the mix, which the backward reads; the gates read each layer's ln1.
+// v before the mix, which the backward reads for a's gradient; the gates read each layer's ln1.
 void value_mix_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
-  if (arch.value_mix) t[kVPre].count = d.BT * d.C;
+  if (llmc::value_mix_learns_a(arch)) t[kVPre].count = d.BT * d.C;
   if (arch.ve_gates) t[kLn1].layers = d.L;
 }
 
@@ -10907,7 +10929,7 @@ size_t value_mix_partials(const GPT2& m) {
 }
 
 void value_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
-  if (!m.arch().value_mix) return;
+  if (!llmc::value_mix_learns_a(m.arch())) return;
   r.v_pre = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kVPre, l);
 }
 
@@ -10932,7 +10954,7 @@ void value_mix(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().value_mix) return;
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), m.config.channels,
-                    m.stream, value_mix_gates(m, l, r.ln1.out));
+                    m.stream, value_mix_gates(m, l, r.ln1.out), llmc::value_mix_learns_a(m.arch()));
 }
 
 // From the attention's dqkv in scratch_bt4c: v's gradient before the mix (in place), the scales' and
@@ -10942,9 +10964,11 @@ void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSe
   if (!m.arch().value_mix) return;
   floatX* dve = layer_value_embedding(m, m.grad(llmc::kVe), l);
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
-  value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), dve, m.scratch_btc, m.partials, m.act(kVPre, l),
-                     ve, m.inputs, m.param(llmc::kValueScales, l), &m.encoder_plan, N, m.config.channels,
-                     seeds.next(), m.stream, value_mix_gates(m, l, m.act(kLn1, l), dln1_gates));
+  const bool learned_a = llmc::value_mix_learns_a(m.arch());
+  value_mix_backward(m.scratch_bt4c, m.grad(llmc::kValueScales, l), dve, m.scratch_btc, m.partials,
+                     learned_a ? m.act(kVPre, l) : nullptr, ve, m.inputs, m.param(llmc::kValueScales, l),
+                     &m.encoder_plan, N, m.config.channels, seeds.next(), m.stream,
+                     value_mix_gates(m, l, m.act(kLn1, l), dln1_gates), learned_a);
 }
 
 // ---- Record #89's MUDD gate generators (ArchSpec::mudd_gates, in its plan): two small MLPs whose

@@ -549,7 +549,7 @@ class GPTConfig:
         C, L, Vp = self.channels, self.num_layers, self.padded_vocab_size
         if self.speedrun:
             gate = self.num_heads * (C // SPEEDRUN_GATE_DIVISOR) if self.attention_gate else 0
-            attention = 4 * C * C + gate + 2  # 2: the value scales
+            attention = 4 * C * C + gate + (1 if self.record89_plan else 2)  # the value scales: (a, b) or (b)
             x0 = 2 if self.x0_lambdas else 0  # each layer's x0 lambdas
             layers = sum(x0 + 8 * C * C + (attention if spec.attention else 0) for spec in self.plan)
             skips = sum(spec.skip_weight is not None for spec in self.plan)
@@ -913,31 +913,35 @@ class CausalSelfAttention(nn.Module):
         self.key_offset = False  # shift_stationary_keys after the rotary (set_key_offset)
         # speedrun: v scaled, plus a value embedding scaled in the layers that have one (value_scales:
         # two scalars in every layer, as the reference's, the second unused where no value embedding
-        # comes); each head's output gated by a sigmoid of the input's first C/64 channels
+        # comes; in record #89's plan one, b: v is not scaled, as its reference's); each head's output
+        # gated by a sigmoid of the input's first C/64 channels
         self.value_scales = self.gate = None
+        self.scale_v = config.speedrun and not config.record89_plan  # the mix's a
         if config.speedrun:
-            self.value_scales = nn.Parameter(torch.full((2,), 0.5))
+            self.value_scales = nn.Parameter(torch.full((2 if self.scale_v else 1,), 0.5))
         if config.attention_gate:
             self.gate = linear(config.channels // SPEEDRUN_GATE_DIVISOR, config.num_heads)
 
     def mix_values(self, v, value_embedding, x=None, ve_gate=None, v_mix=None):
-        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]; with record #89's
-        gate weights ve_gate [NH, 12] each head's b is 2 sigmoid(ve_gate[h] . [x[:6], ve[:6]]), x the
-        attention's normed input, in v's dtype as the rest of the mix. v_mix (MUDD's dense connections,
-        mudd_layer_terms): (g [B, T, NH], e [B, T, C]), a v + (g ve + e), each head's g in b's place."""
+        """speedrun: a v, or a v + b ve with the layer's value embedding ve [B, T, C]; in record #89's plan
+        v, or v + b ve (no a); with record #89's gate weights ve_gate [NH, 12] each head's b is
+        2 sigmoid(ve_gate[h] . [x[:6], ve[:6]]), x the attention's normed input, in v's dtype as the rest
+        of the mix. v_mix (MUDD's dense connections, mudd_layer_terms): (g [B, T, NH], e [B, T, C]), v + (g
+        ve + e), each head's g in b's place."""
         if self.value_scales is None:
             return v
+        scaled = self.value_scales[0] * v if self.scale_v else v
         if value_embedding is None:
-            return self.value_scales[0] * v
+            return scaled
         ve = value_embedding.view_as(v)
         if v_mix is not None:
             gate, extra = v_mix
-            return self.value_scales[0] * v + (gate[..., None] * ve + extra.view_as(v))
+            return scaled + (gate[..., None] * ve + extra.view_as(v))
         if ve_gate is None:
-            return self.value_scales[0] * v + self.value_scales[1] * ve
+            return scaled + self.value_scales[-1] * ve
         gate_in = torch.cat([x[..., :VE_GATE_INPUTS], value_embedding[..., :VE_GATE_INPUTS]], dim=-1)
         gate = 2 * torch.sigmoid(F.linear(gate_in, ve_gate.type_as(v)))
-        return self.value_scales[0] * v + gate[..., None] * ve
+        return scaled + gate[..., None] * ve
 
     def gate_heads(self, x, y):
         """speedrun: each head's output y [B, T, NH, hs] times sigmoid(gate . x[..., :C/64]), x the

@@ -238,7 +238,8 @@ struct ArchSpec {
   // The speedrun's wiring of the blocks (SPEC.md "The speedrun architecture"; which layer has
   // attention, which value embedding and which skip is the layer plan's, layer_plan):
   bool value_mix;          // v = a v + b ve[k] in every attention layer (LayerSpec::value_embedding
-                           // k), v = a v where it has none
+                           // k), v = a v where it has none; without a in record #89's plan
+                           // (value_mix_learns_a): v + b ve[k], v as it is where it has none
   bool x0_lambdas;         // a block's input is lambdas[0] x + lambdas[1] x0, x0 the normed embedding
   bool x0_gates;           // record #89's in place of x0_lambdas (its plan, -lp 1): x0 added after each
                            // attention with a learned gate, x <- x + attn + g x0 (the plan's gated skip
@@ -293,6 +294,10 @@ inline const ArchSpec& arch_spec(Arch a) {
                                      false, false, false, false, false, false, false, false};
   return a == Arch::kSpeedrun ? kSpeedrun : a == Arch::kModern ? kModern : kGpt2;
 }
+
+// Whether the value mix scales v by a learned a: not in record #89's plan, whose reference adds the
+// gated value embedding to v as it is.
+inline bool value_mix_learns_a(const ArchSpec& a) { return a.value_mix && !a.x0_gates; }
 
 // A model's switches: its architecture's, with the features its config turns on.
 inline ArchSpec arch_spec(const GPT2Config& c) {
@@ -800,7 +805,8 @@ inline void param_table(const GPT2Config& c, ParamSpec table[kNumParamTensors]) 
   const size_t norm_bias = a.rms_norm ? 0 : 1, head = a.tied_head ? 0 : 1, bias = a.biases ? 1 : 0;
   const size_t ve = plan.value_embeddings, lambdas = a.x0_lambdas ? 2 : 0;
   const size_t skips = plan.skip_weights, gate = a.attention_gate ? 1 : 0;
-  const size_t value_scales = a.value_mix ? 2 : 0;  // (a, b) in every attention layer
+  // (a, b) in every attention layer, or b alone (value_mix_learns_a)
+  const size_t value_scales = a.value_mix ? (value_mix_learns_a(a) ? 2 : 1) : 0;
   const size_t smear = a.smear ? 1 : 0, bigram = a.bigram ? 1 : 0, ve_gates = a.ve_gates ? 1 : 0;
   const size_t Lve = plan.value_embedding_layers, xsa = a.xsa ? 1 : 0, Lx = plan.xsa_layers;
   const size_t sublayer_lambdas = a.resid_lambdas ? 2 : 0;  // (attention, MLP) in every layer

@@ -16,7 +16,8 @@
 //    alone; dve through the encoder's bucketed backward, tokens repeated and some never seen; with
 //    record #89's gates (2 sigmoid(W[h] . [hn[:6], ve[:6]]) a head in b's place): dW, dhn's first 6
 //    columns (rows apart by more than 6), dve's first 6 with the gates' part, heads of 136, 128, 64
-//    and 8 channels (4 in the FP32 build, where the first 6 channels span two heads);
+//    and 8 channels (4 in the FP32 build, where the first 6 channels span two heads); all without a
+//    (record #89's plan: v + b ve, scales (b), v and dv left as they are, nothing kept in v_pre);
 //  - attention_gate_forward/apply/backward: y times sigmoid(W hn[:, :C/64]) per head, head size
 //    128 (C 768 with 6 heads, 256 with 2, 128 with 1: G = 12, 4, 2) and 136 with one head; apply
 //    must give the forward's bits; dy in place over dyg; dhn's gate columns alone (rows G apart)
@@ -624,18 +625,24 @@ void test_attention_lambdas(int rows, int cols, llmc::Rng& rng) {
 struct ValueMixCase {
   int N, C, Vp;
   bool ve;  // a layer with a value embedding
+  bool learned_a = true;  // v scaled by a; else record #89's plan's mix, v + b ve (scales (b))
 };
+
+// The scales a case's mix reads, (a, b) or (b), and its a (1 without one).
+std::vector<float> value_mix_scales(bool learned_a) { return learned_a ? stored({0.6f, 0.45f}) : stored({0.45f}); }
 
 void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
   const int N = s.N, C = s.C, Vp = s.Vp;
-  printf("\nvalue mix N=%d C=%d Vp=%d%s\n", N, C, Vp, s.ve ? ", value embedding" : "");
+  const bool learned_a = s.learned_a;
+  printf("\nvalue mix N=%d C=%d Vp=%d%s%s\n", N, C, Vp, s.ve ? ", value embedding" : "", learned_a ? "" : ", no a");
   const size_t n = (size_t)N * C, n3 = 3 * n;
   const std::vector<float> qkv = random_stored(rng, n3, 0.0f, 1.0f);
   const std::vector<float> ve = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
   // Tokens from all but the last id, so at least one row of ve is never read and dve's stays.
   const std::vector<int> tokens = random_ints(rng, N, 0, std::max(1, Vp - 1));
-  const std::vector<float> scales = stored({0.6f, 0.45f});
-  const double a = scales[0], b = scales[1];
+  const std::vector<float> scales = value_mix_scales(learned_a);
+  const double a = learned_a ? scales[0] : 1.0, b = scales.back();
+  const size_t nscales = scales.size(), b_at = nscales - 1;
   DeviceArray<floatX> d_qkv(n3), v_pre(n), d_ve(ve), d_scales(scales);
   DeviceArray<int> d_tokens(tokens);
   const floatX* ve_in = s.ve ? (floatX*)d_ve : nullptr;
@@ -650,24 +657,26 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
       ref_qkv[t * 3 * C + 2 * C + c] = (float)(a * v + b * e);
     }
   }
+  floatX* v_kept = learned_a ? (floatX*)v_pre : nullptr;
   auto forward = [&] {
     d_qkv.upload(qkv);
     v_pre.poison();
-    value_mix_forward(d_qkv, v_pre, ve_in, d_tokens, d_scales, N, C, 0);
+    value_mix_forward(d_qkv, v_kept, ve_in, d_tokens, d_scales, N, C, 0, {}, learned_a);
   };
   forward();
   const std::vector<float> got = d_qkv.download();
   check_close("forward q, k unchanged", columns(got, N, 3 * C, 0, 2 * C), columns(qkv, N, 3 * C, 0, 2 * C), 0.0f);
+  // Without a nor a value embedding, v exactly as it was: nothing is done.
   check_close("forward v", columns(got, N, 3 * C, 2 * C, 3 * C), columns(ref_qkv, N, 3 * C, 2 * C, 3 * C),
-              kTolStore);
-  check_close("forward v_pre", v_pre.download(), ref_v_pre, 0.0f);
+              learned_a || s.ve ? kTolStore : 0.0f);
+  if (learned_a) check_close("forward v_pre", v_pre.download(), ref_v_pre, 0.0f);
   const Snapshot forward_bits(d_qkv, v_pre);
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(d_qkv, v_pre));
 
   // Backward from the forward's v_pre (the stored v, exactly ref_v_pre).
   const std::vector<float> dqkv = random_stored(rng, n3, 0.0f, 1.0f);
-  const std::vector<float> dscales0 = random_stored(rng, 2, 0.0f, 1.0f);
+  const std::vector<float> dscales0 = random_stored(rng, nscales, 0.0f, 1.0f);
   const std::vector<float> dve0 = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
   std::vector<float> ref_dqkv = dqkv;
   std::vector<double> dve_sum((size_t)Vp * C, 0.0);
@@ -681,13 +690,15 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
       dve_sum[(size_t)tokens[t] * C + c] += b * g;
     }
   }
-  const std::vector<float> ref_dscales = {(float)(dscales0[0] + da), s.ve ? (float)(dscales0[1] + db) : dscales0[1]};
+  std::vector<float> ref_dscales = dscales0;
+  if (learned_a) ref_dscales[0] = (float)(dscales0[0] + da);
+  if (s.ve) ref_dscales[b_at] = (float)(dscales0[b_at] + db);
   std::vector<float> ref_dve = dve0;
   if (s.ve) {
     for (size_t i = 0; i < ref_dve.size(); i++) ref_dve[i] = (float)(dve0[i] + dve_sum[i]);
   }
 
-  DeviceArray<floatX> d_dqkv(n3), dscales(2), dve((size_t)Vp * C), scratch(n);
+  DeviceArray<floatX> d_dqkv(n3), dscales(nscales), dve((size_t)Vp * C), scratch(n);
   DeviceArray<float> partials((size_t)kRowBlocks * 2);
   const DeviceEncoderPlan plan(tokens, C);
   const uint32_t seed = rng.u32();
@@ -698,18 +709,19 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
     scratch.poison();
     partials.poison();
     value_mix_backward(d_dqkv, dscales, s.ve ? (floatX*)dve : nullptr, s.ve ? (floatX*)scratch : nullptr, partials,
-                       v_pre, ve_in, d_tokens, d_scales, s.ve ? &plan.plan : nullptr, N, C, seed, 0);
+                       v_kept, ve_in, d_tokens, d_scales, s.ve ? &plan.plan : nullptr, N, C, seed, 0, {}, learned_a);
   };
   backward();
   const std::vector<float> got_d = d_dqkv.download();
   check_close("backward dq, dk unchanged", columns(got_d, N, 3 * C, 0, 2 * C), columns(dqkv, N, 3 * C, 0, 2 * C),
               0.0f);
-  check_close("backward dv_pre", columns(got_d, N, 3 * C, 2 * C, 3 * C), columns(ref_dqkv, N, 3 * C, 2 * C, 3 * C),
-              kTolStore);
-  // dscales[1] without a value embedding: untouched (exact); the sums: kTolSum.
+  // Without a, dv is v's gradient as it is: exactly.
+  check_close(learned_a ? "backward dv_pre" : "backward dv unchanged", columns(got_d, N, 3 * C, 2 * C, 3 * C),
+              columns(ref_dqkv, N, 3 * C, 2 * C, 3 * C), learned_a ? kTolStore : 0.0f);
+  // db without a value embedding: untouched (exact); the sums: kTolSum.
   const std::vector<float> got_dscales = dscales.download();
-  check_close("backward da", {got_dscales[0]}, {ref_dscales[0]}, kTolSum);
-  check_close(s.ve ? "backward db" : "backward db untouched", {got_dscales[1]}, {ref_dscales[1]},
+  if (learned_a) check_close("backward da", {got_dscales[0]}, {ref_dscales[0]}, kTolSum);
+  check_close(s.ve ? "backward db" : "backward db untouched", {got_dscales[b_at]}, {ref_dscales[b_at]},
               s.ve ? kTolSum : 0.0f);
   // The last id is never a token: its row must come back exactly, whatever the tolerance above.
   const std::vector<float> got_dve = dve.download();
@@ -725,11 +737,12 @@ void test_value_mix(const ValueMixCase& s, llmc::Rng& rng) {
 
 struct ValueMixGateCase {
   int N, NH, C, Vp;
+  bool learned_a = true;  // as ValueMixCase's
 };
 
-// v = a v + g_h ve[token] per head, g_h = 2 sigmoid(W[h] . [hn[:6], ve[token][:6]]); the backward's
-// dW, the gates' part of dhn's first 6 columns (rows ld apart, the 2 after them left alone) and of
-// dve's, b's gradient untouched.
+// v = a v + g_h ve[token] per head (v + g_h ve[token] without a), g_h = 2 sigmoid(W[h] . [hn[:6],
+// ve[token][:6]]); the backward's dW, the gates' part of dhn's first 6 columns (rows ld apart, the 2
+// after them left alone) and of dve's, b's gradient untouched.
 // ve's gradient is each row's term, stored in floatX, summed over a token's rows: with the gates'
 // terms in the first columns, rows can cancel, and the stored terms' rounding (half a unit of each)
 // then shows against a small sum. Each element is held to kTolSum of its value and a unit of
@@ -752,7 +765,9 @@ void check_dve_rows(const std::string& name, const std::vector<float>& got, cons
 
 void test_value_mix_gates(const ValueMixGateCase& s, llmc::Rng& rng) {
   const int N = s.N, NH = s.NH, C = s.C, Vp = s.Vp, HS = C / NH, ld = kVeGateInputs + 2;
-  printf("\nvalue mix with gates N=%d NH=%d C=%d (head size %d) Vp=%d\n", N, NH, C, HS, Vp);
+  const bool learned_a = s.learned_a;
+  printf("\nvalue mix with gates N=%d NH=%d C=%d (head size %d) Vp=%d%s\n", N, NH, C, HS, Vp,
+         learned_a ? "" : ", no a");
   const size_t n = (size_t)N * C, n3 = 3 * n, weights = (size_t)NH * kVeGateWidth;
   const std::vector<float> qkv = random_stored(rng, n3, 0.0f, 1.0f);
   const std::vector<float> ve = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
@@ -760,9 +775,11 @@ void test_value_mix_gates(const ValueMixGateCase& s, llmc::Rng& rng) {
   // z of a unit or so, so that the gates spread over (0, 2).
   const std::vector<float> W = random_stored(rng, weights, 0.0f, 0.4f);
   const std::vector<int> tokens = random_ints(rng, N, 0, std::max(1, Vp - 1));
-  const std::vector<float> scales = stored({0.6f, 0.45f});
-  const double a = scales[0];
+  const std::vector<float> scales = value_mix_scales(learned_a);
+  const double a = learned_a ? scales[0] : 1.0;
+  const size_t nscales = scales.size(), b_at = nscales - 1;
   DeviceArray<floatX> d_qkv(n3), v_pre(n), d_ve(ve), d_hn(hn), d_W(W), d_scales(scales);
+  floatX* v_kept = learned_a ? (floatX*)v_pre : nullptr;
   DeviceArray<int> d_tokens(tokens);
 
   // Each row's gate inputs, gates and the mixed v.
@@ -788,20 +805,20 @@ void test_value_mix_gates(const ValueMixGateCase& s, llmc::Rng& rng) {
   auto forward = [&] {
     d_qkv.upload(qkv);
     v_pre.poison();
-    value_mix_forward(d_qkv, v_pre, d_ve, d_tokens, d_scales, N, C, 0, forward_gates);
+    value_mix_forward(d_qkv, v_kept, d_ve, d_tokens, d_scales, N, C, 0, forward_gates, learned_a);
   };
   forward();
   const std::vector<float> got = d_qkv.download();
   check_close("forward q, k unchanged", columns(got, N, 3 * C, 0, 2 * C), columns(qkv, N, 3 * C, 0, 2 * C), 0.0f);
   check_close("forward v", columns(got, N, 3 * C, 2 * C, 3 * C), columns(ref_qkv, N, 3 * C, 2 * C, 3 * C),
               kTolStore);
-  check_close("forward v_pre", v_pre.download(), columns(qkv, N, 3 * C, 2 * C, 3 * C), 0.0f);
+  if (learned_a) check_close("forward v_pre", v_pre.download(), columns(qkv, N, 3 * C, 2 * C, 3 * C), 0.0f);
   const Snapshot forward_bits(d_qkv, v_pre);
   forward();
   check_same_bits("forward twice", forward_bits, Snapshot(d_qkv, v_pre));
 
   const std::vector<float> dqkv = random_stored(rng, n3, 0.0f, 1.0f);
-  const std::vector<float> dscales0 = random_stored(rng, 2, 0.0f, 1.0f);
+  const std::vector<float> dscales0 = random_stored(rng, nscales, 0.0f, 1.0f);
   const std::vector<float> dve0 = random_stored(rng, (size_t)Vp * C, 0.0f, 1.0f);
   const std::vector<float> dW0 = random_stored(rng, weights, 0.0f, 1.0f);
   // dhn's own gradient small beside the gates' part, so that theirs is what is measured.
@@ -838,7 +855,7 @@ void test_value_mix_gates(const ValueMixGateCase& s, llmc::Rng& rng) {
   for (size_t i = 0; i < ref_dve.size(); i++) ref_dve[i] = (float)(dve0[i] + dve_sum[i]);
   for (size_t e = 0; e < weights; e++) ref_dW[e] = (float)(dW0[e] + dW_sum[e]);
 
-  DeviceArray<floatX> d_dqkv(n3), dscales(2), dve((size_t)Vp * C), scratch(n), dW(weights), dhn((size_t)N * ld);
+  DeviceArray<floatX> d_dqkv(n3), dscales(nscales), dve((size_t)Vp * C), scratch(n), dW(weights), dhn((size_t)N * ld);
   DeviceArray<float> partials(value_mix_backward_partials(NH));
   const DeviceEncoderPlan plan(tokens, C);
   const uint32_t seed = rng.u32();
@@ -850,18 +867,18 @@ void test_value_mix_gates(const ValueMixGateCase& s, llmc::Rng& rng) {
     dhn.upload(dhn0);
     scratch.poison();
     partials.poison();
-    value_mix_backward(d_dqkv, dscales, dve, scratch, partials, v_pre, d_ve, d_tokens, d_scales, &plan.plan, N, C,
-                       seed, 0, ValueMixGates{d_W, d_hn, NH, dW, dhn, ld});
+    value_mix_backward(d_dqkv, dscales, dve, scratch, partials, v_kept, d_ve, d_tokens, d_scales, &plan.plan, N, C,
+                       seed, 0, ValueMixGates{d_W, d_hn, NH, dW, dhn, ld}, learned_a);
   };
   backward();
   const std::vector<float> got_d = d_dqkv.download();
   check_close("backward dq, dk unchanged", columns(got_d, N, 3 * C, 0, 2 * C), columns(dqkv, N, 3 * C, 0, 2 * C),
               0.0f);
-  check_close("backward dv_pre", columns(got_d, N, 3 * C, 2 * C, 3 * C), columns(ref_dqkv, N, 3 * C, 2 * C, 3 * C),
-              kTolStore);
+  check_close(learned_a ? "backward dv_pre" : "backward dv unchanged", columns(got_d, N, 3 * C, 2 * C, 3 * C),
+              columns(ref_dqkv, N, 3 * C, 2 * C, 3 * C), learned_a ? kTolStore : 0.0f);
   const std::vector<float> got_dscales = dscales.download();
-  check_close("backward da", {got_dscales[0]}, {(float)(dscales0[0] + da)}, kTolSum);
-  check_close("backward db untouched (the gates take b's place)", {got_dscales[1]}, {dscales0[1]}, 0.0f);
+  if (learned_a) check_close("backward da", {got_dscales[0]}, {(float)(dscales0[0] + da)}, kTolSum);
+  check_close("backward db untouched (the gates take b's place)", {got_dscales[b_at]}, {dscales0[b_at]}, 0.0f);
   check_close("backward dW", dW.download(), ref_dW, kTolSum);
   const std::vector<float> got_dhn = dhn.download();
   check_close("backward dhn[:, :6]", columns(got_dhn, N, ld, 0, kVeGateInputs), columns(ref_dhn, N, ld, 0, kVeGateInputs),
@@ -1188,6 +1205,8 @@ void test_bad_shapes() {
   testing::check_throws([&] { value_mix_forward(a, b, b, nullptr, b, 1, 768, 0); }, "tokens",
                         "value_mix_forward with a value embedding but no tokens");
   DeviceArray<int> tokens(1);
+  testing::check_throws([&] { value_mix_forward(a, nullptr, b, tokens, b, 1, 768, 0); }, "needs v_pre",
+                        "value_mix_forward with a learned a but nowhere to keep v");
   testing::check_throws([&] { value_mix_forward(a, b, nullptr, tokens, b, 1, 768, 0, ValueMixGates{b, b, 6}); },
                         "need a value embedding", "value_mix_forward with gates but no value embedding");
   testing::check_throws([&] { value_mix_forward(a, b, b, tokens, b, 1, 768, 0, ValueMixGates{b, b, 5}); },
@@ -1254,6 +1273,13 @@ void run() {
   test_value_mix_gates({37, 2, 128, 5}, rng);           // tiny: 2 heads of 64; most blocks empty
   test_value_mix_gates({7, 1, 136, 3}, rng);            // 17 pieces of a row: a partial warp
   test_value_mix_gates({301, 64 / x128::size, 64, 7}, rng);  // heads of one piece: 8 channels (FP32: 4)
+  // Record #89's plan: no a (v + b ve, v as it is in a layer without a value embedding); draws of
+  // their own, so that the later cases keep their inputs.
+  llmc::Rng no_a_rng(892);
+  for (bool ve : {true, false}) test_value_mix({3999, 768, 301, ve, false}, no_a_rng);
+  test_value_mix({7, 136, 3, true, false}, no_a_rng);
+  test_value_mix_gates({3999, 6, 768, 301, false}, no_a_rng);
+  test_value_mix_gates({37, 2, 128, 5, false}, no_a_rng);
 
   test_attention_gate({4 * 64 + 1, 6, 768}, rng);  // d12: head size 128, G = 12
   test_attention_gate({3999, 6, 768}, rng);

@@ -974,7 +974,7 @@ assert any(p is model.x0_gates for p in scalar_group["params"]), "the lambdas go
 print(f"the loss and gradients within {max(errors):.1e} of a copy with s W by hand; bf16(bf16(s) W) in "
       f"bfloat16; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; file order ... {' '.join(order[-3:])}")
 EOF
-check "--record89_plan: the plan's lists as llmc's; the gated skip, an x0 term and an attention source by hand, their gates' and a head gate's gradients; file order, header, groups" <<'EOF'
+check "--record89_plan: the plan's lists as llmc's; the value mix without a; the gated skip, an x0 term and an attention source by hand, their gates' and a head gate's gradients; file order, header, groups" <<'EOF'
 import math, os, re, torch, train_gpt2 as tg
 header_text = open("llmc/gpt2.h").read()
 def cpp(name):  # a list of llmc/gpt2.h's record #89 plan, -1 as None
@@ -998,6 +998,13 @@ assert all(b.attn is None or b.attn.gate is None for b in t.h), "no attention ga
 assert torch.equal(model.x0_gates, torch.zeros(10)) and torch.equal(model.skip_gate, torch.tensor([-1.5, 0.5]))
 assert [l for l, s in enumerate(plan) if s.head_gate] == [3, 10]
 assert torch.equal(model.head_gates, torch.full((2, 2), 0.25))
+# The value mix without a (the reference's v + gated ve): b alone a layer; v as it is without a value embedding.
+assert all(b.attn is None or b.attn.value_scales.shape == (1,) for b in t.h)
+assert plan[0].value_embedding is None and plan[1].value_embedding is not None
+v, e = torch.randn(2, 8, 2, 64), torch.randn(2, 8, 128)
+with torch.no_grad():
+    assert torch.equal(t.h[0].attn.mix_values(v, None), v)
+    assert torch.equal(t.h[1].attn.mix_values(v, e), v + t.h[1].attn.value_scales[0] * e.view_as(v))
 order = tg.params_in_file_order(model)
 names = {id(p): tg.table_name(name) for name, p in model.named_parameters()}
 tables = list(dict.fromkeys(names[id(p)] for p in order))
@@ -1240,7 +1247,7 @@ errors = {"stream": (seen["stream10"] - ((1 + m[5]) * out9 + m[3] * in0 + m[4] *
 v, ve, mixed = mixes[0]
 gate = torch.cat([m[6].expand(2, 64, 1), m[7].expand(2, 64, 1)], dim=-1)[..., None]
 extra = (m[0] * in0 + m[1] * out7 + m[2] * out9).view_as(v)
-errors["value"] = (mixed - (attn10.value_scales[0] * v + (gate * ve.view_as(v) + extra))).abs().max()
+errors["value"] = (mixed - (v + (gate * ve.view_as(v) + extra))).abs().max()
 errors["attention add"] = (seen["mid10"] - (m[8] * seen["stream10"] + (m[9] * seen["attn10"] + m[10] * in0
                                                                        + m[11] * bigram))).abs().max()
 errors["MLP add"] = (seen["out10"] - (m[12] * seen["mid10"] + m[13] * seen["mlp10"])).abs().max()

@@ -727,7 +727,7 @@ void test_mudd_gates_table() {
 }
 
 // Record #89's plan (-lp 1): 11 layers; no x0 lambdas, attention gates or skip weights; five value
-// embeddings; x0_gates [10] (one an attention layer, the scalars' role, zero at init), skip_gate [2]
+// embeddings and one value scale an attention layer (the value mix's b, without a); x0_gates [10] (one an attention layer, the scalars' role, zero at init), skip_gate [2]
 // (skip_lambda -1.5 and g 0.5 at init) and head_gates [2, NH] (layers 3 and 10, 0.25 at init) last,
 // their rounding seeds after xsa_alpha's; header slot 9's
 // bit 64, whose depth the header's must match. At tiny and d12, alone and with XSA (4 layers: 1, 3, 4
@@ -743,17 +743,19 @@ void test_record89_plan_table() {
       const size_t L = 11, La = 10, C = c.channels, Vp = c.padded_vocab_size, NH = c.num_heads;
       const size_t xsa_size = xsa ? 4 * NH : 0, n = llmc::num_parameters(c);
       // train_gpt2.py's count: wte, the head and 5 value embeddings; per layer 8 C^2 of the MLP; per
-      // attention layer 4 C^2 and 2 value scales; the x0 gates, the skip gate and two layers' head gates.
-      const size_t expected = 7 * Vp * C + L * 8 * C * C + La * (4 * C * C + 2) + xsa_size + La + 2 + 2 * NH;
+      // attention layer 4 C^2 and one value scale (b: no a in this plan's value mix); the x0 gates, the
+      // skip gate and two layers' head gates.
+      const size_t expected = 7 * Vp * C + L * 8 * C * C + La * (4 * C * C + 1) + xsa_size + La + 2 + 2 * NH;
       const std::string order = t.order();
       const std::string want = std::string("wte qkvw attprojw fcw fcprojw headw ve value_scales ") +
                                (xsa ? "xsa_alpha " : "") + "x0_gates skip_gate head_gates";
       const llmc::ParamSpec &gates = t[llmc::kX0Gates], &skip = t[llmc::kSkipGate], &heads = t[llmc::kHeadGates];
       check_verbose(c.num_layers == 11 && !a.x0_lambdas && a.x0_gates && !a.attention_gate &&
+                        !llmc::value_mix_learns_a(a) && llmc::value_mix_learns_a(llmc::arch_spec(llmc::Arch::kSpeedrun)) &&
                         !llmc::arch_spec(llmc::Arch::kSpeedrun).x0_gates && n == expected && order == want &&
                         t[llmc::kVe].size == 5 * Vp * C && t[llmc::kAttngate].size == 0 &&
                         t[llmc::kLambdas].size == 0 && t[llmc::kSkipw].size == 0 &&
-                        t[llmc::kValueScales].size == 2 * La && t[llmc::kXsaAlpha].size == xsa_size &&
+                        t[llmc::kValueScales].size == La && t[llmc::kXsaAlpha].size == xsa_size &&
                         gates.size == La && skip.size == 2 && heads.size == 2 * NH &&
                         t.offsets[llmc::kX0Gates] == n - La - 2 - 2 * NH &&
                         t.offsets[llmc::kSkipGate] == n - 2 - 2 * NH &&
