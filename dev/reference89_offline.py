@@ -9,8 +9,13 @@ unless told; its log in OUTDIR/logs/):
 - train_gpt.py with two lines changed: FlashAttention-3, which it loads from the Hugging Face hub, is
   dev/pylib/flex_varlen_attention.py (FlexAttention with the same documents and token windows),
   copied beside it; with --val_tokens its validation tokens (10,485,760) are N (a multiple of its validation
-  batch, 2,097,152). Nothing else is edited: a line not there exactly once stops it with an error
-  naming the line.
+  batch, 2,097,152).
+- triton_kernels.py with two lines changed: the FP8 down projection's torch._scaled_mm is
+  dev/pylib/aligned_scaled_mm.py's (copied beside it), which copies the two scales first: the
+  reference passes them as one-element slices at 4-byte offsets, which torch 2.11's cuBLAS 13 refuses
+  from the second layer on (CUBLAS_STATUS_NOT_SUPPORTED); the same values, the same bits.
+  Nothing else in either file is edited: a line not there exactly once stops it with an error naming
+  the line.
 - data/fineweb10B/fineweb_{train,val}_NNNNNN.bin: links to the shards of --train and --val in their
   sorted order (the reference's own order, read from DATA_PATH, which run.sh sets to OUTDIR). The
   reference reads its training shards once and stops when they run out; with --passes N the training
@@ -35,9 +40,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "pylib"))
 import script_edits  # noqa: E402
-SCRIPT = "record #89's train_gpt.py at modded-nanogpt f411b3d3"
+REVISION = "modded-nanogpt f411b3d3"
 REFERENCE_FILES = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
 ATTENTION_MODULE = "flex_varlen_attention"
+SCALED_MM_MODULE = "aligned_scaled_mm"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 VAL_BATCH_TOKENS = 4 * 64 * 1024 * 8  # the reference's val_batch_size, which its val_tokens must be a multiple of
 BOS = 50256
@@ -66,16 +72,22 @@ def fail(message):
 
 
 def edits(args):
-    """(the reference's text, the copy's) for each line changed."""
-    changed = [
+    """{file: [(the reference's text, the copy's) for each line changed]}."""
+    script = [
         ("from kernels import get_kernel",
          f"import {ATTENTION_MODULE}  # offline: FlashAttention-3 by FlexAttention (dev/reference89_offline.py)"),
         ("flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface",
          f"flash_attn_interface = {ATTENTION_MODULE}"),
     ]
     if args.val_tokens is not None:
-        changed.append(("val_tokens: int = 10485760", f"val_tokens: int = {args.val_tokens}"))
-    return changed
+        script.append(("val_tokens: int = 10485760", f"val_tokens: int = {args.val_tokens}"))
+    kernels = [
+        ("from triton.tools.tensor_descriptor import TensorDescriptor",
+         f"from triton.tools.tensor_descriptor import TensorDescriptor; import {SCALED_MM_MODULE}  # offline"),
+        ("x3 = torch._scaled_mm(",
+         f"x3 = {SCALED_MM_MODULE}.scaled_mm(  # offline: the scales copied (dev/reference89_offline.py)"),
+    ]
+    return {"train_gpt.py": script, "triton_kernels.py": kernels}
 
 
 def shards(pattern, flag):
@@ -164,7 +176,8 @@ def main():
              f"{VAL_BATCH_TOKENS:,} tokens")
     for name in REFERENCE_FILES:
         if not os.path.isfile(os.path.join(args.reference, name)):
-            fail(f"--reference {args.reference}: no {name}; give the folder of {SCRIPT} and its kernel files")
+            fail(f"--reference {args.reference}: no {name}; give the folder of record #89's train_gpt.py "
+                 f"and its kernel files ({REVISION})")
     for name in GPT2_FILES:
         if not os.path.isfile(os.path.join(args.gpt2, name)):
             fail(f"--gpt2 {args.gpt2}: no {name}; give the folder of GPT-2's encoder.json and vocab.bpe")
@@ -173,26 +186,32 @@ def main():
         fail(f"{args.outdir} is not empty: give a new folder")
     if args.passes == "auto":
         args.passes = passes_needed(train)
-    with open(os.path.join(args.reference, "train_gpt.py")) as f:
-        source = f.read()
-    try:
-        edited = script_edits.edit_script(source, edits(args), f"--reference {args.reference}/train_gpt.py", SCRIPT)
-    except script_edits.ScriptEditError as e:
-        fail(str(e))
-    try:
-        compile(edited, args.reference, "exec")
-    except SyntaxError as e:
-        fail(f"--reference {args.reference}/train_gpt.py: not Python after the edits (line {e.lineno}: {e.msg})")
+    edited = {}
+    for name, changed in edits(args).items():
+        with open(os.path.join(args.reference, name)) as f:
+            source = f.read()
+        try:
+            edited[name] = script_edits.edit_script(source, changed, f"--reference {args.reference}/{name}",
+                                                    f"record #89's {name} at {REVISION}")
+        except script_edits.ScriptEditError as e:
+            fail(str(e))
+        try:
+            compile(edited[name], name, "exec")
+        except SyntaxError as e:
+            fail(f"--reference {args.reference}/{name}: not Python after the edits (line {e.lineno}: {e.msg})")
     # The cache first, in a folder of its own: a failure leaves no OUTDIR behind.
     cache = tempfile.mkdtemp(prefix="tiktoken_")
     fill_tiktoken_cache(cache, args.gpt2, args.python)
     os.makedirs(args.outdir, exist_ok=True)
     shutil.move(cache, os.path.join(args.outdir, "tiktoken"))
-    with open(os.path.join(args.outdir, "train_gpt.py"), "w") as f:
-        f.write(edited)
-    for name in REFERENCE_FILES[1:]:
-        shutil.copy(os.path.join(args.reference, name), args.outdir)
-    shutil.copy(os.path.join(HERE, "pylib", ATTENTION_MODULE + ".py"), args.outdir)
+    for name in REFERENCE_FILES:
+        if name in edited:
+            with open(os.path.join(args.outdir, name), "w") as f:
+                f.write(edited[name])
+        else:
+            shutil.copy(os.path.join(args.reference, name), args.outdir)
+    for module in (ATTENTION_MODULE, SCALED_MM_MODULE):
+        shutil.copy(os.path.join(HERE, "pylib", module + ".py"), args.outdir)
     link_shards(args.outdir, train, "train", args.passes)
     link_shards(args.outdir, val, "val")
     with open(os.path.join(args.outdir, "run.sh"), "w") as f:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Tests dev/reference89_offline.py on a stand-in of record #89's files (its three lines that the copy
-# changes, in a script of its own) and a stand-in tiktoken that checks the files' hashes as tiktoken
-# does: the copy differs from the script in those lines alone, the kernel files and the attention
-# module beside it, the shards linked in sorted order under the reference's names (the training
-# ones --passes times over, or as many as the run reads), the GPT-2 cache under the names tiktoken looks for, run.sh; and the
-# one-line errors (a line not there once, no pass, no shard, a folder in use, files that are not
-# GPT-2's, which leave no folder behind).
+# Tests dev/reference89_offline.py on a stand-in of record #89's files (the lines that the copy changes,
+# in a script and a kernel file of their own) and a stand-in tiktoken that checks the files' hashes as
+# tiktoken does: the copies differ from them in those lines alone, the other kernel file and the two
+# stand-ins (attention, scaled matmul) beside them, the shards linked in sorted order under the
+# reference's names (the training ones --passes times over, or as many as the run reads), the GPT-2
+# cache under the names tiktoken looks for, run.sh; and the one-line errors (a line not there once in
+# either file, no pass, no shard, a folder in use, files that are not GPT-2's, which leave no folder
+# behind).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -23,7 +24,13 @@ flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).fl
 class Hyperparameters:
     val_tokens: int = 10485760 # how many tokens of validation data?
 EOF
-echo "# triton" > "$ref/triton_kernels.py"
+cat > "$ref/triton_kernels.py" <<'EOF'
+from triton.tools.tensor_descriptor import TensorDescriptor
+def down(post_f8, W2_f8, activation_scale, W2_scale):
+    x3 = torch._scaled_mm(post_f8, W2_f8, out_dtype=torch.bfloat16,
+                          scale_a=activation_scale, scale_b=W2_scale, use_fast_accum=True)
+    return x3
+EOF
 echo "# dc" > "$ref/dc_triton_kernels.py"
 for name in sp_train_000002 sp_train_000001 sp_train_000010 sp_val_000001; do
   echo "$name" > "$WORK/shards/$name.bin"
@@ -76,10 +83,15 @@ holds "two lines and val_tokens changed, nothing else" bash -c "
   grep -qx 'flash_attn_interface = flex_varlen_attention' '$out/train_gpt.py' &&
   grep -qx '    val_tokens: int = 4194304 # how many tokens of validation data?' '$out/train_gpt.py' &&
   grep -qx 'import os' '$out/train_gpt.py'"
-holds "kernel files and the attention module beside it" bash -c "
-  cmp '$ref/triton_kernels.py' '$out/triton_kernels.py' &&
+holds "the kernels' scaled matmul by the stand-in, nothing else" bash -c "
+  diff '$ref/triton_kernels.py' '$out/triton_kernels.py' | grep -c '^>' | grep -qx 2 &&
+  grep -qx 'from triton.tools.tensor_descriptor import TensorDescriptor; import aligned_scaled_mm  # offline' \
+    '$out/triton_kernels.py' &&
+  grep -q '^    x3 = aligned_scaled_mm.scaled_mm(  # offline: ' '$out/triton_kernels.py'"
+holds "the other kernel file and the two stand-ins beside them" bash -c "
   cmp '$ref/dc_triton_kernels.py' '$out/dc_triton_kernels.py' &&
-  cmp dev/pylib/flex_varlen_attention.py '$out/flex_varlen_attention.py'"
+  cmp dev/pylib/flex_varlen_attention.py '$out/flex_varlen_attention.py' &&
+  cmp dev/pylib/aligned_scaled_mm.py '$out/aligned_scaled_mm.py'"
 holds "shards linked in sorted order" bash -c "
   d='$out/data/fineweb10B'
   [ \"\$(readlink \$d/fineweb_train_000001.bin)\" = '$WORK/shards/sp_train_000001.bin' ] &&
@@ -114,6 +126,12 @@ cp -r "$ref" "$WORK/other_ref" && mv "$WORK/other.py" "$WORK/other_ref/train_gpt
 expect_fail "another version of the script" \
   "expected the line 'from kernels import get_kernel' once .*found it 0 times" \
   "$PY" dev/reference89_offline.py "$WORK/new1" --reference "$WORK/other_ref" \
+  --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/sp_val_*.bin"
+sed 's/x3 = torch._scaled_mm(/x3 = torch.mm(/' "$ref/triton_kernels.py" > "$WORK/other_kernels.py"
+cp -r "$ref" "$WORK/other_kernels_ref" && mv "$WORK/other_kernels.py" "$WORK/other_kernels_ref/triton_kernels.py"
+expect_fail "another version of the kernels" \
+  "other_kernels_ref/triton_kernels.py: expected the line 'x3 = torch._scaled_mm(' once (record #89's triton_kernels.py at modded-nanogpt f411b3d3), found it 0 times" \
+  "$PY" dev/reference89_offline.py "$WORK/new7" --reference "$WORK/other_kernels_ref" \
   --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/sp_val_*.bin"
 expect_fail "validation tokens off the batch" \
   "--val_tokens 1048576: must be a positive multiple of the reference's validation batch, 2,097,152 tokens" \
@@ -156,5 +174,6 @@ else
   echo "skip --passes auto: no python with numpy (apt-get install python3-numpy)"
 fi
 holds "no folder left by the failures" bash -c "
-  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ]"
+  [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ] &&
+  [ ! -e '$WORK/new7' ]"
 finish test_reference89_offline
