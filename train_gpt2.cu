@@ -9666,11 +9666,14 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
 }
 
 // Fails for a model (from `where`) with a feature of its file's layout that this trainer does not run:
-// record #89's MUDD dense connections, which train_gpt2.py has.
+// record #89's MUDD dense connections and composed attention, which train_gpt2.py has.
 void require_runnable_features(const llmc::GPT2Config& config, const std::string& where) {
   REQUIRE(!config.mudd_connections, "%s holds a model with record #89's MUDD dense connections (header slot %d's "
           "bit %d), which this trainer does not run yet: train_gpt2.py --mudd_connections 1 does", where.c_str(),
           llmc::kFeaturesSlot, llmc::kFeatureMuddConnections);
+  REQUIRE(!config.composed_attention, "%s holds a model with record #89's composed attention (header slot %d's "
+          "bit %d), which this trainer does not run yet: train_gpt2.py --composed_attention 1 does", where.c_str(),
+          llmc::kFeaturesSlot, llmc::kFeatureComposedAttention);
 }
 
 // The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process

@@ -65,6 +65,7 @@ FEATURE_PAIRED_HEADS = 128  # that plan's paired heads (--paired_heads)
 FEATURE_ATTN_LAMBDAS = 256  # the speedrun's attention lambdas (--attn_lambdas)
 FEATURE_MUDD_GATES = 512  # that plan's MUDD gate generators (--mudd_gates)
 FEATURE_MUDD_CONNECTIONS = 1024  # that plan's MUDD dense connections (--mudd_connections)
+FEATURE_COMPOSED_ATTENTION = 2048  # that plan's composed attention on layer 10 (--composed_attention)
 # The checksum in the last two header slots (llmc/file_header.h): the kind (0 none, 1 CRC-32) and
 # the CRC-32 of the whole file read with the checksum slot as 0; zlib.crc32 computes the same value.
 HEADER_CHECKSUM_KIND_SLOT, HEADER_CHECKSUM_SLOT = 254, 255
@@ -149,9 +150,16 @@ MUDD_HIDDEN, MUDD_LAYER_COEFFICIENTS, MUDD_FINAL_COEFFICIENTS, MUDD_SCALE = 64, 
 MUDD_BIAS_INIT = [((0, 6), 2.0), ((0, 7), 2.0), ((0, 8), 1.1 ** 0.5), ((0, 9), 1.0), ((0, 11), 0.05),
                   ((0, 12), 1.1 ** 0.5), ((0, 13), 1.0), ((1, 1), -0.5)]
 # b2's start a column (before the scale): the head gates 0.25, the bigram gates 0.05, the skip's g 0.5 and the
-# composed attention's first six weights (layer 10's, unused here) 1.0, over the scale; the rest 0.
+# composed attention's w_in (layer 10's, read with --composed_attention) 1.0, over the scale; the rest 0.
 MUDD_GATE_BIAS_INIT = [((0, 12, 18), 2.5), ((0, 19, 26, 2), 0.5), ((1, 12, 18), 2.5), ((1, 19, 28, 2), 0.5),
                        ((1, 28, 29), 5.0), ((1, 29, 35), 10.0)]
+# Record #89's composed attention (--composed_attention 1; llmc/gpt2.h's kComposed*), on layer COMPOSED_LAYER of
+# its plan: each head's output plus w_out_h (A v_h), A = sum_h w_in_h P_h mixing the heads' attention
+# probabilities P_h over the last COMPOSED_WINDOW keys of the query's document (their own softmax), w_in the
+# RMS norm over the heads (eps COMPOSED_NORM_EPS) of the post generator's columns from COMPOSED_IN_COLUMN, w_out
+# its columns from COMPOSED_OUT_COLUMN (MUDD_HEAD_SLOTS each; fewer heads read the first NH).
+COMPOSED_LAYER, COMPOSED_WINDOW, COMPOSED_NORM_EPS = 10, 112, 1e-6
+COMPOSED_IN_COLUMN, COMPOSED_OUT_COLUMN = 29, 35
 SPEEDRUN_SOFTCAP, SPEEDRUN_SOFTCAP_SCALE = 30.0, 7.5
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8
 RMS_NORM_EPS = 2.0 ** -23  # FLT_EPSILON: F.rms_norm's default, float32's even for bfloat16 inputs
@@ -501,6 +509,8 @@ class GPTConfig:
     mudd_gates: bool = False
     # speedrun in record #89's plan: its MUDD dense connections at the last layer and after it (SPEC.md)
     mudd_connections: bool = False
+    # speedrun in record #89's plan with its MUDD gate generators: the composed attention on layer 10 (SPEC.md)
+    composed_attention: bool = False
 
     @property
     def modern(self):
@@ -599,11 +609,11 @@ ARCH_PRESETS = {"gpt2": PRESETS, "modern": MODERN_PRESETS, "speedrun": SPEEDRUN_
 def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source, arch="gpt2", smear=False,
                 bigram=False, rotary_pairs=False, ve_gates=False, resid_lambdas=False, xsa=False,
                 record89_plan=False, paired_heads=False, attn_lambdas=False, mudd_gates=False,
-                mudd_connections=False):
+                mudd_connections=False, composed_attention=False):
     config = GPTConfig(int(num_layers), int(num_heads), int(channels), int(max_seq_len), int(vocab_size), arch,
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
                        bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas), bool(mudd_gates),
-                       bool(mudd_connections))
+                       bool(mudd_connections), bool(composed_attention))
     if config.rotary_pairs and not config.modern:
         fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
              f"give --recipe modern or speedrun or drop --rotary_pairs")
@@ -640,6 +650,9 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
     if config.mudd_connections and num_heads % 2 != 0:
         fail(f"{source}: the MUDD dense connections gate the value embedding a half of the heads each, and "
              f"num_heads {num_heads} is odd; give an even --num_heads or drop --mudd_connections")
+    if config.composed_attention and not config.mudd_gates:
+        fail(f"{source}: the composed attention reads its weights from the MUDD gate generators; give "
+             f"--mudd_gates 1 (with --recipe speedrun and --record89_plan 1) or drop --composed_attention")
     if config.mudd_gates and num_heads > MUDD_HEAD_SLOTS:
         fail(f"{source}: the MUDD gate generators hold {MUDD_HEAD_SLOTS} columns a layer's heads, and num_heads "
              f"{num_heads} is more; give at most {MUDD_HEAD_SLOTS} --num_heads or drop --mudd_gates")
@@ -893,6 +906,32 @@ def exclusive_self_attention(y, v, alpha):
     return y - strength * (dot / squares) * v
 
 
+def composed_attention(y, q, k, v, w_in, w_out, documents, scale):
+    """Record #89's composed attention (COMPOSED_LAYER's comment): each head's output y [B, NH, T, hs] plus
+    w_out_h (A v_h), A [B, T, COMPOSED_WINDOW] = sum_h w_in_h P_h in float32, the heads in order, P_h the
+    softmax of scale q_h . k_h over the keys at most COMPOSED_WINDOW - 1 back in the query's document
+    (documents [B, T], each position's) in float32; q, k, v [B, NH, T, hs] as the attention read them.
+    w_in, w_out [B, T, NH]: w_in normed over the heads in float32, both then in y's dtype; w_out_h A
+    rounded to v's dtype, its product with v summed in float32 and added to y, rounded once to y's dtype
+    (the reference's kernel)."""
+    window = COMPOSED_WINDOW
+    w_in = w_in.float()
+    w_in = (w_in * torch.rsqrt(w_in.square().mean(-1, keepdim=True) + COMPOSED_NORM_EPS)).type_as(y)
+    w_out = w_out.type_as(y)
+    # key t - window + 1 + o at index o of query t's window; the positions before the row in no document
+    keys, values = (F.pad(t, (0, 0, window - 1, 0)).unfold(2, window, 1) for t in (k, v))  # [B, NH, T, hs, W]
+    key_documents = F.pad(documents, (window - 1, 0), value=-1).unfold(1, window, 1)  # [B, T, W]
+    seen = (key_documents == documents[..., None])[:, None]
+    scores = torch.einsum("bhtd,bhtdw->bhtw", q.float(), keys.float()) * scale
+    probs = scores.masked_fill(~seen, float("-inf")).softmax(dim=-1)
+    mixed = w_in[..., 0, None].float() * probs[:, 0]
+    for h in range(1, probs.size(1)):
+        mixed = mixed + w_in[..., h, None].float() * probs[:, h]
+    weights = (w_out.float().transpose(1, 2)[..., None] * mixed[:, None]).to(v.dtype)  # [B, NH, T, W]
+    correction = torch.einsum("bhtw,bhtdw->bhtd", weights.float(), values.float())
+    return (y.float() + correction).to(y.dtype)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, flash, linear, layer):
         super().__init__()
@@ -952,14 +991,16 @@ class CausalSelfAttention(nn.Module):
         return y * gate.view(*gate.shape, 1)
 
     def forward(self, x, mask=None, value_embedding=None, ve_gate=None, xsa_alpha=None, head_gate=None,
-                attn_lambda=None, v_mix=None):
+                attn_lambda=None, v_mix=None, composed=None):
         """mask: [B, 1, T, T], True where a query attends to a key (GPT.attention_masks); None:
         causal. value_embedding: this layer's (speedrun), or None; ve_gate: its gates' weights, or None;
         xsa_alpha: its XSA strengths [NH] (or [B, T, NH]), or None; head_gate: record #89's gate of each head
         [NH] (or [B, T, NH]: a token's, from the MUDD gate generators), which scales its output (after XSA)
         before the output projection, or None; attn_lambda: record #89's (s0, s1) of the layer, which scale
         c_attn's and c_proj's weights (scaled_linear), or None. With paired heads the mask is of the rows
-        doubled ([B, 1, 2T, 2T]: GPT.attention_masks). v_mix: MUDD's terms of the value (mix_values), or None."""
+        doubled ([B, 1, 2T, 2T]: GPT.attention_masks). v_mix: MUDD's terms of the value (mix_values), or None.
+        composed: (w_in, w_out, documents) of record #89's composed attention (composed_attention), which adds
+        to the heads' outputs before XSA, or None."""
         B, T, C = x.size()
         q, k, v = scaled_linear(self.c_attn, x, None if attn_lambda is None else attn_lambda[0]).split(C, dim=2)
         q, k, v = (t.view(B, T, self.num_heads, C // self.num_heads) for t in (q, k, v))
@@ -985,6 +1026,9 @@ class CausalSelfAttention(nn.Module):
                 positions = q.size(2)
                 mask = torch.ones(positions, positions, dtype=torch.bool, device=x.device).tril()
             y = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1) @ v
+        if composed is not None:
+            scale = 1.0 / math.sqrt(k.size(-1)) if self.scale is None else self.scale
+            y = composed_attention(y, q, k, v, *composed, scale)
         y = exclusive_self_attention(y.transpose(1, 2), v.transpose(1, 2), xsa_alpha)
         y = y.reshape(B, T, self.num_heads, C // self.num_heads)  # paired: the positions back as tokens
         y = self.gate_heads(x, y)
@@ -1077,7 +1121,8 @@ class Block(nn.Module):
         return x if self.lambdas is None else self.lambdas[0] * x + self.lambdas[1] * x0
 
     def forward(self, x, mask=None, x0=None, value_embedding=None, bigram=None, ve_gate=None, xsa_alpha=None,
-                lambdas=None, x0_term=None, source=None, head_gate=None, attn_lambda=None, v_mix=None):
+                lambdas=None, x0_term=None, source=None, head_gate=None, attn_lambda=None, v_mix=None,
+                composed=None):
         """bigram: the gated bigram embedding the layer adds to its attention's output, or None;
         ve_gate: the weights of its value embedding's gates, or None; xsa_alpha: its XSA strengths, or None;
         lambdas: (r_attention, p_attention, r_mlp, p_mlp) of the residual lambdas, each sublayer's add
@@ -1085,13 +1130,14 @@ class Block(nn.Module):
         #89's gated x0 the layer adds after its attention, before the bigram term, or None; source: the
         earlier layer's output its attention reads instead of x (LayerSpec.attention_source), or None;
         head_gate: its heads' gates (record #89's), or None; attn_lambda: its attention lambdas (s0, s1), or
-        None; v_mix: MUDD's terms of its attention's value (CausalSelfAttention.mix_values), or None. The
-        lambdas and terms may be a token's ([B, T, 1]: MUDD's)."""
+        None; v_mix: MUDD's terms of its attention's value (CausalSelfAttention.mix_values), or None;
+        composed: its attention's composition (CausalSelfAttention.forward), or None. The lambdas and terms
+        may be a token's ([B, T, 1]: MUDD's)."""
         x = self.mix_input(x, x0)
         r_attention, p_attention, r_mlp, p_mlp = lambdas if lambdas is not None else (None,) * 4
         if self.attn is not None:
             y = self.attn(self.ln_1(x if source is None else source), mask, value_embedding, ve_gate, xsa_alpha,
-                          head_gate, attn_lambda, v_mix)
+                          head_gate, attn_lambda, v_mix, composed)
             if x0_term is not None:  # record #89's plan: the attention's terms summed, then the stream's add
                 terms = (y if lambdas is None else p_attention * y) + x0_term
                 terms = terms if bigram is None else terms + bigram
@@ -1307,7 +1353,8 @@ class GPT(nn.Module):
             if self.mudd_w1 is not None and layer == self.config.num_layers - 1:
                 x, layer_lambdas, x0_term, bigram_term, v_mix = self.mudd_layer_terms(x, in0, outputs, bigram)
             x = block(x, mask, x0, value_embedding, bigram_term, ve_gates[layer], self.layer_xsa_alpha(layer, rows),
-                      layer_lambdas, x0_term, source, self.layer_head_gate(layer, rows), attn_lambdas[layer], v_mix)
+                      layer_lambdas, x0_term, source, self.layer_head_gate(layer, rows), attn_lambdas[layer], v_mix,
+                      self.layer_composition(layer, rows, idx))
             outputs.append(x)
         return t.ln_f(self.mudd_final_mix(x, in0, outputs, value_embeddings))
 
@@ -1412,6 +1459,18 @@ class GPT(nn.Module):
             return None
         gate = self.mudd_gate("xsa", layer, rows, self.config.num_heads)
         return self.xsa_alpha[sum(spec.xsa for spec in plan[:layer])] if gate is None else gate
+
+    def layer_composition(self, layer, rows, idx):
+        """Layer COMPOSED_LAYER's (w_in, w_out, documents) for composed_attention with --composed_attention: w_in
+        and w_out [B, T, NH] from the post MUDD gate generator's rows, documents [B, T] each position's as the
+        attention masks count them (one a row without --documents); None in other layers."""
+        if not self.config.composed_attention or layer != COMPOSED_LAYER:
+            return None
+        heads = self.config.num_heads
+        w_in = rows[1][..., COMPOSED_IN_COLUMN:COMPOSED_IN_COLUMN + heads]
+        w_out = rows[1][..., COMPOSED_OUT_COLUMN:COMPOSED_OUT_COLUMN + heads]
+        documents = (idx == DOCUMENT_START).cumsum(1) if self.documents else torch.zeros_like(idx)
+        return w_in, w_out, documents
 
     def layer_head_gate(self, layer, rows):
         """The layer's head gates: [NH], its row of head_gates (a row for each head-gate layer of record
@@ -1705,7 +1764,8 @@ def write_checkpoint(model, path, version):
                              | (FEATURE_PAIRED_HEADS if c.paired_heads else 0)
                              | (FEATURE_ATTN_LAMBDAS if c.attn_lambdas else 0)
                              | (FEATURE_MUDD_GATES if c.mudd_gates else 0)
-                             | (FEATURE_MUDD_CONNECTIONS if c.mudd_connections else 0))
+                             | (FEATURE_MUDD_CONNECTIONS if c.mudd_connections else 0)
+                             | (FEATURE_COMPOSED_ATTENTION if c.composed_attention else 0))
     header[HEADER_CHECKSUM_KIND_SLOT] = CHECKSUM_CRC32
     crc = header_checksum_start(header)
     partial = path + ".partial"  # a crash mid-write must not leave a plausible-looking checkpoint
@@ -1769,7 +1829,7 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
     features = int(header[FEATURES_SLOT])
     speedrun_only = (FEATURE_SMEAR | FEATURE_BIGRAM | FEATURE_VE_GATES | FEATURE_RESID_LAMBDAS | FEATURE_XSA
                      | FEATURE_RECORD89_PLAN | FEATURE_PAIRED_HEADS | FEATURE_ATTN_LAMBDAS | FEATURE_MUDD_GATES
-                     | FEATURE_MUDD_CONNECTIONS)
+                     | FEATURE_MUDD_CONNECTIONS | FEATURE_COMPOSED_ATTENTION)
     if (features & ~(speedrun_only | FEATURE_ROTARY_PAIRS) or (features & speedrun_only and arch != "speedrun")
             or (features & FEATURE_ROTARY_PAIRS and arch == "gpt2")):
         fail(f"{path}: header slot {FEATURES_SLOT} holds features {features}, but only the speedrun has any but the "
@@ -1777,7 +1837,8 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
              f"the value-embedding gates, {FEATURE_RESID_LAMBDAS}: the residual lambdas, {FEATURE_XSA}: XSA, "
              f"{FEATURE_RECORD89_PLAN}: record #89's plan, {FEATURE_PAIRED_HEADS}: its paired heads, "
              f"{FEATURE_ATTN_LAMBDAS}: its attention lambdas, {FEATURE_MUDD_GATES}: its MUDD gate generators, "
-             f"{FEATURE_MUDD_CONNECTIONS}: its MUDD dense connections), and GPT-2 has "
+             f"{FEATURE_MUDD_CONNECTIONS}: its MUDD dense connections, {FEATURE_COMPOSED_ATTENTION}: its composed "
+             f"attention), and GPT-2 has "
              f"no rotary ({FEATURE_ROTARY_PAIRS}: its pairs): the header is damaged or the file comes from a newer "
              f"version; re-create it")
     config = make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source=path, arch=arch,
@@ -1787,7 +1848,8 @@ def read_checkpoint(path, flash=False, fp8=False, fp8_head=False):
                          record89_plan=features & FEATURE_RECORD89_PLAN,
                          paired_heads=features & FEATURE_PAIRED_HEADS, attn_lambdas=features & FEATURE_ATTN_LAMBDAS,
                          mudd_gates=features & FEATURE_MUDD_GATES,
-                         mudd_connections=features & FEATURE_MUDD_CONNECTIONS)
+                         mudd_connections=features & FEATURE_MUDD_CONNECTIONS,
+                         composed_attention=features & FEATURE_COMPOSED_ATTENTION)
     if padded != config.padded_vocab_size:
         fail(f"{path}: padded vocab size {padded} does not match vocab {vocab_size} padded to a "
              f"multiple of {VOCAB_PAD_MULTIPLE} ({config.padded_vocab_size})")
@@ -3708,6 +3770,11 @@ def parse_args(argv=None):
                    "(gelu(x W1^T) W2^T + b2) x 0.1, one of the last layer's input, which mix earlier layers' outputs "
                    "into its value and stream and replace its lambdas and gates, one of its output, which mixes "
                    "them into the final stream; --init_from's checkpoint says whether it has them")
+    a.add_argument("--composed_attention", type=int, choices=[0, 1], help="--recipe speedrun with --mudd_gates 1: "
+                   "1 layer 10's heads each add w_out_h (A v_h), A the sum over the heads of w_in_h times their "
+                   "attention probabilities over the last 112 keys of the query's document (record #89's composed "
+                   "attention; w_in normed over the heads, w_in and w_out a token from the post MUDD gate "
+                   "generator); --init_from's checkpoint says whether it has it")
     a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
                    "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
                    "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
@@ -4103,11 +4170,13 @@ def resolve_config(args):
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
         features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
-                    args.record89_plan, args.paired_heads, args.attn_lambdas, args.mudd_gates, args.mudd_connections)
+                    args.record89_plan, args.paired_heads, args.attn_lambdas, args.mudd_gates, args.mudd_connections,
+                    args.composed_attention)
         if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
                  "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
-                 "--paired_heads, --attn_lambdas, --mudd_gates, --mudd_connections and the size flags")
+                 "--paired_heads, --attn_lambdas, --mudd_gates, --mudd_connections, --composed_attention and the "
+                 "size flags")
         if args.record_init:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
@@ -4125,7 +4194,7 @@ def resolve_config(args):
                        ve_gates=args.ve_gates, resid_lambdas=args.resid_lambdas, xsa=args.xsa,
                        record89_plan=args.record89_plan, paired_heads=args.paired_heads,
                        attn_lambdas=args.attn_lambdas, mudd_gates=args.mudd_gates,
-                       mudd_connections=args.mudd_connections)
+                       mudd_connections=args.mudd_connections, composed_attention=args.composed_attention)
 
 
 def check_fp8(config, device, flag="--fp8"):

@@ -9,7 +9,7 @@
 //   [5] num_heads  [6] channels  [7] padded_vocab_size  [8] architecture (0 GPT-2, 1 modern,
 //   2 speedrun; 0 in llm.c's files)  [9] record #89's features, bits (the speedrun's kFeatureSmear,
 //   kFeatureBigram, kFeatureVeGates, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads,
-//   kFeatureAttnLambdas, kFeatureMuddGates, kFeatureMuddConnections; the modern
+//   kFeatureAttnLambdas, kFeatureMuddGates, kFeatureMuddConnections, kFeatureComposedAttention; the modern
 //   and speedrun's kFeatureRotaryPairs; 0 in files written before this slot)  [254] [255] checksum
 //   kind and CRC-32 (llmc/file_header.h)
 // followed by the parameters in table order, wte (and the modern head) padded to
@@ -122,6 +122,7 @@ struct GPT2Config {
   bool attn_lambdas = false;  // and its attention lambdas (ArchSpec::attn_lambdas; -al)
   bool mudd_gates = false;    // and the plan's gates a token from two generators (mudd_gate_column; -mg)
   bool mudd_connections = false;  // and the plan's MUDD dense connections (ArchSpec::mudd_connections)
+  bool composed_attention = false;  // and its composed attention on layer 10 (ArchSpec::composed_attention)
 
   bool operator==(const GPT2Config& o) const {
     return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
@@ -130,7 +131,7 @@ struct GPT2Config {
            bigram == o.bigram && rotary_pairs == o.rotary_pairs && ve_gates == o.ve_gates &&
            resid_lambdas == o.resid_lambdas && xsa == o.xsa && record89_plan == o.record89_plan &&
            paired_heads == o.paired_heads && attn_lambdas == o.attn_lambdas && mudd_gates == o.mudd_gates &&
-           mudd_connections == o.mudd_connections;
+           mudd_connections == o.mudd_connections && composed_attention == o.composed_attention;
   }
   bool operator!=(const GPT2Config& o) const { return !(*this == o); }
 
@@ -140,13 +141,13 @@ struct GPT2Config {
 
   std::string describe() const {
     const char* prefix = modern() ? "modern " : speedrun() ? "speedrun " : "";
-    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
+    return strformat("%sL=%d NH=%d C=%d maxT=%d V=%d Vp=%d%s%s%s%s%s%s%s%s%s%s%s%s", prefix, num_layers, num_heads,
                      channels, max_seq_len, vocab_size, padded_vocab_size, smear ? " smear" : "",
                      bigram ? " bigram" : "", rotary_pairs ? " rotary-pairs" : "", ve_gates ? " ve-gates" : "",
                      resid_lambdas ? " resid-lambdas" : "", xsa ? " xsa" : "",
                      record89_plan ? " record89-plan" : "", paired_heads ? " paired-heads" : "",
                      attn_lambdas ? " attn-lambdas" : "", mudd_gates ? " mudd-gates" : "",
-                     mudd_connections ? " mudd-connections" : "");
+                     mudd_connections ? " mudd-connections" : "", composed_attention ? " composed-attention" : "");
   }
 };
 
@@ -272,6 +273,11 @@ struct ArchSpec {
   // bit 1024; the speedrun's in its plan): the last layer's value, stream, lambdas and gates and the
   // final stream mixed from earlier layers' outputs by coefficients a token (kMuddConnection*)
   bool mudd_connections = false;
+  // Record #89's composed attention, off in every architecture and set from the config (header [9]'s bit
+  // 2048; the speedrun's in its plan, with its MUDD gate generators): layer 10's heads each add w_out_h (A
+  // v_h), A the heads' attention probabilities over the last 112 keys mixed by w_in (train_gpt2.py's
+  // composed_attention), w_in and w_out a token from the post gate generator's columns 29 and 35 on
+  bool composed_attention = false;
 };
 
 // The attention gate reads the first C / kGateDivisor channels of the attention's input.
@@ -311,6 +317,7 @@ inline ArchSpec arch_spec(const GPT2Config& c) {
   a.attn_lambdas = c.attn_lambdas;
   a.mudd_gates = c.mudd_gates;
   a.mudd_connections = c.mudd_connections;
+  a.composed_attention = c.composed_attention;
   // Record #89's plan: x0 after each attention with a gate, not mixed into each block's input, and
   // none of record #28's attention gates (the reference's, on two layers, come from MUDD).
   if (c.record89_plan) {
@@ -328,6 +335,7 @@ constexpr int kFeatureResidLambdas = 16, kFeatureXsa = 32, kFeatureRecord89Plan 
 constexpr int kFeatureAttnLambdas = 256;
 constexpr int kFeatureMuddGates = 512;
 constexpr int kFeatureMuddConnections = 1024;
+constexpr int kFeatureComposedAttention = 2048;
 // The bigram gates' start, the reference's bias of its generated gates (0.05).
 constexpr float kBigramGateInit = 0.05f;
 // The residual and post lambdas' start: r = sqrt(1.1), so that a layer's two sublayers scale the
@@ -716,6 +724,14 @@ inline const char* mudd_connections_missing(const GPT2Config& c) {
   return nullptr;
 }
 
+// What a config with record #89's composed attention lacks of what it needs, or null: the MUDD gate
+// generators (its weights are the post generator's columns; they need the plan).
+inline const char* composed_attention_missing(const GPT2Config& c) {
+  if (!c.composed_attention) return nullptr;
+  if (!c.mudd_gates) return "the MUDD gate generators";
+  return nullptr;
+}
+
 inline void set_record89_plan(GPT2Config& c, bool on) {
   c.record89_plan = on;
   if (c.speedrun()) c.num_layers = speedrun_layers(on);
@@ -1001,17 +1017,18 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
   const int features = h[kFeaturesSlot];
   const int speedrun_only =
       kFeatureSmear | kFeatureBigram | kFeatureVeGates | kFeatureResidLambdas | kFeatureXsa | kFeatureRecord89Plan |
-      kFeaturePairedHeads | kFeatureAttnLambdas | kFeatureMuddGates | kFeatureMuddConnections;
+      kFeaturePairedHeads | kFeatureAttnLambdas | kFeatureMuddGates | kFeatureMuddConnections |
+      kFeatureComposedAttention;
   if ((features & ~(speedrun_only | kFeatureRotaryPairs)) != 0 || ((features & speedrun_only) && !c.speedrun()) ||
       ((features & kFeatureRotaryPairs) && c.arch == Arch::kGpt2)) {
     LLMC_FAIL("%s: header slot %d holds features %d, but only the speedrun has any but the rotary pairs (%d: the "
               "smear, %d: the bigram embedding, %d: the value-embedding gates, %d: the residual lambdas, %d: XSA, "
               "%d: record #89's plan, %d: its paired heads, %d: its attention lambdas, %d: its MUDD gate "
-              "generators, %d: its MUDD dense connections), and GPT-2 has no rotary (%d: its pairs): the header is "
-              "damaged or the file comes from a newer version; re-create it",
+              "generators, %d: its MUDD dense connections, %d: its composed attention), and GPT-2 has no rotary "
+              "(%d: its pairs): the header is damaged or the file comes from a newer version; re-create it",
               path.c_str(), kFeaturesSlot, features, kFeatureSmear, kFeatureBigram, kFeatureVeGates,
               kFeatureResidLambdas, kFeatureXsa, kFeatureRecord89Plan, kFeaturePairedHeads, kFeatureAttnLambdas,
-              kFeatureMuddGates, kFeatureMuddConnections, kFeatureRotaryPairs);
+              kFeatureMuddGates, kFeatureMuddConnections, kFeatureComposedAttention, kFeatureRotaryPairs);
   }
   c.smear = (features & kFeatureSmear) != 0;
   c.bigram = (features & kFeatureBigram) != 0;
@@ -1043,6 +1060,12 @@ inline GPT2Config config_from_header(const int* h, const std::string& path) {
               "the header is damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeatureMuddConnections,
               missing);
   }
+  c.composed_attention = (features & kFeatureComposedAttention) != 0;
+  if (const char* missing = composed_attention_missing(c)) {
+    LLMC_FAIL("%s: header slot %d's bit %d gives the model record #89's composed attention, which needs %s: the "
+              "header is damaged; re-create the file", path.c_str(), kFeaturesSlot, kFeatureComposedAttention,
+              missing);
+  }
   return c;
 }
 
@@ -1063,7 +1086,8 @@ inline void header_from_config(const GPT2Config& c, int version, int h[kHeaderIn
                      (c.resid_lambdas ? kFeatureResidLambdas : 0) | (c.xsa ? kFeatureXsa : 0) |
                      (c.record89_plan ? kFeatureRecord89Plan : 0) | (c.paired_heads ? kFeaturePairedHeads : 0) |
                      (c.attn_lambdas ? kFeatureAttnLambdas : 0) | (c.mudd_gates ? kFeatureMuddGates : 0) |
-                     (c.mudd_connections ? kFeatureMuddConnections : 0);
+                     (c.mudd_connections ? kFeatureMuddConnections : 0) |
+                     (c.composed_attention ? kFeatureComposedAttention : 0);
 }
 
 // Fails unless h (as read from path) starts with a checkpoint's magic. It comes first: in a file

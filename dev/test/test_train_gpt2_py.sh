@@ -1270,6 +1270,73 @@ print("layer 10 and the final mix within " + ", ".join(f"{k} {float(e):.1e}" for
 EOF
 expect_error "the MUDD dense connections join record #89's plan's layers" --recipe speedrun --model tiny \
   --mudd_connections 1 --input_bin x
+echo "--- record #89's composed attention (--composed_attention 1)"
+check "the composition against a dense one by hand; layer 10's weights from the post generator; bit 2048" <<'PYEOF'
+import os, torch, train_gpt2 as tg
+torch.manual_seed(5)
+B, NH, T, hs, scale = 2, 3, 300, 8, 0.3
+q, k, v, y = (torch.randn(B, NH, T, hs) for _ in range(4))
+w_in, w_out = torch.randn(B, T, NH), torch.randn(B, T, NH)
+documents = torch.zeros(B, T, dtype=torch.long)
+documents[0, 40:] += 1
+documents[0, 250:] += 1
+documents[1, 1:] += 1
+got = tg.composed_attention(y, q, k, v, w_in, w_out, documents, scale)
+# By hand, densely in float64: the keys at most 111 back in the query's document, each head's softmax, w_in
+# normed over the heads, A the mix of the heads' probabilities, each head's output plus w_out_h (A v_h).
+position = torch.arange(T)
+d = lambda t: t.double()
+want = torch.empty(B, NH, T, hs, dtype=torch.float64)
+for b in range(B):
+    seen = (position[:, None] - position[None, :] >= 0) & (position[:, None] - position[None, :] < 112) & \
+        (documents[b][:, None] == documents[b][None, :])
+    probs = (d(q[b]) @ d(k[b]).transpose(1, 2) * scale).masked_fill(~seen, float("-inf")).softmax(-1)
+    normed = d(w_in[b]) / (d(w_in[b]).square().mean(-1, keepdim=True) + 1e-6).sqrt()
+    mixed = (normed.T[:, :, None] * probs).sum(0)
+    want[b] = d(y[b]) + d(w_out[b]).T[:, :, None] * (mixed[None] @ d(v[b]))
+error = (got.double() - want).abs().max().item()
+assert error < 2e-5, error
+assert tg.COMPOSED_WINDOW == 112 and (tg.COMPOSED_IN_COLUMN, tg.COMPOSED_OUT_COLUMN) == (29, 35)
+# In the model: layer 10 alone composes, its weights the post generator's columns 29 and 35 on (the first NH),
+# documents as the attention counts them.
+config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", bigram=True, xsa=True, record89_plan=True,
+                        mudd_gates=True, composed_attention=True)
+model = tg.GPT(config)
+tg.init_weights(model, 42)
+tg.add_debug_noise(model, 0.02, 42)
+with torch.no_grad():
+    model.mudd_gate_b2[1, 35:37] = 5.0  # w_out 0.5 (it starts at 0)
+calls, plain = [], tg.composed_attention
+def recorded(y, q, k, v, w_in, w_out, documents, scale):
+    calls.append((w_in, w_out, documents))
+    return plain(y, q, k, v, w_in, w_out, documents, scale)
+tg.composed_attention = recorded
+post_rows = []
+plain_rows = model.mudd_gate_rows
+model.mudd_gate_rows = lambda x, generator: post_rows.append(plain_rows(x, generator)) or post_rows[-1]
+idx = torch.randint(0, 512, (2, 160))
+loss = model(idx, idx)[1]
+assert len(calls) == 1 and torch.equal(calls[0][0], post_rows[1][..., 29:31])
+assert torch.equal(calls[0][1], post_rows[1][..., 35:37]) and calls[0][2].abs().sum() == 0
+loss.backward()
+assert model.mudd_gate_w2.grad[1, 29:31].abs().sum() > 0 and model.mudd_gate_w2.grad[1, 35:37].abs().sum() > 0
+assert model.mudd_gate_w2.grad[1, 31:35].abs().sum() == 0, "the slots of heads the model does not have"
+tg.composed_attention = plain
+plain_config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", bigram=True, xsa=True,
+                              record89_plan=True, mudd_gates=True)
+plain_model = tg.GPT(plain_config)
+plain_model.load_state_dict(model.state_dict())
+assert abs(plain_model(idx, idx)[1].item() - loss.item()) > 1e-6, "the composition changes the loss"
+path = f"{os.environ['WORK']}/composed.bin"
+tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
+header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+assert int(header[tg.FEATURES_SLOT]) & tg.FEATURE_COMPOSED_ATTENTION == 2048
+assert tg.read_checkpoint(path).config == config
+print(f"the composition within {error:.1e} of the dense one; loss {loss.item():.4f}; header slot "
+      f"{tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
+PYEOF
+expect_error "the composed attention reads its weights from the MUDD gate generators" --recipe speedrun --model tiny \
+  --record89_plan 1 --composed_attention 1 --input_bin x
 echo "--- NorMuon and Q and K blocks in a debug state (version 5's settings: -mn 1 -mq 2)"
 "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --normuon 1 --muon_qk_heads 2 \
   --write_debug_state "$WORK/normuon_state" --debug_steps 2 --device cpu >/dev/null

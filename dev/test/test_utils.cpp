@@ -601,6 +601,29 @@ bool scalars_after(const llmc::ParamSpec* t, std::initializer_list<int> tensors,
   return ok;
 }
 
+// Record #89's composed attention: no tensors of its own (its weights are the post gate generator's
+// columns), header slot 9's bit 2048 read back, refused without the MUDD gate generators.
+void test_composed_attention_config() {
+  llmc::GPT2Config c;
+  llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
+  llmc::set_record89_plan(c, true);
+  c.mudd_gates = true;
+  const size_t without = llmc::num_parameters(c);
+  c.composed_attention = true;
+  int h[llmc::kHeaderInts];
+  llmc::header_from_config(c, llmc::kCheckpointVersionBF16, h);
+  const std::string d = c.describe();
+  check(llmc::num_parameters(c) == without && h[llmc::kFeaturesSlot] == (llmc::kFeatureRecord89Plan | 512 | 2048) &&
+            llmc::config_from_header(h, "ca.bin") == c && d.substr(d.size() - 19) == " composed-attention" &&
+            llmc::arch_spec(c).composed_attention && llmc::composed_attention_missing(c) == nullptr,
+        "speedrun tiny -lp 1 -mg 1 with the composed attention: no tensors of its own, header slot 9 holds "
+        "64 | 512 | 2048 and reads back");
+  h[llmc::kFeaturesSlot] = llmc::kFeatureRecord89Plan | 2048;
+  check_throws([&] { llmc::config_from_header(h, "ca.bin"); },
+               "composed attention, which needs the MUDD gate generators",
+               "a header naming the composed attention without the MUDD gate generators is refused");
+}
+
 // Record #89's MUDD dense connections (in its plan, with the gate generators here): mudd_w1 [2, 64, C],
 // mudd_w2 [2, 14, 64] and mudd_b2 [2, 14] after mudd_gate_scale, the scalars' role, their seeds after its;
 // W1 drawn in +-1/sqrt(C) after the gate generators' W1 (whose draws stay as without them), W2 zero, b2 the
@@ -878,8 +901,9 @@ void test_smear_table() {
   test_attn_lambdas_table();
   test_mudd_gates_table();
   test_mudd_connections_table();
-  h[llmc::kFeaturesSlot] = 2048;
-  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 2048",
+  test_composed_attention_config();
+  h[llmc::kFeaturesSlot] = 4096;
+  check_throws([&] { llmc::config_from_header(h, "smear.bin"); }, "slot 9 holds features 4096",
                "a header naming an unknown feature is refused");
   llmc::GPT2Config gpt2;
   llmc::config_from_preset("tiny", &gpt2);
