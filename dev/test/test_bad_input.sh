@@ -989,27 +989,25 @@ if [ $no_gpu = 1 ]; then
   elif has_flag -lp; then
     skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
   fi
-  # A model file with record #89's MUDD dense connections (train_gpt2.py writes one): refused at its
-  # load, before the GPU, since this trainer does not run them yet.
+  # Model files with record #89's MUDD dense connections or composed attention (train_gpt2.py writes
+  # them): refused at their load, before the GPU, since this trainer does not run them yet.
   torch_python=$(python_with "torch numpy")
+  # refused_feature NAME WHAT FLAG BIT KWARGS: a model of make_config(..., KWARGS) in NAME.bin is
+  # refused, naming WHAT, header bit BIT and train_gpt2.py's FLAG.
+  refused_feature() {
+    local name=$1 what=$2 flag=$3 bit=$4 kwargs=$5
+    PYTHONPATH=. "$torch_python" -c "import train_gpt2 as tg
+c = tg.make_config(11, 2, 128, 256, 512, 'x', arch='speedrun', record89_plan=True, $kwargs)
+tg.write_checkpoint(tg.GPT(c), '$DIR/$name.bin', tg.CHECKPOINT_FP32)"
+    WATCH=("$KEEP")
+    attempt "^error: $DIR/$name\.bin holds a model with record #89's $what \(header slot 9's bit $bit\), which this trainer does not run yet: train_gpt2\.py $flag 1 does\$" \
+      -recipe speedrun -e "$DIR/$name.bin" -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP"
+    report "a model with the $what: refused before the GPU"
+  }
   if has_flag -lp && [ -n "$torch_python" ]; then
-    PYTHONPATH=. "$torch_python" -c "import train_gpt2 as tg
-c = tg.make_config(11, 2, 128, 256, 512, 'x', arch='speedrun', record89_plan=True, mudd_connections=True)
-tg.write_checkpoint(tg.GPT(c), '$DIR/mudd_connections.bin', tg.CHECKPOINT_FP32)"
-    WATCH=("$KEEP")
-    attempt "^error: $DIR/mudd_connections\.bin holds a model with record #89's MUDD dense connections \(header slot 9's bit 1024\), which this trainer does not run yet: train_gpt2\.py --mudd_connections 1 does\$" \
-      -recipe speedrun -e "$DIR/mudd_connections.bin" -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 \
-      -o "$KEEP"
-    report "a model with MUDD's dense connections: refused before the GPU"
-    PYTHONPATH=. "$torch_python" -c "import train_gpt2 as tg
-c = tg.make_config(11, 2, 128, 256, 512, 'x', arch='speedrun', record89_plan=True, mudd_gates=True,
-                   composed_attention=True)
-tg.write_checkpoint(tg.GPT(c), '$DIR/composed_attention.bin', tg.CHECKPOINT_FP32)"
-    WATCH=("$KEEP")
-    attempt "^error: $DIR/composed_attention\.bin holds a model with record #89's composed attention \(header slot 9's bit 2048\), which this trainer does not run yet: train_gpt2\.py --composed_attention 1 does\$" \
-      -recipe speedrun -e "$DIR/composed_attention.bin" -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 \
-      -o "$KEEP"
-    report "a model with the composed attention: refused before the GPU"
+    refused_feature mudd_connections "MUDD dense connections" --mudd_connections 1024 "mudd_connections=True"
+    refused_feature composed_attention "composed attention" --composed_attention 2048 \
+      "mudd_gates=True, composed_attention=True"
   elif has_flag -lp; then
     skip "a model with MUDD's dense connections" "no python with torch and numpy to write one"
     skip "a model with the composed attention" "no python with torch and numpy to write one"

@@ -121,18 +121,19 @@ expect_fail() {  # expect_fail NAME TEXT COMMAND...: a non-zero exit and one lin
   check "$name: one line naming it" "$(wc -l <<< "$err") $(grep -c "^error: .*$text" <<< "$err")" "1 1"
 }
 expect_fail "a folder in use" "$out is not empty: give a new folder" kit "$out"
-sed 's/from kernels import get_kernel/from kernels import load_kernel/' "$ref/train_gpt.py" > "$WORK/other.py"
-cp -r "$ref" "$WORK/other_ref" && mv "$WORK/other.py" "$WORK/other_ref/train_gpt.py"
-expect_fail "another version of the script" \
-  "expected the line 'from kernels import get_kernel' once .*found it 0 times" \
-  "$PY" dev/reference89_offline.py "$WORK/new1" --reference "$WORK/other_ref" \
-  --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/sp_val_*.bin"
-sed 's/x3 = torch._scaled_mm(/x3 = torch.mm(/' "$ref/triton_kernels.py" > "$WORK/other_kernels.py"
-cp -r "$ref" "$WORK/other_kernels_ref" && mv "$WORK/other_kernels.py" "$WORK/other_kernels_ref/triton_kernels.py"
-expect_fail "another version of the kernels" \
-  "other_kernels_ref/triton_kernels.py: expected the line 'x3 = torch._scaled_mm(' once (record #89's triton_kernels.py at modded-nanogpt f411b3d3), found it 0 times" \
-  "$PY" dev/reference89_offline.py "$WORK/new7" --reference "$WORK/other_kernels_ref" \
-  --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/sp_val_*.bin"
+# another_version NAME FILE SED NEW TEXT: the kit on a copy of the reference whose FILE sed SED edits
+# fails, naming TEXT, and makes no NEW folder.
+another_version() {
+  local name=$1 file=$2 edit=$3 new=$4 text=$5
+  local copy=$WORK/other_$file
+  cp -r "$ref" "$copy" && sed "$edit" "$ref/$file" > "$copy/$file"
+  expect_fail "$name" "$text" "$PY" dev/reference89_offline.py "$WORK/$new" --reference "$copy" \
+    --train "$WORK/shards/sp_train_*.bin" --val "$WORK/shards/sp_val_*.bin"
+}
+another_version "another version of the script" train_gpt.py 's/from kernels import get_kernel/from kernels import load_kernel/' \
+  new1 "expected the line 'from kernels import get_kernel' once .*found it 0 times"
+another_version "another version of the kernels" triton_kernels.py 's/x3 = torch._scaled_mm(/x3 = torch.mm(/' new7 \
+  "triton_kernels.py: expected the line 'x3 = torch._scaled_mm(' once (record #89's triton_kernels.py at modded-nanogpt f411b3d3), found it 0 times"
 expect_fail "validation tokens off the batch" \
   "--val_tokens 1048576: must be a positive multiple of the reference's validation batch, 2,097,152 tokens" \
   kit "$WORK/new4" --val_tokens 1048576
