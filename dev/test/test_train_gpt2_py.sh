@@ -610,7 +610,9 @@ assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-ut 1 -ao 2
 print(f"version {header[1]}: '{text}'")
 EOF
 check "--smear: the smear against a loop over the flat sequence; its header slot and parameters read back" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", smear=True)
 model = tg.GPT(config)
 tg.init_weights(model, 42)
@@ -626,10 +628,7 @@ for t in range(1, flat.size(0)):  # the flat sequence: row 1's first token reads
 got = model.smear(x).reshape(-1, 128)
 error = (got - want).abs().max().item()
 assert error < 1e-5, error
-path = f"{os.environ['WORK']}/smear.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "smear")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_SMEAR and back.config.smear
 assert torch.equal(back.smear_weight, model.smear_weight) and torch.equal(back.smear_lambda, model.smear_lambda)
 assert config.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -639,7 +638,9 @@ print(f"the smear within {error:.1e} of its loop over 10 flat rows; header slot 
       f"{int(header[tg.FEATURES_SLOT])}, its 13 parameters read back")
 EOF
 check "--bigram: the hash as llmc's, the pinned signs, each layer's gated term by hand; its header and parameters" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 # the hash's rows against llmc/bigram_hash.h's pinned values (dev/test/test_bigram_hash.cpp)
 for tokens, rows, ids, signs in [
         ([50256, 15496, 11, 995, 0, 50303, 7], 377280, [377279, 126884, 175303, 56405, 268236, 245200, 46095],
@@ -679,10 +680,7 @@ for layer, spec in enumerate(config.plan):  # by hand: the flat sequence's pairs
 x, y = idx, torch.randint(0, 512, (2, 6))
 model(x, y)[1].backward()
 assert model.bigram_gates.grad.abs().sum() > 0 and model.bigram.weight.grad.abs().sum() > 0
-path = f"{os.environ['WORK']}/bigram.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "bigram")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_BIGRAM and back.config.bigram and not back.config.smear
 assert torch.equal(back.bigram.weight, model.bigram.weight) and torch.equal(back.bigram_gates, model.bigram_gates)
 assert config.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -696,7 +694,9 @@ print(f"the hash's rows as llmc's, the sign table torch's; {config.bigram_rows} 
       f"with the smear, the file order {' '.join(order)}")
 EOF
 check "--ve_gates: each head's gate by hand, its gradients against autograd's; file order, header, refusals" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", ve_gates=True)
 model = tg.GPT(config)
 tg.init_weights(model, 42)
@@ -746,10 +746,7 @@ idx, targets = torch.randint(0, 512, (2, 6)), torch.randint(0, 512, (2, 6))
 model(idx, targets)[1].backward()
 scales = [block.attn.value_scales.grad for block in model.transformer.h if block.attn is not None]
 assert model.ve_gates.grad.abs().sum() > 0 and all(s[1] == 0 and s[0] != 0 for s in scales)
-path = f"{os.environ['WORK']}/ve_gates.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "ve_gates")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_VE_GATES and back.config.ve_gates and not back.config.bigram
 assert torch.equal(back.ve_gates, model.ve_gates)
 assert config.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -769,7 +766,9 @@ print(f"layer 10's mix within {error:.1e} of the gates by hand; dW, dx, dve, dv 
       f"{int(header[tg.FEATURES_SLOT])}; with the smear and the bigram embedding, the file order {' '.join(order)}")
 EOF
 check "--resid_lambdas: r x + p out by hand and the gradients of r and p; AdamW's groups; header and parameters back" <<'EOF'
-import math, os, torch, train_gpt2 as tg
+import math, os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", resid_lambdas=True)
 model = tg.GPT(config)
 tg.init_weights(model, 42, 89)
@@ -825,10 +824,7 @@ for tensor, lr in ((r, 0.008 * 5), (p, 0.008)):
     group, = [g for g in groups if any(q is tensor for q in g["params"])]
     assert group["params"] == [tensor] and group["betas"] == (0.9, 0.95) and group["weight_decay"] == 0.0
     assert math.isclose(group["lr"], lr), (group["lr"], lr)
-path = f"{os.environ['WORK']}/resid_lambdas.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "resid_lambdas")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_RESID_LAMBDAS and back.config.resid_lambdas
 assert torch.equal(back.resid_lambdas, r) and torch.equal(back.post_lambdas, p)
 tg.init_weights(model, 5)
@@ -840,7 +836,9 @@ EOF
 MAKEFLAGS= ${MAKE:-make} -s build/test_utils
 build/test_utils --init "$WORK/resid_lambdas_init.bin" 5 0
 check "--xsa: XSA by hand, its gradients against autograd's; the plan's layers, file order, header, groups" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(12, 2, 128, 1024, 512, "test", arch="speedrun", xsa=True)
 model = tg.GPT(config)
 tg.init_weights(model, 42)
@@ -887,10 +885,7 @@ assert max(grad_errors) < 1e-10, grad_errors
 idx, targets = torch.randint(0, 512, (2, 6)), torch.randint(0, 512, (2, 6))
 model(idx, targets)[1].backward()
 assert model.xsa_alpha.grad.abs().min() > 0, model.xsa_alpha.grad
-path = f"{os.environ['WORK']}/xsa.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "xsa")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_XSA == 32 and back.config.xsa and not back.config.ve_gates
 assert torch.equal(back.xsa_alpha, model.xsa_alpha)
 assert config.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -910,7 +905,9 @@ print(f"XSA within {error:.1e} of the heads by hand (v = 0: y kept); dy, dv, dal
       f"{int(header[tg.FEATURES_SLOT])}; with every record #89 feature, the file order {' '.join(order)}")
 EOF
 check "--attn_lambdas: the loss and gradients against a copy scaled by hand, the BF16 product's rounding; init, file order, header, groups" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(11, 2, 128, 1024, 512, "test", arch="speedrun", record89_plan=True, attn_lambdas=True)
 model = tg.GPT(config)
 tg.init_weights(model, 42)
@@ -956,10 +953,7 @@ want = torch.nn.functional.linear(x, (s.bfloat16().float() * w.bfloat16().float(
 assert torch.equal(tg.scaled_linear(layer, x, s), want)
 assert torch.equal(tg.scaled_linear(layer, x.float(), s), torch.nn.functional.linear(x.float(), s * w))
 # the file, its header and the optimizer's groups
-path = f"{os.environ['WORK']}/attn_lambdas.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "attn_lambdas")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_RECORD89_PLAN | tg.FEATURE_ATTN_LAMBDAS == 64 + 256, header[9]
 assert back.config == config and torch.equal(back.attn_lambdas, model.attn_lambdas)
 assert config.num_parameters() == sum(p.numel() for p in model.parameters())
@@ -975,7 +969,9 @@ print(f"the loss and gradients within {max(errors):.1e} of a copy with s W by ha
       f"bfloat16; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; file order ... {' '.join(order[-3:])}")
 EOF
 check "--record89_plan: the plan's lists as llmc's; the value mix without a; the gated skip, an x0 term and an attention source by hand, their gates' and a head gate's gradients; file order, header, groups" <<'EOF'
-import math, os, re, torch, train_gpt2 as tg
+import math, os, re, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 header_text = open("llmc/gpt2.h").read()
 def cpp(name):  # a list of llmc/gpt2.h's record #89 plan, -1 as None
     value = re.search(name + r"\[\] = +(.+?);", header_text).group(1)
@@ -1062,10 +1058,7 @@ got = [model.skip_gate.grad[0].item(), model.skip_gate.grad[1].item(), model.x0_
 grad_errors = [abs(a - b) / abs(b) for a, b in zip(got, want)]
 assert max(grad_errors) < 1e-4, (got, want)
 # The file, its header, the optimizer's groups: the gates with the scalars.
-path = f"{os.environ['WORK']}/record89_plan.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-back = tg.read_checkpoint(path)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "record89_plan")
 assert header[tg.FEATURES_SLOT] == tg.FEATURE_RECORD89_PLAN == 64 and header[4] == 11, "bit 64, 11 layers"
 assert back.config == config and back.config.record89_plan
 assert torch.equal(back.x0_gates, model.x0_gates) and torch.equal(back.skip_gate, model.skip_gate)
@@ -1087,7 +1080,9 @@ print(f"the lists as llmc's; the gated skip and layer 7's x0 term within {max(er
       f"slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}; the file order {' '.join(tables)}")
 EOF
 check "--paired_heads: the rotary as the reference's paired tables; the attention by positions by hand" <<'EOF'
-import os, re, torch, train_gpt2 as tg
+import os, re, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 torch.manual_seed(3)
 # The rotary: the reference's paired tables (each token's [NH/2, 2 hs] view, its first hs dims at 2t, the
 # rest at 2t + 1; cos and sin in bfloat16), applied as its Yarn.rotary does.
@@ -1145,11 +1140,9 @@ for p in range(2 * T):
         y = torch.softmax(kk @ q[token, head] * attn.scale, 0) @ vv
         error = max(error, (y - got[token, head]).abs().max().item())
 assert error < 1e-5, error
-path = f"{os.environ['WORK']}/paired.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "paired")
 assert int(header[tg.FEATURES_SLOT]) == tg.FEATURE_PAIRED_HEADS | tg.FEATURE_RECORD89_PLAN | tg.FEATURE_ROTARY_PAIRS
-assert tg.read_checkpoint(path).config == config
+assert back.config == config
 print(f"the rotary the reference's paired tables' bits; layer {layer}'s attention (window {window} positions) "
       f"within {error:.1e} of positions by hand; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
 EOF
@@ -1163,7 +1156,9 @@ expect_error "give --window_tokens 1" --recipe speedrun --model tiny --paired_he
   --rotary_pairs 1 --window_blocks 2 --batch_size 2 --seq_len 256 --write_debug_state "$WORK/paired_state"
 echo "--- record #89's MUDD gate generators (--mudd_gates 1)"
 check "the generators' tensors at init, their rows' columns, the checkpoint's bit 512 and its round trip" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", bigram=True, xsa=True, record89_plan=True,
                         mudd_gates=True)
 model = tg.GPT(config)
@@ -1180,11 +1175,8 @@ idx = torch.randint(0, 512, (1, 64))
 loss = model(idx, idx)[1]
 loss.backward()
 assert model.mudd_gate_b2.grad[1, 28] != 0 and model.mudd_gate_scale.grad.item() != 0 and model.head_gates.grad is None
-path = f"{os.environ['WORK']}/mudd.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "mudd")
 assert int(header[tg.FEATURES_SLOT]) & tg.FEATURE_MUDD_GATES == 512
-back = tg.read_checkpoint(path)
 assert back.config == config and torch.equal(back.mudd_gate_b2, model.mudd_gate_b2)
 print(f"loss {loss.item():.4f}; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
 EOF
@@ -1192,7 +1184,9 @@ expect_error "the MUDD gate generators make record #89's plan's gates" --recipe 
   --input_bin x
 echo "--- record #89's MUDD dense connections (--mudd_connections 1)"
 check "the connections' tensors at init; layer 10's stream, value, adds and the final mix by hand; bit 1024" <<'EOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", bigram=True, ve_gates=True, resid_lambdas=True,
                         record89_plan=True, mudd_gates=True, mudd_connections=True)
 model = tg.GPT(config)
@@ -1259,11 +1253,8 @@ assert max(errors.values()) < 1e-5, errors
 loss.backward()
 assert all(q.grad is not None and q.grad.abs().sum() > 0 for q in (model.mudd_w1, model.mudd_w2, model.mudd_b2))
 assert model.resid_lambdas.grad[10].abs().sum() == 0, "layer 10's own lambdas, unread"
-path = f"{os.environ['WORK']}/mudd_connections.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "mudd_connections")
 assert int(header[tg.FEATURES_SLOT]) & tg.FEATURE_MUDD_CONNECTIONS == 1024
-back = tg.read_checkpoint(path)
 assert back.config == config and torch.equal(back.mudd_b2, model.mudd_b2)
 print("layer 10 and the final mix within " + ", ".join(f"{k} {float(e):.1e}" for k, e in errors.items())
       + f"; {config.num_parameters():,} parameters; header slot {tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
@@ -1272,7 +1263,9 @@ expect_error "the MUDD dense connections join record #89's plan's layers" --reci
   --mudd_connections 1 --input_bin x
 echo "--- record #89's composed attention (--composed_attention 1)"
 check "the composition against a dense one by hand; layer 10's weights from the post generator; bit 2048" <<'PYEOF'
-import os, torch, train_gpt2 as tg
+import os, sys, torch, train_gpt2 as tg
+sys.path.insert(0, "dev/test")
+from checkpoint_round_trip import checkpoint_round_trip
 torch.manual_seed(5)
 B, NH, T, hs, scale = 2, 3, 300, 8, 0.3
 q, k, v, y = (torch.randn(B, NH, T, hs) for _ in range(4))
@@ -1327,11 +1320,9 @@ plain_config = tg.make_config(11, 2, 128, 256, 512, "test", arch="speedrun", big
 plain_model = tg.GPT(plain_config)
 plain_model.load_state_dict(model.state_dict())
 assert abs(plain_model(idx, idx)[1].item() - loss.item()) > 1e-6, "the composition changes the loss"
-path = f"{os.environ['WORK']}/composed.bin"
-tg.write_checkpoint(model, path, tg.CHECKPOINT_FP32)
-header = torch.from_file(path, False, tg.HEADER_INTS, dtype=torch.int32)
+back, header = checkpoint_round_trip(model, "composed")
 assert int(header[tg.FEATURES_SLOT]) & tg.FEATURE_COMPOSED_ATTENTION == 2048
-assert tg.read_checkpoint(path).config == config
+assert back.config == config
 print(f"the composition within {error:.1e} of the dense one; loss {loss.item():.4f}; header slot "
       f"{tg.FEATURES_SLOT} {int(header[tg.FEATURES_SLOT])}")
 PYEOF
