@@ -614,48 +614,53 @@ def make_config(num_layers, num_heads, channels, max_seq_len, vocab_size, source
                        bool(smear), bool(bigram), bool(rotary_pairs), bool(ve_gates), bool(resid_lambdas),
                        bool(xsa), bool(record89_plan), bool(paired_heads), bool(attn_lambdas), bool(mudd_gates),
                        bool(mudd_connections), bool(composed_attention))
-    if config.rotary_pairs and not config.modern:
-        fail(f"{source}: the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
-             f"give --recipe modern or speedrun or drop --rotary_pairs")
-    if config.smear and not config.speedrun:
-        fail(f"{source}: the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear")
-    if config.bigram and not config.speedrun:
-        fail(f"{source}: the bigram embedding (record #89's) is the speedrun's; give --recipe speedrun or drop "
-             f"--bigram")
-    if config.ve_gates and not config.speedrun:
-        fail(f"{source}: the value-embedding gates (record #89's) are the speedrun's; give --recipe speedrun or "
-             f"drop --ve_gates")
-    if config.resid_lambdas and not config.speedrun:
-        fail(f"{source}: the residual lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
-             f"--resid_lambdas")
-    if config.xsa and not config.speedrun:
-        fail(f"{source}: XSA (record #89's) is the speedrun's; give --recipe speedrun or drop --xsa")
-    if config.record89_plan and not config.speedrun:
-        fail(f"{source}: record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan")
-    if config.attn_lambdas and not config.speedrun:
-        fail(f"{source}: the attention lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
-             f"--attn_lambdas")
-    if config.paired_heads and not (config.record89_plan and config.rotary_pairs):
-        fail(f"{source}: record #89's paired heads pair the heads of its plan's layers, rotated in its rotary pairs; "
-             f"give --record89_plan 1 and --rotary_pairs 1 or drop --paired_heads")
-    if config.paired_heads and num_heads % 2 != 0:
-        fail(f"{source}: record #89's paired heads attend half the heads a position, and num_heads {num_heads} is "
-             f"odd; give an even --num_heads or drop --paired_heads")
-    if config.mudd_gates and not config.record89_plan:
-        fail(f"{source}: the MUDD gate generators make record #89's plan's gates; give --recipe speedrun and "
-             f"--record89_plan 1 or drop --mudd_gates")
-    if config.mudd_connections and not config.record89_plan:
-        fail(f"{source}: the MUDD dense connections join record #89's plan's layers; give --recipe speedrun and "
-             f"--record89_plan 1 or drop --mudd_connections")
-    if config.mudd_connections and num_heads % 2 != 0:
-        fail(f"{source}: the MUDD dense connections gate the value embedding a half of the heads each, and "
-             f"num_heads {num_heads} is odd; give an even --num_heads or drop --mudd_connections")
-    if config.composed_attention and not config.mudd_gates:
-        fail(f"{source}: the composed attention reads its weights from the MUDD gate generators; give "
-             f"--mudd_gates 1 (with --recipe speedrun and --record89_plan 1) or drop --composed_attention")
-    if config.mudd_gates and num_heads > MUDD_HEAD_SLOTS:
-        fail(f"{source}: the MUDD gate generators hold {MUDD_HEAD_SLOTS} columns a layer's heads, and num_heads "
-             f"{num_heads} is more; give at most {MUDD_HEAD_SLOTS} --num_heads or drop --mudd_gates")
+    # Each feature with what it needs: the first one missing stops the run, naming both.
+    for missing, problem in (
+            (config.rotary_pairs and not config.modern,
+             "the rotary pairs (record #89's) lay out the modern and speedrun rotary, and GPT-2 has none; "
+             "give --recipe modern or speedrun or drop --rotary_pairs"),
+            (config.smear and not config.speedrun,
+             "the smear (record #89's) is the speedrun's; give --recipe speedrun or drop --smear"),
+            (config.bigram and not config.speedrun,
+             "the bigram embedding (record #89's) is the speedrun's; give --recipe speedrun or drop "
+             "--bigram"),
+            (config.ve_gates and not config.speedrun,
+             "the value-embedding gates (record #89's) are the speedrun's; give --recipe speedrun or "
+             "drop --ve_gates"),
+            (config.resid_lambdas and not config.speedrun,
+             "the residual lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
+             "--resid_lambdas"),
+            (config.xsa and not config.speedrun,
+             "XSA (record #89's) is the speedrun's; give --recipe speedrun or drop --xsa"),
+            (config.record89_plan and not config.speedrun,
+             "record #89's plan is the speedrun's; give --recipe speedrun or drop --record89_plan"),
+            (config.attn_lambdas and not config.speedrun,
+             "the attention lambdas (record #89's) are the speedrun's; give --recipe speedrun or drop "
+             "--attn_lambdas"),
+            (config.paired_heads and not (config.record89_plan and config.rotary_pairs),
+             "record #89's paired heads pair the heads of its plan's layers, rotated in its rotary pairs; "
+             "give --record89_plan 1 and --rotary_pairs 1 or drop --paired_heads"),
+            (config.paired_heads and num_heads % 2 != 0,
+             f"record #89's paired heads attend half the heads a position, and num_heads {num_heads} is "
+             "odd; give an even --num_heads or drop --paired_heads"),
+            (config.mudd_gates and not config.record89_plan,
+             "the MUDD gate generators make record #89's plan's gates; give --recipe speedrun and "
+             "--record89_plan 1 or drop --mudd_gates"),
+            (config.mudd_connections and not config.record89_plan,
+             "the MUDD dense connections join record #89's plan's layers; give --recipe speedrun and "
+             "--record89_plan 1 or drop --mudd_connections"),
+            (config.mudd_connections and num_heads % 2 != 0,
+             "the MUDD dense connections gate the value embedding a half of the heads each, and "
+             f"num_heads {num_heads} is odd; give an even --num_heads or drop --mudd_connections"),
+            (config.composed_attention and not config.mudd_gates,
+             "the composed attention reads its weights from the MUDD gate generators; give "
+             "--mudd_gates 1 (with --recipe speedrun and --record89_plan 1) or drop --composed_attention"),
+            (config.mudd_gates and num_heads > MUDD_HEAD_SLOTS,
+             f"the MUDD gate generators hold {MUDD_HEAD_SLOTS} columns a layer's heads, and num_heads "
+             f"{num_heads} is more; give at most {MUDD_HEAD_SLOTS} --num_heads or drop --mudd_gates"),
+    ):
+        if missing:
+            fail(f"{source}: {problem}")
     if min(config.shape()) <= 0:
         fail(f"{source}: invalid model config L={num_layers} NH={num_heads} C={channels} "
              f"maxT={max_seq_len} V={vocab_size}: every value must be positive")
