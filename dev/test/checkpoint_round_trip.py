@@ -1,9 +1,14 @@
 """Shared by test_train_gpt2_py.sh's checks: a model written as an FP32 checkpoint and read back."""
 import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pydeps import require  # noqa: E402
 
-import train_gpt2 as tg
+require("numpy", "torch")
+import torch  # noqa: E402
+
+import train_gpt2 as tg  # noqa: E402
 
 
 def checkpoint_round_trip(model, name):
