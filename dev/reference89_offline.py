@@ -7,7 +7,7 @@ DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
 unless told; its log in OUTDIR/logs/):
 - train_gpt.py with two lines changed: FlashAttention-3, which it loads from the Hugging Face hub, is
-  dev/pylib/flex_varlen_attention.py (FlexAttention with the same documents and token windows),
+  dev/pylib/flash_varlen_attention.py (torch's FlashAttention-2 with the same documents and windows),
   copied beside it; with --val_tokens its validation tokens (10,485,760) are N (a multiple of its validation
   batch, 2,097,152).
 - triton_kernels.py with two lines changed: the FP8 down projection's torch._scaled_mm is
@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "pylib"))
 import script_edits  # noqa: E402
 REVISION = "modded-nanogpt f411b3d3"
 REFERENCE_FILES = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
-ATTENTION_MODULE = "flex_varlen_attention"
+ATTENTION_MODULE = "flash_varlen_attention"
 SCALED_MM_MODULE = "aligned_scaled_mm"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 VAL_BATCH_TOKENS = 4 * 64 * 1024 * 8  # the reference's val_batch_size, which its val_tokens must be a multiple of
@@ -75,7 +75,7 @@ def edits(args):
     """{file: [(the reference's text, the copy's) for each line changed]}."""
     script = [
         ("from kernels import get_kernel",
-         f"import {ATTENTION_MODULE}  # offline: FlashAttention-3 by FlexAttention (dev/reference89_offline.py)"),
+         f"import {ATTENTION_MODULE}  # offline: FlashAttention-3 by FlashAttention-2 (dev/reference89_offline.py)"),
         ("flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface",
          f"flash_attn_interface = {ATTENTION_MODULE}"),
     ]

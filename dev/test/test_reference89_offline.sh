@@ -79,8 +79,8 @@ out=$WORK/offline
 holds "the copy made" kit "$out" --val_tokens 4194304
 holds "two lines and val_tokens changed, nothing else" bash -c "
   diff '$ref/train_gpt.py' '$out/train_gpt.py' | grep -c '^>' | grep -qx 3 &&
-  grep -qx 'import flex_varlen_attention  # offline: .*' '$out/train_gpt.py' &&
-  grep -qx 'flash_attn_interface = flex_varlen_attention' '$out/train_gpt.py' &&
+  grep -qx 'import flash_varlen_attention  # offline: .*' '$out/train_gpt.py' &&
+  grep -qx 'flash_attn_interface = flash_varlen_attention' '$out/train_gpt.py' &&
   grep -qx '    val_tokens: int = 4194304 # how many tokens of validation data?' '$out/train_gpt.py' &&
   grep -qx 'import os' '$out/train_gpt.py'"
 holds "the kernels' scaled matmul by the stand-in, nothing else" bash -c "
@@ -90,7 +90,7 @@ holds "the kernels' scaled matmul by the stand-in, nothing else" bash -c "
   grep -q '^    x3 = aligned_scaled_mm.scaled_mm(  # offline: ' '$out/triton_kernels.py'"
 holds "the other kernel file and the two stand-ins beside them" bash -c "
   cmp '$ref/dc_triton_kernels.py' '$out/dc_triton_kernels.py' &&
-  cmp dev/pylib/flex_varlen_attention.py '$out/flex_varlen_attention.py' &&
+  cmp dev/pylib/flash_varlen_attention.py '$out/flash_varlen_attention.py' &&
   cmp dev/pylib/aligned_scaled_mm.py '$out/aligned_scaled_mm.py'"
 holds "shards linked in sorted order" bash -c "
   d='$out/data/fineweb10B'
