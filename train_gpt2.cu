@@ -4177,6 +4177,331 @@ void xsa_backward(floatX* dy, floatX* dv, GateGradient dalpha, float* partials, 
   if (alpha.stride == 0) column_sum_finalize(dalpha.values, partials, NH, NH, kRowBlocks, seed, stream);
 }
 
+// ---- Record #89's composed attention (SPEC "Record #89's composed attention") ----
+// On layer 10 each head's attention output y [N, C] gains w_out_h (A v_h) a query t: P_h[t, j] head h's
+// softmax of scale q_h[t] . k_h[j] over the keys j with 0 <= t - j < window in t's row and document (its
+// own softmax, apart from the flash attention's window), A[t, j] = sum_h w_in_h P_h[t, j] (heads in
+// order, FP32), w_in the RMS norm over the heads of a row's NH gate values (eps kComposedNormEps, FP32,
+// rounded to floatX), w_out a row's values as they are; w_out_h A rounded to floatX, its products with
+// v_h summed in FP32 (keys from t back), added to y and rounded once. q, k, v: qkv [N, 3C] as the
+// attention read them. The plain version: one block a query, a warp a head (lanes over the keys for
+// the scores, over the head's dimensions for the products), the keys' rows read from global memory
+// (L2 holds a window of them: 112 rows of 4.5 KB). The forward keeps each head's log-sum-exp [N, NH]
+// for the backward, which computes the probabilities again: a pass a query (dq, the gates' gradients,
+// each head's D = sum_j P dP), then a pass a key (dk, dv, summing over the queries that see it), each
+// output written by one thread in a fixed order: deterministic. Work: 4 window HS FLOPs a token and
+// head forward, about 2.5 times that backward; plain FP32 on the SMs (SPEC's plan has the tiles).
+constexpr float kComposedNormEps = 1e-6f;
+constexpr int kComposedMaxWindow = 128;
+
+// Which keys a query sees: the rows are T tokens long; documents (each token's id, or null: one a
+// row) as the flash kernels' DocumentWindow holds them.
+struct ComposedKeys {
+  const int* documents;
+  int T, window;
+  __device__ __forceinline__ bool sees(int t, int j) const {
+    return j <= t && t - j < window && j / T == t / T && (!documents || documents[j] == documents[t]);
+  }
+};
+
+// A row's w_in normed over the heads: the FP32 value into normed_f32 (the backward's) and its
+// floatX rounding, the forward's weight, into normed; returns 1 / sqrt(mean(w^2) + eps).
+__device__ float composed_norm(float* normed, float* normed_f32, const GateRows& w_in, size_t row, int NH) {
+  float squares = 0.0f;
+  for (int h = 0; h < NH; h++) squares += w_in.at(row, h) * w_in.at(row, h);
+  const float inv = rsqrtf(squares / (float)NH + kComposedNormEps);
+  for (int h = 0; h < NH; h++) {
+    normed_f32[h] = w_in.at(row, h) * inv;
+    normed[h] = (float)(floatX)normed_f32[h];
+  }
+  return inv;
+}
+
+// FP32 dot of two floatX rows of n values (n a multiple of x128::size), pieces in order.
+__device__ __forceinline__ float composed_dot(const floatX* a, const floatX* b, int n) {
+  float sum = 0.0f;
+  for (int p = 0; p < n; p += x128::size) {
+    const x128 x = load128(a + p), y = load128(b + p);
+    for (int k = 0; k < x128::size; k++) sum += (float)x[k] * (float)y[k];
+  }
+  return sum;
+}
+
+// Shared floats a block: P [NH, window] and A [window] (the forward), with G [NH, window] and dA
+// [window] (the backward), and a few per head.
+__host__ __device__ inline int composed_shared_floats(int NH, int window) { return 2 * (NH + 1) * window + 8 * NH; }
+
+// Warp h's probabilities of query t over offsets o = t - j < window into P[o] (0 where t does not see
+// j), from the scores itself (lse null: the row's max and sum, its log-sum-exp into lse_out) or from
+// the forward's log-sum-exp.
+__device__ void composed_probs(float* P, const floatX* qkv, int t, int h, int HS, int C, float scale,
+                               const ComposedKeys& keys, const float* lse, float* lse_out, int NH) {
+  const int lane = threadIdx.x % WARP_SIZE;
+  const floatX* q = qkv + (size_t)t * 3 * C + h * HS;
+  float max_score = -INFINITY;
+  for (int o = lane; o < keys.window; o += WARP_SIZE) {
+    const int j = t - o;
+    const bool seen = j >= 0 && keys.sees(t, j);
+    P[o] = seen ? scale * composed_dot(q, qkv + (size_t)j * 3 * C + C + h * HS, HS) : -INFINITY;
+    max_score = fmaxf(max_score, P[o]);
+  }
+  if (lse) {
+    const float l = lse[(size_t)t * NH + h];
+    for (int o = lane; o < keys.window; o += WARP_SIZE) P[o] = P[o] == -INFINITY ? 0.0f : expf(P[o] - l);
+    return;
+  }
+  max_score = warp_reduce_max(max_score);  // t sees itself: finite
+  float sum = 0.0f;
+  for (int o = lane; o < keys.window; o += WARP_SIZE) {
+    P[o] = P[o] == -INFINITY ? 0.0f : expf(P[o] - max_score);
+    sum += P[o];
+  }
+  sum = warp_reduce_sum(sum);
+  for (int o = lane; o < keys.window; o += WARP_SIZE) P[o] /= sum;
+  if (lane == 0) lse_out[(size_t)t * NH + h] = max_score + logf(sum);
+}
+
+__global__ void composed_attention_forward_kernel(floatX* out, float* lse, const floatX* y, const floatX* qkv,
+                                                  GateRows w_in, GateRows w_out, ComposedKeys keys, float scale,
+                                                  int NH, int C) {
+  extern __shared__ float shared[];
+  const int t = blockIdx.x, h = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, HS = C / NH;
+  const int W = keys.window;
+  float* P = shared + h * W;
+  float* A = shared + NH * W;
+  float* normed = A + W;
+  if (threadIdx.x == 0) composed_norm(normed, normed + NH, w_in, t, NH);
+  composed_probs(P, qkv, t, h, HS, C, scale, keys, nullptr, lse, NH);
+  __syncthreads();
+  for (int o = threadIdx.x; o < W; o += blockDim.x) {
+    float a = normed[0] * shared[o];
+    for (int g = 1; g < NH; g++) a += normed[g] * shared[g * W + o];
+    A[o] = a;
+  }
+  __syncthreads();
+  const float wo = w_out.at(t, h);
+  const int last = min(W, t % keys.T + 1);  // the offsets inside the row
+  for (int d = lane * x128::size; d < HS; d += WARP_SIZE * x128::size) {
+    float acc[x128::size] = {};
+    for (int o = 0; o < last; o++) {
+      if (!keys.sees(t, t - o)) continue;
+      const float weight = (float)(floatX)(wo * A[o]);
+      const x128 v = load128(qkv + (size_t)(t - o) * 3 * C + 2 * C + h * HS + d);
+      for (int k = 0; k < x128::size; k++) acc[k] += weight * (float)v[k];
+    }
+    const size_t at = (size_t)t * C + h * HS + d;
+    const x128 base = load128(y + at);
+    x128 o_;
+    for (int k = 0; k < x128::size; k++) o_[k] = (floatX)((float)base[k] + acc[k]);
+    store128(out + at, o_);
+  }
+}
+
+// The backward's per-query pass: P again (from lse), G_h[o] = dout_h . v_h[t - o], dA = sum_h w_out_h G_h,
+// then dw_out_h = sum_o A G_h, dwn_h = sum_o dA P_h (the normed w_in's gradient; through the norm into
+// dw_in), D_h = wn_h dwn_h (kept for the per-key pass), dS_h = P_h (wn_h dA - D_h) and dq_h = scale
+// sum_o dS_h k_h[t - o], added into dqkv's q.
+__global__ void composed_attention_dq_kernel(floatX* dqkv, float* D, GateGradient dw_in, GateGradient dw_out,
+                                             const floatX* dout, const floatX* qkv, const float* lse,
+                                             GateRows w_in, GateRows w_out, ComposedKeys keys, float scale,
+                                             int NH, int C) {
+  extern __shared__ float shared[];
+  const int t = blockIdx.x, h = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, HS = C / NH;
+  const int W = keys.window;
+  float* P = shared;           // [NH, W]
+  float* G = P + NH * W;       // [NH, W]
+  float* A = G + NH * W;       // [W]
+  float* dA = A + W;           // [W]
+  float* normed = dA + W;      // [NH] rounded, then [NH] FP32
+  float* dwn = normed + 2 * NH;
+  float* inv = dwn + NH;
+  if (threadIdx.x == 0) inv[0] = composed_norm(normed, normed + NH, w_in, t, NH);
+  composed_probs(P + h * W, qkv, t, h, HS, C, scale, keys, lse, nullptr, NH);
+  const floatX* g_row = dout + (size_t)t * C + h * HS;
+  for (int o = lane; o < W; o += WARP_SIZE) {
+    const int j = t - o;
+    G[h * W + o] = j >= 0 && keys.sees(t, j) ? composed_dot(g_row, qkv + (size_t)j * 3 * C + 2 * C + h * HS, HS)
+                                               : 0.0f;
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < W; o += blockDim.x) {
+    float a = normed[0] * P[o], da = w_out.at(t, 0) * G[o];
+    for (int g = 1; g < NH; g++) {
+      a += normed[g] * P[g * W + o];
+      da += w_out.at(t, g) * G[g * W + o];
+    }
+    A[o] = a;
+    dA[o] = da;
+  }
+  __syncthreads();
+  float dwo = 0.0f, dw = 0.0f;
+  for (int o = lane; o < W; o += WARP_SIZE) {
+    dwo += A[o] * G[h * W + o];
+    dw += dA[o] * P[h * W + o];
+  }
+  dwo = warp_reduce_sum(dwo);
+  dw = warp_reduce_sum(dw);
+  const float wn = normed[h], d_h = wn * dw;
+  if (lane == 0) {
+    dwn[h] = dw;
+    D[(size_t)t * NH + h] = d_h;
+    dw_out.values[(size_t)t * dw_out.stride + h] = (floatX)dwo;
+  }
+  const int last = min(W, t % keys.T + 1);
+  for (int d = lane * x128::size; d < HS; d += WARP_SIZE * x128::size) {
+    float acc[x128::size] = {};
+    for (int o = 0; o < last; o++) {
+      if (!keys.sees(t, t - o)) continue;
+      const float ds = P[h * W + o] * (wn * dA[o] - d_h);
+      const x128 k = load128(qkv + (size_t)(t - o) * 3 * C + C + h * HS + d);
+      for (int i = 0; i < x128::size; i++) acc[i] += ds * (float)k[i];
+    }
+    floatX* dq = dqkv + (size_t)t * 3 * C + h * HS + d;
+    const x128 old = load128(dq);
+    x128 sum;
+    for (int i = 0; i < x128::size; i++) sum[i] = (floatX)((float)old[i] + scale * acc[i]);
+    store128(dq, sum);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // through the norm: dw = (dwn - wn (mean of dwn wn)) / rms, wn in FP32
+    const float* wn32 = normed + NH;
+    float mean = 0.0f;
+    for (int g = 0; g < NH; g++) mean += dwn[g] * wn32[g];
+    mean /= (float)NH;
+    floatX* row = dw_in.values + (size_t)t * dw_in.stride;
+    for (int g = 0; g < NH; g++) row[g] = (floatX)((dwn[g] - wn32[g] * mean) * inv[0]);
+  }
+}
+
+// Shared floats of the per-key pass: P, G [NH, W], A, dA [W], and each query's wn, w_out and D [W, NH].
+__host__ __device__ inline int composed_key_shared_floats(int NH, int window) { return (5 * NH + 2) * window; }
+
+// The backward's per-key pass, key j against the queries t = j + o that see it: P_h, G_h, A, dA as the
+// per-query pass has them, then dk_h = scale sum_o dS_h q_h[t] and dv_h = sum_o round(w_out_h A) dout_h[t],
+// added into dqkv's k and v.
+__global__ void composed_attention_dkdv_kernel(floatX* dqkv, const float* D, const floatX* dout, const floatX* qkv,
+                                               const float* lse, GateRows w_in, GateRows w_out, ComposedKeys keys,
+                                               float scale, int N, int NH, int C) {
+  extern __shared__ float shared[];
+  const int j = blockIdx.x, h = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, HS = C / NH;
+  const int W = keys.window;
+  float* P = shared;             // [NH, W]
+  float* G = P + NH * W;         // [NH, W]
+  float* A = G + NH * W;         // [W]
+  float* dA = A + W;             // [W]
+  float* normed = dA + W;        // [W, NH]
+  float* wo = normed + W * NH;   // [W, NH]
+  float* Dq = wo + W * NH;       // [W, NH]
+  for (int o = threadIdx.x; o < W; o += blockDim.x) {
+    const int t = j + o;
+    if (t >= N || !keys.sees(t, j)) continue;
+    float f32[llmc::kMuddGateHeads];
+    composed_norm(normed + o * NH, f32, w_in, t, NH);
+    for (int g = 0; g < NH; g++) {
+      wo[o * NH + g] = w_out.at(t, g);
+      Dq[o * NH + g] = D[(size_t)t * NH + g];
+    }
+  }
+  const floatX* k_row = qkv + (size_t)j * 3 * C + C + h * HS;
+  const floatX* v_row = k_row + C;
+  for (int o = lane; o < W; o += WARP_SIZE) {
+    const int t = j + o;
+    const bool seen = t < N && keys.sees(t, j);
+    P[h * W + o] = seen ? expf(scale * composed_dot(qkv + (size_t)t * 3 * C + h * HS, k_row, HS) -
+                               lse[(size_t)t * NH + h])
+                        : 0.0f;
+    G[h * W + o] = seen ? composed_dot(dout + (size_t)t * C + h * HS, v_row, HS) : 0.0f;
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < W; o += blockDim.x) {
+    float a = 0.0f, da = 0.0f;
+    if (j + o < N && keys.sees(j + o, j)) {
+      a = normed[o * NH] * P[o];
+      da = wo[o * NH] * G[o];
+      for (int g = 1; g < NH; g++) {
+        a += normed[o * NH + g] * P[g * W + o];
+        da += wo[o * NH + g] * G[g * W + o];
+      }
+    }
+    A[o] = a;
+    dA[o] = da;
+  }
+  __syncthreads();
+  const int last = min(W, keys.T - j % keys.T);  // the queries inside the row
+  for (int d = lane * x128::size; d < HS; d += WARP_SIZE * x128::size) {
+    float dk[x128::size] = {}, dv[x128::size] = {};
+    for (int o = 0; o < last; o++) {
+      const int t = j + o;
+      if (!keys.sees(t, j)) continue;
+      const float ds = P[h * W + o] * (normed[o * NH + h] * dA[o] - Dq[o * NH + h]);
+      const float weight = (float)(floatX)(wo[o * NH + h] * A[o]);
+      const x128 q = load128(qkv + (size_t)t * 3 * C + h * HS + d), g = load128(dout + (size_t)t * C + h * HS + d);
+      for (int i = 0; i < x128::size; i++) {
+        dk[i] += ds * (float)q[i];
+        dv[i] += weight * (float)g[i];
+      }
+    }
+    floatX* dk_at = dqkv + (size_t)j * 3 * C + C + h * HS + d;
+    floatX* dv_at = dk_at + C;
+    const x128 old_k = load128(dk_at), old_v = load128(dv_at);
+    x128 new_k, new_v;
+    for (int i = 0; i < x128::size; i++) {
+      new_k[i] = (floatX)((float)old_k[i] + scale * dk[i]);
+      new_v[i] = (floatX)((float)old_v[i] + dv[i]);
+    }
+    store128(dk_at, new_k);
+    store128(dv_at, new_v);
+  }
+}
+
+void composed_check(const char* name, const floatX* qkv, const GateRows& w_in, const GateRows& w_out, int T,
+                    int window, int N, int NH, int C) {
+  REQUIRE(qkv, "%s: the composed attention needs qkv", name);
+  REQUIRE(N > 0 && T > 0 && N % T == 0 && NH > 0 && NH <= llmc::kMuddGateHeads && C % NH == 0 &&
+              (C / NH) % x128::size == 0 && window > 0 && window <= kComposedMaxWindow,
+          "%s: N=%d T=%d NH=%d C=%d window=%d: N a multiple of T, 1 to %d heads of a size that is a multiple of %d, "
+          "a window of 1 to %d keys", name, N, T, NH, C, window, llmc::kMuddGateHeads, x128::size, kComposedMaxWindow);
+  gate_check(name, w_in, nullptr, NH);
+  gate_check(name, w_out, nullptr, NH);
+  REQUIRE(w_in.stride > 0 && w_out.stride > 0, "%s: w_in and w_out are a row's (stride > 0)", name);
+}
+
+// out [N, C] = y plus the composition (may be y itself: in place); lse [N, NH] written for the
+// backward. documents: each token's document id [N], or null (one document a row of T).
+void composed_attention_forward(floatX* out, float* lse, const floatX* y, const floatX* qkv, GateRows w_in,
+                                GateRows w_out, const int* documents, int T, int window, float scale, int N, int NH,
+                                int C, cudaStream_t stream) {
+  composed_check("composed_attention_forward", qkv, w_in, w_out, T, window, N, NH, C);
+  REQUIRE(out && lse && y, "composed_attention_forward: out, lse and y are needed");
+  const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
+  composed_attention_forward_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(out, lse, y, qkv, w_in, w_out,
+                                                                          {documents, T, window}, scale, NH, C);
+  cudaCheckLaunch();
+}
+
+// From dout [N, C], the gradient of the forward's out (y's is dout itself): q's, k's and v's gradients
+// added into dqkv [N, 3C]; w_in's and w_out's written into their rows (dw_in, dw_out: a row's NH values);
+// D: [N, NH] floats of scratch. lse: the forward's.
+void composed_attention_backward(floatX* dqkv, GateGradient dw_in, GateGradient dw_out, float* D, const floatX* dout,
+                                 const floatX* qkv, const float* lse, GateRows w_in, GateRows w_out,
+                                 const int* documents, int T, int window, float scale, int N, int NH, int C,
+                                 cudaStream_t stream) {
+  const char* name = "composed_attention_backward";
+  composed_check(name, qkv, w_in, w_out, T, window, N, NH, C);
+  gate_check(name, w_in, &dw_in, NH);
+  gate_check(name, w_out, &dw_out, NH);
+  REQUIRE(dqkv && D && dout && lse, "%s: dqkv, the scratch D, dout and lse are needed", name);
+  const ComposedKeys keys{documents, T, window};
+  const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
+  composed_attention_dq_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(dqkv, D, dw_in, dw_out, dout, qkv, lse, w_in,
+                                                                     w_out, keys, scale, NH, C);
+  cudaCheckLaunch();
+  const size_t key_shared = sizeof(float) * composed_key_shared_floats(NH, window);
+  composed_attention_dkdv_kernel<<<N, NH * WARP_SIZE, key_shared, stream>>>(dqkv, D, dout, qkv, lse, w_in, w_out,
+                                                                           keys, scale, N, NH, C);
+  cudaCheckLaunch();
+}
+
 // ---- Record #89's head gates (SPEC "Record #89's plan") ----
 // In the plan's head-gate layers each head's attention output (XSA's where the layer has it) is
 // scaled by its gate before the output projection: out = y g_h, g [NH] on the device (or MUDD's

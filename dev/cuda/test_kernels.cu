@@ -7,6 +7,7 @@
 
 #include "dev/cuda/test_attention.cu"
 #include "dev/cuda/test_classifier.cu"
+#include "dev/cuda/test_composed_attention.cu"
 #include "dev/cuda/test_encoder.cu"
 #include "dev/cuda/test_fp8.cu"
 #include "dev/cuda/test_gelu.cu"
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   const std::vector<KernelSuite> suites = {
       {"attention", attention_tests::run},
       {"classifier", classifier_tests::run},
+      {"composed_attention", composed_attention_tests::run},
       {"encoder", encoder_tests::run},
       {"fp8", fp8_tests::run, fp8_tests::kComputeCapability},
       {"gelu", gelu_tests::run},
