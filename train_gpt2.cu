@@ -9576,7 +9576,7 @@ enum ActIndex {
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
   kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kMuddHiddenPre, kMuddHidden, kMuddPreScale, kMuddGates,
-  kMuddWeights, kMuddSkipScale, kNumActTensors
+  kMuddWeights, kMuddSkipScale, kComposedOut, kComposedLse, kComposedRowDots, kNumActTensors
 };
 
 struct ActSpec {
@@ -9607,6 +9607,7 @@ void bigram_allocate_scratch(GPT2& m, size_t N);
 void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N);
 void xsa_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void composed_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void mudd_gates_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
@@ -9693,6 +9694,9 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"mudd_gates", 0, 1, false},
       {"mudd_weights", 0, 1, false},
       {"mudd_skip_scale", 0, 1, false},
+      {"composed_out", 0, 1, false},
+      {"composed_lse", 0, 1, true},
+      {"composed_row_dots", 0, 1, true},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
@@ -9703,6 +9707,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   sublayer_lambdas_activation_rows(arch, dims, t);
   xsa_activation_rows(arch, dims, t);
   mudd_gates_activation_rows(arch, dims, t);
+  composed_activation_rows(arch, dims, t);
 }
 
 // The four linear layers of a block: weight and bias tensors, input and output widths in units of C.
@@ -9991,14 +9996,11 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
 }
 
 // Fails for a model (from `where`) with a feature of its file's layout that this trainer does not run:
-// record #89's MUDD dense connections and composed attention, which train_gpt2.py has.
+// record #89's MUDD dense connections, which train_gpt2.py has.
 void require_runnable_features(const llmc::GPT2Config& config, const std::string& where) {
   REQUIRE(!config.mudd_connections, "%s holds a model with record #89's MUDD dense connections (header slot %d's "
           "bit %d), which this trainer does not run yet: train_gpt2.py --mudd_connections 1 does", where.c_str(),
           llmc::kFeaturesSlot, llmc::kFeatureMuddConnections);
-  REQUIRE(!config.composed_attention, "%s holds a model with record #89's composed attention (header slot %d's "
-          "bit %d), which this trainer does not run yet: train_gpt2.py --composed_attention 1 does", where.c_str(),
-          llmc::kFeaturesSlot, llmc::kFeatureComposedAttention);
 }
 
 // The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process
@@ -10594,6 +10596,8 @@ struct BlockRows {
   float* gates = nullptr;          // the attention gate: each head's gate [rows, NH]
   floatX* gated = nullptr;         // the gated attention output: attproj's input
   floatX* xsa_out = nullptr;       // XSA's output, the gate's input in XSA layers
+  floatX* composed = nullptr;      // the composed attention's output (its layer's), XSA's input there
+  float* composed_lse = nullptr;   // and each head's log-sum-exp [N, NH], for its backward
   // Record #89's MUDD gate generators' rows (pre, post; llmc::kMuddGateStride apart), or null.
   const floatX* mudd_rows[2] = {nullptr, nullptr};
   floatX* skip_scale = nullptr;     // the gated skip's scale a row, with MUDD's g a row
@@ -10850,9 +10854,10 @@ void qk_prepare(GPT2& m, int l, const BlockRows& r) {
 // The flash backward within documents takes QK-norm's backward as well (attention_backward_window's
 // qk_rstd): on Hopper in its kernels' epilogues, saving a pass over q and k; not in a layer with a
 // key offset, whose backward comes between the two, nor with paired heads, whose regrouped rows do.
+bool composed_layer(const GPT2& m, int l);
 bool qk_norm_in_attention_backward(const GPT2& m, int l) {
   return m.flash_attention && m.documents && m.arch().qk_norm_rotary && !m.plan[l].key_offset &&
-         !m.plan[l].paired;
+         !m.plan[l].paired && !composed_layer(m, l);
 }
 
 // dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place
@@ -11454,6 +11459,64 @@ void mudd_gates_backward(GPT2& m, int g, const floatX* x, floatX* dx, int N, Ker
   add_inplace(dx, m.scratch_btc, (size_t)N * C, seeds.next(), m.stream);
 }
 
+// ---- Record #89's composed attention (ArchSpec::composed_attention, on layer llmc::kComposedLayer): the
+// heads' outputs gain w_out_h (A v_h) after the flash attention and before XSA and the head gates, which
+// read its output (composed_out, one layer's rows; atty stays the flash output, which the flash backward
+// reads). Its weights are the post MUDD gate generator's columns. Kernels: section 6, "Record #89's
+// composed attention". The gradient of its output is the flash output's too, so the flash backward
+// reads it as it is; then the composition's backward adds its q, k and v gradients into dqkv (the layer
+// keeps QK-norm's backward out of the flash backward: qk_norm_in_attention_backward) and writes its
+// weights' into the generator rows' gradient. Not in decoding: generation refuses such a model.
+bool composed_layer(const GPT2& m, int l) { return m.arch().composed_attention && l == llmc::kComposedLayer; }
+
+// Its output, each head's log-sum-exp and the backward's per-query sums: one layer's rows.
+void composed_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.composed_attention) return;
+  t[kComposedOut].count = d.BT * d.C;
+  t[kComposedLse].count = d.BT * d.NH;
+  t[kComposedRowDots].count = d.BT * d.NH;
+}
+
+void composed_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
+  if (!m.arch().composed_attention || decoder) return;
+  r.composed = m.act(kComposedOut);
+  r.composed_lse = m.act_f(kComposedLse);
+}
+
+// The attention's output before XSA: the composed one on its layer, else the flash output.
+const floatX* attention_core(const GPT2& m, int l, const BlockRows& r) {
+  return composed_layer(m, l) ? r.composed : r.atty;
+}
+const floatX* attention_core_kept(GPT2& m, int l) {
+  return composed_layer(m, l) ? m.act(kComposedOut) : m.act(kAtty, l);
+}
+
+// Each token's document within the forward's rows, or null (one a row).
+const int* composed_documents(const GPT2& m) { return m.documents ? m.document_ids : nullptr; }
+
+void composed_rows(GPT2& m, int l, const BlockRows& r) {
+  if (!composed_layer(m, l)) return;
+  REQUIRE(!r.k_cache, "decoding with record #89's composed attention is not built: the model cannot generate");
+  const llmc::GPT2Config& c = m.config;
+  composed_attention_forward(r.composed, r.composed_lse, r.atty, r.qkv,
+                             gate_rows(m, r, llmc::kMuddComposedIn, l, nullptr),
+                             gate_rows(m, r, llmc::kMuddComposedOut, l, nullptr), composed_documents(m), r.T,
+                             llmc::kComposedWindow, attention_scale(m), r.rows(), c.num_heads, c.channels, m.stream);
+}
+
+// After the flash backward wrote dqkv (scratch_bt4c) from the gradient of the output (scratch_btc).
+void composed_backward_rows(GPT2& m, int l, int B, int T) {
+  if (!composed_layer(m, l)) return;
+  const llmc::GPT2Config& c = m.config;
+  const int N = B * T;
+  composed_attention_backward(m.scratch_bt4c, gate_gradient(m, llmc::kMuddComposedIn, l, N, nullptr),
+                              gate_gradient(m, llmc::kMuddComposedOut, l, N, nullptr), m.act_f(kComposedRowDots),
+                              m.scratch_btc, attention_qkv(m, l), m.act_f(kComposedLse),
+                              kept_gate_rows(m, llmc::kMuddComposedIn, l, N, nullptr),
+                              kept_gate_rows(m, llmc::kMuddComposedOut, l, N, nullptr), composed_documents(m), T,
+                              llmc::kComposedWindow, attention_scale(m), N, c.num_heads, c.channels, m.stream);
+}
+
 // ---- Record #89's XSA (ArchSpec::xsa, in the plan's XSA layers: LayerSpec::xsa): each head's
 // attention output loses tanh(alpha_h) times its part along the value it read (v after the value
 // mix), before the attention gate. Parameters: xsa_alpha [NH] a layer with XSA. Kernels: section 6,
@@ -11482,18 +11545,21 @@ void xsa_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
 
 // Layer l's attention output as the gate (or attproj) reads it: XSA's where the layer has it.
 const floatX* attention_output(const GPT2& m, int l, const BlockRows& r) {
-  return xsa_layer(m, l) ? r.xsa_out : r.atty;
+  return xsa_layer(m, l) ? r.xsa_out : attention_core(m, l, r);
 }
 
 // The same, as the forward kept it, for the backward.
-const floatX* attention_output_kept(GPT2& m, int l) { return xsa_layer(m, l) ? m.act(kXsaOut, l) : m.act(kAtty, l); }
+const floatX* attention_output_kept(GPT2& m, int l) {
+  return xsa_layer(m, l) ? m.act(kXsaOut, l) : attention_core_kept(m, l);
+}
 
 // Layer l's XSA of r.atty into r.xsa_out, with the values in r.qkv (the decoder's token's too).
 void xsa_rows(GPT2& m, int l, const BlockRows& r) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
-  xsa_forward(r.xsa_out, r.atty, r.qkv + 2 * C, 3 * C, gate_rows(m, r, llmc::kMuddXsa, l, m.param(llmc::kXsaAlpha, l)),
-              r.rows(), m.config.num_heads, C, m.stream);
+  xsa_forward(r.xsa_out, attention_core(m, l, r), r.qkv + 2 * C, 3 * C,
+              gate_rows(m, r, llmc::kMuddXsa, l, m.param(llmc::kXsaAlpha, l)), r.rows(), m.config.num_heads, C,
+              m.stream);
 }
 
 // From scratch_btc, the gradient of XSA's output: that of the attention's output (in place), the
@@ -11502,7 +11568,7 @@ void xsa_backward_rows(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!xsa_layer(m, l)) return;
   const int C = m.config.channels;
   xsa_backward(m.scratch_btc, m.act(kXsaOut, l), gate_gradient(m, llmc::kMuddXsa, l, N, m.grad(llmc::kXsaAlpha, l)),
-               m.partials, m.scratch_btc, m.act(kAtty, l), attention_qkv(m, l) + 2 * C, 3 * C,
+               m.partials, m.scratch_btc, attention_core_kept(m, l), attention_qkv(m, l) + 2 * C, 3 * C,
                kept_gate_rows(m, llmc::kMuddXsa, l, N, m.param(llmc::kXsaAlpha, l)), N,
                m.config.num_heads, C, seeds.next(), m.stream);
 }
@@ -12071,6 +12137,7 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     qk_prepare(m, l, r);
     value_mix(m, l, r);
     attention_rows(m, l, r);
+    composed_rows(m, l, r);
     xsa_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.attention_out, attention_gated(m, l, r), nullptr);
     SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer);
@@ -12111,6 +12178,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
     head_gate_backward_rows(m, l, N, seeds);
     xsa_backward_rows(m, l, N, seeds);
     attention_backward_rows(m, l, B, T, seeds);
+    composed_backward_rows(m, l, B, T);
     xsa_values_gradient(m, l, N, seeds);
     value_mix_backward_rows(m, l, N, dln1_gates, seeds);
     qk_prepare_backward(m, m.scratch_bt4c, l, B, T);
@@ -12170,6 +12238,7 @@ BlockRows block_rows(GPT2& m, int l, int B, int T) {
   attention_gate_point_rows(m, l, r, nullptr);
   head_gate_point_rows(m, r, nullptr);
   xsa_point_rows(m, l, r, nullptr);
+  composed_point_rows(m, r, nullptr);
   residual_mix_point_rows(m, l, r, nullptr);
   record89_plan_point_rows(m, l, r, nullptr);
   bigram_point_rows(m, r, nullptr);
@@ -14047,6 +14116,7 @@ struct TrainArgs : llmc::TrainFlags {
   int paired_heads = 0;         // -ph: and the plan's paired heads
   int attn_lambdas = 0;         // -al: and its attention lambdas
   int mudd_gates = 0;           // -mg: and the plan's MUDD gate generators
+  int composed_attention = 0;   // -ca: and its composed attention on layer 10
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -14329,6 +14399,11 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "#89's XSA strengths, head gates, x0 and bigram gates (but layer 10's) and the skip's g a token, from "
                "two MUDD gate generators (gelu(x W1^T) W2^T + b2) scale, one of x0 and one of layer 4's input; at "
                "most 6 heads; a model file's header says whether it has them", &a.mudd_gates, 0, 1),
+      int_flag("-ca", "composed attention", "-recipe speedrun with -lp 1 -mg 1: 1 the model made from -e's preset "
+               "has record #89's composed attention: layer 10's heads each add w_out_h (A v_h), A the heads' "
+               "attention probabilities over the last 112 keys of the query's document mixed by w_in, both a "
+               "token from the post MUDD gate generator; a model file's header says whether it has it",
+               &a.composed_attention, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
@@ -14434,6 +14509,8 @@ void validate_args(const TrainArgs& a) {
           "layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it (and -recipe speedrun), or drop -ph");
   REQUIRE(!a.mudd_gates || a.record89_plan, "-mg 1 generates the gates of record #89's plan: give -lp 1 with it "
           "(and -recipe speedrun), or drop -mg");
+  REQUIRE(!a.composed_attention || a.mudd_gates, "-ca 1 reads its weights from the MUDD gate generators: give -mg 1 "
+          "with it (and -lp 1, -recipe speedrun), or drop -ca");
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -14660,8 +14737,8 @@ const floatX* stored_params(const llmc::CheckpointParams& p) {
 }
 
 // A model file's header says whether it has record #89's smear, bigram embedding, rotary pairs,
-// value-embedding gates, residual lambdas, XSA, plan, paired heads, attention lambdas and MUDD gates; -sm, -bg,
-// -rp, -vg, -rl, -xs, -lp, -ph, -al and -mg, where given, must agree.
+// value-embedding gates, residual lambdas, XSA, plan, paired heads, attention lambdas, MUDD gates and
+// composed attention; -sm, -bg, -rp, -vg, -rl, -xs, -lp, -ph, -al, -mg and -ca, where given, must agree.
 void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, const std::string& path) {
   auto check = [&](const char* flag, int given, bool has, const char* what) {
     if (!std::count(a.given.begin(), a.given.end(), flag) || given == (int)has) return;
@@ -14678,7 +14755,17 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-ph", a.paired_heads, config.paired_heads, "record #89's paired heads");
   check("-al", a.attn_lambdas, config.attn_lambdas, "record #89's attention lambdas");
   check("-mg", a.mudd_gates, config.mudd_gates, "record #89's MUDD gate generators");
+  check("-ca", a.composed_attention, config.composed_attention, "record #89's composed attention");
   require_runnable_features(config, path);
+}
+
+// Decoding (-s's samples, -p's generation) does not run record #89's composed attention yet.
+void require_decodable(const TrainArgs& a, const llmc::GPT2Config& config) {
+  if (!config.composed_attention) return;
+  REQUIRE(a.prompt.empty(), "-p: the model has record #89's composed attention, which decoding does not run yet: "
+          "it cannot generate");
+  REQUIRE(a.sample_every == 0, "-s %d samples from the model, which has record #89's composed attention, and "
+          "decoding does not run it yet: give -s 0", a.sample_every);
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -14697,6 +14784,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.paired_heads = a.paired_heads != 0;
     p.config.attn_lambdas = a.attn_lambdas != 0;
     p.config.mudd_gates = a.mudd_gates != 0;
+    p.config.composed_attention = a.composed_attention != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -14719,6 +14807,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     requested.paired_heads = p.config.paired_heads;
     requested.attn_lambdas = p.config.attn_lambdas;
     requested.mudd_gates = p.config.mudd_gates;
+    requested.composed_attention = p.config.composed_attention;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());
@@ -14927,6 +15016,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   require_marked(llmc::checkpoint_path(a.output_dir, "model", in.resume_step));
   in.start = load_start_params(a, in.resume_step);
   const llmc::GPT2Config& config = in.start.config;
+  require_decodable(a, config);
   llmc::resolve_sample_length(a, config.max_seq_len);
   if (!a.prompt.empty()) return in;
   require_marked(llmc::checkpoint_path(a.output_dir, "state", in.resume_step, 0));

@@ -446,9 +446,10 @@ static_assert(sizeof(kRecord89Attention) - 1 == kRecord89Layers && sizeof(kRecor
 //              bigram gate the stream start's);
 //   post [41]: 0-5 the XSA strengths of layer 4, 6-11 of layer 7; 12-17 the head gates of layer 10;
 //              18-27 the (x0, bigram) gate pairs of layers 4, 5, 7, 8, 9; 28 the gated skip's g (layer
-//              6's); 29-40 the composed attention's weights of layer 10 (not built: unread).
+//              6's); 29-34 the composed attention's w_in and 35-40 its w_out (layer 10's; read with
+//              GPT2Config::composed_attention).
 // A kind's columns for a layer start at mudd_gate_column's, its heads consecutive.
-enum MuddGate { kMuddXsa, kMuddHeadGate, kMuddX0, kMuddBigram, kMuddSkip };
+enum MuddGate { kMuddXsa, kMuddHeadGate, kMuddX0, kMuddBigram, kMuddSkip, kMuddComposedIn, kMuddComposedOut };
 constexpr int kMuddGenerators = 2;
 constexpr int kMuddGateColumns[kMuddGenerators] = {26, 41};
 constexpr int kMuddGateHeads = 6;
@@ -459,6 +460,10 @@ constexpr int kMuddHeadGateLayers[kMuddGenerators] = {3, 10};
 constexpr int kMuddInjectLayers[kMuddGenerators][5] = {{0, 1, 2, 3, -1}, {4, 5, 7, 8, 9}};
 constexpr int kMuddXsaColumn = 0, kMuddHeadGateColumn = 12, kMuddInjectColumn = 18;
 constexpr int kMuddSkipLayer = 6, kMuddSkipColumn = 28;  // the post generator's
+// Record #89's composed attention (GPT2Config::composed_attention): on layer kComposedLayer, over the last
+// kComposedWindow keys of a query's document, its weights the post generator's columns from these.
+constexpr int kComposedLayer = 10, kComposedWindow = 112;
+constexpr int kMuddComposedInColumn = 29, kMuddComposedOutColumn = 35;
 static_assert(kMuddGateColumns[0] <= kMuddGateStride && kMuddGateColumns[1] <= kMuddGateStride &&
                   kMuddGateStride % 16 == 0,
               "the MUDD gates' rows hold both generators' columns");
@@ -481,6 +486,8 @@ inline MuddGateColumn mudd_gate_column(MuddGate kind, int layer) {
     }
   }
   if (kind == kMuddSkip && layer == kMuddSkipLayer) return {1, kMuddSkipColumn};
+  if (kind == kMuddComposedIn && layer == kComposedLayer) return {1, kMuddComposedInColumn};
+  if (kind == kMuddComposedOut && layer == kComposedLayer) return {1, kMuddComposedOutColumn};
   return {-1, -1};
 }
 

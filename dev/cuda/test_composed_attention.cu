@@ -208,7 +208,8 @@ void test_reference_derivative() {
 std::vector<float> as_float(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
 
 // The gates' rows as the model keeps them: NH values at a column of rows kMuddGateStride apart.
-constexpr int kStride = llmc::kMuddGateStride, kInColumn = 29, kOutColumn = 35;
+constexpr int kStride = llmc::kMuddGateStride, kInColumn = llmc::kMuddComposedInColumn;
+constexpr int kOutColumn = llmc::kMuddComposedOutColumn;
 
 void test_case(const Case& c, uint64_t seed) {
   printf("\ncomposed attention, %d rows of %d, NH=%d C=%d, window %d, %s\n", c.rows, c.T, c.NH, c.C, c.window,
@@ -307,8 +308,8 @@ void test_bad_shapes() {
 
 void run() {
   test_reference_derivative();
-  test_case({2, 300, 6, 768, 112, true}, 11);
-  test_case({3, 37, 2, 128, 112, false}, 12);
+  test_case({2, 300, 6, 768, llmc::kComposedWindow, true}, 11);
+  test_case({3, 37, 2, 128, llmc::kComposedWindow, false}, 12);
   test_case({2, 96, 6, 768, 17, true}, 13);
   test_bad_shapes();
 }

@@ -709,6 +709,11 @@ if has_flag -mg; then
     -recipe speedrun -mg 1
   expect "-mg out of range" "^error: -mg 2: must be" -recipe speedrun -lp 1 -mg 2
 fi
+# --- -ca, record #89's composed attention: with the MUDD gate generators (before the GPU)
+if has_flag -ca; then
+  expect "-ca 1 without -mg 1" "^error: -ca 1 reads its weights from the MUDD gate generators: give -mg 1 with it \(and -lp 1, -recipe speedrun\), or drop -ca\$" \
+    -recipe speedrun -lp 1 -ca 1
+fi
 # --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
 if has_flag -rp; then
   expect "-rp 1 without rotary" "^error: -rp 1 lays out the rotary's pairs, and -recipe gpt2 has no rotary: give -recipe modern or speedrun with it, or drop -rp\$" \
@@ -989,8 +994,8 @@ if [ $no_gpu = 1 ]; then
   elif has_flag -lp; then
     skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
   fi
-  # Model files with record #89's MUDD dense connections or composed attention (train_gpt2.py writes
-  # them): refused at their load, before the GPU, since this trainer does not run them yet.
+  # Model files with record #89's MUDD dense connections (train_gpt2.py writes them): refused at their
+  # load, before the GPU, since this trainer does not run them yet.
   torch_python=$(python_with "torch numpy")
   # refused_feature NAME WHAT FLAG BIT KWARGS: a model of make_config(..., KWARGS) in NAME.bin is
   # refused, naming WHAT, header bit BIT and train_gpt2.py's FLAG.
@@ -1006,11 +1011,8 @@ tg.write_checkpoint(tg.GPT(c), '$DIR/$name.bin', tg.CHECKPOINT_FP32)"
   }
   if has_flag -lp && [ -n "$torch_python" ]; then
     refused_feature mudd_connections "MUDD dense connections" --mudd_connections 1024 "mudd_connections=True"
-    refused_feature composed_attention "composed attention" --composed_attention 2048 \
-      "mudd_gates=True, composed_attention=True"
   elif has_flag -lp; then
     skip "a model with MUDD's dense connections" "no python with torch and numpy to write one"
-    skip "a model with the composed attention" "no python with torch and numpy to write one"
   fi
 fi
 

@@ -602,7 +602,8 @@ bool scalars_after(const llmc::ParamSpec* t, std::initializer_list<int> tensors,
 }
 
 // Record #89's composed attention: no tensors of its own (its weights are the post gate generator's
-// columns), header slot 9's bit 2048 read back, refused without the MUDD gate generators.
+// columns 29 and 35 on, layer 10's), header slot 9's bit 2048 read back, refused without the MUDD gate
+// generators.
 void test_composed_attention_config() {
   llmc::GPT2Config c;
   llmc::config_from_preset("tiny", &c, llmc::Arch::kSpeedrun);
@@ -618,6 +619,12 @@ void test_composed_attention_config() {
             llmc::arch_spec(c).composed_attention && llmc::composed_attention_missing(c) == nullptr,
         "speedrun tiny -lp 1 -mg 1 with the composed attention: no tensors of its own, header slot 9 holds "
         "64 | 512 | 2048 and reads back");
+  const llmc::MuddGateColumn in = llmc::mudd_gate_column(llmc::kMuddComposedIn, 10);
+  const llmc::MuddGateColumn out = llmc::mudd_gate_column(llmc::kMuddComposedOut, 10);
+  check(in.generator == 1 && in.column == 29 && out.generator == 1 && out.column == 35 &&
+            llmc::mudd_gate_column(llmc::kMuddComposedIn, 9).generator < 0 && llmc::kComposedWindow == 112,
+        "the composed attention's w_in and w_out: the post generator's columns 29 and 35 on, layer 10's alone; "
+        "a window of 112 keys");
   h[llmc::kFeaturesSlot] = llmc::kFeatureRecord89Plan | 2048;
   check_throws([&] { llmc::config_from_header(h, "ca.bin"); },
                "composed attention, which needs the MUDD gate generators",
