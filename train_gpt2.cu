@@ -4195,14 +4195,32 @@ constexpr float kComposedNormEps = 1e-6f;
 constexpr int kComposedMaxWindow = 128;
 
 // Which keys a query sees: the rows are T tokens long; documents (each token's id, or null: one a
-// row) as the flash kernels' DocumentWindow holds them.
+// row) as the flash kernels' DocumentWindow holds them; none before `first` (the decoder's document
+// start).
 struct ComposedKeys {
   const int* documents;
-  int T, window;
+  int T, window, first;
   __device__ __forceinline__ bool sees(int t, int j) const {
-    return j <= t && t - j < window && j / T == t / T && (!documents || documents[j] == documents[t]);
+    return j <= t && j >= first && t - j < window && j / T == t / T &&
+           (!documents || documents[j] == documents[t]);
   }
 };
+
+// Where the forward finds its operands: query row r's head h at q + r q_row + h HS, key position j's
+// head h at k + j kv_row + h kv_head (v the same): qkv's rows in a training pass (composed_rows_of),
+// the token's row and the layer's KV cache [NH, max_t, HS] in decoding.
+struct ComposedOperands {
+  const floatX* q;
+  const floatX* k;
+  const floatX* v;
+  size_t q_row, kv_row, kv_head;
+  __device__ __forceinline__ const floatX* key(int j, int h) const { return k + (size_t)j * kv_row + h * kv_head; }
+  __device__ __forceinline__ const floatX* value(int j, int h) const { return v + (size_t)j * kv_row + h * kv_head; }
+};
+
+__host__ __device__ inline ComposedOperands composed_rows_of(const floatX* qkv, int C, int HS) {
+  return {qkv, qkv + C, qkv + 2 * C, (size_t)3 * C, (size_t)3 * C, (size_t)HS};
+}
 
 // A row's w_in normed over the heads: the FP32 value into normed_f32 (the backward's) and its
 // floatX rounding, the forward's weight, into normed; returns 1 / sqrt(mean(w^2) + eps).
@@ -4231,22 +4249,22 @@ __device__ __forceinline__ float composed_dot(const floatX* a, const floatX* b, 
 // [window] (the backward), and a few per head.
 __host__ __device__ inline int composed_shared_floats(int NH, int window) { return 2 * (NH + 1) * window + 8 * NH; }
 
-// Warp h's probabilities of query t over offsets o = t - j < window into P[o] (0 where t does not see
-// j), from the scores itself (lse null: the row's max and sum, its log-sum-exp into lse_out) or from
-// the forward's log-sum-exp.
-__device__ void composed_probs(float* P, const floatX* qkv, int t, int h, int HS, int C, float scale,
+// Warp h's probabilities of query row `row` (at position t) over offsets o = t - j < window into P[o]
+// (0 where t does not see j), from the scores itself (lse null: the row's max and sum, its log-sum-exp
+// into lse_out) or from the forward's log-sum-exp.
+__device__ void composed_probs(float* P, const ComposedOperands& ops, int row, int t, int h, int HS, float scale,
                                const ComposedKeys& keys, const float* lse, float* lse_out, int NH) {
   const int lane = threadIdx.x % WARP_SIZE;
-  const floatX* q = qkv + (size_t)t * 3 * C + h * HS;
+  const floatX* q = ops.q + row * ops.q_row + h * HS;
   float max_score = -INFINITY;
   for (int o = lane; o < keys.window; o += WARP_SIZE) {
     const int j = t - o;
     const bool seen = j >= 0 && keys.sees(t, j);
-    P[o] = seen ? scale * composed_dot(q, qkv + (size_t)j * 3 * C + C + h * HS, HS) : -INFINITY;
+    P[o] = seen ? scale * composed_dot(q, ops.key(j, h), HS) : -INFINITY;
     max_score = fmaxf(max_score, P[o]);
   }
   if (lse) {
-    const float l = lse[(size_t)t * NH + h];
+    const float l = lse[(size_t)row * NH + h];
     for (int o = lane; o < keys.window; o += WARP_SIZE) P[o] = P[o] == -INFINITY ? 0.0f : expf(P[o] - l);
     return;
   }
@@ -4258,20 +4276,21 @@ __device__ void composed_probs(float* P, const floatX* qkv, int t, int h, int HS
   }
   sum = warp_reduce_sum(sum);
   for (int o = lane; o < keys.window; o += WARP_SIZE) P[o] /= sum;
-  if (lane == 0) lse_out[(size_t)t * NH + h] = max_score + logf(sum);
+  if (lane == 0) lse_out[(size_t)row * NH + h] = max_score + logf(sum);
 }
 
-__global__ void composed_attention_forward_kernel(floatX* out, float* lse, const floatX* y, const floatX* qkv,
-                                                  GateRows w_in, GateRows w_out, ComposedKeys keys, float scale,
-                                                  int NH, int C) {
+// Block r: query row r at position position0 + r (training: 0; decoding: the token's).
+__global__ void composed_attention_forward_kernel(floatX* out, float* lse, const floatX* y, ComposedOperands ops,
+                                                  int position0, GateRows w_in, GateRows w_out, ComposedKeys keys,
+                                                  float scale, int NH, int C) {
   extern __shared__ float shared[];
-  const int t = blockIdx.x, h = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE, HS = C / NH;
-  const int W = keys.window;
+  const int row = blockIdx.x, t = position0 + row, h = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int HS = C / NH, W = keys.window;
   float* P = shared + h * W;
   float* A = shared + NH * W;
   float* normed = A + W;
-  if (threadIdx.x == 0) composed_norm(normed, normed + NH, w_in, t, NH);
-  composed_probs(P, qkv, t, h, HS, C, scale, keys, nullptr, lse, NH);
+  if (threadIdx.x == 0) composed_norm(normed, normed + NH, w_in, row, NH);
+  composed_probs(P, ops, row, t, h, HS, scale, keys, nullptr, lse, NH);
   __syncthreads();
   for (int o = threadIdx.x; o < W; o += blockDim.x) {
     float a = normed[0] * shared[o];
@@ -4279,17 +4298,17 @@ __global__ void composed_attention_forward_kernel(floatX* out, float* lse, const
     A[o] = a;
   }
   __syncthreads();
-  const float wo = w_out.at(t, h);
+  const float wo = w_out.at(row, h);
   const int last = min(W, t % keys.T + 1);  // the offsets inside the row
   for (int d = lane * x128::size; d < HS; d += WARP_SIZE * x128::size) {
     float acc[x128::size] = {};
     for (int o = 0; o < last; o++) {
       if (!keys.sees(t, t - o)) continue;
       const float weight = (float)(floatX)(wo * A[o]);
-      const x128 v = load128(qkv + (size_t)(t - o) * 3 * C + 2 * C + h * HS + d);
+      const x128 v = load128(ops.value(t - o, h) + d);
       for (int k = 0; k < x128::size; k++) acc[k] += weight * (float)v[k];
     }
-    const size_t at = (size_t)t * C + h * HS + d;
+    const size_t at = (size_t)row * C + h * HS + d;
     const x128 base = load128(y + at);
     x128 o_;
     for (int k = 0; k < x128::size; k++) o_[k] = (floatX)((float)base[k] + acc[k]);
@@ -4316,7 +4335,7 @@ __global__ void composed_attention_dq_kernel(floatX* dqkv, float* D, GateGradien
   float* dwn = normed + 2 * NH;
   float* inv = dwn + NH;
   if (threadIdx.x == 0) inv[0] = composed_norm(normed, normed + NH, w_in, t, NH);
-  composed_probs(P + h * W, qkv, t, h, HS, C, scale, keys, lse, nullptr, NH);
+  composed_probs(P + h * W, composed_rows_of(qkv, C, HS), t, t, h, HS, scale, keys, lse, nullptr, NH);
   const floatX* g_row = dout + (size_t)t * C + h * HS;
   for (int o = lane; o < W; o += WARP_SIZE) {
     const int j = t - o;
@@ -4474,8 +4493,26 @@ void composed_attention_forward(floatX* out, float* lse, const floatX* y, const 
   composed_check("composed_attention_forward", qkv, w_in, w_out, T, window, N, NH, C);
   REQUIRE(out && lse && y, "composed_attention_forward: out, lse and y are needed");
   const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
-  composed_attention_forward_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(out, lse, y, qkv, w_in, w_out,
-                                                                          {documents, T, window}, scale, NH, C);
+  composed_attention_forward_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(
+      out, lse, y, composed_rows_of(qkv, C, C / NH), 0, w_in, w_out, {documents, T, window, 0}, scale, NH, C);
+  cudaCheckLaunch();
+}
+
+// Decoding: the token at position t (qkv_row [3C], out and y [C], w_in and w_out its rows) against the
+// layer's KV cache [NH, max_t, HS], which holds its own key and value already, from first_key (its
+// document's start) on; lse: NH floats of scratch.
+void composed_attention_decode(floatX* out, float* lse, const floatX* y, const floatX* qkv_row, const floatX* k_cache,
+                               const floatX* v_cache, GateRows w_in, GateRows w_out, int first_key, int t, int max_t,
+                               int window, float scale, int NH, int C, cudaStream_t stream) {
+  composed_check("composed_attention_decode", qkv_row, w_in, w_out, max_t, window, max_t, NH, C);
+  REQUIRE(out && lse && y && k_cache && v_cache && first_key >= 0 && first_key <= t && t < max_t,
+          "composed_attention_decode: out, lse, y and the caches are needed, and 0 <= first key %d <= position "
+          "%d < %d", first_key, t, max_t);
+  const int HS = C / NH;
+  const ComposedOperands ops{qkv_row, k_cache, v_cache, 0, (size_t)HS, (size_t)max_t * HS};
+  const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
+  composed_attention_forward_kernel<<<1, NH * WARP_SIZE, shared, stream>>>(
+      out, lse, y, ops, t, w_in, w_out, {nullptr, max_t, window, first_key}, scale, NH, C);
   cudaCheckLaunch();
 }
 
@@ -4491,7 +4528,7 @@ void composed_attention_backward(floatX* dqkv, GateGradient dw_in, GateGradient 
   gate_check(name, w_in, &dw_in, NH);
   gate_check(name, w_out, &dw_out, NH);
   REQUIRE(dqkv && D && dout && lse, "%s: dqkv, the scratch D, dout and lse are needed", name);
-  const ComposedKeys keys{documents, T, window};
+  const ComposedKeys keys{documents, T, window, 0};
   const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
   composed_attention_dq_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(dqkv, D, dw_in, dw_out, dout, qkv, lse, w_in,
                                                                      w_out, keys, scale, NH, C);
@@ -11466,7 +11503,8 @@ void mudd_gates_backward(GPT2& m, int g, const floatX* x, floatX* dx, int N, Ker
 // composed attention". The gradient of its output is the flash output's too, so the flash backward
 // reads it as it is; then the composition's backward adds its q, k and v gradients into dqkv (the layer
 // keeps QK-norm's backward out of the flash backward: qk_norm_in_attention_backward) and writes its
-// weights' into the generator rows' gradient. Not in decoding: generation refuses such a model.
+// weights' into the generator rows' gradient. Decoding composes the token's output over the layer's KV
+// cache (composed_attention_decode), the document's start its first key.
 bool composed_layer(const GPT2& m, int l) { return m.arch().composed_attention && l == llmc::kComposedLayer; }
 
 // Its output, each head's log-sum-exp and the backward's per-query sums: one layer's rows.
@@ -11478,9 +11516,9 @@ void composed_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActS
 }
 
 void composed_point_rows(GPT2& m, BlockRows& r, RowArena* decoder) {
-  if (!m.arch().composed_attention || decoder) return;
-  r.composed = m.act(kComposedOut);
-  r.composed_lse = m.act_f(kComposedLse);
+  if (!m.arch().composed_attention) return;
+  r.composed = decoder ? decoder->take<floatX>(m.config.channels) : m.act(kComposedOut);
+  r.composed_lse = decoder ? decoder->take<float>(m.config.num_heads) : m.act_f(kComposedLse);
 }
 
 // The attention's output before XSA: the composed one on its layer, else the flash output.
@@ -11496,8 +11534,15 @@ const int* composed_documents(const GPT2& m) { return m.documents ? m.document_i
 
 void composed_rows(GPT2& m, int l, const BlockRows& r) {
   if (!composed_layer(m, l)) return;
-  REQUIRE(!r.k_cache, "decoding with record #89's composed attention is not built: the model cannot generate");
   const llmc::GPT2Config& c = m.config;
+  if (r.k_cache) {
+    composed_attention_decode(r.composed, r.composed_lse, r.atty, r.qkv, r.k_cache, r.v_cache,
+                              gate_rows(m, r, llmc::kMuddComposedIn, l, nullptr),
+                              gate_rows(m, r, llmc::kMuddComposedOut, l, nullptr), r.document_start,
+                              r.first_position, c.max_seq_len, llmc::kComposedWindow, attention_scale(m),
+                              c.num_heads, c.channels, m.stream);
+    return;
+  }
   composed_attention_forward(r.composed, r.composed_lse, r.atty, r.qkv,
                              gate_rows(m, r, llmc::kMuddComposedIn, l, nullptr),
                              gate_rows(m, r, llmc::kMuddComposedOut, l, nullptr), composed_documents(m), r.T,
@@ -12969,6 +13014,7 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   attention_gate_point_rows(m, 0, r, &a);
   head_gate_point_rows(m, r, &a);
   xsa_point_rows(m, 0, r, &a);
+  composed_point_rows(m, r, &a);
   residual_mix_point_rows(m, 0, r, &a);
   record89_plan_point_rows(m, 0, r, &a);
   bigram_point_rows(m, r, &a);
@@ -14759,15 +14805,6 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   require_runnable_features(config, path);
 }
 
-// Decoding (-s's samples, -p's generation) does not run record #89's composed attention yet.
-void require_decodable(const TrainArgs& a, const llmc::GPT2Config& config) {
-  if (!config.composed_attention) return;
-  REQUIRE(a.prompt.empty(), "-p: the model has record #89's composed attention, which decoding does not run yet: "
-          "it cannot generate");
-  REQUIRE(a.sample_every == 0, "-s %d samples from the model, which has record #89's composed attention, and "
-          "decoding does not run it yet: give -s 0", a.sample_every);
-}
-
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
   const double start = llmc::wall_seconds();
   StartParams p;
@@ -15016,7 +15053,6 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   require_marked(llmc::checkpoint_path(a.output_dir, "model", in.resume_step));
   in.start = load_start_params(a, in.resume_step);
   const llmc::GPT2Config& config = in.start.config;
-  require_decodable(a, config);
   llmc::resolve_sample_length(a, config.max_seq_len);
   if (!a.prompt.empty()) return in;
   require_marked(llmc::checkpoint_path(a.output_dir, "state", in.resume_step, 0));

@@ -292,6 +292,48 @@ void test_case(const Case& c, uint64_t seed) {
   check_same_bits("backward twice", backward_bits, Snapshot(dqkv, drows));
 }
 
+// Decoding over a KV cache [NH, max_t, HS] gives, position by position, the bits of the rows' forward
+// (one row whose second document starts at `first`).
+void test_decode() {
+  const int T = 150, NH = 6, C = 768, HS = C / NH, first = 20, max_t = 160;
+  printf("\ncomposed attention decoding, positions %d to %d of a cache of %d\n", first, T - 1, max_t);
+  llmc::Rng rng(14);
+  Inputs in = make_inputs({1, T, NH, C, llmc::kComposedWindow, false}, rng);
+  in.documents.assign(T, 1);
+  for (int t = 0; t < first; t++) in.documents[t] = 0;
+  std::vector<float> rows((size_t)T * kStride, kGateFill), k_cache((size_t)NH * max_t * HS, 0.0f),
+      v_cache(k_cache.size(), 0.0f);
+  for (int t = 0; t < T; t++) {
+    for (int h = 0; h < NH; h++) {
+      rows[(size_t)t * kStride + kInColumn + h] = in.w_in[(size_t)t * NH + h];
+      rows[(size_t)t * kStride + kOutColumn + h] = in.w_out[(size_t)t * NH + h];
+      for (int d = 0; d < HS; d++) {
+        k_cache[((size_t)h * max_t + t) * HS + d] = (float)in.k(t, h, d);
+        v_cache[((size_t)h * max_t + t) * HS + d] = (float)in.v(t, h, d);
+      }
+    }
+  }
+  DeviceArray<floatX> d_qkv(in.qkv), d_y(in.y), d_rows(rows), out((size_t)T * C), d_k(k_cache), d_v(v_cache);
+  DeviceArray<floatX> token_out(C);
+  DeviceArray<float> lse((size_t)T * NH), token_lse(NH);
+  DeviceArray<int> documents(in.documents);
+  const GateRows w_in{(floatX*)d_rows + kInColumn, kStride}, w_out{(floatX*)d_rows + kOutColumn, kStride};
+  composed_attention_forward(out, lse, d_y, d_qkv, w_in, w_out, documents, T, llmc::kComposedWindow, in.scale, T,
+                             NH, C, 0);
+  const std::vector<floatX> full = out.raw();
+  bool same = true;
+  for (int t = first; t < T; t++) {
+    const size_t row = (size_t)t * kStride;
+    composed_attention_decode(token_out, token_lse, (floatX*)d_y + (size_t)t * C, (floatX*)d_qkv + (size_t)t * 3 * C,
+                              d_k, d_v, {(floatX*)d_rows + row + kInColumn, kStride},
+                              {(floatX*)d_rows + row + kOutColumn, kStride}, first, t, max_t, llmc::kComposedWindow,
+                              in.scale, NH, C, 0);
+    const std::vector<floatX> token = token_out.raw();
+    same = same && std::memcmp(token.data(), full.data() + (size_t)t * C, C * sizeof(floatX)) == 0;
+  }
+  testing::check_verbose(same, "each position decoded from the cache has the bits of the rows' forward");
+}
+
 void test_bad_shapes() {
   printf("\nbad shapes\n");
   DeviceArray<floatX> qkv(3 * 768 * 4), y(768 * 4), rows(48 * 4);
@@ -311,6 +353,7 @@ void run() {
   test_case({2, 300, 6, 768, llmc::kComposedWindow, true}, 11);
   test_case({3, 37, 2, 128, llmc::kComposedWindow, false}, 12);
   test_case({2, 96, 6, 768, 17, true}, 13);
+  test_decode();
   test_bad_shapes();
 }
 
