@@ -97,6 +97,7 @@
 #include "llmc/progress.h"
 #include "llmc/rand.h"
 #include "llmc/recipe.h"
+#include "llmc/record_flags.h"
 #include "llmc/rendezvous.h"
 #include "llmc/reshard.h"
 #include "llmc/schedulers.h"
@@ -14146,23 +14147,6 @@ struct TrainArgs : llmc::TrainFlags {
   int step_phases = 0;  // -pt: where a step's time goes (StepPhases), on one process or several
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
-  int final_window_blocks = 0;  // -awf (0: the last stage's long window)
-  int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
-  int key_offset = 0;           // -ko 1: record #89's key offset on the long-window layers
-  int yarn = 0;                 // -yn 1: record #89's YaRN at the stage plan's long-window changes
-  int untie_step = -1;          // -ut (-1: the embedding and the head apart from the start)
-  int smear = 0;                // -sm: a speedrun model made from a preset has record #89's smear
-  int bigram = 0;               // -bg: and its bigram hash embedding
-  int rotary_pairs = 0;         // -rp: a modern or speedrun model made from a preset turns record #89's pairs
-  llmc::SpeedrunInit record_init = llmc::SpeedrunInit::kRecord28;  // -ri: its init from the seed
-  int ve_gates = 0;             // -vg: and its value-embedding gates
-  int resid_lambdas = 0;        // -rl: and its residual and post lambdas
-  int xsa = 0;                  // -xs: and its exclusive self-attention
-  int record89_plan = 0;        // -lp: and its 11-layer plan
-  int paired_heads = 0;         // -ph: and the plan's paired heads
-  int attn_lambdas = 0;         // -al: and its attention lambdas
-  int mudd_gates = 0;           // -mg: and the plan's MUDD gate generators
-  int composed_attention = 0;   // -ca: and its composed attention on layer 10
   MultiGpuOptions multi_gpu;
   // -recipe fills the run's record (llmc::Recipe, this struct's base; apply_recipe): the defaults of
   // the flags its help lists (llmc::recipe_flags) and the settings that have no flag.
@@ -14170,15 +14154,6 @@ struct TrainArgs : llmc::TrainFlags {
   std::vector<std::string> given;  // the flags on the command line
   llmc::OptimizerTable update;     // resolved from the record (resolve_args)
 };
-
-// The recipe named by -recipe in args (GPT-2's without one), read before the flags are parsed:
-// its values are the defaults that the other flags override.
-const llmc::Recipe& recipe_of_args(const std::vector<std::string>& args) {
-  for (size_t i = 0; i + 1 < args.size(); i++) {
-    if (args[i] == "-recipe") return llmc::recipe_by_name(args[i + 1], "-recipe");
-  }
-  return llmc::recipe_gpt2();
-}
 
 // The recipe's FP8 head stands only in BF16 builds (recipe_fp8_head).
 void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
@@ -14190,8 +14165,10 @@ void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
 // -recipe's help, naming the flags a recipe sets (llmc::recipe_flags).
 std::string recipe_help(const std::vector<const llmc::Flag*>& recipe_set) {
   std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
-                     "QK-norm and rotary, ReLU^2, a soft-capped head, Muon) or speedrun (its record #28: value "
-                     "embeddings, U-net skips, gated heads, packed documents in a growing window); its values of";
+                     "QK-norm and rotary, ReLU^2, a soft-capped head, Muon), speedrun (its record #28: value "
+                     "embeddings, U-net skips, gated heads, packed documents in a growing window) or record89 (its "
+                     "record #89 but the MUDD dense connections and the FP8 MLP: record #28's with every switch of "
+                     "record #89 and its AdamW rows by tensor); its values of";
   for (const llmc::Flag* flag : recipe_set) text += " " + std::string(flag->name);
   return text + " stand where the command line gives none";
 }
@@ -14201,113 +14178,6 @@ llmc::Flag recipe_flag(TrainArgs& a) {
   return {"-recipe", "recipe", "",
           [&a](const char* text) { a.recipe = &llmc::recipe_by_name(text, "-recipe"); },
           [&a] { return std::string(a.recipe->name); }};
-}
-
-// -aw's long and short windows.
-llmc::WindowSetting window_setting(const TrainArgs& a) { return {a.window_blocks, a.short_window_blocks}; }
-
-// -awt: whether a window's blocks are masked whole or counted in tokens.
-llmc::WindowUnit window_unit(const TrainArgs& a) {
-  return a.window_tokens ? llmc::WindowUnit::kTokens : llmc::WindowUnit::kBlocks;
-}
-
-// -aw: N blocks, -1 the schedule, 0 none, or S/N (llmc::parse_window_setting).
-llmc::Flag window_flag(TrainArgs& a) {
-  return {"-aw", "attention window", "with -pd 1: attention within modded-nanogpt's window of N blocks of 128 "
-          "tokens (12 layers: N in its long layers, N/2 in the short ones, else N in every layer), or S/N: S "
-          "blocks in the short layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over -x; 0: none",
-          [&a](const char* text) {
-            const llmc::WindowSetting w = llmc::parse_window_flag("-aw", text);
-            a.window_blocks = w.long_blocks;
-            a.short_window_blocks = w.short_blocks;
-          },
-          [&a] { return window_setting(a).text(); }, &a.window_blocks};
-}
-
-// -ns's help: each row of llmc::kNewtonSchulzMethods by its name, as the start-up table describes it.
-std::string newton_schulz_help() {
-  std::string help = "Muon's orthogonalisation:";
-  for (int i = 0; i < llmc::kNewtonSchulzMethodCount; i++) {
-    const llmc::NewtonSchulz& ns = llmc::kNewtonSchulzMethods[i];
-    const int left = llmc::kNewtonSchulzMethodCount - 1 - i;
-    help += llmc::strformat(" %s (%s)%s", ns.name, llmc::newton_schulz_description(ns).c_str(),
-                            left > 1 ? "," : left == 1 ? " or" : "");
-  }
-  return help;
-}
-
-// -ns: Muon's orthogonalisation, a row of llmc::kNewtonSchulzMethods by its name.
-llmc::Flag newton_schulz_flag(TrainArgs& a) {
-  static const std::string help = newton_schulz_help();
-  return {"-ns", "Muon orthogonalisation", help.c_str(),
-          [&a](const char* text) { a.muon_newton_schulz = llmc::parse_newton_schulz(text, "-ns"); },
-          [&a] { return std::string(a.muon_newton_schulz.name); }, &a.muon_newton_schulz};
-}
-
-// -lc: the head's cap in place of the architecture's.
-llmc::Flag logit_cap_flag(TrainArgs& a) {
-  return {"-lc", "logit cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid "
-          "cap's shift within [-100, 100]: \"23,5\", record #89's 23 sigmoid((z + 5) / 7.5) (the speedrun's own: "
-          "30 sigmoid(z / 7.5)); a third item bf16 rounds the sigmoid to BF16, as record #89's kernel: \"23,5,bf16\"; "
-          "checkpoints keep the architecture's: give -lc with -e's model too",
-          [&a](const char* text) { a.logit_cap = llmc::parse_logit_cap_setting("-lc", text); },
-          [&a] { return llmc::logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};
-}
-
-// -ri: the speedrun's init from the seed.
-llmc::Flag record_init_flag(TrainArgs& a) {
-  return {"-ri", "record init", "-recipe speedrun: 89 the model made from -e's preset starts from record #89's init "
-          "(the head N(0, 0.005) and the embedding its copy, the value embeddings N(0, 0.01), the attention's output "
-          "projection uniform as its input's); 0: record #28's (the head zero)",
-          [&a](const char* text) { a.record_init = llmc::parse_speedrun_init("-ri", text); },
-          [&a] { return std::to_string((int)a.record_init); }, &a.record_init};
-}
-
-// -fhs: the FP8 head's fixed scales.
-llmc::Flag fp8_head_scales_flag(TrainArgs& a) {
-  return {"-fhs", "FP8 head scales", "X,W,G: the FP8 head's x_s = X/448 (0: sqrt(C)/448, the bound of its RMS-normed "
-          "input), w_s = W/448 and grad_s = G/448: 0,0.875,1 is record #28's (the speedrun's), 100,1.6,0.75 record "
-          "#89's; W also sets how the head's BF16 copies round without -fh 1",
-          [&a](const char* text) { a.fp8_head_scales = llmc::parse_fp8_head_scales("-fhs", text); },
-          [&a] { return llmc::fp8_head_scales_text(a.fp8_head_scales); }, &a.fp8_head_scales};
-}
-
-// -asc: the attention's softmax scale, before YaRN's changes (0, the default: the architecture's).
-llmc::Flag attention_scale_flag(TrainArgs& a) {
-  return {"-asc", "attention scale", "the attention's softmax scale, positive (record #89's 0.1; YaRN, -yn 1, "
-          "changes it from there); none given: the architecture's (0.12 modern and speedrun, 1/sqrt(HS) GPT-2)",
-          [&a](const char* text) { a.attention_scale = llmc::parse_attention_scale("-asc", text); },
-          [&a] { return a.attention_scale > 0.0 ? llmc::strformat("%g", a.attention_scale) : std::string("arch's"); },
-          &a.attention_scale};
-}
-
-// -mtp: the training loss's weights of the next token and the ones after it.
-llmc::Flag prediction_weights_flag(TrainArgs& a) {
-  return {"-mtp", "next-token weights", "the training loss's weights of the next token and of the one or two "
-          "after it, each within [0, 1] (validation keeps the next token's alone): \"1,0.5,0.25\" (record #89's "
-          "first stage); a target past the sequence's end adds nothing",
-          [&a](const char* text) { a.next_token_weights = llmc::parse_prediction_weights("-mtp", text); },
-          [&a] { return llmc::prediction_weights_text(a.next_token_weights); }, &a.next_token_weights};
-}
-
-// -ar: AdamW's tensors' own rates, betas and decays (record #89's rows).
-llmc::Flag adam_rows_flag(TrainArgs& a) {
-  return {"-ar", "AdamW tensor rows", "AdamW tensors' own rows over their roles', NAME:key=value,... apart by ';' "
-          "(quote it), NAME as the start-up table names the tensor, keys lr (times its role's rate), b1 and b2 (its "
-          "betas) and wd (times its role's decay): \"ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5\" (record #89's "
-          "value embeddings and head); not the tensors Muon takes",
-          [&a](const char* text) { a.adam_rows = llmc::parse_adam_rows("-ar", text); },
-          [&a] {
-            const std::string text = llmc::adam_rows_text(a.adam_rows);
-            return text.empty() ? std::string("none") : text;
-          },
-          &a.adam_rows};
-}
-
-llmc::Flag optimizer_flag(TrainArgs& a) {
-  return {"-opt", "optimizer", "adamw, or muon: Muon for the blocks' matrices and AdamW for the rest",
-          [&a](const char* text) { a.optimizer = llmc::parse_optimizer(text, "-opt"); },
-          [&a] { return std::string(llmc::optimizer_name(a.optimizer)); }, &a.optimizer};
 }
 
 constexpr const char* kQuickStart =
@@ -14320,7 +14190,7 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
   using llmc::text_flag;
   constexpr long kIntMax = INT32_MAX;
   llmc::LaunchFlags& launch = a.multi_gpu.launch;
-  std::vector<llmc::Flag> flags = llmc::train_flags(a, {
+  std::vector<llmc::Flag> own = {
       float_flag("-sl", "skip: loss z-score", "skip the update when the loss's rolling z-score exceeds this (0: never)", &a.loss_z, 0.0f, FLT_MAX),
       float_flag("-sg", "skip: norm z-score", "skip the update when the grad norm's rolling z-score exceeds this (0: never)", &a.norm_z, 0.0f, FLT_MAX),
       float_flag("-temp", "temperature", "sampling temperature (0: greedy)", &a.temperature, 0.0f, FLT_MAX),
@@ -14332,8 +14202,6 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-r", "recompute", "recompute level: 0 none, 1 GELU", &a.recompute, 0, 1),
       int_flag("-fp8", "FP8 linear layers", "FP8 products in the blocks' linear layers (BF16 builds, compute capability 8.9+): 1 current scaling, 2 delayed (amax history)", &a.fp8, 0, 2),
       int_flag("-fp8g", "FP8 gradient format", "with -fp8: the output gradients in 0 E5M2 (range), 1 E4M3 (precision)", &a.fp8_grad_e4m3, 0, 1),
-      int_flag("-fh", "FP8 head", "1: the speedrun head's training products in FP8 with its record's fixed scales (BF16 builds, compute capability 8.9+; evaluation stays BF16)", &a.fp8_head, 0, 1),
-      fp8_head_scales_flag(a),
       int_flag("-n", "checkpoint every", "checkpoint every N steps (0: only at the end, with -o)", &a.checkpoint_every, 0, kIntMax),
       int_flag("-nk", "keep checkpoints", "keep only the newest K checkpoints (0: keep all)", &a.keep_last, 0, kIntMax),
       int_flag("-nm", "also keep every", "with -nk, also keep every checkpoint whose step is a multiple of M", &a.keep_every, 0, kIntMax),
@@ -14342,131 +14210,21 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-halt", "halt after step", "stop after this step's checkpoint, resumable (-1: never)", &a.halt_after, -1, kIntMax),
       int_flag("-h", "HellaSwag", "1: HellaSwag accuracy at every validation (-x 0: evaluate only)", &a.hellaswag, 0, 1),
       text_flag("-hs", "HellaSwag file", "HellaSwag eval file (made by build/hellaswag)", &a.hellaswag_path),
-      int_flag("-sh", "shuffle", "1: shuffle the training data", &a.shuffle, 0, 1),
-      int_flag("-pd", "packed documents", "1: train on sequences of whole documents, each from a document start "
-               "(token 50256), in modded-nanogpt's order, with attention within each document (validation too, "
-               "its sequences contiguous); needs -x and -t a multiple of 128", &a.documents, 0, 1),
-      window_flag(a),
-      int_flag("-ut", "untie step", "an untied head tied to the embedding through step U's update (the head "
-               "stepped with both gradients, the embedding its copy), then the head's AdamW state copied to the "
-               "embedding, separate from step U + 1 (modded-nanogpt's record #89: the first odd step of stage 3, "
-               "847); -1: separate throughout", &a.untie_step, -1, kIntMax),
-      int_flag("-awf", "final window", "with -pd 1 and a window: the long window N of the validation after the "
-               "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last "
-               "stage's", &a.final_window_blocks, 0, kIntMax),
-      int_flag("-awt", "window in tokens", "with -pd 1 and a window: 1: a window of N blocks is N x 128 tokens back "
-               "from each query (record #89's FlashAttention window: key j seen by query i when i - 128N <= j <= i), "
-               "masked token by token at its edge; 0: whole blocks of 128 tokens (modded-nanogpt's block mask)",
-               &a.window_tokens, 0, 1),
-      int_flag("-ko", "key offset", "1: record #89's key offset on the layers with the long window (every "
-               "layer at a depth other than the speedrun's 12): after the rotary, each key's stationary dims are "
-               "the previous key's over the forward's tokens as one sequence (the first key keeping its own); "
-               "the modern and speedrun architectures", &a.key_offset, 0, 1),
-      text_flag("-sp", "stage plan", "the run in stages, each with its share of -x's steps and its own t (-t), z (-z), "
-                "cap (tokens of one document a sequence takes, with -pd 1), aw (-aw), lr (rate multiplier), mtp "
-                "(-mtp) and pw (-pw), these two constant or A>B linear over the stage, "
-                "'+E' E extension steps after them: \"1/2 cap=512; 1/2 t=2048 z=-1 lr=1.5; +10 aw=6\" "
-                "(a stage keeps the one before's values, the first the flags'; none: one stage)", &a.stages),
-      int_flag("-vt", "validation length", "validation sequence length, batches of -b sequences of it (0: -t); "
-               "longer than -t, validation runs a forward pass of its own that keeps one layer's activations",
-               &a.val_T, 0, kIntMax),
       int_flag("-pr", "rank (by hand)", "this process's rank, when launched by hand without mpirun or srun", &launch.rank, 0, kIntMax),
       int_flag("-pn", "processes (by hand)", "process count, when launched by hand (with -pr, -rv and -rt)", &launch.world, 1, kIntMax),
       int_flag("-pl", "GPU on node (by hand)", "GPU of this process on its node, by hand (-1: the rank)", &launch.local_rank, 0, kIntMax),
       text_flag("-rv", "rendezvous", "rendezvous without mpirun: fs:DIR (shared directory) or tcp:HOST:PORT (rank 0's)", &launch.rendezvous),
       text_flag("-rt", "run token", "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)", &launch.token),
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
-      int_flag("-zs", "ZeRO stage", "ZeRO stage: 0 off, 1 optimizer state sharded over the processes", &a.zero_stage, 0, 1),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
-      int_flag("-od", "divided optimizers", "1: with -zs 0 on several processes, each steps its share of Muon's "
-               "matrices and its part of each large AdamW tensor alone, keeping their state, takes their averaged "
-               "gradients alone, and the others take its new parameters (the bits of -od 0 where the norm does not "
-               "clip; the state is shared before a checkpoint); a recipe's 1 yields to -zs 1",
-               &a.divided_optimizers, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
       recipe_flag(a),
-      optimizer_flag(a),
-      float_flag("-ml", "Muon lr", "Muon's learning rate at the schedule's peak", &a.muon_lr, 0.0f, FLT_MAX),
-      float_flag("-mw", "Muon weight decay", "Muon's weight decay (-cd: decoupled or cautious)", &a.muon_weight_decay, 0.0f, FLT_MAX),
-      newton_schulz_flag(a),
-      int_flag("-cd", "cautious weight decay", "1: both optimizers' weight decay cautious, record #89's: only where "
-               "the step and the weight agree in sign, AdamW's lr^2 wd p where u p > 0, Muon's wd lr lr_eff p where "
-               "u p >= 0; 0: decoupled, lr wd p on every weight", &a.cautious_decay, 0, 1),
-      int_flag("-mn", "NorMuon", "-opt muon: 1 Muon's orthogonalised update divided, per entry of each matrix's "
-               "longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm "
-               "(record #89's NorMuon); 0: plain Muon", &a.normuon, 0, 1),
-      int_flag("-ao", "AdamW interval", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of "
-               "the K steps' gradients, which the steps between keep (record #89's 2: its odd steps; one process, "
-               "-gc 0); 1: every step", &a.adam_every, 1, llmc::kMaxAdamEvery),
-      int_flag("-mq", "Muon Q/K blocks", "-opt muon: qkvw's Q and K orthogonalised in blocks of N heads each, V "
-               "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
-               &a.muon_qk_heads, 0, kIntMax),
-      adam_rows_flag(a),
-      int_flag("-sm", "smear", "-recipe speedrun: 1 the model made from -e's preset smears its embedding (record "
-               "#89's: each token's takes a gated share of the one before, before the norm); a model file's header "
-               "says whether it smears", &a.smear, 0, 1),
-      int_flag("-bg", "bigram embedding", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
-               "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 and "
-               "after the later layers' attention); a model file's header says whether it has it", &a.bigram, 0, 1),
-      int_flag("-rp", "rotary pairs", "-recipe modern or speedrun: 1 the model made from -e's preset turns record "
-               "#89's rotary pairs: adjacent dims (2i, 2i + 1) for i < HS/4, HS/2 to HS - 1 unturned, at positions "
-               "over each forward's rows as one sequence (0: pairs (j, j + HS/2) at each row's positions); a model "
-               "file's header says which it has", &a.rotary_pairs, 0, 1),
-      attention_scale_flag(a),
-      record_init_flag(a),
-      int_flag("-vg", "value-embedding gates", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
-               "value-embedding gates (each head's share of the value embedding 2 sigmoid of a learned weight "
-               "times the first 6 channels of the attention's input and of the embedding); a model file's header "
-               "says whether it has them", &a.ve_gates, 0, 1),
-      int_flag("-rl", "residual lambdas", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
-               "residual and post lambdas (each sublayer's add r x + p out, r and p learned for each layer and "
-               "sublayer); a model file's header says whether it has them", &a.resid_lambdas, 0, 1),
-      int_flag("-xs", "XSA", "-recipe speedrun: 1 the model made from -e's preset has record #89's exclusive "
-               "self-attention in its layers 1, 3 and 4 (each head's output less tanh(alpha) times its part along "
-               "the value it read, alpha learned per layer and head); a model file's header says whether it has it",
-               &a.xsa, 0, 1),
-      int_flag("-lp", "record #89's plan", "-recipe speedrun: 1 the model made from -e's preset has record #89's 11 "
-               "layers (no attention in layer 6, which adds layer 3's output times sigmoid(skip_lambda) g; layers 9 "
-               "and 10 attend over layer 7's output; five value embeddings; x0 added after each attention with a "
-               "learned gate in place of the x0 lambdas; no attention gates); a model file's header says whether it "
-               "has it", &a.record89_plan, 0, 1),
-      int_flag("-ph", "paired heads", "-recipe speedrun with -lp 1 and -rp 1: 1 the model made from -e's preset has "
-               "record #89's paired heads in its layers 0, 2, 5 and 9 (head h of token t rotated at position 2t + (h "
-               "& 1); heads 0..NH/2-1 of token t attend at position 2t and the rest at 2t + 1 of each sequence "
-               "doubled, as NH/2 heads; windows in positions: -awt 1); a model file's header says whether it has "
-               "them", &a.paired_heads, 0, 1),
-      int_flag("-al", "attention lambdas", "-recipe speedrun: 1 the model made from -e's preset has record #89's "
-               "attention lambdas (each attention layer's qkv and output projections read their weights times "
-               "learned scalars s0 and s1, 0.5 and 1 at the start); a model file's header says whether it has them",
-               &a.attn_lambdas, 0, 1),
-      int_flag("-mg", "MUDD gates", "-recipe speedrun with -lp 1: 1 the model made from -e's preset reads record "
-               "#89's XSA strengths, head gates, x0 and bigram gates (but layer 10's) and the skip's g a token, from "
-               "two MUDD gate generators (gelu(x W1^T) W2^T + b2) scale, one of x0 and one of layer 4's input; at "
-               "most 6 heads; a model file's header says whether it has them", &a.mudd_gates, 0, 1),
-      int_flag("-ca", "composed attention", "-recipe speedrun with -lp 1 -mg 1: 1 the model made from -e's preset "
-               "has record #89's composed attention: layer 10's heads each add w_out_h (A v_h), A the heads' "
-               "attention probabilities over the last 112 keys of the query's document mixed by w_in, both a "
-               "token from the post MUDD gate generator; a model file's header says whether it has it",
-               &a.composed_attention, 0, 1),
-      int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
-               "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
-               "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
-               "a window; the modern and speedrun architectures", &a.yarn, 0, 1),
-      int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
-               "which Muon's momentum falls linearly back to its start value (0: none)",
-               &a.muon_momentum.cooldown_steps, 0, kIntMax),
-      float_flag("-kd", "wsd decay fraction", "-k wsd: the fraction of the steps over which the lr decays linearly (0: the last fifth)", &a.decay_fraction, 0.0f, 1.0f),
-      prediction_weights_flag(a),
-      logit_cap_flag(a),
-      float_flag("-pw", "prefix weight", "the training loss's weight of the next token's prefix token, the longest "
-                 "proper prefix of its bytes that is a token (-tk's vocabulary file), where it has one: record #89's "
-                 "0.25 (0: none)", &a.prefix_weight, 0.0f, 1.0f),
-      llmc::double_flag("-kc", "cooldown fraction", "-k cooldown: the fraction c of -x's steps its cooldown takes, "
-                        "from step int(N (1 - c)) linear from each stage's lr multiplier to -q (of the peak, whatever "
-                        "the multiplier) at step N (0: the last fifth)", &a.cooldown_fraction, 0.0, 1.0),
-  });
+  };
+  const std::vector<llmc::Flag> record = llmc::record_flags(a);  // those -recipe sets, after it
+  own.insert(own.end(), record.begin(), record.end());
+  std::vector<llmc::Flag> flags = llmc::train_flags(a, own);
   // What -l scales is the recipe's: one rate, or the roles' rates. The flags a recipe sets are the
   // same for every TrainArgs.
   static const std::string recipe_set_help = recipe_help(llmc::recipe_flags(a, flags));
@@ -14531,8 +14289,11 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || a.recipe->arch == llmc::Arch::kSpeedrun, "-ri %d is "
           "the speedrun's init, and -recipe %s is not the speedrun: give -recipe speedrun with it, or drop -ri",
           (int)a.record_init, a.recipe->name);
+  // A recipe's init (-recipe record89's) stands for the models it makes from a preset alone.
+  const bool ri_given = std::count(a.given.begin(), a.given.end(), "-ri") > 0;
   llmc::GPT2Config preset;
-  REQUIRE(a.record_init == llmc::SpeedrunInit::kRecord28 || llmc::config_from_preset(a.model, &preset, a.recipe->arch),
+  REQUIRE(!ri_given || a.record_init == llmc::SpeedrunInit::kRecord28 ||
+              llmc::config_from_preset(a.model, &preset, a.recipe->arch),
           "-ri %d initialises a preset's model from the seed, and -e %s is a model file, which holds the parameters: "
           "drop -ri", (int)a.record_init, a.model.c_str());
   REQUIRE(!a.ve_gates || a.recipe->arch == llmc::Arch::kSpeedrun, "-vg 1 gates the speedrun's value embeddings, "
@@ -14952,7 +14713,7 @@ void resolve_final_window(llmc::StagePlan& plan, const TrainArgs& a, bool valida
 // the step's batch. A length or a document cap that changes between stages needs -pd 1, whose
 // loader changes its shape at a boundary without losing its place.
 llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& config, int world) {
-  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, window_setting(a),
+  llmc::StagePlan plan(a.stages, "-sp", a.T, a.total_batch, llmc::window_setting(a),
                        {a.next_token_weights, a.prefix_weight});
   const size_t count = plan.stages().size();
   REQUIRE(count == 1 || a.max_steps >= 0, "-sp shares out -x's steps among its %zu stages: give -x", count);
@@ -15070,7 +14831,7 @@ RunInputs prepare_run(TrainArgs& a, int world) {
   }
   if (a.documents) {
     const bool longer_validation = a.val_every > 0 && a.val_batches > 0 && a.val_T > a.T;
-    llmc::check_window_length(window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
+    llmc::check_window_length(llmc::window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
   if (a.adam_every > 1 && world > 1) {
@@ -15717,7 +15478,7 @@ int train_main(int argc, char** argv) {
   const double run_start = llmc::wall_seconds();
   TrainArgs a;
   const std::vector<std::string> args(argv + 1, argv + argc);
-  apply_recipe(a, recipe_of_args(args));
+  apply_recipe(a, llmc::recipe_of_args(args));
   if (!llmc::parse_flags(args, train_flags(a), "./train_gpt2cu")) {
     llmc::print_usage(argv[0], "GPT-2 training on the GPU, precision " PRECISION_NAME,
                       kQuickStart, train_flags(a));
@@ -15751,7 +15512,7 @@ int train_main(int argc, char** argv) {
   } else {
     resolve_fp8_head(a);
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
-                  {a.documents != 0, in.stages.max_window(), window_unit(a)}, a.fp8_head != 0);
+                  {a.documents != 0, in.stages.max_window(), llmc::window_unit(a)}, a.fp8_head != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
     gpt2_set_prefix_table(m, in.prefix_table);
     TrainRun r(a, mg, m);

@@ -141,9 +141,9 @@ inline std::string fp8_head_scales_text(const Fp8HeadScales& s) {
 }
 
 // -ar's value (`flag`): AdamW tensors' own rows, "NAME:key=value,...;NAME:..." with NAME a tensor
-// of the parameter table (the start-up table's names) and keys lr (times its role's rate), b1, b2
-// (its betas, within (0, 1)) and wd (times its role's decay): "ve:lr=75,b1=0.75,b2=0.95,wd=5"
-// (record #89's value embeddings); "" none.
+// of the parameter table (the start-up table's names) and keys lr (times its role's rate) or rate
+// (its own rate), b1, b2 (its betas, within (0, 1)) and wd (times its role's decay) or decay (its
+// own): "ve:lr=75,b1=0.75,b2=0.95,wd=5" (record #89's value embeddings); "" none.
 inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text) {
   AdamTensorRows rows;
   std::vector<bool> named(kNumParamTensors, false);
@@ -153,7 +153,8 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
     start = end + 1;
     const size_t colon = row_text.find(':');
     if (colon == std::string::npos || colon + 1 == row_text.size()) {
-      LLMC_FAIL("%s '%s': a row is NAME:key=value,... (keys lr, b1, b2, wd): \"ve:lr=75,b1=0.75,b2=0.95,wd=5\"",
+      LLMC_FAIL("%s '%s': a row is NAME:key=value,... (keys lr, rate, b1, b2, wd, decay): "
+                "\"ve:lr=75,b1=0.75,b2=0.95,wd=5\"",
                 flag, row_text.c_str());
     }
     const std::string name = row_text.substr(0, colon);
@@ -177,13 +178,21 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
       const char* value = eq == std::string::npos ? "" : pair.c_str() + eq + 1;
       if (key == "lr" || key == "wd") {
         (key == "lr" ? row.lr : row.weight_decay) = parse_float(label.c_str(), value, 0.0f, FLT_MAX);
+      } else if (key == "rate" || key == "decay") {
+        (key == "rate" ? row.rate : row.decay) = parse_float(label.c_str(), value, 0.0f, FLT_MAX);
       } else if (key == "b1" || key == "b2") {
         const float beta = parse_float(label.c_str(), value, 0.0f, 1.0f);
         if (beta == 0.0f || beta == 1.0f) LLMC_FAIL("%s %g: must be within (0, 1)", label.c_str(), beta);
         (key == "b1" ? row.beta1 : row.beta2) = beta;
       } else {
-        LLMC_FAIL("%s %s: '%s' is not key=value of lr, b1, b2 or wd", flag, row_text.c_str(), pair.c_str());
+        LLMC_FAIL("%s %s: '%s' is not key=value of lr, rate, b1, b2, wd or decay", flag, row_text.c_str(),
+                  pair.c_str());
       }
+    }
+    const bool rate_twice = row.rate && row.lr != 1.0f, decay_twice = row.decay && row.weight_decay != 1.0f;
+    if (rate_twice || decay_twice) {
+      LLMC_FAIL("%s %s: %s sets its own %s and a multiplier of its role's: give one of %s", flag, row_text.c_str(),
+                name.c_str(), rate_twice ? "rate" : "decay", rate_twice ? "rate and lr" : "decay and wd");
     }
   }
   return rows;

@@ -5,13 +5,15 @@
 // linear to zero; and its speedrun record #28 (SPEC.md "The speedrun architecture and recipe"):
 // the speedrun's architecture on document-aligned 49,152-token sequences in the window's schedule,
 // Muon's 5 steepened Newton-Schulz steps with a momentum warmup, a schedule stable for 55% of
-// the steps, then linear to 0.1 at step 1,695, and the head's training products in FP8. -recipe picks one; every flag given on the command
-// line overrides its value.
+// the steps, then linear to 0.1 at step 1,695, and the head's training products in FP8; and its
+// record #89 but the MUDD dense connections and the FP8 MLP (recipe_record89). -recipe picks one;
+// every flag given on the command line overrides its value.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -184,14 +186,17 @@ inline TensorMultipliers tensor_multipliers_one() {
 }
 
 // One AdamW tensor's own hyperparameters (record #89's table, a row a tensor; -ar): its rate and
-// weight decay as multipliers of its role's, its betas in place of the role's where set. The
-// default row is the role's.
+// weight decay as multipliers of its role's, or in place of them where rate and decay are set (a
+// product in float is not always the reference's rate: record #89's embedding takes 0.008 where its
+// role's is 0.6), its betas in place of the role's where set. The default row is the role's.
 struct AdamTensorRow {
   float lr = 1.0f, weight_decay = 1.0f;
+  std::optional<float> rate, decay;
   std::optional<float> beta1, beta2;
 
   bool operator==(const AdamTensorRow& o) const {
-    return lr == o.lr && weight_decay == o.weight_decay && beta1 == o.beta1 && beta2 == o.beta2;
+    return lr == o.lr && weight_decay == o.weight_decay && rate == o.rate && decay == o.decay && beta1 == o.beta1 &&
+           beta2 == o.beta2;
   }
   bool operator!=(const AdamTensorRow& o) const { return !(*this == o); }
 };
@@ -240,6 +245,8 @@ struct Recipe {
   int documents = 0;           // -pd
   int window_blocks = 0;       // -aw (-1: the window's schedule)
   int short_window_blocks = kShortWindowHalf;  // -aw S/L's S (kShortWindowHalf: half of -aw's long one)
+  int final_window_blocks = 0;  // -awf (0: the last stage's long window)
+  int window_tokens = 0;        // -awt: windows of N blocks counted as N x 128 tokens from each query
   std::string stages;         // -sp: the stage plan (llmc/stages.h; empty: one stage of the flags)
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   int cautious_decay = 0;  // -cd: 1 both optimizers' decay cautious (WeightDecayKind), 0 decoupled
@@ -247,6 +254,7 @@ struct Recipe {
   // -ao K: AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of the K steps'
   // gradients, which the steps between keep (record #89's 2: its odd steps); 1: every step.
   int adam_every = 1;
+  int untie_step = -1;  // -ut (-1: the embedding and the head apart from the start)
   // -mq: qkvw's Q and K orthogonalised in row blocks of this many heads each (record #89's 2, its
   // qk_bank's head pairs), V whole; 0: Q, K and V whole (muon_matrix_rows).
   int muon_qk_heads = 0;
@@ -292,9 +300,24 @@ struct Recipe {
   // -asc: the attention's softmax scale before YaRN's changes (record #89's 0.1), a double as
   // train_gpt2.py's; 0: the architecture's (ArchSpec::attention_scale).
   double attention_scale = 0.0;
+  int key_offset = 0;  // -ko 1: record #89's key offset on the long-window layers
+  int yarn = 0;        // -yn 1: record #89's YaRN at the stage plan's long-window changes
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;
+  // Record #89's features of a model made from a preset (a model file's header says which it has):
+  int smear = 0;          // -sm: a speedrun model's smear
+  int bigram = 0;         // -bg: and its bigram hash embedding
+  int rotary_pairs = 0;   // -rp: a modern or speedrun model's rotary pairs
+  SpeedrunInit record_init = SpeedrunInit::kRecord28;  // -ri: a speedrun model's init from the seed
+  int ve_gates = 0;       // -vg: and its value-embedding gates
+  int resid_lambdas = 0;  // -rl: and its residual and post lambdas
+  int xsa = 0;            // -xs: and its exclusive self-attention
+  int record89_plan = 0;  // -lp: and its 11-layer plan
+  int paired_heads = 0;   // -ph: and the plan's paired heads
+  int attn_lambdas = 0;   // -al: and its attention lambdas
+  int mudd_gates = 0;     // -mg: and the plan's MUDD gate generators
+  int composed_attention = 0;  // -ca: and its composed attention on layer 10
 };
 
 inline const Recipe& recipe_gpt2() {
@@ -383,6 +406,93 @@ inline const Recipe& recipe_speedrun() {
   return r;
 }
 
+// Record #89's AdamW row of a tensor: its reference's Adam rate 0.008 and decay 0.005 times the
+// tensor's lr_mul and wd_mul (train_gpt.py's param_table), each product in double as there and
+// rounded once, in place of the role's; its betas.
+inline AdamTensorRow record89_adam_row(double lr_mul, double wd_mul, float beta1, float beta2) {
+  AdamTensorRow row;
+  row.rate = (float)(0.008 * lr_mul);
+  row.decay = (float)(0.005 * wd_mul);
+  row.beta1 = beta1;
+  row.beta2 = beta2;
+  return row;
+}
+
+// Record #89's AdamW rows by its reference's tensors (dev/notes/record89-reference.md, section 2):
+// embed and lm_head (wte, headw); value_embeds and bigram_embed (ve, bigram); scalars, whose
+// entries are our attn_lambdas, smear_lambda and skip_gate; smear_gate (smearw); ve_gate_bank
+// (vegate); resid_lambdas, post_lambdas; the MUDD gate generators' tensors. Ours with no
+// counterpart (value_scales, and the gates the reference's MUDD dense connections give layer 10:
+// x0_gates, bigram_gates, and xsa_alpha, head_gates) keep the scalars' role's row.
+inline AdamTensorRows record89_adam_rows() {
+  AdamTensorRows rows;
+  const AdamTensorRow embedding = record89_adam_row(1.0, 150.0, 0.5f, 0.95f);
+  const AdamTensorRow value_embedding = record89_adam_row(75.0, 5.0, 0.75f, 0.95f);
+  const AdamTensorRow scalars = record89_adam_row(5.0, 0.0, 0.9f, 0.99f);
+  const AdamTensorRow mudd_gate_weights = record89_adam_row(0.1, 1.0, 0.9f, 0.99f);
+  const AdamTensorRow mudd_gate_scalars = record89_adam_row(0.1, 0.0, 0.9f, 0.99f);
+  rows[kWte] = rows[kHeadw] = embedding;
+  rows[kVe] = rows[kBigram] = value_embedding;
+  rows[kAttnLambdas] = rows[kSmearLambda] = rows[kSkipGate] = scalars;
+  rows[kSmearw] = record89_adam_row(0.01, 0.0, 0.9f, 0.99f);
+  rows[kVegate] = record89_adam_row(1.0, 1.0, 0.9f, 0.99f);
+  rows[kResidLambdas] = record89_adam_row(5.0, 0.0, 0.9f, 0.95f);
+  rows[kPostLambdas] = record89_adam_row(1.0, 0.0, 0.9f, 0.95f);
+  rows[kMuddGateW1] = rows[kMuddGateW2] = mudd_gate_weights;
+  rows[kMuddGateB2] = rows[kMuddGateScale] = mudd_gate_scalars;
+  return rows;
+}
+
+// Record #89 (modded-nanogpt's speedrun record of dev/notes/record89-reference.md) but its MUDD
+// dense connections and FP8 MLP, which this trainer does not run yet: record #28's recipe with every
+// switch of the notes' "Our flags for record #89" command (but the data's -i, -j and -tk), AdamW's
+// rows by tensor (record89_adam_rows), and Muon's rate of the MLP's matrices: the reference's lr_eff
+// is 0.023 times its shape's scale 2 for both, which it stores tall, and times 2 more for the down
+// projection; ours are fcw tall, fcprojw wide, and unscaled (muon_scale_tall false, as record #28's),
+// so x2 and x4.
+inline const Recipe& recipe_record89() {
+  static const Recipe r = [] {
+    Recipe m = recipe_speedrun();
+    m.name = "record89";
+    m.lr_help = "scale of the AdamW rates at the schedule's peak (at 1: each tensor's own of -ar, record #89's, "
+                "and the roles' elsewhere: embeddings 0.6, head 0.008, scalars 0.04)";
+    m.record89_plan = m.paired_heads = m.rotary_pairs = m.window_tokens = m.key_offset = m.yarn = 1;
+    m.attention_scale = 0.1;
+    m.smear = m.bigram = m.ve_gates = m.resid_lambdas = m.xsa = m.attn_lambdas = m.mudd_gates = 1;
+    m.composed_attention = 1;
+    m.record_init = SpeedrunInit::kRecord89;
+    m.max_steps = 1270;
+    m.stages = "1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; "
+               "1/3 t=32768 z=262144 cap=2048 aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0; "
+               "1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13";
+    m.final_window_blocks = 20;
+    m.schedule = "cooldown";
+    m.cooldown_fraction = 0.6;
+    m.final_lr_frac = 0.15f;
+    m.muon_momentum.cooldown_steps = 50;
+    m.muon_newton_schulz = kNewtonSchulzPolar;
+    m.normuon = 1;
+    m.muon_qk_heads = 2;
+    m.cautious_decay = 1;
+    m.muon_lr = 0.023f;
+    m.muon_weight_decay = 1.2f;
+    m.weight_decay = 0.005f;
+    m.adam_every = 2;
+    m.untie_step = 847;
+    m.logit_cap = {23.0f, 5.0f, true};
+    m.fp8_head_scales = {100.0, 1.6, 0.75};
+    m.prefix_weight = 0.25f;
+    m.val_every = 250;
+    m.val_batches = 40;
+    m.val_T = 262144;
+    m.adam_rows = record89_adam_rows();
+    m.muon_tensor_lr[kFcw] = 2.0f;
+    m.muon_tensor_lr[kFcprojw] = 4.0f;
+    return m;
+  }();
+  return r;
+}
+
 // One parameter role's optimizer, a row of OptimizerTable.
 struct RoleOptimizer {
   OptimizerKind method = OptimizerKind::kAdamW;
@@ -453,18 +563,28 @@ inline int param_tensor_index(const std::string& name) {
   return -1;
 }
 
+// v as "%g" writes it, with more significant digits where 6 do not read back (strtof) as v.
+inline std::string float_text(float v) {
+  for (int digits = 6;; digits++) {
+    const std::string text = strformat("%.*g", digits, (double)v);
+    if (strtof(text.c_str(), nullptr) == v) return text;
+  }
+}
+
 // -ar's text of the rows other than the default, "wte:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5" (its
-// keys in that order; "" for none), which parse_adam_rows reads back.
+// keys in the order lr, rate, b1, b2, wd, decay; "" for none), which parse_adam_rows reads back exactly.
 inline std::string adam_rows_text(const AdamTensorRows& rows) {
   std::string text;
   for (int i = 0; i < kNumParamTensors; i++) {
     const AdamTensorRow& row = rows[i];
     if (row == AdamTensorRow()) continue;
     std::string keys;
-    if (row.lr != 1.0f) keys += strformat(",lr=%g", row.lr);
-    if (row.beta1) keys += strformat(",b1=%g", *row.beta1);
-    if (row.beta2) keys += strformat(",b2=%g", *row.beta2);
-    if (row.weight_decay != 1.0f) keys += strformat(",wd=%g", row.weight_decay);
+    if (row.lr != 1.0f) keys += ",lr=" + float_text(row.lr);
+    if (row.rate) keys += ",rate=" + float_text(*row.rate);
+    if (row.beta1) keys += ",b1=" + float_text(*row.beta1);
+    if (row.beta2) keys += ",b2=" + float_text(*row.beta2);
+    if (row.weight_decay != 1.0f) keys += ",wd=" + float_text(row.weight_decay);
+    if (row.decay) keys += ",decay=" + float_text(*row.decay);
     text += strformat("%s%s:%s", text.empty() ? "" : ";", param_tensor_name(i), keys.c_str() + 1);
   }
   return text;
@@ -488,8 +608,9 @@ inline void adam_rows_check(const Recipe& r, const char* flag) {
 // modern ones, whose schedule peaks at 1 (-l scales it), the reference's rate of the role.
 // AdamW's weight decay (-c) falls on the roles of 2-D tensors (ParamSpec::decayed), and on the
 // vectors too with decay_vectors; Muon's is its own (-mw); in every row cautious with -cd 1. Each
-// AdamW tensor's row is its role's with its own of Recipe::adam_rows: the rate and the decay times
-// its multipliers (a role without decay keeps none), its betas where it sets them.
+// AdamW tensor's row is its role's with its own of Recipe::adam_rows: the rate and the decay its own
+// where it sets them, else times its multipliers (a role without decay keeps none), its betas where
+// it sets them.
 inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   OptimizerTable t;
   for (int i = 0; i < kParamRoles; i++) {
@@ -520,8 +641,8 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
     RoleOptimizer& row = t.tensors[i] = t.of(param_tensor_spec(i).role);
     if (row.method != OptimizerKind::kAdamW) continue;
     const AdamTensorRow& own = r.adam_rows[i];
-    row.lr *= own.lr;
-    row.weight_decay *= own.weight_decay;
+    row.lr = own.rate.value_or(row.lr * own.lr);
+    row.weight_decay = own.decay.value_or(row.weight_decay * own.weight_decay);
     row.beta1 = own.beta1.value_or(row.beta1);
     row.beta2 = own.beta2.value_or(row.beta2);
   }
@@ -561,8 +682,10 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
   for (int i = 0; i < kNumParamTensors; i++) {
     const AdamTensorRow& own = r.adam_rows[i];
     if (own == AdamTensorRow()) continue;
-    adamw += strformat(", %s's lr x %g betas %g %g decay x %g", param_tensor_name(i), own.lr,
-                       own.beta1.value_or(r.beta1), own.beta2.value_or(r.beta2), own.weight_decay);
+    const std::string lr = own.rate ? strformat("lr %g", *own.rate) : strformat("lr x %g", own.lr);
+    const std::string decay = own.decay ? strformat("decay %g", *own.decay) : strformat("decay x %g", own.weight_decay);
+    adamw += strformat(", %s's %s betas %g %g %s", param_tensor_name(i), lr.c_str(), own.beta1.value_or(r.beta1),
+                       own.beta2.value_or(r.beta2), decay.c_str());
   }
   if (r.optimizer != OptimizerKind::kMuon) return adamw;
   const MomentumSchedule& mu = r.muon_momentum;
@@ -598,9 +721,10 @@ inline const Recipe& recipe_by_name(const std::string& name, const char* flag) {
   if (name == "gpt2") return recipe_gpt2();
   if (name == "modern") return recipe_modern();
   if (name == "speedrun") return recipe_speedrun();
+  if (name == "record89") return recipe_record89();
   LLMC_FAIL("%s %s: unknown recipe: use gpt2 (llm.c's GPT-2), modern (modded-nanogpt's "
-            "optimization-track baseline: RMSNorm, rotary, ReLU^2, Muon) or speedrun (its record #28)", flag,
-            name.c_str());
+            "optimization-track baseline: RMSNorm, rotary, ReLU^2, Muon), speedrun (its record #28) or record89 "
+            "(its record #89 but the MUDD dense connections and the FP8 MLP)", flag, name.c_str());
 }
 
 }  // namespace llmc

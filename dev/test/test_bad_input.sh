@@ -696,7 +696,7 @@ if has_flag -lp; then
 fi
 # --- -ph, record #89's paired heads: with its plan and rotary pairs (before the GPU)
 if has_flag -ph; then
-  expect "-ph 1 without -lp 1 and -rp 1" "^error: -ph 1 pairs the heads of record #89's plan's layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it \(and -recipe speedrun\), or drop -ph\$" \
+  expect "-ph 1 without -lp 1 and -rp 1" "^error: -ph 1 pairs the heads of record #89's plan's layers, rotated in its rotary pairs: give -lp 1 and -rp 1 with it \(and -recipe speedrun\), or drop -ph; -rp 0 comes from -recipe speedrun: give -rp to override it; -lp 0 comes from -recipe speedrun: give -lp to override it\$" \
     -recipe speedrun -ph 1
   expect "-ph 1 without -rp 1" "^error: -ph 1 pairs the heads of record #89's plan's layers" -recipe speedrun -lp 1 -ph 1
   expect "-ph out of range" "^error: -ph 2: must be" -recipe speedrun -ph 2
@@ -705,13 +705,13 @@ if has_flag -ph; then
 fi
 # --- -mg, record #89's MUDD gate generators: with its plan (before the GPU)
 if has_flag -mg; then
-  expect "-mg 1 without -lp 1" "^error: -mg 1 generates the gates of record #89's plan: give -lp 1 with it \(and -recipe speedrun\), or drop -mg\$" \
+  expect "-mg 1 without -lp 1" "^error: -mg 1 generates the gates of record #89's plan: give -lp 1 with it \(and -recipe speedrun\), or drop -mg; -lp 0 comes from -recipe speedrun: give -lp to override it\$" \
     -recipe speedrun -mg 1
   expect "-mg out of range" "^error: -mg 2: must be" -recipe speedrun -lp 1 -mg 2
 fi
 # --- -ca, record #89's composed attention: with the MUDD gate generators (before the GPU)
 if has_flag -ca; then
-  expect "-ca 1 without -mg 1" "^error: -ca 1 reads its weights from the MUDD gate generators: give -mg 1 with it \(and -lp 1, -recipe speedrun\), or drop -ca\$" \
+  expect "-ca 1 without -mg 1" "^error: -ca 1 reads its weights from the MUDD gate generators: give -mg 1 with it \(and -lp 1, -recipe speedrun\), or drop -ca; -mg 0 comes from -recipe speedrun: give -mg to override it\$" \
     -recipe speedrun -lp 1 -ca 1
 fi
 # --- -rp, record #89's rotary pairs: the modern and speedrun models' (before the GPU)
@@ -754,7 +754,7 @@ if has_flag -ar; then
     -ar emb:lr=2
   expect "-ar with a rate that is not a number" "^error: -ar wte:lr 'x': not a number\$" -ar wte:lr=x
   expect "-ar with a beta of 1" "^error: -ar wte:b2 1: must be within \(0, 1\)\$" -ar wte:b2=1
-  expect "-ar of an unknown key" "^error: -ar wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, b1, b2 or wd\$" \
+  expect "-ar of an unknown key" "^error: -ar wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, rate, b1, b2, wd or decay\$" \
     -ar wte:beta1=0.5
   expect "-ar of a matrix Muon takes" "^error: -ar qkvw:lr=2: qkvw is Muon's \(-opt muon takes the blocks' matrices\), its rate and decay Muon's \(-ml, -mw\): drop its row, or give -opt adamw\$" \
     -opt muon -ar qkvw:lr=2
@@ -991,6 +991,12 @@ if [ $no_gpu = 1 ]; then
       -vt 262144 -m 40 -o "$DIR/record89_run"
     [ -e "$DIR/record89_run" ] && problems+=("$DIR/record89_run was created before the GPU")
     report "record #89's switches together get as far as the GPU"
+    # -recipe record89 is that command (and its AdamW rows by tensor): the data's flags alone.
+    WATCH=("$KEEP")
+    attempt "no CUDA GPU is visible" -recipe record89 -i "$DIR/documents.bin" -j "$DIR/documents_val.bin" \
+      -tk "$DIR/vocab.bin" -o "$DIR/record89_recipe_run"
+    [ -e "$DIR/record89_recipe_run" ] && problems+=("$DIR/record89_recipe_run was created before the GPU")
+    report "-recipe record89 gets as far as the GPU"
   elif has_flag -lp; then
     skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
   fi

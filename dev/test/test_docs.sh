@@ -8,7 +8,8 @@
 #  - commands: every line of a ```bash block of README.md (continued lines joined; `&&`, `;` and
 #    `|` split it) is a command whose program exists and takes the flags given:
 #      ./NAME             a Makefile target; for ./train_gpt2 every -flag is in llmc/flags.h's
-#                         table, for ./train_gpt2cu in that table or train_gpt2.cu's own flags;
+#                         table, for ./train_gpt2cu in that table, train_gpt2.cu's own flags or
+#                         llmc/record_flags.h's;
 #      bash FILE.sh, scripts/NAME.sh
 #                         an existing script; every --option (up to a lone --) is in its --help;
 #      python3 FILE.py    an existing file; every --option is a quoted string in its source;
@@ -70,7 +71,7 @@ makefile = "\n".join(read("Makefile"))
 make_targets = set(re.findall(r"^([A-Za-z0-9_./-]+)\s*:(?!=)", makefile, re.M))
 shared_flags = set(re.findall(r'_flag\("(-[A-Za-z0-9]+)"', "\n".join(read("llmc/flags.h"))))
 cuda_flags = set(re.findall(r'(?:_flag\(|return \{)"(-[A-Za-z0-9]+)"',
-                            "\n".join(read("train_gpt2.cu"))))
+                            "\n".join(read("train_gpt2.cu") + read("llmc/record_flags.h"))))
 trainer_flags = {"./train_gpt2": shared_flags, "./train_gpt2cu": shared_flags | cuda_flags}
 GPU_PROGRAMS = re.compile(
     r"^(\./(train|test|profile)_gpt2(fp32)?cu|mpirun|srun"

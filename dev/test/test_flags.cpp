@@ -497,6 +497,18 @@ void test_adam_rows() {
                     llmc::adam_rows_text(rows) == "headw:b1=0.5;ve:lr=75,b1=0.75,b2=0.95,wd=5" &&
                     llmc::parse_adam_rows("-ar", llmc::adam_rows_text(rows)) == rows,
                 "-ar ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5 read, shown as " + llmc::adam_rows_text(rows));
+  const llmc::AdamTensorRows own = llmc::parse_adam_rows("-ar", "smearw:rate=8e-05,decay=0;wte:decay=0.75");
+  check_verbose(own[llmc::kSmearw].rate == 8e-05f && own[llmc::kSmearw].decay == 0.0f && !own[llmc::kWte].rate &&
+                    own[llmc::kWte].decay == 0.75f &&
+                    llmc::adam_rows_text(own) == "wte:decay=0.75;smearw:rate=8e-05,decay=0" &&
+                    llmc::parse_adam_rows("-ar", llmc::adam_rows_text(own)) == own,
+                "-ar smearw:rate=8e-05,decay=0;wte:decay=0.75 read (the rate and decay their own), shown as " +
+                    llmc::adam_rows_text(own));
+  llmc::AdamTensorRows unround;
+  unround[llmc::kWte].rate = 1.0f / 3;  // 8 digits to read back
+  check_verbose(llmc::adam_rows_text(unround) == "wte:rate=0.33333334" &&
+                    llmc::parse_adam_rows("-ar", llmc::adam_rows_text(unround)) == unround,
+                "a rate of more than 6 digits shown in as many as read back: " + llmc::adam_rows_text(unround));
   check_verbose(llmc::parse_adam_rows("-ar", "") == llmc::AdamTensorRows() &&
                     llmc::adam_rows_text(llmc::AdamTensorRows()).empty(), "-ar '': no rows");
   check_throws([] { llmc::parse_adam_rows("-ar", "emb:lr=2"); }, "-ar emb:lr=2: no parameter tensor 'emb': name "
@@ -509,7 +521,11 @@ void test_adam_rows() {
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:b1=0"); }, "-ar wte:b1 0: must be within (0, 1)",
                "-ar wte:b1=0");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:beta1=0.5"); }, "-ar wte:beta1=0.5: 'beta1=0.5' is not "
-               "key=value of lr, b1, b2 or wd", "-ar of an unknown key");
+               "key=value of lr, rate, b1, b2, wd or decay", "-ar of an unknown key");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:rate=0.008,lr=2"); }, "-ar wte:rate=0.008,lr=2: wte sets "
+               "its own rate and a multiplier of its role's: give one of rate and lr", "-ar with rate and lr");
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:wd=2,decay=0.1"); }, "give one of decay and wd",
+               "-ar with wd and decay");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:lr=2,"); }, "-ar wte:lr=2,: '' is not key=value",
                "-ar with an empty key");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte"); }, "-ar 'wte': a row is NAME:key=value,...",

@@ -216,6 +216,20 @@ void test_adam_rows() {
   check_verbose(described.find(", headw's lr x 1 betas 0.5 0.99 decay x 1, ve's lr x 75 betas 0.75 0.95 decay x 5, "
                                "lambdas's lr x 5 betas 0.8 0.95 decay x 1") != std::string::npos,
                 "speedrun with those rows described: " + described);
+  // A row's own rate and decay stand in place of its role's, even a role without decay (a vector's).
+  Recipe own = r;
+  own.adam_rows[llmc::kWte].rate = 0.008f;
+  own.adam_rows[llmc::kWte].decay = 0.75f;
+  own.adam_rows[llmc::kLambdas].decay = 0.005f;
+  const OptimizerTable with_own = llmc::optimizer_table(own, true);
+  const std::string own_wte = row_text(with_own.of_tensor(llmc::kWte));
+  const std::string own_lambdas = row_text(with_own.of_tensor(llmc::kLambdas));
+  const std::string own_described = llmc::optimizer_description(own, true);
+  check_verbose(own_wte == "adamw lr 0.008 betas 0.8 0.95 eps 1e-10 decay 0.75 bf16" &&
+                    own_lambdas == "adamw lr 0.2 betas 0.8 0.95 eps 1e-10 decay 0.005 fp32" &&
+                    own_described.find(", wte's lr 0.008 betas 0.8 0.95 decay 0.75") != std::string::npos,
+                "-ar 'wte:rate=0.008,decay=0.75;lambdas:lr=5,decay=0.005': wte " + own_wte + ", lambdas " +
+                    own_lambdas + "; described: " + own_described);
   llmc::adam_rows_check(r, "-ar");
   r.adam_rows[llmc::kFcw].lr = 2.0f;
   check_throws([&] { llmc::adam_rows_check(r, "-ar"); }, "-ar fcw:lr=2;headw:b1=0.5,b2=0.99;ve:lr=75,b1=0.75,wd=5;"

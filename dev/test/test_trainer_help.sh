@@ -78,6 +78,13 @@ for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
     check "$trainer -recipe speedrun --help: ${expected% *}'s default" \
       "$(flag_help "${expected% *}" <<< "$speedrun_help" | grep -o '(default [-0-9.]*)$')" "(default ${expected#* })"
   done
+  # Record #89's recipe: its switches and schedule (dev/test/test_record_flags.cpp compares it with
+  # the command of its flags field by field).
+  record89_help=$("$trainer" -recipe record89 --help)
+  for expected in "-lp 1" "-ca 1" "-ri 89" "-x 1270" "-awf 20" "-q 0.15" "-ml 0.023" "-ut 847" "-ao 2" "-v 250"; do
+    check "$trainer -recipe record89 --help: ${expected% *}'s default" \
+      "$(flag_help "${expected% *}" <<< "$record89_help" | grep -o '(default [-0-9.]*)$')" "(default ${expected#* })"
+  done
   # Its head trains in FP8 in the BF16 build; the FP32 build has no FP8 products. Other recipes: off.
   fp8_head=$([ "$trainer" = ./train_gpt2cu ] && echo 1 || echo 0)
   check "$trainer -recipe speedrun --help: -fh's default" \
