@@ -195,29 +195,73 @@ NEWTON_SCHULZ = {
                            (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
                            (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)), 1.02, 1e-6),
 }
+# Record #89's model switches that --recipe record89 turns on, of a model made from a preset: all but the MUDD
+# dense connections (--mudd_connections), which the CUDA trainer does not run yet.
+RECORD89_SWITCHES = ("smear", "bigram", "rotary_pairs", "ve_gates", "resid_lambdas", "xsa", "record89_plan",
+                     "paired_heads", "attn_lambdas", "mudd_gates", "composed_attention")
+# Record #89's AdamW rows (--recipe record89's --adam_rows; llmc/recipe.h record89_adam_rows): for each
+# tensor of ours, the lr_mul and wd_mul of its reference's tensor (train_gpt.py's param_table) over Adam's
+# rate and decay, and its betas. scalars are our attn_lambdas, smear_lambda and skip_gate.
+RECORD89_ADAM_RATE, RECORD89_ADAM_DECAY = 0.008, 0.005
+RECORD89_ADAM_TABLE = {
+    "wte": (1.0, 150.0, 0.5, 0.95), "headw": (1.0, 150.0, 0.5, 0.95), "ve": (75.0, 5.0, 0.75, 0.95),
+    "bigram": (75.0, 5.0, 0.75, 0.95), "smearw": (0.01, 0.0, 0.9, 0.99), "smear_lambda": (5.0, 0.0, 0.9, 0.99),
+    "vegate": (1.0, 1.0, 0.9, 0.99), "resid_lambdas": (5.0, 0.0, 0.9, 0.95), "post_lambdas": (1.0, 0.0, 0.9, 0.95),
+    "skip_gate": (5.0, 0.0, 0.9, 0.99), "attn_lambdas": (5.0, 0.0, 0.9, 0.99), "mudd_gate_w1": (0.1, 1.0, 0.9, 0.99),
+    "mudd_gate_w2": (0.1, 1.0, 0.9, 0.99), "mudd_gate_b2": (0.1, 0.0, 0.9, 0.99),
+    "mudd_gate_scale": (0.1, 0.0, 0.9, 0.99),
+}
+
+
+def number_text(x):
+    """x as "%g" writes it where that reads back as x, else as repr (llmc/recipe.h float_text's form)."""
+    return f"{x:g}" if float(f"{x:g}") == x else repr(x)
+
+
+# Each row's rate and decay the reference's products (in double, as there), in place of the role's.
+RECORD89_ADAM_ROWS = ";".join(
+    f"{name}:rate={number_text(RECORD89_ADAM_RATE * lr_mul)},b1={number_text(b1)},b2={number_text(b2)},"
+    f"decay={number_text(RECORD89_ADAM_DECAY * wd_mul)}" for name, (lr_mul, wd_mul, b1, b2) in RECORD89_ADAM_TABLE.items())
+RECORD89_STAGES = ("1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; "
+                   "1/3 t=32768 z=262144 cap=2048 aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0; "
+                   "1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13")
 # Every flag a recipe sets, a column per recipe of RECIPES: GPT-2's (also the value without --recipe),
-# modern's (modern.md: modded-nanogpt's optimization-track baseline) and speedrun's (SPEC.md:
-# modded-nanogpt's speedrun record #28). A flag given on the command line overrides its column.
-RECIPES = ("gpt2", "modern", "speedrun")
+# modern's (modern.md: modded-nanogpt's optimization-track baseline), speedrun's (SPEC.md:
+# modded-nanogpt's speedrun record #28) and record89's (its record #89 but the MUDD dense connections
+# and the FP8 MLP: the speedrun's with record #89's switches, the CUDA trainer's -recipe record89). A flag
+# given on the command line overrides its column.
+RECIPES = ("gpt2", "modern", "speedrun", "record89")
 RECIPE_FLAGS = {
-    "arch": ("gpt2", "modern", "speedrun"), "optimizer": ("adamw", "muon", "muon"),
-    "loss_reduction": ("mean", "sum", "sum"), "learning_rate": (1e-4, 1e-4, 0.008),
-    "embedding_lr": (None, 0.7, 0.008 * 75), "head_lr": (None, 0.004, 0.008),
-    "scalar_lr": (None, 0.015, 0.008 * 5), "beta1": (ADAMW_BETA1, 0.8, 0.8), "beta2": (ADAMW_BETA2, 0.95, 0.95),
-    "adam_eps": (ADAMW_EPS, 1e-10, 1e-10), "adam_eps_before_correction": (0, 0, 1),
-    "weight_decay": (0.1, 0.001, 0.0), "cautious_decay": (0, 0, 0), "grad_clip": (1.0, 0.0, 0.0),
-    "lr_schedule": ("cosine", "stable_decay", "stable_decay"), "cooldown_frac": (0.7, 0.7, 0.45),
-    "final_lr_frac": (0.0, 0.0, 0.1), "num_iterations": (10, 10, 1695), "batch_size": (4, 64, 1),
-    "seq_len": (64, 1024, 49152), "total_batch_size": (-1, 524288, 8 * 49152), "documents": (0, 0, 1),
-    "window_blocks": (0, 0, -1), "val_seq_len": (None, None, 4 * 65536), "val_steps": (20, 20, 40),
-    "shuffle": (1, 1, 0),  # the speedrun's reference reads its shards in name order
+    "arch": ("gpt2", "modern", "speedrun", "speedrun"), "optimizer": ("adamw", "muon", "muon", "muon"),
+    "loss_reduction": ("mean", "sum", "sum", "sum"), "learning_rate": (1e-4, 1e-4, 0.008, 0.008),
+    "embedding_lr": (None, 0.7, 0.008 * 75, 0.008 * 75), "head_lr": (None, 0.004, 0.008, 0.008),
+    "scalar_lr": (None, 0.015, 0.008 * 5, 0.008 * 5), "beta1": (ADAMW_BETA1, 0.8, 0.8, 0.8),
+    "beta2": (ADAMW_BETA2, 0.95, 0.95, 0.95), "adam_eps": (ADAMW_EPS, 1e-10, 1e-10, 1e-10),
+    "adam_eps_before_correction": (0, 0, 1, 1), "weight_decay": (0.1, 0.001, 0.0, 0.005),
+    "cautious_decay": (0, 0, 0, 1), "grad_clip": (1.0, 0.0, 0.0, 0.0),
+    "lr_schedule": ("cosine", "stable_decay", "stable_decay", "cooldown"), "cooldown_frac": (0.7, 0.7, 0.45, 0.6),
+    "final_lr_frac": (0.0, 0.0, 0.1, 0.15), "num_iterations": (10, 10, 1695, 1270), "batch_size": (4, 64, 1, 1),
+    "seq_len": (64, 1024, 49152, 49152), "total_batch_size": (-1, 524288, 8 * 49152, 8 * 49152),
+    "documents": (0, 0, 1, 1), "window_blocks": (0, 0, -1, -1), "val_seq_len": (None, None, 4 * 65536, 4 * 65536),
+    "val_steps": (20, 20, 40, 40), "val_every": (0, 0, 0, 250),
+    "shuffle": (1, 1, 0, 0),  # the speedrun's reference reads its shards in name order
+    "stages": ("", "", "", RECORD89_STAGES), "final_window_blocks": (0, 0, 0, 20), "window_tokens": (0, 0, 0, 1),
+    "key_offset": (0, 0, 0, 1), "yarn": (0, 0, 0, 1), "attention_scale": (None, None, None, 0.1),
+    "untie_step": (-1, -1, -1, 847), "adam_every": (1, 1, 1, 2), "adam_rows": ("", "", "", RECORD89_ADAM_ROWS),
+    "logit_cap": (None, None, None, "23,5,bf16"), "prefix_weight": (0.0, 0.0, 0.0, 0.25),
+    "fp8_head_scales": (None, None, None, "100,1.6,0.75"), "record_init": (0, 0, 0, 89),
+    # record #89's model switches (None: off, or --init_from's checkpoint's)
+    **{key: (None, None, None, 1) for key in RECORD89_SWITCHES},
 }
 # Muon's flags, set with --optimizer muon only (GPT-2's column is what --optimizer muon gives GPT-2).
 MUON_FLAGS = {
-    "muon_lr": (0.025, 0.025, 0.05), "muon_weight_decay": (0.05, 0.05, 0.0), "muon_momentum": (0.95, 0.95, 0.95),
-    "muon_momentum_start": (0.85, 0.85, 0.85), "muon_momentum_warmup": (0, 0, 300),
-    "muon_momentum_cooldown": (0, 0, 0),
-    "muon_ns": ("baseline", "baseline", "speedrun"), "normuon": (0, 0, 0), "muon_qk_heads": (0, 0, 0),
+    "muon_lr": (0.025, 0.025, 0.05, 0.023), "muon_weight_decay": (0.05, 0.05, 0.0, 1.2),
+    "muon_momentum": (0.95, 0.95, 0.95, 0.95), "muon_momentum_start": (0.85, 0.85, 0.85, 0.85),
+    "muon_momentum_warmup": (0, 0, 300, 300), "muon_momentum_cooldown": (0, 0, 0, 50),
+    "muon_ns": ("baseline", "baseline", "speedrun", "polar"), "normuon": (0, 0, 0, 1), "muon_qk_heads": (0, 0, 0, 2),
+    # record #89's rates of the MLP's matrices over --muon_lr: its reference's shape scale 2 of both (it stores
+    # them tall) and its x2 of the down projection, where ours are unscaled (muon_scale)
+    "muon_tensor_lr": ("", "", "", "fcw=2,fcprojw=4"),
 }
 NORMUON_BETA2 = 0.9  # NorMuon's running mean of the update's squares (normuon_step)
 ADAM_EVERY_MAX = 1000  # --adam_every's largest interval (the CUDA trainer's kMaxAdamEvery)
@@ -2861,6 +2905,47 @@ def qkv_blocks(config, qk_heads):
     return [rows] * (2 * config.num_heads // qk_heads) + [config.channels]
 
 
+# The tensors whose matrices Muon takes (llmc/gpt2.h's role kMatrix), by their names there.
+MUON_TENSORS = ("qkvw", "attprojw", "fcw", "fcprojw", "attngate")
+
+
+def parse_muon_tensor_lr(text, flag="--muon_tensor_lr"):
+    """--muon_tensor_lr's multipliers of Muon's rate, {tensor: multiplier} (the CUDA trainer's
+    Recipe::muon_tensor_lr, which no flag of it sets): "NAME=X,..." with NAME one of MUON_TENSORS and X
+    positive; "" none."""
+    multipliers = {}
+    for pair in [pair for pair in text.split(",") if pair]:
+        name, equals, value = pair.partition("=")
+        if name not in MUON_TENSORS:
+            fail(f"{flag} {text}: '{name}' is not a tensor Muon takes: name one of {', '.join(MUON_TENSORS)}")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not equals or not math.isfinite(number) or number <= 0:
+            fail(f"{flag} {pair}: give NAME=X, X the tensor's multiplier of --muon_lr, positive: 'fcprojw=4'")
+        if name in multipliers:
+            fail(f"{flag} {text}: {name} is named twice: give it once")
+        multipliers[name] = number
+    return multipliers
+
+
+def muon_tensor_groups(model, groups, args):
+    """Muon's groups with --muon_tensor_lr: each group's tensors with a multiplier taken out into a group
+    after it at --muon_lr times it (its lr and, under the cautious decay, its lr_eff: the CUDA trainer's)."""
+    multipliers = parse_muon_tensor_lr(args.muon_tensor_lr or "")
+    names = {id(p): table_name(n) for n, p in model.named_parameters()}
+    split = []
+    for group in groups:
+        by_multiplier = {}
+        for p in group["params"]:
+            by_multiplier.setdefault(multipliers.get(names[id(p)], 1.0), []).append(p)
+        for multiplier, params in by_multiplier.items():
+            rate = {"lr": args.muon_lr * multiplier} if multiplier != 1.0 else {}
+            split.append(dict(group, params=params, **rate))
+    return split
+
+
 def muon_param_groups(model, qk_heads=0):
     """Muon's groups: the blocks' matrices, qkvw as q, k, v (or qkv_blocks' blocks of qk_heads
     heads). The speedrun's also takes the gates, and its fc is scaled as its reference holds it,
@@ -2888,7 +2973,8 @@ def optimizer_groups(model, args):
     modern recipe's alone)."""
     t, groups = model.transformer, []
     if args.optimizer == "muon":
-        groups = [("muon", group) for group in muon_param_groups(model, args.muon_qk_heads)]
+        groups = [("muon", group) for group in muon_tensor_groups(model, muon_param_groups(model, args.muon_qk_heads),
+                                                                 args)]
     taken = {id(p) for _, group in groups for p in group["params"]}
     rest = [p for p in params_in_file_order(model) if id(p) not in taken]
     if model.config.modern:
@@ -2924,20 +3010,22 @@ def optimizer_groups(model, args):
     return groups
 
 
-# --adam_rows' keys (the CUDA trainer's -ar): multipliers of the role's rate and decay, and betas.
-ADAM_ROW_KEYS = ("lr", "b1", "b2", "wd")
+# --adam_rows' keys (the CUDA trainer's -ar): multipliers of the role's rate and decay or the tensor's own, and
+# betas.
+ADAM_ROW_KEYS = ("lr", "rate", "b1", "b2", "wd", "decay")
 
 
 def parse_adam_rows(text, flag="--adam_rows"):
     """--adam_rows' rows as {tensor: {key: value}} (llmc/flags.h parse_adam_rows): "NAME:key=value,...;..."
     with NAME a tensor of llmc/gpt2.h's table (TABLE_NAMES), keys lr and wd (multipliers of its role's
-    rate and decay) and b1, b2 (its betas, within (0, 1)); "" none."""
+    rate and decay) or rate and decay (its own), and b1, b2 (its betas, within (0, 1)); "" none."""
     names, rows = list(TABLE_NAMES.values()), {}
     parts = text.split(";")
     for row in parts[:-1] + ([parts[-1]] if parts[-1] else []):
         name, colon, keys = row.partition(":")
         if not colon or not keys:
-            fail(f"{flag} '{row}': a row is NAME:key=value,... (keys lr, b1, b2, wd): 've:lr=75,b1=0.75,b2=0.95,wd=5'")
+            fail(f"{flag} '{row}': a row is NAME:key=value,... (keys lr, rate, b1, b2, wd, decay): "
+                 "'ve:lr=75,b1=0.75,b2=0.95,wd=5'")
         if name not in names:
             fail(f"{flag} {row}: no parameter tensor '{name}': name one of {', '.join(names)}")
         if name in rows:
@@ -2946,7 +3034,7 @@ def parse_adam_rows(text, flag="--adam_rows"):
         for pair in keys.split(","):
             key, _, value = pair.partition("=")
             if key not in ADAM_ROW_KEYS:
-                fail(f"{flag} {row}: '{pair}' is not key=value of lr, b1, b2 or wd")
+                fail(f"{flag} {row}: '{pair}' is not key=value of lr, rate, b1, b2, wd or decay")
             try:
                 number = float(value)
             except ValueError:
@@ -2955,19 +3043,26 @@ def parse_adam_rows(text, flag="--adam_rows"):
                 fail(f"{flag} {name}:{key} '{value}': not a number")
             if key in ("b1", "b2") and not 0 < number < 1:
                 fail(f"{flag} {name}:{key} {value}: must be within (0, 1)")
-            if key in ("lr", "wd") and number < 0:
+            if key in ("lr", "rate", "wd", "decay") and number < 0:
                 fail(f"{flag} {name}:{key} {value}: must be at least 0")
             rows[name][key] = number
+        for own, multiplier in (("rate", "lr"), ("decay", "wd")):
+            if own in rows[name] and rows[name].get(multiplier, 1.0) != 1.0:
+                fail(f"{flag} {row}: {name} sets its own {own} and a multiplier of its role's: give one of {own} "
+                     f"and {multiplier}")
     return rows
 
 
 def adam_row_groups(model, groups, args):
     """optimizer_groups' AdamW groups with --adam_rows: each group's tensors with a row of their own
-    (parse_adam_rows) taken out into a group per distinct row after it, its rate and decay times
-    the row's lr and wd, its betas the row's b1 and b2 where given; every AdamW group with its betas.
-    A row of a tensor Muon takes, or that the model lacks, is refused."""
+    (parse_adam_rows) taken out into a group per distinct row after it, its rate and decay the row's rate
+    and decay, or times its lr and wd, its betas the row's b1 and b2 where given; every AdamW group with its
+    betas. A row of a tensor Muon takes, or that the model lacks, is refused; a recipe's rows of tensors the
+    model lacks are left out."""
     rows = parse_adam_rows(args.adam_rows)
     names = {id(p): table_name(n) for n, p in model.named_parameters()}
+    if "adam_rows" in args.from_recipe:
+        rows = {name: row for name, row in rows.items() if name in names.values()}
     muon = {names[id(p)] for kind, group in groups if kind == "muon" for p in group["params"]}
     for name in rows:
         if name in muon:
@@ -2985,8 +3080,8 @@ def adam_row_groups(model, groups, args):
             by_row.setdefault(tuple(sorted(rows.get(names[id(p)], {}).items())), []).append(p)
         for row, params in by_row.items():
             row = dict(row)
-            split.append((kind, dict(group, params=params, lr=group["lr"] * row.get("lr", 1.0),
-                                     weight_decay=group["weight_decay"] * row.get("wd", 1.0),
+            split.append((kind, dict(group, params=params, lr=row.get("rate", group["lr"] * row.get("lr", 1.0)),
+                                     weight_decay=row.get("decay", group["weight_decay"] * row.get("wd", 1.0)),
                                      betas=(row.get("b1", args.beta1), row.get("b2", args.beta2)))))
     return split
 
@@ -3624,8 +3719,10 @@ def parse_args(argv=None):
     a.add_argument("--recipe", choices=RECIPES, help="gpt2: GPT-2 trained with AdamW, as without --recipe; "
                    "modern: the modern architecture trained with Muon as modded-nanogpt's optimization-track "
                    "baseline; speedrun: modded-nanogpt's speedrun record #28, its architecture, optimizers, "
-                   "schedules and document-aligned data (dev/SPEC.md); sets every flag marked 'recipe' "
-                   "below that is not given")
+                   "schedules and document-aligned data (dev/SPEC.md); record89: its record #89 but the MUDD "
+                   "dense connections and the FP8 MLP, the speedrun architecture with record #89's switches, "
+                   "stages, optimizers and AdamW rows by tensor; sets every flag marked 'recipe' below that is not "
+                   "given")
     a.add_argument("--arch", choices=sorted(ARCH_PRESETS), help=recipe_help("arch", "architecture"))
     a.add_argument("--model", choices=sorted(PRESETS), help="preset shape of the architecture (llmc/gpt2.h; "
                    "speedrun: d12 and tiny); default d12")
@@ -3653,23 +3750,26 @@ def parse_args(argv=None):
                    "layers, N // 2 in its short ones; other depths: N in every layer), or S/N: S blocks in the short "
                    "layers (1 <= S <= N); -1: its schedule, 1 block growing to 14 over --num_iterations; 0: no "
                    "window"))
-    a.add_argument("--window_tokens", type=int, choices=[0, 1], default=0, help="with --documents 1 and a window: "
-                   "1: a window of N blocks is N x 128 tokens back from each query (record #89's FlashAttention "
-                   "window: key j seen by query i when i - 128N <= j <= i); 0: whole blocks (the block mask)")
-    a.add_argument("--attention_scale", type=float, help="the attention's softmax scale, positive (record #89's "
-                   "0.1; --yarn 1 changes it from there; the CUDA trainer's -asc); none given: the architecture's "
-                   "(0.12 modern and speedrun, 1/sqrt(hs) GPT-2)")
-    a.add_argument("--yarn", type=int, choices=[0, 1], default=0, help="1: record #89's YaRN: at each change of the "
-                   "stage plan's long window (--stages' aw=, not --final_window_blocks) from O to N tokens, each "
-                   "rotary frequency f times s + w (1 - s), s = O/N, w = clamp((O f / 2 pi - 1) / 31, 0, 1), the "
-                   "attention's scale times 1 + 0.2 ln(N/O) (the CUDA trainer's -yn); every stage needs a window")
-    a.add_argument("--key_offset", type=int, choices=[0, 1], default=0, help="1: record #89's key offset on the "
-                   "layers with the long window (every layer at a depth other than the speedrun's 12): after the "
-                   "rotary, each key's stationary dims are the previous key's over the batch's tokens as one "
-                   "sequence (the first key keeping its own); the modern architectures")
-    a.add_argument("--final_window_blocks", type=int, default=0, help="with --documents 1 and a window: the long "
-                   "window N of the validation after the last step, its short one staying the last stage's "
-                   "(modded-nanogpt's record #89: 20); 0: the last stage's")
+    a.add_argument("--window_tokens", type=int, choices=[0, 1], help=recipe_help(
+        "window_tokens", "with --documents 1 and a window: 1: a window of N blocks is N x 128 tokens back from "
+        "each query (record #89's FlashAttention window: key j seen by query i when i - 128N <= j <= i); 0: whole "
+        "blocks (the block mask)"))
+    a.add_argument("--attention_scale", type=float, help=recipe_help(
+        "attention_scale", "the attention's softmax scale, positive (record #89's 0.1; --yarn 1 changes it from "
+        "there; the CUDA trainer's -asc); none given: the architecture's (0.12 modern and speedrun, 1/sqrt(hs) "
+        "GPT-2)"))
+    a.add_argument("--yarn", type=int, choices=[0, 1], help=recipe_help(
+        "yarn", "1: record #89's YaRN: at each change of the stage plan's long window (--stages' aw=, not "
+        "--final_window_blocks) from O to N tokens, each rotary frequency f times s + w (1 - s), s = O/N, w = "
+        "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O) (the CUDA trainer's -yn); "
+        "every stage needs a window"))
+    a.add_argument("--key_offset", type=int, choices=[0, 1], help=recipe_help(
+        "key_offset", "1: record #89's key offset on the layers with the long window (every layer at a depth other "
+        "than the speedrun's 12): after the rotary, each key's stationary dims are the previous key's over the "
+        "batch's tokens as one sequence (the first key keeping its own); the modern architectures"))
+    a.add_argument("--final_window_blocks", type=int, help=recipe_help(
+        "final_window_blocks", "with --documents 1 and a window: the long window N of the validation after the "
+        "last step, its short one staying the last stage's (modded-nanogpt's record #89: 20); 0: the last stage's"))
     a = p.add_argument_group("optimisation")
     a.add_argument("--optimizer", choices=["adamw", "muon"], help=recipe_help(
         "optimizer", "muon: Muon for the blocks' matrices, AdamW for the rest"))
@@ -3710,84 +3810,94 @@ def parse_args(argv=None):
     a.add_argument("--muon_qk_heads", type=int, help=muon_help(
         "muon_qk_heads", "N: each attention's q and k orthogonalised in row blocks of N heads, v whole (record "
         "#89's 2: its head pairs, a matrix of 2 heads' rows); 0: q, k and v whole"))
+    a.add_argument("--muon_tensor_lr", help=muon_help(
+        "muon_tensor_lr", "Muon's rate of a tensor's matrices over --muon_lr, NAME=X,... (NAME of "
+        f"{', '.join(MUON_TENSORS)}), in its lr and the cautious decay's lr_eff: record #89's fcw=2,fcprojw=4; "
+        "none: 1 (the CUDA trainer's recipes set it; no flag of it does)"))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
-    a.add_argument("--logit_cap", help="the head's cap within [1, 40] in place of the architecture's, and the "
-                   "sigmoid cap's shift within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5); a third "
-                   "item bf16 rounds the sigmoid to bfloat16, as record #89's kernel: '23,5,bf16'")
+    a.add_argument("--logit_cap", help=recipe_help(
+        "logit_cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid cap's shift "
+        "within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5); a third item bf16 rounds the sigmoid "
+        "to bfloat16, as record #89's kernel: '23,5,bf16'"))
     a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
                    "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
                    "#89's first stage); a target past the sequence's end adds nothing")
-    a.add_argument("--prefix_weight", type=float, default=0.0, help="the training loss's weight of the next "
-                   "token's prefix token, the longest proper prefix of its bytes that is a token (--tokenizer's "
-                   "vocabulary), where it has one: record #89's 0.25 (0: none)")
-    a.add_argument("--untie_step", type=int, default=-1, help="the modern models' head tied to the embedding "
-                   "through step U's update (the head stepped with both gradients, the embedding its copy), then "
-                   "the head's AdamW state copied to the embedding, separate from step U + 1 (the CUDA trainer's "
-                   "-ut; modded-nanogpt's record #89: 847); -1: separate throughout")
-    a.add_argument("--smear", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model smears its embedding "
-                   "(record #89's: each token's takes a gated share of the one before, before the norm; the CUDA "
-                   "trainer's -sm); --init_from's checkpoint says whether it smears")
-    a.add_argument("--bigram", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
-                   "bigram hash embedding (a table of hashed token pairs, added with learned gates before layer 0 "
-                   "and after the later layers' attention; the CUDA trainer's -bg); --init_from's checkpoint says "
-                   "whether it has it")
-    a.add_argument("--rotary_pairs", type=int, choices=[0, 1], help="--recipe modern or speedrun: 1 the rotary in "
-                   "record #89's layout: adjacent dims (2i, 2i + 1) turned for i < hs/4, hs/2 to hs - 1 unturned, at "
-                   "positions over each forward's rows as one sequence (the CUDA trainer's -rp); --init_from's "
-                   "checkpoint says which it has")
-    a.add_argument("--resid_lambdas", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record "
-                   "#89's residual and post lambdas (each sublayer's add r x + p out, r and p learned a layer and "
-                   "sublayer; the CUDA trainer's -rl); --init_from's checkpoint says whether it has them")
-    a.add_argument("--record_init", type=int, default=0, choices=[0, 89], help="--recipe speedrun: 89 the "
-                   "model's init from --seed is record #89's (the head N(0, 0.005) and the embedding its copy, the "
-                   "value embeddings N(0, 0.01), the attention's output projection uniform as its input's; the CUDA "
-                   "trainer's -ri); 0: record #28's")
-    a.add_argument("--ve_gates", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
-                   "value-embedding gates (each head's share of the value embedding 2 sigmoid of learned weights "
-                   "times the first 6 channels of the attention's input and of the embedding; the CUDA trainer's "
-                   "-vg); --init_from's checkpoint says whether it has them")
-    a.add_argument("--xsa", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record #89's "
-                   "exclusive self-attention in its layers 1, 3 and 4 (each head's output less tanh(alpha) times its "
-                   "part along the value it read, alpha learned per layer and head; the CUDA trainer's -xs); "
-                   "--init_from's checkpoint says whether it has it")
-    a.add_argument("--record89_plan", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record "
-                   "#89's 11 layers (no attention in layer 6, which adds layer 3's output with a gate, layers 9 and 10 "
-                   "attending over layer 7's output, five value embeddings, x0 added after each attention with a "
-                   "learned gate in place of the x0 lambdas, no attention gates; the CUDA trainer's -lp); "
-                   "--init_from's checkpoint says whether it has it")
-    a.add_argument("--paired_heads", type=int, choices=[0, 1], help="--recipe speedrun with --record89_plan 1 and "
-                   "--rotary_pairs 1: 1 the model has record #89's paired heads in its layers 0, 2, 5 and 9 (head h of "
-                   "token t rotated at position 2t + (h & 1); heads 0..NH/2-1 of token t attend at position 2t and "
-                   "the rest at 2t + 1 of each row doubled, as NH/2 heads; windows in positions: --window_tokens 1; "
-                   "the CUDA trainer's -ph); --init_from's checkpoint says whether it has them")
-    a.add_argument("--attn_lambdas", type=int, choices=[0, 1], help="--recipe speedrun: 1 the model has record "
-                   "#89's attention lambdas (each attention layer's qkv and output projections read their weights "
-                   "times learned scalars s0 and s1, 0.5 and 1 at the start; the CUDA trainer's -al); --init_from's "
-                   "checkpoint says whether it has them")
-    a.add_argument("--mudd_gates", type=int, choices=[0, 1], help="--recipe speedrun with --record89_plan 1: 1 the "
-                   "model reads record #89's XSA strengths, head gates, x0 and bigram gates (but layer 10's) and the "
-                   "skip's gate a token, from two MUDD gate generators (gelu(x W1^T) W2^T + b2) x scale, one of x0 "
-                   "and one of layer 4's input; the CUDA trainer's -mg); --init_from's checkpoint says whether it "
-                   "has them")
+    a.add_argument("--prefix_weight", type=float, help=recipe_help(
+        "prefix_weight", "the training loss's weight of the next token's prefix token, the longest proper prefix "
+        "of its bytes that is a token (--tokenizer's vocabulary), where it has one: record #89's 0.25 (0: none)"))
+    a.add_argument("--untie_step", type=int, help=recipe_help(
+        "untie_step", "the modern models' head tied to the embedding through step U's update (the head stepped "
+        "with both gradients, the embedding its copy), then the head's AdamW state copied to the embedding, "
+        "separate from step U + 1 (the CUDA trainer's -ut; modded-nanogpt's record #89: 847); -1: separate "
+        "throughout"))
+    a.add_argument("--smear", type=int, choices=[0, 1], help=recipe_help(
+        "smear", "--recipe speedrun: 1 the model smears its embedding (record #89's: each token's takes a gated "
+        "share of the one before, before the norm; the CUDA trainer's -sm); --init_from's checkpoint says whether "
+        "it smears"))
+    a.add_argument("--bigram", type=int, choices=[0, 1], help=recipe_help(
+        "bigram", "--recipe speedrun: 1 the model has record #89's bigram hash embedding (a table of hashed token "
+        "pairs, added with learned gates before layer 0 and after the later layers' attention; the CUDA trainer's "
+        "-bg); --init_from's checkpoint says whether it has it"))
+    a.add_argument("--rotary_pairs", type=int, choices=[0, 1], help=recipe_help(
+        "rotary_pairs", "--recipe modern or speedrun: 1 the rotary in record #89's layout: adjacent dims (2i, 2i + "
+        "1) turned for i < hs/4, hs/2 to hs - 1 unturned, at positions over each forward's rows as one sequence "
+        "(the CUDA trainer's -rp); --init_from's checkpoint says which it has"))
+    a.add_argument("--resid_lambdas", type=int, choices=[0, 1], help=recipe_help(
+        "resid_lambdas", "--recipe speedrun: 1 the model has record #89's residual and post lambdas (each "
+        "sublayer's add r x + p out, r and p learned a layer and sublayer; the CUDA trainer's -rl); --init_from's "
+        "checkpoint says whether it has them"))
+    a.add_argument("--record_init", type=int, choices=[0, 89], help=recipe_help(
+        "record_init", "--recipe speedrun: 89 the model's init from --seed is record #89's (the head N(0, 0.005) "
+        "and the embedding its copy, the value embeddings N(0, 0.01), the attention's output projection uniform as "
+        "its input's; the CUDA trainer's -ri); 0: record #28's"))
+    a.add_argument("--ve_gates", type=int, choices=[0, 1], help=recipe_help(
+        "ve_gates", "--recipe speedrun: 1 the model has record #89's value-embedding gates (each head's share of "
+        "the value embedding 2 sigmoid of learned weights times the first 6 channels of the attention's input and "
+        "of the embedding; the CUDA trainer's -vg); --init_from's checkpoint says whether it has them"))
+    a.add_argument("--xsa", type=int, choices=[0, 1], help=recipe_help(
+        "xsa", "--recipe speedrun: 1 the model has record #89's exclusive self-attention in its layers 1, 3 and 4 "
+        "(each head's output less tanh(alpha) times its part along the value it read, alpha learned per layer and "
+        "head; the CUDA trainer's -xs); --init_from's checkpoint says whether it has it"))
+    a.add_argument("--record89_plan", type=int, choices=[0, 1], help=recipe_help(
+        "record89_plan", "--recipe speedrun: 1 the model has record #89's 11 layers (no attention in layer 6, "
+        "which adds layer 3's output with a gate, layers 9 and 10 attending over layer 7's output, five value "
+        "embeddings, x0 added after each attention with a learned gate in place of the x0 lambdas, no attention "
+        "gates; the CUDA trainer's -lp); --init_from's checkpoint says whether it has it"))
+    a.add_argument("--paired_heads", type=int, choices=[0, 1], help=recipe_help(
+        "paired_heads", "--recipe speedrun with --record89_plan 1 and --rotary_pairs 1: 1 the model has record "
+        "#89's paired heads in its layers 0, 2, 5 and 9 (head h of token t rotated at position 2t + (h & 1); heads "
+        "0..NH/2-1 of token t attend at position 2t and the rest at 2t + 1 of each row doubled, as NH/2 heads; "
+        "windows in positions: --window_tokens 1; the CUDA trainer's -ph); --init_from's checkpoint says whether "
+        "it has them"))
+    a.add_argument("--attn_lambdas", type=int, choices=[0, 1], help=recipe_help(
+        "attn_lambdas", "--recipe speedrun: 1 the model has record #89's attention lambdas (each attention layer's "
+        "qkv and output projections read their weights times learned scalars s0 and s1, 0.5 and 1 at the start; "
+        "the CUDA trainer's -al); --init_from's checkpoint says whether it has them"))
+    a.add_argument("--mudd_gates", type=int, choices=[0, 1], help=recipe_help(
+        "mudd_gates", "--recipe speedrun with --record89_plan 1: 1 the model reads record #89's XSA strengths, "
+        "head gates, x0 and bigram gates (but layer 10's) and the skip's gate a token, from two MUDD gate "
+        "generators (gelu(x W1^T) W2^T + b2) x scale, one of x0 and one of layer 4's input; the CUDA trainer's "
+        "-mg); --init_from's checkpoint says whether it has them"))
     a.add_argument("--mudd_connections", type=int, choices=[0, 1], help="--recipe speedrun with --record89_plan "
                    "1: 1 the model has record #89's MUDD dense connections: coefficients a token from two generators "
                    "(gelu(x W1^T) W2^T + b2) x 0.1, one of the last layer's input, which mix earlier layers' outputs "
                    "into its value and stream and replace its lambdas and gates, one of its output, which mixes "
                    "them into the final stream; --init_from's checkpoint says whether it has them")
-    a.add_argument("--composed_attention", type=int, choices=[0, 1], help="--recipe speedrun with --mudd_gates 1: "
-                   "1 layer 10's heads each add w_out_h (A v_h), A the sum over the heads of w_in_h times their "
-                   "attention probabilities over the last 112 keys of the query's document (record #89's composed "
-                   "attention; w_in normed over the heads, w_in and w_out a token from the post MUDD gate "
-                   "generator); --init_from's checkpoint says whether it has it")
-    a.add_argument("--adam_every", type=int, default=1, help="AdamW steps on every K-th step only ((step + 1) %% K "
-                   "== 0), with the sum of the K steps' gradients, which the steps between keep (the CUDA trainer's "
-                   "-ao; record #89's 2: its odd steps; one process, --grad_clip 0); 1: every step")
-    a.add_argument("--adam_rows", default="", help="AdamW tensors' own rows over their roles' (the CUDA trainer's "
-                   "-ar), NAME:key=value,... apart by ';', NAME a tensor of llmc/gpt2.h's table, keys lr (times its "
-                   "role's rate), b1 and b2 (its betas) and wd (times its role's decay): "
-                   "'ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5' (record #89's value embeddings and head); not the "
-                   "tensors Muon takes")
+    a.add_argument("--composed_attention", type=int, choices=[0, 1], help=recipe_help(
+        "composed_attention", "--recipe speedrun with --mudd_gates 1: 1 layer 10's heads each add w_out_h (A v_h), "
+        "A the sum over the heads of w_in_h times their attention probabilities over the last 112 keys of the "
+        "query's document (record #89's composed attention; w_in normed over the heads, w_in and w_out a token "
+        "from the post MUDD gate generator); --init_from's checkpoint says whether it has it"))
+    a.add_argument("--adam_every", type=int, help=recipe_help(
+        "adam_every", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of the K steps' "
+        "gradients, which the steps between keep (the CUDA trainer's -ao; record #89's 2: its odd steps; one "
+        "process, --grad_clip 0); 1: every step"))
+    a.add_argument("--adam_rows", help=recipe_help(
+        "adam_rows", "AdamW tensors' own rows over their roles' (the CUDA trainer's -ar), NAME:key=value,... apart "
+        "by ';', NAME a tensor of llmc/gpt2.h's table, keys lr (times its role's rate), b1 and b2 (its betas) and "
+        "wd (times its role's decay): 've:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5' (record #89's value embeddings "
+        "and head); not the tensors Muon takes"))
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
     a.add_argument("--warmup_iters", type=int, default=0, help="linear warmup steps")
@@ -3801,15 +3911,16 @@ def parse_args(argv=None):
         "cooldown_frac", "stable_decay and cooldown: the fraction of the steps that decays"))
     a.add_argument("--grad_clip", type=float, help=recipe_help("grad_clip", "global gradient norm clip; 0 = off"))
     a.add_argument("--num_iterations", type=int, help=recipe_help("num_iterations", "optimizer steps"))
-    a.add_argument("--stages", default="", metavar="PLAN", help="the run as stages separated by ';', each its "
-                   "share of --num_iterations (0.25 or 1/3; the last may be +E: E steps more after them) and "
-                   "KEY=VALUE words that hold from it on: t= sequence length, z= tokens a step (-1: one micro "
-                   "batch), cap= tokens of one document a sequence takes (0: all; needs --documents 1), aw= window "
-                   "as --window_blocks (N or S/N), lr= learning-rate multiplier, mtp= and pw= the loss's weights as "
-                   "--mtp and --prefix_weight (constant, or A>B linear from A at the stage's first step towards B "
-                   "at its end); the first stage's start from -t, --total_batch_size, --window_blocks, cap 0, lr 1, "
-                   "--mtp, --prefix_weight. Default: one stage of the flags")
-    a.add_argument("--val_every", type=int, default=0, help="validate every N steps and at the end; 0 = never")
+    a.add_argument("--stages", metavar="PLAN", help=recipe_help(
+        "stages", "the run as stages separated by ';', each its share of --num_iterations (0.25 or 1/3; the last "
+        "may be +E: E steps more after them) and KEY=VALUE words that hold from it on: t= sequence length, z= "
+        "tokens a step (-1: one micro batch), cap= tokens of one document a sequence takes (0: all; needs "
+        "--documents 1), aw= window as --window_blocks (N or S/N), lr= learning-rate multiplier, mtp= and pw= the "
+        "loss's weights as --mtp and --prefix_weight (constant, or A>B linear from A at the stage's first step "
+        "towards B at its end); the first stage's start from -t, --total_batch_size, --window_blocks, cap 0, lr 1, "
+        "--mtp, --prefix_weight. Default: one stage of the flags"))
+    a.add_argument("--val_every", type=int, help=recipe_help(
+        "val_every", "validate every N steps and at the end; 0 = never"))
     a.add_argument("--val_steps", type=int, help=recipe_help(
         "val_steps", "batches per validation and process (--recipe speedrun's 40: in all, shared)"))
     a.add_argument("--val_seq_len", type=int, help=recipe_help("val_seq_len", "validation sequence length"))
@@ -3823,9 +3934,9 @@ def parse_args(argv=None):
     a.add_argument("--fp8_head", type=int, choices=[0, 1], default=0, help="1: the speedrun head's training "
                    "products in FP8 with its record's fixed scales (torch._scaled_mm; evaluation stays in the run's "
                    "dtype), the CUDA trainer's -fh 1 (CUDA, compute capability 8.9+)")
-    a.add_argument("--fp8_head_scales", help="X,W,G: the FP8 head's x_s = X/448 (0: sqrt(C)/448), w_s = W/448 "
-                   "and grad_s = G/448, the CUDA trainer's -fhs (with --fp8_head 1; default 0,0.875,1, record #28's; "
-                   "record #89's 100,1.6,0.75)")
+    a.add_argument("--fp8_head_scales", help=recipe_help(
+        "fp8_head_scales", "X,W,G: the FP8 head's x_s = X/448 (0: sqrt(C)/448), w_s = W/448 and grad_s = G/448, "
+        "the CUDA trainer's -fhs (with --fp8_head 1; default 0,0.875,1, record #28's; record #89's 100,1.6,0.75)"))
     a.add_argument("--flash", type=int, choices=[0, 1], help="F.scaled_dot_product_attention "
                    "(default 1 in benchmark mode)")
     a.add_argument("--sdpa_backend", choices=sorted(SDPA_BACKENDS), help="the one kernel family "
@@ -3873,7 +3984,7 @@ def parse_args(argv=None):
 # Recipes whose --val_steps count every process's batches, not each one's: the speedrun's 40
 # sequences are its reference's validation tokens on any number of processes (the CUDA trainer's
 # -m likewise).
-SHARED_VAL_STEPS = ("speedrun",)
+SHARED_VAL_STEPS = ("speedrun", "record89")
 
 
 def process_val_steps(args, world):
@@ -3889,12 +4000,13 @@ def process_val_steps(args, world):
 
 # What a recipe flag's None stands for.
 RECIPE_NONE = {"embedding_lr": "--learning_rate", "head_lr": "--learning_rate", "scalar_lr": "--learning_rate",
-               "val_seq_len": "-t"}
+               "val_seq_len": "-t", "attention_scale": "the architecture's", "logit_cap": "the architecture's",
+               "fp8_head_scales": "0,0.875,1", **{key: "0 (--init_from: the checkpoint's)" for key in RECORD89_SWITCHES}}
 
 
 def recipe_help(flag, text, table=RECIPE_FLAGS):
     """A recipe flag's help: what it is, its default (GPT-2's recipe's) and the other recipes' values."""
-    values = [RECIPE_NONE[flag] if value is None else value for value in table[flag]]
+    values = [RECIPE_NONE[flag] if value is None else value if value != "" else "none" for value in table[flag]]
     others = "; ".join(f"{recipe} recipe: {value}" for recipe, value in zip(RECIPES[1:], values[1:]))
     return f"{text} (default and gpt2 recipe: {values[0]}; {others})".replace("%", "%%")
 
@@ -3907,7 +4019,7 @@ def check_args(args):
     """Rejects flag combinations that cannot work, before any work is done (--fp8_head_scales read
     into its three numbers)."""
     if args.fp8_head_scales is not None:
-        if not args.fp8_head:
+        if not args.fp8_head and "fp8_head_scales" not in args.from_recipe:
             fail(f"--fp8_head_scales {args.fp8_head_scales} sets the FP8 head's scales: give --fp8_head 1 with it")
         args.fp8_head_scales = parse_fp8_head_scales(args.fp8_head_scales)
     if args.write_debug_state and args.benchmark:
@@ -3966,6 +4078,11 @@ def check_args(args):
     if args.write_debug_state and args.optimizer == "muon" and args.muon_momentum_cooldown > 0:
         fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the debug state's header holds no momentum "
              f"cooldown, so test_gpt2cu would step without it; drop it")
+    if args.optimizer == "muon":
+        parse_muon_tensor_lr(args.muon_tensor_lr or "")
+    if args.write_debug_state and args.optimizer == "muon" and args.muon_tensor_lr:
+        fail(f"--muon_tensor_lr {args.muon_tensor_lr}: the debug state holds no rate of a tensor (the CUDA trainer "
+             f"has no flag of it), so test_gpt2cu would step without them; give --muon_tensor_lr ''")
     check_cautious_args(args)
     check_document_args(args)
 
@@ -4174,15 +4291,15 @@ def resolve_config(args):
     """The model shape from --model and the size flags (None when --init_from supplies it)."""
     overrides = [args.num_layers, args.num_heads, args.channels, args.max_seq_len, args.vocab_size]
     if args.init_from:
-        features = (args.smear, args.bigram, args.rotary_pairs, args.ve_gates, args.resid_lambdas, args.xsa,
-                    args.record89_plan, args.paired_heads, args.attn_lambdas, args.mudd_gates, args.mudd_connections,
-                    args.composed_attention)
-        if args.model or args.arch_given or any(v is not None for v in overrides + list(features)):
+        # a recipe's switches (--recipe record89's) stand for the models it makes from a preset alone
+        features = [getattr(args, key) for key in RECORD89_SWITCHES + ("mudd_connections",)
+                    if key not in args.from_recipe]
+        if args.model or args.arch_given or any(v is not None for v in overrides + features):
             fail("--init_from takes the model shape and architecture from the checkpoint; drop --model, --arch, "
                  "--smear, --bigram, --rotary_pairs, --ve_gates, --resid_lambdas, --xsa, --record89_plan, "
                  "--paired_heads, --attn_lambdas, --mudd_gates, --mudd_connections, --composed_attention and the "
                  "size flags")
-        if args.record_init:
+        if args.record_init and "record_init" not in args.from_recipe:
             fail(f"--record_init {args.record_init} initialises a model from --seed, and --init_from's checkpoint "
                  f"holds the parameters: drop --record_init")
         return None

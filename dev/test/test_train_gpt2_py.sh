@@ -1726,7 +1726,7 @@ EOF
 expect_error "adam_rows emb:lr=2: no parameter tensor 'emb': name one of wte, wpe, " "${TINY[@]}" --bench \
   --adam_rows "emb:lr=2"
 expect_error "adam_rows wte:b1 1.5: must be within .0, 1." "${TINY[@]}" --bench --adam_rows "wte:b1=1.5"
-expect_error "adam_rows wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, b1, b2 or wd" "${TINY[@]}" --bench \
+expect_error "adam_rows wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, rate, b1, b2, wd or decay" "${TINY[@]}" --bench \
   --adam_rows "wte:beta1=0.5"
 expect_error "adam_rows qkvw:lr=2: qkvw is Muon's .--optimizer muon takes the blocks' matrices." "${TINY[@]}" --bench \
   --optimizer muon --adam_rows "qkvw:lr=2"
