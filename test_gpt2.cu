@@ -128,6 +128,10 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
   r.decay_vectors = config.modern();
   r.adam_rows = settings.adam_rows;
   llmc::adam_rows_check(r, (path + ": its settings' -ar").c_str());
+  REQUIRE(settings.muon_tensor_lr == llmc::tensor_multipliers_one() || ref.muon, "%s: Muon's rates of tensors (-mt) "
+          "in its settings, and its steps ran no Muon: the file is damaged; re-create it with train_gpt2.py",
+          path.c_str());
+  r.muon_tensor_lr = settings.muon_tensor_lr;
   return llmc::optimizer_table(r, sizeof(floatX) == 2);
 }
 

@@ -2910,8 +2910,7 @@ MUON_TENSORS = ("qkvw", "attprojw", "fcw", "fcprojw", "attngate")
 
 
 def parse_muon_tensor_lr(text, flag="--muon_tensor_lr"):
-    """--muon_tensor_lr's multipliers of Muon's rate, {tensor: multiplier} (the CUDA trainer's
-    Recipe::muon_tensor_lr, which no flag of it sets): "NAME=X,..." with NAME one of MUON_TENSORS and X
+    """--muon_tensor_lr's multipliers of Muon's rate, {tensor: multiplier} (the CUDA trainer's -mt): "NAME=X,..." with NAME one of MUON_TENSORS and X
     positive; "" none."""
     multipliers = {}
     for pair in [pair for pair in text.split(",") if pair]:
@@ -3276,7 +3275,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
     kept = {}  # AdamW's tensors' gradients since its last update (--adam_every)
     settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
-                                    args.muon_qk_heads if muon else 0, args.adam_rows)
+                                    args.muon_qk_heads if muon else 0, args.adam_rows,
+                                    (args.muon_tensor_lr or "") if muon else "")
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     at_bf16_weights = gradients_at_bf16_weights(model, x, y, params, args, autocast) if version4 else []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
@@ -3418,11 +3418,13 @@ DEBUG_NEWTON_SCHULZ_SLOT = 253
 DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
-def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows=""):
+def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows="",
+                         muon_tensor_lr=""):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
-    untie step, windows in tokens, Muon's NorMuon and Q and K blocks, AdamW's interval and tensors'
-    rows, the FP8 head's scales, the key offset and the attention's scale ("-lc 23,5 -mtp 1.0,0.5,0.25
-    -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1 -asc 0.1"; ""
+    untie step, windows in tokens, Muon's NorMuon, Q and K blocks and rates of tensors, AdamW's interval
+    and tensors' rows, the FP8 head's scales, the key offset and the attention's scale ("-lc 23,5 -mtp
+    1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1
+    -asc 0.1 -mt fcw=2,fcprojw=4"; ""
     for the defaults; -pw, maybe 0, wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
@@ -3458,6 +3460,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-asc", repr(model.attention_scale)]
     if model.yarn:
         words += ["-yn", "1"]
+    if muon_tensor_lr:
+        words += ["-mt", muon_tensor_lr]
     return " ".join(words)
 
 
@@ -3482,11 +3486,11 @@ def apply_debug_state_settings(model, text, prefix, path):
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
     unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc",
-                               "-yn"}
+                               "-yn", "-mt"}
     ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn"))
     if len(words) % 2 or unknown or not ones:
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc and -yn 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1 and -mt: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
@@ -3813,7 +3817,7 @@ def parse_args(argv=None):
     a.add_argument("--muon_tensor_lr", help=muon_help(
         "muon_tensor_lr", "Muon's rate of a tensor's matrices over --muon_lr, NAME=X,... (NAME of "
         f"{', '.join(MUON_TENSORS)}), in its lr and the cautious decay's lr_eff: record #89's fcw=2,fcprojw=4; "
-        "none: 1 (the CUDA trainer's recipes set it; no flag of it does)"))
+        "none: 1 (the CUDA trainer's -mt)"))
     a.add_argument("--loss_reduction", choices=["mean", "sum"], help=recipe_help(
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--logit_cap", help=recipe_help(
@@ -4075,14 +4079,14 @@ def check_args(args):
         fail(f"--muon_momentum_warmup {args.muon_momentum_warmup}: give 0 (constant momentum) or more steps")
     if args.optimizer == "muon" and args.muon_momentum_cooldown < 0:
         fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: give 0 (no cooldown) or more steps")
-    if args.write_debug_state and args.optimizer == "muon" and args.muon_momentum_cooldown > 0:
-        fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the debug state's header holds no momentum "
-             f"cooldown, so test_gpt2cu would step without it; drop it")
+    if (args.write_debug_state and args.optimizer == "muon" and args.muon_momentum_cooldown > 0 and
+            args.num_iterations - args.muon_momentum_cooldown < args.debug_steps):
+        fail(f"--muon_momentum_cooldown {args.muon_momentum_cooldown}: the momentum's cooldown would begin within "
+             f"the --debug_steps {args.debug_steps} steps of --num_iterations {args.num_iterations}, and the debug "
+             f"state's header holds no cooldown, so test_gpt2cu would step without it; give --num_iterations "
+             f"{args.debug_steps + args.muon_momentum_cooldown} or more, or drop the cooldown")
     if args.optimizer == "muon":
         parse_muon_tensor_lr(args.muon_tensor_lr or "")
-    if args.write_debug_state and args.optimizer == "muon" and args.muon_tensor_lr:
-        fail(f"--muon_tensor_lr {args.muon_tensor_lr}: the debug state holds no rate of a tensor (the CUDA trainer "
-             f"has no flag of it), so test_gpt2cu would step without them; give --muon_tensor_lr ''")
     check_cautious_args(args)
     check_document_args(args)
 

@@ -140,6 +140,52 @@ inline std::string fp8_head_scales_text(const Fp8HeadScales& s) {
   return text_of(s.input) + "," + text_of(s.weight) + "," + text_of(s.grad);
 }
 
+// -mt's value (`flag`): Muon's rate of a tensor's matrices over its own (-ml), "NAME=X,..." with NAME a
+// tensor Muon takes (the parameter table's matrices) and X positive: "fcw=2,fcprojw=4" (record #89's);
+// "" none (train_gpt2.py's --muon_tensor_lr).
+inline TensorMultipliers parse_muon_tensor_lr(const char* flag, const std::string& text) {
+  TensorMultipliers x = tensor_multipliers_one();
+  std::vector<bool> named(kNumParamTensors, false);
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string pair = text.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = pair.find('=');
+    const std::string name = pair.substr(0, eq);
+    const int tensor = param_tensor_index(name);
+    if (tensor < 0 || param_tensor_spec(tensor).role != ParamRole::kMatrix) {
+      std::string names;
+      for (int i = 0; i < kNumParamTensors; i++) {
+        if (param_tensor_spec(i).role == ParamRole::kMatrix) names += strformat(names.empty() ? "%s" : ", %s", param_tensor_name(i));
+      }
+      LLMC_FAIL("%s %s: '%s' is not a tensor Muon takes: name one of %s", flag, text.c_str(), name.c_str(),
+                names.c_str());
+    }
+    if (eq == std::string::npos) {
+      LLMC_FAIL("%s %s: give NAME=X, X the tensor's multiplier of -ml, positive: 'fcprojw=4'", flag, pair.c_str());
+    }
+    const float value = parse_float(strformat("%s %s", flag, name.c_str()).c_str(), pair.c_str() + eq + 1, 0.0f,
+                                    FLT_MAX);
+    if (!(value > 0.0f)) {
+      LLMC_FAIL("%s %s: give NAME=X, X the tensor's multiplier of -ml, positive: 'fcprojw=4'", flag, pair.c_str());
+    }
+    if (named[tensor]) LLMC_FAIL("%s %s: %s is named twice: give it once", flag, text.c_str(), name.c_str());
+    named[tensor] = true;
+    x[tensor] = value;
+  }
+  return x;
+}
+
+// -mt's text of the multipliers other than 1, "fcw=2,fcprojw=4" ("" none), which parse_muon_tensor_lr
+// reads back exactly.
+inline std::string muon_tensor_lr_text(const TensorMultipliers& x) {
+  std::string text;
+  for (int i = 0; i < kNumParamTensors; i++) {
+    if (x[i] != 1.0f) text += (text.empty() ? "" : ",") + std::string(param_tensor_name(i)) + "=" + float_text(x[i]);
+  }
+  return text;
+}
+
 // -ar's value (`flag`): AdamW tensors' own rows, "NAME:key=value,...;NAME:..." with NAME a tensor
 // of the parameter table (the start-up table's names) and keys lr (times its role's rate) or rate
 // (its own rate), b1, b2 (its betas, within (0, 1)) and wd (times its role's decay) or decay (its
@@ -216,6 +262,7 @@ struct DebugStateSettings {
   AdamTensorRows adam_rows;
   double attention_scale = 0.0;  // 0: the architecture's
   int yarn = 0;
+  TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // -mt
 };
 
 // -asc's value: the attention's softmax scale, positive and finite (record #89's 0.1).
@@ -318,9 +365,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
          flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar" && flag != "-asc" &&
-         flag != "-yn")) {
+         flag != "-yn" && flag != "-mt")) {
       LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko, -ar, "
-                "-asc and -yn: re-create it with train_gpt2.py",
+                "-asc, -yn and -mt: re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -337,6 +384,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-ar") s.adam_rows = parse_adam_rows("-ar", value);
     if (flag == "-asc") s.attention_scale = parse_attention_scale("-asc", value);
     if (flag == "-yn") s.yarn = (int)parse_int("-yn", value, 0, 1);
+    if (flag == "-mt") s.muon_tensor_lr = parse_muon_tensor_lr("-mt", value);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

@@ -258,7 +258,7 @@ struct Recipe {
   // -mq: qkvw's Q and K orthogonalised in row blocks of this many heads each (record #89's 2, its
   // qk_bank's head pairs), V whole; 0: Q, K and V whole (muon_matrix_rows).
   int muon_qk_heads = 0;
-  // Muon's rate of each tensor's matrices times its multiplier (record #89's per-matrix
+  // -mt: Muon's rate of each tensor's matrices times its multiplier (record #89's per-matrix
   // multiplier; where the reference stores a matrix transposed, also the ratio of its shape scale
   // to ours): the step's lr_eff, also in the cautious decay.
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();

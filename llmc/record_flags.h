@@ -111,6 +111,19 @@ inline Flag prediction_weights_flag(Recipe& a) {
           [&a] { return prediction_weights_text(a.next_token_weights); }, &a.next_token_weights};
 }
 
+// -mt: Muon's rates of tensors over -ml (record #89's MLP matrices).
+inline Flag muon_tensor_lr_flag(Recipe& a) {
+  return {"-mt", "Muon tensor rates", "-opt muon: Muon's rate of a tensor's matrices over -ml, NAME=X,... (NAME as "
+          "the start-up table names a tensor Muon takes, X positive), in its lr_eff and cautious decay too: "
+          "\"fcw=2,fcprojw=4\" (record #89's MLP, whose matrices it stores tall)",
+          [&a](const char* text) { a.muon_tensor_lr = parse_muon_tensor_lr("-mt", text); },
+          [&a] {
+            const std::string text = muon_tensor_lr_text(a.muon_tensor_lr);
+            return text.empty() ? std::string("none") : text;
+          },
+          &a.muon_tensor_lr};
+}
+
 // -ar: AdamW's tensors' own rates, betas and decays (record #89's rows).
 inline Flag adam_rows_flag(Recipe& a) {
   return {"-ar", "AdamW tensor rows", "AdamW tensors' own rows over their roles', NAME:key=value,... apart by ';' "
@@ -189,6 +202,7 @@ inline std::vector<Flag> record_flags(Recipe& a) {
                "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
                &a.muon_qk_heads, 0, kIntMax),
       adam_rows_flag(a),
+      muon_tensor_lr_flag(a),
       int_flag("-sm", "smear", "-recipe speedrun: 1 the model made from -e's preset smears its embedding (record "
                "#89's: each token's takes a gated share of the one before, before the norm); a model file's header "
                "says whether it smears", &a.smear, 0, 1),

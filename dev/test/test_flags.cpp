@@ -484,6 +484,40 @@ void test_usage() {
 
 }  // namespace
 
+// -mt's multipliers: tensors Muon takes by their table names, each positive, shown back in table order
+// and read back exactly; another tensor, a bad number, a pair without '=' or a tensor named twice
+// refused with the flag; "" none; a debug state's settings carry them.
+void test_muon_tensor_lr() {
+  const llmc::TensorMultipliers x = llmc::parse_muon_tensor_lr("-mt", "fcprojw=4,fcw=2");
+  llmc::TensorMultipliers want = llmc::tensor_multipliers_one();
+  want[llmc::kFcw] = 2.0f;
+  want[llmc::kFcprojw] = 4.0f;
+  check_verbose(x == want && llmc::muon_tensor_lr_text(x) == "fcw=2,fcprojw=4" &&
+                    llmc::parse_muon_tensor_lr("-mt", llmc::muon_tensor_lr_text(x)) == x,
+                "-mt fcprojw=4,fcw=2: parsed, shown as fcw=2,fcprojw=4 and read back");
+  llmc::TensorMultipliers odd = llmc::tensor_multipliers_one();
+  odd[llmc::kQkvw] = 1.0f / 3.0f;
+  check_verbose(llmc::parse_muon_tensor_lr("-mt", llmc::muon_tensor_lr_text(odd)) == odd,
+                "-mt " + llmc::muon_tensor_lr_text(odd) + ": a third read back exactly");
+  check_verbose(llmc::parse_muon_tensor_lr("-mt", "") == llmc::tensor_multipliers_one() &&
+                    llmc::muon_tensor_lr_text(llmc::tensor_multipliers_one()).empty(),
+                "-mt '': none, shown as ''");
+  check_throws([] { llmc::parse_muon_tensor_lr("-mt", "wte=2"); }, "-mt wte=2: 'wte' is not a tensor Muon takes",
+               "-mt of an AdamW tensor");
+  check_throws([] { llmc::parse_muon_tensor_lr("-mt", "fcw=0"); }, "-mt fcw=0: give NAME=X, X the tensor's",
+               "-mt fcw=0");
+  check_throws([] { llmc::parse_muon_tensor_lr("-mt", "fcw=x"); }, "-mt fcw 'x': not a number", "-mt fcw=x");
+  check_throws([] { llmc::parse_muon_tensor_lr("-mt", "fcw"); }, "-mt fcw: give NAME=X", "-mt fcw");
+  check_throws([] { llmc::parse_muon_tensor_lr("-mt", "fcw=2,fcw=3"); }, "-mt fcw=2,fcw=3: fcw is named twice",
+               "-mt fcw twice");
+  llmc::DebugState d;
+  d.settings = "-mn 1 -mt fcw=2,fcprojw=4";
+  check_verbose(llmc::debug_state_settings(d, "d.bin").muon_tensor_lr == want &&
+                    llmc::debug_state_settings(llmc::DebugState(), "d.bin").muon_tensor_lr ==
+                        llmc::tensor_multipliers_one(),
+                "a debug state's -mt fcw=2,fcprojw=4 read (none: every tensor's 1)");
+}
+
 // -ar's rows: tensors by their table names, each key once read (lr and wd multipliers, b1 and b2
 // betas), shown back as given in table order; an unknown tensor, key, number or beta, a row without
 // its keys or a tensor named twice is refused with the flag and the row; "" none.
@@ -719,6 +753,7 @@ int main() {
     test_startup_table();
     test_usage();
     test_adam_rows();
+    test_muon_tensor_lr();
     test_loss_settings();
     test_fp8_head_scales();
     test_speedrun_init();

@@ -186,8 +186,9 @@ cases = [
      "error: --muon_momentum_cooldown 16: the momentum's cooldown is longer than the run's 15 steps (--num_iterations "
      "10 and --stages' 5 extension steps); give 15 or less"),
     (["--optimizer", "muon", "--muon_momentum_cooldown", "2", "--write_debug_state", "d"],
-     "error: --muon_momentum_cooldown 2: the debug state's header holds no momentum cooldown, so test_gpt2cu would "
-     "step without it; drop it"),
+     "error: --muon_momentum_cooldown 2: the momentum's cooldown would begin within the --debug_steps 10 steps of "
+     "--num_iterations 10, and the debug state's header holds no cooldown, so test_gpt2cu would step without it; give "
+     "--num_iterations 12 or more, or drop the cooldown"),
     (["--muon_momentum_cooldown", "2"],
      "error: --muon_momentum_cooldown sets Muon, which --optimizer adamw does not use; add --optimizer muon or drop it"),
 ]
