@@ -221,6 +221,11 @@ void test_record89_adam_rows() {
   const std::string differing = differing_fields(llmc::recipe_record89(), command, {"name", "lr_help", "muon_tensor_lr"});
   check_verbose(differing.empty(), "the command with -ar of those rows: the recipe's rows, and every field but Muon's "
                                    "rates" + differing);
+  // With -mt of its Muon rates too, the command is the recipe but its name and what -l means.
+  const std::string rates = llmc::muon_tensor_lr_text(r.muon_tensor_lr);
+  const Args whole = parse(words({"-recipe", "speedrun"}, kRecord89Flags, words(kData, {"-ar", text, "-mt", rates})));
+  const std::string rest = differing_fields(llmc::recipe_record89(), whole, {"name", "lr_help"});
+  check_verbose(rest.empty(), "the command with -ar of those rows and -mt " + rates + ": every field the recipe's" + rest);
 }
 
 // The resolved optimizer table, tensor by tensor (both builds): each mapped tensor's row the
