@@ -1125,11 +1125,16 @@ void bigram_backward(floatX* dtable, floatX* scratch, const floatX* dout, const 
 // ---- Gates: a learned value a layer (or NH, one a head) that every row shares, or record #89's
 // MUDD gates, a value per token: a row of a gate generator's output (section 10) ----
 // stride 0: values' one value (or NH) for every row, the scalar parameters; stride > 0: row n's at
-// values + n * stride, its NH heads consecutive.
+// values + n * stride, its NH heads consecutive. offset: the gate is offset + value, rounded to floatX
+// (record #89's MUDD stream coefficient 1 + m), whose gradient is the value's.
 struct GateRows {
   const floatX* values = nullptr;
   int stride = 0;
-  __device__ __forceinline__ float at(size_t row, int h = 0) const { return (float)values[row * stride + h]; }
+  float offset = 0.0f;
+  __device__ __forceinline__ float at(size_t row, int h = 0) const {
+    const float v = (float)values[row * stride + h];
+    return offset == 0.0f ? v : (float)(floatX)(offset + v);
+  }
 };
 // A gate's gradient: stride 0, values += the sum over the rows (row-block partials, then
 // column_sum_finalize's stochastic rounding, as every scalar parameter's); stride > 0, row n's
@@ -1151,12 +1156,14 @@ void gate_check(const char* name, const GateRows& gate, const GateGradient* dgat
           "(strides %d and %d)", name, width, gate.stride, dgate->stride);
 }
 
-// ---- The gated adds into the residual stream: record #89's bigram embedding and x0 ----
-// out [N, C] = in + (g t) + (g' t'), each term t [N, C] (the bigram embedding b, record #89's plan's
-// x0) times its gate g (GateRows: one value, or one a row): each product rounded on its own, then
-// the sum (the reference's steps; the x0 term first, then the bigram's); out may be in (the
-// attention's output in place). With record #89's residual lambdas out = p in + (g t) + ..., p the
-// attention's post lambda, rounded once (the terms beside p's product, as the reference adds them).
+// ---- The gated adds into the residual stream: record #89's bigram embedding, x0 and MUDD's terms ----
+// out [N, C] = in + (g t) + (g' t') + ..., each term t [N, C] (the bigram embedding b, record #89's
+// plan's x0, MUDD's kept rows) times its gate g (GateRows: one value, or one a row): each product
+// rounded on its own, then the sum in FP32 in the terms' order (the reference's steps; the x0 term
+// first, then the bigram's), rounded once; out may be in (the attention's output in place). With a
+// scale of in (GateRows: record #89's residual lambdas' p, the attention's post lambda, or MUDD's 1 +
+// m a row) out = s in + (g t) + ..., the terms beside s's product, as the reference adds them; in
+// null: the terms alone (MUDD's value terms).
 // Backward of a term: dt += g dout (each value's sum rounded; dt accumulates the layers' parts); a
 // shared gate's dg += the sum of dout . t over the rows, by row blocks (section 2), a row's gate's
 // dg_n = dout_n . t_n over the row, one warp's tree: deterministic. Floor: forward reads (1 + terms)
@@ -1170,33 +1177,38 @@ struct GatedTerm {
   GateRows gate;
 };
 
+// The terms of a sum, the first `count` of terms (record #89's final MUDD mix has five).
+constexpr int kMaxGatedTerms = 5;
+struct GatedTerms {
+  GatedTerm terms[kMaxGatedTerms];
+  int count = 0;
+};
+
 // v plus the term's value k of its 16 bytes `loaded` (unread without the term), g its gate's value.
 __device__ __forceinline__ float gated_term_add(float v, const GatedTerm& t, float g, const x128& loaded, int k) {
   return t.values ? v + (float)(floatX)__fmul_rn(g, (float)loaded[k]) : v;
 }
 
-__global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first,
-                                           GatedTerm second, size_t n, int C) {
+__global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, GateRows in_scale, GatedTerms terms,
+                                           size_t n, int C) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
   const size_t row = i / C;
-  const float p = in_scale ? (float)in_scale[0] : 1.0f;
-  const x128 x = load128(in + i);
-  x128 a, b;
-  float ga = 0.0f, gb = 0.0f;
-  if (first.values) {
-    a = load128(first.values + i);
-    ga = first.gate.at(row);
+  float sum[x128::size] = {};
+  if (in) {
+    const float p = in_scale.values ? in_scale.at(row) : 1.0f;
+    const x128 x = load128(in + i);
+    for (int k = 0; k < x128::size; k++) sum[k] = in_scale.values ? __fmul_rn(p, (float)x[k]) : (float)x[k];
   }
-  if (second.values) {
-    b = load128(second.values + i);
-    gb = second.gate.at(row);
+  for (int t = 0; t < terms.count; t++) {
+    const GatedTerm& term = terms.terms[t];
+    if (!term.values) continue;
+    const x128 loaded = load128(term.values + i);
+    const float g = term.gate.at(row);
+    for (int k = 0; k < x128::size; k++) sum[k] = gated_term_add(sum[k], term, g, loaded, k);
   }
   x128 o;
-  for (int k = 0; k < x128::size; k++) {
-    const float v = in_scale ? __fmul_rn(p, (float)x[k]) : (float)x[k];
-    o[k] = (floatX)gated_term_add(gated_term_add(v, first, ga, a, k), second, gb, b, k);
-  }
+  for (int k = 0; k < x128::size; k++) o[k] = (floatX)sum[k];
   store128(out + i, o);
 }
 
@@ -1266,17 +1278,32 @@ __global__ void gated_term_row_gates_backward_kernel(floatX* dterm, GateGradient
   partials[blockIdx.x] = total;
 }
 
-// out = in + (first) + (second) (above), [N, C]; in_scale (one value on the device, or null): out =
-// in_scale * in + ...
-void gated_terms_forward(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first, GatedTerm second,
-                         int N, int C, cudaStream_t stream) {
-  bigram_check("gated_terms_forward", N, C);
-  if (first.values) gate_check("gated_terms_forward", first.gate, nullptr, 1);
-  if (second.values) gate_check("gated_terms_forward", second.gate, nullptr, 1);
+// out = [s] in + the terms (above), [N, C]; in_scale: s, none (values null), one value or one a row;
+// in null: the terms alone.
+void gated_sum_forward(floatX* out, const floatX* in, GateRows in_scale, const GatedTerms& terms, int N, int C,
+                       cudaStream_t stream) {
+  const char* name = "gated_sum_forward";
+  bigram_check(name, N, C);
+  REQUIRE(terms.count >= 0 && terms.count <= kMaxGatedTerms, "%s: %d terms, at most %d", name, terms.count,
+          kMaxGatedTerms);
+  if (in_scale.values) gate_check(name, in_scale, nullptr, 1);
+  for (int t = 0; t < terms.count; t++) {
+    if (terms.terms[t].values) gate_check(name, terms.terms[t].gate, nullptr, 1);
+  }
   const size_t n = (size_t)N * C;
   gated_terms_forward_kernel<<<ceil_div(n / x128::size, kBigramGateThreads), kBigramGateThreads, 0, stream>>>(
-      out, in, in_scale, first, second, n, C);
+      out, in, in_scale, terms, n, C);
   cudaCheckLaunch();
+}
+
+// out = in + (first) + (second), [N, C]; in_scale (one value on the device, or null): out = in_scale * in + ...
+void gated_terms_forward(floatX* out, const floatX* in, const floatX* in_scale, GatedTerm first, GatedTerm second,
+                         int N, int C, cudaStream_t stream) {
+  GatedTerms terms;
+  terms.terms[0] = first;
+  terms.terms[1] = second;
+  terms.count = 2;
+  gated_sum_forward(out, in, {in_scale, 0}, terms, N, C, stream);
 }
 
 // out = in + gate * bigram, or in_scale * in + gate * bigram (gated_terms_forward's one term).
@@ -1455,12 +1482,14 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
 
 // Record #89's residual lambdas: a residual add x + y becomes r x + p y, r and p one value each on
 // the device (null: 1), a layer's and sublayer's (section 10, "The residual lambdas"); p may instead
-// be a value a row, row n's at p + n * p_stride (record #89's gated skip with MUDD gates, s_n). The
-// sum is rounded once; without scales it is x + y, the plain add's bits.
+// be a value a row, row n's at p + n * p_stride (record #89's gated skip with MUDD gates, s_n), and r
+// likewise at r + n * r_stride (with p, record #89's MUDD dense connections' last layer). The sum is
+// rounded once; without scales it is x + y, the plain add's bits.
 struct SublayerScales {
   const floatX* r = nullptr;
   const floatX* p = nullptr;
   int p_stride = 0;
+  int r_stride = 0;
   __host__ __device__ bool any() const { return r || p; }
 };
 struct SublayerScaleValues {
@@ -1468,7 +1497,7 @@ struct SublayerScaleValues {
   float r, p;
 };
 __device__ __forceinline__ SublayerScaleValues sublayer_scale_values(const SublayerScales& s, size_t row) {
-  return {s.any(), s.r ? (float)s.r[0] : 1.0f, s.p ? (float)s.p[row * s.p_stride] : 1.0f};
+  return {s.any(), s.r ? (float)s.r[row * s.r_stride] : 1.0f, s.p ? (float)s.p[row * s.p_stride] : 1.0f};
 }
 __device__ __forceinline__ float sublayer_add(float x, float y, const SublayerScaleValues& s) {
   return s.scaled ? __fmaf_rn(s.r, x, __fmul_rn(s.p, y)) : x + y;
@@ -1921,6 +1950,58 @@ __global__ void sublayer_lambdas_backward_kernel(floatX* dy, floatX* dout, float
   row_block_sums_store(partials, sums);
 }
 
+// Scales a row (SublayerScales' strides): grid kRowBlocks of kGateRowWarps warps, warp w taking its block's
+// rows w, w + 8, ... in turn, a lane its 16-byte pieces in order: dy = p_n dout, dout = r_n dout in place,
+// and dr_n = dout . x, dp_n = dout . y over row n (the lanes' sums in warp_reduce_sum's tree), written
+// into the rows' gradients (GateGradient) rounded once.
+__global__ void sublayer_row_lambdas_backward_kernel(floatX* dy, floatX* dout, GateGradient dr, GateGradient dp,
+                                                     const floatX* x, const floatX* y, SublayerScales scales, int N,
+                                                     int C) {
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kGateRowWarps) {
+    const SublayerScaleValues s = sublayer_scale_values(scales, row);
+    const size_t base = (size_t)row * C;
+    float sum_x = 0.0f, sum_y = 0.0f;
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const x128 d = load128(dout + base + c), vx = load128(x + base + c), vy = load128(y + base + c);
+      x128 ox, oy;
+      for (int k = 0; k < x128::size; k++) {
+        const float g = (float)d[k];
+        sum_x += g * (float)vx[k];
+        sum_y += g * (float)vy[k];
+        ox[k] = (floatX)__fmul_rn(s.r, g);
+        oy[k] = (floatX)__fmul_rn(s.p, g);
+      }
+      store128(dout + base + c, ox);
+      store128(dy + base + c, oy);
+    }
+    sum_x = warp_reduce_sum(sum_x);
+    sum_y = warp_reduce_sum(sum_y);
+    if (lane == 0) {
+      dr.values[(size_t)row * dr.stride] = (floatX)sum_x;
+      dp.values[(size_t)row * dp.stride] = (floatX)sum_y;
+    }
+  }
+}
+
+// The same with scales a row (record #89's MUDD coefficients): their gradients written a row.
+void sublayer_row_lambdas_backward(floatX* dy, floatX* dout, GateGradient dr, GateGradient dp, const floatX* x,
+                                   const floatX* y, const SublayerScales& scales, int N, int C, cudaStream_t stream) {
+  const char* name = "sublayer_row_lambdas_backward";
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
+          name, N, C, x128::size);
+  REQUIRE(scales.r && scales.p && scales.r_stride > 0 && scales.p_stride > 0 && dr.values && dp.values &&
+              dr.stride > 0 && dp.stride > 0,
+          "%s: give both scales a row and both of their gradients a row", name);
+  REQUIRE(dy != dout && dy != x && dy != y && dout != x && dout != y,
+          "%s: dy and dout must not share memory with each other, x or y", name);
+  sublayer_row_lambdas_backward_kernel<<<kRowBlocks, kGateRowWarps * WARP_SIZE, 0, stream>>>(dy, dout, dr, dp, x, y,
+                                                                                            scales, N, C);
+  cudaCheckLaunch();
+}
+
 // partials: kRowBlocks * 2 floats.
 void sublayer_lambdas_backward(floatX* dy, floatX* dout, floatX* dr, floatX* dp, float* partials, const floatX* x,
                                const floatX* y, const SublayerScales& scales, int N, int C, uint32_t seed,
@@ -1928,7 +2009,7 @@ void sublayer_lambdas_backward(floatX* dy, floatX* dout, floatX* dr, floatX* dp,
   const char* name = "sublayer_lambdas_backward";
   REQUIRE(N > 0 && C > 0 && C % x128::size == 0, "%s: N=%d must be positive and C=%d a positive multiple of %d",
           name, N, C, x128::size);
-  REQUIRE(scales.r && scales.p && dr && dp && scales.p_stride == 0,
+  REQUIRE(scales.r && scales.p && dr && dp && scales.p_stride == 0 && scales.r_stride == 0,
           "%s: give both scales (one value each) and both of their gradients", name);
   REQUIRE(dy != dout && dy != x && dy != y && dout != x && dout != y,
           "%s: dy and dout must not share memory with each other, x or y", name);
@@ -3746,6 +3827,102 @@ void value_mix_backward(floatX* dqkv, floatX* dscales, floatX* dve, floatX* scra
     }
   }
   if (ve) encoder_backward(dve, nullptr, *plan, scratch, 1, N, C, seed ^ 0x1b873593u, stream);
+}
+
+// Record #89's MUDD dense connections' value on the plan's last layer: v + (g_h e + extra), e = ve[token],
+// g_h a row's gate of head h's half (first: the first NH/2 heads, second: the rest), extra [N, C] the
+// layer's other value terms (section 10): g_h e rounded, its sum with extra rounded, then the sum with
+// v rounded, as the reference's steps. Backward (dv is v's gradient as it was): dextra = dv, the rows
+// of dve[token] = g_h dv (rounded, for the encoder's bucketed backward) and each half's gate gradient
+// dg_n = the sum of dv . e over the half's columns of row n, a warp a row (its pieces in order, then
+// warp_reduce_sum's tree): deterministic. Floor: forward reads 3NC, writes NC; backward reads 2NC,
+// writes 2NC; memory-bound.
+struct ValueRowGates {
+  GateRows first, second;
+  int NH = 0;
+};
+
+__device__ __forceinline__ float value_row_gate(const ValueRowGates& g, size_t row, int c, int C) {
+  return c / (C / g.NH) < g.NH / 2 ? g.first.at(row) : g.second.at(row);
+}
+
+__global__ void value_mix_rows_forward_kernel(floatX* qkv, const floatX* ve, const int* tokens, ValueRowGates gates,
+                                              const floatX* extra, int N, int C) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= (size_t)N * C) return;
+  const size_t row = i / C;
+  const int c = (int)(i % C);
+  floatX* v = qkv + row * 3 * C + 2 * C + c;
+  const float g = value_row_gate(gates, row, c, C);
+  const x128 vv = load128(v), e = load128(ve + (size_t)tokens[row] * C + c), x = load128(extra + i);
+  x128 o;
+  for (int k = 0; k < x128::size; k++) {
+    const float term = (float)(floatX)((float)(floatX)(g * (float)e[k]) + (float)x[k]);
+    o[k] = (floatX)((float)vv[k] + term);
+  }
+  store128(v, o);
+}
+
+__global__ void value_mix_rows_backward_kernel(floatX* dextra, floatX* dve_rows, GateGradient dfirst,
+                                               GateGradient dsecond, const floatX* dqkv, const floatX* ve,
+                                               const int* tokens, ValueRowGates gates, int N, int C) {
+  const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+  const int rpb = rows_per_block(N), half = (C / gates.NH) * (gates.NH / 2);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  for (int row = r0 + warp; row < r1; row += kGateRowWarps) {
+    const size_t base = (size_t)row * C;
+    const floatX* e_row = ve + (size_t)tokens[row] * C;
+    float sums[2] = {};
+    for (int c = lane * x128::size; c < C; c += WARP_SIZE * x128::size) {
+      const float g = value_row_gate(gates, row, c, C);
+      const x128 dv = load128(dqkv + (size_t)row * 3 * C + 2 * C + c), e = load128(e_row + c);
+      x128 o;
+      for (int k = 0; k < x128::size; k++) {
+        sums[c < half ? 0 : 1] += (float)dv[k] * (float)e[k];
+        o[k] = (floatX)(g * (float)dv[k]);
+      }
+      store128(dve_rows + base + c, o);
+      store128(dextra + base + c, dv);
+    }
+    const float first = warp_reduce_sum(sums[0]), second = warp_reduce_sum(sums[1]);
+    if (lane == 0) {
+      dfirst.values[(size_t)row * dfirst.stride] = (floatX)first;
+      dsecond.values[(size_t)row * dsecond.stride] = (floatX)second;
+    }
+  }
+}
+
+void value_mix_rows_check(const char* name, const ValueRowGates& gates, int N, int C) {
+  REQUIRE(N > 0 && C > 0 && C % x128::size == 0 && gates.NH > 0 && gates.NH % 2 == 0 && C % gates.NH == 0 &&
+              (C / gates.NH) % x128::size == 0,
+          "%s: N=%d must be positive, NH=%d even and C=%d a multiple of NH whose heads are multiples of %d", name, N,
+          gates.NH, C, x128::size);
+  REQUIRE(gates.first.stride > 0 && gates.second.stride > 0, "%s: the gates are a value a row", name);
+}
+
+// v in qkv [N, 3C] += g_h e + extra (above); ve the layer's value embedding table.
+void value_mix_rows_forward(floatX* qkv, const floatX* ve, const int* tokens, const ValueRowGates& gates,
+                            const floatX* extra, int N, int C, cudaStream_t stream) {
+  value_mix_rows_check("value_mix_rows_forward", gates, N, C);
+  const size_t n = (size_t)N * C;
+  value_mix_rows_forward_kernel<<<ceil_div(n / x128::size, (size_t)kValueMixThreads), kValueMixThreads, 0, stream>>>(
+      qkv, ve, tokens, gates, extra, N, C);
+  cudaCheckLaunch();
+}
+
+// From dqkv's dv: dextra [N, C] = dv, the gates' row gradients, and dve[token] += g_h dv through
+// encoder_backward with plan (scratch [N, C] its rows, overwritten; stochastic rounding from seed).
+void value_mix_rows_backward(floatX* dextra, floatX* dve, GateGradient dfirst, GateGradient dsecond, floatX* scratch,
+                             const floatX* dqkv, const floatX* ve, const int* tokens, const ValueRowGates& gates,
+                             const EncoderBackwardPlan& plan, int N, int C, uint32_t seed, cudaStream_t stream) {
+  const char* name = "value_mix_rows_backward";
+  value_mix_rows_check(name, gates, N, C);
+  REQUIRE(dfirst.stride > 0 && dsecond.stride > 0 && dextra != scratch, "%s: the gates' gradients a row, and dextra "
+          "apart from the scratch", name);
+  value_mix_rows_backward_kernel<<<kRowBlocks, kGateRowWarps * WARP_SIZE, 0, stream>>>(
+      dextra, scratch, dfirst, dsecond, dqkv, ve, tokens, gates, N, C);
+  cudaCheckLaunch();
+  encoder_backward(dve, nullptr, plan, scratch, 1, N, C, seed, stream);
 }
 
 // ---- The speedrun's attention gate (SPEC "The speedrun architecture") ----
@@ -7826,15 +8003,17 @@ void gelu_erf_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStrea
 
 // ---- Record #89's MUDD gate rows (section 10): the generator's product [N, stride] (W2's rows padded
 // to stride with zeros) becomes pre = product + b2 and rows = pre scale over its first `columns`
-// columns, each rounded to floatX as the reference's BF16 steps, its other columns zero. Backward:
-// dpre = drows scale rounded (zero past `columns`), db2[k] += the sum of dpre over the rows, and dscale
-// += the sum of pre . drows over the rows and columns: one block a column (and one for the scale),
+// columns, each rounded to floatX as the reference's BF16 steps, its other columns zero; the scale a
+// parameter (the gate generators'), or fixed (the dense connections' 0.1, a float as the reference's
+// Python constant). Backward: dpre = drows scale rounded (zero past `columns`), db2[k] += the sum of
+// dpre over the rows, and a parameter's dscale += the sum of pre . drows over the rows and columns:
+// one block a column (and one for a parameter scale),
 // each thread its rows in order, then block_reduce_sum's tree: deterministic. Floor: forward reads
 // 2N stride values, writes 2N stride; backward reads 2N stride, writes N stride; memory-bound and tiny.
 constexpr int kGateRowsThreads = 256;
 
 __global__ void gate_rows_bias_scale_kernel(floatX* rows, floatX* pre, const floatX* product, const floatX* bias,
-                                            const floatX* scale, int N, int columns, int stride) {
+                                            const floatX* scale, float fixed_scale, int N, int columns, int stride) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * stride) return;
   const int k = (int)(i % stride);
@@ -7844,15 +8023,16 @@ __global__ void gate_rows_bias_scale_kernel(floatX* rows, floatX* pre, const flo
   }
   const floatX sum = (floatX)((float)product[i] + (float)bias[k]);
   pre[i] = sum;
-  rows[i] = (floatX)((float)sum * (float)scale[0]);
+  rows[i] = (floatX)((float)sum * (scale ? (float)scale[0] : fixed_scale));
 }
 
 __global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, floatX* dbias, floatX* dscale,
                                                      const floatX* drows, const floatX* pre, const floatX* scale,
-                                                     int N, int columns, int stride, uint32_t seed) {
+                                                     float fixed_scale, int N, int columns, int stride,
+                                                     uint32_t seed) {
   __shared__ float shared[WARP_SIZE];
   const int k = blockIdx.x;
-  const float s = (float)scale[0];
+  const float s = scale ? (float)scale[0] : fixed_scale;
   float sum = 0.0f;
   for (int n = threadIdx.x; n < N; n += blockDim.x) {
     const size_t row = (size_t)n * stride;
@@ -7880,25 +8060,29 @@ void gate_rows_check(const char* name, int N, int columns, int stride) {
 }
 
 // rows [N, stride] = (product + bias) scale over the first `columns` columns (zero after), pre [N,
-// stride] the sum before the scale, which the backward reads; bias [columns], scale one value.
+// stride] the sum before the scale, which the backward reads; bias [columns], scale one value on the
+// device, or null: fixed_scale.
 void gate_rows_bias_scale(floatX* rows, floatX* pre, const floatX* product, const floatX* bias, const floatX* scale,
-                          int N, int columns, int stride, cudaStream_t stream) {
+                          int N, int columns, int stride, cudaStream_t stream, float fixed_scale = 1.0f) {
   gate_rows_check("gate_rows_bias_scale", N, columns, stride);
   const size_t n = (size_t)N * stride;
   gate_rows_bias_scale_kernel<<<ceil_div(n, (size_t)kGateRowsThreads), kGateRowsThreads, 0, stream>>>(
-      rows, pre, product, bias, scale, N, columns, stride);
+      rows, pre, product, bias, scale, fixed_scale, N, columns, stride);
   cudaCheckLaunch();
 }
 
 // From drows [N, stride], dpre [N, stride] (written: drows scale, zero past `columns`), dbias [columns]
-// += its column sums and dscale += the sum of pre . drows, each rounded stochastically from seed.
+// += its column sums and, with a parameter scale, dscale += the sum of pre . drows, each rounded
+// stochastically from seed; scale null: fixed_scale, and no dscale.
 void gate_rows_bias_scale_backward(floatX* dpre, floatX* dbias, floatX* dscale, const floatX* drows,
                                    const floatX* pre, const floatX* scale, int N, int columns, int stride,
-                                   uint32_t seed, cudaStream_t stream) {
+                                   uint32_t seed, cudaStream_t stream, float fixed_scale = 1.0f) {
   gate_rows_check("gate_rows_bias_scale_backward", N, columns, stride);
   REQUIRE(dpre != drows, "gate_rows_bias_scale_backward: dpre must be apart from drows");
-  gate_rows_bias_scale_backward_kernel<<<columns + 1, kGateRowsThreads, 0, stream>>>(
-      dpre, dbias, dscale, drows, pre, scale, N, columns, stride, seed);
+  REQUIRE((scale == nullptr) == (dscale == nullptr),
+          "gate_rows_bias_scale_backward: a parameter scale and its gradient go together");
+  gate_rows_bias_scale_backward_kernel<<<columns + (scale ? 1 : 0), kGateRowsThreads, 0, stream>>>(
+      dpre, dbias, dscale, drows, pre, scale, fixed_scale, N, columns, stride, seed);
   cudaCheckLaunch();
 }
 
@@ -9614,7 +9798,8 @@ enum ActIndex {
   kResidual2, kLn2, kLn2Mean, kLn2Rstd, kFch, kFchAct, kResidual3, kLnf, kLnfMean, kLnfRstd,
   kLosses, kOutput, kMixed, kVPre, kGates, kGated, kTokenEmbedded, kSmearGates, kBigramEmbedded,
   kStreamStart, kAttentionOut, kMlpOut, kXsaOut, kMuddHiddenPre, kMuddHidden, kMuddPreScale, kMuddGates,
-  kMuddWeights, kMuddSkipScale, kComposedOut, kComposedLse, kComposedRowDots, kNumActTensors
+  kMuddWeights, kMuddSkipScale, kComposedOut, kComposedLse, kComposedRowDots, kMuddStream, kMuddValueTerms,
+  kMuddFinalMix, kMuddVe0, kNumActTensors
 };
 
 struct ActSpec {
@@ -9648,6 +9833,8 @@ void xsa_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t
 void composed_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
 void mudd_gates_allocate_scratch(GPT2& m, size_t N);
+void mudd_connections_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]);
+void mudd_connections_allocate_scratch(GPT2& m, size_t N);
 struct Activations;
 void bigram_allocate_rows(Activations& a, const llmc::ArchSpec& arch, size_t N);
 size_t attention_gate_partials(const GPT2& m, size_t N);
@@ -9735,6 +9922,10 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
       {"composed_out", 0, 1, false},
       {"composed_lse", 0, 1, true},
       {"composed_row_dots", 0, 1, true},
+      {"mudd_stream", 0, 1, false},
+      {"mudd_value_terms", 0, 1, false},
+      {"mudd_final_mix", 0, 1, false},
+      {"mudd_ve0", 0, 1, false},
   };
   for (int i = 0; i < kNumActTensors; i++) t[i] = table[i];
   residual_mix_activation_rows(arch, dims, t);
@@ -9745,6 +9936,7 @@ void activation_table(const llmc::GPT2Config& c, int B, int T, bool act_per_laye
   sublayer_lambdas_activation_rows(arch, dims, t);
   xsa_activation_rows(arch, dims, t);
   mudd_gates_activation_rows(arch, dims, t);
+  mudd_connections_activation_rows(arch, dims, t);
   composed_activation_rows(arch, dims, t);
 }
 
@@ -9900,6 +10092,13 @@ struct Activations {
   floatX* mudd_dpre = nullptr;
   floatX* mudd_dhidden = nullptr;
   floatX* mudd_dweight = nullptr;
+  // Record #89's MUDD dense connections (ArchSpec::mudd_connections): the gradients [B*T, C] of the rows
+  // they mix that no block's gradient holds when they join (in0's, out9's), and of the value embedding
+  // ve0's rows; and the value terms' gradient (its scratch).
+  floatX* dmudd_in0 = nullptr;
+  floatX* dmudd_out9 = nullptr;
+  floatX* dmudd_ve0 = nullptr;
+  floatX* dmudd_value_terms = nullptr;
   size_t act_bytes = 0;  // on the GPU, activations and scratch
 
   floatX* act(int i, int layer = 0) { return (floatX*)acts[i] + layer * act_layer_stride[i]; }
@@ -10034,11 +10233,12 @@ void gpt2_allocate_optimizer_state(OptimizerState& o, const ModelParams& p, bool
 }
 
 // Fails for a model (from `where`) with a feature of its file's layout that this trainer does not run:
-// record #89's MUDD dense connections, which train_gpt2.py has.
+// record #89's MUDD dense connections without its gate generators (this trainer runs them on their rows).
 void require_runnable_features(const llmc::GPT2Config& config, const std::string& where) {
-  REQUIRE(!config.mudd_connections, "%s holds a model with record #89's MUDD dense connections (header slot %d's "
-          "bit %d), which this trainer does not run yet: train_gpt2.py --mudd_connections 1 does", where.c_str(),
-          llmc::kFeaturesSlot, llmc::kFeatureMuddConnections);
+  REQUIRE(!config.mudd_connections || config.mudd_gates, "%s holds a model with record #89's MUDD dense connections "
+          "(header slot %d's bit %d) but not its MUDD gate generators, which this trainer runs them with: "
+          "train_gpt2.py --mudd_connections 1 runs it", where.c_str(), llmc::kFeaturesSlot,
+          llmc::kFeatureMuddConnections);
 }
 
 // The parameters and gradients of config, zeroed. shard_count > 1: ZeRO stage 1, this process
@@ -10218,6 +10418,7 @@ void gpt2_allocate_scratch(GPT2& m, int B, int T, int fp8, const AttentionSpec& 
   bigram_allocate_scratch(m, BT);
   sublayer_lambdas_allocate_scratch(m, BT);
   mudd_gates_allocate_scratch(m, BT);
+  mudd_connections_allocate_scratch(m, BT);
   m.norm_partials = device_alloc<float>(kNormBlocks + 1, "the norm partials");
   m.inputs = device_alloc<int>(BT, "the inputs");
   m.targets = device_alloc<int>(BT, "the targets");
@@ -10637,7 +10838,7 @@ struct BlockRows {
   floatX* composed = nullptr;      // the composed attention's output (its layer's), XSA's input there
   float* composed_lse = nullptr;   // and each head's log-sum-exp [N, NH], for its backward
   // Record #89's MUDD gate generators' rows (pre, post; llmc::kMuddGateStride apart), or null.
-  const floatX* mudd_rows[2] = {nullptr, nullptr};
+  const floatX* mudd_rows[4] = {nullptr, nullptr, nullptr, nullptr};
   floatX* skip_scale = nullptr;     // the gated skip's scale a row, with MUDD's g a row
   floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
@@ -11189,8 +11390,12 @@ void head_backward(GPT2& m, int N, uint32_t seed) {
 
 // The residual stream into block l: the embedding's, or block l-1's output; l = L: the final
 // norm's input.
-// With the bigram embedding the stream starts at the embedding plus its gated bigram embedding.
+// With the bigram embedding the stream starts at the embedding plus its gated bigram embedding. With
+// record #89's MUDD dense connections the last block's input is their stream and the final norm's
+// their final mix.
 floatX* block_input(GPT2& m, int l) {
+  const int L = m.config.num_layers;
+  if (m.arch().mudd_connections && l >= L - 1) return m.act(l == L ? kMuddFinalMix : kMuddStream);
   if (l > 0) return m.act(kResidual3, l - 1);
   return m.arch().bigram ? m.act(kStreamStart) : m.act(kEncoded);
 }
@@ -11204,14 +11409,15 @@ bool block_norms_own_input(const GPT2& m, int l) {
 
 // The norm after block l, fused with its second residual add: the next block's first, or after
 // the last block the final norm; none (present false) where the next block mixes its input first
-// (x0_lambdas), so that its norm follows the mix, or normalises another input (block_norms_own_input).
+// (x0_lambdas), so that its norm follows the mix, or normalises another input (block_norms_own_input),
+// nor after the last block with the MUDD dense connections (their final mix comes first).
 struct NormAt {
   NormSpec spec;
   int layer;
   bool present;
 };
 NormAt norm_after_block(const GPT2& m, int l) {
-  if (l == m.config.num_layers - 1) return {kNormF, 0, true};
+  if (l == m.config.num_layers - 1) return {kNormF, 0, !m.arch().mudd_connections};
   return {kNorm1, l + 1, !m.arch().x0_lambdas && block_norms_own_input(m, l + 1)};
 }
 
@@ -11320,10 +11526,20 @@ ValueMixGates value_mix_gates(GPT2& m, int l, const floatX* hn, floatX* dhn = nu
           gate_norm_columns(m)};
 }
 
-// Layer l's mix of v in r.qkv.
+bool mudd_layer(const GPT2& m, int l);
+ValueRowGates mudd_value_gates(GPT2& m, int N);
+bool mudd_value_backward(GPT2& m, int l, int N, KernelSeeds& seeds);
+
+// Layer l's mix of v in r.qkv; on the MUDD dense connections' layer theirs (its value terms computed
+// before the block).
 void value_mix(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().value_mix) return;
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
+  if (mudd_layer(m, l)) {
+    value_mix_rows_forward(r.qkv, ve, r.tokens, mudd_value_gates(m, r.rows()), m.act(kMuddValueTerms), r.rows(),
+                           m.config.channels, m.stream);
+    return;
+  }
   value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), m.config.channels,
                     m.stream, value_mix_gates(m, l, r.ln1.out), llmc::value_mix_learns_a(m.arch()));
 }
@@ -11332,7 +11548,7 @@ void value_mix(GPT2& m, int l, const BlockRows& r) {
 // the value embedding's (scratch_btc its scratch); with gates theirs, and their part of ln1's
 // gradient into dln1_gates (gate_norm_gradient_rows).
 void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSeeds& seeds) {
-  if (!m.arch().value_mix) return;
+  if (!m.arch().value_mix || mudd_value_backward(m, l, N, seeds)) return;
   floatX* dve = layer_value_embedding(m, m.grad(llmc::kVe), l);
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   const bool learned_a = llmc::value_mix_learns_a(m.arch());
@@ -11354,23 +11570,49 @@ void value_mix_backward_rows(GPT2& m, int l, int N, floatX* dln1_gates, KernelSe
 // columns of dmudd_gates (zeroed before each backward pass); each generator's backward then adds its
 // input's gradient: the pre's into x0's (dresidual once block 0's backward is done), the post's
 // into block 4's input's (dresidual after block 4's backward). Parameters: mudd_gate_w1 [2, 64, C],
-// mudd_gate_w2 [2, 41, 64], mudd_gate_b2 [2, 41], mudd_gate_scale [1].
+// mudd_gate_w2 [2, 41, 64], mudd_gate_b2 [2, 41], mudd_gate_scale [1]. With the dense connections (next
+// group) their two generators are generators 2 and 3 of the same rows and steps, their scale fixed.
+
+// The generators a model runs: the gate generators' two, and with the dense connections theirs.
+constexpr int kMuddLayerGenerator = 2, kMuddFinalGenerator = 3;
+int mudd_generators(const llmc::ArchSpec& arch) {
+  return arch.mudd_gates ? (arch.mudd_connections ? 4 : 2) : 0;
+}
+static_assert(llmc::kMuddConnectionHidden == llmc::kMuddGateHidden &&
+                  llmc::kMuddLayerCoefficients <= llmc::kMuddGateStride,
+              "the dense connections' generators take the gate generators' rows and steps");
+
+// Generator g's parameters: tensors (W1, W2, b2), its index in them, W2's rows a generator in the
+// tensor (width), the columns it gives, and its scale (a parameter, or fixed: null).
+struct MuddGenerator {
+  llmc::ParamIndex w1, w2, b2;
+  int index, width, columns;
+  bool learned_scale;
+};
+MuddGenerator mudd_generator(int g) {
+  if (g < kMuddLayerGenerator) {
+    return {llmc::kMuddGateW1, llmc::kMuddGateW2, llmc::kMuddGateB2, g, llmc::kMuddGateWidth,
+            llmc::kMuddGateColumns[g], true};
+  }
+  return {llmc::kMuddW1, llmc::kMuddW2, llmc::kMuddB2, g - kMuddLayerGenerator, llmc::kMuddLayerCoefficients,
+          g == kMuddLayerGenerator ? llmc::kMuddLayerCoefficients : llmc::kMuddFinalCoefficients, false};
+}
 
 void mudd_gates_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
   if (!arch.mudd_gates) return;
-  const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride;
-  t[kMuddHiddenPre].count = 2 * d.BT * hidden;
-  t[kMuddHidden].count = 2 * d.BT * hidden;
-  t[kMuddPreScale].count = 2 * d.BT * stride;
-  t[kMuddGates].count = 2 * d.BT * stride;
-  t[kMuddWeights].count = 2 * (hidden * d.C + stride * hidden);
+  const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride, G = mudd_generators(arch);
+  t[kMuddHiddenPre].count = G * d.BT * hidden;
+  t[kMuddHidden].count = G * d.BT * hidden;
+  t[kMuddPreScale].count = G * d.BT * stride;
+  t[kMuddGates].count = G * d.BT * stride;
+  t[kMuddWeights].count = G * (hidden * d.C + stride * hidden);
   t[kMuddSkipScale].count = d.BT;
 }
 
 void mudd_gates_allocate_scratch(GPT2& m, size_t N) {
   if (!m.arch().mudd_gates) return;
   const size_t hidden = llmc::kMuddGateHidden, stride = llmc::kMuddGateStride;
-  m.dmudd_gates = device_alloc<floatX>(2 * N * stride, "the MUDD gate rows' gradient");
+  m.dmudd_gates = device_alloc<floatX>(mudd_generators(m.arch()) * N * stride, "the MUDD gate rows' gradient");
   m.mudd_dpre = device_alloc<floatX>(N * stride, "the MUDD gate rows' gradient before the scale");
   m.mudd_dhidden = device_alloc<floatX>(N * hidden, "the MUDD gate generators' hidden gradient");
   m.mudd_dweight = device_alloc<floatX>(hidden * m.config.channels, "the MUDD gate generators' weight gradient");
@@ -11382,10 +11624,21 @@ floatX* mudd_rows_gradient(GPT2& m, int g, int N) {
   return m.dmudd_gates + (size_t)g * N * llmc::kMuddGateStride;
 }
 
+// Where a generator gives layer l's gate of `kind`: the dense connections' layer generator its x0 and
+// bigram gates on their layer, else the gate generators' columns (llmc::mudd_gate_column) where the
+// model has them; generator -1: none, the gate is its scalar parameter.
+llmc::MuddGateColumn mudd_gate_at(const GPT2& m, llmc::MuddGate kind, int l) {
+  if (m.arch().mudd_connections && l == m.config.num_layers - 1) {
+    if (kind == llmc::kMuddX0) return {kMuddLayerGenerator, llmc::kMuddAttentionX0};
+    if (kind == llmc::kMuddBigram) return {kMuddLayerGenerator, llmc::kMuddAttentionBigram};
+  }
+  return m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+}
+
 // Layer l's gate of `kind` as the kernels read it: its columns of a generator's rows (r.mudd_rows),
 // where the model has the generators and they give it, else `scalar`, the parameter every row shares.
 GateRows gate_rows(const GPT2& m, const BlockRows& r, llmc::MuddGate kind, int l, const floatX* scalar) {
-  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  const llmc::MuddGateColumn at = mudd_gate_at(m, kind, l);
   if (at.generator < 0) return {scalar, 0};
   return {r.mudd_rows[at.generator] + at.column, llmc::kMuddGateStride};
 }
@@ -11393,12 +11646,12 @@ GateRows gate_rows(const GPT2& m, const BlockRows& r, llmc::MuddGate kind, int l
 // The same in a training pass of N rows (the backward's), and the gradient the gate's backward writes:
 // its columns of dmudd_gates, or dscalar's (accumulated).
 GateRows kept_gate_rows(GPT2& m, llmc::MuddGate kind, int l, int N, const floatX* scalar) {
-  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  const llmc::MuddGateColumn at = mudd_gate_at(m, kind, l);
   if (at.generator < 0) return {scalar, 0};
   return {mudd_rows(m, at.generator, N) + at.column, llmc::kMuddGateStride};
 }
 GateGradient gate_gradient(GPT2& m, llmc::MuddGate kind, int l, int N, floatX* dscalar) {
-  const llmc::MuddGateColumn at = m.arch().mudd_gates ? llmc::mudd_gate_column(kind, l) : llmc::MuddGateColumn{-1, -1};
+  const llmc::MuddGateColumn at = mudd_gate_at(m, kind, l);
   if (at.generator < 0) return {dscalar, 0};
   return {mudd_rows_gradient(m, at.generator, N) + at.column, llmc::kMuddGateStride};
 }
@@ -11406,8 +11659,7 @@ GateGradient gate_gradient(GPT2& m, llmc::MuddGate kind, int l, int N, floatX* d
 // A training or evaluation pass's rows of N tokens in block l's BlockRows (block_rows).
 void mudd_gates_point_rows(GPT2& m, BlockRows& r, int N) {
   if (!m.arch().mudd_gates) return;
-  r.mudd_rows[0] = mudd_rows(m, 0, N);
-  r.mudd_rows[1] = mudd_rows(m, 1, N);
+  for (int g = 0; g < mudd_generators(m.arch()); g++) r.mudd_rows[g] = mudd_rows(m, g, N);
   r.skip_scale = m.act(kMuddSkipScale);
 }
 
@@ -11450,18 +11702,19 @@ void mudd_weight_gradient(floatX* grad, const floatX* dout, const floatX* inp, i
 // Generator g's rows of x [N, C] into rows [N, stride], the steps between into w's.
 void mudd_generator_forward(GPT2& m, int g, const floatX* x, floatX* rows, const MuddGeneratorRows& w, int N) {
   const int C = m.config.channels, H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride;
-  const int columns = llmc::kMuddGateColumns[g];
+  const MuddGenerator gen = mudd_generator(g);
   floatX *w1 = w.w1, *w2 = w.w2, *hidden_pre = w.hidden_pre, *hidden = w.hidden, *pre = w.pre;
-  cudaCheck(cudaMemcpyAsync(w1, m.param(llmc::kMuddGateW1) + (size_t)g * H * C, (size_t)H * C * sizeof(floatX),
+  cudaCheck(cudaMemcpyAsync(w1, m.param(gen.w1) + (size_t)gen.index * H * C, (size_t)H * C * sizeof(floatX),
                             cudaMemcpyDeviceToDevice, m.stream));
   cudaCheck(cudaMemsetAsync(w2, 0, (size_t)S * H * sizeof(floatX), m.stream));
-  cudaCheck(cudaMemcpyAsync(w2, m.param(llmc::kMuddGateW2) + (size_t)g * llmc::kMuddGateWidth * H,
-                            (size_t)columns * H * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
+  cudaCheck(cudaMemcpyAsync(w2, m.param(gen.w2) + (size_t)gen.index * gen.width * H,
+                            (size_t)gen.columns * H * sizeof(floatX), cudaMemcpyDeviceToDevice, m.stream));
   matmul_forward(hidden_pre, x, w1, nullptr, N, C, H, nullptr, m.stream);
   gelu_erf_forward(hidden, hidden_pre, (size_t)N * H, m.stream);
   matmul_forward(pre, hidden, w2, nullptr, N, H, S, nullptr, m.stream);
-  gate_rows_bias_scale(rows, pre, pre, m.param(llmc::kMuddGateB2) + (size_t)g * llmc::kMuddGateWidth,
-                       m.param(llmc::kMuddGateScale), N, columns, S, m.stream);
+  gate_rows_bias_scale(rows, pre, pre, m.param(gen.b2) + (size_t)gen.index * gen.width,
+                       gen.learned_scale ? m.param(llmc::kMuddGateScale) : nullptr, N, gen.columns, S, m.stream,
+                       (float)llmc::kMuddConnectionScale);
 }
 
 // A pass's generator g of x [N, C] (x0 for the pre, block 4's input for the post) into its kept rows.
@@ -11473,7 +11726,8 @@ void mudd_gates_forward(GPT2& m, int g, const floatX* x, int N) {
 // Zeroes dmudd_gates before a backward pass of N rows: columns no gate reads keep a zero gradient.
 void mudd_gates_zero_gradients(GPT2& m, int N) {
   if (!m.arch().mudd_gates) return;
-  cudaCheck(cudaMemsetAsync(m.dmudd_gates, 0, 2 * (size_t)N * llmc::kMuddGateStride * sizeof(floatX), m.stream));
+  cudaCheck(cudaMemsetAsync(m.dmudd_gates, 0,
+                            mudd_generators(m.arch()) * (size_t)N * llmc::kMuddGateStride * sizeof(floatX), m.stream));
 }
 
 // From generator g's rows' gradient (complete once the gates it gives have their backward), its
@@ -11481,20 +11735,205 @@ void mudd_gates_zero_gradients(GPT2& m, int N) {
 void mudd_gates_backward(GPT2& m, int g, const floatX* x, floatX* dx, int N, KernelSeeds& seeds) {
   if (!m.arch().mudd_gates) return;
   const int C = m.config.channels, H = llmc::kMuddGateHidden, S = llmc::kMuddGateStride;
-  const int columns = llmc::kMuddGateColumns[g];
-  const size_t w2_offset = (size_t)g * llmc::kMuddGateWidth * H;
+  const MuddGenerator gen = mudd_generator(g);
+  const size_t w2_offset = (size_t)gen.index * gen.width * H;
   const MuddGeneratorRows w = mudd_pass_rows(m, g, N);
-  gate_rows_bias_scale_backward(m.mudd_dpre, m.grad(llmc::kMuddGateB2) + g * llmc::kMuddGateWidth,
-                                m.grad(llmc::kMuddGateScale), mudd_rows_gradient(m, g, N), w.pre,
-                                m.param(llmc::kMuddGateScale), N, columns, S, seeds.next(), m.stream);
-  mudd_weight_gradient(m.grad(llmc::kMuddGateW2) + w2_offset, m.mudd_dpre, w.hidden, N, H, columns, S, m.stream,
+  gate_rows_bias_scale_backward(m.mudd_dpre, m.grad(gen.b2) + gen.index * gen.width,
+                                gen.learned_scale ? m.grad(llmc::kMuddGateScale) : nullptr,
+                                mudd_rows_gradient(m, g, N), w.pre,
+                                gen.learned_scale ? m.param(llmc::kMuddGateScale) : nullptr, N, gen.columns, S,
+                                seeds.next(), m.stream, (float)llmc::kMuddConnectionScale);
+  mudd_weight_gradient(m.grad(gen.w2) + w2_offset, m.mudd_dpre, w.hidden, N, H, gen.columns, S, m.stream,
                        m.mudd_dweight);
   matmul_dinp_product(m.mudd_dhidden, w.w2, false, m.mudd_dpre, nullptr, N, H, S, MatmulOperands(), m.stream);
   gelu_erf_backward_inplace(m.mudd_dhidden, w.hidden_pre, (size_t)N * H, m.stream);
-  mudd_weight_gradient(m.grad(llmc::kMuddGateW1) + (size_t)g * H * C, m.mudd_dhidden, x, N, C, H, H, m.stream,
+  mudd_weight_gradient(m.grad(gen.w1) + (size_t)gen.index * H * C, m.mudd_dhidden, x, N, C, H, H, m.stream,
                        m.mudd_dweight);
   matmul_dinp_product(m.scratch_btc, w.w1, false, m.mudd_dhidden, nullptr, N, C, H, MatmulOperands(), m.stream);
   add_inplace(dx, m.scratch_btc, (size_t)N * C, seeds.next(), m.stream);
+}
+
+// ---- Record #89's MUDD dense connections (ArchSpec::mudd_connections, in its plan, with the gate
+// generators): the plan's last layer and the stream after it mix earlier rows with coefficients a token
+// from two generators of the gate generators' form (generators 2 and 3 above, scale fixed), SPEC
+// "Record #89's MUDD dense connections". in0 is the stream entering layer 0 (block_input(0)), outK layer
+// K's output (out3 and out7 kept, out9 the last layer's input), ve0 layer 1's value-embedding lookup.
+// Forward: generator 2 of out9 gives the last layer's coefficients m; its input becomes the stream
+// (1 + m5) out9 + m3 in0 + m4 out7 (act(kMuddStream), block_input(L - 1)), its value v + (g e + (m0 in0
+// + m1 out7 + m2 out9)) with each half of the heads' gate m6, m7 (the value terms in act(kMuddValueTerms)),
+// its attention's add m8 x + (m9 attn + m10 in0 + m11 b) and its MLP's m12 x + m13 mlp (the residual
+// lambdas' adds with scales a row, the x0 and bigram gates the rows'). After it generator 3 of its output
+// out10 gives the final mix out10 + m0 in0 + m1 out7 + m2 out9 + m3 ve0 + m4 out3 (act(kMuddFinalMix),
+// block_input(L)), then the final norm. Backward: each term's gradient goes where its row's joins: in0's
+// into dmudd_in0 (joined into the stream start's after block 0), out9's into dmudd_out9 (the last
+// layer's input gradient once its block and the stream are done), out3's and out7's into their kept
+// gradients, ve0's through the encoder backward into its table; each generator's input gradient after
+// its coefficients' (section 3's gated terms and row gates; section 6's value rows; section 4's
+// lambdas a row). Parameters: mudd_w1 [2, 64, C], mudd_w2 [2, 14, 64], mudd_b2 [2, 14].
+
+bool mudd_layer(const GPT2& m, int l) { return m.arch().mudd_connections && l == m.config.num_layers - 1; }
+
+void mudd_connections_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
+  if (!arch.mudd_connections) return;
+  for (int i : {kMuddStream, kMuddValueTerms, kMuddFinalMix, kMuddVe0}) t[i].count = d.BT * d.C;
+}
+
+void mudd_connections_allocate_scratch(GPT2& m, size_t N) {
+  if (!m.arch().mudd_connections) return;
+  const size_t n = N * m.config.channels;
+  m.dmudd_in0 = device_alloc<floatX>(n, "the MUDD connections' in0 gradient");
+  m.dmudd_out9 = device_alloc<floatX>(n, "the MUDD connections' out9 gradient");
+  m.dmudd_ve0 = device_alloc<floatX>(n, "the MUDD connections' ve0 gradient");
+  m.dmudd_value_terms = device_alloc<floatX>(n, "the MUDD connections' value terms' gradient");
+}
+
+// Coefficient k of generator g's rows of a pass of N tokens, its gradient, and the term it weighs.
+GateRows mudd_coefficient(GPT2& m, int g, int k, int N, float offset = 0.0f) {
+  return {mudd_rows(m, g, N) + k, llmc::kMuddGateStride, offset};
+}
+GateGradient mudd_coefficient_gradient(GPT2& m, int g, int k, int N) {
+  return {mudd_rows_gradient(m, g, N) + k, llmc::kMuddGateStride};
+}
+
+// The rows the connections mix (a pass's), and where their gradients go.
+const floatX* mudd_in0(GPT2& m) { return block_input(m, 0); }
+const floatX* mudd_out(GPT2& m, int layer) { return m.act(kResidual3, layer); }
+const floatX* mudd_ve0(GPT2& m) { return m.act(kMuddVe0); }
+floatX* mudd_out_gradient(GPT2& m, int layer, int N) {
+  return layer == m.config.num_layers - 2 ? m.dmudd_out9 : kept_gradient(m, layer, N);
+}
+
+// The last layer's value terms m0 in0 + m1 out7 + m2 out9, the final mix's five, and the stream's two
+// (the stream's scale of out9, 1 + m5, apart): generator g's coefficients from column `first` on.
+GatedTerms mudd_terms(GPT2& m, int g, int first, std::initializer_list<const floatX*> rows, int N) {
+  GatedTerms terms;
+  for (const floatX* row : rows) {
+    terms.terms[terms.count] = {row, mudd_coefficient(m, g, first + terms.count, N)};
+    terms.count++;
+  }
+  return terms;
+}
+GatedTerms mudd_value_terms(GPT2& m, int N) {
+  const int L = m.config.num_layers;
+  return mudd_terms(m, kMuddLayerGenerator, llmc::kMuddValueIn0,
+                    {mudd_in0(m), mudd_out(m, llmc::kMuddOut7), mudd_out(m, L - 2)}, N);
+}
+GatedTerms mudd_stream_terms(GPT2& m, int N) {
+  return mudd_terms(m, kMuddLayerGenerator, llmc::kMuddStreamIn0, {mudd_in0(m), mudd_out(m, llmc::kMuddOut7)}, N);
+}
+GatedTerms mudd_final_terms(GPT2& m, int N) {
+  const int L = m.config.num_layers;
+  return mudd_terms(m, kMuddFinalGenerator, 0,
+                    {mudd_in0(m), mudd_out(m, llmc::kMuddOut7), mudd_out(m, L - 2), mudd_ve0(m),
+                     mudd_out(m, llmc::kMuddOut3)}, N);
+}
+// Each term's gradient, in mudd_terms' order.
+std::vector<floatX*> mudd_value_term_gradients(GPT2& m, int N) {
+  return {m.dmudd_in0, mudd_out_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9};
+}
+std::vector<floatX*> mudd_final_term_gradients(GPT2& m, int N) {
+  return {m.dmudd_in0, mudd_out_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9, m.dmudd_ve0,
+          mudd_out_gradient(m, llmc::kMuddOut3, N)};
+}
+
+// The stream's scale of out9, 1 + m5, and the value's head gates.
+GateRows mudd_stream_scale(GPT2& m, int N) {
+  return mudd_coefficient(m, kMuddLayerGenerator, llmc::kMuddStreamX, N, 1.0f);
+}
+ValueRowGates mudd_value_gates(GPT2& m, int N) {
+  return {mudd_coefficient(m, kMuddLayerGenerator, llmc::kMuddVeGateFirst, N),
+          mudd_coefficient(m, kMuddLayerGenerator, llmc::kMuddVeGateSecond, N), m.config.num_heads};
+}
+
+// Before the last block: its coefficients from out9, its input stream and its value terms.
+void mudd_layer_forward(GPT2& m, int N) {
+  if (!m.arch().mudd_connections) return;
+  const int C = m.config.channels, L = m.config.num_layers;
+  const floatX* out9 = mudd_out(m, L - 2);
+  mudd_generator_forward(m, kMuddLayerGenerator, out9, mudd_rows(m, kMuddLayerGenerator, N),
+                         mudd_pass_rows(m, kMuddLayerGenerator, N), N);
+  gated_sum_forward(m.act(kMuddStream), out9, mudd_stream_scale(m, N), mudd_stream_terms(m, N), N, C, m.stream);
+  gated_sum_forward(m.act(kMuddValueTerms), nullptr, {}, mudd_value_terms(m, N), N, C, m.stream);
+}
+
+// After the last block: the final mix of its output, which the final norm then takes.
+void mudd_final_forward(GPT2& m, int N) {
+  if (!m.arch().mudd_connections) return;
+  const int C = m.config.channels, L = m.config.num_layers;
+  const floatX* out10 = mudd_out(m, L - 1);
+  mudd_generator_forward(m, kMuddFinalGenerator, out10, mudd_rows(m, kMuddFinalGenerator, N),
+                         mudd_pass_rows(m, kMuddFinalGenerator, N), N);
+  encoder_forward(m.act(kMuddVe0), m.inputs, layer_value_embedding(m, m.param(llmc::kVe), llmc::kMuddVe0Layer),
+                  nullptr, 1, N, C, m.stream);
+  gated_sum_forward(m.act(kMuddFinalMix), out10, {}, mudd_final_terms(m, N), N, C, m.stream);
+  norm_rows(m, kNormF, 0, {m.act(kLnf), m.act_f(kLnfMean), m.act_f(kLnfRstd)}, m.act(kMuddFinalMix), N);
+}
+
+// The backward of terms (gated_sum_forward's) from dout: each term's gradient += g dout, each
+// coefficient's row gradient dout . term.
+void mudd_terms_backward(GPT2& m, const GatedTerms& terms, const std::vector<floatX*>& dterms, int g, int first,
+                         const floatX* dout, int N) {
+  for (int t = 0; t < terms.count; t++) {
+    gated_term_rows_backward(dterms[t], mudd_coefficient_gradient(m, g, first + t, N), nullptr, dout,
+                             terms.terms[t].values, terms.terms[t].gate, N, m.config.channels, m.stream);
+  }
+}
+
+// The gradients the backward adds into, zeroed before it.
+void mudd_connections_zero_gradients(GPT2& m, int N) {
+  if (!m.arch().mudd_connections) return;
+  const size_t bytes = (size_t)N * m.config.channels * sizeof(floatX);
+  for (floatX* d : {m.dmudd_in0, m.dmudd_out9, m.dmudd_ve0}) cudaCheck(cudaMemsetAsync(d, 0, bytes, m.stream));
+}
+
+// From dresidual, the gradient of the final mix (after the final norm's backward): the terms' and
+// coefficients' gradients, ve0's into its table, then generator 3's; dresidual is then out10's.
+void mudd_final_backward(GPT2& m, int N, KernelSeeds& seeds) {
+  if (!m.arch().mudd_connections) return;
+  const int C = m.config.channels, L = m.config.num_layers;
+  mudd_terms_backward(m, mudd_final_terms(m, N), mudd_final_term_gradients(m, N), kMuddFinalGenerator, 0,
+                      m.dresidual, N);
+  encoder_backward(layer_value_embedding(m, m.grad(llmc::kVe), llmc::kMuddVe0Layer), nullptr, m.encoder_plan,
+                   m.dmudd_ve0, 1, N, C, seeds.next(), m.stream);
+  mudd_gates_backward(m, kMuddFinalGenerator, mudd_out(m, L - 1), m.dresidual, N, seeds);
+}
+
+// The last layer's value from dqkv's dv (scratch_bt4c): the head gates' and ve's gradients, then the value
+// terms'. True where the layer's value is the connections'.
+bool mudd_value_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!mudd_layer(m, l)) return false;
+  const int C = m.config.channels;
+  const ValueRowGates gates = mudd_value_gates(m, N);
+  value_mix_rows_backward(m.dmudd_value_terms, layer_value_embedding(m, m.grad(llmc::kVe), l),
+                          mudd_coefficient_gradient(m, kMuddLayerGenerator, llmc::kMuddVeGateFirst, N),
+                          mudd_coefficient_gradient(m, kMuddLayerGenerator, llmc::kMuddVeGateSecond, N),
+                          m.scratch_btc, m.scratch_bt4c, layer_value_embedding(m, m.param(llmc::kVe), l), m.inputs,
+                          gates, m.encoder_plan, N, C, seeds.next(), m.stream);
+  mudd_terms_backward(m, mudd_value_terms(m, N), mudd_value_term_gradients(m, N), kMuddLayerGenerator,
+                      llmc::kMuddValueIn0, m.dmudd_value_terms, N);
+  return true;
+}
+
+// After the last block's backward, from dresidual, the gradient of its input stream: out9's part (1 + m5)
+// dresidual and the stream terms', then generator 2's; dresidual is then out9's whole gradient.
+void mudd_layer_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!mudd_layer(m, l)) return;
+  const int C = m.config.channels, L = m.config.num_layers;
+  const floatX* out9 = mudd_out(m, L - 2);
+  gated_term_rows_backward(m.dmudd_out9, mudd_coefficient_gradient(m, kMuddLayerGenerator, llmc::kMuddStreamX, N),
+                           nullptr, m.dresidual, out9, mudd_stream_scale(m, N), N, C, m.stream);
+  const std::vector<floatX*> all = mudd_value_term_gradients(m, N);
+  mudd_terms_backward(m, mudd_stream_terms(m, N), {all[0], all[1]}, kMuddLayerGenerator, llmc::kMuddStreamIn0,
+                      m.dresidual, N);
+  cudaCheck(cudaMemcpyAsync(m.dresidual, m.dmudd_out9, (size_t)N * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
+                            m.stream));
+  mudd_gates_backward(m, kMuddLayerGenerator, out9, m.dresidual, N, seeds);
+}
+
+// After block 0's backward, dresidual (the gradient of the stream start in0) takes the connections' part.
+void mudd_in0_join(GPT2& m, int l, int N, KernelSeeds& seeds) {
+  if (!m.arch().mudd_connections || l != 0) return;
+  add_inplace(m.dresidual, m.dmudd_in0, (size_t)N * m.config.channels, seeds.next(), m.stream);
 }
 
 // ---- Record #89's composed attention (ArchSpec::composed_attention, on layer llmc::kComposedLayer): the
@@ -11755,29 +12194,41 @@ void attention_gate_backward_rows(GPT2& m, int l, int B, int T, floatX* dln1_gat
 
 enum Sublayer { kAttentionSublayer = 0, kMlpSublayer = 1 };
 
+// Whether layer l's sublayer adds are scaled: everywhere with the lambdas, and on the MUDD dense connections'
+// layer (its coefficients r and p a token, with or without the lambdas).
+bool sublayer_scaled(const GPT2& m, int l) { return m.arch().resid_lambdas || mudd_layer(m, l); }
+bool any_sublayer_scaled(const llmc::ArchSpec& arch) { return arch.resid_lambdas || arch.mudd_connections; }
+
 void sublayer_lambdas_activation_rows(const llmc::ArchSpec& arch, const ActDims& d, ActSpec t[kNumActTensors]) {
-  if (!arch.resid_lambdas) return;
+  if (!any_sublayer_scaled(arch)) return;
   t[kAttentionOut].count = d.BT * d.C;
   t[kMlpOut].count = d.BT * d.C;
 }
 
 void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N) {
-  if (!m.arch().resid_lambdas) return;
+  if (!any_sublayer_scaled(m.arch())) return;
   m.dsublayer = device_alloc<floatX>(N * m.config.channels, "the sublayers' output gradient");
 }
 
-// Layer l's scales of a sublayer's add, none without the lambdas.
-SublayerScales sublayer_scales(GPT2& m, int l, Sublayer s) {
-  if (!m.arch().resid_lambdas) return {};
+// Layer l's scales of a sublayer's add, none without the lambdas; on the MUDD dense connections' layer the
+// columns of the layer generator's rows of a pass of N tokens (its r and p a token; the lambdas unread).
+SublayerScales sublayer_scales(GPT2& m, int l, Sublayer s, int N) {
+  if (!sublayer_scaled(m, l)) return {};
+  if (mudd_layer(m, l)) {
+    const floatX* rows = mudd_rows(m, kMuddLayerGenerator, N);
+    const int stride = llmc::kMuddGateStride;
+    if (s == kAttentionSublayer) return {rows + llmc::kMuddAttentionR, rows + llmc::kMuddAttentionP, stride, stride};
+    return {rows + llmc::kMuddMlpR, rows + llmc::kMuddMlpP, stride, stride};
+  }
   return {m.param(llmc::kResidLambdas, l) + s, m.param(llmc::kPostLambdas, l) + s};
 }
 
 // Where layer l's fcproj writes in a training pass: its kept output, or scratch_btc (proj).
-floatX* mlp_output_rows(GPT2& m, int l) { return m.arch().resid_lambdas ? m.act(kMlpOut, l) : m.scratch_btc; }
+floatX* mlp_output_rows(GPT2& m, int l) { return sublayer_scaled(m, l) ? m.act(kMlpOut, l) : m.scratch_btc; }
 
 // The sublayers' outputs: kept rows in a training pass with the lambdas, else r.proj (set before).
 void sublayer_lambdas_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
-  const bool kept = m.arch().resid_lambdas && !decoder;
+  const bool kept = sublayer_scaled(m, l) && !decoder;
   r.attention_out = kept ? m.act(kAttentionOut, l) : r.proj;
   r.mlp_out = kept ? m.act(kMlpOut, l) : r.proj;
 }
@@ -11787,11 +12238,19 @@ void sublayer_lambdas_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder
 // next), and the gradient of out, p times it, into dsublayer, which is returned for the product's
 // backward; without the lambdas dresidual itself.
 floatX* sublayer_lambdas_backward_rows(GPT2& m, int l, Sublayer s, const floatX* x, int N, KernelSeeds& seeds) {
-  if (!m.arch().resid_lambdas) return m.dresidual;
+  if (!sublayer_scaled(m, l)) return m.dresidual;
   const floatX* out = m.act(s == kAttentionSublayer ? kAttentionOut : kMlpOut, l);
+  const SublayerScales scales = sublayer_scales(m, l, s, N);
+  if (scales.r_stride > 0) {  // the MUDD dense connections' r and p a token
+    const int r = s == kAttentionSublayer ? llmc::kMuddAttentionR : llmc::kMuddMlpR;
+    sublayer_row_lambdas_backward(m.dsublayer, m.dresidual, mudd_coefficient_gradient(m, kMuddLayerGenerator, r, N),
+                                  mudd_coefficient_gradient(m, kMuddLayerGenerator, r + 1, N), x, out, scales, N, m.config.channels,
+                                  m.stream);
+    return m.dsublayer;
+  }
   sublayer_lambdas_backward(m.dsublayer, m.dresidual, m.grad(llmc::kResidLambdas, l) + s,
-                            m.grad(llmc::kPostLambdas, l) + s, m.partials, x, out, sublayer_scales(m, l, s), N,
-                            m.config.channels, seeds.next(), m.stream);
+                            m.grad(llmc::kPostLambdas, l) + s, m.partials, x, out, scales, N, m.config.channels,
+                            seeds.next(), m.stream);
   return m.dsublayer;
 }
 
@@ -11845,7 +12304,7 @@ void residual_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
   r.output_in_next_mix = !norm_after_block(m, l).present;
   if (l > 0) {
     r.input_before_add = m.act(kResidual2, l - 1);
-    r.input_add = {mlp_output_rows(m, l - 1), block_input(m, l), sublayer_scales(m, l - 1, kMlpSublayer)};
+    r.input_add = {mlp_output_rows(m, l - 1), block_input(m, l), sublayer_scales(m, l - 1, kMlpSublayer, r.rows())};
   }
 }
 
@@ -12068,17 +12527,27 @@ void record89_plan_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
   r.attention_source = s.attention_source >= 0 ? m.act(kResidual3, s.attention_source) : nullptr;
 }
 
+// The rows layer l's x0 term weighs: x0 (the normed embedding), or on the dense connections' layer in0
+// (the stream entering layer 0).
+const floatX* x0_term_rows(GPT2& m, int l, const floatX* x0) {
+  return m.arch().mudd_connections && l == m.config.num_layers - 1 ? block_input(m, 0) : x0;
+}
+
 // What block l's residual add takes of its attention output r.attention_out (with scales): that
 // output, or where the layer adds gated terms (x0 with record #89's plan, the bigram embedding after
 // the first layer) their sum in r.proj, out + g x0 + g' b; with the residual lambdas p out + ..., and
 // the add's p then 1 (scales.p cleared).
 const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales& scales) {
-  GatedTerm x0, bigram;
-  if (m.arch().x0_gates) x0 = {r.x0, gate_rows(m, r, llmc::kMuddX0, l, m.param(llmc::kX0Gates, l))};
+  GatedTerms terms;
+  terms.count = 2;
+  GatedTerm &x0 = terms.terms[0], &bigram = terms.terms[1];
+  if (m.arch().x0_gates) x0 = {x0_term_rows(m, l, r.x0), gate_rows(m, r, llmc::kMuddX0, l, m.param(llmc::kX0Gates, l))};
   if (r.bigram && l > 0) bigram = {r.bigram, gate_rows(m, r, llmc::kMuddBigram, l, m.param(llmc::kBigramGates, l))};
   if (!x0.values && !bigram.values) return r.attention_out;
-  gated_terms_forward(r.proj, r.attention_out, scales.p, x0, bigram, r.rows(), m.config.channels, m.stream);
+  gated_sum_forward(r.proj, r.attention_out, {scales.p, scales.p_stride}, terms, r.rows(), m.config.channels,
+                    m.stream);
   scales.p = nullptr;
+  scales.p_stride = 0;
   return r.proj;
 }
 
@@ -12106,9 +12575,11 @@ floatX* attention_input_gradient(GPT2& m, int l, int N) {
 // From dresidual, the gradient of block l's residual2: x0's term's (its gate's; x0's part into dx0).
 void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_gates) return;
-  bigram_gate_backward(m.dx0, gate_gradient(m, llmc::kMuddX0, l, N, m.grad(llmc::kX0Gates, l)), m.partials,
-                       m.dresidual, m.act(kEncoded), kept_gate_rows(m, llmc::kMuddX0, l, N, m.param(llmc::kX0Gates, l)),
-                       N, m.config.channels, seeds.next(), m.stream);
+  const floatX* x0 = x0_term_rows(m, l, m.act(kEncoded));
+  bigram_gate_backward(x0 == m.act(kEncoded) ? m.dx0 : m.dmudd_in0,
+                       gate_gradient(m, llmc::kMuddX0, l, N, m.grad(llmc::kX0Gates, l)), m.partials, m.dresidual, x0,
+                       kept_gate_rows(m, llmc::kMuddX0, l, N, m.param(llmc::kX0Gates, l)), N, m.config.channels,
+                       seeds.next(), m.stream);
 }
 
 // From dresidual, the gradient of layer l's residual2 = input + s kept: the skip gate's, and the kept
@@ -12186,13 +12657,13 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     composed_rows(m, l, r);
     xsa_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.attention_out, attention_gated(m, l, r), nullptr);
-    SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer);
+    SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer, N);
     const floatX* attention_add = attention_terms(m, l, r, scales);
     norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, attention_add, N, scales);
   }
   mlp_forward(m, l, r);
   const NormAt next = norm_after_block(m, l);
-  const SublayerScales scales = sublayer_scales(m, l, kMlpSublayer);
+  const SublayerScales scales = sublayer_scales(m, l, kMlpSublayer, N);
   if (next.present) {
     norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.mlp_out, N, scales);
   } else if (!r.output_in_next_mix) {
@@ -12236,6 +12707,7 @@ void block_backward(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   }
   gated_skip_backward_rows(m, l, N, seeds);
   residual_mix_backward_rows(m, l, N, seeds);
+  mudd_in0_join(m, l, N, seeds);
   bigram_stream_start_backward(m, l, N, seeds);
   record89_plan_join(m, l, N, seeds);
 }
@@ -12364,8 +12836,10 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   attention_lambdas_forward(m);
   for (int l = 0; l < m.config.num_layers; l++) {
     if (l == llmc::kMuddPostLayer) mudd_gates_forward(m, 1, block_input(m, l), N);
+    if (l == m.config.num_layers - 1) mudd_layer_forward(m, N);
     block_forward(m, l, block_rows(m, l, B, T));
   }
+  mudd_final_forward(m, N);
 }
 
 // Logits of the B x T inputs into act(kOutput) [B, T, Vp] (before the modern soft cap, which the
@@ -12523,13 +12997,16 @@ void gpt2_backward(GPT2& m, int B, int T, bool last_micro_step,
   cudaCheck(cudaMemsetAsync(m.dresidual, 0, NC * sizeof(floatX), m.stream));
   residual_mix_zero_gradients(m, N);
   mudd_gates_zero_gradients(m, N);
+  mudd_connections_zero_gradients(m, N);
   head_backward(m, N, seeds.next());
   norm_backward(m, kNormF, 0, m.dresidual, block_input_dbias(m, L), m.scratch_btc, block_input(m, L), N,
                 seeds.next());
+  mudd_final_backward(m, N, seeds);
   // dresidual is the gradient of the top layer's output; each block's mix backward adds the part
   // joining the stream after it (gradient_joining_after_block).
   for (int l = L - 1; l >= 0; l--) {
     block_backward(m, l, B, T, seeds);
+    mudd_layer_backward(m, l, N, seeds);
     if (l == llmc::kMuddPostLayer) mudd_gates_backward(m, 1, block_input(m, l), m.dresidual, N, seeds);
     if (last_micro_step) attention_lambdas_backward(m, l, seeds);
     if (last_micro_step && grads_final) grads_final(l);
@@ -13031,6 +13508,8 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
   const llmc::GPT2Config& c = m.config;
+  REQUIRE(!m.arch().mudd_connections, "decoding a model with record #89's MUDD dense connections, which this "
+          "trainer does not decode yet");
   const size_t cache = (size_t)c.num_layers * c.max_seq_len * c.channels;
   d.k_cache = device_alloc<floatX>(cache, "the key cache");
   d.v_cache = device_alloc<floatX>(cache, "the value cache");
@@ -14318,6 +14797,10 @@ void validate_args(const TrainArgs& a) {
           "(and -recipe speedrun), or drop -mg");
   REQUIRE(!a.composed_attention || a.mudd_gates, "-ca 1 reads its weights from the MUDD gate generators: give -mg 1 "
           "with it (and -lp 1, -recipe speedrun), or drop -ca");
+  REQUIRE(!a.mudd_connections || a.mudd_gates, "-md 1 runs on the MUDD gate generators' rows here: give -mg 1 with "
+          "it (and -lp 1, -recipe speedrun), or drop -md");
+  REQUIRE(!a.mudd_connections || a.sample_every == 0, "-s %d samples, and this trainer does not decode record #89's "
+          "MUDD dense connections (-md 1) yet: give -s 0", a.sample_every);
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -14563,7 +15046,10 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-al", a.attn_lambdas, config.attn_lambdas, "record #89's attention lambdas");
   check("-mg", a.mudd_gates, config.mudd_gates, "record #89's MUDD gate generators");
   check("-ca", a.composed_attention, config.composed_attention, "record #89's composed attention");
+  check("-md", a.mudd_connections, config.mudd_connections, "record #89's MUDD dense connections");
   require_runnable_features(config, path);
+  REQUIRE(!config.mudd_connections || a.sample_every == 0, "-s %d samples, and %s holds a model with record #89's "
+          "MUDD dense connections, which this trainer does not decode yet: give -s 0", a.sample_every, path.c_str());
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {
@@ -14583,6 +15069,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     p.config.attn_lambdas = a.attn_lambdas != 0;
     p.config.mudd_gates = a.mudd_gates != 0;
     p.config.composed_attention = a.composed_attention != 0;
+    p.config.mudd_connections = a.mudd_connections != 0;
     if (!p.from_seed) {
       llmc::require_model_file(a.model, "-y 1");
       p.config = llmc::checkpoint_load(a.model, &p.values);
@@ -14606,6 +15093,7 @@ StartParams load_start_params(const TrainArgs& a, int resume_step) {
     requested.attn_lambdas = p.config.attn_lambdas;
     requested.mudd_gates = p.config.mudd_gates;
     requested.composed_attention = p.config.composed_attention;
+    requested.mudd_connections = p.config.mudd_connections;
     if (preset && requested != p.config) {
       LLMC_FAIL("-y 1: %s holds a model %s, but -e %s is %s: resume with the -e of that run",
                 path.c_str(), p.config.describe().c_str(), a.model.c_str(), requested.describe().c_str());

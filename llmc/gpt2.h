@@ -366,6 +366,14 @@ constexpr float kMuddGateScaleInit = 0.1f;
 // + m4 out3 (in0 the stream entering layer 0, ve0 layer 1's value embedding).
 constexpr int kMuddConnectionHidden = 64, kMuddLayerCoefficients = 14, kMuddFinalCoefficients = 5;
 constexpr double kMuddConnectionScale = 0.1;
+// The first generator's columns, in the order above.
+enum MuddLayerCoefficient {
+  kMuddValueIn0, kMuddValueOut7, kMuddValueX, kMuddStreamIn0, kMuddStreamOut7, kMuddStreamX, kMuddVeGateFirst,
+  kMuddVeGateSecond, kMuddAttentionR, kMuddAttentionP, kMuddAttentionX0, kMuddAttentionBigram, kMuddMlpR, kMuddMlpP
+};
+// The layers whose outputs they mix (out7 and out3; out9 the last layer's input) and the layer whose value
+// embedding the final mix adds (ve0).
+constexpr int kMuddOut7 = 7, kMuddOut3 = 3, kMuddVe0Layer = 1;
 
 // b2's start (before the scale): the layer's gates 2, its r sqrt(1.1), p 1 and bigram gate 0.05, the final
 // mix's out7 coefficient -0.5, each over the scale (in double, then rounded); the rest 0.

@@ -318,6 +318,7 @@ struct Recipe {
   int attn_lambdas = 0;   // -al: and its attention lambdas
   int mudd_gates = 0;     // -mg: and the plan's MUDD gate generators
   int composed_attention = 0;  // -ca: and its composed attention on layer 10
+  int mudd_connections = 0;    // -md: and its MUDD dense connections
 };
 
 inline const Recipe& recipe_gpt2() {

@@ -6,7 +6,8 @@
 // so both tails (and ReLU's zero side) are covered, sizes of whole and partial launch blocks, the
 // forward output poisoned first, and both kernels run twice for identical bits. Also the generators'
 // gate rows, gate_rows_bias_scale and its backward, against a reference of their roundings: odd row
-// counts, both generators' columns, the outputs poisoned first, twice for identical bits.
+// counts, both gate generators' columns and both dense connections' (their fixed scale, a float, and
+// no scale gradient), the outputs poisoned first, twice for identical bits.
 #include "dev/cuda/kernel_test.h"
 
 namespace gelu_tests {
@@ -74,13 +75,15 @@ void test_activation(const char* name, ActivationLauncher forward_launch,
   check_same_bits("backward twice", backward_bits, Snapshot(d));
 }
 
-// gate_rows_bias_scale and its backward over N rows of stride 48, the first `columns` of each gated.
-void test_gate_rows(int N, int columns, llmc::Rng& rng) {
+// gate_rows_bias_scale and its backward over N rows of stride 48, the first `columns` of each gated;
+// fixed: the scale the float 0.1 (the dense connections'), else a parameter of 0.1 stored.
+void test_gate_rows(int N, int columns, bool fixed, llmc::Rng& rng) {
   const int stride = llmc::kMuddGateStride;
-  printf("\ngate_rows N=%d columns=%d stride=%d\n", N, columns, stride);
+  printf("\ngate_rows N=%d columns=%d stride=%d%s\n", N, columns, stride, fixed ? " fixed scale" : "");
   const size_t n = (size_t)N * stride;
   const std::vector<float> product = random_stored(rng, n, 0.0f, 1.0f), drows = random_stored(rng, n, 0.0f, 1.0f);
-  const std::vector<float> bias = random_stored(rng, columns, 0.5f, 2.0f), scale = stored({0.1f});
+  const std::vector<float> bias = random_stored(rng, columns, 0.5f, 2.0f);
+  const std::vector<float> scale = fixed ? std::vector<float>{(float)llmc::kMuddConnectionScale} : stored({0.1f});
   const std::vector<float> dbias_start = random_stored(rng, columns, 0.0f, 1.0f), dscale_start = stored({0.25f});
   std::vector<float> ref_pre(n, 0.0f), ref_rows(n, 0.0f), ref_dpre(n, 0.0f), ref_dbias(dbias_start);
   double dscale_sum = dscale_start[0];
@@ -100,7 +103,8 @@ void test_gate_rows(int N, int columns, llmc::Rng& rng) {
   auto forward = [&] {
     rows.poison();
     pre.poison();
-    gate_rows_bias_scale(rows, pre, d_product, d_bias, d_scale, N, columns, stride, 0);
+    gate_rows_bias_scale(rows, pre, d_product, d_bias, fixed ? nullptr : (const floatX*)d_scale, N, columns, stride,
+                         0, scale[0]);
   };
   forward();
   check_close("rows", rows.download(), ref_rows, kTolStore);
@@ -114,12 +118,13 @@ void test_gate_rows(int N, int columns, llmc::Rng& rng) {
     dpre.poison();
     dbias.upload(dbias_start);
     dscale.upload(dscale_start);
-    gate_rows_bias_scale_backward(dpre, dbias, dscale, d_drows, pre, d_scale, N, columns, stride, 7, 0);
+    gate_rows_bias_scale_backward(dpre, dbias, fixed ? nullptr : (floatX*)dscale, d_drows, pre,
+                                  fixed ? nullptr : (const floatX*)d_scale, N, columns, stride, 7, 0, scale[0]);
   };
   backward();
   check_close("dpre", dpre.download(), ref_dpre, kTolStore);
   check_close("dbias", dbias.download(), ref_dbias, kTolSum);
-  check_close("dscale", dscale.download(), {(float)dscale_sum}, kTolSum);
+  check_close("dscale", dscale.download(), {fixed ? dscale_start[0] : (float)dscale_sum}, fixed ? 0.0f : kTolSum);
   const Snapshot backward_bits(dpre, dbias, dscale);
   backward();
   check_same_bits("backward twice", backward_bits, Snapshot(dpre, dbias, dscale));
@@ -142,7 +147,10 @@ void run() {
     test_activation("gelu_erf", gelu_erf_forward, gelu_erf_backward_inplace, gelu_erf_reference, n, rng);
   }
   for (int N : {1, 37, 1001}) {
-    for (int columns : {26, 41}) test_gate_rows(N, columns, rng);
+    for (int columns : {26, 41}) test_gate_rows(N, columns, false, rng);
+    for (int columns : {llmc::kMuddLayerCoefficients, llmc::kMuddFinalCoefficients}) {
+      test_gate_rows(N, columns, true, rng);
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 #include "dev/cuda/test_host_copy.cu"
 #include "dev/cuda/test_layernorm.cu"
 #include "dev/cuda/test_matmul.cu"
+#include "dev/cuda/test_mudd_connections.cu"
 #include "dev/cuda/test_muon.cu"
 #include "dev/cuda/test_optimizer.cu"
 #include "dev/cuda/test_qk_rotary.cu"
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
       {"host_copy", host_copy_tests::run},
       {"layernorm", layernorm_tests::run},
       {"matmul", matmul_tests::run},
+      {"mudd_connections", mudd_connections_tests::run},
       {"muon", muon_tests::run},
       {"optimizer", optimizer_tests::run},
       {"qk_rotary", qk_rotary_tests::run},

@@ -874,6 +874,7 @@ if ! has_flag -recipe; then
   expect "-ph 1 on the CPU trainer" "-ph $cuda_flag_error" -ph 1
   expect "-al 1 on the CPU trainer" "-al $cuda_flag_error" -al 1
   expect "-mg 1 on the CPU trainer" "-mg $cuda_flag_error" -mg 1
+  expect "-md 1 on the CPU trainer" "-md $cuda_flag_error" -md 1
   if [ -x ./train_gpt2cu ]; then
     misnamed=()
     for flag in $(./train_gpt2cu --help | grep -oE '^  -[a-zA-Z0-9]+ '); do
@@ -1000,25 +1001,39 @@ if [ $no_gpu = 1 ]; then
   elif has_flag -lp; then
     skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
   fi
-  # Model files with record #89's MUDD dense connections (train_gpt2.py writes them): refused at their
-  # load, before the GPU, since this trainer does not run them yet.
+  # Model files with record #89's MUDD dense connections (train_gpt2.py writes them): without its MUDD gate
+  # generators refused at their load, before the GPU (this trainer runs them on the generators' rows); with
+  # them refused while the run samples (not decoded yet), else taken up to the GPU.
   torch_python=$(python_with "torch numpy")
-  # refused_feature NAME WHAT FLAG BIT KWARGS: a model of make_config(..., KWARGS) in NAME.bin is
-  # refused, naming WHAT, header bit BIT and train_gpt2.py's FLAG.
-  refused_feature() {
-    local name=$1 what=$2 flag=$3 bit=$4 kwargs=$5
+  # connections_model NAME KWARGS: a model of make_config(..., KWARGS) with the connections in NAME.bin.
+  connections_model() {
     PYTHONPATH=. "$torch_python" -c "import train_gpt2 as tg
-c = tg.make_config(11, 2, 128, 256, 512, 'x', arch='speedrun', record89_plan=True, $kwargs)
-tg.write_checkpoint(tg.GPT(c), '$DIR/$name.bin', tg.CHECKPOINT_FP32)"
-    WATCH=("$KEEP")
-    attempt "^error: $DIR/$name\.bin holds a model with record #89's $what \(header slot 9's bit $bit\), which this trainer does not run yet: train_gpt2\.py $flag 1 does\$" \
-      -recipe speedrun -e "$DIR/$name.bin" -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP"
-    report "a model with the $what: refused before the GPU"
+c = tg.make_config(11, 2, 128, 256, 512, 'x', arch='speedrun', record89_plan=True, mudd_connections=True, $2)
+tg.write_checkpoint(tg.GPT(c), '$DIR/$1.bin', tg.CHECKPOINT_FP32)"
   }
-  if has_flag -lp && [ -n "$torch_python" ]; then
-    refused_feature mudd_connections "MUDD dense connections" --mudd_connections 1024 "mudd_connections=True"
-  elif has_flag -lp; then
-    skip "a model with MUDD's dense connections" "no python with torch and numpy to write one"
+  if has_flag -md && [ -n "$torch_python" ]; then
+    connections_model mudd_connections "mudd_gates=False"
+    connections_model mudd_connections_gates "mudd_gates=True"
+    run_model=(-recipe speedrun -i "$DIR/train.bin" -j "$DIR/val.bin" -t 256 -vt 256 -x 2 -o "$KEEP")
+    WATCH=("$KEEP")
+    attempt "^error: $DIR/mudd_connections\.bin holds a model with record #89's MUDD dense connections \(header slot 9's bit 1024\) but not its MUDD gate generators, which this trainer runs them with: train_gpt2\.py --mudd_connections 1 runs it\$" \
+      -e "$DIR/mudd_connections.bin" "${run_model[@]}"
+    report "a model with the MUDD dense connections but not the gate generators: refused before the GPU"
+    attempt "^error: -s 20 samples, and $DIR/mudd_connections_gates\.bin holds a model with record #89's MUDD dense connections, which this trainer does not decode yet: give -s 0\$" \
+      -e "$DIR/mudd_connections_gates.bin" "${run_model[@]}"
+    report "a model with the MUDD dense connections while the run samples: refused before the GPU"
+    attempt "no CUDA GPU is visible" -e "$DIR/mudd_connections_gates.bin" -s 0 "${run_model[@]}" -b 1 -z 256 \
+      -o "$DIR/mudd_run"
+    [ -e "$DIR/mudd_run" ] && problems+=("$DIR/mudd_run was created before the GPU")
+    report "a model with the MUDD dense connections and their gate generators, -s 0: as far as the GPU"
+  elif has_flag -md; then
+    skip "models with MUDD's dense connections" "no python with torch and numpy to write one"
+  fi
+  if has_flag -md; then
+    expect "-md 1 without -mg 1" "^error: -md 1 runs on the MUDD gate generators' rows here: give -mg 1 with it" \
+      -recipe speedrun -lp 1 -md 1 -s 0
+    expect "-md 1 sampling" "^error: -s 20 samples, and this trainer does not decode record #89's MUDD dense connections" \
+      -recipe speedrun -lp 1 -mg 1 -md 1 -s 20
   fi
 fi
 
