@@ -11717,7 +11717,8 @@ void mudd_generator_forward(GPT2& m, int g, const floatX* x, floatX* rows, const
                        (float)llmc::kMuddConnectionScale);
 }
 
-// A pass's generator g of x [N, C] (x0 for the pre, block 4's input for the post) into its kept rows.
+// A pass's generator g of x [N, C] (x0 for the pre, block 4's input for the post; the dense connections'
+// the last layer's input and output) into its kept rows.
 void mudd_gates_forward(GPT2& m, int g, const floatX* x, int N) {
   if (!m.arch().mudd_gates) return;
   mudd_generator_forward(m, g, x, mudd_rows(m, g, N), mudd_pass_rows(m, g, N), N);
@@ -11850,8 +11851,7 @@ void mudd_layer_forward(GPT2& m, int N) {
   if (!m.arch().mudd_connections) return;
   const int C = m.config.channels, L = m.config.num_layers;
   const floatX* out9 = mudd_out(m, L - 2);
-  mudd_generator_forward(m, kMuddLayerGenerator, out9, mudd_rows(m, kMuddLayerGenerator, N),
-                         mudd_pass_rows(m, kMuddLayerGenerator, N), N);
+  mudd_gates_forward(m, kMuddLayerGenerator, out9, N);
   gated_sum_forward(m.act(kMuddStream), out9, mudd_stream_scale(m, N), mudd_stream_terms(m, N), N, C, m.stream);
   gated_sum_forward(m.act(kMuddValueTerms), nullptr, {}, mudd_value_terms(m, N), N, C, m.stream);
 }
@@ -11861,8 +11861,7 @@ void mudd_final_forward(GPT2& m, int N) {
   if (!m.arch().mudd_connections) return;
   const int C = m.config.channels, L = m.config.num_layers;
   const floatX* out10 = mudd_out(m, L - 1);
-  mudd_generator_forward(m, kMuddFinalGenerator, out10, mudd_rows(m, kMuddFinalGenerator, N),
-                         mudd_pass_rows(m, kMuddFinalGenerator, N), N);
+  mudd_gates_forward(m, kMuddFinalGenerator, out10, N);
   encoder_forward(m.act(kMuddVe0), m.inputs, layer_value_embedding(m, m.param(llmc::kVe), llmc::kMuddVe0Layer),
                   nullptr, 1, N, C, m.stream);
   gated_sum_forward(m.act(kMuddFinalMix), out10, {}, mudd_final_terms(m, N), N, C, m.stream);
