@@ -10839,6 +10839,9 @@ struct BlockRows {
   float* composed_lse = nullptr;   // and each head's log-sum-exp [N, NH], for its backward
   // Record #89's MUDD gate generators' rows (pre, post; llmc::kMuddGateStride apart), or null.
   const floatX* mudd_rows[4] = {nullptr, nullptr, nullptr, nullptr};
+  // Record #89's MUDD dense connections' rows the last block reads: in0 and its value's terms, or null.
+  const floatX* mudd_in0 = nullptr;
+  const floatX* mudd_value_terms = nullptr;
   floatX* skip_scale = nullptr;     // the gated skip's scale a row, with MUDD's g a row
   floatX* bigram = nullptr;        // the bigram embedding, which layers after the first add gated
   int rows() const { return B * T; }
@@ -11527,7 +11530,7 @@ ValueMixGates value_mix_gates(GPT2& m, int l, const floatX* hn, floatX* dhn = nu
 }
 
 bool mudd_layer(const GPT2& m, int l);
-ValueRowGates mudd_value_gates(GPT2& m, int N);
+ValueRowGates mudd_value_gates(const floatX* layer, int NH);
 bool mudd_value_backward(GPT2& m, int l, int N, KernelSeeds& seeds);
 
 // Layer l's mix of v in r.qkv; on the MUDD dense connections' layer theirs (its value terms computed
@@ -11536,8 +11539,8 @@ void value_mix(GPT2& m, int l, const BlockRows& r) {
   if (!m.arch().value_mix) return;
   const floatX* ve = layer_value_embedding(m, m.param(llmc::kVe), l);
   if (mudd_layer(m, l)) {
-    value_mix_rows_forward(r.qkv, ve, r.tokens, mudd_value_gates(m, r.rows()), m.act(kMuddValueTerms), r.rows(),
-                           m.config.channels, m.stream);
+    value_mix_rows_forward(r.qkv, ve, r.tokens, mudd_value_gates(r.mudd_rows[2], m.config.num_heads),
+                           r.mudd_value_terms, r.rows(), m.config.channels, m.stream);
     return;
   }
   value_mix_forward(r.qkv, r.v_pre, ve, r.tokens, m.param(llmc::kValueScales, l), r.rows(), m.config.channels,
@@ -11660,6 +11663,8 @@ GateGradient gate_gradient(GPT2& m, llmc::MuddGate kind, int l, int N, floatX* d
 void mudd_gates_point_rows(GPT2& m, BlockRows& r, int N) {
   if (!m.arch().mudd_gates) return;
   for (int g = 0; g < mudd_generators(m.arch()); g++) r.mudd_rows[g] = mudd_rows(m, g, N);
+  r.mudd_in0 = m.arch().mudd_connections ? block_input(m, 0) : nullptr;
+  r.mudd_value_terms = m.arch().mudd_connections ? m.act(kMuddValueTerms) : nullptr;
   r.skip_scale = m.act(kMuddSkipScale);
 }
 
@@ -11788,84 +11793,117 @@ void mudd_connections_allocate_scratch(GPT2& m, size_t N) {
   m.dmudd_value_terms = device_alloc<floatX>(n, "the MUDD connections' value terms' gradient");
 }
 
-// Coefficient k of generator g's rows of a pass of N tokens, its gradient, and the term it weighs.
-GateRows mudd_coefficient(GPT2& m, int g, int k, int N, float offset = 0.0f) {
-  return {mudd_rows(m, g, N) + k, llmc::kMuddGateStride, offset};
+// Where the connections find their rows: a pass's (mudd_pass_connection_rows) or the decoder's one
+// token's (decoder_rows): the rows they mix, those they write, and the two generators' rows.
+struct MuddConnectionRows {
+  const floatX* in0 = nullptr;
+  const floatX* out3 = nullptr;
+  const floatX* out7 = nullptr;
+  const floatX* out9 = nullptr;
+  floatX* ve0 = nullptr;          // layer 1's value-embedding lookup
+  floatX* stream = nullptr;       // the last layer's input
+  floatX* value_terms = nullptr;  // its value's terms m0 in0 + m1 out7 + m2 out9
+  floatX* final_mix = nullptr;    // the final norm's input
+  const floatX* layer = nullptr;  // generator 2's rows
+  const floatX* final = nullptr;  // generator 3's rows
+};
+
+MuddConnectionRows mudd_pass_connection_rows(GPT2& m, int N) {
+  const int L = m.config.num_layers;
+  MuddConnectionRows c;
+  c.in0 = block_input(m, 0);
+  c.out3 = m.act(kResidual3, llmc::kMuddOut3);
+  c.out7 = m.act(kResidual3, llmc::kMuddOut7);
+  c.out9 = m.act(kResidual3, L - 2);
+  c.ve0 = m.act(kMuddVe0);
+  c.stream = m.act(kMuddStream);
+  c.value_terms = m.act(kMuddValueTerms);
+  c.final_mix = m.act(kMuddFinalMix);
+  c.layer = mudd_rows(m, kMuddLayerGenerator, N);
+  c.final = mudd_rows(m, kMuddFinalGenerator, N);
+  return c;
+}
+
+// Coefficient k of a generator's rows, its gradient (a pass's of N tokens), and the terms they weigh.
+GateRows mudd_coefficient(const floatX* rows, int k, float offset = 0.0f) {
+  return {rows + k, llmc::kMuddGateStride, offset};
 }
 GateGradient mudd_coefficient_gradient(GPT2& m, int g, int k, int N) {
   return {mudd_rows_gradient(m, g, N) + k, llmc::kMuddGateStride};
 }
 
-// The rows the connections mix (a pass's), and where their gradients go.
-const floatX* mudd_in0(GPT2& m) { return block_input(m, 0); }
-const floatX* mudd_out(GPT2& m, int layer) { return m.act(kResidual3, layer); }
-const floatX* mudd_ve0(GPT2& m) { return m.act(kMuddVe0); }
-floatX* mudd_out_gradient(GPT2& m, int layer, int N) {
-  return layer == m.config.num_layers - 2 ? m.dmudd_out9 : kept_gradient(m, layer, N);
-}
-
-// The last layer's value terms m0 in0 + m1 out7 + m2 out9, the final mix's five, and the stream's two
-// (the stream's scale of out9, 1 + m5, apart): generator g's coefficients from column `first` on.
-GatedTerms mudd_terms(GPT2& m, int g, int first, std::initializer_list<const floatX*> rows, int N) {
+// Terms of rows weighed by a generator's coefficients from column `first` on: the last layer's value
+// terms (m0-m2), its stream's (m3, m4; its scale of out9, 1 + m5, apart), the final mix's five.
+GatedTerms mudd_terms(const floatX* coefficients, int first, std::initializer_list<const floatX*> rows) {
   GatedTerms terms;
   for (const floatX* row : rows) {
-    terms.terms[terms.count] = {row, mudd_coefficient(m, g, first + terms.count, N)};
+    terms.terms[terms.count] = {row, mudd_coefficient(coefficients, first + terms.count)};
     terms.count++;
   }
   return terms;
 }
-GatedTerms mudd_value_terms(GPT2& m, int N) {
-  const int L = m.config.num_layers;
-  return mudd_terms(m, kMuddLayerGenerator, llmc::kMuddValueIn0,
-                    {mudd_in0(m), mudd_out(m, llmc::kMuddOut7), mudd_out(m, L - 2)}, N);
+GatedTerms mudd_value_terms(const MuddConnectionRows& c) {
+  return mudd_terms(c.layer, llmc::kMuddValueIn0, {c.in0, c.out7, c.out9});
 }
-GatedTerms mudd_stream_terms(GPT2& m, int N) {
-  return mudd_terms(m, kMuddLayerGenerator, llmc::kMuddStreamIn0, {mudd_in0(m), mudd_out(m, llmc::kMuddOut7)}, N);
+GatedTerms mudd_stream_terms(const MuddConnectionRows& c) {
+  return mudd_terms(c.layer, llmc::kMuddStreamIn0, {c.in0, c.out7});
 }
-GatedTerms mudd_final_terms(GPT2& m, int N) {
-  const int L = m.config.num_layers;
-  return mudd_terms(m, kMuddFinalGenerator, 0,
-                    {mudd_in0(m), mudd_out(m, llmc::kMuddOut7), mudd_out(m, L - 2), mudd_ve0(m),
-                     mudd_out(m, llmc::kMuddOut3)}, N);
+GatedTerms mudd_final_terms(const MuddConnectionRows& c) {
+  return mudd_terms(c.final, 0, {c.in0, c.out7, c.out9, c.ve0, c.out3});
 }
-// Each term's gradient, in mudd_terms' order.
+GateRows mudd_stream_scale(const floatX* layer) { return mudd_coefficient(layer, llmc::kMuddStreamX, 1.0f); }
+ValueRowGates mudd_value_gates(const floatX* layer, int NH) {
+  return {mudd_coefficient(layer, llmc::kMuddVeGateFirst), mudd_coefficient(layer, llmc::kMuddVeGateSecond), NH};
+}
+
+// A pass's terms' gradients, in mudd_terms' order.
 std::vector<floatX*> mudd_value_term_gradients(GPT2& m, int N) {
-  return {m.dmudd_in0, mudd_out_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9};
+  return {m.dmudd_in0, kept_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9};
 }
 std::vector<floatX*> mudd_final_term_gradients(GPT2& m, int N) {
-  return {m.dmudd_in0, mudd_out_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9, m.dmudd_ve0,
-          mudd_out_gradient(m, llmc::kMuddOut3, N)};
+  return {m.dmudd_in0, kept_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9, m.dmudd_ve0,
+          kept_gradient(m, llmc::kMuddOut3, N)};
 }
 
-// The stream's scale of out9, 1 + m5, and the value's head gates.
-GateRows mudd_stream_scale(GPT2& m, int N) {
-  return mudd_coefficient(m, kMuddLayerGenerator, llmc::kMuddStreamX, N, 1.0f);
-}
-ValueRowGates mudd_value_gates(GPT2& m, int N) {
-  return {mudd_coefficient(m, kMuddLayerGenerator, llmc::kMuddVeGateFirst, N),
-          mudd_coefficient(m, kMuddLayerGenerator, llmc::kMuddVeGateSecond, N), m.config.num_heads};
+// The last block's rows of its value and its x0 term (BlockRows: a pass's, or the decoder's).
+void mudd_connections_point_rows(BlockRows& r, const MuddConnectionRows& c) {
+  r.mudd_rows[kMuddLayerGenerator] = c.layer;
+  r.mudd_rows[kMuddFinalGenerator] = c.final;
+  r.mudd_in0 = c.in0;
+  r.mudd_value_terms = c.value_terms;
 }
 
-// Before the last block: its coefficients from out9, its input stream and its value terms.
+// Before the last block (its coefficients from out9 in c.layer): its input stream and its value terms.
+void mudd_layer_rows(GPT2& m, const MuddConnectionRows& c, int N) {
+  const int C = m.config.channels;
+  gated_sum_forward(c.stream, c.out9, mudd_stream_scale(c.layer), mudd_stream_terms(c), N, C, m.stream);
+  gated_sum_forward(c.value_terms, nullptr, {}, mudd_value_terms(c), N, C, m.stream);
+}
+
+// After the last block (its output out10, generator 3's coefficients of it in c.final): ve0 of the
+// tokens, the final mix, and the final norm into out.
+void mudd_final_rows(GPT2& m, const MuddConnectionRows& c, const floatX* out10, const int* tokens,
+                     const NormRows& out, int N) {
+  const int C = m.config.channels;
+  encoder_forward(c.ve0, tokens, layer_value_embedding(m, m.param(llmc::kVe), llmc::kMuddVe0Layer), nullptr, 1, N,
+                  C, m.stream);
+  gated_sum_forward(c.final_mix, out10, {}, mudd_final_terms(c), N, C, m.stream);
+  norm_rows(m, kNormF, 0, out, c.final_mix, N);
+}
+
+// A pass's: before the last block, and after it.
 void mudd_layer_forward(GPT2& m, int N) {
   if (!m.arch().mudd_connections) return;
-  const int C = m.config.channels, L = m.config.num_layers;
-  const floatX* out9 = mudd_out(m, L - 2);
-  mudd_gates_forward(m, kMuddLayerGenerator, out9, N);
-  gated_sum_forward(m.act(kMuddStream), out9, mudd_stream_scale(m, N), mudd_stream_terms(m, N), N, C, m.stream);
-  gated_sum_forward(m.act(kMuddValueTerms), nullptr, {}, mudd_value_terms(m, N), N, C, m.stream);
+  const MuddConnectionRows c = mudd_pass_connection_rows(m, N);
+  mudd_gates_forward(m, kMuddLayerGenerator, c.out9, N);
+  mudd_layer_rows(m, c, N);
 }
-
-// After the last block: the final mix of its output, which the final norm then takes.
 void mudd_final_forward(GPT2& m, int N) {
   if (!m.arch().mudd_connections) return;
-  const int C = m.config.channels, L = m.config.num_layers;
-  const floatX* out10 = mudd_out(m, L - 1);
+  const MuddConnectionRows c = mudd_pass_connection_rows(m, N);
+  const floatX* out10 = m.act(kResidual3, m.config.num_layers - 1);
   mudd_gates_forward(m, kMuddFinalGenerator, out10, N);
-  encoder_forward(m.act(kMuddVe0), m.inputs, layer_value_embedding(m, m.param(llmc::kVe), llmc::kMuddVe0Layer),
-                  nullptr, 1, N, C, m.stream);
-  gated_sum_forward(m.act(kMuddFinalMix), out10, {}, mudd_final_terms(m, N), N, C, m.stream);
-  norm_rows(m, kNormF, 0, {m.act(kLnf), m.act_f(kLnfMean), m.act_f(kLnfRstd)}, m.act(kMuddFinalMix), N);
+  mudd_final_rows(m, c, out10, m.inputs, {m.act(kLnf), m.act_f(kLnfMean), m.act_f(kLnfRstd)}, N);
 }
 
 // The backward of terms (gated_sum_forward's) from dout: each term's gradient += g dout, each
@@ -11889,12 +11927,13 @@ void mudd_connections_zero_gradients(GPT2& m, int N) {
 // coefficients' gradients, ve0's into its table, then generator 3's; dresidual is then out10's.
 void mudd_final_backward(GPT2& m, int N, KernelSeeds& seeds) {
   if (!m.arch().mudd_connections) return;
-  const int C = m.config.channels, L = m.config.num_layers;
-  mudd_terms_backward(m, mudd_final_terms(m, N), mudd_final_term_gradients(m, N), kMuddFinalGenerator, 0,
-                      m.dresidual, N);
+  const int C = m.config.channels;
+  const MuddConnectionRows c = mudd_pass_connection_rows(m, N);
+  mudd_terms_backward(m, mudd_final_terms(c), mudd_final_term_gradients(m, N), kMuddFinalGenerator, 0, m.dresidual,
+                      N);
   encoder_backward(layer_value_embedding(m, m.grad(llmc::kVe), llmc::kMuddVe0Layer), nullptr, m.encoder_plan,
                    m.dmudd_ve0, 1, N, C, seeds.next(), m.stream);
-  mudd_gates_backward(m, kMuddFinalGenerator, mudd_out(m, L - 1), m.dresidual, N, seeds);
+  mudd_gates_backward(m, kMuddFinalGenerator, m.act(kResidual3, m.config.num_layers - 1), m.dresidual, N, seeds);
 }
 
 // The last layer's value from dqkv's dv (scratch_bt4c): the head gates' and ve's gradients, then the value
@@ -11902,13 +11941,14 @@ void mudd_final_backward(GPT2& m, int N, KernelSeeds& seeds) {
 bool mudd_value_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!mudd_layer(m, l)) return false;
   const int C = m.config.channels;
-  const ValueRowGates gates = mudd_value_gates(m, N);
+  const MuddConnectionRows c = mudd_pass_connection_rows(m, N);
   value_mix_rows_backward(m.dmudd_value_terms, layer_value_embedding(m, m.grad(llmc::kVe), l),
                           mudd_coefficient_gradient(m, kMuddLayerGenerator, llmc::kMuddVeGateFirst, N),
                           mudd_coefficient_gradient(m, kMuddLayerGenerator, llmc::kMuddVeGateSecond, N),
                           m.scratch_btc, m.scratch_bt4c, layer_value_embedding(m, m.param(llmc::kVe), l), m.inputs,
-                          gates, m.encoder_plan, N, C, seeds.next(), m.stream);
-  mudd_terms_backward(m, mudd_value_terms(m, N), mudd_value_term_gradients(m, N), kMuddLayerGenerator,
+                          mudd_value_gates(c.layer, m.config.num_heads), m.encoder_plan, N, C, seeds.next(),
+                          m.stream);
+  mudd_terms_backward(m, mudd_value_terms(c), mudd_value_term_gradients(m, N), kMuddLayerGenerator,
                       llmc::kMuddValueIn0, m.dmudd_value_terms, N);
   return true;
 }
@@ -11917,16 +11957,16 @@ bool mudd_value_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
 // dresidual and the stream terms', then generator 2's; dresidual is then out9's whole gradient.
 void mudd_layer_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!mudd_layer(m, l)) return;
-  const int C = m.config.channels, L = m.config.num_layers;
-  const floatX* out9 = mudd_out(m, L - 2);
+  const int C = m.config.channels;
+  const MuddConnectionRows c = mudd_pass_connection_rows(m, N);
   gated_term_rows_backward(m.dmudd_out9, mudd_coefficient_gradient(m, kMuddLayerGenerator, llmc::kMuddStreamX, N),
-                           nullptr, m.dresidual, out9, mudd_stream_scale(m, N), N, C, m.stream);
-  const std::vector<floatX*> all = mudd_value_term_gradients(m, N);
-  mudd_terms_backward(m, mudd_stream_terms(m, N), {all[0], all[1]}, kMuddLayerGenerator, llmc::kMuddStreamIn0,
-                      m.dresidual, N);
+                           nullptr, m.dresidual, c.out9, mudd_stream_scale(c.layer), N, C, m.stream);
+  const std::vector<floatX*> value_terms = mudd_value_term_gradients(m, N);
+  mudd_terms_backward(m, mudd_stream_terms(c), {value_terms[0], value_terms[1]}, kMuddLayerGenerator,
+                      llmc::kMuddStreamIn0, m.dresidual, N);
   cudaCheck(cudaMemcpyAsync(m.dresidual, m.dmudd_out9, (size_t)N * C * sizeof(floatX), cudaMemcpyDeviceToDevice,
                             m.stream));
-  mudd_gates_backward(m, kMuddLayerGenerator, out9, m.dresidual, N, seeds);
+  mudd_gates_backward(m, kMuddLayerGenerator, c.out9, m.dresidual, N, seeds);
 }
 
 // After block 0's backward, dresidual (the gradient of the stream start in0) takes the connections' part.
@@ -12210,11 +12250,11 @@ void sublayer_lambdas_allocate_scratch(GPT2& m, size_t N) {
 }
 
 // Layer l's scales of a sublayer's add, none without the lambdas; on the MUDD dense connections' layer the
-// columns of the layer generator's rows of a pass of N tokens (its r and p a token; the lambdas unread).
-SublayerScales sublayer_scales(GPT2& m, int l, Sublayer s, int N) {
+// columns of the layer generator's rows (r.mudd_rows[2]: its r and p a token; the lambdas unread).
+SublayerScales sublayer_scales(GPT2& m, int l, Sublayer s, const floatX* mudd_layer_rows) {
   if (!sublayer_scaled(m, l)) return {};
   if (mudd_layer(m, l)) {
-    const floatX* rows = mudd_rows(m, kMuddLayerGenerator, N);
+    const floatX* rows = mudd_layer_rows;
     const int stride = llmc::kMuddGateStride;
     if (s == kAttentionSublayer) return {rows + llmc::kMuddAttentionR, rows + llmc::kMuddAttentionP, stride, stride};
     return {rows + llmc::kMuddMlpR, rows + llmc::kMuddMlpP, stride, stride};
@@ -12239,7 +12279,7 @@ void sublayer_lambdas_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder
 floatX* sublayer_lambdas_backward_rows(GPT2& m, int l, Sublayer s, const floatX* x, int N, KernelSeeds& seeds) {
   if (!sublayer_scaled(m, l)) return m.dresidual;
   const floatX* out = m.act(s == kAttentionSublayer ? kAttentionOut : kMlpOut, l);
-  const SublayerScales scales = sublayer_scales(m, l, s, N);
+  const SublayerScales scales = sublayer_scales(m, l, s, mudd_rows(m, kMuddLayerGenerator, N));
   if (scales.r_stride > 0) {  // the MUDD dense connections' r and p a token
     const int r = s == kAttentionSublayer ? llmc::kMuddAttentionR : llmc::kMuddMlpR;
     sublayer_row_lambdas_backward(m.dsublayer, m.dresidual, mudd_coefficient_gradient(m, kMuddLayerGenerator, r, N),
@@ -12303,7 +12343,7 @@ void residual_mix_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
   r.output_in_next_mix = !norm_after_block(m, l).present;
   if (l > 0) {
     r.input_before_add = m.act(kResidual2, l - 1);
-    r.input_add = {mlp_output_rows(m, l - 1), block_input(m, l), sublayer_scales(m, l - 1, kMlpSublayer, r.rows())};
+    r.input_add = {mlp_output_rows(m, l - 1), block_input(m, l), sublayer_scales(m, l - 1, kMlpSublayer, r.mudd_rows[2])};
   }
 }
 
@@ -12528,9 +12568,7 @@ void record89_plan_point_rows(GPT2& m, int l, BlockRows& r, RowArena* decoder) {
 
 // The rows layer l's x0 term weighs: x0 (the normed embedding), or on the dense connections' layer in0
 // (the stream entering layer 0).
-const floatX* x0_term_rows(GPT2& m, int l, const floatX* x0) {
-  return m.arch().mudd_connections && l == m.config.num_layers - 1 ? block_input(m, 0) : x0;
-}
+const floatX* x0_term_rows(GPT2& m, int l, const floatX* x0, const floatX* in0) { return mudd_layer(m, l) ? in0 : x0; }
 
 // What block l's residual add takes of its attention output r.attention_out (with scales): that
 // output, or where the layer adds gated terms (x0 with record #89's plan, the bigram embedding after
@@ -12540,7 +12578,9 @@ const floatX* attention_terms(GPT2& m, int l, const BlockRows& r, SublayerScales
   GatedTerms terms;
   terms.count = 2;
   GatedTerm &x0 = terms.terms[0], &bigram = terms.terms[1];
-  if (m.arch().x0_gates) x0 = {x0_term_rows(m, l, r.x0), gate_rows(m, r, llmc::kMuddX0, l, m.param(llmc::kX0Gates, l))};
+  if (m.arch().x0_gates) {
+    x0 = {x0_term_rows(m, l, r.x0, r.mudd_in0), gate_rows(m, r, llmc::kMuddX0, l, m.param(llmc::kX0Gates, l))};
+  }
   if (r.bigram && l > 0) bigram = {r.bigram, gate_rows(m, r, llmc::kMuddBigram, l, m.param(llmc::kBigramGates, l))};
   if (!x0.values && !bigram.values) return r.attention_out;
   gated_sum_forward(r.proj, r.attention_out, {scales.p, scales.p_stride}, terms, r.rows(), m.config.channels,
@@ -12574,7 +12614,7 @@ floatX* attention_input_gradient(GPT2& m, int l, int N) {
 // From dresidual, the gradient of block l's residual2: x0's term's (its gate's; x0's part into dx0).
 void x0_gate_backward(GPT2& m, int l, int N, KernelSeeds& seeds) {
   if (!m.arch().x0_gates) return;
-  const floatX* x0 = x0_term_rows(m, l, m.act(kEncoded));
+  const floatX* x0 = x0_term_rows(m, l, m.act(kEncoded), block_input(m, 0));
   bigram_gate_backward(x0 == m.act(kEncoded) ? m.dx0 : m.dmudd_in0,
                        gate_gradient(m, llmc::kMuddX0, l, N, m.grad(llmc::kX0Gates, l)), m.partials, m.dresidual, x0,
                        kept_gate_rows(m, llmc::kMuddX0, l, N, m.param(llmc::kX0Gates, l)), N, m.config.channels,
@@ -12656,13 +12696,13 @@ void block_forward(GPT2& m, int l, const BlockRows& r) {
     composed_rows(m, l, r);
     xsa_rows(m, l, r);
     gpt2_linear_forward(m, r, kLinearAttproj, l, r.attention_out, attention_gated(m, l, r), nullptr);
-    SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer, N);
+    SublayerScales scales = sublayer_scales(m, l, kAttentionSublayer, r.mudd_rows[2]);
     const floatX* attention_add = attention_terms(m, l, r, scales);
     norm_residual_rows(m, kNorm2, l, r.residual2, r.ln2, x, attention_add, N, scales);
   }
   mlp_forward(m, l, r);
   const NormAt next = norm_after_block(m, l);
-  const SublayerScales scales = sublayer_scales(m, l, kMlpSublayer, N);
+  const SublayerScales scales = sublayer_scales(m, l, kMlpSublayer, r.mudd_rows[2]);
   if (next.present) {
     norm_residual_rows(m, next.spec, next.layer, r.residual3, r.next, r.residual2, r.mlp_out, N, scales);
   } else if (!r.output_in_next_mix) {
