@@ -241,10 +241,6 @@ void check_step_losses(const llmc::GPT2Config& config, const std::vector<float>&
 // Decoding with the KV cache gives the logits of a full forward pass, position by position; with
 // documents over the whole first row (its documents and the window, in whole blocks).
 void check_decoding(GPT2& m, const llmc::DebugState& ref, int Vp) {
-  if (m.arch().mudd_connections) {
-    printf("kv-cache decode: not run (this trainer does not decode record #89's MUDD dense connections yet)\n");
-    return;
-  }
   const int decode_T = ref.documents ? ref.T : std::min(ref.T, 32);
   gpt2_forward(m, ref.inputs.data(), 1, decode_T);
   const std::vector<float> full = device_to_host_float(m.act(kOutput), (size_t)decode_T * Vp);

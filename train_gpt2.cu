@@ -11824,6 +11824,26 @@ MuddConnectionRows mudd_pass_connection_rows(GPT2& m, int N) {
   return c;
 }
 
+// The decoder's, for its one token: in0 and out9 copies of the stream (updated in place), out3 and out7
+// its kept rows, ve0 and the value terms rows of their own, the stream and the final mix the stream
+// itself, the generators' rows r.mudd_rows'.
+MuddConnectionRows mudd_decoder_connection_rows(const GPT2& m, BlockRows& r, RowArena& a) {
+  const size_t C = m.config.channels;
+  MuddConnectionRows c;
+  c.in0 = a.take<floatX>(C);
+  c.out9 = a.take<floatX>(C);
+  c.out3 = r.kept_rows + (size_t)m.plan[llmc::kMuddOut3].kept * C;
+  c.out7 = r.kept_rows + (size_t)m.plan[llmc::kMuddOut7].kept * C;
+  c.ve0 = a.take<floatX>(C);
+  c.value_terms = a.take<floatX>(C);
+  c.stream = c.final_mix = r.residual3;
+  c.layer = r.mudd_rows[kMuddLayerGenerator];
+  c.final = r.mudd_rows[kMuddFinalGenerator];
+  r.mudd_in0 = c.in0;
+  r.mudd_value_terms = c.value_terms;
+  return c;
+}
+
 // Coefficient k of a generator's rows, its gradient (a pass's of N tokens), and the terms they weigh.
 GateRows mudd_coefficient(const floatX* rows, int k, float offset = 0.0f) {
   return {rows + k, llmc::kMuddGateStride, offset};
@@ -11863,14 +11883,6 @@ std::vector<floatX*> mudd_value_term_gradients(GPT2& m, int N) {
 std::vector<floatX*> mudd_final_term_gradients(GPT2& m, int N) {
   return {m.dmudd_in0, kept_gradient(m, llmc::kMuddOut7, N), m.dmudd_out9, m.dmudd_ve0,
           kept_gradient(m, llmc::kMuddOut3, N)};
-}
-
-// The last block's rows of its value and its x0 term (BlockRows: a pass's, or the decoder's).
-void mudd_connections_point_rows(BlockRows& r, const MuddConnectionRows& c) {
-  r.mudd_rows[kMuddLayerGenerator] = c.layer;
-  r.mudd_rows[kMuddFinalGenerator] = c.final;
-  r.mudd_in0 = c.in0;
-  r.mudd_value_terms = c.value_terms;
 }
 
 // Before the last block (its coefficients from out9 in c.layer): its input stream and its value terms.
@@ -13496,6 +13508,7 @@ struct GPT2Decoder {
   int previous_token = 0;      // the token fed before (the smear's and the bigram embedding's)
   int* bigram_rows = nullptr;  // the token's bigram table row and sign row
   MuddGeneratorRows mudd;      // record #89's MUDD gate generators' steps (rows.mudd_rows their rows)
+  MuddConnectionRows mudd_connections;  // and its MUDD dense connections' rows of the token
   floatX* logits = nullptr;    // [Vp]
   int position = 0;            // tokens in the cache
   int document_start = 0;      // the position of the last document start fed (0 before any)
@@ -13537,18 +13550,16 @@ void decoder_rows(GPT2Decoder& d, GPT2& m, RowArena& a) {
   bigram_point_rows(m, r, &a);
   sublayer_lambdas_point_rows(m, 0, r, &a);
   if (m.arch().mudd_gates) {
-    floatX* rows = a.take<floatX>(2 * llmc::kMuddGateStride);
-    r.mudd_rows[0] = rows;
-    r.mudd_rows[1] = rows + llmc::kMuddGateStride;
+    floatX* rows = a.take<floatX>(mudd_generators(m.arch()) * llmc::kMuddGateStride);
+    for (int g = 0; g < mudd_generators(m.arch()); g++) r.mudd_rows[g] = rows + g * llmc::kMuddGateStride;
     r.skip_scale = a.take<floatX>(1);
     d.mudd = mudd_decoder_rows(m, a);
   }
+  if (m.arch().mudd_connections) d.mudd_connections = mudd_decoder_connection_rows(m, r, a);
 }
 
 void decoder_init(GPT2Decoder& d, GPT2& m) {
   const llmc::GPT2Config& c = m.config;
-  REQUIRE(!m.arch().mudd_connections, "decoding a model with record #89's MUDD dense connections, which this "
-          "trainer does not decode yet");
   const size_t cache = (size_t)c.num_layers * c.max_seq_len * c.channels;
   d.k_cache = device_alloc<floatX>(cache, "the key cache");
   d.v_cache = device_alloc<floatX>(cache, "the value cache");
@@ -13607,6 +13618,10 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     cudaCheck(cudaMemcpyAsync(r.residual3, d.x0, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
   }
   d.previous_token = token;
+  const MuddConnectionRows& connections = d.mudd_connections;
+  if (m.arch().mudd_connections) {
+    cudaCheck(cudaMemcpyAsync((floatX*)connections.in0, r.residual3, row_bytes, cudaMemcpyDeviceToDevice, m.stream));
+  }
   const size_t layer_cache = (size_t)c.max_seq_len * C;
   for (int l = 0; l < c.num_layers; l++) {
     r.k_cache = d.k_cache + l * layer_cache;
@@ -13615,8 +13630,18 @@ const floatX* decoder_step(GPT2Decoder& d, GPT2& m, int token) {
     if (m.arch().mudd_gates && l == llmc::kMuddPostLayer) {
       mudd_generator_forward(m, 1, r.residual3, (floatX*)r.mudd_rows[1], d.mudd, 1);
     }
+    if (mudd_layer(m, l)) {
+      cudaCheck(cudaMemcpyAsync((floatX*)connections.out9, r.residual3, row_bytes, cudaMemcpyDeviceToDevice,
+                                m.stream));
+      mudd_generator_forward(m, kMuddLayerGenerator, connections.out9, (floatX*)connections.layer, d.mudd, 1);
+      mudd_layer_rows(m, connections, 1);
+    }
     block_forward(m, l, r);
     decode_keep_output(m, l, r);
+  }
+  if (m.arch().mudd_connections) {
+    mudd_generator_forward(m, kMuddFinalGenerator, r.residual3, (floatX*)connections.final, d.mudd, 1);
+    mudd_final_rows(m, connections, r.residual3, r.tokens, r.next, 1);
   }
   head_rows(m, d.logits, r.next.out, 1);
   d.position++;
@@ -14838,8 +14863,7 @@ void validate_args(const TrainArgs& a) {
           "with it (and -lp 1, -recipe speedrun), or drop -ca");
   REQUIRE(!a.mudd_connections || a.mudd_gates, "-md 1 runs on the MUDD gate generators' rows here: give -mg 1 with "
           "it (and -lp 1, -recipe speedrun), or drop -md");
-  REQUIRE(!a.mudd_connections || a.sample_every == 0, "-s %d samples, and this trainer does not decode record #89's "
-          "MUDD dense connections (-md 1) yet: give -s 0", a.sample_every);
+
   REQUIRE(!a.muon_qk_heads || muon, "-mq %d splits Muon's Q and K matrices, and -opt %s has no Muon: give -opt muon "
           "with it, or drop -mq", a.muon_qk_heads, llmc::optimizer_name(a.optimizer));
   llmc::adam_rows_check(a, "-ar");
@@ -15087,8 +15111,6 @@ void check_features_given(const TrainArgs& a, const llmc::GPT2Config& config, co
   check("-ca", a.composed_attention, config.composed_attention, "record #89's composed attention");
   check("-md", a.mudd_connections, config.mudd_connections, "record #89's MUDD dense connections");
   require_runnable_features(config, path);
-  REQUIRE(!config.mudd_connections || a.sample_every == 0, "-s %d samples, and %s holds a model with record #89's "
-          "MUDD dense connections, which this trainer does not decode yet: give -s 0", a.sample_every, path.c_str());
 }
 
 StartParams load_start_params(const TrainArgs& a, int resume_step) {

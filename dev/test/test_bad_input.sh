@@ -1003,7 +1003,7 @@ if [ $no_gpu = 1 ]; then
   fi
   # Model files with record #89's MUDD dense connections (train_gpt2.py writes them): without its MUDD gate
   # generators refused at their load, before the GPU (this trainer runs them on the generators' rows); with
-  # them refused while the run samples (not decoded yet), else taken up to the GPU.
+  # them taken up to the GPU.
   torch_python=$(python_with "torch numpy")
   # connections_model NAME KWARGS: a model of make_config(..., KWARGS) with the connections in NAME.bin.
   connections_model() {
@@ -1019,21 +1019,16 @@ tg.write_checkpoint(tg.GPT(c), '$DIR/$1.bin', tg.CHECKPOINT_FP32)"
     attempt "^error: $DIR/mudd_connections\.bin holds a model with record #89's MUDD dense connections \(header slot 9's bit 1024\) but not its MUDD gate generators, which this trainer runs them with: train_gpt2\.py --mudd_connections 1 runs it\$" \
       -e "$DIR/mudd_connections.bin" "${run_model[@]}"
     report "a model with the MUDD dense connections but not the gate generators: refused before the GPU"
-    attempt "^error: -s 20 samples, and $DIR/mudd_connections_gates\.bin holds a model with record #89's MUDD dense connections, which this trainer does not decode yet: give -s 0\$" \
-      -e "$DIR/mudd_connections_gates.bin" "${run_model[@]}"
-    report "a model with the MUDD dense connections while the run samples: refused before the GPU"
-    attempt "no CUDA GPU is visible" -e "$DIR/mudd_connections_gates.bin" -s 0 "${run_model[@]}" -b 1 -z 256 \
+    attempt "no CUDA GPU is visible" -e "$DIR/mudd_connections_gates.bin" "${run_model[@]}" -b 1 -z 256 \
       -o "$DIR/mudd_run"
     [ -e "$DIR/mudd_run" ] && problems+=("$DIR/mudd_run was created before the GPU")
-    report "a model with the MUDD dense connections and their gate generators, -s 0: as far as the GPU"
+    report "a model with the MUDD dense connections and their gate generators: as far as the GPU"
   elif has_flag -md; then
     skip "models with MUDD's dense connections" "no python with torch and numpy to write one"
   fi
   if has_flag -md; then
     expect "-md 1 without -mg 1" "^error: -md 1 runs on the MUDD gate generators' rows here: give -mg 1 with it" \
-      -recipe speedrun -lp 1 -md 1 -s 0
-    expect "-md 1 sampling" "^error: -s 20 samples, and this trainer does not decode record #89's MUDD dense connections" \
-      -recipe speedrun -lp 1 -mg 1 -md 1 -s 20
+      -recipe speedrun -lp 1 -md 1
   fi
 fi
 
