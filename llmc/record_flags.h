@@ -252,7 +252,8 @@ inline std::vector<Flag> record_flags(Recipe& a) {
       int_flag("-md", "MUDD dense connections", "-recipe speedrun with -lp 1 -mg 1: 1 the model made from -e's "
                "preset has record #89's MUDD dense connections: its last layer's input, value and adds, and the "
                "stream after it, mix earlier layers' outputs with coefficients a token from two generators of the "
-               "gate generators' form; an even number of heads; a model file's header says whether it has them", &a.mudd_connections, 0, 1),
+               "gate generators' form; an even number of heads; a model file's header says whether it has them",
+               &a.mudd_connections, 0, 1),
       int_flag("-yn", "YaRN", "1: record #89's YaRN: at each change of the stage plan's long window (-sp's aw=, "
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
