@@ -14710,7 +14710,7 @@ std::string recipe_help(const std::vector<const llmc::Flag*>& recipe_set) {
   std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
                      "QK-norm and rotary, ReLU^2, a soft-capped head, Muon), speedrun (its record #28: value "
                      "embeddings, U-net skips, gated heads, packed documents in a growing window) or record89 (its "
-                     "record #89 but the MUDD dense connections and the FP8 MLP: record #28's with every switch of "
+                     "record #89 but the FP8 MLP: record #28's with every switch of "
                      "record #89 and its AdamW rows by tensor); its values of";
   for (const llmc::Flag* flag : recipe_set) text += " " + std::string(flag->name);
   return text + " stand where the command line gives none";

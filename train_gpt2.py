@@ -195,10 +195,9 @@ NEWTON_SCHULZ = {
                            (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
                            (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)), 1.02, 1e-6),
 }
-# Record #89's model switches that --recipe record89 turns on, of a model made from a preset: all but the MUDD
-# dense connections (--mudd_connections), which the CUDA trainer does not run yet.
+# Record #89's model switches that --recipe record89 turns on, of a model made from a preset.
 RECORD89_SWITCHES = ("smear", "bigram", "rotary_pairs", "ve_gates", "resid_lambdas", "xsa", "record89_plan",
-                     "paired_heads", "attn_lambdas", "mudd_gates", "composed_attention")
+                     "paired_heads", "attn_lambdas", "mudd_gates", "composed_attention", "mudd_connections")
 # Record #89's AdamW rows (--recipe record89's --adam_rows; llmc/recipe.h record89_adam_rows): for each
 # tensor of ours, the lr_mul and wd_mul of its reference's tensor (train_gpt.py's param_table) over Adam's
 # rate and decay, and its betas. scalars are our attn_lambdas, smear_lambda and skip_gate.
@@ -209,7 +208,8 @@ RECORD89_ADAM_TABLE = {
     "vegate": (1.0, 1.0, 0.9, 0.99), "resid_lambdas": (5.0, 0.0, 0.9, 0.95), "post_lambdas": (1.0, 0.0, 0.9, 0.95),
     "skip_gate": (5.0, 0.0, 0.9, 0.99), "attn_lambdas": (5.0, 0.0, 0.9, 0.99), "mudd_gate_w1": (0.1, 1.0, 0.9, 0.99),
     "mudd_gate_w2": (0.1, 1.0, 0.9, 0.99), "mudd_gate_b2": (0.1, 0.0, 0.9, 0.99),
-    "mudd_gate_scale": (0.1, 0.0, 0.9, 0.99),
+    "mudd_gate_scale": (0.1, 0.0, 0.9, 0.99), "mudd_w1": (0.25, 1.0, 0.9, 0.99), "mudd_w2": (0.25, 1.0, 0.9, 0.99),
+    "mudd_b2": (0.25, 0.0, 0.9, 0.99),
 }
 
 
@@ -227,8 +227,8 @@ RECORD89_STAGES = ("1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.
                    "1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13")
 # Every flag a recipe sets, a column per recipe of RECIPES: GPT-2's (also the value without --recipe),
 # modern's (modern.md: modded-nanogpt's optimization-track baseline), speedrun's (SPEC.md:
-# modded-nanogpt's speedrun record #28) and record89's (its record #89 but the MUDD dense connections
-# and the FP8 MLP: the speedrun's with record #89's switches, the CUDA trainer's -recipe record89). A flag
+# modded-nanogpt's speedrun record #28) and record89's (its record #89 but the FP8 MLP: the speedrun's
+# with record #89's switches, the CUDA trainer's -recipe record89). A flag
 # given on the command line overrides its column.
 RECIPES = ("gpt2", "modern", "speedrun", "record89")
 RECIPE_FLAGS = {

@@ -6,7 +6,7 @@
 // the speedrun's architecture on document-aligned 49,152-token sequences in the window's schedule,
 // Muon's 5 steepened Newton-Schulz steps with a momentum warmup, a schedule stable for 55% of
 // the steps, then linear to 0.1 at step 1,695, and the head's training products in FP8; and its
-// record #89 but the MUDD dense connections and the FP8 MLP (recipe_record89). -recipe picks one;
+// record #89 but the FP8 MLP (recipe_record89). -recipe picks one;
 // every flag given on the command line overrides its value.
 #pragma once
 
@@ -441,11 +441,13 @@ inline AdamTensorRows record89_adam_rows() {
   rows[kPostLambdas] = record89_adam_row(1.0, 0.0, 0.9f, 0.95f);
   rows[kMuddGateW1] = rows[kMuddGateW2] = mudd_gate_weights;
   rows[kMuddGateB2] = rows[kMuddGateScale] = mudd_gate_scalars;
+  rows[kMuddW1] = rows[kMuddW2] = record89_adam_row(0.25, 1.0, 0.9f, 0.99f);
+  rows[kMuddB2] = record89_adam_row(0.25, 0.0, 0.9f, 0.99f);
   return rows;
 }
 
-// Record #89 (modded-nanogpt's speedrun record of dev/notes/record89-reference.md) but its MUDD
-// dense connections and FP8 MLP, which this trainer does not run yet: record #28's recipe with every
+// Record #89 (modded-nanogpt's speedrun record of dev/notes/record89-reference.md) but its FP8 MLP,
+// which this trainer does not run yet: record #28's recipe with every
 // switch of the notes' "Our flags for record #89" command (but the data's -i, -j and -tk), AdamW's
 // rows by tensor (record89_adam_rows), and Muon's rate of the MLP's matrices: the reference's lr_eff
 // is 0.023 times its shape's scale 2 for both, which it stores tall, and times 2 more for the down
@@ -460,7 +462,7 @@ inline const Recipe& recipe_record89() {
     m.record89_plan = m.paired_heads = m.rotary_pairs = m.window_tokens = m.key_offset = m.yarn = 1;
     m.attention_scale = 0.1;
     m.smear = m.bigram = m.ve_gates = m.resid_lambdas = m.xsa = m.attn_lambdas = m.mudd_gates = 1;
-    m.composed_attention = 1;
+    m.composed_attention = m.mudd_connections = 1;
     m.record_init = SpeedrunInit::kRecord89;
     m.max_steps = 1270;
     m.stages = "1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; "
@@ -725,7 +727,7 @@ inline const Recipe& recipe_by_name(const std::string& name, const char* flag) {
   if (name == "record89") return recipe_record89();
   LLMC_FAIL("%s %s: unknown recipe: use gpt2 (llm.c's GPT-2), modern (modded-nanogpt's "
             "optimization-track baseline: RMSNorm, rotary, ReLU^2, Muon), speedrun (its record #28) or record89 "
-            "(its record #89 but the MUDD dense connections and the FP8 MLP)", flag, name.c_str());
+            "(its record #89 but the FP8 MLP)", flag, name.c_str());
 }
 
 }  // namespace llmc

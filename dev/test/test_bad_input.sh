@@ -986,7 +986,7 @@ if [ $no_gpu = 1 ]; then
     stages+=" 1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13"
     WATCH=("$KEEP")
     attempt "no CUDA GPU is visible" -recipe speedrun -e d12 -lp 1 -ph 1 -rp 1 -awt 1 -ko 1 -yn 1 -asc 0.1 \
-      -sm 1 -bg 1 -vg 1 -rl 1 -xs 1 -al 1 -mg 1 -ca 1 -ri 89 -i "$DIR/documents.bin" -j "$DIR/documents_val.bin" \
+      -sm 1 -bg 1 -vg 1 -rl 1 -xs 1 -al 1 -mg 1 -ca 1 -md 1 -ri 89 -i "$DIR/documents.bin" -j "$DIR/documents_val.bin" \
       -x 1270 -sp "$stages" -awf 20 -k cooldown -kc 0.6 -q 0.15 -mc 50 -ns polar -mn 1 -mq 2 -cd 1 -ml 0.023 \
       -mw 1.2 -c 0.005 -ao 2 -ut 847 -lc 23,5,bf16 -fhs 100,1.6,0.75 -pw 0.25 -tk "$DIR/vocab.bin" -v 250 \
       -vt 262144 -m 40 -o "$DIR/record89_run"

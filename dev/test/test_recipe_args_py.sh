@@ -48,13 +48,15 @@ rows+="vegate:rate=0.008,b1=0.9,b2=0.99,decay=0.005;resid_lambdas:rate=0.04,b1=0
 rows+="post_lambdas:rate=0.008,b1=0.9,b2=0.95,decay=0;skip_gate:rate=0.04,b1=0.9,b2=0.99,decay=0;"
 rows+="attn_lambdas:rate=0.04,b1=0.9,b2=0.99,decay=0;mudd_gate_w1:rate=0.0008,b1=0.9,b2=0.99,decay=0.005;"
 rows+="mudd_gate_w2:rate=0.0008,b1=0.9,b2=0.99,decay=0.005;mudd_gate_b2:rate=0.0008,b1=0.9,b2=0.99,decay=0;"
-rows+="mudd_gate_scale:rate=0.0008,b1=0.9,b2=0.99,decay=0"
+rows+="mudd_gate_scale:rate=0.0008,b1=0.9,b2=0.99,decay=0;"
+rows+="mudd_w1:rate=0.002,b1=0.9,b2=0.99,decay=0.005;mudd_w2:rate=0.002,b1=0.9,b2=0.99,decay=0.005;"
+rows+="mudd_b2:rate=0.002,b1=0.9,b2=0.99,decay=0"
 stages="1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25;"
 stages+=" 1/3 t=32768 z=262144 cap=2048 aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0;"
 stages+=" 1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13"
 record89_flags=(--recipe speedrun --record89_plan 1 --paired_heads 1 --rotary_pairs 1 --window_tokens 1
   --key_offset 1 --yarn 1 --attention_scale 0.1 --smear 1 --bigram 1 --ve_gates 1 --resid_lambdas 1 --xsa 1
-  --attn_lambdas 1 --mudd_gates 1 --composed_attention 1 --record_init 89 --num_iterations 1270 --stages "$stages"
+  --attn_lambdas 1 --mudd_gates 1 --composed_attention 1 --mudd_connections 1 --record_init 89 --num_iterations 1270 --stages "$stages"
   --final_window_blocks 20 --lr_schedule cooldown --cooldown_frac 0.6 --final_lr_frac 0.15
   --muon_momentum_cooldown 50 --muon_ns polar --normuon 1 --muon_qk_heads 2 --cautious_decay 1 --muon_lr 0.023
   --muon_weight_decay 1.2 --weight_decay 0.005 --adam_every 2 --untie_step 847 --logit_cap 23,5,bf16
@@ -103,7 +105,8 @@ reference = {"wte": (1, 150, 0.5, 0.95), "headw": (1, 150, 0.5, 0.95), "ve": (75
              "skip_gate": (5, 0, 0.9, 0.99), "smearw": (0.01, 0, 0.9, 0.99), "vegate": (1, 1, 0.9, 0.99),
              "resid_lambdas": (5, 0, 0.9, 0.95), "post_lambdas": (1, 0, 0.9, 0.95),
              "mudd_gate_w1": (0.1, 1, 0.9, 0.99), "mudd_gate_w2": (0.1, 1, 0.9, 0.99),
-             "mudd_gate_b2": (0.1, 0, 0.9, 0.99), "mudd_gate_scale": (0.1, 0, 0.9, 0.99)}
+             "mudd_gate_b2": (0.1, 0, 0.9, 0.99), "mudd_gate_scale": (0.1, 0, 0.9, 0.99),
+             "mudd_w1": (0.25, 1, 0.9, 0.99), "mudd_w2": (0.25, 1, 0.9, 0.99), "mudd_b2": (0.25, 0, 0.9, 0.99)}
 muon = {"qkvw": 0.023, "attprojw": 0.023, "fcw": 0.023 * 2, "fcprojw": 0.023 * 4}
 for extra in ([], ["--bigram", "0"]):
     args = tg.parse_args(["--recipe", "record89", "--model", "tiny", "--input_bin", "x"] + extra)
@@ -129,8 +132,8 @@ for extra in ([], ["--bigram", "0"]):
 EOF
 )
 check "record89's tiny model: each tensor's group the reference's rate, decay and betas; Muon's rates" "$out" \
-  "24 tensors: all the reference's
-22 tensors: all the reference's"
+  "27 tensors: all the reference's
+25 tensors: all the reference's"
 
 # A recipe's model switches and init stand for the models it makes from a preset: a checkpoint given
 # with --recipe record89 is taken as it is; the recipe's FP8 head scales wait for --fp8_head 1.

@@ -114,7 +114,7 @@ Fields fields_of(const Recipe& r) {
   FIELD(muon_scale_tall), FIELD(loss_sum), FIELD(next_token_weights), FIELD(logit_cap), FIELD(prefix_weight);
   FIELD(attention_scale), FIELD(key_offset), FIELD(yarn), FIELD(val_batches_shared), FIELD(smear), FIELD(bigram);
   FIELD(rotary_pairs), FIELD(record_init), FIELD(ve_gates), FIELD(resid_lambdas), FIELD(xsa), FIELD(record89_plan);
-  FIELD(paired_heads), FIELD(attn_lambdas), FIELD(mudd_gates), FIELD(composed_attention);
+  FIELD(paired_heads), FIELD(attn_lambdas), FIELD(mudd_gates), FIELD(composed_attention), FIELD(mudd_connections);
 #undef FIELD
   return f;
 }
@@ -135,7 +135,7 @@ std::string differing_fields(const Recipe& x, const Recipe& y, const std::vector
 // -recipe: the command line gives the recipe.
 const std::vector<std::string> kRecord89Flags = {
     "-e", "d12", "-lp", "1", "-ph", "1", "-rp", "1", "-awt", "1", "-ko", "1", "-yn", "1", "-asc", "0.1", "-sm", "1",
-    "-bg", "1", "-vg", "1", "-rl", "1", "-xs", "1", "-al", "1", "-mg", "1", "-ca", "1", "-ri", "89", "-x", "1270",
+    "-bg", "1", "-vg", "1", "-rl", "1", "-xs", "1", "-al", "1", "-mg", "1", "-ca", "1", "-md", "1", "-ri", "89", "-x", "1270",
     "-sp",
     "1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 t=32768 z=262144 cap=2048 "
     "aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0; 1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13",
@@ -175,6 +175,9 @@ const ReferenceRow kReferenceRows[] = {
     {llmc::kMuddGateW2, 0.1, 1.0, 0.9, 0.99},
     {llmc::kMuddGateB2, 0.1, 0.0, 0.9, 0.99},
     {llmc::kMuddGateScale, 0.1, 0.0, 0.9, 0.99},  // _mudd_gate_scale
+    {llmc::kMuddW1, 0.25, 1.0, 0.9, 0.99},
+    {llmc::kMuddW2, 0.25, 1.0, 0.9, 0.99},
+    {llmc::kMuddB2, 0.25, 0.0, 0.9, 0.99},
 };
 
 std::string row_text(const RoleOptimizer& r) {
