@@ -3857,7 +3857,7 @@ __global__ void value_mix_rows_forward_kernel(floatX* qkv, const floatX* ve, con
   const x128 vv = load128(v), e = load128(ve + (size_t)tokens[row] * C + c), x = load128(extra + i);
   x128 o;
   for (int k = 0; k < x128::size; k++) {
-    const float term = (float)(floatX)((float)(floatX)(g * (float)e[k]) + (float)x[k]);
+    const float term = (float)(floatX)((float)(floatX)__fmul_rn(g, (float)e[k]) + (float)x[k]);
     o[k] = (floatX)((float)vv[k] + term);
   }
   store128(v, o);
@@ -8007,7 +8007,7 @@ void gelu_erf_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStrea
 // parameter (the gate generators'), or fixed (the dense connections' 0.1, a float as the reference's
 // Python constant). Backward: dpre = drows scale rounded (zero past `columns`), db2[k] += the sum of
 // dpre over the rows, and a parameter's dscale += the sum of pre . drows over the rows and columns:
-// one block a column (and one for a parameter scale),
+// one block a column and one for the zero columns past `columns` (and a parameter scale's gradient),
 // each thread its rows in order, then block_reduce_sum's tree: deterministic. Floor: forward reads
 // 2N stride values, writes 2N stride; backward reads 2N stride, writes N stride; memory-bound and tiny.
 constexpr int kGateRowsThreads = 256;
@@ -8043,13 +8043,14 @@ __global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, floatX* dbias
       continue;
     }
     for (int c = columns; c < stride; c++) dpre[row + c] = (floatX)0.0f;
+    if (dscale == nullptr) continue;
     for (int c = 0; c < columns; c++) sum += (float)pre[row + c] * (float)drows[row + c];
   }
   const float total = block_reduce_sum(sum, shared);
   if (threadIdx.x != 0) return;
   if (k < columns) {
     dbias[k] = round_stochastic((float)dbias[k] + total, seed, k);
-  } else {
+  } else if (dscale != nullptr) {
     dscale[0] = round_stochastic((float)dscale[0] + total, seed, columns);
   }
 }
@@ -8081,7 +8082,7 @@ void gate_rows_bias_scale_backward(floatX* dpre, floatX* dbias, floatX* dscale, 
   REQUIRE(dpre != drows, "gate_rows_bias_scale_backward: dpre must be apart from drows");
   REQUIRE((scale == nullptr) == (dscale == nullptr),
           "gate_rows_bias_scale_backward: a parameter scale and its gradient go together");
-  gate_rows_bias_scale_backward_kernel<<<columns + (scale ? 1 : 0), kGateRowsThreads, 0, stream>>>(
+  gate_rows_bias_scale_backward_kernel<<<columns + 1, kGateRowsThreads, 0, stream>>>(
       dpre, dbias, dscale, drows, pre, scale, fixed_scale, N, columns, stride, seed);
   cudaCheckLaunch();
 }
