@@ -93,7 +93,8 @@ constexpr float kFp8HeadLogitsAbsTol = 0.25f;
 
 // The optimizers the debug state's steps ran, at a constant rate: lr 1 and each AdamW role's rate
 // as its multiplier (GPT-2's: all the same), Muon's own, with NorMuon, AdamW's interval and its
-// tensors' rows where its settings name them; the record that gives them. `path` names the debug
+// tensors' rows, Muon's rates of tensors and the cautious decay where its settings name them; the
+// record that gives them. `path` names the debug
 // state's file.
 llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const llmc::DebugStateSettings& settings,
                                            const llmc::GPT2Config& config, const std::string& path) {
@@ -132,6 +133,7 @@ llmc::OptimizerTable debug_state_optimizer(const llmc::DebugState& ref, const ll
           "in its settings, and its steps ran no Muon: the file is damaged; re-create it with train_gpt2.py",
           path.c_str());
   r.muon_tensor_lr = settings.muon_tensor_lr;
+  r.cautious_decay = settings.cautious_decay;
   return llmc::optimizer_table(r, sizeof(floatX) == 2);
 }
 

@@ -3230,6 +3230,20 @@ def add_debug_noise(model, std, seed):
             p.add_(noise.to(p.device, p.dtype))
 
 
+def debug_adamw_step(group, moments, t, lr, eps, decay_all, cautious):
+    """One debug step of an AdamW group at rate lr: adamw_step's, or with the cautious decay
+    adamw_cautious_step's on each tensor, the decay where adamw_step would apply it."""
+    params = group["params"]
+    if not cautious:
+        adamw_step(params, [moments[id(p)] for p in params], t, lr, group["weight_decay"], group["betas"], eps,
+                   decay_all=decay_all)
+        return
+    with torch.no_grad():
+        for p in params:
+            decay = group["weight_decay"] if decay_all or p.dim() == 2 else 0.0
+            adamw_cautious_step(p, *moments[id(p)], t, lr, decay, group["betas"], eps)
+
+
 def write_debug_state(model, batch, args, device, out_dir, plan=None):
     """Writes the initial model and the debug state of llmc/gpt2.h: x, y, logits, loss and every
     gradient of the first step, then the losses of debug_steps optimizer steps on the same batch
@@ -3268,15 +3282,18 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     groups = optimizer_groups(model, args)
     moments = {id(p): (torch.zeros_like(p), torch.zeros_like(p)) for p in params}
     muon_groups = [group for kind, group in groups if kind == "muon"]
+    cautious = bool(args.cautious_decay)
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
-                           NEWTON_SCHULZ[args.muon_ns], normuon=bool(args.normuon)) if muon else None)
+                           NEWTON_SCHULZ[args.muon_ns], cautious=cautious, normuon=bool(args.normuon))
+                      if muon else None)
+    muon_peaks = [group["lr"] for group in muon_optimizer.param_groups] if muon else []  # --muon_tensor_lr's
     B, T = x.shape
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
     kept = {}  # AdamW's tensors' gradients since its last update (--adam_every)
     settings = debug_state_settings(model, args.untie_step, muon and bool(args.normuon), args.adam_every,
                                     args.muon_qk_heads if muon else 0, args.adam_rows,
-                                    (args.muon_tensor_lr or "") if muon else "")
+                                    (args.muon_tensor_lr or "") if muon else "", cautious)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     at_bf16_weights = gradients_at_bf16_weights(model, x, y, params, args, autocast) if version4 else []
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
@@ -3306,12 +3323,11 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
             tied_step_gradient(model)
         for owner, group in groups:
             if owner == "adamw" and adamw_steps:
-                adamw_step(group["params"], [moments[id(p)] for p in group["params"]], adamw_updates(step, args),
-                           group["lr"] * multiplier, group["weight_decay"], group["betas"],
-                           adam_eps(step, args, group["betas"][1]), decay_all=config.modern)
+                debug_adamw_step(group, moments, adamw_updates(step, args), group["lr"] * multiplier,
+                                 adam_eps(step, args, group["betas"][1]), config.modern, cautious)
         if muon_optimizer:
-            for group in muon_optimizer.param_groups:
-                group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
+            for group, peak in zip(muon_optimizer.param_groups, muon_peaks):
+                group["momentum"], group["lr"] = muon_momentum(step, args), peak * multiplier
             muon_optimizer.step()
         untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows
@@ -3419,12 +3435,12 @@ DEBUG_STAGES_BYTES = 4 * (DEBUG_NEWTON_SCHULZ_SLOT - DEBUG_STAGES_SLOT)
 
 
 def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon_qk_heads=0, adam_rows="",
-                         muon_tensor_lr=""):
+                         muon_tensor_lr="", cautious_decay=False):
     """The settings a version-5 debug state keeps, as the CUDA trainer's flags: the loss's, the
     untie step, windows in tokens, Muon's NorMuon, Q and K blocks and rates of tensors, AdamW's interval
-    and tensors' rows, the FP8 head's scales, the key offset and the attention's scale ("-lc 23,5 -mtp
-    1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75 -fhs 100.0,1.6,0.75 -ko 1
-    -asc 0.1 -mt fcw=2,fcprojw=4"; ""
+    and tensors' rows, the FP8 head's scales, the key offset, the attention's scale and the cautious
+    weight decay ("-lc 23,5 -mtp 1.0,0.5,0.25 -pw 0.25 -ut 4 -awt 1 -mn 1 -mq 2 -ao 2 -ar ve:lr=75,b1=0.75
+    -fhs 100.0,1.6,0.75 -ko 1 -asc 0.1 -mt fcw=2,fcprojw=4 -cd 1"; ""
     for the defaults; -pw, maybe 0, wherever the prefix table is, which
     --prefix_weight or a stage's pw= asks for). The file holds them after its header: their length
     in bytes, the text padded to 4-byte words, then the prefix table's rows (0 without one) and its
@@ -3462,6 +3478,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-yn", "1"]
     if muon_tensor_lr:
         words += ["-mt", muon_tensor_lr]
+    if cautious_decay:
+        words += ["-cd", "1"]
     return " ".join(words)
 
 
@@ -3481,16 +3499,16 @@ def read_debug_state_settings(path, header):
 def apply_debug_state_settings(model, text, prefix, path):
     """A version-5 debug state's settings (debug_state_settings) onto the model: its cap, loss terms
     and windows' unit (-ut: its checkpoint's embedding is the head already, and one step is checked;
-    -mn, -mq, -ao, -ar: its first step's gradients, which the check compares, come before the
+    -mn, -mq, -ao, -ar, -mt, -cd: its first step's gradients, which the check compares, come before the
     optimizers' steps; -fhs: the FP8 head's scales, where the head is FP8; -asc: the attention's scale)."""
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
     unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc",
-                               "-yn", "-mt"}
-    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn"))
+                               "-yn", "-mt", "-cd"}
+    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn", "-cd"))
     if len(words) % 2 or unknown or not ones:
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1 and -mt: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1, -mt and -cd 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
@@ -4092,7 +4110,7 @@ def check_args(args):
 
 
 def check_cautious_args(args):
-    """--cautious_decay 1 needs a weight decay to make cautious, and a run the debug state can describe."""
+    """--cautious_decay 1 needs a weight decay to make cautious."""
     if not args.cautious_decay:
         return
     muon = args.optimizer == "muon"
@@ -4100,9 +4118,6 @@ def check_cautious_args(args):
         zero, flags = (", --muon_weight_decay 0", " or --muon_weight_decay") if muon else ("", "")
         fail(f"--cautious_decay 1 makes the weight decay cautious, and this run decays nothing (--weight_decay 0{zero}): "
              f"give --weight_decay{flags} a decay, or drop --cautious_decay")
-    if args.write_debug_state:
-        fail("--cautious_decay 1: the debug state's header holds no decay kind, so test_gpt2cu would step with the "
-             "decoupled decay; drop it")
 
 
 def stage_plan(args, world):

@@ -624,18 +624,19 @@ void test_loss_settings() {
   check_throws([] { llmc::parse_logit_cap_setting("-lc", "23,5,fp8"); },
                "-lc 23,5,fp8: the third item rounds the sigmoid to BF16 and can only be bf16", "-lc's third item refused");
   llmc::DebugState d;
-  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1 -mq 2";
+  d.settings = "-lc 23.0,5.0 -mtp 1.0,0.5,0.25 -pw 0.25 -mn 1 -mq 2 -cd 1";
   d.prefix_table.assign(128, -1);
   const llmc::DebugStateSettings s = llmc::debug_state_settings(d, "d.bin");
   check_verbose(s.logit_cap.cap == 23.0f && s.logit_cap.shift == 5.0f && s.next_token_weights.count == 3 &&
                     s.next_token_weights.weight[2] == 0.25f && s.prefix_weight == 0.25f && s.normuon == 1 &&
-                    s.muon_qk_heads == 2,
+                    s.muon_qk_heads == 2 && s.cautious_decay == 1,
                 "a debug state's settings '" + d.settings + "' read as the flags'");
   const llmc::DebugStateSettings none = llmc::debug_state_settings(llmc::DebugState(), "d.bin");
   check_verbose(none.logit_cap.cap == 0.0f && none.next_token_weights.count == 1 &&
                     none.next_token_weights.weight[0] == 1.0f && none.prefix_weight == 0.0f && none.normuon == 0 &&
-                    none.muon_qk_heads == 0,
-                "a debug state without settings: the architecture's cap, the next token's loss alone");
+                    none.muon_qk_heads == 0 && none.cautious_decay == 0,
+                "a debug state without settings: the architecture's cap, the next token's loss alone, the decay "
+                "decoupled");
   d.settings = "-mtp 1 -ns polar";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "d.bin: settings '-mtp 1 -ns polar' are not pairs",
                "a debug state's setting of another flag");
@@ -646,6 +647,9 @@ void test_loss_settings() {
   d.settings = "-mn 2";
   check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-mn 2: must be 0 or 1",
                "a debug state's -mn out of range");
+  d.settings = "-cd 2";
+  check_throws([&] { llmc::debug_state_settings(d, "d.bin"); }, "-cd 2: must be 0 or 1",
+               "a debug state's -cd out of range");
   d.settings = "-ut 1 -ao 2";
   const llmc::DebugStateSettings odd_steps = llmc::debug_state_settings(d, "d.bin");
   check_verbose(odd_steps.adam_every == 2 && odd_steps.untie_step == 1 && none.adam_every == 1,

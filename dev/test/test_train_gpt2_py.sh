@@ -1339,6 +1339,23 @@ text, prefix, _ = tg.read_debug_state_settings(path, header)
 assert header[1] == tg.DEBUG_STATE_VERSION_BF16_WEIGHTS and text == "-mn 1 -mq 2" and prefix is None, (header[1], text)
 print(f"version {header[1]}: '{text}'")
 EOF
+echo "--- the cautious decay and Muon's rates of tensors in a debug state (-cd 1 -mt fcw=2)"
+for mt in "" fcw=2; do
+  "$PYTHON" train_gpt2.py "${TINY[@]}" -b 2 -t 32 --optimizer muon --weight_decay 0.1 --cautious_decay 1 \
+    --muon_tensor_lr "$mt" --write_debug_state "$WORK/cautious_state$mt" --debug_steps 3 --device cpu \
+    > "$WORK/cautious_state$mt.log"
+done
+check "the debug state names the cautious decay and Muon's rates of tensors, and its steps take the rates" <<'EOF'
+import glob, os, re, train_gpt2 as tg
+texts, losses = [], []
+for mt in ("", "fcw=2"):
+    path, = glob.glob(f"{os.environ['WORK']}/cautious_state{mt}/*_muon_debug_state.bin")
+    texts.append(tg.read_debug_state_settings(path, tg.read_debug_state(path, header_only=True))[0])
+    losses.append(re.findall(r"debug step \d+/3 \| loss (\S+)", open(f"{os.environ['WORK']}/cautious_state{mt}.log").read()))
+assert texts == ["-cd 1", "-mt fcw=2 -cd 1"], texts
+assert losses[0][0] == losses[1][0] and losses[0][1:] != losses[1][1:], losses  # fcw's rate moves the steps after
+print(f"'{texts[0]}', '{texts[1]}'; step losses {losses[0]} and {losses[1]}")
+EOF
 
 check "--fp8_head_scales: the FP8 head's x_s, w_s and grad_s, and the debug state's -fhs" <<'EOF'
 import math, train_gpt2 as tg
@@ -1807,8 +1824,6 @@ expect_error "eval_only 1 validates a checkpoint and trains nothing; drop --chec
   --init_from "$ckpt" --input_val_bin "$WORK/val_*.bin" --check_debug_state "$WORK/a/gpt2_l2h4c128t64v512_debug_state.bin"
 expect_error "cautious_decay 1 makes the weight decay cautious, and this run decays nothing .--weight_decay 0.: give --weight_decay a decay" \
   "${TINY[@]}" --bench --weight_decay 0 --cautious_decay 1
-expect_error "cautious_decay 1: the debug state's header holds no decay kind" "${TINY[@]}" --write_debug_state "$WORK/x" \
-  --cautious_decay 1
 expect_error "normuon sets Muon, which --optimizer adamw does not use" "${TINY[@]}" --bench --normuon 1
 expect_error "key_offset 1 shifts the keys' stationary rotary dims, and GPT-2 has no rotary" "${TINY[@]}" --bench \
   --key_offset 1
