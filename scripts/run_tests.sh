@@ -662,6 +662,15 @@ gpu_against_pytorch() {
   staged_against_pytorch stages_yarn_speedrun_tiny "1/2 aw=1; 1/2 aw=3; +2 aw=4" --recipe speedrun --model tiny \
     --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 --total_batch_size -1 --rotary_pairs 1 \
     --key_offset 1 --yarn 1 --attention_scale 0.1
+  # --recipe record89 itself, every switch and optimizer setting of it (the settings carry -cd 1, -mt,
+  # -ar's rows, -ao 2, -mq 2, -mn 1, -ut), over its stage plan at a debug size: three thirds at t=256, 384
+  # and 512 with their windows, rate multipliers and loss weights, and 2 extension steps; the untie at
+  # step 7, the first odd step of the third stage, as the recipe's 847.
+  local plan89="1/3 t=256 aw=1/2 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 t=384 aw=1/3 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0"
+  plan89+="; 1/3 t=512 aw=2/3 lr=1.73 mtp=1 pw=0; +2 aw=2/4"
+  staged_against_pytorch record89_tiny "$plan89" --recipe record89 --model tiny --debug_noise 0.02 --batch_size 2 \
+    --seq_len 512 --total_batch_size -1 --untie_step 7 --final_window_blocks 0 \
+    --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
   ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
