@@ -14689,6 +14689,7 @@ struct TrainArgs : llmc::TrainFlags {
   int checkpoint_every = 0, keep_last = 0, keep_every = 0, resume = 0, halt_after = -1;
   int async_checkpoints = 1;
   int step_phases = 0;  // -pt: where a step's time goes (StepPhases), on one process or several
+  int profiled_step = -1;  // -pk: the step inside the NVTX range "step" (a profiler's), -1 none
   int hellaswag = 0, fp8 = 0, fp8_grad_e4m3 = 0;
   float loss_z = 0.0f, norm_z = 0.0f;
   MultiGpuOptions multi_gpu;
@@ -14764,6 +14765,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
+      int_flag("-pk", "profiled step", "step N (from 0) inside an NVTX range 'step', which ncu --nvtx --nvtx-include "
+               "\"step/\" profiles alone (scripts/profile_kernels.sh --step N); -1: none", &a.profiled_step, -1,
+               kIntMax),
       recipe_flag(a),
   };
   const std::vector<llmc::Flag> record = llmc::record_flags(a);  // those -recipe sets, after it
@@ -15270,6 +15274,10 @@ llmc::StagePlan resolve_stage_plan(const TrainArgs& a, const llmc::GPT2Config& c
   REQUIRE(!plan.has_loss_ramp() || a.max_steps >= 0, "-sp: mtp=A>B and pw=A>B change the loss's weights over a "
           "stage's steps, which -x gives: give -x");
   if (a.max_steps >= 0) plan.resolve(a.max_steps);
+  REQUIRE(a.profiled_step < 0 || a.max_steps >= 0, "-pk %d names a step of the run, whose steps -x gives: give -x",
+          a.profiled_step);
+  REQUIRE(a.profiled_step < 0 || a.profiled_step < plan.total_steps(), "-pk %d: the run trains steps 0 to %ld: "
+          "give one of them", a.profiled_step, plan.total_steps() - 1);
   const llmc::LayerPlan layers = llmc::layer_plan(config);
   const bool validating = a.val_every > 0 && a.val_batches > 0;
   for (size_t i = 0; i < count; i++) {
@@ -15951,7 +15959,10 @@ int train_loop(TrainRun& r, int* final_step) {
       return 0;
     }
     if (last) return 0;
-    if (train_step(r, step) && halt_for_signal < 0) halt_for_signal = step + 1;
+    if (step == a.profiled_step) nvtxRangePush("step");
+    const bool stop = train_step(r, step);
+    if (step == a.profiled_step) nvtxRangePop();
+    if (stop && halt_for_signal < 0) halt_for_signal = step + 1;
   }
   return 0;
 }

@@ -606,6 +606,13 @@ else
   skip "-lc" "$TRAINER has no -lc"
 fi
 
+# --- -pk, the step a profiler's NVTX range marks: one of the run's, which -x gives (before the GPU)
+if has_flag -pk; then
+  expect "-pk out of range" "^error: -pk -2: must be" -pk -2
+  expect "-pk past the run's last step" "^error: -pk 2: the run trains steps 0 to 1: give one of them" -pk 2
+  expect "-pk without -x" "^error: -pk 0 names a step of the run, whose steps -x gives: give -x" -x -1 -pk 0
+fi
+
 # --- -cd, the cautious weight decay: 0 or 1, and only where some weight decays (flag errors, before
 # the GPU)
 if has_flag -cd; then

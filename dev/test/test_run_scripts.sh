@@ -73,6 +73,8 @@ check_error_status "--input $SCRATCH/none: no such readable file" scripts/quicks
 check_error_status "unknown argument '--gpu'" scripts/install_deps.sh --gpu
 check_error_status "usage: scripts/parity_tinyshakespeare.sh OUTDIR" scripts/parity_tinyshakespeare.sh
 check_error_status "usage: scripts/profile_kernels.sh OUTDIR" scripts/profile_kernels.sh -b 4
+check_error_status "--step 'x': give the number of the training step to profile" scripts/profile_kernels.sh \
+  "$SCRATCH/profile" --step x -recipe record89
 check_error_status "with N = 2, 4 or 8 GPUs" scripts/scaling_tests.sh 3
 check_error_status "unknown group 'speedrun'; the groups are gpt2_ranks_test" scripts/multi_gpu_tests.sh \
   "$SCRATCH/multi_gpu" speedrun_test speedrun
