@@ -2849,9 +2849,11 @@ def muon_direction(grad, momentum, mu, blocks, newton_schulz, transposed, orthog
 
 
 class Muon(torch.optim.Optimizer):
-    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr * muon_direction; with cautious
+    """modern.md's Muon: p <- p * (1 - lr * wd), then p <- p - lr s * muon_direction; with cautious
     (record #89's cautious weight decay, SPEC.md) p <- p - (wd lr) lr_eff p [u p >= 0], then
-    p <- p - lr * u, lr_eff = lr muon_scale of each block. A group's "blocks" splits each of its
+    p <- p - lr s * u, lr_eff = lr s muon_scale of each block. s is a group's "lr_scale" (1 but for
+    --muon_tensor_lr's tensors): it scales the update's rate and lr_eff, not the decay's wd lr, as
+    record #89's reference scales a matrix's rate. A group's "blocks" splits each of its
     matrices into that many equal row blocks (qkvw: q, k and v, three C x C matrices), or into blocks
     of the row counts it lists (--muon_qk_heads); its "transposed" scales by the transpose's shape.
     newton_schulz: a row of NEWTON_SCHULZ. compile: Newton-Schulz as one torch.compile graph per
@@ -2861,7 +2863,7 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, groups, lr, weight_decay, momentum, newton_schulz=NEWTON_SCHULZ["baseline"], compile=False,
                  cautious=False, normuon=False):
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, blocks=1, transposed=False, lr_scale=1.0)
         super().__init__(groups, defaults)
         self.cautious = cautious
         self.normuon = normuon
@@ -2882,15 +2884,15 @@ class Muon(torch.optim.Optimizer):
                 update = muon_direction(p.grad, state["momentum"], group["momentum"], rows,
                                         self.newton_schulz, group["transposed"], self.orthogonalise,
                                         state.get("second_moments"))
-                lr, wd = group["lr"], group["weight_decay"]
+                lr, wd, scale = group["lr"], group["weight_decay"], group["lr_scale"]
                 if self.cautious:
                     for block, u in zip(p.split(rows), update.split(rows)):
-                        lr_eff = lr * muon_scale(block, group["transposed"])
+                        lr_eff = lr * scale * muon_scale(block, group["transposed"])
                         mask = (u.float() * block >= 0).to(p.dtype)
                         block.sub_(block * mask * (wd * lr) * lr_eff)
                 else:
                     p.mul_(1 - lr * wd)
-                p.add_(update, alpha=-lr)
+                p.add_(update, alpha=-lr * scale)
 
 
 def qkv_blocks(config, qk_heads):
@@ -2931,7 +2933,8 @@ def parse_muon_tensor_lr(text, flag="--muon_tensor_lr"):
 
 def muon_tensor_groups(model, groups, args):
     """Muon's groups with --muon_tensor_lr: each group's tensors with a multiplier taken out into a group
-    after it at --muon_lr times it (its lr and, under the cautious decay, its lr_eff: the CUDA trainer's)."""
+    after it whose "lr_scale" is the multiplier (Muon.step: the update's rate and lr_eff, not the decay's
+    wd lr; the CUDA trainer's MuonGroup::lr_scale)."""
     multipliers = parse_muon_tensor_lr(args.muon_tensor_lr or "")
     names = {id(p): table_name(n) for n, p in model.named_parameters()}
     split = []
@@ -2940,7 +2943,7 @@ def muon_tensor_groups(model, groups, args):
         for p in group["params"]:
             by_multiplier.setdefault(multipliers.get(names[id(p)], 1.0), []).append(p)
         for multiplier, params in by_multiplier.items():
-            rate = {"lr": args.muon_lr * multiplier} if multiplier != 1.0 else {}
+            rate = {"lr_scale": multiplier} if multiplier != 1.0 else {}
             split.append(dict(group, params=params, **rate))
     return split
 
@@ -3286,7 +3289,6 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     muon_optimizer = (Muon(muon_groups, args.muon_lr, args.muon_weight_decay, args.muon_momentum,
                            NEWTON_SCHULZ[args.muon_ns], cautious=cautious, normuon=bool(args.normuon))
                       if muon else None)
-    muon_peaks = [group["lr"] for group in muon_optimizer.param_groups] if muon else []  # --muon_tensor_lr's
     B, T = x.shape
     windows, terms, first, losses = (model.window_blocks, model.short_window_blocks), model.loss_terms, None, []
     adamw_params = [p for owner, group in groups if owner == "adamw" for p in group["params"]]
@@ -3326,8 +3328,8 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
                 debug_adamw_step(group, moments, adamw_updates(step, args), group["lr"] * multiplier,
                                  adam_eps(step, args, group["betas"][1]), config.modern, cautious)
         if muon_optimizer:
-            for group, peak in zip(muon_optimizer.param_groups, muon_peaks):
-                group["momentum"], group["lr"] = muon_momentum(step, args), peak * multiplier
+            for group in muon_optimizer.param_groups:
+                group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
         untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
     model.window_blocks, model.short_window_blocks = windows

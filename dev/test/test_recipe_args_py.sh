@@ -119,7 +119,7 @@ for extra in ([], ["--bigram", "0"]):
             name = names[id(p)]
             seen.add(name)
             if kind == "muon":
-                got, want = group.get("lr", args.muon_lr), muon[name]
+                got, want = group.get("lr", args.muon_lr) * group.get("lr_scale", 1.0), muon[name]
             elif name in reference:
                 lr_mul, wd_mul, b1, b2 = reference[name]
                 got = (group["lr"], group["weight_decay"], group["betas"])

@@ -212,6 +212,19 @@ u = tg.muon_direction(g, torch.zeros_like(g), 0.95, 1, tg.NEWTON_SCHULZ["baselin
                       lambda b, ns: b.bfloat16()).double()
 wd64 = w.double()
 compare("Muon", p, wd64 - (u * wd64 >= 0) * wd * lr * (lr * 3 ** 0.5) * wd64 - lr * u, w, u, False)
+# A tensor's rate multiplier s (--muon_tensor_lr, record #89's fcprojw x4): the update's rate and lr_eff
+# times s, the decay's wd lr not, cautious or decoupled.
+s = 4.0
+for cautious in (True, False):
+    w, g, p = start(48, 16, 0.05)
+    muon = tg.Muon([dict(params=[p], lr_scale=s)], lr, wd, 0.95, cautious=cautious)
+    muon.orthogonalise = lambda b, ns: b.bfloat16()
+    muon.step()
+    u = tg.muon_direction(g, torch.zeros_like(g), 0.95, 1, tg.NEWTON_SCHULZ["baseline"], False,
+                          lambda b, ns: b.bfloat16()).double()
+    wd64 = w.double()
+    decayed = (wd64 - (u * wd64 >= 0) * wd * lr * (lr * s * 3 ** 0.5) * wd64 if cautious else wd64 * (1 - lr * wd))
+    compare(f"Muon x{s:g}, {'cautious' if cautious else 'decoupled'}", p, decayed - lr * s * u, w, u, False)
 # The trainer's optimizers: CautiousAdamW and a cautious Muon with the flag, torch's AdamW without.
 for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.AdamW, False)):
     args = tg.parse_args(["--model", "tiny", "--optimizer", "muon", "--cautious_decay", flag, "--input_bin", "x"])
