@@ -15400,10 +15400,13 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     LLMC_FAIL("-mq %d: the model's %d heads do not split into blocks of %d: give a divisor of %d (record #89's 2), or "
               "-mq 0 for Q and K whole", a.muon_qk_heads, config.num_heads, a.muon_qk_heads, config.num_heads);
   }
+  // A recipe's rows of tensors the model lacks (-recipe record89 -md 0: the dense connections') stand
+  // for nothing; rows given on the command line must name the model's tensors.
   llmc::ParamSpec specs[llmc::kNumParamTensors];
   llmc::param_table(config, specs);
+  const bool rows_given = std::count(a.given.begin(), a.given.end(), "-ar") > 0;
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
-    if (a.adam_rows[i] != llmc::AdamTensorRow() && specs[i].size == 0) {
+    if (rows_given && a.adam_rows[i] != llmc::AdamTensorRow() && specs[i].size == 0) {
       LLMC_FAIL("-ar %s: the %s model has no %s: drop its row", llmc::adam_rows_text(a.adam_rows).c_str(),
                 llmc::arch_spec(config.arch).name, specs[i].name);
     }

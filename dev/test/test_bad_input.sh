@@ -1005,6 +1005,11 @@ if [ $no_gpu = 1 ]; then
       -tk "$DIR/vocab.bin" -o "$DIR/record89_recipe_run"
     [ -e "$DIR/record89_recipe_run" ] && problems+=("$DIR/record89_recipe_run was created before the GPU")
     report "-recipe record89 gets as far as the GPU"
+    # Without the dense connections its rows of their tensors stand for nothing, and are no error.
+    WATCH=("$KEEP")
+    attempt "no CUDA GPU is visible" -recipe record89 -md 0 -i "$DIR/documents.bin" -j "$DIR/documents_val.bin" \
+      -tk "$DIR/vocab.bin"
+    report "-recipe record89 -md 0 gets as far as the GPU (the recipe's rows of the connections left out)"
   elif has_flag -lp; then
     skip "record #89's switches together" "build/write_tokenizer is not built (its vocabulary file for -tk)"
   fi
