@@ -25,8 +25,9 @@
 //                                 documents and a window of 128-token blocks or of tokens: flash
 //                                 kernels (BF16), batched GEMMs; one query against a KV cache; on
 //                                 Hopper, a product of our own (TMA, wgmma) with the MLP's ReLU^2
-//                                 and ReLU^2' in its epilogue
-//   7. GELU and ReLU^2            forward and backward
+//                                 and ReLU^2' in its epilogue; record #89's composed attention
+//   7. GELU and ReLU^2            forward and backward; record #89's MUDD gate rows (the generators'
+//                                 bias and scale)
 //   8. Classifier                 fused softmax + cross-entropy + dlogits (or, for the FP8 head,
 //                                 their E5M2 cast), optional soft cap, the later tokens' and the
 //                                 prefix tokens' loss terms
@@ -37,7 +38,8 @@
 //                                 (the value mix, the attention gate, the residual mix: each one
 //                                 group of its rows, forward, backward and decoding), the block
 //                                 (forward and backward, written once), the attention's documents
-//                                 and windows, the training passes, the optimizers' update (the
+//                                 and windows, record #89's MUDD gate generators and dense
+//                                 connections, the training passes, the optimizers' update (the
 //                                 embedding tied to the head up to an untie step)
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
