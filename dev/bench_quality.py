@@ -1,16 +1,19 @@
 """Validation loss against training time: train_gpt2cu with the modern recipe, the PyTorch reference
 (train_gpt2.py) with the same recipe and data order, and train_gpt2cu with GPT-2's recipe, one after
-the other on one GPU, on the same token shards; and train_gpt2cu's speedrun recipe against the script
-it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_script).
+the other on one GPU, on the same token shards; train_gpt2cu's speedrun recipe against the script
+it follows, modded-nanogpt's record #28 (its train_gpt.py, given by --reference_script); and its
+record89 recipe against record #89's script (the folder of its files, given by --reference89).
 
     python3 dev/bench_quality.py OUTDIR --train 'DIR/python_train_*.bin' --val 'DIR/python_val_*.bin'
                                  [--steps 600] [--batch_tokens 131072] [--micro_batch 64] [--seq_len 1024]
                                  [--val_every 50] [--val_batches 20] [--gpt2_lr 6e-4] [--gpt2_warmup 60]
                                  [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
-                                 [--reference_script PATH] [--speedrun_repeats 1]
+                                 [--reference_script PATH] [--reference89 DIR] [--tokenizer FILE]
+                                 [--speedrun_repeats 1]
                                  [--shared_init [--init_seed S]] [--dry_run]
-                                 [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun,peer_speedrun]]
+                                 [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun,peer_speedrun]
+                                         [,ours_record89,ref_record89]]
 
 Every run is d12 on the same shards, validated every --val_every steps and at the last. ours_modern,
 peer_modern and ours_gpt2 take --steps steps of --batch_tokens tokens and validate on --val_batches
@@ -46,6 +49,14 @@ mean, and reports each side's spread and, with two runs a side or more, the stan
 difference of the means and about how many runs a side would make it half the 1% tolerance. Such
 runs cost less with --stop_after S: each run of the pair stops after its validation at step S (its
 schedule still that of --steps), and finished runs of the same OUTDIR are read up to step S.
+
+ours_record89 and ref_record89 are record #89's pair: train_gpt2cu -recipe record89 (the recipe's 1,285
+steps in their stages, validation every 250 steps in sequences of 262,144; --tokenizer its -tk), and
+record #89's script made to run offline by dev/reference89_offline.py in OUTDIR/ref_record89/kit (its
+shards linked as many times over as it reads them; its output in OUTDIR/ref_record89/output.log), both
+on --speedrun_val_tokens validation tokens, the pair made --speedrun_repeats times and stopped at
+--stop_after (a multiple of 250) as record #28's; no --shared_init. Their rows give tokens/s as a
+run's tokens up to its last validation over its training time, the steps growing by stage.
 
 peer_speedrun is train_gpt2.py --recipe speedrun, the PyTorch port of ours' model, loader and
 optimizers with the script's numerics (FP32 gradients, weights cast to BF16; compiled, FlexAttention,
@@ -117,13 +128,28 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RUNS = ("ours_modern", "peer_modern", "ours_gpt2", "ours_speedrun", "ref_speedrun", "peer_speedrun")
+RUNS = ("ours_modern", "peer_modern", "ours_gpt2", "ours_speedrun", "ref_speedrun", "peer_speedrun",
+        "ours_record89", "ref_record89")
 DEFAULT_RUNS = ("ours_modern", "peer_modern", "ours_gpt2")
 SPEEDRUN_RUNS = ("ours_speedrun", "ref_speedrun", "peer_speedrun")
-SEEDED_SPEEDRUN_RUNS = ("ours_speedrun", "peer_speedrun")  # the k-th repeat's seed is 42 + k - 1
+RECORD89_RUNS = ("ours_record89", "ref_record89")
+PAIR_RUNS = SPEEDRUN_RUNS + RECORD89_RUNS  # made --speedrun_repeats times, stopped at --stop_after
+REFERENCE_RUNS = ("ref_speedrun", "ref_record89")  # the records' scripts: their own output lines
+SEEDED_RUNS = ("ours_speedrun", "peer_speedrun", "ours_record89")  # the k-th repeat's seed is 42 + k - 1
+# The side each run is compared with (report): the reference script of its recipe.
+COMPARED_WITH = {"ours_speedrun": "ref_speedrun", "peer_speedrun": "ref_speedrun", "ours_record89": "ref_record89"}
 LABELS = {"ours_modern": "train_gpt2cu, modern recipe", "peer_modern": "PyTorch, modern recipe",
           "ours_gpt2": "train_gpt2cu, GPT-2 recipe", "ours_speedrun": "train_gpt2cu, speedrun recipe",
-          "ref_speedrun": "record #28's train_gpt.py", "peer_speedrun": "PyTorch, speedrun recipe"}
+          "ref_speedrun": "record #28's train_gpt.py", "peer_speedrun": "PyTorch, speedrun recipe",
+          "ours_record89": "train_gpt2cu, record89 recipe", "ref_record89": "record #89's train_gpt.py"}
+# Record #89's schedule (its TRAINING_STAGES; -recipe record89's): steps and tokens a step of each stage,
+# the extension's 15 steps at the last stage's tokens; a validation every 250 steps and at the last, in
+# sequences of 262,144 tokens on both sides.
+RECORD89_STAGES = ((423, 131072), (424, 262144), (438, 393216))
+RECORD89_STEPS = sum(steps for steps, _ in RECORD89_STAGES)
+RECORD89_VAL_EVERY = 250
+RECORD89_VAL_SEQ_LEN = 262144
+RECORD89_KIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference89_offline.py")
 SPEEDRUN_STEP_TOKENS = 8 * 49152      # record #28's step: 8 document-aligned sequences of 49,152
 REFERENCE_VAL_SEQ_LEN = 4 * 64 * 1024  # the reference validates on contiguous sequences of this
 REFERENCE_SEARCH_FACTOR = 16  # the copy's loader searches this many times a step's tokens ahead
@@ -152,19 +178,36 @@ def step_tokens(name, args):
     return SPEEDRUN_STEP_TOKENS if name in SPEEDRUN_RUNS else args.batch_tokens
 
 
+def record89_tokens(steps):
+    """The tokens of record #89's first `steps` steps."""
+    tokens = 0
+    for stage_steps, stage_tokens in RECORD89_STAGES:
+        tokens += min(steps, stage_steps) * stage_tokens
+        steps -= min(steps, stage_steps)
+    return tokens
+
+
+def tokens_per_second(name, args, curve, ms):
+    """A run's tokens/s: a step's tokens over its median ms; record #89's (whose steps grow by stage) its
+    tokens up to its last validation over its training time."""
+    if name in RECORD89_RUNS:
+        return record89_tokens(curve[-1][0]) / curve[-1][1]
+    return step_tokens(name, args) / (median_step_ms(ms) / 1000)
+
+
 def token_scale(name, args):
     """How many of the run's steps cover one speedrun step's tokens under --same_tokens; else 1."""
-    if name in SPEEDRUN_RUNS or not args.same_tokens:
+    if name in PAIR_RUNS or not args.same_tokens:
         return Fraction(1)
     return Fraction(SPEEDRUN_STEP_TOKENS, args.batch_tokens)
 
 
 def run_steps(name, args):
-    return int(args.steps * token_scale(name, args))
+    return RECORD89_STEPS if name in RECORD89_RUNS else int(args.steps * token_scale(name, args))
 
 
 def run_val_every(name, args):
-    return int(args.val_every * token_scale(name, args))
+    return RECORD89_VAL_EVERY if name in RECORD89_RUNS else int(args.val_every * token_scale(name, args))
 
 
 def run_micro_batch(name, args):
@@ -186,7 +229,7 @@ def run_last_step(name, args):
 
 def validation_step(name, line):
     """The step of a validation line of run `name`'s output, or None."""
-    match = (REF_VAL_LINE if name == "ref_speedrun" else VAL_LINE).match(line)
+    match = (REF_VAL_LINE if name in REFERENCE_RUNS else VAL_LINE).match(line)
     return int(match.group(1)) if match else None
 
 
@@ -200,8 +243,8 @@ def output_through(name, text, step):
 
 
 def run_repeats(name, args):
-    """How many times a run is made: --speedrun_repeats for the speedrun pair, else once."""
-    return args.speedrun_repeats if name in SPEEDRUN_RUNS else 1
+    """How many times a run is made: --speedrun_repeats for the records' pairs, else once."""
+    return args.speedrun_repeats if name in PAIR_RUNS else 1
 
 
 def repeat_suffix(repeat):
@@ -209,10 +252,10 @@ def repeat_suffix(repeat):
 
 
 def run_log(name, args, repeat=1):
-    """Where a run's output goes: OUTDIR/NAME.log (NAME_k.log for its k-th repeat), the reference's
-    beside its copy (output.log, output_k.log)."""
-    if name == "ref_speedrun":
-        return os.path.join(args.outdir, "ref_speedrun", f"output{repeat_suffix(repeat)}.log")
+    """Where a run's output goes: OUTDIR/NAME.log (NAME_k.log for its k-th repeat), a reference's in
+    OUTDIR/NAME (output.log, output_k.log)."""
+    if name in REFERENCE_RUNS:
+        return os.path.join(args.outdir, name, f"output{repeat_suffix(repeat)}.log")
     return os.path.join(args.outdir, f"{name}{repeat_suffix(repeat)}.log")
 
 
@@ -221,7 +264,7 @@ def run_label(name, args, repeat):
     number."""
     if run_repeats(name, args) == 1:
         return LABELS[name]
-    return LABELS[name] + (f" (seed {SPEEDRUN_SEED + repeat - 1})" if name in SEEDED_SPEEDRUN_RUNS
+    return LABELS[name] + (f" (seed {SPEEDRUN_SEED + repeat - 1})" if name in SEEDED_RUNS
                            else f" (run {repeat})")
 
 
@@ -244,8 +287,15 @@ def run_command(name, args, repeat=1):
                 "-m", str(args.speedrun_val_tokens // args.speedrun_val_seq_len),
                 "-vt", str(args.speedrun_val_seq_len), "-s", "0"] + seed + \
                ["-o", os.path.join(args.outdir, name + repeat_suffix(repeat))]
+    if name == "ours_record89":
+        seed = ["-S", str(SPEEDRUN_SEED + repeat - 1)] if repeat > 1 else []
+        return ["./train_gpt2cu", "-recipe", "record89", "-i", args.train, "-j", args.val, "-tk", args.tokenizer,
+                "-m", str(args.speedrun_val_tokens // RECORD89_VAL_SEQ_LEN), "-s", "0"] + seed + \
+               ["-o", os.path.join(args.outdir, name + repeat_suffix(repeat))]
     if name == "ref_speedrun":
         return reference_command(args)
+    if name == "ref_record89":
+        return ["bash", "run.sh"]
     if name == "peer_speedrun":
         return peer_speedrun_command(args, repeat)
     return peer_command(args)
@@ -406,6 +456,31 @@ def prepare_reference(args):
         f.write(edited)
 
 
+def record89_kit(args):
+    """The folder of record #89's script made to run offline (dev/reference89_offline.py), in which
+    ref_record89 runs."""
+    return os.path.join(args.outdir, "ref_record89", "kit")
+
+
+def record89_kit_command(args):
+    """dev/reference89_offline.py's command that writes record89_kit: --reference89's script on the
+    shards (their passes as many as it reads), on --speedrun_val_tokens validation tokens, run by
+    --python."""
+    return [sys.executable, RECORD89_KIT, record89_kit(args), "--reference", args.reference89, "--train", args.train,
+            "--val", args.val, "--passes", "auto", "--val_tokens", str(args.speedrun_val_tokens),
+            "--python", args.python]
+
+
+def prepare_record89_kit(args):
+    """Writes record89_kit, unless an earlier bench of this OUTDIR did; stops with the kit's error."""
+    if os.path.isdir(record89_kit(args)):
+        return
+    command = record89_kit_command(args)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        fail(f"ref_record89: {shlex.join(command)} failed: {done.stdout.strip()}")
+
+
 def parse_curve(text):
     """[(step, training seconds, val loss)] and the ms of the steps counted, from our trainer's or
     train_gpt2.py's output. The first step compiles (PyTorch) or tunes the products (ours): its time
@@ -442,7 +517,7 @@ def parse_reference_curve(text):
 
 
 def parse_run(name, text):
-    return parse_reference_curve(text) if name == "ref_speedrun" else parse_curve(text)
+    return parse_reference_curve(text) if name in REFERENCE_RUNS else parse_curve(text)
 
 
 def time_to_reach(curve, target):
@@ -581,15 +656,19 @@ def parse_args(argv=None):
     p.add_argument("--speedrun_val_tokens", type=int, default=10485760,
                    help="the speedrun runs' validation tokens (ours: -m this / --speedrun_val_seq_len)")
     p.add_argument("--reference_script", default="", help="record #28's train_gpt.py (for ref_speedrun)")
-    p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the speedrun pair: ours with "
+    p.add_argument("--reference89", default="", help="the folder of record #89's train_gpt.py, triton_kernels.py "
+                   "and dc_triton_kernels.py (for ref_record89, through dev/reference89_offline.py)")
+    p.add_argument("--tokenizer", default="", help="GPT-2's vocabulary file (build/write_tokenizer's) for "
+                   "ours_record89's prefix table (-tk)")
+    p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the records' pairs: ours with "
                    f"seeds {SPEEDRUN_SEED}, {SPEEDRUN_SEED + 1}, ..., the reference (unseeded) as often; the "
                    "comparison takes each side's mean")
     p.add_argument("--shared_init", action="store_true", help="the speedrun pair's k-th runs start from the same "
                    "weights (train_gpt2.py's init, seed 42 + k - 1); the comparison takes the pairs' differences")
     p.add_argument("--init_seed", type=int, help="with --shared_init: every pair from the init of this seed "
                    "(each side's spread from one init)")
-    p.add_argument("--stop_after", type=int, default=0, help="the speedrun pair's runs stop after their "
-                   "validation at this step, their schedule still --steps' (0: they run to the end)")
+    p.add_argument("--stop_after", type=int, default=0, help="the records' pairs' runs stop after their "
+                   "validation at this step, their schedule still their own (0: they run to the end)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, write the reference's copy, "
                    "run nothing")
     p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help="which runs, in order: " + " ".join(RUNS))
@@ -607,12 +686,14 @@ def check_args(args):
     if args.speedrun_repeats < 1:
         fail(f"--speedrun_repeats {args.speedrun_repeats}: at least 1")
     if args.stop_after:
-        if any(name not in SPEEDRUN_RUNS for name in runs):
-            fail(f"--stop_after {args.stop_after}: for the speedrun pair's runs only, not "
-                 f"{','.join(name for name in runs if name not in SPEEDRUN_RUNS)}")
-        if not 0 < args.stop_after < args.steps or args.stop_after % args.val_every:
-            fail(f"--stop_after {args.stop_after}: a validation step before --steps {args.steps} (a multiple of "
-                 f"--val_every {args.val_every})")
+        if any(name not in PAIR_RUNS for name in runs):
+            fail(f"--stop_after {args.stop_after}: for the records' pairs' runs only, not "
+                 f"{','.join(name for name in runs if name not in PAIR_RUNS)}")
+        for name in runs:
+            steps, every = run_steps(name, args), run_val_every(name, args)
+            if not 0 < args.stop_after < steps or args.stop_after % every:
+                fail(f"--stop_after {args.stop_after}: {name} needs a validation step before its last, {steps} (a "
+                     f"multiple of {every})")
     if args.target_run not in RUNS:
         fail(f"--target_run {args.target_run}: use one of {','.join(RUNS)}")
     if args.target_run != "ours_gpt2" and args.target_run not in runs:
@@ -631,15 +712,34 @@ def check_args(args):
         if args.speedrun_val_seq_len <= 0 or args.speedrun_val_tokens % args.speedrun_val_seq_len:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of --speedrun_val_seq_len "
                  f"{args.speedrun_val_seq_len}")
-    if args.shared_init and not ("ref_speedrun" in runs and any(name in runs for name in SEEDED_SPEEDRUN_RUNS)):
+    if args.shared_init and not ("ref_speedrun" in runs and any(name in runs for name in ("ours_speedrun", "peer_speedrun"))):
         fail("--shared_init pairs the speedrun's runs with the reference's: give --runs both ref_speedrun and "
              "ours_speedrun (or peer_speedrun)")
     if args.init_seed is not None and not args.shared_init:
         fail(f"--init_seed {args.init_seed}: the seed of --shared_init's weights; give --shared_init too")
+    check_record89_args(args, runs)
     if "ref_speedrun" in runs:
         if args.speedrun_val_tokens % REFERENCE_VAL_SEQ_LEN:
             fail(f"--speedrun_val_tokens {args.speedrun_val_tokens} is no multiple of the reference's "
                  f"validation sequence, {REFERENCE_VAL_SEQ_LEN} tokens (its assert)")
+
+
+def check_record89_args(args, runs):
+    """The record #89 pair's needs: the reference's folder, ours' vocabulary, validation tokens in
+    whole batches of both (and no shared init, which is record #28's pair's)."""
+    if "ref_record89" in runs and not os.path.isfile(os.path.join(args.reference89, "train_gpt.py")):
+        fail(f"ref_record89 needs --reference89 DIR, the folder of record #89's train_gpt.py and its kernel files "
+             f"(modded-nanogpt f411b3d3); got '{args.reference89}'")
+    if "ours_record89" in runs and not os.path.isfile(args.tokenizer):
+        fail(f"ours_record89 needs --tokenizer FILE, GPT-2's vocabulary (build/write_tokenizer --output FILE) for "
+             f"its prefix table; got '{args.tokenizer}'")
+    if any(name in RECORD89_RUNS for name in runs):
+        batch = 8 * RECORD89_VAL_SEQ_LEN  # the reference's validation batch
+        if args.speedrun_val_tokens % batch:
+            fail(f"--speedrun_val_tokens {args.speedrun_val_tokens}: record #89's runs validate in batches of "
+                 f"{batch} tokens (the reference's); give a multiple of it")
+        if args.shared_init:
+            fail("--shared_init pairs record #28's runs; drop ours_record89 and ref_record89 from --runs, or it")
 
 
 def run_signature(name, args, repeat=1):
@@ -649,6 +749,8 @@ def run_signature(name, args, repeat=1):
     if name == "ref_speedrun":
         edits = (replacement.replace("\n", "\\n") for _, replacement in reference_edits(args))
         signature += " | edits: " + "; ".join(edits)
+    if name == "ref_record89":
+        signature += " | kit: " + shlex.join(record89_kit_command(args)[1:])
     return signature
 
 
@@ -722,7 +824,7 @@ def run_logged(name, args, repeat=1):
     """Runs one run with its output in its log (the reference's also on the terminal), after a first
     line naming the command, until its end or its validation at --stop_after; its status."""
     command, log = run_command(name, args, repeat), run_log(name, args, repeat)
-    cwd = os.path.join(args.outdir, "ref_speedrun") if name == "ref_speedrun" else None
+    cwd = {"ref_speedrun": os.path.join(args.outdir, "ref_speedrun"), "ref_record89": record89_kit(args)}.get(name)
     last = run_last_step(name, args)
     stop = (lambda line: validation_step(name, line) == last) if args.stop_after else None
     env = {}
@@ -731,7 +833,7 @@ def run_logged(name, args, repeat=1):
     with open(log, "w") as f:
         f.write(COMMAND_MARK + run_signature(name, args, repeat) + "\n")
         f.flush()
-        return run_until(command, cwd, f, name == "ref_speedrun", stop, env)
+        return run_until(command, cwd, f, name in REFERENCE_RUNS, stop, env)
 
 
 def gpu_samples_path(log):
@@ -801,10 +903,15 @@ def main():
     # stops the bench at once rather than after the other runs.
     if any(name == "ref_speedrun" and result is None for (name, _), result in results.items()):
         prepare_reference(args)
+    if any(name == "ref_record89" and result is None for (name, _), result in results.items()):
+        print(f"=== ref_record89's script offline: {shlex.join(record89_kit_command(args))}", flush=True)
+        if not args.dry_run:
+            prepare_record89_kit(args)
     curves, step_ms = {}, {}
     for name, repeat in instances:
         run, log = (name, repeat), run_log(name, args, repeat)
-        where = f" (in {os.path.join(args.outdir, 'ref_speedrun')})" if name == "ref_speedrun" else ""
+        folder = {"ref_speedrun": os.path.join(args.outdir, "ref_speedrun"), "ref_record89": record89_kit(args)}
+        where = f" (in {folder[name]})" if name in folder else ""
         title = name + ("" if run_repeats(name, args) == 1 else f" {repeat}/{run_repeats(name, args)}")
         if results[run] is not None:  # a finished run of the same OUTDIR is read again, not rerun
             print(f"=== {title}: read {log}", flush=True)
@@ -837,7 +944,7 @@ def report(args, runs, instances, curves, step_ms):
     # The target: the run's final validation loss (the mean of its repeats' final losses).
     target = mean_curve(runs_of(target_run, instances, curves, step_ms))[-1][2] if target_run else None
     lines = []
-    batch_runs = [name for name in runs if name not in SPEEDRUN_RUNS]
+    batch_runs = [name for name in runs if name not in PAIR_RUNS]
     if batch_runs:
         name = batch_runs[0]
         lines.append(f"d12, {run_steps(name, args)} steps of {args.batch_tokens} tokens (micro batch "
@@ -858,6 +965,11 @@ def report(args, runs, instances, curves, step_ms):
                      + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else "")
                      + (f"; every pair from train_gpt2.py's init of seed {args.init_seed}"
                         if args.init_seed is not None else ""))
+    if any(name in RECORD89_RUNS for name in runs):
+        lines.append(f"record #89: its {RECORD89_STEPS} steps (stages of {', '.join(str(t) for _, t in RECORD89_STAGES)} "
+                     f"tokens a step), validation every {RECORD89_VAL_EVERY} steps and at the last on "
+                     f"{args.speedrun_val_tokens} tokens in sequences of {RECORD89_VAL_SEQ_LEN}"
+                     + (f"; each run stopped after its validation at step {args.stop_after}" if args.stop_after else ""))
     if target is not None:
         lines.append(f"target: {LABELS[target_run]}'s final validation loss {target:.4f}")
     lines.append("| run | steps | final val loss | ms/step (median) | ms/step (mean) | tokens/s | training s "
@@ -869,13 +981,13 @@ def report(args, runs, instances, curves, step_ms):
         reach = time_to_reach(curve, target) if target is not None else None
         to_target = "-" if target is None else "not reached" if reach is None else f"{reach:.1f}"
         lines.append(f"| {run_label(name, args, repeat)} | {curve[-1][0]} | {curve[-1][2]:.4f} | {median:.1f} | "
-                     f"{mean_step_ms(curve, ms):.1f} | {step_tokens(name, args) / (median / 1000):.0f} | "
+                     f"{mean_step_ms(curve, ms):.1f} | {tokens_per_second(name, args, curve, ms):.0f} | "
                      f"{curve[-1][1]:.1f} | {to_target} | "
                      f"{gpu_load_cell(gpu_samples_path(run_log(name, args, repeat)))} |")
-    for name in SEEDED_SPEEDRUN_RUNS:
-        if name in runs and "ref_speedrun" in runs:
+    for name, reference in COMPARED_WITH.items():
+        if name in runs and reference in runs:
             lines += speedrun_report(speedrun_comparison(runs_of(name, instances, curves, step_ms),
-                                                         runs_of("ref_speedrun", instances, curves, step_ms),
+                                                         runs_of(reference, instances, curves, step_ms),
                                                          args.shared_init), name)
     table = "\n".join(lines)
     print(table)
@@ -921,12 +1033,13 @@ def spread_percent(spread, step):
 # Each side the report compares with the reference: its heading, and its name in the lines.
 SPEEDRUN_SIDES = {"ours_speedrun": ("speedrun recipe against record #28's script", "ours"),
                   "peer_speedrun": ("the PyTorch port (train_gpt2.py --recipe speedrun) against record #28's script",
-                                    "the port")}
+                                    "the port"),
+                  "ours_record89": ("record89 recipe against record #89's script", "ours")}
 
 
 def speedrun_report(c, name="ours_speedrun"):
-    """The lines of the report on one side of the speedrun (ours, or the port) against the reference,
-    from speedrun_comparison's numbers. The speed targets are ours' alone."""
+    """The lines of the report on one side of a record's pair (ours, or the port) against its reference,
+    from speedrun_comparison's numbers. The speed targets are ours' of record #28 alone."""
     heading, side = SPEEDRUN_SIDES[name]
     targets = name == "ours_speedrun"
     repeated = c["ours_runs"] > 1 or c["ref_runs"] > 1

@@ -11,7 +11,8 @@
 # the stop itself on a stand-in run; (f) --shared_init: the commands, the reference's copy loading
 # the init, the init's tensors in the reference's layout (a stand-in of its parameter table), the
 # paired standard error; (g) two benches in one OUTDIR: a run one is making is refused by the other,
-# its log untouched. Scratch files go to build/test_tmp/bench_quality.
+# its log untouched; (h) record #89's pair: its commands (the offline kit's among them), its refusals,
+# and its report. Scratch files go to build/test_tmp/bench_quality.
 #
 #   bash dev/test/test_bench_quality.sh     (PLOT_PYTHON=... to pick the python with matplotlib)
 set -uo pipefail
@@ -558,5 +559,66 @@ out=$(bench "$DIR/w" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 -
   --reference_script "$DIR/stand_in.py" --dry_run 2>&1)
 check "the holder gone, its locks are free: exit 0, the copy written" \
   "$?:$(test -f "$DIR/w/ref_speedrun/train_gpt.py" && echo copy)" 0:copy
+
+# --- (h) record #89's pair: the commands, the kit's, the refusals, and the report from fabricated
+# outputs stopped after step 500 (their schedules still 1,285 steps).
+mkdir -p "$DIR/ref89"
+touch "$DIR/ref89/train_gpt.py" "$DIR/vocab.bin"
+R89=(--runs ours_record89,ref_record89 --reference89 "$DIR/ref89" --tokenizer "$DIR/vocab.bin")
+out=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' "${R89[@]}" --speedrun_repeats 2 --dry_run 2>&1)
+check "record89: dry run exits 0" "$?" 0
+check "record89: ours' command (the recipe's schedule, -tk, -m = 10,485,760 / 262,144)" \
+  "$(grep -c "^=== ours_record89 1/2: ./train_gpt2cu -recipe record89 -i 't_\*.bin' -j 'v_\*.bin' -tk $DIR/vocab.bin -m 40 -s 0 -o $DIR/p/ours_record89$" <<< "$out")" 1
+check "record89: ours' second run with seed 43" "$(grep -c "^=== ours_record89 2/2: .* -S 43 -o $DIR/p/ours_record89_2$" <<< "$out")" 1
+check "record89: the kit's command (shards as many passes as read, the validation tokens, the python)" \
+  "$(grep -c "^=== ref_record89's script offline: .*dev/reference89_offline.py $DIR/p/ref_record89/kit --reference $DIR/ref89 --train 't_\*.bin' --val 'v_\*.bin' --passes auto --val_tokens 10485760 --python " <<< "$out")" 1
+check "record89: the reference run twice from the kit's folder" \
+  "$(grep -c "^=== ref_record89 [12]/2 (in $DIR/p/ref_record89/kit): bash run.sh$" <<< "$out")" 2
+check "record89: a dry run makes no kit" "$(test -e "$DIR/p/ref_record89/kit" && echo kit)" ""
+err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --runs ref_record89 --dry_run 2>&1)
+check "record89: no --reference89: exit 1, one line" "$?:$(grep -c '^error: ref_record89 needs --reference89 DIR' <<< "$err")" 1:1
+err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --runs ours_record89 --dry_run 2>&1)
+check "record89: no --tokenizer: exit 1, one line" "$?:$(grep -c '^error: ours_record89 needs --tokenizer FILE' <<< "$err")" 1:1
+err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' "${R89[@]}" --stop_after 300 --dry_run 2>&1)
+check "record89: --stop_after off its validations: exit 1" \
+  "$?:$(grep -c '^error: --stop_after 300: ours_record89 needs a validation step before its last, 1285 (a multiple of 250)$' <<< "$err")" 1:1
+err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' "${R89[@]}" --speedrun_val_tokens 1048576 --dry_run 2>&1)
+check "record89: validation tokens of no whole batch: exit 1" "$?:$(grep -c '^error: --speedrun_val_tokens 1048576: record #89' <<< "$err")" 1:1
+err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun,ref_speedrun,ours_record89 \
+  --reference_script "$DIR/stand_in.py" --tokenizer "$DIR/vocab.bin" --shared_init --dry_run 2>&1)
+check "record89: --shared_init refused for its runs" "$?:$(grep -c '^error: --shared_init pairs record #28' <<< "$err")" 1:1
+# Ours: 200 ms a step (step 1, tuning, not counted), final 3.95 at step 500; the reference 250 ms a step,
+# 4.0. Each output goes on past step 500, which the report does not read.
+mkdir -p "$DIR/q/ref_record89"
+{
+  echo "step:0/1285 val_loss:10.8250 train_time:0ms step_avg:0.03ms"
+  for s in $(seq 1 501); do
+    echo "step:$s/1285 train_time:$((s * 250))ms step_avg:250.00ms"
+    [ $s = 250 ] && echo "step:250/1285 val_loss:4.5000 train_time:62500ms step_avg:250.00ms"
+    [ $s = 500 ] && echo "step:500/1285 val_loss:4.0000 train_time:125000ms step_avg:250.00ms"
+  done
+} > "$DIR/q/ref_record89/output.log"
+{
+  echo "step    0/1285 | val loss 10.830000"
+  for s in $(seq 1 501); do
+    ms=$([ $s = 1 ] && echo 9000.00 || echo 200.00)
+    echo "step $s/1285 | loss 5.000000 | norm 1.0000 | lr 1.000e+00 | $ms ms | MFU 1.0% | 655360 tok/s | ETA 1s"
+    [ $s = 250 ] && echo "step  250/1285 | val loss 4.460000"
+    [ $s = 500 ] && echo "step  500/1285 | val loss 3.950000"
+  done
+} > "$DIR/q/ours_record89.log"
+out=$(bench "$DIR/q" --train 't_*.bin' --val 'v_*.bin' "${R89[@]}" --stop_after 500 --target_run ref_record89 2>&1)
+check "record89: report from finished outputs exits 0, both read" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:2
+md="$DIR/q/quality.md"
+# Tokens up to step 500: 423 x 131,072 + 77 x 262,144 = 75,628,544; ours over 499 x 0.2 s, the reference's over 125 s.
+check "record89: ours' row (200 ms a step, the tokens to step 500 over 99.8 s)" \
+  "$(grep '^| train_gpt2cu, record89 recipe' "$md" | cut -d'|' -f2-7)" \
+  " train_gpt2cu, record89 recipe | 500 | 3.9500 | 200.0 | 200.0 | 757801 "
+check "record89: the reference's row" "$(grep "^| record #89's train_gpt.py" "$md" | cut -d'|' -f2-7)" \
+  " record #89's train_gpt.py | 500 | 4.0000 | 250.0 | 250.0 | 605028 "
+check "record89: the comparison's heading, ratio without record #28's target" \
+  "$(grep -c '^record89 recipe against record #89.s script' "$md"):$(grep -c '^- ms/step (mean of the timed steps): ours 200.0, reference 250.0: 1.25x$' "$md")" 1:1
+check "record89: largest difference 1.25% at step 500, over 1%" \
+  "$(grep -c '^- validation loss: largest relative difference 1.25% at step 500 (within 1% at every validation: NO)$' "$md")" 1
 
 finish test_bench_quality
