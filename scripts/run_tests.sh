@@ -807,6 +807,15 @@ gpu_accumulation() {
 }
 
 # Determinism: the same seed and configuration give bitwise-identical losses and parameters.
+# -recipe record89 at a test size on tiny shakespeare, for 20 steps (-x 20 given with it): its MUDD dense
+# connections and composed attention, NorMuon, cautious decay, AdamW every 2nd step, Muon's and AdamW's
+# rates by tensor, over its stage plan in 6 steps a stage (t=512 then 1024, caps 256 and 512, windows in
+# tokens) and 2 extension steps, the untie at step 13 (the first odd step of stage 3).
+RECORD89_TEST_PLAN="1/3 t=512 z=1024 cap=256 aw=1/2 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 t=1024 z=2048"
+RECORD89_TEST_PLAN+=" cap=512 aw=2/4 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0; 1/3 t=1024 z=2048 aw=3/6 lr=1.73 mtp=1 pw=0; +2 aw=4/8"
+RECORD89_TEST=(-recipe record89 -b 1 -t 1024 -z 2048 -vt 1024 -awf 8 -ut 13 -mc 5
+  -tk dev/data/tinyshakespeare/gpt2_tokenizer.bin -sp "$RECORD89_TEST_PLAN")
+
 gpu_determinism() {
   for i in 1 2; do
     run "determinism_$i" ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -x 20 -v 10 -m 4 -s 0
@@ -823,6 +832,11 @@ gpu_determinism() {
       -v 10 -m 4 -s 0
   done
   run determinism_speedrun_same_losses same_losses "$LOGS/determinism_speedrun_1.log" "$LOGS/determinism_speedrun_2.log"
+  # -recipe record89 (RECORD89_TEST) likewise, at a seed of its own.
+  for i in 1 2; do
+    run "determinism_record89_$i" ./train_gpt2cu $COMMON -e d12 "${RECORD89_TEST[@]}" -x 20 -v 10 -m 4 -s 0 -S 7
+  done
+  run determinism_record89_same_losses same_losses "$LOGS/determinism_record89_1.log" "$LOGS/determinism_record89_2.log"
   # Where the GPU has FP8 products the runs above train the speedrun's head in FP8 (-fh 1, the
   # recipe's): the startup table says so, and the validation losses stay within 3% of the BF16
   # head's (-fh 0). The training losses are no measure here: steps of 1,024 tokens at the recipe's
@@ -954,6 +968,9 @@ gpu_resume() {
   # The untie step (-ut 12): the checkpoint of step 10 is tied (the embedding the head's copy, its
   # own AdamW state unused), and the resumed run unties after step 12's update as the straight one.
   resume_test ./train_gpt2cu resume_untie_bf16 -recipe modern -z 1024 -ut 12
+  # -recipe record89 itself (RECORD89_TEST): the checkpoint of step 10 in stage 2, the resumed run crossing
+  # stage 3's start (step 12), the untie (step 13) and the extension (steps 18-19).
+  resume_test ./train_gpt2cu resume_record89_bf16 "${RECORD89_TEST[@]}"
   # AdamW every 4th step (-ao 4: at steps 3, 7, 11, ...): the checkpoint of step 10 holds the
   # gradients of steps 8 and 9, kept for step 11's update, and the resumed step 10 steps Muon alone
   # (AdamW's state carried to the arrays after the checkpoint).
