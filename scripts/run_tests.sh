@@ -7,7 +7,8 @@
 # Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
 # downloaded), GPU=0 to skip the GPU tests on a GPU machine, TEST_JOBS (default: the number of
-# cores) to run the shell tests that many at a time.
+# cores) to run the shell tests that many at a time, GPU_TEST_JOBS (default 4) the debug-state
+# cases of gpu_against_pytorch that many at a time on the GPU.
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
 # that order, when some are), with binaries already built.
 #
@@ -565,7 +566,7 @@ gpu_setup() {
 # the weights' gradients s dW' and the lambdas' sum dW' W, the reference's betas through -ar), at tiny
 # in the plan and at d12 with the bigram embedding and residual lambdas.
 gpu_against_pytorch() {
-  local device=cpu
+  local device=cpu spec cases=()
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
   for spec in "tiny:--model tiny --batch_size 4 --seq_len 64" \
               "d12:--model d12 --batch_size 4 --seq_len 64" \
@@ -611,14 +612,26 @@ gpu_against_pytorch() {
               "speedrun_tiny_mudd_connections:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record89_plan 1 --mudd_gates 1 --mudd_connections 1 --bigram 1 --xsa 1 --adam_rows mudd_gate_w1:lr=0.02,b2=0.99;mudd_gate_w2:lr=0.02,b2=0.99;mudd_gate_b2:lr=0.02,b2=0.99;mudd_gate_scale:lr=0.02,b2=0.99;mudd_w1:lr=0.05,b2=0.99;mudd_w2:lr=0.05,b2=0.99;mudd_b2:lr=0.05,b2=0.99" \
               "speedrun_d12_mudd_connections:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --bigram 1 --resid_lambdas 1 --ve_gates 1 --mudd_gates 1 --mudd_connections 1 --composed_attention 1 --xsa 1 --adam_rows mudd_gate_w1:lr=0.02,b2=0.99;mudd_gate_w2:lr=0.02,b2=0.99;mudd_gate_b2:lr=0.02,b2=0.99;mudd_gate_scale:lr=0.02,b2=0.99;mudd_w1:lr=0.02,b2=0.99;mudd_w2:lr=0.02,b2=0.99;mudd_b2:lr=0.02,b2=0.99" \
               "speedrun_d12_paired_heads:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --resid_lambdas 1"; do
-    local name=${spec%%:*} args=${spec#*:}
-    local dir="$REF/gpu_$name"
+    cases+=("$spec")
+  done
+  # The cases' references, then their checks, GPU_TEST_JOBS at a time: small models, whose processes
+  # spend most of their time starting and in Python, side by side on the GPU.
+  local jobs=$TEST_JOBS name args dir
+  TEST_JOBS=${GPU_TEST_JOBS:-4}
+  for spec in "${cases[@]}"; do
+    name=${spec%%:*} args=${spec#*:} dir="$REF/gpu_${spec%%:*}"
     if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
-      run "reference_$name" "$PYTHON" train_gpt2.py $args --write_debug_state "$dir" \
+      # shellcheck disable=SC2086  # the case's words
+      run_in_background "reference_$name" "$PYTHON" train_gpt2.py $args --write_debug_state "$dir" \
         --debug_steps 10 --seed 42 --device $device
     fi
-    against_pytorch "$name" "$dir"
   done
+  wait_for_background_tests
+  for spec in "${cases[@]}"; do
+    against_pytorch_with run_in_background "${spec%%:*}" "$REF/gpu_${spec%%:*}"
+  done
+  wait_for_background_tests
+  TEST_JOBS=$jobs
   # The untie (-ut 4), in the FP32 build: the speedrun recipe steps the embedding at 0.6 and the head
   # at 0.008, so the first untied step moves each embedding weight by up to 0.6 from the head's
   # moments, and the BF16 build's rounding then grows: its step losses parted from PyTorch's float32
@@ -749,8 +762,11 @@ speedrun_validation_against_pytorch() {
 
 # test_gpt2cu and test_gpt2fp32cu against the debug state in DIR (or DIR/STATE_debug_state.bin
 # with the model DIR/MODEL.bin, the model's name without an optimizer suffix).
-against_pytorch() {
-  local name=$1 dir=$2 model=${3:-} state=${4:-${3:-}}
+against_pytorch() { against_pytorch_with run "$@"; }
+
+# The same, each check run by RUNNER (run, or run_in_background).
+against_pytorch_with() {
+  local runner=$1 name=$2 dir=$3 model=${4:-} state=${5:-${4:-}}
   if [ -n "$model" ]; then
     model=$dir/$model.bin
     state=$(ls "$dir/${state}"_*debug_state.bin 2>/dev/null | head -n1)
@@ -758,8 +774,8 @@ against_pytorch() {
     state=$(ls "$dir"/gpt2_*_debug_state.bin 2>/dev/null | head -n1)
     model=$(ls "$dir"/gpt2_*.bin | grep -v -e '_bf16.bin$' -e '_debug_state.bin$' | head -n1)
   fi
-  run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
-  run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
+  "$runner" "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
+  "$runner" "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
 }
 
 # Every suite of the kernel tests (dev/cuda/test_*.cu) in both builds, one run each, named as its
