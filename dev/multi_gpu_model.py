@@ -1,7 +1,7 @@
 """The step of N data-parallel processes predicted from train_gpt2cu's step phases (-pt 1) on one GPU
 and on two.
 
-    python3 dev/multi_gpu_model.py --one LOG --two LOG --muon_params P [--gpus 8]
+    python3 dev/multi_gpu_model.py --one LOG --two LOG --muon_params P [--gpus 8] [--copy_bandwidth 386]
                                    [--check_one LOG --check_muon_params P [--check_two LOG]]
                                    [--check_divided LOG]
 
@@ -26,7 +26,10 @@ and schemes with every optimizer's work divided among the processes (Muon (D + R
 "divided after the all-reduce", each process's new parameters broadcast to the others after the
 whole gradient's all-reduce ((N-1)/N S / W more); "divided", a reduce-scatter
 and an all-gather of the parameters (the all-reduce's bytes); "divided, gather hidden", the same
-with the all-gather overlapped by the next step's forward pass. Scaling is the one-process step
+with the all-gather overlapped by the next step's forward pass; "divided, gather by the copy
+engines", the reduce-scatter by NCCL and the parameters' (N-1)/N S bytes pulled by each process at
+--copy_bandwidth (GB/s each way: 386 between two H200s, build/bench_kernels overlap), on the step's
+path (train_gpt2cu -od 1 -oc 1). Scaling is the one-process step
 (the log's average) over the prediction.
 
 --check_one applies the fitted W and R (as a cost per Muon parameter) to another recipe's one-process
@@ -90,9 +93,14 @@ def fit(one, two, muon_params):
             "replicated_per_param": (p["Muon"] - divided) / muon_params}
 
 
-def predict(one, k, n, muon_params, scheme):
-    """The step (ms) of n processes under `scheme` ("today", "after_all_reduce", "divided" or "hidden"),
-    and its parts."""
+# The copy engines' bandwidth each way between two H200s of one host (GB/s): all 551 MB of the
+# speedrun's parameters exchanged in 0.714 ms (dev/notes/multi-gpu-scaling.md, build/bench_kernels overlap).
+COPY_BANDWIDTH_GBS = 386.0
+
+
+def predict(one, k, n, muon_params, scheme, copy_bandwidth=COPY_BANDWIDTH_GBS * 1e9):
+    """The step (ms) of n processes under `scheme` ("today", "after_all_reduce", "divided", "hidden" or
+    "copies", whose gather the copy engines make at copy_bandwidth bytes/s), and its parts."""
     p = one["ranks"][0]
     grad_bytes = one["parameters"] * BYTES_PER_PARAMETER
     all_reduce = 2 * (n - 1) / n * grad_bytes / k["bandwidth"] * 1e3
@@ -103,7 +111,9 @@ def predict(one, k, n, muon_params, scheme):
     if scheme == "today":
         parts.update({"reduction": all_reduce, "Muon": divided / n + replicated + broadcast, "AdamW": p["AdamW"]})
     else:
-        exposed = {"after_all_reduce": 1.5 * all_reduce, "divided": all_reduce, "hidden": all_reduce / 2}[scheme]
+        copies = (n - 1) / n * grad_bytes / copy_bandwidth * 1e3
+        exposed = {"after_all_reduce": 1.5 * all_reduce, "divided": all_reduce, "hidden": all_reduce / 2,
+                   "copies": all_reduce / 2 + copies}[scheme]
         parts.update({"reduction": exposed, "Muon": p["Muon"] / n, "AdamW": p["AdamW"] / n})
     return sum(parts.values()), parts
 
@@ -124,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--two", required=True, help="the same recipe's, two processes")
     ap.add_argument("--muon_params", type=int, required=True, help="parameters Muon updates")
     ap.add_argument("--gpus", type=int, default=8, help="the process count to predict")
+    ap.add_argument("--copy_bandwidth", type=float, default=COPY_BANDWIDTH_GBS,
+                    help="the copy engines' bandwidth each way, GB/s (the copies scheme's gather)")
     ap.add_argument("--check_one", help="another recipe's one-process output, whose two-process step is predicted")
     ap.add_argument("--check_two", help="its two-process output, the measurement set beside the prediction")
     ap.add_argument("--check_muon_params", type=int, help="its Muon parameters")
@@ -131,6 +143,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.gpus < 2:
         fail(f"--gpus {a.gpus}: give 2 or more")
+    if not a.copy_bandwidth > 0:
+        fail(f"--copy_bandwidth {a.copy_bandwidth}: give the copy engines' GB/s, above 0")
     if a.muon_params <= 0 or (a.check_muon_params is not None and a.check_muon_params <= 0):
         fail("--muon_params and --check_muon_params: give the count of the parameters Muon updates, above 0")
     if a.check_one and a.check_muon_params is None:
@@ -146,9 +160,10 @@ def main(argv=None):
     for scheme, label in (("today", "today (all-reduce, optimizers replicated)"),
                           ("after_all_reduce", "divided optimizers after the all-reduce"),
                           ("divided", "divided optimizers (reduce-scatter, all-gather)"),
-                          ("hidden", "divided, the all-gather hidden")):
+                          ("hidden", "divided, the all-gather hidden"),
+                          ("copies", "divided, the all-gather by the copy engines")):
         for n in sorted({2, a.gpus}):
-            step, parts = predict(one, k, n, a.muon_params, scheme)
+            step, parts = predict(one, k, n, a.muon_params, scheme, a.copy_bandwidth * 1e9)
             detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
             print(f"{label}, {n} processes: {step:.2f} ms (x{one['average'] / step:.3f}): {detail}")
     if a.check_one:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests dev/multi_gpu_model.py without a GPU on logs fabricated in train_gpt2cu's formats (-pt 1):
-# the fitted bandwidth and Muon split, each scheme's prediction worked by hand, the check of another
+# the fitted bandwidth and Muon split, each scheme's prediction worked by hand (the copy engines' gather
+# among them), the check of another
 # recipe and of a -od 1 log, and one-line errors for a log without phases and a bad flag. Scratch: build/test_tmp/multi_gpu_model.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +30,15 @@ check "divided after the all-reduce, 8 processes: the parameters' gather after i
   "$(grep -c '^divided optimizers after the all-reduce, 8 processes: 127.20 ms .*reduction 26.250, Muon 0.500, AdamW 0.250$' <<< "$out")" 1
 check "divided, 8 processes: Muon 4/8, AdamW 2/8" "$(grep -c '^divided optimizers (reduce-scatter, all-gather), 8 processes: 118.45 ms .*Muon 0.500, AdamW 0.250$' <<< "$out")" 1
 check "divided with the gather hidden: half the all-reduce's time" "$(grep -c '^divided, the all-gather hidden, 8 processes: 109.70 ms .*reduction 8.750,' <<< "$out")" 1
+# The gather by the copy engines at 386 GB/s: the reduce-scatter's 8.75 and (7/8) 2e9 / 3.86e11 = 4.534 ms.
+check "divided with the gather by the copy engines, 386 GB/s" \
+  "$(grep -c '^divided, the all-gather by the copy engines, 8 processes: 114.23 ms .*reduction 13.284,' <<< "$out")" 1
+out500=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --muon_params 100000000 \
+  --copy_bandwidth 500 2>&1)
+check "--copy_bandwidth 500: (7/8) 2e9 / 5e11 = 3.5 ms" \
+  "$(grep -c '^divided, the all-gather by the copy engines, 8 processes: 113.20 ms .*reduction 12.250,' <<< "$out500")" 1
+err=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --muon_params 1 --copy_bandwidth 0 2>&1 >/dev/null)
+check "--copy_bandwidth 0: exit 1, one line" "$?:$(wc -l <<< "$err")" 1:1
 # Another recipe: half the parameters, the same Muon parameters (R = 1 of its Muon 5: D = 4).
 { echo "| parameters                    | 500000000   |"; phases 0 1 600 0.003 5 1; echo "average 606.20 ms per step"; } > "$DIR/other_one.log"
 { echo "| parameters                    | 500000000   |"; phases 0 2 303 5 4 1; phases 1 2 300 8 4 1; echo "average 313.30 ms per step"; } > "$DIR/other_two.log"
@@ -36,7 +46,7 @@ out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/two.log" --m
   --check_one "$DIR/other_one.log" --check_two "$DIR/other_two.log" --check_muon_params 100000000 2>&1)
 # 300 + 0.2 + 5 (1e9 bytes at 200 GB/s) + (4/2 + 1 + 0.5) + 1 = 309.70; measured 313.30: -1.1%.
 check "check: the other recipe's two-process step" "$(tail -1 <<< "$out" | grep -c 'on 2 processes: predicted 309.70 ms (.*reduction 5.000, Muon 3.500, AdamW 1.000); measured 313.30 ms (-1.1%)$')" 1
-check "--gpus 4: predictions for 2 and 4 processes" "$(grep -c ', 4 processes: ' <<< "$out"):$(grep -c ', 8 processes: ' <<< "$out")" 4:0
+check "--gpus 4: predictions for 2 and 4 processes" "$(grep -c ', 4 processes: ' <<< "$out"):$(grep -c ', 8 processes: ' <<< "$out")" 5:0
 # -od 1 on two processes: the rank that waited least (rank 0, 5 ms) spent 5 + 0.2 + 2.5 + 1 + 0.006 after its
 # micro steps; the divided scheme predicts 0.2 + 10 (1e9 bytes reduced, 1e9 gathered at 200 GB/s) + 4/2 + 2/2.
 { echo "| parameters                    | 1000000000   |"; phases 0 2 400 5 2.5 1; phases 1 2 395 10 2.5 1
