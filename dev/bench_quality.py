@@ -472,13 +472,22 @@ def record89_kit_command(args):
 
 
 def prepare_record89_kit(args):
-    """Writes record89_kit, unless an earlier bench of this OUTDIR did; stops with the kit's error."""
-    if os.path.isdir(record89_kit(args)):
-        return
+    """Writes record89_kit and, beside it, the kit's command (kit_command.txt), unless an earlier bench of
+    this OUTDIR wrote them with the same command; stops with the kit's error, or where the kit there is
+    another command's (other shards or reference), which the reference would otherwise run."""
     command = record89_kit_command(args)
+    text = shlex.join(command[1:])  # the kit's arguments, whichever python runs it
+    recorded = os.path.join(os.path.dirname(record89_kit(args)), "kit_command.txt")
+    if os.path.isdir(record89_kit(args)):
+        made_by = open(recorded).read().strip() if os.path.exists(recorded) else "an unrecorded command"
+        if made_by != text:
+            fail(f"{record89_kit(args)} was made by {made_by}, not {text}: give another OUTDIR, or remove it")
+        return
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         fail(f"ref_record89: {shlex.join(command)} failed: {done.stdout.strip()}")
+    with open(recorded, "w") as f:
+        f.write(text + "\n")
 
 
 def parse_curve(text):

@@ -587,6 +587,13 @@ check "record89: validation tokens of no whole batch: exit 1" "$?:$(grep -c '^er
 err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun,ref_speedrun,ours_record89 \
   --reference_script "$DIR/stand_in.py" --tokenizer "$DIR/vocab.bin" --shared_init --dry_run 2>&1)
 check "record89: --shared_init refused for its runs" "$?:$(grep -c '^error: --shared_init pairs record #28' <<< "$err")" 1:1
+# A kit an earlier bench made for other shards is not run as this one's: one line, status 1, before any run.
+mkdir -p "$DIR/k/ref_record89/kit"
+echo "other.py $DIR/k/ref_record89/kit --train 'x_*.bin'" > "$DIR/k/ref_record89/kit_command.txt"
+err=$(bench "$DIR/k" --train 't_*.bin' --val 'v_*.bin' --runs ref_record89 --reference89 "$DIR/ref89" 2>&1 >/dev/null)
+check "record89: another command's kit: exit 1, one line naming it" \
+  "$?:$(wc -l <<< "$err"):$(grep -c "^error: $DIR/k/ref_record89/kit was made by other.py .*give another OUTDIR, or remove it$" <<< "$err")" 1:1:1
+check "record89: ... and no run started" "$(test -e "$DIR/k/ref_record89/output.log" && echo started)" ""
 # Ours: 200 ms a step (step 1, tuning, not counted), final 3.95 at step 500; the reference 250 ms a step,
 # 4.0. Each output goes on past step 500, which the report does not read.
 mkdir -p "$DIR/q/ref_record89"
