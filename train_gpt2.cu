@@ -14255,6 +14255,7 @@ struct MultiGpuOptions {
   // all-reduce after it and of a per-layer reduction during it (whose NCCL kernels take SMs from
   // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
+  int copy_engines = 0;  // -oc
 };
 
 struct MultiGpu {
@@ -14272,6 +14273,11 @@ struct MultiGpu {
   int norm_run_count = 0;
   // -od 1: the parameters' broadcast beside Muon starts after params_stepped and ends at params_shared.
   cudaEvent_t params_stepped = nullptr, params_shared = nullptr;
+  // -od 1 with -oc 1: each process's parameter buffer mapped into this one (CUDA IPC; this process's
+  // own entry null), from which the runs it stepped are copied (multi_gpu_map_peer_params).
+  bool copy_engines = false;
+  std::vector<floatX*> peer_params;
+  float* copy_barrier = nullptr;  // the one value of copy_runs_from_owners' all-reduce
   bool by_mpi = false;
   std::string launched_by = "single process";
   ncclComm_t comm = nullptr;
@@ -14344,6 +14350,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options,
   mg.zero_stage = zero_stage;
   mg.overlap = options.overlap != 0;
   mg.divided = divided;
+  mg.copy_engines = divided && options.copy_engines != 0;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
   REQUIRE(mg.local_rank < devices, "rank %d has local rank %d, but only %d GPUs are visible: give "
@@ -14399,6 +14406,10 @@ void multi_gpu_finish(MultiGpu& mg) {
   cudaCheck(cudaEventDestroy(mg.reduce_done));
   cudaCheck(cudaEventDestroy(mg.params_stepped));
   cudaCheck(cudaEventDestroy(mg.params_shared));
+  for (floatX* peer : mg.peer_params) {
+    if (peer) cudaCheck(cudaIpcCloseMemHandle(peer));
+  }
+  device_free(mg.copy_barrier);
   device_free(mg.norm_runs);
   mg.watchdog.reset();
 #ifdef USE_MPI
@@ -14531,6 +14542,47 @@ void multi_gpu_gather_params(MultiGpu& mg, GPT2& m) {
                           m.stream));
 }
 
+// -od 1 with -oc 1: every process's parameter buffer (its own allocation, m.params) mapped into the
+// others through CUDA IPC, the handles all-gathered. Processes of one node only: a GPU of another
+// cannot be mapped, and that process stops with one line naming -oc.
+void multi_gpu_map_peer_params(MultiGpu& mg, GPT2& m) {
+  if (!mg.copy_engines || !mg.peer_params.empty()) return;
+  cudaIpcMemHandle_t own;
+  cudaCheck(cudaIpcGetMemHandle(&own, m.params));
+  const size_t bytes = sizeof(own);
+  char* handles = device_alloc<char>(bytes * mg.world, "the parameters' IPC handles");
+  cudaCheck(cudaMemcpy(handles + bytes * mg.rank, &own, bytes, cudaMemcpyHostToDevice));
+  ncclCheck(ncclAllGather(handles + bytes * mg.rank, handles, bytes, ncclChar, mg.comm, m.stream));
+  std::vector<cudaIpcMemHandle_t> all(mg.world);
+  cudaCheck(cudaMemcpyAsync(all.data(), handles, bytes * mg.world, cudaMemcpyDeviceToHost, m.stream));
+  cudaCheck(cudaStreamSynchronize(m.stream));
+  device_free(handles);
+  mg.copy_barrier = device_alloc<float>(1, "the copies' barrier");
+  cudaCheck(cudaMemset(mg.copy_barrier, 0, sizeof(float)));
+  mg.peer_params.assign(mg.world, nullptr);
+  for (int r = 0; r < mg.world; r++) {
+    if (r == mg.rank) continue;
+    void* peer = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&peer, all[r], cudaIpcMemLazyEnablePeerAccess);
+    REQUIRE(err == cudaSuccess, "-oc 1: rank %d cannot map rank %d's parameters (%s): the copy engines copy "
+            "between the GPUs of one node; give -oc 0", mg.rank, r, cudaGetErrorString(err));
+    mg.peer_params[r] = (floatX*)peer;
+  }
+}
+
+// -od 1 with -oc 1: each run of the parameters that another process stepped copied from its buffer
+// (cudaMemcpyAsync between the GPUs: the copy engines, no SM taken) into this one's, the same bits a
+// broadcast gives. A one-value all-reduce first, which no process leaves before every one has
+// reached it on this stream, after its own runs' update.
+void copy_runs_from_owners(MultiGpu& mg, floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream) {
+  ncclCheck(ncclAllReduce(mg.copy_barrier, mg.copy_barrier, 1, ncclFloat32, ncclSum, mg.comm, stream));
+  for (const OwnedRun& run : runs) {
+    if (run.owner == mg.rank) continue;
+    cudaCheck(cudaMemcpyAsync(params + run.begin, mg.peer_params[run.owner] + run.begin, run.count * sizeof(floatX),
+                              cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
 // -od 1: each run of `array` (elements of element_bytes) broadcast from its owner, in place.
 void broadcast_runs(MultiGpu& mg, void* array, ncclDataType_t type, size_t element_bytes,
                     const std::vector<OwnedRun>& runs, cudaStream_t stream) {
@@ -14568,16 +14620,24 @@ OptimizerSpread multi_gpu_optimizer_spread(MultiGpu& mg) {
     };
   }
   spread.divided = mg.divided;
+  // params is the model's buffer, m.params, as a peer's mapping is (multi_gpu_map_peer_params).
   spread.share_params = [&mg](floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream, bool beside) {
+    auto share = [&](cudaStream_t on) {
+      if (mg.copy_engines) {
+        copy_runs_from_owners(mg, params, runs, on);
+      } else {
+        broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, on);
+      }
+    };
     if (beside) {
       cudaCheck(cudaEventRecord(mg.params_stepped, stream));
       cudaCheck(cudaStreamWaitEvent(mg.reduce_stream, mg.params_stepped, 0));
-      broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, mg.reduce_stream);
+      share(mg.reduce_stream);
       cudaCheck(cudaEventRecord(mg.params_shared, mg.reduce_stream));
       return;
     }
     cudaCheck(cudaStreamWaitEvent(stream, mg.params_shared, 0));
-    broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, stream);
+    share(stream);
   };
   return spread;
 }
@@ -14764,6 +14824,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       text_flag("-rt", "run token", "run token, the same for all processes and new for every launch (Slurm: job.step.restarts)", &launch.token),
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
+      int_flag("-oc", "copy-engine sharing", "1: with -od 1, each process copies the parameters the others stepped "
+               "from their GPUs by the copy engines (CUDA IPC, processes of one node), not by NCCL's broadcast",
+               &a.multi_gpu.copy_engines, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
@@ -14805,6 +14868,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
   REQUIRE(!a.divided_optimizers || a.zero_stage == 0, "-od 1 divides the optimizers' work of a run without ZeRO, "
           "and -zs 1 shards it already: give -zs 0 with -od 1, or -od 0");
+  REQUIRE(!a.multi_gpu.copy_engines || a.divided_optimizers, "-oc 1 copies the parameters that -od 1's processes "
+          "step: give -od 1 with it (and -zs 0), or -oc 0");
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
@@ -15738,6 +15803,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
   r.optimizer_spread = multi_gpu_optimizer_spread(r.mg);
   multi_gpu_divided_setup(r.mg, r.m, a.update);
+  multi_gpu_map_peer_params(r.mg, r.m);
   install_stop_handlers();
   r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow));
 }

@@ -480,14 +480,18 @@ divided_test() {
     IFS=: read -r name binary args <<< "$run"
     dir=$out/divided_$name
     rm -rf "$dir"
-    for od in 0 1; do
-      check "divided_${name}_od$od" $mpi ./$binary $args -x 10 -n 10 -o "$dir/od$od" -od $od
+    # -od 1's parameters broadcast by NCCL (od1), or copied by the copy engines (-oc 1: oc1): the same bits.
+    for od in "od0:-od 0" "od1:-od 1" "oc1:-od 1 -oc 1"; do
+      # shellcheck disable=SC2086  # the flags' words
+      check "divided_${name}_${od%%:*}" $mpi ./$binary $args -x 10 -n 10 -o "$dir/${od%%:*}" ${od#*:}
     done
-    check "divided_${name}_same" same_steps "$out/divided_${name}_od0.log" "$out/divided_${name}_od1.log" no-norm
-    check "divided_${name}_norms" norms_close "$out/divided_${name}_od0.log" "$out/divided_${name}_od1.log"
-    check "divided_${name}_same_checkpoint" same_checkpoint_but_norms "$dir/od0" "$dir/od1" 10 2
-    check "divided_${name}_ranks_identical" grep -a "^parameters identical on 2 processes" \
-      "$out/divided_${name}_od1.log"
+    for od in od1 oc1; do
+      check "divided_${name}_${od}_same" same_steps "$out/divided_${name}_od0.log" "$out/divided_${name}_$od.log" no-norm
+      check "divided_${name}_${od}_norms" norms_close "$out/divided_${name}_od0.log" "$out/divided_${name}_$od.log"
+      check "divided_${name}_${od}_same_checkpoint" same_checkpoint_but_norms "$dir/od0" "$dir/$od" 10 2
+      check "divided_${name}_${od}_ranks_identical" grep -a "^parameters identical on 2 processes" \
+        "$out/divided_${name}_$od.log"
+    done
     rm -f "$dir"/*/*.bin
   done
   for run in od0:0 od1:1 od1_again:1; do
@@ -498,6 +502,8 @@ divided_test() {
   check divided_gpt2_clip_near losses_close "$out/divided_gpt2_clip_od0.log" "$out/divided_gpt2_clip_od1.log" 1e-3
   resume_equivalence check divided_speedrun_resume "$out/resume_divided_speedrun" 2 \
     $mpi ./train_gpt2cu $speedrun -od 1
+  resume_equivalence check divided_copies_speedrun_resume "$out/resume_divided_copies_speedrun" 2 \
+    $mpi ./train_gpt2cu $speedrun -od 1 -oc 1
 }
 
 # Speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch.

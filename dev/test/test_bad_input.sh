@@ -644,6 +644,12 @@ if has_flag -od; then
   expect "-recipe speedrun -zs 1: the recipe's -od 1 yields" "^error: -pd 1 attends within whole blocks of 128 tokens" \
     -recipe speedrun -zs 1
 fi
+# -oc, -od 1's parameters copied by the copy engines: 0 or 1, with -od 1
+if has_flag -oc; then
+  expect "-oc out of range" "^error: -oc 2: must be 0 or 1" -oc 2
+  expect "-oc 1 without -od 1" "^error: -oc 1 copies the parameters that -od 1's processes step: give -od 1 with it \(and -zs 0\), or -oc 0\$" \
+    -zs 0 -od 0 -oc 1
+fi
 
 # --- -ao, AdamW on every K-th step with the K steps' gradients: within [1, 1000], without clipping
 # (which would scale each step's apart), an untie step where AdamW steps, on one process (before
