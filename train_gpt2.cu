@@ -8008,11 +8008,15 @@ void gelu_erf_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStrea
 // columns, each rounded to floatX as the reference's BF16 steps, its other columns zero; the scale a
 // parameter (the gate generators'), or fixed (the dense connections' 0.1, a float as the reference's
 // Python constant). Backward: dpre = drows scale rounded (zero past `columns`), db2[k] += the sum of
-// dpre over the rows, and a parameter's dscale += the sum of pre . drows over the rows and columns:
-// one block a column and one for the zero columns past `columns` (and a parameter scale's gradient),
-// each thread its rows in order, then block_reduce_sum's tree: deterministic. Floor: forward reads
-// 2N stride values, writes 2N stride; backward reads 2N stride, writes N stride; memory-bound and tiny.
+// dpre over the rows, and a parameter's dscale += the sum of pre . drows over the rows and columns, in
+// section 2's two fixed-order stages: kRowBlocks row blocks, a thread a column and a row lane (its rows
+// in order), the lanes added in order into the block's partial of each column and of the scale (the
+// columns' in order), then column_sum_finalize. Floor: forward reads 2N stride values, writes 2N
+// stride; backward reads 2N stride, writes N stride; memory-bound and tiny. (One block a column, the
+// first version, read each row's 96 bytes column by column from 42 blocks: 1.35 ms a call at N 49,152,
+// 5% of record #89's stage-3 step.)
 constexpr int kGateRowsThreads = 256;
+constexpr int kGateRowsMaxStride = 64;
 
 __global__ void gate_rows_bias_scale_kernel(floatX* rows, floatX* pre, const floatX* product, const floatX* bias,
                                             const floatX* scale, float fixed_scale, int N, int columns, int stride) {
@@ -8028,33 +8032,48 @@ __global__ void gate_rows_bias_scale_kernel(floatX* rows, floatX* pre, const flo
   rows[i] = (floatX)((float)sum * (scale ? (float)scale[0] : fixed_scale));
 }
 
-__global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, floatX* dbias, floatX* dscale,
-                                                     const floatX* drows, const floatX* pre, const floatX* scale,
-                                                     float fixed_scale, int N, int columns, int stride,
-                                                     uint32_t seed) {
-  __shared__ float shared[WARP_SIZE];
-  const int k = blockIdx.x;
+// Block b: partials[b * (columns + 1) + k] = the sum of dpre's column k over the block's rows, and at
+// k = columns the sum of pre . drows over them (with a parameter scale). Block (kGateRowsMaxStride,
+// kColumnSumRowLanes): thread (k, y) column k of rows y, y + kColumnSumRowLanes, ... of the block.
+__global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, float* partials, const floatX* drows,
+                                                     const floatX* pre, const floatX* scale, float fixed_scale,
+                                                     bool scale_gradient, int N, int columns, int stride) {
+  __shared__ float bias_sums[kColumnSumRowLanes][kGateRowsMaxStride];
+  __shared__ float scale_sums[kColumnSumRowLanes][kGateRowsMaxStride];
+  const int k = threadIdx.x, rpb = rows_per_block(N);
+  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
   const float s = scale ? (float)scale[0] : fixed_scale;
-  float sum = 0.0f;
-  for (int n = threadIdx.x; n < N; n += blockDim.x) {
-    const size_t row = (size_t)n * stride;
-    if (k < columns) {
-      const floatX d = (floatX)((float)drows[row + k] * s);
-      dpre[row + k] = d;
-      sum += (float)d;
+  float bias_sum = 0.0f, scale_sum = 0.0f;
+  for (int n = r0 + threadIdx.y; k < stride && n < r1; n += kColumnSumRowLanes) {
+    const size_t i = (size_t)n * stride + k;
+    if (k >= columns) {
+      dpre[i] = (floatX)0.0f;
       continue;
     }
-    for (int c = columns; c < stride; c++) dpre[row + c] = (floatX)0.0f;
-    if (dscale == nullptr) continue;
-    for (int c = 0; c < columns; c++) sum += (float)pre[row + c] * (float)drows[row + c];
+    const float g = (float)drows[i];
+    const floatX d = (floatX)(g * s);
+    dpre[i] = d;
+    bias_sum += (float)d;
+    if (scale_gradient) scale_sum += (float)pre[i] * g;
   }
-  const float total = block_reduce_sum(sum, shared);
-  if (threadIdx.x != 0) return;
-  if (k < columns) {
-    dbias[k] = round_stochastic((float)dbias[k] + total, seed, k);
-  } else if (dscale != nullptr) {
-    dscale[0] = round_stochastic((float)dscale[0] + total, seed, columns);
+  bias_sums[threadIdx.y][k] = bias_sum;
+  scale_sums[threadIdx.y][k] = scale_sum;
+  __syncthreads();
+  float* block_partials = partials + (size_t)blockIdx.x * (columns + 1);
+  if (threadIdx.y == 0 && k < columns) {
+    float total = 0.0f, scale_total = 0.0f;
+    for (int y = 0; y < kColumnSumRowLanes; y++) {
+      total += bias_sums[y][k];
+      scale_total += scale_sums[y][k];
+    }
+    block_partials[k] = total;
+    scale_sums[0][k] = scale_total;
   }
+  __syncthreads();
+  if (!scale_gradient || threadIdx.y != 0 || k != 0) return;
+  float scale_total = 0.0f;
+  for (int c = 0; c < columns; c++) scale_total += scale_sums[0][c];
+  block_partials[columns] = scale_total;
 }
 
 void gate_rows_check(const char* name, int N, int columns, int stride) {
@@ -8076,17 +8095,22 @@ void gate_rows_bias_scale(floatX* rows, floatX* pre, const floatX* product, cons
 
 // From drows [N, stride], dpre [N, stride] (written: drows scale, zero past `columns`), dbias [columns]
 // += its column sums and, with a parameter scale, dscale += the sum of pre . drows, each rounded
-// stochastically from seed; scale null: fixed_scale, and no dscale.
-void gate_rows_bias_scale_backward(floatX* dpre, floatX* dbias, floatX* dscale, const floatX* drows,
+// stochastically from seed (the scale's from seed + 1: a draw of its own); scale null: fixed_scale, and
+// no dscale. partials: kRowBlocks (columns + 1) floats of scratch; stride at most kGateRowsMaxStride.
+void gate_rows_bias_scale_backward(floatX* dpre, floatX* dbias, floatX* dscale, float* partials, const floatX* drows,
                                    const floatX* pre, const floatX* scale, int N, int columns, int stride,
                                    uint32_t seed, cudaStream_t stream, float fixed_scale = 1.0f) {
-  gate_rows_check("gate_rows_bias_scale_backward", N, columns, stride);
-  REQUIRE(dpre != drows, "gate_rows_bias_scale_backward: dpre must be apart from drows");
-  REQUIRE((scale == nullptr) == (dscale == nullptr),
-          "gate_rows_bias_scale_backward: a parameter scale and its gradient go together");
-  gate_rows_bias_scale_backward_kernel<<<columns + 1, kGateRowsThreads, 0, stream>>>(
-      dpre, dbias, dscale, drows, pre, scale, fixed_scale, N, columns, stride, seed);
+  const char* name = "gate_rows_bias_scale_backward";
+  gate_rows_check(name, N, columns, stride);
+  REQUIRE(stride <= kGateRowsMaxStride && partials, "%s: stride=%d must be at most %d, and partials given", name,
+          stride, kGateRowsMaxStride);
+  REQUIRE(dpre != drows, "%s: dpre must be apart from drows", name);
+  REQUIRE((scale == nullptr) == (dscale == nullptr), "%s: a parameter scale and its gradient go together", name);
+  gate_rows_bias_scale_backward_kernel<<<kRowBlocks, dim3(kGateRowsMaxStride, kColumnSumRowLanes), 0, stream>>>(
+      dpre, partials, drows, pre, scale, fixed_scale, dscale != nullptr, N, columns, stride);
   cudaCheckLaunch();
+  column_sum_finalize(dbias, partials, columns + 1, columns, kRowBlocks, seed, stream);
+  if (dscale) column_sum_finalize(dscale, partials + columns, columns + 1, 1, kRowBlocks, seed + 1, stream);
 }
 
 // out = relu(x)^2.
@@ -11748,7 +11772,7 @@ void mudd_gates_backward(GPT2& m, int g, const floatX* x, floatX* dx, int N, Ker
   const size_t w2_offset = (size_t)gen.index * gen.width * H;
   const MuddGeneratorRows w = mudd_pass_rows(m, g, N);
   gate_rows_bias_scale_backward(m.mudd_dpre, m.grad(gen.b2) + gen.index * gen.width,
-                                gen.learned_scale ? m.grad(llmc::kMuddGateScale) : nullptr,
+                                gen.learned_scale ? m.grad(llmc::kMuddGateScale) : nullptr, m.partials,
                                 mudd_rows_gradient(m, g, N), w.pre,
                                 gen.learned_scale ? m.param(llmc::kMuddGateScale) : nullptr, N, gen.columns, S,
                                 seeds.next(), m.stream, (float)llmc::kMuddConnectionScale);

@@ -114,11 +114,13 @@ void test_gate_rows(int N, int columns, bool fixed, llmc::Rng& rng) {
   check_same_bits("forward twice", forward_bits, Snapshot(rows, pre));
 
   DeviceArray<floatX> d_drows(drows), dpre(n), dbias(columns), dscale(1);
+  DeviceArray<float> partials((size_t)kRowBlocks * (columns + 1));
   auto backward = [&] {
     dpre.poison();
+    partials.poison();
     dbias.upload(dbias_start);
     dscale.upload(dscale_start);
-    gate_rows_bias_scale_backward(dpre, dbias, fixed ? nullptr : (floatX*)dscale, d_drows, pre,
+    gate_rows_bias_scale_backward(dpre, dbias, fixed ? nullptr : (floatX*)dscale, partials, d_drows, pre,
                                   fixed ? nullptr : (const floatX*)d_scale, N, columns, stride, 7, 0, scale[0]);
   };
   backward();
@@ -146,7 +148,7 @@ void run() {
   for (size_t n : sizes) {
     test_activation("gelu_erf", gelu_erf_forward, gelu_erf_backward_inplace, gelu_erf_reference, n, rng);
   }
-  for (int N : {1, 37, 1001}) {
+  for (int N : {1, 37, 1001, 5003}) {  // 5003: rows of 20 and of 3 in the row blocks
     for (int columns : {26, 41}) test_gate_rows(N, columns, false, rng);
     for (int columns : {llmc::kMuddLayerCoefficients, llmc::kMuddFinalCoefficients}) {
       test_gate_rows(N, columns, true, rng);
