@@ -56,7 +56,8 @@ record #89's script made to run offline by dev/reference89_offline.py in OUTDIR/
 shards linked as many times over as it reads them; its output in OUTDIR/ref_record89/output.log), both
 on --speedrun_val_tokens validation tokens, the pair made --speedrun_repeats times and stopped at
 --stop_after (a multiple of 250) as record #28's; no --shared_init. Their rows give tokens/s as a
-run's tokens up to its last validation over its training time, the steps growing by stage.
+run's tokens up to its last validation over its training time, the steps growing by stage, and a table
+of their own gives each run's median ms a step in each stage.
 
 peer_speedrun is train_gpt2.py --recipe speedrun, the PyTorch port of ours' model, loader and
 optimizers with the script's numerics (FP32 gradients, weights cast to BF16; compiled, FlexAttention,
@@ -491,42 +492,76 @@ def prepare_record89_kit(args):
 
 
 def parse_curve(text):
-    """[(step, training seconds, val loss)] and the ms of the steps counted, from our trainer's or
+    """[(step, training seconds, val loss)] and [(step, ms)] of the steps counted, from our trainer's or
     train_gpt2.py's output. The first step compiles (PyTorch) or tunes the products (ours): its time
     is not counted."""
-    ms, curve, elapsed = [], [], 0.0
+    timed, curve, elapsed = [], [], 0.0
     for line in text.splitlines():
         step = STEP_LINE.match(line)
         if step:
             if int(step.group(1)) > 1:
-                ms.append(float(step.group(2)))
+                timed.append((int(step.group(1)), float(step.group(2))))
                 elapsed += float(step.group(2)) / 1000.0
             continue
         val = VAL_LINE.match(line)
         if val:
             curve.append((int(val.group(1)), elapsed, float(val.group(2))))
-    return curve, ms
+    return curve, timed
 
 
 def parse_reference_curve(text):
     """The same from the reference's output: the training seconds are its train_time at each
     validation (taken after a synchronisation), a step's ms the difference of its step lines'
     train_time (not synchronised: the median is right, a single step only roughly so)."""
-    ms, curve, last = [], [], 0
+    timed, curve, last = [], [], 0
     for line in text.splitlines():
         step = REF_STEP_LINE.match(line)
         if step:
-            ms.append(float(int(step.group(2)) - last))
+            timed.append((int(step.group(1)), float(int(step.group(2)) - last)))
             last = int(step.group(2))
             continue
         val = REF_VAL_LINE.match(line)
         if val:
             curve.append((int(val.group(1)), int(val.group(3)) / 1000.0, float(val.group(2))))
-    return curve, ms
+    return curve, timed
+
+
+def parse_run_timed(name, text):
+    """A run's curve and [(step, ms)] of its counted steps."""
+    return parse_reference_curve(text) if name in REFERENCE_RUNS else parse_curve(text)
 
 
 def parse_run(name, text):
-    return parse_reference_curve(text) if name in REFERENCE_RUNS else parse_curve(text)
+    """A run's curve and the ms of its counted steps."""
+    curve, timed = parse_run_timed(name, text)
+    return curve, [ms for _, ms in timed]
+
+
+def record89_stage_ms(timed):
+    """The median ms of each of record #89's stages (RECORD89_STAGES: steps 1-423, 424-847, 848 on) over a
+    run's counted [(step, ms)]; nan for a stage it has none of."""
+    medians, first = [], 1
+    for stage_steps, _ in RECORD89_STAGES:
+        medians.append(median_step_ms([ms for step, ms in timed if first <= step < first + stage_steps]))
+        first += stage_steps
+    return medians
+
+
+def record89_stage_lines(args, instances):
+    """The report's table of record #89's runs, ms a step by stage (the run's output read again)."""
+    runs = [(name, repeat) for name, repeat in instances if name in RECORD89_RUNS]
+    if not runs:
+        return []
+    lines = ["", "record #89's stages, ms a step (the median of each stage's timed steps):",
+             "| run | " + " | ".join(f"stage {i + 1} ({tokens} tokens)" for i, (_, tokens) in
+                                    enumerate(RECORD89_STAGES)) + " |",
+             "| --- |" + " ---: |" * len(RECORD89_STAGES)]
+    for name, repeat in runs:
+        text = open(run_log(name, args, repeat), errors="replace").read()
+        _, timed = parse_run_timed(name, output_through(name, text, run_last_step(name, args)))
+        cells = ["-" if math.isnan(ms) else f"{ms:.1f}" for ms in record89_stage_ms(timed)]
+        lines.append(f"| {run_label(name, args, repeat)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def time_to_reach(curve, target):
@@ -993,6 +1028,7 @@ def report(args, runs, instances, curves, step_ms):
                      f"{mean_step_ms(curve, ms):.1f} | {tokens_per_second(name, args, curve, ms):.0f} | "
                      f"{curve[-1][1]:.1f} | {to_target} | "
                      f"{gpu_load_cell(gpu_samples_path(run_log(name, args, repeat)))} |")
+    lines += record89_stage_lines(args, instances)
     for name, reference in COMPARED_WITH.items():
         if name in runs and reference in runs:
             lines += speedrun_report(speedrun_comparison(runs_of(name, instances, curves, step_ms),

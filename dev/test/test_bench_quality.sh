@@ -619,13 +619,32 @@ check "record89: report from finished outputs exits 0, both read" "$?:$(grep -c 
 md="$DIR/q/quality.md"
 # Tokens up to step 500: 423 x 131,072 + 77 x 262,144 = 75,628,544; ours over 499 x 0.2 s, the reference's over 125 s.
 check "record89: ours' row (200 ms a step, the tokens to step 500 over 99.8 s)" \
-  "$(grep '^| train_gpt2cu, record89 recipe' "$md" | cut -d'|' -f2-7)" \
+  "$(grep '^| train_gpt2cu, record89 recipe' "$md" | head -n1 | cut -d'|' -f2-7)" \
   " train_gpt2cu, record89 recipe | 500 | 3.9500 | 200.0 | 200.0 | 757801 "
-check "record89: the reference's row" "$(grep "^| record #89's train_gpt.py" "$md" | cut -d'|' -f2-7)" \
+check "record89: the reference's row" "$(grep "^| record #89's train_gpt.py" "$md" | head -n1 | cut -d'|' -f2-7)" \
   " record #89's train_gpt.py | 500 | 4.0000 | 250.0 | 250.0 | 605028 "
 check "record89: the comparison's heading, ratio without record #28's target" \
   "$(grep -c '^record89 recipe against record #89.s script' "$md"):$(grep -c '^- ms/step (mean of the timed steps): ours 200.0, reference 250.0: 1.25x$' "$md")" 1:1
 check "record89: largest difference 1.25% at step 500, over 1%" \
   "$(grep -c '^- validation loss: largest relative difference 1.25% at step 500 (within 1% at every validation: NO)$' "$md")" 1
+check "record89: the stages' table, the reference's 250 ms in stages 1 and 2, no stage 3 by step 500" \
+  "$(grep "^| record #89's train_gpt.py |" "$md" | tail -n1)" "| record #89's train_gpt.py | 250.0 | 250.0 | - |"
+
+# ms a step by stage: ours 200 ms to step 423 and 300 ms from step 424 (stage 2) on.
+mkdir -p "$DIR/stages89/ref_record89"
+cp "$DIR/q/ref_record89/output.log" "$DIR/stages89/ref_record89/"
+{
+  echo "step    0/1285 | val loss 10.830000"
+  for s in $(seq 1 501); do
+    ms=$([ $s = 1 ] && echo 9000.00 || { [ $s -le 423 ] && echo 200.00 || echo 300.00; })
+    echo "step $s/1285 | loss 5.000000 | norm 1.0000 | lr 1.000e+00 | $ms ms | MFU 1.0% | 655360 tok/s | ETA 1s"
+    [ $s = 250 ] && echo "step  250/1285 | val loss 4.460000"
+    [ $s = 500 ] && echo "step  500/1285 | val loss 3.950000"
+  done
+} > "$DIR/stages89/ours_record89.log"
+bench "$DIR/stages89" --train 't_*.bin' --val 'v_*.bin' "${R89[@]}" --stop_after 500 > /dev/null 2>&1
+check "record89: ours' stages (200 ms to step 423, 300 ms after)" \
+  "$(grep '^| train_gpt2cu, record89 recipe |' "$DIR/stages89/quality.md" | tail -n1)" \
+  "| train_gpt2cu, record89 recipe | 200.0 | 300.0 | - |"
 
 finish test_bench_quality
