@@ -8040,12 +8040,12 @@ __global__ void gate_rows_bias_scale_backward_kernel(floatX* dpre, float* partia
                                                      bool scale_gradient, int N, int columns, int stride) {
   __shared__ float bias_sums[kColumnSumRowLanes][kGateRowsMaxStride];
   __shared__ float scale_sums[kColumnSumRowLanes][kGateRowsMaxStride];
-  const int k = threadIdx.x, rpb = rows_per_block(N);
-  const int r0 = min(N, (int)blockIdx.x * rpb), r1 = min(N, r0 + rpb);
+  const int k = threadIdx.x;
+  const RowBlockRange rows = row_block_range(N, 1);
   const float s = scale ? (float)scale[0] : fixed_scale;
   float bias_sum = 0.0f, scale_sum = 0.0f;
-  for (int n = r0 + threadIdx.y; k < stride && n < r1; n += kColumnSumRowLanes) {
-    const size_t i = (size_t)n * stride + k;
+  for (size_t n = rows.begin + threadIdx.y; k < stride && n < rows.end; n += kColumnSumRowLanes) {
+    const size_t i = n * stride + k;
     if (k >= columns) {
       dpre[i] = (floatX)0.0f;
       continue;

@@ -526,15 +526,9 @@ def parse_reference_curve(text):
     return curve, timed
 
 
-def parse_run_timed(name, text):
+def parse_run(name, text):
     """A run's curve and [(step, ms)] of its counted steps."""
     return parse_reference_curve(text) if name in REFERENCE_RUNS else parse_curve(text)
-
-
-def parse_run(name, text):
-    """A run's curve and the ms of its counted steps."""
-    curve, timed = parse_run_timed(name, text)
-    return curve, [ms for _, ms in timed]
 
 
 def record89_stage_ms(timed):
@@ -547,8 +541,8 @@ def record89_stage_ms(timed):
     return medians
 
 
-def record89_stage_lines(args, instances):
-    """The report's table of record #89's runs, ms a step by stage (the run's output read again)."""
+def record89_stage_lines(args, instances, step_timed):
+    """The report's table of record #89's runs, ms a step by stage."""
     runs = [(name, repeat) for name, repeat in instances if name in RECORD89_RUNS]
     if not runs:
         return []
@@ -557,9 +551,7 @@ def record89_stage_lines(args, instances):
                                     enumerate(RECORD89_STAGES)) + " |",
              "| --- |" + " ---: |" * len(RECORD89_STAGES)]
     for name, repeat in runs:
-        text = open(run_log(name, args, repeat), errors="replace").read()
-        _, timed = parse_run_timed(name, output_through(name, text, run_last_step(name, args)))
-        cells = ["-" if math.isnan(ms) else f"{ms:.1f}" for ms in record89_stage_ms(timed)]
+        cells = ["-" if math.isnan(ms) else f"{ms:.1f}" for ms in record89_stage_ms(step_timed[(name, repeat)])]
         lines.append(f"| {run_label(name, args, repeat)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -799,7 +791,7 @@ def run_signature(name, args, repeat=1):
 
 
 def finished(name, args, repeat=1):
-    """The run's curve and step ms when its output in OUTDIR reached its last step; else None. Stops
+    """The run's curve and [(step, ms)] when its output in OUTDIR reached its last step; else None. Stops
     where that output is another command's (other steps or validation in the same OUTDIR)."""
     log = run_log(name, args, repeat)
     if not os.path.exists(log):
@@ -810,8 +802,8 @@ def finished(name, args, repeat=1):
         fail(f"{log} is the output of another command ({first[len(COMMAND_MARK):]}), not of "
              f"{run_signature(name, args, repeat)}: give another OUTDIR, or remove it and {name}'s folder")
     last = run_last_step(name, args)
-    curve, ms = parse_run(name, output_through(name, text, last))
-    return (curve, ms) if curve and curve[-1][0] == last else None
+    curve, timed = parse_run(name, output_through(name, text, last))
+    return (curve, timed) if curve and curve[-1][0] == last else None
 
 
 def lock_runs(args, runs):
@@ -951,7 +943,7 @@ def main():
         print(f"=== ref_record89's script offline: {shlex.join(record89_kit_command(args))}", flush=True)
         if not args.dry_run:
             prepare_record89_kit(args)
-    curves, step_ms = {}, {}
+    curves, step_timed = {}, {}
     for name, repeat in instances:
         run, log = (name, repeat), run_log(name, args, repeat)
         folder = {"ref_speedrun": os.path.join(args.outdir, "ref_speedrun"), "ref_record89": record89_kit(args)}
@@ -959,7 +951,7 @@ def main():
         title = name + ("" if run_repeats(name, args) == 1 else f" {repeat}/{run_repeats(name, args)}")
         if results[run] is not None:  # a finished run of the same OUTDIR is read again, not rerun
             print(f"=== {title}: read {log}", flush=True)
-            curves[run], step_ms[run] = results[run]
+            curves[run], step_timed[run] = results[run]
             continue
         print(f"=== {title}{where}: {shlex.join(run_command(name, args, repeat))}", flush=True)
         if args.dry_run:
@@ -971,11 +963,12 @@ def main():
         text = open(log, errors="replace").read()
         if status != 0:
             fail(f"{title} exited with status {status}: see {log}\n{text[-2000:]}")
-        curves[run], step_ms[run] = parse_run(name, output_through(name, text, run_last_step(name, args)))
+        curves[run], step_timed[run] = parse_run(name, output_through(name, text, run_last_step(name, args)))
         if not curves[run]:
             fail(f"{title}: no validation line in {log}")
     if not args.dry_run:
-        report(args, runs, instances, curves, step_ms)
+        step_ms = {run: [ms for _, ms in timed] for run, timed in step_timed.items()}
+        report(args, runs, instances, curves, step_ms, step_timed)
 
 
 def runs_of(name, instances, curves, step_ms):
@@ -983,7 +976,7 @@ def runs_of(name, instances, curves, step_ms):
     return [(curves[run], step_ms[run]) for run in instances if run[0] == name]
 
 
-def report(args, runs, instances, curves, step_ms):
+def report(args, runs, instances, curves, step_ms, step_timed):
     target_run = args.target_run if args.target_run in runs else None
     # The target: the run's final validation loss (the mean of its repeats' final losses).
     target = mean_curve(runs_of(target_run, instances, curves, step_ms))[-1][2] if target_run else None
@@ -1028,7 +1021,7 @@ def report(args, runs, instances, curves, step_ms):
                      f"{mean_step_ms(curve, ms):.1f} | {tokens_per_second(name, args, curve, ms):.0f} | "
                      f"{curve[-1][1]:.1f} | {to_target} | "
                      f"{gpu_load_cell(gpu_samples_path(run_log(name, args, repeat)))} |")
-    lines += record89_stage_lines(args, instances)
+    lines += record89_stage_lines(args, instances, step_timed)
     for name, reference in COMPARED_WITH.items():
         if name in runs and reference in runs:
             lines += speedrun_report(speedrun_comparison(runs_of(name, instances, curves, step_ms),
