@@ -9710,6 +9710,11 @@ struct OptimizerSpread {
   bool divided = false;
   std::function<void(floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream, bool beside)>
       share_params;
+  // -oc 2, in place of share_params for Muon's runs: the runs of each part (param_runs_by_layer) copied
+  // behind stream, which goes on at once; returns the events after each part's copies.
+  std::function<const std::vector<cudaEvent_t>*(floatX* params, const std::vector<std::vector<OwnedRun>>& parts,
+                                                cudaStream_t stream)>
+      share_behind;
 };
 
 // -od 1: the part [begin, end) of an AdamW tensor of `size` elements that process `rank` of
@@ -10060,6 +10065,11 @@ struct OptimizerState {
   // the scratch of the orthogonalisation.
   std::vector<MuonGroup> muon_groups;
   std::vector<size_t> muon_offsets;  // each group's matrices' first elements, group after group
+  // -oc 2: the events after which the other processes' new Muon matrices have landed in params ([0]
+  // those of no layer, [1 + l] layer l's; OptimizerSpread::share_behind), which the next forward waits
+  // for as it reaches each part (gpt2_await_params) and any other reader of the parameters for all at
+  // once (gpt2_settle_params); null when no copy is pending.
+  const std::vector<cudaEvent_t>* params_arriving = nullptr;
   void* muon_pointers = nullptr;     // the groups' device arrays of pointers, multipliers and tall flags
   OptimizerArrays muon_state_for;
   MuonWorkspace muon_workspace;
@@ -12898,7 +12908,19 @@ void documents_upload(GPT2& m, const int* inputs, int B, int T) {
 // logits: the head's BF16 product, as the reference evaluates).
 enum class ForwardPass { kEvaluation, kTraining };
 
-// The B x T inputs through the blocks, to the final norm's output in act(kLnf).
+// -oc 2: the model's stream waits for the copies of part `part` of the parameters (0: those of no
+// layer; 1 + l: layer l's) where some are pending; gpt2_settle_params for all of them.
+void gpt2_await_params(GPT2& m, int part) {
+  if (m.params_arriving) cudaCheck(cudaStreamWaitEvent(m.stream, (*m.params_arriving)[part], 0));
+}
+void gpt2_settle_params(GPT2& m) {
+  if (!m.params_arriving) return;
+  for (cudaEvent_t copied : *m.params_arriving) cudaCheck(cudaStreamWaitEvent(m.stream, copied, 0));
+  m.params_arriving = nullptr;
+}
+
+// The B x T inputs through the blocks, to the final norm's output in act(kLnf). Each layer's
+// parameters are waited for as the layer is reached (gpt2_await_params), the rest before the blocks.
 void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   REQUIRE(B <= m.B && T <= m.T, "forward with B=%d T=%d, but activations were sized for B=%d T=%d",
           B, T, m.B, m.T);
@@ -12907,16 +12929,22 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   upload_staging_copy(m.inputs_staging, m.inputs, N * sizeof(int), m.stream);
   if (m.documents) documents_upload(m, inputs, B, T);
   bigram_rows_upload(m, inputs, N);
-  if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) gpt2_fp8_cast_weights(m);
+  if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) {
+    gpt2_settle_params(m);
+    gpt2_fp8_cast_weights(m);
+  }
+  gpt2_await_params(m, 0);
   embedding_forward(m, B, T);
   mudd_gates_forward(m, 0, m.act(kEncoded), N);
   bigram_embedding_forward(m, N);
   attention_lambdas_forward(m);
   for (int l = 0; l < m.config.num_layers; l++) {
+    gpt2_await_params(m, 1 + l);
     if (l == llmc::kMuddPostLayer) mudd_gates_forward(m, 1, block_input(m, l), N);
     if (l == m.config.num_layers - 1) mudd_layer_forward(m, N);
     block_forward(m, l, block_rows(m, l, B, T));
   }
+  gpt2_settle_params(m);
   mudd_final_forward(m, N);
 }
 
@@ -13390,6 +13418,35 @@ void append_muon_runs(const GPT2& m, int world, std::vector<OwnedRun>* runs, boo
   }
 }
 
+// -oc 2: runs of the parameter buffer cut where a layer's slab of a tensor begins or ends, each piece
+// in its layer's part (1 + l; 0 for a tensor of no layer), in order.
+std::vector<std::vector<OwnedRun>> param_runs_by_layer(const GPT2& m, const std::vector<OwnedRun>& runs) {
+  const int L = m.config.num_layers;
+  std::vector<std::vector<OwnedRun>> parts(L + 1);
+  for (const OwnedRun& run : runs) {
+    for (size_t at = run.begin, end = run.begin + run.count; at < end;) {
+      int tensor = 0;  // the tensor holding `at`
+      while (tensor + 1 < llmc::kNumParamTensors && m.param_offsets[tensor + 1] <= at) tensor++;
+      const llmc::ParamSpec& spec = m.param_specs[tensor];
+      const size_t begin = m.param_offsets[tensor];
+      size_t piece_end = std::min(end, begin + spec.size);
+      int part = 0;
+      if (spec.per_layer()) {
+        const size_t slab_size = llmc::param_slab_size(m.plan, spec);
+        const int slab = (int)((at - begin) / slab_size);
+        piece_end = std::min(end, begin + (slab + 1) * slab_size);
+        int layer = 0;
+        while (layer < L && llmc::param_slab(m.plan, spec, layer) != slab) layer++;
+        REQUIRE(layer < L, "param_runs_by_layer: no layer reads slab %d of %s", slab, spec.name);
+        part = 1 + layer;
+      }
+      parts[part].push_back({at, piece_end - at, run.owner});
+      at = piece_end;
+    }
+  }
+  return parts;
+}
+
 // -od 1: the runs of a divided AdamW tensor (adamw_owned_part), in the parameter buffer or (state)
 // in AdamW's moments; none for a tensor every process steps whole.
 void append_adamw_runs(const StateLayout& layout, int tensor, int world, std::vector<OwnedRun>* runs,
@@ -13485,7 +13542,11 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
     gpt2_muon_update(m, muon_step(opt, step, hp.grad_scale), opt.muon_tensor_lr, lr_fraction, seed, optimizer_spread);
     if (optimizer_spread.divided) append_muon_runs(m, optimizer_spread.world, &muon_runs);
   }
-  if (optimizer_spread.divided) optimizer_spread.share_params(m.params, muon_runs, m.stream, false);
+  if (optimizer_spread.share_behind) {
+    m.params_arriving = optimizer_spread.share_behind(m.params, param_runs_by_layer(m, muon_runs), m.stream);
+  } else if (optimizer_spread.divided) {
+    optimizer_spread.share_params(m.params, muon_runs, m.stream, false);
+  }
   m.adamw_grads_kept = !adamw_steps;
   if (has_arrays(m.state_next)) {
     m.state = m.state_next;
@@ -13506,6 +13567,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
 
 // The CRC-32 of the parameter bits, for determinism checks.
 uint32_t gpt2_params_checksum(GPT2& m) {
+  gpt2_settle_params(m);
   std::vector<floatX> bits(m.num_params);
   copy_pageable(bits.data(), m.params, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost, m.stream);
   return llmc::crc32_update(0, bits.data(), m.num_params * sizeof(floatX));
@@ -14297,11 +14359,16 @@ struct MultiGpu {
   int norm_run_count = 0;
   // -od 1: the parameters' broadcast beside Muon starts after params_stepped and ends at params_shared.
   cudaEvent_t params_stepped = nullptr, params_shared = nullptr;
-  // -od 1 with -oc 1: each process's parameter buffer mapped into this one (CUDA IPC; this process's
+  // -od 1 with -oc 1 or 2: each process's parameter buffer mapped into this one (CUDA IPC; this process's
   // own entry null), from which the runs it stepped are copied (multi_gpu_map_peer_params).
-  bool copy_engines = false;
+  int copy_engines = 0;
   std::vector<floatX*> peer_params;
-  float* copy_barrier = nullptr;  // the one value of copy_runs_from_owners' all-reduce
+  float* copy_barrier = nullptr;  // the one value of copies_barrier's all-reduce
+  // -oc 2: Muon's runs copied on copy_stream from copies_start (on the model's stream) on, copied[p]
+  // recorded after part p's (param_runs_by_layer), which the next forward waits for as it reaches them.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t copies_start = nullptr;
+  std::vector<cudaEvent_t> copied;
   bool by_mpi = false;
   std::string launched_by = "single process";
   ncclComm_t comm = nullptr;
@@ -14374,7 +14441,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options,
   mg.zero_stage = zero_stage;
   mg.overlap = options.overlap != 0;
   mg.divided = divided;
-  mg.copy_engines = divided && options.copy_engines != 0;
+  mg.copy_engines = divided ? options.copy_engines : 0;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
   REQUIRE(mg.local_rank < devices, "rank %d has local rank %d, but only %d GPUs are visible: give "
@@ -14430,6 +14497,12 @@ void multi_gpu_finish(MultiGpu& mg) {
   cudaCheck(cudaEventDestroy(mg.reduce_done));
   cudaCheck(cudaEventDestroy(mg.params_stepped));
   cudaCheck(cudaEventDestroy(mg.params_shared));
+  if (mg.copy_stream) {
+    cudaCheck(cudaStreamSynchronize(mg.copy_stream));
+    cudaCheck(cudaStreamDestroy(mg.copy_stream));
+    cudaCheck(cudaEventDestroy(mg.copies_start));
+    for (cudaEvent_t e : mg.copied) cudaCheck(cudaEventDestroy(e));
+  }
   for (floatX* peer : mg.peer_params) {
     if (peer) cudaCheck(cudaIpcCloseMemHandle(peer));
   }
@@ -14592,14 +14665,22 @@ void multi_gpu_map_peer_params(MultiGpu& mg, GPT2& m) {
             "between the GPUs of one node; give -oc 0", mg.rank, r, cudaGetErrorString(err));
     mg.peer_params[r] = (floatX*)peer;
   }
+  if (mg.copy_engines != 2) return;
+  cudaCheck(cudaStreamCreateWithFlags(&mg.copy_stream, cudaStreamNonBlocking));
+  cudaCheck(cudaEventCreateWithFlags(&mg.copies_start, cudaEventDisableTiming));
+  mg.copied.resize(m.config.num_layers + 1);
+  for (cudaEvent_t& e : mg.copied) cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-// -od 1 with -oc 1: each run of the parameters that another process stepped copied from its buffer
-// (cudaMemcpyAsync between the GPUs: the copy engines, no SM taken) into this one's, the same bits a
-// broadcast gives. A one-value all-reduce first, which no process leaves before every one has
-// reached it on this stream, after its own runs' update.
-void copy_runs_from_owners(MultiGpu& mg, floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream) {
+// -od 1 with -oc 1 or 2: a one-value all-reduce on stream, which no process leaves before every one has
+// reached it there, after its own runs' update: from then on the others' runs may be read.
+void copies_barrier(MultiGpu& mg, cudaStream_t stream) {
   ncclCheck(ncclAllReduce(mg.copy_barrier, mg.copy_barrier, 1, ncclFloat32, ncclSum, mg.comm, stream));
+}
+
+// Each run of the parameters that another process stepped copied from its buffer (cudaMemcpyAsync
+// between the GPUs: the copy engines, no SM taken) into this one's, the same bits a broadcast gives.
+void copy_runs_from_owners(MultiGpu& mg, floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream) {
   for (const OwnedRun& run : runs) {
     if (run.owner == mg.rank) continue;
     cudaCheck(cudaMemcpyAsync(params + run.begin, mg.peer_params[run.owner] + run.begin, run.count * sizeof(floatX),
@@ -14648,6 +14729,7 @@ OptimizerSpread multi_gpu_optimizer_spread(MultiGpu& mg) {
   spread.share_params = [&mg](floatX* params, const std::vector<OwnedRun>& runs, cudaStream_t stream, bool beside) {
     auto share = [&](cudaStream_t on) {
       if (mg.copy_engines) {
+        copies_barrier(mg, on);
         copy_runs_from_owners(mg, params, runs, on);
       } else {
         broadcast_runs(mg, params, kNcclFloatX, sizeof(floatX), runs, on);
@@ -14663,6 +14745,22 @@ OptimizerSpread multi_gpu_optimizer_spread(MultiGpu& mg) {
     cudaCheck(cudaStreamWaitEvent(stream, mg.params_shared, 0));
     share(stream);
   };
+  if (mg.copy_engines == 2) {
+    spread.share_behind = [&mg](floatX* params, const std::vector<std::vector<OwnedRun>>& parts,
+                                cudaStream_t stream) {
+      cudaCheck(cudaStreamWaitEvent(stream, mg.params_shared, 0));
+      copies_barrier(mg, stream);
+      cudaCheck(cudaEventRecord(mg.copies_start, stream));
+      cudaCheck(cudaStreamWaitEvent(mg.copy_stream, mg.copies_start, 0));
+      REQUIRE(parts.size() == mg.copied.size(), "-oc 2: %zu parts of runs for %zu events", parts.size(),
+              mg.copied.size());
+      for (size_t p = 0; p < parts.size(); p++) {
+        copy_runs_from_owners(mg, params, parts[p], mg.copy_stream);
+        cudaCheck(cudaEventRecord(mg.copied[p], mg.copy_stream));
+      }
+      return &mg.copied;
+    };
+  }
   return spread;
 }
 
@@ -14849,8 +14947,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
       int_flag("-ct", "no-progress timeout (s)", "seconds without progress (a peer died or hangs) before a process exits", &a.multi_gpu.timeout_s, 1, kIntMax),
       int_flag("-ov", "overlapped reduction", "1: reduce each layer's gradients while the backward pass continues", &a.multi_gpu.overlap, 0, 1),
       int_flag("-oc", "copy-engine sharing", "1: with -od 1, each process copies the parameters the others stepped "
-               "from their GPUs by the copy engines (CUDA IPC, processes of one node), not by NCCL's broadcast",
-               &a.multi_gpu.copy_engines, 0, 1),
+               "from their GPUs by the copy engines (CUDA IPC, processes of one node), not by NCCL's broadcast; 2: "
+               "as 1, Muon's matrices copied behind the next forward pass, each layer's before its block",
+               &a.multi_gpu.copy_engines, 0, 2),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
@@ -14892,8 +14991,8 @@ void validate_args(const TrainArgs& a) {
   REQUIRE(!a.fp8_grad_e4m3 || a.fp8, "-fp8g 1 sets the FP8 gradients' format: give -fp8 1 or 2 with it");
   REQUIRE(!a.divided_optimizers || a.zero_stage == 0, "-od 1 divides the optimizers' work of a run without ZeRO, "
           "and -zs 1 shards it already: give -zs 0 with -od 1, or -od 0");
-  REQUIRE(!a.multi_gpu.copy_engines || a.divided_optimizers, "-oc 1 copies the parameters that -od 1's processes "
-          "step: give -od 1 with it (and -zs 0), or -oc 0");
+  REQUIRE(!a.multi_gpu.copy_engines || a.divided_optimizers, "-oc %d copies the parameters that -od 1's processes "
+          "step: give -od 1 with it (and -zs 0), or -oc 0", a.multi_gpu.copy_engines);
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
@@ -15839,6 +15938,7 @@ void evaluate_at_step(TrainRun& r, int step) {
   const bool last = step == r.train_steps;
   if (step == r.resume_step) return;
   if (r.val_loader && (step % a.val_every == 0 || last)) {
+    gpt2_settle_params(r.m);
     const float val_loss = evaluate_validation(r.m, r.mg, *r.val_loader, a.val_batches, a.B, a.val_T);
     if (r.mg.rank == 0) {
       printf("step %4d/%d | val loss %.6f\n", step, r.train_steps, val_loss);
@@ -15847,6 +15947,7 @@ void evaluate_at_step(TrainRun& r, int step) {
     }
   }
   if (a.hellaswag && ((a.val_every > 0 && step % a.val_every == 0) || last)) {
+    gpt2_settle_params(r.m);
     const llmc::HellaSwagCounts counts = evaluate_hellaswag(r.m, r.mg, r.hellaswag, r.stages.max_T());
     if (r.mg.rank == 0) {
       printf("step %4d/%d | hellaswag acc_norm %.4f (%lld/%lld), acc %.4f\n", step, r.train_steps,
@@ -15856,6 +15957,7 @@ void evaluate_at_step(TrainRun& r, int step) {
   }
   if (r.mg.rank == 0 && a.sample_every > 0 && step > 0 && (step % a.sample_every == 0 || last)) {
     const int vocab_size = r.m.config.vocab_size;
+    gpt2_settle_params(r.m);
     printf("sample: ");
     print_generation(r.m, {vocab_size - 1}, a.gen_len, a.temperature, a.top_k, r.sample_rng,
                      [&](int id) {
@@ -15886,6 +15988,7 @@ void checkpoint_settle(TrainRun& r) {
 // are settled at once.
 void checkpoint_at_step(TrainRun& r, int step) {
   Checkpointer& ck = r.checkpoints;
+  gpt2_settle_params(r.m);
   multi_gpu_pause(r.mg);  // copies from the GPU into pageable memory hold this thread
   if (ck.async) checkpoint_settle(r);
   multi_gpu_share_state(r.mg, r.m);

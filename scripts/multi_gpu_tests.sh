@@ -470,7 +470,8 @@ same_checkpoint_but_norms() {
 # -od 1 against -od 0, two processes: where the norm does not clip (the speedrun, the modern recipe,
 # GPT-2 with -gc 0 in both builds) the same losses, parameters and checkpoint bytes at step 10 (but
 # the spike detector's norms), the norms within rounding (-od 1 adds the processes' parts of the squares); GPT-2 clipping at 1: -od 1
-# twice the same bits, its losses within 1e-3 of -od 0's; the speedrun's -od 1 resumed bit for bit.
+# twice the same bits, its losses within 1e-3 of -od 0's; the speedrun's -od 1 resumed bit for bit, also
+# with -oc 1 and -oc 2 (the copy engines' copies, Muon's behind the next forward pass).
 divided_test() {
   local speedrun="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01 -m 4"
   local modern="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048 -m 4"
@@ -480,12 +481,13 @@ divided_test() {
     IFS=: read -r name binary args <<< "$run"
     dir=$out/divided_$name
     rm -rf "$dir"
-    # -od 1's parameters broadcast by NCCL (od1), or copied by the copy engines (-oc 1: oc1): the same bits.
-    for od in "od0:-od 0" "od1:-od 1" "oc1:-od 1 -oc 1"; do
+    # -od 1's parameters broadcast by NCCL (od1), or copied by the copy engines (-oc 1: oc1), Muon's behind
+    # the next forward pass (-oc 2: oc2): the same bits.
+    for od in "od0:-od 0" "od1:-od 1" "oc1:-od 1 -oc 1" "oc2:-od 1 -oc 2"; do
       # shellcheck disable=SC2086  # the flags' words
       check "divided_${name}_${od%%:*}" $mpi ./$binary $args -x 10 -n 10 -o "$dir/${od%%:*}" ${od#*:}
     done
-    for od in od1 oc1; do
+    for od in od1 oc1 oc2; do
       check "divided_${name}_${od}_same" same_steps "$out/divided_${name}_od0.log" "$out/divided_${name}_$od.log" no-norm
       check "divided_${name}_${od}_norms" norms_close "$out/divided_${name}_od0.log" "$out/divided_${name}_$od.log"
       check "divided_${name}_${od}_same_checkpoint" same_checkpoint_but_norms "$dir/od0" "$dir/$od" 10 2
@@ -504,6 +506,8 @@ divided_test() {
     $mpi ./train_gpt2cu $speedrun -od 1
   resume_equivalence check divided_copies_speedrun_resume "$out/resume_divided_copies_speedrun" 2 \
     $mpi ./train_gpt2cu $speedrun -od 1 -oc 1
+  resume_equivalence check divided_copies_behind_speedrun_resume "$out/resume_divided_copies_behind_speedrun" 2 \
+    $mpi ./train_gpt2cu $speedrun -od 1 -oc 2
 }
 
 # Speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch.

@@ -644,9 +644,9 @@ if has_flag -od; then
   expect "-recipe speedrun -zs 1: the recipe's -od 1 yields" "^error: -pd 1 attends within whole blocks of 128 tokens" \
     -recipe speedrun -zs 1
 fi
-# -oc, -od 1's parameters copied by the copy engines: 0 or 1, with -od 1
+# -oc, -od 1's parameters copied by the copy engines: 0 to 2, with -od 1
 if has_flag -oc; then
-  expect "-oc out of range" "^error: -oc 2: must be 0 or 1" -oc 2
+  expect "-oc out of range" "^error: -oc 3: must be within \[0, 2\]" -oc 3
   expect "-oc 1 without -od 1" "^error: -oc 1 copies the parameters that -od 1's processes step: give -od 1 with it \(and -zs 0\), or -oc 0\$" \
     -zs 0 -od 0 -oc 1
 fi
