@@ -3,11 +3,12 @@ and on two.
 
     python3 dev/multi_gpu_model.py --one LOG --two LOG --muon_params P [--gpus 8] [--copy_bandwidth 386]
                                    [--check_one LOG --check_muon_params P [--check_two LOG]]
-                                   [--check_divided LOG]
+                                   [--check_divided LOG] [--late_params P]
 
 LOG is the output of a train_gpt2cu run with -pt 1: --one of one process, --two of two (mpirun -np 2,
 a phases line for each rank), the same recipe and tokens a step. P is the count of the parameters Muon
-updates (the blocks' matrices: 12 x 12 x 768^2 = 84,934,656 for d12). The model, for N processes each
+updates (the blocks' matrices: 12 x 12 x 768^2 = 84,934,656 for d12; the speedrun's, without layer 7's
+attention, 82,576,152 with its heads' gates). The model, for N processes each
 running its 1/N of the step's micro steps:
 
   compute    u / N            u: the one-process log's micro steps
@@ -37,6 +38,22 @@ log, predicts its two-process step, and with --check_two prints the measured one
 --check_divided sets the "divided" scheme's two-process time after the micro steps beside that of a
 two-process -od 1 log of the same recipe (its rank that waited least in the reduction, the one
 whose micro steps set the step): train_gpt2cu -od 1 runs that scheme.
+
+Where --two is a run with -od 1 -oc 2 (the optimizers divided, Muon's matrices copied behind the next
+forward pass), the model is that of the code as it runs, fitted on it:
+
+  compute    f u / N          f: the two-process log's micro steps (the rank that waited least) over u/2
+  reduction  (N-1)/N S / W    each process's runs reduced to their owners; W: S/2 over that rank's
+  loss, norm l
+  AdamW      a / N
+  Muon       max(M/N + e, (N-1)/N S_a / C)
+                              M: the one-process Muon; e: the two-process Muon beyond M/2 (the barrier,
+                              the division's imbalance); beside it the copy engines bring AdamW's new
+                              parameters (S_a: their BF16 bytes) at C (--copy_bandwidth)
+
+and two ways on: the reduction by the copy engines, (N-1)/N S / C, and that reduction run during the
+backward pass, each layer's as soon as it is made, leaving on the step's path the (N-1)/N S_l / C of
+the gradients the backward pass makes last (--late_params: the embeddings' parameters).
 """
 import argparse
 import os
@@ -66,6 +83,7 @@ def read_log(path, processes):
             fail(f"{path}: a run of {m.group(2)} processes, expected {processes}")
         ranks[int(m.group(1))] = {name.strip(): float(ms) for name, ms in
                                   re.findall(r"([a-zA-Z ,]+?) ([\d.]+)(?: \||$)", m.group(3))}
+    flags = {flag: re.search(rf"^\| {flag}\s[^|]*\|\s*(\d+)", text, re.M) for flag in ("-od", "-oc")}
     if not found or not average or len(ranks) != processes:
         fail(f"{path}: no parameter count, average step or phases line of each of {processes} ranks: give "
              "the whole output of a train_gpt2cu run with -pt 1 and timed steps")
@@ -74,7 +92,9 @@ def read_log(path, processes):
         if missing:
             fail(f"{path}: rank {r}'s phases line lacks {', '.join(missing)}")
     return {"parameters": int(found.group(1)), "average": float(average.group(1)),
-            "ranks": [ranks[r] for r in sorted(ranks)]}
+            "ranks": [ranks[r] for r in sorted(ranks)],
+            "divided": bool(flags["-od"] and int(flags["-od"].group(1))),
+            "copies": int(flags["-oc"].group(1)) if flags["-oc"] else 0}
 
 
 def fit(one, two, muon_params):
@@ -83,14 +103,23 @@ def fit(one, two, muon_params):
         fail(f"the logs are of models of {one['parameters']} and {two['parameters']} parameters: give one recipe's")
     p = one["ranks"][0]
     grad_bytes = one["parameters"] * BYTES_PER_PARAMETER
-    reduction = min(r["gradient reduction"] for r in two["ranks"])
+    waited_least = min(two["ranks"], key=lambda r: r["gradient reduction"])
+    reduction = waited_least["gradient reduction"]
+    compute = waited_least["micro steps"] / (p["micro steps"] / 2)
+    if two["divided"]:
+        if two["copies"] != 2:
+            fail(f"a -od 1 log with -oc {two['copies']} as --two: give a run with -od 1 -oc 2, or -od 0")
+        muon_two = sum(r["Muon"] for r in two["ranks"]) / len(two["ranks"])
+        # bytes/s: each process sends the other half of the gradients' bytes
+        return {"as_run": True, "bandwidth": grad_bytes / 2 / (reduction / 1e3), "compute": compute,
+                "muon_beyond": muon_two - p["Muon"] / 2}
     bandwidth = grad_bytes / (reduction / 1e3)  # bytes/s, all-reduce bus bandwidth (2 (N-1)/N = 1)
     muon_bytes = muon_params * BYTES_PER_PARAMETER
     broadcast = muon_bytes / 2 / bandwidth * 1e3
     muon_two = sum(r["Muon"] for r in two["ranks"]) / len(two["ranks"])
     divided = 2 * (p["Muon"] - muon_two + broadcast)
-    return {"bandwidth": bandwidth, "divided": divided, "replicated": p["Muon"] - divided,
-            "replicated_per_param": (p["Muon"] - divided) / muon_params}
+    return {"as_run": False, "bandwidth": bandwidth, "compute": compute, "divided": divided,
+            "replicated": p["Muon"] - divided, "replicated_per_param": (p["Muon"] - divided) / muon_params}
 
 
 # The copy engines' bandwidth each way between two H200s of one host (GB/s): all 551 MB of the
@@ -107,7 +136,7 @@ def predict(one, k, n, muon_params, scheme, copy_bandwidth=COPY_BANDWIDTH_GBS * 
     broadcast = (n - 1) / n * muon_params * BYTES_PER_PARAMETER / k["bandwidth"] * 1e3
     replicated = k["replicated_per_param"] * muon_params
     divided = p["Muon"] - replicated
-    parts = {"compute": p["micro steps"] / n, "loss and norm": p["loss and norm"]}
+    parts = {"compute": k["compute"] * p["micro steps"] / n, "loss and norm": p["loss and norm"]}
     if scheme == "today":
         parts.update({"reduction": all_reduce, "Muon": divided / n + replicated + broadcast, "AdamW": p["AdamW"]})
     else:
@@ -115,6 +144,20 @@ def predict(one, k, n, muon_params, scheme, copy_bandwidth=COPY_BANDWIDTH_GBS * 
         exposed = {"after_all_reduce": 1.5 * all_reduce, "divided": all_reduce, "hidden": all_reduce / 2,
                    "copies": all_reduce / 2 + copies}[scheme]
         parts.update({"reduction": exposed, "Muon": p["Muon"] / n, "AdamW": p["AdamW"] / n})
+    return sum(parts.values()), parts
+
+
+def predict_as_run(one, k, n, muon_params, scheme, copy_bandwidth=COPY_BANDWIDTH_GBS * 1e9, late_params=0):
+    """The step (ms) of n processes of -od 1 -oc 2 with the gradients reduced by NCCL ("as_run"), by the
+    copy engines after the backward pass ("copies") or during it, all but late_params' ("backward")."""
+    p = one["ranks"][0]
+    share = (n - 1) / n
+    reduced_bytes = {"as_run": one["parameters"], "copies": one["parameters"], "backward": late_params}[scheme]
+    bandwidth = k["bandwidth"] if scheme == "as_run" else copy_bandwidth
+    adamw_copies = share * (one["parameters"] - muon_params) * BYTES_PER_PARAMETER / copy_bandwidth * 1e3
+    parts = {"compute": k["compute"] * p["micro steps"] / n, "loss and norm": p["loss and norm"],
+             "reduction": share * reduced_bytes * BYTES_PER_PARAMETER / bandwidth * 1e3, "AdamW": p["AdamW"] / n,
+             "Muon": max(p["Muon"] / n + k["muon_beyond"], adamw_copies)}
     return sum(parts.values()), parts
 
 
@@ -126,6 +169,35 @@ def check_divided(one, k, muon_params, divided, path):
     measured = sum(ms for name, ms in rank.items() if name not in ("micro steps", "host between steps"))
     return (f"check, {path} (-od 1) on 2 processes: after the micro steps predicted {predicted:.2f} ms, "
             f"measured {measured:.2f} ms ({(predicted / measured - 1) * 100:+.1f}%)")
+
+
+def check_line(a, step, parts):
+    """The line of --check_one's predicted two-process step, with --check_two's measurement."""
+    detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
+    line = f"check, {a.check_one} on 2 processes: predicted {step:.2f} ms ({detail})"
+    if a.check_two:
+        measured = read_log(a.check_two, 2)["average"]
+        line += f"; measured {measured:.2f} ms ({(step / measured - 1) * 100:+.1f}%)"
+    return line
+
+
+def print_as_run(a, one, two, k):
+    """The predictions of a fit on a -od 1 -oc 2 log, and the check of another recipe's."""
+    print(f"fitted on -od 1 -oc 2: reduction to the owners {k['bandwidth'] / 1e9:.1f} GB/s; compute beside "
+          f"another process x{k['compute']:.4f}; Muon {k['muon_beyond']:.3f} ms beyond its half")
+    print(f"measured: 1 process {one['average']:.2f} ms, 2 processes {two['average']:.2f} ms "
+          f"(x{one['average'] / two['average']:.3f})")
+    schemes = [("as_run", "as run (-od 1 -oc 2)"), ("copies", "the reduction by the copy engines")]
+    if a.late_params:
+        schemes.append(("backward", "the reduction by the copy engines during the backward pass"))
+    for scheme, label in schemes:
+        for n in sorted({2, a.gpus}):
+            step, parts = predict_as_run(one, k, n, a.muon_params, scheme, a.copy_bandwidth * 1e9, a.late_params)
+            detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
+            print(f"{label}, {n} processes: {step:.2f} ms (x{one['average'] / step:.3f}): {detail}")
+    if a.check_one:
+        print(check_line(a, *predict_as_run(read_log(a.check_one, 1), k, 2, a.check_muon_params, "as_run",
+                                            a.copy_bandwidth * 1e9)))
 
 
 def main(argv=None):
@@ -140,6 +212,8 @@ def main(argv=None):
     ap.add_argument("--check_two", help="its two-process output, the measurement set beside the prediction")
     ap.add_argument("--check_muon_params", type=int, help="its Muon parameters")
     ap.add_argument("--check_divided", help="a two-process output of the --one recipe with -od 1")
+    ap.add_argument("--late_params", type=int, default=0,
+                    help="with a -od 1 -oc 2 --two: the parameters whose gradients the backward pass makes last")
     a = ap.parse_args(argv)
     if a.gpus < 2:
         fail(f"--gpus {a.gpus}: give 2 or more")
@@ -151,10 +225,17 @@ def main(argv=None):
         fail("--check_one needs --check_muon_params")
     if a.check_two and not a.check_one:
         fail("--check_two needs --check_one")
+    if a.late_params < 0:
+        fail(f"--late_params {a.late_params}: give a count of parameters, 0 or more")
     one, two = read_log(a.one, 1), read_log(a.two, 2)
     k = fit(one, two, a.muon_params)
+    if k["as_run"]:
+        if a.check_divided:
+            fail("--check_divided checks a fit on a -od 0 --two: give that, or leave --check_divided out")
+        print_as_run(a, one, two, k)
+        return
     print(f"fitted: all-reduce bus bandwidth {k['bandwidth'] / 1e9:.1f} GB/s; Muon {k['divided']:.3f} ms divided, "
-          f"{k['replicated']:.3f} ms replicated on one process")
+          f"{k['replicated']:.3f} ms replicated on one process; compute beside another process x{k['compute']:.4f}")
     print(f"measured: 1 process {one['average']:.2f} ms, 2 processes {two['average']:.2f} ms "
           f"(x{one['average'] / two['average']:.3f})")
     for scheme, label in (("today", "today (all-reduce, optimizers replicated)"),
@@ -167,14 +248,7 @@ def main(argv=None):
             detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
             print(f"{label}, {n} processes: {step:.2f} ms (x{one['average'] / step:.3f}): {detail}")
     if a.check_one:
-        other = read_log(a.check_one, 1)
-        step, parts = predict(other, k, 2, a.check_muon_params, "today")
-        detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
-        line = f"check, {a.check_one} on 2 processes: predicted {step:.2f} ms ({detail})"
-        if a.check_two:
-            measured = read_log(a.check_two, 2)["average"]
-            line += f"; measured {measured:.2f} ms ({(step / measured - 1) * 100:+.1f}%)"
-        print(line)
+        print(check_line(a, *predict(read_log(a.check_one, 1), k, 2, a.check_muon_params, "today")))
     if a.check_divided:
         print(check_divided(one, k, a.muon_params, read_log(a.check_divided, 2), a.check_divided))
 
