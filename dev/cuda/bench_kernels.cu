@@ -10,6 +10,7 @@
 #include "dev/cuda/bench_muon.cu"
 #include "dev/cuda/bench_overlap.cu"
 #include "dev/cuda/bench_products.cu"
+#include "dev/cuda/bench_record89.cu"
 
 // A benchmark: its name on the command line, and its main, which reads the arguments after the
 // name (argv[0] is the name).
@@ -21,7 +22,7 @@ struct Benchmark {
 const Benchmark kBenchmarks[] = {
     {"attention", attention_bench::run}, {"fp8_cast", fp8_cast_bench::run}, {"gemm", gemm_bench::run},
     {"muon", muon_bench::run},           {"overlap", overlap_bench::run},
-    {"products", products_bench::run},
+    {"products", products_bench::run},   {"record89", record89_bench::run},
 };
 
 int main(int argc, char** argv) {
