@@ -137,10 +137,11 @@ $(BUILD)/test_kernels: dev/cuda/test_kernels.cu $(KERNEL_SUITE_SOURCES) $(KERNEL
 $(BUILD)/test_kernels_fp32: dev/cuda/test_kernels.cu $(KERNEL_SUITE_SOURCES) $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_FP32 -I. $< $(NVCC_LDLIBS) -o $@)
 
-# The flash kernels' mma.sync path (GPUs before Hopper), which any GPU can test: the attention
-# suite built for the plain compute capability, without sm_90a's wgmma.
+# The tile kernels' mma.sync path (GPUs before Hopper), which any GPU can test: the attention
+# suites built for the plain compute capability, without sm_90a's wgmma.
 $(BUILD)/test_attention_mma_sync: GENCODE = -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=sm_$(GPU_COMPUTE_CAPABILITY)
-$(BUILD)/test_attention_mma_sync: dev/cuda/attention_mma_sync.cu dev/cuda/test_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
+$(BUILD)/test_attention_mma_sync: dev/cuda/attention_mma_sync.cu dev/cuda/test_attention.cu \
+                                  dev/cuda/test_composed_attention.cu $(KERNEL_TEST_DEPS) | $(BUILD)
 	$(call build_step,$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 -I. $< $(NVCC_LDLIBS) -o $@)
 
 $(BUILD)/bench_kernels: dev/cuda/bench_kernels.cu $(BENCHMARK_SOURCES) $(KERNEL_TEST_DEPS) | $(BUILD)

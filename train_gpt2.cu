@@ -4364,13 +4364,14 @@ void xsa_backward(floatX* dy, floatX* dv, GateGradient dalpha, float* partials, 
 // order, FP32), w_in the RMS norm over the heads of a row's NH gate values (eps kComposedNormEps, FP32,
 // rounded to floatX), w_out a row's values as they are; w_out_h A rounded to floatX, its products with
 // v_h summed in FP32 (keys from t back), added to y and rounded once. q, k, v: qkv [N, 3C] as the
-// attention read them. The plain version: one block a query, a warp a head (lanes over the keys for
-// the scores, over the head's dimensions for the products), the keys' rows read from global memory
-// (L2 holds a window of them: 112 rows of 4.5 KB). The forward keeps each head's log-sum-exp [N, NH]
-// for the backward, which computes the probabilities again: a pass a query (dq, the gates' gradients,
-// each head's D = sum_j P dP), then a pass a key (dk, dv, summing over the queries that see it), each
-// output written by one thread in a fixed order: deterministic. Work: 4 window HS FLOPs a token and
-// head forward, about 2.5 times that backward; plain FP32 on the SMs (SPEC's plan has the tiles).
+// attention read them. BF16 builds run the forward on the tensor cores (a block a tile of 64
+// queries, below); FP32 builds, and the backward, the plain version: one block a query, a warp a head
+// (lanes over the keys for the scores, over the head's dimensions for the products), the keys' rows
+// read from global memory (L2 holds a window of them: 112 rows of 4.5 KB). The forward keeps each
+// head's log-sum-exp [N, NH] for the backward, which computes the probabilities again: a pass a query
+// (dq, the gates' gradients, each head's D = sum_j P dP), then a pass a key (dk, dv, summing over the
+// queries that see it), each output written by one thread in a fixed order: deterministic. Work: 4
+// window HS FLOPs a token and head forward, about 2.5 times that backward.
 constexpr float kComposedNormEps = 1e-6f;
 constexpr int kComposedMaxWindow = 128;
 
@@ -4459,6 +4460,7 @@ __device__ void composed_probs(float* P, const ComposedOperands& ops, int row, i
   if (lane == 0) lse_out[(size_t)row * NH + h] = max_score + logf(sum);
 }
 
+#if defined(ENABLE_FP32)
 // Block r: query row r at position position0 + r (training: 0; decoding: the token's).
 __global__ void composed_attention_forward_kernel(floatX* out, float* lse, const floatX* y, ComposedOperands ops,
                                                   int position0, GateRows w_in, GateRows w_out, ComposedKeys keys,
@@ -4495,6 +4497,7 @@ __global__ void composed_attention_forward_kernel(floatX* out, float* lse, const
     store128(out + at, o_);
   }
 }
+#endif  // ENABLE_FP32
 
 // The backward's per-query pass: P again (from lse), G_h[o] = dout_h . v_h[t - o], dA = sum_h w_out_h G_h,
 // then dw_out_h = sum_o A G_h, dwn_h = sum_o dA P_h (the normed w_in's gradient; through the norm into
@@ -4665,6 +4668,13 @@ void composed_check(const char* name, const floatX* qkv, const GateRows& w_in, c
   REQUIRE(w_in.stride > 0 && w_out.stride > 0, "%s: w_in and w_out are a row's (stride > 0)", name);
 }
 
+#if !defined(ENABLE_FP32)
+// The forward on the tensor cores (below, after the flash kernels whose tiles it uses).
+void composed_forward_by_head_size(floatX* out, float* lse, const floatX* y, const ComposedOperands& ops,
+                                   const int* documents, int rows, int T, int window, int decode_t, int first,
+                                   GateRows w_in, GateRows w_out, float scale, int NH, int C, cudaStream_t stream);
+#endif
+
 // out [N, C] = y plus the composition (may be y itself: in place); lse [N, NH] written for the
 // backward. documents: each token's document id [N], or null (one document a row of T).
 void composed_attention_forward(floatX* out, float* lse, const floatX* y, const floatX* qkv, GateRows w_in,
@@ -4672,15 +4682,21 @@ void composed_attention_forward(floatX* out, float* lse, const floatX* y, const 
                                 int C, cudaStream_t stream) {
   composed_check("composed_attention_forward", qkv, w_in, w_out, T, window, N, NH, C);
   REQUIRE(out && lse && y, "composed_attention_forward: out, lse and y are needed");
+  const ComposedOperands ops = composed_rows_of(qkv, C, C / NH);
+#if defined(ENABLE_FP32)
   const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
-  composed_attention_forward_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(
-      out, lse, y, composed_rows_of(qkv, C, C / NH), 0, w_in, w_out, {documents, T, window, 0}, scale, NH, C);
+  composed_attention_forward_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(out, lse, y, ops, 0, w_in, w_out,
+                                                                           {documents, T, window, 0}, scale, NH, C);
   cudaCheckLaunch();
+#else
+  composed_forward_by_head_size(out, lse, y, ops, documents, N / T, T, window, -1, 0, w_in, w_out, scale, NH, C,
+                                stream);
+#endif
 }
 
 // Decoding: the token at position t (qkv_row [3C], out and y [C], w_in and w_out its rows) against the
 // layer's KV cache [NH, max_t, HS], which holds its own key and value already, from first_key (its
-// document's start) on; lse: NH floats of scratch.
+// document's start) on; lse: NH floats of scratch. The same kernel as the rows' forward: its bits.
 void composed_attention_decode(floatX* out, float* lse, const floatX* y, const floatX* qkv_row, const floatX* k_cache,
                                const floatX* v_cache, GateRows w_in, GateRows w_out, int first_key, int t, int max_t,
                                int window, float scale, int NH, int C, cudaStream_t stream) {
@@ -4690,10 +4706,15 @@ void composed_attention_decode(floatX* out, float* lse, const floatX* y, const f
           "%d < %d", first_key, t, max_t);
   const int HS = C / NH;
   const ComposedOperands ops{qkv_row, k_cache, v_cache, 0, (size_t)HS, (size_t)max_t * HS};
+#if defined(ENABLE_FP32)
   const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
   composed_attention_forward_kernel<<<1, NH * WARP_SIZE, shared, stream>>>(
       out, lse, y, ops, t, w_in, w_out, {nullptr, max_t, window, first_key}, scale, NH, C);
   cudaCheckLaunch();
+#else
+  composed_forward_by_head_size(out, lse, y, ops, nullptr, 1, max_t, window, t, first_key, w_in, w_out, scale, NH,
+                                C, stream);
+#endif
 }
 
 // From dout [N, C], the gradient of the forward's out (y's is dout itself): q's, k's and v's gradients
@@ -7901,6 +7922,264 @@ void attention_forward_decode(floatX* out, floatX* k_cache, floatX* v_cache, con
       out, k_cache, v_cache, qkv, first_key, t, max_t, NH, HS, scale);
   cudaCheckLaunch();
 }
+
+// ---- Record #89's composed attention on the tensor cores (BF16 builds) ----
+#if !defined(ENABLE_FP32)
+namespace flash {
+// The forward on the tensor cores (BF16 builds, head size 64 or 128): a block a tile of 64 queries of
+// one row, positions p0 .. p0 + 63, against the 192 key positions from p0 - 128 (a window of at most
+// 128 keys reaches no further back), one head at a time. Q K^T comes in chunks of 64 keys, three
+// times: for each row's maximum, its sum, and P = exp(s - max) / sum, as the plain kernel forms them;
+// wn_h P is added into A (FP32 in shared memory, each thread its own values, heads in order). Then,
+// a head at a time, round(w_out_h A) V_h (FP32 sums on the tensor cores) is added to y. The tiles of
+// a row start at its position 0 and decoding runs the same kernel on the query's tile (its keys from
+// the cache), so a key meets a query at the same column of a product in both: the same bits.
+constexpr int kComposedKeys = 192, kComposedReach = kComposedKeys - kTileRows;
+constexpr int kComposedChunks = kComposedKeys / kTileRows;
+static_assert(kComposedMaxWindow <= kComposedReach, "a tile's keys hold each of its queries' windows");
+
+// A block's queries and keys. Training: row b = blockIdx.y, query slot s at position p0 + s (below
+// T), flat row b T + p0 + s of qkv, y, out, lse and the gates, key position j at flat row b T + j.
+// Decoding (decode_t >= 0): the one query at position decode_t, its rows the buffers' first, the
+// keys the cache's positions first .. decode_t.
+struct ComposedTile {
+  ComposedOperands ops;
+  const int* documents;  // training: each token's document, or null
+  int T, window, decode_t, first;
+  int p0, key_end;
+  size_t row0;  // the flat row of position 0: b T in training, 0 in decoding
+  __device__ ComposedTile(const ComposedOperands& o, const int* docs, int T_, int window_, int decode_t_, int first_)
+      : ops(o), documents(docs), T(T_), window(window_), decode_t(decode_t_), first(first_) {
+    const bool decoding = decode_t >= 0;
+    p0 = decoding ? decode_t - decode_t % kTileRows : blockIdx.x * kTileRows;
+    key_end = decoding ? decode_t + 1 : T;
+    row0 = decoding ? 0 : (size_t)blockIdx.y * T;
+  }
+  // Query slot s's flat row, or -1 where the slot holds no query.
+  __device__ int query_row(int s) const {
+    const int p = p0 + s;
+    if (decode_t >= 0) return p == decode_t ? 0 : -1;
+    return p < T ? (int)(row0 + p) : -1;
+  }
+  __device__ bool key_valid(int j) const { return j >= first && j < key_end; }
+  __device__ const floatX* key(int j, int h) const { return ops.key((int)row0 + j, h); }
+  __device__ const floatX* value(int j, int h) const { return ops.value((int)row0 + j, h); }
+};
+
+// A thread's values of A: the C fragments of its warp's 16 rows by the 192 key columns.
+constexpr int kComposedAValues = kComposedKeys / 8 * 4;
+
+// Shared memory: a Q tile [64, HS] and a K (then V) tile [192, HS] (load_tile's layout), A (each
+// thread's values, value-major: [kComposedAValues, kThreads] FP32), the rows' documents, the keys'
+// documents, and each row's normed w_in and w_out [64, NH].
+template <int HS>
+constexpr size_t composed_tile_smem_bytes() {
+  return (size_t)(kTileRows + kComposedKeys) * HS * sizeof(floatX) +
+         (kComposedAValues * kThreads + kTileRows + kComposedKeys + 2 * kTileRows * llmc::kMuddGateHeads) *
+             sizeof(float);
+}
+
+// ROWS rows of one head into a tile (load_tile's layout): row r from source(r), or zeros where it
+// gives null.
+template <int HS, int ROWS, class Source>
+__device__ __forceinline__ void load_rows(floatX* dst, Source source) {
+  constexpr int kChunks = HS / 8;
+  static_assert(ROWS * kChunks % kThreads == 0 && kThreads % (8 * kChunks) == 0,
+                "each thread copies the same columns of rows 8 apart");
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * 8;
+  const int offset = tile_offset<HS>(r, c);
+#pragma unroll
+  for (int k = 0; k < ROWS * kChunks / kThreads; k++) {
+    const floatX* src = source(r + k * (kThreads / kChunks));
+    copy_async_16(dst + offset + k * (kThreads / kChunks) * HS, src ? src + c : dst, src != nullptr);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads) composed_forward_tile_kernel(floatX* out, float* lse, const floatX* y,
+                                                                         ComposedOperands ops, const int* documents,
+                                                                         int T, int window, int decode_t, int first,
+                                                                         GateRows w_in, GateRows w_out, float scale,
+                                                                         int NH, int C) {
+  extern __shared__ __align__(1024) unsigned char composed_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(composed_smem);
+  floatX* kv_s = q_s + kTileRows * HS;
+  float* A = reinterpret_cast<float*>(kv_s + kComposedKeys * HS) + threadIdx.x;  // value i at A[i kThreads]
+  int* row_doc = reinterpret_cast<int*>(A - threadIdx.x + kComposedAValues * kThreads);
+  int* key_doc = row_doc + kTileRows;
+  float* normed = reinterpret_cast<float*>(key_doc + kComposedKeys);  // [64, NH]
+  float* gate_out = normed + kTileRows * llmc::kMuddGateHeads;         // [64, NH]
+  const ComposedTile tile(ops, documents, T, window, decode_t, first);
+  const int warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE, g = lane / 4, t4 = lane % 4;
+  const int key0 = tile.p0 - kComposedReach;  // the position of key column 0
+  if (threadIdx.x < kTileRows) {
+    const int s = threadIdx.x, row = tile.query_row(s);
+    float f32[llmc::kMuddGateHeads];
+    if (row >= 0) composed_norm(normed + s * NH, f32, w_in, row, NH);
+    for (int h = 0; h < NH; h++) {
+      if (row < 0) normed[s * NH + h] = 0.0f;
+      gate_out[s * NH + h] = row >= 0 ? w_out.at(row, h) : 0.0f;
+    }
+    row_doc[s] = row >= 0 && documents ? documents[row] : 0;
+  }
+  for (int c = threadIdx.x; c < kComposedKeys; c += kThreads) {
+    const int j = key0 + c;
+    key_doc[c] = tile.key_valid(j) && documents ? documents[tile.row0 + j] : 0;
+  }
+  const int slot[2] = {warp * 16 + g, warp * 16 + g + 8};
+  const int row[2] = {tile.query_row(slot[0]), tile.query_row(slot[1])};
+  __syncthreads();
+  // Whether the query of slot r sees key column c.
+  auto sees = [&](int r, int c) {
+    const int t = tile.p0 + slot[r], j = key0 + c;
+    return row[r] >= 0 && tile.key_valid(j) && j <= t && t - j < window && key_doc[c] == row_doc[slot[r]];
+  };
+  // The scores of key chunk `chunk` into s (scaled; -inf where unseen).
+  auto scores = [&](float s[kTileRows / 8][4], int chunk) {
+    uint32_t q_frag[HS / 16][4];
+    load_row_fragments<HS>(q_frag, q_s);
+    multiply_by_rows<HS, kTileRows>(s, q_frag, kv_s + chunk * kTileRows * HS);
+#pragma unroll
+    for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[n][e] = sees(e / 2, chunk * kTileRows + n * 8 + 2 * t4 + e % 2) ? scale * s[n][e] : -INFINITY;
+      }
+    }
+  };
+  for (int h = 0; h < NH; h++) {
+    load_rows<HS, kTileRows>(q_s, [&](int s) {
+      const int r = tile.query_row(s);
+      return r >= 0 ? ops.q + (size_t)r * ops.q_row + h * HS : nullptr;
+    });
+    load_rows<HS, kComposedKeys>(kv_s, [&](int c) {
+      return tile.key_valid(key0 + c) ? tile.key(key0 + c, h) : nullptr;
+    });
+    copy_async_commit();
+    wait_tile_copies<0>();
+    __syncthreads();
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float s[kTileRows / 8][4];
+      scores(s, chunk);
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]);
+      }
+    }
+    for (int r = 0; r < 2; r++) row_max[r] = quad_max(row_max[r]);
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float s[kTileRows / 8][4];
+      scores(s, chunk);
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) row_sum[e / 2] += s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - row_max[e / 2]);
+      }
+    }
+    for (int r = 0; r < 2; r++) row_sum[r] = quad_sum(row_sum[r]);
+    const float wn[2] = {normed[slot[0] * NH + h], normed[slot[1] * NH + h]};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float s[kTileRows / 8][4];
+      scores(s, chunk);
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float p = s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - row_max[e / 2]) / row_sum[e / 2];
+          float& a = A[((chunk * kTileRows / 8 + n) * 4 + e) * kThreads];
+          a = h == 0 ? wn[e / 2] * p : a + wn[e / 2] * p;
+        }
+      }
+    }
+    for (int r = 0; r < 2; r++) {
+      if (t4 == 0 && row[r] >= 0) lse[(size_t)row[r] * NH + h] = row_max[r] + logf(row_sum[r]);
+    }
+    __syncthreads();  // the next head's copies overwrite the tiles
+  }
+  for (int h = 0; h < NH; h++) {
+    load_rows<HS, kComposedKeys>(kv_s, [&](int c) {
+      return tile.key_valid(key0 + c) ? tile.value(key0 + c, h) : nullptr;
+    });
+    copy_async_commit();
+    wait_tile_copies<0>();
+    __syncthreads();
+    const float wo[2] = {gate_out[slot[0] * NH + h], gate_out[slot[1] * NH + h]};
+    float o[HS / 8][4] = {};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float weight[kTileRows / 8][4];
+#pragma unroll
+      for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) weight[n][e] = wo[e / 2] * A[((chunk * kTileRows / 8 + n) * 4 + e) * kThreads];
+      }
+      accumulate_product<HS, kTileRows>(o, weight, kv_s + chunk * kTileRows * HS);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      if (row[r] < 0) continue;
+#pragma unroll
+      for (int dn = 0; dn < HS / 8; dn++) {
+        const size_t at = (size_t)row[r] * C + h * HS + dn * 8 + 2 * t4;
+        const __nv_bfloat162 base = *reinterpret_cast<const __nv_bfloat162*>(y + at);
+        *reinterpret_cast<__nv_bfloat162*>(out + at) = __floats2bfloat162_rn(
+            __low2float(base) + o[dn][2 * r], __high2float(base) + o[dn][2 * r + 1]);
+      }
+    }
+    __syncthreads();  // the next head's copies overwrite the tile
+  }
+}
+
+// Launches the tile forward: training (decode_t -1) over `rows` rows of T, or decoding one query.
+template <int HS>
+void composed_forward_tiles(floatX* out, float* lse, const floatX* y, const ComposedOperands& ops,
+                            const int* documents, int rows, int T, int window, int decode_t, int first, GateRows w_in,
+                            GateRows w_out, float scale, int NH, int C, cudaStream_t stream) {
+  static bool limit_set = false;
+  if (!limit_set) {
+    cudaCheck(cudaFuncSetAttribute(composed_forward_tile_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)composed_tile_smem_bytes<HS>()));
+    limit_set = true;
+  }
+  const dim3 grid = decode_t >= 0 ? dim3(1, 1) : dim3(ceil_div(T, kTileRows), rows);
+  composed_forward_tile_kernel<HS><<<grid, kThreads, composed_tile_smem_bytes<HS>(), stream>>>(
+      out, lse, y, ops, documents, T, window, decode_t, first, w_in, w_out, scale, NH, C);
+  cudaCheckLaunch();
+}
+}  // namespace flash
+#endif  // !ENABLE_FP32
+
+#if !defined(ENABLE_FP32)
+// The tile forward at the head size C / NH (64 or 128).
+void composed_forward_by_head_size(floatX* out, float* lse, const floatX* y, const ComposedOperands& ops,
+                                   const int* documents, int rows, int T, int window, int decode_t, int first,
+                                   GateRows w_in, GateRows w_out, float scale, int NH, int C, cudaStream_t stream) {
+  const int HS = C / NH;
+  REQUIRE(HS == 64 || HS == 128, "composed attention: the BF16 build's forward takes heads of 64 or 128, not %d",
+          HS);
+  if (HS == 64) {
+    flash::composed_forward_tiles<64>(out, lse, y, ops, documents, rows, T, window, decode_t, first, w_in, w_out,
+                                      scale, NH, C, stream);
+  } else {
+    flash::composed_forward_tiles<128>(out, lse, y, ops, documents, rows, T, window, decode_t, first, w_in, w_out,
+                                       scale, NH, C, stream);
+  }
+}
+#endif
 
 // ============================================================================
 // 7. GELU and ReLU^2

@@ -1,9 +1,9 @@
 // Times two of record #89's kernels at the shapes of its three stages (N rows a micro step: 16,384,
 // 32,768 and 49,152; rows of T 2,048 without documents), the costly ones of a stage's kernel table
 // (dev/notes/record89-reference.md): the composed attention (layer 10: six heads of 128, its window of
-// 112 keys), forward and backward, in milliseconds and the rate of their multiply-adds on the SMs
-// (forward 4 HS keys a token and head: the scores and the products with v; the backward's two
-// passes about 2.5 times that, counted as such); and the MUDD gate rows' backward (rows of 48 values,
+// 112 keys), forward and backward, in milliseconds and the rate of their useful work (forward 4 HS
+// FLOPs a key seen, a token and a head: the scores and the products with v; the backward about 2.5
+// times that, counted as such); and the MUDD gate rows' backward (rows of 48 values,
 // 41 gated, with a learned scale), in milliseconds and the bytes a second it moves (reads drows and
 // pre, writes dpre).
 //   build/bench_kernels record89 [N]...   (default: 16384 32768 49152)

@@ -1,7 +1,7 @@
 // Record #89's composed attention (train_gpt2.cu section 6, "Record #89's composed attention") against
 // a CPU reference in double with the kernels' roundings, on random inputs: six heads of 128 over rows
 // of documents (one of a token, one across a row's end) and two heads of 64 over odd rows without
-// documents, a window shorter than a row and one longer; the forward's output (also in place) and
+// documents, a window shorter than a row, one longer and the longest; the forward's output (also in place) and
 // log-sum-exp, the backward's q, k and v gradients (added to the flash backward's) and the two gates'
 // rows; each twice, bit for bit. The reference's gradients are checked first against finite
 // differences of its own forward (no rounding), so that the formulas both sides use are the
@@ -353,6 +353,7 @@ void run() {
   test_case({2, 300, 6, 768, llmc::kComposedWindow, true}, 11);
   test_case({3, 37, 2, 128, llmc::kComposedWindow, false}, 12);
   test_case({2, 96, 6, 768, 17, true}, 13);
+  test_case({1, 200, 2, 128, kComposedMaxWindow, true}, 15);
   test_decode();
   test_bad_shapes();
 }
