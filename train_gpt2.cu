@@ -7980,9 +7980,11 @@ constexpr size_t composed_tile_smem_bytes() {
 }
 
 // ROWS rows of one head into a tile (load_tile's layout): row r from source(r), or zeros where it
-// gives null.
+// gives null (nothing read; `fallback`, any row of global memory, stands in for the address). Beside
+// load_tile rather than under it: load_tile's flash kernels, timed as they are, compile otherwise
+// through a row source (up to 9 more registers).
 template <int HS, int ROWS, class Source>
-__device__ __forceinline__ void load_rows(floatX* dst, Source source) {
+__device__ __forceinline__ void load_rows(floatX* dst, Source source, const floatX* fallback) {
   constexpr int kChunks = HS / 8;
   static_assert(ROWS * kChunks % kThreads == 0 && kThreads % (8 * kChunks) == 0,
                 "each thread copies the same columns of rows 8 apart");
@@ -7991,7 +7993,7 @@ __device__ __forceinline__ void load_rows(floatX* dst, Source source) {
 #pragma unroll
   for (int k = 0; k < ROWS * kChunks / kThreads; k++) {
     const floatX* src = source(r + k * (kThreads / kChunks));
-    copy_async_16(dst + offset + k * (kThreads / kChunks) * HS, src ? src + c : dst, src != nullptr);
+    copy_async_16(dst + offset + k * (kThreads / kChunks) * HS, (src ? src : fallback) + c, src != nullptr);
   }
 }
 
@@ -8060,10 +8062,10 @@ __global__ void __launch_bounds__(kThreads) composed_forward_tile_kernel(floatX*
     load_rows<HS, kTileRows>(q_s, [&](int s) {
       const int r = tile.query_row(s);
       return r >= 0 ? ops.q + (size_t)r * ops.q_row + h * HS : nullptr;
-    });
+    }, ops.q);
     load_rows<HS, kComposedKeys>(kv_s, [&](int c) {
       return tile.key_valid(key0 + c) ? tile.key(key0 + c, h) : nullptr;
-    });
+    }, ops.k);
     copy_async_commit();
     wait_tile_copies<0>();
     __syncthreads();
@@ -8113,7 +8115,7 @@ __global__ void __launch_bounds__(kThreads) composed_forward_tile_kernel(floatX*
   for (int h = 0; h < NH; h++) {
     load_rows<HS, kComposedKeys>(kv_s, [&](int c) {
       return tile.key_valid(key0 + c) ? tile.value(key0 + c, h) : nullptr;
-    });
+    }, ops.v);
     copy_async_commit();
     wait_tile_copies<0>();
     __syncthreads();
