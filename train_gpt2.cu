@@ -4364,14 +4364,15 @@ void xsa_backward(floatX* dy, floatX* dv, GateGradient dalpha, float* partials, 
 // order, FP32), w_in the RMS norm over the heads of a row's NH gate values (eps kComposedNormEps, FP32,
 // rounded to floatX), w_out a row's values as they are; w_out_h A rounded to floatX, its products with
 // v_h summed in FP32 (keys from t back), added to y and rounded once. q, k, v: qkv [N, 3C] as the
-// attention read them. BF16 builds run the forward on the tensor cores (a block a tile of 64
-// queries, below); FP32 builds, and the backward, the plain version: one block a query, a warp a head
-// (lanes over the keys for the scores, over the head's dimensions for the products), the keys' rows
-// read from global memory (L2 holds a window of them: 112 rows of 4.5 KB). The forward keeps each
-// head's log-sum-exp [N, NH] for the backward, which computes the probabilities again: a pass a query
-// (dq, the gates' gradients, each head's D = sum_j P dP), then a pass a key (dk, dv, summing over the
-// queries that see it), each output written by one thread in a fixed order: deterministic. Work: 4
-// window HS FLOPs a token and head forward, about 2.5 times that backward.
+// attention read them. The forward keeps each head's log-sum-exp [N, NH] for the backward, which
+// computes the probabilities again: a pass over the queries (dq, the gates' gradients, each head's D =
+// sum_j P dP), then one over the keys (dk, dv, summing over the queries that see each), each output
+// written by one thread in a fixed order: deterministic. BF16 builds run the kernels on the tensor
+// cores, a block a tile of 64 positions (section 6's end); FP32 builds the plain version here: one
+// block a query (or key), a warp a head (lanes over the keys for the scores, over the head's
+// dimensions for the products), the other side's rows read from global memory (L2 holds a window of
+// them: 112 rows of 4.5 KB). Work: 4 window HS FLOPs a token and head forward, about 2.5 times that
+// backward.
 constexpr float kComposedNormEps = 1e-6f;
 constexpr int kComposedMaxWindow = 128;
 
@@ -4497,8 +4498,6 @@ __global__ void composed_attention_forward_kernel(floatX* out, float* lse, const
     store128(out + at, o_);
   }
 }
-#endif  // ENABLE_FP32
-
 // The backward's per-query pass: P again (from lse), G_h[o] = dout_h . v_h[t - o], dA = sum_h w_out_h G_h,
 // then dw_out_h = sum_o A G_h, dwn_h = sum_o dA P_h (the normed w_in's gradient; through the norm into
 // dw_in), D_h = wn_h dwn_h (kept for the per-key pass), dS_h = P_h (wn_h dA - D_h) and dq_h = scale
@@ -4655,6 +4654,7 @@ __global__ void composed_attention_dkdv_kernel(floatX* dqkv, const float* D, con
     store128(dv_at, new_v);
   }
 }
+#endif  // ENABLE_FP32: the BF16 build's kernels are the tiles of section 6's end
 
 void composed_check(const char* name, const floatX* qkv, const GateRows& w_in, const GateRows& w_out, int T,
                     int window, int N, int NH, int C) {
@@ -4669,10 +4669,14 @@ void composed_check(const char* name, const floatX* qkv, const GateRows& w_in, c
 }
 
 #if !defined(ENABLE_FP32)
-// The forward on the tensor cores (below, after the flash kernels whose tiles it uses).
+// The forward and backward on the tensor cores (below, after the flash kernels whose tiles they use).
 void composed_forward_by_head_size(floatX* out, float* lse, const floatX* y, const ComposedOperands& ops,
                                    const int* documents, int rows, int T, int window, int decode_t, int first,
                                    GateRows w_in, GateRows w_out, float scale, int NH, int C, cudaStream_t stream);
+void composed_backward_by_head_size(floatX* dqkv, GateGradient dw_in, GateGradient dw_out, float* D,
+                                    const floatX* dout, const floatX* qkv, const float* lse, GateRows w_in,
+                                    GateRows w_out, const int* documents, int rows, int T, int window, float scale,
+                                    int NH, int C, cudaStream_t stream);
 #endif
 
 // out [N, C] = y plus the composition (may be y itself: in place); lse [N, NH] written for the
@@ -4729,6 +4733,10 @@ void composed_attention_backward(floatX* dqkv, GateGradient dw_in, GateGradient 
   gate_check(name, w_in, &dw_in, NH);
   gate_check(name, w_out, &dw_out, NH);
   REQUIRE(dqkv && D && dout && lse, "%s: dqkv, the scratch D, dout and lse are needed", name);
+#if !defined(ENABLE_FP32)
+  composed_backward_by_head_size(dqkv, dw_in, dw_out, D, dout, qkv, lse, w_in, w_out, documents, N / T, T, window,
+                                 scale, NH, C, stream);
+#else
   const ComposedKeys keys{documents, T, window, 0};
   const size_t shared = sizeof(float) * composed_shared_floats(NH, window);
   composed_attention_dq_kernel<<<N, NH * WARP_SIZE, shared, stream>>>(dqkv, D, dw_in, dw_out, dout, qkv, lse, w_in,
@@ -4738,6 +4746,7 @@ void composed_attention_backward(floatX* dqkv, GateGradient dw_in, GateGradient 
   composed_attention_dkdv_kernel<<<N, NH * WARP_SIZE, key_shared, stream>>>(dqkv, D, dout, qkv, lse, w_in, w_out,
                                                                            keys, scale, N, NH, C);
   cudaCheckLaunch();
+#endif
 }
 
 // ---- Record #89's head gates (SPEC "Record #89's plan") ----
@@ -7926,17 +7935,64 @@ void attention_forward_decode(floatX* out, floatX* k_cache, floatX* v_cache, con
 // ---- Record #89's composed attention on the tensor cores (BF16 builds) ----
 #if !defined(ENABLE_FP32)
 namespace flash {
-// The forward on the tensor cores (BF16 builds, head size 64 or 128): a block a tile of 64 queries of
-// one row, positions p0 .. p0 + 63, against the 192 key positions from p0 - 128 (a window of at most
-// 128 keys reaches no further back), one head at a time. Q K^T comes in chunks of 64 keys, three
-// times: for each row's maximum, its sum, and P = exp(s - max) / sum, as the plain kernel forms them;
-// wn_h P is added into A (FP32 in shared memory, each thread its own values, heads in order). Then,
-// a head at a time, round(w_out_h A) V_h (FP32 sums on the tensor cores) is added to y. The tiles of
-// a row start at its position 0 and decoding runs the same kernel on the query's tile (its keys from
-// the cache), so a key meets a query at the same column of a product in both: the same bits.
+// BF16 builds, head size 64 or 128: each kernel's block a tile of 64 positions of one row, one head at
+// a time, the products on the tensor cores (FP32 sums), the probabilities and their mixes in FP32 as
+// the plain kernels form them.
+// - Forward, a tile of 64 queries (positions p0 .. p0 + 63) against the 192 key positions from p0 - 128
+//   (a window of at most 128 keys reaches no further back): Q K^T in chunks of 64 keys, three times:
+//   for each row's maximum, its sum, and P = exp(s - max) / sum; wn_h P is added into A (FP32 in
+//   shared memory, each thread its own values, heads in order). Then, a head at a time, round(w_out_h
+//   A) V_h is added to y. The tiles of a row start at its position 0 and decoding runs the same kernel
+//   on the query's tile (its keys from the cache), so a key meets a query at the same column of a
+//   product in both: the same bits.
+// - dq, the same tiles: A = sum_h wn_h P_h (P from the forward's log-sum-exp) and dA = sum_h w_out_h
+//   G_h (G_h = dout_h V_h^T) first, then a head at a time dw_out_h = sum A G_h, dwn_h = sum dA P_h, D_h
+//   = wn_h dwn_h (kept for dk), dS_h = P_h (wn_h dA - D_h) and dq_h += scale dS_h K_h; dw_in through
+//   the norm at the end.
+// - dk and dv, a tile of 64 keys (positions j0 .. j0 + 63) against the 192 query positions from j0:
+//   the transposed products (K Q^T, V dout^T) give A^T and dA^T the same way, then a head at a time
+//   dk_h += scale dS_h^T Q_h and dv_h += round(w_out_h A)^T dout_h.
+// Each output is written by one thread, each sum in a fixed order: deterministic.
 constexpr int kComposedKeys = 192, kComposedReach = kComposedKeys - kTileRows;
 constexpr int kComposedChunks = kComposedKeys / kTileRows;
 static_assert(kComposedMaxWindow <= kComposedReach, "a tile's keys hold each of its queries' windows");
+
+// A thread's values of a [64, 192] FP32 tile (A, dA or their transposes): the C fragments of its
+// warp's 16 rows by the 192 columns, kept in shared memory value-major ([kComposedTileValues,
+// kThreads]), each thread its own.
+constexpr int kComposedTileValues = kComposedKeys / 8 * 4;
+
+__device__ __forceinline__ int composed_value(int chunk, int n, int e) { return (chunk * kTileRows / 8 + n) * 4 + e; }
+
+// The column of value (chunk, n, e) for this lane, and the row slot of e.
+__device__ __forceinline__ int composed_column(int chunk, int n, int e) {
+  return chunk * kTileRows + n * 8 + 2 * (threadIdx.x % 4) + e % 2;
+}
+__device__ __forceinline__ int composed_slot(int e) {
+  return warp_in_group() * 16 + (threadIdx.x % WARP_SIZE) / 4 + (e / 2) * 8;
+}
+
+// f(n, e) for each of a thread's values of a 16 x 64 chunk's C fragments.
+template <class F>
+__device__ __forceinline__ void for_chunk_values(F f) {
+#pragma unroll
+  for (int n = 0; n < kTileRows / 8; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) f(n, e);
+  }
+}
+
+// The mixes over the heads (A, dA, their transposes): value (chunk, n, e) of a thread's own FP32 tile
+// `mix` (value-major) set to weight(n, e) x at the first head, weight(n, e) x added at the others.
+template <class Weight>
+__device__ __forceinline__ void composed_mix(float* mix, const float x[kTileRows / 8][4], int chunk, bool first,
+                                             Weight weight) {
+  for_chunk_values([&](int n, int e) {
+    float& m = mix[composed_value(chunk, n, e) * kThreads];
+    const float term = weight(n, e) * x[n][e];
+    m = first ? term : m + term;
+  });
+}
 
 // A block's queries and keys. Training: row b = blockIdx.y, query slot s at position p0 + s (below
 // T), flat row b T + p0 + s of qkv, y, out, lse and the gates, key position j at flat row b T + j.
@@ -7961,22 +8017,48 @@ struct ComposedTile {
     if (decode_t >= 0) return p == decode_t ? 0 : -1;
     return p < T ? (int)(row0 + p) : -1;
   }
+  __device__ int key_position(int c) const { return p0 - kComposedReach + c; }
   __device__ bool key_valid(int j) const { return j >= first && j < key_end; }
   __device__ const floatX* key(int j, int h) const { return ops.key((int)row0 + j, h); }
   __device__ const floatX* value(int j, int h) const { return ops.value((int)row0 + j, h); }
 };
 
-// A thread's values of A: the C fragments of its warp's 16 rows by the 192 key columns.
-constexpr int kComposedAValues = kComposedKeys / 8 * 4;
+// A row's values in shared memory, 64 rows (a query tile's) or 192 (a key tile's queries): its normed
+// w_in rounded (the forward's weights) at normed[r NH + h] and in FP32 at normed32 (the norm's
+// backward), 1 / rms at inv[r], its w_out at gate_out, its document at doc[r]; and 64 or 192 other
+// documents (the tile's keys', or a key tile's own) at other_doc.
+struct ComposedRows {
+  float *normed, *normed32, *gate_out, *inv;
+  int *doc, *other_doc;
+  static constexpr size_t bytes(int rows, int others) {
+    return ((3 * llmc::kMuddGateHeads + 1) * rows + rows + others) * sizeof(float);
+  }
+  __device__ ComposedRows(unsigned char* at, int rows) {
+    normed = reinterpret_cast<float*>(at);
+    normed32 = normed + rows * llmc::kMuddGateHeads;
+    gate_out = normed32 + rows * llmc::kMuddGateHeads;
+    inv = gate_out + rows * llmc::kMuddGateHeads;
+    doc = reinterpret_cast<int*>(inv + rows);
+    other_doc = doc + rows;
+  }
+  // Row r's values from flat row `row` (zeros where it is -1).
+  __device__ void load(int r, int row, GateRows w_in, GateRows w_out, const int* documents, int NH) const {
+    if (row >= 0) inv[r] = composed_norm(normed + r * NH, normed32 + r * NH, w_in, row, NH);
+    for (int h = 0; h < NH; h++) {
+      if (row < 0) normed[r * NH + h] = normed32[r * NH + h] = 0.0f;
+      gate_out[r * NH + h] = row >= 0 ? w_out.at(row, h) : 0.0f;
+    }
+    doc[r] = row >= 0 && documents ? documents[row] : 0;
+  }
+};
 
-// Shared memory: a Q tile [64, HS] and a K (then V) tile [192, HS] (load_tile's layout), A (each
-// thread's values, value-major: [kComposedAValues, kThreads] FP32), the rows' documents, the keys'
-// documents, and each row's normed w_in and w_out [64, NH].
+// Shared memory of the query tiles' kernels: `tiles` tiles of 64 rows and one of 192 (floatX, HS
+// wide), `values` FP32 tiles of A's shape, and 64 rows' values.
 template <int HS>
-constexpr size_t composed_tile_smem_bytes() {
-  return (size_t)(kTileRows + kComposedKeys) * HS * sizeof(floatX) +
-         (kComposedAValues * kThreads + kTileRows + kComposedKeys + 2 * kTileRows * llmc::kMuddGateHeads) *
-             sizeof(float);
+constexpr size_t composed_query_smem_bytes(int tiles, int values) {
+  return (size_t)(tiles * kTileRows + kComposedKeys) * HS * sizeof(floatX) +
+         (size_t)values * kComposedTileValues * kThreads * sizeof(float) +
+         ComposedRows::bytes(kTileRows, kComposedKeys);
 }
 
 // ROWS rows of one head into a tile (load_tile's layout): row r from source(r), or zeros where it
@@ -7997,6 +8079,13 @@ __device__ __forceinline__ void load_rows(floatX* dst, Source source, const floa
   }
 }
 
+// Waits for this thread's copies and publishes every thread's.
+__device__ __forceinline__ void composed_copies_landed() {
+  copy_async_commit();
+  wait_tile_copies<0>();
+  __syncthreads();
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -8004,6 +8093,50 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffff, x, 1);
   return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+// s = the warp's 16 rows of a_tile (as A fragments) times 64 rows of b_tile from row 64 chunk.
+template <int HS>
+__device__ __forceinline__ void composed_product(float s[kTileRows / 8][4], const floatX* a_tile,
+                                                 const floatX* b_tile, int chunk) {
+  uint32_t a[HS / 16][4];
+  load_row_fragments<HS>(a, a_tile);
+  multiply_by_rows<HS, kTileRows>(s, a, b_tile + chunk * kTileRows * HS);
+}
+
+// A query tile's setup: each row's values and the keys' documents into `rows`, then a barrier.
+__device__ void composed_query_rows(const ComposedRows& rows, const ComposedTile& tile, GateRows w_in,
+                                    GateRows w_out, int NH) {
+  if (threadIdx.x < kTileRows) rows.load(threadIdx.x, tile.query_row(threadIdx.x), w_in, w_out, tile.documents, NH);
+  for (int c = threadIdx.x; c < kComposedKeys; c += kThreads) {
+    const int j = tile.key_position(c);
+    rows.other_doc[c] = tile.key_valid(j) && tile.documents ? tile.documents[tile.row0 + j] : 0;
+  }
+  __syncthreads();
+}
+
+// Whether the query of slot `slot` (flat row `row`) sees key column c.
+__device__ __forceinline__ bool composed_query_sees(const ComposedTile& tile, const ComposedRows& rows, int slot,
+                                                    int row, int c) {
+  const int t = tile.p0 + slot, j = tile.key_position(c);
+  return row >= 0 && tile.key_valid(j) && j <= t && t - j < tile.window && rows.other_doc[c] == rows.doc[slot];
+}
+
+// One head's Q (the tile's queries) and K (its keys) into q_s and kv_s, or dout's rows and V.
+template <int HS>
+__device__ __forceinline__ void composed_load_queries(floatX* dst, const floatX* base, size_t row_stride,
+                                                      const ComposedTile& tile, int h) {
+  load_rows<HS, kTileRows>(dst, [&](int s) {
+    const int r = tile.query_row(s);
+    return r >= 0 ? base + (size_t)r * row_stride + h * HS : nullptr;
+  }, base);
+}
+template <int HS>
+__device__ __forceinline__ void composed_load_keys(floatX* dst, const ComposedTile& tile, int h, bool values) {
+  load_rows<HS, kComposedKeys>(dst, [&](int c) {
+    const int j = tile.key_position(c);
+    return tile.key_valid(j) ? (values ? tile.value(j, h) : tile.key(j, h)) : nullptr;
+  }, tile.ops.k);
 }
 
 template <int HS>
@@ -8016,96 +8149,50 @@ __global__ void __launch_bounds__(kThreads) composed_forward_tile_kernel(floatX*
   floatX* q_s = reinterpret_cast<floatX*>(composed_smem);
   floatX* kv_s = q_s + kTileRows * HS;
   float* A = reinterpret_cast<float*>(kv_s + kComposedKeys * HS) + threadIdx.x;  // value i at A[i kThreads]
-  int* row_doc = reinterpret_cast<int*>(A - threadIdx.x + kComposedAValues * kThreads);
-  int* key_doc = row_doc + kTileRows;
-  float* normed = reinterpret_cast<float*>(key_doc + kComposedKeys);  // [64, NH]
-  float* gate_out = normed + kTileRows * llmc::kMuddGateHeads;         // [64, NH]
+  const ComposedRows rows(reinterpret_cast<unsigned char*>(A - threadIdx.x + kComposedTileValues * kThreads),
+                          kTileRows);
   const ComposedTile tile(ops, documents, T, window, decode_t, first);
-  const int warp = warp_in_group(), lane = threadIdx.x % WARP_SIZE, g = lane / 4, t4 = lane % 4;
-  const int key0 = tile.p0 - kComposedReach;  // the position of key column 0
-  if (threadIdx.x < kTileRows) {
-    const int s = threadIdx.x, row = tile.query_row(s);
-    float f32[llmc::kMuddGateHeads];
-    if (row >= 0) composed_norm(normed + s * NH, f32, w_in, row, NH);
-    for (int h = 0; h < NH; h++) {
-      if (row < 0) normed[s * NH + h] = 0.0f;
-      gate_out[s * NH + h] = row >= 0 ? w_out.at(row, h) : 0.0f;
-    }
-    row_doc[s] = row >= 0 && documents ? documents[row] : 0;
-  }
-  for (int c = threadIdx.x; c < kComposedKeys; c += kThreads) {
-    const int j = key0 + c;
-    key_doc[c] = tile.key_valid(j) && documents ? documents[tile.row0 + j] : 0;
-  }
-  const int slot[2] = {warp * 16 + g, warp * 16 + g + 8};
+  composed_query_rows(rows, tile, w_in, w_out, NH);
+  const int t4 = threadIdx.x % 4, slot[2] = {composed_slot(0), composed_slot(2)};
   const int row[2] = {tile.query_row(slot[0]), tile.query_row(slot[1])};
-  __syncthreads();
-  // Whether the query of slot r sees key column c.
-  auto sees = [&](int r, int c) {
-    const int t = tile.p0 + slot[r], j = key0 + c;
-    return row[r] >= 0 && tile.key_valid(j) && j <= t && t - j < window && key_doc[c] == row_doc[slot[r]];
-  };
   // The scores of key chunk `chunk` into s (scaled; -inf where unseen).
   auto scores = [&](float s[kTileRows / 8][4], int chunk) {
-    uint32_t q_frag[HS / 16][4];
-    load_row_fragments<HS>(q_frag, q_s);
-    multiply_by_rows<HS, kTileRows>(s, q_frag, kv_s + chunk * kTileRows * HS);
-#pragma unroll
-    for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        s[n][e] = sees(e / 2, chunk * kTileRows + n * 8 + 2 * t4 + e % 2) ? scale * s[n][e] : -INFINITY;
-      }
-    }
+    composed_product<HS>(s, q_s, kv_s, chunk);
+    for_chunk_values([&](int n, int e) {
+      const bool seen = composed_query_sees(tile, rows, slot[e / 2], row[e / 2], composed_column(chunk, n, e));
+      s[n][e] = seen ? scale * s[n][e] : -INFINITY;
+    });
   };
   for (int h = 0; h < NH; h++) {
-    load_rows<HS, kTileRows>(q_s, [&](int s) {
-      const int r = tile.query_row(s);
-      return r >= 0 ? ops.q + (size_t)r * ops.q_row + h * HS : nullptr;
-    }, ops.q);
-    load_rows<HS, kComposedKeys>(kv_s, [&](int c) {
-      return tile.key_valid(key0 + c) ? tile.key(key0 + c, h) : nullptr;
-    }, ops.k);
-    copy_async_commit();
-    wait_tile_copies<0>();
-    __syncthreads();
+    composed_load_queries<HS>(q_s, ops.q, ops.q_row, tile, h);
+    composed_load_keys<HS>(kv_s, tile, h, false);
+    composed_copies_landed();
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int chunk = 0; chunk < kComposedChunks; chunk++) {
       float s[kTileRows / 8][4];
       scores(s, chunk);
-#pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]);
-      }
+      for_chunk_values([&](int n, int e) { row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]); });
     }
     for (int r = 0; r < 2; r++) row_max[r] = quad_max(row_max[r]);
 #pragma unroll
     for (int chunk = 0; chunk < kComposedChunks; chunk++) {
       float s[kTileRows / 8][4];
       scores(s, chunk);
-#pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) row_sum[e / 2] += s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - row_max[e / 2]);
-      }
+      for_chunk_values([&](int n, int e) {
+        row_sum[e / 2] += s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - row_max[e / 2]);
+      });
     }
     for (int r = 0; r < 2; r++) row_sum[r] = quad_sum(row_sum[r]);
-    const float wn[2] = {normed[slot[0] * NH + h], normed[slot[1] * NH + h]};
+    const float wn[2] = {rows.normed[slot[0] * NH + h], rows.normed[slot[1] * NH + h]};
 #pragma unroll
     for (int chunk = 0; chunk < kComposedChunks; chunk++) {
       float s[kTileRows / 8][4];
       scores(s, chunk);
-#pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float p = s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - row_max[e / 2]) / row_sum[e / 2];
-          float& a = A[((chunk * kTileRows / 8 + n) * 4 + e) * kThreads];
-          a = h == 0 ? wn[e / 2] * p : a + wn[e / 2] * p;
-        }
-      }
+      for_chunk_values([&](int n, int e) {
+        s[n][e] = s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - row_max[e / 2]) / row_sum[e / 2];
+      });
+      composed_mix(A, s, chunk, h == 0, [&](int, int e) { return wn[e / 2]; });
     }
     for (int r = 0; r < 2; r++) {
       if (t4 == 0 && row[r] >= 0) lse[(size_t)row[r] * NH + h] = row_max[r] + logf(row_sum[r]);
@@ -8113,22 +8200,14 @@ __global__ void __launch_bounds__(kThreads) composed_forward_tile_kernel(floatX*
     __syncthreads();  // the next head's copies overwrite the tiles
   }
   for (int h = 0; h < NH; h++) {
-    load_rows<HS, kComposedKeys>(kv_s, [&](int c) {
-      return tile.key_valid(key0 + c) ? tile.value(key0 + c, h) : nullptr;
-    }, ops.v);
-    copy_async_commit();
-    wait_tile_copies<0>();
-    __syncthreads();
-    const float wo[2] = {gate_out[slot[0] * NH + h], gate_out[slot[1] * NH + h]};
+    composed_load_keys<HS>(kv_s, tile, h, true);
+    composed_copies_landed();
+    const float wo[2] = {rows.gate_out[slot[0] * NH + h], rows.gate_out[slot[1] * NH + h]};
     float o[HS / 8][4] = {};
 #pragma unroll
     for (int chunk = 0; chunk < kComposedChunks; chunk++) {
       float weight[kTileRows / 8][4];
-#pragma unroll
-      for (int n = 0; n < kTileRows / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) weight[n][e] = wo[e / 2] * A[((chunk * kTileRows / 8 + n) * 4 + e) * kThreads];
-      }
+      for_chunk_values([&](int n, int e) { weight[n][e] = wo[e / 2] * A[composed_value(chunk, n, e) * kThreads]; });
       accumulate_product<HS, kTileRows>(o, weight, kv_s + chunk * kTileRows * HS);
     }
 #pragma unroll
@@ -8146,40 +8225,352 @@ __global__ void __launch_bounds__(kThreads) composed_forward_tile_kernel(floatX*
   }
 }
 
+// Adds scale acc (a warp's 16 rows of C fragments, HS columns) into rows[r] of x at column offset
+// `column` (rows -1 left out), each pair of values rounded once.
+template <int HS>
+__device__ __forceinline__ void composed_add_rows(floatX* x, size_t row_stride, int column, const int row[2],
+                                                  const float acc[HS / 8][4], float scale) {
+  const int t4 = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (row[r] < 0) continue;
+#pragma unroll
+    for (int dn = 0; dn < HS / 8; dn++) {
+      auto* at = reinterpret_cast<__nv_bfloat162*>(x + (size_t)row[r] * row_stride + column + dn * 8 + 2 * t4);
+      const __nv_bfloat162 old = *at;
+      *at = __floats2bfloat162_rn(__low2float(old) + scale * acc[dn][2 * r],
+                                  __high2float(old) + scale * acc[dn][2 * r + 1]);
+    }
+  }
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads) composed_dq_tile_kernel(floatX* dqkv, float* D, GateGradient dw_in,
+                                                                    GateGradient dw_out, const floatX* dout,
+                                                                    const floatX* qkv, const float* lse,
+                                                                    GateRows w_in, GateRows w_out,
+                                                                    const int* documents, int T, int window,
+                                                                    float scale, int NH, int C) {
+  extern __shared__ __align__(1024) unsigned char composed_smem[];
+  floatX* q_s = reinterpret_cast<floatX*>(composed_smem);
+  floatX* do_s = q_s + kTileRows * HS;
+  floatX* kv_s = do_s + kTileRows * HS;
+  float* A = reinterpret_cast<float*>(kv_s + kComposedKeys * HS) + threadIdx.x;  // value i at A[i kThreads]
+  float* dA = A + kComposedTileValues * kThreads;
+  float* dwn = dA - threadIdx.x + kComposedTileValues * kThreads;  // [64, NH]
+  const ComposedRows rows(reinterpret_cast<unsigned char*>(dwn + kTileRows * llmc::kMuddGateHeads), kTileRows);
+  const ComposedOperands ops = composed_rows_of(qkv, C, HS);
+  const ComposedTile tile(ops, documents, T, window, -1, 0);
+  composed_query_rows(rows, tile, w_in, w_out, NH);
+  const int t4 = threadIdx.x % 4, slot[2] = {composed_slot(0), composed_slot(2)};
+  const int row[2] = {tile.query_row(slot[0]), tile.query_row(slot[1])};
+  auto seen = [&](int chunk, int n, int e) {
+    return composed_query_sees(tile, rows, slot[e / 2], row[e / 2], composed_column(chunk, n, e));
+  };
+  // P_h of key chunk `chunk` (from the forward's log-sum-exp l; 0 where unseen).
+  auto probs = [&](float s[kTileRows / 8][4], int chunk, const float l[2]) {
+    composed_product<HS>(s, q_s, kv_s, chunk);
+    for_chunk_values([&](int n, int e) { s[n][e] = seen(chunk, n, e) ? expf(scale * s[n][e] - l[e / 2]) : 0.0f; });
+  };
+  // G_h = dout_h . v_h of key chunk `chunk` (0 where unseen).
+  auto dots = [&](float s[kTileRows / 8][4], int chunk) {
+    composed_product<HS>(s, do_s, kv_s, chunk);
+    for_chunk_values([&](int n, int e) { s[n][e] = seen(chunk, n, e) ? s[n][e] : 0.0f; });
+  };
+  auto load = [&](int h, bool queries, bool gradients, bool keys, bool values) {
+    if (queries) composed_load_queries<HS>(q_s, qkv, 3 * (size_t)C, tile, h);
+    if (gradients) composed_load_queries<HS>(do_s, dout, C, tile, h);
+    if (keys || values) composed_load_keys<HS>(kv_s, tile, h, values);
+    composed_copies_landed();
+  };
+  // Head h's values of this thread's two rows: the log-sum-exp, normed w_in, w_out.
+  auto row_values = [&](int h, float l[2], float wn[2], float wo[2]) {
+    for (int r = 0; r < 2; r++) {
+      l[r] = row[r] >= 0 ? lse[(size_t)row[r] * NH + h] : 0.0f;
+      wn[r] = rows.normed[slot[r] * NH + h];
+      wo[r] = rows.gate_out[slot[r] * NH + h];
+    }
+  };
+  for (int h = 0; h < NH; h++) {  // A and dA over the heads, in order
+    float l[2], wn[2], wo[2];
+    row_values(h, l, wn, wo);
+    load(h, true, false, true, false);
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float p[kTileRows / 8][4];
+      probs(p, chunk, l);
+      composed_mix(A, p, chunk, h == 0, [&](int, int e) { return wn[e / 2]; });
+    }
+    __syncthreads();
+    load(h, false, true, false, true);
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float g[kTileRows / 8][4];
+      dots(g, chunk);
+      composed_mix(dA, g, chunk, h == 0, [&](int, int e) { return wo[e / 2]; });
+    }
+    __syncthreads();
+  }
+  for (int h = 0; h < NH; h++) {
+    float l[2], wn[2], wo[2];
+    row_values(h, l, wn, wo);
+    load(h, false, true, false, true);
+    float dwo[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float g[kTileRows / 8][4];
+      dots(g, chunk);
+      for_chunk_values([&](int n, int e) { dwo[e / 2] += A[composed_value(chunk, n, e) * kThreads] * g[n][e]; });
+    }
+    __syncthreads();
+    load(h, true, false, true, false);
+    float dw[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float p[kTileRows / 8][4];
+      probs(p, chunk, l);
+      for_chunk_values([&](int n, int e) { dw[e / 2] += dA[composed_value(chunk, n, e) * kThreads] * p[n][e]; });
+    }
+    float d_h[2];
+    for (int r = 0; r < 2; r++) {
+      dwo[r] = quad_sum(dwo[r]);
+      dw[r] = quad_sum(dw[r]);
+      d_h[r] = wn[r] * dw[r];
+      if (t4 == 0 && row[r] >= 0) {
+        dwn[slot[r] * NH + h] = dw[r];
+        D[(size_t)row[r] * NH + h] = d_h[r];
+        dw_out.values[(size_t)row[r] * dw_out.stride + h] = (floatX)dwo[r];
+      }
+    }
+    float dq[HS / 8][4] = {};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float ds[kTileRows / 8][4];
+      probs(ds, chunk, l);
+      for_chunk_values([&](int n, int e) {
+        ds[n][e] *= wn[e / 2] * dA[composed_value(chunk, n, e) * kThreads] - d_h[e / 2];
+      });
+      accumulate_product<HS, kTileRows>(dq, ds, kv_s + chunk * kTileRows * HS);
+    }
+    composed_add_rows<HS>(dqkv, 3 * (size_t)C, h * HS, row, dq, scale);
+    __syncthreads();
+  }
+  if (threadIdx.x < kTileRows) {  // through the norm: dw = (dwn - wn (mean of dwn wn)) / rms, wn in FP32
+    const int s = threadIdx.x, r = tile.query_row(s);
+    if (r >= 0) {
+      const float* wn32 = rows.normed32 + s * NH;
+      float mean = 0.0f;
+      for (int g = 0; g < NH; g++) mean += dwn[s * NH + g] * wn32[g];
+      mean /= (float)NH;
+      for (int g = 0; g < NH; g++) {
+        dw_in.values[(size_t)r * dw_in.stride + g] = (floatX)((dwn[s * NH + g] - wn32[g] * mean) * rows.inv[s]);
+      }
+    }
+  }
+}
+
+// A key tile: row b = blockIdx.y, key slot s at position j0 + s, query column c at position j0 + c
+// (both below T), flat rows b T + position.
+struct ComposedKeyTile {
+  const int* documents;
+  int T, window, j0;
+  size_t row0;
+  __device__ ComposedKeyTile(const int* docs, int T_, int window_)
+      : documents(docs), T(T_), window(window_), j0(blockIdx.x * kTileRows), row0((size_t)blockIdx.y * T_) {}
+  __device__ int key_row(int s) const { return j0 + s < T ? (int)(row0 + j0 + s) : -1; }
+  __device__ int query_row(int c) const { return j0 + c < T ? (int)(row0 + j0 + c) : -1; }
+};
+
+// Shared memory of the dk/dv kernel: K (then V) [64, HS], Q and dout [192, HS], A^T and dA^T (FP32,
+// A's shape), the 192 queries' values (and the keys' documents), and each query's log-sum-exp and D
+// of the head at hand.
+template <int HS>
+constexpr size_t composed_dkdv_smem_bytes() {
+  return (size_t)(kTileRows + 2 * kComposedKeys) * HS * sizeof(floatX) +
+         2 * (size_t)kComposedTileValues * kThreads * sizeof(float) + ComposedRows::bytes(kComposedKeys, kTileRows) +
+         2 * kComposedKeys * sizeof(float);
+}
+
+template <int HS>
+__global__ void __launch_bounds__(kThreads) composed_dkdv_tile_kernel(floatX* dqkv, const float* D,
+                                                                      const floatX* dout, const floatX* qkv,
+                                                                      const float* lse, GateRows w_in,
+                                                                      GateRows w_out, const int* documents, int T,
+                                                                      int window, float scale, int NH, int C) {
+  extern __shared__ __align__(1024) unsigned char composed_smem[];
+  floatX* kv_s = reinterpret_cast<floatX*>(composed_smem);
+  floatX* q_s = kv_s + kTileRows * HS;
+  floatX* do_s = q_s + kComposedKeys * HS;
+  float* At = reinterpret_cast<float*>(do_s + kComposedKeys * HS) + threadIdx.x;  // value i at At[i kThreads]
+  float* dAt = At + kComposedTileValues * kThreads;
+  float* lse_h = dAt - threadIdx.x + kComposedTileValues * kThreads;  // [192]
+  float* D_h = lse_h + kComposedKeys;                                 // [192]
+  const ComposedRows queries(reinterpret_cast<unsigned char*>(D_h + kComposedKeys), kComposedKeys);
+  const ComposedKeyTile tile(documents, T, window);
+  for (int c = threadIdx.x; c < kComposedKeys; c += kThreads) {
+    queries.load(c, tile.query_row(c), w_in, w_out, documents, NH);
+  }
+  if (threadIdx.x < kTileRows) {
+    const int r = tile.key_row(threadIdx.x);
+    queries.other_doc[threadIdx.x] = r >= 0 && documents ? documents[r] : 0;
+  }
+  const int slot[2] = {composed_slot(0), composed_slot(2)};
+  const int key_row[2] = {tile.key_row(slot[0]), tile.key_row(slot[1])};
+  // Whether query column c sees the key of slot `slot`.
+  auto seen = [&](int chunk, int n, int e) {
+    const int c = composed_column(chunk, n, e), s = slot[e / 2];
+    return key_row[e / 2] >= 0 && tile.query_row(c) >= 0 && s <= c && c - s < tile.window &&
+           queries.doc[c] == queries.other_doc[s];
+  };
+  auto load = [&](int h, bool keys, bool values, bool queries_too, bool gradients) {
+    if (keys || values) {
+      load_rows<HS, kTileRows>(kv_s, [&](int s) {
+        const int r = tile.key_row(s);
+        return r >= 0 ? qkv + (size_t)r * 3 * C + (values ? 2 : 1) * C + h * HS : nullptr;
+      }, qkv);
+    }
+    if (queries_too) {
+      load_rows<HS, kComposedKeys>(q_s, [&](int c) {
+        const int r = tile.query_row(c);
+        return r >= 0 ? qkv + (size_t)r * 3 * C + h * HS : nullptr;
+      }, qkv);
+    }
+    if (gradients) {
+      load_rows<HS, kComposedKeys>(do_s, [&](int c) {
+        const int r = tile.query_row(c);
+        return r >= 0 ? dout + (size_t)r * C + h * HS : nullptr;
+      }, dout);
+    }
+    for (int c = threadIdx.x; c < kComposedKeys; c += kThreads) {
+      const int r = tile.query_row(c);
+      lse_h[c] = r >= 0 ? lse[(size_t)r * NH + h] : 0.0f;
+      D_h[c] = r >= 0 ? D[(size_t)r * NH + h] : 0.0f;
+    }
+    composed_copies_landed();
+  };
+  // P_h^T of query chunk `chunk` (0 where unseen).
+  auto probs = [&](float s[kTileRows / 8][4], int chunk) {
+    composed_product<HS>(s, kv_s, q_s, chunk);
+    for_chunk_values([&](int n, int e) {
+      const int c = composed_column(chunk, n, e);
+      s[n][e] = seen(chunk, n, e) ? expf(scale * s[n][e] - lse_h[c]) : 0.0f;
+    });
+  };
+  for (int h = 0; h < NH; h++) {  // A^T and dA^T over the heads, in order
+    load(h, true, false, true, false);
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float p[kTileRows / 8][4];
+      probs(p, chunk);
+      composed_mix(At, p, chunk, h == 0,
+                   [&](int n, int e) { return queries.normed[composed_column(chunk, n, e) * NH + h]; });
+    }
+    __syncthreads();
+    load(h, false, true, false, true);
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float g[kTileRows / 8][4];
+      composed_product<HS>(g, kv_s, do_s, chunk);
+      for_chunk_values([&](int n, int e) { g[n][e] = seen(chunk, n, e) ? g[n][e] : 0.0f; });
+      composed_mix(dAt, g, chunk, h == 0,
+                   [&](int n, int e) { return queries.gate_out[composed_column(chunk, n, e) * NH + h]; });
+    }
+    __syncthreads();
+  }
+  for (int h = 0; h < NH; h++) {
+    load(h, true, false, true, true);
+    float dk[HS / 8][4] = {};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float ds[kTileRows / 8][4];
+      probs(ds, chunk);
+      for_chunk_values([&](int n, int e) {
+        const int c = composed_column(chunk, n, e);
+        ds[n][e] *= queries.normed[c * NH + h] * dAt[composed_value(chunk, n, e) * kThreads] - D_h[c];
+      });
+      accumulate_product<HS, kTileRows>(dk, ds, q_s + chunk * kTileRows * HS);
+    }
+    composed_add_rows<HS>(dqkv, 3 * (size_t)C, C + h * HS, key_row, dk, scale);
+    float dv[HS / 8][4] = {};
+#pragma unroll
+    for (int chunk = 0; chunk < kComposedChunks; chunk++) {
+      float weight[kTileRows / 8][4];
+      for_chunk_values([&](int n, int e) {
+        const float wo = queries.gate_out[composed_column(chunk, n, e) * NH + h];
+        weight[n][e] = wo * At[composed_value(chunk, n, e) * kThreads];
+      });
+      accumulate_product<HS, kTileRows>(dv, weight, do_s + chunk * kTileRows * HS);
+    }
+    composed_add_rows<HS>(dqkv, 3 * (size_t)C, 2 * C + h * HS, key_row, dv, 1.0f);
+    __syncthreads();
+  }
+}
+
+// Raises a kernel's dynamic shared-memory limit once (above 48 KiB needs an opt-in).
+template <class Kernel>
+void composed_smem_limit(Kernel kernel, size_t bytes, bool* done) {
+  if (*done) return;
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  *done = true;
+}
+
 // Launches the tile forward: training (decode_t -1) over `rows` rows of T, or decoding one query.
 template <int HS>
 void composed_forward_tiles(floatX* out, float* lse, const floatX* y, const ComposedOperands& ops,
                             const int* documents, int rows, int T, int window, int decode_t, int first, GateRows w_in,
                             GateRows w_out, float scale, int NH, int C, cudaStream_t stream) {
   static bool limit_set = false;
-  if (!limit_set) {
-    cudaCheck(cudaFuncSetAttribute(composed_forward_tile_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)composed_tile_smem_bytes<HS>()));
-    limit_set = true;
-  }
+  const size_t smem = composed_query_smem_bytes<HS>(1, 1);
+  composed_smem_limit(composed_forward_tile_kernel<HS>, smem, &limit_set);
   const dim3 grid = decode_t >= 0 ? dim3(1, 1) : dim3(ceil_div(T, kTileRows), rows);
-  composed_forward_tile_kernel<HS><<<grid, kThreads, composed_tile_smem_bytes<HS>(), stream>>>(
-      out, lse, y, ops, documents, T, window, decode_t, first, w_in, w_out, scale, NH, C);
+  composed_forward_tile_kernel<HS><<<grid, kThreads, smem, stream>>>(out, lse, y, ops, documents, T, window,
+                                                                     decode_t, first, w_in, w_out, scale, NH, C);
+  cudaCheckLaunch();
+}
+
+// Launches the tile backward over `rows` rows of T: dq (and D, dw_in, dw_out), then dk and dv.
+template <int HS>
+void composed_backward_tiles(floatX* dqkv, GateGradient dw_in, GateGradient dw_out, float* D, const floatX* dout,
+                             const floatX* qkv, const float* lse, GateRows w_in, GateRows w_out,
+                             const int* documents, int rows, int T, int window, float scale, int NH, int C,
+                             cudaStream_t stream) {
+  static bool dq_limit = false, dkdv_limit = false;
+  const size_t dq_smem = composed_query_smem_bytes<HS>(2, 2) + kTileRows * llmc::kMuddGateHeads * sizeof(float);
+  composed_smem_limit(composed_dq_tile_kernel<HS>, dq_smem, &dq_limit);
+  composed_smem_limit(composed_dkdv_tile_kernel<HS>, composed_dkdv_smem_bytes<HS>(), &dkdv_limit);
+  const dim3 grid(ceil_div(T, kTileRows), rows);
+  composed_dq_tile_kernel<HS><<<grid, kThreads, dq_smem, stream>>>(dqkv, D, dw_in, dw_out, dout, qkv, lse, w_in,
+                                                                   w_out, documents, T, window, scale, NH, C);
+  cudaCheckLaunch();
+  composed_dkdv_tile_kernel<HS><<<grid, kThreads, composed_dkdv_smem_bytes<HS>(), stream>>>(
+      dqkv, D, dout, qkv, lse, w_in, w_out, documents, T, window, scale, NH, C);
   cudaCheckLaunch();
 }
 }  // namespace flash
 #endif  // !ENABLE_FP32
 
 #if !defined(ENABLE_FP32)
+void composed_head_size_check(int HS) {
+  REQUIRE(HS == 64 || HS == 128, "composed attention: the BF16 build's kernels take heads of 64 or 128, not %d", HS);
+}
+
 // The tile forward at the head size C / NH (64 or 128).
 void composed_forward_by_head_size(floatX* out, float* lse, const floatX* y, const ComposedOperands& ops,
                                    const int* documents, int rows, int T, int window, int decode_t, int first,
                                    GateRows w_in, GateRows w_out, float scale, int NH, int C, cudaStream_t stream) {
-  const int HS = C / NH;
-  REQUIRE(HS == 64 || HS == 128, "composed attention: the BF16 build's forward takes heads of 64 or 128, not %d",
-          HS);
-  if (HS == 64) {
-    flash::composed_forward_tiles<64>(out, lse, y, ops, documents, rows, T, window, decode_t, first, w_in, w_out,
-                                      scale, NH, C, stream);
-  } else {
-    flash::composed_forward_tiles<128>(out, lse, y, ops, documents, rows, T, window, decode_t, first, w_in, w_out,
-                                       scale, NH, C, stream);
-  }
+  composed_head_size_check(C / NH);
+  auto launch = C / NH == 64 ? flash::composed_forward_tiles<64> : flash::composed_forward_tiles<128>;
+  launch(out, lse, y, ops, documents, rows, T, window, decode_t, first, w_in, w_out, scale, NH, C, stream);
+}
+
+// The tile backward at the head size C / NH (64 or 128).
+void composed_backward_by_head_size(floatX* dqkv, GateGradient dw_in, GateGradient dw_out, float* D,
+                                    const floatX* dout, const floatX* qkv, const float* lse, GateRows w_in,
+                                    GateRows w_out, const int* documents, int rows, int T, int window, float scale,
+                                    int NH, int C, cudaStream_t stream) {
+  composed_head_size_check(C / NH);
+  auto launch = C / NH == 64 ? flash::composed_backward_tiles<64> : flash::composed_backward_tiles<128>;
+  launch(dqkv, dw_in, dw_out, D, dout, qkv, lse, w_in, w_out, documents, rows, T, window, scale, NH, C, stream);
 }
 #endif
 

@@ -149,7 +149,9 @@ Grads reference_backward(const Inputs& in, bool rounded) {
       for (int o = 0; o < in.window && o <= t; o++) {
         const int j = t - o;
         if (!in.sees(t, j)) continue;
-        const double ds = f.P[h][o] * (f.wn[h] * dA[o] - D), weight = round_if(wo * f.A[o], rounded);
+        // dS enters the tensor cores' products with K and Q as a floatX, as P V's weights do.
+        const double ds = round_if(f.P[h][o] * (f.wn[h] * dA[o] - D), rounded);
+        const double weight = round_if(wo * f.A[o], rounded);
         for (int d = 0; d < HS; d++) {
           g.dqkv[(size_t)t * 3 * C + h * HS + d] += in.scale * ds * in.k(j, h, d);
           g.dqkv[(size_t)j * 3 * C + C + h * HS + d] += in.scale * ds * in.q(t, h, d);
