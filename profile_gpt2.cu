@@ -105,6 +105,7 @@ int profile_main(int argc, char** argv) {
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon()}, 42);
   if (key_offset) gpt2_set_key_offset(m);
+  m.mlp_from_output = recipe.mlp_from_output != 0 && fp8 == 0;
   gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention, head_in_fp8);
   if (attention.documents) gpt2_set_window(m, llmc::step_windows(window));
   cudaEvent_t events[5];

@@ -188,6 +188,7 @@ llmc::StagePlan debug_state_stages(const llmc::DebugState& ref, const llmc::Debu
 void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::DebugStateSettings& settings, bool fp8) {
   const int max_window = std::max(ref.window_blocks, debug_state_stages(ref, settings).max_window());
   if (settings.key_offset) gpt2_set_key_offset(m);
+  m.mlp_from_output = settings.mlp_from_output != 0;
   if (settings.attention_scale > 0.0) gpt2_set_attention_scale(m, settings.attention_scale);
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
                 ref.fp8_head);

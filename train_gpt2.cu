@@ -2272,6 +2272,7 @@ __device__ __forceinline__ float gelu(float x);
 __device__ __forceinline__ float gelu_grad(float x);
 __device__ __forceinline__ float relu2(float x);
 __device__ __forceinline__ float relu2_grad(float x);
+__device__ __forceinline__ float relu2_grad_from_output(float y);
 void gelu_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream);
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t n, cudaStream_t stream);
 void activation_backward_inplace(Activation act, floatX* d, const floatX* inp, size_t n, cudaStream_t stream);
@@ -7352,31 +7353,33 @@ struct GemmStore {
   __device__ void store(size_t at, const x128& product) const { store128(out + at, product); }
 };
 
-// Writes the product to pre and ReLU^2 of it, as stored, to out: the bits of the product followed
-// by relu2_forward.
+// Writes the product to pre (unless pre is null: -mr 1 keeps no pre-activation) and ReLU^2 of it,
+// as stored, to out: the bits of the product followed by relu2_forward.
 struct GemmStoreRelu2 {
   static constexpr bool kReadsInput = false;
   floatX* pre;
   floatX* out;
   __device__ void store(size_t at, const x128& product) const {
-    store128(pre + at, product);
+    if (pre) store128(pre + at, product);
     x128 o;
     for (int k = 0; k < x128::size; k++) o[k] = (floatX)relu2((float)product[k]);
     store128(out + at, o);
   }
 };
 
-// Writes the product, as stored, times ReLU^2'(pre): the bits of the product followed by
-// activation_backward_inplace's kRelu2 pass.
+// Writes the product, as stored, times ReLU^2'(pre), or with from_output times 2 sqrt(y) of ReLU^2's
+// stored output y (-mr 1): the bits of the product followed by relu2_backward_inplace, or
+// relu2_backward_from_output_inplace.
 struct GemmStoreRelu2Grad {
   static constexpr bool kReadsInput = true;
-  const floatX* pre;
+  const floatX* stored;  // pre, or with from_output ReLU^2's output
   floatX* out;
-  __device__ const floatX* input() const { return pre; }
+  bool from_output = false;
+  __device__ const floatX* input() const { return stored; }
+  __device__ float grad(float x) const { return from_output ? relu2_grad_from_output(x) : relu2_grad(x); }
   __device__ __nv_bfloat162 stage(float v0, float v1, __nv_bfloat162 x) const {
     const __nv_bfloat162 g = __floats2bfloat162_rn(v0, v1);
-    return __floats2bfloat162_rn(__low2float(g) * relu2_grad(__low2float(x)),
-                                 __high2float(g) * relu2_grad(__high2float(x)));
+    return __floats2bfloat162_rn(__low2float(g) * grad(__low2float(x)), __high2float(g) * grad(__high2float(x)));
   }
   __device__ void store(size_t at, const x128& staged) const { store128(out + at, staged); }
 };
@@ -8604,6 +8607,17 @@ __device__ __forceinline__ float relu2(float x) {
 
 __device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.0f); }
 
+// ReLU^2's derivative from its output y = relu(x)^2: 2 sqrt(y), 2 relu(x) up to y's rounding. Record
+// #89's MLP backward (-mr 1), which keeps no pre-activation, takes it so (its reference's). The square
+// root is the one-instruction approximation (MUFU.SQRT, within an FP32 ulp or so of the rounded one),
+// as the reference's tl.sqrt: sqrtf's IEEE rounding adds a slow-path call inside the product's
+// epilogue, where the registers are spoken for.
+__device__ __forceinline__ float relu2_grad_from_output(float y) {
+  float root;
+  asm("sqrt.approx.f32 %0, %1;" : "=f"(root) : "f"(y));
+  return 2.0f * root;
+}
+
 // The exact GELU, x Phi(x) (PyTorch's gelu), and its derivative Phi(x) + x phi(x).
 constexpr float kInvSqrt2 = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * kInvSqrt2)); }
@@ -8631,13 +8645,19 @@ __global__ void activation_forward_kernel(floatX* out, const floatX* inp, size_t
   store128(out + i, o);
 }
 
-template <Activation A>
+// d *= act'(x), x the activation's input; kFromOutput (ReLU^2 alone): inp is the output y and
+// the derivative relu2_grad_from_output(y).
+template <Activation A, bool kFromOutput = false>
 __global__ void activation_backward_inplace_kernel(floatX* d, const floatX* inp, size_t n) {
+  static_assert(!kFromOutput || A == Activation::kRelu2, "only ReLU^2's derivative is taken from its output");
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   if (i >= n) return;
   const x128 x = load128(inp + i);
   x128 g = load128(d + i);
-  for (int k = 0; k < x128::size; k++) g[k] = (floatX)((float)g[k] * activation_grad<A>((float)x[k]));
+  for (int k = 0; k < x128::size; k++) {
+    const float grad = kFromOutput ? relu2_grad_from_output((float)x[k]) : activation_grad<A>((float)x[k]);
+    g[k] = (floatX)((float)g[k] * grad);
+  }
   store128(d + i, g);
 }
 
@@ -8649,11 +8669,11 @@ void activation_forward(const char* name, floatX* out, const floatX* inp, size_t
   cudaCheckLaunch();
 }
 
-template <Activation A>
+template <Activation A, bool kFromOutput = false>
 void activation_backward_inplace(const char* name, floatX* d, const floatX* inp, size_t n,
                                  cudaStream_t stream) {
   REQUIRE(n % x128::size == 0, "%s: n=%zu must be a multiple of %d", name, n, x128::size);
-  activation_backward_inplace_kernel<A><<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
+  activation_backward_inplace_kernel<A, kFromOutput><<<ceil_div(n / x128::size, 256), 256, 0, stream>>>(d, inp, n);
   cudaCheckLaunch();
 }
 
@@ -8793,6 +8813,12 @@ void relu2_forward(floatX* out, const floatX* inp, size_t n, cudaStream_t stream
 // d *= 2 * relu(x): the gradient of ReLU^2's output becomes that of its input x.
 void relu2_backward_inplace(floatX* d, const floatX* inp, size_t n, cudaStream_t stream) {
   activation_backward_inplace<Activation::kRelu2>("relu2_backward", d, inp, n, stream);
+}
+
+// d *= 2 sqrt(y), y = relu(x)^2 as stored: the gradient of ReLU^2's output becomes that of its input
+// without x (-mr 1).
+void relu2_backward_from_output_inplace(floatX* d, const floatX* out, size_t n, cudaStream_t stream) {
+  activation_backward_inplace<Activation::kRelu2, true>("relu2_backward_from_output", d, out, n, stream);
 }
 
 // d *= act'(x), act chosen at run time.
@@ -10917,6 +10943,9 @@ struct GPT2 : ModelParams, OptimizerState, Activations, Fp8State, DocumentAttent
   // Validation's forward pass at another B x T than the training passes' (gpt2_allocate_validation);
   // else empty.
   Activations forward_only;
+  // -mr 1 (record #89's MLP backward): ReLU^2's derivative from its kept output, so the fc product
+  // (the pre-activation) is not kept (kFch one layer's scratch, gpt2_allocate_activations).
+  bool mlp_from_output = false;
 };
 
 // Which tensors Muon updates with -opt muon: the blocks' matrices. AdamW updates the rest.
@@ -11070,6 +11099,7 @@ void activations_layout(Activations& a) {
 void gpt2_allocate_activations(GPT2& m, int B, int T, int recompute, int fp8) {
   const bool act_per_layer = recompute == 0 && fp8 == 0, ln_per_layer = fp8 == 0;
   activation_table(m.config, B, T, act_per_layer, ln_per_layer, m.act_specs);
+  if (m.mlp_from_output) m.act_specs[kFch].layers = 1;  // the fc product where a pass reads it back
   activations_layout(m);
 }
 
@@ -11303,6 +11333,8 @@ void gpt2_allocate(GPT2& m, int B, int T, int recompute, int fp8 = 0,
   REQUIRE(recompute == 0 || recompute == 1, "-r %d: the recompute level must be 0 or 1", recompute);
   REQUIRE(fp8 == 0 || !m.arch().attn_lambdas, "-fp8 %d casts the attention's weights unscaled, and the model has "
           "record #89's attention lambdas, which scale them: give -fp8 0", fp8);
+  REQUIRE(!m.mlp_from_output || (m.arch().relu2 && recompute == 0 && fp8 == 0), "-mr 1 takes ReLU^2's derivative "
+          "from its kept output: a ReLU^2 MLP (modern or speedrun), with -r 0 and -fp8 0");
   m.B = B;
   m.T = T;
   m.recompute = recompute;
@@ -11981,13 +12013,15 @@ bool mlp_relu2_in_epilogues(const GPT2& m) {
 #endif
 }
 
-// fc of layer l and ReLU^2 of it: the product into r.fch, the activation into r.fch_act.
+// fc of layer l and ReLU^2 of it: the product into r.fch (with -mr 1 only where a pass of its own
+// reads it back), the activation into r.fch_act.
 void fc_relu2_forward(GPT2& m, const BlockRows& r, int l, size_t n) {
 #if !defined(ENABLE_FP32)
   if (mlp_relu2_in_epilogues(m)) {
     const int C = m.config.channels;
+    floatX* pre = m.mlp_from_output ? nullptr : r.fch;
     flash::gemm<flash::GemmB::kNK>(r.ln2.out, m.param(llmc::kFcw, l), r.rows(), 4 * C, C,
-                                   flash::GemmStoreRelu2{r.fch, r.fch_act}, m.stream);
+                                   flash::GemmStoreRelu2{pre, r.fch_act}, m.stream);
     return;
   }
 #endif
@@ -11996,14 +12030,15 @@ void fc_relu2_forward(GPT2& m, const BlockRows& r, int l, size_t n) {
 }
 
 // fcproj's gradients of layer l from dout and ReLU^2' of its input gradient: dweight as
-// gpt2_linear_backward (no bias), the input gradient times ReLU^2'(pre_act) into dinp, in one
-// product's epilogue. BF16 builds only: FP32 ones never take this path (mlp_relu2_in_epilogues).
-void fcproj_relu2_backward(GPT2& m, int l, floatX* dinp, const floatX* dout, const floatX* pre_act, int N) {
+// gpt2_linear_backward (no bias), the input gradient times ReLU^2' into dinp, in one product's
+// epilogue, from the stored pre-activation or (-mr 1) ReLU^2's output. BF16 builds only: FP32 ones
+// never take this path (mlp_relu2_in_epilogues).
+void fcproj_relu2_backward(GPT2& m, int l, floatX* dinp, const floatX* dout, const floatX* stored, int N) {
 #if !defined(ENABLE_FP32)
   const int C = m.config.channels;
   matmul_dweight(m.grad(llmc::kFcprojw, l), dout, m.act(kFchAct, l), N, 4 * C, C, m.stream);
   flash::gemm<flash::GemmB::kKN>(dout, m.param(llmc::kFcprojw, l), N, 4 * C, C,
-                                 flash::GemmStoreRelu2Grad{pre_act, dinp}, m.stream);
+                                 flash::GemmStoreRelu2Grad{stored, dinp, m.mlp_from_output}, m.stream);
 #endif
 }
 
@@ -12044,13 +12079,19 @@ void mlp_backward(GPT2& m, int l, int N, floatX* dout, uint32_t seed_fcproj, uin
     if (relu2) relu2_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
     else gelu_forward(m.act(kFchAct, l), m.act(kFch, l), n, m.stream);
   }
-  const floatX* pre_act = m.act(kFch, l);
+  // -mr 1 keeps no pre-activation: ReLU^2's derivative from its output (which -r 1 and FP8 refuse).
+  const floatX* pre_act = m.mlp_from_output ? nullptr : m.act(kFch, l);
+  const floatX* relu2_stored = m.mlp_from_output ? m.act(kFchAct, l) : pre_act;
   if (mlp_relu2_in_epilogues(m)) {
-    fcproj_relu2_backward(m, l, m.scratch_bt4c, dout, pre_act, N);
+    fcproj_relu2_backward(m, l, m.scratch_bt4c, dout, relu2_stored, N);
   } else {
     gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, dout, m.act(kFchAct, l), pre_act, N,
                          seed_fcproj);
-    if (relu2 && !m.fp8) relu2_backward_inplace(m.scratch_bt4c, pre_act, n, m.stream);
+    if (relu2 && !m.fp8 && m.mlp_from_output) {
+      relu2_backward_from_output_inplace(m.scratch_bt4c, relu2_stored, n, m.stream);
+    } else if (relu2 && !m.fp8) {
+      relu2_backward_inplace(m.scratch_bt4c, pre_act, n, m.stream);
+    }
   }
   gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_act, N,
                        seed_fc);
@@ -16289,6 +16330,9 @@ RunInputs prepare_run(TrainArgs& a, int world) {
           "the %s architecture has no rotary: give -recipe modern or speedrun, or leave -yn out",
           llmc::arch_spec(config.arch).name);
   if (a.yarn) llmc::yarn_check(in.stages, "-yn");
+  REQUIRE(!a.mlp_from_output || (llmc::arch_spec(config.arch).relu2 && a.recompute == 0 && a.fp8 == 0),
+          "-mr 1 takes ReLU^2's derivative from its kept output: give a ReLU^2 MLP (-recipe modern or speedrun) "
+          "with -r 0 and -fp8 0, or -mr 0");
   if (a.max_steps >= 0) {
     const long extension = in.stages.total_steps() - in.stages.scheduled_steps();
     a.update.muon_momentum.resolve(in.stages.total_steps(), "-mc",
@@ -16936,6 +16980,7 @@ int train_main(int argc, char** argv) {
   m.adamw_every = a.update.adam_every;
   m.muon_qk_heads = a.muon_qk_heads;
   if (a.key_offset) gpt2_set_key_offset(m);
+  m.mlp_from_output = a.mlp_from_output != 0;
   if (a.attention_scale > 0.0) gpt2_set_attention_scale(m, a.attention_scale);
   int exit_status = 0;
   if (!a.prompt.empty()) {

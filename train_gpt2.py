@@ -246,7 +246,8 @@ RECIPE_FLAGS = {
     "val_steps": (20, 20, 40, 40), "val_every": (0, 0, 0, 250),
     "shuffle": (1, 1, 0, 0),  # the speedrun's reference reads its shards in name order
     "stages": ("", "", "", RECORD89_STAGES), "final_window_blocks": (0, 0, 0, 20), "window_tokens": (0, 0, 0, 1),
-    "key_offset": (0, 0, 0, 1), "yarn": (0, 0, 0, 1), "attention_scale": (None, None, None, 0.1),
+    "key_offset": (0, 0, 0, 1), "yarn": (0, 0, 0, 1), "mlp_from_output": (0, 0, 0, 1),
+    "attention_scale": (None, None, None, 0.1),
     "untie_step": (-1, -1, -1, 847), "adam_every": (1, 1, 1, 2), "adam_rows": ("", "", "", RECORD89_ADAM_ROWS),
     "logit_cap": (None, None, None, "23,5,bf16"), "prefix_weight": (0.0, 0.0, 0.0, 0.25),
     "fp8_head_scales": (None, None, None, "100,1.6,0.75"), "record_init": (0, 0, 0, 89),
@@ -1097,16 +1098,36 @@ def scaled_linear(layer, x, s=None):
     return F.linear(x, s * layer.weight.type_as(x))
 
 
+class Relu2FromOutput(torch.autograd.Function):
+    """relu(x)^2 that keeps only its output y: the backward's derivative is 2 sqrt(y), in FP32, the
+    gradient rounded to x's type once (record #89's MLP kernel; --mlp_from_output 1). 2 relu(x) up to
+    y's rounding."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = F.relu(x).square()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return (2.0 * dy.float() * y.float().sqrt()).to(dy.dtype)
+
+
 class MLP(nn.Module):
     def __init__(self, config, linear):
         super().__init__()
         self.c_fc = linear(config.channels, 4 * config.channels)
         self.c_proj = linear(4 * config.channels, config.channels)
         self.modern = config.modern  # ReLU^2 instead of GELU
+        self.from_output = False  # ReLU^2's backward from its output (set_mlp_from_output)
 
     def forward(self, x):
         h = self.c_fc(x)
-        return self.c_proj(F.relu(h).square() if self.modern else F.gelu(h, approximate="tanh"))
+        if not self.modern:
+            return self.c_proj(F.gelu(h, approximate="tanh"))
+        return self.c_proj(Relu2FromOutput.apply(h) if self.from_output else F.relu(h).square())
 
 
 def bigram_rows(tokens, table_rows):
@@ -1295,6 +1316,7 @@ class GPT(nn.Module):
         self.key_offset = False  # --key_offset: set_key_offset's
         self.attention_scale = None  # --attention_scale: set_attention_scale's (None: the architecture's)
         self.yarn = False  # --yarn: set_yarn_switch's
+        self.mlp_from_output = False  # --mlp_from_output: set_mlp_from_output's
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -3482,6 +3504,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-mt", muon_tensor_lr]
     if cautious_decay:
         words += ["-cd", "1"]
+    if model.mlp_from_output:
+        words += ["-mr", "1"]
     return " ".join(words)
 
 
@@ -3506,17 +3530,18 @@ def apply_debug_state_settings(model, text, prefix, path):
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
     unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc",
-                               "-yn", "-mt", "-cd"}
-    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn", "-cd"))
+                               "-yn", "-mt", "-cd", "-mr"}
+    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn", "-cd", "-mr"))
     if len(words) % 2 or unknown or not ones:
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1, -mt and -cd 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1, -mt, -cd 1 and -mr 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
     set_key_offset(model, "-ko" in settings)
     set_attention_scale(model, float(settings["-asc"]) if "-asc" in settings else None)
     set_yarn_switch(model, "-yn" in settings)
+    set_mlp_from_output(model, "-mr" in settings)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
@@ -3562,6 +3587,16 @@ def set_yarn(model, freq, scale):
         if block.attn is not None:
             block.attn.freq.copy_(freq)
             block.attn.scale = scale
+
+
+def set_mlp_from_output(model, on):
+    """--mlp_from_output: ReLU^2's derivative from its output (Relu2FromOutput) in every MLP."""
+    if on and not model.config.modern:
+        fail("--mlp_from_output 1 takes ReLU^2's derivative from its output, and GPT-2's MLP has GELU: give "
+             "--recipe modern or speedrun, or drop --mlp_from_output")
+    model.mlp_from_output = on
+    for block in model.transformer.h:
+        block.mlp.from_output = on
 
 
 def set_yarn_switch(model, on):
@@ -3782,6 +3817,9 @@ def parse_args(argv=None):
         "attention_scale", "the attention's softmax scale, positive (record #89's 0.1; --yarn 1 changes it from "
         "there; the CUDA trainer's -asc); none given: the architecture's (0.12 modern and speedrun, 1/sqrt(hs) "
         "GPT-2)"))
+    a.add_argument("--mlp_from_output", type=int, choices=[0, 1], help=recipe_help(
+        "mlp_from_output", "1: record #89's MLP backward: ReLU^2's derivative 2 sqrt(y) from its output y in "
+        "FP32, which alone is kept (the CUDA trainer's -mr); 0: 2 relu(x) from its input x"))
     a.add_argument("--yarn", type=int, choices=[0, 1], help=recipe_help(
         "yarn", "1: record #89's YaRN: at each change of the stage plan's long window (--stages' aw=, not "
         "--final_window_blocks) from O to N tokens, each rotary frequency f times s + w (1 - s), s = O/N, w = "
@@ -4742,6 +4780,7 @@ def main(argv=None, step_hook=None):
     set_key_offset(model, bool(args.key_offset))
     set_attention_scale(model, args.attention_scale)
     set_yarn_switch(model, bool(args.yarn))
+    set_mlp_from_output(model, bool(args.mlp_from_output))
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

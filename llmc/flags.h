@@ -248,7 +248,7 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
 // header does not hold: the loss's (-lc, -mtp, -pw), the untie step (-ut), the windows' unit (-awt),
 // Muon's NorMuon (-mn) and Q and K blocks (-mq), AdamW's interval (-ao) and tensors' rows (-ar), the FP8
 // head's scales (-fhs), the key offset (-ko), the attention's scale (-asc), YaRN (-yn), Muon's rates of
-// tensors (-mt) and the cautious weight decay (-cd).
+// tensors (-mt), the cautious weight decay (-cd) and the MLP backward from ReLU^2's output (-mr).
 struct DebugStateSettings {
   LogitCapSetting logit_cap;
   PredictionWeights next_token_weights;
@@ -265,6 +265,7 @@ struct DebugStateSettings {
   int yarn = 0;
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // -mt
   int cautious_decay = 0;                                        // -cd
+  int mlp_from_output = 0;                                       // -mr
 };
 
 // -asc's value: the attention's softmax scale, positive and finite (record #89's 0.1).
@@ -367,9 +368,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
          flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar" && flag != "-asc" &&
-         flag != "-yn" && flag != "-mt" && flag != "-cd")) {
+         flag != "-yn" && flag != "-mt" && flag != "-cd" && flag != "-mr")) {
       LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko, -ar, "
-                "-asc, -yn, -mt and -cd: re-create it with train_gpt2.py",
+                "-asc, -yn, -mt, -cd and -mr: re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -388,6 +389,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-yn") s.yarn = (int)parse_int("-yn", value, 0, 1);
     if (flag == "-mt") s.muon_tensor_lr = parse_muon_tensor_lr("-mt", value);
     if (flag == "-cd") s.cautious_decay = (int)parse_int("-cd", value, 0, 1);
+    if (flag == "-mr") s.mlp_from_output = (int)parse_int("-mr", value, 0, 1);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

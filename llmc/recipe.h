@@ -302,6 +302,9 @@ struct Recipe {
   double attention_scale = 0.0;
   int key_offset = 0;  // -ko 1: record #89's key offset on the long-window layers
   int yarn = 0;        // -yn 1: record #89's YaRN at the stage plan's long-window changes
+  // -mr 1: record #89's MLP backward, ReLU^2's derivative 2 sqrt(y) from its kept output y, the
+  // pre-activation not kept (its reference's numerics; 2 relu(x) up to y's rounding).
+  int mlp_from_output = 0;
   // val_batches counts every process's batches, not each one's (-m): the speedrun's 40 sequences,
   // its reference's validation tokens on any number of processes (recipe_val_batches).
   bool val_batches_shared = false;
@@ -460,6 +463,7 @@ inline const Recipe& recipe_record89() {
     m.lr_help = "scale of the AdamW rates at the schedule's peak (at 1: each tensor's own of -ar, record #89's, "
                 "and the roles' elsewhere: embeddings 0.6, head 0.008, scalars 0.04)";
     m.record89_plan = m.paired_heads = m.rotary_pairs = m.window_tokens = m.key_offset = m.yarn = 1;
+    m.mlp_from_output = 1;
     m.attention_scale = 0.1;
     m.smear = m.bigram = m.ve_gates = m.resid_lambdas = m.xsa = m.attn_lambdas = m.mudd_gates = 1;
     m.composed_attention = m.mudd_connections = 1;

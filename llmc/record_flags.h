@@ -258,6 +258,10 @@ inline std::vector<Flag> record_flags(Recipe& a) {
                "not -awf's) from O to N tokens, each rotary frequency f times s + w (1 - s) with s = O/N and w = "
                "clamp((O f / 2 pi - 1) / 31, 0, 1), the attention's scale times 1 + 0.2 ln(N/O); every stage needs "
                "a window; the modern and speedrun architectures", &a.yarn, 0, 1),
+      int_flag("-mr", "MLP backward from ReLU^2's output", "1: record #89's MLP backward: ReLU^2's derivative 2 "
+               "sqrt(y) from its kept output y (in FP32, then rounded), the pre-activation not kept (one [B*T, 4C] "
+               "buffer a layer less); 0: 2 relu(x) from the kept pre-activation x; a ReLU^2 MLP, -r 0, -fp8 0",
+               &a.mlp_from_output, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),

@@ -594,6 +594,7 @@ gpu_against_pytorch() {
               "speedrun_tiny_rotary_pairs:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1" \
               "speedrun_tiny_rotary_pairs_key_offset:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --rotary_pairs 1 --key_offset 1" \
               "speedrun_tiny_record89_init:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89" \
+              "speedrun_tiny_mlp_from_output:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --mlp_from_output 1" \
               "speedrun_tiny_ve_gates:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --ve_gates 1" \
               "speedrun_tiny_resid_lambdas:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --resid_lambdas 1 --smear 1 --bigram 1 --adam_rows resid_lambdas:b1=0.9;post_lambdas:lr=0.2,b1=0.9" \
               "speedrun_tiny_xsa:--recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --xsa 1" \

@@ -1,7 +1,8 @@
 // Tests the MLP's activations: gelu_forward and gelu_backward_inplace (the fallbacks of the
 // matmul's GELU epilogues and the recomputation of -r 1) against cpu::gelu_forward /
 // cpu::gelu_backward, and relu2_forward and relu2_backward_inplace (the modern architecture's
-// relu(x)^2) and gelu_erf_forward and gelu_erf_backward_inplace (the exact GELU of record #89's MUDD
+// relu(x)^2), relu2_backward_from_output_inplace (record #89's, -mr 1: 2 sqrt(y) of the stored output)
+// and gelu_erf_forward and gelu_erf_backward_inplace (the exact GELU of record #89's MUDD
 // gate generators) against references written here (the CPU trainer has GELU only): inputs of std 2
 // so both tails (and ReLU's zero side) are covered, sizes of whole and partial launch blocks, the
 // forward output poisoned first, and both kernels run twice for identical bits. Also the generators'
@@ -75,6 +76,36 @@ void test_activation(const char* name, ActivationLauncher forward_launch,
   check_same_bits("backward twice", backward_bits, Snapshot(d));
 }
 
+// relu2_backward_from_output_inplace: dout times 2 sqrt(y), y = relu(x)^2 as stored, in FP32 and
+// rounded once; within the build's rounding of the derivative from x (2 relu(x)); twice the same bits.
+void test_relu2_from_output(size_t n, llmc::Rng& rng) {
+  printf("\nrelu2 backward from its output n=%zu\n", n);
+  const std::vector<float> inp = random_stored(rng, n, 0.0f, 2.0f);
+  const std::vector<float> dout = random_stored(rng, n, 0.0f, 1.0f);
+  std::vector<float> y(n), ref_dinp(n), plain_dinp(n);
+  for (size_t i = 0; i < n; i++) {
+    const float r = std::max(inp[i], 0.0f);
+    y[i] = r * r;
+  }
+  y = stored(y);
+  for (size_t i = 0; i < n; i++) {
+    ref_dinp[i] = dout[i] * (2.0f * std::sqrt(y[i]));
+    plain_dinp[i] = dout[i] * (2.0f * std::max(inp[i], 0.0f));
+  }
+  DeviceArray<floatX> d_y(y), d(n);
+  auto backward = [&] {
+    d.upload(dout);
+    relu2_backward_from_output_inplace(d, d_y, n, 0);
+  };
+  backward();
+  const std::vector<float> got = d.download();
+  check_close("backward dinp = dout 2 sqrt(y)", got, ref_dinp, kTolStore);
+  check_close("backward dinp near dout 2 relu(x) (y's rounding apart)", got, plain_dinp, 2 * kTolStore);
+  const Snapshot bits(d);
+  backward();
+  check_same_bits("backward twice", bits, Snapshot(d));
+}
+
 // gate_rows_bias_scale and its backward over N rows of stride 48, the first `columns` of each gated;
 // fixed: the scale the float 0.1 (the dense connections'), else a parameter of 0.1 stored.
 void test_gate_rows(int N, int columns, bool fixed, llmc::Rng& rng) {
@@ -144,6 +175,7 @@ void run() {
   }
   for (size_t n : sizes) {
     test_activation("relu2", relu2_forward, relu2_backward_inplace, relu2_reference, n, rng);
+    test_relu2_from_output(n, rng);
   }
   for (size_t n : sizes) {
     test_activation("gelu_erf", gelu_erf_forward, gelu_erf_backward_inplace, gelu_erf_reference, n, rng);

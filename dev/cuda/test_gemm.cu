@@ -5,8 +5,9 @@
 // 256-column tile; K = 136, two 64-deep steps and a part), and 400 tiles of one step (three or four
 // for each block of the persistent grid, through its one staging buffer). The epilogues against the
 // passes they replace, bit for bit: GemmStoreRelu2's pre holds GemmStore's bits and its out
-// relu2_forward's of them; GemmStoreRelu2Grad's out is GemmStore's bits through
-// activation_backward_inplace's ReLU^2 pass; each call twice for the same bits, outputs poisoned
+// relu2_forward's of them (and with pre null, -mr 1's, the same out); GemmStoreRelu2Grad's out is
+// GemmStore's bits through activation_backward_inplace's ReLU^2 pass, or from_output (-mr 1) through
+// relu2_backward_from_output_inplace's; each call twice for the same bits, outputs poisoned
 // first. At the trainer's MLP shapes, the bits of cuBLASLt's products. BF16 builds on Hopper GPUs
 // with an sm_90a build only: elsewhere the test says that it skips.
 #include "dev/cuda/kernel_test.h"
@@ -65,6 +66,9 @@ void test_gemm(const GemmCase& g, llmc::Rng& rng) {
   const Snapshot relu2_bits(pre, act);
   relu2();
   check_same_bits("ReLU^2 twice", relu2_bits, Snapshot(pre, act));
+  act.poison();
+  flash::gemm<kB>(d_a, d_b, g.M, g.N, g.K, flash::GemmStoreRelu2{nullptr, act}, 0);
+  check_same_bits("ReLU^2 without pre (-mr 1) = relu2_forward", Snapshot(expected), Snapshot(act));
 
   auto relu2_grad = [&] {
     act.poison();
@@ -77,6 +81,21 @@ void test_gemm(const GemmCase& g, llmc::Rng& rng) {
   const Snapshot grad_bits(act);
   relu2_grad();
   check_same_bits("ReLU^2' twice", grad_bits, Snapshot(act));
+
+  // From ReLU^2's stored output (-mr 1): here pre's values squared, as relu2_forward stores them.
+  DeviceArray<floatX> d_post(n_out);
+  relu2_forward(d_post, d_pre, n_out, 0);
+  auto relu2_grad_from_output = [&] {
+    act.poison();
+    flash::gemm<kB>(d_a, d_b, g.M, g.N, g.K, flash::GemmStoreRelu2Grad{d_post, act, true}, 0);
+  };
+  relu2_grad_from_output();
+  expected.upload(out.download());
+  relu2_backward_from_output_inplace(expected, d_post, n_out, 0);
+  check_same_bits("ReLU^2' from its output = its pass", Snapshot(expected), Snapshot(act));
+  const Snapshot from_output_bits(act);
+  relu2_grad_from_output();
+  check_same_bits("ReLU^2' from its output twice", from_output_bits, Snapshot(act));
 }
 
 // The two products the trainer's MLP takes from gemm, at its micro step of 49,152 tokens, against

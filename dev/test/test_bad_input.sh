@@ -749,6 +749,13 @@ if has_flag -ri; then
   expect "-ri with a model file" "^error: -ri 89 initialises a preset's model from the seed, and -e $DIR/model.bin is a model file, which holds the parameters: drop -ri\$" \
     -recipe speedrun -ri 89 -e "$DIR/model.bin"
 fi
+# --- -mr, record #89's MLP backward from ReLU^2's output: a ReLU^2 MLP, -r 0, -fp8 0 (before the GPU)
+if has_flag -mr; then
+  expect "-mr 1 with GELU" "^error: -mr 1 takes ReLU\^2's derivative from its kept output: give a ReLU\^2 MLP \(-recipe modern or speedrun\) with -r 0 and -fp8 0, or -mr 0\$" \
+    -e d12 -mr 1
+  expect "-mr 1 with -r 1" "^error: -mr 1 takes ReLU\^2's derivative from its kept output: give a ReLU\^2 MLP" \
+    -recipe modern -mr 1 -r 1
+fi
 # --- -yn, record #89's YaRN: the rotary's, over a stage plan whose every stage has a window (before the GPU)
 if has_flag -yn; then
   expect "-yn 1 without rotary" "^error: -yn 1 rescales the rotary's frequencies, and the gpt2 architecture has no rotary: give -recipe modern or speedrun, or leave -yn out\$" \

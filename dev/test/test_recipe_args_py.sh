@@ -55,7 +55,7 @@ stages="1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25;
 stages+=" 1/3 t=32768 z=262144 cap=2048 aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0;"
 stages+=" 1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13"
 record89_flags=(--recipe speedrun --record89_plan 1 --paired_heads 1 --rotary_pairs 1 --window_tokens 1
-  --key_offset 1 --yarn 1 --attention_scale 0.1 --smear 1 --bigram 1 --ve_gates 1 --resid_lambdas 1 --xsa 1
+  --key_offset 1 --yarn 1 --mlp_from_output 1 --attention_scale 0.1 --smear 1 --bigram 1 --ve_gates 1 --resid_lambdas 1 --xsa 1
   --attn_lambdas 1 --mudd_gates 1 --composed_attention 1 --mudd_connections 1 --record_init 89 --num_iterations 1270 --stages "$stages"
   --final_window_blocks 20 --lr_schedule cooldown --cooldown_frac 0.6 --final_lr_frac 0.15
   --muon_momentum_cooldown 50 --muon_ns polar --normuon 1 --muon_qk_heads 2 --cautious_decay 1 --muon_lr 0.023

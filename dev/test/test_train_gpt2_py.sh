@@ -233,6 +233,33 @@ for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.A
 print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
 EOF
 
+check "--mlp_from_output 1: ReLU^2's derivative from its output (FP32 tight, BF16 bits), the model's MLPs" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+x = torch.randn(4, 37) * 3
+for dtype in (torch.float32, torch.bfloat16):
+    xd = x.to(dtype).requires_grad_()
+    y = tg.Relu2FromOutput.apply(xd)
+    assert torch.equal(y, torch.relu(xd).square()), dtype
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, xd, dy)
+    # the reference's kernel: 2 dy sqrt(y) in FP32, rounded once to the input's type
+    assert torch.equal(dx, (2.0 * dy.float() * y.detach().float().sqrt()).to(dtype)), dtype
+    plain = 2.0 * dy.double() * torch.relu(xd.detach().double())  # 2 relu(x) dy, no rounding
+    bound = 2.0 ** -22 if dtype == torch.float32 else 2.0 ** -7
+    err = ((dx.double() - plain).abs() / (plain.abs() + 1e-30))[plain != 0].max().item()
+    assert err <= bound, (dtype, err)
+args = tg.parse_args(["--recipe", "record89", "--input_bin", "x"])
+assert args.mlp_from_output == 1
+for flag in ("1", "0"):
+    args = tg.parse_args(["--model", "tiny", "--recipe", "speedrun", "--mlp_from_output", flag, "--input_bin", "x"])
+    model = tg.GPT(tg.resolve_config(args))
+    tg.set_mlp_from_output(model, bool(args.mlp_from_output))
+    assert all(b.mlp.from_output == (flag == "1") for b in model.transformer.h), flag
+print("Relu2FromOutput: forward relu(x)^2, backward 2 dy sqrt(y) in FP32 rounded once (within 2^-22 of 2 relu(x) dy "
+      "in FP32, 2^-7 in BF16); --recipe record89 sets it, every MLP takes it")
+EOF
+
 check "NorMuon: normuon_step against float64 (tall, wide, square, odd shapes, two steps), Muon's state" <<'EOF'
 import torch, train_gpt2 as tg
 torch.manual_seed(0)
