@@ -1,10 +1,15 @@
-// What moving a step's parameters between two GPUs costs the work beside it. One process drives
-// GPUs 0 and 1. The work is a kernel of one wave: a block on every SM, each running FMAs for about
-// the same time, as our products and attention launch (a wave sized to the GPU's SMs); a block
-// that cannot be resident waits for a whole second wave. The transfer is an all-gather of BYTES
-// of BF16 parameters (each GPU holds half and receives the other half), by:
-//   - NCCL (ncclAllGather), its communicator's CTAs as NCCL chooses them, then capped (maxCTAs);
-//   - the copy engines (cudaMemcpyPeerAsync, each GPU's half to the other), which take no SM.
+// What moving a step's parameters and gradients between two GPUs costs the work beside it. One
+// process drives GPUs 0 and 1. The work is a kernel of one wave: a block on every SM, each running
+// FMAs for about the same time, as our products and attention launch (a wave sized to the GPU's
+// SMs); a block that cannot be resident waits for a whole second wave. The transfers, of BYTES of
+// BF16 values:
+//   - the parameters' all-gather (each GPU holds half and receives the other half), by NCCL
+//     (ncclAllGather; its communicator's CTAs as NCCL chooses them, then capped: maxCTAs) and by the
+//     copy engines (cudaMemcpyPeerAsync, each GPU's half to the other), which take no SM;
+//   - the gradients' reduction to their owners (each GPU keeps the sum of both GPUs' values of its
+//     half), by NCCL (ncclReduceScatter) and by the copy engines and an add (each GPU pulls the other's
+//     values of its half into a staging buffer, then add_inplace adds them into its own: the trainer's
+//     -oc 3 scheme, for its rate without the trainer around it).
 // For each: the transfer alone, then as many waves as fill its time alone and beside it (the
 // transfer's time beside them, and how much longer the waves took).
 //   build/bench_kernels overlap [MB] [WAVE_MS]    (default: 551 MB, the speedrun's gradients; 0.25 ms)
@@ -30,7 +35,8 @@ struct Gpu {
   int sms = 0;
   cudaStream_t work = nullptr, copy = nullptr;
   cudaEvent_t work_start = nullptr, work_end = nullptr, copy_start = nullptr, copy_end = nullptr;
-  __nv_bfloat16* params = nullptr;  // BYTES: half its own, half the other GPU's
+  __nv_bfloat16* params = nullptr;   // BYTES: half its own, half the other GPU's
+  __nv_bfloat16* staging = nullptr;  // BYTES / 2: the other GPU's values of this one's half
   float* sink = nullptr;
 };
 
@@ -41,6 +47,7 @@ void gpu_setup(Gpu& g, int device, size_t bytes) {
   for (cudaEvent_t* e : {&g.work_start, &g.work_end, &g.copy_start, &g.copy_end}) cudaCheck(cudaEventCreate(e));
   cudaCheck(cudaMalloc(&g.params, bytes));
   cudaCheck(cudaMemset(g.params, device + 1, bytes));
+  cudaCheck(cudaMalloc(&g.staging, bytes / kGpus));
   cudaCheck(cudaMalloc(&g.sink, g.sms * sizeof(float)));
   const int peer = 1 - device;
   int can = 0;
@@ -57,6 +64,7 @@ void gpu_free(Gpu& g, int device) {
   for (cudaStream_t s : {g.work, g.copy}) cudaCheck(cudaStreamDestroy(s));
   for (cudaEvent_t e : {g.work_start, g.work_end, g.copy_start, g.copy_end}) cudaCheck(cudaEventDestroy(e));
   cudaCheck(cudaFree(g.params));
+  cudaCheck(cudaFree(g.staging));
   cudaCheck(cudaFree(g.sink));
 }
 
@@ -136,6 +144,32 @@ Transfer copy_engines() {
   };
 }
 
+// GPU d's half of params ends as the average of both GPUs' (in place, at d's half, ncclAvg).
+Transfer nccl_reduce_scatter(ncclComm_t* comms) {
+  return [comms](Gpu* gpus, size_t bytes) {
+    const size_t half = bytes / sizeof(__nv_bfloat16) / kGpus;
+    ncclCheck(ncclGroupStart());
+    for (int d = 0; d < kGpus; d++) {
+      ncclCheck(ncclReduceScatter(gpus[d].params, gpus[d].params + d * half, half, ncclBfloat16, ncclAvg, comms[d],
+                                  gpus[d].copy));
+    }
+    ncclCheck(ncclGroupEnd());
+  };
+}
+
+// GPU d pulls the other GPU's values of its half into its staging buffer, then adds them to its own.
+Transfer copy_engines_reduce() {
+  return [](Gpu* gpus, size_t bytes) {
+    const size_t half = bytes / sizeof(__nv_bfloat16) / kGpus;
+    for (int d = 0; d < kGpus; d++) {
+      cudaCheck(cudaSetDevice(d));
+      cudaCheck(cudaMemcpyPeerAsync(gpus[d].staging, d, gpus[1 - d].params + d * half, 1 - d,
+                                    half * sizeof(__nv_bfloat16), gpus[d].copy));
+      add_inplace(gpus[d].params + d * half, gpus[d].staging, half, 0, gpus[d].copy);
+    }
+  };
+}
+
 // Two communicators over GPUs 0 and 1, with at most max_ctas CTAs each (0: NCCL's choice).
 void make_comms(ncclComm_t* comms, int max_ctas) {
   ncclUniqueId id;
@@ -156,7 +190,7 @@ void report(const char* method, Gpu* gpus, size_t bytes, int iterations, float w
   const int waves = std::max(4, (int)std::ceil(alone / wave_ms));
   const float waves_alone = measure(gpus, bytes, iterations, waves, nullptr).first;
   const std::pair<float, float> both = measure(gpus, bytes, iterations, waves, t);
-  printf("%-24s alone %7.3f ms (%4.0f GB/s each way) | beside %3d waves %7.3f ms; the waves %7.3f ms "
+  printf("%-36s alone %7.3f ms (%4.0f GB/s each way) | beside %3d waves %7.3f ms; the waves %7.3f ms "
          "against %7.3f alone (%+6.2f%%)\n", method, alone, bytes / 2 / (alone * 1e6), waves, both.second,
          both.first, waves_alone, 100.0 * (both.first / waves_alone - 1.0));
 }
@@ -172,14 +206,16 @@ int run(int argc, char** argv) {
   Gpu gpus[kGpus];
   for (int d = 0; d < kGpus; d++) gpu_setup(gpus[d], d, bytes);
   const int iterations = calibrate(gpus, wave_ms);
-  printf("all-gather of %.0f MB between GPUs 0 and 1 beside waves of %d blocks (one an SM) of about %.2f ms\n",
-         bytes / 1e6, gpus[0].sms, wave_ms);
-  report("copy engines", gpus, bytes, iterations, wave_ms, copy_engines());
+  printf("%.0f MB between GPUs 0 and 1 beside waves of %d blocks (one an SM) of about %.2f ms\n", bytes / 1e6,
+         gpus[0].sms, wave_ms);
+  report("all-gather, copy engines", gpus, bytes, iterations, wave_ms, copy_engines());
+  report("reduction, copy engines", gpus, bytes, iterations, wave_ms, copy_engines_reduce());
   for (int max_ctas : {0, 8, 2}) {
     ncclComm_t comms[kGpus];
     make_comms(comms, max_ctas);
-    const std::string name = max_ctas ? llmc::strformat("NCCL, at most %d CTAs", max_ctas) : "NCCL";
-    report(name.c_str(), gpus, bytes, iterations, wave_ms, nccl_all_gather(comms));
+    const std::string name = max_ctas ? llmc::strformat(", at most %d CTAs", max_ctas) : "";
+    report(("all-gather, NCCL" + name).c_str(), gpus, bytes, iterations, wave_ms, nccl_all_gather(comms));
+    report(("reduction, NCCL" + name).c_str(), gpus, bytes, iterations, wave_ms, nccl_reduce_scatter(comms));
     for (int d = 0; d < kGpus; d++) ncclCheck(ncclCommDestroy(comms[d]));
   }
   for (int d = 0; d < kGpus; d++) gpu_free(gpus[d], d);
