@@ -7,7 +7,6 @@ The profiler records three steps after the untimed warm-up ones (the GPU drained
 table (kernels.txt) and a trace for chrome://tracing or Perfetto (trace.json).
 """
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -19,22 +18,10 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import train_gpt2  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pylib"))
+from kernel_kinds import device_time_us, gpu_kernels, time_by_kind  # noqa: E402
+
 ACTIVE_STEPS = 3
-# Kernel name patterns, first match wins: what each kind of GPU work is called by cuBLAS, cuDNN,
-# FlashAttention, Triton (Inductor's fused kernels) and the fused AdamW.
-KINDS = [("matmul", r"gemm|cutlass|sm90_xmma|nvjet|cublas"),
-         ("attention", r"flash|fmha|cudnn|attention|sdpa"),
-         ("AdamW", r"adam"),
-         ("layernorm (Triton)", r"^triton_.*layer_norm"),
-         ("cross-entropy (Triton)", r"^triton_.*(nll_loss|log_softmax)"),
-         ("GELU (Triton)", r"^triton_.*gelu"),
-         ("other fused elementwise and reductions (Triton)", r"^triton_"),
-         ("gradient clipping", r"multi_tensor_apply|norm"),
-         ("copies and fills", r"copy|memcpy|memset|fill|elementwise")]
-
-
-def kind_of(name):
-    return next((kind for kind, pattern in KINDS if re.search(pattern, name, re.IGNORECASE)), "other")
 
 
 def main():
@@ -68,23 +55,18 @@ def main():
     kept_mib = kept[-1] / 2**20
     peak_mib = torch.cuda.max_memory_allocated() / 2**20
 
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    time_of = lambda e: getattr(e, "self_device_time_total", None) or e.self_cuda_time_total
-    total_us = sum(time_of(e) for e in events)
-    by_kind = {}
-    for e in events:
-        by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + time_of(e)
+    events, total_us = gpu_kernels(prof, torch.autograd.DeviceType.CUDA)
     with open(os.path.join(outdir, "kernels.txt"), "w") as f:
-        for e in sorted(events, key=time_of, reverse=True):
-            f.write(f"{time_of(e) / 1000 / ACTIVE_STEPS:9.3f} ms/step {e.count // ACTIVE_STEPS:6d}x  {e.key}\n")
+        for e in events:
+            f.write(f"{device_time_us(e) / 1000 / ACTIVE_STEPS:9.3f} ms/step {e.count // ACTIVE_STEPS:6d}x  {e.key}\n")
     prof.export_chrome_trace(os.path.join(outdir, "trace.json"))
 
     print(f"\nGPU kernel time per step: {total_us / 1000 / ACTIVE_STEPS:.2f} ms ({ACTIVE_STEPS} steps profiled)")
-    for kind, us in sorted(by_kind.items(), key=lambda item: -item[1]):
+    for kind, us in time_by_kind(events).items():
         print(f"  {kind:50s} {us / 1000 / ACTIVE_STEPS:8.2f} ms  {100 * us / total_us:5.1f}%")
     print("largest kernels (ms/step, launches/step):")
-    for e in sorted(events, key=time_of, reverse=True)[:12]:
-        print(f"  {time_of(e) / 1000 / ACTIVE_STEPS:8.3f} {e.count // ACTIVE_STEPS:5d}  {e.key[:100]}")
+    for e in events[:12]:
+        print(f"  {device_time_us(e) / 1000 / ACTIVE_STEPS:8.3f} {e.count // ACTIVE_STEPS:5d}  {e.key[:100]}")
     print(f"memory: {kept_mib:.0f} MiB kept between steps (parameters, gradients, AdamW state), "
           f"steady-state peak {peak_mib:.0f} MiB: {peak_mib - kept_mib:.0f} MiB of activations and "
           f"temporaries")

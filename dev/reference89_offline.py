@@ -2,6 +2,7 @@
 
     python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
                                        [--passes N] [--gpt2 DIR] [--val_tokens N] [--python PY]
+                                       [--profile_steps S,S,...]
 
 DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
@@ -9,7 +10,10 @@ unless told; its log in OUTDIR/logs/):
 - train_gpt.py with two lines changed: FlashAttention-3, which it loads from the Hugging Face hub, is
   dev/pylib/flash_varlen_attention.py (torch's FlashAttention-2 with the same documents and windows),
   copied beside it; with --val_tokens its validation tokens (10,485,760) are N (a multiple of its validation
-  batch, 2,097,152).
+  batch, 2,097,152). With --profile_steps, two lines more and one changed: the named training steps
+  are recorded by torch.profiler (dev/pylib/step_profile.py, copied beside it with kernel_kinds.py),
+  each step's kernel table in OUTDIR/logs/profile_stepNNNNNN.txt: a run for where the script's time
+  goes, not for its clock.
 - triton_kernels.py with two lines changed: the FP8 down projection's torch._scaled_mm is
   dev/pylib/aligned_scaled_mm.py's (copied beside it), which copies the two scales first: the
   reference passes them as one-element slices at 4-byte offsets, which torch 2.11's cuBLAS 13 refuses
@@ -44,6 +48,11 @@ REVISION = "modded-nanogpt f411b3d3"
 REFERENCE_FILES = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
 ATTENTION_MODULE = "flash_varlen_attention"
 SCALED_MM_MODULE = "aligned_scaled_mm"
+PROFILE_MODULE = "step_profile"  # with kernel_kinds, which it imports
+# The training loop's lines that --profile_steps adds after: a step's start, and its end (2356, 2365).
+TRAINING_SECTION = "    # --------------- TRAINING SECTION -----------------"
+AFTER_STEP = "    model.quantize_mlp_fp8(bootstrap_down=(step < 16))"
+TRAIN_STEPS = 1285
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 VAL_BATCH_TOKENS = 4 * 64 * 1024 * 8  # the reference's val_batch_size, which its val_tokens must be a multiple of
 BOS = 50256
@@ -81,6 +90,15 @@ def edits(args):
     ]
     if args.val_tokens is not None:
         script.append(("val_tokens: int = 10485760", f"val_tokens: int = {args.val_tokens}"))
+    if args.profile_steps:
+        steps = ", ".join(str(s) for s in args.profile_steps) + ","
+        script[0] = (script[0][0], script[0][1].replace(f"import {ATTENTION_MODULE}",
+                                                        f"import {ATTENTION_MODULE}, {PROFILE_MODULE}", 1))
+        script += [
+            (TRAINING_SECTION, f"{TRAINING_SECTION}\n    profiled = {PROFILE_MODULE}.start(step, ({steps}))"
+                               "  # offline: --profile_steps"),
+            (AFTER_STEP, f"{AFTER_STEP}\n    {PROFILE_MODULE}.stop(step, profiled)  # offline: --profile_steps"),
+        ]
     kernels = [
         ("from triton.tools.tensor_descriptor import TensorDescriptor",
          f"from triton.tools.tensor_descriptor import TensorDescriptor; import {SCALED_MM_MODULE}  # offline"),
@@ -133,6 +151,17 @@ def passes_arg(text):
     return passes
 
 
+def profile_steps_arg(text):
+    try:
+        steps = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        steps = []
+    if not steps or steps[0] < 0 or steps[-1] >= TRAIN_STEPS:
+        fail(f"--profile_steps {text}: give training steps from 0 to {TRAIN_STEPS - 1}, separated by commas "
+             "(e.g. 10,430,860: one in each stage)")
+    return steps
+
+
 def link_shards(outdir, files, split, passes=1):
     folder = os.path.join(outdir, "data", "fineweb10B")
     os.makedirs(folder, exist_ok=True)
@@ -170,6 +199,8 @@ def main():
                         help="the folder of GPT-2's encoder.json and vocab.bpe (default: dev/data/gpt2)")
     parser.add_argument("--val_tokens", type=int, help="validation tokens instead of the reference's 10,485,760")
     parser.add_argument("--python", default=sys.executable, help="the python that runs the reference")
+    parser.add_argument("--profile_steps", type=profile_steps_arg,
+                        help="training steps to record with torch.profiler, e.g. 10,430,860 (a table each in logs/)")
     args = parser.parse_args()
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):
         fail(f"--val_tokens {args.val_tokens}: must be a positive multiple of the reference's validation batch, "
@@ -210,7 +241,8 @@ def main():
                 f.write(edited[name])
         else:
             shutil.copy(os.path.join(args.reference, name), args.outdir)
-    for module in (ATTENTION_MODULE, SCALED_MM_MODULE):
+    modules = [ATTENTION_MODULE, SCALED_MM_MODULE] + ([PROFILE_MODULE, "kernel_kinds"] if args.profile_steps else [])
+    for module in modules:
         shutil.copy(os.path.join(HERE, "pylib", module + ".py"), args.outdir)
     link_shards(args.outdir, train, "train", args.passes)
     link_shards(args.outdir, val, "val")

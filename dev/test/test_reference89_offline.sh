@@ -6,7 +6,7 @@
 # reference's names (the training ones --passes times over, or as many as the run reads), the GPT-2
 # cache under the names tiktoken looks for, run.sh; and the one-line errors (a line not there once in
 # either file, no pass, no shard, a folder in use, files that are not GPT-2's, which leave no folder
-# behind).
+# behind); --profile_steps: the profiler around the named steps and its modules beside, its bad steps refused.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -23,6 +23,9 @@ from kernels import get_kernel
 flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface
 class Hyperparameters:
     val_tokens: int = 10485760 # how many tokens of validation data?
+for step in range(3):
+    # --------------- TRAINING SECTION -----------------
+    model.quantize_mlp_fp8(bootstrap_down=(step < 16))
 EOF
 cat > "$ref/triton_kernels.py" <<'EOF'
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -98,6 +101,32 @@ holds "shards linked in sorted order" bash -c "
   [ \"\$(readlink \$d/fineweb_train_000002.bin)\" = '$WORK/shards/sp_train_000002.bin' ] &&
   [ \"\$(readlink \$d/fineweb_train_000003.bin)\" = '$WORK/shards/sp_train_000010.bin' ] &&
   [ \"\$(readlink \$d/fineweb_val_000001.bin)\" = '$WORK/shards/sp_val_000001.bin' ] && [ \$(ls \$d | wc -l) = 4 ]"
+holds "no profiler without --profile_steps" bash -c "[ ! -e '$out/step_profile.py' ] && ! grep -q step_profile '$out/train_gpt.py'"
+out3=$WORK/offline3
+holds "the copy made with --profile_steps" kit "$out3" --profile_steps 860,10,430
+holds "--profile_steps: the profiler around the named steps, its modules beside" bash -c "
+  diff '$ref/train_gpt.py' '$out3/train_gpt.py' | grep -c '^>' | grep -qx 4 &&
+  grep -qx 'import flash_varlen_attention, step_profile  # offline: .*' '$out3/train_gpt.py' &&
+  grep -qx '    profiled = step_profile.start(step, (10, 430, 860,))  # offline: --profile_steps' '$out3/train_gpt.py' &&
+  grep -A1 -x '    model.quantize_mlp_fp8(bootstrap_down=(step < 16))' '$out3/train_gpt.py' |
+    grep -qx '    step_profile.stop(step, profiled)  # offline: --profile_steps' &&
+  cmp dev/pylib/step_profile.py '$out3/step_profile.py' && cmp dev/pylib/kernel_kinds.py '$out3/kernel_kinds.py'"
+holds "kernel_kinds: a recording's kernels by kind, longest first" "$PY" -c "
+import sys; sys.path.insert(0, 'dev/pylib')
+import kernel_kinds as k
+class E:
+    def __init__(s, key, us, device): s.key, s.self_cuda_time_total, s.device_type, s.count = key, us, device, 1
+class Recording:
+    def key_averages(s):
+        return [E('triton_poi_fused_mul_0', 30.0, 'gpu'), E('nvjet_tst_128x256', 500.0, 'gpu'),
+                E('aten::mm', 900.0, 'cpu'), E('flash_fwd_kernel', 200.0, 'gpu'), E('sm90_xmma_gemm', 100.0, 'gpu')]
+events, total = k.gpu_kernels(Recording(), 'gpu')
+assert [e.key for e in events] == ['nvjet_tst_128x256', 'flash_fwd_kernel', 'sm90_xmma_gemm', 'triton_poi_fused_mul_0'], events
+assert total == 830.0, total
+by_kind = k.time_by_kind(events)
+assert list(by_kind.items()) == [('matmul', 600.0), ('attention', 200.0),
+                                 ('other fused elementwise and reductions (Triton)', 30.0)], by_kind
+"
 out2=$WORK/offline2
 holds "the copy made with three passes" kit "$out2" --passes 3
 holds "the training shards linked three times over, in order" bash -c "
@@ -138,6 +167,9 @@ expect_fail "validation tokens off the batch" \
   "--val_tokens 1048576: must be a positive multiple of the reference's validation batch, 2,097,152 tokens" \
   kit "$WORK/new4" --val_tokens 1048576
 expect_fail "no pass" "--passes 0: give a whole number of at least 1 .* or auto" kit "$WORK/new5" --passes 0
+expect_fail "a step past the run" "--profile_steps 10,1285: give training steps from 0 to 1284" \
+  kit "$WORK/new8" --profile_steps 10,1285
+expect_fail "a step that is not a number" "--profile_steps 10,x: give training steps" kit "$WORK/new9" --profile_steps 10,x
 expect_fail "passes not a number" "--passes two: give a whole number" kit "$WORK/new5" --passes two
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
@@ -176,5 +208,5 @@ else
 fi
 holds "no folder left by the failures" bash -c "
   [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ] &&
-  [ ! -e '$WORK/new7' ]"
+  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ]"
 finish test_reference89_offline
