@@ -10,7 +10,7 @@ record89 recipe against record #89's script (the folder of its files, given by -
                                  [--peer_micro_batch B] [--same_tokens] [--target_run ours_gpt2]
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
                                  [--reference_script PATH] [--reference89 DIR] [--tokenizer FILE]
-                                 [--speedrun_repeats 1]
+                                 [--reference89_profile_steps S,S,...] [--speedrun_repeats 1]
                                  [--shared_init [--init_seed S]] [--dry_run]
                                  [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun,peer_speedrun]
                                          [,ours_record89,ref_record89]]
@@ -57,7 +57,10 @@ shards linked as many times over as it reads them; its output in OUTDIR/ref_reco
 on --speedrun_val_tokens validation tokens, the pair made --speedrun_repeats times and stopped at
 --stop_after (a multiple of 250) as record #28's; no --shared_init. Their rows give tokens/s as a
 run's tokens up to its last validation over its training time, the steps growing by stage, and a table
-of their own gives each run's median ms a step in each stage.
+of their own gives each run's median ms a step in each stage. With --reference89_profile_steps the kit
+records those steps of the script under torch.profiler, a kernel table each in
+OUTDIR/ref_record89/kit/logs/ (where its time goes, per kind and per kernel); each such step takes
+longer, and the script's clock with it (a few steps of 1,285; the stages' medians do not move).
 
 peer_speedrun is train_gpt2.py --recipe speedrun, the PyTorch port of ours' model, loader and
 optimizers with the script's numerics (FP32 gradients, weights cast to BF16; compiled, FlexAttention,
@@ -466,10 +469,11 @@ def record89_kit(args):
 def record89_kit_command(args):
     """dev/reference89_offline.py's command that writes record89_kit: --reference89's script on the
     shards (their passes as many as it reads), on --speedrun_val_tokens validation tokens, run by
-    --python."""
+    --python; with --reference89_profile_steps those steps under torch.profiler (--profile_steps)."""
+    profile = ["--profile_steps", args.reference89_profile_steps] if args.reference89_profile_steps else []
     return [sys.executable, RECORD89_KIT, record89_kit(args), "--reference", args.reference89, "--train", args.train,
             "--val", args.val, "--passes", "auto", "--val_tokens", str(args.speedrun_val_tokens),
-            "--python", args.python]
+            "--python", args.python] + profile
 
 
 def prepare_record89_kit(args):
@@ -694,6 +698,10 @@ def parse_args(argv=None):
     p.add_argument("--reference_script", default="", help="record #28's train_gpt.py (for ref_speedrun)")
     p.add_argument("--reference89", default="", help="the folder of record #89's train_gpt.py, triton_kernels.py "
                    "and dc_triton_kernels.py (for ref_record89, through dev/reference89_offline.py)")
+    p.add_argument("--reference89_profile_steps", default="", help="training steps of ref_record89 to record "
+                   "under torch.profiler, e.g. 10,430,860 (the kit's --profile_steps: a kernel table each in "
+                   "OUTDIR/ref_record89/kit/logs/; each such step's own time grows, and the script's clock with "
+                   "it)")
     p.add_argument("--tokenizer", default="", help="GPT-2's vocabulary file (build/write_tokenizer's) for "
                    "ours_record89's prefix table (-tk)")
     p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the records' pairs: ours with "

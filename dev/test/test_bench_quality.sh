@@ -575,6 +575,9 @@ check "record89: the kit's command (shards as many passes as read, the validatio
 check "record89: the reference run twice from the kit's folder" \
   "$(grep -c "^=== ref_record89 [12]/2 (in $DIR/p/ref_record89/kit): bash run.sh$" <<< "$out")" 2
 check "record89: a dry run makes no kit" "$(test -e "$DIR/p/ref_record89/kit" && echo kit)" ""
+out=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' "${R89[@]}" --reference89_profile_steps 10,430 --dry_run 2>&1)
+check "record89: --reference89_profile_steps goes to the kit" \
+  "$?:$(grep -c "^=== ref_record89's script offline: .*dev/reference89_offline.py .* --python .* --profile_steps 10,430$" <<< "$out")" 0:1
 err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --runs ref_record89 --dry_run 2>&1)
 check "record89: no --reference89: exit 1, one line" "$?:$(grep -c '^error: ref_record89 needs --reference89 DIR' <<< "$err")" 1:1
 err=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --runs ours_record89 --dry_run 2>&1)
