@@ -4,7 +4,8 @@ before a step's micro steps and stop(step, recording) after its optimizer step a
 is drained where a recording starts and ends, so it holds that step's kernels alone; rank 0 writes
 logs/profile_stepNNNNNN.txt in the script's folder: the GPU kernel time, by kind, then every kernel
 (ms, launches), longest first. The recorded step takes longer than the others (the profiler's own
-work and the drains): a run that profiles steps is for its tables, not for its clock."""
+work and the drains). A profiler that fails is reported in one line and the run goes on: the tables
+are a by-product of a run that may be long."""
 import os
 
 import torch
@@ -18,8 +19,12 @@ def start(step, steps):
     if step not in steps:
         return None
     torch.cuda.synchronize()
-    recording = profile(activities=[ProfilerActivity.CUDA])
-    recording.start()
+    try:
+        recording = profile(activities=[ProfilerActivity.CUDA])
+        recording.start()
+    except Exception as e:  # noqa: BLE001 (any failure of the profiler leaves the training alone)
+        print(f"step_profile: step {step} not recorded: {e}", flush=True)
+        return None
     return recording
 
 
@@ -27,9 +32,15 @@ def stop(step, recording):
     if recording is None:
         return
     torch.cuda.synchronize()
-    recording.stop()
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
+    try:
+        recording.stop()
+        if int(os.environ.get("RANK", "0")) == 0:
+            write_table(step, recording)
+    except Exception as e:  # noqa: BLE001
+        print(f"step_profile: step {step}'s table not written: {e}", flush=True)
+
+
+def write_table(step, recording):
     events, total_us = kernel_kinds.gpu_kernels(recording, torch.autograd.DeviceType.CUDA)
     os.makedirs("logs", exist_ok=True)
     with open(os.path.join("logs", f"profile_step{step:06d}.txt"), "w") as f:

@@ -6,7 +6,8 @@
 # reference's names (the training ones --passes times over, or as many as the run reads), the GPT-2
 # cache under the names tiktoken looks for, run.sh; and the one-line errors (a line not there once in
 # either file, no pass, no shard, a folder in use, files that are not GPT-2's, which leave no folder
-# behind); --profile_steps: the profiler around the named steps and its modules beside, its bad steps refused.
+# behind); --profile_steps: the profiler around the named steps and its modules beside, its bad steps
+# refused; step_profile against a stand-in torch (a table a named step, a failing profiler one line).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -127,6 +128,38 @@ by_kind = k.time_by_kind(events)
 assert list(by_kind.items()) == [('matmul', 600.0), ('attention', 200.0),
                                  ('other fused elementwise and reductions (Triton)', 30.0)], by_kind
 "
+# step_profile against a stand-in torch (its profiler, CUDA's synchronize, the device type): a step not
+# named records nothing; a named one's table in logs/ (total, kinds, kernels); a profiler that fails to
+# start, or to stop, is one printed line and the run goes on.
+mkdir -p "$WORK/torchstub/torch"
+cat > "$WORK/torchstub/torch/__init__.py" <<'EOF'
+import types
+cuda = types.SimpleNamespace(synchronize=lambda: None)
+autograd = types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="gpu"))
+EOF
+cat > "$WORK/torchstub/torch/profiler.py" <<'EOF'
+import os
+ProfilerActivity = type("ProfilerActivity", (), {"CUDA": "cuda"})
+class E:
+    def __init__(s, key, us): s.key, s.self_cuda_time_total, s.device_type, s.count = key, us, "gpu", 2
+class profile:
+    def __init__(s, activities): s.fail = os.environ.get("STUB_PROFILER_FAILS", "")
+    def start(s):
+        if s.fail == "start": raise RuntimeError("no CUPTI")
+    def stop(s):
+        if s.fail == "stop": raise RuntimeError("lost events")
+    def key_averages(s): return [E("nvjet_tst", 1500.0), E("flash_fwd", 500.0)]
+EOF
+holds "step_profile: a named step's table, other steps untouched, a failing profiler reported" bash -c "
+  cd '$WORK' && rm -rf logs && export PYTHONPATH='$WORK/torchstub:$PWD/dev/pylib'
+  '$PY' -c 'import step_profile as p; assert p.start(3, (10,)) is None; p.stop(10, p.start(10, (10,)))' &&
+  [ \"\$(head -1 logs/profile_step000010.txt)\" = 'step 10: GPU kernel time 2.00 ms' ] &&
+  grep -q '^  matmul  *1.50 ms   75.0%$' logs/profile_step000010.txt &&
+  grep -q '^    0.500      2  flash_fwd$' logs/profile_step000010.txt && [ \$(ls logs | wc -l) = 1 ] &&
+  STUB_PROFILER_FAILS=start '$PY' -c 'import step_profile as p; p.stop(5, p.start(5, (5,)))' |
+    grep -qx 'step_profile: step 5 not recorded: no CUPTI' &&
+  STUB_PROFILER_FAILS=stop '$PY' -c 'import step_profile as p; p.stop(6, p.start(6, (6,)))' |
+    grep -qx \"step_profile: step 6's table not written: lost events\" && [ ! -e logs/profile_step000006.txt ]"
 out2=$WORK/offline2
 holds "the copy made with three passes" kit "$out2" --passes 3
 holds "the training shards linked three times over, in order" bash -c "
