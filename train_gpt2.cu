@@ -12087,10 +12087,9 @@ void mlp_backward(GPT2& m, int l, int N, floatX* dout, uint32_t seed_fcproj, uin
   } else {
     gpt2_linear_backward(m, kLinearFcproj, l, m.scratch_bt4c, false, dout, m.act(kFchAct, l), pre_act, N,
                          seed_fcproj);
-    if (relu2 && !m.fp8 && m.mlp_from_output) {
-      relu2_backward_from_output_inplace(m.scratch_bt4c, relu2_stored, n, m.stream);
-    } else if (relu2 && !m.fp8) {
-      relu2_backward_inplace(m.scratch_bt4c, pre_act, n, m.stream);
+    if (relu2 && !m.fp8) {
+      if (m.mlp_from_output) relu2_backward_from_output_inplace(m.scratch_bt4c, relu2_stored, n, m.stream);
+      else relu2_backward_inplace(m.scratch_bt4c, pre_act, n, m.stream);
     }
   }
   gpt2_linear_backward(m, kLinearFc, l, m.scratch_btc, true, m.scratch_bt4c, m.act(kLn2, l), pre_act, N,
