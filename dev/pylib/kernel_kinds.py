@@ -3,12 +3,15 @@ peer) and step_profile.py (record #89's script, dev/reference89_offline.py --pro
 import re
 
 # Kernel name patterns, first match wins: what each kind of GPU work is called by cuBLAS, cuDNN,
-# FlashAttention, Triton (Inductor's fused kernels and hand-written ones) and the fused AdamW.
-KINDS = [("matmul", r"gemm|cutlass|sm90_xmma|nvjet|cublas"),
-         ("attention", r"flash|fmha|cudnn|attention|sdpa"),
+# FlashAttention, Triton (Inductor's fused kernels and hand-written ones), the fused AdamW and record
+# #89's own kernels. Attention comes first: FlashAttention's names hold their template arguments,
+# `cutlass::bfloat16_t` among them. Record #89's: its up projection with ReLU^2 (linear_relu_square),
+# its composed attention's corrections (_dc_*), its cross-entropy (ce_fwd_bwd, CUDA through NVRTC).
+KINDS = [("attention", r"flash|fmha|cudnn|attention|sdpa|^_dc_"),
+         ("matmul", r"gemm|cutlass|sm90_xmma|nvjet|cublas|linear_relu_square"),
          ("AdamW", r"adam"),
          ("layernorm (Triton)", r"^triton_.*layer_norm"),
-         ("cross-entropy (Triton)", r"^triton_.*(nll_loss|log_softmax)"),
+         ("cross-entropy", r"^ce_fwd|^triton_.*(nll_loss|log_softmax)"),
          ("GELU (Triton)", r"^triton_.*gelu"),
          ("other fused elementwise and reductions (Triton)", r"^triton_"),
          ("gradient clipping", r"multi_tensor_apply|norm"),

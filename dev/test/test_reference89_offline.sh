@@ -120,13 +120,18 @@ class E:
 class Recording:
     def key_averages(s):
         return [E('triton_poi_fused_mul_0', 30.0, 'gpu'), E('nvjet_tst_128x256', 500.0, 'gpu'),
-                E('aten::mm', 900.0, 'cpu'), E('flash_fwd_kernel', 200.0, 'gpu'), E('sm90_xmma_gemm', 100.0, 'gpu')]
+                E('aten::mm', 900.0, 'cpu'), E('flash_fwd_kernel', 200.0, 'gpu'), E('sm90_xmma_gemm', 100.0, 'gpu'),
+                E('void pytorch_flash::flash_bwd_kernel<Flash_kernel_traits<cutlass::bfloat16_t> >', 50.0, 'gpu'),
+                E('linear_relu_square_kernel', 40.0, 'gpu'), E('ce_fwd_bwd_kernel', 20.0, 'gpu'),
+                E('_dc_postonly_corr_fwd_kernel', 10.0, 'gpu')]
 events, total = k.gpu_kernels(Recording(), 'gpu')
-assert [e.key for e in events] == ['nvjet_tst_128x256', 'flash_fwd_kernel', 'sm90_xmma_gemm', 'triton_poi_fused_mul_0'], events
-assert total == 830.0, total
+assert [e.key[:18] for e in events] == ['nvjet_tst_128x256', 'flash_fwd_kernel', 'sm90_xmma_gemm', 'void pytorch_flash',
+                                        'linear_relu_square', 'triton_poi_fused_m', 'ce_fwd_bwd_kernel',
+                                        '_dc_postonly_corr_'], events
+assert total == 950.0, total
 by_kind = k.time_by_kind(events)
-assert list(by_kind.items()) == [('matmul', 600.0), ('attention', 200.0),
-                                 ('other fused elementwise and reductions (Triton)', 30.0)], by_kind
+assert list(by_kind.items()) == [('matmul', 640.0), ('attention', 260.0),
+                                 ('other fused elementwise and reductions (Triton)', 30.0), ('cross-entropy', 20.0)], by_kind
 "
 # step_profile against a stand-in torch (its profiler, CUDA's synchronize, the device type): a step not
 # named records nothing; a named one's table in logs/ (total, kinds, kernels); a profiler that fails to
