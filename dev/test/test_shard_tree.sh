@@ -3,8 +3,12 @@
 # files of the --val_dirs folders and train all others, each file is EOT + its tokens, in path
 # order; empty, binary and non-UTF-8 files, symbolic links and (with --min_tokens) short files are
 # skipped; the bytes are the same across runs and thread counts; and every error is one line that
-# leaves nothing behind. Expected tokens come from build/encode_text, file by file. Scratch files go
-# to build/scratch/test_shard_tree.
+# leaves nothing behind. Expected tokens come from build/encode_text, file by file. The flags that
+# make a mixture are checked against a Python model of the tool written from its header comment
+# (tokens from build/encode_text too): --max_tokens's documents and left-out tails, two roots (a
+# second tree with a val folder of its own) in the order given, --shuffle's order (the same
+# documents, in an order set by all 64 bits of the seed alone, whatever the threads), and their
+# bad values. Scratch files go to build/scratch/test_shard_tree.
 #
 #   bash dev/test/test_shard_tree.sh        (MAKE=... to use another make command)
 set -uo pipefail
@@ -119,6 +123,194 @@ for other in out2 out3 out4; do
     "$(cd "$SCRATCH/$other" && sha256sum *)" "$(cd "$out" && sha256sum *)"
 done
 
+# --- the mixture's flags against a model: `model FLAG VALUE ...` takes shard_tree's flags (those
+# of shard() first, then the ones given) and prints "val tokens: ...", "train tokens: ..." and
+# the three count lines that shard_tree should print. A second tree for it: beta, a val folder in
+# both roots; delta, a val folder of its own; a file long enough to cut, an empty one, a folder
+# without Python.
+root2="$SCRATCH/share"
+python3 - "$root2" <<'PY'
+import os, sys
+root = sys.argv[1]
+def put(path, data):
+    os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+    open(os.path.join(root, path), "w").write(data)
+put("beta/extra.py", "EXTRA = 'beta of the second root'\n")
+put("delta/d.py", "import sys\nsys.exit(0)\n")
+put("delta/long.py", "def long_function(alpha, beta, gamma):\n    return alpha + beta * gamma\n")
+put("omega/o.py", "for i in range(3):\n    print(i, i * i, i ** 3)\n")
+put("omega/empty.py", "")
+put("nothing/readme.txt", "no python here\n")
+put("top2.py", "SECOND = 2\n")
+PY
+model() {
+  python3 - "$SCRATCH/tokens.json" "$EOT" --root "$root" --glob '*.py' --val_dirs beta,gamma \
+    --shard_size 100 "$@" <<'PY'
+import argparse, fnmatch, json, os, subprocess, sys
+cache_path, eot = sys.argv[1], int(sys.argv[2])
+parser = argparse.ArgumentParser()
+for flag in ["--root", "--glob", "--val_dirs", "--threads"]:
+    parser.add_argument(flag)
+for flag in ["--shard_size", "--min_tokens", "--max_tokens"]:
+    parser.add_argument(flag, type=int, default=0)
+parser.add_argument("--shuffle", type=int)
+args = parser.parse_args(sys.argv[3:])
+roots, val_dirs = args.root.split(","), args.val_dirs.split(",")
+cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+
+def listing(root, folder=""):  # regular files matching the glob; links are not followed
+    for entry in os.scandir(os.path.join(root, folder)):
+        path = folder + entry.name
+        if entry.is_dir(follow_symlinks=False):
+            yield from listing(root, path + "/")
+        elif entry.is_file(follow_symlinks=False) and fnmatch.fnmatchcase(entry.name, args.glob):
+            yield path
+
+files = [(root, path) for root in roots for path in sorted(listing(root), key=str.encode)]
+if args.shuffle is not None:  # splitmix64, and Fisher-Yates from the last file down
+    state, mask = args.shuffle, 2**64 - 1
+    for i in range(len(files) - 1, 0, -1):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        j = (z ^ (z >> 31)) % (i + 1)
+        files[i], files[j] = files[j], files[i]
+stream = {"val": [], "train": []}
+count = {"val": [0, 0], "train": [0, 0]}  # files, documents
+empty = not_text = short = tails = 0
+first_not_text = ""
+for root, path in files:
+    full = f"{root}/{path}"
+    data = open(full, "rb").read()
+    if not data:
+        empty += 1
+        continue
+    try:
+        text = data.decode("utf-8") and b"\0" not in data
+    except UnicodeDecodeError:
+        text = False
+    if not text:
+        not_text += 1
+        first_not_text = first_not_text or full
+        continue
+    if full not in cache:
+        out = subprocess.run(["build/encode_text", full], capture_output=True, text=True)
+        cache[full] = [int(t) for t in out.stdout.split()]
+    ids = cache[full]
+    size = args.max_tokens or len(ids)
+    pieces = [ids[k:k + size] for k in range(0, len(ids), size)]
+    kept = [piece for piece in pieces if len(piece) >= args.min_tokens]
+    if not kept:
+        short += 1
+        continue
+    tails += len(pieces) - len(kept)
+    split = "val" if "/" in path and path.split("/")[0] in val_dirs else "train"
+    for piece in kept:
+        stream[split] += [eot] + piece
+    count[split][0] += 1
+    count[split][1] += len(kept)
+json.dump(cache, open(cache_path, "w"))
+print("val tokens:", *stream["val"])
+print("train tokens:", *stream["train"])
+cut = args.max_tokens > 0
+def after_cut(split):
+    return f"{count[split][1]} documents after --max_tokens {args.max_tokens}"
+def totals(split):
+    n = len(stream[split])
+    return f"{n} tokens in {(n + args.shard_size - 1) // args.shard_size} shards"
+val_about = args.val_dirs + ("; " + after_cut("val") if cut else "")
+print(f"val:   {count['val'][0]} files ({val_about}): {totals('val')}")
+print(f"train: {count['train'][0]} files" + (f" ({after_cut('train')})" if cut else "")
+      + f": {totals('train')}")
+print(f"skipped: {empty} empty files, {not_text} not UTF-8 text"
+      + (f" (the first: {first_not_text})" if not_text else "")
+      + f", {short} under {args.min_tokens} tokens"
+      + (f", {tails} tails of cut files under {args.min_tokens} tokens" if cut else ""))
+PY
+}
+# check_model NAME WHAT FLAG VALUE ...: shard_tree with the flags into $SCRATCH/NAME, its two
+# splits and count lines against the model's.
+check_model() {
+  local name=$1 what=$2 split
+  shift 2
+  shard "$SCRATCH/$name" "$@" > "$SCRATCH/$name.log"
+  model "$@" > "$SCRATCH/$name.model"
+  for split in val train; do
+    check "$what: $split as the model's" "$(shard_tokens "$SCRATCH/$name" "py_$split")" \
+      "$(sed -n "s/^$split tokens: //p" "$SCRATCH/$name.model")"
+  done
+  check "$what: the count lines" "$(tail -n 3 "$SCRATCH/$name.log")" \
+    "$(tail -n 3 "$SCRATCH/$name.model")"
+}
+# documents DIR PREFIX: the documents of the shards, one a line (each EOT first), in order.
+documents() {
+  shard_tokens "$1" "$2" | tr ' ' '\n' |
+    awk -v eot="$EOT" '$1 == eot && doc != "" { print doc; doc = "" } { doc = doc $1 " " }
+                       END { print doc }'
+}
+
+check "the model without the new flags: out1's shards" \
+  "$(model | sed -n 's/^\(val\|train\) tokens: //p')" \
+  "$(shard_tokens "$out" py_val)"$'\n'"$(shard_tokens "$out" py_train)"
+check_model cut10 "--max_tokens 10 --min_tokens 5" --max_tokens 10 --min_tokens 5
+check "--max_tokens 10 --min_tokens 5 cuts files, leaves out tails and short files in this tree" \
+  "$(tail -n 3 "$SCRATCH/cut10.log" | grep -c \
+      ' documents after\|, [1-9][0-9]* under 5 tokens, [1-9][0-9]* tails')" 3
+check_model cut7 "--max_tokens 7" --max_tokens 7
+read -r -a mod_04 <<< "$(build/encode_text "$root/alpha/gen/mod_04.py" 2>/dev/null)"
+pieces=""
+for ((k = 0; k < ${#mod_04[@]}; k += 7)); do pieces+="$EOT ${mod_04[*]:k:7} "$'\n'; done
+check "--max_tokens 7: alpha/gen/mod_04.py's ${#mod_04[@]} tokens are documents of 7 and the rest" \
+  "$(documents "$SCRATCH/cut7" py_train |
+     grep -x -F -A $(( $(wc -l <<< "$pieces") - 2 )) "${pieces%%$'\n'*}")"$'\n' "$pieces"
+shard "$SCRATCH/uncut" --max_tokens 100000 > /dev/null
+check "--max_tokens above every file: out1's bytes" "$(cd "$SCRATCH/uncut" && sha256sum *)" \
+  "$(cd "$out" && sha256sum *)"
+
+# Two roots: root by root, in the order given; a val folder of either root is val.
+val2=(beta/extra.py delta/d.py delta/long.py)
+train2=(omega/o.py top2.py)
+check_model two "two roots" --root "$root,$root2" --val_dirs beta,gamma,delta
+check "two roots: val is the first root's, then the second's" \
+  "$(shard_tokens "$SCRATCH/two" py_val)" \
+  "$(shard_tokens "$out" py_val) $(root=$root2 expected_tokens "${val2[@]}")"
+check "two roots: train is the first root's, then the second's" \
+  "$(shard_tokens "$SCRATCH/two" py_train)" \
+  "$(shard_tokens "$out" py_train) $(root=$root2 expected_tokens "${train2[@]}")"
+shard "$SCRATCH/two_swapped" --root "$root2,$root" --val_dirs beta,gamma,delta > /dev/null
+check "two roots given the other way round: the second's train first" \
+  "$(shard_tokens "$SCRATCH/two_swapped" py_train)" \
+  "$(root=$root2 expected_tokens "${train2[@]}") $(shard_tokens "$out" py_train)"
+check_model two_cut "two roots, --max_tokens 8 --min_tokens 3" --root "$root,$root2" \
+  --val_dirs beta,gamma,delta --max_tokens 8 --min_tokens 3
+
+# --shuffle: the files in the seed's order, their documents unchanged.
+check_model shuffle1 "--shuffle 1" --shuffle 1
+for split in val train; do
+  check "--shuffle 1: the documents of $split are out1's" \
+    "$(documents "$SCRATCH/shuffle1" "py_$split" | sort)" "$(documents "$out" "py_$split" | sort)"
+done
+check "--shuffle 1: train is not in path order" \
+  "$(documents "$SCRATCH/shuffle1" py_train | cmp -s - <(documents "$out" py_train); echo $?)" 1
+shard "$SCRATCH/shuffle1_again" --shuffle 1 --threads 1 > /dev/null
+shard "$SCRATCH/shuffle1_threads" --shuffle 1 --threads 3 > /dev/null
+for other in shuffle1_again shuffle1_threads; do
+  check "--shuffle 1: $other has the same bytes (--threads 1, 3 and the default)" \
+    "$(cd "$SCRATCH/$other" && sha256sum *)" "$(cd "$SCRATCH/shuffle1" && sha256sum *)"
+done
+for seed in 2 4294967297; do  # 4294967297 = 2^32 + 1: a seed is not cut to 32 bits
+  shard "$SCRATCH/shuffle_$seed" --shuffle "$seed" > /dev/null
+  check "--shuffle $seed: another order of train than --shuffle 1" \
+    "$(cmp -s "$SCRATCH/shuffle_$seed/py_train_000000.bin" \
+        "$SCRATCH/shuffle1/py_train_000000.bin"; echo $?)" 1
+done
+check_model shuffle_max "--shuffle 18446744073709551615" --shuffle 18446744073709551615
+check_model shuffle_two_cut "two roots, --shuffle 5 --max_tokens 8 --min_tokens 3" \
+  --root "$root,$root2" --val_dirs beta,gamma,delta --shuffle 5 --max_tokens 8 --min_tokens 3
+check "two roots, --shuffle 5 --max_tokens 8: the documents of the unshuffled run" \
+  "$(documents "$SCRATCH/shuffle_two_cut" py_train | sort)" \
+  "$(documents "$SCRATCH/two_cut" py_train | sort)"
+
 # --- errors: one line each, and no file left in --output_dir
 err="$SCRATCH/errors"
 check_error "a root with no matching file" \
@@ -147,6 +339,51 @@ check_error "--threads 0" "--threads 0: must be within [1, 4096]" shard "$err" -
 check_error "--min_tokens -1" "error: --min_tokens -1: must be at least 0" shard "$err" --min_tokens -1
 check_error "val files all under --min_tokens" "error: the --val_dirs folders hold no text" \
   shard "$err" --min_tokens 1000
+# check_error_line DESCRIPTION MESSAGE COMMAND...: the command fails with MESSAGE, one line.
+check_error_line() {
+  local description=$1 message=$2 output
+  shift 2
+  if output=$("$@" 2>&1); then
+    check "$description fails" "exit 0: $output" "a non-zero exit"
+  else
+    check "$description fails with one line" "$output" "$message"
+  fi
+}
+for value in 0 -3; do
+  check_error_line "--max_tokens $value" "error: --max_tokens $value: must be at least 1" \
+    shard "$err" --max_tokens "$value"
+done
+check_error_line "--max_tokens under --min_tokens" "error: --max_tokens 4 is under --min_tokens 7: \
+every document would be left out; give --max_tokens at least 7" \
+  shard "$err" --min_tokens 7 --max_tokens 4
+for value in abc -1 18446744073709551616 '' ' 1' 1e3; do
+  check_error_line "--shuffle '$value'" "error: --shuffle '$value': not a seed; give an integer \
+within [0, 18446744073709551615]" shard "$err" --shuffle "$value"
+done
+for roots in "$root," ",$root" "$root,,$root2"; do
+  check_error_line "--root '$roots'" "error: --root '$roots': an empty folder name; give folders \
+apart by single commas" shard "$err" --root "$roots"
+done
+check_error_line "a missing second --root" \
+  "error: --root $SCRATCH/none is not a directory: give the folder of the text files" \
+  shard "$err" --root "$root,$SCRATCH/none"
+check_error_line "a second --root without a matching file" "error: --root $root2/nothing holds \
+no file matching --glob '*.py': check the folder and the pattern" \
+  shard "$err" --root "$root,$root2/nothing"
+for roots in "$root,$root/alpha" "$root/alpha/sub,$root" "$root2,$root2/" "$root,$root/alpha/.."; do
+  check_error_line "--root $roots: overlapping roots" "error: --root ${roots%%,*} and \
+${roots#*,} overlap (one is or holds the other): their files would be read twice; give folders \
+apart" shard "$err" --root "$roots"
+done
+check_error_line "a --val_dirs folder in neither root" "error: --val_dirs epsilon: none of \
+$root/epsilon, $root2/epsilon is a folder: name top-level folders of --root" \
+  shard "$err" --root "$root,$root2" --val_dirs beta,epsilon
+check_error_line "a --val_dirs folder of two roots without a matching file" "error: --val_dirs \
+nothing: none of $root/nothing, $root2/nothing holds a file matching --glob '*.py': name folders \
+with text" shard "$err" --root "$root,$root2" --val_dirs nothing
+check_error_line "a --val_dirs folder of one of two roots, without a matching file" \
+  "error: --val_dirs only_text: $root/only_text holds no file matching --glob '*.py': name \
+folders with text" shard "$err" --root "$root2,$root" --val_dirs only_text
 check "failed runs leave nothing in --output_dir" "$(ls -A "$err" 2>/dev/null | wc -l)" 0
 sums_before=$(cd "$out" && sha256sum *)
 check_error "an --output_dir that holds shards" \
