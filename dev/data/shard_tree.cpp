@@ -23,9 +23,10 @@
 // more than N tokens into consecutive documents of N, the last holding the rest, each with its
 // own EOT; --min_tokens applies to each of them, so a short tail is left out. --shuffle SEED puts
 // the listed files in an order fixed by the seed (a file's documents stay together, in order), so
-// that every stretch of the shards holds the same mixture: a Fisher-Yates shuffle written here,
-// for i = n-1 down to 1 swapping file i with file splitmix64() % (i + 1), so that the order
-// depends on the seed alone and not on the standard library (llmc::Rng keeps 32 bits of a seed).
+// that every stretch of the shards holds the same mixture: the order in which the trainer's loader
+// takes its shards, perm = llmc::random_permutation(n) of the n files from llmc::Rng(SEED)
+// (dev/SPEC.md permutation(n)), the i-th file written being the listing's perm[i]. It depends on
+// the seed alone, not on the standard library; SEED is one of MT19937's 2^32 seeds.
 //
 // Files are read and tokenized in batches on --threads threads, each with its own encoder (an
 // encoder's cache is not shared), and added to the shards in the listing's order: the bytes
@@ -49,6 +50,7 @@
 
 #include "llmc/dataloader.h"
 #include "llmc/flags.h"
+#include "llmc/rand.h"
 #include "llmc/shard_writer.h"
 #include "llmc/tokenizer.h"
 #include "llmc/utils.h"
@@ -71,8 +73,8 @@ const char* kUsage =
     "  --min_tokens N     skip documents of fewer tokens (EOT not counted; default 0: none)\n"
     "  --max_tokens N     cut a longer file into documents of N tokens, the last holding the rest\n"
     "                     (EOT not counted; default: files kept whole)\n"
-    "  --shuffle SEED     the files in an order fixed by SEED, 0 to 2^64-1, each file's documents\n"
-    "                     together (default: by root, then path)\n"
+    "  --shuffle SEED     the files in an order fixed by SEED, 0 to 2^32-1 (drawn as the trainer's\n"
+    "                     shard order), each file's documents together (default: by root, then path)\n"
     "  --encoder_dir DIR  directory with encoder.json and vocab.bpe (default dev/data/gpt2)\n";
 
 // Files read and tokenized per parallel batch: bounded by count and by bytes, to bound memory.
@@ -89,7 +91,7 @@ struct Options {
   int threads = omp_get_max_threads();
   long min_tokens = 0;
   long max_tokens = 0;                   // 0: files are kept whole
-  std::optional<uint64_t> shuffle_seed;  // none: files in root, path order
+  std::optional<uint32_t> shuffle_seed;  // none: files in root, path order
   std::string encoder_dir = "dev/data/gpt2";
 };
 
@@ -107,18 +109,6 @@ std::string join(const std::vector<std::string>& parts, const char* separator) {
   std::string list;
   for (size_t i = 0; i < parts.size(); i++) list += (i == 0 ? "" : separator) + parts[i];
   return list;
-}
-
-// --shuffle's seed, any 64-bit unsigned integer: digits only, since strtoull also takes a sign
-// (and negates) and leading spaces.
-uint64_t parse_seed(const std::string& text) {
-  errno = 0;
-  const unsigned long long seed = strtoull(text.c_str(), nullptr, 10);
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos || errno) {
-    LLMC_FAIL("--shuffle '%s': not a seed; give an integer within [0, %llu]", text.c_str(),
-              (unsigned long long)UINT64_MAX);
-  }
-  return seed;
 }
 
 // The checks of the lists and between the flags, once all are read.
@@ -172,7 +162,7 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--max_tokens") {
       options.max_tokens = llmc::parse_int("--max_tokens", value.c_str(), 1, INT32_MAX);
     } else if (flag == "--shuffle") {
-      options.shuffle_seed = parse_seed(value);
+      options.shuffle_seed = (uint32_t)llmc::parse_int("--shuffle", value.c_str(), 0, UINT32_MAX);
     } else if (flag == "--encoder_dir") {
       options.encoder_dir = value;
     } else {
@@ -312,22 +302,14 @@ std::vector<TreeFile> list_files(const Options& options) {
   return files;
 }
 
-// splitmix64 (Steele, Lea and Flood 2014): a seed's stream of 64-bit numbers, the same on every
-// platform and standard library.
-uint64_t splitmix64_next(uint64_t* state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Fisher-Yates: for i = n-1 down to 1, file i swaps with file splitmix64() % (i + 1) (the
-// modulo's bias, under n / 2^64, is no concern for an order of files).
-void shuffle_files(uint64_t seed, std::vector<TreeFile>* files) {
-  uint64_t state = seed;
-  for (size_t i = files->size(); i > 1; i--) {
-    std::swap((*files)[i - 1], (*files)[splitmix64_next(&state) % i]);
-  }
+// The listing in --shuffle's order: the i-th file is the listing's perm[i], as the i-th shard an
+// epoch of the trainer's loader reads is shards[perm[i]].
+std::vector<TreeFile> shuffled_files(uint32_t seed, const std::vector<TreeFile>& files) {
+  llmc::Rng rng(seed);
+  std::vector<TreeFile> order;
+  order.reserve(files.size());
+  for (int i : llmc::random_permutation(rng, (int)files.size())) order.push_back(files[i]);
+  return order;
 }
 
 enum class FileKind { kText, kEmpty, kNotText, kShort };
@@ -465,7 +447,7 @@ void print_counts(const Options& options, const Counts& counts, const llmc::Toke
 int run(int argc, char** argv) {
   const Options options = parse_options(argc, argv);
   std::vector<TreeFile> files = list_files(options);
-  if (options.shuffle_seed) shuffle_files(*options.shuffle_seed, &files);
+  if (options.shuffle_seed) files = shuffled_files(*options.shuffle_seed, files);
   const llmc::BpeEncoder encoder = llmc::BpeEncoder::from_dir(options.encoder_dir);
   llmc::require_vocabulary_fits_shards(encoder.vocab_size(), options.encoder_dir);
   llmc::make_writable_dirs(options.output_dir, "--output_dir");

@@ -7,10 +7,11 @@
 # make a mixture are checked against a Python model of the tool written from its header comment
 # (tokens from build/encode_text too): --max_tokens's documents and left-out tails, two roots (a
 # second tree with a val folder of its own) in the order given, --shuffle's order (the same
-# documents, in an order set by all 64 bits of the seed alone, whatever the threads), and their
-# bad values. Scratch files go to build/scratch/test_shard_tree.
+# documents, in the order train_gpt2.py's MT19937 permutation(n) gives the seed, whatever the
+# threads), and their bad values. Scratch files go to build/scratch/test_shard_tree.
 #
-#   bash dev/test/test_shard_tree.sh        (MAKE=... to use another make command)
+#   bash dev/test/test_shard_tree.sh        (MAKE=... to use another make command, PYTHON=... to
+#                                            pick the python with torch that imports train_gpt2)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -23,6 +24,7 @@ EOT=50256
 
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/data_tools_lib.sh"
+require_python "torch numpy" test_shard_tree PYTHON
 
 # The tree: train packages alpha and zeta and a top-level module, val packages beta and gamma
 # (also a file named like a val folder at the top: betamax.py, train), files that do not match
@@ -144,9 +146,10 @@ put("nothing/readme.txt", "no python here\n")
 put("top2.py", "SECOND = 2\n")
 PY
 model() {
-  python3 - "$SCRATCH/tokens.json" "$EOT" --root "$root" --glob '*.py' --val_dirs beta,gamma \
-    --shard_size 100 "$@" <<'PY'
+  PYTHONPATH=. "$PY" - "$SCRATCH/tokens.json" "$EOT" --root "$root" --glob '*.py' \
+    --val_dirs beta,gamma --shard_size 100 "$@" <<'PY'
 import argparse, fnmatch, json, os, subprocess, sys
+import train_gpt2 as tg
 cache_path, eot = sys.argv[1], int(sys.argv[2])
 parser = argparse.ArgumentParser()
 for flag in ["--root", "--glob", "--val_dirs", "--threads"]:
@@ -167,14 +170,8 @@ def listing(root, folder=""):  # regular files matching the glob; links are not 
             yield path
 
 files = [(root, path) for root in roots for path in sorted(listing(root), key=str.encode)]
-if args.shuffle is not None:  # splitmix64, and Fisher-Yates from the last file down
-    state, mask = args.shuffle, 2**64 - 1
-    for i in range(len(files) - 1, 0, -1):
-        state = (state + 0x9E3779B97F4A7C15) & mask
-        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        j = (z ^ (z >> 31)) % (i + 1)
-        files[i], files[j] = files[j], files[i]
+if args.shuffle is not None:  # the i-th file is the listing's perm[i], as the trainer's shards
+    files = [files[i] for i in tg.MT19937(args.shuffle).permutation(len(files))]
 stream = {"val": [], "train": []}
 count = {"val": [0, 0], "train": [0, 0]}  # files, documents
 empty = not_text = short = tails = 0
@@ -298,13 +295,10 @@ for other in shuffle1_again shuffle1_threads; do
   check "--shuffle 1: $other has the same bytes (--threads 1, 3 and the default)" \
     "$(cd "$SCRATCH/$other" && sha256sum *)" "$(cd "$SCRATCH/shuffle1" && sha256sum *)"
 done
-for seed in 2 4294967297; do  # 4294967297 = 2^32 + 1: a seed is not cut to 32 bits
-  shard "$SCRATCH/shuffle_$seed" --shuffle "$seed" > /dev/null
-  check "--shuffle $seed: another order of train than --shuffle 1" \
-    "$(cmp -s "$SCRATCH/shuffle_$seed/py_train_000000.bin" \
-        "$SCRATCH/shuffle1/py_train_000000.bin"; echo $?)" 1
-done
-check_model shuffle_max "--shuffle 18446744073709551615" --shuffle 18446744073709551615
+shard "$SCRATCH/shuffle2" --shuffle 2 > /dev/null
+check "--shuffle 2: another order of train than --shuffle 1" \
+  "$(cmp -s "$SCRATCH/shuffle2/py_train_000000.bin" "$SCRATCH/shuffle1/py_train_000000.bin"; echo $?)" 1
+check_model shuffle_max "--shuffle 4294967295 (2^32 - 1, the largest seed)" --shuffle 4294967295
 check_model shuffle_two_cut "two roots, --shuffle 5 --max_tokens 8 --min_tokens 3" \
   --root "$root,$root2" --val_dirs beta,gamma,delta --shuffle 5 --max_tokens 8 --min_tokens 3
 check "two roots, --shuffle 5 --max_tokens 8: the documents of the unshuffled run" \
@@ -356,9 +350,13 @@ done
 check_error_line "--max_tokens under --min_tokens" "error: --max_tokens 4 is under --min_tokens 7: \
 every document would be left out; give --max_tokens at least 7" \
   shard "$err" --min_tokens 7 --max_tokens 4
-for value in abc -1 18446744073709551616 '' ' 1' 1e3; do
-  check_error_line "--shuffle '$value'" "error: --shuffle '$value': not a seed; give an integer \
-within [0, 18446744073709551615]" shard "$err" --shuffle "$value"
+for value in -1 4294967296; do  # under the least seed, one past the largest (2^32: no seed is cut)
+  check_error_line "--shuffle $value" "error: --shuffle $value: must be within [0, 4294967295]" \
+    shard "$err" --shuffle "$value"
+done
+for value in abc '' 1e3; do
+  check_error_line "--shuffle '$value'" "error: --shuffle '$value': not an integer" \
+    shard "$err" --shuffle "$value"
 done
 for roots in "$root," ",$root" "$root,,$root2"; do
   check_error_line "--root '$roots'" "error: --root '$roots': an empty folder name; give folders \
