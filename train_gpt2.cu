@@ -1202,9 +1202,12 @@ __global__ void gated_terms_forward_kernel(floatX* out, const floatX* in, GateRo
     const x128 x = load128(in + i);
     for (int k = 0; k < x128::size; k++) sum[k] = in_scale.values ? __fmul_rn(p, (float)x[k]) : (float)x[k];
   }
-  for (int t = 0; t < terms.count; t++) {
+  // Unrolled over the array's size, not the run-time count: an index known only at run time made
+  // every thread copy the terms from the parameters into local memory (128 bytes of stack).
+#pragma unroll
+  for (int t = 0; t < kMaxGatedTerms; t++) {
     const GatedTerm& term = terms.terms[t];
-    if (!term.values) continue;
+    if (t >= terms.count || !term.values) continue;
     const x128 loaded = load128(term.values + i);
     const float g = term.gate.at(row);
     for (int k = 0; k < x128::size; k++) sum[k] = gated_term_add(sum[k], term, g, loaded, k);
