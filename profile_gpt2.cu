@@ -1,6 +1,6 @@
 // One full training step inside NVTX ranges, for nsys and ncu:
 //   ./profile_gpt2cu [-b B] [-t T] [-l layers] [-e preset] [-fp8 1|2] [-recipe gpt2|modern|speedrun]
-//                    [-aw N] [-fh 0|1] [-i SHARDS] [-f89 sm,bg,rp,ko,vg,rl,xs,lp,ph,al,mg]
+//                    [-aw N] [-fh 0|1] [-fm 0|1] [-i SHARDS] [-f89 sm,bg,rp,ko,vg,rl,xs,lp,ph,al,mg]
 //   ncu --set full --nvtx --nvtx-include "step/" ./profile_gpt2cu -l 2
 // A model initialised from a seed; prints the time of each phase. The tokens are random, or with -i
 // the first B x T of those shards (contiguous): real text's frequent tokens and documents change
@@ -8,7 +8,7 @@
 // documents (speedrun) attends within them and a window of -aw N blocks (0: every earlier block);
 // random tokens hold few document starts, so the window sets the attention's work. The head's
 // products are the recipe's (FP8 for the speedrun, where the build and the GPU have it) unless -fh
-// says otherwise, as in train_gpt2cu. -f89 gives the model record #89's parts of those names, as
+// says otherwise, as in train_gpt2cu; so is the MLP's training forward (-fm: FP8 for record89). -f89 gives the model record #89's parts of those names, as
 // train_gpt2cu's flags of them (-sm 1, -bg 1, -rp 1, -ko 1, -vg 1, -rl 1, -xs 1, -lp 1: its 11 layers,
 // -ph 1: its paired heads, with lp and rp; -al 1: its attention lambdas; -mg 1: its MUDD gate generators,
 // with lp).
@@ -60,7 +60,7 @@ void apply_record89_parts(const std::string& list, llmc::GPT2Config* c, bool* ke
 
 int profile_main(int argc, char** argv) {
   int B = 8, T = 1024, layers = -1, fp8 = 0, window = 0;
-  std::string preset = "d12", recipe_name = "gpt2", data, fp8_head, parts89;  // fp8_head "": the recipe's
+  std::string preset = "d12", recipe_name = "gpt2", data, fp8_head, fp8_mlp, parts89;  // "": the recipe's
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "-b") B = atoi(argv[i + 1]);
@@ -71,10 +71,11 @@ int profile_main(int argc, char** argv) {
     else if (flag == "-recipe") recipe_name = argv[i + 1];
     else if (flag == "-aw") window = atoi(argv[i + 1]);
     else if (flag == "-fh") fp8_head = argv[i + 1];
+    else if (flag == "-fm") fp8_mlp = argv[i + 1];
     else if (flag == "-i") data = argv[i + 1];
     else if (flag == "-f89") parts89 = argv[i + 1];
     else LLMC_FAIL("unknown flag %s: use -b B, -t T, -l layers, -e preset, -fp8 0|1|2, -recipe "
-                   "gpt2|modern|speedrun, -aw N, -fh 0|1, -i SHARDS, -f89 PARTS", flag.c_str());
+                   "gpt2|modern|speedrun, -aw N, -fh 0|1, -fm 0|1, -i SHARDS, -f89 PARTS", flag.c_str());
   }
   if (argc % 2 == 0) LLMC_FAIL("flag %s needs a value", argv[argc - 1]);
   const llmc::Recipe& recipe = llmc::recipe_by_name(recipe_name, "-recipe");
@@ -91,6 +92,8 @@ int profile_main(int argc, char** argv) {
   const AttentionSpec attention = {recipe.documents != 0, window};
   REQUIRE(window >= 0 && (window == 0 || attention.documents), "-aw %d: a window of N >= 0 blocks, with a "
           "recipe on packed documents (speedrun)", window);
+  REQUIRE(fp8_mlp.empty() || fp8_mlp == "0" || fp8_mlp == "1", "-fm %s: 0 (BF16) or 1 (FP8, BF16 builds)",
+          fp8_mlp.c_str());
   REQUIRE(fp8_head.empty() || fp8_head == "0" || fp8_head == "1",
           "-fh %s: 0 (the build's products) or 1 (FP8, BF16 builds)", fp8_head.c_str());
 
@@ -99,14 +102,16 @@ int profile_main(int argc, char** argv) {
   profile_tokens(data, B, T, config.vocab_size, inputs.data(), targets.data());
 
   matmul_setup(true);
-  const bool head_in_fp8 = fp8_head_resolved(fp8_head.empty() ? recipe_fp8_head(recipe) : fp8_head == "1",
-                                             !fp8_head.empty());
+  const bool head_in_fp8 = fp8_resolved(fp8_head.empty() ? recipe_fp8_head(recipe) : fp8_head == "1",
+                                        !fp8_head.empty());
   GPT2 m;
   cudaCheck(cudaStreamCreate(&m.stream));
   gpt2_init(m, config, llmc::init_params_from_seed(config, 42), {true, opt.muon()}, 42);
   if (key_offset) gpt2_set_key_offset(m);
   m.mlp_from_output = recipe.mlp_from_output != 0 && fp8 == 0;
   gpt2_allocate(m, B, T, 0, fp8, Fp8Format::kE5M2, attention, head_in_fp8);
+  gpt2_allocate_fp8_mlp(m, B, T, fp8_resolved(fp8_mlp.empty() ? recipe_fp8_mlp(recipe) && m.mlp_from_output
+                                                              : fp8_mlp == "1", !fp8_mlp.empty()));
   if (attention.documents) gpt2_set_window(m, llmc::step_windows(window));
   cudaEvent_t events[5];
   for (cudaEvent_t& e : events) cudaCheck(cudaEventCreate(&e));

@@ -3109,6 +3109,205 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
   return !a.tied_head && !a.biases && a.rms_norm && !a.norm_gains;
 }
 
+// ---- Record #89's FP8 MLP (-fm 1): a training forward's two MLP products in E4M3 ----
+// The reference (train_gpt.py: quantize_mlp_fp8 and the MLP's forward; triton_kernels.py:
+// linear_relu_square and the down weight's cast) scales each tensor by a float of its own, not a
+// power of two, and rounds as its own code does: each step below names the rounding it copies.
+// Evaluation and the backward pass stay BF16, the backward from ReLU^2's BF16 output (-mr 1).
+// - After each update (and before the first step), layer l's up weight W1 [4C, C] gets
+//   s1 = bf16(bf16(max(amax |W1|, 1e-12)) * (1 / 448)) (eager BF16 ops; torch divides by a host
+//   scalar as a product with its FP32 reciprocal) and W1_8 = e4m3(bf16(W1 / s1)) (an IEEE division,
+//   rounded to BF16, then to E4M3). Its down weight W2 (ours [C, 4C], the reference's [4C, C]
+//   transposed: the same values) is cast under s2, W2_8 = e4m3(clamp(W2 / s2, +-448)) (Triton's
+//   division, div.full.f32); s2 is the last cast's amax |W2| times 1.12 / 448, delayed, except in the
+//   forwards of the first 17 steps, which take W2's own bf16 scale as s1's (the reference's bootstrap).
+// - A training forward of layer l casts the norm's output x [N, C] under its own amax:
+//   x_8 = e4m3(x * (448 / amax_x)) (Inductor's code: the quotient by div.full.f32, the product in
+//   FP32), then pre = bf16((x_8 W1_8^T) d) with d = s1 amax_x / 448 (cuBLASLt's FP32 scale),
+//   post = bf16(relu(pre)^2) (fch_act, which the backward reads), post_8 = e4m3(min(post (1 / a),
+//   448)) under the layer's activation scale a (1 / a by div.full.f32, as the reference's Triton
+//   kernel), and the MLP's output bf16((post_8 W2_8^T) a s2); both products accumulate fast (the
+//   reference's Triton dot, and its _scaled_mm with use_fast_accum).
+// - After the training forward, a = max(amax |post|, 1e-12) * (1.8 / 448) for the next one (1 before
+//   the first): the reference's delayed activation scale.
+// The E4M3 casts round to nearest even and saturate at +-448 (cvt.rn.satfinite, the instruction
+// Triton's and Inductor's casts compile to); amaxes are integer maxima of FP32 bits (fp8_amax), so
+// the same in any order. Floors: the weight casts read 2 and write 1 byte a value; a forward's casts
+// read x once more (amax, cast) and post's pre once (written as post and post_8).
+constexpr int kFp8MlpBootstrapSteps = 16;         // steps 0..15's updates take W2's own scale
+constexpr double kFp8MlpDownHeadroom = 1.12;      // W2's delayed scale: amax times this / 448
+constexpr double kFp8MlpActivationHeadroom = 1.8; // post's delayed scale
+constexpr float kFp8MlpMinAmax = 1e-12f;
+
+// The scales of one layer's FP8 MLP, each an Fp8Scale for cuBLASLt's 16-byte aligned pointers:
+// input: amax_bits of x, inv_scale d (the up product's scale); act: inv_scale a, amax_bits of
+// post in this forward; w1: inv_scale s1, amax_bits of W1; w2: inv_scale s2 (this cast's),
+// scale the next cast's (delayed), amax_bits of W2.
+struct Fp8MlpScales {
+  Fp8Scale input, act, w1, w2;
+};
+
+// a / b as Triton's FP32 `/` compiles it (div.full.f32: within 2 ulps of the rounded quotient).
+__device__ __forceinline__ float div_full(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
+
+// E4M3 of x, rounded to nearest even, saturating (cvt.rn.satfinite.e4m3x2).
+__device__ __forceinline__ uint8_t e4m3_satfinite(float x) {
+  return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
+// bf16(bf16(max(amax, 1e-12)) * (1 / 448)): a BF16 weight's scale as the reference's eager ops
+// compute it, amax being a BF16 value.
+__host__ __device__ inline float fp8_mlp_weight_scale(float amax) {
+  const float clamped = (float)(floatX)(amax > kFp8MlpMinAmax ? amax : kFp8MlpMinAmax);
+  return (float)(floatX)(clamped * (1.0f / 448.0f));
+}
+
+// One thread a layer, after the weights' amaxes: s1; s2 (bootstrap: W2's own scale, else the
+// delayed one) and the next cast's from this W2's amax.
+__global__ void fp8_mlp_weight_scales_kernel(Fp8MlpScales* scales, int layers, bool bootstrap) {
+  const int l = blockIdx.x * blockDim.x + threadIdx.x;
+  if (l >= layers) return;
+  Fp8MlpScales& s = scales[l];
+  s.w1.inv_scale = fp8_mlp_weight_scale(__uint_as_float(s.w1.amax_bits));
+  const float w2_amax = __uint_as_float(s.w2.amax_bits);
+  s.w2.inv_scale = bootstrap ? fp8_mlp_weight_scale(w2_amax) : s.w2.scale;
+  s.w2.scale = fmaxf(w2_amax, kFp8MlpMinAmax) * (float)(kFp8MlpDownHeadroom / 448.0);
+}
+
+// out [n] = the E4M3 cast of a layer's weight w [n] under its scales s: kUp, W1's e4m3(bf16(w / s1));
+// else W2's e4m3(clamp(w / s2, +-448)) with Triton's division.
+template <bool kUp>
+__global__ void fp8_mlp_weight_cast_kernel(uint8_t* out, const floatX* w, const Fp8MlpScales* scales, size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  if (i >= n) return;
+  const Fp8MlpScales& s = *scales;
+  const x128 v = load128(w + i);
+  Fp8Piece q;
+  for (int k = 0; k < x128::size; k++) {
+    const float x = (float)v[k];
+    q.v[k] = kUp ? e4m3_satfinite((float)(floatX)__fdiv_rn(x, s.w1.inv_scale))
+                 : e4m3_satfinite(fminf(fmaxf(div_full(x, s.w2.inv_scale), -448.0f), 448.0f));
+  }
+  *reinterpret_cast<Fp8Piece*>(out + i) = q;
+}
+
+// x_8 = e4m3(x * (448 / amax_x)), and (the grid's first thread) d = s1 amax_x / 448 into
+// input.inv_scale: the quotient as Inductor's Triton divides, the division of s1 amax_x by the
+// constant as Inductor lowers it (a product with 1 / 448 rounded once to FP32).
+__global__ void fp8_mlp_input_cast_kernel(uint8_t* out, const floatX* x, Fp8MlpScales* scales, size_t n) {
+  const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+  const float amax = fmaxf(__uint_as_float(scales->input.amax_bits), kFp8MlpMinAmax);
+  if (i == 0) scales->input.inv_scale = (scales->w1.inv_scale * amax) * (float)(1.0 / 448.0);
+  if (i >= n) return;
+  const float factor = div_full(1.0f, amax) * 448.0f;
+  const x128 v = load128(x + i);
+  Fp8Piece q;
+  for (int k = 0; k < x128::size; k++) q.v[k] = e4m3_satfinite((float)v[k] * factor);
+  *reinterpret_cast<Fp8Piece*>(out + i) = q;
+}
+
+// post = bf16(relu(pre)^2), post_8 = e4m3(min(post (1 / a), 448)), and max post into act.amax_bits
+// (an integer atomicMax: exact in any order). A fixed grid strides over the pieces.
+__global__ void __launch_bounds__(kFp8Threads)
+    fp8_mlp_relu2_cast_kernel(floatX* post, uint8_t* post8, const floatX* pre, Fp8MlpScales* scales, size_t pieces) {
+  const float inverse = div_full(1.0f, scales->act.inv_scale);
+  uint32_t m = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  for (size_t p = (size_t)blockIdx.x * blockDim.x + threadIdx.x; p < pieces; p += stride) {
+    const size_t i = p * x128::size;
+    const x128 v = load128(pre + i);
+    x128 out;
+    Fp8Piece q;
+    for (int k = 0; k < x128::size; k++) {
+      out[k] = (floatX)relu2((float)v[k]);
+      q.v[k] = e4m3_satfinite(fminf((float)out[k] * inverse, 448.0f));
+    }
+    m = fp8_piece_amax(m, out);
+    store128(post + i, out);
+    *reinterpret_cast<Fp8Piece*>(post8 + i) = q;
+  }
+  fp8_block_amax(m, &scales->act.amax_bits);
+}
+
+// After a training forward, one thread a layer: a = max(amax |post|, 1e-12) * (1.8 / 448), the
+// amax cleared for the next forward.
+__global__ void fp8_mlp_activation_scales_kernel(Fp8MlpScales* scales, int layers) {
+  const int l = blockIdx.x * blockDim.x + threadIdx.x;
+  if (l >= layers) return;
+  Fp8Scale& act = scales[l].act;
+  act.inv_scale = fmaxf(__uint_as_float(act.amax_bits), kFp8MlpMinAmax) * (float)(kFp8MlpActivationHeadroom / 448.0);
+  act.amax_bits = 0;
+}
+
+// The FP8 MLP's device state (gpt2_allocate_fp8_mlp): the weights' casts, every layer's scales and a
+// unit scale (the up product's weight side: d carries s1), and the forward's scratch: pre [N, 4C]
+// (BF16) and the casts x_8 [N, C] and post_8 [N, 4C].
+struct Fp8Mlp {
+  uint8_t* w1 = nullptr;  // [L, 4C, C]
+  uint8_t* w2 = nullptr;  // [L, C, 4C]
+  Fp8MlpScales* scales = nullptr;  // [L]
+  Fp8Scale* unit = nullptr;
+  floatX* pre = nullptr;
+  uint8_t* x8 = nullptr;
+  uint8_t* post8 = nullptr;
+};
+
+// Every layer's weight casts and their scales, from layer l's up weight w1[l] [4C, C] and down
+// weight w2[l] [C, 4C] (C channels); bootstrap: each W2 cast under its own scale.
+void fp8_mlp_cast_weights(const Fp8Mlp& f, const std::vector<const floatX*>& w1, const std::vector<const floatX*>& w2,
+                          int C, bool bootstrap, cudaStream_t stream) {
+  const int L = (int)w1.size();
+  const size_t n = (size_t)4 * C * C;
+  REQUIRE(w2.size() == w1.size() && C % x128::size == 0, "fp8_mlp_cast_weights: %zu and %zu layers, C=%d",
+          w1.size(), w2.size(), C);
+  for (int l = 0; l < L; l++) {
+    fp8_amax(&f.scales[l].w1, w1[l], n, stream);
+    fp8_amax(&f.scales[l].w2, w2[l], n, stream);
+  }
+  fp8_mlp_weight_scales_kernel<<<1, L, 0, stream>>>(f.scales, L, bootstrap);
+  cudaCheckLaunch();
+  const int blocks = ceil_div(n / x128::size, kFp8Threads);
+  for (int l = 0; l < L; l++) {
+    fp8_mlp_weight_cast_kernel<true><<<blocks, kFp8Threads, 0, stream>>>(f.w1 + l * n, w1[l], f.scales + l, n);
+    cudaCheckLaunch();
+    fp8_mlp_weight_cast_kernel<false><<<blocks, kFp8Threads, 0, stream>>>(f.w2 + l * n, w2[l], f.scales + l, n);
+    cudaCheckLaunch();
+  }
+}
+
+// Layer l's MLP in a training forward: out [N, C] from the norm's output x [N, C], post [N, 4C]
+// (ReLU^2's output, for the backward) on the way.
+void fp8_mlp_forward(const Fp8Mlp& f, floatX* out, floatX* post, const floatX* x, int l, int N, int C,
+                     cudaStream_t stream) {
+  fp8_require_layer(C, 4 * C);
+  Fp8MlpScales* s = f.scales + l;
+  const size_t nx = (size_t)N * C, nh = 4 * nx, wn = (size_t)4 * C * C;
+  fp8_amax(&s->input, x, nx, stream);
+  fp8_mlp_input_cast_kernel<<<ceil_div(nx / x128::size, kFp8Threads), kFp8Threads, 0, stream>>>(f.x8, x, s,
+                                                                                                        nx);
+  cudaCheckLaunch();
+  MatmulOperands up = fp8_operands(Fp8Format::kE4M3, f.unit, Fp8Format::kE4M3, &s->input);
+  up.fast_accum = true;
+  matmul_forward_product(f.pre, f.w1 + l * wn, f.x8, nullptr, N, C, 4 * C, nullptr, up, stream);
+  const size_t pieces = nh / x128::size;
+  const int blocks = std::max(1, std::min(kFp8AmaxBlocks, ceil_div(pieces, kFp8Threads)));
+  fp8_mlp_relu2_cast_kernel<<<blocks, kFp8Threads, 0, stream>>>(post, f.post8, f.pre, s, pieces);
+  cudaCheckLaunch();
+  MatmulOperands down = fp8_operands(Fp8Format::kE4M3, &s->w2, Fp8Format::kE4M3, &s->act);
+  down.fast_accum = true;
+  matmul_forward_product(out, f.w2 + l * wn, f.post8, nullptr, N, 4 * C, C, nullptr, down, stream);
+}
+
+// After a training forward of L layers: the next forward's activation scales.
+void fp8_mlp_end_forward(const Fp8Mlp& f, int L, cudaStream_t stream) {
+  fp8_mlp_activation_scales_kernel<<<1, L, 0, stream>>>(f.scales, L);
+  cudaCheckLaunch();
+}
+
 // ---- Record #89's attention lambdas (ArchSpec::attn_lambdas) ----
 // Each attention layer's qkv and output projections read their weight W scaled by the layer's
 // lambda s: attention_lambda_scale writes W' = s W rounded once to the storage type (the reference's
@@ -10876,6 +11075,13 @@ struct Fp8State {
                                           // too), dout_t [Vp, fp8_padded(B * T)]
   float* fp8_head_dweight = nullptr;      // [Vp, C]: the weight gradient's FP32 product
   int fp8_head_tokens = 0;                // the last forward's rows if it cast the head's input
+  // -fm 1 (gpt2_allocate_fp8_mlp): record #89's FP8 MLP in the training passes (section 5); its
+  // weights are cast with the blocks' (fp8_weights_stale), W2 under its own scale while
+  // fp8_mlp_bootstrap (the updates of steps 0..15, and before the first).
+  bool fp8_mlp = false;
+  bool fp8_mlp_bootstrap = true;
+  bool fp8_mlp_pass = false;              // the forward running is a training pass (gpt2_forward)
+  Fp8Mlp fp8_mlp_state;
   size_t fp8_bytes = 0;  // on the GPU
 
   Fp8Weight fp8_weight(int linear, int layer) {
@@ -11238,11 +11444,12 @@ bool fp8_gpu(const cudaDeviceProp& prop) { return prop.major * 10 + prop.minor >
 // The recipe's head (-fh's default): FP8 where the recipe has it, in BF16 builds (the FP32 build,
 // the tight reference, has no FP8 products: its head stays FP32).
 bool recipe_fp8_head(const llmc::Recipe& recipe) { return recipe.fp8_head && sizeof(floatX) == 2; }
+bool recipe_fp8_mlp(const llmc::Recipe& recipe) { return recipe.fp8_mlp && sizeof(floatX) == 2; }
 
-// Whether the head trains in FP8 (train_gpt2cu and profile_gpt2cu): fp8_head as -fh gave it
-// (given), or the recipe's, which a GPU without FP8 products turns off (-fh 1 given there fails in
-// gpt2_allocate).
-bool fp8_head_resolved(bool fp8_head, bool given) { return fp8_head && (given || fp8_gpu(current_gpu())); }
+// Whether the head (-fh) or the MLP (-fm) trains in FP8 (train_gpt2cu and profile_gpt2cu): `on` as
+// the flag gave it (given), or the recipe's, which a GPU without FP8 products turns off (the flag
+// given there fails in the allocation).
+bool fp8_resolved(bool on, bool given) { return on && (given || fp8_gpu(current_gpu())); }
 
 // What an FP8 setting (`setting`, e.g. "-fp8 1") needs: the BF16 build (the products' outputs are
 // BF16) and a GPU with FP8 products; `off` is the setting without FP8.
@@ -11320,6 +11527,49 @@ void gpt2_allocate_fp8_head(GPT2& m, int B, int T, bool fp8_head) {
   m.fp8_head_dweight = device_alloc<float>(VpC, "the FP8 head's weight gradient");
   m.fp8_head_tokens = 0;
   m.fp8_weights_stale = true;
+}
+
+// Whether an architecture's MLP has record #89's FP8 form: ReLU^2 and no biases.
+bool fp8_mlp_support(const llmc::ArchSpec& a) { return a.relu2 && !a.biases; }
+
+// The activation scales a new run starts from (1, the reference's) and W2's delayed scale (set by the
+// first cast, a bootstrap).
+void fp8_mlp_reset_scales(GPT2& m) {
+  const int L = m.config.num_layers;
+  std::vector<Fp8MlpScales> scales(L);
+  for (Fp8MlpScales& s : scales) s.act.inv_scale = s.w2.scale = 1.0f;
+  cudaCheck(cudaMemcpy(m.fp8_mlp_state.scales, scales.data(), L * sizeof(Fp8MlpScales), cudaMemcpyHostToDevice));
+  m.fp8_mlp_bootstrap = true;
+  m.fp8_weights_stale = true;
+}
+
+// Record #89's FP8 MLP (-fm 1) for B x T tokens: the weights' casts, the scales, and the forward's
+// scratch (pre [B*T, 4C] in BF16, the casts of x and post).
+void fp8_mlp_allocate(GPT2& m, int B, int T) {
+  REQUIRE(fp8_mlp_support(m.arch()), "-fm 1: record #89's FP8 MLP is a ReLU^2 MLP without biases; the %s "
+          "architecture's is not: use -fm 0", m.arch().name);
+  REQUIRE(m.mlp_from_output && m.recompute == 0, "-fm 1: the FP8 forward keeps ReLU^2's output alone, which the "
+          "backward reads: give -mr 1 and -r 0 with it");
+  fp8_require_build_and_gpu("-fm 1", "-fm 0");
+  const int C = m.config.channels, L = m.config.num_layers;
+  fp8_require_layer(C, 4 * C);
+  const size_t N = (size_t)B * T, weights = (size_t)4 * C * C * L;
+  Fp8Mlp& f = m.fp8_mlp_state;
+  f.w1 = device_alloc<uint8_t>(weights, "the FP8 MLP's up weights");
+  f.w2 = device_alloc<uint8_t>(weights, "the FP8 MLP's down weights");
+  f.scales = device_alloc<Fp8MlpScales>(L, "the FP8 MLP's scales");
+  f.unit = device_alloc<Fp8Scale>(1, "the FP8 MLP's unit scale");
+  const Fp8Scale unit = {1.0f, 0u, 1.0f, 0};
+  cudaCheck(cudaMemcpy(f.unit, &unit, sizeof(unit), cudaMemcpyHostToDevice));
+  f.pre = device_alloc<floatX>(N * 4 * C, "the FP8 MLP's pre-activation");
+  f.x8 = device_alloc<uint8_t>(N * C, "the FP8 MLP's input cast");
+  f.post8 = device_alloc<uint8_t>(N * 4 * C, "the FP8 MLP's activation cast");
+  fp8_mlp_reset_scales(m);
+}
+
+void gpt2_allocate_fp8_mlp(GPT2& m, int B, int T, bool fp8_mlp) {
+  m.fp8_mlp = fp8_mlp;
+  if (fp8_mlp) m.fp8_bytes += device_bytes_of([&] { fp8_mlp_allocate(m, B, T); });
 }
 
 // Everything a training pass of B x T tokens needs beyond the parameters and the optimizer
@@ -11426,7 +11676,9 @@ void gpt2_free(GPT2& m) {
                   (void*)m.fp8_inputs_t, (void*)m.fp8_buffers.rows, (void*)m.fp8_buffers.dout_t,
                   (void*)m.fp8_head_weight.w8, (void*)m.fp8_head_scales, (void*)m.fp8_head_input_t,
                   (void*)m.fp8_head_buffers.rows, (void*)m.fp8_head_buffers.dout_t, (void*)m.fp8_head_dweight,
-                  (void*)m.prefix_table}) {
+                  (void*)m.fp8_mlp_state.w1, (void*)m.fp8_mlp_state.w2, (void*)m.fp8_mlp_state.scales,
+                  (void*)m.fp8_mlp_state.unit, (void*)m.fp8_mlp_state.pre, (void*)m.fp8_mlp_state.x8,
+                  (void*)m.fp8_mlp_state.post8, (void*)m.prefix_table}) {
     device_free(p);
   }
   activations_free(m);
@@ -11453,6 +11705,14 @@ void gpt2_fp8_cast_weights(GPT2& m) {
   if (m.fp8_head) {
     fp8_fixed_weight_cast(m.fp8_head_weight, m.param(llmc::kHeadw), m.config.padded_vocab_size, C, m.stream);
   }
+  if (m.fp8_mlp) {
+    std::vector<const floatX*> w1, w2;
+    for (int l = 0; l < m.config.num_layers; l++) {
+      w1.push_back(m.param(llmc::kFcw, l));
+      w2.push_back(m.param(llmc::kFcprojw, l));
+    }
+    fp8_mlp_cast_weights(m.fp8_mlp_state, w1, w2, C, m.fp8_mlp_bootstrap, m.stream);
+  }
   m.fp8_weights_stale = false;
 }
 
@@ -11467,9 +11727,49 @@ void gpt2_fp8_end_step(GPT2& m, bool applied) {
   if (applied) m.fp8_recorded_steps++;
 }
 
+// The FP8 MLP's delayed scales for a state file (-fm 1, which excludes -fp8): each layer's
+// activation scale, then the scale of its down weight's cast of the current weights (the cast a
+// validation at the checkpoint's step has made, else the one the next forward makes), as FP32 bits.
+llmc::Fp8History gpt2_fp8_mlp_scales(const GPT2& m) {
+  const int L = m.config.num_layers;
+  std::vector<Fp8MlpScales> scales(L);
+  cudaCheck(cudaMemcpy(scales.data(), m.fp8_mlp_state.scales, L * sizeof(Fp8MlpScales), cudaMemcpyDeviceToHost));
+  std::vector<float> values;
+  for (const Fp8MlpScales& s : scales) values.push_back(s.act.inv_scale);
+  for (const Fp8MlpScales& s : scales) values.push_back(m.fp8_weights_stale ? s.w2.scale : s.w2.inv_scale);
+  llmc::Fp8History h;
+  h.amax.resize(values.size());
+  memcpy(h.amax.data(), values.data(), values.size() * sizeof(float));
+  return h;
+}
+
+// Restores them (path: the state file) for a run resuming after `step` steps: the weights are cast
+// again before the next forward, W2 under the scale saved (or, within the bootstrap's steps, its own:
+// the same). A state without them (written with -fm 0) starts the scales as a new run's.
+void gpt2_fp8_mlp_restore_scales(GPT2& m, const llmc::Fp8History& h, int step, const std::string& path) {
+  if (!m.fp8_mlp) return;
+  fp8_mlp_reset_scales(m);
+  m.fp8_mlp_bootstrap = step - 1 < kFp8MlpBootstrapSteps;
+  if (h.amax.empty()) return;
+  const int L = m.config.num_layers;
+  if (h.amax.size() != 2 * (size_t)L) {
+    LLMC_FAIL("%s: %zu FP8 scales, but -fm 1's MLP of %d layers keeps %d: resume with the model and -fm of the "
+              "checkpoint", path.c_str(), h.amax.size(), L, 2 * L);
+  }
+  std::vector<float> values(h.amax.size());
+  memcpy(values.data(), h.amax.data(), values.size() * sizeof(float));
+  std::vector<Fp8MlpScales> scales(L);
+  for (int l = 0; l < L; l++) {
+    scales[l].act.inv_scale = values[l];
+    scales[l].w2.scale = values[L + l];
+  }
+  cudaCheck(cudaMemcpy(m.fp8_mlp_state.scales, scales.data(), L * sizeof(Fp8MlpScales), cudaMemcpyHostToDevice));
+}
+
 // Delayed scaling's state for a state file: the history and the steps it recorded (none without
-// -fp8 2).
+// -fp8 2), or the FP8 MLP's scales (-fm 1).
 llmc::Fp8History gpt2_fp8_history(const GPT2& m) {
+  if (m.fp8_mlp) return gpt2_fp8_mlp_scales(m);
   llmc::Fp8History h;
   if (!m.fp8_delayed) return h;
   h.recorded_steps = m.fp8_recorded_steps;
@@ -12047,10 +12347,12 @@ void fcproj_relu2_backward(GPT2& m, int l, floatX* dinp, const floatX* dout, con
 
 // The MLP of layer l over r's rows, from its norm's output r.ln2 (or, with r.fp8_sources, the
 // norm's input residual2) into r.mlp_out: fc, the activation (GELU in fc's epilogue, or ReLU^2; with
-// r.fp8_sources in fcproj's cast), fcproj.
+// r.fp8_sources in fcproj's cast), fcproj; in a training pass with -fm 1, record #89's FP8 MLP.
 void mlp_forward(GPT2& m, int l, const BlockRows& r) {
   const size_t n = (size_t)r.rows() * 4 * m.config.channels;
-  if (r.fp8_sources) {
+  if (m.fp8_mlp_pass) {
+    fp8_mlp_forward(m.fp8_mlp_state, r.mlp_out, r.fch_act, r.ln2.out, l, r.rows(), m.config.channels, m.stream);
+  } else if (r.fp8_sources) {
     gpt2_linear_forward_normed(m, r, kLinearFc, l, r.fch, kNorm2, r.ln2, r.residual2);
     gpt2_linear_forward(m, r, kLinearFcproj, l, r.mlp_out, r.fch, nullptr, fp8_activation_source(mlp_activation(m)));
   } else if (m.arch().relu2) {
@@ -13644,7 +13946,7 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
   upload_staging_copy(m.inputs_staging, m.inputs, N * sizeof(int), m.stream);
   if (m.documents) documents_upload(m, inputs, B, T);
   bigram_rows_upload(m, inputs, N);
-  if ((m.fp8 || m.fp8_head) && m.fp8_weights_stale) {
+  if ((m.fp8 || m.fp8_head || m.fp8_mlp) && m.fp8_weights_stale) {
     gpt2_settle_params(m);
     gpt2_fp8_cast_weights(m);
   }
@@ -13667,7 +13969,10 @@ void gpt2_forward_blocks(GPT2& m, const int* inputs, int B, int T) {
 // classifier applies).
 void gpt2_forward(GPT2& m, const int* inputs, int B, int T, ForwardPass pass = ForwardPass::kEvaluation) {
   nvtxRangePush("forward");
+  m.fp8_mlp_pass = m.fp8_mlp && pass == ForwardPass::kTraining;
   gpt2_forward_blocks(m, inputs, B, T);
+  if (m.fp8_mlp_pass) fp8_mlp_end_forward(m.fp8_mlp_state, m.config.num_layers, m.stream);
+  m.fp8_mlp_pass = false;
   const bool fp8_head = m.fp8_head && pass == ForwardPass::kTraining;
   head_rows(m, m.act(kOutput), m.act(kLnf), B * T, fp8_head);
   m.fp8_head_tokens = fp8_head ? B * T : 0;
@@ -14270,6 +14575,7 @@ void gpt2_update(GPT2& m, const llmc::OptimizerTable& opt, long step, float lr, 
   if (tied) gpt2_tie_embedding(m);
   if (step == m.untie_step) gpt2_untie_embedding_state(m);
   m.fp8_weights_stale = true;
+  m.fp8_mlp_bootstrap = step < kFp8MlpBootstrapSteps;
   // An init that zeroes the output projections and the head (ArchSpec::zero_init_outputs) makes
   // the first steps' products see zeros, on which algorithms of different summation orders give
   // the same bits: the choices tuned there (fastest_matching_algo) could differ from those of a
@@ -14686,6 +14992,7 @@ llmc::HostTrainState load_state(GPT2& m, const std::string& dir, int step, int r
   gpt2_adamw_restore(m, s.adam);
   m.rng.restore(s.host.model_rng);
   gpt2_fp8_restore_history(m, s.fp8, llmc::checkpoint_path(dir, "state", step, 0));
+  gpt2_fp8_mlp_restore_scales(m, s.fp8, step, llmc::checkpoint_path(dir, "state", step, rank));
   return s.host;
 }
 
@@ -15599,11 +15906,12 @@ struct TrainArgs : llmc::TrainFlags {
   llmc::OptimizerTable update;     // resolved from the record (resolve_args)
 };
 
-// The recipe's FP8 head stands only in BF16 builds (recipe_fp8_head).
+// The recipe's FP8 head and MLP stand only in BF16 builds (recipe_fp8_head, recipe_fp8_mlp).
 void apply_recipe(TrainArgs& a, const llmc::Recipe& r) {
   a.recipe = &r;
   static_cast<llmc::Recipe&>(a) = r;
   a.fp8_head = recipe_fp8_head(r);
+  a.fp8_mlp = recipe_fp8_mlp(r);
 }
 
 // -recipe's help, naming the flags a recipe sets (llmc::recipe_flags).
@@ -15611,8 +15919,8 @@ std::string recipe_help(const std::vector<const llmc::Flag*>& recipe_set) {
   std::string text = "gpt2 (llm.c's GPT-2), modern (modded-nanogpt's optimization-track baseline: RMSNorm, "
                      "QK-norm and rotary, ReLU^2, a soft-capped head, Muon), speedrun (its record #28: value "
                      "embeddings, U-net skips, gated heads, packed documents in a growing window) or record89 (its "
-                     "record #89 but the FP8 MLP: record #28's with every switch of "
-                     "record #89 and its AdamW rows by tensor); its values of";
+                     "record #89: record #28's with every switch of record #89 and its "
+                     "AdamW rows by tensor); its values of";
   for (const llmc::Flag* flag : recipe_set) text += " " + std::string(flag->name);
   return text + " stand where the command line gives none";
 }
@@ -15710,6 +16018,14 @@ void validate_args(const TrainArgs& a) {
           "step: give -od 1 with it (and -zs 0), or -oc 0", a.multi_gpu.copy_engines);
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
+  REQUIRE(!a.fp8_mlp || sizeof(floatX) == 2,
+          "-fm 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fm 0", PRECISION_NAME);
+  REQUIRE(!a.fp8_mlp || fp8_mlp_support(llmc::arch_spec(a.recipe->arch)),
+          "-fm 1: record #89's FP8 MLP is a ReLU^2 MLP without biases, and -recipe %s's is not: use -fm 0",
+          a.recipe->name);
+  const bool fm_given = std::count(a.given.begin(), a.given.end(), "-fm") > 0;
+  REQUIRE(!fm_given || !a.fp8_mlp || a.mlp_from_output, "-fm 1: the FP8 forward keeps ReLU^2's output alone, which the "
+          "backward reads: give -mr 1 with it, or -fm 0");
   REQUIRE(!a.fp8_head || fp8_head_support(llmc::arch_spec(a.recipe->arch)),
           "-fh 1: the FP8 head's fixed scales are the speedrun's (an untied head without bias after a weightless "
           "RMS norm); -recipe %s's head runs in BF16: use -fh 0 or -recipe speedrun", a.recipe->name);
@@ -15922,9 +16238,28 @@ std::string head_description(const TrainArgs& a, const GPT2& m) {
   return gpu_refused ? "BF16 (the recipe's FP8 head needs compute capability 8.9 or newer)" : PRECISION_NAME;
 }
 
+// The MLP's training forward where it could be FP8: -fm 1's, or the recipe's with -fm 0 or on a GPU
+// without FP8 products.
+std::string mlp_description(const TrainArgs& a, const GPT2& m) {
+  if (m.fp8_mlp) {
+    return "FP8 forward in training (E4M3; the weights' scales after each update, the input's own, ReLU^2's "
+           "output's delayed: record #89's), BF16 backward and evaluation";
+  }
+  if (std::count(a.given.begin(), a.given.end(), "-fm") > 0) return "BF16 (-fm 0)";
+  return a.mlp_from_output ? "BF16 (the recipe's FP8 MLP needs compute capability 8.9 or newer)"
+                           : "BF16 (the recipe's FP8 MLP needs -mr 1)";
+}
+
 // -recipe's FP8 head (-fh not given) on a GPU without FP8 products: the head trains in BF16, and
 // head_description says why.
-void resolve_fp8_head(TrainArgs& a) { a.fp8_head = fp8_head_resolved(a.fp8_head, fp8_head_given(a)); }
+void resolve_fp8_head(TrainArgs& a) { a.fp8_head = fp8_resolved(a.fp8_head, fp8_head_given(a)); }
+
+// The same of -recipe record89's FP8 MLP (-fm not given), which stands with its MLP backward from
+// ReLU^2's output alone (-mr 1).
+void resolve_fp8_mlp(TrainArgs& a) {
+  const bool given = std::count(a.given.begin(), a.given.end(), "-fm") > 0;
+  a.fp8_mlp = fp8_resolved(a.fp8_mlp && (given || a.mlp_from_output), given);
+}
 
 void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
                         const llmc::StagePlan& stages, int train_steps, size_t train_tokens,
@@ -15954,10 +16289,11 @@ void print_config_table(const TrainArgs& a, const GPT2& m, const MultiGpu& mg,
   table.row("parameters", std::to_string(m.num_params));
   table.row("master weights", m.use_master_weights ? "FP32" : "none");
   table.row("head", head_description(a, m));
+  if (m.fp8_mlp || recipe_fp8_mlp(*a.recipe)) table.row("MLP", mlp_description(a, m));
   std::string memory = llmc::strformat("%zu MiB parameters and gradients, %zu MiB optimizer state, %zu MiB "
                                        "activations and scratch", m.param_bytes >> 20, m.state_bytes >> 20,
                                        m.act_bytes >> 20);
-  if (m.fp8 || m.fp8_head) memory += llmc::strformat(", %zu MiB FP8 state", m.fp8_bytes >> 20);
+  if (m.fp8 || m.fp8_head || m.fp8_mlp) memory += llmc::strformat(", %zu MiB FP8 state", m.fp8_bytes >> 20);
   table.row("GPU memory", memory);
   if (m.fp8) {
     table.row("FP8 formats", llmc::strformat("%s weights and activations, %s gradients",
@@ -16989,8 +17325,10 @@ int train_main(int argc, char** argv) {
     generate_from_prompt(a, m);
   } else {
     resolve_fp8_head(a);
+    resolve_fp8_mlp(a);
     gpt2_allocate(m, a.B, in.stages.max_T(), a.recompute, a.fp8, a.fp8_grad_e4m3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2,
                   {a.documents != 0, in.stages.max_window(), llmc::window_unit(a)}, a.fp8_head != 0);
+    gpt2_allocate_fp8_mlp(m, a.B, in.stages.max_T(), a.fp8_mlp != 0);
     if (a.val_every > 0 && a.val_batches > 0) gpt2_allocate_validation(m, a.B, a.val_T);
     gpt2_set_prefix_table(m, in.prefix_table);
     TrainRun r(a, mg, m);

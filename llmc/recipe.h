@@ -6,7 +6,7 @@
 // the speedrun's architecture on document-aligned 49,152-token sequences in the window's schedule,
 // Muon's 5 steepened Newton-Schulz steps with a momentum warmup, a schedule stable for 55% of
 // the steps, then linear to 0.1 at step 1,695, and the head's training products in FP8; and its
-// record #89 but the FP8 MLP (recipe_record89). -recipe picks one;
+// record #89 (recipe_record89). -recipe picks one;
 // every flag given on the command line overrides its value.
 #pragma once
 
@@ -273,6 +273,7 @@ struct Recipe {
   // speedrun, 1.34 for the modern recipe (dev/notes/multi-gpu-scaling.md).
   int divided_optimizers = 0;
   int fp8_head = 0;            // -fh: the head's training products in FP8 with fixed scales (BF16 builds)
+  int fp8_mlp = 0;             // -fm: record #89's MLP training forward in FP8 (BF16 builds)
   Fp8HeadScales fp8_head_scales;  // -fhs
   // AdamW: betas, eps, weight decay on the 2-D tensors (or on every AdamW tensor with
   // decay_vectors), and each role's rate as a multiplier of the schedule's (by ParamRole:
@@ -449,13 +450,13 @@ inline AdamTensorRows record89_adam_rows() {
   return rows;
 }
 
-// Record #89 (modded-nanogpt's speedrun record of dev/notes/record89-reference.md) but its FP8 MLP,
-// which this trainer does not run yet: record #28's recipe with every
-// switch of the notes' "Our flags for record #89" command (but the data's -i, -j and -tk), AdamW's
-// rows by tensor (record89_adam_rows), and Muon's rate of the MLP's matrices: the reference's lr_eff
-// is 0.023 times its shape's scale 2 for both, which it stores tall, and times 2 more for the down
-// projection; ours are fcw tall, fcprojw wide, and unscaled (muon_scale_tall false, as record #28's),
-// so x2 and x4.
+// Record #89 (modded-nanogpt's speedrun record of dev/notes/record89-reference.md): record #28's
+// recipe with every switch of the notes' "Our flags for record #89" command (but the data's -i, -j
+// and -tk; its FP8 MLP, -fm 1, in BF16 builds on GPUs with FP8 products), AdamW's rows by tensor
+// (record89_adam_rows), and Muon's rate of the MLP's matrices: the reference's lr_eff is 0.023
+// times its shape's scale 2 for both, which it stores tall, and times 2 more for the down
+// projection; ours are fcw tall, fcprojw wide, and unscaled (muon_scale_tall false, as record
+// #28's), so x2 and x4.
 inline const Recipe& recipe_record89() {
   static const Recipe r = [] {
     Recipe m = recipe_speedrun();
@@ -463,7 +464,7 @@ inline const Recipe& recipe_record89() {
     m.lr_help = "scale of the AdamW rates at the schedule's peak (at 1: each tensor's own of -ar, record #89's, "
                 "and the roles' elsewhere: embeddings 0.6, head 0.008, scalars 0.04)";
     m.record89_plan = m.paired_heads = m.rotary_pairs = m.window_tokens = m.key_offset = m.yarn = 1;
-    m.mlp_from_output = 1;
+    m.mlp_from_output = m.fp8_mlp = 1;
     m.attention_scale = 0.1;
     m.smear = m.bigram = m.ve_gates = m.resid_lambdas = m.xsa = m.attn_lambdas = m.mudd_gates = 1;
     m.composed_attention = m.mudd_connections = 1;
@@ -731,7 +732,7 @@ inline const Recipe& recipe_by_name(const std::string& name, const char* flag) {
   if (name == "record89") return recipe_record89();
   LLMC_FAIL("%s %s: unknown recipe: use gpt2 (llm.c's GPT-2), modern (modded-nanogpt's "
             "optimization-track baseline: RMSNorm, rotary, ReLU^2, Muon), speedrun (its record #28) or record89 "
-            "(its record #89 but the FP8 MLP)", flag, name.c_str());
+            "(its record #89)", flag, name.c_str());
 }
 
 }  // namespace llmc

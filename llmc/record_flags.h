@@ -262,6 +262,9 @@ inline std::vector<Flag> record_flags(Recipe& a) {
                "sqrt(y) from its kept output y (in FP32, then rounded), the pre-activation not kept (one [B*T, 4C] "
                "buffer a layer less); 0: 2 relu(x) from the kept pre-activation x; a ReLU^2 MLP, -r 0, -fp8 0",
                &a.mlp_from_output, 0, 1),
+      int_flag("-fm", "FP8 MLP", "1: record #89's MLP training forward in FP8 (E4M3 casts under its scales: the "
+               "weights' after each update, the input's own amax, ReLU^2's output's delayed; BF16 builds, compute "
+               "capability 8.9+, -mr 1; evaluation and the backward stay BF16)", &a.fp8_mlp, 0, 1),
       int_flag("-mc", "Muon momentum cooldown", "-opt muon: the run's last K steps (with -sp's extension steps) over "
                "which Muon's momentum falls linearly back to its start value (0: none)",
                &a.muon_momentum.cooldown_steps, 0, kIntMax),

@@ -897,6 +897,14 @@ gpu_determinism() {
       -fh 0
     run speedrun_fp8_head_val_losses_agree val_losses_agree "$LOGS/determinism_speedrun_1.log" \
       "$LOGS/speedrun_bf16_head.log" 0.03
+    # Likewise record #89's FP8 MLP (-fm 1, the record89 recipe's): shown in the startup table, and
+    # validation losses within 3% of the BF16 MLP's (-fm 0). Its kernels are held to the reference's
+    # roundings in build/test_kernels fp8_mlp; its scales' state resumes bitwise in gpu_resume.
+    run determinism_record89_fp8_mlp_shown grep -aE "^\| MLP +\| FP8 forward in training" \
+      "$LOGS/determinism_record89_1.log"
+    run record89_bf16_mlp ./train_gpt2cu $COMMON -e d12 "${RECORD89_TEST[@]}" -x 20 -v 10 -m 4 -s 0 -S 7 -fm 0
+    run record89_fp8_mlp_val_losses_agree val_losses_agree "$LOGS/determinism_record89_1.log" \
+      "$LOGS/record89_bf16_mlp.log" 0.03
   fi
   # FP8 linear layers: the same bits twice, and losses within 0.1 of the BF16 run's above at every
   # step: about 5x the 0.021 measured on an H200 (FP8's losses run 0.1-0.3% above BF16's as the
@@ -1017,6 +1025,16 @@ gpu_resume() {
   # -recipe record89 itself (RECORD89_TEST): the checkpoint of step 10 in stage 2, the resumed run crossing
   # stage 3's start (step 12), the untie (step 13) and the extension (steps 18-19).
   resume_test ./train_gpt2cu resume_record89_bf16 "${RECORD89_TEST[@]}"
+  # Where the GPU has FP8 products that run trains its MLP's forward in FP8 (-fm 1): resumed at step 10
+  # within W2's bootstrap (the casts after steps 0..15's updates) with the activations' delayed scales
+  # from the state file, it crosses the bootstrap's end. Resumed at step 18, after it: W2's delayed
+  # scale comes from the state file too.
+  if fp8_gpu; then
+    run resume_record89_fp8_mlp_shown grep -aE "^\| MLP +\| FP8 forward in training" \
+      "$LOGS/resume_record89_bf16_straight.log"
+    resume_equivalence_at 18 run resume_record89_fp8_mlp_step18 build/test_resume/resume_record89_fp8_mlp_step18 1 \
+      ./train_gpt2cu $COMMON -e d12 -b 4 -t 256 -v 10 -m 4 -s 0 "${RECORD89_TEST[@]}"
+  fi
   # AdamW every 4th step (-ao 4: at steps 3, 7, 11, ...): the checkpoint of step 10 holds the
   # gradients of steps 8 and 9, kept for step 11's update, and the resumed step 10 steps Muon alone
   # (AdamW's state carried to the arrays after the checkpoint).

@@ -10,6 +10,7 @@
 #include "dev/cuda/test_composed_attention.cu"
 #include "dev/cuda/test_encoder.cu"
 #include "dev/cuda/test_fp8.cu"
+#include "dev/cuda/test_fp8_mlp.cu"
 #include "dev/cuda/test_gelu.cu"
 #include "dev/cuda/test_gemm.cu"
 #include "dev/cuda/test_host_copy.cu"
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
       {"composed_attention", composed_attention_tests::run},
       {"encoder", encoder_tests::run},
       {"fp8", fp8_tests::run, fp8_tests::kComputeCapability},
+      {"fp8_mlp", fp8_mlp_tests::run, fp8_tests::kComputeCapability},  // the FP32 build runs nothing
       {"gelu", gelu_tests::run},
       {"gemm", gemm_tests::run},
       {"host_copy", host_copy_tests::run},

@@ -53,17 +53,25 @@ same_checkpoints_every_step() {
 
 # resume_equivalence RUNNER NAME DIR RANKS TRAINER_COMMAND...: 20 straight steps against 10
 # steps, a resume from their checkpoint (-y 1) and 10 more give the same run log (losses, norms,
-# validation) and bitwise-identical final model and per-rank state files. `RUNNER NAME COMMAND...`
+# validation) and bitwise-identical final model and per-rank state files (the last checkpoint's: of
+# step 20, or later where a stage plan's extension adds steps). `RUNNER NAME COMMAND...`
 # runs and counts one check (run_tests.sh's run, multi_gpu_tests.sh's check); TRAINER_COMMAND is
 # the trainer and its flags, behind a launcher (mpirun) where RANKS > 1.
-resume_equivalence() {
-  local runner=$1 name=$2 dir=$3 ranks=$4
-  shift 4
+resume_equivalence() { resume_equivalence_at 10 "$@"; }
+
+# resume_equivalence_at STEP RUNNER NAME DIR RANKS TRAINER_COMMAND...: the same with the checkpoint
+# of step STEP (below 20) resumed.
+resume_equivalence_at() {
+  local step=$1 runner=$2 name=$3 dir=$4 ranks=$5
+  shift 5
   rm -rf "$dir"
-  "$runner" "${name}_straight" "$@" -x 20 -n 10 -o "$dir/straight"
-  "$runner" "${name}_halt" "$@" -x 20 -n 10 -o "$dir/resumed" -halt 10
-  "$runner" "${name}_continue" "$@" -x 20 -n 10 -o "$dir/resumed" -y 1
+  "$runner" "${name}_straight" "$@" -x 20 -n "$step" -o "$dir/straight"
+  "$runner" "${name}_halt" "$@" -x 20 -n "$step" -o "$dir/resumed" -halt "$step"
+  "$runner" "${name}_continue" "$@" -x 20 -n "$step" -o "$dir/resumed" -y 1
   "$runner" "${name}_same_log" same_log "$dir/straight/main.log" "$dir/resumed/main.log"
-  "$runner" "${name}_same_files" same_checkpoint "$dir/straight" "$dir/resumed" 20 "$ranks"
+  local last
+  last=$(cd "$dir/straight" 2>/dev/null && ls DONE_* 2>/dev/null | sort | tail -n1)
+  last=${last#DONE_}
+  "$runner" "${name}_same_files" same_checkpoint "$dir/straight" "$dir/resumed" "$((10#${last:-0}))" "$ranks"
   rm -f "$dir"/*/*.bin  # compared: the logs stay; a d12 run's checkpoints take gigabytes
 }

@@ -535,6 +535,20 @@ if has_flag -fh; then
       -fh 1
   fi
 fi
+# --- -fm 1, record #89's FP8 MLP: the BF16 build's (the FP32 build's -recipe record89 leaves it off), on
+# a ReLU^2 MLP without biases, with its backward from ReLU^2's output (-mr 1); flag errors, before the GPU
+if has_flag -fm; then
+  if grep -q "precision FP32" <<< "$help"; then
+    expect "-fm 1 in the FP32 build" "-fm 1 needs the BF16 build \(make train_gpt2cu\); this is the FP32 build: use -fm 0" \
+      -recipe record89 -fm 1
+  else
+    expect "-fm 1 on GPT-2's MLP" "-fm 1: record #89's FP8 MLP is a ReLU\^2 MLP without biases, and -recipe gpt2's is not: use -fm 0" \
+      -fm 1
+    expect "-fm 1 with -mr 0" "-fm 1: the FP8 forward keeps ReLU\^2's output alone, which the backward reads: give -mr 1 with it, or -fm 0" \
+      -recipe record89 -fm 1 -mr 0
+  fi
+fi
+
 # --- -fhs, the FP8 head's scales: three numbers, on the speedrun's head (flag errors, before the GPU)
 if has_flag -fhs; then
   expect "-fhs of two numbers" "^error: -fhs 100,1.6: give three numbers apart by commas, X,W,G .*e.g. 100,1.6,0.75\$" \

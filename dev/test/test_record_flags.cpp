@@ -108,7 +108,7 @@ Fields fields_of(const Recipe& r) {
   FIELD(window_blocks), FIELD(short_window_blocks), FIELD(final_window_blocks), FIELD(window_tokens), FIELD(stages);
   FIELD(muon_lr), FIELD(muon_weight_decay), FIELD(cautious_decay), FIELD(normuon), FIELD(adam_every);
   FIELD(untie_step), FIELD(muon_qk_heads), FIELD(muon_tensor_lr), FIELD(adam_rows), FIELD(zero_stage);
-  FIELD(divided_optimizers), FIELD(fp8_head), FIELD(fp8_head_scales), FIELD(beta1), FIELD(beta2), FIELD(eps);
+  FIELD(divided_optimizers), FIELD(fp8_head), FIELD(fp8_mlp), FIELD(fp8_head_scales), FIELD(beta1), FIELD(beta2), FIELD(eps);
   FIELD(decay_vectors), FIELD(eps_before_correction), FIELD(bf16_embeddings), FIELD(role_lr[0]), FIELD(role_lr[1]);
   FIELD(role_lr[2]), FIELD(role_lr[3]), FIELD(lr_help), FIELD(muon_momentum), FIELD(muon_newton_schulz);
   FIELD(muon_scale_tall), FIELD(loss_sum), FIELD(next_token_weights), FIELD(logit_cap), FIELD(prefix_weight);
@@ -135,8 +135,8 @@ std::string differing_fields(const Recipe& x, const Recipe& y, const std::vector
 // The record #89 command of the notes, but -i, -j and -tk (the data's, the user's), and without
 // -recipe: the command line gives the recipe.
 const std::vector<std::string> kRecord89Flags = {
-    "-e", "d12", "-lp", "1", "-ph", "1", "-rp", "1", "-awt", "1", "-ko", "1", "-yn", "1", "-mr", "1", "-asc", "0.1",
-    "-sm", "1",
+    "-e", "d12", "-lp", "1", "-ph", "1", "-rp", "1", "-awt", "1", "-ko", "1", "-yn", "1", "-mr", "1", "-fm", "1",
+    "-asc", "0.1", "-sm", "1",
     "-bg", "1", "-vg", "1", "-rl", "1", "-xs", "1", "-al", "1", "-mg", "1", "-ca", "1", "-md", "1", "-ri", "89", "-x", "1270",
     "-sp",
     "1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 t=32768 z=262144 cap=2048 "
@@ -328,7 +328,7 @@ void test_switches_in_record() {
   std::string names;
   for (const llmc::Flag* f : llmc::recipe_flags(a, flags)) names += std::string(" ") + f->name + " ";
   std::string missing;
-  for (const char* flag : {"-awf", "-awt", "-ko", "-yn", "-mr", "-ut", "-sm", "-bg", "-rp", "-ri", "-vg", "-rl", "-xs",
+  for (const char* flag : {"-awf", "-awt", "-ko", "-yn", "-mr", "-fm", "-ut", "-sm", "-bg", "-rp", "-ri", "-vg", "-rl", "-xs",
                            "-lp", "-ph", "-al", "-mg", "-ca"}) {
     if (names.find(std::string(" ") + flag + " ") == std::string::npos) missing += std::string(" ") + flag;
   }

@@ -91,6 +91,11 @@ for trainer in ./train_gpt2cu ./train_gpt2fp32cu; do
     "$(flag_help -fh <<< "$speedrun_help" | grep -o '(default [0-9])$')" "(default $fp8_head)"
   check "$trainer -recipe modern --help: -fh's default" \
     "$(flag_help -fh <<< "$modern_help" | grep -o '(default [0-9])$')" "(default 0)"
+  # Record #89's MLP trains its forward in FP8 in the BF16 build likewise.
+  check "$trainer -recipe record89 --help: -fm's default" \
+    "$(flag_help -fm <<< "$record89_help" | grep -o '(default [0-9])$')" "(default $fp8_head)"
+  check "$trainer -recipe speedrun --help: -fm's default" \
+    "$(flag_help -fm <<< "$speedrun_help" | grep -o '(default [0-9])$')" "(default 0)"
 done
 
 finish test_trainer_help
