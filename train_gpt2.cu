@@ -3122,8 +3122,8 @@ bool fp8_head_support(const llmc::ArchSpec& a) {
 //   division, div.full.f32); s2 is the last cast's amax |W2| times 1.12 / 448, delayed, except in the
 //   forwards of the first 17 steps, which take W2's own bf16 scale as s1's (the reference's bootstrap).
 // - A training forward of layer l casts the norm's output x [N, C] under its own amax:
-//   x_8 = e4m3(x * (448 / amax_x)) (Inductor's code: the quotient by div.full.f32, the product in
-//   FP32), then pre = bf16((x_8 W1_8^T) d) with d = s1 amax_x / 448 (cuBLASLt's FP32 scale),
+//   x_8 = e4m3(x * (448 / amax_x)) (Inductor's code: 1 / amax_x by div.full.f32, times 448, the
+//   product in FP32, no BF16 rounding between), then pre = bf16((x_8 W1_8^T) d) with d = s1 amax_x / 448 (cuBLASLt's FP32 scale),
 //   post = bf16(relu(pre)^2) (fch_act, which the backward reads), post_8 = e4m3(min(post (1 / a),
 //   448)) under the layer's activation scale a (1 / a by div.full.f32, as the reference's Triton
 //   kernel), and the MLP's output bf16((post_8 W2_8^T) a s2); both products accumulate fast (the
@@ -3196,8 +3196,9 @@ __global__ void fp8_mlp_weight_cast_kernel(uint8_t* out, const floatX* w, const 
 }
 
 // x_8 = e4m3(x * (448 / amax_x)), and (the grid's first thread) d = s1 amax_x / 448 into
-// input.inv_scale: the quotient as Inductor's Triton divides, the division of s1 amax_x by the
-// constant as Inductor lowers it (a product with 1 / 448 rounded once to FP32).
+// input.inv_scale, as Inductor's code computes them: 448 / amax_x as the reciprocal (Triton's
+// division) times 448, and the division of s1 amax_x by the constant as a product with 1 / 448
+// rounded once to FP32.
 __global__ void fp8_mlp_input_cast_kernel(uint8_t* out, const floatX* x, Fp8MlpScales* scales, size_t n) {
   const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
   const float amax = fmaxf(__uint_as_float(scales->input.amax_bits), kFp8MlpMinAmax);
