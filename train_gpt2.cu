@@ -8812,12 +8812,13 @@ __device__ __forceinline__ float relu2_grad(float x) { return 2.0f * fmaxf(x, 0.
 
 // ReLU^2's derivative from its output y = relu(x)^2: 2 sqrt(y), 2 relu(x) up to y's rounding. Record
 // #89's MLP backward (-mr 1), which keeps no pre-activation, takes it so (its reference's). The square
-// root is the one-instruction approximation (MUFU.SQRT, within an FP32 ulp or so of the rounded one),
-// as the reference's tl.sqrt: sqrtf's IEEE rounding adds a slow-path call inside the product's
-// epilogue, where the registers are spoken for.
+// root is the one-instruction approximation (MUFU.SQRT, within an FP32 ulp or so of the rounded one)
+// with subnormals flushed, as the reference's tl.sqrt compiles (sqrt.approx.ftz.f32, read from its
+// PTX on an H200): sqrtf's IEEE rounding adds a slow-path call inside the product's epilogue, where
+// the registers are spoken for.
 __device__ __forceinline__ float relu2_grad_from_output(float y) {
   float root;
-  asm("sqrt.approx.f32 %0, %1;" : "=f"(root) : "f"(y));
+  asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(root) : "f"(y));
   return 2.0f * root;
 }
 
