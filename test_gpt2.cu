@@ -12,7 +12,8 @@
 // float32) is compared tensor by tensor like the others, with -fh 1 (the BF16 build): both heads
 // cast the same weights to the same E4M3 bytes, so the logits and gradients differ by the rest's
 // BF16 rounding and the E4M3 casts it moves (the logits' bound kFp8HeadLogitsAbsTol); its steps'
-// losses take the FP8 bound.
+// losses take the FP8 bound. So does one whose MLP's training forward ran in FP8 (train_gpt2.py
+// --fp8_mlp 1, record #89's; -fm 1 in its settings), whose casts BF16's rounding moves likewise.
 #define TESTING
 #include "train_gpt2.cu"
 
@@ -192,6 +193,7 @@ void debug_state_allocate(GPT2& m, const llmc::DebugState& ref, const llmc::Debu
   if (settings.attention_scale > 0.0) gpt2_set_attention_scale(m, settings.attention_scale);
   gpt2_allocate(m, ref.B, ref.T, 0, fp8, Fp8Format::kE5M2, {ref.documents, max_window, settings.window_unit},
                 ref.fp8_head);
+  gpt2_allocate_fp8_mlp(m, ref.B, ref.T, settings.fp8_mlp != 0);
   gpt2_set_window(m, llmc::step_windows(ref.window_blocks));
   m.logit_cap = llmc::logit_cap_of(m.arch().logit_cap, settings.logit_cap, m.arch().name);
   gpt2_set_prefix_table(m, ref.prefix_table);
@@ -297,7 +299,10 @@ int test_main(int argc, char** argv) {
          muon.c_str(), ref.settings.empty() ? "" : (", " + ref.settings).c_str());
   REQUIRE(!ref.fp8_head || sizeof(floatX) == 2, "%s was written with the head in FP8 (train_gpt2.py --fp8_head "
           "1), which only the BF16 build runs: check it with ./test_gpt2cu", state_path.c_str());
+  REQUIRE(!settings.fp8_mlp || sizeof(floatX) == 2, "%s was written with the MLP's forward in FP8 (train_gpt2.py "
+          "--fp8_mlp 1), which only the BF16 build runs: check it with ./test_gpt2cu", state_path.c_str());
 
+  const bool fp8_products = ref.fp8_head || settings.fp8_mlp;  // -fh 1, -fm 1: the FP8 bounds
   matmul_setup(/*allow_tf32=*/false);
   if (fp8) {
     check_step_losses(config, values, ref, settings, opt, fp8, kFp8StepLossTol);
@@ -316,7 +321,7 @@ int test_main(int argc, char** argv) {
     std::copy(padded.begin() + r * Vp, padded.begin() + r * Vp + V, logits.begin() + r * V);
   }
   testing::check_tensor("logits", logits.data(), ref.logits.data(), logits.size(),
-                        ref.fp8_head ? kFp8HeadLogitsAbsTol : kLogitsAbsTol, 0.0f);
+                        fp8_products ? kFp8HeadLogitsAbsTol : kLogitsAbsTol, 0.0f);
 
   // Loss and gradients.
   const llmc::RngState rng_before_backward = m.rng.state();
@@ -337,6 +342,7 @@ int test_main(int argc, char** argv) {
   std::vector<floatX> first(m.num_params), second(m.num_params);
   cudaCheck(cudaMemcpy(first.data(), m.grads, m.num_params * sizeof(floatX), cudaMemcpyDeviceToHost));
   m.rng.restore(rng_before_backward);  // the same stochastic-rounding seeds
+  if (m.fp8_mlp) fp8_mlp_reset_scales(m);  // the FP8 MLP's scales as the first forward found them
   gpt2_zero_grad(m);
   gpt2_forward(m, ref.inputs.data(), B, T, ForwardPass::kTraining);
   gpt2_classifier(m, ref.targets.data(), B, T, debug_state_dloss(ref, T));
@@ -370,7 +376,7 @@ int test_main(int argc, char** argv) {
   // The optimizer steps on the same batch, from the checkpoint's weights again.
   gpt2_free(m);
   check_step_losses(config, values, ref, settings, opt, false,
-                    ref.fp8_head ? kFp8StepLossTol : ref.muon ? kMuonStepLossTol : kStepLossTol);
+                    fp8_products ? kFp8StepLossTol : ref.muon ? kMuonStepLossTol : kStepLossTol);
   matmul_teardown();
   return testing::summary(ref.fp8_head ? "test_gpt2cu (-fh 1)" : "test_gpt2cu");
 }

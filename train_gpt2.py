@@ -1115,6 +1115,82 @@ class Relu2FromOutput(torch.autograd.Function):
         return (2.0 * dy.float() * y.float().sqrt()).to(dy.dtype)
 
 
+# Record #89's FP8 MLP (--fp8_mlp 1, the CUDA trainer's -fm 1; train_gpt2.cu section 5, SPEC.md): a
+# training forward's two products in E4M3 under the reference's scales, each rounding as its code
+# does (its eager ops here too; Inductor's and Triton's divisions by torch's, which differ by an ulp
+# at most); evaluation and the backward in the run's dtype, the backward from ReLU^2's output.
+FP8_MLP_BOOTSTRAP_STEPS = 16  # the updates of steps 0..15 cast W2 under its own scale
+
+
+class Fp8MlpState:
+    """One layer's FP8 MLP state: its activation scale a (1 at the start), W2's delayed scale, and
+    the weights' casts, made again before the first forward after each update (stale)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.act = self.w2_next = self.casts = None
+        self.stale = self.bootstrap = True
+
+    def updated(self, step):
+        """After step `step`'s update (0-based)."""
+        self.stale, self.bootstrap = True, step < FP8_MLP_BOOTSTRAP_STEPS
+
+
+def fp8_weight_scale(w):
+    """The reference's scale of a BF16 weight, its eager BF16 ops: bf16(bf16(max(amax, 1e-12)) / 448)."""
+    return w.abs().amax().clamp(min=1e-12) / 448.0
+
+
+def fp8_mlp_casts(state, w1, w2):
+    """(s1, W1's E4M3 cast, s2, W2's) of the current weights (fc [4C, C], fcproj [C, 4C]), cast once an update."""
+    if state.stale:
+        f32 = partial(torch.tensor, dtype=torch.float32, device=w1.device)
+        w1b, w2b = w1.detach().bfloat16(), w2.detach().bfloat16()
+        s1 = fp8_weight_scale(w1b)
+        w1_8 = (w1b / s1).to(torch.float8_e4m3fn)
+        s2 = fp8_weight_scale(w2b).float() if state.bootstrap or state.w2_next is None else state.w2_next
+        w2_8 = (w2b.float() / s2).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        state.w2_next = w2b.abs().amax().float().clamp(min=1e-12) * f32(1.12 / 448.0)
+        state.casts, state.stale = (s1.float(), w1_8, s2, w2_8), False
+    return state.casts
+
+
+class Fp8MlpFunction(torch.autograd.Function):
+    """fcproj(relu(fc(x))^2) with the forward's products in FP8; the backward's from post = relu(pre)^2
+    as the forward rounded it (BF16), 2 sqrt(post) its derivative, in float32."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, state):
+        f32 = partial(torch.tensor, dtype=torch.float32, device=x.device)
+        s1, w1_8, s2, w2_8 = fp8_mlp_casts(state, w1, w2)
+        if state.act is None:
+            state.act = f32(1.0)
+        xb = x.reshape(-1, x.size(-1)).bfloat16().contiguous()
+        amax = xb.abs().max().float().clamp(min=1e-12)
+        x8 = (xb.float() * ((1.0 / amax) * 448.0)).to(torch.float8_e4m3fn)
+        d = (s1 * amax) * f32(1.0 / 448.0)
+        pre = scaled_mm(x8, w1_8.t(), d, f32(1.0), torch.bfloat16, fast_accum=True)
+        post = F.relu(pre.float()).square().bfloat16()
+        a = state.act
+        post8 = torch.clamp(post.float() * (1.0 / a), max=448.0).to(torch.float8_e4m3fn)
+        out = scaled_mm(post8, w2_8.t(), a, s2, torch.bfloat16, fast_accum=True)
+        state.act = post.float().amax().clamp(min=1e-12) * f32(1.8 / 448.0)
+        ctx.save_for_backward(x, w1, w2, post)
+        return out.view(*x.shape[:-1], w2.size(0)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w1, w2, post = ctx.saved_tensors
+        dy2, x2, postf = dy.reshape(-1, dy.size(-1)).float(), x.reshape(-1, x.size(-1)).float(), post.float()
+        dw2 = dy2.t() @ postf
+        dpre = (2.0 * (dy2 @ w2.float()) * postf.sqrt()).to(x.dtype).float()
+        dw1 = dpre.t() @ x2
+        dx = dpre @ w1.float()
+        return dx.view(x.shape).to(x.dtype), dw1.to(w1.dtype), dw2.to(w2.dtype), None
+
+
 class MLP(nn.Module):
     def __init__(self, config, linear):
         super().__init__()
@@ -1122,8 +1198,11 @@ class MLP(nn.Module):
         self.c_proj = linear(4 * config.channels, config.channels)
         self.modern = config.modern  # ReLU^2 instead of GELU
         self.from_output = False  # ReLU^2's backward from its output (set_mlp_from_output)
+        self.fp8 = None  # Fp8MlpState with --fp8_mlp 1 (set_fp8_mlp)
 
     def forward(self, x):
+        if self.fp8 is not None and torch.is_grad_enabled():
+            return Fp8MlpFunction.apply(x, self.c_fc.weight, self.c_proj.weight, self.fp8)
         h = self.c_fc(x)
         if not self.modern:
             return self.c_proj(F.gelu(h, approximate="tanh"))
@@ -1317,6 +1396,7 @@ class GPT(nn.Module):
         self.attention_scale = None  # --attention_scale: set_attention_scale's (None: the architecture's)
         self.yarn = False  # --yarn: set_yarn_switch's
         self.mlp_from_output = False  # --mlp_from_output: set_mlp_from_output's
+        self.fp8_mlp = False  # --fp8_mlp: set_fp8_mlp's
         self.loss_terms = None  # the training loss's terms beyond the next token (LossTerms), or none
         self.prefix_table = None  # the loss's prefix term's (run_prefix_table), where a step weights it
         # the head's cap (soft_cap; --logit_cap sets another)
@@ -3295,6 +3375,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
     config, name = model.config, model.config.name()
     muon, summed = args.optimizer == "muon", args.loss_reduction == "sum"
     kind = ("_muon" if muon else "") + ("_fp8" if args.fp8 else "") + ("_fp8_head" if args.fp8_head else "")
+    kind += "_fp8_mlp" if model.fp8_mlp else ""
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if args.fp8 else nullcontext()
     os.makedirs(out_dir, exist_ok=True)
     if args.untie_step >= 0:  # the file's model starts tied: its embedding the head
@@ -3320,8 +3401,10 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
                                     (args.muon_tensor_lr or "") if muon else "", cautious)
     version4 = config.modern or muon or summed or model.documents or plan is not None or bool(settings)
     at_bf16_weights = gradients_at_bf16_weights(model, x, y, params, args, autocast) if version4 else []
+    fp8_mlp_reset(model)  # the file's values and steps each from a new run's FP8 scales, as test_gpt2cu's
     if plan:  # the file's logits and gradients: the whole batch at --window_blocks, whatever the stages
         first = debug_first_values(model, x, y, params, args, autocast)
+        fp8_mlp_reset(model)
     for step in range(args.debug_steps):
         xs, ys, multiplier = x, y, 1.0
         if plan:
@@ -3354,6 +3437,7 @@ def write_debug_state(model, batch, args, device, out_dir, plan=None):
                 group["momentum"], group["lr"] = muon_momentum(step, args), args.muon_lr * multiplier
             muon_optimizer.step()
         untie_step_done(model, step, args, lambda p: dict(enumerate(moments[id(p)])))
+        fp8_mlp_updated(model, step)
     model.window_blocks, model.short_window_blocks = windows
     model.loss_terms = terms
     if model.yarn:
@@ -3506,6 +3590,8 @@ def debug_state_settings(model, untie_step=-1, normuon=False, adam_every=1, muon
         words += ["-cd", "1"]
     if model.mlp_from_output:
         words += ["-mr", "1"]
+    if model.fp8_mlp:
+        words += ["-fm", "1"]
     return " ".join(words)
 
 
@@ -3530,11 +3616,11 @@ def apply_debug_state_settings(model, text, prefix, path):
     words = text.split()
     settings = dict(zip(words[::2], words[1::2]))
     unknown = set(settings) - {"-lc", "-mtp", "-pw", "-ut", "-awt", "-mn", "-mq", "-ao", "-ar", "-fhs", "-ko", "-asc",
-                               "-yn", "-mt", "-cd", "-mr"}
-    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn", "-cd", "-mr"))
+                               "-yn", "-mt", "-cd", "-mr", "-fm"}
+    ones = all(settings.get(flag, "1") == "1" for flag in ("-awt", "-ko", "-yn", "-cd", "-mr", "-fm"))
     if len(words) % 2 or unknown or not ones:
         fail(f"--check_debug_state {path}: settings '{text}' are not pairs of -lc, -mtp, -pw, -ut, -awt 1, "
-             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1, -mt, -cd 1 and -mr 1: re-create it")
+             "-mn, -mq, -ao, -ar, -fhs, -ko 1, -asc, -yn 1, -mt, -cd 1, -mr 1 and -fm 1: re-create it")
     if "-fhs" in settings and isinstance(model.lm_head, Fp8Head):
         model.lm_head.setting = parse_fp8_head_scales(settings["-fhs"])
     model.window_tokens = "-awt" in settings
@@ -3542,6 +3628,7 @@ def apply_debug_state_settings(model, text, prefix, path):
     set_attention_scale(model, float(settings["-asc"]) if "-asc" in settings else None)
     set_yarn_switch(model, "-yn" in settings)
     set_mlp_from_output(model, "-mr" in settings)
+    set_fp8_mlp(model, "-fm" in settings)
     set_logit_cap(model, settings.get("-lc"))
     prefix_weight = float(settings.get("-pw", 0.0))
     if prefix is None and prefix_weight > 0.0:
@@ -3597,6 +3684,31 @@ def set_mlp_from_output(model, on):
     model.mlp_from_output = on
     for block in model.transformer.h:
         block.mlp.from_output = on
+
+
+def set_fp8_mlp(model, on):
+    """--fp8_mlp: record #89's FP8 MLP (Fp8MlpFunction) in every MLP's training forward."""
+    if on and (not model.config.modern or model.transformer.h[0].mlp.c_fc.bias is not None):
+        fail("--fp8_mlp 1 is record #89's MLP, ReLU^2 without biases: give --recipe speedrun or record89")
+    if on and not model.mlp_from_output:
+        fail("--fp8_mlp 1's backward reads ReLU^2's output alone: give --mlp_from_output 1 with it")
+    model.fp8_mlp = on
+    for block in model.transformer.h:
+        block.mlp.fp8 = Fp8MlpState() if on else None
+
+
+def fp8_mlp_reset(model):
+    """The FP8 MLP's state as a new run's (its scales at the start, the casts made again)."""
+    for block in model.transformer.h:
+        if block.mlp.fp8 is not None:
+            block.mlp.fp8.reset()
+
+
+def fp8_mlp_updated(model, step):
+    """After step `step`'s update: the FP8 MLP's casts made again before the next forward."""
+    for block in model.transformer.h:
+        if block.mlp.fp8 is not None:
+            block.mlp.fp8.updated(step)
 
 
 def set_yarn_switch(model, on):
@@ -3993,6 +4105,9 @@ def parse_args(argv=None):
     a.add_argument("--compile", type=int, choices=[0, 1], help="torch.compile (default 1 in benchmark mode)")
     a.add_argument("--fp8", type=int, choices=[0, 1], default=0, help="1: the blocks' linear layers in FP8 "
                    "with torch._scaled_mm, the CUDA trainer's -fp8 1 (bfloat16; CUDA, compute capability 8.9+)")
+    a.add_argument("--fp8_mlp", type=int, choices=[0, 1], default=0, help="1: record #89's MLP training forward "
+                   "in FP8 under its scales (torch._scaled_mm; with --mlp_from_output 1; evaluation and the backward "
+                   "stay in the run's dtype), the CUDA trainer's -fm 1 (CUDA, compute capability 8.9+)")
     a.add_argument("--fp8_head", type=int, choices=[0, 1], default=0, help="1: the speedrun head's training "
                    "products in FP8 with its record's fixed scales (torch._scaled_mm; evaluation stays in the run's "
                    "dtype), the CUDA trainer's -fh 1 (CUDA, compute capability 8.9+)")
@@ -4101,6 +4216,11 @@ def check_args(args):
         fail("--fp8 1 runs under bfloat16 autocast, as the CUDA trainer's BF16 build; drop --dtype float32")
     if args.fp8 and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
         fail(f"--fp8 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
+             f"(torch._scaled_mm's dimensions); change -b/-t")
+    if args.fp8_mlp and (args.compile or args.benchmark):
+        fail("--fp8_mlp 1 runs eagerly (its scales are state the forward changes): drop --compile and --benchmark")
+    if args.fp8_mlp and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
+        fail(f"--fp8_mlp 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
              f"(torch._scaled_mm's dimensions); change -b/-t")
     if args.fp8_head and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
         fail(f"--fp8_head 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
@@ -4628,6 +4748,7 @@ def train_step(args, step, step_plan, steps, model, raw_model, optimizers, train
     for optimizer in optimizers[0 if adamw_steps else 1:]:  # make_optimizers': AdamW first
         optimizer.step()
     untie_step_done(raw_model, step, args, optimizer_state_of(optimizers))
+    fp8_mlp_updated(raw_model, step)
     return mean_over_ranks(train_loss, world), norm.item(), lr
 
 
@@ -4781,6 +4902,9 @@ def main(argv=None, step_hook=None):
     set_attention_scale(model, args.attention_scale)
     set_yarn_switch(model, bool(args.yarn))
     set_mlp_from_output(model, bool(args.mlp_from_output))
+    set_fp8_mlp(model, bool(args.fp8_mlp))
+    if args.fp8_mlp:
+        check_fp8(config, device, "--fp8_mlp")
     model.prefix_table = run_prefix_table(args, config, plan)
     model.loss_terms = loss_terms(parse_prediction_weights(args.mtp), args.prefix_weight, model.prefix_table)
     set_logit_cap(model, args.logit_cap)

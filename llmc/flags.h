@@ -266,6 +266,7 @@ struct DebugStateSettings {
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // -mt
   int cautious_decay = 0;                                        // -cd
   int mlp_from_output = 0;                                       // -mr
+  int fp8_mlp = 0;                                               // -fm
 };
 
 // -asc's value: the attention's softmax scale, positive and finite (record #89's 0.1).
@@ -368,9 +369,9 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (i + 1 == words.size() ||
         (flag != "-lc" && flag != "-mtp" && flag != "-pw" && flag != "-ut" && flag != "-awt" && flag != "-mn" &&
          flag != "-ao" && flag != "-mq" && flag != "-fhs" && flag != "-ko" && flag != "-ar" && flag != "-asc" &&
-         flag != "-yn" && flag != "-mt" && flag != "-cd" && flag != "-mr")) {
+         flag != "-yn" && flag != "-mt" && flag != "-cd" && flag != "-mr" && flag != "-fm")) {
       LLMC_FAIL("%s: settings '%s' are not pairs of -lc, -mtp, -pw, -ut, -awt, -mn, -ao, -mq, -fhs, -ko, -ar, "
-                "-asc, -yn, -mt, -cd and -mr: re-create it with train_gpt2.py",
+                "-asc, -yn, -mt, -cd, -mr and -fm: re-create it with train_gpt2.py",
                 path.c_str(), d.settings.c_str());
     }
     const char* value = words[i + 1].c_str();
@@ -390,6 +391,7 @@ inline DebugStateSettings debug_state_settings(const DebugState& d, const std::s
     if (flag == "-mt") s.muon_tensor_lr = parse_muon_tensor_lr("-mt", value);
     if (flag == "-cd") s.cautious_decay = (int)parse_int("-cd", value, 0, 1);
     if (flag == "-mr") s.mlp_from_output = (int)parse_int("-mr", value, 0, 1);
+    if (flag == "-fm") s.fp8_mlp = (int)parse_int("-fm", value, 0, 1);
   }
   if (s.prefix_weight > 0.0f && d.prefix_table.empty()) {
     LLMC_FAIL("%s: -pw %g and no prefix table: the file is damaged; re-create it with train_gpt2.py", path.c_str(),

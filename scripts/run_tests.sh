@@ -721,6 +721,15 @@ gpu_against_pytorch() {
       --fp8_head_scales 100,1.6,0.75 --write_debug_state "$scales_dir" --debug_steps 10 --seed 42 --device $device
     run test_gpt2cu_speedrun_tiny_fp8_head_scales ./test_gpt2cu "$scales_dir/gpt2_speedrun_tiny.bin" \
       "$scales_dir/gpt2_speedrun_tiny_muon_fp8_head_debug_state.bin"
+    # Record #89's FP8 MLP: -fm 1 (test_gpt2cu reads it in the debug state's settings) against
+    # train_gpt2.py --fp8_mlp 1, over 20 steps: W2 cast under its own scale through step 16's forward,
+    # under the delayed one after.
+    local mlp_dir="$REF/gpu_speedrun_tiny_fp8_mlp"
+    run reference_speedrun_tiny_fp8_mlp "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
+      --window_blocks 2 --batch_size 2 --seq_len 256 --mlp_from_output 1 --fp8_mlp 1 --write_debug_state "$mlp_dir" \
+      --debug_steps 20 --seed 42 --device $device
+    run test_gpt2cu_speedrun_tiny_fp8_mlp ./test_gpt2cu "$mlp_dir/gpt2_speedrun_tiny.bin" \
+      "$mlp_dir/gpt2_speedrun_tiny_muon_fp8_mlp_debug_state.bin"
   fi
   speedrun_validation_against_pytorch $device
 }
