@@ -3306,7 +3306,7 @@ def set_learning_rates(optimizers, step, args, multiplier=1.0, steps=None):
         for group in optimizer.param_groups:
             if isinstance(optimizer, Muon):
                 group["momentum"] = muon_momentum(step, args, steps)
-            elif args.adam_eps_before_correction:
+            elif args.adam_eps_before_correction and adamw_steps_at(step, args):  # its next update's
                 group["eps"] = adam_eps(step, args, group["betas"][1])
             lr = learning_rate(step, args, group["peak_lr"], multiplier)
             if torch.is_tensor(group["lr"]):  # a compiled step reads it from the device

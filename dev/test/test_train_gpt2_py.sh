@@ -233,6 +233,21 @@ for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.A
 print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
 EOF
 
+check "--adam_every 2 with eps before the correction: AdamW's eps set at its updates alone" <<'EOF'
+import torch, train_gpt2 as tg
+args = tg.parse_args(["--recipe", "record89", "--model", "tiny", "--input_bin", "x"])
+p = torch.nn.Parameter(torch.zeros(3))
+opt = torch.optim.AdamW([dict(params=[p], peak_lr=0.01, betas=(0.9, 0.95))], lr=0.01, eps=1.0)
+eps = []
+for step in range(4):  # steps 0 and 2 keep their gradients (no update, t = 0 there), 1 and 3 update
+    tg.set_learning_rates([opt], step, args)
+    eps.append(opt.param_groups[0]["eps"])
+expected = [1.0, args.adam_eps / (1 - 0.95) ** 0.5, args.adam_eps / (1 - 0.95) ** 0.5,
+            args.adam_eps / (1 - 0.95 ** 2) ** 0.5]
+assert eps == expected, (eps, expected)
+print("eps at steps 0-3:", ", ".join(f"{e:.4g}" for e in eps))
+EOF
+
 check "--mlp_from_output 1: ReLU^2's derivative from its output (FP32 tight, BF16 bits), the model's MLPs" <<'EOF'
 import torch, train_gpt2 as tg
 torch.manual_seed(0)
