@@ -565,6 +565,17 @@ gpu_setup() {
 # lambdas (the model file's header slot 9: each attention layer's qkv and output products read s W,
 # the weights' gradients s dW' and the lambdas' sum dW' W, the reference's betas through -ar), at tiny
 # in the plan and at d12 with the bigram embedding and residual lambdas.
+# speedrun_case NAME TEST MODEL KIND ARGS...: train_gpt2.py --recipe speedrun --model MODEL ARGS... (from
+# noise added to the init, seed 42) writes its debug state into $REF/gpu_speedrun_NAME, whose file of
+# Muon's steps and KIND (its name's part after _muon) ./TEST checks; $device as the caller's.
+speedrun_case() {
+  local name=$1 test=$2 model=$3 kind=$4 dir="$REF/gpu_speedrun_$1"
+  shift 4
+  run reference_speedrun_$name "$PYTHON" train_gpt2.py --recipe speedrun --model $model --debug_noise 0.02 "$@" \
+    --write_debug_state "$dir" --seed 42 --device $device
+  run ${test}_speedrun_$name ./$test "$dir/gpt2_speedrun_$model.bin" "$dir/gpt2_speedrun_${model}_muon${kind}_debug_state.bin"
+}
+
 gpu_against_pytorch() {
   local device=cpu spec cases=()
   "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=cuda
@@ -630,20 +641,12 @@ gpu_against_pytorch() {
   # at 0.008, so the first untied step moves each embedding weight by up to 0.6 from the head's
   # moments, and the BF16 build's rounding then grows: its step losses parted from PyTorch's float32
   # by up to 0.138 (H200; the FP32 build's by 2.95e-4). Record #89 steps both at 0.008.
-  local untie="$REF/gpu_speedrun_tiny_untie"
-  run reference_speedrun_tiny_untie "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
-    --window_blocks 2 --batch_size 2 --seq_len 256 --untie_step 4 --write_debug_state "$untie" --debug_steps 10 \
-    --seed 42 --device $device
-  run test_gpt2fp32cu_speedrun_tiny_untie ./test_gpt2fp32cu "$untie/gpt2_speedrun_tiny.bin" \
-    "$untie/gpt2_speedrun_tiny_muon_debug_state.bin"
+  local tiny=(--window_blocks 2 --batch_size 2 --seq_len 256)
+  speedrun_case tiny_untie test_gpt2fp32cu tiny "" "${tiny[@]}" --debug_steps 10 --untie_step 4
   # The untie from record #89's init, where the tied embedding is the head's N(0, 0.005) copy (record
   # #28's zero head leaves it zero), in the FP32 build as above.
-  local untie89="$REF/gpu_speedrun_tiny_record89_untie"
-  run reference_speedrun_tiny_record89_untie "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
-    --window_blocks 2 --batch_size 2 --seq_len 256 --record_init 89 --untie_step 4 --write_debug_state "$untie89" \
-    --debug_steps 10 --seed 42 --device $device
-  run test_gpt2fp32cu_speedrun_tiny_record89_untie ./test_gpt2fp32cu "$untie89/gpt2_speedrun_tiny.bin" \
-    "$untie89/gpt2_speedrun_tiny_muon_debug_state.bin"
+  speedrun_case tiny_record89_untie test_gpt2fp32cu tiny "" "${tiny[@]}" --debug_steps 10 --record_init 89 \
+    --untie_step 4
   # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
   # stage's, across a boundary where T doubles, and the speedrun's extension steps.
   staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
@@ -708,28 +711,16 @@ gpu_against_pytorch() {
     # The speedrun's FP8 head: -fh 1 (test_gpt2cu reads it in the debug state's header) against
     # train_gpt2.py --fp8_head 1, tensor by tensor (both cast the same E4M3 weights) and by the loss
     # curve.
-    local head_dir="$REF/gpu_speedrun_d12_fp8_head"
-    run reference_speedrun_d12_fp8_head "$PYTHON" train_gpt2.py --recipe speedrun --model d12 --debug_noise 0.02 \
-      --window_blocks 3 --batch_size 1 --seq_len 512 --fp8_head 1 --write_debug_state "$head_dir" \
-      --debug_steps 10 --seed 42 --device $device
-    run test_gpt2cu_speedrun_d12_fp8_head ./test_gpt2cu "$head_dir/gpt2_speedrun_d12.bin" \
-      "$head_dir/gpt2_speedrun_d12_muon_fp8_head_debug_state.bin"
+    speedrun_case d12_fp8_head test_gpt2cu d12 _fp8_head --window_blocks 3 --batch_size 1 --seq_len 512 \
+      --debug_steps 10 --fp8_head 1
     # Record #89's scales (--fp8_head_scales, -fhs in the debug state's settings).
-    local scales_dir="$REF/gpu_speedrun_tiny_fp8_head_scales"
-    run reference_speedrun_tiny_fp8_head_scales "$PYTHON" train_gpt2.py --recipe speedrun --model tiny \
-      --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --fp8_head 1 \
-      --fp8_head_scales 100,1.6,0.75 --write_debug_state "$scales_dir" --debug_steps 10 --seed 42 --device $device
-    run test_gpt2cu_speedrun_tiny_fp8_head_scales ./test_gpt2cu "$scales_dir/gpt2_speedrun_tiny.bin" \
-      "$scales_dir/gpt2_speedrun_tiny_muon_fp8_head_debug_state.bin"
+    speedrun_case tiny_fp8_head_scales test_gpt2cu tiny _fp8_head "${tiny[@]}" --debug_steps 10 --fp8_head 1 \
+      --fp8_head_scales 100,1.6,0.75
     # Record #89's FP8 MLP: -fm 1 (test_gpt2cu reads it in the debug state's settings) against
     # train_gpt2.py --fp8_mlp 1, over 20 steps: W2 cast under its own scale through step 16's forward,
     # under the delayed one after.
-    local mlp_dir="$REF/gpu_speedrun_tiny_fp8_mlp"
-    run reference_speedrun_tiny_fp8_mlp "$PYTHON" train_gpt2.py --recipe speedrun --model tiny --debug_noise 0.02 \
-      --window_blocks 2 --batch_size 2 --seq_len 256 --mlp_from_output 1 --fp8_mlp 1 --write_debug_state "$mlp_dir" \
-      --debug_steps 20 --seed 42 --device $device
-    run test_gpt2cu_speedrun_tiny_fp8_mlp ./test_gpt2cu "$mlp_dir/gpt2_speedrun_tiny.bin" \
-      "$mlp_dir/gpt2_speedrun_tiny_muon_fp8_mlp_debug_state.bin"
+    speedrun_case tiny_fp8_mlp test_gpt2cu tiny _fp8_mlp "${tiny[@]}" --debug_steps 20 --mlp_from_output 1 \
+      --fp8_mlp 1
   fi
   speedrun_validation_against_pytorch $device
 }
