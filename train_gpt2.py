@@ -4214,17 +4214,12 @@ def check_args(args):
         fail("--write_debug_state computes in float32; drop --dtype bfloat16")
     if args.fp8 and args.dtype == "float32":
         fail("--fp8 1 runs under bfloat16 autocast, as the CUDA trainer's BF16 build; drop --dtype float32")
-    if args.fp8 and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
-        fail(f"--fp8 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
-             f"(torch._scaled_mm's dimensions); change -b/-t")
     if args.fp8_mlp and (args.compile or args.benchmark):
         fail("--fp8_mlp 1 runs eagerly (its scales are state the forward changes): drop --compile and --benchmark")
-    if args.fp8_mlp and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
-        fail(f"--fp8_mlp 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
-             f"(torch._scaled_mm's dimensions); change -b/-t")
-    if args.fp8_head and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
-        fail(f"--fp8_head 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
-             f"(torch._scaled_mm's dimensions); change -b/-t")
+    for flag in ("fp8", "fp8_mlp", "fp8_head"):  # torch._scaled_mm's rows
+        if getattr(args, flag) and args.batch_size * args.seq_len % FP8_DIM_MULTIPLE != 0:
+            fail(f"--{flag} 1 needs B*T = {args.batch_size}*{args.seq_len} to be a multiple of {FP8_DIM_MULTIPLE} "
+                 f"(torch._scaled_mm's dimensions); change -b/-t")
     for flag, value in [("-b/--batch_size", args.batch_size), ("-t/--seq_len", args.seq_len),
                         ("--num_iterations", args.num_iterations), ("--val_steps", args.val_steps),
                         ("--val_seq_len", args.val_seq_len), ("--debug_steps", args.debug_steps)]:
