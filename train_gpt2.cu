@@ -9759,12 +9759,12 @@ struct AdamWSlices {
   float beta2_correction[kMaxAdamWSlices] = {};
   float cautious_rate[kMaxAdamWSlices] = {};  // lr^2 wd, the cautious decay's, set by adamw_update
   uint32_t seed[kMaxAdamWSlices] = {};
-  bool bf16_state[kMaxAdamWSlices] = {};  // m, v and the weight rounded to nearest BF16 (BF16 builds)
+  llmc::AdamBf16 bf16[kMaxAdamWSlices] = {};  // what of the step is rounded to nearest BF16 (BF16 builds)
   // The FP8 head's weight: its copy by fp8_head_weight_copy with this factor (0: another tensor).
   float fp8_head_to_fp8[kMaxAdamWSlices] = {};
 
   void add(size_t slice_begin, size_t slice_size, size_t slice_index_offset, size_t slice_state,
-           const AdamWRates& slice_rates, uint32_t slice_seed, bool slice_bf16_state = false,
+           const AdamWRates& slice_rates, uint32_t slice_seed, llmc::AdamBf16 slice_bf16 = llmc::AdamBf16::kNone,
            float slice_fp8_head_to_fp8 = 0.0f) {
     REQUIRE(count < kMaxAdamWSlices, "AdamW: more than %d tensors in one update", kMaxAdamWSlices);
     begin[count] = slice_begin;
@@ -9773,7 +9773,7 @@ struct AdamWSlices {
     state[count] = slice_state;
     rates[count] = slice_rates;
     seed[count] = slice_seed;
-    bf16_state[count] = slice_bf16_state;
+    bf16[count] = slice_bf16;
     fp8_head_to_fp8[count] = slice_fp8_head_to_fp8;
     first_block[count + 1] = first_block[count] + (int)ceil_div(slice_size, (size_t)kAdamWBlockElements);
     count++;
@@ -9792,12 +9792,12 @@ __device__ __forceinline__ float adamw_cautious_decay(float old, float u, float 
 }
 
 // The decay decoupled, old - lr (direction + wd old), or cautious with u = lr direction
-// (adamw_cautious_decay). bf16_state: the update from the new moments in FP32, then the moments and
-// the weight rounded to nearest BF16, as the speedrun's reference computes its BF16 tensors' steps
-// (in FP32 from BF16 loads, each result stored once in BF16).
+// (adamw_cautious_decay). bf16: the update from the new moments in FP32, then the weight (kWeight) or
+// the moments and the weight (kAll) rounded to nearest BF16, as the speedrun's references compute
+// their BF16 tensors' steps (in FP32 from the loads, each BF16 result stored once).
 __device__ __forceinline__ float adamw_element(float g, float& m, float& v, float old, const AdamWRates& r,
                                                float beta1_correction, float beta2_correction, float cautious_rate,
-                                               bool bf16_state) {
+                                               llmc::AdamBf16 bf16) {
   m = r.beta1 * m + (1.0f - r.beta1) * g;
   v = r.beta2 * v + (1.0f - r.beta2) * g * g;
   const float mhat = m / beta1_correction, vhat = v / beta2_correction;
@@ -9807,9 +9807,11 @@ __device__ __forceinline__ float adamw_element(float g, float& m, float& v, floa
   } else {
     updated = old - r.lr * (mhat / (sqrtf(vhat) + r.eps) + r.weight_decay * old);
   }
-  if (!bf16_state) return updated;
-  m = bf16_nearest(m);
-  v = bf16_nearest(v);
+  if (bf16 == llmc::AdamBf16::kNone) return updated;
+  if (bf16 == llmc::AdamBf16::kAll) {
+    m = bf16_nearest(m);
+    v = bf16_nearest(v);
+  }
   return bf16_nearest(updated);
 }
 
@@ -9840,7 +9842,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
   const float beta1_correction = slices.beta1_correction[s], beta2_correction = slices.beta2_correction[s];
   const float cautious_rate = slices.cautious_rate[s];
   const uint32_t seed = slices.seed[s];
-  const bool bf16_state = slices.bf16_state[s];
+  const llmc::AdamBf16 bf16 = slices.bf16[s];
   const float fp8_head_to_fp8 = slices.fp8_head_to_fp8[s];
   const size_t index = slices.index_offset[s] + local;
   const bool vector = local + x128::size <= slices.size[s] && p % x128::size == 0 && st % f128::size == 0 &&
@@ -9850,7 +9852,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       float mi = m[sm + i], vi = v[sm + i];
       const float old = master ? master[st + i] : (float)params[p + i];
       const float updated = adamw_element((float)grads[p + i] * grad_scale, mi, vi, old, rates, beta1_correction,
-                                          beta2_correction, cautious_rate, bf16_state);
+                                          beta2_correction, cautious_rate, bf16);
       out_m[sm + i] = mi;
       out_v[sm + i] = vi;
       if (master) out_master[st + i] = updated;
@@ -9879,7 +9881,7 @@ __global__ void __launch_bounds__(kAdamWThreads) adamw_kernel(
       const int e = piece * f128::size + k;
       const float previous = master ? old[piece][k] : (float)stored[e];
       old[piece][k] = adamw_element((float)g[e] * grad_scale, mi[piece][k], vi[piece][k], previous, rates,
-                                    beta1_correction, beta2_correction, cautious_rate, bf16_state);
+                                    beta1_correction, beta2_correction, cautious_rate, bf16);
       out[e] = round_stochastic(old[piece][k], seed, index + e);
       if (fp8_head_to_fp8 != 0.0f) out[e] = fp8_head_weight_copy(out[e], old[piece][k], fp8_head_to_fp8);
     }
@@ -14501,7 +14503,7 @@ AdamWSlices adamw_step_slices(const GPT2& m, const llmc::OptimizerTable& opt, fl
     if (spread.divided) append_adamw_runs(layout, i, spread.world, shared_runs);
     slices.add(layout.begin[i] + part.begin, part.end - part.begin, layout.begin[i] - m.param_offsets[i] + part.begin,
                layout.state[i] + part.begin, rates, seed + 0x9e3779b9u * (llmc::param_seed_index(i) + 1),
-               row.bf16_state,
+               row.bf16,
                i == llmc::kHeadw && fp8_head_support(m.arch()) ? fp8_head_weight_factor(m.fp8_head_setting) : 0.0f);
   }
   return slices;

@@ -218,10 +218,16 @@ def number_text(x):
     return f"{x:g}" if float(f"{x:g}") == x else repr(x)
 
 
+# The reference's BF16 parameters (its Embedding and Linear modules' weights, value_embeds, ve_gate_bank
+# and the MUDD tensors but the gates' scale): each step's weight rounded to nearest bfloat16, the
+# moments float32, as its Adam state is for every tensor (--adam_rows' bf16=weight).
+RECORD89_BF16_WEIGHTS = ("wte", "headw", "ve", "bigram", "smearw", "vegate", "mudd_gate_w1", "mudd_gate_w2",
+                         "mudd_gate_b2", "mudd_w1", "mudd_w2", "mudd_b2")
 # Each row's rate and decay the reference's products (in double, as there), in place of the role's.
 RECORD89_ADAM_ROWS = ";".join(
     f"{name}:rate={number_text(RECORD89_ADAM_RATE * lr_mul)},b1={number_text(b1)},b2={number_text(b2)},"
-    f"decay={number_text(RECORD89_ADAM_DECAY * wd_mul)}" for name, (lr_mul, wd_mul, b1, b2) in RECORD89_ADAM_TABLE.items())
+    f"decay={number_text(RECORD89_ADAM_DECAY * wd_mul)}" + (",bf16=weight" if name in RECORD89_BF16_WEIGHTS else "")
+    for name, (lr_mul, wd_mul, b1, b2) in RECORD89_ADAM_TABLE.items())
 RECORD89_STAGES = ("1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; "
                    "1/3 t=32768 z=262144 cap=2048 aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0; "
                    "1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13")
@@ -1712,14 +1718,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), reduction=reduction)
 
 
-def set_parameter_dtypes(model, dtype):
-    """The speedrun's embedding, value embeddings (and bigram table) are bfloat16 parameters in
-    bfloat16 runs, as its reference stores them (their AdamW state follows them); every other
-    parameter stays float32. Called before the optimizers and DDP take the parameters."""
-    if model.config.speedrun and dtype == "bfloat16":
-        bigram = [model.bigram] if model.bigram is not None else []
-        for embedding in [model.transformer.wte, *model.transformer.ve] + bigram:
-            embedding.bfloat16()
+def set_parameter_dtypes(model, dtype, adam_rows=""):
+    """In bfloat16 runs, the tensors a reference stores in bfloat16 are bfloat16 parameters: the
+    speedrun's embedding, value embeddings and bigram table (their AdamW state follows them, record
+    #28's), and those of --adam_rows with bf16=weight or all (bf16=none: float32); every other parameter
+    stays float32. Called before the optimizers and DDP take the parameters."""
+    if dtype != "bfloat16":
+        return
+    rows = parse_adam_rows(adam_rows)
+    embeddings = {"wte", "ve", "bigram"} if model.config.speedrun else set()
+    for name, p in model.named_parameters():
+        table = table_name(name)
+        if rows.get(table, {}).get("bf16", "all" if table in embeddings else "none") != "none":
+            p.data = p.data.bfloat16()
 
 
 def set_compute_dtype(model, dtype, device_type):
@@ -2852,8 +2863,9 @@ def adamw_cautious_step(p, m, v, t, lr, weight_decay, betas, eps):
     (t counts from 1): the moments as adamw_step's, u = lr mhat / (sqrt(vhat) + eps), then
     p <- p - (u + (lr^2 wd) p [u p > 0]), in the order of the reference's
     update.addcmul_(p, mask, value=lr^2 wd); p - update. A BF16 tensor's step (the speedrun's
-    embeddings) is computed in float32 too, its moments and weight rounded to nearest once, as the
-    CUDA trainer's BF16 state. lr may be a tensor (a compiled step's)."""
+    embeddings) is computed in float32 too, its weight rounded to nearest once, and its moments where
+    they are BF16 (record #28's; record #89's are float32), as the CUDA trainer's BF16 steps. lr may be
+    a tensor (a compiled step's)."""
     beta1, beta2 = betas
     g, p32 = p.grad.float(), p.float()
     m32 = beta1 * m.float() + (1 - beta1) * g
@@ -2883,7 +2895,9 @@ class CautiousAdamW(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"], state["m"], state["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                    dtype = torch.float32 if group.get("float32_moments") else p.dtype
+                    state["step"], state["m"], state["v"] = 0, torch.zeros_like(p, dtype=dtype), torch.zeros_like(
+                        p, dtype=dtype)
                 state["step"] += 1
                 adamw_cautious_step(p, state["m"], state["v"], state["step"], group["lr"], group["weight_decay"],
                                     group["betas"], group["eps"])
@@ -3114,21 +3128,24 @@ def optimizer_groups(model, args):
     return groups
 
 
-# --adam_rows' keys (the CUDA trainer's -ar): multipliers of the role's rate and decay or the tensor's own, and
-# betas.
-ADAM_ROW_KEYS = ("lr", "rate", "b1", "b2", "wd", "decay")
+# --adam_rows' keys (the CUDA trainer's -ar): multipliers of the role's rate and decay or the tensor's own,
+# betas, and what of a bfloat16 run's step is rounded to bfloat16 (ADAM_BF16_KINDS, in place of the role's).
+ADAM_ROW_KEYS = ("lr", "rate", "b1", "b2", "wd", "decay", "bf16")
+ADAM_BF16_KINDS = ("none", "weight", "all")
 
 
 def parse_adam_rows(text, flag="--adam_rows"):
     """--adam_rows' rows as {tensor: {key: value}} (llmc/flags.h parse_adam_rows): "NAME:key=value,...;..."
     with NAME a tensor of llmc/gpt2.h's table (TABLE_NAMES), keys lr and wd (multipliers of its role's
-    rate and decay) or rate and decay (its own), and b1, b2 (its betas, within (0, 1)); "" none."""
+    rate and decay) or rate and decay (its own), b1, b2 (its betas, within (0, 1)), and bf16 (none,
+    weight or all: a bfloat16 run's tensor in float32, a bfloat16 parameter with float32 moments, or
+    with moments that follow it); "" none."""
     names, rows = list(TABLE_NAMES.values()), {}
     parts = text.split(";")
     for row in parts[:-1] + ([parts[-1]] if parts[-1] else []):
         name, colon, keys = row.partition(":")
         if not colon or not keys:
-            fail(f"{flag} '{row}': a row is NAME:key=value,... (keys lr, rate, b1, b2, wd, decay): "
+            fail(f"{flag} '{row}': a row is NAME:key=value,... (keys lr, rate, b1, b2, wd, decay, bf16): "
                  "'ve:lr=75,b1=0.75,b2=0.95,wd=5'")
         if name not in names:
             fail(f"{flag} {row}: no parameter tensor '{name}': name one of {', '.join(names)}")
@@ -3138,7 +3155,13 @@ def parse_adam_rows(text, flag="--adam_rows"):
         for pair in keys.split(","):
             key, _, value = pair.partition("=")
             if key not in ADAM_ROW_KEYS:
-                fail(f"{flag} {row}: '{pair}' is not key=value of lr, rate, b1, b2, wd or decay")
+                fail(f"{flag} {row}: '{pair}' is not key=value of lr, rate, b1, b2, wd, decay or bf16")
+            if key == "bf16":
+                if value not in ADAM_BF16_KINDS:
+                    fail(f"{flag} {name}:bf16 '{value}': give none (FP32), weight (the weight rounded to BF16) or "
+                         "all (the moments too)")
+                rows[name][key] = value
+                continue
             try:
                 number = float(value)
             except ValueError:
@@ -3186,7 +3209,8 @@ def adam_row_groups(model, groups, args):
             row = dict(row)
             split.append((kind, dict(group, params=params, lr=row.get("rate", group["lr"] * row.get("lr", 1.0)),
                                      weight_decay=row.get("decay", group["weight_decay"] * row.get("wd", 1.0)),
-                                     betas=(row.get("b1", args.beta1), row.get("b2", args.beta2)))))
+                                     betas=(row.get("b1", args.beta1), row.get("b2", args.beta2)),
+                                     float32_moments=row.get("bf16") == "weight")))
     return split
 
 
@@ -3206,6 +3230,10 @@ def make_optimizers(model, args, device_type, tensor_lr=False, compile_muon=Fals
     fused = not cautious and device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     extra = {"fused": True} if fused else {}
     adamw = CautiousAdamW if cautious else torch.optim.AdamW
+    if not cautious and any(g.get("float32_moments") and p.dtype == torch.bfloat16 for g in adamw_groups
+                            for p in g["params"]):
+        fail("--adam_rows' bf16=weight keeps a bfloat16 tensor's moments in float32, which torch's AdamW cannot: "
+             "give --cautious_decay 1, or bf16=all")
     optimizers = [adamw(adamw_groups, lr=args.learning_rate, betas=(args.beta1, args.beta2), eps=args.adam_eps,
                         **extra)]
     muon_groups = [group for kind, group in groups if kind == "muon"]
@@ -4069,8 +4097,9 @@ def parse_args(argv=None):
         "process, --grad_clip 0); 1: every step"))
     a.add_argument("--adam_rows", help=recipe_help(
         "adam_rows", "AdamW tensors' own rows over their roles' (the CUDA trainer's -ar), NAME:key=value,... apart "
-        "by ';', NAME a tensor of llmc/gpt2.h's table, keys lr (times its role's rate), b1 and b2 (its betas) and "
-        "wd (times its role's decay): 've:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5' (record #89's value embeddings "
+        "by ';', NAME a tensor of llmc/gpt2.h's table, keys lr (times its role's rate), b1 and b2 (its betas), "
+        "wd (times its role's decay) and bf16 (none, weight or all: what of a bfloat16 run's step stays bfloat16): "
+        "'ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5' (record #89's value embeddings "
         "and head); not the tensors Muon takes"))
     a.add_argument("--tokenizer", default="dev/data/tinyshakespeare/gpt2_tokenizer.bin", help="the llm.c "
                    "vocabulary file --prefix_weight reads the tokens' bytes from")
@@ -4628,7 +4657,7 @@ def placed_model(args, model, device, dtype, use_compile):
     """(the model on `device` in the run's parameter dtypes, the module its forward passes call:
     that model or its compiled form, the forward's autocast context)."""
     raw_model = model.to(device)
-    set_parameter_dtypes(raw_model, dtype)
+    set_parameter_dtypes(raw_model, dtype, args.adam_rows)
     if use_compile:
         # The attention masks are built outside the compiled forward and passed in (train's and
         # evaluate's calls): built inside, the graph would specialise on the window (an int), and
@@ -4780,7 +4809,7 @@ def benchmark(args, model, batch, device, dtype, use_compile, compile_optimizer,
     if cuda:
         torch.set_float32_matmul_precision("high")  # what a benchmark user sets; bf16 products are unaffected
     model.to(device)
-    set_parameter_dtypes(model, dtype)
+    set_parameter_dtypes(model, dtype, args.adam_rows)
     optimizers, fused = make_optimizers(model, args, "cuda" if cuda else "cpu", tensor_lr=compile_optimizer,
                                         compile_muon=use_compile)
     x, y = (t.to(device) for t in batch)

@@ -188,8 +188,9 @@ inline std::string muon_tensor_lr_text(const TensorMultipliers& x) {
 
 // -ar's value (`flag`): AdamW tensors' own rows, "NAME:key=value,...;NAME:..." with NAME a tensor
 // of the parameter table (the start-up table's names) and keys lr (times its role's rate) or rate
-// (its own rate), b1, b2 (its betas, within (0, 1)) and wd (times its role's decay) or decay (its
-// own): "ve:lr=75,b1=0.75,b2=0.95,wd=5" (record #89's value embeddings); "" none.
+// (its own rate), b1, b2 (its betas, within (0, 1)), wd (times its role's decay) or decay (its
+// own), and bf16 (none, weight or all: what of its step BF16 builds round to nearest BF16, in place
+// of its role's): "ve:lr=75,b1=0.75,b2=0.95,wd=5,bf16=weight"; "" none.
 inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text) {
   AdamTensorRows rows;
   std::vector<bool> named(kNumParamTensors, false);
@@ -199,7 +200,7 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
     start = end + 1;
     const size_t colon = row_text.find(':');
     if (colon == std::string::npos || colon + 1 == row_text.size()) {
-      LLMC_FAIL("%s '%s': a row is NAME:key=value,... (keys lr, rate, b1, b2, wd, decay): "
+      LLMC_FAIL("%s '%s': a row is NAME:key=value,... (keys lr, rate, b1, b2, wd, decay, bf16): "
                 "\"ve:lr=75,b1=0.75,b2=0.95,wd=5\"",
                 flag, row_text.c_str());
     }
@@ -230,8 +231,17 @@ inline AdamTensorRows parse_adam_rows(const char* flag, const std::string& text)
         const float beta = parse_float(label.c_str(), value, 0.0f, 1.0f);
         if (beta == 0.0f || beta == 1.0f) LLMC_FAIL("%s %g: must be within (0, 1)", label.c_str(), beta);
         (key == "b1" ? row.beta1 : row.beta2) = beta;
+      } else if (key == "bf16") {
+        const AdamBf16 kinds[] = {AdamBf16::kNone, AdamBf16::kWeight, AdamBf16::kAll};
+        const AdamBf16* kind = std::find_if(std::begin(kinds), std::end(kinds),
+                                            [&](AdamBf16 k) { return std::string(adam_bf16_name(k)) == value; });
+        if (kind == std::end(kinds)) {
+          LLMC_FAIL("%s '%s': give none (FP32), weight (the weight rounded to BF16) or all (the moments too)",
+                    label.c_str(), value);
+        }
+        row.bf16 = *kind;
       } else {
-        LLMC_FAIL("%s %s: '%s' is not key=value of lr, rate, b1, b2, wd or decay", flag, row_text.c_str(),
+        LLMC_FAIL("%s %s: '%s' is not key=value of lr, rate, b1, b2, wd, decay or bf16", flag, row_text.c_str(),
                   pair.c_str());
       }
     }

@@ -46,6 +46,15 @@ inline const char* weight_decay_name(WeightDecayKind k) {
   return k == WeightDecayKind::kCautious ? "cautious weight decay" : "weight decay";
 }
 
+// What of an AdamW tensor's step is rounded to nearest BF16 (BF16 builds): nothing; the weight
+// (record #89's BF16 parameters, whose moments its reference keeps in FP32); or the weight and both
+// moments (record #28's, whose reference's moments follow its BF16 parameters). -ar's key bf16.
+enum class AdamBf16 { kNone, kWeight, kAll };
+
+inline const char* adam_bf16_name(AdamBf16 b) {
+  return b == AdamBf16::kWeight ? "weight" : b == AdamBf16::kAll ? "all" : "none";
+}
+
 // One step of Muon's orthogonalisation: X <- a X + B X, B = b A + c A A, A = X X^T.
 struct NewtonSchulzStep {
   float a, b, c;
@@ -193,10 +202,11 @@ struct AdamTensorRow {
   float lr = 1.0f, weight_decay = 1.0f;
   std::optional<float> rate, decay;
   std::optional<float> beta1, beta2;
+  std::optional<AdamBf16> bf16;  // in place of its role's
 
   bool operator==(const AdamTensorRow& o) const {
     return lr == o.lr && weight_decay == o.weight_decay && rate == o.rate && decay == o.decay && beta1 == o.beta1 &&
-           beta2 == o.beta2;
+           beta2 == o.beta2 && bf16 == o.bf16;
   }
   bool operator!=(const AdamTensorRow& o) const { return !(*this == o); }
 };
@@ -447,6 +457,13 @@ inline AdamTensorRows record89_adam_rows() {
   rows[kMuddGateB2] = rows[kMuddGateScale] = mudd_gate_scalars;
   rows[kMuddW1] = rows[kMuddW2] = record89_adam_row(0.25, 1.0, 0.9f, 0.99f);
   rows[kMuddB2] = record89_adam_row(0.25, 0.0, 0.9f, 0.99f);
+  // The reference's BF16 parameters (its Embedding and Linear modules' weights, value_embeds,
+  // ve_gate_bank and the MUDD tensors but the gates' scale): each step's weight rounded to nearest
+  // BF16, the moments FP32 (its Adam state is FP32 for every tensor).
+  for (int i : {kWte, kHeadw, kVe, kBigram, kSmearw, kVegate, kMuddGateW1, kMuddGateW2, kMuddGateB2, kMuddW1, kMuddW2,
+                kMuddB2}) {
+    rows[i].bf16 = AdamBf16::kWeight;
+  }
   return rows;
 }
 
@@ -510,8 +527,8 @@ struct RoleOptimizer {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // AdamW's
   float weight_decay = 0.0f;                       // on every tensor of the role
   WeightDecayKind decay = WeightDecayKind::kDecoupled;  // how it falls
-  // AdamW's moments and the weights rounded to nearest BF16 after each step (BF16 builds).
-  bool bf16_state = false;
+  // What of AdamW's step is rounded to nearest BF16 (BF16 builds).
+  AdamBf16 bf16 = AdamBf16::kNone;
 };
 
 constexpr int kParamRoles = 4;  // ParamRole's values
@@ -580,7 +597,7 @@ inline std::string float_text(float v) {
 }
 
 // -ar's text of the rows other than the default, "wte:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5" (its
-// keys in the order lr, rate, b1, b2, wd, decay; "" for none), which parse_adam_rows reads back exactly.
+// keys in the order lr, rate, b1, b2, wd, decay, bf16; "" for none), which parse_adam_rows reads back exactly.
 inline std::string adam_rows_text(const AdamTensorRows& rows) {
   std::string text;
   for (int i = 0; i < kNumParamTensors; i++) {
@@ -593,6 +610,7 @@ inline std::string adam_rows_text(const AdamTensorRows& rows) {
     if (row.beta2) keys += ",b2=" + float_text(*row.beta2);
     if (row.weight_decay != 1.0f) keys += ",wd=" + float_text(row.weight_decay);
     if (row.decay) keys += ",decay=" + float_text(*row.decay);
+    if (row.bf16) keys += std::string(",bf16=") + adam_bf16_name(*row.bf16);
     text += strformat("%s%s:%s", text.empty() ? "" : ";", param_tensor_name(i), keys.c_str() + 1);
   }
   return text;
@@ -630,7 +648,7 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
     row.eps = r.eps;
     row.weight_decay = role != ParamRole::kVector || r.decay_vectors ? r.weight_decay : 0.0f;
     row.decay = r.cautious_decay ? WeightDecayKind::kCautious : WeightDecayKind::kDecoupled;
-    row.bf16_state = role == ParamRole::kEmbedding && r.bf16_embeddings && bf16_build;
+    row.bf16 = role == ParamRole::kEmbedding && r.bf16_embeddings && bf16_build ? AdamBf16::kAll : AdamBf16::kNone;
     if (role == ParamRole::kMatrix && r.optimizer == OptimizerKind::kMuon) {
       row.method = OptimizerKind::kMuon;
       row.lr = r.muon_lr;
@@ -653,6 +671,7 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
     row.weight_decay = own.decay.value_or(row.weight_decay * own.weight_decay);
     row.beta1 = own.beta1.value_or(row.beta1);
     row.beta2 = own.beta2.value_or(row.beta2);
+    if (own.bf16) row.bf16 = bf16_build ? *own.bf16 : AdamBf16::kNone;
   }
   return t;
 }
@@ -694,6 +713,7 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
     const std::string decay = own.decay ? strformat("decay %g", *own.decay) : strformat("decay x %g", own.weight_decay);
     adamw += strformat(", %s's %s betas %g %g %s", param_tensor_name(i), lr.c_str(), own.beta1.value_or(r.beta1),
                        own.beta2.value_or(r.beta2), decay.c_str());
+    if (own.bf16 && bf16_build) adamw += strformat(" BF16 %s", adam_bf16_name(*own.bf16));
   }
   if (r.optimizer != OptimizerKind::kMuon) return adamw;
   const MomentumSchedule& mu = r.muon_momentum;

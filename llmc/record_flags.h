@@ -128,7 +128,8 @@ inline Flag muon_tensor_lr_flag(Recipe& a) {
 inline Flag adam_rows_flag(Recipe& a) {
   return {"-ar", "AdamW tensor rows", "AdamW tensors' own rows over their roles', NAME:key=value,... apart by ';' "
           "(quote it), NAME as the start-up table names the tensor, keys lr (times its role's rate) or rate (its own), "
-          "b1 and b2 (its betas) and wd (times its role's decay) or decay (its own): "
+          "b1 and b2 (its betas), wd (times its role's decay) or decay (its own), and bf16 (none, weight or all: "
+          "what of its step BF16 builds round to BF16): "
           "\"ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5\" (record #89's value embeddings and head); not the "
           "tensors Muon takes",
           [&a](const char* text) { a.adam_rows = parse_adam_rows("-ar", text); },

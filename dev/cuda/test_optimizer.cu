@@ -205,13 +205,13 @@ struct MasterSlice {
       : start(start), m0(m0), v0(v0), params(start.size()), grads(grads), master(start.size()), m(start.size()),
         v(start.size()) {}
   // fp8_head_to_fp8: the FP8 head's weight factor 1 / w_s (AdamWSlices::fp8_head_to_fp8), 0: none.
-  void run(const AdamWCase& t, float decay, uint32_t seed, bool bf16_state, float fp8_head_to_fp8) {
+  void run(const AdamWCase& t, float decay, uint32_t seed, llmc::AdamBf16 bf16, float fp8_head_to_fp8) {
     params.upload(start);
     master.upload(start);
     m.upload(m0);
     v.upload(v0);
     AdamWSlices slices;
-    slices.add(0, start.size(), 0, 0, t.with_decay(decay), seed, bf16_state, fp8_head_to_fp8);
+    slices.add(0, start.size(), 0, 0, t.with_decay(decay), seed, bf16, fp8_head_to_fp8);
     OptimizerArrays from;
     from.adam_m = m;
     from.adam_v = v;
@@ -221,19 +221,24 @@ struct MasterSlice {
   Snapshot bits() const { return Snapshot(params, master, m, v); }
 };
 
-// A slice whose steps are BF16's (AdamWSlices::bf16_state, the speedrun's embeddings): from BF16
-// weights, master weights and moments, the new m, v, master and parameters all hold BF16 values
-// (each FP32 value rounds to itself), the parameters equal the master weights, each within one
-// BF16 ulp of the CPU's FP32 step rounded to nearest, and another seed changes nothing (rounded to
-// nearest, not stochastically); twice, the same bits.
-void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
-  printf("\nadamw n=%zu, the moments and weights rounded to nearest BF16\n", n);
+// A slice whose steps are BF16's (AdamWSlices::bf16): from BF16 weights and master weights, and
+// moments BF16 (kAll, record #28's embeddings) or FP32 (kWeight, record #89's BF16 tensors), the new
+// master and parameters hold BF16 values (each FP32 value rounds to itself), and so do m and v with
+// kAll; the parameters equal the master weights, each within one BF16 ulp of the CPU's FP32 step
+// rounded to nearest, and so are m and v with kAll (with kWeight within the FP32 step's tolerance,
+// and one of them at least not a BF16 value); another seed changes nothing (rounded to nearest, not
+// stochastically); twice, the same bits.
+void test_adamw_bf16(size_t n, llmc::AdamBf16 kind, llmc::Rng& rng) {
+  const bool all = kind == llmc::AdamBf16::kAll;
+  printf("\nadamw n=%zu, the %s rounded to nearest BF16\n", n, all ? "moments and weights" : "weights alone");
   const AdamWCase t = test_hyperparameters(0.5f, 3);
   const AdamWParams& hp = t.hp;
   std::vector<float> start = random_stored(rng, n, 0.0f, 1.0f), m0(n), v0(n);
   random_moments(rng, m0, v0);
   for (std::vector<float>* x : {&start, &m0, &v0}) {
-    for (float& e : *x) e = bf16_value(e);
+    if (x == &start || all) {
+      for (float& e : *x) e = bf16_value(e);
+    }
   }
   const std::vector<float> grads = random_stored(rng, n, 0.0f, 1.0f);
   std::vector<float> ref_params = start, ref_m = m0, ref_v = v0, scaled(n);
@@ -241,23 +246,30 @@ void test_adamw_bf16_state(size_t n, llmc::Rng& rng) {
   cpu::adamw_update(ref_params.data(), scaled.data(), ref_m.data(), ref_v.data(), n, t.rates.lr, cpu_config(t.rates),
                     true, hp.step);
   for (std::vector<float>* x : {&ref_params, &ref_m, &ref_v}) {
-    for (float& e : *x) e = bf16_value(e);
+    if (x == &ref_params || all) {
+      for (float& e : *x) e = bf16_value(e);
+    }
   }
   MasterSlice slice(start, grads, m0, v0);
-  auto run = [&](uint32_t seed) { slice.run(t, t.rates.weight_decay, seed, true, 0.0f); };
+  auto run = [&](uint32_t seed) { slice.run(t, t.rates.weight_decay, seed, kind, 0.0f); };
   const uint32_t seed = rng.u32();
   run(seed);
   const std::vector<float> got_m = slice.m.download(), got_v = slice.v.download();
   const std::vector<float> got_master = slice.master.download(), got_params = slice.params.download();
-  bool bf16_values = true;
-  for (const std::vector<float>* x : {&got_m, &got_v, &got_master, &got_params}) {
-    for (float e : *x) bf16_values = bf16_values && bf16_value(e) == e;
-  }
-  testing::check_verbose(bf16_values, "m, v, master and parameters all hold BF16 values");
+  auto bf16_values = [](const std::vector<const std::vector<float>*>& arrays) {
+    bool all_bf16 = true;
+    for (const std::vector<float>* x : arrays) {
+      for (float e : *x) all_bf16 = all_bf16 && bf16_value(e) == e;
+    }
+    return all_bf16;
+  };
+  testing::check_verbose(bf16_values({&got_master, &got_params}), "master and parameters hold BF16 values");
+  testing::check_verbose(bf16_values({&got_m, &got_v}) == all,
+                         all ? "m and v hold BF16 values" : "m and v are FP32's (not all BF16 values)");
   check_close("parameters = master weights", got_params, got_master, 0.0f);
   const float ulp = std::ldexp(1.0f, -7);  // one BF16 ulp, relative
-  check_close("m", got_m, ref_m, ulp);
-  check_close("v", got_v, ref_v, ulp);
+  check_close("m", got_m, ref_m, all ? ulp : kTolFP32);
+  check_close("v", got_v, ref_v, all ? ulp : kTolFP32);
   check_close("master", got_master, ref_params, ulp);
   const Snapshot bits = slice.bits();
   run(seed);
@@ -373,9 +385,9 @@ void test_adamw_fp8_head(size_t n, const llmc::Fp8HeadScales& scales, llmc::Rng&
   random_moments(rng, m0, v0);
   MasterSlice slice(master0, grads, m0, v0);
   const uint32_t seed = rng.u32();
-  slice.run(t, 0.0f, seed, false, 0.0f);
+  slice.run(t, 0.0f, seed, llmc::AdamBf16::kNone, 0.0f);
   const std::vector<float> plain = slice.params.download();
-  slice.run(t, 0.0f, seed, false, to_fp8);
+  slice.run(t, 0.0f, seed, llmc::AdamBf16::kNone, to_fp8);
   const std::vector<float> got = slice.params.download(), updated = slice.master.download();
   size_t mismatched = 0, moved = 0, far = 0, plain_mismatched = 0;
   for (size_t i = 0; i < n; i++) {
@@ -393,7 +405,7 @@ void test_adamw_fp8_head(size_t n, const llmc::Fp8HeadScales& scales, llmc::Rng&
                          llmc::strformat("only the %zu copies a plain slice casts otherwise move, one ulp (%zu others)",
                                          plain_mismatched, moved));
   const Snapshot bits = slice.bits();
-  slice.run(t, 0.0f, seed, false, to_fp8);
+  slice.run(t, 0.0f, seed, llmc::AdamBf16::kNone, to_fp8);
   check_same_bits("twice", bits, slice.bits());
   if (n < 1000) return;
   std::vector<floatX> host(n);
@@ -606,8 +618,10 @@ void run() {
   test_adamw(1000003, true, true, rng);       // the BF16 trainer's path
   test_adamw(1000003, false, false, rng);     // FP32 trainer (and BF16 with -w 0), no decay
   test_adamw(5, true, false, rng);            // a partial block only
-  test_adamw_bf16_state(1000003, rng);        // the speedrun's embeddings
-  test_adamw_bf16_state(7, rng);
+  test_adamw_bf16(1000003, llmc::AdamBf16::kAll, rng);     // record #28's embeddings
+  test_adamw_bf16(7, llmc::AdamBf16::kAll, rng);
+  test_adamw_bf16(1000003, llmc::AdamBf16::kWeight, rng);  // record #89's BF16 tensors
+  test_adamw_bf16(7, llmc::AdamBf16::kWeight, rng);
   test_adamw_cautious(1000003, rng);          // the vector path and a tail
   test_adamw_cautious(29, rng);               // a partial block only
   if (sizeof(floatX) == 2) {                  // BF16 copies of FP32 masters

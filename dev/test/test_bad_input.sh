@@ -788,8 +788,10 @@ if has_flag -ar; then
     -ar emb:lr=2
   expect "-ar with a rate that is not a number" "^error: -ar wte:lr 'x': not a number\$" -ar wte:lr=x
   expect "-ar with a beta of 1" "^error: -ar wte:b2 1: must be within \(0, 1\)\$" -ar wte:b2=1
-  expect "-ar of an unknown key" "^error: -ar wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, rate, b1, b2, wd or decay\$" \
+  expect "-ar of an unknown key" "^error: -ar wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, rate, b1, b2, wd, decay or bf16\$" \
     -ar wte:beta1=0.5
+  expect "-ar of an unknown BF16 kind" "^error: -ar wte:bf16 'moments': give none \(FP32\), weight \(the weight rounded to BF16\) or all \(the moments too\)\$" \
+    -ar wte:bf16=moments
   expect "-ar of a matrix Muon takes" "^error: -ar qkvw:lr=2: qkvw is Muon's \(-opt muon takes the blocks' matrices\), its rate and decay Muon's \(-ml, -mw\): drop its row, or give -opt adamw\$" \
     -opt muon -ar qkvw:lr=2
   expect "-ar of a tensor the model lacks" "^error: -ar headw:b1=0.5: the gpt2 model has no headw: drop its row\$" \

@@ -519,7 +519,7 @@ void test_muon_tensor_lr() {
 }
 
 // -ar's rows: tensors by their table names, each key once read (lr and wd multipliers, b1 and b2
-// betas), shown back as given in table order; an unknown tensor, key, number or beta, a row without
+// betas, bf16's kind), shown back as given in table order; an unknown tensor, key, number or beta, a row without
 // its keys or a tensor named twice is refused with the flag and the row; "" none.
 void test_adam_rows() {
   const llmc::AdamTensorRows rows = llmc::parse_adam_rows("-ar", "ve:lr=75,b1=0.75,b2=0.95,wd=5;headw:b1=0.5");
@@ -538,6 +538,14 @@ void test_adam_rows() {
                     llmc::parse_adam_rows("-ar", llmc::adam_rows_text(own)) == own,
                 "-ar smearw:rate=8e-05,decay=0;wte:decay=0.75 read (the rate and decay their own), shown as " +
                     llmc::adam_rows_text(own));
+  const llmc::AdamTensorRows bf16 = llmc::parse_adam_rows("-ar", "headw:bf16=weight;wte:b1=0.5,bf16=all;ve:bf16=none");
+  check_verbose(bf16[llmc::kHeadw].bf16 == llmc::AdamBf16::kWeight && bf16[llmc::kWte].bf16 == llmc::AdamBf16::kAll &&
+                    bf16[llmc::kVe].bf16 == llmc::AdamBf16::kNone && bf16[llmc::kVe] != llmc::AdamTensorRow() &&
+                    llmc::adam_rows_text(bf16) == "wte:b1=0.5,bf16=all;headw:bf16=weight;ve:bf16=none" &&
+                    llmc::parse_adam_rows("-ar", llmc::adam_rows_text(bf16)) == bf16,
+                "-ar's bf16 key (weight, all, none) read, shown as " + llmc::adam_rows_text(bf16));
+  check_throws([] { llmc::parse_adam_rows("-ar", "wte:bf16=1"); }, "-ar wte:bf16 '1': give none (FP32), weight (the "
+               "weight rounded to BF16) or all (the moments too)", "-ar wte:bf16=1");
   llmc::AdamTensorRows unround;
   unround[llmc::kWte].rate = 1.0f / 3;  // 8 digits to read back
   check_verbose(llmc::adam_rows_text(unround) == "wte:rate=0.33333334" &&
@@ -555,7 +563,7 @@ void test_adam_rows() {
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:b1=0"); }, "-ar wte:b1 0: must be within (0, 1)",
                "-ar wte:b1=0");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:beta1=0.5"); }, "-ar wte:beta1=0.5: 'beta1=0.5' is not "
-               "key=value of lr, rate, b1, b2, wd or decay", "-ar of an unknown key");
+               "key=value of lr, rate, b1, b2, wd, decay or bf16", "-ar of an unknown key");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:rate=0.008,lr=2"); }, "-ar wte:rate=0.008,lr=2: wte sets "
                "its own rate and a multiplier of its role's: give one of rate and lr", "-ar with rate and lr");
   check_throws([] { llmc::parse_adam_rows("-ar", "wte:wd=2,decay=0.1"); }, "give one of decay and wd",

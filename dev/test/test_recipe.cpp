@@ -25,7 +25,8 @@ namespace {
 
 std::string row_text(const RoleOptimizer& r) {
   return llmc::strformat("%s lr %g betas %g %g eps %g decay %g %s", llmc::optimizer_name(r.method), r.lr, r.beta1,
-                         r.beta2, r.eps, r.weight_decay, r.bf16_state ? "bf16" : "fp32");
+                         r.beta2, r.eps, r.weight_decay,
+                         r.bf16 == llmc::AdamBf16::kNone ? "fp32" : llmc::adam_bf16_name(r.bf16));
 }
 
 // The rows of a record's table, "role: row" each, as the BF16 build resolves them.
@@ -53,13 +54,13 @@ void test_recipe_rows() {
                           "head: adamw lr 0.004 betas 0.8 0.95 eps 1e-10 decay 0.001 fp32; ",
                 "modern: Muon's matrices, each AdamW role's rate, decay on every role: " + modern);
   const std::string speedrun = table_text(llmc::recipe_speedrun());
-  check_verbose(speedrun == "embedding: adamw lr 0.6 betas 0.8 0.95 eps 1e-10 decay 0 bf16; "
+  check_verbose(speedrun == "embedding: adamw lr 0.6 betas 0.8 0.95 eps 1e-10 decay 0 all; "
                             "matrix: muon lr 0.05 betas 0.8 0.95 eps 1e-10 decay 0 fp32; "
                             "vector: adamw lr 0.04 betas 0.8 0.95 eps 1e-10 decay 0 fp32; "
                             "head: adamw lr 0.008 betas 0.8 0.95 eps 1e-10 decay 0 fp32; ",
                 "speedrun: the embeddings' state in BF16, no decay: " + speedrun);
   const OptimizerTable fp32 = llmc::optimizer_table(llmc::recipe_speedrun(), false);
-  check_verbose(!fp32.of(ParamRole::kEmbedding).bf16_state,
+  check_verbose(fp32.of(ParamRole::kEmbedding).bf16 == llmc::AdamBf16::kNone,
                 "speedrun in the FP32 build: the embeddings' state in FP32");
 }
 
@@ -206,7 +207,7 @@ void test_adam_rows() {
   const std::string ve = row_text(t.of_tensor(llmc::kVe)), head = row_text(t.of_tensor(llmc::kHeadw));
   const std::string wte = row_text(t.of_tensor(llmc::kWte)), lambdas = row_text(t.of_tensor(llmc::kLambdas));
   const std::string qkvw = row_text(t.of_tensor(llmc::kQkvw));
-  check_verbose(ve == "adamw lr 45 betas 0.75 0.95 eps 1e-10 decay 0.025 bf16" &&
+  check_verbose(ve == "adamw lr 45 betas 0.75 0.95 eps 1e-10 decay 0.025 all" &&
                     head == "adamw lr 0.008 betas 0.5 0.99 eps 1e-10 decay 0.005 fp32" &&
                     wte == row_text(t.of(ParamRole::kEmbedding)) && lambdas == "adamw lr 0.2 betas 0.8 0.95 eps 1e-10 "
                     "decay 0 fp32" && qkvw == row_text(t.of(ParamRole::kMatrix)),
@@ -225,7 +226,7 @@ void test_adam_rows() {
   const std::string own_wte = row_text(with_own.of_tensor(llmc::kWte));
   const std::string own_lambdas = row_text(with_own.of_tensor(llmc::kLambdas));
   const std::string own_described = llmc::optimizer_description(own, true);
-  check_verbose(own_wte == "adamw lr 0.008 betas 0.8 0.95 eps 1e-10 decay 0.75 bf16" &&
+  check_verbose(own_wte == "adamw lr 0.008 betas 0.8 0.95 eps 1e-10 decay 0.75 all" &&
                     own_lambdas == "adamw lr 0.2 betas 0.8 0.95 eps 1e-10 decay 0.005 fp32" &&
                     own_described.find(", wte's lr 0.008 betas 0.8 0.95 decay 0.75") != std::string::npos,
                 "-ar 'wte:rate=0.008,decay=0.75;lambdas:lr=5,decay=0.005': wte " + own_wte + ", lambdas " +

@@ -89,9 +89,10 @@ std::string text_of(const llmc::AdamTensorRows& rows) {
   for (int i = 0; i < llmc::kNumParamTensors; i++) {
     const llmc::AdamTensorRow& r = rows[i];
     if (r == llmc::AdamTensorRow()) continue;
-    text += llmc::strformat(" %s(lr %s rate %s b1 %s b2 %s wd %s decay %s)", llmc::param_tensor_name(i),
+    text += llmc::strformat(" %s(lr %s rate %s b1 %s b2 %s wd %s decay %s bf16 %s)", llmc::param_tensor_name(i),
                             text_of(r.lr).c_str(), text_of(r.rate).c_str(), text_of(r.beta1).c_str(),
-                            text_of(r.beta2).c_str(), text_of(r.weight_decay).c_str(), text_of(r.decay).c_str());
+                            text_of(r.beta2).c_str(), text_of(r.weight_decay).c_str(), text_of(r.decay).c_str(),
+                            r.bf16 ? llmc::adam_bf16_name(*r.bf16) : "-");
   }
   return text;
 }
@@ -155,37 +156,40 @@ std::vector<std::string> words(const std::vector<std::string>& a, const std::vec
 }
 
 // One tensor of the reference's table (train_gpt.py 2026-2068: Adam's rate 0.008 and decay 0.005
-// times lr_mul and wd_mul, its betas) as the tensor of ours it maps to.
+// times lr_mul and wd_mul, its betas) as the tensor of ours it maps to, and whether the reference
+// keeps it in BF16 (2242-2254: its Embedding and Linear modules' weights, value_embeds, ve_gate_bank
+// and the MUDD tensors but _mudd_gate_scale), whose Adam state is FP32 nonetheless (554).
 struct ReferenceRow {
   int tensor;
   double lr_mul, wd_mul, beta1, beta2;
+  bool bf16;
 };
 
 const ReferenceRow kReferenceRows[] = {
-    {llmc::kWte, 1.0, 150.0, 0.5, 0.95},  // embed
-    {llmc::kHeadw, 1.0, 150.0, 0.5, 0.95},  // lm_head
-    {llmc::kVe, 75.0, 5.0, 0.75, 0.95},  // value_embeds
-    {llmc::kBigram, 75.0, 5.0, 0.75, 0.95},  // bigram_embed
-    {llmc::kAttnLambdas, 5.0, 0.0, 0.9, 0.99},  // scalars: the attention lambdas
-    {llmc::kSmearLambda, 5.0, 0.0, 0.9, 0.99},  // scalars: smear_lambda
-    {llmc::kSkipGate, 5.0, 0.0, 0.9, 0.99},  // scalars: skip_lambda
-    {llmc::kSmearw, 0.01, 0.0, 0.9, 0.99},  // smear_gate
-    {llmc::kVegate, 1.0, 1.0, 0.9, 0.99},  // ve_gate_bank
-    {llmc::kResidLambdas, 5.0, 0.0, 0.9, 0.95},
-    {llmc::kPostLambdas, 1.0, 0.0, 0.9, 0.95},
-    {llmc::kMuddGateW1, 0.1, 1.0, 0.9, 0.99},
-    {llmc::kMuddGateW2, 0.1, 1.0, 0.9, 0.99},
-    {llmc::kMuddGateB2, 0.1, 0.0, 0.9, 0.99},
-    {llmc::kMuddGateScale, 0.1, 0.0, 0.9, 0.99},  // _mudd_gate_scale
-    {llmc::kMuddW1, 0.25, 1.0, 0.9, 0.99},
-    {llmc::kMuddW2, 0.25, 1.0, 0.9, 0.99},
-    {llmc::kMuddB2, 0.25, 0.0, 0.9, 0.99},
+    {llmc::kWte, 1.0, 150.0, 0.5, 0.95, true},  // embed
+    {llmc::kHeadw, 1.0, 150.0, 0.5, 0.95, true},  // lm_head
+    {llmc::kVe, 75.0, 5.0, 0.75, 0.95, true},  // value_embeds
+    {llmc::kBigram, 75.0, 5.0, 0.75, 0.95, true},  // bigram_embed
+    {llmc::kAttnLambdas, 5.0, 0.0, 0.9, 0.99, false},  // scalars: the attention lambdas
+    {llmc::kSmearLambda, 5.0, 0.0, 0.9, 0.99, false},  // scalars: smear_lambda
+    {llmc::kSkipGate, 5.0, 0.0, 0.9, 0.99, false},  // scalars: skip_lambda
+    {llmc::kSmearw, 0.01, 0.0, 0.9, 0.99, true},  // smear_gate
+    {llmc::kVegate, 1.0, 1.0, 0.9, 0.99, true},  // ve_gate_bank
+    {llmc::kResidLambdas, 5.0, 0.0, 0.9, 0.95, false},
+    {llmc::kPostLambdas, 1.0, 0.0, 0.9, 0.95, false},
+    {llmc::kMuddGateW1, 0.1, 1.0, 0.9, 0.99, true},
+    {llmc::kMuddGateW2, 0.1, 1.0, 0.9, 0.99, true},
+    {llmc::kMuddGateB2, 0.1, 0.0, 0.9, 0.99, true},
+    {llmc::kMuddGateScale, 0.1, 0.0, 0.9, 0.99, false},  // _mudd_gate_scale
+    {llmc::kMuddW1, 0.25, 1.0, 0.9, 0.99, true},
+    {llmc::kMuddW2, 0.25, 1.0, 0.9, 0.99, true},
+    {llmc::kMuddB2, 0.25, 0.0, 0.9, 0.99, true},
 };
 
 std::string row_text(const RoleOptimizer& r) {
   return llmc::strformat("%s lr %a betas %a %a eps %a decay %a %s %s", llmc::optimizer_name(r.method), r.lr, r.beta1,
                          r.beta2, r.eps, r.weight_decay, llmc::weight_decay_name(r.decay),
-                         r.bf16_state ? "bf16" : "fp32");
+                         llmc::adam_bf16_name(r.bf16));
 }
 
 // -recipe record89 against the notes' command: every field but the name, what -l means and what no
@@ -217,6 +221,7 @@ void test_record89_adam_rows() {
     row.decay = (float)(0.005 * ref.wd_mul);
     row.beta1 = (float)ref.beta1;
     row.beta2 = (float)ref.beta2;
+    if (ref.bf16) row.bf16 = llmc::AdamBf16::kWeight;
   }
   check_verbose(r.adam_rows == expected, "record89's AdamW rows: the reference's, tensor by tensor:" +
                                              text_of(r.adam_rows));
@@ -251,6 +256,7 @@ void test_record89_table() {
         want.weight_decay = (float)(0.005 * ref.wd_mul);
         want.beta1 = (float)ref.beta1;
         want.beta2 = (float)ref.beta2;
+        if (ref.bf16) want.bf16 = bf16_build ? llmc::AdamBf16::kWeight : llmc::AdamBf16::kNone;
         check(want.method == llmc::OptimizerKind::kAdamW, llmc::param_tensor_name(i) + std::string(" is AdamW's"));
       }
       const std::string g = row_text(got.of_tensor(i)), w = row_text(want);

@@ -233,6 +233,51 @@ for flag, adamw, cautious in (("1", tg.CautiousAdamW, True), ("0", torch.optim.A
 print("--cautious_decay 1: CautiousAdamW and Muon's cautious step; 0: torch's AdamW and Muon's decoupled one")
 EOF
 
+check "--adam_rows' bf16: which tensors a bfloat16 run keeps in bfloat16, their moments' dtype, one step" <<'EOF'
+import torch, train_gpt2 as tg
+torch.manual_seed(0)
+# record89's tiny model in a bfloat16 run: the reference's BF16 tensors (bf16=weight) bfloat16, the rest
+# float32; the speedrun's embeddings (no rows) bfloat16, a row's bf16=none keeping one float32.
+args = tg.parse_args(["--recipe", "record89", "--model", "tiny", "--input_bin", "x"])
+model = tg.GPT(tg.resolve_config(args))
+tg.set_parameter_dtypes(model, "bfloat16", args.adam_rows)
+kinds = {tg.table_name(n): p.dtype for n, p in model.named_parameters()}
+bf16 = sorted(name for name, dtype in kinds.items() if dtype == torch.bfloat16)
+assert set(bf16) == set(tg.RECORD89_BF16_WEIGHTS) & set(kinds), bf16
+speedrun = tg.GPT(tg.resolve_config(tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x"])))
+tg.set_parameter_dtypes(speedrun, "bfloat16", "ve:bf16=none")
+kinds28 = {tg.table_name(n): p.dtype for n, p in speedrun.named_parameters()}
+assert kinds28["wte"] == torch.bfloat16 and kinds28["ve"] == torch.float32 and kinds28["headw"] == torch.float32
+# One CautiousAdamW step of a bfloat16 tensor: float32 moments (float32_moments, bf16=weight) hold the float32
+# step's, bfloat16 moments its rounding; the weight the float32 step rounded to nearest in both.
+w, g = torch.randn(300).bfloat16(), torch.randn(300).bfloat16()
+lr, wd, betas, eps = 1e-2, 0.5, (0.9, 0.95), 1e-10
+m = (1 - betas[0]) * g.float()
+v = (1 - betas[1]) * g.float() ** 2
+u = lr * (m / (1 - betas[0])) / ((v / (1 - betas[1])).sqrt() + eps)
+expected = w.float() - (u + lr * lr * wd * w.float() * (u * w.float() > 0).float())
+for float32_moments in (True, False):
+    p = w.clone().requires_grad_()
+    p.grad = g.clone()
+    opt = tg.CautiousAdamW([dict(params=[p], weight_decay=wd, float32_moments=float32_moments)], lr=lr, betas=betas,
+                           eps=eps)
+    opt.step()
+    state = opt.state[p]
+    assert state["m"].dtype == (torch.float32 if float32_moments else torch.bfloat16), state["m"].dtype
+    assert torch.equal(state["m"].float(), m if float32_moments else m.bfloat16().float()), float32_moments
+    assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), expected.bfloat16()), float32_moments
+# torch's AdamW cannot keep a bfloat16 tensor's moments in float32: refused.
+args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "--input_bin", "x", "--adam_rows", "wte:bf16=weight"])
+model = tg.GPT(tg.resolve_config(args))
+tg.set_parameter_dtypes(model, "bfloat16", args.adam_rows)
+try:
+    tg.make_optimizers(model, args, "cpu")
+    raise AssertionError("torch's AdamW took bf16=weight")
+except SystemExit:
+    pass
+print(f"record89 bfloat16: {', '.join(bf16)}; the step's moments float32 or bfloat16, the weight rounded once")
+EOF
+
 check "--adam_every 2 with eps before the correction: AdamW's eps set at its updates alone" <<'EOF'
 import torch, train_gpt2 as tg
 args = tg.parse_args(["--recipe", "record89", "--model", "tiny", "--input_bin", "x"])
@@ -1798,8 +1843,10 @@ EOF
 expect_error "adam_rows emb:lr=2: no parameter tensor 'emb': name one of wte, wpe, " "${TINY[@]}" --bench \
   --adam_rows "emb:lr=2"
 expect_error "adam_rows wte:b1 1.5: must be within .0, 1." "${TINY[@]}" --bench --adam_rows "wte:b1=1.5"
-expect_error "adam_rows wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, rate, b1, b2, wd or decay" "${TINY[@]}" --bench \
-  --adam_rows "wte:beta1=0.5"
+expect_error "adam_rows wte:beta1=0.5: 'beta1=0.5' is not key=value of lr, rate, b1, b2, wd, decay or bf16" "${TINY[@]}" \
+  --bench --adam_rows "wte:beta1=0.5"
+expect_error "adam_rows wte:bf16 'moments': give none .FP32., weight .the weight rounded to BF16. or all" "${TINY[@]}" \
+  --bench --adam_rows "wte:bf16=moments"
 expect_error "adam_rows qkvw:lr=2: qkvw is Muon's .--optimizer muon takes the blocks' matrices." "${TINY[@]}" --bench \
   --optimizer muon --adam_rows "qkvw:lr=2"
 expect_error "adam_rows wpe:lr=2: the speedrun model has no wpe: drop its row" --recipe speedrun --model tiny --bench \
