@@ -5351,10 +5351,60 @@ __device__ __forceinline__ int tile_offset(int r, int c) {
   return (r / 8) * 8 * HS + (c / 64) * 512 + (r % 8) * 64 + (((c % 64) / 8) ^ (r % 8)) * 8 + c % 8;
 }
 
-// rows x HS elements of one head from a [T, ld] matrix, starting at row r0, into a tile; the
-// block's THREADS threads share the copies.
-template <int HS, int ROWS, int THREADS = kThreads>
-__device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, size_t ld, int r0, int T) {
+// Where row r of a sequence lies from its first row, in elements: r * ld for a [T, ld] matrix
+// (rows given as size_t ld), or PairedRows' place for paired heads' doubled sequence read in place.
+__device__ __forceinline__ size_t row_offset(size_t ld, int r) { return (size_t)r * ld; }
+
+// Record #89's paired heads' doubled sequence in place (section 10's paired_attention_rows): qkv's
+// token rows [q0 q1 k0 k1 v0 v1] (halves of `half` = C/2 values: heads 0..NH/2-1, then the rest)
+// read as positions 2t + j of [2T, 3 half] rows, row 2t + j's part p (q, k, v) the token's half 2p
+// + j. A kernel over the doubled sequence addresses its q, k and v (or their gradients) through
+// row_offset and qkv_part (part p at 2p half from q, where [2T, 3 half] rows have it at p half).
+struct PairedRows {
+  size_t half;
+};
+__device__ __forceinline__ size_t row_offset(PairedRows p, int r) {
+  return (size_t)(r >> 1) * 6 * p.half + (size_t)(r & 1) * p.half;
+}
+
+// The rows of a sequence's qkv over C channels a part (PairedRows with kPaired), and the distance
+// from a row's q to its k and from its k to its v.
+template <bool kPaired>
+__device__ __forceinline__ auto qkv_rows(int C) {
+  if constexpr (kPaired) {
+    return PairedRows{(size_t)C};
+  } else {
+    return 3 * (size_t)C;
+  }
+}
+template <bool kPaired>
+__device__ __forceinline__ size_t qkv_part(int C) {
+  return kPaired ? 2 * (size_t)C : (size_t)C;
+}
+
+// Where QK-norm's backward finds row p's head h (of NH) of sequence b (of T rows): its q's rstd at
+// qk_rstd[rstd_q] (qk_rstd [tokens, 2, a token's heads]: q's, then k's `heads` later), and the
+// position the rotary turned it at (RotaryFrequencies of the layer). With kPaired the row is the
+// doubled sequence's: token p / 2's head (p % 2) NH + h of its 2 NH.
+struct QkNormRow {
+  size_t rstd_q;
+  int heads;
+  int position;
+};
+template <bool kPaired>
+__device__ __forceinline__ QkNormRow qk_norm_row(const RotaryFrequencies& f, int b, int p, int T, int h, int NH) {
+  if constexpr (kPaired) {
+    const int token = p >> 1, head = (p & 1) * NH + h;
+    return {((size_t)b * (T / 2) + token) * 4 * NH + head, 2 * NH, f.head_position(f.position(b, token, T / 2), head)};
+  } else {
+    return {((size_t)b * T + p) * 2 * NH + h, NH, f.position(b, p, T)};
+  }
+}
+
+// rows x HS elements of one head from a [T, ld] matrix (or PairedRows), starting at row r0, into a
+// tile; the block's THREADS threads share the copies.
+template <int HS, int ROWS, int THREADS = kThreads, class Rows>
+__device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, Rows rows, int r0, int T) {
   constexpr int kChunks = HS / 8;
   static_assert(ROWS * kChunks % THREADS == 0 && THREADS % (8 * kChunks) == 0,
                 "each thread copies the same columns of rows 8 apart");
@@ -5365,7 +5415,7 @@ __device__ __forceinline__ void load_tile(floatX* dst, const floatX* src, size_t
   for (int k = 0; k < ROWS * kChunks / THREADS; k++) {
     const int row = r + k * (THREADS / kChunks);
     const bool valid = r0 + row < T;
-    copy_async_16(dst + offset + k * (THREADS / kChunks) * HS, src + (size_t)(valid ? r0 + row : 0) * ld + c, valid);
+    copy_async_16(dst + offset + k * (THREADS / kChunks) * HS, src + row_offset(rows, valid ? r0 + row : 0) + c, valid);
   }
 }
 
@@ -5733,19 +5783,20 @@ __device__ __forceinline__ void qk_norm_rotary_backward_rows(float acc[HS / 8][4
   }
 }
 
-// Writes a warp's 16 x HS accumulator, times `scale`, as rows r0 + (0..15) of a [T, ld] matrix.
-template <int HS>
-__device__ __forceinline__ void store_rows(floatX* dst, size_t ld, int r0, int T, const float acc[HS / 8][4],
+// Writes a warp's 16 x HS accumulator, times `scale`, as rows r0 + (0..15) of a [T, ld] matrix (or
+// PairedRows).
+template <int HS, class Rows>
+__device__ __forceinline__ void store_rows(floatX* dst, Rows rows, int r0, int T, const float acc[HS / 8][4],
                                            float scale_lo, float scale_hi) {
   const int lane = threadIdx.x % WARP_SIZE, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int dn = 0; dn < HS / 8; dn++) {
     if (r0 + g < T) {
-      *reinterpret_cast<uint32_t*>(dst + (size_t)(r0 + g) * ld + dn * 8 + 2 * t) =
+      *reinterpret_cast<uint32_t*>(dst + row_offset(rows, r0 + g) + dn * 8 + 2 * t) =
           pack_bf16x2(acc[dn][0] * scale_lo, acc[dn][1] * scale_lo);
     }
     if (r0 + g + 8 < T) {
-      *reinterpret_cast<uint32_t*>(dst + (size_t)(r0 + g + 8) * ld + dn * 8 + 2 * t) =
+      *reinterpret_cast<uint32_t*>(dst + row_offset(rows, r0 + g + 8) + dn * 8 + 2 * t) =
           pack_bf16x2(acc[dn][2] * scale_hi, acc[dn][3] * scale_hi);
     }
   }
@@ -6142,6 +6193,24 @@ __device__ __forceinline__ void tma_load_box(floatX* dst, const CUtensorMap* map
       : "memory");
 }
 
+// One 64-row box of qkv's part `part` (q, k, v) at (column of the part, row, sequence), completing
+// on bar: sequence_tensor_map's (C a part's channels), or with kPaired (PairedRows' doubled
+// sequence, paired_qkv_tensor_map's 5D view) the same 64 positions as 32 tokens' two halves, from
+// the token's halves 2 part and 2 part + 1: the same bytes in the same order into shared memory.
+template <bool kPaired>
+__device__ __forceinline__ void tma_load_qkv(floatX* dst, const CUtensorMap* map, int C, int part, int column, int row,
+                                             int seq, uint64_t* bar) {
+  if constexpr (kPaired) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+        "%6}], [%7];\n" ::"r"(shared_address(dst)),
+        "l"((uint64_t)map), "r"(column), "r"(0), "r"(part), "r"(row / 2), "r"(seq), "r"(shared_address(bar))
+        : "memory");
+  } else {
+    tma_load_box(dst, map, part * C + column, row, seq, bar);
+  }
+}
+
 // `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) into shared memory,
 // completing on bar.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -6534,7 +6603,7 @@ struct WindowForwardSmem {
 // The producer: takes items until none is left and starts their copies, each into a query buffer
 // and stages its consumers have released (item k into buffer k % 2, the n-th key block of all
 // into stage n % kStages).
-template <int HS>
+template <int HS, bool kPaired>
 __device__ void window_forward_produce(const WindowForwardSmem<HS>& sm, const CUtensorMap* qkv_map, int T, int NH,
                                        int heads, const WindowPairs& pairs, int* work_counter) {
 #if FLASH_WGMMA
@@ -6558,8 +6627,8 @@ __device__ void window_forward_produce(const WindowForwardSmem<HS>& sm, const CU
     for (int gr = 0; gr < kTmaForwardGroups; gr++) {
 #pragma unroll
       for (int c = 0; c < kChunks; c++) {
-        tma_load_box(q_s + (gr * kChunks + c) * kTileRows * 64, qkv_map, h * HS + c * 64,
-                     q_block * kKeys + gr * kTileRows, b, &sm.q_full[buf]);
+        tma_load_qkv<kPaired>(q_s + (gr * kChunks + c) * kTileRows * 64, qkv_map, C, 0, h * HS + c * 64,
+                              q_block * kKeys + gr * kTileRows, b, &sm.q_full[buf]);
       }
     }
     const int* docs_g = pairs.dw.documents + (size_t)b * T;
@@ -6573,9 +6642,10 @@ __device__ void window_forward_produce(const WindowForwardSmem<HS>& sm, const CU
       for (int c = 0; c < kChunks; c++) {
 #pragma unroll
         for (int r = 0; r < kKeys; r += 64) {
-          tma_load_box(k_tile + (c * kKeys + r) * 64, qkv_map, C + h * HS + c * 64, key0 + r, b, &sm.full[stage]);
-          tma_load_box(v_tile + (c * kKeys + r) * 64, qkv_map, 2 * C + h * HS + c * 64, key0 + r, b,
-                       &sm.full[stage]);
+          tma_load_qkv<kPaired>(k_tile + (c * kKeys + r) * 64, qkv_map, C, 1, h * HS + c * 64, key0 + r, b,
+                                &sm.full[stage]);
+          tma_load_qkv<kPaired>(v_tile + (c * kKeys + r) * 64, qkv_map, C, 2, h * HS + c * 64, key0 + r, b,
+                                &sm.full[stage]);
         }
       }
       bulk_copy_to_shared(sm.docs_s + stage * kKeys, docs_g + key0, kKeys * sizeof(int), &sm.full[stage]);
@@ -6643,7 +6713,8 @@ __device__ void window_forward_consume(const WindowForwardSmem<HS>& sm, floatX* 
 #endif
 }
 
-template <int HS>
+// kPaired: qkv is paired_qkv_tensor_map's view (PairedRows), the rest as without.
+template <int HS, bool kPaired>
 __global__ void __launch_bounds__(kWindowForwardThreads, 1) attention_forward_window_tma_kernel(
     const __grid_constant__ CUtensorMap qkv_map, floatX* out, float* lse, int T, int NH, int heads, float scale_log2,
     WindowPairs pairs, int* work_counter) {
@@ -6660,7 +6731,9 @@ __global__ void __launch_bounds__(kWindowForwardThreads, 1) attention_forward_wi
   __syncthreads();  // the barriers are initialised before anyone waits on them
   if (threadIdx.x >= kTmaForwardThreads) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (threadIdx.x == kTmaForwardThreads) window_forward_produce<HS>(sm, &qkv_map, T, NH, heads, pairs, work_counter);
+    if (threadIdx.x == kTmaForwardThreads) {
+      window_forward_produce<HS, kPaired>(sm, &qkv_map, T, NH, heads, pairs, work_counter);
+    }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     window_forward_consume<HS>(sm, out, lse, T, NH, scale_log2, pairs.reach);
@@ -7031,23 +7104,25 @@ __device__ __forceinline__ void stage_rows(floatX* tile, int chunk_rows, const f
   }
 }
 
-// The 64 rows that stage_rows wrote, from row0 of dst (leading dimension ld) on, rows >= T left
-// out: 16 bytes a lane, consecutive lanes along a row.
-template <int HS>
-__device__ __forceinline__ void store_staged_rows(floatX* dst, size_t ld, int row0, int T, const floatX* tile,
+// The 64 rows that stage_rows wrote, from row0 of dst (leading dimension ld, or PairedRows) on, rows
+// >= T left out: 16 bytes a lane, consecutive lanes along a row.
+template <int HS, class Rows>
+__device__ __forceinline__ void store_staged_rows(floatX* dst, Rows rows, int row0, int T, const floatX* tile,
                                                   int chunk_rows) {
   constexpr int kUnitsPerRow = HS / 8;
 #pragma unroll
   for (int k = threadIdx.x % kThreads; k < kTileRows * kUnitsPerRow; k += kThreads) {
     const int r = k / kUnitsPerRow, col = k % kUnitsPerRow * 8;
     if (row0 + r < T) {
-      *reinterpret_cast<int4*>(dst + (size_t)(row0 + r) * ld + col) =
+      *reinterpret_cast<int4*>(dst + row_offset(rows, row0 + r) + col) =
           *reinterpret_cast<const int4*>(tile + staged_offset(r, col, chunk_rows));
     }
   }
 }
 
-template <int HS>
+// kPaired: qkv is paired_qkv_tensor_map's view and dqkv's rows PairedRows; qk_rstd and the rotary's
+// positions those of the tokens' heads (qk_norm_row).
+template <int HS, bool kPaired>
 __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkdv_tma_kernel(
     const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dout_map,
     const __grid_constant__ CUtensorMap lse_map, const __grid_constant__ CUtensorMap dot_map, floatX* dqkv, floatX* ds,
@@ -7086,7 +7161,8 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     barrier_expect_bytes(&full[stage], 2 * kQTileBytes + 2 * kTileRows * sizeof(float) + kTileRows * sizeof(int));
 #pragma unroll
     for (int c = 0; c < kChunks; c++) {
-      tma_load_box(q_tile + c * kTileRows * 64, &qkv_map, h * HS + c * 64, i * kTileRows, b, &full[stage]);
+      tma_load_qkv<kPaired>(q_tile + c * kTileRows * 64, &qkv_map, C, 0, h * HS + c * 64, i * kTileRows, b,
+                            &full[stage]);
       tma_load_box(do_tile + c * kTileRows * 64, &dout_map, h * HS + c * 64, i * kTileRows, b, &full[stage]);
     }
     tma_load_box_2d(lse_tile, &lse_map, i * kTileRows, bh, &full[stage]);
@@ -7103,8 +7179,10 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
     for (int c = 0; c < kChunks; c++) {
 #pragma unroll
       for (int r = 0; r < kKeys; r += 64) {
-        tma_load_box(k_s + (c * kKeys + r) * 64, &qkv_map, C + h * HS + c * 64, key_block * kKeys + r, b, kv_full);
-        tma_load_box(v_s + (c * kKeys + r) * 64, &qkv_map, 2 * C + h * HS + c * 64, key_block * kKeys + r, b, kv_full);
+        tma_load_qkv<kPaired>(k_s + (c * kKeys + r) * 64, &qkv_map, C, 1, h * HS + c * 64, key_block * kKeys + r, b,
+                              kv_full);
+        tma_load_qkv<kPaired>(v_s + (c * kKeys + r) * 64, &qkv_map, C, 2, h * HS + c * 64, key_block * kKeys + r, b,
+                              kv_full);
       }
     }
     for (int n = 0; n < kTilesPerAttentionBlock; n++) load_query_tile(first + n, n);
@@ -7219,14 +7297,14 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   floatX* dk_s = k_s + group * kTileRows * 64;
   floatX* dv_s = v_s + group * kTileRows * 64;
   if (qk_rstd) {  // QK-norm's backward, y being the K tile's rows that dK is about to replace
-    const size_t token = (size_t)b * T;
-    const float rstd[2] = {qk_rstd[(token + kv_row[0]) * 2 * NH + NH + h],
-                           qk_rstd[(token + kv_row[1]) * 2 * NH + NH + h]};
+    const QkNormRow key[2] = {qk_norm_row<kPaired>(freq, b, kv_row[0], T, h, NH),
+                              qk_norm_row<kPaired>(freq, b, kv_row[1], T, h, NH)};
+    const float rstd[2] = {qk_rstd[key[0].rstd_q + key[0].heads], qk_rstd[key[1].rstd_q + key[1].heads]};
     auto y = [&](int row, int dn) {
       const int offset = staged_offset(warp * 16 + lane / 4 + 8 * row, dn * 8 + 2 * t, kKeys);
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dk_s + offset));
     };
-    const int position[2] = {freq.position(b, kv_row[0], T), freq.position(b, kv_row[1], T)};
+    const int position[2] = {key[0].position, key[1].position};
     qk_norm_rotary_backward_rows<HS>(dk, scale, y, rstd, position, freq);
     stage_rows<HS>(dk_s, kKeys, dk, 1.0f);
   } else {
@@ -7234,10 +7312,10 @@ __global__ void __launch_bounds__(2 * kThreads, 1) attention_backward_window_dkd
   }
   stage_rows<HS>(dv_s, kKeys, dv, 1.0f);
   named_barrier_sync(1 + group, kThreads);  // this warpgroup's rows are in
-  const size_t ld = 3 * (size_t)C;
-  floatX* dk_g = dqkv + (size_t)b * T * ld + C + h * HS;
-  store_staged_rows<HS>(dk_g, ld, kv_tile * kTileRows, T, dk_s, kKeys);
-  store_staged_rows<HS>(dk_g + C, ld, kv_tile * kTileRows, T, dv_s, kKeys);
+  const size_t part = qkv_part<kPaired>(C);
+  floatX* dk_g = dqkv + (size_t)b * T * 3 * C + part + h * HS;
+  store_staged_rows<HS>(dk_g, qkv_rows<kPaired>(C), kv_tile * kTileRows, T, dk_s, kKeys);
+  store_staged_rows<HS>(dk_g + part, qkv_rows<kPaired>(C), kv_tile * kTileRows, T, dv_s, kKeys);
 #else
   __trap();  // launched only where hopper_support().usable
 #endif
@@ -7255,10 +7333,11 @@ __device__ __forceinline__ void load_ds_tile(floatX* dst, const floatX* src) {
 // dQ = dS K of one 64-row query tile, looping over the key tiles it sees (Pairs) with the dS
 // tiles the dK/dV kernel wrote, each step's copies two steps ahead in a ring of three buffers.
 // tile_sums as in the dK/dV kernel, for the dQ rows. Causal attention on Hopper at head size 64
-// launches attention_backward_flash_dq_tma_kernel below.
+// launches attention_backward_flash_dq_tma_kernel below. kPaired: qkv's and dqkv's rows are
+// PairedRows (no tile_sums; qk_rstd as qk_norm_row finds it).
 constexpr int kDqBuffers = 3;
 
-template <int HS, class Pairs>
+template <int HS, class Pairs, bool kPaired = false>
 __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     floatX* dqkv, float* tile_sums, const floatX* qkv, const floatX* ds, int T, int NH, float scale, Pairs pairs,
     const float* qk_rstd, const __grid_constant__ RotaryFrequencies freq) {
@@ -7269,7 +7348,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
   const int q_tile = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int C = NH * HS, warp = threadIdx.x / WARP_SIZE, q0 = q_tile * kTileRows;
   const size_t ld = 3 * (size_t)C;
-  const floatX* k_g = qkv + (size_t)b * T * ld + C + h * HS;
+  const auto rows = qkv_rows<kPaired>(C);
+  const floatX* k_g = qkv + (size_t)b * T * ld + qkv_part<kPaired>(C) + h * HS;
   const int first = pairs.first_key_tile(b, q_tile);
   // Step n's copies (key tile first + n and its dS tile) into buffer n % kDqBuffers, as one commit
   // group; a step past the last commits an empty one, so that step n's group is always the
@@ -7277,7 +7357,7 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
   auto load_step = [&](int n) {
     const int j = first + n, buf = n % kDqBuffers;
     if (j <= q_tile) {
-      load_tile<HS, kTileRows>(k_s + buf * kTile, k_g, ld, j * kTileRows, T);
+      load_tile<HS, kTileRows>(k_s + buf * kTile, k_g, rows, j * kTileRows, T);
       load_ds_tile(ds_s + buf * kDsTileElements, ds + pairs.ds_tile(bh, q_tile, j));
     }
     copy_async_commit();
@@ -7302,18 +7382,21 @@ __global__ void __launch_bounds__(kThreads) attention_backward_flash_dq_kernel(
     const int g = (threadIdx.x % WARP_SIZE) / 4, t = threadIdx.x % 4;
     const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     const floatX* q_g = qkv + (size_t)b * T * ld + h * HS;
+    const QkNormRow query[2] = {qk_norm_row<kPaired>(freq, b, row[0], T, h, NH),
+                                qk_norm_row<kPaired>(freq, b, row[1], T, h, NH)};
     float rstd[2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) rstd[i] = row[i] < T ? qk_rstd[((size_t)b * T + row[i]) * 2 * NH + h] : 0.0f;
+    for (int i = 0; i < 2; i++) rstd[i] = row[i] < T ? qk_rstd[query[i].rstd_q] : 0.0f;
     auto y = [&](int i, int dn) {
       if (row[i] >= T) return make_float2(0.0f, 0.0f);
-      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_g + (size_t)row[i] * ld + dn * 8 + 2 * t));
+      const floatX* q = q_g + row_offset(rows, row[i]) + dn * 8 + 2 * t;
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q));
     };
-    const int position[2] = {freq.position(b, row[0], T), freq.position(b, row[1], T)};
+    const int position[2] = {query[0].position, query[1].position};
     qk_norm_rotary_backward_rows<HS>(dq, scale, y, rstd, position, freq);
-    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, 1.0f, 1.0f);
+    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, rows, q0 + warp * 16, T, dq, 1.0f, 1.0f);
   } else {
-    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, ld, q0 + warp * 16, T, dq, scale, scale);
+    store_rows<HS>(dqkv + (size_t)b * T * ld + h * HS, rows, q0 + warp * 16, T, dq, scale, scale);
   }
   if (tile_sums) {
     __syncthreads();  // every warp is done with the buffers before their memory holds the sums
@@ -7442,14 +7525,21 @@ void set_smem_limits() {
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
   cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS, WindowPairs>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
+  cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_kernel<HS, WindowPairs, true>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem_bytes<HS>()));
   // The Hopper kernels' shared memory is more than some other GPUs allow a block.
   if (hopper_support().usable) {
     cudaCheck(cudaFuncSetAttribute(attention_forward_flash_tma_kernel<HS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_forward_smem_bytes<HS>()));
-    cudaCheck(cudaFuncSetAttribute(attention_forward_window_tma_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)tma_window_forward_smem_bytes<HS>()));
-    cudaCheck(cudaFuncSetAttribute(attention_backward_window_dkdv_tma_kernel<HS>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, shared_memory_optin()));
+    for (const void* kernel : {(const void*)attention_forward_window_tma_kernel<HS, false>,
+                               (const void*)attention_forward_window_tma_kernel<HS, true>}) {
+      cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)tma_window_forward_smem_bytes<HS>()));
+    }
+    for (const void* kernel : {(const void*)attention_backward_window_dkdv_tma_kernel<HS, false>,
+                               (const void*)attention_backward_window_dkdv_tma_kernel<HS, true>}) {
+      cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_memory_optin()));
+    }
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dkdv_tma_kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tma_dkdv_smem_bytes()));
     cudaCheck(cudaFuncSetAttribute(attention_backward_flash_dq_tma_kernel,
@@ -7462,7 +7552,7 @@ void set_smem_limits() {
 // a tensor map read in `box`es with the 128-byte swizzle; parts past the ends read zeros.
 CUresult encode_swizzled_bf16_map(CUtensorMap* map, const floatX* x, int rank, const cuuint64_t* dims,
                                   const cuuint64_t* strides, const cuuint32_t* box) {
-  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   return hopper_support().encode_tensor_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<floatX*>(x), dims,
                                             strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -7479,6 +7569,23 @@ CUtensorMap sequence_tensor_map(const floatX* x, int B, int T, int width) {
   const CUresult result = encode_swizzled_bf16_map(&map, x, 3, dims, strides, box);
   REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for a [%d, %d, %d] tensor", (int)result,
           B, T, width);
+  return map;
+}
+
+// qkv [B, T/2, 6C] as paired heads' doubled sequence [B, T, 3C] (PairedRows; C a part's channels):
+// a 5D tensor map (column of a half, the token's half j, the part, token, sequence) read in boxes
+// of 64 columns, both halves and 32 tokens, positions 2t + j in order, into shared memory as
+// sequence_tensor_map's 64 x 64 boxes of the regrouped rows would be (tma_load_qkv).
+CUtensorMap paired_qkv_tensor_map(const floatX* qkv, int B, int T, int C) {
+  REQUIRE(T % 2 == 0, "paired_qkv_tensor_map: the doubled sequence's T = %d must be even", T);
+  const cuuint64_t half = (cuuint64_t)C * sizeof(floatX);
+  const cuuint64_t dims[5] = {(cuuint64_t)C, 2, 3, (cuuint64_t)T / 2, (cuuint64_t)B};
+  const cuuint64_t strides[4] = {half, 2 * half, 6 * half, (cuuint64_t)T / 2 * 6 * half};
+  const cuuint32_t box[5] = {64, 2, 1, 32, 1};
+  CUtensorMap map;
+  const CUresult result = encode_swizzled_bf16_map(&map, qkv, 5, dims, strides, box);
+  REQUIRE(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (error %d) for paired heads' [%d, %d, 3 x %d] qkv",
+          (int)result, B, T, C);
   return map;
 }
 
@@ -7897,18 +8004,23 @@ WindowPairs window_pairs(const DocumentWindow& dw, int T) {
   return {dw, T, tiles, window_ds_slots(dw.window, tiles), llmc::attention_window_reach(dw.window)};
 }
 
+// paired: qkv holds PairedRows (Hopper only).
 template <int HS>
 void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, float scale,
-                    const DocumentWindow& dw, cudaStream_t stream) {
+                    const DocumentWindow& dw, bool paired, cudaStream_t stream) {
   set_smem_limits<HS>();
   const float scale_log2 = scale_in_log2_units(scale);
+  REQUIRE(!paired || hopper_support().usable, "attention_forward_window: paired rows in place are Hopper's");
   if (hopper_support().usable) {
-    static const int resident = resident_blocks((const void*)attention_forward_window_tma_kernel<HS>,
+    const auto kernel =
+        paired ? attention_forward_window_tma_kernel<HS, true> : attention_forward_window_tma_kernel<HS, false>;
+    static const int resident = resident_blocks((const void*)attention_forward_window_tma_kernel<HS, false>,
                                                 kWindowForwardThreads, tma_window_forward_smem_bytes<HS>());
     const int grid = std::min(resident, T / llmc::kAttentionBlock * B * NH);
-    attention_forward_window_tma_kernel<HS><<<grid, kWindowForwardThreads, tma_window_forward_smem_bytes<HS>(), stream>>>(
-        sequence_tensor_map(qkv, B, T, 3 * NH * HS), out, lse, T, NH, B * NH, scale_log2, window_pairs(dw, T),
-        work_item_counter());
+    const CUtensorMap qkv_map =
+        paired ? paired_qkv_tensor_map(qkv, B, T, NH * HS) : sequence_tensor_map(qkv, B, T, 3 * NH * HS);
+    kernel<<<grid, kWindowForwardThreads, tma_window_forward_smem_bytes<HS>(), stream>>>(
+        qkv_map, out, lse, T, NH, B * NH, scale_log2, window_pairs(dw, T), work_item_counter());
   } else {
     const dim3 grid(T / kTileRows, B * NH);
     attention_forward_window_kernel<HS><<<grid, kThreads, window_forward_smem_bytes<HS>(), stream>>>(
@@ -7917,11 +8029,12 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
   cudaCheckLaunch();
 }
 
+// paired: qkv and dqkv hold PairedRows (Hopper, without tile_sums).
 template <int HS>
 void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds, const floatX* dout,
                      const floatX* qkv, const floatX* out, const float* lse, int B, int T, int NH, float scale,
                      const DocumentWindow& dw, bool row_dots_given, const float* qk_rstd,
-                     const RotaryFrequencies& freq, cudaStream_t stream) {
+                     const RotaryFrequencies& freq, bool paired, cudaStream_t stream) {
   set_smem_limits<HS>();
   if (!row_dots_given) backward_row_dots<HS>(scratch_dot, dout, out, B, T, NH, stream);
   const WindowPairs pairs = window_pairs(dw, T);
@@ -7931,6 +8044,7 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
   // backward into its epilogue and the dQ kernel's; the other leaves it to a pass of its own.
   const bool hopper = hopper_support().usable && !tile_sums;
   const float* epilogue_rstd = hopper ? qk_rstd : nullptr;
+  REQUIRE(!paired || hopper, "attention_backward_window: paired rows in place are Hopper's, without tile sums");
   if (hopper) {
     const dim3 block_grid(T / llmc::kAttentionBlock, B * NH);
     const size_t smem = tma_window_dkdv_smem_bytes<HS>(dw.window, T);
@@ -7938,17 +8052,22 @@ void backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX*
             "attention: a window of %d %s at T = %d needs %zu bytes of shared memory a block, more than the "
             "GPU's %d; use a shorter window or sequence", dw.window.size,
             dw.window.unit == llmc::WindowUnit::kTokens ? "tokens" : "blocks", T, smem, shared_memory_optin());
-    attention_backward_window_dkdv_tma_kernel<HS><<<block_grid, 2 * kThreads, smem, stream>>>(
-        sequence_tensor_map(qkv, B, T, 3 * NH * HS), sequence_tensor_map(dout, B, T, NH * HS),
-        row_tensor_map(lse, B * NH, T), row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2,
-        scale, pairs, epilogue_rstd, freq);
+    const auto kernel = paired ? attention_backward_window_dkdv_tma_kernel<HS, true>
+                               : attention_backward_window_dkdv_tma_kernel<HS, false>;
+    const CUtensorMap qkv_map =
+        paired ? paired_qkv_tensor_map(qkv, B, T, NH * HS) : sequence_tensor_map(qkv, B, T, 3 * NH * HS);
+    kernel<<<block_grid, 2 * kThreads, smem, stream>>>(
+        qkv_map, sequence_tensor_map(dout, B, T, NH * HS), row_tensor_map(lse, B * NH, T),
+        row_tensor_map(scratch_dot, B * NH, T), dqkv, scratch_ds, T, NH, scale_log2, scale, pairs, epilogue_rstd, freq);
   } else {
     attention_backward_flash_dkdv_kernel<HS><<<grid, kThreads, dkdv_smem_bytes<HS>(), stream>>>(
         dqkv, tile_sums, scratch_ds, qkv, dout, lse, scratch_dot, T, NH, scale_log2, scale, pairs);
   }
   cudaCheckLaunch();
-  attention_backward_flash_dq_kernel<HS><<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(
-      dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs, epilogue_rstd, freq);
+  const auto dq_kernel = paired ? attention_backward_flash_dq_kernel<HS, WindowPairs, true>
+                                : attention_backward_flash_dq_kernel<HS, WindowPairs, false>;
+  dq_kernel<<<grid, kThreads, dq_smem_bytes<HS>(), stream>>>(dqkv, tile_sums, qkv, scratch_ds, T, NH, scale, pairs,
+                                                            epilogue_rstd, freq);
   cudaCheckLaunch();
   if (qk_rstd && !hopper) qk_norm_rotary_backward(dqkv, qkv, qk_rstd, B, T, NH, HS, freq, stream);
 }
@@ -7980,18 +8099,20 @@ void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, 
 }
 
 // Document-causal attention within dw's window (DocumentWindow): out and lse as
-// attention_forward_flash gives them. T a multiple of 128.
+// attention_forward_flash gives them. T a multiple of 128. paired (attention_paired_in_place): qkv
+// is paired heads' doubled sequence in place (PairedRows: B sequences of T positions over C
+// channels, read from qkv's [B, T/2, 6C] token rows).
 void attention_forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
-                              float scale, const DocumentWindow& dw, cudaStream_t stream) {
+                              float scale, const DocumentWindow& dw, cudaStream_t stream, bool paired = false) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
   REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
           llmc::kAttentionBlock, T);
 #if !defined(ENABLE_FP32)
-  if (HS == 64) flash::forward_window<64>(out, lse, qkv, B, T, NH, scale, dw, stream);
-  else flash::forward_window<128>(out, lse, qkv, B, T, NH, scale, dw, stream);
+  if (HS == 64) flash::forward_window<64>(out, lse, qkv, B, T, NH, scale, dw, paired, stream);
+  else flash::forward_window<128>(out, lse, qkv, B, T, NH, scale, dw, paired, stream);
 #else
-  (void)out, (void)lse, (void)qkv, (void)B, (void)scale, (void)dw, (void)stream;
+  (void)out, (void)lse, (void)qkv, (void)B, (void)scale, (void)dw, (void)stream, (void)paired;
 #endif
 }
 
@@ -8046,11 +8167,13 @@ void attention_backward_flash(floatX* dqkv, float* tile_sums, float* scratch_dot
 // qk_rstd (qk_norm_rotary_forward's, of the q and k in qkv), q's and k's gradients go on through
 // QK-norm's and the rotary's backward (qk_norm_rotary_backward's result; on Hopper, without
 // tile_sums, in the kernels' epilogues from dQ and dK unrounded), rotated by freq (given with it).
+// paired: qkv and dqkv are paired heads' doubled sequence in place, as attention_forward_window's (no
+// tile_sums; qk_rstd [tokens, 2, 2 NH] and freq the tokens' with its paired heads' positions).
 void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_dot, floatX* scratch_ds,
                                const floatX* dout, const floatX* qkv, const floatX* out, const float* lse, int B,
                                int T, int C, int NH, float scale, const DocumentWindow& dw, cudaStream_t stream,
                                bool row_dots_given = false, const float* qk_rstd = nullptr,
-                               const RotaryFrequencies* freq = nullptr) {
+                               const RotaryFrequencies* freq = nullptr, bool paired = false) {
   const int HS = C / NH;
   REQUIRE(attention_flash_supported(HS), "flash attention needs a BF16 build and head size 64 or 128, not %d", HS);
   REQUIRE(T % llmc::kAttentionBlock == 0, "windowed attention takes whole blocks of %d tokens, not T = %d",
@@ -8062,14 +8185,14 @@ void attention_backward_window(floatX* dqkv, float* tile_sums, float* scratch_do
   const RotaryFrequencies rotary = freq ? *freq : RotaryFrequencies{};
   if (HS == 64) {
     flash::backward_window<64>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                               row_dots_given, qk_rstd, rotary, stream);
+                               row_dots_given, qk_rstd, rotary, paired, stream);
   } else {
     flash::backward_window<128>(dqkv, tile_sums, scratch_dot, scratch_ds, dout, qkv, out, lse, B, T, NH, scale, dw,
-                                row_dots_given, qk_rstd, rotary, stream);
+                                row_dots_given, qk_rstd, rotary, paired, stream);
   }
 #else
   (void)dqkv, (void)tile_sums, (void)scratch_dot, (void)scratch_ds, (void)dout, (void)qkv, (void)out, (void)lse,
-      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd, (void)freq;
+      (void)B, (void)scale, (void)dw, (void)stream, (void)row_dots_given, (void)qk_rstd, (void)freq, (void)paired;
 #endif
 }
 
@@ -12141,13 +12264,26 @@ void qk_prepare(GPT2& m, int l, const BlockRows& r) {
   }
 }
 
+// Whether paired heads' attention reads qkv's rows, and writes their gradient, in place (PairedRows):
+// the Hopper windowed kernels, which record #89's plan runs. Elsewhere the rows are regrouped
+// around it (paired_heads_regroup), which takes 30 passes over [N, C] a layer and micro step.
+bool attention_paired_in_place(const GPT2& m) {
+#if defined(ENABLE_FP32)
+  (void)m;
+  return false;
+#else
+  return m.flash_attention && m.documents && flash::hopper_support().usable;
+#endif
+}
+
 // The flash backward within documents takes QK-norm's backward as well (attention_backward_window's
 // qk_rstd): on Hopper in its kernels' epilogues, saving a pass over q and k; not in a layer with a
-// key offset, whose backward comes between the two, nor with paired heads, whose regrouped rows do.
+// key offset, whose backward comes between the two, nor with paired heads regrouped, whose
+// regrouping does (in place, the epilogues find each row's token and head: qk_norm_row).
 bool composed_layer(const GPT2& m, int l);
 bool qk_norm_in_attention_backward(const GPT2& m, int l) {
   return m.flash_attention && m.documents && m.arch().qk_norm_rotary && !m.plan[l].key_offset &&
-         !m.plan[l].paired && !composed_layer(m, l);
+         (!m.plan[l].paired || attention_paired_in_place(m)) && !composed_layer(m, l);
 }
 
 // dqkv: from the gradient of the attention's q and k to that of the qkv product's, in place
@@ -12220,11 +12356,16 @@ void attention_rows_of(GPT2& m, int l, const BlockRows& r, int B, int T, int C, 
   }
 }
 
-// Record #89's paired heads in training (LayerSpec::paired): r.qkv's rows regrouped, the attention over
-// sequences of 2T positions of NH/2 heads (r.atty [2N, C/2] is then [N, C]), the rows put back for
-// what comes after (and, flash, the backward's stored qkv).
+// Record #89's paired heads in training (LayerSpec::paired): the attention over sequences of 2T
+// positions of NH/2 heads (r.atty [2N, C/2] is then [N, C]), r.qkv's rows read in place, or
+// regrouped and put back for what comes after (and, flash, the backward's stored qkv).
 void paired_attention_rows(GPT2& m, int l, const BlockRows& r) {
   const llmc::GPT2Config& c = m.config;
+  if (attention_paired_in_place(m)) {
+    attention_forward_window(r.atty, m.act_f(kAtt, l), r.qkv, r.B, 2 * r.T, c.channels / 2, c.num_heads / 2,
+                             attention_scale(m), layer_document_window(m, l, r.T), m.stream, /*paired=*/true);
+    return;
+  }
   paired_heads_regroup(r.qkv, r.rows(), c.channels, PairedDirection::kForward, m.stream);
   attention_rows_of(m, l, r, r.B, 2 * r.T, c.channels / 2, c.num_heads / 2);
   paired_heads_regroup(r.qkv, r.rows(), c.channels, PairedDirection::kInverse, m.stream);
@@ -12266,15 +12407,17 @@ bool attention_sums_qkv_bias(const GPT2& m) { return m.flash_attention && !m.arc
 // flash path draws the qkv bias reduction's seed (also where it does not run, so that the seeds
 // after it stay put). The GEMM path needs nothing of the mask: its att holds zeros at the keys the
 // mask hid.
-void attention_backward_of(GPT2& m, int l, int B, int T, int C, int NH, int tokens, KernelSeeds& seeds) {
+void attention_backward_of(GPT2& m, int l, int B, int T, int C, int NH, int tokens, KernelSeeds& seeds,
+                           bool paired = false) {
   if (m.flash_attention) {
     const bool sums = attention_sums_qkv_bias(m), dots = gates_take_row_dots(m, l);
     if (m.documents) {
       const float* qk_rstd = qk_norm_in_attention_backward(m, l) ? m.act_f(kQkRstd, l) : nullptr;
+      const RotaryFrequencies rotary = layer_rotary(m, l);
       attention_backward_window(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                 m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
                                 attention_scale(m), layer_document_window(m, l, tokens), m.stream, dots, qk_rstd,
-                                &m.rotary);
+                                &rotary, paired);
     } else {
       attention_backward_flash(m.scratch_bt4c, sums ? m.partials : nullptr, m.attention_dot, m.attention_ds,
                                m.scratch_btc, m.act(kQkvr, l), m.act(kAtty, l), m.act_f(kAtt, l), B, T, C, NH,
@@ -12291,13 +12434,18 @@ void attention_backward_of(GPT2& m, int l, int B, int T, int C, int NH, int toke
   }
 }
 
-// With paired heads (paired_attention_rows) the flash backward reads the stored qkv regrouped, as its
-// forward did, and dqkv comes out regrouped: both put back. (The GEMM path keeps q, k and v permuted
-// from the regrouped rows in qkvr: only dqkv.) No qkv bias: the speedrun has none.
+// With paired heads (paired_attention_rows) the flash backward reads the stored qkv as its forward
+// did: in place (attention_paired_in_place), dqkv written so too; or regrouped, dqkv coming out
+// regrouped, both put back. (The GEMM path keeps q, k and v permuted from the regrouped rows in
+// qkvr: only dqkv.) No qkv bias: the speedrun has none.
 void attention_backward_rows(GPT2& m, int l, int B, int T, KernelSeeds& seeds) {
   const int C = m.config.channels, NH = m.config.num_heads, N = B * T;
   if (!m.plan[l].paired) {
     attention_backward_of(m, l, B, T, C, NH, T, seeds);
+    return;
+  }
+  if (attention_paired_in_place(m)) {
+    attention_backward_of(m, l, B, 2 * T, C / 2, NH / 2, T, seeds, /*paired=*/true);
     return;
   }
   if (m.flash_attention) paired_heads_regroup(m.act(kQkvr, l), N, C, PairedDirection::kForward, m.stream);

