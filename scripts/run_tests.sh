@@ -7,8 +7,8 @@
 # Environment: PYTHON (a python with torch, for the reference tensors), TINYSHAKESPEARE (path of
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
 # downloaded), GPU=0 to skip the GPU tests on a GPU machine, TEST_JOBS (default: the number of
-# cores) to run the shell tests that many at a time, GPU_TEST_JOBS (default 4) the debug-state
-# cases of gpu_against_pytorch that many at a time on the GPU.
+# cores) to run the shell tests that many at a time, GPU_TEST_JOBS (default half the cores, at
+# most 8) the chains of gpu_against_pytorch (a reference and its checks) that many at a time.
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
 # that order, when some are), with binaries already built.
 #
@@ -83,6 +83,45 @@ run_in_background() {
   background_tests+=("$name $*")
 }
 
+# run_chain_in_background CHAIN FUNCTION ARGS...: FUNCTION ARGS... as one job of
+# run_in_background's, whose steps (each `run` by it) are tests of their own, run in order: in the
+# job, `run` writes a step's output to its log and its status, seconds and command to
+# LOGS/CHAIN.steps, which report_ended_tests shows and tallies step by step when the job ends. A
+# chain is what must run in order, as a reference and then its checks; chains run side by side.
+run_chain_in_background() {
+  local chain=$1
+  shift
+  rm -f "$LOGS/$chain.steps"
+  run_in_background "$chain" chain_steps "$chain" "$@"
+}
+
+chain_steps() {
+  local chain=$1
+  shift
+  run() {
+    local name=$1 start=$SECONDS
+    shift
+    "$@" > "$LOGS/$name.log" 2>&1
+    echo "$? $((SECONDS - start)) $name $*" >> "$LOGS/$chain.steps"
+  }
+  "$@"
+}
+
+# A chain's steps as run shows a test; the chain itself as a test only where it failed outside them.
+report_chain() {
+  local chain=$1 status=$2 seconds=$3 step_status step_seconds step command
+  while read -r step_status step_seconds step command; do
+    echo "=== $step: $command"
+    cat "$LOGS/$step.log"
+    tally "$step" "$step_status" "$step_seconds"
+  done < "$LOGS/$chain.steps"
+  rm -f "$LOGS/$chain.steps"
+  if [ "$status" -ne 0 ]; then
+    cat "$LOGS/$chain.log"
+    tally "$chain" "$status" "$seconds"
+  fi
+}
+
 report_ended_tests() {
   local entry name status seconds running=()
   for entry in "${background_tests[@]}"; do
@@ -90,6 +129,10 @@ report_ended_tests() {
     if [ -f "$LOGS/$name.ended" ]; then
       read -r status seconds < "$LOGS/$name.ended"
       rm -f "$LOGS/$name.ended"
+      if [ -f "$LOGS/$name.steps" ]; then
+        report_chain "$name" "$status" "$seconds"
+        continue
+      fi
       echo "=== $name: ${entry#* }"
       cat "$LOGS/$name.log"
       tally "$name" "$status" "$seconds"
@@ -567,13 +610,15 @@ gpu_setup() {
 # in the plan and at d12 with the bigram embedding and residual lambdas.
 # speedrun_case NAME TEST MODEL KIND ARGS...: train_gpt2.py --recipe speedrun --model MODEL ARGS... (from
 # noise added to the init, seed 42) writes its debug state into $REF/gpu_speedrun_NAME, whose file of
-# Muon's steps and KIND (its name's part after _muon) ./TEST checks; $device as the caller's.
+# Muon's steps and KIND (its name's part after _muon) ./TEST checks, then removed; $device as the
+# caller's.
 speedrun_case() {
   local name=$1 test=$2 model=$3 kind=$4 dir="$REF/gpu_speedrun_$1"
   shift 4
   run reference_speedrun_$name "$PYTHON" train_gpt2.py --recipe speedrun --model $model --debug_noise 0.02 "$@" \
     --write_debug_state "$dir" --seed 42 --device $device
   run ${test}_speedrun_$name ./$test "$dir/gpt2_speedrun_$model.bin" "$dir/gpt2_speedrun_${model}_muon${kind}_debug_state.bin"
+  rm -rf "$dir"
 }
 
 gpu_against_pytorch() {
@@ -626,50 +671,49 @@ gpu_against_pytorch() {
               "speedrun_d12_paired_heads:--recipe speedrun --model d12 --debug_noise 0.02 --window_blocks 3 --batch_size 1 --seq_len 512 --record89_plan 1 --rotary_pairs 1 --paired_heads 1 --window_tokens 1 --bigram 1 --resid_lambdas 1"; do
     cases+=("$spec")
   done
-  # The cases' references, then their checks, GPU_TEST_JOBS at a time: small models, whose processes
-  # spend most of their time starting and in Python, side by side on the GPU. A batch of cases at a
-  # time, its states removed after its checks: all the cases' states together take about 74 GB, more
-  # than the disk of a one-GPU machine may have.
-  local jobs=$TEST_JOBS batch first
-  TEST_JOBS=${GPU_TEST_JOBS:-4}
-  for ((first = 0; first < ${#cases[@]}; first += 2 * TEST_JOBS)); do
-    batch=("${cases[@]:first:2 * TEST_JOBS}")
-    debug_states_against_pytorch "$device" "${batch[@]}"
+  # Each case a chain (its reference, then its checks), GPU_TEST_JOBS chains at a time: small models,
+  # whose processes spend most of their time starting and in Python, side by side on the GPU. Each
+  # state is removed after its checks: all of them together take about 74 GB, more than the disk of
+  # a one-GPU machine may have.
+  local jobs=$TEST_JOBS cores
+  cores=$(nproc)
+  TEST_JOBS=${GPU_TEST_JOBS:-$(( cores / 2 < 1 ? 1 : cores / 2 > 8 ? 8 : cores / 2 ))}
+  for spec in "${cases[@]}"; do
+    run_chain_in_background "chain_${spec%%:*}" debug_state_case "$device" "$spec"
   done
-  TEST_JOBS=$jobs
   # The untie (-ut 4), in the FP32 build: the speedrun recipe steps the embedding at 0.6 and the head
   # at 0.008, so the first untied step moves each embedding weight by up to 0.6 from the head's
   # moments, and the BF16 build's rounding then grows: its step losses parted from PyTorch's float32
   # by up to 0.138 (H200; the FP32 build's by 2.95e-4). Record #89 steps both at 0.008.
   local tiny=(--window_blocks 2 --batch_size 2 --seq_len 256)
-  speedrun_case tiny_untie test_gpt2fp32cu tiny "" "${tiny[@]}" --debug_steps 10 --untie_step 4
+  chain speedrun_case tiny_untie test_gpt2fp32cu tiny "" "${tiny[@]}" --debug_steps 10 --untie_step 4
   # The untie from record #89's init, where the tied embedding is the head's N(0, 0.005) copy (record
   # #28's zero head leaves it zero), in the FP32 build as above.
-  speedrun_case tiny_record89_untie test_gpt2fp32cu tiny "" "${tiny[@]}" --debug_steps 10 --record_init 89 \
+  chain speedrun_case tiny_record89_untie test_gpt2fp32cu tiny "" "${tiny[@]}" --debug_steps 10 --record_init 89 \
     --untie_step 4
   # Stage plans (--stages, -sp): each step's sequence length, window and rate multiplier as its
   # stage's, across a boundary where T doubles, and the speedrun's extension steps.
-  staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
+  chain staged_against_pytorch stages_d12 "0.5 t=256 aw=1; 0.5 t=512 aw=3 lr=1.5" --model d12 --documents 1 --window_blocks 3 \
     --batch_size 2 --seq_len 512
-  staged_against_pytorch stages_modern_d12 "0.5 t=128; 0.5 t=256 aw=2 lr=0.5" --recipe modern --model d12 \
+  chain staged_against_pytorch stages_modern_d12 "0.5 t=128; 0.5 t=256 aw=2 lr=0.5" --recipe modern --model d12 \
     --debug_noise 0.02 --documents 1 --window_blocks 1 --batch_size 2 --seq_len 256 --total_batch_size -1
-  staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 t=256 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
+  chain staged_against_pytorch stages_speedrun_tiny "1/2 t=128 aw=1; 1/2 t=256 aw=2 lr=0.5; +2 aw=0" --recipe speedrun \
     --model tiny --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1
   # Short windows given (aw=S/L), none half its long one: the short layers' 2 of (2, 2) at t=256,
   # 3 of (3, 4) and 1 of (1, 4) at t=512.
-  staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
+  chain staged_against_pytorch stages_short_windows_speedrun_tiny "1/2 t=256 aw=2/2; 1/2 t=512 aw=3/4 lr=0.5; +2 aw=1/4" \
     --recipe speedrun --model tiny --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 \
     --total_batch_size -1
   # The loss's weights a stage (mtp=, pw=): record #89's first two stages over 10 steps, each weight
   # linear within its stage (test_gpt2cu sets each step's), the prefix table kept beside -pw 0.0.
-  staged_against_pytorch stages_loss_weights_speedrun_tiny \
+  chain staged_against_pytorch stages_loss_weights_speedrun_tiny \
     "1/2 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/2 mtp=1,0.5>1,0 pw=0.25>0" --recipe speedrun --model tiny \
     --debug_noise 0.02 --window_blocks 2 --batch_size 2 --seq_len 256 --total_batch_size -1 --logit_cap 23,5 \
     --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
   # Record #89's YaRN (-yn 1 in the settings) from its attention scale 0.1 (-asc 0.1), with its rotary
   # pairs and key offset: the long window 1 -> 3 blocks at step 4 and 3 -> 4 at step 8 (the
   # extension's), each rescaling the frequencies and the scale that test_gpt2cu derives a step.
-  staged_against_pytorch stages_yarn_speedrun_tiny "1/2 aw=1; 1/2 aw=3; +2 aw=4" --recipe speedrun --model tiny \
+  chain staged_against_pytorch stages_yarn_speedrun_tiny "1/2 aw=1; 1/2 aw=3; +2 aw=4" --recipe speedrun --model tiny \
     --debug_noise 0.02 --window_blocks 4 --batch_size 2 --seq_len 512 --total_batch_size -1 --rotary_pairs 1 \
     --key_offset 1 --yarn 1 --attention_scale 0.1
   # --recipe record89 itself, every switch and optimizer setting of it (the settings carry -cd 1, -mt,
@@ -680,49 +724,85 @@ gpu_against_pytorch() {
   # and 0.0200001: step losses up to 5.9e-3 apart; at a quarter 3.5e-4).
   local plan89="1/3 t=256 aw=1/2 lr=0.25 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 t=384 aw=1/3 lr=0.38 mtp=1,0.5>1,0"
   plan89+=" pw=0.25>0; 1/3 t=512 aw=2/3 lr=0.4325 mtp=1 pw=0; +2 aw=2/4"
-  staged_against_pytorch record89_tiny "$plan89" --recipe record89 --model tiny --debug_noise 0.02 --batch_size 2 \
+  chain staged_against_pytorch record89_tiny "$plan89" --recipe record89 --model tiny --debug_noise 0.02 --batch_size 2 \
     --seq_len 512 --total_batch_size -1 --untie_step 7 --final_window_blocks 0 \
     --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin
   # The same at d12 (6 heads of 128: the Hopper flash kernels, paired heads, the MUDD connections at
   # their size), in the FP32 build: the BF16 build's step losses part from PyTorch's float32 by up to
   # 5.8e-2 there (H200; the FP32 build's by 4.4e-3), past its bound, as the untie's above.
-  local record89_d12="$REF/gpu_record89_d12"
-  run reference_record89_d12 "$PYTHON" train_gpt2.py --recipe record89 --model d12 --debug_noise 0.02 \
-    --batch_size 1 --seq_len 512 --total_batch_size -1 --untie_step 7 --final_window_blocks 0 \
-    --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin --stages "$plan89" --write_debug_state "$record89_d12" \
-    --debug_steps 10 --seed 42 --device $device
-  local state89
-  state89=$(ls "$record89_d12"/gpt2_*_muon_debug_state.bin 2>/dev/null | head -n1)
-  run test_gpt2fp32cu_record89_d12 ./test_gpt2fp32cu "${state89%_muon_debug_state.bin}.bin" "$state89"
-  rm -rf "$record89_d12"
+  chain record89_d12_against_pytorch record89_d12 "$plan89"
   # The CPU part's references of the modern recipe and of GPT-2 with Muon (tiny), made here where
   # --gpu-only runs without that part.
-  ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
-    tiny_recipe_references
-  against_pytorch modern_tiny "$REF" gpt2_modern_tiny
-  against_pytorch tiny_muon "$REF" gpt2_tiny gpt2_tiny_muon
+  chain tiny_recipes_against_pytorch tiny_recipes
   # FP8: -fp8 1 against train_gpt2.py's FP8 recipe (torch._scaled_mm), by the 10-step loss curve
   # (the recipe needs PyTorch on the GPU).
   if fp8_gpu && [ "$device" = cuda ]; then
-    local fp8_dir="$REF/gpu_d12_fp8"
-    run reference_d12_fp8 "$PYTHON" train_gpt2.py --model d12 --batch_size 4 --seq_len 64 --fp8 1 \
-      --write_debug_state "$fp8_dir" --debug_steps 10 --seed 42 --device $device
-    run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$fp8_dir/gpt2_d12.bin" "$fp8_dir/gpt2_d12_fp8_debug_state.bin"
+    chain d12_fp8_against_pytorch d12_fp8
     # The speedrun's FP8 head: -fh 1 (test_gpt2cu reads it in the debug state's header) against
     # train_gpt2.py --fp8_head 1, tensor by tensor (both cast the same E4M3 weights) and by the loss
     # curve.
-    speedrun_case d12_fp8_head test_gpt2cu d12 _fp8_head --window_blocks 3 --batch_size 1 --seq_len 512 \
+    chain speedrun_case d12_fp8_head test_gpt2cu d12 _fp8_head --window_blocks 3 --batch_size 1 --seq_len 512 \
       --debug_steps 10 --fp8_head 1
     # Record #89's scales (--fp8_head_scales, -fhs in the debug state's settings).
-    speedrun_case tiny_fp8_head_scales test_gpt2cu tiny _fp8_head "${tiny[@]}" --debug_steps 10 --fp8_head 1 \
+    chain speedrun_case tiny_fp8_head_scales test_gpt2cu tiny _fp8_head "${tiny[@]}" --debug_steps 10 --fp8_head 1 \
       --fp8_head_scales 100,1.6,0.75
     # Record #89's FP8 MLP: -fm 1 (test_gpt2cu reads it in the debug state's settings) against
     # train_gpt2.py --fp8_mlp 1, over 20 steps: W2 cast under its own scale through step 16's forward,
     # under the delayed one after.
-    speedrun_case tiny_fp8_mlp test_gpt2cu tiny _fp8_mlp "${tiny[@]}" --debug_steps 20 --mlp_from_output 1 \
+    chain speedrun_case tiny_fp8_mlp test_gpt2cu tiny _fp8_mlp "${tiny[@]}" --debug_steps 20 --mlp_from_output 1 \
       --fp8_mlp 1
   fi
+  wait_for_background_tests
+  TEST_JOBS=$jobs
   speedrun_validation_against_pytorch $device
+}
+
+# chain FUNCTION NAME ARGS...: FUNCTION NAME ARGS... as the chain chain_NAME (run_chain_in_background).
+chain() { run_chain_in_background "chain_$2" "$@"; }
+
+# gpu_against_pytorch's case SPEC (NAME:train_gpt2.py's arguments) on DEVICE: its reference (kept
+# from an earlier run where its state is there), its checks, then its directory removed (the logs
+# keep the results).
+debug_state_case() {
+  local device=$1 name=${2%%:*} args=${2#*:} dir="$REF/gpu_${2%%:*}"
+  if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
+    # shellcheck disable=SC2086  # the case's words
+    run "reference_$name" "$PYTHON" train_gpt2.py $args --write_debug_state "$dir" --debug_steps 10 --seed 42 \
+      --device "$device"
+  fi
+  against_pytorch "$name" "$dir"
+  rm -rf "${dir:?}"
+}
+
+# --recipe record89 at d12 over PLAN (gpu_against_pytorch's plan89), in the FP32 build; NAME: the
+# chain's name.
+record89_d12_against_pytorch() {
+  local plan=$2 dir="$REF/gpu_record89_d12" state
+  run reference_record89_d12 "$PYTHON" train_gpt2.py --recipe record89 --model d12 --debug_noise 0.02 \
+    --batch_size 1 --seq_len 512 --total_batch_size -1 --untie_step 7 --final_window_blocks 0 \
+    --tokenizer dev/data/tinyshakespeare/gpt2_tokenizer.bin --stages "$plan" --write_debug_state "$dir" \
+    --debug_steps 10 --seed 42 --device $device
+  state=$(ls "$dir"/gpt2_*_muon_debug_state.bin 2>/dev/null | head -n1)
+  run test_gpt2fp32cu_record89_d12 ./test_gpt2fp32cu "${state%_muon_debug_state.bin}.bin" "$state"
+  rm -rf "$dir"
+}
+
+# The modern recipe and GPT-2 with Muon, tiny: the CPU part's references (made here where they are
+# not there: --gpu-only runs without that part) against both CUDA builds.
+tiny_recipes_against_pytorch() {
+  ls "$REF"/gpt2_modern_tiny_*debug_state.bin "$REF"/gpt2_tiny_muon_*debug_state.bin >/dev/null 2>&1 ||
+    tiny_recipe_references
+  against_pytorch modern_tiny "$REF" gpt2_modern_tiny
+  against_pytorch tiny_muon "$REF" gpt2_tiny gpt2_tiny_muon
+}
+
+# GPT-2's FP8 recipe (-fp8 1) at d12 against train_gpt2.py --fp8 1, by the 10-step loss curve.
+d12_fp8_against_pytorch() {
+  local dir="$REF/gpu_d12_fp8"
+  run reference_d12_fp8 "$PYTHON" train_gpt2.py --model d12 --batch_size 4 --seq_len 64 --fp8 1 \
+    --write_debug_state "$dir" --debug_steps 10 --seed 42 --device $device
+  run test_gpt2cu_d12_fp8 ./test_gpt2cu --fp8 "$dir/gpt2_d12.bin" "$dir/gpt2_d12_fp8_debug_state.bin"
+  rm -rf "$dir"
 }
 
 # A debug state of train_gpt2.py's steps under a stage plan (its 10 steps shared out by PLAN), then
@@ -769,34 +849,8 @@ speedrun_validation_against_pytorch() {
 
 # test_gpt2cu and test_gpt2fp32cu against the debug state in DIR (or DIR/STATE_debug_state.bin
 # with the model DIR/MODEL.bin, the model's name without an optimizer suffix).
-against_pytorch() { against_pytorch_with run "$@"; }
-
-# gpu_against_pytorch's CASES (NAME:train_gpt2.py's arguments) on DEVICE: their references, then
-# their checks, each run_in_background; then their directories removed (the logs keep the results).
-debug_states_against_pytorch() {
-  local device=$1 spec name args dir
-  shift
-  for spec in "$@"; do
-    name=${spec%%:*} args=${spec#*:} dir="$REF/gpu_$name"
-    if ! ls "$dir"/gpt2_*_debug_state.bin >/dev/null 2>&1; then
-      # shellcheck disable=SC2086  # the case's words
-      run_in_background "reference_$name" "$PYTHON" train_gpt2.py $args --write_debug_state "$dir" \
-        --debug_steps 10 --seed 42 --device "$device"
-    fi
-  done
-  wait_for_background_tests
-  for spec in "$@"; do
-    against_pytorch_with run_in_background "${spec%%:*}" "$REF/gpu_${spec%%:*}"
-  done
-  wait_for_background_tests
-  for spec in "$@"; do
-    rm -rf "${REF:?}/gpu_${spec%%:*}"
-  done
-}
-
-# The same, each check run by RUNNER (run, or run_in_background).
-against_pytorch_with() {
-  local runner=$1 name=$2 dir=$3 model=${4:-} state=${5:-${4:-}}
+against_pytorch() {
+  local name=$1 dir=$2 model=${3:-} state=${4:-${3:-}}
   if [ -n "$model" ]; then
     model=$dir/$model.bin
     state=$(ls "$dir/${state}"_*debug_state.bin 2>/dev/null | head -n1)
@@ -804,8 +858,8 @@ against_pytorch_with() {
     state=$(ls "$dir"/gpt2_*_debug_state.bin 2>/dev/null | head -n1)
     model=$(ls "$dir"/gpt2_*.bin | grep -v -e '_bf16.bin$' -e '_debug_state.bin$' | head -n1)
   fi
-  "$runner" "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
-  "$runner" "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
+  run "test_gpt2fp32cu_$name" ./test_gpt2fp32cu "$model" "$state"
+  run "test_gpt2cu_$name" ./test_gpt2cu "$model" "$state"
 }
 
 # Every suite of the kernel tests (dev/cuda/test_*.cu) in both builds, one run each, named as its
