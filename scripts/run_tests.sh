@@ -8,7 +8,9 @@
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
 # downloaded), GPU=0 to skip the GPU tests on a GPU machine, TEST_JOBS (default: the number of
 # cores) to run the shell tests that many at a time, GPU_TEST_JOBS (default half the cores, at
-# most 8) the chains of gpu_against_pytorch (a reference and its checks) that many at a time.
+# most 8) the chains of gpu_against_pytorch (a reference and its checks) that many at a time,
+# GPU_LANES (default 1) to run the GPU groups in that many lanes side by side on the GPU, each lane
+# in its own copy of the built tree (a GPU with memory to spare: the lanes' processes share it).
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
 # that order, when some are), with binaries already built.
 #
@@ -538,6 +540,62 @@ fp8_gpu() {
 # The GPU tests, in groups; without a GPU each group is named as skipped.
 GPU_GROUPS=(gpu_against_pytorch gpu_kernel_tests gpu_accumulation gpu_determinism
   gpu_hellaswag_generation gpu_preemption gpu_bad_input_output gpu_resume gpu_training)
+
+# gpu_lanes N: GPU_GROUPS in N lanes side by side, the longest groups first, each to the lane with the
+# least work by GPU_GROUP_SECONDS (one H200's, about); each lane runs this script's --gpu-only on its
+# groups in a copy of the built tree (the groups write the same paths under build/), its output shown
+# and its logs copied into LOGS when every lane has ended, its counts added to this run's.
+declare -A GPU_GROUP_SECONDS=([gpu_against_pytorch]=420 [gpu_resume]=410 [gpu_kernel_tests]=200
+  [gpu_determinism]=150 [gpu_training]=160 [gpu_bad_input_output]=100 [gpu_accumulation]=80
+  [gpu_hellaswag_generation]=60 [gpu_preemption]=40)
+gpu_lanes() {
+  local lanes=$1 group lane best sorted root i
+  [ "$lanes" -gt ${#GPU_GROUPS[@]} ] && lanes=${#GPU_GROUPS[@]}
+  local -a lane_groups=() lane_seconds=() lane_dirs=() pids=()
+  for ((i = 0; i < lanes; i++)); do lane_groups[i]=""; lane_seconds[i]=0; done
+  sorted=$(for group in "${GPU_GROUPS[@]}"; do echo "${GPU_GROUP_SECONDS[$group]:-100} $group"; done | sort -rn -s -k1,1)
+  while read -r _ group; do
+    best=0
+    for ((i = 1; i < lanes; i++)); do [ "${lane_seconds[i]}" -lt "${lane_seconds[best]}" ] && best=$i; done
+    lane_groups[best]+=" $group"
+    lane_seconds[best]=$((lane_seconds[best] + ${GPU_GROUP_SECONDS[$group]:-100}))
+  done <<< "$sorted"
+  root=$(mktemp -d "${TMPDIR:-/tmp}/gpu_lanes.XXXXXX")
+  for ((i = 0; i < lanes; i++)); do
+    lane_dirs[i]="$root/lane$i"
+    mkdir -p "${lane_dirs[i]}"
+    tar -cf - --exclude=./.git --exclude="./$LOGS" --exclude="./$REF/gpu_*" . | tar -xf - -C "${lane_dirs[i]}"
+    echo "=== lane $i:${lane_groups[i]} (its output when it has ended, the lanes in order)"
+    ( cd "${lane_dirs[i]}" &&
+      GPU_LANES=1 GPU_TEST_JOBS=${GPU_TEST_JOBS:-4} scripts/run_tests.sh --gpu-only ${lane_groups[i]} \
+        > "$root/lane$i.out" 2>&1 ) &
+    pids[i]=$!
+  done
+  for ((i = 0; i < lanes; i++)); do
+    wait "${pids[i]}"
+    lane_report "$i" "$root/lane$i.out" "${lane_dirs[i]}"
+  done
+  rm -rf "$root"
+}
+
+# A lane's output shown, its logs copied into LOGS and its closing line's counts (and failed tests'
+# names) added to this run's; a lane without that line counts as one failure, named lane_N.
+lane_report() {
+  local lane=$1 out=$2 dir=$3 summary names names_list
+  cat "$out"
+  cp -r "$dir/$LOGS/." "$LOGS/" 2>/dev/null
+  summary=$(tail -n 1 "$out")
+  if [[ "$summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+    names=$(grep -a '^failed: ' "$out" | tail -n 1)
+    [ -n "$names" ] && read -r -a names_list <<< "${names#failed: }" && failures+=("${names_list[@]}")
+  else
+    echo "--- FAIL lane_$lane (no closing line; its output above)"
+    failed=$((failed + 1))
+    failures+=("lane_$lane")
+  fi
+}
 
 # --gpu-only runs what an earlier make built: every program the groups start must be there, or
 # the run stops at once with one line naming the missing ones.
@@ -1159,7 +1217,11 @@ fi
 if [ -z "$skip_reason" ]; then
   [ $GPU_ONLY = 1 ] && ! gpu_programs_built && exit 1
   gpu_setup
-  for group in "${GPU_GROUPS[@]}"; do "$group"; done
+  if [ "${GPU_LANES:-1}" -gt 1 ] && [ ${#GPU_GROUPS[@]} -gt 1 ]; then
+    gpu_lanes "$GPU_LANES"
+  else
+    for group in "${GPU_GROUPS[@]}"; do "$group"; done
+  fi
   rm -rf "$SPEEDRUN_TRAINED_DIR"
 else
   skipped_groups=("${GPU_GROUPS[@]}")
