@@ -8014,9 +8014,12 @@ void forward_window(floatX* out, float* lse, const floatX* qkv, int B, int T, in
   if (hopper_support().usable) {
     const auto kernel =
         paired ? attention_forward_window_tma_kernel<HS, true> : attention_forward_window_tma_kernel<HS, false>;
-    static const int resident = resident_blocks((const void*)attention_forward_window_tma_kernel<HS, false>,
-                                                kWindowForwardThreads, tma_window_forward_smem_bytes<HS>());
-    const int grid = std::min(resident, T / llmc::kAttentionBlock * B * NH);
+    static const int resident[2] = {  // per instance: the paired one may hold fewer blocks an SM
+        resident_blocks((const void*)attention_forward_window_tma_kernel<HS, false>, kWindowForwardThreads,
+                        tma_window_forward_smem_bytes<HS>()),
+        resident_blocks((const void*)attention_forward_window_tma_kernel<HS, true>, kWindowForwardThreads,
+                        tma_window_forward_smem_bytes<HS>())};
+    const int grid = std::min(resident[paired], T / llmc::kAttentionBlock * B * NH);
     const CUtensorMap qkv_map =
         paired ? paired_qkv_tensor_map(qkv, B, T, NH * HS) : sequence_tensor_map(qkv, B, T, 3 * NH * HS);
     kernel<<<grid, kWindowForwardThreads, tma_window_forward_smem_bytes<HS>(), stream>>>(
