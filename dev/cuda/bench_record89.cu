@@ -3,9 +3,11 @@
 // (dev/notes/record89-reference.md): the composed attention (layer 10: six heads of 128, its window of
 // 112 keys), forward and backward, in milliseconds and the rate of their useful work (forward 4 HS
 // FLOPs a key seen, a token and a head: the scores and the products with v; the backward about 2.5
-// times that, counted as such); and the MUDD gate rows' backward (rows of 48 values,
+// times that, counted as such); the MUDD gate rows' backward (rows of 48 values,
 // 41 gated, with a learned scale), in milliseconds and the bytes a second it moves (reads drows and
-// pre, writes dpre).
+// pre, writes dpre); and the passes over [N, C] rows around each attention layer's add (the gated
+// terms' forward and backward, the residual lambdas' backward), each in milliseconds and the bytes
+// a second of the rows it reads and writes, against the GPU's memory bandwidth.
 //   build/bench_kernels record89 [N]...   (default: 16384 32768 49152)
 #include "dev/cuda/kernel_test.h"
 
@@ -60,6 +62,40 @@ void bench_gate_rows(int N, llmc::Rng& rng) {
          3.0 * N * S * sizeof(floatX) / ms / 1e6);
 }
 
+// ms and GB/s of one pass over `sets` [N, kC] BF16 row sets.
+void print_row_pass(const char* name, int N, int sets, float ms) {
+  printf("%-36s N %6d  %7.4f ms  %6.0f GB/s\n", name, N, ms, (double)sets * N * kC * sizeof(floatX) / ms / 1e6);
+}
+
+// The row passes of an attention layer in record #89's plan, with its gates a row (MUDD's columns):
+// the forward's two gated terms (the bigram's and x0's: reads in and both terms, writes out), a
+// term's backward with a gate a row and with one shared gate (reads dout, the term and dterm, writes
+// dterm), and the residual lambdas' backward (reads dout, x and y, writes dout and dy).
+void bench_row_passes(int N, llmc::Rng& rng) {
+  const int S = llmc::kMuddGateStride;
+  const size_t n = (size_t)N * kC;
+  DeviceArray<floatX> in(random_stored(rng, n, 0.0f, 1.0f)), t0(random_stored(rng, n, 0.0f, 1.0f));
+  DeviceArray<floatX> t1(random_stored(rng, n, 0.0f, 1.0f)), out(n), dterm(random_stored(rng, n, 0.0f, 1.0f));
+  DeviceArray<floatX> dout(random_stored(rng, n, 0.0f, 1.0f)), dy(n);
+  DeviceArray<floatX> rows(random_stored(rng, (size_t)N * S, 0.5f, 0.25f)), drows((size_t)N * S);
+  DeviceArray<floatX> gate(std::vector<float>{0.3f}), dgate(1), r(std::vector<float>{1.1f});
+  DeviceArray<floatX> p(std::vector<float>{0.9f}), dr(1), dp(1);
+  DeviceArray<float> partials((size_t)kRowBlocks * 2);
+  const GateRows g0{(const floatX*)rows, S}, g1{(const floatX*)rows + 1, S};
+  print_row_pass("gated_terms_forward (2 terms a row)", N, 4, median_launch_ms(20, 3, [&](int) {
+    gated_terms_forward(out, in, nullptr, {t0, g0}, {t1, g1}, N, kC, 0);
+  }));
+  print_row_pass("gated_term_rows_backward (a row)", N, 4, median_launch_ms(20, 3, [&](int) {
+    gated_term_rows_backward(dterm, {drows, S}, nullptr, dout, t0, g0, N, kC, 0);
+  }));
+  print_row_pass("bigram_gate_backward (shared)", N, 4, median_launch_ms(20, 3, [&](int rep) {
+    bigram_gate_backward(dterm, {dgate, 0}, partials, dout, t0, {gate, 0}, N, kC, rep, 0);
+  }));
+  print_row_pass("sublayer_lambdas_backward", N, 5, median_launch_ms(20, 3, [&](int rep) {
+    sublayer_lambdas_backward(dy, dout, dr, dp, partials, in, t0, {r, p}, N, kC, rep, 0);
+  }));
+}
+
 int run(int argc, char** argv) {
   std::vector<int> sizes = {16384, 32768, 49152};
   if (argc > 1) {
@@ -77,6 +113,7 @@ int run(int argc, char** argv) {
   for (int N : sizes) {
     bench_composed(N, rng);
     bench_gate_rows(N, rng);
+    bench_row_passes(N, rng);
   }
   return 0;
 }
