@@ -8,7 +8,8 @@
 # the tiny shakespeare text; default dev/data/tinyshakespeare/input.txt when it has been
 # downloaded), GPU=0 to skip the GPU tests on a GPU machine, TEST_JOBS (default: the number of
 # cores) to run the shell tests that many at a time, GPU_TEST_JOBS (default half the cores, at
-# most 8) the chains of gpu_against_pytorch (a reference and its checks) that many at a time,
+# most 8, and one for each 24 GiB of free GPU memory) the chains of gpu_against_pytorch (a reference
+# and its checks) that many at a time,
 # GPU_LANES (default 1) to run the GPU groups in that many lanes side by side on the GPU, each lane
 # in its own copy of the built tree (a GPU with memory to spare: the lanes' processes share it).
 # `scripts/run_tests.sh --gpu-only [GROUP...]` runs only the GPU tests (only the groups named, in
@@ -733,9 +734,8 @@ gpu_against_pytorch() {
   # whose processes spend most of their time starting and in Python, side by side on the GPU. Each
   # state is removed after its checks: all of them together take about 74 GB, more than the disk of
   # a one-GPU machine may have.
-  local jobs=$TEST_JOBS cores
-  cores=$(nproc)
-  TEST_JOBS=${GPU_TEST_JOBS:-$(( cores / 2 < 1 ? 1 : cores / 2 > 8 ? 8 : cores / 2 ))}
+  local jobs=$TEST_JOBS
+  TEST_JOBS=${GPU_TEST_JOBS:-$(default_gpu_test_jobs)}
   for spec in "${cases[@]}"; do
     run_chain_in_background "chain_${spec%%:*}" debug_state_case "$device" "$spec"
   done
@@ -823,6 +823,18 @@ gpu_against_pytorch() {
 
 # chain FUNCTION NAME ARGS...: FUNCTION NAME ARGS... as the chain chain_NAME (run_chain_in_background).
 chain() { run_chain_in_background "chain_$2" "$@"; }
+
+# The chains gpu_against_pytorch runs at a time by default: half the cores, at most 8, and one for
+# each 24 GiB of the GPU's free memory (a d12 chain's PyTorch reference peaks at about 21 GB; eight
+# at once can outgrow one GPU, and a GPU shared with other work has less to give), at least one.
+default_gpu_test_jobs() {
+  local cores free_mib jobs
+  cores=$(nproc)
+  jobs=$(( cores / 2 > 8 ? 8 : cores / 2 ))
+  free_mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2>/dev/null | head -n1)
+  [[ "$free_mib" =~ ^[0-9]+$ ]] && (( free_mib / 24576 < jobs )) && jobs=$(( free_mib / 24576 ))
+  echo $(( jobs < 1 ? 1 : jobs ))
+}
 
 # gpu_against_pytorch's case SPEC (NAME:train_gpt2.py's arguments) on DEVICE: its reference (kept
 # from an earlier run where its state is there), its checks, then its directory removed (the logs
