@@ -2,7 +2,7 @@
 
     python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
                                        [--passes N] [--gpt2 DIR] [--val_tokens N] [--python PY]
-                                       [--profile_steps S,S,...]
+                                       [--profile_steps S,S,... | --init_check]
 
 DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
@@ -13,7 +13,10 @@ unless told; its log in OUTDIR/logs/):
   batch, 2,097,152). With --profile_steps, two lines more and one changed: the named training steps
   are recorded by torch.profiler (dev/pylib/step_profile.py, copied beside it with kernel_kinds.py),
   each step's kernel table in OUTDIR/logs/profile_stepNNNNNN.txt: a run for where the script's time
-  goes, not for its clock.
+  goes, not for its clock. With --init_check, one line more and three changed: no warm-up, each
+  parameter's statistics at init printed (dev/pylib/init_stats.py, copied beside it), and the run
+  stops after its step-0 validation (compiling only that forward): a check of the script's init and
+  forward at init against ours', one unseeded draw a run.
 - triton_kernels.py with two lines changed: the FP8 down projection's torch._scaled_mm is
   dev/pylib/aligned_scaled_mm.py's (copied beside it), which copies the two scales first: the
   reference passes them as one-element slices at 4-byte offsets, which torch 2.11's cuBLAS 13 refuses
@@ -49,9 +52,13 @@ REFERENCE_FILES = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
 ATTENTION_MODULE = "flash_varlen_attention"
 SCALED_MM_MODULE = "aligned_scaled_mm"
 PROFILE_MODULE = "step_profile"  # with kernel_kinds, which it imports
+INIT_MODULE = "init_stats"
 # The training loop's lines that --profile_steps adds after: a step's start, and its end (2356, 2365).
 TRAINING_SECTION = "    # --------------- TRAINING SECTION -----------------"
 AFTER_STEP = "    model.quantize_mlp_fp8(bootstrap_down=(step < 16))"
+# The lines --init_check changes: the warm-up's loop (2278) and the last line of the model's set-up (2257).
+WARMUP_LOOP = "for step in warmup_steps:"
+MODEL_SET_UP = "dist.broadcast(model.bigram_sign_table, 0)  # buffer, not in parameters()"
 TRAIN_STEPS = 1285
 GPT2_FILES = ("encoder.json", "vocab.bpe")
 VAL_BATCH_TOKENS = 4 * 64 * 1024 * 8  # the reference's val_batch_size, which its val_tokens must be a multiple of
@@ -98,6 +105,14 @@ def edits(args):
             (TRAINING_SECTION, f"{TRAINING_SECTION}\n    profiled = {PROFILE_MODULE}.start(step, ({steps}))"
                                "  # offline: --profile_steps"),
             (AFTER_STEP, f"{AFTER_STEP}\n    {PROFILE_MODULE}.stop(step, profiled)  # offline: --profile_steps"),
+        ]
+    if args.init_check:
+        script[0] = (script[0][0], script[0][1].replace(f"import {ATTENTION_MODULE}",
+                                                        f"import {ATTENTION_MODULE}, {INIT_MODULE}", 1))
+        script += [
+            (MODEL_SET_UP, f"{MODEL_SET_UP}\n{INIT_MODULE}.report(model, print0)  # offline: --init_check"),
+            (WARMUP_LOOP, "for step in []:  # offline: --init_check, no warm-up"),
+            (TRAINING_SECTION, f"    break  # offline: --init_check, the step-0 validation alone\n{TRAINING_SECTION}"),
         ]
     kernels = [
         ("from triton.tools.tensor_descriptor import TensorDescriptor",
@@ -201,7 +216,11 @@ def main():
     parser.add_argument("--python", default=sys.executable, help="the python that runs the reference")
     parser.add_argument("--profile_steps", type=profile_steps_arg,
                         help="training steps to record with torch.profiler, e.g. 10,430,860 (a table each in logs/)")
+    parser.add_argument("--init_check", action="store_true",
+                        help="print each parameter's statistics at init, validate once at step 0 and stop")
     args = parser.parse_args()
+    if args.init_check and args.profile_steps:
+        fail("--init_check stops before the first training step: give it or --profile_steps, not both")
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):
         fail(f"--val_tokens {args.val_tokens}: must be a positive multiple of the reference's validation batch, "
              f"{VAL_BATCH_TOKENS:,} tokens")
@@ -242,6 +261,7 @@ def main():
         else:
             shutil.copy(os.path.join(args.reference, name), args.outdir)
     modules = [ATTENTION_MODULE, SCALED_MM_MODULE] + ([PROFILE_MODULE, "kernel_kinds"] if args.profile_steps else [])
+    modules += [INIT_MODULE] if args.init_check else []
     for module in modules:
         shutil.copy(os.path.join(HERE, "pylib", module + ".py"), args.outdir)
     link_shards(args.outdir, train, "train", args.passes)

@@ -7,7 +7,9 @@
 # cache under the names tiktoken looks for, run.sh; and the one-line errors (a line not there once in
 # either file, no pass, no shard, a folder in use, files that are not GPT-2's, which leave no folder
 # behind); --profile_steps: the profiler around the named steps and its modules beside, its bad steps
-# refused; step_profile against a stand-in torch (a table a named step, a failing profiler one line).
+# refused; step_profile against a stand-in torch (a table a named step, a failing profiler one line);
+# --init_check: no warm-up, the statistics printed after the model's set-up (init_stats against a small
+# model, where torch is), a stop before the first training step, not with --profile_steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -24,6 +26,9 @@ from kernels import get_kernel
 flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface
 class Hyperparameters:
     val_tokens: int = 10485760 # how many tokens of validation data?
+dist.broadcast(model.bigram_sign_table, 0)  # buffer, not in parameters()
+for step in warmup_steps:
+    pass
 for step in range(3):
     # --------------- TRAINING SECTION -----------------
     model.quantize_mlp_fp8(bootstrap_down=(step < 16))
@@ -165,6 +170,36 @@ holds "step_profile: a named step's table, other steps untouched, a failing prof
     grep -qx 'step_profile: step 5 not recorded: no CUPTI' &&
   STUB_PROFILER_FAILS=stop '$PY' -c 'import step_profile as p; p.stop(6, p.start(6, (6,)))' |
     grep -qx \"step_profile: step 6's table not written: lost events\" && [ ! -e logs/profile_step000006.txt ]"
+out4=$WORK/offline4
+holds "the copy made with --init_check" kit "$out4" --init_check
+holds "--init_check: statistics after the set-up, no warm-up, a stop before training, its module beside" bash -c "
+  diff '$ref/train_gpt.py' '$out4/train_gpt.py' | grep -c '^>' | grep -qx 5 &&
+  grep -qx 'import flash_varlen_attention, init_stats  # offline: .*' '$out4/train_gpt.py' &&
+  grep -A1 -x 'dist.broadcast(model.bigram_sign_table, 0)  # buffer, not in parameters()' '$out4/train_gpt.py' |
+    grep -qx 'init_stats.report(model, print0)  # offline: --init_check' &&
+  grep -qx 'for step in \[\]:  # offline: --init_check, no warm-up' '$out4/train_gpt.py' &&
+  grep -B1 -x '    # --------------- TRAINING SECTION -----------------' '$out4/train_gpt.py' |
+    grep -qx '    break  # offline: --init_check, the step-0 validation alone' &&
+  cmp dev/pylib/init_stats.py '$out4/init_stats.py' && [ ! -e '$out/init_stats.py' ]"
+TORCH_PY=$(python_with torch)
+if [ -n "$TORCH_PY" ]; then
+  holds "init_stats: a line a parameter and the sign table, through print0" bash -c "
+    PYTHONPATH=dev/pylib '$TORCH_PY' -c '
+import torch, init_stats
+class M(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.w = torch.nn.Parameter(torch.tensor([[1.0, -3.0], [0.0, 0.0]]))
+        s.register_buffer(\"bigram_sign_table\", torch.tensor([1.0, -1.0], dtype=torch.bfloat16))
+        s.register_buffer(\"other\", torch.ones(3))
+init_stats.report(M(), lambda s, console=False: print(s, console))
+' > '$WORK/stats.txt' &&
+    [ \$(wc -l < '$WORK/stats.txt') = 2 ] &&
+    grep -qx 'init w 2x2 float32 mean -5.000000e-01 std 1.732051e+00 max 3.000000e+00 zeros 0.500000 True' '$WORK/stats.txt' &&
+    grep -qx 'init bigram_sign_table 2 bfloat16 mean 0.000000e+00 std 1.414214e+00 max 1.000000e+00 zeros 0.000000 True' '$WORK/stats.txt'"
+else
+  echo "skip init_stats: no python with torch (apt-get install python3-torch)"
+fi
 out2=$WORK/offline2
 holds "the copy made with three passes" kit "$out2" --passes 3
 holds "the training shards linked three times over, in order" bash -c "
@@ -208,6 +243,8 @@ expect_fail "no pass" "--passes 0: give a whole number of at least 1 .* or auto"
 expect_fail "a step past the run" "--profile_steps 10,1285: give training steps from 0 to 1284" \
   kit "$WORK/new8" --profile_steps 10,1285
 expect_fail "a step that is not a number" "--profile_steps 10,x: give training steps" kit "$WORK/new9" --profile_steps 10,x
+expect_fail "--init_check with --profile_steps" "--init_check stops before the first training step: give it or --profile_steps, not both" \
+  kit "$WORK/new10" --init_check --profile_steps 10
 expect_fail "passes not a number" "--passes two: give a whole number" kit "$WORK/new5" --passes two
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
@@ -246,5 +283,5 @@ else
 fi
 holds "no folder left by the failures" bash -c "
   [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ] &&
-  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ]"
+  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ] && [ ! -e '$WORK/new10' ]"
 finish test_reference89_offline
