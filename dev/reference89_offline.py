@@ -2,7 +2,7 @@
 
     python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
                                        [--passes N] [--gpt2 DIR] [--val_tokens N] [--python PY]
-                                       [--profile_steps S,S,... | --init_check]
+                                       [--profile_steps S,S,... | --init_check] [--init_from FILE]
 
 DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
@@ -13,10 +13,13 @@ unless told; its log in OUTDIR/logs/):
   batch, 2,097,152). With --profile_steps, two lines more and one changed: the named training steps
   are recorded by torch.profiler (dev/pylib/step_profile.py, copied beside it with kernel_kinds.py),
   each step's kernel table in OUTDIR/logs/profile_stepNNNNNN.txt: a run for where the script's time
-  goes, not for its clock. With --init_check, one line more and three changed: no warm-up, each
+  goes, not for its clock. With --init_check, two lines more and two changed: no warm-up, each
   parameter's statistics at init printed (dev/pylib/init_stats.py, copied beside it), and the run
   stops after its step-0 validation (compiling only that forward): a check of the script's init and
-  forward at init against ours', one unseeded draw a run.
+  forward at init against ours', one unseeded draw a run. With --init_from FILE, one line more: the
+  model's weights are then FILE's (torch.load, load_state_dict strict: every tensor of its state dict,
+  dev/record89_state.py writes ours'), in place of its own unseeded draw; the run (or --init_check's
+  statistics and validation) starts from them.
 - triton_kernels.py with two lines changed: the FP8 down projection's torch._scaled_mm is
   dev/pylib/aligned_scaled_mm.py's (copied beside it), which copies the two scales first: the
   reference passes them as one-element slices at 4-byte offsets, which torch 2.11's cuBLAS 13 refuses
@@ -106,14 +109,20 @@ def edits(args):
                                "  # offline: --profile_steps"),
             (AFTER_STEP, f"{AFTER_STEP}\n    {PROFILE_MODULE}.stop(step, profiled)  # offline: --profile_steps"),
         ]
+    after_set_up = []
+    if args.init_from:
+        after_set_up.append(f"model.load_state_dict(torch.load({os.path.abspath(args.init_from)!r}, "
+                            "map_location=device), strict=True)  # offline: --init_from")
     if args.init_check:
         script[0] = (script[0][0], script[0][1].replace(f"import {ATTENTION_MODULE}",
                                                         f"import {ATTENTION_MODULE}, {INIT_MODULE}", 1))
+        after_set_up.append(f"{INIT_MODULE}.report(model, print0)  # offline: --init_check")
         script += [
-            (MODEL_SET_UP, f"{MODEL_SET_UP}\n{INIT_MODULE}.report(model, print0)  # offline: --init_check"),
             (WARMUP_LOOP, "for step in []:  # offline: --init_check, no warm-up"),
             (TRAINING_SECTION, f"    break  # offline: --init_check, the step-0 validation alone\n{TRAINING_SECTION}"),
         ]
+    if after_set_up:
+        script.append((MODEL_SET_UP, "\n".join([MODEL_SET_UP] + after_set_up)))
     kernels = [
         ("from triton.tools.tensor_descriptor import TensorDescriptor",
          f"from triton.tools.tensor_descriptor import TensorDescriptor; import {SCALED_MM_MODULE}  # offline"),
@@ -218,9 +227,12 @@ def main():
                         help="training steps to record with torch.profiler, e.g. 10,430,860 (a table each in logs/)")
     parser.add_argument("--init_check", action="store_true",
                         help="print each parameter's statistics at init, validate once at step 0 and stop")
+    parser.add_argument("--init_from", help="the weights to start from (a state dict of dev/record89_state.py's)")
     args = parser.parse_args()
     if args.init_check and args.profile_steps:
         fail("--init_check stops before the first training step: give it or --profile_steps, not both")
+    if args.init_from and not os.path.isfile(args.init_from):
+        fail(f"--init_from {args.init_from}: no such file; give a state dict that dev/record89_state.py wrote")
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):
         fail(f"--val_tokens {args.val_tokens}: must be a positive multiple of the reference's validation batch, "
              f"{VAL_BATCH_TOKENS:,} tokens")

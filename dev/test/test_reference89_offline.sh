@@ -9,7 +9,8 @@
 # behind); --profile_steps: the profiler around the named steps and its modules beside, its bad steps
 # refused; step_profile against a stand-in torch (a table a named step, a failing profiler one line);
 # --init_check: no warm-up, the statistics printed after the model's set-up (init_stats against a small
-# model, where torch is), a stop before the first training step, not with --profile_steps.
+# model, where torch is), a stop before the first training step, not with --profile_steps; --init_from:
+# the weights loaded after the set-up (before --init_check's statistics), a missing file refused.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -181,6 +182,13 @@ holds "--init_check: statistics after the set-up, no warm-up, a stop before trai
   grep -B1 -x '    # --------------- TRAINING SECTION -----------------' '$out4/train_gpt.py' |
     grep -qx '    break  # offline: --init_check, the step-0 validation alone' &&
   cmp dev/pylib/init_stats.py '$out4/init_stats.py' && [ ! -e '$out/init_stats.py' ]"
+echo "state" > "$WORK/state.pt"
+out5=$WORK/offline5
+holds "the copy made with --init_from and --init_check" kit "$out5" --init_from "$WORK/state.pt" --init_check
+holds "--init_from: the state loaded after the set-up, then the statistics" bash -c "
+  diff '$out4/train_gpt.py' '$out5/train_gpt.py' | grep -c '^>' | grep -qx 1 &&
+  grep -A2 -x 'dist.broadcast(model.bigram_sign_table, 0)  # buffer, not in parameters()' '$out5/train_gpt.py' | tail -2 |
+    tr '\n' '|' | grep -qx \"model.load_state_dict(torch.load('$WORK/state.pt', map_location=device), strict=True)  # offline: --init_from|init_stats.report(model, print0)  # offline: --init_check|\""
 TORCH_PY=$(python_with torch)
 if [ -n "$TORCH_PY" ]; then
   holds "init_stats: a line a parameter and the sign table, through print0" bash -c "
@@ -245,6 +253,8 @@ expect_fail "a step past the run" "--profile_steps 10,1285: give training steps 
 expect_fail "a step that is not a number" "--profile_steps 10,x: give training steps" kit "$WORK/new9" --profile_steps 10,x
 expect_fail "--init_check with --profile_steps" "--init_check stops before the first training step: give it or --profile_steps, not both" \
   kit "$WORK/new10" --init_check --profile_steps 10
+expect_fail "--init_from a missing file" "--init_from $WORK/none.pt: no such file; give a state dict that dev/record89_state.py wrote" \
+  kit "$WORK/new11" --init_from "$WORK/none.pt"
 expect_fail "passes not a number" "--passes two: give a whole number" kit "$WORK/new5" --passes two
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
@@ -283,5 +293,5 @@ else
 fi
 holds "no folder left by the failures" bash -c "
   [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ] &&
-  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ] && [ ! -e '$WORK/new10' ]"
+  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ] && [ ! -e '$WORK/new10' ] && [ ! -e '$WORK/new11' ]"
 finish test_reference89_offline

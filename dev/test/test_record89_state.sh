@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Tests dev/record89_state.py on record #89's tiny model (train_gpt2.py, CPU): the state dict has the
+# reference's names, shapes and dtypes (its banks padded for 1 and for 8 processes), each of our
+# tensors lands where the reference reads it (banks, value embeddings, scalars, the transposed head and
+# MLP projections, zero padding), and the command's one-line errors.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source dev/test/lib.sh
+require_python "torch numpy" test_record89_state PYTHON
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+TOKENIZER=dev/data/tinyshakespeare/gpt2_tokenizer.bin
+if [ ! -f "$TOKENIZER" ]; then
+  echo "skip: no $TOKENIZER (dev/data/tinyshakespeare.sh writes it)"
+  finish test_record89_state
+fi
+
+out=$("$PY" - "$TOKENIZER" <<'PYEOF' 2>&1
+import sys
+sys.path.insert(0, "dev")
+import torch
+import record89_state as rs
+
+def verdict(what, ok):
+    print(f"{what}\t{'same' if ok else 'different'}")
+
+model, signs = rs.record89_model(7, sys.argv[1], "tiny")
+c = model.config
+L, C, NH, V = c.num_layers, c.channels, c.num_heads, c.padded_vocab_size
+hs = C // NH
+attention = [b for b in model.transformer.h if b.attn is not None]
+A = len(attention)
+for processes in (1, 8):
+    state = rs.script_state(model, signs, processes)
+    pad = lambda n: -(-n // processes) * processes
+    shapes = {"lm_head.weight": (C, V), "embed.weight": (V, C), "value_embeds": (5 * V, C), "ve_gate_bank": (5, NH, 12),
+              "qk_bank": (pad(2 * NH // 2 * A), 2 * hs, C), "vo_bank": (pad(2 * A), C, C),
+              "mlp_bank": (L + 1, 2, 4 * C, C), "smear_gate.weight": (1, 12),
+              "bigram_embed.weight": tuple(model.bigram.weight.shape), "bigram_sign_table": (8192, C),
+              "post_lambdas": (L, 2), "resid_lambdas": (L, 2), "scalars": (2 * L + 2,),
+              "mudd_w1": tuple(model.mudd_w1.shape), "mudd_w2": tuple(model.mudd_w2.shape),
+              "mudd_b2": tuple(model.mudd_b2.shape), "_mudd_gate_scale": (),
+              "mudd_gate_w1": tuple(model.mudd_gate_w1.shape), "mudd_gate_w2": tuple(model.mudd_gate_w2.shape),
+              "mudd_gate_b2": tuple(model.mudd_gate_b2.shape), "_mlp_down_act_scales": (L + 1,),
+              "_mlp_down_proj_scales": (L + 1,), "_mlp_down_proj_next_scales": (L + 1,)}
+    verdict(f"{processes} process(es): the reference's names and shapes",
+            {k: tuple(v.shape) for k, v in state.items()} == shapes)
+    verdict(f"{processes} process(es): BF16 where the reference casts, float32 elsewhere",
+            all(v.dtype == (torch.bfloat16 if k in rs.BF16_TENSORS else torch.float32) for k, v in state.items()))
+    bf = lambda t: t.detach().to(torch.bfloat16)
+    verdict(f"{processes} process(es): bank padding zero",
+            not state["qk_bank"][NH * A:].any() and not state["vo_bank"][2 * A:].any() and not state["mlp_bank"][L].any())
+state = rs.script_state(model, signs)
+ok = True
+for a, block in enumerate(attention):
+    w = block.attn.c_attn.weight
+    for g in range(NH):  # q's head pairs, then k's
+        ok &= torch.equal(state["qk_bank"][NH * a + g], bf(w[g * 2 * hs:(g + 1) * 2 * hs]))
+    ok &= torch.equal(state["vo_bank"][2 * a], bf(w[2 * C:])) and torch.equal(state["vo_bank"][2 * a + 1], bf(block.attn.c_proj.weight))
+verdict("each attention layer's q, k head pairs, v and output projection in the banks", ok)
+verdict("each layer's c_fc and transposed c_proj in mlp_bank", all(
+    torch.equal(state["mlp_bank"][i, 0], bf(b.mlp.c_fc.weight)) and torch.equal(state["mlp_bank"][i, 1], bf(b.mlp.c_proj.weight.t()))
+    for i, b in enumerate(model.transformer.h)))
+verdict("the five value embeddings one after another",
+        all(torch.equal(state["value_embeds"][k * V:(k + 1) * V], bf(t.weight)) for k, t in enumerate(model.transformer.ve)))
+verdict("the head transposed, the embedding as it is", torch.equal(state["lm_head.weight"], bf(model.lm_head.weight.t()))
+        and torch.equal(state["embed.weight"], bf(model.transformer.wte.weight)))
+s = state["scalars"]
+verdict("scalars: the attention lambdas a layer, smear_lambda, skip_lambda",
+        torch.equal(s[:2 * L].view(L, 2), model.attn_lambdas.detach()) and s[2 * L].item() == model.smear_lambda.item()
+        and s[2 * L + 1].item() == model.skip_gate[0].item() == -1.5)
+verdict("the sign table ours, the FP8 scales one", torch.equal(state["bigram_sign_table"], bf(signs))
+        and all(state[n].eq(1).all() for n in rs.FP8_SCALE_BUFFERS))
+PYEOF
+)
+check_verdicts record89_state.py $? "$out"
+
+"$PY" dev/record89_state.py "$WORK/tiny.pt" --tokenizer "$TOKENIZER" --seed 3 > /dev/null 2>&1
+check "the command writes a d12 state dict" "$("$PY" -c "
+import torch; s = torch.load('$WORK/tiny.pt'); print(len(s), list(s['qk_bank'].shape))")" "23 [60, 256, 768]"
+expect_fail() {  # expect_fail NAME TEXT ARGS...: a non-zero exit and one line, an error naming TEXT
+  local name=$1 text=$2 err rc
+  shift 2
+  err=$("$PY" dev/record89_state.py "$@" 2>&1)
+  rc=$?
+  check "$name: fails" "$([ "$rc" -ne 0 ] && echo yes)" yes
+  check "$name: one line naming it" "$(wc -l <<< "$err") $(grep -c "^error: .*$text" <<< "$err")" "1 1"
+}
+expect_fail "a folder for the output" "$WORK is a folder: give the path of the file to write" "$WORK" --tokenizer "$TOKENIZER"
+expect_fail "no process" "--processes 0: give the reference's process count" "$WORK/x.pt" --tokenizer "$TOKENIZER" --processes 0
+finish test_record89_state
