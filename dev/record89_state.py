@@ -3,10 +3,13 @@ f411b3d3) loads with load_state_dict(strict=True) in place of its own unseeded i
 (dev/reference89_offline.py --init_from). From train_gpt2.py's model (--recipe record89, d12), whose init
 from a seed is train_gpt2cu's bit for bit, so that both sides start from the same weights.
 
-    python3 dev/record89_state.py OUT.pt --tokenizer VOCAB [--seed S] [--processes P]
+    python3 dev/record89_state.py OUT.pt --tokenizer VOCAB [--seed S] [--processes P] [--checkpoint OURS.bin]
 
 (the init of seed S, default 42; VOCAB the GPT-2 vocabulary file build/write_tokenizer writes, which
---recipe record89 reads; P the reference's process count, which pads its banks)
+--recipe record89 reads; P the reference's process count, which pads its banks). Every value is
+rounded to BF16, as ours' BF16 checkpoint holds it: --checkpoint writes that checkpoint too, so that
+train_gpt2cu -e OURS.bin and the reference start from the same values, the reference's float32
+tensors (its lambdas and scalars) included.
 
 The reference keeps its matrices in banks (its lines 1261-1470, 2240-2254):
 - qk_bank [60 + padding, 256, C]: each attention layer's q rows, then its k rows, in groups of two
@@ -22,7 +25,7 @@ The reference keeps its matrices in banks (its lines 1261-1470, 2240-2254):
 - The FP8 down projections' three scale buffers [L + 1]: ones, as the reference starts them.
 Tensors of ours the reference generates instead (the MUDD gate generators' x0, bigram, XSA and head
 gates, the value scales, the skip's gate) have no entry. Each tensor goes in the reference's dtype
-after its casts to BF16 (line 2242-2254), the others in float32.
+after its casts to BF16 (line 2242-2254), the others in float32 (holding BF16 values).
 """
 import argparse
 import os
@@ -91,8 +94,8 @@ def script_state(model, sign_table, processes=1):
         "mudd_gate_w1": model.mudd_gate_w1, "mudd_gate_w2": model.mudd_gate_w2, "mudd_gate_b2": model.mudd_gate_b2,
     }
     state.update({name: torch.ones(len(t.h) + 1) for name in FP8_SCALE_BUFFERS})
-    return {name: tensor.detach().to(torch.bfloat16 if name in BF16_TENSORS else torch.float32).contiguous()
-            for name, tensor in state.items()}
+    return {name: tensor.detach().to(torch.bfloat16).to(torch.bfloat16 if name in BF16_TENSORS else torch.float32)
+            .contiguous() for name, tensor in state.items()}
 
 
 def record89_model(seed, tokenizer, model_name="d12"):
@@ -117,6 +120,7 @@ def main():
     parser.add_argument("--tokenizer", required=True, help="GPT-2's vocabulary file (build/write_tokenizer's)")
     parser.add_argument("--seed", type=int, default=42, help="the init's seed (train_gpt2cu's -S; default 42)")
     parser.add_argument("--processes", type=int, default=1, help="the reference's process count (default 1)")
+    parser.add_argument("--checkpoint", help="also write ours' BF16 checkpoint of the same init here (-e)")
     args = parser.parse_args()
     if os.path.isdir(args.output):
         fail(f"{args.output} is a folder: give the path of the file to write")
@@ -126,6 +130,10 @@ def main():
     import torch
     model, sign_table = record89_model(args.seed, args.tokenizer)
     torch.save(script_state(model, sign_table, args.processes), args.output)
+    if args.checkpoint:
+        import train_gpt2 as tg
+        tg.write_checkpoint(model, args.checkpoint, tg.CHECKPOINT_BF16)
+        print(f"wrote {args.checkpoint}: ours' BF16 checkpoint of the same init")
     print(f"wrote {args.output}: record #89's reference's state dict of our init from seed {args.seed}")
 
 

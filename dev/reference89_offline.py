@@ -2,7 +2,8 @@
 
     python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
                                        [--passes N] [--gpt2 DIR] [--val_tokens N] [--python PY]
-                                       [--profile_steps S,S,... | --init_check] [--init_from FILE]
+                                       [--profile_steps S,S,... | --init_check | --first_steps N]
+                                       [--init_from FILE]
 
 DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
@@ -16,7 +17,11 @@ unless told; its log in OUTDIR/logs/):
   goes, not for its clock. With --init_check, two lines more and two changed: no warm-up, each
   parameter's statistics at init printed (dev/pylib/init_stats.py, copied beside it), and the run
   stops after its step-0 validation (compiling only that forward): a check of the script's init and
-  forward at init against ours', one unseeded draw a run. With --init_from FILE, one line more: the
+  forward at init against ours', one unseeded draw a run. With --first_steps N, four lines more and
+  one changed: no warm-up (each shape compiles when first met), each training step's loss printed
+  ("step:S/1285 train_loss:L", S from 0: the mean over the step's tokens of the loss it trains on, its
+  next-token, multi-token and prefix terms, as ours' step lines give it), and the run stops after N
+  steps: the script's first steps to set beside ours' from the same weights. With --init_from FILE, one line more: the
   model's weights are then FILE's (torch.load, load_state_dict strict: every tensor of its state dict,
   dev/record89_state.py writes ours'), in place of its own unseeded draw; the run (or --init_check's
   statistics and validation) starts from them.
@@ -59,6 +64,8 @@ INIT_MODULE = "init_stats"
 # The training loop's lines that --profile_steps adds after: a step's start, and its end (2356, 2365).
 TRAINING_SECTION = "    # --------------- TRAINING SECTION -----------------"
 AFTER_STEP = "    model.quantize_mlp_fp8(bootstrap_down=(step < 16))"
+# The end of a training step's last micro step, through AFTER_STEP (2363-2365), where --first_steps adds.
+STEP_END = f"        del loss\n    training_manager.step_optimizers(step)\n{AFTER_STEP}"
 # The lines --init_check changes: the warm-up's loop (2278) and the last line of the model's set-up (2257).
 WARMUP_LOOP = "for step in warmup_steps:"
 MODEL_SET_UP = "dist.broadcast(model.bigram_sign_table, 0)  # buffer, not in parameters()"
@@ -120,6 +127,15 @@ def edits(args):
         script += [
             (WARMUP_LOOP, "for step in []:  # offline: --init_check, no warm-up"),
             (TRAINING_SECTION, f"    break  # offline: --init_check, the step-0 validation alone\n{TRAINING_SECTION}"),
+        ]
+    if args.first_steps:
+        script += [
+            (WARMUP_LOOP, "for step in []:  # offline: --first_steps, no warm-up"),
+            (TRAINING_SECTION, f"    train_loss_sum = 0.0  # offline: --first_steps\n{TRAINING_SECTION}"),
+            (STEP_END, "        train_loss_sum += loss.detach()  # offline: --first_steps\n" + STEP_END +
+             "\n    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() * grad_accum_steps / "
+             "training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps\n"
+             f"    if step + 1 == {args.first_steps}: break  # offline: --first_steps"),
         ]
     if after_set_up:
         script.append((MODEL_SET_UP, "\n".join([MODEL_SET_UP] + after_set_up)))
@@ -227,10 +243,16 @@ def main():
                         help="training steps to record with torch.profiler, e.g. 10,430,860 (a table each in logs/)")
     parser.add_argument("--init_check", action="store_true",
                         help="print each parameter's statistics at init, validate once at step 0 and stop")
+    parser.add_argument("--first_steps", type=int, help="run only this many training steps, each one's loss printed")
     parser.add_argument("--init_from", help="the weights to start from (a state dict of dev/record89_state.py's)")
     args = parser.parse_args()
-    if args.init_check and args.profile_steps:
-        fail("--init_check stops before the first training step: give it or --profile_steps, not both")
+    if args.init_check and (args.profile_steps or args.first_steps):
+        fail(f"--init_check stops before the first training step: give it or "
+             f"{'--profile_steps' if args.profile_steps else '--first_steps'}, not both")
+    if args.first_steps is not None and not 0 < args.first_steps <= TRAIN_STEPS:
+        fail(f"--first_steps {args.first_steps}: give the training steps to run, 1 to {TRAIN_STEPS}")
+    if args.first_steps and args.profile_steps:
+        fail("--first_steps prints the steps that --profile_steps records: give one of them, not both")
     if args.init_from and not os.path.isfile(args.init_from):
         fail(f"--init_from {args.init_from}: no such file; give a state dict that dev/record89_state.py wrote")
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):

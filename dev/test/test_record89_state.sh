@@ -2,7 +2,8 @@
 # Tests dev/record89_state.py on record #89's tiny model (train_gpt2.py, CPU): the state dict has the
 # reference's names, shapes and dtypes (its banks padded for 1 and for 8 processes), each of our
 # tensors lands where the reference reads it (banks, value embeddings, scalars, the transposed head and
-# MLP projections, zero padding), and the command's one-line errors.
+# MLP projections, zero padding), every value rounded to BF16 (the float32 ones too); the command's
+# d12 state and ours' BF16 checkpoint beside it (--checkpoint) hold the same values; its one-line errors.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -69,15 +70,23 @@ s = state["scalars"]
 verdict("scalars: the attention lambdas a layer, smear_lambda, skip_lambda",
         torch.equal(s[:2 * L].view(L, 2), model.attn_lambdas.detach()) and s[2 * L].item() == model.smear_lambda.item()
         and s[2 * L + 1].item() == model.skip_gate[0].item() == -1.5)
+verdict("float32 tensors hold BF16 values", torch.equal(state["resid_lambdas"], bf(model.resid_lambdas).float())
+        and not torch.equal(state["resid_lambdas"], model.resid_lambdas.detach()))
 verdict("the sign table ours, the FP8 scales one", torch.equal(state["bigram_sign_table"], bf(signs))
         and all(state[n].eq(1).all() for n in rs.FP8_SCALE_BUFFERS))
 PYEOF
 )
 check_verdicts record89_state.py $? "$out"
 
-"$PY" dev/record89_state.py "$WORK/tiny.pt" --tokenizer "$TOKENIZER" --seed 3 > /dev/null 2>&1
-check "the command writes a d12 state dict" "$("$PY" -c "
-import torch; s = torch.load('$WORK/tiny.pt'); print(len(s), list(s['qk_bank'].shape))")" "23 [60, 256, 768]"
+"$PY" dev/record89_state.py "$WORK/d12.pt" --tokenizer "$TOKENIZER" --seed 3 --checkpoint "$WORK/d12.bin" > /dev/null 2>&1
+check "the command writes a d12 state dict and ours' checkpoint of the same values" "$("$PY" -c "
+import sys; sys.path.insert(0, '.')
+import torch, train_gpt2 as tg
+s = torch.load('$WORK/d12.pt')
+m = tg.read_checkpoint('$WORK/d12.bin', False, 0, 0)
+same = torch.equal(s['qk_bank'][:6].flatten(0, 1), m.transformer.h[0].attn.c_attn.weight[:1536].to(torch.bfloat16)) and \
+       torch.equal(s['resid_lambdas'], m.resid_lambdas.detach()) and torch.equal(s['embed.weight'], m.transformer.wte.weight.to(torch.bfloat16))
+print(len(s), list(s['qk_bank'].shape), same)")" "23 [60, 256, 768] True"
 expect_fail() {  # expect_fail NAME TEXT ARGS...: a non-zero exit and one line, an error naming TEXT
   local name=$1 text=$2 err rc
   shift 2

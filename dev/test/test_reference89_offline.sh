@@ -10,7 +10,9 @@
 # refused; step_profile against a stand-in torch (a table a named step, a failing profiler one line);
 # --init_check: no warm-up, the statistics printed after the model's set-up (init_stats against a small
 # model, where torch is), a stop before the first training step, not with --profile_steps; --init_from:
-# the weights loaded after the set-up (before --init_check's statistics), a missing file refused.
+# the weights loaded after the set-up (before --init_check's statistics), a missing file refused;
+# --first_steps: no warm-up, each step's loss summed over its micro steps and printed, the stop after N
+# steps, its bad counts and companions refused.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -32,6 +34,10 @@ for step in warmup_steps:
     pass
 for step in range(3):
     # --------------- TRAINING SECTION -----------------
+    for idx in range(2):
+        loss = 1
+        del loss
+    training_manager.step_optimizers(step)
     model.quantize_mlp_fp8(bootstrap_down=(step < 16))
 EOF
 cat > "$ref/triton_kernels.py" <<'EOF'
@@ -189,6 +195,16 @@ holds "--init_from: the state loaded after the set-up, then the statistics" bash
   diff '$out4/train_gpt.py' '$out5/train_gpt.py' | grep -c '^>' | grep -qx 1 &&
   grep -A2 -x 'dist.broadcast(model.bigram_sign_table, 0)  # buffer, not in parameters()' '$out5/train_gpt.py' | tail -2 |
     tr '\n' '|' | grep -qx \"model.load_state_dict(torch.load('$WORK/state.pt', map_location=device), strict=True)  # offline: --init_from|init_stats.report(model, print0)  # offline: --init_check|\""
+out6=$WORK/offline6
+holds "the copy made with --first_steps" kit "$out6" --first_steps 30
+holds "--first_steps: no warm-up, the loss summed and printed a step, a stop after 30 steps" bash -c "
+  diff '$ref/train_gpt.py' '$out6/train_gpt.py' | grep -c '^>' | grep -qx 7 &&
+  grep -qx 'for step in \[\]:  # offline: --first_steps, no warm-up' '$out6/train_gpt.py' &&
+  grep -B1 -x '    # --------------- TRAINING SECTION -----------------' '$out6/train_gpt.py' |
+    grep -qx '    train_loss_sum = 0.0  # offline: --first_steps' &&
+  grep -B1 -x '        del loss' '$out6/train_gpt.py' | grep -qx '        train_loss_sum += loss.detach()  # offline: --first_steps' &&
+  grep -A2 -x '    model.quantize_mlp_fp8(bootstrap_down=(step < 16))' '$out6/train_gpt.py' | tail -2 | tr '\n' '|' |
+    grep -qx '    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() \* grad_accum_steps / training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps|    if step + 1 == 30: break  # offline: --first_steps|'"
 TORCH_PY=$(python_with torch)
 if [ -n "$TORCH_PY" ]; then
   holds "init_stats: a line a parameter and the sign table, through print0" bash -c "
@@ -255,6 +271,11 @@ expect_fail "--init_check with --profile_steps" "--init_check stops before the f
   kit "$WORK/new10" --init_check --profile_steps 10
 expect_fail "--init_from a missing file" "--init_from $WORK/none.pt: no such file; give a state dict that dev/record89_state.py wrote" \
   kit "$WORK/new11" --init_from "$WORK/none.pt"
+expect_fail "--first_steps 0" "--first_steps 0: give the training steps to run, 1 to 1285" kit "$WORK/new12" --first_steps 0
+expect_fail "--first_steps with --init_check" "--init_check stops before the first training step: give it or --first_steps, not both" \
+  kit "$WORK/new13" --first_steps 5 --init_check
+expect_fail "--first_steps with --profile_steps" "--first_steps prints the steps that --profile_steps records" \
+  kit "$WORK/new14" --first_steps 5 --profile_steps 3
 expect_fail "passes not a number" "--passes two: give a whole number" kit "$WORK/new5" --passes two
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \
@@ -293,5 +314,6 @@ else
 fi
 holds "no folder left by the failures" bash -c "
   [ ! -e '$WORK/new1' ] && [ ! -e '$WORK/new2' ] && [ ! -e '$WORK/new3' ] && [ ! -e '$WORK/new4' ] && [ ! -e '$WORK/new5' ] && [ ! -e '$WORK/new6' ] &&
-  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ] && [ ! -e '$WORK/new10' ] && [ ! -e '$WORK/new11' ]"
+  [ ! -e '$WORK/new7' ] && [ ! -e '$WORK/new8' ] && [ ! -e '$WORK/new9' ] && [ ! -e '$WORK/new10' ] && [ ! -e '$WORK/new11' ] &&
+  [ ! -e '$WORK/new12' ] && [ ! -e '$WORK/new13' ] && [ ! -e '$WORK/new14' ]"
 finish test_reference89_offline
