@@ -14,17 +14,19 @@ unless told; its log in OUTDIR/logs/):
   batch, 2,097,152). With --profile_steps, two lines more and one changed: the named training steps
   are recorded by torch.profiler (dev/pylib/step_profile.py, copied beside it with kernel_kinds.py),
   each step's kernel table in OUTDIR/logs/profile_stepNNNNNN.txt: a run for where the script's time
-  goes, not for its clock. With --init_check, two lines more and two changed: no warm-up, each
-  parameter's statistics at init printed (dev/pylib/init_stats.py, copied beside it), and the run
-  stops after its step-0 validation (compiling only that forward): a check of the script's init and
-  forward at init against ours', one unseeded draw a run. With --first_steps N, four lines more and
-  one changed: no warm-up (each shape compiles when first met), each training step's loss printed
-  ("step:S/1285 train_loss:L", S from 0: the mean over the step's tokens of the loss it trains on, its
-  next-token, multi-token and prefix terms, as ours' step lines give it), and the run stops after N
-  steps: the script's first steps to set beside ours' from the same weights. With --init_from FILE, one line more: the
-  model's weights are then FILE's (torch.load, load_state_dict strict: every tensor of its state dict,
-  dev/record89_state.py writes ours'), in place of its own unseeded draw; the run (or --init_check's
-  statistics and validation) starts from them.
+  goes, not for its clock.
+- With --init_check, two lines more and two changed: no warm-up, each parameter's statistics at init
+  printed (dev/pylib/init_stats.py, copied beside it), and the run stops after its step-0 validation
+  (compiling only that forward): a check of the script's init and forward at init against ours', one
+  unseeded draw a run.
+- With --first_steps N, four lines more and one changed: no warm-up (each shape compiles when first
+  met), each training step's loss printed ("step:S/1285 train_loss:L", S from 0: the mean over the
+  step's tokens of the loss it trains on, its next-token, multi-token and prefix terms, as ours' step
+  lines give it; on several processes over rank 0's tokens), and the run stops after N steps: the
+  script's first steps to set beside ours' from the same weights.
+- With --init_from FILE, one line more: the model's weights are then FILE's (torch.load,
+  load_state_dict strict: every tensor of its state dict; dev/record89_state.py writes ours') in place
+  of its own unseeded draw; the run (or --init_check's statistics and validation) starts from them.
 - triton_kernels.py with two lines changed: the FP8 down projection's torch._scaled_mm is
   dev/pylib/aligned_scaled_mm.py's (copied beside it), which copies the two scales first: the
   reference passes them as one-element slices at 4-byte offsets, which torch 2.11's cuBLAS 13 refuses
@@ -133,7 +135,7 @@ def edits(args):
             (WARMUP_LOOP, "for step in []:  # offline: --first_steps, no warm-up"),
             (TRAINING_SECTION, f"    train_loss_sum = 0.0  # offline: --first_steps\n{TRAINING_SECTION}"),
             (STEP_END, "        train_loss_sum += loss.detach()  # offline: --first_steps\n" + STEP_END +
-             "\n    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() * grad_accum_steps / "
+             "\n    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() * grad_accum_steps * world_size / "
              "training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps\n"
              f"    if step + 1 == {args.first_steps}: break  # offline: --first_steps"),
         ]

@@ -204,7 +204,7 @@ holds "--first_steps: no warm-up, the loss summed and printed a step, a stop aft
     grep -qx '    train_loss_sum = 0.0  # offline: --first_steps' &&
   grep -B1 -x '        del loss' '$out6/train_gpt.py' | grep -qx '        train_loss_sum += loss.detach()  # offline: --first_steps' &&
   grep -A2 -x '    model.quantize_mlp_fp8(bootstrap_down=(step < 16))' '$out6/train_gpt.py' | tail -2 | tr '\n' '|' |
-    grep -qx '    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() \* grad_accum_steps / training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps|    if step + 1 == 30: break  # offline: --first_steps|'"
+    grep -qx '    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() \* grad_accum_steps \* world_size / training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps|    if step + 1 == 30: break  # offline: --first_steps|'"
 TORCH_PY=$(python_with torch)
 if [ -n "$TORCH_PY" ]; then
   holds "init_stats: a line a parameter and the sign table, through print0" bash -c "
