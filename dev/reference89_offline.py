@@ -99,11 +99,20 @@ def fail(message):
     sys.exit(1)
 
 
+def kit_modules(args):
+    """The modules of dev/pylib that the script's copy imports beside the attention's stand-in, and every
+    module copied beside it (kernel_kinds is step_profile's)."""
+    imported = ([PROFILE_MODULE] if args.profile_steps else []) + ([INIT_MODULE] if args.init_check else [])
+    copied = [ATTENTION_MODULE, SCALED_MM_MODULE] + imported + (["kernel_kinds"] if args.profile_steps else [])
+    return imported, copied
+
+
 def edits(args):
     """{file: [(the reference's text, the copy's) for each line changed]}."""
+    imports = ", ".join([ATTENTION_MODULE] + kit_modules(args)[0])
     script = [
         ("from kernels import get_kernel",
-         f"import {ATTENTION_MODULE}  # offline: FlashAttention-3 by FlashAttention-2 (dev/reference89_offline.py)"),
+         f"import {imports}  # offline: FlashAttention-3 by FlashAttention-2 (dev/reference89_offline.py)"),
         ("flash_attn_interface = get_kernel('kernels-community/flash-attn3', version=1).flash_attn_interface",
          f"flash_attn_interface = {ATTENTION_MODULE}"),
     ]
@@ -111,8 +120,6 @@ def edits(args):
         script.append(("val_tokens: int = 10485760", f"val_tokens: int = {args.val_tokens}"))
     if args.profile_steps:
         steps = ", ".join(str(s) for s in args.profile_steps) + ","
-        script[0] = (script[0][0], script[0][1].replace(f"import {ATTENTION_MODULE}",
-                                                        f"import {ATTENTION_MODULE}, {PROFILE_MODULE}", 1))
         script += [
             (TRAINING_SECTION, f"{TRAINING_SECTION}\n    profiled = {PROFILE_MODULE}.start(step, ({steps}))"
                                "  # offline: --profile_steps"),
@@ -123,8 +130,6 @@ def edits(args):
         after_set_up.append(f"model.load_state_dict(torch.load({os.path.abspath(args.init_from)!r}, "
                             "map_location=device), strict=True)  # offline: --init_from")
     if args.init_check:
-        script[0] = (script[0][0], script[0][1].replace(f"import {ATTENTION_MODULE}",
-                                                        f"import {ATTENTION_MODULE}, {INIT_MODULE}", 1))
         after_set_up.append(f"{INIT_MODULE}.report(model, print0)  # offline: --init_check")
         script += [
             (WARMUP_LOOP, "for step in []:  # offline: --init_check, no warm-up"),
@@ -296,9 +301,7 @@ def main():
                 f.write(edited[name])
         else:
             shutil.copy(os.path.join(args.reference, name), args.outdir)
-    modules = [ATTENTION_MODULE, SCALED_MM_MODULE] + ([PROFILE_MODULE, "kernel_kinds"] if args.profile_steps else [])
-    modules += [INIT_MODULE] if args.init_check else []
-    for module in modules:
+    for module in kit_modules(args)[1]:
         shutil.copy(os.path.join(HERE, "pylib", module + ".py"), args.outdir)
     link_shards(args.outdir, train, "train", args.passes)
     link_shards(args.outdir, val, "val")
