@@ -4,6 +4,8 @@
 # imports all of MODULES (names separated by spaces; nothing when none does);
 # `require_python MODULES NAME VARIABLE` sets PY to the python_with of MODULES and of the python
 # named by $VARIABLE, or ends test NAME with a failed check that says how to get one;
+# `expect_fail NAME TEXT COMMAND...` checks that COMMAND exits non-zero with one line of output, an
+# "error: " line matching TEXT (a grep pattern);
 # `check_verdicts WHAT STATUS OUTPUT [EXPECTED]` checks that the program WHAT ended with STATUS 0
 # (else shows its OUTPUT) and that each line "what<TAB>verdict" of OUTPUT has the verdict EXPECTED
 # ("same" unless given).
@@ -29,6 +31,15 @@ check_verdicts() {
   while IFS=$'\t' read -r what verdict; do
     check "$what" "$verdict" "${4:-same}"
   done <<< "$(grep $'\t' <<< "$3")"
+}
+
+expect_fail() {
+  local name=$1 text=$2 err rc
+  shift 2
+  err=$("$@" 2>&1)
+  rc=$?
+  check "$name: fails" "$([ "$rc" -ne 0 ] && echo yes)" yes
+  check "$name: one line naming it" "$(wc -l <<< "$err") $(grep -c "^error: .*$text" <<< "$err")" "1 1"
 }
 
 finish() {

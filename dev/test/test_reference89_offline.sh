@@ -238,14 +238,6 @@ holds "the GPT-2 cache under tiktoken's names" bash -c "
   cmp dev/data/gpt2/encoder.json '$out/tiktoken/'\$(printf %s \${base}encoder.json | sha1sum | cut -c1-40)"
 holds "run.sh" bash -c "grep -q 'DATA_PATH=\$PWD TIKTOKEN_CACHE_DIR=\$PWD/tiktoken exec' '$out/run.sh'"
 
-expect_fail() {  # expect_fail NAME TEXT COMMAND...: a non-zero exit and one line, an error naming TEXT
-  local name=$1 text=$2 err rc
-  shift 2
-  err=$("$@" 2>&1)
-  rc=$?
-  check "$name: fails" "$([ "$rc" -ne 0 ] && echo yes)" yes
-  check "$name: one line naming it" "$(wc -l <<< "$err") $(grep -c "^error: .*$text" <<< "$err")" "1 1"
-}
 expect_fail "a folder in use" "$out is not empty: give a new folder" kit "$out"
 # another_version NAME FILE SED NEW TEXT: the kit on a copy of the reference whose FILE sed SED edits
 # fails, naming TEXT, and makes no NEW folder.
