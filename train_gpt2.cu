@@ -9628,7 +9628,8 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
   return true;
 }
 
-// dloss = 0 computes the losses only (validation) and leaves the logits intact. The softmax takes
+// dloss = 0 computes the losses only (validation) and leaves the logits intact, with the cap's
+// evaluation() (the sigmoid in FP32 where training rounds it to BF16). The softmax takes
 // the first V of the Vp columns (V = Vp: all of them, as the speedrun's loss does). Capped logits
 // take capped_classifier_kernel on GPUs with clusters where a quarter of a row fits in a block's
 // shared memory (Hopper's 227 KiB: Vp up to about 230,000), unless recompute is set (the tests run
@@ -9637,7 +9638,7 @@ bool capped_classifier_launch(floatX* logits, float* losses, const int* targets,
 // logits. Returns the kernel it ran.
 enum class ClassifierKernel { kRecomputing, kKeeping };
 ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targets, int N, int V, int Vp,
-                                  float dloss, cudaStream_t stream, const llmc::LogitCap& cap = {},
+                                  float dloss, cudaStream_t stream, const llmc::LogitCap& head_cap = {},
                                   bool recompute = false, const ClassifierFp8Grad& grad8 = {},
                                   const ClassifierTerms& terms = {}) {
   REQUIRE(Vp % x128::size == 0 && V <= Vp, "fused_classifier: Vp=%d must be a multiple of %d, and V=%d at most Vp",
@@ -9645,6 +9646,7 @@ ClassifierKernel fused_classifier(floatX* logits, float* losses, const int* targ
   REQUIRE(!grad8.rows || (dloss != 0.0f && grad8.scale && sizeof(floatX) == 2 && (uintptr_t)grad8.rows % 16 == 0),
           "fused_classifier: an FP8 gradient needs a training pass (dloss != 0), its scale, the BF16 build and "
           "16-byte aligned rows");
+  const llmc::LogitCap cap = dloss != 0.0f ? head_cap : head_cap.evaluation();
   const bool capped = cap.kind != llmc::LogitCap::kNone;
   REQUIRE(!capped || (std::isfinite(cap.cap) && cap.cap > 0.0f && capped_shift_range_log2(cap) <= kCappedShiftMaxLog2),
           "fused_classifier: a cap of %g: it must be a positive number of at most %g (%s)", cap.cap,
@@ -14948,7 +14950,7 @@ std::vector<int> generate(GPT2& m, const std::vector<int>& prompt, int length, f
   decoder_init(d, m);
   std::vector<floatX> row(m.config.vocab_size);
   std::vector<float> logits(m.config.vocab_size);
-  const llmc::LogitCap& cap = m.logit_cap;  // the distribution is the capped logits' softmax
+  const llmc::LogitCap cap = m.logit_cap.evaluation();  // the distribution is the capped logits' softmax
   std::vector<int> out;
   const floatX* device_logits = nullptr;
   for (int token : prompt) device_logits = decoder_step(d, m, token);

@@ -1679,12 +1679,14 @@ class GPT(nn.Module):
 
     def soft_cap(self, logits):
         """The logits the softmax sees, in float32: the modern model's c z / sqrt(z^2 + c^2) (c = 15), the
-        speedrun's c sigmoid((z + shift) / 7.5) (c = 30, shift 0; record #89's 23 and 5: --logit_cap)."""
+        speedrun's c sigmoid((z + shift) / 7.5) (c = 30, shift 0; record #89's 23 and 5: --logit_cap).
+        --logit_cap's bf16 rounds the sigmoid where gradients are taken (record #89's training loss kernel);
+        its evaluation, compiled, takes the sigmoid of the BF16 logits in float32, as here under no_grad."""
         if not self.config.modern:
             return logits
         z = logits.float()
         cap = self.logit_cap
-        if self.config.speedrun and self.logit_bf16_sigmoid:
+        if self.config.speedrun and self.logit_bf16_sigmoid and torch.is_grad_enabled():
             return cap * Bf16Sigmoid.apply((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
         if self.config.speedrun:
             return cap * torch.sigmoid((z + self.logit_shift) / SPEEDRUN_SOFTCAP_SCALE)
@@ -4020,8 +4022,8 @@ def parse_args(argv=None):
         "loss_reduction", "the gradients' loss: the mean or the sum of the token losses (printed: the mean)"))
     a.add_argument("--logit_cap", help=recipe_help(
         "logit_cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid cap's shift "
-        "within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5); a third item bf16 rounds the sigmoid "
-        "to bfloat16, as record #89's kernel: '23,5,bf16'"))
+        "within [-100, 100]: '23,5', record #89's 23 sigmoid((z + 5) / 7.5); a third item bf16 rounds the training "
+        "loss's sigmoid to bfloat16, as record #89's kernel (evaluation keeps it float32): '23,5,bf16'"))
     a.add_argument("--mtp", default="1", help="the training loss's weights of the next token and of the one or "
                    "two after it, each within [0, 1] (validation keeps the next token's alone): '1,0.5,0.25' (record "
                    "#89's first stage); a target past the sequence's end adds nothing")

@@ -95,7 +95,7 @@ inline float parse_float(const char* flag, const char* text, float min, float ma
 
 // -lc's value: the cap within [1, 40], or the cap and the sigmoid cap's shift within [-100, 100]
 // ("23,5"): record #89's 23 sigmoid((z + 5) / 7.5); a third item "bf16" rounds the sigmoid to BF16
-// ("23,5,bf16"), as record #89's kernel does.
+// in training ("23,5,bf16"), as record #89's loss kernel does.
 inline LogitCapSetting parse_logit_cap_setting(const char* flag, const char* text) {
   const std::string all = text;
   const size_t comma = all.find(','), second = comma == std::string::npos ? comma : all.find(',', comma + 1);

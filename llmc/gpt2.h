@@ -175,7 +175,10 @@ inline float bf16_bits_to_float(uint16_t b) {
 // modern architecture's), or y = cap * sigmoid((z + shift) / scale) (kSigmoid, modded-nanogpt's
 // speedrun's, whose logits all lie in (0, cap): record #28's 30 sigmoid(z / 7.5), record #89's
 // 23 sigmoid((z + 5) / 7.5)). bf16_sigmoid: the sigmoid rounded to BF16 before the cap multiplies
-// it, in the loss and in dy/dz = (cap / scale) s (1 - s) alike, as record #89's kernel keeps it.
+// it, in the loss and in dy/dz = (cap / scale) s (1 - s) alike, as record #89's training loss kernel
+// keeps it. Only there: its evaluation is compiled PyTorch, which computes the BF16 logits' cap in
+// FP32 without rounding between the fused operations, so forward passes that do not train
+// (validation, HellaSwag, sampling) take evaluation()'s cap.
 struct LogitCap {
   enum Kind : int { kNone, kRational, kSigmoid };
   Kind kind = kNone;
@@ -207,9 +210,14 @@ struct LogitCap {
     if (slope) *slope = 1;
     return z;
   }
+  LogitCap evaluation() const {
+    LogitCap c = *this;
+    c.bf16_sigmoid = false;
+    return c;
+  }
   std::string describe() const {
     if (kind == kRational) return strformat("soft-capped at %g", cap);
-    const char* rounded = bf16_sigmoid ? " (the sigmoid in BF16)" : "";
+    const char* rounded = bf16_sigmoid ? " (the training loss's sigmoid in BF16)" : "";
     if (kind == kSigmoid && shift != 0.0f) {
       return strformat("capped as %g sigmoid((z + %g) / %g)%s", cap, shift, scale, rounded);
     }

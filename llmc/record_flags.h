@@ -69,7 +69,8 @@ inline Flag newton_schulz_flag(Recipe& a) {
 inline Flag logit_cap_flag(Recipe& a) {
   return {"-lc", "logit cap", "the head's cap within [1, 40] in place of the architecture's, and the sigmoid "
           "cap's shift within [-100, 100]: \"23,5\", record #89's 23 sigmoid((z + 5) / 7.5) (the speedrun's own: "
-          "30 sigmoid(z / 7.5)); a third item bf16 rounds the sigmoid to BF16, as record #89's kernel: \"23,5,bf16\"; "
+          "30 sigmoid(z / 7.5)); a third item bf16 rounds the training loss's sigmoid to BF16, as record #89's "
+          "kernel (evaluation takes it in FP32, as record #89's compiled evaluation): \"23,5,bf16\"; "
           "checkpoints keep the architecture's: give -lc with -e's model too",
           [&a](const char* text) { a.logit_cap = parse_logit_cap_setting("-lc", text); },
           [&a] { return logit_cap_setting_text(a.logit_cap); }, &a.logit_cap};

@@ -7,13 +7,14 @@
 // vocabulary, NaN in the padding columns (which must never reach a loss and must come back as
 // zero gradients), logits far past the caps' bends (the sigmoid's exponential overflows there),
 // losses poisoned first, training (dlogits written in place) and validation
-// (dloss = 0: logits left bit for bit as they were), twice each; which kernel ran, confirmed
+// (dloss = 0: logits left bit for bit as they were, the cap's evaluation()), twice each; which kernel ran, confirmed
 // (capped logits take the one that keeps the gradients on GPUs with clusters). BF16 builds: the
 // FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the dlogits the same kernel
 // wrote in place (cuda_fp8.h's conversion on the host, which test_fp8 checks), the same losses,
 // the logits left as they were, twice. The shift is added to z exactly: the shifted cap of z gives
 // the bits of the unshifted cap of z + shift where that sum is exact; record #89's sigmoid rounded to
-// BF16 (-lc 23,5,bf16) against the reference's rounding of the exact sigmoid. The training loss's terms
+// BF16 (-lc 23,5,bf16) against the reference's rounding of the exact sigmoid in training, its FP32 sigmoid
+// in validation. The training loss's terms
 // (ClassifierTerms: later targets of the row's sequence, the target's prefix token) against a
 // reference in double: sequences whose last rows lose their later targets, targets repeated within
 // a row's terms, tokens without a prefix, each kernel, twice, and (BF16) their FP8 gradient.
@@ -153,15 +154,17 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   DeviceArray<float> losses(N);
   DeviceArray<int> d_targets(targets);
 
-  std::vector<float> ref_losses(N), ref_dlogits(logits.size(), 0.0f);
+  std::vector<float> ref_losses(N), ref_dlogits(logits.size(), 0.0f), ref_validation_losses(N), unused(logits.size());
   if (capped) {
     capped_classifier_reference(ref_losses, ref_dlogits, logits, targets, dloss, cap, N, V, Vp);
+    capped_classifier_reference(ref_validation_losses, unused, logits, targets, 0.0f, cap.evaluation(), N, V, Vp);
   } else {
     std::vector<float> probs(logits.size());
     cpu::softmax_crossentropy_forward(probs.data(), ref_losses.data(), logits.data(), targets.data(),
                                       N, V, Vp);
     cpu::softmax_crossentropy_backward(ref_dlogits.data(), probs.data(), targets.data(), dloss, N, V,
                                        Vp);
+    ref_validation_losses = ref_losses;
   }
   // The caps' y are within about 3 ulp of the exact values (the rational's rsqrtf: 2; the
   // sigmoid's exponential and reciprocal: 2 and 1), up to 5e-6 near |y| = 15 and 1e-5 near 30:
@@ -197,7 +200,7 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
     d_logits.upload(logits);
     const Snapshot untouched(d_logits);
     run(0.0f);
-    check_close("validation losses" + kernel, losses.download(), ref_losses, kTolFP32);
+    check_close("validation losses" + kernel, losses.download(), ref_validation_losses, kTolFP32);
     check_same_bits("validation keeps logits" + kernel, untouched, Snapshot(d_logits));
     const Snapshot validation_bits(losses);
     run(0.0f);

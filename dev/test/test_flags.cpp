@@ -6,6 +6,7 @@
 // the speedrun's init (-ri), the start-up table's box and the usage, both within kScreenWidth.
 // Scratch files go to build/test_tmp/flags/.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -629,6 +630,14 @@ void test_loss_settings() {
   check_verbose(rounded.cap == 23.0f && rounded.shift == 5.0f && rounded.bf16_sigmoid && !cap.bf16_sigmoid &&
                     llmc::logit_cap_setting_text(rounded) == "23,5,bf16" && llmc::logit_cap_setting_text(cap) == "23,5",
                 "-lc 23,5,bf16: the sigmoid in BF16, parsed and shown");
+  llmc::LogitCap trained = {llmc::LogitCap::kSigmoid, 23.0f, 7.5f, 5.0f};
+  trained.bf16_sigmoid = true;
+  const llmc::LogitCap evaluated = trained.evaluation();
+  const double z = 0.3, exact = 23.0 / (1.0 + std::exp(-(z + 5.0) / 7.5));
+  check_verbose(!evaluated.bf16_sigmoid && evaluated.cap == 23.0f && evaluated.shift == 5.0f &&
+                    evaluated.scale == 7.5f && std::fabs(evaluated.apply(z) - exact) < 1e-12 &&
+                    std::fabs(trained.apply(z) - exact) > 1e-3,
+                "-lc 23,5,bf16: evaluation's cap takes the sigmoid unrounded, training's rounded");
   check_throws([] { llmc::parse_logit_cap_setting("-lc", "23,5,fp8"); },
                "-lc 23,5,fp8: the third item rounds the sigmoid to BF16 and can only be bf16", "-lc's third item refused");
   llmc::DebugState d;

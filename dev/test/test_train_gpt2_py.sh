@@ -577,7 +577,7 @@ assert max(errors.values()) <= 1e-6, errors
 print(f"version {header[1]}: '{text}', {len(prefix)} prefix rows; checked: largest error {max(errors.values()):.1e}")
 EOF
 
-check "--logit_cap 23,5,bf16: the sigmoid rounded to bfloat16, its gradient of the rounded value, the settings' text" <<'EOF'
+check "--logit_cap 23,5,bf16: the sigmoid rounded to bfloat16 in training, its gradient of the rounded value, float32 under no_grad, the settings' text" <<'EOF'
 import torch, train_gpt2 as tg
 args = tg.parse_args(["--recipe", "speedrun", "--model", "tiny", "-b", "1", "-t", "64", "--input_bin", "x",
                       "--device", "cpu"])
@@ -592,9 +592,12 @@ assert torch.equal(y.detach(), 23 * s), (y - 23 * s).abs().max()
 assert (y.detach() - 23 * torch.sigmoid((z.detach() + 5) / 7.5)).abs().max() > 1e-2  # the rounding shows
 y.sum().backward()
 assert torch.allclose(z.grad, 23 / 7.5 * s * (1 - s), rtol=1e-6, atol=0), (z.grad - 23 / 7.5 * s * (1 - s)).abs().max()
+with torch.no_grad():  # evaluation: the sigmoid in float32
+    assert torch.equal(model.soft_cap(z), 23 * torch.sigmoid((z + 5) / 7.5))
 text = tg.debug_state_settings(model)
 assert text == "-lc 23.0,5.0,bf16", text
-print(f"y = 23 bf16(s) over {z.numel()} logits, its gradient s (1 - s) of the rounded s; settings '{text}'")
+print(f"y = 23 bf16(s) over {z.numel()} logits, its gradient s (1 - s) of the rounded s, float32 s under no_grad; "
+      f"settings '{text}'")
 EOF
 expect_error "logit_cap 23,5,fp8: the third item rounds the sigmoid to BF16" --recipe speedrun --model tiny --bench \
   --documents 0 --window_blocks 0 -b 1 -t 64 --logit_cap 23,5,fp8
