@@ -1,20 +1,20 @@
 // Tests fused_classifier against cpu::softmax_crossentropy_forward / _backward, and its capped
 // forms (softmax and loss of y = cap(z), gradient with respect to z: the modern head's
 // y = c * z / sqrt(z^2 + c^2), the speedrun's y = c * sigmoid((z + shift) / s) over the whole padded
-// vocabulary, record #28's unshifted and record #89's shifted) against a reference written here (the CPU trainer has no cap): the padded GPT-2
-// vocabulary (V = 50257 of Vp = 50304 columns), odd vocabularies padded to an odd number of
-// 16-byte pieces, a vocabulary smaller than one block's pass, targets at both ends of the
-// vocabulary, NaN in the padding columns (which must never reach a loss and must come back as
-// zero gradients), logits far past the caps' bends (the sigmoid's exponential overflows there),
-// losses poisoned first, training (dlogits written in place) and validation
-// (dloss = 0: logits left bit for bit as they were, the cap's evaluation()), twice each; which kernel ran, confirmed
-// (capped logits take the one that keeps the gradients on GPUs with clusters). BF16 builds: the
-// FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the dlogits the same kernel
-// wrote in place (cuda_fp8.h's conversion on the host, which test_fp8 checks), the same losses,
-// the logits left as they were, twice. The shift is added to z exactly: the shifted cap of z gives
-// the bits of the unshifted cap of z + shift where that sum is exact; record #89's sigmoid rounded to
-// BF16 (-lc 23,5,bf16) against the reference's rounding of the exact sigmoid in training, its FP32 sigmoid
-// in validation. The training loss's terms
+// vocabulary, record #28's unshifted and record #89's shifted) against a reference written here
+// (the CPU trainer has no cap): the padded GPT-2 vocabulary (V = 50257 of Vp = 50304 columns), odd
+// vocabularies padded to an odd number of 16-byte pieces, a vocabulary smaller than one block's
+// pass, targets at both ends of the vocabulary, NaN in the padding columns (which must never reach
+// a loss and must come back as zero gradients), logits far past the caps' bends (the sigmoid's
+// exponential overflows there), losses poisoned first, training (dlogits written in place) and
+// validation (dloss = 0: logits left bit for bit as they were, the cap's evaluation()), twice each;
+// which kernel ran, confirmed (capped logits take the one that keeps the gradients on GPUs with
+// clusters). BF16 builds: the FP8 head's gradient (ClassifierFp8Grad) bitwise the E5M2 cast of the
+// dlogits the same kernel wrote in place (cuda_fp8.h's conversion on the host, which test_fp8
+// checks), the same losses, the logits left as they were, twice. The shift is added to z exactly:
+// the shifted cap of z gives the bits of the unshifted cap of z + shift where that sum is exact;
+// record #89's sigmoid rounded to BF16 (-lc 23,5,bf16) against the reference's rounding of the
+// exact sigmoid in training, its FP32 sigmoid in validation. The training loss's terms
 // (ClassifierTerms: later targets of the row's sequence, the target's prefix token) against a
 // reference in double: sequences whose last rows lose their later targets, targets repeated within
 // a row's terms, tokens without a prefix, each kernel, twice, and (BF16) their FP8 gradient.
@@ -154,10 +154,12 @@ void test_classifier(int N, int V, int Vp, const llmc::LogitCap& cap, llmc::Rng&
   DeviceArray<float> losses(N);
   DeviceArray<int> d_targets(targets);
 
-  std::vector<float> ref_losses(N), ref_dlogits(logits.size(), 0.0f), ref_validation_losses(N), unused(logits.size());
+  std::vector<float> ref_losses(N), ref_dlogits(logits.size(), 0.0f), ref_validation_losses(N);
   if (capped) {
     capped_classifier_reference(ref_losses, ref_dlogits, logits, targets, dloss, cap, N, V, Vp);
-    capped_classifier_reference(ref_validation_losses, unused, logits, targets, 0.0f, cap.evaluation(), N, V, Vp);
+    std::vector<float> zero_dlogits(logits.size());  // dloss = 0: the validation pass's
+    capped_classifier_reference(ref_validation_losses, zero_dlogits, logits, targets, 0.0f, cap.evaluation(), N, V,
+                                Vp);
   } else {
     std::vector<float> probs(logits.size());
     cpu::softmax_crossentropy_forward(probs.data(), ref_losses.data(), logits.data(), targets.data(),
