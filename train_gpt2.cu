@@ -535,6 +535,19 @@ __device__ __forceinline__ floatX round_stochastic(float x, uint32_t seed, size_
 #endif
 }
 
+// The storage type's value of x cut toward zero: in BF16 builds its high 16 bits, the weight that
+// record #89's reference keeps beside a 16-bit mantissa (the two its FP32 master; Inf and NaN
+// rounded as they are). In FP32 builds a plain store.
+__device__ __forceinline__ floatX round_toward_zero(float x) {
+#if defined(ENABLE_FP32)
+  return x;
+#else
+  const uint32_t bits = __float_as_uint(x);
+  if ((bits & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);
+  return __ushort_as_bfloat16((unsigned short)(bits >> 16));
+#endif
+}
+
 // Host-side conversions between the storage type and FP32 (a d48 model's 1.56B parameters at a
 // start or resume: on several threads).
 void floatX_to_float(float* dst, const floatX* src, size_t n) {
@@ -10077,6 +10090,7 @@ struct MuonParams {
   llmc::WeightDecayKind decay = llmc::WeightDecayKind::kDecoupled;
   bool normuon = false;         // NorMuon's second moment (llmc::Recipe::normuon; muon_second_moment)
   float normuon_weight = 0.0f;  // the new mean's weight in its running mean, 1 - beta2 rounded to FP32
+  bool high_bits = false;       // BF16 weights the master's high 16 bits (llmc::Recipe::muon_high_bits)
 };
 
 // One group: `count` matrices of the wide shape [m, n], m <= n, each stored row-major (PyTorch's
@@ -10523,10 +10537,12 @@ __global__ void muon_second_moment_scale_kernel(__nv_bfloat16* x, const float* f
 // matrix's rate lr tall_scale, in which record #89's reference puts the shape; lr and lr_eff
 // times the matrix's multiplier (MuonGroup::lr_scale), the decoupled decay's lr wd not; in FP32
 // from the master weights (or the parameter), stored with stochastic rounding at the element's
-// index in the whole group, so that the bits do not depend on which matrices a call covers.
+// index in the whole group, so that the bits do not depend on which matrices a call covers, or
+// with high_bits and master weights as the master's high 16 bits (round_toward_zero).
 struct MuonApply {
   float lr, decay, tall_scale;
   bool cautious;
+  bool high_bits;
   float wd_lr, tall_lr;  // the cautious decay's wd lr, and a tall matrix's lr_eff (lr sqrt(n / m) or lr)
   uint32_t seed;
   int first;                        // the batch's first matrix in its group
@@ -10576,7 +10592,8 @@ __device__ __forceinline__ void muon_apply_tile(floatX* const* params, float* co
     const float lr = __fmul_rn(a.lr, rate), lr_eff = __fmul_rn(transpose ? a.tall_lr : a.lr, rate);
     const float updated = a.cautious ? muon_cautious_decay(old, u, lr, a.wd_lr, lr_eff) : old * a.decay - lr * u;
     if (pm) pm[at] = updated;
-    p[at] = round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
+    p[at] = pm && a.high_bits ? round_toward_zero(updated)
+                              : round_stochastic(updated, a.seed, (size_t)(a.first + z) * m * n + at);
   }
 }
 
@@ -10669,6 +10686,7 @@ MuonApply muon_apply_constants(const MuonGroup& g, const MuonParams& hp, uint32_
   a.decay = (float)(1.0 - (double)hp.lr * hp.weight_decay);
   a.tall_scale = hp.scale_tall ? (float)std::sqrt((double)g.n / g.m) : 1.0f;
   a.cautious = hp.decay == llmc::WeightDecayKind::kCautious;
+  a.high_bits = hp.high_bits;
   a.wd_lr = (float)((double)hp.weight_decay * hp.lr);
   a.tall_lr = (float)(hp.lr * (hp.scale_tall ? std::sqrt((double)g.n / g.m) : 1.0));
   a.seed = seed;
@@ -14346,7 +14364,8 @@ MuonParams muon_step(const llmc::OptimizerTable& opt, long step, float grad_scal
           opt.muon_scale_tall,
           row.decay,
           opt.normuon,
-          (float)(1.0 - llmc::kNorMuonBeta2)};
+          (float)(1.0 - llmc::kNorMuonBeta2),
+          opt.muon_high_bits};
 }
 
 // The row counts of Muon's matrices in one layer's slab of tensor i, top to bottom: its `split`
@@ -16200,6 +16219,10 @@ void validate_args(const TrainArgs& a) {
           muon ? ", -mw 0" : "", muon ? " or -mw" : "");
   REQUIRE(!a.normuon || muon, "-mn 1 normalises Muon's update, and -opt %s has no Muon: give -opt muon with it, or "
           "drop -mn", llmc::optimizer_name(a.optimizer));
+  REQUIRE(!a.muon_high_bits || muon, "-mk 1 sets how Muon stores its BF16 weights, and -opt %s has no Muon: give "
+          "-opt muon with it, or -mk 0", llmc::optimizer_name(a.optimizer));
+  REQUIRE(!a.muon_high_bits || a.master_weights || sizeof(floatX) == sizeof(float), "-mk 1 keeps Muon's BF16 weights "
+          "as the high 16 bits of their FP32 master weights, and -w 0 keeps none: give -w 1 with it, or -mk 0");
   REQUIRE(a.adam_every == 1 || a.grad_clip <= 0.0f, "-ao %d sums %d steps' gradients for AdamW, and -gc %g would "
           "clip each step's apart: give -gc 0 with it (record #89 clips nothing)", a.adam_every, a.adam_every,
           a.grad_clip);

@@ -261,6 +261,9 @@ struct Recipe {
   float muon_lr = 0.025f, muon_weight_decay = 0.05f;  // -ml, -mw
   int cautious_decay = 0;  // -cd: 1 both optimizers' decay cautious (WeightDecayKind), 0 decoupled
   int normuon = 0;         // -mn: 1 Muon's update normalised by its second moment (kNorMuonBeta2)
+  // -mk: 1 a Muon matrix's BF16 weight is its FP32 master's high 16 bits (record #89's BF16 weight and
+  // kept 16-bit mantissa: the master cut toward zero), 0 the master stochastically rounded.
+  int muon_high_bits = 0;
   // -ao K: AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of the K steps'
   // gradients, which the steps between keep (record #89's 2: its odd steps); 1: every step.
   int adam_every = 1;
@@ -497,6 +500,7 @@ inline const Recipe& recipe_record89() {
     m.muon_momentum.cooldown_steps = 50;
     m.muon_newton_schulz = kNewtonSchulzPolar;
     m.normuon = 1;
+    m.muon_high_bits = 1;
     m.muon_qk_heads = 2;
     m.cautious_decay = 1;
     m.muon_lr = 0.023f;
@@ -545,6 +549,7 @@ struct OptimizerTable {
   NewtonSchulz muon_newton_schulz = kNewtonSchulzBaseline;
   bool muon_scale_tall = true;
   bool normuon = false;                                        // Recipe::normuon
+  bool muon_high_bits = false;  // Recipe::muon_high_bits, in BF16 builds
   int adam_every = 1;                                          // Recipe::adam_every
   TensorMultipliers muon_tensor_lr = tensor_multipliers_one();  // Recipe::muon_tensor_lr
   // Each tensor's row (by ParamIndex): its role's, an AdamW tensor's with its own rate, betas and
@@ -661,6 +666,7 @@ inline OptimizerTable optimizer_table(const Recipe& r, bool bf16_build) {
   t.muon_newton_schulz = r.muon_newton_schulz;
   t.muon_scale_tall = r.muon_scale_tall;
   t.normuon = r.normuon != 0;
+  t.muon_high_bits = r.muon_high_bits != 0 && bf16_build;
   t.adam_every = r.adam_every;
   t.muon_tensor_lr = r.muon_tensor_lr;
   for (int i = 0; i < kNumParamTensors; i++) {
@@ -727,11 +733,12 @@ inline std::string optimizer_description(const Recipe& r, bool bf16_build) {
     if (r.muon_tensor_lr[i] != 1.0f) rates += strformat(", %s's rate x %g", param_tensor_name(i), r.muon_tensor_lr[i]);
   }
   const std::string qk = r.muon_qk_heads ? strformat(", Q and K in blocks of %d heads", r.muon_qk_heads) : "";
-  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s%s); "
+  return strformat("Muon for the blocks' matrices (lr %g, %s %g, Nesterov momentum %s, %s in BF16%s%s%s%s%s); "
                    "%s for the rest", r.muon_lr, weight_decay_name(decay), r.muon_weight_decay, momentum.c_str(),
                    newton_schulz_description(r.muon_newton_schulz).c_str(),
                    r.normuon ? strformat(", NorMuon's second moment (beta2 %g)", kNorMuonBeta2).c_str() : "",
-                   qk.c_str(), r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(), adamw.c_str());
+                   qk.c_str(), r.muon_scale_tall ? "" : ", tall matrices unscaled", rates.c_str(),
+                   r.muon_high_bits && bf16_build ? ", BF16 weights the master's high 16 bits" : "", adamw.c_str());
 }
 
 // -m's default on `world` processes: the recipe's val_batches, or where they are shared by the

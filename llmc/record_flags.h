@@ -197,6 +197,9 @@ inline std::vector<Flag> record_flags(Recipe& a) {
       int_flag("-mn", "NorMuon", "-opt muon: 1 Muon's orthogonalised update divided, per entry of each matrix's "
                "longer side, by the root of a running mean (beta2 0.9) of its squares, then scaled back to its norm "
                "(record #89's NorMuon); 0: plain Muon", &a.normuon, 0, 1),
+      int_flag("-mk", "Muon's BF16 weights", "-opt muon, BF16 builds with -w 1: 1 each Muon matrix's BF16 weight is "
+               "the high 16 bits of its FP32 master weight, the master cut toward zero (record #89's BF16 weight "
+               "with its kept 16-bit mantissa); 0: the master stochastically rounded", &a.muon_high_bits, 0, 1),
       int_flag("-ao", "AdamW interval", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of "
                "the K steps' gradients, which the steps between keep (record #89's 2: its odd steps; one process, "
                "-gc 0); 1: every step", &a.adam_every, 1, kMaxAdamEvery),

@@ -649,6 +649,18 @@ if has_flag -mn; then
   report "-mn 1 with ZeRO-1 on 2 processes"
 fi
 
+# --- -mk, Muon's BF16 weights as their FP32 masters' high 16 bits: 0 or 1, with Muon, and in the BF16
+# build with master weights (-w 1; the FP32 build's parameters are the masters) (before the GPU)
+if has_flag -mk; then
+  expect "-mk out of range" "^error: -mk 2: must be 0 or 1" -mk 2
+  expect "-mk 1 without Muon" "^error: -mk 1 sets how Muon stores its BF16 weights, and -opt adamw has no Muon: give -opt muon with it, or -mk 0; -opt adamw comes from -recipe gpt2: give -opt to override it\$" \
+    -mk 1
+  if ! grep -q "precision FP32" <<< "$help"; then
+    expect "-mk 1 with -w 0" "^error: -mk 1 keeps Muon's BF16 weights as the high 16 bits of their FP32 master weights, and -w 0 keeps none: give -w 1 with it, or -mk 0; -mk 1 comes from -recipe record89: give -mk to override it\$" \
+      -recipe record89 -w 0
+  fi
+fi
+
 # --- -od, the optimizers divided over the processes: 0 or 1, not with ZeRO-1 (before the GPU); the
 # modern and speedrun recipes' 1 yields to a -zs 1 given without it (the run goes on to the next check)
 if has_flag -od; then
@@ -1023,8 +1035,8 @@ if [ $no_gpu = 1 ]; then
     WATCH=("$KEEP")
     attempt "no CUDA GPU is visible" -recipe speedrun -e d12 -lp 1 -ph 1 -rp 1 -awt 1 -ko 1 -yn 1 -asc 0.1 \
       -sm 1 -bg 1 -vg 1 -rl 1 -xs 1 -al 1 -mg 1 -ca 1 -md 1 -ri 89 -i "$DIR/documents.bin" -j "$DIR/documents_val.bin" \
-      -x 1270 -sp "$stages" -awf 20 -k cooldown -kc 0.6 -q 0.15 -mc 50 -ns polar -mn 1 -mq 2 -cd 1 -ml 0.023 \
-      -mw 1.2 -c 0.005 -ao 2 -ut 847 -lc 23,5,bf16 -fhs 100,1.6,0.75 -pw 0.25 -tk "$DIR/vocab.bin" -v 250 \
+      -x 1270 -sp "$stages" -awf 20 -k cooldown -kc 0.6 -q 0.15 -mc 50 -ns polar -mn 1 -mk 1 -mq 2 -cd 1 \
+      -ml 0.023 -mw 1.2 -c 0.005 -ao 2 -ut 847 -lc 23,5,bf16 -fhs 100,1.6,0.75 -pw 0.25 -tk "$DIR/vocab.bin" -v 250 \
       -vt 262144 -m 40 -o "$DIR/record89_run"
     [ -e "$DIR/record89_run" ] && problems+=("$DIR/record89_run was created before the GPU")
     report "record #89's switches together get as far as the GPU"

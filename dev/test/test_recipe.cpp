@@ -162,6 +162,24 @@ void test_normuon_rows() {
                 "modern -mn 1, fcprojw x 4 described: " + described);
 }
 
+// -mk writes the record's muon_high_bits, which only record #89's sets: the table takes it in BF16
+// builds alone (an FP32 build's parameter is its master), and so does the start-up table.
+void test_muon_high_bits() {
+  bool others = true;
+  for (const Recipe* r : {&llmc::recipe_gpt2(), &llmc::recipe_modern(), &llmc::recipe_speedrun()}) {
+    others = others && !r->muon_high_bits && !llmc::optimizer_table(*r, true).muon_high_bits;
+  }
+  check_verbose(others, "gpt2, modern and speedrun: Muon's BF16 weights stochastically rounded");
+  const Recipe& r = llmc::recipe_record89();
+  const std::string phrase = ", BF16 weights the master's high 16 bits";
+  const std::string bf16 = llmc::optimizer_description(r, true), fp32 = llmc::optimizer_description(r, false);
+  check_verbose(r.muon_high_bits == 1 && llmc::optimizer_table(r, true).muon_high_bits &&
+                    !llmc::optimizer_table(r, false).muon_high_bits && bf16.find(phrase) != std::string::npos &&
+                    fp32.find(phrase) == std::string::npos,
+                "record89: the master's high 16 bits in the BF16 build's table and description, not the FP32 "
+                "build's: " + bf16);
+}
+
 // -mq writes the record's muon_qk_heads (Muon's Q and K blocks, the model's for gpt2_muon_groups),
 // which no recipe sets; the start-up table names them after NorMuon.
 void test_qk_blocks_described() {
@@ -392,6 +410,7 @@ int main() {
     test_flags_in_rows();
     test_cautious_rows();
     test_normuon_rows();
+    test_muon_high_bits();
     test_adam_every();
     test_qk_blocks_described();
     test_adam_rows();

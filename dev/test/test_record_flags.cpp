@@ -107,8 +107,9 @@ Fields fields_of(const Recipe& r) {
   FIELD(decay_fraction), FIELD(cooldown_fraction), FIELD(final_lr_frac), FIELD(total_batch), FIELD(B), FIELD(T);
   FIELD(max_steps), FIELD(val_every), FIELD(val_batches), FIELD(val_T), FIELD(shuffle), FIELD(documents);
   FIELD(window_blocks), FIELD(short_window_blocks), FIELD(final_window_blocks), FIELD(window_tokens), FIELD(stages);
-  FIELD(muon_lr), FIELD(muon_weight_decay), FIELD(cautious_decay), FIELD(normuon), FIELD(adam_every);
-  FIELD(untie_step), FIELD(muon_qk_heads), FIELD(muon_tensor_lr), FIELD(adam_rows), FIELD(zero_stage);
+  FIELD(muon_lr), FIELD(muon_weight_decay), FIELD(cautious_decay), FIELD(normuon), FIELD(muon_high_bits);
+  FIELD(adam_every), FIELD(untie_step), FIELD(muon_qk_heads), FIELD(muon_tensor_lr);
+  FIELD(adam_rows), FIELD(zero_stage);
   FIELD(divided_optimizers), FIELD(fp8_head), FIELD(fp8_mlp), FIELD(fp8_head_scales), FIELD(beta1), FIELD(beta2), FIELD(eps);
   FIELD(decay_vectors), FIELD(eps_before_correction), FIELD(bf16_embeddings), FIELD(role_lr[0]), FIELD(role_lr[1]);
   FIELD(role_lr[2]), FIELD(role_lr[3]), FIELD(lr_help), FIELD(muon_momentum), FIELD(muon_newton_schulz);
@@ -142,8 +143,8 @@ const std::vector<std::string> kRecord89Flags = {
     "-sp",
     "1/3 t=16384 z=131072 cap=896 aw=1/3 lr=1 mtp=1,0.5,0.25>1,0.5,0 pw=0.25; 1/3 t=32768 z=262144 cap=2048 "
     "aw=3/7 lr=1.52 mtp=1,0.5>1,0 pw=0.25>0; 1/3 t=49152 z=393216 aw=5/11 lr=1.73 mtp=1 pw=0; +15 aw=6/13",
-    "-awf", "20", "-k", "cooldown", "-kc", "0.6", "-q", "0.15", "-mc", "50", "-ns", "polar", "-mn", "1", "-mq", "2",
-    "-cd", "1", "-ml", "0.023", "-mw", "1.2", "-c", "0.005", "-ao", "2", "-ut", "847", "-lc", "23,5,bf16", "-fhs",
+    "-awf", "20", "-k", "cooldown", "-kc", "0.6", "-q", "0.15", "-mc", "50", "-ns", "polar", "-mn", "1", "-mk", "1",
+    "-mq", "2", "-cd", "1", "-ml", "0.023", "-mw", "1.2", "-c", "0.005", "-ao", "2", "-ut", "847", "-lc", "23,5,bf16", "-fhs",
     "100,1.6,0.75", "-pw", "0.25", "-v", "250", "-vt", "262144", "-m", "40"};
 const std::vector<std::string> kData = {"-i", "TRAIN_*.bin", "-j", "VAL_*.bin", "-tk", "VOCAB.bin"};
 
