@@ -11,6 +11,7 @@ record89 recipe against record #89's script (the folder of its files, given by -
                                  [--speedrun_val_seq_len 262144] [--speedrun_val_tokens 10485760]
                                  [--reference_script PATH] [--reference89 DIR] [--tokenizer FILE]
                                  [--reference89_profile_steps S,S,...] [--speedrun_repeats 1]
+                                 [--reference_repeats R]
                                  [--shared_init [--init_seed S]] [--dry_run]
                                  [--runs ours_modern,peer_modern,ours_gpt2[,ours_speedrun,ref_speedrun,peer_speedrun]
                                          [,ours_record89,ref_record89]]
@@ -42,7 +43,9 @@ every micro step.
 
 --speedrun_repeats K makes each of the speedrun pair K times: ours with seeds 42, 43, ... (-S; the
 k-th's output in OUTDIR/ours_speedrun_k.log and its folder, the first's as without repeats), the
-reference K times from its one copy (it sets no seed: each run draws its own; output_k.log). One
+reference K times from its one copy (it sets no seed: each run draws its own; output_k.log);
+--reference_repeats R makes the references R times instead (not with --shared_init), where the
+sides' finished runs differ in number. One
 run a side cannot tell a real difference from the seed's: at step 100 of 300 ours' validation loss
 moved by 3.7% between seeds (dev/notes/speedrun-pairs.md). The comparison then takes each side's
 mean, and reports each side's spread and, with two runs a side or more, the standard error of the
@@ -247,7 +250,10 @@ def output_through(name, text, step):
 
 
 def run_repeats(name, args):
-    """How many times a run is made: --speedrun_repeats for the records' pairs, else once."""
+    """How many times a run is made: --reference_repeats for the records' scripts, --speedrun_repeats for
+    the pairs' other runs, else once."""
+    if name in REFERENCE_RUNS and args.reference_repeats:
+        return args.reference_repeats
     return args.speedrun_repeats if name in PAIR_RUNS else 1
 
 
@@ -707,6 +713,8 @@ def parse_args(argv=None):
     p.add_argument("--speedrun_repeats", type=int, default=1, help="runs of each of the records' pairs: ours with "
                    f"seeds {SPEEDRUN_SEED}, {SPEEDRUN_SEED + 1}, ..., the reference (unseeded) as often; the "
                    "comparison takes each side's mean")
+    p.add_argument("--reference_repeats", type=int, default=0, help="runs of the records' scripts, where not "
+                   "--speedrun_repeats: the sides then have different numbers of runs (not with --shared_init)")
     p.add_argument("--shared_init", action="store_true", help="the speedrun pair's k-th runs start from the same "
                    "weights (train_gpt2.py's init, seed 42 + k - 1); the comparison takes the pairs' differences")
     p.add_argument("--init_seed", type=int, help="with --shared_init: every pair from the init of this seed "
@@ -729,6 +737,11 @@ def check_args(args):
             fail(f"--runs {name}: use some of {','.join(RUNS)}")
     if args.speedrun_repeats < 1:
         fail(f"--speedrun_repeats {args.speedrun_repeats}: at least 1")
+    if args.reference_repeats < 0:
+        fail(f"--reference_repeats {args.reference_repeats}: at least 1 (0: as --speedrun_repeats)")
+    if args.reference_repeats and args.shared_init and args.reference_repeats != args.speedrun_repeats:
+        fail(f"--reference_repeats {args.reference_repeats}: --shared_init pairs the k-th runs of the two sides, so "
+             f"both make --speedrun_repeats {args.speedrun_repeats}; drop one of the two")
     if args.stop_after:
         if any(name not in PAIR_RUNS for name in runs):
             fail(f"--stop_after {args.stop_after}: for the records' pairs' runs only, not "
@@ -1091,7 +1104,9 @@ def speedrun_report(c, name="ours_speedrun"):
     repeated = c["ours_runs"] > 1 or c["ref_runs"] > 1
     lines = ["", f"{heading} (same shards, steps and validation tokens):"]
     if repeated:
-        lines.append(f"- {c['ours_runs']} runs of {side} (seeds {SPEEDRUN_SEED}-{SPEEDRUN_SEED + c['ours_runs'] - 1}) "
+        seeds = (f"seed {SPEEDRUN_SEED}" if c["ours_runs"] == 1
+                 else f"seeds {SPEEDRUN_SEED}-{SPEEDRUN_SEED + c['ours_runs'] - 1}")
+        lines.append(f"- {c['ours_runs']} run{'s' * (c['ours_runs'] > 1)} of {side} ({seeds}) "
                      f"and {c['ref_runs']} of the reference "
                      + ("(each pair from the same weights, --shared_init)" if c["paired"] else "(which sets no seed)")
                      + ": the numbers below are the means of each side's runs")

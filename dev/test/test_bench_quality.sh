@@ -239,6 +239,26 @@ check "repeats: per-step table with each side's lowest and highest, and the stan
 check "repeats: step 0, the same losses everywhere: a standard error of 0" "$(grep '^| 0 |' "$md" | awk -F'|' '{print $8}')" " 0.00% "
 check "repeats: the difference in standard errors, and the runs a side for 1% at two" \
   "$(grep -c "^- there the difference of the means is 2.1 standard errors of it (0.71%, .*); a standard error of 0.5% (so that 1% is two of them) would take about 5 runs a side$" "$md")" 1
+# --reference_repeats: the sides' finished runs differ in number (a session held fewer of one side).
+mkdir -p "$DIR/s1/ref_speedrun"
+cp "$DIR/s"/ours_speedrun*.log "$DIR/s1/"
+cp "$DIR/s/ref_speedrun/output.log" "$DIR/s1/ref_speedrun/"
+out=$(bench "$DIR/s1" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --target_run ref_speedrun --speedrun_repeats 2 --reference_repeats 1 2>&1)
+check "--reference_repeats 1: ours' two runs and the reference's one read" "$?:$(grep -c '^=== .*: read ' <<< "$out")" 0:3
+check "--reference_repeats 1: the sides' counts named" \
+  "$(grep -c '^- 2 runs of ours (seeds 42-43) and 1 of the reference (which sets no seed)' "$DIR/s1/quality.md")" 1
+check "--reference_repeats 1: ours' mean 6.06 against the reference's 6.00 at step 2" \
+  "$(grep '^| 2 |' "$DIR/s1/quality.md" | cut -d'|' -f2-7)" " 2 | 6.0000 | 6.0000-6.0000 | 6.0600 | 6.0300-6.0900 | 1.00% "
+out=$(bench "$DIR/s1" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
+  --target_run ref_speedrun --reference_script "$DIR/stand_in.py" --speedrun_repeats 1 --reference_repeats 2 \
+  --dry_run 2>&1)
+check "--reference_repeats 2 beside one of ours: the reference's first read, its second run" \
+  "$(grep -c '^=== ref_speedrun 1/2: read ' <<< "$out"):$(grep -c '^=== ref_speedrun 2/2 (in ' <<< "$out")" 1:1
+err=$(bench "$DIR/s1" --train 't_*.bin' --val 'v_*.bin' --runs ours_speedrun,ref_speedrun --reference_script \
+  "$DIR/stand_in.py" --speedrun_repeats 3 --reference_repeats 2 --shared_init --dry_run 2>&1)
+check "--reference_repeats 2 with --shared_init of 3 pairs: exit 1 with one line naming both" \
+  "$?:$(wc -l <<< "$err"):$(grep -c 'reference_repeats 2.*--shared_init' <<< "$err")" 1:1:1
 
 # --- (d) the GPU sampler, with a stand-in nvidia-smi on the PATH that records its arguments and
 # prints a sample every 0.1 s until it is stopped.
