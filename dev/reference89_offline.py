@@ -3,7 +3,7 @@
     python3 dev/reference89_offline.py OUTDIR --reference DIR --train 'GLOB' --val 'GLOB'
                                        [--passes N] [--gpt2 DIR] [--val_tokens N] [--python PY]
                                        [--profile_steps S,S,... | --init_check | --first_steps N]
-                                       [--init_from FILE]
+                                       [--init_from FILE] [--save_state DIR]
 
 DIR holds the reference's train_gpt.py, triton_kernels.py and dc_triton_kernels.py (modded-nanogpt at
 f411b3d3). Writes OUTDIR ready to run with OUTDIR/run.sh [PROCESSES] (torchrun from OUTDIR, one process
@@ -23,7 +23,10 @@ unless told; its log in OUTDIR/logs/):
   met), each training step's loss printed ("step:S/1285 train_loss:L", S from 0: the mean over the
   step's tokens of the loss it trains on, its next-token, multi-token and prefix terms, as ours' step
   lines give it; on several processes over rank 0's tokens), and the run stops after N steps: the
-  script's first steps to set beside ours' from the same weights.
+  script's first steps to set beside ours' from the same weights. With --save_state DIR as well, one
+  line more: after each step K of the N the model's state dict (its weights in their BF16 or float32,
+  the FP8 scale buffers; on the CPU) is written to DIR/stepK.pt by rank 0 (torch.save), to set beside
+  ours' checkpoint of that step (dev/record89_compare.py).
 - With --init_from FILE, one line more: the model's weights are then FILE's (torch.load,
   load_state_dict strict: every tensor of its state dict; dev/record89_state.py writes ours') in place
   of its own unseeded draw; the run (or --init_check's statistics and validation) starts from them.
@@ -142,7 +145,7 @@ def edits(args):
             (STEP_END, "        train_loss_sum += loss.detach()  # offline: --first_steps\n" + STEP_END +
              "\n    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() * grad_accum_steps * world_size / "
              "training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps\n"
-             f"    if step + 1 == {args.first_steps}: break  # offline: --first_steps"),
+             + save_state(args) + f"    if step + 1 == {args.first_steps}: break  # offline: --first_steps"),
         ]
     if after_set_up:
         script.append((MODEL_SET_UP, "\n".join([MODEL_SET_UP] + after_set_up)))
@@ -153,6 +156,15 @@ def edits(args):
          f"x3 = {SCALED_MM_MODULE}.scaled_mm(  # offline: the scales copied (dev/reference89_offline.py)"),
     ]
     return {"train_gpt.py": script, "triton_kernels.py": kernels}
+
+
+def save_state(args):
+    """--save_state's line before --first_steps' break (empty without it)."""
+    if not args.save_state:
+        return ""
+    folder = os.path.abspath(args.save_state)
+    return (f"    master_process and torch.save({{k: v.detach().cpu() for k, v in model.state_dict().items()}}, "
+            f"os.path.join({folder!r}, f'step{{step + 1}}.pt'))  # offline: --save_state\n")
 
 
 def shards(pattern, flag):
@@ -252,6 +264,8 @@ def main():
                         help="print each parameter's statistics at init, validate once at step 0 and stop")
     parser.add_argument("--first_steps", type=int, help="run only this many training steps, each one's loss printed")
     parser.add_argument("--init_from", help="the weights to start from (a state dict of dev/record89_state.py's)")
+    parser.add_argument("--save_state", help="with --first_steps: the folder of the model's state dict after each "
+                        "step (stepK.pt)")
     args = parser.parse_args()
     if args.init_check and (args.profile_steps or args.first_steps):
         fail(f"--init_check stops before the first training step: give it or "
@@ -260,6 +274,10 @@ def main():
         fail(f"--first_steps {args.first_steps}: give the training steps to run, 1 to {TRAIN_STEPS}")
     if args.first_steps and args.profile_steps:
         fail("--first_steps prints the steps that --profile_steps records: give one of them, not both")
+    if args.save_state and not args.first_steps:
+        fail(f"--save_state {args.save_state}: the states after --first_steps' steps; give --first_steps N too")
+    if args.save_state and not os.path.isdir(args.save_state):
+        fail(f"--save_state {args.save_state}: no such folder; make it first or give another")
     if args.init_from and not os.path.isfile(args.init_from):
         fail(f"--init_from {args.init_from}: no such file; give a state dict that dev/record89_state.py wrote")
     if args.val_tokens is not None and (args.val_tokens <= 0 or args.val_tokens % VAL_BATCH_TOKENS):

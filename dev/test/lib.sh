@@ -4,6 +4,8 @@
 # imports all of MODULES (names separated by spaces; nothing when none does);
 # `require_python MODULES NAME VARIABLE` sets PY to the python_with of MODULES and of the python
 # named by $VARIABLE, or ends test NAME with a failed check that says how to get one;
+# `require_vocab FILE NAME` writes GPT-2's vocabulary file to FILE (build/write_tokenizer), or ends
+# test NAME with a failed check that says how to build it;
 # `expect_fail NAME TEXT COMMAND...` checks that COMMAND exits non-zero with one line of output, an
 # "error: " line matching TEXT (a grep pattern);
 # `check_verdicts WHAT STATUS OUTPUT [EXPECTED]` checks that the program WHAT ended with STATUS 0
@@ -46,6 +48,12 @@ finish() {
   echo "$1: $passed passed, $failed failed"
   [ "$failed" -eq 0 ]
   exit
+}
+
+require_vocab() {
+  build/write_tokenizer --output "$1" > /dev/null 2>&1 && return
+  check "build/write_tokenizer writes GPT-2's vocabulary file (make cpu builds it)" no yes
+  finish "$2"
 }
 
 python_with() {

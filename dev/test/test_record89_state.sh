@@ -12,10 +12,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # GPT-2's vocabulary file, which --recipe record89 reads for its prefix table (from dev/data/gpt2).
 TOKENIZER=$WORK/vocab.bin
-if ! build/write_tokenizer --output "$TOKENIZER" > /dev/null 2>&1; then
-  check "build/write_tokenizer writes GPT-2's vocabulary file (make cpu builds it)" no yes
-  finish test_record89_state
-fi
+require_vocab "$TOKENIZER" test_record89_state
 
 out=$("$PY" - "$TOKENIZER" <<'PYEOF' 2>&1
 import sys

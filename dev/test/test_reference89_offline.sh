@@ -12,7 +12,8 @@
 # model, where torch is), a stop before the first training step, not with --profile_steps; --init_from:
 # the weights loaded after the set-up (before --init_check's statistics), a missing file refused;
 # --first_steps: no warm-up, each step's loss summed over its micro steps and printed, the stop after N
-# steps, its bad counts and companions refused.
+# steps, its bad counts and companions refused; --save_state: the model's state dict saved by rank 0
+# after each of those steps, refused without --first_steps or a folder that is there.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -205,6 +206,13 @@ holds "--first_steps: no warm-up, the loss summed and printed a step, a stop aft
   grep -B1 -x '        del loss' '$out6/train_gpt.py' | grep -qx '        train_loss_sum += loss.detach()  # offline: --first_steps' &&
   grep -A2 -x '    model.quantize_mlp_fp8(bootstrap_down=(step < 16))' '$out6/train_gpt.py' | tail -2 | tr '\n' '|' |
     grep -qx '    print0(f\"step:{step}/{train_steps} train_loss:{train_loss_sum.item() \* grad_accum_steps \* world_size / training_manager.batch_size:.6f}\", console=True)  # offline: --first_steps|    if step + 1 == 30: break  # offline: --first_steps|'"
+out7=$WORK/offline7
+mkdir -p "$WORK/states"
+holds "the copy made with --first_steps and --save_state" kit "$out7" --first_steps 30 --save_state "$WORK/states"
+holds "--save_state: rank 0 saves the model's state dict on the CPU after each step, one line more" bash -c "
+  diff '$out6/train_gpt.py' '$out7/train_gpt.py' | grep -c '^>' | grep -qx 1 &&
+  grep -A1 -x \"    master_process and torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.path.join('$WORK/states', f'step{step + 1}.pt'))  # offline: --save_state\" '$out7/train_gpt.py' |
+    tail -1 | grep -qx '    if step + 1 == 30: break  # offline: --first_steps'"
 TORCH_PY=$(python_with torch)
 if [ -n "$TORCH_PY" ]; then
   holds "init_stats: a line a parameter and the sign table, through print0" bash -c "
@@ -268,6 +276,11 @@ expect_fail "--first_steps with --init_check" "--init_check stops before the fir
   kit "$WORK/new13" --first_steps 5 --init_check
 expect_fail "--first_steps with --profile_steps" "--first_steps prints the steps that --profile_steps records" \
   kit "$WORK/new14" --first_steps 5 --profile_steps 3
+expect_fail "--save_state without --first_steps" \
+  "--save_state $WORK/states: the states after --first_steps' steps; give --first_steps N too" \
+  kit "$WORK/new15" --save_state "$WORK/states"
+expect_fail "--save_state a missing folder" "--save_state $WORK/none: no such folder; make it first or give another" \
+  kit "$WORK/new16" --first_steps 2 --save_state "$WORK/none"
 expect_fail "passes not a number" "--passes two: give a whole number" kit "$WORK/new5" --passes two
 expect_fail "no shard" "--val '$WORK/shards/none_\*.bin': no file matches" \
   "$PY" dev/reference89_offline.py "$WORK/new2" --reference "$ref" \

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Tests dev/record89_compare.py on record #89's tiny model (train_gpt2.py, CPU): ours' BF16 checkpoint
+# of an init against the script's state dict of the same init with known changes (one element of one
+# bank matrix a BF16 spacing up, a float32 scalar moved by a quarter of one, the FP8 scale buffers
+# moved): a line a tensor, those changes found where they are and nothing else; and its one-line errors
+# (a missing file, a file that holds no state dict, a state dict of another process count).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source dev/test/lib.sh
+require_python "torch numpy" test_record89_compare PYTHON
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+TOKENIZER=$WORK/vocab.bin
+require_vocab "$TOKENIZER" test_record89_compare
+
+setup=$("$PY" - "$TOKENIZER" "$WORK" <<'PYEOF' 2>&1
+import sys
+sys.path.insert(0, "dev")
+sys.path.insert(0, ".")
+import torch
+import record89_state as rs
+import train_gpt2 as tg
+
+model, signs = rs.record89_model(7, sys.argv[1], "tiny")
+work = sys.argv[2]
+tg.write_checkpoint(model, f"{work}/ours.bin", tg.CHECKPOINT_BF16)
+state = rs.script_state(model, signs)
+bank = state["vo_bank"]
+value = bank[3, 2, 5].float()
+bank[3, 2, 5] = torch.nextafter(value.to(torch.bfloat16), torch.tensor(float("inf"), dtype=torch.bfloat16))
+spacing = 2.0 ** (torch.floor(torch.log2(state["scalars"][1].abs())) - 7)
+state["scalars"][1] += spacing / 4
+for name in rs.FP8_SCALE_BUFFERS:
+    state[name] *= 2
+torch.save(state, f"{work}/script.pt")
+torch.save(rs.script_state(model, signs, 8), f"{work}/script8.pt")
+torch.save([1, 2], f"{work}/list.pt")
+print(len(state))
+PYEOF
+)
+check "the states are written (tiny model, seed 7)" "$?:$setup" "0:23"
+
+out=$("$PY" dev/record89_compare.py "$WORK/ours.bin" "$WORK/script.pt" 2>&1)
+check "the comparison exits 0 with a row a compared tensor" "$?:$(grep -c '^| [a-z_.0-9]* | [0-9]' <<< "$out")" "0:20"
+check "vo_bank: one element one BF16 spacing apart, in matrix 3" \
+  "$(grep '^| vo_bank |' <<< "$out" | cut -d'|' -f4,5,7 | sed 's/ (.*//')" " 1 | 1 | 3"
+check "scalars: one element a quarter of a BF16 spacing apart" "$(grep '^| scalars |' <<< "$out" | cut -d'|' -f4,5)" " 1 | 0.25 "
+check "every other tensor the same" "$(grep '^| [a-z_.0-9]* | [0-9]' <<< "$out" | grep -v '^| \(vo_bank\|scalars\) ' |
+  awk -F'|' '$4 != " 0 " || $5 != " 0 " || $6 != " 0.000e+00 "' | wc -l)" 0
+check "the FP8 scale buffers named as not compared" "$(grep -c '^not compared: _mlp_down_act_scales, _mlp_down_proj_scales, _mlp_down_proj_next_scales$' <<< "$out")" 1
+
+expect_fail "a missing file" "$WORK/none.pt: no such file" "$PY" dev/record89_compare.py "$WORK/ours.bin" "$WORK/none.pt"
+expect_fail "a file of no state dict" "$WORK/list.pt: holds a list, not a state dict" \
+  "$PY" dev/record89_compare.py "$WORK/ours.bin" "$WORK/list.pt"
+expect_fail "the script's banks padded for 8 processes" "qk_bank: ours \[.*\], the script's \[.*\]: give the script's process count" \
+  "$PY" dev/record89_compare.py "$WORK/ours.bin" "$WORK/script8.pt"
+expect_fail "no process" "--processes 0: give the script's process count" \
+  "$PY" dev/record89_compare.py "$WORK/ours.bin" "$WORK/script.pt" --processes 0
+finish test_record89_compare
