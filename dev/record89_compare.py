@@ -9,10 +9,10 @@ OURS.bin: a model checkpoint of train_gpt2cu -recipe record89 (-n) from -e of de
 processes, which pad its banks). Ours' weights go through dev/record89_state.py's map to the script's
 names and layout. A line a tensor: its elements, how many differ, the largest difference in units of
 BF16's spacing at the script's value (BF16 ulps), the relative L2 difference |ours - script| /
-|script|, and for the banks (a first dimension of matrices) the matrix that differs most. Ours'
-checkpoint is BF16, so the script's float32 tensors (its lambdas and scalars) agree where they are at
-most half a BF16 spacing apart. The script's FP8 scale buffers are not compared: ours keeps its
-scales outside the checkpoint.
+|script|, and for the tensors of several matrices (the banks, the five value embeddings) the one
+that differs most, by its relative L2 difference. Ours' checkpoint is BF16, so the script's float32
+tensors (its lambdas and scalars) agree where they are at most half a BF16 spacing apart. The
+script's FP8 scale buffers are not compared: ours keeps its scales outside the checkpoint.
 """
 import argparse
 import math
@@ -25,7 +25,9 @@ sys.path.insert(0, HERE)
 from pydeps import require  # noqa: E402
 from record89_state import FP8_SCALE_BUFFERS, fail, script_state  # noqa: E402
 
-BANKS = ("qk_bank", "vo_bank", "mlp_bank", "value_embeds", "ve_gate_bank")
+# Tensors of several matrices, and how many: their leading dimensions, or the five value embeddings
+# stacked along the rows.
+MATRICES = {"qk_bank": None, "vo_bank": None, "mlp_bank": None, "ve_gate_bank": None, "value_embeds": 5}
 BF16_MANTISSA_BITS = 7
 
 
@@ -41,13 +43,23 @@ def relative_l2(difference, reference):
     return difference.norm().item() / norm if norm > 0 else (0.0 if difference.norm().item() == 0 else math.inf)
 
 
+def as_matrices(name, tensor):
+    """The tensor as [matrices, rows, columns] (MATRICES), its matrices numbered in row-major order."""
+    count = MATRICES[name]
+    if count is None:
+        return tensor.flatten(0, tensor.dim() - 3)
+    return tensor.view(count, -1, tensor.shape[-1])
+
+
 def compare_tensor(torch, name, ours, script):
-    """(name, elements, differing, max BF16 ulps, relative L2, the worst matrix or None) of one tensor."""
-    ours, script = ours.double(), script.double()
+    """(name, elements, differing, max BF16 ulps, relative L2, the worst matrix or None) of one tensor, in
+    FP32 (exact for the difference of two BF16 values near each other)."""
+    ours, script = ours.float(), script.float()
     difference = ours - script
     worst = None
-    if name in BANKS and script.dim() == 3:
-        norms = difference.flatten(1).norm(dim=1) / script.flatten(1).norm(dim=1).clamp_min(1e-300)
+    if name in MATRICES:
+        matrices, differences = as_matrices(name, script), as_matrices(name, difference)
+        norms = differences.flatten(1).norm(dim=1) / matrices.flatten(1).norm(dim=1).clamp_min(1e-30)
         worst = (int(norms.argmax()), norms.max().item())
     return (name, script.numel(), int((difference != 0).sum()), bf16_ulps(torch, difference, script).max().item(),
             relative_l2(difference, script), worst)

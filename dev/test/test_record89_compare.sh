@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tests dev/record89_compare.py on record #89's tiny model (train_gpt2.py, CPU): ours' BF16 checkpoint
 # of an init against the script's state dict of the same init with known changes (one element of one
-# bank matrix a BF16 spacing up, a float32 scalar moved by a quarter of one, the FP8 scale buffers
-# moved): a line a tensor, those changes found where they are and nothing else; and its one-line errors
+# bank matrix a BF16 spacing up, one of the MLP bank's matrices and the third value embedding
+# doubled, a float32 scalar moved by a quarter of a spacing, the FP8 scale buffers moved): a line a
+# tensor, those changes found where they are and nothing else; and its one-line errors
 # (a missing file, a file that holds no state dict, a state dict of another process count).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,6 +29,9 @@ state = rs.script_state(model, signs)
 bank = state["vo_bank"]
 value = bank[3, 2, 5].float()
 bank[3, 2, 5] = torch.nextafter(value.to(torch.bfloat16), torch.tensor(float("inf"), dtype=torch.bfloat16))
+state["mlp_bank"][1, 0] *= 2  # layer 1's up projection: matrix 2 (zero-initialised down projections)
+V = state["embed.weight"].shape[0]
+state["value_embeds"][2 * V:3 * V] *= 2
 spacing = 2.0 ** (torch.floor(torch.log2(state["scalars"][1].abs())) - 7)
 state["scalars"][1] += spacing / 4
 for name in rs.FP8_SCALE_BUFFERS:
@@ -45,7 +49,12 @@ check "the comparison exits 0 with a row a compared tensor" "$?:$(grep -c '^| [a
 check "vo_bank: one element one BF16 spacing apart, in matrix 3" \
   "$(grep '^| vo_bank |' <<< "$out" | cut -d'|' -f4,5,7 | sed 's/ (.*//')" " 1 | 1 | 3"
 check "scalars: one element a quarter of a BF16 spacing apart" "$(grep '^| scalars |' <<< "$out" | cut -d'|' -f4,5)" " 1 | 0.25 "
-check "every other tensor the same" "$(grep '^| [a-z_.0-9]* | [0-9]' <<< "$out" | grep -v '^| \(vo_bank\|scalars\) ' |
+# Each doubled matrix: ours is half the script's there, a relative L2 difference of 0.5.
+check "mlp_bank: layer 1's up projection (matrix 2) differs most" "$(grep '^| mlp_bank |' <<< "$out" | cut -d'|' -f7)" \
+  " 2 (5.00e-01) "
+check "value_embeds: the third one differs most" "$(grep '^| value_embeds |' <<< "$out" | cut -d'|' -f7)" " 2 (5.00e-01) "
+check "every other tensor the same" "$(grep '^| [a-z_.0-9]* | [0-9]' <<< "$out" |
+  grep -v '^| \(vo_bank\|scalars\|mlp_bank\|value_embeds\) ' |
   awk -F'|' '$4 != " 0 " || $5 != " 0 " || $6 != " 0.000e+00 "' | wc -l)" 0
 check "the FP8 scale buffers named as not compared" "$(grep -c '^not compared: _mlp_down_act_scales, _mlp_down_proj_scales, _mlp_down_proj_next_scales$' <<< "$out")" 1
 
