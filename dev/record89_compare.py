@@ -29,18 +29,18 @@ from record89_state import FP8_SCALE_BUFFERS, fail, script_state  # noqa: E402
 # stacked along the rows.
 MATRICES = {"qk_bank": None, "vo_bank": None, "mlp_bank": None, "ve_gate_bank": None, "value_embeds": 5}
 BF16_MANTISSA_BITS = 7
+BF16_SMALLEST_NORMAL = 2.0 ** -126
 
 
-def bf16_ulps(torch, difference, reference):
+def bf16_ulps(difference, reference):
     """|difference| in units of BF16's spacing at each reference value (at the smallest normal one for 0)."""
-    magnitude = reference.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
-    spacing = torch.exp2(torch.floor(torch.log2(magnitude)) - BF16_MANTISSA_BITS)
+    spacing = reference.abs().clamp_min(BF16_SMALLEST_NORMAL).log2().floor().sub(BF16_MANTISSA_BITS).exp2()
     return difference.abs() / spacing
 
 
 def relative_l2(difference, reference):
-    norm = reference.norm().item()
-    return difference.norm().item() / norm if norm > 0 else (0.0 if difference.norm().item() == 0 else math.inf)
+    norm, apart = reference.norm().item(), difference.norm().item()
+    return apart / norm if norm > 0 else (0.0 if apart == 0 else math.inf)
 
 
 def as_matrices(name, tensor):
@@ -51,7 +51,7 @@ def as_matrices(name, tensor):
     return tensor.view(count, -1, tensor.shape[-1])
 
 
-def compare_tensor(torch, name, ours, script):
+def compare_tensor(name, ours, script):
     """(name, elements, differing, max BF16 ulps, relative L2, the worst matrix or None) of one tensor, in
     FP32 (exact for the difference of two BF16 values near each other)."""
     ours, script = ours.float(), script.float()
@@ -61,13 +61,12 @@ def compare_tensor(torch, name, ours, script):
         matrices, differences = as_matrices(name, script), as_matrices(name, difference)
         norms = differences.flatten(1).norm(dim=1) / matrices.flatten(1).norm(dim=1).clamp_min(1e-30)
         worst = (int(norms.argmax()), norms.max().item())
-    return (name, script.numel(), int((difference != 0).sum()), bf16_ulps(torch, difference, script).max().item(),
+    return (name, script.numel(), int((difference != 0).sum()), bf16_ulps(difference, script).max().item(),
             relative_l2(difference, script), worst)
 
 
 def compare(ours_state, saved, skipped):
     """The rows of compare_tensor for each tensor the script holds, in its order, and the names left out."""
-    import torch
     rows, left_out = [], []
     for name, script in saved.items():
         if name in skipped or name not in ours_state:
@@ -76,7 +75,7 @@ def compare(ours_state, saved, skipped):
         if tuple(ours_state[name].shape) != tuple(script.shape):
             raise ValueError(f"{name}: ours {list(ours_state[name].shape)}, the script's {list(script.shape)}: "
                              "give the script's process count (--processes) or states of the same model")
-        rows.append(compare_tensor(torch, name, ours_state[name], script))
+        rows.append(compare_tensor(name, ours_state[name], script))
     return rows, left_out
 
 
