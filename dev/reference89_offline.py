@@ -163,8 +163,9 @@ def save_state(args):
     if not args.save_state:
         return ""
     folder = os.path.abspath(args.save_state)
-    return (f"    master_process and torch.save({{k: v.detach().cpu() for k, v in model.state_dict().items()}}, "
-            f"os.path.join({folder!r}, f'step{{step + 1}}.pt'))  # offline: --save_state\n")
+    # model is torch.compile's wrapper (2260), whose state dict names every tensor "_orig_mod.<name>"
+    return (f"    master_process and torch.save({{k: v.detach().cpu() for k, v in "
+            f"model._orig_mod.state_dict().items()}}, os.path.join({folder!r}, f'step{{step + 1}}.pt'))  # offline: --save_state\n")
 
 
 def shards(pattern, flag):

@@ -211,7 +211,7 @@ mkdir -p "$WORK/states"
 holds "the copy made with --first_steps and --save_state" kit "$out7" --first_steps 30 --save_state "$WORK/states"
 holds "--save_state: rank 0 saves the model's state dict on the CPU after each step, one line more" bash -c "
   diff '$out6/train_gpt.py' '$out7/train_gpt.py' | grep -c '^>' | grep -qx 1 &&
-  grep -A1 -x \"    master_process and torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.path.join('$WORK/states', f'step{step + 1}.pt'))  # offline: --save_state\" '$out7/train_gpt.py' |
+  grep -A1 -x \"    master_process and torch.save({k: v.detach().cpu() for k, v in model._orig_mod.state_dict().items()}, os.path.join('$WORK/states', f'step{step + 1}.pt'))  # offline: --save_state\" '$out7/train_gpt.py' |
     tail -1 | grep -qx '    if step + 1 == 30: break  # offline: --first_steps'"
 TORCH_PY=$(python_with torch)
 if [ -n "$TORCH_PY" ]; then
