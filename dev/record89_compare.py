@@ -1,7 +1,7 @@
 """Ours' record #89 checkpoint against record #89's script's state dict after the same steps from the same
 weights, tensor by tensor: where the two sides' weights part.
 
-    python3 dev/record89_compare.py OURS.bin SCRIPT.pt [--processes P]
+    python3 dev/record89_compare.py OURS.bin SCRIPT.pt [--processes P] [--init INIT.pt]
 
 OURS.bin: a model checkpoint of train_gpt2cu -recipe record89 (-n) from -e of dev/record89_state.py's
 --checkpoint; SCRIPT.pt: the script's state dict after the same step (dev/reference89_offline.py
@@ -13,6 +13,13 @@ BF16's spacing at the script's value (BF16 ulps), the relative L2 difference |ou
 that differs most, by its relative L2 difference. Ours' checkpoint is BF16, so the script's float32
 tensors (its lambdas and scalars) agree where they are at most half a BF16 spacing apart. The
 script's FP8 scale buffers are not compared: ours keeps its scales outside the checkpoint.
+
+With --init INIT.pt, the state dict both sides started from (dev/record89_state.py's), two columns
+more: how far apart the two sides' updates are, |(ours - init) - (script - init)| / |script - init|,
+and how many elements the two sides moved in opposite directions. A tensor's weights can be far
+apart where both sides' updates are near each other, and the reverse: Adam's first update moves
+nearly every element by its rate times the sign of its gradient, so an element whose gradient is
+within rounding of zero moves either way.
 """
 import argparse
 import math
@@ -51,9 +58,10 @@ def as_matrices(name, tensor):
     return tensor.view(count, -1, tensor.shape[-1])
 
 
-def compare_tensor(name, ours, script):
-    """(name, elements, differing, max BF16 ulps, relative L2, the worst matrix or None) of one tensor, in
-    FP32 (exact for the difference of two BF16 values near each other)."""
+def compare_tensor(name, ours, script, init=None):
+    """(name, elements, differing, max BF16 ulps, relative L2, the worst matrix or None, and with init the
+    updates' relative L2 difference and the count of opposite updates) of one tensor, in FP32 (exact for
+    the difference of two BF16 values near each other)."""
     ours, script = ours.float(), script.float()
     difference = ours - script
     worst = None
@@ -61,33 +69,65 @@ def compare_tensor(name, ours, script):
         matrices, differences = as_matrices(name, script), as_matrices(name, difference)
         norms = differences.flatten(1).norm(dim=1) / matrices.flatten(1).norm(dim=1).clamp_min(1e-30)
         worst = (int(norms.argmax()), norms.max().item())
-    return (name, script.numel(), int((difference != 0).sum()), bf16_ulps(difference, script).max().item(),
-            relative_l2(difference, script), worst)
+    row = (name, script.numel(), int((difference != 0).sum()), bf16_ulps(difference, script).max().item(),
+           relative_l2(difference, script), worst)
+    if init is None:
+        return row
+    ours_update, script_update = ours - init.float(), script - init.float()
+    return row + (relative_l2(difference, script_update), int((ours_update * script_update < 0).sum()))
 
 
-def compare(ours_state, saved, skipped):
+def same_shape(name, tensor, script, whose):
+    if tuple(tensor.shape) != tuple(script.shape):
+        raise ValueError(f"{name}: {whose} {list(tensor.shape)}, the script's {list(script.shape)}: "
+                         "give the script's process count (--processes) or states of the same model")
+
+
+def compare(ours_state, saved, skipped, init_state=None):
     """The rows of compare_tensor for each tensor the script holds, in its order, and the names left out."""
     rows, left_out = [], []
     for name, script in saved.items():
         if name in skipped or name not in ours_state:
             left_out.append(name)
             continue
-        if tuple(ours_state[name].shape) != tuple(script.shape):
-            raise ValueError(f"{name}: ours {list(ours_state[name].shape)}, the script's {list(script.shape)}: "
-                             "give the script's process count (--processes) or states of the same model")
-        rows.append(compare_tensor(name, ours_state[name], script))
+        same_shape(name, ours_state[name], script, "ours")
+        init = None
+        if init_state is not None:
+            if name not in init_state:
+                raise ValueError(f"{name}: not in --init's state dict: give the state both sides started from")
+            init = init_state[name]
+            same_shape(name, init, script, "--init's")
+        rows.append(compare_tensor(name, ours_state[name], script, init))
     return rows, left_out
 
 
 def report(rows, left_out):
-    lines = ["| tensor | elements | differing | max BF16 ulps | relative L2 | the matrix that differs most |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
-    for name, elements, differing, ulps, l2, worst in rows:
+    head = "| tensor | elements | differing | max BF16 ulps | relative L2 | the matrix that differs most |"
+    rule = "| --- | ---: | ---: | ---: | ---: | --- |"
+    if rows and len(rows[0]) > 6:
+        head, rule = head + " updates' relative L2 | opposite updates |", rule + " ---: | ---: |"
+    lines = [head, rule]
+    for name, elements, differing, ulps, l2, worst, *updates in rows:
         matrix = f"{worst[0]} ({worst[1]:.2e})" if worst else ""
-        lines.append(f"| {name} | {elements} | {differing} | {ulps:.3g} | {l2:.3e} | {matrix} |")
+        line = f"| {name} | {elements} | {differing} | {ulps:.3g} | {l2:.3e} | {matrix} |"
+        if updates:
+            line += f" {updates[0]:.3e} | {updates[1]} |"
+        lines.append(line)
     if left_out:
         lines.append(f"not compared: {', '.join(left_out)}")
     return lines
+
+
+def load_state(path, fix):
+    """A state dict torch.load reads from path, or a one-line error ending in fix."""
+    import torch
+    try:
+        state = torch.load(path, map_location="cpu")
+    except Exception as e:  # torch.load's errors are of many kinds; one line names the file
+        fail(f"{path}: not a state dict torch.load reads ({type(e).__name__}); {fix}")
+    if not isinstance(state, dict):
+        fail(f"{path}: holds a {type(state).__name__}, not a state dict; {fix}")
+    return state
 
 
 def main():
@@ -95,25 +135,24 @@ def main():
     parser.add_argument("ours", help="train_gpt2cu's model checkpoint (-recipe record89)")
     parser.add_argument("script", help="the script's state dict (dev/reference89_offline.py --save_state)")
     parser.add_argument("--processes", type=int, default=1, help="the script's process count (default 1)")
+    parser.add_argument("--init", help="the state dict both sides started from (dev/record89_state.py's): "
+                        "the updates compared too")
     args = parser.parse_args()
     if args.processes < 1:
         fail(f"--processes {args.processes}: give the script's process count, 1 or more")
     for path in (args.ours, args.script):
         if not os.path.isfile(path):
             fail(f"{path}: no such file; give ours' checkpoint, then the script's state dict")
+    if args.init and not os.path.isfile(args.init):
+        fail(f"--init {args.init}: no such file; give the state dict both sides started from")
     require("torch")
-    import torch
     import train_gpt2 as tg
-    try:
-        saved = torch.load(args.script, map_location="cpu")
-    except Exception as e:  # torch.load's errors are of many kinds; one line names the file
-        fail(f"{args.script}: not a state dict torch.load reads ({type(e).__name__}); give --save_state's file")
-    if not isinstance(saved, dict):
-        fail(f"{args.script}: holds a {type(saved).__name__}, not a state dict; give --save_state's file")
+    saved = load_state(args.script, "give --save_state's file")
+    init_state = load_state(args.init, "give dev/record89_state.py's file") if args.init else None
     model = tg.read_checkpoint(args.ours)
     ours_state = script_state(model, tg.bigram_sign_table(model.config.channels), args.processes)
     try:
-        rows, left_out = compare(ours_state, saved, FP8_SCALE_BUFFERS)
+        rows, left_out = compare(ours_state, saved, FP8_SCALE_BUFFERS, init_state)
     except ValueError as e:
         fail(str(e))
     print("\n".join(report(rows, left_out)))
