@@ -2905,12 +2905,13 @@ class CautiousAdamW(torch.optim.Optimizer):
                                     group["betas"], group["eps"])
 
 
-def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"]):
+def orthogonalise(G, newton_schulz=NEWTON_SCHULZ["baseline"], dtype=torch.bfloat16):
     """modern.md's Newton-Schulz iteration towards the nearest semi-orthogonal matrix of G, in
     bfloat16 products (FP32 accumulation) as modded-nanogpt runs it: the wide orientation, X / (scale
     |X|_F + eps), then for each (a, b, c) of its polynomials X <- a X + (b A + (c A) A) X with A = X X^T
-    (newton_schulz: a row of NEWTON_SCHULZ). At scale 1 the norm's product is the norm itself."""
-    X = G.bfloat16()
+    (newton_schulz: a row of NEWTON_SCHULZ). At scale 1 the norm's product is the norm itself. dtype:
+    the products' type (another than bfloat16 for dev/muon_rounding.py's exact iteration)."""
+    X = G.to(dtype)
     tall = G.size(0) > G.size(1)
     if tall:
         X = X.t()
