@@ -40,7 +40,8 @@ def batch(args, vocab_size):
     count = args.batch * args.seq_len + 1
     if args.tokens:
         import train_gpt2 as tg
-        tokens = np.fromfile(args.tokens, dtype=np.uint16, offset=tg.HEADER_INTS * 4)
+        tg.shard_token_count(args.tokens)  # the header checked, or one line naming the file
+        tokens = tg.read_shard(args.tokens, vocab_size)
         if len(tokens) < count:
             fail(f"--tokens {args.tokens}: {len(tokens)} tokens, fewer than --batch x --seq_len + 1 = {count}")
         tokens = torch.tensor(tokens[:count].astype(np.int64))
@@ -89,7 +90,8 @@ def main():
     print("| matrix | shape | " + " | ".join(f"noise 2^-{b}" for b in args.noise_bits) + " | FP64 iteration |")
     print("| --- | --- | " + "---: | " * (len(args.noise_bits) + 1))
     ranges, still = {}, []
-    for group in tg.muon_param_groups(model, 2):
+    qk_heads = tg.MUON_FLAGS["muon_qk_heads"][tg.RECIPES.index("record89")]
+    for group in tg.muon_param_groups(model, qk_heads):
         for p in group["params"]:
             grad = p.grad.float()
             if not grad.any():  # the up projections behind zero-initialised down projections

@@ -3,7 +3,7 @@
 # a gradient and its distances; noise of 2^-200 leaves the gradient and so the update as it was (0),
 # noise of 2^-4 moves every update, the FP64 iteration too; the up projections behind zero-initialised
 # down projections named as without gradient; a batch read from a token shard; and its one-line errors
-# (bad --noise_bits, a missing file, a shard shorter than the batch).
+# (bad --noise_bits, a missing file, a file that is no token shard, a shard shorter than the batch).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source dev/test/lib.sh
@@ -27,11 +27,16 @@ check "each kind's ranges" "$(grep -c '^\(attn.c_attn\|attn.c_proj\|mlp.c_proj\)
 "$PY" - "$WORK" <<'PYEOF'
 import sys
 import numpy as np
-header = np.zeros(256, np.int32)
+sys.path.insert(0, ".")
+import train_gpt2 as tg
 for name, count in (("shard.bin", 200), ("short.bin", 100)):
+    header = np.zeros(tg.HEADER_INTS, np.int32)
+    header[:3] = tg.SHARD_MAGIC, tg.SHARD_VERSION, count
     with open(f"{sys.argv[1]}/{name}", "wb") as f:
         f.write(header.tobytes())
         f.write(np.arange(count, dtype=np.uint16).tobytes())
+with open(f"{sys.argv[1]}/text.bin", "wb") as f:
+    f.write(b"not a shard" * 100)
 PYEOF
 out=$(run --tokens "$WORK/shard.bin" 2>&1)
 check "a batch from a token shard" "$?:$(grep -c '^| transformer' <<< "$out")" "0:31"
@@ -41,6 +46,7 @@ check "the shard's batch, not the drawn one" "$([ "$(grep -m1 '^loss' <<< "$out"
 expect_fail "--noise_bits not numbers" "--noise_bits 8,x: give whole numbers b" run --noise_bits 8,x
 expect_fail "--noise_bits 0" "--noise_bits 0: each b at least 1" run --noise_bits 0
 expect_fail "a missing shard" "--tokens $WORK/none.bin: no such file" run --tokens "$WORK/none.bin"
+expect_fail "a file that is no token shard" "$WORK/text.bin: not a token shard" run --tokens "$WORK/text.bin"
 expect_fail "a shard shorter than the batch" "--tokens $WORK/short.bin: 100 tokens, fewer than --batch x --seq_len + 1 = 129" \
   run --tokens "$WORK/short.bin"
 finish test_muon_rounding
