@@ -855,8 +855,8 @@ def run_until(command, cwd, log, echo, stop, env=None):
     (unbuffered, for Python) appended to the open file log line by line, and with echo to the
     terminal too. stop: None, or a function of a line that says the run has done its part: then the
     session is killed (torchrun's workers with it) and the status is 0. Else the command's status.
-    Interrupted (Ctrl-C reaches the bench alone, the session being its own), it kills the session
-    before it stops."""
+    Interrupted (Ctrl-C or SIGTERM reaches the bench alone, the session being its own), it kills the
+    session before it stops."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, errors="replace", bufsize=1, start_new_session=True,
                                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
@@ -947,7 +947,16 @@ def gpu_load_cell(path):
     return "-" if load is None else f"{load[0]:.0f} / {load[1]:.0f} / {100 * load[2]:.0f}%"
 
 
+def interrupt_on_sigterm():
+    """A SIGTERM stops the bench as a Ctrl-C does, its run's session killed with it (run_until): a
+    bench started in the background, where SIGINT may be ignored, is stopped that way."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def main():
+    interrupt_on_sigterm()
     args = parse_args()
     runs = args.runs.split(",")
     os.makedirs(args.outdir, exist_ok=True)

@@ -353,6 +353,22 @@ wait $bench_pid
 check "run_until interrupted: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
 sleep 0.3
 check "run_until interrupted: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
+# SIGTERM, with main's handler, as Ctrl-C (scripts/record89_pair.sh stops its benches with it).
+"$PY" - "$DIR/stand_in_run.sh" "$DIR/terminated.log" 2> "$DIR/terminated.err" <<'EOF' &
+import sys
+sys.path.insert(0, "dev")
+import bench_quality as bq
+bq.interrupt_on_sigterm()
+with open(sys.argv[2], "w") as log:
+    bq.run_until([sys.argv[1]], None, log, False, None)
+EOF
+bench_pid=$!
+for _ in $(seq 50); do grep -q "step    3/4" "$DIR/terminated.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $bench_pid
+wait $bench_pid
+check "run_until terminated: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
+sleep 0.3
+check "run_until terminated: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
 
 # --- (f) --shared_init: each pair from the same weights.
 out=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \

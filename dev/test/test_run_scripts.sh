@@ -180,4 +180,50 @@ kill -TERM $script
 wait $script
 check "a SIGTERM to the script: exit status 3, no restart" "$? $(wc -l < "$SCRATCH/signal/calls")" "3 1"
 
+# --- record89_pair.sh with a stand-in for the python that runs dev/bench_quality.py: it logs each
+# bench's --runs (and --dry_run), sleeps FAKE_<ours|ref>_S seconds in that bench and fails the one
+# FAKE_FAIL names.
+pair=scripts/record89_pair.sh
+check_error_status "usage: scripts/record89_pair.sh OUTDIR" $pair --train x
+check_error_status "--delay 'soon': give the seconds between the two runs' starts" $pair "$SCRATCH/pair" --delay soon
+check_error_status "--runs: this script runs ours_record89 and ref_record89" $pair "$SCRATCH/pair" --runs ours_gpt2
+cat > "$SCRATCH/fake_python" <<'FAKE'
+#!/usr/bin/env bash
+shift  # dev/bench_quality.py
+calls=$(dirname "$0")/pair_calls
+case "$*" in
+  *--dry_run*) echo dry_run >> "$calls"; [ "${FAKE_FAIL:-}" != dry_run ] || { echo "error: --val: no shard" >&2; exit 1; } ;;
+  *"--runs ours_record89 "*) echo ours >> "$calls"; sleep "${FAKE_OURS_S:-0}"; [ "${FAKE_FAIL:-}" != ours ] ;;
+  *"--runs ref_record89 "*) echo ref >> "$calls"; sleep "${FAKE_REF_S:-0}"; [ "${FAKE_FAIL:-}" != ref ] ;;
+  *) echo report >> "$calls"; echo "the pair's report" ;;
+esac
+FAKE
+chmod +x "$SCRATCH/fake_python"
+run_pair() {  # run_pair DELAY VAR=VALUE...: the script's output (stdout and stderr) and exit status
+  rm -rf "$SCRATCH/pair" "$SCRATCH/pair_calls"
+  env "${@:2}" PYTHON="$SCRATCH/fake_python" bash $pair "$SCRATCH/pair" --delay "$1" --train t --val v 2>&1
+  echo "status $?"
+}
+pair_calls() { tr '\n' ' ' < "$SCRATCH/pair_calls"; }
+check "record89_pair.sh: the dry run, ours, the script's run after ours had a head start, the report" \
+  "$(run_pair 1 FAKE_OURS_S=2 | tr '\n' ' ')$(pair_calls)" "the pair's report status 0 dry_run ours ref report "
+check "record89_pair.sh: a wrong flag stops it at the dry run, nothing run, no OUTDIR" \
+  "$(run_pair 0 FAKE_FAIL=dry_run | tr '\n' ' ')$(pair_calls)$([ -e "$SCRATCH/pair" ] && echo made)" \
+  "error: --val: no shard status 1 dry_run "
+check "record89_pair.sh: ours failing before the delay, the script's run is not started" \
+  "$(run_pair 1 FAKE_FAIL=ours | tr '\n' ' ')$(pair_calls)" \
+  "error: ours' bench (--runs ours_record89) failed: see $SCRATCH/pair/ours_bench.log status 1 dry_run ours "
+check "record89_pair.sh: the script's run failing, no report" \
+  "$(run_pair 1 FAKE_FAIL=ref FAKE_OURS_S=2 | tr '\n' ' ')$(pair_calls)" \
+  "error: the script's bench (--runs ref_record89) failed: see $SCRATCH/pair/ref_bench.log status 1 dry_run ours ref "
+rm -rf "$SCRATCH/pair" "$SCRATCH/pair_calls"
+PYTHON="$SCRATCH/fake_python" FAKE_OURS_S=30 bash $pair "$SCRATCH/pair" --delay 30 --train t > /dev/null 2>&1 &
+script=$!
+for _ in $(seq 100); do grep -q ours "$SCRATCH/pair_calls" 2> /dev/null && break; sleep 0.1; done
+killed_at=$SECONDS
+kill -TERM $script
+wait $script
+check "record89_pair.sh: a SIGTERM stops the benches at once (not after their 30 s), exit status 130" \
+  "$? $(pgrep -f "$SCRATCH/fake_python" | wc -l) $((SECONDS - killed_at < 10))" "130 0 1"
+
 finish test_run_scripts
