@@ -337,38 +337,29 @@ check "run_until: stopped at the validation (its log's last line), status 0, at 
 check "run_until: without a stop, the command's own status" "$(tail -1 <<< "$result")" "3"
 check "run_until: its log, the second command's line" "$(cat "$DIR/stand_in_run.log")" "one"
 check "run_until: the session's child killed with it" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
-# Ctrl-C reaches the bench alone (the run is a session of its own): run_until kills the run first.
-"$PY" - "$DIR/stand_in_run.sh" "$DIR/interrupted.log" 2> "$DIR/interrupted.err" <<'EOF' &
+# A signal reaches the bench alone (the run is a session of its own): run_until kills the run first.
+# SIGINT as Ctrl-C; SIGTERM through main's handler, as Ctrl-C (scripts/record89_pair.sh stops its
+# benches with it).
+signal_bench() {  # signal_bench SIGNAL NAME: the stand-in run under run_until, stopped by SIGNAL
+  "$PY" - "$DIR/stand_in_run.sh" "$DIR/$2.log" 2> "$DIR/$2.err" <<'EOF' &
 import signal, sys
 sys.path.insert(0, "dev")
 import bench_quality as bq
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
-with open(sys.argv[2], "w") as log:
-    bq.run_until([sys.argv[1]], None, log, False, None)
-EOF
-bench_pid=$!
-for _ in $(seq 50); do grep -q "step    3/4" "$DIR/interrupted.log" 2>/dev/null && break; sleep 0.1; done
-kill -INT $bench_pid
-wait $bench_pid
-check "run_until interrupted: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
-sleep 0.3
-check "run_until interrupted: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
-# SIGTERM, with main's handler, as Ctrl-C (scripts/record89_pair.sh stops its benches with it).
-"$PY" - "$DIR/stand_in_run.sh" "$DIR/terminated.log" 2> "$DIR/terminated.err" <<'EOF' &
-import sys
-sys.path.insert(0, "dev")
-import bench_quality as bq
 bq.interrupt_on_sigterm()
 with open(sys.argv[2], "w") as log:
     bq.run_until([sys.argv[1]], None, log, False, None)
 EOF
-bench_pid=$!
-for _ in $(seq 50); do grep -q "step    3/4" "$DIR/terminated.log" 2>/dev/null && break; sleep 0.1; done
-kill -TERM $bench_pid
-wait $bench_pid
-check "run_until terminated: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
-sleep 0.3
-check "run_until terminated: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
+  local bench_pid=$!
+  for _ in $(seq 50); do grep -q "step    3/4" "$DIR/$2.log" 2>/dev/null && break; sleep 0.1; done
+  kill "-$1" $bench_pid
+  wait $bench_pid
+  check "run_until $2: the bench stops (status 130 or 1)" "$(case $? in 1|130) echo yes;; esac)" yes
+  sleep 0.3
+  check "run_until $2: the run's session killed" "$(pgrep -f 'sleep 31.25' | wc -l)" 0
+}
+signal_bench INT interrupted
+signal_bench TERM terminated
 
 # --- (f) --shared_init: each pair from the same weights.
 out=$(bench "$DIR/p" --train 't_*.bin' --val 'v_*.bin' --steps 4 --val_every 2 --runs ours_speedrun,ref_speedrun \
