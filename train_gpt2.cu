@@ -16813,9 +16813,13 @@ RunInputs prepare_run(TrainArgs& a, int world) {
     llmc::check_window_length(llmc::window_setting(a), longer_validation ? "-vt" : "-t", longer_validation ? a.val_T : a.T,
                               llmc::layer_plan(config));
   }
-  if (a.adam_every > 1 && world > 1) {
-    LLMC_FAIL("-ao %d keeps AdamW's gradients between its updates on one process; %d processes would average "
-              "them at each step: run it on one process, or give -ao 1", a.adam_every, world);
+  // Every process keeps AdamW's gradients whole, averaged over the processes at each step (the kept
+  // sum the same on all of them, the step's added to it and averaged: the sum of the steps'
+  // averages); ZeRO-1's reduce-scatter would leave each process's kept gradients averaged in its
+  // shard alone.
+  if (a.adam_every > 1 && llmc::zero_shard_count(world, a.zero_stage) > 1) {
+    LLMC_FAIL("-ao %d keeps AdamW's gradients between its updates whole on every process, and -zs 1 shards them "
+              "over the %d processes: give -zs 0", a.adam_every, world);
   }
   if (a.muon_qk_heads && config.num_heads % a.muon_qk_heads) {
     LLMC_FAIL("-mq %d: the model's %d heads do not split into blocks of %d: give a divisor of %d (record #89's 2), or "

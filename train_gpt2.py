@@ -4096,8 +4096,8 @@ def parse_args(argv=None):
         "from the post MUDD gate generator); --init_from's checkpoint says whether it has it"))
     a.add_argument("--adam_every", type=int, help=recipe_help(
         "adam_every", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of the K steps' "
-        "gradients, which the steps between keep (the CUDA trainer's -ao; record #89's 2: its odd steps; one "
-        "process, --grad_clip 0); 1: every step"))
+        "gradients, which the steps between keep (the CUDA trainer's -ao; record #89's 2: its odd steps; "
+        "--grad_clip 0); 1: every step"))
     a.add_argument("--adam_rows", help=recipe_help(
         "adam_rows", "AdamW tensors' own rows over their roles' (the CUDA trainer's -ar), NAME:key=value,... apart "
         "by ';', NAME a tensor of llmc/gpt2.h's table, keys lr (times its role's rate), b1 and b2 (its betas), "
@@ -4901,9 +4901,6 @@ def main(argv=None, step_hook=None):
     args.val_steps = process_val_steps(args, world)
     if args.benchmark and world > 1:
         fail("--benchmark times one process; run it without torchrun")
-    if args.adam_every > 1 and world > 1:
-        fail(f"--adam_every {args.adam_every} keeps AdamW's gradients between its updates on one process; DDP "
-             f"would average them at each step: run it without torchrun, or give --adam_every 1")
     if flash:
         select_sdpa_backend(args.sdpa_backend or (BENCHMARK_RECIPE["sdpa_backend"] if args.benchmark else "auto"), device)
     if config is None:

@@ -201,8 +201,8 @@ inline std::vector<Flag> record_flags(Recipe& a) {
                "the high 16 bits of its FP32 master weight, the master cut toward zero (record #89's BF16 weight "
                "with its kept 16-bit mantissa); 0: the master stochastically rounded", &a.muon_high_bits, 0, 1),
       int_flag("-ao", "AdamW interval", "AdamW steps on every K-th step only ((step + 1) % K == 0), with the sum of "
-               "the K steps' gradients, which the steps between keep (record #89's 2: its odd steps; one process, "
-               "-gc 0); 1: every step", &a.adam_every, 1, kMaxAdamEvery),
+               "the K steps' gradients, which the steps between keep (record #89's 2: its odd steps; -gc 0, and -zs "
+               "0 on several processes); 1: every step", &a.adam_every, 1, kMaxAdamEvery),
       int_flag("-mq", "Muon Q/K blocks", "-opt muon: qkvw's Q and K orthogonalised in blocks of N heads each, V "
                "whole (record #89's 2: its head pairs, a matrix of 2 heads' rows each); 0: Q, K and V whole",
                &a.muon_qk_heads, 0, kIntMax),

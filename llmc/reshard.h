@@ -9,7 +9,8 @@
 // The host state is the same on every rank (one seed for the generators, one data order, the
 // spike detectors see the global loss and norm), and so is the FP8 amax history (the amaxes are
 // reduced over the ranks), so rank 0's are carried to every new rank; the inputs must agree on
-// the host state. Its data loader position stays that of P processes: DataLoader::restore and
+// the host state. So are AdamW's kept gradients (-ao, without ZeRO: averaged at each step). Its
+// data loader position stays that of P processes: DataLoader::restore and
 // DocumentLoader::restore continue it with P' (the rules are at DataLoaderState in
 // llmc/dataloader.h).
 #pragma once
@@ -110,11 +111,12 @@ TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int 
     LLMC_FAIL("reshard: rank %d of %d processes", new_rank, new_world);
   }
   check_input(first, first, 0, num_params, false);
-  if (first.id.adam_every > 1) {
-    LLMC_FAIL("%s: written with -ao %d, which runs on one process (its kept gradients are not averaged over "
-              "processes): resume it on one process, as it was written", first.path.c_str(), first.id.adam_every);
-  }
+  const int shard_count = zero_shard_count(first.id.world, first.id.zero_stage);
   const int new_shard_count = zero_shard_count(new_world, new_zero_stage);
+  if (first.id.adam_every > 1 && (shard_count > 1 || new_shard_count > 1)) {
+    LLMC_FAIL("%s: written with -ao %d, whose kept gradients every process holds whole: resume it without "
+              "ZeRO-1 (-zs 0)", first.path.c_str(), first.id.adam_every);
+  }
   const ZeroShard to = zero_shard(num_params, new_shard_count, new_shard_count == 1 ? 0 : new_rank);
   TrainStateFile out;
   out.id = first.id;
@@ -123,14 +125,15 @@ TrainStateFile reshard_rank(const TrainStateFile& first, size_t num_params, int 
   out.id.num_params = to.size;
   out.id.zero_stage = new_shard_count > 1 ? 1 : 0;
   out.state.optimizer_steps = first.state.optimizer_steps;
-  out.state.adam.updates = first.state.adam.updates;  // AdamW's bias-correction step (no kept gradients: -ao 1)
+  // AdamW's bias-correction step and, with -ao, the gradients it keeps between its updates: whole
+  // on every rank and the same (averaged over the processes at each step), so rank 0's.
+  out.state.adam = first.state.adam;
   out.state.host = first.state.host;
   out.state.fp8 = first.state.fp8;
   out.state.adam_m.assign(to.size, 0.0f);
   out.state.adam_v.assign(to.size, 0.0f);
   out.state.master.assign(first.id.master_weights ? to.size : 0, 0.0f);
   // Without ZeRO every rank holds the whole arrays, the same on all: rank 0's are taken.
-  const int shard_count = zero_shard_count(first.id.world, first.id.zero_stage);
   for (int r = 0; r < shard_count; r++) {
     const ZeroShard from = zero_shard(num_params, shard_count, r);
     const ShardOverlap overlap = shard_overlap(from, to);
@@ -270,7 +273,7 @@ inline int reshard_checkpoint(const std::string& dir, const std::string& new_dir
     const TrainState& s = out.state;
     train_state_save(checkpoint_path(new_dir, "state", step, rank), out.id, s.optimizer_steps,
                      s.host, s.adam_m.data(), s.adam_v.data(),
-                     s.master.empty() ? nullptr : s.master.data(), s.fp8);
+                     s.master.empty() ? nullptr : s.master.data(), s.fp8, s.adam);
   }
   copy_file_atomically(model, checkpoint_path(new_dir, "model", step));
   if (file_exists(dir + "/main.log")) copy_file_atomically(dir + "/main.log", new_dir + "/main.log");

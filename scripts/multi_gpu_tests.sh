@@ -38,6 +38,11 @@
 #    for bit (Muon's momentum warmup, the FP8 head), 2 ranks resumed on 1 and 1 on 2, -zs 1
 #    with the bits of -zs 0 (also with record #89's Q and K head pairs, -mq 2), and -ov 1 with the
 #    bits of -ov 0;
+#  - AdamW every 2 steps (-ao 2, record #89's; the speedrun recipe from record #89's init, the head
+#    untied at step 5), every rank keeping AdamW's gradients whole: 2 ranks against 1, -od 1 and
+#    -ov 1 with the bits of -od 0, a resume bit for bit from a checkpoint with kept gradients, and
+#    that checkpoint resumed on 1 rank; -recipe record89 at a test size: two 2-rank runs bit for
+#    bit, a resume bit for bit and on 1 rank;
 #  - every run of 2 ranks against 1 (and the speedrun's -zs 1) ends with both ranks' parameters
 #    identical (the trainer compares their checksums);
 #  - launches without mpirun (fs and tcp rendezvous) give the losses of mpirun;
@@ -47,12 +52,13 @@
 #
 # usage: scripts/multi_gpu_tests.sh [OUTDIR [GROUP...]]   (default build/test_multi_gpu, every group)
 #   The groups, in the order they run: gpt2_ranks_test modern_recipe_test packed_documents_test
-#   stages_test speedrun_test gpt2_muon_test overlap_test divided_test zero_test reshard_test by_hand_test lost_rank_test
-#   multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test speed_test
+#   stages_test speedrun_test adam_every_test gpt2_muon_test overlap_test divided_test zero_test reshard_test
+#   by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test speed_test
 set -u
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
-test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test stages_test speedrun_test gpt2_muon_test overlap_test
+test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test stages_test speedrun_test adam_every_test
+  gpt2_muon_test overlap_test
   divided_test zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
   speed_test)
 out=${1:-build/test_multi_gpu}
@@ -68,6 +74,7 @@ mkdir -p "$out"
 ranks=2
 source dev/test/multi_gpu_lib.sh
 source dev/test/compare_runs.sh
+source dev/test/record89_args.sh  # RECORD89_TEST
 
 # ranks_equivalence NAME BINARY TOL VAL_BATCHES ARGS...: 10 steps of ARGS on 1 rank and on 2, whose
 # steps take the same tokens (ARGS give a -z that B*T and 2*B*T divide); their step and validation
@@ -409,6 +416,55 @@ speedrun_test() {
   if fp8_gpu; then
     check speedrun_fp8_head_on grep -aE "^\| head +\| FP8 in training" "$out/speedrun_two_ranks.log"
   fi
+}
+
+# AdamW every 2 steps (-ao 2), the speedrun recipe from record #89's init with the head untied at
+# step 5: every rank keeps AdamW's gradients whole, averaged at each step. 2 ranks against 1 (BF16
+# within 2e-2, FP32 within 2e-3); -od 1 with the steps of -od 0 (norms close: summed in another
+# order), -ov 1 with the bits of -ov 0; a resume bit for bit from the checkpoint of step 5 (after
+# step 4, whose gradients AdamW keeps), and that checkpoint of 2 ranks resumed on 1 (its kept
+# gradients resharded), close to the straight run of 1 rank.
+adam_every_test() {
+  local args="$common -recipe speedrun -e d12 -ri 89 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01 -ao 2 -ut 5"
+  ranks_equivalence adam_every train_gpt2cu 2e-2 4 $args
+  ranks_equivalence adam_every_fp32 train_gpt2fp32cu 2e-3 4 $args -f 0
+  local run
+  for run in "od0:-od 0" "od1:-od 1" "ov1:-od 1 -ov 1"; do
+    # shellcheck disable=SC2086  # the flags' words
+    check "adam_every_${run%%:*}" $mpi ./train_gpt2cu $args -x 10 -m 4 ${run#*:}
+  done
+  check adam_every_od1_same same_steps "$out/adam_every_od0.log" "$out/adam_every_od1.log" no-norm
+  check adam_every_od1_norms norms_close "$out/adam_every_od0.log" "$out/adam_every_od1.log"
+  check adam_every_ov1_same same_steps "$out/adam_every_od1.log" "$out/adam_every_ov1.log"
+  resume_equivalence_at 5 check adam_every_resume "$out/resume_adam_every" 2 $mpi ./train_gpt2cu $args -m 4
+  local d=$out/adam_every_reshard
+  rm -rf "$d"
+  check adam_every_straight_one ./train_gpt2cu $args -x 10 -m 8 -n 5 -o "$d/one"
+  check adam_every_two_halt $mpi ./train_gpt2cu $args -x 10 -m 4 -n 5 -o "$d/two" -halt 5
+  check adam_every_resumed_on_1 ./train_gpt2cu $args -x 10 -m 8 -n 5 -o "$d/two" -y 1
+  check adam_every_2_to_1_close losses_close_from "$out/adam_every_straight_one.log" \
+    "$out/adam_every_resumed_on_1.log" 5 2e-2
+  rm -f "$d"/*/*.bin
+  # -recipe record89 itself at its test size (RECORD89_TEST, one sequence a rank): two runs of 2
+  # ranks bit for bit, a resume bit for bit from the checkpoint of step 9 (stage 2, after step 8,
+  # whose gradients AdamW keeps), and that checkpoint resumed on 1 rank to the end.
+  # shellcheck disable=SC2206  # common's words
+  local record89=($common "${RECORD89_TEST[@]}" -v 5 -m 4) i
+  for i in 1 2; do
+    check "adam_every_record89_$i" $mpi ./train_gpt2cu "${record89[@]}" -x 20
+  done
+  check adam_every_record89_twice same_steps "$out/adam_every_record89_1.log" "$out/adam_every_record89_2.log"
+  check adam_every_record89_ranks_identical grep -a "^parameters identical on 2 processes" \
+    "$out/adam_every_record89_1.log"
+  resume_equivalence_at 9 check adam_every_record89_resume "$out/resume_adam_every_record89" 2 \
+    $mpi ./train_gpt2cu "${record89[@]}"
+  d=$out/adam_every_record89_reshard
+  rm -rf "$d"
+  check adam_every_record89_two_halt $mpi ./train_gpt2cu "${record89[@]}" -x 20 -n 9 -o "$d" -halt 9
+  check adam_every_record89_resumed_on_1 ./train_gpt2cu "${record89[@]}" -x 20 -n 9 -o "$d" -y 1 -m 8
+  check adam_every_record89_resharded grep -q "resharded: the checkpoint of 2 processes with ZeRO stage 0 resumes on 1" \
+    "$out/adam_every_record89_resumed_on_1.log"
+  rm -f "$d"/*.bin
 }
 
 # GPT-2 with Muon (-opt muon, -zs 0) on two ranks against one rank with two accumulation steps,

@@ -678,8 +678,8 @@ if has_flag -oc; then
 fi
 
 # --- -ao, AdamW on every K-th step with the K steps' gradients: within [1, 1000], without clipping
-# (which would scale each step's apart), an untie step where AdamW steps, on one process (before
-# the GPU)
+# (which would scale each step's apart), an untie step where AdamW steps, its kept gradients whole on
+# every process, not sharded by ZeRO-1 (before the GPU)
 if has_flag -ao; then
   expect "-ao out of range" "^error: -ao 0: must be " -ao 0
   expect "-ao 2 with clipping" "^error: -ao 2 sums 2 steps' gradients for AdamW, and -gc 1 would clip each step's apart: give -gc 0 with it \(record #89 clips nothing\)" \
@@ -687,9 +687,9 @@ if has_flag -ao; then
   expect "-ao 2 with an even untie step" "^error: -ut 2 unties at a step without AdamW's update under -ao 2: give an untie step U with \(U \+ 1\) % 2 == 0 \(record #89's is odd\)\$" \
     -recipe modern -ao 2 -ut 2
   WATCH=("$KEEP")
-  OMPI_COMM_WORLD_SIZE=2 attempt "^error: -ao 2 keeps AdamW's gradients between its updates on one process; 2 processes would average them at each step: run it on one process, or give -ao 1\$" \
-    "${COMMON[@]}" -x 2 -o "$KEEP" -recipe modern -ao 2 -zs 0
-  report "-ao 2 on 2 processes"
+  OMPI_COMM_WORLD_SIZE=2 attempt "^error: -ao 2 keeps AdamW's gradients between its updates whole on every process, and -zs 1 shards them over the 2 processes: give -zs 0\$" \
+    "${COMMON[@]}" -x 2 -o "$KEEP" -recipe modern -ao 2 -zs 1
+  report "-ao 2 with ZeRO-1 on 2 processes"
 else
   skip "-ao" "$TRAINER has no -ao"
 fi

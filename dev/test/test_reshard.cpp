@@ -85,6 +85,7 @@ bool same_file(const llmc::TrainStateFile& a, const llmc::TrainStateFile& b) {
          a.id.num_params == b.id.num_params && a.id.master_weights == b.id.master_weights &&
          a.id.zero_stage == b.id.zero_stage &&
          a.state.optimizer_steps == b.state.optimizer_steps && a.state.adam.updates == b.state.adam.updates &&
+         a.state.adam.grads == b.state.adam.grads && a.id.adam_every == b.id.adam_every &&
          memcmp(&a.state.host, &b.state.host, sizeof(a.state.host)) == 0 &&
          a.state.adam_m == b.state.adam_m && a.state.adam_v == b.state.adam_v &&
          a.state.master == b.state.master &&  // float ==: no NaN here, so equal means equal bits
@@ -94,7 +95,7 @@ bool same_file(const llmc::TrainStateFile& a, const llmc::TrainStateFile& b) {
 void save(const llmc::TrainStateFile& f) {
   llmc::train_state_save(f.path, f.id, f.state.optimizer_steps, f.state.host, f.state.adam_m.data(),
                          f.state.adam_v.data(), f.state.master.empty() ? nullptr : f.state.master.data(),
-                         f.state.fp8);
+                         f.state.fp8, f.state.adam);
 }
 
 bool same_files(const std::vector<llmc::TrainStateFile>& a,
@@ -169,12 +170,6 @@ void test_mismatched_inputs() {
                second + ": ZeRO stage 1 without master weights, but", "state files of two -w settings");
   check_throws(reshard(changed([](llmc::TrainStateFile& f) { f.id.rank = 0; }), kParams),
                second + ": state of rank 0 of 2, expected rank 1 of 2", "a rank given twice");
-  std::vector<llmc::TrainStateFile> one_process = files_of(whole, 1, 0);
-  one_process[0].id.adam_every = 2;
-  check_throws(reshard(one_process, kParams),
-               one_process[0].path + ": written with -ao 2, which runs on one process (its kept gradients are not "
-                                     "averaged over processes): resume it on one process, as it was written",
-               "the state of a run with AdamW every 2 steps");
   check_throws(reshard({good[0]}, kParams),
                good[0].path + ": state of a run of 2 processes, but 1 state files were given",
                "a rank missing");
@@ -193,6 +188,54 @@ void test_mismatched_inputs() {
                "no processes");
   check_throws([&] { llmc::reshard_train_state(good, kParams, 2, 2); }, "reshard: ZeRO stage 2",
                "an unknown ZeRO stage");
+}
+
+// The files of `world` processes without ZeRO of a run with AdamW every 2 steps, after a step
+// without its update: every rank keeps the same averaged gradients (AdamKept).
+std::vector<llmc::TrainStateFile> kept_files_of(const llmc::TrainState& whole, int world,
+                                                const std::string& dir = "") {
+  std::vector<llmc::TrainStateFile> files = files_of(whole, world, 0, dir);
+  for (llmc::TrainStateFile& f : files) {
+    f.id.adam_every = 2;
+    f.state.adam.updates = 3;
+    f.state.adam.grads.resize(f.id.num_params);
+    for (size_t i = 0; i < f.state.adam.grads.size(); i++) f.state.adam.grads[i] = 0.25f * (float)i - 7.0f;
+  }
+  return files;
+}
+
+// -ao 2 (AdamW's kept gradients): without ZeRO, a checkpoint of 2 processes resharded for 1 and 3
+// carries rank 0's kept gradients and update count to every rank, through the files too; ZeRO-1 on
+// either side is refused with one line.
+void test_kept_gradients() {
+  const llmc::TrainState whole = random_whole_state(true);
+  const auto two = kept_files_of(whole, 2);
+  check_verbose(same_files(llmc::reshard_train_state(two, kParams, 1, 0), kept_files_of(whole, 1)) &&
+                    same_files(llmc::reshard_train_state(two, kParams, 3, 0), kept_files_of(whole, 3)),
+                "-ao 2, 2 processes -> 1 and -> 3 (ZeRO 0): every rank rank 0's kept gradients and count");
+  const std::string refusal = ": written with -ao 2, whose kept gradients every process holds whole: resume it "
+                              "without ZeRO-1 (-zs 0)";
+  check_throws([&] { llmc::reshard_train_state(two, kParams, 2, 1); }, two[0].path + refusal,
+               "-ao 2 resharded for ZeRO-1");
+  std::vector<llmc::TrainStateFile> sharded = files_of(whole, 2, 1);
+  for (llmc::TrainStateFile& f : sharded) f.id.adam_every = 2;
+  check_throws([&] { llmc::reshard_train_state(sharded, kParams, 1, 0); }, sharded[0].path + refusal,
+               "-ao 2 state files sharded by ZeRO-1");
+  const llmc::GPT2Config config = llmc::make_config(1, 2, 32, 16, 200);
+  const size_t n = llmc::num_parameters(config);
+  const llmc::TrainState whole_model = random_whole_state(true, n);
+  const std::string dir = kDir + "/kept", one = kDir + "/kept_on_1";
+  llmc::make_dirs(dir);
+  const std::vector<float> params(whole_model.master);
+  llmc::checkpoint_save(llmc::checkpoint_path(dir, "model", kStep), config, params.data(),
+                        llmc::kCheckpointVersionBF16);
+  for (const llmc::TrainStateFile& f : kept_files_of(whole_model, 2, dir)) save(f);
+  llmc::write_done_marker(dir, kStep);
+  llmc::reshard_checkpoint(dir, one, kStep, 1, 0);
+  llmc::TrainStateFile read_back = llmc::train_state_read(llmc::checkpoint_path(one, "state", kStep, 0), "");
+  llmc::TrainStateFile expected = kept_files_of(whole_model, 1)[0];
+  read_back.path = expected.path = "";
+  check_verbose(same_file(read_back, expected), "reshard_checkpoint writes the kept gradients and count");
 }
 
 // Every byte of a file, for comparisons.
@@ -370,6 +413,7 @@ int main() {
     test_mismatched_inputs();
     test_state_files();
     test_checkpoint_dir();
+    test_kept_gradients();
   } catch (const llmc::Error& e) {
     check(false, std::string("unexpected error: ") + e.what());
   }

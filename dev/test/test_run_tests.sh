@@ -36,7 +36,7 @@ trap 'rm -rf "$tree"' EXIT
 mkdir -p "$tree/scripts/lib" "$tree/dev/test" "$tree/bin"
 cp scripts/run_tests.sh "$tree/scripts/"
 cp scripts/lib/help.sh "$tree/scripts/lib/"
-cp dev/test/compare_runs.sh "$tree/dev/test/"
+cp dev/test/compare_runs.sh dev/test/record89_args.sh "$tree/dev/test/"
 printf '#!/bin/sh\necho "GPU 0: a stand-in"\n' > "$tree/bin/nvidia-smi"
 chmod +x "$tree/bin/nvidia-smi"
 out=$(GPU=1 PATH="$tree/bin:$PATH" bash "$tree/scripts/run_tests.sh" --gpu-only gpu_resume 2>&1)

@@ -1625,23 +1625,38 @@ assert model.yarn and scale == 0.1 and torch.equal(freq, tg.rotary_frequencies(1
 print(f"'{text}': YaRN from the base frequencies and scale {scale}")
 EOF
 
-if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
-  echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
-  common=("${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256
-    --num_iterations 3 --device cpu)
-  "$PYTHON" train_gpt2.py "${common[@]}" | grep -E '^step' | cut -d'|' -f2 >"$WORK/one"
+# two_processes_match STEPS ARGS...: train_gpt2.py on two processes (DDP, gloo) prints the steps'
+# losses and norms of one process with the same total batch (its micro steps split between them),
+# within 1e-4 relative, and rank 1 prints nothing.
+two_processes_match() {
+  local steps=$1
+  shift
+  "$PYTHON" train_gpt2.py "$@" | grep -E '^step' | cut -d'|' -f2,3 >"$WORK/one"
   # The variables torchrun would set, so the test does not depend on the launcher.
-  port=$((20000 + RANDOM % 20000))
+  local port=$((20000 + RANDOM % 20000)) rank
   for rank in 0 1; do
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 \
-      "$PYTHON" train_gpt2.py "${common[@]}" >"$WORK/rank$rank" 2>&1 &
+      "$PYTHON" train_gpt2.py "$@" >"$WORK/rank$rank" 2>&1 &
   done
   wait
-  grep -E '^step' "$WORK/rank0" | cut -d'|' -f2 >"$WORK/two"
+  grep -E '^step' "$WORK/rank0" | cut -d'|' -f2,3 >"$WORK/two"
   [ ! -s "$WORK/rank1" ] || { echo "FAIL: rank 1 printed:"; cat "$WORK/rank1"; exit 1; }
   paste "$WORK/one" "$WORK/two"
-  "$PYTHON" -c "import sys; a, b = ([float(l.split()[1]) for l in open(f)] for f in sys.argv[1:]); \
-assert len(a) == 3 and all(abs(x - y) < 1e-4 for x, y in zip(a, b)), (a, b)" "$WORK/one" "$WORK/two"
+  "$PYTHON" -c "import sys; a, b = ([[float(w) for w in l.split()[1::3]] for l in open(f)] for f in sys.argv[2:]); \
+assert len(a) == int(sys.argv[1]) == len(b) and all(abs(x - y) <= 1e-4 * abs(x) for p, q in zip(a, b) \
+for x, y in zip(p, q)), (a, b)" "$steps" "$WORK/one" "$WORK/two"
+}
+
+if "$PYTHON" -c 'import torch.distributed as d; assert d.is_available()' 2>/dev/null; then
+  echo "--- two processes (DDP, gloo) match one process with gradient accumulation"
+  two_processes_match 3 "${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 --total_batch_size 256 \
+    --num_iterations 3 --device cpu
+  # AdamW's kept gradients (--adam_every 2), averaged with each step's: the sum of the steps' averages,
+  # as one process's sum; the norms of the steps without AdamW's update hold the kept ones. The head
+  # tied to the embedding through step 3.
+  echo "--- two processes match one with AdamW every 2 steps and an untie"
+  two_processes_match 6 --recipe modern "${TINY[@]}" --input_bin "$WORK/train_*.bin" --shuffle 0 -b 2 -t 32 \
+    --total_batch_size 256 --num_iterations 6 --device cpu --adam_every 2 --untie_step 3 --val_every 0
 fi
 
 echo "--- benchmark mode"
