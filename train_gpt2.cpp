@@ -875,7 +875,7 @@ struct TrainConfig : TrainFlags {
 constexpr const char* kCudaTrainerFlags[] = {
     "-sl", "-sg", "-temp", "-topk", "-p", "-bpe", "-f", "-w", "-r", "-fp8", "-fp8g", "-fh", "-fhs", "-n", "-nk",
     "-nm", "-ac", "-y", "-halt", "-hs", "-sh", "-pr", "-pn", "-pl", "-rv", "-rt", "-ct", "-zs",
-    "-ov", "-oc", "-od", "-pt", "-pk", "-recipe", "-opt", "-ml", "-mw", "-ns", "-cd", "-mn", "-mk", "-mq", "-mc",
+    "-ov", "-oc", "-os", "-od", "-pt", "-pk", "-recipe", "-opt", "-ml", "-mw", "-ns", "-cd", "-mn", "-mk", "-mq", "-mc",
     "-mtp", "-lc", "-pw", "-kd", "-kc", "-pd", "-aw", "-awf", "-awt", "-sp", "-vt", "-ut", "-ao", "-ko", "-ar",
     "-sm", "-bg", "-rp", "-asc", "-ri", "-vg", "-yn", "-rl", "-xs", "-lp", "-ph", "-al", "-mg", "-ca", "-mt",
     "-md", "-mr", "-fm"};

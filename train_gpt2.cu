@@ -44,8 +44,10 @@
 //  11. Generation                 decoding with a KV cache through the block, temperature and
 //                                 top-k sampling
 //  12. Checkpoints                model, optimizer state, RNGs and data position; exact resume
-//  13. Multi-GPU                  NCCL data parallel (overlapped reduction, ZeRO-1), launched by
-//                                 mpirun, srun or by hand (rendezvous), no-progress watchdog
+//  13. Multi-GPU                  NCCL data parallel (overlapped reduction, ZeRO-1, the optimizers
+//                                 divided, the embedding tables' rows sent to their owners),
+//                                 launched by mpirun, srun or by hand (rendezvous), no-progress
+//                                 watchdog
 //  14. Command line and main      (#ifndef TESTING)
 //
 // Determinism: no kernel uses floating-point atomics or a launch shape derived from the GPU's
@@ -103,6 +105,7 @@
 #include "llmc/rendezvous.h"
 #include "llmc/reshard.h"
 #include "llmc/schedulers.h"
+#include "llmc/sparse_rows.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_state.h"
 #include "llmc/utils.h"
@@ -15506,7 +15509,9 @@ void install_stop_handlers() {
 // first. With -od 1 (without ZeRO) each rank steps its share of Muon's matrices and its part of
 // each large AdamW tensor alone: their gradients are reduced to it (multi_gpu_divided_setup), its
 // new parameters broadcast from it (OptimizerSpread::share_params), and their state shared before
-// a checkpoint (multi_gpu_share_state). The loss and the gradient norm are reduced over the ranks.
+// a checkpoint (multi_gpu_share_state). With -os 1 the tables that token lookups alone fill go to
+// their owners as the rows each process's tokens read (llmc/sparse_rows.h, sparse_rows_exchange).
+// The loss and the gradient norm are reduced over the ranks.
 //
 // Faults: a watchdog (llmc/watchdog.h) ends a rank that makes no progress for -ct seconds (a
 // peer died or hangs, so a collective never completes): one line naming the rank and -ct, the
@@ -15540,7 +15545,85 @@ struct MultiGpuOptions {
   // the backward pass, and the power-capped clock drops further while both run).
   int overlap = 0;      // -ov
   int copy_engines = 0;  // -oc
+  int sparse_rows = 0;   // -os
 };
+
+// -os 1 (llmc/sparse_rows.h): the embedding tables whose gradients go to their parts' owners as the
+// rows each process's tokens read. `own` marks this step's rows (pinned); `all`, every process's
+// after their all-gather; the step's pieces are uploaded into `pieces` (those sent, those received,
+// the marked ones of this process's runs) and packed into `send`, received into `recv`.
+struct SparseRows {
+  bool asked = false;
+  std::vector<llmc::SparseTable> tables;  // in buffer order
+  std::vector<llmc::OwnerRun> runs;       // the owners' runs, cut to the tables
+  llmc::RowBitmapLayout layout;
+  uint32_t* own = nullptr;
+  uint32_t* all = nullptr;
+  uint32_t* gathered = nullptr;  // on the device, [world x words]
+  cudaEvent_t all_copied = nullptr;
+  std::vector<int> bigram_ids, sign_rows;
+  llmc::SparsePlan plan;  // the step's, its vectors' room kept
+  floatX* send = nullptr;
+  floatX* recv = nullptr;
+  llmc::RowPiece* pieces = nullptr;
+  size_t piece_capacity = 0;
+  UploadStaging pieces_staging;
+};
+
+void sparse_rows_free(SparseRows& sp) {
+  if (!sp.own) return;
+  cudaCheck(cudaEventSynchronize(sp.all_copied));
+  cudaCheck(cudaEventDestroy(sp.all_copied));
+  cudaCheck(cudaFreeHost(sp.own));
+  cudaCheck(cudaFreeHost(sp.all));
+  upload_staging_free(sp.pieces_staging);
+  for (void* p : {(void*)sp.gathered, (void*)sp.send, (void*)sp.recv, (void*)sp.pieces}) device_free(p);
+  sp = SparseRows();
+}
+
+// One block a piece of a row (at most a row's width): packed[at, at + count) = grads[begin, ...).
+__global__ void pack_row_pieces_kernel(floatX* packed, const floatX* grads, const llmc::RowPiece* pieces) {
+  const llmc::RowPiece p = pieces[blockIdx.x];
+  for (uint32_t i = threadIdx.x; i < p.count; i += blockDim.x) packed[p.at + i] = grads[p.begin + i];
+}
+
+// grads[begin, begin + count) += packed[at, ...), each sum rounded once: on two processes NCCL's sum.
+__global__ void add_row_pieces_kernel(floatX* grads, const floatX* packed, const llmc::RowPiece* pieces) {
+  const llmc::RowPiece p = pieces[blockIdx.x];
+  for (uint32_t i = threadIdx.x; i < p.count; i += blockDim.x) {
+    grads[p.begin + i] = (floatX)((float)grads[p.begin + i] + (float)packed[p.at + i]);
+  }
+}
+
+// Each piece's elements times scale, after adding 0 so that a -0 becomes the +0 of NCCL's sum.
+__global__ void scale_row_pieces_kernel(floatX* grads, const llmc::RowPiece* pieces, float scale) {
+  const llmc::RowPiece p = pieces[blockIdx.x];
+  for (uint32_t i = threadIdx.x; i < p.count; i += blockDim.x) {
+    grads[p.begin + i] = (floatX)(((float)grads[p.begin + i] + 0.0f) * scale);
+  }
+}
+
+constexpr int kRowPieceThreads = 128;
+
+void pack_row_pieces(floatX* packed, const floatX* grads, const llmc::RowPiece* pieces, int count,
+                     cudaStream_t stream) {
+  if (count == 0) return;
+  pack_row_pieces_kernel<<<count, kRowPieceThreads, 0, stream>>>(packed, grads, pieces);
+  cudaCheck(cudaGetLastError());
+}
+
+void add_row_pieces(floatX* grads, const floatX* packed, const llmc::RowPiece* pieces, int count,
+                    cudaStream_t stream) {
+  if (count == 0) return;
+  add_row_pieces_kernel<<<count, kRowPieceThreads, 0, stream>>>(grads, packed, pieces);
+  cudaCheck(cudaGetLastError());
+}
+
+void scale_row_pieces(floatX* grads, const llmc::RowPiece* pieces, int count, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  scale_row_pieces_kernel<<<count, kRowPieceThreads, 0, stream>>>(grads, pieces, scale);
+  cudaCheck(cudaGetLastError());
+}
 
 struct MultiGpu {
   int rank = 0;
@@ -15567,6 +15650,7 @@ struct MultiGpu {
   cudaStream_t copy_stream = nullptr;
   cudaEvent_t copies_start = nullptr;
   std::vector<cudaEvent_t> copied;
+  SparseRows sparse;  // -os 1
   bool by_mpi = false;
   std::string launched_by = "single process";
   ncclComm_t comm = nullptr;
@@ -15640,6 +15724,7 @@ MultiGpu multi_gpu_init(int* argc, char*** argv, const MultiGpuOptions& options,
   mg.overlap = options.overlap != 0;
   mg.divided = divided;
   mg.copy_engines = divided ? options.copy_engines : 0;
+  mg.sparse.asked = divided && options.sparse_rows;
   int devices = 0;
   cudaCheck(cudaGetDeviceCount(&devices));
   REQUIRE(mg.local_rank < devices, "rank %d has local rank %d, but only %d GPUs are visible: give "
@@ -15706,6 +15791,7 @@ void multi_gpu_finish(MultiGpu& mg) {
   }
   device_free(mg.copy_barrier);
   device_free(mg.norm_runs);
+  sparse_rows_free(mg.sparse);
   mg.watchdog.reset();
 #ifdef USE_MPI
   if (mg.by_mpi) MPI_Finalize();
@@ -15713,6 +15799,142 @@ void multi_gpu_finish(MultiGpu& mg) {
 }
 
 constexpr ncclDataType_t kNcclFloatX = sizeof(floatX) == 4 ? ncclFloat32 : ncclBfloat16;
+
+// -os 1: the tables of rows that token lookups alone fill, each slab its own (the untied embedding,
+// each value embedding, the bigram table), in buffer order.
+std::vector<llmc::SparseTable> sparse_tables(const GPT2& m) {
+  const int C = m.config.channels, Vp = m.config.padded_vocab_size;
+  std::vector<llmc::SparseTable> tables;
+  auto add = [&](int tensor, int rows, int family) {
+    const size_t size = m.param_specs[tensor].size, table = (size_t)rows * C;
+    REQUIRE(size % table == 0, "-os 1: %s's %zu elements are not tables of %d rows of %d", m.param_specs[tensor].name,
+            size, rows, C);
+    for (size_t at = 0; at < size; at += table) tables.push_back({m.param_offsets[tensor] + at, rows, C, family});
+  };
+  if (!m.arch().tied_head) add(llmc::kWte, Vp, llmc::kTokenRows);
+  add(llmc::kVe, Vp, llmc::kTokenRows);
+  if (m.arch().bigram) add(llmc::kBigram, bigram_table_rows(m), llmc::kBigramRows);
+  std::sort(tables.begin(), tables.end(),
+            [](const llmc::SparseTable& a, const llmc::SparseTable& b) { return a.begin < b.begin; });
+  return tables;
+}
+
+// -os 1: the buffers for the most a step can send and receive, for sp.tables, sp.runs and sp.layout
+// (of `world` processes, this one `rank`, rows of C elements).
+void sparse_rows_allocate(SparseRows& sp, int rank, int world, int C, cudaStream_t stream) {
+  size_t elements = 0, rows = 0, own = 0;
+  for (const llmc::SparseTable& t : sp.tables) {
+    elements += (size_t)t.rows * t.width;
+    rows += t.rows;
+  }
+  for (const llmc::OwnerRun& run : sp.runs) own += run.owner == rank ? run.count : 0;
+  const size_t words = sp.layout.words();
+  cudaCheck(cudaMallocHost(&sp.own, words * sizeof(uint32_t)));
+  cudaCheck(cudaMallocHost(&sp.all, world * words * sizeof(uint32_t)));
+  sp.gathered = device_alloc<uint32_t>(world * words, "-os 1's marked rows");
+  cudaCheck(cudaEventCreateWithFlags(&sp.all_copied, cudaEventDisableTiming));
+  cudaCheck(cudaEventRecord(sp.all_copied, stream));
+  // A row is cut into a piece for each run it meets: at most one more piece a run than rows.
+  sp.send = device_alloc<floatX>(elements, "-os 1's rows sent");
+  sp.recv = device_alloc<floatX>(std::max<size_t>((world - 1) * own, 1), "-os 1's rows received");
+  sp.piece_capacity = rows + sp.runs.size() + world * (own / C + 2 * sp.runs.size());
+  sp.pieces = device_alloc<llmc::RowPiece>(sp.piece_capacity, "-os 1's pieces of rows");
+  upload_staging_allocate(sp.pieces_staging, sp.piece_capacity * sizeof(llmc::RowPiece));
+}
+
+// -os 1, after multi_gpu_divided_setup: the tables whose every element has an owner (a tensor too
+// small to divide is all-reduced whole, with the rest) and the owners' runs cut to them.
+void multi_gpu_sparse_setup(MultiGpu& mg, GPT2& m) {
+  SparseRows& sp = mg.sparse;
+  if (!sp.asked || sp.own) return;
+  for (const llmc::SparseTable& t : sparse_tables(m)) {
+    const size_t end = t.begin + (size_t)t.rows * t.width;
+    std::vector<llmc::OwnerRun> cut;
+    size_t covered = 0;
+    for (const OwnedRun& run : mg.grad_owners) {
+      const size_t from = std::max(run.begin, t.begin), to = std::min(run.begin + run.count, end);
+      if (from >= to) continue;
+      cut.push_back({from, to - from, run.owner});
+      covered += to - from;
+    }
+    if (covered != end - t.begin) continue;
+    sp.tables.push_back(t);
+    sp.runs.insert(sp.runs.end(), cut.begin(), cut.end());
+  }
+  if (sp.tables.empty()) return;
+  sp.layout.rows[llmc::kTokenRows] = m.config.padded_vocab_size;
+  sp.layout.rows[llmc::kBigramRows] = m.arch().bigram ? bigram_table_rows(m) : 0;
+  sparse_rows_allocate(sp, mg.rank, mg.world, m.config.channels, m.stream);
+}
+
+// -os 1, at each micro step of a training step (first and last of them): the rows of its tokens
+// (and of their bigram ids) marked; at the last, the marks all-gathered on the reduction stream
+// while the micro step runs, for sparse_rows_exchange after it.
+void multi_gpu_mark_rows(MultiGpu& mg, const int* inputs, int N, bool first, bool last) {
+  SparseRows& sp = mg.sparse;
+  if (!sp.own) return;
+  const size_t words = sp.layout.words();
+  if (first) memset(sp.own, 0, words * sizeof(uint32_t));  // the last step's copies ended in its exchange
+  llmc::mark_rows(sp.own + sp.layout.first_word(llmc::kTokenRows), inputs, N);
+  if (sp.layout.rows[llmc::kBigramRows]) {
+    sp.bigram_ids.resize(N);
+    sp.sign_rows.resize(N);
+    llmc::bigram_rows(sp.bigram_ids.data(), sp.sign_rows.data(), inputs, N, sp.layout.rows[llmc::kBigramRows]);
+    llmc::mark_rows(sp.own + sp.layout.first_word(llmc::kBigramRows), sp.bigram_ids.data(), N);
+  }
+  if (!last) return;
+  uint32_t* mine = sp.gathered + mg.rank * words;
+  cudaCheck(cudaMemcpyAsync(mine, sp.own, words * sizeof(uint32_t), cudaMemcpyHostToDevice, mg.reduce_stream));
+  ncclCheck(ncclAllGather(mine, sp.gathered, words, ncclUint32, mg.comm, mg.reduce_stream));
+  cudaCheck(cudaMemcpyAsync(sp.all, sp.gathered, mg.world * words * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                            mg.reduce_stream));
+  cudaCheck(cudaEventRecord(sp.all_copied, mg.reduce_stream));
+}
+
+// -os 1: the plan's pieces uploaded, and those this process sends packed from grads.
+void sparse_rows_pack(SparseRows& sp, const llmc::SparsePlan& plan, const floatX* grads, cudaStream_t stream) {
+  const size_t sent = plan.send.size(), pieces = sent + plan.recv.size() + plan.marked.size();
+  REQUIRE(pieces <= sp.piece_capacity, "-os 1: %zu pieces of rows for room of %zu", pieces, sp.piece_capacity);
+  llmc::RowPiece* host = upload_staging_host<llmc::RowPiece>(sp.pieces_staging);
+  std::copy(plan.send.begin(), plan.send.end(), host);
+  std::copy(plan.recv.begin(), plan.recv.end(), host + sent);
+  std::copy(plan.marked.begin(), plan.marked.end(), host + sent + plan.recv.size());
+  upload_staging_copy(sp.pieces_staging, sp.pieces, pieces * sizeof(llmc::RowPiece), stream);
+  pack_row_pieces(sp.send, grads, sp.pieces, (int)sent, stream);
+}
+
+// -os 1, once the pieces have arrived in sp.recv: each peer's added into grads in rank order, then
+// the rows of this process's runs that any process marked divided by the process count (NCCL's
+// average on two processes, bit for bit; the others are zeros on every process).
+void sparse_rows_merge(SparseRows& sp, const llmc::SparsePlan& plan, floatX* grads, int world, cudaStream_t stream) {
+  const llmc::RowPiece* received = sp.pieces + plan.send.size();
+  for (int p = 0; p < world; p++) {
+    const size_t first = plan.recv_first_piece[p], count = plan.recv_first_piece[p + 1] - first;
+    add_row_pieces(grads, sp.recv, received + first, (int)count, stream);
+  }
+  scale_row_pieces(grads, received + plan.recv.size(), (int)plan.marked.size(), 1.0f / world, stream);
+}
+
+// -os 1, after the backward pass on `stream`: from every process's marks, each process sends the
+// pieces of its marked rows in another's runs to that one, and merges those it receives.
+void sparse_rows_exchange(MultiGpu& mg, GPT2& m, cudaStream_t stream) {
+  SparseRows& sp = mg.sparse;
+  cudaCheck(cudaEventSynchronize(sp.all_copied));
+  llmc::SparsePlan& plan = sp.plan;
+  llmc::plan_sparse_rows(sp.tables, sp.layout, sp.all, sp.runs, mg.rank, mg.world, &plan);
+  sparse_rows_pack(sp, plan, m.grads, stream);
+  ncclCheck(ncclGroupStart());
+  for (int p = 0; p < mg.world; p++) {
+    if (plan.send_count[p]) {
+      ncclCheck(ncclSend(sp.send + plan.send_at[p], plan.send_count[p], kNcclFloatX, p, mg.comm, stream));
+    }
+    if (plan.recv_count[p]) {
+      ncclCheck(ncclRecv(sp.recv + plan.recv_at[p], plan.recv_count[p], kNcclFloatX, p, mg.comm, stream));
+    }
+  }
+  ncclCheck(ncclGroupEnd());
+  sparse_rows_merge(sp, plan, m.grads, mg.world, stream);
+}
 
 // Averages grads[begin, end) over the ranks on `stream` (inside an NCCL group). Only the owner of
 // an element needs its average where one process steps it: with ZeRO the rank whose shard holds
@@ -15747,6 +15969,15 @@ void reduce_grad_range(MultiGpu& mg, GPT2& m, size_t begin, size_t end, cudaStre
   if (begin < end) all_reduce(begin, end);
 }
 
+// reduce_grad_range but for the tables that -os 1 reduces by rows (sparse_rows_exchange).
+void reduce_grad_range_but_tables(MultiGpu& mg, GPT2& m, size_t begin, size_t end, cudaStream_t stream) {
+  for (const llmc::SparseTable& t : mg.sparse.tables) {
+    if (t.begin > begin) reduce_grad_range(mg, m, begin, std::min(end, t.begin), stream);
+    begin = std::max(begin, t.begin + (size_t)t.rows * t.width);
+  }
+  if (begin < end) reduce_grad_range(mg, m, begin, end, stream);
+}
+
 // gpt2_backward's grads_final for the last micro step (null when there is nothing to overlap):
 // enqueues the reduction of a layer's gradient slices (layer -1: wte, wpe, lnf) on the
 // reduction stream once the model's stream has written them.
@@ -15779,8 +16010,9 @@ void multi_gpu_reduce_grads(MultiGpu& mg, GPT2& m) {
                                 ncclAvg, mg.comm, m.stream));
   } else if (!mg.grad_owners.empty()) {
     ncclCheck(ncclGroupStart());
-    reduce_grad_range(mg, m, 0, m.num_params, m.stream);
+    reduce_grad_range_but_tables(mg, m, 0, m.num_params, m.stream);
     ncclCheck(ncclGroupEnd());
+    if (!mg.sparse.tables.empty()) sparse_rows_exchange(mg, m, m.stream);
   } else {
     ncclCheck(ncclAllReduce(m.grads, m.grads, m.num_params, kNcclFloatX, ncclAvg, mg.comm, m.stream));
   }
@@ -16149,6 +16381,9 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
                "from their GPUs by the copy engines (CUDA IPC, processes of one node), not by NCCL's broadcast; 2: "
                "as 1, Muon's matrices copied behind the next forward pass, each layer's before its block",
                &a.multi_gpu.copy_engines, 0, 2),
+      int_flag("-os", "sparse embedding rows", "1: with -od 1, each process sends the owners of the embedding tables' "
+               "parts (an untied embedding, the value embeddings, the bigram table) only the rows its step's tokens "
+               "read, not whole parts", &a.multi_gpu.sparse_rows, 0, 1),
       int_flag("-pt", "step phases", "1: print at the end where a step's time went, phase by phase (micro steps, "
                "gradient reduction, loss and norm, AdamW, Muon, parameter gather, the rest; means over the timed "
                "steps, a line for each rank) and the host's time between steps", &a.step_phases, 0, 1),
@@ -16168,6 +16403,20 @@ std::vector<llmc::Flag> train_flags(TrainArgs& a) {
     if (std::string(f.name) == "-recipe") f.help = recipe_set_help.c_str();
   }
   return flags;
+}
+
+// -os 1 reduces each step's rows of the tables that token lookups alone fill, with -od 1's owners.
+void check_sparse_rows(const TrainArgs& a) {
+  if (!a.multi_gpu.sparse_rows) return;
+  REQUIRE(a.divided_optimizers, "-os 1 sends the embedding tables' rows to the processes that step them (-od 1): "
+          "give -od 1 with it (and -zs 0), or -os 0");
+  REQUIRE(!a.multi_gpu.overlap, "-os 1 sends the embedding tables' rows after the backward pass, and -ov 1 reduces "
+          "during it: give -ov 0 with -os 1");
+  REQUIRE(a.adam_every == 1, "-os 1 reduces each step's rows, and -ao %d keeps AdamW's gradients between its updates: "
+          "give -os 0", a.adam_every);
+  const llmc::ArchSpec arch = llmc::arch_spec(a.recipe->arch);
+  REQUIRE(!arch.tied_head || arch.value_mix || arch.bigram, "-os 1: -recipe %s's embedding is the head too, whose "
+          "gradient fills every row, and it has no other table: give -os 0", a.recipe->name);
 }
 
 // The checks that involve several flags, or a flag and this build; each flag's own range is
@@ -16192,6 +16441,7 @@ void validate_args(const TrainArgs& a) {
           "and -zs 1 shards it already: give -zs 0 with -od 1, or -od 0");
   REQUIRE(!a.multi_gpu.copy_engines || a.divided_optimizers, "-oc %d copies the parameters that -od 1's processes "
           "step: give -od 1 with it (and -zs 0), or -oc 0", a.multi_gpu.copy_engines);
+  check_sparse_rows(a);
   REQUIRE(!a.fp8_head || sizeof(floatX) == 2,
           "-fh 1 needs the BF16 build (make train_gpt2cu); this is the %s build: use -fh 0", PRECISION_NAME);
   REQUIRE(!a.fp8_mlp || sizeof(floatX) == 2,
@@ -17164,6 +17414,7 @@ void train_setup(TrainRun& r, RunInputs& in, double run_start, double model_seco
   r.grads_final = multi_gpu_overlapped_reduction(r.mg, r.m);
   r.optimizer_spread = multi_gpu_optimizer_spread(r.mg);
   multi_gpu_divided_setup(r.mg, r.m, a.update);
+  multi_gpu_sparse_setup(r.mg, r.m);
   multi_gpu_map_peer_params(r.mg, r.m);
   install_stop_handlers();
   r.eta.reset(new llmc::EtaEstimator(llmc::kEtaWindow));
@@ -17289,6 +17540,7 @@ bool train_step(TrainRun& r, int step) {
   for (int micro = 0; micro < micro_steps; micro++) {
     multi_gpu_progress(r.mg);
     if (!a.overfit) r.train_loader.next_batch(r.inputs.data(), r.targets.data());
+    multi_gpu_mark_rows(r.mg, r.inputs.data(), N, micro == 0, micro == micro_steps - 1);
     gpt2_forward(m, r.inputs.data(), a.B, T, ForwardPass::kTraining);
     gpt2_classifier_enqueue(m, r.targets.data(), a.B, T, train_dloss(r), r.micro_losses + (size_t)micro * N);
     cudaCheck(cudaEventRecord(r.losses_copied, m.stream));

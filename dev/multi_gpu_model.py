@@ -4,6 +4,7 @@ and on two.
     python3 dev/multi_gpu_model.py --one LOG --two LOG --muon_params P [--gpus 8] [--copy_bandwidth 386]
                                    [--check_one LOG --check_muon_params P [--check_two LOG]]
                                    [--check_divided LOG] [--late_params P]
+                                   [--sparse_params P --rows_from SHARD --step_tokens K]
 
 LOG is the output of a train_gpt2cu run with -pt 1: --one of one process, --two of two (mpirun -np 2,
 a phases line for each rank), the same recipe and tokens a step. P is the count of the parameters Muon
@@ -54,8 +55,16 @@ forward pass), the model is that of the code as it runs, fitted on it:
 and two ways on: the reduction by the copy engines, (N-1)/N S / C, and that reduction run during the
 backward pass, each layer's as soon as it is made, leaving on the step's path the (N-1)/N S_l / C of
 the gradients the backward pass makes last (--late_params: the embeddings' parameters).
+
+With --sparse_params P_t --rows_from SHARD --step_tokens K, the embedding tables sent as rows
+(train_gpt2cu -os 1): of the P_t parameters of tables that token lookups alone fill (rows of the
+50,304-token vocabulary), each process sends the rows its K/N tokens read, the fraction r_N that K/N
+tokens of SHARD mark (the mean over its first windows of K/N tokens):
+
+  reduction  (N-1)/N (S - S_t + r_N S_t) / W
 """
 import argparse
+import array
 import os
 import re
 import sys
@@ -161,6 +170,36 @@ def predict_as_run(one, k, n, muon_params, scheme, copy_bandwidth=COPY_BANDWIDTH
     return sum(parts.values()), parts
 
 
+VOCAB_ROWS = 50304  # the padded GPT-2 vocabulary: the rows of a token table
+SHARD_HEADER_TOKENS = 512  # a token shard's 1,024-byte header, in uint16 tokens
+ROW_WINDOWS = 40
+
+
+def row_fraction(path, tokens):
+    """The mean fraction of the vocabulary's rows that windows of `tokens` tokens of the shard mark."""
+    shard = array.array("H")
+    try:
+        with open(path, "rb") as f:
+            shard.frombytes(f.read())
+    except (OSError, ValueError) as e:
+        fail(f"{path}: {getattr(e, 'strerror', None) or e}: give a token shard (NAME_train_000000.bin)")
+    shard = shard[SHARD_HEADER_TOKENS:]
+    windows = min(ROW_WINDOWS, len(shard) // tokens)
+    if windows == 0:
+        fail(f"{path}: {len(shard)} tokens, fewer than one process's {tokens}: give a longer shard")
+    return sum(len(set(shard[w * tokens:(w + 1) * tokens])) for w in range(windows)) / windows / VOCAB_ROWS
+
+
+def predict_sparse(one, k, n, muon_params, sparse_params, fraction, copy_bandwidth):
+    """predict_as_run's step with the tables' P_t parameters sent as the marked fraction of their rows."""
+    step, parts = predict_as_run(one, k, n, muon_params, "as_run", copy_bandwidth)
+    sent = one["parameters"] - sparse_params * (1 - fraction)
+    reduction = (n - 1) / n * sent * BYTES_PER_PARAMETER / k["bandwidth"] * 1e3
+    step += reduction - parts["reduction"]
+    parts["reduction"] = reduction
+    return step, parts
+
+
 def check_divided(one, k, muon_params, divided, path):
     """The divided scheme's two-process time after the micro steps against a -od 1 log's."""
     _, parts = predict(one, k, 2, muon_params, "divided")
@@ -195,6 +234,12 @@ def print_as_run(a, one, two, k):
             step, parts = predict_as_run(one, k, n, a.muon_params, scheme, a.copy_bandwidth * 1e9, a.late_params)
             detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
             print(f"{label}, {n} processes: {step:.2f} ms (x{one['average'] / step:.3f}): {detail}")
+    for n in sorted({2, a.gpus}) if a.sparse_params else ():
+        fraction = row_fraction(a.rows_from, a.step_tokens // n)
+        step, parts = predict_sparse(one, k, n, a.muon_params, a.sparse_params, fraction, a.copy_bandwidth * 1e9)
+        detail = ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
+        print(f"the tables as rows (-os 1; {fraction:.3f} of the rows), {n} processes: {step:.2f} ms "
+              f"(x{one['average'] / step:.3f}): {detail}")
     if a.check_one:
         print(check_line(a, *predict_as_run(read_log(a.check_one, 1), k, 2, a.check_muon_params, "as_run",
                                             a.copy_bandwidth * 1e9)))
@@ -214,6 +259,10 @@ def main(argv=None):
     ap.add_argument("--check_divided", help="a two-process output of the --one recipe with -od 1")
     ap.add_argument("--late_params", type=int, default=0,
                     help="with a -od 1 -oc 2 --two: the parameters whose gradients the backward pass makes last")
+    ap.add_argument("--sparse_params", type=int, default=0,
+                    help="with a -od 1 -oc 2 --two: the parameters of the tables -os 1 sends as rows")
+    ap.add_argument("--rows_from", help="a token shard whose windows give the fraction of rows a process marks")
+    ap.add_argument("--step_tokens", type=int, default=0, help="the step's tokens (of all processes)")
     a = ap.parse_args(argv)
     if a.gpus < 2:
         fail(f"--gpus {a.gpus}: give 2 or more")
@@ -227,6 +276,8 @@ def main(argv=None):
         fail("--check_two needs --check_one")
     if a.late_params < 0:
         fail(f"--late_params {a.late_params}: give a count of parameters, 0 or more")
+    if a.sparse_params and (not a.rows_from or a.step_tokens < a.gpus):
+        fail("--sparse_params needs --rows_from SHARD and --step_tokens, the step's tokens (at least --gpus)")
     one, two = read_log(a.one, 1), read_log(a.two, 2)
     k = fit(one, two, a.muon_params)
     if k["as_run"]:

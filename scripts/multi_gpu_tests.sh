@@ -15,6 +15,9 @@
 #    the others take its parameters): the steps and the checkpoint's bytes of -od 0 without
 #    clipping, for the speedrun, the modern recipe and GPT-2, close with clipping, and a resume bit
 #    for bit;
+#  - the embedding tables' rows sent to their owners (-os 1): the steps and the checkpoint's bytes
+#    of -od 0 for the speedrun (wte and the value embeddings) in both builds and the modern recipe
+#    (its untied embedding), with -oc 2 too, and a resume bit for bit;
 #  - ZeRO-1 (-zs 1) against off: identical losses and parameters without clipping (FP32 and
 #    BF16), close with clipping; its checkpoint resumes exactly;
 #  - resharded resume: a checkpoint of 2 ranks resumed on 1 and one of 1 rank on 2 (-y 1), and
@@ -52,14 +55,15 @@
 #
 # usage: scripts/multi_gpu_tests.sh [OUTDIR [GROUP...]]   (default build/test_multi_gpu, every group)
 #   The groups, in the order they run: gpt2_ranks_test modern_recipe_test packed_documents_test
-#   stages_test speedrun_test adam_every_test gpt2_muon_test overlap_test divided_test zero_test reshard_test
-#   by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test speed_test
+#   stages_test speedrun_test adam_every_test gpt2_muon_test overlap_test divided_test sparse_rows_test
+#   zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test
+#   fp8_delayed_test speed_test
 set -u
 cd "$(dirname "$0")/.."
 source scripts/lib/help.sh "$@"
 test_groups=(gpt2_ranks_test modern_recipe_test packed_documents_test stages_test speedrun_test adam_every_test
   gpt2_muon_test overlap_test
-  divided_test zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
+  divided_test sparse_rows_test zero_test reshard_test by_hand_test lost_rank_test multi_gpu_resume_tests async_checkpoint_test fp8_delayed_test
   speed_test)
 out=${1:-build/test_multi_gpu}
 selected=("${@:2}")
@@ -564,6 +568,34 @@ divided_test() {
     $mpi ./train_gpt2cu $speedrun -od 1 -oc 1
   resume_equivalence check divided_copies_behind_speedrun_resume "$out/resume_divided_copies_behind_speedrun" 2 \
     $mpi ./train_gpt2cu $speedrun -od 1 -oc 2
+}
+
+# -od 1 -os 1 (alone and with -oc 2) against -od 0, two processes: the same losses, parameters and
+# checkpoint bytes at step 10 (but the spike detector's norms), the norms within rounding; the
+# speedrun's -os 1 resumed bit for bit.
+sparse_rows_test() {
+  local speedrun="$common -recipe speedrun -e d12 -b 1 -t 256 -vt 512 -z 1024 -v 5 -l 0.01 -m 4"
+  local modern="$common -recipe modern -e d12 -b 4 -t 256 -v 5 -z 2048 -m 4" run name binary args os dir
+  for run in "speedrun:train_gpt2cu:$speedrun" "speedrun_fp32:train_gpt2fp32cu:$speedrun -f 0" \
+      "modern:train_gpt2cu:$modern"; do
+    IFS=: read -r name binary args <<< "$run"
+    dir=$out/sparse_$name
+    rm -rf "$dir"
+    for os in "od0:-od 0" "os1:-od 1 -os 1" "os1oc2:-od 1 -os 1 -oc 2"; do
+      # shellcheck disable=SC2086  # the flags' words
+      check "sparse_${name}_${os%%:*}" $mpi ./$binary $args -x 10 -n 10 -o "$dir/${os%%:*}" ${os#*:}
+    done
+    for os in os1 os1oc2; do
+      check "sparse_${name}_${os}_same" same_steps "$out/sparse_${name}_od0.log" "$out/sparse_${name}_$os.log" no-norm
+      check "sparse_${name}_${os}_norms" norms_close "$out/sparse_${name}_od0.log" "$out/sparse_${name}_$os.log"
+      check "sparse_${name}_${os}_same_checkpoint" same_checkpoint_but_norms "$dir/od0" "$dir/$os" 10 2
+      check "sparse_${name}_${os}_ranks_identical" grep -a "^parameters identical on 2 processes" \
+        "$out/sparse_${name}_$os.log"
+    done
+    rm -f "$dir"/*/*.bin
+  done
+  resume_equivalence check sparse_rows_speedrun_resume "$out/resume_sparse_rows_speedrun" 2 \
+    $mpi ./train_gpt2cu $speedrun -od 1 -os 1
 }
 
 # Speed: tokens/s of GPT-2 124M on 1 and on 2 GPUs at the same micro batch.

@@ -22,6 +22,7 @@
 #include "dev/cuda/test_qk_rotary.cu"
 #include "dev/cuda/test_rmsnorm.cu"
 #include "dev/cuda/test_smear_bigram.cu"
+#include "dev/cuda/test_sparse_rows.cu"
 #include "dev/cuda/test_speedrun_steps.cu"
 
 int main(int argc, char** argv) {
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
       {"qk_rotary", qk_rotary_tests::run},
       {"rmsnorm", rmsnorm_tests::run},
       {"smear_bigram", smear_bigram_tests::run},
+      {"sparse_rows", sparse_rows_tests::run},
       {"speedrun_steps", speedrun_steps_tests::run},
   };
   return run_kernel_suites(suites, argc, argv);

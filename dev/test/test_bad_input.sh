@@ -676,6 +676,19 @@ if has_flag -oc; then
   expect "-oc 1 without -od 1" "^error: -oc 1 copies the parameters that -od 1's processes step: give -od 1 with it \(and -zs 0\), or -oc 0\$" \
     -zs 0 -od 0 -oc 1
 fi
+# -os, the embedding tables' rows sent to their owners: 0 or 1, with -od 1, -ov 0, AdamW every step and a
+# table that only token lookups fill (GPT-2's embedding is its head too)
+if has_flag -os; then
+  expect "-os out of range" "^error: -os 2: must be 0 or 1" -os 2
+  expect "-os 1 without -od 1" "^error: -os 1 sends the embedding tables' rows to the processes that step them \(-od 1\): give -od 1 with it \(and -zs 0\), or -os 0\$" \
+    -zs 0 -od 0 -os 1
+  expect "-os 1 with -ov 1" "^error: -os 1 sends the embedding tables' rows after the backward pass, and -ov 1 reduces during it: give -ov 0 with -os 1\$" \
+    -recipe speedrun -ov 1 -os 1
+  expect "-os 1 with -ao 2" "^error: -os 1 reduces each step's rows, and -ao 2 keeps AdamW's gradients between its updates: give -os 0" \
+    -recipe record89 -os 1
+  expect "-os 1 with GPT-2's tied head" "^error: -os 1: -recipe gpt2's embedding is the head too, whose gradient fills every row, and it has no other table: give -os 0\$" \
+    -zs 0 -od 1 -os 1
+fi
 
 # --- -ao, AdamW on every K-th step with the K steps' gradients: within [1, 1000], without clipping
 # (which would scale each step's apart), an untie step where AdamW steps, its kept gradients whole on

@@ -2,7 +2,8 @@
 # Tests dev/multi_gpu_model.py without a GPU on logs fabricated in train_gpt2cu's formats (-pt 1):
 # the fitted bandwidth and Muon split, each scheme's prediction worked by hand (the copy engines' gather
 # among them), the check of another recipe and of a -od 1 log; the fit on a -od 1 -oc 2 log and its
-# schemes; one-line errors for a log without phases and bad flags. Scratch: build/test_tmp/multi_gpu_model.
+# schemes, the tables sent as rows (-os 1) from a shard's marked rows; one-line errors for a log without
+# phases and bad flags. Scratch: build/test_tmp/multi_gpu_model.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DIR=build/test_tmp/multi_gpu_model
@@ -85,6 +86,19 @@ out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/oc2.log" --m
 check "check of another recipe on the -od 1 -oc 2 fit" "$(tail -1 <<< "$out" | grep -c \
   'on 2 processes: predicted 309.20 ms (compute 303.000, .*reduction 2.500, AdamW 0.500, Muon 3.000); measured 313.30 ms (-1.3%)$')" 1
 check "no --late_params: no scheme during the backward pass" "$(grep -c 'during the backward pass' <<< "$out")" 0
+# The tables as rows: a shard of each of the 50,304 tokens 4 times over, one after another: the 2 processes'
+# 201,216 tokens each mark every row; the 8 processes' 50,304 a quarter of them. 8 processes: of the 4e8
+# tables' parameters a quarter sent, (7/8) (1e9 - 3e8) 2 / 2e11 = 6.125 ms in place of 8.75.
+"$PY" -c "import sys; sys.stdout.buffer.write(bytes(1024) + b''.join(t.to_bytes(2, 'little') * 4 for t in range(50304)))" \
+  > "$DIR/rows.bin"
+out=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/oc2.log" --muon_params 100000000 \
+  --copy_bandwidth 500 --sparse_params 400000000 --rows_from "$DIR/rows.bin" --step_tokens 402432 2>&1)
+check "the tables as rows, 2 processes: every row marked, the reduction as run" \
+  "$(grep -c '^the tables as rows (-os 1; 1.000 of the rows), 2 processes: 412.70 ms .*reduction 5.000,' <<< "$out")" 1
+check "the tables as rows, 8 processes: a quarter of the rows" \
+  "$(grep -c '^the tables as rows (-os 1; 0.250 of the rows), 8 processes: 110.73 ms .*reduction 6.125,' <<< "$out")" 1
+err=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/oc2.log" --muon_params 1 --sparse_params 1 2>&1 >/dev/null)
+check "--sparse_params without --rows_from: exit 1, one line" "$?:$(wc -l <<< "$err")" 1:1
 divided_run 1 > "$DIR/oc1.log"
 err=$("$PY" dev/multi_gpu_model.py --one "$DIR/one.log" --two "$DIR/oc1.log" --muon_params 1 2>&1 >/dev/null)
 check "a -od 1 -oc 1 log as --two: exit 1, one line naming -oc 2" "$?:$(wc -l <<< "$err"):$(grep -c "give a run with -od 1 -oc 2" <<< "$err")" 1:1:1
